@@ -1,0 +1,3 @@
+from kernmlops.cli import main
+
+main()

@@ -1,0 +1,257 @@
+"""The command line: a thin layer that parses, calls the library, and reports."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from kernmlops import __version__
+from kernmlops.errors import KernmlopsError
+
+console = Console(stderr=True)
+
+
+def _fail(err: KernmlopsError) -> None:
+    console.print(f"[bold red]error:[/] {err}", markup=True, highlight=False)
+    sys.exit(err.exit_code)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="kernmlops")
+def cli() -> None:
+    """Collect kernel data with CO-RE eBPF while a benchmark or any command runs.
+
+    \b
+    Quick start (as root):
+      kernmlops doctor                       what this kernel allows
+      kernmlops collect                      the default benchmark (stress-ng)
+      kernmlops collect -- ./app arg1 arg2   trace one command and its children
+      kernmlops collect -b faux              everything, until Ctrl+C
+    Collections land in data/curated/benchmark=<b>/collection_id=<id>/ as
+    Parquet plus manifest.json; read them with kernmlops.data.read_collection.
+    """
+
+
+# --- collect -------------------------------------------------------------------
+def _progress_table(p, attached) -> Table:
+    table = Table(title=f"collecting {p.elapsed_s:6.1f} s  ·  {p.benchmark}", title_justify="left")
+    table.add_column("hook")
+    table.add_column("state")
+    table.add_column("events", justify="right")
+    table.add_column("drops", justify="right")
+    for name, status in attached.items():
+        state = status.variant or "attached" if status.attached else "[yellow]not attached[/]"
+        drops = p.drops.get(name, 0)
+        table.add_row(
+            name,
+            state,
+            f"{p.events.get(name, 0):,}",
+            f"[red]{drops:,}[/]" if drops else "0",
+        )
+    return table
+
+
+def _summary(result) -> Table:
+    table = Table(title=f"collection {result.collection_id}", title_justify="left")
+    for col, just in (("hook", "left"), ("status", "left"), ("events", "right"),
+                      ("drops", "right"), ("rows", "right")):  # fmt: skip
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    for name, st in result.hooks.items():
+        status = (
+            f"[green]{st.variant or 'attached'}[/]" if st.attached else f"[yellow]{st.reason}[/]"
+        )
+        rows = ", ".join(f"{t}={n:,}" for t, n in st.rows.items()) or "-"
+        drops = f"[red]{st.drops:,}[/]" if st.drops else "0"
+        table.add_row(name, status, f"{st.events:,}", drops, rows)
+    return table
+
+
+@cli.command(context_settings={"ignore_unknown_options": False})
+@click.option(
+    "-c",
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="YAML overrides merged on the defaults (see `kernmlops defaults`).",
+)
+@click.option("-b", "--benchmark", help="benchmark to run: faux, command, stress-ng.")
+@click.option("-d", "--duration", type=float, help="stop after this many seconds.")
+@click.option("--hooks", help="comma-separated hooks (default: all).")
+@click.option("--tgid", type=int, help="trace only this process (filter in the kernel).")
+@click.option("--system-wide", is_flag=True, help="trace every process, not only the benchmark's.")
+@click.option(
+    "-o",
+    "--output-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="root of the collections (default: data).",
+)
+@click.option("--strict", is_flag=True, default=None, help="fail if any hook cannot attach.")
+@click.option("--no-progress", is_flag=True, help="no live table (logs, CI).")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def collect(
+    config_file: Path | None,
+    benchmark: str | None,
+    duration: float | None,
+    hooks: str | None,
+    tgid: int | None,
+    system_wide: bool,
+    output_dir: Path | None,
+    strict: bool | None,
+    no_progress: bool,
+    command: tuple[str, ...],
+) -> None:
+    """Run a benchmark (or COMMAND) while the hooks collect; write one collection.
+
+    \b
+    Examples:
+      kernmlops collect                        stress-ng, mixed scenario
+      kernmlops collect -- make -j2            a command and its process tree
+      kernmlops collect -b faux -d 30          the whole system for 30 s
+      kernmlops collect --tgid 1234 -b faux    one running process
+      kernmlops collect -c overrides.yaml --hooks quanta_runtime
+
+    The exit code is the benchmark's. Ctrl+C or SIGTERM stops the collection
+    and keeps what was collected.
+    """
+    from kernmlops.collect.session import Session
+    from kernmlops.config import load_config
+
+    flags: dict[str, object] = {
+        "benchmark.duration_s": duration,
+        "collector.output_dir": str(output_dir) if output_dir else None,
+        "collector.strict": strict,
+    }
+    if command:
+        if benchmark not in (None, "command"):
+            raise click.UsageError(
+                f"a command after -- runs as benchmark 'command', not {benchmark!r}"
+            )
+        flags["benchmark.name"] = "command"
+        flags["benchmark.command.argv"] = list(command)
+    elif benchmark:
+        flags["benchmark.name"] = benchmark
+    if hooks:
+        flags["collector.hooks"] = [h.strip() for h in hooks.split(",") if h.strip()]
+    if tgid is not None:
+        flags["collector.tgid"] = tgid
+        flags["collector.filter"] = "tgid"
+    if system_wide:
+        if tgid is not None:
+            raise click.UsageError("--tgid and --system-wide exclude each other")
+        flags["collector.filter"] = "system"
+    if no_progress:
+        flags["collector.progress"] = False
+    try:
+        config = load_config(config_file, flags)
+        _require_root()
+        from kernmlops.ebpf.build import build
+
+        build()
+        attached: dict = {}
+        live: Live | None = None
+        show = config.collector.progress and console.is_terminal
+
+        def on_attached(statuses: dict) -> None:
+            attached.update(statuses)
+            ok = sum(s.attached for s in statuses.values())
+            console.print(f"probes attached: {ok}/{len(statuses)} hooks")
+
+        def on_progress(p) -> None:
+            nonlocal live
+            if not show:
+                return
+            if live is None:
+                live = Live(_progress_table(p, attached), console=console, transient=True)
+                live.start()
+            else:
+                live.update(_progress_table(p, attached))
+
+        session = Session(config, on_progress=on_progress, on_attached=on_attached)
+        console.print(f"collecting into {session.path}")
+        try:
+            result = session.run()
+        finally:
+            if live is not None:
+                live.stop()
+    except KernmlopsError as err:
+        _fail(err)
+    console.print(_summary(result))
+    console.print(
+        f"{result.ended_by} after {result.duration_s:.1f} s "
+        f"(probes attached in {result.attach_s * 1000:.0f} ms) -> {result.path}"
+    )
+    total_drops = sum(s.drops for s in result.hooks.values())
+    if total_drops:
+        console.print(f"[red]{total_drops:,} events dropped[/]: raise hooks.<hook>.ring_kib")
+    if result.exit_code:
+        console.print(f"[yellow]exit code {result.exit_code}[/] ({result.ended_by})")
+    sys.exit(result.exit_code)
+
+
+def _require_root() -> None:
+    import os
+
+    from kernmlops.ebpf.probe import has_bpf_capabilities
+
+    if os.geteuid() != 0 and not has_bpf_capabilities():
+        raise KernmlopsError(
+            "collect needs root (or CAP_BPF + CAP_PERFMON) to load BPF programs: run it with sudo"
+        )
+
+
+# --- defaults, build ---------------------------------------------------------------
+@cli.command()
+@click.argument("path", default="defaults.yaml", type=click.Path(dir_okay=False, allow_dash=True))
+def defaults(path: str) -> None:
+    """Write the full default configuration (PATH, default defaults.yaml; - for stdout).
+
+    Copy the keys you want to change into an overrides file and pass it with
+    `kernmlops collect -c FILE`.
+    """
+    from kernmlops.config import defaults_yaml
+
+    text = defaults_yaml()
+    if path == "-":
+        click.echo(text, nl=False)
+        return
+    Path(path).write_text(text)
+    console.print(f"wrote {path}")
+
+
+@cli.command("build-bpf")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="build folder")
+@click.option("--force", is_flag=True, help="rebuild every object")
+def build_bpf(out: Path | None, force: bool) -> None:
+    """Compile the BPF objects (clang, vmlinux.h from this kernel's BTF)."""
+    from kernmlops.ebpf.build import build
+
+    try:
+        objs = build(out, force=force)
+    except KernmlopsError as err:
+        _fail(err)
+    console.print(f"{len(objs)} BPF objects in {objs[0].parent}")
+
+
+@cli.command()
+def doctor() -> None:
+    """What this machine allows (capabilities, BTF, program types, counters) and
+    which hooks can run, with reasons."""
+    from kernmlops.doctor import run_doctor
+
+    try:
+        sys.exit(run_doctor(console))
+    except KernmlopsError as err:
+        _fail(err)
+
+
+def main() -> None:
+    cli(prog_name="kernmlops")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Collection: sessions, sinks, system info and the manifest."""

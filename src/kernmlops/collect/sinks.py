@@ -1,0 +1,368 @@
+"""Sinks: where the tables of a collection go.
+
+:class:`ParquetSink` writes one folder per table, ``<collection_dir>/<table>/part-NNNNN.parquet``,
+in row groups of ``row_group_rows`` rows. Each part is written under a temporary name
+(``.part-NNNNN.parquet.tmp``) and renamed when finished, so a reader never sees half a file.
+:class:`MemorySink` keeps frames in memory for tests.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from kernmlops.errors import CollectionError
+from kernmlops.tables import COLLECTION_ID
+
+__all__ = ["MemorySink", "ParquetSink", "part_name", "temp_name"]
+
+# Table names become folder names; keep them plain so Hive readers never take one for a
+# partition (``a=b``) or a hidden file (``.x``).
+_TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def part_name(index: int) -> str:
+    """The final file name of part ``index`` of a table."""
+    return f"part-{index:05d}.parquet"
+
+
+def temp_name(index: int) -> str:
+    """The name a part has while it is being written (hidden, so globs skip it)."""
+    return f".{part_name(index)}.tmp"
+
+
+def _check_table_name(table: str) -> None:
+    if not isinstance(table, str) or not _TABLE_NAME.match(table):
+        raise ValueError(
+            f"table name {table!r} is not valid: use letters, digits and '_', "
+            "not starting with a digit"
+        )
+
+
+def _fsync_dir(path: Path) -> None:
+    # Make the rename itself durable, not only the file contents.
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _drift_message(table: str, expected: pl.Schema, got: pl.Schema) -> str:
+    missing = [name for name in expected if name not in got]
+    extra = [name for name in got if name not in expected]
+    changed = [
+        f"{name}: {expected[name]} -> {got[name]}"
+        for name in expected
+        if name in got and expected[name] != got[name]
+    ]
+    parts = []
+    if missing:
+        parts.append(f"missing columns {missing}")
+    if extra:
+        parts.append(f"new columns {extra}")
+    if changed:
+        parts.append(f"changed types {changed}")
+    return (
+        f"table {table!r}: schema changed between batches ({'; '.join(parts)}); "
+        "every batch of a table must have the schema of its first batch"
+    )
+
+
+@dataclass
+class _TableState:
+    """Everything the sink knows about one table."""
+
+    name: str
+    schema: pl.Schema | None = None
+    buffer: list[pl.DataFrame] = field(default_factory=list)
+    buffered_rows: int = 0
+    buffered_bytes: int = 0
+    arrow_schema: pa.Schema | None = None
+    writer: pq.ParquetWriter | None = None
+    temp_path: Path | None = None
+    part: int = 0  # index of the part being (or next to be) written
+    part_rows: int = 0
+    rows: int = 0  # rows handed to Parquet writers (buffered rows not counted)
+    files: list[str] = field(default_factory=list)
+
+
+class ParquetSink:
+    """Write tables as Parquet parts under ``collection_dir``, one folder per table.
+
+    Args:
+        collection_dir: the collection's folder (created on the first write).
+        collection_id: stored in a constant ``collection_id`` column of every table.
+        row_group_rows: rows per row group; smaller groups only come from :meth:`flush`
+            or from the memory bound.
+        max_buffered_bytes: bound on the rows held in memory across all tables; past it the
+            largest buffer is written out at once.
+        rows_per_file: a part is finished (renamed to its final name) at this many rows
+            and the next rows go to a new part.
+        compression: a Parquet codec pyarrow knows (``zstd``, ``snappy``, ``gzip``,
+            ``lz4``, ``brotli``, ``none``).
+    """
+
+    def __init__(
+        self,
+        collection_dir: Path,
+        collection_id: str,
+        *,
+        row_group_rows: int = 65536,
+        max_buffered_bytes: int = 64 * 2**20,
+        rows_per_file: int = 4_000_000,
+        compression: str = "zstd",
+    ) -> None:
+        if row_group_rows < 1:
+            raise ValueError(f"row_group_rows must be at least 1, got {row_group_rows}")
+        if rows_per_file < 1:
+            raise ValueError(f"rows_per_file must be at least 1, got {rows_per_file}")
+        if max_buffered_bytes < 0:
+            raise ValueError(f"max_buffered_bytes must be >= 0, got {max_buffered_bytes}")
+        if compression.lower() not in ("none", "uncompressed") and not pa.Codec.is_available(
+            compression
+        ):
+            raise ValueError(f"compression {compression!r} is not available in pyarrow")
+        if not collection_id:
+            raise ValueError("collection_id must not be empty")
+        self.collection_dir = Path(collection_dir)
+        self.collection_id = collection_id
+        self.row_group_rows = row_group_rows
+        self.max_buffered_bytes = max_buffered_bytes
+        self.rows_per_file = rows_per_file
+        self.compression = compression
+        self._tables: dict[str, _TableState] = {}
+        self._buffered_bytes = 0
+        self._closed = False
+        self._result: dict[str, int] | None = None
+        # The session may flush from a timer thread while hooks write.
+        self._lock = threading.RLock()
+
+    # -- the Sink protocol -------------------------------------------------------------
+
+    def write(self, table: str, frame: pl.DataFrame) -> None:
+        """Buffer ``frame`` as rows of ``table``; write full row groups as they fill.
+
+        Raises:
+            CollectionError: the frame's schema differs from the table's first batch.
+            RuntimeError: the sink is closed.
+        """
+        _check_table_name(table)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"ParquetSink for {self.collection_dir} is closed")
+            if frame.width == 0:
+                return
+            frame = frame.with_columns(pl.lit(self.collection_id, pl.String).alias(COLLECTION_ID))
+            state = self._tables.get(table)
+            if state is None:
+                state = self._tables[table] = _TableState(table)
+            frame = self._conform(state, frame)
+            if frame.height == 0:
+                return
+            size = frame.estimated_size()
+            state.buffer.append(frame)
+            state.buffered_rows += frame.height
+            state.buffered_bytes += size
+            self._buffered_bytes += size
+            while state.buffered_rows >= self.row_group_rows:
+                self._write_rows(state, self.row_group_rows)
+            # The memory bound: write the largest buffers early, as smaller row groups.
+            while self._buffered_bytes > self.max_buffered_bytes:
+                largest = max(self._tables.values(), key=lambda s: s.buffered_bytes)
+                if largest.buffered_rows == 0:
+                    break
+                self._write_rows(largest, largest.buffered_rows)
+
+    def flush(self, *, durable: bool = False) -> None:
+        """Write every buffered row as a row group of its table's open part.
+
+        With ``durable=True`` also finish the open parts (footer written, file synced and
+        renamed to its final name), so everything written so far is readable; later rows go
+        to new parts.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            for state in self._tables.values():
+                if state.buffered_rows:
+                    self._write_rows(state, state.buffered_rows)
+            if durable:
+                for state in self._tables.values():
+                    if state.writer is not None:
+                        self._finish_part(state)
+
+    def close(self) -> dict[str, int]:
+        """Flush, finish every part and return rows written per table (idempotent).
+
+        Tables that only ever got empty frames appear with 0 rows and have no folder.
+        """
+        with self._lock:
+            if self._result is not None:
+                return dict(self._result)
+            try:
+                self.flush(durable=True)
+            finally:
+                # On failure keep the temporary files: they show an interrupted writer.
+                for state in self._tables.values():
+                    if state.writer is not None:
+                        state.writer.close()
+                        state.writer = None
+                self._closed = True
+            self._result = {name: state.rows for name, state in self._tables.items()}
+            return dict(self._result)
+
+    # -- inspection ----------------------------------------------------------------------
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Estimated bytes of rows buffered in memory, across all tables."""
+        return self._buffered_bytes
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def files_written(self) -> dict[str, list[str]]:
+        """Finished part files per table, relative to ``collection_dir`` (for the manifest)."""
+        with self._lock:
+            return {name: list(s.files) for name, s in self._tables.items() if s.files}
+
+    def __enter__(self) -> ParquetSink:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"ParquetSink({str(self.collection_dir)!r}, {self.collection_id!r}, {state})"
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _conform(self, state: _TableState, frame: pl.DataFrame) -> pl.DataFrame:
+        """Check ``frame`` against the table's schema; reorder columns if only the order differs."""
+        schema = frame.schema
+        if state.schema is None:
+            state.schema = schema
+            return frame
+        if schema == state.schema:
+            return frame
+        if dict(schema) == dict(state.schema):
+            return frame.select(state.schema.names())
+        raise CollectionError(_drift_message(state.name, state.schema, schema))
+
+    def _take(self, state: _TableState, n: int) -> pl.DataFrame:
+        """Remove the first ``n`` buffered rows of ``state`` and return them."""
+        # rechunk=False: slicing the concatenation copies nothing.
+        whole = pl.concat(state.buffer, rechunk=False) if len(state.buffer) > 1 else state.buffer[0]
+        head, rest = whole.slice(0, n), whole.slice(n)
+        rest_bytes = rest.estimated_size() if rest.height else 0
+        self._buffered_bytes += rest_bytes - state.buffered_bytes
+        state.buffer = [rest] if rest.height else []
+        state.buffered_rows = rest.height
+        state.buffered_bytes = rest_bytes
+        return head
+
+    def _write_rows(self, state: _TableState, n: int) -> None:
+        chunk = self._take(state, n)
+        while chunk.height:
+            if state.writer is None:
+                self._open_part(state, chunk)
+            room = self.rows_per_file - state.part_rows
+            piece, chunk = chunk.slice(0, room), chunk.slice(room)
+            self._write_row_group(state, piece)
+            if state.part_rows >= self.rows_per_file:
+                self._finish_part(state)
+
+    def _write_row_group(self, state: _TableState, piece: pl.DataFrame) -> None:
+        assert state.writer is not None and state.arrow_schema is not None
+        table = piece.to_arrow()
+        if table.schema != state.arrow_schema:
+            table = table.cast(state.arrow_schema)
+        # One call, one row group: row_group_size covers the whole piece.
+        state.writer.write_table(table, row_group_size=table.num_rows)
+        state.part_rows += table.num_rows
+        state.rows += table.num_rows
+
+    def _open_part(self, state: _TableState, sample: pl.DataFrame) -> None:
+        folder = self.collection_dir / state.name
+        folder.mkdir(parents=True, exist_ok=True)
+        final = folder / part_name(state.part)
+        if final.exists():
+            raise CollectionError(
+                f"{final} already exists: refusing to overwrite a finished part "
+                "(use a new collection folder)"
+            )
+        if state.arrow_schema is None:
+            state.arrow_schema = sample.slice(0, 0).to_arrow().schema
+        state.temp_path = folder / temp_name(state.part)
+        state.writer = pq.ParquetWriter(
+            state.temp_path, state.arrow_schema, compression=self.compression
+        )
+        state.part_rows = 0
+
+    def _finish_part(self, state: _TableState) -> None:
+        assert state.writer is not None and state.temp_path is not None
+        state.writer.close()
+        state.writer = None
+        final = state.temp_path.parent / part_name(state.part)
+        _fsync_file(state.temp_path)
+        os.replace(state.temp_path, final)
+        _fsync_dir(final.parent)
+        state.files.append(final.relative_to(self.collection_dir).as_posix())
+        state.temp_path = None
+        state.part += 1
+        state.part_rows = 0
+
+
+class MemorySink:
+    """A sink that keeps every frame in memory; for tests."""
+
+    def __init__(self) -> None:
+        self.frames: dict[str, list[pl.DataFrame]] = {}
+        self.flushes = 0
+        self.closed = False
+
+    def write(self, table: str, frame: pl.DataFrame) -> None:
+        if self.closed:
+            raise RuntimeError("MemorySink is closed")
+        self.frames.setdefault(table, []).append(frame)
+
+    def flush(self, *, durable: bool = False) -> None:
+        self.flushes += 1
+
+    def close(self) -> dict[str, int]:
+        self.closed = True
+        return {name: sum(f.height for f in frames) for name, frames in self.frames.items()}
+
+    def table(self, name: str) -> pl.DataFrame:
+        """All rows written to ``name``, in order (an empty DataFrame if none)."""
+        frames = self.frames.get(name)
+        if not frames:
+            return pl.DataFrame()
+        return pl.concat(frames, how="vertical")
+
+    def tables(self) -> list[str]:
+        return sorted(self.frames)

@@ -1,0 +1,219 @@
+"""Configuration: pydantic models are the single source.
+
+``defaults.yaml`` is generated from them (``kernmlops defaults``); a user's
+overrides file is merged on top, then command-line flags. Hook and benchmark
+sections come from their registries, so a new hook brings its own options.
+Errors name the key path, what was expected and the nearest valid key.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
+
+from kernmlops.benchmarks import REGISTRY as BENCHMARKS
+from kernmlops.errors import ConfigError
+from kernmlops.hooks import DEFAULT_HOOKS
+from kernmlops.hooks import REGISTRY as HOOKS
+
+
+def _key(name: str) -> str:
+    """Config key of a registry name (stress-ng -> stress_ng)."""
+    return name.replace("-", "_")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class CollectorConfig(_Strict):
+    output_dir: Path = Field(
+        Path("data"), description="collections go to <output_dir>/curated/benchmark=<b>/..."
+    )
+    hooks: list[str] = Field(list(DEFAULT_HOOKS), description="hooks to run, by name")
+    filter: Literal["auto", "system", "tgid", "tree"] = Field(
+        "auto",
+        description="auto: the benchmark's default; system: everything; "
+        "tgid: only collector.tgid; tree: the benchmark's process tree",
+    )
+    tgid: int | None = Field(None, ge=1, description="process to trace with filter: tgid")
+    strict: bool = Field(False, description="a hook that cannot attach is an error")
+    poll_interval_ms: int = Field(10, ge=1, le=1000, description="ring-buffer drain period")
+    flush_interval_s: float = Field(
+        5.0, gt=0, le=3600, description="longest time rows wait in memory before Parquet"
+    )
+    row_group_rows: int = Field(65536, ge=1024, le=16 << 20, description="Parquet row group")
+    progress: bool = Field(True, description="live progress while collecting")
+
+    @field_validator("hooks")
+    @classmethod
+    def _known_hooks(cls, hooks: list[str]) -> list[str]:
+        for name in hooks:
+            if name not in HOOKS:
+                near = difflib.get_close_matches(name, HOOKS, n=1)
+                hint = f"; did you mean {near[0]!r}?" if near else ""
+                raise ValueError(f"unknown hook {name!r}{hint} (known: {', '.join(HOOKS)})")
+        return list(dict.fromkeys(hooks))
+
+    @model_validator(mode="after")
+    def _check(self) -> CollectorConfig:
+        if self.filter == "tgid" and self.tgid is None:
+            raise ValueError("filter 'tgid' needs collector.tgid")
+        return self
+
+
+def _section(name: str, registry: dict[str, Any], extra: dict[str, Any]) -> type[BaseModel]:
+    fields: dict[str, Any] = dict(extra)
+    for key, cls in registry.items():
+        fields[_key(key)] = (cls.Options, Field(default_factory=cls.Options))
+    return create_model(name, __base__=_Strict, **fields)
+
+
+HooksConfig = _section("HooksConfig", HOOKS, {})
+BenchmarkConfig = _section(
+    "BenchmarkConfig",
+    BENCHMARKS,
+    {
+        "name": (
+            Literal[tuple(BENCHMARKS)],  # type: ignore[valid-type]
+            Field("stress-ng", description="which benchmark runs"),
+        ),
+        "duration_s": (
+            float | None,
+            Field(None, gt=0, description="stop after this many seconds (null: when done)"),
+        ),
+    },
+)
+
+
+class Config(_Strict):
+    collector: CollectorConfig = Field(default_factory=CollectorConfig)
+    hooks: HooksConfig = Field(default_factory=HooksConfig)  # type: ignore[valid-type]
+    benchmark: BenchmarkConfig = Field(default_factory=BenchmarkConfig)  # type: ignore[valid-type]
+
+    def hook_options(self, name: str) -> BaseModel:
+        return getattr(self.hooks, _key(name))
+
+    def benchmark_options(self, name: str | None = None) -> BaseModel:
+        return getattr(self.benchmark, _key(name or self.benchmark.name))
+
+
+# --- errors ------------------------------------------------------------------
+def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The model class that holds the key at ``loc`` (walking nested models)."""
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        ann = field.annotation if field else None
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return None
+        model = ann
+    return model
+
+
+def _describe(err: dict[str, Any]) -> str:
+    loc = tuple(err["loc"])
+    path = ".".join(str(p) for p in loc) or "(top level)"
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        parent = _model_at(Config, loc[:-1])
+        valid = sorted(parent.model_fields) if parent else []
+        near = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
+        hint = f"; did you mean {'.'.join([*map(str, loc[:-1]), near[0]])!r}?" if near else ""
+        return f"{path}: unknown key{hint} (valid here: {', '.join(valid)})"
+    got = err.get("input")
+    shown = "" if isinstance(got, dict) else f" (got {got!r})"
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"{path}: {msg}{shown}"
+
+
+def format_errors(error: ValidationError, source: str | None = None) -> str:
+    where = f" in {source}" if source else ""
+    lines = [f"invalid configuration{where}:"]
+    lines += [f"  - {_describe(e)}" for e in error.errors()]
+    return "\n".join(lines)
+
+
+# --- loading -------------------------------------------------------------------
+def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
+    node = data
+    *parents, last = dotted.split(".")
+    for part in parents:
+        nxt = node.setdefault(part, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"{dotted}: {part} is not a section")
+        node = nxt
+    node[last] = value
+
+
+def read_overrides(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as err:
+        raise ConfigError(f"cannot read config {path}: {err.strerror}") from err
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path} is not valid YAML: {err}") from err
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    return data
+
+
+def load_config(
+    overrides: str | Path | dict[str, Any] | None = None,
+    flags: dict[str, Any] | None = None,
+) -> Config:
+    """Defaults, then the overrides file (or dict), then flags (``"a.b": value``)."""
+    source = None
+    if isinstance(overrides, (str, Path)):
+        source = str(overrides)
+        data = read_overrides(overrides)
+    else:
+        data = dict(overrides or {})
+    for dotted, value in (flags or {}).items():
+        if value is not None:
+            _set_path(data, dotted, value)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_errors(err, source)) from None
+
+
+# --- defaults.yaml ---------------------------------------------------------------
+def _emit(model: BaseModel, indent: int, out: list[str]) -> None:
+    pad = "  " * indent
+    for name, field in type(model).model_fields.items():
+        value = getattr(model, name)
+        if field.description:
+            out.append(f"{pad}# {field.description}")
+        if isinstance(value, BaseModel):
+            if type(value).model_fields:
+                out.append(f"{pad}{name}:")
+                _emit(value, indent + 1, out)
+            else:
+                out.append(f"{pad}{name}: {{}}")
+            continue
+        plain = model.model_dump(mode="json", include={name})[name]
+        text = yaml.safe_dump(plain, default_flow_style=True, width=1000)
+        dumped = f"{name}: {text.removesuffix(chr(10)).removesuffix('...').strip()}"
+        out.append(pad + dumped)
+
+
+def defaults_yaml() -> str:
+    """The full default configuration, with each key's description as a comment."""
+    out = ["# kernmlops defaults: generated by `kernmlops defaults`; do not edit.", ""]
+    _emit(Config(), 0, out)
+    return "\n".join(out) + "\n"

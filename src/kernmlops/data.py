@@ -1,0 +1,317 @@
+"""Read collections back as polars DataFrames.
+
+A collection is a folder with a ``manifest.json`` and one sub-folder of Parquet parts per
+table. Curated data lays collections out Hive-style, so whole fleets read at once::
+
+    <root>/benchmark=<b>/collection_id=<id>/manifest.json
+    <root>/benchmark=<b>/collection_id=<id>/<table>/part-00000.parquet
+
+Examples (in a notebook)::
+
+    from kernmlops.data import read_collection, read_parquet_dir, list_collections
+
+    c = read_collection("data/curated/benchmark=faux/collection_id=4f0c")
+    c["block_io"].describe()
+
+    io = read_parquet_dir("data/curated", "block_io")          # every collection
+    io.group_by("benchmark", "collection_id").len()
+    lazy = read_parquet_dir("data/curated", "block_io", lazy=True)
+
+Only finished parts (``part-*.parquet``) are read; an interrupted writer's temporary files
+(``.part-*.parquet.tmp``) are never opened.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+import polars as pl
+
+from kernmlops.collect.manifest import MANIFEST_NAME, read_manifest
+from kernmlops.errors import CollectionError
+from kernmlops.tables import BENCHMARK, COLLECTION_ID
+
+__all__ = ["Collection", "list_collections", "read_collection", "read_parquet_dir"]
+
+_PART = re.compile(r"^part-(\d+)\.parquet$")
+_TEMP_GLOB = ".part-*.parquet.tmp"
+_BENCHMARK_PREFIX = f"{BENCHMARK}="
+_COLLECTION_PREFIX = f"{COLLECTION_ID}="
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Collection:
+    """One collection read into memory.
+
+    Attributes:
+        path: the collection folder.
+        manifest: the parsed ``manifest.json``.
+        tables: every table, all its parts concatenated in part order.
+        files: the part files each table was read from.
+        incomplete: tables with unfinished temporary parts (an interrupted writer); their
+            finished parts, if any, are in ``tables``.
+    """
+
+    path: Path
+    manifest: dict[str, Any]
+    tables: dict[str, pl.DataFrame]
+    files: dict[str, tuple[Path, ...]] = field(default_factory=dict)
+    incomplete: tuple[str, ...] = ()
+
+    def __getitem__(self, name: str) -> pl.DataFrame:
+        try:
+            return self.tables[name]
+        except KeyError:
+            available = ", ".join(sorted(self.tables)) or "none"
+            raise KeyError(
+                f"no table {name!r} in collection {self.path} (tables: {available})"
+            ) from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.tables
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.tables)
+
+    def __len__(self) -> int:
+        return len(self.tables)
+
+    @property
+    def collection_id(self) -> str:
+        """The manifest's ``collection_id``, else the folder's (``collection_id=<id>``)."""
+        value = self.manifest.get(COLLECTION_ID)
+        if isinstance(value, str) and value:
+            return value
+        name = self.path.name
+        return unquote(name.removeprefix(_COLLECTION_PREFIX))
+
+    @property
+    def benchmark(self) -> str | None:
+        """The manifest's benchmark name, else the parent folder's (``benchmark=<b>``)."""
+        value = self.manifest.get(BENCHMARK)
+        if isinstance(value, dict):
+            value = value.get("name")
+        if isinstance(value, str) and value:
+            return value
+        parent = self.path.parent.name
+        if parent.startswith(_BENCHMARK_PREFIX):
+            return unquote(parent.removeprefix(_BENCHMARK_PREFIX))
+        return None
+
+    def scan(self, name: str) -> pl.LazyFrame:
+        """A lazy scan of table ``name``'s part files (reads nothing until collected)."""
+        if name not in self.files:
+            self[name]  # raises the KeyError that lists the tables
+        return _scan(self.files[name])
+
+    def __repr__(self) -> str:
+        shapes = ", ".join(f"{name}: {frame.height} rows" for name, frame in self.tables.items())
+        return f"Collection({str(self.path)!r}, {{{shapes}}})"
+
+
+def read_collection(path: str | Path) -> Collection:
+    """Read the collection in folder ``path`` (or the folder of a ``manifest.json``).
+
+    Raises:
+        CollectionError: the folder does not exist, has no valid manifest, has no finished
+            Parquet part, or a part cannot be read.
+    """
+    path = Path(path).expanduser()
+    if path.is_file() and path.name == MANIFEST_NAME:
+        path = path.parent
+    if not path.exists():
+        raise CollectionError(f"{path}: no such collection folder")
+    if not path.is_dir():
+        raise CollectionError(f"{path}: not a folder (a collection is a folder)")
+    manifest = read_manifest(path)
+    files, incomplete = _table_files(path)
+    if not files:
+        why = (
+            f"; only unfinished temporary parts in {', '.join(incomplete)} "
+            "(the writer was interrupted)"
+            if incomplete
+            else ""
+        )
+        raise CollectionError(f"{path}: no Parquet tables (no <table>/part-*.parquet){why}")
+    tables = {name: _read(name, parts) for name, parts in files.items()}
+    return Collection(
+        path=path,
+        manifest=manifest,
+        tables=tables,
+        files={name: tuple(parts) for name, parts in files.items()},
+        incomplete=tuple(incomplete),
+    )
+
+
+def read_parquet_dir(
+    path: str | Path, table: str, *, lazy: bool = False
+) -> pl.DataFrame | pl.LazyFrame:
+    """Read ``table`` from every collection under a curated folder.
+
+    ``path`` is the root (holding ``benchmark=<b>/collection_id=<id>/`` folders), one
+    ``benchmark=<b>`` folder, or one ``collection_id=<id>`` folder inside one. The result
+    starts with ``benchmark`` and ``collection_id`` columns, taken from the folder names (as
+    Hive readers such as DuckDB and Spark do), followed by the table's columns. Collections
+    whose schemas differ (an older kernmlops) are combined diagonally: missing columns are
+    null and numeric types widen.
+
+    Args:
+        path: the folder to read.
+        table: the table name (its sub-folder in each collection).
+        lazy: return a ``LazyFrame`` that reads nothing until collected.
+
+    Raises:
+        CollectionError: ``path`` holds no collections, or none has ``table``.
+    """
+    root = Path(path).expanduser()
+    collections = _collections(root)
+    scans = []
+    for benchmark, collection_id, folder in collections:
+        parts = _parts(folder / table)
+        if parts:
+            scans.append(
+                _scan(parts).with_columns(
+                    pl.lit(benchmark, pl.String).alias(BENCHMARK),
+                    pl.lit(collection_id, pl.String).alias(COLLECTION_ID),
+                )
+            )
+    if not scans:
+        raise CollectionError(
+            f"{root}: no table {table!r} in any of its {len(collections)} collection(s)"
+        )
+    frame = scans[0] if len(scans) == 1 else pl.concat(scans, how="diagonal_relaxed")
+    frame = frame.select(BENCHMARK, COLLECTION_ID, pl.exclude(BENCHMARK, COLLECTION_ID))
+    if lazy:
+        return frame
+    try:
+        return frame.collect()
+    except (pl.exceptions.PolarsError, OSError) as e:
+        raise CollectionError(f"{root}: cannot read table {table!r}: {e}") from e
+
+
+def list_collections(path: str | Path) -> pl.DataFrame:
+    """One row per collection under a curated folder.
+
+    Columns: ``benchmark``, ``collection_id`` (from the folder names), ``path``,
+    ``started_at`` (the manifest's, as written; null without a readable manifest) and
+    ``tables`` (the tables with finished parts).
+    """
+    root = Path(path).expanduser()
+    rows: dict[str, list[Any]] = {
+        BENCHMARK: [],
+        COLLECTION_ID: [],
+        "path": [],
+        "started_at": [],
+        "tables": [],
+    }
+    for benchmark, collection_id, folder in _collections(root, required=False):
+        try:
+            started = read_manifest(folder).get("started_at")
+        except CollectionError:
+            started = None
+        rows[BENCHMARK].append(benchmark)
+        rows[COLLECTION_ID].append(collection_id)
+        rows["path"].append(str(folder))
+        rows["started_at"].append(None if started is None else str(started))
+        rows["tables"].append(sorted(_table_files(folder)[0]))
+    return pl.DataFrame(
+        rows,
+        schema={
+            BENCHMARK: pl.String,
+            COLLECTION_ID: pl.String,
+            "path": pl.String,
+            "started_at": pl.String,
+            "tables": pl.List(pl.String),
+        },
+    )
+
+
+# -- internals ---------------------------------------------------------------------------
+
+
+def _parts(folder: Path) -> list[Path]:
+    """Finished part files of one table folder, in part order (temporary files excluded)."""
+    if not folder.is_dir():
+        return []
+    found = []
+    for child in folder.iterdir():
+        match = _PART.match(child.name)
+        if match and child.is_file():
+            found.append((int(match.group(1)), child))
+    # Numeric order: part-100000 comes after part-99999.
+    return [p for _, p in sorted(found)]
+
+
+def _table_files(collection_dir: Path) -> tuple[dict[str, list[Path]], list[str]]:
+    """Tables with finished parts, and tables with unfinished temporary parts."""
+    files: dict[str, list[Path]] = {}
+    incomplete: list[str] = []
+    for child in sorted(collection_dir.iterdir()):
+        if not child.is_dir() or child.name.startswith((".", "_")):
+            continue
+        parts = _parts(child)
+        if parts:
+            files[child.name] = parts
+        if any(child.glob(_TEMP_GLOB)):
+            incomplete.append(child.name)
+    return files, incomplete
+
+
+def _scan(parts: tuple[Path, ...] | list[Path]) -> pl.LazyFrame:
+    # Explicit files: no globbing (paths may hold '[' or '*') and no Hive inference from
+    # the folder names; read_parquet_dir adds the partition columns itself.
+    return pl.scan_parquet(list(parts), hive_partitioning=False, glob=False)
+
+
+def _read(table: str, parts: list[Path]) -> pl.DataFrame:
+    try:
+        return _scan(parts).collect()
+    except (pl.exceptions.PolarsError, OSError) as e:
+        raise CollectionError(f"{parts[0].parent}: cannot read table {table!r}: {e}") from e
+
+
+def _hive_value(folder: Path, prefix: str) -> str:
+    return unquote(folder.name.removeprefix(prefix))
+
+
+def _collections(root: Path, *, required: bool = True) -> list[tuple[str, str, Path]]:
+    """(benchmark, collection_id, folder) for each collection under ``root``."""
+    if not root.is_dir():
+        raise CollectionError(f"{root}: no such folder")
+
+    def in_benchmark(folder: Path) -> list[tuple[str, str, Path]]:
+        benchmark = _hive_value(folder, _BENCHMARK_PREFIX)
+        return [
+            (benchmark, _hive_value(child, _COLLECTION_PREFIX), child)
+            for child in sorted(folder.iterdir())
+            if child.is_dir() and child.name.startswith(_COLLECTION_PREFIX)
+        ]
+
+    if root.name.startswith(_COLLECTION_PREFIX) and root.parent.name.startswith(_BENCHMARK_PREFIX):
+        found = [
+            (
+                _hive_value(root.parent, _BENCHMARK_PREFIX),
+                _hive_value(root, _COLLECTION_PREFIX),
+                root,
+            )
+        ]
+    elif root.name.startswith(_BENCHMARK_PREFIX):
+        found = in_benchmark(root)
+    else:
+        found = [
+            entry
+            for child in sorted(root.iterdir())
+            if child.is_dir() and child.name.startswith(_BENCHMARK_PREFIX)
+            for entry in in_benchmark(child)
+        ]
+    if required and not found:
+        raise CollectionError(
+            f"{root}: no collections (expected {_BENCHMARK_PREFIX}<b>/"
+            f"{_COLLECTION_PREFIX}<id>/ folders)"
+        )
+    return found

@@ -1,0 +1,1 @@
+"""The user side of libbpf: objects, programs, maps, links, ring buffers, BTF."""

@@ -1,0 +1,286 @@
+"""BTF (BPF Type Format) reader and record layouts derived from it.
+
+A hook's record struct is declared once, in C. The compiled object's .BTF
+section describes it; this module turns that description into a numpy
+structured dtype (and from it a polars schema), the way bpf2go generates Go
+types. Pure Python, no root: it only reads bytes.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from enum import IntEnum
+from pathlib import Path
+
+import numpy as np
+
+from kernmlops.errors import KernmlopsError
+
+BTF_MAGIC = 0xEB9F
+#: Section holding `__kmo_ring_<ring>` markers (see bpf/common.h).
+RECORDS_SECTION = ".kmo.records"
+RING_MARKER_PREFIX = "__kmo_ring_"
+
+
+class BtfError(KernmlopsError):
+    """The BTF is missing, malformed, or describes a layout we cannot map."""
+
+
+class Kind(IntEnum):
+    VOID = 0
+    INT = 1
+    PTR = 2
+    ARRAY = 3
+    STRUCT = 4
+    UNION = 5
+    ENUM = 6
+    FWD = 7
+    TYPEDEF = 8
+    VOLATILE = 9
+    CONST = 10
+    RESTRICT = 11
+    FUNC = 12
+    FUNC_PROTO = 13
+    VAR = 14
+    DATASEC = 15
+    FLOAT = 16
+    DECL_TAG = 17
+    TYPE_TAG = 18
+    ENUM64 = 19
+
+
+INT_SIGNED = 1
+INT_CHAR = 2
+INT_BOOL = 4
+
+
+@dataclass
+class BtfType:
+    """One type. ``members`` holds (name, type_id, bit_offset, bitfield_size) for
+    structs and unions, (name, value) for enums, (type_id, offset, size) for
+    datasecs; ``ref`` is the referenced type or element type."""
+
+    id: int
+    kind: Kind
+    name: str
+    size: int = 0
+    ref: int = 0
+    nelems: int = 0
+    encoding: int = 0
+    bits: int = 0
+    members: list = field(default_factory=list)
+
+
+class Btf:
+    """All types of one BTF blob, by id and by (kind, name)."""
+
+    def __init__(self, types: list[BtfType]) -> None:
+        self.types = types  # index == id; types[0] is void
+        self._by_name: dict[tuple[Kind, str], BtfType] = {}
+        for t in types[1:]:
+            if t.name:
+                self._by_name.setdefault((t.kind, t.name), t)
+
+    @classmethod
+    def parse(cls, data: bytes) -> Btf:
+        if len(data) < 24:
+            raise BtfError("BTF blob too short")
+        magic, _version, _flags, hdr_len = struct.unpack_from("<HBBI", data, 0)
+        if magic != BTF_MAGIC:
+            raise BtfError(f"bad BTF magic {magic:#x}")
+        type_off, type_len, str_off, str_len = struct.unpack_from("<IIII", data, 8)
+        types_blob = memoryview(data)[hdr_len + type_off : hdr_len + type_off + type_len]
+        strings = bytes(data[hdr_len + str_off : hdr_len + str_off + str_len])
+
+        def name_at(off: int) -> str:
+            end = strings.index(b"\0", off)
+            return strings[off:end].decode()
+
+        types = [BtfType(0, Kind.VOID, "")]
+        pos = 0
+        while pos < len(types_blob):
+            name_off, info, size_or_type = struct.unpack_from("<III", types_blob, pos)
+            pos += 12
+            vlen = info & 0xFFFF
+            kind = Kind((info >> 24) & 0x1F)
+            kflag = info >> 31
+            t = BtfType(len(types), kind, name_at(name_off), size=size_or_type, ref=size_or_type)
+            if kind is Kind.INT:
+                (enc,) = struct.unpack_from("<I", types_blob, pos)
+                pos += 4
+                t.encoding, t.bits = (enc >> 24) & 0xF, enc & 0xFF
+            elif kind is Kind.ARRAY:
+                t.ref, _index, t.nelems = struct.unpack_from("<III", types_blob, pos)
+                pos += 12
+            elif kind in (Kind.STRUCT, Kind.UNION):
+                for _ in range(vlen):
+                    m_name, m_type, m_off = struct.unpack_from("<III", types_blob, pos)
+                    pos += 12
+                    bit_off, bf_size = (m_off & 0xFFFFFF, m_off >> 24) if kflag else (m_off, 0)
+                    t.members.append((name_at(m_name), m_type, bit_off, bf_size))
+            elif kind is Kind.ENUM:
+                for _ in range(vlen):
+                    m_name, val = struct.unpack_from("<Ii", types_blob, pos)
+                    pos += 8
+                    t.members.append((name_at(m_name), val))
+            elif kind is Kind.ENUM64:
+                for _ in range(vlen):
+                    m_name, lo, hi = struct.unpack_from("<III", types_blob, pos)
+                    pos += 12
+                    t.members.append((name_at(m_name), lo | (hi << 32)))
+            elif kind is Kind.FUNC_PROTO:
+                pos += 8 * vlen
+            elif kind is Kind.VAR or kind is Kind.DECL_TAG:
+                pos += 4
+            elif kind is Kind.DATASEC:
+                for _ in range(vlen):
+                    t.members.append(struct.unpack_from("<III", types_blob, pos))
+                    pos += 12
+            types.append(t)
+        return cls(types)
+
+    @classmethod
+    def from_elf(cls, path: str | Path) -> Btf:
+        """The .BTF section of a compiled BPF object."""
+        from elftools.elf.elffile import ELFFile
+
+        try:
+            with open(path, "rb") as fh:
+                section = ELFFile(fh).get_section_by_name(".BTF")
+                if section is None:
+                    raise BtfError(f"{path}: no .BTF section (compile with clang -g)")
+                return cls.parse(section.data())
+        except OSError as err:
+            raise BtfError(f"cannot read {path}: {err.strerror}") from err
+
+    def find(self, kind: Kind, name: str) -> BtfType:
+        try:
+            return self._by_name[(kind, name)]
+        except KeyError:
+            raise BtfError(f"no {kind.name.lower()} named {name!r} in BTF") from None
+
+    def resolve(self, type_id: int) -> BtfType:
+        """Skip typedefs and qualifiers."""
+        t = self.types[type_id]
+        while t.kind in (Kind.TYPEDEF, Kind.VOLATILE, Kind.CONST, Kind.RESTRICT, Kind.TYPE_TAG):
+            t = self.types[t.ref]
+        return t
+
+    def ring_record(self, ring: str) -> BtfType:
+        """The record struct of ring buffer ``ring`` (declared with KMO_RING)."""
+        var = self.find(Kind.VAR, RING_MARKER_PREFIX + ring)
+        ptr = self.resolve(var.ref)
+        if ptr.kind is not Kind.PTR:
+            raise BtfError(f"marker of ring {ring!r} is not a pointer")
+        record = self.resolve(ptr.ref)
+        if record.kind is not Kind.STRUCT:
+            raise BtfError(f"record of ring {ring!r} is not a struct")
+        return record
+
+    def rings(self) -> list[str]:
+        """Names of every ring buffer declared with KMO_RING."""
+        try:
+            sec = self.find(Kind.DATASEC, RECORDS_SECTION)
+        except BtfError:
+            return []
+        names = (self.types[type_id].name for type_id, _off, _size in sec.members)
+        return [n.removeprefix(RING_MARKER_PREFIX) for n in names]
+
+
+@dataclass(frozen=True)
+class RecordLayout:
+    """A record's numpy dtype plus how to present its columns."""
+
+    name: str
+    dtype: np.dtype
+    #: column -> {value: label} for enum-typed fields
+    enums: dict[str, dict[int, str]]
+    #: char-array columns, decoded to strings
+    strings: tuple[str, ...]
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+
+def _enum_labels(t: BtfType) -> dict[int, str]:
+    """Enumerator names without their common prefix, lower-cased (FOO_KIND_EXEC -> exec)."""
+    names = [n for n, _ in t.members]
+    prefix = ""
+    if len(names) > 1:
+        first, last = min(names), max(names)
+        i = 0
+        while i < min(len(first), len(last)) and first[i] == last[i]:
+            i += 1
+        prefix = first[: first.rfind("_", 0, i + 1) + 1] if "_" in first[:i] else ""
+    return {val: n[len(prefix) :].lower() for n, val in t.members}
+
+
+def _scalar(btf: Btf, t: BtfType, where: str) -> np.dtype:
+    if t.kind is Kind.INT:
+        if t.encoding & INT_BOOL:
+            return np.dtype(np.bool_)
+        signed = bool(t.encoding & INT_SIGNED)
+        return np.dtype(f"<{'i' if signed else 'u'}{t.size}")
+    if t.kind in (Kind.ENUM, Kind.ENUM64):
+        signed = any(v < 0 for _, v in t.members)
+        return np.dtype(f"<{'i' if signed else 'u'}{t.size}")
+    if t.kind is Kind.PTR:
+        return np.dtype("<u8")
+    if t.kind is Kind.FLOAT:
+        return np.dtype(f"<f{t.size}")
+    raise BtfError(f"{where}: cannot map BTF kind {t.kind.name} to a column")
+
+
+def record_layout(btf: Btf, record: BtfType) -> RecordLayout:
+    """Flat numpy dtype for a struct: nested structs become ``outer_inner``
+    columns, char arrays become byte strings, other arrays subarrays."""
+    names: list[str] = []
+    formats: list = []
+    offsets: list[int] = []
+    enums: dict[str, dict[int, str]] = {}
+    strings: list[str] = []
+
+    def walk(st: BtfType, prefix: str, base: int) -> None:
+        for m_name, m_type, bit_off, bf_size in st.members:
+            where = f"struct {record.name}.{prefix}{m_name}"
+            if bf_size or bit_off % 8:
+                raise BtfError(f"{where}: bitfields are not supported in records")
+            if not m_name:
+                raise BtfError(f"{where}: anonymous members are not supported in records")
+            off = base + bit_off // 8
+            col = prefix + m_name
+            t = btf.resolve(m_type)
+            if t.kind is Kind.STRUCT:
+                walk(t, col + "_", off)
+                continue
+            if t.kind is Kind.ARRAY:
+                elem = btf.resolve(t.ref)
+                is_char = elem.encoding & INT_CHAR or elem.name == "char"
+                if elem.kind is Kind.INT and elem.size == 1 and is_char:
+                    fmt: object = np.dtype(f"S{t.nelems}")
+                    strings.append(col)
+                else:
+                    fmt = (_scalar(btf, elem, where), (t.nelems,))
+            else:
+                fmt = _scalar(btf, t, where)
+                if t.kind in (Kind.ENUM, Kind.ENUM64):
+                    enums[col] = _enum_labels(t)
+            names.append(col)
+            formats.append(fmt)
+            offsets.append(off)
+
+    if record.kind is not Kind.STRUCT:
+        raise BtfError(f"{record.name!r} is not a struct")
+    walk(record, "", 0)
+    dtype = np.dtype(
+        {"names": names, "formats": formats, "offsets": offsets, "itemsize": record.size}
+    )
+    return RecordLayout(record.name, dtype, enums, tuple(strings))
+
+
+def ring_layouts(path: str | Path) -> dict[str, RecordLayout]:
+    """Layouts of every ring buffer declared in a compiled object."""
+    btf = Btf.from_elf(path)
+    return {ring: record_layout(btf, btf.ring_record(ring)) for ring in btf.rings()}

@@ -1,0 +1,131 @@
+"""Build the BPF objects: vmlinux.h from the running kernel's BTF, then clang.
+
+Outputs go to a build folder outside the sources; an object is rebuilt only
+when its source or a header changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from kernmlops.errors import KernmlopsError
+
+SOURCE_DIR = Path(__file__).resolve().parent.parent / "bpf"
+VMLINUX_BTF = Path("/sys/kernel/btf/vmlinux")
+_ARCH = {"x86_64": "x86", "aarch64": "arm64", "arm64": "arm64", "riscv64": "riscv"}
+
+
+class BuildError(KernmlopsError):
+    """clang or bpftool is missing or failed."""
+
+
+def default_build_dir() -> Path:
+    """$KERNMLOPS_BPF_DIR, else build/bpf in a source checkout, else the user cache."""
+    env = os.environ.get("KERNMLOPS_BPF_DIR")
+    if env:
+        return Path(env)
+    repo = SOURCE_DIR.parents[2]
+    if (repo / "pyproject.toml").exists():
+        return repo / "build" / "bpf"
+    return Path.home() / ".cache" / "kernmlops" / "bpf"
+
+
+def _tool(name: str, package: str) -> str:
+    path = shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin")
+    if not path:
+        raise BuildError(f"{name} not found: install it (apt-get install {package})")
+    return path
+
+
+def sources() -> list[Path]:
+    return sorted(SOURCE_DIR.glob("*.bpf.c"))
+
+
+def object_path(name: str, build_dir: Path | None = None) -> Path:
+    """Where the object built from ``bpf/<name>.bpf.c`` lives."""
+    return (build_dir or default_build_dir()) / f"{name}.bpf.o"
+
+
+def vmlinux_header(build_dir: Path) -> Path:
+    header = build_dir / "vmlinux.h"
+    if header.exists() and header.stat().st_size > 0:
+        return header
+    if not VMLINUX_BTF.exists():
+        raise BuildError(
+            f"{VMLINUX_BTF} is missing: this kernel has no BTF (CONFIG_DEBUG_INFO_BTF)"
+        )
+    bpftool = _tool("bpftool", "bpftool")
+    tmp = header.with_suffix(".h.tmp")
+    with tmp.open("wb") as out:
+        proc = subprocess.run(
+            [bpftool, "btf", "dump", "file", str(VMLINUX_BTF), "format", "c"],
+            stdout=out,
+            stderr=subprocess.PIPE,
+        )
+    if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise BuildError(f"bpftool failed: {proc.stderr.decode(errors='replace').strip()}")
+    tmp.replace(header)
+    return header
+
+
+def _needs_build(src: Path, obj: Path, headers: list[Path]) -> bool:
+    if not obj.exists():
+        return True
+    built = obj.stat().st_mtime
+    return any(p.stat().st_mtime > built for p in [src, *headers])
+
+
+def build(
+    build_dir: Path | None = None, *, force: bool = False, verbose: bool = False
+) -> list[Path]:
+    """Compile every ``*.bpf.c`` that changed; return the objects' paths."""
+    build_dir = build_dir or default_build_dir()
+    build_dir.mkdir(parents=True, exist_ok=True)
+    srcs = sources()
+    headers = sorted(SOURCE_DIR.glob("*.h"))
+    objs = [object_path(s.name.removesuffix(".bpf.c"), build_dir) for s in srcs]
+    todo = [(s, o) for s, o in zip(srcs, objs, strict=True) if force or _needs_build(s, o, headers)]
+    if not todo:
+        return objs
+    clang = _tool("clang", "clang")
+    vmlinux = vmlinux_header(build_dir)
+    arch = _ARCH.get(platform.machine(), platform.machine())
+    for src, obj in todo:
+        cmd = [
+            clang, "-target", "bpf", "-g", "-O2", "-Wall", "-Wno-unused-function",
+            f"-D__TARGET_ARCH_{arch}", "-I", str(vmlinux.parent), "-I", str(SOURCE_DIR),
+            "-c", str(src), "-o", str(obj.with_suffix(".tmp")),
+        ]  # fmt: skip
+        if verbose:
+            print(" ".join(cmd), file=sys.stderr)
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise BuildError(f"clang failed on {src.name}:\n{proc.stderr.strip()}")
+        obj.with_suffix(".tmp").replace(obj)
+    return objs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Build the kernmlops BPF objects.")
+    parser.add_argument("--out", type=Path, default=None, help="build folder")
+    parser.add_argument("--force", action="store_true", help="rebuild everything")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        objs = build(args.out, force=args.force, verbose=args.verbose)
+    except BuildError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(f"{len(objs)} BPF objects in {objs[0].parent if objs else args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

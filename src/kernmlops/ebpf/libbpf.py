@@ -1,0 +1,220 @@
+"""ctypes binding over the system's libbpf.so.1 (libbpf >= 1.0 semantics:
+functions return -errno, or NULL with errno set).
+
+Only what kernmlops uses is declared. libbpf's log lines are captured, so a
+failed load raises an error carrying libbpf's message and the verifier log.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import threading
+from ctypes import (
+    CFUNCTYPE,
+    POINTER,
+    c_bool,
+    c_char_p,
+    c_int,
+    c_size_t,
+    c_uint,
+    c_uint32,
+    c_uint64,
+    c_void_p,
+)
+
+from kernmlops.errors import KernmlopsError
+
+LIBBPF_WARN, LIBBPF_INFO, LIBBPF_DEBUG = 0, 1, 2
+
+
+class LibbpfError(KernmlopsError):
+    """A libbpf call failed; ``errno`` and libbpf's own log lines are kept."""
+
+    def __init__(self, message: str, errno: int = 0, log: str = "") -> None:
+        self.errno = errno
+        self.log = log
+        text = message
+        if errno:
+            text += f": {os.strerror(errno)} (errno {errno})"
+        if log:
+            text += "\n" + log
+        super().__init__(text)
+
+
+def _load() -> ctypes.CDLL:
+    name = ctypes.util.find_library("bpf") or "libbpf.so.1"
+    try:
+        return ctypes.CDLL(name, use_errno=True)
+    except OSError as err:
+        raise LibbpfError(f"cannot load libbpf ({name}); install libbpf1 / libbpf-dev") from err
+
+
+lib = _load()
+_libc = ctypes.CDLL(None, use_errno=True)
+
+PRINT_FN = CFUNCTYPE(c_int, c_int, c_char_p, c_void_p)
+_libc.vsnprintf.argtypes = [c_char_p, c_size_t, c_char_p, c_void_p]
+_libc.vsnprintf.restype = c_int
+
+
+def _fn(name: str, restype, *argtypes) -> None:
+    f = getattr(lib, name)
+    f.restype = restype
+    f.argtypes = list(argtypes)
+
+
+obj_p = c_void_p
+prog_p = c_void_p
+map_p = c_void_p
+link_p = c_void_p
+
+_fn("libbpf_major_version", c_uint32)
+_fn("libbpf_minor_version", c_uint32)
+_fn("libbpf_set_print", c_void_p, PRINT_FN)
+_fn("libbpf_num_possible_cpus", c_int)
+_fn("libbpf_probe_bpf_prog_type", c_int, c_int, c_void_p)
+_fn("libbpf_probe_bpf_map_type", c_int, c_int, c_void_p)
+_fn("bpf_object__open_file", obj_p, c_char_p, c_void_p)
+_fn("bpf_object__load", c_int, obj_p)
+_fn("bpf_object__close", None, obj_p)
+_fn("bpf_object__name", c_char_p, obj_p)
+_fn("bpf_object__next_program", prog_p, obj_p, prog_p)
+_fn("bpf_object__next_map", map_p, obj_p, map_p)
+_fn("bpf_object__find_map_by_name", map_p, obj_p, c_char_p)
+_fn("bpf_program__name", c_char_p, prog_p)
+_fn("bpf_program__section_name", c_char_p, prog_p)
+_fn("bpf_program__set_autoload", c_int, prog_p, c_bool)
+_fn("bpf_program__autoload", c_bool, prog_p)
+_fn("bpf_program__fd", c_int, prog_p)
+_fn("bpf_program__attach", link_p, prog_p)
+_fn("bpf_program__attach_perf_event", link_p, prog_p, c_int)
+_fn("bpf_program__attach_iter", link_p, prog_p, c_void_p)
+_fn("bpf_program__attach_tracepoint", link_p, prog_p, c_char_p, c_char_p)
+_fn("bpf_program__attach_raw_tracepoint", link_p, prog_p, c_char_p)
+_fn("bpf_link__destroy", c_int, link_p)
+_fn("bpf_link__fd", c_int, link_p)
+_fn("bpf_map__name", c_char_p, map_p)
+_fn("bpf_map__fd", c_int, map_p)
+_fn("bpf_map__type", c_int, map_p)
+_fn("bpf_map__key_size", c_uint32, map_p)
+_fn("bpf_map__value_size", c_uint32, map_p)
+_fn("bpf_map__max_entries", c_uint32, map_p)
+_fn("bpf_map__set_max_entries", c_int, map_p, c_uint32)
+_fn("bpf_map__reuse_fd", c_int, map_p, c_int)
+_fn("bpf_map__initial_value", c_void_p, map_p, POINTER(c_size_t))
+_fn("bpf_map_lookup_elem", c_int, c_int, c_void_p, c_void_p)
+_fn("bpf_map_update_elem", c_int, c_int, c_void_p, c_void_p, c_uint64)
+_fn("bpf_map_delete_elem", c_int, c_int, c_void_p)
+_fn("bpf_map_get_next_key", c_int, c_int, c_void_p, c_void_p)
+_fn("bpf_iter_create", c_int, c_int)
+_fn("bpf_enable_stats", c_int, c_int)
+_fn("bpf_prog_get_next_id", c_int, c_uint32, POINTER(c_uint32))
+_fn("bpf_link_get_next_id", c_int, c_uint32, POINTER(c_uint32))
+_fn("bpf_map_get_next_id", c_int, c_uint32, POINTER(c_uint32))
+
+# BPF map types we treat specially (uapi/linux/bpf.h).
+MAP_PERCPU_HASH = 5
+MAP_PERCPU_ARRAY = 6
+MAP_LRU_PERCPU_HASH = 10
+MAP_RINGBUF = 27
+PERCPU_MAPS = frozenset({MAP_PERCPU_HASH, MAP_PERCPU_ARRAY, MAP_LRU_PERCPU_HASH})
+
+
+def version() -> str:
+    return f"{lib.libbpf_major_version()}.{lib.libbpf_minor_version()}"
+
+
+def num_possible_cpus() -> int:
+    n = lib.libbpf_num_possible_cpus()
+    if n < 0:
+        raise LibbpfError("cannot count possible CPUs", -n)
+    return n
+
+
+# --- log capture -----------------------------------------------------------
+_log = threading.local()
+_DEBUG = bool(os.environ.get("KERNMLOPS_DEBUG"))
+
+
+@PRINT_FN
+def _print(level: int, fmt: bytes, args: int) -> int:
+    buf = ctypes.create_string_buffer(8192)
+    n = _libc.vsnprintf(buf, len(buf), fmt, args)
+    text = buf.value.decode(errors="replace")
+    lines = getattr(_log, "lines", None)
+    if lines is not None and level <= LIBBPF_INFO:
+        lines.append(text)
+    if _DEBUG:
+        os.write(2, buf.value)
+    return n
+
+
+lib.libbpf_set_print(_print)
+
+
+class capture_log:
+    """Collect libbpf's log lines (this thread) while the block runs."""
+
+    def __enter__(self) -> capture_log:
+        self.previous = getattr(_log, "lines", None)
+        _log.lines = []
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.lines: list[str] = _log.lines
+        _log.lines = self.previous
+
+    @property
+    def text(self) -> str:
+        lines = _log.lines if getattr(_log, "lines", None) is not None else self.lines
+        return "".join(lines).rstrip()
+
+
+def check_int(rc: int, what: str, log: str = "") -> int:
+    """libbpf int calls return -errno on failure."""
+    if rc < 0:
+        raise LibbpfError(what, -rc, log)
+    return rc
+
+
+def check_ptr(ptr: int | None, what: str, log: str = "") -> int:
+    """libbpf pointer calls return NULL and set errno on failure."""
+    if not ptr:
+        raise LibbpfError(what, ctypes.get_errno(), log)
+    return ptr
+
+
+def _ids(fn) -> list[int]:
+    out, cur, nxt = [], 0, c_uint32()
+    while fn(cur, ctypes.byref(nxt)) == 0:
+        cur = nxt.value
+        out.append(cur)
+    return out
+
+
+def prog_ids() -> list[int]:
+    """IDs of every BPF program loaded in the kernel (needs CAP_SYS_ADMIN)."""
+    return _ids(lib.bpf_prog_get_next_id)
+
+
+def link_ids() -> list[int]:
+    return _ids(lib.bpf_link_get_next_id)
+
+
+def map_ids() -> list[int]:
+    return _ids(lib.bpf_map_get_next_id)
+
+
+__all__ = [
+    "PERCPU_MAPS",
+    "LibbpfError",
+    "c_uint",
+    "capture_log",
+    "check_int",
+    "check_ptr",
+    "lib",
+    "num_possible_cpus",
+    "version",
+]

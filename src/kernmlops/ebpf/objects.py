@@ -1,0 +1,352 @@
+"""BPF objects, programs, maps and links over libbpf, each owning its fds.
+
+A program whose name ends in ``_btf`` or ``_raw`` belongs to a variant: the
+object is loaded with the first variant the kernel accepts (tp_btf, then
+raw_tp), the way libbpf-tools picks program flavours at load time.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kernmlops.ebpf import libbpf
+from kernmlops.ebpf.libbpf import LibbpfError, capture_log, check_int, check_ptr, lib
+
+#: Program-name suffix of each variant, in order of preference.
+VARIANTS: tuple[str, ...] = ("btf", "raw")
+
+
+class Link:
+    """An attached program; destroying it detaches."""
+
+    def __init__(self, ptr: int, program: str) -> None:
+        self._ptr: int | None = ptr
+        self.program = program
+
+    @property
+    def fd(self) -> int:
+        if self._ptr is None:
+            raise ValueError(f"link of {self.program} is destroyed")
+        return lib.bpf_link__fd(self._ptr)
+
+    def destroy(self) -> None:
+        if self._ptr is not None:
+            lib.bpf_link__destroy(self._ptr)
+            self._ptr = None
+
+    def __enter__(self) -> Link:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
+
+
+class Program:
+    def __init__(self, ptr: int, obj: BpfObject) -> None:
+        self._ptr = ptr
+        self._obj = obj
+        self.name: str = lib.bpf_program__name(ptr).decode()
+        self.section: str = lib.bpf_program__section_name(ptr).decode()
+
+    @property
+    def autoload(self) -> bool:
+        return bool(lib.bpf_program__autoload(self._ptr))
+
+    @autoload.setter
+    def autoload(self, value: bool) -> None:
+        check_int(lib.bpf_program__set_autoload(self._ptr, value), f"set autoload of {self.name}")
+
+    @property
+    def variant(self) -> str | None:
+        suffix = self.name.rsplit("_", 1)[-1]
+        return suffix if suffix in VARIANTS else None
+
+    @property
+    def fd(self) -> int:
+        return lib.bpf_program__fd(self._ptr)
+
+    def _link(self, ptr: int | None, what: str, log: str = "") -> Link:
+        link = Link(check_ptr(ptr, f"attach {self.name} ({what})", log), self.name)
+        self._obj._links.append(link)
+        return link
+
+    def attach(self) -> Link:
+        """Attach by section name (tracepoint, raw_tp, tp_btf, ...)."""
+        with capture_log() as log:
+            ptr = lib.bpf_program__attach(self._ptr)
+        return self._link(ptr, self.section, "".join(log.lines))
+
+    def attach_perf_event(self, perf_fd: int) -> Link:
+        """The link takes ownership of ``perf_fd`` and closes it when destroyed."""
+        return self._link(lib.bpf_program__attach_perf_event(self._ptr, perf_fd), "perf event")
+
+    def attach_iter(self) -> Link:
+        return self._link(lib.bpf_program__attach_iter(self._ptr, None), self.section)
+
+
+class Map:
+    def __init__(self, ptr: int) -> None:
+        self._ptr = ptr
+        self.name: str = lib.bpf_map__name(ptr).decode()
+
+    @property
+    def fd(self) -> int:
+        return lib.bpf_map__fd(self._ptr)
+
+    @property
+    def type(self) -> int:
+        return lib.bpf_map__type(self._ptr)
+
+    @property
+    def key_size(self) -> int:
+        return lib.bpf_map__key_size(self._ptr)
+
+    @property
+    def value_size(self) -> int:
+        return lib.bpf_map__value_size(self._ptr)
+
+    @property
+    def max_entries(self) -> int:
+        return lib.bpf_map__max_entries(self._ptr)
+
+    @max_entries.setter
+    def max_entries(self, value: int) -> None:
+        check_int(lib.bpf_map__set_max_entries(self._ptr, value), f"set size of map {self.name}")
+
+    def reuse_fd(self, fd: int) -> None:
+        """Use an existing map (before load): maps shared between objects."""
+        check_int(lib.bpf_map__reuse_fd(self._ptr, fd), f"reuse fd for map {self.name}")
+
+    @property
+    def percpu(self) -> bool:
+        return self.type in libbpf.PERCPU_MAPS
+
+    def _value_buffer(self) -> ctypes.Array:
+        if self.percpu:
+            size = ((self.value_size + 7) // 8 * 8) * libbpf.num_possible_cpus()
+        else:
+            size = self.value_size
+        return ctypes.create_string_buffer(size)
+
+    def _key(self, key: int | bytes) -> bytes:
+        if isinstance(key, int):
+            return key.to_bytes(self.key_size, "little")
+        if len(key) != self.key_size:
+            raise ValueError(f"map {self.name}: key of {len(key)} bytes, want {self.key_size}")
+        return key
+
+    def lookup(self, key: int | bytes) -> bytes | None:
+        """Value bytes (for per-CPU maps: every CPU's slot, 8-byte aligned), or None."""
+        value = self._value_buffer()
+        if lib.bpf_map_lookup_elem(self.fd, self._key(key), value) != 0:
+            return None
+        return value.raw
+
+    def lookup_percpu(self, key: int | bytes, dtype: np.dtype | str = "<u8") -> np.ndarray:
+        """One value per possible CPU (zeros when the key is absent)."""
+        raw = self.lookup(key)
+        ncpu = libbpf.num_possible_cpus()
+        stride = (self.value_size + 7) // 8 * 8
+        if raw is None:
+            raw = bytes(stride * ncpu)
+        per_cpu = np.frombuffer(raw, dtype=np.uint8).reshape(ncpu, stride)[:, : self.value_size]
+        return np.ascontiguousarray(per_cpu).view(dtype).reshape(ncpu, -1).squeeze(-1)
+
+    def update(self, key: int | bytes, value: bytes, flags: int = 0) -> None:
+        rc = lib.bpf_map_update_elem(self.fd, self._key(key), value, flags)
+        if rc != 0:
+            raise LibbpfError(f"update map {self.name}", ctypes.get_errno() or -rc)
+
+    def delete(self, key: int | bytes) -> bool:
+        return lib.bpf_map_delete_elem(self.fd, self._key(key)) == 0
+
+    def keys(self) -> Iterator[bytes]:
+        cur, nxt = None, ctypes.create_string_buffer(self.key_size)
+        while lib.bpf_map_get_next_key(self.fd, cur, nxt) == 0:
+            cur = nxt.raw
+            yield cur
+
+    def items(self) -> Iterator[tuple[bytes, bytes]]:
+        for key in list(self.keys()):
+            value = self.lookup(key)
+            if value is not None:
+                yield key, value
+
+
+@dataclass(frozen=True)
+class _Symbol:
+    section: str
+    offset: int
+    size: int
+
+
+def _data_symbols(path: Path) -> dict[str, _Symbol]:
+    """Global variables of the object and where they live (section, offset)."""
+    from elftools.elf.elffile import ELFFile
+
+    out: dict[str, _Symbol] = {}
+    with path.open("rb") as fh:
+        elf = ELFFile(fh)
+        symtab = elf.get_section_by_name(".symtab")
+        if symtab is None:
+            return out
+        for sym in symtab.iter_symbols():
+            if sym["st_info"]["type"] != "STT_OBJECT" or not isinstance(sym["st_shndx"], int):
+                continue
+            section = elf.get_section(sym["st_shndx"]).name
+            out[sym.name] = _Symbol(section, sym["st_value"], sym["st_size"])
+    return out
+
+
+class BpfObject:
+    """One compiled ``.bpf.o``: open, configure, load, attach, close."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if not self.path.exists():
+            raise LibbpfError(f"BPF object {self.path} not found (build it: make bpf)")
+        self._links: list[Link] = []
+        self.variant: str | None = None
+        with capture_log() as log:
+            ptr = lib.bpf_object__open_file(str(self.path).encode(), None)
+        self._ptr: int | None = check_ptr(ptr, f"open {self.path.name}", "".join(log.lines))
+        self.programs: dict[str, Program] = {}
+        p = lib.bpf_object__next_program(self._ptr, None)
+        while p:
+            prog = Program(p, self)
+            self.programs[prog.name] = prog
+            p = lib.bpf_object__next_program(self._ptr, p)
+        self.maps: dict[str, Map] = {}
+        m = lib.bpf_object__next_map(self._ptr, None)
+        while m:
+            mp = Map(m)
+            self.maps[mp.name] = mp
+            m = lib.bpf_object__next_map(self._ptr, m)
+        self.loaded = False
+
+    # -- before load --------------------------------------------------------
+    def set_globals(self, values: Mapping[str, int | bool]) -> None:
+        """Set ``const volatile`` globals (read-only once loaded)."""
+        if not values:
+            return
+        symbols = _data_symbols(self.path)
+        ro = lib.bpf_object__find_map_by_name(self._ptr, b".rodata")
+        if not ro:
+            raise LibbpfError(f"{self.path.name} has no .rodata for {sorted(values)}")
+        size = ctypes.c_size_t()
+        base = check_ptr(lib.bpf_map__initial_value(ro, ctypes.byref(size)), "rodata")
+        for name, value in values.items():
+            sym = symbols.get(name)
+            if sym is None or sym.section != ".rodata":
+                raise LibbpfError(f"{self.path.name} has no const volatile global {name!r}")
+            if sym.offset + sym.size > size.value:
+                raise LibbpfError(f"global {name!r} lies outside .rodata")
+            data = int(value).to_bytes(sym.size, "little", signed=int(value) < 0)
+            ctypes.memmove(base + sym.offset, data, sym.size)
+
+    def select_variant(self, variant: str | None) -> None:
+        """Autoload programs of ``variant`` and those without a variant suffix."""
+        for prog in self.programs.values():
+            prog.autoload = prog.variant is None or prog.variant == variant
+        self.variant = variant
+
+    def load(self) -> None:
+        with capture_log() as log:
+            rc = lib.bpf_object__load(self._ptr)
+        check_int(rc, f"load {self.path.name}", "".join(log.lines))
+        self.loaded = True
+
+    # -- after load ---------------------------------------------------------
+    def attach_all(self) -> list[Link]:
+        """Attach every loaded program by its section name."""
+        return [p.attach() for p in self.programs.values() if p.autoload]
+
+    def map(self, name: str) -> Map:
+        try:
+            return self.maps[name]
+        except KeyError:
+            raise LibbpfError(f"{self.path.name} has no map {name!r}") from None
+
+    @property
+    def links(self) -> Sequence[Link]:
+        return tuple(self._links)
+
+    def close(self) -> None:
+        """Detach every link and free the object (idempotent)."""
+        for link in self._links:
+            link.destroy()
+        self._links.clear()
+        if self._ptr is not None:
+            lib.bpf_object__close(self._ptr)
+            self._ptr = None
+
+    def __enter__(self) -> BpfObject:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def open_and_load(
+    path: str | Path,
+    *,
+    globals_: Mapping[str, int | bool] | None = None,
+    max_entries: Mapping[str, int] | None = None,
+    reuse_maps: Mapping[str, int] | None = None,
+    variants: Sequence[str | None] = VARIANTS,
+) -> BpfObject:
+    """Open, configure and load an object with the first variant the kernel takes.
+
+    An object without variant programs loads once. If every variant fails, the
+    error of the first (preferred) one is raised, with its verifier log.
+    """
+
+    def attempt(variant: str | None) -> BpfObject:
+        obj = BpfObject(path)
+        try:
+            if any(p.variant for p in obj.programs.values()):
+                obj.select_variant(variant)
+            obj.set_globals(globals_ or {})
+            for name, n in (max_entries or {}).items():
+                obj.map(name).max_entries = n
+            for name, fd in (reuse_maps or {}).items():
+                if name in obj.maps:
+                    obj.map(name).reuse_fd(fd)
+            obj.load()
+        except BaseException:
+            obj.close()
+            raise
+        return obj
+
+    probe = BpfObject(path)
+    has_variants = any(p.variant for p in probe.programs.values())
+    probe.close()
+    if not has_variants:
+        return attempt(None)
+    first: LibbpfError | None = None
+    for variant in variants:
+        try:
+            return attempt(variant)
+        except LibbpfError as err:
+            first = first or err
+    assert first is not None
+    raise first
+
+
+def object_info(obj: BpfObject) -> dict[str, Any]:
+    """Programs and maps of an object, for the manifest and doctor."""
+    return {
+        "path": str(obj.path),
+        "variant": obj.variant,
+        "programs": {p.name: p.section for p in obj.programs.values() if p.autoload},
+        "maps": sorted(obj.maps),
+    }

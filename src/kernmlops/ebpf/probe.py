@@ -1,0 +1,163 @@
+"""What this machine allows: capabilities, BTF, tracefs, program and map types,
+perf events. Each program type is probed by loading and attaching a trivial
+program, not by asking a feature listing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from kernmlops.ebpf import libbpf
+from kernmlops.ebpf.build import VMLINUX_BTF, object_path
+from kernmlops.ebpf.libbpf import LibbpfError
+from kernmlops.ebpf.objects import BpfObject
+from kernmlops.ebpf.perf import (
+    HW_CPU_CYCLES,
+    HW_INSTRUCTIONS,
+    PERF_TYPE_HARDWARE,
+    PERF_TYPE_SOFTWARE,
+    SW_CPU_CLOCK,
+    perf_event_open,
+    supported,
+)
+
+CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF = 21, 38, 39
+TRACEFS = Path("/sys/kernel/tracing")
+MAP_TYPE_RINGBUF = 27
+
+#: feature -> program in probe.bpf.c
+PROGRAM_FEATURES = {
+    "tracepoint": "probe_tracepoint",
+    "raw_tp": "probe_raw_tracepoint",
+    "tp_btf": "probe_tp_btf_prog",
+    "iter/task": "probe_iter_task",
+    "perf_event": "probe_perf_event",
+    "kprobe": "probe_kprobe",
+    "fentry": "probe_fentry",
+}
+
+
+@dataclass(frozen=True)
+class Feature:
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+def effective_caps() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return int(line.split()[1], 16)
+    return 0
+
+
+def has_bpf_capabilities() -> bool:
+    caps = effective_caps()
+    return bool(caps >> CAP_SYS_ADMIN & 1) or bool(caps >> CAP_BPF & 1 and caps >> CAP_PERFMON & 1)
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err)
+    log = getattr(err, "log", "")
+    line = text.split("\n", 1)[0]
+    for hint in log.splitlines()[::-1]:
+        if "failed" in hint or "Invalid" in hint or "not" in hint:
+            return f"{line} ({hint.strip().removeprefix('libbpf: ')})"
+    return line
+
+
+def probe_program(feature: str, bpf_dir: Path | None = None) -> Feature:
+    prog_name = PROGRAM_FEATURES[feature]
+    perf_fd = -1
+    try:
+        with BpfObject(object_path("probe", bpf_dir)) as obj:
+            for p in obj.programs.values():
+                p.autoload = p.name == prog_name
+            obj.load()
+            prog = obj.programs[prog_name]
+            if feature == "perf_event":
+                perf_fd = perf_event_open(PERF_TYPE_SOFTWARE, SW_CPU_CLOCK, cpu=0, sample_freq=1)
+                prog.attach_perf_event(perf_fd)
+                perf_fd = -1  # the link owns it now and closes it on detach
+            elif feature == "iter/task":
+                prog.attach_iter()
+            else:
+                prog.attach()
+    except LibbpfError as err:
+        return Feature(feature, False, _first_line(err))
+    finally:
+        if perf_fd >= 0:
+            os.close(perf_fd)
+    return Feature(feature, True, "loads and attaches")
+
+
+def _tool_version(cmd: list[str]) -> str | None:
+    if not shutil.which(cmd[0]) and not shutil.which(cmd[0], path="/usr/sbin:/sbin"):
+        return None
+    exe = shutil.which(cmd[0]) or shutil.which(cmd[0], path="/usr/sbin:/sbin")
+    try:
+        out = subprocess.run([exe, *cmd[1:]], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    line = (out.stdout or out.stderr).strip().splitlines()
+    return line[0] if line else None
+
+
+@cache
+def probe_all(bpf_dir: Path | None = None) -> dict[str, Feature]:
+    """Every feature, probed once per process."""
+    out: dict[str, Feature] = {}
+    root = os.geteuid() == 0
+    caps = has_bpf_capabilities()
+    out["root"] = Feature("root", root, "uid 0" if root else f"uid {os.geteuid()}")
+    out["bpf_capabilities"] = Feature(
+        "bpf_capabilities", caps, "CAP_SYS_ADMIN or CAP_BPF+CAP_PERFMON" if caps else "missing"
+    )
+    out["btf"] = Feature(
+        "btf", VMLINUX_BTF.exists(), str(VMLINUX_BTF) if VMLINUX_BTF.exists() else "no kernel BTF"
+    )
+    tracefs = (TRACEFS / "events").is_dir()
+    out["tracefs"] = Feature(
+        "tracefs",
+        tracefs,
+        str(TRACEFS) if tracefs else "mount -t tracefs nodev /sys/kernel/tracing",
+    )
+    ring = libbpf.lib.libbpf_probe_bpf_map_type(MAP_TYPE_RINGBUF, None) == 1
+    out["ringbuf"] = Feature("ringbuf", ring, "BPF_MAP_TYPE_RINGBUF")
+    if caps:
+        for feature in PROGRAM_FEATURES:
+            out[feature] = probe_program(feature, bpf_dir)
+    else:
+        for feature in PROGRAM_FEATURES:
+            out[feature] = Feature(feature, False, "needs root to probe")
+    for name, (t, c) in {
+        "hw_cycles": (PERF_TYPE_HARDWARE, HW_CPU_CYCLES),
+        "hw_instructions": (PERF_TYPE_HARDWARE, HW_INSTRUCTIONS),
+        "sw_cpu_clock": (PERF_TYPE_SOFTWARE, SW_CPU_CLOCK),
+    }.items():
+        ok, why = supported(t, c)
+        out[name] = Feature(name, ok, why or "opens")
+    return out
+
+
+def tool_versions() -> dict[str, str | None]:
+    return {
+        "libbpf": libbpf.version(),
+        "clang": _tool_version(["clang", "--version"]),
+        "bpftool": _tool_version(["bpftool", "version"]),
+        "kernel": os.uname().release,
+    }
+
+
+def needs_met(needs: tuple[str, ...], features: dict[str, Feature]) -> tuple[bool, str]:
+    """A need is a feature name, or alternatives joined by '|'."""
+    missing = []
+    for need in needs:
+        options = need.split("|")
+        if not any(features.get(o, Feature(o, False)).ok for o in options):
+            missing.append(" or ".join(options))
+    return (not missing, "needs " + ", ".join(missing) if missing else "")

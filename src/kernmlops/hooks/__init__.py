@@ -1,0 +1,25 @@
+"""Every hook, by name. A new hook: bpf/<name>.bpf.c, hooks/<name>.py, a line here."""
+
+from __future__ import annotations
+
+from kernmlops.errors import ConfigError
+from kernmlops.hooks.base import Hook, HookContext, HookOptions, HookStatus
+from kernmlops.hooks.memory_usage import MemoryUsageHook
+from kernmlops.hooks.process_trace import ProcessTraceHook
+from kernmlops.hooks.quanta_runtime import QuantaRuntimeHook
+from kernmlops.hooks.system_info import SystemInfoHook
+
+REGISTRY: dict[str, type[Hook]] = {
+    h.name: h for h in (ProcessTraceHook, QuantaRuntimeHook, MemoryUsageHook, SystemInfoHook)
+}
+DEFAULT_HOOKS: tuple[str, ...] = tuple(REGISTRY)
+
+
+def get_hook(name: str) -> type[Hook]:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ConfigError(f"unknown hook {name!r}; known: {', '.join(REGISTRY)}") from None
+
+
+__all__ = ["DEFAULT_HOOKS", "REGISTRY", "Hook", "HookContext", "HookOptions", "HookStatus"]

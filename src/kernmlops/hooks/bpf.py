@@ -1,0 +1,112 @@
+"""Base of hooks backed by one BPF object whose tables come from ring buffers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import ClassVar
+
+import numpy as np
+import polars as pl
+from pydantic import Field
+
+from kernmlops.ebpf.btf import RecordLayout, ring_layouts
+from kernmlops.ebpf.build import object_path
+from kernmlops.ebpf.frames import records_to_frame
+from kernmlops.ebpf.libbpf import LibbpfError
+from kernmlops.ebpf.objects import BpfObject, open_and_load
+from kernmlops.ebpf.ringbuf import RingBuffer
+from kernmlops.errors import HookUnavailable
+from kernmlops.hooks.base import Hook, HookContext, HookOptions
+
+
+class BpfHookOptions(HookOptions):
+    ring_kib: int = Field(
+        8192, ge=4, le=1 << 20, description="size of each ring buffer in KiB (a power of two)"
+    )
+
+    def model_post_init(self, _context: object) -> None:
+        if self.ring_kib & (self.ring_kib - 1):
+            raise ValueError(f"ring_kib must be a power of two, got {self.ring_kib}")
+
+
+class BpfHook(Hook):
+    """Loads ``bpf/<object_name>.bpf.c``'s object; each table drains one ring.
+
+    The order of ``rings`` is the order of drop slots in the object's ``drops``
+    map (the slot passed to KMO_RESERVE).
+    """
+
+    Options: ClassVar[type[HookOptions]] = BpfHookOptions
+    object_name: ClassVar[str]
+    #: table name -> ring buffer map name
+    rings: ClassVar[dict[str, str]]
+    needs = ("tp_btf|raw_tp", "ringbuf")
+
+    def __init__(self, options: HookOptions) -> None:
+        super().__init__(options)
+        self.obj: BpfObject | None = None
+        self._readers: dict[str, tuple[RingBuffer, RecordLayout]] = {}
+
+    @classmethod
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "rings" in cls.__dict__:
+            cls.tables = tuple(cls.rings)
+
+    def extra_globals(self) -> dict[str, int | bool]:
+        """Hook-specific ``const volatile`` settings."""
+        return {}
+
+    def start(self, ctx: HookContext) -> None:
+        path = object_path(self.object_name, ctx.bpf_dir)
+        size = self.options.ring_kib * 1024  # type: ignore[attr-defined]
+        flt = ctx.process_filter
+        try:
+            layouts = ring_layouts(path)
+            self.obj = open_and_load(
+                path,
+                globals_={
+                    "kmo_self_tgid": ctx.self_tgid,
+                    "kmo_filter_on": flt is not None,
+                    **self.extra_globals(),
+                },
+                max_entries=dict.fromkeys(self.rings.values(), size),
+                reuse_maps={"kmo_tracked": flt.fd} if flt else {},
+            )
+            self.obj.attach_all()
+        except (LibbpfError, OSError) as err:
+            self.close()
+            raise HookUnavailable(f"{self.name}: {err}") from err
+        for table, ring in self.rings.items():
+            layout = layouts[ring]
+            self._readers[table] = (RingBuffer(self.obj.map(ring).fd, size, layout.dtype), layout)
+        self.status.attached = True
+        self.status.variant = self.obj.variant
+        self.status.programs = [p.section for p in self.obj.programs.values() if p.autoload]
+
+    def poll(self) -> Iterator[tuple[str, pl.DataFrame]]:
+        for table, (reader, layout) in self._readers.items():
+            records = reader.drain()
+            if len(records):
+                self.status.events += len(records)
+                yield table, self.to_frame(table, records, layout)
+
+    def to_frame(self, table: str, records: np.ndarray, layout: RecordLayout) -> pl.DataFrame:
+        """Override to derive columns; the default keeps the record's fields."""
+        return records_to_frame(records, layout)
+
+    def drops(self) -> int:
+        if self.obj is None or "drops" not in self.obj.maps:
+            return 0
+        drops = self.obj.map("drops")
+        return int(sum(drops.lookup_percpu(slot).sum() for slot in range(len(self.rings))))
+
+    def close(self) -> None:
+        if self.obj is not None:
+            self.status.drops = self.drops()
+        for reader, _ in self._readers.values():
+            reader.close()
+        self._readers.clear()
+        if self.obj is not None:
+            self.obj.close()
+            self.obj = None

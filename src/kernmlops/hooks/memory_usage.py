@@ -1,0 +1,121 @@
+"""System memory over time: /proc/meminfo sampled at a fixed rate."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from typing import IO, ClassVar
+
+import polars as pl
+from pydantic import Field
+
+from kernmlops.errors import HookUnavailable
+from kernmlops.hooks.base import Hook, HookContext, HookOptions
+from kernmlops.tables import UPTIME_TIMESTAMP
+
+MEMINFO = "/proc/meminfo"
+TABLE = "memory_usage"
+
+_PAREN = re.compile(r"\((\w+)\)")  # Active(anon) → Active_anon
+_LOWER_UPPER = re.compile(r"(?<=[a-z])(?=[A-Z])")  # MemTotal → Mem_Total
+_ACRONYM_WORD = re.compile(r"(?<=[A-Z])(?=[A-Z][a-z])")  # KReclaimable → K_Reclaimable
+_LETTER_DIGIT = re.compile(r"(?<=[A-Za-z])(?=\d)")  # DirectMap4k → DirectMap_4k
+
+
+def meminfo_column(key: str, unit: str | None) -> str:
+    """Column name for one /proc/meminfo key: snake_case, ``_bytes`` when in kB."""
+    if key.startswith("HugePages_"):
+        # The kernel's own spelling is "hugepages" (sysfs, sysctl), not "huge_pages".
+        name = "hugepages_" + key.removeprefix("HugePages_")
+    elif key == "Hugepagesize":
+        name = "hugepage_size"
+    else:
+        name = _PAREN.sub(r"_\1", key)
+        name = _LOWER_UPPER.sub("_", name)
+        name = _ACRONYM_WORD.sub("_", name)
+        name = _LETTER_DIGIT.sub("_", name)
+    name = re.sub(r"_+", "_", name.lower()).strip("_")
+    return f"{name}_bytes" if unit == "kB" else name
+
+
+def parse_meminfo(text: str) -> dict[str, int]:
+    """/proc/meminfo text → {column: value}; kB fields become bytes, counts stay counts."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        key, sep, rest = line.partition(":")
+        parts = rest.split()
+        if not sep or not parts:
+            continue
+        try:
+            value = int(parts[0])
+        except ValueError:
+            continue
+        unit = parts[1] if len(parts) > 1 else None
+        out[meminfo_column(key.strip(), unit)] = value * 1024 if unit == "kB" else value
+    return out
+
+
+def _now_ns() -> int:
+    # The same clock as bpf_ktime_get_ns(), so rows join with BPF tables.
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+class MemoryUsageHook(Hook):
+    """Samples /proc/meminfo at ``poll_hz`` into the ``memory_usage`` table."""
+
+    class Options(HookOptions):
+        poll_hz: float = Field(10, gt=0, le=1000, description="samples per second")
+
+    name: ClassVar[str] = "memory_usage"
+    tables: ClassVar[tuple[str, ...]] = (TABLE,)
+    needs: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, options: HookOptions | None = None) -> None:
+        if not isinstance(options, MemoryUsageHook.Options):
+            options = MemoryUsageHook.Options.model_validate(
+                options.model_dump() if options is not None else {}
+            )
+        super().__init__(options)
+        self.opts: MemoryUsageHook.Options = options
+        self._period_ns = max(1, round(1e9 / options.poll_hz))
+        self._file: IO[bytes] | None = None
+        self._next_ns = 0
+        self._rows: list[dict[str, int]] = []
+
+    def start(self, ctx: HookContext | None = None) -> None:
+        try:
+            # Unbuffered and kept open: each sample is a seek and a read, no open().
+            self._file = open(MEMINFO, "rb", buffering=0)  # noqa: SIM115
+        except OSError as e:
+            raise HookUnavailable(f"{self.name}: cannot read {MEMINFO}: {e.strerror}") from e
+        self._next_ns = _now_ns()  # first poll samples at once
+        self.status.attached = True
+        self.status.variant = "procfs"
+
+    def _sample(self, now_ns: int) -> None:
+        assert self._file is not None
+        self._file.seek(0)
+        fields = parse_meminfo(self._file.read().decode("ascii", errors="replace"))
+        self._rows.append({UPTIME_TIMESTAMP: now_ns // 1000, **fields})
+        self.status.events += 1
+
+    def poll(self) -> Iterator[tuple[str, pl.DataFrame]]:
+        if self._file is not None:
+            now = _now_ns()
+            if now >= self._next_ns:
+                self._sample(now)
+                # Schedule on a fixed grid so the rate does not drift with poll
+                # jitter; after a long stall skip ahead instead of bursting.
+                self._next_ns += self._period_ns
+                if self._next_ns <= now:
+                    self._next_ns = now + self._period_ns
+        if self._rows:
+            rows, self._rows = self._rows, []
+            schema = {key: pl.Int64 for key in rows[0]}
+            yield TABLE, pl.DataFrame(rows, schema=schema)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None

@@ -1,0 +1,259 @@
+"""ParquetSink and MemorySink: row groups, rotation, memory bound, atomic parts, drift."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+from polars.testing import assert_frame_equal
+
+from kernmlops.collect.manifest import write_manifest
+from kernmlops.collect.sinks import MemorySink, ParquetSink
+from kernmlops.data import read_collection
+from kernmlops.errors import CollectionError
+
+CID = "c0ffee"
+
+
+def events(n: int, start: int = 0) -> pl.DataFrame:
+    ts = np.arange(start, start + n, dtype=np.int64)
+    return pl.DataFrame({"ts_uptime_us": ts, "pid": (ts % 97).astype(np.int32)})
+
+
+def row_groups(path: Path) -> list[int]:
+    meta = pq.ParquetFile(path).metadata
+    return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+
+
+def listing(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_one_large_frame_is_split_into_full_row_groups(tmp_path: Path) -> None:
+    sink = ParquetSink(tmp_path, CID)
+    sink.write("events", events(200_000))
+    assert sink.close() == {"events": 200_000}
+    assert sink.files_written() == {"events": ["events/part-00000.parquet"]}
+    assert row_groups(tmp_path / "events" / "part-00000.parquet") == [65536, 65536, 65536, 3392]
+    back = pl.read_parquet(tmp_path / "events" / "part-00000.parquet")
+    expected = events(200_000).with_columns(collection_id=pl.lit(CID, pl.String))
+    assert_frame_equal(back, expected)
+
+
+def test_many_small_frames_are_gathered_into_full_row_groups(tmp_path: Path) -> None:
+    sink = ParquetSink(tmp_path, CID)
+    for i in range(200):
+        sink.write("events", events(1000, start=i * 1000))
+    assert sink.close() == {"events": 200_000}
+    path = tmp_path / "events" / "part-00000.parquet"
+    assert row_groups(path) == [65536, 65536, 65536, 3392]
+    back = pl.read_parquet(path)
+    # Order is kept and nothing is lost or repeated.
+    assert back["ts_uptime_us"].to_list() == list(range(200_000))
+
+
+def test_collection_id_column_is_added(tmp_path: Path) -> None:
+    with ParquetSink(tmp_path, CID) as sink:
+        sink.write("events", events(10))
+    back = pl.read_parquet(tmp_path / "events" / "part-00000.parquet")
+    assert back.columns == ["ts_uptime_us", "pid", "collection_id"]
+    assert back.schema["collection_id"] == pl.String
+    assert back["collection_id"].unique().to_list() == [CID]
+
+
+def test_flush_writes_a_smaller_row_group(tmp_path: Path) -> None:
+    sink = ParquetSink(tmp_path, CID, row_group_rows=65536)
+    sink.write("events", events(1000))
+    sink.flush()
+    sink.write("events", events(2000, start=1000))
+    sink.close()
+    assert row_groups(tmp_path / "events" / "part-00000.parquet") == [1000, 2000]
+
+
+def test_rotation_writes_several_parts(tmp_path: Path) -> None:
+    sink = ParquetSink(tmp_path, CID, row_group_rows=20_000, rows_per_file=50_000)
+    sink.write("events", events(120_000))
+    assert sink.close() == {"events": 120_000}
+    names = ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
+    assert listing(tmp_path / "events") == names
+    assert sink.files_written() == {"events": [f"events/{n}" for n in names]}
+    groups = [row_groups(tmp_path / "events" / n) for n in names]
+    assert groups == [[20_000, 20_000, 10_000], [10_000, 20_000, 20_000], [20_000]]
+    back = pl.concat([pl.read_parquet(tmp_path / "events" / n) for n in names])
+    assert back["ts_uptime_us"].to_list() == list(range(120_000))
+
+
+def test_rotation_finishes_parts_while_collecting(tmp_path: Path) -> None:
+    sink = ParquetSink(tmp_path, CID, row_group_rows=100, rows_per_file=300)
+    sink.write("events", events(450))
+    # The first part is complete (300 rows) and renamed; the second has one row group of
+    # 100 rows and is still being written; 50 rows are buffered.
+    assert listing(tmp_path / "events") == [".part-00001.parquet.tmp", "part-00000.parquet"]
+    assert sink.files_written() == {"events": ["events/part-00000.parquet"]}
+    sink.close()
+
+
+def test_memory_bound_holds(tmp_path: Path) -> None:
+    bound = 100_000
+    sink = ParquetSink(tmp_path, CID, row_group_rows=1_000_000, max_buffered_bytes=bound)
+    rng = np.random.default_rng(0)
+    seen = []
+    for i in range(300):
+        sink.write("events", events(1000, start=i * 1000))
+        # A second table with strings, smaller frames: the largest buffer goes first.
+        sink.write(
+            "names",
+            pl.DataFrame({"comm": rng.choice(["bash", "kworker/0:1", "python3"], 100)}),
+        )
+        seen.append(sink.buffered_bytes)
+        assert sink.buffered_bytes <= bound
+    assert max(seen) > 0
+    assert sink.close() == {"events": 300_000, "names": 30_000}
+    assert sink.buffered_bytes == 0
+    groups = row_groups(tmp_path / "events" / "part-00000.parquet")
+    assert sum(groups) == 300_000
+    # The bound forced early, smaller row groups instead of one of 300k rows.
+    assert len(groups) > 1
+    # A buffer is written once it passes the bound, so it holds at most bound + one frame.
+    frame_bytes = events(1000).with_columns(collection_id=pl.lit(CID)).estimated_size()
+    assert max(groups) <= (bound + frame_bytes) / frame_bytes * 1000
+    back = pl.read_parquet(tmp_path / "events" / "part-00000.parquet")
+    assert back["ts_uptime_us"].to_list() == list(range(300_000))
+
+
+def test_one_frame_larger_than_the_bound_is_written_at_once(tmp_path: Path) -> None:
+    sink = ParquetSink(tmp_path, CID, row_group_rows=1_000_000, max_buffered_bytes=1000)
+    sink.write("events", events(10_000))
+    assert sink.buffered_bytes == 0
+    assert listing(tmp_path / "events") == [".part-00000.parquet.tmp"]
+    sink.close()
+    assert row_groups(tmp_path / "events" / "part-00000.parquet") == [10_000]
+
+
+def test_parts_are_written_under_a_temporary_name(tmp_path: Path) -> None:
+    write_manifest(tmp_path, {"collection_id": CID})
+    sink = ParquetSink(tmp_path, CID, row_group_rows=100)
+    sink.write("events", events(250))
+    # 200 rows are in the open part, 50 buffered: only the temporary file exists.
+    assert listing(tmp_path / "events") == [".part-00000.parquet.tmp"]
+    with pytest.raises(CollectionError, match="interrupted"):
+        read_collection(tmp_path)
+
+    sink.flush(durable=True)
+    assert listing(tmp_path / "events") == ["part-00000.parquet"]
+    assert read_collection(tmp_path)["events"].height == 250
+
+    sink.write("events", events(150, start=250))
+    assert listing(tmp_path / "events") == [".part-00001.parquet.tmp", "part-00000.parquet"]
+    partial = read_collection(tmp_path)
+    assert partial["events"].height == 250  # the open part is not read
+    assert partial.incomplete == ("events",)
+
+    assert sink.close() == {"events": 400}
+    assert listing(tmp_path / "events") == ["part-00000.parquet", "part-00001.parquet"]
+    assert not list(tmp_path.rglob("*.tmp"))
+    done = read_collection(tmp_path)
+    assert done["events"]["ts_uptime_us"].to_list() == list(range(400))
+    assert done.incomplete == ()
+
+
+def test_schema_drift_names_the_table(tmp_path: Path) -> None:
+    sink = ParquetSink(tmp_path, CID)
+    sink.write("events", pl.DataFrame({"a": [1, 2], "b": ["x", "y"]}))
+    with pytest.raises(CollectionError, match=r"'events'.*a: Int64 -> Float64"):
+        sink.write("events", pl.DataFrame({"a": [1.5], "b": ["z"]}))
+    with pytest.raises(CollectionError, match=r"'events'.*missing columns \['b'\]"):
+        sink.write("events", pl.DataFrame({"a": [3]}))
+    with pytest.raises(CollectionError, match=r"'events'.*new columns \['c'\]"):
+        sink.write("events", pl.DataFrame({"a": [3], "b": ["z"], "c": [0]}))
+    # Same columns in another order are fine; the rejected batches left no trace.
+    sink.write("events", pl.DataFrame({"b": ["w"], "a": [4]}))
+    assert sink.close() == {"events": 3}
+    back = pl.read_parquet(tmp_path / "events" / "part-00000.parquet")
+    assert back.select("a", "b").rows() == [(1, "x"), (2, "y"), (4, "w")]
+
+
+def test_a_table_with_no_rows_makes_no_folder(tmp_path: Path) -> None:
+    sink = ParquetSink(tmp_path, CID)
+    sink.write("empty", pl.DataFrame({"a": pl.Series([], dtype=pl.Int64)}))
+    sink.write("events", events(5))
+    assert sink.close() == {"empty": 0, "events": 5}
+    assert not (tmp_path / "empty").exists()
+    assert sink.files_written() == {"events": ["events/part-00000.parquet"]}
+
+
+def test_nothing_written_makes_no_folders(tmp_path: Path) -> None:
+    sink = ParquetSink(tmp_path / "c", CID)
+    assert sink.close() == {}
+    assert not (tmp_path / "c").exists()
+
+
+def test_close_is_idempotent_and_final(tmp_path: Path) -> None:
+    sink = ParquetSink(tmp_path, CID)
+    sink.write("events", events(3))
+    assert sink.close() == {"events": 3}
+    assert sink.close() == {"events": 3}
+    sink.flush()  # harmless after close
+    assert sink.closed
+    with pytest.raises(RuntimeError, match="closed"):
+        sink.write("events", events(1))
+    assert listing(tmp_path / "events") == ["part-00000.parquet"]
+
+
+def test_several_tables_get_their_own_folders(tmp_path: Path) -> None:
+    sink = ParquetSink(tmp_path, CID)
+    sink.write("events", events(7))
+    sink.write("drops", pl.DataFrame({"hook": ["a"], "drops": [3]}))
+    assert sink.close() == {"events": 7, "drops": 1}
+    assert listing(tmp_path) == ["drops", "events"]
+    assert pl.read_parquet(tmp_path / "drops" / "part-00000.parquet")["drops"].to_list() == [3]
+
+
+@pytest.mark.parametrize("name", ["a/b", "x=y", ".hidden", "", "1st", "../up"])
+def test_bad_table_names_are_refused(tmp_path: Path, name: str) -> None:
+    sink = ParquetSink(tmp_path, CID)
+    with pytest.raises(ValueError, match="table name"):
+        sink.write(name, events(1))
+
+
+def test_finished_parts_are_never_overwritten(tmp_path: Path) -> None:
+    with ParquetSink(tmp_path, CID) as sink:
+        sink.write("events", events(3))
+    again = ParquetSink(tmp_path, CID)
+    again.write("events", events(3))
+    with pytest.raises(CollectionError, match="already exists"):
+        again.flush()
+    assert pl.read_parquet(tmp_path / "events" / "part-00000.parquet").height == 3
+
+
+def test_compression(tmp_path: Path) -> None:
+    for codec in ("zstd", "snappy"):
+        with ParquetSink(tmp_path / codec, CID, compression=codec) as sink:
+            sink.write("events", events(100))
+        meta = pq.ParquetFile(tmp_path / codec / "events" / "part-00000.parquet").metadata
+        assert meta.row_group(0).column(0).compression == codec.upper()
+    with pytest.raises(ValueError, match="compression"):
+        ParquetSink(tmp_path, CID, compression="nope")
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"row_group_rows": 0}, {"rows_per_file": 0}, {"max_buffered_bytes": -1}]
+)
+def test_bad_settings_are_refused(tmp_path: Path, kwargs: dict[str, int]) -> None:
+    with pytest.raises(ValueError):
+        ParquetSink(tmp_path, CID, **kwargs)
+
+
+def test_memory_sink() -> None:
+    sink = MemorySink()
+    assert sink.table("events").shape == (0, 0)
+    sink.write("events", events(3))
+    sink.write("events", events(2, start=3))
+    sink.flush()
+    assert sink.table("events")["ts_uptime_us"].to_list() == [0, 1, 2, 3, 4]
+    assert sink.close() == {"events": 5}
+    with pytest.raises(RuntimeError):
+        sink.write("events", events(1))

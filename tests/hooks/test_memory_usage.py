@@ -1,0 +1,152 @@
+"""parse_meminfo on recorded text and on the real file; MemoryUsageHook's rate."""
+
+from __future__ import annotations
+
+import time
+
+import polars as pl
+import psutil
+import pytest
+from pydantic import ValidationError
+
+from kernmlops.hooks.base import HookOptions
+from kernmlops.hooks.memory_usage import MemoryUsageHook, meminfo_column, parse_meminfo
+from kernmlops.tables import UPTIME_TIMESTAMP
+
+SAMPLE = """\
+MemTotal:       24684084 kB
+MemFree:        23607628 kB
+SwapCached:            0 kB
+Active(anon):       1520 kB
+Inactive(file):   695428 kB
+KReclaimable:      83524 kB
+SUnreclaim:        24716 kB
+NFS_Unstable:          0 kB
+Committed_AS:      54360 kB
+VmallocTotal:   34359738367 kB
+AnonHugePages:      2048 kB
+HugePages_Total:      16
+HugePages_Free:        3
+Hugepagesize:       2048 kB
+DirectMap4k:       26624 kB
+DirectMap2M:     2070528 kB
+DirectMap1G:    25165824 kB
+not a line
+Broken:          x kB
+"""
+
+
+def test_parse_meminfo_sample_exact() -> None:
+    assert parse_meminfo(SAMPLE) == {
+        "mem_total_bytes": 24684084 * 1024,
+        "mem_free_bytes": 23607628 * 1024,
+        "swap_cached_bytes": 0,
+        "active_anon_bytes": 1520 * 1024,
+        "inactive_file_bytes": 695428 * 1024,
+        "k_reclaimable_bytes": 83524 * 1024,
+        "s_unreclaim_bytes": 24716 * 1024,
+        "nfs_unstable_bytes": 0,
+        "committed_as_bytes": 54360 * 1024,
+        "vmalloc_total_bytes": 34359738367 * 1024,
+        "anon_huge_pages_bytes": 2048 * 1024,
+        "hugepages_total": 16,
+        "hugepages_free": 3,
+        "hugepage_size_bytes": 2048 * 1024,
+        "direct_map_4k_bytes": 26624 * 1024,
+        "direct_map_2m_bytes": 2070528 * 1024,
+        "direct_map_1g_bytes": 25165824 * 1024,
+    }
+
+
+@pytest.mark.parametrize(
+    ("key", "unit", "column"),
+    [
+        ("MemTotal", "kB", "mem_total_bytes"),
+        ("Active(anon)", "kB", "active_anon_bytes"),
+        ("HugePages_Total", None, "hugepages_total"),
+        ("HugePages_Rsvd", None, "hugepages_rsvd"),
+        ("ShmemPmdMapped", "kB", "shmem_pmd_mapped_bytes"),
+    ],
+)
+def test_meminfo_column(key: str, unit: str | None, column: str) -> None:
+    assert meminfo_column(key, unit) == column
+
+
+def test_parse_real_meminfo_matches_psutil() -> None:
+    with open("/proc/meminfo") as f:
+        fields = parse_meminfo(f.read())
+    total = psutil.virtual_memory().total
+    assert abs(fields["mem_total_bytes"] - total) <= total * 0.01
+    assert fields["swap_total_bytes"] == psutil.swap_memory().total
+    assert "hugepages_total" in fields
+    assert all(isinstance(v, int) and v >= 0 for v in fields.values())
+    # Every name is a valid snake_case column.
+    assert all(k == k.lower() and "(" not in k and " " not in k for k in fields)
+
+
+def test_options_are_validated() -> None:
+    assert MemoryUsageHook.Options().poll_hz == 10
+    for bad in (0, -1, 1001):
+        with pytest.raises(ValidationError):
+            MemoryUsageHook.Options(poll_hz=bad)
+    with pytest.raises(ValidationError):
+        MemoryUsageHook.Options(poll_hz=10, rate=3)  # unknown key
+
+
+def test_default_options_from_base() -> None:
+    hook = MemoryUsageHook(HookOptions())
+    assert hook.opts.poll_hz == 10
+
+
+def _poll_for(hook: MemoryUsageHook, seconds: float) -> list[pl.DataFrame]:
+    frames: list[pl.DataFrame] = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for table, frame in hook.poll():
+            assert table == "memory_usage"
+            frames.append(frame)
+        time.sleep(0.01)  # the session's poll interval
+    return frames
+
+
+def test_sample_rate_and_rows() -> None:
+    hook = MemoryUsageHook(MemoryUsageHook.Options(poll_hz=20))
+    before_us = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+    hook.start()
+    try:
+        frames = _poll_for(hook, 0.5)
+    finally:
+        hook.close()
+    after_us = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+    rows = pl.concat(frames)
+    assert 9 <= rows.height <= 11
+    ts = rows[UPTIME_TIMESTAMP]
+    assert ts.is_sorted()
+    assert before_us <= ts.min() and ts.max() <= after_us
+    # Samples sit 50 ms apart on average (one late poll may shorten one gap).
+    mean_gap_us = (ts.max() - ts.min()) / (rows.height - 1)
+    assert 40_000 <= mean_gap_us <= 60_000
+    assert rows.columns[0] == UPTIME_TIMESTAMP
+    assert {"mem_total_bytes", "mem_free_bytes", "hugepages_total"} <= set(rows.columns)
+    assert all(dtype == pl.Int64 for dtype in rows.schema.values())
+    assert hook.status.attached and hook.status.events == rows.height
+
+
+def test_poll_yields_nothing_between_samples() -> None:
+    hook = MemoryUsageHook(MemoryUsageHook.Options(poll_hz=1))
+    hook.start()
+    try:
+        first = list(hook.poll())
+        assert len(first) == 1 and first[0][1].height == 1
+        assert list(hook.poll()) == []
+    finally:
+        hook.close()
+
+
+def test_poll_before_start_and_stop_twice() -> None:
+    hook = MemoryUsageHook()
+    assert list(hook.poll()) == []
+    hook.start()
+    assert sum(f.height for _, f in hook.stop()) == 1
+    assert list(hook.stop()) == []
+    hook.close()

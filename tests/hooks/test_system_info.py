@@ -1,0 +1,29 @@
+"""SystemInfoHook yields the machine's one row once."""
+
+from __future__ import annotations
+
+import os
+
+from kernmlops.collect.sysinfo import SCHEMA
+from kernmlops.hooks.base import HookContext
+from kernmlops.hooks.system_info import SystemInfoHook
+
+
+def test_yields_one_row_once() -> None:
+    hook = SystemInfoHook()
+    assert hook.name == "system_info"
+    assert hook.tables == ("system_info",)
+    assert list(hook.poll()) == []  # nothing before start
+    hook.start(HookContext(collection_id="c1", process_filter=None, self_tgid=os.getpid()))
+    assert hook.status.attached
+    out = list(hook.poll())
+    assert len(out) == 1
+    table, frame = out[0]
+    assert table == "system_info"
+    assert frame.height == 1
+    assert frame.columns == list(SCHEMA)
+    assert frame["logical_cpus"][0] == os.cpu_count()
+    assert frame["kernel_release"][0] == os.uname().release
+    assert list(hook.poll()) == []
+    assert list(hook.stop()) == []
+    assert list(hook.stop()) == []  # safe twice

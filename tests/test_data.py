@@ -1,0 +1,225 @@
+"""read_collection, read_parquet_dir and list_collections over collections made by the sink."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+
+from kernmlops.collect.manifest import write_manifest
+from kernmlops.collect.sinks import ParquetSink
+from kernmlops.data import Collection, list_collections, read_collection, read_parquet_dir
+from kernmlops.errors import CollectionError
+
+# (benchmark, collection_id) -> rows of "events"; "drops" only in the faux collections.
+ROWS = {("faux", "f1"): 1000, ("faux", "f2"): 2500, ("gap", "g1"): 700, ("gap", "g2"): 1}
+
+
+def events(n: int, offset: int) -> pl.DataFrame:
+    ts = np.arange(n, dtype=np.int64) + offset
+    return pl.DataFrame({"ts_uptime_us": ts, "latency_ns": ts * 3})
+
+
+def make_collection(folder: Path, benchmark: str, cid: str, n: int) -> None:
+    # Small parts, so a table spans several part files.
+    with ParquetSink(folder, cid, row_group_rows=256, rows_per_file=1000) as sink:
+        sink.write("events", events(n, offset=0))
+        if benchmark == "faux":
+            sink.write("drops", pl.DataFrame({"hook": ["block_io"], "drops": [n // 100]}))
+    files = sink.files_written()  # after close: every part is finished
+    write_manifest(
+        folder,
+        {
+            "collection_id": cid,
+            "benchmark": benchmark,
+            "started_at": f"2024-05-0{len(cid)}T00:00:00+00:00",
+            "tables": files,
+        },
+    )
+
+
+@pytest.fixture
+def curated(tmp_path: Path) -> Path:
+    root = tmp_path / "curated"
+    for (benchmark, cid), n in ROWS.items():
+        make_collection(root / f"benchmark={benchmark}" / f"collection_id={cid}", benchmark, cid, n)
+    return root
+
+
+def test_read_collection(curated: Path) -> None:
+    folder = curated / "benchmark=faux" / "collection_id=f2"
+    c = read_collection(folder)
+    assert isinstance(c, Collection)
+    assert c.path == folder
+    assert c.collection_id == "f2"
+    assert c.benchmark == "faux"
+    assert c.manifest["started_at"] == "2024-05-02T00:00:00+00:00"
+    assert sorted(c.tables) == ["drops", "events"]
+    assert [p.name for p in c.files["events"]] == [
+        "part-00000.parquet",
+        "part-00001.parquet",
+        "part-00002.parquet",
+    ]
+    expected = events(2500, 0).with_columns(collection_id=pl.lit("f2", pl.String))
+    assert_frame_equal(c["events"], expected)
+    assert c["drops"].rows() == [("block_io", 25, "f2")]
+    assert "events" in c and len(c) == 2
+    assert "events: 2500 rows" in repr(c)
+
+
+def test_manifest_lists_the_files(curated: Path) -> None:
+    c = read_collection(curated / "benchmark=gap" / "collection_id=g2")
+    assert c.manifest["tables"] == {"events": ["events/part-00000.parquet"]}
+
+
+def test_read_collection_from_the_manifest_path(curated: Path) -> None:
+    c = read_collection(curated / "benchmark=gap" / "collection_id=g1" / "manifest.json")
+    assert c["events"].height == 700
+
+
+def test_scan_matches_the_eager_table(curated: Path) -> None:
+    c = read_collection(curated / "benchmark=faux" / "collection_id=f1")
+    lazy = c.scan("events")
+    assert isinstance(lazy, pl.LazyFrame)
+    assert_frame_equal(lazy.collect(), c["events"])
+    assert lazy.select(pl.col("latency_ns").sum()).collect().item() == 3 * sum(range(1000))
+
+
+def test_unknown_table_lists_the_tables(curated: Path) -> None:
+    c = read_collection(curated / "benchmark=gap" / "collection_id=g1")
+    with pytest.raises(KeyError, match=r"no table 'drops'.*tables: events"):
+        c["drops"]
+    with pytest.raises(KeyError, match="no table 'nope'"):
+        c.scan("nope")
+
+
+def test_benchmark_falls_back_to_the_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "benchmark=stress%20ng" / "collection_id=x1"
+    with ParquetSink(folder, "x1") as sink:
+        sink.write("events", events(3, 0))
+    write_manifest(folder, {})
+    c = read_collection(folder)
+    assert c.benchmark == "stress ng"
+    assert c.collection_id == "x1"
+
+
+def test_read_collection_errors(tmp_path: Path) -> None:
+    with pytest.raises(CollectionError, match="no such collection folder") as info:
+        read_collection(tmp_path / "missing")
+    assert str(tmp_path / "missing") in str(info.value)
+
+    with pytest.raises(CollectionError, match="no manifest"):
+        read_collection(tmp_path)
+
+    write_manifest(tmp_path, {"collection_id": "x"})
+    (tmp_path / "graphs").mkdir()  # a folder without parquet is not a table
+    with pytest.raises(CollectionError, match="no Parquet tables") as info:
+        read_collection(tmp_path)
+    assert str(tmp_path) in str(info.value)
+
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(CollectionError, match="not a folder"):
+        read_collection(tmp_path / "notes.txt")
+
+
+def test_unreadable_part_names_the_table(tmp_path: Path) -> None:
+    write_manifest(tmp_path, {})
+    (tmp_path / "events").mkdir()
+    (tmp_path / "events" / "part-00000.parquet").write_bytes(b"not parquet")
+    with pytest.raises(CollectionError, match="cannot read table 'events'"):
+        read_collection(tmp_path)
+
+
+def test_temporary_parts_are_never_read(curated: Path) -> None:
+    folder = curated / "benchmark=gap" / "collection_id=g1"
+    (folder / "events" / ".part-00001.parquet.tmp").write_bytes(b"half a file")
+    c = read_collection(folder)
+    assert c["events"].height == 700
+    assert c.incomplete == ("events",)
+    assert read_parquet_dir(curated, "events").height == sum(ROWS.values())
+
+
+def test_read_parquet_dir_over_all_collections(curated: Path) -> None:
+    df = read_parquet_dir(curated, "events")
+    assert isinstance(df, pl.DataFrame)
+    assert df.columns == ["benchmark", "collection_id", "ts_uptime_us", "latency_ns"]
+    assert df.schema["benchmark"] == pl.String
+    assert df.schema["collection_id"] == pl.String
+    counts = df.group_by("benchmark", "collection_id").len().sort("benchmark", "collection_id")
+    assert counts.rows() == [(b, c, n) for (b, c), n in sorted(ROWS.items())]
+    # Values are kept exactly, per collection.
+    f2 = df.filter(collection_id="f2")
+    assert f2["ts_uptime_us"].to_list() == list(range(2500))
+
+
+def test_read_parquet_dir_table_in_some_collections(curated: Path) -> None:
+    drops = read_parquet_dir(curated, "drops")
+    assert drops.sort("collection_id").rows() == [
+        ("faux", "f1", "block_io", 10),
+        ("faux", "f2", "block_io", 25),
+    ]
+
+
+def test_read_parquet_dir_lazy(curated: Path) -> None:
+    lazy = read_parquet_dir(curated, "events", lazy=True)
+    assert isinstance(lazy, pl.LazyFrame)
+    total = lazy.group_by("benchmark").agg(pl.len()).sort("benchmark").collect()
+    assert total.rows() == [("faux", 3500), ("gap", 701)]
+    assert_frame_equal(lazy.collect(), read_parquet_dir(curated, "events"))
+
+
+def test_read_parquet_dir_one_benchmark_or_collection(curated: Path) -> None:
+    gap = read_parquet_dir(curated / "benchmark=gap", "events")
+    assert gap["benchmark"].unique().to_list() == ["gap"]
+    assert gap.height == 701
+    one = read_parquet_dir(curated / "benchmark=faux" / "collection_id=f1", "events")
+    assert one.select("benchmark", "collection_id").unique().rows() == [("faux", "f1")]
+    assert one.height == 1000
+
+
+def test_read_parquet_dir_path_wins_over_file_values(curated: Path) -> None:
+    # A copied folder: the files still say f1, the path says f9 (as Hive readers see it).
+    src = curated / "benchmark=faux" / "collection_id=f1"
+    dst = curated / "benchmark=other" / "collection_id=f9"
+    dst.mkdir(parents=True)
+    src.rename(dst)
+    df = read_parquet_dir(curated / "benchmark=other", "events")
+    assert df.select("benchmark", "collection_id").unique().rows() == [("other", "f9")]
+
+
+def test_read_parquet_dir_combines_schemas(curated: Path) -> None:
+    folder = curated / "benchmark=gap" / "collection_id=g3"
+    with ParquetSink(folder, "g3") as sink:
+        sink.write("events", events(2, 0).with_columns(cpu=pl.Series([0, 1], dtype=pl.Int16)))
+    df = read_parquet_dir(curated, "events")
+    assert df.columns[-1] == "cpu"
+    assert df["cpu"].null_count() == sum(ROWS.values())
+    assert df.filter(collection_id="g3")["cpu"].to_list() == [0, 1]
+
+
+def test_read_parquet_dir_errors(curated: Path, tmp_path: Path) -> None:
+    with pytest.raises(CollectionError, match="no table 'nope' in any of its 4 collection"):
+        read_parquet_dir(curated, "nope")
+    with pytest.raises(CollectionError, match="no collections") as info:
+        read_parquet_dir(
+            tmp_path / "curated" / "benchmark=faux" / "collection_id=f1" / "events", "x"
+        )
+    assert "events" in str(info.value)
+    with pytest.raises(CollectionError, match="no such folder"):
+        read_parquet_dir(tmp_path / "missing", "events")
+
+
+def test_list_collections(curated: Path) -> None:
+    df = list_collections(curated)
+    assert df.columns == ["benchmark", "collection_id", "path", "started_at", "tables"]
+    assert df.select("benchmark", "collection_id").rows() == sorted(ROWS)
+    assert df["started_at"].to_list() == ["2024-05-02T00:00:00+00:00"] * 4
+    assert df["tables"].to_list() == [["drops", "events"]] * 2 + [["events"]] * 2
+    assert df["path"][0] == str(curated / "benchmark=faux" / "collection_id=f1")
+
+
+def test_list_collections_empty(tmp_path: Path) -> None:
+    assert list_collections(tmp_path).height == 0
