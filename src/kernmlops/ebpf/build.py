@@ -94,22 +94,34 @@ def build(
     todo = [(s, o) for s, o in zip(srcs, objs, strict=True) if force or _needs_build(s, o, headers)]
     if not todo:
         return objs
-    clang = _tool("clang", "clang")
-    vmlinux = vmlinux_header(build_dir)
-    arch = _ARCH.get(platform.machine(), platform.machine())
     for src, obj in todo:
-        cmd = [
-            clang, "-target", "bpf", "-g", "-O2", "-Wall", "-Wno-unused-function",
-            f"-D__TARGET_ARCH_{arch}", "-I", str(vmlinux.parent), "-I", str(SOURCE_DIR),
-            "-c", str(src), "-o", str(obj.with_suffix(".tmp")),
-        ]  # fmt: skip
-        if verbose:
-            print(" ".join(cmd), file=sys.stderr)
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise BuildError(f"clang failed on {src.name}:\n{proc.stderr.strip()}")
-        obj.with_suffix(".tmp").replace(obj)
+        compile_object(src, obj, vmlinux_dir=build_dir, verbose=verbose)
     return objs
+
+
+def compile_object(
+    src: Path, obj: Path, *, vmlinux_dir: Path | None = None, verbose: bool = False
+) -> Path:
+    """Compile one BPF C file (it may include bpf/*.h) to ``obj``; vmlinux.h is
+    generated in ``vmlinux_dir`` (default: the default build folder)."""
+    clang = _tool("clang", "clang")
+    obj.parent.mkdir(parents=True, exist_ok=True)
+    vmlinux_dir = vmlinux_dir or default_build_dir()
+    vmlinux_dir.mkdir(parents=True, exist_ok=True)
+    vmlinux = vmlinux_header(vmlinux_dir)
+    arch = _ARCH.get(platform.machine(), platform.machine())
+    cmd = [
+        clang, "-target", "bpf", "-g", "-O2", "-Wall", "-Wno-unused-function",
+        f"-D__TARGET_ARCH_{arch}", "-I", str(vmlinux.parent), "-I", str(SOURCE_DIR),
+        "-c", str(src), "-o", str(obj.with_suffix(".tmp")),
+    ]  # fmt: skip
+    if verbose:
+        print(" ".join(cmd), file=sys.stderr)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BuildError(f"clang failed on {src.name}:\n{proc.stderr.strip()}")
+    obj.with_suffix(".tmp").replace(obj)
+    return obj
 
 
 def main(argv: list[str] | None = None) -> int:
