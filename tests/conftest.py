@@ -1,0 +1,54 @@
+"""Test-wide rules: tests marked ``bpf`` need root and a kernel that loads BPF.
+
+Where the kernel or the user cannot load BPF, such tests are skipped with the
+reason, unless KERNMLOPS_REQUIRE_BPF=1 (CI), which turns the skip into a
+failure: in CI every BPF test must run.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+REQUIRE_BPF = os.environ.get("KERNMLOPS_REQUIRE_BPF") == "1"
+REPO = Path(__file__).resolve().parent.parent
+
+
+@cache
+def bpf_unavailable() -> str | None:
+    """Why BPF tests cannot run here, or None."""
+    from kernmlops.ebpf.probe import has_bpf_capabilities, probe_program
+
+    if not has_bpf_capabilities():
+        return "not root (needs CAP_SYS_ADMIN or CAP_BPF+CAP_PERFMON)"
+    try:
+        from kernmlops.ebpf.build import build
+
+        build()
+    except Exception as err:  # noqa: BLE001 - any reason is reported
+        return f"BPF objects cannot be built: {err}"
+    for feature in ("tp_btf", "raw_tp"):
+        if probe_program(feature).ok:
+            return None
+    return "the kernel loads neither tp_btf nor raw_tp programs"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if REQUIRE_BPF or not any(i.get_closest_marker("bpf") for i in items):
+        return
+    reason = bpf_unavailable()
+    if reason:
+        marker = pytest.mark.skip(reason=f"needs BPF: {reason}")
+        for item in items:
+            if item.get_closest_marker("bpf"):
+                item.add_marker(marker)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if REQUIRE_BPF and item.get_closest_marker("bpf"):
+        reason = bpf_unavailable()
+        if reason:
+            pytest.fail(f"KERNMLOPS_REQUIRE_BPF=1 but {reason}", pytrace=False)

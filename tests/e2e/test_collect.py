@@ -1,0 +1,195 @@
+"""`kernmlops collect` end to end, on the real kernel (root + BPF)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from tests.e2e.conftest import (
+    KERNMLOPS,
+    kernel_objects,
+    only_collection,
+    run_collect,
+    wait_released,
+)
+
+pytestmark = pytest.mark.bpf
+
+
+def _workload_report(stdout: str) -> dict:
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
+    assert lines, f"workload printed no report: {stdout!r}"
+    return json.loads(lines[-1])
+
+
+def test_command_tree_is_traced_and_cpu_time_matches(tmp_path: Path, forkburn: list[str]) -> None:
+    before = kernel_objects()
+    proc, col = run_collect(tmp_path, "--", *forkburn, "3", "0.4")
+    assert proc.returncode == 0, proc.stderr
+    report = _workload_report(proc.stdout)
+    assert col is not None
+    pids = {report["pid"], *report["children"]}
+
+    # process_trace: the command's exec and a fork per child, with the right parent.
+    pt = col["process_trace"]
+    execs = pt.filter((pl.col("kind") == "exec") & (pl.col("pid") == report["pid"]))
+    assert execs.height >= 1
+    forks = pt.filter(pl.col("kind") == "fork")
+    for child in report["children"]:
+        row = forks.filter(pl.col("pid") == child)
+        assert row.height == 1, f"fork of child {child} missing"
+        assert row["ppid"][0] == report["pid"]
+        assert row["tgid"][0] == child
+    exits = pt.filter(pl.col("kind") == "exit")["pid"].to_list()
+    assert pids <= set(exits)
+
+    # quanta_runtime: summed on-CPU time of the tree vs the kernel's rusage account.
+    quanta = col["quanta_runtime"]
+    traced_s = quanta.filter(pl.col("tgid").is_in(list(pids)))["quanta_run_length_us"].sum() / 1e6
+    assert traced_s == pytest.approx(report["cpu_s"], rel=0.10)
+    # Tree filter: only the benchmark's processes (tgids all seen in process_trace).
+    assert set(quanta["tgid"].unique().to_list()) <= set(pt["tgid"].unique().to_list())
+
+    # quanta_queued_time: non-negative, plausible (under 10 s), present for the workers.
+    queued = col["quanta_queued_time"]["quanta_queued_time_us"]
+    assert queued.len() > 0
+    assert queued.min() >= 0
+    assert queued.max() < 10_000_000
+
+    m = col.manifest
+    assert m["ended_by"] == "completed" and m["exit_code"] == 0
+    assert m["filter"]["mode"] == "tree"
+    assert m["benchmark"]["pid"] is not None
+    for name in ("process_trace", "quanta_runtime", "memory_usage", "system_info"):
+        assert m["hooks"][name]["attached"], m["hooks"][name]
+        assert m["hooks"][name]["drops"] == 0
+    assert m["tables"]["quanta_runtime"]["rows"] == quanta.height
+    assert col["system_info"].height == 1
+    assert col["memory_usage"].height >= 1
+
+    leftover = wait_released(before)
+    assert not any(leftover.values()), f"BPF objects left behind: {leftover}"
+
+
+def test_failing_command_gives_its_exit_code_and_keeps_data(
+    tmp_path: Path, forkburn: list[str]
+) -> None:
+    before = kernel_objects()
+    proc, col = run_collect(tmp_path, "--", *forkburn, "1", "0.1", "3")
+    assert proc.returncode == 3, proc.stderr
+    assert col is not None
+    assert col.manifest["ended_by"] == "failed"
+    assert col.manifest["benchmark"]["exit_code"] == 3
+    report = _workload_report(proc.stdout)
+    assert report["pid"] in col["process_trace"]["pid"].to_list()
+    assert not any(wait_released(before).values())
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_mid_run_leaves_a_readable_collection(tmp_path: Path, sig: int) -> None:
+    before = kernel_objects()
+    proc = subprocess.Popen(
+        [*KERNMLOPS, "collect", "--no-progress", "-o", str(tmp_path), "-b", "faux"],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stderr is not None
+    deadline = time.monotonic() + 30
+    for line in proc.stderr:
+        if "probes attached" in line or time.monotonic() > deadline:
+            break
+    time.sleep(1.0)
+    proc.send_signal(sig)
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=30) == 128 + sig, rest
+    col = only_collection(tmp_path)
+    assert col is not None, rest
+    assert col.manifest["ended_by"] == "interrupted"
+    assert col.manifest["filter"]["mode"] == "system"
+    assert col["quanta_runtime"].height > 0  # a second of a whole system
+    assert not list(tmp_path.rglob("*.tmp"))
+    assert not any(wait_released(before).values())
+
+
+def test_tgid_filter_traces_only_that_process(tmp_path: Path, forkburn: list[str]) -> None:
+    # A busy process that lives through the collection.
+    burner = subprocess.Popen([*forkburn, "0", "3.0"], stdout=subprocess.DEVNULL)
+    try:
+        proc, col = run_collect(tmp_path, "-b", "faux", "-d", "1.5", "--tgid", str(burner.pid))
+    finally:
+        burner.wait(timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert col is not None
+    quanta = col["quanta_runtime"]
+    assert quanta.height > 0
+    assert set(quanta["tgid"].unique().to_list()) == {burner.pid}
+    # It burned CPU for all 1.5 s on one of the 2 CPUs: at least half of that is seen.
+    assert quanta["quanta_run_length_us"].sum() / 1e6 > 0.7
+
+
+def test_bad_overrides_are_rejected_before_any_probe(tmp_path: Path) -> None:
+    overrides = tmp_path / "overrides.yaml"
+    overrides.write_text("collector:\n  hokos: [quanta_runtime]\n")
+    before = kernel_objects()
+    proc, col = run_collect(tmp_path / "out", "-c", str(overrides), "-b", "faux", "-d", "1")
+    assert proc.returncode == 2
+    assert "collector.hokos" in proc.stderr and "collector.hooks" in proc.stderr
+    assert "probes attached" not in proc.stderr
+    assert col is None
+    assert kernel_objects() == before
+
+
+def test_missing_command_is_a_clear_error(tmp_path: Path) -> None:
+    proc, col = run_collect(tmp_path, "--", "no-such-program-kmo")
+    assert proc.returncode == 2
+    assert "no-such-program-kmo" in proc.stderr and "not found" in proc.stderr
+    assert col is None
+
+
+def test_collector_does_not_trace_itself_system_wide(tmp_path: Path) -> None:
+    proc, col = run_collect(tmp_path, "-b", "faux", "-d", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert col is not None
+    collector = col.manifest["collector_pid"]
+    assert collector not in col["quanta_runtime"]["tgid"].to_list()
+    assert os.getpid() != collector
+
+
+def test_stress_ng_default_benchmark(tmp_path: Path) -> None:
+    proc, col = run_collect(
+        tmp_path, "-c", _write(tmp_path / "o.yaml", "benchmark:\n  stress_ng:\n    duration_s: 2\n")
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert col is not None
+    assert col.manifest["benchmark"]["name"] == "stress-ng"
+    comms = set(col["process_trace"]["comm"].to_list())
+    assert any(c.startswith("stress-ng") for c in comms), comms
+    assert col["quanta_runtime"].height > 100
+
+
+def _write(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+def test_unprivileged_user_gets_a_clear_error(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.fail("this test drops root itself; run the suite as root")
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
+         *KERNMLOPS, "collect", "--no-progress", "-o", str(out), "-b", "faux", "-d", "1"],
+        capture_output=True, text=True, timeout=60, cwd="/",
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "root" in proc.stderr, proc.stderr
