@@ -28,7 +28,7 @@ def bpf_unavailable() -> str | None:
         from kernmlops.ebpf.build import build
 
         build()
-    except Exception as err:  # noqa: BLE001 - any reason is reported
+    except Exception as err:  # any reason is reported
         return f"BPF objects cannot be built: {err}"
     for feature in ("tp_btf", "raw_tp"):
         if probe_program(feature).ok:

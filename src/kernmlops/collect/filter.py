@@ -38,7 +38,7 @@ class ProcessFilter:
         self._map.update(tgid, b"\x01")
 
     def tracked(self) -> set[int]:
-        return {int.from_bytes(k, "little") for k in self._map.keys()}  # noqa: SIM118 (a BPF map)
+        return {int.from_bytes(k, "little") for k in self._map}
 
     def close(self) -> None:
         if self._obj is not None:

@@ -8,6 +8,7 @@ raw_tp), the way libbpf-tools picks program flavours at load time.
 from __future__ import annotations
 
 import ctypes
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,19 @@ class Link:
         if self._ptr is None:
             raise ValueError(f"link of {self.program} is destroyed")
         return lib.bpf_link__fd(self._ptr)
+
+    def read_iter(self, chunk: int = 1 << 16) -> bytes:
+        """Run an iterator link once and return everything it wrote."""
+        from kernmlops.ebpf.libbpf import check_int
+
+        fd = check_int(lib.bpf_iter_create(self.fd), f"create iterator of {self.program}")
+        parts = []
+        try:
+            while data := os.read(fd, chunk):
+                parts.append(data)
+        finally:
+            os.close(fd)
+        return b"".join(parts)
 
     def destroy(self) -> None:
         if self._ptr is not None:
@@ -150,13 +164,19 @@ class Map:
 
     def lookup_percpu(self, key: int | bytes, dtype: np.dtype | str = "<u8") -> np.ndarray:
         """One value per possible CPU (zeros when the key is absent)."""
+        dtype = np.dtype(dtype)
+        if dtype.itemsize != self.value_size:
+            raise ValueError(
+                f"map {self.name}: dtype of {dtype.itemsize} bytes "
+                f"for {self.value_size}-byte values"
+            )
         raw = self.lookup(key)
         ncpu = libbpf.num_possible_cpus()
         stride = (self.value_size + 7) // 8 * 8
         if raw is None:
             raw = bytes(stride * ncpu)
         per_cpu = np.frombuffer(raw, dtype=np.uint8).reshape(ncpu, stride)[:, : self.value_size]
-        return np.ascontiguousarray(per_cpu).view(dtype).reshape(ncpu, -1).squeeze(-1)
+        return np.ascontiguousarray(per_cpu).view(dtype).reshape(ncpu)
 
     def update(self, key: int | bytes, value: bytes, flags: int = 0) -> None:
         rc = lib.bpf_map_update_elem(self.fd, self._key(key), value, flags)
@@ -165,6 +185,10 @@ class Map:
 
     def delete(self, key: int | bytes) -> bool:
         return lib.bpf_map_delete_elem(self.fd, self._key(key)) == 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        """Every key (as bytes), in the kernel's order."""
+        return self.keys()
 
     def keys(self) -> Iterator[bytes]:
         cur, nxt = None, ctypes.create_string_buffer(self.key_size)

@@ -12,10 +12,9 @@ from pydantic import Field
 from kernmlops.ebpf.btf import RecordLayout, ring_layouts
 from kernmlops.ebpf.build import object_path
 from kernmlops.ebpf.frames import records_to_frame
-from kernmlops.ebpf.libbpf import LibbpfError
 from kernmlops.ebpf.objects import BpfObject, open_and_load
 from kernmlops.ebpf.ringbuf import RingBuffer
-from kernmlops.errors import HookUnavailable
+from kernmlops.errors import HookUnavailable, KernmlopsError
 from kernmlops.hooks.base import Hook, HookContext, HookOptions
 
 
@@ -61,6 +60,10 @@ class BpfHook(Hook):
         path = object_path(self.object_name, ctx.bpf_dir)
         size = self.options.ring_kib * 1024  # type: ignore[attr-defined]
         flt = ctx.process_filter
+        if not path.exists():
+            raise HookUnavailable(
+                f"{self.name}: BPF object {path} not found (build it: kernmlops build-bpf)"
+            )
         try:
             layouts = ring_layouts(path)
             self.obj = open_and_load(
@@ -74,7 +77,7 @@ class BpfHook(Hook):
                 reuse_maps={"kmo_tracked": flt.fd} if flt else {},
             )
             self.obj.attach_all()
-        except (LibbpfError, OSError) as err:
+        except (KernmlopsError, OSError) as err:
             self.close()
             raise HookUnavailable(f"{self.name}: {err}") from err
         for table, ring in self.rings.items():

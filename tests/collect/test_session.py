@@ -1,0 +1,71 @@
+"""Session through the library API (what a notebook calls), on the real kernel."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kernmlops.collect.session import Session, StrictError
+from kernmlops.collect.sinks import MemorySink
+from kernmlops.config import load_config
+from kernmlops.data import read_collection
+from kernmlops.ebpf.build import build
+
+pytestmark = pytest.mark.bpf
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _built() -> None:
+    build()
+
+
+def _config(tmp_path: Path, **collector: object) -> object:
+    return load_config(
+        {
+            "collector": {"output_dir": str(tmp_path), "progress": False, **collector},
+            "benchmark": {"name": "faux", "duration_s": 0.5},
+        }
+    )
+
+
+def test_faux_session_into_memory(tmp_path: Path) -> None:
+    sink = MemorySink()
+    seen: list[float] = []
+    session = Session(_config(tmp_path), sink=sink, on_progress=lambda p: seen.append(p.elapsed_s))
+    result = session.run()
+    assert result.ended_by == "duration" and result.exit_code == 0
+    assert 0.5 <= result.duration_s < 5
+    assert result.attach_s < 2
+    quanta = sink.table("quanta_runtime")
+    assert quanta.height > 0
+    assert quanta["cpu"].max() < 64
+    assert sink.table("system_info").height == 1
+    assert result.rows["quanta_runtime"] == quanta.height
+    assert seen and seen == sorted(seen)
+    assert not session.path.exists()  # memory sink: nothing on disk
+
+
+def test_unattachable_hook_is_reported_and_others_run(tmp_path: Path) -> None:
+    empty = tmp_path / "no-objects"
+    empty.mkdir()
+    config = _config(tmp_path, hooks=["quanta_runtime", "memory_usage"])
+    result = Session(config, bpf_dir=empty).run()
+    hook = result.hooks["quanta_runtime"]
+    assert not hook.attached and "not found" in (hook.reason or "")
+    assert result.hooks["memory_usage"].attached
+    col = read_collection(result.path)
+    assert col.manifest["hooks"]["quanta_runtime"]["reason"] == hook.reason
+    assert col["memory_usage"].height >= 1
+
+
+def test_strict_turns_a_missed_attach_into_an_error_and_keeps_data(tmp_path: Path) -> None:
+    empty = tmp_path / "no-objects"
+    empty.mkdir()
+    config = _config(tmp_path, hooks=["memory_usage", "quanta_runtime"], strict=True)
+    session = Session(config, bpf_dir=empty)
+    with pytest.raises(StrictError, match="quanta_runtime"):
+        session.run()
+    manifest = read_collection(session.path).manifest if session.path.exists() else None
+    # Nothing was collected yet, but the manifest says what happened.
+    assert manifest is None or manifest["ended_by"] == "error"
