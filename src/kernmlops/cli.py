@@ -66,7 +66,8 @@ def _summary(result) -> Table:
             f"[green]{st.variant or 'attached'}[/]" if st.attached else f"[yellow]{st.reason}[/]"
         )
         rows = ", ".join(f"{t}={n:,}" for t, n in st.rows.items()) or "-"
-        drops = f"[red]{st.drops:,}[/]" if st.drops else "0"
+        lost = st.drops + st.missed
+        drops = f"[red]{st.drops:,} + {st.missed:,} missed[/]" if lost else "0"
         table.add_row(name, status, f"{st.events:,}", drops, rows)
     return table
 
@@ -188,6 +189,12 @@ def collect(
     total_drops = sum(s.drops for s in result.hooks.values())
     if total_drops:
         console.print(f"[red]{total_drops:,} events dropped[/]: raise hooks.<hook>.ring_kib")
+    total_missed = sum(s.missed for s in result.hooks.values())
+    if total_missed:
+        console.print(
+            f"[red]{total_missed:,} program runs skipped by the kernel[/] "
+            "(another BPF program was running on the same CPU)"
+        )
     if result.exit_code:
         console.print(f"[yellow]exit code {result.exit_code}[/] ({result.ended_by})")
     sys.exit(result.exit_code)

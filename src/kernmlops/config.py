@@ -8,6 +8,7 @@ Errors name the key path, what was expected and the nearest valid key.
 
 from __future__ import annotations
 
+import copy
 import difflib
 from pathlib import Path
 from typing import Any, Literal
@@ -133,8 +134,8 @@ def _describe(err: dict[str, Any]) -> str:
         hint = f"; did you mean {'.'.join([*map(str, loc[:-1]), near[0]])!r}?" if near else ""
         return f"{path}: unknown key{hint} (valid here: {', '.join(valid)})"
     got = err.get("input")
-    shown = "" if isinstance(got, dict) else f" (got {got!r})"
     msg = err["msg"].removeprefix("Value error, ")
+    shown = "" if isinstance(got, dict) or f"got {got}" in msg else f" (got {got!r})"
     return f"{path}: {msg}{shown}"
 
 
@@ -182,7 +183,7 @@ def load_config(
         source = str(overrides)
         data = read_overrides(overrides)
     else:
-        data = dict(overrides or {})
+        data = copy.deepcopy(overrides or {})  # flags must not change the caller's dict
     for dotted, value in (flags or {}).items():
         if value is not None:
             _set_path(data, dotted, value)

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 from kernmlops.ebpf.btf import (
@@ -189,7 +188,7 @@ def _btf_bytes(path: Path) -> bytes:
         return ELFFile(fh).get_section_by_name(".BTF").data()
 
 
-# --- record layouts from a compiled object ------------------------------------------------------
+# --- record layouts from a compiled object ------------------------------------
 def test_rings_found_by_marker(records_obj):
     btf = Btf.from_elf(records_obj)
     assert sorted(btf.rings()) == ["test_rb", "test_small_rb"]
@@ -338,7 +337,7 @@ def test_kernel_btf_parses_like_bpftool():
     assert max(values.values()) > 2**32
 
 
-# --- the project's objects ------------------------------------------------------------------------
+# --- the project's objects ----------------------------------------------------
 def test_project_ring_layouts(bpf_build_dir):
     pt = ring_layouts(object_path("process_trace", bpf_build_dir))
     assert list(pt) == ["process_trace_rb"]
@@ -381,7 +380,7 @@ def test_objects_without_rings(bpf_build_dir):
     assert Btf.from_elf(object_path("probe", bpf_build_dir)).rings() == []
 
 
-# --- errors -----------------------------------------------------------------------------------------
+# --- errors -------------------------------------------------------------------
 def test_bitfield_member_is_an_error(bad_obj):
     btf = Btf.from_elf(bad_obj)
     with pytest.raises(BtfError, match=r"kmo_bad_bits\.a: bitfields are not supported"):
@@ -434,15 +433,10 @@ def test_elf_without_btf_section():
         Btf.from_elf(Path(sys.executable).resolve())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ELFError,
-    reason="src bug: Btf.from_elf lets pyelftools' ELFError escape for a non-ELF file",
-)
 def test_non_elf_file(tmp_path):
     path = tmp_path / "text.bpf.o"
     path.write_text("not an ELF object\n" * 10)
-    with pytest.raises(BtfError, match="text.bpf.o"):
+    with pytest.raises(BtfError, match=r"text\.bpf\.o"):
         Btf.from_elf(path)
 
 
@@ -459,11 +453,6 @@ def test_too_short():
         Btf.parse(struct.pack("<HBBI", BTF_MAGIC, 1, 0, 24))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=(struct.error, ValueError),
-    reason="src bug: a truncated BTF blob raises struct.error/ValueError, not BtfError",
-)
 @pytest.mark.parametrize("keep", [0.25, 0.5, 0.9])
 def test_truncated_blob(records_obj, keep):
     data = _btf_bytes(records_obj)
@@ -471,7 +460,7 @@ def test_truncated_blob(records_obj, keep):
         Btf.parse(data[: int(len(data) * keep)])
 
 
-# --- enum labels (pure) ----------------------------------------------------------------------------
+# --- enum labels (pure) -------------------------------------------------------
 def _enum(*members: tuple[str, int]) -> BtfType:
     return BtfType(1, Kind.ENUM, "e", size=4, members=list(members))
 

@@ -140,3 +140,25 @@ def test_no_fd_leaks_over_load_attach_close_cycles(tmp_path: Path, objects: Path
         with pytest.raises(LibbpfError):
             open_and_load(rejected)
     assert _open_fds() == fds
+
+
+def test_prog_info_names_the_program_like_bpftool(objects: Path) -> None:
+    import json
+    import shutil
+    import subprocess
+
+    with open_and_load(object_path("quanta_runtime")) as obj:
+        obj.attach_all()
+        time.sleep(0.1)
+        prog = obj.programs["switch_btf"]
+        info = libbpf.prog_info(prog.fd)
+        tool = shutil.which("bpftool") or "/usr/sbin/bpftool"
+        shown = json.loads(
+            subprocess.run(
+                [tool, "-j", "prog", "show", "id", str(info.id)],
+                capture_output=True, text=True, check=True,
+            ).stdout
+        )  # fmt: skip
+    assert shown["id"] == info.id
+    assert shown["name"] == info.name.decode() == "switch_btf"
+    assert info.recursion_misses == shown.get("recursion_misses", 0)

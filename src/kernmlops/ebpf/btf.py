@@ -84,12 +84,22 @@ class Btf:
 
     @classmethod
     def parse(cls, data: bytes) -> Btf:
+        try:
+            return cls._parse(data)
+        except (struct.error, ValueError, UnicodeDecodeError, IndexError) as err:
+            raise BtfError(f"malformed BTF: {err}") from err
+
+    @classmethod
+    def _parse(cls, data: bytes) -> Btf:
         if len(data) < 24:
             raise BtfError("BTF blob too short")
         magic, _version, _flags, hdr_len = struct.unpack_from("<HBBI", data, 0)
         if magic != BTF_MAGIC:
             raise BtfError(f"bad BTF magic {magic:#x}")
         type_off, type_len, str_off, str_len = struct.unpack_from("<IIII", data, 8)
+        end = hdr_len + max(type_off + type_len, str_off + str_len)
+        if end > len(data):
+            raise BtfError(f"malformed BTF: sections end at {end}, blob has {len(data)} bytes")
         types_blob = memoryview(data)[hdr_len + type_off : hdr_len + type_off + type_len]
         strings = bytes(data[hdr_len + str_off : hdr_len + str_off + str_len])
 
@@ -120,15 +130,22 @@ class Btf:
                     bit_off, bf_size = (m_off & 0xFFFFFF, m_off >> 24) if kflag else (m_off, 0)
                     t.members.append((name_at(m_name), m_type, bit_off, bf_size))
             elif kind is Kind.ENUM:
+                # Values are s32 in the format; kind_flag marks a signed enum, but
+                # older clang (14) never sets it, so negative values also mean signed.
+                t.encoding = INT_SIGNED if kflag else 0
                 for _ in range(vlen):
                     m_name, val = struct.unpack_from("<Ii", types_blob, pos)
                     pos += 8
                     t.members.append((name_at(m_name), val))
             elif kind is Kind.ENUM64:
+                t.encoding = INT_SIGNED if kflag else 0
                 for _ in range(vlen):
                     m_name, lo, hi = struct.unpack_from("<III", types_blob, pos)
                     pos += 12
-                    t.members.append((name_at(m_name), lo | (hi << 32)))
+                    val = lo | (hi << 32)
+                    if kflag and val >= 1 << 63:
+                        val -= 1 << 64
+                    t.members.append((name_at(m_name), val))
             elif kind is Kind.FUNC_PROTO:
                 pos += 8 * vlen
             elif kind is Kind.VAR or kind is Kind.DECL_TAG:
@@ -143,6 +160,7 @@ class Btf:
     @classmethod
     def from_elf(cls, path: str | Path) -> Btf:
         """The .BTF section of a compiled BPF object."""
+        from elftools.common.exceptions import ELFError
         from elftools.elf.elffile import ELFFile
 
         try:
@@ -153,6 +171,8 @@ class Btf:
                 return cls.parse(section.data())
         except OSError as err:
             raise BtfError(f"cannot read {path}: {err.strerror}") from err
+        except ELFError as err:
+            raise BtfError(f"{path} is not an ELF object: {err}") from err
 
     def find(self, kind: Kind, name: str) -> BtfType:
         try:
@@ -224,7 +244,7 @@ def _scalar(btf: Btf, t: BtfType, where: str) -> np.dtype:
         signed = bool(t.encoding & INT_SIGNED)
         return np.dtype(f"<{'i' if signed else 'u'}{t.size}")
     if t.kind in (Kind.ENUM, Kind.ENUM64):
-        signed = any(v < 0 for _, v in t.members)
+        signed = bool(t.encoding & INT_SIGNED) or any(v < 0 for _, v in t.members)
         return np.dtype(f"<{'i' if signed else 'u'}{t.size}")
     if t.kind is Kind.PTR:
         return np.dtype("<u8")

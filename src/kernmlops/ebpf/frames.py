@@ -12,9 +12,14 @@ def _strings(col: np.ndarray, name: str) -> pl.Series:
     """Fixed-width C strings to text. Kernel strings are nearly always ASCII;
     the rare others (e.g. a comm cut inside a UTF-8 sequence) are decoded
     one by one with replacement characters."""
-    raw = pl.Series(name, col)  # Binary, trailing NULs already stripped
     width = col.dtype.itemsize
-    high = (np.ascontiguousarray(col).view(np.uint8).reshape(-1, width) >= 0x80).any(axis=1)
+    # Cut at the first NUL: ring memory is not zeroed, so bytes after a short
+    # string may be a previous record's.
+    u8 = np.ascontiguousarray(col).view(np.uint8).reshape(-1, width).copy()
+    u8[np.cumsum(u8 == 0, axis=1) > 0] = 0
+    col = u8.view(col.dtype).ravel()
+    raw = pl.Series(name, col)  # Binary, trailing NULs stripped
+    high = (u8 >= 0x80).any(axis=1)
     if not high.any():
         return raw.cast(pl.String)
     values = raw.to_list()

@@ -37,7 +37,7 @@ class LibbpfError(KernmlopsError):
         self.log = log
         text = message
         if errno:
-            text += f": {os.strerror(errno)} (errno {errno})"
+            text += f": {strerror(errno)} (errno {errno})"
         if log:
             text += "\n" + log
         super().__init__(text)
@@ -71,6 +71,7 @@ map_p = c_void_p
 link_p = c_void_p
 
 _fn("libbpf_major_version", c_uint32)
+_fn("libbpf_strerror", c_int, c_int, c_char_p, c_size_t)
 _fn("libbpf_minor_version", c_uint32)
 _fn("libbpf_set_print", c_void_p, PRINT_FN)
 _fn("libbpf_num_possible_cpus", c_int)
@@ -114,12 +115,78 @@ _fn("bpf_prog_get_next_id", c_int, c_uint32, POINTER(c_uint32))
 _fn("bpf_link_get_next_id", c_int, c_uint32, POINTER(c_uint32))
 _fn("bpf_map_get_next_id", c_int, c_uint32, POINTER(c_uint32))
 
+
+class BpfProgInfo(ctypes.Structure):
+    """struct bpf_prog_info (uapi/linux/bpf.h) up to recursion_misses. The
+    kernel fills only as many bytes as we pass, so a prefix is valid."""
+
+    _fields_ = [
+        ("type", c_uint32),
+        ("id", c_uint32),
+        ("tag", ctypes.c_uint8 * 8),
+        ("jited_prog_len", c_uint32),
+        ("xlated_prog_len", c_uint32),
+        ("jited_prog_insns", c_uint64),
+        ("xlated_prog_insns", c_uint64),
+        ("load_time", c_uint64),
+        ("created_by_uid", c_uint32),
+        ("nr_map_ids", c_uint32),
+        ("map_ids", c_uint64),
+        ("name", ctypes.c_char * 16),
+        ("ifindex", c_uint32),
+        ("gpl_compatible", c_uint32),
+        ("netns_dev", c_uint64),
+        ("netns_ino", c_uint64),
+        ("nr_jited_ksyms", c_uint32),
+        ("nr_jited_func_lens", c_uint32),
+        ("jited_ksyms", c_uint64),
+        ("jited_func_lens", c_uint64),
+        ("btf_id", c_uint32),
+        ("func_info_rec_size", c_uint32),
+        ("func_info", c_uint64),
+        ("nr_func_info", c_uint32),
+        ("nr_line_info", c_uint32),
+        ("line_info", c_uint64),
+        ("jited_line_info", c_uint64),
+        ("nr_jited_line_info", c_uint32),
+        ("line_info_rec_size", c_uint32),
+        ("jited_line_info_rec_size", c_uint32),
+        ("nr_prog_tags", c_uint32),
+        ("prog_tags", c_uint64),
+        ("run_time_ns", c_uint64),
+        ("run_cnt", c_uint64),
+        ("recursion_misses", c_uint64),
+    ]
+
+
+_fn("bpf_obj_get_info_by_fd", c_int, c_int, c_void_p, POINTER(c_uint32))
+
+
+def prog_info(fd: int) -> BpfProgInfo:
+    """The kernel's facts about a loaded program: id, name, run time and count
+    (when BPF stats are enabled), and runs skipped by its recursion guard."""
+    info = BpfProgInfo()
+    size = c_uint32(ctypes.sizeof(info))
+    rc = lib.bpf_obj_get_info_by_fd(fd, ctypes.byref(info), ctypes.byref(size))
+    check_int(rc if rc >= 0 else -ctypes.get_errno(), "bpf_obj_get_info_by_fd")
+    return info
+
+
 # BPF map types we treat specially (uapi/linux/bpf.h).
 MAP_PERCPU_HASH = 5
 MAP_PERCPU_ARRAY = 6
 MAP_LRU_PERCPU_HASH = 10
 MAP_RINGBUF = 27
 PERCPU_MAPS = frozenset({MAP_PERCPU_HASH, MAP_PERCPU_ARRAY, MAP_LRU_PERCPU_HASH})
+
+
+def strerror(errno: int) -> str:
+    """libbpf's own codes (>= 4000, e.g. 'Invalid ELF') or the C library's."""
+    if errno >= 4000:
+        buf = ctypes.create_string_buffer(256)
+        lib.libbpf_strerror(errno, buf, len(buf))
+        return buf.value.decode(errors="replace")
+    return os.strerror(errno)
 
 
 def version() -> str:

@@ -232,14 +232,16 @@ class BpfObject:
     """One compiled ``.bpf.o``: open, configure, load, attach, close."""
 
     def __init__(self, path: str | Path) -> None:
+        # Set first: __del__ -> close() must work even if opening fails.
+        self._ptr: int | None = None
+        self._links: list[Link] = []
         self.path = Path(path)
         if not self.path.exists():
             raise LibbpfError(f"BPF object {self.path} not found (build it: make bpf)")
-        self._links: list[Link] = []
         self.variant: str | None = None
         with capture_log() as log:
             ptr = lib.bpf_object__open_file(str(self.path).encode(), None)
-        self._ptr: int | None = check_ptr(ptr, f"open {self.path.name}", "".join(log.lines))
+        self._ptr = check_ptr(ptr, f"open {self.path.name}", "".join(log.lines))
         self.programs: dict[str, Program] = {}
         p = lib.bpf_object__next_program(self._ptr, None)
         while p:
@@ -271,7 +273,12 @@ class BpfObject:
                 raise LibbpfError(f"{self.path.name} has no const volatile global {name!r}")
             if sym.offset + sym.size > size.value:
                 raise LibbpfError(f"global {name!r} lies outside .rodata")
-            data = int(value).to_bytes(sym.size, "little", signed=int(value) < 0)
+            try:
+                data = int(value).to_bytes(sym.size, "little", signed=int(value) < 0)
+            except OverflowError:
+                raise LibbpfError(
+                    f"value {value} does not fit global {name!r} ({sym.size} bytes)"
+                ) from None
             ctypes.memmove(base + sym.offset, data, sym.size)
 
     def select_variant(self, variant: str | None) -> None:

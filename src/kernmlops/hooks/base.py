@@ -42,7 +42,10 @@ class HookStatus:
     variant: str | None = None
     programs: list[str] = field(default_factory=list)
     events: int = 0
+    #: records a full ring buffer could not take (counted in the kernel)
     drops: int = 0
+    #: program runs the kernel skipped (recursion guard), so events not seen
+    missed: int = 0
     rows: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -53,6 +56,7 @@ class HookStatus:
             "programs": self.programs,
             "events": self.events,
             "drops": self.drops,
+            "missed": self.missed,
             "rows": self.rows,
         }
 

@@ -7,8 +7,9 @@ from typing import ClassVar
 
 import numpy as np
 import polars as pl
-from pydantic import Field
+from pydantic import Field, field_validator
 
+from kernmlops.ebpf import libbpf
 from kernmlops.ebpf.btf import RecordLayout, ring_layouts
 from kernmlops.ebpf.build import object_path
 from kernmlops.ebpf.frames import records_to_frame
@@ -23,9 +24,12 @@ class BpfHookOptions(HookOptions):
         8192, ge=4, le=1 << 20, description="size of each ring buffer in KiB (a power of two)"
     )
 
-    def model_post_init(self, _context: object) -> None:
-        if self.ring_kib & (self.ring_kib - 1):
-            raise ValueError(f"ring_kib must be a power of two, got {self.ring_kib}")
+    @field_validator("ring_kib")
+    @classmethod
+    def _power_of_two(cls, kib: int) -> int:
+        if kib & (kib - 1):
+            raise ValueError(f"must be a power of two, got {kib}")
+        return kib
 
 
 class BpfHook(Hook):
@@ -104,9 +108,17 @@ class BpfHook(Hook):
         drops = self.obj.map("drops")
         return int(sum(drops.lookup_percpu(slot).sum() for slot in range(len(self.rings))))
 
+    def missed(self) -> int:
+        """Runs of this hook's programs that the kernel skipped (recursion guard)."""
+        if self.obj is None:
+            return 0
+        progs = [p for p in self.obj.programs.values() if p.autoload and p.fd >= 0]
+        return sum(libbpf.prog_info(p.fd).recursion_misses for p in progs)
+
     def close(self) -> None:
-        if self.obj is not None:
+        if self.obj is not None and self.obj.loaded:
             self.status.drops = self.drops()
+            self.status.missed = self.missed()
         for reader, _ in self._readers.values():
             reader.close()
         self._readers.clear()

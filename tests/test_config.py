@@ -1,0 +1,336 @@
+"""Config: defaults, the generated defaults.yaml, errors that name the key, precedence."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from kernmlops.config import (
+    BenchmarkConfig,
+    CollectorConfig,
+    Config,
+    HooksConfig,
+    defaults_yaml,
+    load_config,
+    read_overrides,
+)
+from kernmlops.errors import ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _error(overrides, flags=None) -> str:
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(overrides, flags)
+    return str(excinfo.value)
+
+
+def _write(tmp_path: Path, text: str, name: str = "overrides.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+# --- defaults -----------------------------------------------------------------
+def test_defaults_validate():
+    cfg = Config()
+    assert Config.model_validate(cfg.model_dump()) == cfg
+    assert load_config() == cfg
+    assert load_config({}) == cfg
+    assert cfg.collector.output_dir == Path("data")
+    assert cfg.collector.hooks == ["process_trace", "quanta_runtime", "memory_usage", "system_info"]
+    assert cfg.collector.filter == "auto"
+    assert cfg.collector.tgid is None
+    assert cfg.collector.poll_interval_ms == 10
+    assert cfg.benchmark.name == "stress-ng"
+    assert cfg.hook_options("quanta_runtime").ring_kib == 8192
+    assert cfg.hook_options("process_trace").ring_kib == 8192
+    # "stress-ng" lives under the key stress_ng
+    assert cfg.benchmark_options() is cfg.benchmark.stress_ng
+    assert cfg.benchmark_options("stress-ng").duration_s == 10
+    assert cfg.benchmark_options("command").argv == []
+
+
+def test_defaults_yaml_parses_back_to_the_defaults():
+    text = defaults_yaml()
+    data = yaml.safe_load(text)
+    assert set(data) == {"collector", "hooks", "benchmark"}
+    assert Config.model_validate(data) == Config()
+    assert load_config(data) == Config()
+
+
+def _leaf_keys(model: BaseModel, path: tuple[str, ...] = ()):
+    """(path, description) of every non-section field."""
+    for name, field in type(model).model_fields.items():
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            yield from _leaf_keys(value, (*path, name))
+        else:
+            yield (*path, name), field.description
+
+
+def test_defaults_yaml_comments_every_key():
+    lines = defaults_yaml().splitlines()
+    leaves = list(_leaf_keys(Config()))
+    assert len(leaves) >= 20
+    # walk the file, tracking the section path by indentation
+    stack: list[str] = []
+    seen: dict[tuple[str, ...], str] = {}
+    for i, line in enumerate(lines):
+        m = re.match(r"^( *)([A-Za-z_][\w-]*):(.*)$", line)
+        if not m:
+            assert line == "" or line.lstrip().startswith("#"), line
+            continue
+        depth = len(m.group(1)) // 2
+        stack[depth:] = [m.group(2)]
+        if m.group(3).strip() in ("", "{}"):
+            continue  # a section
+        above = lines[i - 1]
+        assert above.startswith(m.group(1) + "# "), f"no comment above {'.'.join(stack)}"
+        seen[tuple(stack)] = above.strip().removeprefix("# ")
+    assert seen == {path: desc for path, desc in leaves}
+    assert all(desc for _, desc in leaves)
+
+
+def test_committed_defaults_yaml_is_current():
+    committed = REPO / "defaults.yaml"
+    assert committed.exists(), "defaults.yaml is missing: run `make defaults`"
+    assert committed.read_text() == defaults_yaml(), "defaults.yaml is stale: run `make defaults`"
+
+
+# --- unknown keys -------------------------------------------------------------
+def test_unknown_top_level_key():
+    msg = _error({"colector": {}})
+    assert "colector: unknown key" in msg
+    assert "did you mean 'collector'?" in msg
+    assert "valid here: benchmark, collector, hooks" in msg
+
+
+def test_unknown_collector_key():
+    msg = _error({"collector": {"poll_interval": 5}})
+    assert "collector.poll_interval: unknown key" in msg
+    assert "did you mean 'collector.poll_interval_ms'?" in msg
+
+
+def test_unknown_hook_key_suggests_ring_kib():
+    msg = _error({"hooks": {"quanta_runtime": {"ring_kb": 4096}}})
+    assert "hooks.quanta_runtime.ring_kb: unknown key" in msg
+    assert "did you mean 'hooks.quanta_runtime.ring_kib'?" in msg
+    assert "(valid here: ring_kib)" in msg
+
+
+def test_unknown_hook_section():
+    msg = _error({"hooks": {"quanta_runtim": {}}})
+    assert "hooks.quanta_runtim: unknown key" in msg
+    assert "did you mean 'hooks.quanta_runtime'?" in msg
+
+
+def test_unknown_benchmark_key():
+    msg = _error({"benchmark": {"stress_ng": {"worker": 2}}})
+    assert "benchmark.stress_ng.worker: unknown key" in msg
+    assert "did you mean 'benchmark.stress_ng.workers'?" in msg
+
+
+def test_benchmark_section_uses_underscores():
+    msg = _error({"benchmark": {"stress-ng": {"workers": 2}}})
+    assert "benchmark.stress-ng: unknown key" in msg
+    assert "did you mean 'benchmark.stress_ng'?" in msg
+
+
+def test_unknown_key_far_from_any_gets_no_suggestion():
+    msg = _error({"collector": {"zzzzzz": 1}})
+    assert "collector.zzzzzz: unknown key" in msg
+    assert "did you mean" not in msg
+
+
+# --- wrong types and values ---------------------------------------------------
+def test_wrong_type():
+    msg = _error({"collector": {"poll_interval_ms": "fast"}})
+    assert "collector.poll_interval_ms:" in msg
+    assert "valid integer" in msg
+    assert "(got 'fast')" in msg
+    msg = _error({"collector": {"strict": "maybe"}})
+    assert "collector.strict:" in msg
+    assert "valid boolean" in msg
+
+
+def test_section_of_wrong_type():
+    msg = _error({"collector": ["a", "b"]})
+    assert "collector:" in msg
+    assert "dictionary" in msg
+
+
+def test_poll_interval_zero():
+    msg = _error({"collector": {"poll_interval_ms": 0}})
+    assert "collector.poll_interval_ms: Input should be greater than or equal to 1 (got 0)" in msg
+
+
+@pytest.mark.parametrize("kib", [4, 64, 8192, 1 << 20])
+def test_ring_kib_power_of_two_is_fine(kib):
+    cfg = load_config({"hooks": {"quanta_runtime": {"ring_kib": kib}}})
+    assert cfg.hook_options("quanta_runtime").ring_kib == kib
+    assert cfg.hook_options("process_trace").ring_kib == 8192
+
+
+def test_ring_kib_not_a_power_of_two():
+    msg = _error({"hooks": {"quanta_runtime": {"ring_kib": 100}}})
+    assert "hooks.quanta_runtime.ring_kib: must be a power of two, got 100" in msg
+
+
+def test_filter_tgid_needs_tgid():
+    msg = _error({"collector": {"filter": "tgid"}})
+    assert "collector: filter 'tgid' needs collector.tgid" in msg
+    cfg = load_config({"collector": {"filter": "tgid", "tgid": 42}})
+    assert (cfg.collector.filter, cfg.collector.tgid) == ("tgid", 42)
+
+
+def test_bad_filter_and_tgid_values():
+    msg = _error({"collector": {"filter": "everything"}})
+    assert "collector.filter:" in msg
+    assert "'auto', 'system', 'tgid' or 'tree'" in msg
+    msg = _error({"collector": {"tgid": 0}})
+    assert "collector.tgid: Input should be greater than or equal to 1 (got 0)" in msg
+
+
+def test_unknown_hook_name_suggests():
+    msg = _error({"collector": {"hooks": ["process_trace", "quanta_runtme"]}})
+    assert "collector.hooks: unknown hook 'quanta_runtme'" in msg
+    assert "did you mean 'quanta_runtime'?" in msg
+    assert "known: process_trace, quanta_runtime, memory_usage, system_info" in msg
+
+
+def test_duplicate_hooks_are_dropped_in_order():
+    cfg = load_config({"collector": {"hooks": ["system_info", "process_trace", "system_info"]}})
+    assert cfg.collector.hooks == ["system_info", "process_trace"]
+
+
+def test_unknown_benchmark_name():
+    msg = _error({"benchmark": {"name": "stress"}})
+    assert "benchmark.name:" in msg
+    assert "'faux', 'command' or 'stress-ng'" in msg
+    assert "(got 'stress')" in msg
+
+
+def test_every_error_is_reported():
+    msg = _error({"collector": {"poll_interval_ms": 0, "bogus": 1}, "benchmark": {"name": "x"}})
+    assert msg.startswith("invalid configuration:\n")
+    assert "collector.poll_interval_ms:" in msg
+    assert "collector.bogus: unknown key" in msg
+    assert "benchmark.name:" in msg
+    assert len(msg.splitlines()) == 4
+
+
+def test_assignment_is_validated():
+    cfg = Config()
+    with pytest.raises(ValidationError):
+        cfg.collector.poll_interval_ms = 0
+    assert cfg.collector.poll_interval_ms == 10
+
+
+def test_section_models_forbid_extra_keys():
+    for model in (CollectorConfig, HooksConfig, BenchmarkConfig):
+        with pytest.raises(ValidationError):
+            model.model_validate({"nope": 1})
+
+
+# --- overrides files ----------------------------------------------------------
+def test_overrides_file_not_a_mapping(tmp_path):
+    path = _write(tmp_path, "- collector\n- hooks\n")
+    msg = _error(path)
+    assert str(path) in msg
+    assert "the top level must be a mapping" in msg
+
+
+def test_overrides_file_not_yaml(tmp_path):
+    path = _write(tmp_path, "collector: [unclosed\n  poll: {\n")
+    msg = _error(path)
+    assert f"{path} is not valid YAML" in msg
+
+
+def test_overrides_file_missing(tmp_path):
+    path = tmp_path / "absent.yaml"
+    msg = _error(path)
+    assert f"cannot read config {path}" in msg
+    assert "No such file or directory" in msg
+    with pytest.raises(ConfigError, match=r"absent\.yaml"):
+        read_overrides(str(path))
+
+
+def test_overrides_file_empty_means_defaults(tmp_path):
+    path = _write(tmp_path, "# nothing to change\n")
+    assert read_overrides(path) == {}
+    assert load_config(path) == Config()
+
+
+def test_error_in_a_file_names_the_file(tmp_path):
+    path = _write(tmp_path, "collector:\n  poll_interval_ms: 0\n")
+    msg = _error(path)
+    assert msg.startswith(f"invalid configuration in {path}:")
+    assert "collector.poll_interval_ms" in msg
+
+
+def test_defaults_yaml_as_an_overrides_file(tmp_path):
+    path = _write(tmp_path, defaults_yaml())
+    assert load_config(path) == Config()
+    assert load_config(str(path)) == Config()
+
+
+# --- precedence ---------------------------------------------------------------
+def test_file_beats_defaults(tmp_path):
+    path = _write(
+        tmp_path,
+        "collector:\n  poll_interval_ms: 50\n  hooks: [system_info]\n"
+        "hooks:\n  quanta_runtime:\n    ring_kib: 64\n"
+        "benchmark:\n  name: faux\n",
+    )
+    cfg = load_config(path)
+    assert cfg.collector.poll_interval_ms == 50
+    assert cfg.collector.hooks == ["system_info"]
+    assert cfg.hook_options("quanta_runtime").ring_kib == 64
+    assert cfg.benchmark.name == "faux"
+    # untouched keys keep their defaults
+    assert cfg.collector.flush_interval_s == 5.0
+    assert cfg.hook_options("process_trace").ring_kib == 8192
+
+
+def test_flags_beat_the_file(tmp_path):
+    path = _write(tmp_path, "collector:\n  poll_interval_ms: 50\n  strict: true\n")
+    cfg = load_config(path, {"collector.poll_interval_ms": 20})
+    assert cfg.collector.poll_interval_ms == 20
+    assert cfg.collector.strict is True  # from the file
+    cfg = load_config(path, {"hooks.process_trace.ring_kib": 16, "benchmark.name": "command"})
+    assert cfg.collector.poll_interval_ms == 50
+    assert cfg.hook_options("process_trace").ring_kib == 16
+    assert cfg.benchmark.name == "command"
+
+
+def test_flag_that_is_none_does_not_override(tmp_path):
+    path = _write(tmp_path, "collector:\n  poll_interval_ms: 50\n")
+    cfg = load_config(path, {"collector.poll_interval_ms": None, "benchmark.duration_s": None})
+    assert cfg.collector.poll_interval_ms == 50
+    assert cfg.benchmark.duration_s is None
+    assert load_config(None, {"collector.poll_interval_ms": None}) == Config()
+
+
+def test_flags_are_validated():
+    msg = _error(None, {"collector.poll_interval_ms": 0})
+    assert "collector.poll_interval_ms: Input should be greater than or equal to 1" in msg
+    msg = _error(None, {"collector.poll_intervl_ms": 5})
+    assert "did you mean 'collector.poll_interval_ms'?" in msg
+
+
+def test_flag_below_a_value_is_an_error(tmp_path):
+    path = _write(tmp_path, "collector:\n  poll_interval_ms: 50\n")
+    with pytest.raises(ConfigError, match="poll_interval_ms is not a section"):
+        load_config(path, {"collector.poll_interval_ms.x": 1})
+
+
+def test_flags_do_not_change_the_callers_overrides():
+    overrides = {"collector": {"poll_interval_ms": 5}}
+    cfg = load_config(overrides, {"collector.poll_interval_ms": 20})
+    assert cfg.collector.poll_interval_ms == 20
+    assert overrides == {"collector": {"poll_interval_ms": 5}}
