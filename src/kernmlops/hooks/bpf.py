@@ -53,7 +53,7 @@ class BpfHook(Hook):
     @classmethod
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
-        if "rings" in cls.__dict__:
+        if "rings" in cls.__dict__ and "tables" not in cls.__dict__:
             cls.tables = tuple(cls.rings)
 
     def extra_globals(self) -> dict[str, int | bool]:

@@ -1,0 +1,90 @@
+/* page_faults: one row per page fault (x86 exceptions tracepoints), or one
+ * per sample_every faults of the traced tasks, counted per CPU. */
+#include "filter.h"
+
+/* Set before load: keep 1 fault in N (1: all). */
+const volatile u32 sample_every = 1;
+
+enum page_fault_kind {
+	PAGE_FAULT_KIND_USER = 0,   /* the fault hit user mode code */
+	PAGE_FAULT_KIND_KERNEL = 1, /* kernel code faulted (e.g. copy_to_user) */
+};
+
+struct page_fault_event {
+	u64 ts_uptime_us;
+	u64 address;    /* the faulting address (cr2) */
+	u64 ip;         /* instruction pointer at the fault */
+	u64 error_code; /* x86 page fault error code (X86_PF_* bits) */
+	u32 pid;
+	u32 tgid;
+	u32 cpu;
+	enum page_fault_kind kind;
+};
+KMO_RING(page_faults_rb, page_fault_event);
+
+/* Faults of traced tasks seen on this CPU, sampled or not. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__type(value, u64);
+} page_faults_seen SEC(".maps");
+
+static __always_inline int on_fault(unsigned long address, struct pt_regs *regs,
+				    unsigned long error_code, enum page_fault_kind kind)
+{
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	struct page_fault_event *e;
+	u32 zero = 0;
+	u64 *seen;
+
+	if (!kmo_tgid_wanted(pid_tgid >> 32))
+		return 0;
+	seen = bpf_map_lookup_elem(&page_faults_seen, &zero);
+	if (!seen)
+		return 0;
+	*seen += 1; /* per-CPU: no atomics needed */
+	if (sample_every > 1 && *seen % sample_every)
+		return 0;
+	e = KMO_RESERVE(page_faults_rb, struct page_fault_event, 0);
+	if (!e)
+		return 0;
+	e->ts_uptime_us = kmo_uptime_us();
+	e->address = address;
+	e->ip = PT_REGS_IP_CORE(regs);
+	e->error_code = error_code;
+	e->pid = (u32)pid_tgid;
+	e->tgid = pid_tgid >> 32;
+	e->cpu = bpf_get_smp_processor_id();
+	e->kind = kind;
+	KMO_SUBMIT(e);
+	return 0;
+}
+
+SEC("tp_btf/page_fault_user")
+int BPF_PROG(fault_user_btf, unsigned long address, struct pt_regs *regs,
+	     unsigned long error_code)
+{
+	return on_fault(address, regs, error_code, PAGE_FAULT_KIND_USER);
+}
+
+SEC("tp_btf/page_fault_kernel")
+int BPF_PROG(fault_kernel_btf, unsigned long address, struct pt_regs *regs,
+	     unsigned long error_code)
+{
+	return on_fault(address, regs, error_code, PAGE_FAULT_KIND_KERNEL);
+}
+
+SEC("raw_tp/page_fault_user")
+int BPF_PROG(fault_user_raw, unsigned long address, struct pt_regs *regs,
+	     unsigned long error_code)
+{
+	return on_fault(address, regs, error_code, PAGE_FAULT_KIND_USER);
+}
+
+SEC("raw_tp/page_fault_kernel")
+int BPF_PROG(fault_kernel_raw, unsigned long address, struct pt_regs *regs,
+	     unsigned long error_code)
+{
+	return on_fault(address, regs, error_code, PAGE_FAULT_KIND_KERNEL);
+}

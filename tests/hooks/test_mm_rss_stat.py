@@ -1,0 +1,153 @@
+"""mm_rss_stat hook: the last counter values vs the workload's /proc/self/status."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from kernmlops.ebpf.btf import ring_layouts
+from kernmlops.ebpf.build import build, object_path
+from kernmlops.hooks.mm_rss_stat import MmRssStatHook
+
+MIB = 1 << 20
+ANON_MIB, FILE_MIB, SHMEM_MIB = 64, 16, 16
+FORMAT = Path("/sys/kernel/tracing/events/kmem/rss_stat/format")
+
+pytestmark = pytest.mark.bpf  # root: tracefs and the kernel
+
+WORKLOAD = r"""
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/mman.h>
+
+static char *map(long bytes, int flags, int fd)
+{
+	char *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, flags, fd, 0);
+
+	if (p == MAP_FAILED)
+		exit(3);
+	return p;
+}
+
+/* After a line on stdin: grow each RSS counter (anon, file, shmem), then
+ * print /proc/self/status's Rss lines and the CLOCK_MONOTONIC time (us). */
+int main(int argc, char **argv)
+{
+	long page = sysconf(_SC_PAGESIZE), mib = 1 << 20, sum = 0;
+	long anon = atol(argv[1]) * mib, file = atol(argv[2]) * mib, shmem = atol(argv[3]) * mib;
+	char line[256], *a, *f, *s;
+	struct timespec ts;
+	FILE *status;
+	int fd = open(argv[4], O_RDONLY);
+
+	if (fd < 0 || !fgets(line, sizeof(line), stdin))
+		return 2;
+	a = map(anon, MAP_PRIVATE | MAP_ANONYMOUS, -1);
+	memset(a, 1, anon);
+	f = mmap(NULL, file, PROT_READ, MAP_PRIVATE, fd, 0);
+	if (f == MAP_FAILED)
+		return 3;
+	for (long i = 0; i < file; i += page)
+		sum += f[i];
+	s = map(shmem, MAP_SHARED | MAP_ANONYMOUS, -1);
+	memset(s, 1, shmem);
+	status = fopen("/proc/self/status", "r");
+	while (fgets(line, sizeof(line), status))
+		if (!strncmp(line, "VmRSS", 5) || !strncmp(line, "Rss", 3))
+			fputs(line, stdout);
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	printf("t_us: %lld %ld\n", ts.tv_sec * 1000000LL + ts.tv_nsec / 1000, sum);
+	return 0;
+}
+"""
+
+
+def test_member_labels_are_the_kernels() -> None:
+    """The column labels name the same counters as the tracepoint's own format."""
+    assert FORMAT.exists(), f"{FORMAT} missing: mount tracefs (make tracefs)"
+    kernel = {
+        int(v): n for v, n in re.findall(r'\{\s*(\d+),\s*"(MM_\w+)"\s*\}', FORMAT.read_text())
+    }
+    assert kernel, FORMAT.read_text()
+    build()
+    labels = ring_layouts(object_path("mm_rss_stat"))["mm_rss_stat_rb"].enums["member"]
+    expected = {"MM_FILEPAGES": "file", "MM_ANONPAGES": "anon", "MM_SWAPENTS": "swap"}
+    expected["MM_SHMEMPAGES"] = "shmem"
+    assert {v: expected[n] for v, n in kernel.items()} == labels
+
+
+@pytest.fixture(scope="module")
+def workload(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    d = tmp_path_factory.mktemp("mm_rss_stat")
+    (d / "w.c").write_text(WORKLOAD)
+    subprocess.run(["gcc", "-O1", "-o", str(d / "w"), str(d / "w.c")], check=True)
+    (d / "data").write_bytes(os.urandom(FILE_MIB * MIB))
+    return d / "w", d / "data"
+
+
+def test_last_values_match_proc_status(workload: tuple[Path, Path]) -> None:
+    from kernmlops.collect.filter import ProcessFilter
+    from kernmlops.hooks.base import HookContext
+
+    build()
+    program, data = workload
+    flt = ProcessFilter(follow_children=True)
+    hook = MmRssStatHook(MmRssStatHook.Options())
+    frames: list[pl.DataFrame] = []
+    try:
+        hook.start(HookContext("t", process_filter=flt, self_tgid=os.getpid()))
+        args = [str(program), str(ANON_MIB), str(FILE_MIB), str(SHMEM_MIB), str(data)]
+        proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert proc.stdin is not None and proc.stdout is not None
+        flt.add(proc.pid)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        while proc.poll() is None:
+            frames += [f for _, f in hook.poll()]
+            time.sleep(0.01)
+        assert proc.wait() == 0
+        status = dict(re.findall(r"^(\w+):\s+(\d+)", proc.stdout.read(), re.MULTILINE))
+        frames += [f for _, f in hook.stop()]
+    finally:
+        hook.close()
+        flt.close()
+
+    df = pl.concat(frames).filter(pl.col("mm_tgid") == proc.pid)
+    assert (df["size_pages"] * os.sysconf("SC_PAGE_SIZE") == df["size_bytes"]).all()
+    t_us = int(status["t_us"])
+    # The counters as the workload read its status: the last value of each.
+    last = dict(
+        df.filter(pl.col("ts_uptime_us") <= t_us)
+        .sort("ts_uptime_us")
+        .group_by("member")
+        .agg(pl.col("size_bytes").last())
+        .iter_rows()
+    )
+    kib = {m: int(status[f"Rss{m.capitalize()}"]) * 1024 for m in ("anon", "file", "shmem")}
+    for member, mib in (("anon", ANON_MIB), ("file", FILE_MIB), ("shmem", SHMEM_MIB)):
+        assert last[member] >= mib * MIB, (member, last)
+        assert abs(last[member] - kib[member]) <= 0.10 * kib[member], (member, last, kib)
+    rss = last["anon"] + last["file"] + last["shmem"]
+    vm_rss = int(status["VmRSS"]) * 1024
+    assert abs(rss - vm_rss) <= 0.10 * vm_rss, (rss, vm_rss)
+    # While running, the workload changed its own mm (curr). At exit the mm is
+    # torn down after current->mm is cleared: curr is off, but the rows are
+    # still attributed through mm_id, and every counter ends at 0.
+    t = pl.col("ts_uptime_us")
+    before, after = df.filter(t <= t_us), df.filter(t > t_us)
+    assert before["curr"].all() and (before["tgid"] == proc.pid).all()
+    teardown = after.filter(~pl.col("curr"))
+    assert len(teardown) and (teardown["tgid"] == proc.pid).all()
+    final = after.sort("ts_uptime_us").group_by("member").agg(pl.col("size_bytes").last())
+    assert final["size_bytes"].to_list() == [0] * len(final)
+    assert hook.status.drops == 0

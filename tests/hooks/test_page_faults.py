@@ -1,0 +1,151 @@
+"""page_faults hook: faults of a workload vs the workload's own getrusage."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from kernmlops.hooks.page_faults import PageFaultsHook
+
+pytestmark = pytest.mark.bpf
+
+PAGES = 20000  # written by the workload: user-mode faults
+KERNEL_PAGES = 2000  # filled by read() from /dev/zero: kernel-mode faults
+
+WORKLOAD = r"""
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+
+static long faults(void)
+{
+	struct rusage ru;
+
+	getrusage(RUSAGE_SELF, &ru);
+	return ru.ru_minflt + ru.ru_majflt;
+}
+
+static long long now_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1000000LL + ts.tv_nsec / 1000;
+}
+
+/* After a line on stdin: write to N fresh pages, then have the kernel fill K
+ * more (read from /dev/zero); print the faults getrusage counted meanwhile and
+ * the CLOCK_MONOTONIC window (us) around the work. */
+int main(int argc, char **argv)
+{
+	long n = atol(argv[1]), k = atol(argv[2]), page = sysconf(_SC_PAGESIZE), f0, f1;
+	long long t0, t1;
+	char line[8], *p, *q;
+	int zero = open("/dev/zero", O_RDONLY);
+
+	if (!fgets(line, sizeof(line), stdin))
+		return 2;
+	t0 = now_us();
+	f0 = faults();
+	p = mmap(NULL, n * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED)
+		return 3;
+	madvise(p, n * page, MADV_NOHUGEPAGE); /* one fault per page, not per 2 MiB */
+	for (long i = 0; i < n; i++)
+		p[i * page] = 1;
+	q = mmap(NULL, k * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (q == MAP_FAILED)
+		return 3;
+	madvise(q, k * page, MADV_NOHUGEPAGE);
+	if (read(zero, q, k * page) != k * page)
+		return 4;
+	f1 = faults();
+	t1 = now_us();
+	printf("%ld %lld %lld\n", f1 - f0, t0, t1);
+	return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def workload(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("page_faults")
+    (d / "w.c").write_text(WORKLOAD)
+    subprocess.run(["gcc", "-O1", "-o", str(d / "w"), str(d / "w.c")], check=True)
+    return d / "w"
+
+
+def _run(hook: PageFaultsHook, workload: Path) -> tuple[pl.DataFrame, int, int, int, int]:
+    """Trace the workload; return its rows, rusage faults, window, faults seen."""
+    from kernmlops.collect.filter import ProcessFilter
+    from kernmlops.ebpf.build import build
+    from kernmlops.hooks.base import HookContext
+
+    build()
+    flt = ProcessFilter(follow_children=True)
+    frames: list[pl.DataFrame] = []
+    try:
+        hook.start(HookContext("t", process_filter=flt, self_tgid=os.getpid()))
+        proc = subprocess.Popen(
+            [str(workload), str(PAGES), str(KERNEL_PAGES)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdin is not None and proc.stdout is not None
+        flt.add(proc.pid)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        while proc.poll() is None:
+            frames += [f for _, f in hook.poll()]
+            time.sleep(0.01)
+        assert proc.wait() == 0
+        rusage, t0, t1 = map(int, proc.stdout.read().split())
+        seen = hook.faults_seen()
+        frames += [f for _, f in hook.stop()]
+    finally:
+        hook.close()
+        flt.close()
+    df = pl.concat(frames)
+    assert set(df["tgid"].unique()) == {proc.pid}  # the filter held
+    return df, rusage, t0, t1, seen
+
+
+def test_faults_match_getrusage(workload: Path) -> None:
+    hook = PageFaultsHook()
+    df, rusage, t0, t1, seen = _run(hook, workload)
+    window = df.filter(pl.col("ts_uptime_us").is_between(t0, t1))
+    assert rusage >= PAGES + KERNEL_PAGES
+    assert abs(len(window) - rusage) <= 0.05 * rusage, (len(window), rusage)
+    assert seen == len(df)  # unsampled: every fault seen is a row
+    user = window.filter(pl.col("kind") == "user")
+    kernel = window.filter(pl.col("kind") == "kernel")
+    assert len(user) + len(kernel) == len(window)
+    assert PAGES <= len(user) <= 1.05 * PAGES
+    assert KERNEL_PAGES <= len(kernel) <= 1.05 * KERNEL_PAGES
+    # x86 error code: writes to absent pages have the write bit (2); from user
+    # mode the user bit (4) too, from kernel mode not.
+    assert (user["error_code"] & 6 == 6).mean() > 0.95
+    assert (kernel["error_code"] & 6 == 2).mean() > 0.95
+    assert (user["address"] > 0).all() and (user["ip"] > 0).all()
+    assert (kernel["ip"] >= 1 << 63).all()  # kernel text is in the upper half
+    assert hook.status.drops == 0
+
+
+def test_sampling_keeps_one_in_n(workload: Path) -> None:
+    n = 10
+    hook = PageFaultsHook(PageFaultsHook.Options(sample_every=n))
+    df, rusage, _, _, seen = _run(hook, workload)
+    # Each CPU keeps every n-th fault it sees: at most n-1 per CPU are left over.
+    ncpu = os.cpu_count() or 1
+    assert seen // n - ncpu <= len(df) <= seen // n + ncpu
+    assert abs(len(df) * n - rusage) <= 0.05 * rusage + n * ncpu, (len(df), rusage)
