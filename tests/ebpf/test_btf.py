@@ -25,6 +25,7 @@ from kernmlops.ebpf.btf import (
     BtfType,
     Kind,
     _enum_labels,
+    kernel_type,
     record_layout,
     ring_layouts,
 )
@@ -481,3 +482,23 @@ def _enum(*members: tuple[str, int]) -> BtfType:
 )
 def test_enum_label_prefixes(members, labels):
     assert _enum_labels(_enum(*members)) == labels
+
+
+def test_kernel_type_agrees_with_a_full_parse_of_vmlinux() -> None:
+    """libbpf's lookup by name decodes to the same type as our own full parse."""
+    full = Btf.parse(Path("/sys/kernel/btf/vmlinux").read_bytes())
+    for kind, name in [
+        (Kind.ENUM, "req_op"),
+        (Kind.STRUCT, "task_struct"),
+        (Kind.STRUCT, "bpf_prog_info"),
+        (Kind.UNION, "bpf_attr"),
+        (Kind.INT, "int"),
+    ]:
+        got = kernel_type(kind, name)
+        want = full.find(kind, name)
+        assert got is not None, name
+        assert (got.id, got.kind, got.name, got.size, got.members) == (
+            want.id, want.kind, want.name, want.size, want.members,
+        ), name  # fmt: skip
+    assert kernel_type(Kind.STRUCT, "no_such_struct_kmo") is None
+    assert kernel_type(Kind.STRUCT, "req_op") is None  # an enum, not a struct

@@ -9,6 +9,7 @@ types. Pure Python, no root: it only reads bytes.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
@@ -72,6 +73,57 @@ class BtfType:
     members: list = field(default_factory=list)
 
 
+def decode_type(
+    blob: bytes | memoryview, pos: int, type_id: int, name_at: Callable[[int], str]
+) -> tuple[BtfType, int]:
+    """Decode the type record at ``pos``; return it and where the next one starts."""
+    name_off, info, size_or_type = struct.unpack_from("<III", blob, pos)
+    pos += 12
+    vlen = info & 0xFFFF
+    kind = Kind((info >> 24) & 0x1F)
+    kflag = info >> 31
+    t = BtfType(type_id, kind, name_at(name_off), size=size_or_type, ref=size_or_type)
+    if kind is Kind.INT:
+        (enc,) = struct.unpack_from("<I", blob, pos)
+        pos += 4
+        t.encoding, t.bits = (enc >> 24) & 0xF, enc & 0xFF
+    elif kind is Kind.ARRAY:
+        t.ref, _index, t.nelems = struct.unpack_from("<III", blob, pos)
+        pos += 12
+    elif kind in (Kind.STRUCT, Kind.UNION):
+        for _ in range(vlen):
+            m_name, m_type, m_off = struct.unpack_from("<III", blob, pos)
+            pos += 12
+            bit_off, bf_size = (m_off & 0xFFFFFF, m_off >> 24) if kflag else (m_off, 0)
+            t.members.append((name_at(m_name), m_type, bit_off, bf_size))
+    elif kind is Kind.ENUM:
+        # Values are s32 in the format; kind_flag marks a signed enum, but
+        # older clang (14) never sets it, so negative values also mean signed.
+        t.encoding = INT_SIGNED if kflag else 0
+        for _ in range(vlen):
+            m_name, val = struct.unpack_from("<Ii", blob, pos)
+            pos += 8
+            t.members.append((name_at(m_name), val))
+    elif kind is Kind.ENUM64:
+        t.encoding = INT_SIGNED if kflag else 0
+        for _ in range(vlen):
+            m_name, lo, hi = struct.unpack_from("<III", blob, pos)
+            pos += 12
+            val = lo | (hi << 32)
+            if kflag and val >= 1 << 63:
+                val -= 1 << 64
+            t.members.append((name_at(m_name), val))
+    elif kind is Kind.FUNC_PROTO:
+        pos += 8 * vlen
+    elif kind is Kind.VAR or kind is Kind.DECL_TAG:
+        pos += 4
+    elif kind is Kind.DATASEC:
+        for _ in range(vlen):
+            t.members.append(struct.unpack_from("<III", blob, pos))
+            pos += 12
+    return t, pos
+
+
 class Btf:
     """All types of one BTF blob, by id and by (kind, name)."""
 
@@ -110,50 +162,7 @@ class Btf:
         types = [BtfType(0, Kind.VOID, "")]
         pos = 0
         while pos < len(types_blob):
-            name_off, info, size_or_type = struct.unpack_from("<III", types_blob, pos)
-            pos += 12
-            vlen = info & 0xFFFF
-            kind = Kind((info >> 24) & 0x1F)
-            kflag = info >> 31
-            t = BtfType(len(types), kind, name_at(name_off), size=size_or_type, ref=size_or_type)
-            if kind is Kind.INT:
-                (enc,) = struct.unpack_from("<I", types_blob, pos)
-                pos += 4
-                t.encoding, t.bits = (enc >> 24) & 0xF, enc & 0xFF
-            elif kind is Kind.ARRAY:
-                t.ref, _index, t.nelems = struct.unpack_from("<III", types_blob, pos)
-                pos += 12
-            elif kind in (Kind.STRUCT, Kind.UNION):
-                for _ in range(vlen):
-                    m_name, m_type, m_off = struct.unpack_from("<III", types_blob, pos)
-                    pos += 12
-                    bit_off, bf_size = (m_off & 0xFFFFFF, m_off >> 24) if kflag else (m_off, 0)
-                    t.members.append((name_at(m_name), m_type, bit_off, bf_size))
-            elif kind is Kind.ENUM:
-                # Values are s32 in the format; kind_flag marks a signed enum, but
-                # older clang (14) never sets it, so negative values also mean signed.
-                t.encoding = INT_SIGNED if kflag else 0
-                for _ in range(vlen):
-                    m_name, val = struct.unpack_from("<Ii", types_blob, pos)
-                    pos += 8
-                    t.members.append((name_at(m_name), val))
-            elif kind is Kind.ENUM64:
-                t.encoding = INT_SIGNED if kflag else 0
-                for _ in range(vlen):
-                    m_name, lo, hi = struct.unpack_from("<III", types_blob, pos)
-                    pos += 12
-                    val = lo | (hi << 32)
-                    if kflag and val >= 1 << 63:
-                        val -= 1 << 64
-                    t.members.append((name_at(m_name), val))
-            elif kind is Kind.FUNC_PROTO:
-                pos += 8 * vlen
-            elif kind is Kind.VAR or kind is Kind.DECL_TAG:
-                pos += 4
-            elif kind is Kind.DATASEC:
-                for _ in range(vlen):
-                    t.members.append(struct.unpack_from("<III", types_blob, pos))
-                    pos += 12
+            t, pos = decode_type(types_blob, pos, len(types), name_at)
             types.append(t)
         return cls(types)
 
@@ -304,3 +313,42 @@ def ring_layouts(path: str | Path) -> dict[str, RecordLayout]:
     """Layouts of every ring buffer declared in a compiled object."""
     btf = Btf.from_elf(path)
     return {ring: record_layout(btf, btf.ring_record(ring)) for ring in btf.rings()}
+
+
+# --- the running kernel's types, found by name through libbpf --------------------
+_vmlinux: int | None = None
+
+
+def kernel_type(kind: Kind, name: str) -> BtfType | None:
+    """One type of the running kernel (/sys/kernel/btf/vmlinux) by kind and name.
+
+    libbpf parses the kernel's BTF in C (milliseconds, once per process); only
+    the record asked for is decoded here, with the same decoder as Btf.parse.
+    None when the kernel has no such type or no BTF.
+    """
+    import ctypes
+
+    from kernmlops.ebpf.libbpf import lib
+
+    global _vmlinux
+    if _vmlinux is None:
+        _vmlinux = lib.btf__load_vmlinux_btf() or 0
+    if not _vmlinux:
+        return None
+    type_id = lib.btf__find_by_name_kind(_vmlinux, name.encode(), int(kind))
+    if type_id <= 0:
+        return None
+    ptr = lib.btf__type_by_id(_vmlinux, type_id)
+    _name, info, _size = struct.unpack("<III", ctypes.string_at(ptr, 12))
+    vlen, k = info & 0xFFFF, Kind((info >> 24) & 0x1F)
+    extra = {
+        Kind.INT: 4, Kind.ARRAY: 12, Kind.VAR: 4, Kind.DECL_TAG: 4,
+        Kind.STRUCT: 12 * vlen, Kind.UNION: 12 * vlen, Kind.ENUM: 8 * vlen,
+        Kind.ENUM64: 12 * vlen, Kind.FUNC_PROTO: 8 * vlen, Kind.DATASEC: 12 * vlen,
+    }.get(k, 0)  # fmt: skip
+
+    def name_at(off: int) -> str:
+        return (lib.btf__name_by_offset(_vmlinux, off) or b"").decode()
+
+    t, _ = decode_type(ctypes.string_at(ptr, 12 + extra), 0, type_id, name_at)
+    return t

@@ -160,6 +160,10 @@ class BpfProgInfo(ctypes.Structure):
 
 
 _fn("bpf_obj_get_info_by_fd", c_int, c_int, c_void_p, POINTER(c_uint32))
+_fn("btf__load_vmlinux_btf", c_void_p)
+_fn("btf__find_by_name_kind", c_int, c_void_p, c_char_p, c_uint32)
+_fn("btf__type_by_id", c_void_p, c_void_p, c_uint32)
+_fn("btf__name_by_offset", c_char_p, c_void_p, c_uint32)
 
 
 def prog_info(fd: int) -> BpfProgInfo:

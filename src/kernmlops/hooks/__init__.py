@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from kernmlops.errors import ConfigError
 from kernmlops.hooks.base import Hook, HookContext, HookOptions, HookStatus
+from kernmlops.hooks.block_io import BlockIoHook
 from kernmlops.hooks.memory_usage import MemoryUsageHook
 from kernmlops.hooks.mm_rss_stat import MmRssStatHook
 from kernmlops.hooks.page_faults import PageFaultsHook
 from kernmlops.hooks.process_trace import ProcessTraceHook
 from kernmlops.hooks.quanta_runtime import QuantaRuntimeHook
+from kernmlops.hooks.sched_migrate import SchedMigrateHook
 from kernmlops.hooks.syscalls import SyscallsHook
 from kernmlops.hooks.system_info import SystemInfoHook
 
@@ -22,6 +24,8 @@ REGISTRY: dict[str, type[Hook]] = {
         SyscallsHook,
         PageFaultsHook,
         MmRssStatHook,
+        BlockIoHook,
+        SchedMigrateHook,
     )
 }
 #: What `collect` runs unless told otherwise: cheap on any workload. Heavier

@@ -1,0 +1,351 @@
+/* block_io: one row per completed block request, from block_rq_insert,
+ * block_rq_issue, block_rq_requeue, block_rq_merge and block_rq_complete.
+ *
+ * tp_btf / raw_tp rather than the classic tracepoints: only they hand us the
+ * `struct request *`, which joins the three stages of one request (the classic
+ * records carry dev + sector, which is ambiguous and moves on partial
+ * completions), and which holds nr_phys_segments and the raw cmd_flags (the
+ * classic records only have the lossy rwbs string).
+ *
+ * A request's start lives in a hash map keyed by its address until it
+ * completes, so a request issued before one drain of the ring and completed
+ * after it is recorded like any other: rows are only written at completion. */
+#include "filter.h"
+
+struct block_io_event {
+	u64 ts_uptime_us; /* completion */
+	u64 sector; /* first sector, at issue */
+	u64 queue_to_issue_us; /* insert -> issue; valid if inserted && issued */
+	u64 issue_to_complete_us; /* valid if issued */
+	u32 major;
+	u32 minor;
+	u32 bytes; /* bytes completed (the sum over partial completions) */
+	u32 cmd_flags; /* raw: REQ_OP in the low bits, enum req_flag_bits above */
+	u32 inflight; /* requests in flight on the device at issue, this one included */
+	u32 pid; /* the inserting task, else the issuing one */
+	u32 tgid;
+	u16 segments; /* nr_phys_segments at issue */
+	u8 error; /* blk_status_t of the completion */
+	bool inserted; /* went through an I/O scheduler / queue (insert seen) */
+	bool issued; /* issue seen (a flush's parent request completes without) */
+	char comm[16];
+};
+KMO_RING(block_io_rb, block_io_event);
+
+/* Slots of block_io_stats. */
+enum block_io_stat {
+	STAT_MAP_FULL = 0, /* a request could not be tracked: counted as a drop */
+	STAT_UNKNOWN = 1, /* completions of requests issued before the hook started */
+	STAT_REQUEUED = 2,
+	STAT_NR = 3,
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, STAT_NR);
+	__type(key, u32);
+	__type(value, u64);
+} block_io_stats SEC(".maps");
+
+struct rq_info {
+	u64 insert_ns;
+	u64 issue_ns;
+	u64 sector;
+	u32 bytes;
+	u32 done_bytes;
+	u32 cmd_flags;
+	u32 major;
+	u32 minor;
+	u32 inflight;
+	u32 pid;
+	u32 tgid;
+	u16 segments;
+	bool wanted;
+	bool issued;
+	bool requeued;
+	char comm[16];
+};
+
+/* Request address -> its start. A plain hash, not LRU: an in-flight request
+ * must never be evicted. Requests are preallocated per tag set, so the key
+ * space is bounded; a completed request's entry is deleted, and a stale one is
+ * overwritten when its address is reused. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, u64);
+	__type(value, struct rq_info);
+} rq_start SEC(".maps");
+
+/* (major << 20 | minor) -> requests issued and not yet completed. Requests
+ * issued before the hook started are not counted. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, u32);
+	__type(value, s64);
+} dev_inflight SEC(".maps");
+
+/* Before 5.17 a request pointed to its disk directly. */
+struct request___pre517 {
+	struct gendisk *rq_disk;
+} __attribute__((preserve_access_index));
+
+static __always_inline void count(u32 slot)
+{
+	u64 *n = bpf_map_lookup_elem(&block_io_stats, &slot);
+
+	if (n)
+		*n += 1;
+}
+
+static __always_inline u32 dev_key(u32 major, u32 minor)
+{
+	return major << 20 | (minor & 0xfffff);
+}
+
+/* Add delta to a device's in-flight count; returns the count after. */
+static __always_inline s64 inflight_add(u32 major, u32 minor, s64 delta)
+{
+	u32 key = dev_key(major, minor);
+	s64 zero = 0, *n = bpf_map_lookup_elem(&dev_inflight, &key);
+
+	if (!n) {
+		bpf_map_update_elem(&dev_inflight, &key, &zero, BPF_NOEXIST);
+		n = bpf_map_lookup_elem(&dev_inflight, &key);
+		if (!n)
+			return 0;
+	}
+	return __sync_fetch_and_add(n, delta) + delta;
+}
+
+static __always_inline struct gendisk *rq_disk(struct request *rq)
+{
+	if (bpf_core_field_exists(rq->q->disk))
+		return BPF_CORE_READ(rq, q, disk);
+	return BPF_CORE_READ((struct request___pre517 *)rq, rq_disk);
+}
+
+/* What the request is at issue (merges are over by then). */
+static __always_inline void snapshot(struct request *rq, struct rq_info *info)
+{
+	struct gendisk *disk = rq_disk(rq);
+
+	info->sector = BPF_CORE_READ(rq, __sector);
+	info->bytes = BPF_CORE_READ(rq, __data_len);
+	info->segments = BPF_CORE_READ(rq, nr_phys_segments);
+	info->cmd_flags = BPF_CORE_READ(rq, cmd_flags);
+	info->major = disk ? BPF_CORE_READ(disk, major) : 0;
+	info->minor = disk ? BPF_CORE_READ(disk, first_minor) : 0;
+}
+
+/* Fill the owner from the current task, applying the process filter. */
+static __always_inline void set_owner(struct rq_info *info)
+{
+	u64 id = bpf_get_current_pid_tgid();
+
+	info->pid = (u32)id;
+	info->tgid = id >> 32;
+	info->wanted = kmo_tgid_wanted(info->tgid);
+	bpf_get_current_comm(&info->comm, sizeof(info->comm));
+}
+
+/* An entry marked issued whose completion we never saw (its address is being
+ * reused): take it out of its device's in-flight count. */
+static __always_inline void forget_issue(struct rq_info *info)
+{
+	if (info->issued) {
+		inflight_add(info->major, info->minor, -1);
+		info->issued = false;
+	}
+}
+
+static __always_inline int on_insert(struct request *rq)
+{
+	u64 key = (u64)rq;
+	struct rq_info *info = bpf_map_lookup_elem(&rq_start, &key);
+	struct rq_info fresh = {};
+
+	if (info && info->requeued) {
+		/* Inserted again after a requeue: keep the owner. */
+		info->insert_ns = bpf_ktime_get_ns();
+		info->requeued = false;
+		return 0;
+	}
+	if (info)
+		forget_issue(info); /* stale: this address is a new request */
+	fresh.insert_ns = bpf_ktime_get_ns();
+	set_owner(&fresh);
+	if (bpf_map_update_elem(&rq_start, &key, &fresh, BPF_ANY))
+		count(STAT_MAP_FULL);
+	return 0;
+}
+
+static __always_inline int on_issue(struct request *rq)
+{
+	u64 key = (u64)rq;
+	struct rq_info *info = bpf_map_lookup_elem(&rq_start, &key);
+	struct rq_info fresh = {};
+
+	if (!info) {
+		/* Issued directly (no scheduler, no insert): the issuing context is
+		 * the submitter's. */
+		set_owner(&fresh);
+		if (bpf_map_update_elem(&rq_start, &key, &fresh, BPF_ANY)) {
+			count(STAT_MAP_FULL);
+			return 0;
+		}
+		info = bpf_map_lookup_elem(&rq_start, &key);
+		if (!info)
+			return 0;
+	} else {
+		forget_issue(info);
+	}
+	snapshot(rq, info);
+	info->issue_ns = bpf_ktime_get_ns();
+	info->issued = true;
+	info->requeued = false;
+	info->done_bytes = 0;
+	/* Every request counts toward its device's queue, wanted or not. */
+	info->inflight = inflight_add(info->major, info->minor, 1);
+	return 0;
+}
+
+static __always_inline int on_requeue(struct request *rq)
+{
+	u64 key = (u64)rq;
+	struct rq_info *info = bpf_map_lookup_elem(&rq_start, &key);
+
+	if (!info)
+		return 0;
+	count(STAT_REQUEUED);
+	forget_issue(info);
+	info->insert_ns = 0; /* it is inserted again before its next issue */
+	info->requeued = true;
+	return 0;
+}
+
+/* A request merged into another is freed without completing. */
+static __always_inline int on_merge(struct request *rq)
+{
+	u64 key = (u64)rq;
+	struct rq_info *info = bpf_map_lookup_elem(&rq_start, &key);
+
+	if (info) {
+		forget_issue(info);
+		bpf_map_delete_elem(&rq_start, &key);
+	}
+	return 0;
+}
+
+static __always_inline int on_complete(struct request *rq, u8 error, u32 nr_bytes)
+{
+	u64 now = bpf_ktime_get_ns(), key = (u64)rq;
+	struct rq_info *info = bpf_map_lookup_elem(&rq_start, &key);
+	struct block_io_event *e;
+	u32 left;
+
+	if (!info) {
+		count(STAT_UNKNOWN);
+		return 0;
+	}
+	/* The tracepoint fires before the request is advanced: a partial
+	 * completion leaves bytes behind and the request lives on. */
+	left = BPF_CORE_READ(rq, __data_len);
+	if (nr_bytes < left) {
+		info->done_bytes += nr_bytes;
+		return 0;
+	}
+	if (!info->issued)
+		snapshot(rq, info); /* e.g. a flush's parent, ended by the flush machinery */
+	if (info->wanted) {
+		e = KMO_RESERVE(block_io_rb, struct block_io_event, 0);
+		if (e) {
+			e->ts_uptime_us = now / 1000;
+			e->sector = info->sector;
+			e->inserted = info->insert_ns != 0;
+			e->issued = info->issued;
+			e->queue_to_issue_us = info->issued && info->insert_ns
+						       ? (info->issue_ns - info->insert_ns + 500) / 1000
+						       : 0;
+			e->issue_to_complete_us =
+				info->issued ? (now - info->issue_ns + 500) / 1000 : 0;
+			e->major = info->major;
+			e->minor = info->minor;
+			e->bytes = info->done_bytes + nr_bytes;
+			e->cmd_flags = info->cmd_flags;
+			e->inflight = info->issued ? info->inflight : 0;
+			e->pid = info->pid;
+			e->tgid = info->tgid;
+			e->segments = info->segments;
+			e->error = error;
+			__builtin_memcpy(e->comm, info->comm, sizeof(e->comm));
+			KMO_SUBMIT(e);
+		}
+	}
+	if (info->issued)
+		inflight_add(info->major, info->minor, -1);
+	bpf_map_delete_elem(&rq_start, &key);
+	return 0;
+}
+
+SEC("tp_btf/block_rq_insert")
+int BPF_PROG(insert_btf, struct request *rq)
+{
+	return on_insert(rq);
+}
+
+SEC("tp_btf/block_rq_issue")
+int BPF_PROG(issue_btf, struct request *rq)
+{
+	return on_issue(rq);
+}
+
+SEC("tp_btf/block_rq_requeue")
+int BPF_PROG(requeue_btf, struct request *rq)
+{
+	return on_requeue(rq);
+}
+
+SEC("tp_btf/block_rq_merge")
+int BPF_PROG(merge_btf, struct request *rq)
+{
+	return on_merge(rq);
+}
+
+SEC("tp_btf/block_rq_complete")
+int BPF_PROG(complete_btf, struct request *rq, blk_status_t error, unsigned int nr_bytes)
+{
+	return on_complete(rq, error, nr_bytes);
+}
+
+/* raw_tp variants for kernels without tp_btf (the arguments are the same). */
+SEC("raw_tp/block_rq_insert")
+int BPF_PROG(insert_raw, struct request *rq)
+{
+	return on_insert(rq);
+}
+
+SEC("raw_tp/block_rq_issue")
+int BPF_PROG(issue_raw, struct request *rq)
+{
+	return on_issue(rq);
+}
+
+SEC("raw_tp/block_rq_requeue")
+int BPF_PROG(requeue_raw, struct request *rq)
+{
+	return on_requeue(rq);
+}
+
+SEC("raw_tp/block_rq_merge")
+int BPF_PROG(merge_raw, struct request *rq)
+{
+	return on_merge(rq);
+}
+
+SEC("raw_tp/block_rq_complete")
+int BPF_PROG(complete_raw, struct request *rq, blk_status_t error, unsigned int nr_bytes)
+{
+	return on_complete(rq, error, nr_bytes);
+}

@@ -1,0 +1,150 @@
+"""sched_migrate: migrations of a workload vs its own /proc/<pid>/sched se.nr_migrations."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import TYPE_CHECKING
+
+import polars as pl
+import pytest
+
+from kernmlops.hooks.base import HookContext
+
+if TYPE_CHECKING:
+    from kernmlops.hooks.sched_migrate import SchedMigrateHook
+
+FLIPS = 200
+
+NR_MIGRATIONS = """
+def nr_migrations(pid):
+    with open(f"/proc/{pid}/sched") as fh:
+        for line in fh:
+            if line.startswith("se.nr_migrations"):
+                return int(line.split(":")[1])
+"""
+
+# The task flips its own affinity between two CPUs while spinning. Each flip
+# to the other CPU moves it before the call returns; the kernel does that by
+# parking the caller on a completion and waking it on the new CPU, so these
+# are wake-up migrations. Reports the kernel's own count (since fork) and the
+# time just before it was read.
+SELF_FLIP = (
+    NR_MIGRATIONS
+    + f"""
+import json, os, time
+n0 = nr_migrations(os.getpid())
+cpus = sorted(os.sched_getaffinity(0))[:2]
+for i in range({FLIPS}):
+    os.sched_setaffinity(0, {{cpus[i % 2]}})
+    end = time.perf_counter() + 0.0005
+    while time.perf_counter() < end:
+        pass
+t_us = time.monotonic_ns() // 1000
+n = nr_migrations(os.getpid())
+report = {{"pid": os.getpid(), "cpus": cpus, "t_us": t_us, "nr_migrations": n, "at_start": n0}}
+print(json.dumps(report))
+"""
+)
+
+# A parent flips the affinity of a spinning child: the child is runnable
+# (queued) when it is moved, so these are queued migrations.
+OTHER_FLIP = (
+    NR_MIGRATIONS
+    + f"""
+import json, os, signal, time
+cpus = sorted(os.sched_getaffinity(0))[:2]
+child = os.fork()
+if child == 0:
+    while True:
+        pass
+for i in range({FLIPS}):
+    os.sched_setaffinity(child, {{cpus[i % 2]}})
+    time.sleep(0.0005)
+t_us = time.monotonic_ns() // 1000
+n = nr_migrations(child)
+os.kill(child, signal.SIGKILL)
+os.waitpid(child, 0)
+# The child was forked after its parent entered the filter: all of its
+# migrations are ours to see.
+report = {{"pid": child, "cpus": cpus, "t_us": t_us, "nr_migrations": n, "at_start": 0}}
+print(json.dumps(report))
+"""
+)
+
+
+def _run(workload: str, **options: object) -> tuple[dict, pl.DataFrame, SchedMigrateHook]:
+    """Run a workload under the hook; its report and its task's rows."""
+    from kernmlops.collect.filter import ProcessFilter
+    from kernmlops.hooks.sched_migrate import SchedMigrateHook
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.fail("needs 2 CPUs to migrate between")
+    flt = ProcessFilter(follow_children=True)
+    hook = SchedMigrateHook(SchedMigrateHook.Options(**options))
+    try:
+        hook.start(HookContext("t", process_filter=flt, self_tgid=os.getpid()))
+        # The workload waits on stdin until it is in the filter.
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", 'read _ && exec "$@"', "sh", sys.executable, "-c", workload],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        flt.add(proc.pid)
+        out, err = proc.communicate("go\n", timeout=60)
+        assert proc.returncode == 0, err
+        frames = [f for _, f in hook.stop()]
+    finally:
+        hook.close()
+        flt.close()
+    report = json.loads(out)
+    return report, pl.concat(frames).filter(pl.col("pid") == report["pid"]), hook
+
+
+@pytest.mark.bpf
+@pytest.mark.parametrize(
+    ("workload", "kind"), [(SELF_FLIP, "wakeup"), (OTHER_FLIP, "queued")], ids=["self", "other"]
+)
+def test_migrations_match_nr_migrations(workload: str, kind: str) -> None:
+    report, df, hook = _run(workload)
+    c0, c1 = report["cpus"]
+    assert (df["tgid"] == report["pid"]).all()
+    # The tracepoint also fires for set_task_cpu() to the same CPU; only a
+    # change counts in se.nr_migrations.
+    moved = df.filter(
+        (pl.col("orig_cpu") != pl.col("dest_cpu")) & (pl.col("ts_uptime_us") <= report["t_us"])
+    )
+    theirs = report["nr_migrations"]
+    print(
+        f"ours {moved.height} (of {df.height} events); se.nr_migrations {theirs}"
+        f" ({report['at_start']} when the workload began)"
+    )
+    print(moved.group_by("kind", "orig_cpu", "dest_cpu").len().sort("len", descending=True))
+    # Exact over the workload's life. Migrations before its first instruction
+    # (at_start: the shell that exec'd it, between fork and the pid entering
+    # the filter) may be missed, and are allowed for.
+    assert theirs - report["at_start"] <= moved.height <= theirs, (moved.height, report)
+    assert theirs >= FLIPS - 1
+
+    forced = moved.filter(pl.col("kind") == kind)
+    assert forced.height >= FLIPS - 1
+    pairs = set(zip(forced["orig_cpu"].to_list(), forced["dest_cpu"].to_list(), strict=True))
+    assert pairs <= {(c0, c1), (c1, c0)}, pairs
+    assert (df["comm"] == os.path.basename(sys.executable)[:15]).any()
+
+    # Runqueue fields: read on this kernel, and sane.
+    assert hook.status.variant is not None and hook.status.variant.endswith("+runqueues")
+    assert df["rq_valid"].all()
+    assert (df["orig_nr_running"] < 10_000).all() and (df["dest_nr_running"] < 10_000).all()
+    # A CPU the workload just spun on for 0.5 ms carries some load.
+    assert (forced["orig_util_avg"] + forced["dest_util_avg"]).max() > 0
+
+
+@pytest.mark.bpf
+def test_runqueues_off() -> None:
+    _, df, hook = _run(SELF_FLIP, runqueues=False)
+    assert hook.status.variant is not None and hook.status.variant.endswith("-runqueues")
+    assert df.height >= FLIPS - 1
+    assert not df["rq_valid"].any()
+    assert (df["orig_nr_running"] == 0).all() and (df["dest_load_avg"] == 0).all()
