@@ -256,6 +256,41 @@ def doctor() -> None:
         _fail(err)
 
 
+@cli.command("perf-list")
+@click.option("--all", "show_all", is_flag=True, help="also list events this machine cannot count")
+@click.option("--tracepoints", is_flag=True, help="also list tracepoints (subsystem:event)")
+@click.option("--json", "as_json", is_flag=True, help="JSON rows on stdout instead of a table")
+def perf_list(show_all: bool, tracepoints: bool, as_json: bool) -> None:
+    """The perf events this machine can count, each opened on CPU 0 to be sure.
+
+    Put a NAME in hooks.perf.events of a config to count it, e.g.
+    `events: [dTLB-load-misses, tlb:tlb_flush, msr/tsc/]`.
+    """
+    import polars as pl
+
+    from kernmlops.perf_list import list_events
+
+    frame = list_events(tracepoints=tracepoints)
+    if not show_all:
+        frame = frame.filter(pl.col("supported").is_null() | pl.col("supported"))
+    if as_json:
+        click.echo(frame.write_json())
+        return
+    table = Table(title=f"{frame.height} perf events", title_justify="left")
+    for col in ("name", "kind", "type", "encoding", "description"):
+        table.add_column(col)
+    if show_all:
+        table.add_column("supported")
+    for row in frame.iter_rows(named=True):
+        name = " OR ".join([row["name"], *row["aliases"]])
+        cells = [name, row["kind"], str(row["type"]), row["encoding"], row["description"]]
+        if show_all:
+            ok = row["supported"]
+            cells.append("yes" if ok else "?" if ok is None else f"[red]no[/]: {row['reason']}")
+        table.add_row(*cells)
+    Console().print(table)
+
+
 def main() -> None:
     cli(prog_name="kernmlops")
 

@@ -7,25 +7,42 @@ import shutil
 import subprocess
 import sys
 import time
+from functools import cache
 from pathlib import Path
 
 import pytest
 
 from kernmlops.data import Collection, read_collection
+from kernmlops.ebpf.build import build
+from kernmlops.ebpf.objects import BpfObject
 
 WORKLOADS = Path(__file__).resolve().parent / "workloads"
 KERNMLOPS = [sys.executable, "-m", "kernmlops"]
 
 
-def bpftool_ids(kind: str) -> set[int]:
-    """IDs of every BPF program or link in the kernel, as bpftool lists them."""
+def _bpftool(kind: str) -> list[dict]:
     tool = shutil.which("bpftool") or "/usr/sbin/bpftool"
     out = subprocess.run([tool, "-j", kind, "show"], capture_output=True, text=True, check=True)
-    return {entry["id"] for entry in json.loads(out.stdout or "[]")}
+    return json.loads(out.stdout or "[]")
+
+
+@cache
+def our_program_names() -> frozenset[str]:
+    """Names of every program in kernmlops' objects (libbpf keeps 15 characters)."""
+    names = set()
+    for path in build():
+        with BpfObject(path) as obj:
+            names |= {name[:15] for name in obj.programs}
+    return frozenset(names)
 
 
 def kernel_objects() -> dict[str, set[int]]:
-    return {kind: bpftool_ids(kind) for kind in ("prog", "link")}
+    """IDs of kernmlops' programs and their links in the kernel, as bpftool lists
+    them (programs of other tools running at the same time are left out)."""
+    ours = our_program_names()
+    progs = {p["id"] for p in _bpftool("prog") if p.get("name", "")[:15] in ours}
+    links = {ln["id"] for ln in _bpftool("link") if ln.get("prog_id") in progs}
+    return {"prog": progs, "link": links}
 
 
 def wait_released(before: dict[str, set[int]], timeout: float = 5.0) -> dict[str, set[int]]:

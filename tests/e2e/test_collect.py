@@ -150,12 +150,14 @@ def test_tgid_filter_traces_only_that_process(tmp_path: Path, forkburn: list[str
     quanta = col["quanta_runtime"]
     assert set(quanta["tgid"].unique().to_list()) == {burner.pid}
     traced_s = quanta["quanta_run_length_us"].sum() / 1e6
-    missed = col.manifest["hooks"]["quanta_runtime"]["missed"]
-    assert traced_s == pytest.approx(report["cpu_s"], rel=0.10), f"{missed} runs missed"
-    # The scheduler's own count of timeslices: one row per slice (the exit path
-    # may add a few short ones).
+    hook = col.manifest["hooks"]["quanta_runtime"]
+    why = f"{quanta.height} quanta, schedstat {report['schedstat']}, hook {hook}"
+    assert traced_s == pytest.approx(report["cpu_s"], rel=0.10), why
+    # The scheduler's own count of timeslices: no slice is lost. The wake-up
+    # before the workload's first reading and its exit path after the last add
+    # a few rows (more when they are preempted on a busy machine).
     slices = report["schedstat"][2]
-    assert slices <= quanta.height <= slices + 5
+    assert slices <= quanta.height <= slices + 20, why
 
 
 def test_bad_overrides_are_rejected_before_any_probe(tmp_path: Path) -> None:

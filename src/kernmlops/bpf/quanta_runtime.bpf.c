@@ -21,9 +21,10 @@ struct quanta_queued_event {
 KMO_RING(quanta_runtime_rb, quanta_runtime_event);
 KMO_RING(quanta_queued_rb, quanta_queued_event);
 
-/* What runs on this CPU since when. */
+/* What runs on this CPU, since when, and its CPU time when it came in. */
 struct oncpu {
 	u64 start_ns;
+	u64 sum_exec_at_in; /* next->se.sum_exec_runtime at the switch in */
 	u32 pid;
 	u32 tgid;
 };
@@ -70,29 +71,53 @@ static __always_inline int on_wakeup(struct task_struct *p)
 	return 0;
 }
 
+/* Fair-class policies: SCHED_NORMAL, SCHED_BATCH, SCHED_IDLE. */
+static __always_inline bool fair_policy(u32 policy)
+{
+	return policy == 0 || policy == 3 || policy == 5;
+}
+
 static __always_inline int on_switch(bool preempt, struct task_struct *prev,
 				     struct task_struct *next)
 {
 	u64 now = bpf_ktime_get_ns();
 	u32 cpu = bpf_get_smp_processor_id();
 	u32 zero = 0, prev_pid = BPF_CORE_READ(prev, pid), next_pid = BPF_CORE_READ(next, pid);
+	u32 prev_tgid = BPF_CORE_READ(prev, tgid);
 	struct oncpu *cur = bpf_map_lookup_elem(&oncpu, &zero);
-	u64 *since;
+	u64 *since, run_ns = 0;
+	bool ended = false;
 
 	if (!cur)
 		return 0;
 
-	/* The quantum that just ended. pid 0 is the idle task. */
-	if (prev_pid && cur->pid == prev_pid && cur->start_ns &&
-	    kmo_tgid_wanted(cur->tgid)) {
+	/* The quantum that just ended (pid 0 is the idle task), in the
+	 * scheduler's own CPU-time account: se.sum_exec_runtime is charged for
+	 * every class before this tracepoint, so the quantum is its growth since
+	 * the switch in. A few switches a second never reach tracepoint programs;
+	 * when the switch in was not seen, a fair task's slice start
+	 * (prev_sum_exec_runtime, reset whenever the task is picked) is the best
+	 * estimate, and for other classes the quantum is not known. */
+	if (prev_pid && kmo_tgid_wanted(prev_tgid)) {
+		u64 sum = BPF_CORE_READ(prev, se.sum_exec_runtime);
+
+		if (cur->pid == prev_pid && cur->start_ns) {
+			run_ns = sum - cur->sum_exec_at_in;
+			ended = true;
+		} else if (fair_policy(BPF_CORE_READ(prev, policy))) {
+			run_ns = sum - BPF_CORE_READ(prev, se.prev_sum_exec_runtime);
+			ended = true;
+		}
+	}
+	if (ended) {
 		struct quanta_runtime_event *e =
 			KMO_RESERVE(quanta_runtime_rb, struct quanta_runtime_event, 0);
 		if (e) {
 			e->ts_uptime_us = now / 1000;
-			e->quanta_run_length_us = (now - cur->start_ns + 500) / 1000;
+			e->quanta_run_length_us = (run_ns + 500) / 1000;
 			e->cpu = cpu;
 			e->pid = prev_pid;
-			e->tgid = cur->tgid;
+			e->tgid = prev_tgid;
 			KMO_SUBMIT(e);
 		}
 	}
@@ -104,6 +129,7 @@ static __always_inline int on_switch(bool preempt, struct task_struct *prev,
 	cur->pid = next_pid;
 	cur->tgid = BPF_CORE_READ(next, tgid);
 	cur->start_ns = now;
+	cur->sum_exec_at_in = BPF_CORE_READ(next, se.sum_exec_runtime);
 
 	if (!next_pid)
 		return 0;

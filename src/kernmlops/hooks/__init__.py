@@ -5,9 +5,11 @@ from __future__ import annotations
 from kernmlops.errors import ConfigError
 from kernmlops.hooks.base import Hook, HookContext, HookOptions, HookStatus
 from kernmlops.hooks.block_io import BlockIoHook
+from kernmlops.hooks.cpu_profile import CpuProfileHook
 from kernmlops.hooks.memory_usage import MemoryUsageHook
 from kernmlops.hooks.mm_rss_stat import MmRssStatHook
 from kernmlops.hooks.page_faults import PageFaultsHook
+from kernmlops.hooks.perf import PerfHook
 from kernmlops.hooks.process_trace import ProcessTraceHook
 from kernmlops.hooks.quanta_runtime import QuantaRuntimeHook
 from kernmlops.hooks.sched_migrate import SchedMigrateHook
@@ -26,6 +28,8 @@ REGISTRY: dict[str, type[Hook]] = {
         MmRssStatHook,
         BlockIoHook,
         SchedMigrateHook,
+        PerfHook,
+        CpuProfileHook,
     )
 }
 #: What `collect` runs unless told otherwise: cheap on any workload. Heavier

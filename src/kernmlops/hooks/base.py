@@ -47,6 +47,9 @@ class HookStatus:
     #: program runs the kernel skipped (recursion guard), so events not seen
     missed: int = 0
     rows: dict[str, int] = field(default_factory=dict)
+    #: parts the hook asked for that this machine cannot provide (e.g. perf
+    #: events), name -> reason: in the manifest, never silently missing
+    unsupported: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -58,6 +61,7 @@ class HookStatus:
             "drops": self.drops,
             "missed": self.missed,
             "rows": self.rows,
+            "unsupported": self.unsupported,
         }
 
 

@@ -60,6 +60,16 @@ class BpfHook(Hook):
         """Hook-specific ``const volatile`` settings."""
         return {}
 
+    def extra_max_entries(self) -> dict[str, int]:
+        """Sizes of hook-specific maps (map name -> max_entries), set before load."""
+        return {}
+
+    def attach(self, obj: BpfObject) -> None:
+        """Attach the loaded programs. Override for programs that attach to
+        something other than their section name (perf events, iterators); set
+        ``self.status.variant`` / ``programs`` there if the defaults mislead."""
+        obj.attach_all()
+
     def start(self, ctx: HookContext) -> None:
         path = object_path(self.object_name, ctx.bpf_dir)
         size = self.options.ring_kib * 1024  # type: ignore[attr-defined]
@@ -77,10 +87,15 @@ class BpfHook(Hook):
                     "kmo_filter_on": flt is not None,
                     **self.extra_globals(),
                 },
-                max_entries=dict.fromkeys(self.rings.values(), size),
+                max_entries={
+                    **dict.fromkeys(self.rings.values(), size),
+                    **self.extra_max_entries(),
+                },
                 reuse_maps={"kmo_tracked": flt.fd} if flt else {},
             )
-            self.obj.attach_all()
+            self.status.variant = self.obj.variant
+            self.status.programs = [p.section for p in self.obj.programs.values() if p.autoload]
+            self.attach(self.obj)
         except (KernmlopsError, OSError) as err:
             self.close()
             raise HookUnavailable(f"{self.name}: {err}") from err
@@ -88,8 +103,6 @@ class BpfHook(Hook):
             layout = layouts[ring]
             self._readers[table] = (RingBuffer(self.obj.map(ring).fd, size, layout.dtype), layout)
         self.status.attached = True
-        self.status.variant = self.obj.variant
-        self.status.programs = [p.section for p in self.obj.programs.values() if p.autoload]
 
     def poll(self) -> Iterator[tuple[str, pl.DataFrame]]:
         for table, (reader, layout) in self._readers.items():

@@ -1,0 +1,248 @@
+"""perf_counters: perf events counted on every CPU, read at a fixed rate.
+
+One row per CPU per sample: ``ts_uptime_us``, ``cpu``, and for each event its
+cumulative 64-bit count plus ``<event>_enabled_ns`` / ``<event>_running_ns``.
+When the PMU has fewer counters than events, the kernel multiplexes them;
+``count * enabled / running`` estimates the full count (see :func:`scaled`).
+
+The table is wide (a column per event), not long (a row per cpu and event):
+the event set is fixed for a collection, so the schema is too; a wide row
+is 3 columns per event instead of repeating ts / cpu / name per event, and
+deltas are one ``diff`` per column over rows grouped by cpu.
+
+Counters are system-wide per CPU (pid -1): the process filter does not apply.
+Events the machine cannot count (hardware events in most VMs) get no column;
+they are named with the reason in the hook status (``unsupported``), never
+written as zeros.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import time
+from collections.abc import Iterator
+from typing import ClassVar
+
+import numpy as np
+import polars as pl
+from pydantic import Field, field_validator
+
+from kernmlops.ebpf.perf_events import (
+    HARDWARE,
+    HARDWARE_ALIASES,
+    SOFTWARE,
+    SOFTWARE_ALIASES,
+    CounterSet,
+    EventSpec,
+    PerfEventError,
+    cache_events,
+    event_column,
+    online_cpus,
+    resolve,
+)
+from kernmlops.errors import HookUnavailable
+from kernmlops.hooks.base import Hook, HookContext, HookOptions
+from kernmlops.tables import UPTIME_TIMESTAMP
+
+TABLE = "perf_counters"
+
+#: Counted on every machine, whatever ``events`` says.
+SOFTWARE_EVENTS: tuple[str, ...] = (
+    "task-clock",
+    "cpu-clock",
+    "context-switches",
+    "cpu-migrations",
+    "minor-faults",
+    "major-faults",
+)
+#: The default ``events``: the seed's TLB events and the usual hardware set.
+DEFAULT_EVENTS: tuple[str, ...] = (
+    "dTLB-load-misses",
+    "dTLB-store-misses",
+    "iTLB-load-misses",
+    "tlb:tlb_flush",
+    "cycles",
+    "instructions",
+    "cache-misses",
+    "branch-misses",
+)
+
+_SHAPED = re.compile(r"^([\w.-]+/[^/]*/|r[0-9a-fA-F]+|[\w-]+:[\w-]+)$")
+_GENERIC = (set(HARDWARE) | set(HARDWARE_ALIASES) | set(SOFTWARE) | set(SOFTWARE_ALIASES)) | set(
+    cache_events()
+)
+
+
+def check_event_name(name: str) -> str:
+    """A generic event name or one of the shapes perf accepts; else a ValueError
+    naming the nearest known events. Whether the machine counts it is decided at
+    start, not here (a config is checked without the kernel)."""
+    name = name.strip()
+    if name in _GENERIC or _SHAPED.match(name):
+        return name
+    near = difflib.get_close_matches(name, sorted(_GENERIC), n=3)
+    hint = f"; did you mean {', '.join(near)}?" if near else ""
+    raise ValueError(
+        f"unknown perf event {name!r}{hint} (names as `kernmlops perf-list` prints them: "
+        "cycles, dTLB-load-misses, subsystem:tracepoint, pmu/event/)"
+    )
+
+
+def scaled(frame: pl.DataFrame) -> pl.DataFrame:
+    """Add ``<count>_scaled`` (count * enabled / running) for each event column:
+    the estimate of the full count when the kernel multiplexed the counter."""
+    exprs = []
+    for col in frame.columns:
+        base = col.removesuffix("_enabled_ns")
+        if base == col:
+            continue
+        count = next((c for c in (base, f"{base}_ns") if c in frame.columns), None)
+        if count is None:
+            continue
+        running = pl.col(f"{base}_running_ns")
+        exprs.append(
+            pl.when(running > 0)
+            .then(pl.col(count) * pl.col(col) / running)
+            .otherwise(None)
+            .alias(f"{count}_scaled")
+        )
+    return frame.with_columns(exprs)
+
+
+def _now_ns() -> int:
+    # The clock of bpf_ktime_get_ns(), so rows join with the BPF tables.
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+class PerfHook(Hook):
+    """Reads per-CPU perf counters at ``poll_hz`` into ``perf_counters``."""
+
+    class Options(HookOptions):
+        poll_hz: float = Field(10, gt=0, le=1000, description="counter reads per second")
+        events: list[str] = Field(
+            default_factory=lambda: list(DEFAULT_EVENTS),
+            description=(
+                "events to count besides the software set (task-clock, cpu-clock, "
+                "context-switches, cpu-migrations, minor-faults, major-faults), by "
+                "their `kernmlops perf-list` names; those the machine cannot count "
+                "are reported in the manifest"
+            ),
+        )
+
+        @field_validator("events")
+        @classmethod
+        def _names(cls, value: list[str]) -> list[str]:
+            return [check_event_name(v) for v in value]
+
+    name: ClassVar[str] = "perf"
+    tables: ClassVar[tuple[str, ...]] = (TABLE,)
+    needs: ClassVar[tuple[str, ...]] = ("sw_cpu_clock",)
+
+    def __init__(self, options: HookOptions | None = None) -> None:
+        if not isinstance(options, PerfHook.Options):
+            options = PerfHook.Options.model_validate(
+                options.model_dump() if options is not None else {}
+            )
+        super().__init__(options)
+        self.opts: PerfHook.Options = options
+        self._period_ns = max(1, round(1e9 / options.poll_hz))
+        self._next_ns = 0
+        self._counters: CounterSet | None = None
+        self._rows: list[pl.DataFrame] = []
+        #: event name -> why it is not counted (also in the status, for the manifest)
+        self.unsupported: dict[str, str] = {}
+
+    @property
+    def events(self) -> list[EventSpec]:
+        """The events being counted (empty before start)."""
+        return list(self._counters.events) if self._counters else []
+
+    def _specs(self) -> list[EventSpec]:
+        specs: dict[str, EventSpec] = {}
+        columns: dict[str, str] = {}
+        for name in (*SOFTWARE_EVENTS, *self.opts.events):
+            try:
+                spec = resolve(name)
+            except (PerfEventError, ValueError, OSError) as err:
+                self.unsupported[name] = str(err)
+                continue
+            if spec.name in specs:
+                continue  # an alias of an event already counted
+            clash = columns.get(event_column(spec.name))
+            if clash is not None:
+                self.unsupported[spec.name] = f"its column name clashes with {clash}'s"
+                continue
+            specs[spec.name] = spec
+            columns[event_column(spec.name)] = spec.name
+        return list(specs.values())
+
+    def start(self, ctx: HookContext | None = None) -> None:
+        self.unsupported = {}
+        specs = self._specs()
+        try:
+            self._counters = CounterSet(specs, online_cpus(), skip_unsupported=True)
+        except OSError as err:
+            raise HookUnavailable(f"{self.name}: {err}") from err
+        self.unsupported.update(self._counters.unsupported)
+        # Until HookStatus has the field, the attribute is set on the instance.
+        self.status.unsupported = dict(self.unsupported)
+        if self.unsupported:
+            self.status.reason = "not counted: " + "; ".join(
+                f"{n} ({why})" for n, why in self.unsupported.items()
+            )
+        if not self._counters.events:
+            self.close()
+            raise HookUnavailable(f"{self.name}: no event can be counted: {self.status.reason}")
+        self.status.attached = True
+        self.status.variant = "perf_event"
+        self.status.programs = [e.name for e in self._counters.events]
+        # A sample at once: the first row is the baseline of every delta.
+        self._sample(_now_ns())
+        self._next_ns = _now_ns() + self._period_ns
+
+    def _sample(self, now_ns: int) -> None:
+        assert self._counters is not None
+        values = self._counters.read()  # [event, cpu, (count, enabled, running)]
+        cpus = self._counters.cpus
+        columns: dict[str, np.ndarray] = {
+            UPTIME_TIMESTAMP: np.full(len(cpus), now_ns // 1000, dtype=np.uint64),
+            "cpu": np.asarray(cpus, dtype=np.uint32),
+        }
+        for i, spec in enumerate(self._counters.events):
+            base = event_column(spec.name)
+            columns[spec.column] = values[i, :, 0]
+            columns[f"{base}_enabled_ns"] = values[i, :, 1]
+            columns[f"{base}_running_ns"] = values[i, :, 2]
+        self._rows.append(pl.DataFrame(columns))
+        self.status.events += len(cpus)
+
+    def poll(self) -> Iterator[tuple[str, pl.DataFrame]]:
+        if self._counters is not None:
+            now = _now_ns()
+            if now >= self._next_ns:
+                self._sample(now)
+                # A fixed grid, so the rate does not drift with poll jitter;
+                # after a long stall skip ahead instead of bursting.
+                self._next_ns += self._period_ns
+                if self._next_ns <= now:
+                    self._next_ns = now + self._period_ns
+        yield from self._flush()
+
+    def _flush(self) -> Iterator[tuple[str, pl.DataFrame]]:
+        if self._rows:
+            rows, self._rows = self._rows, []
+            yield TABLE, pl.concat(rows)
+
+    def stop(self) -> Iterator[tuple[str, pl.DataFrame]]:
+        # A last sample at stop, whatever the grid says: the final row closes
+        # every delta at the end of the collection.
+        if self._counters is not None:
+            self._sample(_now_ns())
+        yield from self._flush()
+        self.close()
+
+    def close(self) -> None:
+        if self._counters is not None:
+            self._counters.close()
+            self._counters = None
