@@ -1,20 +1,17 @@
-"""Benchmarks by name: each is one module here, registered in REGISTRY."""
+"""Benchmarks by name. A new benchmark is one module here (and its tests):
+every module is imported and its Benchmark subclasses are registered."""
 
 from __future__ import annotations
 
 import difflib
 
-from kernmlops.benchmarks.base import Benchmark, BenchmarkOptions, Launch
-from kernmlops.benchmarks.command import CommandBenchmark
-from kernmlops.benchmarks.faux import FauxBenchmark
-from kernmlops.benchmarks.stress_ng import StressNgBenchmark
+from kernmlops.benchmarks.base import Benchmark, BenchmarkOptions, BenchmarkRun, Launch
 from kernmlops.errors import BenchmarkError
+from kernmlops.registry import discover
 
-REGISTRY: dict[str, type[Benchmark]] = {
-    FauxBenchmark.name: FauxBenchmark,
-    CommandBenchmark.name: CommandBenchmark,
-    StressNgBenchmark.name: StressNgBenchmark,
-}
+REGISTRY: dict[str, type[Benchmark]] = discover(
+    "kernmlops.benchmarks", Benchmark, skip=frozenset({"base"})
+)
 
 
 def get_benchmark(name: str) -> type[Benchmark]:
@@ -28,13 +25,4 @@ def get_benchmark(name: str) -> type[Benchmark]:
         raise BenchmarkError(f"unknown benchmark {name!r}{hint} (known: {known})") from None
 
 
-__all__ = [
-    "REGISTRY",
-    "Benchmark",
-    "BenchmarkOptions",
-    "CommandBenchmark",
-    "FauxBenchmark",
-    "Launch",
-    "StressNgBenchmark",
-    "get_benchmark",
-]
+__all__ = ["REGISTRY", "Benchmark", "BenchmarkOptions", "BenchmarkRun", "Launch", "get_benchmark"]

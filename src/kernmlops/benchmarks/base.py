@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar
 
+import polars as pl
 from pydantic import BaseModel, ConfigDict
 
 
@@ -22,6 +24,32 @@ class Launch:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     cwd: str | None = None
+    #: write stdout/stderr to files in the run's workdir (for results()) instead
+    #: of the terminal
+    capture_output: bool = False
+
+
+@dataclass(frozen=True)
+class BenchmarkRun:
+    """What a finished (or stopped) benchmark process left behind."""
+
+    workdir: Path
+    exit_code: int | None
+    stdout_path: Path | None = None
+    stderr_path: Path | None = None
+    #: CLOCK_MONOTONIC µs (the tables' ts_uptime_us) of the release and the end
+    started_us: int | None = None
+    ended_us: int | None = None
+
+
+#: Columns of the benchmark_result table: long format, the same for every
+#: benchmark, so a fleet's results read as one table.
+RESULT_SCHEMA = {"key": pl.String, "metric": pl.String, "value": pl.Float64, "unit": pl.String}
+
+
+def result_frame(rows: list[tuple[str, str, float, str]]) -> pl.DataFrame:
+    """``(key, metric, value, unit)`` rows, e.g. ``("randread", "iops", 1234.0, "1/s")``."""
+    return pl.DataFrame(rows, schema=RESULT_SCHEMA, orient="row")
 
 
 class Benchmark(ABC):
@@ -38,6 +66,17 @@ class Benchmark(ABC):
 
     def check(self) -> None:
         """Raise BenchmarkError before anything is attached if the benchmark cannot run."""
+
+    def setup(self, workdir: Path) -> None:
+        """Prepare before probes attach (start a server, make input data). ``workdir``
+        is a private temporary folder, removed after teardown()."""
+
+    def results(self, run: BenchmarkRun) -> pl.DataFrame | None:
+        """The benchmark's own results (see result_frame), parsed after it ends."""
+        return None
+
+    def teardown(self) -> None:
+        """Undo setup(): always called, also after a failure or Ctrl+C."""
 
     @abstractmethod
     def launch(self) -> Launch | None:

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import time
+from typing import IO
 
 from kernmlops.benchmarks.base import Launch
 from kernmlops.errors import BenchmarkError
@@ -23,7 +24,8 @@ _GATE = 'read -r _ <&{fd} || exit 125; exec {fd}<&-; exec "$@"'
 class GatedProcess:
     """A benchmark process in its own process group."""
 
-    def __init__(self, launch: Launch) -> None:
+    def __init__(self, launch: Launch, stdout: IO[bytes] | None = None,
+                 stderr: IO[bytes] | None = None) -> None:  # fmt: skip
         read_fd, self._gate = os.pipe()
         env = {**os.environ, **launch.env}
         try:
@@ -34,6 +36,8 @@ class GatedProcess:
                 env=env,
                 start_new_session=True,  # own group: stop it whole, no Ctrl+C from the tty
                 stdin=subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=stderr,
             )
         except OSError as err:
             os.close(self._gate)
@@ -43,6 +47,7 @@ class GatedProcess:
         self.pid = self.proc.pid
         self.argv = launch.argv
         self.started_ns: int | None = None
+        self.ended_ns: int | None = None
 
     def release(self) -> None:
         """Open the gate: the command execs now."""
@@ -53,7 +58,10 @@ class GatedProcess:
             self.started_ns = time.monotonic_ns()
 
     def poll(self) -> int | None:
-        return self.proc.poll()
+        code = self.proc.poll()
+        if code is not None and self.ended_ns is None:
+            self.ended_ns = time.monotonic_ns()
+        return code
 
     @property
     def returncode(self) -> int | None:

@@ -9,19 +9,21 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 import signal
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from kernmlops import __version__
 from kernmlops.benchmarks import get_benchmark
-from kernmlops.benchmarks.base import Benchmark
+from kernmlops.benchmarks.base import Benchmark, BenchmarkRun
 from kernmlops.collect.filter import ProcessFilter
 from kernmlops.collect.manifest import write_manifest
 from kernmlops.collect.process import GatedProcess, exit_status
@@ -32,6 +34,8 @@ from kernmlops.errors import HookUnavailable, KernmlopsError
 from kernmlops.hooks import get_hook
 from kernmlops.hooks.base import Hook, HookContext, HookStatus
 from kernmlops.tables import Sink
+
+RESULT_TABLE = "benchmark_result"
 
 
 class StrictError(KernmlopsError):
@@ -130,10 +134,16 @@ class Session:
         )
         ended_by, bench_exit, attach_s = "error", None, 0.0
         error: BaseException | None = None
+        self.results_error: str | None = None
+        workdir = Path(tempfile.mkdtemp(prefix="kernmlops-bench-"))
+        outputs: list[IO[bytes]] = []
         old_handlers = self._install_signals()
         try:
+            self.benchmark.setup(workdir)
             if launch is not None:
-                proc = GatedProcess(launch)
+                if launch.capture_output:
+                    outputs = [(workdir / n).open("wb") for n in ("stdout.txt", "stderr.txt")]
+                proc = GatedProcess(launch, *outputs) if outputs else GatedProcess(launch)
             if mode in ("tgid", "tree"):
                 flt = ProcessFilter(follow_children=mode == "tree", bpf_dir=self.bpf_dir)
                 seed = cfg.tgid if mode == "tgid" else proc.pid if proc else None
@@ -165,8 +175,16 @@ class Session:
                 proc.reap_group()
                 if bench_exit is None and proc.returncode is not None:
                     bench_exit = exit_status(proc.returncode)
+            for out in outputs:
+                out.close()
             for hook in hooks:
                 self._drain(hook, sink, final=True)
+            self._results(sink, proc, workdir, bench_exit)
+            try:
+                self.benchmark.teardown()
+            except Exception as err:  # reported; never loses the collection
+                self.results_error = f"teardown failed: {err}"
+            shutil.rmtree(workdir, ignore_errors=True)
             if flt is not None:
                 flt.close()
             rows = sink.close()
@@ -221,6 +239,32 @@ class Session:
             if limit is not None and tick - start >= limit:
                 return "duration", None
             time.sleep(max(0.0, period - (time.monotonic() - tick)))
+
+    def _results(
+        self, sink: Sink, proc: GatedProcess | None, workdir: Path, exit_code: int | None
+    ) -> None:
+        """Keep the benchmark's captured output and its parsed results; a
+        benchmark whose output does not parse loses nothing else."""
+        kept = self.path / "benchmark_output"
+        for name in ("stdout.txt", "stderr.txt"):
+            if (workdir / name).exists() and isinstance(sink, ParquetSink):
+                kept.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(workdir / name, kept / name)
+        run = BenchmarkRun(
+            workdir=workdir,
+            exit_code=exit_code,
+            stdout_path=workdir / "stdout.txt" if (workdir / "stdout.txt").exists() else None,
+            stderr_path=workdir / "stderr.txt" if (workdir / "stderr.txt").exists() else None,
+            started_us=proc.started_ns // 1000 if proc and proc.started_ns else None,
+            ended_us=proc.ended_ns // 1000 if proc and proc.ended_ns else None,
+        )
+        try:
+            frame = self.benchmark.results(run)
+        except Exception as err:  # a parser bug must not lose the collection
+            self.results_error = f"{self.benchmark.name} results: {err}"
+            return
+        if frame is not None and frame.height:
+            sink.write(RESULT_TABLE, frame)
 
     @staticmethod
     def _drain(hook: Hook, sink: Sink, final: bool = False) -> None:
@@ -284,6 +328,7 @@ class Session:
             "ended_by": result.ended_by,
             "exit_code": result.exit_code,
             "error": str(error) if error and not isinstance(error, KeyboardInterrupt) else None,
+            "results_error": self.results_error,
             "filter": {"mode": mode, "tgid": self.config.collector.tgid},
             "collector_pid": os.getpid(),
             "system": system_info(),
