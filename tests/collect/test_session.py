@@ -69,3 +69,41 @@ def test_strict_turns_a_missed_attach_into_an_error_and_keeps_data(tmp_path: Pat
     manifest = read_collection(session.path).manifest if session.path.exists() else None
     # Nothing was collected yet, but the manifest says what happened.
     assert manifest is None or manifest["ended_by"] == "error"
+
+
+def test_a_hook_failing_at_the_end_loses_nothing_else(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import polars as pl
+
+    from kernmlops.collect import session as session_mod
+    from kernmlops.hooks.base import Hook, HookContext
+    from tests.e2e.conftest import kernel_objects, wait_released
+
+    class Broken(Hook):
+        name = "memory_usage"
+        tables = ("memory_usage",)
+
+        def start(self, ctx: HookContext) -> None:
+            self.status.attached = True
+
+        def poll(self):  # type: ignore[no-untyped-def]
+            yield "memory_usage", pl.DataFrame({"x": [1]})
+
+        def stop(self):  # type: ignore[no-untyped-def]
+            raise RuntimeError("decoder exploded")
+
+    real = session_mod.get_hook
+    monkeypatch.setattr(
+        session_mod, "get_hook", lambda n: Broken if n == "memory_usage" else real(n)
+    )
+    before = kernel_objects()
+    session = Session(_config(tmp_path, hooks=["memory_usage", "quanta_runtime"]))
+    with pytest.raises(RuntimeError, match="decoder exploded"):
+        session.run()
+    col = read_collection(session.path)
+    assert col.manifest["ended_by"] == "error"
+    assert "decoder exploded" in col.manifest["error"]
+    assert col["quanta_runtime"].height > 0  # drained after the broken hook failed
+    assert col["memory_usage"]["x"].to_list()[0] == 1
+    assert not any(wait_released(before).values())

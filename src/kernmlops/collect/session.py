@@ -119,11 +119,7 @@ class Session:
     # -- public -------------------------------------------------------------
     def run(self) -> CollectionResult:
         cfg = self.config.collector
-        self.benchmark.check()  # before anything is attached
-        mode = cfg.filter if cfg.filter != "auto" else self.benchmark.default_filter
-        launch = self.benchmark.launch()
-        if mode == "tree" and launch is None:
-            mode = "system"  # nothing to follow: a faux run traces the system
+        self.benchmark.check()  # before anything is started or attached
         t0 = time.monotonic()
         started_at = datetime.now(UTC)
         hooks: list[Hook] = []
@@ -132,18 +128,24 @@ class Session:
         sink: Sink = self._sink or ParquetSink(
             self.path, self.collection_id, row_group_rows=cfg.row_group_rows
         )
+        mode = cfg.filter
         ended_by, bench_exit, attach_s = "error", None, 0.0
-        error: BaseException | None = None
+        errors: list[BaseException] = []
         self.results_error: str | None = None
         workdir = Path(tempfile.mkdtemp(prefix="kernmlops-bench-"))
         outputs: list[IO[bytes]] = []
         old_handlers = self._install_signals()
         try:
             self.benchmark.setup(workdir)
+            launch = self.benchmark.launch()
+            if mode == "auto":
+                mode = self.benchmark.default_filter
+            if mode == "tree" and launch is None:
+                mode = "system"  # nothing to follow: a faux run traces the system
             if launch is not None:
                 if launch.capture_output:
                     outputs = [(workdir / n).open("wb") for n in ("stdout.txt", "stderr.txt")]
-                proc = GatedProcess(launch, *outputs) if outputs else GatedProcess(launch)
+                proc = GatedProcess(launch, *outputs)
             if mode in ("tgid", "tree"):
                 flt = ProcessFilter(follow_children=mode == "tree", bpf_dir=self.bpf_dir)
                 seed = cfg.tgid if mode == "tgid" else proc.pid if proc else None
@@ -165,33 +167,18 @@ class Session:
             if proc:
                 proc.release()
             ended_by, bench_exit = self._loop(hooks, sink, proc)
-        except BaseException as err:
-            error = err
+        except BaseException as err:  # always flush and detach below
+            errors.append(err)
             ended_by = "interrupted" if isinstance(err, KeyboardInterrupt) else "error"
         finally:
-            if proc is not None and proc.poll() is None:
-                proc.stop()
-            if proc is not None:
-                proc.reap_group()
-                if bench_exit is None and proc.returncode is not None:
-                    bench_exit = exit_status(proc.returncode)
-            for out in outputs:
-                out.close()
-            for hook in hooks:
-                self._drain(hook, sink, final=True)
-            self._results(sink, proc, workdir, bench_exit)
-            try:
-                self.benchmark.teardown()
-            except Exception as err:  # reported; never loses the collection
-                self.results_error = f"teardown failed: {err}"
-            shutil.rmtree(workdir, ignore_errors=True)
-            if flt is not None:
-                flt.close()
-            rows = sink.close()
+            bench_exit = self._finish(hooks, sink, proc, flt, outputs, workdir, bench_exit, errors)
+            rows = self._close_sink(sink, errors)
             self._restore_signals(old_handlers)
         stopped_at = datetime.now(UTC)
         for hook in hooks:
             hook.status.rows = {t: rows.get(t, 0) for t in hook.tables}
+        if ended_by not in ("error", "interrupted") and errors:
+            ended_by = "error"
         result = CollectionResult(
             collection_id=self.collection_id,
             path=self.path,
@@ -205,11 +192,62 @@ class Session:
             hooks={h.name: h.status for h in hooks},
             rows=rows,
         )
+        error = next((e for e in errors if not isinstance(e, KeyboardInterrupt)), None)
         if isinstance(sink, ParquetSink):
             self._write_manifest(result, sink, mode, proc, error)
-        if error is not None and not isinstance(error, KeyboardInterrupt):
+        if error is not None:
             raise error
         return result
+
+    def _finish(
+        self,
+        hooks: list[Hook],
+        sink: Sink,
+        proc: GatedProcess | None,
+        flt: ProcessFilter | None,
+        outputs: list[IO[bytes]],
+        workdir: Path,
+        bench_exit: int | None,
+        errors: list[BaseException],
+    ) -> int | None:
+        """Stop the benchmark, drain and detach every hook, keep the results,
+        tear down. Each step runs even if an earlier one failed (errors are
+        collected): one broken hook must not lose the others' rows."""
+
+        def step(fn: Callable[[], object]) -> None:
+            try:
+                fn()
+            except Exception as err:  # collected, reported after cleanup
+                errors.append(err)
+
+        if proc is not None:
+            if proc.poll() is None:
+                step(proc.stop)
+            step(proc.reap_group)
+            if bench_exit is None and proc.returncode is not None:
+                bench_exit = exit_status(proc.returncode)
+        for out in outputs:
+            step(out.close)
+        for hook in hooks:
+            step(lambda hook=hook: self._drain(hook, sink, final=True))
+            step(hook.close)  # idempotent: detaches even if the final drain failed
+        step(lambda: self._results(sink, proc, workdir, bench_exit))
+        try:
+            self.benchmark.teardown()
+        except Exception as err:  # reported; never loses the collection
+            self.results_error = f"teardown failed: {err}"
+        shutil.rmtree(workdir, ignore_errors=True)
+        if flt is not None:
+            step(flt.close)
+        return bench_exit
+
+    @staticmethod
+    def _close_sink(sink: Sink, errors: list[BaseException]) -> dict[str, int]:
+        try:
+            return sink.close()
+        except Exception as err:  # the manifest still says what happened
+            errors.append(err)
+            return {}
 
     # -- internals ----------------------------------------------------------
     def _loop(
