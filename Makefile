@@ -11,7 +11,9 @@ BPF_INPUTS := $(wildcard src/kernmlops/bpf/*.c src/kernmlops/bpf/*.h)
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: all setup packages tracefs bpf collect collect-raw test defaults lint format hooks doctor bench clean
+LAB_PACKAGES := qemu-system-x86 linux-image-amd64 busybox-static
+
+.PHONY: all setup lab packages tracefs bpf collect collect-raw test defaults lint format hooks doctor bench clean setup-gap
 
 all: setup
 
@@ -21,7 +23,7 @@ packages:
 $(VENV)/.installed: pyproject.toml | packages
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[dev,lab]'
 	@touch $@
 
 # Rebuilt when a BPF source or header changes (the Python side checks mtimes too).
@@ -38,14 +40,46 @@ tracefs:
 
 setup: packages $(VENV)/.installed bpf tracefs
 
+# The kernel lab (kernmlops vm): QEMU, Debian's kernel (kprobes, BTF, NUMA
+# emulation) and busybox for virtme-ng. Installed by `make test` too.
+lab: packages $(VENV)/.installed
+	@scripts/ensure-packages.sh $(LAB_PACKAGES)
+
 collect: setup
 	$(BIN)/kernmlops collect $(ARGS)
 
 collect-raw: setup
 	$(BIN)/kernmlops collect -b faux $(ARGS)
 
-test: setup
+test: setup lab
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# GAP benchmark suite for `kernmlops collect -b gap`, built outside the repo where
+# the gap benchmark looks by default (benchmark.gap.source_dir overrides it).
+GAP_DIR ?= $(HOME)/.cache/kernmlops/gapbs
+GAP_REPO ?= https://github.com/sbeamer/gapbs
+
+# Clone once (shallow) where the network allows, then build; re-running rebuilds
+# only what changed. A copy built elsewhere works too: benchmark.gap.source_dir.
+setup-gap:
+	@scripts/ensure-packages.sh git g++ make
+	@if [ ! -f "$(GAP_DIR)/Makefile" ]; then \
+	  if [ -e "$(GAP_DIR)" ] && [ -n "$$(ls -A "$(GAP_DIR)")" ]; then \
+	    echo "error: $(GAP_DIR) is not empty and holds no GAP Makefile; move it away or set GAP_DIR=<folder>" >&2; \
+	    exit 1; \
+	  fi; \
+	  echo "cloning $(GAP_REPO) into $(GAP_DIR)"; \
+	  mkdir -p "$(GAP_DIR)"; \
+	  if ! git clone -q --depth 1 "$(GAP_REPO)" "$(GAP_DIR)"; then \
+	    rm -rf "$(GAP_DIR)"; \
+	    echo "error: cannot clone $(GAP_REPO) (does the network allow GitHub?)." >&2; \
+	    echo "  Build GAP where it does (git clone $(GAP_REPO) && make -C gapbs), copy the folder" >&2; \
+	    echo "  here and set benchmark.gap.source_dir to it, or build the copy: make setup-gap GAP_DIR=<copy>" >&2; \
+	    exit 1; \
+	  fi; \
+	fi
+	$(MAKE) -C "$(GAP_DIR)" -j
+	@echo "GAP is built in $(GAP_DIR); kernmlops collect -b gap looks there by default"
 
 doctor: setup
 	$(BIN)/kernmlops doctor

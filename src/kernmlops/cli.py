@@ -80,7 +80,12 @@ def _summary(result) -> Table:
     type=click.Path(dir_okay=False, path_type=Path),
     help="YAML overrides merged on the defaults (see `kernmlops defaults`).",
 )
-@click.option("-b", "--benchmark", help="benchmark to run: faux, command, stress-ng.")
+@click.option(
+    "-b",
+    "--benchmark",
+    help="benchmark to run: faux, command, stress-ng, gap, ml-training, ... "
+    "(all are in `kernmlops defaults`).",
+)
 @click.option("-d", "--duration", type=float, help="stop after this many seconds.")
 @click.option("--hooks", help="comma-separated hooks (default: all).")
 @click.option("--tgid", type=int, help="trace only this process (filter in the kernel).")
@@ -289,6 +294,15 @@ def perf_list(show_all: bool, tracepoints: bool, as_json: bool) -> None:
             cells.append("yes" if ok else "?" if ok is None else f"[red]no[/]: {row['reason']}")
         table.add_row(*cells)
     Console().print(table)
+
+
+def _register() -> None:
+    from kernmlops.lab.cli import vm_command
+
+    cli.add_command(vm_command)
+
+
+_register()
 
 
 def main() -> None:

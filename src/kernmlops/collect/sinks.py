@@ -96,6 +96,7 @@ class _TableState:
     buffered_bytes: int = 0
     arrow_schema: pa.Schema | None = None
     writer: pq.ParquetWriter | None = None
+    dictionary_columns: list[str] = field(default_factory=list)
     temp_path: Path | None = None
     part: int = 0  # index of the part being (or next to be) written
     part_rows: int = 0
@@ -169,7 +170,7 @@ class ParquetSink:
                 raise RuntimeError(f"ParquetSink for {self.collection_dir} is closed")
             if frame.width == 0:
                 return
-            frame = frame.with_columns(pl.lit(self.collection_id, pl.String).alias(COLLECTION_ID))
+            # collection_id is added per row group when written (see _write_row_group).
             state = self._tables.get(table)
             if state is None:
                 state = self._tables[table] = _TableState(table)
@@ -299,8 +300,15 @@ class ParquetSink:
     def _write_row_group(self, state: _TableState, piece: pl.DataFrame) -> None:
         assert state.writer is not None and state.arrow_schema is not None
         table = piece.to_arrow()
-        if table.schema != state.arrow_schema:
-            table = table.cast(state.arrow_schema)
+        data_schema = state.arrow_schema.remove(state.arrow_schema.get_field_index(COLLECTION_ID))
+        if table.schema != data_schema:
+            table = table.cast(data_schema)
+        # The constant column is made in C per row group (and dictionary-encoded
+        # to a few bytes), not built per batch in Python.
+        table = table.append_column(
+            state.arrow_schema.field(COLLECTION_ID),
+            pa.repeat(pa.scalar(self.collection_id, pa.string()), table.num_rows),
+        )
         # One call, one row group: row_group_size covers the whole piece.
         state.writer.write_table(table, row_group_size=table.num_rows)
         state.part_rows += table.num_rows
@@ -316,10 +324,22 @@ class ParquetSink:
                 "(use a new collection folder)"
             )
         if state.arrow_schema is None:
-            state.arrow_schema = sample.slice(0, 0).to_arrow().schema
+            state.arrow_schema = (
+                sample.slice(0, 0).to_arrow().schema.append(pa.field(COLLECTION_ID, pa.string()))
+            )
+            # Dictionary-encode only columns that repeat (cpu, comm, kind...):
+            # for timestamps pyarrow would build a dictionary and then abandon it
+            # for every chunk, the hottest cost of writing.
+            limit = min(4096, max(1, sample.height // 4))
+            state.dictionary_columns = [
+                c for c in sample.columns if sample[c].n_unique() <= limit
+            ] + [COLLECTION_ID]
         state.temp_path = folder / temp_name(state.part)
         state.writer = pq.ParquetWriter(
-            state.temp_path, state.arrow_schema, compression=self.compression
+            state.temp_path,
+            state.arrow_schema,
+            compression=self.compression,
+            use_dictionary=state.dictionary_columns,
         )
         state.part_rows = 0
 

@@ -1,0 +1,1 @@
+"""The kernel lab: run kernmlops inside another kernel under QEMU."""

@@ -1,0 +1,100 @@
+"""`kernmlops collect -b ml-training` end to end: the job's epochs as results and
+its CPU time as the kernel saw it (root + BPF)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import polars as pl
+import psutil
+import pytest
+import yaml
+
+from tests.e2e.conftest import KERNMLOPS, only_collection, run_collect
+
+pytestmark = pytest.mark.bpf
+
+EPOCHS = 6
+
+
+def test_ml_training_epochs_and_cpu_time(tmp_path: Path) -> None:
+    overrides = tmp_path / "o.yaml"
+    job = {"epochs": EPOCHS, "samples": 20_000, "features": 64, "hidden": 256, "threads": 1}
+    overrides.write_text(yaml.safe_dump({"benchmark": {"name": "ml-training", "ml_training": job}}))
+    proc, col = run_collect(tmp_path / "out", "-c", str(overrides))
+    assert proc.returncode == 0, proc.stderr
+    assert col is not None
+    m = col.manifest
+    assert m["benchmark"]["name"] == "ml-training" and m["filter"]["mode"] == "tree"
+    tgid = m["benchmark"]["pid"]  # the gate execs python in place: same process
+
+    res = col["benchmark_result"]
+    seconds = res.filter((pl.col("metric") == "seconds") & pl.col("key").str.starts_with("epoch_"))
+    assert seconds["key"].to_list() == [f"epoch_{i}" for i in range(1, EPOCHS + 1)]
+    assert seconds["value"].min() > 0
+    value = {(k, mt): v for k, mt, v in res.select("key", "metric", "value").iter_rows()}
+    assert value[("total", "seconds")] == pytest.approx(seconds["value"].sum())
+    assert value[("process", "threads")] == 1
+
+    # The job's wall time as the kernel saw it: its exec to its exit.
+    pt = col["process_trace"].filter(pl.col("pid") == tgid)
+    exec_us = pt.filter(pl.col("kind") == "exec")["ts_uptime_us"].max()
+    exit_us = pt.filter(pl.col("kind") == "exit")["ts_uptime_us"].max()
+    wall_s = (exit_us - exec_us) / 1e6
+    epochs_s = value[("total", "seconds")]
+    # Epochs are most of the run; the rest is interpreter start, numpy import and
+    # the data set (reported as setup).
+    assert epochs_s < wall_s
+    assert epochs_s + value[("setup", "seconds")] > 0.6 * wall_s, (epochs_s, wall_s)
+
+    # On-CPU time of the job's threads, summed from quanta_runtime, against the
+    # job's own getrusage-style account (os.times) printed just before it exits.
+    quanta = col["quanta_runtime"].filter(pl.col("tgid") == tgid)
+    assert quanta.height > 0
+    traced_s = quanta["quanta_run_length_us"].sum() / 1e6
+    assert traced_s == pytest.approx(value[("process", "cpu_seconds")], rel=0.10, abs=0.05)
+    assert traced_s <= wall_s * 1.05  # one thread cannot run longer than it lived
+
+
+def test_ctrl_c_keeps_the_finished_epochs_and_ends_the_job(tmp_path: Path) -> None:
+    overrides = tmp_path / "o.yaml"
+    job = {"epochs": 1000, "samples": 10_000, "threads": 1}
+    overrides.write_text(yaml.safe_dump({"benchmark": {"name": "ml-training", "ml_training": job}}))
+    collector = subprocess.Popen(
+        [*KERNMLOPS, "collect", "--no-progress", "-o", str(tmp_path / "out"), "-c", str(overrides)],
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    assert collector.stderr is not None
+    for line in collector.stderr:
+        if "probes attached" in line:
+            break
+    # Stop once the job has printed two epochs (read from its stdout file, by /proc).
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and _epochs_printed(collector.pid) < 2:
+        time.sleep(0.1)
+    collector.send_signal(signal.SIGINT)
+    rest = collector.stderr.read()
+    assert collector.wait(timeout=30) == 128 + signal.SIGINT, rest
+    col = only_collection(tmp_path / "out")
+    assert col is not None, rest
+    assert col.manifest["ended_by"] == "interrupted"
+    res = col["benchmark_result"]
+    done = res.filter((pl.col("key") == "total") & (pl.col("metric") == "epochs"))["value"][0]
+    assert 2 <= done < 1000
+    assert res.filter(pl.col("key") == "process").height == 0  # it never reached its end
+    with pytest.raises(ProcessLookupError):  # the job is gone with its group
+        os.kill(col.manifest["benchmark"]["pid"], 0)
+
+
+def _epochs_printed(collector_pid: int) -> int:
+    """Epoch lines in the benchmark's stdout so far (0 before it runs)."""
+    for child in psutil.Process(collector_pid).children():
+        try:
+            return Path(f"/proc/{child.pid}/fd/1").read_text().count('"kind": "epoch"')
+        except OSError:
+            continue
+    return 0
