@@ -257,3 +257,57 @@ def test_memory_sink() -> None:
     assert sink.close() == {"events": 5}
     with pytest.raises(RuntimeError):
         sink.write("events", events(1))
+
+
+# -- ThreadedSink ---------------------------------------------------------------------
+
+
+def test_threaded_sink_writes_everything_in_order(tmp_path: Path) -> None:
+    from kernmlops.collect.sinks import ThreadedSink
+
+    sink = ThreadedSink(ParquetSink(tmp_path / "c", "cid", row_group_rows=4096))
+    for i in range(50):
+        sink.write("t", pl.DataFrame({"i": np.arange(i * 1000, (i + 1) * 1000)}))
+        if i % 10 == 0:
+            sink.flush()
+    assert sink.close() == {"t": 50_000}
+    got = pl.read_parquet(tmp_path / "c" / "t")
+    assert got["i"].to_list() == list(range(50_000))
+    assert set(got["collection_id"].to_list()) == {"cid"}
+
+
+def test_threaded_sink_bounds_what_waits(tmp_path: Path) -> None:
+    """A slow writer makes write() wait instead of queueing without limit."""
+    import threading
+    import time
+
+    from kernmlops.collect.sinks import MemorySink, ThreadedSink
+
+    gate = threading.Event()
+
+    class Slow(MemorySink):
+        def write(self, table: str, frame: pl.DataFrame) -> None:
+            gate.wait()
+            super().write(table, frame)
+
+    frame = pl.DataFrame({"x": np.zeros(10_000, np.int64)})  # 80 kB
+    sink = ThreadedSink(Slow(), max_queued_bytes=3 * frame.estimated_size())
+    writer = threading.Thread(target=lambda: [sink.write("t", frame) for _ in range(10)])
+    writer.start()
+    time.sleep(0.3)
+    assert writer.is_alive()  # blocked: the queue is full
+    assert sink.queued_bytes <= 3 * frame.estimated_size()
+    gate.set()
+    writer.join(timeout=10)
+    assert sink.close() == {"t": 100_000}
+
+
+def test_threaded_sink_reports_the_writer_error(tmp_path: Path) -> None:
+    from kernmlops.collect.sinks import ThreadedSink
+
+    sink = ThreadedSink(ParquetSink(tmp_path / "c", "cid"))
+    sink.write("t", pl.DataFrame({"a": [1]}))
+    sink.write("t", pl.DataFrame({"a": ["text"]}))  # schema drift, found by the writer
+    with pytest.raises(CollectionError, match="t"):
+        sink.flush(durable=True)
+    sink.close()

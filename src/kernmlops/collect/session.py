@@ -27,7 +27,7 @@ from kernmlops.benchmarks.base import Benchmark, BenchmarkRun
 from kernmlops.collect.filter import ProcessFilter
 from kernmlops.collect.manifest import write_manifest
 from kernmlops.collect.process import GatedProcess, exit_status
-from kernmlops.collect.sinks import ParquetSink
+from kernmlops.collect.sinks import ParquetSink, ThreadedSink
 from kernmlops.collect.sysinfo import system_info
 from kernmlops.config import Config
 from kernmlops.errors import HookUnavailable, KernmlopsError
@@ -125,9 +125,12 @@ class Session:
         hooks: list[Hook] = []
         proc: GatedProcess | None = None
         flt: ProcessFilter | None = None
-        sink: Sink = self._sink or ParquetSink(
-            self.path, self.collection_id, row_group_rows=cfg.row_group_rows
+        parquet = (
+            None
+            if self._sink
+            else ParquetSink(self.path, self.collection_id, row_group_rows=cfg.row_group_rows)
         )
+        sink: Sink = self._sink or ThreadedSink(parquet)  # type: ignore[arg-type]
         mode = cfg.filter
         ended_by, bench_exit, attach_s = "error", None, 0.0
         errors: list[BaseException] = []
@@ -193,8 +196,8 @@ class Session:
             rows=rows,
         )
         error = next((e for e in errors if not isinstance(e, KeyboardInterrupt)), None)
-        if isinstance(sink, ParquetSink):
-            self._write_manifest(result, sink, mode, proc, error)
+        if parquet is not None:
+            self._write_manifest(result, parquet, mode, proc, error)
         if error is not None:
             raise error
         return result
@@ -285,7 +288,7 @@ class Session:
         benchmark whose output does not parse loses nothing else."""
         kept = self.path / "benchmark_output"
         for name in ("stdout.txt", "stderr.txt"):
-            if (workdir / name).exists() and isinstance(sink, ParquetSink):
+            if (workdir / name).exists() and self._sink is None:
                 kept.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(workdir / name, kept / name)
         run = BenchmarkRun(

@@ -386,3 +386,97 @@ class MemorySink:
 
     def tables(self) -> list[str]:
         return sorted(self.frames)
+
+
+class ThreadedSink:
+    """Runs another sink's writes in a background thread.
+
+    The poll loop hands frames over and goes back to draining ring buffers
+    while Parquet encodes (pyarrow and polars release the GIL). Frames waiting
+    are bounded in bytes: when ``max_queued_bytes`` is reached, ``write``
+    blocks, and the rings, not memory, absorb the backlog (and count drops).
+    An error in the writer is raised by the next call.
+    """
+
+    def __init__(self, inner: ParquetSink | MemorySink, max_queued_bytes: int = 64 * 2**20) -> None:
+        self.inner = inner
+        self.max_queued_bytes = max_queued_bytes
+        # (table, frame, bytes); table None is a flush marker
+        self._queue: list[tuple[str | None, pl.DataFrame | None, int]] = []
+        self._queued_bytes = 0
+        self._cond = threading.Condition()
+        self._busy = False
+        self._closing = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._work, name="kernmlops-sink", daemon=True)
+        self._thread.start()
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closing:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                table, frame, size = self._queue.pop(0)
+                self._busy = True
+            try:
+                if self._error is None:
+                    if table is None:
+                        self.inner.flush()
+                    else:
+                        self.inner.write(table, frame)  # type: ignore[arg-type]
+            except BaseException as err:  # handed to the caller
+                self._error = err
+            finally:
+                with self._cond:
+                    self._queued_bytes -= size
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+
+    def write(self, table: str, frame: pl.DataFrame) -> None:
+        self._raise()
+        size = frame.estimated_size()
+        with self._cond:
+            while self._queued_bytes and self._queued_bytes + size > self.max_queued_bytes:
+                self._cond.wait()
+            self._queue.append((table, frame, size))
+            self._queued_bytes += size
+            self._cond.notify_all()
+
+    def _wait_idle(self) -> None:
+        with self._cond:
+            while self._queue or self._busy:
+                self._cond.wait()
+
+    @property
+    def queued_bytes(self) -> int:
+        return self._queued_bytes
+
+    def flush(self, *, durable: bool = False) -> None:
+        """Queue a flush (the poll loop does not wait for it); with ``durable``,
+        wait until everything queued is written and the parts are finished."""
+        self._raise()
+        if durable:
+            self._wait_idle()
+            self._raise()
+            self.inner.flush(durable=True)
+            return
+        with self._cond:
+            self._queue.append((None, None, 0))
+            self._cond.notify_all()
+
+    def close(self) -> dict[str, int]:
+        self._wait_idle()
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join()
+        rows = self.inner.close()  # close even after an error: finish the parts
+        self._raise()
+        return rows
