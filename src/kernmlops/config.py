@@ -57,6 +57,13 @@ class CollectorConfig(_Strict):
     )
     row_group_rows: int = Field(65536, ge=1024, le=16 << 20, description="Parquet row group")
     progress: bool = Field(True, description="live progress while collecting")
+    nice: int | None = Field(
+        None,
+        ge=-20,
+        le=19,
+        description="scheduling priority of the collector (e.g. -10 keeps up with event "
+        "storms); the benchmark keeps kernmlops' own priority; null: unchanged",
+    )
 
     @field_validator("hooks")
     @classmethod

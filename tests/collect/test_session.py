@@ -107,3 +107,40 @@ def test_a_hook_failing_at_the_end_loses_nothing_else(
     assert col["quanta_runtime"].height > 0  # drained after the broken hook failed
     assert col["memory_usage"]["x"].to_list()[0] == 1
     assert not any(wait_released(before).values())
+
+
+def test_nice_applies_to_the_collector_not_the_benchmark(tmp_path: Path) -> None:
+    import os
+
+    config = load_config(
+        {
+            "collector": {"output_dir": str(tmp_path), "progress": False, "nice": -5,
+                          "hooks": ["process_trace"]},
+            "benchmark": {"name": "command", "command": {"argv": [
+                "sh", "-c", f"cut -d' ' -f19 /proc/self/stat > {tmp_path}/nice"]}},
+        }
+    )  # fmt: skip
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    seen: list[int] = []
+    session = Session(config, on_attached=lambda _: seen.append(os.getpriority(os.PRIO_PROCESS, 0)))
+    assert session.run().exit_code == 0
+    assert seen == [-5]  # the collector while it runs
+    assert int((tmp_path / "nice").read_text()) == own  # the benchmark's child
+    assert os.getpriority(os.PRIO_PROCESS, 0) == own  # restored
+
+
+def test_gate_works_whatever_the_fd_numbers() -> None:
+    """The gate must not depend on the pipe's fd number (dash takes only 0-9)."""
+    import os
+
+    from kernmlops.benchmarks.base import Launch
+    from kernmlops.collect.process import GatedProcess
+
+    held = [os.open("/dev/null", os.O_RDONLY) for _ in range(20)]  # push fds past 9
+    try:
+        proc = GatedProcess(Launch(["sh", "-c", "read x || true; exit 4"]))
+        proc.release()
+        assert proc.proc.wait(timeout=10) == 4  # and its stdin was /dev/null (EOF)
+    finally:
+        for fd in held:
+            os.close(fd)

@@ -17,8 +17,11 @@ from typing import IO
 from kernmlops.benchmarks.base import Launch
 from kernmlops.errors import BenchmarkError
 
-# The gate is a pipe: a line means go, end-of-file (collector died) means exit.
-_GATE = 'read -r _ <&{fd} || exit 125; exec {fd}<&-; exec "$@"'
+# The gate is the shell's stdin, a pipe: a line means go, end-of-file (the
+# collector died) means exit. Stdin, not another fd: dash only takes fd numbers
+# 0-9 in redirections, and a collector may hold many files. The command then
+# gets /dev/null as its stdin.
+_GATE = 'read -r _ || exit 125; exec "$@" </dev/null'
 
 
 class GatedProcess:
@@ -30,12 +33,11 @@ class GatedProcess:
         env = {**os.environ, **launch.env}
         try:
             self.proc = subprocess.Popen(
-                ["/bin/sh", "-c", _GATE.format(fd=read_fd), "kernmlops-gate", *launch.argv],
-                pass_fds=(read_fd,),
+                ["/bin/sh", "-c", _GATE, "kernmlops-gate", *launch.argv],
+                stdin=read_fd,
                 cwd=launch.cwd,
                 env=env,
                 start_new_session=True,  # own group: stop it whole, no Ctrl+C from the tty
-                stdin=subprocess.DEVNULL,
                 stdout=stdout,
                 stderr=stderr,
             )
