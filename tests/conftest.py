@@ -8,6 +8,7 @@ failure: in CI every BPF test must run.
 from __future__ import annotations
 
 import os
+import shutil
 from functools import cache
 from pathlib import Path
 
@@ -15,6 +16,16 @@ import pytest
 
 REQUIRE_BPF = os.environ.get("KERNMLOPS_REQUIRE_BPF") == "1"
 REPO = Path(__file__).resolve().parent.parent
+
+
+def needs_tools(*tools: str) -> pytest.MarkDecorator:
+    """Skip when a tool is missing, except in CI (KERNMLOPS_REQUIRE_BPF=1): there
+    `make test` installed every tool, so a missing one must fail, not skip."""
+    missing = [t for t in tools if shutil.which(t) is None]
+    return pytest.mark.skipif(
+        bool(missing) and not REQUIRE_BPF,
+        reason=f"not installed: {', '.join(missing)} (make test installs them)",
+    )
 
 
 @cache

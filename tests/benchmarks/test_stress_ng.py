@@ -1,26 +1,43 @@
-"""StressNgBenchmark: argv per scenario, scaled to the CPUs; real short runs."""
+"""StressNgBenchmark: argv per scenario, scaled to the CPUs and NUMA nodes;
+metrics parsed from stress-ng's YAML; real short runs, and one through the CLI."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import tempfile
+import time
+from pathlib import Path
 
+import polars as pl
 import pytest
 from pydantic import ValidationError
 
-from kernmlops.benchmarks import stress_ng
-from kernmlops.benchmarks.stress_ng import StressNgBenchmark
+from kernmlops.benchmarks import _tools, stress_ng
+from kernmlops.benchmarks.base import BenchmarkRun
+from kernmlops.benchmarks.stress_ng import (
+    StressNgBenchmark,
+    half_of_cpus,
+    numa_nodes,
+    parse_metrics_yaml,
+)
 from kernmlops.collect.sysinfo import online_cpu_count
 from kernmlops.errors import BenchmarkError
+from tests.benchmarks.collect_util import collect, execs, results
+from tests.conftest import needs_tools
 
-needs_stress_ng = pytest.mark.skipif(
-    shutil.which("stress-ng") is None, reason="stress-ng is not installed"
-)
+needs_stress_ng = needs_tools("stress-ng")
+ALL_SCENARIOS = [
+    "mixed", "cpu", "switch", "vm", "io",
+    "numa", "cpu-half", "cache", "oversubscribe", "hdd-seek", "matrixprod", "fft",
+]  # fmt: skip
+
+
+def _bench(**options: object) -> StressNgBenchmark:
+    return StressNgBenchmark(StressNgBenchmark.Options(**options))
 
 
 def _argv(**options: object) -> list[str]:
-    launch = StressNgBenchmark(StressNgBenchmark.Options(**options)).launch()
+    launch = _bench(**options).launch()
     assert launch is not None
     return launch.argv
 
@@ -29,11 +46,35 @@ def _flag(argv: list[str], flag: str) -> str:
     return argv[argv.index(flag) + 1]
 
 
+def _stressors(argv: list[str]) -> set[str]:
+    known = {
+        "--cpu", "--switch", "--vm", "--hdd", "--iomix", "--malloc", "--numa", "--cache",
+        "--seek", "--matrix",
+    }  # fmt: skip
+    return {a for a in argv if a in known}
+
+
+@pytest.fixture
+def two_nodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fake sysfs: 8 CPUs online, node0 = 0-3, node1 = 4-7, node2 memory only."""
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "online").write_text("0-7\n")
+    for node, cpus in (("node0", "0-3"), ("node1", "4-7"), ("node2", "")):
+        (tmp_path / "node" / node).mkdir(parents=True)
+        (tmp_path / "node" / node / "cpulist").write_text(cpus + "\n")
+    monkeypatch.setattr(stress_ng, "NODE_ROOT", tmp_path / "node")
+    monkeypatch.setattr(stress_ng, "CPU_ONLINE", tmp_path / "cpu" / "online")
+    monkeypatch.setattr(stress_ng, "online_cpu_count", lambda: 8)
+    return tmp_path
+
+
 def test_class_facts() -> None:
     assert StressNgBenchmark.name == "stress-ng"
     assert StressNgBenchmark.default_filter == "tree"
     opts = StressNgBenchmark.Options()
     assert (opts.scenario, opts.duration_s, opts.workers, opts.extra_args) == ("mixed", 10, 0, [])
+    for name in [*ALL_SCENARIOS, "custom"]:
+        StressNgBenchmark.Options(scenario=name)  # every scenario is a valid value
 
 
 @pytest.mark.parametrize(
@@ -72,14 +113,64 @@ def test_mixed_on_a_big_machine(monkeypatch: pytest.MonkeyPatch) -> None:
         ("switch", {"--switch": "3"}),
         ("vm", {"--vm": "3", "--vm-bytes": "64M"}),
         ("io", {"--hdd": "3", "--iomix": "1"}),
+        ("cache", {"--cache": "3"}),
+        ("oversubscribe", {"--cpu": "6"}),
+        ("hdd-seek", {"--seek": "3", "--seek-size": "64M"}),
+        ("matrixprod", {"--matrix": "3", "--matrix-method": "prod"}),
+        ("fft", {"--cpu": "3", "--cpu-method": "fft"}),
     ],
 )
 def test_single_scenarios_use_workers(scenario: str, flags: dict[str, str]) -> None:
     argv = _argv(scenario=scenario, workers=3)
     for flag, value in flags.items():
         assert _flag(argv, flag) == value
-    stressors = {"--cpu", "--switch", "--vm", "--hdd", "--iomix"}
-    assert {a for a in argv if a in stressors} == {f for f in flags if f in stressors}
+    assert _stressors(argv) == _stressors(list(flags))
+
+
+def test_numa_nodes_from_sysfs(two_nodes: Path) -> None:
+    nodes = numa_nodes()
+    assert nodes == {0: [0, 1, 2, 3], 1: [4, 5, 6, 7]}  # memory-only node2 left out
+    assert half_of_cpus(nodes) == [0, 1, 2, 3]  # node0 busy, node1 idle
+    assert half_of_cpus({0: [0, 1], 1: [2, 3], 2: [4, 5], 3: [6, 7]}) == [0, 1, 2, 3]
+    assert half_of_cpus({0: [0, 1, 2, 3, 4]}) == [0, 1]
+    assert half_of_cpus({0: [5]}) == [5]
+
+
+def test_numa_nodes_offline_cpus_and_no_sysfs(tmp_path: Path, two_nodes: Path) -> None:
+    (two_nodes / "cpu" / "online").write_text("0-2,4\n")
+    assert numa_nodes() == {0: [0, 1, 2], 1: [4]}
+    assert numa_nodes(tmp_path / "missing") == {0: [0, 1, 2, 4]}
+
+
+def test_cpu_half_pins_to_the_first_node(two_nodes: Path) -> None:
+    argv = _argv(scenario="cpu-half")
+    assert _flag(argv, "--cpu") == "4"
+    assert _flag(argv, "--taskset") == "0-3"
+    assert _flag(_argv(scenario="cpu-half", workers=2), "--cpu") == "2"
+
+
+def test_cpu_half_on_this_machine() -> None:
+    cpus = half_of_cpus(numa_nodes())
+    argv = _argv(scenario="cpu-half")
+    assert _flag(argv, "--cpu") == str(len(cpus))
+    assert len(cpus) <= max(1, online_cpu_count() // 2)
+
+
+def test_numa_scenario_scales_to_nodes(two_nodes: Path) -> None:
+    argv = _argv(scenario="numa")
+    assert _flag(argv, "--numa") == "2"
+    assert _flag(argv, "--malloc") == "4"
+    assert "--malloc-touch" in argv
+    assert _flag(argv, "--vm") == "4"
+    assert _flag(argv, "--vm-method") == "rand-set"
+
+
+def test_custom_runs_only_extra_args() -> None:
+    argv = _argv(scenario="custom", extra_args=["--sock", "2"])
+    assert argv[:3] == ["stress-ng", "--timeout", "10s"]
+    assert argv[-2:] == ["--sock", "2"]
+    with pytest.raises(BenchmarkError, match="scenario 'custom' runs the stressors in extra_args"):
+        _bench(scenario="custom").check()
 
 
 def test_duration_rounds_up_and_extra_args_last() -> None:
@@ -89,48 +180,171 @@ def test_duration_rounds_up_and_extra_args_last() -> None:
     assert _flag(_argv(scenario="cpu", duration_s=0.1), "--timeout") == "1s"
 
 
+def test_metrics_go_to_a_private_yaml_file() -> None:
+    a, b = _bench(), _bench()
+    path = Path(_flag(_argv(), "--yaml"))
+    assert path.parent == Path(tempfile.gettempdir())
+    assert a.yaml_path != b.yaml_path
+    launch = a.launch()
+    assert launch is not None and launch.capture_output
+    assert _flag(launch.argv, "--yaml") == str(a.yaml_path) == _flag(a.launch().argv, "--yaml")
+
+
 def test_describe_is_the_command() -> None:
-    bench = StressNgBenchmark(StressNgBenchmark.Options(scenario="cpu", workers=2, duration_s=1))
+    bench = _bench(scenario="cpu", workers=2, duration_s=1)
     assert bench.describe() == "stress-ng --cpu 2 --timeout 1s --metrics-brief"
 
 
 def test_check_missing_stress_ng(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(stress_ng.shutil, "which", lambda name: None)
+    monkeypatch.setattr(_tools.shutil, "which", lambda name: None)
     with pytest.raises(BenchmarkError, match="apt-get install stress-ng"):
         StressNgBenchmark().check()
 
 
+SAMPLE_YAML = """\
+---
+system-info:
+      stress-ng-version: 0.15.06
+      cpus: 2
+
+metrics:
+    - stressor: cpu
+      bogo-ops: 644
+      bogo-ops-per-second-usr-sys-time: 2032.077800
+      bogo-ops-per-second-real-time: 321.886765
+      wall-clock-time: 2.000704
+      user-time: 0.313232
+      system-time: 0.003685
+      cpu-usage-per-instance: 15.840278
+      max-rss: 2996
+
+    - stressor: seek
+      bogo-ops: 6382
+      bogo-ops-per-second-usr-sys-time: 19903.880040
+      bogo-ops-per-second-real-time: 3159.641662
+      wall-clock-time: 2.019849
+      user-time: 0.038171
+      system-time: 0.282470
+      cpu-usage-per-instance: 15.874501
+      max-rss: 2568
+      nanosecs-per-seek: 2747.526536
+
+..."""
+
+
+def test_parse_metrics_yaml() -> None:
+    rows = {(k, m): (v, u) for k, m, v, u in parse_metrics_yaml(SAMPLE_YAML)}
+    assert rows[("cpu", "bogo_ops")] == (644.0, "ops")
+    assert rows[("cpu", "bogo_ops_per_s_real")] == (321.886765, "1/s")
+    assert rows[("cpu", "bogo_ops_per_s_usr_sys")] == (2032.0778, "1/s")
+    assert rows[("cpu", "wall_clock_s")] == (2.000704, "s")
+    assert rows[("cpu", "max_rss_kib")] == (2996.0, "KiB")
+    assert rows[("seek", "nanosecs_per_seek")] == (2747.526536, "")
+    assert len(rows) == 8 + 9
+    assert parse_metrics_yaml("---\nsystem-info:\n  cpus: 2\n...") == []
+
+
 @needs_stress_ng
-@pytest.mark.parametrize("scenario", ["mixed", "cpu", "switch", "vm", "io"])
+@pytest.mark.parametrize("scenario", ALL_SCENARIOS)
 def test_flags_exist_in_installed_stress_ng(scenario: str) -> None:
     help_text = subprocess.run(
         ["stress-ng", "--help"], capture_output=True, text=True, check=False
     ).stdout
-    for arg in _argv(scenario=scenario):
+    argv = _argv(scenario=scenario)
+    for arg in argv:
         if arg.startswith("--"):
             assert f"{arg} " in help_text, arg
+    # --dry-run parses everything (methods, taskset ranges) and runs nothing.
+    done = subprocess.run(
+        [*argv, "--dry-run"], capture_output=True, text=True, timeout=30, check=False
+    )
+    Path(_flag(argv, "--yaml")).unlink(missing_ok=True)
+    assert done.returncode == 0, done.stderr + done.stdout
 
 
-@needs_stress_ng
-def test_mixed_runs_for_two_seconds() -> None:
-    bench = StressNgBenchmark(StressNgBenchmark.Options(scenario="mixed", duration_s=2))
+def _run(bench: StressNgBenchmark, tmp_path: Path) -> tuple[subprocess.CompletedProcess, list]:
+    """Run the benchmark's command the way the session does, then its results()."""
     bench.check()
     launch = bench.launch()
     assert launch is not None
-    done = subprocess.run(launch.argv, capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode == 0, done.stderr + done.stdout
-    out = done.stdout + done.stderr
-    assert "successful run completed" in out
-    for stressor in ("cpu", "switch", "vm", "hdd"):
-        assert f"] {stressor} " in out  # a metrics line per stressor
+    try:
+        done = subprocess.run(launch.argv, capture_output=True, text=True, timeout=60, check=False)
+        frame = bench.results(BenchmarkRun(workdir=tmp_path, exit_code=done.returncode))
+    finally:
+        bench.teardown()
+    assert not bench.yaml_path.exists()  # teardown removed it
+    assert frame is not None
+    return done, frame.rows()
 
 
 @needs_stress_ng
-@pytest.mark.parametrize("scenario", ["cpu", "switch", "vm", "io"])
-def test_other_scenarios_run(scenario: str) -> None:
-    launch = StressNgBenchmark(
-        StressNgBenchmark.Options(scenario=scenario, duration_s=1, workers=1)
-    ).launch()
-    assert launch is not None
-    done = subprocess.run(launch.argv, capture_output=True, text=True, timeout=60, check=False)
+def test_mixed_runs_for_two_seconds(tmp_path: Path) -> None:
+    done, rows = _run(_bench(scenario="mixed", duration_s=2), tmp_path)
     assert done.returncode == 0, done.stderr + done.stdout
+    out = done.stdout + done.stderr
+    assert "successful run completed" in out
+    got = {(k, m): v for k, m, v, _ in rows}
+    for stressor in ("cpu", "switch", "vm", "hdd"):
+        assert f"] {stressor} " in out  # a metrics line per stressor
+        ops, wall = got[(stressor, "bogo_ops")], got[(stressor, "wall_clock_s")]
+        assert ops > 0
+        assert 1.9 <= wall <= 4.0
+        assert got[(stressor, "bogo_ops_per_s_real")] == pytest.approx(ops / wall, rel=0.02)
+
+
+@needs_stress_ng
+def test_other_scenarios_run(tmp_path: Path) -> None:
+    # The four run side by side: one second in all, not four.
+    benches = {
+        name: _bench(scenario=name, duration_s=1, workers=1)
+        for name in ("cpu", "switch", "vm", "io")
+    }
+    procs = {}
+    try:
+        for name, bench in benches.items():
+            launch = bench.launch()
+            assert launch is not None
+            procs[name] = subprocess.Popen(
+                launch.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        for name, proc in procs.items():
+            out, _ = proc.communicate(timeout=60)
+            assert proc.returncode == 0, out
+            frame = benches[name].results(BenchmarkRun(workdir=tmp_path, exit_code=0))
+            assert frame is not None
+            stressors = set(frame.filter(pl.col("metric") == "bogo_ops")["key"].to_list())
+            assert stressors == {"io": {"hdd", "iomix"}}.get(name, {name})
+    finally:
+        for name, bench in benches.items():
+            if name in procs and procs[name].poll() is None:
+                procs[name].kill()
+            bench.teardown()
+
+
+@pytest.mark.bpf
+@needs_stress_ng
+def test_cpu_half_through_collect(tmp_path: Path) -> None:
+    """The cpu-half scenario through the CLI: its workers run only on the pinned
+    CPUs (quanta_runtime), and stress-ng's own CPU time matches the kernel's."""
+    cpus = half_of_cpus(numa_nodes())
+    began = time.time()
+    proc, col = collect(tmp_path, "stress-ng", {"scenario": "cpu-half", "duration_s": 1})
+    assert proc.returncode == 0, proc.stderr
+    got = results(col)
+    workers = len(cpus)
+    assert got[("cpu", "bogo_ops")] > 0
+    assert 0.9 <= got[("cpu", "wall_clock_s")] <= 3.0
+    main = execs(col, "stress-ng")
+    assert main.height == 1
+    pt = col["process_trace"]
+    forks = pt.filter((pl.col("kind") == "fork") & (pl.col("ppid") == main["pid"][0]))
+    assert forks.height >= workers
+    worker_tgids = forks["tgid"].to_list()
+    quanta = col["quanta_runtime"].filter(pl.col("tgid").is_in(worker_tgids))
+    assert quanta.height > 0
+    assert set(quanta["cpu"].unique().to_list()) <= set(cpus)
+    # stress-ng's rusage of its workers vs the scheduler's account of them.
+    cpu_s = got[("cpu", "user_s")] + got[("cpu", "system_s")]
+    assert quanta["quanta_run_length_us"].sum() / 1e6 == pytest.approx(cpu_s, rel=0.15, abs=0.02)
+    left = Path(tempfile.gettempdir()).glob("kernmlops-stress-ng-*.yaml")
+    assert not [p for p in left if p.stat().st_mtime >= began]  # the metrics file is removed

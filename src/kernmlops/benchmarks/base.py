@@ -78,6 +78,11 @@ class Benchmark(ABC):
     def teardown(self) -> None:
         """Undo setup(): always called, also after a failure or Ctrl+C."""
 
+    def tracked_pids(self) -> list[int]:
+        """Processes started in setup() (a server) that the "tree" filter follows
+        too, with their future children; called after setup()."""
+        return []
+
     @abstractmethod
     def launch(self) -> Launch | None:
         """The command to run, or None (run until stopped or the duration passes)."""

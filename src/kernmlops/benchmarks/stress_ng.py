@@ -1,37 +1,117 @@
-"""stress-ng scenarios: short, scaled to the machine, needing no special device."""
+"""stress-ng scenarios: short, scaled to the machine's CPUs and NUMA nodes,
+needing no special device. The named scenarios follow the workload mix of the
+MLLB study (numa, cpu on half the CPUs, cache, oversubscribe, hdd seek,
+matrixprod, fft, mixed); ``custom`` runs only the stressors given in
+``extra_args``. stress-ng's own metrics (bogo ops, bogo ops/s) per stressor
+become the benchmark_result table.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import math
-import shutil
 import tempfile
-from typing import ClassVar, Literal
+import uuid
+from pathlib import Path
+from typing import Any, ClassVar, Literal
 
+import polars as pl
+import yaml
 from pydantic import Field
 
-from kernmlops.benchmarks.base import Benchmark, BenchmarkOptions, Launch
-from kernmlops.collect.sysinfo import online_cpu_count
+from kernmlops.benchmarks._tools import require_tool
+from kernmlops.benchmarks.base import (
+    Benchmark,
+    BenchmarkOptions,
+    BenchmarkRun,
+    Launch,
+    result_frame,
+)
+from kernmlops.collect.sysinfo import format_cpu_list, online_cpu_count, parse_cpu_list
 from kernmlops.errors import BenchmarkError
 
 STRESS_NG = "stress-ng"
 #: Memory each vm worker touches: enough to fault and reclaim, small enough for any box.
 VM_BYTES = "64M"
-#: File size each hdd / iomix worker writes in the temporary directory.
+#: File size each hdd / iomix / seek worker writes in the temporary directory.
 HDD_BYTES = "16M"
 IOMIX_BYTES = "16M"
+SEEK_BYTES = "64M"
+#: Largest single allocation of a malloc worker.
+MALLOC_BYTES = "1M"
+NODE_ROOT = Path("/sys/devices/system/node")
+CPU_ONLINE = Path("/sys/devices/system/cpu/online")
 
-Scenario = Literal["mixed", "cpu", "switch", "vm", "io"]
+Scenario = Literal[
+    "mixed", "cpu", "switch", "vm", "io",
+    "numa", "cpu-half", "cache", "oversubscribe", "hdd-seek", "matrixprod", "fft", "custom",
+]  # fmt: skip
+
+#: What stress-ng's YAML names each metric, and our name and unit for it.
+_METRICS = {
+    "bogo-ops": ("bogo_ops", "ops"),
+    "bogo-ops-per-second-real-time": ("bogo_ops_per_s_real", "1/s"),
+    "bogo-ops-per-second-usr-sys-time": ("bogo_ops_per_s_usr_sys", "1/s"),
+    "wall-clock-time": ("wall_clock_s", "s"),
+    "user-time": ("user_s", "s"),
+    "system-time": ("system_s", "s"),
+    "cpu-usage-per-instance": ("cpu_usage_per_instance_pct", "%"),
+    "max-rss": ("max_rss_kib", "KiB"),
+}
+
+
+def _cpus(path: Path) -> list[int]:
+    try:
+        return parse_cpu_list(path.read_text()) or []
+    except OSError:
+        return []
+
+
+def numa_nodes(root: Path | None = None) -> dict[int, list[int]]:
+    """{node: its online CPUs} for nodes that have CPUs; one node of all
+    online CPUs where sysfs has no NUMA information."""
+    root = root or NODE_ROOT
+    online = set(_cpus(CPU_ONLINE))
+    nodes: dict[int, list[int]] = {}
+    for path in sorted(root.glob("node[0-9]*"), key=lambda p: int(p.name[4:])):
+        cpus = [c for c in _cpus(path / "cpulist") if not online or c in online]
+        if cpus:  # memory-only nodes (CXL, PMEM) run nothing
+            nodes[int(path.name[4:])] = cpus
+    if not nodes:
+        cpus = sorted(online) or list(range(online_cpu_count()))
+        nodes = {0: cpus}
+    return nodes
+
+
+def half_of_cpus(nodes: dict[int, list[int]]) -> list[int]:
+    """The CPUs to keep busy while the rest idle: the first half of the nodes
+    (whole nodes, so one node is busy and another idle), or on one node the
+    first half of its CPUs."""
+    ids = sorted(nodes)
+    if len(ids) >= 2:
+        return sorted(c for n in ids[: len(ids) // 2] for c in nodes[n])
+    cpus = nodes[ids[0]]
+    return cpus[: max(1, len(cpus) // 2)]
 
 
 class StressNgBenchmark(Benchmark):
     """Runs one stress-ng scenario for ``duration_s`` seconds."""
 
     class Options(BenchmarkOptions):
-        scenario: Scenario = Field("mixed", description="which stressors to run")
+        scenario: Scenario = Field(
+            "mixed",
+            description="which stressors to run: mixed, cpu, switch, vm, io, numa, cpu-half "
+            "(the first half of the CPUs/nodes busy, the rest idle), cache, oversubscribe "
+            "(2x the CPUs), hdd-seek, matrixprod, fft, or custom (only extra_args)",
+        )
         duration_s: float = Field(10, gt=0, description="run time in seconds (rounded up)")
-        workers: int = Field(0, ge=0, description="workers per stressor; 0 = the online CPUs")
+        workers: int = Field(
+            0, ge=0, description="workers per stressor; 0 = the online CPUs (cpu-half: its CPUs)"
+        )
         extra_args: list[str] = Field(
-            default_factory=list, description="more stress-ng arguments, appended as given"
+            default_factory=list,
+            description="more stress-ng arguments, appended as given (with scenario custom: "
+            "the stressors themselves, e.g. ['--sock', '2'])",
         )
 
     name: ClassVar[str] = "stress-ng"
@@ -44,12 +124,19 @@ class StressNgBenchmark(Benchmark):
             )
         super().__init__(options)
         self.opts: StressNgBenchmark.Options = options
+        # launch() runs before setup() gives a workdir (and is called again for
+        # descriptions), so the metrics file has a fixed private name from the start.
+        token = uuid.uuid4().hex
+        self.yaml_path = Path(tempfile.gettempdir()) / f"kernmlops-stress-ng-{token}.yaml"
 
     def check(self) -> None:
-        if shutil.which(STRESS_NG) is None:
+        require_tool("stress-ng", STRESS_NG, "apt-get install stress-ng")
+        if self.opts.scenario == "custom" and not any(
+            a.startswith("-") for a in self.opts.extra_args
+        ):
             raise BenchmarkError(
-                "stress-ng: the stress-ng program is not installed; "
-                "install it: apt-get install stress-ng"
+                "stress-ng: scenario 'custom' runs the stressors in extra_args, and there "
+                "are none; e.g. benchmark.stress_ng.extra_args: ['--sock', '2']"
             )
 
     def workers(self) -> int:
@@ -87,11 +174,76 @@ class StressNgBenchmark(Benchmark):
                     "--hdd", str(quarter), "--hdd-bytes", HDD_BYTES,
                     *io_path,
                 ]  # fmt: skip
+            case "numa":
+                # Memory touched at random (malloc of random sizes, vm rand-set)
+                # while one numa worker per node moves pages between the nodes:
+                # a task the balancer moves lands away from its memory.
+                nodes = len(numa_nodes())
+                return [
+                    "--malloc", str(half), "--malloc-bytes", MALLOC_BYTES, "--malloc-touch",
+                    "--vm", str(half), "--vm-bytes", VM_BYTES, "--vm-method", "rand-set",
+                    "--numa", str(nodes),
+                ]  # fmt: skip
+            case "cpu-half":
+                cpus = half_of_cpus(numa_nodes())
+                workers = self.opts.workers or len(cpus)
+                return ["--cpu", str(workers), "--taskset", format_cpu_list(cpus)]
+            case "cache":
+                return ["--cache", str(n)]
+            case "oversubscribe":
+                return ["--cpu", str(2 * n)]
+            case "hdd-seek":
+                return ["--seek", str(n), "--seek-size", SEEK_BYTES, *io_path]
+            case "matrixprod":
+                return ["--matrix", str(n), "--matrix-method", "prod"]
+            case "fft":
+                return ["--cpu", str(n), "--cpu-method", "fft"]
+            case "custom":
+                return []
         raise BenchmarkError(f"stress-ng: unknown scenario {self.opts.scenario!r}")
 
     def launch(self) -> Launch | None:
         # stress-ng truncates fractional seconds ("2.5s" runs 2 s): round up so a
         # run is never shorter than asked.
         seconds = max(1, math.ceil(self.opts.duration_s))
-        argv = [STRESS_NG, *self.stressor_args(), "--timeout", f"{seconds}s", "--metrics-brief"]
-        return Launch(argv=[*argv, *self.opts.extra_args])
+        argv = [
+            STRESS_NG, *self.stressor_args(), "--timeout", f"{seconds}s", "--metrics-brief",
+            "--yaml", str(self.yaml_path),
+        ]  # fmt: skip
+        return Launch(argv=[*argv, *self.opts.extra_args], capture_output=True)
+
+    def describe(self) -> str:
+        launch = self.launch()
+        assert launch is not None
+        # The metrics file is an internal detail: leave it out of the description.
+        i = launch.argv.index("--yaml")
+        return " ".join(launch.argv[:i] + launch.argv[i + 2 :])
+
+    def results(self, run: BenchmarkRun) -> pl.DataFrame | None:
+        if not self.yaml_path.exists():
+            return None  # stress-ng did not get as far as its report
+        return result_frame(parse_metrics_yaml(self.yaml_path.read_text()))
+
+    def teardown(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.yaml_path.unlink()
+
+
+def parse_metrics_yaml(text: str) -> list[tuple[str, str, float, str]]:
+    """``(stressor, metric, value, unit)`` rows from stress-ng's ``--yaml`` file:
+    the standard metrics under our names and units, any extra numeric metric of
+    a stressor (e.g. ``nanosecs-per-seek``) under its own name."""
+    doc: Any = yaml.safe_load(text) or {}
+    rows: list[tuple[str, str, float, str]] = []
+    for entry in doc.get("metrics") or []:
+        stressor = str(entry.get("stressor", ""))
+        if not stressor:
+            continue
+        for field, value in entry.items():
+            if field == "stressor" or isinstance(value, bool):
+                continue
+            if not isinstance(value, int | float):
+                continue
+            metric, unit = _METRICS.get(field, (field.replace("-", "_"), ""))
+            rows.append((stressor, metric, float(value), unit))
+    return rows

@@ -166,6 +166,10 @@ class Session:
                 seed = cfg.tgid if mode == "tgid" else proc.pid if proc else None
                 if seed:
                     flt.add(seed)
+                if mode == "tree":
+                    # e.g. a server the benchmark started in setup(): traced with its client
+                    for pid in self.benchmark.tracked_pids():
+                        flt.add(pid)
             ctx = HookContext(self.collection_id, flt, os.getpid(), self.bpf_dir)
             for name in cfg.hooks:
                 hook = get_hook(name)(self.config.hook_options(name))

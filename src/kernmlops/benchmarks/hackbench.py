@@ -1,0 +1,112 @@
+"""hackbench (rt-tests): groups of senders and receivers passing messages over
+sockets or pipes, as processes or threads: a scheduler and wake-up storm.
+
+Each group has ``fds`` senders and ``fds`` receivers; every sender writes
+``loops`` messages to every receiver of its group, so a run passes
+groups x fds x fds x loops messages. hackbench's "Time: X" becomes the
+benchmark_result table, with the message rate derived from it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import ClassVar, Literal
+
+import polars as pl
+from pydantic import Field
+
+from kernmlops.benchmarks._tools import require_tool
+from kernmlops.benchmarks.base import (
+    Benchmark,
+    BenchmarkOptions,
+    BenchmarkRun,
+    Launch,
+    result_frame,
+)
+from kernmlops.errors import BenchmarkError
+
+HACKBENCH = "hackbench"
+_TIME = re.compile(r"^Time:\s*([0-9.]+)\s*$", re.MULTILINE)
+# Short options only: hackbench 2.4 misparses some mixes of long ones
+# ("--loops=1 --datasize=100 --process" says --loops needs an integer).
+IPC_FLAGS = {"socket": [], "pipe": ["-p"], "inet": ["-i"]}
+MODE_FLAGS = {"process": ["-P"], "thread": ["-T"]}
+
+
+class HackbenchBenchmark(Benchmark):
+    """Runs hackbench once."""
+
+    class Options(BenchmarkOptions):
+        groups: int = Field(10, ge=1, le=1000, description="groups of senders and receivers")
+        loops: int = Field(100, ge=1, description="messages each sender sends each receiver")
+        fds: int = Field(20, ge=1, le=1000, description="senders (and receivers) per group")
+        datasize: int = Field(100, ge=1, le=1 << 20, description="bytes per message")
+        ipc: Literal["socket", "pipe", "inet"] = Field(
+            "socket", description="socket: UNIX socket pairs; pipe: pipes; inet: TCP on loopback"
+        )
+        mode: Literal["process", "thread"] = Field(
+            "process", description="senders and receivers as processes (fork) or threads"
+        )
+        extra_args: list[str] = Field(
+            default_factory=list, description="more hackbench arguments, appended as given"
+        )
+
+    name: ClassVar[str] = "hackbench"
+    default_filter: ClassVar[str] = "tree"
+
+    def __init__(self, options: BenchmarkOptions | None = None) -> None:
+        if not isinstance(options, HackbenchBenchmark.Options):
+            options = HackbenchBenchmark.Options.model_validate(
+                options.model_dump() if options is not None else {}
+            )
+        super().__init__(options)
+        self.opts: HackbenchBenchmark.Options = options
+
+    def check(self) -> None:
+        require_tool("hackbench", HACKBENCH, "apt-get install rt-tests")
+
+    def messages(self) -> int:
+        """Messages one run passes in total."""
+        o = self.opts
+        return o.groups * o.fds * o.fds * o.loops
+
+    def tasks(self) -> int:
+        """Senders plus receivers."""
+        return 2 * self.opts.groups * self.opts.fds
+
+    def launch(self) -> Launch | None:
+        o = self.opts
+        argv = [
+            HACKBENCH,
+            "-g", str(o.groups),
+            "-l", str(o.loops),
+            "-f", str(o.fds),
+            "-s", str(o.datasize),
+            *IPC_FLAGS[o.ipc],
+            *MODE_FLAGS[o.mode],
+            *o.extra_args,
+        ]  # fmt: skip
+        return Launch(argv=argv, capture_output=True)
+
+    def results(self, run: BenchmarkRun) -> pl.DataFrame | None:
+        if run.stdout_path is None:
+            return None
+        seconds = parse_time(run.stdout_path.read_text(errors="replace"))
+        if seconds is None:
+            if run.exit_code == 0:
+                raise BenchmarkError("hackbench: exited 0 but printed no 'Time:' line")
+            return None
+        rows = [
+            ("hackbench", "time_s", seconds, "s"),
+            ("hackbench", "messages", float(self.messages()), "messages"),
+            ("hackbench", "tasks", float(self.tasks()), "tasks"),
+        ]
+        if seconds > 0:
+            rows.append(("hackbench", "messages_per_s", self.messages() / seconds, "1/s"))
+        return result_frame(rows)
+
+
+def parse_time(text: str) -> float | None:
+    """The seconds of hackbench's last "Time: X" line, or None."""
+    found = _TIME.findall(text)
+    return float(found[-1]) if found else None

@@ -1,0 +1,282 @@
+"""redis: a throw-away redis-server on 127.0.0.1 and redis-benchmark as the client.
+
+setup() starts the server on a free port with its data folder in the run's
+workdir and no persistence, and waits until it answers PING; the launched
+process is redis-benchmark (its --csv report is captured and parsed into
+requests/s and latencies per test); teardown() shuts the server down
+(SHUTDOWN NOSAVE, then SIGTERM, then SIGKILL) and removes its data folder.
+The server's pid is offered through ``tracked_pids()`` so a session can trace
+it along with the client's tree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import math
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import IO, ClassVar
+
+import polars as pl
+from pydantic import Field, field_validator
+
+from kernmlops.benchmarks._tools import free_tcp_port, require_tool, stop_process_group
+from kernmlops.benchmarks.base import (
+    Benchmark,
+    BenchmarkOptions,
+    BenchmarkRun,
+    Launch,
+    result_frame,
+)
+from kernmlops.errors import BenchmarkError
+
+SERVER = "redis-server"
+CLIENT = "redis-benchmark"
+HOST = "127.0.0.1"
+#: Test names redis-benchmark -t selects (7.0); "ping" and "lrange" select a family.
+KNOWN_TESTS = (
+    "ping", "ping_inline", "ping_mbulk", "set", "get", "incr", "lpush", "rpush", "lpop",
+    "rpop", "sadd", "hset", "spop", "zadd", "zpopmin", "lrange", "lrange_100", "lrange_300",
+    "lrange_500", "lrange_600", "mset",
+)  # fmt: skip
+#: CSV column -> (metric, unit)
+_COLUMNS = {
+    "rps": ("requests_per_s", "1/s"),
+    "avg_latency_ms": ("latency_avg_ms", "ms"),
+    "min_latency_ms": ("latency_min_ms", "ms"),
+    "p50_latency_ms": ("latency_p50_ms", "ms"),
+    "p95_latency_ms": ("latency_p95_ms", "ms"),
+    "p99_latency_ms": ("latency_p99_ms", "ms"),
+    "max_latency_ms": ("latency_max_ms", "ms"),
+}
+
+
+class RedisBenchmark(Benchmark):
+    """redis-benchmark against a redis-server of its own."""
+
+    class Options(BenchmarkOptions):
+        tests: list[str] = Field(
+            ["set", "get"],
+            min_length=1,
+            description=f"redis-benchmark tests (-t): {', '.join(KNOWN_TESTS)}",
+        )
+        clients: int = Field(50, ge=1, le=10000, description="parallel connections (-c)")
+        requests: int = Field(100000, ge=1, description="requests per test (-n)")
+        pipeline: int = Field(1, ge=1, le=10000, description="requests pipelined per round (-P)")
+        data_size: int = Field(3, ge=1, le=1 << 26, description="SET/GET value bytes (-d)")
+        keyspace: int | None = Field(
+            None, ge=1, description="random keys from this many (-r); null: one key per test"
+        )
+        threads: int | None = Field(
+            None, ge=1, le=256, description="client threads (--threads); null: one"
+        )
+        server_args: list[str] = Field(
+            default_factory=list,
+            description="more redis-server options, e.g. ['--io-threads', '2']",
+        )
+        extra_args: list[str] = Field(
+            default_factory=list, description="more redis-benchmark arguments, appended"
+        )
+        startup_timeout_s: float = Field(
+            10, gt=0, le=600, description="longest wait for the server to answer PING"
+        )
+
+        @field_validator("tests")
+        @classmethod
+        def _known(cls, tests: list[str]) -> list[str]:
+            out = [t.strip().lower() for t in tests]
+            unknown = [t for t in out if t not in KNOWN_TESTS]
+            if unknown:
+                # redis-benchmark silently skips names it does not know.
+                raise ValueError(f"unknown test(s) {unknown}; known: {', '.join(KNOWN_TESTS)}")
+            return list(dict.fromkeys(out))
+
+    name: ClassVar[str] = "redis"
+    default_filter: ClassVar[str] = "tree"
+
+    def __init__(self, options: BenchmarkOptions | None = None) -> None:
+        if not isinstance(options, RedisBenchmark.Options):
+            options = RedisBenchmark.Options.model_validate(
+                options.model_dump() if options is not None else {}
+            )
+        super().__init__(options)
+        self.opts: RedisBenchmark.Options = options
+        self._port: int | None = None
+        self.server: subprocess.Popen | None = None
+        self.data_dir: Path | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def port(self) -> int:
+        """The server's port: picked once, when first needed (launch() may come
+        before setup())."""
+        if self._port is None:
+            self._port = free_tcp_port(HOST)
+        return self._port
+
+    def check(self) -> None:
+        install = "apt-get install redis-server redis-tools"
+        require_tool("redis", SERVER, install)
+        require_tool("redis", CLIENT, install)
+
+    # -- server --------------------------------------------------------------
+    def server_argv(self) -> list[str]:
+        assert self.data_dir is not None
+        return [
+            SERVER,
+            "--port", str(self.port),
+            "--bind", HOST,
+            "--protected-mode", "yes",
+            "--daemonize", "no",
+            # no persistence: nothing written, nothing to load
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", str(self.data_dir),
+            *self.opts.server_args,
+        ]  # fmt: skip
+
+    def setup(self, workdir: Path) -> None:
+        self.data_dir = workdir / "redis"
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._log = (self.data_dir / "server.log").open("wb")
+        try:
+            self.server = subprocess.Popen(
+                self.server_argv(),
+                cwd=self.data_dir,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                # Its own group: a Ctrl+C at the terminal reaches the collector,
+                # which stops the client first and then this server in teardown().
+                start_new_session=True,
+            )
+        except OSError as err:
+            raise BenchmarkError(f"redis: cannot start {SERVER}: {err.strerror}") from err
+        deadline = time.monotonic() + self.opts.startup_timeout_s
+        while True:
+            if self.server.poll() is not None:
+                raise BenchmarkError(
+                    f"redis: {SERVER} exited with status {self.server.returncode} "
+                    f"before answering: {self._log_tail()}"
+                )
+            with contextlib.suppress(OSError):
+                if redis_command(self.port, "PING", timeout_s=0.5) == b"+PONG":
+                    return
+            if time.monotonic() > deadline:
+                raise BenchmarkError(
+                    f"redis: {SERVER} did not answer PING on {HOST}:{self.port} within "
+                    f"{self.opts.startup_timeout_s:g} s: {self._log_tail()}"
+                )
+            time.sleep(0.02)
+
+    def _log_tail(self) -> str:
+        if self.data_dir is None:
+            return ""
+        try:
+            lines = (self.data_dir / "server.log").read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return " | ".join(ln.strip() for ln in lines[-3:] if ln.strip()) or "(empty log)"
+
+    def tracked_pids(self) -> list[int]:
+        """Processes started in setup() that a tree filter should follow too."""
+        return [self.server.pid] if self.server is not None and self.server.poll() is None else []
+
+    def teardown(self) -> None:
+        if self.server is not None:
+            if self.server.poll() is None:
+                # SHUTDOWN closes the connection instead of answering.
+                with contextlib.suppress(OSError):
+                    redis_command(self.port, "SHUTDOWN", "NOSAVE", timeout_s=2.0)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.server.wait(timeout=5)
+            stop_process_group(self.server)  # SIGTERM, SIGKILL whatever is left
+            self.server = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        if self.data_dir is not None:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+            self.data_dir = None
+
+    # -- client --------------------------------------------------------------
+    def launch(self) -> Launch | None:
+        o = self.opts
+        argv = [
+            CLIENT,
+            "-h", HOST,
+            "-p", str(self.port),
+            "-c", str(o.clients),
+            "-n", str(o.requests),
+            "-P", str(o.pipeline),
+            "-d", str(o.data_size),
+            "-t", ",".join(o.tests),
+            "--csv",
+        ]  # fmt: skip
+        if o.keyspace is not None:
+            argv += ["-r", str(o.keyspace)]
+        if o.threads is not None:
+            argv += ["--threads", str(o.threads)]
+        return Launch(argv=[*argv, *o.extra_args], capture_output=True)
+
+    def results(self, run: BenchmarkRun) -> pl.DataFrame | None:
+        if run.stdout_path is None:
+            return None
+        rows = parse_csv(run.stdout_path.read_text(errors="replace"))
+        return result_frame(rows) if rows else None
+
+
+def redis_command(port: int, *args: str, timeout_s: float = 1.0, host: str = HOST) -> bytes:
+    """Send one command (RESP array) and return the first reply line without
+    CRLF (b"" when the server closed the connection, as SHUTDOWN does)."""
+    payload = f"*{len(args)}\r\n".encode()
+    for arg in args:
+        data = arg.encode()
+        payload += b"$%d\r\n%s\r\n" % (len(data), data)
+    with socket.create_connection((host, port), timeout=timeout_s) as s:
+        s.sendall(payload)
+        reply = b""
+        while not reply.endswith(b"\r\n"):
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            reply += chunk
+    return reply.split(b"\r\n", 1)[0]
+
+
+def result_key(name: str) -> str:
+    """Result key of a CSV test name: "LRANGE_100 (first 100 elements)" ->
+    "lrange_100"; the LPUSH that fills the list for LRANGE -> "lpush_for_lrange"
+    (not to be confused with the lpush test)."""
+    head, _, rest = name.strip().partition(" ")
+    key = head.lower()
+    if "needed to benchmark" in rest.lower():
+        target = rest.lower().rsplit(" ", 1)[-1].strip("()")
+        key = f"{key}_for_{target}"
+    return key
+
+
+def parse_csv(text: str) -> list[tuple[str, str, float, str]]:
+    """``(test, metric, value, unit)`` rows from redis-benchmark --csv output."""
+    rows: list[tuple[str, str, float, str]] = []
+    lines = [ln for ln in text.splitlines() if ln.startswith('"')]
+    for rec in csv.DictReader(io.StringIO("\n".join(lines))):
+        test = rec.get("test")
+        if not test:
+            continue
+        for column, (metric, unit) in _COLUMNS.items():
+            value = rec.get(column)
+            if value in (None, ""):
+                continue
+            try:
+                number = float(value)
+            except ValueError:
+                continue
+            if math.isfinite(number):  # "-nan" when a test did not run long enough
+                rows.append((result_key(test), metric, number, unit))
+    return rows
