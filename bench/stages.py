@@ -1,0 +1,162 @@
+"""CPU cost of each stage of the ring buffer -> Parquet path, without the kernel.
+
+Replays a synthetic ring of ingest records (the struct of bench/ingest.bpf.c)
+through what a BPF hook does every poll: ringbuf.decode (the numpy batch
+decode behind RingBuffer.drain), frames.records_to_frame, ParquetSink.write
+(+ close), and the tuned sink of bench/ingest.py (also without the constant
+collection_id column). Prints CPU milliseconds
+per million records for each stage, best of ``--repeat``, so the live numbers
+of bench/ingest.py can be explained (and a src change checked) on a machine
+that other people are using. No root needed (clang is, to build the object).
+
+Run: ``.venv/bin/python bench/stages.py --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+
+import ingest  # noqa: E402 (the bench next door: its build and tuned sink)
+
+
+def synthetic_ring(dtype: np.dtype, size: int, count: int) -> np.ndarray:
+    """A ring's data area (mapped twice, 2 * size bytes) holding ``count`` committed records."""
+    from kernmlops.ebpf.ringbuf import HEADER_SIZE, record_stride
+
+    stride = record_stride(dtype.itemsize)
+    data = np.zeros(2 * size, np.uint8)
+    rows = data[: count * stride].reshape(count, stride)
+    rows[:, :4] = np.frombuffer(np.uint32(dtype.itemsize).tobytes(), np.uint8)
+    rec = np.zeros(count, dtype)
+    rng = np.random.default_rng(0)
+    rec["ts_uptime_ns"] = 10**12 + np.cumsum(rng.integers(150, 250, count))
+    rec["pid"] = rec["tgid"] = 4242
+    rec["syscall_id"] = 110
+    rec["cpu"] = rng.integers(0, 2, count)
+    rec["seq"] = np.arange(count)
+    rows[:, HEADER_SIZE : HEADER_SIZE + dtype.itemsize] = rec.view(np.uint8).reshape(count, -1)
+    return data
+
+
+def best_cpu(fn: Callable[[], object], repeat: int) -> float:
+    """Least process CPU seconds of ``repeat`` calls (threads included)."""
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.process_time()
+        fn()
+        best = min(best, time.process_time() - t)
+    return best
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--records", type=int, default=2_000_000, help="records per stage")
+    parser.add_argument(
+        "--batch", type=int, default=10_000, help="records per poll (10k: 1M/s every 10 ms)"
+    )
+    parser.add_argument("--repeat", type=int, default=5, help="best of this many")
+    parser.add_argument("--out", type=Path, default=BENCH / "results" / "stages.json")
+    args = parser.parse_args(argv)
+
+    from kernmlops.collect.sinks import ParquetSink
+    from kernmlops.ebpf.btf import ring_layouts
+    from kernmlops.ebpf.frames import records_to_frame
+    from kernmlops.ebpf.ringbuf import decode, record_stride
+
+    _, obj = ingest.build()
+    layout = ring_layouts(obj)[ingest.RING]
+    size = 32 << 20
+    stride = record_stride(layout.itemsize)
+    per_pass = (size // stride) // args.batch * args.batch
+    data = synthetic_ring(layout.dtype, size, per_pass)
+
+    def decode_all() -> list[np.ndarray]:
+        out, cons, left = [], 0, args.records
+        while left > 0:
+            n = min(args.batch, left)
+            if cons + n * stride > per_pass * stride:
+                cons = 0  # start the synthetic ring over
+            batch = decode(data, size, cons, cons + n * stride, layout.dtype)
+            out.append(batch.records)
+            cons, left = batch.consumed, left - n
+        return out
+
+    batches = decode_all()
+    frames = [records_to_frame(b, layout) for b in batches]
+
+    sizes: dict[int, int] = {}  # id(run) -> Parquet bytes written
+
+    def sink_run(make: Callable[[Path], ParquetSink]) -> Callable[[], None]:
+        def run() -> None:
+            folder = Path(tempfile.mkdtemp(prefix="kmo-stages-"))
+            try:
+                sink = make(folder)
+                for f in frames:
+                    sink.write(ingest.TABLE, f)
+                sink.close()
+                sizes[id(run)] = sum(p.stat().st_size for p in folder.rglob("*.parquet"))
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+
+        return run
+
+    tuned = ingest._tuned_sink_class()
+
+    class TunedNoId(tuned):  # ... and no constant collection_id column (Hive has it)
+        def _conform(self, state, frame):  # type: ignore[no-untyped-def]
+            return super()._conform(state, frame.drop("collection_id"))
+
+    stages: dict[str, Callable[[], object]] = {
+        "decode (RingBuffer.drain)": decode_all,
+        "records_to_frame": lambda: [records_to_frame(b, layout) for b in batches],
+        "ParquetSink zstd (default)": sink_run(lambda d: ParquetSink(d, "stages")),
+        "ParquetSink snappy": sink_run(lambda d: ParquetSink(d, "stages", compression="snappy")),
+        "tuned sink (dictionary where it pays)": sink_run(lambda d: tuned(d, "stages")),
+        "tuned, no collection_id column": sink_run(lambda d: TunedNoId(d, "stages")),
+    }
+    sink_run(lambda d: ParquetSink(d, "warm-up"))()  # first-use costs out of the way
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=f"CPU per 1M records, {args.batch:,}-record polls, best of {args.repeat}",
+        title_justify="left",
+    )
+    table.add_column("stage")
+    table.add_column("ms CPU / 1M records", justify="right")
+    table.add_column("one core's limit", justify="right")
+    table.add_column("Parquet bytes/row", justify="right")
+    results = {}
+    for name, fn in stages.items():
+        ms = 1000 * best_cpu(fn, args.repeat) * 1e6 / args.records
+        per_row = sizes[id(fn)] / args.records if id(fn) in sizes else None
+        results[name] = {"ms_per_1M": round(ms, 1), "bytes_per_row": per_row}
+        size = f"{per_row:.2f}" if per_row is not None else "-"
+        table.add_row(name, f"{ms:.1f}", f"{1e3 / ms:.1f}M/s", size)
+    Console(width=110).print(table)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(
+        json.dumps({"settings": {**vars(args), "out": str(args.out)}, "stages": results}) + "\n"
+    )
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,241 @@
+"""Start-up benchmark: from `kernmlops collect` starting to "probes attached".
+
+Runs ``kernmlops collect -b faux -d 1 --no-progress -o <tmp>`` several times
+and reports, median / min / max:
+
+* wall time from spawning the command to its "probes attached" line on stderr
+  (interpreter start, imports, config, the BPF build check, load and attach);
+* ``attach_s`` from the collection's manifest (session start to attached:
+  load and attach only);
+* the whole command's wall time (1 s of collecting, the final flush, the
+  manifest, exit).
+
+With ``--profile`` it also prints the slowest imports (``python -X importtime
+-c 'import kernmlops.cli, kernmlops.collect.session'``) and the top functions of
+one run under cProfile (up to exit). Needs root; the BPF objects should be
+built already (``kernmlops build-bpf``), as the target assumes.
+
+Run: ``sudo .venv/bin/python bench/startup.py --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pstats
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+MARK = "probes attached"
+#: What a collect imports before it attaches anything.
+IMPORTS = "import kernmlops.cli, kernmlops.collect.session"
+
+
+def collect_args(out: Path) -> list[str]:
+    return ["collect", "-b", "faux", "-d", "1", "--no-progress", "-o", str(out)]
+
+
+def command(out: Path) -> list[str]:
+    """The measured command line: the console script, as a user runs it."""
+    script = Path(sys.executable).parent / "kernmlops"
+    if script.exists():
+        return [str(script), *collect_args(out)]
+    return [sys.executable, "-m", "kernmlops", *collect_args(out)]
+
+
+def one_run() -> dict[str, float]:
+    """One collect: seconds to the marker line, attach_s, and the whole command."""
+    out = Path(tempfile.mkdtemp(prefix="kmo-startup-"))
+    try:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(
+            command(out),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "COLUMNS": "200"},  # keep rich from wrapping the line
+        )
+        assert proc.stderr is not None
+        to_mark = None
+        lines = []
+        for line in proc.stderr:
+            lines.append(line)
+            if to_mark is None and MARK in line:
+                to_mark = time.perf_counter() - t0
+        rc = proc.wait()
+        total = time.perf_counter() - t0
+        if rc != 0 or to_mark is None:
+            raise RuntimeError(f"collect failed (exit {rc}):\n{''.join(lines)}")
+        manifest = next(out.glob("curated/benchmark=faux/collection_id=*/manifest.json"))
+        attach_s = json.loads(manifest.read_text())["attach_s"]
+        return {"to_attached_s": to_mark, "attach_s": attach_s, "total_s": total}
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def spawn_time(code: str) -> float:
+    """Wall seconds of ``python -c code`` in a fresh process."""
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], check=True)
+    return time.perf_counter() - t0
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+    }
+
+
+def import_times(top: int) -> list[tuple[str, float, float]]:
+    """(module, self ms, cumulative ms) of the slowest imports, by cumulative time."""
+    cmd = [sys.executable, "-X", "importtime", "-c", IMPORTS]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    rows = []
+    for line in proc.stderr.splitlines():
+        if not line.startswith("import time:") or "[us]" in line:
+            continue
+        self_us, cum_us, name = line.removeprefix("import time:").split("|")
+        rows.append((name.rstrip(), int(self_us) / 1000, int(cum_us) / 1000))
+    return sorted(rows, key=lambda r: -r[2])[:top]
+
+
+#: (label, file suffix, function) of the steps of a collect, for the phase table.
+PHASES = (
+    ("import kernmlops.cli", "kernmlops/cli.py", "<module>"),
+    ("import kernmlops.collect.session", "collect/session.py", "<module>"),
+    ("import kernmlops.config", "kernmlops/config.py", "<module>"),
+    ("load_config", "kernmlops/config.py", "load_config"),
+    ("build() (objects up to date)", "ebpf/build.py", "build"),
+    ("Session.__init__", "collect/session.py", "__init__"),
+    ("BpfHook.start (load + attach)", "hooks/bpf.py", "start"),
+    ("open_and_load", "ebpf/objects.py", "open_and_load"),
+    ("ring_layouts (BTF from the ELF)", "ebpf/btf.py", "ring_layouts"),
+    ("ProcessFilter (tree/tgid only)", "collect/filter.py", "__init__"),
+    ("Session._loop (1 s)", "collect/session.py", "_loop"),
+    ("ParquetSink.close", "collect/sinks.py", "close"),
+    ("_write_manifest", "collect/session.py", "_write_manifest"),
+    ("system_info", "collect/sysinfo.py", "system_info"),
+)
+
+
+def phases(stats: pstats.Stats) -> list[tuple[str, float]]:
+    """Cumulative seconds of each phase (recursion counted once)."""
+    out = []
+    table = stats.stats  # type: ignore[attr-defined]
+    for label, suffix, func in PHASES:
+        total = sum(
+            ct
+            for (file, _line, name), (_cc, _nc, _tt, ct, _callers) in table.items()
+            if name == func and file.endswith(suffix)
+        )
+        if total:
+            out.append((label, total))
+    return out
+
+
+def profile_run(top: int) -> tuple[str, list[tuple[str, float]]]:
+    """Top functions (cumulative) of one collect under cProfile, and its phases."""
+    prof = Path(tempfile.mkdtemp(prefix="kmo-prof-")) / "collect.prof"
+    out = prof.parent / "data"
+    # cProfile runs a script: the package's __main__.py.
+    main = Path(__import__("kernmlops").__file__).parent / "__main__.py"
+    cmd = [sys.executable, "-m", "cProfile", "-o", str(prof), str(main), *collect_args(out)]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    import io
+
+    text = io.StringIO()
+    stats = pstats.Stats(str(prof), stream=text)
+    stats.sort_stats("cumulative").print_stats(top)
+    shutil.rmtree(prof.parent, ignore_errors=True)
+    return text.getvalue(), phases(stats)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--runs", type=int, default=5, help="measured runs")
+    parser.add_argument("--warmup", type=int, default=1, help="unmeasured runs first")
+    parser.add_argument("--target", type=float, default=1.0, help="seconds to probes attached")
+    parser.add_argument("--profile", action="store_true", help="import times and cProfile")
+    parser.add_argument("--top", type=int, default=25, help="lines of each profile")
+    parser.add_argument("--out", type=Path, default=BENCH / "results" / "startup.json")
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        parser.error("needs root to load BPF programs")
+
+    for _ in range(args.warmup):
+        one_run()
+    runs = []
+    for i in range(args.runs):
+        r = one_run()
+        runs.append(r)
+        print(
+            f"run {i + 1}: probes attached after {r['to_attached_s']:.3f} s "
+            f"(attach_s {r['attach_s']:.3f} s), command {r['total_s']:.3f} s",
+            file=sys.stderr,
+        )
+    result = {key: summary([r[key] for r in runs]) for key in runs[0]}
+    # The same interpreter doing nothing, and only the imports a collect needs.
+    result["python_s"] = summary([spawn_time("pass") for _ in range(args.runs)])
+    result["imports_s"] = summary([spawn_time(IMPORTS) for _ in range(args.runs)])
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"kernmlops collect -b faux -d 1, {args.runs} runs", title_justify="left")
+    for col in ("measure", "median", "min", "max"):
+        table.add_column(col, justify="left" if col == "measure" else "right")
+    names = {
+        "to_attached_s": "spawn -> 'probes attached'",
+        "attach_s": "manifest attach_s",
+        "total_s": "whole command",
+        "python_s": "python -c pass",
+        "imports_s": f"python -c '{IMPORTS}'",
+    }
+    for key, label in names.items():
+        s = result[key]
+        table.add_row(label, *(f"{s[k]:.3f} s" for k in ("median", "min", "max")))
+    console = Console(width=120)
+    console.print(table)
+    ok = result["to_attached_s"]["median"] <= args.target
+    print(
+        f"{'PASS' if ok else 'FAIL'}  median spawn -> probes attached "
+        f"{result['to_attached_s']['median']:.3f} s (target <= {args.target:g} s)"
+    )
+
+    report: dict = {"command": " ".join(command(Path("<tmp>"))), "runs": runs, "summary": result}
+    if args.profile:
+        imports = import_times(args.top)
+        report["imports_ms"] = [
+            {"module": m.strip(), "self": s, "cumulative": c} for m, s, c in imports
+        ]
+        print("\nslowest imports (ms, cumulative; indentation = nesting):")
+        for name, self_ms, cum_ms in imports:
+            print(f"  {cum_ms:8.1f}  {self_ms:7.1f} self  {name}")
+        text, steps = profile_run(args.top)
+        report["cprofile"] = text
+        report["phases_s"] = dict(steps)
+        print("\none run under cProfile (profiling slows it), by cumulative time:")
+        print(text)
+        print("phases of that run (cumulative, seconds):")
+        for label, secs in steps:
+            print(f"  {secs:7.3f}  {label}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
