@@ -98,6 +98,13 @@ def _summary(result) -> Table:
 )
 @click.option("--strict", is_flag=True, default=None, help="fail if any hook cannot attach.")
 @click.option("--no-progress", is_flag=True, help="no live table (logs, CI).")
+@click.option(
+    "--export",
+    "export_addr",
+    metavar="HOST:PORT",
+    help="also serve live Prometheus metrics of the traced processes (kernmlops export's "
+    "sets) at HOST:PORT, e.g. 127.0.0.1:9435.",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def collect(
     config_file: Path | None,
@@ -109,6 +116,7 @@ def collect(
     output_dir: Path | None,
     strict: bool | None,
     no_progress: bool,
+    export_addr: str | None,
     command: tuple[str, ...],
 ) -> None:
     """Run a benchmark (or COMMAND) while the hooks collect; write one collection.
@@ -152,6 +160,8 @@ def collect(
         flags["collector.filter"] = "system"
     if no_progress:
         flags["collector.progress"] = False
+    if export_addr:
+        flags["collector.export"] = export_addr
     try:
         config = load_config(config_file, flags)
         _require_root()
@@ -166,6 +176,8 @@ def collect(
             attached.update(statuses)
             ok = sum(s.attached for s in statuses.values())
             console.print(f"probes attached: {ok}/{len(statuses)} hooks")
+            if config.collector.export:
+                console.print(f"metrics at http://{config.collector.export}/metrics")
 
         def on_progress(p) -> None:
             nonlocal live
@@ -297,9 +309,11 @@ def perf_list(show_all: bool, tracepoints: bool, as_json: bool) -> None:
 
 
 def _register() -> None:
+    from kernmlops.exporter.cli import export_command
     from kernmlops.lab.cli import vm_command
 
     cli.add_command(vm_command)
+    cli.add_command(export_command)
 
 
 _register()

@@ -57,6 +57,14 @@ class CollectorConfig(_Strict):
     )
     row_group_rows: int = Field(65536, ge=1024, le=16 << 20, description="Parquet row group")
     progress: bool = Field(True, description="live progress while collecting")
+    export: str | None = Field(
+        None,
+        description="also serve the collection's live Prometheus metrics at HOST:PORT "
+        "(e.g. 127.0.0.1:9435); null: off",
+    )
+    export_sets: list[str] = Field(
+        [], description="metric sets served with export: files or built-in names; []: defaults"
+    )
     nice: int | None = Field(
         None,
         ge=-20,
@@ -74,6 +82,18 @@ class CollectorConfig(_Strict):
                 hint = f"; did you mean {near[0]!r}?" if near else ""
                 raise ValueError(f"unknown hook {name!r}{hint} (known: {', '.join(HOOKS)})")
         return list(dict.fromkeys(hooks))
+
+    @field_validator("export")
+    @classmethod
+    def _listen_address(cls, value: str | None) -> str | None:
+        if value is not None:
+            from kernmlops.exporter.server import parse_listen
+
+            try:
+                parse_listen(value)
+            except ConfigError as err:
+                raise ValueError(str(err).removeprefix("--listen ")) from None
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> CollectorConfig:

@@ -116,6 +116,9 @@ class Session:
         )
         self._sink = sink
         self._stop_signal: int | None = None
+        self._exporter: Any = None  # kernmlops.exporter.RunningExporter with collector.export
+        #: what collector.export served (for the manifest); None when off
+        self.exporter_summary: dict[str, Any] | None = None
 
     # -- public -------------------------------------------------------------
     def run(self) -> CollectionResult:
@@ -180,6 +183,18 @@ class Session:
                     hook.status.reason = str(err).removeprefix(f"{name}: ")
                     if cfg.strict:
                         raise StrictError(f"--strict: hook {err}") from err
+            if cfg.export:
+                from kernmlops.exporter import start_exporter
+
+                # The metric sets count the same processes as the hooks.
+                self._exporter = start_exporter(
+                    cfg.export,
+                    configs=cfg.export_sets,
+                    process_filter_fd=flt.fd if flt is not None else None,
+                    self_tgid=os.getpid(),
+                    bpf_dir=self.bpf_dir,
+                    strict=cfg.strict,
+                )
             attach_s = time.monotonic() - t0
             if self.on_attached:
                 self.on_attached({h.name: h.status for h in hooks})
@@ -259,6 +274,9 @@ class Session:
         except Exception as err:  # reported; never loses the collection
             self.results_error = f"teardown failed: {err}"
         shutil.rmtree(workdir, ignore_errors=True)
+        if self._exporter is not None:
+            self.exporter_summary = self._exporter.summary()
+            step(self._exporter.close)
         if flt is not None:
             step(flt.close)
         return bench_exit
@@ -395,6 +413,7 @@ class Session:
             "config": self.config.model_dump(mode="json"),
             "versions": _versions(),
             "hooks": {name: st.as_dict() for name, st in result.hooks.items()},
+            "exporter": self.exporter_summary,
             "tables": {
                 t: {"rows": n, "files": sink.files_written().get(t, [])}
                 for t, n in result.rows.items()

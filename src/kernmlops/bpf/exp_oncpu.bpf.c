@@ -1,0 +1,60 @@
+/* exporter set oncpu: CPU time of the job's tasks by cgroup (v2), in the
+ * scheduler's own account (se.sum_exec_runtime, as cgroup cpu.stat keeps it),
+ * added when a task leaves the CPU. */
+#include "exp_common.h"
+
+/* What runs on this CPU and its CPU time when it came in. */
+struct oncpu {
+	u64 sum_exec_at_in;
+	u32 pid;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__type(value, struct oncpu);
+} exp_oncpu_cur SEC(".maps");
+
+/* cgroup id -> ns on CPU */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 4096);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, u64);
+	__type(value, u64);
+} cgroup_cpu_ns SEC(".maps");
+
+static __always_inline int on_switch(struct task_struct *prev, struct task_struct *next)
+{
+	u32 zero = 0, prev_pid = BPF_CORE_READ(prev, pid);
+	struct oncpu *cur = bpf_map_lookup_elem(&exp_oncpu_cur, &zero);
+	u64 cgid, sum;
+
+	if (!cur)
+		return 0;
+	/* The quantum that ended (pid 0 is the idle task); a task whose switch in
+	 * came before the exporter started is counted from its next quantum. */
+	if (prev_pid && cur->pid == prev_pid && exp_task_wanted(prev)) {
+		sum = BPF_CORE_READ(prev, se.sum_exec_runtime);
+		if (sum > cur->sum_exec_at_in) {
+			cgid = exp_task_cgroup_id(prev);
+			exp_count(&cgroup_cpu_ns, &cgid, sum - cur->sum_exec_at_in);
+		}
+	}
+	cur->pid = BPF_CORE_READ(next, pid);
+	cur->sum_exec_at_in = BPF_CORE_READ(next, se.sum_exec_runtime);
+	return 0;
+}
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(exp_oncpu_switch_btf, bool preempt, struct task_struct *prev, struct task_struct *next)
+{
+	return on_switch(prev, next);
+}
+
+SEC("raw_tp/sched_switch")
+int BPF_PROG(exp_oncpu_switch_raw, bool preempt, struct task_struct *prev, struct task_struct *next)
+{
+	return on_switch(prev, next);
+}

@@ -1,0 +1,112 @@
+/* exporter set runqlat: run-queue latency, from wake-up (or preemption) to
+ * running, of the job's tasks; one histogram for the whole job. */
+#include "exp_common.h"
+
+#define RUNQ_MAX_SLOT 26 /* 2^26 µs = 67 s */
+
+struct runq_hist {
+	u64 slots[RUNQ_MAX_SLOT + 2];
+	u64 sum; /* µs */
+};
+
+/* One label set: key 0. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__type(value, struct runq_hist);
+} runqueue_latency SEC(".maps");
+
+/* pid -> when it became runnable. LRU: a wake-up never followed by a switch
+ * (the task exited) must not fill the map. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, u32);
+	__type(value, u64);
+} exp_runq_since SEC(".maps");
+
+/* Kernels before 5.14 call it `state`. */
+struct task_struct___pre514 {
+	long state;
+} __attribute__((preserve_access_index));
+
+static __always_inline long task_state(struct task_struct *t)
+{
+	if (bpf_core_field_exists(t->__state))
+		return BPF_CORE_READ(t, __state);
+	return BPF_CORE_READ((struct task_struct___pre514 *)t, state);
+}
+
+static __always_inline void enqueued(struct task_struct *p)
+{
+	u32 pid = BPF_CORE_READ(p, pid);
+	u64 now;
+
+	if (!pid || !exp_task_wanted(p))
+		return;
+	now = bpf_ktime_get_ns();
+	bpf_map_update_elem(&exp_runq_since, &pid, &now, BPF_ANY);
+}
+
+static __always_inline int on_switch(struct task_struct *prev, struct task_struct *next)
+{
+	u32 zero = 0, pid = BPF_CORE_READ(next, pid);
+	struct runq_hist *h;
+	u64 *since, us;
+
+	/* A preempted task is still runnable: it waits on the queue from now. */
+	if (task_state(prev) == 0)
+		enqueued(prev);
+	if (!pid)
+		return 0;
+	since = bpf_map_lookup_elem(&exp_runq_since, &pid);
+	if (!since)
+		return 0;
+	us = (bpf_ktime_get_ns() - *since) / 1000;
+	bpf_map_delete_elem(&exp_runq_since, &pid);
+	h = bpf_map_lookup_elem(&runqueue_latency, &zero);
+	if (h)
+		EXP_OBSERVE(h, exp_slot_exp2(us), us);
+	return 0;
+}
+
+SEC("tp_btf/sched_wakeup")
+int BPF_PROG(exp_runq_wakeup_btf, struct task_struct *p)
+{
+	enqueued(p);
+	return 0;
+}
+
+SEC("tp_btf/sched_wakeup_new")
+int BPF_PROG(exp_runq_wakeup_new_btf, struct task_struct *p)
+{
+	enqueued(p);
+	return 0;
+}
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(exp_runq_switch_btf, bool preempt, struct task_struct *prev, struct task_struct *next)
+{
+	return on_switch(prev, next);
+}
+
+SEC("raw_tp/sched_wakeup")
+int BPF_PROG(exp_runq_wakeup_raw, struct task_struct *p)
+{
+	enqueued(p);
+	return 0;
+}
+
+SEC("raw_tp/sched_wakeup_new")
+int BPF_PROG(exp_runq_wakeup_new_raw, struct task_struct *p)
+{
+	enqueued(p);
+	return 0;
+}
+
+SEC("raw_tp/sched_switch")
+int BPF_PROG(exp_runq_switch_raw, bool preempt, struct task_struct *prev, struct task_struct *next)
+{
+	return on_switch(prev, next);
+}

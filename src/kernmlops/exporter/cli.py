@@ -1,0 +1,204 @@
+"""`kernmlops export`: serve kernel metrics to Prometheus, or --check them.
+
+Registered on the main command group with ``cli.add_command(export_command)``;
+``python -m kernmlops.exporter`` runs it alone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import click
+
+from kernmlops.errors import KernmlopsError
+
+EXIT_CHECK_FAILED = 1
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+def _fail(err: KernmlopsError) -> None:
+    _console().print(f"[bold red]error:[/] {err}", markup=True, soft_wrap=True)
+    sys.exit(err.exit_code)
+
+
+@click.command(
+    "export", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}
+)
+@click.option(
+    "-c",
+    "--config",
+    "configs",
+    multiple=True,
+    metavar="FILE|SET",
+    help="a metric set file (YAML beside its .bpf.c or .bpf.o), or a built-in set's name; "
+    "repeat for several (default: every default built-in set, see --list).",
+)
+@click.option(
+    "--listen",
+    default="127.0.0.1:9435",
+    show_default=True,
+    metavar="HOST:PORT",
+    help="where to serve /metrics; 0.0.0.0:PORT serves every interface.",
+)
+@click.option("--tgid", type=int, help="count only this process (in the kernel).")
+@click.option(
+    "--comm", help="count only threads of this name (as the kernel keeps it: 15 characters)."
+)
+@click.option(
+    "--cgroup",
+    metavar="PATH",
+    help="count only tasks in this cgroup v2 and below it (path below the cgroup mount).",
+)
+@click.option("--check", is_flag=True, help="load and attach everything, report, and exit.")
+@click.option("--strict", is_flag=True, help="a program that cannot attach is an error.")
+@click.option(
+    "--bpf-stats",
+    is_flag=True,
+    help="have the kernel time every BPF program (costs a little per run) and export it.",
+)
+@click.option(
+    "--max-label-sets",
+    type=click.IntRange(min=1),
+    default=10_000,
+    show_default=True,
+    help="label sets per metric (a set's file may say otherwise); more are dropped and counted.",
+)
+@click.option("--list", "list_sets", is_flag=True, help="list the built-in metric sets and exit.")
+def export_command(
+    configs: tuple[str, ...],
+    listen: str,
+    tgid: int | None,
+    comm: str | None,
+    cgroup: str | None,
+    check: bool,
+    strict: bool,
+    bpf_stats: bool,
+    max_label_sets: int,
+    list_sets: bool,
+) -> None:
+    """Serve kernel metrics (counters and histograms kept in BPF maps) to Prometheus.
+
+    \b
+    Examples (as root):
+      kernmlops export                              default sets at 127.0.0.1:9435
+      kernmlops export --list                       the built-in sets
+      kernmlops export -c biolatency -c runqlat     only these
+      kernmlops export -c my/io.yaml --check        does my set load and attach?
+      kernmlops export --comm python3 --bpf-stats   one job, with program run times
+
+    SIGTERM or Ctrl+C stops it and detaches every program.
+    """
+    try:
+        if list_sets:
+            _list()
+            return
+        from kernmlops.exporter.config import resolve_sets
+        from kernmlops.exporter.core import JobFilter
+        from kernmlops.exporter.server import parse_listen
+
+        sets = resolve_sets(configs)
+        host, port = parse_listen(listen)
+        if tgid is not None and not Path(f"/proc/{tgid}").exists():
+            raise click.BadParameter(f"no process {tgid}", param_hint="--tgid")
+        job = JobFilter(tgid=tgid, comm=comm, cgroup=cgroup)
+        _require_root()
+        from kernmlops.ebpf.build import build
+
+        build()
+        _run(sets, job, host, port, check, strict, bpf_stats, max_label_sets)
+    except KernmlopsError as err:
+        _fail(err)
+
+
+def _list() -> None:
+    from kernmlops.exporter.config import CounterSpec, builtin_sets
+
+    for name, ms in builtin_sets().items():
+        on = "on by default" if ms.spec.default else "off by default"
+        click.echo(f"{name} ({on}): {ms.spec.description}")
+        for m in ms.metrics:
+            metric = m.exposed_name if isinstance(m, CounterSpec) else m.name
+            kind = "counter" if isinstance(m, CounterSpec) else "histogram"
+            labels = ",".join(label.name for label in m.labels)
+            click.echo(f"    {metric}{{{labels}}}  {kind}")
+
+
+def _require_root() -> None:
+    from kernmlops.ebpf.probe import has_bpf_capabilities
+
+    if os.geteuid() != 0 and not has_bpf_capabilities():
+        raise KernmlopsError(
+            "export needs root (or CAP_BPF + CAP_PERFMON) to load BPF programs: run it with sudo"
+        )
+
+
+def _report(statuses) -> None:
+    from rich.table import Table
+
+    table = Table(title="metric sets", title_justify="left")
+    for col in ("set", "status", "programs", "not attached"):
+        table.add_column(col)
+    for s in statuses:
+        if s.error:
+            status = f"[red]failed[/]: {s.error}"
+        else:
+            status = f"[green]loaded[/] ({s.variant or 'no variants'})"
+        missed = "\n".join(f"{p.name} ({p.section}): {p.error}" for p in s.missed) or "-"
+        table.add_row(s.name, status, f"{s.attached}/{len(s.programs)}", missed)
+    _console().print(table)
+
+
+def _run(sets, job, host, port, check, strict, bpf_stats, max_label_sets) -> None:
+    from kernmlops.exporter.core import Exporter
+    from kernmlops.exporter.server import MetricsServer
+    from kernmlops.exporter.service import failures
+
+    stop = threading.Event()
+    caught: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        caught.append(signum)
+        stop.set()
+
+    # Installed before loading: a SIGTERM during the load still detaches cleanly.
+    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    exporter = Exporter(sets, job=job, bpf_stats=bpf_stats, max_label_sets=max_label_sets)
+    server: MetricsServer | None = None
+    try:
+        statuses = exporter.start()
+        problems = failures(statuses, strict=strict)
+        if check or problems:
+            _report(statuses)
+        if check:
+            if problems:
+                _console().print(
+                    "[red]check failed:[/]\n  " + "\n  ".join(problems), markup=True, soft_wrap=True
+                )
+                sys.exit(EXIT_CHECK_FAILED)
+            _console().print(f"check passed: {len(statuses)} sets loaded and attached")
+            return
+        if problems:
+            raise KernmlopsError("cannot serve:\n  " + "\n  ".join(problems))
+        server = MetricsServer(exporter.render, host, port).start()
+        attached = sum(s.attached for s in statuses)
+        _console().print(
+            f"serving {len(statuses)} metric sets ({attached} programs) at {server.url}"
+        )
+        while not stop.wait(3600):
+            pass
+        _console().print(f"stopping ({signal.Signals(caught[0]).name}): detaching programs")
+    finally:
+        if server is not None:
+            server.stop()
+        exporter.close()
+        for sig, handler in old.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,449 @@
+"""Metric set files: the YAML beside a ``.bpf.c`` that says which BPF maps are
+metrics, how their keys split into labels and how each label is decoded.
+
+```yaml
+name: biolatency                 # default: the file's stem without exp_
+description: block I/O latency by device and op
+metrics:
+  counters:
+    - name: kernmlops_block_io_bytes_total
+      help: bytes of completed block requests
+      map: block_io_bytes        # key: the labels in order; value: u64
+      labels:
+        - name: device
+          size: 4
+          decoders: [{name: majorminor}]
+  histograms:
+    - name: kernmlops_block_io_latency_seconds
+      help: block I/O latency, issue to completion
+      map: block_io_latency      # value: u64 slots[n], then u64 sum
+      bucket_type: exp2          # exp2, exp2zero, linear, fixed
+      bucket_max: 26
+      bucket_multiplier: 0.000001
+      labels: [...]
+```
+
+Everything is validated before anything is loaded; an error names the file,
+the key (``metrics.histograms[0] (name).bucket_max``) and the reason.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import itertools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from kernmlops.errors import ConfigError
+
+#: Where the built-in metric sets live: bpf/exp_<name>.bpf.c + exp_<name>.yaml.
+BUILTIN_DIR = Path(__file__).resolve().parent.parent / "bpf"
+BUILTIN_PREFIX = "exp_"
+
+_METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_SET_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count", "_total")
+
+DecoderName = Literal[
+    "uint", "string", "comm", "static_map", "ksym", "syscall", "majorminor", "cgroup",
+    "errno", "regexp",
+]  # fmt: skip
+
+#: decoders that take a number: as raw key bytes (first in a chain) or as the
+#: decimal text an earlier decoder made
+INT_DECODERS = frozenset({"uint", "static_map", "ksym", "syscall", "majorminor", "cgroup", "errno"})
+#: decoders that take raw key bytes as they are
+BYTES_DECODERS = frozenset({"string", "comm"})
+#: options each decoder accepts (beyond ``name``)
+DECODER_OPTIONS: dict[str, frozenset[str]] = {
+    "uint": frozenset({"signed"}),
+    "string": frozenset(),
+    "comm": frozenset(),
+    "static_map": frozenset({"static_map", "default"}),
+    "ksym": frozenset(),
+    "syscall": frozenset(),
+    "majorminor": frozenset({"encoding", "output"}),
+    "cgroup": frozenset(),
+    "errno": frozenset(),
+    "regexp": frozenset({"regexps"}),
+}
+
+
+class MetricSetError(ConfigError):
+    """A metric set file is missing, not YAML, or invalid."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DecoderSpec(_Strict):
+    """One step of a label's decoder chain."""
+
+    name: DecoderName
+    signed: bool | None = Field(None, description="uint: two's complement")
+    static_map: dict[str, str] | None = Field(None, description="static_map: value -> label")
+    default: str | None = Field(None, description="static_map: label of unmapped values")
+    encoding: Literal["kernel", "user"] | None = Field(
+        None, description="majorminor: kernel dev_t (major << 20 | minor) or glibc's"
+    )
+    output: Literal["name", "numbers"] | None = Field(
+        None, description="majorminor: device name (sda) or MAJOR:MINOR"
+    )
+    regexps: list[str] | None = Field(None, description="regexp: keep label sets matching any")
+
+    @field_validator("static_map", mode="before")
+    @classmethod
+    def _keys_as_text(cls, value: Any) -> Any:
+        # YAML gives int keys for `1: write`; the chain compares decimal text.
+        if isinstance(value, dict):
+            return {str(k): v for k, v in value.items()}
+        return value
+
+    @field_validator("regexps")
+    @classmethod
+    def _compiles(cls, value: list[str] | None) -> list[str] | None:
+        for pattern in value or ():
+            try:
+                re.compile(pattern)
+            except re.error as err:
+                raise ValueError(f"bad regular expression {pattern!r}: {err}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _options_fit(self) -> DecoderSpec:
+        allowed = DECODER_OPTIONS[self.name]
+        given = {k for k in self.model_fields_set if k != "name"}
+        extra = sorted(given - allowed)
+        if extra:
+            what = ", ".join(sorted(allowed)) or "none"
+            raise ValueError(f"decoder {self.name!r} takes no {', '.join(extra)} (options: {what})")
+        if self.name == "static_map" and not self.static_map:
+            raise ValueError("decoder 'static_map' needs a non-empty static_map: {value: label}")
+        if self.name == "regexp" and not self.regexps:
+            raise ValueError("decoder 'regexp' needs regexps: [pattern, ...]")
+        return self
+
+
+class LabelSpec(_Strict):
+    """A label is ``size`` bytes of the map key, after ``padding`` bytes."""
+
+    name: str
+    size: int = Field(ge=1, le=4096)
+    padding: int = Field(0, ge=0, le=4096, description="bytes skipped before this label")
+    decoders: list[DecoderSpec] = Field(min_length=1)
+
+    @field_validator("name")
+    @classmethod
+    def _label_name(cls, name: str) -> str:
+        if not _LABEL_NAME.match(name) or name.startswith("__"):
+            raise ValueError(f"{name!r} is not a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*)")
+        if name == "le":
+            raise ValueError("'le' is reserved for histogram buckets")
+        return name
+
+    @model_validator(mode="after")
+    def _chain(self) -> LabelSpec:
+        first = self.decoders[0].name
+        if first in INT_DECODERS and self.size not in (1, 2, 4, 8):
+            raise ValueError(f"decoder {first!r} reads an integer: size must be 1, 2, 4 or 8")
+        if first == "regexp":
+            raise ValueError("decoder 'regexp' matches text: put string or uint before it")
+        return self
+
+
+class _MetricSpec(_Strict):
+    name: str
+    help: str = Field(min_length=1)
+    map: str = Field(min_length=1, description="the BPF map holding the values")
+    labels: list[LabelSpec] = []
+    max_label_sets: int | None = Field(
+        None, ge=1, description="label sets kept; more are dropped and counted"
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _metric_name(cls, name: str) -> str:
+        if not _METRIC_NAME.match(name):
+            raise ValueError(f"{name!r} is not a Prometheus metric name")
+        return name
+
+    @model_validator(mode="after")
+    def _unique_labels(self) -> _MetricSpec:
+        seen: set[str] = set()
+        for label in self.labels:
+            if label.name in seen:
+                raise ValueError(f"label {label.name!r} appears twice")
+            seen.add(label.name)
+        return self
+
+    @property
+    def key_bytes(self) -> int:
+        """How many bytes of the map key the labels cover."""
+        return sum(label.padding + label.size for label in self.labels)
+
+
+class CounterSpec(_MetricSpec):
+    """A u64 value per key (per-CPU maps are summed), as a Prometheus counter."""
+
+    value_multiplier: float = Field(1.0, gt=0, description="e.g. 1e-9 for ns -> seconds")
+
+    @property
+    def exposed_name(self) -> str:
+        return self.name if self.name.endswith("_total") else self.name + "_total"
+
+
+class HistogramSpec(_MetricSpec):
+    """Bucket slots kept in the kernel, made cumulative on the way out."""
+
+    bucket_type: Literal["exp2", "exp2zero", "linear", "fixed"]
+    bucket_min: int = Field(0, ge=0, description="first bucket shown (lower ones fold into it)")
+    bucket_max: int | None = Field(None, ge=0, description="last bucket (exp2, exp2zero, linear)")
+    bucket_keys: list[float] | None = Field(None, description="fixed: upper bounds, increasing")
+    bucket_multiplier: float = Field(1.0, gt=0, description="e.g. 1e-6 for µs -> seconds")
+    sum: bool = Field(True, description="the value ends with the exact sum of observations")
+
+    @field_validator("name")
+    @classmethod
+    def _not_a_suffix(cls, name: str) -> str:
+        if name.endswith(_HISTOGRAM_SUFFIXES):
+            raise ValueError(f"a histogram name must not end with {'/'.join(_HISTOGRAM_SUFFIXES)}")
+        return name
+
+    @model_validator(mode="after")
+    def _buckets(self) -> HistogramSpec:
+        if self.bucket_type == "fixed":
+            if not self.bucket_keys:
+                raise ValueError("bucket_type 'fixed' needs bucket_keys: [upper bounds]")
+            if self.bucket_max is not None:
+                raise ValueError("bucket_type 'fixed' takes bucket_keys, not bucket_max")
+            keys = self.bucket_keys
+            if any(b <= a for a, b in itertools.pairwise(keys)):
+                raise ValueError(f"bucket_keys must increase strictly (got {keys})")
+            last = len(keys) - 1
+        else:
+            if self.bucket_max is None:
+                raise ValueError(f"bucket_type {self.bucket_type!r} needs bucket_max")
+            if self.bucket_keys is not None:
+                raise ValueError(f"bucket_type {self.bucket_type!r} takes no bucket_keys")
+            if self.bucket_type in ("exp2", "exp2zero") and self.bucket_max > 63:
+                raise ValueError("bucket_max of an exp2 histogram is at most 63 (u64 values)")
+            if self.bucket_type == "linear" and self.bucket_max > 4096:
+                raise ValueError("bucket_max of a linear histogram is at most 4096")
+            last = self.bucket_max
+        if self.bucket_min > last:
+            raise ValueError(f"bucket_min {self.bucket_min} is past the last bucket ({last})")
+        return self
+
+
+class MetricsSpec(_Strict):
+    counters: list[CounterSpec] = []
+    histograms: list[HistogramSpec] = []
+
+    @model_validator(mode="after")
+    def _some(self) -> MetricsSpec:
+        if not self.counters and not self.histograms:
+            raise ValueError("no metrics: give counters and/or histograms")
+        names = [c.exposed_name for c in self.counters] + [h.name for h in self.histograms]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"metric names appear twice: {', '.join(dup)}")
+        return self
+
+
+class MetricSetSpec(_Strict):
+    name: str | None = None
+    description: str = ""
+    object: str | None = Field(
+        None, description="compiled object, relative to this file (default: <stem>.bpf.o)"
+    )
+    default: bool = Field(True, description="built-in sets: on when no --config is given")
+    metrics: MetricsSpec
+
+    @field_validator("name")
+    @classmethod
+    def _set_name(cls, name: str | None) -> str | None:
+        if name is not None and not _SET_NAME.match(name):
+            raise ValueError(f"{name!r}: a set name is lower case letters, digits and _")
+        return name
+
+
+@dataclass(frozen=True)
+class MetricSet:
+    """A validated metric set file and where its BPF object comes from."""
+
+    name: str
+    spec: MetricSetSpec
+    path: Path
+    builtin: bool
+
+    @property
+    def stem(self) -> str:
+        return self.path.name.removesuffix(".yaml").removesuffix(".yml")
+
+    @property
+    def source(self) -> Path | None:
+        """The ``.bpf.c`` beside the file, if there is one."""
+        src = self.path.with_name(self.stem + ".bpf.c")
+        return src if src.exists() else None
+
+    def object_path(self, build_dir: Path | None = None) -> Path:
+        from kernmlops.ebpf.build import object_path
+
+        if self.spec.object:
+            return (self.path.parent / self.spec.object).resolve()
+        if self.builtin:
+            return object_path(self.stem, build_dir)
+        beside = self.path.with_name(self.stem + ".bpf.o")
+        if beside.exists() or self.source is None:
+            return beside
+        # Built from the .bpf.c beside it, into the build folder; the folder's
+        # hash keeps two files of one name apart.
+        tag = hashlib.sha1(str(self.path.resolve().parent).encode()).hexdigest()[:8]
+        return object_path(f"exporter-{self.stem}-{tag}", build_dir)
+
+    @property
+    def metrics(self) -> list[CounterSpec | HistogramSpec]:
+        return [*self.spec.metrics.counters, *self.spec.metrics.histograms]
+
+
+# --- errors ---------------------------------------------------------------------
+def _where(loc: tuple[Any, ...], data: Any) -> str:
+    """``metrics.histograms[0] (kernmlops_x).labels[1] (op).size`` from a pydantic loc."""
+    out = ""
+    node = data
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+            node = node[part] if isinstance(node, list) and part < len(node) else None
+            if isinstance(node, dict) and isinstance(node.get("name"), str):
+                out += f" ({node['name']})"
+        else:
+            out += f".{part}" if out else str(part)
+            node = node.get(part) if isinstance(node, dict) else None
+    return out or "(top level)"
+
+
+def _model_fields_at(loc: tuple[Any, ...]) -> list[str]:
+    """Valid keys of the model holding the key at ``loc`` (for 'did you mean')."""
+    model: type[BaseModel] = MetricSetSpec
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return []
+        ann = field.annotation
+        args = getattr(ann, "__args__", ())
+        nested = [a for a in (ann, *args) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not nested:
+            return []
+        model = nested[0]
+    return sorted(model.model_fields)
+
+
+def format_errors(error: ValidationError, source: str, data: Any) -> str:
+    lines = [f"invalid metric set {source}:"]
+    for err in error.errors():
+        loc = tuple(err["loc"])
+        where = _where(loc, data)
+        if err["type"] == "extra_forbidden":
+            valid = _model_fields_at(loc[:-1])
+            near = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            lines.append(f"  - {where}: unknown key{hint} (valid here: {', '.join(valid)})")
+            continue
+        msg = err["msg"].removeprefix("Value error, ")
+        got = err.get("input")
+        shown = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
+        lines.append(f"  - {where}: {msg}{shown}")
+    return "\n".join(lines)
+
+
+# --- loading ----------------------------------------------------------------------
+def parse_metric_set(data: Any, path: Path, *, builtin: bool = False) -> MetricSet:
+    """Validate the parsed YAML of ``path``."""
+    if not isinstance(data, dict):
+        raise MetricSetError(f"invalid metric set {path}: the top level must be a mapping")
+    try:
+        spec = MetricSetSpec.model_validate(data)
+    except ValidationError as err:
+        raise MetricSetError(format_errors(err, str(path), data)) from None
+    stem = path.name.removesuffix(".yaml").removesuffix(".yml")
+    name = spec.name or stem.removeprefix(BUILTIN_PREFIX)
+    if not _SET_NAME.match(name):
+        raise MetricSetError(
+            f"invalid metric set {path}: name: the file name gives {name!r}; set name: to "
+            "lower case letters, digits and _"
+        )
+    return MetricSet(name=name, spec=spec, path=path, builtin=builtin)
+
+
+def load_metric_set(path: str | Path, *, builtin: bool = False) -> MetricSet:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise MetricSetError(f"cannot read metric set {path}: {err.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise MetricSetError(f"{path} is not valid YAML: {err}") from None
+    return parse_metric_set(data, path, builtin=builtin)
+
+
+def builtin_sets() -> dict[str, MetricSet]:
+    """The metric sets shipped with kernmlops, by name."""
+    out: dict[str, MetricSet] = {}
+    for path in sorted(BUILTIN_DIR.glob(f"{BUILTIN_PREFIX}*.yaml")):
+        ms = load_metric_set(path, builtin=True)
+        out[ms.name] = ms
+    return out
+
+
+def resolve_sets(configs: list[str] | tuple[str, ...]) -> list[MetricSet]:
+    """``--config`` values: a path to a metric set file, or a built-in set's name.
+    None given: every built-in set marked default."""
+    builtins = builtin_sets()
+    if not configs:
+        return [ms for ms in builtins.values() if ms.spec.default]
+    out: list[MetricSet] = []
+    for item in configs:
+        path = Path(item)
+        if path.exists() or path.suffix in (".yaml", ".yml") or "/" in item:
+            out.append(load_metric_set(path))
+        elif item in builtins:
+            out.append(builtins[item])
+        else:
+            near = difflib.get_close_matches(item, builtins, n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            raise MetricSetError(
+                f"--config {item!r}: no such file and no built-in set of that name{hint} "
+                f"(built-in: {', '.join(builtins)})"
+            )
+    names = [ms.name for ms in out]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise MetricSetError(f"metric set given twice: {', '.join(dup)}")
+    metric_owner: dict[str, str] = {}
+    for ms in out:
+        for m in ms.metrics:
+            exposed = m.exposed_name if isinstance(m, CounterSpec) else m.name
+            if exposed in metric_owner:
+                raise MetricSetError(
+                    f"metric {exposed} is defined by both set {metric_owner[exposed]} "
+                    f"({_path_of(out, metric_owner[exposed])}) and set {ms.name} ({ms.path})"
+                )
+            metric_owner[exposed] = ms.name
+    return out
+
+
+def _path_of(sets: list[MetricSet], name: str) -> Path:
+    return next(ms.path for ms in sets if ms.name == name)

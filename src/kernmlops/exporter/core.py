@@ -1,0 +1,596 @@
+"""The exporter: loads the metric sets' BPF objects, and at each scrape reads
+their maps and turns them into Prometheus metric families (a
+``prometheus_client`` custom collector), with its own metrics beside them.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import CollectorRegistry
+from prometheus_client.utils import floatToGoString
+
+from kernmlops.ebpf import libbpf
+from kernmlops.ebpf.btf import Btf, BtfError, Kind
+from kernmlops.ebpf.libbpf import LibbpfError
+from kernmlops.ebpf.objects import BpfObject, open_and_load
+from kernmlops.errors import KernmlopsError
+from kernmlops.exporter.config import CounterSpec, HistogramSpec, MetricSet
+from kernmlops.exporter.decoders import (
+    CgroupPaths,
+    DecodeError,
+    DecoderContext,
+    DropLabelSet,
+    LabelDecodeError,
+    label_decoders,
+)
+from kernmlops.exporter.histogram import Buckets
+from kernmlops.exporter.maps import MapReader
+
+SELF = "kernmlops_exporter"
+DEFAULT_MAX_LABEL_SETS = 10_000
+COMM_LEN = 15  # the kernel keeps 15 characters of a task's name
+BPF_STATS_RUN_TIME = 0
+BPF_STATS_SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
+
+
+class ExporterError(KernmlopsError):
+    """A metric set cannot be loaded, or does not fit its BPF object."""
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    """Restrict every set to one job, in the kernel: a process (``tgid``), a
+    thread name (``comm``, as the kernel keeps it: 15 characters) and/or a
+    cgroup v2 and everything below it (``cgroup``: its path below the cgroup
+    mount, or its full path)."""
+
+    tgid: int | None = None
+    comm: str | None = None
+    cgroup: str | None = None
+
+    @property
+    def active(self) -> bool:
+        return bool(self.tgid or self.comm or self.cgroup)
+
+    def globals(self, cgroups: CgroupPaths | None = None) -> dict[str, int]:
+        """Values of the ``const volatile`` settings in bpf/exp_common.h."""
+        out: dict[str, int] = {}
+        if self.tgid is not None:
+            if self.tgid <= 0:
+                raise ExporterError(f"--tgid {self.tgid}: a process id is positive")
+            out["exp_tgid"] = self.tgid
+        if self.comm is not None:
+            raw = self.comm.encode()[:COMM_LEN]
+            if not raw:
+                raise ExporterError("--comm: give a name")
+            out["exp_comm_on"] = 1
+            out["exp_comm"] = int.from_bytes(raw.ljust(16, b"\0"), "little")
+        if self.cgroup is not None:
+            try:
+                cg_id, level = (cgroups or CgroupPaths()).id_of(self.cgroup)
+            except DecodeError as err:
+                raise ExporterError(f"--cgroup: {err}") from None
+            out["exp_cgroup_id"] = cg_id
+            out["exp_cgroup_level"] = level
+        return out
+
+
+@dataclass
+class ProgramStatus:
+    name: str
+    section: str
+    attached: bool = False
+    error: str | None = None
+    fd: int = -1
+
+
+@dataclass
+class SetStatus:
+    """What --check reports and the self-metrics show of one set."""
+
+    name: str
+    path: Path
+    loaded: bool = False
+    error: str | None = None
+    variant: str | None = None
+    programs: list[ProgramStatus] = field(default_factory=list)
+
+    @property
+    def attached(self) -> int:
+        return sum(p.attached for p in self.programs)
+
+    @property
+    def missed(self) -> list[ProgramStatus]:
+        return [p for p in self.programs if not p.attached]
+
+
+class _MetricReader:
+    """One counter or histogram: its map, label decoders and label sets."""
+
+    def __init__(
+        self,
+        set_name: str,
+        spec: CounterSpec | HistogramSpec,
+        reader: MapReader,
+        ctx: DecoderContext,
+        max_label_sets: int,
+    ) -> None:
+        self.set_name = set_name
+        self.spec = spec
+        self.reader = reader
+        self.decoders = label_decoders(spec.labels, ctx)
+        self.label_names = [d.name for d in self.decoders]
+        self.max_label_sets = spec.max_label_sets or max_label_sets
+        #: raw key -> index of its label set, or -1 (dropped: regexp or limit)
+        self._index: dict[bytes, int] = {}
+        self._index_cap = max(65536, 4 * getattr(reader, "max_entries", 0))
+        self._labelsets: list[tuple[str, ...]] = []
+        self._positions: dict[tuple[str, ...], int] = {}
+        self.dropped: set[tuple[str, ...]] = set()  # over the cardinality limit
+        self.decoder_errors: dict[str, int] = {}
+        self._text_labels: dict[int, tuple[str, str]] = {}
+        self.last_error: str | None = None
+
+    def _label_index(self, key: bytes) -> int:
+        found = self._index.get(key)
+        if found is not None:
+            return found
+        if len(self._index) > self._index_cap:
+            self._index.clear()  # keys churn (an LRU map): start the cache afresh
+        try:
+            labels = tuple(d(key) for d in self.decoders)
+        except DropLabelSet:
+            self._index[key] = -1
+            return -1
+        except LabelDecodeError as err:
+            self.decoder_errors[err.label] = self.decoder_errors.get(err.label, 0) + 1
+            self.last_error = str(err)
+            return -1  # not remembered: it may decode later (a new cgroup)
+        pos = self._positions.get(labels)
+        if pos is None:
+            if len(self._labelsets) >= self.max_label_sets:
+                self.dropped.add(labels)
+                self._index[key] = -1
+                return -1
+            pos = self._positions[labels] = len(self._labelsets)
+            self._labelsets.append(labels)
+        self._index[key] = pos
+        return pos
+
+    def snapshot(self) -> tuple[list[int], np.ndarray]:
+        """Label sets present now (as indices) and their values, the keys of one
+        label set summed."""
+        keys, values = self.reader.read()
+        idx = np.fromiter((self._label_index(k) for k in keys), dtype=np.int64, count=len(keys))
+        keep = idx >= 0
+        idx, values = idx[keep], values[keep]
+        order = np.argsort(idx, kind="stable")
+        idx, values = idx[order], values[order]
+        if len(idx) < 2 or bool(np.all(idx[1:] != idx[:-1])):
+            return idx.tolist(), values  # one key per label set: no sums needed
+        starts = np.flatnonzero(np.r_[True, idx[1:] != idx[:-1]])
+        return idx[starts].tolist(), np.add.reduceat(values, starts, axis=0)
+
+    def family(self, snap: tuple[list[int], np.ndarray]) -> Metric:
+        """The snapshot as a prometheus_client metric family."""
+        positions, values = snap
+        labelsets = [self._labelsets[i] for i in positions]
+        spec = self.spec
+        if isinstance(spec, CounterSpec):
+            counter = CounterMetricFamily(spec.name, spec.help, labels=self.label_names)
+            scaled = values[:, 0].astype(np.float64) * spec.value_multiplier
+            for labels, value in zip(labelsets, scaled.tolist(), strict=True):
+                counter.add_metric(labels, value)
+            return counter
+        buckets = self.buckets
+        hist = HistogramMetricFamily(spec.name, spec.help, labels=self.label_names)
+        cumulative = buckets.cumulative(values[:, : buckets.nslots]).astype(np.float64).tolist()
+        sums = buckets.sums(values).tolist()
+        le = buckets.le
+        for labels, counts, total in zip(labelsets, cumulative, sums, strict=True):
+            hist.add_metric(labels, list(zip(le, counts, strict=True)), total)
+        return hist
+
+    def _label_parts(self, pos: int) -> tuple[str, str]:
+        """The label set's ``name="value"`` pairs, sorted by name as
+        prometheus_client writes them, split where ``le`` goes: (before, after)."""
+        found = self._text_labels.get(pos)
+        if found is None:
+            pairs = sorted(zip(self.label_names, self._labelsets[pos], strict=True))
+            before = "".join(f'{k}="{escape_label_value(v)}",' for k, v in pairs if k < "le")
+            after = "".join(f',{k}="{escape_label_value(v)}"' for k, v in pairs if k > "le")
+            found = self._text_labels[pos] = (before, after)
+        return found
+
+    def text(self, snap: tuple[list[int], np.ndarray], out: list[str]) -> None:
+        """The snapshot in the text exposition format, line by line into ``out``:
+        the bytes ``generate_latest`` writes for :meth:`family`, made without a
+        sample object per line (a scrape of thousands of series stays in
+        milliseconds)."""
+        positions, values = snap
+        spec = self.spec
+        doc = spec.help.replace("\\", r"\\").replace("\n", r"\n")
+        fmt = floatToGoString
+        if isinstance(spec, CounterSpec):
+            name = spec.exposed_name
+            out.append(f"# HELP {name} {doc}\n# TYPE {name} counter\n")
+            scaled = values[:, 0].astype(np.float64) * spec.value_multiplier
+            for pos, value in zip(positions, scaled.tolist(), strict=True):
+                before, after = self._label_parts(pos)
+                labels = (before + after.removeprefix(",")).removesuffix(",")
+                out.append(
+                    f"{name}{{{labels}}} {fmt(value)}\n" if labels else f"{name} {fmt(value)}\n"
+                )
+            return
+        name = spec.name
+        buckets = self.buckets
+        out.append(f"# HELP {name} {doc}\n# TYPE {name} histogram\n")
+        cumulative = buckets.cumulative(values[:, : buckets.nslots]).astype(np.float64).tolist()
+        sums = buckets.sums(values).tolist()
+        le = buckets.le
+        bucket = f"{name}_bucket{{"
+        for pos, counts, total in zip(positions, cumulative, sums, strict=True):
+            before, after = self._label_parts(pos)
+            for bound, count in zip(le, counts, strict=True):
+                out.append(f'{bucket}{before}le="{bound}"{after}}} {fmt(count)}\n')
+            labels = (before + after.removeprefix(",")).removesuffix(",")
+            braced = f"{{{labels}}}" if labels else ""
+            out.append(f"{name}_count{braced} {fmt(counts[-1])}\n")
+            out.append(f"{name}_sum{braced} {fmt(total)}\n")
+
+    @cached_property
+    def buckets(self) -> Buckets:
+        assert isinstance(self.spec, HistogramSpec)
+        return Buckets.from_spec(self.spec)
+
+
+class _Families:
+    """A collector of ready families (for generate_latest)."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.families)
+
+
+def escape_label_value(value: str) -> str:
+    """As the text format (and prometheus_client) escapes a label value."""
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+class _LoadedSet:
+    def __init__(self, metric_set: MetricSet) -> None:
+        self.set = metric_set
+        self.status = SetStatus(metric_set.name, metric_set.path)
+        self.obj: BpfObject | None = None
+        self.metrics: list[_MetricReader] = []
+
+    def close(self) -> None:
+        if self.obj is not None:
+            self.obj.close()
+            self.obj = None
+        self.metrics.clear()
+
+
+def _object_globals(path: Path) -> set[str]:
+    try:
+        btf = Btf.from_elf(path)
+    except BtfError:
+        return set()
+    return {t.name for t in btf.types if t.kind is Kind.VAR}
+
+
+def check_fit(metric_set: MetricSet, spec: CounterSpec | HistogramSpec, obj: BpfObject) -> None:
+    """The metric's labels and buckets fit its map, or an error saying how not."""
+    where = f"metric set {metric_set.path}: {spec.name}"
+    bpf_map = obj.maps.get(spec.map)
+    if bpf_map is None:
+        maps = ", ".join(sorted(m for m in obj.maps if not m.startswith("."))) or "none"
+        raise ExporterError(f"{where}: the object has no map {spec.map!r} (maps: {maps})")
+    if spec.key_bytes > bpf_map.key_size:
+        raise ExporterError(
+            f"{where}: labels span {spec.key_bytes} bytes, the key of map {spec.map} has "
+            f"{bpf_map.key_size}"
+        )
+    want = 8
+    if isinstance(spec, HistogramSpec):
+        b = Buckets.from_spec(spec)
+        want = b.value_words * 8
+        what = f"{b.nslots} slots (buckets 0..{len(b.bounds) - 1} and overflow)"
+        if spec.sum:
+            what += " and the sum"
+    else:
+        what = "one u64"
+    if bpf_map.value_size != want:
+        raise ExporterError(
+            f"{where}: values of map {spec.map} are {bpf_map.value_size} bytes; "
+            f"the metric needs {want} ({what})"
+        )
+
+
+class Exporter:
+    """Loads metric sets and serves them as a ``prometheus_client`` collector.
+
+    ``process_filter_fd`` is the fd of a ``kmo_tracked`` map (a collection's
+    process filter): the sets then count only the processes it tracks.
+    """
+
+    def __init__(
+        self,
+        sets: list[MetricSet],
+        *,
+        job: JobFilter | None = None,
+        process_filter_fd: int | None = None,
+        self_tgid: int | None = None,
+        bpf_dir: Path | None = None,
+        max_label_sets: int = DEFAULT_MAX_LABEL_SETS,
+        bpf_stats: bool = False,
+        decoder_context: DecoderContext | None = None,
+    ) -> None:
+        self.sets = [_LoadedSet(ms) for ms in sets]
+        self.job = job or JobFilter()
+        self.process_filter_fd = process_filter_fd
+        self.self_tgid = os.getpid() if self_tgid is None else self_tgid
+        self.bpf_dir = bpf_dir
+        self.max_label_sets = max_label_sets
+        self.want_bpf_stats = bpf_stats
+        self.ctx = decoder_context or DecoderContext()
+        self._stats_fd: int | None = None
+        self._lock = threading.Lock()
+        self.scrapes = 0
+        self.last_scrape_s = 0.0
+
+    # -- loading ------------------------------------------------------------------
+    def start(self) -> list[SetStatus]:
+        """Load and attach every set; a set that fails is reported, not raised."""
+        job_globals = self.job.globals(self.ctx.cgroups)
+        if self.want_bpf_stats and self._stats_fd is None:
+            fd = libbpf.lib.bpf_enable_stats(BPF_STATS_RUN_TIME)
+            if fd < 0:
+                raise ExporterError(f"cannot enable BPF stats: {libbpf.strerror(-fd)}")
+            self._stats_fd = fd  # stats stay on while this fd is open
+        for loaded in self.sets:
+            try:
+                self._load(loaded, job_globals)
+            except (KernmlopsError, OSError) as err:
+                loaded.status.error = str(err)
+                loaded.close()
+        self._warm()
+        return self.statuses
+
+    def _warm(self) -> None:
+        """Read the system tables the decoders need now, not in the first scrape."""
+        used = {
+            d.name
+            for loaded in self.sets
+            for metric in loaded.metrics
+            for label in metric.spec.labels
+            for d in label.decoders
+        }
+        if "syscall" in used:
+            _ = self.ctx.syscall_names
+        try:
+            if "cgroup" in used:
+                self.ctx.cgroups.scan()
+            if "ksym" in used:
+                self.ctx.kallsyms.load()
+        except DecodeError:
+            pass  # reported per key as decoder errors when scraped
+
+    def _load(self, loaded: _LoadedSet, job_globals: dict[str, int]) -> None:
+        ms = loaded.set
+        path = ms.object_path(self.bpf_dir)
+        src = ms.source
+        cached = not ms.builtin and not ms.spec.object and path.name.startswith("exporter-")
+        stale = not path.exists() or (
+            src is not None and src.stat().st_mtime > path.stat().st_mtime
+        )
+        if cached and src is not None and stale:
+            from kernmlops.ebpf.build import compile_object
+
+            compile_object(src, path, vmlinux_dir=self.bpf_dir)
+        if not path.exists():
+            hint = "kernmlops build-bpf" if ms.builtin else "compile its .bpf.c"
+            raise ExporterError(f"metric set {ms.name}: BPF object {path} not found ({hint})")
+        available = _object_globals(path)
+        values: dict[str, int | bool] = {}
+        if "kmo_self_tgid" in available:
+            values["kmo_self_tgid"] = self.self_tgid
+        if self.process_filter_fd is not None:
+            if "kmo_filter_on" not in available:
+                raise ExporterError(
+                    f"metric set {ms.name}: its object has no process filter (include "
+                    "exp_common.h), so it cannot follow a collection's processes"
+                )
+            values["kmo_filter_on"] = True
+        missing = sorted(set(job_globals) - available)
+        if missing:
+            raise ExporterError(
+                f"metric set {ms.name}: its object cannot be restricted to a job "
+                f"(no {', '.join(missing)}: include exp_common.h and call exp_*_wanted())"
+            )
+        values.update(job_globals)
+        reuse = {"kmo_tracked": self.process_filter_fd} if self.process_filter_fd else {}
+        obj = loaded.obj = open_and_load(path, globals_=values, reuse_maps=reuse)
+        loaded.status.loaded = True
+        loaded.status.variant = obj.variant
+        for spec in ms.metrics:
+            check_fit(ms, spec, obj)
+        for prog in obj.programs.values():
+            if not prog.autoload:
+                continue
+            st = ProgramStatus(prog.name, prog.section, fd=prog.fd)
+            try:
+                prog.attach()
+                st.attached = True
+            except LibbpfError as err:
+                st.error = str(err).splitlines()[0]
+            loaded.status.programs.append(st)
+        for spec in ms.metrics:
+            reader = MapReader(obj.map(spec.map))
+            loaded.metrics.append(
+                _MetricReader(ms.name, spec, reader, self.ctx, self.max_label_sets)
+            )
+
+    @property
+    def statuses(self) -> list[SetStatus]:
+        return [s.status for s in self.sets]
+
+    @property
+    def bpf_stats_on(self) -> bool:
+        if self._stats_fd is not None:
+            return True
+        try:
+            return BPF_STATS_SYSCTL.read_text().strip() == "1"
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        """Detach and unload everything (idempotent)."""
+        for loaded in self.sets:
+            loaded.close()
+        if self._stats_fd is not None:
+            os.close(self._stats_fd)
+            self._stats_fd = None
+
+    def __enter__(self) -> Exporter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- scraping -----------------------------------------------------------------
+    def describe(self) -> list[Metric]:
+        # Present so registering does not run a scrape.
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        """prometheus_client's collector protocol: every metric family."""
+        with self._lock:
+            t0 = time.perf_counter()
+            families: list[Metric] = []
+            for loaded in self.sets:
+                for metric in loaded.metrics:
+                    families.append(metric.family(metric.snapshot()))
+            families.extend(self._self_metrics(time.perf_counter() - t0))
+            self.scrapes += 1
+            self.last_scrape_s = time.perf_counter() - t0
+        yield from families
+
+    def render(self) -> bytes:
+        """The text exposition format of a scrape: the same bytes as
+        ``generate_latest(self.registry())``, written directly for the metric
+        sets (their series can number thousands) and by prometheus_client for
+        the exporter's own few metrics."""
+        with self._lock:
+            t0 = time.perf_counter()
+            out: list[str] = []
+            for loaded in self.sets:
+                for metric in loaded.metrics:
+                    metric.text(metric.snapshot(), out)
+            own = _Families(self._self_metrics(time.perf_counter() - t0))
+            self.scrapes += 1
+            self.last_scrape_s = time.perf_counter() - t0
+        return "".join(out).encode() + generate_latest(own)  # type: ignore[arg-type]
+
+    def registry(self) -> CollectorRegistry:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self)
+        return registry
+
+    def _self_metrics(self, elapsed_s: float) -> list[Metric]:
+        enabled = GaugeMetricFamily(
+            f"{SELF}_set_enabled", "1 if the metric set is loaded and serving", labels=["set"]
+        )
+        attached = GaugeMetricFamily(
+            f"{SELF}_programs_attached", "BPF programs attached, per set", labels=["set"]
+        )
+        missed = GaugeMetricFamily(
+            f"{SELF}_programs_not_attached",
+            "BPF programs of a loaded set that could not attach",
+            labels=["set"],
+        )
+        full = CounterMetricFamily(
+            f"{SELF}_map_full",
+            "map inserts that failed because a metric map was full",
+            labels=["set"],
+        )
+        recursion = CounterMetricFamily(
+            f"{SELF}_program_recursion_misses",
+            "runs of a program the kernel skipped (another BPF program was running)",
+            labels=["set", "program"],
+        )
+        run_time = CounterMetricFamily(
+            f"{SELF}_program_run_seconds",
+            "time spent in a BPF program (kernel BPF stats; --bpf-stats)",
+            labels=["set", "program"],
+        )
+        run_count = CounterMetricFamily(
+            f"{SELF}_program_runs",
+            "runs of a BPF program (kernel BPF stats; --bpf-stats)",
+            labels=["set", "program"],
+        )
+        errors = CounterMetricFamily(
+            f"{SELF}_decoder_errors",
+            "map keys whose labels could not be decoded (their values are left out)",
+            labels=["set", "metric", "label"],
+        )
+        dropped = GaugeMetricFamily(
+            f"{SELF}_label_sets_dropped",
+            "label sets left out because the metric reached its max_label_sets",
+            labels=["set", "metric"],
+        )
+        stats_on = self.bpf_stats_on
+        for loaded in self.sets:
+            st = loaded.status
+            enabled.add_metric([st.name], 1.0 if loaded.obj is not None else 0.0)
+            if loaded.obj is None:
+                continue
+            attached.add_metric([st.name], float(st.attached))
+            missed.add_metric([st.name], float(len(st.missed)))
+            if "exp_map_full" in loaded.obj.maps:
+                n = loaded.obj.map("exp_map_full").lookup_percpu(0).sum()
+                full.add_metric([st.name], float(n))
+            for prog in st.programs:
+                if not prog.attached:
+                    continue
+                info = libbpf.prog_info(prog.fd)
+                recursion.add_metric([st.name, prog.name], float(info.recursion_misses))
+                if stats_on:
+                    run_time.add_metric([st.name, prog.name], info.run_time_ns / 1e9)
+                    run_count.add_metric([st.name, prog.name], float(info.run_cnt))
+            for metric in loaded.metrics:
+                for label, n in sorted(metric.decoder_errors.items()):
+                    errors.add_metric([st.name, metric.spec.name, label], float(n))
+                dropped.add_metric([st.name, metric.spec.name], float(len(metric.dropped)))
+        out: list[Metric] = [enabled, attached, missed, full, recursion, errors, dropped]
+        if stats_on:
+            out += [run_time, run_count]
+        stats = GaugeMetricFamily(
+            f"{SELF}_bpf_stats_enabled", "1 if the kernel keeps BPF program run times"
+        )
+        stats.add_metric([], 1.0 if stats_on else 0.0)
+        scrapes = CounterMetricFamily(f"{SELF}_scrapes", "scrapes served")
+        scrapes.add_metric([], float(self.scrapes + 1))
+        duration = GaugeMetricFamily(
+            f"{SELF}_scrape_duration_seconds",
+            "time this scrape took to read and decode the maps",
+        )
+        duration.add_metric([], elapsed_s)
+        return [*out, stats, scrapes, duration]

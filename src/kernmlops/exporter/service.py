@@ -1,0 +1,101 @@
+"""Start the exporter beside other work: load the sets, serve from a thread."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from kernmlops.exporter.config import resolve_sets
+from kernmlops.exporter.core import Exporter, ExporterError, JobFilter, SetStatus
+from kernmlops.exporter.server import DEFAULT_LISTEN, MetricsServer, parse_listen
+
+
+@dataclass
+class RunningExporter:
+    """Loaded sets and the server serving them; ``close()`` stops both."""
+
+    exporter: Exporter
+    server: MetricsServer
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def statuses(self) -> list[SetStatus]:
+        return self.exporter.statuses
+
+    def summary(self) -> dict:
+        """For a collection's manifest."""
+        return {
+            "url": self.url,
+            "sets": {
+                s.name: {
+                    "loaded": s.loaded,
+                    "error": s.error,
+                    "variant": s.variant,
+                    "attached": s.attached,
+                    "not_attached": {p.name: p.error for p in s.missed},
+                }
+                for s in self.statuses
+            },
+            "scrapes": self.exporter.scrapes,
+        }
+
+    def close(self) -> None:
+        self.server.stop()
+        self.exporter.close()
+
+
+def start_exporter(
+    listen: str = DEFAULT_LISTEN,
+    *,
+    configs: list[str] | tuple[str, ...] = (),
+    job: JobFilter | None = None,
+    process_filter_fd: int | None = None,
+    self_tgid: int | None = None,
+    bpf_dir: Path | None = None,
+    strict: bool = False,
+    bpf_stats: bool = False,
+) -> RunningExporter:
+    """Load the sets (``configs``: files or built-in names; none: the default
+    built-in sets) and serve them at ``listen`` from a thread.
+
+    A set that cannot load is an error; a program that cannot attach is one
+    only when ``strict``. ``process_filter_fd`` (a ``kmo_tracked`` map, as a
+    collection's ProcessFilter has) restricts the sets to its processes.
+    """
+    sets = resolve_sets(configs)
+    host, port = parse_listen(listen)
+    exporter = Exporter(
+        sets,
+        job=job,
+        process_filter_fd=process_filter_fd,
+        self_tgid=self_tgid,
+        bpf_dir=bpf_dir,
+        bpf_stats=bpf_stats,
+    )
+    try:
+        exporter.start()
+        problems = failures(exporter.statuses, strict=strict)
+        if problems:
+            raise ExporterError("exporter: " + "; ".join(problems))
+        server = MetricsServer(exporter.render, host, port).start()
+    except BaseException:
+        exporter.close()
+        raise
+    return RunningExporter(exporter, server)
+
+
+def failures(statuses: list[SetStatus], *, strict: bool) -> list[str]:
+    """What makes a start (or --check) fail: sets that did not load, and with
+    ``strict`` programs that did not attach."""
+    out = [f"set {s.name}: {s.error}" for s in statuses if s.error]
+    if strict:
+        out += [
+            f"set {s.name}: program {p.name} ({p.section}) not attached: {p.error}"
+            for s in statuses
+            if not s.error
+            for p in s.missed
+        ]
+    return out

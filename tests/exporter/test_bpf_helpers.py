@@ -1,0 +1,124 @@
+"""The bucket helpers of bpf/exp_common.h, run in the kernel (BPF_PROG_TEST_RUN),
+agree with the bounds the exporter writes as ``le``."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kernmlops.ebpf.build import build, compile_object, default_build_dir
+from kernmlops.ebpf.libbpf import lib
+from kernmlops.ebpf.objects import open_and_load
+from kernmlops.exporter.histogram import Buckets, bucket_bounds, slot_of
+
+pytestmark = pytest.mark.bpf
+
+SOURCE = r"""
+#include "exp_common.h"
+
+struct hist {
+	u64 slots[4 + 2]; /* exp2, bucket_max 4: slots 0..4 and the overflow */
+	u64 sum;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__type(value, struct hist);
+} hist SEC(".maps");
+
+static const u64 fixed_bounds[3] = { 3, 10, 250 };
+
+/* args[0]: the value, args[1]: 0 exp2 (and observe it), 1 exp2zero, 2 linear,
+ * 3 fixed */
+SEC("raw_tp")
+int slot(struct bpf_raw_tracepoint_args *ctx)
+{
+	u64 v = ctx->args[0];
+	u32 zero = 0;
+	struct hist *h;
+
+	if (ctx->args[1] == 1)
+		return exp_slot_exp2zero(v);
+	if (ctx->args[1] == 2)
+		return exp_slot_linear(v);
+	if (ctx->args[1] == 3)
+		return EXP_SLOT_FIXED(v, fixed_bounds);
+	h = bpf_map_lookup_elem(&hist, &zero);
+	if (h)
+		EXP_OBSERVE(h, exp_slot_exp2(v), v);
+	return exp_slot_exp2(v);
+}
+"""
+
+
+class RunOpts(ctypes.Structure):
+    """struct bpf_test_run_opts (libbpf's bpf.h)."""
+
+    _fields_ = [
+        ("sz", ctypes.c_size_t),
+        ("data_in", ctypes.c_void_p),
+        ("data_out", ctypes.c_void_p),
+        ("data_size_in", ctypes.c_uint32),
+        ("data_size_out", ctypes.c_uint32),
+        ("ctx_in", ctypes.c_void_p),
+        ("ctx_out", ctypes.c_void_p),
+        ("ctx_size_in", ctypes.c_uint32),
+        ("ctx_size_out", ctypes.c_uint32),
+        ("retval", ctypes.c_uint32),
+        ("repeat", ctypes.c_int),
+        ("duration", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("cpu", ctypes.c_uint32),
+        ("batch_size", ctypes.c_uint32),
+    ]
+
+
+_test_run = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.POINTER(RunOpts))(
+    ("bpf_prog_test_run_opts", lib)
+)
+
+VALUES = [0, 1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 1000, 1024, 1025, 2**20, 2**20 + 1]
+VALUES += [2**32 - 1, 2**32, 2**32 + 1, 2**63, 2**64 - 1]
+
+
+def run(fd: int, value: int, kind: int) -> int:
+    args = (ctypes.c_uint64 * 2)(value, kind)
+    opts = RunOpts(sz=ctypes.sizeof(RunOpts))
+    opts.ctx_in = ctypes.cast(args, ctypes.c_void_p)
+    opts.ctx_size_in = ctypes.sizeof(args)
+    rc = _test_run(fd, ctypes.byref(opts))
+    assert rc == 0, f"BPF_PROG_TEST_RUN failed: {rc}"
+    return opts.retval
+
+
+def test_kernel_slots_match_the_exported_bounds(tmp_path: Path) -> None:
+    build()
+    src = tmp_path / "exp_slots.bpf.c"
+    src.write_text(SOURCE)
+    path = compile_object(src, tmp_path / "exp_slots.bpf.o", vmlinux_dir=default_build_dir())
+    with open_and_load(path) as obj:
+        fd = obj.programs["slot"].fd
+        wide = bucket_bounds("exp2", 70)  # wide enough that nothing is clamped
+        for v in VALUES:
+            assert run(fd, v, 0) == slot_of("exp2", v, wide), v
+            assert run(fd, v, 1) == slot_of("exp2zero", v, wide), v
+            assert run(fd, v, 2) == min(v, 2**32 - 1), v
+            assert run(fd, v, 3) == slot_of("fixed", v, (3.0, 10.0, 250.0)), v
+        raw = obj.map("hist").lookup(0)
+        assert raw is not None
+        words = np.frombuffer(raw, dtype="<u8")
+    # The observed histogram: each value in the slot of its bound, the large
+    # ones in the overflow slot, and the exact sum (mod 2^64, as u64 adds).
+    b = Buckets(bucket_bounds("exp2", 4))
+    expected = np.zeros(b.value_words, dtype=np.uint64)
+    for v in VALUES:
+        expected[slot_of("exp2", v, b.bounds)] += 1
+    expected[-1] = sum(VALUES) % 2**64
+    assert words.tolist() == expected.tolist()
+    cumulative = b.cumulative(words[: b.nslots]).tolist()
+    assert cumulative == [sum(v <= bound for v in VALUES) for bound in b.bounds] + [len(VALUES)]

@@ -1,0 +1,67 @@
+"""`kernmlops export`: user errors are refused with a clear message before
+anything is loaded (no root needed for these)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from kernmlops.exporter.cli import export_command
+
+
+def run(*args: str):
+    return CliRunner().invoke(export_command, list(args))
+
+
+def test_list_shows_every_builtin_set_and_its_metrics() -> None:
+    result = run("--list")
+    assert result.exit_code == 0, result.output
+    assert "biolatency (on by default)" in result.output
+    assert "syscalls_comm (off by default)" in result.output
+    assert "kernmlops_block_io_latency_seconds{device,op}  histogram" in result.output
+    assert "kernmlops_cgroup_cpu_seconds_total{cgroup}  counter" in result.output
+
+
+def test_bad_metric_file_names_file_key_and_reason(tmp_path: Path) -> None:
+    bad = tmp_path / "io.yaml"
+    bad.write_text(
+        "metrics:\n"
+        "  histograms:\n"
+        "    - name: io_latency_seconds\n"
+        "      help: latency\n"
+        "      map: lat\n"
+        "      bucket_type: exp2\n"
+        "      labels:\n"
+        "        - {name: dev, size: 3, decoders: [{name: majorminor}]}\n"
+    )
+    result = run("--config", str(bad), "--check")
+    assert result.exit_code == 2
+    out = result.output
+    assert f"invalid metric set {bad}" in out
+    assert (
+        "metrics.histograms[0] (io_latency_seconds).labels[0] (dev): decoder 'majorminor' "
+        "reads an integer: size must be 1, 2, 4 or 8" in out
+    )
+    bad.write_text(bad.read_text().replace("size: 3", "size: 4"))
+    result = run("--config", str(bad), "--check")
+    assert result.exit_code == 2
+    assert "metrics.histograms[0] (io_latency_seconds): bucket_type 'exp2' needs bucket_max" in (
+        result.output
+    )
+
+
+def test_unknown_set_missing_file_and_bad_listen() -> None:
+    result = run("-c", "biolatncy")
+    assert result.exit_code == 2 and "did you mean 'biolatency'" in result.output
+    result = run("-c", "nowhere/io.yaml")
+    assert result.exit_code == 2 and "cannot read metric set nowhere/io.yaml" in result.output
+    result = run("--listen", ":9435")
+    assert result.exit_code == 2 and "give the host" in result.output
+    result = run("--max-label-sets", "0")
+    assert result.exit_code == 2 and "--max-label-sets" in result.output
+
+
+def test_tgid_must_be_a_running_process() -> None:
+    result = run("--tgid", "999999999")
+    assert result.exit_code == 2 and "no process 999999999" in result.output

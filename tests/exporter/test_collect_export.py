@@ -1,0 +1,61 @@
+"""`kernmlops collect --export`: a running collection serves the metric sets,
+restricted to the benchmark's process tree like the hooks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.e2e.conftest import only_collection
+from tests.exporter.test_exporter_bpf import free_port
+
+pytestmark = pytest.mark.bpf
+
+CALLS = 4321
+CHILD = f"import os, time\nfor _ in range({CALLS}):\n    os.getppid()\ntime.sleep(30)\n"
+
+
+def test_collect_serves_the_metrics_of_its_processes(tmp_path: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    collect = subprocess.Popen(
+        [sys.executable, "-m", "kernmlops", "collect", "--no-progress", "-o", str(tmp_path),
+         "--hooks", "process_trace", "--export", f"127.0.0.1:{port}", "-d", "20",
+         "--", sys.executable, "-c", CHILD],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        seen = 0.0
+        deadline = time.monotonic() + 60
+        while seen < CALLS and time.monotonic() < deadline and collect.poll() is None:
+            try:
+                with urllib.request.urlopen(url, timeout=5) as resp:
+                    text = resp.read().decode()
+            except OSError:
+                time.sleep(0.2)
+                continue
+            for family in text_string_to_metric_families(text):
+                for s in family.samples:
+                    if s.name == "kernmlops_syscalls_total" and s.labels["syscall"] == "getppid":
+                        seen = s.value
+            time.sleep(0.2)
+        # only the benchmark's tree is counted: exactly its calls
+        assert seen == CALLS
+    finally:
+        collect.terminate()  # SIGTERM: the collection stops and keeps what it has
+        out, _ = collect.communicate(timeout=60)
+    assert collect.returncode == 128 + 15, out
+    manifest = only_collection(tmp_path)
+    assert manifest is not None
+    exported = manifest.manifest["exporter"]
+    assert exported["url"] == url
+    syscalls = exported["sets"]["syscalls"]
+    assert syscalls["loaded"] and syscalls["error"] is None and syscalls["attached"] == 2
+    with pytest.raises(OSError):  # the server is gone with the collection
+        urllib.request.urlopen(url, timeout=2)

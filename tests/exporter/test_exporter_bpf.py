@@ -1,0 +1,266 @@
+"""The exporter against the real kernel (root + BPF): a job with known kernel
+activity, the exporter restricted to it, two scrapes, promtool, a real
+Prometheus scraping it, and a clean SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kernmlops.exporter.decoders import cgroup2_mount
+
+pytestmark = pytest.mark.bpf
+
+HERE = Path(__file__).resolve().parent
+JOB = "kmo-expjob"  # the workload's name, which the exporter filters on
+WRITES, SLEEPS, GETPPIDS, ENOENTS, PAGES, MOVES, BURN_MS = 64, 100, 777, 33, 300, 20, 300
+SETS = ["biolatency", "runqlat", "syscalls", "pagefaults", "migrations", "oncpu"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str, timeout: float = 10) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return resp.read().decode()
+
+
+def parse(text: str) -> dict[tuple[str, frozenset], float]:
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def total(samples: dict, name: str, **labels: str) -> float:
+    want = set(labels.items())
+    return sum(v for (n, lab), v in samples.items() if n == name and want <= lab)
+
+
+def disk_of(path: Path) -> str:
+    """The whole disk under a file (block requests are on the disk, not the partition)."""
+    dev = path.stat().st_dev
+    sysdir = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}").resolve()
+    return sysdir.parent.name if (sysdir / "partition").exists() else sysdir.name
+
+
+def exp_programs() -> set[int]:
+    tool = shutil.which("bpftool") or "/usr/sbin/bpftool"
+    out = subprocess.run([tool, "-j", "prog", "show"], capture_output=True, text=True, check=True)
+    return {p["id"] for p in json.loads(out.stdout or "[]") if p.get("name", "").startswith("exp_")}
+
+
+def wait_serving(proc: subprocess.Popen, url: str, log: Path, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"exporter exited {proc.returncode}: {log.read_text()}")
+        try:
+            get(url, timeout=2)
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise AssertionError(f"exporter did not serve within {timeout} s: {log.read_text()}")
+
+
+@pytest.fixture
+def job_cgroup() -> Iterator[Path]:
+    mount = cgroup2_mount()
+    assert mount is not None, "the test needs a cgroup v2 hierarchy"
+    path = mount / f"kmo-exporter-test-{os.getpid()}"
+    path.mkdir()
+    try:
+        yield path
+    finally:
+        for _ in range(50):  # the workload's exit is reaped asynchronously
+            try:
+                path.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def usage_s(cgroup: Path) -> float:
+    stat = dict(line.split() for line in (cgroup / "cpu.stat").read_text().splitlines())
+    return int(stat["usage_usec"]) / 1e6
+
+
+def query(prom: str, expr: str, timeout: float = 40) -> list[dict]:
+    url = f"{prom}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            body = json.loads(get(url, timeout=5))
+            if body["status"] == "success" and body["data"]["result"]:
+                return body["data"]["result"]
+        except OSError:
+            pass  # not up yet
+        if time.monotonic() > deadline:
+            raise AssertionError(f"Prometheus found nothing for {expr} within {timeout} s")
+        time.sleep(0.5)
+
+
+def test_exporter_counts_a_known_job_and_prometheus_scrapes_it(
+    tmp_path: Path, job_cgroup: Path
+) -> None:
+    for tool in ("promtool", "prometheus"):
+        assert shutil.which(tool), f"{tool} missing: apt-get install prometheus"
+    started: list[subprocess.Popen] = []
+    logs = []
+    port, prom_port = free_port(), free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    data_dir = Path("/var/tmp") / f"kmo-exporter-test-{os.getpid()}"
+    data_dir.mkdir()
+    log = tmp_path / "exporter.log"
+    try:
+        args = [sys.executable, "-m", "kernmlops.exporter", "--listen", f"127.0.0.1:{port}"]
+        args += ["--comm", JOB, "--bpf-stats", *(x for s in SETS for x in ("-c", s))]
+        with log.open("w") as out:
+            exporter = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+        started.append(exporter)
+        wait_serving(exporter, url, log)
+        loaded = exp_programs()
+        assert loaded, "the exporter's programs are not in the kernel"
+
+        work = subprocess.Popen(
+            [sys.executable, str(HERE / "workload.py"), JOB, str(data_dir / "data"),
+             *map(str, (WRITES, SLEEPS, GETPPIDS, ENOENTS, PAGES, MOVES, BURN_MS))],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        started.append(work)
+        assert work.stdout is not None and work.stdin is not None
+        assert work.stdout.readline().strip() == "ready"
+        (job_cgroup / "cgroup.procs").write_text(str(work.pid))
+        cpu0 = usage_s(job_cgroup)
+        first = parse(get(url))
+        work.stdin.write("go\n")
+        work.stdin.flush()
+        did = json.loads(work.stdout.readline())
+        assert work.wait(timeout=60) == 0
+        cpu1 = usage_s(job_cgroup)
+        text = get(url)
+        second = parse(text)
+
+        def grew(name: str, **labels: str) -> float:
+            return total(second, name, **labels) - total(first, name, **labels)
+
+        disk = disk_of(data_dir)
+        writes = grew("kernmlops_block_io_latency_seconds_count", device=disk, op="write")
+        misses = {k: v for k, v in second.items() if "recursion" in k[0] or "map_full" in k[0]}
+        assert WRITES <= writes <= WRITES + 8, (writes, misses)  # only the job's requests
+        assert grew("kernmlops_block_io_bytes_total", device=disk, op="write") >= WRITES * 4096
+        le_inf = grew(
+            "kernmlops_block_io_latency_seconds_bucket", device=disk, op="write", le="+Inf"
+        )
+        assert le_inf == writes
+        assert grew("kernmlops_block_io_latency_seconds_sum", device=disk, op="write") > 0
+        assert grew("kernmlops_runqueue_latency_seconds_count") >= SLEEPS
+        assert grew("kernmlops_syscalls_total", syscall="getppid") == GETPPIDS
+        assert grew("kernmlops_syscalls_total", syscall="pwrite64") == WRITES
+        enoent = grew("kernmlops_syscall_errors_total", syscall="openat", errno="ENOENT")
+        assert ENOENTS <= enoent <= ENOENTS + 5, enoent
+        assert grew("kernmlops_page_faults_total", mode="user") >= PAGES
+        assert grew("kernmlops_task_migrations_total") >= did["moved"]
+        if did["cpus"] >= 2:
+            assert did["moved"] == MOVES
+        # CPU time of the job's cgroup: the scheduler's account, as cpu.stat keeps it
+        cg_label = "/" + job_cgroup.name
+        on_cpu = grew("kernmlops_cgroup_cpu_seconds_total", cgroup=cg_label)
+        assert on_cpu >= BURN_MS / 1000 * 0.9
+        assert abs(on_cpu - (cpu1 - cpu0)) <= 0.1 * (cpu1 - cpu0) + 0.03, (on_cpu, cpu1 - cpu0)
+        print(
+            f"writes {writes} enoent {enoent} on-cpu {on_cpu:.4f} s, cpu.stat {cpu1 - cpu0:.4f} s"
+        )
+        # the exporter's own metrics
+        assert value(second, "kernmlops_exporter_set_enabled", set="biolatency") == 1
+        assert value(second, "kernmlops_exporter_programs_attached", set="syscalls") == 2
+        assert value(second, "kernmlops_exporter_bpf_stats_enabled") == 1
+        runs = total(second, "kernmlops_exporter_program_runs_total", set="syscalls")
+        assert runs >= GETPPIDS  # every call entered the program, filtered or not
+        assert total(second, "kernmlops_exporter_program_run_seconds_total", set="syscalls") > 0
+        assert total(second, "kernmlops_exporter_decoder_errors_total") == 0
+        assert value(second, "kernmlops_exporter_scrapes_total") == 3  # with the readiness probe
+
+        check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True,
+                               text=True, timeout=30)  # fmt: skip
+        assert check.returncode == 0, check.stdout + check.stderr
+
+        # A real Prometheus scrapes the exporter every second.
+        config = tmp_path / "prometheus.yml"
+        config.write_text(
+            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+            "scrape_configs:\n"
+            f"  - job_name: kernmlops\n    static_configs: [{{targets: ['127.0.0.1:{port}']}}]\n"
+        )
+        prom_log = (tmp_path / "prometheus.log").open("w")
+        logs.append(prom_log)
+        prom = subprocess.Popen(
+            ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{prom_port}"],
+            stdout=prom_log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        started.append(prom)
+        api = f"http://127.0.0.1:{prom_port}"
+        expr = f'kernmlops_block_io_latency_seconds_bucket{{device="{disk}",op="write",le="+Inf"}}'
+        (series,) = query(api, expr)
+        assert series["metric"] == {
+            "__name__": "kernmlops_block_io_latency_seconds_bucket",
+            "device": disk,
+            "op": "write",
+            "le": "+Inf",
+            "instance": f"127.0.0.1:{port}",
+            "job": "kernmlops",
+        }
+        assert float(series["value"][1]) >= WRITES
+        buckets = query(api, f'kernmlops_block_io_latency_seconds_bucket{{device="{disk}"}}')
+        assert len({s["metric"]["le"] for s in buckets}) == 28  # 27 bounds and +Inf
+        writes_expr = f'kernmlops_block_io_latency_seconds_bucket{{device="{disk}",op="write"}}'
+        median = query(api, f"histogram_quantile(0.5, {writes_expr})")
+        assert 0 < float(median[0]["value"][1]) < 10  # seconds
+
+        # SIGTERM: the exporter detaches everything and exits 0.
+        exporter.send_signal(signal.SIGTERM)
+        assert exporter.wait(timeout=20) == 0, log.read_text()
+        assert "stopping (SIGTERM)" in log.read_text()
+        deadline = time.monotonic() + 5
+        while loaded & exp_programs() and time.monotonic() < deadline:
+            time.sleep(0.1)  # the kernel frees programs asynchronously
+        assert not loaded & exp_programs()
+    finally:
+        for proc in started:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        shutil.rmtree(data_dir, ignore_errors=True)
+        for fh in logs:
+            fh.close()
+    for proc in started:
+        assert not psutil.pid_exists(proc.pid) or psutil.Process(proc.pid).status() == "zombie"
+    mine = {p.pid for p in started}
+    assert not mine & {c.pid for c in psutil.Process().children(recursive=True)}

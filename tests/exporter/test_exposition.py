@@ -1,0 +1,231 @@
+"""Exposition: what a scrape writes, parsed back with prometheus_client's
+parser, and the fast writer's bytes against prometheus_client's own."""
+
+from __future__ import annotations
+
+import struct
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kernmlops.exporter.config import CounterSpec, DecoderSpec, HistogramSpec, LabelSpec
+from kernmlops.exporter.core import _Families, _MetricReader, escape_label_value
+from kernmlops.exporter.decoders import DecoderContext
+from kernmlops.exporter.histogram import Buckets
+from kernmlops.exporter.server import ListenError, MetricsServer, parse_listen
+
+
+class FakeReader:
+    """Stands in for a BPF map: keys (bytes) and u64 values, as MapReader gives."""
+
+    def __init__(self, rows: dict[bytes, list[int]]) -> None:
+        self.rows = rows
+
+    def read(self) -> tuple[list[bytes], np.ndarray]:
+        keys = list(self.rows)
+        return keys, np.array([self.rows[k] for k in keys], dtype=np.uint64).reshape(len(keys), -1)
+
+
+def key(comm: bytes, op: int) -> bytes:
+    return comm.ljust(16, b"\0") + struct.pack("<I", op)
+
+
+LABELS = [
+    LabelSpec(name="comm", size=16, decoders=[DecoderSpec(name="comm")]),
+    LabelSpec(
+        name="op",
+        size=4,
+        decoders=[DecoderSpec(name="static_map", static_map={"0": "read", "1": "write"})],
+    ),
+]
+HIST = HistogramSpec(
+    name="test_io_latency_seconds",
+    help='latency\nwith "odd" \\ help',
+    map="m",
+    labels=LABELS,
+    bucket_type="exp2",
+    bucket_max=3,
+    bucket_multiplier=1e-6,
+)
+COUNTER = CounterSpec(
+    name="test_io_bytes_total", help="bytes", map="m", labels=LABELS, value_multiplier=0.5
+)
+
+
+def reader(spec, rows, limit: int = 100) -> _MetricReader:
+    return _MetricReader("test", spec, FakeReader(rows), DecoderContext(), limit)
+
+
+def both_ways(metric: _MetricReader) -> tuple[bytes, bytes]:
+    snap = metric.snapshot()
+    out: list[str] = []
+    metric.text(snap, out)
+    return "".join(out).encode(), generate_latest(_Families([metric.family(snap)]))
+
+
+def test_histogram_exposition_is_cumulative_with_inf_sum_and_count() -> None:
+    rows = {
+        key(b"dd", 1): [0, 2, 3, 1, 4, 1234],  # 4 bucket slots, overflow, sum (µs)
+        key(b"dd", 0): [1, 0, 0, 0, 0, 1],
+        key(b"fio", 1): [0, 0, 0, 5, 0, 40],
+    }
+    fast, reference = both_ways(reader(HIST, rows))
+    assert fast == reference
+    (family,) = text_string_to_metric_families(fast.decode())
+    assert family.name == "test_io_latency_seconds" and family.type == "histogram"
+    assert family.documentation == 'latency\nwith "odd" \\ help'
+    got = {}
+    for s in family.samples:
+        labels = dict(s.labels)
+        got[(s.name, labels.pop("comm"), labels.pop("op"), labels.pop("le", None))] = s.value
+        assert not labels
+    name = "test_io_latency_seconds"
+    dd_write = [got[(f"{name}_bucket", "dd", "write", le)] for le in Buckets.from_spec(HIST).le]
+    assert dd_write == [0, 2, 5, 6, 10]  # cumulative, +Inf includes the overflow slot
+    assert got[(f"{name}_count", "dd", "write", None)] == 10
+    assert got[(f"{name}_sum", "dd", "write", None)] == pytest.approx(1234e-6)
+    assert got[(f"{name}_bucket", "dd", "read", "1e-06")] == 1
+    assert got[(f"{name}_count", "fio", "write", None)] == 5
+    assert fast.count(b"_bucket{") == 3 * 5
+
+
+def test_counter_exposition_and_keys_that_decode_alike_are_summed() -> None:
+    rows = {
+        key(b"dd", 1): [10],
+        key(b"dd", 7): [4],  # unknown:7
+        key(b"dd\0junk", 1): [6],  # the same label set as (dd, write): summed
+    }
+    fast, reference = both_ways(reader(COUNTER, rows))
+    assert fast == reference
+    (family,) = text_string_to_metric_families(fast.decode())
+    assert family.type == "counter" and family.name == "test_io_bytes"
+    values = {(s.labels["comm"], s.labels["op"]): s.value for s in family.samples}
+    assert values == {("dd", "write"): 8.0, ("dd", "unknown:7"): 2.0}  # x value_multiplier
+
+
+def test_label_values_are_escaped_like_prometheus_client() -> None:
+    rows = {key(b'a"b\\c\nd', 0): [3], key(b"", 1): [1]}
+    fast, reference = both_ways(reader(COUNTER, rows))
+    assert fast == reference
+    (family,) = text_string_to_metric_families(fast.decode())
+    assert {s.labels["comm"] for s in family.samples} == {'a"b\\c\nd', ""}
+    assert escape_label_value('x"\\\n') == 'x\\"\\\\\\n'
+
+
+def test_metric_without_labels() -> None:
+    spec = HistogramSpec(
+        name="test_runq_seconds", help="h", map="m", bucket_type="exp2zero", bucket_max=2
+    )
+    fast, reference = both_ways(reader(spec, {b"\0\0\0\0": [1, 2, 3, 4, 99]}))
+    assert fast == reference
+    assert b"test_runq_seconds_count 10.0\n" in fast and b"test_runq_seconds_sum 99.0\n" in fast
+    counter = CounterSpec(name="test_things", help="h", map="m")
+    fast, reference = both_ways(reader(counter, {b"\0": [5]}))
+    head = b"# HELP test_things_total h\n# TYPE test_things_total counter\n"
+    assert fast == reference == head + b"test_things_total 5.0\n"
+
+
+def test_cardinality_limit_keeps_the_first_label_sets_and_counts_the_rest() -> None:
+    rows = {key(f"c{i}".encode(), 0): [i] for i in range(10)}
+    metric = reader(COUNTER, rows, limit=4)
+    (family,) = text_string_to_metric_families(both_ways(metric)[0].decode())
+    assert len(family.samples) == 4
+    assert len(metric.dropped) == 6
+    rows[key(b"c0", 1)] = [1]  # a new label set still finds no room
+    (family,) = text_string_to_metric_families(both_ways(metric)[0].decode())
+    assert len(family.samples) == 4 and len(metric.dropped) == 7
+
+
+def test_decoder_errors_are_counted_per_label_and_regexp_drops_are_not() -> None:
+    labels = [
+        LabelSpec(name="nr", size=4, decoders=[DecoderSpec(name="errno")]),
+        LabelSpec(
+            name="comm",
+            size=4,
+            decoders=[DecoderSpec(name="string"), DecoderSpec(name="regexp", regexps=["^k"])],
+        ),
+    ]
+    spec = CounterSpec(name="test_errs", help="h", map="m", labels=labels)
+    rows = {
+        struct.pack("<I", 2) + b"kw\0\0": [1],
+        struct.pack("<I", 9999) + b"kw\0\0": [1],  # no such errno
+        struct.pack("<I", 2) + b"xx\0\0": [1],  # dropped by the regexp
+    }
+    metric = reader(spec, rows)
+    (family,) = text_string_to_metric_families(both_ways(metric)[0].decode())
+    assert [dict(s.labels) for s in family.samples] == [{"nr": "ENOENT", "comm": "kw"}]
+    assert metric.decoder_errors == {"nr": 1}
+    both_ways(metric)  # a failed key is tried again at every scrape (a cgroup may appear)
+    assert metric.decoder_errors == {"nr": 2}
+
+
+def test_parse_listen() -> None:
+    assert parse_listen("127.0.0.1:9435") == ("127.0.0.1", 9435)
+    assert parse_listen("[::1]:0") == ("::1", 0)
+    assert parse_listen("localhost:80") == ("localhost", 80)
+    for bad, why in [
+        (":9435", "give the host"),
+        ("9435", "expected HOST:PORT"),
+        ("127.0.0.1:http", "expected HOST:PORT"),
+        ("127.0.0.1:70000", "out of range"),
+    ]:
+        with pytest.raises(ListenError, match=why):
+            parse_listen(bad)
+
+
+def test_server_serves_metrics_on_loopback_and_stops() -> None:
+    calls = []
+
+    def render() -> bytes:
+        calls.append(1)
+        return b"# HELP x_total x\n# TYPE x_total counter\nx_total 1.0\n"
+
+    server = MetricsServer(render, "127.0.0.1", 0).start()
+    try:
+        assert server.url.startswith("http://127.0.0.1:") and server.port > 0
+        with urllib.request.urlopen(server.url, timeout=5) as resp:
+            assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+            (family,) = text_string_to_metric_families(resp.read().decode())
+        assert family.samples[0].value == 1.0 and calls == [1]
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(server.url.replace("/metrics", "/nope"), timeout=5)
+        assert info.value.code == 404
+        with pytest.raises(ListenError, match="cannot listen"):
+            MetricsServer(render, "127.0.0.1", server.port)  # taken
+    finally:
+        server.stop()
+    with pytest.raises(OSError):
+        urllib.request.urlopen(server.url, timeout=2)
+
+
+def test_a_failing_scrape_answers_500_and_the_server_lives_on() -> None:
+    state = {"fail": True}
+
+    def render() -> bytes:
+        if state["fail"]:
+            raise RuntimeError("map gone")
+        return b"ok 1.0\n"
+
+    with MetricsServer(render, "127.0.0.1", 0) as server:
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(server.url, timeout=5)
+        assert info.value.code == 500 and b"map gone" in info.value.read()
+        state["fail"] = False
+        with urllib.request.urlopen(server.url, timeout=5) as resp:
+            assert resp.read() == b"ok 1.0\n"
+
+
+def test_job_filter_settings() -> None:
+    from kernmlops.exporter.core import ExporterError, JobFilter
+
+    assert JobFilter().globals() == {} and not JobFilter().active
+    got = JobFilter(tgid=42, comm="a-very-long-thread-name").globals()
+    # the kernel keeps 15 characters of a name, NUL-terminated in 16 bytes
+    assert got["exp_tgid"] == 42 and got["exp_comm_on"] == 1
+    assert got["exp_comm"].to_bytes(16, "little") == b"a-very-long-thr\0"
+    with pytest.raises(ExporterError, match="a process id is positive"):
+        JobFilter(tgid=0).globals()

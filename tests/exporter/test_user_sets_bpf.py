@@ -1,0 +1,154 @@
+"""A user's metric set: a YAML beside its .bpf.c, compiled on first use, checked
+against its maps, reported by --check (and failed by --strict when a program
+does not attach), and served."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from prometheus_client.parser import text_string_to_metric_families
+
+from kernmlops.ebpf.build import build
+from kernmlops.exporter.cli import export_command
+from kernmlops.exporter.config import MetricSet, load_metric_set
+from kernmlops.exporter.core import Exporter
+
+pytestmark = pytest.mark.bpf
+
+SOURCE = r"""
+#include "exp_common.h"
+
+struct cpu_hist {
+	u64 slots[7 + 2]; /* linear, bucket_max 7: slots 0..7 and the overflow */
+	u64 sum;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 256);
+	__type(key, u32);
+	__type(value, u64);
+} switches SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__type(value, struct cpu_hist);
+} cpus SEC(".maps");
+
+SEC("raw_tp/sched_switch")
+int user_switch(void *ctx)
+{
+	u32 cpu = bpf_get_smp_processor_id(), zero = 0;
+	struct cpu_hist *h;
+
+	if (!exp_current_wanted())
+		return 0;
+	exp_count(&switches, &cpu, 1);
+	h = bpf_map_lookup_elem(&cpus, &zero);
+	if (h)
+		EXP_OBSERVE(h, exp_slot_linear(cpu), cpu);
+	return 0;
+}
+
+/* Loads, and cannot attach: no such tracepoint. */
+SEC("tracepoint/kmo_nonexistent/nothing")
+int user_never(void *ctx)
+{
+	return 0;
+}
+"""
+
+YAML = """\
+description: context switches by CPU (a test set)
+metrics:
+  counters:
+    - name: user_switches_total
+      help: context switches by CPU
+      map: switches
+      labels:
+        - {name: cpu, size: 4, decoders: [{name: uint}]}
+  histograms:
+    - name: user_switch_cpu
+      help: the CPU of each context switch
+      map: cpus
+      bucket_type: linear
+      bucket_max: 7
+"""
+
+
+@pytest.fixture(scope="module")
+def set_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The .bpf.c, compiled once for the module (into the build folder)."""
+    build()  # vmlinux.h for the user's object
+    directory = tmp_path_factory.mktemp("user-set")
+    (directory / "exp_user_switch.bpf.c").write_text(SOURCE)
+    path = directory / "exp_user_switch.yaml"
+    path.write_text(YAML)
+    try:
+        yield directory
+    finally:
+        load_metric_set(path).object_path().unlink(missing_ok=True)
+
+
+@pytest.fixture
+def user_set(set_dir: Path) -> MetricSet:
+    path = set_dir / "exp_user_switch.yaml"
+    path.write_text(YAML)  # as a test may have changed it
+    return load_metric_set(path)
+
+
+def test_check_reports_missed_attach_and_strict_fails_on_it(user_set: MetricSet) -> None:
+    runner = CliRunner()
+    result = runner.invoke(export_command, ["--check", "-c", str(user_set.path)])
+    assert result.exit_code == 0, result.output
+    assert user_set.object_path().exists()  # compiled from the .bpf.c beside the file
+    assert "user_switch" in result.output and "1/2" in result.output
+    assert "user_never" in result.output and "check passed" in result.output
+    result = runner.invoke(export_command, ["--check", "--strict", "-c", str(user_set.path)])
+    assert result.exit_code == 1, result.output
+    assert (
+        "set user_switch: program user_never (tracepoint/kmo_nonexistent/nothing) not attached"
+        in result.output
+    )
+
+
+def test_check_refuses_a_file_that_does_not_fit_its_maps(user_set: MetricSet) -> None:
+    user_set.path.write_text(YAML.replace("bucket_max: 7", "bucket_max: 5"))
+    result = CliRunner().invoke(export_command, ["--check", "-c", str(user_set.path)])
+    assert result.exit_code == 1, result.output
+    assert (
+        f"metric set {user_set.path}: user_switch_cpu: values of map cpus are 80 bytes; "
+        "the metric needs 64 (7 slots (buckets 0..5 and overflow) and the sum)" in result.output
+    )
+    user_set.path.write_text(YAML.replace("map: cpus", "map: cpu"))
+    result = CliRunner().invoke(export_command, ["--check", "-c", str(user_set.path)])
+    assert result.exit_code == 1
+    assert "the object has no map 'cpu' (maps: " in result.output
+    user_set.path.write_text(YAML.replace("size: 4", "size: 8"))
+    result = CliRunner().invoke(export_command, ["--check", "-c", str(user_set.path)])
+    assert result.exit_code == 1
+    assert "labels span 8 bytes, the key of map switches has 4" in result.output
+
+
+def test_user_set_is_served(user_set: MetricSet) -> None:
+    with Exporter([user_set]) as exporter:
+        (status,) = exporter.start()
+        assert status.error is None and status.attached == 1
+        assert [p.name for p in status.missed] == ["user_never"]
+        time.sleep(0.3)
+        families = {f.name: f for f in text_string_to_metric_families(exporter.render().decode())}
+    switches = families["user_switches"].samples
+    assert switches and all(0 <= int(s.labels["cpu"]) < 4096 for s in switches)
+    hist = {(s.name, s.labels.get("le")): s.value for s in families["user_switch_cpu"].samples}
+    assert [le for name, le in hist if name.endswith("_bucket")] == [
+        "0.0", "1.0", "2.0", "3.0", "4.0", "5.0", "6.0", "7.0", "+Inf",
+    ]  # fmt: skip
+    assert hist[("user_switch_cpu_count", None)] > 0
+    attached = families["kernmlops_exporter_programs_not_attached"].samples
+    assert [(s.labels, s.value) for s in attached] == [({"set": "user_switch"}, 1.0)]
