@@ -310,9 +310,12 @@ def perf_list(show_all: bool, tracepoints: bool, as_json: bool) -> None:
 
 def _register() -> None:
     from kernmlops.exporter.cli import export_command
+    from kernmlops.graphs.cli import graph_command, report_command
     from kernmlops.lab.cli import vm_command
 
     cli.add_command(vm_command)
+    cli.add_command(graph_command)
+    cli.add_command(report_command)
     cli.add_command(export_command)
 
 

@@ -80,6 +80,8 @@ class GatedProcess:
             time.sleep(0.02)
         self._signal_group(signal.SIGKILL)
         self.proc.wait()
+        if self.ended_ns is None:
+            self.ended_ns = time.monotonic_ns()
 
     def reap_group(self) -> None:
         """After the main process exited: end children it left in its group."""

@@ -398,6 +398,9 @@ class Session:
                 "description": self.benchmark.describe(),
                 "pid": proc.pid if proc else None,
                 "exit_code": result.benchmark_exit,
+                # CLOCK_MONOTONIC µs, the clock of every table's ts_uptime_us
+                "started_uptime_us": proc.started_ns // 1000 if proc and proc.started_ns else None,
+                "stopped_uptime_us": proc.ended_ns // 1000 if proc and proc.ended_ns else None,
             },
             "started_at": result.started_at.isoformat(),
             "stopped_at": result.stopped_at.isoformat(),

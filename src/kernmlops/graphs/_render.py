@@ -1,0 +1,172 @@
+"""Draw a collection's graphs: figures for a notebook, PNG files for the command line.
+
+matplotlib is used through ``Figure`` objects and the Agg canvas only (no pyplot):
+no global figure state, no display needed.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kernmlops.data import Collection
+from kernmlops.errors import KernmlopsError
+from kernmlops.graphs.base import Graph, GraphData, NoData
+from kernmlops.graphs.context import graph_registry, load, unknown_graphs
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["GraphFailure", "figure", "figures", "png_bytes", "render"]
+
+#: Applied while a figure is drawn and saved.
+STYLE: dict[str, Any] = {
+    "font.size": 10,
+    "axes.titlesize": 11,
+    "axes.titleweight": "bold",
+    "axes.labelsize": 10,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "grid.linewidth": 0.6,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "legend.frameon": True,
+    "figure.titlesize": 13,
+    "figure.titleweight": "bold",
+    "savefig.facecolor": "white",
+    "figure.facecolor": "white",
+}
+
+
+@dataclass(frozen=True)
+class GraphFailure:
+    """A graph that raised while drawing (a bug, or data it did not expect)."""
+
+    graph: str
+    error: str
+
+
+class GraphError(KernmlopsError):
+    """A graph failed to draw; the message names it."""
+
+
+def _new_figure(graph: Graph, dpi: int) -> Figure:
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=graph.figsize, dpi=dpi, layout="constrained")
+
+
+def _subtitle(data: GraphData, graph: Graph) -> str:
+    col = data.collection
+    parts = [col.benchmark or "?", col.collection_id[:8]]
+    if data.selection:
+        wide = any(t in data.system_wide for t in graph.tables)
+        parts.append("system-wide" if wide else data.selection)
+    return " · ".join(parts)
+
+
+def draw(graph: Graph, data: GraphData, dpi: int = 100) -> Figure:
+    """One graph as a Figure; NoData when its tables are empty for this selection."""
+    import matplotlib as mpl
+
+    fig = _new_figure(graph, dpi)
+    with mpl.rc_context(STYLE):
+        graph.draw(data, fig)
+        fig.suptitle(f"{graph.title}  ·  {_subtitle(data, graph)}")
+    return fig
+
+
+def figures(
+    data: GraphData,
+    names: Iterable[str] | None = None,
+    *,
+    dpi: int = 100,
+    errors: list[GraphFailure] | None = None,
+) -> Iterator[tuple[Graph, Figure]]:
+    """(graph, figure) for each graph whose tables the collection has and whose
+    selection is not empty. A graph that raises is appended to ``errors`` when a
+    list is given, else raised as GraphError."""
+    registry = graph_registry()
+    wanted = list(names) if names is not None else list(registry)
+    unknown_graphs(wanted)
+    for name in wanted:
+        graph = registry[name]
+        if not graph.applies(data.tables):
+            continue
+        try:
+            fig = draw(graph, data, dpi)
+        except NoData:
+            continue
+        except Exception as err:  # a bug in one graph must not hide the others
+            if errors is None:
+                raise GraphError(f"graph {name!r} failed: {type(err).__name__}: {err}") from err
+            errors.append(GraphFailure(name, f"{type(err).__name__}: {err}"))
+            continue
+        yield graph, fig
+
+
+def png_bytes(fig: Figure) -> bytes:
+    import matplotlib as mpl
+
+    buf = io.BytesIO()
+    with mpl.rc_context(STYLE):
+        fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def figure(
+    collection: Collection | GraphData | str | Path,
+    name: str,
+    *,
+    tgid: int | None = None,
+    comm: str | None = None,
+) -> Figure:
+    """One graph of a collection as a matplotlib Figure (shows itself in a notebook).
+
+    Raises:
+        NoData: the collection lacks the graph's tables, or they are empty.
+    """
+    data = (
+        collection if isinstance(collection, GraphData) else load(collection, tgid=tgid, comm=comm)
+    )
+    unknown_graphs([name])
+    graph = graph_registry()[name]
+    if not graph.applies(data.tables):
+        raise NoData(f"{name} needs table(s) {', '.join(graph.tables)}")
+    return draw(graph, data)
+
+
+def render(
+    collection: Collection | str | Path,
+    outdir: str | Path | None = None,
+    *,
+    tgid: int | None = None,
+    comm: str | None = None,
+    graphs: Iterable[str] | None = None,
+    dpi: int = 100,
+    errors: list[GraphFailure] | None = None,
+) -> list[Path]:
+    """Write each graph of ``collection`` as ``<outdir>/<graph>.png``; return the paths.
+
+    Args:
+        collection: a collection folder (or one read with kernmlops.data.read_collection).
+        outdir: where the PNGs go (default: ``<collection>/graphs``).
+        tgid, comm: draw only this process (or processes of this name).
+        graphs: graph names to draw (default: all whose tables exist).
+        dpi: resolution (the figures are about 10 x 5 inches).
+        errors: collect graphs that fail here instead of raising.
+    """
+    data = load(collection, tgid=tgid, comm=comm)
+    out = Path(outdir) if outdir is not None else data.collection.path / "graphs"
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for graph, fig in figures(data, graphs, dpi=dpi, errors=errors):
+        path = out / f"{graph.name}.png"
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_bytes(png_bytes(fig))
+        tmp.replace(path)
+        written.append(path)
+    return written

@@ -1,0 +1,384 @@
+"""One self-contained HTML page for one or more collections, side by side.
+
+Everything is inline: the figures as base64 PNG, the style in a <style> element,
+no script and no external resource, so the file can be mailed, archived or
+opened offline. With several collections every section is a row with one column
+per collection, so the same figure of each lines up across.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kernmlops import __version__
+from kernmlops.data import Collection
+from kernmlops.graphs._render import GraphFailure, figures, png_bytes
+from kernmlops.graphs.base import US_PER_S, GraphData, format_bytes
+from kernmlops.graphs.context import graph_registry, load, table_view
+from kernmlops.tables import UPTIME_TIMESTAMP
+
+__all__ = ["report"]
+
+_CSS = """
+:root { --fg: #1d232b; --muted: #5b6673; --line: #d9dee4; --bg-alt: #f5f7f9;
+        --ok: #1f7a3d; --warn: #9a6200; --bad: #b3261e; }
+* { box-sizing: border-box; }
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif;
+       color: var(--fg); margin: 0 auto; padding: 24px 28px 60px; max-width: var(--page); }
+h1 { font-size: 24px; margin: 0 0 4px; }
+h2 { font-size: 18px; margin: 34px 0 10px; padding-bottom: 4px;
+     border-bottom: 2px solid var(--line); }
+h3 { font-size: 15px; margin: 18px 0 6px; }
+.sub { color: var(--muted); margin: 0 0 12px; }
+.row { display: grid; grid-template-columns: repeat(var(--cols), minmax(0, 1fr)); gap: 22px; }
+.cell { min-width: 0; }
+.head { background: var(--bg-alt); border: 1px solid var(--line); border-radius: 6px;
+        padding: 10px 12px; }
+.head .name { font-size: 16px; font-weight: 600; }
+.head code { font-size: 12px; }
+table { border-collapse: collapse; width: 100%; font-size: 13px; }
+th, td { text-align: left; padding: 4px 8px; border-bottom: 1px solid var(--line);
+         vertical-align: top; }
+th { color: var(--muted); font-weight: 600; background: var(--bg-alt); }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+table.kv th { width: 38%; background: none; font-weight: 500; }
+.ok { color: var(--ok); font-weight: 600; }
+.warn { color: var(--warn); font-weight: 600; }
+.bad { color: var(--bad); font-weight: 600; }
+.small { font-size: 12px; color: var(--muted); }
+figure { margin: 0; }
+figure img { width: 100%; height: auto; display: block; border: 1px solid var(--line);
+             border-radius: 4px; background: white; }
+figcaption { font-size: 12px; color: var(--muted); margin-top: 4px; }
+.none { color: var(--muted); font-style: italic; padding: 18px; border: 1px dashed var(--line);
+        border-radius: 4px; text-align: center; }
+details pre { background: var(--bg-alt); padding: 10px; border-radius: 4px; overflow-x: auto;
+              font-size: 12px; max-height: 480px; }
+.stats { margin: 0; padding-left: 0; list-style: none; font-size: 12px; }
+.stats b { font-weight: 600; }
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape("" if value is None else str(value))
+
+
+@dataclass
+class _Column:
+    """What one collection contributes to the page."""
+
+    data: GraphData
+    figures: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (title, b64)
+    failed: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        return self.data.manifest
+
+
+def _kv(rows: Sequence[tuple[str, Any]]) -> str:
+    body = "".join(f"<tr><th>{_e(k)}</th><td>{v}</td></tr>" for k, v in rows if v not in (None, ""))
+    return f'<table class="kv">{body}</table>'
+
+
+def _overview(col: _Column) -> str:
+    m = col.manifest
+    bench = m.get("benchmark") if isinstance(m.get("benchmark"), dict) else {}
+    exit_code = m.get("exit_code")
+    code = (
+        f'<span class="ok">{exit_code}</span>'
+        if exit_code == 0
+        else f'<span class="bad">{_e(exit_code)}</span>'
+    )
+    filt = m.get("filter") or {}
+    filt_text = _e(filt.get("mode")) + (f" (tgid {_e(filt['tgid'])})" if filt.get("tgid") else "")
+    drops = sum(int(h.get("drops") or 0) for h in (m.get("hooks") or {}).values())
+    missed = sum(int(h.get("missed") or 0) for h in (m.get("hooks") or {}).values())
+    rows: list[tuple[str, Any]] = [
+        ("benchmark", _e(bench.get("description") or bench.get("name"))),
+        ("started", _e(m.get("started_at"))),
+        ("duration", f"{float(m.get('duration_s') or 0):.2f} s"),
+        ("probes attached in", f"{float(m.get('attach_s') or 0) * 1000:.0f} ms"),
+        ("ended by", _e(m.get("ended_by"))),
+        ("exit code", code),
+        ("filter", filt_text),
+        (
+            "events lost",
+            '<span class="ok">none</span>'
+            if not drops and not missed
+            else f'<span class="bad">{drops:,} dropped, {missed:,} missed</span>',
+        ),
+        ("error", f'<span class="bad">{_e(m.get("error"))}</span>' if m.get("error") else None),
+        (
+            "results error",
+            f'<span class="bad">{_e(m.get("results_error"))}</span>'
+            if m.get("results_error")
+            else None,
+        ),
+        ("selection", _e(col.data.selection) if col.data.selection else None),
+        (
+            "time axes",
+            f"0 s = {_e(col.data.origin_label)}"
+            + (f"; start/stop from {_e(col.data.marker_source)}" if col.data.marker_source else ""),
+        ),
+        ("kernmlops", _e((m.get("versions") or {}).get("kernmlops"))),
+    ]
+    return _kv(rows)
+
+
+_SYSTEM_ROWS: tuple[tuple[str, str, str], ...] = (
+    ("host", "hostname", ""),
+    ("kernel", "kernel_release", ""),
+    ("OS", "os_name", ""),
+    ("architecture", "arch", ""),
+    ("CPU", "cpu_model", ""),
+    ("sockets / cores / threads per core", "", "topology"),
+    ("logical CPUs", "logical_cpus", ""),
+    ("NUMA nodes", "numa_nodes", ""),
+    ("L1d / L2 / L3", "", "caches"),
+    ("memory", "memory_bytes", "bytes"),
+    ("swap", "swap_bytes", "bytes"),
+    ("THP enabled / defrag", "", "thp"),
+    ("hypervisor", "hypervisor", ""),
+    ("boot time", "boot_time", ""),
+)
+
+
+def _system(col: _Column) -> str:
+    s = col.manifest.get("system") or {}
+    rows = []
+    for label, key, kind in _SYSTEM_ROWS:
+        if kind == "topology":
+            value = " / ".join(_e(s.get(k)) for k in ("sockets", "cores", "threads_per_core"))
+        elif kind == "caches":
+            value = " / ".join(
+                format_bytes(s[k]) if s.get(k) is not None else "-"
+                for k in ("l1d_cache_bytes", "l2_cache_bytes", "l3_cache_bytes")
+            )
+        elif kind == "thp":
+            value = f"{_e(s.get('thp_enabled'))} / {_e(s.get('thp_defrag'))}"
+        elif kind == "bytes":
+            value = format_bytes(s.get(key)) if s.get(key) is not None else None
+        else:
+            value = _e(s.get(key)) if s.get(key) is not None else None
+        rows.append((label, value))
+    return _kv(rows) if s else '<div class="none">no system information</div>'
+
+
+def _results(col: _Column) -> str:
+    frame = col.data.tables.get("benchmark_result")
+    if frame is None or frame.is_empty():
+        return '<div class="none">no benchmark results</div>'
+    cols = [c for c in ("key", "metric", "value", "unit") if c in frame.columns]
+    head = "".join(f'<th class="{"num" if c == "value" else ""}">{_e(c)}</th>' for c in cols)
+    body = []
+    for row in frame.select(cols).iter_rows(named=True):
+        cells = []
+        for c in cols:
+            v = row[c]
+            if c == "value" and isinstance(v, float):
+                cells.append(f'<td class="num">{v:,.6g}</td>')
+            else:
+                cells.append(f"<td>{_e(v)}</td>")
+        body.append(f"<tr>{''.join(cells)}</tr>")
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def _hooks(col: _Column) -> str:
+    hooks = col.manifest.get("hooks") or {}
+    if not hooks:
+        return '<div class="none">no hooks recorded</div>'
+    rows = []
+    for name, h in hooks.items():
+        if h.get("attached"):
+            status = f'<span class="ok">{_e(h.get("variant") or "attached")}</span>'
+            unsupported = h.get("unsupported") or {}
+            if unsupported:
+                names = ", ".join(_e(k) for k in unsupported)
+                why = _e("; ".join(f"{k}: {v}" for k, v in unsupported.items()))
+                status += f'<div class="small" title="{why}">not counted: {names}</div>'
+        else:
+            status = (
+                '<span class="warn">not attached</span>'
+                f'<div class="small">{_e(h.get("reason"))}</div>'
+            )
+        drops, missed = int(h.get("drops") or 0), int(h.get("missed") or 0)
+        rows.append(
+            f"<tr><td>{_e(name)}</td><td>{status}</td>"
+            f'<td class="num">{int(h.get("events") or 0):,}</td>'
+            f'<td class="num{" bad" if drops else ""}">{drops:,}</td>'
+            f'<td class="num{" bad" if missed else ""}">{missed:,}</td></tr>'
+        )
+    head = (
+        '<tr><th>hook</th><th>status</th><th class="num">events</th>'
+        '<th class="num">drops</th><th class="num">missed</th></tr>'
+    )
+    return f"<table>{head}{''.join(rows)}</table>"
+
+
+def table_summary(data: GraphData) -> list[dict[str, Any]]:
+    """Per table: rows, time span, processes and the view's key statistics."""
+    out = []
+    for name, frame in data.tables.items():
+        entry: dict[str, Any] = {"table": name, "rows": frame.height, "span_s": None}
+        if UPTIME_TIMESTAMP in frame.columns and frame.height:
+            ts = frame[UPTIME_TIMESTAMP]
+            entry["span_s"] = (int(ts.max()) - int(ts.min())) / US_PER_S  # type: ignore[arg-type]
+        view = table_view(name)
+        col = view.tgid_column
+        entry["processes"] = (
+            frame[col].n_unique() if col and col in frame.columns and frame.height else None
+        )
+        entry["stats"] = view.summary(frame) if frame.height else []
+        out.append(entry)
+    return out
+
+
+def _tables(col: _Column) -> str:
+    rows = []
+    for t in table_summary(col.data):
+        span = f"{t['span_s']:.2f} s" if t["span_s"] is not None else "-"
+        procs = f"{t['processes']:,}" if t["processes"] is not None else "-"
+        stats = "".join(f"<li><b>{_e(k)}</b>: {_e(v)}</li>" for k, v in t["stats"])
+        scope = col.data.scope(t["table"])
+        rows.append(
+            f"<tr><td>{_e(t['table'])}{_e(scope)}</td><td class='num'>{t['rows']:,}</td>"
+            f"<td class='num'>{span}</td><td class='num'>{procs}</td>"
+            f"<td><ul class='stats'>{stats}</ul></td></tr>"
+        )
+    head = (
+        "<tr><th>table</th><th class='num'>rows</th><th class='num'>span</th>"
+        "<th class='num'>processes</th><th>key statistics</th></tr>"
+    )
+    return f"<table>{head}{''.join(rows)}</table>"
+
+
+def _config(col: _Column) -> str:
+    config = col.manifest.get("config")
+    if not config:
+        return '<div class="none">no configuration recorded</div>'
+    text = yaml.safe_dump(config, sort_keys=False, allow_unicode=True)
+    return f"<details><summary>resolved configuration</summary><pre>{_e(text)}</pre></details>"
+
+
+def _figure_cell(col: _Column, name: str) -> str:
+    if name in col.figures:
+        title, b64 = col.figures[name]
+        return (
+            f'<figure><img alt="{_e(title)}" src="data:image/png;base64,{b64}">'
+            f"<figcaption>{_e(name)}.png</figcaption></figure>"
+        )
+    if name in col.failed:
+        return f'<div class="none bad">graph failed: {_e(col.failed[name])}</div>'
+    graph = graph_registry()[name]
+    missing = [t for t in graph.tables if t not in col.data.tables]
+    if missing:
+        return f'<div class="none">not collected: no {_e(", ".join(missing))} table</div>'
+    return '<div class="none">no rows to draw</div>'
+
+
+def _header(col: _Column) -> str:
+    c = col.data.collection
+    return (
+        f'<div class="head"><div class="name">{_e(c.benchmark or "?")}</div>'
+        f"<code>{_e(c.collection_id)}</code>"
+        f'<div class="small">{_e(col.manifest.get("started_at"))}</div></div>'
+    )
+
+
+def _row(columns: list[_Column], render_cell) -> str:
+    cells = "".join(f'<div class="cell">{render_cell(c)}</div>' for c in columns)
+    return f'<div class="row">{cells}</div>'
+
+
+def report(
+    collections: Sequence[Collection | str | Path] | Collection | str | Path,
+    out: str | Path = "report.html",
+    *,
+    tgid: int | None = None,
+    comm: str | None = None,
+    dpi: int = 100,
+    errors: list[GraphFailure] | None = None,
+) -> Path:
+    """Write one self-contained HTML page about ``collections``; return its path.
+
+    Args:
+        collections: one or more collection folders (side by side, in this order).
+        out: the HTML file to write.
+        tgid, comm: draw and summarise only this process (or processes of this name).
+        dpi: resolution of the embedded figures.
+        errors: collect graphs that fail here (shown in the page) instead of raising.
+    """
+    if isinstance(collections, str | Path | Collection):
+        collections = [collections]
+    if not collections:
+        raise ValueError("report needs at least one collection")
+    columns = []
+    for c in collections:
+        data = load(c, tgid=tgid, comm=comm)
+        col = _Column(data)
+        failures: list[GraphFailure] = []
+        for graph, fig in figures(data, dpi=dpi, errors=failures if errors is not None else None):
+            b64 = base64.b64encode(png_bytes(fig)).decode("ascii")
+            col.figures[graph.name] = (graph.title, b64)
+        col.failed = {f.graph: f.error for f in failures}
+        if errors is not None:
+            errors.extend(failures)
+        columns.append(col)
+
+    names = [n for n in graph_registry() if any(n in c.figures or n in c.failed for c in columns)]
+    n = len(columns)
+    benchmarks = [c.data.collection.benchmark or "?" for c in columns]
+    page = "1200px" if n == 1 else f"{min(700 * n, 2400)}px"
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>kernmlops report: {_e(', '.join(benchmarks))}</title>",
+        f"<style>:root {{ --cols: {n}; --page: {page}; }}{_CSS}</style>",
+        "</head><body>",
+        "<h1>kernmlops report</h1>",
+        f'<p class="sub">{n} collection{"s" if n > 1 else ""} · generated '
+        f"{datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')} by kernmlops {_e(__version__)}"
+        + (f" · selection: {_e(columns[0].data.selection)}" if columns[0].data.selection else "")
+        + "</p>",
+        _row(columns, _header),
+        "<h2>Overview</h2>",
+        _row(columns, _overview),
+        "<h2>System</h2>",
+        _row(columns, _system),
+    ]
+    if any("benchmark_result" in c.data.tables for c in columns):
+        parts += ["<h2>Benchmark results</h2>", _row(columns, _results)]
+    parts += [
+        "<h2>Hooks</h2>",
+        _row(columns, _hooks),
+        "<h2>Tables</h2>",
+        _row(columns, _tables),
+        "<h2>Figures</h2>",
+    ]
+    registry = graph_registry()
+    if not names:
+        parts.append('<div class="none">no table with data for any graph</div>')
+    else:
+        links = " · ".join(f'<a href="#{_e(n)}">{_e(registry[n].title)}</a>' for n in names)
+        parts.append(f'<p class="small">{links}</p>')
+    for name in names:
+        parts.append(f'<h3 id="{_e(name)}">{_e(registry[name].title)}</h3>')
+        parts.append(_row(columns, lambda c, name=name: _figure_cell(c, name)))
+    parts += ["<h2>Configuration</h2>", _row(columns, _config), "</body></html>"]
+
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("\n".join(parts), encoding="utf-8")
+    tmp.replace(path)
+    return path

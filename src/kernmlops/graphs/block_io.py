@@ -1,0 +1,119 @@
+"""Graphs of block_io: request latency distributions and I/O rates by operation."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+import polars as pl
+
+from kernmlops.graphs.base import (
+    Graph,
+    GraphData,
+    TableView,
+    duration_axis,
+    format_duration_us,
+    log_bins,
+)
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+SERVICE, QUEUE = "issue_to_complete_us", "queue_to_issue_us"
+#: Ops drawn separately; the rest (FLUSH, DISCARD, ...) are drawn as "other".
+MAIN_OPS = ("READ", "WRITE")
+OP_COLORS = {"READ": "#1f77b4", "WRITE": "#d62728", "other": "#7f7f7f"}
+
+
+class BlockIoView(TableView):
+    name = "block_io"
+    key_columns = (SERVICE, QUEUE, "bytes")
+
+
+def _op_groups(frame: pl.DataFrame) -> list[tuple[str, pl.DataFrame]]:
+    op = pl.when(pl.col("op").is_in(list(MAIN_OPS))).then(pl.col("op")).otherwise(pl.lit("other"))
+    tagged = frame.with_columns(op_group=op)
+    groups = []
+    for name in (*MAIN_OPS, "other"):
+        part = tagged.filter(pl.col("op_group") == name)
+        if not part.is_empty():
+            groups.append((name, part))
+    return groups
+
+
+class BlockIoLatency(Graph):
+    """Device service time (issue to completion) and time queued before issue, per op."""
+
+    name = "block_io_latency"
+    title = "Block I/O latency"
+    order = 51
+    tables: ClassVar[tuple[str, ...]] = ("block_io",)
+    figsize: ClassVar[tuple[float, float]] = (11.0, 4.8)
+
+    def draw(self, data: GraphData, fig: Figure) -> None:
+        frame = data.frame("block_io")
+        axes = fig.subplots(1, 2)
+        for ax, column, what in (
+            (axes[0], SERVICE, "device service time (issue → complete)"),
+            (axes[1], QUEUE, "queued before issue (insert → issue)"),
+        ):
+            drawn = False
+            present = frame[column].drop_nulls()
+            bins = log_bins(present.to_numpy()) if len(present) else None
+            for op, part in _op_groups(frame):
+                values = part[column].drop_nulls().to_numpy()
+                if values.size == 0 or bins is None:
+                    continue
+                counts, edges = np.histogram(np.clip(values, 1, None), bins=bins)
+                # a share of each op's requests: a rare op's shape stays visible
+                p50, p99 = np.quantile(values, [0.5, 0.99])
+                ax.stairs(
+                    counts / values.size,
+                    edges,
+                    color=OP_COLORS[op],
+                    linewidth=1.5,
+                    label=f"{op}: {values.size:,} · p50 {format_duration_us(p50)} · "
+                    f"p99 {format_duration_us(p99)}",
+                )
+                drawn = True
+            duration_axis(ax)
+            ax.set_xlabel(f"{what} (log scale)")
+            ax.set_ylabel("share of the op's requests")
+            ax.set_title(what.split(" (")[0], fontweight="normal")
+            if drawn:
+                ax.legend(fontsize="small")
+            else:
+                ax.text(0.5, 0.5, "no requests with this interval", ha="center",
+                        va="center", transform=ax.transAxes, color="#777777")  # fmt: skip
+
+
+class BlockIoRate(Graph):
+    """Requests and bytes completed per second, per op."""
+
+    name = "block_io_rate"
+    title = "Block I/O rate"
+    order = 50
+    tables: ClassVar[tuple[str, ...]] = ("block_io",)
+    figsize: ClassVar[tuple[float, float]] = (10.0, 6.0)
+
+    def draw(self, data: GraphData, fig: Figure) -> None:
+        frame = data.frame("block_io")
+        tl = data.timeline([frame])
+        iops_ax, mib_ax = fig.subplots(2, 1, sharex=True)
+        for op, part in _op_groups(frame):
+            bins = data.bin_of(part, tl)
+            kw = {"where": "mid", "color": OP_COLORS[op], "label": op, "linewidth": 1.3}
+            iops_ax.step(tl.centers, tl.per_second(bins), **kw)
+            if op in MAIN_OPS:  # a DISCARD's or FLUSH's size is no data moved
+                mib = tl.per_second(bins, part["bytes"].cast(pl.Float64).to_numpy()) / (1 << 20)
+                mib_ax.step(tl.centers, mib, **kw)
+        iops_ax.set_ylabel("requests/s")
+        mib_ax.set_ylabel("MiB/s (reads and writes)")
+        iops_ax.set_title(
+            f"completed requests per {format_duration_us(tl.width * 1e6)} bin", fontweight="normal"
+        )
+        iops_ax.set_ylim(bottom=0)
+        mib_ax.set_ylim(bottom=0)
+        data.time_axis(iops_ax)
+        data.time_axis(mib_ax, legend=False)
+        iops_ax.set_xlabel("")

@@ -1,0 +1,155 @@
+"""`kernmlops graph` and `kernmlops report`: thin commands over kernmlops.graphs.
+
+Register them on the main group with ``cli.add_command(graph_command)`` and
+``cli.add_command(report_command)``. matplotlib is imported only when one runs.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from kernmlops.errors import KernmlopsError
+
+console = Console(stderr=True, highlight=False)
+
+_COLLECTION = click.Path(exists=True, file_okay=True, dir_okay=True, path_type=Path)
+
+
+def _selection_options(command):
+    command = click.option(
+        "--comm",
+        metavar="NAME",
+        help="draw only processes of this name (as the kernel truncates it: 15 characters).",
+    )(command)
+    command = click.option(
+        "--tgid", type=click.IntRange(min=0), help="draw only this process (its tgid)."
+    )(command)
+    return click.option(
+        "--dpi",
+        type=click.IntRange(40, 400),
+        default=100,
+        show_default=True,
+        help="resolution of the PNGs.",
+    )(command)
+
+
+def _fail(err: KernmlopsError) -> None:
+    console.print(f"[bold red]error:[/] {err}", markup=True, soft_wrap=True)
+    sys.exit(err.exit_code)
+
+
+def _report_failures(failures: list) -> None:
+    for f in failures:
+        console.print(f"[red]graph {f.graph} failed:[/] {f.error}", markup=True, soft_wrap=True)
+
+
+@click.command("graph")
+@click.argument("collection", type=_COLLECTION, required=False)
+@click.option(
+    "-o",
+    "--output-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="where the PNGs go (default: COLLECTION/graphs).",
+)
+@click.option(
+    "--only",
+    metavar="NAMES",
+    help="comma-separated graph names (default: every graph whose tables exist).",
+)
+@click.option("--list", "list_only", is_flag=True, help="list the graphs and the tables they need.")
+@_selection_options
+def graph_command(
+    collection: Path | None,
+    output_dir: Path | None,
+    only: str | None,
+    list_only: bool,
+    tgid: int | None,
+    comm: str | None,
+    dpi: int,
+) -> None:
+    """Draw a collection's tables as PNG files (one per graph) and list them.
+
+    \b
+    Examples:
+      kernmlops graph data/curated/benchmark=faux/collection_id=<id>
+      kernmlops graph COLLECTION -o figs/ --comm stress-ng-cpu
+      kernmlops graph COLLECTION --only quanta_timeline,syscalls_top
+
+    Only graphs whose tables the collection has are drawn; a table without
+    rows (for the selection) gives no graph. Tables that hold no process
+    (memory_usage, perf_counters) are drawn whole under --tgid/--comm.
+    """
+    from kernmlops.graphs import render
+    from kernmlops.graphs.context import graph_registry
+
+    if list_only:
+        for name, graph in graph_registry().items():
+            click.echo(f"{name:<24} {', '.join(graph.tables):<34} {graph.title}")
+        return
+    if collection is None:
+        raise click.UsageError("Missing argument 'COLLECTION'.")
+    if tgid is not None and comm is not None:
+        raise click.UsageError("--tgid and --comm exclude each other")
+    names = [n.strip() for n in only.split(",") if n.strip()] if only else None
+    failures: list = []
+    try:
+        written = render(
+            collection, output_dir, tgid=tgid, comm=comm, graphs=names, dpi=dpi, errors=failures
+        )
+    except KernmlopsError as err:
+        _fail(err)
+    for path in written:
+        click.echo(str(path))
+    _report_failures(failures)
+    if not written and not failures:
+        console.print("no graphs: the collection has no table with rows that a graph draws")
+    else:
+        console.print(f"{len(written)} graph(s) written")
+    sys.exit(1 if failures else 0)
+
+
+@click.command("report")
+@click.argument("collections", nargs=-1, required=True, type=_COLLECTION)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("report.html"),
+    show_default=True,
+    help="the HTML file to write.",
+)
+@_selection_options
+def report_command(
+    collections: tuple[Path, ...],
+    output: Path,
+    tgid: int | None,
+    comm: str | None,
+    dpi: int,
+) -> None:
+    """Write one self-contained HTML page about one or more collections.
+
+    \b
+    Examples:
+      kernmlops report COLLECTION                       -> report.html
+      kernmlops report A B -o compare.html              A and B side by side
+
+    The page holds the system, the configuration, each hook's status (events,
+    drops), per-table statistics and every figure (inline PNGs: no other file
+    is needed to open it).
+    """
+    from kernmlops.graphs import report
+
+    if tgid is not None and comm is not None:
+        raise click.UsageError("--tgid and --comm exclude each other")
+    failures: list = []
+    try:
+        path = report(list(collections), output, tgid=tgid, comm=comm, dpi=dpi, errors=failures)
+    except KernmlopsError as err:
+        _fail(err)
+    _report_failures(failures)
+    click.echo(str(path))
+    sys.exit(1 if failures else 0)

@@ -1,0 +1,42 @@
+"""Graph of page_faults: faults per second over time, user and kernel."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+import polars as pl
+
+from kernmlops.graphs.base import Graph, GraphData, format_duration_us
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+COLORS = {"user": "#1f77b4", "kernel": "#9467bd"}
+
+
+class PageFaultRate(Graph):
+    """Page faults per second, by where they happened. With sampling
+    (hooks.page_faults.sample_every > 1) the rate is scaled back up."""
+
+    name = "page_fault_rate"
+    title = "Page faults"
+    order = 42
+    tables: ClassVar[tuple[str, ...]] = ("page_faults",)
+
+    def draw(self, data: GraphData, fig: Figure) -> None:
+        frame = data.frame("page_faults")
+        every = (
+            ((data.manifest.get("config") or {}).get("hooks") or {}).get("page_faults") or {}
+        ).get("sample_every") or 1
+        tl = data.timeline([frame])
+        ax = fig.subplots()
+        for kind in sorted(frame["kind"].unique().to_list()):
+            part = frame.filter(pl.col("kind") == kind)
+            rate = tl.per_second(data.bin_of(part, tl)) * every
+            ax.step(tl.centers, rate, where="mid", linewidth=1.3, color=COLORS.get(kind),
+                    label=f"{kind}: {part.height * every:,} faults")  # fmt: skip
+        ax.set_ylabel("faults/s")
+        ax.set_ylim(bottom=0)
+        note = f" (1 in {every} sampled)" if every > 1 else ""
+        ax.set_title(f"per {format_duration_us(tl.width * 1e6)} bin{note}", fontweight="normal")
+        data.time_axis(ax)

@@ -1,0 +1,223 @@
+"""render(), figure() and `kernmlops graph` on hand-built collections (no root needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from click.testing import CliRunner
+
+from kernmlops.data import Collection, read_collection
+from kernmlops.graphs import GraphFailure, SelectionError, figure, graph_registry, load, render
+from kernmlops.graphs._render import GraphError
+from kernmlops.graphs.cli import graph_command
+from kernmlops.graphs.quanta_runtime import busy_fraction
+from kernmlops.hooks import REGISTRY as HOOKS
+from tests.graphs.conftest import (
+    BENCH_START,
+    BENCH_STOP,
+    EXPECTED,
+    WORKER,
+    assert_png,
+    synthetic_tables,
+    write_collection,
+)
+
+
+@pytest.fixture(scope="module")
+def rendered(synthetic: Collection, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    return render(synthetic, tmp_path_factory.mktemp("png"))
+
+
+def test_every_graph_is_drawn_as_a_png(rendered: list[Path]) -> None:
+    assert {p.stem for p in rendered} == set(EXPECTED)
+    for path in rendered:
+        assert path.exists() and path.suffix == ".png"
+        assert_png(path.read_bytes())
+
+
+def test_graphs_name_the_tables_they_draw() -> None:
+    registry = graph_registry()
+    assert {name: set(g.tables) for name, g in registry.items()} == EXPECTED
+    hook_tables = {t for hook in HOOKS.values() for t in hook.tables}
+    assert set().union(*EXPECTED.values()) <= hook_tables
+    # scheduling first, counters last: the report's order
+    assert list(registry)[:2] == ["quanta_timeline", "quanta_run_length"]
+    assert list(registry)[-1] == "perf_cumulative"
+
+
+def test_graph_modules_are_named_after_a_hook_or_table() -> None:
+    import kernmlops.graphs.base as base
+
+    src = Path(base.__file__).parent
+    machinery = {"base", "context", "cli"}
+    modules = {p.stem for p in src.glob("[!_]*.py")} - machinery
+    tables_of = {hook: set(cls.tables) for hook, cls in HOOKS.items()}
+    assert modules <= set(tables_of) | set().union(*tables_of.values())
+    for graph in graph_registry().values():
+        module = type(graph).__module__.rsplit(".", 1)[1]
+        # beside its table: the table's own module, or that of the hook writing it
+        assert module in set(graph.tables) or set(graph.tables) <= tables_of[module], graph.name
+
+
+def test_only_graphs_of_tables_with_rows(tmp_path: Path) -> None:
+    tables = synthetic_tables()
+    folder = write_collection(
+        tmp_path,
+        {
+            "memory_usage": tables["memory_usage"],
+            "quanta_runtime": tables["quanta_runtime"].clear(),  # the table, no rows
+            "system_info": tables["system_info"],
+        },
+    )
+    written = render(folder)  # default: <collection>/graphs
+    assert [p.relative_to(folder).as_posix() for p in written] == ["graphs/memory_usage.png"]
+    assert sorted(p.name for p in (folder / "graphs").iterdir()) == ["memory_usage.png"]
+    # the PNGs beside the tables do not make the collection unreadable
+    assert "graphs" not in read_collection(folder).tables
+
+
+def test_a_collection_without_drawable_tables_gives_no_graph(tmp_path: Path) -> None:
+    folder = write_collection(tmp_path, {"system_info": synthetic_tables()["system_info"]})
+    assert render(folder, tmp_path / "out") == []
+
+
+def test_benchmark_start_and_stop_are_drawn_on_time_axes(synthetic: Collection) -> None:
+    fig = figure(synthetic, "process_events")
+    ax = fig.axes[0]
+    vertical = {
+        line.get_label(): line.get_xdata()[0]
+        for line in ax.lines
+        if len(set(line.get_xdata())) == 1
+    }
+    assert vertical["benchmark start"] == 0.0
+    assert vertical["benchmark stop"] == pytest.approx((BENCH_STOP - BENCH_START) / 1e6)
+    assert ax.get_xlabel() == "time since benchmark start (s)"
+
+
+def test_selection_by_tgid_and_comm(synthetic: Collection, tmp_path: Path) -> None:
+    by_tgid = load(synthetic, tgid=WORKER)
+    by_comm = load(synthetic, comm="worker")
+    for data in (by_tgid, by_comm):
+        frame = data.frame("quanta_runtime")
+        assert set(frame["tgid"].to_list()) == {WORKER}
+        # the worker ran every other 2 ms quantum on both CPUs: half of each CPU
+        _, busy = busy_fraction(frame, data.origin_us, data.timeline([frame], target=10))
+        assert np.median(busy) == pytest.approx(0.5, abs=0.02)
+    written = render(synthetic, tmp_path, comm="worker", graphs=["quanta_timeline", "perf_rate"])
+    assert [p.name for p in written] == ["quanta_timeline.png", "perf_rate.png"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"tgid": 424242}, "no rows of tgid 424242"),
+        ({"comm": "nosuch"}, "no process named 'nosuch'"),
+        ({"tgid": WORKER, "comm": "worker"}, "not both"),
+    ],
+)
+def test_selection_errors_say_what_exists(
+    synthetic: Collection, kwargs: dict, message: str
+) -> None:
+    with pytest.raises(SelectionError, match=message) as info:
+        load(synthetic, **kwargs)
+    if "tgid" in kwargs and "comm" not in kwargs:
+        assert "worker" in str(info.value)  # the busiest processes are named
+
+
+def test_a_failing_graph_is_reported_and_the_others_drawn(
+    synthetic: Collection, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(data: object, fig: object) -> None:
+        raise ValueError("boom")
+
+    monkeypatch.setattr(graph_registry()["memory_usage"], "draw", broken)
+    names = ["memory_usage", "process_events"]
+    failures: list[GraphFailure] = []
+    written = render(synthetic, tmp_path, graphs=names, errors=failures)
+    assert [p.name for p in written] == ["process_events.png"]
+    assert failures == [GraphFailure("memory_usage", "ValueError: boom")]
+    with pytest.raises(GraphError, match="graph 'memory_usage' failed: ValueError: boom"):
+        render(synthetic, tmp_path, graphs=names)
+
+
+def test_graph_command(synthetic: Collection, tmp_path: Path) -> None:
+    runner = CliRunner()
+    out = tmp_path / "figs"
+    result = runner.invoke(
+        graph_command, [str(synthetic.path), "-o", str(out), "--only", "syscalls_top,perf_rate"]
+    )
+    assert result.exit_code == 0, result.output
+    listed = [line for line in result.stdout.splitlines() if line.endswith(".png")]
+    assert listed == [str(out / "syscalls_top.png"), str(out / "perf_rate.png")]
+    assert all(Path(p).exists() for p in listed)
+
+    listing = runner.invoke(graph_command, ["--list"])
+    assert listing.exit_code == 0
+    assert {line.split()[0] for line in listing.stdout.splitlines()} == set(EXPECTED)
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["--comm", "nosuch"], 2, "no process named 'nosuch'"),
+        (["--only", "nope"], 2, "unknown graph(s) 'nope'"),
+        (["--tgid", "1", "--comm", "x"], 2, "--tgid and --comm exclude each other"),
+        (["--tgid", "-3"], 2, "-3 is not in the range x>=0"),
+    ],
+)
+def test_graph_command_errors(
+    synthetic: Collection, tmp_path: Path, args: list[str], code: int, message: str
+) -> None:
+    result = CliRunner().invoke(graph_command, [str(synthetic.path), "-o", str(tmp_path), *args])
+    assert result.exit_code == code
+    assert message in " ".join(result.output.split())
+
+
+def test_graph_command_on_a_folder_that_is_no_collection(tmp_path: Path) -> None:
+    result = CliRunner().invoke(graph_command, [str(tmp_path)])
+    assert result.exit_code == 2
+    assert "no manifest" in result.output
+
+
+def test_empty_selection_of_a_system_table_draws_it_whole(synthetic: Collection) -> None:
+    data = load(synthetic, tgid=WORKER)
+    assert data.tables["memory_usage"].height == synthetic["memory_usage"].height
+    fig = figure(data, "memory_usage")
+    assert "system-wide" in fig.get_suptitle()
+    assert "tgid" in figure(data, "process_events").get_suptitle()
+
+
+def test_rows_are_aggregated_not_drawn_one_by_one(tmp_path: Path) -> None:
+    n = 400_000
+    rng = np.random.default_rng(3)
+    ends = np.cumsum(rng.integers(5, 200, n)).astype(np.uint64)
+    quanta = pl.DataFrame(
+        {
+            "ts_uptime_us": ends + 1_000_000,
+            "quanta_run_length_us": rng.integers(1, 5, n).astype(np.uint64),
+            "cpu": rng.integers(0, 4, n).astype(np.uint32),
+            "pid": np.full(n, 9, np.uint32),
+            "tgid": np.full(n, 9, np.uint32),
+        }
+    )
+    folder = write_collection(tmp_path, {"quanta_runtime": quanta}, pid=None)
+    fig = figure(folder, "quanta_timeline")
+    image = fig.axes[0].images[0].get_array()
+    assert image.shape[0] == 4 and image.shape[1] <= 200  # CPUs x time bins
+    ax = figure(folder, "quanta_run_length").axes[0]
+    assert len(ax.patches) + len(ax.lines) + len(ax.collections) < 10
+
+
+def test_the_commands_load_no_plotting_until_they_draw() -> None:
+    import subprocess
+    import sys
+
+    import kernmlops.graphs as graphs
+
+    assert sorted(graphs.__all__) == sorted(graphs._EXPORTS)
+    code = "import sys, kernmlops.graphs.cli; print('matplotlib' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,137 @@
+"""report() and `kernmlops report`: one self-contained page, checked as HTML and in
+headless Chromium (no root needed)."""
+
+from __future__ import annotations
+
+import html
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kernmlops.data import Collection, read_collection
+from kernmlops.graphs import report
+from kernmlops.graphs._report import table_summary
+from kernmlops.graphs.cli import report_command
+from kernmlops.graphs.context import load
+from tests.graphs.conftest import (
+    WORKER,
+    assert_png,
+    assert_self_contained,
+    browser_view,
+    synthetic_tables,
+    write_collection,
+)
+
+
+@pytest.fixture(scope="module")
+def second(tmp_path_factory: pytest.TempPathFactory) -> Collection:
+    """A smaller collection: memory and quanta only, another benchmark."""
+    tables = synthetic_tables(seed=2)
+    keep = ("memory_usage", "quanta_runtime", "system_info")
+    folder = write_collection(
+        tmp_path_factory.mktemp("second"),
+        {k: tables[k] for k in keep},
+        cid="synthetic-2",
+        benchmark="other",
+        pid=None,
+    )
+    return read_collection(folder)
+
+
+#: The first collection's tables: enough for every section, 8 figures (fewer to draw).
+FIRST = ("process_trace", "quanta_runtime", "syscalls", "memory_usage", "perf_counters",
+         "system_info", "benchmark_result")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def first(tmp_path_factory: pytest.TempPathFactory) -> Collection:
+    tables = synthetic_tables()
+    folder = write_collection(tmp_path_factory.mktemp("first"), {k: tables[k] for k in FIRST})
+    return read_collection(folder)
+
+
+@pytest.fixture(scope="module")
+def side_by_side(
+    first: Collection, second: Collection, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    return report([first.path, second.path], tmp_path_factory.mktemp("r") / "both.html")
+
+
+def test_report_is_one_self_contained_file(side_by_side: Path) -> None:
+    text = side_by_side.read_text()
+    pngs = assert_self_contained(text)
+    # quanta timeline and run length, process events, syscalls top and latency, memory,
+    # perf rate and cumulative; the second: quanta timeline and run length, memory
+    assert len(pngs) == 8 + 3
+    for png in pngs:
+        assert_png(png)
+    assert sorted(p.name for p in side_by_side.parent.iterdir()) == ["both.html"]
+
+
+def test_report_shows_system_hooks_and_tables(side_by_side: Path, first: Collection) -> None:
+    inline = re.sub(r"</?(?:b|span|code)\b[^>]*>", "", side_by_side.read_text())
+    text = " ".join(html.unescape(re.sub(r"<[^>]+>", " ", inline)).split())
+    for expected in (
+        "synthetic-1",
+        "synthetic-2",
+        "6.1.0-test",  # kernel
+        "Test CPU",
+        "not attached needs perf_event with stacks",  # a hook that did not attach
+        "not counted: cycles",
+        "3 dropped, 0 missed",  # the syscalls hook's drops
+        "runtime 1.9 s",  # benchmark_result
+        "0 s = benchmark start; start/stop from process_trace",
+        "resolved configuration",
+    ):
+        assert expected in text, expected
+    # per-table rows and statistics as the data has them
+    quanta = first["quanta_runtime"]
+    assert f"quanta_runtime {quanta.height:,} 2.00 s 3" in text  # rows, span, processes
+    assert "quanta_run_length_us: mean 2 ms · p50 2 ms · p99 2 ms · max 2 ms" in text
+    assert "calls: 44 of 3 syscalls · 2 failed" in text
+    # a graph the second collection lacks the table for says so
+    assert "not collected: no syscalls table" in text
+
+
+def test_table_summary_matches_the_frames(synthetic: Collection) -> None:
+    summary = {t["table"]: t for t in table_summary(load(synthetic))}
+    assert summary["block_io"]["rows"] == 60
+    assert summary["block_io"]["span_s"] == pytest.approx(1.8)
+    assert summary["memory_usage"]["processes"] is None  # system-wide
+    stats = dict(summary["block_io"]["stats"])
+    assert set(stats) == {"issue_to_complete_us", "queue_to_issue_us", "bytes"}
+    assert stats["bytes"].startswith("mean 1 MiB")
+
+
+def test_report_renders_in_chromium_side_by_side(side_by_side: Path, tmp_path: Path) -> None:
+    seen = browser_view(side_by_side, tmp_path)
+    assert seen["images"] == 11 and seen["decoded"] == 11
+    assert min(seen["widths"]) >= 800  # decoded at full resolution
+    (_, right_a), (left_b, right_b) = seen["cells"]
+    assert right_a <= left_b and right_b - left_b > 400  # two columns, next to each other
+    assert seen["title"] == "kernmlops report: synthetic, other"
+
+
+def test_report_command(second: Collection, tmp_path: Path) -> None:
+    out = tmp_path / "one.html"
+    result = CliRunner().invoke(
+        report_command, [str(second.path), "-o", str(out), "--tgid", str(WORKER)]
+    )
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip().endswith(str(out))
+    text = out.read_text()
+    assert f"selection: tgid {WORKER}" in text
+    assert len(assert_self_contained(text)) == 3  # quanta timeline and run length, memory
+
+
+def test_report_command_errors(tmp_path: Path) -> None:
+    runner = CliRunner()
+    missing = runner.invoke(report_command, [])
+    assert missing.exit_code == 2 and "Missing argument" in missing.output
+    not_a_collection = runner.invoke(
+        report_command, [str(tmp_path), "-o", str(tmp_path / "r.html")]
+    )
+    assert not_a_collection.exit_code == 2 and "no manifest" in not_a_collection.output
+    assert not (tmp_path / "r.html").exists()
