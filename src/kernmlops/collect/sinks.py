@@ -398,7 +398,7 @@ class ThreadedSink:
     An error in the writer is raised by the next call.
     """
 
-    def __init__(self, inner: ParquetSink | MemorySink, max_queued_bytes: int = 64 * 2**20) -> None:
+    def __init__(self, inner: ParquetSink | MemorySink, max_queued_bytes: int = 32 * 2**20) -> None:
         self.inner = inner
         self.max_queued_bytes = max_queued_bytes
         # (table, frame, bytes); table None is a flush marker
