@@ -157,7 +157,7 @@ def test_tgid_filter_traces_only_that_process(tmp_path: Path, forkburn: list[str
     # before the workload's first reading and its exit path after the last add
     # a few rows (more when they are preempted on a busy machine).
     slices = report["schedstat"][2]
-    assert slices <= quanta.height <= slices + 20, why
+    assert slices <= quanta.height <= slices * 1.1 + 20, why
 
 
 def test_bad_overrides_are_rejected_before_any_probe(tmp_path: Path) -> None:
