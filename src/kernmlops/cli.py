@@ -309,13 +309,17 @@ def perf_list(show_all: bool, tracepoints: bool, as_json: bool) -> None:
 
 
 def _register() -> None:
+    from kernmlops.duet.cli import duet_group
     from kernmlops.exporter.cli import export_command
     from kernmlops.graphs.cli import graph_command, report_command
     from kernmlops.lab.cli import vm_command
+    from kernmlops.lb.cli import lb_group
 
     cli.add_command(vm_command)
     cli.add_command(graph_command)
     cli.add_command(report_command)
+    cli.add_command(duet_group)
+    cli.add_command(lb_group)
     cli.add_command(export_command)
 
 

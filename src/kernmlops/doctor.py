@@ -34,4 +34,21 @@ def run_doctor(console: Console) -> int:
         runnable += ok and bool(cls.needs)
         hooks.add_row(name, "[green]yes[/]" if ok else "[red]no[/]", why or ", ".join(cls.needs))
     console.print(hooks)
+
+    from kernmlops.ebpf.variants import hook_variants
+
+    variants = Table(title="program variants (the first that loads is used)", title_justify="left")
+    variants.add_column("hook")
+    variants.add_column("variant")
+    variants.add_column("loads here")
+    variants.add_column("detail")
+    for hv in hook_variants(features):
+        if hv.error:
+            variants.add_row(hv.hook, "-", "[red]no[/]", hv.error)
+            continue
+        for kind in hv.kinds:
+            mark = " (used)" if kind.selected else ""
+            ok = "[green]yes[/]" if kind.loads else "[red]no[/]"
+            variants.add_row(hv.hook, kind.kind + mark, ok, kind.detail)
+    console.print(variants)
     return 0 if runnable else 1

@@ -1,0 +1,211 @@
+"""Duet vs sequential benchmarking on this machine, with equal time budgets.
+
+The workload is a CPU-bound C loop (``loop N``: N multiply-adds, about 20 ms
+for N = 20M), timed per execution by the built-in harness. Each experiment is
+one suite with randomized, interleaved trials:
+
+* duet: ``--runs`` runs of A and B at the same time, ``--run-s`` seconds each;
+* sequential: ``--runs / 2`` repetitions of A alone then B alone (or B then
+  A), ``--run-s`` seconds each side: the same wall-clock time as the duets.
+
+Per experiment and kind, ``kernmlops.duet.analysis`` gives the verdict (95 %
+BCa CI of the geometric-mean ratio, over runs) and the minimum detectable
+slowdown (0-15 % injected into B). Over ``--experiments`` A/A experiments:
+
+* false-positive rate: share of A/A experiments whose CI excludes 1;
+* MDS: median (and quartiles) over experiments.
+
+With ``--real PCT`` (e.g. 3) it also runs experiments where B's loop does PCT %
+more work, and reports how often each kind detects it (power), as a check of
+the injected MDS against a real slowdown.
+
+Run (about (2 x runs x run_s) s per experiment, plus analysis):
+
+    .venv/bin/python bench/duet.py --experiments 20 --runs 10 --run-s 2 --real 3
+
+Results go to bench/results/duet.json (and a summary on stdout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH.parent / "src"))
+
+from kernmlops.duet.analysis import Options, analyze  # noqa: E402
+from kernmlops.duet.config import validate_duet_config  # noqa: E402
+from kernmlops.duet.process import process_dirs  # noqa: E402
+from kernmlops.duet.runner import run_suite  # noqa: E402
+
+LOOP_C = r"""
+#include <stdlib.h>
+int main(int argc, char **argv) {
+	unsigned long n = argc > 1 ? strtoul(argv[1], 0, 10) : 1000000;
+	volatile unsigned long x = 0;
+	for (unsigned long i = 0; i < n; i++)
+		x += i * i;
+	return 0;
+}
+"""
+
+
+def build_loop(folder: Path) -> Path:
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if not cc:
+        sys.exit("a C compiler (cc, gcc, clang) is needed")
+    (folder / "loop.c").write_text(LOOP_C)
+    subprocess.run([cc, "-O2", "-o", str(folder / "loop"), str(folder / "loop.c")], check=True)
+    return folder / "loop"
+
+
+def experiment(loop: Path, out: Path, n: int, extra: float, args: argparse.Namespace,
+               seed: int) -> dict:  # fmt: skip
+    b_n = int(n * (1 + extra))
+    config = {
+        "duetbench": {
+            "suite": out.name,
+            "seed": seed,
+            "duet_repetitions": args.runs,
+            "sequential_repetitions": args.runs // 2,
+            "schedule": "randomized_interleaving_trials",
+            "harness": {"budget_s": args.run_s},
+            "duets": ["loop"],
+            **({"cpus": ["0", "1"]} if args.pin else {}),
+        },
+        "loop": {"A": {"run": f"{loop} {n}"}, **({"B": {"run": f"{loop} {b_n}"}} if extra else {})},
+    }
+    suite = validate_duet_config(config, out.name)
+    t0 = time.monotonic()
+    result = run_suite(suite, out.parent, force=True)
+    wall = time.monotonic() - t0
+    table = process_dirs([result.folder]).results
+    analysis = analyze(table, Options(warmup=args.warmup, resamples=args.resamples))
+    [bench] = analysis.benchmarks
+    row: dict = {"seed": seed, "extra": extra, "wall_s": round(wall, 1)}
+    for kind in ("duet", "sequential"):
+        c = bench.comparisons[kind]
+        row[kind] = {
+            "detected": c.detected,
+            "gm_ratio": c.gm_ratio,
+            "ci": c.ratio_ci.as_list() if c.ratio_ci else None,
+            "mds": c.mds,
+            "unit": c.unit,
+            "runs": c.n_runs,
+            "pairs": c.n_pairs,
+            "iterations": c.n_a + c.n_b,
+            "mean_a_ms": c.mean_a_ns / 1e6,
+        }
+    if not args.keep:
+        shutil.rmtree(result.folder, ignore_errors=True)
+    return row
+
+
+def _mds_text(values: list[float | None]) -> str:
+    got = sorted(v if v is not None else float("inf") for v in values)
+    if not got:
+        return "-"
+    q = statistics.quantiles(got, n=4) if len(got) > 1 else [got[0]] * 3
+
+    def pct(x: float) -> str:
+        return ">15%" if x == float("inf") else f"{x * 100:.2f}%"
+
+    return f"median {pct(q[1])} (quartiles {pct(q[0])} .. {pct(q[2])})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--experiments", type=int, default=20, help="A/A experiments")
+    parser.add_argument("--runs", type=int, default=10, help="duet runs per experiment")
+    parser.add_argument("--run-s", type=float, default=2.0, help="seconds per run and side")
+    parser.add_argument("--n", type=int, default=20_000_000, help="loop size (about 20 ms)")
+    parser.add_argument("--real", type=float, default=0.0, help="also test B PCT %% slower")
+    parser.add_argument("--real-experiments", type=int, default=10)
+    parser.add_argument("--warmup", default="10%")
+    parser.add_argument("--resamples", type=int, default=2000)
+    parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
+                        help="pin the sides to CPUs 0 and 1 (AB/BA swap them)")  # fmt: skip
+    parser.add_argument("--keep", action="store_true", help="keep the suites' folders")
+    parser.add_argument("--out", type=Path, default=BENCH / "results" / "duet.json")
+    args = parser.parse_args()
+    if args.runs < 10:
+        sys.exit("--runs must be at least 10 (sequential gets runs/2 >= 5 repetitions)")
+    work = Path(tempfile.mkdtemp(prefix="kmo-bench-duet-"))
+    loop = build_loop(work)
+    rows = []
+    plan = [(0.0, i) for i in range(args.experiments)]
+    plan += [(args.real / 100, 1000 + i) for i in range(args.real_experiments if args.real else 0)]
+    load = [os.getloadavg()[0]]
+    for extra, seed in plan:
+        row = experiment(loop, work / f"exp{seed}", args.n, extra, args, seed)
+        load.append(os.getloadavg()[0])
+        rows.append(row)
+        d, s = row["duet"], row["sequential"]
+        print(
+            f"extra {extra:.0%} seed {seed}: duet {d['detected']} ratio {d['gm_ratio']:.4f} "
+            f"MDS {d['mds']}; sequential {s['detected']} ratio {s['gm_ratio']:.4f} "
+            f"MDS {s['mds']} ({row['wall_s']} s)",
+            flush=True,
+        )
+    if args.keep:
+        print(f"suites kept in {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    summary: dict = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "load_avg_min_median_max": [min(load), statistics.median(load), max(load)],
+        },
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "kinds": {},
+    }
+    aa = [r for r in rows if r["extra"] == 0]
+    real = [r for r in rows if r["extra"] > 0]
+    for kind in ("duet", "sequential"):
+        fp = sum(r[kind]["detected"] != "none" for r in aa)
+        mds = [r[kind]["mds"] for r in aa]
+        k = {
+            "aa_experiments": len(aa),
+            "false_positives": fp,
+            "false_positive_rate": fp / len(aa) if aa else None,
+            "mds": mds,
+            "mds_summary": _mds_text(mds),
+            "iterations_per_experiment": (
+                statistics.median(r[kind]["iterations"] for r in aa) if aa else None
+            ),
+        }
+        if real:
+            k["real_slowdown"] = args.real
+            k["real_detected"] = sum(r[kind]["detected"] == "slower" for r in real)
+            k["real_experiments"] = len(real)
+            k["real_ratio_median"] = statistics.median(r[kind]["gm_ratio"] for r in real)
+        summary["kinds"][kind] = k
+    summary["experiments"] = rows
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(summary, indent=1))
+    print(f"\nload average during the runs: {summary['machine']['load_avg_min_median_max']}")
+    for kind, k in summary["kinds"].items():
+        line = (
+            f"{kind:10s}: A/A false positives {k['false_positives']}/{k['aa_experiments']}"
+            f" ({(k['false_positive_rate'] or 0):.0%}); MDS {k['mds_summary']}"
+        )
+        if real:
+            line += (
+                f"; real +{args.real:g}%: detected {k['real_detected']}/{k['real_experiments']}"
+                f" (median ratio {k['real_ratio_median']:.4f})"
+            )
+        print(line)
+    print(f"-> {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,517 @@
+"""Overhead benchmark: how much slower workloads run while kernmlops collects.
+
+Two workloads, each run with no collector ("off") and with
+``kernmlops collect -b faux`` tracing the whole system in the background
+("on"), alternating in the same run (off, on, then on, off, … so a drift of
+the machine falls on both sides):
+
+* a context-switch storm: ``hackbench -p`` (process groups talking through
+  pipes; rt-tests). Score: its own ``Time:`` (seconds, lower is better).
+  Target with the default hook set: at most 10% slower.
+* ``stress-ng --cpu 2 --metrics-brief``. Score: bogo ops/s (real time,
+  higher is better). Target with the default hook set: at most 2% slower.
+
+"x% slower" is the ratio of time per unit of work, on / off, minus one:
+``t_on / t_off`` for hackbench, ``ops_off / ops_on`` for stress-ng. Each
+off/on pair gives one ratio; the report gives their median, mean and range.
+
+Configurations: the default hook set (``collect`` without ``--hooks``), and
+each hook alone (``--hooks X``), so the cost of each hook shows.
+
+This is a 2-vCPU machine that others use too. Before each run the script
+waits (up to ``--quiet-wait`` s) for the machine's busy time to fall below
+``--quiet-busy`` percent, and it records for each run the CPU used by
+*others*: the machine's busy time minus the workload's CPU (its rusage) and
+the collector's (its /proc stat). Pairs where either side had others above
+``--max-others`` percent of one CPU are left out of the "clean" statistics
+(all pairs are in the JSON).
+
+Needs root, hackbench (``apt-get install rt-tests``), stress-ng and built BPF
+objects. Run: ``sudo .venv/bin/python bench/overhead.py --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+BENCH = Path(__file__).resolve().parent
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+MARK = "probes attached"
+
+
+# --- CPU accounting ---------------------------------------------------------------
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine spent not idle (all CPUs, since boot)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    return (user + nice + system + irq + softirq + steal) / CLK_TCK
+
+
+def process_cpu_s(pid: int) -> float:
+    """utime + stime of a live process (all its threads)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    rest = stat[stat.rindex(")") + 2 :].split()
+    return (int(rest[11]) + int(rest[12])) / CLK_TCK
+
+
+def children_cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def enable_bpf_stats() -> int:
+    """Have the kernel time every BPF program run (run_time_ns, run_cnt) for as
+    long as the returned fd stays open. Costs two clock reads per run."""
+    from kernmlops.ebpf.libbpf import lib
+
+    fd = lib.bpf_enable_stats(0)  # BPF_STATS_RUN_TIME
+    if fd < 0:
+        raise RuntimeError("BPF_ENABLE_STATS failed")
+    return fd
+
+
+def bpf_prog_stats(pid: int) -> dict[int, tuple[str, int, int]]:
+    """prog id -> (name, run_time_ns, run_cnt) of the BPF programs a process holds."""
+    import ctypes
+
+    from kernmlops.ebpf.libbpf import lib, prog_info
+
+    get_fd = lib.bpf_prog_get_fd_by_id
+    get_fd.argtypes, get_fd.restype = [ctypes.c_uint32], ctypes.c_int
+    out: dict[int, tuple[str, int, int]] = {}
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return out
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") != "anon_inode:bpf-prog":
+                continue
+            info = dict(
+                line.split(":\t", 1)
+                for line in Path(f"/proc/{pid}/fdinfo/{fd}").read_text().splitlines()
+                if ":\t" in line
+            )
+        except OSError:
+            continue
+        prog_id = int(info["prog_id"])
+        own = get_fd(prog_id)
+        name = prog_info(own).name.decode() if own >= 0 else "?"
+        if own >= 0:
+            os.close(own)
+        out[prog_id] = (name, int(info.get("run_time_ns", 0)), int(info.get("run_cnt", 0)))
+    return out
+
+
+def quiet_wait(max_busy_pct: float, max_wait_s: float) -> float:
+    """Wait until the machine's busy share over one second is below the
+    threshold (percent of one CPU), at most max_wait_s; return the last share."""
+    deadline = time.monotonic() + max_wait_s
+    while True:
+        b0, t0 = machine_busy_s(), time.monotonic()
+        time.sleep(1.0)
+        busy = 100 * (machine_busy_s() - b0) / (time.monotonic() - t0)
+        if busy < max_busy_pct or time.monotonic() >= deadline:
+            return busy
+
+
+# --- the collector ------------------------------------------------------------------
+def kernmlops_cmd() -> list[str]:
+    script = Path(sys.executable).parent / "kernmlops"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "kernmlops"]
+
+
+class CollectorLost(RuntimeError):
+    """The collector failed to attach or died during the run (e.g. a signal
+    from someone else's clean-up on a shared machine): the run is retried."""
+
+
+class Collector:
+    """``kernmlops collect -b faux`` in the background, until stopped."""
+
+    #: extra arguments for every `collect` (--collect-args)
+    extra: ClassVar[list[str]] = []
+
+    def __init__(self, hooks: list[str] | None, settle_s: float) -> None:
+        self.hooks = hooks
+        self.settle_s = settle_s
+        self.out: Path | None = None
+        self.proc: subprocess.Popen | None = None
+        self.lines: list[str] = []
+        self.manifest: dict = {}
+
+    @staticmethod
+    def argv(hooks: list[str] | None, out: str) -> list[str]:
+        argv = [*kernmlops_cmd(), "collect", "-b", "faux", "--no-progress", "-o", out]
+        argv += Collector.extra
+        return [*argv, "--hooks", ",".join(hooks)] if hooks else argv
+
+    def start(self) -> None:
+        attached = threading.Event()
+        self.out = Path(tempfile.mkdtemp(prefix="kmo-overhead-"))
+        self.proc = subprocess.Popen(
+            self.argv(self.hooks, str(self.out)),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+        def read() -> None:
+            assert self.proc is not None and self.proc.stderr is not None
+            for line in self.proc.stderr:
+                self.lines.append(line)
+                if MARK in line:
+                    attached.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        deadline = time.monotonic() + 60
+        while not attached.wait(0.05):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise CollectorLost(f"collector did not attach:\n{''.join(self.lines[-20:])}")
+        time.sleep(self.settle_s)  # past start-up work (first snapshots, first polls)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.out is not None:
+            found = sorted(self.out.glob("curated/*/*/manifest.json"))
+            if found:
+                self.manifest = json.loads(found[0].read_text())
+            shutil.rmtree(self.out, ignore_errors=True)
+        self.proc = None
+
+
+# --- workloads ----------------------------------------------------------------------
+@dataclass
+class Workload:
+    name: str
+    argv: list[str]
+    #: True: the score is a throughput (higher is better); False: a time
+    higher_is_better: bool
+
+    def score(self, stdout: str, stderr: str) -> tuple[float, float]:
+        """(score, units of work done): hackbench does a fixed amount (1), a
+        stress-ng run the bogo ops it reports."""
+        text = stdout + stderr
+        if self.name == "hackbench":
+            found = re.search(r"^Time:\s*([\d.]+)", text, re.M)
+            if found:
+                return float(found.group(1)), 1.0
+        else:
+            # stress-ng: metrc: [pid] cpu <ops> <real s> <usr s> <sys s> <ops/s real> <ops/s cpu>
+            found = re.search(r"\]\s+cpu\s+(\d+)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+([\d.]+)", text)
+            if found:
+                return float(found.group(2)), float(found.group(1))
+        raise RuntimeError(f"{self.name}: no score in its output:\n{text[-2000:]}")
+
+
+def hackbench(args: str) -> Workload:
+    return Workload("hackbench", ["hackbench", *shlex.split(args)], higher_is_better=False)
+
+
+def stress_cpu(timeout_s: int) -> Workload:
+    argv = ["stress-ng", "--cpu", "2", "--timeout", f"{timeout_s}s", "--metrics-brief"]
+    return Workload("stress-ng-cpu", argv, higher_is_better=True)
+
+
+@dataclass
+class Run:
+    state: str  # off | on
+    score: float
+    units: float
+    wall_s: float
+    workload_cpu_s: float
+    collector_cpu_s: float
+    #: CPU others used meanwhile, percent of one CPU
+    others_pct: float
+    #: CPU the collector's BPF programs ran (kernel stats), and their runs
+    bpf_cpu_s: float = 0.0
+    bpf_runs: int = 0
+    events: dict[str, int] = field(default_factory=dict)
+    drops: dict[str, int] = field(default_factory=dict)
+
+
+def run_once(w: Workload, collector: Collector | None) -> Run:
+    if collector is not None:
+        collector.start()
+    try:
+        cpid = collector.proc.pid if collector and collector.proc else None
+        c0 = process_cpu_s(cpid) if cpid else 0.0
+        p0 = bpf_prog_stats(cpid) if cpid else {}
+        w0, b0, t0 = children_cpu_s(), machine_busy_s(), time.monotonic()
+        proc = subprocess.run(w.argv, capture_output=True, text=True)
+        wall = time.monotonic() - t0
+        busy = machine_busy_s() - b0
+        work = children_cpu_s() - w0
+        coll = (process_cpu_s(cpid) - c0) if cpid else 0.0
+        p1 = bpf_prog_stats(cpid) if cpid else {}
+        bpf_ns = sum(p1[i][1] - p0[i][1] for i in p1 if i in p0)
+        bpf_runs = sum(p1[i][2] - p0[i][2] for i in p1 if i in p0)
+        if (
+            collector is not None
+            and collector.proc is not None
+            and collector.proc.poll() is not None
+        ):
+            raise CollectorLost(
+                f"collector exited during the run:\n{''.join(collector.lines[-20:])}"
+            )
+    finally:
+        if collector is not None:
+            collector.stop()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{shlex.join(w.argv)} exited {proc.returncode}:\n{proc.stderr}")
+    hooks = collector.manifest.get("hooks", {}) if collector else {}
+    score, units = w.score(proc.stdout, proc.stderr)
+    return Run(
+        state="on" if collector else "off",
+        score=score,
+        units=units,
+        wall_s=wall,
+        workload_cpu_s=work,
+        collector_cpu_s=coll,
+        others_pct=max(0.0, 100 * (busy - work - coll) / wall),
+        bpf_cpu_s=bpf_ns / 1e9,
+        bpf_runs=bpf_runs,
+        events={h: s.get("events", 0) for h, s in hooks.items()},
+        drops={h: s.get("drops", 0) + s.get("missed", 0) for h, s in hooks.items()},
+    )
+
+
+def slowdown(w: Workload, off: Run, on: Run) -> float:
+    """Time per unit of work, on / off."""
+    return off.score / on.score if w.higher_is_better else on.score / off.score
+
+
+def added_cpu(on: Run) -> float:
+    """CPU the collection added, over the workload's own CPU, in one "on" run:
+    (BPF programs + collector process) / (workload CPU - BPF programs). The
+    BPF programs run in the traced tasks' time, so they are inside the
+    workload's CPU. Needs no "off" run, so others' load hardly moves it; it
+    misses indirect costs (caches, locks, wake-ups)."""
+    own = on.workload_cpu_s - on.bpf_cpu_s
+    return (on.bpf_cpu_s + on.collector_cpu_s) / own if own > 0 else float("nan")
+
+
+def cpu_cost(off: Run, on: Run) -> float:
+    """CPU per unit of work, on (the workload's, BPF programs included, plus
+    the collector's) / off. Others' load changes it far less than wall time."""
+    return ((on.workload_cpu_s + on.collector_cpu_s) / on.units) / (off.workload_cpu_s / off.units)
+
+
+@dataclass
+class Result:
+    config: str
+    workload: str
+    argv: list[str]
+    collector_argv: list[str]
+    pairs: list[tuple[Run, Run]]
+    ratios: list[float]
+    clean: list[float]
+
+    def summary(self) -> dict:
+        use = self.clean if len(self.clean) >= 2 else self.ratios
+        offs = [off.score for off, _ in self.pairs]
+        ons = [on.score for _, on in self.pairs]
+        coll = [on.collector_cpu_s / on.wall_s * 100 for _, on in self.pairs]
+        events = [sum(on.events.values()) / on.wall_s for _, on in self.pairs]
+        cost = [cpu_cost(off, on) for off, on in self.pairs]
+        return {
+            "config": self.config,
+            "workload": self.workload,
+            "pairs": len(self.ratios),
+            "clean_pairs": len(self.clean),
+            "median_ratio": statistics.median(use),
+            "mean_ratio": statistics.fmean(use),
+            "min_ratio": min(use),
+            "max_ratio": max(use),
+            "median_ratio_all": statistics.median(self.ratios),
+            "median_cpu_cost_ratio": statistics.median(cost),
+            "median_added_cpu": statistics.median(added_cpu(on) for _, on in self.pairs),
+            "bpf_ns_per_run": (
+                sum(on.bpf_cpu_s for _, on in self.pairs)
+                * 1e9
+                / max(1, sum(on.bpf_runs for _, on in self.pairs))
+            ),
+            "bpf_runs_per_s": statistics.median(on.bpf_runs / on.wall_s for _, on in self.pairs),
+            "bpf_cpu_pct": statistics.median(
+                100 * on.bpf_cpu_s / on.wall_s for _, on in self.pairs
+            ),
+            "median_off": statistics.median(offs),
+            "median_on": statistics.median(ons),
+            "collector_cpu_pct": statistics.median(coll),
+            "events_per_s": statistics.median(events),
+            "drops": sum(sum(on.drops.values()) for _, on in self.pairs),
+        }
+
+
+def measure(
+    config: str,
+    hooks: list[str] | None,
+    w: Workload,
+    rounds: int,
+    args: argparse.Namespace,
+) -> Result:
+    pairs: list[tuple[Run, Run]] = []
+    for r in range(rounds):
+        order = ("off", "on") if r % 2 == 0 else ("on", "off")
+        runs: dict[str, Run] = {}
+        for state in order:
+            quiet_wait(args.quiet_busy, args.quiet_wait)
+            for attempt in range(3):
+                coll = Collector(hooks, args.settle) if state == "on" else None
+                try:
+                    runs[state] = run_once(w, coll)
+                    break
+                except CollectorLost as err:
+                    print(f"  (retrying: {str(err).splitlines()[0]})", flush=True)
+                    if attempt == 2:
+                        raise
+        off, on = runs["off"], runs["on"]
+        pairs.append((off, on))
+        print(
+            f"  {config:20s} {w.name:14s} round {r + 1}/{rounds}: off {off.score:10.3f} "
+            f"on {on.score:10.3f}  ratio {slowdown(w, off, on):6.3f}  "
+            f"cpu cost {cpu_cost(off, on):6.3f}  added {100 * added_cpu(on):5.1f}%  "
+            f"bpf {100 * on.bpf_cpu_s / on.wall_s:5.1f}%  "
+            f"others {off.others_pct:5.1f}%/{on.others_pct:5.1f}%  "
+            f"collector {on.collector_cpu_s / on.wall_s * 100:5.1f}%",
+            flush=True,
+        )
+    ratios = [slowdown(w, off, on) for off, on in pairs]
+    clean = [
+        slowdown(w, off, on)
+        for off, on in pairs
+        if off.others_pct <= args.max_others and on.others_pct <= args.max_others
+    ]
+    coll_argv = Collector.argv(hooks, "<tmp>")
+    return Result(config, w.name, w.argv, coll_argv, pairs, ratios, clean)
+
+
+def print_table(results: list[Result]) -> None:
+    head = (
+        f"{'config':20s} {'workload':14s} {'slower':>8s} {'mean':>7s} {'range':>16s} {'cpu':>7s} "
+        f"{'added':>7s} {'pairs':>7s} {'coll.CPU':>8s} {'bpf CPU':>8s} {'ns/run':>7s} "
+        f"{'runs/s':>10s} {'drops':>6s}"
+    )
+    print("\n" + head + "\n" + "-" * len(head))
+    for res in results:
+        s = res.summary()
+        print(
+            f"{s['config']:20s} {s['workload']:14s} {100 * (s['median_ratio'] - 1):+7.1f}% "
+            f"{100 * (s['mean_ratio'] - 1):+6.1f}% "
+            f"{100 * (s['min_ratio'] - 1):+6.1f}..{100 * (s['max_ratio'] - 1):+6.1f}% "
+            f"{100 * (s['median_cpu_cost_ratio'] - 1):+6.1f}% "
+            f"{100 * s['median_added_cpu']:6.1f}% "
+            f"{s['clean_pairs']:>3d}/{s['pairs']:<3d} {s['collector_cpu_pct']:7.1f}% "
+            f"{s['bpf_cpu_pct']:7.2f}% {s['bpf_ns_per_run']:7.0f} "
+            f"{s['bpf_runs_per_s']:10.0f} {s['drops']:6d}"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    from kernmlops.hooks import DEFAULT_HOOKS, REGISTRY
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5, help="off/on pairs, default hook set")
+    parser.add_argument("--hook-rounds", type=int, default=3, help="off/on pairs per hook alone")
+    parser.add_argument(
+        "--hooks-alone",
+        default="all",
+        help="comma-separated hooks to measure alone ('all': every hook, 'none': skip)",
+    )
+    parser.add_argument("--skip-default", action="store_true", help="skip the default hook set")
+    parser.add_argument("--hackbench", default="-p -g 8 -l 1000", help="hackbench arguments")
+    parser.add_argument("--stress-s", type=int, default=10, help="stress-ng seconds (default)")
+    parser.add_argument("--hook-stress-s", type=int, default=5, help="stress-ng seconds per hook")
+    parser.add_argument("--settle", type=float, default=1.0, help="seconds after attach")
+    parser.add_argument("--quiet-busy", type=float, default=25.0, help="percent of one CPU")
+    parser.add_argument("--quiet-wait", type=float, default=20.0, help="seconds, at most")
+    parser.add_argument("--max-others", type=float, default=15.0, help="percent of one CPU")
+    parser.add_argument(
+        "--collect-args", default="", help="extra arguments for collect, e.g. '-c my.yaml'"
+    )
+    parser.add_argument("--out", type=Path, default=BENCH / "results" / "overhead.json")
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        print("error: needs root (BPF)", file=sys.stderr)
+        return 2
+    for tool, pkg in (("hackbench", "rt-tests"), ("stress-ng", "stress-ng")):
+        if not shutil.which(tool):
+            print(f"error: {tool} not found (apt-get install {pkg})", file=sys.stderr)
+            return 2
+    if args.hooks_alone == "all":
+        alone = list(REGISTRY)
+    elif args.hooks_alone == "none":
+        alone = []
+    else:
+        alone = [h.strip() for h in args.hooks_alone.split(",") if h.strip()]
+        unknown = [h for h in alone if h not in REGISTRY]
+        if unknown:
+            print(f"error: unknown hooks {unknown}; known: {', '.join(REGISTRY)}", file=sys.stderr)
+            return 2
+    configs: list[tuple[str, list[str] | None, int, int]] = []
+    if not args.skip_default:
+        configs.append(("default", None, args.rounds, args.stress_s))
+    configs += [(h, [h], args.hook_rounds, args.hook_stress_s) for h in alone]
+
+    Collector.extra = shlex.split(args.collect_args)
+    stats_fd = enable_bpf_stats()  # closed at exit: stats go off again
+    print(f"default hook set: {', '.join(DEFAULT_HOOKS)}")
+    results: list[Result] = []
+    t0 = time.monotonic()
+    for config, hooks, rounds, stress_s in configs:
+        for w in (hackbench(args.hackbench), stress_cpu(stress_s)):
+            results.append(measure(config, hooks, w, rounds, args))
+    print_table(results)
+    print(f"\n{time.monotonic() - t0:.0f} s in all")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    body = {
+        "machine": {"kernel": os.uname().release, "cpus": os.cpu_count()},
+        "default_hooks": list(DEFAULT_HOOKS),
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "results": [
+            {
+                **r.summary(),
+                "workload_argv": r.argv,
+                "collector_argv": r.collector_argv,
+                "ratios": r.ratios,
+                "runs": [[asdict(off), asdict(on)] for off, on in r.pairs],
+            }
+            for r in results
+        ],
+    }
+    args.out.write_text(json.dumps(body, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    os.close(stats_fd)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,684 @@
+"""``duet analyze``: is B different from A, and how small a change could we see?
+
+The method, step by step (every choice is an option of ``Options``):
+
+1. **Warm-up**: the first iterations of each side of each run are dropped
+   (``warmup``: a count, or a percentage of the side's iterations).
+2. **Pairing** (duet and sync-duet runs): an A iteration and a B iteration of
+   the same run are a pair when they overlap in time by at least
+   ``min_overlap`` of the *longer* of the two::
+
+       ratio = overlap / max(len A, len B),  overlap = min(ends) - max(starts)
+
+   so both iterations spent most of their time side by side and saw the same
+   interference. Touching iterations (overlap 0) never pair; a short iteration
+   nested in a long one pairs only when their lengths are within
+   1/min_overlap of each other; an iteration may pair with two of the other
+   side's (equal lengths offset by about half). The trade-off, measured on
+   this project's 2-vCPU VM under a load average of 15: dividing by the
+   longer keeps pairs of similar lengths, which pulls ratios towards 1 (a 15 %
+   slowdown injected into B read as +7 %), but dividing by the shorter (or
+   pairing every overlap) read +15 % with a CI four times as wide, so it
+   detected less: the longer it is.
+3. **Per run**: the mean of the paired differences ``B - A`` and of the paired
+   log ratios ``log(B / A)`` (its exp is the geometric-mean ratio), each pair
+   weighted by the time the two iterations ran side by side (its overlap), so
+   every moment of the run counts once however the iterations are cut.
+   Sequential runs have no pairs: run i of A meets run i of B, and the per-run
+   values are ``mean(B) - mean(A)`` and ``mean(log B) - mean(log A)``.
+4. **Confidence intervals**: bootstrap BCa (scipy.stats.bootstrap) of the mean
+   over runs, the run being the unit that repeats (a process's layout, its
+   CPUs and the machine's state differ between runs, not within one). With
+   fewer than ``min_runs`` runs the unit falls back to pairs (sequential:
+   iterations, two-sample), and the report says so: such an interval does not
+   cover run-to-run variation. Duet runs alternate the orders AB and BA (which
+   side starts first and gets the first CPU list), so with at least 5 runs of
+   each order, each order's runs are a stratum: the estimate is the mean of the
+   two orders' means, each resampled on its own (a CPU or start-order bias then
+   cancels instead of widening the CI). Bootstrap intervals are too narrow
+   for small samples, so each is widened around the estimate by Hesterberg's
+   factor
+   ``t(n-k) / z * sqrt(m / (m - 1))`` (n values in k strata of m; ``expand``;
+   1.31 for 10 runs in 2 orders, 1.22 for 10 runs in one, 1.06 for 30).
+5. **Verdict**: B is slower (faster) when the CI of the geometric-mean ratio
+   lies above (below) 1. Mann-Whitney U on all iterations is reported beside
+   it. For an A/A duet the verdict says whether the setup itself is biased.
+6. **Minimum detectable slowdown**: B's iterations are made 0-15 % slower,
+   later iterations shifted by the added time (so what overlaps changes), the
+   runs are re-paired and re-tested; the MDS is the smallest slowdown on the
+   grid whose CI lies above 1 (found by bisection; detection grows with the
+   slowdown).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import polars as pl
+from scipy import stats
+
+RUN_KEYS = ("suite", "benchmark", "kind", "runid", "order")
+
+
+@dataclass(frozen=True)
+class Options:
+    warmup: str = "10%"
+    min_overlap: float = 0.4
+    confidence: float = 0.95
+    resamples: int = 2000
+    min_runs: int = 5
+    expand: bool = True
+    seed: int = 0
+    max_slowdown: float = 0.15
+    slowdown_step: float = 0.0025
+    mds: bool = True
+
+    def __post_init__(self) -> None:
+        parse_warmup(self.warmup)
+        if not 0 < self.min_overlap <= 1:
+            raise ValueError("min_overlap must be in (0, 1]")
+        if not 0.5 < self.confidence < 1:
+            raise ValueError("confidence must be between 0.5 and 1")
+        if self.resamples < 100:
+            raise ValueError("resamples must be at least 100")
+        if self.min_runs < 2:
+            raise ValueError("min_runs must be at least 2")
+
+
+def parse_warmup(text: str | int) -> tuple[int, float]:
+    """``"3"`` -> (3 iterations, 0); ``"10%"`` -> (0, 0.10)."""
+    s = str(text).strip()
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*%", s)
+    if m:
+        frac = float(m.group(1)) / 100
+        if frac >= 1:
+            raise ValueError(f"warm-up {s}: must be below 100%")
+        return 0, frac
+    if re.fullmatch(r"\d+", s):
+        return int(s), 0.0
+    raise ValueError(f"warm-up {s!r}: a count (3) or a percentage (10%)")
+
+
+def after_warmup(warmup: str | int) -> pl.Expr:
+    """True for the iterations kept: each side's first ones in each run are not."""
+    count, frac = parse_warmup(warmup)
+    if not count and not frac:
+        return pl.lit(True)
+    keys = [*RUN_KEYS, "pair"]
+    rank = pl.col("iteration").rank("ordinal").over(keys) - 1
+    cut = pl.lit(count) if count else (pl.len().over(keys) * frac).floor()
+    return rank >= cut
+
+
+def drop_warmup(df: pl.DataFrame, warmup: str | int) -> pl.DataFrame:
+    """Drop each side's first iterations in each run."""
+    return df.filter(after_warmup(warmup))
+
+
+# --- pairing --------------------------------------------------------------------
+def pair_intervals(
+    a_start: np.ndarray,
+    a_end: np.ndarray,
+    b_start: np.ndarray,
+    b_end: np.ndarray,
+    min_overlap: float = 0.4,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Indices (into A, into B) of overlapping pairs and their overlap ratios.
+
+    Each side's intervals are one after another (sorted, not overlapping each
+    other). ratio = overlap / max(len A, len B); pairs need ratio >= min_overlap.
+    """
+    a_start, a_end = np.asarray(a_start, np.int64), np.asarray(a_end, np.int64)
+    b_start, b_end = np.asarray(b_start, np.int64), np.asarray(b_end, np.int64)
+    if not len(a_start) or not len(b_start):
+        empty = np.zeros(0, np.int64)
+        return empty, empty, np.zeros(0)
+    a_order, b_order = np.argsort(a_start, kind="stable"), np.argsort(b_start, kind="stable")
+    bs, be = b_start[b_order], b_end[b_order]
+    # B intervals that can overlap A[i]: end > A.start and start < A.end
+    lo = np.searchsorted(np.maximum.accumulate(be), a_start[a_order], side="right")
+    hi = np.searchsorted(bs, a_end[a_order], side="left")
+    counts = np.maximum(hi - lo, 0)
+    ia = np.repeat(np.arange(len(a_order)), counts)
+    offsets = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+    ib = np.repeat(lo, counts) + offsets
+    ia, ib = a_order[ia], b_order[ib]
+    overlap = np.minimum(a_end[ia], b_end[ib]) - np.maximum(a_start[ia], b_start[ib])
+    longer = np.maximum(a_end[ia] - a_start[ia], b_end[ib] - b_start[ib])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(longer > 0, overlap / np.maximum(longer, 1), 0.0)
+    keep = (overlap > 0) & (ratio >= min_overlap)
+    return ia[keep], ib[keep], ratio[keep]
+
+
+def inject_slowdown(start: np.ndarray, end: np.ndarray, slowdown: float) -> tuple[np.ndarray, ...]:
+    """Each iteration ``slowdown`` longer; later iterations start later by the
+    time added before them (the gaps between iterations are kept)."""
+    start = np.asarray(start, np.int64)
+    end = np.asarray(end, np.int64)
+    if slowdown == 0 or not len(start):
+        return start, end
+    order = np.argsort(start, kind="stable")
+    s, e = start[order], end[order]
+    added = ((e - s) * slowdown).astype(np.int64)
+    shift = np.concatenate([[0], np.cumsum(added)[:-1]])
+    ns, ne = s + shift, e + shift + added
+    out_s, out_e = np.empty_like(ns), np.empty_like(ne)
+    out_s[order], out_e[order] = ns, ne
+    return out_s, out_e
+
+
+# --- statistics -------------------------------------------------------------------
+@dataclass
+class Interval:
+    low: float
+    high: float
+
+    def as_list(self) -> list[float]:
+        return [self.low, self.high]
+
+
+def _mean_of_means(*samples: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.mean([np.mean(s, axis=axis) for s in samples], axis=0)
+
+
+def _diff_of_means(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.mean(b, axis=axis) - np.mean(a, axis=axis)
+
+
+def expansion(n: int, confidence: float, strata: int = 1) -> float:
+    """Hesterberg's widening of bootstrap intervals for small samples: the
+    bootstrap's variance has divisor n (not n - 1) and uses z, not t. With
+    ``strata`` groups, t has n - strata degrees of freedom."""
+    if n <= strata:
+        return 1.0
+    alpha = 1 - confidence
+    per = n / strata  # observations per group (balanced)
+    t = stats.t.ppf(1 - alpha / 2, n - strata)
+    return float(t / stats.norm.ppf(1 - alpha / 2) * math.sqrt(per / (per - 1)))
+
+
+def bootstrap_ci(
+    samples: tuple[np.ndarray, ...],
+    opts: Options,
+    rng: np.random.Generator,
+    *,
+    difference: bool = False,
+) -> Interval | None:
+    """BCa CI of the mean of one sample; with several samples (strata, e.g.
+    the runs of order AB and of order BA) of the mean of their means, each
+    resampled on its own; with ``difference``, of mean(b) - mean(a)."""
+    samples = tuple(np.asarray(s, float) for s in samples)
+    if any(len(s) < 2 for s in samples):
+        return None
+    statistic = _diff_of_means if difference else _mean_of_means
+    estimate = float(statistic(*samples))
+    if all(np.ptp(s) == 0 for s in samples):
+        return Interval(estimate, estimate)
+    n = max(len(s) for s in samples)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # degenerate resamples are handled below
+        res = stats.bootstrap(
+            samples,
+            statistic,
+            n_resamples=opts.resamples,
+            confidence_level=opts.confidence,
+            method="BCa",
+            vectorized=True,
+            paired=False,
+            batch=max(1, 4_000_000 // n),
+            rng=rng,
+        )
+    lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return None
+    if opts.expand:
+        if difference:
+            k = expansion(min(len(s) for s in samples), opts.confidence)
+        else:
+            k = expansion(sum(len(s) for s in samples), opts.confidence, len(samples))
+        lo, hi = estimate - (estimate - lo) * k, estimate + (hi - estimate) * k
+    return Interval(lo, hi)
+
+
+#: fewest runs of each order for a stratified bootstrap (BCa on fewer is crude)
+STRATUM_MIN = 5
+
+
+def _strata(values: np.ndarray, orders: list[Any]) -> tuple[np.ndarray, ...]:
+    """Split by order (AB/BA) when each has at least STRATUM_MIN values: the
+    sides' places (CPUs, who starts first) swap between orders, so an order's
+    bias is removed from the spread instead of widening the CI."""
+    groups = {o: values[[i for i, x in enumerate(orders) if x == o]] for o in set(orders)}
+    if len(groups) > 1 and all(len(g) >= STRATUM_MIN for g in groups.values()):
+        return tuple(groups[o] for o in sorted(groups, key=str))
+    return (values,)
+
+
+@dataclass
+class Run:
+    """One run's iterations of both sides, after warm-up removal."""
+
+    key: tuple[Any, ...]
+    a_start: np.ndarray
+    a_end: np.ndarray
+    a_time: np.ndarray
+    b_start: np.ndarray
+    b_end: np.ndarray
+    b_time: np.ndarray
+    #: full series before warm-up removal (timestamps shift on injection)
+    b_all_start: np.ndarray | None = None
+    b_all_end: np.ndarray | None = None
+    b_all_time: np.ndarray | None = None
+    b_kept: np.ndarray | None = None  # mask of kept iterations in the full series
+
+    def slowed(self, slowdown: float) -> Run:
+        if slowdown == 0:
+            return self
+        if self.b_all_start is None:
+            s, e = inject_slowdown(self.b_start, self.b_end, slowdown)
+            return Run(self.key, self.a_start, self.a_end, self.a_time, s, e,
+                       self.b_time * (1 + slowdown))  # fmt: skip
+        s, e = inject_slowdown(self.b_all_start, self.b_all_end, slowdown)
+        assert self.b_kept is not None and self.b_all_time is not None
+        k = self.b_kept
+        return Run(self.key, self.a_start, self.a_end, self.a_time, s[k], e[k],
+                   self.b_all_time[k] * (1 + slowdown))  # fmt: skip
+
+
+@dataclass
+class Comparison:
+    """A against B for one benchmark and one kind of run."""
+
+    kind: str
+    aa: bool
+    unit: str  # run | pair | iteration
+    n_runs: int
+    n_pairs: int
+    n_a: int
+    n_b: int
+    mean_a_ns: float
+    mean_b_ns: float
+    mean_diff_ns: float | None
+    diff_ci: Interval | None
+    gm_ratio: float | None
+    ratio_ci: Interval | None
+    mwu_p: float | None
+    verdict: str
+    detected: str  # slower | faster | none | unknown
+    mds: float | None = None  # fraction; None: not within max_slowdown
+    mds_note: str = ""
+    notes: list[str] = field(default_factory=list)
+    runs: pl.DataFrame | None = None
+    pairs: pl.DataFrame | None = None
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "aa": self.aa,
+            "unit": self.unit,
+            "n_runs": self.n_runs,
+            "n_pairs": self.n_pairs,
+            "n_a": self.n_a,
+            "n_b": self.n_b,
+            "mean_a_ns": self.mean_a_ns,
+            "mean_b_ns": self.mean_b_ns,
+            "mean_diff_ns": self.mean_diff_ns,
+            "diff_ci_ns": self.diff_ci.as_list() if self.diff_ci else None,
+            "gm_ratio": self.gm_ratio,
+            "ratio_ci": self.ratio_ci.as_list() if self.ratio_ci else None,
+            "mann_whitney_p": self.mwu_p,
+            "verdict": self.verdict,
+            "detected": self.detected,
+            "mds": self.mds,
+            "mds_note": self.mds_note,
+            "notes": self.notes,
+        }
+
+
+def _detected(ci: Interval | None) -> str:
+    if ci is None:
+        return "unknown"
+    if ci.low > 1:
+        return "slower"
+    if ci.high < 1:
+        return "faster"
+    return "none"
+
+
+def _verdict(detected: str, ratio: float | None, ci: Interval | None, aa: bool) -> str:
+    if ci is None or ratio is None:
+        return "no verdict: too little data for a confidence interval"
+    pct = f"{(ratio - 1) * 100:+.2f}% [{(ci.low - 1) * 100:+.2f}%, {(ci.high - 1) * 100:+.2f}%]"
+    if aa:
+        if detected == "none":
+            return f"A/A consistent: no difference between A and itself ({pct})"
+        return f"A/A FAILED: A differs from itself ({pct}): the setup is biased"
+    if detected == "slower":
+        return f"B is slower than A by {pct}"
+    if detected == "faster":
+        return f"B is faster than A: {pct}"
+    return f"no difference detected ({pct})"
+
+
+def _duet_values(
+    runs: list[Run], opts: Options
+) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    """Per run: paired differences, log ratios, and weights (overlap time)."""
+    diffs, logs, weights = [], [], []
+    for r in runs:
+        ia, ib, _ = pair_intervals(r.a_start, r.a_end, r.b_start, r.b_end, opts.min_overlap)
+        ta, tb = r.a_time[ia].astype(float), r.b_time[ib].astype(float)
+        overlap = np.minimum(r.a_end[ia], r.b_end[ib]) - np.maximum(r.a_start[ia], r.b_start[ib])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            g = np.log(tb / ta)
+        keep = np.isfinite(g)  # a zero-length iteration has no ratio
+        diffs.append((tb - ta)[keep])
+        logs.append(g[keep])
+        weights.append(overlap[keep].astype(float))
+    return diffs, logs, weights
+
+
+def _weighted_mean(values: np.ndarray, weights: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.sum(values * weights, axis=axis) / np.sum(weights, axis=axis)
+
+
+def weighted_ci(
+    values: np.ndarray, weights: np.ndarray, opts: Options, rng: np.random.Generator
+) -> Interval | None:
+    """BCa CI of a weighted mean (pairs resampled with their weights)."""
+    values, weights = np.asarray(values, float), np.asarray(weights, float)
+    if len(values) < 2:
+        return None
+    estimate = float(_weighted_mean(values, weights))
+    if np.ptp(values) == 0:
+        return Interval(estimate, estimate)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = stats.bootstrap(
+            (values, weights),
+            _weighted_mean,
+            n_resamples=opts.resamples,
+            confidence_level=opts.confidence,
+            method="BCa",
+            vectorized=True,
+            paired=True,
+            batch=max(1, 4_000_000 // len(values)),
+            rng=rng,
+        )
+    lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return None
+    if opts.expand:
+        k = expansion(len(values), opts.confidence)
+        lo, hi = estimate - (estimate - lo) * k, estimate + (hi - estimate) * k
+    return Interval(lo, hi)
+
+
+def _duet_ci(
+    runs: list[Run], opts: Options, rng: np.random.Generator
+) -> tuple[str, int, int, float | None, Interval | None, float | None, Interval | None]:
+    diffs, logs, weights = _duet_values(runs, opts)
+    used = [i for i, d in enumerate(diffs) if len(d)]
+    n_pairs = int(sum(len(d) for d in diffs))
+    if len(used) >= opts.min_runs:
+        unit = "run"
+        d = np.array([_weighted_mean(diffs[i], weights[i]) for i in used])
+        g = np.array([_weighted_mean(logs[i], weights[i]) for i in used])
+        orders = [runs[i].key[4] for i in used]
+        d_strata, g_strata = _strata(d, orders), _strata(g, orders)
+        dci = bootstrap_ci(d_strata, opts, rng)
+        gci = bootstrap_ci(g_strata, opts, rng)
+        mean_d, mean_g = float(_mean_of_means(*d_strata)), float(_mean_of_means(*g_strata))
+    elif used:
+        unit = "pair"
+        d = np.concatenate([diffs[i] for i in used])
+        g = np.concatenate([logs[i] for i in used])
+        w = np.concatenate([weights[i] for i in used])
+        dci = weighted_ci(d, w, opts, rng)
+        gci = weighted_ci(g, w, opts, rng)
+        mean_d, mean_g = float(_weighted_mean(d, w)), float(_weighted_mean(g, w))
+    else:
+        return "pair", 0, n_pairs, None, None, None, None
+    rci = Interval(math.exp(gci.low), math.exp(gci.high)) if gci else None
+    return unit, len(used), n_pairs, mean_d, dci, math.exp(mean_g), rci
+
+
+def _seq_ci(
+    runs: list[Run], opts: Options, rng: np.random.Generator
+) -> tuple[str, int, float | None, Interval | None, float | None, Interval | None]:
+    both = [r for r in runs if len(r.a_time) and len(r.b_time)]
+    if len(both) >= opts.min_runs:
+        unit = "run"
+        d = np.array([r.b_time.mean() - r.a_time.mean() for r in both])
+        g = np.array([np.log(r.b_time).mean() - np.log(r.a_time).mean() for r in both])
+        dci = bootstrap_ci((d,), opts, rng)
+        gci = bootstrap_ci((g,), opts, rng)
+        mean_d, mean_g = float(d.mean()), float(g.mean())
+    else:
+        unit = "iteration"
+        a = np.concatenate([r.a_time for r in runs]).astype(float) if runs else np.zeros(0)
+        b = np.concatenate([r.b_time for r in runs]).astype(float) if runs else np.zeros(0)
+        if not len(a) or not len(b):
+            return unit, len(both), None, None, None, None
+        dci = bootstrap_ci((a, b), opts, rng, difference=True)
+        gci = bootstrap_ci((np.log(a), np.log(b)), opts, rng, difference=True)
+        mean_d, mean_g = float(b.mean() - a.mean()), float(np.log(b).mean() - np.log(a).mean())
+    rci = Interval(math.exp(gci.low), math.exp(gci.high)) if gci else None
+    return unit, len(both), mean_d, dci, math.exp(mean_g), rci
+
+
+def compare(runs: list[Run], kind: str, aa: bool, opts: Options) -> Comparison:
+    """Compare A and B over ``runs`` of one kind (duet, syncduet, sequential)."""
+    rng = np.random.default_rng(opts.seed)
+    a_all = np.concatenate([r.a_time for r in runs]) if runs else np.zeros(0)
+    b_all = np.concatenate([r.b_time for r in runs]) if runs else np.zeros(0)
+    notes: list[str] = []
+    pairs_frame = None
+    if kind == "sequential":
+        unit, n_runs, mean_d, dci, ratio, rci = _seq_ci(runs, opts, rng)
+        n_pairs = 0
+    else:
+        unit, n_runs, n_pairs, mean_d, dci, ratio, rci = _duet_ci(runs, opts, rng)
+        pairs_frame = _pairs_frame(runs, opts)
+        if n_pairs == 0:
+            notes.append(
+                f"no A/B iterations overlap by {opts.min_overlap:.0%} of the longer one: "
+                "lower --min-overlap, or make the iterations of similar length"
+            )
+    if unit != "run" and (mean_d is not None):
+        notes.append(
+            f"only {n_runs} run(s) with data (< {opts.min_runs}): the CI is over "
+            f"{unit}s and does not cover run-to-run variation"
+        )
+    mwu_p = None
+    if len(a_all) and len(b_all):
+        mwu_p = float(stats.mannwhitneyu(a_all, b_all, alternative="two-sided").pvalue)
+    detected = _detected(rci)
+    cmp = Comparison(
+        kind=kind,
+        aa=aa,
+        unit=unit,
+        n_runs=n_runs,
+        n_pairs=n_pairs,
+        n_a=len(a_all),
+        n_b=len(b_all),
+        mean_a_ns=float(a_all.mean()) if len(a_all) else math.nan,
+        mean_b_ns=float(b_all.mean()) if len(b_all) else math.nan,
+        mean_diff_ns=mean_d,
+        diff_ci=dci,
+        gm_ratio=ratio,
+        ratio_ci=rci,
+        mwu_p=mwu_p,
+        verdict=_verdict(detected, ratio, rci, aa),
+        detected=detected,
+        notes=notes,
+        runs=_runs_frame(runs, opts, kind),
+        pairs=pairs_frame,
+    )
+    if opts.mds and rci is not None:
+        cmp.mds, cmp.mds_note = minimum_detectable_slowdown(runs, kind, opts)
+    return cmp
+
+
+def detects(runs: list[Run], kind: str, opts: Options, slowdown: float) -> bool:
+    """Whether a ``slowdown`` injected into B is detected (the ratio CI above 1)."""
+    rng = np.random.default_rng(opts.seed)
+    slowed = [r.slowed(slowdown) for r in runs]
+    rci = _seq_ci(slowed, opts, rng)[5] if kind == "sequential" else _duet_ci(slowed, opts, rng)[6]
+    return _detected(rci) == "slower"
+
+
+def minimum_detectable_slowdown(
+    runs: list[Run], kind: str, opts: Options
+) -> tuple[float | None, str]:
+    """The smallest slowdown on the grid (0 .. max_slowdown) that is detected."""
+    grid = np.round(np.arange(0, opts.max_slowdown + 1e-12, opts.slowdown_step), 6)
+    if detects(runs, kind, opts, 0.0):
+        return 0.0, "B is already detected slower without an injected slowdown"
+    if not detects(runs, kind, opts, float(grid[-1])):
+        return None, f"not detected up to {opts.max_slowdown:.0%}"
+    lo, hi = 0, len(grid) - 1  # detects(grid[lo]) False, detects(grid[hi]) True
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if detects(runs, kind, opts, float(grid[mid])):
+            hi = mid
+        else:
+            lo = mid
+    return float(grid[hi]), ""
+
+
+def _runs_frame(runs: list[Run], opts: Options, kind: str) -> pl.DataFrame:
+    rows = []
+    for r in runs:
+        row = {"runid": r.key[3], "order": r.key[4], "n_a": len(r.a_time), "n_b": len(r.b_time)}
+        if kind == "sequential":
+            ok = len(r.a_time) and len(r.b_time)
+            row["n_pairs"] = 0
+            row["mean_diff_ns"] = float(r.b_time.mean() - r.a_time.mean()) if ok else None
+            row["gm_ratio"] = (
+                float(np.exp(np.log(r.b_time).mean() - np.log(r.a_time).mean())) if ok else None
+            )
+        else:
+            [d], [g], [w] = _duet_values([r], opts)
+            row["n_pairs"] = len(d)
+            row["mean_diff_ns"] = float(_weighted_mean(d, w)) if len(d) else None
+            row["gm_ratio"] = float(np.exp(_weighted_mean(g, w))) if len(d) else None
+        rows.append(row)
+    schema = {"runid": pl.Int64, "order": pl.String, "n_a": pl.Int64, "n_b": pl.Int64,
+              "n_pairs": pl.Int64, "mean_diff_ns": pl.Float64, "gm_ratio": pl.Float64}  # fmt: skip
+    return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+def _pairs_frame(runs: list[Run], opts: Options) -> pl.DataFrame:
+    parts = []
+    for r in runs:
+        ia, ib, ratio = pair_intervals(r.a_start, r.a_end, r.b_start, r.b_end, opts.min_overlap)
+        parts.append(
+            pl.DataFrame(
+                {
+                    "runid": [r.key[3]] * len(ia),
+                    "a_start_ns": r.a_start[ia],
+                    "a_end_ns": r.a_end[ia],
+                    "b_start_ns": r.b_start[ib],
+                    "b_end_ns": r.b_end[ib],
+                    "a_time_ns": r.a_time[ia],
+                    "b_time_ns": r.b_time[ib],
+                    "overlap_ratio": ratio,
+                },
+                schema_overrides={"runid": pl.Int64},
+            )
+        )
+    return pl.concat(parts) if parts else pl.DataFrame()
+
+
+# --- whole tables -----------------------------------------------------------------
+def build_runs(df: pl.DataFrame, warmup: str) -> dict[tuple[str, str, str], list[Run]]:
+    """{(suite, benchmark, kind): [Run, ...]} from a results table."""
+    full = df.with_columns(after_warmup(warmup).alias("_kept"))
+    out: dict[tuple[str, str, str], list[Run]] = {}
+    if full.height == 0:
+        return out
+    # Sequential runs of A and B are separate trials: runid pairs them, order is null.
+    for key, grp in full.sort("iteration_start_ns", nulls_last=True).group_by(
+        list(RUN_KEYS), maintain_order=True
+    ):
+        a = grp.filter((pl.col("pair") == "A") & pl.col("_kept"))
+        b_all = grp.filter(pl.col("pair") == "B")
+        b = b_all.filter(pl.col("_kept"))
+
+        def col(f: pl.DataFrame, c: str) -> np.ndarray:
+            return f[c].fill_null(0).to_numpy().astype(np.int64)
+
+        run = Run(
+            key=tuple(key),
+            a_start=col(a, "iteration_start_ns"),
+            a_end=col(a, "iteration_end_ns"),
+            a_time=col(a, "iteration_time_ns"),
+            b_start=col(b, "iteration_start_ns"),
+            b_end=col(b, "iteration_end_ns"),
+            b_time=col(b, "iteration_time_ns"),
+            b_all_start=col(b_all, "iteration_start_ns"),
+            b_all_end=col(b_all, "iteration_end_ns"),
+            b_all_time=col(b_all, "iteration_time_ns"),
+            b_kept=b_all["_kept"].to_numpy().astype(bool),
+        )
+        out.setdefault((str(key[0]), str(key[1]), str(key[2])), []).append(run)
+    for runs in out.values():
+        runs.sort(key=lambda r: r.key[3])
+    return out
+
+
+@dataclass
+class BenchmarkResult:
+    suite: str
+    benchmark: str
+    aa: bool
+    comparisons: dict[str, Comparison]
+
+
+@dataclass
+class Analysis:
+    options: Options
+    benchmarks: list[BenchmarkResult]
+    warnings: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "options": self.options.__dict__,
+            "warnings": self.warnings,
+            "benchmarks": [
+                {
+                    "suite": b.suite,
+                    "benchmark": b.benchmark,
+                    "aa": b.aa,
+                    "comparisons": {k: c.summary() for k, c in b.comparisons.items()},
+                }
+                for b in self.benchmarks
+            ],
+        }
+
+
+def analyze(df: pl.DataFrame, opts: Options | None = None) -> Analysis:
+    """Every benchmark of a results table, each kind of run compared."""
+    opts = opts or Options()
+    warns: list[str] = []
+    bad = df.filter(pl.col("iteration_start_ns").is_null() & (pl.col("kind") != "sequential"))
+    if bad.height:
+        warns.append(f"{bad.height} duet iteration(s) without a start time cannot be paired")
+    grouped = build_runs(df, opts.warmup)
+    aa_of = {}
+    if "aa" in df.columns:
+        for row in df.group_by("suite", "benchmark").agg(pl.col("aa").any()).iter_rows():
+            aa_of[(row[0], row[1])] = bool(row[2])
+    results: dict[tuple[str, str], BenchmarkResult] = {}
+    for (suite, bench, kind), runs in sorted(grouped.items()):
+        aa = aa_of.get((suite, bench), False)
+        res = results.setdefault((suite, bench), BenchmarkResult(suite, bench, aa, {}))
+        res.comparisons[kind] = compare(runs, kind, aa, opts)
+    return Analysis(opts, list(results.values()), warns)

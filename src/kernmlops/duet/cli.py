@@ -1,0 +1,230 @@
+"""``kernmlops duet``: run, process and analyze duet benchmarks."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from kernmlops.errors import KernmlopsError
+
+console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _fail(err: KernmlopsError) -> None:
+    console.print(f"[bold red]error:[/] {err}", markup=True)
+    sys.exit(err.exit_code)
+
+
+@click.group("duet", context_settings={"help_option_names": ["-h", "--help"]})
+def duet_group() -> None:
+    """Compare A and B by running them at the same time (duet benchmarking).
+
+    \b
+      kernmlops duet run duet.yml --outdir results/   run the trials
+      kernmlops duet process results/                 one table of iterations
+      kernmlops duet analyze results/                 verdict, CIs, MDS, report
+    """
+
+
+@duet_group.command("run")
+@click.argument("configs", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--outdir",
+    "-o",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="each suite goes to OUTDIR/<suite>/",
+)
+@click.option("--force", is_flag=True, help="replace a suite folder left by an earlier run")
+@click.option(
+    "--collect",
+    is_flag=True,
+    help="run the kernel collector during each trial (root): kernel figures per side",
+)
+@click.option("--seed", type=int, help="override duetbench.seed (randomized schedule)")
+def run_cmd(
+    configs: tuple[Path, ...], outdir: Path, force: bool, collect: bool, seed: int | None
+) -> None:
+    """Run every trial of each CONFIG (asynchronous-duet duet.yml form).
+
+    A side that fails or times out is reported and the next trial runs; the
+    exit status is 1 when any trial did not succeed.
+    """
+    from dataclasses import replace
+
+    from kernmlops.duet.config import load_duet_config
+    from kernmlops.duet.runner import run_suite
+
+    def on_term(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt  # stop the running sides, keep what was run
+
+    old_term = signal.signal(signal.SIGTERM, on_term)
+    try:
+        suites = [load_duet_config(c) for c in configs]  # every config checked before any run
+        if seed is not None:
+            suites = [replace(s, seed=seed) for s in suites]
+        names = [s.suite for s in suites]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise KernmlopsError(f"two configs name the same suite {sorted(dup)}: rename one")
+        collector = None
+        if collect:
+            from kernmlops.duet.collect import Collector
+
+            collector = Collector()
+        failed = 0
+        for suite in suites:
+            console.print(f"suite [bold]{suite.suite}[/] ({suite.source})", markup=True)
+
+            def on_trial(n: int, total: int, trial, rec) -> None:
+                what = f"{trial.duet} {trial.kind} run {trial.runid} " + (
+                    trial.order or f"({trial.pair} alone)"
+                )
+                if rec is None:
+                    console.print(f"  [{n + 1}/{total}] {what} ...")
+                    return
+                sides = ", ".join(
+                    f"{p}: {s.status}" + (f" ({s.error})" if s.error else "")
+                    for p, s in rec.sides.items()
+                )
+                mark = "ok" if rec.ok else "[yellow]FAILED[/]"
+                console.print(f"      {mark} in {rec.duration_s:.1f} s: {sides}", markup=True)
+
+            result = run_suite(suite, outdir, force=force, collect=collector, on_trial=on_trial)
+            failed += len(result.failed)
+            console.print(f"-> {result.folder}")
+    except KernmlopsError as err:
+        _fail(err)
+    except KeyboardInterrupt:
+        console.print("interrupted: the trials run so far are kept")
+        sys.exit(130)
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+    if failed:
+        console.print(
+            f"[yellow]{failed} trial(s) did not succeed[/] (see duet-run.json)", markup=True
+        )
+        sys.exit(1)
+
+
+@duet_group.command("process")
+@click.argument(
+    "folders", nargs=-1, required=True, type=click.Path(file_okay=False, path_type=Path)
+)
+@click.option(
+    "--out",
+    "-o",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="where duet-results.parquet/.csv go (default: the one FOLDER)",
+)
+def process_cmd(folders: tuple[Path, ...], out: Path | None) -> None:
+    """Parse every result file under FOLDERS into one table (Parquet and CSV).
+
+    Parsers: the built-in harness, Renaissance JSON, DaCapo/ScalaBench CSV,
+    SPEC CPU logs, pyperf JSON, hyperfine JSON. A file none of them reads is
+    named with the reason; the others are still processed.
+    """
+    from kernmlops.duet.process import process_dirs, write_processed
+
+    try:
+        if out is None:
+            if len(folders) > 1:
+                raise click.UsageError("several folders: say where the table goes with --out")
+            out = folders[0]
+        processed = process_dirs(list(folders))
+        for err in processed.errors:
+            console.print(f"[yellow]warning:[/] {err}", markup=True)
+        if processed.results.height == 0:
+            raise KernmlopsError(f"no iterations in {processed.files} result file(s)")
+        written = write_processed(processed, out)
+    except KernmlopsError as err:
+        _fail(err)
+    r = processed.results
+    console.print(
+        f"{r.height} iterations from {processed.files} file(s), "
+        f"{r.select('suite', 'benchmark').n_unique()} benchmark(s) -> "
+        + ", ".join(str(p) for p in written)
+    )
+
+
+@duet_group.command("analyze")
+@click.argument("results", type=click.Path(exists=True, path_type=Path))
+@click.option(
+    "--out",
+    "-o",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="report folder (default: RESULTS/report)",
+)
+@click.option(
+    "--warmup",
+    default="10%",
+    show_default=True,
+    help="iterations dropped per side and run: a count (5) or a share (10%)",
+)
+@click.option(
+    "--min-overlap",
+    default=0.4,
+    show_default=True,
+    type=float,
+    help="pair iterations overlapping by at least this share of the longer one",
+)
+@click.option("--confidence", default=0.95, show_default=True, type=float)
+@click.option("--resamples", default=2000, show_default=True, type=int)
+@click.option(
+    "--min-runs",
+    default=5,
+    show_default=True,
+    type=int,
+    help="below this many runs the CI is over pairs, not runs",
+)
+@click.option("--no-mds", is_flag=True, help="skip the minimum detectable slowdown")
+@click.option("--seed", default=0, show_default=True, type=int, help="bootstrap seed")
+def analyze_cmd(
+    results: Path,
+    out: Path | None,
+    warmup: str,
+    min_overlap: float,
+    confidence: float,
+    resamples: int,
+    min_runs: int,
+    no_mds: bool,
+    seed: int,
+) -> None:
+    """Verdicts with confidence intervals and a report for RESULTS (the folder or
+    file `duet process` wrote)."""
+    from kernmlops.duet.analysis import Options, analyze
+    from kernmlops.duet.process import read_results
+    from kernmlops.duet.report import write_report
+
+    try:
+        try:
+            opts = Options(
+                warmup=warmup,
+                min_overlap=min_overlap,
+                confidence=confidence,
+                resamples=resamples,
+                min_runs=min_runs,
+                mds=not no_mds,
+                seed=seed,
+            )
+        except ValueError as err:
+            raise click.BadParameter(str(err)) from None
+        table, kernel = read_results(results)
+        if table.height == 0:
+            raise KernmlopsError(f"{results}: the results table is empty")
+        analysis = analyze(table, opts)
+        folder = out or (results if results.is_dir() else results.parent) / "report"
+        files = write_report(analysis, table, folder, kernel)
+    except KernmlopsError as err:
+        _fail(err)
+    for b in analysis.benchmarks:
+        for kind, c in sorted(b.comparisons.items()):
+            mds = f"; MDS {c.mds * 100:.2f}%" if c.mds is not None else ""
+            click.echo(f"{b.suite} {b.benchmark} [{kind}]: {c.verdict}{mds}")
+    for w in analysis.warnings:
+        console.print(f"[yellow]warning:[/] {w}", markup=True)
+    console.print(f"report: {files['markdown']}, {files['html']}")

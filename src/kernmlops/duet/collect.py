@@ -1,0 +1,216 @@
+"""``duet run --collect``: the kernel collector watches each trial.
+
+Each trial runs as the benchmark of one kernmlops collection (library API:
+``kernmlops.collect.session.Session`` with the ``command`` benchmark), in a
+child process (``python -m kernmlops.duet.trial``) that starts both sides. The
+collection's process-tree filter follows that child and everything it starts,
+so the kernel programs see both sides and nothing else on the machine. Rows
+are attributed afterwards: a side is the process tree rooted at its pid (the
+runner records it), rebuilt from process_trace's fork events.
+
+Per side and trial (``kernel_stats``): CPU time (sum of on-CPU quanta),
+run-queue latency (mean and p99 of the waits from wake-up to running),
+migrations, context switches (quanta that ended), page faults.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from kernmlops.duet.config import DuetSuite
+from kernmlops.duet.runner import DuetError, SideRecord, Trial, TrialRecord
+from kernmlops.errors import KernmlopsError
+
+HOOKS = ("process_trace", "quanta_runtime", "sched_migrate", "page_faults")
+KERNEL_SCHEMA: dict[str, pl.DataType] = {
+    "suite": pl.String(),
+    "benchmark": pl.String(),
+    "kind": pl.String(),
+    "runid": pl.Int64(),
+    "order": pl.String(),
+    "pair": pl.String(),
+    "processes": pl.Int64(),
+    "cpu_time_ms": pl.Float64(),
+    "runq_latency_mean_us": pl.Float64(),
+    "runq_latency_p99_us": pl.Float64(),
+    "migrations": pl.Int64(),
+    "context_switches": pl.Int64(),
+    "page_faults": pl.Int64(),
+    "collection_id": pl.String(),
+}
+
+
+class Collector:
+    """Runs trials under kernel collections (needs root and BPF)."""
+
+    def __init__(self, hooks: tuple[str, ...] = HOOKS, bpf_dir: Path | None = None) -> None:
+        from kernmlops.ebpf.probe import has_bpf_capabilities
+
+        if os.geteuid() != 0 and not has_bpf_capabilities():
+            raise DuetError("--collect needs root (or CAP_BPF + CAP_PERFMON) to load BPF programs")
+        from kernmlops.ebpf.build import build
+
+        build(bpf_dir)
+        self.hooks = hooks
+        self.bpf_dir = bpf_dir
+
+    def run_trial(self, trial: Trial, suite: DuetSuite, folder: Path) -> TrialRecord:
+        from kernmlops.collect.session import Session
+        from kernmlops.config import load_config
+
+        label = trial.label(suite.suite) + (f".{trial.pair}" if trial.pair else "")
+        work = folder / "work"
+        work.mkdir(parents=True, exist_ok=True)
+        spec, out = work / f"{label}.spec.json", work / f"{label}.record.json"
+        spec.write_text(
+            json.dumps(
+                {
+                    "config": suite.raw,
+                    "source": suite.source,
+                    "trial": asdict(trial),
+                    "folder": str(folder),
+                },
+                default=str,
+            )
+        )
+        config = load_config(
+            {
+                "collector": {
+                    "output_dir": str(folder / "collections"),
+                    "hooks": list(self.hooks),
+                    "filter": "tree",
+                    "progress": False,
+                },
+                "benchmark": {
+                    "name": "command",
+                    "command": {
+                        "argv": [sys.executable, "-m", "kernmlops.duet.trial", str(spec), str(out)]
+                    },
+                },
+            }
+        )
+        session = Session(config, bpf_dir=self.bpf_dir)
+        try:
+            result = session.run()
+        except KernmlopsError as err:
+            raise DuetError(f"{label}: the collection failed: {err}") from err
+        if out.exists():
+            rec = TrialRecord.from_dict(json.loads(out.read_text()))
+        else:  # the trial process died: record it, keep the collection
+            rec = TrialRecord(
+                label=label, suite=suite.suite, benchmark=trial.duet, kind=trial.kind,
+                runid=trial.runid, order=trial.order, aa=False, timeout_s=None,
+                started_at=result.started_at.isoformat(),
+                sides={p: SideRecord(p, "", None, status="error",
+                                     error=f"trial process ended with {result.benchmark_exit}")
+                       for p in trial.pairs},
+            )  # fmt: skip
+        rec.collection = {
+            "path": str(result.path.relative_to(folder)),
+            "collection_id": result.collection_id,
+            "ended_by": result.ended_by,
+            "hooks": {
+                n: ("attached" if st.attached else f"not attached: {st.reason}")
+                for n, st in result.hooks.items()
+            },
+        }
+        return rec
+
+
+def descendants(process_trace: pl.DataFrame, root: int) -> set[int]:
+    """The tgids of ``root`` and every process forked below it."""
+    forks = process_trace.filter(
+        (pl.col("kind") == "fork") & (pl.col("pid") == pl.col("tgid"))
+    ).select("ppid", "tgid")
+    children: dict[int, list[int]] = {}
+    for parent, child in forks.iter_rows():
+        children.setdefault(int(parent), []).append(int(child))
+    seen, todo = {root}, [root]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            if c not in seen:
+                seen.add(c)
+                todo.append(c)
+    return seen
+
+
+def kernel_stats(
+    tables: dict[str, pl.DataFrame], roots: dict[str, int]
+) -> dict[str, dict[str, Any]]:
+    """Per side (pair -> its root pid): what the kernel did for its process tree."""
+    pt = tables.get("process_trace")
+    out: dict[str, dict[str, Any]] = {}
+    for pair, root in roots.items():
+        tgids = descendants(pt, root) if pt is not None else {root}
+        mine = pl.col("tgid").is_in(list(tgids))
+
+        def rows(name: str, mine: pl.Expr = mine) -> pl.DataFrame | None:
+            t = tables.get(name)
+            return None if t is None else t.filter(mine)
+
+        quanta, queued = rows("quanta_runtime"), rows("quanta_queued_time")
+        migr, faults = rows("sched_migrate"), rows("page_faults")
+        waits = queued["quanta_queued_time_us"].to_numpy() if queued is not None else None
+        out[pair] = {
+            "processes": len(tgids),
+            "cpu_time_ms": (
+                float(quanta["quanta_run_length_us"].sum()) / 1000 if quanta is not None else None
+            ),
+            "runq_latency_mean_us": float(waits.mean())
+            if waits is not None and len(waits)
+            else None,
+            "runq_latency_p99_us": (
+                float(np.percentile(waits, 99)) if waits is not None and len(waits) else None
+            ),
+            "migrations": migr.height if migr is not None else None,
+            "context_switches": quanta.height if quanta is not None else None,
+            "page_faults": faults.height if faults is not None else None,
+        }
+    return out
+
+
+_EMPTY = {
+    "quanta_runtime": ("quanta_runtime", "quanta_run_length_us"),
+    "quanta_queued_time": ("quanta_runtime", "quanta_queued_time_us"),
+    "sched_migrate": ("sched_migrate", "orig_cpu"),
+    "page_faults": ("page_faults", "address"),
+}
+
+
+def kernel_stats_for_suite(folder: Path, index: dict[str, Any]) -> pl.DataFrame:
+    """One row per trial and side, from the collections ``--collect`` left."""
+    from kernmlops.data import read_collection
+
+    rows = []
+    for trial in index.get("trials", []):
+        coll = trial.get("collection")
+        if not coll:
+            continue
+        c = read_collection(folder / coll["path"])
+        sample = ((c.manifest.get("config") or {}).get("hooks", {}).get("page_faults", {})).get(
+            "sample_every", 1
+        )
+        roots = {p: s["pid"] for p, s in trial["sides"].items() if s.get("pid")}
+        tables = dict(c.tables)
+        attached = {n for n, st in (coll.get("hooks") or {}).items() if st == "attached"}
+        for table, (hook, value) in _EMPTY.items():
+            if hook in attached and table not in tables:  # attached, saw nothing: zero rows
+                tables[table] = pl.DataFrame(schema={"tgid": pl.UInt32, value: pl.UInt64})
+        stats = kernel_stats(tables, roots)
+        for pair, st in stats.items():
+            if st["page_faults"] is not None:
+                st["page_faults"] *= int(sample or 1)
+            rows.append({
+                "suite": trial["suite"], "benchmark": trial["benchmark"], "kind": trial["kind"],
+                "runid": trial["runid"], "order": trial["order"], "pair": pair, **st,
+                "collection_id": coll["collection_id"],
+            })  # fmt: skip
+    return pl.DataFrame(rows, schema=KERNEL_SCHEMA, orient="row")

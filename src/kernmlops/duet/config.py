@@ -1,0 +1,430 @@
+"""Duet configuration: the asynchronous-duet ``duet.yml`` form, validated.
+
+A file has one ``duetbench:`` section and one section per duet::
+
+    duetbench:
+      suite: loops
+      seed: 42
+      duet_repetitions: 10          # A and B at the same time
+      sequential_repetitions: 4     # A alone, then B alone
+      syncduet_repetitions: 0       # A and B with a barrier before each iteration
+      schedule: randomized_interleaving_trials   # or: sequential
+      timeout: 120                  # seconds per trial (0 or missing: none)
+      artifacts: {gcc: gcc --version}   # more than the built-in ones
+      run_base: ./loop              # prefix of every side's `run`
+      results: [out.csv]            # files each side leaves (relative to its folder)
+      duets: [small]
+
+    small:
+      harness: {budget_s: 2}        # time each iteration of `run` (built-in harness)
+      A: {run: "20000000"}
+      B: {run: "22000000"}          # missing B: an A/A duet (A against itself)
+
+Keys are inherited: a side (A/B) overrides its duet section, which overrides
+``duetbench``. Unknown keys are errors that name their path.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from kernmlops.errors import ConfigError
+
+#: Artifacts always captured once per suite (name -> what is recorded).
+BUILTIN_ARTIFACTS = ("uname", "lscpu", "meminfo", "hostname", "date")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class HarnessOptions(_Strict):
+    """Wrap ``run`` in the built-in harness: it times each execution of the command."""
+
+    iterations: int | None = Field(None, ge=1, description="run the command this many times")
+    budget_s: float | None = Field(
+        None, gt=0, description="run the command until this many seconds have passed"
+    )
+    output: str = Field("harness.csv", description="where the harness writes (.csv or .jsonl)")
+
+    @field_validator("output")
+    @classmethod
+    def _plain_name(cls, value: str) -> str:
+        if not value.endswith((".csv", ".jsonl", ".json")) or "/" in value:
+            raise ValueError("a file name ending in .csv, .jsonl or .json")
+        return value
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> HarnessOptions:
+        if self.iterations is None and self.budget_s is None:
+            raise ValueError("give iterations, budget_s or both")
+        return self
+
+
+class _SideKeys(_Strict):
+    """Keys a side may set (and its duet section and duetbench, for inheritance)."""
+
+    run: str | None = Field(None, description="the command (appended to run_base)")
+    image: str | None = Field(None, description="container image: run in docker/podman")
+    results: list[str] | None = Field(None, description="result files the side leaves")
+    run_base: str | None = Field(None, description="prefix of run")
+    syncduet_run_base: str | None = Field(
+        None, description="prefix of run in sync-duet trials (the side speaks the sync protocol)"
+    )
+    harness: HarnessOptions | None = Field(None, description="time run with the built-in harness")
+    env: dict[str, str] | None = Field(None, description="extra environment variables")
+
+    @field_validator("results", mode="before")
+    @classmethod
+    def _listify(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+
+class SideSection(_SideKeys):
+    pass
+
+
+class _DuetKeys(_SideKeys):
+    suite: str | None = None
+    remove_containers: bool | None = None
+    duet_repetitions: int | None = Field(None, ge=0)
+    sequential_repetitions: int | None = Field(None, ge=0)
+    syncduet_repetitions: int | None = Field(None, ge=0)
+    timeout: float | None = Field(None, ge=0, description="seconds per trial; 0: none")
+    cpus: list[str] | None = Field(
+        None,
+        description='two CPU lists ("0", "2-3,6"): the first side of a trial runs on the '
+        "first, the other on the second (AB/BA orders swap them)",
+    )
+
+    @field_validator("cpus")
+    @classmethod
+    def _two_lists(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        if len(value) != 2:
+            raise ValueError("two CPU lists, one per side, e.g. ['0', '1']")
+        sets = [parse_cpus(v) for v in value]
+        if sets[0] & sets[1]:
+            raise ValueError("the two CPU lists overlap")
+        return value
+
+
+class DuetSection(_DuetKeys):
+    A: SideSection
+    B: SideSection | None = None
+
+
+class DuetBenchSection(_DuetKeys):
+    name: str | None = Field(None, description="the suite's name (same as suite)")
+    verbose: bool = False
+    seed: int | None = Field(None, description="seed of the randomized schedule")
+    docker_command: str | None = Field(None, description="container engine: docker or podman")
+    engine: str | None = Field(None, description="container engine (same as docker_command)")
+    schedule: Literal["sequential", "randomized_interleaving_trials"] = "sequential"
+    artifacts: dict[str, str] | list[str] = Field(
+        default_factory=dict, description="name: command, captured once per suite"
+    )
+    duets: list[str] = Field(..., min_length=1, description="the duets to run, in order")
+
+    @field_validator("duets")
+    @classmethod
+    def _unique(cls, value: list[str]) -> list[str]:
+        seen = set()
+        for name in value:
+            if name in seen:
+                raise ValueError(f"duet {name!r} is listed twice")
+            if name == "duetbench":
+                raise ValueError("'duetbench' cannot be a duet name")
+            seen.add(name)
+        return value
+
+    @field_validator("artifacts")
+    @classmethod
+    def _artifact_names(cls, value: dict[str, str] | list[str]) -> dict[str, str]:
+        if isinstance(value, list):  # bare commands: named by their program
+            value = {cmd.split()[0].rsplit("/", 1)[-1] if cmd.split() else "": cmd for cmd in value}
+        for name in value:
+            if not _NAME.match(name):
+                raise ValueError(f"artifact name {name!r}: letters, digits, _ . + -")
+        return value
+
+
+# --- resolved -------------------------------------------------------------------
+@dataclass(frozen=True)
+class Side:
+    """One side of a duet, with every inherited key resolved."""
+
+    pair: str  # "A" or "B"
+    command: str  # run_base + run
+    sync_command: str | None  # syncduet_run_base + run, if given
+    image: str | None
+    results: tuple[str, ...]
+    harness: HarnessOptions | None
+    env: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Duet:
+    name: str
+    suite: str
+    a: Side
+    b: Side
+    aa: bool  # B is A (no B section)
+    duet_repetitions: int
+    sequential_repetitions: int
+    syncduet_repetitions: int
+    timeout_s: float | None
+    cpus: tuple[frozenset[int], frozenset[int]] | None
+    remove_containers: bool
+
+    def side(self, pair: str) -> Side:
+        return self.a if pair == "A" else self.b
+
+
+@dataclass(frozen=True)
+class DuetSuite:
+    """A whole validated config file."""
+
+    suite: str
+    source: str | None
+    seed: int | None
+    schedule: str
+    engine: str
+    artifacts: dict[str, str]
+    duets: tuple[Duet, ...]
+    verbose: bool
+    raw: dict[str, Any]
+
+    @property
+    def uses_containers(self) -> bool:
+        return any(d.a.image or d.b.image for d in self.duets)
+
+
+def parse_cpus(text: str) -> frozenset[int]:
+    """``"0-2,5"`` -> {0, 1, 2, 5}."""
+    cpus: set[int] = set()
+    for part in str(text).split(","):
+        part = part.strip()
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if not m:
+            raise ValueError(f"bad CPU list {text!r} (e.g. '0', '0-3', '0,2')")
+        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+        if hi < lo:
+            raise ValueError(f"bad CPU range {part!r}")
+        cpus.update(range(lo, hi + 1))
+    return frozenset(cpus)
+
+
+# --- errors ---------------------------------------------------------------------
+def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        ann = field.annotation
+        # X | None -> X
+        args = [a for a in getattr(ann, "__args__", ()) if a is not type(None)]
+        if args and len(args) == 1:
+            ann = args[0]
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return None
+        model = ann
+    return model
+
+
+def _describe(err: dict[str, Any], prefix: tuple[str, ...], model: type[BaseModel]) -> str:
+    loc = tuple(str(p) for p in err["loc"])
+    path = ".".join((*prefix, *loc)) or "(top level)"
+    if err["type"] == "extra_forbidden":
+        parent = _model_at(model, loc[:-1])
+        valid = sorted(parent.model_fields) if parent else []
+        near = difflib.get_close_matches(loc[-1], valid, n=1, cutoff=0.5)
+        hint = f"; did you mean {'.'.join((*prefix, *loc[:-1], near[0]))!r}?" if near else ""
+        return f"{path}: unknown key{hint} (valid here: {', '.join(valid)})"
+    got = err.get("input")
+    msg = err["msg"].removeprefix("Value error, ")
+    shown = "" if isinstance(got, dict) or got is None or f"got {got}" in msg else f" (got {got!r})"
+    return f"{path}: {msg}{shown}"
+
+
+# --- loading --------------------------------------------------------------------
+def _inherit(key: str, *layers: BaseModel | None, default: Any = None) -> Any:
+    for layer in layers:
+        if layer is not None and key in layer.model_fields_set:
+            value = getattr(layer, key)
+            if value is not None:
+                return value
+    return default
+
+
+def _join(base: str | None, run: str | None) -> str | None:
+    parts = [p for p in (base, run) if p]
+    return " ".join(parts) if parts else None
+
+
+def _side(pair: str, sec: SideSection, duet: DuetSection, bench: DuetBenchSection) -> Side:
+    layers = (sec, duet, bench)
+    run = _inherit("run", *layers)
+    harness = _inherit("harness", *layers)
+    results = list(_inherit("results", *layers, default=[]))
+    if harness is not None and harness.output not in results:
+        results.append(harness.output)
+    sync_base = _inherit("syncduet_run_base", *layers)
+    env: dict[str, str] = {}
+    for layer in reversed(layers):
+        env.update(getattr(layer, "env", None) or {})
+    return Side(
+        pair=pair,
+        command=_join(_inherit("run_base", *layers), run) or "",
+        sync_command=_join(sync_base, run) if sync_base else None,
+        image=_inherit("image", *layers),
+        results=tuple(results),
+        harness=harness,
+        env=env,
+    )
+
+
+def validate_duet_config(data: Any, source: str | None = None) -> DuetSuite:
+    """Validate a parsed ``duet.yml``; raise ConfigError naming every bad key."""
+    where = f" in {source}" if source else ""
+    if not isinstance(data, dict):
+        raise ConfigError(f"invalid duet configuration{where}: the top level must be a mapping")
+    errors: list[str] = []
+    if "duetbench" not in data:
+        raise ConfigError(
+            f"invalid duet configuration{where}:\n  - duetbench: missing section "
+            "(suite, duets, ...)"
+        )
+    bench: DuetBenchSection | None = None
+    try:
+        bench = DuetBenchSection.model_validate(data["duetbench"] or {})
+    except ValidationError as err:
+        errors += [_describe(e, ("duetbench",), DuetBenchSection) for e in err.errors()]
+    sections: dict[str, DuetSection] = {}
+    for key, value in data.items():
+        if key == "duetbench":
+            continue
+        if not isinstance(value, dict):
+            listed = bench is not None and key in bench.duets
+            what = "a duet section (a mapping with A and optional B)"
+            errors.append(f"{key}: expected {what}" + ("" if listed else "; unknown top-level key"))
+            continue
+        try:
+            sections[key] = DuetSection.model_validate(value)
+        except ValidationError as err:
+            errors += [_describe(e, (str(key),), DuetSection) for e in err.errors()]
+    if bench is not None:
+        for name in bench.duets:
+            if name not in data:
+                near = difflib.get_close_matches(name, [k for k in data if k != "duetbench"], n=1)
+                hint = f"; did you mean {near[0]!r}?" if near else ""
+                errors.append(f"duetbench.duets: no section for duet {name!r}{hint}")
+        if bench.suite is None and bench.name is None:
+            errors.append("duetbench.suite: required (the suite's name)")
+    if errors or bench is None:
+        raise ConfigError(
+            f"invalid duet configuration{where}:\n" + "\n".join(f"  - {e}" for e in errors)
+        )
+    suite = bench.suite or bench.name or ""
+    duets = []
+    for name in bench.duets:
+        sec = sections[name]
+        a = _side("A", sec.A, sec, bench)
+        b = _side("B", sec.B, sec, bench) if sec.B is not None else _side("B", sec.A, sec, bench)
+        layers = (sec, bench)
+        duet = Duet(
+            name=name,
+            suite=_inherit("suite", sec, default=suite),
+            a=a,
+            b=b,
+            aa=sec.B is None,
+            duet_repetitions=_inherit("duet_repetitions", *layers, default=1),
+            sequential_repetitions=_inherit("sequential_repetitions", *layers, default=0),
+            syncduet_repetitions=_inherit("syncduet_repetitions", *layers, default=0),
+            timeout_s=_inherit("timeout", *layers, default=0) or None,
+            cpus=(
+                tuple(parse_cpus(c) for c in cpus)  # type: ignore[arg-type]
+                if (cpus := _inherit("cpus", *layers))
+                else None
+            ),
+            remove_containers=_inherit("remove_containers", *layers, default=True),
+        )
+        errors += _check_duet(duet)
+        duets.append(duet)
+    if errors:
+        raise ConfigError(
+            f"invalid duet configuration{where}:\n" + "\n".join(f"  - {e}" for e in errors)
+        )
+    engine = bench.engine or bench.docker_command or "docker"
+    return DuetSuite(
+        suite=suite,
+        source=source,
+        seed=bench.seed,
+        schedule=bench.schedule,
+        engine=engine,
+        artifacts=dict(bench.artifacts),  # type: ignore[arg-type]
+        duets=tuple(duets),
+        verbose=bench.verbose,
+        raw=data,
+    )
+
+
+def _check_duet(duet: Duet) -> list[str]:
+    errors = []
+    for side in (duet.a, duet.b):
+        where = f"{duet.name}.{side.pair}" if not (duet.aa and side.pair == "B") else duet.name
+        if not side.command:
+            errors.append(f"{where}.run: no command (set run, or run_base)")
+        if not side.results:
+            errors.append(
+                f"{where}.results: no result files and no harness: nothing to measure "
+                "(give results: [...] or harness: {iterations: N})"
+            )
+        if side.image and side.harness:
+            errors.append(
+                f"{where}.harness: the built-in harness runs local commands only, not in image "
+                f"{side.image!r} (put a harness in the image and list its results instead)"
+            )
+        if duet.syncduet_repetitions and not (side.harness or side.sync_command):
+            errors.append(
+                f"{where}: syncduet_repetitions needs a side that speaks the sync protocol: "
+                "harness: {...} or syncduet_run_base"
+            )
+    if duet.cpus is not None:
+        have = os.sched_getaffinity(0)
+        missing = sorted((duet.cpus[0] | duet.cpus[1]) - have)
+        if missing:
+            errors.append(
+                f"{duet.name}.cpus: CPU(s) {missing} not available here (have {sorted(have)})"
+            )
+    if not (duet.duet_repetitions or duet.sequential_repetitions or duet.syncduet_repetitions):
+        errors.append(f"{duet.name}: every *_repetitions is 0: nothing to run")
+    return errors
+
+
+def load_duet_config(path: str | Path) -> DuetSuite:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as err:
+        raise ConfigError(f"cannot read duet config {path}: {err.strerror}") from err
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path} is not valid YAML: {err}") from err
+    return validate_duet_config(data, str(path))

@@ -1,0 +1,130 @@
+"""Result-file parsers: each turns one tool's output into iteration rows.
+
+Every parser returns a polars DataFrame with the columns of ``ITERATION_SCHEMA``:
+
+- ``iteration``: 0-based, in the order the tool ran them
+- ``iteration_start_ns``/``iteration_end_ns``: on a clock shared by both sides
+  of a trial (CLOCK_MONOTONIC for the built-in harness, Unix epoch ns for tools
+  that report wall-clock times)
+- ``iteration_time_ns``: the tool's own measurement of the iteration
+- ``epoch_start_ms``: wall-clock start, where known
+- ``timing``: ``measured`` (the tool gave the start), or ``derived`` (the tool
+  gave durations only: starts are the side's release time plus the durations
+  before it, so overlap pairing is approximate)
+
+``parse_file`` picks the parser by content, never by name alone, and raises
+ParseError with the reason when none fits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from kernmlops.errors import KernmlopsError
+
+ITERATION_SCHEMA: dict[str, pl.DataType] = {
+    "iteration": pl.Int64(),
+    "epoch_start_ms": pl.Int64(),
+    "iteration_start_ns": pl.Int64(),
+    "iteration_end_ns": pl.Int64(),
+    "iteration_time_ns": pl.Int64(),
+    "timing": pl.String(),
+}
+
+
+class ParseError(KernmlopsError):
+    """A result file that no parser understands, or a malformed one."""
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """When the side was released (for tools that report durations only)."""
+
+    monotonic_ns: int | None = None
+    epoch_ms: int | None = None
+
+
+def frame(rows: dict[str, list]) -> pl.DataFrame:
+    """Rows in ITERATION_SCHEMA; missing columns are null."""
+    n = len(rows["iteration_time_ns"])
+    data = {k: rows.get(k, [None] * n) for k in ITERATION_SCHEMA}
+    return pl.DataFrame(data, schema=ITERATION_SCHEMA)
+
+
+def derived(times_ns: list[int], anchor: Anchor, gaps_ns: list[int] | None = None) -> pl.DataFrame:
+    """Iterations back to back from the anchor (release time of the side)."""
+    if anchor.monotonic_ns is None:
+        raise ParseError("the tool reports durations only and the side's start is unknown")
+    starts, ends, epochs = [], [], []
+    t = anchor.monotonic_ns
+    e = anchor.epoch_ms
+    for i, d in enumerate(times_ns):
+        t += (gaps_ns or [0] * len(times_ns))[i]
+        starts.append(t)
+        epochs.append(None if e is None else e + (t - anchor.monotonic_ns) // 1_000_000)
+        t += d
+        ends.append(t)
+    return frame(
+        {
+            "iteration": list(range(len(times_ns))),
+            "epoch_start_ms": epochs,
+            "iteration_start_ns": starts,
+            "iteration_end_ns": ends,
+            "iteration_time_ns": list(times_ns),
+            "timing": ["derived"] * len(times_ns),
+        }
+    )
+
+
+@dataclass(frozen=True)
+class Parser:
+    name: str
+    #: whether the file looks like this tool's (cheap: the first 64 KiB)
+    sniff: Callable[[Path, str], bool]
+    parse: Callable[[Path, Anchor], pl.DataFrame]
+
+
+def _registry() -> list[Parser]:
+    from kernmlops.duet.parsers import dacapo, harness, hyperfine, pyperf, renaissance, spec
+
+    return [m.PARSER for m in (harness, renaissance, pyperf, hyperfine, dacapo, spec)]
+
+
+def _head(path: Path) -> str:
+    if path.is_dir():
+        return ""
+    with path.open("rb") as f:
+        return f.read(65536).decode("utf-8", errors="replace")
+
+
+def parse_file(path: str | Path, anchor: Anchor | None = None) -> tuple[str, pl.DataFrame]:
+    """(parser name, iteration rows) of one result file or folder."""
+    path = Path(path)
+    if not path.exists():
+        raise ParseError(f"{path}: no such file")
+    try:
+        head = _head(path)
+    except OSError as err:
+        raise ParseError(f"{path}: cannot read: {err.strerror}") from err
+    for parser in _registry():
+        if parser.sniff(path, head):
+            try:
+                rows = parser.parse(path, anchor or Anchor())
+            except ParseError as err:
+                raise ParseError(f"{path.name}: {parser.name}: {err}") from None
+            except (ValueError, KeyError, TypeError, IndexError, OSError) as err:
+                raise ParseError(f"{path.name}: {parser.name}: malformed ({err!r})") from None
+            if rows.height == 0:
+                raise ParseError(f"{path.name}: {parser.name}: no iterations in the file")
+            return parser.name, rows
+    names = ", ".join(p.name for p in _registry())
+    what = "folder" if path.is_dir() else "file"
+    raise ParseError(f"{path.name}: not a result {what} of any known tool ({names})")
+
+
+PARSER_NAMES = ("harness", "renaissance", "pyperf", "hyperfine", "dacapo", "spec")
+__all__ = ["ITERATION_SCHEMA", "PARSER_NAMES", "Anchor", "ParseError", "parse_file"]

@@ -1,0 +1,39 @@
+"""hyperfine JSON (``--export-json FILE``).
+
+``results[].times`` are the timed runs in seconds, after the warm-ups, back to
+back. hyperfine records no start times: starts are derived from the side's
+release time (``timing`` = derived, on the runner's monotonic clock).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+
+from kernmlops.duet.parsers import Anchor, ParseError, Parser, derived
+
+
+def _sniff(path: Path, head: str) -> bool:
+    s = head.lstrip()
+    return s.startswith("{") and '"results"' in head and '"times"' in head
+
+
+def _parse(path: Path, anchor: Anchor) -> pl.DataFrame:
+    doc = json.loads(path.read_text())
+    results = doc.get("results")
+    if not isinstance(results, list) or not results:
+        raise ParseError("no results")
+    times: list[int] = []
+    for res in results:
+        codes = res.get("exit_codes") or [0] * len(res.get("times") or [])
+        for t, code in zip(res.get("times") or [], codes, strict=False):
+            if code in (0, None):
+                times.append(round(float(t) * 1e9))
+    if not times:
+        raise ParseError("no successful timed run in results[].times")
+    return derived(times, anchor)
+
+
+PARSER = Parser("hyperfine", _sniff, _parse)

@@ -1,0 +1,70 @@
+"""SPEC CPU 2017 logs (``CPU2017.NNN.log``) or a result folder holding them.
+
+runcpu logs each benchmark run's times as::
+
+    Benchmark Times:
+      Run Start:    2022-06-01 14:04:52 (1654092292)
+      Rate Start:   2022-06-01 14:04:52 (1654092292.28303)
+      Rate End:     2022-06-01 14:12:37 (1654092757.17651)
+      Run Stop:     2022-06-01 14:12:37 (1654092757)
+
+The Unix times in parentheses of ``Rate Start``/``Rate End`` (``Speed`` for
+the speed suites) bound one iteration.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+from pathlib import Path
+
+import polars as pl
+
+from kernmlops.duet.parsers import Anchor, ParseError, Parser, frame
+
+_LINE = re.compile(r"^\s*(Rate|Speed) (Start|End):.*\((\d+(?:\.\d+)?)\)\s*$", re.M)
+
+
+def _logs(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    return sorted(p for p in path.rglob("*.log") if p.is_file())
+
+
+def _sniff(path: Path, head: str) -> bool:
+    if path.is_dir():
+        return any(_LINE.search(p.read_text(errors="replace")) for p in _logs(path))
+    return bool(_LINE.search(head))
+
+
+def _parse(path: Path, _anchor: Anchor) -> pl.DataFrame:
+    starts: list[int] = []
+    ends: list[int] = []
+    for log in _logs(path):
+        open_start: int | None = None
+        for m in _LINE.finditer(log.read_text(errors="replace")):
+            t = int(Decimal(m.group(3)) * 1_000_000_000)  # exact: floats lose ns
+            if m.group(2) == "Start":
+                open_start = t
+            elif open_start is not None:
+                starts.append(open_start)
+                ends.append(t)
+                open_start = None
+    if not starts:
+        raise ParseError("no complete Rate/Speed Start .. End pair")
+    order = sorted(range(len(starts)), key=starts.__getitem__)
+    starts = [starts[i] for i in order]
+    ends = [ends[i] for i in order]
+    return frame(
+        {
+            "iteration": list(range(len(starts))),
+            "epoch_start_ms": [s // 1_000_000 for s in starts],
+            "iteration_start_ns": starts,
+            "iteration_end_ns": ends,
+            "iteration_time_ns": [e - s for s, e in zip(starts, ends, strict=True)],
+            "timing": ["measured"] * len(starts),
+        }
+    )
+
+
+PARSER = Parser("spec", _sniff, _parse)

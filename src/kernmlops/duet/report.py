@@ -1,0 +1,316 @@
+"""The duet report: markdown and a self-contained HTML page, with plots.
+
+Plots (matplotlib, one set per benchmark): the A and B iteration timelines of
+the first duet run with its overlap pairs, paired iteration times (A against
+B), and one figure with the ratio CI of every benchmark and kind of run.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from kernmlops.duet.analysis import Analysis, BenchmarkResult, Comparison
+
+KERNEL_COLUMNS = {
+    "cpu_time_ms": "CPU time (ms)",
+    "runq_latency_mean_us": "run-queue latency, mean (µs)",
+    "runq_latency_p99_us": "run-queue latency, p99 (µs)",
+    "migrations": "migrations",
+    "context_switches": "context switches",
+    "page_faults": "page faults",
+}
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None or not math.isfinite(x) else f"{(x - 1) * 100:+.2f}%"
+
+
+def _ms(ns: float | None) -> str:
+    return "–" if ns is None or not math.isfinite(ns) else f"{ns / 1e6:.3f}"
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
+
+
+def plot_timeline(bench: BenchmarkResult, results: pl.DataFrame, path: Path) -> Path | None:
+    """A and B iterations of the first duet (or sync-duet) run, pairs joined."""
+    kind = next((k for k in ("duet", "syncduet") if k in bench.comparisons), None)
+    if kind is None:
+        return None
+    cmp = bench.comparisons[kind]
+    run = results.filter(
+        (pl.col("suite") == bench.suite)
+        & (pl.col("benchmark") == bench.benchmark)
+        & (pl.col("kind") == kind)
+    )
+    if run.height == 0 or run["iteration_start_ns"].null_count() == run.height:
+        return None
+    runid = run["runid"].min()
+    run = run.filter(pl.col("runid") == runid)
+    t0 = run["iteration_start_ns"].min()
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(10, 2.6))
+    for y, pair, color in ((1, "A", "tab:blue"), (0, "B", "tab:orange")):
+        side = run.filter(pl.col("pair") == pair)
+        spans = [((s - t0) / 1e9, (e - s) / 1e9)
+                 for s, e in zip(side["iteration_start_ns"], side["iteration_end_ns"], strict=True)
+                 if s is not None and e is not None]  # fmt: skip
+        ax.broken_barh(spans, (y - 0.35, 0.7), facecolors=color, edgecolors="white", lw=0.5)
+    if cmp.pairs is not None and cmp.pairs.height:
+        p = cmp.pairs.filter(pl.col("runid") == runid)
+        for row in p.iter_rows(named=True):
+            xa = ((row["a_start_ns"] + row["a_end_ns"]) / 2 - t0) / 1e9
+            xb = ((row["b_start_ns"] + row["b_end_ns"]) / 2 - t0) / 1e9
+            ax.plot([xa, xb], [0.65, 0.35], color="black", lw=0.5, alpha=0.6)
+    ax.set_yticks([0, 1], ["B", "A"])
+    ax.set_xlabel("seconds since the run's first iteration")
+    ax.set_title(f"{bench.benchmark}: {kind} run {runid}, iterations and overlap pairs")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def plot_pairs(bench: BenchmarkResult, path: Path) -> Path | None:
+    """Paired iteration times: B against A (points above the line: B slower)."""
+    kind = next((k for k in ("duet", "syncduet") if k in bench.comparisons), None)
+    if kind is None:
+        return None
+    pairs = bench.comparisons[kind].pairs
+    if pairs is None or pairs.height == 0:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(4.8, 4.2))
+    a = pairs["a_time_ns"].to_numpy() / 1e6
+    b = pairs["b_time_ns"].to_numpy() / 1e6
+    sc = ax.scatter(a, b, c=pairs["overlap_ratio"].to_numpy(), s=8, cmap="viridis", vmin=0, vmax=1)
+    lo, hi = float(min(a.min(), b.min())), float(max(a.max(), b.max()))
+    ax.plot([lo, hi], [lo, hi], color="grey", lw=1)
+    ax.set_xlabel("A iteration (ms)")
+    ax.set_ylabel("B iteration (ms)")
+    ax.set_title(f"{bench.benchmark}: {pairs.height} {kind} pairs")
+    fig.colorbar(sc, ax=ax, label="overlap ratio")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def plot_cis(analysis: Analysis, path: Path) -> Path | None:
+    """The geometric-mean ratio B/A with its CI, per benchmark and kind of run."""
+    rows = [
+        (f"{b.benchmark} · {k}", c)
+        for b in analysis.benchmarks
+        for k, c in sorted(b.comparisons.items())
+        if c.ratio_ci is not None and c.gm_ratio is not None
+    ]
+    if not rows:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7.5, 0.45 * len(rows) + 1.2))
+    for i, (_, c) in enumerate(rows):
+        color = {"slower": "tab:red", "faster": "tab:green"}.get(c.detected, "tab:blue")
+        ax.errorbar(
+            (c.gm_ratio - 1) * 100,
+            i,
+            xerr=[[(c.gm_ratio - c.ratio_ci.low) * 100], [(c.ratio_ci.high - c.gm_ratio) * 100]],
+            fmt="o",
+            color=color,
+            capsize=3,
+        )
+    ax.axvline(0, color="grey", lw=1)
+    ax.set_yticks(range(len(rows)), [r[0] for r in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("B vs A, geometric-mean ratio − 1 (%) with CI")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def kernel_summary(kernel: pl.DataFrame) -> pl.DataFrame:
+    """Per benchmark, kind and side: the mean over runs of each kernel figure."""
+    cols = [c for c in KERNEL_COLUMNS if c in kernel.columns]
+    return (
+        kernel.group_by("suite", "benchmark", "kind", "pair")
+        .agg(pl.len().alias("runs"), *[pl.col(c).mean() for c in cols])
+        .sort("suite", "benchmark", "kind", "pair")
+    )
+
+
+def _cmp_rows(c: Comparison) -> list[tuple[str, str]]:
+    ci = c.ratio_ci
+    dci = c.diff_ci
+    return [
+        ("verdict", c.verdict),
+        ("unit of the CI", f"{c.unit} (runs: {c.n_runs}, pairs: {c.n_pairs})"),
+        ("iterations A / B", f"{c.n_a} / {c.n_b}"),
+        ("mean A / B (ms)", f"{_ms(c.mean_a_ns)} / {_ms(c.mean_b_ns)}"),
+        (
+            "mean difference B − A (ms)",
+            f"{_ms(c.mean_diff_ns)} [{_ms(dci.low)}, {_ms(dci.high)}]" if dci else _ms(None),
+        ),
+        (
+            "geometric-mean ratio B/A",
+            f"{c.gm_ratio:.4f} [{ci.low:.4f}, {ci.high:.4f}]" if ci and c.gm_ratio else "–",
+        ),
+        ("Mann-Whitney U p", f"{c.mwu_p:.3g}" if c.mwu_p is not None else "–"),
+        (
+            "minimum detectable slowdown",
+            (f"{c.mds * 100:.2f}%" if c.mds is not None else "–")
+            + (f" ({c.mds_note})" if c.mds_note else ""),
+        ),
+    ]
+
+
+def write_report(
+    analysis: Analysis,
+    results: pl.DataFrame,
+    out: Path,
+    kernel: pl.DataFrame | None = None,
+    title: str = "Duet benchmark report",
+) -> dict[str, Path]:
+    """report.md, report.html, analysis.json and plots/ in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    plots = out / "plots"
+    plots.mkdir(exist_ok=True)
+    images: dict[str, list[Path]] = {}
+    for b in analysis.benchmarks:
+        stem = _safe(f"{b.suite}-{b.benchmark}")
+        images[b.benchmark] = [
+            p
+            for p in (
+                plot_timeline(b, results, plots / f"{stem}-timeline.png"),
+                plot_pairs(b, plots / f"{stem}-pairs.png"),
+            )
+            if p is not None
+        ]
+    ci_plot = plot_cis(analysis, plots / "ci.png")
+    ksum = kernel_summary(kernel) if kernel is not None and kernel.height else None
+
+    md: list[str] = [f"# {title}", ""]
+    opts = analysis.options
+    md += [
+        f"Warm-up dropped: {opts.warmup} of each side's iterations per run · pairs overlap by "
+        f"≥ {opts.min_overlap:.0%} of the longer iteration (weighted by overlap) · "
+        f"{opts.confidence:.0%} BCa "
+        f"bootstrap CIs ({opts.resamples} resamples"
+        + (", widened for small samples" if opts.expand else "")
+        + f") · unit: runs when ≥ {opts.min_runs}.",
+        "",
+    ]
+    for w in analysis.warnings:
+        md.append(f"> warning: {w}")
+    md += ["## Verdicts", "", "| suite | benchmark | kind | B/A − 1 | CI | verdict | MDS |",
+           "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for b in analysis.benchmarks:
+        for k, c in sorted(b.comparisons.items()):
+            ci = c.ratio_ci
+            cis = f"[{_pct(ci.low)}, {_pct(ci.high)}]" if ci else "–"
+            mds = f"{c.mds * 100:.2f}%" if c.mds is not None else "> max" if c.ratio_ci else "–"
+            md.append(
+                f"| {b.suite} | {b.benchmark} | {k} | {_pct(c.gm_ratio)} | {cis} | "
+                f"{c.verdict} | {mds} |"
+            )
+    md.append("")
+    if ci_plot:
+        md += [f"![CI per benchmark](plots/{ci_plot.name})", ""]
+    for b in analysis.benchmarks:
+        md += [f"## {b.suite} · {b.benchmark}" + (" (A/A)" if b.aa else ""), ""]
+        for k, c in sorted(b.comparisons.items()):
+            md += [f"### {k}", "", "| | |", "|---|---|"]
+            md += [f"| {name} | {value} |" for name, value in _cmp_rows(c)]
+            md += [f"\n> {n}" for n in c.notes]
+            md.append("")
+        for img in images[b.benchmark]:
+            md += [f"![{img.stem}](plots/{img.name})", ""]
+        if ksum is not None:
+            part = ksum.filter((pl.col("suite") == b.suite) & (pl.col("benchmark") == b.benchmark))
+            if part.height:
+                cols = [c for c in KERNEL_COLUMNS if c in part.columns]
+                md += ["#### What the kernel did for each side (mean per run)", ""]
+                md.append(
+                    "| kind | side | runs | " + " | ".join(KERNEL_COLUMNS[c] for c in cols) + " |"
+                )
+                md.append("|---" * (3 + len(cols)) + "|")
+                for row in part.iter_rows(named=True):
+                    vals = " | ".join("–" if row[c] is None else f"{row[c]:,.1f}" for c in cols)
+                    md.append(f"| {row['kind']} | {row['pair']} | {row['runs']} | {vals} |")
+                md.append("")
+    md_text = "\n".join(md) + "\n"
+    (out / "report.md").write_text(md_text)
+    (out / "report.html").write_text(_html(md_text, title, plots))
+    (out / "analysis.json").write_text(
+        json.dumps(analysis.summary(), indent=1, default=_json_default)
+    )
+    return {"markdown": out / "report.md", "html": out / "report.html",
+            "json": out / "analysis.json"}  # fmt: skip
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return str(obj)
+
+
+def _html(md_text: str, title: str, plots: Path) -> str:
+    """A small markdown subset (headings, tables, images, quotes) as HTML."""
+    body: list[str] = []
+    table: list[list[str]] = []
+
+    def flush() -> None:
+        if not table:
+            return
+        head, *rows = table
+        body.append("<table><tr>" + "".join(f"<th>{c}</th>" for c in head) + "</tr>")
+        body.extend("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
+        body.append("</table>")
+        table.clear()
+
+    for line in md_text.splitlines():
+        if line.startswith("|"):
+            cells = [html.escape(c.strip()) for c in line.strip("|").split("|")]
+            if not all(set(c) <= {"-"} for c in cells):
+                table.append(cells)
+            continue
+        flush()
+        if line.startswith("#"):
+            level = len(line) - len(line.lstrip("#"))
+            body.append(f"<h{level}>{html.escape(line[level:].strip())}</h{level}>")
+        elif line.startswith("![") and "](" in line:
+            alt = line[2 : line.index("]")]
+            name = line[line.index("](") + 2 : -1]
+            data = base64.b64encode((plots.parent / name).read_bytes()).decode()
+            body.append(f'<p><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"></p>')
+        elif line.startswith(">"):
+            body.append(f"<blockquote>{html.escape(line[1:].strip())}</blockquote>")
+        elif line.strip():
+            body.append(f"<p>{html.escape(line)}</p>")
+    flush()
+    style = (
+        "body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
+        "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;"
+        "padding:3px 8px;text-align:left}img{max-width:100%}"
+        "blockquote{color:#8a5a00;border-left:3px solid #e0b000;margin:.5em 0;padding-left:.8em}"
+    )
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
+    )

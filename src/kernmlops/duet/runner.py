@@ -1,0 +1,680 @@
+"""Run a duet suite: trials of A and B at the same time, A and B alone, and
+sync-duets with a barrier per iteration.
+
+Each side is a process in its own process group (a container's ``exec`` when
+the side names an image), created held at a gate; both gates open together, so
+A and B start within microseconds of each other (the original tool started
+them one after the other). A timeout stops the whole group of each side and
+keeps what they wrote; a side that fails is recorded and the suite goes on.
+
+What a suite leaves in its folder (``<outdir>/<suite>/``)::
+
+    duet-run.json        the plan, every trial's record, the artifacts
+    artifacts/<name>     uname, lscpu, meminfo, hostname, date, and the config's
+    results/<suite>.<duet>.<runid>.<kind>.<order>.<pair>.<file>
+    logs/<trial>.<pair>.stdout|stderr
+    collections/         with --collect: one kernmlops collection per trial
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import re
+import select
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from kernmlops import __version__
+from kernmlops.collect.process import exit_status
+from kernmlops.duet.config import Duet, DuetSuite, Side
+from kernmlops.duet.harness import SYNC_ENV
+from kernmlops.errors import BenchmarkError, KernmlopsError
+
+INDEX = "duet-run.json"
+KINDS = ("duet", "syncduet", "sequential")
+_SHELL_CHARS = re.compile(r"[|&;<>()$`\\\"'*?\[\]~{}!#=\n]")
+
+
+class DuetError(KernmlopsError):
+    """A duet suite cannot run (engine missing, output folder in the way, ...)."""
+
+
+# --- plan -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Trial:
+    """One item of the plan: a duet run, a sync-duet run, or one side alone."""
+
+    duet: str
+    kind: str  # duet | syncduet | sequential
+    runid: int
+    order: str | None  # AB | BA (which side is released first, gets the first CPUs)
+    pair: str | None = None  # sequential only: the side that runs
+
+    @property
+    def pairs(self) -> tuple[str, ...]:
+        if self.pair:
+            return (self.pair,)
+        return ("A", "B") if self.order != "BA" else ("B", "A")
+
+    def label(self, suite: str) -> str:
+        return ".".join(
+            [sanitize(suite), sanitize(self.duet), str(self.runid), self.kind, self.order or "None"]
+        )
+
+
+def sanitize(name: str) -> str:
+    """A name as it appears in result file names (dots separate fields there)."""
+    return re.sub(r"[^A-Za-z0-9_+-]", "_", name)
+
+
+def plan_trials(suite: DuetSuite, seed: int | None = None) -> list[Trial]:
+    """Every trial of the suite, in the order they run.
+
+    Duet and sync-duet runs alternate AB and BA; sequential runs run A then B
+    for even run ids and B then A for odd ones. ``randomized_interleaving_trials``
+    shuffles the whole plan with ``seed`` (the same seed, the same order).
+    """
+    plan: list[Trial] = []
+    for duet in suite.duets:
+        for i in range(duet.duet_repetitions):
+            plan.append(Trial(duet.name, "duet", i, "AB" if i % 2 == 0 else "BA"))
+        for i in range(duet.syncduet_repetitions):
+            plan.append(Trial(duet.name, "syncduet", i, "AB" if i % 2 == 0 else "BA"))
+        for i in range(duet.sequential_repetitions):
+            first, second = ("A", "B") if i % 2 == 0 else ("B", "A")
+            plan.append(Trial(duet.name, "sequential", i, None, first))
+            plan.append(Trial(duet.name, "sequential", i, None, second))
+    if suite.schedule == "randomized_interleaving_trials":
+        random.Random(seed).shuffle(plan)
+    return plan
+
+
+# --- artifacts ------------------------------------------------------------------
+def _lscpu() -> str:
+    exe = shutil.which("lscpu")
+    if exe is None:
+        raise OSError("lscpu not installed (util-linux)")
+    return subprocess.run([exe], capture_output=True, text=True, timeout=30, check=True).stdout
+
+
+_BUILTIN: dict[str, tuple[str, Callable[[], str]]] = {
+    "uname": ("uname -a", lambda: " ".join(os.uname()) + "\n"),
+    "lscpu": ("lscpu", _lscpu),
+    "meminfo": ("cat /proc/meminfo", lambda: Path("/proc/meminfo").read_text()),
+    "hostname": ("hostname", lambda: socket.gethostname() + "\n"),
+    "date": ("date", lambda: datetime.now(UTC).astimezone().isoformat() + "\n"),
+}
+
+
+def capture_artifacts(commands: dict[str, str], folder: Path) -> dict[str, dict[str, Any]]:
+    """The built-in artifacts and the config's commands, each in ``folder/<name>``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    out: dict[str, dict[str, Any]] = {}
+    for name, (command, read) in _BUILTIN.items():
+        if name in commands:
+            continue  # the config's own command wins
+        entry: dict[str, Any] = {"command": command, "file": f"artifacts/{name}", "error": None}
+        try:
+            (folder / name).write_text(read())
+        except (OSError, subprocess.SubprocessError) as err:
+            entry["error"] = str(err)
+            entry["file"] = None
+        out[name] = entry
+    for name, command in commands.items():
+        entry = {"command": command, "file": f"artifacts/{name}", "error": None}
+        try:
+            proc = subprocess.run(
+                ["/bin/sh", "-c", command], capture_output=True, text=True, timeout=60
+            )
+            (folder / name).write_text(proc.stdout)
+            if proc.returncode != 0:
+                entry["error"] = f"exit {proc.returncode}: {proc.stderr.strip()[-300:]}"
+        except subprocess.TimeoutExpired:
+            entry["error"] = "did not finish in 60 s"
+        out[name] = entry
+    return out
+
+
+# --- container engine -----------------------------------------------------------
+def check_engine(engine: str, images: set[str]) -> None:
+    """Raise DuetError unless ``engine`` runs and has every image."""
+    exe = shutil.which(engine)
+    if exe is None:
+        raise DuetError(
+            f"container engine {engine!r} not found, but the config names image(s) "
+            f"{', '.join(sorted(images))}: install {engine} or drop the image keys"
+        )
+    try:
+        info = subprocess.run([exe, "info"], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        raise DuetError(f"`{engine} info` did not answer in 30 s: is its daemon hung?") from None
+    if info.returncode != 0:
+        lines = [ln for ln in (info.stderr or info.stdout).splitlines() if ln.strip()]
+        why = lines[-1].strip() if lines else f"exit {info.returncode}"
+        raise DuetError(
+            f"{engine} is installed but cannot run containers: {why}"
+            + (f" (start it: systemctl start {engine})" if "daemon" in why else "")
+        )
+    for image in sorted(images):
+        found = subprocess.run(
+            [exe, "image", "inspect", image], capture_output=True, text=True, timeout=30
+        )
+        if found.returncode != 0:
+            raise DuetError(f"image {image!r} not found by {engine} (`{engine} pull {image}`)")
+
+
+# --- a side's process, held at a gate --------------------------------------------
+# The gate is the child's stdin, a pipe: a line means go, end of file (the
+# runner died or gave up) means exit 125. The command then gets /dev/null.
+_GATE = 'read -r _ || exit 125; exec "$@" </dev/null'
+
+
+class HeldProcess:
+    """A process in its own process group (its own session), held until released."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: str | None,
+                 stdout: Any, stderr: Any) -> None:  # fmt: skip
+        read_fd, self._gate = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                ["/bin/sh", "-c", _GATE, "kernmlops-duet-gate", *argv],
+                stdin=read_fd,
+                cwd=cwd,
+                env={**os.environ, **env},
+                start_new_session=True,  # own group: a timeout stops all of it
+                stdout=stdout,
+                stderr=stderr,
+            )
+        except OSError as err:
+            os.close(self._gate)
+            raise BenchmarkError(f"cannot start {argv[0]!r}: {err.strerror}") from err
+        finally:
+            os.close(read_fd)
+        self.pid = self.proc.pid
+        self.started_ns: int | None = None
+        self.ended_ns: int | None = None
+
+    def release(self) -> None:
+        if self._gate >= 0:
+            with contextlib.suppress(BrokenPipeError):  # it died already: poll() tells
+                os.write(self._gate, b"go\n")
+            os.close(self._gate)
+            self._gate = -1
+            self.started_ns = time.monotonic_ns()
+
+    def poll(self) -> int | None:
+        code = self.proc.poll()
+        if code is not None and self.ended_ns is None:
+            self.ended_ns = time.monotonic_ns()
+        return code
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        """SIGTERM the group, SIGKILL what is left after ``grace_s``."""
+        if self._gate >= 0:
+            os.close(self._gate)
+            self._gate = -1
+        self._signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while self.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self._signal(signal.SIGKILL)
+        self.proc.wait()
+        self.poll()
+
+    def reap_group(self) -> None:
+        """After the main process ended: end what it left in its group."""
+        self._signal(signal.SIGTERM)
+        time.sleep(0.02)
+        self._signal(signal.SIGKILL)
+
+    def _signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
+
+# --- one trial ------------------------------------------------------------------
+@dataclass
+class SideRecord:
+    pair: str
+    command: str
+    image: str | None
+    cpus: list[int] | None = None
+    pid: int | None = None
+    container: str | None = None
+    status: str = "not-started"  # ok | failed | timeout | error | not-started
+    exit_code: int | None = None
+    error: str | None = None
+    release_ns: int | None = None  # CLOCK_MONOTONIC when the gate opened
+    release_epoch_ms: int | None = None
+    end_ns: int | None = None
+    results: list[str] = field(default_factory=list)
+    missing: dict[str, str] = field(default_factory=dict)
+    stdout: str | None = None
+    stderr: str | None = None
+
+
+@dataclass
+class TrialRecord:
+    label: str
+    suite: str
+    benchmark: str
+    kind: str
+    runid: int
+    order: str | None
+    aa: bool
+    timeout_s: float | None
+    started_at: str
+    timed_out: bool = False
+    duration_s: float = 0.0
+    sides: dict[str, SideRecord] = field(default_factory=dict)
+    collection: dict[str, Any] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.timed_out and all(s.status == "ok" for s in self.sides.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrialRecord:
+        sides = {k: SideRecord(**v) for k, v in data.get("sides", {}).items()}
+        return cls(**{**data, "sides": sides})
+
+
+def _argv(side: Side, kind: str) -> list[str]:
+    """The side's command line for a trial kind."""
+    command = side.sync_command if kind == "syncduet" and side.sync_command else side.command
+    if side.harness is not None and not (kind == "syncduet" and side.sync_command):
+        inner = shlex.split(command) if not _SHELL_CHARS.search(command) else None
+        inner = inner or ["/bin/sh", "-c", command]
+        h = side.harness
+        argv = [sys.executable, "-m", "kernmlops.duet.harness", "--output", h.output]
+        if h.iterations is not None:
+            argv += ["--iterations", str(h.iterations)]
+        if h.budget_s is not None:
+            argv += ["--budget", repr(h.budget_s)]
+        return [*argv, "--", *inner]
+    return ["/bin/sh", "-c", command]
+
+
+class _Running:
+    """One side of a trial while it runs (local process or container exec)."""
+
+    def __init__(
+        self, rec: SideRecord, side: Side, trial: Trial, duet: Duet, suite: DuetSuite,
+        work: Path, log_base: Path, sync_dir: Path | None, cpus: frozenset[int] | None,
+    ) -> None:  # fmt: skip
+        self.rec = rec
+        self.side = side
+        self.engine = suite.engine
+        self.work = work
+        self.sync_dir = sync_dir
+        self.proc: HeldProcess | None = None
+        self.stopped = False  # stopped by the runner (timeout), not ended by itself
+        work.mkdir(parents=True, exist_ok=True)
+        env = {
+            "KERNMLOPS_DUET_SUITE": suite.suite,
+            "KERNMLOPS_DUET_BENCHMARK": duet.name,
+            "KERNMLOPS_DUET_KIND": trial.kind,
+            "KERNMLOPS_DUET_RUNID": str(trial.runid),
+            "KERNMLOPS_DUET_PAIR": side.pair,
+            "KERNMLOPS_DUET_OUT": str(work),
+            **side.env,
+        }
+        if sync_dir is not None:
+            env[SYNC_ENV] = str(sync_dir)
+        argv = _argv(side, trial.kind)
+        if side.image:
+            self.container = f"kmo-duet-{os.getpid()}-{sanitize(rec.pair)}-{time.monotonic_ns()}"
+            rec.container = self.container
+            run = [self.engine, "run", "-d", "-i", "--name", self.container,
+                   "--entrypoint", "/bin/sh"]  # fmt: skip
+            if cpus:
+                run += ["--cpuset-cpus", ",".join(map(str, sorted(cpus)))]
+            if sync_dir is not None:
+                run += ["-v", f"{sync_dir}:{sync_dir}"]
+            _engine([*run, side.image], "start the container")
+            exports = [a for k, v in env.items() for a in ("-e", f"{k}={v}")]
+            argv = [self.engine, "exec", *exports, self.container, *argv]
+            env = {}
+        else:
+            self.container = None
+        with (
+            Path(f"{log_base}.{rec.pair}.stdout").open("wb") as stdout,
+            Path(f"{log_base}.{rec.pair}.stderr").open("wb") as stderr,
+        ):  # the child keeps its own copies
+            self.proc = HeldProcess(argv, env, str(work), stdout, stderr)
+        rec.pid = self.proc.pid
+        if cpus and not side.image:
+            # The gate shell is pinned before it execs: the command and its
+            # children inherit the affinity.
+            os.sched_setaffinity(self.proc.pid, cpus)
+            rec.cpus = sorted(cpus)
+        elif cpus:
+            rec.cpus = sorted(cpus)
+
+    def release(self) -> None:
+        assert self.proc is not None
+        self.rec.release_epoch_ms = time.time_ns() // 1_000_000
+        self.proc.release()
+        self.rec.release_ns = self.proc.started_ns
+
+    def poll(self) -> int | None:
+        return self.proc.poll() if self.proc else 0
+
+    def stop(self) -> None:
+        self.stopped = True
+        if self.container:
+            with contextlib.suppress(BenchmarkError):
+                _engine([self.engine, "kill", self.container], "stop the container", check=False)
+        if self.proc is not None:
+            self.proc.stop(grace_s=2.0)
+
+    def finish(self, timeout_s: float | None) -> None:
+        rec = self.rec
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:  # an error or Ctrl+C in the runner: stop it too
+            self.proc.stop(grace_s=2.0)
+        self.proc.reap_group()
+        rec.end_ns = self.proc.ended_ns
+        code = self.proc.returncode
+        rec.exit_code = exit_status(code) if code is not None else None
+        if rec.release_ns is None:  # held at the gate, never released
+            rec.status = "not-started"
+            rec.error = "not started: the other side could not start"
+        elif self.stopped:
+            rec.status = "timeout"
+            rec.error = f"stopped after the {timeout_s:g} s timeout"
+        elif rec.exit_code == 0:
+            rec.status = "ok"
+        else:
+            rec.status = "failed"
+            rec.error = f"exit status {rec.exit_code}"
+
+    def collect(self, dest: Path, prefix: str) -> None:
+        for name in self.side.results:
+            target = dest / f"{prefix}.{self.side.pair}.{os.path.basename(name.rstrip('/'))}"
+            if target.exists():
+                shutil.rmtree(target) if target.is_dir() else target.unlink()
+            if self.container:
+                proc = subprocess.run(
+                    [self.engine, "cp", f"{self.container}:{name}", str(target)],
+                    capture_output=True, text=True, timeout=300,
+                )  # fmt: skip
+                if proc.returncode != 0:
+                    self.rec.missing[name] = proc.stderr.strip() or f"exit {proc.returncode}"
+                    continue
+            else:
+                src = Path(name) if os.path.isabs(name) else self.work / name
+                if not src.exists():
+                    self.rec.missing[name] = f"not found: {src}"
+                    continue
+                if src.is_dir():
+                    shutil.copytree(src, target)
+                else:
+                    shutil.copy2(src, target)
+            self.rec.results.append(f"results/{target.name}")
+
+    def cleanup(self, remove: bool) -> None:
+        if self.container:
+            cmd = "rm" if remove else "stop"
+            args = [self.engine, cmd, *(["-f"] if remove else []), self.container]
+            _engine(args, f"{cmd} the container", check=False)
+
+
+def _engine(argv: list[str], what: str, check: bool = True) -> None:
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    if check and proc.returncode != 0:
+        raise BenchmarkError(f"cannot {what}: {proc.stderr.strip() or proc.returncode}")
+
+
+class _SyncBarrier:
+    """The runner's end of the sync-duet protocol (see kernmlops.duet.harness)."""
+
+    def __init__(self, folders: dict[str, Path]) -> None:
+        self.ready: dict[str, int] = {}
+        self.go: dict[str, int] = {}
+        self.buf: dict[str, bytes] = {}
+        self.waiting: set[str] = set()
+        self.iterations = 0
+        for pair, folder in folders.items():
+            folder.mkdir(parents=True, exist_ok=True)
+            for name in ("ready", "go"):
+                with contextlib.suppress(FileExistsError):
+                    os.mkfifo(folder / name, 0o666)
+            # Read-write opens never block and never see EOF: the side's own
+            # opens (write ready, read go) then never block either.
+            self.ready[pair] = os.open(folder / "ready", os.O_RDWR | os.O_NONBLOCK)
+            self.go[pair] = os.open(folder / "go", os.O_RDWR)
+            self.buf[pair] = b""
+
+    def step(self, alive: dict[str, bool], wait_s: float) -> None:
+        fds = {fd: p for p, fd in self.ready.items()}
+        readable, _, _ = select.select(list(fds), [], [], wait_s)
+        for fd in readable:
+            pair = fds[fd]
+            with contextlib.suppress(BlockingIOError):
+                self.buf[pair] += os.read(fd, 4096)
+            while b"\n" in self.buf[pair]:
+                line, self.buf[pair] = self.buf[pair].split(b"\n", 1)
+                if line.startswith(b"ready"):
+                    self.waiting.add(pair)
+        live = {p for p, a in alive.items() if a}
+        if self.waiting and self.waiting >= live and len(live) == len(self.ready):
+            for pair in self.waiting:
+                os.write(self.go[pair], b"go\n")
+            self.iterations += 1
+            self.waiting.clear()
+        elif self.waiting and len(live) < len(self.ready):
+            for pair in self.waiting:  # the other side has ended: so does this one
+                os.write(self.go[pair], b"stop\n")
+            self.waiting.clear()
+
+    def close(self) -> None:
+        for fd in (*self.ready.values(), *self.go.values()):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def run_trial(trial: Trial, suite: DuetSuite, outdir: Path, *, poll_s: float = 0.02) -> TrialRecord:
+    """Run one trial; never raises for a side that fails (it is recorded)."""
+    duet = next(d for d in suite.duets if d.name == trial.duet)
+    label = trial.label(suite.suite)
+    rec = TrialRecord(
+        label=label,
+        suite=suite.suite,
+        benchmark=duet.name,
+        kind=trial.kind,
+        runid=trial.runid,
+        order=trial.order,
+        aa=duet.aa,
+        timeout_s=duet.timeout_s,
+        started_at=datetime.now(UTC).isoformat(),
+    )
+    work = outdir / "work" / (label + (f".{trial.pair}" if trial.pair else ""))
+    logs = outdir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    results = outdir / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    running: dict[str, _Running] = {}
+    barrier: _SyncBarrier | None = None
+    t0 = time.monotonic()
+    try:
+        sync_dirs = {p: work / f"sync-{p}" for p in trial.pairs} if trial.kind == "syncduet" else {}
+        if sync_dirs:
+            barrier = _SyncBarrier(sync_dirs)
+        for slot, pair in enumerate(trial.pairs):
+            side = duet.side(pair)
+            srec = SideRecord(pair=pair, command=side.command, image=side.image)
+            rec.sides[pair] = srec
+            cpus = duet.cpus[slot] if duet.cpus else None
+            srec.stdout = f"logs/{label}.{pair}.stdout"
+            srec.stderr = f"logs/{label}.{pair}.stderr"
+            try:
+                running[pair] = _Running(
+                    srec, side, trial, duet, suite, work / pair, logs / label, sync_dirs.get(pair),
+                    cpus,
+                )  # fmt: skip
+            except (BenchmarkError, OSError) as err:
+                srec.status = "error"
+                srec.error = str(err)
+                break
+        if len(running) == len(trial.pairs):
+            for r in running.values():  # both gates open back to back
+                r.release()
+            deadline = t0 + duet.timeout_s if duet.timeout_s else None
+            while True:
+                alive = {p: r.poll() is None for p, r in running.items()}
+                if not any(alive.values()):
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
+                    rec.timed_out = True
+                    for p, r in running.items():
+                        if alive[p]:
+                            r.stop()
+                    break
+                if barrier is not None:
+                    barrier.step(alive, poll_s)
+                else:
+                    time.sleep(poll_s)
+    finally:
+        for r in running.values():
+            try:
+                r.finish(duet.timeout_s)
+            except Exception as err:  # recorded; the next trial still runs
+                r.rec.status, r.rec.error = "error", f"stopping failed: {err}"
+        if barrier is not None:
+            barrier.close()
+        for r in running.values():
+            try:
+                r.collect(results, label)
+            except (OSError, subprocess.SubprocessError) as err:
+                r.rec.missing["*"] = f"collecting results failed: {err}"
+            r.cleanup(duet.remove_containers)
+        rec.duration_s = round(time.monotonic() - t0, 6)
+        shutil.rmtree(work, ignore_errors=True)
+    return rec
+
+
+# --- a suite --------------------------------------------------------------------
+@dataclass
+class SuiteResult:
+    suite: str
+    folder: Path
+    trials: list[TrialRecord]
+
+    @property
+    def failed(self) -> list[TrialRecord]:
+        return [t for t in self.trials if not t.ok]
+
+
+def suite_folder(outdir: Path, suite: DuetSuite) -> Path:
+    return Path(outdir) / sanitize(suite.suite)
+
+
+def prepare_folder(folder: Path, force: bool) -> None:
+    if folder.exists() and any(folder.iterdir()):
+        if not force:
+            raise DuetError(f"{folder} exists and is not empty: use --force to replace it")
+        if not (folder / INDEX).exists():
+            raise DuetError(
+                f"{folder} exists and holds no {INDEX}: not replacing a folder that "
+                "is not a duet run's, even with --force"
+            )
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+
+
+def write_index(folder: Path, index: dict[str, Any]) -> None:
+    tmp = folder / f".{INDEX}.tmp"
+    tmp.write_text(json.dumps(index, indent=1, default=str))
+    tmp.replace(folder / INDEX)
+
+
+def run_suite(
+    suite: DuetSuite,
+    outdir: Path,
+    *,
+    force: bool = False,
+    collect: Any = None,
+    on_trial: Callable[[int, int, Trial, TrialRecord | None], None] | None = None,
+) -> SuiteResult:
+    """Run every trial of ``suite`` into ``<outdir>/<suite>/``.
+
+    ``collect`` (a kernmlops.duet.collect.Collector) runs each trial under a
+    kernel collection; None runs them directly.
+    """
+    images = {s.image for d in suite.duets for s in (d.a, d.b) if s.image}
+    if images:
+        check_engine(suite.engine, images)
+    folder = suite_folder(outdir, suite)
+    prepare_folder(folder, force)
+    seed = suite.seed if suite.seed is not None else random.SystemRandom().randrange(2**31)
+    plan = plan_trials(suite, seed)
+    index: dict[str, Any] = {
+        "format": "kernmlops-duet-run/1",
+        "suite": suite.suite,
+        "config_file": suite.source,
+        "config": suite.raw,
+        "seed": seed,
+        "schedule": suite.schedule,
+        "engine": suite.engine if images else None,
+        "kernmlops": __version__,
+        "started_at": datetime.now(UTC).isoformat(),
+        "finished_at": None,
+        "collect": collect is not None,
+        "plan": [asdict(t) for t in plan],
+        "artifacts": capture_artifacts(suite.artifacts, folder / "artifacts"),
+        "trials": [],
+    }
+    write_index(folder, index)
+    records: list[TrialRecord] = []
+    try:
+        for n, trial in enumerate(plan):
+            if on_trial:
+                on_trial(n, len(plan), trial, None)
+            if collect is not None:
+                rec = collect.run_trial(trial, suite, folder)
+            else:
+                rec = run_trial(trial, suite, folder)
+            records.append(rec)
+            index["trials"].append(rec.as_dict())
+            write_index(folder, index)
+            if on_trial:
+                on_trial(n, len(plan), trial, rec)
+    finally:
+        index["finished_at"] = datetime.now(UTC).isoformat()
+        write_index(folder, index)
+        shutil.rmtree(folder / "work", ignore_errors=True)
+    return SuiteResult(suite.suite, folder, records)
+
+
+def read_index(folder: Path) -> dict[str, Any]:
+    path = Path(folder) / INDEX
+    try:
+        return json.loads(path.read_text())
+    except OSError as err:
+        raise DuetError(
+            f"{folder}: no {INDEX} ({err.strerror}); is it a `duet run` folder?"
+        ) from err
+    except json.JSONDecodeError as err:
+        raise DuetError(f"{path}: not valid JSON ({err})") from err

@@ -1,0 +1,255 @@
+"""process_metadata: snapshots of every task, from a BPF task iterator.
+
+One snapshot at start, one at the end, every ``interval_s`` if set, and one
+whenever :meth:`ProcessMetadataHook.snapshot` is called. One row per task
+(thread; with ``threads: false`` per process):
+
+* ``snapshot`` (``start``, ``end``, ``interval``, or the caller's label) and
+  ``snapshot_seq`` (0, 1, … in the order taken), ``ts_uptime_us`` (when the
+  iterator visited the task);
+* ``pid``, ``tgid``, ``ppid`` (the real parent's tgid), ``comm``, ``cmdline``
+  (``/proc/<tgid>/cmdline``, arguments joined by spaces; null where it is
+  empty — kernel threads, zombies — or unreadable);
+* ``start_uptime_us`` (``task->start_time``: CLOCK_MONOTONIC µs, the clock of
+  ``ts_uptime_us``) and ``start_boottime_ns`` (``task->start_boottime``:
+  CLOCK_BOOTTIME, what ``/proc/<pid>/stat`` field 22 counts in clock ticks);
+* ``nice`` (``static_prio - 120``), ``policy`` (the number) and ``policy_name``;
+  ``kernel_thread``;
+* ``cgroup_id`` (the task's cgroup v2 cgroup: its kernfs id, which is the
+  inode of its directory) and ``cgroup_path`` (resolved by walking the
+  cgroup2 mount, as in the ``0::`` line of ``/proc/<pid>/cgroup``; null
+  where no cgroup2 file system is mounted).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import polars as pl
+from pydantic import Field
+
+from kernmlops.ebpf.btf import Btf, Kind, RecordLayout, record_layout
+from kernmlops.ebpf.build import object_path
+from kernmlops.ebpf.frames import records_to_frame
+from kernmlops.ebpf.objects import BpfObject, Link, open_and_load
+from kernmlops.errors import HookUnavailable, KernmlopsError
+from kernmlops.hooks.base import HookContext, HookOptions
+from kernmlops.hooks.bpf import BpfHook
+from kernmlops.tables import UPTIME_TIMESTAMP
+
+TABLE = "process_metadata"
+RECORD = "process_metadata_record"
+PROGRAM = "process_metadata"
+MOUNTINFO = Path("/proc/self/mountinfo")
+
+#: Column order of the table (every record field plus the derived ones).
+COLUMNS = (
+    "snapshot", "snapshot_seq", UPTIME_TIMESTAMP, "pid", "tgid", "ppid", "comm", "cmdline",
+    "start_uptime_us", "start_boottime_ns", "nice", "policy", "policy_name", "kernel_thread",
+    "cgroup_id", "cgroup_path",
+)  # fmt: skip
+
+
+def _unescape(field: str) -> str:
+    """mountinfo escapes space, tab, newline and backslash as octal (\\040)."""
+    if "\\" not in field:
+        return field
+    return field.encode().decode("unicode_escape").encode("latin-1").decode(errors="replace")
+
+
+def cgroup2_mount(mountinfo: str | None = None) -> tuple[Path, str] | None:
+    """(mount point, the hierarchy path mounted there) of the first cgroup2
+    mount, from /proc/self/mountinfo; None if there is none."""
+    if mountinfo is None:
+        try:
+            mountinfo = MOUNTINFO.read_text()
+        except OSError:
+            return None
+    for line in mountinfo.splitlines():
+        left, sep, right = line.partition(" - ")
+        fields = left.split()
+        if sep and right.split()[:1] == ["cgroup2"] and len(fields) >= 5:
+            return Path(_unescape(fields[4])), _unescape(fields[3])
+    return None
+
+
+class CgroupPaths:
+    """cgroup id -> path in the cgroup v2 hierarchy. On cgroup2 a cgroup's id is
+    the inode number of its directory, so one walk of the mount maps them all;
+    the walk is redone when an id is not known (a cgroup made since)."""
+
+    def __init__(self, mount: tuple[Path, str] | None = None) -> None:
+        self.mount = mount if mount is not None else cgroup2_mount()
+        self._paths: dict[int, str] = {}
+
+    def _walk(self) -> None:
+        if self.mount is None:
+            return
+        root, prefix = self.mount
+        paths: dict[int, str] = {}
+        for dirpath, _dirs, _files in os.walk(root):
+            try:
+                ino = os.stat(dirpath).st_ino
+            except OSError:  # removed while walking
+                continue
+            rel = os.path.relpath(dirpath, root)
+            paths[ino] = (
+                prefix if rel == "." else os.path.join(prefix, rel) if prefix != "/" else "/" + rel
+            )
+        self._paths = paths
+
+    def resolve(self, ids: np.ndarray) -> list[str | None]:
+        unique = set(np.unique(ids).tolist())
+        if unique - self._paths.keys():
+            self._walk()
+        return [self._paths.get(i) for i in ids.tolist()]
+
+
+def read_cmdline(tgid: int) -> str | None:
+    """Arguments joined by spaces; None for an empty (kernel thread, zombie) or
+    unreadable command line."""
+    try:
+        raw = Path(f"/proc/{tgid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    args = raw.rstrip(b"\0").split(b"\0")
+    text = b" ".join(args).decode(errors="replace")
+    return text or None
+
+
+class ProcessMetadataHook(BpfHook):
+    """Snapshots of every task (see the module doc for the columns)."""
+
+    class Options(HookOptions):
+        threads: bool = Field(True, description="a row per thread; false: per process only")
+        cmdline: bool = Field(True, description="read each process's /proc/<pid>/cmdline")
+        interval_s: float = Field(
+            0, ge=0, le=86400, description="also take a snapshot every N seconds (0: never)"
+        )
+
+    name: ClassVar[str] = "process_metadata"
+    object_name: ClassVar[str] = "process_metadata"
+    rings: ClassVar[dict[str, str]] = {}  # records come from the iterator, not a ring
+    tables: ClassVar[tuple[str, ...]] = (TABLE,)
+    needs: ClassVar[tuple[str, ...]] = ("iter/task",)
+
+    def __init__(self, options: HookOptions | None = None) -> None:
+        if not isinstance(options, ProcessMetadataHook.Options):
+            options = ProcessMetadataHook.Options.model_validate(
+                options.model_dump() if options is not None else {}
+            )
+        super().__init__(options)
+        self.opts: ProcessMetadataHook.Options = options
+        self._layout: RecordLayout | None = None
+        self._link: Link | None = None
+        self._cgroups = CgroupPaths()
+        self._pending: list[pl.DataFrame] = []
+        self._seq = 0
+        self._next_s = float("inf")
+        # snapshot() may be called from another thread than the poll loop.
+        self._lock = threading.Lock()
+
+    def start(self, ctx: HookContext) -> None:
+        path = object_path(self.object_name, ctx.bpf_dir)
+        if not path.exists():
+            raise HookUnavailable(
+                f"{self.name}: BPF object {path} not found (build it: kernmlops build-bpf)"
+            )
+        flt = ctx.process_filter
+        try:
+            btf = Btf.from_elf(path)
+            self._layout = record_layout(btf, btf.find(Kind.STRUCT, RECORD))
+            self.obj = open_and_load(
+                path,
+                globals_={
+                    "kmo_self_tgid": ctx.self_tgid,
+                    "kmo_filter_on": flt is not None,
+                    "kmo_leaders_only": not self.opts.threads,
+                },
+                reuse_maps={"kmo_tracked": flt.fd} if flt else {},
+            )
+            self.attach(self.obj)
+            self.status.variant = "iter/task"
+            self.status.programs = ["iter/task"]
+            self.status.attached = True
+            self.snapshot("start")
+        except (KernmlopsError, OSError) as err:
+            self.close()
+            raise HookUnavailable(f"{self.name}: {err}") from err
+        if self.opts.interval_s:
+            self._next_s = time.monotonic() + self.opts.interval_s
+
+    def attach(self, obj: BpfObject) -> None:
+        # An iterator link runs nothing by itself: each read of a new iterator
+        # fd made from it walks every task once.
+        self._link = obj.programs[PROGRAM].attach_iter()
+
+    def read_records(self) -> np.ndarray:
+        """One iterator pass: a record per wanted task, decoded in one call."""
+        if self._link is None or self._layout is None:
+            raise HookUnavailable(f"{self.name}: not started")
+        data = self._link.read_iter()
+        item = self._layout.itemsize
+        if len(data) % item:
+            raise KernmlopsError(
+                f"{self.name}: iterator returned {len(data)} bytes, not whole {item}-byte records"
+            )
+        return np.frombuffer(data, self._layout.dtype)
+
+    def snapshot(self, label: str = "on_demand") -> pl.DataFrame:
+        """Take a snapshot now; its rows are returned and also written to the
+        table at the next poll."""
+        with self._lock:
+            records = self.read_records()
+            assert self._layout is not None
+            frame = self._frame(records, self._layout, label, self._seq)
+            self._seq += 1
+            self.status.events += len(records)
+            self._pending.append(frame)
+        return frame
+
+    def _frame(
+        self, records: np.ndarray, layout: RecordLayout, label: str, seq: int
+    ) -> pl.DataFrame:
+        frame = records_to_frame(records, layout)
+        tgids = records["tgid"]
+        if self.opts.cmdline:
+            uniq = np.unique(tgids)
+            lines = {int(t): read_cmdline(int(t)) for t in uniq.tolist()}
+            cmdline = pl.Series("cmdline", [lines[t] for t in tgids.tolist()], pl.String)
+        else:
+            cmdline = pl.Series("cmdline", [None] * len(records), pl.String)
+        cgroup = pl.Series("cgroup_path", self._cgroups.resolve(records["cgroup_id"]), pl.String)
+        return frame.with_columns(
+            pl.lit(label, pl.String).alias("snapshot"),
+            pl.lit(seq, pl.UInt32).alias("snapshot_seq"),
+            cmdline,
+            cgroup,
+        ).select(COLUMNS)
+
+    def poll(self) -> Iterator[tuple[str, pl.DataFrame]]:
+        if self._link is not None and time.monotonic() >= self._next_s:
+            self._next_s = time.monotonic() + self.opts.interval_s
+            self.snapshot("interval")
+        with self._lock:
+            pending, self._pending = self._pending, []
+        if pending:
+            yield TABLE, pl.concat(pending)
+
+    def stop(self) -> Iterator[tuple[str, pl.DataFrame]]:
+        try:
+            if self._link is not None:
+                self.snapshot("end")
+            yield from self.poll()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self._link = None  # destroyed with the object's links
+        super().close()

@@ -1,0 +1,474 @@
+"""``kernmlops lb``: learning load balancing, from decisions to the kernel."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from kernmlops.errors import KernmlopsError
+
+console = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
+
+
+def _fail(err: KernmlopsError) -> None:
+    console.print(f"[bold red]error:[/] {err}", markup=True)
+    sys.exit(err.exit_code)
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.2f}%"
+
+
+@click.group("lb", context_settings={"help_option_names": ["-h", "--help"]})
+def lb_group() -> None:
+    """Learn CFS's load-balancing decision (MLLB, APSys'20) and run the model in
+    the kernel beside the real scheduler, without a kernel patch.
+
+    \b
+      kernmlops lb collect -b stress-ng            decisions (kprobe/fexit; root)
+      kernmlops lb collect --variant tracepoint    approximate, kernels without kprobes
+      kernmlops lb import-mllb raw_ng.csv          a dump in MLLB's own format
+      kernmlops lb train data -o lb-model.json     15 -> 10 -> 1 MLP, split by run
+      kernmlops lb export lb-model.json -o out/    Q20.11 C header + JSON
+      kernmlops lb shadow lb-model.json -b ...     the model in the kernel, beside CFS
+      kernmlops lb report data --model m.json      what the data and the model say
+    Where kprobes are off (like here), run the kprobe variant in the kernel lab:
+      kernmlops vm -o lab -- kernmlops lb collect -o lab -b stress-ng
+    """
+
+
+# --- collect / shadow ---------------------------------------------------------------
+
+
+def _collect_options(fn):
+    for opt in reversed(
+        [
+            click.option(
+                "--variant",
+                type=click.Choice(["kprobe", "tracepoint", "both"]),
+                default="kprobe",
+                show_default=True,
+                help="kprobe: exact (fexit or kprobe on can_migrate_task); tracepoint: "
+                "approximate, from sched_migrate_task and the scheduler tables; both: "
+                "measure the approximation (needs kprobes)",
+            ),
+            click.option(
+                "-c",
+                "--config",
+                "config_files",
+                multiple=True,
+                type=click.Path(dir_okay=False, path_type=Path),
+                help="YAML overrides (benchmark, scenario, ...); repeat it for one "
+                "collection per file in one process (the lab pays the start-up once)",
+            ),
+            click.option(
+                "--repeat",
+                type=int,
+                default=1,
+                show_default=True,
+                help="collections per config (runs to split train and test by)",
+            ),
+            click.option(
+                "--attach",
+                type=click.Choice(["auto", "fexit", "kprobe"]),
+                default="auto",
+                show_default=True,
+                help="kprobe variant: fexit where the kernel allows, else kprobe + kretprobe",
+            ),
+            click.option("-b", "--benchmark", help="benchmark to run (default: the config's)"),
+            click.option("-d", "--duration", type=float, help="stop after this many seconds"),
+            click.option(
+                "-o",
+                "--output-dir",
+                type=click.Path(file_okay=False, path_type=Path),
+                help="root of the collections (default: data)",
+            ),
+            click.option(
+                "--migration-cost-ns",
+                type=int,
+                default=None,
+                help="sysctl_sched_migration_cost the features use (default: 500000)",
+            ),
+            click.option("--no-progress", is_flag=True, help="no live progress (logs, CI)"),
+            click.argument("command", nargs=-1, type=click.UNPROCESSED),
+        ]
+    ):
+        fn = opt(fn)
+    return fn
+
+
+def _load_any_model(path: Path) -> tuple[Any, dict[str, Any]]:
+    """A float model (quantized here) or an exported fixed-point JSON."""
+    from kernmlops.lb.fixed import FORMAT as FIXED_FORMAT
+    from kernmlops.lb.fixed import FixedModel, load_fixed_json
+    from kernmlops.lb.model import Model, ModelError
+
+    try:
+        kind = json.loads(Path(path).read_text()).get("format")
+    except (OSError, json.JSONDecodeError, AttributeError) as err:
+        raise ModelError(f"cannot read model {path}: {err}") from err
+    if kind == FIXED_FORMAT:
+        fixed, meta = load_fixed_json(path)
+    else:
+        model = Model.load(path)
+        fixed, meta = FixedModel.from_model(model), dict(model.meta)
+    meta = {k: v for k, v in meta.items() if k != "report"}
+    return fixed, {"path": str(path), **meta}
+
+
+def _run_collect(
+    variant: str,
+    config_files: tuple[Path, ...],
+    repeat: int,
+    attach: str,
+    benchmark: str | None,
+    duration: float | None,
+    output_dir: Path | None,
+    migration_cost_ns: int | None,
+    no_progress: bool,
+    command: tuple[str, ...],
+    model_path: Path | None,
+) -> None:
+    from kernmlops.config import load_config
+    from kernmlops.lb.collect import collect, session_flags
+    from kernmlops.lb.features import MIGRATION_COST_NS
+
+    if repeat < 1:
+        raise click.BadParameter("must be at least 1", param_hint="--repeat")
+    flags: dict[str, object] = {
+        "benchmark.duration_s": duration,
+        "collector.output_dir": str(output_dir) if output_dir else None,
+        "collector.progress": False if no_progress else None,
+    }
+    if command:
+        if benchmark not in (None, "command"):
+            raise click.UsageError(
+                f"a command after -- runs as benchmark 'command', not {benchmark!r}"
+            )
+        flags["benchmark.name"] = "command"
+        flags["benchmark.command.argv"] = list(command)
+    elif benchmark:
+        flags["benchmark.name"] = benchmark
+    try:
+        flags.update(session_flags(variant))
+        # every config is checked before the first run starts
+        configs = [load_config(f, flags) for f in config_files] or [load_config(None, flags)]
+        _require_root()
+        from kernmlops.ebpf.build import build
+
+        build()
+        model, meta = _load_any_model(model_path) if model_path else (None, None)
+    except KernmlopsError as err:
+        _fail(err)
+    cost = migration_cost_ns or MIGRATION_COST_NS
+    shadow = f", shadow model {model_path}" if model else ""
+    exit_code = 0
+    runs = [(i, c) for i, c in enumerate(configs) for _ in range(repeat)]
+    for n, (i, config) in enumerate(runs, 1):
+        name = config_files[i] if config_files else "defaults"
+        console.print(f"lb collect {n}/{len(runs)} ({name}): variant {variant}{shadow}")
+        try:
+            out = collect(
+                config, variant, model=model, model_meta=meta, migration_cost_ns=cost,
+                attach=attach, on_attached=_attached,
+            )  # fmt: skip
+        except KernmlopsError as err:
+            if len(runs) == 1:
+                _fail(err)
+            console.print(f"error: {err}")
+            exit_code = exit_code or err.exit_code
+            continue
+        _print_run(out)
+        exit_code = exit_code or out.result.exit_code
+    sys.exit(exit_code)
+
+
+def _attached(statuses: dict) -> None:
+    ok = sum(s.attached for s in statuses.values())
+    console.print(f"probes attached: {ok}/{len(statuses)} hooks (+ lb, system-wide)")
+
+
+def _print_run(out: Any) -> None:
+    table = Table(title=f"collection {out.result.collection_id}", title_justify="left")
+    for col in ("table", "rows"):
+        table.add_column(col, justify="left" if col == "table" else "right")
+    for name, n in sorted({**out.result.rows, **out.rows}.items()):
+        table.add_row(name, f"{n:,}")
+    console.print(table)
+    for name, st in out.hooks.items():
+        lost = f", {st.drops:,} DROPPED" if st.drops else ""
+        console.print(f"{name}: {st.variant}, {st.events:,} decisions{lost}")
+    if out.tracepoint:
+        console.print(f"tracepoint variant: {json.dumps(out.tracepoint)}")
+    if out.shadow:
+        for kind, s in out.shadow.items():
+            _print_shadow(kind, s)
+    console.print(f"{out.result.ended_by} after {out.result.duration_s:.1f} s -> {out.path}")
+
+
+def _print_shadow(kind: str, s: dict[str, Any]) -> None:
+    k = s.get("kernel") or {}
+    ns = s.get("inference_ns") or {}
+    rows = s.get("rows") or {}
+    agree = k.get("agreement")
+    console.print(
+        f"shadow ({kind}): {k.get('decisions', 0):,} decisions seen in the kernel, "
+        f"{k.get('filtered', 0):,} after MLLB's filter; agreement with the kernel "
+        f"{_pct(agree)}; confusion [[tn, fp], [fn, tp]] = {k.get('confusion')}; "
+        f"inference mean {ns.get('mean', float('nan')):.0f} ns, "
+        f"p99 {ns.get('p99', float('nan')):.0f} ns"
+    )
+    if rows:
+        shown = {x: rows[x] for x in rows if x != "confusion"}
+        console.print(f"  from the rows: {json.dumps(shown)}")
+
+
+def _require_root() -> None:
+    import os
+
+    from kernmlops.ebpf.probe import has_bpf_capabilities
+
+    if os.geteuid() != 0 and not has_bpf_capabilities():
+        raise KernmlopsError("lb collect needs root (or CAP_BPF + CAP_PERFMON): run it with sudo")
+
+
+@lb_group.command("collect", context_settings={"ignore_unknown_options": False})
+@_collect_options
+@click.option(
+    "--model", "model_path", type=click.Path(dir_okay=False, path_type=Path),
+    help="also evaluate this model in the kernel on every decision (shadow mode)",
+)  # fmt: skip
+def collect_cmd(variant, config_files, repeat, attach, benchmark, duration, output_dir,
+                migration_cost_ns, no_progress, command, model_path) -> None:  # fmt: skip
+    """Run a benchmark (or COMMAND) and record CFS's load-balancing decisions.
+
+    \b
+    The collection gets table lb_decisions: one row per can_migrate_task()
+    call, system-wide, with what MLLB recorded (runqueue lengths and loads,
+    idle type, NUMA data, balance failures, buddies, delta since the task
+    last ran) and the kernel's answer. Examples:
+      kernmlops lb collect -b stress-ng -c numa.yaml
+      kernmlops vm -o lab -- kernmlops lb collect -o lab -b stress-ng -d 20
+      kernmlops lb collect --variant tracepoint -- ./app
+    """
+    _run_collect(variant, config_files, repeat, attach, benchmark, duration, output_dir,
+                 migration_cost_ns, no_progress, command, model_path)  # fmt: skip
+
+
+@lb_group.command("shadow", context_settings={"ignore_unknown_options": False})
+@click.argument("model_path", type=click.Path(dir_okay=False, path_type=Path))
+@_collect_options
+def shadow_cmd(model_path, variant, config_files, repeat, attach, benchmark, duration,
+               output_dir, migration_cost_ns, no_progress, command) -> None:  # fmt: skip
+    """Run MODEL in the kernel beside the real scheduler while a benchmark runs.
+
+    \b
+    MODEL is lb train's JSON (quantized here) or lb export's Q20.11 JSON.
+    The weights are set in a BPF program before it loads; on every decision
+    it computes the 15 features and the MLP in fixed point, and counts
+    agreement with the kernel's answer and its own time (MLLB's TEST mode,
+    without a patch). kprobe variant: every can_migrate_task (the lab);
+    tracepoint variant: the balancer's pulls, on any kernel. The summary is
+    printed and kept in the collection's manifest (lb.shadow); per-decision
+    rows are in lb_decisions (model_pred, model_out, infer_ns) or lb_tp_shadow.
+    """
+    _run_collect(variant, config_files, repeat, attach, benchmark, duration, output_dir,
+                 migration_cost_ns, no_progress, command, model_path)  # fmt: skip
+
+
+# --- import ---------------------------------------------------------------------------
+
+
+@lb_group.command("import-mllb")
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "-o", "--output-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("data"),
+    show_default=True, help="root of the collections",
+)  # fmt: skip
+@click.option("--collection-id", help="collection id (one file only; default: mllb-<file stem>)")
+def import_cmd(files: tuple[Path, ...], output_dir: Path, collection_id: str | None) -> None:
+    """Import decisions dumped in MLLB's CSV format (raw_<tag>.csv of its
+    dump_lb.py), one collection per file, as table lb_decisions."""
+    from kernmlops.lb.dataset import write_decisions
+    from kernmlops.lb.mllb_import import read_mllb_csv
+
+    if collection_id and len(files) > 1:
+        raise click.UsageError("--collection-id names one collection: give one file")
+    try:
+        for path in files:
+            frame = read_mllb_csv(path, collection_id)
+            cid = frame["collection_id"][0]
+            out = write_decisions(
+                frame, output_dir, cid, "mllb-import",
+                {"lb": {"variant": "mllb", "source": str(path)}},
+            )  # fmt: skip
+            console.print(f"{path}: {frame.height:,} decisions -> {out}")
+    except KernmlopsError as err:
+        _fail(err)
+
+
+# --- train / export -------------------------------------------------------------------
+
+
+def _print_metrics(title: str, section: dict[str, Any]) -> None:
+    if not section.get("float"):
+        console.print(f"{title}: no rows")
+        return
+    f, q, a, r = section["float"], section["fixed"], section["float_vs_fixed"], section["rule"]
+    console.print(
+        f"{title}: {section['rows']:,} decisions from {len(section['collections'])} collection(s)\n"
+        f"  float: accuracy {_pct(f['accuracy'])}, precision {_pct(f['precision'])}, "
+        f"recall {_pct(f['recall'])}, F1 {_pct(f['f1'])}, confusion [[tn, fp], [fn, tp]] "
+        f"{f['confusion']}\n"
+        f"  fixed Q20.11: accuracy {_pct(q['accuracy'])}; float vs fixed decisions agree "
+        f"{_pct(a['agreement'])} (max |logit diff| {a['max_abs_logit_diff']:.4f} <= bound "
+        f"{a['max_bound']:.4f}: {a['within_bound']})\n"
+        f"  the kernel's rule on the same features: accuracy {_pct(r['accuracy'])}; always "
+        f"the commoner answer: {_pct(section['majority_baseline'])}"
+    )
+
+
+@lb_group.command("train")
+@click.argument("data", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("lb-model.json"), show_default=True,
+    help="model file (JSON, float weights and metadata)",
+)  # fmt: skip
+@click.option(
+    "--split", type=click.Choice(["collection", "rows"]), default="collection", show_default=True,
+    help="collection: test on runs never trained on; rows: a random share of rows",
+)  # fmt: skip
+@click.option("--test-collection", "tests", multiple=True, help="a test collection id (repeatable)")
+@click.option("--test-fraction", type=float, default=0.25, show_default=True)
+@click.option("--epochs", type=int, default=60, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--migration-cost-ns", type=int, default=None, help="default 500000")
+def train_cmd(data, output, split, tests, test_fraction, epochs, seed, migration_cost_ns) -> None:
+    """Train MLLB's MLP (15 -> 10 ReLU -> 1, numpy) on the lb_decisions of DATA
+    (collection folders or roots) after MLLB's filter; report accuracy,
+    precision, recall, F1 and the confusion matrix on the test runs."""
+    from kernmlops.lb.dataset import load_decisions
+    from kernmlops.lb.features import MIGRATION_COST_NS
+    from kernmlops.lb.model import TrainConfig
+    from kernmlops.lb.pipeline import train_model
+
+    if not 0 < test_fraction < 1:
+        raise click.BadParameter("must be between 0 and 1", param_hint="--test-fraction")
+    try:
+        decisions = load_decisions(list(data))
+        result = train_model(
+            decisions, split=split, test_collections=list(tests) or None,
+            test_fraction=test_fraction, seed=seed, config=TrainConfig(epochs=epochs, seed=seed),
+            migration_cost_ns=migration_cost_ns or MIGRATION_COST_NS,
+            sources=[str(p) for p in data],
+        )  # fmt: skip
+        result.model.save(output)
+    except KernmlopsError as err:
+        _fail(err)
+    rep = result.report
+    console.print(f"{rep['decisions']:,} decisions, {rep['filtered']:,} after MLLB's filter")
+    _print_metrics("train", rep["train"])
+    _print_metrics("test", rep["test"])
+    console.print(f"model -> {output}")
+
+
+@lb_group.command("export")
+@click.argument("model_path", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "-o", "--output-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("."),
+    show_default=True,
+)  # fmt: skip
+@click.option("--name", default="kmo_lb_model", show_default=True, help="file stem of the outputs")
+@click.option(
+    "--data",
+    "data",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="decisions to measure float vs fixed on (default: the model's test runs)",
+)
+def export_cmd(model_path: Path, output_dir: Path, name: str, data: tuple[Path, ...]) -> None:
+    """Export MODEL in Q20.11 fixed point: NAME.h (C, also a drop-in for the
+    weight arrays of MLLB's kernel patch) and NAME.q11.json (lb shadow's input),
+    with float vs fixed agreement."""
+    from kernmlops.lb.dataset import load_decisions
+    from kernmlops.lb.fixed import FixedModel, c_header, fixed_json
+    from kernmlops.lb.model import Model
+    from kernmlops.lb.pipeline import evaluate, prepare
+
+    try:
+        model = Model.load(model_path)
+        fixed = FixedModel.from_model(model)
+        report = model.meta.get("report") or {}
+        sources = [Path(p) for p in data] or [Path(p) for p in report.get("sources", [])]
+        meta = {k: v for k, v in model.meta.items() if k != "report"}
+        check = None
+        if sources and all(p.exists() for p in sources):
+            frame = prepare(load_decisions(sources))
+            tests = report.get("test", {}).get("collections") if not data else None
+            if tests:
+                import polars as pl
+
+                frame = frame.filter(pl.col("collection_id").is_in(tests))
+            if frame.height:
+                check = evaluate(model, fixed, frame, int(meta.get("migration_cost_ns", 500000)))
+                meta["float_vs_fixed"] = check["float_vs_fixed"]
+        output_dir.mkdir(parents=True, exist_ok=True)
+        header = output_dir / f"{name}.h"
+        header.write_text(c_header(fixed, meta, guard=f"{name.upper()}_H"))
+        js = output_dir / f"{name}.q11.json"
+        js.write_text(json.dumps(fixed_json(fixed, meta), indent=1) + "\n")
+    except KernmlopsError as err:
+        _fail(err)
+    except OSError as err:
+        _fail(KernmlopsError(f"cannot write to {output_dir}: {err.strerror}"))
+    console.print(f"wrote {header} and {js}")
+    if check:
+        a = check["float_vs_fixed"]
+        console.print(
+            f"float vs fixed on {a['rows']:,} decisions: {_pct(a['agreement'])} agree; max |logit "
+            f"diff| {a['max_abs_logit_diff']:.4f} (bound {a['max_bound']:.4f}, within: "
+            f"{a['within_bound']}); largest int32 sum {a['max_abs_sum']:,} (< 2^31)"
+        )
+    else:
+        console.print("no decisions to compare float and fixed on (pass --data)")
+
+
+# --- report ---------------------------------------------------------------------------
+
+
+@lb_group.command("report")
+@click.argument("data", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--model", "model_path", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path),
+              help="also write the report as JSON")  # fmt: skip
+def report_cmd(data: tuple[Path, ...], model_path: Path | None, json_out: Path | None) -> None:
+    """What DATA holds per collection (decisions, share migrated, agreement of
+    the kernel's rule with the kernel) and, with --model, the model's metrics
+    per collection and its shadow results from the manifests."""
+    from kernmlops.lb.report import build_report
+
+    try:
+        rep = build_report([Path(p) for p in data], model_path)
+    except KernmlopsError as err:
+        _fail(err)
+    table = Table(title="lb decisions", title_justify="left")
+    for col in ("collection", "variant", "decisions", "filtered", "migrate", "rule", "model",
+                "shadow"):  # fmt: skip
+        table.add_column(col, justify="left" if col in ("collection", "variant") else "right")
+    for c in rep["collections"]:
+        table.add_row(
+            c["collection_id"], c["variant"], f"{c['decisions']:,}", f"{c['filtered']:,}",
+            _pct(c["migrate_share"]), _pct(c["rule_accuracy"]), _pct(c.get("model_accuracy")),
+            _pct(c.get("shadow_agreement")),
+        )  # fmt: skip
+    Console(width=max(120, Console().width)).print(table)
+    if json_out:
+        json_out.write_text(json.dumps(rep, indent=1, default=str) + "\n")
+        console.print(f"report -> {json_out}")

@@ -1,0 +1,297 @@
+"""MLLB's model: an MLP 15 -> 10 ReLU -> 1, trained with numpy alone.
+
+Training standardizes the features (mean, std of the training rows), fits
+with Adam on the logistic loss, keeps the best of a few seeds on a
+validation share of the training rows, and folds the standardization into
+the first layer, so the saved weights take the raw features as MLLB's kernel
+patch computes them. The decision is ``logit > 0`` (p > 0.5).
+
+The data set is split by collection: the test rows come from runs the model
+never saw (:func:`split_by_collection`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kernmlops.errors import KernmlopsError
+from kernmlops.lb.features import FEATURES, NR_FEATURES
+
+FORMAT = "kernmlops-lb-model"
+FORMAT_VERSION = 1
+HIDDEN = 10
+
+
+class ModelError(KernmlopsError):
+    """A model file is unreadable, or training cannot proceed."""
+
+
+@dataclass
+class Model:
+    """Float weights on the raw features: ``w1`` is (15, hidden), feature-major."""
+
+    w1: np.ndarray
+    b1: np.ndarray
+    w2: np.ndarray
+    b2: float
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def hidden(self, x: np.ndarray) -> np.ndarray:
+        return np.maximum(x @ self.w1 + self.b1, 0.0)
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        return self.hidden(x) @ self.w2 + self.b2
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        return (self.logits(x) > 0).astype(np.int8)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "features": list(FEATURES),
+            "hidden": len(self.b1),
+            "layout": "w1[feature][hidden]; logit = relu(x @ w1 + b1) @ w2 + b2",
+            "w1": self.w1.tolist(),
+            "b1": self.b1.tolist(),
+            "w2": self.w2.tolist(),
+            "b2": float(self.b2),
+            "decision": "migrate when logit > 0",
+            "meta": self.meta,
+        }
+
+    def save(self, path: Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> Model:
+        try:
+            doc = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise ModelError(f"cannot read model {path}: {err}") from err
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise ModelError(f"{path} is not a kernmlops lb model (lb train writes one)")
+        if doc.get("version", 0) > FORMAT_VERSION:
+            raise ModelError(f"{path} is from a newer kernmlops (model version {doc['version']})")
+        if list(doc.get("features", [])) != list(FEATURES):
+            raise ModelError(f"{path}: features differ from MLLB's 15")
+        w1 = np.asarray(doc["w1"], dtype=np.float64)
+        if w1.ndim != 2 or w1.shape[0] != NR_FEATURES:
+            raise ModelError(f"{path}: w1 has shape {w1.shape}, want ({NR_FEATURES}, hidden)")
+        return cls(
+            w1=w1,
+            b1=np.asarray(doc["b1"], dtype=np.float64),
+            w2=np.asarray(doc["w2"], dtype=np.float64),
+            b2=float(doc["b2"]),
+            meta=dict(doc.get("meta") or {}),
+        )
+
+
+# --- metrics -------------------------------------------------------------------------
+
+
+def metrics(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, Any]:
+    """Accuracy, precision, recall, F1 (positive class: migrate) and the
+    confusion matrix ``[[tn, fp], [fn, tp]]``."""
+    t = np.asarray(y_true).astype(bool)
+    p = np.asarray(y_pred).astype(bool)
+    tp = int((t & p).sum())
+    tn = int((~t & ~p).sum())
+    fp = int((~t & p).sum())
+    fn = int((t & ~p).sum())
+    n = tp + tn + fp + fn
+    precision = tp / (tp + fp) if tp + fp else None
+    recall = tp / (tp + fn) if tp + fn else None
+    f1 = (
+        2 * precision * recall / (precision + recall)
+        if precision is not None and recall is not None and precision + recall
+        else None
+    )
+    return {
+        "rows": n,
+        "accuracy": (tp + tn) / n if n else None,
+        "precision": precision,
+        "recall": recall,
+        "f1": f1,
+        "confusion": [[tn, fp], [fn, tp]],
+        "positives": tp + fn,
+    }
+
+
+# --- splitting -------------------------------------------------------------------------
+
+
+def split_by_collection(
+    collections: np.ndarray,
+    test_fraction: float = 0.25,
+    seed: int = 0,
+    test: list[str] | None = None,
+) -> tuple[np.ndarray, np.ndarray, list[str], list[str]]:
+    """Boolean masks (train, test) and the collection ids of each side.
+
+    ``test`` names the test collections; otherwise a seeded shuffle takes
+    ``ceil(fraction * n)`` of them (at least one, leaving one to train on).
+    """
+    ids = sorted({str(c) for c in collections})
+    if test:
+        unknown = sorted(set(test) - set(ids))
+        if unknown:
+            raise ModelError(
+                f"test collection(s) {', '.join(unknown)} not in the data "
+                f"(collections: {', '.join(ids)})"
+            )
+        test_ids = sorted(set(test))
+    else:
+        if len(ids) < 2:
+            raise ModelError(
+                f"splitting by collection needs at least 2 collections, the data has "
+                f"{len(ids)} ({', '.join(ids) or 'none'}): collect more runs, or pass "
+                "--split rows (then the test rows come from the training runs)"
+            )
+        n_test = min(len(ids) - 1, max(1, math.ceil(test_fraction * len(ids))))
+        order = np.random.default_rng(seed).permutation(len(ids))
+        test_ids = sorted(ids[i] for i in order[:n_test])
+    train_ids = [c for c in ids if c not in test_ids]
+    if not train_ids:
+        raise ModelError("every collection is a test collection: nothing left to train on")
+    col = np.asarray([str(c) for c in collections])
+    is_test = np.isin(col, test_ids)
+    return ~is_test, is_test, train_ids, test_ids
+
+
+def split_rows(n: int, test_fraction: float = 0.25, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    order = np.random.default_rng(seed).permutation(n)
+    is_test = np.zeros(n, dtype=bool)
+    is_test[order[: max(1, round(test_fraction * n))]] = True
+    return ~is_test, is_test
+
+
+# --- training ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    hidden: int = HIDDEN
+    epochs: int = 60
+    batch: int = 256
+    lr: float = 0.01
+    l2: float = 1e-5
+    seeds: int = 3
+    seed: int = 0
+    validation: float = 0.1
+    #: stop a seed when the validation loss has not improved for this many epochs
+    patience: int = 10
+
+
+def _bce(logits: np.ndarray, y: np.ndarray) -> float:
+    # log(1 + e^z) - y z, computed stably
+    return float(np.mean(np.logaddexp(0.0, logits) - y * logits))
+
+
+def _fit_one(
+    xs: np.ndarray, y: np.ndarray, xv: np.ndarray, yv: np.ndarray, cfg: TrainConfig, seed: int
+) -> tuple[list[np.ndarray], float]:
+    rng = np.random.default_rng(seed)
+    nf, nh = xs.shape[1], cfg.hidden
+    params = [
+        rng.normal(0.0, math.sqrt(2.0 / nf), (nf, nh)),  # He init for ReLU
+        np.full(nh, 0.01),
+        rng.normal(0.0, math.sqrt(1.0 / nh), nh),
+        np.zeros(1),
+    ]
+    m = [np.zeros_like(p) for p in params]
+    v = [np.zeros_like(p) for p in params]
+    b1_, b2_, eps = 0.9, 0.999, 1e-8
+    step = 0
+    best = (math.inf, [p.copy() for p in params])
+    stale = 0
+    n = len(xs)
+    for epoch in range(cfg.epochs):
+        lr = cfg.lr * (0.5 ** (epoch // 20))
+        order = rng.permutation(n)
+        for start in range(0, n, cfg.batch):
+            idx = order[start : start + cfg.batch]
+            xb, yb = xs[idx], y[idx]
+            w1, bb1, w2, bb2 = params
+            z = xb @ w1 + bb1
+            h = np.maximum(z, 0.0)
+            out = h @ w2 + bb2[0]
+            g = (1.0 / (1.0 + np.exp(-out)) - yb) / len(xb)  # d loss / d logit
+            gw2 = h.T @ g + cfg.l2 * w2
+            gb2 = np.array([g.sum()])
+            gz = np.outer(g, w2) * (z > 0)
+            gw1 = xb.T @ gz + cfg.l2 * w1
+            gb1 = gz.sum(axis=0)
+            step += 1
+            for i, grad in enumerate((gw1, gb1, gw2, gb2)):
+                m[i] = b1_ * m[i] + (1 - b1_) * grad
+                v[i] = b2_ * v[i] + (1 - b2_) * grad * grad
+                mh = m[i] / (1 - b1_**step)
+                vh = v[i] / (1 - b2_**step)
+                params[i] = params[i] - lr * mh / (np.sqrt(vh) + eps)
+        w1, bb1, w2, bb2 = params
+        val = _bce(np.maximum(xv @ w1 + bb1, 0.0) @ w2 + bb2[0], yv)
+        if val < best[0] - 1e-6:
+            best = (val, [p.copy() for p in params])
+            stale = 0
+        else:
+            stale += 1
+            if stale >= cfg.patience:
+                break
+    return best[1], best[0]
+
+
+def train(x: np.ndarray, y: np.ndarray, cfg: TrainConfig | None = None) -> Model:
+    """Fit the MLP on raw features ``x`` (rows, 15) and labels ``y`` (0/1)."""
+    cfg = cfg or TrainConfig()
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    if len(x) < 2:
+        raise ModelError(f"need at least 2 decisions to train, got {len(x)}")
+    if x.shape[1] != NR_FEATURES:
+        raise ModelError(f"features have {x.shape[1]} columns, want {NR_FEATURES}")
+    mu = x.mean(axis=0)
+    sigma = x.std(axis=0)
+    sigma = np.where(sigma > 1e-9, sigma, 1.0)  # constant features: leave unscaled
+    xs = (x - mu) / sigma
+    rng = np.random.default_rng(cfg.seed)
+    order = rng.permutation(len(x))
+    n_val = max(1, int(len(x) * cfg.validation)) if len(x) >= 10 else 0
+    val_idx, fit_idx = order[:n_val], order[n_val:]
+    if n_val == 0:
+        val_idx = fit_idx
+    best: tuple[float, list[np.ndarray]] | None = None
+    for s in range(cfg.seeds):
+        params, loss = _fit_one(
+            xs[fit_idx], y[fit_idx], xs[val_idx], y[val_idx], cfg, cfg.seed * 1000 + s
+        )
+        if best is None or loss < best[0]:
+            best = (loss, params)
+    assert best is not None
+    w1, b1, w2, b2 = best[1]
+    # Fold the standardization into layer 1: the kernel feeds raw features.
+    w1_raw = w1 / sigma[:, None]
+    b1_raw = b1 - (mu / sigma) @ w1
+    return Model(
+        w1=w1_raw,
+        b1=b1_raw,
+        w2=w2.copy(),
+        b2=float(b2[0]),
+        meta={
+            "created": datetime.now(UTC).isoformat(timespec="seconds"),
+            "validation_loss": best[0],
+            "train_config": cfg.__dict__,
+        },
+    )

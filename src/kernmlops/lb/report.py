@@ -1,0 +1,72 @@
+"""``lb report``: per collection, what the decisions are and how the kernel's
+rule, a model and shadow mode agree with them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from kernmlops.lb.dataset import load_decisions
+from kernmlops.lb.features import LABEL, MIGRATION_COST_NS, float_features, rule_decision
+from kernmlops.lb.model import Model, metrics
+from kernmlops.lb.pipeline import prepare
+
+
+def _manifests(paths: list[Path]) -> dict[str, dict[str, Any]]:
+    """collection_id -> its manifest's lb section, for every collection found."""
+    out: dict[str, dict[str, Any]] = {}
+    for p in paths:
+        for manifest in [p / "manifest.json", *p.glob("**/collection_id=*/manifest.json")]:
+            if manifest.is_file():
+                try:
+                    doc = json.loads(manifest.read_text())
+                except (OSError, json.JSONDecodeError):
+                    continue
+                out[str(doc.get("collection_id"))] = doc.get("lb") or {}
+    return out
+
+
+def build_report(paths: list[Path], model_path: Path | None = None) -> dict[str, Any]:
+    decisions = load_decisions(paths)
+    model = Model.load(model_path) if model_path else None
+    cost = MIGRATION_COST_NS
+    if model is not None:
+        cost = int(model.meta.get("migration_cost_ns", MIGRATION_COST_NS))
+    lb = _manifests(paths)
+    rows = []
+    for (cid,), group in sorted(decisions.group_by("collection_id"), key=lambda kv: str(kv[0])):
+        kept = prepare(group)
+        row: dict[str, Any] = {
+            "collection_id": str(cid),
+            "variant": ",".join(sorted({str(v) for v in group["variant"].drop_nulls().unique()})),
+            "decisions": group.height,
+            "filtered": kept.height,
+            "migrate_share": float(kept[LABEL].mean()) if kept.height else None,
+            "rule_accuracy": None,
+        }
+        if kept.height:
+            x = float_features(kept, cost)
+            y = kept[LABEL].to_numpy()
+            row["rule_accuracy"] = metrics(y, rule_decision(x))["accuracy"]
+            if model is not None:
+                m = metrics(y, model.predict(x))
+                row["model_accuracy"] = m["accuracy"]
+                row["model"] = m
+        shadow = (lb.get(str(cid)) or {}).get("shadow") or {}
+        for kind in ("kprobe", "tracepoint"):
+            kernel = (shadow.get(kind) or {}).get("kernel") or {}
+            if kernel.get("agreement") is not None:
+                row["shadow_agreement"] = kernel["agreement"]
+                row["shadow"] = shadow[kind]
+                break
+        rows.append(row)
+    total = prepare(decisions)
+    out: dict[str, Any] = {"collections": rows, "decisions": decisions.height}
+    if model is not None and total.height:
+        out["model"] = metrics(total[LABEL].to_numpy(), model.predict(float_features(total, cost)))
+    counts = total.group_by("variant").len() if total.height else pl.DataFrame()
+    out["filtered_by_variant"] = {str(r["variant"]): r["len"] for r in counts.iter_rows(named=True)}
+    return out

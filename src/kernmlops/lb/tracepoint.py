@@ -1,0 +1,242 @@
+"""The tracepoint variant: load-balancing decisions rebuilt from scheduler
+tables, for kernels where ``can_migrate_task`` cannot be probed.
+
+It is an approximation, built from the ``sched_migrate``, ``quanta_runtime``
+and ``quanta_queued_time`` tables of one collection:
+
+* **positives** (``can_migrate`` = 1): tasks moved while queued and decided
+  on the destination CPU (``kind == queued`` and ``cpu == dest_cpu``): the
+  load balancer's pulls. Active balancing and NUMA/affinity moves run on the
+  source CPU and are left out.
+* **negatives** (``can_migrate`` = 0): tasks waiting on the source CPU's
+  queue at that moment (a ``quanta_queued_time`` wait interval on that CPU
+  spans it) that stayed there, once per balance (pulls from one source
+  within ``window_us`` are one balance), leaving out the tasks that pass
+  moved.
+
+What is known: lengths and loads of both runqueues (sched_migrate reads
+them; the source gets the pulled task back: +1), ``delta_ns`` (since the
+task last left a CPU, from quanta_runtime), NUMA nodes from the CPU map.
+What is not, and stays null (``impute_missing`` fills it for a model): the
+idle type, ``nr_balance_failed`` / ``cache_nice_tries``, buddies,
+throttling, the preferred node and the NUMA faults on machines with more
+than one node, the hard constraints (a pinned task left behind reads as a
+negative). A negative may also be a task the balancer never examined
+(detach_tasks stops once the imbalance is met). :func:`compare_with_kprobe`
+measures all this against the exact variant where both ran (the lab).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from kernmlops.data import Collection
+from kernmlops.errors import CollectionError
+from kernmlops.lb.features import conform
+
+NEEDED = ("sched_migrate", "quanta_runtime", "quanta_queued_time")
+#: pulls from one source CPU closer than this are one balance pass (µs)
+WINDOW_US = 1000
+#: delta_ns for a task never seen leaving a CPU: long ago, so cache cold
+NEVER_RAN_NS = 10_000_000_000
+
+
+def pulls(migrations: pl.DataFrame) -> pl.DataFrame:
+    """sched_migrate rows that are load-balancer pulls."""
+    return migrations.filter(
+        (pl.col("kind") == "queued")
+        & (pl.col("cpu") == pl.col("dest_cpu"))
+        & (pl.col("orig_cpu") != pl.col("dest_cpu"))
+    ).sort("ts_uptime_us")
+
+
+def _balances(p: pl.DataFrame, window_us: int) -> pl.DataFrame:
+    """Each pull with the id of its balance pass (same source and destination,
+    closer than ``window_us`` to the previous pull)."""
+    p = p.sort("orig_cpu", "dest_cpu", "ts_uptime_us")
+    gap = (
+        (pl.col("orig_cpu") != pl.col("orig_cpu").shift(1))
+        | (pl.col("dest_cpu") != pl.col("dest_cpu").shift(1))
+        | (pl.col("ts_uptime_us").diff() > window_us)
+    ).fill_null(True)
+    return p.with_columns(gap.cum_sum().alias("balance"))
+
+
+def _waiting_at(waits: pl.DataFrame, balances: pl.DataFrame) -> pl.DataFrame:
+    """(balance, pid) for every wait interval on a balance's source CPU that
+    spans the balance's first pull: swept per CPU with sorted times."""
+    out = []
+    first = balances.group_by("balance").agg(
+        pl.col("ts_uptime_us").min().alias("t"), pl.col("orig_cpu").first()
+    )
+    for (cpu,), group in first.group_by("orig_cpu"):
+        w = waits.filter(pl.col("cpu") == cpu)
+        if w.height == 0:
+            continue
+        g = group.sort("t")
+        t = g["t"].to_numpy()
+        lo = np.searchsorted(t, w["wait_start"].to_numpy(), side="left")
+        hi = np.searchsorted(t, w["ts_uptime_us"].to_numpy(), side="left")
+        counts = hi - lo
+        if counts.sum() == 0:
+            continue
+        rows = np.repeat(np.arange(w.height), counts)
+        starts = np.repeat(lo, counts)
+        offset = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
+        out.append(
+            pl.DataFrame(
+                {
+                    "balance": g["balance"].to_numpy()[starts + offset],
+                    "pid": w["pid"].to_numpy()[rows],
+                }
+            )
+        )
+    if not out:
+        return pl.DataFrame(schema={"balance": pl.UInt32, "pid": pl.Int64})
+    return pl.concat(out).with_columns(pl.col("pid").cast(pl.Int64)).unique()
+
+
+def tracepoint_decisions(
+    collection: Collection,
+    cpu_node: list[int] | None = None,
+    window_us: int = WINDOW_US,
+) -> pl.DataFrame:
+    """The approximate decisions of one collection, canonical columns
+    (``variant`` = tracepoint) plus ``balance`` (the balance pass id)."""
+    missing = [t for t in NEEDED if t not in collection]
+    if missing:
+        raise CollectionError(
+            f"{collection.path}: the tracepoint variant needs the tables {', '.join(NEEDED)}; "
+            f"missing {', '.join(missing)} (collect with hooks sched_migrate, quanta_runtime)"
+        )
+    p = pulls(collection["sched_migrate"])
+    if p.height == 0:
+        return conform(pl.DataFrame()).clear()
+    nodes = cpu_node or []
+    single_node = len(set(nodes)) <= 1
+    node = lambda c: (  # noqa: E731
+        pl.col(c).replace_strict(list(range(len(nodes))), nodes, default=0) if nodes else pl.lit(0)
+    )
+    b = _balances(p, window_us)
+    moved = b.select("balance", pl.col("pid").cast(pl.Int64)).unique()
+    waits = collection["quanta_queued_time"].with_columns(
+        (pl.col("ts_uptime_us") - pl.col("quanta_queued_time_us")).alias("wait_start")
+    )
+    stayed = _waiting_at(waits, b).join(moved, on=["balance", "pid"], how="anti")
+    context = b.group_by("balance").agg(
+        pl.col("ts_uptime_us").min(),
+        pl.col("orig_cpu").first(),
+        pl.col("dest_cpu").first(),
+        pl.col("orig_nr_running").max(),
+        pl.col("dest_nr_running").min(),
+        pl.col("orig_load_avg").first(),
+        pl.col("dest_load_avg").first(),
+        pl.col("rq_valid").all(),
+    )
+    pos = b.select(
+        "balance", "ts_uptime_us", pl.col("pid").cast(pl.Int64), "orig_cpu", "dest_cpu",
+        "orig_nr_running", "dest_nr_running", "orig_load_avg", "dest_load_avg", "rq_valid",
+        pl.lit(1, pl.Int8).alias("can_migrate"),
+    )  # fmt: skip
+    neg = stayed.join(context, on="balance").with_columns(pl.lit(0, pl.Int8).alias("can_migrate"))
+    rows = pl.concat([pos, neg.select(pos.columns)], how="vertical_relaxed")
+    # delta: since the task last left a CPU (se.exec_start is stamped then)
+    ran = (
+        collection["quanta_runtime"]
+        .select(pl.col("pid").cast(pl.Int64), pl.col("ts_uptime_us").alias("last_ran_us"))
+        .sort("last_ran_us")
+    )
+    rows = rows.sort("ts_uptime_us").join_asof(
+        ran,
+        left_on="ts_uptime_us",
+        right_on="last_ran_us",
+        by="pid",
+        strategy="backward",
+        check_sortedness=False,  # both sides are sorted on time above
+    )
+    valid = pl.col("rq_valid")
+    frame = rows.select(
+        pl.lit(collection.collection_id, pl.String).alias("collection_id"),
+        pl.lit("tracepoint", pl.String).alias("variant"),
+        "ts_uptime_us",
+        "pid",
+        pl.col("orig_cpu").alias("src_cpu"),
+        pl.col("dest_cpu").alias("dst_cpu"),
+        pl.when(valid).then(pl.col("orig_nr_running") + 1).alias("src_len"),
+        pl.when(valid).then(pl.col("dest_nr_running")).alias("dst_len"),
+        pl.when(valid).then(pl.col("orig_load_avg")).alias("src_load"),
+        pl.when(valid).then(pl.col("dest_load_avg")).alias("dst_load"),
+        ((pl.col("ts_uptime_us") - pl.col("last_ran_us")) * 1000)
+        .fill_null(NEVER_RAN_NS)
+        .alias("delta_ns"),
+        (node("orig_cpu") == node("dest_cpu")).cast(pl.Int8).alias("same_node"),
+        *(
+            [
+                pl.lit(0, pl.Int8).alias("prefer_src"),
+                pl.lit(0, pl.Int8).alias("prefer_dst"),
+                pl.lit(0, pl.Int64).alias("delta_faults"),
+                pl.lit(0, pl.Int64).alias("total_faults"),
+            ]
+            if single_node  # NUMA balancing never runs on one node
+            else []
+        ),
+        pl.lit(0, pl.Int8).alias("p_running"),
+        pl.lit(0, pl.Int8).alias("active_lb"),
+        "can_migrate",
+        pl.col("balance").cast(pl.Int64),
+    )
+    return conform(frame).sort("ts_uptime_us")
+
+
+def compare_with_kprobe(
+    tp: pl.DataFrame, kp: pl.DataFrame, window_us: int = 20_000
+) -> dict[str, object]:
+    """How the tracepoint rows agree with the exact decisions of the same run.
+
+    A tracepoint row matches the kprobe decisions about the same task and
+    source CPU within ``window_us`` before it (the probe fires first). A
+    positive agrees when such a decision answered 1; a negative when every
+    matched decision answered 0. Unmatched negatives are tasks the balancer
+    did not examine."""
+    k = kp.select(
+        pl.col("pid").cast(pl.Int64), pl.col("src_cpu").cast(pl.Int64),
+        pl.col("dst_cpu").cast(pl.Int64).alias("k_dst"), pl.col("ts_uptime_us").alias("k_ts"),
+        pl.col("can_migrate").alias("k_can"),
+    )  # fmt: skip
+    t = tp.select(
+        pl.int_range(pl.len()).alias("row"), pl.col("pid").cast(pl.Int64),
+        pl.col("src_cpu").cast(pl.Int64), pl.col("dst_cpu").cast(pl.Int64), "ts_uptime_us",
+        "can_migrate",
+    )  # fmt: skip
+    joined = t.join(k, on=["pid", "src_cpu"]).filter(
+        (pl.col("k_ts") <= pl.col("ts_uptime_us") + 10)
+        & (pl.col("k_ts") >= pl.col("ts_uptime_us") - window_us)
+    )
+    same_dst_yes = (pl.col("k_can") == 1) & (pl.col("k_dst") == pl.col("dst_cpu"))
+    per_row = joined.group_by("row").agg(
+        pl.col("k_can").cast(pl.Int64).max().alias("any_yes"),
+        same_dst_yes.any().alias("yes_same_dst"),
+    )
+    rows = t.join(per_row, on="row", how="left")
+    pos = rows.filter(pl.col("can_migrate") == 1)
+    neg = rows.filter(pl.col("can_migrate") == 0)
+    pos_matched = pos.filter(pl.col("any_yes").is_not_null())
+    neg_matched = neg.filter(pl.col("any_yes").is_not_null())
+    pos_agree = int(pos.filter(pl.col("yes_same_dst").fill_null(False)).height)
+    neg_agree = int(neg_matched.filter(pl.col("any_yes") == 0).height)
+    return {
+        "positives": pos.height,
+        "positives_matched": pos_matched.height,
+        "positives_agree": pos_agree,
+        "negatives": neg.height,
+        "negatives_examined": neg_matched.height,
+        "negatives_agree": neg_agree,
+        "label_agreement_examined": (
+            (pos_agree + neg_agree) / (pos.height + neg_matched.height)
+            if pos.height + neg_matched.height
+            else None
+        ),
+        "kprobe_decisions": kp.height,
+        "kprobe_migrations": int((kp["can_migrate"] == 1).sum()) if kp.height else 0,
+    }

@@ -1,0 +1,87 @@
+"""``kernmlops duet run | process | analyze`` through click, end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from kernmlops.duet.cli import duet_group
+from tests.duet.conftest import write_config
+
+CFG = """
+duetbench:
+  suite: cli-{pid}
+  duet_repetitions: 2
+  sequential_repetitions: 1
+  harness: {{iterations: 12}}
+  artifacts: {{python: python3 --version}}
+  duets: [sleepy]
+sleepy:
+  A: {{run: sleep 0.01}}
+  B: {{run: sleep 0.02}}
+"""
+
+
+def test_run_process_analyze(tmp_path: Path):
+    runner = CliRunner()
+    cfg = write_config(tmp_path / "duet.yml", CFG.format(pid=os.getpid()))
+    out = tmp_path / "out"
+    res = runner.invoke(duet_group, ["run", str(cfg), "--outdir", str(out), "--seed", "3"])
+    assert res.exit_code == 0, res.output
+    suite = out / f"cli-{os.getpid()}"
+    index = json.loads((suite / "duet-run.json").read_text())
+    assert index["seed"] == 3 and len(index["trials"]) == 4
+    assert index["artifacts"]["python"]["error"] is None
+    assert (suite / "artifacts" / "python").read_text().startswith("Python 3")
+
+    res = runner.invoke(duet_group, ["process", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "72 iterations from 6 file(s), 1 benchmark(s)" in res.output
+    assert (out / "duet-results.parquet").exists() and (out / "duet-results.csv").exists()
+
+    res = runner.invoke(duet_group, ["analyze", str(out), "--warmup", "1", "--min-runs", "3"])
+    assert res.exit_code == 0, res.output
+    # B sleeps twice as long (plus the same start-up cost): every comparison sees it
+    assert f"cli-{os.getpid()} sleepy [duet]: B is slower than A by" in res.output
+    assert "[sequential]: B is slower than A by" in res.output
+    report = out / "report"
+    md = (report / "report.md").read_text()
+    assert "## Verdicts" in md and "plots/ci.png" in md and "timeline.png" in md
+    html = (report / "report.html").read_text()
+    assert html.count("data:image/png;base64,") >= 3 and "<table>" in html
+    summary = json.loads((report / "analysis.json").read_text())
+    duet = summary["benchmarks"][0]["comparisons"]["duet"]
+    assert 1.1 < duet["gm_ratio"] < 3 and duet["ratio_ci"][0] > 1
+
+
+def test_user_errors_exit_non_zero_with_a_message(tmp_path: Path):
+    runner = CliRunner()
+    bad = write_config(tmp_path / "bad.yml", "duetbench: {suite: s, dets: [x]}\n")
+    res = runner.invoke(duet_group, ["run", str(bad), "-o", str(tmp_path / "o")])
+    assert res.exit_code == 2
+    assert "duetbench.dets: unknown key; did you mean 'duetbench.duets'?" in res.output
+    res = runner.invoke(duet_group, ["process", str(tmp_path)])
+    assert res.exit_code == 2 and "no duet results" in res.output
+    res = runner.invoke(duet_group, ["analyze", str(tmp_path)])
+    assert res.exit_code == 2 and "run `kernmlops duet process` first" in res.output
+    res = runner.invoke(duet_group, ["process", str(tmp_path), str(tmp_path)])
+    assert res.exit_code == 2 and "--out" in res.output
+    (tmp_path / "duet-results.csv").write_text("a,b\n1,2\n")
+    res = runner.invoke(duet_group, ["analyze", str(tmp_path), "--warmup", "x"])
+    assert res.exit_code == 2 and "warm-up 'x'" in res.output
+
+
+def test_failed_trial_makes_run_exit_1(tmp_path: Path):
+    cfg = write_config(
+        tmp_path / "duet.yml",
+        """
+duetbench: {suite: failing, duets: [d], harness: {iterations: 2}}
+d: {A: {run: "true"}, B: {run: "false"}}
+""",
+    )
+    res = CliRunner().invoke(duet_group, ["run", str(cfg), "-o", str(tmp_path / "o")])
+    assert res.exit_code == 1
+    assert "B: failed (exit status 1)" in res.output and "1 trial(s) did not succeed" in res.output

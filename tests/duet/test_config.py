@@ -1,0 +1,165 @@
+"""Duet config: the duet.yml form, inheritance, and errors that name the key path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kernmlops.duet.config import load_duet_config, parse_cpus, validate_duet_config
+from kernmlops.errors import ConfigError
+
+BASE = """
+duetbench:
+  suite: renaissance
+  seed: 42
+  duet_repetitions: 3
+  sequential_repetitions: 2
+  schedule: randomized_interleaving_trials
+  artifacts: {java: java -version}
+  timeout: 600
+  run_base: java -jar renaissance.jar --json results.json
+  results: [results.json]
+  duets: [scrabble, chi-square]
+
+scrabble:
+  A: {run: scrabble}
+  B: {run: scrabble, run_base: java17 -jar renaissance.jar --json results.json}
+
+chi-square:
+  duet_repetitions: 5
+  timeout: 0
+  A: {run: chi-square}
+
+unused:
+  A: {run: whatever}
+"""
+
+
+def _load(text: str):
+    return validate_duet_config(yaml.safe_load(text), "duet.yml")
+
+
+def _error(text: str) -> str:
+    with pytest.raises(ConfigError) as info:
+        _load(text)
+    return str(info.value)
+
+
+def test_resolves_inheritance_and_aa():
+    suite = _load(BASE)
+    assert suite.suite == "renaissance"
+    assert suite.seed == 42
+    assert suite.schedule == "randomized_interleaving_trials"
+    assert suite.artifacts == {"java": "java -version"}
+    assert [d.name for d in suite.duets] == ["scrabble", "chi-square"]  # 'unused' does not run
+    scrabble, chi = suite.duets
+    assert scrabble.a.command == "java -jar renaissance.jar --json results.json scrabble"
+    assert scrabble.b.command == "java17 -jar renaissance.jar --json results.json scrabble"
+    assert scrabble.a.results == ("results.json",)
+    assert not scrabble.aa and scrabble.duet_repetitions == 3 and scrabble.timeout_s == 600
+    # chi-square: no B -> A/A; its own repetitions and timeout override duetbench's
+    assert chi.aa and chi.b.command == chi.a.command and chi.b.pair == "B"
+    assert chi.duet_repetitions == 5 and chi.sequential_repetitions == 2
+    assert chi.timeout_s is None  # 0 means none
+
+
+def test_harness_adds_its_output_to_results(tmp_path: Path):
+    path = tmp_path / "duet.yml"
+    path.write_text(
+        "duetbench: {name: loops, duets: [d], harness: {iterations: 5}}\n"
+        "d: {A: {run: ./loop 10}, B: {run: ./loop 11, harness: {budget_s: 2, output: b.jsonl}}}\n"
+    )
+    suite = load_duet_config(path)
+    d = suite.duets[0]
+    assert suite.suite == "loops"  # `name` is the original tool's spelling of suite
+    assert d.a.harness.iterations == 5 and d.a.results == ("harness.csv",)
+    assert d.b.harness.budget_s == 2 and d.b.harness.iterations is None
+    assert d.b.results == ("b.jsonl",)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (BASE.replace("  seed: 42", "  sed: 42"),
+         "duetbench.sed: unknown key; did you mean 'duetbench.seed'?"),
+        (BASE.replace("  duet_repetitions: 5", "  duet_repetition: 5"),
+         "chi-square.duet_repetition: unknown key; did you mean 'chi-square.duet_repetitions'?"),
+        (BASE.replace("A: {run: chi-square}", "A: {runn: chi-square}"),
+         "chi-square.A.runn: unknown key; did you mean 'chi-square.A.run'?"),
+        (BASE.replace("  seed: 42", "  harness: {iterations: 3, budget: 2}"),
+         "duetbench.harness.budget: unknown key; did you mean 'duetbench.harness.budget_s'?"),
+        (BASE.replace("randomized_interleaving_trials", "random"),
+         "duetbench.schedule: Input should be 'sequential' or 'randomized_interleaving_trials'"),
+        (BASE.replace("[scrabble, chi-square]", "[scrabble, chi_square]"),
+         "duetbench.duets: no section for duet 'chi_square'; did you mean 'chi-square'?"),
+        (BASE.replace("[scrabble, chi-square]", "[scrabble, scrabble]"),
+         "duetbench.duets: duet 'scrabble' is listed twice"),
+        (BASE.replace("  timeout: 600", "  timeout: -1"),
+         "duetbench.timeout: Input should be greater than or equal to 0"),
+        (BASE.replace("  suite: renaissance\n", ""), "duetbench.suite: required"),
+        (BASE.replace("  results: [results.json]\n", ""),
+         "scrabble.A.results: no result files and no harness: nothing to measure"),
+    ],
+)  # fmt: skip
+def test_errors_name_the_key_path(text: str, expected: str):
+    assert expected in _error(text)
+
+
+def test_every_error_is_reported_at_once():
+    text = BASE.replace("  seed: 42", "  sed: 42").replace("A: {run: scrabble}", "A: {rn: x}")
+    msg = _error(text)
+    assert "duetbench.sed" in msg and "scrabble.A.rn" in msg
+    assert msg.startswith("invalid duet configuration in duet.yml:")
+
+
+def test_sections_must_be_mappings_and_duetbench_present():
+    assert "duetbench: missing section" in _error("scrabble: {A: {run: x}}")
+    assert "x: expected a duet section" in _error(
+        "duetbench: {suite: s, duets: [x], results: [r]}\nx: 3\n"
+    )
+
+
+def test_cpus_and_protocol_checks():
+    one = "duetbench: {suite: s, duets: [d], results: [r]}\nd: {A: {run: x}, cpus: %s}\n"
+    assert "cpus: Value error" not in _error(one % '["0"]')  # pydantic wording removed
+    assert "two CPU lists, one per side" in _error(one % '["0"]')
+    assert "the two CPU lists overlap" in _error(one % '["0-1", "1"]')
+    assert "bad CPU list" in _error(one % '["zero", "1"]')
+    assert "not available here" in _error(one % '["0", "4095"]')
+    sync = (
+        "duetbench: {suite: s, duets: [d], results: [r], syncduet_repetitions: 2}\n"
+        "d: {A: {run: x}}\n"
+    )
+    assert "syncduet_repetitions needs a side that speaks the sync protocol" in _error(sync)
+    img = (
+        "duetbench: {suite: s, duets: [d]}\n"
+        "d: {A: {run: x, image: img, harness: {iterations: 2}}}\n"
+    )
+    assert "the built-in harness runs local commands only" in _error(img)
+
+
+def test_parse_cpus():
+    assert parse_cpus("0-2,5") == {0, 1, 2, 5}
+    assert parse_cpus("3") == {3}
+    with pytest.raises(ValueError):
+        parse_cpus("3-1")
+
+
+def test_file_errors(tmp_path: Path):
+    with pytest.raises(ConfigError, match="cannot read duet config"):
+        load_duet_config(tmp_path / "missing.yml")
+    bad = tmp_path / "bad.yml"
+    bad.write_text("duetbench: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_duet_config(bad)
+
+
+def test_the_example_config_validates():
+    import kernmlops.duet
+
+    example = Path(kernmlops.duet.__file__).parent / "example.duet.yml"
+    suite = load_duet_config(example)
+    assert [d.name for d in suite.duets] == ["gzip-levels", "gzip-aa"]
+    assert suite.duets[1].aa and suite.duets[0].cpus == (frozenset({0}), frozenset({1}))

@@ -1,0 +1,78 @@
+"""The built-in harness: iterations, budget, output formats, failures, sync protocol."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from kernmlops.duet.harness import COLUMNS, run_harness
+
+HARNESS = [sys.executable, "-m", "kernmlops.duet.harness"]
+
+
+def test_iterations_csv(tmp_path: Path):
+    out = tmp_path / "h.csv"
+    before = time.monotonic_ns()
+    proc = subprocess.run([*HARNESS, "-n", "4", "-o", str(out), "--", "sleep", "0.02"],
+                          capture_output=True, text=True)  # fmt: skip
+    after = time.monotonic_ns()
+    assert proc.returncode == 0, proc.stderr
+    rows = pl.read_csv(out)
+    assert rows.columns == list(COLUMNS)
+    assert rows["iteration"].to_list() == [0, 1, 2, 3]
+    assert (rows["iteration_time_ns"] >= 20_000_000).all()
+    assert (
+        rows["iteration_end_ns"] - rows["iteration_start_ns"] == rows["iteration_time_ns"]
+    ).all()
+    # CLOCK_MONOTONIC, the same clock as this process's
+    assert before < rows["iteration_start_ns"][0] and rows["iteration_end_ns"][-1] < after
+    assert (rows["iteration_start_ns"][1:] >= rows["iteration_end_ns"][:-1]).all()
+    assert abs(rows["epoch_start_ms"][0] - time.time() * 1000) < 60_000
+
+
+def test_budget_jsonl(tmp_path: Path):
+    out = tmp_path / "h.jsonl"
+    code = run_harness(["sleep", "0.05"], budget_s=0.3, output=str(out))
+    assert code == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    # a new iteration starts only while the budget lasts: 0.3 s of 0.05+ s iterations
+    assert 3 <= len(rows) <= 7
+    assert set(rows[0]) == set(COLUMNS)
+
+
+def test_failing_command_is_recorded_and_ends_the_run(tmp_path: Path):
+    out = tmp_path / "h.csv"
+    code = run_harness(["sh", "-c", "exit 3"], iterations=5, output=str(out))
+    assert code == 3
+    rows = pl.read_csv(out)
+    assert rows.height == 1 and rows["exit_code"][0] == 3
+    assert run_harness(["/nonexistent/prog"], iterations=1, output=str(out)) == 127
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--", "true"], "give --iterations N, --budget SECONDS or both"),
+        (["-n", "2"], "no command"),
+        (["-n", "0", "--", "true"], "--iterations must be at least 1"),
+    ],
+)
+def test_usage_errors(args: list[str], message: str):
+    proc = subprocess.run([*HARNESS, *args], capture_output=True, text=True)
+    assert proc.returncode == 2 and message in proc.stderr
+
+
+def test_sigterm_keeps_finished_iterations(tmp_path: Path):
+    out = tmp_path / "h.csv"
+    proc = subprocess.Popen([*HARNESS, "-n", "1000", "-o", str(out), "--", "sleep", "0.05"])
+    time.sleep(1.0)
+    proc.terminate()
+    assert proc.wait(timeout=10) == 128 + 15
+    rows = pl.read_csv(out)
+    assert rows.height >= 3  # each finished iteration was flushed as it ended

@@ -1,0 +1,274 @@
+"""Running duets for real on this machine: detection, A/A, timeouts, failures,
+sync-duets, containers' checks, and no process left behind."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import polars as pl
+import psutil
+import pytest
+
+from kernmlops.duet.analysis import Options, analyze
+from kernmlops.duet.config import load_duet_config
+from kernmlops.duet.process import process_dirs
+from kernmlops.duet.runner import DuetError, read_index, run_suite
+from tests.duet.conftest import write_config
+
+
+def _leftovers(suite: str) -> list[psutil.Process]:
+    """Processes started for ``suite`` that are still alive."""
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.environ().get("KERNMLOPS_DUET_SUITE") == suite:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def _assert_clean(suite: str) -> None:
+    assert _leftovers(suite) == []
+    assert psutil.Process().children(recursive=True) == []
+
+
+# A CPU-bound loop of about 20 ms per iteration, and B doing 10 % more work.
+DETECT = """
+duetbench:
+  suite: detect-{tag}
+  duet_repetitions: 6
+  schedule: sequential
+  harness: {{budget_s: 1.0}}
+  duets: [more, same]
+more:
+  duet_repetitions: 12
+  harness: {{budget_s: 0.8}}
+  A: {{run: {loop} 20000000}}
+  B: {{run: {loop} 22000000}}
+same:
+  A: {{run: {loop} 20000000}}
+"""
+
+
+def test_ten_percent_more_work_is_detected_and_aa_is_not(tmp_path: Path, loop_bin: Path):
+    tag = str(os.getpid())
+    cfg = write_config(tmp_path / "duet.yml", DETECT.format(tag=tag, loop=loop_bin))
+    suite = load_duet_config(cfg)
+    result = run_suite(suite, tmp_path / "out")
+    _assert_clean(suite.suite)
+    assert all(t.ok for t in result.trials), [t.sides for t in result.trials if not t.ok]
+    table = process_dirs([result.folder]).results
+    assert table.filter(pl.col("kind") == "duet")["order"].unique().sort().to_list() == ["AB", "BA"]
+    analysis = analyze(table, Options(warmup="2", mds=False))
+    by_name = {b.benchmark: b for b in analysis.benchmarks}
+    more = by_name["more"].comparisons["duet"]
+    assert more.unit == "run" and more.n_runs == 12 and more.n_pairs > 60
+    assert more.detected == "slower", more.verdict
+    assert 1.03 < more.gm_ratio < 1.20
+    # A/A: no difference. At 99 % confidence a correct setup fails this 1 time in 100.
+    same = analyze(table.filter(pl.col("benchmark") == "same"),
+                   Options(warmup="2", mds=False, confidence=0.99)).benchmarks[0]  # fmt: skip
+    aa = same.comparisons["duet"]
+    assert same.aa and aa.detected == "none", aa.verdict
+    assert aa.verdict.startswith("A/A consistent")
+    index = read_index(result.folder)
+    assert {"uname", "lscpu", "meminfo", "hostname", "date"} <= set(index["artifacts"])
+    assert (result.folder / "artifacts" / "meminfo").read_text().startswith("MemTotal")
+    assert index["trials"][0]["sides"]["A"]["status"] == "ok"
+
+
+def test_timeout_stops_the_group_and_keeps_partial_results(tmp_path: Path):
+    cfg = write_config(tmp_path / "duet.yml", f"""
+duetbench:
+  suite: timeout-{os.getpid()}
+  timeout: 1.0
+  duets: [slow]
+slow:
+  harness: {{iterations: 1000}}
+  A: {{run: sleep 0.05}}
+  B: {{run: "sh -c 'sleep 0.05; sleep 0.01'"}}
+""")  # fmt: skip
+    suite = load_duet_config(cfg)
+    t0 = time.monotonic()
+    result = run_suite(suite, tmp_path / "out")
+    assert time.monotonic() - t0 < 8
+    _assert_clean(suite.suite)
+    [trial] = result.trials
+    assert trial.timed_out and not trial.ok
+    for side in trial.sides.values():
+        assert side.status == "timeout" and "1 s timeout" in side.error
+        assert side.exit_code == 143  # SIGTERM reached the harness
+    processed = process_dirs([result.folder])
+    counts = processed.results.group_by("pair").len().sort("pair")["len"].to_list()
+    assert all(5 <= c < 1000 for c in counts), counts  # partial, kept
+    assert any("side timeout" in e for e in processed.errors)
+
+
+def test_failing_side_is_reported_and_the_next_duet_runs(tmp_path: Path):
+    cfg = write_config(tmp_path / "duet.yml", f"""
+duetbench:
+  suite: fail-{os.getpid()}
+  harness: {{iterations: 3}}
+  duets: [broken, fine]
+broken:
+  A: {{run: "true"}}
+  B: {{run: "false"}}
+fine:
+  A: {{run: "true"}}
+  results: [harness.csv, missing.txt]
+""")  # fmt: skip
+    suite = load_duet_config(cfg)
+    result = run_suite(suite, tmp_path / "out")
+    _assert_clean(suite.suite)
+    broken, fine = result.trials
+    assert broken.sides["A"].status == "ok"
+    assert broken.sides["B"].status == "failed" and broken.sides["B"].exit_code == 1
+    assert fine.sides["A"].status == "ok" and fine.sides["B"].status == "ok"
+    assert fine.sides["A"].missing["missing.txt"].startswith("not found")
+    assert len(result.failed) == 1
+    processed = process_dirs([result.folder])
+    assert any("broken.0.duet.AB.B: side failed: exit status 1" in e for e in processed.errors)
+    assert processed.results.filter(pl.col("benchmark") == "fine").height == 6
+
+
+def test_syncduet_barrier_aligns_iterations(tmp_path: Path):
+    cfg = write_config(tmp_path / "duet.yml", f"""
+duetbench:
+  suite: sync-{os.getpid()}
+  duet_repetitions: 0
+  syncduet_repetitions: 1
+  duets: [d]
+d:
+  A: {{run: sleep 0.01, harness: {{iterations: 8}}}}
+  B: {{run: sleep 0.06, harness: {{iterations: 5}}}}
+""")  # fmt: skip
+    suite = load_duet_config(cfg)
+    result = run_suite(suite, tmp_path / "out")
+    _assert_clean(suite.suite)
+    assert result.trials[0].ok
+    t = process_dirs([result.folder]).results.sort("iteration")
+    a, b = t.filter(pl.col("pair") == "A"), t.filter(pl.col("pair") == "B")
+    # B ran 5 iterations and ended: A was told to stop at the barrier, not run 8
+    assert a.height == b.height == 5
+    # the barrier: no side starts iteration i+1 before the other finished iteration i
+    assert (a["iteration_start_ns"][1:] >= b["iteration_end_ns"][:-1]).all()
+    assert (b["iteration_start_ns"][1:] >= a["iteration_end_ns"][:-1]).all()
+
+
+def test_container_engine_without_daemon_says_so(tmp_path: Path, monkeypatch):
+    fake = tmp_path / "bin" / "docker"
+    fake.parent.mkdir()
+    fake.write_text(
+        "#!/bin/sh\necho 'Cannot connect to the Docker daemon at unix:///var/run/docker.sock."
+        " Is the docker daemon running?' >&2\nexit 1\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    cfg = write_config(
+        tmp_path / "duet.yml",
+        """
+duetbench: {suite: c, duets: [d], results: [/out.json]}
+d: {A: {run: bench, image: "renaissance:17"}}
+""",
+    )
+    with pytest.raises(DuetError) as info:
+        run_suite(load_duet_config(cfg), tmp_path / "out")
+    msg = str(info.value)
+    assert "docker is installed but cannot run containers" in msg
+    assert "Is the docker daemon running?" in msg
+    assert not (tmp_path / "out").exists()  # checked before anything was created
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(DuetError, match="container engine 'docker' not found"):
+        run_suite(load_duet_config(cfg), tmp_path / "out")
+
+
+def test_outdir_needs_force(tmp_path: Path):
+    cfg = write_config(
+        tmp_path / "duet.yml",
+        """
+duetbench: {suite: f, duets: [d], harness: {iterations: 1}}
+d: {A: {run: "true"}}
+""",
+    )
+    suite = load_duet_config(cfg)
+    run_suite(suite, tmp_path / "out")
+    with pytest.raises(DuetError, match="exists and is not empty: use --force"):
+        run_suite(suite, tmp_path / "out")
+    again = run_suite(suite, tmp_path / "out", force=True)
+    assert len(read_index(again.folder)["trials"]) == 1
+    (tmp_path / "other" / "f").mkdir(parents=True)
+    (tmp_path / "other" / "f" / "precious.txt").write_text("x")
+    with pytest.raises(DuetError, match="not replacing a folder"):
+        run_suite(suite, tmp_path / "other", force=True)
+
+
+FAKE_ENGINE = r"""#!/bin/bash
+# A stand-in for docker: "containers" are folders under $FAKE_ROOT, commands run here.
+log() { echo "$*" >> "$FAKE_ROOT/calls.log"; }
+log "$@"
+case "$1" in
+  info) exit 0 ;;
+  image) [ "$3" = "bench:1" ] && exit 0; echo "No such image: $3" >&2; exit 1 ;;
+  run) shift; while [ "$1" != "--name" ]; do shift; done; mkdir -p "$FAKE_ROOT/$2"; echo id ;;
+  exec) shift; envs=(); while [ "$1" = "-e" ]; do envs+=("$2"); shift 2; done
+        name="$1"; shift; cd "$FAKE_ROOT/$name" && exec env "${envs[@]}" "$@" ;;
+  cp) src="${2#*:}"; name="${2%%:*}"; cp -r "$FAKE_ROOT/$name$src" "$3" ;;
+  kill|stop) exit 0 ;;
+  rm) rm -rf "$FAKE_ROOT/${@: -1}" ;;
+esac
+"""
+
+
+def test_container_flow_with_a_stand_in_engine(tmp_path: Path, monkeypatch):
+    import sys
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "docker").write_text(FAKE_ENGINE)
+    (bindir / "docker").chmod(0o755)
+    root = tmp_path / "containers"
+    root.mkdir()
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_ROOT", str(root))
+    harness = f"{sys.executable} -m kernmlops.duet.harness -n 3 -o out.csv --"
+    cfg = write_config(tmp_path / "duet.yml", f"""
+duetbench: {{suite: box-{os.getpid()}, duets: [d], image: "bench:1", results: [/out.csv],
+             cpus: ["0", "1"]}}
+d:
+  A: {{run: "{harness} true"}}
+  B: {{run: "{harness} sleep 0.01"}}
+""")  # fmt: skip
+    suite = load_duet_config(cfg)
+    result = run_suite(suite, tmp_path / "out")
+    [trial] = result.trials
+    assert trial.ok, trial.sides
+    calls = (root / "calls.log").read_text()
+    assert "run -d -i --name kmo-duet-" in calls and "--cpuset-cpus 0" in calls
+    assert "--cpuset-cpus 1" in calls and "exec -e KERNMLOPS_DUET_SUITE=" in calls
+    assert calls.count("rm -f kmo-duet-") == 2  # remove_containers defaults to true
+    assert [p.name for p in root.iterdir()] == ["calls.log"]
+    rows = process_dirs([result.folder]).results
+    assert rows.group_by("pair").len().sort("pair")["len"].to_list() == [3, 3]
+    broken = write_config(tmp_path / "b.yml", cfg.read_text().replace("bench:1", "bench:2"))
+    with pytest.raises(DuetError, match=r"image 'bench:2' not found by docker"):
+        run_suite(load_duet_config(broken), tmp_path / "out2")
+
+
+def test_sides_are_pinned_to_their_cpus_and_swap_with_the_order(tmp_path: Path):
+    cfg = write_config(tmp_path / "duet.yml", """
+duetbench: {suite: pin, duet_repetitions: 2, cpus: ["0", "1"], duets: [d],
+            results: [cpus.txt]}
+d: {A: {run: "grep Cpus_allowed_list /proc/self/status > cpus.txt"}}
+""")  # fmt: skip
+    result = run_suite(load_duet_config(cfg), tmp_path / "out")
+    assert all(t.ok for t in result.trials)
+    got = {}
+    for path in sorted((result.folder / "results").iterdir()):
+        _, _, runid, _, order, pair, _ = path.name.split(".", 6)
+        got[(runid, order, pair)] = path.read_text().split()[-1]
+    # the first side of a trial gets the first list: AB -> A on 0; BA -> B on 0
+    assert got == {("0", "AB", "A"): "0", ("0", "AB", "B"): "1",
+                   ("1", "BA", "B"): "0", ("1", "BA", "A"): "1"}  # fmt: skip

@@ -1,0 +1,171 @@
+"""Statistics on synthetic duets whose truth is known.
+
+Each synthetic run has a shared, time-varying interference (both sides see the
+same slow periods, as in a real duet), a small per-run bias of each side
+(process layout, CPU), and independent per-iteration noise.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+from scipy import stats
+
+from kernmlops.duet.analysis import (
+    Options,
+    analyze,
+    build_runs,
+    compare,
+    detects,
+    drop_warmup,
+    expansion,
+)
+
+BASE_NS = 20_000_000
+
+
+def _side(rng, effect, interference, n, bias_sd, noise_sd):
+    bias = rng.normal(0, bias_sd)
+    t, rows = 0, []
+    for i in range(n):
+        slow = interference(t)
+        d = int(BASE_NS * (1 + effect) * (1 + bias) * (1 + slow) * (1 + rng.normal(0, noise_sd)))
+        rows.append((i, t, t + d, d))
+        t += d + int(rng.integers(50_000, 150_000))  # spawn gap
+    return rows
+
+
+def synthetic(
+    seed, effect=0.0, runs=10, n=40, kind="duet", bias_sd=0.003, noise_sd=0.02, slot_bias=0.0
+):
+    """A results table of ``runs`` duet (or sequential) runs. ``slot_bias``: the
+    side that starts first (and gets the first CPU) is that much slower."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for r in range(runs):
+        # bursts of interference: 0-40 % slower for 50-300 ms at random times
+        bursts = [
+            (rng.uniform(0, 1e9), rng.uniform(5e7, 3e8), rng.uniform(0, 0.4)) for _ in range(6)
+        ]
+
+        def interference(t, bursts=bursts):
+            return sum(h for s, w, h in bursts if s <= t < s + w)
+
+        first = "A" if r % 2 == 0 else "B"
+        for pair, eff in (("A", 0.0), ("B", effect)):
+            if kind != "sequential" and pair == first:
+                eff = (1 + eff) * (1 + slot_bias) - 1
+            if kind == "sequential":  # alone: its own interference, at another time
+                own = [(rng.uniform(0, 1e9), rng.uniform(5e7, 3e8), rng.uniform(0, 0.4))
+                       for _ in range(6)]  # fmt: skip
+
+                def inter(t, own=own):
+                    return sum(h for s, w, h in own if s <= t < s + w)
+            else:
+                inter = interference
+            order = None if kind == "sequential" else ("AB" if r % 2 == 0 else "BA")
+            for i, s, e, d in _side(rng, eff, inter, n, bias_sd, noise_sd):
+                out.append(("syn", "loop", r, kind, order, pair, effect == 0, i, s, e, d))
+    cols = ["suite", "benchmark", "runid", "kind", "order", "pair", "aa", "iteration",
+            "iteration_start_ns", "iteration_end_ns", "iteration_time_ns"]  # fmt: skip
+    return pl.DataFrame(out, schema=cols, orient="row")
+
+
+def _cmp(df, opts, kind="duet"):
+    runs = build_runs(df, opts.warmup)[("syn", "loop", kind)]
+    return runs, compare(runs, kind, bool(df["aa"][0]), opts)
+
+
+FAST = Options(warmup="1", resamples=1000, mds=False)
+
+
+def test_aa_ci_contains_zero_in_at_least_90_percent_of_seeds():
+    ratio_ok = diff_ok = 0
+    seeds = range(60)
+    for seed in seeds:
+        _, c = _cmp(synthetic(seed), FAST)
+        assert c.unit == "run" and c.n_runs == 10
+        ratio_ok += c.ratio_ci.low <= 1 <= c.ratio_ci.high
+        diff_ok += c.diff_ci.low <= 0 <= c.diff_ci.high
+    assert ratio_ok / len(seeds) >= 0.90
+    assert diff_ok / len(seeds) >= 0.90
+
+
+def test_five_percent_slowdown_is_detected():
+    hits = 0
+    for seed in range(20):
+        _, c = _cmp(synthetic(100 + seed, effect=0.05), FAST)
+        hits += c.detected == "slower"
+        assert c.ratio_ci.low <= 1.05 * 1.02 and c.ratio_ci.high >= 1.05 / 1.02
+        assert "B is slower than A" in c.verdict or c.detected != "slower"
+    assert hits >= 19
+
+
+def test_aa_verdict_and_faster_b():
+    _, aa = _cmp(synthetic(3), FAST)
+    assert aa.aa and aa.verdict.startswith("A/A consistent")
+    _, fast = _cmp(synthetic(4, effect=-0.08), FAST)
+    assert fast.detected == "faster" and fast.verdict.startswith("B is faster")
+    assert fast.gm_ratio == pytest.approx(0.92, abs=0.01)
+    assert fast.mean_diff_ns == pytest.approx(-0.08 * BASE_NS, rel=0.15)
+
+
+def test_minimum_detectable_slowdown_is_consistent():
+    opts = Options(warmup="1", resamples=1000, mds=True)
+    runs, c = _cmp(synthetic(11), opts)
+    assert c.mds is not None and 0 < c.mds <= 0.03
+    # the boundary the bisection found: detected there, not one step below
+    assert detects(runs, "duet", opts, c.mds)
+    assert not detects(runs, "duet", opts, c.mds - opts.slowdown_step)
+    # a real slowdown well above the MDS is detected in fresh data
+    _, real = _cmp(synthetic(12, effect=c.mds * 2), FAST)
+    assert real.detected == "slower"
+
+
+def test_sequential_runs_have_their_own_figures():
+    _, c = _cmp(synthetic(21, effect=0.10, kind="sequential"), FAST, "sequential")
+    assert c.kind == "sequential" and c.n_pairs == 0 and c.unit == "run"
+    assert c.gm_ratio == pytest.approx(1.10, abs=0.04)
+    _, few = _cmp(synthetic(22, effect=0.10, kind="sequential", runs=2), FAST, "sequential")
+    assert few.unit == "iteration" and any("run-to-run" in n for n in few.notes)
+
+
+def test_few_runs_fall_back_to_pairs_with_a_note():
+    _, c = _cmp(synthetic(5, runs=3), FAST)
+    assert c.unit == "pair" and c.n_runs == 3 and c.n_pairs > 100
+    assert any("does not cover run-to-run variation" in n for n in c.notes)
+
+
+def test_warmup_removal():
+    df = synthetic(1, runs=2, n=10)
+    assert drop_warmup(df, "2").height == df.height - 2 * 2 * 2
+    assert drop_warmup(df, "30%").height == df.height - 3 * 2 * 2
+    assert drop_warmup(df, "0").height == df.height
+    kept = drop_warmup(df, "3")
+    assert kept["iteration"].min() == 3
+    with pytest.raises(ValueError):
+        Options(warmup="ten")
+
+
+def test_analyze_whole_table_and_expansion_factor():
+    df = pl.concat([synthetic(31, effect=0.06), synthetic(32, effect=0.06, kind="sequential")])
+    result = analyze(df, FAST)
+    [bench] = result.benchmarks
+    assert set(bench.comparisons) == {"duet", "sequential"}
+    assert bench.comparisons["duet"].detected == "slower"
+    # Hesterberg's factor, from its definition
+    want = stats.t.ppf(0.975, 9) / stats.norm.ppf(0.975) * np.sqrt(10 / 9)
+    assert expansion(10, 0.95) == pytest.approx(want)
+    assert expansion(10, 0.95) == pytest.approx(1.2157, abs=1e-3)
+
+
+def test_an_order_bias_cancels_and_does_not_widen_the_ci():
+    # the first CPU is 10 % slower: AB runs say B is 9 % faster, BA runs 10 % slower
+    _, c = _cmp(synthetic(41, slot_bias=0.10), FAST)
+    ratios = c.runs["gm_ratio"].to_numpy()
+    assert ratios.min() < 0.93 and ratios.max() > 1.07
+    assert c.detected == "none" and abs(c.gm_ratio - 1) < 0.01
+    assert c.ratio_ci.high - c.ratio_ci.low < 0.03
+    _, five = _cmp(synthetic(42, effect=0.05, slot_bias=0.10), FAST)
+    assert five.detected == "slower" and five.gm_ratio == pytest.approx(1.05, abs=0.01)

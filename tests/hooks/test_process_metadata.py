@@ -1,0 +1,261 @@
+"""process_metadata hook: snapshots checked field by field against /proc."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from kernmlops.hooks.process_metadata import (
+    CgroupPaths,
+    ProcessMetadataHook,
+    cgroup2_mount,
+    read_cmdline,
+)
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+NICE, POLICY = 7, os.SCHED_BATCH
+PF_KTHREAD = 0x00200000  # the flags field of /proc/<pid>/stat
+
+MOUNTINFO = """\
+22 27 0:21 / /proc rw,nosuid - proc proc rw
+30 25 0:26 / /sys/fs/cgroup/cpu rw,relatime shared:8 - cgroup cgroup rw,cpu
+35 25 0:31 /sub/dir /sys/fs/cgroup/my\\040mount rw,relatime shared:13 - cgroup2 cgroup2 rw
+36 25 0:32 / /sys/fs/cgroup/second rw,relatime - cgroup2 cgroup2 rw
+"""
+
+
+# --- pure parts ---------------------------------------------------------------------
+def test_cgroup2_mount_is_the_first_cgroup2_line_unescaped() -> None:
+    assert cgroup2_mount(MOUNTINFO) == (Path("/sys/fs/cgroup/my mount"), "/sub/dir")
+    assert cgroup2_mount("22 27 0:21 / /proc rw - proc proc rw\n") is None
+
+
+def test_cgroup_paths_map_directory_inodes(tmp_path: Path) -> None:
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "c").mkdir()
+    ino = {p: os.stat(tmp_path / p).st_ino for p in (".", "a", "a/b", "c")}
+    ids = np.array([ino["a/b"], ino["."], ino["c"], 1 << 60], np.uint64)
+    assert CgroupPaths((tmp_path, "/")).resolve(ids) == ["/a/b", "/", "/c", None]
+    # A mount of a sub-hierarchy: paths are the hierarchy's, not the mount's.
+    assert CgroupPaths((tmp_path, "/base")).resolve(ids[:2]) == ["/base/a/b", "/base"]
+    # A cgroup made after the first walk is found by walking again.
+    paths = CgroupPaths((tmp_path, "/"))
+    paths.resolve(ids[:1])
+    (tmp_path / "d").mkdir()
+    assert paths.resolve(np.array([os.stat(tmp_path / "d").st_ino])) == ["/d"]
+
+
+def test_read_cmdline_joins_arguments() -> None:
+    argv = [sys.executable, "-c", "print(1, flush=True); import time; time.sleep(30)", "a b", "c"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline()  # running the new image
+        assert read_cmdline(proc.pid) == " ".join(argv)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert read_cmdline(2) is None  # kthreadd: empty command line
+    assert read_cmdline(1 << 30) is None  # no such process
+
+
+# --- against /proc --------------------------------------------------------------------
+def proc_stat(pid: int | str, tid: int | str | None = None) -> dict[str, object] | None:
+    """The fields compared, from /proc/<pid>/stat and /proc/<pid>/cgroup."""
+    base = f"/proc/{pid}" if tid is None else f"/proc/{pid}/task/{tid}"
+    try:
+        stat = Path(f"{base}/stat").read_text()
+        cgroup = Path(f"/proc/{pid}/cgroup").read_text()
+        tasks = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+        cmdline = read_cmdline(int(pid))
+    except OSError:
+        return None
+    comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+    rest = stat[stat.rindex(")") + 2 :].split()  # fields 3.. (state first)
+    v2 = [line[3:] for line in cgroup.splitlines() if line.startswith("0::")]
+    return {
+        "comm": comm,
+        "ppid": int(rest[1]),
+        "nice": int(rest[16]),
+        "starttime": int(rest[19]),
+        "policy": int(rest[38]),
+        "kernel_thread": bool(int(rest[6]) & PF_KTHREAD),
+        "cgroup_path": v2[0] if v2 else None,
+        "tasks": tasks,
+        "cmdline": cmdline,
+    }
+
+
+def protected(pid: str) -> bool:
+    """A task whose namespaces not even root may read is protected by whoever
+    runs the machine (a sandbox's own init can be): such a task is hidden from
+    BPF task iterators too, so it is not compared."""
+    try:
+        os.readlink(f"/proc/{pid}/ns/pid")
+    except PermissionError:
+        return True
+    except OSError:
+        pass
+    return False
+
+
+def proc_snapshot() -> dict[int, dict[str, object]]:
+    out = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit() and not protected(name) and (st := proc_stat(name)) is not None:
+            out[int(name)] = st
+    return out
+
+
+@pytest.fixture
+def cgroup_workload() -> Iterator[tuple[subprocess.Popen, str | None]]:
+    """`sleep 30` at nice 7 with SCHED_BATCH, in a new cgroup v2 cgroup when
+    the cgroup2 file system is mounted (None: left where it was)."""
+
+    def setup() -> None:
+        os.nice(NICE)
+        os.sched_setscheduler(0, POLICY, os.sched_param(0))
+
+    proc = subprocess.Popen(["sleep", "30"], preexec_fn=setup)
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{proc.pid}/comm").read_text() != "sleep\n":  # until it has exec'd
+        assert time.monotonic() < deadline, "sleep did not start"
+        time.sleep(0.005)
+    mount = cgroup2_mount()
+    made: Path | None = None
+    path = None
+    if mount is not None and os.geteuid() == 0:
+        made = mount[0] / f"kmo-test-{uuid.uuid4().hex[:8]}"
+        made.mkdir()
+        (made / "cgroup.procs").write_text(str(proc.pid))
+        path = os.path.join(mount[1], made.name)
+    try:
+        yield proc, path
+    finally:
+        proc.kill()
+        proc.wait()
+        if made is not None:
+            made.rmdir()
+
+
+@pytest.mark.bpf
+def test_snapshot_matches_proc(cgroup_workload: tuple[subprocess.Popen, str | None]) -> None:
+    from kernmlops.ebpf.build import build
+    from kernmlops.hooks.base import HookContext
+
+    build()
+    workload, cgroup_path = cgroup_workload
+    hook = ProcessMetadataHook()
+    try:
+        hook.start(HookContext("t", process_filter=None, self_tgid=os.getpid()))
+        before = proc_snapshot()
+        frame = hook.snapshot("check")
+        after = proc_snapshot()
+    finally:
+        frames = [f for _, f in hook.stop()]
+    assert frame["snapshot"].unique().to_list() == ["check"]
+    # Processes alive and unchanged across the snapshot: each must be there, as /proc says.
+    stable = {pid: st for pid, st in before.items() if after.get(pid) == st}
+    stable.pop(os.getpid(), None)  # the collector never traces itself
+    assert len(stable) > 20, "too few stable processes to compare"
+    assert os.getpid() not in frame["tgid"].to_list()
+    leaders = frame.filter(pl.col("pid") == pl.col("tgid"))
+    rows = {r["pid"]: r for r in leaders.iter_rows(named=True)}
+    missing = sorted(set(stable) - set(rows))
+    assert not missing, f"processes in /proc but not in the snapshot: {missing}"
+    tasks = frame.group_by("tgid").agg(pl.col("pid").sort()).rows()
+    tasks_of = {tgid: pids for tgid, pids in tasks}
+    ticks = 10**9 // CLK_TCK
+    for pid, st in stable.items():
+        row = rows[pid]
+        got = {
+            "comm": row["comm"],
+            "ppid": row["ppid"],
+            "nice": row["nice"],
+            "starttime": row["start_boottime_ns"] // ticks,
+            "policy": row["policy"],
+            "kernel_thread": row["kernel_thread"],
+            "cgroup_path": row["cgroup_path"],
+            "tasks": tasks_of[pid],
+            "cmdline": row["cmdline"],
+        }
+        want = dict(st)
+        if st["kernel_thread"] and len(row["comm"]) == 15 and st["comm"].startswith(row["comm"]):
+            # /proc shows a kernel thread's full name (a workqueue worker's
+            # with its current work); the task's comm holds 15 characters.
+            want["comm"] = row["comm"]
+        elif st["kernel_thread"] and st["comm"].startswith(row["comm"] + "-"):
+            want["comm"] = row["comm"]  # kworker/0:1-events: comm + the worker's work
+        assert got == want, f"pid {pid}"
+        assert row["start_uptime_us"] <= row["ts_uptime_us"]
+    # Threads carry their own comm and the process's parent.
+    threads = frame.filter(pl.col("pid") != pl.col("tgid"))
+    assert threads.height, "no multi-threaded process on this machine"
+    for row in threads.head(50).iter_rows(named=True):
+        st = proc_stat(row["tgid"], row["pid"])
+        if st is not None and row["tgid"] in stable:
+            assert (row["comm"], row["ppid"]) == (st["comm"], st["ppid"])
+    # The workload: set up with known values, compared with the setter's own ones.
+    (w,) = frame.filter(pl.col("pid") == workload.pid).iter_rows(named=True)
+    assert (w["comm"], w["cmdline"], w["nice"]) == ("sleep", "sleep 30", NICE)
+    assert (w["policy"], w["policy_name"]) == (POLICY, "batch")
+    assert w["ppid"] == os.getpid()
+    if cgroup_path is not None:
+        assert w["cgroup_path"] == cgroup_path
+        assert w["cgroup_id"] == os.stat(cgroup2_mount()[0] / Path(cgroup_path).name).st_ino
+    # start, the on-demand one, end: all written to the table, in order.
+    table = pl.concat(frames)
+    labels = table.group_by("snapshot_seq", maintain_order=True).agg(pl.col("snapshot").first())
+    assert labels.sort("snapshot_seq")["snapshot"].to_list() == ["start", "check", "end"]
+    assert hook.status.events == table.height
+    assert hook.obj is None  # stopped: detached and closed
+
+
+@pytest.mark.bpf
+def test_filter_and_leaders_only() -> None:
+    """With the process filter, only the tracked process; with threads off,
+    only its leader."""
+    from kernmlops.collect.filter import ProcessFilter
+    from kernmlops.ebpf.build import build
+    from kernmlops.hooks.base import HookContext
+
+    build()
+    code = "import threading, time; [threading.Thread(target=time.sleep, args=(30,), daemon=True).start() for _ in range(3)]; print(1, flush=True); time.sleep(30)"  # noqa: E501
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    flt = ProcessFilter(follow_children=False)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline()
+        flt.add(proc.pid)
+        tids = sorted(int(t) for t in os.listdir(f"/proc/{proc.pid}/task"))
+        assert len(tids) == 4
+        for threads, want in ((True, tids), (False, [proc.pid])):
+            opts = ProcessMetadataHook.Options(threads=threads, interval_s=0.05)
+            hook = ProcessMetadataHook(opts)
+            frames = []
+            try:
+                hook.start(HookContext("t", process_filter=flt, self_tgid=os.getpid()))
+                time.sleep(0.06)
+                frames = [f for _, f in hook.poll()]  # start, then one interval snapshot
+            finally:
+                table = pl.concat(frames + [f for _, f in hook.stop()])
+            assert table["snapshot"].unique(maintain_order=True).to_list() == [
+                "start",
+                "interval",
+                "end",
+            ]
+            for label in ("start", "interval", "end"):
+                snap = table.filter(pl.col("snapshot") == label)
+                assert snap["tgid"].unique().to_list() == [proc.pid]
+                assert sorted(snap["pid"].to_list()) == want
+    finally:
+        flt.close()
+        proc.kill()
+        proc.wait()

@@ -1,0 +1,91 @@
+"""``kernmlops lb`` commands through click's runner: import, train, export,
+report, and the errors a user can make."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kernmlops.data import read_collection
+from kernmlops.lb.cli import lb_group
+from kernmlops.lb.dataset import synthetic_decisions, write_decisions
+
+RAW = Path(__file__).parent / "mllb_raw.csv"
+
+
+def _invoke(*args: str):
+    return CliRunner().invoke(lb_group, [str(a) for a in args], catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("lbdata")
+    for i in range(3):
+        frame = synthetic_decisions(1500, f"syn-{i}", seed=40 + i)
+        write_decisions(frame, root, f"syn-{i}", "synthetic", {"lb": {"variant": "synthetic"}})
+    return root
+
+
+def test_import_mllb_writes_a_collection(tmp_path: Path) -> None:
+    r = _invoke("import-mllb", RAW, "-o", tmp_path)
+    assert r.exit_code == 0, r.output
+    (folder,) = (tmp_path / "curated" / "benchmark=mllb-import").iterdir()
+    c = read_collection(folder)
+    assert c.collection_id == "mllb-mllb_raw"
+    assert c["lb_decisions"].height == 5
+    assert c.manifest["lb"]["variant"] == "mllb"
+
+
+def test_import_errors_exit_non_zero(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2\n")
+    r = _invoke("import-mllb", bad, "-o", tmp_path)
+    assert r.exit_code == 2 and "not an MLLB raw dump" in r.output
+    r = _invoke("import-mllb", RAW, RAW, "--collection-id", "x", "-o", tmp_path)
+    assert r.exit_code == 2 and "one file" in r.output
+
+
+def test_train_export_report(data: Path, tmp_path: Path) -> None:
+    model = tmp_path / "m.json"
+    r = _invoke("train", data, "-o", model, "--test-collection", "syn-2", "--epochs", "15")
+    assert r.exit_code == 0, r.output
+    assert "test: 1,500 decisions from 1 collection(s)" in r.output
+    assert "[[tn, fp], [fn, tp]]" in r.output  # printed, not eaten as markup
+    doc = json.loads(model.read_text())
+    assert doc["meta"]["report"]["test"]["collections"] == ["syn-2"]
+    assert doc["meta"]["report"]["test"]["float"]["accuracy"] >= 0.95  # 15 epochs: a smoke test
+
+    out = tmp_path / "export"
+    r = _invoke("export", model, "-o", out, "--name", "m")
+    assert r.exit_code == 0, r.output
+    assert "float vs fixed on 1,500 decisions" in r.output  # the model's test run
+    header = (out / "m.h").read_text()
+    assert "#define KMO_LB_FBITS 11" in header and "dtype w1[] = {" in header
+    q = json.loads((out / "m.q11.json").read_text())
+    assert q["fbits"] == 11 and len(q["w1"]) == 15 and len(q["w1"][0]) == 10
+    assert q["meta"]["float_vs_fixed"]["agreement"] >= 0.999
+
+    rep = tmp_path / "report.json"
+    r = _invoke("report", data, "--model", model, "--json", rep)
+    assert r.exit_code == 0, r.output
+    body = json.loads(rep.read_text())
+    assert [c["collection_id"] for c in body["collections"]] == ["syn-0", "syn-1", "syn-2"]
+    assert all(c["rule_accuracy"] == 1.0 for c in body["collections"])
+
+
+def test_train_needs_two_runs_to_split(data: Path, tmp_path: Path) -> None:
+    one = data / "curated" / "benchmark=synthetic" / "collection_id=syn-0"
+    r = _invoke("train", one, "-o", tmp_path / "m.json")
+    assert r.exit_code == 2 and "at least 2 collections" in r.output
+    r = _invoke("train", tmp_path / "nothing-here", "-o", tmp_path / "m.json")
+    assert r.exit_code == 2 and "no such folder" in r.output
+
+
+def test_shadow_needs_a_readable_model(tmp_path: Path) -> None:
+    bad = tmp_path / "m.json"
+    bad.write_text("not json")
+    r = _invoke("shadow", bad, "-o", tmp_path, "--no-progress", "--", "true")
+    assert r.exit_code == 2 and "cannot read model" in r.output

@@ -1,0 +1,154 @@
+"""Q20.11 fixed point: against the float model on every test row, and the
+exported C header compiled with gcc, stand-alone and as MLLB's patch uses it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from kernmlops.lb.dataset import synthetic_decisions
+from kernmlops.lb.features import fixed_features, float_features
+from kernmlops.lb.fixed import FixedModel, agreement, c_header, error_bound, fixed_json, quantize
+from kernmlops.lb.model import TrainConfig, train
+from tests.conftest import needs_tools
+
+
+@pytest.fixture(scope="module")
+def model():
+    data = synthetic_decisions(4000, "train", seed=21)
+    return train(float_features(data), data["can_migrate"].to_numpy(), TrainConfig(epochs=20))
+
+
+@pytest.fixture(scope="module")
+def test_rows() -> pl.DataFrame:
+    return synthetic_decisions(3000, "test", seed=22)
+
+
+def test_quantize_rounds_half_away_from_zero() -> None:
+    got = quantize(np.array([0.5 / 2048, -0.5 / 2048, 1.0, -1.25, 0.1]))
+    assert got.tolist() == [1, -1, 2048, -2560, 205]
+    with pytest.raises(ValueError, match=r"Q20\.11"):
+        quantize(np.array([2.0**21]))
+
+
+def test_fixed_matches_float_on_every_row(model, test_rows: pl.DataFrame) -> None:
+    fixed = FixedModel.from_model(model)
+    x, xq = float_features(test_rows), fixed_features(test_rows)
+    diff = np.abs(fixed.output(xq) / 2048 - model.logits(x))
+    bound = error_bound(model, fixed, x, xq)
+    # the stated tolerance: the per-row bound of fixed.error_bound, never exceeded
+    assert (diff <= bound).all()
+    assert bound.max() < 0.5  # and it is tight enough to mean something
+    a = agreement(model, fixed, x, xq)
+    assert a["within_bound"] and a["rows"] == 3000
+    assert a["agreement"] >= 0.999
+    assert a["max_abs_sum"] < 2**31  # MLLB's int32 sums give the same numbers
+
+
+def _compile(tmp: Path, name: str, source: str) -> Path:
+    (tmp / f"{name}.c").write_text(source)
+    exe = tmp / name
+    subprocess.run(
+        ["gcc", "-std=c99", "-O2", "-Wall", "-Werror", "-I", str(tmp), "-o", str(exe),
+         str(tmp / f"{name}.c")],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    return exe
+
+
+def _run(exe: Path, xq: np.ndarray) -> np.ndarray:
+    text = "\n".join(" ".join(str(int(v)) for v in row) for row in xq) + "\n"
+    out = subprocess.run([str(exe)], input=text, capture_output=True, text=True, check=True)
+    return np.array([[int(v) for v in line.split()] for line in out.stdout.splitlines()])
+
+
+# Reads 15 integers per line; prints the prediction and the Q20.11 logit.
+STANDALONE = """
+#include <stdio.h>
+#include "model.h"
+int main(void)
+{
+    kmo_lb_q11_t x[KMO_LB_NR_FEAT];
+    for (;;) {
+        for (int k = 0; k < KMO_LB_NR_FEAT; k++)
+            if (scanf("%d", &x[k]) != 1)
+                return 0;
+        printf("%d %lld\\n", kmo_lb_predict_q11(x), (long long)kmo_lb_output_q11(x));
+    }
+}
+"""
+
+# The arithmetic of MLLB's patch with CONFIG_JC_SCHED_FXDPT, restated: int32
+# values, each product widened and shifted, int32 sums, migrate when
+# output > 0.5. The header must define its w1, b1, w2, b2 arrays.
+MLLB = """
+#include <stdio.h>
+#include <stdint.h>
+typedef int32_t fxdpt_t;
+typedef int64_t fxdpt_ext;
+#define FXDPT_FBITS 11
+#define FXDPT_ONE ((fxdpt_t)1 << FXDPT_FBITS)
+#define dtype fxdpt_t
+#define ftod(F) ((fxdpt_t)((F) * FXDPT_ONE + ((F) >= 0 ? 0.5 : -0.5)))
+#define mul(A, B) ((fxdpt_t)(((fxdpt_ext)(A) * (fxdpt_ext)(B)) >> FXDPT_FBITS))
+#include "model.h"
+int main(void)
+{
+    fxdpt_t x[15];
+    for (;;) {
+        fxdpt_t out = 0;
+        for (int k = 0; k < 15; k++)
+            if (scanf("%d", &x[k]) != 1)
+                return 0;
+        for (int j = 0; j < 10; j++) {
+            fxdpt_t h = 0;
+            for (int k = 0; k < 15; k++)
+                h += mul(x[k], w1[k * 10 + j]);
+            h += b1[j];
+            h = h > 0 ? h : 0;
+            out += mul(h, w2[j]);
+        }
+        out += b2[0];
+        printf("%d %d\\n", out > ftod(0.5) ? 1 : 0, out);
+    }
+}
+"""
+
+
+@needs_tools("gcc")
+def test_header_compiles_and_predicts_like_python(model, test_rows, tmp_path: Path) -> None:
+    fixed = FixedModel.from_model(model)
+    (tmp_path / "model.h").write_text(c_header(fixed, {"migration_cost_ns": 500000}))
+    xq = fixed_features(test_rows)
+    got = _run(_compile(tmp_path, "standalone", STANDALONE), xq)
+    np.testing.assert_array_equal(got[:, 1], fixed.output(xq))
+    np.testing.assert_array_equal(got[:, 0], fixed.predict(xq))
+    # and nearly always what the float model says
+    assert (got[:, 0] == model.predict(float_features(test_rows))).mean() >= 0.999
+
+
+@needs_tools("gcc")
+def test_header_is_a_drop_in_for_mllbs_patch(model, test_rows, tmp_path: Path) -> None:
+    fixed = FixedModel.from_model(model)
+    (tmp_path / "model.h").write_text(c_header(fixed, {}))
+    xq = fixed_features(test_rows)
+    got = _run(_compile(tmp_path, "mllb", MLLB), xq)
+    np.testing.assert_array_equal(got[:, 0], fixed.predict(xq))
+    # the patch's b2 is ours + 0.5 (its threshold): outputs differ by exactly 1024
+    np.testing.assert_array_equal(got[:, 1], fixed.output(xq) + 1024)
+
+
+def test_fixed_json_round_trip(model, tmp_path: Path) -> None:
+    from kernmlops.lb.fixed import load_fixed_json
+
+    fixed = FixedModel.from_model(model)
+    path = tmp_path / "m.q11.json"
+    path.write_text(json.dumps(fixed_json(fixed, {"note": "x"})))
+    back, meta = load_fixed_json(path)
+    np.testing.assert_array_equal(back.w1, fixed.w1)
+    assert back.b2 == fixed.b2 and meta == {"note": "x"}

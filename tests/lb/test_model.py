@@ -1,0 +1,103 @@
+"""Training the 15 -> 10 -> 1 MLP on a rule-generated data set, split by run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from kernmlops.lb.dataset import synthetic_decisions
+from kernmlops.lb.features import LABEL, float_features, rule_decision
+from kernmlops.lb.model import (
+    Model,
+    ModelError,
+    TrainConfig,
+    metrics,
+    split_by_collection,
+)
+from kernmlops.lb.pipeline import train_model
+
+FAST = TrainConfig(epochs=25, seeds=2, batch=256)
+
+
+@pytest.fixture(scope="module")
+def runs() -> pl.DataFrame:
+    """Four 'runs' of rule-labelled decisions, each its own collection."""
+    return pl.concat([synthetic_decisions(3000, f"run-{i}", seed=10 + i) for i in range(4)])
+
+
+@pytest.fixture(scope="module")
+def trained(runs: pl.DataFrame):
+    return train_model(runs, test_collections=["run-3"], config=FAST)
+
+
+def test_rule_labels_are_the_kernel_rule(runs: pl.DataFrame) -> None:
+    # the generator labels with the rule; both classes are well represented
+    y = runs[LABEL].to_numpy()
+    assert 0.3 < y.mean() < 0.8
+    assert (rule_decision(float_features(runs)) == y).all()
+
+
+def test_reaches_99_percent_on_an_unseen_run(trained) -> None:
+    test = trained.report["test"]
+    assert test["collections"] == ["run-3"]
+    assert trained.report["train"]["collections"] == ["run-0", "run-1", "run-2"]
+    assert test["rows"] == 3000
+    assert test["float"]["accuracy"] >= 0.99
+    assert test["fixed"]["accuracy"] >= 0.99
+    tn, fp = test["float"]["confusion"][0]
+    fn, tp = test["float"]["confusion"][1]
+    assert tn + fp + fn + tp == 3000
+    assert test["float"]["precision"] == pytest.approx(tp / (tp + fp))
+    assert test["float"]["recall"] == pytest.approx(tp / (tp + fn))
+
+
+def test_model_shape_and_round_trip(trained, tmp_path: Path, runs: pl.DataFrame) -> None:
+    m = trained.model
+    assert m.w1.shape == (15, 10) and m.b1.shape == (10,) and m.w2.shape == (10,)
+    path = m.save(tmp_path / "m.json")
+    back = Model.load(path)
+    x = float_features(runs.head(500))
+    np.testing.assert_array_equal(back.logits(x), m.logits(x))
+    assert back.meta["report"]["test"]["collections"] == ["run-3"]
+
+
+def test_metrics_by_hand() -> None:
+    m = metrics(np.array([1, 1, 0, 0, 1]), np.array([1, 0, 0, 1, 1]))
+    assert m["confusion"] == [[1, 1], [1, 2]]
+    assert m["accuracy"] == pytest.approx(3 / 5)
+    assert m["precision"] == pytest.approx(2 / 3)
+    assert m["recall"] == pytest.approx(2 / 3)
+    assert m["f1"] == pytest.approx(2 / 3)
+
+
+def test_split_keeps_runs_whole() -> None:
+    cols = np.array(["a", "a", "b", "c", "c", "d"])
+    train, test, train_ids, test_ids = split_by_collection(cols, 0.25, seed=3)
+    assert len(test_ids) == 1 and len(train_ids) == 3
+    for c in set(cols):
+        side = test[cols == c]
+        assert side.all() or not side.any()
+    assert (train ^ test).all()
+
+
+def test_split_needs_two_runs() -> None:
+    with pytest.raises(ModelError, match="at least 2 collections"):
+        split_by_collection(np.array(["only", "only"]))
+    with pytest.raises(ModelError, match="not in the data"):
+        split_by_collection(np.array(["a", "b"]), test=["zzz"])
+
+
+def test_one_label_only_is_refused(runs: pl.DataFrame) -> None:
+    ones = runs.filter(pl.col(LABEL) == 1)
+    with pytest.raises(ModelError, match="one label only"):
+        train_model(ones, config=FAST)
+
+
+def test_bad_model_file_is_a_clear_error(tmp_path: Path) -> None:
+    bad = tmp_path / "m.json"
+    bad.write_text('{"format": "something-else"}')
+    with pytest.raises(ModelError, match="not a kernmlops lb model"):
+        Model.load(bad)

@@ -1,0 +1,121 @@
+"""The tracepoint variant rebuilt from hand-made scheduler tables: which
+migrations are pulls, who was left waiting, and the comparison with kprobe."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from kernmlops.data import Collection
+from kernmlops.errors import CollectionError
+from kernmlops.lb.tracepoint import NEVER_RAN_NS, compare_with_kprobe, tracepoint_decisions
+
+
+def _migrate(rows: list[tuple]) -> pl.DataFrame:
+    cols = ("ts_uptime_us", "pid", "orig_cpu", "dest_cpu", "cpu", "kind", "orig_nr_running",
+            "dest_nr_running", "orig_load_avg", "dest_load_avg", "rq_valid")  # fmt: skip
+    return pl.DataFrame([dict(zip(cols, r, strict=True)) for r in rows])
+
+
+def _waits(rows: list[tuple]) -> pl.DataFrame:
+    """(pid, cpu, waited from, ran at)"""
+    return pl.DataFrame(
+        {
+            "ts_uptime_us": [r[3] for r in rows],
+            "quanta_queued_time_us": [r[3] - r[2] for r in rows],
+            "cpu": [r[1] for r in rows],
+            "pid": [r[0] for r in rows],
+        }
+    )
+
+
+@pytest.fixture
+def collection() -> Collection:
+    # CPU 1 pulls A (1) and B (2) from CPU 0 at 1000/1005 (one balance) and H
+    # (8) at 5000. Waiting on CPU 0 at 1000: C (3), G (7) -> negatives; D (4)
+    # came later, E (5) ran before, F (6) waited on CPU 2. I (9) waits on CPU 0
+    # at 5000. A wake-up placement and a move decided on the source CPU
+    # (affinity/NUMA, the stopper) are not pulls.
+    migrate = _migrate(
+        [
+            (1000, 1, 0, 1, 1, "queued", 3, 0, 2048, 0, True),
+            (1005, 2, 0, 1, 1, "queued", 2, 1, 1024, 1024, True),
+            (1100, 4, 2, 3, 3, "wakeup", 1, 0, 0, 0, True),
+            (1200, 3, 0, 2, 0, "queued", 3, 0, 0, 0, True),
+            (5000, 8, 0, 1, 1, "queued", 1, 0, 1000, 0, True),
+        ]
+    )
+    waits = _waits(
+        [
+            (1, 0, 950, 1020), (2, 0, 960, 1030), (3, 0, 900, 1500), (4, 0, 1010, 1200),
+            (5, 0, 800, 999), (6, 2, 900, 1300), (7, 0, 900, 2000), (9, 0, 4000, 6000),
+        ]
+    )  # fmt: skip
+    ran = pl.DataFrame(
+        {
+            "ts_uptime_us": [500, 800, 4000, 4500],
+            "quanta_run_length_us": [10, 10, 10, 10],
+            "cpu": [0, 0, 0, 0],
+            "pid": [1, 3, 8, 7],
+        }
+    )
+    return Collection(
+        path=Path("/nonexistent/collection_id=tp"),
+        manifest={"collection_id": "tp"},
+        tables={"sched_migrate": migrate, "quanta_queued_time": waits, "quanta_runtime": ran},
+    )
+
+
+def test_positives_and_negatives(collection: Collection) -> None:
+    d = tracepoint_decisions(collection, cpu_node=[0, 0, 1, 1])
+    got = {(r["pid"], r["ts_uptime_us"], r["can_migrate"]) for r in d.iter_rows(named=True)}
+    assert got == {(1, 1000, 1), (2, 1005, 1), (8, 5000, 1), (3, 1000, 0), (7, 1000, 0),
+                   (9, 5000, 0)}  # fmt: skip
+    assert set(d["variant"]) == {"tracepoint"} and set(d["collection_id"]) == {"tp"}
+    by_pid = {r["pid"]: r for r in d.iter_rows(named=True)}
+    # the source gets the pulled task back; a balance's negatives see its longest queue
+    assert by_pid[1]["src_len"] == 4 and by_pid[2]["src_len"] == 3 and by_pid[3]["src_len"] == 4
+    assert by_pid[1]["dst_len"] == 0 and by_pid[3]["dst_len"] == 0
+    assert by_pid[1]["src_load"] == 2048
+    # delta: since the task last left a CPU (ns); never seen -> long ago
+    assert by_pid[1]["delta_ns"] == 500_000
+    assert by_pid[3]["delta_ns"] == 200_000
+    assert by_pid[9]["delta_ns"] == NEVER_RAN_NS
+    assert by_pid[7]["delta_ns"] == NEVER_RAN_NS  # it ran at 4500, after 1000
+    # two nodes: CPUs 0 and 1 share node 0; what the tracepoint cannot know is null
+    assert by_pid[1]["same_node"] == 1
+    assert by_pid[1]["cpu_idle"] is None and by_pid[1]["nr_balance_failed"] is None
+    assert by_pid[1]["prefer_src"] is None  # NUMA balancing may run on two nodes
+    assert by_pid[1]["p_running"] == 0
+
+
+def test_single_node_knows_there_is_no_numa_data(collection: Collection) -> None:
+    d = tracepoint_decisions(collection, cpu_node=[0, 0, 0, 0])
+    assert set(d["prefer_src"]) == {0} and set(d["total_faults"]) == {0}
+
+
+def test_compare_with_kprobe(collection: Collection) -> None:
+    tp = tracepoint_decisions(collection, cpu_node=[0, 0, 1, 1])
+    kp = pl.DataFrame(
+        {
+            "pid": [1, 2, 3, 9],
+            "src_cpu": [0, 0, 0, 0],
+            "dst_cpu": [1, 1, 1, 1],
+            "ts_uptime_us": [998, 1003, 999, 4999],
+            "can_migrate": [1, 1, 0, 1],
+        }
+    )
+    c = compare_with_kprobe(tp, kp)
+    assert c["positives"] == 3 and c["positives_agree"] == 2  # H was not seen
+    assert c["negatives"] == 3 and c["negatives_examined"] == 2  # G was not examined
+    assert c["negatives_agree"] == 1  # C; I was a "yes" the balancer then skipped
+    assert c["label_agreement_examined"] == pytest.approx(3 / 5)
+
+
+def test_needs_the_scheduler_tables(collection: Collection) -> None:
+    partial = Collection(collection.path, collection.manifest,
+                         {"sched_migrate": collection["sched_migrate"]})  # fmt: skip
+    with pytest.raises(CollectionError, match="quanta_runtime"):
+        tracepoint_decisions(partial)
