@@ -47,7 +47,7 @@ def test_section_kinds() -> None:
 
 @pytest.fixture
 def obj_dir(compile_bpf: Callable[[str, str], Path], tmp_path: Path, monkeypatch) -> Path:
-    obj = compile_bpf("variants", SOURCE)
+    obj = compile_bpf("variant_kinds", SOURCE)
     # tracefs as this test wants it: sched_switch exists, nothing else does
     (tmp_path / "events" / "sched" / "sched_switch").mkdir(parents=True)
     monkeypatch.setattr(variants, "TRACEFS", tmp_path)
@@ -59,7 +59,7 @@ def rows(hv: variants.HookVariants) -> dict[tuple[str, str], tuple[bool, bool]]:
 
 
 def test_btf_preferred_raw_fallback_kprobe_refused(obj_dir: Path) -> None:
-    hv = object_variants("h", "variants", features(kprobe=False), obj_dir)
+    hv = object_variants("h", "variant_kinds", features(kprobe=False), obj_dir)
     assert hv.error is None and hv.selected == "btf"
     assert rows(hv) == {
         ("always", "tracepoint"): (True, True),
@@ -71,12 +71,12 @@ def test_btf_preferred_raw_fallback_kprobe_refused(obj_dir: Path) -> None:
     (kp,) = [k for k in hv.kinds if k.kind == "kprobe"]
     assert kp.sections == ("kprobe/vfs_read",) and kp.detail == "kprobe probed"
     # Without tp_btf the loader falls back to raw_tp; without both, neither.
-    assert object_variants("h", "variants", features(tp_btf=False), obj_dir).selected == "raw"
-    none = object_variants("h", "variants", features(tp_btf=False, raw_tp=False), obj_dir)
+    assert object_variants("h", "variant_kinds", features(tp_btf=False), obj_dir).selected == "raw"
+    none = object_variants("h", "variant_kinds", features(tp_btf=False, raw_tp=False), obj_dir)
     assert none.selected is None
     assert rows(none)[("raw", "raw_tp")] == (False, False)
     assert rows(none)[("always", "iter")] == (True, True)
-    no_iter = object_variants("h", "variants", features(iter_task=False), obj_dir)
+    no_iter = object_variants("h", "variant_kinds", features(iter_task=False), obj_dir)
     assert rows(no_iter)[("always", "iter")] == (False, False)
 
 

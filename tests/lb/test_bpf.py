@@ -17,6 +17,7 @@ from kernmlops.lb.dataset import synthetic_decisions
 from kernmlops.lb.features import fixed_features, float_features
 from kernmlops.lb.fixed import FixedModel
 from kernmlops.lb.model import TrainConfig, train
+from tests.conftest import needs_tools
 
 pytestmark = pytest.mark.bpf
 LB = [sys.executable, "-m", "kernmlops.lb"]
@@ -57,6 +58,7 @@ def _tp_inputs(shadow: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+@needs_tools("stress-ng")
 def test_tracepoint_variant_end_to_end(model, tmp_path: Path) -> None:
     path = model.save(tmp_path / "m.json")
     cfg = tmp_path / "c.yaml"
