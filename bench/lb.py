@@ -59,7 +59,28 @@ def held_out(data: list[Path], seed: int) -> dict:
         "test": {k: rep["test"][k] for k in ("rows", "float", "fixed", "float_vs_fixed", "rule")},
         "per_test_collection_accuracy": rep["test"]["per_collection_accuracy"],
     }
+    # every run held out once: train on the others, test on it
+    correct = total = 0
+    per_run = {}
+    for cid in ids:
+        r = train_model(kprobe, test_collections=[cid], seed=seed).report["test"]
+        if r["rows"]:
+            per_run[cid] = {"rows": r["rows"], "accuracy": r["float"]["accuracy"],
+                            "fixed_accuracy": r["fixed"]["accuracy"]}  # fmt: skip
+            correct += round(r["fixed"]["accuracy"] * r["rows"])
+            total += r["rows"]
+    out["leave_one_run_out"] = {
+        "runs": per_run,
+        "decisions": total,
+        "fixed_accuracy": correct / total if total else None,
+        "worst_run": min((v["accuracy"] for v in per_run.values()), default=None),
+    }
     t = out["test"]
+    print(
+        f"leave one run out ({len(per_run)} runs, {total:,} decisions): fixed-point accuracy "
+        f"{100 * (out['leave_one_run_out']['fixed_accuracy'] or 0):.2f}%, worst run "
+        f"{100 * (out['leave_one_run_out']['worst_run'] or 0):.2f}%"
+    )
     print(
         f"held out ({', '.join(out['test_collections'])}): {t['rows']:,} decisions, "
         f"float accuracy {100 * t['float']['accuracy']:.2f}%, fixed "

@@ -192,7 +192,8 @@ def test_metrics_go_to_a_private_yaml_file() -> None:
 
 def test_describe_is_the_command() -> None:
     bench = _bench(scenario="cpu", workers=2, duration_s=1)
-    assert bench.describe() == "stress-ng --cpu 2 --timeout 1s --metrics-brief"
+    tmp = tempfile.gettempdir()
+    assert bench.describe() == f"stress-ng --cpu 2 --timeout 1s --metrics-brief --temp-path {tmp}"
 
 
 def test_check_missing_stress_ng(monkeypatch: pytest.MonkeyPatch) -> None:

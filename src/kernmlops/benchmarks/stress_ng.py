@@ -149,7 +149,6 @@ class StressNgBenchmark(Benchmark):
         half = max(1, n // 2)
         # Files go to the system temp dir; stress-ng makes and removes its own
         # tmp-stress-ng-* folder there.
-        io_path = ["--temp-path", tempfile.gettempdir()]
         match self.opts.scenario:
             case "cpu":
                 return ["--cpu", str(n)]
@@ -161,7 +160,6 @@ class StressNgBenchmark(Benchmark):
                 return [
                     "--hdd", str(n), "--hdd-bytes", HDD_BYTES,
                     "--iomix", str(half), "--iomix-bytes", IOMIX_BYTES,
-                    *io_path,
                 ]  # fmt: skip
             case "mixed":
                 # Every CPU busy computing, plus half as many switching, paging
@@ -172,7 +170,6 @@ class StressNgBenchmark(Benchmark):
                     "--switch", str(half),
                     "--vm", str(half), "--vm-bytes", VM_BYTES,
                     "--hdd", str(quarter), "--hdd-bytes", HDD_BYTES,
-                    *io_path,
                 ]  # fmt: skip
             case "numa":
                 # Memory touched at random (malloc of random sizes, vm rand-set)
@@ -193,7 +190,7 @@ class StressNgBenchmark(Benchmark):
             case "oversubscribe":
                 return ["--cpu", str(2 * n)]
             case "hdd-seek":
-                return ["--seek", str(n), "--seek-size", SEEK_BYTES, *io_path]
+                return ["--seek", str(n), "--seek-size", SEEK_BYTES]
             case "matrixprod":
                 return ["--matrix", str(n), "--matrix-method", "prod"]
             case "fft":
@@ -206,9 +203,11 @@ class StressNgBenchmark(Benchmark):
         # stress-ng truncates fractional seconds ("2.5s" runs 2 s): round up so a
         # run is never shorter than asked.
         seconds = max(1, math.ceil(self.opts.duration_s))
+        # --temp-path for every scenario: stress-ng checks the working directory
+        # even for stressors that write nothing, and it may be read-only (the lab).
         argv = [
             STRESS_NG, *self.stressor_args(), "--timeout", f"{seconds}s", "--metrics-brief",
-            "--yaml", str(self.yaml_path),
+            "--temp-path", tempfile.gettempdir(), "--yaml", str(self.yaml_path),
         ]  # fmt: skip
         return Launch(argv=[*argv, *self.opts.extra_args], capture_output=True)
 
