@@ -311,13 +311,13 @@ def test_fio_through_collect(tmp_path: Path) -> None:
     # direct I/O bypasses the page cache.
     assert (after[0] - before[0]) * 512 >= 2 * size
     assert (after[1] - before[1]) * 512 >= size
-    # The block layer's requests from fio's processes (block_io, tree filter).
-    # Measured here: up to ~3% of fio's requests have no completion row (an
-    # open question for the block_io hook), hence the lower bound of 90%.
-    bio = col["block_io"].filter(pl.col("comm") == "fio")
+    # The block layer's requests from fio's processes (block_io, tree filter),
+    # fio's 4 KiB blocks only: with a cold page cache, fio's exec also reads its
+    # binary and libraries (larger read-ahead requests).
+    bio = col["block_io"].filter((pl.col("comm") == "fio") & (pl.col("bytes") == 4096))
     by_op = dict(bio.group_by("op").agg(pl.col("bytes").cast(pl.UInt64).sum()).iter_rows())
-    assert 0.9 * 2 * size <= by_op["READ"] <= 2 * size + MiB
-    assert 0.9 * size <= by_op["WRITE"] <= size + MiB
+    assert 0.97 * 2 * size <= by_op["READ"] <= 2 * size + MiB
+    assert 0.97 * size <= by_op["WRITE"] <= size + MiB
     report = json.loads((col.path / "benchmark_output" / "stdout.txt").read_text())
     assert [j["jobname"] for j in report["jobs"]] == ["seqwrite", "seqread", "randread"]
     fio_file = report["global options"]["filename"]

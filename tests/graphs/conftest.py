@@ -277,13 +277,15 @@ def synthetic(tmp_path_factory: pytest.TempPathFactory) -> Collection:
 
 @pytest.fixture(scope="session")
 def real_collection(tmp_path_factory: pytest.TempPathFactory) -> Collection:
-    """`kernmlops collect` of the whole system for 2 s with the hooks graphs draw."""
+    """`kernmlops collect` of the whole system for 2 s with the hooks graphs draw,
+    while a shell starts a few processes (a fresh machine may start none by itself)."""
     out = tmp_path_factory.mktemp("real")
+    work = "for i in 1 2 3 4 5 6 7 8; do ls / > /dev/null; sleep 0.25; done"
     cmd = [sys.executable, "-m", "kernmlops", "collect", "--no-progress", "-o", str(out),
-           "-b", "faux", "-d", "2", "--hooks", REAL_HOOKS]  # fmt: skip
+           "--system-wide", "--hooks", REAL_HOOKS, "--", "sh", "-c", work]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    found = sorted((out / "curated").glob("benchmark=faux/collection_id=*"))
+    found = sorted((out / "curated").glob("benchmark=command/collection_id=*"))
     assert len(found) == 1, found
     return read_collection(found[0])
 

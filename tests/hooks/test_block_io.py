@@ -197,6 +197,9 @@ def test_block_io_matches_fio(target: tuple[str, tuple[int, int]]) -> None:
     job = json.loads(out[out.index("{") :])["jobs"][0]
     df = pl.concat(frames)
     assert hook.status.drops == 0 and stats["map_full"] == 0
+    # the kernel's counters, final at stop, go to the manifest
+    assert set(hook.status.counters) == {"map_full", "unknown_completions", "requeued"}
+    assert hook.status.counters["unknown_completions"] >= stats["unknown_completions"]
     mine = df.filter((pl.col("major") == major) & (pl.col("minor") == minor))
     assert (mine["device"] == f"{major}:{minor}").all()
     assert mine["comm"].str.starts_with("fio").all(), mine["comm"].unique().to_list()

@@ -146,8 +146,31 @@ def cgroup_workload() -> Iterator[tuple[subprocess.Popen, str | None]]:
             made.rmdir()
 
 
+@pytest.fixture
+def threaded_process() -> Iterator[subprocess.Popen]:
+    """A process with a second thread named "kmo-worker" (a fresh machine may
+    run no multi-threaded process of its own)."""
+    code = (
+        "import threading, time\n"
+        "threading.Thread(target=time.sleep, args=(30,), name='kmo-worker', daemon=True).start()\n"
+        "time.sleep(30)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    deadline = time.monotonic() + 10
+    while len(list(Path(f"/proc/{proc.pid}/task").iterdir())) < 2:
+        assert time.monotonic() < deadline, "the threaded process did not start its thread"
+        time.sleep(0.01)
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.mark.bpf
-def test_snapshot_matches_proc(cgroup_workload: tuple[subprocess.Popen, str | None]) -> None:
+def test_snapshot_matches_proc(
+    cgroup_workload: tuple[subprocess.Popen, str | None], threaded_process: subprocess.Popen
+) -> None:
     from kernmlops.ebpf.build import build
     from kernmlops.hooks.base import HookContext
 
@@ -198,8 +221,12 @@ def test_snapshot_matches_proc(cgroup_workload: tuple[subprocess.Popen, str | No
         assert row["start_uptime_us"] <= row["ts_uptime_us"]
     # Threads carry their own comm and the process's parent.
     threads = frame.filter(pl.col("pid") != pl.col("tgid"))
-    assert threads.height, "no multi-threaded process on this machine"
-    for row in threads.head(50).iter_rows(named=True):
+    (tid,) = (int(t.name) for t in Path(f"/proc/{threaded_process.pid}/task").iterdir()
+              if int(t.name) != threaded_process.pid)  # fmt: skip
+    assert tid in threads.filter(pl.col("tgid") == threaded_process.pid)["pid"].to_list()
+    ours = pl.col("tgid") == threaded_process.pid
+    checked = threads.filter(ours | (pl.int_range(pl.len()) < 50))
+    for row in checked.iter_rows(named=True):
         st = proc_stat(row["tgid"], row["pid"])
         if st is not None and row["tgid"] in stable:
             assert (row["comm"], row["ppid"]) == (st["comm"], st["ppid"])

@@ -127,8 +127,11 @@ def test_migrations_match_nr_migrations(workload: str, kind: str) -> None:
     assert theirs - report["at_start"] <= moved.height <= theirs, (moved.height, report)
     assert theirs >= FLIPS - 1
 
+    # Nearly every flip is of the kind the workload forces; a few may be the
+    # other one (the spinning task preempted and queued when its flip lands).
     forced = moved.filter(pl.col("kind") == kind)
-    assert forced.height >= FLIPS - 1
+    assert forced.height >= 0.95 * FLIPS, moved.group_by("kind").len()
+    assert set(moved["kind"]) <= {"wakeup", "queued"}
     pairs = set(zip(forced["orig_cpu"].to_list(), forced["dest_cpu"].to_list(), strict=True))
     assert pairs <= {(c0, c1), (c1, c0)}, pairs
     assert (df["comm"] == os.path.basename(sys.executable)[:15]).any()

@@ -19,6 +19,7 @@ from kernmlops.lb.dataset import synthetic_decisions
 from kernmlops.lb.features import (
     fixed_features,
     float_features,
+    kernel_decision,
     mllb_filter,
     rule_decision,
 )
@@ -77,11 +78,17 @@ def test_kprobe_decisions_and_shadow_in_the_lab(tmp_path: Path) -> None:
     assert c.manifest["lb"]["cpu_node"] == [0, 1]
     assert (d["cpu_idle"] + d["cpu_not_idle"] + d["cpu_newly_idle"] == 1).all()
 
-    # the kernel's answer follows its rule on the columns we recorded
+    # The kernel's answer follows its own rule on the columns we recorded (all of
+    # 156 decisions in the run seen; a margin for a field read racing an update).
     kept = mllb_filter(d)
     assert kept.height > 0
-    rule = rule_decision(float_features(kept))
-    assert (rule == kept["can_migrate"].to_numpy()).mean() >= 0.95
+    answer = kept["can_migrate"].to_numpy()
+    agree = kernel_decision(kept) == answer
+    assert agree.mean() >= 0.98, kept.filter(pl.Series(~agree)).to_dicts()[:5]
+    # MLLB's 15 features can't tell "no NUMA statistics" from "none yet" (the
+    # kernel applies the NUMA locality rule only for the first), so the rule on
+    # the features alone is right for most decisions, not all (95% seen).
+    assert (rule_decision(float_features(kept)) == answer).mean() >= 0.8
 
     # shadow mode: the BPF model computed exactly what the exported one does
     fixed = FixedModel.from_model(model)
@@ -90,16 +97,12 @@ def test_kprobe_decisions_and_shadow_in_the_lab(tmp_path: Path) -> None:
     np.testing.assert_array_equal(d["model_pred"].to_numpy(), fixed.predict(xq))
     assert (d["infer_ns"] > 0).all()
     kernel = c.manifest["lb"]["shadow"]["kprobe"]["kernel"]
-    # The kernel's counter is read after the final drain while the programs
-    # are still attached: decisions made in between are counted, not drained.
-    assert d.height <= kernel["decisions"] <= d.height + 10
+    # The programs are detached before the final drain: every decision counted
+    # in the kernel is a row.
+    assert kernel["decisions"] == d.height
     tn, fp = kernel["confusion"][0]
     fn, tp = kernel["confusion"][1]
     k = kept.with_columns(pl.Series("p", fixed.predict(fixed_features(kept))))
-    assert (
-        0 <= tp - k.filter((pl.col("p") == 1) & (pl.col("can_migrate") == 1)).height <= 10
-    )  # same race as above
-    assert (
-        0 <= tn - k.filter((pl.col("p") == 0) & (pl.col("can_migrate") == 0)).height <= 10
-    )  # same race as above
+    assert tp == k.filter((pl.col("p") == 1) & (pl.col("can_migrate") == 1)).height
+    assert tn == k.filter((pl.col("p") == 0) & (pl.col("can_migrate") == 0)).height
     assert fp + fn == k.filter(pl.col("p") != pl.col("can_migrate")).height

@@ -308,6 +308,14 @@ class BpfObject:
     def links(self) -> Sequence[Link]:
         return tuple(self._links)
 
+    def detach(self, keep: Sequence[Link] = ()) -> None:
+        """Destroy every link but ``keep``; maps stay readable. Done before a
+        final read, it leaves nothing that runs after the read."""
+        for link in self._links:
+            if not any(link is k for k in keep):
+                link.destroy()
+        self._links = [link for link in self._links if any(link is k for k in keep)]
+
     def close(self) -> None:
         """Detach every link and free the object (idempotent)."""
         for link in self._links:

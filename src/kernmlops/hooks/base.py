@@ -50,6 +50,9 @@ class HookStatus:
     #: parts the hook asked for that this machine cannot provide (e.g. perf
     #: events), name -> reason: in the manifest, never silently missing
     unsupported: dict[str, str] = field(default_factory=dict)
+    #: the hook's own in-kernel counters at stop (e.g. block_io's completions
+    #: of requests issued before the start)
+    counters: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -62,6 +65,7 @@ class HookStatus:
             "missed": self.missed,
             "rows": self.rows,
             "unsupported": self.unsupported,
+            "counters": self.counters,
         }
 
 

@@ -126,6 +126,9 @@ class BlockIoHook(BpfHook):
             "requeued": int(m.lookup_percpu(STAT_REQUEUED).sum()),
         }
 
+    def counters(self) -> dict[str, int]:
+        return self.stats()
+
     def drops(self) -> int:
         # A request the map had no room for is a row lost: count it as a drop.
         return super().drops() + self.stats().get("map_full", 0)

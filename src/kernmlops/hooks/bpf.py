@@ -111,6 +111,19 @@ class BpfHook(Hook):
                 self.status.events += len(records)
                 yield table, self.to_frame(table, records, layout)
 
+    def detach(self) -> None:
+        """Stop the programs; rings and maps stay readable. Stopping before the
+        final drain means the rows, drops and counters read then are final."""
+        if self.obj is not None:
+            self.obj.detach()
+
+    def stop(self) -> Iterator[tuple[str, pl.DataFrame]]:
+        try:
+            self.detach()
+            yield from self.poll()
+        finally:
+            self.close()
+
     def to_frame(self, table: str, records: np.ndarray, layout: RecordLayout) -> pl.DataFrame:
         """Override to derive columns; the default keeps the record's fields."""
         return records_to_frame(records, layout)
@@ -128,10 +141,15 @@ class BpfHook(Hook):
         progs = [p for p in self.obj.programs.values() if p.autoload and p.fd >= 0]
         return sum(libbpf.prog_info(p.fd).recursion_misses for p in progs)
 
+    def counters(self) -> dict[str, int]:
+        """Hook-specific in-kernel counters, kept in the manifest at stop."""
+        return {}
+
     def close(self) -> None:
         if self.obj is not None and self.obj.loaded:
             self.status.drops = self.drops()
             self.status.missed = self.missed()
+            self.status.counters = self.counters()
         for reader, _ in self._readers.values():
             reader.close()
         self._readers.clear()

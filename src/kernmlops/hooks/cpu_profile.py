@@ -467,9 +467,12 @@ class CpuProfileHook(BpfHook):
 
     def stop(self) -> Iterator[tuple[str, pl.DataFrame]]:
         self._next_emit = float("inf")
-        yield from self.poll()
-        yield from self._emit()
-        self.close()
+        try:
+            self.detach()
+            yield from self.poll()
+            yield from self._emit()
+        finally:
+            self.close()
 
     def to_frame(self, table: str, records: np.ndarray, layout: RecordLayout) -> pl.DataFrame:
         self._symbolize(records)  # a no-op for stacks poll() has seen

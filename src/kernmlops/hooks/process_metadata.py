@@ -246,6 +246,7 @@ class ProcessMetadataHook(BpfHook):
         try:
             if self._link is not None:
                 self.snapshot("end")
+            self.detach()
             yield from self.poll()
         finally:
             self.close()

@@ -184,8 +184,11 @@ class SyscallsHook(BpfHook):
         yield from self._flush()
 
     def stop(self) -> Iterator[tuple[str, pl.DataFrame]]:
-        yield from self._flush()  # what changed since the last interval
-        self.close()
+        try:
+            self.detach()
+            yield from self._flush()  # what changed since the last interval
+        finally:
+            self.close()
 
     def drops(self) -> int:
         """Calls not counted because the map was full (drop slot 0)."""
