@@ -311,3 +311,31 @@ def test_threaded_sink_reports_the_writer_error(tmp_path: Path) -> None:
     with pytest.raises(CollectionError, match="t"):
         sink.flush(durable=True)
     sink.close()
+
+
+def test_threaded_sink_wakes_the_writer_for_a_flush_or_enough_bytes() -> None:
+    import time
+
+    from kernmlops.collect.sinks import MemorySink, ThreadedSink
+
+    def written() -> int:
+        return len(inner.frames.get("t", []))
+
+    def wait_for(n: int) -> None:
+        deadline = time.monotonic() + 10
+        while written() < n:
+            assert time.monotonic() < deadline, f"{written()} of {n} frames written"
+            time.sleep(0.005)
+
+    inner = MemorySink()
+    sink = ThreadedSink(inner, wake_bytes=1_000_000)
+    small = pl.DataFrame({"x": np.zeros(10, np.int64)})
+    for _ in range(5):
+        sink.write("t", small)
+    time.sleep(0.2)
+    assert written() == 0  # small frames wait for a flush
+    sink.flush()
+    wait_for(5)
+    sink.write("t", pl.DataFrame({"x": np.zeros(200_000, np.int64)}))  # 1.6 MB
+    wait_for(6)  # enough bytes wake the writer without a flush
+    assert sink.close() == {"t": 50 + 200_000}

@@ -396,11 +396,21 @@ class ThreadedSink:
     are bounded in bytes: when ``max_queued_bytes`` is reached, ``write``
     blocks, and the rings, not memory, absorb the backlog (and count drops).
     An error in the writer is raised by the next call.
+
+    The writer is woken only by a flush, or by ``wake_bytes`` queued: small
+    frames wait for the next flush. Waking it for every frame cost more CPU
+    (two threads passing the GIL a hundred times a second) than writing them.
     """
 
-    def __init__(self, inner: ParquetSink | MemorySink, max_queued_bytes: int = 32 * 2**20) -> None:
+    def __init__(
+        self,
+        inner: ParquetSink | MemorySink,
+        max_queued_bytes: int = 32 * 2**20,
+        wake_bytes: int = 2**20,
+    ) -> None:
         self.inner = inner
         self.max_queued_bytes = max_queued_bytes
+        self.wake_bytes = min(wake_bytes, max_queued_bytes)
         # (table, frame, bytes); table None is a flush marker
         self._queue: list[tuple[str | None, pl.DataFrame | None, int]] = []
         self._queued_bytes = 0
@@ -444,14 +454,17 @@ class ThreadedSink:
         size = frame.estimated_size()
         with self._cond:
             while self._queued_bytes and self._queued_bytes + size > self.max_queued_bytes:
+                self._cond.notify_all()  # the writer may be waiting for wake_bytes
                 self._cond.wait()
             self._queue.append((table, frame, size))
             self._queued_bytes += size
-            self._cond.notify_all()
+            if self._queued_bytes >= self.wake_bytes:
+                self._cond.notify_all()
 
     def _wait_idle(self) -> None:
         with self._cond:
             while self._queue or self._busy:
+                self._cond.notify_all()
                 self._cond.wait()
 
     @property
