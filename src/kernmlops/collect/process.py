@@ -54,7 +54,8 @@ class GatedProcess:
     def release(self) -> None:
         """Open the gate: the command execs now."""
         if self._gate >= 0:
-            os.write(self._gate, b"go\n")
+            with contextlib.suppress(BrokenPipeError):  # it died already: poll() tells
+                os.write(self._gate, b"go\n")
             os.close(self._gate)
             self._gate = -1
             self.started_ns = time.monotonic_ns()

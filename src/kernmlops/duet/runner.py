@@ -26,7 +26,6 @@ import re
 import select
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -38,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from kernmlops import __version__
-from kernmlops.collect.process import exit_status
+from kernmlops.benchmarks.base import Launch
+from kernmlops.collect.process import GatedProcess, exit_status
 from kernmlops.duet.config import Duet, DuetSuite, Side
 from kernmlops.duet.harness import SYNC_ENV
 from kernmlops.errors import BenchmarkError, KernmlopsError
@@ -176,79 +176,6 @@ def check_engine(engine: str, images: set[str]) -> None:
             raise DuetError(f"image {image!r} not found by {engine} (`{engine} pull {image}`)")
 
 
-# --- a side's process, held at a gate --------------------------------------------
-# The gate is the child's stdin, a pipe: a line means go, end of file (the
-# runner died or gave up) means exit 125. The command then gets /dev/null.
-_GATE = 'read -r _ || exit 125; exec "$@" </dev/null'
-
-
-class HeldProcess:
-    """A process in its own process group (its own session), held until released."""
-
-    def __init__(self, argv: list[str], env: dict[str, str], cwd: str | None,
-                 stdout: Any, stderr: Any) -> None:  # fmt: skip
-        read_fd, self._gate = os.pipe()
-        try:
-            self.proc = subprocess.Popen(
-                ["/bin/sh", "-c", _GATE, "kernmlops-duet-gate", *argv],
-                stdin=read_fd,
-                cwd=cwd,
-                env={**os.environ, **env},
-                start_new_session=True,  # own group: a timeout stops all of it
-                stdout=stdout,
-                stderr=stderr,
-            )
-        except OSError as err:
-            os.close(self._gate)
-            raise BenchmarkError(f"cannot start {argv[0]!r}: {err.strerror}") from err
-        finally:
-            os.close(read_fd)
-        self.pid = self.proc.pid
-        self.started_ns: int | None = None
-        self.ended_ns: int | None = None
-
-    def release(self) -> None:
-        if self._gate >= 0:
-            with contextlib.suppress(BrokenPipeError):  # it died already: poll() tells
-                os.write(self._gate, b"go\n")
-            os.close(self._gate)
-            self._gate = -1
-            self.started_ns = time.monotonic_ns()
-
-    def poll(self) -> int | None:
-        code = self.proc.poll()
-        if code is not None and self.ended_ns is None:
-            self.ended_ns = time.monotonic_ns()
-        return code
-
-    @property
-    def returncode(self) -> int | None:
-        return self.proc.returncode
-
-    def stop(self, grace_s: float = 2.0) -> None:
-        """SIGTERM the group, SIGKILL what is left after ``grace_s``."""
-        if self._gate >= 0:
-            os.close(self._gate)
-            self._gate = -1
-        self._signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while self.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        self._signal(signal.SIGKILL)
-        self.proc.wait()
-        self.poll()
-
-    def reap_group(self) -> None:
-        """After the main process ended: end what it left in its group."""
-        self._signal(signal.SIGTERM)
-        time.sleep(0.02)
-        self._signal(signal.SIGKILL)
-
-    def _signal(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, sig)
-
-
 # --- one trial ------------------------------------------------------------------
 @dataclass
 class SideRecord:
@@ -327,7 +254,7 @@ class _Running:
         self.engine = suite.engine
         self.work = work
         self.sync_dir = sync_dir
-        self.proc: HeldProcess | None = None
+        self.proc: GatedProcess | None = None
         self.stopped = False  # stopped by the runner (timeout), not ended by itself
         work.mkdir(parents=True, exist_ok=True)
         env = {
@@ -361,7 +288,7 @@ class _Running:
             Path(f"{log_base}.{rec.pair}.stdout").open("wb") as stdout,
             Path(f"{log_base}.{rec.pair}.stderr").open("wb") as stderr,
         ):  # the child keeps its own copies
-            self.proc = HeldProcess(argv, env, str(work), stdout, stderr)
+            self.proc = GatedProcess(Launch(argv, env, str(work)), stdout, stderr)
         rec.pid = self.proc.pid
         if cpus and not side.image:
             # The gate shell is pinned before it execs: the command and its
