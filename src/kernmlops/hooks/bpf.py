@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import ClassVar
 
 import numpy as np
@@ -14,7 +14,7 @@ from kernmlops.ebpf import libbpf
 from kernmlops.ebpf.btf import RecordLayout, ring_layouts
 from kernmlops.ebpf.build import object_path
 from kernmlops.ebpf.frames import records_to_frame
-from kernmlops.ebpf.objects import BpfObject, open_and_load
+from kernmlops.ebpf.objects import VARIANTS, BpfObject, open_and_load
 from kernmlops.ebpf.ringbuf import RingBuffer
 from kernmlops.errors import HookUnavailable, KernmlopsError
 from kernmlops.hooks.base import Hook, HookContext, HookOptions
@@ -77,6 +77,10 @@ class BpfHook(Hook):
         """Sizes of hook-specific maps (map name -> max_entries), set before load."""
         return {}
 
+    def variants(self) -> Sequence[str | None]:
+        """Program variants to try, in order (see ``open_and_load``)."""
+        return VARIANTS
+
     def attach(self, obj: BpfObject) -> None:
         """Attach the loaded programs. Override for programs that attach to
         something other than their section name (perf events, iterators); set
@@ -105,6 +109,7 @@ class BpfHook(Hook):
                     **self.extra_max_entries(),
                 },
                 reuse_maps={"kmo_tracked": flt.fd} if flt else {},
+                variants=self.variants(),
             )
             self.status.variant = self.obj.variant
             self.status.programs = [p.section for p in self.obj.programs.values() if p.autoload]
@@ -149,9 +154,13 @@ class BpfHook(Hook):
     def stop(self) -> Iterator[tuple[str, pl.DataFrame]]:
         try:
             self.detach()
-            yield from self.poll()
+            yield from self.final_rows()
         finally:
             self.close()
+
+    def final_rows(self) -> Iterator[tuple[str, pl.DataFrame]]:
+        """What is left once detached; override where rows are not only rings."""
+        return self.poll()
 
     def to_frame(self, table: str, records: np.ndarray, layout: RecordLayout) -> pl.DataFrame:
         """Override to derive columns; the default keeps the record's fields."""

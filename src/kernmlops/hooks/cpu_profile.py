@@ -465,14 +465,10 @@ class CpuProfileHook(BpfHook):
             table, layout = self._layout
             yield table, self.to_frame(table, records, layout)
 
-    def stop(self) -> Iterator[tuple[str, pl.DataFrame]]:
+    def final_rows(self) -> Iterator[tuple[str, pl.DataFrame]]:
         self._next_emit = float("inf")
-        try:
-            self.detach()
-            yield from self.poll()
-            yield from self._emit()
-        finally:
-            self.close()
+        yield from self.poll()
+        yield from self._emit()
 
     def to_frame(self, table: str, records: np.ndarray, layout: RecordLayout) -> pl.DataFrame:
         self._symbolize(records)  # a no-op for stacks poll() has seen

@@ -242,14 +242,12 @@ class ProcessMetadataHook(BpfHook):
         if pending:
             yield TABLE, pl.concat(pending)
 
-    def stop(self) -> Iterator[tuple[str, pl.DataFrame]]:
-        try:
-            if self._link is not None:
-                self.snapshot("end")
-            self.detach()
-            yield from self.poll()
-        finally:
-            self.close()
+    def detach(self) -> None:
+        # The end snapshot needs the iterator's link: taken just before it goes.
+        if self._link is not None:
+            self.snapshot("end")
+            self._link = None
+        super().detach()
 
     def close(self) -> None:
         self._link = None  # destroyed with the object's links

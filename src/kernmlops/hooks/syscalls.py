@@ -183,12 +183,8 @@ class SyscallsHook(BpfHook):
             self._next_us = _monotonic_us() + step
         yield from self._flush()
 
-    def stop(self) -> Iterator[tuple[str, pl.DataFrame]]:
-        try:
-            self.detach()
-            yield from self._flush()  # what changed since the last interval
-        finally:
-            self.close()
+    def final_rows(self) -> Iterator[tuple[str, pl.DataFrame]]:
+        return self._flush()  # what changed since the last interval
 
     def drops(self) -> int:
         """Calls not counted because the map was full (drop slot 0)."""

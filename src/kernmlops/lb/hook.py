@@ -196,47 +196,15 @@ class LbKprobeHook(_LbHook):
             raise HookUnavailable(f"lb_kprobe: attach must be one of {', '.join(self.ATTACH)}")
         self.attach_choice = attach
 
+    def variants(self) -> tuple[str, ...]:
+        return self.ATTACH[self.attach_choice]
+
     def start(self, ctx: HookContext) -> None:
         try:
-            self._start(ctx)
+            super().start(ctx)
         except HookUnavailable as err:
             raise HookUnavailable(unavailable_reason(str(err))) from err
         self.status.variant = self.VARIANT_NAMES.get(self.status.variant, self.status.variant)
-
-    def _start(self, ctx: HookContext) -> None:
-        """BpfHook.start with a choice of variants (fexit or kprobe)."""
-        from kernmlops.ebpf.btf import ring_layouts
-        from kernmlops.ebpf.build import object_path
-        from kernmlops.ebpf.objects import open_and_load
-        from kernmlops.ebpf.ringbuf import RingBuffer
-        from kernmlops.errors import KernmlopsError
-
-        path = object_path(self.object_name, ctx.bpf_dir)
-        if not path.exists():
-            raise HookUnavailable(f"{path} not found (build it: kernmlops build-bpf)")
-        size = self.options.ring_kib * 1024  # type: ignore[attr-defined]
-        try:
-            layouts = ring_layouts(path)
-            self.obj = open_and_load(
-                path,
-                globals_={
-                    "kmo_self_tgid": ctx.self_tgid,
-                    "kmo_filter_on": False,
-                    **self.extra_globals(),
-                },
-                max_entries=dict.fromkeys(self.rings.values(), size),
-                variants=self.ATTACH[self.attach_choice],
-            )
-            self.status.variant = self.obj.variant
-            self.status.programs = [p.section for p in self.obj.programs.values() if p.autoload]
-            self.attach(self.obj)
-        except (KernmlopsError, OSError) as err:
-            self.close()
-            raise HookUnavailable(f"{self.name}: {err}") from err
-        for table, ring in self.rings.items():
-            layout = layouts[ring]
-            self._readers[table] = (RingBuffer(self.obj.map(ring).fd, size, layout.dtype), layout)
-        self.status.attached = True
 
     def to_frame(self, table: str, records: np.ndarray, layout: RecordLayout) -> pl.DataFrame:
         return from_kprobe_records(records_to_frame(records, layout), self.collection_id).drop(
