@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kernmlops.ebpf.build import build, compile_object, default_build_dir
-from kernmlops.ebpf.libbpf import lib
+from kernmlops.ebpf.libbpf import ProgTestRunOpts, lib
 from kernmlops.ebpf.objects import open_and_load
 from kernmlops.exporter.histogram import Buckets, bucket_bounds, slot_of
 
@@ -56,42 +56,16 @@ int slot(struct bpf_raw_tracepoint_args *ctx)
 """
 
 
-class RunOpts(ctypes.Structure):
-    """struct bpf_test_run_opts (libbpf's bpf.h)."""
-
-    _fields_ = [
-        ("sz", ctypes.c_size_t),
-        ("data_in", ctypes.c_void_p),
-        ("data_out", ctypes.c_void_p),
-        ("data_size_in", ctypes.c_uint32),
-        ("data_size_out", ctypes.c_uint32),
-        ("ctx_in", ctypes.c_void_p),
-        ("ctx_out", ctypes.c_void_p),
-        ("ctx_size_in", ctypes.c_uint32),
-        ("ctx_size_out", ctypes.c_uint32),
-        ("retval", ctypes.c_uint32),
-        ("repeat", ctypes.c_int),
-        ("duration", ctypes.c_uint32),
-        ("flags", ctypes.c_uint32),
-        ("cpu", ctypes.c_uint32),
-        ("batch_size", ctypes.c_uint32),
-    ]
-
-
-_test_run = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.POINTER(RunOpts))(
-    ("bpf_prog_test_run_opts", lib)
-)
-
 VALUES = [0, 1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 1000, 1024, 1025, 2**20, 2**20 + 1]
 VALUES += [2**32 - 1, 2**32, 2**32 + 1, 2**63, 2**64 - 1]
 
 
 def run(fd: int, value: int, kind: int) -> int:
     args = (ctypes.c_uint64 * 2)(value, kind)
-    opts = RunOpts(sz=ctypes.sizeof(RunOpts))
+    opts = ProgTestRunOpts(sz=ctypes.sizeof(ProgTestRunOpts))
     opts.ctx_in = ctypes.cast(args, ctypes.c_void_p)
     opts.ctx_size_in = ctypes.sizeof(args)
-    rc = _test_run(fd, ctypes.byref(opts))
+    rc = lib.bpf_prog_test_run_opts(fd, ctypes.byref(opts))
     assert rc == 0, f"BPF_PROG_TEST_RUN failed: {rc}"
     return opts.retval
 

@@ -116,6 +116,31 @@ _fn("bpf_link_get_next_id", c_int, c_uint32, POINTER(c_uint32))
 _fn("bpf_map_get_next_id", c_int, c_uint32, POINTER(c_uint32))
 
 
+class ProgTestRunOpts(ctypes.Structure):
+    """struct bpf_test_run_opts (libbpf 1.x bpf.h), for BPF_PROG_TEST_RUN."""
+
+    _fields_ = [
+        ("sz", ctypes.c_size_t),
+        ("data_in", ctypes.c_void_p),
+        ("data_out", ctypes.c_void_p),
+        ("data_size_in", ctypes.c_uint32),
+        ("data_size_out", ctypes.c_uint32),
+        ("ctx_in", ctypes.c_void_p),
+        ("ctx_out", ctypes.c_void_p),
+        ("ctx_size_in", ctypes.c_uint32),
+        ("ctx_size_out", ctypes.c_uint32),
+        ("retval", ctypes.c_uint32),
+        ("repeat", ctypes.c_int),
+        ("duration", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("cpu", ctypes.c_uint32),
+        ("batch_size", ctypes.c_uint32),
+    ]
+
+
+_fn("bpf_prog_test_run_opts", ctypes.c_int, ctypes.c_int, ctypes.POINTER(ProgTestRunOpts))
+
+
 class BpfProgInfo(ctypes.Structure):
     """struct bpf_prog_info (uapi/linux/bpf.h) up to recursion_misses. The
     kernel fills only as many bytes as we pass, so a prefix is valid."""

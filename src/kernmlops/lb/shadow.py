@@ -20,36 +20,11 @@ import polars as pl
 from kernmlops.ebpf import libbpf
 from kernmlops.ebpf.btf import Btf, Kind, record_layout
 from kernmlops.ebpf.build import object_path
-from kernmlops.ebpf.libbpf import LibbpfError, check_int, lib
+from kernmlops.ebpf.libbpf import LibbpfError, ProgTestRunOpts, check_int, lib
 from kernmlops.ebpf.objects import open_and_load
 from kernmlops.lb.features import FEATURE_INPUTS, LABEL, MIGRATION_COST_NS
 from kernmlops.lb.model import metrics
 
-
-class _TestRunOpts(ctypes.Structure):
-    """struct bpf_test_run_opts (libbpf 1.x)."""
-
-    _fields_ = [
-        ("sz", ctypes.c_size_t),
-        ("data_in", ctypes.c_void_p),
-        ("data_out", ctypes.c_void_p),
-        ("data_size_in", ctypes.c_uint32),
-        ("data_size_out", ctypes.c_uint32),
-        ("ctx_in", ctypes.c_void_p),
-        ("ctx_out", ctypes.c_void_p),
-        ("ctx_size_in", ctypes.c_uint32),
-        ("ctx_size_out", ctypes.c_uint32),
-        ("retval", ctypes.c_uint32),
-        ("repeat", ctypes.c_int),
-        ("duration", ctypes.c_uint32),
-        ("flags", ctypes.c_uint32),
-        ("cpu", ctypes.c_uint32),
-        ("batch_size", ctypes.c_uint32),
-    ]
-
-
-lib.bpf_prog_test_run_opts.argtypes = [ctypes.c_int, ctypes.POINTER(_TestRunOpts)]
-lib.bpf_prog_test_run_opts.restype = ctypes.c_int
 XDP_PASS = 2
 
 
@@ -114,7 +89,7 @@ def run_in_kernel(
 
         def run_one(raw: bytes, n: int) -> bytes:
             ctypes.memmove(buf_in, raw, size)
-            opts = _TestRunOpts(sz=ctypes.sizeof(_TestRunOpts))
+            opts = ProgTestRunOpts(sz=ctypes.sizeof(ProgTestRunOpts))
             opts.data_in = ctypes.cast(buf_in, ctypes.c_void_p)
             opts.data_size_in = pkt_len
             opts.data_out = ctypes.cast(buf_out, ctypes.c_void_p)
