@@ -289,7 +289,8 @@ def test_mixed_runs_for_two_seconds(tmp_path: Path) -> None:
         assert f"] {stressor} " in out  # a metrics line per stressor
         ops, wall = got[(stressor, "bogo_ops")], got[(stressor, "wall_clock_s")]
         assert ops > 0
-        assert 1.9 <= wall <= 4.0
+        # stress-ng stops a stressor at its alarm, which may ring a little early (1.899 s seen)
+        assert 1.8 <= wall <= 4.0
         assert got[(stressor, "bogo_ops_per_s_real")] == pytest.approx(ops / wall, rel=0.02)
 
 
