@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -160,8 +163,9 @@ def test_wrong_type():
 
 def test_section_of_wrong_type():
     msg = _error({"collector": ["a", "b"]})
-    assert "collector:" in msg
-    assert "dictionary" in msg
+    assert msg == "invalid configuration: collector: expected a mapping of keys (got ['a', 'b'])"
+    msg = _error({"hooks": {"perf": 5}})
+    assert msg == "invalid configuration: hooks.perf: expected a mapping of keys (got 5)"
 
 
 def test_poll_interval_zero():
@@ -338,3 +342,106 @@ def test_flags_do_not_change_the_callers_overrides():
     cfg = load_config(overrides, {"collector.poll_interval_ms": 20})
     assert cfg.collector.poll_interval_ms == 20
     assert overrides == {"collector": {"poll_interval_ms": 5}}
+
+
+# --- hostile and broken files (kernmlops.yamlfile does the reading) ----------------
+def test_a_section_that_is_not_a_mapping_names_the_file_and_the_section(tmp_path):
+    path = _write(tmp_path, "collector: 5\n")
+    expected = f"invalid configuration in {path}: collector: expected a mapping of keys (got 5)"
+    assert _error(path) == expected
+    # a flag below it (-o sets collector.output_dir) must not take the blame
+    assert _error(path, {"collector.output_dir": "/tmp/out"}) == expected
+    assert _error(path, {"hooks.process_trace.ring_kib": 16}) == expected
+
+
+def test_errors_from_flags_say_so(tmp_path):
+    path = _write(tmp_path, "collector:\n  poll_interval_ms: 50\n")
+    msg = _error(path, {"collector.strict": "maybe"})
+    # only the flag is wrong: the file is not blamed
+    assert msg.startswith("invalid configuration: collector.strict: Input should be a valid")
+    assert msg.endswith("(got 'maybe') (set on the command line)")
+    path = _write(tmp_path, "collector:\n  poll_interval_ms: 0\n")
+    head, *lines = _error(path, {"collector.strict": "maybe"}).splitlines()
+    assert head == f"invalid configuration in {path}:"
+    by_key = {line.split(":")[0].removeprefix("  - "): line for line in lines}
+    assert set(by_key) == {"collector.poll_interval_ms", "collector.strict"}
+    assert not by_key["collector.poll_interval_ms"].endswith("(set on the command line)")
+    assert by_key["collector.strict"].endswith("(set on the command line)")
+
+
+def test_thousands_of_errors_are_cut_short(tmp_path):
+    path = _write(tmp_path, "collector:\n" + "".join(f"  k{i}: 1\n" for i in range(5000)))
+    lines = _error(path).splitlines()
+    assert lines[0] == f"invalid configuration in {path}:"
+    assert len(lines) == 1 + 20 + 1
+    assert lines[1].startswith("  - collector.k0: unknown key")
+    assert lines[-1] == "  ... and 4,980 more"
+
+
+def test_a_long_value_is_shown_cut_short():
+    msg = _error({"collector": {"poll_interval_ms": "x" * 100_000}})
+    assert len(msg) < 300
+    assert "(got 'xxxxxxxxxxxx...xxxxxxxxxxxxx')" in msg
+
+
+def _bomb(levels: int) -> str:
+    lines = ["a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "x:\n" + "".join(f"  {line}\n" for line in lines)
+
+
+@pytest.mark.parametrize(
+    "use",
+    [
+        "",  # the bomb alone (unknown keys)
+        "benchmark:\n  command:\n    argv: *a8\n",  # validated as a list of strings
+        "hooks:\n  perf:\n    events: *a8\n",
+    ],
+)
+def test_an_alias_bomb_is_refused_fast_on_the_whole_load_config_path(tmp_path, use):
+    # Before: minutes and gigabytes (pydantic walked every alias); a 9-level bomb.
+    path = _write(tmp_path, _bomb(9) + use)
+    started = time.perf_counter()
+    msg = _error(path)
+    assert time.perf_counter() - started < 0.5
+    assert msg.startswith(f"{path}: refused: line ")
+    assert msg.endswith("more than 50,000 values once its aliases are expanded (an alias bomb?)")
+
+
+def test_huge_and_binary_config_files(tmp_path):
+    big = _write(tmp_path, "#" * (3 << 20) + "\n", "big.yaml")
+    assert _error(big) == f"{big} is 3.0 MiB: a config file may be at most 1 MiB"
+    binary = _write(tmp_path, "", "bin.yaml")
+    binary.write_bytes(bytes(range(256)) * 4)
+    assert _error(binary) == f"{binary} is not a text file (a NUL byte at offset 0): expected YAML"
+    latin1 = _write(tmp_path, "", "latin1.yaml")
+    latin1.write_bytes(b"collector:\n  output_dir: /tmp/caf\xe9\n")
+    assert _error(latin1) == (f"{latin1} is not UTF-8 text (byte 0xe9 at offset 33): expected YAML")
+
+
+@pytest.mark.parametrize(
+    ("content", "flags", "expected"),
+    [
+        (b"collector: 5\n", ["-o", "out"], "collector: expected a mapping of keys (got 5)"),
+        (bytes(range(256)), [], "is not a text file (a NUL byte at offset 0)"),
+        (b"\xd0\xcf\x11\xe0 office", [], "is not UTF-8 text (byte 0xd0 at offset 0)"),
+        (_bomb(9).encode(), [], "(an alias bomb?)"),
+        (b"#" * (2 << 20), [], "is 2 MiB: a config file may be at most 1 MiB"),
+    ],
+)
+def test_collect_refuses_a_hostile_config_in_one_line(tmp_path, content, flags, expected):
+    path = tmp_path / "hostile.yaml"
+    path.write_bytes(content)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernmlops", "collect", "-c", str(path), *flags, "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ")
+    assert str(path) in lines[0] and expected in lines[0]

@@ -72,7 +72,23 @@ def test_read_collection(curated: Path) -> None:
 
 def test_manifest_lists_the_files(curated: Path) -> None:
     c = read_collection(curated / "benchmark=gap" / "collection_id=g2")
-    assert c.manifest["tables"] == {"events": ["events/part-00000.parquet"]}
+    assert c.manifest.tables["events"].files == ["events/part-00000.parquet"]
+    assert c.complete is False  # a hand-made manifest has no state: not finalised
+
+
+def test_a_running_collection_is_read_with_a_warning(tmp_path: Path) -> None:
+    """A collector killed mid-run leaves state 'running': read, and said so."""
+    from kernmlops.data import IncompleteCollectionWarning
+
+    folder = tmp_path / "benchmark=faux" / "collection_id=k"
+    make_collection(folder, "faux", "k", 300)
+    write_manifest(folder, {"collection_id": "k", "state": "running",
+                            "last_flush_at": "2026-01-01T00:00:05+00:00"})  # fmt: skip
+    with pytest.warns(IncompleteCollectionWarning, match="incomplete.*00:00:05"):
+        c = read_collection(folder)
+    assert not c.complete and c["events"].height == 300
+    listed = list_collections(tmp_path)
+    assert listed["state"].to_list() == ["running"]
 
 
 def test_read_collection_from_the_manifest_path(curated: Path) -> None:
@@ -214,7 +230,7 @@ def test_read_parquet_dir_errors(curated: Path, tmp_path: Path) -> None:
 
 def test_list_collections(curated: Path) -> None:
     df = list_collections(curated)
-    assert df.columns == ["benchmark", "collection_id", "path", "started_at", "tables"]
+    assert df.columns == ["benchmark", "collection_id", "path", "started_at", "state", "tables"]
     assert df.select("benchmark", "collection_id").rows() == sorted(ROWS)
     assert df["started_at"].to_list() == ["2024-05-02T00:00:00+00:00"] * 4
     assert df["tables"].to_list() == [["drops", "events"]] * 2 + [["events"]] * 2

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from kernmlops import __version__
@@ -17,7 +18,9 @@ console = Console(stderr=True)
 
 
 def _fail(err: KernmlopsError) -> None:
-    console.print(f"[bold red]error:[/] {err}", markup=True, highlight=False)
+    # escape: a message may hold [brackets]; soft_wrap: it stays one line (no wrap at 80)
+    text = escape(str(err))
+    console.print(f"[bold red]error:[/] {text}", markup=True, highlight=False, soft_wrap=True)
     sys.exit(err.exit_code)
 
 
@@ -189,7 +192,12 @@ def collect(
             else:
                 live.update(_progress_table(p, attached))
 
-        session = Session(config, on_progress=on_progress, on_attached=on_attached)
+        session = Session(
+            config,
+            on_progress=on_progress,
+            on_attached=on_attached,
+            on_message=lambda text: console.print(f"[yellow]warning:[/] {text}", highlight=False),
+        )
         console.print(f"collecting into {session.path}")
         try:
             result = session.run()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import reprlib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,6 +29,7 @@ from kernmlops.benchmarks import REGISTRY as BENCHMARKS
 from kernmlops.errors import ConfigError
 from kernmlops.hooks import DEFAULT_HOOKS
 from kernmlops.hooks import REGISTRY as HOOKS
+from kernmlops.yamlfile import safe_yaml
 
 
 def _key(name: str) -> str:
@@ -56,6 +58,12 @@ class CollectorConfig(_Strict):
         5.0, gt=0, le=3600, description="longest time rows wait in memory before Parquet"
     )
     row_group_rows: int = Field(65536, ge=1024, le=16 << 20, description="Parquet row group")
+    min_free_mb: float = Field(
+        64, ge=0, description="refuse to start with less free space than this in output_dir"
+    )
+    warn_free_mb: float = Field(
+        1024, ge=0, description="warn when starting with less free space than this"
+    )
     progress: bool = Field(True, description="live progress while collecting")
     export: str | None = Field(
         None,
@@ -150,49 +158,83 @@ def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] |
     return model
 
 
-def _describe(err: dict[str, Any]) -> str:
+#: Most problems listed in one message; a hostile file can have thousands.
+MAX_ERRORS_SHOWN = 20
+
+
+def _shown(value: Any) -> str:
+    """A value as the user wrote it, cut short (a hostile one may be huge)."""
+    return reprlib.repr(value)
+
+
+def _from_flag(err: dict[str, Any], flags: frozenset[tuple[str, ...]]) -> bool:
+    loc = tuple(str(p) for p in err["loc"])
+    return any(loc[: len(f)] == f for f in flags)
+
+
+def _describe(err: dict[str, Any], flags: frozenset[tuple[str, ...]] = frozenset()) -> str:
     loc = tuple(err["loc"])
     path = ".".join(str(p) for p in loc) or "(top level)"
     kind = err["type"]
+    origin = " (set on the command line)" if _from_flag(err, flags) else ""
     if kind == "extra_forbidden":
         parent = _model_at(Config, loc[:-1])
         valid = sorted(parent.model_fields) if parent else []
         near = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
         hint = f"; did you mean {'.'.join([*map(str, loc[:-1]), near[0]])!r}?" if near else ""
-        return f"{path}: unknown key{hint} (valid here: {', '.join(valid)})"
+        return f"{path}: unknown key{hint} (valid here: {', '.join(valid)}){origin}"
     got = err.get("input")
+    if kind in ("model_type", "dict_type"):  # a section that is not a mapping
+        return f"{path}: expected a mapping of keys (got {_shown(got)}){origin}"
     msg = err["msg"].removeprefix("Value error, ")
-    shown = "" if isinstance(got, dict) or f"got {got}" in msg else f" (got {got!r})"
-    return f"{path}: {msg}{shown}"
+    shown = "" if isinstance(got, dict) or f"got {got}" in msg else f" (got {_shown(got)})"
+    return f"{path}: {msg}{shown}{origin}"
 
 
-def format_errors(error: ValidationError, source: str | None = None) -> str:
-    where = f" in {source}" if source else ""
+def format_errors(
+    error: ValidationError,
+    source: str | None = None,
+    flags: frozenset[tuple[str, ...]] = frozenset(),
+) -> str:
+    """One line for one problem, else a list; ``source`` is the file, ``flags``
+    the key paths set on the command line (their errors say so)."""
+    errors = error.errors()
+    only_flags = all(_from_flag(e, flags) for e in errors)
+    where = f" in {source}" if source and not only_flags else ""
+    if len(errors) == 1:
+        return f"invalid configuration{where}: {_describe(errors[0], flags)}"
     lines = [f"invalid configuration{where}:"]
-    lines += [f"  - {_describe(e)}" for e in error.errors()]
+    lines += [f"  - {_describe(e, flags)}" for e in errors[:MAX_ERRORS_SHOWN]]
+    if len(errors) > MAX_ERRORS_SHOWN:
+        lines.append(f"  ... and {len(errors) - MAX_ERRORS_SHOWN:,} more")
     return "\n".join(lines)
 
 
 # --- loading -------------------------------------------------------------------
-def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
+def _set_path(data: dict[str, Any], dotted: str, value: Any, source: str | None = None) -> None:
     node = data
     *parents, last = dotted.split(".")
-    for part in parents:
+    for i, part in enumerate(parents):
         nxt = node.setdefault(part, {})
         if not isinstance(nxt, dict):
+            if _model_at(Config, tuple(parents[: i + 1])) is not None:
+                # a section the file (or dict) gave as a scalar or list: its fault, not the flag's
+                where = f" in {source}" if source else ""
+                section = ".".join(parents[: i + 1])
+                raise ConfigError(
+                    f"invalid configuration{where}: {section}: expected a mapping of keys "
+                    f"(got {_shown(nxt)})"
+                )
             raise ConfigError(f"{dotted}: {part} is not a section")
         node = nxt
     node[last] = value
 
 
 def read_overrides(path: str | Path) -> dict[str, Any]:
+    """The overrides file's mapping; a hostile file (huge, binary, an alias bomb)
+    is refused before it costs anything (kernmlops.yamlfile)."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as err:
-        raise ConfigError(f"cannot read config {path}: {err.strerror}") from err
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path} is not valid YAML: {err}") from err
+    data = safe_yaml(path, what="config")
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -211,13 +253,15 @@ def load_config(
         data = read_overrides(overrides)
     else:
         data = copy.deepcopy(overrides or {})  # flags must not change the caller's dict
+    set_by_flags: set[tuple[str, ...]] = set()
     for dotted, value in (flags or {}).items():
         if value is not None:
-            _set_path(data, dotted, value)
+            _set_path(data, dotted, value, source)
+            set_by_flags.add(tuple(dotted.split(".")))
     try:
         return Config.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(format_errors(err, source)) from None
+        raise ConfigError(format_errors(err, source, frozenset(set_by_flags))) from None
 
 
 # --- defaults.yaml ---------------------------------------------------------------

@@ -18,12 +18,15 @@ Examples (in a notebook)::
     lazy = read_parquet_dir("data/curated", "block_io", lazy=True)
 
 Only finished parts (``part-*.parquet``) are read; an interrupted writer's temporary files
-(``.part-*.parquet.tmp``) are never opened.
+(``.part-*.parquet.tmp``) are never opened. A collection whose collector died (its manifest
+still says ``state: running``) is read as far as it was flushed, with a warning; its
+``Collection.complete`` is False.
 """
 
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,11 +35,22 @@ from urllib.parse import unquote
 
 import polars as pl
 
-from kernmlops.collect.manifest import MANIFEST_NAME, read_manifest
+from kernmlops.collect.manifest import MANIFEST_NAME, Manifest, read_manifest
 from kernmlops.errors import CollectionError
 from kernmlops.tables import BENCHMARK, COLLECTION_ID
 
-__all__ = ["Collection", "list_collections", "read_collection", "read_parquet_dir"]
+__all__ = [
+    "Collection",
+    "IncompleteCollectionWarning",
+    "list_collections",
+    "read_collection",
+    "read_parquet_dir",
+]
+
+
+class IncompleteCollectionWarning(UserWarning):
+    """The collection's collector did not finish (killed, crashed): read as far as flushed."""
+
 
 _PART = re.compile(r"^part-(\d+)\.parquet$")
 _TEMP_GLOB = ".part-*.parquet.tmp"
@@ -50,7 +64,7 @@ class Collection:
 
     Attributes:
         path: the collection folder.
-        manifest: the parsed ``manifest.json``.
+        manifest: the parsed ``manifest.json`` (typed; ``manifest["key"]`` works too).
         tables: every table, all its parts concatenated in part order.
         files: the part files each table was read from.
         incomplete: tables with unfinished temporary parts (an interrupted writer); their
@@ -58,7 +72,7 @@ class Collection:
     """
 
     path: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
     tables: dict[str, pl.DataFrame]
     files: dict[str, tuple[Path, ...]] = field(default_factory=dict)
     incomplete: tuple[str, ...] = ()
@@ -84,20 +98,21 @@ class Collection:
     @property
     def collection_id(self) -> str:
         """The manifest's ``collection_id``, else the folder's (``collection_id=<id>``)."""
-        value = self.manifest.get(COLLECTION_ID)
-        if isinstance(value, str) and value:
-            return value
+        if self.manifest.collection_id:
+            return self.manifest.collection_id
         name = self.path.name
         return unquote(name.removeprefix(_COLLECTION_PREFIX))
 
     @property
+    def complete(self) -> bool:
+        """The collector finished and finalised the manifest (False after a crash)."""
+        return self.manifest.complete
+
+    @property
     def benchmark(self) -> str | None:
         """The manifest's benchmark name, else the parent folder's (``benchmark=<b>``)."""
-        value = self.manifest.get(BENCHMARK)
-        if isinstance(value, dict):
-            value = value.get("name")
-        if isinstance(value, str) and value:
-            return value
+        if self.manifest.benchmark is not None and self.manifest.benchmark.name:
+            return self.manifest.benchmark.name
         parent = self.path.parent.name
         if parent.startswith(_BENCHMARK_PREFIX):
             return unquote(parent.removeprefix(_BENCHMARK_PREFIX))
@@ -139,6 +154,14 @@ def read_collection(path: str | Path) -> Collection:
         )
         raise CollectionError(f"{path}: no Parquet tables (no <table>/part-*.parquet){why}")
     tables = {name: _read(name, parts) for name, parts in files.items()}
+    if manifest.state == "running":
+        flushed = manifest.last_flush_at or "never"
+        warnings.warn(
+            f"{path}: incomplete collection: its collector stopped without finishing "
+            f"(last flush {flushed}); reading what was flushed",
+            IncompleteCollectionWarning,
+            stacklevel=2,
+        )
     return Collection(
         path=path,
         manifest=manifest,
@@ -198,8 +221,9 @@ def list_collections(path: str | Path) -> pl.DataFrame:
     """One row per collection under a curated folder.
 
     Columns: ``benchmark``, ``collection_id`` (from the folder names), ``path``,
-    ``started_at`` (the manifest's, as written; null without a readable manifest) and
-    ``tables`` (the tables with finished parts).
+    ``started_at`` and ``state`` (the manifest's, as written; null without a readable
+    manifest; ``running`` for a collection whose collector died) and ``tables`` (the tables
+    with finished parts).
     """
     root = Path(path).expanduser()
     rows: dict[str, list[Any]] = {
@@ -207,17 +231,19 @@ def list_collections(path: str | Path) -> pl.DataFrame:
         COLLECTION_ID: [],
         "path": [],
         "started_at": [],
+        "state": [],
         "tables": [],
     }
     for benchmark, collection_id, folder in _collections(root, required=False):
         try:
-            started = read_manifest(folder).get("started_at")
+            manifest: Manifest | None = read_manifest(folder)
         except CollectionError:
-            started = None
+            manifest = None
         rows[BENCHMARK].append(benchmark)
         rows[COLLECTION_ID].append(collection_id)
         rows["path"].append(str(folder))
-        rows["started_at"].append(None if started is None else str(started))
+        rows["started_at"].append(manifest.started_at if manifest else None)
+        rows["state"].append(manifest.state if manifest else None)
         rows["tables"].append(sorted(_table_files(folder)[0]))
     return pl.DataFrame(
         rows,
@@ -226,6 +252,7 @@ def list_collections(path: str | Path) -> pl.DataFrame:
             COLLECTION_ID: pl.String,
             "path": pl.String,
             "started_at": pl.String,
+            "state": pl.String,
             "tables": pl.List(pl.String),
         },
     )

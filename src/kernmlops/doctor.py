@@ -2,17 +2,52 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich.console import Console
 from rich.table import Table
 
-from kernmlops.ebpf.build import build
-from kernmlops.ebpf.probe import needs_met, probe_all, tool_versions
+from kernmlops.ebpf.build import BuildError, build
+from kernmlops.ebpf.probe import Feature, needs_met, probe_all, tool_versions
 from kernmlops.hooks import REGISTRY
+
+PARANOID = Path("/proc/sys/kernel/perf_event_paranoid")
+
+
+def privilege_notes(features: dict[str, Feature]) -> list[str]:
+    """What this user lacks, in words (empty for root): why doctor's matrix is
+    mostly "no" for a user who is not root."""
+    notes: list[str] = []
+    if not features["root"].ok:
+        if features["bpf_capabilities"].ok:
+            notes.append(f"not root ({features['root'].detail}), but has the BPF capabilities")
+        else:
+            notes.append(
+                f"not root ({features['root'].detail}): BPF needs root or CAP_BPF+CAP_PERFMON, "
+                "so no program type was probed"
+            )
+    tracefs = features["tracefs"]
+    if not tracefs.ok and "not readable" in tracefs.detail:
+        notes.append(f"tracefs {tracefs.detail}")
+    if not features["sw_cpu_clock"].ok and "denied" in features["sw_cpu_clock"].detail:
+        try:
+            level = f" (kernel.perf_event_paranoid={PARANOID.read_text().strip()})"
+        except OSError:
+            level = ""
+        notes.append(f"perf events refused{level}")
+    return notes
 
 
 def run_doctor(console: Console) -> int:
-    """Print what this machine allows; exit status 1 if no BPF hook can run."""
-    build()
+    """Print what this machine allows; exit status 1 if no BPF hook can run.
+
+    A user who is not root gets what can be seen without privileges and, last,
+    one line that says what they lack."""
+    try:
+        build()
+        build_error = None
+    except BuildError as err:  # objects already built elsewhere may still be probed
+        build_error = str(err).split("\n", 1)[0]
     features = probe_all()
     table = Table(title="this machine", title_justify="left")
     table.add_column("feature")
@@ -51,4 +86,11 @@ def run_doctor(console: Console) -> int:
             ok = "[green]yes[/]" if kind.loads else "[red]no[/]"
             variants.add_row(hv.hook, kind.kind + mark, ok, kind.detail)
     console.print(variants)
+    notes = privilege_notes(features)
+    if build_error:
+        notes.append(f"BPF objects not built: {build_error}")
+    if notes:
+        if not features["root"].ok:
+            notes.append("run `sudo kernmlops doctor` for the full matrix")
+        console.print("; ".join(notes), markup=False, highlight=False, soft_wrap=True)
     return 0 if runnable else 1

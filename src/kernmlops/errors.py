@@ -21,3 +21,8 @@ class HookUnavailable(KernmlopsError):
 
 class CollectionError(KernmlopsError):
     """A collection folder or file is missing or unreadable."""
+
+
+class OutputError(CollectionError):
+    """The output folder cannot take the collection (read-only, not a folder, no
+    permission, full)."""

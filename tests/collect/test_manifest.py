@@ -12,6 +12,7 @@ from kernmlops.collect.manifest import (
     FORMAT,
     FORMAT_VERSION,
     MANIFEST_NAME,
+    Manifest,
     read_manifest,
     write_manifest,
 )
@@ -22,39 +23,84 @@ def test_round_trip(tmp_path: Path) -> None:
     started = dt.datetime(2024, 5, 1, 12, 30, 0, tzinfo=dt.UTC)
     manifest = {
         "collection_id": "abc",
-        "benchmark": "faux",
+        "state": "completed",
+        "benchmark": {"name": "faux", "exit_code": 0},
         "started_at": started,
-        "output": tmp_path / "x",
+        "output": {"path": tmp_path / "x"},
         "hooks": {"block_io": {"attached": True, "events": 12, "drops": 0}},
-        "tables": {"block_io": ["block_io/part-00000.parquet"]},
+        "tables": {"block_io": {"rows": 12, "files": ["block_io/part-00000.parquet"]}},
+        "lb": {"variant": "mllb"},  # a section of another module is kept as it is
     }
     path = write_manifest(tmp_path, manifest)
     assert path == tmp_path / MANIFEST_NAME
+    raw = json.loads(path.read_text())
+    assert list(raw)[:2] == ["format", "version"]  # format and version come first
+    assert raw["version"] == FORMAT_VERSION == 2
     back = read_manifest(tmp_path)
-    # format and version come first; the caller's order follows, keys unsorted.
-    assert list(back) == ["format", "version", *manifest]
-    assert back["format"] == FORMAT
-    assert back["version"] == FORMAT_VERSION == 1
-    assert back["started_at"] == "2024-05-01 12:30:00+00:00"
-    assert back["output"] == str(tmp_path / "x")
-    assert back["hooks"] == manifest["hooks"]
-    assert back["tables"] == manifest["tables"]
+    assert isinstance(back, Manifest)
+    assert back.format == FORMAT and back.state == "completed" and back.complete
+    assert back.started_at == "2024-05-01 12:30:00+00:00"
+    assert back.output == {"path": str(tmp_path / "x")}
+    assert back.hooks["block_io"].events == 12 and back.hooks["block_io"].attached
+    assert back.tables["block_io"].files == ["block_io/part-00000.parquet"]
+    assert back.benchmark is not None and back.benchmark.name == "faux"
+    # the dict-style access of version 1 still works, ended_by included
+    assert back["hooks"]["block_io"]["events"] == 12
+    assert back["lb"] == {"variant": "mllb"} and back.get("nothing", 5) == 5
+    assert back["ended_by"] == "completed" and "lb" in back and "nothing" not in back
     assert "\n  " in path.read_text()  # indented for people
     assert [p.name for p in tmp_path.iterdir()] == [MANIFEST_NAME]  # no temporary file left
     assert manifest.get("format") is None  # the caller's dict is not changed
+
+
+def test_running_manifest_is_incomplete(tmp_path: Path) -> None:
+    write_manifest(tmp_path, Manifest(collection_id="a", state="running"))
+    back = read_manifest(tmp_path)
+    assert back.state == "running" and not back.complete and back.ended_by is None
+
+
+def test_reads_version_1(tmp_path: Path) -> None:
+    """A collection of an earlier kernmlops: ended_by becomes the state."""
+    doc = {"format": FORMAT, "version": 1, "collection_id": "old", "ended_by": "failed",
+           "benchmark": {"name": "command", "exit_code": 3},
+           "tables": {"t": {"rows": 1, "files": ["t/part-00000.parquet"]}}}  # fmt: skip
+    write_raw(tmp_path, json.dumps(doc))
+    back = read_manifest(tmp_path)
+    assert back.version == 1 and back.state == "failed" and back.complete
+    assert back["ended_by"] == "failed" and back.benchmark.exit_code == 3
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "where"),
+    [
+        ("hooks", 5, "hooks"),
+        ("system", "x", "system"),
+        ("started_at", 3, "started_at"),
+        ("state", "exploded", "state"),
+        ("hooks", {"h": {"events": "many"}}, "hooks.h.events"),
+    ],
+)
+def test_wrong_types_are_one_clear_error(
+    tmp_path: Path, field: str, value: object, where: str
+) -> None:
+    write_raw(tmp_path, json.dumps({"format": FORMAT, "version": 2, field: value}))
+    with pytest.raises(CollectionError, match="the manifest is not valid") as info:
+        read_manifest(tmp_path)
+    assert where in str(info.value) and str(tmp_path / MANIFEST_NAME) in str(info.value)
 
 
 def test_rewrite_replaces_and_sets_format(tmp_path: Path) -> None:
     write_manifest(tmp_path, {"collection_id": "a"})
     write_manifest(tmp_path, {"collection_id": "b", "format": "other", "version": 99})
     back = read_manifest(tmp_path)
-    assert back == {"format": FORMAT, "version": FORMAT_VERSION, "collection_id": "b"}
+    assert back.collection_id == "b" and back.format == FORMAT
+    assert back.version == FORMAT_VERSION
     assert [p.name for p in tmp_path.iterdir()] == [MANIFEST_NAME]
 
 
 def test_creates_the_folder(tmp_path: Path) -> None:
     write_manifest(tmp_path / "a" / "b", {})
-    assert read_manifest(tmp_path / "a" / "b") == {"format": FORMAT, "version": 1}
+    assert read_manifest(tmp_path / "a" / "b").version == FORMAT_VERSION
 
 
 def write_raw(folder: Path, text: str) -> None:
@@ -96,7 +142,7 @@ def test_missing_format(tmp_path: Path) -> None:
 
 def test_newer_version(tmp_path: Path) -> None:
     write_raw(tmp_path, json.dumps({"format": FORMAT, "version": FORMAT_VERSION + 1}))
-    with pytest.raises(CollectionError, match=r"format version 2.*upgrade") as info:
+    with pytest.raises(CollectionError, match=r"format version 3.*upgrade") as info:
         read_manifest(tmp_path)
     assert str(tmp_path / MANIFEST_NAME) in str(info.value)
 

@@ -141,6 +141,7 @@ def test_gate_works_whatever_the_fd_numbers() -> None:
         proc = GatedProcess(Launch(["sh", "-c", "read x || true; exit 4"]))
         proc.release()
         assert proc.proc.wait(timeout=10) == 4  # and its stdin was /dev/null (EOF)
+        proc.reap_group()
     finally:
         for fd in held:
             os.close(fd)

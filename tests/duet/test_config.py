@@ -156,6 +156,28 @@ def test_file_errors(tmp_path: Path):
         load_duet_config(bad)
 
 
+def test_hostile_duet_files_are_refused_in_one_line(tmp_path: Path):
+    bomb = tmp_path / "bomb.yml"
+    levels = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    levels += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+    bomb.write_text("\n".join(levels) + "\nduetbench: {suite: s, duets: *a8}\n")
+    with pytest.raises(ConfigError) as info:
+        load_duet_config(bomb)
+    assert str(info.value) == (
+        f"{bomb}: refused: line 5: more than 50,000 values once its aliases are expanded "
+        "(an alias bomb?)"
+    )
+    latin1 = tmp_path / "latin1.yml"
+    latin1.write_bytes(b"duetbench: {suite: caf\xe9}\n")
+    with pytest.raises(ConfigError) as info:
+        load_duet_config(latin1)
+    assert str(info.value) == f"{latin1} is not UTF-8 text (byte 0xe9 at offset 22): expected YAML"
+    big = tmp_path / "big.yml"
+    big.write_text("#" * (2 << 20))
+    with pytest.raises(ConfigError, match=r"is 2 MiB: a duet config file may be at most 1 MiB"):
+        load_duet_config(big)
+
+
 def test_the_example_config_validates():
     import kernmlops.duet
 

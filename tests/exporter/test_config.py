@@ -214,6 +214,28 @@ def test_not_yaml_and_not_a_mapping(tmp_path: Path) -> None:
         load_metric_set(tmp_path / "missing.yaml")
 
 
+def test_hostile_metric_set_files_are_refused_in_one_line(tmp_path: Path) -> None:
+    bomb = tmp_path / "bomb.yaml"
+    levels = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    levels += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+    bomb.write_text("\n".join(levels) + "\nmetrics:\n  counters: *a8\n")
+    with pytest.raises(MetricSetError) as info:
+        load_metric_set(bomb)
+    assert str(info.value) == (
+        f"{bomb}: refused: line 5: more than 50,000 values once its aliases are expanded "
+        "(an alias bomb?)"
+    )
+    binary = tmp_path / "exp_x.bpf.o"
+    binary.write_bytes(b"\x7fELF\x02\x01\x01\x00" * 10)
+    with pytest.raises(MetricSetError) as info:
+        resolve_sets([str(binary)])
+    assert str(info.value) == f"{binary} is not a text file (a NUL byte at offset 7): expected YAML"
+    big = tmp_path / "big.yaml"
+    big.write_text("#" * (2 << 20))
+    with pytest.raises(MetricSetError, match=r"is 2 MiB: a metric set file may be at most 1 MiB"):
+        load_metric_set(big)
+
+
 def test_resolve_sets_names_files_and_mistakes(tmp_path: Path) -> None:
     path = write(tmp_path, GOOD)
     got = resolve_sets([str(path), "runqlat"])

@@ -115,6 +115,7 @@ def test_sample_rate_and_rows() -> None:
     hook.start()
     try:
         frames = _poll_for(hook, 0.5)
+        frames += [frame for _, frame in hook.stop()]  # sampled after the last poll
     finally:
         hook.close()
     after_us = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
@@ -150,3 +151,36 @@ def test_poll_before_start_and_stop_twice() -> None:
     assert sum(f.height for _, f in hook.stop()) == 1
     assert list(hook.stop()) == []
     hook.close()
+
+
+def test_sampling_is_not_starved_by_a_busy_poll_loop() -> None:
+    """The sampler has a thread of its own: a poll loop that does not come back for
+    0.6 s (an event storm) loses no sample."""
+    hook = MemoryUsageHook(MemoryUsageHook.Options(poll_hz=20))
+    hook.start()
+    try:
+        time.sleep(0.6)  # no poll at all
+        rows = pl.concat([f for _, f in hook.stop()])
+    finally:
+        hook.close()
+    assert 12 <= rows.height <= 14
+    assert hook.status.drops == 0
+
+
+def test_missed_intervals_are_counted_as_drops() -> None:
+    """A sample that cannot be taken in time is a drop, not a silent gap."""
+    hook = MemoryUsageHook(MemoryUsageHook.Options(poll_hz=20))
+    hook.start()
+    try:
+        time.sleep(0.12)
+        with hook._lock:  # the sampler cannot sample for 0.5 s: about 10 intervals
+            time.sleep(0.5)
+        time.sleep(0.12)
+        rows = pl.concat([f for _, f in hook.stop()])
+    finally:
+        hook.close()
+    gaps = rows[UPTIME_TIMESTAMP].diff().drop_nulls()
+    # the gap the lock made is ~0.5 s, and every 50 ms slot in it is a drop
+    assert gaps.max() >= 450_000
+    assert 8 <= hook.status.drops <= 11
+    assert abs(hook.status.drops - (round(gaps.max() / 50_000) - 1)) <= 1

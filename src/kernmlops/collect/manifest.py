@@ -1,8 +1,18 @@
-"""manifest.json: what a collection is, written atomically, read with clear errors.
+"""manifest.json: what a collection is, as a typed, versioned model, written atomically.
 
 The manifest makes a collection self-describing (system info, config, versions, start/stop
-times, per-hook status). It carries ``format`` and ``version`` so a reader can refuse a file
-from a newer kernmlops instead of misreading it.
+times, per-hook status) and says how far the collection got. Its life:
+
+1. written before any probe attaches, ``state: running`` (config, ids, start time);
+2. rewritten after attaching (system, versions, what attached) and at every flush
+   (rows and parts so far, drops, ``last_flush_at``);
+3. finalised at stop: ``state`` becomes how it ended (``completed``, ``failed``,
+   ``duration``, ``interrupted``, ``disk_full``, ``error``) with the duration and exit code.
+
+A collection whose collector was killed keeps ``state: running``: readers report it as
+incomplete and read what was flushed. Every reader goes through :class:`Manifest`; it carries
+``format`` and ``version`` so a file from a newer kernmlops is refused, not misread.
+Version 1 (before the lifecycle) is read too: its ``ended_by`` becomes ``state``.
 """
 
 from __future__ import annotations
@@ -10,28 +20,185 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from kernmlops.errors import CollectionError
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "MANIFEST_NAME", "read_manifest", "write_manifest"]
+__all__ = [
+    "FINAL_STATES",
+    "FORMAT",
+    "FORMAT_VERSION",
+    "MANIFEST_NAME",
+    "BenchmarkRecord",
+    "HookRecord",
+    "Manifest",
+    "State",
+    "TableRecord",
+    "read_manifest",
+    "write_manifest",
+]
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "kernmlops-collection"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+
+State = Literal["running", "completed", "failed", "duration", "interrupted", "disk_full", "error"]
+#: states a finished collector writes; ``running`` after the run means the collector died
+FINAL_STATES = ("completed", "failed", "duration", "interrupted", "disk_full", "error")
 
 
-def write_manifest(collection_dir: Path, manifest: dict[str, Any]) -> Path:
+class _Record(BaseModel):
+    """A typed record that also answers ``m["key"]`` and ``m.get("key")``, as the plain
+    dict of earlier versions did (notebooks index manifests that way)."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
+    def __getitem__(self, key: str) -> Any:
+        if key in type(self).model_fields or key in (self.__pydantic_extra__ or {}):
+            return getattr(self, key)
+        if isinstance(getattr(type(self), key, None), property):
+            return getattr(self, key)
+        raise KeyError(key)
+
+    def __contains__(self, key: object) -> bool:
+        try:
+            self[key]  # type: ignore[index]
+        except (KeyError, TypeError):
+            return False
+        return True
+
+    def get(self, key: str, default: Any = None) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def keys(self) -> list[str]:
+        return list(self.model_dump(exclude_unset=False))
+
+
+class HookRecord(_Record):
+    """One hook: attached or why not, and what it saw."""
+
+    attached: bool = False
+    reason: str | None = None
+    variant: str | None = None
+    programs: list[str] = []
+    events: int = 0
+    drops: int = 0
+    missed: int = 0
+    rows: dict[str, int] = {}
+    unsupported: dict[str, str] = {}
+    counters: dict[str, int] = {}
+
+
+class TableRecord(_Record):
+    """One table: rows in finished parts and the part files (relative to the collection)."""
+
+    rows: int = 0
+    files: list[str] = []
+
+
+class BenchmarkRecord(_Record):
+    name: str | None = None
+    description: str | None = None
+    pid: int | None = None
+    exit_code: int | None = None
+    #: CLOCK_MONOTONIC µs, the clock of every table's ts_uptime_us
+    started_uptime_us: int | None = None
+    stopped_uptime_us: int | None = None
+    #: the cgroup v2 the benchmark ran in (None: a process group only)
+    cgroup: str | None = None
+
+
+class Manifest(_Record):
+    """The manifest of one collection. Unknown keys (e.g. ``lb``) are kept as they are."""
+
+    format: Literal["kernmlops-collection"] = FORMAT
+    version: int = FORMAT_VERSION
+    collection_id: str | None = None
+    state: State | None = None
+    benchmark: BenchmarkRecord | None = None
+    started_at: str | None = None
+    #: wall clock of the last rewrite while running (flushes)
+    updated_at: str | None = None
+    last_flush_at: str | None = None
+    flushes: int = 0
+    stopped_at: str | None = None
+    duration_s: float | None = None
+    attach_s: float | None = None
+    exit_code: int | None = None
+    error: str | None = None
+    results_error: str | None = None
+    #: where the collection was written and the free space seen at start and stop
+    output: dict[str, Any] | None = None
+    filter: dict[str, Any] | None = None
+    collector_pid: int | None = None
+    system: dict[str, Any] | None = None
+    config: dict[str, Any] | None = None
+    versions: dict[str, str] | None = None
+    hooks: dict[str, HookRecord] = {}
+    exporter: dict[str, Any] | None = None
+    tables: dict[str, TableRecord] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_version_1(cls, data: Any) -> Any:
+        # Version 1 had no lifecycle: how it ended was ``ended_by``.
+        if isinstance(data, dict) and "ended_by" in data and "state" not in data:
+            data = dict(data)
+            data["state"] = data.pop("ended_by")
+        return data
+
+    @field_validator("benchmark", mode="before")
+    @classmethod
+    def _benchmark_name(cls, value: Any) -> Any:
+        return {"name": value} if isinstance(value, str) else value
+
+    @field_validator("tables", mode="before")
+    @classmethod
+    def _table_files(cls, value: Any) -> Any:
+        # Hand-made manifests may list a table's files only.
+        if isinstance(value, dict):
+            return {k: {"files": v} if isinstance(v, list) else v for k, v in value.items()}
+        return value
+
+    @property
+    def ended_by(self) -> str | None:
+        """How the collection ended (version 1's name for ``state``); None while running."""
+        return self.state if self.state != "running" else None
+
+    @property
+    def complete(self) -> bool:
+        """The collector finished (whatever the benchmark did): nothing was cut short."""
+        return self.state in FINAL_STATES
+
+    def as_json(self) -> dict[str, Any]:
+        """The JSON object written to disk: format and version first, extras last."""
+        body = self.model_dump(mode="json")
+        return {"format": FORMAT, "version": FORMAT_VERSION, **body}
+
+
+def _coerce(manifest: Manifest | dict[str, Any]) -> Manifest:
+    if isinstance(manifest, Manifest):
+        return manifest
+    data = {k: v for k, v in manifest.items() if k not in ("format", "version")}
+    # Values JSON does not know (paths, datetimes) are kept as text.
+    data = json.loads(json.dumps(data, default=str))
+    return Manifest.model_validate(data)
+
+
+def write_manifest(collection_dir: Path, manifest: Manifest | dict[str, Any]) -> Path:
     """Write ``manifest`` as ``<collection_dir>/manifest.json`` atomically; return its path.
 
-    ``format`` and ``version`` are set (first in the file); values JSON does not know
-    (paths, datetimes) are written with ``str``. The file is written to a temporary name,
-    synced and renamed, so readers see the old manifest or the new one, never half of one.
+    The file is written to a temporary name, synced and renamed, so readers see the old
+    manifest or the new one, never half of one.
     """
     collection_dir = Path(collection_dir)
     collection_dir.mkdir(parents=True, exist_ok=True)
-    body = {"format": FORMAT, "version": FORMAT_VERSION}
-    body.update((k, v) for k, v in manifest.items() if k not in body)
+    body = _coerce(manifest).as_json()
     text = json.dumps(body, indent=2, sort_keys=False, default=str, ensure_ascii=False) + "\n"
 
     path = collection_dir / MANIFEST_NAME
@@ -53,12 +220,19 @@ def write_manifest(collection_dir: Path, manifest: dict[str, Any]) -> Path:
     return path
 
 
-def read_manifest(collection_dir: Path) -> dict[str, Any]:
+def _first_error(err: ValidationError) -> str:
+    e = err.errors()[0]
+    where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+    return f"{where}: {e['msg']} (got {e.get('input')!r:.60})"
+
+
+def read_manifest(collection_dir: Path) -> Manifest:
     """Read and check ``<collection_dir>/manifest.json``.
 
     Raises:
         CollectionError: the file is missing or unreadable, is not a JSON object, is not a
-            kernmlops collection manifest, or was written by a newer format version.
+            kernmlops collection manifest, was written by a newer format version, or a
+            field has the wrong type.
     """
     path = Path(collection_dir) / MANIFEST_NAME
     if not path.is_file():
@@ -68,17 +242,16 @@ def read_manifest(collection_dir: Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as e:
         raise CollectionError(f"{path}: cannot read the manifest: {e}") from e
     try:
-        manifest = json.loads(text)
+        raw = json.loads(text)
     except json.JSONDecodeError as e:
         raise CollectionError(f"{path}: the manifest is not valid JSON: {e}") from e
-    if not isinstance(manifest, dict):
-        raise CollectionError(
-            f"{path}: the manifest must be a JSON object, not {type(manifest).__name__}"
-        )
-    fmt = manifest.get("format")
+    if not isinstance(raw, dict):
+        kind = type(raw).__name__
+        raise CollectionError(f"{path}: the manifest must be a JSON object, not {kind}")
+    fmt = raw.get("format")
     if fmt != FORMAT:
         raise CollectionError(f"{path}: format is {fmt!r}, expected {FORMAT!r}")
-    version = manifest.get("version")
+    version = raw.get("version")
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise CollectionError(f"{path}: version {version!r} is not a positive integer")
     if version > FORMAT_VERSION:
@@ -86,4 +259,7 @@ def read_manifest(collection_dir: Path) -> dict[str, Any]:
             f"{path}: written with format version {version}, this kernmlops reads up to "
             f"version {FORMAT_VERSION}; upgrade kernmlops to read it"
         )
-    return manifest
+    try:
+        return Manifest.model_validate(raw)
+    except ValidationError as err:
+        raise CollectionError(f"{path}: the manifest is not valid: {_first_error(err)}") from None

@@ -1,8 +1,9 @@
-"""Start a benchmark's process held at a gate, and stop its whole group.
+"""Start a benchmark's process held at a gate, and stop everything it started.
 
-The process is created first (so its pid can be put in the kernel filter) and
-execs the command only when the gate opens, after every probe is attached:
-its exec and first forks are traced.
+The process is created first (so its pid can be put in the kernel filter and in
+a cgroup of its own) and execs the command only when the gate opens, after every
+probe is attached: its exec and first forks are traced, and none of its
+descendants can leave the cgroup (see :mod:`kernmlops.collect.cgroup`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 from typing import IO
 
 from kernmlops.benchmarks.base import Launch
+from kernmlops.collect.cgroup import Containment
 from kernmlops.errors import BenchmarkError
 
 # The gate is the shell's stdin, a pipe: a line means go, end-of-file (the
@@ -25,10 +27,12 @@ _GATE = 'read -r _ || exit 125; exec "$@" </dev/null'
 
 
 class GatedProcess:
-    """A benchmark process in its own process group."""
+    """A benchmark process in its own process group and cgroup, watched by a watchdog
+    that kills it all if the collector dies."""
 
     def __init__(self, launch: Launch, stdout: IO[bytes] | None = None,
                  stderr: IO[bytes] | None = None) -> None:  # fmt: skip
+        self.containment = Containment()
         read_fd, self._gate = os.pipe()
         env = {**os.environ, **launch.env}
         try:
@@ -43,10 +47,13 @@ class GatedProcess:
             )
         except OSError as err:
             os.close(self._gate)
+            self.containment.close()
             raise BenchmarkError(f"cannot start {launch.argv[0]!r}: {err.strerror}") from err
         finally:
             os.close(read_fd)  # the child has its copy
         self.pid = self.proc.pid
+        # Held at the gate, it has forked nothing yet: all it will start is inside.
+        self.containment.add(self.pid)
         self.argv = launch.argv
         self.started_ns: int | None = None
         self.ended_ns: int | None = None
@@ -71,28 +78,27 @@ class GatedProcess:
         return self.proc.returncode
 
     def stop(self, grace_s: float = 5.0) -> None:
-        """SIGTERM the group, then SIGKILL what is left after ``grace_s``."""
+        """SIGTERM every process of the benchmark, then SIGKILL what is left after
+        ``grace_s`` (or once the main process is gone)."""
         if self._gate >= 0:
             os.close(self._gate)  # the gate reads EOF and exits 125
             self._gate = -1
-        self._signal_group(signal.SIGTERM)
+        self.containment.signal(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         while self.proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)
-        self._signal_group(signal.SIGKILL)
+        self.containment.kill()
         self.proc.wait()
         if self.ended_ns is None:
             self.ended_ns = time.monotonic_ns()
 
     def reap_group(self) -> None:
-        """After the main process exited: end children it left in its group."""
-        self._signal_group(signal.SIGTERM)
-        time.sleep(0.05)
-        self._signal_group(signal.SIGKILL)
-
-    def _signal_group(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, sig)
+        """After the main process exited: end what it left behind (daemons, ``setsid``
+        children included), then remove the cgroup and dismiss the watchdog."""
+        if self.containment.pids() or self.containment.path is None:
+            self.containment.signal(signal.SIGTERM)
+            time.sleep(0.05)
+        self.containment.close()
 
 
 def exit_status(returncode: int) -> int:

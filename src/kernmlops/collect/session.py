@@ -1,8 +1,13 @@
 """A collection: the benchmark, the hooks, the poll loop, the sinks, the manifest.
 
-Whatever ends it (the benchmark exits, the duration passes, Ctrl+C, SIGTERM,
-a failing benchmark, an error in a hook), every program is detached, every
-collected row is flushed, and the manifest is written.
+Before anything starts, the output folder is proven writable and roomy enough, and the
+manifest is written (``state: running``). Every ``collector.flush_interval_s`` the open
+Parquet parts are finished and the manifest is rewritten, so a collector killed at any
+instant (SIGKILL, the OOM killer) leaves a readable collection that lost at most one
+interval; the benchmark, in a cgroup of its own, dies with it. Whatever else ends it (the
+benchmark exits, the duration passes, Ctrl+C, SIGTERM, a failing benchmark, an error in a
+hook, a full disk), every program is detached, every collected row that fits on the disk
+is flushed, and the manifest is finalised with how it ended.
 """
 
 from __future__ import annotations
@@ -25,18 +30,28 @@ from typing import IO, Any
 from kernmlops import __version__
 from kernmlops.benchmarks import get_benchmark
 from kernmlops.benchmarks.base import Benchmark, BenchmarkRun
+from kernmlops.collect.cgroup import set_oom_score_adj
 from kernmlops.collect.filter import ProcessFilter
-from kernmlops.collect.manifest import write_manifest
+from kernmlops.collect.manifest import BenchmarkRecord, HookRecord, Manifest, write_manifest
+from kernmlops.collect.output import prepare_output, release_reserve
 from kernmlops.collect.process import GatedProcess, exit_status
-from kernmlops.collect.sinks import ParquetSink, ThreadedSink
+from kernmlops.collect.sinks import ParquetSink, ThreadedSink, free_bytes, human_bytes, is_disk_full
 from kernmlops.collect.sysinfo import system_info
 from kernmlops.config import Config
-from kernmlops.errors import CollectionError, HookUnavailable, KernmlopsError
+from kernmlops.errors import (
+    CollectionError,
+    HookUnavailable,
+    KernmlopsError,
+    OutputError,
+)
 from kernmlops.hooks import get_hook
 from kernmlops.hooks.base import Hook, HookContext, HookStatus
 from kernmlops.tables import Sink
 
 RESULT_TABLE = "benchmark_result"
+#: the collector's OOM score adjustment while a benchmark runs: the kernel's OOM killer
+#: takes the benchmark (adjustment 0) long before the collector that records it
+COLLECTOR_OOM_SCORE_ADJ = -900
 
 
 class StrictError(KernmlopsError):
@@ -59,7 +74,8 @@ class CollectionResult:
     collection_id: str
     path: Path
     benchmark: str
-    #: how it ended: completed, failed, duration, interrupted (SIGINT/SIGTERM), error
+    #: how it ended: completed, failed, duration, interrupted (SIGINT/SIGTERM),
+    #: disk_full, error (the manifest's final ``state``)
     ended_by: str
     exit_code: int
     benchmark_exit: int | None
@@ -98,12 +114,15 @@ class Session:
         *,
         on_progress: Callable[[Progress], None] | None = None,
         on_attached: Callable[[dict[str, HookStatus]], None] | None = None,
+        on_message: Callable[[str], None] | None = None,
         sink: Sink | None = None,
         bpf_dir: Path | None = None,
     ) -> None:
         self.config = config
         self.on_progress = on_progress
         self.on_attached = on_attached
+        #: warnings for the user (low disk space ...)
+        self.on_message = on_message
         self.bpf_dir = bpf_dir
         name = config.benchmark.name
         self.benchmark: Benchmark = get_benchmark(name)(config.benchmark_options(name))
@@ -119,11 +138,35 @@ class Session:
         self._exporter: Any = None  # kernmlops.exporter.RunningExporter with collector.export
         #: what collector.export served (for the manifest); None when off
         self.exporter_summary: dict[str, Any] | None = None
+        #: the manifest as last written (None with a caller's sink: nothing on disk)
+        self.manifest: Manifest | None = None
+        self._parquet: ParquetSink | None = None
+        self._disk_full = False
 
     # -- public -------------------------------------------------------------
     def run(self) -> CollectionResult:
         cfg = self.config.collector
         self.benchmark.check()  # before anything is started or attached
+        started_at = datetime.now(UTC)
+        if self._sink is None:
+            # Pre-flight: a folder that cannot take the collection fails here, before
+            # the benchmark runs; the manifest exists from now on.
+            check = prepare_output(
+                self.path, min_free_mb=cfg.min_free_mb, warn_free_mb=cfg.warn_free_mb
+            )
+            if check.warning and self.on_message:
+                self.on_message(check.warning)
+            self.manifest = Manifest(
+                collection_id=self.collection_id,
+                state="running",
+                benchmark=BenchmarkRecord(name=self.config.benchmark.name),
+                started_at=started_at.isoformat(),
+                output={"path": str(self.path), "free_bytes_at_start": check.free_bytes},
+                filter={"mode": cfg.filter, "tgid": cfg.tgid},
+                collector_pid=os.getpid(),
+                config=self.config.model_dump(mode="json"),
+            )
+            self._save_manifest()
         own_nice = os.getpriority(os.PRIO_PROCESS, 0)
         if cfg.nice is not None:
             # Before any thread starts: on Linux the nice value is per thread.
@@ -134,7 +177,6 @@ class Session:
                     f"collector.nice {cfg.nice} needs root or CAP_SYS_NICE"
                 ) from None
         t0 = time.monotonic()
-        started_at = datetime.now(UTC)
         hooks: list[Hook] = []
         proc: GatedProcess | None = None
         flt: ProcessFilter | None = None
@@ -143,7 +185,9 @@ class Session:
             if self._sink
             else ParquetSink(self.path, self.collection_id, row_group_rows=cfg.row_group_rows)
         )
+        self._parquet = parquet
         sink: Sink = self._sink or ThreadedSink(parquet)  # type: ignore[arg-type]
+        own_oom = _read_oom_score_adj()
         mode = cfg.filter
         ended_by, bench_exit, attach_s = "error", None, 0.0
         errors: list[BaseException] = []
@@ -164,6 +208,9 @@ class Session:
                 proc = GatedProcess(launch, *outputs)
                 if cfg.nice is not None:  # held at the gate: its children inherit this
                     os.setpriority(os.PRIO_PROCESS, proc.pid, own_nice)
+            if own_oom is not None:
+                # After the benchmark was forked: it keeps the usual score.
+                set_oom_score_adj("self", min(own_oom, COLLECTOR_OOM_SCORE_ADJ))
             if mode in ("tgid", "tree"):
                 flt = ProcessFilter(follow_children=mode == "tree", bpf_dir=self.bpf_dir)
                 seed = cfg.tgid if mode == "tgid" else proc.pid if proc else None
@@ -198,6 +245,13 @@ class Session:
             attach_s = time.monotonic() - t0
             if self.on_attached:
                 self.on_attached({h.name: h.status for h in hooks})
+            if self.manifest is not None:
+                self.manifest.attach_s = round(attach_s, 6)
+                self.manifest.filter = {"mode": mode, "tgid": cfg.tgid}
+                self.manifest.benchmark = self._benchmark_record(proc)
+                self.manifest.system = system_info()
+                self.manifest.versions = _versions()
+                self._checkpoint(hooks)
             if proc:
                 proc.release()
             ended_by, bench_exit = self._loop(hooks, sink, proc)
@@ -211,17 +265,25 @@ class Session:
             if cfg.nice is not None:
                 with contextlib.suppress(PermissionError):
                     os.setpriority(os.PRIO_PROCESS, 0, own_nice)
+            if own_oom is not None:
+                set_oom_score_adj("self", own_oom)
         stopped_at = datetime.now(UTC)
         for hook in hooks:
             hook.status.rows = {t: rows.get(t, 0) for t in hook.tables}
-        if ended_by not in ("error", "interrupted") and errors:
+        error = next((e for e in errors if not isinstance(e, KeyboardInterrupt)), None)
+        failure = parquet.failure if parquet is not None else None
+        if self._disk_full or failure is not None:
+            full = self._disk_full or (failure is not None and is_disk_full(failure))
+            ended_by = "disk_full" if full else "error"
+            error = next((e for e in errors if isinstance(e, OutputError)), error)
+        elif ended_by not in ("error", "interrupted") and errors:
             ended_by = "error"
         result = CollectionResult(
             collection_id=self.collection_id,
             path=self.path,
             benchmark=self.config.benchmark.name,
             ended_by=ended_by,
-            exit_code=self._exit_code(ended_by, bench_exit),
+            exit_code=self._exit_code(ended_by, bench_exit, error),
             benchmark_exit=bench_exit,
             started_at=started_at,
             stopped_at=stopped_at,
@@ -229,9 +291,11 @@ class Session:
             hooks={h.name: h.status for h in hooks},
             rows=rows,
         )
-        error = next((e for e in errors if not isinstance(e, KeyboardInterrupt)), None)
-        if parquet is not None:
-            self._write_manifest(result, parquet, mode, proc, error)
+        if self.manifest is not None:
+            try:
+                self._finalise_manifest(result, proc, error)
+            except OutputError as err:
+                error = error or err
         if error is not None:
             raise error
         return result
@@ -304,7 +368,13 @@ class Session:
             for hook in hooks:
                 self._drain(hook, sink)
             if tick >= next_flush:
-                sink.flush()
+                # Finish the open parts in the writer thread; the manifest says how far
+                # the collection got (parts finished by the previous flush).
+                if isinstance(sink, ThreadedSink):
+                    sink.flush(durable=True, wait=False)
+                else:
+                    sink.flush(durable=True)
+                self._checkpoint(hooks)
                 next_flush = tick + cfg.flush_interval_s
             if self.on_progress and tick >= next_progress:
                 self.on_progress(self._progress(hooks, tick - start))
@@ -359,13 +429,16 @@ class Session:
             drops[h.name] = drops_fn() if drops_fn else 0
         return Progress(elapsed, events, drops, {}, self.benchmark.describe())
 
-    def _exit_code(self, ended_by: str, bench_exit: int | None) -> int:
+    def _exit_code(
+        self, ended_by: str, bench_exit: int | None, error: BaseException | None = None
+    ) -> int:
         if ended_by == "failed" and bench_exit is not None:
             return bench_exit
         if ended_by == "interrupted":
             return 128 + (self._stop_signal or signal.SIGINT)
-        if ended_by == "error":
-            return 1
+        if ended_by in ("error", "disk_full"):
+            # The process exits with the error's own code: the manifest must agree.
+            return error.exit_code if isinstance(error, KernmlopsError) else 1
         return 0
 
     def _install_signals(self) -> dict[int, Any]:
@@ -383,46 +456,103 @@ class Session:
         for sig, h in old.items():
             signal.signal(sig, h)
 
-    def _write_manifest(
-        self,
-        result: CollectionResult,
-        sink: ParquetSink,
-        mode: str,
-        proc: GatedProcess | None,
-        error: BaseException | None,
-    ) -> None:
-        manifest = {
-            "collection_id": result.collection_id,
-            "benchmark": {
-                "name": result.benchmark,
-                "description": self.benchmark.describe(),
-                "pid": proc.pid if proc else None,
-                "exit_code": result.benchmark_exit,
-                # CLOCK_MONOTONIC µs, the clock of every table's ts_uptime_us
-                "started_uptime_us": proc.started_ns // 1000 if proc and proc.started_ns else None,
-                "stopped_uptime_us": proc.ended_ns // 1000 if proc and proc.ended_ns else None,
-            },
-            "started_at": result.started_at.isoformat(),
-            "stopped_at": result.stopped_at.isoformat(),
-            "duration_s": round(result.duration_s, 6),
-            "attach_s": round(result.attach_s, 6),
-            "ended_by": result.ended_by,
-            "exit_code": result.exit_code,
-            "error": str(error) if error and not isinstance(error, KeyboardInterrupt) else None,
-            "results_error": self.results_error,
-            "filter": {"mode": mode, "tgid": self.config.collector.tgid},
-            "collector_pid": os.getpid(),
-            "system": system_info(),
-            "config": self.config.model_dump(mode="json"),
-            "versions": _versions(),
-            "hooks": {name: st.as_dict() for name, st in result.hooks.items()},
-            "exporter": self.exporter_summary,
-            "tables": {
-                t: {"rows": n, "files": sink.files_written().get(t, [])}
-                for t, n in result.rows.items()
-            },
+    def _benchmark_record(self, proc: GatedProcess | None) -> BenchmarkRecord:
+        return BenchmarkRecord(
+            name=self.config.benchmark.name,
+            description=self.benchmark.describe(),
+            pid=proc.pid if proc else None,
+            exit_code=exit_status(proc.returncode)
+            if proc and proc.returncode is not None
+            else None,
+            # CLOCK_MONOTONIC µs, the clock of every table's ts_uptime_us
+            started_uptime_us=proc.started_ns // 1000 if proc and proc.started_ns else None,
+            stopped_uptime_us=proc.ended_ns // 1000 if proc and proc.ended_ns else None,
+            cgroup=proc.containment.cgroup if proc else None,
+        )
+
+    def _checkpoint(self, hooks: list[Hook]) -> None:
+        """Rewrite the running manifest: what attached, events and drops so far, and the
+        rows in finished parts."""
+        if self.manifest is None or self._parquet is None:
+            return
+        m, parquet = self.manifest, self._parquet
+        for h in hooks:
+            drops_fn = getattr(h, "drops", None)
+            if drops_fn is not None and h.status.attached:
+                with contextlib.suppress(Exception):  # a closed map: keep the last count
+                    h.status.drops = drops_fn()
+            m.hooks[h.name] = HookRecord.model_validate(h.status.as_dict())
+        files, rows = parquet.checkpoint()
+        m.tables = {
+            t: {"rows": n, "files": files.get(t, [])}  # type: ignore[misc]
+            for t, n in rows.items()
         }
-        write_manifest(self.path, manifest)
+        m.flushes = parquet.durable_flushes
+        if parquet.last_durable_flush is not None:
+            m.last_flush_at = datetime.fromtimestamp(parquet.last_durable_flush, UTC).isoformat()
+        m.updated_at = datetime.now(UTC).isoformat()
+        self._save_manifest()
+
+    def _save_manifest(self, *, final: bool = False) -> None:
+        """Write the manifest. The final write first gives back the room reserved at the
+        start: by then the benchmark is stopped, so nothing else can take it. A full disk
+        before that ends the collection (the reserve keeps the final manifest's room)."""
+        assert self.manifest is not None
+        if final:
+            release_reserve(self.path)
+        try:
+            write_manifest(self.path, self.manifest)
+        except OSError as err:
+            if is_disk_full(err):
+                self._disk_full = True
+                raise OutputError(
+                    f"cannot write to {self.path}: the disk is full "
+                    f"({human_bytes(free_bytes(self.path))} free). Finished parts are kept."
+                ) from None
+            raise OutputError(
+                f"cannot write the manifest in {self.path}: {err.strerror or err}"
+            ) from None
+
+    def _finalise_manifest(
+        self, result: CollectionResult, proc: GatedProcess | None, error: BaseException | None
+    ) -> None:
+        assert self.manifest is not None and self._parquet is not None
+        m = self.manifest
+        m.state = result.ended_by  # type: ignore[assignment]
+        m.benchmark = self._benchmark_record(proc)
+        m.benchmark.exit_code = result.benchmark_exit
+        m.stopped_at = result.stopped_at.isoformat()
+        m.updated_at = m.stopped_at
+        m.duration_s = round(result.duration_s, 6)
+        m.attach_s = round(result.attach_s, 6)
+        m.exit_code = result.exit_code
+        m.error = str(error) if error is not None else None
+        m.results_error = self.results_error
+        if m.system is None:  # it ended before attaching
+            m.system = system_info()
+            m.versions = _versions()
+        m.hooks = {n: HookRecord.model_validate(st.as_dict()) for n, st in result.hooks.items()}
+        m.exporter = self.exporter_summary
+        files = self._parquet.files_written()
+        m.tables = {
+            t: {"rows": n, "files": files.get(t, [])}  # type: ignore[misc]
+            for t, n in result.rows.items()
+        }
+        m.flushes = self._parquet.durable_flushes
+        if self._parquet.lost_rows:
+            m.lost_rows = dict(self._parquet.lost_rows)  # type: ignore[attr-defined]
+        m.output = {**(m.output or {}), "free_bytes_at_stop": free_bytes(self.path)}
+        self._save_manifest(final=True)
+
+
+def _read_oom_score_adj() -> int | None:
+    """The collector's OOM score adjustment, where it may lower it (root), else None."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        return int(Path("/proc/self/oom_score_adj").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _is_main_thread() -> bool:

@@ -2,15 +2,26 @@
 
 :class:`ParquetSink` writes one folder per table, ``<collection_dir>/<table>/part-NNNNN.parquet``,
 in row groups of ``row_group_rows`` rows. Each part is written under a temporary name
-(``.part-NNNNN.parquet.tmp``) and renamed when finished, so a reader never sees half a file.
+(``.part-NNNNN.parquet.tmp``, hidden from polars, DuckDB and Spark) and renamed when finished,
+so a reader never sees half a file. A durable flush finishes every open part (footer, fsync,
+rename): the session does one every ``collector.flush_interval_s``, so a collector killed the
+next instant loses at most one interval of rows, and every finished part stays readable.
+
+A failed write (a full disk, an I/O error) fails the sink once: its unfinished temporary
+parts are removed (they free the space they took), finished parts stay, and later rows are
+counted as lost instead of raising again.
 :class:`MemorySink` keeps frames in memory for tests.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import re
 import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -19,10 +30,46 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kernmlops.errors import CollectionError
+from kernmlops.errors import CollectionError, OutputError
 from kernmlops.tables import COLLECTION_ID
 
-__all__ = ["MemorySink", "ParquetSink", "part_name", "temp_name"]
+__all__ = ["MemorySink", "ParquetSink", "is_disk_full", "part_name", "temp_name"]
+
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+_DURABLE = 1  # the size slot of a flush marker: 1 asks for a durable flush
+
+
+def is_disk_full(err: BaseException) -> bool:
+    """A write failed for want of space (pyarrow's errors carry the errno in the text)."""
+    while err is not None:
+        if isinstance(err, OSError) and (
+            err.errno in _DISK_FULL
+            or "No space left on device" in str(err)
+            or "Disk quota exceeded" in str(err)
+        ):
+            return True
+        err = err.__cause__  # type: ignore[assignment]
+    return False
+
+
+def free_bytes(path: Path) -> int | None:
+    """Bytes an unprivileged writer may still use on ``path``'s file system."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "unknown"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} B"
+
 
 # Table names become folder names; keep them plain so Hive readers never take one for a
 # partition (``a=b``) or a hidden file (``.x``).
@@ -101,6 +148,7 @@ class _TableState:
     part: int = 0  # index of the part being (or next to be) written
     part_rows: int = 0
     rows: int = 0  # rows handed to Parquet writers (buffered rows not counted)
+    finished_rows: int = 0  # rows in finished parts (readable after a crash)
     files: list[str] = field(default_factory=list)
 
 
@@ -152,6 +200,14 @@ class ParquetSink:
         self._buffered_bytes = 0
         self._closed = False
         self._result: dict[str, int] | None = None
+        #: the write error that failed the sink (a full disk ...); None while healthy
+        self.failure: OSError | None = None
+        #: rows handed to the sink after it failed, per table
+        self.lost_rows: dict[str, int] = {}
+        #: durable flushes done, and the wall-clock time (time.time()) of the last one
+        self.durable_flushes = 0
+        self.last_durable_flush: float | None = None
+        self._checkpoint: tuple[dict[str, list[str]], dict[str, int]] = ({}, {})
         # The session may flush from a timer thread while hooks write.
         self._lock = threading.RLock()
 
@@ -170,6 +226,9 @@ class ParquetSink:
                 raise RuntimeError(f"ParquetSink for {self.collection_dir} is closed")
             if frame.width == 0:
                 return
+            if self.failure is not None:
+                self.lost_rows[table] = self.lost_rows.get(table, 0) + frame.height
+                return
             # collection_id is added per row group when written (see _write_row_group).
             state = self._tables.get(table)
             if state is None:
@@ -182,14 +241,15 @@ class ParquetSink:
             state.buffered_rows += frame.height
             state.buffered_bytes += size
             self._buffered_bytes += size
-            while state.buffered_rows >= self.row_group_rows:
-                self._write_rows(state, self.row_group_rows)
-            # The memory bound: write the largest buffers early, as smaller row groups.
-            while self._buffered_bytes > self.max_buffered_bytes:
-                largest = max(self._tables.values(), key=lambda s: s.buffered_bytes)
-                if largest.buffered_rows == 0:
-                    break
-                self._write_rows(largest, largest.buffered_rows)
+            with self._guard():
+                while state.buffered_rows >= self.row_group_rows:
+                    self._write_rows(state, self.row_group_rows)
+                # The memory bound: write the largest buffers early, as smaller row groups.
+                while self._buffered_bytes > self.max_buffered_bytes:
+                    largest = max(self._tables.values(), key=lambda s: s.buffered_bytes)
+                    if largest.buffered_rows == 0:
+                        break
+                    self._write_rows(largest, largest.buffered_rows)
 
     def flush(self, *, durable: bool = False) -> None:
         """Write every buffered row as a row group of its table's open part.
@@ -199,15 +259,23 @@ class ParquetSink:
         to new parts.
         """
         with self._lock:
-            if self._closed:
+            if self._closed or self.failure is not None:
                 return
-            for state in self._tables.values():
-                if state.buffered_rows:
-                    self._write_rows(state, state.buffered_rows)
-            if durable:
+            with self._guard():
                 for state in self._tables.values():
-                    if state.writer is not None:
-                        self._finish_part(state)
+                    if state.buffered_rows:
+                        self._write_rows(state, state.buffered_rows)
+                if durable:
+                    for state in self._tables.values():
+                        if state.writer is not None:
+                            self._finish_part(state)
+                    self.durable_flushes += 1
+                    self.last_durable_flush = time.time()
+                    # One assignment: read without the lock (see checkpoint()).
+                    self._checkpoint = (
+                        {n: list(st.files) for n, st in self._tables.items() if st.files},
+                        {n: st.finished_rows for n, st in self._tables.items()},
+                    )
 
     def close(self) -> dict[str, int]:
         """Flush, finish every part and return rows written per table (idempotent).
@@ -220,13 +288,13 @@ class ParquetSink:
             try:
                 self.flush(durable=True)
             finally:
-                # On failure keep the temporary files: they show an interrupted writer.
+                # After a failure only finished parts remain (see _fail).
                 for state in self._tables.values():
                     if state.writer is not None:
                         state.writer.close()
                         state.writer = None
                 self._closed = True
-            self._result = {name: state.rows for name, state in self._tables.items()}
+            self._result = {name: state.finished_rows for name, state in self._tables.items()}
             return dict(self._result)
 
     # -- inspection ----------------------------------------------------------------------
@@ -245,6 +313,16 @@ class ParquetSink:
         with self._lock:
             return {name: list(s.files) for name, s in self._tables.items() if s.files}
 
+    def checkpoint(self) -> tuple[dict[str, list[str]], dict[str, int]]:
+        """Finished files and rows per table as of the last durable flush. Takes no lock:
+        the poll loop must never wait for the writer thread."""
+        return self._checkpoint
+
+    def finished_rows(self) -> dict[str, int]:
+        """Rows in finished (readable) parts per table."""
+        with self._lock:
+            return {name: s.finished_rows for name, s in self._tables.items()}
+
     def __enter__(self) -> ParquetSink:
         return self
 
@@ -261,6 +339,35 @@ class ParquetSink:
         return f"ParquetSink({str(self.collection_dir)!r}, {self.collection_id!r}, {state})"
 
     # -- internals -----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        """Turn a failed write into one OutputError and a failed sink."""
+        try:
+            yield
+        except OSError as err:
+            self._fail(err)
+            free = human_bytes(free_bytes(self.collection_dir))
+            what = "the disk is full" if is_disk_full(err) else "a write failed"
+            raise OutputError(
+                f"cannot write to {self.collection_dir}: {what} ({err}); {free} free. "
+                "Finished parts are kept."
+            ) from err
+
+    def _fail(self, err: OSError) -> None:
+        self.failure = err
+        for state in self._tables.values():
+            if state.writer is not None:
+                with contextlib.suppress(Exception):
+                    state.writer.close()
+                state.writer = None
+            # An unfinished part has no footer: unreadable, and it holds space.
+            if state.temp_path is not None:
+                with contextlib.suppress(OSError):
+                    state.temp_path.unlink()
+                state.temp_path = None
+            state.buffer, state.buffered_rows, state.buffered_bytes = [], 0, 0
+        self._buffered_bytes = 0
 
     def _conform(self, state: _TableState, frame: pl.DataFrame) -> pl.DataFrame:
         """Check ``frame`` against the table's schema; reorder columns if only the order differs."""
@@ -352,6 +459,7 @@ class ParquetSink:
         os.replace(state.temp_path, final)
         _fsync_dir(final.parent)
         state.files.append(final.relative_to(self.collection_dir).as_posix())
+        state.finished_rows += state.part_rows
         state.temp_path = None
         state.part += 1
         state.part_rows = 0
@@ -411,7 +519,7 @@ class ThreadedSink:
         self.inner = inner
         self.max_queued_bytes = max_queued_bytes
         self.wake_bytes = min(wake_bytes, max_queued_bytes)
-        # (table, frame, bytes); table None is a flush marker
+        # (table, frame, bytes); table None is a flush marker (frame None: durable)
         self._queue: list[tuple[str | None, pl.DataFrame | None, int]] = []
         self._queued_bytes = 0
         self._cond = threading.Condition()
@@ -433,14 +541,14 @@ class ThreadedSink:
             try:
                 if self._error is None:
                     if table is None:
-                        self.inner.flush()
+                        self.inner.flush(durable=size == _DURABLE)
                     else:
                         self.inner.write(table, frame)  # type: ignore[arg-type]
             except BaseException as err:  # handed to the caller
                 self._error = err
             finally:
                 with self._cond:
-                    self._queued_bytes -= size
+                    self._queued_bytes -= size if table is not None else 0
                     self._busy = False
                     self._cond.notify_all()
 
@@ -471,18 +579,19 @@ class ThreadedSink:
     def queued_bytes(self) -> int:
         return self._queued_bytes
 
-    def flush(self, *, durable: bool = False) -> None:
-        """Queue a flush (the poll loop does not wait for it); with ``durable``,
-        wait until everything queued is written and the parts are finished."""
+    def flush(self, *, durable: bool = False, wait: bool | None = None) -> None:
+        """Queue a flush after what is queued; ``durable`` finishes the open parts.
+
+        ``wait`` (default: ``durable``) blocks until it is done; the poll loop passes
+        ``wait=False`` and goes on draining while the writer finishes the parts.
+        """
         self._raise()
-        if durable:
+        with self._cond:
+            self._queue.append((None, None, _DURABLE if durable else 0))
+            self._cond.notify_all()
+        if durable if wait is None else wait:
             self._wait_idle()
             self._raise()
-            self.inner.flush(durable=True)
-            return
-        with self._cond:
-            self._queue.append((None, None, 0))
-            self._cond.notify_all()
 
     def close(self) -> dict[str, int]:
         self._wait_idle()

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -44,6 +43,7 @@ from pydantic import (
 )
 
 from kernmlops.errors import ConfigError
+from kernmlops.yamlfile import safe_yaml
 
 #: Artifacts always captured once per suite (name -> what is recorded).
 BUILTIN_ARTIFACTS = ("uname", "lscpu", "meminfo", "hostname", "date")
@@ -421,10 +421,5 @@ def _check_duet(duet: Duet) -> list[str]:
 
 def load_duet_config(path: str | Path) -> DuetSuite:
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as err:
-        raise ConfigError(f"cannot read duet config {path}: {err.strerror}") from err
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path} is not valid YAML: {err}") from err
+    data = safe_yaml(path, what="duet config")
     return validate_duet_config(data, str(path))

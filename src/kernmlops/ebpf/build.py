@@ -87,13 +87,24 @@ def build(
 ) -> list[Path]:
     """Compile every ``*.bpf.c`` that changed; return the objects' paths."""
     build_dir = build_dir or default_build_dir()
-    build_dir.mkdir(parents=True, exist_ok=True)
     srcs = sources()
     headers = sorted(SOURCE_DIR.glob("*.h"))
     objs = [object_path(s.name.removesuffix(".bpf.c"), build_dir) for s in srcs]
     todo = [(s, o) for s, o in zip(srcs, objs, strict=True) if force or _needs_build(s, o, headers)]
     if not todo:
-        return objs
+        return objs  # a user who cannot write the folder may still read built objects
+    try:
+        build_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise BuildError(
+            f"cannot create the BPF build folder {build_dir}: {err.strerror} "
+            "(set KERNMLOPS_BPF_DIR, or run `kernmlops build-bpf` as its owner)"
+        ) from None
+    if not os.access(build_dir, os.W_OK | os.X_OK):
+        raise BuildError(
+            f"{len(todo)} BPF objects need building but {build_dir} is not writable "
+            "(set KERNMLOPS_BPF_DIR, or run `kernmlops build-bpf` as its owner)"
+        )
     for src, obj in todo:
         compile_object(src, obj, vmlinux_dir=build_dir, verbose=verbose)
     return objs

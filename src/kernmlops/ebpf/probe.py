@@ -107,6 +107,17 @@ def _tool_version(cmd: list[str]) -> str | None:
     return line[0] if line else None
 
 
+def tracefs_feature() -> Feature:
+    """Whether tracefs is mounted and readable; it is mode 0700 (root only) by default."""
+    try:
+        ok = (TRACEFS / "events").is_dir()
+    except PermissionError:
+        return Feature("tracefs", False, f"{TRACEFS} not readable (root only)")
+    return Feature(
+        "tracefs", ok, str(TRACEFS) if ok else "mount -t tracefs nodev /sys/kernel/tracing"
+    )
+
+
 @cache
 def probe_all(bpf_dir: Path | None = None) -> dict[str, Feature]:
     """Every feature, probed once per process."""
@@ -120,12 +131,7 @@ def probe_all(bpf_dir: Path | None = None) -> dict[str, Feature]:
     out["btf"] = Feature(
         "btf", VMLINUX_BTF.exists(), str(VMLINUX_BTF) if VMLINUX_BTF.exists() else "no kernel BTF"
     )
-    tracefs = (TRACEFS / "events").is_dir()
-    out["tracefs"] = Feature(
-        "tracefs",
-        tracefs,
-        str(TRACEFS) if tracefs else "mount -t tracefs nodev /sys/kernel/tracing",
-    )
+    out["tracefs"] = tracefs_feature()
     ring = libbpf.lib.libbpf_probe_bpf_map_type(MAP_TYPE_RINGBUF, None) == 1
     out["ringbuf"] = Feature("ringbuf", ring, "BPF_MAP_TYPE_RINGBUF")
     if caps:

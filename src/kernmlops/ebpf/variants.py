@@ -94,10 +94,13 @@ def _event_missing(kind: str, section: str) -> str | None:
     """Why the event a program attaches to is not on this kernel, or None."""
     target = section.split("/", 1)[1] if "/" in section else ""
     if kind == "tracepoint" and target:
-        if not (TRACEFS / "events").is_dir():
-            return None  # tracefs not mounted: the tracepoint feature says so
-        if not (TRACEFS / "events" / target).is_dir():
-            return f"no tracepoint {target}"
+        try:
+            if not (TRACEFS / "events").is_dir():
+                return None  # tracefs not mounted: the tracepoint feature says so
+            if not (TRACEFS / "events" / target).is_dir():
+                return f"no tracepoint {target}"
+        except PermissionError:
+            return None  # not readable by this user: the tracefs feature says so
     btf_event = kind in ("tp_btf", "raw_tp") and target and "/" not in target
     if btf_event and kernel_type(Kind.TYPEDEF, f"btf_trace_{target}") is None:
         return f"no tracepoint {target} in kernel BTF"

@@ -26,7 +26,9 @@ def _console():
 
 
 def _fail(err: KernmlopsError) -> None:
-    _console().print(f"[bold red]error:[/] {err}", markup=True, soft_wrap=True)
+    from rich.markup import escape
+
+    _console().print(f"[bold red]error:[/] {escape(str(err))}", markup=True, soft_wrap=True)
     sys.exit(err.exit_code)
 
 
@@ -58,8 +60,13 @@ def _fail(err: KernmlopsError) -> None:
     metavar="PATH",
     help="count only tasks in this cgroup v2 and below it (path below the cgroup mount).",
 )
-@click.option("--check", is_flag=True, help="load and attach everything, report, and exit.")
-@click.option("--strict", is_flag=True, help="a program that cannot attach is an error.")
+@click.option(
+    "--check",
+    is_flag=True,
+    help="load and attach everything, report, and exit; fails (exit 1) when a set does not "
+    "load or a program does not attach.",
+)
+@click.option("--strict", is_flag=True, help="serving: a program that cannot attach is an error.")
 @click.option(
     "--bpf-stats",
     is_flag=True,
@@ -175,16 +182,19 @@ def _run(sets, job, host, port, check, strict, bpf_stats, max_label_sets) -> Non
     server: MetricsServer | None = None
     try:
         statuses = exporter.start()
-        problems = failures(statuses, strict=strict)
+        # A check passes only when everything attached: "0 of 2 programs" is no pass.
+        problems = failures(statuses, strict=strict or check)
         if check or problems:
             _report(statuses)
         if check:
             if problems:
-                _console().print(
-                    "[red]check failed:[/]\n  " + "\n  ".join(problems), markup=True, soft_wrap=True
-                )
+                lines = "\n".join(f"check failed: {p}" for p in problems)
+                _console().print(lines, markup=False, soft_wrap=True)
                 sys.exit(EXIT_CHECK_FAILED)
-            _console().print(f"check passed: {len(statuses)} sets loaded and attached")
+            programs = sum(s.attached for s in statuses)
+            _console().print(
+                f"check passed: {len(statuses)} sets loaded, all {programs} programs attached"
+            )
             return
         if problems:
             raise KernmlopsError("cannot serve:\n  " + "\n  ".join(problems))

@@ -37,10 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kernmlops.errors import ConfigError
+from kernmlops.yamlfile import safe_yaml
 
 #: Where the built-in metric sets live: bpf/exp_<name>.bpf.c + exp_<name>.yaml.
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "bpf"
@@ -388,14 +388,7 @@ def parse_metric_set(data: Any, path: Path, *, builtin: bool = False) -> MetricS
 
 def load_metric_set(path: str | Path, *, builtin: bool = False) -> MetricSet:
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as err:
-        raise MetricSetError(f"cannot read metric set {path}: {err.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise MetricSetError(f"{path} is not valid YAML: {err}") from None
+    data = safe_yaml(path, what="metric set", error=MetricSetError)
     return parse_metric_set(data, path, builtin=builtin)
 
 

@@ -7,12 +7,14 @@ only waits in select().
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import socket
 import sys
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
@@ -55,20 +57,84 @@ def _family(host: str) -> socket.AddressFamily:
         return infos[0][0]
 
 
-class MetricsServer:
-    """Serves ``render()`` at /metrics (and a pointer to it at /)."""
+#: Seconds a connection may stay silent (before its request, or while a response is
+#: read) before it is closed: an idle client must not hold a thread forever.
+IDLE_TIMEOUT_S = 10.0
+#: Connections served at once; Prometheus keeps one per scraper. More get a 503.
+MAX_CONNECTIONS = 16
+#: What a client that hangs up (or stops reading and times out) raises; not our error.
+_CLIENT_GONE = (ConnectionError, TimeoutError)
+_BUSY = b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
-    def __init__(self, render: Callable[[], bytes], host: str = "127.0.0.1", port: int = 9435):
+
+class _Server(ThreadingHTTPServer):
+    """A thread per connection, at most ``max_connections`` of them; errors from
+    clients that went away are not printed."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+    # socketserver's listen backlog is 5: a burst beyond it is half-opened by the
+    # kernel and then dropped without an answer; a longer one gets each its 503.
+    request_queue_size = 128
+
+    def __init__(self, address: tuple[str, int], handler: type, max_connections: int) -> None:
+        self._slots = threading.BoundedSemaphore(max_connections)
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            # Full: refuse at once rather than queue behind idle connections.
+            with contextlib.suppress(OSError):
+                request.setblocking(False)
+                request.send(_BUSY)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()  # no thread started
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        err = sys.exc_info()[1]
+        if isinstance(err, _CLIENT_GONE):
+            return  # the client hung up or went silent: nothing to report
+        host = client_address[0] if client_address else "?"
+        print(
+            f"kernmlops export: error serving {host}: {type(err).__name__}: {err}",
+            file=sys.stderr,
+        )
+
+
+class MetricsServer:
+    """Serves ``render()`` at /metrics (and a pointer to it at /).
+
+    ``timeout_s``: a connection silent this long is closed; ``max_connections``:
+    connections served at once (one thread each), more are answered 503."""
+
+    def __init__(
+        self,
+        render: Callable[[], bytes],
+        host: str = "127.0.0.1",
+        port: int = 9435,
+        *,
+        timeout_s: float = IDLE_TIMEOUT_S,
+        max_connections: int = MAX_CONNECTIONS,
+    ):
         family = _family(host)
 
-        class Server(ThreadingHTTPServer):
+        class Server(_Server):
             address_family = family
-            daemon_threads = True
-            allow_reuse_address = True
 
-        handler = _handler(render)
+        handler = _handler(render, timeout_s)
         try:
-            self._httpd = Server((host, port), handler)
+            self._httpd = Server((host, port), handler, max_connections)
         except OSError as err:
             raise ListenError(f"cannot listen on {host}:{port}: {err.strerror}") from None
         self.host = host
@@ -102,9 +168,10 @@ class MetricsServer:
         self.stop()
 
 
-def _handler(render: Callable[[], bytes]) -> type[BaseHTTPRequestHandler]:
+def _handler(render: Callable[[], bytes], timeout_s: float) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "kernmlops-exporter"
+        timeout = timeout_s  # socketserver sets it on the connection
 
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]

@@ -7,6 +7,7 @@ no global figure state, no display needed.
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,7 @@ from kernmlops.graphs.context import graph_registry, load, unknown_graphs
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["GraphFailure", "figure", "figures", "png_bytes", "render"]
+__all__ = ["GraphFailure", "GraphOutputError", "figure", "figures", "png_bytes", "render"]
 
 #: Applied while a figure is drawn and saved.
 STYLE: dict[str, Any] = {
@@ -51,6 +52,39 @@ class GraphFailure:
 
 class GraphError(KernmlopsError):
     """A graph failed to draw; the message names it."""
+
+
+class GraphOutputError(KernmlopsError):
+    """The graphs (or the report) cannot be written where asked."""
+
+
+def writable_dir(folder: Path, what: str, hint: str = "choose another folder with -o") -> Path:
+    """``folder``, created if needed; GraphOutputError naming it and ``what`` was to be
+    written when it cannot be created or written (checked before anything is drawn)."""
+    folder = folder.absolute()
+    reason = None
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        reason = "a file is in the way, not a folder"
+    except OSError as err:
+        reason = err.strerror
+    if reason is None and not os.access(folder, os.W_OK | os.X_OK):
+        reason = "not writable"  # no permission, or a read-only mount
+    if reason is not None:
+        raise GraphOutputError(f"cannot write {what} into {folder}: {reason} ({hint})")
+    return folder
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write through a temporary name, so a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_bytes(data)
+        tmp.replace(path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise GraphOutputError(f"cannot write {path}: {err.strerror}") from None
 
 
 def _new_figure(graph: Graph, dpi: int) -> Figure:
@@ -161,12 +195,10 @@ def render(
     """
     data = load(collection, tgid=tgid, comm=comm)
     out = Path(outdir) if outdir is not None else data.collection.path / "graphs"
-    out.mkdir(parents=True, exist_ok=True)
+    writable_dir(out, "graphs")
     written = []
     for graph, fig in figures(data, graphs, dpi=dpi, errors=errors):
         path = out / f"{graph.name}.png"
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_bytes(png_bytes(fig))
-        tmp.replace(path)
+        write_atomic(path, png_bytes(fig))
         written.append(path)
     return written

@@ -20,7 +20,14 @@ import yaml
 
 from kernmlops import __version__
 from kernmlops.data import Collection
-from kernmlops.graphs._render import GraphFailure, figures, png_bytes
+from kernmlops.graphs._render import (
+    GraphFailure,
+    GraphOutputError,
+    figures,
+    png_bytes,
+    writable_dir,
+    write_atomic,
+)
 from kernmlops.graphs.base import US_PER_S, GraphData, format_bytes
 from kernmlops.graphs.context import graph_registry, load, table_view
 from kernmlops.tables import UPTIME_TIMESTAMP
@@ -107,7 +114,7 @@ def _overview(col: _Column) -> str:
         ("started", _e(m.get("started_at"))),
         ("duration", f"{float(m.get('duration_s') or 0):.2f} s"),
         ("probes attached in", f"{float(m.get('attach_s') or 0) * 1000:.0f} ms"),
-        ("ended by", _e(m.get("ended_by"))),
+        ("ended by", _e(m.get("ended_by") or m.get("state"))),  # "state" since version 2
         ("exit code", code),
         ("filter", filt_text),
         (
@@ -321,6 +328,11 @@ def report(
         collections = [collections]
     if not collections:
         raise ValueError("report needs at least one collection")
+    path = Path(out)
+    if path.is_dir():
+        raise GraphOutputError(f"cannot write the report {path}: it is a folder")
+    # checked before the work of drawing
+    writable_dir(path.parent, f"the report {path.name}", "choose another path with -o")
     columns = []
     for c in collections:
         data = load(c, tgid=tgid, comm=comm)
@@ -376,9 +388,5 @@ def report(
         parts.append(_row(columns, lambda c, name=name: _figure_cell(c, name)))
     parts += ["<h2>Configuration</h2>", _row(columns, _config), "</body></html>"]
 
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("\n".join(parts), encoding="utf-8")
-    tmp.replace(path)
+    write_atomic(path, "\n".join(parts).encode("utf-8"))
     return path

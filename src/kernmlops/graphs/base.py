@@ -262,10 +262,16 @@ class GraphData:
     system_wide: frozenset[str] = frozenset()
     names: dict[int, str] = field(default_factory=dict)
     span_us: tuple[int, int] | None = None
+    #: the manifest as plain values, its types checked (context.checked_manifest)
+    manifest_data: dict[str, Any] | None = None
 
     @property
     def manifest(self) -> dict[str, Any]:
-        return self.collection.manifest
+        if self.manifest_data is None:
+            from kernmlops.graphs.context import checked_manifest
+
+            self.manifest_data = checked_manifest(self.collection)
+        return self.manifest_data
 
     def frame(self, table: str) -> pl.DataFrame:
         """The table's selected rows; NoData when there are none."""

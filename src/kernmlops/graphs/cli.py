@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from kernmlops.errors import KernmlopsError
 
@@ -38,7 +39,7 @@ def _selection_options(command):
 
 
 def _fail(err: KernmlopsError) -> None:
-    console.print(f"[bold red]error:[/] {err}", markup=True, soft_wrap=True)
+    console.print(f"[bold red]error:[/] {escape(str(err))}", markup=True, soft_wrap=True)
     sys.exit(err.exit_code)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -98,3 +100,75 @@ class Hook(ABC):
 
     def close(self) -> None:
         """Release kernel resources; idempotent."""
+
+
+class SampledHook(Hook):
+    """A hook that samples something (/proc files, counters) at a fixed rate.
+
+    Sampling runs in a thread of its own, on a fixed grid of ``period_ns``, so an event
+    storm that keeps the drain loop busy cannot starve it. An interval whose sample could
+    not be taken in time (the thread woke a whole period late) is counted in
+    ``status.drops``: a gap in the table is never silent. The poll loop only collects
+    what the thread sampled.
+    """
+
+    def __init__(self, options: HookOptions) -> None:
+        super().__init__(options)
+        self._lock = threading.Lock()
+        self._stop_sampling = threading.Event()
+        self._sampler: threading.Thread | None = None
+
+    @abstractmethod
+    def _sample(self, now_ns: int) -> None:
+        """Take one sample and keep its rows (called with the sampling lock held)."""
+
+    @abstractmethod
+    def _take(self) -> Iterator[tuple[str, pl.DataFrame]]:
+        """Hand over the rows sampled so far (called with the sampling lock held)."""
+
+    def _start_sampling(self, period_ns: int) -> None:
+        """Sample now, then every ``period_ns`` until :meth:`_stop_sampler`."""
+        with self._lock:
+            self._sample(_monotonic_ns())
+        self._stop_sampling.clear()
+        self._sampler = threading.Thread(
+            target=self._run, args=(period_ns,), name=f"kernmlops-{self.name}", daemon=True
+        )
+        self._sampler.start()
+
+    def _run(self, period_ns: int) -> None:
+        due = _monotonic_ns() + period_ns
+        while not self._stop_sampling.wait(max(0, due - _monotonic_ns()) / 1e9):
+            if _monotonic_ns() < due:
+                continue  # woke early (timer slack)
+            with self._lock:
+                now = _monotonic_ns()  # the time the sample is really taken
+                self._sample(now)
+                # Whole periods slept through (starved, or the lock held) were not sampled.
+                late = (now - due) // period_ns
+                self.status.drops += late
+            due += (late + 1) * period_ns
+
+    def _stop_sampler(self) -> None:
+        self._stop_sampling.set()
+        if self._sampler is not None:
+            self._sampler.join()
+            self._sampler = None
+
+    def poll(self) -> Iterator[tuple[str, pl.DataFrame]]:
+        with self._lock:
+            rows = list(self._take())
+        yield from rows
+
+    def stop(self) -> Iterator[tuple[str, pl.DataFrame]]:
+        self._stop_sampler()  # no sample may land between the last poll and close
+        yield from self.poll()
+        self.close()
+
+    def drops(self) -> int:
+        return self.status.drops
+
+
+def _monotonic_ns() -> int:
+    # The clock of bpf_ktime_get_ns(), so sampled rows join with the BPF tables.
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterator
 from typing import IO, ClassVar
 
@@ -11,7 +10,7 @@ import polars as pl
 from pydantic import Field
 
 from kernmlops.errors import HookUnavailable
-from kernmlops.hooks.base import Hook, HookContext, HookOptions
+from kernmlops.hooks.base import HookContext, HookOptions, SampledHook
 from kernmlops.tables import UPTIME_TIMESTAMP
 
 MEMINFO = "/proc/meminfo"
@@ -56,13 +55,9 @@ def parse_meminfo(text: str) -> dict[str, int]:
     return out
 
 
-def _now_ns() -> int:
-    # The same clock as bpf_ktime_get_ns(), so rows join with BPF tables.
-    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-
-
-class MemoryUsageHook(Hook):
-    """Samples /proc/meminfo at ``poll_hz`` into the ``memory_usage`` table."""
+class MemoryUsageHook(SampledHook):
+    """Samples /proc/meminfo at ``poll_hz`` into the ``memory_usage`` table, in a thread
+    of its own (missed intervals are counted as drops)."""
 
     class Options(HookOptions):
         poll_hz: float = Field(10, gt=0, le=1000, description="samples per second")
@@ -80,7 +75,6 @@ class MemoryUsageHook(Hook):
         self.opts: MemoryUsageHook.Options = options
         self._period_ns = max(1, round(1e9 / options.poll_hz))
         self._file: IO[bytes] | None = None
-        self._next_ns = 0
         self._rows: list[dict[str, int]] = []
 
     def start(self, ctx: HookContext | None = None) -> None:
@@ -89,9 +83,9 @@ class MemoryUsageHook(Hook):
             self._file = open(MEMINFO, "rb", buffering=0)  # noqa: SIM115
         except OSError as e:
             raise HookUnavailable(f"{self.name}: cannot read {MEMINFO}: {e.strerror}") from e
-        self._next_ns = _now_ns()  # first poll samples at once
         self.status.attached = True
         self.status.variant = "procfs"
+        self._start_sampling(self._period_ns)  # the first sample at once
 
     def _sample(self, now_ns: int) -> None:
         assert self._file is not None
@@ -100,22 +94,14 @@ class MemoryUsageHook(Hook):
         self._rows.append({UPTIME_TIMESTAMP: now_ns // 1000, **fields})
         self.status.events += 1
 
-    def poll(self) -> Iterator[tuple[str, pl.DataFrame]]:
-        if self._file is not None:
-            now = _now_ns()
-            if now >= self._next_ns:
-                self._sample(now)
-                # Schedule on a fixed grid so the rate does not drift with poll
-                # jitter; after a long stall skip ahead instead of bursting.
-                self._next_ns += self._period_ns
-                if self._next_ns <= now:
-                    self._next_ns = now + self._period_ns
+    def _take(self) -> Iterator[tuple[str, pl.DataFrame]]:
         if self._rows:
             rows, self._rows = self._rows, []
             schema = {key: pl.Int64 for key in rows[0]}
             yield TABLE, pl.DataFrame(rows, schema=schema)
 
     def close(self) -> None:
+        self._stop_sampler()
         if self._file is not None:
             self._file.close()
             self._file = None

@@ -42,7 +42,7 @@ from kernmlops.ebpf.perf_events import (
     resolve,
 )
 from kernmlops.errors import HookUnavailable
-from kernmlops.hooks.base import Hook, HookContext, HookOptions
+from kernmlops.hooks.base import HookContext, HookOptions, SampledHook
 from kernmlops.tables import UPTIME_TIMESTAMP
 
 TABLE = "perf_counters"
@@ -115,8 +115,9 @@ def _now_ns() -> int:
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
 
 
-class PerfHook(Hook):
-    """Reads per-CPU perf counters at ``poll_hz`` into ``perf_counters``."""
+class PerfHook(SampledHook):
+    """Reads per-CPU perf counters at ``poll_hz`` into ``perf_counters``, in a thread of
+    its own (missed intervals are counted as drops)."""
 
     class Options(HookOptions):
         poll_hz: float = Field(10, gt=0, le=1000, description="counter reads per second")
@@ -147,7 +148,6 @@ class PerfHook(Hook):
         super().__init__(options)
         self.opts: PerfHook.Options = options
         self._period_ns = max(1, round(1e9 / options.poll_hz))
-        self._next_ns = 0
         self._counters: CounterSet | None = None
         self._rows: list[pl.DataFrame] = []
         #: event name -> why it is not counted (also in the status, for the manifest)
@@ -198,8 +198,7 @@ class PerfHook(Hook):
         self.status.variant = "perf_event"
         self.status.programs = [e.name for e in self._counters.events]
         # A sample at once: the first row is the baseline of every delta.
-        self._sample(_now_ns())
-        self._next_ns = _now_ns() + self._period_ns
+        self._start_sampling(self._period_ns)
 
     def _sample(self, now_ns: int) -> None:
         assert self._counters is not None
@@ -217,19 +216,7 @@ class PerfHook(Hook):
         self._rows.append(pl.DataFrame(columns))
         self.status.events += len(cpus)
 
-    def poll(self) -> Iterator[tuple[str, pl.DataFrame]]:
-        if self._counters is not None:
-            now = _now_ns()
-            if now >= self._next_ns:
-                self._sample(now)
-                # A fixed grid, so the rate does not drift with poll jitter;
-                # after a long stall skip ahead instead of bursting.
-                self._next_ns += self._period_ns
-                if self._next_ns <= now:
-                    self._next_ns = now + self._period_ns
-        yield from self._flush()
-
-    def _flush(self) -> Iterator[tuple[str, pl.DataFrame]]:
+    def _take(self) -> Iterator[tuple[str, pl.DataFrame]]:
         if self._rows:
             rows, self._rows = self._rows, []
             yield TABLE, pl.concat(rows)
@@ -237,12 +224,16 @@ class PerfHook(Hook):
     def stop(self) -> Iterator[tuple[str, pl.DataFrame]]:
         # A last sample at stop, whatever the grid says: the final row closes
         # every delta at the end of the collection.
-        if self._counters is not None:
-            self._sample(_now_ns())
-        yield from self._flush()
+        self._stop_sampler()
+        with self._lock:
+            if self._counters is not None:
+                self._sample(_now_ns())
+            rows = list(self._take())
+        yield from rows
         self.close()
 
     def close(self) -> None:
+        self._stop_sampler()
         if self._counters is not None:
             self._counters.close()
             self._counters = None

@@ -23,7 +23,13 @@ from typing import Any
 
 import polars as pl
 
-from kernmlops.collect.manifest import read_manifest, write_manifest
+from kernmlops.collect.manifest import (
+    HookRecord,
+    Manifest,
+    TableRecord,
+    read_manifest,
+    write_manifest,
+)
 from kernmlops.collect.session import CollectionResult, Session
 from kernmlops.collect.sinks import ParquetSink
 from kernmlops.config import Config
@@ -232,11 +238,13 @@ def _update_manifest(path: Path, out: LbCollectResult, lb_section: dict[str, Any
     try:
         manifest = read_manifest(path)
     except KernmlopsError:
-        manifest = {"collection_id": out.result.collection_id}
-    manifest.setdefault("hooks", {}).update({n: s.as_dict() for n, s in out.hooks.items()})
-    tables = manifest.setdefault("tables", {})
+        manifest = Manifest(collection_id=out.result.collection_id)
+    hooks = {n: HookRecord.model_validate(s.as_dict()) for n, s in out.hooks.items()}
+    manifest.hooks = {**manifest.hooks, **hooks}
+    tables = dict(manifest.tables)
     for table, n in out.rows.items():
         files = sorted(p.name for p in (path / table).glob("*.parquet"))
-        tables[table] = {"rows": n, "files": files}
-    manifest["lb"] = lb_section
+        tables[table] = TableRecord(rows=n, files=files)
+    manifest.tables = tables
+    manifest.lb = lb_section  # type: ignore[attr-defined]  # a section of its own
     write_manifest(path, manifest)

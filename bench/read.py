@@ -1,0 +1,155 @@
+"""Reading a one-hour collection: parts finished at every flush vs one part per table.
+
+A collection flushes durably every ``collector.flush_interval_s`` (5 s): each flush
+finishes the open parts, so an hour leaves 720 parts per busy table. This builds such a
+collection with the real ParquetSink (durable flushes, synthetic rows shaped like
+quanta_runtime, memory_usage and process_trace), and the same rows written with one
+flush at the end, then times the readers users have: read_collection, a lazy polars scan
+with a filter, and DuckDB over the Hive folder.
+
+    .venv/bin/python bench/read.py                 # 1 h at 5 s flushes, 2k quanta rows/s
+    .venv/bin/python bench/read.py --rate 20000    # a busier hour
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from kernmlops.collect.manifest import write_manifest
+from kernmlops.collect.sinks import ParquetSink
+from kernmlops.data import read_collection
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def frames(second: int, seconds: int, rate: int, rng: np.random.Generator) -> dict:
+    n = rate * seconds
+    ts = np.sort(rng.integers(second * 10**6, (second + seconds) * 10**6, n)).astype(np.uint64)
+    quanta = pl.DataFrame(
+        {
+            "ts_uptime_us": ts,
+            "cpu": rng.integers(0, 2, n).astype(np.uint32),
+            "pid": rng.integers(1000, 1200, n).astype(np.uint32),
+            "tgid": rng.integers(1000, 1050, n).astype(np.uint32),
+            "quanta_run_length_us": rng.exponential(300, n).astype(np.uint64),
+        }
+    )
+    memory = pl.DataFrame(
+        {"ts_uptime_us": np.arange(second, second + seconds, 0.1).astype(np.uint64) * 10**6}
+        | {f"field_{i}_bytes": rng.integers(0, 1 << 34, seconds * 10) for i in range(50)}
+    )
+    trace = pl.DataFrame(
+        {
+            "ts_uptime_us": ts[:: max(1, n // (seconds * 5))],
+            "pid": np.uint32(7),
+            "kind": "fork",
+        }
+    )
+    return {"quanta_runtime": quanta, "memory_usage": memory, "process_trace": trace}
+
+
+def build(folder: Path, hours: float, flush_s: int, rate: int, durable: bool) -> int:
+    rng = np.random.default_rng(1)
+    sink = ParquetSink(folder, folder.name.removeprefix("collection_id="))
+    total = int(hours * 3600)
+    for second in range(0, total, flush_s):
+        for table, frame in frames(second, flush_s, rate, rng).items():
+            sink.write(table, frame)
+        sink.flush(durable=durable)
+    rows = sink.close()
+    write_manifest(folder, {"collection_id": folder.name, "state": "completed"})
+    return sum(rows.values())
+
+
+def timed(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hours", type=float, default=1.0)
+    ap.add_argument("--flush-s", type=int, default=5)
+    ap.add_argument("--rate", type=int, default=2000, help="quanta_runtime rows per second")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=RESULTS / "read.json")
+    args = ap.parse_args()
+    import duckdb
+
+    root = Path(tempfile.mkdtemp(prefix="kmo-read-"))
+    results = {}
+    try:
+        for layout, durable in (("flushed", True), ("one-part", False)):
+            folder = root / layout / "benchmark=bench" / f"collection_id={layout}"
+            t = time.perf_counter()
+            rows = build(folder, args.hours, args.flush_s, args.rate, durable)
+            write_s = time.perf_counter() - t
+            parts = len(list(folder.glob("*/part-*.parquet")))
+
+            def read_all(folder: Path = folder) -> None:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    read_collection(folder)
+
+            def scan_filter(folder: Path = folder) -> None:
+                files = sorted((folder / "quanta_runtime").glob("part-*.parquet"))
+                pl.scan_parquet(files).filter(pl.col("tgid") == 1007).group_by("pid").agg(
+                    pl.col("quanta_run_length_us").sum()
+                ).collect()
+
+            glob = f"{folder.parent.parent}/benchmark=*/collection_id=*/quanta_runtime/*.parquet"
+
+            def duck(glob: str = glob) -> None:
+                duckdb.sql(
+                    f"select tgid, sum(quanta_run_length_us) from read_parquet('{glob}', "
+                    "hive_partitioning=true) group by tgid"
+                ).fetchall()
+
+            results[layout] = {
+                "rows": rows,
+                "parts": parts,
+                "bytes": sum(p.stat().st_size for p in folder.rglob("*.parquet")),
+                "write_s": round(write_s, 3),
+                "read_collection_s": round(timed(read_all, args.repeat), 4),
+                "polars_scan_filter_s": round(timed(scan_filter, args.repeat), 4),
+                "duckdb_group_by_s": round(timed(duck, args.repeat), 4),
+            }
+            print(layout, json.dumps(results[layout]))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    a, b = results["flushed"], results["one-part"]
+    ratios = {
+        k: round(a[k] / b[k], 2)
+        for k in ("read_collection_s", "polars_scan_filter_s", "duckdb_group_by_s", "bytes")
+    }
+    print("flushed / one-part:", json.dumps(ratios))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(
+        json.dumps(
+            {
+                "args": {k: str(v) for k, v in vars(args).items()},
+                "results": results,
+                "ratios": ratios,
+            },
+            indent=2,
+        )
+        + "\n"  # fmt: skip
+    )
+
+
+if __name__ == "__main__":
+    main()

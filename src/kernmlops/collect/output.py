@@ -1,0 +1,116 @@
+"""The output folder, checked before anything starts, and the room kept for the manifest.
+
+Before a probe is attached or the benchmark is started, the collection's folder is
+created and proven writable (a file is written, synced and removed), and the free space is
+checked: below ``collector.warn_free_mb`` a warning, below ``collector.min_free_mb`` a
+refusal. A small reserve file keeps room for the final manifest on a disk that fills up
+during the run: it is removed just before the manifest is written for the last time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from kernmlops.collect.sinks import free_bytes, human_bytes
+from kernmlops.errors import OutputError
+
+__all__ = ["RESERVE_NAME", "OutputCheck", "prepare_output", "release_reserve"]
+
+RESERVE_NAME = ".manifest.reserve"
+RESERVE_BYTES = 1 << 20  # a manifest with a large system section is ~50 KiB
+
+
+@dataclass
+class OutputCheck:
+    path: Path
+    free_bytes: int | None
+    #: a warning for the user (low space), or None
+    warning: str | None = None
+
+
+def _why(err: OSError) -> str:
+    if err.errno == errno.EROFS:
+        return "the file system is read-only"
+    if err.errno in (errno.EACCES, errno.EPERM):
+        return "permission denied"
+    if err.errno == errno.ENOTDIR:
+        return "a part of the path is a file, not a folder"
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "the disk is full"
+    return err.strerror or str(err)
+
+
+def _first_file(path: Path) -> Path | None:
+    """The first component of ``path`` that exists and is not a folder."""
+    for parent in [*reversed(path.parents), path]:
+        try:
+            if parent.exists() and not parent.is_dir():
+                return parent
+        except OSError:  # cannot look (no permission): mkdir below says so
+            return None
+    return None
+
+
+def prepare_output(path: Path, *, min_free_mb: float, warn_free_mb: float) -> OutputCheck:
+    """Create ``path``, prove it writable, check its free space and reserve the
+    manifest's room.
+
+    Raises:
+        OutputError: one line saying what is wrong with the folder.
+    """
+    blocker = _first_file(path)
+    if blocker is not None:
+        raise OutputError(
+            f"cannot write the collection to {path}: {blocker} is a file, not a folder"
+        )
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise OutputError(f"cannot create the output folder {path}: {_why(err)}") from None
+    probe = path / ".write-probe"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, b"kernmlops\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        probe.unlink()
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+        raise OutputError(f"cannot write to the output folder {path}: {_why(err)}") from None
+    free = free_bytes(path)
+    check = OutputCheck(path=path, free_bytes=free)
+    if free is not None and free < min_free_mb * 2**20:
+        raise OutputError(
+            f"only {human_bytes(free)} free on {path} (the minimum is {min_free_mb:g} MiB, "
+            "collector.min_free_mb): free some space or choose another folder with -o"
+        )
+    if free is not None and free < warn_free_mb * 2**20:
+        check.warning = (
+            f"only {human_bytes(free)} free on {path}: a long collection may fill it "
+            f"(collector.warn_free_mb is {warn_free_mb:g} MiB)"
+        )
+    reserve = path / RESERVE_NAME
+    try:
+        fd = os.open(reserve, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.posix_fallocate(fd, 0, RESERVE_BYTES)
+        finally:
+            os.close(fd)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            reserve.unlink()
+        raise OutputError(f"cannot reserve room for the manifest in {path}: {_why(err)}") from None
+    return check
+
+
+def release_reserve(path: Path) -> None:
+    """Give the reserved room back (before the final manifest is written)."""
+    with contextlib.suppress(OSError):
+        (path / RESERVE_NAME).unlink()

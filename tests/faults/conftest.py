@@ -1,0 +1,181 @@
+"""Fault injection: run ``kernmlops collect`` as users do, and break it.
+
+Every test checks the same promises: no process of the benchmark is left, no BPF program
+or link of the collector is left, every table that was flushed is readable (by
+read_collection, polars and DuckDB), and what a kill lost is at most one flush interval.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+#: the flush interval of every fault test (s): the bound on what a kill may lose
+FLUSH_S = 1.0
+#: rows also wait in the rings up to a batch (hooks' batch_ms, 250 ms) before a flush
+#: takes them, and the writer needs a moment to finish the parts
+SLACK_S = 0.5
+
+
+def bpf_ids() -> tuple[set[int], set[int]]:
+    """Ids of every BPF program and link on the machine."""
+    ids = []
+    for kind in ("prog", "link"):
+        out = subprocess.run(
+            ["bpftool", "-j", kind, "show"], capture_output=True, text=True, check=True
+        ).stdout
+        ids.append({entry["id"] for entry in json.loads(out or "[]")})
+    return ids[0], ids[1]
+
+
+def pids_matching(marker: str) -> list[int]:
+    """Processes whose environment holds ``marker`` (the benchmark's, whatever they
+    exec or however they detach; this test's own excluded)."""
+    needle = f"KMO_FAULT_MARKER={marker}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            env = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in env.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+def wait_until(check, timeout_s: float = 5.0, step_s: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(step_s)
+    return bool(check())
+
+
+def now_us() -> int:
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+
+
+@dataclass
+class Run:
+    """One ``kernmlops collect`` started by a test."""
+
+    proc: subprocess.Popen[str]
+    out: Path
+    marker: str
+    stderr_lines: list[str] = field(default_factory=list)
+
+    def wait_for(self, text: str, timeout_s: float = 60) -> None:
+        """Read stderr until a line holds ``text``."""
+        assert self.proc.stderr is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            line = self.proc.stderr.readline()
+            if not line:
+                raise AssertionError(f"collect ended before {text!r}: {self.stderr_lines}")
+            self.stderr_lines.append(line)
+            if text in line:
+                return
+        raise AssertionError(f"no {text!r} in {timeout_s} s: {self.stderr_lines}")
+
+    def finish(self, timeout_s: float = 60) -> tuple[int, str]:
+        _, rest = self.proc.communicate(timeout=timeout_s)
+        return self.proc.returncode, "".join(self.stderr_lines) + (rest or "")
+
+    def collection(self) -> Path:
+        found = list(self.out.glob("curated/benchmark=*/collection_id=*"))
+        assert len(found) == 1, found
+        return found[0]
+
+
+def start_collect(out: Path, *args: str, env: dict[str, str] | None = None,
+                  preexec: list[str] | None = None) -> Run:  # fmt: skip
+    """``kernmlops collect -o OUT ARGS`` with a 1 s flush interval. Every process it
+    starts has KMO_FAULT_MARKER=<a unique word> in its environment (see pids_matching);
+    the benchmark's command line may use $MARKER."""
+    marker = f"kmofault{uuid.uuid4().hex[:10]}"
+    config = Path(tempfile.gettempdir()) / f"{marker}.yaml"
+    config.write_text(
+        f"collector:\n  flush_interval_s: {FLUSH_S}\n  min_free_mb: 1\n  warn_free_mb: 0\n"
+    )
+    argv = [sys.executable, "-m", "kernmlops", "collect", "--no-progress", "-c", str(config),
+            "-o", str(out), *(a.replace("$MARKER", marker) for a in args)]  # fmt: skip
+    proc = subprocess.Popen(
+        [*(preexec or []), *argv],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "COLUMNS": "400", "KMO_FAULT_MARKER": marker, **(env or {})},
+    )
+    return Run(proc, out, marker)
+
+
+@pytest.fixture
+def bpf_baseline() -> Iterator[tuple[set[int], set[int]]]:
+    """The BPF programs and links before the test; none of the collector's may remain."""
+    if shutil.which("bpftool") is None:
+        pytest.fail("bpftool is needed to check that no BPF program is left")
+    before = bpf_ids()
+    yield before
+    progs, links = before
+
+    def clean() -> bool:
+        now_progs, now_links = bpf_ids()
+        return not (now_progs - progs) and not (now_links - links)
+
+    # Programs are freed after their last fd closes (RCU): give it a moment.
+    assert wait_until(clean, 10), f"BPF left behind: {bpf_ids()[0] - progs}"
+
+
+def assert_no_benchmark_left(marker: str) -> None:
+    assert wait_until(lambda: not pids_matching(marker), 10), (
+        f"benchmark processes left: {pids_matching(marker)}"
+    )
+
+
+def read_everything(collection: Path) -> dict[str, int]:
+    """Read every table three ways; rows per table (the same for each reader)."""
+    import duckdb
+    import polars as pl
+
+    from kernmlops.data import read_collection
+
+    with warnings.catch_warnings():  # an incomplete collection is read with a warning
+        warnings.simplefilter("ignore")
+        col = read_collection(collection)
+    rows = {name: frame.height for name, frame in col.tables.items()}
+    root = collection.parent.parent
+    for table, n in rows.items():
+        parts = sorted((collection / table).glob("part-*.parquet"))
+        assert pl.scan_parquet(parts).select(pl.len()).collect().item() == n
+        glob = f"{root}/benchmark=*/collection_id=*/{table}/*.parquet"
+        got = duckdb.sql(
+            f"select count(*) from read_parquet('{glob}', hive_partitioning=true) "
+            f"where collection_id = '{col.collection_id}'"
+        ).fetchall()[0][0]
+        assert got == n, (table, got, n)
+    return rows
+
+
+def kill_collector(run: Run) -> int:
+    """SIGKILL the collector; the kill time on CLOCK_MONOTONIC (µs)."""
+    at = now_us()
+    run.proc.send_signal(signal.SIGKILL)
+    run.proc.wait(timeout=30)
+    return at

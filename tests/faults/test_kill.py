@@ -1,0 +1,131 @@
+"""SIGKILL (and the OOM killer) at every stage of a collection."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from kernmlops.collect.manifest import read_manifest
+from tests.faults.conftest import (
+    FLUSH_S,
+    SLACK_S,
+    assert_no_benchmark_left,
+    kill_collector,
+    read_everything,
+    start_collect,
+    wait_until,
+)
+
+pytestmark = pytest.mark.bpf
+
+# A context-switch storm (~100k switches/s: what 2 vCPUs drain without drops while the
+# storm runs), and a child that leaves the session and process group.
+STORM = ["--", "sh", "-c",
+         "setsid sleep 1000 & exec stress-ng --switch 1 --switch-freq 50000 -t 60 --quiet"]  # fmt: skip
+
+
+def last_ts_us(collection: Path, table: str) -> int:
+    parts = sorted((collection / table).glob("part-*.parquet"))
+    return pl.scan_parquet(parts).select(pl.col("ts_uptime_us").max()).collect().item()
+
+
+@pytest.mark.parametrize("after_s", [0.0, 0.05, 0.15])
+def test_sigkill_during_attach(tmp_path: Path, bpf_baseline, after_s: float) -> None:
+    """Killed before or while the probes attach: the benchmark (held at its gate, or
+    just released) dies with the collector, nothing stays attached, the manifest says
+    running."""
+    run = start_collect(tmp_path / "out", *STORM)
+    manifests = (tmp_path / "out").glob
+    # the manifest is written before the first probe is loaded
+    assert wait_until(lambda: any(manifests("curated/*/*/manifest.json")), 60, 0.001)
+    time.sleep(after_s)
+    kill_collector(run)
+    assert_no_benchmark_left(run.marker)
+    manifest = read_manifest(run.collection())
+    assert manifest.state == "running"
+    # nothing was flushed this early; what is there (if anything) reads
+    if list(run.collection().glob("*/part-*.parquet")):
+        read_everything(run.collection())
+
+
+def test_sigkill_mid_run_loses_at_most_one_flush(tmp_path: Path, bpf_baseline) -> None:
+    run = start_collect(tmp_path / "out", *STORM)
+    run.wait_for("probes attached")
+    time.sleep(4.3)  # four flushes, and a little into the fifth interval
+    killed_us = kill_collector(run)
+    assert_no_benchmark_left(run.marker)
+    col = run.collection()
+    manifest = read_manifest(col)
+    assert manifest.state == "running" and manifest.flushes >= 1
+    rows = read_everything(col)
+    assert rows["quanta_runtime"] > 10_000  # a storm: thousands of switches a second
+    lost_s = (killed_us - last_ts_us(col, "quanta_runtime")) / 1e6
+    assert 0 <= lost_s <= FLUSH_S + SLACK_S, lost_s
+    # the manifest's checkpoint is at most one flush behind the parts on disk
+    assert manifest.tables["quanta_runtime"].rows <= rows["quanta_runtime"]
+    assert manifest.hooks["quanta_runtime"].attached
+
+
+def test_sigkill_during_the_final_flush(tmp_path: Path, bpf_baseline) -> None:
+    """SIGTERM starts the stop (drain, detach, final flush); SIGKILL lands in it."""
+    run = start_collect(tmp_path / "out", *STORM)
+    run.wait_for("probes attached")
+    time.sleep(2.5)
+    run.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.05)
+    killed_us = kill_collector(run)
+    assert_no_benchmark_left(run.marker)
+    col = run.collection()
+    rows = read_everything(col)
+    lost_s = (killed_us - last_ts_us(col, "quanta_runtime")) / 1e6
+    assert lost_s <= FLUSH_S + SLACK_S, lost_s
+    assert read_manifest(col).state in ("running", "interrupted")
+    assert rows["quanta_runtime"] > 0
+
+
+def test_oom_killer_takes_the_benchmark_not_the_collector(tmp_path: Path, bpf_baseline) -> None:
+    """In a memory-limited cgroup a benchmark that eats memory is what the OOM killer
+    ends (the collector lowered its own OOM score): the collection finishes and says the
+    benchmark was killed."""
+    from tests.faults.memcg import memory_limited
+
+    with memory_limited(600 << 20) as enter:
+        run = start_collect(
+            tmp_path / "out", "--", "sh", "-c",
+            "exec python3 -c 'import sys; a=[]\nwhile True: a.append(bytearray(1<<24))'",
+            preexec=enter,
+        )  # fmt: skip
+        code, err = run.finish(timeout_s=120)
+    assert code == 137, err  # the benchmark's exit: SIGKILL
+    assert "Traceback" not in err
+    col = run.collection()
+    manifest = read_manifest(col)
+    assert manifest.state == "failed" and manifest.benchmark.exit_code == 137
+    assert read_everything(col)["memory_usage"] > 0
+    assert_no_benchmark_left(run.marker)
+
+
+def test_sigkill_under_memory_pressure(tmp_path: Path, bpf_baseline) -> None:
+    """What an OOM kill of the collector itself looks like: SIGKILL while the benchmark
+    fills a memory-limited cgroup. The flushed rows survive, the benchmark dies."""
+    from tests.faults.memcg import memory_limited
+
+    with memory_limited(900 << 20) as enter:
+        run = start_collect(
+            tmp_path / "out", "--", "sh", "-c",
+            "stress-ng --vm 1 --vm-bytes 300M --vm-keep -t 60 --quiet & "
+            "exec stress-ng --switch 1 -t 60 --quiet",
+            preexec=enter,
+        )  # fmt: skip
+        run.wait_for("probes attached")
+        time.sleep(3.3)
+        killed_us = kill_collector(run)
+        assert_no_benchmark_left(run.marker)
+    col = run.collection()
+    read_everything(col)
+    lost_s = (killed_us - last_ts_us(col, "quanta_runtime")) / 1e6
+    assert lost_s <= FLUSH_S + SLACK_S, lost_s

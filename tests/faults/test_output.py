@@ -1,0 +1,109 @@
+"""The output folder: read-only, a file, full before the start, full in the middle."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kernmlops.collect.manifest import read_manifest
+from tests.faults.conftest import assert_no_benchmark_left, read_everything, start_collect
+
+pytestmark = pytest.mark.bpf
+
+
+@contextlib.contextmanager
+def tmpfs(where: Path, size: str, *options: str) -> Iterator[Path]:
+    where.mkdir(parents=True, exist_ok=True)
+    opts = ",".join((f"size={size}", *options))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "kmo-fault", str(where)], check=True)
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def assert_refused(run, marker_file: Path, text: str) -> None:
+    code, err = run.finish()
+    assert code == 2, err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and text in err, err
+    assert not marker_file.exists()  # the benchmark never started
+
+
+def test_read_only_output(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    with tmpfs(tmp_path / "ro", "1m", "ro") as ro:
+        run = start_collect(ro / "out", "--", "touch", str(marker))
+        assert_refused(run, marker, "read-only")
+
+
+def test_output_is_a_file(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    (tmp_path / "afile").write_text("not a folder")
+    run = start_collect(tmp_path / "afile" / "out", "--", "touch", str(marker))
+    assert_refused(run, marker, "is a file, not a folder")
+
+
+def test_no_permission(tmp_path: Path) -> None:
+    """A user who may not write the folder gets the reason in one line."""
+    import os
+    import sys
+
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o755)  # root's; others may not write
+    os.chmod(tmp_path, 0o755)
+    code = (
+        "from pathlib import Path\n"
+        "from kernmlops.collect.output import prepare_output\n"
+        "from kernmlops.errors import OutputError\n"
+        "try:\n"
+        f"    prepare_output(Path({str(locked / 'c')!r}), min_free_mb=0, warn_free_mb=0)\n"
+        "except OutputError as e:\n"
+        "    print(e)\n"
+    )
+    out = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code],
+        capture_output=True, text=True, timeout=60, cwd="/",
+    )  # fmt: skip
+    assert "permission denied" in out.stdout, out
+    assert not (locked / "c").exists()
+
+
+def test_too_little_space_is_refused(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    with tmpfs(tmp_path / "small", "4m") as small:
+        run = start_collect(small / "out", "--", "touch", str(marker))
+        # start_collect's config asks for 1 MiB: fill all but ~0.5 MiB
+        subprocess.run(["fallocate", "-l", "3584k", str(small / "fill")], check=True)
+        assert_refused(run, marker, "free on")
+
+
+def test_disk_full_mid_run(tmp_path: Path, bpf_baseline) -> None:
+    """The benchmark fills the disk under a context-switch storm: the collection stops
+    the benchmark, keeps every finished part and writes its manifest (its room was
+    reserved), and exits 2 with one line naming the folder and the free space."""
+    with tmpfs(tmp_path / "full", "24m") as full:
+        run = start_collect(
+            full / "out", "--", "sh", "-c",
+            "stress-ng --switch 1 --switch-freq 50000 -t 60 --quiet & sleep 3; "
+            f"dd if=/dev/zero of={full}/fill bs=64k 2>/dev/null; sleep 60",
+        )  # fmt: skip
+        code, err = run.finish(timeout_s=120)
+        assert code == 2, err
+        assert "Traceback" not in err
+        lines = [line for line in err.splitlines() if line.startswith("error:")]
+        assert len(lines) == 1, err
+        assert "disk is full" in lines[0] and str(full / "out") in lines[0] and "free" in lines[0]
+        col = run.collection()
+        manifest = read_manifest(col)
+        assert manifest.state == "disk_full" and manifest.exit_code == 2
+        assert "disk is full" in (manifest.error or "")
+        rows = read_everything(col)
+        assert rows["quanta_runtime"] > 1000  # three seconds of storm were flushed
+        assert not list(col.glob("*/.*.tmp"))  # unfinished parts were removed
+        assert_no_benchmark_left(run.marker)
