@@ -147,7 +147,7 @@ def main() -> None:
             },
             indent=2,
         )
-        + "\n"  # fmt: skip
+        + "\n"
     )
 
 

@@ -24,8 +24,10 @@ pytestmark = pytest.mark.bpf
 
 # A context-switch storm (~100k switches/s: what 2 vCPUs drain without drops while the
 # storm runs), and a child that leaves the session and process group.
-STORM = ["--", "sh", "-c",
-         "setsid sleep 1000 & exec stress-ng --switch 1 --switch-freq 50000 -t 60 --quiet"]  # fmt: skip
+STORM = [
+    "--", "sh", "-c",
+    "setsid sleep 1000 & exec stress-ng --switch 1 --switch-freq 50000 -t 60 --quiet",
+]  # fmt: skip
 
 
 def last_ts_us(collection: Path, table: str) -> int:
