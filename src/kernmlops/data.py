@@ -77,6 +77,11 @@ class Collection:
     files: dict[str, tuple[Path, ...]] = field(default_factory=dict)
     incomplete: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        # A hand-built Collection (tests, notebooks) may pass the manifest as a dict.
+        if not isinstance(self.manifest, Manifest):
+            object.__setattr__(self, "manifest", Manifest.model_validate(self.manifest))
+
     def __getitem__(self, name: str) -> pl.DataFrame:
         try:
             return self.tables[name]
