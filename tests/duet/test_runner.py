@@ -35,7 +35,12 @@ def _assert_clean(suite: str) -> None:
     assert psutil.Process().children(recursive=True) == []
 
 
-# A CPU-bound loop of about 20 ms per iteration, and B doing 10 % more work.
+# A CPU-bound loop of about 20 ms per iteration, and B doing twice the work. On a
+# 2-vCPU VM a noisy neighbour can slow one vCPU (so one side) by up to 2x for a
+# whole run; with 12 runs such a run widens the CI past a 10 % effect about half
+# the time, so the runner is checked on an effect no run can hide, and the power
+# of the statistics on small effects in tests/duet/test_stats.py (synthetic
+# runs) and bench/duet.py (this machine).
 DETECT = """
 duetbench:
   suite: detect-{tag}
@@ -45,15 +50,15 @@ duetbench:
   duets: [more, same]
 more:
   duet_repetitions: 12
-  harness: {{budget_s: 0.8}}
+  harness: {{budget_s: 0.6}}
   A: {{run: {loop} 20000000}}
-  B: {{run: {loop} 22000000}}
+  B: {{run: {loop} 40000000}}
 same:
   A: {{run: {loop} 20000000}}
 """
 
 
-def test_ten_percent_more_work_is_detected_and_aa_is_not(tmp_path: Path, loop_bin: Path):
+def test_twice_the_work_is_detected_and_aa_is_not(tmp_path: Path, loop_bin: Path):
     tag = str(os.getpid())
     cfg = write_config(tmp_path / "duet.yml", DETECT.format(tag=tag, loop=loop_bin))
     suite = load_duet_config(cfg)
@@ -67,7 +72,7 @@ def test_ten_percent_more_work_is_detected_and_aa_is_not(tmp_path: Path, loop_bi
     more = by_name["more"].comparisons["duet"]
     assert more.unit == "run" and more.n_runs == 12 and more.n_pairs > 60
     assert more.detected == "slower", more.verdict
-    assert 1.03 < more.gm_ratio < 1.20
+    assert 1.5 < more.gm_ratio < 2.4, more.verdict  # 2x the loop, plus exec and exit
     # A/A: no difference. At 99 % confidence a correct setup fails this 1 time in 100.
     same = analyze(table.filter(pl.col("benchmark") == "same"),
                    Options(warmup="2", mds=False, confidence=0.99)).benchmarks[0]  # fmt: skip

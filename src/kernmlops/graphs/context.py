@@ -204,7 +204,7 @@ def checked_manifest(collection: Collection) -> dict[str, Any]:
     """
     raw: Any = collection.manifest
     if isinstance(raw, BaseModel):  # the typed manifest of kernmlops.collect.manifest
-        raw = raw.model_dump(mode="json")
+        raw = raw.model_dump(mode="json", exclude_unset=True)  # what the file holds
     where = collection.path / MANIFEST_NAME
     if not isinstance(raw, dict):
         raise CollectionError(f"{where}: expected a JSON object, got {type(raw).__name__}")
