@@ -168,12 +168,7 @@ class Collector:
     def start(self) -> None:
         attached = threading.Event()
         self.out = Path(tempfile.mkdtemp(prefix="kmo-overhead-"))
-        self.proc = subprocess.Popen(
-            self.argv(self.hooks, str(self.out)),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        self.proc = self._popen(self.argv(self.hooks, str(self.out)))
 
         def read() -> None:
             assert self.proc is not None and self.proc.stderr is not None
@@ -190,6 +185,9 @@ class Collector:
                 raise CollectorLost(f"collector did not attach:\n{''.join(self.lines[-20:])}")
         time.sleep(self.settle_s)  # past start-up work (first snapshots, first polls)
 
+    def _popen(self, argv: list[str]) -> subprocess.Popen:
+        return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
     def stop(self) -> None:
         if self.proc is None:
             return
@@ -204,6 +202,71 @@ class Collector:
             found = sorted(self.out.glob("curated/*/*/manifest.json"))
             if found:
                 self.manifest = json.loads(found[0].read_text())
+            shutil.rmtree(self.out, ignore_errors=True)
+        self.proc = None
+
+
+FLOOR_SOURCE = BENCH / "floor.bpf.c"
+FLOOR_OBJECT = BENCH / "build" / "floor.bpf.o"
+
+
+def build_floor() -> Path:
+    """Compile bench/floor.bpf.c (kernmlops' own build) when it changed."""
+    from kernmlops.ebpf.build import SOURCE_DIR, compile_object
+
+    newest = max(f.stat().st_mtime for f in (FLOOR_SOURCE, *SOURCE_DIR.glob("*.h")))
+    if not FLOOR_OBJECT.exists() or FLOOR_OBJECT.stat().st_mtime < newest:
+        compile_object(FLOOR_SOURCE, FLOOR_OBJECT)
+    return FLOOR_OBJECT
+
+
+def floor_child(obj_path: Path) -> int:
+    """Run by the Floor collector: attach the count-only program, say so, wait
+    for SIGINT/SIGTERM, print the switches it counted as JSON."""
+    from kernmlops.ebpf.objects import open_and_load
+
+    obj = open_and_load(obj_path)
+    obj.attach_all()
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"floor: {MARK}", file=sys.stderr, flush=True)
+    stop.wait()
+    obj.detach()
+    counted = int(obj.map("switches").lookup_percpu(0).sum())
+    obj.close()
+    print(json.dumps({"hooks": {"floor": {"events": counted, "drops": 0}}}), flush=True)
+    return 0
+
+
+class Floor(Collector):
+    """The floor: a process of ours holding only bench/floor.bpf.c's program."""
+
+    def __init__(self, settle_s: float) -> None:
+        super().__init__(None, settle_s)
+
+    @staticmethod
+    def argv(hooks: list[str] | None, out: str) -> list[str]:
+        return [sys.executable, str(Path(__file__).resolve()), "--floor-child", str(FLOOR_OBJECT)]
+
+    def start(self) -> None:
+        self._stdout = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed in stop)
+        super().start()
+
+    def _popen(self, argv: list[str]) -> subprocess.Popen:
+        return subprocess.Popen(argv, stdout=self._stdout, stderr=subprocess.PIPE, text=True)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        self.proc.wait(timeout=30)
+        self._stdout.seek(0)
+        text = self._stdout.read().strip()
+        self.manifest = json.loads(text) if text else {}
+        self._stdout.close()
+        if self.out is not None:
             shutil.rmtree(self.out, ignore_errors=True)
         self.proc = None
 
@@ -225,8 +288,10 @@ class Workload:
             if found:
                 return float(found.group(1)), 1.0
         else:
-            # stress-ng: metrc: [pid] cpu <ops> <real s> <usr s> <sys s> <ops/s real> <ops/s cpu>
-            found = re.search(r"\]\s+cpu\s+(\d+)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+([\d.]+)", text)
+            # stress-ng: metrc: [pid] <stressor> <ops> <real s> <usr s> <sys s> <ops/s real> ...
+            stressor = self.argv[self.argv.index("stress-ng") + 1].lstrip("-")
+            pattern = rf"\]\s+{stressor}\s+(\d+)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+([\d.]+)"
+            found = re.search(pattern, text)
             if found:
                 return float(found.group(2)), float(found.group(1))
         raise RuntimeError(f"{self.name}: no score in its output:\n{text[-2000:]}")
@@ -239,6 +304,13 @@ def hackbench(args: str) -> Workload:
 def stress_cpu(timeout_s: int) -> Workload:
     argv = ["stress-ng", "--cpu", "2", "--timeout", f"{timeout_s}s", "--metrics-brief"]
     return Workload("stress-ng-cpu", argv, higher_is_better=True)
+
+
+def switch_storm(timeout_s: int) -> Workload:
+    """Two pairs of processes bouncing a pipe: the scheduler's hottest path
+    (every switch and wake-up runs the scheduler hooks). Score: switches/s."""
+    argv = ["stress-ng", "--switch", "2", "--timeout", f"{timeout_s}s", "--metrics-brief"]
+    return Workload("switch-storm", argv, higher_is_better=True)
 
 
 @dataclass
@@ -254,6 +326,8 @@ class Run:
     #: CPU the collector's BPF programs ran (kernel stats), and their runs
     bpf_cpu_s: float = 0.0
     bpf_runs: int = 0
+    #: program name -> [run_time_ns, run_cnt] during the run
+    bpf_progs: dict[str, list[int]] = field(default_factory=dict)
     events: dict[str, int] = field(default_factory=dict)
     drops: dict[str, int] = field(default_factory=dict)
 
@@ -274,6 +348,12 @@ def run_once(w: Workload, collector: Collector | None) -> Run:
         p1 = bpf_prog_stats(cpid) if cpid else {}
         bpf_ns = sum(p1[i][1] - p0[i][1] for i in p1 if i in p0)
         bpf_runs = sum(p1[i][2] - p0[i][2] for i in p1 if i in p0)
+        progs: dict[str, list[int]] = {}
+        for i in p1:
+            if i in p0:
+                acc = progs.setdefault(p1[i][0], [0, 0])
+                acc[0] += p1[i][1] - p0[i][1]
+                acc[1] += p1[i][2] - p0[i][2]
         if (
             collector is not None
             and collector.proc is not None
@@ -299,6 +379,7 @@ def run_once(w: Workload, collector: Collector | None) -> Run:
         others_pct=max(0.0, 100 * (busy - work - coll) / wall),
         bpf_cpu_s=bpf_ns / 1e9,
         bpf_runs=bpf_runs,
+        bpf_progs=progs,
         events={h: s.get("events", 0) for h, s in hooks.items()},
         drops={h: s.get("drops", 0) + s.get("missed", 0) for h, s in hooks.items()},
     )
@@ -414,6 +495,104 @@ def measure(
     return Result(config, w.name, w.argv, coll_argv, pairs, ratios, clean)
 
 
+@dataclass
+class StormResult:
+    """The switch storm untraced, under the floor and under the default hooks,
+    interleaved: per round one run of each, the order rotating."""
+
+    argv: list[str]
+    rounds: list[dict[str, Run]]
+
+    def summary(self) -> dict:
+        def slow(state: str) -> list[float]:
+            return [r["off"].score / r[state].score - 1 for r in self.rounds]
+
+        floor, default = slow("floor"), slow("default")
+        progs: dict[str, list[int]] = {}
+        for r in self.rounds:
+            for name, (ns, cnt) in r["default"].bpf_progs.items():
+                acc = progs.setdefault(name, [0, 0])
+                acc[0] += ns
+                acc[1] += cnt
+        fl = [r["floor"].bpf_progs.get("floor_switch", [0, 0]) for r in self.rounds]
+        return {
+            "rounds": len(self.rounds),
+            "off_switches_per_s": statistics.median(r["off"].score for r in self.rounds),
+            "floor_slowdown": statistics.median(floor),
+            "default_slowdown": statistics.median(default),
+            # per round, so a drift of the machine falls on both
+            "default_over_floor": statistics.median(
+                d / f if f > 0 else float("inf") for d, f in zip(default, floor, strict=True)
+            ),
+            "floor_ns_per_run": sum(x[0] for x in fl) / max(1, sum(x[1] for x in fl)),
+            "default_ns_per_run": {n: ns / cnt for n, (ns, cnt) in progs.items() if cnt},
+            "default_runs_per_s": {
+                n: cnt / sum(r["default"].wall_s for r in self.rounds)
+                for n, (_, cnt) in progs.items()
+            },
+            "collector_cpu_pct": statistics.median(
+                100 * r["default"].collector_cpu_s / r["default"].wall_s for r in self.rounds
+            ),
+            "events_per_s": statistics.median(
+                sum(r["default"].events.values()) / r["default"].wall_s for r in self.rounds
+            ),
+            "drops": sum(sum(r["default"].drops.values()) for r in self.rounds),
+        }
+
+
+def measure_storm(rounds: int, seconds: int, args: argparse.Namespace) -> StormResult:
+    w = switch_storm(seconds)
+    states = ["off", "floor", "default"]
+    out: list[dict[str, Run]] = []
+    for r in range(rounds):
+        order = states[r % 3 :] + states[: r % 3]
+        runs: dict[str, Run] = {}
+        for state in order:
+            quiet_wait(args.quiet_busy, args.quiet_wait)
+            for attempt in range(3):
+                coll: Collector | None = None
+                if state == "floor":
+                    coll = Floor(args.settle)
+                elif state == "default":
+                    coll = Collector(None, args.settle)
+                try:
+                    runs[state] = run_once(w, coll)
+                    runs[state].state = state
+                    break
+                except CollectorLost as err:
+                    print(f"  (retrying: {str(err).splitlines()[0]})", flush=True)
+                    if attempt == 2:
+                        raise
+        out.append(runs)
+        off = runs["off"].score
+        print(
+            f"  switch storm round {r + 1}/{rounds}: off {off:,.0f}/s  "
+            f"floor {runs['floor'].score:,.0f}/s ({100 * (off / runs['floor'].score - 1):+.1f}%)  "
+            f"default {runs['default'].score:,.0f}/s "
+            f"({100 * (off / runs['default'].score - 1):+.1f}%)  "
+            f"collector {100 * runs['default'].collector_cpu_s / runs['default'].wall_s:.1f}%  "
+            f"drops {sum(runs['default'].drops.values())}",
+            flush=True,
+        )
+    return StormResult(w.argv, out)
+
+
+def print_storm(res: StormResult) -> None:
+    s = res.summary()
+    print(
+        f"\nswitch storm ({shlex.join(res.argv)}), {s['rounds']} rounds, "
+        f"untraced {s['off_switches_per_s']:,.0f} switches/s:\n"
+        f"  floor (count-only)  {100 * s['floor_slowdown']:+.1f}%  "
+        f"{s['floor_ns_per_run']:.0f} ns/run\n"
+        f"  default hooks       {100 * s['default_slowdown']:+.1f}%  "
+        f"= {s['default_over_floor']:.2f}x the floor's slowdown; "
+        f"collector {s['collector_cpu_pct']:.1f}% of a CPU, "
+        f"{s['events_per_s']:,.0f} events/s, {s['drops']} drops"
+    )
+    for name, ns in sorted(s["default_ns_per_run"].items()):
+        print(f"    {name:24s} {ns:6.0f} ns/run  {s['default_runs_per_s'][name]:10,.0f} runs/s")
+
+
 def print_table(results: list[Result]) -> None:
     head = (
         f"{'config':20s} {'workload':14s} {'slower':>8s} {'mean':>7s} {'range':>16s} {'cpu':>7s} "
@@ -457,8 +636,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--collect-args", default="", help="extra arguments for collect, e.g. '-c my.yaml'"
     )
+    parser.add_argument("--storm-rounds", type=int, default=5, help="switch storm rounds (0: skip)")
+    parser.add_argument("--storm-s", type=int, default=5, help="switch storm seconds per run")
     parser.add_argument("--out", type=Path, default=BENCH / "results" / "overhead.json")
+    parser.add_argument("--floor-child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.floor_child:
+        return floor_child(args.floor_child)
     if os.geteuid() != 0:
         print("error: needs root (BPF)", file=sys.stderr)
         return 2
@@ -486,6 +670,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"default hook set: {', '.join(DEFAULT_HOOKS)}")
     results: list[Result] = []
     t0 = time.monotonic()
+    storm: StormResult | None = None
+    if args.storm_rounds > 0:
+        build_floor()
+        storm = measure_storm(args.storm_rounds, args.storm_s, args)
+        print_storm(storm)
     for config, hooks, rounds, stress_s in configs:
         for w in (hackbench(args.hackbench), stress_cpu(stress_s)):
             results.append(measure(config, hooks, w, rounds, args))
@@ -496,6 +685,15 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"kernel": os.uname().release, "cpus": os.cpu_count()},
         "default_hooks": list(DEFAULT_HOOKS),
         "args": {k: str(v) for k, v in vars(args).items()},
+        "storm": (
+            {
+                **storm.summary(),
+                "workload_argv": storm.argv,
+                "rounds": [{k: asdict(v) for k, v in r.items()} for r in storm.rounds],
+            }
+            if storm
+            else None
+        ),
         "results": [
             {
                 **r.summary(),

@@ -356,23 +356,22 @@ def test_project_ring_layouts(bpf_build_dir):
     assert layout.strings == ("comm",)
 
     qr = ring_layouts(object_path("quanta_runtime", bpf_build_dir))
-    assert sorted(qr) == ["quanta_queued_rb", "quanta_runtime_rb"]
-    for ring, struct_name, length in (
-        ("quanta_runtime_rb", "quanta_runtime_event", "quanta_run_length_us"),
-        ("quanta_queued_rb", "quanta_queued_event", "quanta_queued_time_us"),
-    ):
-        layout = qr[ring]
-        assert layout.name == struct_name
-        assert layout.dtype == np.dtype(
-            {
-                "names": ["ts_uptime_us", length, "cpu", "pid", "tgid"],
-                "formats": ["<u8", "<u8", "<u4", "<u4", "<u4"],
-                "offsets": [0, 8, 16, 20, 24],
-                "itemsize": 32,
-            }
-        )
-        assert layout.enums == {}
-        assert layout.strings == ()
+    assert list(qr) == ["quanta_switch_rb"]
+    layout = qr["quanta_switch_rb"]
+    assert layout.name == "quanta_switch_event"
+    assert layout.dtype == np.dtype(
+        {
+            "names": [
+                "ts_uptime_us", "run_length_us", "queued_time_us", "cpu",
+                "prev_pid", "prev_tgid", "next_pid", "next_tgid", "has_run", "has_queued",
+            ],
+            "formats": ["<u8", "<u8", "<u8", "<u4", "<u4", "<u4", "<u4", "<u4", "u1", "u1"],
+            "offsets": [0, 8, 16, 24, 28, 32, 36, 40, 44, 45],
+            "itemsize": 48,
+        }
+    )  # fmt: skip
+    assert layout.enums == {}
+    assert layout.strings == ()
 
 
 def test_objects_without_rings(bpf_build_dir):

@@ -133,7 +133,9 @@ class BpfHook(Hook):
         batch_s = getattr(self.options, "batch_ms", 0) / 1000
         return now - self._last_drain.get(table, 0.0) >= batch_s
 
-    def poll(self) -> Iterator[tuple[str, pl.DataFrame]]:
+    def drain_due(self) -> Iterator[tuple[str, np.ndarray, RecordLayout]]:
+        """(table, records, layout) of each ring that is due (see _due) and not
+        empty; every record counts as one event."""
         now = time.monotonic()
         for table, (reader, layout) in self._readers.items():
             if not self._due(table, reader, now):
@@ -142,7 +144,11 @@ class BpfHook(Hook):
             records = reader.drain()
             if len(records):
                 self.status.events += len(records)
-                yield table, self.to_frame(table, records, layout)
+                yield table, records, layout
+
+    def poll(self) -> Iterator[tuple[str, pl.DataFrame]]:
+        for table, records, layout in self.drain_due():
+            yield table, self.to_frame(table, records, layout)
 
     def detach(self) -> None:
         """Stop the programs; rings and maps stay readable. Stopping before the
