@@ -239,6 +239,34 @@ def test_compression(tmp_path: Path) -> None:
         ParquetSink(tmp_path, CID, compression="nope")
 
 
+def test_growing_integers_are_stored_as_deltas_and_read_back_exactly(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    n = 50_000
+    ts = np.cumsum(rng.integers(0, 9, n)).astype(np.uint64) + 10**12
+    ts[::20] -= 3  # out of order now and then, as rows from two CPUs are
+    frame = pl.DataFrame(
+        {
+            "ts_uptime_us": ts,
+            "length_us": rng.integers(0, 1 << 40, n, dtype=np.uint64),  # no trend
+            "cpu": rng.integers(0, 2, n).astype(np.uint32),  # repeats: dictionary
+        }
+    )
+    with ParquetSink(tmp_path, CID, row_group_rows=8192) as sink:
+        sink.write("t", frame)
+    path = tmp_path / "t" / "part-00000.parquet"
+    meta = pq.ParquetFile(path).metadata
+    encodings = {meta.schema.column(i).name: meta.row_group(0).column(i).encodings
+                 for i in range(meta.num_columns)}  # fmt: skip
+    assert "DELTA_BINARY_PACKED" in encodings["ts_uptime_us"]
+    assert "DELTA_BINARY_PACKED" not in encodings["length_us"]
+    assert "RLE_DICTIONARY" in encodings["cpu"]
+    back = pl.read_parquet(path).drop("collection_id")
+    assert_frame_equal(back, frame)
+    duckdb = pytest.importorskip("duckdb")
+    [(total,)] = duckdb.sql(f"select sum(ts_uptime_us::hugeint) from '{path}'").fetchall()
+    assert int(total) == int(ts.astype(object).sum())
+
+
 @pytest.mark.parametrize(
     "kwargs", [{"row_group_rows": 0}, {"rows_per_file": 0}, {"max_buffered_bytes": -1}]
 )

@@ -28,6 +28,7 @@ from kernmlops.ebpf.btf import (
     kernel_type,
     record_layout,
     ring_layouts,
+    unbatch,
 )
 from kernmlops.ebpf.build import object_path
 
@@ -358,6 +359,12 @@ def test_project_ring_layouts(bpf_build_dir):
     qr = ring_layouts(object_path("quanta_runtime", bpf_build_dir))
     assert list(qr) == ["quanta_switch_rb"]
     layout = qr["quanta_switch_rb"]
+    # Batched (KMO_BATCHED_RING): n, then 32 records 8-aligned after first_ns.
+    assert layout.batch is not None
+    assert layout.batch.names == ("n", "recs")
+    assert layout.batch.fields["n"][1] == 0 and layout.batch.fields["recs"][1] == 16
+    assert layout.batch["recs"].shape == (32,) and layout.batch["recs"].base == layout.dtype
+    assert layout.batch.itemsize == 16 + 32 * 48
     assert layout.name == "quanta_switch_event"
     assert layout.dtype == np.dtype(
         {
@@ -501,3 +508,17 @@ def test_kernel_type_agrees_with_a_full_parse_of_vmlinux() -> None:
         ), name  # fmt: skip
     assert kernel_type(Kind.STRUCT, "no_such_struct_kmo") is None
     assert kernel_type(Kind.STRUCT, "req_op") is None  # an enum, not a struct
+
+
+def test_unbatch_keeps_the_valid_records_in_order() -> None:
+    rec = np.dtype([("a", "<u8"), ("b", "<u4")])
+    batch = np.dtype({"names": ["n", "recs"], "formats": ["<u4", (rec, (4,))], "offsets": [0, 8]})
+    batches = np.zeros(3, batch)
+    batches["n"] = [2, 0, 4]
+    batches["recs"]["a"] = [[1, 2, 99, 99], [99, 99, 99, 99], [3, 4, 5, 6]]
+    got = unbatch(batches)
+    assert got.dtype == rec
+    assert got["a"].tolist() == [1, 2, 3, 4, 5, 6]
+    batches["n"][0] = 1000  # a count past the array (never written so) is capped
+    assert len(unbatch(batches)) == 4 + 4
+    assert len(unbatch(batches[:0])) == 0

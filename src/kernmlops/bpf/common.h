@@ -26,6 +26,14 @@ static __always_inline void kmo_count_drop(u32 slot)
 		*n += 1; /* per-CPU slot: no atomics needed */
 }
 
+static __always_inline void kmo_count_drops(u32 slot, u64 records)
+{
+	u64 *n = bpf_map_lookup_elem(&drops, &slot);
+
+	if (n)
+		*n += records;
+}
+
 /* Ring buffers are drained on a timer, so never wake the reader per record. */
 #define KMO_SUBMIT(rec) bpf_ringbuf_submit((rec), BPF_RB_NO_WAKEUP)
 
@@ -59,6 +67,62 @@ static __always_inline void kmo_count_drop(u32 slot)
  * written once as an always-inline function taking `btf`; each program passes
  * a constant, so the compiler keeps only one branch. */
 #define KMO_READ(btf, ptr, field) ((btf) ? (ptr)->field : BPF_CORE_READ(ptr, field))
+
+/* A batched ring, for programs on the hottest paths (a record per context
+ * switch). Records are written into a per-CPU batch and the batch goes to the
+ * ring whole: one bpf_ringbuf_output per KMO_BATCH_RECORDS records instead of
+ * a reservation per record, which takes the ring's lock shared by all CPUs.
+ * A batch also goes out once its first record is KMO_BATCH_MAX_AGE_NS old
+ * (checked at the next record), so rows reach the collection in time; what a
+ * CPU still holds when the programs are detached is read by user space from
+ * <name>_stage. The ring's layout is the record's (KMO_RING); the marker
+ * `__kmo_batch_<name>` tells user space the ring carries batches. */
+#define KMO_BATCH_RECORDS 32
+#define KMO_BATCH_MAX_AGE_NS (50ULL * 1000 * 1000)
+
+#define KMO_BATCHED_RING(name, record)                                         \
+	struct record##_batch {                                                \
+		u32 n;                                                         \
+		u32 unused;                                                    \
+		u64 first_ns;                                                  \
+		struct record recs[KMO_BATCH_RECORDS];                         \
+	};                                                                     \
+	struct {                                                               \
+		__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);                       \
+		__uint(max_entries, 1);                                        \
+		__type(key, u32);                                              \
+		__type(value, struct record##_batch);                          \
+	} name##_stage SEC(".maps");                                           \
+	KMO_RING(name, record);                                                \
+	struct record##_batch *__kmo_batch_##name                              \
+		__attribute__((section(".kmo.records"), used))
+
+/* The next free record of this CPU's batch of `name` (call KMO_BATCH_PUSH once
+ * it is filled), or NULL when the stage map cannot be read. */
+#define KMO_BATCH_SLOT(name, batch)                                            \
+	({                                                                     \
+		u32 __zero = 0;                                                \
+		(batch) = bpf_map_lookup_elem(&name##_stage, &__zero);         \
+		(batch) ? &(batch)->recs[(batch)->n & (KMO_BATCH_RECORDS - 1)] \
+			: NULL;                                                \
+	})
+
+/* Count the record just filled; send the batch when full or old. A batch the
+ * ring cannot take counts its records as drops of `slot`. */
+#define KMO_BATCH_PUSH(name, batch, now_ns, slot)                              \
+	({                                                                     \
+		u32 __n = ((batch)->n & (KMO_BATCH_RECORDS - 1)) + 1;          \
+		if (__n == 1)                                                  \
+			(batch)->first_ns = (now_ns);                          \
+		(batch)->n = __n;                                              \
+		if (__n == KMO_BATCH_RECORDS ||                                \
+		    (now_ns) - (batch)->first_ns >= KMO_BATCH_MAX_AGE_NS) {    \
+			if (bpf_ringbuf_output(&(name), (batch), sizeof(*(batch)), \
+					       BPF_RB_NO_WAKEUP))              \
+				kmo_count_drops((slot), __n);                  \
+			(batch)->n = 0;                                        \
+		}                                                              \
+	})
 
 static __always_inline u64 kmo_uptime_us(void)
 {

@@ -31,7 +31,7 @@ struct quanta_switch_event {
 	u8 has_queued;
 };
 
-KMO_RING(quanta_switch_rb, quanta_switch_event);
+KMO_BATCHED_RING(quanta_switch_rb, quanta_switch_event);
 
 /* What runs on this CPU and its CPU time when it came in. */
 struct oncpu {
@@ -77,7 +77,9 @@ static __always_inline int on_switch(bool btf, struct task_struct *prev,
 	struct oncpu *cur = bpf_map_lookup_elem(&oncpu, &zero);
 	u64 run_ns = 0, queued_ns = 0;
 	bool has_run = false, has_queued = false;
+	struct quanta_switch_event_batch *batch;
 	struct quanta_switch_event *e;
+	u64 now;
 
 	if (!cur)
 		return 0;
@@ -120,10 +122,11 @@ static __always_inline int on_switch(bool btf, struct task_struct *prev,
 	}
 	if (!has_run && !has_queued)
 		return 0;
-	e = KMO_RESERVE(quanta_switch_rb, struct quanta_switch_event, 0);
+	e = KMO_BATCH_SLOT(quanta_switch_rb, batch);
 	if (!e)
 		return 0;
-	e->ts_uptime_us = kmo_uptime_us();
+	now = bpf_ktime_get_ns();
+	e->ts_uptime_us = now / 1000;
 	e->run_length_us = (run_ns + 500) / 1000;
 	e->queued_time_us = (queued_ns + 500) / 1000;
 	e->cpu = bpf_get_smp_processor_id();
@@ -133,7 +136,7 @@ static __always_inline int on_switch(bool btf, struct task_struct *prev,
 	e->next_tgid = next_tgid;
 	e->has_run = has_run;
 	e->has_queued = has_queued;
-	KMO_SUBMIT(e);
+	KMO_BATCH_PUSH(quanta_switch_rb, batch, now, 0);
 	return 0;
 }
 

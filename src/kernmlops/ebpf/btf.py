@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from pathlib import Path
 
@@ -22,6 +22,8 @@ BTF_MAGIC = 0xEB9F
 #: Section holding `__kmo_ring_<ring>` markers (see bpf/common.h).
 RECORDS_SECTION = ".kmo.records"
 RING_MARKER_PREFIX = "__kmo_ring_"
+#: `__kmo_batch_<ring>`: the ring carries per-CPU batches of its records (KMO_BATCHED_RING)
+BATCH_MARKER_PREFIX = "__kmo_batch_"
 
 
 class BtfError(KernmlopsError):
@@ -214,7 +216,21 @@ class Btf:
         except BtfError:
             return []
         names = (self.types[type_id].name for type_id, _off, _size in sec.members)
-        return [n.removeprefix(RING_MARKER_PREFIX) for n in names]
+        return [
+            n.removeprefix(RING_MARKER_PREFIX) for n in names if n.startswith(RING_MARKER_PREFIX)
+        ]
+
+    def ring_batch(self, ring: str) -> BtfType | None:
+        """The batch struct of a ring declared with KMO_BATCHED_RING, else None."""
+        try:
+            var = self.find(Kind.VAR, BATCH_MARKER_PREFIX + ring)
+        except BtfError:
+            return None
+        ptr = self.resolve(var.ref)
+        batch = self.resolve(ptr.ref) if ptr.kind is Kind.PTR else ptr
+        if batch.kind is not Kind.STRUCT:
+            raise BtfError(f"batch of ring {ring!r} is not a struct")
+        return batch
 
 
 @dataclass(frozen=True)
@@ -227,6 +243,8 @@ class RecordLayout:
     enums: dict[str, dict[int, str]]
     #: char-array columns, decoded to strings
     strings: tuple[str, ...]
+    #: for a batched ring: the batch's dtype (``n`` records valid of ``recs``)
+    batch: np.dtype | None = None
 
     @property
     def itemsize(self) -> int:
@@ -312,7 +330,40 @@ def record_layout(btf: Btf, record: BtfType) -> RecordLayout:
 def ring_layouts(path: str | Path) -> dict[str, RecordLayout]:
     """Layouts of every ring buffer declared in a compiled object."""
     btf = Btf.from_elf(path)
-    return {ring: record_layout(btf, btf.ring_record(ring)) for ring in btf.rings()}
+    out = {}
+    for ring in btf.rings():
+        layout = record_layout(btf, btf.ring_record(ring))
+        batch = btf.ring_batch(ring)
+        if batch is not None:
+            layout = replace(layout, batch=batch_dtype(btf, batch, layout))
+        out[ring] = layout
+    return out
+
+
+def batch_dtype(btf: Btf, batch: BtfType, record: RecordLayout) -> np.dtype:
+    """The dtype of a KMO_BATCHED_RING batch: its count ``n`` and ``recs``, an
+    array of records."""
+    members = {name: (type_id, bit_off // 8) for name, type_id, bit_off, _ in batch.members}
+    if "n" not in members or "recs" not in members:
+        raise BtfError(f"struct {batch.name}: a batch needs members n and recs")
+    recs = btf.resolve(members["recs"][0])
+    if recs.kind is not Kind.ARRAY or btf.resolve(recs.ref).name != record.name:
+        raise BtfError(f"struct {batch.name}.recs is not an array of struct {record.name}")
+    return np.dtype(
+        {
+            "names": ["n", "recs"],
+            "formats": ["<u4", (record.dtype, (recs.nelems,))],
+            "offsets": [members["n"][1], members["recs"][1]],
+            "itemsize": batch.size,
+        }
+    )
+
+
+def unbatch(batches: np.ndarray) -> np.ndarray:
+    """The valid records of batches (a batch dtype array), in order."""
+    recs = batches["recs"]
+    n = np.minimum(batches["n"], recs.shape[1])
+    return recs[np.arange(recs.shape[1])[None, :] < n[:, None]]
 
 
 # --- the running kernel's types, found by name through libbpf --------------------

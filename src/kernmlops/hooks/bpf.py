@@ -11,7 +11,7 @@ import polars as pl
 from pydantic import Field, field_validator
 
 from kernmlops.ebpf import libbpf
-from kernmlops.ebpf.btf import RecordLayout, ring_layouts
+from kernmlops.ebpf.btf import RecordLayout, ring_layouts, unbatch
 from kernmlops.ebpf.build import object_path
 from kernmlops.ebpf.frames import records_to_frame
 from kernmlops.ebpf.objects import VARIANTS, BpfObject, open_and_load
@@ -62,6 +62,7 @@ class BpfHook(Hook):
         self._readers: dict[str, tuple[RingBuffer, RecordLayout]] = {}
         self._last_drain: dict[str, float] = {}
         self._detached = False
+        self._staged_read: set[str] = set()
 
     @classmethod
     def __init_subclass__(cls, **kwargs: object) -> None:
@@ -119,7 +120,8 @@ class BpfHook(Hook):
             raise HookUnavailable(f"{self.name}: {err}") from err
         for table, ring in self.rings.items():
             layout = layouts[ring]
-            self._readers[table] = (RingBuffer(self.obj.map(ring).fd, size, layout.dtype), layout)
+            dtype = layout.batch if layout.batch is not None else layout.dtype
+            self._readers[table] = (RingBuffer(self.obj.map(ring).fd, size, dtype), layout)
         self._last_drain = dict.fromkeys(self.rings, time.monotonic())
         self.status.attached = True
 
@@ -142,6 +144,14 @@ class BpfHook(Hook):
                 continue
             self._last_drain[table] = now
             records = reader.drain()
+            if layout.batch is not None:
+                records = unbatch(records)
+                if self._detached and table not in self._staged_read:
+                    # what each CPU still held when the programs stopped
+                    self._staged_read.add(table)
+                    stage = self.obj.map(self.rings[table] + "_stage")  # type: ignore[union-attr]
+                    held = unbatch(stage.lookup_percpu(0, dtype=layout.batch))
+                    records = np.concatenate([records, held])
             if len(records):
                 self.status.events += len(records)
                 yield table, records, layout

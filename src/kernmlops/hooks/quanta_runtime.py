@@ -56,11 +56,20 @@ class QuantaRuntimeHook(BpfHook):
 
 
 def split_switches(records: np.ndarray) -> dict[str, pl.DataFrame]:
-    """The two tables' rows from switch records (numpy structured array)."""
+    """The two tables' rows from switch records (numpy structured array).
+
+    Each field is made contiguous once and filtered as a plain array: masking
+    the structured records themselves would copy every 48-byte record per table.
+    """
+    cols = {name: np.ascontiguousarray(records[name]) for name in records.dtype.names or ()}
     out: dict[str, pl.DataFrame] = {}
     for table, (flag, columns) in _SPLIT.items():
-        keep = records[records[flag] != 0]
+        keep = cols[flag] != 0
+        every = bool(keep.all())
         out[table] = pl.DataFrame(
-            [pl.Series(new, np.ascontiguousarray(keep[old])) for old, new in columns.items()]
+            [
+                pl.Series(new, cols[old] if every else cols[old][keep])
+                for old, new in columns.items()
+            ]
         )
     return out
