@@ -520,10 +520,16 @@ class StormResult:
             "off_switches_per_s": statistics.median(r["off"].score for r in self.rounds),
             "floor_slowdown": statistics.median(floor),
             "default_slowdown": statistics.median(default),
-            # per round, so a drift of the machine falls on both
-            "default_over_floor": statistics.median(
-                d / f if f > 0 else float("inf") for d, f in zip(default, floor, strict=True)
+            # medians over the interleaved rounds; undefined while the floor is
+            # lost in the noise (then the difference says it)
+            "default_over_floor": (
+                statistics.median(default) / statistics.median(floor)
+                if statistics.median(floor) > 0.01
+                else None
             ),
+            "default_minus_floor": statistics.median(default) - statistics.median(floor),
+            "floor_throughput_change": statistics.median(1 / (1 + f) - 1 for f in floor),
+            "default_throughput_change": statistics.median(1 / (1 + d) - 1 for d in default),
             "floor_ns_per_run": sum(x[0] for x in fl) / max(1, sum(x[1] for x in fl)),
             "default_ns_per_run": {n: ns / cnt for n, (ns, cnt) in progs.items() if cnt},
             "default_runs_per_s": {
@@ -579,13 +585,18 @@ def measure_storm(rounds: int, seconds: int, args: argparse.Namespace) -> StormR
 
 def print_storm(res: StormResult) -> None:
     s = res.summary()
+    over = s["default_over_floor"]
+    ratio = f"{over:.2f}x" if over is not None else "n/a (floor within noise)"
     print(
         f"\nswitch storm ({shlex.join(res.argv)}), {s['rounds']} rounds, "
         f"untraced {s['off_switches_per_s']:,.0f} switches/s:\n"
+        f"  slowdown = time per switch, traced / untraced - 1 (throughput: floor "
+        f"{100 * s['floor_throughput_change']:+.1f}%, default "
+        f"{100 * s['default_throughput_change']:+.1f}%)\n"
         f"  floor (count-only)  {100 * s['floor_slowdown']:+.1f}%  "
         f"{s['floor_ns_per_run']:.0f} ns/run\n"
         f"  default hooks       {100 * s['default_slowdown']:+.1f}%  "
-        f"= {s['default_over_floor']:.2f}x the floor's slowdown; "
+        f"= {ratio} the floor's slowdown ({100 * s['default_minus_floor']:+.1f} points); "
         f"collector {s['collector_cpu_pct']:.1f}% of a CPU, "
         f"{s['events_per_s']:,.0f} events/s, {s['drops']} drops"
     )

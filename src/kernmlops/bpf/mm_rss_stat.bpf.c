@@ -28,7 +28,7 @@ struct mm_rss_stat_event {
 	enum mm_rss_member member;
 	bool curr;      /* the mm is the running task's own */
 };
-KMO_RING(mm_rss_stat_rb, mm_rss_stat_event);
+KMO_BATCHED_RING(mm_rss_stat_rb, mm_rss_stat_event);
 
 /* mm_id -> tgid of its owner, learned from events with curr set. LRU: an mm
  * that is gone is forgotten in time. */
@@ -44,7 +44,9 @@ int rss_stat(struct trace_event_raw_rss_stat *ctx)
 {
 	u64 pid_tgid = bpf_get_current_pid_tgid();
 	u32 tgid = pid_tgid >> 32, mm_id = ctx->mm_id, owner = 0, *known;
+	struct mm_rss_stat_event_batch *batch;
 	struct mm_rss_stat_event *e;
+	u64 now;
 
 	if (ctx->curr) {
 		owner = tgid;
@@ -61,10 +63,11 @@ int rss_stat(struct trace_event_raw_rss_stat *ctx)
 		if (!kmo_tgid_wanted(owner ? owner : tgid))
 			return 0;
 	}
-	e = KMO_RESERVE(mm_rss_stat_rb, struct mm_rss_stat_event, 0);
+	e = KMO_BATCH_SLOT(mm_rss_stat_rb, batch);
 	if (!e)
 		return 0;
-	e->ts_uptime_us = kmo_uptime_us();
+	now = bpf_ktime_get_ns();
+	e->ts_uptime_us = now / 1000;
 	e->size_bytes = ctx->size;
 	e->pid = (u32)pid_tgid;
 	e->tgid = tgid;
@@ -72,6 +75,6 @@ int rss_stat(struct trace_event_raw_rss_stat *ctx)
 	e->mm_id = mm_id;
 	e->member = ctx->member;
 	e->curr = ctx->curr;
-	KMO_SUBMIT(e);
+	KMO_BATCH_PUSH(mm_rss_stat_rb, batch, now, 0);
 	return 0;
 }

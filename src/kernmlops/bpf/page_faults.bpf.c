@@ -20,7 +20,7 @@ struct page_fault_event {
 	u32 cpu;
 	enum page_fault_kind kind;
 };
-KMO_RING(page_faults_rb, page_fault_event);
+KMO_BATCHED_RING(page_faults_rb, page_fault_event);
 
 /* Faults of traced tasks seen on this CPU, sampled or not. */
 struct {
@@ -30,13 +30,14 @@ struct {
 	__type(value, u64);
 } page_faults_seen SEC(".maps");
 
-static __always_inline int on_fault(unsigned long address, struct pt_regs *regs,
+static __always_inline int on_fault(bool btf, unsigned long address, struct pt_regs *regs,
 				    unsigned long error_code, enum page_fault_kind kind)
 {
 	u64 pid_tgid = bpf_get_current_pid_tgid();
+	struct page_fault_event_batch *batch;
 	struct page_fault_event *e;
 	u32 zero = 0;
-	u64 *seen;
+	u64 *seen, now;
 
 	if (!kmo_tgid_wanted(pid_tgid >> 32))
 		return 0;
@@ -46,18 +47,19 @@ static __always_inline int on_fault(unsigned long address, struct pt_regs *regs,
 	*seen += 1; /* per-CPU: no atomics needed */
 	if (sample_every > 1 && *seen % sample_every)
 		return 0;
-	e = KMO_RESERVE(page_faults_rb, struct page_fault_event, 0);
+	e = KMO_BATCH_SLOT(page_faults_rb, batch);
 	if (!e)
 		return 0;
-	e->ts_uptime_us = kmo_uptime_us();
+	now = bpf_ktime_get_ns();
+	e->ts_uptime_us = now / 1000;
 	e->address = address;
-	e->ip = PT_REGS_IP_CORE(regs);
+	e->ip = btf ? regs->ip : PT_REGS_IP_CORE(regs);
 	e->error_code = error_code;
 	e->pid = (u32)pid_tgid;
 	e->tgid = pid_tgid >> 32;
 	e->cpu = bpf_get_smp_processor_id();
 	e->kind = kind;
-	KMO_SUBMIT(e);
+	KMO_BATCH_PUSH(page_faults_rb, batch, now, 0);
 	return 0;
 }
 
@@ -65,26 +67,26 @@ SEC("tp_btf/page_fault_user")
 int BPF_PROG(fault_user_btf, unsigned long address, struct pt_regs *regs,
 	     unsigned long error_code)
 {
-	return on_fault(address, regs, error_code, PAGE_FAULT_KIND_USER);
+	return on_fault(true, address, regs, error_code, PAGE_FAULT_KIND_USER);
 }
 
 SEC("tp_btf/page_fault_kernel")
 int BPF_PROG(fault_kernel_btf, unsigned long address, struct pt_regs *regs,
 	     unsigned long error_code)
 {
-	return on_fault(address, regs, error_code, PAGE_FAULT_KIND_KERNEL);
+	return on_fault(true, address, regs, error_code, PAGE_FAULT_KIND_KERNEL);
 }
 
 SEC("raw_tp/page_fault_user")
 int BPF_PROG(fault_user_raw, unsigned long address, struct pt_regs *regs,
 	     unsigned long error_code)
 {
-	return on_fault(address, regs, error_code, PAGE_FAULT_KIND_USER);
+	return on_fault(false, address, regs, error_code, PAGE_FAULT_KIND_USER);
 }
 
 SEC("raw_tp/page_fault_kernel")
 int BPF_PROG(fault_kernel_raw, unsigned long address, struct pt_regs *regs,
 	     unsigned long error_code)
 {
-	return on_fault(address, regs, error_code, PAGE_FAULT_KIND_KERNEL);
+	return on_fault(false, address, regs, error_code, PAGE_FAULT_KIND_KERNEL);
 }
