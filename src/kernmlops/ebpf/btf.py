@@ -403,10 +403,3 @@ def kernel_type(kind: Kind, name: str) -> BtfType | None:
 
     t, _ = decode_type(ctypes.string_at(ptr, 12 + extra), 0, type_id, name_at)
     return t
-
-
-def kernel_struct_has(struct_name: str, member: str) -> bool:
-    """Whether the running kernel's ``struct <struct_name>`` has ``member``: how a
-    hook asks which implementation the kernel has when no version number says."""
-    t = kernel_type(Kind.STRUCT, struct_name)
-    return t is not None and any(m[0] == member for m in t.members)
