@@ -50,7 +50,7 @@ duetbench:
   duets: [more, same]
 more:
   duet_repetitions: 12
-  harness: {{budget_s: 0.6}}
+  harness: {{budget_s: 0.8}}
   A: {{run: {loop} 20000000}}
   B: {{run: {loop} 40000000}}
 same:
@@ -70,7 +70,8 @@ def test_twice_the_work_is_detected_and_aa_is_not(tmp_path: Path, loop_bin: Path
     analysis = analyze(table, Options(warmup="2", mds=False))
     by_name = {b.benchmark: b for b in analysis.benchmarks}
     more = by_name["more"].comparisons["duet"]
-    assert more.unit == "run" and more.n_runs == 12 and more.n_pairs > 60
+    # a run in which one side was starved can end with no pairs after warm-up
+    assert more.unit == "run" and more.n_runs >= 10 and more.n_pairs > 60
     assert more.detected == "slower", more.verdict
     # 2x the loop plus exec and exit: about 1.9, but one run in which a
     # neighbour slows A's vCPU pulls the mean of 12 runs far down (seen: 1.48)
