@@ -198,12 +198,15 @@ class Collector:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self.manifest = self._result()
         if self.out is not None:
-            found = sorted(self.out.glob("curated/*/*/manifest.json"))
-            if found:
-                self.manifest = json.loads(found[0].read_text())
             shutil.rmtree(self.out, ignore_errors=True)
         self.proc = None
+
+    def _result(self) -> dict:
+        """What the stopped collector reported: its collection's manifest."""
+        found = sorted(self.out.glob("curated/*/*/manifest.json")) if self.out else []
+        return json.loads(found[0].read_text()) if found else {}
 
 
 FLOOR_SOURCE = BENCH / "floor.bpf.c"
@@ -256,19 +259,12 @@ class Floor(Collector):
     def _popen(self, argv: list[str]) -> subprocess.Popen:
         return subprocess.Popen(argv, stdout=self._stdout, stderr=subprocess.PIPE, text=True)
 
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-        self.proc.wait(timeout=30)
+    def _result(self) -> dict:
+        """The floor child prints its count as JSON on stdout at exit."""
         self._stdout.seek(0)
         text = self._stdout.read().strip()
-        self.manifest = json.loads(text) if text else {}
         self._stdout.close()
-        if self.out is not None:
-            shutil.rmtree(self.out, ignore_errors=True)
-        self.proc = None
+        return json.loads(text) if text else {}
 
 
 # --- workloads ----------------------------------------------------------------------

@@ -9,6 +9,7 @@ import yaml
 
 from kernmlops.duet.config import load_duet_config, parse_cpus, validate_duet_config
 from kernmlops.errors import ConfigError
+from tests.yamlbomb import alias_bomb
 
 BASE = """
 duetbench:
@@ -158,9 +159,7 @@ def test_file_errors(tmp_path: Path):
 
 def test_hostile_duet_files_are_refused_in_one_line(tmp_path: Path):
     bomb = tmp_path / "bomb.yml"
-    levels = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
-    levels += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
-    bomb.write_text("\n".join(levels) + "\nduetbench: {suite: s, duets: *a8}\n")
+    bomb.write_text(alias_bomb("duetbench: {suite: s, duets: *a8}\n"))
     with pytest.raises(ConfigError) as info:
         load_duet_config(bomb)
     assert str(info.value) == (

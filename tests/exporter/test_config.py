@@ -16,6 +16,7 @@ from kernmlops.exporter.config import (
     load_metric_set,
     resolve_sets,
 )
+from tests.yamlbomb import alias_bomb
 
 GOOD = {
     "name": "demo",
@@ -216,9 +217,7 @@ def test_not_yaml_and_not_a_mapping(tmp_path: Path) -> None:
 
 def test_hostile_metric_set_files_are_refused_in_one_line(tmp_path: Path) -> None:
     bomb = tmp_path / "bomb.yaml"
-    levels = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
-    levels += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
-    bomb.write_text("\n".join(levels) + "\nmetrics:\n  counters: *a8\n")
+    bomb.write_text(alias_bomb("metrics:\n  counters: *a8\n"))
     with pytest.raises(MetricSetError) as info:
         load_metric_set(bomb)
     assert str(info.value) == (

@@ -19,6 +19,7 @@ from kernmlops.hooks.collapse_huge_pages import (
     syscall_numbers,
     syscall_tracepoints_exist,
 )
+from tests.hooks.conftest import build_c
 
 MIB = 1 << 20
 THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
@@ -110,10 +111,7 @@ def anon_huge_kib(pid: int, start: int) -> int:
 
 @pytest.fixture(scope="module")
 def workload(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("thp")
-    (d / "w.c").write_text(WORKLOAD)
-    subprocess.run(["gcc", "-O1", "-o", str(d / "w"), str(d / "w.c")], check=True)
-    return d / "w"
+    return build_c(tmp_path_factory, "w", WORKLOAD)
 
 
 @pytest.mark.bpf

@@ -11,6 +11,7 @@ import polars as pl
 import pytest
 
 from kernmlops.hooks.page_faults import PageFaultsHook
+from tests.hooks.conftest import build_c
 
 pytestmark = pytest.mark.bpf
 
@@ -78,10 +79,7 @@ int main(int argc, char **argv)
 
 @pytest.fixture(scope="module")
 def workload(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("page_faults")
-    (d / "w.c").write_text(WORKLOAD)
-    subprocess.run(["gcc", "-O1", "-o", str(d / "w"), str(d / "w.c")], check=True)
-    return d / "w"
+    return build_c(tmp_path_factory, "w", WORKLOAD)
 
 
 def _run(hook: PageFaultsHook, workload: Path) -> tuple[pl.DataFrame, int, int, int, int]:

@@ -16,6 +16,7 @@ import polars as pl
 import pytest
 
 from kernmlops.hooks.quanta_runtime import QuantaRuntimeHook, split_switches
+from tests.hooks.conftest import build_c
 
 BOUNCE = r"""
 #include <stdlib.h>
@@ -64,10 +65,7 @@ def test_split_switches_keeps_each_tables_rows() -> None:
 
 @pytest.fixture(scope="module")
 def bounce(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("bounce")
-    (d / "bounce.c").write_text(BOUNCE)
-    subprocess.run(["gcc", "-O1", "-o", str(d / "bounce"), str(d / "bounce.c")], check=True)
-    return d / "bounce"
+    return build_c(tmp_path_factory, "bounce", BOUNCE)
 
 
 def _schedstat_of_zombie(pid: int) -> tuple[int, int]:

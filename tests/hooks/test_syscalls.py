@@ -18,6 +18,7 @@ from kernmlops.hooks.syscalls import (
     subtract_previous,
     syscall_table,
 )
+from tests.hooks.conftest import build_c
 
 GETPPID_PHASES = (6000, 6345)  # 12345 in all, in two phases a pause apart
 FAILING_CLOSES = 777
@@ -84,10 +85,7 @@ def test_subtract_previous_keeps_new_keys_whole() -> None:
 
 @pytest.fixture(scope="module")
 def workload(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("syscalls")
-    (d / "w.c").write_text(WORKLOAD)
-    subprocess.run(["gcc", "-O1", "-o", str(d / "w"), str(d / "w.c")], check=True)
-    return d / "w"
+    return build_c(tmp_path_factory, "w", WORKLOAD)
 
 
 @pytest.mark.bpf

@@ -29,9 +29,3 @@ static __always_inline bool kmo_task_wanted(struct task_struct *task)
 {
 	return kmo_tgid_wanted(BPF_CORE_READ(task, tgid));
 }
-
-/* kmo_task_wanted for a BTF-typed task (btf true) or any task pointer. */
-static __always_inline bool kmo_task_wanted_x(bool btf, struct task_struct *task)
-{
-	return kmo_tgid_wanted(KMO_READ(btf, task, tgid));
-}
