@@ -117,6 +117,7 @@ class SampledHook(Hook):
         self._lock = threading.Lock()
         self._stop_sampling = threading.Event()
         self._sampler: threading.Thread | None = None
+        self._handed_over = 0.0
 
     @abstractmethod
     def _sample(self, now_ns: int) -> None:
@@ -155,14 +156,24 @@ class SampledHook(Hook):
             self._sampler.join()
             self._sampler = None
 
+    #: hand rows to the sink at most this often: a frame per sample (10 Hz, 100 Hz)
+    #: costs the collector more than the sampling itself
+    hand_over_s: ClassVar[float] = 0.25
+
     def poll(self) -> Iterator[tuple[str, pl.DataFrame]]:
+        now = time.monotonic()
+        if now - self._handed_over < self.hand_over_s:
+            return
+        self._handed_over = now
+        yield from self._take_all()
+
+    def _take_all(self) -> list[tuple[str, pl.DataFrame]]:
         with self._lock:
-            rows = list(self._take())
-        yield from rows
+            return list(self._take())
 
     def stop(self) -> Iterator[tuple[str, pl.DataFrame]]:
         self._stop_sampler()  # no sample may land between the last poll and close
-        yield from self.poll()
+        yield from self._take_all()
         self.close()
 
     def drops(self) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator
 from typing import IO, ClassVar
@@ -22,6 +23,7 @@ _ACRONYM_WORD = re.compile(r"(?<=[A-Z])(?=[A-Z][a-z])")  # KReclaimable → K_Re
 _LETTER_DIGIT = re.compile(r"(?<=[A-Za-z])(?=\d)")  # DirectMap4k → DirectMap_4k
 
 
+@functools.cache  # the same ~50 keys every sample
 def meminfo_column(key: str, unit: str | None) -> str:
     """Column name for one /proc/meminfo key: snake_case, ``_bytes`` when in kB."""
     if key.startswith("HugePages_"):
