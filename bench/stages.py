@@ -2,9 +2,8 @@
 
 Replays a synthetic ring of ingest records (the struct of bench/ingest.bpf.c)
 through what a BPF hook does every poll: ringbuf.decode (the numpy batch
-decode behind RingBuffer.drain), frames.records_to_frame, ParquetSink.write
-(+ close), and the tuned sink of bench/ingest.py (also without the constant
-collection_id column). Prints CPU milliseconds
+decode behind RingBuffer.drain), frames.records_to_frame and ParquetSink.write
+(+ close) with zstd (the default) and snappy. Prints CPU milliseconds
 per million records for each stage, best of ``--repeat``, so the live numbers
 of bench/ingest.py can be explained (and a src change checked) on a machine
 that other people are using. No root needed (clang is, to build the object).
@@ -28,7 +27,7 @@ import numpy as np
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-import ingest  # noqa: E402 (the bench next door: its build and tuned sink)
+import ingest  # noqa: E402 (the bench next door: its build and record layout)
 
 
 def synthetic_ring(dtype: np.dtype, size: int, count: int) -> np.ndarray:
@@ -115,19 +114,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return run
 
-    tuned = ingest._tuned_sink_class()
-
-    class TunedNoId(tuned):  # ... and no constant collection_id column (Hive has it)
-        def _conform(self, state, frame):  # type: ignore[no-untyped-def]
-            return super()._conform(state, frame.drop("collection_id"))
-
     stages: dict[str, Callable[[], object]] = {
         "decode (RingBuffer.drain)": decode_all,
         "records_to_frame": lambda: [records_to_frame(b, layout) for b in batches],
         "ParquetSink zstd (default)": sink_run(lambda d: ParquetSink(d, "stages")),
         "ParquetSink snappy": sink_run(lambda d: ParquetSink(d, "stages", compression="snappy")),
-        "tuned sink (dictionary where it pays)": sink_run(lambda d: tuned(d, "stages")),
-        "tuned, no collection_id column": sink_run(lambda d: TunedNoId(d, "stages")),
     }
     sink_run(lambda d: ParquetSink(d, "warm-up"))()  # first-use costs out of the way
 
