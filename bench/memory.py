@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load", choices=("switch", "none"), default="switch")
     parser.add_argument("--workers", type=int, default=2, help="stress-ng --switch workers")
     parser.add_argument("--interval", type=float, default=1.0, help="RSS sampling period")
-    parser.add_argument("--target-mb", type=float, default=300.0, help="RSS target (MB)")
+    parser.add_argument("--target-mb", type=float, default=150.0, help="RSS target (MB; issue 11)")
     parser.add_argument(
         "--nice", type=int, default=0, help="run the collector at this niceness (-20..19)"
     )
