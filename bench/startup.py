@@ -38,6 +38,13 @@ MARK = "probes attached"
 IMPORTS = "import kernmlops.cli, kernmlops.collect.session"
 
 
+def bytecode_env() -> dict[str, str]:
+    """This environment with Python's bytecode cache on: an installed package has
+    its .pyc files, and a shell with PYTHONDONTWRITEBYTECODE=1 would otherwise
+    measure compiling every module from source on each run."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
 def collect_args(out: Path) -> list[str]:
     return ["collect", "-b", "faux", "-d", "1", "--no-progress", "-o", str(out)]
 
@@ -60,7 +67,7 @@ def one_run() -> dict[str, float]:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
-            env={**os.environ, "COLUMNS": "200"},  # keep rich from wrapping the line
+            env={**bytecode_env(), "COLUMNS": "200"},  # keep rich from wrapping the line
         )
         assert proc.stderr is not None
         to_mark = None
@@ -98,7 +105,7 @@ def bpftrace_time() -> float | None:
 def spawn_time(code: str) -> float:
     """Wall seconds of ``python -c code`` in a fresh process."""
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run([sys.executable, "-c", code], check=True, env=bytecode_env())
     return time.perf_counter() - t0
 
 
@@ -113,7 +120,7 @@ def summary(values: list[float]) -> dict[str, float]:
 def import_times(top: int) -> list[tuple[str, float, float]]:
     """(module, self ms, cumulative ms) of the slowest imports, by cumulative time."""
     cmd = [sys.executable, "-X", "importtime", "-c", IMPORTS]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=True, env=bytecode_env())
     rows = []
     for line in proc.stderr.splitlines():
         if not line.startswith("import time:") or "[us]" in line:
@@ -164,7 +171,9 @@ def profile_run(top: int) -> tuple[str, list[tuple[str, float]]]:
     # cProfile runs a script: the package's __main__.py.
     main = Path(__import__("kernmlops").__file__).parent / "__main__.py"
     cmd = [sys.executable, "-m", "cProfile", "-o", str(prof), str(main), *collect_args(out)]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=bytecode_env()
+    )
     import io
 
     text = io.StringIO()

@@ -2,30 +2,76 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
 
 import click
-from rich.console import Console
-from rich.live import Live
-from rich.markup import escape
-from rich.table import Table
 
-from kernmlops import __version__
 from kernmlops.errors import KernmlopsError
 
-console = Console(stderr=True)
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.live import Live
+    from rich.table import Table
+
+
+@functools.cache
+def _console() -> Console:
+    """The stderr console, made on first use: rich is imported after a collection's
+    probes are attached, not before."""
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def _say(text: str) -> None:
+    """A plain line on stderr (no rich: it is printed before the probes attach)."""
+    click.echo(text, err=True)
 
 
 def _fail(err: KernmlopsError) -> None:
+    from rich.markup import escape
+
     # escape: a message may hold [brackets]; soft_wrap: it stays one line (no wrap at 80)
     text = escape(str(err))
-    console.print(f"[bold red]error:[/] {text}", markup=True, highlight=False, soft_wrap=True)
+    _console().print(f"[bold red]error:[/] {text}", markup=True, highlight=False, soft_wrap=True)
     sys.exit(err.exit_code)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.version_option(__version__, prog_name="kernmlops")
+class _LazyGroup(click.Group):
+    """Commands of other packages are imported only when asked for: `collect`
+    does not pay for the analysis side's imports before its probes attach."""
+
+    #: command name -> "module:attribute"
+    LAZY: ClassVar[dict[str, str]] = {
+        "vm": "kernmlops.lab.cli:vm_command",
+        "graph": "kernmlops.graphs.cli:graph_command",
+        "report": "kernmlops.graphs.cli:report_command",
+        "duet": "kernmlops.duet.cli:duet_group",
+        "lb": "kernmlops.lb.cli:lb_group",
+        "export": "kernmlops.exporter.cli:export_command",
+    }
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [*super().list_commands(ctx), *self.LAZY]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.LAZY:
+            import importlib
+
+            module, attr = self.LAZY[cmd_name].split(":")
+            command: click.Command = getattr(importlib.import_module(module), attr)
+            return command
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(
+    cls=_LazyGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
+@click.version_option(package_name="kernmlops", prog_name="kernmlops")
 def cli() -> None:
     """Collect kernel data with CO-RE eBPF while a benchmark or any command runs.
 
@@ -42,6 +88,8 @@ def cli() -> None:
 
 # --- collect -------------------------------------------------------------------
 def _progress_table(p, attached) -> Table:
+    from rich.table import Table
+
     table = Table(title=f"collecting {p.elapsed_s:6.1f} s  ·  {p.benchmark}", title_justify="left")
     table.add_column("hook")
     table.add_column("state")
@@ -60,6 +108,8 @@ def _progress_table(p, attached) -> Table:
 
 
 def _summary(result) -> Table:
+    from rich.table import Table
+
     table = Table(title=f"collection {result.collection_id}", title_justify="left")
     for col, just in (("hook", "left"), ("status", "left"), ("events", "right"),
                       ("drops", "right"), ("rows", "right")):  # fmt: skip
@@ -173,21 +223,25 @@ def collect(
         build()
         attached: dict = {}
         live: Live | None = None
-        show = config.collector.progress and console.is_terminal
+        show: bool | None = None if config.collector.progress else False
 
         def on_attached(statuses: dict) -> None:
             attached.update(statuses)
             ok = sum(s.attached for s in statuses.values())
-            console.print(f"probes attached: {ok}/{len(statuses)} hooks")
+            _say(f"probes attached: {ok}/{len(statuses)} hooks")
             if config.collector.export:
-                console.print(f"metrics at http://{config.collector.export}/metrics")
+                _say(f"metrics at http://{config.collector.export}/metrics")
 
         def on_progress(p) -> None:
-            nonlocal live
+            nonlocal live, show
+            if show is None:
+                show = _console().is_terminal
             if not show:
                 return
             if live is None:
-                live = Live(_progress_table(p, attached), console=console, transient=True)
+                from rich.live import Live
+
+                live = Live(_progress_table(p, attached), console=_console(), transient=True)
                 live.start()
             else:
                 live.update(_progress_table(p, attached))
@@ -196,9 +250,11 @@ def collect(
             config,
             on_progress=on_progress,
             on_attached=on_attached,
-            on_message=lambda text: console.print(f"[yellow]warning:[/] {text}", highlight=False),
+            on_message=lambda text: _console().print(
+                f"[yellow]warning:[/] {text}", highlight=False
+            ),
         )
-        console.print(f"collecting into {session.path}")
+        _say(f"collecting into {session.path}")
         try:
             result = session.run()
         finally:
@@ -206,22 +262,22 @@ def collect(
                 live.stop()
     except KernmlopsError as err:
         _fail(err)
-    console.print(_summary(result))
-    console.print(
+    _console().print(_summary(result))
+    _console().print(
         f"{result.ended_by} after {result.duration_s:.1f} s "
         f"(probes attached in {result.attach_s * 1000:.0f} ms) -> {result.path}"
     )
     total_drops = sum(s.drops for s in result.hooks.values())
     if total_drops:
-        console.print(f"[red]{total_drops:,} events dropped[/]: raise hooks.<hook>.ring_kib")
+        _console().print(f"[red]{total_drops:,} events dropped[/]: raise hooks.<hook>.ring_kib")
     total_missed = sum(s.missed for s in result.hooks.values())
     if total_missed:
-        console.print(
+        _console().print(
             f"[red]{total_missed:,} program runs skipped by the kernel[/] "
             "(another BPF program was running on the same CPU)"
         )
     if result.exit_code:
-        console.print(f"[yellow]exit code {result.exit_code}[/] ({result.ended_by})")
+        _console().print(f"[yellow]exit code {result.exit_code}[/] ({result.ended_by})")
     sys.exit(result.exit_code)
 
 
@@ -252,7 +308,7 @@ def defaults(path: str) -> None:
         click.echo(text, nl=False)
         return
     Path(path).write_text(text)
-    console.print(f"wrote {path}")
+    _console().print(f"wrote {path}")
 
 
 @cli.command("build-bpf")
@@ -266,7 +322,7 @@ def build_bpf(out: Path | None, force: bool) -> None:
         objs = build(out, force=force)
     except KernmlopsError as err:
         _fail(err)
-    console.print(f"{len(objs)} BPF objects in {objs[0].parent}")
+    _console().print(f"{len(objs)} BPF objects in {objs[0].parent}")
 
 
 @cli.command()
@@ -276,7 +332,7 @@ def doctor() -> None:
     from kernmlops.doctor import run_doctor
 
     try:
-        sys.exit(run_doctor(console))
+        sys.exit(run_doctor(_console()))
     except KernmlopsError as err:
         _fail(err)
 
@@ -301,6 +357,9 @@ def perf_list(show_all: bool, tracepoints: bool, as_json: bool) -> None:
     if as_json:
         click.echo(frame.write_json())
         return
+    from rich.console import Console
+    from rich.table import Table
+
     table = Table(title=f"{frame.height} perf events", title_justify="left")
     for col in ("name", "kind", "type", "encoding", "description"):
         table.add_column(col)
@@ -314,24 +373,6 @@ def perf_list(show_all: bool, tracepoints: bool, as_json: bool) -> None:
             cells.append("yes" if ok else "?" if ok is None else f"[red]no[/]: {row['reason']}")
         table.add_row(*cells)
     Console().print(table)
-
-
-def _register() -> None:
-    from kernmlops.duet.cli import duet_group
-    from kernmlops.exporter.cli import export_command
-    from kernmlops.graphs.cli import graph_command, report_command
-    from kernmlops.lab.cli import vm_command
-    from kernmlops.lb.cli import lb_group
-
-    cli.add_command(vm_command)
-    cli.add_command(graph_command)
-    cli.add_command(report_command)
-    cli.add_command(duet_group)
-    cli.add_command(lb_group)
-    cli.add_command(export_command)
-
-
-_register()
 
 
 def main() -> None:

@@ -14,7 +14,6 @@ import reprlib
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -29,7 +28,6 @@ from kernmlops.benchmarks import REGISTRY as BENCHMARKS
 from kernmlops.errors import ConfigError
 from kernmlops.hooks import DEFAULT_HOOKS
 from kernmlops.hooks import REGISTRY as HOOKS
-from kernmlops.yamlfile import safe_yaml
 
 
 def _key(name: str) -> str:
@@ -233,6 +231,8 @@ def _set_path(data: dict[str, Any], dotted: str, value: Any, source: str | None 
 def read_overrides(path: str | Path) -> dict[str, Any]:
     """The overrides file's mapping; a hostile file (huge, binary, an alias bomb)
     is refused before it costs anything (kernmlops.yamlfile)."""
+    from kernmlops.yamlfile import safe_yaml  # PyYAML only when there is a file
+
     path = Path(path)
     data = safe_yaml(path, what="config")
     if data is None:
@@ -266,6 +266,8 @@ def load_config(
 
 # --- defaults.yaml ---------------------------------------------------------------
 def _emit(model: BaseModel, indent: int, out: list[str]) -> None:
+    import yaml
+
     pad = "  " * indent
     for name, field in type(model).model_fields.items():
         value = getattr(model, name)

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import polars as pl
+from kernmlops.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import polars as pl
+else:
+    pl = lazy_import("polars")
+
 
 #: CLOCK_MONOTONIC in microseconds, as ``bpf_ktime_get_ns() / 1000``.
 UPTIME_TIMESTAMP = "ts_uptime_us"

@@ -145,3 +145,35 @@ def test_gate_works_whatever_the_fd_numbers() -> None:
     finally:
         for fd in held:
             os.close(fd)
+
+
+def test_probes_attach_before_the_heavy_libraries_are_imported(tmp_path: Path) -> None:
+    # A fresh interpreter runs the default hooks; when every probe is attached
+    # (on_attached), none of the libraries that only decode and write rows is
+    # loaded yet. The collection then has its rows all the same.
+    code = f"""
+import json, sys
+from kernmlops.collect.session import Session
+from kernmlops.config import load_config
+HEAVY = ("numpy", "polars", "pyarrow", "elftools", "yaml", "rich")
+seen = {{}}
+def on_attached(statuses):
+    seen["loaded"] = [m for m in HEAVY if m in sys.modules]
+    seen["attached"] = sorted(n for n, s in statuses.items() if s.attached)
+cfg = load_config(flags={{"benchmark.name": "faux", "benchmark.duration_s": 0.5,
+                          "collector.output_dir": {str(tmp_path)!r}}})
+result = Session(cfg, on_attached=on_attached).run()
+from kernmlops.data import read_collection
+seen["rows"] = read_collection(result.path)["quanta_runtime"].height
+print(json.dumps(seen))
+"""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout.splitlines()[-1])
+    assert seen["attached"] == ["memory_usage", "process_trace", "quanta_runtime", "system_info"]
+    assert seen["loaded"] == []
+    assert seen["rows"] > 0

@@ -18,7 +18,7 @@ import pytest
 
 from kernmlops.collect import sysinfo
 from kernmlops.collect.sysinfo import (
-    SCHEMA,
+    column_types,
     format_cpu_list,
     online_cpu_count,
     parse_cpu_list,
@@ -45,7 +45,7 @@ def lscpu() -> dict[str, str]:
 
 
 def test_every_schema_field_present(info: dict[str, Any]) -> None:
-    assert list(info) == list(SCHEMA)
+    assert list(info) == list(column_types())
 
 
 def test_identity_matches_os(info: dict[str, Any]) -> None:
@@ -155,14 +155,14 @@ def test_frame_is_one_row_with_lists_as_strings(info: dict[str, Any]) -> None:
     row = frame.row(0, named=True)
     assert row["online_cpus"] == format_cpu_list(info["online_cpus"])
     assert row["memory_bytes"] == info["memory_bytes"]
-    assert frame.schema["is_vm"].is_(SCHEMA["is_vm"])
+    assert frame.schema["is_vm"].is_(column_types()["is_vm"])
 
 
 def test_frame_keeps_none_with_types() -> None:
-    info = dict.fromkeys(SCHEMA)
+    info = dict.fromkeys(column_types())
     frame = system_info_frame(info)
     assert frame.height == 1
-    assert all(frame.schema[k] == v for k, v in SCHEMA.items())
+    assert all(frame.schema[k] == v for k, v in column_types().items())
 
 
 def test_missing_files_give_none(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -171,7 +171,7 @@ def test_missing_files_give_none(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
     monkeypatch.setattr(sysinfo, "CLOCKSOURCE", tmp_path / "clocksource")
     monkeypatch.setattr(sysinfo, "OS_RELEASE", (tmp_path / "os-release",))
     info = system_info()
-    assert list(info) == list(SCHEMA)
+    assert list(info) == list(column_types())
     for key in ("cpu_model", "sockets", "cores", "l1d_cache_bytes", "thp_enabled", "boot_time"):
         assert info[key] is None, key
     assert info["os_name"] is None

@@ -40,7 +40,7 @@ def test_rings_drain_when_full_enough_or_at_stop() -> None:
     hook = ProcessTraceHook(ProcessTraceHook.Options(ring_kib=64, batch_ms=10_000))
     try:
         hook.start(HookContext("t", process_filter=flt, self_tgid=os.getpid()))
-        reader = hook._readers["process_trace"][0]
+        reader = hook.readers()["process_trace"][0]
         _traced(flt, "/bin/true")
         assert reader.pending_bytes() > 0
         assert list(hook.poll()) == []  # a few records wait for the batch

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from kernmlops.collect.sysinfo import SCHEMA
+from kernmlops.collect.sysinfo import column_types
 from kernmlops.hooks.base import HookContext
 from kernmlops.hooks.system_info import SystemInfoHook
 
@@ -21,7 +21,7 @@ def test_yields_one_row_once() -> None:
     table, frame = out[0]
     assert table == "system_info"
     assert frame.height == 1
-    assert frame.columns == list(SCHEMA)
+    assert frame.columns == list(column_types())
     assert frame["logical_cpus"][0] == os.cpu_count()
     assert frame["kernel_release"][0] == os.uname().release
     assert list(hook.poll()) == []

@@ -5,10 +5,16 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-import polars as pl
 from pydantic import BaseModel, ConfigDict
+
+from kernmlops.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import polars as pl
+else:
+    pl = lazy_import("polars")
 
 
 class BenchmarkOptions(BaseModel):
@@ -42,14 +48,15 @@ class BenchmarkRun:
     ended_us: int | None = None
 
 
-#: Columns of the benchmark_result table: long format, the same for every
-#: benchmark, so a fleet's results read as one table.
-RESULT_SCHEMA = {"key": pl.String, "metric": pl.String, "value": pl.Float64, "unit": pl.String}
+def result_schema() -> dict[str, type[pl.DataType]]:
+    """Columns of the benchmark_result table: long format, the same for every
+    benchmark, so a fleet's results read as one table."""
+    return {"key": pl.String, "metric": pl.String, "value": pl.Float64, "unit": pl.String}
 
 
 def result_frame(rows: list[tuple[str, str, float, str]]) -> pl.DataFrame:
     """``(key, metric, value, unit)`` rows, e.g. ``("randread", "iops", 1234.0, "1/s")``."""
-    return pl.DataFrame(rows, schema=RESULT_SCHEMA, orient="row")
+    return pl.DataFrame(rows, schema=result_schema(), orient="row")
 
 
 class Benchmark(ABC):

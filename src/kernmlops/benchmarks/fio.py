@@ -17,9 +17,8 @@ import stat
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-import polars as pl
 from pydantic import Field, field_validator, model_validator
 
 from kernmlops.benchmarks._tools import (
@@ -37,6 +36,13 @@ from kernmlops.benchmarks.base import (
     result_frame,
 )
 from kernmlops.errors import BenchmarkError
+from kernmlops.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import polars as pl
+else:
+    pl = lazy_import("polars")
+
 
 FIO = "fio"
 Profile = Literal["seqread", "seqwrite", "randread", "randwrite", "randrw"]

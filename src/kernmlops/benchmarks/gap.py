@@ -16,9 +16,8 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
-import polars as pl
 from pydantic import Field
 
 from kernmlops.benchmarks.base import (
@@ -29,6 +28,13 @@ from kernmlops.benchmarks.base import (
     result_frame,
 )
 from kernmlops.errors import BenchmarkError
+from kernmlops.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import polars as pl
+else:
+    pl = lazy_import("polars")
+
 
 GAP_REPO = "https://github.com/sbeamer/gapbs"
 #: Where `make setup-gap` builds GAP (keep in step with the Makefile's GAP_DIR).

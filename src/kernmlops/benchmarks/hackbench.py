@@ -10,9 +10,8 @@ benchmark_result table, with the message rate derived from it.
 from __future__ import annotations
 
 import re
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
-import polars as pl
 from pydantic import Field
 
 from kernmlops.benchmarks._tools import require_tool
@@ -24,6 +23,13 @@ from kernmlops.benchmarks.base import (
     result_frame,
 )
 from kernmlops.errors import BenchmarkError
+from kernmlops.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import polars as pl
+else:
+    pl = lazy_import("polars")
+
 
 HACKBENCH = "hackbench"
 _TIME = re.compile(r"^Time:\s*([0-9.]+)\s*$", re.MULTILINE)

@@ -7,9 +7,8 @@ import json
 import shlex
 import sys
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import polars as pl
 from pydantic import Field
 
 from kernmlops.benchmarks.base import (
@@ -19,7 +18,14 @@ from kernmlops.benchmarks.base import (
     Launch,
     result_frame,
 )
+from kernmlops.lazy import lazy_import
 from kernmlops.workloads import ml_job
+
+if TYPE_CHECKING:
+    import polars as pl
+else:
+    pl = lazy_import("polars")
+
 
 #: Run by file path: ``-m`` would first import the kernmlops package (and its
 #: package metadata look-up) into the traced job.

@@ -20,9 +20,8 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import IO, ClassVar
+from typing import IO, TYPE_CHECKING, ClassVar
 
-import polars as pl
 from pydantic import Field, field_validator
 
 from kernmlops.benchmarks._tools import free_tcp_port, require_tool, stop_process_group
@@ -34,6 +33,13 @@ from kernmlops.benchmarks.base import (
     result_frame,
 )
 from kernmlops.errors import BenchmarkError
+from kernmlops.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import polars as pl
+else:
+    pl = lazy_import("polars")
+
 
 SERVER = "redis-server"
 CLIENT = "redis-benchmark"

@@ -13,10 +13,8 @@ import math
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-import polars as pl
-import yaml
 from pydantic import Field
 
 from kernmlops.benchmarks._tools import require_tool
@@ -29,6 +27,13 @@ from kernmlops.benchmarks.base import (
 )
 from kernmlops.collect.sysinfo import format_cpu_list, online_cpu_count, parse_cpu_list
 from kernmlops.errors import BenchmarkError
+from kernmlops.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import polars as pl
+else:
+    pl = lazy_import("polars")
+
 
 STRESS_NG = "stress-ng"
 #: Memory each vm worker touches: enough to fault and reclaim, small enough for any box.
@@ -232,6 +237,8 @@ def parse_metrics_yaml(text: str) -> list[tuple[str, str, float, str]]:
     """``(stressor, metric, value, unit)`` rows from stress-ng's ``--yaml`` file:
     the standard metrics under our names and units, any extra numeric metric of
     a stressor (e.g. ``nanosecs-per-seek``) under its own name."""
+    import yaml
+
     doc: Any = yaml.safe_load(text) or {}
     rows: list[tuple[str, str, float, str]] = []
     for entry in doc.get("metrics") or []:

@@ -27,7 +27,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from kernmlops import __version__
 from kernmlops.benchmarks import get_benchmark
 from kernmlops.benchmarks.base import Benchmark, BenchmarkRun
 from kernmlops.collect.cgroup import set_oom_score_adj
@@ -93,6 +92,7 @@ class CollectionResult:
 def _versions() -> dict[str, str]:
     from importlib.metadata import version
 
+    from kernmlops import __version__
     from kernmlops.ebpf import libbpf
 
     out = {

@@ -25,13 +25,21 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-
-import polars as pl
-import pyarrow as pa
-import pyarrow.parquet as pq
+from typing import TYPE_CHECKING
 
 from kernmlops.errors import CollectionError, OutputError
+from kernmlops.lazy import lazy_import
 from kernmlops.tables import COLLECTION_ID
+
+if TYPE_CHECKING:
+    import polars as pl
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+else:
+    pl = lazy_import("polars")
+    pa = lazy_import("pyarrow")
+    pq = lazy_import("pyarrow.parquet")
+
 
 __all__ = ["MemorySink", "ParquetSink", "is_disk_full", "part_name", "temp_name"]
 
@@ -185,9 +193,13 @@ class ParquetSink:
             raise ValueError(f"rows_per_file must be at least 1, got {rows_per_file}")
         if max_buffered_bytes < 0:
             raise ValueError(f"max_buffered_bytes must be >= 0, got {max_buffered_bytes}")
-        if compression.lower() not in ("none", "uncompressed") and not pa.Codec.is_available(
-            compression
-        ):
+        # zstd is in every pyarrow wheel: asking pyarrow would import it before the
+        # probes attach (the session makes its sink first).
+        if compression.lower() not in (
+            "none",
+            "uncompressed",
+            "zstd",
+        ) and not pa.Codec.is_available(compression):
             raise ValueError(f"compression {compression!r} is not available in pyarrow")
         if not collection_id:
             raise ValueError("collection_id must not be empty")

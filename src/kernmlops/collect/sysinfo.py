@@ -9,10 +9,17 @@ from __future__ import annotations
 import os
 import re
 from datetime import UTC, datetime
+from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import polars as pl
+from kernmlops.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import polars as pl
+else:
+    pl = lazy_import("polars")
+
 
 PROC = Path("/proc")
 SYS_CPU = Path("/sys/devices/system/cpu")
@@ -23,38 +30,42 @@ SYS_HYPERVISOR = Path("/sys/hypervisor")
 CLOCKSOURCE = Path("/sys/devices/system/clocksource/clocksource0/available_clocksource")
 OS_RELEASE = (Path("/etc/os-release"), Path("/usr/lib/os-release"))
 
-#: Column types of the one-row ``system_info`` table (lists are stored as strings).
-SCHEMA: dict[str, pl.DataType] = {
-    "hostname": pl.String(),
-    "kernel_release": pl.String(),
-    "kernel_version": pl.String(),
-    "os_name": pl.String(),
-    "arch": pl.String(),
-    "cpu_model": pl.String(),
-    "cpu_vendor": pl.String(),
-    "sockets": pl.Int64(),
-    "cores": pl.Int64(),
-    "threads_per_core": pl.Int64(),
-    "logical_cpus": pl.Int64(),
-    "online_cpus": pl.String(),
-    "numa_nodes": pl.Int64(),
-    "l1d_cache_bytes": pl.Int64(),
-    "l1i_cache_bytes": pl.Int64(),
-    "l2_cache_bytes": pl.Int64(),
-    "l3_cache_bytes": pl.Int64(),
-    "memory_bytes": pl.Int64(),
-    "swap_bytes": pl.Int64(),
-    "thp_enabled": pl.String(),
-    "thp_defrag": pl.String(),
-    "hugepages_total": pl.Int64(),
-    "hugepage_size_bytes": pl.Int64(),
-    "is_vm": pl.Boolean(),
-    "hypervisor": pl.String(),
-    "boot_time_unix": pl.Int64(),
-    "boot_time": pl.String(),
-    "clock_ticks": pl.Int64(),
-    "page_size_bytes": pl.Int64(),
-}
+
+@cache
+def column_types() -> dict[str, pl.DataType]:
+    """Column types of the one-row ``system_info`` table (lists are stored as strings)."""
+    return {
+        "hostname": pl.String(),
+        "kernel_release": pl.String(),
+        "kernel_version": pl.String(),
+        "os_name": pl.String(),
+        "arch": pl.String(),
+        "cpu_model": pl.String(),
+        "cpu_vendor": pl.String(),
+        "sockets": pl.Int64(),
+        "cores": pl.Int64(),
+        "threads_per_core": pl.Int64(),
+        "logical_cpus": pl.Int64(),
+        "online_cpus": pl.String(),
+        "numa_nodes": pl.Int64(),
+        "l1d_cache_bytes": pl.Int64(),
+        "l1i_cache_bytes": pl.Int64(),
+        "l2_cache_bytes": pl.Int64(),
+        "l3_cache_bytes": pl.Int64(),
+        "memory_bytes": pl.Int64(),
+        "swap_bytes": pl.Int64(),
+        "thp_enabled": pl.String(),
+        "thp_defrag": pl.String(),
+        "hugepages_total": pl.Int64(),
+        "hugepage_size_bytes": pl.Int64(),
+        "is_vm": pl.Boolean(),
+        "hypervisor": pl.String(),
+        "boot_time_unix": pl.Int64(),
+        "boot_time": pl.String(),
+        "clock_ticks": pl.Int64(),
+        "page_size_bytes": pl.Int64(),
+    }
+
 
 # Substrings of DMI vendor/product strings → hypervisor name (as lscpu names them).
 _DMI_HYPERVISORS = (
@@ -351,14 +362,15 @@ def system_info() -> dict[str, Any]:
 def system_info_frame(info: dict[str, Any]) -> pl.DataFrame:
     """One row; CPU lists in the kernel's notation, other lists comma-joined."""
     row: dict[str, Any] = {}
+    types = column_types()
     for key, value in info.items():
         if isinstance(value, list | tuple | set):
             if all(isinstance(v, int) for v in value):
                 value = format_cpu_list(list(value))
             else:
                 value = ",".join(str(v) for v in value)
-        elif key not in SCHEMA and value is not None:
+        elif key not in types and value is not None:
             value = str(value)  # unknown extra fields are kept, as text
         row[key] = value
-    schema = {key: SCHEMA.get(key, pl.String()) for key in row}
+    schema = {key: types.get(key, pl.String()) for key in row}
     return pl.DataFrame([row], schema=schema)

@@ -13,10 +13,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from kernmlops.errors import KernmlopsError
+from kernmlops.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_import("numpy")
+
 
 BTF_MAGIC = 0xEB9F
 #: Section holding `__kmo_ring_<ring>` markers (see bpf/common.h).
@@ -328,8 +334,14 @@ def record_layout(btf: Btf, record: BtfType) -> RecordLayout:
 
 
 def ring_layouts(path: str | Path) -> dict[str, RecordLayout]:
-    """Layouts of every ring buffer declared in a compiled object."""
-    btf = Btf.from_elf(path)
+    """Layouts of every ring buffer declared in a compiled object (its cached spec)."""
+    from kernmlops.ebpf.spec import object_spec
+
+    return object_spec(path).ring_layouts()
+
+
+def btf_ring_layouts(btf: Btf) -> dict[str, RecordLayout]:
+    """Layouts of every ring buffer declared in an object's BTF."""
     out = {}
     for ring in btf.rings():
         layout = record_layout(btf, btf.ring_record(ring))

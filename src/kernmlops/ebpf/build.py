@@ -105,8 +105,11 @@ def build(
             f"{len(todo)} BPF objects need building but {build_dir} is not writable "
             "(set KERNMLOPS_BPF_DIR, or run `kernmlops build-bpf` as its owner)"
         )
+    from kernmlops.ebpf.spec import object_spec
+
     for src, obj in todo:
         compile_object(src, obj, vmlinux_dir=build_dir, verbose=verbose)
+        object_spec(obj)  # parsed once here, read from <object>.spec.json when loaded
     return objs
 
 

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-import numpy as np
-import polars as pl
+from typing import TYPE_CHECKING
 
 from kernmlops.ebpf.btf import RecordLayout
+from kernmlops.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import numpy as np
+    import polars as pl
+else:
+    np = lazy_import("numpy")
+    pl = lazy_import("polars")
 
 
 def _strings(col: np.ndarray, name: str) -> pl.Series:

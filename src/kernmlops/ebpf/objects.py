@@ -10,17 +10,18 @@ from __future__ import annotations
 import ctypes
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from kernmlops.ebpf import libbpf
 from kernmlops.ebpf.libbpf import LibbpfError, capture_log, check_int, check_ptr, lib
+from kernmlops.ebpf.spec import VARIANTS, ObjectSpec, object_spec
+from kernmlops.lazy import lazy_import
 
-#: Program-name suffix of each variant, in order of preference.
-VARIANTS: tuple[str, ...] = ("btf", "raw")
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_import("numpy")
 
 
 class Link:
@@ -203,41 +204,17 @@ class Map:
                 yield key, value
 
 
-@dataclass(frozen=True)
-class _Symbol:
-    section: str
-    offset: int
-    size: int
-
-
-def _data_symbols(path: Path) -> dict[str, _Symbol]:
-    """Global variables of the object and where they live (section, offset)."""
-    from elftools.elf.elffile import ELFFile
-
-    out: dict[str, _Symbol] = {}
-    with path.open("rb") as fh:
-        elf = ELFFile(fh)
-        symtab = elf.get_section_by_name(".symtab")
-        if symtab is None:
-            return out
-        for sym in symtab.iter_symbols():
-            if sym["st_info"]["type"] != "STT_OBJECT" or not isinstance(sym["st_shndx"], int):
-                continue
-            section = elf.get_section(sym["st_shndx"]).name
-            out[sym.name] = _Symbol(section, sym["st_value"], sym["st_size"])
-    return out
-
-
 class BpfObject:
     """One compiled ``.bpf.o``: open, configure, load, attach, close."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, spec: ObjectSpec | None = None) -> None:
         # Set first: __del__ -> close() must work even if opening fails.
         self._ptr: int | None = None
         self._links: list[Link] = []
         self.path = Path(path)
         if not self.path.exists():
             raise LibbpfError(f"BPF object {self.path} not found (build it: make bpf)")
+        self._spec = spec
         self.variant: str | None = None
         with capture_log() as log:
             ptr = lib.bpf_object__open_file(str(self.path).encode(), None)
@@ -261,7 +238,9 @@ class BpfObject:
         """Set ``const volatile`` globals (read-only once loaded)."""
         if not values:
             return
-        symbols = _data_symbols(self.path)
+        if self._spec is None:
+            self._spec = object_spec(self.path)
+        symbols = self._spec.globals
         ro = lib.bpf_object__find_map_by_name(self._ptr, b".rodata")
         if not ro:
             raise LibbpfError(f"{self.path.name} has no .rodata for {sorted(values)}")
@@ -342,6 +321,7 @@ def open_and_load(
     max_entries: Mapping[str, int] | None = None,
     reuse_maps: Mapping[str, int] | None = None,
     variants: Sequence[str | None] = VARIANTS,
+    spec: ObjectSpec | None = None,
 ) -> BpfObject:
     """Open, configure and load an object with the first variant the kernel takes.
 
@@ -349,8 +329,13 @@ def open_and_load(
     error of the first (preferred) one is raised, with its verifier log.
     """
 
+    if spec is None:
+        if not Path(path).exists():
+            raise LibbpfError(f"BPF object {path} not found (build it: make bpf)")
+        spec = object_spec(path)
+
     def attempt(variant: str | None) -> BpfObject:
-        obj = BpfObject(path)
+        obj = BpfObject(path, spec)
         try:
             if any(p.variant for p in obj.programs.values()):
                 obj.select_variant(variant)
@@ -366,10 +351,7 @@ def open_and_load(
             raise
         return obj
 
-    probe = BpfObject(path)
-    has_variants = any(p.variant for p in probe.programs.values())
-    probe.close()
-    if not has_variants:
+    if not spec.has_variants:
         return attempt(None)
     first: LibbpfError | None = None
     for variant in variants:

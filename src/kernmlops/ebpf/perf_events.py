@@ -17,8 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from kernmlops.ebpf.perf import (
     PERF_FLAG_FD_CLOEXEC,
@@ -27,6 +26,13 @@ from kernmlops.ebpf.perf import (
     PERF_TYPE_SOFTWARE,
     PerfEventAttr,
 )
+from kernmlops.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_import("numpy")
+
 
 PERF_TYPE_TRACEPOINT = 2
 PERF_TYPE_RAW = 4

@@ -14,8 +14,15 @@ from __future__ import annotations
 
 import mmap
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
+from kernmlops.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_import("numpy")
+
 
 BUSY_BIT = 1 << 31
 DISCARD_BIT = 1 << 30

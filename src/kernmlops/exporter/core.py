@@ -25,9 +25,10 @@ from prometheus_client.registry import CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 from kernmlops.ebpf import libbpf
-from kernmlops.ebpf.btf import Btf, BtfError, Kind
+from kernmlops.ebpf.btf import BtfError, Kind
 from kernmlops.ebpf.libbpf import LibbpfError
 from kernmlops.ebpf.objects import BpfObject, open_and_load
+from kernmlops.ebpf.spec import object_spec
 from kernmlops.errors import KernmlopsError
 from kernmlops.exporter.config import CounterSpec, HistogramSpec, MetricSet
 from kernmlops.exporter.decoders import (
@@ -290,7 +291,7 @@ class _LoadedSet:
 
 def _object_globals(path: Path) -> set[str]:
     try:
-        btf = Btf.from_elf(path)
+        btf = object_spec(path).btf
     except BtfError:
         return set()
     return {t.name for t in btf.types if t.kind is Kind.VAR}

@@ -9,8 +9,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import polars as pl
 from pydantic import BaseModel, ConfigDict
+
+from kernmlops.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import polars as pl
+else:
+    pl = lazy_import("polars")
+
 
 if TYPE_CHECKING:
     from kernmlops.collect.filter import ProcessFilter
@@ -124,8 +131,14 @@ class SampledHook(Hook):
         """Take one sample and keep its rows (called with the sampling lock held)."""
 
     @abstractmethod
-    def _take(self) -> Iterator[tuple[str, pl.DataFrame]]:
-        """Hand over the rows sampled so far (called with the sampling lock held)."""
+    def _take(self) -> Any:
+        """Swap out the rows sampled so far (called with the sampling lock held, so
+        keep it to a swap: the sampler waits for the lock)."""
+
+    @abstractmethod
+    def _frames(self, taken: Any) -> Iterator[tuple[str, pl.DataFrame]]:
+        """The tables of rows :meth:`_take` returned (called without the lock: building
+        frames, and the first import of polars, must not make the sampler late)."""
 
     def _start_sampling(self, period_ns: int) -> None:
         """Sample now, then every ``period_ns`` until :meth:`_stop_sampler`."""
@@ -169,7 +182,8 @@ class SampledHook(Hook):
 
     def _take_all(self) -> list[tuple[str, pl.DataFrame]]:
         with self._lock:
-            return list(self._take())
+            taken = self._take()
+        return list(self._frames(taken))
 
     def stop(self) -> Iterator[tuple[str, pl.DataFrame]]:
         self._stop_sampler()  # no sample may land between the last poll and close

@@ -10,14 +10,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
-from typing import ClassVar
-
-import numpy as np
-import polars as pl
+from typing import TYPE_CHECKING, ClassVar
 
 from kernmlops.ebpf.btf import Kind, RecordLayout, kernel_type
 from kernmlops.ebpf.frames import records_to_frame
 from kernmlops.hooks.bpf import BpfHook
+from kernmlops.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import numpy as np
+    import polars as pl
+else:
+    np = lazy_import("numpy")
+    pl = lazy_import("polars")
+
 
 #: Slots of the object's ``block_io_stats`` map (enum block_io_stat in C).
 STAT_MAP_FULL, STAT_UNKNOWN, STAT_REQUEUED = 0, 1, 2

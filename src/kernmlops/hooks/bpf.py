@@ -4,20 +4,27 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-import numpy as np
-import polars as pl
 from pydantic import Field, field_validator
 
 from kernmlops.ebpf import libbpf
-from kernmlops.ebpf.btf import RecordLayout, ring_layouts, unbatch
+from kernmlops.ebpf.btf import RecordLayout, unbatch
 from kernmlops.ebpf.build import object_path
 from kernmlops.ebpf.frames import records_to_frame
 from kernmlops.ebpf.objects import VARIANTS, BpfObject, open_and_load
 from kernmlops.ebpf.ringbuf import RingBuffer
+from kernmlops.ebpf.spec import ObjectSpec, object_spec
 from kernmlops.errors import HookUnavailable, KernmlopsError
 from kernmlops.hooks.base import Hook, HookContext, HookOptions
+from kernmlops.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import numpy as np
+    import polars as pl
+else:
+    np = lazy_import("numpy")
+    pl = lazy_import("polars")
 
 
 class BpfHookOptions(HookOptions):
@@ -63,6 +70,8 @@ class BpfHook(Hook):
         self._last_drain: dict[str, float] = {}
         self._detached = False
         self._staged_read: set[str] = set()
+        self._spec: ObjectSpec | None = None
+        self._ring_size = 0
 
     @classmethod
     def __init_subclass__(cls, **kwargs: object) -> None:
@@ -97,7 +106,10 @@ class BpfHook(Hook):
                 f"{self.name}: BPF object {path} not found (build it: kernmlops build-bpf)"
             )
         try:
-            layouts = ring_layouts(path)
+            spec = object_spec(path)
+            missing = sorted(set(self.rings.values()) - set(spec.btf.rings()))
+            if missing:
+                raise HookUnavailable(f"{self.name}: {path.name} declares no ring {missing[0]!r}")
             self.obj = open_and_load(
                 path,
                 globals_={
@@ -111,19 +123,32 @@ class BpfHook(Hook):
                 },
                 reuse_maps={"kmo_tracked": flt.fd} if flt else {},
                 variants=self.variants(),
+                spec=spec,
             )
             self.status.variant = self.obj.variant
             self.status.programs = [p.section for p in self.obj.programs.values() if p.autoload]
             self.attach(self.obj)
         except (KernmlopsError, OSError) as err:
             self.close()
+            if isinstance(err, HookUnavailable):
+                raise
             raise HookUnavailable(f"{self.name}: {err}") from err
-        for table, ring in self.rings.items():
-            layout = layouts[ring]
-            dtype = layout.batch if layout.batch is not None else layout.dtype
-            self._readers[table] = (RingBuffer(self.obj.map(ring).fd, size, dtype), layout)
+        self._spec, self._ring_size = spec, size
         self._last_drain = dict.fromkeys(self.rings, time.monotonic())
         self.status.attached = True
+
+    def readers(self) -> dict[str, tuple[RingBuffer, RecordLayout]]:
+        """table -> (ring reader, record layout), opened at the first drain: the
+        layouts are numpy dtypes, and numpy is not imported before the probes
+        of every hook are attached."""
+        if not self._readers and self.obj is not None and self._spec is not None:
+            layouts = self._spec.ring_layouts()
+            for table, ring in self.rings.items():
+                layout = layouts[ring]
+                dtype = layout.batch if layout.batch is not None else layout.dtype
+                reader = RingBuffer(self.obj.map(ring).fd, self._ring_size, dtype)
+                self._readers[table] = (reader, layout)
+        return self._readers
 
     def _due(self, table: str, reader: RingBuffer, now: float) -> bool:
         """Whether to drain this ring now: detached (the final drain), 1/16
@@ -139,7 +164,7 @@ class BpfHook(Hook):
         """(table, records, layout) of each ring that is due (see _due) and not
         empty; every record counts as one event."""
         now = time.monotonic()
-        for table, (reader, layout) in self._readers.items():
+        for table, (reader, layout) in self.readers().items():
             if not self._due(table, reader, now):
                 continue
             self._last_drain[table] = now

@@ -26,10 +26,8 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-import numpy as np
-import polars as pl
 from pydantic import Field
 
 from kernmlops.ebpf.btf import RecordLayout
@@ -39,6 +37,15 @@ from kernmlops.ebpf.perf import PERF_TYPE_SOFTWARE, SW_CPU_CLOCK, perf_event_ope
 from kernmlops.ebpf.perf_events import online_cpus
 from kernmlops.hooks.base import HookOptions
 from kernmlops.hooks.bpf import BpfHook, BpfHookOptions
+from kernmlops.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import numpy as np
+    import polars as pl
+else:
+    np = lazy_import("numpy")
+    pl = lazy_import("polars")
+
 
 TABLE = "cpu_profile"
 KALLSYMS = Path("/proc/kallsyms")
@@ -447,7 +454,7 @@ class CpuProfileHook(BpfHook):
         # Symbolize at every drain, while the sampled processes live; build the
         # table only every EMIT_INTERVAL_S: a sample rate of ~100/s would
         # otherwise pay a DataFrame's fixed cost for one or two rows per poll.
-        for table, (reader, layout) in self._readers.items():
+        for table, (reader, layout) in self.readers().items():
             records = reader.drain()
             if len(records):
                 self.status.events += len(records)

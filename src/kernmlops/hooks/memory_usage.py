@@ -5,14 +5,20 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterator
-from typing import IO, ClassVar
+from typing import IO, TYPE_CHECKING, ClassVar
 
-import polars as pl
 from pydantic import Field
 
 from kernmlops.errors import HookUnavailable
 from kernmlops.hooks.base import HookContext, HookOptions, SampledHook
+from kernmlops.lazy import lazy_import
 from kernmlops.tables import UPTIME_TIMESTAMP
+
+if TYPE_CHECKING:
+    import polars as pl
+else:
+    pl = lazy_import("polars")
+
 
 MEMINFO = "/proc/meminfo"
 TABLE = "memory_usage"
@@ -96,11 +102,14 @@ class MemoryUsageHook(SampledHook):
         self._rows.append({UPTIME_TIMESTAMP: now_ns // 1000, **fields})
         self.status.events += 1
 
-    def _take(self) -> Iterator[tuple[str, pl.DataFrame]]:
-        if self._rows:
-            rows, self._rows = self._rows, []
-            schema = {key: pl.Int64 for key in rows[0]}
-            yield TABLE, pl.DataFrame(rows, schema=schema)
+    def _take(self) -> list[dict[str, int]]:
+        rows, self._rows = self._rows, []
+        return rows
+
+    def _frames(self, taken: list[dict[str, int]]) -> Iterator[tuple[str, pl.DataFrame]]:
+        if taken:
+            schema = {key: pl.Int64 for key in taken[0]}
+            yield TABLE, pl.DataFrame(taken, schema=schema)
 
     def close(self) -> None:
         self._stop_sampler()

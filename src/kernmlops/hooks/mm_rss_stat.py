@@ -13,14 +13,20 @@ RSS as /proc/<pid>/status counts it is file + anon + shmem.
 from __future__ import annotations
 
 import os
-from typing import ClassVar
-
-import numpy as np
-import polars as pl
+from typing import TYPE_CHECKING, ClassVar
 
 from kernmlops.ebpf.btf import RecordLayout
 from kernmlops.ebpf.frames import records_to_frame
 from kernmlops.hooks.bpf import BpfHook
+from kernmlops.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import numpy as np
+    import polars as pl
+else:
+    np = lazy_import("numpy")
+    pl = lazy_import("polars")
+
 
 TABLE = "mm_rss_stat"
 

@@ -22,10 +22,8 @@ import difflib
 import re
 import time
 from collections.abc import Iterator
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-import numpy as np
-import polars as pl
 from pydantic import Field, field_validator
 
 from kernmlops.ebpf.perf_events import (
@@ -43,7 +41,16 @@ from kernmlops.ebpf.perf_events import (
 )
 from kernmlops.errors import HookUnavailable
 from kernmlops.hooks.base import HookContext, HookOptions, SampledHook
+from kernmlops.lazy import lazy_import
 from kernmlops.tables import UPTIME_TIMESTAMP
+
+if TYPE_CHECKING:
+    import numpy as np
+    import polars as pl
+else:
+    np = lazy_import("numpy")
+    pl = lazy_import("polars")
+
 
 TABLE = "perf_counters"
 
@@ -149,7 +156,7 @@ class PerfHook(SampledHook):
         self.opts: PerfHook.Options = options
         self._period_ns = max(1, round(1e9 / options.poll_hz))
         self._counters: CounterSet | None = None
-        self._rows: list[pl.DataFrame] = []
+        self._rows: list[tuple[int, np.ndarray]] = []
         #: event name -> why it is not counted (also in the status, for the manifest)
         self.unsupported: dict[str, str] = {}
 
@@ -202,24 +209,31 @@ class PerfHook(SampledHook):
 
     def _sample(self, now_ns: int) -> None:
         assert self._counters is not None
-        values = self._counters.read()  # [event, cpu, (count, enabled, running)]
-        cpus = self._counters.cpus
-        columns: dict[str, np.ndarray] = {
-            UPTIME_TIMESTAMP: np.full(len(cpus), now_ns // 1000, dtype=np.uint64),
-            "cpu": np.asarray(cpus, dtype=np.uint32),
-        }
-        for i, spec in enumerate(self._counters.events):
-            base = event_column(spec.name)
-            columns[spec.column] = values[i, :, 0]
-            columns[f"{base}_enabled_ns"] = values[i, :, 1]
-            columns[f"{base}_running_ns"] = values[i, :, 2]
-        self._rows.append(pl.DataFrame(columns))
-        self.status.events += len(cpus)
+        # [event, cpu, (count, enabled, running)]; the frame is built later, off this thread
+        self._rows.append((now_ns, self._counters.read()))
+        self.status.events += len(self._counters.cpus)
 
-    def _take(self) -> Iterator[tuple[str, pl.DataFrame]]:
-        if self._rows:
-            rows, self._rows = self._rows, []
-            yield TABLE, pl.concat(rows)
+    def _take(self) -> list[tuple[int, np.ndarray]]:
+        rows, self._rows = self._rows, []
+        return rows
+
+    def _frames(self, taken: list[tuple[int, np.ndarray]]) -> Iterator[tuple[str, pl.DataFrame]]:
+        if not taken or self._counters is None:
+            return
+        cpus = self._counters.cpus
+        frames = []
+        for now_ns, values in taken:
+            columns: dict[str, np.ndarray] = {
+                UPTIME_TIMESTAMP: np.full(len(cpus), now_ns // 1000, dtype=np.uint64),
+                "cpu": np.asarray(cpus, dtype=np.uint32),
+            }
+            for i, spec in enumerate(self._counters.events):
+                base = event_column(spec.name)
+                columns[spec.column] = values[i, :, 0]
+                columns[f"{base}_enabled_ns"] = values[i, :, 1]
+                columns[f"{base}_running_ns"] = values[i, :, 2]
+            frames.append(pl.DataFrame(columns))
+        yield TABLE, pl.concat(frames)
 
     def stop(self) -> Iterator[tuple[str, pl.DataFrame]]:
         # A last sample at stop, whatever the grid says: the final row closes
@@ -228,8 +242,8 @@ class PerfHook(SampledHook):
         with self._lock:
             if self._counters is not None:
                 self._sample(_now_ns())
-            rows = list(self._take())
-        yield from rows
+            taken = self._take()
+        yield from list(self._frames(taken))
         self.close()
 
     def close(self) -> None:

@@ -28,20 +28,28 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-import numpy as np
-import polars as pl
 from pydantic import Field
 
-from kernmlops.ebpf.btf import Btf, Kind, RecordLayout, record_layout
+from kernmlops.ebpf.btf import Kind, RecordLayout, record_layout
 from kernmlops.ebpf.build import object_path
 from kernmlops.ebpf.frames import records_to_frame
 from kernmlops.ebpf.objects import BpfObject, Link, open_and_load
+from kernmlops.ebpf.spec import object_spec
 from kernmlops.errors import HookUnavailable, KernmlopsError
 from kernmlops.hooks.base import HookContext, HookOptions
 from kernmlops.hooks.bpf import BpfHook
+from kernmlops.lazy import lazy_import
 from kernmlops.tables import UPTIME_TIMESTAMP
+
+if TYPE_CHECKING:
+    import numpy as np
+    import polars as pl
+else:
+    np = lazy_import("numpy")
+    pl = lazy_import("polars")
+
 
 TABLE = "process_metadata"
 RECORD = "process_metadata_record"
@@ -163,7 +171,7 @@ class ProcessMetadataHook(BpfHook):
             )
         flt = ctx.process_filter
         try:
-            btf = Btf.from_elf(path)
+            btf = object_spec(path).btf
             self._layout = record_layout(btf, btf.find(Kind.STRUCT, RECORD))
             self.obj = open_and_load(
                 path,

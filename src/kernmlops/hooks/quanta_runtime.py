@@ -9,12 +9,18 @@ the hot path; the record is split here into the two tables.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import ClassVar
-
-import numpy as np
-import polars as pl
+from typing import TYPE_CHECKING, ClassVar
 
 from kernmlops.hooks.bpf import BpfHook
+from kernmlops.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import numpy as np
+    import polars as pl
+else:
+    np = lazy_import("numpy")
+    pl = lazy_import("polars")
+
 
 #: table -> (columns of the switch record, in the table's order and names)
 _SPLIT = {

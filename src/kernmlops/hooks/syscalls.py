@@ -19,19 +19,27 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-import numpy as np
-import polars as pl
 from pydantic import Field
 
 from kernmlops.ebpf import libbpf
-from kernmlops.ebpf.btf import Btf, Kind, RecordLayout, record_layout
+from kernmlops.ebpf.btf import Kind, RecordLayout, record_layout
 from kernmlops.ebpf.build import object_path
+from kernmlops.ebpf.spec import object_spec
 from kernmlops.hooks.base import HookContext
 from kernmlops.hooks.bpf import BpfHook, BpfHookOptions
+from kernmlops.lazy import lazy_import
 from kernmlops.syscall_names import parse_unistd, syscall_headers, syscall_table
 from kernmlops.tables import UPTIME_TIMESTAMP
+
+if TYPE_CHECKING:
+    import numpy as np
+    import polars as pl
+else:
+    np = lazy_import("numpy")
+    pl = lazy_import("polars")
+
 
 __all__ = ["SyscallsHook", "parse_unistd", "syscall_headers", "syscall_table"]
 
@@ -89,7 +97,7 @@ class SyscallsHook(BpfHook):
 
     def start(self, ctx: HookContext) -> None:
         super().start(ctx)
-        btf = Btf.from_elf(object_path(self.object_name, ctx.bpf_dir))
+        btf = object_spec(object_path(self.object_name, ctx.bpf_dir)).btf
         self._key = record_layout(btf, btf.find(Kind.STRUCT, "syscall_key"))
         value = record_layout(btf, btf.find(Kind.STRUCT, "syscall_stats")).dtype
         # Per-CPU values come back one per possible CPU, each 8-byte aligned.

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import ClassVar
-
-import polars as pl
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from kernmlops.collect.sysinfo import system_info, system_info_frame
 from kernmlops.hooks.base import Hook, HookContext, HookOptions
+from kernmlops.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import polars as pl
+else:
+    pl = lazy_import("polars")
+
 
 TABLE = "system_info"
 
@@ -21,17 +26,17 @@ class SystemInfoHook(Hook):
 
     def __init__(self, options: HookOptions | None = None) -> None:
         super().__init__(options if options is not None else self.Options())
-        self._pending: pl.DataFrame | None = None
+        self._pending: dict[str, Any] | None = None
 
     def start(self, ctx: HookContext | None = None) -> None:
         # Read at start, not at the end: the facts describe the machine as the
         # collection began (THP mode, online CPUs, ... can change during it).
-        self._pending = system_info_frame(system_info())
+        self._pending = system_info()  # the frame (polars) is built after attach
         self.status.attached = True
         self.status.variant = "procfs"
 
     def poll(self) -> Iterator[tuple[str, pl.DataFrame]]:
         if self._pending is not None:
-            frame, self._pending = self._pending, None
+            info, self._pending = self._pending, None
             self.status.events += 1
-            yield TABLE, frame
+            yield TABLE, system_info_frame(info)

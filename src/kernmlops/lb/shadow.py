@@ -18,10 +18,11 @@ import numpy as np
 import polars as pl
 
 from kernmlops.ebpf import libbpf
-from kernmlops.ebpf.btf import Btf, Kind, record_layout
+from kernmlops.ebpf.btf import Kind, record_layout
 from kernmlops.ebpf.build import object_path
 from kernmlops.ebpf.libbpf import LibbpfError, ProgTestRunOpts, check_int, lib
 from kernmlops.ebpf.objects import open_and_load
+from kernmlops.ebpf.spec import object_spec
 from kernmlops.lb.features import FEATURE_INPUTS, LABEL, MIGRATION_COST_NS
 from kernmlops.lb.model import metrics
 
@@ -43,7 +44,7 @@ class KernelRun:
 
 def eval_layout(path: Path) -> np.dtype:
     """numpy dtype of struct lb_eval, from the object's BTF (C is the source of truth)."""
-    btf = Btf.from_elf(path)
+    btf = object_spec(path).btf
     return record_layout(btf, btf.find(Kind.STRUCT, "lb_eval")).dtype
 
 

@@ -1,0 +1,41 @@
+"""Heavy libraries (numpy, polars, pyarrow) imported on first use.
+
+A collection must attach its probes before it pays for the libraries that only
+decode and write rows: importing polars, pyarrow and numpy takes longer than
+loading and attaching every default program. A module that needs one writes::
+
+    if TYPE_CHECKING:
+        import polars as pl
+    else:
+        pl = lazy_import("polars")
+
+and uses ``pl`` as usual. The first attribute read imports the real module with
+a normal ``import`` (thread-safe under the import lock, unlike
+``importlib.util.LazyLoader`` on Python 3.11) and copies its names into the
+stand-in, so later reads cost what a module attribute costs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any
+
+__all__ = ["lazy_import"]
+
+
+class _LazyModule(ModuleType):
+    def __getattr__(self, attr: str) -> Any:
+        module = importlib.import_module(self.__name__)
+        # Public names only: the stand-in keeps its own dunders (and the real
+        # module's __getattr__, if any, is reached through getattr below).
+        self.__dict__.update((k, v) for k, v in vars(module).items() if not k.startswith("__"))
+        return getattr(module, attr)
+
+    def __repr__(self) -> str:
+        return f"<lazy module {self.__name__!r}>"
+
+
+def lazy_import(name: str) -> Any:
+    """A stand-in for module ``name`` that imports it on first attribute access."""
+    return _LazyModule(name)

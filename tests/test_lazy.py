@@ -1,0 +1,89 @@
+"""Heavy libraries wait for their first use: a collection attaches its probes
+before numpy, polars, pyarrow, pyelftools, PyYAML or rich are imported."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from kernmlops.lazy import lazy_import
+
+HEAVY = ("numpy", "polars", "pyarrow", "elftools", "yaml", "rich")
+
+
+def run_python(code: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def test_a_lazy_module_imports_on_first_attribute(tmp_path: Path) -> None:
+    (tmp_path / "kmo_lazy_probe.py").write_text("import time\nLOADED = time.time()\nX = 41\n")
+    code = """
+        import sys
+        from kernmlops.lazy import lazy_import
+        probe = lazy_import("kmo_lazy_probe")
+        before = "kmo_lazy_probe" in sys.modules
+        value = probe.X + 1
+        same = probe.LOADED == sys.modules["kmo_lazy_probe"].LOADED
+        print(before, "kmo_lazy_probe" in sys.modules, value, same)
+    """
+    out = run_python(code, cwd=tmp_path, env={"PYTHONPATH": f"{tmp_path}:{':'.join(sys.path)}"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True", "42", "True"]
+
+
+def test_threads_touching_a_lazy_module_at_once_run_it_once(tmp_path: Path) -> None:
+    # The module counts its executions in a file; eight threads race to use it.
+    count = tmp_path / "count"
+    count.write_text("0")
+    (tmp_path / "kmo_lazy_race.py").write_text(
+        "import pathlib, time\n"
+        f"p = pathlib.Path({str(count)!r})\n"
+        "p.write_text(str(int(p.read_text()) + 1))\n"
+        "time.sleep(0.2)  # a slow import widens the race\n"
+        "def f():\n    return 7\n"
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        mod = lazy_import("kmo_lazy_race")
+        results: list[int] = []
+        threads = [threading.Thread(target=lambda: results.append(mod.f())) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("kmo_lazy_race", None)
+    assert results == [7] * 8
+    assert count.read_text() == "1"
+
+
+def test_a_missing_attribute_is_an_attribute_error() -> None:
+    mod = lazy_import("json")
+    with pytest.raises(AttributeError):
+        _ = mod.no_such_name
+    assert mod.dumps({"a": 1}) == json.dumps({"a": 1})
+
+
+def test_the_command_line_and_the_collect_path_import_nothing_heavy() -> None:
+    code = f"""
+        import sys
+        import kernmlops.cli, kernmlops.config, kernmlops.collect.session
+        import kernmlops.hooks, kernmlops.benchmarks, kernmlops.ebpf.spec
+        print([m for m in {HEAVY!r} if m in sys.modules])
+    """
+    out = run_python(code)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
