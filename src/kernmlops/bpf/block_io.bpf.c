@@ -30,7 +30,8 @@ struct block_io_event {
 	bool issued; /* issue seen (a flush's parent request completes without) */
 	char comm[16];
 };
-KMO_RING(block_io_rb, block_io_event);
+/* Completions leave in per-CPU batches of 32 (one ring output per batch). */
+KMO_BATCHED_RING(block_io_rb, block_io_event);
 
 /* Slots of block_io_stats. */
 enum block_io_stat {
@@ -242,6 +243,7 @@ static __always_inline int on_complete(struct request *rq, u8 error, u32 nr_byte
 {
 	u64 now = bpf_ktime_get_ns(), key = (u64)rq;
 	struct rq_info *info = bpf_map_lookup_elem(&rq_start, &key);
+	struct block_io_event_batch *batch;
 	struct block_io_event *e;
 	u32 left;
 
@@ -259,7 +261,7 @@ static __always_inline int on_complete(struct request *rq, u8 error, u32 nr_byte
 	if (!info->issued)
 		snapshot(rq, info); /* e.g. a flush's parent, ended by the flush machinery */
 	if (info->wanted) {
-		e = KMO_RESERVE(block_io_rb, struct block_io_event, 0);
+		e = KMO_BATCH_SLOT(block_io_rb, batch);
 		if (e) {
 			e->ts_uptime_us = now / 1000;
 			e->sector = info->sector;
@@ -280,7 +282,7 @@ static __always_inline int on_complete(struct request *rq, u8 error, u32 nr_byte
 			e->segments = info->segments;
 			e->error = error;
 			__builtin_memcpy(e->comm, info->comm, sizeof(e->comm));
-			KMO_SUBMIT(e);
+			KMO_BATCH_PUSH(block_io_rb, batch, now, 0);
 		}
 	}
 	if (info->issued)
