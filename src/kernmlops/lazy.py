@@ -17,11 +17,13 @@ stand-in, so later reads cost what a module attribute costs.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import threading
 from types import ModuleType
 from typing import Any
 
-__all__ = ["lazy_import"]
+__all__ = ["lazy_import", "preload"]
 
 
 class _LazyModule(ModuleType):
@@ -39,3 +41,22 @@ class _LazyModule(ModuleType):
 def lazy_import(name: str) -> Any:
     """A stand-in for module ``name`` that imports it on first attribute access."""
     return _LazyModule(name)
+
+
+def preload(*names: str) -> threading.Event:
+    """Import ``names`` in a background thread; the event is set once they are in
+    (or failed: the error comes again at the first real use). A collection
+    starts this when its probes are attached and meanwhile only spills its
+    rings, so the import never stalls the draining."""
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            for name in names:
+                with contextlib.suppress(ImportError):
+                    importlib.import_module(name)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="kernmlops-preload", daemon=True).start()
+    return done

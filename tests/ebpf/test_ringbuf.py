@@ -395,3 +395,57 @@ def test_frame_with_array_columns():
         {"ts": 5, "hist": [1, 2, 3, 4], "state": "gone"},
         {"ts": 6, "hist": [0, 0, 65535, 9], "state": "idle"},
     ]
+
+
+# --- RingBuffer on a mapped file laid out as the kernel maps a ring ---------------
+class MappedRing(FakeRing):
+    """A FakeRing behind a file: page 0 the consumer position, page 1 the producer
+    position, then the data area twice (the kernel maps the same pages twice)."""
+
+    def __init__(self, size: int, start: int = 0) -> None:
+        import mmap
+        import os
+
+        super().__init__(size, start)
+        self.page = mmap.PAGESIZE
+        self.fd = os.memfd_create("kmo-test-ring")
+        os.ftruncate(self.fd, 2 * self.page + 2 * size)
+        self.sync()
+
+    def sync(self) -> None:
+        import os
+
+        os.pwrite(self.fd, np.uint64(self.cons).tobytes(), 0)
+        os.pwrite(self.fd, np.uint64(self.prod).tobytes(), self.page)
+        os.pwrite(self.fd, self.data.tobytes(), 2 * self.page)
+
+    def consumer(self) -> int:
+        import os
+
+        return int(np.frombuffer(os.pread(self.fd, 8, 0), "<u8")[0])
+
+
+def test_spill_stops_at_a_busy_record_and_drain_decodes_spilled_first() -> None:
+    from kernmlops.ebpf.ringbuf import RingBuffer
+
+    ring = MappedRing(4096, start=4096 - 48)  # the spilled run wraps around the end
+    want = events(10)
+    positions = ring.write_records(want[:6])
+    busy = ring.write(want[6].tobytes(), busy=True)
+    ring.write_records(want[7:])
+    ring.sync()
+    reader = RingBuffer(ring.fd, 4096)  # no record type yet: spilling needs none
+    try:
+        assert reader.spill(EVENT.itemsize) == 6
+        assert ring.consumer() == positions[0] + 6 * 24
+        assert reader.spill(EVENT.itemsize) == 0  # still busy
+        ring.cons = ring.consumer()
+        ring.commit(busy)
+        ring.sync()
+        reader.dtype = EVENT
+        got = reader.drain()
+        assert np.array_equal(got, want)
+        assert ring.consumer() == ring.prod
+        assert reader.records == 10 and not reader.spilled
+    finally:
+        reader.close()

@@ -71,3 +71,32 @@ def test_batch_ms_zero_drains_every_poll() -> None:
     finally:
         hook.close()
         flt.close()
+
+
+@pytest.mark.bpf
+def test_spilled_records_come_first_and_none_is_lost() -> None:
+    # While the decoding libraries load, the loop only spills: a ring past 1/4
+    # full is copied out as bytes. The next poll decodes those, then the ring.
+    from kernmlops.collect.filter import ProcessFilter
+    from kernmlops.hooks.process_trace import ProcessTraceHook
+
+    flt = ProcessFilter(follow_children=True)
+    # 16 KiB ring: spilled past 4 KiB, about 90 records of 40 bytes
+    hook = ProcessTraceHook(ProcessTraceHook.Options(ring_kib=16, batch_ms=10_000))
+    try:
+        hook.start(HookContext("t", process_filter=flt, self_tgid=os.getpid()))
+        reader, _ = hook._rings["process_trace"]
+        for _ in range(3):  # each run about 180 records (8.6 KiB): 1.6 rings' worth in all
+            _traced(flt, "for i in $(seq 60); do /bin/true; done")
+            assert reader.pending_bytes() >= reader.size // 4
+            hook.spill()
+            assert reader.pending_bytes() < reader.size // 4
+        assert hook.drops() == 0
+        _traced(flt, "/bin/true")  # and some left in the ring
+        assert reader.pending_bytes() > 0 and reader.spilled
+        frames = [f for _, f in hook.poll()]
+        assert not reader.spilled and reader.pending_bytes() == 0
+        assert _execs(frames, "true") == 181
+    finally:
+        hook.close()
+        flt.close()

@@ -19,6 +19,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -45,9 +46,12 @@ from kernmlops.errors import (
 )
 from kernmlops.hooks import get_hook
 from kernmlops.hooks.base import Hook, HookContext, HookStatus
+from kernmlops.lazy import preload
 from kernmlops.tables import Sink
 
 RESULT_TABLE = "benchmark_result"
+#: imported in the background once the probes are attached (see kernmlops.lazy)
+DECODING_LIBRARIES = ("numpy", "polars", "pyarrow", "pyarrow.parquet")
 #: the collector's OOM score adjustment while a benchmark runs: the kernel's OOM killer
 #: takes the benchmark (adjustment 0) long before the collector that records it
 COLLECTOR_OOM_SCORE_ADJ = -900
@@ -243,6 +247,9 @@ class Session:
                     strict=cfg.strict,
                 )
             attach_s = time.monotonic() - t0
+            # The libraries that decode and write rows come in the background from
+            # here on; until they are in, the loop only keeps the rings from filling.
+            libraries = preload(*DECODING_LIBRARIES)
             if self.on_attached:
                 self.on_attached({h.name: h.status for h in hooks})
             if self.manifest is not None:
@@ -254,7 +261,7 @@ class Session:
                 self._checkpoint(hooks)
             if proc:
                 proc.release()
-            ended_by, bench_exit = self._loop(hooks, sink, proc)
+            ended_by, bench_exit = self._loop(hooks, sink, proc, libraries)
         except BaseException as err:  # always flush and detach below
             errors.append(err)
             ended_by = "interrupted" if isinstance(err, KeyboardInterrupt) else "error"
@@ -355,7 +362,11 @@ class Session:
 
     # -- internals ----------------------------------------------------------
     def _loop(
-        self, hooks: list[Hook], sink: Sink, proc: GatedProcess | None
+        self,
+        hooks: list[Hook],
+        sink: Sink,
+        proc: GatedProcess | None,
+        libraries: threading.Event | None = None,
     ) -> tuple[str, int | None]:
         cfg = self.config.collector
         period = cfg.poll_interval_ms / 1000
@@ -365,8 +376,12 @@ class Session:
         next_progress = start
         while True:
             tick = time.monotonic()
-            for hook in hooks:
-                self._drain(hook, sink)
+            if libraries is not None and not libraries.is_set():
+                for hook in hooks:
+                    hook.spill()
+            else:
+                for hook in hooks:
+                    self._drain(hook, sink)
             if tick >= next_flush:
                 # Finish the open parts in the writer thread; the manifest says how far
                 # the collection got (parts finished by the previous flush).

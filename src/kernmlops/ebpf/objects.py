@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import struct
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -162,6 +163,14 @@ class Map:
         if lib.bpf_map_lookup_elem(self.fd, self._key(key), value) != 0:
             return None
         return value.raw
+
+    def percpu_total(self, key: int | bytes) -> int:
+        """The sum over CPUs of a per-CPU u64 counter (0 when the key is absent).
+        No numpy: drop counts are read before the decoding libraries are loaded."""
+        if self.value_size != 8:
+            raise ValueError(f"map {self.name}: {self.value_size}-byte values, not u64 counters")
+        raw = self.lookup(key)
+        return sum(v for (v,) in struct.iter_unpack("<Q", raw)) if raw is not None else 0
 
     def lookup_percpu(self, key: int | bytes, dtype: np.dtype | str = "<u8") -> np.ndarray:
         """One value per possible CPU (zeros when the key is absent)."""

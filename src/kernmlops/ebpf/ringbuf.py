@@ -13,6 +13,7 @@ wake-ups, no epoll, and no Python code per event.
 from __future__ import annotations
 
 import mmap
+import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -92,44 +93,101 @@ def decode(
 
 
 class RingBuffer:
-    """Consumer side of one BPF_MAP_TYPE_RINGBUF map."""
+    """Consumer side of one BPF_MAP_TYPE_RINGBUF map.
 
-    def __init__(self, map_fd: int, size: int, dtype: np.dtype, name: str = "") -> None:
+    Mapping the ring needs no numpy; its record type (``dtype``) may be given
+    later, before the first :meth:`drain`. Until then :meth:`spill` can move
+    committed records out of the ring as bytes, which the first drain decodes
+    ahead of the ring's own: a collection attaches its probes and keeps up with
+    the events while numpy and polars are still being imported.
+    """
+
+    def __init__(
+        self, map_fd: int, size: int, dtype: np.dtype | None = None, name: str = ""
+    ) -> None:
         if size <= 0 or size & (size - 1):
             raise ValueError(f"ring size {size} is not a power of two")
         self.name = name
         self.size = size
         self.dtype = dtype
         page = mmap.PAGESIZE
+        self._page = page
         self._cons_map = mmap.mmap(
             map_fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0
         )
         self._data_map = mmap.mmap(
             map_fd, page + 2 * size, mmap.MAP_SHARED, mmap.PROT_READ, offset=page
         )
-        self._cons = np.frombuffer(self._cons_map, dtype="<u8", count=1)
-        self._prod = np.frombuffer(self._data_map, dtype="<u8", count=1)
-        self._data = np.frombuffer(self._data_map, dtype=np.uint8, offset=page)
+        self._views: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._spilled: list[bytes] = []
         self.records = 0
         self.discarded = 0
 
+    def _positions(self) -> tuple[int, int]:
+        (cons,) = struct.unpack_from("<Q", self._cons_map, 0)
+        (prod,) = struct.unpack_from("<Q", self._data_map, 0)
+        return cons, prod
+
+    @property
+    def spilled(self) -> bool:
+        """Whether spilled records wait for the next drain."""
+        return bool(self._spilled)
+
     def pending_bytes(self) -> int:
-        return int(self._prod[0]) - int(self._cons[0])
+        cons, prod = self._positions()
+        return prod - cons
+
+    def spill(self, itemsize: int) -> int:
+        """Copy the committed records of ``itemsize`` bytes out of the ring (as bytes, for
+        the next :meth:`drain` to decode) and free their space; the records spilled.
+        Pure Python: it runs while numpy is not imported yet."""
+        cons, prod = self._positions()
+        stride = record_stride(itemsize)
+        n = (prod - cons) // stride
+        base = self._page + (cons & (self.size - 1))
+        for i in range(n):  # stop at the first record still being written
+            (header,) = struct.unpack_from("<I", self._data_map, base + i * stride)
+            if header & BUSY_BIT:
+                n = i
+                break
+        if n:
+            # The data area is mapped twice in a row: a wrapping run is contiguous.
+            self._spilled.append(self._data_map[base : base + n * stride])
+            struct.pack_into("<Q", self._cons_map, 0, cons + n * stride)
+        return n
 
     def drain(self, max_records: int | None = None) -> np.ndarray:
-        """Every committed record since the last drain (a copy), and free their space."""
-        cons = int(self._cons[0])
-        prod = int(self._prod[0])  # read once: later commits wait for the next drain
-        batch = decode(self._data, self.size, cons, prod, self.dtype, max_records)
+        """Every committed record since the last drain (a copy), spilled ones first,
+        and free their space."""
+        if self.dtype is None:
+            raise ValueError(f"ring {self.name or '?'}: no record type to decode with")
+        if self._views is None:
+            self._views = (
+                np.frombuffer(self._cons_map, dtype="<u8", count=1),
+                np.frombuffer(self._data_map, dtype="<u8", count=1),
+                np.frombuffer(self._data_map, dtype=np.uint8, offset=self._page),
+            )
+        cons_view, prod_view, data = self._views
+        parts = []
+        for chunk in self._spilled:
+            buf = np.frombuffer(chunk, dtype=np.uint8)
+            batch = decode(buf, self.size, 0, len(buf), self.dtype)
+            parts.append(batch.records)
+            self.discarded += batch.discarded
+        self._spilled.clear()
+        cons = int(cons_view[0])
+        prod = int(prod_view[0])  # read once: later commits wait for the next drain
+        batch = decode(data, self.size, cons, prod, self.dtype, max_records)
         if batch.consumed != cons:
-            self._cons[0] = batch.consumed
-        self.records += len(batch.records)
+            cons_view[0] = batch.consumed
         self.discarded += batch.discarded
-        return batch.records
+        records = np.concatenate([*parts, batch.records]) if parts else batch.records
+        self.records += len(records)
+        return records
 
     def close(self) -> None:
         # numpy views pin the mmaps; drop them first.
-        self._cons = self._prod = self._data = None  # type: ignore[assignment]
+        self._views = None
         self._cons_map.close()
         self._data_map.close()
 

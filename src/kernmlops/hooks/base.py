@@ -100,6 +100,10 @@ class Hook(ABC):
     def poll(self) -> Iterator[tuple[str, pl.DataFrame]]:
         """Yield (table, rows) collected since the last poll. Called every poll interval."""
 
+    def spill(self) -> None:
+        """Keep kernel buffers from overflowing without building rows (no numpy or
+        polars yet: they are being imported). Rows come at the next poll."""
+
     def stop(self) -> Iterator[tuple[str, pl.DataFrame]]:
         """Final rows, then detach and release every fd. Must be safe to call twice."""
         yield from self.poll()

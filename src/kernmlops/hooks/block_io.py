@@ -127,9 +127,9 @@ class BlockIoHook(BpfHook):
             return {}
         m = self.obj.map("block_io_stats")
         return {
-            "map_full": int(m.lookup_percpu(STAT_MAP_FULL).sum()),
-            "unknown_completions": int(m.lookup_percpu(STAT_UNKNOWN).sum()),
-            "requeued": int(m.lookup_percpu(STAT_REQUEUED).sum()),
+            "map_full": m.percpu_total(STAT_MAP_FULL),
+            "unknown_completions": m.percpu_total(STAT_UNKNOWN),
+            "requeued": m.percpu_total(STAT_REQUEUED),
         }
 
     def counters(self) -> dict[str, int]:

@@ -71,7 +71,8 @@ class BpfHook(Hook):
         self._detached = False
         self._staged_read: set[str] = set()
         self._spec: ObjectSpec | None = None
-        self._ring_size = 0
+        #: table -> (its ring, bytes of one ring record), mapped at start
+        self._rings: dict[str, tuple[RingBuffer, int]] = {}
 
     @classmethod
     def __init_subclass__(cls, **kwargs: object) -> None:
@@ -127,26 +128,38 @@ class BpfHook(Hook):
             )
             self.status.variant = self.obj.variant
             self.status.programs = [p.section for p in self.obj.programs.values() if p.autoload]
+            for table, ring in self.rings.items():
+                # One ring record's size (a batch's, for a batched ring): enough to
+                # spill before the layouts (numpy dtypes) exist.
+                record = spec.btf.ring_batch(ring) or spec.btf.ring_record(ring)
+                reader = RingBuffer(self.obj.map(ring).fd, size, name=ring)
+                self._rings[table] = (reader, record.size)
             self.attach(self.obj)
         except (KernmlopsError, OSError) as err:
             self.close()
             if isinstance(err, HookUnavailable):
                 raise
             raise HookUnavailable(f"{self.name}: {err}") from err
-        self._spec, self._ring_size = spec, size
+        self._spec = spec
         self._last_drain = dict.fromkeys(self.rings, time.monotonic())
         self.status.attached = True
 
+    def spill(self) -> None:
+        """Move what fills a ring out of it as bytes (no numpy): called while the
+        decoding libraries are being imported, so the rings never overflow."""
+        for reader, itemsize in self._rings.values():
+            if reader.pending_bytes() >= reader.size // 4:
+                reader.spill(itemsize)
+
     def readers(self) -> dict[str, tuple[RingBuffer, RecordLayout]]:
-        """table -> (ring reader, record layout), opened at the first drain: the
-        layouts are numpy dtypes, and numpy is not imported before the probes
-        of every hook are attached."""
-        if not self._readers and self.obj is not None and self._spec is not None:
+        """table -> (ring reader, record layout). The layouts are numpy dtypes, made
+        at the first drain: numpy is not imported before every probe is attached."""
+        if not self._readers and self._rings and self._spec is not None:
             layouts = self._spec.ring_layouts()
             for table, ring in self.rings.items():
                 layout = layouts[ring]
-                dtype = layout.batch if layout.batch is not None else layout.dtype
-                reader = RingBuffer(self.obj.map(ring).fd, self._ring_size, dtype)
+                reader, _ = self._rings[table]
+                reader.dtype = layout.batch if layout.batch is not None else layout.dtype
                 self._readers[table] = (reader, layout)
         return self._readers
 
@@ -155,7 +168,7 @@ class BpfHook(Hook):
         full, or not drained for ``batch_ms``. Per-batch costs (a frame, a
         write) then stay small at low event rates, and a busy ring is still
         drained every poll."""
-        if self._detached or reader.pending_bytes() >= reader.size // 16:
+        if self._detached or reader.spilled or reader.pending_bytes() >= reader.size // 16:
             return True
         batch_s = getattr(self.options, "batch_ms", 0) / 1000
         return now - self._last_drain.get(table, 0.0) >= batch_s
@@ -211,7 +224,7 @@ class BpfHook(Hook):
         if self.obj is None or "drops" not in self.obj.maps:
             return 0
         drops = self.obj.map("drops")
-        return int(sum(drops.lookup_percpu(slot).sum() for slot in range(len(self.rings))))
+        return sum(drops.percpu_total(slot) for slot in range(len(self.rings)))
 
     def missed(self) -> int:
         """Runs of this hook's programs that the kernel skipped (recursion guard)."""
@@ -229,8 +242,9 @@ class BpfHook(Hook):
             self.status.drops = self.drops()
             self.status.missed = self.missed()
             self.status.counters = self.counters()
-        for reader, _ in self._readers.values():
+        for reader, _ in self._rings.values():
             reader.close()
+        self._rings.clear()
         self._readers.clear()
         if self.obj is not None:
             self.obj.close()

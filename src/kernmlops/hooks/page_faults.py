@@ -44,4 +44,4 @@ class PageFaultsHook(BpfHook):
         """Faults of the traced tasks so far, sampled or not."""
         if self.obj is None:
             return 0
-        return int(self.obj.map("page_faults_seen").lookup_percpu(0).sum())
+        return self.obj.map("page_faults_seen").percpu_total(0)

@@ -198,7 +198,7 @@ class SyscallsHook(BpfHook):
         """Calls not counted because the map was full (drop slot 0)."""
         if self.obj is None or "drops" not in self.obj.maps:
             return 0
-        return int(self.obj.map("drops").lookup_percpu(0).sum())
+        return self.obj.map("drops").percpu_total(0)
 
 
 # BpfHook names the tables after the rings; this table comes from a map.
