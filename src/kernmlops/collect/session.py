@@ -247,9 +247,6 @@ class Session:
                     strict=cfg.strict,
                 )
             attach_s = time.monotonic() - t0
-            # The libraries that decode and write rows come in the background from
-            # here on; until they are in, the loop only keeps the rings from filling.
-            libraries = preload(*DECODING_LIBRARIES)
             if self.on_attached:
                 self.on_attached({h.name: h.status for h in hooks})
             if self.manifest is not None:
@@ -261,6 +258,10 @@ class Session:
                 self._checkpoint(hooks)
             if proc:
                 proc.release()
+            # The libraries that decode and write rows come in the background from here
+            # on (not sooner: their import would hold up the lines above); until they
+            # are in, the loop only keeps the rings from filling.
+            libraries = preload(*DECODING_LIBRARIES)
             ended_by, bench_exit = self._loop(hooks, sink, proc, libraries)
         except BaseException as err:  # always flush and detach below
             errors.append(err)
