@@ -51,7 +51,7 @@ def test_defaults_validate():
     assert cfg.collector.poll_interval_ms == 10
     assert cfg.benchmark.name == "stress-ng"
     assert cfg.hook_options("quanta_runtime").ring_kib == 8192
-    assert cfg.hook_options("process_trace").ring_kib == 8192
+    assert cfg.hook_options("process_trace").ring_kib == 1024
     # "stress-ng" lives under the key stress_ng
     assert cfg.benchmark_options() is cfg.benchmark.stress_ng
     assert cfg.benchmark_options("stress-ng").duration_s == 10
@@ -177,7 +177,7 @@ def test_poll_interval_zero():
 def test_ring_kib_power_of_two_is_fine(kib):
     cfg = load_config({"hooks": {"quanta_runtime": {"ring_kib": kib}}})
     assert cfg.hook_options("quanta_runtime").ring_kib == kib
-    assert cfg.hook_options("process_trace").ring_kib == 8192
+    assert cfg.hook_options("process_trace").ring_kib == 1024
 
 
 def test_ring_kib_not_a_power_of_two():
@@ -302,7 +302,7 @@ def test_file_beats_defaults(tmp_path):
     assert cfg.benchmark.name == "faux"
     # untouched keys keep their defaults
     assert cfg.collector.flush_interval_s == 5.0
-    assert cfg.hook_options("process_trace").ring_kib == 8192
+    assert cfg.hook_options("process_trace").ring_kib == 1024
 
 
 def test_flags_beat_the_file(tmp_path):

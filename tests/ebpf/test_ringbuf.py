@@ -449,3 +449,27 @@ def test_spill_stops_at_a_busy_record_and_drain_decodes_spilled_first() -> None:
         assert reader.records == 10 and not reader.spilled
     finally:
         reader.close()
+
+
+def test_drain_joins_a_batch_that_wraps_the_end_of_the_ring() -> None:
+    # The data area is mapped once: a run that crosses the end comes in two pieces.
+    from kernmlops.ebpf.ringbuf import RingBuffer
+
+    ring = MappedRing(4096, start=3 * 4096 - 40)  # the 2nd record straddles the end
+    want = events(50)
+    ring.write_records(want)
+    ring.sync()
+    reader = RingBuffer(ring.fd, 4096, EVENT)
+    try:
+        first = reader.drain(max_records=20)
+        assert np.array_equal(first, want[:20])
+        assert ring.consumer() == 3 * 4096 - 40 + 20 * 24
+        assert np.array_equal(reader.drain(), want[20:])
+        assert ring.consumer() == ring.prod
+        ring.cons = ring.prod
+        more = events(5, first=50)
+        ring.write_records(more)  # now wholly past the end: no join
+        ring.sync()
+        assert np.array_equal(reader.drain(), more)
+    finally:
+        reader.close()

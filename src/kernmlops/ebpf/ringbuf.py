@@ -1,8 +1,10 @@
 """BPF ring buffer consumer: map the ring, decode whole batches with numpy.
 
 Layout (kernel/bpf/ringbuf.c): page 0 holds the consumer position (mapped
-read-write), page 1 the producer position, then the data area mapped twice in
-a row, so a batch that wraps is contiguous. Each record has an 8-byte header:
+read-write), page 1 the producer position, then the data area, which the kernel
+lets user space map twice in a row so that a batch that wraps is contiguous.
+We map it once (a second mapping counts the whole ring again in the collector's
+RSS) and join the two pieces of the rare wrapping batch. Each record has an 8-byte header:
 length in the low 30 bits, bit 31 = busy (reserved, not committed yet), bit
 30 = discarded; records are 8-byte aligned.
 
@@ -116,7 +118,7 @@ class RingBuffer:
             map_fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0
         )
         self._data_map = mmap.mmap(
-            map_fd, page + 2 * size, mmap.MAP_SHARED, mmap.PROT_READ, offset=page
+            map_fd, page + size, mmap.MAP_SHARED, mmap.PROT_READ, offset=page
         )
         self._views: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._spilled: list[bytes] = []
@@ -144,17 +146,25 @@ class RingBuffer:
         cons, prod = self._positions()
         stride = record_stride(itemsize)
         n = (prod - cons) // stride
-        base = self._page + (cons & (self.size - 1))
+        mask = self.size - 1
         for i in range(n):  # stop at the first record still being written
-            (header,) = struct.unpack_from("<I", self._data_map, base + i * stride)
+            at = self._page + ((cons + i * stride) & mask)  # a header never straddles the end
+            (header,) = struct.unpack_from("<I", self._data_map, at)
             if header & BUSY_BIT:
                 n = i
                 break
         if n:
-            # The data area is mapped twice in a row: a wrapping run is contiguous.
-            self._spilled.append(self._data_map[base : base + n * stride])
+            self._spilled.append(self._bytes(cons, n * stride))
             struct.pack_into("<Q", self._cons_map, 0, cons + n * stride)
         return n
+
+    def _bytes(self, pos: int, length: int) -> bytes:
+        """``length`` bytes of the data area from ring position ``pos`` (wrapping)."""
+        start = self._page + (pos & (self.size - 1))
+        end = self._page + self.size
+        if start + length <= end:
+            return self._data_map[start : start + length]
+        return self._data_map[start:end] + self._data_map[self._page : start + length - self.size]
 
     def drain(self, max_records: int | None = None) -> np.ndarray:
         """Every committed record since the last drain (a copy), spilled ones first,
@@ -177,7 +187,14 @@ class RingBuffer:
         self._spilled.clear()
         cons = int(cons_view[0])
         prod = int(prod_view[0])  # read once: later commits wait for the next drain
-        batch = decode(data, self.size, cons, prod, self.dtype, max_records)
+        start = cons & (self.size - 1)
+        if start + (prod - cons) > self.size:
+            # A run that wraps: its two pieces joined (the data area is mapped once).
+            joined = np.frombuffer(self._bytes(cons, prod - cons), dtype=np.uint8)
+            batch = decode(joined, self.size, 0, prod - cons, self.dtype, max_records)
+            batch.consumed += cons
+        else:
+            batch = decode(data, self.size, cons, prod, self.dtype, max_records)
         if batch.consumed != cons:
             cons_view[0] = batch.consumed
         self.discarded += batch.discarded
