@@ -52,6 +52,9 @@ from kernmlops.tables import Sink
 RESULT_TABLE = "benchmark_result"
 #: imported in the background once the probes are attached (see kernmlops.lazy)
 DECODING_LIBRARIES = ("numpy", "polars", "pyarrow", "pyarrow.parquet")
+#: ring records held in memory while the sink is behind; past it the loop blocks on the
+#: sink again and a long stall overflows the rings (counted as drops)
+MAX_SPILLED_BYTES = 256 << 20
 #: the collector's OOM score adjustment while a benchmark runs: the kernel's OOM killer
 #: takes the benchmark (adjustment 0) long before the collector that records it
 COLLECTOR_OOM_SCORE_ADJ = -900
@@ -377,7 +380,11 @@ class Session:
         next_progress = start
         while True:
             tick = time.monotonic()
-            if libraries is not None and not libraries.is_set():
+            loading = libraries is not None and not libraries.is_set()
+            behind = isinstance(sink, ThreadedSink) and sink.behind
+            if (loading or behind) and (sum(h.spilled_bytes() for h in hooks) < MAX_SPILLED_BYTES):
+                # Rows cannot be built (libraries loading) or handed over (the sink's
+                # queue is full) without stalling: keep the rings from overflowing.
                 for hook in hooks:
                     hook.spill()
             else:

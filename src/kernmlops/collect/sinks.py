@@ -609,6 +609,12 @@ class ThreadedSink:
     def queued_bytes(self) -> int:
         return self._queued_bytes
 
+    @property
+    def behind(self) -> bool:
+        """Whether a write soon could block: the queue is half way to its bound (the writer is
+        stalled, e.g. in an fsync of a slow disk, or starved of CPU)."""
+        return self._queued_bytes >= self.max_queued_bytes // 2
+
     def flush(self, *, durable: bool = False, wait: bool | None = None) -> None:
         """Queue a flush after what is queued; ``durable`` finishes the open parts.
 

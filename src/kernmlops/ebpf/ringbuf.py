@@ -135,6 +135,10 @@ class RingBuffer:
         """Whether spilled records wait for the next drain."""
         return bool(self._spilled)
 
+    @property
+    def spilled_bytes(self) -> int:
+        return sum(len(chunk) for chunk in self._spilled)
+
     def pending_bytes(self) -> int:
         cons, prod = self._positions()
         return prod - cons

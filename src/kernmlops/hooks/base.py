@@ -101,8 +101,13 @@ class Hook(ABC):
         """Yield (table, rows) collected since the last poll. Called every poll interval."""
 
     def spill(self) -> None:
-        """Keep kernel buffers from overflowing without building rows (no numpy or
-        polars yet: they are being imported). Rows come at the next poll."""
+        """Keep kernel buffers from overflowing without building rows: while numpy
+        and polars are being imported, or while the sink is behind. Rows come at
+        the next poll."""
+
+    def spilled_bytes(self) -> int:
+        """Bytes :meth:`spill` holds in memory for the next poll."""
+        return 0
 
     def stop(self) -> Iterator[tuple[str, pl.DataFrame]]:
         """Final rows, then detach and release every fd. Must be safe to call twice."""

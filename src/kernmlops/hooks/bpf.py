@@ -151,6 +151,9 @@ class BpfHook(Hook):
             if reader.pending_bytes() >= reader.size // 4:
                 reader.spill(itemsize)
 
+    def spilled_bytes(self) -> int:
+        return sum(reader.spilled_bytes for reader, _ in self._rings.values())
+
     def readers(self) -> dict[str, tuple[RingBuffer, RecordLayout]]:
         """table -> (ring reader, record layout). The layouts are numpy dtypes, made
         at the first drain: numpy is not imported before every probe is attached."""
