@@ -148,7 +148,7 @@ PHASES = (
     ("Session._loop (1 s)", "collect/session.py", "_loop"),
     ("ParquetSink.close", "collect/sinks.py", "close"),
     ("_write_manifest", "collect/session.py", "_write_manifest"),
-    ("system_info", "collect/sysinfo.py", "system_info"),
+    ("system_info", "host/sysinfo.py", "system_info"),
 )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from rich.console import Console
@@ -9,6 +10,7 @@ from rich.table import Table
 
 from kernmlops.ebpf.build import BuildError, build
 from kernmlops.ebpf.probe import Feature, needs_met, probe_all, tool_versions
+from kernmlops.ebpf.variants import HookVariants, object_variants
 from kernmlops.hooks import REGISTRY
 
 PARANOID = Path("/proc/sys/kernel/perf_event_paranoid")
@@ -70,8 +72,6 @@ def run_doctor(console: Console) -> int:
         hooks.add_row(name, "[green]yes[/]" if ok else "[red]no[/]", why or ", ".join(cls.needs))
     console.print(hooks)
 
-    from kernmlops.ebpf.variants import hook_variants
-
     variants = Table(title="program variants (the first that loads is used)", title_justify="left")
     variants.add_column("hook")
     variants.add_column("variant")
@@ -94,3 +94,20 @@ def run_doctor(console: Console) -> int:
             notes.append("run `sudo kernmlops doctor` for the full matrix")
         console.print("; ".join(notes), markup=False, highlight=False, soft_wrap=True)
     return 0 if runnable else 1
+
+
+def hook_variants(
+    features: Mapping[str, Feature] | None = None, bpf_dir: Path | None = None
+) -> list[HookVariants]:
+    """For every registered BPF hook, its object's program kinds and which would
+    load on this machine (features: probe_all()'s, probed if not given). It lives
+    here, not in ebpf/: the kernel side of the package knows no hooks."""
+    from kernmlops.hooks.bpf import BpfHook
+
+    if features is None:
+        features = probe_all(bpf_dir)
+    return [
+        object_variants(name, cls.object_name, features, bpf_dir)
+        for name, cls in REGISTRY.items()
+        if issubclass(cls, BpfHook)
+    ]

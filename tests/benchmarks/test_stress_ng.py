@@ -20,8 +20,8 @@ from kernmlops.benchmarks.stress_ng import (
     numa_nodes,
     parse_metrics_yaml,
 )
-from kernmlops.collect.sysinfo import online_cpu_count
 from kernmlops.errors import BenchmarkError
+from kernmlops.host.cpus import online_cpu_count
 from tests.benchmarks.collect_util import collect, execs, results
 from tests.conftest import needs_tools
 

@@ -111,7 +111,9 @@ def test_selection_matches_what_the_kernel_loads() -> None:
     from kernmlops.hooks.bpf import BpfHook
 
     build()
-    found = variants.hook_variants()
+    from kernmlops.doctor import hook_variants
+
+    found = hook_variants()
     assert {h.hook for h in found} == {n for n, c in REGISTRY.items() if issubclass(c, BpfHook)}
     for hv in found:
         assert hv.error is None, hv

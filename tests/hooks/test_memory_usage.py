@@ -10,7 +10,8 @@ import pytest
 from pydantic import ValidationError
 
 from kernmlops.hooks.base import HookOptions
-from kernmlops.hooks.memory_usage import MemoryUsageHook, meminfo_column, parse_meminfo
+from kernmlops.hooks.memory_usage import MemoryUsageHook
+from kernmlops.host.meminfo import meminfo_column, parse_meminfo
 from kernmlops.tables import UPTIME_TIMESTAMP
 
 SAMPLE = """\

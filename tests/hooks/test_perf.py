@@ -18,9 +18,11 @@ import polars as pl
 import pytest
 from pydantic import ValidationError
 
+from kernmlops.counters import event_column, scaled
 from kernmlops.ebpf import perf_events
-from kernmlops.ebpf.perf_events import EventSpec, encode_terms, event_column, resolve
-from kernmlops.hooks.perf import DEFAULT_EVENTS, SOFTWARE_EVENTS, PerfHook, scaled
+from kernmlops.ebpf.perf_events import EventSpec, encode_terms, resolve
+from kernmlops.hooks.perf import DEFAULT_EVENTS, SOFTWARE_EVENTS, PerfHook
+from kernmlops.host.cpus import online_cpus
 from kernmlops.tables import UPTIME_TIMESTAMP
 
 WORKLOAD_CPU = 0
@@ -286,10 +288,10 @@ def test_clocks_count_the_wall_time_of_each_cpu() -> None:
     frames += [f for _, f in hook.stop()]
     frame = pl.concat(frames)
     cpus = sorted(os.sched_getaffinity(0))
-    assert sorted(frame["cpu"].unique().to_list()) == perf_events.online_cpus()
+    assert sorted(frame["cpu"].unique().to_list()) == online_cpus()
     # ~50 Hz for 0.3 s, plus the rows at start and at stop
     assert 10 <= frame.filter(pl.col("cpu") == cpus[0]).height <= 20
-    for cpu in perf_events.online_cpus():
+    for cpu in online_cpus():
         rows = frame.filter(pl.col("cpu") == cpu).sort(UPTIME_TIMESTAMP)
         wall_ns = (int(rows[UPTIME_TIMESTAMP][-1]) - int(rows[UPTIME_TIMESTAMP][0])) * 1000
         enabled = _delta(frame, "cpu_clock_enabled_ns", cpu)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 
-from kernmlops.collect.sysinfo import column_types
 from kernmlops.hooks.base import HookContext
 from kernmlops.hooks.system_info import SystemInfoHook
+from kernmlops.host.sysinfo import column_types
 
 
 def test_yields_one_row_once() -> None:

@@ -25,8 +25,8 @@ from kernmlops.benchmarks.base import (
     Launch,
     result_frame,
 )
-from kernmlops.collect.sysinfo import format_cpu_list, online_cpu_count, parse_cpu_list
 from kernmlops.errors import BenchmarkError
+from kernmlops.host.cpus import format_cpu_list, online_cpu_count, read_cpu_list
 from kernmlops.lazy import lazy_import
 
 if TYPE_CHECKING:
@@ -65,21 +65,14 @@ _METRICS = {
 }
 
 
-def _cpus(path: Path) -> list[int]:
-    try:
-        return parse_cpu_list(path.read_text()) or []
-    except OSError:
-        return []
-
-
 def numa_nodes(root: Path | None = None) -> dict[int, list[int]]:
     """{node: its online CPUs} for nodes that have CPUs; one node of all
     online CPUs where sysfs has no NUMA information."""
     root = root or NODE_ROOT
-    online = set(_cpus(CPU_ONLINE))
+    online = set(read_cpu_list(CPU_ONLINE))
     nodes: dict[int, list[int]] = {}
     for path in sorted(root.glob("node[0-9]*"), key=lambda p: int(p.name[4:])):
-        cpus = [c for c in _cpus(path / "cpulist") if not online or c in online]
+        cpus = [c for c in read_cpu_list(path / "cpulist") if not online or c in online]
         if cpus:  # memory-only nodes (CXL, PMEM) run nothing
             nodes[int(path.name[4:])] = cpus
     if not nodes:

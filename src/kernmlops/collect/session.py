@@ -36,7 +36,6 @@ from kernmlops.collect.manifest import BenchmarkRecord, HookRecord, Manifest, wr
 from kernmlops.collect.output import prepare_output, release_reserve
 from kernmlops.collect.process import GatedProcess, exit_status
 from kernmlops.collect.sinks import ParquetSink, ThreadedSink, free_bytes, human_bytes, is_disk_full
-from kernmlops.collect.sysinfo import system_info
 from kernmlops.config import Config
 from kernmlops.errors import (
     CollectionError,
@@ -46,6 +45,7 @@ from kernmlops.errors import (
 )
 from kernmlops.hooks import get_hook
 from kernmlops.hooks.base import Hook, HookContext, HookStatus
+from kernmlops.host.sysinfo import system_info
 from kernmlops.lazy import preload
 from kernmlops.tables import Sink
 

@@ -19,6 +19,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kernmlops.counters import event_column
 from kernmlops.ebpf.perf import (
     PERF_FLAG_FD_CLOEXEC,
     PERF_TYPE_HARDWARE,
@@ -45,7 +46,6 @@ READ_SIZE = 24
 
 PMU_DIR = Path("/sys/bus/event_source/devices")
 TRACEFS_EVENTS = (Path("/sys/kernel/tracing/events"), Path("/sys/kernel/debug/tracing/events"))
-ONLINE_CPUS = Path("/sys/devices/system/cpu/online")
 
 _NR_PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241, "riscv64": 241}
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -136,11 +136,6 @@ class EventSpec:
         """Table column of the event's count: snake case, _ns for time events."""
         base = event_column(self.name)
         return f"{base}_ns" if self.name in NS_EVENTS else base
-
-
-def event_column(name: str) -> str:
-    """``dTLB-load-misses`` -> ``dtlb_load_misses``; ``tlb:tlb_flush`` -> ``tlb_tlb_flush``."""
-    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
 
 
 # --- generic events ---------------------------------------------------------
@@ -403,19 +398,6 @@ def probe(spec: EventSpec, cpu: int = 0) -> str | None:
     except PerfEventError as err:
         return errno_reason(err.errno) if err.errno else str(err)
     return None
-
-
-def online_cpus() -> list[int]:
-    """CPU numbers in /sys/devices/system/cpu/online (``0-3,6``)."""
-    try:
-        text = ONLINE_CPUS.read_text().strip()
-    except OSError:
-        return list(range(os.cpu_count() or 1))
-    cpus: list[int] = []
-    for part in filter(None, text.split(",")):
-        lo, _, hi = part.partition("-")
-        cpus.extend(range(int(lo), int(hi or lo) + 1))
-    return cpus
 
 
 class CounterSet:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from kernmlops.ebpf.btf import Kind, kernel_type
 from kernmlops.ebpf.build import object_path
-from kernmlops.ebpf.probe import TRACEFS, Feature, probe_all
+from kernmlops.ebpf.probe import TRACEFS, Feature
 
 #: Section-name prefix -> program kind, longest prefixes first.
 SECTION_KINDS: tuple[tuple[str, str], ...] = (
@@ -176,20 +176,3 @@ def object_variants(
         )
     )
     return HookVariants(hook, object_name, rows, selected)
-
-
-def hook_variants(
-    features: Mapping[str, Feature] | None = None, bpf_dir: Path | None = None
-) -> list[HookVariants]:
-    """For every registered BPF hook, its object's program kinds and which
-    would load on this machine (features: probe_all()'s, probed if not given)."""
-    from kernmlops.hooks import REGISTRY
-    from kernmlops.hooks.bpf import BpfHook
-
-    if features is None:
-        features = probe_all(bpf_dir)
-    return [
-        object_variants(name, cls.object_name, features, bpf_dir)
-        for name, cls in REGISTRY.items()
-        if issubclass(cls, BpfHook)
-    ]

@@ -1,7 +1,7 @@
 """Graphs of perf_counters: each event's rate and its cumulative count, summed over
 CPUs (the counters are per CPU and system-wide).
 
-Counts are scaled by enabled/running time first (kernmlops.hooks.perf.scaled), so a
+Counts are scaled by enabled/running time first (kernmlops.counters.scaled), so a
 multiplexed hardware counter is estimated over the whole interval.
 """
 
@@ -12,9 +12,8 @@ from typing import TYPE_CHECKING, ClassVar
 
 import polars as pl
 
-from kernmlops.ebpf.perf_events import event_column
+from kernmlops.counters import event_column, scaled
 from kernmlops.graphs.base import US_PER_S, Graph, GraphData, NoData, TableView
-from kernmlops.hooks.perf import scaled
 from kernmlops.tables import UPTIME_TIMESTAMP
 
 if TYPE_CHECKING:

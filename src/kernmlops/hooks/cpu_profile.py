@@ -34,9 +34,9 @@ from kernmlops.ebpf.btf import RecordLayout
 from kernmlops.ebpf.frames import records_to_frame
 from kernmlops.ebpf.objects import BpfObject
 from kernmlops.ebpf.perf import PERF_TYPE_SOFTWARE, SW_CPU_CLOCK, perf_event_open
-from kernmlops.ebpf.perf_events import online_cpus
 from kernmlops.hooks.base import HookOptions
 from kernmlops.hooks.bpf import BpfHook, BpfHookOptions
+from kernmlops.host.cpus import online_cpus
 from kernmlops.lazy import lazy_import
 
 if TYPE_CHECKING:

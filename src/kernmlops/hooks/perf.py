@@ -36,11 +36,11 @@ from kernmlops.ebpf.perf_events import (
     PerfEventError,
     cache_events,
     event_column,
-    online_cpus,
     resolve,
 )
 from kernmlops.errors import HookUnavailable
 from kernmlops.hooks.base import HookContext, HookOptions, SampledHook
+from kernmlops.host.cpus import online_cpus
 from kernmlops.lazy import lazy_import
 from kernmlops.tables import UPTIME_TIMESTAMP
 
@@ -94,27 +94,6 @@ def check_event_name(name: str) -> str:
         f"unknown perf event {name!r}{hint} (names as `kernmlops perf-list` prints them: "
         "cycles, dTLB-load-misses, subsystem:tracepoint, pmu/event/)"
     )
-
-
-def scaled(frame: pl.DataFrame) -> pl.DataFrame:
-    """Add ``<count>_scaled`` (count * enabled / running) for each event column:
-    the estimate of the full count when the kernel multiplexed the counter."""
-    exprs = []
-    for col in frame.columns:
-        base = col.removesuffix("_enabled_ns")
-        if base == col:
-            continue
-        count = next((c for c in (base, f"{base}_ns") if c in frame.columns), None)
-        if count is None:
-            continue
-        running = pl.col(f"{base}_running_ns")
-        exprs.append(
-            pl.when(running > 0)
-            .then(pl.col(count) * pl.col(col) / running)
-            .otherwise(None)
-            .alias(f"{count}_scaled")
-        )
-    return frame.with_columns(exprs)
 
 
 def _now_ns() -> int:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from kernmlops.collect.sysinfo import system_info, system_info_frame
 from kernmlops.hooks.base import Hook, HookContext, HookOptions
+from kernmlops.host.sysinfo import system_info, system_info_frame
 from kernmlops.lazy import lazy_import
 
 if TYPE_CHECKING:

@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import polars as pl
 
-from kernmlops.collect.sysinfo import parse_cpu_list
 from kernmlops.ebpf.btf import RecordLayout
 from kernmlops.ebpf.frames import records_to_frame
 from kernmlops.errors import HookUnavailable
 from kernmlops.hooks.base import HookContext
 from kernmlops.hooks.bpf import BpfHook, BpfHookOptions
+from kernmlops.host.cpus import parse_cpu_list
 from kernmlops.lb.dataset import from_kprobe_records
 from kernmlops.lb.features import MIGRATION_COST_NS
 

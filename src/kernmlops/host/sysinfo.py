@@ -13,6 +13,8 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kernmlops.host.cpus import format_cpu_list, parse_cpu_list
+from kernmlops.host.meminfo import parse_meminfo
 from kernmlops.lazy import lazy_import
 
 if TYPE_CHECKING:
@@ -107,44 +109,6 @@ def _int(text: str | None) -> int | None:
         return None
 
 
-def parse_cpu_list(text: str | None) -> list[int] | None:
-    """Kernel CPU list ("0-3,8,10-11") → [0, 1, 2, 3, 8, 10, 11]; None if unreadable."""
-    if text is None:
-        return None
-    cpus: list[int] = []
-    try:
-        for part in text.strip().split(","):
-            if not part:
-                continue
-            lo, _, hi = part.partition("-")
-            cpus.extend(range(int(lo), int(hi or lo) + 1))
-    except ValueError:
-        return None
-    return cpus
-
-
-def format_cpu_list(cpus: list[int]) -> str:
-    """[0, 1, 2, 3, 8] → "0-3,8", the kernel's own notation."""
-    parts: list[str] = []
-    ordered = sorted(set(cpus))
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ",".join(parts)
-
-
-def online_cpu_count() -> int:
-    """CPUs online now (what a workload can be spread over)."""
-    online = parse_cpu_list(_read(SYS_CPU / "online"))
-    if online:
-        return len(online)
-    return os.cpu_count() or 1
-
-
 def _size_bytes(text: str | None) -> int | None:
     """Sysfs cache size ("48K", "2048K", "32M") → bytes."""
     if not text:
@@ -171,9 +135,6 @@ def _cpuinfo_first_block() -> dict[str, str]:
 
 
 def _meminfo() -> dict[str, int]:
-    # Local import: hooks import this module, and the parser lives with its hook.
-    from kernmlops.hooks.memory_usage import parse_meminfo
-
     return parse_meminfo(_read(PROC / "meminfo") or "")
 
 

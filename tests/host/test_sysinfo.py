@@ -16,15 +16,9 @@ from typing import Any
 import psutil
 import pytest
 
-from kernmlops.collect import sysinfo
-from kernmlops.collect.sysinfo import (
-    column_types,
-    format_cpu_list,
-    online_cpu_count,
-    parse_cpu_list,
-    system_info,
-    system_info_frame,
-)
+from kernmlops.host import sysinfo
+from kernmlops.host.cpus import format_cpu_list, online_cpu_count, parse_cpu_list
+from kernmlops.host.sysinfo import column_types, system_info, system_info_frame
 
 
 @pytest.fixture(scope="module")
