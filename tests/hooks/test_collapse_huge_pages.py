@@ -196,3 +196,15 @@ def test_ranges_exact_and_collapses_match_smaps(workload: Path, syscall_tracepoi
     isolated = events.filter((pl.col("kind") == "isolate") & (pl.col("result") == "succeed"))
     assert isolated.height >= done.height
     assert isolated["mm"].to_list() == [events["mm"][0]] * isolated.height
+
+
+def test_unreadable_tracefs_means_no_syscall_tracepoints(monkeypatch: pytest.MonkeyPatch) -> None:
+    # tracefs is root's only (mode 700): a user's `kernmlops doctor` must not crash on it
+    from kernmlops.hooks import collapse_huge_pages as chp
+
+    def refuse(self: Path) -> bool:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    assert chp.syscall_tracepoints_exist()  # this kernel has them (root here)
+    monkeypatch.setattr(Path, "is_dir", refuse)
+    assert chp.syscall_tracepoints_exist() is False

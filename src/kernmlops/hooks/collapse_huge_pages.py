@@ -50,8 +50,12 @@ RAW_SYSCALLS_PROGRAMS = frozenset({"madvise_munmap_btf", "madvise_munmap_raw"})
 
 
 def syscall_tracepoints_exist() -> bool:
-    """Whether this kernel has syscalls/sys_enter_madvise and _munmap."""
-    return all((TRACEFS / "events/syscalls" / f"sys_enter_{s}").is_dir() for s in SYSCALLS)
+    """Whether this kernel has syscalls/sys_enter_madvise and _munmap (False where
+    tracefs cannot be read: a user who is not root, e.g. `kernmlops doctor`)."""
+    try:
+        return all((TRACEFS / "events/syscalls" / f"sys_enter_{s}").is_dir() for s in SYSCALLS)
+    except PermissionError:
+        return False
 
 
 def syscall_numbers() -> dict[str, int]:
