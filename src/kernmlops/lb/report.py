@@ -3,12 +3,13 @@ rule, a model and shadow mode agree with them."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
+from kernmlops.collect.manifest import MANIFEST_NAME, read_manifest
+from kernmlops.errors import CollectionError
 from kernmlops.lb.dataset import load_decisions
 from kernmlops.lb.features import LABEL, MIGRATION_COST_NS, float_features, rule_decision
 from kernmlops.lb.model import Model, metrics
@@ -16,16 +17,19 @@ from kernmlops.lb.pipeline import prepare
 
 
 def _manifests(paths: list[Path]) -> dict[str, dict[str, Any]]:
-    """collection_id -> its manifest's lb section, for every collection found."""
+    """collection_id -> its manifest's lb section, for every collection found (read
+    through the typed manifest; a folder whose manifest does not check is skipped:
+    its decisions are still reported, without the shadow columns)."""
     out: dict[str, dict[str, Any]] = {}
     for p in paths:
-        for manifest in [p / "manifest.json", *p.glob("**/collection_id=*/manifest.json")]:
+        for manifest in [p / MANIFEST_NAME, *p.glob(f"**/collection_id=*/{MANIFEST_NAME}")]:
             if manifest.is_file():
                 try:
-                    doc = json.loads(manifest.read_text())
-                except (OSError, json.JSONDecodeError):
+                    doc = read_manifest(manifest.parent)
+                except CollectionError:
                     continue
-                out[str(doc.get("collection_id"))] = doc.get("lb") or {}
+                lb = doc.get("lb")
+                out[str(doc.collection_id)] = lb if isinstance(lb, dict) else {}
     return out
 
 
