@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import click
 
+from kernmlops.clitools import fail, require_bpf_privileges
 from kernmlops.errors import KernmlopsError
 
 if TYPE_CHECKING:
@@ -29,15 +30,6 @@ def _console() -> Console:
 def _say(text: str) -> None:
     """A plain line on stderr (no rich: it is printed before the probes attach)."""
     click.echo(text, err=True)
-
-
-def _fail(err: KernmlopsError) -> None:
-    from rich.markup import escape
-
-    # escape: a message may hold [brackets]; soft_wrap: it stays one line (no wrap at 80)
-    text = escape(str(err))
-    _console().print(f"[bold red]error:[/] {text}", markup=True, highlight=False, soft_wrap=True)
-    sys.exit(err.exit_code)
 
 
 class _LazyGroup(click.Group):
@@ -217,7 +209,7 @@ def collect(
         flags["collector.export"] = export_addr
     try:
         config = load_config(config_file, flags)
-        _require_root()
+        require_bpf_privileges("collect")
         from kernmlops.ebpf.build import build
 
         build()
@@ -261,7 +253,7 @@ def collect(
             if live is not None:
                 live.stop()
     except KernmlopsError as err:
-        _fail(err)
+        fail(err)
     _console().print(_summary(result))
     _console().print(
         f"{result.ended_by} after {result.duration_s:.1f} s "
@@ -279,17 +271,6 @@ def collect(
     if result.exit_code:
         _console().print(f"[yellow]exit code {result.exit_code}[/] ({result.ended_by})")
     sys.exit(result.exit_code)
-
-
-def _require_root() -> None:
-    import os
-
-    from kernmlops.ebpf.probe import has_bpf_capabilities
-
-    if os.geteuid() != 0 and not has_bpf_capabilities():
-        raise KernmlopsError(
-            "collect needs root (or CAP_BPF + CAP_PERFMON) to load BPF programs: run it with sudo"
-        )
 
 
 # --- defaults, build ---------------------------------------------------------------
@@ -321,7 +302,7 @@ def build_bpf(out: Path | None, force: bool) -> None:
     try:
         objs = build(out, force=force)
     except KernmlopsError as err:
-        _fail(err)
+        fail(err)
     _console().print(f"{len(objs)} BPF objects in {objs[0].parent}")
 
 
@@ -334,7 +315,7 @@ def doctor() -> None:
     try:
         sys.exit(run_doctor(_console()))
     except KernmlopsError as err:
-        _fail(err)
+        fail(err)
 
 
 @cli.command("perf-list")

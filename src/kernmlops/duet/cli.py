@@ -9,14 +9,10 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from kernmlops.clitools import fail
 from kernmlops.errors import KernmlopsError
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
-
-
-def _fail(err: KernmlopsError) -> None:
-    console.print(f"[bold red]error:[/] {err}", markup=True)
-    sys.exit(err.exit_code)
 
 
 @click.group("duet", context_settings={"help_option_names": ["-h", "--help"]})
@@ -98,7 +94,7 @@ def run_cmd(
             failed += len(result.failed)
             console.print(f"-> {result.folder}")
     except KernmlopsError as err:
-        _fail(err)
+        fail(err)
     except KeyboardInterrupt:
         console.print("interrupted: the trials run so far are kept")
         sys.exit(130)
@@ -142,7 +138,7 @@ def process_cmd(folders: tuple[Path, ...], out: Path | None) -> None:
             raise KernmlopsError(f"no iterations in {processed.files} result file(s)")
         written = write_processed(processed, out)
     except KernmlopsError as err:
-        _fail(err)
+        fail(err)
     r = processed.results
     console.print(
         f"{r.height} iterations from {processed.files} file(s), "
@@ -220,7 +216,7 @@ def analyze_cmd(
         folder = out or (results if results.is_dir() else results.parent) / "report"
         files = write_report(analysis, table, folder, kernel)
     except KernmlopsError as err:
-        _fail(err)
+        fail(err)
     for b in analysis.benchmarks:
         for kind, c in sorted(b.comparisons.items()):
             mds = f"; MDS {c.mds * 100:.2f}%" if c.mds is not None else ""

@@ -6,7 +6,6 @@ Registered on the main command group with ``cli.add_command(export_command)``;
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import threading
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from kernmlops.clitools import fail, require_bpf_privileges
 from kernmlops.errors import KernmlopsError
 
 EXIT_CHECK_FAILED = 1
@@ -23,13 +23,6 @@ def _console():
     from rich.console import Console
 
     return Console(stderr=True, highlight=False)
-
-
-def _fail(err: KernmlopsError) -> None:
-    from rich.markup import escape
-
-    _console().print(f"[bold red]error:[/] {escape(str(err))}", markup=True, soft_wrap=True)
-    sys.exit(err.exit_code)
 
 
 @click.command(
@@ -117,13 +110,13 @@ def export_command(
         if tgid is not None and not Path(f"/proc/{tgid}").exists():
             raise click.BadParameter(f"no process {tgid}", param_hint="--tgid")
         job = JobFilter(tgid=tgid, comm=comm, cgroup=cgroup)
-        _require_root()
+        require_bpf_privileges("export")
         from kernmlops.ebpf.build import build
 
         build()
         _run(sets, job, host, port, check, strict, bpf_stats, max_label_sets)
     except KernmlopsError as err:
-        _fail(err)
+        fail(err)
 
 
 def _list() -> None:
@@ -137,15 +130,6 @@ def _list() -> None:
             kind = "counter" if isinstance(m, CounterSpec) else "histogram"
             labels = ",".join(label.name for label in m.labels)
             click.echo(f"    {metric}{{{labels}}}  {kind}")
-
-
-def _require_root() -> None:
-    from kernmlops.ebpf.probe import has_bpf_capabilities
-
-    if os.geteuid() != 0 and not has_bpf_capabilities():
-        raise KernmlopsError(
-            "export needs root (or CAP_BPF + CAP_PERFMON) to load BPF programs: run it with sudo"
-        )
 
 
 def _report(statuses) -> None:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import click
 from rich.console import Console
-from rich.markup import escape
 
+from kernmlops.clitools import fail
 from kernmlops.errors import KernmlopsError
 
 console = Console(stderr=True, highlight=False)
@@ -36,11 +36,6 @@ def _selection_options(command):
         show_default=True,
         help="resolution of the PNGs.",
     )(command)
-
-
-def _fail(err: KernmlopsError) -> None:
-    console.print(f"[bold red]error:[/] {escape(str(err))}", markup=True, soft_wrap=True)
-    sys.exit(err.exit_code)
 
 
 def _report_failures(failures: list) -> None:
@@ -102,7 +97,7 @@ def graph_command(
             collection, output_dir, tgid=tgid, comm=comm, graphs=names, dpi=dpi, errors=failures
         )
     except KernmlopsError as err:
-        _fail(err)
+        fail(err)
     for path in written:
         click.echo(str(path))
     _report_failures(failures)
@@ -150,7 +145,7 @@ def report_command(
     try:
         path = report(list(collections), output, tgid=tgid, comm=comm, dpi=dpi, errors=failures)
     except KernmlopsError as err:
-        _fail(err)
+        fail(err)
     _report_failures(failures)
     click.echo(str(path))
     sys.exit(1 if failures else 0)

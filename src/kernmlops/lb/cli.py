@@ -11,14 +11,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from kernmlops.clitools import fail, require_bpf_privileges
 from kernmlops.errors import KernmlopsError
 
 console = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
-
-
-def _fail(err: KernmlopsError) -> None:
-    console.print(f"[bold red]error:[/] {err}", markup=True)
-    sys.exit(err.exit_code)
 
 
 def _pct(v: float | None) -> str:
@@ -159,13 +155,13 @@ def _run_collect(
         flags.update(session_flags(variant))
         # every config is checked before the first run starts
         configs = [load_config(f, flags) for f in config_files] or [load_config(None, flags)]
-        _require_root()
+        require_bpf_privileges("lb collect")
         from kernmlops.ebpf.build import build
 
         build()
         model, meta = _load_any_model(model_path) if model_path else (None, None)
     except KernmlopsError as err:
-        _fail(err)
+        fail(err)
     cost = migration_cost_ns or MIGRATION_COST_NS
     shadow = f", shadow model {model_path}" if model else ""
     exit_code = 0
@@ -180,7 +176,7 @@ def _run_collect(
             )  # fmt: skip
         except KernmlopsError as err:
             if len(runs) == 1:
-                _fail(err)
+                fail(err)
             console.print(f"error: {err}")
             exit_code = exit_code or err.exit_code
             continue
@@ -227,15 +223,6 @@ def _print_shadow(kind: str, s: dict[str, Any]) -> None:
     if rows:
         shown = {x: rows[x] for x in rows if x != "confusion"}
         console.print(f"  from the rows: {json.dumps(shown)}")
-
-
-def _require_root() -> None:
-    import os
-
-    from kernmlops.ebpf.probe import has_bpf_capabilities
-
-    if os.geteuid() != 0 and not has_bpf_capabilities():
-        raise KernmlopsError("lb collect needs root (or CAP_BPF + CAP_PERFMON): run it with sudo")
 
 
 @lb_group.command("collect", context_settings={"ignore_unknown_options": False})
@@ -310,7 +297,7 @@ def import_cmd(files: tuple[Path, ...], output_dir: Path, collection_id: str | N
             )  # fmt: skip
             console.print(f"{path}: {frame.height:,} decisions -> {out}")
     except KernmlopsError as err:
-        _fail(err)
+        fail(err)
 
 
 # --- train / export -------------------------------------------------------------------
@@ -371,7 +358,7 @@ def train_cmd(data, output, split, tests, test_fraction, epochs, seed, migration
         )  # fmt: skip
         result.model.save(output)
     except KernmlopsError as err:
-        _fail(err)
+        fail(err)
     rep = result.report
     console.print(f"{rep['decisions']:,} decisions, {rep['filtered']:,} after MLLB's filter")
     _print_metrics("train", rep["train"])
@@ -425,9 +412,9 @@ def export_cmd(model_path: Path, output_dir: Path, name: str, data: tuple[Path, 
         js = output_dir / f"{name}.q11.json"
         js.write_text(json.dumps(fixed_json(fixed, meta), indent=1) + "\n")
     except KernmlopsError as err:
-        _fail(err)
+        fail(err)
     except OSError as err:
-        _fail(KernmlopsError(f"cannot write to {output_dir}: {err.strerror}"))
+        fail(KernmlopsError(f"cannot write to {output_dir}: {err.strerror}"))
     console.print(f"wrote {header} and {js}")
     if check:
         a = check["float_vs_fixed"]
@@ -457,7 +444,7 @@ def report_cmd(data: tuple[Path, ...], model_path: Path | None, json_out: Path |
     try:
         rep = build_report([Path(p) for p in data], model_path)
     except KernmlopsError as err:
-        _fail(err)
+        fail(err)
     table = Table(title="lb decisions", title_justify="left")
     for col in ("collection", "variant", "decisions", "filtered", "migrate", "rule", "model",
                 "shadow"):  # fmt: skip

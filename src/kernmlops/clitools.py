@@ -1,0 +1,32 @@
+"""What every command does the same way: fail with one clear line, and check
+for the privileges that loading BPF programs needs."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import NoReturn
+
+from kernmlops.errors import KernmlopsError
+
+
+def fail(err: KernmlopsError) -> NoReturn:
+    """Print ``error: <message>`` on stderr, one line, and exit with the error's code."""
+    from rich.console import Console  # rich only when there is something to print
+    from rich.markup import escape
+
+    # escape: a message may hold [brackets]; soft_wrap: it stays one line (no wrap at 80)
+    console = Console(stderr=True, highlight=False)
+    console.print(f"[bold red]error:[/] {escape(str(err))}", markup=True, soft_wrap=True)
+    sys.exit(err.exit_code)
+
+
+def require_bpf_privileges(command: str) -> None:
+    """Raise unless this process may load BPF programs (root, or CAP_BPF + CAP_PERFMON)."""
+    from kernmlops.ebpf.probe import has_bpf_capabilities
+
+    if os.geteuid() != 0 and not has_bpf_capabilities():
+        raise KernmlopsError(
+            f"{command} needs root (or CAP_BPF + CAP_PERFMON) to load BPF programs: "
+            "run it with sudo"
+        )
