@@ -18,13 +18,13 @@ Version 1 (before the lifecycle) is read too: its ``ended_by`` becomes ``state``
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from kernmlops.errors import CollectionError
+from kernmlops.fileio import write_atomic
 
 __all__ = [
     "FINAL_STATES",
@@ -201,23 +201,7 @@ def write_manifest(collection_dir: Path, manifest: Manifest | dict[str, Any]) ->
     body = _coerce(manifest).as_json()
     text = json.dumps(body, indent=2, sort_keys=False, default=str, ensure_ascii=False) + "\n"
 
-    path = collection_dir / MANIFEST_NAME
-    temp = collection_dir / f".{MANIFEST_NAME}.tmp"
-    try:
-        with open(temp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
-    fd = os.open(collection_dir, os.O_RDONLY)
-    try:
-        os.fsync(fd)  # make the rename durable
-    finally:
-        os.close(fd)
-    return path
+    return write_atomic(collection_dir / MANIFEST_NAME, text, durable=True)
 
 
 def _first_error(err: ValidationError) -> str:

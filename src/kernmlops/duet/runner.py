@@ -42,6 +42,7 @@ from kernmlops.collect.process import GatedProcess, exit_status
 from kernmlops.duet.config import Duet, DuetSuite, Side
 from kernmlops.duet.harness import SYNC_ENV
 from kernmlops.errors import BenchmarkError, KernmlopsError
+from kernmlops.fileio import write_atomic
 
 INDEX = "duet-run.json"
 KINDS = ("duet", "syncduet", "sequential")
@@ -532,9 +533,7 @@ def prepare_folder(folder: Path, force: bool) -> None:
 
 
 def write_index(folder: Path, index: dict[str, Any]) -> None:
-    tmp = folder / f".{INDEX}.tmp"
-    tmp.write_text(json.dumps(index, indent=1, default=str))
-    tmp.replace(folder / INDEX)
+    write_atomic(folder / INDEX, json.dumps(index, indent=1, default=str))
 
 
 def run_suite(

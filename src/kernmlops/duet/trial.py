@@ -14,6 +14,7 @@ from pathlib import Path
 
 from kernmlops.duet.config import validate_duet_config
 from kernmlops.duet.runner import Trial, run_trial
+from kernmlops.fileio import write_atomic
 
 
 def main(argv: list[str]) -> int:
@@ -23,9 +24,7 @@ def main(argv: list[str]) -> int:
     spec = json.loads(Path(argv[0]).read_text())
     suite = validate_duet_config(spec["config"], spec.get("source"))
     record = run_trial(Trial(**spec["trial"]), suite, Path(spec["folder"]))
-    tmp = Path(argv[1] + ".tmp")
-    tmp.write_text(json.dumps(record.as_dict()))
-    tmp.replace(argv[1])
+    write_atomic(argv[1], json.dumps(record.as_dict()))
     return 0 if record.ok else 1
 
 

@@ -13,16 +13,15 @@ object itself is parsed once more only by libbpf, to load it.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kernmlops.ebpf.btf import Btf, BtfError, BtfType, Kind
+from kernmlops.fileio import write_atomic
 
 if TYPE_CHECKING:
     from kernmlops.ebpf.btf import RecordLayout
@@ -194,13 +193,8 @@ def save_spec(spec: ObjectSpec) -> bool:
     """Write the spec beside its object (temp file, then rename); False when the
     folder is not writable (a user reading root's build folder): nothing is lost
     but the time to parse it next time."""
-    target = spec_path(spec.path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(json.dumps(spec.to_json(), separators=(",", ":")))
-        tmp.replace(target)
+        write_atomic(spec_path(spec.path), json.dumps(spec.to_json(), separators=(",", ":")))
     except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         return False
     return True

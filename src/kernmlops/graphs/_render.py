@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kernmlops import fileio
 from kernmlops.data import Collection
 from kernmlops.errors import KernmlopsError
 from kernmlops.graphs.base import Graph, GraphData, NoData
@@ -78,12 +79,9 @@ def writable_dir(folder: Path, what: str, hint: str = "choose another folder wit
 
 def write_atomic(path: Path, data: bytes) -> None:
     """Write through a temporary name, so a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.tmp")
     try:
-        tmp.write_bytes(data)
-        tmp.replace(path)
+        fileio.write_atomic(path, data)
     except OSError as err:
-        tmp.unlink(missing_ok=True)
         raise GraphOutputError(f"cannot write {path}: {err.strerror}") from None
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from kernmlops.errors import KernmlopsError
+from kernmlops.fileio import write_atomic
 from kernmlops.lb.features import FEATURES, NR_FEATURES
 
 FORMAT = "kernmlops-lb-model"
@@ -70,9 +71,7 @@ class Model:
     def save(self, path: Path) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=1) + "\n")
-        tmp.replace(path)
+        write_atomic(path, json.dumps(self.to_json(), indent=1) + "\n")
         return path
 
     @classmethod

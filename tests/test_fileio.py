@@ -1,0 +1,42 @@
+"""write_atomic: the old content or the new one, never half; nothing left behind."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from kernmlops import fileio
+from kernmlops.fileio import write_atomic
+
+
+def test_text_and_bytes_replace_the_file_and_leave_no_temporary(tmp_path: Path) -> None:
+    target = tmp_path / "index.json"
+    assert write_atomic(target, "é\n") == target
+    assert target.read_bytes() == "é\n".encode()
+    write_atomic(target, b"\x00\x01", durable=True)
+    assert target.read_bytes() == b"\x00\x01"
+    assert [p.name for p in tmp_path.iterdir()] == ["index.json"]
+
+
+def test_a_failed_rename_keeps_the_old_file_and_removes_the_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "manifest.json"
+    target.write_text("old")
+
+    def refuse(src: str | Path, dst: str | Path) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", refuse)
+    with pytest.raises(OSError, match="No space left"):
+        write_atomic(target, "new", durable=True)
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["manifest.json"]
+
+
+def test_a_missing_folder_is_an_os_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        fileio.write_atomic(tmp_path / "absent" / "x.json", "{}")
+    assert list(tmp_path.iterdir()) == []
