@@ -35,3 +35,39 @@ def test_require_bpf_privileges(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(probe, "has_bpf_capabilities", lambda: False)
     with pytest.raises(KernmlopsError, match=r"^export needs root \(or CAP_BPF \+ CAP_PERFMON\)"):
         require_bpf_privileges("export")
+
+
+@pytest.mark.parametrize(
+    ("args", "command"),
+    [(["collect"], "collect"), (["export"], "export"), (["lb", "collect"], "lb collect")],
+)
+def test_a_privileged_command_run_by_a_user_fails_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, args: list[str], command: str
+) -> None:
+    from click.testing import CliRunner
+
+    from kernmlops.cli import cli
+    from kernmlops.ebpf import probe
+
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    monkeypatch.setattr(probe, "has_bpf_capabilities", lambda: False)
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == KernmlopsError.exit_code
+    assert result.stdout == ""
+    assert result.stderr == (
+        f"error: {command} needs root (or CAP_BPF + CAP_PERFMON) to load BPF programs: "
+        "run it with sudo\n"
+    )
+
+
+def test_the_duet_collector_checks_privileges_with_its_own_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kernmlops.duet.collect import Collector
+    from kernmlops.duet.runner import DuetError
+    from kernmlops.ebpf import probe
+
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    monkeypatch.setattr(probe, "has_bpf_capabilities", lambda: False)
+    with pytest.raises(DuetError, match=r"^duet run --collect needs root"):
+        Collector()

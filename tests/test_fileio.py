@@ -40,3 +40,51 @@ def test_a_missing_folder_is_an_os_error(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         fileio.write_atomic(tmp_path / "absent" / "x.json", "{}")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_temporary_is_hidden_beside_the_target(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    renamed: list[tuple[Path, Path]] = []
+    real_replace = os.replace
+
+    def spy(src: str | Path, dst: str | Path) -> None:
+        renamed.append((Path(src), Path(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", spy)
+    target = tmp_path / "model.json"
+    write_atomic(str(target), "{}")  # a str path works too
+    [(src, dst)] = renamed
+    assert dst == target
+    assert src.parent == tmp_path  # same folder: the rename cannot cross file systems
+    assert src.name == f".model.json.{os.getpid()}.tmp"  # hidden from globs and readers
+    assert target.read_text() == "{}"
+
+
+def test_durable_syncs_the_file_and_the_folder_and_plain_syncs_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[int] = []
+    monkeypatch.setattr(os, "fsync", synced.append)
+    write_atomic(tmp_path / "a", "x")
+    assert synced == []
+    write_atomic(tmp_path / "a", "y", durable=True)
+    assert len(synced) == 2  # the file before the rename, the folder after it
+    assert (tmp_path / "a").read_text() == "y"
+
+
+def test_a_failed_write_keeps_the_old_file_and_removes_the_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "duet-run.json"
+    target.write_bytes(b"old")
+
+    def disk_error(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", disk_error)
+    with pytest.raises(OSError, match="Input/output error"):
+        write_atomic(target, b"new", durable=True)
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["duet-run.json"]

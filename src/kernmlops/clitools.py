@@ -21,12 +21,14 @@ def fail(err: KernmlopsError) -> NoReturn:
     sys.exit(err.exit_code)
 
 
-def require_bpf_privileges(command: str) -> None:
-    """Raise unless this process may load BPF programs (root, or CAP_BPF + CAP_PERFMON)."""
+def require_bpf_privileges(command: str, error: type[KernmlopsError] = KernmlopsError) -> None:
+    """Raise ``error`` unless this process may load BPF programs (root, or CAP_BPF +
+    CAP_PERFMON); ``command`` names what the user ran, for the message."""
+    # imported here, not at the top: importing kernmlops.cli stays light
     from kernmlops.ebpf.probe import has_bpf_capabilities
 
     if os.geteuid() != 0 and not has_bpf_capabilities():
-        raise KernmlopsError(
+        raise error(
             f"{command} needs root (or CAP_BPF + CAP_PERFMON) to load BPF programs: "
             "run it with sudo"
         )

@@ -16,7 +16,6 @@ migrations, context switches (quanta that ended), page faults.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from kernmlops.clitools import require_bpf_privileges
 from kernmlops.duet.config import DuetSuite
 from kernmlops.duet.runner import DuetError, SideRecord, Trial, TrialRecord
 from kernmlops.errors import KernmlopsError
@@ -52,10 +52,7 @@ class Collector:
     """Runs trials under kernel collections (needs root and BPF)."""
 
     def __init__(self, hooks: tuple[str, ...] = HOOKS, bpf_dir: Path | None = None) -> None:
-        from kernmlops.ebpf.probe import has_bpf_capabilities
-
-        if os.geteuid() != 0 and not has_bpf_capabilities():
-            raise DuetError("--collect needs root (or CAP_BPF + CAP_PERFMON) to load BPF programs")
+        require_bpf_privileges("duet run --collect", DuetError)
         from kernmlops.ebpf.build import build
 
         build(bpf_dir)
