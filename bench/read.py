@@ -1,11 +1,13 @@
 """Reading a one-hour collection: parts finished at every flush vs one part per table.
 
 A collection flushes durably every ``collector.flush_interval_s`` (5 s): each flush
-finishes the open parts, so an hour leaves 720 parts per busy table. This builds such a
+finishes the open parts, so an hour leaves 720 parts per busy table until the session
+compacts them into one file per table at stop (``collector.compact``). This builds such a
 collection with the real ParquetSink (durable flushes, synthetic rows shaped like
-quanta_runtime, memory_usage and process_trace), and the same rows written with one
-flush at the end, then times the readers users have: read_collection, a lazy polars scan
-with a filter, and DuckDB over the Hive folder.
+quanta_runtime, memory_usage and process_trace), the same collection compacted (and the
+time compaction takes), and the same rows written with one flush at the end, then times
+the readers users have: read_collection, a lazy polars scan with a filter, and DuckDB
+over the Hive folder.
 
     .venv/bin/python bench/read.py                 # 1 h at 5 s flushes, 2k quanta rows/s
     .venv/bin/python bench/read.py --rate 20000    # a busier hour
@@ -58,7 +60,10 @@ def frames(second: int, seconds: int, rate: int, rng: np.random.Generator) -> di
     return {"quanta_runtime": quanta, "memory_usage": memory, "process_trace": trace}
 
 
-def build(folder: Path, hours: float, flush_s: int, rate: int, durable: bool) -> int:
+def build(
+    folder: Path, hours: float, flush_s: int, rate: int, durable: bool, compact: bool = False
+) -> tuple[int, float]:
+    """Write the collection; rows written and the seconds compaction took at stop."""
     rng = np.random.default_rng(1)
     sink = ParquetSink(folder, folder.name.removeprefix("collection_id="))
     total = int(hours * 3600)
@@ -67,8 +72,12 @@ def build(folder: Path, hours: float, flush_s: int, rate: int, durable: bool) ->
             sink.write(table, frame)
         sink.flush(durable=durable)
     rows = sink.close()
+    t = time.perf_counter()
+    if compact:
+        assert set(sink.compact().values()) == {"compacted"}
+    compact_s = time.perf_counter() - t
     write_manifest(folder, {"collection_id": folder.name, "state": "completed"})
-    return sum(rows.values())
+    return sum(rows.values()), compact_s
 
 
 def timed(fn, repeat: int) -> float:
@@ -93,10 +102,11 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="kmo-read-"))
     results = {}
     try:
-        for layout, durable in (("flushed", True), ("one-part", False)):
+        layouts = (("flushed", True, False), ("compacted", True, True), ("one-part", False, False))
+        for layout, durable, compact in layouts:
             folder = root / layout / "benchmark=bench" / f"collection_id={layout}"
             t = time.perf_counter()
-            rows = build(folder, args.hours, args.flush_s, args.rate, durable)
+            rows, compact_s = build(folder, args.hours, args.flush_s, args.rate, durable, compact)
             write_s = time.perf_counter() - t
             parts = len(list(folder.glob("*/part-*.parquet")))
 
@@ -124,6 +134,7 @@ def main() -> None:
                 "parts": parts,
                 "bytes": sum(p.stat().st_size for p in folder.rglob("*.parquet")),
                 "write_s": round(write_s, 3),
+                "compact_s": round(compact_s, 3),
                 "read_collection_s": round(timed(read_all, args.repeat), 4),
                 "polars_scan_filter_s": round(timed(scan_filter, args.repeat), 4),
                 "duckdb_group_by_s": round(timed(duck, args.repeat), 4),
@@ -131,12 +142,14 @@ def main() -> None:
             print(layout, json.dumps(results[layout]))
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    a, b = results["flushed"], results["one-part"]
+    keys = ("read_collection_s", "polars_scan_filter_s", "duckdb_group_by_s", "bytes")
+    base = results["one-part"]
     ratios = {
-        k: round(a[k] / b[k], 2)
-        for k in ("read_collection_s", "polars_scan_filter_s", "duckdb_group_by_s", "bytes")
+        f"{layout} / one-part": {k: round(results[layout][k] / base[k], 2) for k in keys}
+        for layout in ("flushed", "compacted")
     }
-    print("flushed / one-part:", json.dumps(ratios))
+    for name, r in ratios.items():
+        print(f"{name}:", json.dumps(r))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         json.dumps(

@@ -88,3 +88,21 @@ def test_a_failed_write_keeps_the_old_file_and_removes_the_temporary(
         write_atomic(target, b"new", durable=True)
     assert target.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == ["duet-run.json"]
+
+
+def test_exchange_swaps_two_folders_in_one_step(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    (a / "old").write_text("1")
+    (b / "new").write_text("2")
+    fileio.exchange(a, b)
+    assert [p.name for p in a.iterdir()] == ["new"]
+    assert [p.name for p in b.iterdir()] == ["old"]
+
+
+def test_exchange_with_a_missing_path_is_an_os_error_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    with pytest.raises(FileNotFoundError, match="absent"):
+        fileio.exchange(tmp_path / "a", tmp_path / "absent")
+    assert (tmp_path / "a").is_dir()

@@ -56,6 +56,11 @@ class CollectorConfig(_Strict):
         5.0, gt=0, le=3600, description="longest time rows wait in memory before Parquet"
     )
     row_group_rows: int = Field(65536, ge=1024, le=16 << 20, description="Parquet row group")
+    compact: bool = Field(
+        True,
+        description="at stop, rewrite each table's flushed parts as one file (an atomic "
+        "swap: the parts stay if anything fails)",
+    )
     min_free_mb: float = Field(
         64, ge=0, description="refuse to start with less free space than this in output_dir"
     )

@@ -3,8 +3,13 @@ content or the new one, never half of one."""
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 from pathlib import Path
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2  # linux/fs.h
 
 
 def write_atomic(path: str | Path, data: bytes | str, *, durable: bool = False) -> Path:
@@ -26,9 +31,32 @@ def write_atomic(path: str | Path, data: bytes | str, *, durable: bool = False) 
         tmp.unlink(missing_ok=True)
         raise
     if durable:
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)  # the rename itself
-        finally:
-            os.close(fd)
+        fsync_path(path.parent)  # the rename itself
     return path
+
+
+def fsync_path(path: str | Path) -> None:
+    """Sync a file's data, or a folder's entries (a rename in it), to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def exchange(a: str | Path, b: str | Path) -> None:
+    """Swap two paths (folders or files) in one atomic step (``renameat2`` with
+    ``RENAME_EXCHANGE``): a reader, or a crash, sees one or the other, never neither.
+
+    Raises:
+        OSError: the file system cannot exchange (``EINVAL``: overlayfs, NFS, ...;
+            ``ENOSYS``: no ``renameat2`` in this C library or kernel), or a path is missing.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    fn = getattr(libc, "renameat2", None)
+    if fn is None:  # a C library older than glibc 2.28
+        raise OSError(errno.ENOSYS, "renameat2 is not available", str(a))
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), str(a), None, str(b))

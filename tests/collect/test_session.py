@@ -191,7 +191,7 @@ def _stalled_writer_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spill: 
     import kernmlops.collect.sinks as sinks
 
     assert shutil.which("stress-ng"), "stress-ng missing: apt-get install stress-ng"
-    real_fsync, stalled = sinks._fsync_file, []
+    real_fsync, stalled = sinks.fsync_path, []
 
     def slow_fsync(path: Path) -> None:
         if not stalled:
@@ -199,7 +199,7 @@ def _stalled_writer_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spill: 
             time.sleep(2.0)  # a slow disk under load: seen 0.2-1.0 s on this VM
         real_fsync(path)
 
-    monkeypatch.setattr(sinks, "_fsync_file", slow_fsync)
+    monkeypatch.setattr(sinks, "fsync_path", slow_fsync)
     real_init = sinks.ThreadedSink.__init__
     monkeypatch.setattr(
         sinks.ThreadedSink,
@@ -239,3 +239,28 @@ def test_a_stalled_writer_loses_nothing_the_loop_spills(
     monkeypatch.undo()
     blocked = _stalled_writer_run(tmp_path / "block", monkeypatch, spill=False)
     assert blocked["drops"] > 0
+
+
+def test_a_collection_is_compacted_at_stop_and_the_manifest_says_so(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, hooks=["quanta_runtime"], flush_interval_s=0.2)
+    cfg.benchmark.duration_s = 1.5
+    result = Session(cfg).run()
+    c = read_collection(result.path)
+    record = c.manifest.tables["quanta_runtime"]
+    assert record.compaction == "compacted"
+    assert record.files == ["quanta_runtime/part-00000.parquet"]
+    assert sorted(p.name for p in (result.path / "quanta_runtime").iterdir()) == [
+        "part-00000.parquet"
+    ]
+    assert c["quanta_runtime"].height == result.rows["quanta_runtime"] > 0
+    assert c.manifest.flushes >= 5  # it was flushed into that many parts first
+    assert not [p for p in result.path.iterdir() if p.name.startswith(".compact")]
+
+
+def test_compaction_can_be_turned_off(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, hooks=["quanta_runtime"], flush_interval_s=0.2, compact=False)
+    cfg.benchmark.duration_s = 1.0
+    result = Session(cfg).run()
+    record = read_collection(result.path).manifest.tables["quanta_runtime"]
+    assert record.compaction is None
+    assert len(record.files) >= 3

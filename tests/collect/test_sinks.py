@@ -367,3 +367,90 @@ def test_threaded_sink_wakes_the_writer_for_a_flush_or_enough_bytes() -> None:
     sink.write("t", pl.DataFrame({"x": np.zeros(200_000, np.int64)}))  # 1.6 MB
     wait_for(6)  # enough bytes wake the writer without a flush
     assert sink.close() == {"t": 50 + 200_000}
+
+
+# -- compaction at stop -------------------------------------------------------------------
+
+
+def flushed_parts(folder: Path, parts: int, rows: int = 3000, **kwargs: int) -> ParquetSink:
+    """A closed sink whose table 'events' was flushed durably into ``parts`` parts."""
+    sink = ParquetSink(folder, CID, row_group_rows=kwargs.pop("row_group_rows", 4096), **kwargs)
+    for i in range(parts):
+        sink.write("events", events(rows, start=i * rows))
+        sink.write("rare", events(1, start=i))
+        sink.flush(durable=True)
+    sink.close()
+    return sink
+
+
+def test_compaction_rewrites_the_parts_as_one_file_in_full_row_groups(tmp_path: Path) -> None:
+    sink = flushed_parts(tmp_path, parts=7)
+    assert len(sink.files_written()["events"]) == 7
+    write_manifest(tmp_path, {})
+    before = read_collection(tmp_path)["events"]
+    assert sink.compact() == {"events": "compacted", "rare": "compacted"}
+    assert listing(tmp_path / "events") == ["part-00000.parquet"]
+    assert sink.files_written()["events"] == ["events/part-00000.parquet"]
+    assert row_groups(tmp_path / "events" / "part-00000.parquet") == [4096] * 5 + [21000 - 20480]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    after = read_collection(tmp_path)["events"]
+    assert_frame_equal(after, before)
+    assert after["ts_uptime_us"].to_list() == list(range(21000))  # flush order kept
+    # The writer's encodings carry over: timestamps as deltas, the id as a dictionary.
+    meta = pq.ParquetFile(tmp_path / "events" / "part-00000.parquet").metadata
+    enc = {meta.schema.column(i).name: meta.row_group(0).column(i).encodings
+           for i in range(meta.num_columns)}  # fmt: skip
+    assert "DELTA_BINARY_PACKED" in enc["ts_uptime_us"]
+    assert "RLE_DICTIONARY" in enc["collection_id"]
+
+
+def test_compaction_leaves_one_part_tables_and_open_sinks_alone(tmp_path: Path) -> None:
+    sink = flushed_parts(tmp_path, parts=1)
+    assert sink.compact() == {}
+    open_sink = ParquetSink(tmp_path / "open", CID)
+    open_sink.write("events", events(10))
+    open_sink.flush(durable=True)
+    assert open_sink.compact() == {}  # only after close
+
+
+def test_a_failed_compaction_keeps_every_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sink = flushed_parts(tmp_path, parts=4)
+    from kernmlops.collect import sinks
+
+    def cannot(a: Path, b: Path) -> None:
+        raise OSError(22, "Invalid argument")  # e.g. overlayfs cannot exchange
+
+    monkeypatch.setattr(sinks, "exchange", cannot)
+    assert sink.compact()["events"] == "skipped: Invalid argument"
+    assert len(listing(tmp_path / "events")) == 4
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    write_manifest(tmp_path, {})
+    assert read_collection(tmp_path)["events"].height == 12000
+
+
+def test_compaction_skips_a_table_the_free_space_cannot_hold_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sink = flushed_parts(tmp_path, parts=3)
+    from kernmlops.collect import sinks
+
+    monkeypatch.setattr(sinks, "free_bytes", lambda path: 4 * 2**20)
+    assert sink.compact()["events"].startswith("skipped: 4.0 MiB free")
+    assert len(listing(tmp_path / "events")) == 3
+
+
+def test_an_interrupted_compaction_keeps_the_parts_and_leaves_no_scratch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sink = flushed_parts(tmp_path, parts=3)
+
+    def ctrl_c(*args: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ParquetSink, "_rewrite", ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        sink.compact()
+    assert len(listing(tmp_path / "events")) == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["events", "rare"]

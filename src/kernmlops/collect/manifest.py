@@ -99,6 +99,8 @@ class TableRecord(_Record):
 
     rows: int = 0
     files: list[str] = []
+    #: at stop: "compacted" (the flushed parts were rewritten as one) or why not
+    compaction: str | None = None
 
 
 class BenchmarkRecord(_Record):

@@ -149,6 +149,7 @@ class Session:
         self.manifest: Manifest | None = None
         self._parquet: ParquetSink | None = None
         self._disk_full = False
+        self._compaction: dict[str, str] = {}
 
     # -- public -------------------------------------------------------------
     def run(self) -> CollectionResult:
@@ -273,6 +274,8 @@ class Session:
             bench_exit = self._finish(hooks, sink, proc, flt, outputs, workdir, bench_exit, errors)
             rows = self._close_sink(sink, errors)
             self._restore_signals(old_handlers)
+            if parquet is not None and cfg.compact and not self._disk_full:
+                self._compact(parquet, errors)
             if cfg.nice is not None:
                 with contextlib.suppress(PermissionError):
                     os.setpriority(os.PRIO_PROCESS, 0, own_nice)
@@ -363,6 +366,16 @@ class Session:
         except Exception as err:  # the manifest still says what happened
             errors.append(err)
             return {}
+
+    def _compact(self, parquet: ParquetSink, errors: list[BaseException]) -> None:
+        """One file per table instead of one per flush (see ParquetSink.compact)."""
+        parts = sum(len(f) for f in parquet.files_written().values())
+        if parts >= 100 and self.on_message:
+            self.on_message(f"compacting {parts} flushed parts into one file per table")
+        try:
+            self._compaction = parquet.compact()
+        except KeyboardInterrupt as err:  # a second Ctrl+C: the parts stay as they were
+            errors.append(err)
 
     # -- internals ----------------------------------------------------------
     def _loop(
@@ -558,7 +571,11 @@ class Session:
         m.exporter = self.exporter_summary
         files = self._parquet.files_written()
         m.tables = {
-            t: {"rows": n, "files": files.get(t, [])}  # type: ignore[misc]
+            t: {  # type: ignore[misc]
+                "rows": n,
+                "files": files.get(t, []),
+                "compaction": self._compaction.get(t),
+            }
             for t, n in result.rows.items()
         }
         m.flushes = self._parquet.durable_flushes

@@ -19,15 +19,17 @@ import contextlib
 import errno
 import os
 import re
+import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
 from kernmlops.errors import CollectionError, OutputError
+from kernmlops.fileio import exchange, fsync_path
 from kernmlops.lazy import lazy_import
 from kernmlops.tables import COLLECTION_ID
 
@@ -100,23 +102,6 @@ def _check_table_name(table: str) -> None:
             f"table name {table!r} is not valid: use letters, digits and '_', "
             "not starting with a digit"
         )
-
-
-def _fsync_dir(path: Path) -> None:
-    # Make the rename itself durable, not only the file contents.
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _drift_message(table: str, expected: pl.Schema, got: pl.Schema) -> str:
@@ -310,6 +295,101 @@ class ParquetSink:
             self._result = {name: state.finished_rows for name, state in self._tables.items()}
             return dict(self._result)
 
+    def compact(
+        self,
+        *,
+        min_parts: int = 2,
+        on_table: Callable[[str, int], None] | None = None,
+    ) -> dict[str, str]:
+        """After :meth:`close`: rewrite each table of ``min_parts`` parts or more as one part
+        (row groups of ``row_group_rows``), so readers open one file per table instead of
+        one per flush.
+
+        Crash-safe at every instant: the new part is written and synced in a hidden
+        folder (``.compact-<table>``), then swapped with the table's folder in one atomic
+        step (:func:`kernmlops.fileio.exchange`). A reader, or a collector killed
+        mid-way, sees either all the old parts or the one new part. Anything that stops
+        a table's compaction (too little space, a file system that cannot swap folders,
+        an I/O error, Ctrl+C) leaves its parts as they were.
+
+        Args:
+            min_parts: tables with fewer finished parts are left alone.
+            on_table: called with (table, parts) before each table is rewritten.
+
+        Returns:
+            Per table that was considered: ``"compacted"`` or why it was not.
+        """
+        outcome: dict[str, str] = {}
+        if not self._closed or self.failure is not None:
+            return outcome
+        for state in self._tables.values():
+            if len(state.files) < min_parts or state.arrow_schema is None:
+                continue
+            if on_table is not None:
+                on_table(state.name, len(state.files))
+            outcome[state.name] = self._compact_table(state)
+        return outcome
+
+    def _compact_table(self, state: _TableState) -> str:
+        folder = self.collection_dir / state.name
+        parts = [self.collection_dir / f for f in state.files]
+        size = sum(p.stat().st_size for p in parts)
+        free = free_bytes(self.collection_dir)
+        # The new file is about as large as the parts; keep room for the manifest too.
+        if free is not None and free < size + size // 8 + 16 * 2**20:
+            return f"skipped: {human_bytes(free)} free, the table takes {human_bytes(size)}"
+        scratch = self.collection_dir / f".compact-{state.name}"
+        try:
+            if scratch.exists():  # left by a collector killed while compacting
+                shutil.rmtree(scratch)
+            scratch.mkdir()
+            temp = scratch / temp_name(0)
+            rows = self._rewrite(state, parts, temp)
+            if rows != state.finished_rows:  # never swap in a file that lost rows
+                return f"skipped: rewrote {rows} rows of {state.finished_rows}"
+            fsync_path(temp)
+            os.replace(temp, scratch / part_name(0))
+            fsync_path(scratch)
+            exchange(scratch, folder)
+            fsync_path(self.collection_dir)
+        except OSError as err:
+            shutil.rmtree(scratch, ignore_errors=True)
+            return f"skipped: {err.strerror or err}"
+        except BaseException:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise
+        # The old parts are now in the hidden folder.
+        shutil.rmtree(scratch, ignore_errors=True)
+        state.files = [f"{state.name}/{part_name(0)}"]
+        return "compacted"
+
+    def _rewrite(self, state: _TableState, parts: list[Path], path: Path) -> int:
+        """Copy the rows of ``parts`` in order into one file at ``path``, in full row
+        groups; the number of rows written."""
+        assert state.arrow_schema is not None
+        group = self.row_group_rows
+        writer = self._writer(state, path)
+        pending: list[pa.RecordBatch] = []
+        held = rows = 0
+        try:
+            for part in parts:
+                for batch in pq.ParquetFile(part).iter_batches(batch_size=group):
+                    pending.append(batch)
+                    held += batch.num_rows
+                    if held >= group:
+                        whole = pa.Table.from_batches(pending, state.arrow_schema)
+                        cut = held - held % group
+                        writer.write_table(whole.slice(0, cut), row_group_size=group)
+                        rows += cut
+                        rest = whole.slice(cut)
+                        pending, held = rest.to_batches(), rest.num_rows
+            if held:
+                writer.write_table(pa.Table.from_batches(pending, state.arrow_schema))
+                rows += held
+        finally:
+            writer.close()
+        return rows
+
     # -- inspection ----------------------------------------------------------------------
 
     @property
@@ -462,23 +542,27 @@ class ParquetSink:
                 if c not in state.dictionary_columns and _mostly_growing(sample[c])
             ]
         state.temp_path = folder / temp_name(state.part)
-        state.writer = pq.ParquetWriter(
-            state.temp_path,
+        state.writer = self._writer(state, state.temp_path)
+        state.part_rows = 0
+
+    def _writer(self, state: _TableState, path: Path) -> pq.ParquetWriter:
+        assert state.arrow_schema is not None
+        return pq.ParquetWriter(
+            path,
             state.arrow_schema,
             compression=self.compression,
             use_dictionary=state.dictionary_columns,
             column_encoding=dict.fromkeys(state.delta_columns, "DELTA_BINARY_PACKED") or None,
         )
-        state.part_rows = 0
 
     def _finish_part(self, state: _TableState) -> None:
         assert state.writer is not None and state.temp_path is not None
         state.writer.close()
         state.writer = None
         final = state.temp_path.parent / part_name(state.part)
-        _fsync_file(state.temp_path)
+        fsync_path(state.temp_path)
         os.replace(state.temp_path, final)
-        _fsync_dir(final.parent)
+        fsync_path(final.parent)
         state.files.append(final.relative_to(self.collection_dir).as_posix())
         state.finished_rows += state.part_rows
         state.temp_path = None
