@@ -97,7 +97,8 @@ def collect_and_interrupt(
                     # Always the latest name: the gate shell becomes the benchmark
                     # by exec, keeping its pid and start time.
                     seen[(child.pid, child.create_time())] = child.name()
-                    if probe is not None and child.pid not in facts:
+                    # Until it answers: a shell that execs the process comes first.
+                    if probe is not None and facts.get(child.pid) is None:
                         facts[child.pid] = probe(child)
                 except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                     continue

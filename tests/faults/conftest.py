@@ -104,14 +104,15 @@ class Run:
 
 
 def start_collect(out: Path, *args: str, env: dict[str, str] | None = None,
-                  preexec: list[str] | None = None) -> Run:  # fmt: skip
-    """``kernmlops collect -o OUT ARGS`` with a 1 s flush interval. Every process it
-    starts has KMO_FAULT_MARKER=<a unique word> in its environment (see pids_matching);
-    the benchmark's command line may use $MARKER."""
+                  preexec: list[str] | None = None, more_config: str = "") -> Run:  # fmt: skip
+    """``kernmlops collect -o OUT ARGS`` with a 1 s flush interval (and ``more_config``,
+    YAML). Every process it starts has KMO_FAULT_MARKER=<a unique word> in its
+    environment (see pids_matching); the benchmark's command line may use $MARKER."""
     marker = f"kmofault{uuid.uuid4().hex[:10]}"
     config = Path(tempfile.gettempdir()) / f"{marker}.yaml"
     config.write_text(
         f"collector:\n  flush_interval_s: {FLUSH_S}\n  min_free_mb: 1\n  warn_free_mb: 0\n"
+        + more_config
     )
     argv = [sys.executable, "-m", "kernmlops", "collect", "--no-progress", "-c", str(config),
             "-o", str(out), *(a.replace("$MARKER", marker) for a in args)]  # fmt: skip

@@ -12,7 +12,7 @@ from pathlib import Path
 
 
 def _v2_root() -> Path | None:
-    from kernmlops.collect.cgroup import cgroup2_mount
+    from kernmlops.host.cgroup import cgroup2_mount
 
     root = cgroup2_mount()
     if root and "memory" in (root / "cgroup.subtree_control").read_text().split():

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import IO, TYPE_CHECKING, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
+from kernmlops.host.cgroup import Containment
 from kernmlops.lazy import lazy_import
 
 if TYPE_CHECKING:
@@ -84,6 +86,50 @@ class Benchmark(ABC):
 
     def teardown(self) -> None:
         """Undo setup(): always called, also after a failure or Ctrl+C."""
+
+    def start_service(
+        self,
+        argv: list[str],
+        *,
+        cwd: Path | None = None,
+        stdout: IO[bytes] | int | None = None,
+        stderr: IO[bytes] | int | None = None,
+    ) -> subprocess.Popen[bytes]:
+        """Start a process that setup() needs running (a server), contained like the
+        benchmark itself: in a cgroup of its own, in its own session (a Ctrl+C at the
+        terminal reaches the collector, which stops it in order), and watched by a
+        watchdog that kills it all if the collector dies (SIGKILL, the OOM killer).
+        Whatever it forks or daemonises stays in the cgroup; the session ends all of
+        it after teardown() (see :meth:`stop_services`).
+
+        Raises:
+            OSError: the command cannot be started.
+        """
+        box = Containment(label=f"{self.name}-service")
+        # The shell puts itself in the cgroup before it execs the command, so not
+        # even a first fork can happen outside it.
+        enter = 'if [ -n "$0" ]; then echo $$ > "$0/cgroup.procs" || exit 126; fi; exec "$@"'
+        try:
+            proc = subprocess.Popen(
+                ["/bin/sh", "-c", enter, str(box.path or ""), *argv],
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=stderr,
+                start_new_session=True,
+            )
+        except OSError:
+            box.close()
+            raise
+        box.add(proc.pid)  # the watchdog learns its process group
+        self.__dict__.setdefault("_services", []).append(box)
+        return proc
+
+    def stop_services(self) -> None:
+        """End every process started with :meth:`start_service` and what it started
+        (idempotent; the session calls it after teardown())."""
+        for box in self.__dict__.pop("_services", []):
+            box.close()
 
     def tracked_pids(self) -> list[int]:
         """Processes started in setup() (a server) that the "tree" filter follows

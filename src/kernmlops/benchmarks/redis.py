@@ -151,15 +151,10 @@ class RedisBenchmark(Benchmark):
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._log = (self.data_dir / "server.log").open("wb")
         try:
-            self.server = subprocess.Popen(
-                self.server_argv(),
-                cwd=self.data_dir,
-                stdin=subprocess.DEVNULL,
-                stdout=self._log,
-                stderr=subprocess.STDOUT,
-                # Its own group: a Ctrl+C at the terminal reaches the collector,
-                # which stops the client first and then this server in teardown().
-                start_new_session=True,
+            # Its own session and cgroup: a Ctrl+C at the terminal reaches the
+            # collector, which stops the client first and then this server.
+            self.server = self.start_service(
+                self.server_argv(), cwd=self.data_dir, stdout=self._log, stderr=subprocess.STDOUT
             )
         except OSError as err:
             raise BenchmarkError(f"redis: cannot start {SERVER}: {err.strerror}") from err

@@ -3,7 +3,7 @@
 The process is created first (so its pid can be put in the kernel filter and in
 a cgroup of its own) and execs the command only when the gate opens, after every
 probe is attached: its exec and first forks are traced, and none of its
-descendants can leave the cgroup (see :mod:`kernmlops.collect.cgroup`).
+descendants can leave the cgroup (see :mod:`kernmlops.host.cgroup`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 from typing import IO
 
 from kernmlops.benchmarks.base import Launch
-from kernmlops.collect.cgroup import Containment
+from kernmlops.host.cgroup import Containment
 from kernmlops.errors import BenchmarkError
 
 # The gate is the shell's stdin, a pipe: a line means go, end-of-file (the

@@ -30,7 +30,7 @@ from typing import IO, Any
 
 from kernmlops.benchmarks import get_benchmark
 from kernmlops.benchmarks.base import Benchmark, BenchmarkRun
-from kernmlops.collect.cgroup import set_oom_score_adj
+from kernmlops.host.cgroup import set_oom_score_adj
 from kernmlops.collect.filter import ProcessFilter
 from kernmlops.collect.manifest import BenchmarkRecord, HookRecord, Manifest, write_manifest
 from kernmlops.collect.output import prepare_output, release_reserve
@@ -351,6 +351,7 @@ class Session:
             self.benchmark.teardown()
         except Exception as err:  # reported; never loses the collection
             self.results_error = f"teardown failed: {err}"
+        step(self.benchmark.stop_services)  # servers of setup() and all they started
         shutil.rmtree(workdir, ignore_errors=True)
         if self._exporter is not None:
             self.exporter_summary = self._exporter.summary()
