@@ -12,8 +12,10 @@ ARGS ?=
 PYTEST_ARGS ?=
 
 LAB_PACKAGES := qemu-system-x86 linux-image-amd64 busybox-static
+# Spark, to prove collections read there too (tests/faults/test_spark.py)
+INTEROP_PACKAGES := openjdk-17-jre-headless
 
-.PHONY: all setup lab packages tracefs bpf collect collect-raw test defaults lint format hooks doctor bench clean setup-gap
+.PHONY: all setup lab interop packages tracefs bpf collect collect-raw test defaults lint format hooks doctor bench clean setup-gap
 
 all: setup
 
@@ -45,13 +47,21 @@ setup: packages $(VENV)/.installed bpf tracefs
 lab: packages $(VENV)/.installed
 	@scripts/ensure-packages.sh $(LAB_PACKAGES)
 
+# Spark (pyspark + a Java runtime) for the interoperability tests. Installed by `make test`.
+$(VENV)/.interop: pyproject.toml $(VENV)/.installed
+	@scripts/ensure-packages.sh $(INTEROP_PACKAGES)
+	$(BIN)/python -m pip install -q -e '.[interop]'
+	@touch $@
+
+interop: $(VENV)/.interop
+
 collect: setup
 	$(BIN)/kernmlops collect $(ARGS)
 
 collect-raw: setup
 	$(BIN)/kernmlops collect -b faux $(ARGS)
 
-test: setup lab
+test: setup lab interop
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # GAP benchmark suite for `kernmlops collect -b gap`, built outside the repo where

@@ -1,0 +1,81 @@
+"""Spark reads a collection whose collector was SIGKILLed, as a fleet reads it: the
+Hive folder from its root, one table across collections. Finished parts only: the
+temporary part of the open interval and a compaction's hidden folder are skipped."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kernmlops.data import read_collection
+from tests.conftest import REQUIRE_BPF, needs_tools
+from tests.faults.conftest import kill_collector, read_everything, start_collect
+from tests.faults.test_kill import STORM
+
+pytestmark = [
+    pytest.mark.bpf,
+    needs_tools("java"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("pyspark") is None and not REQUIRE_BPF,
+        reason="pyspark is not installed (make test installs it)",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[object]:
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[1]")
+        .appName("kernmlops-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "1")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+def test_spark_reads_a_killed_collection(tmp_path: Path, bpf_baseline, spark) -> None:
+    run = start_collect(tmp_path / "out", *STORM)
+    run.wait_for("probes attached")
+    time.sleep(2.3)  # two flushes, and into the third interval
+    kill_collector(run)
+    collection = run.collection()
+    # What a kill may also leave: a part cut mid-write (no footer), and a compaction
+    # cut short after its swap (the old parts in a hidden folder).
+    first = collection / "quanta_runtime" / "part-00000.parquet"
+    cut = first.with_name(".part-00099.parquet.tmp")
+    cut.write_bytes(first.read_bytes()[: first.stat().st_size // 2])
+    shutil.copytree(collection / "quanta_runtime", collection / ".compact-quanta_runtime")
+    rows = read_everything(collection)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        col = read_collection(collection)
+    root = tmp_path / "out" / "curated"
+    for table, n in rows.items():
+        frame = (
+            spark.read.option("basePath", str(root))
+            .parquet(f"{root}/benchmark=*/collection_id=*/{table}")
+            .where(f"collection_id = '{col.collection_id}'")
+        )
+        assert frame.count() == n, table
+    quanta = spark.read.option("basePath", str(root)).parquet(
+        f"{root}/benchmark=*/collection_id=*/quanta_runtime"
+    )
+    # The partition columns come from the folder names.
+    [row] = quanta.groupBy("benchmark", "collection_id").count().collect()
+    assert (row["benchmark"], row["collection_id"], row["count"]) == (
+        "command",
+        col.collection_id,
+        rows["quanta_runtime"],
+    )
+    assert rows["quanta_runtime"] > 1000
