@@ -154,6 +154,8 @@ def test_server_lifecycle(tmp_path: Path) -> None:
     assert bench.tracked_pids() == []
     with pytest.raises(OSError):
         redis_command(bench.port, "PING", timeout_s=0.5)
+    # its cgroup's watchdog is dismissed too: nothing of the server is left
+    assert psutil.Process().children(recursive=True) == []
     bench.teardown()  # twice is harmless
 
 

@@ -198,6 +198,7 @@ class RedisBenchmark(Benchmark):
                     self.server.wait(timeout=5)
             stop_process_group(self.server)  # SIGTERM, SIGKILL whatever is left
             self.server = None
+        self.stop_services()  # what it forked, its cgroup and watchdog
         if self._log is not None:
             self._log.close()
             self._log = None
