@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from polars.testing import assert_frame_equal
@@ -62,6 +63,27 @@ def test_collection_id_column_is_added(tmp_path: Path) -> None:
     assert back.columns == ["ts_uptime_us", "pid", "collection_id"]
     assert back.schema["collection_id"] == pl.String
     assert back["collection_id"].unique().to_list() == [CID]
+
+
+def test_every_reader_sees_the_tables_own_schema(tmp_path: Path) -> None:
+    """collection_id is written from a one-value dictionary (nothing hashed per row),
+    yet pyarrow, polars and DuckDB read it as text, and nulls and fixed-size arrays
+    keep their types."""
+    frame = pl.DataFrame(
+        {"ts_uptime_us": [3, 4, None], "comm": ["a", None, "c"], "v": [[1, 2], [3, 4], None]},
+        schema_overrides={"ts_uptime_us": pl.UInt64, "v": pl.Array(pl.UInt32, 2)},
+    )
+    with ParquetSink(tmp_path, CID) as sink:
+        sink.write("t", frame)
+    path = tmp_path / "t" / "part-00000.parquet"
+    expected = frame.to_arrow().schema.append(pa.field("collection_id", pa.string()))
+    assert pq.read_schema(path).remove_metadata() == expected
+    meta = pq.ParquetFile(path).metadata
+    assert "RLE_DICTIONARY" in meta.row_group(0).column(3).encodings
+    assert_frame_equal(pl.read_parquet(path), frame.with_columns(collection_id=pl.lit(CID)))
+    duckdb = pytest.importorskip("duckdb")
+    query = f"select any_value(typeof(collection_id)), count(v) from '{path}'"
+    assert duckdb.sql(query).fetchall() == [("VARCHAR", 2)]
 
 
 def test_flush_writes_a_smaller_row_group(tmp_path: Path) -> None:

@@ -16,8 +16,8 @@ import time
 from typing import IO
 
 from kernmlops.benchmarks.base import Launch
-from kernmlops.host.cgroup import Containment
 from kernmlops.errors import BenchmarkError
+from kernmlops.host.cgroup import Containment
 
 # The gate is the shell's stdin, a pipe: a line means go, end-of-file (the
 # collector died) means exit. Stdin, not another fd: dash only takes fd numbers

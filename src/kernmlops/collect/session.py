@@ -30,7 +30,6 @@ from typing import IO, Any
 
 from kernmlops.benchmarks import get_benchmark
 from kernmlops.benchmarks.base import Benchmark, BenchmarkRun
-from kernmlops.host.cgroup import set_oom_score_adj
 from kernmlops.collect.filter import ProcessFilter
 from kernmlops.collect.manifest import BenchmarkRecord, HookRecord, Manifest, write_manifest
 from kernmlops.collect.output import prepare_output, release_reserve
@@ -45,6 +44,7 @@ from kernmlops.errors import (
 )
 from kernmlops.hooks import get_hook
 from kernmlops.hooks.base import Hook, HookContext, HookStatus
+from kernmlops.host.cgroup import set_oom_score_adj
 from kernmlops.host.sysinfo import system_info
 from kernmlops.lazy import preload
 from kernmlops.tables import Sink

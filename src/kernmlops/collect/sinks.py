@@ -15,6 +15,7 @@ counted as lost instead of raising again.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import errno
 import os
@@ -34,10 +35,12 @@ from kernmlops.lazy import lazy_import
 from kernmlops.tables import COLLECTION_ID
 
 if TYPE_CHECKING:
+    import numpy as np
     import polars as pl
     import pyarrow as pa
     import pyarrow.parquet as pq
 else:
+    np = lazy_import("numpy")
     pl = lazy_import("polars")
     pa = lazy_import("pyarrow")
     pq = lazy_import("pyarrow.parquet")
@@ -138,6 +141,8 @@ class _TableState:
     writer: pq.ParquetWriter | None = None
     dictionary_columns: list[str] = field(default_factory=list)
     delta_columns: list[str] = field(default_factory=list)
+    #: the schema the open part's writer takes (see ParquetSink._part_schema)
+    part_schema: pa.Schema | None = None
     temp_path: Path | None = None
     part: int = 0  # index of the part being (or next to be) written
     part_rows: int = 0
@@ -208,6 +213,10 @@ class ParquetSink:
         self._checkpoint: tuple[dict[str, list[str]], dict[str, int]] = ({}, {})
         # The session may flush from a timer thread while hooks write.
         self._lock = threading.RLock()
+        # collection_id's dictionary and indices, made at the first write (pyarrow
+        # is not imported before the probes attach)
+        self._cid_values: pa.Array | None = None
+        self._zeros: pa.Array | None = None
 
     # -- the Sink protocol -------------------------------------------------------------
 
@@ -371,20 +380,25 @@ class ParquetSink:
         writer = self._writer(state, path)
         pending: list[pa.RecordBatch] = []
         held = rows = 0
+
+        def write(batches: list[pa.RecordBatch], size: int | None = None) -> None:
+            table = self._data_columns(state, pa.Table.from_batches(batches))
+            writer.write_table(self._part_rows(state, table), row_group_size=size)
+
         try:
             for part in parts:
                 for batch in pq.ParquetFile(part).iter_batches(batch_size=group):
                     pending.append(batch)
                     held += batch.num_rows
                     if held >= group:
-                        whole = pa.Table.from_batches(pending, state.arrow_schema)
+                        whole = pa.Table.from_batches(pending)
                         cut = held - held % group
-                        writer.write_table(whole.slice(0, cut), row_group_size=group)
+                        write(whole.slice(0, cut).to_batches(), group)
                         rows += cut
                         rest = whole.slice(cut)
                         pending, held = rest.to_batches(), rest.num_rows
             if held:
-                writer.write_table(pa.Table.from_batches(pending, state.arrow_schema))
+                write(pending)
                 rows += held
         finally:
             writer.close()
@@ -499,20 +513,41 @@ class ParquetSink:
 
     def _write_row_group(self, state: _TableState, piece: pl.DataFrame) -> None:
         assert state.writer is not None and state.arrow_schema is not None
-        table = piece.to_arrow()
-        data_schema = state.arrow_schema.remove(state.arrow_schema.get_field_index(COLLECTION_ID))
-        if table.schema != data_schema:
-            table = table.cast(data_schema)
-        # The constant column is made in C per row group (and dictionary-encoded
-        # to a few bytes), not built per batch in Python.
-        table = table.append_column(
-            state.arrow_schema.field(COLLECTION_ID),
-            pa.repeat(pa.scalar(self.collection_id, pa.string()), table.num_rows),
-        )
+        table = self._data_columns(state, piece.to_arrow())
+        assert state.writer is not None
         # One call, one row group: row_group_size covers the whole piece.
-        state.writer.write_table(table, row_group_size=table.num_rows)
+        state.writer.write_table(self._part_rows(state, table), row_group_size=table.num_rows)
         state.part_rows += table.num_rows
         state.rows += table.num_rows
+
+    @staticmethod
+    def _data_columns(state: _TableState, table: pa.Table) -> pa.Table:
+        """``table`` without collection_id, in the table's own types."""
+        assert state.arrow_schema is not None
+        public = state.arrow_schema
+        data_schema = public.remove(public.get_field_index(COLLECTION_ID))
+        if COLLECTION_ID in table.column_names:
+            table = table.drop_columns([COLLECTION_ID])
+        return table if table.schema == data_schema else table.cast(data_schema)
+
+    def _part_schema(self, state: _TableState) -> pa.Schema:
+        """The writer's schema: the table's, with collection_id a dictionary of one
+        value (nothing to hash per row: a fifth of the writing CPU)."""
+        assert state.arrow_schema is not None
+        at = state.arrow_schema.get_field_index(COLLECTION_ID)
+        cid = pa.field(COLLECTION_ID, pa.dictionary(pa.int32(), pa.string()))
+        return state.arrow_schema.set(at, cid)
+
+    def _part_rows(self, state: _TableState, table: pa.Table) -> pa.Table:
+        """``table`` (the data columns) with collection_id added, in the part's schema."""
+        assert state.part_schema is not None
+        n = table.num_rows
+        if self._zeros is None or len(self._zeros) < n:
+            self._zeros = pa.array(np.zeros(max(n, self.row_group_rows), np.int32))
+        if self._cid_values is None:
+            self._cid_values = pa.array([self.collection_id], pa.string())
+        cid = pa.DictionaryArray.from_arrays(self._zeros.slice(0, n), self._cid_values)
+        return pa.Table.from_arrays([*table.columns, cid], schema=state.part_schema)
 
     def _open_part(self, state: _TableState, sample: pl.DataFrame) -> None:
         folder = self.collection_dir / state.name
@@ -547,13 +582,19 @@ class ParquetSink:
 
     def _writer(self, state: _TableState, path: Path) -> pq.ParquetWriter:
         assert state.arrow_schema is not None
-        return pq.ParquetWriter(
+        state.part_schema = self._part_schema(state)
+        writer = pq.ParquetWriter(
             path,
-            state.arrow_schema,
+            state.part_schema,
             compression=self.compression,
             use_dictionary=state.dictionary_columns,
             column_encoding=dict.fromkeys(state.delta_columns, "DELTA_BINARY_PACKED") or None,
+            # Readers get the table's own schema (collection_id as text), not the
+            # writer's.
+            store_schema=False,
         )
+        writer.add_key_value_metadata({"ARROW:schema": _schema_metadata(state.arrow_schema)})
+        return writer
 
     def _finish_part(self, state: _TableState) -> None:
         assert state.writer is not None and state.temp_path is not None
@@ -568,6 +609,11 @@ class ParquetSink:
         state.temp_path = None
         state.part += 1
         state.part_rows = 0
+
+
+def _schema_metadata(schema: pa.Schema) -> bytes:
+    """``schema`` as pyarrow stores it in a Parquet file's ``ARROW:schema`` key."""
+    return base64.b64encode(schema.serialize().to_pybytes())
 
 
 def _mostly_growing(col: pl.Series) -> bool:
