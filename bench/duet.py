@@ -29,7 +29,6 @@ Results go to bench/results/duet.json (and a summary on stdout).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -46,6 +45,7 @@ from kernmlops.duet.analysis import Options, analyze  # noqa: E402
 from kernmlops.duet.config import validate_duet_config  # noqa: E402
 from kernmlops.duet.process import process_dirs  # noqa: E402
 from kernmlops.duet.runner import run_suite  # noqa: E402
+from results_io import save  # noqa: E402
 
 LOOP_C = r"""
 #include <stdlib.h>
@@ -191,7 +191,7 @@ def main() -> None:
         summary["kinds"][kind] = k
     summary["experiments"] = rows
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(summary, indent=1))
+    save(args.out, summary, indent=1)
     print(f"\nload average during the runs: {summary['machine']['load_avg_min_median_max']}")
     for kind, k in summary["kinds"].items():
         line = (

@@ -28,7 +28,6 @@ Run: ``sudo .venv/bin/python bench/exporter.py [--scrapes 200] [--idle-s 30]``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -44,6 +43,7 @@ from kernmlops.ebpf import libbpf
 from kernmlops.exporter.config import resolve_sets
 from kernmlops.exporter.core import Exporter, JobFilter
 from kernmlops.exporter.server import MetricsServer
+from results_io import save
 
 BENCH = Path(__file__).resolve().parent
 TARGET_SCRAPE_MS = 20.0
@@ -204,7 +204,7 @@ def main() -> int:
         "idle": idle,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    save(args.out, result)
     for name, case in cases.items():
         print(
             f"{name:10s} {case['series']:5d} series: http median {case['http']['median_ms']} ms "

@@ -16,7 +16,6 @@ No root needed. Run: ``.venv/bin/python bench/graphs.py --help``.
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import sys
 import tempfile
@@ -25,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+
+from results_io import save
 
 BENCH = Path(__file__).resolve().parent
 T0 = 1_000_000_000
@@ -242,7 +243,7 @@ def main() -> None:
     print(f"peak RSS {peak:.0f} MiB; read + load + every graph {total:.1f} s "
           f"(target <= 60 s for ~10M rows): {verdict}")  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    save(args.out, results)
     print(f"wrote {args.out}")
 
 

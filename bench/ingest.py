@@ -41,6 +41,8 @@ from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
 
+from results_io import save
+
 BENCH = Path(__file__).resolve().parent
 BUILD = BENCH / "build"
 RING = "ingest_rb"
@@ -472,10 +474,11 @@ def targets(runs: list[Run]) -> dict[str, dict]:
             value = best(reader)
             ok = value >= 0.99 * goal
             out[f"{reader} >= {goal / 1e6:g}M/s, 0 drops"] = {"value": value, "ok": ok}
-    for reader in ("drain", "parquet", "parquet-threaded"):
+    # Issue 11: into Parquet at 1M/s, at most 15% of a core (draining alone: 25%).
+    for reader, limit in (("drain", 25), ("parquet", 15), ("parquet-threaded", 15)):
         cpu = cpu_at_1m(reader)
         if cpu is not None:
-            out[f"{reader} CPU <= 25% at 1M/s"] = {"value": cpu, "ok": cpu <= 25}
+            out[f"{reader} CPU <= {limit}% at 1M/s"] = {"value": cpu, "ok": cpu <= limit}
     return out
 
 
@@ -577,7 +580,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": [{**asdict(r), "consistent": r.consistent} for r in runs],
         "targets": verdict,
     }
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    save(args.out, report)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

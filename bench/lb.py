@@ -37,6 +37,7 @@ from kernmlops.lb.features import fixed_features, float_features
 from kernmlops.lb.fixed import FixedModel
 from kernmlops.lb.model import TrainConfig, train
 from kernmlops.lb.pipeline import train_model
+from results_io import save
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -209,7 +210,7 @@ def main() -> int:
     if args.lab_shadow:
         results["lab_shadow"] = lab_shadow(args.lab_shadow)
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    save(args.output, results, indent=1)
     print(f"-> {args.output}")
     return 0
 

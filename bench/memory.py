@@ -26,6 +26,8 @@ from pathlib import Path
 
 import psutil
 
+from results_io import save
+
 BENCH = Path(__file__).resolve().parent
 MIB = 1 << 20
 
@@ -218,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     verdict = "PASS" if ok else "FAIL"
     print(f"{verdict}  peak RSS {peak_mb:.0f} MB (target <= {args.target_mb:g} MB)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    save(args.out, result)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

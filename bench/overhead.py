@@ -50,6 +50,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from results_io import save
+
 BENCH = Path(__file__).resolve().parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 MARK = "probes attached"
@@ -712,7 +714,7 @@ def main(argv: list[str] | None = None) -> int:
             for r in results
         ],
     }
-    args.out.write_text(json.dumps(body, indent=2) + "\n")
+    save(args.out, body)
     print(f"wrote {args.out}")
     os.close(stats_fd)
     return 0

@@ -30,6 +30,7 @@ import polars as pl
 from kernmlops.collect.manifest import write_manifest
 from kernmlops.collect.sinks import ParquetSink
 from kernmlops.data import read_collection
+from results_io import save
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -151,16 +152,9 @@ def main() -> None:
     for name, r in ratios.items():
         print(f"{name}:", json.dumps(r))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "args": {k: str(v) for k, v in vars(args).items()},
-                "results": results,
-                "ratios": ratios,
-            },
-            indent=2,
-        )
-        + "\n"
+    save(
+        args.out,
+        {"args": {k: str(v) for k, v in vars(args).items()}, "results": results, "ratios": ratios},
     )
 
 

@@ -14,7 +14,6 @@ Run: ``.venv/bin/python bench/stages.py --help``.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import tempfile
@@ -28,6 +27,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
 import ingest  # noqa: E402 (the bench next door: its build and record layout)
+from results_io import save  # noqa: E402
 
 
 def synthetic_ring(dtype: np.dtype, size: int, count: int) -> np.ndarray:
@@ -142,9 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         table.add_row(name, f"{ms:.1f}", f"{1e3 / ms:.1f}M/s", size)
     Console(width=110).print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps({"settings": {**vars(args), "out": str(args.out)}, "stages": results}) + "\n"
-    )
+    settings = {**vars(args), "out": str(args.out)}
+    save(args.out, {"settings": settings, "stages": results}, indent=None)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

@@ -32,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from results_io import save
+
 BENCH = Path(__file__).resolve().parent
 MARK = "probes attached"
 #: What a collect imports before it attaches anything.
@@ -278,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         for label, secs in steps:
             print(f"  {secs:7.3f}  {label}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    save(args.out, report)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
