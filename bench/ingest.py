@@ -43,6 +43,9 @@ from pathlib import Path
 
 from results_io import save
 
+# The allocator the kernmlops command picks (cli.main), read when pyarrow loads.
+os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
+
 BENCH = Path(__file__).resolve().parent
 BUILD = BENCH / "build"
 RING = "ingest_rb"

@@ -14,6 +14,7 @@ Run: ``.venv/bin/python bench/stages.py --help``.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -28,6 +29,9 @@ sys.path.insert(0, str(BENCH))
 
 import ingest  # noqa: E402 (the bench next door: its build and record layout)
 from results_io import save  # noqa: E402
+
+# The allocator the kernmlops command picks (cli.main), read when pyarrow loads.
+os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
 
 
 def synthetic_ring(dtype: np.dtype, size: int, count: int) -> np.ndarray:

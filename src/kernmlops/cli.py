@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -357,6 +358,10 @@ def perf_list(show_all: bool, tracepoints: bool, as_json: bool) -> None:
 
 
 def main() -> None:
+    # Arrow's default allocator (mimalloc) kept about 50 MiB more resident than its
+    # jemalloc at the collector's peak, for the same CPU (bench/README.md §9). Read
+    # once, when pyarrow loads; a user's own choice wins.
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
     cli(prog_name="kernmlops")
 
 

@@ -387,7 +387,10 @@ class ParquetSink:
 
         try:
             for part in parts:
-                for batch in pq.ParquetFile(part).iter_batches(batch_size=group):
+                # One row group at a time on this thread: pre-buffering and decoding
+                # threads held tens of MiB more at the collector's peak (bench/memory.py).
+                source = pq.ParquetFile(part, pre_buffer=False)
+                for batch in source.iter_batches(batch_size=group, use_threads=False):
                     pending.append(batch)
                     held += batch.num_rows
                     if held >= group:
