@@ -7,7 +7,8 @@ reports events drained per second, drops (the object's ``drops`` map) and the
 reader's CPU time. Readers:
 
 * ``drain``: kernmlops RingBuffer.drain() every 10 ms, counting only;
-* ``parquet``: the same, then records_to_frame and ParquetSink.write (checks
+* ``parquet``: the same, then records_to_table (Arrow, as the collector's hooks
+  build rows) and ParquetSink.write (checks
   that the Parquet files hold exactly the drained rows);
 * ``callback``: libbpf's ring_buffer__new with a per-event ctypes callback
   that struct.unpack()s each record, consumed every 10 ms
@@ -105,7 +106,7 @@ class DrainReader(Reader):
 
 
 class ParquetReader(DrainReader):
-    """drain() -> records_to_frame -> ParquetSink.write, as a BPF hook feeds a session."""
+    """drain() -> records_to_table -> ParquetSink.write, as a BPF hook feeds a session."""
 
     def __init__(self, map_fd: int, size: int, layout) -> None:
         from kernmlops.collect.sinks import ParquetSink
@@ -115,11 +116,11 @@ class ParquetReader(DrainReader):
         self.sink = ParquetSink(self.dir, "ingest-bench")
 
     def poll(self) -> int:
-        from kernmlops.ebpf.frames import records_to_frame
+        from kernmlops.ebpf.frames import records_to_table
 
         records = self.ring.drain()
         if len(records):
-            self.sink.write(TABLE, records_to_frame(records, self.layout))
+            self.sink.write(TABLE, records_to_table(records, self.layout))
         return len(records)
 
     def close(self) -> dict[str, int]:
@@ -218,17 +219,17 @@ MAKERS: dict[str, Callable[..., Reader]] = {
 
 
 def warm_up(obj_path: Path) -> None:
-    """Import and first-use costs of polars and pyarrow.parquet, out of the first run."""
+    """Import and first-use costs of pyarrow.parquet, out of the first run."""
     import numpy as np
 
     from kernmlops.collect.sinks import ParquetSink
     from kernmlops.ebpf.btf import ring_layouts
-    from kernmlops.ebpf.frames import records_to_frame
+    from kernmlops.ebpf.frames import records_to_table
 
     layout = ring_layouts(obj_path)[RING]
     folder = Path(tempfile.mkdtemp(prefix="kmo-warm-"))
     with ParquetSink(folder, "warm-up") as sink:
-        sink.write(TABLE, records_to_frame(np.zeros(1000, layout.dtype), layout))
+        sink.write(TABLE, records_to_table(np.zeros(1000, layout.dtype), layout))
     shutil.rmtree(folder, ignore_errors=True)
 
 

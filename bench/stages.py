@@ -2,7 +2,8 @@
 
 Replays a synthetic ring of ingest records (the struct of bench/ingest.bpf.c)
 through what a BPF hook does every poll: ringbuf.decode (the numpy batch
-decode behind RingBuffer.drain), frames.records_to_frame and ParquetSink.write
+decode behind RingBuffer.drain), frames.records_to_table (Arrow, what the
+collector's hooks hand over; records_to_frame, polars, beside it) and ParquetSink.write
 (+ close) with zstd (the default) and snappy. Prints CPU milliseconds
 per million records for each stage, best of ``--repeat``, so the live numbers
 of bench/ingest.py can be explained (and a src change checked) on a machine
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from kernmlops.collect.sinks import ParquetSink
     from kernmlops.ebpf.btf import ring_layouts
-    from kernmlops.ebpf.frames import records_to_frame
+    from kernmlops.ebpf.frames import records_to_frame, records_to_table
     from kernmlops.ebpf.ringbuf import decode, record_stride
 
     _, obj = ingest.build()
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         return out
 
     batches = decode_all()
-    frames = [records_to_frame(b, layout) for b in batches]
+    frames = [records_to_table(b, layout) for b in batches]
 
     sizes: dict[int, int] = {}  # id(run) -> Parquet bytes written
 
@@ -120,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
 
     stages: dict[str, Callable[[], object]] = {
         "decode (RingBuffer.drain)": decode_all,
-        "records_to_frame": lambda: [records_to_frame(b, layout) for b in batches],
+        "records_to_table (Arrow)": lambda: [records_to_table(b, layout) for b in batches],
+        "records_to_frame (polars)": lambda: [records_to_frame(b, layout) for b in batches],
         "ParquetSink zstd (default)": sink_run(lambda d: ParquetSink(d, "stages")),
         "ParquetSink snappy": sink_run(lambda d: ParquetSink(d, "stages", compression="snappy")),
     }

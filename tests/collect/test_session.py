@@ -147,7 +147,7 @@ def test_gate_works_whatever_the_fd_numbers() -> None:
             os.close(fd)
 
 
-def test_probes_attach_before_the_heavy_libraries_are_imported(tmp_path: Path) -> None:
+def test_probes_attach_before_heavy_libraries_load_and_polars_never_does(tmp_path: Path) -> None:
     # A fresh interpreter runs the default hooks; when every probe is attached
     # (on_attached), none of the libraries that only decode and write rows is
     # loaded yet. The collection then has its rows all the same.
@@ -163,6 +163,7 @@ def on_attached(statuses):
 cfg = load_config(flags={{"benchmark.name": "faux", "benchmark.duration_s": 0.5,
                           "collector.output_dir": {str(tmp_path)!r}}})
 result = Session(cfg, on_attached=on_attached).run()
+seen["after_run"] = [m for m in ("polars", "pyarrow") if m in sys.modules]
 from kernmlops.data import read_collection
 seen["rows"] = read_collection(result.path)["quanta_runtime"].height
 print(json.dumps(seen))
@@ -176,6 +177,9 @@ print(json.dumps(seen))
     seen = json.loads(out.stdout.splitlines()[-1])
     assert seen["attached"] == ["memory_usage", "process_trace", "quanta_runtime", "system_info"]
     assert seen["loaded"] == []
+    # The default hooks hand over Arrow tables: the whole collection ran without
+    # polars (the analysis side's library), which read_collection then loads.
+    assert seen["after_run"] == ["pyarrow"]
     assert seen["rows"] > 0
 
 

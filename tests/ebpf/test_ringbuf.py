@@ -473,3 +473,23 @@ def test_drain_joins_a_batch_that_wraps_the_end_of_the_ring() -> None:
         assert np.array_equal(reader.drain(), more)
     finally:
         reader.close()
+
+
+def test_records_to_table_is_arrow_with_the_frames_rows(process_layout):
+    # What the collector's hooks hand over: Arrow, no polars; the same rows and types
+    # polars reads (texts as large_string, enums as their labels, null if unnamed).
+    import pyarrow as pa
+
+    from kernmlops.ebpf.frames import records_to_table
+
+    rec = np.zeros(3, process_layout.dtype)
+    rec["pid"] = [7, 8, 9]
+    rec["kind"] = [2, 99, 0]
+    rec["comm"] = [b"sh\x00junk", b"\xff\xfe", b"x" * 16]
+    table = records_to_table(rec, process_layout)
+    assert isinstance(table, pa.Table)
+    assert table.schema.field("pid").type == pa.uint32()
+    assert table.schema.field("comm").type == pa.large_string()
+    assert table.column("kind").to_pylist() == ["exit", None, "fork"]
+    assert table.column("comm").to_pylist() == ["sh", "\ufffd\ufffd", "x" * 16]
+    assert pl.from_arrow(table).equals(records_to_frame(rec, process_layout))

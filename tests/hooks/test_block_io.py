@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 from kernmlops.hooks.base import HookContext
 from kernmlops.hooks.block_io import CmdFlagsDecoder, decode_cmd_flags
+from tests.rows import polled
 
 FILE_BYTES = 16 << 20
 FIO_TOLERANCE = 0.05  # the bound for requests and bytes vs fio
@@ -164,7 +165,7 @@ def _run_fio_draining(
         try:
             while proc.poll() is None:
                 drains_us.append(time.monotonic_ns() // 1000)
-                frames.extend(f for _, f in hook.poll())
+                frames.extend(f for _, f in polled(hook.poll()))
                 time.sleep(0.0005)
         finally:
             if proc.poll() is None:
@@ -189,7 +190,7 @@ def test_block_io_matches_fio(target: tuple[str, tuple[int, int]]) -> None:
         assert hook.status.attached
         out, drains_us, frames = _run_fio_draining(hook, flt, _fio_cmd(filename))
         stats = hook.stats()
-        frames.extend(f for _, f in hook.stop())
+        frames.extend(f for _, f in polled(hook.stop()))
     finally:
         hook.close()
         flt.close()
@@ -299,12 +300,12 @@ def test_request_in_flight_across_drains(frozen_loop: tuple[str, Path]) -> None:
         drains_us = []
         for _ in range(3):
             drains_us.append(time.monotonic_ns() // 1000)
-            rows = [f for _, f in hook.poll()]
+            rows = [f for _, f in polled(hook.poll())]
             assert not any((f["minor"] == minor).any() for f in rows), "row before completion"
             time.sleep(0.02)
         _sh("fsfreeze", "-u", str(mnt))
         assert dd.wait(timeout=10) == 0
-        frames = [f for _, f in hook.stop()]
+        frames = [f for _, f in polled(hook.stop())]
     finally:
         subprocess.run(["fsfreeze", "-u", str(mnt)], capture_output=True, check=False)
         if dd is not None and dd.poll() is None:

@@ -10,6 +10,7 @@ import polars as pl
 import pytest
 
 from kernmlops.hooks.base import HookContext
+from tests.rows import polled
 
 
 def _traced(flt: object, script: str) -> None:
@@ -43,14 +44,14 @@ def test_rings_drain_when_full_enough_or_at_stop() -> None:
         reader = hook.readers()["process_trace"][0]
         _traced(flt, "/bin/true")
         assert reader.pending_bytes() > 0
-        assert list(hook.poll()) == []  # a few records wait for the batch
+        assert list(polled(hook.poll())) == []  # a few records wait for the batch
         _traced(flt, "for i in $(seq 100); do /bin/true; done")
         assert reader.pending_bytes() >= 4096
-        polled = [f for _, f in hook.poll()]
+        drained = [f for _, f in polled(hook.poll())]
         assert reader.pending_bytes() == 0
-        assert _execs(polled, "true") == 101  # the first run's rows came along
+        assert _execs(drained, "true") == 101  # the first run's rows came along
         _traced(flt, "/bin/true")
-        final = [f for _, f in hook.stop()]
+        final = [f for _, f in polled(hook.stop())]
         assert _execs(final, "true") == 1
     finally:
         hook.close()
@@ -67,7 +68,7 @@ def test_batch_ms_zero_drains_every_poll() -> None:
     try:
         hook.start(HookContext("t", process_filter=flt, self_tgid=os.getpid()))
         _traced(flt, "/bin/true")
-        assert _execs([f for _, f in hook.poll()], "true") == 1
+        assert _execs([f for _, f in polled(hook.poll())], "true") == 1
     finally:
         hook.close()
         flt.close()
@@ -94,7 +95,7 @@ def test_spilled_records_come_first_and_none_is_lost() -> None:
         assert hook.drops() == 0
         _traced(flt, "/bin/true")  # and some left in the ring
         assert reader.pending_bytes() > 0 and reader.spilled
-        frames = [f for _, f in hook.poll()]
+        frames = [f for _, f in polled(hook.poll())]
         assert not reader.spilled and reader.pending_bytes() == 0
         assert _execs(frames, "true") == 181
     finally:

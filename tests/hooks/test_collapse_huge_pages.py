@@ -20,6 +20,7 @@ from kernmlops.hooks.collapse_huge_pages import (
     syscall_tracepoints_exist,
 )
 from tests.hooks.conftest import build_c
+from tests.rows import polled
 
 MIB = 1 << 20
 THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
@@ -144,7 +145,7 @@ def test_ranges_exact_and_collapses_match_smaps(workload: Path, syscall_tracepoi
         assert proc.wait(timeout=10) == 0
     finally:
         proc.kill()
-        for table, frame in hook.stop():
+        for table, frame in polled(hook.stop()):
             frames[table].append(frame)
         flt.close()
     assert hook.status.drops == 0

@@ -24,6 +24,7 @@ from kernmlops.hooks.cpu_profile import (
     UserSymbols,
     folded,
 )
+from tests.rows import polled
 
 SPIN_C = r"""
 #include <stdlib.h>
@@ -181,10 +182,10 @@ def test_spinning_function_tops_its_user_stacks(tmp_path: Path, pie: bool) -> No
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
-            frames += [f for _, f in hook.poll()]  # maps read while it lives
+            frames += [f for _, f in polled(hook.poll())]  # maps read while it lives
             time.sleep(0.02)
         proc.returncode = os.waitstatus_to_exitcode(status)
-        frames += [f for _, f in hook.stop()]
+        frames += [f for _, f in polled(hook.stop())]
     finally:
         hook.close()
         flt.close()

@@ -13,6 +13,7 @@ from kernmlops.hooks.base import HookOptions
 from kernmlops.hooks.memory_usage import MemoryUsageHook
 from kernmlops.host.meminfo import meminfo_column, parse_meminfo
 from kernmlops.tables import UPTIME_TIMESTAMP
+from tests.rows import polled
 
 SAMPLE = """\
 MemTotal:       24684084 kB
@@ -103,7 +104,7 @@ def _poll_for(hook: MemoryUsageHook, seconds: float) -> list[pl.DataFrame]:
     frames: list[pl.DataFrame] = []
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        for table, frame in hook.poll():
+        for table, frame in polled(hook.poll()):
             assert table == "memory_usage"
             frames.append(frame)
         time.sleep(0.01)  # the session's poll interval
@@ -116,7 +117,7 @@ def test_sample_rate_and_rows() -> None:
     hook.start()
     try:
         frames = _poll_for(hook, 0.5)
-        frames += [frame for _, frame in hook.stop()]  # sampled after the last poll
+        frames += [frame for _, frame in polled(hook.stop())]  # sampled after the last poll
     finally:
         hook.close()
     after_us = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
@@ -138,19 +139,19 @@ def test_poll_yields_nothing_between_samples() -> None:
     hook = MemoryUsageHook(MemoryUsageHook.Options(poll_hz=1))
     hook.start()
     try:
-        first = list(hook.poll())
+        first = list(polled(hook.poll()))
         assert len(first) == 1 and first[0][1].height == 1
-        assert list(hook.poll()) == []
+        assert list(polled(hook.poll())) == []
     finally:
         hook.close()
 
 
 def test_poll_before_start_and_stop_twice() -> None:
     hook = MemoryUsageHook()
-    assert list(hook.poll()) == []
+    assert list(polled(hook.poll())) == []
     hook.start()
-    assert sum(f.height for _, f in hook.stop()) == 1
-    assert list(hook.stop()) == []
+    assert sum(f.height for _, f in polled(hook.stop())) == 1
+    assert list(polled(hook.stop())) == []
     hook.close()
 
 
@@ -161,7 +162,7 @@ def test_sampling_is_not_starved_by_a_busy_poll_loop() -> None:
     hook.start()
     try:
         time.sleep(0.6)  # no poll at all
-        rows = pl.concat([f for _, f in hook.stop()])
+        rows = pl.concat([f for _, f in polled(hook.stop())])
     finally:
         hook.close()
     assert 12 <= rows.height <= 14
@@ -177,7 +178,7 @@ def test_missed_intervals_are_counted_as_drops() -> None:
         with hook._lock:  # the sampler cannot sample for 0.5 s: about 10 intervals
             time.sleep(0.5)
         time.sleep(0.12)
-        rows = pl.concat([f for _, f in hook.stop()])
+        rows = pl.concat([f for _, f in polled(hook.stop())])
     finally:
         hook.close()
     gaps = rows[UPTIME_TIMESTAMP].diff().drop_nulls()

@@ -14,6 +14,7 @@ import pytest
 from kernmlops.ebpf.btf import ring_layouts
 from kernmlops.ebpf.build import build, object_path
 from kernmlops.hooks.mm_rss_stat import MmRssStatHook
+from tests.rows import polled
 
 MIB = 1 << 20
 ANON_MIB, FILE_MIB, SHMEM_MIB = 64, 16, 16
@@ -113,11 +114,11 @@ def test_last_values_match_proc_status(workload: tuple[Path, Path]) -> None:
         proc.stdin.write("go\n")
         proc.stdin.flush()
         while proc.poll() is None:
-            frames += [f for _, f in hook.poll()]
+            frames += [f for _, f in polled(hook.poll())]
             time.sleep(0.01)
         assert proc.wait() == 0
         status = dict(re.findall(r"^(\w+):\s+(\d+)", proc.stdout.read(), re.MULTILINE))
-        frames += [f for _, f in hook.stop()]
+        frames += [f for _, f in polled(hook.stop())]
     finally:
         hook.close()
         flt.close()

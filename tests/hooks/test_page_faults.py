@@ -12,6 +12,7 @@ import pytest
 
 from kernmlops.hooks.page_faults import PageFaultsHook
 from tests.hooks.conftest import build_c
+from tests.rows import polled
 
 pytestmark = pytest.mark.bpf
 
@@ -104,12 +105,12 @@ def _run(hook: PageFaultsHook, workload: Path) -> tuple[pl.DataFrame, int, int, 
         proc.stdin.write("go\n")
         proc.stdin.flush()
         while proc.poll() is None:
-            frames += [f for _, f in hook.poll()]
+            frames += [f for _, f in polled(hook.poll())]
             time.sleep(0.01)
         assert proc.wait() == 0
         rusage, t0, t1 = map(int, proc.stdout.read().split())
         seen = hook.faults_seen()
-        frames += [f for _, f in hook.stop()]
+        frames += [f for _, f in polled(hook.stop())]
     finally:
         hook.close()
         flt.close()

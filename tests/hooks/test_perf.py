@@ -24,6 +24,7 @@ from kernmlops.ebpf.perf_events import EventSpec, encode_terms, resolve
 from kernmlops.hooks.perf import DEFAULT_EVENTS, SOFTWARE_EVENTS, PerfHook
 from kernmlops.host.cpus import online_cpus
 from kernmlops.tables import UPTIME_TIMESTAMP
+from tests.rows import polled
 
 WORKLOAD_CPU = 0
 
@@ -171,9 +172,9 @@ def _ctxt_switches(pid: int) -> int:
 def _collect(hook: PerfHook, proc: subprocess.Popen[str]) -> pl.DataFrame:
     frames = []
     while proc.poll() is None:
-        frames += [f for _, f in hook.poll()]
+        frames += [f for _, f in polled(hook.poll())]
         time.sleep(0.01)
-    frames += [f for _, f in hook.stop()]
+    frames += [f for _, f in polled(hook.stop())]
     return pl.concat(frames)
 
 
@@ -255,7 +256,7 @@ def test_minor_faults_on_cpu0_match_getrusage(off_workload_cpu: None) -> None:
     hook.start()
     proc = _spawn_pinned(sys.executable, "-c", FAULTS)
     proc.wait()
-    frame = pl.concat([f for _, f in hook.stop()])
+    frame = pl.concat([f for _, f in polled(hook.stop())])
     assert proc.returncode == 0 and proc.stdout is not None
     minflt = int(proc.stdout.read())
     cpu0 = _delta(frame, "minor_faults", WORKLOAD_CPU)
@@ -283,9 +284,9 @@ def test_clocks_count_the_wall_time_of_each_cpu() -> None:
     frames = []
     t0 = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
     while time.clock_gettime_ns(time.CLOCK_MONOTONIC) - t0 < 300_000_000:
-        frames += [f for _, f in hook.poll()]
+        frames += [f for _, f in polled(hook.poll())]
         time.sleep(0.005)
-    frames += [f for _, f in hook.stop()]
+    frames += [f for _, f in polled(hook.stop())]
     frame = pl.concat(frames)
     cpus = sorted(os.sched_getaffinity(0))
     assert sorted(frame["cpu"].unique().to_list()) == online_cpus()
@@ -326,7 +327,7 @@ def test_unsupported_events_are_named_with_their_reason() -> None:
     wanted = ["cycles", "instructions", "dTLB-load-misses", "iTLB-load-misses", "tlb:tlb_flush"]
     hook = PerfHook(PerfHook.Options(events=wanted))
     hook.start()
-    frame = pl.concat([f for _, f in hook.stop()])
+    frame = pl.concat([f for _, f in polled(hook.stop())])
     by_perf = _perf_stat_not_supported([*wanted, *SOFTWARE_EVENTS])
     print(f"\nperf stat: not supported {sorted(by_perf)}; hook: {hook.unsupported}")
     assert set(hook.unsupported) == by_perf

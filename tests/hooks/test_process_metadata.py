@@ -20,6 +20,7 @@ from kernmlops.hooks.process_metadata import (
     cgroup2_mount,
     read_cmdline,
 )
+from tests.rows import polled
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 NICE, POLICY = 7, os.SCHED_BATCH
@@ -183,7 +184,7 @@ def test_snapshot_matches_proc(
         frame = hook.snapshot("check")
         after = proc_snapshot()
     finally:
-        frames = [f for _, f in hook.stop()]
+        frames = [f for _, f in polled(hook.stop())]
     assert frame["snapshot"].unique().to_list() == ["check"]
     # Processes alive and unchanged across the snapshot: each must be there, as /proc says.
     stable = {pid: st for pid, st in before.items() if after.get(pid) == st}
@@ -270,9 +271,9 @@ def test_filter_and_leaders_only() -> None:
             try:
                 hook.start(HookContext("t", process_filter=flt, self_tgid=os.getpid()))
                 time.sleep(0.06)
-                frames = [f for _, f in hook.poll()]  # start, then one interval snapshot
+                frames = [f for _, f in polled(hook.poll())]  # start, then one interval snapshot
             finally:
-                table = pl.concat(frames + [f for _, f in hook.stop()])
+                table = pl.concat(frames + [f for _, f in polled(hook.stop())])
             assert table["snapshot"].unique(maintain_order=True).to_list() == [
                 "start",
                 "interval",

@@ -17,6 +17,7 @@ import pytest
 
 from kernmlops.hooks.quanta_runtime import QuantaRuntimeHook, split_switches
 from tests.hooks.conftest import build_c
+from tests.rows import as_frame, polled
 
 BOUNCE = r"""
 #include <stdlib.h>
@@ -52,7 +53,7 @@ def test_split_switches_keeps_each_tables_rows() -> None:
         [(10, 5, 0, 1, 7, 7, 8, 8, 1, 0), (20, 0, 3, 0, 0, 0, 9, 9, 0, 1),
          (30, 4, 2, 1, 8, 8, 7, 7, 1, 1)], dt
     )  # fmt: skip
-    out = split_switches(recs)
+    out = {table: as_frame(rows) for table, rows in split_switches(recs).items()}
     assert out["quanta_runtime"].rows() == [(10, 5, 1, 7, 7), (30, 4, 1, 8, 8)]
     assert out["quanta_queued_time"].rows() == [(20, 3, 0, 9, 9), (30, 2, 1, 7, 7)]
     assert out["quanta_runtime"].columns == [
@@ -104,7 +105,7 @@ def test_waits_and_quanta_match_the_kernels_accounts(bounce: Path) -> None:
         hog.kill()
         hog.wait()
         time.sleep(0.05)
-        for table, frame in hook.stop():
+        for table, frame in polled(hook.stop()):
             frames[table].append(frame)
     finally:
         hook.close()

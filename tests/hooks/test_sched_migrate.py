@@ -12,6 +12,7 @@ import polars as pl
 import pytest
 
 from kernmlops.hooks.base import HookContext
+from tests.rows import polled
 
 if TYPE_CHECKING:
     from kernmlops.hooks.sched_migrate import SchedMigrateHook
@@ -94,7 +95,7 @@ def _run(workload: str, **options: object) -> tuple[dict, pl.DataFrame, SchedMig
         flt.add(proc.pid)
         out, err = proc.communicate("go\n", timeout=60)
         assert proc.returncode == 0, err
-        frames = [f for _, f in hook.stop()]
+        frames = [f for _, f in polled(hook.stop())]
     finally:
         hook.close()
         flt.close()

@@ -19,6 +19,7 @@ from kernmlops.hooks.syscalls import (
     syscall_table,
 )
 from tests.hooks.conftest import build_c
+from tests.rows import polled
 
 GETPPID_PHASES = (6000, 6345)  # 12345 in all, in two phases a pause apart
 FAILING_CLOSES = 777
@@ -110,16 +111,16 @@ def test_counts_errors_and_latency_are_exact(workload: Path) -> None:
         proc.stdin.write("go\n")
         proc.stdin.flush()
         while proc.poll() is None:  # the session's poll loop, in small
-            frames += [f for _, f in hook.poll()]
+            frames += [f for _, f in polled(hook.poll())]
             time.sleep(0.01)
         assert proc.wait() == 0
         time.sleep(0.06)
-        frames += [f for _, f in hook.poll()]
+        frames += [f for _, f in polled(hook.poll())]
         # The process is gone: its keys left the map after their last read.
         assert hook.obj is not None
         left = {int.from_bytes(k[:4], "little") for k in hook.obj.map("syscall_stats")}
         assert proc.pid not in left
-        frames += [f for _, f in hook.stop()]
+        frames += [f for _, f in polled(hook.stop())]
     finally:
         hook.close()
         flt.close()

@@ -13,6 +13,7 @@ is flushed, and the manifest is finalised with how it ended.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import platform
 import shutil
@@ -50,8 +51,10 @@ from kernmlops.lazy import preload
 from kernmlops.tables import Sink
 
 RESULT_TABLE = "benchmark_result"
-#: imported in the background once the probes are attached (see kernmlops.lazy)
-DECODING_LIBRARIES = ("numpy", "polars", "pyarrow", "pyarrow.parquet")
+#: imported in the background once the probes are attached (see kernmlops.lazy), with
+#: each hook's own ``libraries``: rows are Arrow tables, polars only where a hook builds
+#: them with it
+DECODING_LIBRARIES = ("numpy", "pyarrow", "pyarrow.compute", "pyarrow.parquet")
 #: ring records held in memory while the sink is behind; past it the loop blocks on the
 #: sink again and a long stall overflows the rings (counted as drops)
 MAX_SPILLED_BYTES = 256 << 20
@@ -265,7 +268,9 @@ class Session:
             # The libraries that decode and write rows come in the background from here
             # on (not sooner: their import would hold up the lines above); until they
             # are in, the loop only keeps the rings from filling.
-            libraries = preload(*DECODING_LIBRARIES)
+            libraries = preload(
+                *DECODING_LIBRARIES, *sorted({lib for hook in hooks for lib in hook.libraries})
+            )
             ended_by, bench_exit = self._loop(hooks, sink, proc, libraries)
         except BaseException as err:  # always flush and detach below
             errors.append(err)
@@ -373,6 +378,7 @@ class Session:
         parts = sum(len(f) for f in parquet.files_written().values())
         if parts >= 100 and self.on_message:
             self.on_message(f"compacting {parts} flushed parts into one file per table")
+        _release_free_memory()
         try:
             self._compaction = parquet.compact()
         except KeyboardInterrupt as err:  # a second Ctrl+C: the parts stay as they were
@@ -584,6 +590,18 @@ class Session:
             m.lost_rows = dict(self._parquet.lost_rows)  # type: ignore[attr-defined]
         m.output = {**(m.output or {}), "free_bytes_at_stop": free_bytes(self.path)}
         self._save_manifest(final=True)
+
+
+def _release_free_memory() -> None:
+    """Give memory freed during the run back to the system before compaction allocates
+    its own: the writer thread's malloc arena and Arrow's pool keep freed pages, and
+    compaction (on this thread) would add to them, not reuse them."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).malloc_trim(0)
+    pa = sys.modules.get("pyarrow")
+    if pa is not None:
+        with contextlib.suppress(Exception):
+            pa.default_memory_pool().release_unused()
 
 
 def _read_oom_score_adj() -> int | None:

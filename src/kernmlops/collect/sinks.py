@@ -11,6 +11,9 @@ A failed write (a full disk, an I/O error) fails the sink once: its unfinished t
 parts are removed (they free the space they took), finished parts stay, and later rows are
 counted as lost instead of raising again.
 :class:`MemorySink` keeps frames in memory for tests.
+
+Rows arrive as Arrow tables (or polars DataFrames, converted): the sink is Arrow
+throughout and needs no DataFrame library.
 """
 
 from __future__ import annotations
@@ -32,17 +35,19 @@ from typing import TYPE_CHECKING
 from kernmlops.errors import CollectionError, OutputError
 from kernmlops.fileio import exchange, fsync_path
 from kernmlops.lazy import lazy_import
-from kernmlops.tables import COLLECTION_ID
+from kernmlops.tables import COLLECTION_ID, Rows, as_arrow, row_count, rows_nbytes
 
 if TYPE_CHECKING:
     import numpy as np
     import polars as pl
     import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 else:
     np = lazy_import("numpy")
     pl = lazy_import("polars")
     pa = lazy_import("pyarrow")
+    pc = lazy_import("pyarrow.compute")
     pq = lazy_import("pyarrow.parquet")
 
 
@@ -107,13 +112,15 @@ def _check_table_name(table: str) -> None:
         )
 
 
-def _drift_message(table: str, expected: pl.Schema, got: pl.Schema) -> str:
-    missing = [name for name in expected if name not in got]
-    extra = [name for name in got if name not in expected]
+def _drift_message(table: str, expected: pa.Schema, got: pa.Schema) -> str:
+    want = {f.name: f.type for f in expected}
+    have = {f.name: f.type for f in got}
+    missing = [name for name in want if name not in have]
+    extra = [name for name in have if name not in want]
     changed = [
-        f"{name}: {expected[name]} -> {got[name]}"
-        for name in expected
-        if name in got and expected[name] != got[name]
+        f"{name}: {want[name]} -> {have[name]}"
+        for name in want
+        if name in have and want[name] != have[name]
     ]
     parts = []
     if missing:
@@ -133,8 +140,8 @@ class _TableState:
     """Everything the sink knows about one table."""
 
     name: str
-    schema: pl.Schema | None = None
-    buffer: list[pl.DataFrame] = field(default_factory=list)
+    schema: pa.Schema | None = None
+    buffer: list[pa.Table] = field(default_factory=list)
     buffered_rows: int = 0
     buffered_bytes: int = 0
     arrow_schema: pa.Schema | None = None
@@ -220,7 +227,7 @@ class ParquetSink:
 
     # -- the Sink protocol -------------------------------------------------------------
 
-    def write(self, table: str, frame: pl.DataFrame) -> None:
+    def write(self, table: str, frame: Rows) -> None:
         """Buffer ``frame`` as rows of ``table``; write full row groups as they fill.
 
         Raises:
@@ -231,21 +238,22 @@ class ParquetSink:
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"ParquetSink for {self.collection_dir} is closed")
-            if frame.width == 0:
+            rows = as_arrow(frame)
+            if rows.num_columns == 0:
                 return
             if self.failure is not None:
-                self.lost_rows[table] = self.lost_rows.get(table, 0) + frame.height
+                self.lost_rows[table] = self.lost_rows.get(table, 0) + rows.num_rows
                 return
             # collection_id is added per row group when written (see _write_row_group).
             state = self._tables.get(table)
             if state is None:
                 state = self._tables[table] = _TableState(table)
-            frame = self._conform(state, frame)
-            if frame.height == 0:
+            rows = self._conform(state, rows)
+            if rows.num_rows == 0:
                 return
-            size = frame.estimated_size()
-            state.buffer.append(frame)
-            state.buffered_rows += frame.height
+            size = rows.nbytes
+            state.buffer.append(rows)
+            state.buffered_rows += rows.num_rows
             state.buffered_bytes += size
             self._buffered_bytes += size
             with self._guard():
@@ -479,33 +487,33 @@ class ParquetSink:
             state.buffer, state.buffered_rows, state.buffered_bytes = [], 0, 0
         self._buffered_bytes = 0
 
-    def _conform(self, state: _TableState, frame: pl.DataFrame) -> pl.DataFrame:
-        """Check ``frame`` against the table's schema; reorder columns if only the order differs."""
-        schema = frame.schema
+    def _conform(self, state: _TableState, rows: pa.Table) -> pa.Table:
+        """Check ``rows`` against the table's schema; reorder columns if only the order differs."""
+        schema = rows.schema
         if state.schema is None:
-            state.schema = schema
-            return frame
-        if schema == state.schema:
-            return frame
-        if dict(schema) == dict(state.schema):
-            return frame.select(state.schema.names())
+            state.schema = schema.remove_metadata()
+            return rows
+        if schema.equals(state.schema):
+            return rows
+        if {f.name: f.type for f in schema} == {f.name: f.type for f in state.schema}:
+            return rows.select(state.schema.names).cast(state.schema)
         raise CollectionError(_drift_message(state.name, state.schema, schema))
 
-    def _take(self, state: _TableState, n: int) -> pl.DataFrame:
+    def _take(self, state: _TableState, n: int) -> pa.Table:
         """Remove the first ``n`` buffered rows of ``state`` and return them."""
-        # rechunk=False: slicing the concatenation copies nothing.
-        whole = pl.concat(state.buffer, rechunk=False) if len(state.buffer) > 1 else state.buffer[0]
+        # Concatenating tables and slicing them copies nothing.
+        whole = pa.concat_tables(state.buffer) if len(state.buffer) > 1 else state.buffer[0]
         head, rest = whole.slice(0, n), whole.slice(n)
-        rest_bytes = rest.estimated_size() if rest.height else 0
+        rest_bytes = rest.nbytes if rest.num_rows else 0
         self._buffered_bytes += rest_bytes - state.buffered_bytes
-        state.buffer = [rest] if rest.height else []
-        state.buffered_rows = rest.height
+        state.buffer = [rest] if rest.num_rows else []
+        state.buffered_rows = rest.num_rows
         state.buffered_bytes = rest_bytes
         return head
 
     def _write_rows(self, state: _TableState, n: int) -> None:
         chunk = self._take(state, n)
-        while chunk.height:
+        while chunk.num_rows:
             if state.writer is None:
                 self._open_part(state, chunk)
             room = self.rows_per_file - state.part_rows
@@ -514,9 +522,9 @@ class ParquetSink:
             if state.part_rows >= self.rows_per_file:
                 self._finish_part(state)
 
-    def _write_row_group(self, state: _TableState, piece: pl.DataFrame) -> None:
+    def _write_row_group(self, state: _TableState, piece: pa.Table) -> None:
         assert state.writer is not None and state.arrow_schema is not None
-        table = self._data_columns(state, piece.to_arrow())
+        table = self._data_columns(state, piece)
         assert state.writer is not None
         # One call, one row group: row_group_size covers the whole piece.
         state.writer.write_table(self._part_rows(state, table), row_group_size=table.num_rows)
@@ -552,7 +560,7 @@ class ParquetSink:
         cid = pa.DictionaryArray.from_arrays(self._zeros.slice(0, n), self._cid_values)
         return pa.Table.from_arrays([*table.columns, cid], schema=state.part_schema)
 
-    def _open_part(self, state: _TableState, sample: pl.DataFrame) -> None:
+    def _open_part(self, state: _TableState, sample: pa.Table) -> None:
         folder = self.collection_dir / state.name
         folder.mkdir(parents=True, exist_ok=True)
         final = folder / part_name(state.part)
@@ -562,21 +570,20 @@ class ParquetSink:
                 "(use a new collection folder)"
             )
         if state.arrow_schema is None:
-            state.arrow_schema = (
-                sample.slice(0, 0).to_arrow().schema.append(pa.field(COLLECTION_ID, pa.string()))
-            )
+            data = state.schema if state.schema is not None else sample.schema
+            state.arrow_schema = data.append(pa.field(COLLECTION_ID, pa.string()))
             # Dictionary-encode only columns that repeat (cpu, comm, kind...):
             # for timestamps pyarrow would build a dictionary and then abandon it
             # for every chunk, the hottest cost of writing.
-            limit = min(4096, max(1, sample.height // 4))
+            limit = min(4096, max(1, sample.num_rows // 4))
             state.dictionary_columns = [
-                c for c in sample.columns if sample[c].n_unique() <= limit
+                c for c in sample.column_names if _distinct(sample[c]) <= limit
             ] + [COLLECTION_ID]
             # Integer columns that mostly grow (timestamps, counters) are stored as
             # deltas: half the CPU of plain + zstd for them, and smaller files.
             state.delta_columns = [
                 c
-                for c in sample.columns
+                for c in sample.column_names
                 if c not in state.dictionary_columns and _mostly_growing(sample[c])
             ]
         state.temp_path = folder / temp_name(state.part)
@@ -619,24 +626,39 @@ def _schema_metadata(schema: pa.Schema) -> bytes:
     return base64.b64encode(schema.serialize().to_pybytes())
 
 
-def _mostly_growing(col: pl.Series) -> bool:
+def _distinct(col: pa.ChunkedArray) -> int:
+    """Distinct values of ``col``, null counted as one; a type without a hash
+    (fixed-size lists) counts as never repeating."""
+    try:
+        return pc.count_distinct(col, mode="all").as_py()
+    except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return len(col)
+
+
+def _mostly_growing(col: pa.ChunkedArray) -> bool:
     """An integer column whose values rise from row to row nine times in ten or
     more (DELTA_BINARY_PACKED stores such a column in a few bits a value)."""
-    if not col.dtype.is_integer() or col.len() < 2:
+    if not pa.types.is_integer(col.type):
         return False
-    steps = col.cast(pl.Int64, strict=False).diff().drop_nulls()
-    return bool((steps >= 0).mean() >= 0.9)
+    values = col.drop_null().to_numpy()
+    if len(values) < 2:
+        return False
+    if values.dtype == np.uint64:  # values past 2**63 compare as their own, not wrapped
+        steps_up = values[1:] >= values[:-1]
+    else:
+        steps_up = np.diff(values.astype(np.int64)) >= 0
+    return bool(steps_up.mean() >= 0.9)
 
 
 class MemorySink:
     """A sink that keeps every frame in memory; for tests."""
 
     def __init__(self) -> None:
-        self.frames: dict[str, list[pl.DataFrame]] = {}
+        self.frames: dict[str, list[Rows]] = {}
         self.flushes = 0
         self.closed = False
 
-    def write(self, table: str, frame: pl.DataFrame) -> None:
+    def write(self, table: str, frame: Rows) -> None:
         if self.closed:
             raise RuntimeError("MemorySink is closed")
         self.frames.setdefault(table, []).append(frame)
@@ -646,14 +668,17 @@ class MemorySink:
 
     def close(self) -> dict[str, int]:
         self.closed = True
-        return {name: sum(f.height for f in frames) for name, frames in self.frames.items()}
+        return {name: sum(row_count(f) for f in frames) for name, frames in self.frames.items()}
 
     def table(self, name: str) -> pl.DataFrame:
         """All rows written to ``name``, in order (an empty DataFrame if none)."""
         frames = self.frames.get(name)
         if not frames:
             return pl.DataFrame()
-        return pl.concat(frames, how="vertical")
+        return pl.concat(
+            [f if isinstance(f, pl.DataFrame) else pl.from_arrow(f) for f in frames],
+            how="vertical",
+        )
 
     def tables(self) -> list[str]:
         return sorted(self.frames)
@@ -683,7 +708,7 @@ class ThreadedSink:
         self.max_queued_bytes = max_queued_bytes
         self.wake_bytes = min(wake_bytes, max_queued_bytes)
         # (table, frame, bytes); table None is a flush marker (frame None: durable)
-        self._queue: list[tuple[str | None, pl.DataFrame | None, int]] = []
+        self._queue: list[tuple[str | None, Rows | None, int]] = []
         self._queued_bytes = 0
         self._cond = threading.Condition()
         self._busy = False
@@ -720,9 +745,9 @@ class ThreadedSink:
             err, self._error = self._error, None
             raise err
 
-    def write(self, table: str, frame: pl.DataFrame) -> None:
+    def write(self, table: str, frame: Rows) -> None:
         self._raise()
-        size = frame.estimated_size()
+        size = rows_nbytes(frame)
         with self._cond:
             while self._queued_bytes and self._queued_bytes + size > self.max_queued_bytes:
                 self._cond.notify_all()  # the writer may be waiting for wake_bytes

@@ -11,16 +11,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-from kernmlops.lazy import lazy_import
-
-if TYPE_CHECKING:
-    import polars as pl
-else:
-    pl = lazy_import("polars")
-
-
 if TYPE_CHECKING:
     from kernmlops.collect.filter import ProcessFilter
+    from kernmlops.tables import Rows
 
 
 class HookOptions(BaseModel):
@@ -87,6 +80,9 @@ class Hook(ABC):
     tables: ClassVar[tuple[str, ...]] = ()
     #: Capabilities needed (see kernmlops.ebpf.probe), for doctor.
     needs: ClassVar[tuple[str, ...]] = ()
+    #: Libraries the hook builds rows with beyond numpy and pyarrow (e.g. "polars"):
+    #: the session imports them in the background once the probes are attached.
+    libraries: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, options: HookOptions) -> None:
         self.options = options
@@ -97,7 +93,7 @@ class Hook(ABC):
         """Load and attach. Raise HookUnavailable with the reason if the kernel refuses."""
 
     @abstractmethod
-    def poll(self) -> Iterator[tuple[str, pl.DataFrame]]:
+    def poll(self) -> Iterator[tuple[str, Rows]]:
         """Yield (table, rows) collected since the last poll. Called every poll interval."""
 
     def spill(self) -> None:
@@ -109,7 +105,7 @@ class Hook(ABC):
         """Bytes :meth:`spill` holds in memory for the next poll."""
         return 0
 
-    def stop(self) -> Iterator[tuple[str, pl.DataFrame]]:
+    def stop(self) -> Iterator[tuple[str, Rows]]:
         """Final rows, then detach and release every fd. Must be safe to call twice."""
         yield from self.poll()
         self.close()
@@ -145,7 +141,7 @@ class SampledHook(Hook):
         keep it to a swap: the sampler waits for the lock)."""
 
     @abstractmethod
-    def _frames(self, taken: Any) -> Iterator[tuple[str, pl.DataFrame]]:
+    def _frames(self, taken: Any) -> Iterator[tuple[str, Rows]]:
         """The tables of rows :meth:`_take` returned (called without the lock: building
         frames, and the first import of polars, must not make the sampler late)."""
 
@@ -182,19 +178,19 @@ class SampledHook(Hook):
     #: costs the collector more than the sampling itself
     hand_over_s: ClassVar[float] = 0.25
 
-    def poll(self) -> Iterator[tuple[str, pl.DataFrame]]:
+    def poll(self) -> Iterator[tuple[str, Rows]]:
         now = time.monotonic()
         if now - self._handed_over < self.hand_over_s:
             return
         self._handed_over = now
         yield from self._take_all()
 
-    def _take_all(self) -> list[tuple[str, pl.DataFrame]]:
+    def _take_all(self) -> list[tuple[str, Rows]]:
         with self._lock:
             taken = self._take()
         return list(self._frames(taken))
 
-    def stop(self) -> Iterator[tuple[str, pl.DataFrame]]:
+    def stop(self) -> Iterator[tuple[str, Rows]]:
         self._stop_sampler()  # no sample may land between the last poll and close
         yield from self._take_all()
         self.close()

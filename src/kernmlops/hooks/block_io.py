@@ -102,6 +102,7 @@ def decode_cmd_flags(
 
 
 class BlockIoHook(BpfHook):
+    libraries: ClassVar[tuple[str, ...]] = ("polars",)  # rows are built with polars
     name = "block_io"
     object_name = "block_io"
     rings: ClassVar[dict[str, str]] = {"block_io": "block_io_rb"}

@@ -11,7 +11,7 @@ from pydantic import Field, field_validator
 from kernmlops.ebpf import libbpf
 from kernmlops.ebpf.btf import RecordLayout, unbatch
 from kernmlops.ebpf.build import object_path
-from kernmlops.ebpf.frames import records_to_frame
+from kernmlops.ebpf.frames import records_to_table
 from kernmlops.ebpf.objects import VARIANTS, BpfObject, open_and_load
 from kernmlops.ebpf.ringbuf import RingBuffer
 from kernmlops.ebpf.spec import ObjectSpec, object_spec
@@ -21,10 +21,10 @@ from kernmlops.lazy import lazy_import
 
 if TYPE_CHECKING:
     import numpy as np
-    import polars as pl
+
+    from kernmlops.tables import Rows
 else:
     np = lazy_import("numpy")
-    pl = lazy_import("polars")
 
 
 class BpfHookOptions(HookOptions):
@@ -197,7 +197,7 @@ class BpfHook(Hook):
                 self.status.events += len(records)
                 yield table, records, layout
 
-    def poll(self) -> Iterator[tuple[str, pl.DataFrame]]:
+    def poll(self) -> Iterator[tuple[str, Rows]]:
         for table, records, layout in self.drain_due():
             yield table, self.to_frame(table, records, layout)
 
@@ -208,20 +208,21 @@ class BpfHook(Hook):
             self.obj.detach()
         self._detached = True
 
-    def stop(self) -> Iterator[tuple[str, pl.DataFrame]]:
+    def stop(self) -> Iterator[tuple[str, Rows]]:
         try:
             self.detach()
             yield from self.final_rows()
         finally:
             self.close()
 
-    def final_rows(self) -> Iterator[tuple[str, pl.DataFrame]]:
+    def final_rows(self) -> Iterator[tuple[str, Rows]]:
         """What is left once detached; override where rows are not only rings."""
         return self.poll()
 
-    def to_frame(self, table: str, records: np.ndarray, layout: RecordLayout) -> pl.DataFrame:
-        """Override to derive columns; the default keeps the record's fields."""
-        return records_to_frame(records, layout)
+    def to_frame(self, table: str, records: np.ndarray, layout: RecordLayout) -> Rows:
+        """Override to derive columns; the default keeps the record's fields (Arrow:
+        no DataFrame library in a collection that does not transform rows)."""
+        return records_to_table(records, layout)
 
     def drops(self) -> int:
         if self.obj is None or "drops" not in self.obj.maps:

@@ -374,6 +374,8 @@ def folded(
 class CpuProfileHook(BpfHook):
     """Samples every CPU at ``frequency_hz`` (cpu-clock) with both stacks."""
 
+    libraries: ClassVar[tuple[str, ...]] = ("polars",)  # rows are built with polars
+
     class Options(BpfHookOptions):
         frequency_hz: int = Field(49, ge=1, le=10_000, description="samples per second per CPU")
         stack_entries: int = Field(

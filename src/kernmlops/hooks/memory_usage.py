@@ -14,9 +14,11 @@ from kernmlops.lazy import lazy_import
 from kernmlops.tables import UPTIME_TIMESTAMP
 
 if TYPE_CHECKING:
-    import polars as pl
+    import pyarrow as pa
+
+    from kernmlops.tables import Rows
 else:
-    pl = lazy_import("polars")
+    pa = lazy_import("pyarrow")
 
 
 MEMINFO = "/proc/meminfo"
@@ -66,10 +68,10 @@ class MemoryUsageHook(SampledHook):
         rows, self._rows = self._rows, []
         return rows
 
-    def _frames(self, taken: list[dict[str, int]]) -> Iterator[tuple[str, pl.DataFrame]]:
+    def _frames(self, taken: list[dict[str, int]]) -> Iterator[tuple[str, Rows]]:
         if taken:
-            schema = {key: pl.Int64 for key in taken[0]}
-            yield TABLE, pl.DataFrame(taken, schema=schema)
+            schema = pa.schema([(key, pa.int64()) for key in taken[0]])
+            yield TABLE, pa.Table.from_pylist(taken, schema=schema)
 
     def close(self) -> None:
         self._stop_sampler()

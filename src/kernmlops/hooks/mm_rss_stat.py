@@ -34,6 +34,8 @@ TABLE = "mm_rss_stat"
 class MmRssStatHook(BpfHook):
     """RSS counter changes per process (file, anon, swap, shmem)."""
 
+    libraries: ClassVar[tuple[str, ...]] = ("polars",)  # rows are built with polars
+
     name: ClassVar[str] = "mm_rss_stat"
     object_name: ClassVar[str] = "mm_rss_stat"
     rings: ClassVar[dict[str, str]] = {TABLE: "mm_rss_stat_rb"}

@@ -105,6 +105,8 @@ class PerfHook(SampledHook):
     """Reads per-CPU perf counters at ``poll_hz`` into ``perf_counters``, in a thread of
     its own (missed intervals are counted as drops)."""
 
+    libraries: ClassVar[tuple[str, ...]] = ("polars",)  # rows are built with polars
+
     class Options(HookOptions):
         poll_hz: float = Field(10, gt=0, le=1000, description="counter reads per second")
         events: list[str] = Field(

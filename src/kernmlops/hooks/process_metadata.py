@@ -134,6 +134,8 @@ def read_cmdline(tgid: int) -> str | None:
 class ProcessMetadataHook(BpfHook):
     """Snapshots of every task (see the module doc for the columns)."""
 
+    libraries: ClassVar[tuple[str, ...]] = ("polars",)  # rows are built with polars
+
     class Options(HookOptions):
         threads: bool = Field(True, description="a row per thread; false: per process only")
         cmdline: bool = Field(True, description="read each process's /proc/<pid>/cmdline")

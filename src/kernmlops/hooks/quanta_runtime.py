@@ -16,10 +16,12 @@ from kernmlops.lazy import lazy_import
 
 if TYPE_CHECKING:
     import numpy as np
-    import polars as pl
+    import pyarrow as pa
+
+    from kernmlops.tables import Rows
 else:
     np = lazy_import("numpy")
-    pl = lazy_import("polars")
+    pa = lazy_import("pyarrow")
 
 
 #: table -> (columns of the switch record, in the table's order and names)
@@ -54,28 +56,26 @@ class QuantaRuntimeHook(BpfHook):
     rings: ClassVar[dict[str, str]] = {"quanta_switch": "quanta_switch_rb"}
     tables = ("quanta_runtime", "quanta_queued_time")
 
-    def poll(self) -> Iterator[tuple[str, pl.DataFrame]]:
+    def poll(self) -> Iterator[tuple[str, Rows]]:
         for _, records, _ in self.drain_due():
-            for table, frame in split_switches(records).items():
-                if frame.height:
-                    yield table, frame
+            for table, rows in split_switches(records).items():
+                if rows.num_rows:
+                    yield table, rows
 
 
-def split_switches(records: np.ndarray) -> dict[str, pl.DataFrame]:
+def split_switches(records: np.ndarray) -> dict[str, pa.Table]:
     """The two tables' rows from switch records (numpy structured array).
 
     Each field is made contiguous once and filtered as a plain array: masking
     the structured records themselves would copy every 48-byte record per table.
     """
     cols = {name: np.ascontiguousarray(records[name]) for name in records.dtype.names or ()}
-    out: dict[str, pl.DataFrame] = {}
+    out: dict[str, pa.Table] = {}
     for table, (flag, columns) in _SPLIT.items():
         keep = cols[flag] != 0
         every = bool(keep.all())
-        out[table] = pl.DataFrame(
-            [
-                pl.Series(new, cols[old] if every else cols[old][keep])
-                for old, new in columns.items()
-            ]
+        out[table] = pa.Table.from_arrays(
+            [pa.array(cols[old] if every else cols[old][keep]) for old in columns],
+            names=list(columns.values()),
         )
     return out

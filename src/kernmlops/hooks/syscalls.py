@@ -70,6 +70,8 @@ def _monotonic_us() -> int:
 class SyscallsHook(BpfHook):
     """Syscall counts, errors and latency per (tgid, syscall), in-kernel aggregated."""
 
+    libraries: ClassVar[tuple[str, ...]] = ("polars",)  # rows are built with polars
+
     class Options(BpfHookOptions):
         interval_s: float = Field(
             1.0, gt=0, le=3600, description="seconds between reads of the in-kernel counts"

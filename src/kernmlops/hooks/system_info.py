@@ -6,13 +6,10 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from kernmlops.hooks.base import Hook, HookContext, HookOptions
-from kernmlops.host.sysinfo import system_info, system_info_frame
-from kernmlops.lazy import lazy_import
+from kernmlops.host.sysinfo import system_info, system_info_table
 
 if TYPE_CHECKING:
-    import polars as pl
-else:
-    pl = lazy_import("polars")
+    from kernmlops.tables import Rows
 
 
 TABLE = "system_info"
@@ -31,12 +28,12 @@ class SystemInfoHook(Hook):
     def start(self, ctx: HookContext | None = None) -> None:
         # Read at start, not at the end: the facts describe the machine as the
         # collection began (THP mode, online CPUs, ... can change during it).
-        self._pending = system_info()  # the frame (polars) is built after attach
+        self._pending = system_info()  # the table (pyarrow) is built after attach
         self.status.attached = True
         self.status.variant = "procfs"
 
-    def poll(self) -> Iterator[tuple[str, pl.DataFrame]]:
+    def poll(self) -> Iterator[tuple[str, Rows]]:
         if self._pending is not None:
             info, self._pending = self._pending, None
             self.status.events += 1
-            yield TABLE, system_info_frame(info)
+            yield TABLE, system_info_table(info)

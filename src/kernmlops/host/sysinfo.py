@@ -19,8 +19,10 @@ from kernmlops.lazy import lazy_import
 
 if TYPE_CHECKING:
     import polars as pl
+    import pyarrow as pa
 else:
     pl = lazy_import("polars")
+    pa = lazy_import("pyarrow")
 
 
 PROC = Path("/proc")
@@ -33,40 +35,45 @@ CLOCKSOURCE = Path("/sys/devices/system/clocksource/clocksource0/available_clock
 OS_RELEASE = (Path("/etc/os-release"), Path("/usr/lib/os-release"))
 
 
+#: The one-row ``system_info`` table's columns and their kinds (lists are stored as text).
+COLUMNS: dict[str, str] = {
+    "hostname": "text",
+    "kernel_release": "text",
+    "kernel_version": "text",
+    "os_name": "text",
+    "arch": "text",
+    "cpu_model": "text",
+    "cpu_vendor": "text",
+    "sockets": "int",
+    "cores": "int",
+    "threads_per_core": "int",
+    "logical_cpus": "int",
+    "online_cpus": "text",
+    "numa_nodes": "int",
+    "l1d_cache_bytes": "int",
+    "l1i_cache_bytes": "int",
+    "l2_cache_bytes": "int",
+    "l3_cache_bytes": "int",
+    "memory_bytes": "int",
+    "swap_bytes": "int",
+    "thp_enabled": "text",
+    "thp_defrag": "text",
+    "hugepages_total": "int",
+    "hugepage_size_bytes": "int",
+    "is_vm": "bool",
+    "hypervisor": "text",
+    "boot_time_unix": "int",
+    "boot_time": "text",
+    "clock_ticks": "int",
+    "page_size_bytes": "int",
+}
+
+
 @cache
 def column_types() -> dict[str, pl.DataType]:
-    """Column types of the one-row ``system_info`` table (lists are stored as strings)."""
-    return {
-        "hostname": pl.String(),
-        "kernel_release": pl.String(),
-        "kernel_version": pl.String(),
-        "os_name": pl.String(),
-        "arch": pl.String(),
-        "cpu_model": pl.String(),
-        "cpu_vendor": pl.String(),
-        "sockets": pl.Int64(),
-        "cores": pl.Int64(),
-        "threads_per_core": pl.Int64(),
-        "logical_cpus": pl.Int64(),
-        "online_cpus": pl.String(),
-        "numa_nodes": pl.Int64(),
-        "l1d_cache_bytes": pl.Int64(),
-        "l1i_cache_bytes": pl.Int64(),
-        "l2_cache_bytes": pl.Int64(),
-        "l3_cache_bytes": pl.Int64(),
-        "memory_bytes": pl.Int64(),
-        "swap_bytes": pl.Int64(),
-        "thp_enabled": pl.String(),
-        "thp_defrag": pl.String(),
-        "hugepages_total": pl.Int64(),
-        "hugepage_size_bytes": pl.Int64(),
-        "is_vm": pl.Boolean(),
-        "hypervisor": pl.String(),
-        "boot_time_unix": pl.Int64(),
-        "boot_time": pl.String(),
-        "clock_ticks": pl.Int64(),
-        "page_size_bytes": pl.Int64(),
-    }
+    """Column types of the one-row ``system_info`` table, as polars reads them."""
+    kinds = {"text": pl.String(), "int": pl.Int64(), "bool": pl.Boolean()}
+    return {name: kinds[kind] for name, kind in COLUMNS.items()}
 
 
 # Substrings of DMI vendor/product strings → hypervisor name (as lscpu names them).
@@ -320,18 +327,23 @@ def system_info() -> dict[str, Any]:
     return info
 
 
-def system_info_frame(info: dict[str, Any]) -> pl.DataFrame:
+def system_info_table(info: dict[str, Any]) -> pa.Table:
     """One row; CPU lists in the kernel's notation, other lists comma-joined."""
+    kinds = {"text": pa.large_string(), "int": pa.int64(), "bool": pa.bool_()}
     row: dict[str, Any] = {}
-    types = column_types()
     for key, value in info.items():
         if isinstance(value, list | tuple | set):
             if all(isinstance(v, int) for v in value):
                 value = format_cpu_list(list(value))
             else:
                 value = ",".join(str(v) for v in value)
-        elif key not in types and value is not None:
+        elif key not in COLUMNS and value is not None:
             value = str(value)  # unknown extra fields are kept, as text
         row[key] = value
-    schema = {key: types.get(key, pl.String()) for key in row}
-    return pl.DataFrame([row], schema=schema)
+    schema = pa.schema([(key, kinds[COLUMNS.get(key, "text")]) for key in row])
+    return pa.Table.from_pylist([row], schema=schema)
+
+
+def system_info_frame(info: dict[str, Any]) -> pl.DataFrame:
+    """:func:`system_info_table` as a polars DataFrame."""
+    return pl.from_arrow(system_info_table(info))  # type: ignore[return-value]

@@ -128,6 +128,8 @@ class ShadowStats:
 class _LbHook(BpfHook):
     """Shared: model globals, stats read before the object closes."""
 
+    libraries: ClassVar[tuple[str, ...]] = ("polars",)  # rows are built with polars
+
     class Options(BpfHookOptions):
         pass
 
