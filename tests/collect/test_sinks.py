@@ -426,6 +426,23 @@ def test_compaction_rewrites_the_parts_as_one_file_in_full_row_groups(tmp_path: 
     assert "RLE_DICTIONARY" in enc["collection_id"]
 
 
+def test_compaction_writes_parts_of_at_most_rows_per_file(tmp_path: Path) -> None:
+    # A writer holds each row group's metadata until it closes: a long busy table is
+    # compacted into parts of rows_per_file rows, not into one ever-growing file.
+    sink = flushed_parts(tmp_path, parts=7, rows_per_file=8192)
+    write_manifest(tmp_path, {})
+    before = read_collection(tmp_path)["events"]
+    assert sink.compact()["events"] == "compacted"
+    names = [f"part-{i:05d}.parquet" for i in range(3)]
+    assert listing(tmp_path / "events") == names
+    assert sink.files_written()["events"] == [f"events/{n}" for n in names]
+    assert [sum(row_groups(tmp_path / "events" / n)) for n in names] == [8192, 8192, 4616]
+    assert row_groups(tmp_path / "events" / names[0]) == [4096, 4096]
+    after = read_collection(tmp_path)["events"]
+    assert_frame_equal(after, before)
+    assert after["ts_uptime_us"].to_list() == list(range(21000))
+
+
 def test_compaction_leaves_one_part_tables_and_open_sinks_alone(tmp_path: Path) -> None:
     sink = flushed_parts(tmp_path, parts=1)
     assert sink.compact() == {}

@@ -318,14 +318,14 @@ class ParquetSink:
         min_parts: int = 2,
         on_table: Callable[[str, int], None] | None = None,
     ) -> dict[str, str]:
-        """After :meth:`close`: rewrite each table of ``min_parts`` parts or more as one part
-        (row groups of ``row_group_rows``), so readers open one file per table instead of
-        one per flush.
+        """After :meth:`close`: rewrite each table of ``min_parts`` parts or more as full
+        parts (``rows_per_file`` rows in row groups of ``row_group_rows``), so readers
+        open one file per few million rows instead of one per flush.
 
-        Crash-safe at every instant: the new part is written and synced in a hidden
+        Crash-safe at every instant: the new parts are written and synced in a hidden
         folder (``.compact-<table>``), then swapped with the table's folder in one atomic
         step (:func:`kernmlops.fileio.exchange`). A reader, or a collector killed
-        mid-way, sees either all the old parts or the one new part. Anything that stops
+        mid-way, sees either all the old parts or all the new ones. Anything that stops
         a table's compaction (too little space, a file system that cannot swap folders,
         an I/O error, Ctrl+C) leaves its parts as they were.
 
@@ -360,12 +360,10 @@ class ParquetSink:
             if scratch.exists():  # left by a collector killed while compacting
                 shutil.rmtree(scratch)
             scratch.mkdir()
-            temp = scratch / temp_name(0)
-            rows = self._rewrite(state, parts, temp)
-            if rows != state.finished_rows:  # never swap in a file that lost rows
+            names = self._rewrite(state, parts, scratch)
+            rows = sum(pq.ParquetFile(scratch / name).metadata.num_rows for name in names)
+            if rows != state.finished_rows:  # never swap in files that lost rows
                 return f"skipped: rewrote {rows} rows of {state.finished_rows}"
-            fsync_path(temp)
-            os.replace(temp, scratch / part_name(0))
             fsync_path(scratch)
             exchange(scratch, folder)
             fsync_path(self.collection_dir)
@@ -377,21 +375,42 @@ class ParquetSink:
             raise
         # The old parts are now in the hidden folder.
         shutil.rmtree(scratch, ignore_errors=True)
-        state.files = [f"{state.name}/{part_name(0)}"]
+        state.files = [f"{state.name}/{name}" for name in names]
         return "compacted"
 
-    def _rewrite(self, state: _TableState, parts: list[Path], path: Path) -> int:
-        """Copy the rows of ``parts`` in order into one file at ``path``, in full row
-        groups; the number of rows written."""
+    def _rewrite(self, state: _TableState, parts: list[Path], folder: Path) -> list[str]:
+        """Copy the rows of ``parts`` in order into new parts in ``folder``, in full row
+        groups and at most ``rows_per_file`` rows a part (a writer holds every row
+        group's metadata until it closes: about 10 KiB each, tens of MiB for one file
+        of hours of a busy table); the names of the finished parts, in order."""
         assert state.arrow_schema is not None
         group = self.row_group_rows
-        writer = self._writer(state, path)
+        names: list[str] = []
+        writer: pq.ParquetWriter | None = None
+        file_rows = 0
         pending: list[pa.RecordBatch] = []
-        held = rows = 0
+        held = 0
+
+        def finish() -> None:
+            nonlocal writer
+            assert writer is not None
+            writer.close()
+            writer = None
+            temp, name = folder / temp_name(len(names)), part_name(len(names))
+            fsync_path(temp)
+            os.replace(temp, folder / name)
+            names.append(name)
 
         def write(batches: list[pa.RecordBatch], size: int | None = None) -> None:
+            nonlocal writer, file_rows
+            if writer is None:
+                writer = self._writer(state, folder / temp_name(len(names)))
+                file_rows = 0
             table = self._data_columns(state, pa.Table.from_batches(batches))
             writer.write_table(self._part_rows(state, table), row_group_size=size)
+            file_rows += table.num_rows
+            if file_rows >= self.rows_per_file:
+                finish()
 
         try:
             for part in parts:
@@ -405,15 +424,16 @@ class ParquetSink:
                         whole = pa.Table.from_batches(pending)
                         cut = held - held % group
                         write(whole.slice(0, cut).to_batches(), group)
-                        rows += cut
                         rest = whole.slice(cut)
                         pending, held = rest.to_batches(), rest.num_rows
             if held:
                 write(pending)
-                rows += held
+            if writer is not None:
+                finish()
         finally:
-            writer.close()
-        return rows
+            if writer is not None:
+                writer.close()
+        return names
 
     # -- inspection ----------------------------------------------------------------------
 
