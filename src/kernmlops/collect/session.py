@@ -54,7 +54,7 @@ RESULT_TABLE = "benchmark_result"
 #: imported in the background once the probes are attached (see kernmlops.lazy), with
 #: each hook's own ``libraries``: rows are Arrow tables, polars only where a hook builds
 #: them with it
-DECODING_LIBRARIES = ("numpy", "pyarrow", "pyarrow.compute", "pyarrow.parquet")
+DECODING_LIBRARIES = ("numpy", "pyarrow", "pyarrow.parquet")
 #: ring records held in memory while the sink is behind; past it the loop blocks on the
 #: sink again and a long stall overflows the rings (counted as drops)
 MAX_SPILLED_BYTES = 256 << 20

@@ -41,13 +41,11 @@ if TYPE_CHECKING:
     import numpy as np
     import polars as pl
     import pyarrow as pa
-    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 else:
     np = lazy_import("numpy")
     pl = lazy_import("polars")
     pa = lazy_import("pyarrow")
-    pc = lazy_import("pyarrow.compute")
     pq = lazy_import("pyarrow.parquet")
 
 
@@ -647,12 +645,16 @@ def _schema_metadata(schema: pa.Schema) -> bytes:
 
 
 def _distinct(col: pa.ChunkedArray) -> int:
-    """Distinct values of ``col``, null counted as one; a type without a hash
-    (fixed-size lists) counts as never repeating."""
-    try:
-        return pc.count_distinct(col, mode="all").as_py()
-    except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
+    """Distinct values of ``col``, null counted as one; a column numpy cannot sort
+    (fixed-size lists) counts as never repeating. numpy, not pyarrow.compute: this runs
+    once per table, and Arrow's compute kernels cost the collector megabytes of RSS."""
+    kind = col.type
+    if pa.types.is_nested(kind) or pa.types.is_dictionary(kind):
         return len(col)
+    values = col.to_numpy()
+    if values.dtype == object:  # texts and binaries (None for null)
+        return len(set(values.tolist()))
+    return len(np.unique(values))  # NaN (a null number) counts once
 
 
 def _mostly_growing(col: pa.ChunkedArray) -> bool:
@@ -660,7 +662,9 @@ def _mostly_growing(col: pa.ChunkedArray) -> bool:
     more (DELTA_BINARY_PACKED stores such a column in a few bits a value)."""
     if not pa.types.is_integer(col.type):
         return False
-    values = col.drop_null().to_numpy()
+    values = col.to_numpy()
+    if col.null_count:  # numpy gives floats with NaN for nulls
+        values = values[~np.isnan(values)]
     if len(values) < 2:
         return False
     if values.dtype == np.uint64:  # values past 2**63 compare as their own, not wrapped
