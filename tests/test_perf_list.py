@@ -11,7 +11,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from kernmlops.ebpf.perf_events import PMU_DIR, SOFTWARE, tracefs_events
+from kernmlops.ebpf.perf_counters import PMU_DIR, SOFTWARE, tracefs_events
 from kernmlops.perf_list import SCHEMA, TRACEPOINT_NOT_PROBED, list_events
 
 GENERIC_CHECKED = [

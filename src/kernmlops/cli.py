@@ -39,7 +39,7 @@ class _LazyGroup(click.Group):
 
     #: command name -> "module:attribute"
     LAZY: ClassVar[dict[str, str]] = {
-        "vm": "kernmlops.lab.cli:vm_command",
+        "vm": "kernmlops.vm.cli:vm_command",
         "graph": "kernmlops.graphs.cli:graph_command",
         "report": "kernmlops.graphs.cli:report_command",
         "duet": "kernmlops.duet.cli:duet_group",

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 import polars as pl
 
-from kernmlops.ebpf.perf_events import (
+from kernmlops.ebpf.perf_counters import (
     HARDWARE_ALIASES,
     PERF_TYPE_TRACEPOINT,
     SOFTWARE_ALIASES,

@@ -134,7 +134,7 @@ def test_gate_works_whatever_the_fd_numbers() -> None:
     import os
 
     from kernmlops.benchmarks.base import Launch
-    from kernmlops.collect.process import GatedProcess
+    from kernmlops.collect.gated import GatedProcess
 
     held = [os.open("/dev/null", os.O_RDONLY) for _ in range(20)]  # push fds past 9
     try:

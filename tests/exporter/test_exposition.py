@@ -13,7 +13,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kernmlops.exporter.config import CounterSpec, DecoderSpec, HistogramSpec, LabelSpec
-from kernmlops.exporter.core import _Families, _MetricReader, escape_label_value
+from kernmlops.exporter.core import MetricReader, _Families, escape_label_value
 from kernmlops.exporter.decoders import DecoderContext
 from kernmlops.exporter.histogram import Buckets
 from kernmlops.exporter.server import ListenError, MetricsServer, parse_listen
@@ -56,11 +56,11 @@ COUNTER = CounterSpec(
 )
 
 
-def reader(spec, rows, limit: int = 100) -> _MetricReader:
-    return _MetricReader("test", spec, FakeReader(rows), DecoderContext(), limit)
+def reader(spec, rows, limit: int = 100) -> MetricReader:
+    return MetricReader("test", spec, FakeReader(rows), DecoderContext(), limit)
 
 
-def both_ways(metric: _MetricReader) -> tuple[bytes, bytes]:
+def both_ways(metric: MetricReader) -> tuple[bytes, bytes]:
     snap = metric.snapshot()
     out: list[str] = []
     metric.text(snap, out)

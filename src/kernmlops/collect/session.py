@@ -32,9 +32,9 @@ from typing import IO, Any
 from kernmlops.benchmarks import get_benchmark
 from kernmlops.benchmarks.base import Benchmark, BenchmarkRun
 from kernmlops.collect.filter import ProcessFilter
+from kernmlops.collect.gated import GatedProcess, exit_status
 from kernmlops.collect.manifest import BenchmarkRecord, HookRecord, Manifest, write_manifest
 from kernmlops.collect.output import prepare_output, release_reserve
-from kernmlops.collect.process import GatedProcess, exit_status
 from kernmlops.collect.sinks import ParquetSink, ThreadedSink, free_bytes, human_bytes, is_disk_full
 from kernmlops.config import Config
 from kernmlops.errors import (

@@ -38,7 +38,7 @@ from typing import Any
 
 from kernmlops import __version__
 from kernmlops.benchmarks.base import Launch
-from kernmlops.collect.process import GatedProcess, exit_status
+from kernmlops.collect.gated import GatedProcess, exit_status
 from kernmlops.duet.config import Duet, DuetSuite, Side
 from kernmlops.duet.harness import SYNC_ENV
 from kernmlops.errors import BenchmarkError, KernmlopsError

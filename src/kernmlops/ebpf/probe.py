@@ -15,7 +15,7 @@ from kernmlops.ebpf import libbpf
 from kernmlops.ebpf.build import VMLINUX_BTF, object_path
 from kernmlops.ebpf.libbpf import LibbpfError
 from kernmlops.ebpf.objects import BpfObject
-from kernmlops.ebpf.perf import (
+from kernmlops.ebpf.perf_open import (
     HW_CPU_CYCLES,
     HW_INSTRUCTIONS,
     PERF_TYPE_HARDWARE,

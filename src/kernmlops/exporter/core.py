@@ -120,7 +120,7 @@ class SetStatus:
         return [p for p in self.programs if not p.attached]
 
 
-class _MetricReader:
+class MetricReader:
     """One counter or histogram: its map, label decoders and label sets."""
 
     def __init__(
@@ -280,7 +280,7 @@ class _LoadedSet:
         self.set = metric_set
         self.status = SetStatus(metric_set.name, metric_set.path)
         self.obj: BpfObject | None = None
-        self.metrics: list[_MetricReader] = []
+        self.metrics: list[MetricReader] = []
 
     def close(self) -> None:
         if self.obj is not None:
@@ -446,7 +446,7 @@ class Exporter:
         for spec in ms.metrics:
             reader = MapReader(obj.map(spec.map))
             loaded.metrics.append(
-                _MetricReader(ms.name, spec, reader, self.ctx, self.max_label_sets)
+                MetricReader(ms.name, spec, reader, self.ctx, self.max_label_sets)
             )
 
     @property

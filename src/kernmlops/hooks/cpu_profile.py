@@ -33,7 +33,7 @@ from pydantic import Field
 from kernmlops.ebpf.btf import RecordLayout
 from kernmlops.ebpf.frames import records_to_frame
 from kernmlops.ebpf.objects import BpfObject
-from kernmlops.ebpf.perf import PERF_TYPE_SOFTWARE, SW_CPU_CLOCK, perf_event_open
+from kernmlops.ebpf.perf_open import PERF_TYPE_SOFTWARE, SW_CPU_CLOCK, perf_event_open
 from kernmlops.hooks.base import HookOptions
 from kernmlops.hooks.bpf import BpfHook, BpfHookOptions
 from kernmlops.host.cpus import online_cpus

@@ -37,7 +37,7 @@ from kernmlops.errors import KernmlopsError
 from kernmlops.hooks.base import HookContext, HookStatus
 from kernmlops.lb.dataset import TABLE
 from kernmlops.lb.features import MIGRATION_COST_NS
-from kernmlops.lb.hook import LbKprobeHook, LbTracepointHook, _LbHook, cpu_nodes
+from kernmlops.lb.hook import LbHook, LbKprobeHook, LbTracepointHook, cpu_nodes
 
 VARIANTS = ("kprobe", "tracepoint", "both")
 #: scheduler tables the tracepoint variant is rebuilt from
@@ -74,7 +74,7 @@ class _Drainer:
     quarter second of decisions."""
 
     def __init__(self, then: Callable[[Any], None] | None) -> None:
-        self.hooks: list[_LbHook] = []
+        self.hooks: list[LbHook] = []
         self.sink: ParquetSink | None = None
         self.then = then
 
@@ -135,7 +135,7 @@ def collect(
         "collection_id": session.collection_id,
         "nodes": nodes,
     }
-    hooks: list[_LbHook] = []
+    hooks: list[LbHook] = []
     if variant in ("kprobe", "both"):
         hooks.append(LbKprobeHook(attach=attach, **common))
     if variant in ("tracepoint", "both") and model is not None:
@@ -144,7 +144,7 @@ def collect(
     sink = ParquetSink(session.path, session.collection_id)
     drainer.hooks, drainer.sink = hooks, sink
     with BpfStats():
-        started: list[_LbHook] = []
+        started: list[LbHook] = []
         try:
             for hook in hooks:
                 hook.start(ctx)

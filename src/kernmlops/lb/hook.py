@@ -125,7 +125,7 @@ class ShadowStats:
         }
 
 
-class _LbHook(BpfHook):
+class LbHook(BpfHook):
     """Shared: model globals, stats read before the object closes."""
 
     libraries: ClassVar[tuple[str, ...]] = ("polars",)  # rows are built with polars
@@ -176,7 +176,7 @@ class _LbHook(BpfHook):
         super().close()
 
 
-class LbKprobeHook(_LbHook):
+class LbKprobeHook(LbHook):
     """Every can_migrate_task decision (exact): fexit, else kprobe + kretprobe."""
 
     name: ClassVar[str] = "lb_kprobe"
@@ -214,7 +214,7 @@ class LbKprobeHook(_LbHook):
         )
 
 
-class LbTracepointHook(_LbHook):
+class LbTracepointHook(LbHook):
     """Load-balancer pulls on sched_migrate_task, with the model beside them."""
 
     name: ClassVar[str] = "lb_tp_shadow"

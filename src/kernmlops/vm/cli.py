@@ -52,7 +52,7 @@ def vm_command(
       kernmlops vm -o lab -- kernmlops collect -o lab -b stress-ng
     Booting takes about 20-40 s; the guest CPU is 20-28x slower than the host.
     """
-    from kernmlops.lab.vm import run_in_vm
+    from kernmlops.vm.qemu import run_in_vm
 
     try:
         result = run_in_vm(

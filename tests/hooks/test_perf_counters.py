@@ -19,9 +19,9 @@ import pytest
 from pydantic import ValidationError
 
 from kernmlops.counters import event_column, scaled
-from kernmlops.ebpf import perf_events
-from kernmlops.ebpf.perf_events import EventSpec, encode_terms, resolve
-from kernmlops.hooks.perf import DEFAULT_EVENTS, SOFTWARE_EVENTS, PerfHook
+from kernmlops.ebpf import perf_counters
+from kernmlops.ebpf.perf_counters import EventSpec, encode_terms, resolve
+from kernmlops.hooks.perf_counters import DEFAULT_EVENTS, SOFTWARE_EVENTS, PerfHook
 from kernmlops.host.cpus import online_cpus
 from kernmlops.tables import UPTIME_TIMESTAMP
 from tests.rows import polled
@@ -72,8 +72,8 @@ def test_sysfs_terms_encode_through_the_pmu_format(
         (pmu / "format" / term).write_text(spec + "\n")
     (pmu / "events" / "mem-loads").write_text("event=0xcd,umask=0x1,ldlat=3\n")
     (pmu / "events" / "mem-loads.unit").write_text("events\n")
-    monkeypatch.setattr(perf_events, "PMU_DIR", tmp_path)
-    perf_events.pmu_format.cache_clear()
+    monkeypatch.setattr(perf_counters, "PMU_DIR", tmp_path)
+    perf_counters.pmu_format.cache_clear()
     try:
         assert encode_terms("fakecpu", "event=0x3c,umask=0x01,inv,cmask=2") == (
             0x3C | 0x01 << 8 | 1 << 23 | 2 << 24,
@@ -90,12 +90,12 @@ def test_sysfs_terms_encode_through_the_pmu_format(
             "event=0xcd,umask=0x1,ldlat=3",
             "events",
         )
-        with pytest.raises(perf_events.PerfEventError, match="unknown term"):
+        with pytest.raises(perf_counters.PerfEventError, match="unknown term"):
             encode_terms("fakecpu", "bogus=1")
-        with pytest.raises(perf_events.PerfEventError, match="does not fit"):
+        with pytest.raises(perf_counters.PerfEventError, match="does not fit"):
             encode_terms("fakecpu", "event=0x100")
     finally:
-        perf_events.pmu_format.cache_clear()
+        perf_counters.pmu_format.cache_clear()
 
 
 def test_options_reject_unknown_names_with_a_hint() -> None:

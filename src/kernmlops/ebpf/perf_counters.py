@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kernmlops.counters import event_column
-from kernmlops.ebpf.perf import (
+from kernmlops.ebpf.perf_open import (
     PERF_FLAG_FD_CLOEXEC,
     PERF_TYPE_HARDWARE,
     PERF_TYPE_HW_CACHE,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kernmlops.lab.vm import LabError, default_kernel, numa_args, parse_memory, vm_command
+from kernmlops.vm.qemu import LabError, default_kernel, numa_args, parse_memory, vm_command
 
 
 def test_numa_split_is_even() -> None:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import Field, field_validator
 
-from kernmlops.ebpf.perf_events import (
+from kernmlops.ebpf.perf_counters import (
     HARDWARE,
     HARDWARE_ALIASES,
     SOFTWARE,
