@@ -244,15 +244,65 @@ def floor_child(obj_path: Path) -> int:
     return 0
 
 
+#: the default hook on the scheduler, its ring and the ring's size (its default ring_kib)
+PROGRAMS_HOOK, PROGRAMS_RING, PROGRAMS_RING_BYTES = "quanta_runtime", "quanta_switch_rb", 8 << 20
+
+
+def programs_child(obj_path: Path) -> int:
+    """Run by the Programs collector: the default scheduler hook's own programs
+    (quanta_runtime, every record streamed into its ring as in a collection) with
+    the cheapest reader there is: every 10 ms the consumer position jumps to the
+    producer's, so the records are thrown away unread. What this costs beyond the
+    floor is the programs' and the ring's share; what the full collector costs
+    beyond this is user space's (decoding, Arrow, Parquet)."""
+    import mmap
+    import struct
+
+    from kernmlops.ebpf.objects import open_and_load
+
+    obj = open_and_load(
+        obj_path,
+        globals_={"kmo_self_tgid": os.getpid()},
+        max_entries={PROGRAMS_RING: PROGRAMS_RING_BYTES},
+    )
+    obj.attach_all()
+    fd, page = obj.map(PROGRAMS_RING).fd, mmap.PAGESIZE
+    cons = mmap.mmap(fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
+    prod = mmap.mmap(fd, page, mmap.MAP_SHARED, mmap.PROT_READ, offset=page)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"programs: {MARK}", file=sys.stderr, flush=True)
+    discarded = 0
+    while not stop.wait(0.01):
+        (head,) = struct.unpack_from("<Q", prod, 0)
+        (tail,) = struct.unpack_from("<Q", cons, 0)
+        discarded += head - tail
+        struct.pack_into("<Q", cons, 0, head)
+    obj.detach()
+    drops = int(obj.map("drops").lookup_percpu(0).sum())
+    cons.close()
+    prod.close()
+    obj.close()
+    # "events" here are ring bytes (batches of records), not rows
+    print(json.dumps({"hooks": {PROGRAMS_HOOK: {"events": discarded, "drops": drops}}}), flush=True)
+    return 0
+
+
 class Floor(Collector):
     """The floor: a process of ours holding only bench/floor.bpf.c's program."""
+
+    child_flag = "--floor-child"
 
     def __init__(self, settle_s: float) -> None:
         super().__init__(None, settle_s)
 
-    @staticmethod
-    def argv(hooks: list[str] | None, out: str) -> list[str]:
-        return [sys.executable, str(Path(__file__).resolve()), "--floor-child", str(FLOOR_OBJECT)]
+    def argv(self, hooks: list[str] | None, out: str) -> list[str]:  # type: ignore[override]
+        return [sys.executable, str(Path(__file__).resolve()), self.child_flag, str(self.object)]
+
+    @property
+    def object(self) -> Path:
+        return FLOOR_OBJECT
 
     def start(self) -> None:
         self._stdout = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed in stop)
@@ -267,6 +317,18 @@ class Floor(Collector):
         text = self._stdout.read().strip()
         self._stdout.close()
         return json.loads(text) if text else {}
+
+
+class Programs(Floor):
+    """quanta_runtime's programs streaming into their ring, records discarded unread."""
+
+    child_flag = "--programs-child"
+
+    @property
+    def object(self) -> Path:
+        from kernmlops.ebpf.build import object_path
+
+        return object_path(PROGRAMS_HOOK)
 
 
 # --- workloads ----------------------------------------------------------------------
@@ -495,8 +557,9 @@ def measure(
 
 @dataclass
 class StormResult:
-    """The switch storm untraced, under the floor and under the default hooks,
-    interleaved: per round one run of each, the order rotating."""
+    """The switch storm untraced, under the floor, under quanta_runtime's programs
+    alone (records discarded unread) and under the default hooks, interleaved: per
+    round one run of each, the order rotating."""
 
     argv: list[str]
     rounds: list[dict[str, Run]]
@@ -506,6 +569,8 @@ class StormResult:
             return [r["off"].score / r[state].score - 1 for r in self.rounds]
 
         floor, default = slow("floor"), slow("default")
+        programs = slow("programs") if all("programs" in r for r in self.rounds) else []
+        pr = [r["programs"].bpf_progs.get("switch_btf", [0, 0]) for r in self.rounds if programs]
         progs: dict[str, list[int]] = {}
         for r in self.rounds:
             for name, (ns, cnt) in r["default"].bpf_progs.items():
@@ -526,6 +591,15 @@ class StormResult:
                 else None
             ),
             "default_minus_floor": statistics.median(default) - statistics.median(floor),
+            # quanta_runtime's programs alone, records discarded unread: the kernel's
+            # share of the default hooks' slowdown; the rest is the collector's
+            "programs_slowdown": statistics.median(programs) if programs else None,
+            "programs_ns_per_run": (
+                sum(x[0] for x in pr) / max(1, sum(x[1] for x in pr)) if programs else None
+            ),
+            "programs_drops": sum(r["programs"].drops.get(PROGRAMS_HOOK, 0) for r in self.rounds)
+            if programs
+            else None,
             "floor_throughput_change": statistics.median(1 / (1 + f) - 1 for f in floor),
             "default_throughput_change": statistics.median(1 / (1 + d) - 1 for d in default),
             "floor_ns_per_run": sum(x[0] for x in fl) / max(1, sum(x[1] for x in fl)),
@@ -546,10 +620,10 @@ class StormResult:
 
 def measure_storm(rounds: int, seconds: int, args: argparse.Namespace) -> StormResult:
     w = switch_storm(seconds)
-    states = ["off", "floor", "default"]
+    states = ["off", "floor", "programs", "default"]
     out: list[dict[str, Run]] = []
     for r in range(rounds):
-        order = states[r % 3 :] + states[: r % 3]
+        order = states[r % len(states) :] + states[: r % len(states)]
         runs: dict[str, Run] = {}
         for state in order:
             quiet_wait(args.quiet_busy, args.quiet_wait)
@@ -557,6 +631,8 @@ def measure_storm(rounds: int, seconds: int, args: argparse.Namespace) -> StormR
                 coll: Collector | None = None
                 if state == "floor":
                     coll = Floor(args.settle)
+                elif state == "programs":
+                    coll = Programs(args.settle)
                 elif state == "default":
                     coll = Collector(None, args.settle)
                 try:
@@ -572,6 +648,8 @@ def measure_storm(rounds: int, seconds: int, args: argparse.Namespace) -> StormR
         print(
             f"  switch storm round {r + 1}/{rounds}: off {off:,.0f}/s  "
             f"floor {runs['floor'].score:,.0f}/s ({100 * (off / runs['floor'].score - 1):+.1f}%)  "
+            f"programs {runs['programs'].score:,.0f}/s "
+            f"({100 * (off / runs['programs'].score - 1):+.1f}%)  "
             f"default {runs['default'].score:,.0f}/s "
             f"({100 * (off / runs['default'].score - 1):+.1f}%)  "
             f"collector {100 * runs['default'].collector_cpu_s / runs['default'].wall_s:.1f}%  "
@@ -593,7 +671,14 @@ def print_storm(res: StormResult) -> None:
         f"{100 * s['default_throughput_change']:+.1f}%)\n"
         f"  floor (count-only)  {100 * s['floor_slowdown']:+.1f}%  "
         f"{s['floor_ns_per_run']:.0f} ns/run\n"
-        f"  default hooks       {100 * s['default_slowdown']:+.1f}%  "
+        + (
+            f"  programs only       {100 * s['programs_slowdown']:+.1f}%  "
+            f"{s['programs_ns_per_run']:.0f} ns/run (quanta_runtime, records discarded unread; "
+            f"{s['programs_drops']} drops)\n"
+            if s["programs_slowdown"] is not None
+            else ""
+        )
+        + f"  default hooks       {100 * s['default_slowdown']:+.1f}%  "
         f"= {ratio} the floor's slowdown ({100 * s['default_minus_floor']:+.1f} points); "
         f"collector {s['collector_cpu_pct']:.1f}% of a CPU, "
         f"{s['events_per_s']:,.0f} events/s, {s['drops']} drops"
@@ -649,9 +734,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--storm-s", type=int, default=5, help="switch storm seconds per run")
     parser.add_argument("--out", type=Path, default=BENCH / "results" / "overhead.json")
     parser.add_argument("--floor-child", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--programs-child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.floor_child:
         return floor_child(args.floor_child)
+    if args.programs_child:
+        return programs_child(args.programs_child)
     if os.geteuid() != 0:
         print("error: needs root (BPF)", file=sys.stderr)
         return 2
