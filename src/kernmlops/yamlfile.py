@@ -120,6 +120,33 @@ if yaml.__with_libyaml__:
             yaml.composer.Composer.__init__(self)
             self._start_limits()
 
+        # libyaml >= 0.2.5 stops at 1000 levels while scanning ahead inside "[[[[...",
+        # before the composer counts to max_depth: the same refusal, one wording.
+        def _nesting(self, err: yaml.YAMLError) -> yaml.YAMLError:
+            if "maximum nesting depth" not in str(err):
+                return err
+            mark = getattr(err, "problem_mark", None)
+            line = f"line {mark.line + 1}: " if mark is not None else ""
+            return _Refused(f"{line}nested deeper than {self.max_depth} levels")
+
+        def check_event(self, *choices: Any) -> bool:
+            try:
+                return CParser.check_event(self, *choices)
+            except yaml.YAMLError as err:
+                raise self._nesting(err) from None
+
+        def peek_event(self) -> Any:
+            try:
+                return CParser.peek_event(self)
+            except yaml.YAMLError as err:
+                raise self._nesting(err) from None
+
+        def get_event(self) -> Any:
+            try:
+                return CParser.get_event(self)
+            except yaml.YAMLError as err:
+                raise self._nesting(err) from None
+
     LOADER: type = LimitedCLoader
 else:  # pragma: no cover - PyYAML built without libyaml
     LOADER = LimitedLoader

@@ -185,8 +185,9 @@ print(json.dumps(seen))
 
 def _stalled_writer_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spill: bool) -> dict:
     """A system-wide quanta_runtime collection under a switch storm whose writer
-    stalls 2 s in its first fsync, with a 4 MiB ring (about 0.3 s of the storm) and a
-    4 MiB sink queue."""
+    stalls 3 s in its first fsync, with a 16 MiB ring (about 1 s of the storm: a
+    4 MiB one overflowed on a loaded 2-vCPU runner while the loop waited for CPU, not
+    for the writer) and a 4 MiB sink queue."""
     import shutil
     import subprocess
     import time
@@ -200,7 +201,7 @@ def _stalled_writer_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spill: 
     def slow_fsync(path: Path) -> None:
         if not stalled:
             stalled.append(path)
-            time.sleep(2.0)  # a slow disk under load: seen 0.2-1.0 s on this VM
+            time.sleep(3.0)  # a slow disk under load: seen 0.2-1.0 s on this VM
         real_fsync(path)
 
     monkeypatch.setattr(sinks, "fsync_path", slow_fsync)
@@ -216,7 +217,7 @@ def _stalled_writer_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spill: 
         {
             "collector": {"output_dir": str(tmp_path), "progress": False,
                           "hooks": ["quanta_runtime"], "flush_interval_s": 0.5},
-            "hooks": {"quanta_runtime": {"ring_kib": 4096, "batch_ms": 0}},
+            "hooks": {"quanta_runtime": {"ring_kib": 16384, "batch_ms": 0}},
             "benchmark": {"name": "faux", "duration_s": 3},
         }
     )  # fmt: skip
