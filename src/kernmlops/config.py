@@ -11,6 +11,8 @@ from __future__ import annotations
 import copy
 import difflib
 import reprlib
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -214,6 +216,49 @@ def format_errors(
 
 
 # --- loading -------------------------------------------------------------------
+@dataclass(frozen=True)
+class Flags:
+    """What the command line sets, typed: None leaves the file's (or default) value.
+    :meth:`paths` is the one place a flag meets its configuration key."""
+
+    #: -d/--duration: benchmark.duration_s, read by the session's loop
+    duration_s: float | None = None
+    #: -o: collector.output_dir
+    output_dir: Path | str | None = None
+    #: -b: benchmark.name
+    benchmark: str | None = None
+    #: the command after ``--``: benchmark.command.argv (and benchmark.name command)
+    argv: list[str] | None = None
+    #: --hooks: collector.hooks
+    hooks: list[str] | None = None
+    #: --tgid: collector.tgid
+    tgid: int | None = None
+    #: --tgid (tgid), --system-wide (system): collector.filter
+    filter: Literal["auto", "system", "tgid", "tree"] | None = None
+    #: --strict: collector.strict
+    strict: bool | None = None
+    #: --no-progress: collector.progress
+    progress: bool | None = None
+    #: --export: collector.export
+    export: str | None = None
+
+    def paths(self) -> dict[str, Any]:
+        """``{"section.key": value}`` of every flag that is set."""
+        paths: dict[str, Any] = {
+            "benchmark.duration_s": self.duration_s,
+            "collector.output_dir": str(self.output_dir) if self.output_dir else None,
+            "benchmark.name": "command" if self.argv is not None else self.benchmark,
+            "benchmark.command.argv": list(self.argv) if self.argv is not None else None,
+            "collector.hooks": self.hooks,
+            "collector.tgid": self.tgid,
+            "collector.filter": self.filter,
+            "collector.strict": self.strict,
+            "collector.progress": self.progress,
+            "collector.export": self.export,
+        }
+        return {k: v for k, v in paths.items() if v is not None}
+
+
 def _set_path(data: dict[str, Any], dotted: str, value: Any, source: str | None = None) -> None:
     node = data
     *parents, last = dotted.split(".")
@@ -249,9 +294,10 @@ def read_overrides(path: str | Path) -> dict[str, Any]:
 
 def load_config(
     overrides: str | Path | dict[str, Any] | None = None,
-    flags: dict[str, Any] | None = None,
+    flags: Flags | Mapping[str, Any] | None = None,
 ) -> Config:
-    """Defaults, then the overrides file (or dict), then flags (``"a.b": value``)."""
+    """Defaults, then the overrides file (or dict), then flags (:class:`Flags`, or
+    ``{"a.b": value}``)."""
     source = None
     if isinstance(overrides, (str, Path)):
         source = str(overrides)
@@ -259,7 +305,8 @@ def load_config(
     else:
         data = copy.deepcopy(overrides or {})  # flags must not change the caller's dict
     set_by_flags: set[tuple[str, ...]] = set()
-    for dotted, value in (flags or {}).items():
+    by_path = flags.paths() if isinstance(flags, Flags) else (flags or {})
+    for dotted, value in by_path.items():
         if value is not None:
             _set_path(data, dotted, value, source)
             set_by_flags.add(tuple(dotted.split(".")))

@@ -371,36 +371,32 @@ def folded(
 
 
 # --- the hook ---------------------------------------------------------------------------
-class CpuProfileHook(BpfHook):
+class CpuProfileOptions(BpfHookOptions):
+    frequency_hz: int = Field(49, ge=1, le=10_000, description="samples per second per CPU")
+    stack_entries: int = Field(
+        16384,
+        ge=64,
+        le=1 << 20,
+        description=(
+            "distinct stacks the stack map holds (127 frames, ~1 KiB each); "
+            "samples whose stack finds its bucket taken get stack id -17"
+        ),
+    )
+    idle: bool = Field(False, description="also sample the idle task (pid 0)")
+
+
+class CpuProfileHook(BpfHook[CpuProfileOptions]):
     """Samples every CPU at ``frequency_hz`` (cpu-clock) with both stacks."""
 
     libraries: ClassVar[tuple[str, ...]] = ("polars",)  # rows are built with polars
-
-    class Options(BpfHookOptions):
-        frequency_hz: int = Field(49, ge=1, le=10_000, description="samples per second per CPU")
-        stack_entries: int = Field(
-            16384,
-            ge=64,
-            le=1 << 20,
-            description=(
-                "distinct stacks the stack map holds (127 frames, ~1 KiB each); "
-                "samples whose stack finds its bucket taken get stack id -17"
-            ),
-        )
-        idle: bool = Field(False, description="also sample the idle task (pid 0)")
 
     name = "cpu_profile"
     object_name = "cpu_profile"
     rings: ClassVar[dict[str, str]] = {TABLE: "cpu_profile_rb"}
     needs = ("perf_event", "sw_cpu_clock", "ringbuf")
 
-    def __init__(self, options: HookOptions | None = None) -> None:
-        if not isinstance(options, CpuProfileHook.Options):
-            options = CpuProfileHook.Options.model_validate(
-                options.model_dump() if options is not None else {}
-            )
+    def __init__(self, options: CpuProfileOptions | HookOptions | None = None) -> None:
         super().__init__(options)
-        self.opts: CpuProfileHook.Options = options
         self.kernel_symbols: KernelSymbols | None = None
         self.user_symbols = UserSymbols()
         self._kstacks: dict[int, list[str]] = {}
@@ -410,17 +406,17 @@ class CpuProfileHook(BpfHook):
         self._next_emit = 0.0
 
     def extra_globals(self) -> dict[str, int | bool]:
-        return {"kmo_sample_idle": self.opts.idle}
+        return {"kmo_sample_idle": self.options.idle}
 
     def extra_max_entries(self) -> dict[str, int]:
-        return {"stacks": self.opts.stack_entries}
+        return {"stacks": self.options.stack_entries}
 
     def attach(self, obj: BpfObject) -> None:
         """One cpu-clock perf event per online CPU, each running the program."""
         prog = obj.programs["cpu_profile_sample"]
         for cpu in online_cpus():
             fd = perf_event_open(
-                PERF_TYPE_SOFTWARE, SW_CPU_CLOCK, cpu=cpu, sample_freq=self.opts.frequency_hz
+                PERF_TYPE_SOFTWARE, SW_CPU_CLOCK, cpu=cpu, sample_freq=self.options.frequency_hz
             )
             try:
                 prog.attach_perf_event(fd)  # the link owns fd from here
@@ -429,7 +425,7 @@ class CpuProfileHook(BpfHook):
                 raise
         self.kernel_symbols = KernelSymbols.load()
         self.status.variant = "perf_event"
-        self.status.programs = [f"perf_event cpu-clock {self.opts.frequency_hz} Hz"]
+        self.status.programs = [f"perf_event cpu-clock {self.options.frequency_hz} Hz"]
 
     def _stack(self, stack_id: int) -> np.ndarray:
         assert self.obj is not None

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from kernmlops.collect.manifest import (
 )
 from kernmlops.collect.session import CollectionResult, Session
 from kernmlops.collect.sinks import ParquetSink
-from kernmlops.config import Config
+from kernmlops.config import Config, Flags
 from kernmlops.errors import KernmlopsError
 from kernmlops.hooks.base import HookContext, HookStatus
 from kernmlops.lb.dataset import TABLE
@@ -56,14 +56,14 @@ class LbCollectResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def session_flags(variant: str) -> dict[str, Any]:
-    """Config flags the variant needs: system-wide, and for the tracepoint
+def session_flags(variant: str, flags: Flags | None = None) -> Flags:
+    """``flags`` with what the variant needs: system-wide, and for the tracepoint
     variant the scheduler tables."""
     if variant not in VARIANTS:
         raise KernmlopsError(f"unknown variant {variant!r}; choose one of {', '.join(VARIANTS)}")
-    flags: dict[str, Any] = {"collector.filter": "system"}
+    flags = replace(flags or Flags(), filter="system")
     if variant in ("tracepoint", "both"):
-        flags["collector.hooks"] = list(TRACEPOINT_HOOKS)
+        flags = replace(flags, hooks=list(TRACEPOINT_HOOKS))
     return flags
 
 
