@@ -182,7 +182,7 @@ def _run_collect(
 
 def _attached(statuses: dict) -> None:
     ok = sum(s.attached for s in statuses.values())
-    console.print(f"probes attached: {ok}/{len(statuses)} hooks (+ lb, system-wide)")
+    console.print(f"probes attached: {ok}/{len(statuses)} hooks (lb's system-wide)")
 
 
 def _print_run(out: Any) -> None:
