@@ -30,6 +30,7 @@ from kernmlops.benchmarks import REGISTRY as BENCHMARKS
 from kernmlops.errors import ConfigError
 from kernmlops.hooks import DEFAULT_HOOKS
 from kernmlops.hooks import REGISTRY as HOOKS
+from kernmlops.validation import keys_at, unknown_key
 
 
 def _key(name: str) -> str:
@@ -183,11 +184,8 @@ def _describe(err: dict[str, Any], flags: frozenset[tuple[str, ...]] = frozenset
     kind = err["type"]
     origin = " (set on the command line)" if _from_flag(err, flags) else ""
     if kind == "extra_forbidden":
-        parent = _model_at(Config, loc[:-1])
-        valid = sorted(parent.model_fields) if parent else []
-        near = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
-        hint = f"; did you mean {'.'.join([*map(str, loc[:-1]), near[0]])!r}?" if near else ""
-        return f"{path}: unknown key{hint} (valid here: {', '.join(valid)}){origin}"
+        unknown = unknown_key(str(loc[-1]), keys_at(Config, loc[:-1]), prefix=map(str, loc[:-1]))
+        return f"{path}: {unknown}{origin}"
     got = err.get("input")
     if kind in ("model_type", "dict_type"):  # a section that is not a mapping
         return f"{path}: expected a mapping of keys (got {_shown(got)}){origin}"

@@ -21,7 +21,6 @@ Rows are emitted every EMIT_INTERVAL_S, not at every poll.
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from kernmlops.ebpf.objects import BpfObject
 from kernmlops.ebpf.perf_open import PERF_TYPE_SOFTWARE, SW_CPU_CLOCK, perf_event_open
 from kernmlops.hooks.base import HookOptions
 from kernmlops.hooks.bpf import BpfHook, BpfHookOptions
+from kernmlops.host import kallsyms
 from kernmlops.host.cpus import online_cpus
 from kernmlops.lazy import lazy_import
 
@@ -48,12 +48,9 @@ else:
 
 
 TABLE = "cpu_profile"
-KALLSYMS = Path("/proc/kallsyms")
 DEBUG_DIR = Path("/usr/lib/debug/.build-id")
 #: How often the table is built from the samples drained since (seconds).
 EMIT_INTERVAL_S = 0.5
-
-_KALLSYMS_LINE = re.compile(r"^([0-9a-f]+) [tTwW] (\S+)(?:\t\[(\S+)\])?$", re.M)
 
 
 def _lookup_ips(ips: np.ndarray) -> np.ndarray:
@@ -65,38 +62,29 @@ def _lookup_ips(ips: np.ndarray) -> np.ndarray:
 
 
 # --- kernel -----------------------------------------------------------------------
-class KernelSymbols:
-    """/proc/kallsyms' text symbols, sorted, for vectorized lookups."""
+class KernelSymbols(kallsyms.KernelSymbols):
+    """/proc/kallsyms' text symbols (kernmlops.host.kallsyms), looked up a stack at a
+    time with numpy."""
 
     def __init__(self, text: str) -> None:
-        found = _KALLSYMS_LINE.findall(text)
-        addrs = np.array([int(a, 16) for a, _, _ in found], dtype=np.uint64)
-        names = np.array(
-            [f"{n} [{m}]" if m else n for _, n, m in found], dtype=object
-        )  # module symbols carry their module
-        keep = addrs != 0  # zeros: addresses hidden (kptr_restrict, not root)
-        order = np.argsort(addrs[keep], kind="stable")
-        self.addrs = addrs[keep][order]
-        self.names = names[keep][order]
-
-    @classmethod
-    def load(cls) -> KernelSymbols:
-        return cls(KALLSYMS.read_text())
+        super().__init__(text)
+        self._sorted = np.array(self.addrs, dtype=np.uint64)
 
     def frames(self, ips: np.ndarray) -> list[str]:
-        """``func+0xoff`` per address (hex where no symbol precedes it)."""
+        """``func+0xoff`` per address, ``[module]`` after module symbols (hex where no
+        symbol precedes it)."""
         ips = np.asarray(ips, dtype=np.uint64)
         if not len(self.addrs):
             return [f"{ip:#x}" for ip in ips.tolist()]
-        idx = np.searchsorted(self.addrs, _lookup_ips(ips), side="right") - 1
+        idx = np.searchsorted(self._sorted, _lookup_ips(ips), side="right") - 1
         out = []
         for ip, i in zip(ips.tolist(), idx.tolist(), strict=True):
             if i < 0:
                 out.append(f"{ip:#x}")
             else:
-                name = self.names[i]
-                sym, sep, module = name.partition(" ")
-                out.append(f"{sym}+{ip - int(self.addrs[i]):#x}{sep}{module}")
+                module = self.modules[i]
+                where = f" [{module}]" if module else ""
+                out.append(f"{self.names[i]}+{ip - self.addrs[i]:#x}{where}")
         return out
 
 
