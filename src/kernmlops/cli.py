@@ -179,35 +179,24 @@ def collect(
     and keeps what was collected.
     """
     from kernmlops.collect.session import Session
-    from kernmlops.config import load_config
+    from kernmlops.config import Flags, load_config
 
-    flags: dict[str, object] = {
-        "benchmark.duration_s": duration,
-        "collector.output_dir": str(output_dir) if output_dir else None,
-        "collector.strict": strict,
-    }
-    if command:
-        if benchmark not in (None, "command"):
-            raise click.UsageError(
-                f"a command after -- runs as benchmark 'command', not {benchmark!r}"
-            )
-        flags["benchmark.name"] = "command"
-        flags["benchmark.command.argv"] = list(command)
-    elif benchmark:
-        flags["benchmark.name"] = benchmark
-    if hooks:
-        flags["collector.hooks"] = [h.strip() for h in hooks.split(",") if h.strip()]
-    if tgid is not None:
-        flags["collector.tgid"] = tgid
-        flags["collector.filter"] = "tgid"
-    if system_wide:
-        if tgid is not None:
-            raise click.UsageError("--tgid and --system-wide exclude each other")
-        flags["collector.filter"] = "system"
-    if no_progress:
-        flags["collector.progress"] = False
-    if export_addr:
-        flags["collector.export"] = export_addr
+    if command and benchmark not in (None, "command"):
+        raise click.UsageError(f"a command after -- runs as benchmark 'command', not {benchmark!r}")
+    if system_wide and tgid is not None:
+        raise click.UsageError("--tgid and --system-wide exclude each other")
+    flags = Flags(
+        duration_s=duration,
+        output_dir=output_dir,
+        strict=strict,
+        benchmark=benchmark or None,
+        argv=list(command) if command else None,
+        hooks=[h.strip() for h in hooks.split(",") if h.strip()] if hooks else None,
+        tgid=tgid,
+        filter="tgid" if tgid is not None else "system" if system_wide else None,
+        progress=False if no_progress else None,
+        export=export_addr or None,
+    )
     try:
         config = load_config(config_file, flags)
         require_bpf_privileges("collect")

@@ -11,6 +11,8 @@ from __future__ import annotations
 import copy
 import difflib
 import reprlib
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,6 +30,7 @@ from kernmlops.benchmarks import REGISTRY as BENCHMARKS
 from kernmlops.errors import ConfigError
 from kernmlops.hooks import DEFAULT_HOOKS
 from kernmlops.hooks import REGISTRY as HOOKS
+from kernmlops.validation import keys_at, unknown_key
 
 
 def _key(name: str) -> str:
@@ -181,11 +184,8 @@ def _describe(err: dict[str, Any], flags: frozenset[tuple[str, ...]] = frozenset
     kind = err["type"]
     origin = " (set on the command line)" if _from_flag(err, flags) else ""
     if kind == "extra_forbidden":
-        parent = _model_at(Config, loc[:-1])
-        valid = sorted(parent.model_fields) if parent else []
-        near = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
-        hint = f"; did you mean {'.'.join([*map(str, loc[:-1]), near[0]])!r}?" if near else ""
-        return f"{path}: unknown key{hint} (valid here: {', '.join(valid)}){origin}"
+        unknown = unknown_key(str(loc[-1]), keys_at(Config, loc[:-1]), prefix=map(str, loc[:-1]))
+        return f"{path}: {unknown}{origin}"
     got = err.get("input")
     if kind in ("model_type", "dict_type"):  # a section that is not a mapping
         return f"{path}: expected a mapping of keys (got {_shown(got)}){origin}"
@@ -214,6 +214,49 @@ def format_errors(
 
 
 # --- loading -------------------------------------------------------------------
+@dataclass(frozen=True)
+class Flags:
+    """What the command line sets, typed: None leaves the file's (or default) value.
+    :meth:`paths` is the one place a flag meets its configuration key."""
+
+    #: -d/--duration: benchmark.duration_s, read by the session's loop
+    duration_s: float | None = None
+    #: -o: collector.output_dir
+    output_dir: Path | str | None = None
+    #: -b: benchmark.name
+    benchmark: str | None = None
+    #: the command after ``--``: benchmark.command.argv (and benchmark.name command)
+    argv: list[str] | None = None
+    #: --hooks: collector.hooks
+    hooks: list[str] | None = None
+    #: --tgid: collector.tgid
+    tgid: int | None = None
+    #: --tgid (tgid), --system-wide (system): collector.filter
+    filter: Literal["auto", "system", "tgid", "tree"] | None = None
+    #: --strict: collector.strict
+    strict: bool | None = None
+    #: --no-progress: collector.progress
+    progress: bool | None = None
+    #: --export: collector.export
+    export: str | None = None
+
+    def paths(self) -> dict[str, Any]:
+        """``{"section.key": value}`` of every flag that is set."""
+        paths: dict[str, Any] = {
+            "benchmark.duration_s": self.duration_s,
+            "collector.output_dir": str(self.output_dir) if self.output_dir else None,
+            "benchmark.name": "command" if self.argv is not None else self.benchmark,
+            "benchmark.command.argv": list(self.argv) if self.argv is not None else None,
+            "collector.hooks": self.hooks,
+            "collector.tgid": self.tgid,
+            "collector.filter": self.filter,
+            "collector.strict": self.strict,
+            "collector.progress": self.progress,
+            "collector.export": self.export,
+        }
+        return {k: v for k, v in paths.items() if v is not None}
+
+
 def _set_path(data: dict[str, Any], dotted: str, value: Any, source: str | None = None) -> None:
     node = data
     *parents, last = dotted.split(".")
@@ -249,9 +292,10 @@ def read_overrides(path: str | Path) -> dict[str, Any]:
 
 def load_config(
     overrides: str | Path | dict[str, Any] | None = None,
-    flags: dict[str, Any] | None = None,
+    flags: Flags | Mapping[str, Any] | None = None,
 ) -> Config:
-    """Defaults, then the overrides file (or dict), then flags (``"a.b": value``)."""
+    """Defaults, then the overrides file (or dict), then flags (:class:`Flags`, or
+    ``{"a.b": value}``)."""
     source = None
     if isinstance(overrides, (str, Path)):
         source = str(overrides)
@@ -259,7 +303,8 @@ def load_config(
     else:
         data = copy.deepcopy(overrides or {})  # flags must not change the caller's dict
     set_by_flags: set[tuple[str, ...]] = set()
-    for dotted, value in (flags or {}).items():
+    by_path = flags.paths() if isinstance(flags, Flags) else (flags or {})
+    for dotted, value in by_path.items():
         if value is not None:
             _set_path(data, dotted, value, source)
             set_by_flags.add(tuple(dotted.split(".")))

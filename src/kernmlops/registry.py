@@ -7,9 +7,34 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
-from typing import TypeVar
+import typing
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+
+
+def options_model(cls: type, base: type[M]) -> type[M] | None:
+    """The options model a plug-in class names as its generic parameter
+    (``class QuantaRuntimeHook(BpfHook[QuantaRuntimeOptions])``), else None."""
+    for parent in cls.__dict__.get("__orig_bases__", ()):
+        for arg in typing.get_args(parent):
+            if isinstance(arg, type) and issubclass(arg, base):
+                return arg
+    return None
+
+
+def options_of(model: type[M], options: BaseModel | None) -> M:
+    """``options`` as ``model``: the defaults for None; a section of a base model
+    (``HookOptions()``) validated into ``model`` once, here."""
+    if options is None:
+        return model()
+    if isinstance(options, model):
+        return options
+    given: dict[str, Any] = options.model_dump()
+    return model.model_validate(given)
 
 
 def discover(package: str, base: type[T], skip: frozenset[str] = frozenset()) -> dict[str, type[T]]:

@@ -82,4 +82,4 @@ def test_launch_copies_argv() -> None:
     launch = bench.launch()
     assert launch is not None
     launch.argv.append("x")
-    assert bench.opts.argv == ["true"]
+    assert bench.options.argv == ["true"]

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
+import polars as pl
 import pytest
 
+from kernmlops.collect.manifest import Manifest
+from kernmlops.collect.participants import Participant
 from kernmlops.collect.session import Session, StrictError
 from kernmlops.collect.sinks import MemorySink
 from kernmlops.config import load_config
 from kernmlops.data import read_collection
 from kernmlops.ebpf.build import build
+from kernmlops.hooks.base import Hook, HookContext, HookOptions
 
 pytestmark = pytest.mark.bpf
 
@@ -74,10 +79,7 @@ def test_strict_turns_a_missed_attach_into_an_error_and_keeps_data(tmp_path: Pat
 def test_a_hook_failing_at_the_end_loses_nothing_else(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import polars as pl
-
     from kernmlops.collect import session as session_mod
-    from kernmlops.hooks.base import Hook, HookContext
     from tests.e2e.conftest import kernel_objects, wait_released
 
     class Broken(Hook):
@@ -269,3 +271,60 @@ def test_compaction_can_be_turned_off(tmp_path: Path) -> None:
     record = read_collection(result.path).manifest.tables["quanta_runtime"]
     assert record.compaction is None
     assert len(record.files) >= 3
+
+
+class _CountingHook(Hook[HookOptions]):
+    """A hook a caller hands the session: one row per poll, numbered."""
+
+    name = "caller_hook"
+    tables = ("caller_rows",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.polls = 0
+        self.ctx: HookContext | None = None
+
+    def start(self, ctx: HookContext) -> None:
+        self.ctx = ctx
+        self.status.attached = True
+
+    def poll(self) -> Iterator[tuple[str, pl.DataFrame]]:
+        self.polls += 1
+        self.status.events += 1
+        yield "caller_rows", pl.DataFrame({"poll": [self.polls]})
+
+
+class _Recorder(Participant):
+    def __init__(self, hook: _CountingHook) -> None:
+        self.hook = hook
+        self.calls: list[str] = []
+
+    def start(self, ctx: HookContext) -> None:
+        # after every hook started, with the same context
+        assert self.hook.ctx is ctx
+        self.calls.append("start")
+
+    def close(self) -> None:
+        self.calls.append("close")
+
+    def contribute(self, manifest: Manifest, path: Path) -> None:
+        # the tables are final and on disk when the manifest is finalised
+        rows = manifest.tables["caller_rows"].rows
+        assert pl.read_parquet(path / "caller_rows").height == rows
+        manifest.caller = {"rows": rows}  # type: ignore[attr-defined]
+        self.calls.append("contribute")
+
+
+def test_caller_hooks_and_participants_are_ordinary_participants(tmp_path: Path) -> None:
+    hook = _CountingHook()
+    recorder = _Recorder(hook)
+    config = _config(tmp_path, hooks=["memory_usage"])
+    result = Session(config, hooks=[hook], participants=[recorder]).run()
+    assert recorder.calls == ["start", "close", "contribute"]
+    # drained by the session's loop into its sink, every poll's row kept
+    assert result.rows["caller_rows"] == hook.polls > 1
+    col = read_collection(result.path)
+    assert col["caller_rows"]["poll"].to_list() == list(range(1, hook.polls + 1))
+    assert col.manifest.hooks["caller_hook"].events == hook.polls
+    assert col.manifest["caller"] == {"rows": hook.polls}
+    assert col.manifest.state == "duration"

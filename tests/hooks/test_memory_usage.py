@@ -97,7 +97,7 @@ def test_options_are_validated() -> None:
 
 def test_default_options_from_base() -> None:
     hook = MemoryUsageHook(HookOptions())
-    assert hook.opts.poll_hz == 10
+    assert hook.options.poll_hz == 10
 
 
 def _poll_for(hook: MemoryUsageHook, seconds: float) -> list[pl.DataFrame]:

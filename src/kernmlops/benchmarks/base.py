@@ -6,12 +6,13 @@ import subprocess
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, ClassVar
+from typing import IO, TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict
 
 from kernmlops.host.cgroup import Containment
 from kernmlops.lazy import lazy_import
+from kernmlops.registry import options_model, options_of
 
 if TYPE_CHECKING:
     import polars as pl
@@ -23,6 +24,11 @@ class BenchmarkOptions(BaseModel):
     """Base of each benchmark's config section; unknown keys are errors."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+#: a benchmark's options model: ``class FioBenchmark(Benchmark[FioOptions])`` types
+#: ``self.options`` and sets ``FioBenchmark.Options`` (its config section)
+OptionsT = TypeVar("OptionsT", bound=BenchmarkOptions)
 
 
 @dataclass(frozen=True)
@@ -61,7 +67,7 @@ def result_frame(rows: list[tuple[str, str, float, str]]) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=result_schema(), orient="row")
 
 
-class Benchmark(ABC):
+class Benchmark(ABC, Generic[OptionsT]):
     """One workload. ``launch()`` returns None for a benchmark that runs no process."""
 
     name: ClassVar[str]
@@ -70,8 +76,15 @@ class Benchmark(ABC):
     #: "system" traces everything.
     default_filter: ClassVar[str] = "system"
 
-    def __init__(self, options: BenchmarkOptions) -> None:
-        self.options = options
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        model = options_model(cls, BenchmarkOptions)
+        if model is not None:
+            cls.Options = model
+
+    def __init__(self, options: OptionsT | BenchmarkOptions | None = None) -> None:
+        #: the benchmark's own section (defaults for None, validated once from a base one)
+        self.options: OptionsT = cast(OptionsT, options_of(self.Options, options))
 
     def check(self) -> None:
         """Raise BenchmarkError before anything is attached if the benchmark cannot run."""

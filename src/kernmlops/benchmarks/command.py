@@ -13,26 +13,19 @@ from kernmlops.benchmarks.base import Benchmark, BenchmarkOptions, Launch
 from kernmlops.errors import BenchmarkError
 
 
-class CommandBenchmark(Benchmark):
-    """Runs ``argv`` (in ``cwd``) and follows its process tree."""
+class CommandOptions(BenchmarkOptions):
+    argv: list[str] = Field(default_factory=list, description="program and its arguments")
+    cwd: str | None = Field(None, description="working directory (default: the current one)")
 
-    class Options(BenchmarkOptions):
-        argv: list[str] = Field(default_factory=list, description="program and its arguments")
-        cwd: str | None = Field(None, description="working directory (default: the current one)")
+
+class CommandBenchmark(Benchmark[CommandOptions]):
+    """Runs ``argv`` (in ``cwd``) and follows its process tree."""
 
     name: ClassVar[str] = "command"
     default_filter: ClassVar[str] = "tree"
 
-    def __init__(self, options: BenchmarkOptions | None = None) -> None:
-        if not isinstance(options, CommandBenchmark.Options):
-            options = CommandBenchmark.Options.model_validate(
-                options.model_dump() if options is not None else {}
-            )
-        super().__init__(options)
-        self.opts: CommandBenchmark.Options = options
-
     def check(self) -> None:
-        argv, cwd = self.opts.argv, self.opts.cwd
+        argv, cwd = self.options.argv, self.options.cwd
         if not argv or not argv[0]:
             raise BenchmarkError(
                 "command: no command to run; give the command after --: "
@@ -54,7 +47,7 @@ class CommandBenchmark(Benchmark):
             )
 
     def launch(self) -> Launch | None:
-        return Launch(argv=list(self.opts.argv), cwd=self.opts.cwd)
+        return Launch(argv=list(self.options.argv), cwd=self.options.cwd)
 
     def describe(self) -> str:
-        return shlex.join(self.opts.argv) if self.opts.argv else self.name
+        return shlex.join(self.options.argv) if self.options.argv else self.name

@@ -7,15 +7,12 @@ from typing import ClassVar
 from kernmlops.benchmarks.base import Benchmark, BenchmarkOptions, Launch
 
 
-class FauxBenchmark(Benchmark):
+class FauxBenchmark(Benchmark[BenchmarkOptions]):
     """No process; the session runs until Ctrl+C or the configured duration."""
 
     name: ClassVar[str] = "faux"
     # Nothing of ours runs, so the only interesting processes are everyone's.
     default_filter: ClassVar[str] = "system"
-
-    def __init__(self, options: BenchmarkOptions | None = None) -> None:
-        super().__init__(options if options is not None else self.Options())
 
     def launch(self) -> Launch | None:
         return None

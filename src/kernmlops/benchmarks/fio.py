@@ -61,78 +61,74 @@ SECTOR = 512
 DEFAULT_DIRS = (tempfile.gettempdir(), "/var/tmp")
 
 
-class FioBenchmark(Benchmark):
+class FioOptions(BenchmarkOptions):
+    profiles: list[Profile] = Field(
+        ["randread"],
+        min_length=1,
+        description="profiles to run one after another: seqread, seqwrite, randread, "
+        "randwrite, randrw",
+    )
+    target: str | None = Field(
+        None,
+        description="file, folder or block device to test; default: a file in a temporary "
+        "folder on a disk-backed filesystem. Files made in a folder or by default are "
+        "removed afterwards; a file you name is kept",
+    )
+    allow_write_device: bool = Field(
+        False,
+        description="let write profiles write to a block device target (destroys its data)",
+    )
+    size: int | str = Field(
+        "64M", description="bytes each profile covers (fio sizes: 4096, 4k, 64M, 1G)"
+    )
+    bs: int | str = Field("4k", description="block size of each I/O")
+    iodepth: int = Field(16, ge=1, le=4096, description="I/Os in flight per job")
+    numjobs: int = Field(1, ge=1, le=256, description="parallel jobs per profile")
+    ioengine: Literal["libaio", "io_uring", "psync", "sync", "posixaio"] = Field(
+        "libaio", description="fio I/O engine"
+    )
+    direct: bool = Field(True, description="O_DIRECT: bypass the page cache")
+    runtime_s: float | None = Field(
+        None, gt=0, description="longest run of each profile in seconds (null: until size)"
+    )
+    time_based: bool = Field(
+        False, description="run each profile for runtime_s even when size is done"
+    )
+    rwmixread: int = Field(50, ge=0, le=100, description="randrw: percent of reads")
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="more fio options for every profile, e.g. ['--fsync=1']",
+    )
+
+    @field_validator("size", "bs")
+    @classmethod
+    def _size(cls, value: int | str) -> int | str:
+        if parse_size(value) <= 0:
+            raise ValueError("must be more than 0 bytes")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FioOptions:
+        size, bs = parse_size(self.size), parse_size(self.bs)
+        if size < bs:
+            raise ValueError(f"size ({self.size}) is smaller than bs ({self.bs})")
+        if self.direct and bs % SECTOR:
+            raise ValueError(f"direct I/O needs bs a multiple of {SECTOR} (got {self.bs})")
+        if self.time_based and self.runtime_s is None:
+            raise ValueError("time_based needs runtime_s")
+        if len(set(self.profiles)) != len(self.profiles):
+            raise ValueError(f"a profile is named twice: {self.profiles}")
+        return self
+
+
+class FioBenchmark(Benchmark[FioOptions]):
     """Runs fio profiles one after another on ``target``."""
-
-    class Options(BenchmarkOptions):
-        profiles: list[Profile] = Field(
-            ["randread"],
-            min_length=1,
-            description="profiles to run one after another: seqread, seqwrite, randread, "
-            "randwrite, randrw",
-        )
-        target: str | None = Field(
-            None,
-            description="file, folder or block device to test; default: a file in a temporary "
-            "folder on a disk-backed filesystem. Files made in a folder or by default are "
-            "removed afterwards; a file you name is kept",
-        )
-        allow_write_device: bool = Field(
-            False,
-            description="let write profiles write to a block device target (destroys its data)",
-        )
-        size: int | str = Field(
-            "64M", description="bytes each profile covers (fio sizes: 4096, 4k, 64M, 1G)"
-        )
-        bs: int | str = Field("4k", description="block size of each I/O")
-        iodepth: int = Field(16, ge=1, le=4096, description="I/Os in flight per job")
-        numjobs: int = Field(1, ge=1, le=256, description="parallel jobs per profile")
-        ioengine: Literal["libaio", "io_uring", "psync", "sync", "posixaio"] = Field(
-            "libaio", description="fio I/O engine"
-        )
-        direct: bool = Field(True, description="O_DIRECT: bypass the page cache")
-        runtime_s: float | None = Field(
-            None, gt=0, description="longest run of each profile in seconds (null: until size)"
-        )
-        time_based: bool = Field(
-            False, description="run each profile for runtime_s even when size is done"
-        )
-        rwmixread: int = Field(50, ge=0, le=100, description="randrw: percent of reads")
-        extra_args: list[str] = Field(
-            default_factory=list,
-            description="more fio options for every profile, e.g. ['--fsync=1']",
-        )
-
-        @field_validator("size", "bs")
-        @classmethod
-        def _size(cls, value: int | str) -> int | str:
-            if parse_size(value) <= 0:
-                raise ValueError("must be more than 0 bytes")
-            return value
-
-        @model_validator(mode="after")
-        def _consistent(self) -> FioBenchmark.Options:
-            size, bs = parse_size(self.size), parse_size(self.bs)
-            if size < bs:
-                raise ValueError(f"size ({self.size}) is smaller than bs ({self.bs})")
-            if self.direct and bs % SECTOR:
-                raise ValueError(f"direct I/O needs bs a multiple of {SECTOR} (got {self.bs})")
-            if self.time_based and self.runtime_s is None:
-                raise ValueError("time_based needs runtime_s")
-            if len(set(self.profiles)) != len(self.profiles):
-                raise ValueError(f"a profile is named twice: {self.profiles}")
-            return self
 
     name: ClassVar[str] = "fio"
     default_filter: ClassVar[str] = "tree"
 
-    def __init__(self, options: BenchmarkOptions | None = None) -> None:
-        if not isinstance(options, FioBenchmark.Options):
-            options = FioBenchmark.Options.model_validate(
-                options.model_dump() if options is not None else {}
-            )
+    def __init__(self, options: FioOptions | BenchmarkOptions | None = None) -> None:
         super().__init__(options)
-        self.opts: FioBenchmark.Options = options
         # launch() runs before setup() and again for descriptions: the file we
         # may create has its name from the start.
         self._file_name = f"kernmlops-fio-{uuid.uuid4().hex}.dat"
@@ -146,7 +142,7 @@ class FioBenchmark(Benchmark):
 
     def target_path(self) -> Path:
         """The file or device fio opens."""
-        target = self.opts.target
+        target = self.options.target
         if target is None:
             return Path(self._default_dir()) / self._file_name
         if os.path.isdir(target):
@@ -155,7 +151,7 @@ class FioBenchmark(Benchmark):
 
     def owns_target(self) -> bool:
         """True when the target file is ours to make and remove."""
-        return self.opts.target is None or os.path.isdir(self.opts.target)
+        return self.options.target is None or os.path.isdir(self.options.target)
 
     def is_device(self) -> bool:
         try:
@@ -166,7 +162,7 @@ class FioBenchmark(Benchmark):
     def check(self) -> None:
         require_tool("fio", FIO, "apt-get install fio")
         path = self.target_path()
-        writes = [p for p in self.opts.profiles if p in WRITING]
+        writes = [p for p in self.options.profiles if p in WRITING]
         try:
             st: os.stat_result | None = os.stat(path)
         except FileNotFoundError:
@@ -174,7 +170,7 @@ class FioBenchmark(Benchmark):
         except OSError as err:
             raise BenchmarkError(f"fio: cannot use target {str(path)!r}: {err.strerror}") from err
         if st is not None and stat.S_ISBLK(st.st_mode):
-            if writes and not self.opts.allow_write_device:
+            if writes and not self.options.allow_write_device:
                 raise BenchmarkError(
                     f"fio: target {str(path)!r} is a block device and profile(s) "
                     f"{', '.join(writes)} would overwrite its data; set "
@@ -200,8 +196,10 @@ class FioBenchmark(Benchmark):
         if not os.access(folder if st is None else path, os.W_OK):
             raise BenchmarkError(f"fio: cannot write {str(path)!r} (no permission)")
         fstype = filesystem_type(folder)
-        if self.opts.direct and fstype in MEMORY_FILESYSTEMS:
-            where = "the default temporary folder" if self.opts.target is None else repr(str(path))
+        if self.options.direct and fstype in MEMORY_FILESYSTEMS:
+            where = (
+                "the default temporary folder" if self.options.target is None else repr(str(path))
+            )
             raise BenchmarkError(
                 f"fio: {where} is on {fstype}, which lives in memory: direct I/O there "
                 "measures RAM, not a disk; set benchmark.fio.target to a file or folder "
@@ -210,7 +208,7 @@ class FioBenchmark(Benchmark):
 
     # -- run -----------------------------------------------------------------
     def launch(self) -> Launch | None:
-        o = self.opts
+        o = self.options
         # fio separates several files with ':' in --filename.
         filename = str(self.target_path()).replace(":", "\\:")
         argv = [

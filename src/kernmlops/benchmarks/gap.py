@@ -112,65 +112,58 @@ def gap_result_rows(out: GapOutput) -> list[tuple[str, str, float, str]]:
     return rows
 
 
-class GapBenchmark(Benchmark):
-    """One GAP kernel, ``trials`` times, on a cached Kronecker graph."""
+class GapOptions(BenchmarkOptions):
+    source_dir: str | None = Field(
+        None,
+        description="folder of a built GAP (gapbs) copy; null: where `make setup-gap` "
+        "puts it (~/.cache/kernmlops/gapbs)",
+    )
+    kernel: Kernel = Field("bfs", description="GAP kernel: pr, bfs, cc, bc, sssp or tc")
+    scale: int = Field(
+        20, ge=1, le=32, description="Kronecker graph of 2^scale vertices (GAP's -g)"
+    )
+    degree: int = Field(16, ge=1, le=1024, description="average degree (GAP's -k)")
+    trials: int = Field(3, ge=1, description="times the kernel runs (GAP's -n)")
+    threads: int = Field(
+        0, ge=0, description="OpenMP threads (OMP_NUM_THREADS); 0 = OpenMP's default"
+    )
+    verify: bool = Field(False, description="check each trial's result (GAP's -v)")
+    graph_dir: str | None = Field(
+        None,
+        description="where generated graphs are kept and reused; "
+        "null: ~/.cache/kernmlops/gap-graphs",
+    )
+    extra_args: list[str] = Field(
+        default_factory=list, description="more kernel arguments, appended as given"
+    )
 
-    class Options(BenchmarkOptions):
-        source_dir: str | None = Field(
-            None,
-            description="folder of a built GAP (gapbs) copy; null: where `make setup-gap` "
-            "puts it (~/.cache/kernmlops/gapbs)",
-        )
-        kernel: Kernel = Field("bfs", description="GAP kernel: pr, bfs, cc, bc, sssp or tc")
-        scale: int = Field(
-            20, ge=1, le=32, description="Kronecker graph of 2^scale vertices (GAP's -g)"
-        )
-        degree: int = Field(16, ge=1, le=1024, description="average degree (GAP's -k)")
-        trials: int = Field(3, ge=1, description="times the kernel runs (GAP's -n)")
-        threads: int = Field(
-            0, ge=0, description="OpenMP threads (OMP_NUM_THREADS); 0 = OpenMP's default"
-        )
-        verify: bool = Field(False, description="check each trial's result (GAP's -v)")
-        graph_dir: str | None = Field(
-            None,
-            description="where generated graphs are kept and reused; "
-            "null: ~/.cache/kernmlops/gap-graphs",
-        )
-        extra_args: list[str] = Field(
-            default_factory=list, description="more kernel arguments, appended as given"
-        )
+
+class GapBenchmark(Benchmark[GapOptions]):
+    """One GAP kernel, ``trials`` times, on a cached Kronecker graph."""
 
     name: ClassVar[str] = "gap"
     default_filter: ClassVar[str] = "tree"
 
-    def __init__(self, options: BenchmarkOptions | None = None) -> None:
-        if not isinstance(options, GapBenchmark.Options):
-            options = GapBenchmark.Options.model_validate(
-                options.model_dump() if options is not None else {}
-            )
-        super().__init__(options)
-        self.opts: GapBenchmark.Options = options
-
     # -- paths ----------------------------------------------------------------
     @property
     def source_dir(self) -> Path:
-        given = self.opts.source_dir
+        given = self.options.source_dir
         return (Path(given) if given else DEFAULT_SOURCE_DIR).expanduser().absolute()
 
     @property
     def graph_dir(self) -> Path:
-        given = self.opts.graph_dir
+        given = self.options.graph_dir
         return (Path(given) if given else DEFAULT_GRAPH_DIR).expanduser().absolute()
 
     @property
     def weighted(self) -> bool:
-        return self.opts.kernel in WEIGHTED_KERNELS
+        return self.options.kernel in WEIGHTED_KERNELS
 
     @property
     def graph_path(self) -> Path:
         """The cached graph this run reads: one file per scale, degree and weighting."""
         suffix = "wsg" if self.weighted else "sg"
-        return self.graph_dir / f"kron-g{self.opts.scale}-k{self.opts.degree}.{suffix}"
+        return self.graph_dir / f"kron-g{self.options.scale}-k{self.options.degree}.{suffix}"
 
     def program(self, name: str) -> Path:
         return self.source_dir / name
@@ -181,7 +174,7 @@ class GapBenchmark(Benchmark):
         how = _HOW_TO_GET.format(repo=GAP_REPO)
         if not src.is_dir():
             raise BenchmarkError(f"gap: the GAP benchmark suite was not found in {src}; {how}")
-        needed = [self.opts.kernel]
+        needed = [self.options.kernel]
         if not self.graph_path.is_file():
             needed.append(CONVERTER)  # only to generate the graph the first time
         for name in needed:
@@ -194,8 +187,8 @@ class GapBenchmark(Benchmark):
 
     def converter_argv(self, out: Path) -> list[str]:
         """GAP's converter writing the serialized kron graph (weighted for sssp) to ``out``."""
-        argv = [str(self.program(CONVERTER)), "-g", str(self.opts.scale),
-                "-k", str(self.opts.degree)]  # fmt: skip
+        argv = [str(self.program(CONVERTER)), "-g", str(self.options.scale),
+                "-k", str(self.options.degree)]  # fmt: skip
         if self.weighted:
             argv.append("-w")
         return [*argv, "-b", str(out)]
@@ -216,8 +209,8 @@ class GapBenchmark(Benchmark):
         # the rename makes a half-written graph impossible to reuse.
         partial = target.with_name(f".{target.stem}.{os.getpid()}.partial{target.suffix}")
         print(
-            f"gap: generating the kron graph (scale {self.opts.scale}, degree "
-            f"{self.opts.degree}) once into {target}; later runs reuse it",
+            f"gap: generating the kron graph (scale {self.options.scale}, degree "
+            f"{self.options.degree}) once into {target}; later runs reuse it",
             file=sys.stderr,
         )
         try:
@@ -239,12 +232,12 @@ class GapBenchmark(Benchmark):
         self.ensure_graph()
 
     def launch(self) -> Launch | None:
-        argv = [str(self.program(self.opts.kernel)), "-f", str(self.graph_path),
-                "-n", str(self.opts.trials)]  # fmt: skip
-        if self.opts.verify:
+        argv = [str(self.program(self.options.kernel)), "-f", str(self.graph_path),
+                "-n", str(self.options.trials)]  # fmt: skip
+        if self.options.verify:
             argv.append("-v")
-        env = {"OMP_NUM_THREADS": str(self.opts.threads)} if self.opts.threads else {}
-        return Launch(argv=[*argv, *self.opts.extra_args], env=env, capture_output=True)
+        env = {"OMP_NUM_THREADS": str(self.options.threads)} if self.options.threads else {}
+        return Launch(argv=[*argv, *self.options.extra_args], env=env, capture_output=True)
 
     def results(self, run: BenchmarkRun) -> pl.DataFrame | None:
         if run.stdout_path is None:

@@ -39,49 +39,42 @@ IPC_FLAGS = {"socket": [], "pipe": ["-p"], "inet": ["-i"]}
 MODE_FLAGS = {"process": ["-P"], "thread": ["-T"]}
 
 
-class HackbenchBenchmark(Benchmark):
-    """Runs hackbench once."""
+class HackbenchOptions(BenchmarkOptions):
+    groups: int = Field(10, ge=1, le=1000, description="groups of senders and receivers")
+    loops: int = Field(100, ge=1, description="messages each sender sends each receiver")
+    fds: int = Field(20, ge=1, le=1000, description="senders (and receivers) per group")
+    datasize: int = Field(100, ge=1, le=1 << 20, description="bytes per message")
+    ipc: Literal["socket", "pipe", "inet"] = Field(
+        "socket", description="socket: UNIX socket pairs; pipe: pipes; inet: TCP on loopback"
+    )
+    mode: Literal["process", "thread"] = Field(
+        "process", description="senders and receivers as processes (fork) or threads"
+    )
+    extra_args: list[str] = Field(
+        default_factory=list, description="more hackbench arguments, appended as given"
+    )
 
-    class Options(BenchmarkOptions):
-        groups: int = Field(10, ge=1, le=1000, description="groups of senders and receivers")
-        loops: int = Field(100, ge=1, description="messages each sender sends each receiver")
-        fds: int = Field(20, ge=1, le=1000, description="senders (and receivers) per group")
-        datasize: int = Field(100, ge=1, le=1 << 20, description="bytes per message")
-        ipc: Literal["socket", "pipe", "inet"] = Field(
-            "socket", description="socket: UNIX socket pairs; pipe: pipes; inet: TCP on loopback"
-        )
-        mode: Literal["process", "thread"] = Field(
-            "process", description="senders and receivers as processes (fork) or threads"
-        )
-        extra_args: list[str] = Field(
-            default_factory=list, description="more hackbench arguments, appended as given"
-        )
+
+class HackbenchBenchmark(Benchmark[HackbenchOptions]):
+    """Runs hackbench once."""
 
     name: ClassVar[str] = "hackbench"
     default_filter: ClassVar[str] = "tree"
-
-    def __init__(self, options: BenchmarkOptions | None = None) -> None:
-        if not isinstance(options, HackbenchBenchmark.Options):
-            options = HackbenchBenchmark.Options.model_validate(
-                options.model_dump() if options is not None else {}
-            )
-        super().__init__(options)
-        self.opts: HackbenchBenchmark.Options = options
 
     def check(self) -> None:
         require_tool("hackbench", HACKBENCH, "apt-get install rt-tests")
 
     def messages(self) -> int:
         """Messages one run passes in total."""
-        o = self.opts
+        o = self.options
         return o.groups * o.fds * o.fds * o.loops
 
     def tasks(self) -> int:
         """Senders plus receivers."""
-        return 2 * self.opts.groups * self.opts.fds
+        return 2 * self.options.groups * self.options.fds
 
     def launch(self) -> Launch | None:
-        o = self.opts
+        o = self.options
         argv = [
             HACKBENCH,
             "-g", str(o.groups),

@@ -72,39 +72,32 @@ def job_result_rows(records: list[dict[str, Any]]) -> list[tuple[str, str, float
     return rows
 
 
-class MlTrainingBenchmark(Benchmark):
-    """A numpy MLP trained with minibatch SGD on a generated data set."""
+class MlTrainingOptions(BenchmarkOptions):
+    epochs: int = Field(10, ge=1, description="passes over the training set")
+    samples: int = Field(100_000, ge=1, description="training samples")
+    test_samples: int = Field(5_000, ge=1, description="held-out samples for accuracy")
+    features: int = Field(64, ge=1, description="input features")
+    classes: int = Field(10, ge=2, description="classes to tell apart")
+    hidden: int = Field(256, ge=1, description="hidden units")
+    batch_size: int = Field(128, ge=1, description="minibatch size")
+    learning_rate: float = Field(0.05, gt=0, description="SGD step size")
+    separation: float = Field(
+        0.5, gt=0, description="spread of the class centres (larger: an easier problem)"
+    )
+    seed: int = Field(0, ge=0, description="seed of the data set, weights and shuffling")
+    threads: int = Field(
+        1, ge=0, description="BLAS/OpenMP threads of the job; 0 = the libraries' default"
+    )
 
-    class Options(BenchmarkOptions):
-        epochs: int = Field(10, ge=1, description="passes over the training set")
-        samples: int = Field(100_000, ge=1, description="training samples")
-        test_samples: int = Field(5_000, ge=1, description="held-out samples for accuracy")
-        features: int = Field(64, ge=1, description="input features")
-        classes: int = Field(10, ge=2, description="classes to tell apart")
-        hidden: int = Field(256, ge=1, description="hidden units")
-        batch_size: int = Field(128, ge=1, description="minibatch size")
-        learning_rate: float = Field(0.05, gt=0, description="SGD step size")
-        separation: float = Field(
-            0.5, gt=0, description="spread of the class centres (larger: an easier problem)"
-        )
-        seed: int = Field(0, ge=0, description="seed of the data set, weights and shuffling")
-        threads: int = Field(
-            1, ge=0, description="BLAS/OpenMP threads of the job; 0 = the libraries' default"
-        )
+
+class MlTrainingBenchmark(Benchmark[MlTrainingOptions]):
+    """A numpy MLP trained with minibatch SGD on a generated data set."""
 
     name: ClassVar[str] = "ml-training"
     default_filter: ClassVar[str] = "tree"
 
-    def __init__(self, options: BenchmarkOptions | None = None) -> None:
-        if not isinstance(options, MlTrainingBenchmark.Options):
-            options = MlTrainingBenchmark.Options.model_validate(
-                options.model_dump() if options is not None else {}
-            )
-        super().__init__(options)
-        self.opts: MlTrainingBenchmark.Options = options
-
     def job_args(self) -> list[str]:
-        o = self.opts
+        o = self.options
         return [
             "--epochs", str(o.epochs), "--samples", str(o.samples),
             "--test-samples", str(o.test_samples), "--features", str(o.features),
@@ -118,8 +111,8 @@ class MlTrainingBenchmark(Benchmark):
         # The thread variables also go in the environment, so they hold from the
         # first instruction (the job sets them itself too, before numpy loads).
         env = (
-            {var: str(self.opts.threads) for var in ml_job.THREAD_VARIABLES}
-            if self.opts.threads
+            {var: str(self.options.threads) for var in ml_job.THREAD_VARIABLES}
+            if self.options.threads
             else {}
         )
         return Launch(

@@ -62,56 +62,52 @@ _COLUMNS = {
 }
 
 
-class RedisBenchmark(Benchmark):
+class RedisOptions(BenchmarkOptions):
+    tests: list[str] = Field(
+        ["set", "get"],
+        min_length=1,
+        description=f"redis-benchmark tests (-t): {', '.join(KNOWN_TESTS)}",
+    )
+    clients: int = Field(50, ge=1, le=10000, description="parallel connections (-c)")
+    requests: int = Field(100000, ge=1, description="requests per test (-n)")
+    pipeline: int = Field(1, ge=1, le=10000, description="requests pipelined per round (-P)")
+    data_size: int = Field(3, ge=1, le=1 << 26, description="SET/GET value bytes (-d)")
+    keyspace: int | None = Field(
+        None, ge=1, description="random keys from this many (-r); null: one key per test"
+    )
+    threads: int | None = Field(
+        None, ge=1, le=256, description="client threads (--threads); null: one"
+    )
+    server_args: list[str] = Field(
+        default_factory=list,
+        description="more redis-server options, e.g. ['--io-threads', '2']",
+    )
+    extra_args: list[str] = Field(
+        default_factory=list, description="more redis-benchmark arguments, appended"
+    )
+    startup_timeout_s: float = Field(
+        10, gt=0, le=600, description="longest wait for the server to answer PING"
+    )
+
+    @field_validator("tests")
+    @classmethod
+    def _known(cls, tests: list[str]) -> list[str]:
+        out = [t.strip().lower() for t in tests]
+        unknown = [t for t in out if t not in KNOWN_TESTS]
+        if unknown:
+            # redis-benchmark silently skips names it does not know.
+            raise ValueError(f"unknown test(s) {unknown}; known: {', '.join(KNOWN_TESTS)}")
+        return list(dict.fromkeys(out))
+
+
+class RedisBenchmark(Benchmark[RedisOptions]):
     """redis-benchmark against a redis-server of its own."""
-
-    class Options(BenchmarkOptions):
-        tests: list[str] = Field(
-            ["set", "get"],
-            min_length=1,
-            description=f"redis-benchmark tests (-t): {', '.join(KNOWN_TESTS)}",
-        )
-        clients: int = Field(50, ge=1, le=10000, description="parallel connections (-c)")
-        requests: int = Field(100000, ge=1, description="requests per test (-n)")
-        pipeline: int = Field(1, ge=1, le=10000, description="requests pipelined per round (-P)")
-        data_size: int = Field(3, ge=1, le=1 << 26, description="SET/GET value bytes (-d)")
-        keyspace: int | None = Field(
-            None, ge=1, description="random keys from this many (-r); null: one key per test"
-        )
-        threads: int | None = Field(
-            None, ge=1, le=256, description="client threads (--threads); null: one"
-        )
-        server_args: list[str] = Field(
-            default_factory=list,
-            description="more redis-server options, e.g. ['--io-threads', '2']",
-        )
-        extra_args: list[str] = Field(
-            default_factory=list, description="more redis-benchmark arguments, appended"
-        )
-        startup_timeout_s: float = Field(
-            10, gt=0, le=600, description="longest wait for the server to answer PING"
-        )
-
-        @field_validator("tests")
-        @classmethod
-        def _known(cls, tests: list[str]) -> list[str]:
-            out = [t.strip().lower() for t in tests]
-            unknown = [t for t in out if t not in KNOWN_TESTS]
-            if unknown:
-                # redis-benchmark silently skips names it does not know.
-                raise ValueError(f"unknown test(s) {unknown}; known: {', '.join(KNOWN_TESTS)}")
-            return list(dict.fromkeys(out))
 
     name: ClassVar[str] = "redis"
     default_filter: ClassVar[str] = "tree"
 
-    def __init__(self, options: BenchmarkOptions | None = None) -> None:
-        if not isinstance(options, RedisBenchmark.Options):
-            options = RedisBenchmark.Options.model_validate(
-                options.model_dump() if options is not None else {}
-            )
+    def __init__(self, options: RedisOptions | BenchmarkOptions | None = None) -> None:
         super().__init__(options)
-        self.opts: RedisBenchmark.Options = options
         self._port: int | None = None
         self.server: subprocess.Popen | None = None
         self.data_dir: Path | None = None
@@ -143,7 +139,7 @@ class RedisBenchmark(Benchmark):
             "--save", "",
             "--appendonly", "no",
             "--dir", str(self.data_dir),
-            *self.opts.server_args,
+            *self.options.server_args,
         ]  # fmt: skip
 
     def setup(self, workdir: Path) -> None:
@@ -158,7 +154,7 @@ class RedisBenchmark(Benchmark):
             )
         except OSError as err:
             raise BenchmarkError(f"redis: cannot start {SERVER}: {err.strerror}") from err
-        deadline = time.monotonic() + self.opts.startup_timeout_s
+        deadline = time.monotonic() + self.options.startup_timeout_s
         while True:
             if self.server.poll() is not None:
                 raise BenchmarkError(
@@ -171,7 +167,7 @@ class RedisBenchmark(Benchmark):
             if time.monotonic() > deadline:
                 raise BenchmarkError(
                     f"redis: {SERVER} did not answer PING on {HOST}:{self.port} within "
-                    f"{self.opts.startup_timeout_s:g} s: {self._log_tail()}"
+                    f"{self.options.startup_timeout_s:g} s: {self._log_tail()}"
                 )
             time.sleep(0.02)
 
@@ -208,7 +204,7 @@ class RedisBenchmark(Benchmark):
 
     # -- client --------------------------------------------------------------
     def launch(self) -> Launch | None:
-        o = self.opts
+        o = self.options
         argv = [
             CLIENT,
             "-h", HOST,

@@ -92,36 +92,32 @@ def half_of_cpus(nodes: dict[int, list[int]]) -> list[int]:
     return cpus[: max(1, len(cpus) // 2)]
 
 
-class StressNgBenchmark(Benchmark):
-    """Runs one stress-ng scenario for ``duration_s`` seconds."""
+class StressNgOptions(BenchmarkOptions):
+    scenario: Scenario = Field(
+        "mixed",
+        description="which stressors to run: mixed, cpu, switch, vm, io, numa, cpu-half "
+        "(the first half of the CPUs/nodes busy, the rest idle), cache, oversubscribe "
+        "(2x the CPUs), hdd-seek, matrixprod, fft, or custom (only extra_args)",
+    )
+    duration_s: float = Field(10, gt=0, description="run time in seconds (rounded up)")
+    workers: int = Field(
+        0, ge=0, description="workers per stressor; 0 = the online CPUs (cpu-half: its CPUs)"
+    )
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="more stress-ng arguments, appended as given (with scenario custom: "
+        "the stressors themselves, e.g. ['--sock', '2'])",
+    )
 
-    class Options(BenchmarkOptions):
-        scenario: Scenario = Field(
-            "mixed",
-            description="which stressors to run: mixed, cpu, switch, vm, io, numa, cpu-half "
-            "(the first half of the CPUs/nodes busy, the rest idle), cache, oversubscribe "
-            "(2x the CPUs), hdd-seek, matrixprod, fft, or custom (only extra_args)",
-        )
-        duration_s: float = Field(10, gt=0, description="run time in seconds (rounded up)")
-        workers: int = Field(
-            0, ge=0, description="workers per stressor; 0 = the online CPUs (cpu-half: its CPUs)"
-        )
-        extra_args: list[str] = Field(
-            default_factory=list,
-            description="more stress-ng arguments, appended as given (with scenario custom: "
-            "the stressors themselves, e.g. ['--sock', '2'])",
-        )
+
+class StressNgBenchmark(Benchmark[StressNgOptions]):
+    """Runs one stress-ng scenario for ``duration_s`` seconds."""
 
     name: ClassVar[str] = "stress-ng"
     default_filter: ClassVar[str] = "tree"
 
-    def __init__(self, options: BenchmarkOptions | None = None) -> None:
-        if not isinstance(options, StressNgBenchmark.Options):
-            options = StressNgBenchmark.Options.model_validate(
-                options.model_dump() if options is not None else {}
-            )
+    def __init__(self, options: StressNgOptions | BenchmarkOptions | None = None) -> None:
         super().__init__(options)
-        self.opts: StressNgBenchmark.Options = options
         # launch() runs before setup() gives a workdir (and is called again for
         # descriptions), so the metrics file has a fixed private name from the start.
         token = uuid.uuid4().hex
@@ -129,8 +125,8 @@ class StressNgBenchmark(Benchmark):
 
     def check(self) -> None:
         require_tool("stress-ng", STRESS_NG, "apt-get install stress-ng")
-        if self.opts.scenario == "custom" and not any(
-            a.startswith("-") for a in self.opts.extra_args
+        if self.options.scenario == "custom" and not any(
+            a.startswith("-") for a in self.options.extra_args
         ):
             raise BenchmarkError(
                 "stress-ng: scenario 'custom' runs the stressors in extra_args, and there "
@@ -139,7 +135,7 @@ class StressNgBenchmark(Benchmark):
 
     def workers(self) -> int:
         """Workers for the main stressor: the option, or one per online CPU."""
-        return self.opts.workers or online_cpu_count()
+        return self.options.workers or online_cpu_count()
 
     def stressor_args(self) -> list[str]:
         """The stressors of the scenario (without timeout and metrics)."""
@@ -147,7 +143,7 @@ class StressNgBenchmark(Benchmark):
         half = max(1, n // 2)
         # Files go to the system temp dir; stress-ng makes and removes its own
         # tmp-stress-ng-* folder there.
-        match self.opts.scenario:
+        match self.options.scenario:
             case "cpu":
                 return ["--cpu", str(n)]
             case "switch":
@@ -181,7 +177,7 @@ class StressNgBenchmark(Benchmark):
                 ]  # fmt: skip
             case "cpu-half":
                 cpus = half_of_cpus(numa_nodes())
-                workers = self.opts.workers or len(cpus)
+                workers = self.options.workers or len(cpus)
                 return ["--cpu", str(workers), "--taskset", format_cpu_list(cpus)]
             case "cache":
                 return ["--cache", str(n)]
@@ -195,19 +191,19 @@ class StressNgBenchmark(Benchmark):
                 return ["--cpu", str(n), "--cpu-method", "fft"]
             case "custom":
                 return []
-        raise BenchmarkError(f"stress-ng: unknown scenario {self.opts.scenario!r}")
+        raise BenchmarkError(f"stress-ng: unknown scenario {self.options.scenario!r}")
 
     def launch(self) -> Launch | None:
         # stress-ng truncates fractional seconds ("2.5s" runs 2 s): round up so a
         # run is never shorter than asked.
-        seconds = max(1, math.ceil(self.opts.duration_s))
+        seconds = max(1, math.ceil(self.options.duration_s))
         # --temp-path for every scenario: stress-ng checks the working directory
         # even for stressors that write nothing, and it may be read-only (the lab).
         argv = [
             STRESS_NG, *self.stressor_args(), "--timeout", f"{seconds}s", "--metrics-brief",
             "--temp-path", tempfile.gettempdir(), "--yaml", str(self.yaml_path),
         ]  # fmt: skip
-        return Launch(argv=[*argv, *self.opts.extra_args], capture_output=True)
+        return Launch(argv=[*argv, *self.options.extra_args], capture_output=True)
 
     def describe(self) -> str:
         launch = self.launch()

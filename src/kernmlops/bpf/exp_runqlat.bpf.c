@@ -1,6 +1,11 @@
 /* exporter set runqlat: run-queue latency, from wake-up (or preemption) to
- * running, of the job's tasks; one histogram for the whole job. */
+ * running, of the job's tasks; one histogram for the whole job.
+ *
+ * The wait is the scheduler's own account, read at the switch in (sched_wait.h,
+ * as the collector's quanta_queued_time). Kernels without it (no
+ * CONFIG_SCHED_INFO) stamp wake-ups and preemptions in a map instead. */
 #include "exp_common.h"
+#include "sched_wait.h"
 
 #define RUNQ_MAX_SLOT 26 /* 2^26 µs = 67 s */
 
@@ -17,8 +22,8 @@ struct {
 	__type(value, struct runq_hist);
 } runqueue_latency SEC(".maps");
 
-/* pid -> when it became runnable. LRU: a wake-up never followed by a switch
- * (the task exited) must not fill the map. */
+/* Without sched_info: pid -> when it became runnable. LRU: a wake-up never
+ * followed by a switch (the task exited) must not fill the map. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 16384);
@@ -40,31 +45,41 @@ static __always_inline long task_state(struct task_struct *t)
 
 static __always_inline void enqueued(struct task_struct *p)
 {
-	u32 pid = BPF_CORE_READ(p, pid);
+	u32 pid;
 	u64 now;
 
+	if (kmo_has_sched_info(p))
+		return; /* the kernel keeps the account (a constant once loaded) */
+	pid = BPF_CORE_READ(p, pid);
 	if (!pid || !exp_task_wanted(p))
 		return;
 	now = bpf_ktime_get_ns();
 	bpf_map_update_elem(&exp_runq_since, &pid, &now, BPF_ANY);
 }
 
-static __always_inline int on_switch(struct task_struct *prev, struct task_struct *next)
+static __always_inline int on_switch(bool btf, struct task_struct *prev,
+				     struct task_struct *next)
 {
 	u32 zero = 0, pid = BPF_CORE_READ(next, pid);
 	struct runq_hist *h;
-	u64 *since, us;
+	u64 *since, ns, us;
 
-	/* A preempted task is still runnable: it waits on the queue from now. */
-	if (task_state(prev) == 0)
-		enqueued(prev);
-	if (!pid)
-		return 0;
-	since = bpf_map_lookup_elem(&exp_runq_since, &pid);
-	if (!since)
-		return 0;
-	us = (bpf_ktime_get_ns() - *since) / 1000;
-	bpf_map_delete_elem(&exp_runq_since, &pid);
+	if (kmo_has_sched_info(next)) {
+		if (!pid || !exp_task_wanted(next) || !kmo_queued_ns(btf, next, &ns))
+			return 0;
+	} else {
+		/* A preempted task is still runnable: it waits on the queue from now. */
+		if (task_state(prev) == 0)
+			enqueued(prev);
+		if (!pid)
+			return 0;
+		since = bpf_map_lookup_elem(&exp_runq_since, &pid);
+		if (!since)
+			return 0;
+		ns = bpf_ktime_get_ns() - *since;
+		bpf_map_delete_elem(&exp_runq_since, &pid);
+	}
+	us = ns / 1000;
 	h = bpf_map_lookup_elem(&runqueue_latency, &zero);
 	if (h)
 		EXP_OBSERVE(h, exp_slot_exp2(us), us);
@@ -88,7 +103,7 @@ int BPF_PROG(exp_runq_wakeup_new_btf, struct task_struct *p)
 SEC("tp_btf/sched_switch")
 int BPF_PROG(exp_runq_switch_btf, bool preempt, struct task_struct *prev, struct task_struct *next)
 {
-	return on_switch(prev, next);
+	return on_switch(true, prev, next);
 }
 
 SEC("raw_tp/sched_wakeup")
@@ -108,5 +123,5 @@ int BPF_PROG(exp_runq_wakeup_new_raw, struct task_struct *p)
 SEC("raw_tp/sched_switch")
 int BPF_PROG(exp_runq_switch_raw, bool preempt, struct task_struct *prev, struct task_struct *next)
 {
-	return on_switch(prev, next);
+	return on_switch(false, prev, next);
 }

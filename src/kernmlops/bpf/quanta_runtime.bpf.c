@@ -8,15 +8,13 @@
  *
  * - the quantum is the growth of prev's se.sum_exec_runtime since it came in
  *   (charged for every class before this tracepoint);
- * - the wait is rq->clock minus next's sched_info.last_queued: the run-queue
- *   clock was updated at the top of __schedule, and last_queued is stamped by
- *   the kernel when the task is enqueued (a wake-up) or preempted while still
- *   runnable, and cleared when it arrives, just after this tracepoint. It is
- *   the amount the kernel adds to the task's run_delay (/proc/<pid>/schedstat)
- *   for this arrival. A wait cut by a migration counts from the enqueue on the
- *   new CPU, as the kernel's last_queued does. Kernels without
+ * - the wait is rq->clock minus next's sched_info.last_queued (sched_wait.h,
+ *   shared with the exporter's runqlat): what the kernel adds to the task's
+ *   run_delay for this arrival. A wait cut by a migration counts from the
+ *   enqueue on the new CPU, as the kernel's last_queued does. Kernels without
  *   CONFIG_SCHED_INFO have no sched_info: the table stays empty there. */
 #include "filter.h"
+#include "sched_wait.h"
 
 struct quanta_switch_event {
 	u64 ts_uptime_us;	/* the switch: end of prev's quantum, start of next's */
@@ -46,22 +44,6 @@ struct {
 	__type(key, u32);
 	__type(value, struct oncpu);
 } oncpu SEC(".maps");
-
-/* The queue wait needs the kernel's sched_info and a way to this CPU's run
- * queue: next->se.cfs_rq->rq, which the kernel points at the run queue of the
- * CPU the task is on (set_task_rq) for every class. (The per-CPU `runqueues`
- * itself is out of reach without CONFIG_KALLSYMS_ALL.) */
-static __always_inline bool has_sched_info(struct task_struct *t)
-{
-	return bpf_core_field_exists(t->sched_info) && bpf_core_field_exists(t->se.cfs_rq);
-}
-
-static __always_inline u64 rq_clock(bool btf, struct task_struct *t)
-{
-	if (btf)
-		return t->se.cfs_rq->rq->clock;
-	return BPF_CORE_READ(t, se.cfs_rq, rq, clock);
-}
 
 /* Fair-class policies: SCHED_NORMAL, SCHED_BATCH, SCHED_IDLE. */
 static __always_inline bool fair_policy(u32 policy)
@@ -108,18 +90,8 @@ static __always_inline int on_switch(bool btf, struct task_struct *prev,
 	cur->seen = 1;
 	cur->sum_exec_at_in = KMO_READ(btf, next, se.sum_exec_runtime);
 
-	if (has_sched_info(next) && next_pid && kmo_tgid_wanted(next_tgid)) {
-		u64 queued_at = KMO_READ(btf, next, sched_info.last_queued);
-
-		if (queued_at) {
-			u64 clock = rq_clock(btf, next);
-
-			if (clock >= queued_at) {
-				queued_ns = clock - queued_at;
-				has_queued = true;
-			}
-		}
-	}
+	if (kmo_has_sched_info(next) && next_pid && kmo_tgid_wanted(next_tgid))
+		has_queued = kmo_queued_ns(btf, next, &queued_ns);
 	if (!has_run && !has_queued)
 		return 0;
 	e = KMO_BATCH_SLOT(quanta_switch_rb, batch);

@@ -5,15 +5,7 @@
  * CPU it leaves. It also fires when orig_cpu == dest_cpu (only a change
  * increments se.nr_migrations). */
 #include "filter.h"
-
-enum sched_migrate_kind {
-	/* on_rq == 0: placed on a CPU as it wakes up. This includes a task that
-	 * changes its own affinity: it sleeps until the stopper moved it. */
-	SCHED_MIGRATE_KIND_WAKEUP = 0,
-	/* on_rq != 0: moved while runnable (load balancing, NUMA, another
-	 * task changing its affinity) */
-	SCHED_MIGRATE_KIND_QUEUED = 1,
-};
+#include "sched_migrate.h" /* the CPU it leaves, the kind: shared with the exporter */
 
 struct sched_migrate_event {
 	u64 ts_uptime_us;
@@ -38,18 +30,6 @@ KMO_RING(sched_migrate_rb, sched_migrate_event);
 
 /* Set before load (option `runqueues`). */
 const volatile bool read_rq = true;
-
-/* Before 5.16 (and where thread_info is not in the task) the CPU was task->cpu. */
-struct task_struct___pre516 {
-	unsigned int cpu;
-} __attribute__((preserve_access_index));
-
-static __always_inline u32 task_cpu(struct task_struct *p)
-{
-	if (bpf_core_field_exists(p->thread_info.cpu))
-		return BPF_CORE_READ(p, thread_info.cpu);
-	return BPF_CORE_READ((struct task_struct___pre516 *)p, cpu);
-}
 
 /* A CPU's struct rq, reached from the task: p->se.cfs_rq is the task's cfs_rq
  * (of its task group) on its current CPU, the group keeps one cfs_rq per CPU,
@@ -100,11 +80,11 @@ static __always_inline int on_migrate(struct task_struct *p, int dest_cpu)
 	e->ts_uptime_us = kmo_uptime_us();
 	e->pid = BPF_CORE_READ(p, pid);
 	e->tgid = BPF_CORE_READ(p, tgid);
-	e->orig_cpu = task_cpu(p);
+	e->orig_cpu = kmo_task_cpu(p);
 	e->dest_cpu = dest_cpu;
 	e->cpu = bpf_get_smp_processor_id();
 	e->on_rq = BPF_CORE_READ(p, on_rq);
-	e->kind = e->on_rq ? SCHED_MIGRATE_KIND_QUEUED : SCHED_MIGRATE_KIND_WAKEUP;
+	e->kind = kmo_migrate_kind(e->on_rq);
 	orig_ok = read_runqueue(p, e->orig_cpu, &e->orig_nr_running, &e->orig_load_avg,
 				&e->orig_util_avg);
 	dest_ok = read_runqueue(p, e->dest_cpu, &e->dest_nr_running, &e->dest_load_avg,

@@ -23,7 +23,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,6 +35,7 @@ from kernmlops.collect.filter import ProcessFilter
 from kernmlops.collect.gated import GatedProcess, exit_status
 from kernmlops.collect.manifest import BenchmarkRecord, HookRecord, Manifest, write_manifest
 from kernmlops.collect.output import prepare_output, release_reserve
+from kernmlops.collect.participants import Participant, configured
 from kernmlops.collect.sinks import ParquetSink, ThreadedSink, free_bytes, human_bytes, is_disk_full
 from kernmlops.config import Config
 from kernmlops.errors import (
@@ -127,7 +128,14 @@ class Session:
         on_message: Callable[[str], None] | None = None,
         sink: Sink | None = None,
         bpf_dir: Path | None = None,
+        hooks: Sequence[Hook] = (),
+        participants: Sequence[Participant] = (),
     ) -> None:
+        """``hooks``: hook instances run after the configured ones, like them (a
+        caller may start them first: attached ones are not started again).
+        ``participants``: what else runs beside the hooks and adds to the manifest
+        (see kernmlops.collect.participants); the configured ones (the exporter of
+        ``collector.export``) come first. Both lists may be extended before run()."""
         self.config = config
         self.on_progress = on_progress
         self.on_attached = on_attached
@@ -145,9 +153,11 @@ class Session:
         )
         self._sink = sink
         self._stop_signal: int | None = None
-        self._exporter: Any = None  # kernmlops.exporter.RunningExporter with collector.export
-        #: what collector.export served (for the manifest); None when off
-        self.exporter_summary: dict[str, Any] | None = None
+        self.extra_hooks: list[Hook] = list(hooks)
+        self.participants: list[Participant] = [
+            *configured(config.collector, bpf_dir),
+            *participants,
+        ]
         #: the manifest as last written (None with a caller's sink: nothing on disk)
         self.manifest: Manifest | None = None
         self._parquet: ParquetSink | None = None
@@ -232,27 +242,19 @@ class Session:
                     for pid in self.benchmark.tracked_pids():
                         flt.add(pid)
             ctx = HookContext(self.collection_id, flt, os.getpid(), self.bpf_dir)
-            for name in cfg.hooks:
-                hook = get_hook(name)(self.config.hook_options(name))
+            configured_hooks = [get_hook(n)(self.config.hook_options(n)) for n in cfg.hooks]
+            for hook in [*configured_hooks, *self.extra_hooks]:
                 hooks.append(hook)
+                if hook.status.attached:  # started by the caller
+                    continue
                 try:
                     hook.start(ctx)
                 except HookUnavailable as err:
-                    hook.status.reason = str(err).removeprefix(f"{name}: ")
+                    hook.status.reason = str(err).removeprefix(f"{hook.name}: ")
                     if cfg.strict:
                         raise StrictError(f"--strict: hook {err}") from err
-            if cfg.export:
-                from kernmlops.exporter import start_exporter
-
-                # The metric sets count the same processes as the hooks.
-                self._exporter = start_exporter(
-                    cfg.export,
-                    configs=cfg.export_sets,
-                    process_filter_fd=flt.fd if flt is not None else None,
-                    self_tgid=os.getpid(),
-                    bpf_dir=self.bpf_dir,
-                    strict=cfg.strict,
-                )
+            for participant in self.participants:
+                participant.start(ctx)  # e.g. the exporter: the same processes as the hooks
             attach_s = time.monotonic() - t0
             if self.on_attached:
                 self.on_attached({h.name: h.status for h in hooks})
@@ -358,9 +360,8 @@ class Session:
             self.results_error = f"teardown failed: {err}"
         step(self.benchmark.stop_services)  # servers of setup() and all they started
         shutil.rmtree(workdir, ignore_errors=True)
-        if self._exporter is not None:
-            self.exporter_summary = self._exporter.summary()
-            step(self._exporter.close)
+        for participant in self.participants:
+            step(participant.close)
         if flt is not None:
             step(flt.close)
         return bench_exit
@@ -575,7 +576,6 @@ class Session:
             m.system = system_info()
             m.versions = _versions()
         m.hooks = {n: HookRecord.model_validate(st.as_dict()) for n, st in result.hooks.items()}
-        m.exporter = self.exporter_summary
         files = self._parquet.files_written()
         m.tables = {
             t: {  # type: ignore[misc]
@@ -589,7 +589,16 @@ class Session:
         if self._parquet.lost_rows:
             m.lost_rows = dict(self._parquet.lost_rows)  # type: ignore[attr-defined]
         m.output = {**(m.output or {}), "free_bytes_at_stop": free_bytes(self.path)}
+        failed: Exception | None = None
+        for participant in self.participants:
+            try:
+                participant.contribute(m, self.path)
+            except Exception as err:  # the manifest is still written; raised after it
+                failed = failed or err
+                m.error = m.error or f"{type(participant).__name__}: {err}"
         self._save_manifest(final=True)
+        if failed is not None:
+            raise failed
 
 
 def _release_free_memory() -> None:

@@ -43,6 +43,7 @@ from pydantic import (
 )
 
 from kernmlops.errors import ConfigError
+from kernmlops.validation import keys_at, unknown_key
 from kernmlops.yamlfile import safe_yaml
 
 #: Artifacts always captured once per suite (name -> what is recorded).
@@ -233,31 +234,12 @@ def parse_cpus(text: str) -> frozenset[int]:
 
 
 # --- errors ---------------------------------------------------------------------
-def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
-    for part in loc:
-        field = model.model_fields.get(str(part))
-        if field is None:
-            return None
-        ann = field.annotation
-        # X | None -> X
-        args = [a for a in getattr(ann, "__args__", ()) if a is not type(None)]
-        if args and len(args) == 1:
-            ann = args[0]
-        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
-            return None
-        model = ann
-    return model
-
-
 def _describe(err: dict[str, Any], prefix: tuple[str, ...], model: type[BaseModel]) -> str:
     loc = tuple(str(p) for p in err["loc"])
     path = ".".join((*prefix, *loc)) or "(top level)"
     if err["type"] == "extra_forbidden":
-        parent = _model_at(model, loc[:-1])
-        valid = sorted(parent.model_fields) if parent else []
-        near = difflib.get_close_matches(loc[-1], valid, n=1, cutoff=0.5)
-        hint = f"; did you mean {'.'.join((*prefix, *loc[:-1], near[0]))!r}?" if near else ""
-        return f"{path}: unknown key{hint} (valid here: {', '.join(valid)})"
+        unknown = unknown_key(loc[-1], keys_at(model, loc[:-1]), prefix=(*prefix, *loc[:-1]))
+        return f"{path}: {unknown}"
     got = err.get("input")
     msg = err["msg"].removeprefix("Value error, ")
     shown = "" if isinstance(got, dict) or got is None or f"got {got}" in msg else f" (got {got!r})"

@@ -40,6 +40,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kernmlops.errors import ConfigError
+from kernmlops.validation import keys_at, unknown_key
 from kernmlops.yamlfile import safe_yaml
 
 #: Where the built-in metric sets live: bpf/exp_<name>.bpf.c + exp_<name>.yaml.
@@ -331,34 +332,15 @@ def _where(loc: tuple[Any, ...], data: Any) -> str:
     return out or "(top level)"
 
 
-def _model_fields_at(loc: tuple[Any, ...]) -> list[str]:
-    """Valid keys of the model holding the key at ``loc`` (for 'did you mean')."""
-    model: type[BaseModel] = MetricSetSpec
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        field = model.model_fields.get(str(part))
-        if field is None:
-            return []
-        ann = field.annotation
-        args = getattr(ann, "__args__", ())
-        nested = [a for a in (ann, *args) if isinstance(a, type) and issubclass(a, BaseModel)]
-        if not nested:
-            return []
-        model = nested[0]
-    return sorted(model.model_fields)
-
-
 def format_errors(error: ValidationError, source: str, data: Any) -> str:
     lines = [f"invalid metric set {source}:"]
     for err in error.errors():
         loc = tuple(err["loc"])
         where = _where(loc, data)
         if err["type"] == "extra_forbidden":
-            valid = _model_fields_at(loc[:-1])
-            near = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
-            hint = f"; did you mean {near[0]!r}?" if near else ""
-            lines.append(f"  - {where}: unknown key{hint} (valid here: {', '.join(valid)})")
+            lines.append(
+                f"  - {where}: {unknown_key(str(loc[-1]), keys_at(MetricSetSpec, loc[:-1]))}"
+            )
             continue
         msg = err["msg"].removeprefix("Value error, ")
         got = err.get("input")

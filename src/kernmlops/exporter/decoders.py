@@ -11,7 +11,6 @@ not keep, which is no error.
 
 from __future__ import annotations
 
-import bisect
 import errno as errno_module
 import os
 import re
@@ -23,6 +22,7 @@ from functools import cached_property
 from pathlib import Path
 
 from kernmlops.exporter.config import DecoderSpec, LabelSpec
+from kernmlops.host.kallsyms import KALLSYMS, KernelSymbols
 
 Value = bytes | str
 
@@ -82,41 +82,30 @@ def cgroup2_mount(mountinfo: Path = Path("/proc/self/mountinfo")) -> Path | None
 class Kallsyms:
     """Kernel symbols by address, from /proc/kallsyms (read once, on first use)."""
 
-    def __init__(self, path: Path = Path("/proc/kallsyms")) -> None:
+    def __init__(self, path: Path = KALLSYMS) -> None:
         self.path = path
         self._lock = threading.Lock()
-        self._addrs: list[int] | None = None
-        self._names: list[str] = []
-
-    def _load(self) -> None:
-        rows: dict[int, str] = {}
-        with self.path.open() as fh:
-            for line in fh:
-                parts = line.split(maxsplit=3)
-                if len(parts) < 3 or parts[1] in "aAuU":  # absolute, undefined
-                    continue
-                addr = int(parts[0], 16)
-                rows.setdefault(addr, parts[2])  # the first name at an address
-        if not rows or max(rows) == 0:
-            raise DecodeError(
-                f"{self.path} shows no addresses (kptr_restrict): the exporter must run as root"
-            )
-        self._addrs = sorted(rows)
-        self._names = [rows[a] for a in self._addrs]
+        self._symbols: KernelSymbols | None = None
 
     def load(self) -> None:
         with self._lock:
-            if self._addrs is None:
-                self._load()
+            if self._symbols is None:
+                symbols = KernelSymbols.load(self.path)  # text symbols (kernmlops.host)
+                if not len(symbols):
+                    raise DecodeError(
+                        f"{self.path} shows no addresses (kptr_restrict): "
+                        "the exporter must run as root"
+                    )
+                self._symbols = symbols
 
     def name(self, addr: int) -> str:
-        """The symbol that contains ``addr`` (a function's address or an IP in it)."""
+        """The function that contains ``addr`` (its address or an IP in it)."""
         self.load()
-        assert self._addrs is not None
-        i = bisect.bisect_right(self._addrs, addr) - 1
-        if addr == 0 or i < 0:
+        assert self._symbols is not None
+        found = self._symbols.name(addr)
+        if found is None:
             raise DecodeError(f"no kernel symbol at {addr:#x}")
-        return self._names[i]
+        return found
 
 
 class CgroupPaths:

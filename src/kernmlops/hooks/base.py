@@ -7,9 +7,11 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict
+
+from kernmlops.registry import options_model, options_of
 
 if TYPE_CHECKING:
     from kernmlops.collect.filter import ProcessFilter
@@ -20,6 +22,11 @@ class HookOptions(BaseModel):
     """Base of each hook's config section; unknown keys are errors."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+#: a hook's options model: ``class MemoryUsageHook(SampledHook[MemoryUsageOptions])``
+#: types ``self.options`` and sets ``MemoryUsageHook.Options`` (its config section)
+OptionsT = TypeVar("OptionsT", bound=HookOptions)
 
 
 @dataclass
@@ -71,8 +78,11 @@ class HookStatus:
         }
 
 
-class Hook(ABC):
-    """A source of tables. BPF hooks load an object; pollers read /proc."""
+class Hook(ABC, Generic[OptionsT]):
+    """A source of tables. BPF hooks load an object; pollers read /proc.
+
+    Generic over its options model (``Hook[MyOptions]``): ``self.options`` is a
+    ``MyOptions`` and ``Options`` (the hook's config section) is set from it."""
 
     name: ClassVar[str]
     Options: ClassVar[type[HookOptions]] = HookOptions
@@ -84,8 +94,15 @@ class Hook(ABC):
     #: the session imports them in the background once the probes are attached.
     libraries: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, options: HookOptions) -> None:
-        self.options = options
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        model = options_model(cls, HookOptions)
+        if model is not None:
+            cls.Options = model
+
+    def __init__(self, options: OptionsT | HookOptions | None = None) -> None:
+        #: the hook's own section (defaults for None, validated once from a base section)
+        self.options: OptionsT = cast(OptionsT, options_of(self.Options, options))
         self.status = HookStatus(name=self.name)
 
     @abstractmethod
@@ -114,7 +131,7 @@ class Hook(ABC):
         """Release kernel resources; idempotent."""
 
 
-class SampledHook(Hook):
+class SampledHook(Hook[OptionsT]):
     """A hook that samples something (/proc files, counters) at a fixed rate.
 
     Sampling runs in a thread of its own, on a fixed grid of ``period_ns``, so an event
@@ -124,7 +141,7 @@ class SampledHook(Hook):
     what the thread sampled.
     """
 
-    def __init__(self, options: HookOptions) -> None:
+    def __init__(self, options: OptionsT | HookOptions | None = None) -> None:
         super().__init__(options)
         self._lock = threading.Lock()
         self._stop_sampling = threading.Event()

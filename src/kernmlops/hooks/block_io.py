@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from kernmlops.ebpf.btf import Kind, RecordLayout, kernel_type
 from kernmlops.ebpf.frames import records_to_frame
-from kernmlops.hooks.bpf import BpfHook
+from kernmlops.hooks.bpf import BpfHook, BpfHookOptions
 from kernmlops.lazy import lazy_import
 
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ def decode_cmd_flags(
     )
 
 
-class BlockIoHook(BpfHook):
+class BlockIoHook(BpfHook[BpfHookOptions]):
     libraries: ClassVar[tuple[str, ...]] = ("polars",)  # rows are built with polars
     name = "block_io"
     object_name = "block_io"

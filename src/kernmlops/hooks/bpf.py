@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 from pydantic import Field, field_validator
 
@@ -16,7 +16,7 @@ from kernmlops.ebpf.objects import VARIANTS, BpfObject, open_and_load
 from kernmlops.ebpf.ringbuf import RingBuffer
 from kernmlops.ebpf.spec import ObjectSpec, object_spec
 from kernmlops.errors import HookUnavailable, KernmlopsError
-from kernmlops.hooks.base import Hook, HookContext, HookOptions
+from kernmlops.hooks.base import Hook, HookContext, HookOptions, OptionsT
 from kernmlops.lazy import lazy_import
 
 if TYPE_CHECKING:
@@ -50,7 +50,72 @@ class BpfHookOptions(HookOptions):
         return kib
 
 
-class BpfHook(Hook):
+#: a BPF hook's options: ring sizes and batching, and the hook's own settings
+BpfOptionsT = TypeVar("BpfOptionsT", bound=BpfHookOptions)
+
+
+class BpfObjectHook(Hook[OptionsT]):
+    """A hook that loads one BPF object: its programs, links and maps, the
+    detach-then-drain stop, and the kernel's own counts at close. Options are the
+    hook's own (no rings: see BpfHook)."""
+
+    object_name: ClassVar[str]
+
+    def __init__(self, options: OptionsT | HookOptions | None = None) -> None:
+        super().__init__(options)
+        self.obj: BpfObject | None = None
+        self._detached = False
+
+    def attach(self, obj: BpfObject) -> None:
+        """Attach the loaded programs. Override for programs that attach to
+        something other than their section name (perf events, iterators); set
+        ``self.status.variant`` / ``programs`` there if the defaults mislead."""
+        obj.attach_all()
+
+    def detach(self) -> None:
+        """Stop the programs; rings and maps stay readable. Stopping before the
+        final drain means the rows, drops and counters read then are final."""
+        if self.obj is not None:
+            self.obj.detach()
+        self._detached = True
+
+    def stop(self) -> Iterator[tuple[str, Rows]]:
+        try:
+            self.detach()
+            yield from self.final_rows()
+        finally:
+            self.close()
+
+    def final_rows(self) -> Iterator[tuple[str, Rows]]:
+        """What is left once detached; override where rows are not only rings."""
+        return self.poll()
+
+    def drops(self) -> int:
+        """Records the kernel could not hand over (see BpfHook)."""
+        return 0
+
+    def missed(self) -> int:
+        """Runs of this hook's programs that the kernel skipped (recursion guard)."""
+        if self.obj is None:
+            return 0
+        progs = [p for p in self.obj.programs.values() if p.autoload and p.fd >= 0]
+        return sum(libbpf.prog_info(p.fd).recursion_misses for p in progs)
+
+    def counters(self) -> dict[str, int]:
+        """Hook-specific in-kernel counters, kept in the manifest at stop."""
+        return {}
+
+    def close(self) -> None:
+        if self.obj is not None and self.obj.loaded:
+            self.status.drops = self.drops()
+            self.status.missed = self.missed()
+            self.status.counters = self.counters()
+        if self.obj is not None:
+            self.obj.close()
+            self.obj = None
+
+
+class BpfHook(BpfObjectHook[BpfOptionsT]):
     """Loads ``bpf/<object_name>.bpf.c``'s object; each table drains one ring.
 
     The order of ``rings`` is the order of drop slots in the object's ``drops``
@@ -58,17 +123,14 @@ class BpfHook(Hook):
     """
 
     Options: ClassVar[type[HookOptions]] = BpfHookOptions
-    object_name: ClassVar[str]
     #: table name -> ring buffer map name
     rings: ClassVar[dict[str, str]]
     needs = ("tp_btf|raw_tp", "ringbuf")
 
-    def __init__(self, options: HookOptions) -> None:
+    def __init__(self, options: BpfOptionsT | HookOptions | None = None) -> None:
         super().__init__(options)
-        self.obj: BpfObject | None = None
         self._readers: dict[str, tuple[RingBuffer, RecordLayout]] = {}
         self._last_drain: dict[str, float] = {}
-        self._detached = False
         self._staged_read: set[str] = set()
         self._spec: ObjectSpec | None = None
         #: table -> (its ring, bytes of one ring record), mapped at start
@@ -92,15 +154,9 @@ class BpfHook(Hook):
         """Program variants to try, in order (see ``open_and_load``)."""
         return VARIANTS
 
-    def attach(self, obj: BpfObject) -> None:
-        """Attach the loaded programs. Override for programs that attach to
-        something other than their section name (perf events, iterators); set
-        ``self.status.variant`` / ``programs`` there if the defaults mislead."""
-        obj.attach_all()
-
     def start(self, ctx: HookContext) -> None:
         path = object_path(self.object_name, ctx.bpf_dir)
-        size = self.options.ring_kib * 1024  # type: ignore[attr-defined]
+        size = self.options.ring_kib * 1024
         flt = ctx.process_filter
         if not path.exists():
             raise HookUnavailable(
@@ -173,7 +229,7 @@ class BpfHook(Hook):
         drained every poll."""
         if self._detached or reader.spilled or reader.pending_bytes() >= reader.size // 16:
             return True
-        batch_s = getattr(self.options, "batch_ms", 0) / 1000
+        batch_s = self.options.batch_ms / 1000
         return now - self._last_drain.get(table, 0.0) >= batch_s
 
     def drain_due(self) -> Iterator[tuple[str, np.ndarray, RecordLayout]]:
@@ -201,24 +257,6 @@ class BpfHook(Hook):
         for table, records, layout in self.drain_due():
             yield table, self.to_frame(table, records, layout)
 
-    def detach(self) -> None:
-        """Stop the programs; rings and maps stay readable. Stopping before the
-        final drain means the rows, drops and counters read then are final."""
-        if self.obj is not None:
-            self.obj.detach()
-        self._detached = True
-
-    def stop(self) -> Iterator[tuple[str, Rows]]:
-        try:
-            self.detach()
-            yield from self.final_rows()
-        finally:
-            self.close()
-
-    def final_rows(self) -> Iterator[tuple[str, Rows]]:
-        """What is left once detached; override where rows are not only rings."""
-        return self.poll()
-
     def to_frame(self, table: str, records: np.ndarray, layout: RecordLayout) -> Rows:
         """Override to derive columns; the default keeps the record's fields (Arrow:
         no DataFrame library in a collection that does not transform rows)."""
@@ -230,26 +268,9 @@ class BpfHook(Hook):
         drops = self.obj.map("drops")
         return sum(drops.percpu_total(slot) for slot in range(len(self.rings)))
 
-    def missed(self) -> int:
-        """Runs of this hook's programs that the kernel skipped (recursion guard)."""
-        if self.obj is None:
-            return 0
-        progs = [p for p in self.obj.programs.values() if p.autoload and p.fd >= 0]
-        return sum(libbpf.prog_info(p.fd).recursion_misses for p in progs)
-
-    def counters(self) -> dict[str, int]:
-        """Hook-specific in-kernel counters, kept in the manifest at stop."""
-        return {}
-
     def close(self) -> None:
-        if self.obj is not None and self.obj.loaded:
-            self.status.drops = self.drops()
-            self.status.missed = self.missed()
-            self.status.counters = self.counters()
         for reader, _ in self._rings.values():
             reader.close()
         self._rings.clear()
         self._readers.clear()
-        if self.obj is not None:
-            self.obj.close()
-            self.obj = None
+        super().close()

@@ -36,7 +36,6 @@ from pydantic import Field
 
 from kernmlops.ebpf.objects import BpfObject
 from kernmlops.errors import HookUnavailable
-from kernmlops.hooks.base import HookOptions
 from kernmlops.hooks.bpf import BpfHook, BpfHookOptions
 from kernmlops.syscall_names import syscall_table
 
@@ -70,17 +69,18 @@ def syscall_numbers() -> dict[str, int]:
     return {s: by_name[s] for s in SYSCALLS}
 
 
-class CollapseHugePagesHook(BpfHook):
-    """khugepaged scans and collapses; madvise and munmap ranges."""
+class CollapseHugePagesOptions(BpfHookOptions):
+    syscall_tracepoints: bool = Field(
+        True,
+        description=(
+            "see madvise/munmap through their own syscalls tracepoints where the kernel "
+            "has them; false: through raw_syscalls sys_enter (runs on every syscall)"
+        ),
+    )
 
-    class Options(BpfHookOptions):
-        syscall_tracepoints: bool = Field(
-            True,
-            description=(
-                "see madvise/munmap through their own syscalls tracepoints where the kernel "
-                "has them; false: through raw_syscalls sys_enter (runs on every syscall)"
-            ),
-        )
+
+class CollapseHugePagesHook(BpfHook[CollapseHugePagesOptions]):
+    """khugepaged scans and collapses; madvise and munmap ranges."""
 
     name: ClassVar[str] = "collapse_huge_pages"
     object_name: ClassVar[str] = "collapse_huge_pages"
@@ -91,16 +91,8 @@ class CollapseHugePagesHook(BpfHook):
     }
     needs: ClassVar[tuple[str, ...]] = ("tracepoint", "tp_btf|raw_tp", "ringbuf")
 
-    def __init__(self, options: HookOptions | None = None) -> None:
-        if not isinstance(options, CollapseHugePagesHook.Options):
-            options = CollapseHugePagesHook.Options.model_validate(
-                options.model_dump() if options is not None else {}
-            )
-        super().__init__(options)
-        self.opts: CollapseHugePagesHook.Options = options
-
     def _use_tracepoints(self) -> bool:
-        return self.opts.syscall_tracepoints and syscall_tracepoints_exist()
+        return self.options.syscall_tracepoints and syscall_tracepoints_exist()
 
     def extra_globals(self) -> dict[str, int | bool]:
         try:

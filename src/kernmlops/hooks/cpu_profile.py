@@ -21,7 +21,6 @@ Rows are emitted every EMIT_INTERVAL_S, not at every poll.
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from kernmlops.ebpf.objects import BpfObject
 from kernmlops.ebpf.perf_open import PERF_TYPE_SOFTWARE, SW_CPU_CLOCK, perf_event_open
 from kernmlops.hooks.base import HookOptions
 from kernmlops.hooks.bpf import BpfHook, BpfHookOptions
+from kernmlops.host import kallsyms
 from kernmlops.host.cpus import online_cpus
 from kernmlops.lazy import lazy_import
 
@@ -48,12 +48,9 @@ else:
 
 
 TABLE = "cpu_profile"
-KALLSYMS = Path("/proc/kallsyms")
 DEBUG_DIR = Path("/usr/lib/debug/.build-id")
 #: How often the table is built from the samples drained since (seconds).
 EMIT_INTERVAL_S = 0.5
-
-_KALLSYMS_LINE = re.compile(r"^([0-9a-f]+) [tTwW] (\S+)(?:\t\[(\S+)\])?$", re.M)
 
 
 def _lookup_ips(ips: np.ndarray) -> np.ndarray:
@@ -65,38 +62,29 @@ def _lookup_ips(ips: np.ndarray) -> np.ndarray:
 
 
 # --- kernel -----------------------------------------------------------------------
-class KernelSymbols:
-    """/proc/kallsyms' text symbols, sorted, for vectorized lookups."""
+class KernelSymbols(kallsyms.KernelSymbols):
+    """/proc/kallsyms' text symbols (kernmlops.host.kallsyms), looked up a stack at a
+    time with numpy."""
 
     def __init__(self, text: str) -> None:
-        found = _KALLSYMS_LINE.findall(text)
-        addrs = np.array([int(a, 16) for a, _, _ in found], dtype=np.uint64)
-        names = np.array(
-            [f"{n} [{m}]" if m else n for _, n, m in found], dtype=object
-        )  # module symbols carry their module
-        keep = addrs != 0  # zeros: addresses hidden (kptr_restrict, not root)
-        order = np.argsort(addrs[keep], kind="stable")
-        self.addrs = addrs[keep][order]
-        self.names = names[keep][order]
-
-    @classmethod
-    def load(cls) -> KernelSymbols:
-        return cls(KALLSYMS.read_text())
+        super().__init__(text)
+        self._sorted = np.array(self.addrs, dtype=np.uint64)
 
     def frames(self, ips: np.ndarray) -> list[str]:
-        """``func+0xoff`` per address (hex where no symbol precedes it)."""
+        """``func+0xoff`` per address, ``[module]`` after module symbols (hex where no
+        symbol precedes it)."""
         ips = np.asarray(ips, dtype=np.uint64)
         if not len(self.addrs):
             return [f"{ip:#x}" for ip in ips.tolist()]
-        idx = np.searchsorted(self.addrs, _lookup_ips(ips), side="right") - 1
+        idx = np.searchsorted(self._sorted, _lookup_ips(ips), side="right") - 1
         out = []
         for ip, i in zip(ips.tolist(), idx.tolist(), strict=True):
             if i < 0:
                 out.append(f"{ip:#x}")
             else:
-                name = self.names[i]
-                sym, sep, module = name.partition(" ")
-                out.append(f"{sym}+{ip - int(self.addrs[i]):#x}{sep}{module}")
+                module = self.modules[i]
+                where = f" [{module}]" if module else ""
+                out.append(f"{self.names[i]}+{ip - self.addrs[i]:#x}{where}")
         return out
 
 
@@ -371,36 +359,32 @@ def folded(
 
 
 # --- the hook ---------------------------------------------------------------------------
-class CpuProfileHook(BpfHook):
+class CpuProfileOptions(BpfHookOptions):
+    frequency_hz: int = Field(49, ge=1, le=10_000, description="samples per second per CPU")
+    stack_entries: int = Field(
+        16384,
+        ge=64,
+        le=1 << 20,
+        description=(
+            "distinct stacks the stack map holds (127 frames, ~1 KiB each); "
+            "samples whose stack finds its bucket taken get stack id -17"
+        ),
+    )
+    idle: bool = Field(False, description="also sample the idle task (pid 0)")
+
+
+class CpuProfileHook(BpfHook[CpuProfileOptions]):
     """Samples every CPU at ``frequency_hz`` (cpu-clock) with both stacks."""
 
     libraries: ClassVar[tuple[str, ...]] = ("polars",)  # rows are built with polars
-
-    class Options(BpfHookOptions):
-        frequency_hz: int = Field(49, ge=1, le=10_000, description="samples per second per CPU")
-        stack_entries: int = Field(
-            16384,
-            ge=64,
-            le=1 << 20,
-            description=(
-                "distinct stacks the stack map holds (127 frames, ~1 KiB each); "
-                "samples whose stack finds its bucket taken get stack id -17"
-            ),
-        )
-        idle: bool = Field(False, description="also sample the idle task (pid 0)")
 
     name = "cpu_profile"
     object_name = "cpu_profile"
     rings: ClassVar[dict[str, str]] = {TABLE: "cpu_profile_rb"}
     needs = ("perf_event", "sw_cpu_clock", "ringbuf")
 
-    def __init__(self, options: HookOptions | None = None) -> None:
-        if not isinstance(options, CpuProfileHook.Options):
-            options = CpuProfileHook.Options.model_validate(
-                options.model_dump() if options is not None else {}
-            )
+    def __init__(self, options: CpuProfileOptions | HookOptions | None = None) -> None:
         super().__init__(options)
-        self.opts: CpuProfileHook.Options = options
         self.kernel_symbols: KernelSymbols | None = None
         self.user_symbols = UserSymbols()
         self._kstacks: dict[int, list[str]] = {}
@@ -410,17 +394,17 @@ class CpuProfileHook(BpfHook):
         self._next_emit = 0.0
 
     def extra_globals(self) -> dict[str, int | bool]:
-        return {"kmo_sample_idle": self.opts.idle}
+        return {"kmo_sample_idle": self.options.idle}
 
     def extra_max_entries(self) -> dict[str, int]:
-        return {"stacks": self.opts.stack_entries}
+        return {"stacks": self.options.stack_entries}
 
     def attach(self, obj: BpfObject) -> None:
         """One cpu-clock perf event per online CPU, each running the program."""
         prog = obj.programs["cpu_profile_sample"]
         for cpu in online_cpus():
             fd = perf_event_open(
-                PERF_TYPE_SOFTWARE, SW_CPU_CLOCK, cpu=cpu, sample_freq=self.opts.frequency_hz
+                PERF_TYPE_SOFTWARE, SW_CPU_CLOCK, cpu=cpu, sample_freq=self.options.frequency_hz
             )
             try:
                 prog.attach_perf_event(fd)  # the link owns fd from here
@@ -429,7 +413,7 @@ class CpuProfileHook(BpfHook):
                 raise
         self.kernel_symbols = KernelSymbols.load()
         self.status.variant = "perf_event"
-        self.status.programs = [f"perf_event cpu-clock {self.opts.frequency_hz} Hz"]
+        self.status.programs = [f"perf_event cpu-clock {self.options.frequency_hz} Hz"]
 
     def _stack(self, stack_id: int) -> np.ndarray:
         assert self.obj is not None

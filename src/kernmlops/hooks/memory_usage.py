@@ -25,25 +25,21 @@ MEMINFO = "/proc/meminfo"
 TABLE = "memory_usage"
 
 
-class MemoryUsageHook(SampledHook):
+class MemoryUsageOptions(HookOptions):
+    poll_hz: float = Field(10, gt=0, le=1000, description="samples per second")
+
+
+class MemoryUsageHook(SampledHook[MemoryUsageOptions]):
     """Samples /proc/meminfo at ``poll_hz`` into the ``memory_usage`` table, in a thread
     of its own (missed intervals are counted as drops)."""
-
-    class Options(HookOptions):
-        poll_hz: float = Field(10, gt=0, le=1000, description="samples per second")
 
     name: ClassVar[str] = "memory_usage"
     tables: ClassVar[tuple[str, ...]] = (TABLE,)
     needs: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, options: HookOptions | None = None) -> None:
-        if not isinstance(options, MemoryUsageHook.Options):
-            options = MemoryUsageHook.Options.model_validate(
-                options.model_dump() if options is not None else {}
-            )
+    def __init__(self, options: MemoryUsageOptions | HookOptions | None = None) -> None:
         super().__init__(options)
-        self.opts: MemoryUsageHook.Options = options
-        self._period_ns = max(1, round(1e9 / options.poll_hz))
+        self._period_ns = max(1, round(1e9 / self.options.poll_hz))
         self._file: IO[bytes] | None = None
         self._rows: list[dict[str, int]] = []
 

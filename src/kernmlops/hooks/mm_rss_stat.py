@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from kernmlops.ebpf.btf import RecordLayout
 from kernmlops.ebpf.frames import records_to_frame
-from kernmlops.hooks.bpf import BpfHook
+from kernmlops.hooks.bpf import BpfHook, BpfHookOptions
 from kernmlops.lazy import lazy_import
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ else:
 TABLE = "mm_rss_stat"
 
 
-class MmRssStatHook(BpfHook):
+class MmRssStatHook(BpfHook[BpfHookOptions]):
     """RSS counter changes per process (file, anon, swap, shmem)."""
 
     libraries: ClassVar[tuple[str, ...]] = ("polars",)  # rows are built with polars

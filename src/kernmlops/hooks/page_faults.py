@@ -11,34 +11,26 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from kernmlops.hooks.base import HookOptions
 from kernmlops.hooks.bpf import BpfHook, BpfHookOptions
 
 TABLE = "page_faults"
 
 
-class PageFaultsHook(BpfHook):
-    """Page faults of the traced tasks, all or 1 in ``sample_every``."""
+class PageFaultsOptions(BpfHookOptions):
+    sample_every: int = Field(
+        1, ge=1, le=1 << 30, description="keep one fault in N per CPU (1: every fault)"
+    )
 
-    class Options(BpfHookOptions):
-        sample_every: int = Field(
-            1, ge=1, le=1 << 30, description="keep one fault in N per CPU (1: every fault)"
-        )
+
+class PageFaultsHook(BpfHook[PageFaultsOptions]):
+    """Page faults of the traced tasks, all or 1 in ``sample_every``."""
 
     name: ClassVar[str] = "page_faults"
     object_name: ClassVar[str] = "page_faults"
     rings: ClassVar[dict[str, str]] = {TABLE: "page_faults_rb"}
 
-    def __init__(self, options: HookOptions | None = None) -> None:
-        if not isinstance(options, PageFaultsHook.Options):
-            options = PageFaultsHook.Options.model_validate(
-                options.model_dump() if options is not None else {}
-            )
-        super().__init__(options)
-        self.opts: PageFaultsHook.Options = options
-
     def extra_globals(self) -> dict[str, int | bool]:
-        return {"sample_every": self.opts.sample_every}
+        return {"sample_every": self.options.sample_every}
 
     def faults_seen(self) -> int:
         """Faults of the traced tasks so far, sampled or not."""

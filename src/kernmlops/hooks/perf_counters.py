@@ -101,41 +101,37 @@ def _now_ns() -> int:
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
 
 
-class PerfHook(SampledHook):
+class PerfOptions(HookOptions):
+    poll_hz: float = Field(10, gt=0, le=1000, description="counter reads per second")
+    events: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_EVENTS),
+        description=(
+            "events to count besides the software set (task-clock, cpu-clock, "
+            "context-switches, cpu-migrations, minor-faults, major-faults), by "
+            "their `kernmlops perf-list` names; those the machine cannot count "
+            "are reported in the manifest"
+        ),
+    )
+
+    @field_validator("events")
+    @classmethod
+    def _names(cls, value: list[str]) -> list[str]:
+        return [check_event_name(v) for v in value]
+
+
+class PerfHook(SampledHook[PerfOptions]):
     """Reads per-CPU perf counters at ``poll_hz`` into ``perf_counters``, in a thread of
     its own (missed intervals are counted as drops)."""
 
     libraries: ClassVar[tuple[str, ...]] = ("polars",)  # rows are built with polars
 
-    class Options(HookOptions):
-        poll_hz: float = Field(10, gt=0, le=1000, description="counter reads per second")
-        events: list[str] = Field(
-            default_factory=lambda: list(DEFAULT_EVENTS),
-            description=(
-                "events to count besides the software set (task-clock, cpu-clock, "
-                "context-switches, cpu-migrations, minor-faults, major-faults), by "
-                "their `kernmlops perf-list` names; those the machine cannot count "
-                "are reported in the manifest"
-            ),
-        )
-
-        @field_validator("events")
-        @classmethod
-        def _names(cls, value: list[str]) -> list[str]:
-            return [check_event_name(v) for v in value]
-
     name: ClassVar[str] = "perf"
     tables: ClassVar[tuple[str, ...]] = (TABLE,)
     needs: ClassVar[tuple[str, ...]] = ("sw_cpu_clock",)
 
-    def __init__(self, options: HookOptions | None = None) -> None:
-        if not isinstance(options, PerfHook.Options):
-            options = PerfHook.Options.model_validate(
-                options.model_dump() if options is not None else {}
-            )
+    def __init__(self, options: PerfOptions | HookOptions | None = None) -> None:
         super().__init__(options)
-        self.opts: PerfHook.Options = options
-        self._period_ns = max(1, round(1e9 / options.poll_hz))
+        self._period_ns = max(1, round(1e9 / self.options.poll_hz))
         self._counters: CounterSet | None = None
         self._rows: list[tuple[int, np.ndarray]] = []
         #: event name -> why it is not counted (also in the status, for the manifest)
@@ -149,7 +145,7 @@ class PerfHook(SampledHook):
     def _specs(self) -> list[EventSpec]:
         specs: dict[str, EventSpec] = {}
         columns: dict[str, str] = {}
-        for name in (*SOFTWARE_EVENTS, *self.opts.events):
+        for name in (*SOFTWARE_EVENTS, *self.options.events):
             try:
                 spec = resolve(name)
             except (PerfEventError, ValueError, OSError) as err:

@@ -39,7 +39,7 @@ from kernmlops.ebpf.objects import BpfObject, Link, open_and_load
 from kernmlops.ebpf.spec import object_spec
 from kernmlops.errors import HookUnavailable, KernmlopsError
 from kernmlops.hooks.base import HookContext, HookOptions
-from kernmlops.hooks.bpf import BpfHook
+from kernmlops.hooks.bpf import BpfObjectHook
 from kernmlops.lazy import lazy_import
 from kernmlops.tables import UPTIME_TIMESTAMP
 
@@ -131,31 +131,26 @@ def read_cmdline(tgid: int) -> str | None:
     return text or None
 
 
-class ProcessMetadataHook(BpfHook):
+class ProcessMetadataOptions(HookOptions):
+    threads: bool = Field(True, description="a row per thread; false: per process only")
+    cmdline: bool = Field(True, description="read each process's /proc/<pid>/cmdline")
+    interval_s: float = Field(
+        0, ge=0, le=86400, description="also take a snapshot every N seconds (0: never)"
+    )
+
+
+class ProcessMetadataHook(BpfObjectHook[ProcessMetadataOptions]):
     """Snapshots of every task (see the module doc for the columns)."""
 
     libraries: ClassVar[tuple[str, ...]] = ("polars",)  # rows are built with polars
 
-    class Options(HookOptions):
-        threads: bool = Field(True, description="a row per thread; false: per process only")
-        cmdline: bool = Field(True, description="read each process's /proc/<pid>/cmdline")
-        interval_s: float = Field(
-            0, ge=0, le=86400, description="also take a snapshot every N seconds (0: never)"
-        )
-
     name: ClassVar[str] = "process_metadata"
     object_name: ClassVar[str] = "process_metadata"
-    rings: ClassVar[dict[str, str]] = {}  # records come from the iterator, not a ring
     tables: ClassVar[tuple[str, ...]] = (TABLE,)
     needs: ClassVar[tuple[str, ...]] = ("iter/task",)
 
-    def __init__(self, options: HookOptions | None = None) -> None:
-        if not isinstance(options, ProcessMetadataHook.Options):
-            options = ProcessMetadataHook.Options.model_validate(
-                options.model_dump() if options is not None else {}
-            )
+    def __init__(self, options: ProcessMetadataOptions | HookOptions | None = None) -> None:
         super().__init__(options)
-        self.opts: ProcessMetadataHook.Options = options
         self._layout: RecordLayout | None = None
         self._link: Link | None = None
         self._cgroups = CgroupPaths()
@@ -180,7 +175,7 @@ class ProcessMetadataHook(BpfHook):
                 globals_={
                     "kmo_self_tgid": ctx.self_tgid,
                     "kmo_filter_on": flt is not None,
-                    "kmo_leaders_only": not self.opts.threads,
+                    "kmo_leaders_only": not self.options.threads,
                 },
                 reuse_maps={"kmo_tracked": flt.fd} if flt else {},
             )
@@ -192,8 +187,8 @@ class ProcessMetadataHook(BpfHook):
         except (KernmlopsError, OSError) as err:
             self.close()
             raise HookUnavailable(f"{self.name}: {err}") from err
-        if self.opts.interval_s:
-            self._next_s = time.monotonic() + self.opts.interval_s
+        if self.options.interval_s:
+            self._next_s = time.monotonic() + self.options.interval_s
 
     def attach(self, obj: BpfObject) -> None:
         # An iterator link runs nothing by itself: each read of a new iterator
@@ -229,7 +224,7 @@ class ProcessMetadataHook(BpfHook):
     ) -> pl.DataFrame:
         frame = records_to_frame(records, layout)
         tgids = records["tgid"]
-        if self.opts.cmdline:
+        if self.options.cmdline:
             uniq = np.unique(tgids)
             lines = {int(t): read_cmdline(int(t)) for t in uniq.tolist()}
             cmdline = pl.Series("cmdline", [lines[t] for t in tgids.tolist()], pl.String)
@@ -245,7 +240,7 @@ class ProcessMetadataHook(BpfHook):
 
     def poll(self) -> Iterator[tuple[str, pl.DataFrame]]:
         if self._link is not None and time.monotonic() >= self._next_s:
-            self._next_s = time.monotonic() + self.opts.interval_s
+            self._next_s = time.monotonic() + self.options.interval_s
             self.snapshot("interval")
         with self._lock:
             pending, self._pending = self._pending, []

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, ClassVar
 
-from kernmlops.hooks.bpf import BpfHook
+from kernmlops.hooks.bpf import BpfHook, BpfHookOptions
 from kernmlops.lazy import lazy_import
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ _SPLIT = {
 }
 
 
-class QuantaRuntimeHook(BpfHook):
+class QuantaRuntimeHook(BpfHook[BpfHookOptions]):
     name = "quanta_runtime"
     object_name = "quanta_runtime"
     #: one ring; its records are split into both tables (see poll)

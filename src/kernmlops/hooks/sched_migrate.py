@@ -22,7 +22,13 @@ def runqueues_readable() -> bool:
     return cfs_rq is not None and {"rq", "tg"} <= {m[0] for m in cfs_rq.members}
 
 
-class SchedMigrateHook(BpfHook):
+class SchedMigrateOptions(BpfHookOptions):
+    runqueues: bool = Field(
+        True, description="read nr_running and load of both runqueues at each migration"
+    )
+
+
+class SchedMigrateHook(BpfHook[SchedMigrateOptions]):
     """Columns: pid, tgid, comm, orig_cpu, dest_cpu, cpu (where it was decided),
     on_rq, kind (``wakeup``: placed as it wakes, on_rq == 0 — also a task that
     changes its own affinity; ``queued``: moved while runnable — load
@@ -34,18 +40,13 @@ class SchedMigrateHook(BpfHook):
     name = "sched_migrate"
     object_name = "sched_migrate"
 
-    class Options(BpfHookOptions):
-        runqueues: bool = Field(
-            True, description="read nr_running and load of both runqueues at each migration"
-        )
-
     rings: ClassVar[dict[str, str]] = {"sched_migrate": "sched_migrate_rb"}
 
     def extra_globals(self) -> dict[str, int | bool]:
         return {"read_rq": self._read_rq()}
 
     def _read_rq(self) -> bool:
-        return bool(self.options.runqueues) and runqueues_readable()  # type: ignore[attr-defined]
+        return self.options.runqueues and runqueues_readable()
 
     def start(self, ctx: HookContext) -> None:
         super().start(ctx)

@@ -27,7 +27,7 @@ from kernmlops.ebpf import libbpf
 from kernmlops.ebpf.btf import Kind, RecordLayout, record_layout
 from kernmlops.ebpf.build import object_path
 from kernmlops.ebpf.spec import object_spec
-from kernmlops.hooks.base import HookContext
+from kernmlops.hooks.base import HookContext, HookOptions
 from kernmlops.hooks.bpf import BpfHook, BpfHookOptions
 from kernmlops.lazy import lazy_import
 from kernmlops.syscall_names import parse_unistd, syscall_headers, syscall_table
@@ -67,15 +67,16 @@ def _monotonic_us() -> int:
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
 
 
-class SyscallsHook(BpfHook):
+class SyscallsOptions(BpfHookOptions):
+    interval_s: float = Field(
+        1.0, gt=0, le=3600, description="seconds between reads of the in-kernel counts"
+    )
+
+
+class SyscallsHook(BpfHook[SyscallsOptions]):
     """Syscall counts, errors and latency per (tgid, syscall), in-kernel aggregated."""
 
     libraries: ClassVar[tuple[str, ...]] = ("polars",)  # rows are built with polars
-
-    class Options(BpfHookOptions):
-        interval_s: float = Field(
-            1.0, gt=0, le=3600, description="seconds between reads of the in-kernel counts"
-        )
 
     name: ClassVar[str] = "syscalls"
     object_name: ClassVar[str] = "syscalls"
@@ -83,13 +84,8 @@ class SyscallsHook(BpfHook):
     tables: ClassVar[tuple[str, ...]] = (TABLE,)
     needs: ClassVar[tuple[str, ...]] = ("tp_btf|raw_tp",)
 
-    def __init__(self, options: BpfHookOptions | None = None) -> None:
-        if not isinstance(options, SyscallsHook.Options):
-            options = SyscallsHook.Options.model_validate(
-                options.model_dump() if options is not None else {}
-            )
+    def __init__(self, options: SyscallsOptions | HookOptions | None = None) -> None:
         super().__init__(options)
-        self.opts: SyscallsHook.Options = options
         self._key: RecordLayout | None = None
         self._value: np.dtype | None = None
         self._names: dict[int, str] = {}
@@ -115,7 +111,7 @@ class SyscallsHook(BpfHook):
         )
         self._names = syscall_table()
         self._prev = np.empty(0, self._value)
-        self._next_us = _monotonic_us() + round(self.opts.interval_s * 1e6)
+        self._next_us = _monotonic_us() + round(self.options.interval_s * 1e6)
 
     # -- reading the map ------------------------------------------------------
     def _read(self) -> tuple[np.ndarray, np.ndarray, set[int]]:
@@ -187,7 +183,7 @@ class SyscallsHook(BpfHook):
     def poll(self) -> Iterator[tuple[str, pl.DataFrame]]:
         if self.obj is None or _monotonic_us() < self._next_us:
             return
-        step = round(self.opts.interval_s * 1e6)
+        step = round(self.options.interval_s * 1e6)
         self._next_us += step
         if self._next_us <= _monotonic_us():  # after a stall, skip ahead
             self._next_us = _monotonic_us() + step

@@ -15,14 +15,14 @@ if TYPE_CHECKING:
 TABLE = "system_info"
 
 
-class SystemInfoHook(Hook):
+class SystemInfoHook(Hook[HookOptions]):
     """Reads system info once at start and yields it as one row on the next poll."""
 
     name: ClassVar[str] = "system_info"
     tables: ClassVar[tuple[str, ...]] = (TABLE,)
 
     def __init__(self, options: HookOptions | None = None) -> None:
-        super().__init__(options if options is not None else self.Options())
+        super().__init__(options)
         self._pending: dict[str, Any] | None = None
 
     def start(self, ctx: HookContext | None = None) -> None:

@@ -131,28 +131,23 @@ def _run_collect(
     command: tuple[str, ...],
     model_path: Path | None,
 ) -> None:
-    from kernmlops.config import load_config
+    from kernmlops.config import Flags, load_config
     from kernmlops.lb.collect import collect, session_flags
     from kernmlops.lb.features import MIGRATION_COST_NS
 
     if repeat < 1:
         raise click.BadParameter("must be at least 1", param_hint="--repeat")
-    flags: dict[str, object] = {
-        "benchmark.duration_s": duration,
-        "collector.output_dir": str(output_dir) if output_dir else None,
-        "collector.progress": False if no_progress else None,
-    }
-    if command:
-        if benchmark not in (None, "command"):
-            raise click.UsageError(
-                f"a command after -- runs as benchmark 'command', not {benchmark!r}"
-            )
-        flags["benchmark.name"] = "command"
-        flags["benchmark.command.argv"] = list(command)
-    elif benchmark:
-        flags["benchmark.name"] = benchmark
+    if command and benchmark not in (None, "command"):
+        raise click.UsageError(f"a command after -- runs as benchmark 'command', not {benchmark!r}")
+    given = Flags(
+        duration_s=duration,
+        output_dir=output_dir,
+        progress=False if no_progress else None,
+        benchmark=benchmark or None,
+        argv=list(command) if command else None,
+    )
     try:
-        flags.update(session_flags(variant))
+        flags = session_flags(variant, given)
         # every config is checked before the first run starts
         configs = [load_config(f, flags) for f in config_files] or [load_config(None, flags)]
         require_bpf_privileges("lb collect")
@@ -187,7 +182,7 @@ def _run_collect(
 
 def _attached(statuses: dict) -> None:
     ok = sum(s.attached for s in statuses.values())
-    console.print(f"probes attached: {ok}/{len(statuses)} hooks (+ lb, system-wide)")
+    console.print(f"probes attached: {ok}/{len(statuses)} hooks (lb's system-wide)")
 
 
 def _print_run(out: Any) -> None:

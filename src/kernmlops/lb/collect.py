@@ -2,11 +2,11 @@
 
 The benchmark runs in an ordinary :class:`~kernmlops.collect.session.Session`
 (so the collection has its usual tables and manifest); beside it run the lb
-hooks, system-wide (a balancing decision concerns every task on both
-runqueues), drained by a thread into the same collection folder. After the
-run the manifest gains the lb hooks' status and an ``lb`` section (variant,
-CPU-to-node map, migration cost, model, shadow summary); the tracepoint
-variant then rebuilds its decisions from the scheduler tables.
+hooks as the session's own (``Session.extra_hooks``: system-wide, since a balancing
+decision concerns every task on both runqueues; drained by its loop into its sink,
+their status in its manifest). A participant adds the ``lb`` section (variant,
+CPU-to-node map, migration cost, model, shadow summary) to the final manifest; for
+the tracepoint variant it first rebuilds the decisions from the scheduler tables.
 
 Variants: ``kprobe`` (exact; fexit or kprobe + kretprobe), ``tracepoint``
 (approximate; any kernel with tracepoints) and ``both`` (to measure the
@@ -16,23 +16,19 @@ approximation where kprobes work, i.e. in the kernel lab).
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
-from kernmlops.collect.manifest import (
-    HookRecord,
-    Manifest,
-    TableRecord,
-    read_manifest,
-    write_manifest,
-)
+from kernmlops.collect.manifest import Manifest, TableRecord
+from kernmlops.collect.participants import Participant
 from kernmlops.collect.session import CollectionResult, Session
 from kernmlops.collect.sinks import ParquetSink
-from kernmlops.config import Config
+from kernmlops.config import Config, Flags
 from kernmlops.errors import KernmlopsError
 from kernmlops.hooks.base import HookContext, HookStatus
 from kernmlops.lb.dataset import TABLE
@@ -46,62 +42,61 @@ TRACEPOINT_HOOKS = ("sched_migrate", "quanta_runtime", "process_trace", "system_
 
 @dataclass
 class LbCollectResult:
-    result: CollectionResult
     path: Path
     variant: str
-    hooks: dict[str, HookStatus]
-    rows: dict[str, int]
+    model: Any = None
+    nodes: list[int] = field(default_factory=list)
+    #: set once the session has run
+    result: CollectionResult = field(init=False)
+    hooks: dict[str, HookStatus] = field(default_factory=dict)
+    #: rows of the lb tables (also in ``result.rows``)
+    rows: dict[str, int] = field(default_factory=dict)
     shadow: dict[str, Any] | None = None
     tracepoint: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def session_flags(variant: str) -> dict[str, Any]:
-    """Config flags the variant needs: system-wide, and for the tracepoint
+def session_flags(variant: str, flags: Flags | None = None) -> Flags:
+    """``flags`` with what the variant needs: system-wide, and for the tracepoint
     variant the scheduler tables."""
     if variant not in VARIANTS:
         raise KernmlopsError(f"unknown variant {variant!r}; choose one of {', '.join(VARIANTS)}")
-    flags: dict[str, Any] = {"collector.filter": "system"}
+    flags = replace(flags or Flags(), filter="system")
     if variant in ("tracepoint", "both"):
-        flags["collector.hooks"] = list(TRACEPOINT_HOOKS)
+        flags = replace(flags, hooks=list(TRACEPOINT_HOOKS))
     return flags
 
 
-class _Drainer:
-    """Drains the lb hooks into a sink from the session's own loop (its
-    progress callback, every 0.25 s), in the main thread: no thread races
-    the session's first imports, and the rings (8 MiB) hold far more than a
-    quarter second of decisions."""
+class _LbManifest(Participant):
+    """The ``lb`` section of the manifest (variant, CPU-to-node map, migration cost,
+    model, shadow summary) and, for the tracepoint variant, the decisions rebuilt
+    from the finished collection's scheduler tables: added when the session writes
+    its final manifest."""
 
-    def __init__(self, then: Callable[[Any], None] | None) -> None:
-        self.hooks: list[LbHook] = []
-        self.sink: ParquetSink | None = None
-        self.then = then
+    def __init__(self, out: LbCollectResult, hooks: list[LbHook], section: dict[str, Any]):
+        self.out = out
+        self.hooks = hooks
+        self.section = section
 
-    def drain(self) -> None:
-        for hook in self.hooks:
-            for table, frame in hook.poll():
-                assert self.sink is not None
-                self.sink.write(table, frame)
+    def contribute(self, manifest: Manifest, path: Path) -> None:
+        from kernmlops.lb.shadow import summarize
 
-    def on_progress(self, progress: Any) -> None:
-        self.drain()
-        if self.then is not None:
-            self.then(progress)
-
-    def stop(self) -> None:
-        """Final drain, then detach (every hook, even if one fails)."""
-        error: Exception | None = None
-        for hook in self.hooks:
-            try:
-                for table, frame in hook.stop():
-                    assert self.sink is not None
-                    self.sink.write(table, frame)
-            except Exception as err:  # raised after every hook is closed
-                error = error or err
-                hook.close()
-        if error is not None:
-            raise error
+        out = self.out
+        out.rows = {t: manifest.tables[t].rows for h in self.hooks for t in h.tables
+                    if t in manifest.tables}  # fmt: skip
+        if out.model is not None:
+            out.shadow = {}
+            for hook in self.hooks:
+                table = next(iter(hook.tables))
+                frame = _read_table(path, table)
+                kind = "kprobe" if isinstance(hook, LbKprobeHook) else "tracepoint"
+                stats = hook.stats.as_dict() if hook.stats else None
+                out.shadow[kind] = summarize(frame, stats, kind)
+        self.section["shadow"] = out.shadow
+        if out.variant in ("tracepoint", "both"):
+            out.tracepoint = _build_tracepoint(path, manifest, out)
+            self.section["tracepoint"] = out.tracepoint
+        manifest.lb = self.section  # type: ignore[attr-defined]  # a section of its own
 
 
 def collect(
@@ -122,12 +117,9 @@ def collect(
     the kernel on every decision. ``attach``: auto (fexit, else kprobe),
     fexit or kprobe. Raises HookUnavailable when the variant's
     programs cannot run on this kernel (nothing is collected then)."""
-    from kernmlops.lb.shadow import BpfStats, summarize
+    from kernmlops.lb.shadow import BpfStats
 
-    drainer = _Drainer(on_progress)
-    session = Session(
-        config, on_progress=drainer.on_progress, on_attached=on_attached, bpf_dir=bpf_dir
-    )
+    session = Session(config, on_progress=on_progress, on_attached=on_attached, bpf_dir=bpf_dir)
     nodes = cpu_nodes()
     common = {
         "model": model,
@@ -140,9 +132,21 @@ def collect(
         hooks.append(LbKprobeHook(attach=attach, **common))
     if variant in ("tracepoint", "both") and model is not None:
         hooks.append(LbTracepointHook(**common))
+    out = LbCollectResult(path=session.path, variant=variant, model=model, nodes=nodes)
+    section: dict[str, Any] = {
+        "variant": variant,
+        "attach": attach,
+        "cpu_node": nodes,
+        "migration_cost_ns": migration_cost_ns,
+        "model": model_meta,
+        "shadow": None,
+    }
+    # The lb hooks are the session's own (drained by its loop into its sink, in its
+    # manifest); they are started here first so that a kernel that cannot run them
+    # fails the command before anything is collected.
+    session.extra_hooks.extend(hooks)
+    session.participants.append(_LbManifest(out, hooks, section))
     ctx = HookContext(session.collection_id, None, os.getpid(), bpf_dir)
-    sink = ParquetSink(session.path, session.collection_id)
-    drainer.hooks, drainer.sink = hooks, sink
     with BpfStats():
         started: list[LbHook] = []
         try:
@@ -152,52 +156,9 @@ def collect(
         except BaseException:
             for hook in started:
                 hook.close()
-            sink.close()
             raise
-        drain_error: Exception | None = None
-        try:
-            result = session.run()
-        finally:
-            try:
-                drainer.stop()
-            except Exception as err:  # raised once the collection is written
-                drain_error = err
-            rows = sink.close()
-    for hook in hooks:
-        hook.status.rows = {t: rows.get(t, 0) for t in hook.tables}
-    shadow = None
-    if model is not None:
-        shadow = {}
-        for hook in hooks:
-            table = next(iter(hook.tables))
-            frame = _read_table(session.path, table)
-            kind = "kprobe" if isinstance(hook, LbKprobeHook) else "tracepoint"
-            stats = hook.stats.as_dict() if hook.stats else None
-            shadow[kind] = summarize(frame, stats, kind)
-    out = LbCollectResult(
-        result=result,
-        path=session.path,
-        variant=variant,
-        hooks={h.name: h.status for h in hooks},
-        rows=rows,
-        shadow=shadow,
-    )
-    lb_section: dict[str, Any] = {
-        "variant": variant,
-        "attach": attach,
-        "cpu_node": nodes,
-        "migration_cost_ns": migration_cost_ns,
-        "model": model_meta,
-        "shadow": shadow,
-    }
-    if variant in ("tracepoint", "both"):
-        out.tracepoint = _build_tracepoint(session.path, nodes, out)
-        lb_section["tracepoint"] = out.tracepoint
-    if drain_error is not None:
-        lb_section["error"] = f"lb hooks: {drain_error}"
-    _update_manifest(session.path, out, lb_section)
-    if drain_error is not None:
-        raise KernmlopsError(f"lb hooks failed while collecting: {drain_error}") from drain_error
+        out.result = session.run()
+    out.hooks = {h.name: h.status for h in hooks}
     return out
 
 
@@ -208,19 +169,27 @@ def _read_table(path: Path, table: str) -> pl.DataFrame | None:
     return pl.concat([pl.read_parquet(p) for p in parts], how="diagonal_relaxed")
 
 
-def _build_tracepoint(path: Path, nodes: list[int], out: LbCollectResult) -> dict[str, Any]:
-    """Rebuild the tracepoint decisions of the finished collection; with the
-    kprobe variant beside it, compare the two."""
-    from kernmlops.data import read_collection
+def _build_tracepoint(path: Path, manifest: Manifest, out: LbCollectResult) -> dict[str, Any]:
+    """Rebuild the tracepoint decisions of the finished collection (its tables are
+    complete; its manifest is the one being finalised); with the kprobe variant
+    beside it, compare the two."""
+    from kernmlops.data import IncompleteCollectionWarning, read_collection
     from kernmlops.lb.dataset import from_kprobe_records
     from kernmlops.lb.tracepoint import compare_with_kprobe, tracepoint_decisions
 
-    collection = read_collection(path)
-    tp = tracepoint_decisions(collection, nodes)
+    with warnings.catch_warnings():
+        # on disk the manifest still says running: this is part of its final write
+        warnings.simplefilter("ignore", IncompleteCollectionWarning)
+        collection = read_collection(path)
+    tp = tracepoint_decisions(collection, out.nodes)
     table = "lb_decisions_tracepoint" if out.variant == "both" else TABLE
     sink = ParquetSink(path, collection.collection_id)
     sink.write(table, tp.drop("collection_id"))
-    out.rows.update(sink.close())
+    written = sink.close()
+    out.rows.update(written)
+    for name, n in written.items():
+        files = sorted(p.name for p in (path / name).glob("*.parquet"))
+        manifest.tables = {**manifest.tables, name: TableRecord(rows=n, files=files)}
     info: dict[str, Any] = {
         "table": table,
         "rows": tp.height,
@@ -232,19 +201,3 @@ def _build_tracepoint(path: Path, nodes: list[int], out: LbCollectResult) -> dic
             kp = from_kprobe_records(kp)
         info["vs_kprobe"] = compare_with_kprobe(tp, kp)
     return info
-
-
-def _update_manifest(path: Path, out: LbCollectResult, lb_section: dict[str, Any]) -> None:
-    try:
-        manifest = read_manifest(path)
-    except KernmlopsError:
-        manifest = Manifest(collection_id=out.result.collection_id)
-    hooks = {n: HookRecord.model_validate(s.as_dict()) for n, s in out.hooks.items()}
-    manifest.hooks = {**manifest.hooks, **hooks}
-    tables = dict(manifest.tables)
-    for table, n in out.rows.items():
-        files = sorted(p.name for p in (path / table).glob("*.parquet"))
-        tables[table] = TableRecord(rows=n, files=files)
-    manifest.tables = tables
-    manifest.lb = lb_section  # type: ignore[attr-defined]  # a section of its own
-    write_manifest(path, manifest)

@@ -125,13 +125,10 @@ class ShadowStats:
         }
 
 
-class LbHook(BpfHook):
+class LbHook(BpfHook[BpfHookOptions]):
     """Shared: model globals, stats read before the object closes."""
 
     libraries: ClassVar[tuple[str, ...]] = ("polars",)  # rows are built with polars
-
-    class Options(BpfHookOptions):
-        pass
 
     def __init__(
         self,
@@ -142,7 +139,7 @@ class LbHook(BpfHook):
         collection_id: str = "",
         nodes: list[int] | None = None,
     ) -> None:
-        super().__init__(options or self.Options())
+        super().__init__(options)
         self.model = model
         self.migration_cost_ns = migration_cost_ns
         self.collection_id = collection_id

@@ -1,0 +1,76 @@
+"""What takes part in a session besides its configured hooks.
+
+A :class:`~kernmlops.collect.session.Session` runs extra hook instances (``hooks=``,
+e.g. ``lb collect``'s decision hooks) exactly like the configured ones: started,
+drained into the same sink, stopped, in the manifest. A :class:`Participant` is
+everything else that runs beside them: it starts once the hooks are attached (with
+the same context: process filter, own tgid), closes after the hooks and the
+benchmark have stopped, and adds its part to the manifest just before the final
+write (the live exporter of ``collector.export``; ``lb collect``'s ``lb`` section).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kernmlops.hooks.base import HookContext
+
+if TYPE_CHECKING:
+    from kernmlops.collect.manifest import Manifest
+    from kernmlops.config import CollectorConfig
+
+
+class Participant:
+    """Runs beside the hooks; every method is optional."""
+
+    def start(self, ctx: HookContext) -> None:
+        """Called once every hook has started, before the benchmark is released."""
+
+    def close(self) -> None:
+        """Called after the hooks are stopped and the benchmark torn down; idempotent."""
+
+    def contribute(self, manifest: Manifest, path: Path) -> None:
+        """Add to the final manifest (its tables, rows and hooks are final; the
+        collection's Parquet in ``path`` is complete). Not called for a session
+        writing to a caller's sink (no manifest)."""
+
+
+class ExporterParticipant(Participant):
+    """``collector.export``: the collection's programs served as live Prometheus
+    metrics, counting the same processes as the hooks; what was served goes into the
+    manifest's ``exporter``."""
+
+    def __init__(self, collector: CollectorConfig, bpf_dir: Path | None = None) -> None:
+        self.collector = collector
+        self.bpf_dir = bpf_dir
+        self._running: Any = None  # kernmlops.exporter.RunningExporter
+        self.summary: dict[str, Any] | None = None
+
+    def start(self, ctx: HookContext) -> None:
+        from kernmlops.exporter import start_exporter
+
+        assert self.collector.export is not None
+        flt = ctx.process_filter
+        self._running = start_exporter(
+            self.collector.export,
+            configs=self.collector.export_sets,
+            process_filter_fd=flt.fd if flt is not None else None,
+            self_tgid=ctx.self_tgid,
+            bpf_dir=self.bpf_dir,
+            strict=self.collector.strict,
+        )
+
+    def close(self) -> None:
+        if self._running is not None:
+            running, self._running = self._running, None
+            self.summary = running.summary()
+            running.close()
+
+    def contribute(self, manifest: Manifest, path: Path) -> None:
+        manifest.exporter = self.summary
+
+
+def configured(collector: CollectorConfig, bpf_dir: Path | None = None) -> list[Participant]:
+    """The participants the configuration asks for."""
+    return [ExporterParticipant(collector, bpf_dir)] if collector.export else []
