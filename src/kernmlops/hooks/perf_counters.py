@@ -205,9 +205,12 @@ class PerfHook(SampledHook):
         frames = []
         for now_ns, values in taken:
             columns: dict[str, np.ndarray] = {
-                UPTIME_TIMESTAMP: np.full(len(cpus), now_ns // 1000, dtype=np.uint64),
+                UPTIME_TIMESTAMP: np.full(len(cpus), now_ns // 1000, dtype=np.int64),
                 "cpu": np.asarray(cpus, dtype=np.uint32),
             }
+            # Counts and times as signed int64, as the BPF tables' u64 fields (a
+            # 64-bit counter does not pass 2**63 in a collection's lifetime).
+            values = values.view(np.int64)
             for i, spec in enumerate(self._counters.events):
                 base = event_column(spec.name)
                 columns[spec.column] = values[i, :, 0]
