@@ -17,6 +17,7 @@ HOOKS = (
     "process_trace,quanta_runtime,memory_usage,system_info,perf,task_perf,page_faults,"
     "syscalls,process_metadata,block_io,sched_migrate,cpu_profile"
 )
+CORE = {"quanta_runtime", "memory_usage", "perf_counters", "minor_faults", "syscalls"}
 #: (table, column) declared kmo_full_u64: the only unsigned 64-bit columns
 FULL_RANGE = {("page_faults", "address"), ("page_faults", "ip")}
 
@@ -34,7 +35,7 @@ def test_duckdb_reads_a_folder_of_collections_with_signed_64_bit_types(tmp_path:
         )  # fmt: skip
     root = tmp_path / "curated"
     tables = sorted({p.parent.name for p in root.glob("*/*/*/part-*.parquet")})
-    assert {"quanta_runtime", "memory_usage", "perf_counters", "minor_faults"} <= set(tables)
+    assert set(tables) >= CORE
     checked = 0
     for table in tables:
         glob = f"{root}/*/*/{table}/*.parquet"
@@ -45,7 +46,8 @@ def test_duckdb_reads_a_folder_of_collections_with_signed_64_bit_types(tmp_path:
             f"select count(distinct collection_id) from read_parquet('{glob}', "
             "hive_partitioning=true)"
         ).fetchall()
-        assert ids == [(2,)], table
+        # a table with no rows in a collection (block_io without disk I/O) has no file
+        assert ids == [(2,)] or table not in CORE, (table, ids)
         for column, kind in types.items():
             if (table, column) in FULL_RANGE:
                 assert kind == "UBIGINT", (table, column)
