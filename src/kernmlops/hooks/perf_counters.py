@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import difflib
 import re
-import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, ClassVar
 
@@ -39,7 +38,7 @@ from kernmlops.ebpf.perf_counters import (
     resolve,
 )
 from kernmlops.errors import HookUnavailable
-from kernmlops.hooks.base import HookContext, HookOptions, SampledHook
+from kernmlops.hooks.base import HookContext, HookOptions, SampledHook, SampledHookOptions
 from kernmlops.host.cpus import online_cpus
 from kernmlops.lazy import lazy_import
 from kernmlops.tables import UPTIME_TIMESTAMP
@@ -96,19 +95,13 @@ def check_event_name(name: str) -> str:
     )
 
 
-def _now_ns() -> int:
-    # The clock of bpf_ktime_get_ns(), so rows join with the BPF tables.
-    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-
-
 class PerfHook(SampledHook):
     """Reads per-CPU perf counters at ``poll_hz`` into ``perf_counters``, in a thread of
     its own (missed intervals are counted as drops)."""
 
     libraries: ClassVar[tuple[str, ...]] = ("polars",)  # rows are built with polars
 
-    class Options(HookOptions):
-        poll_hz: float = Field(10, gt=0, le=1000, description="counter reads per second")
+    class Options(SampledHookOptions):
         events: list[str] = Field(
             default_factory=lambda: list(DEFAULT_EVENTS),
             description=(
@@ -128,16 +121,13 @@ class PerfHook(SampledHook):
     tables: ClassVar[tuple[str, ...]] = (TABLE,)
     needs: ClassVar[tuple[str, ...]] = ("sw_cpu_clock",)
 
+    sample_at_stop: ClassVar[bool] = True  # the final row closes every delta
+    opts: Options
+
     def __init__(self, options: HookOptions | None = None) -> None:
-        if not isinstance(options, PerfHook.Options):
-            options = PerfHook.Options.model_validate(
-                options.model_dump() if options is not None else {}
-            )
         super().__init__(options)
-        self.opts: PerfHook.Options = options
-        self._period_ns = max(1, round(1e9 / options.poll_hz))
+        self.opts = self.options  # type: ignore[assignment]
         self._counters: CounterSet | None = None
-        self._rows: list[tuple[int, np.ndarray]] = []
         #: event name -> why it is not counted (also in the status, for the manifest)
         self.unsupported: dict[str, str] = {}
 
@@ -186,17 +176,13 @@ class PerfHook(SampledHook):
         self.status.variant = "perf_event"
         self.status.programs = [e.name for e in self._counters.events]
         # A sample at once: the first row is the baseline of every delta.
-        self._start_sampling(self._period_ns)
+        self._start_sampling()
 
     def _sample(self, now_ns: int) -> None:
         assert self._counters is not None
         # [event, cpu, (count, enabled, running)]; the frame is built later, off this thread
         self._rows.append((now_ns, self._counters.read()))
         self.status.events += len(self._counters.cpus)
-
-    def _take(self) -> list[tuple[int, np.ndarray]]:
-        rows, self._rows = self._rows, []
-        return rows
 
     def _frames(self, taken: list[tuple[int, np.ndarray]]) -> Iterator[tuple[str, pl.DataFrame]]:
         if not taken or self._counters is None:
@@ -219,19 +205,7 @@ class PerfHook(SampledHook):
             frames.append(pl.DataFrame(columns))
         yield TABLE, pl.concat(frames)
 
-    def stop(self) -> Iterator[tuple[str, pl.DataFrame]]:
-        # A last sample at stop, whatever the grid says: the final row closes
-        # every delta at the end of the collection.
-        self._stop_sampler()
-        with self._lock:
-            if self._counters is not None:
-                self._sample(_now_ns())
-            taken = self._take()
-        yield from list(self._frames(taken))
-        self.close()
-
-    def close(self) -> None:
-        self._stop_sampler()
+    def _release(self) -> None:
         if self._counters is not None:
             self._counters.close()
             self._counters = None
