@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kernmlops.ebpf.build import BuildError, build
-from kernmlops.ebpf.probe import Feature, needs_met, probe_all, tool_versions
+from kernmlops.ebpf.probe import PROGRAM_FEATURES, Feature, needs_met, probe_all, tool_versions
 from kernmlops.ebpf.variants import HookVariants, object_variants
 from kernmlops.hooks import REGISTRY
 
@@ -68,7 +68,9 @@ def run_doctor(console: Console) -> int:
     runnable = 0
     for name, cls in REGISTRY.items():
         ok, why = needs_met(cls.needs, features)
-        runnable += ok and bool(cls.needs)
+        # a BPF hook: one that needs a program type or ring buffers (not zswap, perf)
+        bpf = any(o in PROGRAM_FEATURES or o == "ringbuf" for n in cls.needs for o in n.split("|"))
+        runnable += ok and bpf
         hooks.add_row(name, "[green]yes[/]" if ok else "[red]no[/]", why or ", ".join(cls.needs))
     console.print(hooks)
 

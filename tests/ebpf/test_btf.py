@@ -37,7 +37,7 @@ FIELDS: list[tuple[str, str, object, int]] = [
     ("a_u8", "a_u8", "<u1", 0),
     ("a_u16", "a_u16", "<u2", 2),
     ("a_u32", "a_u32", "<u4", 4),
-    ("a_u64", "a_u64", "<u8", 8),
+    ("a_u64", "a_u64", "<i8", 8),  # u64 columns are signed (Spark has no uint64)
     ("a_s32", "a_s32", "<i4", 16),
     ("a_s64", "a_s64", "<i8", 24),
     ("flag", "flag", "?", 32),
@@ -53,8 +53,10 @@ FIELDS: list[tuple[str, str, object, int]] = [
     ("quals", "quals", "<u2", 84),
     ("a_s8", "a_s8", "<i1", 86),
     ("ptr", "ptr", "<u8", 88),
+    ("addr", "addr", "<u8", 96),  # kmo_full_u64: the full unsigned range is kept
+    ("addrs", "addrs", ("<u8", (2,)), 104),
 ]
-RECORD_SIZE = 96
+RECORD_SIZE = 120
 
 SMALL_FIELDS = [("a", "<u4", 0), ("b", "<u1", 4)]
 SMALL_SIZE = 8
@@ -102,6 +104,8 @@ struct kmo_test_record {
 	const volatile u16 quals;
 	s8 a_s8;
 	u64 *ptr;
+	kmo_full_u64 addr;
+	kmo_full_u64 addrs[2];
 };
 
 struct kmo_test_small {
@@ -267,11 +271,16 @@ def test_layout_decodes_bytes_written_like_c(layouts):
     buf[49:52] = b"\x01\x02\x03"
     struct.pack_into("<IHxxIhh3iiHbx", buf, 52, 7, 8080, 0x7F000001, -3, 4, 10, -20, 30, -1, 9, -7)
     struct.pack_into("<Q", buf, 88, 0xFFFF8880_00001000)
+    struct.pack_into("<QQQ", buf, 96, 0xFFFFFFFF_81000000, 0xFFFF8880_00002000, 1)
     rec = np.frombuffer(bytes(buf), dtype=dtype)[0]
+    # A plain u64 is read as signed (the same bytes): only values past 2**63,
+    # never a real timestamp or count, read differently; kmo_full_u64 keeps all.
+    assert rec["addr"] == 0xFFFFFFFF_81000000
+    assert rec["addrs"].tolist() == [0xFFFF8880_00002000, 1]
     assert rec["a_u8"] == 0xAB
     assert rec["a_u16"] == 0xBEEF
     assert rec["a_u32"] == 0xDEADBEEF
-    assert rec["a_u64"] == 2**64 - 2
+    assert rec["a_u64"] == -2
     assert rec["a_s32"] == -5
     assert rec["a_s64"] == -(2**40)
     assert rec["flag"] is np.True_
@@ -348,7 +357,7 @@ def test_project_ring_layouts(bpf_build_dir):
     assert layout.dtype == np.dtype(
         {
             "names": ["ts_uptime_us", "pid", "tgid", "ppid", "kind", "comm"],
-            "formats": ["<u8", "<u4", "<u4", "<u4", "<u4", "S16"],
+            "formats": ["<i8", "<u4", "<u4", "<u4", "<u4", "S16"],
             "offsets": [0, 8, 12, 16, 20, 24],
             "itemsize": 40,
         }
@@ -372,7 +381,7 @@ def test_project_ring_layouts(bpf_build_dir):
                 "ts_uptime_us", "run_length_us", "queued_time_us", "cpu",
                 "prev_pid", "prev_tgid", "next_pid", "next_tgid", "has_run", "has_queued",
             ],
-            "formats": ["<u8", "<u8", "<u8", "<u4", "<u4", "<u4", "<u4", "<u4", "u1", "u1"],
+            "formats": ["<i8", "<i8", "<i8", "<u4", "<u4", "<u4", "<u4", "<u4", "u1", "u1"],
             "offsets": [0, 8, 16, 24, 28, 32, 36, 40, 44, 45],
             "itemsize": 48,
         }
@@ -409,7 +418,7 @@ def test_union_member_is_an_error(bad_obj):
 def test_one_bad_ring_fails_the_whole_object(bad_obj):
     btf = Btf.from_elf(bad_obj)
     good = record_layout(btf, btf.ring_record("good_rb"))
-    assert good.dtype == np.dtype([("ok", "<u8")])
+    assert good.dtype == np.dtype([("ok", "<i8")])
     with pytest.raises(BtfError):
         ring_layouts(bad_obj)
 

@@ -334,7 +334,7 @@ def test_ring_to_frame_with_btf_layout(process_layout):
     frame = records_to_frame(batch.records, process_layout)
     assert frame.columns == ["ts_uptime_us", "pid", "tgid", "ppid", "kind", "comm"]
     assert frame.schema == {
-        "ts_uptime_us": pl.UInt64,
+        "ts_uptime_us": pl.Int64,
         "pid": pl.UInt32,
         "tgid": pl.UInt32,
         "ppid": pl.UInt32,

@@ -19,7 +19,7 @@ enum collapse_huge_pages_kind {
 /* One row per tracepoint hit; fields a kind does not have are 0. */
 struct collapse_huge_pages_event {
 	u64 ts_uptime_us;
-	u64 mm; /* the mm_struct's address: joins the rows of one address space */
+	kmo_full_u64 mm; /* the mm_struct's address: joins the rows of one address space */
 	/* scan_pmd, isolate, scan_file: the last page frame looked at;
 	 * collapse_file: the new huge page's */
 	u64 pfn;

@@ -8,6 +8,13 @@
 
 char LICENSE[] SEC("license") = "GPL";
 
+/* Record fields become table columns (dtypes from BTF). A u64 is written as a
+ * signed 64-bit column (Spark, Hive and pandas have no unsigned 64-bit type;
+ * timestamps, durations and counts never reach 2^63); declare a field with
+ * this type when it needs the full unsigned range (kernel addresses), and it
+ * stays unsigned. */
+typedef u64 kmo_full_u64;
+
 /* Records a ring buffer could not take, per table slot and CPU. User space
  * sums the CPUs; slot i belongs to the i-th ring buffer the hook declares. */
 #define KMO_MAX_TABLES 8

@@ -12,8 +12,8 @@ enum page_fault_kind {
 
 struct page_fault_event {
 	u64 ts_uptime_us;
-	u64 address;    /* the faulting address (cr2) */
-	u64 ip;         /* instruction pointer at the fault */
+	kmo_full_u64 address;    /* the faulting address (cr2) */
+	kmo_full_u64 ip;         /* instruction pointer at the fault */
 	u64 error_code; /* x86 page fault error code (X86_PF_* bits) */
 	u32 pid;
 	u32 tgid;

@@ -270,11 +270,31 @@ def _enum_labels(t: BtfType) -> dict[int, str]:
     return {val: n[len(prefix) :].lower() for n, val in t.members}
 
 
-def _scalar(btf: Btf, t: BtfType, where: str) -> np.dtype:
+#: The C typedef (bpf/common.h) of a 64-bit field that needs its full unsigned
+#: range (kernel addresses): the only u64 kept unsigned in tables.
+FULL_RANGE_TYPEDEF = "kmo_full_u64"
+
+
+def _full_range(btf: Btf, type_id: int) -> bool:
+    """Whether a member's declared type is (a typedef chain through) kmo_full_u64."""
+    t = btf.types[type_id]
+    while t.kind in (Kind.TYPEDEF, Kind.VOLATILE, Kind.CONST, Kind.RESTRICT, Kind.TYPE_TAG):
+        if t.kind is Kind.TYPEDEF and t.name == FULL_RANGE_TYPEDEF:
+            return True
+        t = btf.types[t.ref]
+    return False
+
+
+def _scalar(btf: Btf, t: BtfType, where: str, *, full_range: bool = False) -> np.dtype:
+    """A C scalar's column type. Unsigned 64-bit integers become signed int64 (the
+    same bytes, read as signed: timestamps, durations and counts never reach 2**63)
+    unless declared kmo_full_u64: Spark, Hive and pandas have no unsigned 64-bit
+    type (Spark reads one as decimal(20,0)). Narrower unsigned integers stay as they
+    are: every reader widens them losslessly (Spark reads UINT32 as bigint)."""
     if t.kind is Kind.INT:
         if t.encoding & INT_BOOL:
             return np.dtype(np.bool_)
-        signed = bool(t.encoding & INT_SIGNED)
+        signed = bool(t.encoding & INT_SIGNED) or (t.size == 8 and not full_range)
         return np.dtype(f"<{'i' if signed else 'u'}{t.size}")
     if t.kind in (Kind.ENUM, Kind.ENUM64):
         signed = bool(t.encoding & INT_SIGNED) or any(v < 0 for _, v in t.members)
@@ -315,9 +335,10 @@ def record_layout(btf: Btf, record: BtfType) -> RecordLayout:
                     fmt: object = np.dtype(f"S{t.nelems}")
                     strings.append(col)
                 else:
-                    fmt = (_scalar(btf, elem, where), (t.nelems,))
+                    full = _full_range(btf, t.ref)
+                    fmt = (_scalar(btf, elem, where, full_range=full), (t.nelems,))
             else:
-                fmt = _scalar(btf, t, where)
+                fmt = _scalar(btf, t, where, full_range=_full_range(btf, m_type))
                 if t.kind in (Kind.ENUM, Kind.ENUM64):
                     enums[col] = _enum_labels(t)
             names.append(col)

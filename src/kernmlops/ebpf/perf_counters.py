@@ -442,6 +442,11 @@ class CounterSet:
         view = memoryview(self._buf)
         self._slices = [view[i * READ_SIZE : (i + 1) * READ_SIZE] for i in range(len(self._fds))]
 
+    def fd(self, event: int, cpu: int) -> int:
+        """The fd of ``events[event]`` on ``cpus[cpu]`` (indexes, not ids): for BPF
+        programs that read the counters themselves (a perf event array)."""
+        return self._fds[event * len(self.cpus) + cpu]
+
     def read(self) -> np.ndarray:
         """uint64 array [event, cpu, (value, enabled_ns, running_ns)], cumulative."""
         for fd, part in zip(self._fds, self._slices, strict=True):

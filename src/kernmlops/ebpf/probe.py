@@ -24,6 +24,7 @@ from kernmlops.ebpf.perf_open import (
     perf_event_open,
     supported,
 )
+from kernmlops.host.zswap import zswap_state
 
 CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF = 21, 38, 39
 TRACEFS = Path("/sys/kernel/tracing")
@@ -147,6 +148,8 @@ def probe_all(bpf_dir: Path | None = None) -> dict[str, Feature]:
     }.items():
         ok, why = supported(t, c)
         out[name] = Feature(name, ok, why or "opens")
+    present, detail = zswap_state()
+    out["zswap"] = Feature("zswap", present, detail)
     return out
 
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, cast
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from kernmlops.registry import options_model, options_of
 
@@ -131,18 +131,39 @@ class Hook(ABC, Generic[OptionsT]):
         """Release kernel resources; idempotent."""
 
 
-class SampledHook(Hook[OptionsT]):
+class SampledHookOptions(HookOptions):
+    """Options every sampling hook has."""
+
+    poll_hz: float = Field(10, gt=0, le=1000, description="samples per second")
+
+
+SampledOptionsT = TypeVar("SampledOptionsT", bound=SampledHookOptions)
+
+
+class SampledHook(Hook[SampledOptionsT]):
     """A hook that samples something (/proc files, counters) at a fixed rate.
 
-    Sampling runs in a thread of its own, on a fixed grid of ``period_ns``, so an event
-    storm that keeps the drain loop busy cannot starve it. An interval whose sample could
-    not be taken in time (the thread woke a whole period late) is counted in
-    ``status.drops``: a gap in the table is never silent. The poll loop only collects
-    what the thread sampled.
+    Sampling runs in a thread of its own, on a fixed grid of ``1 / poll_hz``, so an
+    event storm that keeps the drain loop busy cannot starve it. An interval whose
+    sample could not be taken in time (the thread woke a whole period late) is
+    counted in ``status.drops``: a gap in the table is never silent. The poll loop
+    only collects what the thread sampled.
+
+    A subclass opens its source in :meth:`start` and then calls
+    :meth:`_start_sampling`; :meth:`_sample` appends to ``self._rows``,
+    :meth:`_frames` turns what was taken into tables, :meth:`_release` closes the
+    source.
     """
 
-    def __init__(self, options: OptionsT | HookOptions | None = None) -> None:
+    Options: ClassVar[type[HookOptions]] = SampledHookOptions
+    #: take one more sample at stop, whatever the grid says (the last row closes
+    #: every delta of cumulative counters at the end of the collection)
+    sample_at_stop: ClassVar[bool] = False
+
+    def __init__(self, options: SampledOptionsT | HookOptions | None = None) -> None:
         super().__init__(options)
+        self._period_ns = max(1, round(1e9 / self.options.poll_hz))
+        self._rows: list[Any] = []
         self._lock = threading.Lock()
         self._stop_sampling = threading.Event()
         self._sampler: threading.Thread | None = None
@@ -150,20 +171,27 @@ class SampledHook(Hook[OptionsT]):
 
     @abstractmethod
     def _sample(self, now_ns: int) -> None:
-        """Take one sample and keep its rows (called with the sampling lock held)."""
+        """Take one sample and append it to ``self._rows`` (called with the sampling
+        lock held)."""
 
-    @abstractmethod
     def _take(self) -> Any:
         """Swap out the rows sampled so far (called with the sampling lock held, so
-        keep it to a swap: the sampler waits for the lock)."""
+        it is a swap: the sampler waits for the lock)."""
+        rows, self._rows = self._rows, []
+        return rows
 
     @abstractmethod
     def _frames(self, taken: Any) -> Iterator[tuple[str, Rows]]:
         """The tables of rows :meth:`_take` returned (called without the lock: building
         frames, and the first import of polars, must not make the sampler late)."""
 
-    def _start_sampling(self, period_ns: int) -> None:
-        """Sample now, then every ``period_ns`` until :meth:`_stop_sampler`."""
+    def _release(self) -> None:
+        """Close what :meth:`start` opened; idempotent."""
+
+    def _start_sampling(self, period_ns: int | None = None) -> None:
+        """Sample now, then every ``period_ns`` (default: ``1 / poll_hz``) until
+        :meth:`_stop_sampler`."""
+        period_ns = period_ns or self._period_ns
         with self._lock:
             self._sample(_monotonic_ns())
         self._stop_sampling.clear()
@@ -208,9 +236,18 @@ class SampledHook(Hook[OptionsT]):
         return list(self._frames(taken))
 
     def stop(self) -> Iterator[tuple[str, Rows]]:
+        running = self._sampler is not None
         self._stop_sampler()  # no sample may land between the last poll and close
-        yield from self._take_all()
+        with self._lock:
+            if self.sample_at_stop and running:
+                self._sample(_monotonic_ns())
+            taken = self._take()
+        yield from list(self._frames(taken))
         self.close()
+
+    def close(self) -> None:
+        self._stop_sampler()
+        self._release()
 
     def drops(self) -> int:
         return self.status.drops

@@ -5,10 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import IO, TYPE_CHECKING, ClassVar
 
-from pydantic import Field
-
 from kernmlops.errors import HookUnavailable
-from kernmlops.hooks.base import HookContext, HookOptions, SampledHook
+from kernmlops.hooks.base import HookContext, HookOptions, SampledHook, SampledHookOptions
 from kernmlops.host.meminfo import parse_meminfo
 from kernmlops.lazy import lazy_import
 from kernmlops.tables import UPTIME_TIMESTAMP
@@ -25,8 +23,8 @@ MEMINFO = "/proc/meminfo"
 TABLE = "memory_usage"
 
 
-class MemoryUsageOptions(HookOptions):
-    poll_hz: float = Field(10, gt=0, le=1000, description="samples per second")
+class MemoryUsageOptions(SampledHookOptions):
+    """/proc/meminfo needs nothing beyond the sampling rate."""
 
 
 class MemoryUsageHook(SampledHook[MemoryUsageOptions]):
@@ -39,9 +37,7 @@ class MemoryUsageHook(SampledHook[MemoryUsageOptions]):
 
     def __init__(self, options: MemoryUsageOptions | HookOptions | None = None) -> None:
         super().__init__(options)
-        self._period_ns = max(1, round(1e9 / self.options.poll_hz))
         self._file: IO[bytes] | None = None
-        self._rows: list[dict[str, int]] = []
 
     def start(self, ctx: HookContext | None = None) -> None:
         try:
@@ -51,7 +47,7 @@ class MemoryUsageHook(SampledHook[MemoryUsageOptions]):
             raise HookUnavailable(f"{self.name}: cannot read {MEMINFO}: {e.strerror}") from e
         self.status.attached = True
         self.status.variant = "procfs"
-        self._start_sampling(self._period_ns)  # the first sample at once
+        self._start_sampling()  # the first sample at once
 
     def _sample(self, now_ns: int) -> None:
         assert self._file is not None
@@ -60,17 +56,12 @@ class MemoryUsageHook(SampledHook[MemoryUsageOptions]):
         self._rows.append({UPTIME_TIMESTAMP: now_ns // 1000, **fields})
         self.status.events += 1
 
-    def _take(self) -> list[dict[str, int]]:
-        rows, self._rows = self._rows, []
-        return rows
-
     def _frames(self, taken: list[dict[str, int]]) -> Iterator[tuple[str, Rows]]:
         if taken:
             schema = pa.schema([(key, pa.int64()) for key in taken[0]])
             yield TABLE, pa.Table.from_pylist(taken, schema=schema)
 
-    def close(self) -> None:
-        self._stop_sampler()
+    def _release(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None

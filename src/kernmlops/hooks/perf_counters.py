@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import difflib
 import re
-import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, ClassVar
 
@@ -39,7 +38,7 @@ from kernmlops.ebpf.perf_counters import (
     resolve,
 )
 from kernmlops.errors import HookUnavailable
-from kernmlops.hooks.base import HookContext, HookOptions, SampledHook
+from kernmlops.hooks.base import HookContext, HookOptions, SampledHook, SampledHookOptions
 from kernmlops.host.cpus import online_cpus
 from kernmlops.lazy import lazy_import
 from kernmlops.tables import UPTIME_TIMESTAMP
@@ -96,13 +95,7 @@ def check_event_name(name: str) -> str:
     )
 
 
-def _now_ns() -> int:
-    # The clock of bpf_ktime_get_ns(), so rows join with the BPF tables.
-    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-
-
-class PerfOptions(HookOptions):
-    poll_hz: float = Field(10, gt=0, le=1000, description="counter reads per second")
+class PerfOptions(SampledHookOptions):
     events: list[str] = Field(
         default_factory=lambda: list(DEFAULT_EVENTS),
         description=(
@@ -129,11 +122,11 @@ class PerfHook(SampledHook[PerfOptions]):
     tables: ClassVar[tuple[str, ...]] = (TABLE,)
     needs: ClassVar[tuple[str, ...]] = ("sw_cpu_clock",)
 
+    sample_at_stop: ClassVar[bool] = True  # the final row closes every delta
+
     def __init__(self, options: PerfOptions | HookOptions | None = None) -> None:
         super().__init__(options)
-        self._period_ns = max(1, round(1e9 / self.options.poll_hz))
         self._counters: CounterSet | None = None
-        self._rows: list[tuple[int, np.ndarray]] = []
         #: event name -> why it is not counted (also in the status, for the manifest)
         self.unsupported: dict[str, str] = {}
 
@@ -182,17 +175,13 @@ class PerfHook(SampledHook[PerfOptions]):
         self.status.variant = "perf_event"
         self.status.programs = [e.name for e in self._counters.events]
         # A sample at once: the first row is the baseline of every delta.
-        self._start_sampling(self._period_ns)
+        self._start_sampling()
 
     def _sample(self, now_ns: int) -> None:
         assert self._counters is not None
         # [event, cpu, (count, enabled, running)]; the frame is built later, off this thread
         self._rows.append((now_ns, self._counters.read()))
         self.status.events += len(self._counters.cpus)
-
-    def _take(self) -> list[tuple[int, np.ndarray]]:
-        rows, self._rows = self._rows, []
-        return rows
 
     def _frames(self, taken: list[tuple[int, np.ndarray]]) -> Iterator[tuple[str, pl.DataFrame]]:
         if not taken or self._counters is None:
@@ -201,9 +190,12 @@ class PerfHook(SampledHook[PerfOptions]):
         frames = []
         for now_ns, values in taken:
             columns: dict[str, np.ndarray] = {
-                UPTIME_TIMESTAMP: np.full(len(cpus), now_ns // 1000, dtype=np.uint64),
+                UPTIME_TIMESTAMP: np.full(len(cpus), now_ns // 1000, dtype=np.int64),
                 "cpu": np.asarray(cpus, dtype=np.uint32),
             }
+            # Counts and times as signed int64, as the BPF tables' u64 fields (a
+            # 64-bit counter does not pass 2**63 in a collection's lifetime).
+            values = values.view(np.int64)
             for i, spec in enumerate(self._counters.events):
                 base = event_column(spec.name)
                 columns[spec.column] = values[i, :, 0]
@@ -212,19 +204,7 @@ class PerfHook(SampledHook[PerfOptions]):
             frames.append(pl.DataFrame(columns))
         yield TABLE, pl.concat(frames)
 
-    def stop(self) -> Iterator[tuple[str, pl.DataFrame]]:
-        # A last sample at stop, whatever the grid says: the final row closes
-        # every delta at the end of the collection.
-        self._stop_sampler()
-        with self._lock:
-            if self._counters is not None:
-                self._sample(_now_ns())
-            taken = self._take()
-        yield from list(self._frames(taken))
-        self.close()
-
-    def close(self) -> None:
-        self._stop_sampler()
+    def _release(self) -> None:
         if self._counters is not None:
             self._counters.close()
             self._counters = None

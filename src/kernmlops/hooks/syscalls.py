@@ -162,10 +162,10 @@ class SyscallsHook(BpfHook[SyscallsOptions]):
         rows, k = delta[changed], keys[changed]
         self.status.events += int(rows["count"].sum())
         ids = pl.Series("syscall_id", k["syscall_id"].astype(np.int32))
-        hist = pl.Series(HIST, np.ascontiguousarray(rows[HIST])).cast(pl.List(pl.UInt64))
+        hist = pl.Series(HIST, np.ascontiguousarray(rows[HIST])).cast(pl.List(pl.Int64))
         frame = pl.DataFrame(
             [
-                pl.Series(UPTIME_TIMESTAMP, np.full(len(rows), now, np.uint64)),
+                pl.Series(UPTIME_TIMESTAMP, np.full(len(rows), now, np.int64)),
                 pl.Series("tgid", k["tgid"].astype(np.uint32)),
                 ids,
                 ids.replace_strict(self._names, default=None, return_dtype=pl.String).alias(
