@@ -99,7 +99,7 @@ def test_harness_adds_its_output_to_results(tmp_path: Path):
          "duetbench.duets: duet 'scrabble' is listed twice"),
         (BASE.replace("  timeout: 600", "  timeout: -1"),
          "duetbench.timeout: Input should be greater than or equal to 0"),
-        (BASE.replace("  suite: renaissance\n", ""), "duetbench.suite: required"),
+        (BASE.replace("  suite: renaissance\n", ""), "duetbench.name: required"),
         (BASE.replace("  results: [results.json]\n", ""),
          "scrabble.A.results: no result files and no harness: nothing to measure"),
     ],
