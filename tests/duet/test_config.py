@@ -184,3 +184,32 @@ def test_the_example_config_validates():
     suite = load_duet_config(example)
     assert [d.name for d in suite.duets] == ["gzip-levels", "gzip-aa"]
     assert suite.duets[1].aa and suite.duets[0].cpus == (frozenset({0}), frozenset({1}))
+
+
+def test_ready_made_configs_load_and_the_cpu_loop_runs(tmp_path: Path):
+    from importlib.resources import files
+
+    from kernmlops.duet.runner import run_suite
+
+    folder = files("kernmlops.duet") / "configs"
+    names = sorted(p.name for p in folder.iterdir() if p.name.endswith(".duet.yml"))
+    assert names == ["cpu-loop.duet.yml", "pyperformance.duet.yml"]
+    suites = {n: load_duet_config(Path(str(folder / n))) for n in names}
+    loop = suites["cpu-loop.duet.yml"]
+    assert [(d.name, d.aa) for d in loop.duets] == [("loop-aa", True), ("loop-plus-2pct", False)]
+    assert all(d.b.results for d in suites["pyperformance.duet.yml"].duets)
+    # the loop itself, shortened: every side writes harness rows
+    raw = {
+        **loop.raw,
+        "duetbench": {
+            **loop.raw["duetbench"],
+            "duet_repetitions": 1,
+            "sequential_repetitions": 0,
+            "syncduet_repetitions": 1,
+            "harness": {"iterations": 2},
+            "duets": ["loop-plus-2pct"],
+        },
+    }
+    result = run_suite(validate_duet_config(raw, "cpu-loop"), tmp_path)
+    assert not result.failed and len(result.trials) == 2
+    assert all(len(s.results) == 1 for t in result.trials for s in t.sides.values())
