@@ -47,6 +47,8 @@ from kernmlops.duet.process import process_dirs  # noqa: E402
 from kernmlops.duet.runner import run_suite  # noqa: E402
 from results_io import save  # noqa: E402
 
+KINDS = ("duet", "sequential")
+
 LOOP_C = r"""
 #include <stdlib.h>
 int main(int argc, char **argv) {
@@ -76,7 +78,7 @@ def experiment(loop: Path, out: Path, n: int, extra: float, args: argparse.Names
             "suite": out.name,
             "seed": seed,
             "duet_repetitions": args.runs,
-            "sequential_repetitions": args.runs // 2,
+            "sequential_repetitions": args.runs // 2 if args.sequential else 0,
             "schedule": "randomized_interleaving_trials",
             "harness": {"budget_s": args.run_s},
             "duets": ["loop"],
@@ -91,8 +93,8 @@ def experiment(loop: Path, out: Path, n: int, extra: float, args: argparse.Names
     table = process_dirs([result.folder]).results
     analysis = analyze(table, Options(warmup=args.warmup, resamples=args.resamples))
     [bench] = analysis.benchmarks
-    row: dict = {"seed": seed, "extra": extra, "wall_s": round(wall, 1)}
-    for kind in ("duet", "sequential"):
+    row: dict = {"seed": seed, "extra": extra, "wall_s": round(wall, 1), "load": os.getloadavg()[0]}
+    for kind in KINDS if args.sequential else ("duet",):
         c = bench.comparisons[kind]
         row[kind] = {
             "detected": c.detected,
@@ -104,6 +106,7 @@ def experiment(loop: Path, out: Path, n: int, extra: float, args: argparse.Names
             "pairs": c.n_pairs,
             "iterations": c.n_a + c.n_b,
             "mean_a_ms": c.mean_a_ns / 1e6,
+            "original_detected": c.original.detected if c.original is not None else None,
         }
     if not args.keep:
         shutil.rmtree(result.folder, ignore_errors=True)
@@ -134,11 +137,14 @@ def main() -> None:
     parser.add_argument("--resamples", type=int, default=2000)
     parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
                         help="pin the sides to CPUs 0 and 1 (AB/BA swap them)")  # fmt: skip
+    parser.add_argument("--sequential", action=argparse.BooleanOptionalAction, default=True,
+                        help="also run A alone and B alone (half the time goes there)")  # fmt: skip
     parser.add_argument("--keep", action="store_true", help="keep the suites' folders")
     parser.add_argument("--out", type=Path, default=BENCH / "results" / "duet.json")
     args = parser.parse_args()
     if args.runs < 10:
         sys.exit("--runs must be at least 10 (sequential gets runs/2 >= 5 repetitions)")
+    kinds = KINDS if args.sequential else ("duet",)
     work = Path(tempfile.mkdtemp(prefix="kmo-bench-duet-"))
     loop = build_loop(work)
     rows = []
@@ -149,11 +155,15 @@ def main() -> None:
         row = experiment(loop, work / f"exp{seed}", args.n, extra, args, seed)
         load.append(os.getloadavg()[0])
         rows.append(row)
-        d, s = row["duet"], row["sequential"]
+        parts = [
+            f"{k} {row[k]['detected']} ratio {row[k]['gm_ratio']:.4f} MDS {row[k]['mds']} "
+            f"(original: {row[k]['original_detected']})"
+            for k in kinds
+        ]
         print(
-            f"extra {extra:.0%} seed {seed}: duet {d['detected']} ratio {d['gm_ratio']:.4f} "
-            f"MDS {d['mds']}; sequential {s['detected']} ratio {s['gm_ratio']:.4f} "
-            f"MDS {s['mds']} ({row['wall_s']} s)",
+            f"extra {extra:.0%} seed {seed}: "
+            + "; ".join(parts)
+            + f" ({row['wall_s']} s, load {row['load']:.1f})",
             flush=True,
         )
     if args.keep:
@@ -170,13 +180,15 @@ def main() -> None:
     }
     aa = [r for r in rows if r["extra"] == 0]
     real = [r for r in rows if r["extra"] > 0]
-    for kind in ("duet", "sequential"):
+    for kind in kinds:
         fp = sum(r[kind]["detected"] != "none" for r in aa)
+        fp_original = sum(r[kind]["original_detected"] not in ("none", "unknown") for r in aa)
         mds = [r[kind]["mds"] for r in aa]
         k = {
             "aa_experiments": len(aa),
             "false_positives": fp,
             "false_positive_rate": fp / len(aa) if aa else None,
+            "original_method_false_positives": fp_original,
             "mds": mds,
             "mds_summary": _mds_text(mds),
             "iterations_per_experiment": (

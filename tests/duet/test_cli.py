@@ -21,7 +21,7 @@ duetbench:
   duets: [sleepy]
 sleepy:
   A: {{run: sleep 0.01}}
-  B: {{run: sleep 0.02}}
+  B: {{run: sleep 0.05}}
 """
 
 
@@ -44,7 +44,7 @@ def test_run_process_analyze(tmp_path: Path):
 
     res = runner.invoke(duet_group, ["analyze", str(out), "--warmup", "1", "--min-runs", "3"])
     assert res.exit_code == 0, res.output
-    # B sleeps twice as long (plus the same start-up cost): every comparison sees it
+    # B sleeps five times as long (plus the same start-up cost): every comparison sees it
     assert f"cli-{os.getpid()} sleepy [duet]: B is slower than A by" in res.output
     assert "[sequential]: B is slower than A by" in res.output
     report = out / "report"

@@ -99,7 +99,7 @@ def test_harness_adds_its_output_to_results(tmp_path: Path):
          "duetbench.duets: duet 'scrabble' is listed twice"),
         (BASE.replace("  timeout: 600", "  timeout: -1"),
          "duetbench.timeout: Input should be greater than or equal to 0"),
-        (BASE.replace("  suite: renaissance\n", ""), "duetbench.suite: required"),
+        (BASE.replace("  suite: renaissance\n", ""), "duetbench.name: required"),
         (BASE.replace("  results: [results.json]\n", ""),
          "scrabble.A.results: no result files and no harness: nothing to measure"),
     ],
@@ -184,3 +184,32 @@ def test_the_example_config_validates():
     suite = load_duet_config(example)
     assert [d.name for d in suite.duets] == ["gzip-levels", "gzip-aa"]
     assert suite.duets[1].aa and suite.duets[0].cpus == (frozenset({0}), frozenset({1}))
+
+
+def test_ready_made_configs_load_and_the_cpu_loop_runs(tmp_path: Path):
+    from importlib.resources import files
+
+    from kernmlops.duet.runner import run_suite
+
+    folder = files("kernmlops.duet") / "configs"
+    names = sorted(p.name for p in folder.iterdir() if p.name.endswith(".duet.yml"))
+    assert names == ["cpu-loop.duet.yml", "pyperformance.duet.yml"]
+    suites = {n: load_duet_config(Path(str(folder / n))) for n in names}
+    loop = suites["cpu-loop.duet.yml"]
+    assert [(d.name, d.aa) for d in loop.duets] == [("loop-aa", True), ("loop-plus-2pct", False)]
+    assert all(d.b.results for d in suites["pyperformance.duet.yml"].duets)
+    # the loop itself, shortened: every side writes harness rows
+    raw = {
+        **loop.raw,
+        "duetbench": {
+            **loop.raw["duetbench"],
+            "duet_repetitions": 1,
+            "sequential_repetitions": 0,
+            "syncduet_repetitions": 1,
+            "harness": {"iterations": 2},
+            "duets": ["loop-plus-2pct"],
+        },
+    }
+    result = run_suite(validate_duet_config(raw, "cpu-loop"), tmp_path)
+    assert not result.failed and len(result.trials) == 2
+    assert all(len(s.results) == 1 for t in result.trials for s in t.sides.values())

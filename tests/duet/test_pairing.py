@@ -103,4 +103,7 @@ def test_pairs_are_weighted_by_their_overlap():
     c = compare([run], "duet", False, Options(min_overlap=0.3, mds=False, resamples=200))
     want = np.exp((10 * np.log(16 / 10) + 6 * np.log(16 / 12)) / 16)
     assert c.n_pairs == 2 and c.gm_ratio == pytest.approx(want)
-    assert c.mean_diff_ns == pytest.approx((10 * 6 + 6 * 4) / 16)
+    # the run's own mean difference is weighted the same way
+    assert c.runs["mean_diff_ns"][0] == pytest.approx((10 * 6 + 6 * 4) / 16)
+    # the reported B - A is the ratio times A's mean, so it agrees with the ratio's CI
+    assert c.mean_diff_ns == pytest.approx(11 * (want - 1))

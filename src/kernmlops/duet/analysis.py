@@ -3,7 +3,10 @@
 The method, step by step (every choice is an option of ``Options``):
 
 1. **Warm-up**: the first iterations of each side of each run are dropped
-   (``warmup``: a count, or a percentage of the side's iterations).
+   (``warmup``: a count, or a percentage of the side's iterations). The
+   default, ``auto``, is the original tool's choice per suite: half of the
+   iterations of the Java suites (renaissance, dacapo, scalabench, or any
+   file read by the Renaissance or DaCapo parser), none elsewhere.
 2. **Pairing** (duet and sync-duet runs): an A iteration and a B iteration of
    the same run are a pair when they overlap in time by at least
    ``min_overlap`` of the *longer* of the two::
@@ -41,8 +44,14 @@ The method, step by step (every choice is an option of ``Options``):
    ``t(n-k) / z * sqrt(m / (m - 1))`` (n values in k strata of m; ``expand``;
    1.31 for 10 runs in 2 orders, 1.22 for 10 runs in one, 1.06 for 30).
 5. **Verdict**: B is slower (faster) when the CI of the geometric-mean ratio
-   lies above (below) 1. Mann-Whitney U on all iterations is reported beside
-   it. For an A/A duet the verdict says whether the setup itself is biased.
+   lies above (below) 1. The difference B - A is reported as that ratio and
+   its CI times A's mean iteration time, so its interval says what the verdict
+   says (a difference interval bootstrapped on its own can contain 0 beside a
+   ratio interval that excludes 1). Mann-Whitney U on all iterations is
+   reported beside it. For an A/A duet the verdict says whether the setup
+   itself is biased. The original tool's analysis of the same rows
+   (kernmlops.duet.original) is computed beside ours; ``method`` says which
+   of the two verdicts leads.
 6. **Minimum detectable slowdown**: B's iterations are made 0-15 % slower,
    later iterations shifted by the added time (so what overlaps changes), the
    runs are re-paired and re-tested; the MDS is the smallest slowdown on the
@@ -65,9 +74,14 @@ from scipy import stats
 RUN_KEYS = ("suite", "benchmark", "kind", "runid", "order")
 
 
+METHODS = ("kernmlops", "original")
+JAVA_SUITES = ("renaissance", "dacapo", "scalabench")
+JAVA_PARSERS = ("renaissance", "dacapo")
+
+
 @dataclass(frozen=True)
 class Options:
-    warmup: str = "10%"
+    warmup: str = "auto"
     min_overlap: float = 0.4
     confidence: float = 0.95
     resamples: int = 2000
@@ -77,9 +91,13 @@ class Options:
     max_slowdown: float = 0.15
     slowdown_step: float = 0.0025
     mds: bool = True
+    method: str = "kernmlops"
 
     def __post_init__(self) -> None:
-        parse_warmup(self.warmup)
+        if self.method not in METHODS:
+            raise ValueError(f"method {self.method!r}: one of {', '.join(METHODS)}")
+        if str(self.warmup).strip() != "auto":
+            parse_warmup(self.warmup)
         if not 0 < self.min_overlap <= 1:
             raise ValueError("min_overlap must be in (0, 1]")
         if not 0.5 < self.confidence < 1:
@@ -104,8 +122,22 @@ def parse_warmup(text: str | int) -> tuple[int, float]:
     raise ValueError(f"warm-up {s!r}: a count (3) or a percentage (10%)")
 
 
-def after_warmup(warmup: str | int) -> pl.Expr:
-    """True for the iterations kept: each side's first ones in each run are not."""
+def java_rows(columns: list[str]) -> pl.Expr:
+    """Rows of a Java suite (the original's warm-up applies to them)."""
+    java = pl.col("suite").is_in(list(JAVA_SUITES))
+    if "parser" in columns:
+        java = java | pl.col("parser").fill_null("").is_in(list(JAVA_PARSERS))
+    return java
+
+
+def after_warmup(warmup: str | int, columns: list[str] | None = None) -> pl.Expr:
+    """True for the iterations kept: each side's first ones in each run are not.
+    ``auto``: half of each side's iterations for the Java suites, none else."""
+    if str(warmup).strip() == "auto":
+        keys = [*RUN_KEYS, "pair"]
+        rank = pl.col("iteration").rank("ordinal").over(keys) - 1
+        half = (pl.len().over(keys) * 0.5).floor()
+        return ~java_rows(columns or []) | (rank >= half)
     count, frac = parse_warmup(warmup)
     if not count and not frac:
         return pl.lit(True)
@@ -117,7 +149,7 @@ def after_warmup(warmup: str | int) -> pl.Expr:
 
 def drop_warmup(df: pl.DataFrame, warmup: str | int) -> pl.DataFrame:
     """Drop each side's first iterations in each run."""
-    return df.filter(after_warmup(warmup))
+    return df.filter(after_warmup(warmup, df.columns))
 
 
 # --- pairing --------------------------------------------------------------------
@@ -316,6 +348,7 @@ class Comparison:
     notes: list[str] = field(default_factory=list)
     runs: pl.DataFrame | None = None
     pairs: pl.DataFrame | None = None
+    original: Any = None  # kernmlops.duet.original.OriginalResult
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -330,6 +363,7 @@ class Comparison:
             "mean_b_ns": self.mean_b_ns,
             "mean_diff_ns": self.mean_diff_ns,
             "diff_ci_ns": self.diff_ci.as_list() if self.diff_ci else None,
+            "diff_note": "B - A: the ratio and its CI times A's mean iteration time",
             "gm_ratio": self.gm_ratio,
             "ratio_ci": self.ratio_ci.as_list() if self.ratio_ci else None,
             "mann_whitney_p": self.mwu_p,
@@ -338,6 +372,7 @@ class Comparison:
             "mds": self.mds,
             "mds_note": self.mds_note,
             "notes": self.notes,
+            "original": self.original.summary() if self.original is not None else None,
         }
 
 
@@ -432,7 +467,7 @@ def _duet_ci(
         g = np.array([_weighted_mean(logs[i], weights[i]) for i in used])
         orders = [runs[i].key[4] for i in used]
         d_strata, g_strata = _strata(d, orders), _strata(g, orders)
-        dci = bootstrap_ci(d_strata, opts, rng)
+        dci = None  # the difference's CI follows from the ratio's (see compare)
         gci = bootstrap_ci(g_strata, opts, rng)
         mean_d, mean_g = float(_mean_of_means(*d_strata)), float(_mean_of_means(*g_strata))
     elif used:
@@ -440,7 +475,7 @@ def _duet_ci(
         d = np.concatenate([diffs[i] for i in used])
         g = np.concatenate([logs[i] for i in used])
         w = np.concatenate([weights[i] for i in used])
-        dci = weighted_ci(d, w, opts, rng)
+        dci = None
         gci = weighted_ci(g, w, opts, rng)
         mean_d, mean_g = float(_weighted_mean(d, w)), float(_weighted_mean(g, w))
     else:
@@ -457,7 +492,7 @@ def _seq_ci(
         unit = "run"
         d = np.array([r.b_time.mean() - r.a_time.mean() for r in both])
         g = np.array([np.log(r.b_time).mean() - np.log(r.a_time).mean() for r in both])
-        dci = bootstrap_ci((d,), opts, rng)
+        dci = None
         gci = bootstrap_ci((g,), opts, rng)
         mean_d, mean_g = float(d.mean()), float(g.mean())
     else:
@@ -466,7 +501,7 @@ def _seq_ci(
         b = np.concatenate([r.b_time for r in runs]).astype(float) if runs else np.zeros(0)
         if not len(a) or not len(b):
             return unit, len(both), None, None, None, None
-        dci = bootstrap_ci((a, b), opts, rng, difference=True)
+        dci = None
         gci = bootstrap_ci((np.log(a), np.log(b)), opts, rng, difference=True)
         mean_d, mean_g = float(b.mean() - a.mean()), float(np.log(b).mean() - np.log(a).mean())
     rci = Interval(math.exp(gci.low), math.exp(gci.high)) if gci else None
@@ -500,6 +535,11 @@ def compare(runs: list[Run], kind: str, aa: bool, opts: Options) -> Comparison:
     if len(a_all) and len(b_all):
         mwu_p = float(stats.mannwhitneyu(a_all, b_all, alternative="two-sided").pvalue)
     detected = _detected(rci)
+    mean_a = float(a_all.mean()) if len(a_all) else math.nan
+    if ratio is not None and math.isfinite(mean_a):
+        # B - A as the ratio times A's mean: its interval agrees with the verdict
+        mean_d = mean_a * (ratio - 1)
+        dci = Interval(mean_a * (rci.low - 1), mean_a * (rci.high - 1)) if rci else None
     cmp = Comparison(
         kind=kind,
         aa=aa,
@@ -600,7 +640,7 @@ def _pairs_frame(runs: list[Run], opts: Options) -> pl.DataFrame:
 # --- whole tables -----------------------------------------------------------------
 def build_runs(df: pl.DataFrame, warmup: str) -> dict[tuple[str, str, str], list[Run]]:
     """{(suite, benchmark, kind): [Run, ...]} from a results table."""
-    full = df.with_columns(after_warmup(warmup).alias("_kept"))
+    full = df.with_columns(after_warmup(warmup, df.columns).alias("_kept"))
     out: dict[tuple[str, str, str], list[Run]] = {}
     if full.height == 0:
         return out
@@ -665,7 +705,10 @@ class Analysis:
 
 
 def analyze(df: pl.DataFrame, opts: Options | None = None) -> Analysis:
-    """Every benchmark of a results table, each kind of run compared."""
+    """Every benchmark of a results table, each kind of run compared, by our
+    method and by the original tool's (``Comparison.original``)."""
+    from kernmlops.duet.original import compare_original, original_warmup
+
     opts = opts or Options()
     warns: list[str] = []
     bad = df.filter(pl.col("iteration_start_ns").is_null() & (pl.col("kind") != "sequential"))
@@ -681,4 +724,16 @@ def analyze(df: pl.DataFrame, opts: Options | None = None) -> Analysis:
         aa = aa_of.get((suite, bench), False)
         res = results.setdefault((suite, bench), BenchmarkResult(suite, bench, aa, {}))
         res.comparisons[kind] = compare(runs, kind, aa, opts)
+    kept = original_warmup(df)
+    for b in results.values():
+        for kind, c in b.comparisons.items():
+            rows = kept.filter(
+                (pl.col("suite") == b.suite)
+                & (pl.col("benchmark") == b.benchmark)
+                & (pl.col("kind") == kind)
+            )
+            c.original = compare_original(
+                rows, kind, b.aa, min_overlap=opts.min_overlap, confidence=opts.confidence,
+                seed=opts.seed,
+            )  # fmt: skip
     return Analysis(opts, list(results.values()), warns)

@@ -42,10 +42,44 @@ def duet_group() -> None:
     help="run the kernel collector during each trial (root): kernel figures per side",
 )
 @click.option("--seed", type=int, help="override duetbench.seed (randomized schedule)")
+@click.option(
+    "--docker",
+    "-d",
+    "engine",
+    metavar="ENGINE",
+    help="container engine for sides with an image: docker or podman (overrides the config)",
+)
+@click.option(
+    "--verbose",
+    "-v",
+    is_flag=True,
+    help="print each side's command, pid, CPUs and exit, and its output's last lines "
+    "(also duetbench.verbose)",
+)
+@click.option(
+    "--layout",
+    type=click.Choice(["kernmlops", "original"]),
+    default="kernmlops",
+    show_default=True,
+    help="original: result files in the suite folder itself, beside artifacts/, where the "
+    "original tool's process.py looks for them",
+)
 def run_cmd(
-    configs: tuple[Path, ...], outdir: Path, force: bool, collect: bool, seed: int | None
+    configs: tuple[Path, ...],
+    outdir: Path,
+    force: bool,
+    collect: bool,
+    seed: int | None,
+    engine: str | None,
+    verbose: bool,
+    layout: str,
 ) -> None:
     """Run every trial of each CONFIG (asynchronous-duet duet.yml form).
+
+    Result files are named as the original names them
+    (<suite>.<duet>.<runid>.<duet|syncduet|seqn>.<AB|BA|None>.<A|B>.<file>).
+    In sync-duet trials, $$ in syncduet_run_base becomes one barrier name that
+    both sides share (the barrier of java-ubench-agent, created by the runner).
 
     A side that fails or times out is reported and the next trial runs; the
     exit status is 1 when any trial did not succeed.
@@ -53,7 +87,10 @@ def run_cmd(
     from dataclasses import replace
 
     from kernmlops.duet.config import load_duet_config
-    from kernmlops.duet.runner import run_suite
+    from kernmlops.duet.runner import run_suite, suite_folder
+
+    def result_folder(suite) -> Path:
+        return suite_folder(outdir, suite)
 
     def on_term(_signum: int, _frame: object) -> None:
         raise KeyboardInterrupt  # stop the running sides, keep what was run
@@ -63,6 +100,8 @@ def run_cmd(
         suites = [load_duet_config(c) for c in configs]  # every config checked before any run
         if seed is not None:
             suites = [replace(s, seed=seed) for s in suites]
+        if engine is not None:
+            suites = [replace(s, engine=engine) for s in suites]
         names = [s.suite for s in suites]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
@@ -75,8 +114,17 @@ def run_cmd(
         failed = 0
         for suite in suites:
             console.print(f"suite [bold]{suite.suite}[/] ({suite.source})", markup=True)
+            loud = verbose or suite.verbose
+            folder = result_folder(suite)
 
-            def on_trial(n: int, total: int, trial, rec) -> None:
+            def on_trial(
+                n: int,
+                total: int,
+                trial,
+                rec,
+                loud: bool = loud,
+                folder: Path = folder,
+            ) -> None:
                 what = f"{trial.duet} {trial.kind} run {trial.runid} " + (
                     trial.order or f"({trial.pair} alone)"
                 )
@@ -89,8 +137,14 @@ def run_cmd(
                 )
                 mark = "ok" if rec.ok else "[yellow]FAILED[/]"
                 console.print(f"      {mark} in {rec.duration_s:.1f} s: {sides}", markup=True)
+                for w in rec.warnings:
+                    console.print(f"      [yellow]warning:[/] {w}", markup=True)
+                if loud:
+                    _details(rec, folder)
 
-            result = run_suite(suite, outdir, force=force, collect=collector, on_trial=on_trial)
+            result = run_suite(
+                suite, outdir, force=force, collect=collector, on_trial=on_trial, layout=layout
+            )
             failed += len(result.failed)
             console.print(f"-> {result.folder}")
     except KernmlopsError as err:
@@ -107,6 +161,27 @@ def run_cmd(
         sys.exit(1)
 
 
+def _details(rec, folder: Path) -> None:
+    """--verbose: what each side ran and said."""
+    if rec.sync:
+        console.print(f"      sync: {rec.sync}", markup=False)
+    for pair, side in rec.sides.items():
+        cpus = f" on CPUs {side.cpus}" if side.cpus else ""
+        console.print(
+            f"      {pair}: pid {side.pid}{cpus}, exit {side.exit_code}: {side.command}",
+            markup=False,
+        )
+        for stream in (side.stdout, side.stderr):
+            if not stream:
+                continue
+            try:
+                lines = (folder / stream).read_text(errors="replace").splitlines()[-5:]
+            except OSError:
+                continue
+            for line in lines:
+                console.print(f"        {Path(stream).suffix[1:]}> {line}", markup=False)
+
+
 @duet_group.command("process")
 @click.argument(
     "folders", nargs=-1, required=True, type=click.Path(file_okay=False, path_type=Path)
@@ -117,13 +192,47 @@ def run_cmd(
     type=click.Path(file_okay=False, path_type=Path),
     help="where duet-results.parquet/.csv go (default: the one FOLDER)",
 )
-def process_cmd(folders: tuple[Path, ...], out: Path | None) -> None:
+@click.option(
+    "--json", "as_json", is_flag=True, help="also write duet-results.json (one object per row)"
+)
+@click.option(
+    "--original",
+    is_flag=True,
+    help="also write duet-results.original.csv (and .json with --json) in the original "
+    "tool's columns (type, order, date, hostname, ...) for its analysis",
+)
+@click.option(
+    "--aa",
+    "aa",
+    multiple=True,
+    metavar="BENCHMARK",
+    help="this benchmark is an A/A duet (original-named folders do not say; repeatable)",
+)
+@click.option(
+    "--config",
+    "configs",
+    multiple=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="the duet.yml the results came from: its duets without B are A/A (repeatable)",
+)
+def process_cmd(
+    folders: tuple[Path, ...],
+    out: Path | None,
+    as_json: bool,
+    original: bool,
+    aa: tuple[str, ...],
+    configs: tuple[Path, ...],
+) -> None:
     """Parse every result file under FOLDERS into one table (Parquet and CSV).
 
-    Parsers: the built-in harness, Renaissance JSON, DaCapo/ScalaBench CSV,
+    A FOLDER is a `duet run` folder, or an original asynchronous-duet results
+    folder (files named <suite>.<duet>.<runid>.<type>.<order>.<pair>.<file>,
+    artifacts/ beside them). Parsers: the built-in harness, Renaissance JSON,
+    DaCapo/ScalaBench CSV (start_unix, or total_ms anchored on artifacts/date),
     SPEC CPU logs, pyperf JSON, hyperfine JSON. A file none of them reads is
     named with the reason; the others are still processed.
     """
+    from kernmlops.duet.config import load_duet_config
     from kernmlops.duet.process import process_dirs, write_processed
 
     try:
@@ -131,12 +240,15 @@ def process_cmd(folders: tuple[Path, ...], out: Path | None) -> None:
             if len(folders) > 1:
                 raise click.UsageError("several folders: say where the table goes with --out")
             out = folders[0]
-        processed = process_dirs(list(folders))
+        names = set(aa)
+        for cfg in configs:
+            names |= {d.name for d in load_duet_config(cfg).duets if d.aa}
+        processed = process_dirs(list(folders), frozenset(names))
         for err in processed.errors:
             console.print(f"[yellow]warning:[/] {err}", markup=True)
         if processed.results.height == 0:
             raise KernmlopsError(f"no iterations in {processed.files} result file(s)")
-        written = write_processed(processed, out)
+        written = write_processed(processed, out, json=as_json, original=original)
     except KernmlopsError as err:
         fail(err)
     r = processed.results
@@ -157,9 +269,26 @@ def process_cmd(folders: tuple[Path, ...], out: Path | None) -> None:
 )
 @click.option(
     "--warmup",
-    default="10%",
+    default="auto",
     show_default=True,
-    help="iterations dropped per side and run: a count (5) or a share (10%)",
+    help="iterations dropped per side and run: a count (5), a share (10%), or auto: half "
+    "for the Java suites (renaissance, dacapo, scalabench), none for others, as the original",
+)
+@click.option(
+    "--method",
+    type=click.Choice(["kernmlops", "original"]),
+    default="kernmlops",
+    show_default=True,
+    help="whose verdicts to print: ours (overlap-weighted log ratios, stratified and widened "
+    "BCa over runs) or the original tool's (plain per-run means of A - B, BCa over runs, "
+    "9,999 resamples, its warm-up); the report shows both side by side",
+)
+@click.option(
+    "--aa",
+    "aa",
+    multiple=True,
+    metavar="BENCHMARK",
+    help="treat this benchmark as an A/A duet (repeatable)",
 )
 @click.option(
     "--min-overlap",
@@ -189,9 +318,14 @@ def analyze_cmd(
     min_runs: int,
     no_mds: bool,
     seed: int,
+    method: str,
+    aa: tuple[str, ...],
 ) -> None:
     """Verdicts with confidence intervals and a report for RESULTS (the folder or
-    file `duet process` wrote)."""
+    file `duet process` wrote, or the CSV/JSON the original tool's process.py
+    wrote)."""
+    import polars as pl
+
     from kernmlops.duet.analysis import Options, analyze
     from kernmlops.duet.process import read_results
     from kernmlops.duet.report import write_report
@@ -206,12 +340,18 @@ def analyze_cmd(
                 min_runs=min_runs,
                 mds=not no_mds,
                 seed=seed,
+                method=method,
             )
         except ValueError as err:
             raise click.BadParameter(str(err)) from None
         table, kernel = read_results(results)
         if table.height == 0:
             raise KernmlopsError(f"{results}: the results table is empty")
+        if aa:
+            table = table.with_columns(
+                pl.when(pl.col("benchmark").is_in(list(aa))).then(True).otherwise(pl.col("aa"))
+                .alias("aa")
+            )  # fmt: skip
         analysis = analyze(table, opts)
         folder = out or (results if results.is_dir() else results.parent) / "report"
         files = write_report(analysis, table, folder, kernel)
@@ -219,6 +359,10 @@ def analyze_cmd(
         fail(err)
     for b in analysis.benchmarks:
         for kind, c in sorted(b.comparisons.items()):
+            if method == "original":
+                verdict = c.original.verdict if c.original is not None else "no verdict"
+                click.echo(f"{b.suite} {b.benchmark} [{kind}] (original): {verdict}")
+                continue
             mds = f"; MDS {c.mds * 100:.2f}%" if c.mds is not None else ""
             click.echo(f"{b.suite} {b.benchmark} [{kind}]: {c.verdict}{mds}")
     for w in analysis.warnings:

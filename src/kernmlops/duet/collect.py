@@ -59,11 +59,14 @@ class Collector:
         self.hooks = hooks
         self.bpf_dir = bpf_dir
 
-    def run_trial(self, trial: Trial, suite: DuetSuite, folder: Path) -> TrialRecord:
+    def run_trial(
+        self, trial: Trial, suite: DuetSuite, folder: Path, layout: str = "kernmlops"
+    ) -> TrialRecord:
         from kernmlops.collect.session import Session
         from kernmlops.config import load_config
 
-        label = trial.label(suite.suite) + (f".{trial.pair}" if trial.pair else "")
+        duet_suite = next(d.suite for d in suite.duets if d.name == trial.duet)
+        label = trial.label(duet_suite) + (f".{trial.pair}" if trial.pair else "")
         work = folder / "work"
         work.mkdir(parents=True, exist_ok=True)
         spec, out = work / f"{label}.spec.json", work / f"{label}.record.json"
@@ -74,6 +77,7 @@ class Collector:
                     "source": suite.source,
                     "trial": asdict(trial),
                     "folder": str(folder),
+                    "layout": layout,
                 },
                 default=str,
             )
@@ -103,7 +107,7 @@ class Collector:
             rec = TrialRecord.from_dict(json.loads(out.read_text()))
         else:  # the trial process died: record it, keep the collection
             rec = TrialRecord(
-                label=label, suite=suite.suite, benchmark=trial.duet, kind=trial.kind,
+                label=label, suite=duet_suite, benchmark=trial.duet, kind=trial.kind,
                 runid=trial.runid, order=trial.order, aa=False, timeout_s=None,
                 started_at=result.started_at.isoformat(),
                 sides={p: SideRecord(p, "", None, status="error",

@@ -300,13 +300,17 @@ def validate_duet_config(data: Any, source: str | None = None) -> DuetSuite:
     except ValidationError as err:
         errors += [_describe(e, ("duetbench",), DuetBenchSection) for e in err.errors()]
     sections: dict[str, DuetSection] = {}
+    raw_duets = (
+        (data["duetbench"] or {}).get("duets") if isinstance(data["duetbench"], dict) else None
+    )
+    listed = {str(n) for n in raw_duets} if isinstance(raw_duets, list) else set()
     for key, value in data.items():
-        if key == "duetbench":
+        # Sections no duet lists (YAML anchor blocks, notes) are not ours to
+        # judge: the original tool ignores them too.
+        if key == "duetbench" or key not in listed:
             continue
         if not isinstance(value, dict):
-            listed = bench is not None and key in bench.duets
-            what = "a duet section (a mapping with A and optional B)"
-            errors.append(f"{key}: expected {what}" + ("" if listed else "; unknown top-level key"))
+            errors.append(f"{key}: expected a duet section (a mapping with A and optional B)")
             continue
         try:
             sections[key] = DuetSection.model_validate(value)
@@ -318,13 +322,16 @@ def validate_duet_config(data: Any, source: str | None = None) -> DuetSuite:
                 near = difflib.get_close_matches(name, [k for k in data if k != "duetbench"], n=1)
                 hint = f"; did you mean {near[0]!r}?" if near else ""
                 errors.append(f"duetbench.duets: no section for duet {name!r}{hint}")
-        if bench.suite is None and bench.name is None:
-            errors.append("duetbench.suite: required (the suite's name)")
+        own = all(isinstance(data.get(n), dict) and data[n].get("suite") for n in bench.duets)
+        if bench.suite is None and bench.name is None and not own:
+            errors.append("duetbench.name: required (the suite's name; or give suite)")
     if errors or bench is None:
         raise ConfigError(
             f"invalid duet configuration{where}:\n" + "\n".join(f"  - {e}" for e in errors)
         )
-    suite = bench.suite or bench.name or ""
+    # The run's folder is named by the suite (or the config's name); a duet's
+    # own suite names its result files and its rows, as in the original.
+    suite = bench.suite or bench.name or (Path(source).name.split(".")[0] if source else "duet")
     duets = []
     for name in bench.duets:
         sec = sections[name]

@@ -21,6 +21,12 @@ line from the FIFO ``<dir>/go``: ``go`` runs the iteration, ``stop`` or end of
 file ends the run. The duet runner answers ``go`` to both sides once both are
 ready, so their iterations start together.
 
+The harness also speaks asynchronous-duet's barrier (``--barrier NAME``, as
+the Java agent's ``--iteration-barrier``): it waits on the shared-memory
+barrier NAME before each iteration (kernmlops.duet.barrier), so a sync-duet
+config written for the original (``syncduet_run_base: ... --barrier $$``) runs
+with it unchanged.
+
 A failing iteration (non-zero exit) is recorded and ends the run; the harness
 then exits with that status.
 """
@@ -100,6 +106,7 @@ def run_harness(
     budget_s: float | None = None,
     output: str | None = None,
     sync: str | None = None,
+    barrier: str | None = None,
     quiet: bool = False,
 ) -> int:
     """Run ``argv`` repeatedly; return the exit status for the harness."""
@@ -109,6 +116,11 @@ def run_harness(
         raise ValueError("give --iterations, --budget or both")
     writer = _Writer(output)
     client = SyncClient(sync) if sync else None
+    shared = None
+    if barrier:
+        from kernmlops.duet.barrier import BarrierClient
+
+        shared = BarrierClient(barrier)
     child: subprocess.Popen[bytes] | None = None
     stopping: list[int] = []
 
@@ -130,6 +142,8 @@ def run_harness(
                 break
             if client is not None and not client.wait(i):
                 break
+            if shared is not None:
+                shared.wait()
             epoch_ms = time.time_ns() // 1_000_000
             start = time.monotonic_ns()
             try:
@@ -151,6 +165,8 @@ def run_harness(
         writer.close()
         if client is not None:
             client.close()
+        if shared is not None:
+            shared.close()
         for s, h in old.items():
             signal.signal(s, h)
     if stopping:
@@ -169,6 +185,10 @@ def main(args: list[str] | None = None) -> int:
     parser.add_argument(
         "--sync", help=f"sync-duet folder with ready/go FIFOs (default: ${SYNC_ENV})"
     )
+    parser.add_argument(
+        "--barrier",
+        help="wait on this asynchronous-duet barrier (shared memory) before each iteration",
+    )
     parser.add_argument("--quiet", "-q", action="store_true", help="discard the command's stdout")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARG...")
     ns = parser.parse_args(args)
@@ -182,12 +202,19 @@ def main(args: list[str] | None = None) -> int:
     if ns.budget is not None and ns.budget <= 0:
         parser.error("--budget must be positive")
     sync = ns.sync or os.environ.get(SYNC_ENV) or None
+    if ns.barrier:
+        from kernmlops.duet.barrier import barrier_path
+
+        if not barrier_path(ns.barrier).exists():
+            parser.error(f"no barrier {ns.barrier!r} ({barrier_path(ns.barrier)} does not exist)")
+        sync = None  # the barrier syncs the sides
     return run_harness(
         command,
         iterations=ns.iterations,
         budget_s=ns.budget,
         output=ns.output,
         sync=sync,
+        barrier=ns.barrier,
         quiet=ns.quiet,
     )
 

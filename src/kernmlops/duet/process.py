@@ -12,8 +12,15 @@ CPU count, meminfo's MemTotal; the whole text stays in ``artifacts/``):
 A folder is a ``duet run`` suite folder (with ``duet-run.json``), a folder
 holding such folders, or a folder of result files named as the original
 asynchronous-duet tool names them (``<suite>.<benchmark>.<runid>.<type>.
-<order>.<pair>.<file>``, type seqn | duet | syncduet). A file no parser reads
-is reported with the reason; the others are still processed.
+<order>.<pair>.<file>``, type seqn | duet | syncduet), with its
+``artifacts/`` (``date`` anchors older DaCapo/ScalaBench files, as the original
+anchors them). Which duets are A/A cannot be told from such names: say so with
+``aa`` (benchmark names) or give the config (a duet without B is A/A). A file
+no parser reads is reported with the reason; the others are still processed.
+
+``read_results`` also reads the CSV or JSON that the original's ``process.py``
+writes (column ``type`` instead of ``kind``), and ``write_processed`` can write
+the table in that form (``original=True``) for the original's analysis.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from typing import Any
 import polars as pl
 
 from kernmlops.duet.parsers import Anchor, ParseError, parse_file
-from kernmlops.duet.runner import INDEX, DuetError, read_index
+from kernmlops.duet.runner import FILE_KIND, INDEX, DuetError, read_index
 
 RESULTS_NAME = "duet-results"
 KERNEL_NAME = "duet-kernel"
@@ -150,25 +157,44 @@ def process_suite(folder: Path) -> Processed:
     return Processed(_concat(frames), kernel, errors, files)
 
 
-def process_original(folder: Path) -> Processed:
+def date_ns(text: str) -> int | None:
+    """The ``date`` artifact (``date``'s output, or ISO 8601) as Unix ns; a
+    time without a zone is read as UTC, as the original's pandas reads it."""
+    from datetime import UTC
+
+    from dateutil import parser as dateparser
+
+    try:
+        when = dateparser.parse(text.strip())
+    except (ValueError, OverflowError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return int(when.timestamp()) * 1_000_000_000 + when.microsecond * 1000
+
+
+def process_original(folder: Path, aa: frozenset[str] = frozenset()) -> Processed:
     """A folder of result files named by the original asynchronous-duet tool."""
     frames, errors, files = [], [], 0
     art_dir = folder / "artifacts"
     artifacts = (
         {
             f"artifact_{p.name}": artifact_value(p.name, p.read_text(errors="replace"))
-            for p in art_dir.iterdir()
+            for p in sorted(art_dir.iterdir())
+            if p.is_file()
         }
         if art_dir.is_dir()
         else {}
     )
+    date = art_dir / "date"
+    anchor = Anchor(date_ns=date_ns(date.read_text(errors="replace"))) if date.is_file() else None
     for path in sorted(folder.iterdir()):
         m = _ORIGINAL_NAME.match(path.name)
         if not m:
             continue
         files += 1
         try:
-            parser, rows = parse_file(path)
+            parser, rows = parse_file(path, anchor)
         except ParseError as err:
             errors.append(f"{path}: {err}")
             continue
@@ -180,7 +206,7 @@ def process_original(folder: Path) -> Processed:
             "kind": kind,
             "order": None if m["order"] == "None" else m["order"],
             "pair": m["pair"],
-            "aa": None,
+            "aa": m["benchmark"] in aa if aa else None,
             "side_status": None,
             "parser": parser,
             "source_file": path.name,
@@ -197,8 +223,11 @@ def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
     return out.select(*front, pl.exclude(front))
 
 
-def process_dirs(folders: list[Path]) -> Processed:
-    """Every suite under ``folders``; raises DuetError when nothing is there."""
+def process_dirs(folders: list[Path], aa: frozenset[str] = frozenset()) -> Processed:
+    """Every suite under ``folders``; raises DuetError when nothing is there.
+
+    ``aa``: benchmarks that are A/A duets (for original-named folders, whose
+    names do not say; a ``duet run`` folder's index does)."""
     results, kernels, errors, files = [], [], [], 0
     for folder in folders:
         folder = Path(folder)
@@ -207,7 +236,7 @@ def process_dirs(folders: list[Path]) -> Processed:
         suites = _suite_folders(folder)
         parts = [process_suite(s) for s in suites]
         if not suites:
-            original = process_original(folder)
+            original = process_original(folder, aa)
             if original.files == 0:
                 raise DuetError(
                     f"{folder}: no duet results ({INDEX} of `duet run`, or result files named "
@@ -221,27 +250,195 @@ def process_dirs(folders: list[Path]) -> Processed:
             errors += p.errors
             files += p.files
     kernel = pl.concat(kernels, how="diagonal_relaxed") if kernels else None
-    return Processed(_concat([r for r in results if r.height]), kernel, errors, files)
+    table = _concat([r for r in results if r.height])
+    if aa and table.height:
+        table = table.with_columns(
+            pl.when(pl.col("benchmark").is_in(sorted(aa)))
+            .then(True)
+            .otherwise(pl.col("aa"))
+            .alias("aa")
+        )
+    return Processed(table, kernel, errors, files)
 
 
-def write_processed(processed: Processed, out: Path) -> list[Path]:
-    """Parquet and CSV of the results (and of the kernel statistics)."""
+#: the original's artifact columns (named by the artifact, no prefix)
+ORIGINAL_ARTIFACTS = ("date", "hostname", "lscpu", "meminfo", "uname")
+
+
+def to_original(results: pl.DataFrame) -> pl.DataFrame:
+    """The table in the columns the original's ``process.py parse`` writes (and
+    its analysis reads): ``type`` (duet | syncduet | seqn), ``order``, the
+    artifacts as ``date``, ``hostname``, ... ; iterations numbered as its
+    parsers number them (DaCapo/ScalaBench from 1)."""
+    first = pl.col("parser").fill_null("") == "dacapo"
+    arts = [
+        (pl.col(f"artifact_{a}") if f"artifact_{a}" in results.columns else pl.lit(None))
+        .cast(pl.String)
+        .alias(a)
+        for a in ORIGINAL_ARTIFACTS
+    ]
+    return results.select(
+        "suite",
+        "benchmark",
+        pl.col("kind").replace_strict(FILE_KIND, default=pl.col("kind")).alias("type"),
+        pl.col("order").fill_null("None"),
+        "pair",
+        "runid",
+        (pl.col("iteration") + pl.when(first).then(1).otherwise(0)).alias("iteration"),
+        "iteration_start_ns",
+        "iteration_end_ns",
+        "iteration_time_ns",
+        *arts,
+    )
+
+
+def _columns_json(table: pl.DataFrame) -> str:
+    """pandas' default JSON orientation ({column: {row: value}}), which the
+    original's ``--json`` writes and ``pandas.read_json`` reads by default."""
+    import json
+
+    return json.dumps(
+        {c: {str(i): v for i, v in enumerate(table[c].to_list())} for c in table.columns}
+    )
+
+
+def write_processed(
+    processed: Processed, out: Path, *, json: bool = False, original: bool = False
+) -> list[Path]:
+    """Parquet and CSV of the results (and of the kernel statistics); with
+    ``json`` also JSON (one object per row); with ``original`` also the table
+    in the original tool's form (``duet-results.original.csv``, and ``.json``
+    in pandas' orientation with ``json``)."""
+    from kernmlops.fileio import write_atomic
+
     out.mkdir(parents=True, exist_ok=True)
     written = []
     tables = [(RESULTS_NAME, processed.results)]
     if processed.kernel is not None:
         tables.append((KERNEL_NAME, processed.kernel))
     for name, table in tables:
-        for ext in ("parquet", "csv"):
+        for ext in ("parquet", "csv", *(("json",) if json else ())):
             path = out / f"{name}.{ext}"
             tmp = out / f".{name}.{ext}.tmp"
             if ext == "parquet":
                 table.write_parquet(tmp)
-            else:
+            elif ext == "csv":
                 table.write_csv(tmp)
+            else:
+                table.write_json(tmp)
             tmp.replace(path)
             written.append(path)
+    if original:
+        table = to_original(processed.results)
+        path = out / f"{RESULTS_NAME}.original.csv"
+        write_atomic(path, table.write_csv())
+        written.append(path)
+        if json:
+            path = out / f"{RESULTS_NAME}.original.json"
+            write_atomic(path, _columns_json(table))
+            written.append(path)
     return written
+
+
+def _to_int(table: pl.DataFrame, name: str) -> pl.Expr:
+    """An integer column; pandas writes integers as floats once a column has a
+    gap (108078259.0): those are rounded (integers are never sent through a
+    float, which would cost epoch nanoseconds their last digits)."""
+    dtype = table.schema[name]
+    if dtype.is_integer():
+        return pl.col(name).cast(pl.Int64)
+    return pl.col(name).cast(pl.Float64).round(0).cast(pl.Int64)
+
+
+def from_original(table: pl.DataFrame) -> pl.DataFrame:
+    """A table the original's ``process.py`` wrote, in our columns."""
+    need = ("suite", "benchmark", "type", "runid", "pair", "iteration_time_ns")
+    missing = [c for c in need if c not in table.columns]
+    if missing:
+        raise DuetError(f"not a duet results table (missing {', '.join(missing)})")
+    kind = {v: k for k, v in FILE_KIND.items()}
+    parser = {"dacapo": "dacapo", "scalabench": "dacapo", "renaissance": "renaissance",
+              "speccpu": "spec"}  # fmt: skip
+    cols = table.columns
+
+    def num(name: str) -> pl.Expr:
+        if name not in cols:
+            return pl.lit(None, dtype=pl.Int64).alias(name)
+        return _to_int(table, name)
+
+    order = pl.col("order").cast(pl.String) if "order" in cols else pl.lit(None, pl.String)
+    out = table.select(
+        pl.col("suite").cast(pl.String),
+        pl.col("benchmark").cast(pl.String),
+        num("runid"),
+        pl.col("type").cast(pl.String).replace_strict(kind, default=None).alias("kind"),
+        pl.when(order.is_in(["AB", "BA"])).then(order).otherwise(None).alias("order"),
+        pl.col("pair").cast(pl.String),
+        pl.lit(None, pl.Boolean).alias("aa"),
+        num("iteration"),
+        num("epoch_start_ms"),
+        num("iteration_start_ns"),
+        num("iteration_end_ns"),
+        num("iteration_time_ns"),
+        pl.lit("original").alias("timing"),
+        pl.lit(None, pl.String).alias("side_status"),
+        pl.col("suite").cast(pl.String).replace_strict(parser, default=None).alias("parser"),
+        pl.lit(None, pl.String).alias("source_file"),
+        *[pl.col(a).cast(pl.String).alias(f"artifact_{a}") for a in ORIGINAL_ARTIFACTS
+          if a in cols],
+    )  # fmt: skip
+    bad = out.filter(pl.col("kind").is_null())
+    if bad.height:
+        raise DuetError(
+            f"not a duet results table (type {bad['kind'].head(1)}: want duet, syncduet, seqn)"
+        )
+    # DaCapo/ScalaBench rows are numbered from 1 by the original: ours from 0
+    first = pl.col("parser").fill_null("") == "dacapo"
+    return out.with_columns(
+        (pl.col("iteration") - pl.when(first).then(1).otherwise(0)).alias("iteration")
+    )
+
+
+def _read_any(path: Path) -> pl.DataFrame:
+    if path.suffix == ".parquet":
+        return pl.read_parquet(path)
+    if path.suffix == ".json":
+        import json
+
+        doc = json.loads(path.read_text())
+        if isinstance(doc, dict):  # pandas' orientation: {column: {row: value}}
+            rows = sorted({k for col in doc.values() for k in col}, key=int)
+            return pl.DataFrame({c: [doc[c].get(r) for r in rows] for c in doc}, strict=False)
+        return pl.DataFrame(doc, infer_schema_length=None)
+    return pl.read_csv(path, infer_schema_length=None)
+
+
+def read_table(path: Path) -> pl.DataFrame:
+    """A results table: ours (Parquet, CSV, JSON) or the original tool's
+    processed CSV/JSON; DuetError with one line for anything else."""
+    try:
+        table = _read_any(path)
+    except (pl.exceptions.PolarsError, OSError, ValueError, TypeError) as err:
+        why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise DuetError(f"{path}: not a duet results table ({why})") from err
+    if "type" in table.columns and "kind" not in table.columns:
+        try:
+            return from_original(table)
+        except DuetError as err:
+            raise DuetError(f"{path}: {err}") from None
+        except pl.exceptions.PolarsError as err:
+            raise DuetError(f"{path}: not a duet results table ({err})") from None
+    missing = [c for c in RESULT_COLUMNS if c not in table.columns]
+    if missing:
+        raise DuetError(f"{path}: not a duet results table (missing {', '.join(missing)})")
+    try:
+        return table.with_columns(
+            _to_int(table, c) if t == pl.Int64() else pl.col(c).cast(t)
+            for c, t in RESULT_SCHEMA.items()
+        )
+    except pl.exceptions.PolarsError as err:
+        why = str(err).strip().splitlines()[0]
+        raise DuetError(f"{path}: not a duet results table ({why})") from None
 
 
 def read_results(path: Path) -> tuple[pl.DataFrame, pl.DataFrame | None]:
@@ -256,16 +453,7 @@ def read_results(path: Path) -> tuple[pl.DataFrame, pl.DataFrame | None]:
         folder, main = path.parent, path
     if not main.exists():
         raise DuetError(f"{path}: no {RESULTS_NAME}.parquet (run `kernmlops duet process` first)")
-    try:
-        if main.suffix == ".csv":
-            results = pl.read_csv(main, schema_overrides=RESULT_SCHEMA)
-        else:
-            results = pl.read_parquet(main)
-    except (pl.exceptions.PolarsError, OSError) as err:
-        raise DuetError(f"{main}: cannot read: {err}") from err
-    missing = [c for c in RESULT_COLUMNS if c not in results.columns]
-    if missing:
-        raise DuetError(f"{main}: not a duet results table (missing {', '.join(missing)})")
+    results = read_table(main)
     kernel_path = folder / f"{KERNEL_NAME}.parquet"
     kernel = pl.read_parquet(kernel_path) if kernel_path.exists() else None
     return results, kernel

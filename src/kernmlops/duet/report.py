@@ -1,5 +1,11 @@
 """The duet report: markdown and a self-contained HTML page, with plots.
 
+Each comparison is shown by both methods side by side: ours (the geometric-
+mean ratio B/A with its CI, and B - A as that ratio times A's mean) and the
+original asynchronous-duet analysis (the mean over runs of per-run mean
+differences, BCa, 9,999 resamples), each interval next to its own verdict.
+The HTML is the markdown rendered by markdown-it-py, plots embedded.
+
 Plots (matplotlib, one set per benchmark): the A and B iteration timelines of
 the first duet run with its overlap pairs, paired iteration times (A against
 B), and one figure with the ratio CI of every benchmark and kind of run.
@@ -155,16 +161,42 @@ def kernel_summary(kernel: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def _orig_diff(c: Comparison) -> str:
+    o = c.original
+    if o is None or o.estimate_ns is None:
+        return "–"
+    text = f"{-o.estimate_ns / 1e6:+.3f}"
+    if o.ci_ns:
+        text += f" [{-o.ci_ns[1] / 1e6:+.3f}, {-o.ci_ns[0] / 1e6:+.3f}]"
+    return text
+
+
 def _cmp_rows(c: Comparison) -> list[tuple[str, str]]:
     ci = c.ratio_ci
     dci = c.diff_ci
+    o = c.original
+    orig = []
+    if o is not None:
+        orig = [
+            ("original method: verdict", o.verdict),
+            ("original method: runs / pairs", f"{o.n_runs} / {o.n_pairs}"),
+            ("original method: mean over runs of B − A (ms), 95% BCa", _orig_diff(c)),
+            (
+                "original method: A − B as the original prints it (ms)",
+                f"{o.estimate_ns / 1e6:+.3f}"
+                + (f" [{o.ci_ns[0] / 1e6:+.3f}, {o.ci_ns[1] / 1e6:+.3f}]" if o.ci_ns else "")
+                if o.estimate_ns is not None
+                else "–",
+            ),
+            ("original method: Mann-Whitney U p", f"{o.mwu_p:.3g}" if o.mwu_p is not None else "–"),
+        ]
     return [
         ("verdict", c.verdict),
         ("unit of the CI", f"{c.unit} (runs: {c.n_runs}, pairs: {c.n_pairs})"),
         ("iterations A / B", f"{c.n_a} / {c.n_b}"),
         ("mean A / B (ms)", f"{_ms(c.mean_a_ns)} / {_ms(c.mean_b_ns)}"),
         (
-            "mean difference B − A (ms)",
+            "difference B − A (ms): the ratio and its CI × mean A",
             f"{_ms(c.mean_diff_ns)} [{_ms(dci.low)}, {_ms(dci.high)}]" if dci else _ms(None),
         ),
         (
@@ -177,6 +209,7 @@ def _cmp_rows(c: Comparison) -> list[tuple[str, str]]:
             (f"{c.mds * 100:.2f}%" if c.mds is not None else "–")
             + (f" ({c.mds_note})" if c.mds_note else ""),
         ),
+        *orig,
     ]
 
 
@@ -207,27 +240,42 @@ def write_report(
 
     md: list[str] = [f"# {title}", ""]
     opts = analysis.options
+    warm = (
+        "half of each side's iterations for Java suites, none for others (auto)"
+        if str(opts.warmup).strip() == "auto"
+        else f"{opts.warmup} of each side's iterations"
+    )
     md += [
-        f"Warm-up dropped: {opts.warmup} of each side's iterations per run · pairs overlap by "
+        f"Warm-up dropped: {warm} per run · pairs overlap by "
         f"≥ {opts.min_overlap:.0%} of the longer iteration (weighted by overlap) · "
         f"{opts.confidence:.0%} BCa "
         f"bootstrap CIs ({opts.resamples} resamples"
         + (", widened for small samples" if opts.expand else "")
         + f") · unit: runs when ≥ {opts.min_runs}.",
         "",
+        "Beside it, the original asynchronous-duet analysis of the same iterations: its "
+        "warm-up (first half of Java-suite runs), its two-pointer pairs (overlap > "
+        f"{opts.min_overlap:.0%} of each iteration) or pairs by iteration number (sync-duet, "
+        "sequential), the plain mean of each run's pair differences, a 95% BCa bootstrap "
+        "over runs with 9,999 resamples; shown as B − A (the original prints A − B)."
+        + (" Verdicts printed by: the original method." if opts.method == "original" else ""),
+        "",
     ]
     for w in analysis.warnings:
         md.append(f"> warning: {w}")
-    md += ["## Verdicts", "", "| suite | benchmark | kind | B/A − 1 | CI | verdict | MDS |",
-           "|---|---|---|---|---|---|---|"]  # fmt: skip
+    md += ["## Verdicts", "",
+           "| suite | benchmark | kind | B/A − 1 | CI | verdict | MDS "
+           "| original: B − A (ms) [CI] | original: verdict |",
+           "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for b in analysis.benchmarks:
         for k, c in sorted(b.comparisons.items()):
             ci = c.ratio_ci
             cis = f"[{_pct(ci.low)}, {_pct(ci.high)}]" if ci else "–"
             mds = f"{c.mds * 100:.2f}%" if c.mds is not None else "> max" if c.ratio_ci else "–"
+            ov = c.original.verdict if c.original is not None else "–"
             md.append(
                 f"| {b.suite} | {b.benchmark} | {k} | {_pct(c.gm_ratio)} | {cis} | "
-                f"{c.verdict} | {mds} |"
+                f"{c.verdict} | {mds} | {_orig_diff(c)} | {ov} |"
             )
     md.append("")
     if ci_plot:
@@ -271,39 +319,18 @@ def _json_default(obj: Any) -> Any:
 
 
 def _html(md_text: str, title: str, plots: Path) -> str:
-    """A small markdown subset (headings, tables, images, quotes) as HTML."""
-    body: list[str] = []
-    table: list[list[str]] = []
+    """The markdown as HTML (markdown-it-py, with tables), plots embedded."""
+    from markdown_it import MarkdownIt
 
-    def flush() -> None:
-        if not table:
-            return
-        head, *rows = table
-        body.append("<table><tr>" + "".join(f"<th>{c}</th>" for c in head) + "</tr>")
-        body.extend("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
-        body.append("</table>")
-        table.clear()
-
-    for line in md_text.splitlines():
-        if line.startswith("|"):
-            cells = [html.escape(c.strip()) for c in line.strip("|").split("|")]
-            if not all(set(c) <= {"-"} for c in cells):
-                table.append(cells)
-            continue
-        flush()
-        if line.startswith("#"):
-            level = len(line) - len(line.lstrip("#"))
-            body.append(f"<h{level}>{html.escape(line[level:].strip())}</h{level}>")
-        elif line.startswith("![") and "](" in line:
-            alt = line[2 : line.index("]")]
-            name = line[line.index("](") + 2 : -1]
-            data = base64.b64encode((plots.parent / name).read_bytes()).decode()
-            body.append(f'<p><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"></p>')
-        elif line.startswith(">"):
-            body.append(f"<blockquote>{html.escape(line[1:].strip())}</blockquote>")
-        elif line.strip():
-            body.append(f"<p>{html.escape(line)}</p>")
-    flush()
+    md = MarkdownIt("commonmark", {"html": False}).enable("table")
+    tokens = md.parse(md_text)
+    for token in tokens:
+        for child in token.children or []:
+            src = child.attrGet("src") if child.type == "image" else None
+            if src and not str(src).startswith(("data:", "http:", "https:", "/")):
+                data = base64.b64encode((plots.parent / str(src)).read_bytes()).decode()
+                child.attrSet("src", f"data:image/png;base64,{data}")
+    body = md.renderer.render(tokens, md.options, {})
     style = (
         "body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
         "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;"
@@ -312,5 +339,5 @@ def _html(md_text: str, title: str, plots: Path) -> str:
     )
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-        f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
+        f"<style>{style}</style></head><body>\n" + body + "</body></html>\n"
     )

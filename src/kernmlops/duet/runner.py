@@ -11,9 +11,20 @@ What a suite leaves in its folder (``<outdir>/<suite>/``)::
 
     duet-run.json        the plan, every trial's record, the artifacts
     artifacts/<name>     uname, lscpu, meminfo, hostname, date, and the config's
-    results/<suite>.<duet>.<runid>.<kind>.<order>.<pair>.<file>
+    results/<suite>.<duet>.<runid>.<type>.<order>.<pair>.<file>
     logs/<trial>.<pair>.stdout|stderr
     collections/         with --collect: one kernmlops collection per trial
+
+File names are the original asynchronous-duet tool's: ``<suite>`` is the
+duet's own ``suite:`` (else the config's), ``<type>`` is duet, syncduet or
+seqn, ``<order>`` AB, BA or None. With ``layout="original"`` the result files
+sit in the suite folder itself, beside ``artifacts/``, as the original writes
+them, so its ``process.py parse <folder>`` reads the folder.
+
+Sync-duet trials: a side with ``syncduet_run_base`` gets ``$$`` in it
+replaced by one barrier name shared by both sides, and the runner creates that
+barrier (kernmlops.duet.barrier) before releasing them; a side without it
+runs in the built-in harness, synchronized through the runner's FIFOs.
 """
 
 from __future__ import annotations
@@ -46,6 +57,9 @@ from kernmlops.fileio import write_atomic
 
 INDEX = "duet-run.json"
 KINDS = ("duet", "syncduet", "sequential")
+#: the kind as the original tool names it in result files
+FILE_KIND = {"duet": "duet", "syncduet": "syncduet", "sequential": "seqn"}
+LAYOUTS = ("kernmlops", "original")
 _SHELL_CHARS = re.compile(r"[|&;<>()$`\\\"'*?\[\]~{}!#=\n]")
 
 
@@ -71,9 +85,15 @@ class Trial:
         return ("A", "B") if self.order != "BA" else ("B", "A")
 
     def label(self, suite: str) -> str:
+        """``<suite>.<duet>.<runid>.<type>.<order>``: the original's file-name prefix."""
+        kind = FILE_KIND[self.kind]
         return ".".join(
-            [sanitize(suite), sanitize(self.duet), str(self.runid), self.kind, self.order or "None"]
+            [sanitize(suite), sanitize(self.duet), str(self.runid), kind, self.order or "None"]
         )
+
+    def barrier_name(self) -> str:
+        """One sync-duet barrier name for both sides (unique to this runner)."""
+        return f"syncduet.{sanitize(self.duet)}.{self.runid}.{os.getpid()}:barrier"
 
 
 def sanitize(name: str) -> str:
@@ -210,6 +230,9 @@ class TrialRecord:
     timeout_s: float | None
     started_at: str
     timed_out: bool = False
+    #: sync-duet only: how the sides were synchronized ("barrier <name>", "harness")
+    sync: str | None = None
+    warnings: list[str] = field(default_factory=list)
     duration_s: float = 0.0
     sides: dict[str, SideRecord] = field(default_factory=dict)
     collection: dict[str, Any] | None = None
@@ -227,9 +250,18 @@ class TrialRecord:
         return cls(**{**data, "sides": sides})
 
 
-def _argv(side: Side, kind: str) -> list[str]:
+def side_command(side: Side, kind: str, barrier: str | None = None) -> str:
+    """The command a side runs in a trial of ``kind``; in sync-duet trials its
+    ``syncduet_run_base`` with ``$$`` replaced by the barrier's name (before any
+    shell sees it: ``$$`` would be each shell's own PID)."""
+    if kind == "syncduet" and side.sync_command:
+        return side.sync_command.replace("$$", barrier or "")
+    return side.command
+
+
+def _argv(side: Side, kind: str, barrier: str | None = None) -> list[str]:
     """The side's command line for a trial kind."""
-    command = side.sync_command if kind == "syncduet" and side.sync_command else side.command
+    command = side_command(side, kind, barrier)
     if side.harness is not None and not (kind == "syncduet" and side.sync_command):
         inner = shlex.split(command) if not _SHELL_CHARS.search(command) else None
         inner = inner or ["/bin/sh", "-c", command]
@@ -249,6 +281,7 @@ class _Running:
     def __init__(
         self, rec: SideRecord, side: Side, trial: Trial, duet: Duet, suite: DuetSuite,
         work: Path, log_base: Path, sync_dir: Path | None, cpus: frozenset[int] | None,
+        barrier: str | None = None,
     ) -> None:  # fmt: skip
         self.rec = rec
         self.side = side
@@ -259,7 +292,7 @@ class _Running:
         self.stopped = False  # stopped by the runner (timeout), not ended by itself
         work.mkdir(parents=True, exist_ok=True)
         env = {
-            "KERNMLOPS_DUET_SUITE": suite.suite,
+            "KERNMLOPS_DUET_SUITE": duet.suite,
             "KERNMLOPS_DUET_BENCHMARK": duet.name,
             "KERNMLOPS_DUET_KIND": trial.kind,
             "KERNMLOPS_DUET_RUNID": str(trial.runid),
@@ -269,7 +302,7 @@ class _Running:
         }
         if sync_dir is not None:
             env[SYNC_ENV] = str(sync_dir)
-        argv = _argv(side, trial.kind)
+        argv = _argv(side, trial.kind, barrier)
         if side.image:
             self.container = f"kmo-duet-{os.getpid()}-{sanitize(rec.pair)}-{time.monotonic_ns()}"
             rec.container = self.container
@@ -279,6 +312,8 @@ class _Running:
                 run += ["--cpuset-cpus", ",".join(map(str, sorted(cpus)))]
             if sync_dir is not None:
                 run += ["-v", f"{sync_dir}:{sync_dir}"]
+            if barrier is not None:  # the barrier lives in the host's /dev/shm
+                run += ["-v", "/dev/shm:/dev/shm", "--ipc", "host"]
             _engine([*run, side.image], "start the container")
             exports = [a for k, v in env.items() for a in ("-e", f"{k}={v}")]
             argv = [self.engine, "exec", *exports, self.container, *argv]
@@ -338,7 +373,7 @@ class _Running:
             rec.status = "failed"
             rec.error = f"exit status {rec.exit_code}"
 
-    def collect(self, dest: Path, prefix: str) -> None:
+    def collect(self, dest: Path, prefix: str, rel: str) -> None:
         for name in self.side.results:
             target = dest / f"{prefix}.{self.side.pair}.{os.path.basename(name.rstrip('/'))}"
             if target.exists():
@@ -360,7 +395,7 @@ class _Running:
                     shutil.copytree(src, target)
                 else:
                     shutil.copy2(src, target)
-            self.rec.results.append(f"results/{target.name}")
+            self.rec.results.append(f"{rel}{target.name}")
 
     def cleanup(self, remove: bool) -> None:
         if self.container:
@@ -423,13 +458,20 @@ class _SyncBarrier:
                 os.close(fd)
 
 
-def run_trial(trial: Trial, suite: DuetSuite, outdir: Path, *, poll_s: float = 0.02) -> TrialRecord:
+def run_trial(
+    trial: Trial,
+    suite: DuetSuite,
+    outdir: Path,
+    *,
+    poll_s: float = 0.02,
+    layout: str = "kernmlops",
+) -> TrialRecord:
     """Run one trial; never raises for a side that fails (it is recorded)."""
     duet = next(d for d in suite.duets if d.name == trial.duet)
-    label = trial.label(suite.suite)
+    label = trial.label(duet.suite)
     rec = TrialRecord(
         label=label,
-        suite=suite.suite,
+        suite=duet.suite,
         benchmark=duet.name,
         kind=trial.kind,
         runid=trial.runid,
@@ -441,18 +483,50 @@ def run_trial(trial: Trial, suite: DuetSuite, outdir: Path, *, poll_s: float = 0
     work = outdir / "work" / (label + (f".{trial.pair}" if trial.pair else ""))
     logs = outdir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    results = outdir / "results"
+    results, rel = (outdir, "") if layout == "original" else (outdir / "results", "results/")
     results.mkdir(parents=True, exist_ok=True)
     running: dict[str, _Running] = {}
     barrier: _SyncBarrier | None = None
+    shm_name: str | None = None
+    broken: str | None = None
     t0 = time.monotonic()
     try:
         sync_dirs = {p: work / f"sync-{p}" for p in trial.pairs} if trial.kind == "syncduet" else {}
         if sync_dirs:
             barrier = _SyncBarrier(sync_dirs)
+            sides = [duet.side(p) for p in trial.pairs]
+            speaks = [s for s in sides if s.sync_command and "$$" in s.sync_command]
+            if speaks:
+                shm_name = trial.barrier_name()
+                from kernmlops.duet.barrier import make_barrier
+
+                try:
+                    make_barrier(shm_name, 2)
+                except OSError as err:  # nothing starts; the trial is recorded as failed
+                    broken = f"cannot create the sync barrier {shm_name}: {err}"
+                rec.sync = f"barrier {shm_name}"
+            elif all(s.harness and not s.sync_command for s in sides):
+                rec.sync = "harness"
+            for s in sides:
+                if s.sync_command and "$$" not in s.sync_command:
+                    rec.warnings.append(
+                        f"{s.pair}: syncduet_run_base has no $$ (the barrier's name): "
+                        "this side is not synchronized"
+                    )
+                elif speaks and not (s.sync_command and "$$" in s.sync_command):
+                    rec.warnings.append(
+                        f"{s.pair}: the other side waits on barrier {shm_name} and this one "
+                        "does not (give it a syncduet_run_base with $$)"
+                    )
         for slot, pair in enumerate(trial.pairs):
             side = duet.side(pair)
-            srec = SideRecord(pair=pair, command=side.command, image=side.image)
+            if broken:
+                rec.sides[pair] = SideRecord(pair, side_command(side, trial.kind, shm_name),
+                                             side.image, status="error", error=broken)  # fmt: skip
+                continue
+            srec = SideRecord(
+                pair=pair, command=side_command(side, trial.kind, shm_name), image=side.image
+            )
             rec.sides[pair] = srec
             cpus = duet.cpus[slot] if duet.cpus else None
             srec.stdout = f"logs/{label}.{pair}.stdout"
@@ -460,7 +534,7 @@ def run_trial(trial: Trial, suite: DuetSuite, outdir: Path, *, poll_s: float = 0
             try:
                 running[pair] = _Running(
                     srec, side, trial, duet, suite, work / pair, logs / label, sync_dirs.get(pair),
-                    cpus,
+                    cpus, shm_name,
                 )  # fmt: skip
             except (BenchmarkError, OSError) as err:
                 srec.status = "error"
@@ -492,9 +566,13 @@ def run_trial(trial: Trial, suite: DuetSuite, outdir: Path, *, poll_s: float = 0
                 r.rec.status, r.rec.error = "error", f"stopping failed: {err}"
         if barrier is not None:
             barrier.close()
+        if shm_name is not None:
+            from kernmlops.duet.barrier import remove_barrier
+
+            remove_barrier(shm_name)
         for r in running.values():
             try:
-                r.collect(results, label)
+                r.collect(results, label, rel)
             except (OSError, subprocess.SubprocessError) as err:
                 r.rec.missing["*"] = f"collecting results failed: {err}"
             r.cleanup(duet.remove_containers)
@@ -543,12 +621,16 @@ def run_suite(
     force: bool = False,
     collect: Any = None,
     on_trial: Callable[[int, int, Trial, TrialRecord | None], None] | None = None,
+    layout: str = "kernmlops",
 ) -> SuiteResult:
     """Run every trial of ``suite`` into ``<outdir>/<suite>/``.
 
     ``collect`` (a kernmlops.duet.collect.Collector) runs each trial under a
-    kernel collection; None runs them directly.
+    kernel collection; None runs them directly. ``layout="original"`` puts the
+    result files in the suite folder itself, as the original tool does.
     """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout {layout!r}: one of {', '.join(LAYOUTS)}")
     images = {s.image for d in suite.duets for s in (d.a, d.b) if s.image}
     if images:
         check_engine(suite.engine, images)
@@ -563,6 +645,7 @@ def run_suite(
         "config": suite.raw,
         "seed": seed,
         "schedule": suite.schedule,
+        "layout": layout,
         "engine": suite.engine if images else None,
         "kernmlops": __version__,
         "started_at": datetime.now(UTC).isoformat(),
@@ -579,9 +662,9 @@ def run_suite(
             if on_trial:
                 on_trial(n, len(plan), trial, None)
             if collect is not None:
-                rec = collect.run_trial(trial, suite, folder)
+                rec = collect.run_trial(trial, suite, folder, layout=layout)
             else:
-                rec = run_trial(trial, suite, folder)
+                rec = run_trial(trial, suite, folder, layout=layout)
             records.append(rec)
             index["trials"].append(rec.as_dict())
             write_index(folder, index)

@@ -23,7 +23,12 @@ def main(argv: list[str]) -> int:
         return 2
     spec = json.loads(Path(argv[0]).read_text())
     suite = validate_duet_config(spec["config"], spec.get("source"))
-    record = run_trial(Trial(**spec["trial"]), suite, Path(spec["folder"]))
+    record = run_trial(
+        Trial(**spec["trial"]),
+        suite,
+        Path(spec["folder"]),
+        layout=spec.get("layout", "kernmlops"),
+    )
     write_atomic(argv[1], json.dumps(record.as_dict()))
     return 0 if record.ok else 1
 

@@ -46,6 +46,9 @@ class Anchor:
 
     monotonic_ns: int | None = None
     epoch_ms: int | None = None
+    #: the run's ``artifacts/date`` (Unix ns): the original tool's anchor for
+    #: result files that carry times relative to an unknown start
+    date_ns: int | None = None
 
 
 def frame(rows: dict[str, list]) -> pl.DataFrame:

@@ -4,9 +4,12 @@ A header line, then one row per iteration; the column ``iteration_time_ns``
 is required. Starts come from the first of these that the file has:
 
 - ``iteration_start_ns`` (and ``iteration_end_ns``)
-- ``wallclock_start_ms`` / ``epoch_start_ms`` / ``start_unix_ms``: Unix ms
-- ``total_ms``: ms since the harness started, at the end of the iteration
-  (anchored on the side's release time)
+- ``start_unix`` (what the original asynchronous-duet's DaCapo and ScalaBench
+  write), ``wallclock_start_ms``, ``epoch_start_ms``, ``start_unix_ms``: Unix ms
+- ``total_ms`` (older DaCapo/ScalaBench files): ms since the harness started.
+  In a ``duet run`` folder it is the end of the iteration, anchored on the
+  side's release time; in an original results folder it is anchored as the
+  original anchors it: start = the run's ``artifacts/date`` + total_ms
 
 Repeated header lines (one per JVM invocation appended to the same file) are
 skipped. ``iteration``/``index`` columns are not needed: rows are in order.
@@ -22,7 +25,7 @@ import polars as pl
 
 from kernmlops.duet.parsers import Anchor, ParseError, Parser, frame
 
-_EPOCH = ("wallclock_start_ms", "epoch_start_ms", "start_unix_ms")
+_EPOCH = ("start_unix", "wallclock_start_ms", "epoch_start_ms", "start_unix_ms")
 
 
 def _sniff(path: Path, head: str) -> bool:
@@ -55,12 +58,19 @@ def _parse(path: Path, anchor: Anchor) -> pl.DataFrame:
                 start = start if start is not None else epoch * 1_000_000
                 break
         if start is None and "total_ms" in col:
-            if anchor.monotonic_ns is None:
-                raise ParseError("total_ms is relative and the side's start is unknown")
-            end = anchor.monotonic_ns + int(float(row[col["total_ms"]]) * 1_000_000)
-            start = end - dur
-            if anchor.epoch_ms is not None:
-                epoch = anchor.epoch_ms + (start - anchor.monotonic_ns) // 1_000_000
+            total_ns = int(float(row[col["total_ms"]]) * 1_000_000)
+            if anchor.monotonic_ns is not None:
+                start = anchor.monotonic_ns + total_ns - dur
+                if anchor.epoch_ms is not None:
+                    epoch = anchor.epoch_ms + (start - anchor.monotonic_ns) // 1_000_000
+            elif anchor.date_ns is not None:
+                start = anchor.date_ns + total_ns
+                epoch = start // 1_000_000
+            else:
+                raise ParseError(
+                    "total_ms is relative and the run's start is unknown (no artifacts/date "
+                    "beside an original results folder, no release time in duet-run.json)"
+                )
         if start is None:
             raise ParseError(
                 "no start column (iteration_start_ns, wallclock_start_ms, epoch_start_ms, "
