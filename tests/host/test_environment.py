@@ -35,7 +35,7 @@ def test_resolve_cpus() -> None:
     assert resolve_cpus("0,2-3", [0, 1, 2, 3]) == [0, 2, 3]
     with pytest.raises(BenchmarkError, match="3 CPUs asked for, 2 online"):
         resolve_cpus(3, [0, 1])
-    with pytest.raises(BenchmarkError, match="CPU.s. 7 not online"):
+    with pytest.raises(BenchmarkError, match=r"CPU\(s\) 7 not online"):
         resolve_cpus("0,7", [0, 1])
     with pytest.raises(BenchmarkError, match="not a CPU count or list"):
         resolve_cpus("two", [0, 1])
@@ -65,9 +65,10 @@ def _collect(tmp_path: Path, bench: dict, *command: str) -> subprocess.Popen[str
 
 # What the benchmark sees, printed as key=value lines.
 _REPORT = (
-    "echo thp=$(cat {thp}); echo cpus=$(sed -n 's/^Cpus_allowed_list:\\s*//p' /proc/self/status);"
+    f"echo thp=$(cat {THP_ENABLED});"
+    " echo cpus=$(sed -n 's/^Cpus_allowed_list:\\s*//p' /proc/self/status);"
     " echo cached_kib=$(sed -n 's/^Cached:\\s*\\([0-9]*\\) kB/\\1/p' /proc/meminfo)"
-).format(thp=THP_ENABLED)
+)
 
 
 def _seen(stdout: str) -> dict[str, str]:
