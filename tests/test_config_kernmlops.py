@@ -174,7 +174,8 @@ def test_collect_runs_a_kernmlops_file_from_overrides_yaml(tmp_path: Path) -> No
     _file(
         tmp_path,
         "benchmark_config: {generic: {benchmark: faux}}\n"
-        "collector_config: {generic: {poll_rate: 0.05, output_dir: out, hooks: [process_trace]}}\n",
+        "collector_config: {generic: {poll_rate: 0.05, output_dir: out, output_graphs: true,\n"
+        "                             hooks: [process_trace, quanta_runtime]}}\n",
     )
     proc = _collect(tmp_path, "-d", "1")
     assert proc.returncode == 0, proc.stderr
@@ -185,4 +186,15 @@ def test_collect_runs_a_kernmlops_file_from_overrides_yaml(tmp_path: Path) -> No
 
     col = read_collection(found[0])
     assert col.manifest.config["collector"]["poll_interval_ms"] == 50
-    assert "process_trace" in col
+    assert "process_trace" in col and "quanta_runtime" in col
+    # output_graphs: the graphs `kernmlops graph` draws, beside the collection
+    drawn = sorted(p.name for p in (found[0] / "graphs").glob("*.png"))
+    assert drawn and f"{len(drawn)} graphs in" in proc.stderr
+
+
+def test_benchmark_names_with_underscores_on_the_command_line(tmp_path: Path) -> None:
+    # KernMLOps' -b linux_build picks linux-build (its check names the bad tree)
+    (tmp_path / "o.yaml").write_text(f"benchmark: {{linux_build: {{source_dir: {tmp_path}}}}}\n")
+    proc = _collect(tmp_path, "-b", "linux_build", "-c", "o.yaml")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"linux-build: {tmp_path} is not a Linux source tree" in proc.stderr

@@ -199,7 +199,11 @@ def collect(
         flags["benchmark.name"] = "command"
         flags["benchmark.command.argv"] = list(command)
     elif benchmark:
-        flags["benchmark.name"] = benchmark
+        from kernmlops.benchmarks import REGISTRY
+
+        # KernMLOps spells them with underscores (-b linux_build)
+        by_key = {name.replace("-", "_"): name for name in REGISTRY}
+        flags["benchmark.name"] = by_key.get(benchmark.replace("-", "_"), benchmark)
     if hooks:
         flags["collector.hooks"] = [h.strip() for h in hooks.split(",") if h.strip()]
     if tgid is not None:
