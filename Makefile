@@ -10,12 +10,20 @@ BPF_INPUTS := $(wildcard src/kernmlops/bpf/*.c src/kernmlops/bpf/*.h)
 # Extra arguments: make collect ARGS="-b faux -d 30"; make test PYTEST_ARGS="-k ringbuf"
 ARGS ?=
 PYTEST_ARGS ?=
+# The settings `make collect` and the benchmark-* targets run with (kernmlops' form or
+# KernMLOps'): make collect KERNMLOPS_CONFIG_FILE=my.yaml
+KERNMLOPS_CONFIG_FILE ?= overrides.yaml
+COLLECT := $(BIN)/kernmlops collect -c $(KERNMLOPS_CONFIG_FILE)
+# What the memcached and linux-build benchmarks run (`make test` installs them too)
+BENCHMARK_PACKAGES := memcached libmemcached-tools linux-source-6.1 make gcc flex bison bc libelf-dev libssl-dev
 
 LAB_PACKAGES := qemu-system-x86 linux-image-amd64 busybox-static
 # Spark, to prove collections read there too (tests/faults/test_spark.py)
 INTEROP_PACKAGES := openjdk-17-jre-headless
 
-.PHONY: all setup lab interop packages tracefs bpf collect collect-raw test defaults lint format hooks doctor bench clean setup-gap
+.PHONY: all setup lab interop packages tracefs bpf collect collect-raw collect-data test defaults \
+	lint format hooks pre-commit doctor bench clean setup-gap benchmark-packages \
+	benchmark-gap benchmark-memcached benchmark-linux-build benchmark-redis
 
 all: setup
 
@@ -56,12 +64,31 @@ $(VENV)/.interop: pyproject.toml $(VENV)/.installed
 interop: $(VENV)/.interop
 
 collect: setup
-	$(BIN)/kernmlops collect $(ARGS)
+	$(COLLECT) $(ARGS)
+
+# KernMLOps' names: collect-data is collect; benchmark-<b> runs one benchmark with the
+# same settings file.
+collect-data: collect
 
 collect-raw: setup
-	$(BIN)/kernmlops collect -b faux $(ARGS)
+	$(COLLECT) -b faux $(ARGS)
 
-test: setup lab interop
+benchmark-packages:
+	@scripts/ensure-packages.sh $(BENCHMARK_PACKAGES)
+
+benchmark-gap: setup
+	$(COLLECT) -b gap $(ARGS)
+
+benchmark-memcached: setup benchmark-packages
+	$(COLLECT) -b memcached $(ARGS)
+
+benchmark-linux-build: setup benchmark-packages
+	$(COLLECT) -b linux-build $(ARGS)
+
+benchmark-redis: setup
+	$(COLLECT) -b redis $(ARGS)
+
+test: setup lab interop benchmark-packages
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # GAP benchmark suite for `kernmlops collect -b gap`, built outside the repo where
@@ -107,6 +134,10 @@ format: $(VENV)/.installed
 
 hooks: $(VENV)/.installed
 	$(BIN)/pre-commit install
+
+# every pre-commit check on every file (what a commit checks on its own files)
+pre-commit: $(VENV)/.installed
+	$(BIN)/pre-commit run -a
 
 clean:
 	rm -rf $(BUILD) .pytest_cache .ruff_cache

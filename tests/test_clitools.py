@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -42,13 +43,14 @@ def test_require_bpf_privileges(monkeypatch: pytest.MonkeyPatch) -> None:
     [(["collect"], "collect"), (["export"], "export"), (["lb", "collect"], "lb collect")],
 )
 def test_a_privileged_command_run_by_a_user_fails_with_one_line(
-    monkeypatch: pytest.MonkeyPatch, args: list[str], command: str
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, args: list[str], command: str
 ) -> None:
     from click.testing import CliRunner
 
     from kernmlops.cli import cli
     from kernmlops.ebpf import probe
 
+    monkeypatch.chdir(tmp_path)  # no overrides.yaml here, so no "using ..." line
     monkeypatch.setattr("os.geteuid", lambda: 1000)
     monkeypatch.setattr(probe, "has_bpf_capabilities", lambda: False)
     result = CliRunner().invoke(cli, args)

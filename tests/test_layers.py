@@ -42,6 +42,7 @@ def _under(loaded: set[str], *packages: str) -> set[str]:
 
 ANALYSIS = [
     "kernmlops.data",
+    "kernmlops.data_import",
     "kernmlops.counters",
     *_package("graphs"),
     "kernmlops.duet.analysis",

@@ -13,6 +13,9 @@ import click
 from kernmlops.clitools import fail, require_bpf_privileges
 from kernmlops.errors import KernmlopsError
 
+#: the overrides file `kernmlops collect` reads from the current folder without -c
+OVERRIDES = "overrides.yaml"
+
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.live import Live
@@ -124,7 +127,9 @@ def _summary(result) -> Table:
     "--config",
     "config_file",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="YAML overrides merged on the defaults (see `kernmlops defaults`).",
+    help="YAML overrides merged on the defaults (see `kernmlops defaults`); kernmlops' form "
+    "or KernMLOps' (benchmark_config/collector_config). Without -c: ./overrides.yaml if "
+    "there is one.",
 )
 @click.option(
     "-b",
@@ -185,6 +190,12 @@ def collect(
         raise click.UsageError(f"a command after -- runs as benchmark 'command', not {benchmark!r}")
     if system_wide and tgid is not None:
         raise click.UsageError("--tgid and --system-wide exclude each other")
+    if benchmark and not command:
+        from kernmlops.benchmarks import REGISTRY
+
+        # KernMLOps spells them with underscores (-b linux_build)
+        by_key = {name.replace("-", "_"): name for name in REGISTRY}
+        benchmark = by_key.get(benchmark.replace("-", "_"), benchmark)
     flags = Flags(
         duration_s=duration,
         output_dir=output_dir,
@@ -197,6 +208,9 @@ def collect(
         progress=False if no_progress else None,
         export=export_addr or None,
     )
+    if config_file is None and Path(OVERRIDES).is_file():
+        config_file = Path(OVERRIDES)
+        _say(f"using {OVERRIDES} (found in {Path.cwd()}; -c FILE picks another)")
     try:
         config = load_config(config_file, flags)
         require_bpf_privileges("collect")
@@ -258,9 +272,29 @@ def collect(
             f"[red]{total_missed:,} program runs skipped by the kernel[/] "
             "(another BPF program was running on the same CPU)"
         )
+    if config.collector.output_graphs and result.ended_by != "error":
+        _draw_graphs(result.path)
     if result.exit_code:
         _console().print(f"[yellow]exit code {result.exit_code}[/] ({result.ended_by})")
     sys.exit(result.exit_code)
+
+
+def _draw_graphs(path: Path) -> None:
+    """collector.output_graphs: the collection's graphs, as `kernmlops graph` draws them;
+    a graph that fails is named and the collection is kept."""
+    from kernmlops.graphs import render
+
+    failures: list = []
+    try:
+        written = render(path, errors=failures)
+    except KernmlopsError as err:
+        _console().print(f"[yellow]warning:[/] no graphs: {err}", highlight=False)
+        return
+    _say(f"{len(written)} graphs in {path / 'graphs'}")
+    for failure in failures:
+        _console().print(
+            f"[yellow]warning:[/] graph {failure.graph}: {failure.error}", highlight=False
+        )
 
 
 # --- defaults, build ---------------------------------------------------------------

@@ -30,6 +30,7 @@ from kernmlops.benchmarks import REGISTRY as BENCHMARKS
 from kernmlops.errors import ConfigError
 from kernmlops.hooks import DEFAULT_HOOKS
 from kernmlops.hooks import REGISTRY as HOOKS
+from kernmlops.host.environment import ENVIRONMENT_FIELDS
 from kernmlops.validation import keys_at, unknown_key
 
 
@@ -71,6 +72,9 @@ class CollectorConfig(_Strict):
         1024, ge=0, description="warn when starting with less free space than this"
     )
     progress: bool = Field(True, description="live progress while collecting")
+    output_graphs: bool = Field(
+        False, description="draw the collection's graphs (kernmlops graph) when it ends"
+    )
     export: str | None = Field(
         None,
         description="also serve the collection's live Prometheus metrics at HOST:PORT "
@@ -136,6 +140,7 @@ BenchmarkConfig = _section(
             float | None,
             Field(None, gt=0, description="stop after this many seconds (null: when done)"),
         ),
+        **ENVIRONMENT_FIELDS,
     },
 )
 
@@ -178,13 +183,30 @@ def _from_flag(err: dict[str, Any], flags: frozenset[tuple[str, ...]]) -> bool:
     return any(loc[: len(f)] == f for f in flags)
 
 
-def _describe(err: dict[str, Any], flags: frozenset[tuple[str, ...]] = frozenset()) -> str:
+def _dotted(loc: tuple[Any, ...], renames: dict[str, str]) -> str:
+    """A key path as the user wrote it: ``renames`` maps our paths (or prefixes) to
+    the file's own (a KernMLOps file's ``benchmark_config.gap`` for ``benchmark.gap``)."""
+    path = ".".join(str(p) for p in loc)
+    for ours in sorted(renames, key=len, reverse=True):
+        if path == ours or path.startswith(ours + "."):
+            return renames[ours] + path[len(ours) :]
+    return path
+
+
+def _describe(
+    err: dict[str, Any],
+    flags: frozenset[tuple[str, ...]] = frozenset(),
+    renames: dict[str, str] | None = None,
+) -> str:
     loc = tuple(err["loc"])
-    path = ".".join(str(p) for p in loc) or "(top level)"
+    renames = renames or {}
+    path = _dotted(loc, renames) or "(top level)"
     kind = err["type"]
     origin = " (set on the command line)" if _from_flag(err, flags) else ""
     if kind == "extra_forbidden":
-        unknown = unknown_key(str(loc[-1]), keys_at(Config, loc[:-1]), prefix=map(str, loc[:-1]))
+        parent = _dotted(loc[:-1], renames)  # as the file names it (a KernMLOps file's own)
+        prefix = parent.split(".") if parent else ()
+        unknown = unknown_key(str(loc[-1]), keys_at(Config, loc[:-1]), prefix=prefix)
         return f"{path}: {unknown}{origin}"
     got = err.get("input")
     if kind in ("model_type", "dict_type"):  # a section that is not a mapping
@@ -198,16 +220,18 @@ def format_errors(
     error: ValidationError,
     source: str | None = None,
     flags: frozenset[tuple[str, ...]] = frozenset(),
+    renames: dict[str, str] | None = None,
 ) -> str:
     """One line for one problem, else a list; ``source`` is the file, ``flags``
-    the key paths set on the command line (their errors say so)."""
+    the key paths set on the command line (their errors say so), ``renames`` the
+    file's own names of our key paths (see _dotted)."""
     errors = error.errors()
     only_flags = all(_from_flag(e, flags) for e in errors)
     where = f" in {source}" if source and not only_flags else ""
     if len(errors) == 1:
-        return f"invalid configuration{where}: {_describe(errors[0], flags)}"
+        return f"invalid configuration{where}: {_describe(errors[0], flags, renames)}"
     lines = [f"invalid configuration{where}:"]
-    lines += [f"  - {_describe(e, flags)}" for e in errors[:MAX_ERRORS_SHOWN]]
+    lines += [f"  - {_describe(e, flags, renames)}" for e in errors[:MAX_ERRORS_SHOWN]]
     if len(errors) > MAX_ERRORS_SHOWN:
         lines.append(f"  ... and {len(errors) - MAX_ERRORS_SHOWN:,} more")
     return "\n".join(lines)
@@ -295,13 +319,22 @@ def load_config(
     flags: Flags | Mapping[str, Any] | None = None,
 ) -> Config:
     """Defaults, then the overrides file (or dict), then flags (:class:`Flags`, or
-    ``{"a.b": value}``)."""
+    ``{"a.b": value}``).
+
+    The file may be in KernMLOps' form (``benchmark_config`` / ``collector_config``):
+    it is mapped onto ours first (kernmlops.config_kernmlops), and its errors name
+    its own keys."""
+    from kernmlops import config_kernmlops
+
     source = None
     if isinstance(overrides, (str, Path)):
         source = str(overrides)
         data = read_overrides(overrides)
     else:
         data = copy.deepcopy(overrides or {})  # flags must not change the caller's dict
+    renames: dict[str, str] = {}
+    if config_kernmlops.is_kernmlops(data, source):
+        data, renames = config_kernmlops.translate(data, source)
     set_by_flags: set[tuple[str, ...]] = set()
     by_path = flags.paths() if isinstance(flags, Flags) else (flags or {})
     for dotted, value in by_path.items():
@@ -311,7 +344,7 @@ def load_config(
     try:
         return Config.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(format_errors(err, source, frozenset(set_by_flags))) from None
+        raise ConfigError(format_errors(err, source, frozenset(set_by_flags), renames)) from None
 
 
 # --- defaults.yaml ---------------------------------------------------------------

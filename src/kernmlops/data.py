@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,8 +59,9 @@ _COLLECTION_PREFIX = f"{COLLECTION_ID}="
 
 
 @dataclass(frozen=True, eq=False, repr=False)
-class Collection:
-    """One collection read into memory.
+class Collection(Mapping[str, pl.DataFrame]):
+    """One collection read into memory; a mapping of table name -> DataFrame
+    (``keys()``, ``items()``, ``in``, ``get()``).
 
     Attributes:
         path: the collection folder.
@@ -99,6 +100,13 @@ class Collection:
 
     def __len__(self) -> int:
         return len(self.tables)
+
+    # Mapping's __eq__ would compare DataFrames cell by cell: a collection is itself.
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __hash__(self) -> int:
+        return id(self)
 
     @property
     def collection_id(self) -> str:

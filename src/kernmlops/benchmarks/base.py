@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -11,6 +12,7 @@ from typing import IO, TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, cast
 from pydantic import BaseModel, ConfigDict
 
 from kernmlops.host.cgroup import Containment
+from kernmlops.host.environment import Environment
 from kernmlops.lazy import lazy_import
 from kernmlops.registry import options_model, options_of
 
@@ -75,6 +77,9 @@ class Benchmark(ABC, Generic[OptionsT]):
     #: Default process filter: "tree" follows the benchmark's processes,
     #: "system" traces everything.
     default_filter: ClassVar[str] = "system"
+    #: the run's environment (CPUs, THP), set by the session before setup(): servers
+    #: started with start_service are kept on the benchmark's CPUs too
+    environment: Environment | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -122,6 +127,8 @@ class Benchmark(ABC, Generic[OptionsT]):
         # The shell puts itself in the cgroup before it execs the command, so not
         # even a first fork can happen outside it.
         enter = 'if [ -n "$0" ]; then echo $$ > "$0/cgroup.procs" || exit 126; fi; exec "$@"'
+        env = self.environment
+        cpus = env.cpus if env is not None else None
         try:
             proc = subprocess.Popen(
                 ["/bin/sh", "-c", enter, str(box.path or ""), *argv],
@@ -130,11 +137,15 @@ class Benchmark(ABC, Generic[OptionsT]):
                 stdout=stdout,
                 stderr=stderr,
                 start_new_session=True,
+                # benchmark.cpus: on its CPUs before it starts a thread
+                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
             )
         except OSError:
             box.close()
             raise
         box.add(proc.pid)  # the watchdog learns its process group
+        if env is not None:
+            env.limit(proc.pid, box.path)
         self.__dict__.setdefault("_services", []).append(box)
         return proc
 

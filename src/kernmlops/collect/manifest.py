@@ -113,6 +113,9 @@ class BenchmarkRecord(_Record):
     stopped_uptime_us: int | None = None
     #: the cgroup v2 the benchmark ran in (None: a process group only)
     cgroup: str | None = None
+    #: what was set for the run: transparent_hugepages (set, was, restored),
+    #: page_cache (dropped, Cached before and after), cpus (list, cpuset or affinity)
+    environment: dict[str, Any] | None = None
 
 
 class Manifest(_Record):

@@ -47,6 +47,7 @@ from kernmlops.errors import (
 from kernmlops.hooks import get_hook
 from kernmlops.hooks.base import Hook, HookContext, HookStatus
 from kernmlops.host.cgroup import set_oom_score_adj
+from kernmlops.host.environment import Environment
 from kernmlops.host.sysinfo import system_info
 from kernmlops.lazy import preload
 from kernmlops.tables import Sink
@@ -163,11 +164,14 @@ class Session:
         self._parquet: ParquetSink | None = None
         self._disk_full = False
         self._compaction: dict[str, str] = {}
+        #: benchmark.cpus / transparent_hugepages / drop_page_cache, applied in run()
+        self.environment = Environment()
 
     # -- public -------------------------------------------------------------
     def run(self) -> CollectionResult:
         cfg = self.config.collector
         self.benchmark.check()  # before anything is started or attached
+        self.environment = env = Environment.from_options(self.config.benchmark)
         started_at = datetime.now(UTC)
         if self._sink is None:
             # Pre-flight: a folder that cannot take the collection fails here, before
@@ -217,6 +221,8 @@ class Session:
         outputs: list[IO[bytes]] = []
         old_handlers = self._install_signals()
         try:
+            env.apply()  # THP and the page cache; restored in _finish
+            self.benchmark.environment = env
             self.benchmark.setup(workdir)
             launch = self.benchmark.launch()
             if mode == "auto":
@@ -227,6 +233,7 @@ class Session:
                 if launch.capture_output:
                     outputs = [(workdir / n).open("wb") for n in ("stdout.txt", "stderr.txt")]
                 proc = GatedProcess(launch, *outputs)
+                env.limit(proc.pid, proc.containment.path)  # held at the gate
                 if cfg.nice is not None:  # held at the gate: its children inherit this
                     os.setpriority(os.PRIO_PROCESS, proc.pid, own_nice)
             if own_oom is not None:
@@ -364,6 +371,7 @@ class Session:
             step(participant.close)
         if flt is not None:
             step(flt.close)
+        step(self.environment.restore)  # THP as it was, even after Ctrl+C or a failure
         return bench_exit
 
     @staticmethod
@@ -512,6 +520,7 @@ class Session:
             started_uptime_us=proc.started_ns // 1000 if proc and proc.started_ns else None,
             stopped_uptime_us=proc.ended_ns // 1000 if proc and proc.ended_ns else None,
             cgroup=proc.containment.cgroup if proc else None,
+            environment=dict(self.environment.record) or None,
         )
 
     def _checkpoint(self, hooks: list[Hook]) -> None:

@@ -1,0 +1,141 @@
+"""The benchmark's environment: THP set for the run and restored (after a failure and
+Ctrl+C too), the page cache dropped first, the benchmark kept on benchmark.cpus; each
+checked from inside the benchmark (/sys, /proc/meminfo, /proc/self/status) and in the
+manifest."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kernmlops.errors import BenchmarkError
+from kernmlops.host.cpus import online_cpus
+from kernmlops.host.environment import (
+    THP_ENABLED,
+    cached_bytes,
+    read_thp_mode,
+    resolve_cpus,
+)
+from tests.e2e.conftest import KERNMLOPS, only_collection
+
+needs_thp = pytest.mark.skipif(read_thp_mode() is None, reason="no transparent huge pages")
+
+
+def test_resolve_cpus() -> None:
+    assert resolve_cpus(None, [0, 1, 2]) is None
+    assert resolve_cpus(0, [0, 1, 2]) is None
+    assert resolve_cpus(2, [0, 2, 5]) == [0, 2]
+    assert resolve_cpus("0,2-3", [0, 1, 2, 3]) == [0, 2, 3]
+    with pytest.raises(BenchmarkError, match="3 CPUs asked for, 2 online"):
+        resolve_cpus(3, [0, 1])
+    with pytest.raises(BenchmarkError, match=r"CPU\(s\) 7 not online"):
+        resolve_cpus("0,7", [0, 1])
+    with pytest.raises(BenchmarkError, match="not a CPU count or list"):
+        resolve_cpus("two", [0, 1])
+
+
+def test_readers(tmp_path: Path) -> None:
+    (tmp_path / "enabled").write_text("always madvise [never]\n")
+    assert read_thp_mode(tmp_path / "enabled") == "never"
+    assert read_thp_mode(tmp_path / "absent") is None
+    (tmp_path / "meminfo").write_text("MemTotal: 100 kB\nCached:   2048 kB\n")
+    assert cached_bytes(tmp_path / "meminfo") == 2048 * 1024
+
+
+def _other_mode() -> str:
+    return "never" if read_thp_mode() != "never" else "madvise"
+
+
+def _collect(tmp_path: Path, bench: dict, *command: str) -> subprocess.Popen[str]:
+    cfg = tmp_path / "env.yaml"
+    cfg.write_text(yaml.safe_dump({"benchmark": bench}))
+    return subprocess.Popen(
+        [*KERNMLOPS, "collect", "--no-progress", "-o", str(tmp_path / "out"), "-c", str(cfg),
+         "--hooks", "process_trace", "--", *command],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+# What the benchmark sees, printed as key=value lines.
+_REPORT = (
+    f"echo thp=$(cat {THP_ENABLED});"
+    " echo cpus=$(sed -n 's/^Cpus_allowed_list:\\s*//p' /proc/self/status);"
+    " echo cached_kib=$(sed -n 's/^Cached:\\s*\\([0-9]*\\) kB/\\1/p' /proc/meminfo)"
+)
+
+
+def _seen(stdout: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in stdout.splitlines() if "=" in line)
+
+
+@pytest.mark.bpf
+@needs_thp
+@pytest.mark.skipif(len(online_cpus()) < 2, reason="needs 2 CPUs")
+def test_thp_cpus_and_page_cache_during_and_after_a_failing_run(tmp_path: Path) -> None:
+    before, mode = read_thp_mode(), _other_mode()
+    # 64 MiB of cached file pages that the drop must take away
+    data = tmp_path / "warm.bin"
+    data.write_bytes(os.urandom(64 << 20))
+    data.read_bytes()
+    cached_before = cached_bytes()
+    cpu = online_cpus()[-1]
+    proc = _collect(
+        tmp_path,
+        {"transparent_hugepages": mode, "cpus": str(cpu), "drop_page_cache": True},
+        "sh", "-c", _REPORT + "; exit 3",
+    )  # fmt: skip
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 3, err  # the benchmark's failure is the command's
+    seen = _seen(out)
+    assert f"[{mode}]" in seen["thp"]  # during the run
+    assert seen["cpus"] == str(cpu)
+    assert read_thp_mode() == before  # after it, although it failed
+    assert cached_before is not None
+    assert int(seen["cached_kib"]) * 1024 < cached_before - (32 << 20)
+    env = only_collection(tmp_path / "out").manifest.benchmark.environment
+    assert env["transparent_hugepages"] == {"set": mode, "was": before, "restored": before}
+    page = env["page_cache"]
+    assert page["dropped"] and page["cached_bytes_after"] < page["cached_bytes_before"] - (32 << 20)
+    assert env["cpus"]["cpus"] == str(cpu) and env["cpus"]["method"] in ("cpuset", "affinity")
+
+
+@pytest.mark.bpf
+@needs_thp
+def test_thp_is_restored_after_ctrl_c_and_a_count_of_cpus(tmp_path: Path) -> None:
+    before, mode = read_thp_mode(), _other_mode()
+    proc = _collect(
+        tmp_path, {"transparent_hugepages": mode, "cpus": 1},
+        "sh", "-c", _REPORT + "; exec sleep 60",
+    )  # fmt: skip
+    assert proc.stdout is not None
+    lines = [proc.stdout.readline() for _ in range(3)]  # the benchmark is running
+    assert read_thp_mode() == mode
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert read_thp_mode() == before
+    seen = _seen("".join(lines) + out)
+    assert seen["cpus"] == str(online_cpus()[0])
+    env = only_collection(tmp_path / "out").manifest.benchmark.environment
+    assert env["transparent_hugepages"]["restored"] == before and "page_cache" not in env
+
+
+def test_bad_cpus_fail_before_anything_runs(tmp_path: Path) -> None:
+    cfg = tmp_path / "env.yaml"
+    cfg.write_text(yaml.safe_dump({"benchmark": {"cpus": 4096}}))
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernmlops", "collect", "-o", str(tmp_path / "out"),
+         "-c", str(cfg), "--", "touch", str(tmp_path / "ran")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "benchmark.cpus: 4096 CPUs asked for" in proc.stderr
+    assert not (tmp_path / "ran").exists()

@@ -1,0 +1,74 @@
+"""kernmlops.data_import: KernMLOps' read_parquet_dir(path) -> {table: DataFrame} over
+every collection, its README's use (filter a table by tgid), and Collection as a mapping."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from kernmlops import data_import as di
+from kernmlops.collect.manifest import write_manifest
+from kernmlops.collect.sinks import ParquetSink
+from kernmlops.data import read_collection
+from kernmlops.errors import CollectionError
+
+
+def _collection(root: Path, benchmark: str, cid: str, tgids: list[int]) -> None:
+    folder = root / f"benchmark={benchmark}" / f"collection_id={cid}"
+    with ParquetSink(folder, cid) as sink:
+        sink.write(
+            "dtlb_misses",
+            pl.DataFrame({"tgid": tgids, "cumulative_count": [10 * t for t in tgids]}),
+        )
+        if benchmark == "gap":
+            sink.write("block_io", pl.DataFrame({"tgid": [7], "bytes": [4096]}))
+    write_manifest(folder, {"collection_id": cid, "benchmark": benchmark,
+                            "tables": sink.files_written()})  # fmt: skip
+
+
+@pytest.fixture
+def curated(tmp_path: Path) -> Path:
+    root = tmp_path / "curated"
+    _collection(root, "faux", "a", [1, 2, 2])
+    _collection(root, "gap", "b", [2, 3])
+    _collection(root, "linux-build", "c", [4])
+    return root
+
+
+def test_every_table_of_every_collection(curated: Path) -> None:
+    r = di.read_parquet_dir(curated)
+    assert sorted(r.keys()) == ["block_io", "dtlb_misses"]
+    dtlb = r["dtlb_misses"]
+    assert dtlb.height == 6
+    assert sorted(dtlb["collection_id"].unique()) == ["a", "b", "c"]
+    # KernMLOps' README: a table, filtered to one program
+    mine = dtlb.filter(pl.col("tgid") == 2)
+    assert sorted(mine["collection_id"]) == ["a", "a", "b"]
+    assert mine["cumulative_count"].to_list() == [20, 20, 20]
+    assert r["block_io"]["benchmark"].to_list() == ["gap"]
+
+
+def test_benchmark_name_keeps_one_benchmark(curated: Path) -> None:
+    r = di.read_parquet_dir(curated, benchmark_name="gap")
+    assert set(r) == {"block_io", "dtlb_misses"}
+    assert r["dtlb_misses"]["tgid"].to_list() == [2, 3]
+    # KernMLOps spells it linux_build
+    r = di.read_parquet_dir(str(curated), benchmark_name="linux_build")
+    assert list(r) == ["dtlb_misses"] and r["dtlb_misses"]["tgid"].to_list() == [4]
+    with pytest.raises(CollectionError, match="no collections of benchmark 'redis'"):
+        di.read_parquet_dir(curated, benchmark_name="redis")
+    with pytest.raises(CollectionError, match="no collections"):
+        di.read_parquet_dir(curated.parent)
+
+
+def test_a_collection_is_a_mapping(curated: Path) -> None:
+    col = read_collection(curated / "benchmark=gap" / "collection_id=b")
+    assert sorted(col.keys()) == ["block_io", "dtlb_misses"]
+    assert "block_io" in col and "nope" not in col
+    assert dict(col.items())["block_io"]["bytes"].to_list() == [4096]
+    assert [f.height for f in col.values()] == [col[k].height for k in col]
+    assert col.get("nope") is None
+    assert col == col and col != read_collection(col.path)
+    assert len({col}) == 1
