@@ -30,7 +30,13 @@ from kernmlops.ebpf.libbpf import LibbpfError
 from kernmlops.ebpf.objects import BpfObject, open_and_load
 from kernmlops.ebpf.spec import object_spec
 from kernmlops.errors import KernmlopsError
-from kernmlops.exporter.config import CounterSpec, HistogramSpec, MetricSet
+from kernmlops.exporter.config import (
+    EBPF_EXPORTER_FORMAT,
+    KERNMLOPS_FORMAT,
+    CounterSpec,
+    HistogramSpec,
+    MetricSet,
+)
 from kernmlops.exporter.decoders import (
     CgroupPaths,
     DecodeError,
@@ -41,6 +47,7 @@ from kernmlops.exporter.decoders import (
 )
 from kernmlops.exporter.histogram import Buckets
 from kernmlops.exporter.maps import MapReader
+from kernmlops.exporter.perf_event import attach_perf_event, is_perf_event, register_section_handler
 
 SELF = "kernmlops_exporter"
 DEFAULT_MAX_LABEL_SETS = 10_000
@@ -130,11 +137,14 @@ class MetricReader:
         reader: MapReader,
         ctx: DecoderContext,
         max_label_sets: int,
+        *,
+        flavor: str = KERNMLOPS_FORMAT,
+        offset: int = 0,
     ) -> None:
         self.set_name = set_name
         self.spec = spec
         self.reader = reader
-        self.decoders = label_decoders(spec.labels, ctx)
+        self.decoders = label_decoders(spec.labels, ctx, flavor=flavor, offset=offset)
         self.label_names = [d.name for d in self.decoders]
         self.max_label_sets = spec.max_label_sets or max_label_sets
         #: raw key -> index of its label set, or -1 (dropped: regexp or limit)
@@ -405,7 +415,7 @@ class Exporter:
         if cached and src is not None and stale:
             from kernmlops.ebpf.build import compile_object
 
-            compile_object(src, path, vmlinux_dir=self.bpf_dir)
+            compile_object(src, path, vmlinux_dir=self.bpf_dir, cflags=ms.cflags)
         if not path.exists():
             hint = "kernmlops build-bpf" if ms.builtin else "compile its .bpf.c"
             raise ExporterError(f"metric set {ms.name}: BPF object {path} not found ({hint})")
@@ -427,27 +437,38 @@ class Exporter:
                 f"(no {', '.join(missing)}: include exp_common.h and call exp_*_wanted())"
             )
         values.update(job_globals)
+        ee = ms.format == EBPF_EXPORTER_FORMAT
+        if ee:
+            from kernmlops.exporter import compat
+
+            values.update(compat.kaddr_globals(ms.kaddrs))
         reuse = {"kmo_tracked": self.process_filter_fd} if self.process_filter_fd else {}
+        register_section_handler()
         obj = loaded.obj = open_and_load(path, globals_=values, reuse_maps=reuse)
         loaded.status.loaded = True
         loaded.status.variant = obj.variant
         for spec in ms.metrics:
-            check_fit(ms, spec, obj)
+            (compat.check_fit if ee else check_fit)(ms, spec, obj)
         for prog in obj.programs.values():
             if not prog.autoload:
                 continue
             st = ProgramStatus(prog.name, prog.section, fd=prog.fd)
             try:
-                prog.attach()
+                if is_perf_event(prog.section):
+                    attach_perf_event(prog)
+                else:
+                    prog.attach()
                 st.attached = True
             except LibbpfError as err:
                 st.error = str(err).splitlines()[0]
             loaded.status.programs.append(st)
         for spec in ms.metrics:
-            reader = MapReader(obj.map(spec.map))
-            loaded.metrics.append(
-                MetricReader(ms.name, spec, reader, self.ctx, self.max_label_sets)
-            )
+            if ee:
+                metric = compat.make_reader(ms.name, spec, obj, self.ctx, self.max_label_sets)
+            else:
+                reader = MapReader(obj.map(spec.map))
+                metric = MetricReader(ms.name, spec, reader, self.ctx, self.max_label_sets)
+            loaded.metrics.append(metric)
 
     @property
     def statuses(self) -> list[SetStatus]:
