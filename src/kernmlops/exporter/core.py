@@ -578,6 +578,11 @@ class Exporter:
             "label sets left out because the metric reached its max_label_sets",
             labels=["set", "metric"],
         )
+        program_info = GaugeMetricFamily(
+            f"{SELF}_program_info",
+            "a loaded BPF program: its kernel id and tag (bpftool prog show id ID)",
+            labels=["set", "program", "id", "tag"],
+        )
         stats_on = self.bpf_stats_on
         for loaded in self.sets:
             st = loaded.status
@@ -590,9 +595,11 @@ class Exporter:
                 n = loaded.obj.map("exp_map_full").lookup_percpu(0).sum()
                 full.add_metric([st.name], float(n))
             for prog in st.programs:
+                info = libbpf.prog_info(prog.fd)
+                tag = bytes(info.tag).hex()
+                program_info.add_metric([st.name, prog.name, str(info.id), tag], 1.0)
                 if not prog.attached:
                     continue
-                info = libbpf.prog_info(prog.fd)
                 recursion.add_metric([st.name, prog.name], float(info.recursion_misses))
                 if stats_on:
                     run_time.add_metric([st.name, prog.name], info.run_time_ns / 1e9)
@@ -601,9 +608,14 @@ class Exporter:
                 for label, n in sorted(metric.decoder_errors.items()):
                     errors.add_metric([st.name, metric.spec.name, label], float(n))
                 dropped.add_metric([st.name, metric.spec.name], float(len(metric.dropped)))
-        out: list[Metric] = [enabled, attached, missed, full, recursion, errors, dropped]
+        out: list[Metric] = [enabled, attached, missed, program_info, full, recursion, errors]
+        out.append(dropped)
         if stats_on:
             out += [run_time, run_count]
+        if any(loaded.set.format == EBPF_EXPORTER_FORMAT for loaded in self.sets):
+            from kernmlops.exporter.compat import builtin_metrics
+
+            out += builtin_metrics(self.sets, stats_on)  # its dashboards find them
         stats = GaugeMetricFamily(
             f"{SELF}_bpf_stats_enabled", "1 if the kernel keeps BPF program run times"
         )
