@@ -155,8 +155,9 @@ def test_program_info_matches_bpftool(write_sizes: Exporter) -> None:
         assert shown["name"] == info["program"][:15]
         assert info["config"] == "write-sizes"
         assert got[("ebpf_exporter_ebpf_program_attached", (("id", info["id"]),))] == 1
-        ours = ("set", "write-sizes"), ("program", info["program"])
-        assert got[("kernmlops_exporter_program_info", (("id", info["id"]), ours[1], ours[0], ("tag", info["tag"])))] == 1  # fmt: skip
+        ours = {"set": "write-sizes", "program": info["program"], "id": info["id"]}
+        ours["tag"] = info["tag"]
+        assert got[("kernmlops_exporter_program_info", tuple(sorted(ours.items())))] == 1
     assert got[("ebpf_exporter_enabled_configs", (("name", "write-sizes"),))] == 1
 
 
@@ -173,7 +174,8 @@ def test_perf_event_program_per_cpu() -> None:
         got = _samples(exporter.render().decode())
     finally:
         exporter.close()
-    series = {dict(k[1])["cpu"]: v for k, v in got.items() if k[0] == "ebpf_exporter_cpu_clock_samples_total"}  # fmt: skip
+    name = "ebpf_exporter_cpu_clock_samples_total"
+    series = {dict(k[1])["cpu"]: v for k, v in got.items() if k[0] == name}
     assert set(series) == {str(c) for c in online_cpus()}
     assert all(v > 0 for v in series.values()), series
 
@@ -212,25 +214,25 @@ def test_capabilities_dropped_after_attach(keep: str, mask: int) -> None:
         f"--capabilities.keep={keep}",
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}/metrics"
     try:
         deadline = time.monotonic() + 120
         body = ""
         while time.monotonic() < deadline and proc.poll() is None:
             try:
-                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()  # fmt: skip
+                body = urllib.request.urlopen(url, timeout=5).read().decode()
                 break
             except OSError:
                 time.sleep(0.2)
         assert body, proc.stdout.read() if proc.poll() is not None else "no answer"  # type: ignore[union-attr]
         for task in Path(f"/proc/{proc.pid}/task").iterdir():
-            status = dict(
-                line.split(":\t", 1) for line in (task / "status").read_text().splitlines() if ":\t" in line
-            )  # fmt: skip
+            lines = (task / "status").read_text().splitlines()
+            status = dict(line.split(":\t", 1) for line in lines if ":\t" in line)
             assert int(status["CapEff"], 16) == mask, (task.name, status["CapEff"])
             assert int(status["CapPrm"], 16) == mask, (task.name, status["CapPrm"])
         # a scrape after the drop still reads the maps
         _job("kmo-ee-caps", [], 10)
-        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        body = urllib.request.urlopen(url, timeout=5).read().decode()
         key = (
             "ebpf_exporter_test_syscalls_total",
             (("comm", "kmo-ee-caps"), ("syscall", "getppid")),
