@@ -151,6 +151,14 @@ def _summary(result) -> Table:
     help="also serve live Prometheus metrics of the traced processes (kernmlops export's "
     "sets) at HOST:PORT, e.g. 127.0.0.1:9435.",
 )
+@click.option(
+    "--export-grace",
+    "export_grace",
+    type=click.FloatRange(min=0),
+    metavar="SECONDS",
+    help="with --export: after the benchmark ends, serve the final values until a scrape "
+    "took them or SECONDS passed (default: two scrape intervals; 0: stop at once).",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def collect(
     config_file: Path | None,
@@ -163,6 +171,7 @@ def collect(
     strict: bool | None,
     no_progress: bool,
     export_addr: str | None,
+    export_grace: float | None,
     command: tuple[str, ...],
 ) -> None:
     """Run a benchmark (or COMMAND) while the hooks collect; write one collection.
@@ -208,6 +217,8 @@ def collect(
         flags["collector.progress"] = False
     if export_addr:
         flags["collector.export"] = export_addr
+    if export_grace is not None:
+        flags["collector.export_grace_s"] = export_grace
     try:
         config = load_config(config_file, flags)
         require_bpf_privileges("collect")

@@ -76,6 +76,13 @@ class CollectorConfig(_Strict):
     export_sets: list[str] = Field(
         [], description="metric sets served with export: files or built-in names; []: defaults"
     )
+    export_grace_s: float | None = Field(
+        None,
+        ge=0,
+        description="after the benchmark ends, export keeps serving the final values until a "
+        "scrape took them or this many seconds passed; null: two scrape intervals as seen "
+        "(30 s before any), 0: stop at once",
+    )
     nice: int | None = Field(
         None,
         ge=-20,

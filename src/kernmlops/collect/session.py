@@ -286,6 +286,7 @@ class Session:
                     os.setpriority(os.PRIO_PROCESS, 0, own_nice)
             if own_oom is not None:
                 set_oom_score_adj("self", own_oom)
+            self._close_exporter(errors)
         stopped_at = datetime.now(UTC)
         for hook in hooks:
             hook.status.rows = {t: rows.get(t, 0) for t in hook.tables}
@@ -358,12 +359,25 @@ class Session:
             self.results_error = f"teardown failed: {err}"
         step(self.benchmark.stop_services)  # servers of setup() and all they started
         shutil.rmtree(workdir, ignore_errors=True)
-        if self._exporter is not None:
-            self.exporter_summary = self._exporter.summary()
-            step(self._exporter.close)
         if flt is not None:
             step(flt.close)
         return bench_exit
+
+    def _close_exporter(self, errors: list[BaseException]) -> None:
+        """Last: the job's final values are served until a scrape took them (or
+        collector.export_grace_s passed), then the exporter stops."""
+        if self._exporter is None:
+            return
+        try:
+            self._exporter.hold_final(self.config.collector.export_grace_s, self.on_message)
+        except Exception as err:  # reported; the collection is already written
+            errors.append(err)
+        self.exporter_summary = self._exporter.summary()
+        try:
+            self._exporter.close()
+        except Exception as err:
+            errors.append(err)
+        self._exporter = None
 
     @staticmethod
     def _close_sink(sink: Sink, errors: list[BaseException]) -> dict[str, int]:
