@@ -229,3 +229,41 @@ def test_job_filter_settings() -> None:
     assert got["exp_comm"].to_bytes(16, "little") == b"a-very-long-thr\0"
     with pytest.raises(ExporterError, match="a process id is positive"):
         JobFilter(tgid=0).globals()
+
+
+def test_bulk_float_texts_match_prometheus_client() -> None:
+    from prometheus_client.utils import floatToGoString
+
+    from kernmlops.exporter.core import float_texts
+
+    values = [0.0, 1.0, 0.5, 1e-7, 999999.0, 1e6, 1234567.5, 2.0**53, 1e16, 3e22]
+    values += [float("inf"), float("-inf"), float("nan"), -2.5, -1e7, 123456.789]
+    assert float_texts(np.array(values)) == [floatToGoString(v) for v in values]
+    assert float_texts(np.zeros((0, 3))) == []
+    table = np.array([[1.0, 2e6], [3.0, 4.5]])  # rows in order
+    assert float_texts(table) == ["1.0", "2e+06", "3.0", "4.5"]
+
+
+def test_plain_text_of_own_metrics_matches_generate_latest() -> None:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    from kernmlops.exporter.core import plain_text
+
+    gauge = GaugeMetricFamily("t_gauge", 'help "with" \\ and\nnewline', labels=["set", "b"])
+    gauge.add_metric(['odd "value" \\ \n', "x"], 1.0)
+    gauge.add_metric(["plain", "y"], 2.5e6)
+    counter = CounterMetricFamily("t_runs", "runs", labels=["program"])
+    counter.add_metric(["p1"], 12345678.0)
+    bare = GaugeMetricFamily("t_bare", "no labels")
+    bare.add_metric([], 0.25)
+    empty = CounterMetricFamily("t_empty", "no samples", labels=["x"])
+    families = [gauge, counter, bare, empty]
+    assert plain_text(families).encode() == generate_latest(_Families(families))
+
+
+def test_large_counts_written_as_prometheus_client_writes_them() -> None:
+    rows = {key(b"big", 0): [2_000_000, 3, 0, 1_500_000, 7, 10**12]}
+    text, reference = both_ways(reader(HIST, rows))
+    assert text == reference
+    text, reference = both_ways(reader(COUNTER, {key(b"big", 1): [12_345_678]}))
+    assert text == reference

@@ -72,8 +72,8 @@ class MapReader:
 
     def _finish(self, key_parts: list[bytes], value_parts: list[np.ndarray]) -> tuple:
         raw_keys = b"".join(key_parts)
-        ks = self.key_size
-        keys = [raw_keys[i : i + ks] for i in range(0, len(raw_keys), ks)]
+        # one bytes object per key, cut in C (void items keep trailing zeros)
+        keys = np.frombuffer(raw_keys, dtype=f"V{self.key_size}").tolist()
         if self.split_cpus:
             cpus = [cpu.to_bytes(2, "little") for cpu in range(self.ncpu)]
             keys = [key + cpu for key in keys for cpu in cpus]
