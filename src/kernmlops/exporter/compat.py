@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 
 from kernmlops.exporter.config import (
     BUILTIN_DIR,
@@ -82,7 +82,14 @@ class _EeHistogram(_Strict):
     bucket_min: int = 0
     bucket_max: int = 0
     bucket_keys: list[float] | None = None
-    labels: list[LabelSpec] = Field(min_length=1, description="the last label is the bucket")
+    labels: list[LabelSpec] = Field(description="the last label is the bucket")
+
+    @field_validator("labels")
+    @classmethod
+    def _bucket_last(cls, labels: list[LabelSpec]) -> list[LabelSpec]:
+        if not labels:
+            raise ValueError("a histogram's last label is the bucket: give at least that one")
+        return labels
 
 
 class _EeMetrics(_Strict):
@@ -211,7 +218,7 @@ def parse_ebpf_exporter_config(data: Any, path: Path) -> MetricSet:
     try:
         cfg = _EeConfig.model_validate(data)
     except ValidationError as err:
-        raise MetricSetError(format_errors(err, where, data)) from None
+        raise MetricSetError(format_errors(err, f"{path} (ebpf_exporter's format)", data)) from None
     if cfg.tracing and cfg.tracing.get("spans"):
         raise MetricSetError(
             f"{where}: tracing spans (ebpf_exporter's OpenTelemetry output) are not "
@@ -271,7 +278,7 @@ def parse_ebpf_exporter_config(data: Any, path: Path) -> MetricSet:
             metrics=MetricsSpec(counters=counters, histograms=histograms),
         )
     except ValidationError as err:
-        raise MetricSetError(format_errors(err, where, data)) from None
+        raise MetricSetError(format_errors(err, f"{path} (ebpf_exporter's format)", data)) from None
     return MetricSet(
         name=stem,
         spec=spec,
