@@ -218,7 +218,8 @@ def parse_ebpf_exporter_config(data: Any, path: Path) -> MetricSet:
     try:
         cfg = _EeConfig.model_validate(data)
     except ValidationError as err:
-        raise MetricSetError(format_errors(err, f"{path} (ebpf_exporter's format)", data)) from None
+        source = f"{path} (ebpf_exporter's format)"
+        raise MetricSetError(format_errors(err, source, data, _EeConfig)) from None
     if cfg.tracing and cfg.tracing.get("spans"):
         raise MetricSetError(
             f"{where}: tracing spans (ebpf_exporter's OpenTelemetry output) are not "

@@ -353,9 +353,9 @@ def _where(loc: tuple[Any, ...], data: Any) -> str:
     return out or "(top level)"
 
 
-def _model_fields_at(loc: tuple[Any, ...]) -> list[str]:
+def _model_fields_at(loc: tuple[Any, ...], top: type[BaseModel] | None = None) -> list[str]:
     """Valid keys of the model holding the key at ``loc`` (for 'did you mean')."""
-    model: type[BaseModel] = MetricSetSpec
+    model: type[BaseModel] = top or MetricSetSpec
     for part in loc:
         if isinstance(part, int):
             continue
@@ -371,13 +371,16 @@ def _model_fields_at(loc: tuple[Any, ...]) -> list[str]:
     return sorted(model.model_fields)
 
 
-def format_errors(error: ValidationError, source: str, data: Any) -> str:
+def format_errors(
+    error: ValidationError, source: str, data: Any, model: type[BaseModel] | None = None
+) -> str:
+    """One line per problem; ``model``: the file's top-level model (ours by default)."""
     lines = [f"invalid metric set {source}:"]
     for err in error.errors():
         loc = tuple(err["loc"])
         where = _where(loc, data)
         if err["type"] == "extra_forbidden":
-            valid = _model_fields_at(loc[:-1])
+            valid = _model_fields_at(loc[:-1], model)
             near = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
             hint = f"; did you mean {near[0]!r}?" if near else ""
             lines.append(f"  - {where}: unknown key{hint} (valid here: {', '.join(valid)})")
