@@ -267,3 +267,19 @@ def test_large_counts_written_as_prometheus_client_writes_them() -> None:
     assert text == reference
     text, reference = both_ways(reader(COUNTER, {key(b"big", 1): [12_345_678]}))
     assert text == reference
+
+
+def test_repeated_scrapes_follow_label_sets_that_come_and_go() -> None:
+    """The text before each value is kept between scrapes: a scrape after a
+    label set appeared (or went) still writes what prometheus_client writes."""
+    rows = {key(b"a", 0): [1, 2, 3, 4, 5, 6], key(b"b", 1): [0, 0, 1, 0, 0, 9]}
+    metric = reader(HIST, rows)
+    first = both_ways(metric)
+    assert first[0] == first[1]
+    assert both_ways(metric) == first
+    rows[key(b"c", 0)] = [5, 0, 0, 0, 0, 1]
+    text, reference = both_ways(metric)
+    assert text == reference and b'comm="c"' in text
+    del rows[key(b"a", 0)]
+    text, reference = both_ways(metric)
+    assert text == reference and b'comm="a"' not in text

@@ -158,6 +158,8 @@ class MetricReader:
         self.decoder_errors: dict[str, int] = {}
         self._text_labels: dict[int, tuple[str, str]] = {}
         self._text_prefixes: dict[int, list[str]] = {}
+        self._last_positions: list[int] = []
+        self._last_prefixes: list[str] = []
         self.last_error: str | None = None
 
     def _label_index(self, key: bytes) -> int:
@@ -239,6 +241,8 @@ class MetricReader:
     def _prefixes(self, positions: list[int]) -> list[str]:
         """Each series' text before its value (``name{labels} ``), made once per
         label set: a histogram's buckets, then _count and _sum."""
+        if positions == self._last_positions:  # the usual scrape: the same label sets
+            return self._last_prefixes
         cache = self._text_prefixes
         missing = [p for p in positions if p not in cache]
         spec = self.spec
@@ -255,7 +259,9 @@ class MetricReader:
                 f"{spec.name}_count{braced} ",
                 f"{spec.name}_sum{braced} ",
             ]
-        return list(itertools.chain.from_iterable(map(cache.__getitem__, positions)))
+        prefixes = list(itertools.chain.from_iterable(map(cache.__getitem__, positions)))
+        self._last_positions, self._last_prefixes = positions, prefixes
+        return prefixes
 
     def text(self, snap: tuple[list[int], np.ndarray], out: list[str]) -> None:
         """The snapshot in the text exposition format into ``out``: the bytes
