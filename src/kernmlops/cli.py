@@ -156,6 +156,14 @@ def _summary(result) -> Table:
     help="also serve live Prometheus metrics of the traced processes (kernmlops export's "
     "sets) at HOST:PORT, e.g. 127.0.0.1:9435.",
 )
+@click.option(
+    "--export-grace",
+    "export_grace",
+    type=click.FloatRange(min=0),
+    metavar="SECONDS",
+    help="with --export: after the benchmark ends, serve the final values until a scrape "
+    "took them or SECONDS passed (default: two scrape intervals; 0: stop at once).",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def collect(
     config_file: Path | None,
@@ -168,6 +176,7 @@ def collect(
     strict: bool | None,
     no_progress: bool,
     export_addr: str | None,
+    export_grace: float | None,
     command: tuple[str, ...],
 ) -> None:
     """Run a benchmark (or COMMAND) while the hooks collect; write one collection.
@@ -207,6 +216,7 @@ def collect(
         filter="tgid" if tgid is not None else "system" if system_wide else None,
         progress=False if no_progress else None,
         export=export_addr or None,
+        export_grace_s=export_grace,
     )
     if config_file is None and Path(OVERRIDES).is_file():
         config_file = Path(OVERRIDES)

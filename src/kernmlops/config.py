@@ -83,6 +83,13 @@ class CollectorConfig(_Strict):
     export_sets: list[str] = Field(
         [], description="metric sets served with export: files or built-in names; []: defaults"
     )
+    export_grace_s: float | None = Field(
+        None,
+        ge=0,
+        description="after the benchmark ends, export keeps serving the final values until a "
+        "scrape took them or this many seconds passed; null: two scrape intervals as seen "
+        "(30 s before any), 0: stop at once",
+    )
     nice: int | None = Field(
         None,
         ge=-20,
@@ -263,6 +270,8 @@ class Flags:
     progress: bool | None = None
     #: --export: collector.export
     export: str | None = None
+    #: --export-grace: collector.export_grace_s
+    export_grace_s: float | None = None
 
     def paths(self) -> dict[str, Any]:
         """``{"section.key": value}`` of every flag that is set."""
@@ -277,6 +286,7 @@ class Flags:
             "collector.strict": self.strict,
             "collector.progress": self.progress,
             "collector.export": self.export,
+            "collector.export_grace_s": self.export_grace_s,
         }
         return {k: v for k, v in paths.items() if v is not None}
 

@@ -59,3 +59,56 @@ def test_collect_serves_the_metrics_of_its_processes(tmp_path: Path) -> None:
     assert syscalls["loaded"] and syscalls["error"] is None and syscalls["attached"] == 2
     with pytest.raises(OSError):  # the server is gone with the collection
         urllib.request.urlopen(url, timeout=2)
+
+
+JOB_CALLS = 1_000_000
+JOB = f"import os\nfor _ in range({JOB_CALLS}):\n    os.getppid()\n"
+
+
+def scrape_job_every_second(tmp_path: Path, *extra: str) -> tuple[float | None, int, str, int]:
+    """Run JOB under collect --export while scraping once a second, as
+    Prometheus would: the last getppid count seen, the scrapes, the output and
+    the exit code."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    collect = subprocess.Popen(
+        [sys.executable, "-m", "kernmlops", "collect", "--no-progress", "-o", str(tmp_path),
+         "--hooks", "process_trace", "--export", f"127.0.0.1:{port}", *extra,
+         "--", sys.executable, "-c", JOB],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    last, scrapes = None, 0
+    try:
+        deadline = time.monotonic() + 120
+        while collect.poll() is None and time.monotonic() < deadline:
+            tick = time.monotonic()
+            try:
+                with urllib.request.urlopen(url, timeout=5) as resp:
+                    text = resp.read().decode()
+            except OSError:
+                time.sleep(0.1)
+                continue
+            scrapes += 1
+            for family in text_string_to_metric_families(text):
+                for s in family.samples:
+                    if s.name == "kernmlops_syscalls_total" and s.labels["syscall"] == "getppid":
+                        last = s.value
+            time.sleep(max(0.0, 1.0 - (time.monotonic() - tick)))
+    finally:
+        if collect.poll() is None:
+            collect.terminate()
+        out, _ = collect.communicate(timeout=60)
+    return last, scrapes, out, collect.returncode
+
+
+def test_final_values_are_served_until_scraped(tmp_path: Path) -> None:
+    """A job that ends between two scrapes: the collection keeps serving its
+    final values until the next scrape took them, so the last value a 1 s
+    scraper saw is the job's own count, exactly."""
+    last, scrapes, out, code = scrape_job_every_second(tmp_path)
+    assert code == 0, out
+    assert "serving the final values" in out
+    assert last == JOB_CALLS, (last, scrapes, out)
+    manifest = only_collection(tmp_path)
+    assert manifest is not None
+    assert manifest.manifest["exporter"]["scrapes"] >= scrapes

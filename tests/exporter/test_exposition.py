@@ -229,3 +229,57 @@ def test_job_filter_settings() -> None:
     assert got["exp_comm"].to_bytes(16, "little") == b"a-very-long-thr\0"
     with pytest.raises(ExporterError, match="a process id is positive"):
         JobFilter(tgid=0).globals()
+
+
+def test_bulk_float_texts_match_prometheus_client() -> None:
+    from prometheus_client.utils import floatToGoString
+
+    from kernmlops.exporter.core import float_texts
+
+    values = [0.0, 1.0, 0.5, 1e-7, 999999.0, 1e6, 1234567.5, 2.0**53, 1e16, 3e22]
+    values += [float("inf"), float("-inf"), float("nan"), -2.5, -1e7, 123456.789]
+    assert float_texts(np.array(values)) == [floatToGoString(v) for v in values]
+    assert float_texts(np.zeros((0, 3))) == []
+    table = np.array([[1.0, 2e6], [3.0, 4.5]])  # rows in order
+    assert float_texts(table) == ["1.0", "2e+06", "3.0", "4.5"]
+
+
+def test_plain_text_of_own_metrics_matches_generate_latest() -> None:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    from kernmlops.exporter.core import plain_text
+
+    gauge = GaugeMetricFamily("t_gauge", 'help "with" \\ and\nnewline', labels=["set", "b"])
+    gauge.add_metric(['odd "value" \\ \n', "x"], 1.0)
+    gauge.add_metric(["plain", "y"], 2.5e6)
+    counter = CounterMetricFamily("t_runs", "runs", labels=["program"])
+    counter.add_metric(["p1"], 12345678.0)
+    bare = GaugeMetricFamily("t_bare", "no labels")
+    bare.add_metric([], 0.25)
+    empty = CounterMetricFamily("t_empty", "no samples", labels=["x"])
+    families = [gauge, counter, bare, empty]
+    assert plain_text(families).encode() == generate_latest(_Families(families))
+
+
+def test_large_counts_written_as_prometheus_client_writes_them() -> None:
+    rows = {key(b"big", 0): [2_000_000, 3, 0, 1_500_000, 7, 10**12]}
+    text, reference = both_ways(reader(HIST, rows))
+    assert text == reference
+    text, reference = both_ways(reader(COUNTER, {key(b"big", 1): [12_345_678]}))
+    assert text == reference
+
+
+def test_repeated_scrapes_follow_label_sets_that_come_and_go() -> None:
+    """The text before each value is kept between scrapes: a scrape after a
+    label set appeared (or went) still writes what prometheus_client writes."""
+    rows = {key(b"a", 0): [1, 2, 3, 4, 5, 6], key(b"b", 1): [0, 0, 1, 0, 0, 9]}
+    metric = reader(HIST, rows)
+    first = both_ways(metric)
+    assert first[0] == first[1]
+    assert both_ways(metric) == first
+    rows[key(b"c", 0)] = [5, 0, 0, 0, 0, 1]
+    text, reference = both_ways(metric)
+    assert text == reference and b'comm="c"' in text
+    del rows[key(b"a", 0)]
+    text, reference = both_ways(metric)
+    assert text == reference and b'comm="a"' not in text

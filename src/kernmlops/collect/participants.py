@@ -11,6 +11,7 @@ write (the live exporter of ``collector.export``; ``lb collect``'s ``lb`` sectio
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +29,8 @@ class Participant:
         """Called once every hook has started, before the benchmark is released."""
 
     def close(self) -> None:
-        """Called after the hooks are stopped and the benchmark torn down; idempotent."""
+        """Called last: after the hooks and the benchmark have stopped and the
+        collection's Parquet is written (and compacted); idempotent."""
 
     def contribute(self, manifest: Manifest, path: Path) -> None:
         """Add to the final manifest (its tables, rows and hooks are final; the
@@ -41,9 +43,15 @@ class ExporterParticipant(Participant):
     metrics, counting the same processes as the hooks; what was served goes into the
     manifest's ``exporter``."""
 
-    def __init__(self, collector: CollectorConfig, bpf_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        collector: CollectorConfig,
+        bpf_dir: Path | None = None,
+        on_message: Callable[[str], None] | None = None,
+    ) -> None:
         self.collector = collector
         self.bpf_dir = bpf_dir
+        self.on_message = on_message
         self._running: Any = None  # kernmlops.exporter.RunningExporter
         self.summary: dict[str, Any] | None = None
 
@@ -62,8 +70,14 @@ class ExporterParticipant(Participant):
         )
 
     def close(self) -> None:
-        if self._running is not None:
-            running, self._running = self._running, None
+        # The job's final values are served until a scrape took them (or
+        # collector.export_grace_s passed), then the exporter stops.
+        if self._running is None:
+            return
+        running, self._running = self._running, None
+        try:
+            running.hold_final(self.collector.export_grace_s, self.on_message)
+        finally:
             self.summary = running.summary()
             running.close()
 
@@ -71,6 +85,10 @@ class ExporterParticipant(Participant):
         manifest.exporter = self.summary
 
 
-def configured(collector: CollectorConfig, bpf_dir: Path | None = None) -> list[Participant]:
+def configured(
+    collector: CollectorConfig,
+    bpf_dir: Path | None = None,
+    on_message: Callable[[str], None] | None = None,
+) -> list[Participant]:
     """The participants the configuration asks for."""
-    return [ExporterParticipant(collector, bpf_dir)] if collector.export else []
+    return [ExporterParticipant(collector, bpf_dir, on_message)] if collector.export else []

@@ -156,7 +156,7 @@ class Session:
         self._stop_signal: int | None = None
         self.extra_hooks: list[Hook] = list(hooks)
         self.participants: list[Participant] = [
-            *configured(config.collector, bpf_dir),
+            *configured(config.collector, bpf_dir, on_message),
             *participants,
         ]
         #: the manifest as last written (None with a caller's sink: nothing on disk)
@@ -295,6 +295,7 @@ class Session:
                     os.setpriority(os.PRIO_PROCESS, 0, own_nice)
             if own_oom is not None:
                 set_oom_score_adj("self", own_oom)
+            self._close_participants(errors)
         stopped_at = datetime.now(UTC)
         for hook in hooks:
             hook.status.rows = {t: rows.get(t, 0) for t in hook.tables}
@@ -367,12 +368,19 @@ class Session:
             self.results_error = f"teardown failed: {err}"
         step(self.benchmark.stop_services)  # servers of setup() and all they started
         shutil.rmtree(workdir, ignore_errors=True)
-        for participant in self.participants:
-            step(participant.close)
         if flt is not None:
             step(flt.close)
         step(self.environment.restore)  # THP as it was, even after Ctrl+C or a failure
         return bench_exit
+
+    def _close_participants(self, errors: list[BaseException]) -> None:
+        """Last, once the collection is written: the exporter serves the job's final
+        values until a scrape took them (or collector.export_grace_s passed)."""
+        for participant in self.participants:
+            try:
+                participant.close()
+            except Exception as err:  # reported; the collection is already written
+                errors.append(err)
 
     @staticmethod
     def _close_sink(sink: Sink, errors: list[BaseException]) -> dict[str, int]:

@@ -114,10 +114,16 @@ def build(
 
 
 def compile_object(
-    src: Path, obj: Path, *, vmlinux_dir: Path | None = None, verbose: bool = False
+    src: Path,
+    obj: Path,
+    *,
+    vmlinux_dir: Path | None = None,
+    verbose: bool = False,
+    cflags: tuple[str, ...] = (),
 ) -> Path:
     """Compile one BPF C file (it may include bpf/*.h) to ``obj``; vmlinux.h is
-    generated in ``vmlinux_dir`` (default: the default build folder)."""
+    generated in ``vmlinux_dir`` (default: the default build folder). ``cflags``
+    come before the usual include folders (e.g. another -I searched first)."""
     clang = _tool("clang", "clang")
     obj.parent.mkdir(parents=True, exist_ok=True)
     vmlinux_dir = vmlinux_dir or default_build_dir()
@@ -126,7 +132,7 @@ def compile_object(
     arch = _ARCH.get(platform.machine(), platform.machine())
     cmd = [
         clang, "-target", "bpf", "-g", "-O2", "-Wall", "-Wno-unused-function",
-        f"-D__TARGET_ARCH_{arch}", "-I", str(vmlinux.parent), "-I", str(SOURCE_DIR),
+        f"-D__TARGET_ARCH_{arch}", *cflags, "-I", str(vmlinux.parent), "-I", str(SOURCE_DIR),
         "-c", str(src), "-o", str(obj.with_suffix(".tmp")),
     ]  # fmt: skip
     if verbose:

@@ -6,6 +6,7 @@ Registered on the main command group with ``cli.add_command(export_command)``;
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -38,11 +39,39 @@ def _console():
     "repeat for several (default: every default built-in set, see --list).",
 )
 @click.option(
+    "--config.dir",
+    "config_dir",
+    metavar="DIR",
+    help="ebpf_exporter's form: the folder of --config.names (DIR/NAME.yaml beside NAME.bpf.c "
+    "or NAME.bpf.o).",
+)
+@click.option(
+    "--config.names",
+    "config_names",
+    metavar="A,B",
+    help="ebpf_exporter's form: comma-separated config names in --config.dir.",
+)
+@click.option(
     "--listen",
     default="127.0.0.1:9435",
     show_default=True,
     metavar="HOST:PORT",
     help="where to serve /metrics; 0.0.0.0:PORT serves every interface.",
+)
+@click.option(
+    "--web.listen-address",
+    "web_listen",
+    metavar="[HOST]:PORT",
+    help="ebpf_exporter's name for --listen; as there, :PORT serves every interface.",
+)
+@click.option(
+    "--capabilities.keep",
+    "caps_keep",
+    default="all",
+    show_default=True,
+    metavar="all|none|CAPS",
+    help="after attaching, drop every capability but these (e.g. none, or cap_syslog,cap_bpf): "
+    "serving needs none.",
 )
 @click.option("--tgid", type=int, help="count only this process (in the kernel).")
 @click.option(
@@ -55,11 +84,19 @@ def _console():
 )
 @click.option(
     "--check",
+    "--config.check",
+    "check",
     is_flag=True,
     help="load and attach everything, report, and exit; fails (exit 1) when a set does not "
     "load or a program does not attach.",
 )
-@click.option("--strict", is_flag=True, help="serving: a program that cannot attach is an error.")
+@click.option(
+    "--strict",
+    "--config.strict",
+    "strict",
+    is_flag=True,
+    help="serving: a program that cannot attach is an error.",
+)
 @click.option(
     "--bpf-stats",
     is_flag=True,
@@ -75,7 +112,11 @@ def _console():
 @click.option("--list", "list_sets", is_flag=True, help="list the built-in metric sets and exit.")
 def export_command(
     configs: tuple[str, ...],
+    config_dir: str | None,
+    config_names: str | None,
     listen: str,
+    web_listen: str | None,
+    caps_keep: str,
     tgid: int | None,
     comm: str | None,
     cgroup: str | None,
@@ -95,17 +136,37 @@ def export_command(
       kernmlops export -c my/io.yaml --check        does my set load and attach?
       kernmlops export --comm python3 --bpf-stats   one job, with program run times
 
+    \b
+    ebpf_exporter's configs and flags work as they are:
+      kernmlops export --config.dir=examples --config.names=biolatency,timers \\
+          --web.listen-address=:9435 --capabilities.keep=none
+
     SIGTERM or Ctrl+C stops it and detaches every program.
     """
     try:
         if list_sets:
             _list()
             return
+        from kernmlops.exporter.caps import POOL_ENV, parse_keep
+
+        keep = parse_keep(caps_keep)
+        if keep is not None:
+            for var in POOL_ENV:  # before numpy starts its thread pool: see caps.py
+                os.environ[var] = "1"
         from kernmlops.exporter.config import resolve_sets
         from kernmlops.exporter.core import JobFilter
         from kernmlops.exporter.server import parse_listen
 
+        if bool(config_dir) != bool(config_names):
+            raise click.UsageError("--config.dir and --config.names go together")
+        if config_dir and config_names:
+            from kernmlops.exporter.compat import resolve_config_dir
+
+            configs = (*configs, *resolve_config_dir(config_dir, config_names))
         sets = resolve_sets(configs)
+        if web_listen is not None:
+            # ebpf_exporter's default form ":9435" means every interface there too
+            listen = "0.0.0.0" + web_listen if web_listen.startswith(":") else web_listen
         host, port = parse_listen(listen)
         if tgid is not None and not Path(f"/proc/{tgid}").exists():
             raise click.BadParameter(f"no process {tgid}", param_hint="--tgid")
@@ -114,7 +175,7 @@ def export_command(
         from kernmlops.ebpf.build import build
 
         build()
-        _run(sets, job, host, port, check, strict, bpf_stats, max_label_sets)
+        _run(sets, job, host, port, check, strict, bpf_stats, max_label_sets, keep)
     except KernmlopsError as err:
         fail(err)
 
@@ -148,7 +209,7 @@ def _report(statuses) -> None:
     _console().print(table)
 
 
-def _run(sets, job, host, port, check, strict, bpf_stats, max_label_sets) -> None:
+def _run(sets, job, host, port, check, strict, bpf_stats, max_label_sets, keep=None) -> None:
     from kernmlops.exporter.core import Exporter
     from kernmlops.exporter.server import MetricsServer
     from kernmlops.exporter.service import failures
@@ -182,7 +243,13 @@ def _run(sets, job, host, port, check, strict, bpf_stats, max_label_sets) -> Non
             return
         if problems:
             raise KernmlopsError("cannot serve:\n  " + "\n  ".join(problems))
-        server = MetricsServer(exporter.render, host, port).start()
+        server = MetricsServer(exporter.render, host, port)  # bound while privileged
+        if keep is not None:
+            from kernmlops.exporter.caps import drop_capabilities, names
+
+            kept = drop_capabilities(keep)
+            _console().print(f"capabilities dropped; kept: {', '.join(names(kept)) or 'none'}")
+        server.start()
         attached = sum(s.attached for s in statuses)
         _console().print(
             f"serving {len(statuses)} metric sets ({attached} programs) at {server.url}"

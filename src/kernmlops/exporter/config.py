@@ -54,26 +54,32 @@ _HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count", "_total")
 
 DecoderName = Literal[
     "uint", "string", "comm", "static_map", "ksym", "syscall", "majorminor", "cgroup",
-    "errno", "regexp",
+    "errno", "regexp", "kstack", "inet_ip", "dname", "hex", "ifname", "pci_vendor",
+    "pci_device", "pci_class", "pci_subclass",
 ]  # fmt: skip
 
 #: decoders that take a number: as raw key bytes (first in a chain) or as the
 #: decimal text an earlier decoder made
-INT_DECODERS = frozenset({"uint", "static_map", "ksym", "syscall", "majorminor", "cgroup", "errno"})
+INT_DECODERS = frozenset(
+    {"uint", "static_map", "ksym", "syscall", "majorminor", "cgroup", "errno", "ifname"}
+    | {"pci_vendor", "pci_device", "pci_class", "pci_subclass"}
+)
 #: decoders that take raw key bytes as they are
-BYTES_DECODERS = frozenset({"string", "comm"})
+BYTES_DECODERS = frozenset({"string", "comm", "kstack", "inet_ip", "dname", "hex"})
 #: options each decoder accepts (beyond ``name``)
 DECODER_OPTIONS: dict[str, frozenset[str]] = {
     "uint": frozenset({"signed"}),
     "string": frozenset(),
     "comm": frozenset(),
-    "static_map": frozenset({"static_map", "default"}),
+    "static_map": frozenset({"static_map", "default", "allow_unknown"}),
     "ksym": frozenset(),
     "syscall": frozenset(),
     "majorminor": frozenset({"encoding", "output"}),
     "cgroup": frozenset(),
     "errno": frozenset(),
     "regexp": frozenset({"regexps"}),
+    **{name: frozenset() for name in ("kstack", "inet_ip", "dname", "hex", "ifname")},
+    **{name: frozenset() for name in ("pci_vendor", "pci_device", "pci_class", "pci_subclass")},
 }
 
 
@@ -92,6 +98,9 @@ class DecoderSpec(_Strict):
     signed: bool | None = Field(None, description="uint: two's complement")
     static_map: dict[str, str] | None = Field(None, description="static_map: value -> label")
     default: str | None = Field(None, description="static_map: label of unmapped values")
+    allow_unknown: bool | None = Field(
+        None, description="static_map: an unmapped value is its own label (ebpf_exporter's option)"
+    )
     encoding: Literal["kernel", "user"] | None = Field(
         None, description="majorminor: kernel dev_t (major << 20 | minor) or glibc's"
     )
@@ -130,6 +139,8 @@ class DecoderSpec(_Strict):
             raise ValueError("decoder 'static_map' needs a non-empty static_map: {value: label}")
         if self.name == "regexp" and not self.regexps:
             raise ValueError("decoder 'regexp' needs regexps: [pattern, ...]")
+        if self.allow_unknown and self.default is not None:
+            raise ValueError("static_map: give default or allow_unknown, not both")
         return self
 
 
@@ -276,6 +287,11 @@ class MetricSetSpec(_Strict):
         return name
 
 
+#: the two file formats a metric set may be written in
+KERNMLOPS_FORMAT = "kernmlops"
+EBPF_EXPORTER_FORMAT = "ebpf_exporter"
+
+
 @dataclass(frozen=True)
 class MetricSet:
     """A validated metric set file and where its BPF object comes from."""
@@ -284,6 +300,12 @@ class MetricSet:
     spec: MetricSetSpec
     path: Path
     builtin: bool
+    #: KERNMLOPS_FORMAT, or EBPF_EXPORTER_FORMAT (see exporter/compat.py)
+    format: str = KERNMLOPS_FORMAT
+    #: clang options beyond the usual ones for the ``.bpf.c`` beside the file
+    cflags: tuple[str, ...] = ()
+    #: ``kaddr_<symbol>`` globals to set from /proc/kallsyms (ebpf_exporter's kaddrs)
+    kaddrs: tuple[str, ...] = ()
 
     @property
     def stem(self) -> str:
@@ -332,15 +354,17 @@ def _where(loc: tuple[Any, ...], data: Any) -> str:
     return out or "(top level)"
 
 
-def format_errors(error: ValidationError, source: str, data: Any) -> str:
+def format_errors(
+    error: ValidationError, source: str, data: Any, model: type[BaseModel] | None = None
+) -> str:
+    """One line per problem; ``model``: the file's top-level model (ours by default)."""
     lines = [f"invalid metric set {source}:"]
     for err in error.errors():
         loc = tuple(err["loc"])
         where = _where(loc, data)
         if err["type"] == "extra_forbidden":
-            lines.append(
-                f"  - {where}: {unknown_key(str(loc[-1]), keys_at(MetricSetSpec, loc[:-1]))}"
-            )
+            valid = keys_at(model or MetricSetSpec, loc[:-1])
+            lines.append(f"  - {where}: {unknown_key(str(loc[-1]), valid)}")
             continue
         msg = err["msg"].removeprefix("Value error, ")
         got = err.get("input")
@@ -351,9 +375,14 @@ def format_errors(error: ValidationError, source: str, data: Any) -> str:
 
 # --- loading ----------------------------------------------------------------------
 def parse_metric_set(data: Any, path: Path, *, builtin: bool = False) -> MetricSet:
-    """Validate the parsed YAML of ``path``."""
+    """Validate the parsed YAML of ``path``: our format, or ebpf_exporter's
+    (told apart by :func:`kernmlops.exporter.compat.is_ebpf_exporter_config`)."""
     if not isinstance(data, dict):
         raise MetricSetError(f"invalid metric set {path}: the top level must be a mapping")
+    from kernmlops.exporter import compat
+
+    if compat.is_ebpf_exporter_config(data):
+        return compat.parse_ebpf_exporter_config(data, path)
     try:
         spec = MetricSetSpec.model_validate(data)
     except ValidationError as err:

@@ -5,6 +5,8 @@ their maps and turns them into Prometheus metric families (a
 
 from __future__ import annotations
 
+import itertools
+import operator
 import os
 import threading
 import time
@@ -30,7 +32,13 @@ from kernmlops.ebpf.libbpf import LibbpfError
 from kernmlops.ebpf.objects import BpfObject, open_and_load
 from kernmlops.ebpf.spec import object_spec
 from kernmlops.errors import KernmlopsError
-from kernmlops.exporter.config import CounterSpec, HistogramSpec, MetricSet
+from kernmlops.exporter.config import (
+    EBPF_EXPORTER_FORMAT,
+    KERNMLOPS_FORMAT,
+    CounterSpec,
+    HistogramSpec,
+    MetricSet,
+)
 from kernmlops.exporter.decoders import (
     CgroupPaths,
     DecodeError,
@@ -41,6 +49,7 @@ from kernmlops.exporter.decoders import (
 )
 from kernmlops.exporter.histogram import Buckets
 from kernmlops.exporter.maps import MapReader
+from kernmlops.exporter.perf_event import attach_perf_event, is_perf_event, register_section_handler
 
 SELF = "kernmlops_exporter"
 DEFAULT_MAX_LABEL_SETS = 10_000
@@ -130,11 +139,14 @@ class MetricReader:
         reader: MapReader,
         ctx: DecoderContext,
         max_label_sets: int,
+        *,
+        flavor: str = KERNMLOPS_FORMAT,
+        offset: int = 0,
     ) -> None:
         self.set_name = set_name
         self.spec = spec
         self.reader = reader
-        self.decoders = label_decoders(spec.labels, ctx)
+        self.decoders = label_decoders(spec.labels, ctx, flavor=flavor, offset=offset)
         self.label_names = [d.name for d in self.decoders]
         self.max_label_sets = spec.max_label_sets or max_label_sets
         #: raw key -> index of its label set, or -1 (dropped: regexp or limit)
@@ -145,6 +157,9 @@ class MetricReader:
         self.dropped: set[tuple[str, ...]] = set()  # over the cardinality limit
         self.decoder_errors: dict[str, int] = {}
         self._text_labels: dict[int, tuple[str, str]] = {}
+        self._text_prefixes: dict[int, list[str]] = {}
+        self._last_positions: list[int] = []
+        self._last_prefixes: list[str] = []
         self.last_error: str | None = None
 
     def _label_index(self, key: bytes) -> int:
@@ -177,7 +192,12 @@ class MetricReader:
         """Label sets present now (as indices) and their values, the keys of one
         label set summed."""
         keys, values = self.reader.read()
-        idx = np.fromiter((self._label_index(k) for k in keys), dtype=np.int64, count=len(keys))
+        found = list(map(self._index.get, keys))  # known keys: one dict lookup each, in C
+        if None in found:
+            found = [
+                self._label_index(k) if i is None else i for k, i in zip(keys, found, strict=True)
+            ]
+        idx = np.array(found, dtype=np.int64) if found else np.zeros(0, np.int64)
         keep = idx >= 0
         idx, values = idx[keep], values[keep]
         order = np.argsort(idx, kind="stable")
@@ -218,46 +238,95 @@ class MetricReader:
             found = self._text_labels[pos] = (before, after)
         return found
 
+    def _prefixes(self, positions: list[int]) -> list[str]:
+        """Each series' text before its value (``name{labels} ``), made once per
+        label set: a histogram's buckets, then _count and _sum."""
+        if positions == self._last_positions:  # the usual scrape: the same label sets
+            return self._last_prefixes
+        cache = self._text_prefixes
+        missing = [p for p in positions if p not in cache]
+        spec = self.spec
+        for pos in missing:
+            before, after = self._label_parts(pos)
+            labels = (before + after.removeprefix(",")).removesuffix(",")
+            braced = f"{{{labels}}}" if labels else ""
+            if isinstance(spec, CounterSpec):
+                cache[pos] = [f"{spec.exposed_name}{braced} "]
+                continue
+            bucket = f"{spec.name}_bucket{{"
+            cache[pos] = [
+                *(f'{bucket}{before}le="{bound}"{after}}} ' for bound in self.buckets.le),
+                f"{spec.name}_count{braced} ",
+                f"{spec.name}_sum{braced} ",
+            ]
+        prefixes = list(itertools.chain.from_iterable(map(cache.__getitem__, positions)))
+        self._last_positions, self._last_prefixes = positions, prefixes
+        return prefixes
+
     def text(self, snap: tuple[list[int], np.ndarray], out: list[str]) -> None:
-        """The snapshot in the text exposition format, line by line into ``out``:
-        the bytes ``generate_latest`` writes for :meth:`family`, made without a
-        sample object per line (a scrape of thousands of series stays in
-        milliseconds)."""
+        """The snapshot in the text exposition format into ``out``: the bytes
+        ``generate_latest`` writes for :meth:`family`, made without a sample
+        object per line: each series' text up to its value is made once per
+        label set, the values are formatted in bulk (a scrape of thousands of
+        series stays in milliseconds)."""
         positions, values = snap
         spec = self.spec
         doc = spec.help.replace("\\", r"\\").replace("\n", r"\n")
-        fmt = floatToGoString
         if isinstance(spec, CounterSpec):
             name = spec.exposed_name
             out.append(f"# HELP {name} {doc}\n# TYPE {name} counter\n")
-            scaled = values[:, 0].astype(np.float64) * spec.value_multiplier
-            for pos, value in zip(positions, scaled.tolist(), strict=True):
-                before, after = self._label_parts(pos)
-                labels = (before + after.removeprefix(",")).removesuffix(",")
-                out.append(
-                    f"{name}{{{labels}}} {fmt(value)}\n" if labels else f"{name} {fmt(value)}\n"
-                )
+            table = values[:, 0].astype(np.float64) * spec.value_multiplier
+        else:
+            name = spec.name
+            out.append(f"# HELP {name} {doc}\n# TYPE {name} histogram\n")
+            buckets = self.buckets
+            cumulative = buckets.cumulative(values[:, : buckets.nslots]).astype(np.float64)
+            table = np.column_stack([cumulative, cumulative[:, -1], buckets.sums(values)])
+        if not positions:
             return
-        name = spec.name
-        buckets = self.buckets
-        out.append(f"# HELP {name} {doc}\n# TYPE {name} histogram\n")
-        cumulative = buckets.cumulative(values[:, : buckets.nslots]).astype(np.float64).tolist()
-        sums = buckets.sums(values).tolist()
-        le = buckets.le
-        bucket = f"{name}_bucket{{"
-        for pos, counts, total in zip(positions, cumulative, sums, strict=True):
-            before, after = self._label_parts(pos)
-            for bound, count in zip(le, counts, strict=True):
-                out.append(f'{bucket}{before}le="{bound}"{after}}} {fmt(count)}\n')
-            labels = (before + after.removeprefix(",")).removesuffix(",")
-            braced = f"{{{labels}}}" if labels else ""
-            out.append(f"{name}_count{braced} {fmt(counts[-1])}\n")
-            out.append(f"{name}_sum{braced} {fmt(total)}\n")
+        lines = map(operator.add, self._prefixes(positions), float_texts(table))
+        out.append("\n".join(lines) + "\n")
 
     @cached_property
     def buckets(self) -> Buckets:
         assert isinstance(self.spec, HistogramSpec)
         return Buckets.from_spec(self.spec)
+
+
+def float_texts(values: np.ndarray) -> list[str]:
+    """``floatToGoString`` of every value (row by row), made in bulk: the repr
+    of a float list is written in C, and only the values it writes otherwise
+    (from 1e6 on, which Go writes with an exponent; inf, nan) one by one."""
+    flat = np.asarray(values, dtype=np.float64).ravel()
+    if not flat.size:
+        return []
+    texts = repr(flat.tolist())[1:-1].split(", ")
+    for i in np.flatnonzero(~np.isfinite(flat) | (flat >= 1e6)).tolist():
+        texts[i] = floatToGoString(flat[i])
+    return texts
+
+
+def plain_text(families: list[Metric]) -> str:
+    """What ``generate_latest`` writes for gauge and counter families whose
+    names are valid as they are (the exporter's own metrics), without its
+    per-sample escaping machinery; other types go through it."""
+    out = []
+    for family in families:
+        if family.type not in ("gauge", "counter"):
+            out.append(generate_latest(_Families([family])).decode())  # type: ignore[arg-type]
+            continue
+        name = family.name + "_total" if family.type == "counter" else family.name
+        doc = family.documentation.replace("\\", r"\\").replace("\n", r"\n")
+        out.append(f"# HELP {name} {doc}\n# TYPE {name} {family.type}\n")
+        for s in family.samples:
+            value = floatToGoString(s.value)
+            if s.labels:
+                pairs = sorted(s.labels.items())
+                labels = ",".join(f'{k}="{escape_label_value(v)}"' for k, v in pairs)
+                out.append(f"{s.name}{{{labels}}} {value}\n")
+            else:
+                out.append(f"{s.name} {value}\n")
+    return "".join(out)
 
 
 class _Families:
@@ -405,7 +474,7 @@ class Exporter:
         if cached and src is not None and stale:
             from kernmlops.ebpf.build import compile_object
 
-            compile_object(src, path, vmlinux_dir=self.bpf_dir)
+            compile_object(src, path, vmlinux_dir=self.bpf_dir, cflags=ms.cflags)
         if not path.exists():
             hint = "kernmlops build-bpf" if ms.builtin else "compile its .bpf.c"
             raise ExporterError(f"metric set {ms.name}: BPF object {path} not found ({hint})")
@@ -427,27 +496,38 @@ class Exporter:
                 f"(no {', '.join(missing)}: include exp_common.h and call exp_*_wanted())"
             )
         values.update(job_globals)
+        ee = ms.format == EBPF_EXPORTER_FORMAT
+        if ee:
+            from kernmlops.exporter import compat
+
+            values.update(compat.kaddr_globals(ms.kaddrs))
         reuse = {"kmo_tracked": self.process_filter_fd} if self.process_filter_fd else {}
+        register_section_handler()
         obj = loaded.obj = open_and_load(path, globals_=values, reuse_maps=reuse)
         loaded.status.loaded = True
         loaded.status.variant = obj.variant
         for spec in ms.metrics:
-            check_fit(ms, spec, obj)
+            (compat.check_fit if ee else check_fit)(ms, spec, obj)
         for prog in obj.programs.values():
             if not prog.autoload:
                 continue
             st = ProgramStatus(prog.name, prog.section, fd=prog.fd)
             try:
-                prog.attach()
+                if is_perf_event(prog.section):
+                    attach_perf_event(prog)
+                else:
+                    prog.attach()
                 st.attached = True
             except LibbpfError as err:
                 st.error = str(err).splitlines()[0]
             loaded.status.programs.append(st)
         for spec in ms.metrics:
-            reader = MapReader(obj.map(spec.map))
-            loaded.metrics.append(
-                MetricReader(ms.name, spec, reader, self.ctx, self.max_label_sets)
-            )
+            if ee:
+                metric = compat.make_reader(ms.name, spec, obj, self.ctx, self.max_label_sets)
+            else:
+                reader = MapReader(obj.map(spec.map))
+                metric = MetricReader(ms.name, spec, reader, self.ctx, self.max_label_sets)
+            loaded.metrics.append(metric)
 
     @property
     def statuses(self) -> list[SetStatus]:
@@ -505,10 +585,10 @@ class Exporter:
             for loaded in self.sets:
                 for metric in loaded.metrics:
                     metric.text(metric.snapshot(), out)
-            own = _Families(self._self_metrics(time.perf_counter() - t0))
+            out.append(plain_text(self._self_metrics(time.perf_counter() - t0)))
             self.scrapes += 1
             self.last_scrape_s = time.perf_counter() - t0
-        return "".join(out).encode() + generate_latest(own)  # type: ignore[arg-type]
+        return "".join(out).encode()
 
     def registry(self) -> CollectorRegistry:
         registry = CollectorRegistry(auto_describe=False)
@@ -557,6 +637,11 @@ class Exporter:
             "label sets left out because the metric reached its max_label_sets",
             labels=["set", "metric"],
         )
+        program_info = GaugeMetricFamily(
+            f"{SELF}_program_info",
+            "a loaded BPF program: its kernel id and tag (bpftool prog show id ID)",
+            labels=["set", "program", "id", "tag"],
+        )
         stats_on = self.bpf_stats_on
         for loaded in self.sets:
             st = loaded.status
@@ -569,9 +654,11 @@ class Exporter:
                 n = loaded.obj.map("exp_map_full").lookup_percpu(0).sum()
                 full.add_metric([st.name], float(n))
             for prog in st.programs:
+                info = libbpf.prog_info(prog.fd)
+                tag = bytes(info.tag).hex()
+                program_info.add_metric([st.name, prog.name, str(info.id), tag], 1.0)
                 if not prog.attached:
                     continue
-                info = libbpf.prog_info(prog.fd)
                 recursion.add_metric([st.name, prog.name], float(info.recursion_misses))
                 if stats_on:
                     run_time.add_metric([st.name, prog.name], info.run_time_ns / 1e9)
@@ -580,9 +667,14 @@ class Exporter:
                 for label, n in sorted(metric.decoder_errors.items()):
                     errors.add_metric([st.name, metric.spec.name, label], float(n))
                 dropped.add_metric([st.name, metric.spec.name], float(len(metric.dropped)))
-        out: list[Metric] = [enabled, attached, missed, full, recursion, errors, dropped]
+        out: list[Metric] = [enabled, attached, missed, program_info, full, recursion, errors]
+        out.append(dropped)
         if stats_on:
             out += [run_time, run_count]
+        if any(loaded.set.format == EBPF_EXPORTER_FORMAT for loaded in self.sets):
+            from kernmlops.exporter.compat import builtin_metrics
+
+            out += builtin_metrics(self.sets, stats_on)  # its dashboards find them
         stats = GaugeMetricFamily(
             f"{SELF}_bpf_stats_enabled", "1 if the kernel keeps BPF program run times"
         )

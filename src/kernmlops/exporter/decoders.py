@@ -12,8 +12,11 @@ not keep, which is no error.
 from __future__ import annotations
 
 import errno as errno_module
+import ipaddress
 import os
 import re
+import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -25,6 +28,9 @@ from kernmlops.exporter.config import DecoderSpec, LabelSpec
 from kernmlops.host.kallsyms import KALLSYMS, KernelSymbols
 
 Value = bytes | str
+
+#: where Debian's pci.ids package and hwdata put the PCI id database
+PCI_IDS_PATHS = (Path("/usr/share/misc/pci.ids"), Path("/usr/share/hwdata/pci.ids"))
 
 
 class DecodeError(Exception):
@@ -100,12 +106,79 @@ class Kallsyms:
 
     def name(self, addr: int) -> str:
         """The function that contains ``addr`` (its address or an IP in it)."""
-        self.load()
-        assert self._symbols is not None
-        found = self._symbols.name(addr)
+        found = self.find(addr)
         if found is None:
             raise DecodeError(f"no kernel symbol at {addr:#x}")
         return found
+
+    def find(self, addr: int) -> str | None:
+        """:meth:`name`, or None where no symbol is."""
+        self.load()
+        assert self._symbols is not None
+        return self._symbols.name(addr) if addr else None
+
+
+class PciIds:
+    """Names from the PCI id database (pci.ids: vendors with their devices, then
+    ``C`` classes with their subclasses), read once on first use. Without the
+    file every lookup gives None (the decoders then show the hex id)."""
+
+    def __init__(self, paths: tuple[Path, ...] = PCI_IDS_PATHS) -> None:
+        self.paths = paths
+        self._lock = threading.Lock()
+        self._tables: tuple[dict[int, str], dict[int, str], dict[int, str], dict[int, str]] | None
+        self._tables = None
+
+    def _load(self) -> tuple[dict[int, str], dict[int, str], dict[int, str], dict[int, str]]:
+        vendors: dict[int, str] = {}
+        devices: dict[int, str] = {}  # vendor << 16 | device
+        classes: dict[int, str] = {}
+        subclasses: dict[int, str] = {}  # class << 8 | subclass
+        path = next((p for p in self.paths if p.is_file()), None)
+        if path is None:
+            return vendors, devices, classes, subclasses
+        vendor = klass = None
+        with path.open(encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if not line.strip() or line.startswith("#"):
+                    continue
+                try:
+                    if line.startswith("C "):  # C 02  Network controller
+                        ident, _, name = line[2:].strip().partition("  ")
+                        klass, vendor = int(ident, 16), None
+                        classes[klass] = name.strip()
+                    elif not line[0].isspace():  # 8086  Intel Corporation
+                        ident, _, name = line.strip().partition("  ")
+                        vendor, klass = int(ident, 16), None
+                        vendors[vendor] = name.strip()
+                    elif line.startswith("\t") and not line.startswith("\t\t"):
+                        ident, _, name = line.strip().partition("  ")
+                        if vendor is not None:
+                            devices[vendor << 16 | int(ident, 16)] = name.strip()
+                        elif klass is not None:
+                            subclasses[klass << 8 | int(ident, 16)] = name.strip()
+                except ValueError:
+                    continue  # a line of another section (e.g. the device list's end)
+        return vendors, devices, classes, subclasses
+
+    @property
+    def tables(self) -> tuple[dict[int, str], dict[int, str], dict[int, str], dict[int, str]]:
+        with self._lock:
+            if self._tables is None:
+                self._tables = self._load()
+            return self._tables
+
+    def vendor(self, vendor: int) -> str:
+        return self.tables[0].get(vendor) or f"0x{vendor:04x}"
+
+    def device(self, vendor_device: int) -> str:
+        return self.tables[1].get(vendor_device) or f"0x{vendor_device:08x}"
+
+    def klass(self, klass: int) -> str:
+        return self.tables[2].get(klass) or f"0x{klass:02x}"
+
+    def subclass(self, class_subclass: int) -> str:
+        return self.tables[3].get(class_subclass) or f"0x{class_subclass:04x}"
 
 
 class CgroupPaths:
@@ -197,6 +270,8 @@ class DecoderContext:
     cgroups: CgroupPaths = field(default_factory=CgroupPaths)
     sys_dev_block: Path = Path("/sys/dev/block")
     syscalls: Callable[[], dict[int, str]] | None = None
+    pci: PciIds = field(default_factory=PciIds)
+    ifname: Callable[[int], str] = socket.if_indextoname
 
     @cached_property
     def syscall_names(self) -> dict[int, str]:
@@ -221,9 +296,56 @@ class DecoderContext:
 Decoder = Callable[[Value], Value]
 
 
-def build_decoder(spec: DecoderSpec, ctx: DecoderContext) -> Decoder:
-    """The function of one step of a chain."""
+def as_bytes(value: Value) -> bytes:
+    """Raw bytes, or the bytes of a text an earlier decoder made."""
+    return value if isinstance(value, bytes) else value.encode("utf-8", "surrogateescape")
+
+
+def inet_ip(raw: bytes) -> str:
+    """4 bytes: IPv4; 16 bytes: IPv6 (an IPv4-mapped one shown as IPv4)."""
+    if len(raw) == 4:
+        return str(ipaddress.IPv4Address(raw))
+    if len(raw) == 16:
+        addr = ipaddress.IPv6Address(raw)
+        return str(addr.ipv4_mapped or addr)
+    raise DecodeError(f"{len(raw)} bytes are no IPv4 (4) or IPv6 (16) address")
+
+
+def dname(raw: bytes) -> str:
+    """A DNS name in wire format (length-prefixed labels, e.g. ``\\x07example\\x03com\\x00``)
+    in dotted form; the root is ``.``."""
+    labels, off = [], 0
+    while off < len(raw):
+        n = raw[off]
+        if n == 0:
+            break
+        if off + 1 + n > len(raw):
+            raise DecodeError(f"label of {n} bytes runs past the name's end")
+        labels.append(raw[off + 1 : off + 1 + n].decode("ascii", errors="replace"))
+        off += 1 + n
+    return ".".join(labels) or "."
+
+
+def kstack(raw: bytes, kallsyms: Kallsyms, unknown: str = "??") -> str:
+    """An array of kernel addresses (u64, ended by 0) as symbols, one per line."""
+    if len(raw) % 8:
+        raise DecodeError(f"{len(raw)} bytes are no array of u64 addresses")
+    frames = []
+    for (addr,) in struct.iter_unpack("<Q", raw):
+        if addr == 0:
+            break
+        frames.append(kallsyms.find(addr) or unknown)
+    return "\n".join(frames)
+
+
+def build_decoder(spec: DecoderSpec, ctx: DecoderContext, *, flavor: str = "kernmlops") -> Decoder:
+    """The function of one step of a chain. ``flavor="ebpf_exporter"`` gives
+    what ebpf_exporter gives where the two differ: a value it cannot resolve is
+    a label (``unknown_addr:0x...``, ``unknown_syscall:N``, ...) rather than a
+    decoder error, a regexp's first group is the label, device numbers are
+    glibc's encoding."""
     name = spec.name
+    ee = flavor == "ebpf_exporter"
     if name == "uint":
         signed = bool(spec.signed)
         return lambda v: str(as_int(v, signed=signed))
@@ -232,64 +354,121 @@ def build_decoder(spec: DecoderSpec, ctx: DecoderContext) -> Decoder:
     if name == "static_map":
         table = dict(spec.static_map or {})
         default = spec.default
+        allow_unknown = bool(spec.allow_unknown)
 
         def static_map(v: Value) -> str:
             key = str(as_int(v)) if isinstance(v, bytes) else v
             found = table.get(key)
             if found is not None:
                 return found
+            if allow_unknown:
+                return key
             return default if default is not None else f"unknown:{key}"
 
         return static_map
     if name == "ksym":
+        if ee:
+            return lambda v: ctx.kallsyms.find(a := as_int(v)) or f"unknown_addr:0x{a:x}"
         return lambda v: ctx.kallsyms.name(as_int(v))
+    if name == "kstack":
+        return lambda v: kstack(as_bytes(v), ctx.kallsyms)
     if name == "syscall":
+        unknown = "unknown_syscall" if ee else "unknown"
 
         def syscall(v: Value) -> str:
             n = as_int(v)
-            return ctx.syscall_names.get(n) or f"unknown:{n}"
+            return ctx.syscall_names.get(n) or f"{unknown}:{n}"
 
         return syscall
     if name == "majorminor":
-        user = spec.encoding == "user"
+        user = ee or spec.encoding == "user"
         numbers = spec.output == "numbers"
 
         def majorminor(v: Value) -> str:
-            dev = as_int(v)
+            dev = as_int(v[:4] if ee and isinstance(v, bytes) else v)
             major, minor = (os.major(dev), os.minor(dev)) if user else (dev >> 20, dev & 0xFFFFF)
             if not numbers:
                 found = ctx.block_device(major, minor)
                 if found:
                     return found
-            return f"{major}:{minor}"
+            return f"unknown:{major}:{minor}" if ee else f"{major}:{minor}"
 
         return majorminor
     if name == "cgroup":
+        if ee:
+
+            def cgroup(v: Value) -> str:
+                cg = as_int(v)
+                try:
+                    return ctx.cgroups.path(cg)
+                except DecodeError:
+                    return f"unknown_cgroup_id:{cg}"
+
+            return cgroup
         return lambda v: ctx.cgroups.path(as_int(v))
     if name == "errno":
+        if ee:
+
+            def errno_ee(v: Value) -> str:
+                n = as_int(v)
+                try:
+                    return errno_name(n)
+                except DecodeError:
+                    return f"unknown:{n}"
+
+            return errno_ee
         return lambda v: errno_name(as_int(v, signed=True))
     if name == "regexp":
         patterns = [re.compile(p) for p in spec.regexps or ()]
 
         def regexp(v: Value) -> str:
             text = as_text(v)
-            if any(p.search(text) for p in patterns):
-                return text
+            for p in patterns:
+                m = p.search(text)
+                if m:
+                    # ebpf_exporter: a pattern with one group gives the group
+                    return m.group(1) if ee and p.groups == 1 and m.group(1) is not None else text
             raise DropLabelSet
 
         return regexp
+    if name == "inet_ip":
+        return lambda v: inet_ip(as_bytes(v))
+    if name == "dname":
+        return lambda v: dname(as_bytes(v))
+    if name == "hex":
+        return lambda v: as_bytes(v).hex()
+    if name == "ifname":
+
+        def ifname(v: Value) -> str:
+            index = as_int(v[:4] if isinstance(v, bytes) and len(v) > 4 else v)
+            try:
+                return ctx.ifname(index)
+            except OSError:  # gone since the program saw it
+                return f"unknown:{index}"
+
+        return ifname
+    if name == "pci_vendor":
+        return lambda v: ctx.pci.vendor(as_int(v))
+    if name == "pci_device":
+        return lambda v: ctx.pci.device(as_int(v))
+    if name == "pci_class":
+        return lambda v: ctx.pci.klass(as_int(v))
+    if name == "pci_subclass":
+        return lambda v: ctx.pci.subclass(as_int(v))
     raise ValueError(f"unknown decoder {name!r}")  # the config's Literal prevents this
 
 
 class LabelDecoder:
     """One label: where its bytes lie in the key and its decoder chain."""
 
-    def __init__(self, spec: LabelSpec, offset: int, ctx: DecoderContext) -> None:
+    def __init__(
+        self, spec: LabelSpec, offset: int, ctx: DecoderContext, *, flavor: str = "kernmlops"
+    ) -> None:
         self.name = spec.name
         self.offset = offset
         self.size = spec.size
         self.names = [d.name for d in spec.decoders]
-        self._chain = [build_decoder(d, ctx) for d in spec.decoders]
+        self._chain = [build_decoder(d, ctx, flavor=flavor) for d in spec.decoders]
 
     def __call__(self, key: bytes) -> str:
         value: Value = key[self.offset : self.offset + self.size]
@@ -303,11 +482,13 @@ class LabelDecoder:
         return as_text(value)
 
 
-def label_decoders(labels: Sequence[LabelSpec], ctx: DecoderContext) -> list[LabelDecoder]:
-    """Decoders of a metric's labels, laid out in key order."""
-    out, offset = [], 0
+def label_decoders(
+    labels: Sequence[LabelSpec], ctx: DecoderContext, *, flavor: str = "kernmlops", offset: int = 0
+) -> list[LabelDecoder]:
+    """Decoders of a metric's labels, laid out in key order from ``offset``."""
+    out = []
     for spec in labels:
         offset += spec.padding
-        out.append(LabelDecoder(spec, offset, ctx))
+        out.append(LabelDecoder(spec, offset, ctx, flavor=flavor))
         offset += spec.size
     return out

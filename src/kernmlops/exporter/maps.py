@@ -37,7 +37,7 @@ _CHUNK_BYTES = 1 << 20
 class MapReader:
     """Reads one map; its buffers are made once and reused at every scrape."""
 
-    def __init__(self, bpf_map: Map, *, chunk: int | None = None) -> None:
+    def __init__(self, bpf_map: Map, *, chunk: int | None = None, split_cpus: bool = False) -> None:
         self.name = bpf_map.name
         self.fd = bpf_map.fd
         self.key_size = bpf_map.key_size
@@ -49,6 +49,9 @@ class MapReader:
             )
         self.words = self.value_size // 8
         self.ncpu = libbpf.num_possible_cpus() if bpf_map.percpu else 1
+        #: per-CPU values kept apart: each key appears once per CPU, with the
+        #: CPU number appended as a u16 (ebpf_exporter's ``cpu`` label)
+        self.split_cpus = split_cpus and bpf_map.percpu
         self.entry_bytes = self.value_size * self.ncpu  # per-CPU slots are 8-byte aligned
         self.chunk = chunk or max(16, min(self.max_entries, _CHUNK_BYTES // self.entry_bytes))
         self._keys = ctypes.create_string_buffer(self.chunk * self.key_size)
@@ -69,8 +72,11 @@ class MapReader:
 
     def _finish(self, key_parts: list[bytes], value_parts: list[np.ndarray]) -> tuple:
         raw_keys = b"".join(key_parts)
-        ks = self.key_size
-        keys = [raw_keys[i : i + ks] for i in range(0, len(raw_keys), ks)]
+        # one bytes object per key, cut in C (void items keep trailing zeros)
+        keys = np.frombuffer(raw_keys, dtype=f"V{self.key_size}").tolist()
+        if self.split_cpus:
+            cpus = [cpu.to_bytes(2, "little") for cpu in range(self.ncpu)]
+            keys = [key + cpu for key in keys for cpu in cpus]
         if not value_parts:
             return keys, np.zeros((0, self.words), np.uint64)
         values = np.concatenate(value_parts)
@@ -78,8 +84,8 @@ class MapReader:
 
     def _values_of(self, buf: ctypes.Array, n: int) -> np.ndarray:
         flat = np.frombuffer(buf, dtype="<u8", count=n * self.ncpu * self.words)
-        if self.ncpu == 1:
-            return flat.reshape(n, self.words).copy()
+        if self.ncpu == 1 or self.split_cpus:
+            return flat.reshape(n * self.ncpu, self.words).copy()
         return flat.reshape(n, self.ncpu, self.words).sum(axis=1, dtype=np.uint64)
 
     def _read_batched(self) -> tuple[list[bytes], np.ndarray]:

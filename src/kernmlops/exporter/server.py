@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import itertools
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -112,6 +114,45 @@ class _Server(ThreadingHTTPServer):
         )
 
 
+class ScrapeLog:
+    """When /metrics responses began (monotonic seconds), for the interval a
+    scraper keeps and for waiting until one more scrape has been answered."""
+
+    def __init__(self, keep: int = 16) -> None:
+        self._cond = threading.Condition()
+        self._starts: list[float] = []
+        self._keep = keep
+        self.last_start = float("-inf")
+
+    def served(self, started: float) -> None:
+        """A /metrics response that began at ``started`` was sent in full."""
+        with self._cond:
+            self._starts = [*self._starts[-(self._keep - 1) :], started]
+            self.last_start = max(self.last_start, started)
+            self._cond.notify_all()
+
+    def interval_s(self) -> float | None:
+        """Median seconds between scrapes, from the last few; None before two."""
+        with self._cond:
+            starts = sorted(self._starts)
+        if len(starts) < 2:
+            return None
+        gaps = sorted(b - a for a, b in itertools.pairwise(starts))
+        return gaps[len(gaps) // 2]
+
+    def wait_after(self, since: float, timeout_s: float) -> bool:
+        """Until a response that began after ``since`` has been sent (True), or
+        ``timeout_s`` passed (False)."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self.last_start < since:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+
 class MetricsServer:
     """Serves ``render()`` at /metrics (and a pointer to it at /).
 
@@ -132,7 +173,8 @@ class MetricsServer:
         class Server(_Server):
             address_family = family
 
-        handler = _handler(render, timeout_s)
+        self.scrapes = ScrapeLog()
+        handler = _handler(render, timeout_s, self.scrapes)
         try:
             self._httpd = Server((host, port), handler, max_connections)
         except OSError as err:
@@ -168,7 +210,9 @@ class MetricsServer:
         self.stop()
 
 
-def _handler(render: Callable[[], bytes], timeout_s: float) -> type[BaseHTTPRequestHandler]:
+def _handler(
+    render: Callable[[], bytes], timeout_s: float, scrapes: ScrapeLog
+) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "kernmlops-exporter"
         timeout = timeout_s  # socketserver sets it on the connection
@@ -176,6 +220,7 @@ def _handler(render: Callable[[], bytes], timeout_s: float) -> type[BaseHTTPRequ
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
+                started = time.monotonic()
                 try:
                     body = render()
                 except Exception as err:  # a scrape error must not kill the server
@@ -183,6 +228,8 @@ def _handler(render: Callable[[], bytes], timeout_s: float) -> type[BaseHTTPRequ
                     print(f"kernmlops export: scrape failed: {err}", file=sys.stderr)
                     return
                 self._send(200, body, CONTENT_TYPE_PLAIN_0_0_4)
+                self.wfile.flush()
+                scrapes.served(started)
             elif path == "/":
                 page = b'<html><body><a href="/metrics">metrics</a></body></html>\n'
                 self._send(200, page, "text/html")

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from kernmlops.exporter.config import resolve_sets
 from kernmlops.exporter.core import Exporter, ExporterError, JobFilter, SetStatus
 from kernmlops.exporter.server import DEFAULT_LISTEN, MetricsServer, parse_listen
+
+#: seconds the final values are served when no scrape interval was seen: two
+#: intervals of 15 s, the scrape interval of Prometheus' example configuration
+DEFAULT_GRACE_S = 30.0
 
 
 @dataclass
@@ -41,6 +47,30 @@ class RunningExporter:
             },
             "scrapes": self.exporter.scrapes,
         }
+
+    def hold_final(
+        self, grace_s: float | None = None, on_message: Callable[[str], None] | None = None
+    ) -> bool:
+        """The job has ended: keep serving its final values until a scrape
+        that began from now on has been answered (True), or ``grace_s`` passed
+        (False). ``None``: two of the scraper's intervals (as seen so far) and a
+        second, or :data:`DEFAULT_GRACE_S` before two scrapes were seen. Ctrl+C
+        ends the wait."""
+        since = time.monotonic()
+        if grace_s is None:
+            interval = self.server.scrapes.interval_s()
+            grace_s = DEFAULT_GRACE_S if interval is None else 2 * interval + 1.0
+        if grace_s <= 0:
+            return False
+        if on_message:
+            on_message(
+                f"serving the final values at {self.url} until a scrape takes them "
+                f"(at most {grace_s:.0f} s)"
+            )
+        try:
+            return self.server.scrapes.wait_after(since, grace_s)
+        except KeyboardInterrupt:
+            return False
 
     def close(self) -> None:
         self.server.stop()

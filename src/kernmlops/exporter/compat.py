@@ -1,0 +1,509 @@
+"""cloudflare/ebpf_exporter's config format, read as it is.
+
+An ebpf_exporter config is ``<name>.yaml`` beside ``<name>.bpf.c`` (or its
+compiled ``<name>.bpf.o``). It differs from our own format in three ways, and
+this module maps each onto the exporter's machinery:
+
+- **The map is named after the metric** (no ``map:`` key), and the metric is
+  served as ``ebpf_exporter_<name>``, a counter without ``_total`` added.
+- **Histograms keep one u64 per key, the bucket in the last key field**: the
+  last label is the bucket (``bucket_min`` .. ``bucket_max``), and the key with
+  bucket ``bucket_max + 1`` (``fixed``: the last bucket key + 1) holds the sum.
+  Buckets outside that range are not shown, as ebpf_exporter does not show them.
+- **Decoders return a label where ours raise**: an address without a symbol is
+  ``unknown_addr:0x...``, a regexp's single group is the label, device numbers
+  are glibc's encoding (see ``decoders.build_decoder(flavor=...)``).
+
+The ``.bpf.c`` is compiled as ebpf_exporter builds its examples (``-target
+bpf -mcpu=v3``, ``<vmlinux.h>`` from this kernel, libbpf's ``<bpf/...>``
+headers) with our own ``maps.bpf.h``, ``bits.bpf.h`` and ``regs-ip.bpf.h``
+(bpf/ebpf_exporter/) on the include path, which give the helpers its examples
+call by the same names. A file is in this format when none of its metrics has
+a ``map:`` key (:func:`is_ebpf_exporter_config`).
+"""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from pydantic import Field, ValidationError, field_validator
+
+from kernmlops.exporter.config import (
+    BUILTIN_DIR,
+    EBPF_EXPORTER_FORMAT,
+    CounterSpec,
+    HistogramSpec,
+    LabelSpec,
+    MetricSet,
+    MetricSetError,
+    MetricSetSpec,
+    MetricsSpec,
+    _Strict,
+    format_errors,
+)
+from kernmlops.exporter.core import ExporterError, MetricReader
+from kernmlops.exporter.decoders import DecodeError, DecoderContext, label_decoders
+from kernmlops.exporter.histogram import Buckets
+from kernmlops.exporter.maps import MapReader
+
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
+
+    from kernmlops.ebpf.objects import BpfObject
+
+NAMESPACE = "ebpf_exporter"
+#: our helpers for ebpf_exporter-style programs (maps.bpf.h, bits.bpf.h, regs-ip.bpf.h)
+INCLUDE_DIR = BUILTIN_DIR / "ebpf_exporter"
+#: as ebpf_exporter's examples are compiled (its examples/Makefile)
+CFLAGS = ("-mcpu=v3", "-I", str(INCLUDE_DIR))
+_TOP_KEYS = frozenset({"metrics", "kaddrs", "tracing", "cgroup_id_map"})
+_CPU_LABEL = "cpu"
+
+
+# --- the file ---------------------------------------------------------------------
+class _EeCounter(_Strict):
+    name: str
+    help: str = Field(min_length=1)
+    perf_event_array: bool = False
+    flush_interval: Any = None
+    labels: list[LabelSpec] = Field(default_factory=list)
+
+
+class _EeHistogram(_Strict):
+    name: str
+    help: str = Field(min_length=1)
+    bucket_type: str
+    bucket_multiplier: float = 1.0
+    bucket_min: int = 0
+    bucket_max: int = 0
+    bucket_keys: list[float] | None = None
+    labels: list[LabelSpec] = Field(description="the last label is the bucket")
+
+    @field_validator("labels")
+    @classmethod
+    def _bucket_last(cls, labels: list[LabelSpec]) -> list[LabelSpec]:
+        if not labels:
+            raise ValueError("a histogram's last label is the bucket: give at least that one")
+        return labels
+
+
+class _EeMetrics(_Strict):
+    counters: list[_EeCounter] = Field(default_factory=list)
+    histograms: list[_EeHistogram] = Field(default_factory=list)
+
+
+class _EeConfig(_Strict):
+    metrics: _EeMetrics | None = None
+    kaddrs: list[str] = Field(default_factory=list)
+    tracing: dict[str, Any] | None = None
+    cgroup_id_map: dict[str, Any] | None = None
+
+
+class EeCounterSpec(CounterSpec):
+    """A counter of an ebpf_exporter config: served under its own name."""
+
+    tail_padding: int = Field(0, ge=0, description="padding after the last label")
+
+    @property
+    def exposed_name(self) -> str:
+        return self.name
+
+    @property
+    def total_key_bytes(self) -> int:
+        return self.key_bytes + self.tail_padding
+
+
+def _padding_before(labels: list[LabelSpec]) -> tuple[list[LabelSpec], int]:
+    """ebpf_exporter's ``padding`` follows its label, ours precedes it: the
+    same layout, each padding moved to the next label; the last one's trails."""
+    out, before = [], 0
+    for label in labels:
+        out.append(label.model_copy(update={"padding": before}))
+        before = label.padding
+    return out, before
+
+
+class GoBuckets(Buckets):
+    """Buckets whose ``le`` is written as Go writes a float (``1024``, not
+    ``1024.0``): the label values ebpf_exporter's series have."""
+
+    @property
+    def le(self) -> tuple[str, ...]:
+        return (*(go_float(b * self.multiplier) for b in self.bounds[self.first :]), "+Inf")
+
+
+def go_float(value: float) -> str:
+    """A float as Go's ``strconv.FormatFloat(v, 'g', -1, 64)`` writes it (what
+    the Prometheus Go client writes for ``le``): shortest digits, exponent form
+    below 1e-4 and from 1e6 on."""
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if math.isnan(value):
+        return "NaN"
+    sign, digits, exponent = Decimal(repr(value)).normalize().as_tuple()
+    assert isinstance(exponent, int)
+    text = "".join(map(str, digits)).rstrip("0") or "0"
+    exp10 = exponent + len(digits) - 1 if text != "0" else 0
+    prefix = "-" if sign else ""
+    if exp10 < -4 or exp10 >= 6:
+        mantissa = text[0] + ("." + text[1:] if len(text) > 1 else "")
+        return f"{prefix}{mantissa}e{'-' if exp10 < 0 else '+'}{abs(exp10):02d}"
+    return prefix + format(Decimal(repr(abs(value))).normalize(), "f")
+
+
+class EeHistogramSpec(HistogramSpec):
+    """A histogram of an ebpf_exporter config: ``labels`` are the key's fields
+    before the bucket; ``bucket_label`` is the last one."""
+
+    bucket_label: LabelSpec
+    tail_padding: int = Field(0, ge=0, description="padding after the bucket")
+
+    @property
+    def bucket_keys_raw(self) -> list[float]:
+        """The bucket keys the kernel writes, in order."""
+        if self.bucket_type == "fixed":
+            return list(self.bucket_keys or ())
+        assert self.bucket_max is not None
+        return [float(i) for i in range(self.bucket_min, self.bucket_max + 1)]
+
+    @property
+    def sum_key(self) -> float:
+        return self.bucket_keys_raw[-1] + 1
+
+    @property
+    def bounds(self) -> tuple[float, ...]:
+        """Each bucket's upper bound before the multiplier (ebpf_exporter's keyer)."""
+        keys = self.bucket_keys_raw
+        if self.bucket_type == "exp2":
+            return tuple(2.0**k for k in keys)
+        if self.bucket_type == "exp2zero":
+            return tuple(0.0 if k == 0 else 2.0 ** (k - 1) for k in keys)
+        return tuple(keys)  # linear, fixed
+
+    @property
+    def total_key_bytes(self) -> int:
+        return (
+            self.key_bytes + self.bucket_label.padding + self.bucket_label.size + self.tail_padding
+        )
+
+
+def is_ebpf_exporter_config(data: Any) -> bool:
+    """ebpf_exporter's configs name no map (the map is the metric's name) and
+    have none of our top-level keys (description, object, default)."""
+    if not isinstance(data, dict) or not set(data) <= _TOP_KEYS:
+        return False
+    metrics = data.get("metrics")
+    if metrics is None:
+        return "tracing" in data
+    if not isinstance(metrics, dict):
+        return False
+    entries = [
+        m
+        for kind in ("counters", "histograms")
+        for m in (metrics.get(kind) or [])
+        if isinstance(m, dict)
+    ]
+    return bool(entries) and not any("map" in m for m in entries)
+
+
+def parse_ebpf_exporter_config(data: Any, path: Path) -> MetricSet:
+    """An ebpf_exporter config as a metric set (named after its file, as
+    ebpf_exporter names configs)."""
+    where = f"ebpf_exporter config {path}"
+    try:
+        cfg = _EeConfig.model_validate(data)
+    except ValidationError as err:
+        source = f"{path} (ebpf_exporter's format)"
+        raise MetricSetError(format_errors(err, source, data, _EeConfig)) from None
+    if cfg.tracing and cfg.tracing.get("spans"):
+        raise MetricSetError(
+            f"{where}: tracing spans (ebpf_exporter's OpenTelemetry output) are not "
+            "supported; only metrics are"
+        )
+    if cfg.cgroup_id_map:
+        raise MetricSetError(f"{where}: cgroup_id_map is not supported (use --cgroup)")
+    if cfg.metrics is None or not (cfg.metrics.counters or cfg.metrics.histograms):
+        raise MetricSetError(f"{where}: neither counters nor histograms are defined")
+    stem = path.name.removesuffix(".yaml").removesuffix(".yml")
+    counters, histograms = [], []
+    try:
+        for i, c in enumerate(cfg.metrics.counters):
+            loc = f"metrics.counters[{i}] ({c.name})"
+            if c.perf_event_array:
+                raise MetricSetError(
+                    f"{where}: {loc}: perf_event_array counters are not supported "
+                    "(keep the count in a map)"
+                )
+            labels, tail = _padding_before(c.labels)
+            counters.append(
+                _spec(
+                    EeCounterSpec,
+                    where,
+                    loc,
+                    name=f"{NAMESPACE}_{c.name}",
+                    help=c.help,
+                    map=c.name,
+                    labels=labels,
+                    tail_padding=tail,
+                )
+            )
+        for i, h in enumerate(cfg.metrics.histograms):
+            loc = f"metrics.histograms[{i}] ({h.name})"
+            fixed = h.bucket_type == "fixed"
+            labels, tail = _padding_before(h.labels)
+            histograms.append(
+                _spec(
+                    EeHistogramSpec,
+                    where,
+                    loc,
+                    name=f"{NAMESPACE}_{h.name}",
+                    help=h.help,
+                    map=h.name,
+                    labels=labels[:-1],
+                    bucket_label=labels[-1],
+                    tail_padding=tail,
+                    bucket_type=h.bucket_type,
+                    bucket_min=0 if fixed else h.bucket_min,
+                    bucket_max=None if fixed else h.bucket_max,
+                    bucket_keys=h.bucket_keys if fixed else None,
+                    bucket_multiplier=h.bucket_multiplier or 1.0,
+                )
+            )
+        spec = MetricSetSpec(
+            description=f"ebpf_exporter config {stem}",
+            metrics=MetricsSpec(counters=counters, histograms=histograms),
+        )
+    except ValidationError as err:
+        raise MetricSetError(format_errors(err, f"{path} (ebpf_exporter's format)", data)) from None
+    return MetricSet(
+        name=stem,
+        spec=spec,
+        path=path,
+        builtin=False,
+        format=EBPF_EXPORTER_FORMAT,
+        cflags=CFLAGS,
+        kaddrs=tuple(cfg.kaddrs),
+    )
+
+
+def _spec(cls: type, where: str, loc: str, **fields: Any) -> Any:
+    try:
+        return cls(**fields)
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = ".".join(str(p) for p in first["loc"])
+        msg = first["msg"].removeprefix("Value error, ")
+        raise MetricSetError(
+            f"invalid {where}:\n  - {loc}{'.' + field if field else ''}: {msg}"
+        ) from None
+
+
+def resolve_config_dir(config_dir: str, names: str) -> list[str]:
+    """ebpf_exporter's ``--config.dir DIR --config.names a,b``: DIR/a.yaml, DIR/b.yaml."""
+    folder = Path(config_dir)
+    if not folder.is_dir():
+        raise MetricSetError(f"--config.dir {config_dir}: no such folder")
+    out = []
+    for name in (n.strip() for n in names.split(",")):
+        if not name:
+            continue
+        path = folder / f"{name}.yaml"
+        if not path.exists():
+            known = sorted(p.stem for p in folder.glob("*.yaml"))
+            raise MetricSetError(
+                f"--config.names {name}: no {path} (configs there: {', '.join(known) or 'none'})"
+            )
+        out.append(str(path))
+    if not out:
+        raise MetricSetError("--config.names: give at least one config name")
+    return out
+
+
+# --- loading ----------------------------------------------------------------------
+def kaddr_globals(symbols: tuple[str, ...], kallsyms: Path = Path("/proc/kallsyms")) -> dict:
+    """``kaddr_<symbol>`` values for a config's ``kaddrs``."""
+    if not symbols:
+        return {}
+    wanted, found = set(symbols), {}
+    with kallsyms.open() as fh:
+        for line in fh:
+            parts = line.split()
+            if len(parts) >= 3 and parts[2] in wanted and parts[2] not in found:
+                found[parts[2]] = int(parts[0], 16)
+    missing = sorted(wanted - set(found))
+    if missing:
+        raise MetricSetError(f"kaddrs: no symbol {', '.join(missing)} in {kallsyms}")
+    if not any(found.values()):
+        raise MetricSetError(f"kaddrs: {kallsyms} shows no addresses: run as root")
+    return {f"kaddr_{name}": addr for name, addr in found.items()}
+
+
+def split_cpus(spec: CounterSpec | HistogramSpec, percpu: bool) -> bool:
+    """ebpf_exporter: a per-CPU map whose last label is ``cpu`` is served per CPU."""
+    return percpu and bool(spec.labels) and spec.labels[-1].name == _CPU_LABEL
+
+
+def check_fit(metric_set: MetricSet, spec: CounterSpec | HistogramSpec, obj: BpfObject) -> None:
+    """The map exists, holds one u64 per key, and the labels span its key."""
+    where = f"ebpf_exporter config {metric_set.path}: {spec.map}"
+    bpf_map = obj.maps.get(spec.map)
+    if bpf_map is None:
+        maps = ", ".join(sorted(m for m in obj.maps if not m.startswith("."))) or "none"
+        raise ExporterError(f"{where}: the object has no map {spec.map!r} (maps: {maps})")
+    if bpf_map.value_size != 8:
+        raise ExporterError(
+            f"{where}: values of map {spec.map} are {bpf_map.value_size} bytes, not one u64"
+        )
+    span = spec.total_key_bytes if isinstance(spec, EeCounterSpec | EeHistogramSpec) else 0
+    key = bpf_map.key_size
+    if split_cpus(spec, bpf_map.percpu):
+        key += 2  # the CPU number, appended per CPU
+        if len(spec.labels) == 1 and span == 2:
+            return  # only cpu: the key (an array index) is not a label
+    if span != key and (spec.labels or isinstance(spec, EeHistogramSpec)):
+        raise ExporterError(
+            f"{where}: the labels span {span} bytes but the map's key has {key} "
+            "(label sizes and padding must cover the key exactly)"
+        )
+
+
+def make_reader(
+    set_name: str,
+    spec: CounterSpec | HistogramSpec,
+    obj: BpfObject,
+    ctx: DecoderContext,
+    max_label_sets: int,
+) -> MetricReader:
+    bpf_map = obj.map(spec.map)
+    split = split_cpus(spec, bpf_map.percpu)
+    reader = MapReader(bpf_map, split_cpus=split)
+    if isinstance(spec, EeHistogramSpec):
+        return BucketKeyHistogram(set_name, spec, reader, ctx, max_label_sets)
+    offset = 0
+    if split and len(spec.labels) == 1 and spec.key_bytes == 2:
+        offset = bpf_map.key_size  # only the appended CPU number is a label
+    return MetricReader(
+        set_name, spec, reader, ctx, max_label_sets, flavor=EBPF_EXPORTER_FORMAT, offset=offset
+    )
+
+
+class BucketKeyHistogram(MetricReader):
+    """Reads a histogram whose bucket is the last key field (one u64 per key)
+    into the slot layout ``MetricReader.text`` writes: bucket counts, an empty
+    overflow slot (ebpf_exporter's +Inf is the last bucket's count), the sum."""
+
+    spec: EeHistogramSpec
+
+    def __init__(
+        self,
+        set_name: str,
+        spec: EeHistogramSpec,
+        reader: MapReader,
+        ctx: DecoderContext,
+        max_label_sets: int,
+    ) -> None:
+        super().__init__(set_name, spec, reader, ctx, max_label_sets, flavor=EBPF_EXPORTER_FORMAT)
+        self._prefix = spec.key_bytes
+        (self._bucket,) = label_decoders(
+            [spec.bucket_label], ctx, flavor=EBPF_EXPORTER_FORMAT, offset=spec.key_bytes
+        )
+        keys = spec.bucket_keys_raw
+        self._slots = {k: i for i, k in enumerate(keys)}
+        self._slots[spec.sum_key] = len(keys) + 1  # after the (empty) overflow slot
+        self._width = len(keys) + 2
+        self._bucket_cache: dict[bytes, int] = {}
+
+    @cached_property
+    def buckets(self) -> Buckets:
+        return GoBuckets(self.spec.bounds, self.spec.bucket_multiplier, 0, True)
+
+    def _slot(self, key: bytes) -> int:
+        raw = key[self._prefix :]
+        found = self._bucket_cache.get(raw)
+        if found is not None:
+            return found
+        try:
+            value = float(int(self._bucket(key), 0))
+        except (DecodeError, ValueError) as err:
+            label = self._bucket.name
+            self.decoder_errors[label] = self.decoder_errors.get(label, 0) + 1
+            self.last_error = str(err)
+            return -1
+        slot = self._bucket_cache[raw] = self._slots.get(value, -1)
+        return slot
+
+    def snapshot(self) -> tuple[list[int], np.ndarray]:
+        keys, values = self.reader.read()
+        n, prefix = len(keys), self._prefix
+        idx = np.fromiter((self._label_index(k[:prefix]) for k in keys), np.int64, count=n)
+        slot = np.fromiter((self._slot(k) for k in keys), np.int64, count=n)
+        keep = (idx >= 0) & (slot >= 0)
+        present, rows = np.unique(idx[keep], return_inverse=True)
+        out = np.zeros((len(present), self._width), dtype=np.uint64)
+        np.add.at(out, (rows, slot[keep]), values[keep, 0])
+        return present.tolist(), out
+
+
+# --- ebpf_exporter's own metrics ----------------------------------------------------
+def builtin_metrics(loaded_sets: list[Any], stats_on: bool) -> list[Metric]:
+    """ebpf_exporter's built-in metrics, by its names, for every loaded set:
+    enabled configs, program info (id, tag), attached, run time and count
+    (with BPF stats on), decoder errors."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    from kernmlops.ebpf import libbpf
+
+    ns = NAMESPACE
+    enabled = GaugeMetricFamily(
+        f"{ns}_enabled_configs", "The set of enabled configs", labels=["name"]
+    )
+    info = GaugeMetricFamily(
+        f"{ns}_ebpf_program_info",
+        "Info about ebpf programs",
+        labels=["config", "program", "tag", "id"],
+    )
+    attached = GaugeMetricFamily(
+        f"{ns}_ebpf_program_attached", "Whether a program is attached", labels=["id"]
+    )
+    run_time = CounterMetricFamily(
+        f"{ns}_ebpf_program_run_time_seconds",
+        "How long has the program been executing",
+        labels=["id"],
+    )
+    run_count = CounterMetricFamily(
+        f"{ns}_ebpf_program_run_count",
+        "How many times has the program been executed",
+        labels=["id"],
+    )
+    errors = CounterMetricFamily(
+        f"{ns}_decoder_errors",
+        "How many times has decoders encountered errors",
+        labels=["config"],
+    )
+    for loaded in loaded_sets:
+        if loaded.obj is None:
+            continue
+        name = loaded.status.name
+        enabled.add_metric([name], 1.0)
+        errors.add_metric(
+            [name], float(sum(sum(m.decoder_errors.values()) for m in loaded.metrics))
+        )
+        for prog in loaded.status.programs:
+            if prog.fd < 0:
+                continue
+            pi = libbpf.prog_info(prog.fd)
+            pid = str(pi.id)
+            info.add_metric([name, prog.name, bytes(pi.tag).hex(), pid], 1.0)
+            attached.add_metric([pid], 1.0 if prog.attached else 0.0)
+            if stats_on:
+                run_time.add_metric([pid], pi.run_time_ns / 1e9)
+                run_count.add_metric([pid], float(pi.run_cnt))
+    out: list[Metric] = [enabled, info, attached, errors]
+    if stats_on:
+        out += [run_time, run_count]
+    return out

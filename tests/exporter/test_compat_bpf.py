@@ -1,0 +1,250 @@
+"""ebpf_exporter's configs, loaded unchanged: the test configs in
+tests/exporter/ebpf_exporter/ are written in its format (map named after the
+metric, bucket in the last key field, one u64 per key) and their .bpf.c
+include what its examples include. What is served is checked against what the
+workload did (its own counts) and against bpftool and /proc."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from prometheus_client.parser import text_string_to_metric_families
+
+from kernmlops.ebpf.perf_open import supported
+from kernmlops.exporter.cli import export_command
+from kernmlops.exporter.config import resolve_sets
+from kernmlops.exporter.core import Exporter
+from kernmlops.host.cpus import online_cpus
+
+pytestmark = pytest.mark.bpf
+
+CONFIGS = Path(__file__).parent / "ebpf_exporter"
+SIZES = [0, 1, 2, 3, 4, 5, 7, 8, 9, 20, 21, 999, 1000, 1024, 1025, 65536, 1_000_000, 2_000_000]
+GETPPIDS = 3000
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def _job(comm: str, sizes: list[int], getppids: int) -> None:
+    """A process named ``comm`` passes each size to write(2) on fd 999 (never
+    open: EBADF before any byte is read) and calls getppid ``getppids`` times."""
+    code = textwrap.dedent(f"""
+        import ctypes, os
+        open("/proc/self/comm", "w").write({comm!r})
+        libc = ctypes.CDLL(None, use_errno=True)
+        for n in {sizes!r}:
+            assert libc.write(999, None, ctypes.c_size_t(n)) == -1
+        for _ in range({getppids}):
+            os.getppid()
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _exp2_bucket(value: int) -> int:
+    """ebpf_exporter's exp2 bucket: the smallest b with value <= 2^b (0 and 1: 0)."""
+    b = 0
+    while value > 2**b:
+        b += 1
+    return b
+
+
+def _expected(kind: str, sizes: list[int]) -> tuple[dict[str, float], float, float]:
+    """Cumulative counts by ``le`` as ebpf_exporter's README defines each bucket
+    type for our write-sizes.yaml, with the count and sum."""
+    cum: dict[str, float] = {}
+    if kind == "exp2":  # bucket_max 20, values above go to the last bucket
+        slots = [min(_exp2_bucket(v), 20) for v in sizes]
+        les = [(b, str(2**b) if 2**b < 10**6 else f"{2**b / 10**6:.6f}e+06") for b in range(21)]
+        for b, le in les:
+            cum[le] = sum(1 for s in slots if s <= b)
+        return cum, float(len(sizes)), float(sum(sizes))
+    if kind == "exp2zero":  # bucket 0: zeros; b >= 1: (2^(b-2), 2^(b-1)]
+        slots = [0 if v == 0 else min(_exp2_bucket(v) + 1, 20) for v in sizes]
+        for b in range(21):
+            bound = 0 if b == 0 else 2 ** (b - 1)
+            le = str(bound) if bound < 10**6 else f"{bound / 10**6:.6f}e+06"
+            cum[le] = sum(1 for s in slots if s <= b)
+        return cum, float(len(sizes)), float(sum(sizes))
+    if kind == "linear":  # buckets 2..20 shown; 0 and 1 are below bucket_min
+        slots = [min(v, 20) for v in sizes]
+        for b in range(2, 21):
+            cum[str(b)] = sum(1 for s in slots if 2 <= s <= b)
+        return cum, float(sum(1 for s in slots if s >= 2)), float(sum(sizes))
+    keys = [10, 100, 1000, 10000]  # fixed, multiplier 0.001
+    slots = [next((k for k in keys if v <= k), keys[-1]) for v in sizes]
+    for k, le in zip(keys, ["0.01", "0.1", "1", "10"], strict=True):
+        cum[le] = sum(1 for s in slots if s <= k)
+    return cum, float(len(sizes)), sum(sizes) * 0.001
+
+
+@pytest.fixture(scope="module")
+def write_sizes():
+    exporter = Exporter(resolve_sets([str(CONFIGS / "write-sizes.yaml")]))
+    try:
+        (status,) = exporter.start()
+        assert status.error is None, status.error
+        assert status.attached == 2, [(p.name, p.error) for p in status.programs]
+        yield exporter
+    finally:
+        exporter.close()
+
+
+def test_counts_and_histograms_as_ebpf_exporter_serves_them(write_sizes: Exporter) -> None:
+    comm = f"kmo-ee-{os.getpid() % 10000}"
+    _job(comm, SIZES, GETPPIDS)
+    text = write_sizes.render().decode()
+    got = _samples(text)
+    # counters: the name as written, no _total added, labels decoded (syscall)
+    key = ("ebpf_exporter_test_syscalls_total", (("comm", comm), ("syscall", "getppid")))
+    assert got[key] == GETPPIDS
+    assert "# TYPE ebpf_exporter_test_syscalls_total counter" in text
+    for kind, metric in [
+        ("exp2", "write_size_exp2_bytes"),
+        ("exp2zero", "write_size_exp2zero_bytes"),
+        ("linear", "write_size_linear_bytes"),
+        ("fixed", "write_size_fixed_kilobytes"),
+    ]:
+        name = f"ebpf_exporter_{metric}"
+        labels = (("comm", comm), ("fd", "probe"))  # fd: uint then static_map, after padding
+        cum, count, total = _expected(kind, SIZES)
+        for le, want in cum.items():
+            assert got[(f"{name}_bucket", (*labels, ("le", le)))] == want, (kind, le)
+        assert got[(f"{name}_bucket", (*labels, ("le", "+Inf")))] == count, kind
+        assert got[(f"{name}_count", labels)] == count, kind
+        assert got[(f"{name}_sum", labels)] == pytest.approx(total), kind
+        # exactly these buckets, written as Go writes them (1024, not 1024.0)
+        les = {
+            dict(k[1])["le"] for k in got if k[0] == f"{name}_bucket" and dict(k[1])["comm"] == comm
+        }
+        assert les == {*cum, "+Inf"}, kind
+
+
+def test_program_info_matches_bpftool(write_sizes: Exporter) -> None:
+    bpftool = shutil.which("bpftool") or shutil.which("bpftool", path="/usr/sbin:/sbin")
+    assert bpftool
+    got = _samples(write_sizes.render().decode())
+    infos = [dict(k[1]) for k in got if k[0] == "ebpf_exporter_ebpf_program_info"]
+    assert sorted(i["program"] for i in infos) == ["count_syscalls", "observe_write"]
+    for info in infos:
+        shown = json.loads(
+            subprocess.run(
+                [bpftool, "prog", "show", "id", info["id"], "--json"],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+        )
+        assert shown["tag"] == info["tag"]
+        assert shown["name"] == info["program"][:15]
+        assert info["config"] == "write-sizes"
+        assert got[("ebpf_exporter_ebpf_program_attached", (("id", info["id"]),))] == 1
+        ours = {"set": "write-sizes", "program": info["program"], "id": info["id"]}
+        ours["tag"] = info["tag"]
+        assert got[("kernmlops_exporter_program_info", tuple(sorted(ours.items())))] == 1
+    assert got[("ebpf_exporter_enabled_configs", (("name", "write-sizes"),))] == 1
+
+
+def test_perf_event_program_per_cpu() -> None:
+    """SEC("perf_event/type=1,config=0,frequency=97"): cpu-clock on every CPU,
+    a per-CPU array whose only label is cpu served per CPU."""
+    exporter = Exporter(resolve_sets([str(CONFIGS / "cpu-clock.yaml")]))
+    try:
+        (status,) = exporter.start()
+        assert status.attached == 1, [(p.name, p.error) for p in status.programs]
+        # Busy on every CPU for 0.5 s: an idle CPU takes no cpu-clock samples.
+        spin = "import time\nt = time.monotonic() + 0.5\nwhile time.monotonic() < t: pass"
+        spinners = [
+            subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c", spin])
+            for cpu in online_cpus()
+        ]
+        for proc in spinners:
+            proc.wait(timeout=30)
+        got = _samples(exporter.render().decode())
+    finally:
+        exporter.close()
+    name = "ebpf_exporter_cpu_clock_samples_total"
+    series = {dict(k[1])["cpu"]: v for k, v in got.items() if k[0] == name}
+    assert set(series) == {str(c) for c in online_cpus()}
+    assert all(v > 0 for v in series.values()), series
+
+
+def test_hardware_perf_event_where_the_pmu_has_it() -> None:
+    """cycles attach where the PMU counts them; elsewhere --config.check fails
+    with one line naming the event and why."""
+    args = ["--config.dir", str(CONFIGS), "--config.names", "cycles", "--config.check"]
+    result = CliRunner().invoke(export_command, args)
+    has_pmu, _ = supported(0, 0)
+    if has_pmu:
+        assert result.exit_code == 0, result.output
+        return
+    assert result.exit_code == 1
+    assert "Traceback" not in result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("check failed")]
+    assert len(lines) == 1
+    assert "perf hardware event cycles (type=0, config=0) cannot be opened on CPU" in lines[0]
+    assert "PMU" in lines[0]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize(("keep", "mask"), [("none", 0), ("cap_syslog,cap_bpf", 1 << 34 | 1 << 39)])
+def test_capabilities_dropped_after_attach(keep: str, mask: int) -> None:
+    """--capabilities.keep: every thread of the serving exporter holds only what
+    was kept (/proc/PID/task/*/status CapEff and CapPrm), and it still serves."""
+    port = _free_port()
+    cmd = [
+        sys.executable, "-m", "kernmlops.exporter", "--config.dir", str(CONFIGS),
+        "--config.names", "write-sizes", "--web.listen-address", f"127.0.0.1:{port}",
+        f"--capabilities.keep={keep}",
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        deadline = time.monotonic() + 120
+        body = ""
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                body = urllib.request.urlopen(url, timeout=5).read().decode()
+                break
+            except OSError:
+                time.sleep(0.2)
+        assert body, proc.stdout.read() if proc.poll() is not None else "no answer"  # type: ignore[union-attr]
+        for task in Path(f"/proc/{proc.pid}/task").iterdir():
+            lines = (task / "status").read_text().splitlines()
+            status = dict(line.split(":\t", 1) for line in lines if ":\t" in line)
+            assert int(status["CapEff"], 16) == mask, (task.name, status["CapEff"])
+            assert int(status["CapPrm"], 16) == mask, (task.name, status["CapPrm"])
+        # a scrape after the drop still reads the maps
+        _job("kmo-ee-caps", [], 10)
+        body = urllib.request.urlopen(url, timeout=5).read().decode()
+        key = (
+            "ebpf_exporter_test_syscalls_total",
+            (("comm", "kmo-ee-caps"), ("syscall", "getppid")),
+        )
+        assert _samples(body)[key] == 10
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert "capabilities dropped" in out
