@@ -1,9 +1,11 @@
-"""The ml-training benchmark and its numpy MLP job."""
+"""The ml-training and pytorch benchmarks and their job: LeNet-5 with PyTorch, and the
+numpy MLP fallback."""
 
 from __future__ import annotations
 
 import itertools
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,13 +18,15 @@ from kernmlops.benchmarks.base import BenchmarkRun
 from kernmlops.benchmarks.ml_training import (
     JOB_SCRIPT,
     MlTrainingBenchmark,
+    PytorchBenchmark,
+    job_python,
     job_result_rows,
     parse_job_output,
 )
 from kernmlops.config import load_config
 from kernmlops.workloads import ml_job
 
-SMALL = ["--samples", "3000", "--test-samples", "1000", "--features", "16", "--classes", "3",
+SMALL = ["--framework", "numpy", "--samples", "3000", "--test-samples", "1000", "--features", "16", "--classes", "3",
          "--hidden", "32", "--batch-size", "32", "--lr", "0.05", "--seed", "1"]  # fmt: skip
 
 
@@ -122,6 +126,7 @@ def test_job_script_runs_alone_with_its_threads() -> None:
     assert not any(m.startswith(("kernmlops", "polars", "pydantic")) for m in imported)
     records = parse_job_output(done.stdout)
     assert records[-1]["kind"] == "done"
+    assert records[-1]["framework"] == "numpy"
     assert records[-1]["threads"] == 1  # no BLAS worker threads with --threads 1
 
 
@@ -139,6 +144,25 @@ def test_job_runs_as_a_module_without_warnings() -> None:
     )  # fmt: skip
     assert done.stderr == ""
     assert [r["kind"] for r in parse_job_output(done.stdout)] == ["setup", "epoch", "done"]
+
+
+def test_job_without_torch_says_it_falls_back_to_numpy(tmp_path: Path) -> None:
+    # torch hidden from the job (a None entry in sys.modules: find_spec says absent).
+    hide = ("import runpy, sys; sys.modules['torch'] = None; sys.argv = sys.argv[1:]; "
+            "runpy.run_path(sys.argv[0], run_name='__main__')")  # fmt: skip
+    small = [a for a in SMALL if a not in ("--framework", "numpy")]
+    done = subprocess.run([sys.executable, "-c", hide, str(JOB_SCRIPT), *small, "--epochs", "1",
+                           "--checkpoint-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "torch is not installed: training the numpy MLP fallback" in done.stderr
+    records = parse_job_output(done.stdout)
+    assert records[0]["framework"] == "numpy" and records[-1]["framework"] == "numpy"
+    assert records[-1]["checkpoints"] == 1 and len(list(tmp_path.glob("ckpt-*.npz"))) == 1
+    refused = subprocess.run([sys.executable, "-c", hide, str(JOB_SCRIPT), "--framework",
+                              "torch"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert refused.returncode == 2
+    assert "--framework torch: torch is not installed" in refused.stderr
 
 
 def test_parse_job_output_skips_noise_and_cut_lines() -> None:
@@ -183,27 +207,145 @@ def test_results_from_a_real_job_output(tmp_path: Path, capsys: pytest.CaptureFi
 def test_options_reach_the_job_unchanged() -> None:
     opts = MlTrainingBenchmark.Options(epochs=3, samples=123, test_samples=45, features=6,
                                        classes=4, hidden=7, batch_size=8, learning_rate=0.125,
-                                       separation=2.5, seed=9, threads=2)  # fmt: skip
+                                       separation=2.5, seed=9, threads=2, workers=3,
+                                       framework="numpy", checkpoint_every=5,
+                                       keep_checkpoints=4, checkpoint_dir="/ck")  # fmt: skip
     bench = MlTrainingBenchmark(opts)
     args = ml_job.parser().parse_args(bench.job_args())
     assert vars(args) == {"epochs": 3, "samples": 123, "test_samples": 45, "features": 6,
                           "classes": 4, "hidden": 7, "batch_size": 8, "lr": 0.125,
-                          "separation": 2.5, "seed": 9, "threads": 2}  # fmt: skip
+                          "separation": 2.5, "seed": 9, "threads": 2, "framework": "numpy",
+                          "workers": 3, "checkpoint_dir": Path("/ck"), "checkpoint_every": 5,
+                          "keep_checkpoints": 4}  # fmt: skip
     launch = bench.launch()
     assert launch is not None
-    assert launch.argv[:2] == [sys.executable, str(JOB_SCRIPT)]
+    assert launch.argv[:2] == [job_python(), str(JOB_SCRIPT)]
     assert launch.capture_output
     assert launch.env == dict.fromkeys(ml_job.THREAD_VARIABLES, "2")
     assert MlTrainingBenchmark(MlTrainingBenchmark.Options(threads=0)).launch().env == {}
-    assert bench.describe().startswith("ml-training: ml_job.py --epochs 3")
+    assert bench.describe().startswith("ml-training: ml_job.py --framework numpy --epochs 3")
+    # Without a folder of its own the checkpoints go in the run's private folder.
+    plain = MlTrainingBenchmark()
+    plain.setup(Path("/run/x"))
+    assert plain.checkpoint_dir() == Path("/run/x/checkpoints")
 
 
 def test_options_validation_and_config_section() -> None:
     assert MlTrainingBenchmark.name == "ml-training"
     assert MlTrainingBenchmark.default_filter == "tree"
     for bad in ({"epochs": 0}, {"classes": 1}, {"learning_rate": 0}, {"threads": -1},
-                {"epoch": 3}):  # fmt: skip
+                {"epoch": 3}, {"framework": "jax"}, {"workers": -1}):  # fmt: skip
         with pytest.raises(ValidationError):
             MlTrainingBenchmark.Options(**bad)
     cfg = load_config({"benchmark": {"name": "ml-training", "ml_training": {"epochs": 2}}})
     assert cfg.benchmark_options().epochs == 2
+
+
+# --- the PyTorch job (LeNet-5) and the pytorch benchmark -------------------------------
+
+torch = pytest.importorskip("torch", reason="torch is not installed (make ml)")
+
+TORCH_SMALL = ["--framework", "torch", "--samples", "600", "--test-samples", "300",
+               "--batch-size", "64", "--lr", "0.02", "--threads", "1", "--seed", "2"]  # fmt: skip
+
+
+def test_lenet5_has_lecuns_layer_sizes() -> None:
+    model = ml_job.lenet5(10)
+    out = model(torch.zeros(3, 1, 28, 28))
+    assert tuple(out.shape) == (3, 10)
+    # Parameters written out from the architecture: conv 1->6 5x5, conv 6->16 5x5,
+    # 16*5*5 -> 120 -> 84 -> 10, each with biases.
+    expected = (6 * 25 + 6) + (16 * 6 * 25 + 16) + (400 * 120 + 120) + (120 * 84 + 84) + 850
+    assert sum(p.numel() for p in model.parameters()) == expected == 61_706
+
+
+def test_torch_job_counts_steps_and_writes_checkpoints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ck = tmp_path / "ck"
+    records = _run_job(capsys, *TORCH_SMALL, "--epochs", "2", "--checkpoint-dir", str(ck),
+                       "--checkpoint-every", "7", "--keep-checkpoints", "1")  # fmt: skip
+    setup, done = records[0], records[-1]
+    assert setup["framework"] == "torch" and setup["model"] == "lenet5"
+    assert setup["image"] == [1, 28, 28] and setup["parameters"] == 61_706
+    per_epoch = -(-600 // 64)  # ceil: the last minibatch is short
+    epochs = [r for r in records if r["kind"] == "epoch"]
+    assert [r["steps"] for r in epochs] == [per_epoch, 2 * per_epoch]
+    assert done["steps"] == 2 * per_epoch
+    ckpts = [r for r in records if r["kind"] == "checkpoint"]
+    assert [r["step"] for r in ckpts] == list(range(7, 2 * per_epoch + 1, 7))
+    assert done["checkpoints"] == len(ckpts)
+    assert done["checkpoint_bytes"] == sum(r["bytes"] for r in ckpts)
+    # Only the newest is kept; it is the model as it was at that step.
+    files = sorted(ck.iterdir())
+    assert [f.name for f in files] == [f"ckpt-{ckpts[-1]['step']:09d}.pt"]
+    assert files[0].stat().st_size == ckpts[-1]["bytes"]
+    state = torch.load(files[0], weights_only=True)
+    assert state["step"] == ckpts[-1]["step"]
+    assert set(state["model"]) == set(ml_job.lenet5(10).state_dict())
+
+
+def test_torch_job_learns_and_checkpoints_each_epoch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    records = _run_job(capsys, *TORCH_SMALL, "--epochs", "3", "--separation", "2.0",
+                       "--checkpoint-dir", str(tmp_path))  # fmt: skip
+    epochs = [r for r in records if r["kind"] == "epoch"]
+    ckpts = [r for r in records if r["kind"] == "checkpoint"]
+    assert [r["epoch"] for r in ckpts] == [1, 2, 3]  # default: one at each epoch's end
+    assert [r["step"] for r in ckpts] == [r["steps"] for r in epochs]
+    assert epochs[-1]["loss"] < epochs[0]["loss"]
+    assert epochs[-1]["accuracy"] > 0.5  # 10 classes: chance is 0.1
+    assert len(list(tmp_path.iterdir())) == 2  # keep 2 by default
+
+
+def test_torch_job_data_loader_workers_are_forked_processes(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(JOB_SCRIPT), *TORCH_SMALL, "--epochs", "1", "--workers", "2"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    records = parse_job_output(done.stdout)
+    assert records[0]["workers"] == 2 and records[-1]["steps"] == -(-600 // 64)
+
+
+def test_pytorch_benchmark_repeats_the_job_in_fresh_processes(tmp_path: Path) -> None:
+    opts = PytorchBenchmark.Options(repeat=2, sleep_s=0.1, samples=200, test_samples=100,
+                                    checkpoint_dir=str(tmp_path))  # fmt: skip
+    bench = PytorchBenchmark(opts)
+    assert bench.name == "pytorch" and bench.framework() == "torch"
+    bench.check()
+    launch = bench.launch()
+    assert launch is not None and launch.argv[0] == "/bin/sh"
+    done = subprocess.run(launch.argv, capture_output=True, text=True, timeout=180,
+                          env={**os.environ, **launch.env})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    records = parse_job_output(done.stdout)
+    dones = [r for r in records if r["kind"] == "done"]
+    assert len(dones) == 2 and dones[0]["pid"] != dones[1]["pid"]
+    (tmp_path / "stdout.txt").write_text(done.stdout)
+    frame = bench.results(BenchmarkRun(tmp_path, 0, stdout_path=tmp_path / "stdout.txt"))
+    assert frame is not None
+    value = {(k, m): v for k, m, v, _ in frame.iter_rows()}
+    per_run = -(-200 // 32)
+    assert value[("run_1/process", "steps")] == value[("run_2/process", "steps")] == per_run
+    assert value[("run_2/checkpoints", "count")] == 1
+    assert value[("run_1/setup", "torch")] == 1.0
+
+
+def test_pytorch_benchmark_stops_at_a_failing_run() -> None:
+    bench = PytorchBenchmark(PytorchBenchmark.Options(repeat=3))
+    launch = bench.launch()
+    assert launch is not None
+    loop = [*launch.argv[:6], "sh", "-c", "echo run; exit 3"]
+    done = subprocess.run(loop, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 3 and done.stdout.count("run") == 1
+
+
+def test_pytorch_options_follow_kernmlops() -> None:
+    o = PytorchBenchmark.Options()
+    assert (o.repeat, o.epochs, o.batch_size, o.device) == (1, 1, 32, "cpu")
+    with pytest.raises(ValidationError):
+        PytorchBenchmark.Options(device="cuda")
+    cfg = load_config({"benchmark": {"name": "pytorch", "pytorch": {"repeat": 2}}})
+    assert cfg.benchmark_options().repeat == 2
