@@ -26,8 +26,9 @@ from kernmlops.benchmarks.ml_training import (
 from kernmlops.config import load_config
 from kernmlops.workloads import ml_job
 
-SMALL = ["--framework", "numpy", "--samples", "3000", "--test-samples", "1000", "--features", "16", "--classes", "3",
-         "--hidden", "32", "--batch-size", "32", "--lr", "0.05", "--seed", "1"]  # fmt: skip
+SMALL = ["--framework", "numpy", "--samples", "3000", "--test-samples", "1000",
+         "--features", "16", "--classes", "3", "--hidden", "32", "--batch-size", "32",
+         "--lr", "0.05", "--seed", "1"]  # fmt: skip
 
 
 def _run_job(capsys: pytest.CaptureFixture[str], *args: str) -> list[dict]:

@@ -13,7 +13,8 @@ it printed::
 
     {"kind": "setup", "framework": "torch", "seconds": ..., "samples": ..., ...}
     {"kind": "checkpoint", "step": 40, "epoch": 1, "bytes": ..., "seconds": ..., "path": ...}
-    {"kind": "epoch", "epoch": 1, "steps": 79, "seconds": ..., "cpu_seconds": ..., "loss": ..., "accuracy": ...}
+    {"kind": "epoch", "epoch": 1, "steps": 79, "seconds": ..., "cpu_seconds": ...,
+     "loss": ..., "accuracy": ...}
     {"kind": "done", "epochs": N, "steps": ..., "checkpoints": ..., "checkpoint_bytes": ...,
      "seconds": ..., "cpu_seconds": ..., "threads": ..., "pid": ...}
 
