@@ -21,8 +21,8 @@ LAB_PACKAGES := qemu-system-x86 linux-image-amd64 busybox-static
 # Spark, to prove collections read there too (tests/faults/test_spark.py)
 INTEROP_PACKAGES := openjdk-17-jre-headless
 
-.PHONY: all setup lab interop packages tracefs bpf collect collect-raw collect-data test defaults \
-	lint format hooks pre-commit doctor bench clean setup-gap benchmark-packages \
+.PHONY: all setup ml lab interop packages tracefs bpf wheel collect collect-raw collect-data test \
+	defaults lint format hooks pre-commit doctor bench clean setup-gap benchmark-packages \
 	benchmark-gap benchmark-memcached benchmark-linux-build benchmark-redis
 
 all: setup
@@ -48,7 +48,19 @@ tracefs:
 	@test -d /sys/kernel/tracing/events || mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null \
 	  || echo "note: tracefs not mounted (needs root); tracepoint programs will not attach" >&2
 
-setup: packages $(VENV)/.installed bpf tracefs
+# A CPU-only PyTorch for ml-training and pytorch (see the script: PyPI's Linux
+# torch is the CUDA build). TORCH_INDEX / TORCH_VERSION choose the wheel.
+$(VENV)/.torch: $(VENV)/.installed scripts/ensure-torch.sh
+	@scripts/ensure-torch.sh $(BIN)/python
+	@touch $@
+
+ml: $(VENV)/.torch
+
+setup: packages $(VENV)/.installed ml bpf tracefs
+
+# A wheel with the BPF objects built in (no clang or bpftool needed where it runs).
+wheel: $(VENV)/.installed
+	$(BIN)/python -m build --wheel --outdir dist .
 
 # The kernel lab (kernmlops vm): QEMU, Debian's kernel (kprobes, BTF, NUMA
 # emulation) and busybox for virtme-ng. Installed by `make test` too.

@@ -1,4 +1,5 @@
-"""The ml-training benchmark and its numpy MLP job."""
+"""The ml-training and pytorch benchmarks and their job: LeNet-5 with PyTorch, and the
+numpy MLP fallback."""
 
 from __future__ import annotations
 
@@ -16,14 +17,17 @@ from kernmlops.benchmarks.base import BenchmarkRun
 from kernmlops.benchmarks.ml_training import (
     JOB_SCRIPT,
     MlTrainingBenchmark,
+    PytorchBenchmark,
+    job_python,
     job_result_rows,
     parse_job_output,
 )
 from kernmlops.config import load_config
 from kernmlops.workloads import ml_job
 
-SMALL = ["--samples", "3000", "--test-samples", "1000", "--features", "16", "--classes", "3",
-         "--hidden", "32", "--batch-size", "32", "--lr", "0.05", "--seed", "1"]  # fmt: skip
+SMALL = ["--framework", "numpy", "--samples", "3000", "--test-samples", "1000",
+         "--features", "16", "--classes", "3", "--hidden", "32", "--batch-size", "32",
+         "--lr", "0.05", "--seed", "1"]  # fmt: skip
 
 
 def _run_job(capsys: pytest.CaptureFixture[str], *args: str) -> list[dict]:
@@ -122,6 +126,7 @@ def test_job_script_runs_alone_with_its_threads() -> None:
     assert not any(m.startswith(("kernmlops", "polars", "pydantic")) for m in imported)
     records = parse_job_output(done.stdout)
     assert records[-1]["kind"] == "done"
+    assert records[-1]["framework"] == "numpy"
     assert records[-1]["threads"] == 1  # no BLAS worker threads with --threads 1
 
 
@@ -139,6 +144,25 @@ def test_job_runs_as_a_module_without_warnings() -> None:
     )  # fmt: skip
     assert done.stderr == ""
     assert [r["kind"] for r in parse_job_output(done.stdout)] == ["setup", "epoch", "done"]
+
+
+def test_job_without_torch_says_it_falls_back_to_numpy(tmp_path: Path) -> None:
+    # torch hidden from the job (a None entry in sys.modules: find_spec says absent).
+    hide = ("import runpy, sys; sys.modules['torch'] = None; sys.argv = sys.argv[1:]; "
+            "runpy.run_path(sys.argv[0], run_name='__main__')")  # fmt: skip
+    small = [a for a in SMALL if a not in ("--framework", "numpy")]
+    done = subprocess.run([sys.executable, "-c", hide, str(JOB_SCRIPT), *small, "--epochs", "1",
+                           "--checkpoint-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "torch is not installed: training the numpy MLP fallback" in done.stderr
+    records = parse_job_output(done.stdout)
+    assert records[0]["framework"] == "numpy" and records[-1]["framework"] == "numpy"
+    assert records[-1]["checkpoints"] == 1 and len(list(tmp_path.glob("ckpt-*.npz"))) == 1
+    refused = subprocess.run([sys.executable, "-c", hide, str(JOB_SCRIPT), "--framework",
+                              "torch"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert refused.returncode == 2
+    assert "--framework torch: torch is not installed" in refused.stderr
 
 
 def test_parse_job_output_skips_noise_and_cut_lines() -> None:
@@ -183,27 +207,52 @@ def test_results_from_a_real_job_output(tmp_path: Path, capsys: pytest.CaptureFi
 def test_options_reach_the_job_unchanged() -> None:
     opts = MlTrainingBenchmark.Options(epochs=3, samples=123, test_samples=45, features=6,
                                        classes=4, hidden=7, batch_size=8, learning_rate=0.125,
-                                       separation=2.5, seed=9, threads=2)  # fmt: skip
+                                       separation=2.5, seed=9, threads=2, workers=3,
+                                       framework="numpy", checkpoint_every=5,
+                                       keep_checkpoints=4, checkpoint_dir="/ck")  # fmt: skip
     bench = MlTrainingBenchmark(opts)
     args = ml_job.parser().parse_args(bench.job_args())
     assert vars(args) == {"epochs": 3, "samples": 123, "test_samples": 45, "features": 6,
                           "classes": 4, "hidden": 7, "batch_size": 8, "lr": 0.125,
-                          "separation": 2.5, "seed": 9, "threads": 2}  # fmt: skip
+                          "separation": 2.5, "seed": 9, "threads": 2, "framework": "numpy",
+                          "workers": 3, "checkpoint_dir": Path("/ck"), "checkpoint_every": 5,
+                          "keep_checkpoints": 4}  # fmt: skip
     launch = bench.launch()
     assert launch is not None
-    assert launch.argv[:2] == [sys.executable, str(JOB_SCRIPT)]
+    assert launch.argv[:2] == [job_python(), str(JOB_SCRIPT)]
     assert launch.capture_output
     assert launch.env == dict.fromkeys(ml_job.THREAD_VARIABLES, "2")
     assert MlTrainingBenchmark(MlTrainingBenchmark.Options(threads=0)).launch().env == {}
-    assert bench.describe().startswith("ml-training: ml_job.py --epochs 3")
+    assert bench.describe().startswith("ml-training: ml_job.py --framework numpy --epochs 3")
+    # Without a folder of its own the checkpoints go in the run's private folder.
+    plain = MlTrainingBenchmark()
+    plain.setup(Path("/run/x"))
+    assert plain.checkpoint_dir() == Path("/run/x/checkpoints")
 
 
 def test_options_validation_and_config_section() -> None:
     assert MlTrainingBenchmark.name == "ml-training"
     assert MlTrainingBenchmark.default_filter == "tree"
     for bad in ({"epochs": 0}, {"classes": 1}, {"learning_rate": 0}, {"threads": -1},
-                {"epoch": 3}):  # fmt: skip
+                {"epoch": 3}, {"framework": "jax"}, {"workers": -1}):  # fmt: skip
         with pytest.raises(ValidationError):
             MlTrainingBenchmark.Options(**bad)
     cfg = load_config({"benchmark": {"name": "ml-training", "ml_training": {"epochs": 2}}})
     assert cfg.benchmark_options().epochs == 2
+
+
+def test_pytorch_without_torch_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernmlops.benchmarks import ml_training
+    from kernmlops.errors import BenchmarkError
+
+    monkeypatch.setattr(ml_training, "has_torch", lambda python: False)
+    with pytest.raises(BenchmarkError) as info:
+        PytorchBenchmark().check()
+    assert "pytorch: torch is not installed for" in str(info.value)
+    assert "make ml" in str(info.value)
+    MlTrainingBenchmark().check()  # auto: falls back to numpy, no error
+    # The interpreter: this one unless the system python3 has torch and this one has not.
+    monkeypatch.setattr(ml_training, "has_torch", lambda python: python == "/usr/bin/python3")
+    expected = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
+    assert job_python() == expected
+    assert job_python("/opt/py") == "/opt/py"

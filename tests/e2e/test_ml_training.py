@@ -1,5 +1,6 @@
-"""`kernmlops collect -b ml-training` end to end: the job's epochs as results and
-its CPU time as the kernel saw it (root + BPF)."""
+"""`kernmlops collect -b ml-training` end to end: the job's epochs, steps and
+checkpoints as results, its CPU time and its checkpoint writes as the kernel
+saw them (root + BPF)."""
 
 from __future__ import annotations
 
@@ -18,14 +19,18 @@ from tests.e2e.conftest import KERNMLOPS, only_collection, run_collect
 
 pytestmark = pytest.mark.bpf
 
-EPOCHS = 6
+EPOCHS = 4
+SAMPLES, BATCH = 3000, 64
 
 
 def test_ml_training_epochs_and_cpu_time(tmp_path: Path) -> None:
     overrides = tmp_path / "o.yaml"
-    job = {"epochs": EPOCHS, "samples": 20_000, "features": 64, "hidden": 256, "threads": 1}
+    job = {"epochs": EPOCHS, "samples": SAMPLES, "test_samples": 500, "batch_size": BATCH,
+           "threads": 1, "checkpoint_every": 20, "checkpoint_dir": str(tmp_path / "ck"),
+           "keep_checkpoints": 3}  # fmt: skip
     overrides.write_text(yaml.safe_dump({"benchmark": {"name": "ml-training", "ml_training": job}}))
-    proc, col = run_collect(tmp_path / "out", "-c", str(overrides))
+    hooks = "process_trace,quanta_runtime,block_io"
+    proc, col = run_collect(tmp_path / "out", "-c", str(overrides), "--hooks", hooks)
     assert proc.returncode == 0, proc.stderr
     assert col is not None
     m = col.manifest
@@ -39,6 +44,19 @@ def test_ml_training_epochs_and_cpu_time(tmp_path: Path) -> None:
     value = {(k, mt): v for k, mt, v in res.select("key", "metric", "value").iter_rows()}
     assert value[("total", "seconds")] == pytest.approx(seconds["value"].sum())
     assert value[("process", "threads")] == 1
+    # The real framework ran (torch is installed by make), with its steps and checkpoints.
+    assert value[("setup", "torch")] == 1.0
+    steps = EPOCHS * -(-SAMPLES // BATCH)
+    assert value[("process", "steps")] == steps
+    assert value[("checkpoints", "count")] == steps // 20
+    assert len(list((tmp_path / "ck").glob("ckpt-*.pt"))) == 3
+
+    # Checkpoints are fsync'ed by the job: their blocks are written from its own
+    # context, so block_io charges them to its tgid (journal commits are jbd2's).
+    io = col["block_io"].filter((pl.col("tgid") == tgid) & (pl.col("op") == "write"))
+    written = io["bytes"].sum()
+    ckpt_bytes = value[("checkpoints", "bytes")]
+    assert ckpt_bytes <= written <= 1.5 * ckpt_bytes + (1 << 20), (written, ckpt_bytes)
 
     # The job's wall time as the kernel saw it: its exec to its exit.
     pt = col["process_trace"].filter(pl.col("pid") == tgid)

@@ -11,6 +11,7 @@
  * completes, so a request issued before one drain of the ring and completed
  * after it is recorded like any other: rows are only written at completion. */
 #include "filter.h"
+#include "blk_rq.h" /* the request's stages and times, shared with exp_biolatency */
 
 struct block_io_event {
 	u64 ts_uptime_us; /* completion */
@@ -49,8 +50,7 @@ struct {
 } block_io_stats SEC(".maps");
 
 struct rq_info {
-	u64 insert_ns;
-	u64 issue_ns;
+	struct kmo_rq_times t;
 	u64 sector;
 	u32 bytes;
 	u32 done_bytes;
@@ -62,8 +62,6 @@ struct rq_info {
 	u32 tgid;
 	u16 segments;
 	bool wanted;
-	bool issued;
-	bool requeued;
 	char comm[16];
 };
 
@@ -86,11 +84,6 @@ struct {
 	__type(key, u32);
 	__type(value, s64);
 } dev_inflight SEC(".maps");
-
-/* Before 5.17 a request pointed to its disk directly. */
-struct request___pre517 {
-	struct gendisk *rq_disk;
-} __attribute__((preserve_access_index));
 
 static __always_inline void count(u32 slot)
 {
@@ -120,17 +113,10 @@ static __always_inline s64 inflight_add(u32 major, u32 minor, s64 delta)
 	return __sync_fetch_and_add(n, delta) + delta;
 }
 
-static __always_inline struct gendisk *rq_disk(struct request *rq)
-{
-	if (bpf_core_field_exists(rq->q->disk))
-		return BPF_CORE_READ(rq, q, disk);
-	return BPF_CORE_READ((struct request___pre517 *)rq, rq_disk);
-}
-
 /* What the request is at issue (merges are over by then). */
 static __always_inline void snapshot(struct request *rq, struct rq_info *info)
 {
-	struct gendisk *disk = rq_disk(rq);
+	struct gendisk *disk = kmo_rq_disk(rq);
 
 	info->sector = BPF_CORE_READ(rq, __sector);
 	info->bytes = BPF_CORE_READ(rq, __data_len);
@@ -155,9 +141,9 @@ static __always_inline void set_owner(struct rq_info *info)
  * reused): take it out of its device's in-flight count. */
 static __always_inline void forget_issue(struct rq_info *info)
 {
-	if (info->issued) {
+	if (info->t.issued) {
 		inflight_add(info->major, info->minor, -1);
-		info->issued = false;
+		info->t.issued = false;
 	}
 }
 
@@ -167,15 +153,14 @@ static __always_inline int on_insert(struct request *rq)
 	struct rq_info *info = bpf_map_lookup_elem(&rq_start, &key);
 	struct rq_info fresh = {};
 
-	if (info && info->requeued) {
+	if (info && info->t.requeued) {
 		/* Inserted again after a requeue: keep the owner. */
-		info->insert_ns = bpf_ktime_get_ns();
-		info->requeued = false;
+		kmo_rq_inserted(&info->t, bpf_ktime_get_ns());
 		return 0;
 	}
 	if (info)
 		forget_issue(info); /* stale: this address is a new request */
-	fresh.insert_ns = bpf_ktime_get_ns();
+	kmo_rq_inserted(&fresh.t, bpf_ktime_get_ns());
 	set_owner(&fresh);
 	if (bpf_map_update_elem(&rq_start, &key, &fresh, BPF_ANY))
 		count(STAT_MAP_FULL);
@@ -203,9 +188,7 @@ static __always_inline int on_issue(struct request *rq)
 		forget_issue(info);
 	}
 	snapshot(rq, info);
-	info->issue_ns = bpf_ktime_get_ns();
-	info->issued = true;
-	info->requeued = false;
+	kmo_rq_issued(&info->t, bpf_ktime_get_ns());
 	info->done_bytes = 0;
 	/* Every request counts toward its device's queue, wanted or not. */
 	info->inflight = inflight_add(info->major, info->minor, 1);
@@ -221,8 +204,7 @@ static __always_inline int on_requeue(struct request *rq)
 		return 0;
 	count(STAT_REQUEUED);
 	forget_issue(info);
-	info->insert_ns = 0; /* it is inserted again before its next issue */
-	info->requeued = true;
+	kmo_rq_requeued(&info->t); /* it is inserted again before its next issue */
 	return 0;
 }
 
@@ -258,25 +240,24 @@ static __always_inline int on_complete(struct request *rq, u8 error, u32 nr_byte
 		info->done_bytes += nr_bytes;
 		return 0;
 	}
-	if (!info->issued)
+	if (!info->t.issued)
 		snapshot(rq, info); /* e.g. a flush's parent, ended by the flush machinery */
 	if (info->wanted) {
 		e = KMO_BATCH_SLOT(block_io_rb, batch);
 		if (e) {
 			e->ts_uptime_us = now / 1000;
 			e->sector = info->sector;
-			e->inserted = info->insert_ns != 0;
-			e->issued = info->issued;
-			e->queue_to_issue_us = info->issued && info->insert_ns
-						       ? (info->issue_ns - info->insert_ns + 500) / 1000
-						       : 0;
-			e->issue_to_complete_us =
-				info->issued ? (now - info->issue_ns + 500) / 1000 : 0;
+			e->inserted = info->t.insert_ns != 0;
+			e->issued = info->t.issued;
+			e->queue_to_issue_us = (kmo_rq_queue_ns(&info->t) + 500) / 1000;
+			e->issue_to_complete_us = info->t.issued
+							  ? (kmo_rq_service_ns(&info->t, now) + 500) / 1000
+							  : 0;
 			e->major = info->major;
 			e->minor = info->minor;
 			e->bytes = info->done_bytes + nr_bytes;
 			e->cmd_flags = info->cmd_flags;
-			e->inflight = info->issued ? info->inflight : 0;
+			e->inflight = info->t.issued ? info->inflight : 0;
 			e->pid = info->pid;
 			e->tgid = info->tgid;
 			e->segments = info->segments;
@@ -285,7 +266,7 @@ static __always_inline int on_complete(struct request *rq, u8 error, u32 nr_byte
 			KMO_BATCH_PUSH(block_io_rb, batch, now, 0);
 		}
 	}
-	if (info->issued)
+	if (info->t.issued)
 		inflight_add(info->major, info->minor, -1);
 	bpf_map_delete_elem(&rq_start, &key);
 	return 0;

@@ -1,11 +1,31 @@
-/* exporter set biolatency: block I/O latency (issue to completion) by device
- * and op, requests and bytes. The tp_btf / raw_tp tracepoints hand over the
- * `struct request *`, which joins issue and completion (see block_io.bpf.c). */
+/* exporter set biolatency: block I/O by device and op: queue time (insert to
+ * issue), service time (issue to completion), requests and bytes.
+ *
+ * A request's stages are tracked as block_io.bpf.c tracks them (blk_rq.h,
+ * shared): the tp_btf / raw_tp tracepoints hand over the `struct request *`,
+ * which joins insert, issue and completion. A request is counted for the task
+ * that submitted it (the inserting context, else the issuing one), so the job
+ * filter follows the submitter, not the kworker that may dispatch later.
+ *
+ * Compiled twice: as is, and with EXP_BIO_JOBS (exp_biojobs.bpf.c), where each
+ * key also carries the submitter's cgroup v2 id and process name, so one
+ * exporter tells several jobs apart. */
 #include "exp_common.h"
+#include "blk_rq.h"
+
+#ifdef EXP_BIO_JOBS
+#define BIO_MAP(name) job_##name
+#else
+#define BIO_MAP(name) name
+#endif
 
 #define BIO_MAX_SLOT 26 /* 2^26 µs = 67 s */
 
 struct bio_key {
+#ifdef EXP_BIO_JOBS
+	u64 cgroup;    /* the submitter's cgroup v2 id */
+	char comm[16]; /* the submitter's process name (its thread group leader's comm) */
+#endif
 	u32 dev; /* kernel dev_t: major << 20 | minor */
 	u32 op;  /* REQ_OP_* */
 };
@@ -16,9 +36,12 @@ struct bio_hist {
 };
 
 struct bio_start {
-	u64 issue_ns;  /* 0 until issued */
-	bool wanted;   /* the submitter is in the job */
-	bool requeued; /* requeued: its next insert (maybe from a kworker) keeps the owner */
+	struct kmo_rq_times t;
+	bool wanted; /* the submitter is in the job */
+#ifdef EXP_BIO_JOBS
+	u64 cgroup;
+	char comm[16];
+#endif
 };
 
 /* Request address -> its start. Plain hash: an in-flight request must not be
@@ -28,103 +51,116 @@ struct {
 	__uint(max_entries, 16384);
 	__type(key, u64);
 	__type(value, struct bio_start);
-} exp_bio_start SEC(".maps");
+} BIO_MAP(exp_bio_start) SEC(".maps");
 
+/* issue -> completion */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
 	__uint(max_entries, 1024);
 	__type(key, struct bio_key);
 	__type(value, struct bio_hist);
-} block_io_latency SEC(".maps");
+} BIO_MAP(block_io_latency) SEC(".maps");
+
+/* insert -> issue (0 for a request issued without being queued) */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 1024);
+	__type(key, struct bio_key);
+	__type(value, struct bio_hist);
+} BIO_MAP(block_io_queue_latency) SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
 	__uint(max_entries, 1024);
 	__type(key, struct bio_key);
 	__type(value, u64);
-} block_io_bytes SEC(".maps");
+} BIO_MAP(block_io_bytes) SEC(".maps");
 
-/* Before 5.17 a request pointed to its disk directly. */
-struct request___pre517 {
-	struct gendisk *rq_disk;
-} __attribute__((preserve_access_index));
-
-static __always_inline struct bio_key rq_key(struct request *rq)
+static __always_inline struct bio_key rq_key(struct request *rq, struct bio_start *st)
 {
-	struct gendisk *disk;
 	struct bio_key key = {};
 
-	if (bpf_core_field_exists(rq->q->disk))
-		disk = BPF_CORE_READ(rq, q, disk);
-	else
-		disk = BPF_CORE_READ((struct request___pre517 *)rq, rq_disk);
-	if (disk)
-		key.dev = BPF_CORE_READ(disk, major) << 20 | (BPF_CORE_READ(disk, first_minor) & 0xfffff);
+	key.dev = kmo_rq_devt(rq);
 	key.op = BPF_CORE_READ(rq, cmd_flags) & 0xff; /* REQ_OP_MASK */
+#ifdef EXP_BIO_JOBS
+	key.cgroup = st->cgroup;
+	__builtin_memcpy(key.comm, st->comm, sizeof(key.comm));
+#endif
 	return key;
+}
+
+/* The current task submits the request. */
+static __always_inline void set_owner(struct bio_start *st)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+
+	st->wanted = exp_task_wanted(task);
+#ifdef EXP_BIO_JOBS
+	st->cgroup = exp_task_cgroup_id(task);
+	BPF_CORE_READ_STR_INTO(&st->comm, task, group_leader, comm);
+#endif
 }
 
 /* Inserted into an I/O scheduler: the submitter's context, which a later
  * dispatch (maybe from a kworker) no longer is. */
 static __always_inline int on_insert(struct request *rq)
 {
-	u64 key = (u64)rq;
-	struct bio_start *st = bpf_map_lookup_elem(&exp_bio_start, &key);
+	u64 key = (u64)rq, now = bpf_ktime_get_ns();
+	struct bio_start *st = bpf_map_lookup_elem(&BIO_MAP(exp_bio_start), &key);
 	struct bio_start fresh = {};
 
-	if (st && st->requeued) {
-		st->requeued = false;
+	if (st && st->t.requeued) {
+		kmo_rq_inserted(&st->t, now); /* back after a requeue: same owner */
 		return 0;
 	}
-	fresh.wanted = exp_current_wanted();
-	bpf_map_update_elem(&exp_bio_start, &key, &fresh, BPF_ANY);
+	kmo_rq_inserted(&fresh.t, now);
+	set_owner(&fresh);
+	bpf_map_update_elem(&BIO_MAP(exp_bio_start), &key, &fresh, BPF_ANY);
 	return 0;
 }
 
 static __always_inline int on_issue(struct request *rq)
 {
-	u64 key = (u64)rq;
-	struct bio_start *st = bpf_map_lookup_elem(&exp_bio_start, &key);
+	u64 key = (u64)rq, now = bpf_ktime_get_ns();
+	struct bio_start *st = bpf_map_lookup_elem(&BIO_MAP(exp_bio_start), &key);
 	struct bio_start fresh = {};
 
-	if (!st) {
-		/* Issued directly: the issuing context is the submitter's. */
-		fresh.wanted = exp_current_wanted();
-		fresh.issue_ns = bpf_ktime_get_ns();
-		bpf_map_update_elem(&exp_bio_start, &key, &fresh, BPF_ANY);
+	if (!st || st->t.issued) {
+		/* Issued directly (or a stale entry at a reused address): the
+		 * issuing context is the submitter's. */
+		set_owner(&fresh);
+		kmo_rq_issued(&fresh.t, now);
+		bpf_map_update_elem(&BIO_MAP(exp_bio_start), &key, &fresh, BPF_ANY);
 		return 0;
 	}
-	st->issue_ns = bpf_ktime_get_ns();
-	st->requeued = false;
+	kmo_rq_issued(&st->t, now);
 	return 0;
 }
 
-/* Requeued or merged away: a requeued request is issued again (keep its
- * owner); a merged one is freed without completing. */
+/* Requeued: issued again later, after a new insert (keep its owner). */
 static __always_inline int on_requeue(struct request *rq)
 {
 	u64 key = (u64)rq;
-	struct bio_start *st = bpf_map_lookup_elem(&exp_bio_start, &key);
+	struct bio_start *st = bpf_map_lookup_elem(&BIO_MAP(exp_bio_start), &key);
 
-	if (st) {
-		st->issue_ns = 0;
-		st->requeued = true;
-	}
+	if (st)
+		kmo_rq_requeued(&st->t);
 	return 0;
 }
 
+/* Merged into another request: freed without completing. */
 static __always_inline int on_merge(struct request *rq)
 {
 	u64 key = (u64)rq;
 
-	bpf_map_delete_elem(&exp_bio_start, &key);
+	bpf_map_delete_elem(&BIO_MAP(exp_bio_start), &key);
 	return 0;
 }
 
 static __always_inline int on_complete(struct request *rq, u32 nr_bytes)
 {
 	u64 now = bpf_ktime_get_ns(), key = (u64)rq, us;
-	struct bio_start *st = bpf_map_lookup_elem(&exp_bio_start, &key);
+	struct bio_start *st = bpf_map_lookup_elem(&BIO_MAP(exp_bio_start), &key);
 	struct bio_key bkey;
 	struct bio_hist zero, *h;
 
@@ -132,23 +168,27 @@ static __always_inline int on_complete(struct request *rq, u32 nr_bytes)
 		return 0;
 	if (!st->wanted) {
 		if (nr_bytes >= BPF_CORE_READ(rq, __data_len))
-			bpf_map_delete_elem(&exp_bio_start, &key);
+			bpf_map_delete_elem(&BIO_MAP(exp_bio_start), &key);
 		return 0;
 	}
-	bkey = rq_key(rq);
-	exp_count(&block_io_bytes, &bkey, nr_bytes);
+	bkey = rq_key(rq, st);
+	exp_count(&BIO_MAP(block_io_bytes), &bkey, nr_bytes);
 	/* The tracepoint fires before the request advances: a partial
 	 * completion leaves bytes behind and the request lives on. */
 	if (nr_bytes < BPF_CORE_READ(rq, __data_len))
 		return 0;
-	if (st->issue_ns) {
-		us = (now - st->issue_ns) / 1000;
+	if (st->t.issued) {
 		__builtin_memset(&zero, 0, sizeof(zero));
-		h = exp_value(&block_io_latency, &bkey, &zero);
+		us = kmo_rq_service_ns(&st->t, now) / 1000;
+		h = exp_value(&BIO_MAP(block_io_latency), &bkey, &zero);
+		if (h)
+			EXP_OBSERVE(h, exp_slot_exp2(us), us);
+		us = kmo_rq_queue_ns(&st->t) / 1000;
+		h = exp_value(&BIO_MAP(block_io_queue_latency), &bkey, &zero);
 		if (h)
 			EXP_OBSERVE(h, exp_slot_exp2(us), us);
 	}
-	bpf_map_delete_elem(&exp_bio_start, &key);
+	bpf_map_delete_elem(&BIO_MAP(exp_bio_start), &key);
 	return 0;
 }
 

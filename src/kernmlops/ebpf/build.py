@@ -2,6 +2,12 @@
 
 Outputs go to a build folder outside the sources; an object is rebuilt only
 when its source or a header changed.
+
+An installed wheel carries its objects (and their .spec.json) in
+``kernmlops/bpf_objects``, built once when the wheel was made (setup.py calls
+:func:`ship`): CO-RE objects load on any kernel with BTF, so the machine that
+runs them needs libbpf, not clang, bpftool or a vmlinux.h. A source checkout
+builds into ``build/bpf`` and rebuilds what is older than its sources.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from pathlib import Path
 from kernmlops.errors import KernmlopsError
 
 SOURCE_DIR = Path(__file__).resolve().parent.parent / "bpf"
+#: The objects a wheel ships (absent in a source checkout).
+PACKAGED_DIR = SOURCE_DIR.parent / "bpf_objects"
 VMLINUX_BTF = Path("/sys/kernel/btf/vmlinux")
 _ARCH = {"x86_64": "x86", "aarch64": "arm64", "arm64": "arm64", "riscv64": "riscv"}
 
@@ -26,14 +34,22 @@ class BuildError(KernmlopsError):
 
 
 def default_build_dir() -> Path:
-    """$KERNMLOPS_BPF_DIR, else build/bpf in a source checkout, else the user cache."""
+    """$KERNMLOPS_BPF_DIR, else build/bpf in a source checkout, else the objects an
+    installed wheel ships, else the user cache (built there on first use)."""
     env = os.environ.get("KERNMLOPS_BPF_DIR")
     if env:
         return Path(env)
     repo = SOURCE_DIR.parents[2]
     if (repo / "pyproject.toml").exists():
         return repo / "build" / "bpf"
+    if shipped():
+        return PACKAGED_DIR
     return Path.home() / ".cache" / "kernmlops" / "bpf"
+
+
+def shipped() -> bool:
+    """Whether this installation carries prebuilt objects (a wheel)."""
+    return any(PACKAGED_DIR.glob("*.bpf.o"))
 
 
 def _tool(name: str, package: str) -> str:
@@ -90,6 +106,15 @@ def build(
     srcs = sources()
     headers = sorted(SOURCE_DIR.glob("*.h"))
     objs = [object_path(s.name.removesuffix(".bpf.c"), build_dir) for s in srcs]
+    if build_dir == PACKAGED_DIR and not force:
+        # Shipped: never rebuilt (an install sets file times in no useful order).
+        missing = [o.name for o in objs if not o.exists()]
+        if missing:
+            raise BuildError(
+                f"this installation lacks {', '.join(missing)} in {PACKAGED_DIR}: reinstall "
+                "kernmlops, or set KERNMLOPS_BPF_DIR to a folder to build them in"
+            )
+        return objs
     todo = [(s, o) for s, o in zip(srcs, objs, strict=True) if force or _needs_build(s, o, headers)]
     if not todo:
         return objs  # a user who cannot write the folder may still read built objects
@@ -142,6 +167,22 @@ def compile_object(
         raise BuildError(f"clang failed on {src.name}:\n{proc.stderr.strip()}")
     obj.with_suffix(".tmp").replace(obj)
     return obj
+
+
+def ship(dest: Path) -> list[Path]:
+    """Build (or bring up to date) every object in the default build folder and copy
+    it with its spec into ``dest``: what setup.py puts in a wheel."""
+    objs = build()
+    dest.mkdir(parents=True, exist_ok=True)
+    out = []
+    for obj in objs:
+        from kernmlops.ebpf.spec import object_spec, spec_path
+
+        object_spec(obj)  # make sure the spec beside it is current
+        for path in (obj, spec_path(obj)):
+            shutil.copyfile(path, dest / path.name)
+        out.append(dest / obj.name)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,7 @@ from functools import cache
 from pathlib import Path
 
 from kernmlops.ebpf import libbpf
-from kernmlops.ebpf.build import VMLINUX_BTF, object_path
+from kernmlops.ebpf.build import PACKAGED_DIR, VMLINUX_BTF, default_build_dir, object_path
 from kernmlops.ebpf.libbpf import LibbpfError
 from kernmlops.ebpf.objects import BpfObject
 from kernmlops.ebpf.perf_open import (
@@ -154,12 +154,17 @@ def probe_all(bpf_dir: Path | None = None) -> dict[str, Feature]:
 
 
 def tool_versions() -> dict[str, str | None]:
-    return {
-        "libbpf": libbpf.version(),
-        "clang": _tool_version(["clang", "--version"]),
-        "bpftool": _tool_version(["bpftool", "version"]),
-        "kernel": os.uname().release,
-    }
+    """Versions of the tools kernmlops uses (None: not found). Where the objects
+    were shipped prebuilt (a wheel), clang and bpftool are not needed and not run."""
+    if default_build_dir() == PACKAGED_DIR:
+        prebuilt: str | None = f"not needed: prebuilt objects in {PACKAGED_DIR}"
+        compilers = {"clang": prebuilt, "bpftool": prebuilt}
+    else:
+        compilers = {
+            "clang": _tool_version(["clang", "--version"]),
+            "bpftool": _tool_version(["bpftool", "version"]),
+        }
+    return {"libbpf": libbpf.version(), **compilers, "kernel": os.uname().release}
 
 
 def needs_met(needs: tuple[str, ...], features: dict[str, Feature]) -> tuple[bool, str]:

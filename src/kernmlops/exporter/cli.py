@@ -73,7 +73,12 @@ def _console():
     help="after attaching, drop every capability but these (e.g. none, or cap_syslog,cap_bpf): "
     "serving needs none.",
 )
-@click.option("--tgid", type=int, help="count only this process (in the kernel).")
+@click.option(
+    "--tgid",
+    type=int,
+    help="count only this process and its descendants, also those it forks later "
+    "(data-loader workers), in the kernel.",
+)
 @click.option(
     "--comm", help="count only threads of this name (as the kernel keeps it: 15 characters)."
 )
@@ -135,6 +140,8 @@ def export_command(
       kernmlops export -c biolatency -c runqlat     only these
       kernmlops export -c my/io.yaml --check        does my set load and attach?
       kernmlops export --comm python3 --bpf-stats   one job, with program run times
+      kernmlops export --tgid 1234                  one process tree (forked workers too)
+      kernmlops export -c biojobs                   I/O of several jobs, by cgroup and name
 
     \b
     ebpf_exporter's configs and flags work as they are:
@@ -168,14 +175,17 @@ def export_command(
             # ebpf_exporter's default form ":9435" means every interface there too
             listen = "0.0.0.0" + web_listen if web_listen.startswith(":") else web_listen
         host, port = parse_listen(listen)
+        if tgid is not None and tgid <= 0:
+            raise click.BadParameter(f"{tgid}: a process id is positive", param_hint="--tgid")
         if tgid is not None and not Path(f"/proc/{tgid}").exists():
             raise click.BadParameter(f"no process {tgid}", param_hint="--tgid")
-        job = JobFilter(tgid=tgid, comm=comm, cgroup=cgroup)
+        # The tgid goes to the process filter (it follows forks), not to exp_tgid.
+        job = JobFilter(comm=comm, cgroup=cgroup)
         require_bpf_privileges("export")
         from kernmlops.ebpf.build import build
 
         build()
-        _run(sets, job, host, port, check, strict, bpf_stats, max_label_sets, keep)
+        _run(sets, job, host, port, check, strict, bpf_stats, max_label_sets, keep, tgid=tgid)
     except KernmlopsError as err:
         fail(err)
 
@@ -209,7 +219,26 @@ def _report(statuses) -> None:
     _console().print(table)
 
 
-def _run(sets, job, host, port, check, strict, bpf_stats, max_label_sets, keep=None) -> None:
+def _process_tree_filter(tgid: int):
+    """The collector's in-kernel process filter, seeded with ``tgid`` and its
+    descendants: its fork program, attached first, adds every later child."""
+    import psutil
+
+    from kernmlops.collect.filter import ProcessFilter
+
+    flt = ProcessFilter(follow_children=True)
+    flt.add(tgid)  # from now on the kernel adds its new children
+    try:  # children forked before that moment
+        for child in psutil.Process(tgid).children(recursive=True):
+            flt.add(child.pid)
+    except psutil.Error:
+        pass  # it exited meanwhile: nothing more of it to count
+    return flt
+
+
+def _run(
+    sets, job, host, port, check, strict, bpf_stats, max_label_sets, keep=None, tgid=None
+) -> None:
     from kernmlops.exporter.core import Exporter
     from kernmlops.exporter.server import MetricsServer
     from kernmlops.exporter.service import failures
@@ -223,7 +252,14 @@ def _run(sets, job, host, port, check, strict, bpf_stats, max_label_sets, keep=N
 
     # Installed before loading: a SIGTERM during the load still detaches cleanly.
     old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    exporter = Exporter(sets, job=job, bpf_stats=bpf_stats, max_label_sets=max_label_sets)
+    flt = _process_tree_filter(tgid) if tgid is not None else None
+    exporter = Exporter(
+        sets,
+        job=job,
+        process_filter_fd=flt.fd if flt is not None else None,
+        bpf_stats=bpf_stats,
+        max_label_sets=max_label_sets,
+    )
     server: MetricsServer | None = None
     try:
         statuses = exporter.start()
@@ -261,5 +297,7 @@ def _run(sets, job, host, port, check, strict, bpf_stats, max_label_sets, keep=N
         if server is not None:
             server.stop()
         exporter.close()
+        if flt is not None:
+            flt.close()
         for sig, handler in old.items():
             signal.signal(sig, handler)
