@@ -11,11 +11,12 @@ BPF_INPUTS := $(wildcard src/kernmlops/bpf/*.c src/kernmlops/bpf/*.h)
 ARGS ?=
 PYTEST_ARGS ?=
 
-LAB_PACKAGES := qemu-system-x86 linux-image-amd64 busybox-static
+LAB_PACKAGES := qemu-system-x86 linux-image-amd64 busybox-static kmod make
+KMOD_INPUTS := $(wildcard src/kernmlops/lb/kmod/*.c src/kernmlops/lb/kmod/Kbuild)
 # Spark, to prove collections read there too (tests/faults/test_spark.py)
 INTEROP_PACKAGES := openjdk-17-jre-headless
 
-.PHONY: all setup lab interop packages tracefs bpf collect collect-raw test defaults lint format hooks doctor bench clean setup-gap
+.PHONY: all setup lab kmod interop packages tracefs bpf collect collect-raw test defaults lint format hooks doctor bench clean setup-gap
 
 all: setup
 
@@ -43,9 +44,20 @@ tracefs:
 setup: packages $(VENV)/.installed bpf tracefs
 
 # The kernel lab (kernmlops vm): QEMU, Debian's kernel (kprobes, BTF, NUMA
-# emulation) and busybox for virtme-ng. Installed by `make test` too.
+# emulation) and busybox for virtme-ng, the headers of exactly that kernel
+# and the kmo_lb module built against them (kernmlops lb deploy). Installed
+# by `make test` too.
 lab: packages $(VENV)/.installed
 	@scripts/ensure-packages.sh $(LAB_PACKAGES)
+	@scripts/ensure-packages.sh $$(scripts/lab-headers.sh)
+	@$(MAKE) --no-print-directory kmod
+
+# kmo_lb.ko for the lab's kernel, rebuilt when its source changes.
+$(BUILD)/kmod/.built: $(KMOD_INPUTS) $(VENV)/.installed
+	$(BIN)/kernmlops lb build-kmod
+	@touch $@
+
+kmod: $(BUILD)/kmod/.built
 
 # Spark (pyspark + a Java runtime) for the interoperability tests. Installed by `make test`.
 $(VENV)/.interop: pyproject.toml $(VENV)/.installed
