@@ -71,7 +71,7 @@ def test_deploy_replace_undeploy_in_the_lab(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     r = json.loads((out / "result.json").read_text())
-    print(f"vm {proc.stderr.splitlines()[-1]}; guest uptime: Python up {r['uptime_at_start_s']:.0f} s, "
+    print(f"{proc.stderr.splitlines()[-1]}; guest: Python up at {r['uptime_at_start_s']:.0f} s, "
           f"phases {r['t']}, done {r['uptime_at_end_s']:.0f} s")  # fmt: skip
 
     # refused, kernel untouched: by the module itself and by the CLI
