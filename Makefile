@@ -17,12 +17,13 @@ COLLECT := $(BIN)/kernmlops collect -c $(KERNMLOPS_CONFIG_FILE)
 # What the memcached and linux-build benchmarks run (`make test` installs them too)
 BENCHMARK_PACKAGES := memcached libmemcached-tools linux-source-6.1 make gcc flex bison bc libelf-dev libssl-dev
 
-LAB_PACKAGES := qemu-system-x86 linux-image-amd64 busybox-static
+LAB_PACKAGES := qemu-system-x86 linux-image-amd64 busybox-static kmod make
+KMOD_INPUTS := $(wildcard src/kernmlops/lb/kmod/*.c src/kernmlops/lb/kmod/Kbuild)
 # Spark, to prove collections read there too (tests/faults/test_spark.py)
 INTEROP_PACKAGES := openjdk-17-jre-headless
 
-.PHONY: all setup ml lab interop packages tracefs bpf wheel collect collect-raw collect-data test \
-	defaults lint format hooks pre-commit doctor bench clean setup-gap benchmark-packages \
+.PHONY: all setup ml lab kmod interop packages tracefs bpf wheel collect collect-raw collect-data \
+	test defaults lint format hooks pre-commit doctor bench clean setup-gap benchmark-packages \
 	benchmark-gap benchmark-memcached benchmark-linux-build benchmark-redis
 
 all: setup
@@ -63,9 +64,20 @@ wheel: $(VENV)/.installed
 	$(BIN)/python -m build --wheel --outdir dist .
 
 # The kernel lab (kernmlops vm): QEMU, Debian's kernel (kprobes, BTF, NUMA
-# emulation) and busybox for virtme-ng. Installed by `make test` too.
+# emulation) and busybox for virtme-ng, the headers of exactly that kernel
+# and the kmo_lb module built against them (kernmlops lb deploy). Installed
+# by `make test` too.
 lab: packages $(VENV)/.installed
 	@scripts/ensure-packages.sh $(LAB_PACKAGES)
+	@scripts/ensure-packages.sh $$(scripts/lab-headers.sh)
+	@$(MAKE) --no-print-directory kmod
+
+# kmo_lb.ko for the lab's kernel, rebuilt when its source changes.
+$(BUILD)/kmod/.built: $(KMOD_INPUTS) $(VENV)/.installed
+	$(BIN)/kernmlops lb build-kmod
+	@touch $@
+
+kmod: $(BUILD)/kmod/.built
 
 # Spark (pyspark + a Java runtime) for the interoperability tests. Installed by `make test`.
 $(VENV)/.interop: pyproject.toml $(VENV)/.installed

@@ -410,19 +410,37 @@ def kernel_type(kind: Kind, name: str) -> BtfType | None:
     the record asked for is decoded here, with the same decoder as Btf.parse.
     None when the kernel has no such type or no BTF.
     """
-    import ctypes
+    from kernmlops.ebpf.libbpf import lib
 
+    if not _load_vmlinux():
+        return None
+    type_id = lib.btf__find_by_name_kind(_vmlinux, name.encode(), int(kind))
+    if type_id <= 0:
+        return None
+    return kernel_type_by_id(type_id)
+
+
+def _load_vmlinux() -> int:
     from kernmlops.ebpf.libbpf import lib
 
     global _vmlinux
     if _vmlinux is None:
         _vmlinux = lib.btf__load_vmlinux_btf() or 0
-    if not _vmlinux:
-        return None
-    type_id = lib.btf__find_by_name_kind(_vmlinux, name.encode(), int(kind))
-    if type_id <= 0:
+    return _vmlinux
+
+
+def kernel_type_by_id(type_id: int) -> BtfType | None:
+    """One type of the running kernel by id (a member's type, say); None
+    without kernel BTF."""
+    import ctypes
+
+    from kernmlops.ebpf.libbpf import lib
+
+    if not _load_vmlinux() or type_id <= 0:
         return None
     ptr = lib.btf__type_by_id(_vmlinux, type_id)
+    if not ptr:
+        return None
     _name, info, _size = struct.unpack("<III", ctypes.string_at(ptr, 12))
     vlen, k = info & 0xFFFF, Kind((info >> 24) & 0x1F)
     extra = {

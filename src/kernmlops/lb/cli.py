@@ -454,3 +454,122 @@ def report_cmd(data: tuple[Path, ...], model_path: Path | None, json_out: Path |
     if json_out:
         json_out.write_text(json.dumps(rep, indent=1, default=str) + "\n")
         console.print(f"report -> {json_out}")
+
+
+# --- the model decides: the kmo_lb kernel module ----------------------------------------
+
+
+def _lab_release() -> str | None:
+    from kernmlops.errors import KernmlopsError as _E
+    from kernmlops.vm.qemu import default_kernel
+
+    try:
+        return default_kernel().name.removeprefix("vmlinuz-")
+    except _E:
+        return None
+
+
+@lb_group.command("build-kmod")
+@click.option("--release", help="kernel release to build for (default: the lab's kernel, "
+              "the newest non-running /boot/vmlinuz-*)")  # fmt: skip
+@click.option("-o", "--out", "build_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="build folder (default: build/kmod, or $KERNMLOPS_KMOD_DIR)")  # fmt: skip
+@click.option("--force", is_flag=True, help="rebuild even when current")
+def build_kmod_cmd(release: str | None, build_dir: Path | None, force: bool) -> None:
+    """Build the kmo_lb kernel module (kbuild, against linux-headers-RELEASE).
+
+    Built on the host for the lab's kernel, `lb deploy` in the lab finds it
+    (building there works too, 20-30x slower under QEMU without KVM)."""
+    from kernmlops.lb import deploy
+
+    release = release or _lab_release()
+    if not release:
+        fail(deploy.KmodError("no lab kernel in /boot: pass --release (make lab installs one)"))
+    try:
+        ko = deploy.build(release, build_dir, force=force)
+    except KernmlopsError as err:
+        fail(err)
+    console.print(f"{ko} (for {release})")
+
+
+@lb_group.command("deploy")
+@click.argument("model_path", metavar="MODEL", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--mode", type=click.Choice(["off", "shadow", "replace"]), default="shadow",
+              show_default=True, help="off: the kernel decides alone; shadow: count agreement, "
+              "decide nothing; replace: the model decides")  # fmt: skip
+@click.option("--ko", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="a built kmo_lb.ko (default: build/kmod/RELEASE, built if missing)")  # fmt: skip
+@click.option("--build-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="where modules are built and looked for (default: build/kmod)")  # fmt: skip
+@click.option("--migration-cost-ns", type=click.IntRange(min=1),
+              help="sysctl_sched_migration_cost for the features (default: model)")  # fmt: skip
+def deploy_cmd(model_path: Path, mode: str, ko: Path | None, build_dir: Path | None,
+               migration_cost_ns: int | None) -> None:  # fmt: skip
+    """Let MODEL (lb export's *.q11.json) take can_migrate_task's decision.
+
+    \b
+    Loads the kmo_lb module (root; a kernel with kprobes: the lab's 6.1):
+      kernmlops lb build-kmod                              on the host, for the lab
+      kernmlops vm -- kernmlops lb deploy out/kmo_lb_model.q11.json --mode replace
+    Only the cache-hotness part of the decision is the model's: tasks that are
+    throttled, per-CPU kthreads, pinned away from the destination, migration-
+    disabled, running, or in an active balance get the kernel's answer.
+    Then: `lb mode off|shadow|replace`, `lb status`, `lb undeploy`."""
+    from kernmlops.lb import deploy
+
+    try:
+        model = deploy.load_q11(model_path)
+        used = deploy.deploy(model, mode, ko=ko, build_dir=build_dir,
+                             migration_cost_ns=migration_cost_ns)  # fmt: skip
+    except KernmlopsError as err:
+        fail(err)
+    console.print(f"{deploy.MODULE} loaded from {used}, mode {mode}")
+
+
+@lb_group.command("mode")
+@click.argument("mode", type=click.Choice(["off", "shadow", "replace"]))
+def mode_cmd(mode: str) -> None:
+    """Switch the deployed model's MODE at run time (counters keep counting)."""
+    from kernmlops.lb import deploy
+
+    try:
+        deploy.set_mode(mode)
+    except KernmlopsError as err:
+        fail(err)
+    console.print(f"{deploy.MODULE}: mode {mode}")
+
+
+@lb_group.command("status")
+@click.option("--json", "as_json", is_flag=True, help="print the counters as JSON")
+def status_cmd(as_json: bool) -> None:
+    """The deployed model's counters: calls seen, decisions the model took,
+    agreement with the kernel, answers overridden, ns per decision."""
+    from kernmlops.lb import deploy
+
+    try:
+        s = deploy.stats()
+    except KernmlopsError as err:
+        fail(err)
+    if as_json:
+        click.echo(json.dumps(s))
+        return
+    ns = "-" if s["ns_mean"] is None else f"{s['ns_mean']:.0f}"
+    click.echo(
+        f"mode {s['mode']}: {s['calls']:,} calls, {s['hard_constraint']:,} left to the kernel's "
+        f"hard constraints, {s['decisions']:,} decisions by the model ({_pct(s['agreement'])} "
+        f"agree; model yes/kernel no {s['model_yes_kernel_no']:,}, model no/kernel yes "
+        f"{s['model_no_kernel_yes']:,}), {s['overridden']:,} overridden, {ns} ns per decision "
+        f"(max {s['ns_max']:,}), {s['missed']:,} missed"
+    )
+
+
+@lb_group.command("undeploy")
+def undeploy_cmd() -> None:
+    """Unload the kmo_lb module: can_migrate_task is the kernel's alone again."""
+    from kernmlops.lb import deploy
+
+    try:
+        deploy.undeploy()
+    except KernmlopsError as err:
+        fail(err)
+    console.print(f"{deploy.MODULE} unloaded")

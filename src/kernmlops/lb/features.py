@@ -33,34 +33,12 @@ import numpy as np
 import polars as pl
 
 from kernmlops.errors import KernmlopsError
+from kernmlops.lb.names import FBITS, FEATURES, NR_FEATURES, ONE, Q_LIMIT
 
-FEATURES: tuple[str, ...] = (
-    "src_non_pref_nr",
-    "delta_hot",
-    "cpu_idle",
-    "cpu_not_idle",
-    "cpu_newly_idle",
-    "same_node",
-    "prefer_src",
-    "prefer_dst",
-    "src_len",
-    "src_load",
-    "dst_load",
-    "dst_len",
-    "delta_faults",
-    "extra_fails",
-    "buddy_hot",
-)
-NR_FEATURES = len(FEATURES)
 LABEL = "can_migrate"
 
 #: sysctl_sched_migration_cost's default (ns): a task that ran more recently is cache hot.
 MIGRATION_COST_NS = 500_000
-#: Q20.11: 11 fractional bits in an int32, as MLLB's FXDPT_FBITS.
-FBITS = 11
-ONE = 1 << FBITS
-#: Inputs are clamped so that value << 11 fits an int32 (|v| < 2^20).
-Q_LIMIT = (1 << 20) - 1
 
 #: The canonical decision columns every source (kprobe, tracepoint, MLLB dump,
 #: rule-generated) writes; a column a source cannot know is null.

@@ -1,0 +1,87 @@
+"""Runs inside the kernel lab (one interpreter: each Python start costs ~40 s
+under QEMU without KVM): kmo_lb's whole cycle through the real `kernmlops lb`
+commands, with the kernel's own load-balancing statistics beside it. Writes
+what it saw to OUT/result.json for tests/lb/test_kmod_lab.py to judge."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from kernmlops.lb import deploy
+from kernmlops.lb.cli import lb_group
+
+OUT = Path(sys.argv[1])
+STRESS = ["stress-ng", "--cpu", "4", "--timeout", "3", "--temp-path", "/tmp", "-q"]
+
+
+def cli(*args: str) -> int:
+    try:
+        lb_group.main(list(args), prog_name="kernmlops lb", standalone_mode=False)
+    except SystemExit as e:
+        return int(e.code or 0)
+    return 0
+
+
+def lb_gained() -> int:
+    """Tasks load_balance() pulled (detach_tasks), over every domain and idle
+    type: /proc/schedstat v15, 8 fields per idle type, lb_gained 5th."""
+    total = 0
+    for line in Path("/proc/schedstat").read_text().splitlines():
+        f = line.split()
+        if f and f[0].startswith("domain"):
+            total += sum(int(f[2 + 8 * i + 4]) for i in range(3))
+    return total
+
+
+def phase(name: str, res: dict) -> None:
+    res.setdefault("t", {})[name] = time.monotonic()
+    before = lb_gained()
+    subprocess.run(STRESS, check=True)
+    res[name] = {**deploy.stats(), "lb_gained": lb_gained() - before}
+
+
+res: dict = {"uptime_at_start_s": time.monotonic()}
+subprocess.run(["mount", "-t", "debugfs", "none", "/sys/kernel/debug"], check=False)
+Path("/proc/sys/kernel/sched_schedstats").write_text("1\n")
+res["probes_before"] = deploy.probed_functions()
+ko = deploy.module_path(os.uname().release)
+# the kernel refuses a wrong-shaped model by itself (not only the CLI)
+raw = subprocess.run(["insmod", str(ko), "w1=1,2,3", "b1=0", "w2=0", "b2=0"],
+                     capture_output=True, text=True)  # fmt: skip
+res["raw_insmod_rc"], res["loaded_after_raw"] = raw.returncode, deploy.loaded()
+res["bad_rc"] = cli("deploy", str(OUT / "bad.q11.json"), "--mode", "replace")
+res["loaded_after_bad"] = deploy.loaded()
+
+res["deploy_rc"] = cli("deploy", str(OUT / "rule.q11.json"), "--mode", "shadow")
+res["probes_loaded"] = deploy.probed_functions()
+res["again_rc"] = cli("deploy", str(OUT / "rule.q11.json"), "--mode", "shadow")
+phase("shadow", res)
+res["mode_rc"] = cli("mode", "replace")
+phase("replace", res)
+rows = json.loads((OUT / "eval_in.json").read_text())
+res["eval"] = deploy.evaluate(rows)
+res["bench_ns"] = deploy.bench(200_000)
+res["clocksource"] = (
+    Path("/sys/devices/system/clocksource/clocksource0/current_clocksource").read_text().strip()
+)
+res["status_rc"] = cli("status")
+res["undeploy_rc"] = cli("undeploy")
+
+# a model that never migrates, deciding: load_balance must pull nothing
+res["never_rc"] = cli("deploy", str(OUT / "never.q11.json"), "--mode", "replace")
+phase("never", res)
+res["never_undeploy_rc"] = cli("undeploy")
+res["loaded_after"] = deploy.loaded()
+res["modules_after"] = Path("/proc/modules").read_text()
+res["probes_after"] = deploy.probed_functions()
+# stock again: the balancer pulls tasks
+before = lb_gained()
+subprocess.run(STRESS, check=True)
+res["stock_lb_gained"] = lb_gained() - before
+res["uptime_at_end_s"] = time.monotonic()
+(OUT / "result.json").write_text(json.dumps(res))

@@ -1,0 +1,125 @@
+"""kmo_lb in the kernel lab (Debian's 6.1 under QEMU, one boot): the model
+takes can_migrate_task's decision through `kernmlops lb deploy/mode/status/
+undeploy`, checked against independent sources: the kernel's own
+load-balancing statistics (/proc/schedstat), its kprobe list and module list,
+and the exported model's arithmetic in Python."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from kernmlops.lb import deploy
+from kernmlops.lb.dataset import synthetic_decisions
+from kernmlops.lb.features import fixed_features, float_features
+from kernmlops.lb.fixed import FixedModel, fixed_json
+from kernmlops.lb.model import TrainConfig, train
+from tests.conftest import needs_tools
+
+pytestmark = pytest.mark.bpf
+DRIVER = Path(__file__).with_name("kmod_driver.py")
+
+
+def _eval_rows(n: int) -> pl.DataFrame:
+    """Realistic decisions plus the edges: clamped loads and lengths, faults
+    with no total, negative fault deltas."""
+    d = synthetic_decisions(n, "rule", seed=7).select(deploy.EVAL_INPUTS)
+    edges = pl.DataFrame(
+        {
+            **{c: [0, 0, 0, 0] for c in deploy.EVAL_INPUTS},
+            "src_load": [5_000_000, 0, 1023, 999],
+            "dst_len": [1 << 21, 0, 3, 1],
+            "src_len": [0, 1 << 22, 2, 5],
+            "delta_faults": [-7, 12, -(1 << 21), 3],
+            "total_faults": [0, 0, 100, 9],
+            "delta_ns": [-5, 10**12, 499_999, 500_000],
+        }
+    )
+    return pl.concat([d, edges.cast(d.schema)])
+
+
+@needs_tools("qemu-system-x86_64", "stress-ng", "insmod")
+def test_deploy_replace_undeploy_in_the_lab(tmp_path: Path) -> None:
+    from kernmlops.vm.qemu import default_kernel
+
+    release = default_kernel().name.removeprefix("vmlinuz-")
+    out = tmp_path / "lab"
+    build = out / "kmod"
+    deploy.build(release, build)  # on the host, against the lab's headers
+    data = synthetic_decisions(4000, "rule", seed=51)
+    model = train(float_features(data), data["can_migrate"].to_numpy(), TrainConfig(epochs=25))
+    fixed = FixedModel.from_model(model)
+    doc = fixed_json(fixed, {"migration_cost_ns": 500_000})
+    (out / "rule.q11.json").write_text(json.dumps(doc))
+    never = {**doc, "w1": [[0] * 10] * 15, "b1": [0] * 10, "w2": [0] * 10, "b2": -2048}
+    (out / "never.q11.json").write_text(json.dumps(never))
+    (out / "bad.q11.json").write_text(json.dumps({**doc, "b1": [0] * 9}))
+    rows = _eval_rows(200)
+    (out / "eval_in.json").write_text(json.dumps(rows.rows()))
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernmlops", "vm", "--cpus", "2", "--numa", "2", "--memory", "2G",
+         "-o", str(out), "--timeout", "400", "--",
+         "env", f"KERNMLOPS_KMOD_DIR={build}", sys.executable, str(DRIVER), str(out)],
+        capture_output=True, text=True, timeout=450,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    r = json.loads((out / "result.json").read_text())
+    print(f"{proc.stderr.splitlines()[-1]}; guest: Python up at {r['uptime_at_start_s']:.0f} s, "
+          f"phases {r['t']}, done {r['uptime_at_end_s']:.0f} s")  # fmt: skip
+
+    # refused, kernel untouched: by the module itself and by the CLI
+    assert r["raw_insmod_rc"] != 0 and not r["loaded_after_raw"]
+    assert r["bad_rc"] == 2 and not r["loaded_after_bad"]
+    assert "b1 must hold 10 values" in proc.stderr
+    # loaded: can_migrate_task carries a return probe, and only then
+    assert r["probes_before"] == []
+    assert len(r["probes_loaded"]) == 1 and " r " in f" {r['probes_loaded'][0]} "
+    assert r["deploy_rc"] == 0 and r["again_rc"] == 2 and "already loaded" in proc.stderr
+
+    s = r["shadow"]
+    assert s["mode"] == "shadow" and s["decisions"] > 0 and s["overridden"] == 0
+    assert s["calls"] == s["decisions"] + s["hard_constraint"]
+    assert s["agree"] + s["model_yes_kernel_no"] + s["model_no_kernel_yes"] == s["decisions"]
+    # a model of the kernel's rule learned from generated data; the features
+    # cannot tell "no NUMA statistics" from "none yet" (test_lab.py: ~95%)
+    assert s["agreement"] >= 0.75
+    assert s["lb_gained"] > 0  # the stock kernel pulled tasks
+    assert s["ns_mean"] > 0 and s["missed"] == 0
+
+    rep = r["replace"]
+    assert r["mode_rc"] == 0 and rep["mode"] == "replace"
+    assert rep["decisions"] > s["decisions"]  # counters accumulate across modes
+    changed = (rep["model_yes_kernel_no"] - s["model_yes_kernel_no"]) + (
+        rep["model_no_kernel_yes"] - s["model_no_kernel_yes"]
+    )
+    assert rep["overridden"] == changed  # in replace every disagreement is the model's answer
+
+    # the model that never migrates decides every heuristic answer: the
+    # kernel's own statistics show load_balance pulled no task at all
+    n = r["never"]
+    assert r["never_rc"] == 0 and n["decisions"] > 0
+    assert n["overridden"] == n["model_no_kernel_yes"] > 0 and n["model_yes_kernel_no"] == 0
+    assert n["lb_gained"] == 0
+    assert r["stock_lb_gained"] > 0
+
+    # unloaded: module gone, can_migrate_task unprobed
+    assert r["undeploy_rc"] == 0 and r["never_undeploy_rc"] == 0
+    assert not r["loaded_after"] and "kmo_lb" not in r["modules_after"]
+    assert r["probes_after"] == []
+
+    # the module's arithmetic is the exported model's, bit for bit
+    xq = fixed_features(rows)
+    logits = np.array([e[0] for e in r["eval"]])
+    feats = np.array([e[1] for e in r["eval"]])
+    np.testing.assert_array_equal(feats, xq)
+    np.testing.assert_array_equal(logits, fixed.output(xq))
+    assert r["bench_ns"] > 0
+    print(f"lab: {s['ns_mean']:.0f} ns per decision in the probe, {r['bench_ns']:.0f} ns per "
+          f"evaluation alone ({r['clocksource']} clock)")  # fmt: skip
