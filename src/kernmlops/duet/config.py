@@ -43,6 +43,7 @@ from pydantic import (
 )
 
 from kernmlops.errors import ConfigError
+from kernmlops.host.cpus import parse_cpu_list
 from kernmlops.validation import keys_at, unknown_key
 from kernmlops.yamlfile import safe_yaml
 
@@ -219,17 +220,10 @@ class DuetSuite:
 
 
 def parse_cpus(text: str) -> frozenset[int]:
-    """``"0-2,5"`` -> {0, 1, 2, 5}."""
-    cpus: set[int] = set()
-    for part in str(text).split(","):
-        part = part.strip()
-        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
-        if not m:
-            raise ValueError(f"bad CPU list {text!r} (e.g. '0', '0-3', '0,2')")
-        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
-        if hi < lo:
-            raise ValueError(f"bad CPU range {part!r}")
-        cpus.update(range(lo, hi + 1))
+    """``"0-2,5"`` -> {0, 1, 2, 5}, in the kernel's own notation."""
+    cpus = parse_cpu_list(str(text).replace(" ", ""))
+    if not cpus:
+        raise ValueError(f"bad CPU list {text!r} (e.g. '0', '0-3', '0,2')")
     return frozenset(cpus)
 
 

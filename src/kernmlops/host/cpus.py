@@ -16,7 +16,8 @@ def _read(path: Path) -> str | None:
 
 
 def parse_cpu_list(text: str | None) -> list[int] | None:
-    """Kernel CPU list ("0-3,8,10-11") → [0, 1, 2, 3, 8, 10, 11]; None if unreadable."""
+    """Kernel CPU list ("0-3,8,10-11") → [0, 1, 2, 3, 8, 10, 11]; None if unreadable
+    (also a descending range: "3-1")."""
     if text is None:
         return None
     cpus: list[int] = []
@@ -25,7 +26,10 @@ def parse_cpu_list(text: str | None) -> list[int] | None:
             if not part:
                 continue
             lo, _, hi = part.partition("-")
-            cpus.extend(range(int(lo), int(hi or lo) + 1))
+            first, last = int(lo), int(hi or lo)
+            if first < 0 or last < first:
+                return None
+            cpus.extend(range(first, last + 1))
     except ValueError:
         return None
     return cpus

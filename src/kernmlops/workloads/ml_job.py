@@ -16,13 +16,15 @@ it printed::
     {"kind": "epoch", "epoch": 1, "steps": 79, "seconds": ..., "cpu_seconds": ...,
      "loss": ..., "accuracy": ...}
     {"kind": "done", "epochs": N, "steps": ..., "checkpoints": ..., "checkpoint_bytes": ...,
-     "seconds": ..., "cpu_seconds": ..., "threads": ..., "pid": ...}
+     "seconds": ..., "cpu_seconds": ..., "uptime_us": ..., "threads": ..., "pid": ...}
 
 "steps" are optimizer steps (one per minibatch), counted from the start.
 "seconds" are wall time (the done record's: from the start of set-up to the
 end); "cpu_seconds" of an epoch is the process' CPU time during it, of the
 done record the process' CPU time since it started (data-loader workers,
-which are processes of their own, not included).
+which are processes of their own, not included), read at "uptime_us" (the
+monotonic clock of the kernel's tracing timestamps; the interpreter's exit
+comes after it).
 
 A checkpoint is written to a temporary name, fsync'ed and renamed, so its
 blocks reach the disk from the job's own context (the job's I/O, not the
@@ -394,6 +396,7 @@ def train(args: argparse.Namespace) -> None:
     emit({"kind": "done", "framework": out["framework"], "epochs": args.epochs,
           "steps": out["steps"], "checkpoints": ckpt.count, "checkpoint_bytes": ckpt.bytes,
           "seconds": time.perf_counter() - start, "cpu_seconds": cpu_seconds(),
+          "uptime_us": time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000,
           "threads": thread_count(), "pid": os.getpid()})  # fmt: skip
 
 
