@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import kernmlops
 from kernmlops.lb import deploy
 from kernmlops.lb.cli import lb_group
 
@@ -50,6 +51,9 @@ subprocess.run(["mount", "-t", "debugfs", "none", "/sys/kernel/debug"], check=Fa
 Path("/proc/sys/kernel/sched_schedstats").write_text("1\n")
 res["probes_before"] = deploy.probed_functions()
 ko = deploy.module_path(os.uname().release)
+res["kernmlops"], res["module"] = kernmlops.__file__, str(ko)
+stamp = ko.parent / ".source"
+built_at = stamp.stat().st_mtime if stamp.exists() else None
 # the kernel refuses a wrong-shaped model by itself (not only the CLI)
 raw = subprocess.run(["insmod", str(ko), "w1=1,2,3", "b1=0", "w2=0", "b2=0"],
                      capture_output=True, text=True)  # fmt: skip
@@ -59,6 +63,8 @@ res["loaded_after_bad"] = deploy.loaded()
 
 res["deploy_rc"] = cli("deploy", str(OUT / "rule.q11.json"), "--mode", "shadow")
 res["probes_loaded"] = deploy.probed_functions()
+# lb deploy rebuilds a module that is not current: it must not have (minutes under TCG)
+res["rebuilt"] = not stamp.exists() or stamp.stat().st_mtime != built_at
 res["again_rc"] = cli("deploy", str(OUT / "rule.q11.json"), "--mode", "shadow")
 phase("shadow", res)
 res["mode_rc"] = cli("mode", "replace")
@@ -69,6 +75,9 @@ res["bench_ns"] = deploy.bench(200_000)
 res["clocksource"] = (
     Path("/sys/devices/system/clocksource/clocksource0/current_clocksource").read_text().strip()
 )
+# why that clocksource: the kernel's own words on the TSC under emulation
+log = subprocess.run(["dmesg"], capture_output=True, text=True).stdout.splitlines()
+res["clock_log"] = [x for x in log if "tsc" in x.lower() or "clocksource" in x.lower()][-6:]
 res["status_rc"] = cli("status")
 res["undeploy_rc"] = cli("undeploy")
 

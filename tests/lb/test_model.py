@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -100,4 +101,23 @@ def test_bad_model_file_is_a_clear_error(tmp_path: Path) -> None:
     bad = tmp_path / "m.json"
     bad.write_text('{"format": "something-else"}')
     with pytest.raises(ModelError, match="not a kernmlops lb model"):
+        Model.load(bad)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"b2": None}, "no b2"),
+        ({"w1": [[0.0] * 10] * 14 + [[0.0] * 9]}, "not arrays of numbers"),
+        ({"b1": [0.0] * 9}, "b1 and w2 must hold 10 values"),
+        ({"w2": "x"}, "not arrays of numbers"),
+    ],
+)
+def test_wrong_weights_are_a_model_error(tmp_path: Path, change: dict, message: str) -> None:
+    doc = Model(np.zeros((15, 10)), np.zeros(10), np.zeros(10), 0.0).to_json()
+    doc.update(change)
+    doc = {k: v for k, v in doc.items() if v is not None}
+    bad = tmp_path / "m.json"
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(ModelError, match=message):
         Model.load(bad)

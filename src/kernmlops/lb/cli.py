@@ -32,6 +32,8 @@ def lb_group() -> None:
       kernmlops lb import-mllb raw_ng.csv          a dump in MLLB's own format
       kernmlops lb train data -o lb-model.json     15 -> 10 -> 1 MLP, split by run
       kernmlops lb export lb-model.json -o out/    Q20.11 C header + JSON
+      kernmlops lb dump-weights lb-model.json      W1, b1, W2, b2 as MLLB prints them
+      kernmlops lb deploy out/m.q11.json           the model decides (kernel module)
       kernmlops lb shadow lb-model.json -b ...     the model in the kernel, beside CFS
       kernmlops lb report data --model m.json      what the data and the model say
     Where kprobes are off (like here), run the kprobe variant in the kernel lab:
@@ -420,6 +422,32 @@ def export_cmd(model_path: Path, output_dir: Path, name: str, data: tuple[Path, 
         )
     else:
         console.print("no decisions to compare float and fixed on (pass --data)")
+
+
+@lb_group.command("dump-weights")
+@click.argument("model_path", metavar="MODEL", type=click.Path(path_type=Path))
+@click.option("--layout", type=click.Choice(["0", "1", "2"]), default="2", show_default=True,
+              help="MLLB's layouts: 2 W1 row by row, each other array on one line; 1 every "
+              "array on one line; 0 W1 and W2 row by row, biases one value a line")  # fmt: skip
+def dump_weights_cmd(model_path: Path, layout: str) -> None:
+    """Print MODEL's W1, b1, W2, b2 as MLLB's dump_weights.py prints them (for
+    the weight arrays of its kernel patch).
+
+    \b
+    MODEL is lb train's float model or lb export's *.q11.json (printed as the
+    floats its Q20.11 integers stand for). It must hold MLLB's network:
+    15 x 10 + 10 + 10 x 1 + 1 = 171 finite numbers.
+      kernmlops lb dump-weights lb-model.json
+      kernmlops lb dump-weights out/kmo_lb_model.q11.json --layout 1"""
+    from kernmlops.lb.weights import NR_PARAMS, dump, read_weights
+
+    try:
+        weights = read_weights(model_path)
+    except KernmlopsError as err:
+        fail(err)
+    click.echo(dump(weights, int(layout)), nl=False)
+    console.print(f"{model_path}: {weights.kind} model, {NR_PARAMS} parameters "
+                  "(W1 15x10, b1 10, W2 10x1, b2 1)")  # fmt: skip
 
 
 # --- report ---------------------------------------------------------------------------

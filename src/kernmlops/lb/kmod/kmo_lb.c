@@ -32,6 +32,7 @@
 #include <linux/module.h>
 #include <linux/kprobes.h>
 #include <linux/ktime.h>
+#include <linux/sched/clock.h>
 #include <linux/percpu.h>
 #include <linux/sched.h>
 #include <linux/sched/idle.h>
@@ -91,7 +92,7 @@ enum kmo_stat {
 	S_MODEL_YES_KERNEL_NO,
 	S_MODEL_NO_KERNEL_YES,
 	S_OVERRIDDEN, /* replace: the answer returned was the model's, not the kernel's */
-	S_NS_SUM, /* features + MLP, ktime_get_ns around them */
+	S_NS_SUM, /* reading the inputs + features + MLP, local_clock() around them */
 	S_NS_MAX,
 	S_NR,
 };
@@ -362,11 +363,15 @@ static int kmo_return(struct kretprobe_instance *ri, struct pt_regs *regs)
 		s->v[S_HARD]++;
 		return 0;
 	}
-	t0 = ktime_get_ns();
+	/* local_clock (sched_clock: the TSC on x86), as the scheduler times itself:
+	 * interrupts are off, so both reads are on this CPU. ktime_get_ns would
+	 * read the clocksource, a device (the HPET) where the TSC is judged
+	 * unstable, as under QEMU without KVM. */
+	t0 = local_clock();
 	kmo_read_inputs(c->p, c->env, &in);
 	kmo_features(&in, x);
 	model = kmo_mlp(x) > 0;
-	ns = ktime_get_ns() - t0;
+	ns = local_clock() - t0;
 	s->v[S_DECISIONS]++;
 	s->v[S_NS_SUM] += ns;
 	if (ns > s->v[S_NS_MAX])

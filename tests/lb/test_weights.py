@@ -1,0 +1,163 @@
+"""``lb dump-weights``: the 171 parameters as MLLB's dump_weights.py prints
+them, read back and checked against the model's own arrays; wrong models are
+one error line."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from kernmlops.lb.cli import lb_group
+from kernmlops.lb.fixed import FixedModel, fixed_json
+from kernmlops.lb.model import Model
+
+# MLLB's value formats: "% 8f" in rows (a space for the sign), "%8f, " for single values
+ROW_VALUE = r"(?: |-)\d+\.\d{6}"
+
+
+def _invoke(*args: object):
+    return CliRunner().invoke(lb_group, [str(a) for a in args], catch_exceptions=False)
+
+
+def _known_model() -> Model:
+    """Values whose printed form is known by hand: w1[i][j] = (10 i + j) / 100 - 0.5."""
+    w1 = (np.arange(150).reshape(15, 10) / 100.0) - 0.5
+    b1 = np.arange(1, 11) / 10.0
+    w2 = -np.arange(1, 11) / 8.0
+    return Model(w1=w1, b1=b1, w2=w2, b2=0.25, meta={})
+
+
+def _random_model(seed: int = 3) -> Model:
+    rng = np.random.default_rng(seed)
+    return Model(w1=rng.normal(0, 0.8, (15, 10)), b1=rng.normal(0, 0.5, 10),
+                 w2=rng.normal(0, 0.8, 10), b2=float(rng.normal()), meta={})  # fmt: skip
+
+
+def _numbers(line: str) -> list[float]:
+    return [float(v) for v in line.rstrip().rstrip(",").split(",")]
+
+
+def test_layout_2_is_mllbs_text(tmp_path: Path) -> None:
+    path = _known_model().save(tmp_path / "m.json")
+    r = _invoke("dump-weights", path)
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.split("\n")
+    assert lines[0] == ("-0.500000, -0.490000, -0.480000, -0.470000, -0.460000, -0.450000, "
+                        "-0.440000, -0.430000, -0.420000, -0.410000,")  # fmt: skip
+    assert lines[14] == (" 0.900000,  0.910000,  0.920000,  0.930000,  0.940000,  0.950000, "
+                         " 0.960000,  0.970000,  0.980000,  0.990000,")  # fmt: skip
+    assert lines[15] == ""  # the empty line after W1
+    assert lines[16] == ("0.100000, 0.200000, 0.300000, 0.400000, 0.500000, 0.600000, "
+                         "0.700000, 0.800000, 0.900000, 1.000000, ")  # fmt: skip
+    assert lines[17] == ("-0.125000, -0.250000, -0.375000, -0.500000, -0.625000, -0.750000, "
+                         "-0.875000, -1.000000, -1.125000, -1.250000, ")  # fmt: skip
+    assert lines[18] == "0.250000, "
+    assert lines[19:] == [""]  # ends with its newline
+    assert "float model, 171 parameters" in r.stderr
+
+
+def test_float_model_reads_back_as_its_arrays(tmp_path: Path) -> None:
+    m = _random_model()
+    path = m.save(tmp_path / "m.json")
+    r = _invoke("dump-weights", path)
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.split("\n")
+    for line in lines[:15]:
+        assert re.fullmatch(rf"{ROW_VALUE}(?:, {ROW_VALUE})*,", line), line
+    w1 = np.array([_numbers(x) for x in lines[:15]])
+    np.testing.assert_allclose(w1, m.w1, atol=5e-7, rtol=0)
+    np.testing.assert_allclose(_numbers(lines[16]), m.b1, atol=5e-7, rtol=0)
+    np.testing.assert_allclose(_numbers(lines[17]), m.w2, atol=5e-7, rtol=0)
+    np.testing.assert_allclose(_numbers(lines[18]), [m.b2], atol=5e-7, rtol=0)
+    assert sum(len(_numbers(x)) for x in lines[:15] + lines[16:19]) == 171
+
+
+def test_q11_json_prints_the_floats_of_its_integers(tmp_path: Path) -> None:
+    fixed = FixedModel.from_model(_random_model(5))
+    path = tmp_path / "m.q11.json"
+    path.write_text(json.dumps(fixed_json(fixed, {"migration_cost_ns": 500_000})))
+    r = _invoke("dump-weights", path, "--layout", "1")
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert [len(_numbers(x)) for x in lines] == [150, 10, 10, 1]
+    # six decimals are finer than 1/2048: every integer comes back exactly
+    q = [np.rint(np.array(_numbers(x)) * 2048).astype(np.int64) for x in lines]
+    np.testing.assert_array_equal(q[0], fixed.w1.reshape(-1))  # row-major: feature by feature
+    np.testing.assert_array_equal(q[1], fixed.b1)
+    np.testing.assert_array_equal(q[2], fixed.w2)
+    assert q[3].tolist() == [fixed.b2]
+    assert "q20.11 model, 171 parameters" in r.stderr
+
+
+def test_layout_0_one_bias_a_line(tmp_path: Path) -> None:
+    m = _known_model()
+    r = _invoke("dump-weights", m.save(tmp_path / "m.json"), "--layout", "0")
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.split("\n")
+    # W1 15 rows, "", b1 10 values, "", W2 10 rows of one, "", b2, "", and the final newline
+    assert len(lines) == 15 + 1 + 10 + 1 + 10 + 1 + 1 + 1 + 1
+    assert lines[15] == lines[26] == lines[37] == lines[39] == ""
+    assert [float(x) for x in lines[16:26]] == m.b1.tolist()
+    assert lines[27:37] == [f"{-k / 8:.6f}," for k in range(1, 11)]
+    assert lines[38] == "0.25"
+
+
+def _doc(tmp_path: Path, **change) -> Path:
+    doc = _random_model().to_json()
+    doc.update(change)
+    for key in [k for k, v in change.items() if v is None]:
+        del doc[key]
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"w1": [[0.1] * 9] * 15}, "w1 is 15x9 numbers, must be 15x10 numbers"),
+        ({"w1": [[0.1] * 10] * 14}, "w1 is 14x10 numbers, must be 15x10 numbers"),
+        ({"w1": [[0.1] * 10] * 14 + [[0.1] * 9]}, "w1 must be 15x10 numbers, its rows differ"),
+        ({"b1": [0.0] * 9}, "b1 is 9 numbers, must be 10 numbers"),
+        ({"w2": [[0.0, 1.0]] * 10}, "w2 is 10x2 numbers, must be 10x1 numbers or 10 numbers"),
+        ({"b2": [0.1, 0.2]}, "b2 is 2 numbers, must be 1 number or a single number"),
+        ({"b2": None}, "no b2 (a model holds w1, b1, w2, b2)"),
+        ({"b1": [0.0] * 9 + ["x"]}, 'b1 holds "x", not a number'),
+        ({"b1": [0.0] * 9 + [True]}, "b1 holds true, not a number"),
+        ({"format": "something"}, "is not a kernmlops lb model"),
+    ],
+)
+def test_wrong_models_are_one_error_line(tmp_path: Path, change: dict, message: str) -> None:
+    r = _invoke("dump-weights", _doc(tmp_path, **change))
+    assert r.exit_code == 2
+    assert r.stdout == ""
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("error:"), r.stderr
+    assert message in r.stderr
+
+
+def test_unreadable_and_non_finite_models(tmp_path: Path) -> None:
+    nan = tmp_path / "nan.json"
+    nan.write_text(json.dumps(_random_model().to_json()).replace('"b2": ', '"b2": NaN, "x": '))
+    missing, binary = tmp_path / "none.json", tmp_path / "bin.json"
+    binary.write_bytes(b"\x00\xff\xfe" * 10)
+    q11 = tmp_path / "m.q11.json"
+    doc = fixed_json(FixedModel.from_model(_random_model()), {})
+    q11.write_text(json.dumps({**doc, "b2": 0.5}))
+    big = tmp_path / "big.q11.json"
+    big.write_text(json.dumps({**doc, "b2": 1 << 40}))
+    for path, message in [
+        (nan, "b2 holds nan, not a finite number"),
+        (missing, "not found"),
+        (binary, "not JSON"),
+        (tmp_path, "is a folder"),
+        (q11, "b2 holds 0.5, not a Q20.11 int32"),
+        (big, f"b2 holds {1 << 40}, not a Q20.11 int32"),
+    ]:
+        r = _invoke("dump-weights", path)
+        assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert message in r.stderr, r.stderr
