@@ -42,57 +42,53 @@ INSTALL = "apt-get install linux-source-6.1 make gcc flex bison bc libelf-dev li
 _COMPILED = re.compile(r"^\s+CC(?: \[M\])?\s+(\S+)$", re.MULTILINE)
 
 
-class LinuxBuildBenchmark(Benchmark):
-    """make a Linux kernel (or part of one) with -j jobs."""
+class LinuxBuildOptions(BenchmarkOptions):
+    source_dir: str | None = Field(
+        None,
+        description="a Linux source tree; null: Debian's linux-source-6.1, unpacked "
+        "once into ~/.cache/kernmlops/linux-source-6.1",
+    )
+    build_dir: str | None = Field(
+        None,
+        description="the build folder (make O=); null: a fresh one per run, removed "
+        "after (a full build); a folder: kept, so a run builds what changed",
+    )
+    config: str | None = Field(
+        "defconfig",
+        pattern=r"^[a-z0-9_]+config$",
+        description="make target that writes .config before the run (defconfig, "
+        "tinyconfig, allnoconfig, ...); null: the build folder's .config as it is",
+    )
+    targets: list[str] = Field(
+        default_factory=list,
+        description="make targets (e.g. [vmlinux] or [lib/]); []: make's default (all)",
+    )
+    jobs: int | None = Field(
+        None, ge=1, le=4096, description="make -j; null: the CPUs the benchmark may use"
+    )
+    clean: bool = Field(False, description="make clean in build_dir before the run")
 
-    class Options(BenchmarkOptions):
-        source_dir: str | None = Field(
-            None,
-            description="a Linux source tree; null: Debian's linux-source-6.1, unpacked "
-            "once into ~/.cache/kernmlops/linux-source-6.1",
-        )
-        build_dir: str | None = Field(
-            None,
-            description="the build folder (make O=); null: a fresh one per run, removed "
-            "after (a full build); a folder: kept, so a run builds what changed",
-        )
-        config: str | None = Field(
-            "defconfig",
-            pattern=r"^[a-z0-9_]+config$",
-            description="make target that writes .config before the run (defconfig, "
-            "tinyconfig, allnoconfig, ...); null: the build folder's .config as it is",
-        )
-        targets: list[str] = Field(
-            default_factory=list,
-            description="make targets (e.g. [vmlinux] or [lib/]); []: make's default (all)",
-        )
-        jobs: int | None = Field(
-            None, ge=1, le=4096, description="make -j; null: the CPUs the benchmark may use"
-        )
-        clean: bool = Field(False, description="make clean in build_dir before the run")
+
+class LinuxBuildBenchmark(Benchmark[LinuxBuildOptions]):
+    """make a Linux kernel (or part of one) with -j jobs."""
 
     name: ClassVar[str] = "linux-build"
     default_filter: ClassVar[str] = "tree"
 
-    def __init__(self, options: BenchmarkOptions | None = None) -> None:
-        if not isinstance(options, LinuxBuildBenchmark.Options):
-            options = LinuxBuildBenchmark.Options.model_validate(
-                options.model_dump() if options is not None else {}
-            )
+    def __init__(self, options: LinuxBuildOptions | BenchmarkOptions | None = None) -> None:
         super().__init__(options)
-        self.opts: LinuxBuildBenchmark.Options = options
         self.build_dir: Path | None = None
 
     @property
     def source_dir(self) -> Path:
-        if self.opts.source_dir:
-            return Path(self.opts.source_dir).expanduser()
+        if self.options.source_dir:
+            return Path(self.options.source_dir).expanduser()
         return CACHE / DEBIAN_SOURCE.name.removesuffix(".tar.xz")
 
     def check(self) -> None:
         for tool in ("make", "gcc", "flex", "bison", "bc"):
             require_tool("linux-build", tool, INSTALL)
-        if self.opts.source_dir:
+        if self.options.source_dir:
             if not (self.source_dir / "Makefile").is_file():
                 raise BenchmarkError(
                     f"linux-build: {self.source_dir} is not a Linux source tree (no Makefile)"
@@ -101,8 +97,8 @@ class LinuxBuildBenchmark(Benchmark):
             raise BenchmarkError(f"linux-build: no {DEBIAN_SOURCE}; install it: {INSTALL}")
 
     def jobs(self) -> int:
-        if self.opts.jobs is not None:
-            return self.opts.jobs
+        if self.options.jobs is not None:
+            return self.options.jobs
         env = self.environment
         if env is not None and env.cpus:
             return len(env.cpus)
@@ -111,13 +107,13 @@ class LinuxBuildBenchmark(Benchmark):
     def setup(self, workdir: Path) -> None:
         if not (self.source_dir / "Makefile").is_file():
             unpack_debian_source(self.source_dir)
-        if self.opts.build_dir:
-            self.build_dir = Path(self.opts.build_dir).expanduser()
+        if self.options.build_dir:
+            self.build_dir = Path(self.options.build_dir).expanduser()
         else:
             self.build_dir = workdir / "build"
         self.build_dir.mkdir(parents=True, exist_ok=True)
-        steps = (["clean"] if self.opts.clean else []) + (
-            [self.opts.config] if self.opts.config else []
+        steps = (["clean"] if self.options.clean else []) + (
+            [self.options.config] if self.options.config else []
         )
         for step in steps:
             self._make(step)
@@ -136,7 +132,7 @@ class LinuxBuildBenchmark(Benchmark):
     def launch(self) -> Launch | None:
         build = self.build_dir or Path("build")
         argv = ["make", "-C", str(self.source_dir), f"O={build}", f"-j{self.jobs()}",
-                *self.opts.targets]  # fmt: skip
+                *self.options.targets]  # fmt: skip
         return Launch(argv=argv, capture_output=True)
 
     def results(self, run: BenchmarkRun) -> pl.DataFrame | None:

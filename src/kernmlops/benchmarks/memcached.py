@@ -46,47 +46,43 @@ _SUMMARY = re.compile(r"Run time: ([\d.]+)s Ops: (\d+) TPS: (\d+)")
 _COUNT = re.compile(r"^(cmd_get|cmd_set|get_misses): (\d+)")
 
 
-class MemcachedBenchmark(Benchmark):
+class MemcachedOptions(BenchmarkOptions):
+    operation_count: int = Field(100000, ge=1, description="gets and sets in all (memaslap -x)")
+    read_proportion: float = Field(0.99, ge=0, le=1, description="share of gets")
+    update_proportion: float = Field(0.01, ge=0, le=1, description="share of sets")
+    # KernMLOps' YCSB mix: memaslap has gets and sets only
+    insert_proportion: float = Field(0.0, ge=0, le=0, description="must be 0")
+    rmw_proportion: float = Field(0.0, ge=0, le=0, description="must be 0")
+    scan_proportion: float = Field(0.0, ge=0, le=0, description="must be 0")
+    delete_proportion: float = Field(0.0, ge=0, le=0, description="must be 0")
+    key_size: int = Field(64, ge=16, le=250, description="key bytes")
+    value_size: int = Field(1024, ge=1, le=1 << 20, description="value bytes")
+    threads: int = Field(2, ge=1, le=256, description="client threads (memaslap -T)")
+    concurrency: int = Field(
+        16, ge=1, le=65536, description="simulated clients over the threads (memaslap -c)"
+    )
+    server_threads: int = Field(4, ge=1, le=256, description="memcached worker threads (-t)")
+    memory_mb: int = Field(256, ge=8, description="memcached's item memory (-m)")
+    startup_timeout_s: float = Field(10, gt=0, le=600, description="longest wait for it")
+
+    @model_validator(mode="after")
+    def _mix(self) -> MemcachedOptions:
+        total = self.read_proportion + self.update_proportion
+        if abs(total - 1) > 1e-6:
+            raise ValueError(f"read_proportion + update_proportion must be 1 (got {total:g})")
+        if self.concurrency < self.threads:
+            raise ValueError("concurrency must be at least threads (memaslap's rule)")
+        return self
+
+
+class MemcachedBenchmark(Benchmark[MemcachedOptions]):
     """memaslap against a memcached of its own."""
-
-    class Options(BenchmarkOptions):
-        operation_count: int = Field(100000, ge=1, description="gets and sets in all (memaslap -x)")
-        read_proportion: float = Field(0.99, ge=0, le=1, description="share of gets")
-        update_proportion: float = Field(0.01, ge=0, le=1, description="share of sets")
-        # KernMLOps' YCSB mix: memaslap has gets and sets only
-        insert_proportion: float = Field(0.0, ge=0, le=0, description="must be 0")
-        rmw_proportion: float = Field(0.0, ge=0, le=0, description="must be 0")
-        scan_proportion: float = Field(0.0, ge=0, le=0, description="must be 0")
-        delete_proportion: float = Field(0.0, ge=0, le=0, description="must be 0")
-        key_size: int = Field(64, ge=16, le=250, description="key bytes")
-        value_size: int = Field(1024, ge=1, le=1 << 20, description="value bytes")
-        threads: int = Field(2, ge=1, le=256, description="client threads (memaslap -T)")
-        concurrency: int = Field(
-            16, ge=1, le=65536, description="simulated clients over the threads (memaslap -c)"
-        )
-        server_threads: int = Field(4, ge=1, le=256, description="memcached worker threads (-t)")
-        memory_mb: int = Field(256, ge=8, description="memcached's item memory (-m)")
-        startup_timeout_s: float = Field(10, gt=0, le=600, description="longest wait for it")
-
-        @model_validator(mode="after")
-        def _mix(self) -> MemcachedBenchmark.Options:
-            total = self.read_proportion + self.update_proportion
-            if abs(total - 1) > 1e-6:
-                raise ValueError(f"read_proportion + update_proportion must be 1 (got {total:g})")
-            if self.concurrency < self.threads:
-                raise ValueError("concurrency must be at least threads (memaslap's rule)")
-            return self
 
     name: ClassVar[str] = "memcached"
     default_filter: ClassVar[str] = "tree"
 
-    def __init__(self, options: BenchmarkOptions | None = None) -> None:
-        if not isinstance(options, MemcachedBenchmark.Options):
-            options = MemcachedBenchmark.Options.model_validate(
-                options.model_dump() if options is not None else {}
-            )
+    def __init__(self, options: MemcachedOptions | BenchmarkOptions | None = None) -> None:
         super().__init__(options)
-        self.opts: MemcachedBenchmark.Options = options
         self._port: int | None = None
         self.server: subprocess.Popen | None = None
         self.workdir: Path | None = None
@@ -103,7 +99,7 @@ class MemcachedBenchmark(Benchmark):
         require_tool("memcached", CLIENT, INSTALL)
 
     def server_argv(self) -> list[str]:
-        o = self.opts
+        o = self.options
         return [SERVER, "-l", HOST, "-p", str(self.port), "-U", "0", "-u", "root",
                 "-t", str(o.server_threads), "-m", str(o.memory_mb)]  # fmt: skip
 
@@ -117,7 +113,7 @@ class MemcachedBenchmark(Benchmark):
             )
         except OSError as err:
             raise BenchmarkError(f"memcached: cannot start {SERVER}: {err.strerror}") from err
-        deadline = time.monotonic() + self.opts.startup_timeout_s
+        deadline = time.monotonic() + self.options.startup_timeout_s
         while True:
             if self.server.poll() is not None:
                 log = (workdir / "memcached.log").read_text(errors="replace").strip()
@@ -131,13 +127,13 @@ class MemcachedBenchmark(Benchmark):
             if time.monotonic() > deadline:
                 raise BenchmarkError(
                     f"memcached: {SERVER} did not answer on {HOST}:{self.port} within "
-                    f"{self.opts.startup_timeout_s:g} s"
+                    f"{self.options.startup_timeout_s:g} s"
                 )
             time.sleep(0.02)
 
     def client_config(self) -> str:
         """memaslap's -F file: fixed key and value sizes, the set/get mix."""
-        o = self.opts
+        o = self.options
         return (
             f"key\n{o.key_size} {o.key_size} 1\n"
             f"value\n{o.value_size} {o.value_size} 1\n"
@@ -167,7 +163,7 @@ class MemcachedBenchmark(Benchmark):
             self._log = None
 
     def launch(self) -> Launch | None:
-        o = self.opts
+        o = self.options
         cfg = self.workdir / "memaslap.cfg" if self.workdir else Path("memaslap.cfg")
         argv = [
             CLIENT,
