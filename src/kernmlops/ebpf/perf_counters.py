@@ -360,6 +360,32 @@ def resolve(name: str) -> EventSpec:
     raise PerfEventError(f"unknown perf event {name!r} (see: kernmlops perf-list)", errno.ENOENT)
 
 
+def resolve_all(
+    names: Sequence[str], *, distinct_columns: bool = False
+) -> tuple[list[EventSpec], dict[str, str]]:
+    """Each name resolved once: aliases of an event already taken are skipped, and
+    with ``distinct_columns`` so is an event whose column name (``event_column``)
+    another already has. Returns the specs and, name -> reason, those left out."""
+    specs: dict[str, EventSpec] = {}
+    columns: dict[str, str] = {}
+    left_out: dict[str, str] = {}
+    for name in names:
+        try:
+            spec = resolve(name)
+        except (PerfEventError, ValueError, OSError) as err:
+            left_out[name] = str(err)
+            continue
+        if spec.name in specs:
+            continue  # an alias of an event already counted
+        clash = columns.get(event_column(spec.name))
+        if distinct_columns and clash is not None:
+            left_out[spec.name] = f"its column name clashes with {clash}'s"
+            continue
+        specs[spec.name] = spec
+        columns[event_column(spec.name)] = spec.name
+    return list(specs.values()), left_out
+
+
 # --- counting ------------------------------------------------------------------
 def errno_reason(err: int) -> str:
     """What an errno from perf_event_open means, in perf's words where it has some."""

@@ -32,10 +32,9 @@ from kernmlops.ebpf.perf_counters import (
     SOFTWARE_ALIASES,
     CounterSet,
     EventSpec,
-    PerfEventError,
     cache_events,
     event_column,
-    resolve,
+    resolve_all,
 )
 from kernmlops.errors import HookUnavailable
 from kernmlops.hooks.base import HookContext, HookOptions, SampledHook, SampledHookOptions
@@ -136,23 +135,11 @@ class PerfHook(SampledHook[PerfOptions]):
         return list(self._counters.events) if self._counters else []
 
     def _specs(self) -> list[EventSpec]:
-        specs: dict[str, EventSpec] = {}
-        columns: dict[str, str] = {}
-        for name in (*SOFTWARE_EVENTS, *self.options.events):
-            try:
-                spec = resolve(name)
-            except (PerfEventError, ValueError, OSError) as err:
-                self.unsupported[name] = str(err)
-                continue
-            if spec.name in specs:
-                continue  # an alias of an event already counted
-            clash = columns.get(event_column(spec.name))
-            if clash is not None:
-                self.unsupported[spec.name] = f"its column name clashes with {clash}'s"
-                continue
-            specs[spec.name] = spec
-            columns[event_column(spec.name)] = spec.name
-        return list(specs.values())
+        specs, left_out = resolve_all(
+            [*SOFTWARE_EVENTS, *self.options.events], distinct_columns=True
+        )
+        self.unsupported.update(left_out)
+        return specs
 
     def start(self, ctx: HookContext | None = None) -> None:
         self.unsupported = {}

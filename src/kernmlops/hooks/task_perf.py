@@ -34,7 +34,7 @@ from pydantic import Field, field_validator
 from kernmlops.counters import event_column
 from kernmlops.ebpf import libbpf
 from kernmlops.ebpf.objects import BpfObject
-from kernmlops.ebpf.perf_counters import CounterSet, EventSpec, PerfEventError, resolve
+from kernmlops.ebpf.perf_counters import CounterSet, EventSpec, resolve_all
 from kernmlops.errors import HookUnavailable
 from kernmlops.hooks.base import HookOptions
 from kernmlops.hooks.bpf import BpfHook, BpfHookOptions
@@ -131,15 +131,9 @@ class TaskPerfHook(BpfHook[TaskPerfOptions]):
         return list(self._counters.events) if self._counters else []
 
     def _open_counters(self) -> CounterSet:
-        specs: dict[str, EventSpec] = {}
-        for name in (*SOFTWARE_EVENTS, *self.options.events):
-            try:
-                spec = resolve(name)
-            except (PerfEventError, ValueError, OSError) as err:
-                self.unsupported[name] = str(err)
-                continue
-            specs.setdefault(spec.name, spec)
-        counters = CounterSet(list(specs.values()), online_cpus(), skip_unsupported=True)
+        specs, left_out = resolve_all([*SOFTWARE_EVENTS, *self.options.events])
+        self.unsupported.update(left_out)
+        counters = CounterSet(specs, online_cpus(), skip_unsupported=True)
         self.unsupported.update(counters.unsupported)
         return counters
 
