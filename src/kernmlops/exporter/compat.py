@@ -451,7 +451,8 @@ class BucketKeyHistogram(MetricReader):
 
 # --- ebpf_exporter's own metrics ----------------------------------------------------
 def builtin_metrics(loaded_sets: list[Any], stats_on: bool) -> list[Metric]:
-    """ebpf_exporter's built-in metrics, by its names, for every loaded set:
+    """ebpf_exporter's built-in metrics, by its names and labels (the help texts are
+    our own), for every loaded set:
     enabled configs, program info (id, tag), attached, run time and count
     (with BPF stats on), decoder errors."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -460,29 +461,31 @@ def builtin_metrics(loaded_sets: list[Any], stats_on: bool) -> list[Metric]:
 
     ns = NAMESPACE
     enabled = GaugeMetricFamily(
-        f"{ns}_enabled_configs", "The set of enabled configs", labels=["name"]
+        f"{ns}_enabled_configs", "1 for each metric set (config) loaded and served", labels=["name"]
     )
     info = GaugeMetricFamily(
         f"{ns}_ebpf_program_info",
-        "Info about ebpf programs",
+        "1 per loaded BPF program, with its set, name, tag and kernel id",
         labels=["config", "program", "tag", "id"],
     )
     attached = GaugeMetricFamily(
-        f"{ns}_ebpf_program_attached", "Whether a program is attached", labels=["id"]
+        f"{ns}_ebpf_program_attached",
+        "1 when the program with this kernel id is attached",
+        labels=["id"],
     )
     run_time = CounterMetricFamily(
         f"{ns}_ebpf_program_run_time_seconds",
-        "How long has the program been executing",
+        "time the kernel spent running this program (needs BPF stats on)",
         labels=["id"],
     )
     run_count = CounterMetricFamily(
         f"{ns}_ebpf_program_run_count",
-        "How many times has the program been executed",
+        "runs of this program (needs BPF stats on)",
         labels=["id"],
     )
     errors = CounterMetricFamily(
         f"{ns}_decoder_errors",
-        "How many times has decoders encountered errors",
+        "label values that could not be decoded, per metric set",
         labels=["config"],
     )
     for loaded in loaded_sets:
