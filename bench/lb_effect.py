@@ -11,7 +11,7 @@ lb_gained. Per scenario: model/stock with the duet statistics' interval
 (sequential runs) and the verdict. Writes bench/results/lb_effect.json.
 
     .venv/bin/python bench/lb_effect.py --reps 6 --seconds 8
-    .venv/bin/python bench/lb_effect.py --analyse lab-effect   # again, from a finished run
+    .venv/bin/python bench/lb_effect.py --analyse bench/build/lb-effect   # again, from the runs
 
 Needs the lab (make lab: qemu, virtme-ng, the lab kernel and its headers).
 Inside the guest this file runs again as ``--guest OUT``: it then imports
@@ -33,6 +33,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"
 DATA = ROOT / "tests" / "lb" / "data" / "lab_kprobe_decisions.parquet"
+#: kmo_lb's counters summed over a scenario's model runs
+COUNTED = ("calls", "hard_constraint", "decisions", "agree", "overridden", "ns_sum", "missed")
 
 
 # --- inside the lab --------------------------------------------------------------------------
@@ -185,8 +187,7 @@ def analyse(out: Path, seed: int) -> dict:
     for name, sc in scenarios.items():
         res = compare_scenario(sc["stock"], sc["model"], seed)
         model_runs = [x for x in sc["runs"] if x["side"] == "model"]
-        counted = ("calls", "decisions", "agree", "overridden", "ns_sum", "missed")
-        tot = {k: sum(x["counters"].get(k, 0) for x in model_runs) for k in counted}
+        tot = {k: sum(x["counters"].get(k, 0) for x in model_runs) for k in COUNTED}
         d = tot["decisions"]
         res["module"] = {**tot, "agreement": tot["agree"] / d if d else None,
                          "ns_per_decision": tot["ns_sum"] / d if d else None}  # fmt: skip
@@ -198,9 +199,21 @@ def analyse(out: Path, seed: int) -> dict:
         res["command"] = " ".join(sc["argv"])
         res["runs"] = sc["runs"]
         table[name] = res
+    # every block of every scenario as one sample: the model's effect over all
+    # of MLLB's workloads, each block its own scenario's stock/model ratio
+    pooled = compare_scenario(
+        {(n, b): v for n, sc in scenarios.items() for b, v in sc["stock"].items()},
+        {(n, b): v for n, sc in scenarios.items() for b, v in sc["model"].items()},
+        seed,
+    )
+    pooled["module"] = {k: sum(t["module"][k] for t in table.values()) for k in COUNTED}
+    m = pooled["module"]
+    m["agreement"] = m["agree"] / m["decisions"] if m["decisions"] else None
+    m["ns_per_decision"] = m["ns_sum"] / m["decisions"] if m["decisions"] else None
+    pooled["stock_ops_s"] = pooled["model_ops_s"] = None  # no common unit across scenarios
     guest = json.loads((out / "guest.json").read_text()) if (out / "guest.json").exists() else {}
     return {"plan": {k: plan[k] for k in ("nodes", "seconds", "reps", "seed")},
-            "scenarios": table, "failed_runs": failed, "guest": guest}  # fmt: skip
+            "scenarios": table, "all": pooled, "failed_runs": failed, "guest": guest}  # fmt: skip
 
 
 def _pct(x: float | None) -> str:
@@ -210,7 +223,7 @@ def _pct(x: float | None) -> str:
 def print_table(result: dict) -> None:
     print(f"\n{'scenario':<14}{'stock ops/s':>13}{'model ops/s':>13}  {'model/stock [95% CI]':<26}"
           f"{'decisions':>10}{'overridden':>11}{'agree':>8}{'ns/dec':>9}  verdict")  # fmt: skip
-    for name, r in result["scenarios"].items():
+    for name, r in [*result["scenarios"].items(), ("all (pooled)", result["all"])]:
         ci = r["ci"]
         rat = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
         rat += f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
@@ -229,7 +242,8 @@ def main() -> None:
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--guest", type=Path, help=argparse.SUPPRESS)
-    p.add_argument("--out", type=Path, default=Path("lab-effect"), help="the lab's folder")
+    p.add_argument("--out", type=Path, default=HERE / "build" / "lb-effect",
+                   help="the lab's folder: plan, model, module, runs.jsonl")  # fmt: skip
     p.add_argument("--model", type=Path, help="a *.q11.json (default: train on tests/lb/data)")
     p.add_argument("--data", type=Path, default=DATA, help="decisions to train on")
     p.add_argument("--scenarios", default=",".join(s.name for s in SCENARIOS))
@@ -250,11 +264,16 @@ def main() -> None:
         meta = json.loads((out / "meta.json").read_text())
     else:
         args.scenarios = [s for s in args.scenarios.split(",") if s]
+        unknown = sorted(set(args.scenarios) - {s.name for s in SCENARIOS})
+        if unknown or args.reps < 1 or args.seconds < 1:
+            sys.exit(f"scenarios are {', '.join(s.name for s in SCENARIOS)}; --reps and "
+                     f"--seconds at least 1 (unknown: {', '.join(unknown) or 'none'})")  # fmt: skip
         out = args.out.resolve()
         if (out / "runs.jsonl").exists():
             sys.exit(f"{out} holds a run already: --analyse it or choose another --out")
         out.mkdir(parents=True, exist_ok=True)
-        meta = {"model": make_model(out, args.model, args.data, args.seed)}
+        meta = {"command": " ".join(["bench/lb_effect.py", *sys.argv[1:]]),
+                "model": make_model(out, args.model, args.data, args.seed)}  # fmt: skip
         plan = plan_runs(args)
         (out / "plan.json").write_text(json.dumps(plan))
         print(f"{len(plan['steps'])} runs of {args.seconds} s; model {meta['model']}")
@@ -263,7 +282,8 @@ def main() -> None:
         meta["lab_wall_s"] = run_lab(args, out)
         (out / "meta.json").write_text(json.dumps(meta))
     host = {"kernel": os.uname().release, "cpus": os.cpu_count(), "loadavg": os.getloadavg()}
-    result = {"command": " ".join(sys.argv), "host": host, **meta, **analyse(out, 0)}
+    result = {"analysed": " ".join(["bench/lb_effect.py", *sys.argv[1:]]), "host": host, **meta,
+              **analyse(out, 0)}  # fmt: skip
     print_table(result)
     from results_io import save
 

@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 from collections import Counter
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -99,7 +100,7 @@ def test_schedule_interleaves_balanced_blocks():
         assert f"{first.side}-{second.side}" == first.order
         assert {first.mode, second.mode} == {"off", "replace"}
     # the scenarios are mixed, not run one after the other
-    runs_of_one = sum(1 for a, b in zip(steps[::2], steps[2::2]) if a.scenario == b.scenario)
+    runs_of_one = sum(1 for a, b in pairwise(steps[::2]) if a.scenario == b.scenario)
     assert runs_of_one < len(steps) // 2 - 1
     assert schedule(names, 6, seed=3) == steps and schedule(names, 6, seed=4) != steps
     odd = schedule(["fft"], 5)
@@ -171,6 +172,10 @@ def test_compare_scenario_finds_a_known_slowdown():
     assert r["verdict"].startswith("model slower: -5.")
     same = compare_scenario(stock, {b: v * rng.lognormal(0, 0.002) for b, v in stock.items()})
     assert same["verdict"].startswith("parity")
+    # pooled over scenarios: blocks keyed (scenario, block), the same statistic
+    pooled = compare_scenario({("x", b): v for b, v in stock.items()},
+                              {("x", b): v for b, v in model.items()})  # fmt: skip
+    assert pooled["ratio"] == pytest.approx(by_hand) and pooled["ci"] == r["ci"]
     # a block with one side missing is left out; one block gives no interval
     assert compare_scenario(stock, {0: 990.0})["verdict"].startswith("inconclusive (too few")
 

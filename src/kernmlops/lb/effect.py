@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -250,9 +250,10 @@ def verdict(ratio: float | None, ci: tuple[float, float] | None, tol: float = PA
 
 
 def compare_scenario(
-    stock: dict[int, float], model: dict[int, float], seed: int = 0
+    stock: dict[Hashable, float], model: dict[Hashable, float], seed: int = 0
 ) -> dict[str, Any]:
-    """Model against stock for one scenario: ``{block: ops/s}`` of each side.
+    """Model against stock for one scenario (or several pooled, blocks keyed
+    by (scenario, block)): ``{block: ops/s}`` of each side.
     Blocks with both sides are the duet statistics' sequential runs (A = stock,
     B = model, the "time" being seconds per bogo-op, so B/A < 1 is faster);
     the result is turned back into throughput: model/stock and its interval."""
@@ -260,12 +261,12 @@ def compare_scenario(
 
     from kernmlops.duet.analysis import Options, Run, compare
 
-    blocks = sorted(set(stock) & set(model))
+    blocks = sorted(set(stock) & set(model), key=str)
     runs = []
-    for b in blocks:
+    for i, b in enumerate(blocks):
         a_t, b_t = np.array([1 / stock[b]]), np.array([1 / model[b]])
         zero = np.zeros(1)
-        runs.append(Run(("lb", "effect", "sequential", b, ""), zero, zero, a_t, zero, zero, b_t))
+        runs.append(Run(("lb", "effect", "sequential", i, ""), zero, zero, a_t, zero, zero, b_t))
     gmean = lambda side: float(np.exp(np.mean(np.log([side[b] for b in blocks]))))  # noqa: E731
     out: dict[str, Any] = {
         "blocks": len(blocks),
