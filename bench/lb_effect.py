@@ -10,7 +10,7 @@ Per run: stress-ng's bogo-ops/s, the module's counters and the kernel's own
 lb_gained. Per scenario: model/stock with the duet statistics' interval
 (sequential runs) and the verdict. Writes bench/results/lb_effect.json.
 
-    .venv/bin/python bench/lb_effect.py --reps 6 --seconds 8
+    .venv/bin/python bench/lb_effect.py --reps 10 --seconds 10   # 160 runs, ~30 min in the lab
     .venv/bin/python bench/lb_effect.py --analyse bench/build/lb-effect   # again, from the runs
 
 Needs the lab (make lab: qemu, virtme-ng, the lab kernel and its headers).
@@ -247,8 +247,8 @@ def main() -> None:
     p.add_argument("--model", type=Path, help="a *.q11.json (default: train on tests/lb/data)")
     p.add_argument("--data", type=Path, default=DATA, help="decisions to train on")
     p.add_argument("--scenarios", default=",".join(s.name for s in SCENARIOS))
-    p.add_argument("--reps", type=int, default=6, help="blocks (stock + model) per scenario")
-    p.add_argument("--seconds", type=int, default=8, help="length of one run")
+    p.add_argument("--reps", type=int, default=10, help="blocks (stock + model) per scenario")
+    p.add_argument("--seconds", type=int, default=10, help="length of one run")
     p.add_argument("--cpus", type=int, default=4)
     p.add_argument("--numa", type=int, default=2)
     p.add_argument("--memory", default="4G")
@@ -293,4 +293,11 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from kernmlops.errors import KernmlopsError
+
+    try:
+        main()
+    except KernmlopsError as err:  # a bad model, no headers, no lab: one line
+        sys.exit(f"error: {err}")
+    except FileNotFoundError as err:
+        sys.exit(f"error: {err.filename} not found (--analyse takes a folder of a finished run)")
