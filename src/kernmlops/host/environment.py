@@ -17,7 +17,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import Field
 
@@ -190,6 +190,15 @@ class CpuLimit:
             self._made = False
 
 
+class EnvironmentOptions(Protocol):
+    """What a benchmark section says of the machine (``config.BenchmarkConfig``:
+    the host layer names its shape without importing the config)."""
+
+    cpus: int | str | None
+    transparent_hugepages: str | None
+    drop_page_cache: bool
+
+
 @dataclass
 class Environment:
     """Apply a benchmark section's environment settings, and undo them."""
@@ -203,13 +212,13 @@ class Environment:
     _limits: list[CpuLimit] = field(default_factory=list)
 
     @classmethod
-    def from_options(cls, options: Any) -> Environment:
+    def from_options(cls, options: EnvironmentOptions) -> Environment:
         """From ``config.benchmark`` (its ``cpus``, ``transparent_hugepages``,
         ``drop_page_cache``); checks the CPUs now, before anything starts."""
         return cls(
-            cpus=resolve_cpus(getattr(options, "cpus", None)),
-            transparent_hugepages=getattr(options, "transparent_hugepages", None),
-            drop_page_cache=bool(getattr(options, "drop_page_cache", False)),
+            cpus=resolve_cpus(options.cpus),
+            transparent_hugepages=options.transparent_hugepages,
+            drop_page_cache=options.drop_page_cache,
         )
 
     def apply(self) -> None:
