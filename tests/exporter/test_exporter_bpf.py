@@ -173,8 +173,11 @@ def test_exporter_counts_a_known_job_and_prometheus_scrapes_it(
         disk = disk_of(data_dir)
         writes = grew("kernmlops_block_io_latency_seconds_count", device=disk, op="write")
         misses = {k: v for k, v in second.items() if "recursion" in k[0] or "map_full" in k[0]}
-        assert WRITES <= writes <= WRITES + 8, (writes, misses)  # only the job's requests
-        assert grew("kernmlops_block_io_bytes_total", device=disk, op="write") >= WRITES * 4096
+        # Only the job's requests. A request the job issued directly is, rarely, inserted
+        # by a kworker when the device was busy (README, "What is not attributed"): it
+        # is the kworker's then. Seen once, 63 of 64, on a loaded 2-vCPU runner.
+        assert WRITES - 2 <= writes <= WRITES + 8, (writes, misses)
+        assert grew("kernmlops_block_io_bytes_total", device=disk, op="write") >= writes * 4096
         le_inf = grew(
             "kernmlops_block_io_latency_seconds_bucket", device=disk, op="write", le="+Inf"
         )
