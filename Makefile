@@ -145,7 +145,9 @@ setup-gap:
 doctor: setup
 	$(BIN)/kernmlops doctor
 
+# the plug-in indexes (hooks/_index.py, benchmarks/_index.py), then defaults.yaml
 defaults: $(VENV)/.installed
+	$(BIN)/python -m kernmlops.registry
 	$(BIN)/kernmlops defaults defaults.yaml
 
 lint: $(VENV)/.installed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from kernmlops.config import (
     Config,
     HooksConfig,
     defaults_yaml,
+    every_section,
     load_config,
     read_overrides,
 )
@@ -78,7 +80,7 @@ def _leaf_keys(model: BaseModel, path: tuple[str, ...] = ()):
 
 def test_defaults_yaml_comments_every_key():
     lines = defaults_yaml().splitlines()
-    leaves = list(_leaf_keys(Config()))
+    leaves = list(_leaf_keys(every_section()))
     assert len(leaves) >= 20
     # walk the file, tracking the section path by indentation
     stack: list[str] = []
@@ -103,6 +105,77 @@ def test_committed_defaults_yaml_is_current():
     committed = REPO / "defaults.yaml"
     assert committed.exists(), "defaults.yaml is missing: run `make defaults`"
     assert committed.read_text() == defaults_yaml(), "defaults.yaml is stale: run `make defaults`"
+
+
+# --- only the plug-ins a configuration names --------------------------------------
+def _plugins_loaded_after(code: str) -> set[str]:
+    """Hook and benchmark modules loaded by ``code`` in a fresh interpreter."""
+    script = (
+        "import json, sys\nfrom kernmlops.config import load_config\n"
+        f"{code}\n"
+        "print(json.dumps([m for m in sys.modules if m.startswith(('kernmlops.hooks.', "
+        "'kernmlops.benchmarks.')) and m.rsplit('.', 1)[1] not in ('base', 'bpf') "
+        "and not m.rsplit('.', 1)[1].startswith('_')]))"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return set(json.loads(out.stdout))
+
+
+def _modules(hooks=(), benchmarks=()) -> set[str]:
+    from kernmlops.benchmarks import REGISTRY as BENCHMARKS
+    from kernmlops.hooks import REGISTRY as HOOKS
+
+    return {f"kernmlops.hooks.{HOOKS.index()[h][0]}" for h in hooks} | {
+        f"kernmlops.benchmarks.{BENCHMARKS.index()[b][0]}" for b in benchmarks
+    }
+
+
+def test_a_configuration_imports_only_the_plugins_it_names_or_runs():
+    from kernmlops.hooks import DEFAULT_HOOKS
+
+    loaded = _plugins_loaded_after("load_config({'benchmark': {'name': 'faux'}})")
+    assert loaded == _modules(DEFAULT_HOOKS, ["faux"])
+    loaded = _plugins_loaded_after(
+        "load_config({'collector': {'hooks': ['syscalls']}, 'hooks': {'page_faults': "
+        "{'sample_every': 2}}, 'benchmark': {'gap': {}}}, {'collector.strict': True})"
+    )
+    # syscalls' module imports perf_counters' (its perf events): that is the module's doing
+    assert loaded - {"kernmlops.hooks.perf_counters"} == _modules(
+        ["syscalls", "page_faults"], ["gap", "stress-ng"]
+    )
+
+
+def test_sections_not_named_have_their_defaults():
+    from kernmlops.benchmarks.gap import GapOptions
+    from kernmlops.hooks.page_faults import PageFaultsOptions
+
+    cfg = load_config({"benchmark": {"name": "faux"}, "collector": {"hooks": ["perf"]}})
+    # the resolved configuration (the manifest's) holds the sections the run uses
+    dumped = cfg.model_dump(mode="json")
+    assert set(dumped["hooks"]) == {"perf"}
+    assert set(dumped["benchmark"]) == {*BenchmarkConfig.model_fields, "faux"}
+    assert cfg.hook_options("page_faults") == PageFaultsOptions()
+    assert cfg.benchmark_options("gap") == GapOptions()
+    assert cfg.hook_options("perf").poll_hz == 10
+    with pytest.raises(KeyError):
+        cfg.hook_options("nope")
+
+
+def test_a_section_spelling_out_the_defaults_equals_the_defaults():
+    assert load_config({"hooks": {"page_faults": {}}, "benchmark": {"fio": {}}}) == Config()
+    assert load_config({"hooks": {"page_faults": {"sample_every": 1}}}) == Config()
+    assert load_config({"hooks": {"page_faults": {"sample_every": 2}}}) != Config()
+    assert load_config({"benchmark": {"name": "faux"}}) != Config()
+
+
+def test_a_section_of_a_plugin_the_run_does_not_use_is_still_validated():
+    msg = _error({"hooks": {"page_faults": {"sample_evry": 2}}, "benchmark": {"fio": {"bs": [4]}}})
+    assert "hooks.page_faults.sample_evry: unknown key" in msg
+    assert "did you mean 'hooks.page_faults.sample_every'?" in msg
+    assert "benchmark.fio.bs.int: Input should be a valid integer (got [4])" in msg
+    msg = _error({"benchmark": {"gap": 5}}, {"benchmark.gap.scale": 10})
+    assert msg == "invalid configuration: benchmark.gap: expected a mapping of keys (got 5)"
 
 
 # --- unknown keys -------------------------------------------------------------

@@ -2,25 +2,30 @@
 
 ``defaults.yaml`` is generated from them (``kernmlops defaults``); a user's
 overrides file is merged on top, then command-line flags. Hook and benchmark
-sections come from their registries, so a new hook brings its own options.
-Errors name the key path, what was expected and the nearest valid key.
+sections come from their registries, so a new hook brings its own options; a
+configuration imports and validates only the hooks and benchmarks it names or
+runs (a run does not pay for every plug-in's import). Errors name the key path,
+what was expected and the nearest valid key.
 """
 
 from __future__ import annotations
 
 import copy
 import difflib
+import functools
 import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializeAsAny,
     ValidationError,
+    ValidatorFunctionWrapHandler,
     create_model,
     field_validator,
     model_validator,
@@ -31,6 +36,7 @@ from kernmlops.errors import ConfigError
 from kernmlops.hooks import DEFAULT_HOOKS
 from kernmlops.hooks import REGISTRY as HOOKS
 from kernmlops.host.environment import ENVIRONMENT_FIELDS
+from kernmlops.registry import Plugins
 from kernmlops.validation import keys_at, unknown_key
 
 
@@ -127,47 +133,170 @@ class CollectorConfig(_Strict):
         return self
 
 
-def _section(name: str, registry: dict[str, Any], extra: dict[str, Any]) -> type[BaseModel]:
-    fields: dict[str, Any] = dict(extra)
-    for key, cls in registry.items():
-        fields[_key(key)] = (cls.Options, Field(default_factory=cls.Options))
-    return create_model(name, __base__=_Strict, **fields)
+class _PluginSection(_Strict):
+    """A section with a subsection per plug-in (``hooks.<hook>``, ``benchmark.<name>``).
+
+    Only the subsections it names are imported and validated: each validation uses a
+    model with exactly those subsections (made once per set of names), so unknown
+    keys, wrong types and bad values are errors as anywhere else. A plug-in it does
+    not name has its defaults (:meth:`options`), and a section equals another that
+    spells out those defaults."""
+
+    #: the registry of this section's plug-ins
+    plugins: ClassVar[Plugins[Any]]
+
+    @classmethod
+    def plugin_keys(cls) -> dict[str, str]:
+        """Config key -> plug-in name of every plug-in, in the index's order (the
+        registry's index: nothing is imported)."""
+        return {_key(name): name for name in cls.plugins}
+
+    @classmethod
+    def options_model(cls, key: str) -> type[BaseModel] | None:
+        """The options model of subsection ``key`` (its plug-in is imported); None
+        where no plug-in has that key."""
+        name = cls.plugin_keys().get(key)
+        return None if name is None else cls.plugins[name].Options
+
+    @classmethod
+    def valid_keys(cls) -> list[str]:
+        """Every key this section accepts (its own and a subsection per plug-in)."""
+        return sorted({*_section_of(cls).model_fields, *cls.plugin_keys()})
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _named_only(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        if cls.__base__ is not _PluginSection or not isinstance(data, dict):
+            return handler(data)  # a model for one set of names, or not a mapping (its error)
+        named = tuple(key for key in cls.plugin_keys() if key in data)
+        return _with_subsections(cls, named).model_validate(data)
+
+    def options(self, key: str) -> BaseModel:
+        """Subsection ``key``: as validated, or its plug-in's defaults if not named."""
+        model = self.options_model(key)
+        if model is None:
+            raise KeyError(key)
+        if key in type(self).model_fields:
+            value: BaseModel = getattr(self, key)
+            return value
+        return model()
+
+    def __eq__(self, other: object) -> bool:
+        section = _section_of(type(self))
+        if not isinstance(other, _PluginSection) or _section_of(type(other)) is not section:
+            return NotImplemented
+        own = section.model_fields
+        for key in {*type(self).model_fields, *type(other).model_fields}:
+            if key in own:
+                same = getattr(self, key) == getattr(other, key)
+            else:
+                same = self.options(key) == other.options(key)
+            if not same:
+                return False
+        return True
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like every model here
 
 
-HooksConfig = _section("HooksConfig", HOOKS, {})
-BenchmarkConfig = _section(
+def _section_of(model: type[_PluginSection]) -> type[_PluginSection]:
+    """The section class (HooksConfig, BenchmarkConfig) of a model made for a set of names."""
+    while model.__base__ is not _PluginSection:
+        model = model.__base__  # type: ignore[assignment]
+    return model
+
+
+@functools.cache
+def _with_subsections(section: type[_PluginSection], keys: tuple[str, ...]) -> type[BaseModel]:
+    """``section`` with a subsection for each of ``keys`` (their plug-ins imported)."""
+    fields: dict[str, Any] = {}
+    for key in keys:
+        model = section.options_model(key)
+        fields[key] = (model, Field(default_factory=model))
+    return create_model(section.__name__, __base__=section, __module__=__name__, **fields)
+
+
+class HooksConfig(_PluginSection):
+    plugins = HOOKS
+
+
+BenchmarkConfig = create_model(
     "BenchmarkConfig",
-    BENCHMARKS,
-    {
-        "name": (
-            Literal[tuple(BENCHMARKS)],  # type: ignore[valid-type]
-            Field("stress-ng", description="which benchmark runs"),
-        ),
-        "duration_s": (
-            float | None,
-            Field(None, gt=0, description="stop after this many seconds (null: when done)"),
-        ),
-        **ENVIRONMENT_FIELDS,
-    },
+    __base__=_PluginSection,
+    __module__=__name__,
+    name=(
+        Literal[tuple(BENCHMARKS)],  # type: ignore[valid-type]
+        Field("stress-ng", description="which benchmark runs"),
+    ),
+    duration_s=(
+        float | None,
+        Field(None, gt=0, description="stop after this many seconds (null: when done)"),
+    ),
+    **ENVIRONMENT_FIELDS,
 )
+BenchmarkConfig.plugins = BENCHMARKS
+
+
+def _naming(section: Any, names: Any, plugins: Plugins[Any]) -> Any:
+    """``section`` (the file's) with an empty subsection, i.e. the defaults, for each
+    of ``names`` it leaves out; a section that is not a mapping or names that are not
+    a list of plug-ins are left to the validation that reports them."""
+    if not isinstance(section, dict):
+        return section
+    section = dict(section)
+    for name in names if isinstance(names, (list, tuple)) else ():
+        if isinstance(name, str) and name in plugins:
+            section.setdefault(_key(name), {})
+    return section
+
+
+def _given(section: Any, key: str, default: Any) -> Any:
+    """``section[key]`` of a mapping or a model, else ``default``."""
+    if isinstance(section, dict):
+        return section.get(key, default)
+    return getattr(section, key, default)
 
 
 class Config(_Strict):
     collector: CollectorConfig = Field(default_factory=CollectorConfig)
-    hooks: HooksConfig = Field(default_factory=HooksConfig)  # type: ignore[valid-type]
-    benchmark: BenchmarkConfig = Field(default_factory=BenchmarkConfig)  # type: ignore[valid-type]
+    # SerializeAsAny: dumped as the model made for the subsections named, not as the
+    # section's bare class (which has none)
+    hooks: SerializeAsAny[HooksConfig] = Field(default_factory=HooksConfig)
+    benchmark: SerializeAsAny[BenchmarkConfig] = Field(default_factory=BenchmarkConfig)  # type: ignore[valid-type]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sections_a_run_uses(cls, data: Any) -> Any:
+        """The subsections of the hooks and the benchmark a run uses are validated with
+        the rest (their defaults where the file leaves them out): their plug-ins are
+        imported here, before anything starts, and the resolved configuration (the
+        manifest's) holds their options."""
+        if not isinstance(data, dict):
+            return data
+        hooks = _given(data.get("collector"), "hooks", DEFAULT_HOOKS)
+        default_benchmark = BenchmarkConfig.model_fields["name"].default
+        benchmark = _given(data.get("benchmark"), "name", default_benchmark)
+        return {
+            **data,
+            "hooks": _naming(data.get("hooks", {}), hooks, HOOKS),
+            "benchmark": _naming(data.get("benchmark", {}), [benchmark], BENCHMARKS),
+        }
 
     def hook_options(self, name: str) -> BaseModel:
-        return getattr(self.hooks, _key(name))
+        return self.hooks.options(_key(name))
 
     def benchmark_options(self, name: str | None = None) -> BaseModel:
-        return getattr(self.benchmark, _key(name or self.benchmark.name))
+        section: _PluginSection = self.benchmark
+        return section.options(_key(name or self.benchmark.name))
 
 
-# --- errors ------------------------------------------------------------------
-def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
-    """The model class that holds the key at ``loc`` (walking nested models)."""
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The model that holds the keys at ``loc`` of the configuration (walking nested
+    models, and a plug-in's subsection through its registry), else None."""
+    model: type[BaseModel] = Config
     for part in loc:
+        if issubclass(model, _PluginSection) and (sub := model.options_model(str(part))):
+            model = sub
+            continue
         field = model.model_fields.get(str(part))
         ann = field.annotation if field else None
         if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
@@ -176,6 +305,19 @@ def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] |
     return model
 
 
+def _keys_at(loc: tuple[Any, ...]) -> list[str]:
+    """Valid keys of the section at ``loc`` (validation.keys_at, which knows the plug-in
+    subsections only through the registries)."""
+    for depth in range(len(loc), -1, -1):
+        model = _model_at(loc[:depth])
+        if model is not None:
+            if issubclass(model, _PluginSection) and depth == len(loc):
+                return model.valid_keys()
+            return keys_at(model, loc[depth:])
+    return []
+
+
+# --- errors ------------------------------------------------------------------
 #: Most problems listed in one message; a hostile file can have thousands.
 MAX_ERRORS_SHOWN = 20
 
@@ -213,7 +355,7 @@ def _describe(
     if kind == "extra_forbidden":
         parent = _dotted(loc[:-1], renames)  # as the file names it (a KernMLOps file's own)
         prefix = parent.split(".") if parent else ()
-        unknown = unknown_key(str(loc[-1]), keys_at(Config, loc[:-1]), prefix=prefix)
+        unknown = unknown_key(str(loc[-1]), _keys_at(loc[:-1]), prefix=prefix)
         return f"{path}: {unknown}{origin}"
     got = err.get("input")
     if kind in ("model_type", "dict_type"):  # a section that is not a mapping
@@ -297,7 +439,7 @@ def _set_path(data: dict[str, Any], dotted: str, value: Any, source: str | None 
     for i, part in enumerate(parents):
         nxt = node.setdefault(part, {})
         if not isinstance(nxt, dict):
-            if _model_at(Config, tuple(parents[: i + 1])) is not None:
+            if _model_at(tuple(parents[: i + 1])) is not None:
                 # a section the file (or dict) gave as a scalar or list: its fault, not the flag's
                 where = f" in {source}" if source else ""
                 section = ".".join(parents[: i + 1])
@@ -379,8 +521,19 @@ def _emit(model: BaseModel, indent: int, out: list[str]) -> None:
         out.append(pad + dumped)
 
 
+def every_section() -> Config:
+    """The defaults with every hook's and every benchmark's subsection spelled out
+    (every plug-in is imported)."""
+    return Config.model_validate(
+        {
+            "hooks": {key: {} for key in HooksConfig.plugin_keys()},
+            "benchmark": {key: {} for key in BenchmarkConfig.plugin_keys()},
+        }
+    )
+
+
 def defaults_yaml() -> str:
     """The full default configuration, with each key's description as a comment."""
     out = ["# kernmlops defaults: generated by `kernmlops defaults`; do not edit.", ""]
-    _emit(Config(), 0, out)
+    _emit(every_section(), 0, out)
     return "\n".join(out) + "\n"

@@ -1,13 +1,25 @@
-"""Discovery of plug-in classes: every module of a package is imported and the
-subclasses it defines are collected by name. A new hook or benchmark is then a
-module of its own, with no list to edit elsewhere."""
+"""Plug-in classes by name. A new hook or benchmark is a module of its own, with no
+list to edit elsewhere: :func:`discover` imports every module of a package and
+collects the subclasses it defines.
+
+Importing every plug-in costs a run that uses a few of them most of its start-up,
+so the hook and benchmark registries are :class:`Plugins`: a generated index
+(``_index.py`` beside the plug-ins: name -> module and class) names them, and a
+class is imported when it is first looked up. ``python -m kernmlops.registry``
+(``make defaults``) writes the indexes; a module the index does not know makes the
+registry discover the package instead, so a new plug-in works before it is indexed.
+"""
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import pkgutil
+import sys
 import typing
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
@@ -57,3 +69,125 @@ def discover(package: str, base: type[T], skip: frozenset[str] = frozenset()) ->
                     raise TypeError(f"two classes named {cls.name!r} in {package}")
                 found[cls.name] = cls
     return found
+
+
+#: An index: plug-in name -> (module in the package, class name), in discovery order.
+Index = dict[str, tuple[str, str]]
+
+
+def _modules_on_disk(package: str, skip: frozenset[str]) -> set[str]:
+    """The plug-in modules of ``package`` (files and subpackages, as discover sees
+    them) without importing any: a directory listing."""
+    paths = importlib.import_module(package).__path__
+    return {
+        m.name
+        for m in pkgutil.iter_modules(paths)
+        if m.name not in skip and not m.name.startswith("_")
+    }
+
+
+class Plugins(Mapping[str, type[T]]):
+    """``{name: class}`` of a plug-in package, read from its generated index: a class
+    (and its module) is imported when it is first looked up, so iterating names, ``in``
+    and ``len`` import nothing. Where the package has a module the index does not
+    name (or names one it lacks), the index is stale and the package is discovered."""
+
+    def __init__(self, package: str, base: type[T], skip: frozenset[str] = frozenset()) -> None:
+        self.package = package
+        self.base = base
+        self.skip = skip
+        self._index: Index | None = None
+        self._discovered: dict[str, type[T]] | None = None
+
+    def index(self) -> Index:
+        """name -> (module, class) of every plug-in, without importing them."""
+        if self._index is None:
+            try:
+                index: Index = importlib.import_module(f"{self.package}._index").INDEX
+            except (ImportError, AttributeError):
+                index = {}
+            if {m for m, _ in index.values()} != _modules_on_disk(self.package, self.skip):
+                index = index_of(self.discover())
+            self._index = index
+        return self._index
+
+    def discover(self) -> dict[str, type[T]]:
+        """Every plug-in class, by importing every module (what the index is made from)."""
+        if self._discovered is None:
+            self._discovered = discover(self.package, self.base, self.skip)
+        return self._discovered
+
+    def __getitem__(self, name: str) -> type[T]:
+        module, attr = self.index()[name]
+        cls = getattr(importlib.import_module(f"{self.package}.{module}"), attr, None)
+        if not (isinstance(cls, type) and issubclass(cls, self.base) and cls.name == name):  # type: ignore[attr-defined]
+            # a module changed since the index was written: believe the modules
+            self._index = index_of(self.discover())
+            cls = self.discover().get(name)
+            if cls is None:
+                raise KeyError(name)
+        return cls
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.index())
+
+    def __len__(self) -> int:
+        return len(self.index())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.index()
+
+    def __repr__(self) -> str:
+        return f"Plugins({self.package!r}: {', '.join(self.index())})"
+
+
+def index_of(classes: Mapping[str, type]) -> Index:
+    """The index of discovered classes: name -> (module in their package, class name)."""
+    return {
+        name: (cls.__module__.rsplit(".", 1)[1], cls.__qualname__) for name, cls in classes.items()
+    }
+
+
+def index_source(plugins: Plugins[Any]) -> str:
+    """The text of ``plugins``' ``_index.py``, from importing every module."""
+    lines = [
+        f'"""The plug-ins of {plugins.package}, by name: generated from the modules by',
+        "`python -m kernmlops.registry` (make defaults); do not edit. A lookup imports",
+        'only the module its name points to (kernmlops.registry.Plugins)."""',
+        "",
+        "INDEX: dict[str, tuple[str, str]] = {",
+    ]
+    for name, (module, cls) in index_of(plugins.discover()).items():
+        lines.append(f"    {json.dumps(name)}: ({json.dumps(module)}, {json.dumps(cls)}),")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def index_path(plugins: Plugins[Any]) -> Path:
+    """Where ``plugins``' index lives: ``_index.py`` in its package."""
+    return Path(importlib.import_module(plugins.package).__path__[0]) / "_index.py"
+
+
+def registries() -> list[Plugins[Any]]:
+    """The registries that have an index: hooks and benchmarks."""
+    from kernmlops.benchmarks import REGISTRY as BENCHMARKS
+    from kernmlops.hooks import REGISTRY as HOOKS
+
+    return [HOOKS, BENCHMARKS]
+
+
+def write_indexes() -> list[Path]:
+    """Write the index of every registry that changed; the paths written."""
+    from kernmlops.fileio import write_atomic
+
+    written = []
+    for plugins in registries():
+        path, text = index_path(plugins), index_source(plugins)
+        if not path.exists() or path.read_text() != text:
+            written.append(write_atomic(path, text))
+    return written
+
+
+if __name__ == "__main__":
+    for written in write_indexes():
+        print(f"wrote {written}", file=sys.stderr)

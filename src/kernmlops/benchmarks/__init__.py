@@ -1,5 +1,6 @@
-"""Benchmarks by name. A new benchmark is one module here (and its tests):
-every module is imported and its Benchmark subclasses are registered."""
+"""Benchmarks by name. A new benchmark is one module here (and its tests): the
+Benchmark subclasses of every module are registered (``_index.py`` names them, so
+a run imports only its own benchmark; ``make defaults`` updates it)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,9 @@ import difflib
 
 from kernmlops.benchmarks.base import Benchmark, BenchmarkOptions, BenchmarkRun, Launch
 from kernmlops.errors import BenchmarkError
-from kernmlops.registry import discover
+from kernmlops.registry import Plugins
 
-REGISTRY: dict[str, type[Benchmark]] = discover(
-    "kernmlops.benchmarks", Benchmark, skip=frozenset({"base"})
-)
+REGISTRY: Plugins[Benchmark] = Plugins("kernmlops.benchmarks", Benchmark, skip=frozenset({"base"}))
 
 
 def get_benchmark(name: str) -> type[Benchmark]:
