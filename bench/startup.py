@@ -10,6 +10,10 @@ and reports, median / min / max:
 * the whole command's wall time (1 s of collecting, the final flush, the
   manifest, exit).
 
+With ``--baseline TREE`` a second source tree of kernmlops (a worktree of an
+older commit) is measured the same way in the same rounds, its ``src`` first on
+``PYTHONPATH`` (the venv is this one): before and after in one sitting.
+
 With ``--profile`` it also prints the slowest imports (``python -X importtime
 -c 'import kernmlops.cli, kernmlops.collect.session'``) and the top functions of
 one run under cProfile (up to exit). Needs root; the BPF objects should be
@@ -59,8 +63,16 @@ def command(out: Path) -> list[str]:
     return [sys.executable, "-m", "kernmlops", *collect_args(out)]
 
 
-def one_run() -> dict[str, float]:
-    """One collect: seconds to the marker line, attach_s, and the whole command."""
+def tree_env(tree: Path | None) -> dict[str, str]:
+    """The environment that runs ``tree``'s kernmlops (this checkout's for None)."""
+    if tree is None:
+        return {}
+    return {"PYTHONPATH": str(tree.resolve() / "src")}
+
+
+def one_run(tree: Path | None = None) -> dict[str, float]:
+    """One collect (of ``tree``, else this checkout): seconds to the marker line,
+    attach_s, and the whole command."""
     out = Path(tempfile.mkdtemp(prefix="kmo-startup-"))
     try:
         t0 = time.perf_counter()
@@ -69,7 +81,8 @@ def one_run() -> dict[str, float]:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
-            env={**bytecode_env(), "COLUMNS": "200"},  # keep rich from wrapping the line
+            # COLUMNS: keep rich from wrapping the line
+            env={**bytecode_env(), "COLUMNS": "200", **tree_env(tree)},
         )
         assert proc.stderr is not None
         to_mark = None
@@ -201,6 +214,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="seconds to probes attached (default: bpftrace's median, measured here)",
     )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="TREE",
+        help="also measure this source tree (e.g. a worktree of main), interleaved",
+    )
     parser.add_argument("--profile", action="store_true", help="import times and cProfile")
     parser.add_argument("--top", type=int, default=25, help="lines of each profile")
     parser.add_argument("--out", type=Path, default=BENCH / "results" / "startup.json")
@@ -208,23 +227,36 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         parser.error("needs root to load BPF programs")
 
+    if args.baseline is not None and not (args.baseline / "src" / "kernmlops").is_dir():
+        parser.error(f"--baseline {args.baseline}: no src/kernmlops there")
     for _ in range(args.warmup):
         one_run()
+        if args.baseline is not None:
+            one_run(args.baseline)  # also builds its BPF objects, the first time
     runs = []
+    base_runs = []
     anchor: list[float] = []
     for i in range(args.runs):
+        # interleaved, so a drift of the machine falls on each alike
+        b = one_run(args.baseline) if args.baseline is not None else None
         r = one_run()
         runs.append(r)
-        bt = bpftrace_time()  # interleaved, so a drift of the machine falls on both
+        bt = bpftrace_time()
         if bt is not None:
             anchor.append(bt)
+        if b is not None:
+            base_runs.append(b)
         print(
             f"run {i + 1}: probes attached after {r['to_attached_s']:.3f} s "
             f"(attach_s {r['attach_s']:.3f} s), command {r['total_s']:.3f} s"
+            + (f"; baseline {b['to_attached_s']:.3f} s" if b is not None else "")
             + (f"; bpftrace {bt:.3f} s" if bt is not None else ""),
             file=sys.stderr,
         )
     result = {key: summary([r[key] for r in runs]) for key in runs[0]}
+    if base_runs:
+        result["baseline_to_attached_s"] = summary([r["to_attached_s"] for r in base_runs])
+        result["baseline_attach_s"] = summary([r["attach_s"] for r in base_runs])
     if anchor:
         result["bpftrace_s"] = summary(anchor)
     # The same interpreter doing nothing, and only the imports a collect needs.
@@ -238,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     for col in ("measure", "median", "min", "max"):
         table.add_column(col, justify="left" if col == "measure" else "right")
     names = {
+        "baseline_to_attached_s": "baseline: spawn -> 'probes attached'",
+        "baseline_attach_s": "baseline: manifest attach_s",
         "to_attached_s": "spawn -> 'probes attached'",
         "attach_s": "manifest attach_s",
         "total_s": "whole command",
@@ -263,6 +297,13 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     report: dict = {"command": " ".join(command(Path("<tmp>"))), "runs": runs, "summary": result}
+    if base_runs:
+        commit = subprocess.run(
+            ["git", "-C", str(args.baseline), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        report["baseline"] = {"commit": commit or None, "runs": base_runs}
     if args.profile:
         imports = import_times(args.top)
         report["imports_ms"] = [

@@ -138,7 +138,10 @@ def _summary(result) -> Table:
     "(all are in `kernmlops defaults`).",
 )
 @click.option("-d", "--duration", type=float, help="stop after this many seconds.")
-@click.option("--hooks", help="comma-separated hooks (default: all).")
+@click.option(
+    "--hooks",
+    help="comma-separated hooks (default: collector.hooks; `kernmlops doctor` lists them all).",
+)
 @click.option("--tgid", type=int, help="trace only this process (filter in the kernel).")
 @click.option("--system-wide", is_flag=True, help="trace every process, not only the benchmark's.")
 @click.option(
