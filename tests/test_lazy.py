@@ -82,6 +82,13 @@ def test_the_command_line_and_the_collect_path_import_nothing_heavy() -> None:
         import sys
         import kernmlops.cli, kernmlops.config, kernmlops.collect.session
         import kernmlops.hooks, kernmlops.benchmarks, kernmlops.ebpf.spec
+        # a run's configuration and its plug-ins (the default hooks, faux)
+        from kernmlops.config import load_config
+        from kernmlops.hooks import get_hook
+        from kernmlops.benchmarks import get_benchmark
+        config = load_config({{"benchmark": {{"name": "faux"}}}})
+        hooks = [get_hook(n)(config.hook_options(n)) for n in config.collector.hooks]
+        get_benchmark("faux")(config.benchmark_options())
         print([m for m in {HEAVY!r} if m in sys.modules])
     """
     out = run_python(code)
