@@ -17,9 +17,10 @@ import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -43,6 +44,16 @@ from kernmlops.validation import keys_at, unknown_key
 def _key(name: str) -> str:
     """Config key of a registry name (stress-ng -> stress_ng)."""
     return name.replace("-", "_")
+
+
+def _known(kind: str, name: str, plugins: Plugins[Any]) -> str:
+    """``name`` if ``plugins`` has it (read from the index: nothing is imported), else
+    ValueError: ``unknown hook 'x'; did you mean 'y'? (known: ...)``."""
+    if name not in plugins:
+        near = difflib.get_close_matches(name, plugins, n=1)
+        hint = f"; did you mean {near[0]!r}?" if near else ""
+        raise ValueError(f"unknown {kind} {name!r}{hint} (known: {', '.join(plugins)})")
+    return name
 
 
 class _Strict(BaseModel):
@@ -108,10 +119,7 @@ class CollectorConfig(_Strict):
     @classmethod
     def _known_hooks(cls, hooks: list[str]) -> list[str]:
         for name in hooks:
-            if name not in HOOKS:
-                near = difflib.get_close_matches(name, HOOKS, n=1)
-                hint = f"; did you mean {near[0]!r}?" if near else ""
-                raise ValueError(f"unknown hook {name!r}{hint} (known: {', '.join(HOOKS)})")
+            _known("hook", name, HOOKS)
         return list(dict.fromkeys(hooks))
 
     @field_validator("export")
@@ -224,7 +232,7 @@ BenchmarkConfig = create_model(
     __base__=_PluginSection,
     __module__=__name__,
     name=(
-        Literal[tuple(BENCHMARKS)],  # type: ignore[valid-type]
+        Annotated[str, AfterValidator(lambda name: _known("benchmark", name, BENCHMARKS))],
         Field("stress-ng", description="which benchmark runs"),
     ),
     duration_s=(
