@@ -8,7 +8,10 @@ and reports, median / min / max:
 * ``attach_s`` from the collection's manifest (session start to attached:
   load and attach only);
 * the whole command's wall time (1 s of collecting, the final flush, the
-  manifest, exit).
+  manifest, exit);
+* the CPU time (user + system) the command had used when the line came, and
+  bpftrace's: on a machine shared with other work, wall times stretch with the
+  others' load (Python's start more than bpftrace's), CPU times much less.
 
 With ``--baseline TREE`` a second source tree of kernmlops (a worktree of an
 older commit) is measured the same way in the same rounds, its ``src`` first on
@@ -28,6 +31,7 @@ import argparse
 import json
 import os
 import pstats
+import resource
 import shutil
 import statistics
 import subprocess
@@ -86,38 +90,60 @@ def one_run(tree: Path | None = None) -> dict[str, float]:
         )
         assert proc.stderr is not None
         to_mark = None
+        cpu_mark = None
         lines = []
         for line in proc.stderr:
             lines.append(line)
             if to_mark is None and MARK in line:
                 to_mark = time.perf_counter() - t0
+                cpu_mark = process_cpu_s(proc.pid)
         rc = proc.wait()
         total = time.perf_counter() - t0
         if rc != 0 or to_mark is None:
             raise RuntimeError(f"collect failed (exit {rc}):\n{''.join(lines)}")
         manifest = next(out.glob("curated/benchmark=faux/collection_id=*/manifest.json"))
         attach_s = json.loads(manifest.read_text())["attach_s"]
-        return {"to_attached_s": to_mark, "attach_s": attach_s, "total_s": total}
+        return {
+            "to_attached_s": to_mark,
+            "attach_s": attach_s,
+            "total_s": total,
+            "cpu_to_attached_s": cpu_mark,
+        }
     finally:
         shutil.rmtree(out, ignore_errors=True)
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads) a running process has used so far: on a
+    machine shared with other work, CPU time says more than wall time about the work
+    done. Read when the marker line arrives; the collector may have gone on a few ms."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_s() -> float:
+    """CPU seconds of this process's waited-for children so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 #: The anchor: bpftrace attaching one tracepoint program and leaving at its first run.
 BPFTRACE = ["bpftrace", "-e", "tracepoint:sched:sched_switch { exit(); }"]
 
 
-def bpftrace_time() -> float | None:
-    """Wall seconds of BPFTRACE (start, parse, compile, load, attach, first event,
-    exit); None when bpftrace is not installed."""
+def bpftrace_time() -> tuple[float, float] | None:
+    """Wall and CPU seconds of BPFTRACE (start, parse, compile, load, attach, first
+    event, exit); None when bpftrace is not installed."""
     exe = shutil.which(BPFTRACE[0])
     if exe is None:
         return None
+    cpu0 = children_cpu_s()
     t0 = time.perf_counter()
     # stderr: bpftrace warns about RLIMIT_MEMLOCK on kernels that no longer use it
     subprocess.run(
         [exe, *BPFTRACE[1:]], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, children_cpu_s() - cpu0
 
 
 def spawn_time(code: str) -> float:
@@ -236,29 +262,40 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     base_runs = []
     anchor: list[float] = []
+    anchor_cpu: list[float] = []
     for i in range(args.runs):
         # interleaved, so a drift of the machine falls on each alike
         b = one_run(args.baseline) if args.baseline is not None else None
         r = one_run()
         runs.append(r)
-        bt = bpftrace_time()
-        if bt is not None:
+        bt_cpu = bpftrace_time()
+        bt = None
+        if bt_cpu is not None:
+            bt, cpu = bt_cpu
             anchor.append(bt)
+            anchor_cpu.append(cpu)
         if b is not None:
             base_runs.append(b)
         print(
             f"run {i + 1}: probes attached after {r['to_attached_s']:.3f} s "
-            f"(attach_s {r['attach_s']:.3f} s), command {r['total_s']:.3f} s"
-            + (f"; baseline {b['to_attached_s']:.3f} s" if b is not None else "")
-            + (f"; bpftrace {bt:.3f} s" if bt is not None else ""),
+            f"(CPU {r['cpu_to_attached_s']:.2f} s, attach_s {r['attach_s']:.3f} s), "
+            f"command {r['total_s']:.3f} s"
+            + (
+                f"; baseline {b['to_attached_s']:.3f} s (CPU {b['cpu_to_attached_s']:.2f} s)"
+                if b is not None
+                else ""
+            )
+            + (f"; bpftrace {bt:.3f} s (CPU {cpu:.2f} s)" if bt is not None else ""),
             file=sys.stderr,
         )
     result = {key: summary([r[key] for r in runs]) for key in runs[0]}
     if base_runs:
         result["baseline_to_attached_s"] = summary([r["to_attached_s"] for r in base_runs])
         result["baseline_attach_s"] = summary([r["attach_s"] for r in base_runs])
+        result["baseline_cpu_to_attached_s"] = summary([r["cpu_to_attached_s"] for r in base_runs])
     if anchor:
         result["bpftrace_s"] = summary(anchor)
+        result["bpftrace_cpu_s"] = summary(anchor_cpu)
     # The same interpreter doing nothing, and only the imports a collect needs.
     result["python_s"] = summary([spawn_time("pass") for _ in range(args.runs)])
     result["imports_s"] = summary([spawn_time(IMPORTS) for _ in range(args.runs)])
@@ -272,12 +309,15 @@ def main(argv: list[str] | None = None) -> int:
     names = {
         "baseline_to_attached_s": "baseline: spawn -> 'probes attached'",
         "baseline_attach_s": "baseline: manifest attach_s",
+        "baseline_cpu_to_attached_s": "baseline: CPU to 'probes attached'",
         "to_attached_s": "spawn -> 'probes attached'",
+        "cpu_to_attached_s": "CPU to 'probes attached'",
         "attach_s": "manifest attach_s",
         "total_s": "whole command",
         "python_s": "python -c pass",
         "imports_s": f"python -c '{IMPORTS}'",
         "bpftrace_s": f"{' '.join(BPFTRACE[:2])} '{BPFTRACE[2]}'",
+        "bpftrace_cpu_s": "bpftrace's CPU",
     }
     for key, label in names.items():
         if key not in result:
