@@ -49,6 +49,9 @@ from kernmlops.yamlfile import safe_yaml
 
 #: Artifacts always captured once per suite (name -> what is recorded).
 BUILTIN_ARTIFACTS = ("uname", "lscpu", "meminfo", "hostname", "date")
+#: how often (ms) pinned sides trade CPU lists in a duet trial: a CPU that is slower
+#: for a while (another task, the host) then costs both sides alike (bench/README 14b)
+DEFAULT_CPU_SWAP_MS = 10.0
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
 
@@ -113,6 +116,13 @@ class _DuetKeys(_SideKeys):
         None,
         description='two CPU lists ("0", "2-3,6"): the first side of a trial runs on the '
         "first, the other on the second (AB/BA orders swap them)",
+    )
+    cpu_swap_ms: float | None = Field(
+        None,
+        ge=0,
+        description="with cpus: the two sides trade CPU lists every this many ms while a "
+        f"duet or sync-duet trial runs (default {DEFAULT_CPU_SWAP_MS:g}; 0: never, each side "
+        "keeps its list for the whole trial)",
     )
 
     @field_validator("cpus")
@@ -195,6 +205,8 @@ class Duet:
     timeout_s: float | None
     cpus: tuple[frozenset[int], frozenset[int]] | None
     remove_containers: bool
+    #: seconds between CPU-list trades in duet trials (None: the sides keep theirs)
+    cpu_swap_s: float | None = None
 
     def side(self, pair: str) -> Side:
         return self.a if pair == "A" else self.b
@@ -332,6 +344,8 @@ def validate_duet_config(data: Any, source: str | None = None) -> DuetSuite:
         a = _side("A", sec.A, sec, bench)
         b = _side("B", sec.B, sec, bench) if sec.B is not None else _side("B", sec.A, sec, bench)
         layers = (sec, bench)
+        cpu_lists = _inherit("cpus", *layers)
+        swap_ms = _inherit("cpu_swap_ms", *layers, default=DEFAULT_CPU_SWAP_MS)
         duet = Duet(
             name=name,
             suite=_inherit("suite", sec, default=suite),
@@ -343,11 +357,12 @@ def validate_duet_config(data: Any, source: str | None = None) -> DuetSuite:
             syncduet_repetitions=_inherit("syncduet_repetitions", *layers, default=0),
             timeout_s=_inherit("timeout", *layers, default=0) or None,
             cpus=(
-                tuple(parse_cpus(c) for c in cpus)  # type: ignore[arg-type]
-                if (cpus := _inherit("cpus", *layers))
+                tuple(parse_cpus(c) for c in cpu_lists)  # type: ignore[arg-type]
+                if cpu_lists
                 else None
             ),
             remove_containers=_inherit("remove_containers", *layers, default=True),
+            cpu_swap_s=swap_ms / 1000 if cpu_lists and swap_ms else None,
         )
         errors += _check_duet(duet)
         duets.append(duet)

@@ -54,6 +54,7 @@ from kernmlops.duet.config import Duet, DuetSuite, Side
 from kernmlops.duet.harness import SYNC_ENV
 from kernmlops.errors import BenchmarkError, KernmlopsError
 from kernmlops.fileio import write_atomic
+from kernmlops.host.environment import CpuLimit
 
 INDEX = "duet-run.json"
 KINDS = ("duet", "syncduet", "sequential")
@@ -232,6 +233,9 @@ class TrialRecord:
     timed_out: bool = False
     #: sync-duet only: how the sides were synchronized ("barrier <name>", "harness")
     sync: str | None = None
+    #: seconds between the sides' CPU-list trades (None: each kept its list), and how many
+    cpu_swap_s: float | None = None
+    cpu_swaps: int = 0
     warnings: list[str] = field(default_factory=list)
     duration_s: float = 0.0
     sides: dict[str, SideRecord] = field(default_factory=dict)
@@ -281,7 +285,7 @@ class _Running:
     def __init__(
         self, rec: SideRecord, side: Side, trial: Trial, duet: Duet, suite: DuetSuite,
         work: Path, log_base: Path, sync_dir: Path | None, cpus: frozenset[int] | None,
-        barrier: str | None = None,
+        barrier: str | None = None, limit: CpuLimit | None = None,
     ) -> None:  # fmt: skip
         self.rec = rec
         self.side = side
@@ -326,7 +330,10 @@ class _Running:
         ):  # the child keeps its own copies
             self.proc = GatedProcess(Launch(argv, env, str(work)), stdout, stderr)
         rec.pid = self.proc.pid
-        if cpus and not side.image:
+        if limit is not None:  # its own cpuset (the gate is held: all it starts is in it)
+            limit.add(self.proc.pid)
+            rec.cpus = sorted(cpus or limit.cpus)
+        elif cpus and not side.image:
             # The gate shell is pinned before it execs: the command and its
             # children inherit the affinity.
             os.sched_setaffinity(self.proc.pid, cpus)
@@ -410,6 +417,53 @@ def _engine(argv: list[str], what: str, check: bool = True) -> None:
         raise BenchmarkError(f"cannot {what}: {proc.stderr.strip() or proc.returncode}")
 
 
+class _CpuSwap:
+    """Two sides, each in a cpuset of its own, trading CPU lists every ``period_s``.
+
+    A CPU that is slower for a while (another task queued on it, the host
+    running something on that vCPU) then slows both sides alike, and the
+    pairs of iterations see the same machine. Pinning alone gives that CPU to
+    one side for a whole trial; AB/BA orders then cancel it only on average
+    over runs, at the price of a wider interval (bench/README section 14b).
+    """
+
+    def __init__(self, cpus: tuple[frozenset[int], frozenset[int]], period_s: float) -> None:
+        self.cpus = cpus
+        self.period_s = period_s
+        self.limits = [CpuLimit(sorted(c)) for c in cpus]
+        self.swapped = False
+        self.swaps = 0
+        self.next_at: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return all(limit.own_cpuset for limit in self.limits)
+
+    def start(self) -> None:
+        self.next_at = time.monotonic() + self.period_s
+
+    def wait_s(self, poll_s: float) -> float:
+        """How long the runner may sleep before the next trade is due."""
+        if self.next_at is None:
+            return poll_s
+        return max(0.0, min(poll_s, self.next_at - time.monotonic()))
+
+    def step(self) -> None:
+        if self.next_at is None or time.monotonic() < self.next_at:
+            return
+        self.swapped = not self.swapped
+        first, second = (1, 0) if self.swapped else (0, 1)
+        self.limits[0].move(self.cpus[first])
+        self.limits[1].move(self.cpus[second])
+        self.swaps += 1
+        # a late runner does not trade twice in a row to catch up
+        self.next_at = max(self.next_at + self.period_s, time.monotonic() + self.period_s / 2)
+
+    def close(self) -> None:
+        for limit in self.limits:
+            limit.close()
+
+
 class _SyncBarrier:
     """The runner's end of the sync-duet protocol (see kernmlops.duet.harness)."""
 
@@ -487,6 +541,7 @@ def run_trial(
     results.mkdir(parents=True, exist_ok=True)
     running: dict[str, _Running] = {}
     barrier: _SyncBarrier | None = None
+    swapper: _CpuSwap | None = None
     shm_name: str | None = None
     broken: str | None = None
     t0 = time.monotonic()
@@ -518,6 +573,22 @@ def run_trial(
                         f"{s.pair}: the other side waits on barrier {shm_name} and this one "
                         "does not (give it a syncduet_run_base with $$)"
                     )
+        if (
+            duet.cpus
+            and duet.cpu_swap_s
+            and trial.kind != "sequential"
+            and not any(duet.side(p).image for p in trial.pairs)
+        ):
+            swapper = _CpuSwap(duet.cpus, duet.cpu_swap_s)
+            if swapper.ok:
+                rec.cpu_swap_s = duet.cpu_swap_s
+            else:
+                swapper.close()
+                swapper = None
+                rec.warnings.append(
+                    "cpu_swap_ms: no cpuset cgroup could be made (it needs root and a "
+                    "cgroup v1 cpuset hierarchy): each side kept its CPUs for the whole trial"
+                )
         for slot, pair in enumerate(trial.pairs):
             side = duet.side(pair)
             if broken:
@@ -534,7 +605,7 @@ def run_trial(
             try:
                 running[pair] = _Running(
                     srec, side, trial, duet, suite, work / pair, logs / label, sync_dirs.get(pair),
-                    cpus, shm_name,
+                    cpus, shm_name, swapper.limits[slot] if swapper else None,
                 )  # fmt: skip
             except (BenchmarkError, OSError) as err:
                 srec.status = "error"
@@ -543,6 +614,8 @@ def run_trial(
         if len(running) == len(trial.pairs):
             for r in running.values():  # both gates open back to back
                 r.release()
+            if swapper is not None:
+                swapper.start()
             deadline = t0 + duet.timeout_s if duet.timeout_s else None
             while True:
                 alive = {p: r.poll() is None for p, r in running.items()}
@@ -554,10 +627,13 @@ def run_trial(
                         if alive[p]:
                             r.stop()
                     break
+                wait_s = swapper.wait_s(poll_s) if swapper is not None else poll_s
                 if barrier is not None:
-                    barrier.step(alive, poll_s)
+                    barrier.step(alive, wait_s)
                 else:
-                    time.sleep(poll_s)
+                    time.sleep(wait_s)
+                if swapper is not None:
+                    swapper.step()
     finally:
         for r in running.values():
             try:
@@ -566,6 +642,9 @@ def run_trial(
                 r.rec.status, r.rec.error = "error", f"stopping failed: {err}"
         if barrier is not None:
             barrier.close()
+        if swapper is not None:
+            rec.cpu_swaps = swapper.swaps
+            swapper.close()  # the sides are reaped: their cpusets are empty
         if shm_name is not None:
             from kernmlops.duet.barrier import remove_barrier
 

@@ -182,6 +182,24 @@ class CpuLimit:
                 f"{format_cpu_list(self.cpus)}: {err.strerror}"
             ) from None
 
+    @property
+    def own_cpuset(self) -> bool:
+        """A cpuset cgroup made here for these processes alone (``move`` works)."""
+        return self._made and self.path is not None
+
+    def move(self, cpus: list[int] | frozenset[int]) -> bool:
+        """Put every process of a cpuset made here on ``cpus`` now (the kernel
+        migrates them all at once); False when there is no such cpuset."""
+        if not self.own_cpuset:
+            return False
+        assert self.path is not None
+        try:
+            (self.path / "cpuset.cpus").write_text(format_cpu_list(sorted(cpus)))
+        except OSError:
+            return False
+        self.cpus = sorted(cpus)
+        return True
+
     def close(self) -> None:
         """Remove a v1 cpuset made here, once its processes are gone (idempotent)."""
         if self._made and self.path is not None:
