@@ -141,6 +141,25 @@ def test_cpus_and_protocol_checks():
     assert "the built-in harness runs local commands only" in _error(img)
 
 
+def test_pinned_sides_trade_cpus_every_10_ms_unless_told():
+    base = (
+        "duetbench: {suite: s, duets: [d, e], results: [r]%s}\n"
+        "d: {A: {run: x}%s}\ne: {A: {run: x}}\n"
+    )
+
+    def swaps(bench: str, duet: str = "") -> list[float | None]:
+        return [
+            d.cpu_swap_s for d in validate_duet_config(yaml.safe_load(base % (bench, duet))).duets
+        ]
+
+    assert swaps("") == [None, None]  # not pinned: nothing to trade
+    assert swaps(', cpus: ["0", "1"]') == [0.01, 0.01]  # the default
+    assert swaps(', cpus: ["0", "1"], cpu_swap_ms: 0') == [None, None]  # kept all trial
+    assert swaps(', cpus: ["0", "1"]', ", cpu_swap_ms: 50") == [0.05, 0.01]  # per duet
+    assert swaps("", ', cpus: ["0", "1"], cpu_swap_ms: 0') == [None, None]
+    assert "cpu_swap_ms" in _error(base % (', cpus: ["0", "1"], cpu_swap_ms: -1', ""))
+
+
 def test_parse_cpus():
     assert parse_cpus("0-2,5") == {0, 1, 2, 5}
     assert parse_cpus("3") == {3}

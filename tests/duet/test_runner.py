@@ -4,6 +4,7 @@ sync-duets, containers' checks, and no process left behind."""
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from kernmlops.duet.analysis import Options, analyze
 from kernmlops.duet.config import load_duet_config
 from kernmlops.duet.process import process_dirs
 from kernmlops.duet.runner import DuetError, read_index, run_suite
+from kernmlops.host.environment import CpuLimit, _cpuset_v1_root
 from tests.duet.conftest import write_config
 
 
@@ -267,7 +269,7 @@ d:
 
 def test_sides_are_pinned_to_their_cpus_and_swap_with_the_order(tmp_path: Path):
     cfg = write_config(tmp_path / "duet.yml", """
-duetbench: {suite: pin, duet_repetitions: 2, cpus: ["0", "1"], duets: [d],
+duetbench: {suite: pin, duet_repetitions: 2, cpus: ["0", "1"], cpu_swap_ms: 0, duets: [d],
             results: [cpus.txt]}
 d: {A: {run: "grep Cpus_allowed_list /proc/self/status > cpus.txt"}}
 """)  # fmt: skip
@@ -280,3 +282,92 @@ d: {A: {run: "grep Cpus_allowed_list /proc/self/status > cpus.txt"}}
     # the first side of a trial gets the first list: AB -> A on 0; BA -> B on 0
     assert got == {("0", "AB", "A"): "0", ("0", "AB", "B"): "1",
                    ("1", "BA", "B"): "0", ("1", "BA", "A"): "1"}  # fmt: skip
+
+
+# One process per side that lives through the whole trial and reads its own allowed
+# CPUs every 2 ms: the kernel's view, not the runner's record, says where it ran.
+WATCH = (
+    "import time\n"
+    "end = time.monotonic() + {secs}\n"
+    "with open('cpus.txt', 'w') as out:\n"
+    "    while time.monotonic() < end:\n"
+    "        for line in open('/proc/self/status'):\n"
+    "            if line.startswith('Cpus_allowed_list'):\n"
+    "                out.write(f'{{time.monotonic_ns()}} {{line.split()[1]}}\\n')\n"
+    "        time.sleep(0.002)\n"
+)
+
+
+def _watch_config(tmp_path: Path, extra: str, secs: float = 0.6) -> Path:
+    script = tmp_path / "watch.py"
+    script.write_text(WATCH.format(secs=secs))
+    return write_config(tmp_path / "duet.yml", f"""
+duetbench: {{suite: swap, duet_repetitions: 2, cpus: ["0", "1"], duets: [d],
+            results: [cpus.txt], {extra}}}
+d: {{A: {{run: "{sys.executable} {script}"}}}}
+""")  # fmt: skip
+
+
+def _samples(result) -> dict[tuple[str, str], list[tuple[int, str]]]:
+    got = {}
+    for path in sorted((result.folder / "results").iterdir()):
+        _, _, runid, _, _, pair, _ = path.name.split(".", 6)
+        rows = [line.split() for line in path.read_text().splitlines()]
+        got[(runid, pair)] = [(int(t), cpus) for t, cpus in rows]
+    return got
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or _cpuset_v1_root() is None,
+    reason="trading CPUs needs root and a cgroup v1 cpuset hierarchy",
+)
+def test_pinned_sides_trade_cpus_during_the_trial(tmp_path: Path):
+    result = run_suite(load_duet_config(_watch_config(tmp_path, "cpu_swap_ms: 50")), tmp_path / "o")
+    assert all(t.ok for t in result.trials)
+    for trial in result.trials:
+        assert trial.cpu_swap_s == 0.05 and trial.warnings == []
+        # about 0.6 s / 50 ms = 12 trades; the runner may be late on a busy machine
+        assert 6 <= trial.cpu_swaps <= 14
+    samples = _samples(result)
+    for runid in ("0", "1"):
+        a, b = samples[(runid, "A")], samples[(runid, "B")]
+        # one process each, never restarted, saw both CPUs: the cpuset moved it
+        assert {c for _, c in a} == {"0", "1"} == {c for _, c in b}
+        # and the two sides were on different CPUs: at A's samples, B's latest
+        # sample 1 ms or less before says the other CPU (trades are 50 ms apart)
+        checked = 0
+        for t, cpus in a:
+            prior = [c for tb, c in b if t - 1_000_000 <= tb <= t]
+            if prior:
+                checked += 1
+                assert prior[-1] != cpus or any(
+                    abs(t - tb) < 2_000_000 for tb, _ in _trades(a) + _trades(b)
+                )
+        assert checked >= 20
+    # the runner's cpusets are gone once the trials end
+    root = _cpuset_v1_root()
+    assert root is not None
+    assert [p for p in root.iterdir() if p.name.startswith(f"kernmlops-{os.getpid()}-")] == []
+
+
+def _trades(samples: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """The samples where a side's CPU list changed."""
+    return [s for s, prev in zip(samples[1:], samples, strict=False) if s[1] != prev[1]]
+
+
+def test_without_a_cpuset_the_sides_keep_their_cpus_and_the_trial_says_so(
+    tmp_path: Path, monkeypatch
+):
+    monkeypatch.setattr(CpuLimit, "own_cpuset", property(lambda self: False))
+    result = run_suite(load_duet_config(_watch_config(tmp_path, "cpu_swap_ms: 20", 0.2)),
+                       tmp_path / "o")  # fmt: skip
+    assert all(t.ok for t in result.trials)
+    for trial in result.trials:
+        assert trial.cpu_swap_s is None and trial.cpu_swaps == 0
+        assert any("no cpuset cgroup" in w for w in trial.warnings)
+    samples = _samples(result)
+    # pinned (affinity) for the whole trial: AB -> A on 0, BA -> B on 0
+    assert {c for _, c in samples[("0", "A")]} == {"0"}
+    assert {c for _, c in samples[("0", "B")]} == {"1"}
+    assert {c for _, c in samples[("1", "B")]} == {"0"}
+    assert {c for _, c in samples[("1", "A")]} == {"1"}
