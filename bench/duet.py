@@ -15,6 +15,12 @@ slowdown (0-15 % injected into B). Over ``--experiments`` A/A experiments:
 * false-positive rate: share of A/A experiments whose CI excludes 1;
 * MDS: median (and quartiles) over experiments.
 
+``--setups swap,pin,nopin`` runs each experiment once per setup, in a
+shuffled order (the setups meet the same machine): ``swap`` pins the sides to
+CPUs 0 and 1 and has them trade CPUs every ``--swap-ms`` (kernmlops duet's
+default with ``cpus``), ``pin`` keeps each on its CPU for the whole run,
+``nopin`` lets the scheduler place them.
+
 With ``--real PCT`` (e.g. 3) it also runs experiments where B's loop does PCT %
 more work, and reports how often each kind detects it (power), as a check of
 the injected MDS against a real slowdown.
@@ -22,6 +28,8 @@ the injected MDS against a real slowdown.
 Run (about (2 x runs x run_s) s per experiment, plus analysis):
 
     .venv/bin/python bench/duet.py --experiments 20 --runs 10 --run-s 2 --real 3
+    .venv/bin/python bench/duet.py --experiments 10 --runs 20 --run-s 1 \
+        --no-sequential --setups swap,pin,nopin
 
 Results go to bench/results/duet.json (and a summary on stdout).
 """
@@ -51,7 +59,8 @@ from results_io import save  # noqa: E402
 KINDS = ("duet", "sequential")
 #: how the two sides get their CPUs (one suite per setup and experiment)
 SETUPS = {
-    "swap": "pinned to CPUs 0 and 1, trading them every --swap-ms (the default)",
+    "swap": "pinned to CPUs 0 and 1, trading them every --swap-ms (the default; swap:MS "
+    "trades every MS ms)",
     "pin": "pinned to CPUs 0 and 1 for the whole run (AB/BA orders swap them)",
     "nopin": "not pinned: the scheduler places them",
 }
@@ -82,7 +91,9 @@ def experiment(loop: Path, out: Path, n: int, extra: float, args: argparse.Names
     b_n = int(n * (1 + extra))
     pin: dict = {}
     if setup != "nopin":
-        pin = {"cpus": ["0", "1"], "cpu_swap_ms": args.swap_ms if setup == "swap" else 0}
+        name, _, ms = setup.partition(":")
+        swap_ms = (float(ms) if ms else args.swap_ms) if name == "swap" else 0
+        pin = {"cpus": ["0", "1"], "cpu_swap_ms": swap_ms}
     config = {
         "duetbench": {
             "suite": out.name,
@@ -136,6 +147,16 @@ def _mds_text(values: list[float | None]) -> str:
         return ">15%" if x == float("inf") else f"{x * 100:.2f}%"
 
     return f"median {pct(q[1])} (quartiles {pct(q[0])} .. {pct(q[2])})"
+
+
+def _setup_ok(setup: str) -> bool:
+    name, _, ms = setup.partition(":")
+    if name not in SETUPS or (ms and name != "swap"):
+        return False
+    try:
+        return not ms or float(ms) > 0
+    except ValueError:
+        return False
 
 
 def _kinds(rows: list[dict], kinds: tuple[str, ...], real_pct: float) -> dict:
@@ -192,7 +213,7 @@ def main() -> None:
     if args.runs < 10:
         sys.exit("--runs must be at least 10 (sequential gets runs/2 >= 5 repetitions)")
     setups = [x.strip() for x in args.setups.split(",") if x.strip()]
-    if not setups or any(x not in SETUPS for x in setups):
+    if not setups or any(not _setup_ok(x) for x in setups):
         sys.exit(f"--setups: one or more of {', '.join(SETUPS)}")
     kinds = KINDS if args.sequential else ("duet",)
     work = Path(tempfile.mkdtemp(prefix="kmo-bench-duet-"))

@@ -165,6 +165,11 @@ def _details(rec, folder: Path) -> None:
     """--verbose: what each side ran and said."""
     if rec.sync:
         console.print(f"      sync: {rec.sync}", markup=False)
+    if rec.cpu_swap_s:
+        console.print(
+            f"      CPUs traded every {rec.cpu_swap_s * 1000:g} ms ({rec.cpu_swaps} trades)",
+            markup=False,
+        )
     for pair, side in rec.sides.items():
         cpus = f" on CPUs {side.cpus}" if side.cpus else ""
         console.print(
