@@ -89,7 +89,7 @@ def build_loop(folder: Path) -> Path:
 def experiment(loop: Path, out: Path, n: int, extra: float, args: argparse.Namespace,
                seed: int, setup: str) -> dict:  # fmt: skip
     b_n = int(n * (1 + extra))
-    pin: dict = {}
+    pin: dict = {"cpus": "none"}
     if setup != "nopin":
         name, _, ms = setup.partition(":")
         swap_ms = (float(ms) if ms else args.swap_ms) if name == "swap" else 0

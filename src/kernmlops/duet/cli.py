@@ -87,7 +87,7 @@ def run_cmd(
     from dataclasses import replace
 
     from kernmlops.duet.config import load_duet_config
-    from kernmlops.duet.runner import run_suite, suite_folder
+    from kernmlops.duet.runner import resolve_auto_cpus, run_suite, suite_folder
 
     def result_folder(suite) -> Path:
         return suite_folder(outdir, suite)
@@ -116,6 +116,9 @@ def run_cmd(
             console.print(f"suite [bold]{suite.suite}[/] ({suite.source})", markup=True)
             loud = verbose or suite.verbose
             folder = result_folder(suite)
+            _, cpu_note = resolve_auto_cpus(suite)
+            if cpu_note:
+                console.print(f"  CPUs {cpu_note}", markup=False)
 
             def on_trial(
                 n: int,

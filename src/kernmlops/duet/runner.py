@@ -42,7 +42,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,7 @@ from kernmlops.duet.config import Duet, DuetSuite, Side
 from kernmlops.duet.harness import SYNC_ENV
 from kernmlops.errors import BenchmarkError, KernmlopsError
 from kernmlops.fileio import write_atomic
+from kernmlops.host.cpus import format_cpu_list
 from kernmlops.host.environment import CpuLimit
 
 INDEX = "duet-run.json"
@@ -573,8 +574,13 @@ def run_trial(
                         f"{s.pair}: the other side waits on barrier {shm_name} and this one "
                         "does not (give it a syncduet_run_base with $$)"
                     )
+        cpu_lists = duet.cpus
+        if duet.cpus_auto and (
+            trial.kind == "sequential" or any(duet.side(p).image for p in trial.pairs)
+        ):
+            cpu_lists = None  # auto pins duets only: alone, a side has the whole machine
         if (
-            duet.cpus
+            cpu_lists
             and duet.cpu_swap_s
             and trial.kind != "sequential"
             and not any(duet.side(p).image for p in trial.pairs)
@@ -582,6 +588,9 @@ def run_trial(
             swapper = _CpuSwap(duet.cpus, duet.cpu_swap_s)
             if swapper.ok:
                 rec.cpu_swap_s = duet.cpu_swap_s
+            elif duet.cpus_auto:  # not pinned, as run_suite decides (see resolve_auto_cpus)
+                swapper.close()
+                swapper, cpu_lists = None, None
             else:
                 swapper.close()
                 swapper = None
@@ -599,7 +608,7 @@ def run_trial(
                 pair=pair, command=side_command(side, trial.kind, shm_name), image=side.image
             )
             rec.sides[pair] = srec
-            cpus = duet.cpus[slot] if duet.cpus else None
+            cpus = cpu_lists[slot] if cpu_lists else None
             srec.stdout = f"logs/{label}.{pair}.stdout"
             srec.stderr = f"logs/{label}.{pair}.stderr"
             try:
@@ -672,6 +681,37 @@ class SuiteResult:
         return [t for t in self.trials if not t.ok]
 
 
+def cpusets_available() -> bool:
+    """Whether this runner can make cpusets of its own (for trading CPUs)."""
+    probe = CpuLimit(sorted(os.sched_getaffinity(0)))
+    try:
+        return probe.own_cpuset
+    finally:
+        probe.close()
+
+
+def resolve_auto_cpus(suite: DuetSuite) -> tuple[DuetSuite, str | None]:
+    """The suite as it will run, and a line saying where ``cpus: auto`` put the sides.
+    ``cpus: auto`` duets unpinned where no cpuset can be made: pinning without
+    trading was the worst setup measured (bench/README section 14b)."""
+    auto = [d for d in suite.duets if d.cpus_auto]
+    if not auto:
+        return suite, None
+    if cpusets_available():
+        assert auto[0].cpus is not None
+        a, b = (format_cpu_list(sorted(c)) for c in auto[0].cpus)
+        return suite, f"auto: duet trials on CPUs {a} and {b}, traded every few ms"
+    duets = tuple(
+        replace(d, cpus=None, cpu_swap_s=None, cpus_auto=False) if d.cpus_auto else d
+        for d in suite.duets
+    )
+    note = (
+        "auto: not pinned (no cpuset cgroup could be made to trade the sides' CPUs: "
+        "that needs root and a cgroup v1 cpuset hierarchy)"
+    )
+    return replace(suite, duets=duets), note
+
+
 def suite_folder(outdir: Path, suite: DuetSuite) -> Path:
     return Path(outdir) / sanitize(suite.suite)
 
@@ -713,6 +753,7 @@ def run_suite(
     images = {s.image for d in suite.duets for s in (d.a, d.b) if s.image}
     if images:
         check_engine(suite.engine, images)
+    suite, cpu_note = resolve_auto_cpus(suite)
     folder = suite_folder(outdir, suite)
     prepare_folder(folder, force)
     seed = suite.seed if suite.seed is not None else random.SystemRandom().randrange(2**31)
@@ -731,6 +772,7 @@ def run_suite(
         "finished_at": None,
         "collect": collect is not None,
         "plan": [asdict(t) for t in plan],
+        "cpus": cpu_note,
         "artifacts": capture_artifacts(suite.artifacts, folder / "artifacts"),
         "trials": [],
     }
