@@ -453,9 +453,11 @@ class _CpuSwap:
         if self.next_at is None or time.monotonic() < self.next_at:
             return
         self.swapped = not self.swapped
-        first, second = (1, 0) if self.swapped else (0, 1)
-        self.limits[0].move(self.cpus[first])
-        self.limits[1].move(self.cpus[second])
+        lists = (self.cpus[1], self.cpus[0]) if self.swapped else self.cpus
+        # The side moved first shares the other's CPU until the second write
+        # (microseconds): each side goes first every other trade.
+        for slot in (0, 1) if self.swaps % 2 == 0 else (1, 0):
+            self.limits[slot].move(lists[slot])
         self.swaps += 1
         # a late runner does not trade twice in a row to catch up
         self.next_at = max(self.next_at + self.period_s, time.monotonic() + self.period_s / 2)

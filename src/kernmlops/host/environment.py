@@ -143,6 +143,7 @@ class CpuLimit:
         self.cpus = cpus
         self.path: Path | None = None
         self._made = False
+        self._cpus_fd: int | None = None
         self.method: Literal["cpuset", "affinity"] = "affinity"
         if cgroup is not None and (cgroup / "cpuset.cpus").exists():
             # v2: the parent hands the cpuset controller down
@@ -194,7 +195,10 @@ class CpuLimit:
             return False
         assert self.path is not None
         try:
-            (self.path / "cpuset.cpus").write_text(format_cpu_list(sorted(cpus)))
+            if self._cpus_fd is None:
+                # kept open: an open per move costs ~0.5 ms here, a write ~13 us
+                self._cpus_fd = os.open(self.path / "cpuset.cpus", os.O_WRONLY)
+            os.write(self._cpus_fd, format_cpu_list(sorted(cpus)).encode())
         except OSError:
             return False
         self.cpus = sorted(cpus)
@@ -202,6 +206,10 @@ class CpuLimit:
 
     def close(self) -> None:
         """Remove a v1 cpuset made here, once its processes are gone (idempotent)."""
+        if self._cpus_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._cpus_fd)
+            self._cpus_fd = None
         if self._made and self.path is not None:
             with contextlib.suppress(OSError):
                 self.path.rmdir()
