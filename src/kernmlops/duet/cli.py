@@ -81,6 +81,13 @@ def run_cmd(
     In sync-duet trials, $$ in syncduet_run_base becomes one barrier name that
     both sides share (the barrier of java-ubench-agent, created by the runner).
 
+    Where the sides run (cpus: in the config): by default (auto) each side of a
+    duet trial gets half of the CPUs, in a cpuset of its own, and the two trade
+    halves every 10 ms (cpu_swap_ms), so a CPU that is busy for a while slows
+    both alike (needs root and a cgroup v1 cpuset hierarchy; else the sides are
+    not pinned, and the run says so). cpus: ["0", "1"] names the halves;
+    cpu_swap_ms: 0 keeps each on its own; cpus: none lets the scheduler place them.
+
     A side that fails or times out is reported and the next trial runs; the
     exit status is 1 when any trial did not succeed.
     """
