@@ -61,6 +61,7 @@ KINDS = ("duet", "sequential")
 SETUPS = {
     "swap": "pinned to CPUs 0 and 1, trading them every --swap-ms (the default; swap:MS "
     "trades every MS ms)",
+    "swap-nice": "swap, both sides at nice -10 (root): other work takes less of their CPUs",
     "pin": "pinned to CPUs 0 and 1 for the whole run (AB/BA orders swap them)",
     "nopin": "not pinned: the scheduler places them",
 }
@@ -92,8 +93,10 @@ def experiment(loop: Path, out: Path, n: int, extra: float, args: argparse.Names
     pin: dict = {"cpus": "none"}
     if setup != "nopin":
         name, _, ms = setup.partition(":")
-        swap_ms = (float(ms) if ms else args.swap_ms) if name == "swap" else 0
+        swap_ms = (float(ms) if ms else args.swap_ms) if name.startswith("swap") else 0
         pin = {"cpus": ["0", "1"], "cpu_swap_ms": swap_ms}
+        if name == "swap-nice":
+            pin["nice"] = -10
     config = {
         "duetbench": {
             "suite": out.name,
@@ -151,7 +154,7 @@ def _mds_text(values: list[float | None]) -> str:
 
 def _setup_ok(setup: str) -> bool:
     name, _, ms = setup.partition(":")
-    if name not in SETUPS or (ms and name != "swap"):
+    if name not in SETUPS or (ms and not name.startswith("swap")):
         return False
     try:
         return not ms or float(ms) > 0

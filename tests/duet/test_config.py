@@ -159,6 +159,11 @@ def test_pinned_sides_trade_cpus_every_10_ms_unless_told():
     assert swaps(', cpus: ["0", "1"]', ", cpu_swap_ms: 50") == [0.05, 0.01]  # per duet
     assert swaps("", ', cpus: ["0", "1"], cpu_swap_ms: 0') == [None, 0.01]  # e: auto
     assert "cpu_swap_ms" in _error(base % (', cpus: ["0", "1"], cpu_swap_ms: -1', ""))
+    assert "nice" in _error(base % (", nice: -21", ""))
+    assert [
+        d.nice
+        for d in validate_duet_config(yaml.safe_load(base % (", nice: 5", ", nice: -2"))).duets
+    ] == [-2, 5]
 
 
 def test_cpus_auto_is_the_default_two_halves_of_the_allowed_cpus(monkeypatch):

@@ -410,3 +410,18 @@ def test_by_default_without_a_cpuset_the_sides_are_not_pinned(tmp_path: Path, mo
     every = format_cpu_list(sorted(os.sched_getaffinity(0)))
     got = _lists(result)
     assert len(got) == 6 and all(v == {every} for v in got.values())
+
+
+def test_both_sides_run_at_the_configured_nice_value(tmp_path: Path):
+    want = 7 if os.geteuid() != 0 else -3  # below 0 only as root
+    cfg = write_config(tmp_path / "duet.yml", f"""
+duetbench: {{suite: nice, duet_repetitions: 2, sequential_repetitions: 1, nice: {want},
+            duets: [d], results: [n.txt]}}
+d: {{A: {{run: "sh -c 'nice > n.txt'"}}}}
+""")  # fmt: skip
+    result = run_suite(load_duet_config(cfg), tmp_path / "out")
+    assert all(t.ok for t in result.trials)
+    files = sorted((result.folder / "results").iterdir())
+    assert len(files) == 6  # 2 duets x 2 sides, 1 sequential x 2 sides
+    # `nice` prints the niceness it runs at: a child of the side's command
+    assert {p.read_text().strip() for p in files} == {str(want)}

@@ -119,6 +119,13 @@ class _DuetKeys(_SideKeys):
         "halves of the CPUs the runner may use, traded every cpu_swap_ms, the sides left "
         "unpinned where no cpuset can be made; none: the scheduler places the sides",
     )
+    nice: int | None = Field(
+        None,
+        ge=-20,
+        le=19,
+        description="nice value of both sides (below 0 needs root): other work on the "
+        "machine then takes less of their CPUs; default: the runner's own",
+    )
     cpu_swap_ms: float | None = Field(
         None,
         ge=0,
@@ -214,6 +221,8 @@ class Duet:
     #: cpus: auto: only duet and sync-duet trials are pinned, and only where the
     #: runner can make cpusets (trading CPUs), else the sides are not pinned
     cpus_auto: bool = False
+    #: both sides' nice value (None: the runner's own)
+    nice: int | None = None
 
     def side(self, pair: str) -> Side:
         return self.a if pair == "A" else self.b
@@ -382,6 +391,7 @@ def validate_duet_config(data: Any, source: str | None = None) -> DuetSuite:
             remove_containers=_inherit("remove_containers", *layers, default=True),
             cpu_swap_s=swap_ms / 1000 if cpu_lists and swap_ms else None,
             cpus_auto=auto and bool(cpu_lists),
+            nice=_inherit("nice", *layers),
         )
         errors += _check_duet(duet)
         duets.append(duet)

@@ -331,6 +331,15 @@ class _Running:
         ):  # the child keeps its own copies
             self.proc = GatedProcess(Launch(argv, env, str(work)), stdout, stderr)
         rec.pid = self.proc.pid
+        if duet.nice is not None and not side.image:
+            try:  # the gate is held: the command and its children inherit it
+                os.setpriority(os.PRIO_PROCESS, self.proc.pid, duet.nice)
+            except OSError as err:
+                self.proc.stop(grace_s=0)
+                raise BenchmarkError(
+                    f"nice: cannot set {duet.nice} for side {side.pair}: {err.strerror}"
+                    + (" (a negative nice needs root)" if duet.nice < 0 else "")
+                ) from None
         if limit is not None:  # its own cpuset (the gate is held: all it starts is in it)
             limit.add(self.proc.pid)
             rec.cpus = sorted(cpus or limit.cpus)
