@@ -417,11 +417,21 @@ def test_both_sides_run_at_the_configured_nice_value(tmp_path: Path):
     cfg = write_config(tmp_path / "duet.yml", f"""
 duetbench: {{suite: nice, duet_repetitions: 2, sequential_repetitions: 1, nice: {want},
             duets: [d], results: [n.txt]}}
-d: {{A: {{run: "sh -c 'nice > n.txt'"}}}}
+d: {{A: {{run: "sh -c 'nice > n.txt; cat /proc/self/autogroup >> n.txt || true'"}}}}
 """)  # fmt: skip
     result = run_suite(load_duet_config(cfg), tmp_path / "out")
     assert all(t.ok for t in result.trials)
     files = sorted((result.folder / "results").iterdir())
     assert len(files) == 6  # 2 duets x 2 sides, 1 sequential x 2 sides
-    # `nice` prints the niceness it runs at: a child of the side's command
-    assert {p.read_text().strip() for p in files} == {str(want)}
+    groups = set()
+    for path in files:
+        lines = path.read_text().splitlines()
+        # `nice` prints the niceness it runs at: a child of the side's command
+        assert lines[0] == str(want)
+        if Path("/proc/self/autogroup").exists():
+            # "/autogroup-N nice X": the side's own session, weighed at that nice
+            name, _, nice = lines[1].split()
+            assert nice == str(want)
+            groups.add(name)
+    if groups:
+        assert len(groups) == 6  # each side of each trial a group of its own

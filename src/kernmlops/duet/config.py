@@ -123,8 +123,9 @@ class _DuetKeys(_SideKeys):
         None,
         ge=-20,
         le=19,
-        description="nice value of both sides (below 0 needs root): other work on the "
-        "machine then takes less of their CPUs; default: the runner's own",
+        description="nice value of both sides and of their sessions' scheduling groups "
+        "(autogroups; below 0 needs root): other work on the machine then takes less of "
+        "their CPUs; default: the runner's own",
     )
     cpu_swap_ms: float | None = Field(
         None,

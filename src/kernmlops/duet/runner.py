@@ -334,6 +334,12 @@ class _Running:
         if duet.nice is not None and not side.image:
             try:  # the gate is held: the command and its children inherit it
                 os.setpriority(os.PRIO_PROCESS, self.proc.pid, duet.nice)
+                # Each side is a session of its own, so with autogroups (the
+                # default on desktop kernels) it is a scheduling group of its own,
+                # weighed against other sessions by the group's nice alone.
+                group = Path(f"/proc/{self.proc.pid}/autogroup")
+                if group.exists():
+                    group.write_text(str(duet.nice))
             except OSError as err:
                 self.proc.stop(grace_s=0)
                 raise BenchmarkError(
