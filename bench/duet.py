@@ -16,10 +16,12 @@ slowdown (0-15 % injected into B). Over ``--experiments`` A/A experiments:
 * MDS: median (and quartiles) over experiments.
 
 ``--setups swap,pin,nopin`` runs each experiment once per setup, in a
-shuffled order (the setups meet the same machine): ``swap`` pins the sides to
-CPUs 0 and 1 and has them trade CPUs every ``--swap-ms`` (kernmlops duet's
-default with ``cpus``), ``pin`` keeps each on its CPU for the whole run,
-``nopin`` lets the scheduler place them.
+shuffled order (the setups meet the same machine): ``default`` is what
+``kernmlops duet run`` does unless told (as root on 2 CPUs: ``swap-nice``);
+``swap`` pins the sides to CPUs 0 and 1 and has them trade CPUs every
+``--swap-ms``; ``swap-nice`` also runs them (and their sessions' scheduling
+groups) at nice -10; ``pin`` keeps each on its CPU for the whole run;
+``nopin`` lets the scheduler place them. All but the first run at nice 0.
 
 With ``--real PCT`` (e.g. 3) it also runs experiments where B's loop does PCT %
 more work, and reports how often each kind detects it (power), as a check of
@@ -59,11 +61,12 @@ from results_io import save  # noqa: E402
 KINDS = ("duet", "sequential")
 #: how the two sides get their CPUs (one suite per setup and experiment)
 SETUPS = {
-    "swap": "pinned to CPUs 0 and 1, trading them every --swap-ms (the default; swap:MS "
-    "trades every MS ms)",
+    "default": "kernmlops duet's defaults (cpus: auto, nice: auto): as swap-nice as root "
+    "on a 2-CPU machine",
+    "swap": "pinned to CPUs 0 and 1, trading them every --swap-ms (swap:MS: every MS ms), nice 0",
     "swap-nice": "swap, both sides at nice -10 (root): other work takes less of their CPUs",
     "pin": "pinned to CPUs 0 and 1 for the whole run (AB/BA orders swap them)",
-    "nopin": "not pinned: the scheduler places them",
+    "nopin": "not pinned: the scheduler places them (nice 0)",
 }
 
 LOOP_C = r"""
@@ -90,11 +93,13 @@ def build_loop(folder: Path) -> Path:
 def experiment(loop: Path, out: Path, n: int, extra: float, args: argparse.Namespace,
                seed: int, setup: str) -> dict:  # fmt: skip
     b_n = int(n * (1 + extra))
-    pin: dict = {"cpus": "none"}
-    if setup != "nopin":
+    pin: dict = {"cpus": "none", "nice": 0}
+    if setup == "default":
+        pin = {}  # whatever `kernmlops duet run` does without cpus or nice
+    elif setup != "nopin":
         name, _, ms = setup.partition(":")
         swap_ms = (float(ms) if ms else args.swap_ms) if name.startswith("swap") else 0
-        pin = {"cpus": ["0", "1"], "cpu_swap_ms": swap_ms}
+        pin = {"cpus": ["0", "1"], "cpu_swap_ms": swap_ms, "nice": 0}
         if name == "swap-nice":
             pin["nice"] = -10
     config = {
@@ -201,7 +206,7 @@ def main() -> None:
     parser.add_argument("--real-experiments", type=int, default=10)
     parser.add_argument("--warmup", default="10%")
     parser.add_argument("--resamples", type=int, default=2000)
-    parser.add_argument("--setups", default="swap",
+    parser.add_argument("--setups", default="default",
                         help="comma-separated, run interleaved in each experiment: "
                         + "; ".join(f"{k}: {v}" for k, v in SETUPS.items()))  # fmt: skip
     parser.add_argument("--swap-ms", type=float, default=10.0,

@@ -160,10 +160,18 @@ def test_pinned_sides_trade_cpus_every_10_ms_unless_told():
     assert swaps("", ', cpus: ["0", "1"], cpu_swap_ms: 0') == [None, 0.01]  # e: auto
     assert "cpu_swap_ms" in _error(base % (', cpus: ["0", "1"], cpu_swap_ms: -1', ""))
     assert "nice" in _error(base % (", nice: -21", ""))
-    assert [
-        d.nice
-        for d in validate_duet_config(yaml.safe_load(base % (", nice: 5", ", nice: -2"))).duets
-    ] == [-2, 5]
+    assert "a nice value from -20 to 19, or auto (got x)" in _error(base % (", nice: x", ""))
+
+
+def test_nice_auto_is_the_default_and_needs_root(monkeypatch):
+    text = "duetbench: {suite: s, duets: [d, e], results: [r]}\nd: {A: {run: x}, nice: %s}\n"
+    text += "e: {A: {run: x}}\n"
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert [d.nice for d in validate_duet_config(yaml.safe_load(text % "auto")).duets] == [-10, -10]
+    assert [d.nice for d in validate_duet_config(yaml.safe_load(text % "0")).duets] == [0, -10]
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)  # not root: the runner's own
+    assert [d.nice for d in validate_duet_config(yaml.safe_load(text % "3")).duets] == [3, None]
+    assert [d.nice for d in validate_duet_config(yaml.safe_load(text % "auto")).duets] == [None] * 2
 
 
 def test_cpus_auto_is_the_default_two_halves_of_the_allowed_cpus(monkeypatch):

@@ -52,6 +52,9 @@ BUILTIN_ARTIFACTS = ("uname", "lscpu", "meminfo", "hostname", "date")
 #: how often (ms) pinned sides trade CPU lists in a duet trial: a CPU that is slower
 #: for a while (another task, the host) then costs both sides alike (bench/README 14b)
 DEFAULT_CPU_SWAP_MS = 10.0
+#: nice value of the sides by default (as root): each side is a session of its own,
+#: so this is also its scheduling group's weight against other sessions (14b)
+DEFAULT_NICE = -10
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
 
@@ -119,13 +122,12 @@ class _DuetKeys(_SideKeys):
         "halves of the CPUs the runner may use, traded every cpu_swap_ms, the sides left "
         "unpinned where no cpuset can be made; none: the scheduler places the sides",
     )
-    nice: int | None = Field(
+    nice: int | Literal["auto"] | None = Field(
         None,
-        ge=-20,
-        le=19,
         description="nice value of both sides and of their sessions' scheduling groups "
-        "(autogroups; below 0 needs root): other work on the machine then takes less of "
-        "their CPUs; default: the runner's own",
+        f"(autogroups; below 0 needs root): other work on the machine then takes less of "
+        f"their CPUs; auto (the default): {DEFAULT_NICE} when the runner is root, else "
+        "the runner's own; 0: as any other session",
     )
     cpu_swap_ms: float | None = Field(
         None,
@@ -134,6 +136,15 @@ class _DuetKeys(_SideKeys):
         f"duet or sync-duet trial runs (default {DEFAULT_CPU_SWAP_MS:g}; 0: never, each side "
         "keeps its list for the whole trial)",
     )
+
+    @field_validator("nice", mode="before")
+    @classmethod
+    def _nice_value(cls, value: Any) -> Any:
+        if value is None or value == "auto":
+            return value
+        if isinstance(value, bool) or not isinstance(value, int) or not -20 <= value <= 19:
+            raise ValueError(f"a nice value from -20 to 19, or auto (got {value})")
+        return value
 
     @field_validator("cpus")
     @classmethod
@@ -246,6 +257,13 @@ class DuetSuite:
     @property
     def uses_containers(self) -> bool:
         return any(d.a.image or d.b.image for d in self.duets)
+
+
+def _nice(value: int | str) -> int | None:
+    """``nice: auto``: DEFAULT_NICE as root (it needs root), else the runner's own."""
+    if value == "auto":
+        return DEFAULT_NICE if os.geteuid() == 0 else None
+    return int(value)
 
 
 def auto_cpus() -> list[str] | None:
@@ -392,7 +410,7 @@ def validate_duet_config(data: Any, source: str | None = None) -> DuetSuite:
             remove_containers=_inherit("remove_containers", *layers, default=True),
             cpu_swap_s=swap_ms / 1000 if cpu_lists and swap_ms else None,
             cpus_auto=auto and bool(cpu_lists),
-            nice=_inherit("nice", *layers),
+            nice=_nice(_inherit("nice", *layers, default="auto")),
         )
         errors += _check_duet(duet)
         duets.append(duet)
