@@ -64,7 +64,8 @@ SETUPS = {
     "default": "kernmlops duet's defaults (cpus: auto, nice: auto): as swap-nice as root "
     "on a 2-CPU machine",
     "swap": "pinned to CPUs 0 and 1, trading them every --swap-ms (swap:MS: every MS ms), nice 0",
-    "swap-nice": "swap, both sides at nice -10 (root): other work takes less of their CPUs",
+    "swap-nice": "swap, both sides at nice -10 (root; swap-nice@N: at N): other work takes "
+    "less of their CPUs",
     "pin": "pinned to CPUs 0 and 1 for the whole run (AB/BA orders swap them)",
     "nopin": "not pinned: the scheduler places them (nice 0)",
 }
@@ -97,11 +98,12 @@ def experiment(loop: Path, out: Path, n: int, extra: float, args: argparse.Names
     if setup == "default":
         pin = {}  # whatever `kernmlops duet run` does without cpus or nice
     elif setup != "nopin":
-        name, _, ms = setup.partition(":")
+        kind_ms, _, nice = setup.partition("@")
+        name, _, ms = kind_ms.partition(":")
         swap_ms = (float(ms) if ms else args.swap_ms) if name.startswith("swap") else 0
         pin = {"cpus": ["0", "1"], "cpu_swap_ms": swap_ms, "nice": 0}
         if name == "swap-nice":
-            pin["nice"] = -10
+            pin["nice"] = int(nice) if nice else -10
     config = {
         "duetbench": {
             "suite": out.name,
@@ -158,6 +160,9 @@ def _mds_text(values: list[float | None]) -> str:
 
 
 def _setup_ok(setup: str) -> bool:
+    setup, _, nice = setup.partition("@")
+    if nice and not (setup.startswith("swap-nice") and nice.lstrip("-").isdigit()):
+        return False
     name, _, ms = setup.partition(":")
     if name not in SETUPS or (ms and not name.startswith("swap")):
         return False
