@@ -288,7 +288,7 @@ d: {A: {run: "grep Cpus_allowed_list /proc/self/status > cpus.txt"}}
 # One process per side that lives through the whole trial and reads its own allowed
 # CPUs every 2 ms: the kernel's view, not the runner's record, says where it ran.
 WATCH = (
-    "import time\n"
+    "import os, time\n"
     "end = time.monotonic() + {secs}\n"
     "with open('cpus.txt', 'w') as out:\n"
     "    while time.monotonic() < end:\n"
@@ -296,6 +296,8 @@ WATCH = (
     "            if line.startswith('Cpus_allowed_list'):\n"
     "                out.write(f'{{time.monotonic_ns()}} {{line.split()[1]}}\\n')\n"
     "        time.sleep(0.002)\n"
+    # the runner (this side's parent) while the trial runs: its scheduling policy
+    "    out.write(f'policy {{os.sched_getscheduler(os.getppid())}}\\n')\n"
 )
 
 
@@ -305,7 +307,7 @@ def _watch_config(tmp_path: Path, extra: str, secs: float = 0.6) -> Path:
     return write_config(tmp_path / "duet.yml", f"""
 duetbench: {{suite: swap, duet_repetitions: 2, cpus: ["0", "1"], duets: [d],
             results: [cpus.txt], {extra}}}
-d: {{A: {{run: "{sys.executable} {script}"}}}}
+d: {{A: {{run: "exec {sys.executable} {script}"}}}}
 """)  # fmt: skip
 
 
@@ -314,7 +316,8 @@ def _samples(result) -> dict[tuple[str, str], list[tuple[int, str]]]:
     for path in sorted((result.folder / "results").iterdir()):
         _, _, runid, _, _, pair, _ = path.name.split(".", 6)
         rows = [line.split() for line in path.read_text().splitlines()]
-        got[(runid, pair)] = [(int(t), cpus) for t, cpus in rows]
+        got[(runid, pair)] = [(int(t), cpus) for t, cpus in rows if t != "policy"]
+        got[(runid, "policy")] = [(int(p), "") for t, p in rows if t == "policy"]
     return got
 
 
@@ -331,6 +334,9 @@ def test_pinned_sides_trade_cpus_during_the_trial(tmp_path: Path):
         # while Python starts); the runner may be late on a busy machine
         assert trial.duration_s / 0.05 / 2 <= trial.cpu_swaps <= trial.duration_s / 0.05 + 1
     samples = _samples(result)
+    # as root the runner trades as a real-time thread, and only during trials
+    assert samples[("0", "policy")] == [(os.SCHED_FIFO, "")]
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
     for runid in ("0", "1"):
         a, b = samples[(runid, "A")], samples[(runid, "B")]
         # one process each, never restarted, saw both CPUs: the cpuset moved it
@@ -374,7 +380,7 @@ def _auto_config(tmp_path: Path, secs: float) -> Path:
     return write_config(tmp_path / "duet.yml", f"""
 duetbench: {{suite: auto, duet_repetitions: 2, sequential_repetitions: 1, duets: [d],
             results: [cpus.txt]}}
-d: {{A: {{run: "{sys.executable} {script}"}}}}
+d: {{A: {{run: "exec {sys.executable} {script}"}}}}
 """)  # fmt: skip
 
 
@@ -382,7 +388,8 @@ def _lists(result) -> dict[tuple[str, str, str], set[str]]:
     got = {}
     for path in sorted((result.folder / "results").iterdir()):
         _, _, runid, kind, _, pair, _ = path.name.split(".", 6)
-        got[(kind, runid, pair)] = {line.split()[1] for line in path.read_text().splitlines()}
+        lines = path.read_text().splitlines()
+        got[(kind, runid, pair)] = {ln.split()[1] for ln in lines if not ln.startswith("policy")}
     return got
 
 
