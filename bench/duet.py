@@ -15,6 +15,14 @@ slowdown (0-15 % injected into B). Over ``--experiments`` A/A experiments:
 * false-positive rate: share of A/A experiments whose CI excludes 1;
 * MDS: median (and quartiles) over experiments.
 
+``--setups swap,pin,nopin`` runs each experiment once per setup, in a
+shuffled order (the setups meet the same machine): ``default`` is what
+``kernmlops duet run`` does unless told (as root on 2 CPUs: ``swap-nice``);
+``swap`` pins the sides to CPUs 0 and 1 and has them trade CPUs every
+``--swap-ms``; ``swap-nice`` also runs them (and their sessions' scheduling
+groups) at nice -10; ``pin`` keeps each on its CPU for the whole run;
+``nopin`` lets the scheduler place them. All but the first run at nice 0.
+
 With ``--real PCT`` (e.g. 3) it also runs experiments where B's loop does PCT %
 more work, and reports how often each kind detects it (power), as a check of
 the injected MDS against a real slowdown.
@@ -22,6 +30,8 @@ the injected MDS against a real slowdown.
 Run (about (2 x runs x run_s) s per experiment, plus analysis):
 
     .venv/bin/python bench/duet.py --experiments 20 --runs 10 --run-s 2 --real 3
+    .venv/bin/python bench/duet.py --experiments 10 --runs 20 --run-s 1 \
+        --no-sequential --setups swap,pin,nopin
 
 Results go to bench/results/duet.json (and a summary on stdout).
 """
@@ -30,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -48,6 +59,16 @@ from kernmlops.duet.runner import run_suite  # noqa: E402
 from results_io import save  # noqa: E402
 
 KINDS = ("duet", "sequential")
+#: how the two sides get their CPUs (one suite per setup and experiment)
+SETUPS = {
+    "default": "kernmlops duet's defaults (cpus: auto, nice: auto): as swap-nice as root "
+    "on a 2-CPU machine",
+    "swap": "pinned to CPUs 0 and 1, trading them every --swap-ms (swap:MS: every MS ms), nice 0",
+    "swap-nice": "swap, both sides at nice -10 (root; swap-nice@N: at N): other work takes "
+    "less of their CPUs",
+    "pin": "pinned to CPUs 0 and 1 for the whole run (AB/BA orders swap them)",
+    "nopin": "not pinned: the scheduler places them (nice 0)",
+}
 
 LOOP_C = r"""
 #include <stdlib.h>
@@ -71,8 +92,18 @@ def build_loop(folder: Path) -> Path:
 
 
 def experiment(loop: Path, out: Path, n: int, extra: float, args: argparse.Namespace,
-               seed: int) -> dict:  # fmt: skip
+               seed: int, setup: str) -> dict:  # fmt: skip
     b_n = int(n * (1 + extra))
+    pin: dict = {"cpus": "none", "nice": 0}
+    if setup == "default":
+        pin = {}  # whatever `kernmlops duet run` does without cpus or nice
+    elif setup != "nopin":
+        kind_ms, _, nice = setup.partition("@")
+        name, _, ms = kind_ms.partition(":")
+        swap_ms = (float(ms) if ms else args.swap_ms) if name.startswith("swap") else 0
+        pin = {"cpus": ["0", "1"], "cpu_swap_ms": swap_ms, "nice": 0}
+        if name == "swap-nice":
+            pin["nice"] = int(nice) if nice else -10
     config = {
         "duetbench": {
             "suite": out.name,
@@ -82,7 +113,7 @@ def experiment(loop: Path, out: Path, n: int, extra: float, args: argparse.Names
             "schedule": "randomized_interleaving_trials",
             "harness": {"budget_s": args.run_s},
             "duets": ["loop"],
-            **({"cpus": ["0", "1"]} if args.pin else {}),
+            **pin,
         },
         "loop": {"A": {"run": f"{loop} {n}"}, **({"B": {"run": f"{loop} {b_n}"}} if extra else {})},
     }
@@ -93,7 +124,10 @@ def experiment(loop: Path, out: Path, n: int, extra: float, args: argparse.Names
     table = process_dirs([result.folder]).results
     analysis = analyze(table, Options(warmup=args.warmup, resamples=args.resamples))
     [bench] = analysis.benchmarks
-    row: dict = {"seed": seed, "extra": extra, "wall_s": round(wall, 1), "load": os.getloadavg()[0]}
+    row: dict = {"seed": seed, "setup": setup, "extra": extra, "wall_s": round(wall, 1),
+                 "load": os.getloadavg()[0],
+                 "cpu_swaps": sum(t.cpu_swaps for t in result.trials),
+                 "warnings": sorted({w for t in result.trials for w in t.warnings})}  # fmt: skip
     for kind in KINDS if args.sequential else ("duet",):
         c = bench.comparisons[kind]
         row[kind] = {
@@ -125,59 +159,22 @@ def _mds_text(values: list[float | None]) -> str:
     return f"median {pct(q[1])} (quartiles {pct(q[0])} .. {pct(q[2])})"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--experiments", type=int, default=20, help="A/A experiments")
-    parser.add_argument("--runs", type=int, default=10, help="duet runs per experiment")
-    parser.add_argument("--run-s", type=float, default=2.0, help="seconds per run and side")
-    parser.add_argument("--n", type=int, default=20_000_000, help="loop size (about 20 ms)")
-    parser.add_argument("--real", type=float, default=0.0, help="also test B PCT %% slower")
-    parser.add_argument("--real-experiments", type=int, default=10)
-    parser.add_argument("--warmup", default="10%")
-    parser.add_argument("--resamples", type=int, default=2000)
-    parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
-                        help="pin the sides to CPUs 0 and 1 (AB/BA swap them)")  # fmt: skip
-    parser.add_argument("--sequential", action=argparse.BooleanOptionalAction, default=True,
-                        help="also run A alone and B alone (half the time goes there)")  # fmt: skip
-    parser.add_argument("--keep", action="store_true", help="keep the suites' folders")
-    parser.add_argument("--out", type=Path, default=BENCH / "results" / "duet.json")
-    args = parser.parse_args()
-    if args.runs < 10:
-        sys.exit("--runs must be at least 10 (sequential gets runs/2 >= 5 repetitions)")
-    kinds = KINDS if args.sequential else ("duet",)
-    work = Path(tempfile.mkdtemp(prefix="kmo-bench-duet-"))
-    loop = build_loop(work)
-    rows = []
-    plan = [(0.0, i) for i in range(args.experiments)]
-    plan += [(args.real / 100, 1000 + i) for i in range(args.real_experiments if args.real else 0)]
-    load = [os.getloadavg()[0]]
-    for extra, seed in plan:
-        row = experiment(loop, work / f"exp{seed}", args.n, extra, args, seed)
-        load.append(os.getloadavg()[0])
-        rows.append(row)
-        parts = [
-            f"{k} {row[k]['detected']} ratio {row[k]['gm_ratio']:.4f} MDS {row[k]['mds']} "
-            f"(original: {row[k]['original_detected']})"
-            for k in kinds
-        ]
-        print(
-            f"extra {extra:.0%} seed {seed}: "
-            + "; ".join(parts)
-            + f" ({row['wall_s']} s, load {row['load']:.1f})",
-            flush=True,
-        )
-    if args.keep:
-        print(f"suites kept in {work}")
-    else:
-        shutil.rmtree(work, ignore_errors=True)
-    summary: dict = {
-        "machine": {
-            "cpus": os.cpu_count(),
-            "load_avg_min_median_max": [min(load), statistics.median(load), max(load)],
-        },
-        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "kinds": {},
-    }
+def _setup_ok(setup: str) -> bool:
+    setup, _, nice = setup.partition("@")
+    if nice and not (setup.startswith("swap-nice") and nice.lstrip("-").isdigit()):
+        return False
+    name, _, ms = setup.partition(":")
+    if name not in SETUPS or (ms and not name.startswith("swap")):
+        return False
+    try:
+        return not ms or float(ms) > 0
+    except ValueError:
+        return False
+
+
+def _kinds(rows: list[dict], kinds: tuple[str, ...], real_pct: float) -> dict:
+    """False positives, MDS (and power with --real) of one setup's experiments."""
+    out: dict = {}
     aa = [r for r in rows if r["extra"] == 0]
     real = [r for r in rows if r["extra"] > 0]
     for kind in kinds:
@@ -196,26 +193,99 @@ def main() -> None:
             ),
         }
         if real:
-            k["real_slowdown"] = args.real
+            k["real_slowdown"] = real_pct
             k["real_detected"] = sum(r[kind]["detected"] == "slower" for r in real)
             k["real_experiments"] = len(real)
             k["real_ratio_median"] = statistics.median(r[kind]["gm_ratio"] for r in real)
-        summary["kinds"][kind] = k
+        out[kind] = k
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--experiments", type=int, default=20, help="A/A experiments")
+    parser.add_argument("--runs", type=int, default=10, help="duet runs per experiment")
+    parser.add_argument("--run-s", type=float, default=2.0, help="seconds per run and side")
+    parser.add_argument("--n", type=int, default=20_000_000, help="loop size (about 20 ms)")
+    parser.add_argument("--real", type=float, default=0.0, help="also test B PCT %% slower")
+    parser.add_argument("--real-experiments", type=int, default=10)
+    parser.add_argument("--warmup", default="10%")
+    parser.add_argument("--resamples", type=int, default=2000)
+    parser.add_argument("--setups", default="default",
+                        help="comma-separated, run interleaved in each experiment: "
+                        + "; ".join(f"{k}: {v}" for k, v in SETUPS.items()))  # fmt: skip
+    parser.add_argument("--swap-ms", type=float, default=10.0,
+                        help="swap: ms between the sides' CPU trades")  # fmt: skip
+    parser.add_argument("--no-pin", dest="setups", action="store_const", const="nopin",
+                        help="the same as --setups nopin")  # fmt: skip
+    parser.add_argument("--sequential", action=argparse.BooleanOptionalAction, default=True,
+                        help="also run A alone and B alone (half the time goes there)")  # fmt: skip
+    parser.add_argument("--keep", action="store_true", help="keep the suites' folders")
+    parser.add_argument("--out", type=Path, default=BENCH / "results" / "duet.json")
+    args = parser.parse_args()
+    if args.runs < 10:
+        sys.exit("--runs must be at least 10 (sequential gets runs/2 >= 5 repetitions)")
+    setups = [x.strip() for x in args.setups.split(",") if x.strip()]
+    if not setups or any(not _setup_ok(x) for x in setups):
+        sys.exit(f"--setups: one or more of {', '.join(SETUPS)}")
+    kinds = KINDS if args.sequential else ("duet",)
+    work = Path(tempfile.mkdtemp(prefix="kmo-bench-duet-"))
+    loop = build_loop(work)
+    rows = []
+    plan = [(0.0, i) for i in range(args.experiments)]
+    plan += [(args.real / 100, 1000 + i) for i in range(args.real_experiments if args.real else 0)]
+    load = [os.getloadavg()[0]]
+    for extra, seed in plan:
+        order = list(setups)
+        random.Random(seed).shuffle(order)  # interleaved: no setup always runs first
+        for setup in order:
+            row = experiment(loop, work / f"exp{seed}-{setup}", args.n, extra, args, seed, setup)
+            load.append(os.getloadavg()[0])
+            rows.append(row)
+            parts = [
+                f"{k} {row[k]['detected']} ratio {row[k]['gm_ratio']:.4f} MDS {row[k]['mds']} "
+                f"(original: {row[k]['original_detected']})"
+                for k in kinds
+            ]
+            print(
+                f"extra {extra:.0%} seed {seed} {setup}: "
+                + "; ".join(parts)
+                + f" ({row['wall_s']} s, load {row['load']:.1f}, {row['cpu_swaps']} swaps)"
+                + "".join(f"\n  warning: {w}" for w in row["warnings"]),
+                flush=True,
+            )
+    if args.keep:
+        print(f"suites kept in {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    summary: dict = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "load_avg_min_median_max": [min(load), statistics.median(load), max(load)],
+        },
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "setups": {},
+    }
+    for setup in setups:
+        summary["setups"][setup] = {"kinds": _kinds([r for r in rows if r["setup"] == setup],
+                                                    kinds, args.real)}  # fmt: skip
     summary["experiments"] = rows
     args.out.parent.mkdir(parents=True, exist_ok=True)
     save(args.out, summary, indent=1)
     print(f"\nload average during the runs: {summary['machine']['load_avg_min_median_max']}")
-    for kind, k in summary["kinds"].items():
-        line = (
-            f"{kind:10s}: A/A false positives {k['false_positives']}/{k['aa_experiments']}"
-            f" ({(k['false_positive_rate'] or 0):.0%}); MDS {k['mds_summary']}"
-        )
-        if real:
-            line += (
-                f"; real +{args.real:g}%: detected {k['real_detected']}/{k['real_experiments']}"
-                f" (median ratio {k['real_ratio_median']:.4f})"
+    for setup in setups:
+        for kind, k in summary["setups"][setup]["kinds"].items():
+            line = (
+                f"{setup:6s} {kind:10s}: A/A false positives {k['false_positives']}/"
+                f"{k['aa_experiments']} ({(k['false_positive_rate'] or 0):.0%}); "
+                f"MDS {k['mds_summary']}"
             )
-        print(line)
+            if args.real:
+                line += (
+                    f"; real +{args.real:g}%: detected {k['real_detected']}/"
+                    f"{k['real_experiments']} (median ratio {k['real_ratio_median']:.4f})"
+                )
+            print(line)
     print(f"-> {args.out}")
 
 

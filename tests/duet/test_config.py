@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -139,6 +140,56 @@ def test_cpus_and_protocol_checks():
         "d: {A: {run: x, image: img, harness: {iterations: 2}}}\n"
     )
     assert "the built-in harness runs local commands only" in _error(img)
+
+
+def test_pinned_sides_trade_cpus_every_10_ms_unless_told():
+    base = (
+        "duetbench: {suite: s, duets: [d, e], results: [r]%s}\n"
+        "d: {A: {run: x}%s}\ne: {A: {run: x}}\n"
+    )
+
+    def swaps(bench: str, duet: str = "") -> list[float | None]:
+        return [
+            d.cpu_swap_s for d in validate_duet_config(yaml.safe_load(base % (bench, duet))).duets
+        ]
+
+    assert swaps(", cpus: none") == [None, None]  # not pinned: nothing to trade
+    assert swaps(', cpus: ["0", "1"]') == [0.01, 0.01]  # the default
+    assert swaps(', cpus: ["0", "1"], cpu_swap_ms: 0') == [None, None]  # kept all trial
+    assert swaps(', cpus: ["0", "1"]', ", cpu_swap_ms: 50") == [0.05, 0.01]  # per duet
+    assert swaps("", ', cpus: ["0", "1"], cpu_swap_ms: 0') == [None, 0.01]  # e: auto
+    assert "cpu_swap_ms" in _error(base % (', cpus: ["0", "1"], cpu_swap_ms: -1', ""))
+    assert "nice" in _error(base % (", nice: -21", ""))
+    assert "a nice value from -20 to 19, or auto (got x)" in _error(base % (", nice: x", ""))
+
+
+def test_nice_auto_is_the_default_and_needs_root(monkeypatch):
+    text = "duetbench: {suite: s, duets: [d, e], results: [r]}\nd: {A: {run: x}, nice: %s}\n"
+    text += "e: {A: {run: x}}\n"
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert [d.nice for d in validate_duet_config(yaml.safe_load(text % "auto")).duets] == [-10, -10]
+    assert [d.nice for d in validate_duet_config(yaml.safe_load(text % "0")).duets] == [0, -10]
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)  # not root: the runner's own
+    assert [d.nice for d in validate_duet_config(yaml.safe_load(text % "3")).duets] == [3, None]
+    assert [d.nice for d in validate_duet_config(yaml.safe_load(text % "auto")).duets] == [None] * 2
+
+
+def test_cpus_auto_is_the_default_two_halves_of_the_allowed_cpus(monkeypatch):
+    text = "duetbench: {suite: s, duets: [d, e], results: [r]}\nd: {A: {run: x}, cpus: %s}\n"
+    text += "e: {A: {run: x}}\n"
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 6, 7})
+    d, e = validate_duet_config(yaml.safe_load(text % "auto")).duets
+    for duet in (d, e):  # e says nothing: auto
+        assert duet.cpus == (frozenset({0, 1, 2}), frozenset({3, 4, 6}))  # 7 left out
+        assert duet.cpus_auto and duet.cpu_swap_s == 0.01
+    d, e = validate_duet_config(yaml.safe_load(text % "none")).duets
+    assert d.cpus is None and not d.cpus_auto and d.cpu_swap_s is None and e.cpus_auto
+    d, _ = validate_duet_config(yaml.safe_load(text % '["0", "1"]')).duets
+    assert d.cpus == (frozenset({0}), frozenset({1})) and not d.cpus_auto
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {5})
+    d, _ = validate_duet_config(yaml.safe_load(text % "auto")).duets
+    assert d.cpus is None and not d.cpus_auto  # one CPU: nothing to split
+    assert "cpus" in _error(text % "half")
 
 
 def test_parse_cpus():

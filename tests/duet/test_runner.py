@@ -4,6 +4,7 @@ sync-duets, containers' checks, and no process left behind."""
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -12,9 +13,11 @@ import psutil
 import pytest
 
 from kernmlops.duet.analysis import Options, analyze
-from kernmlops.duet.config import load_duet_config
+from kernmlops.duet.config import auto_cpus, load_duet_config
 from kernmlops.duet.process import process_dirs
 from kernmlops.duet.runner import DuetError, read_index, run_suite
+from kernmlops.host.cpus import format_cpu_list
+from kernmlops.host.environment import CpuLimit, _cpuset_v1_root
 from tests.duet.conftest import write_config
 
 
@@ -267,7 +270,7 @@ d:
 
 def test_sides_are_pinned_to_their_cpus_and_swap_with_the_order(tmp_path: Path):
     cfg = write_config(tmp_path / "duet.yml", """
-duetbench: {suite: pin, duet_repetitions: 2, cpus: ["0", "1"], duets: [d],
+duetbench: {suite: pin, duet_repetitions: 2, cpus: ["0", "1"], cpu_swap_ms: 0, duets: [d],
             results: [cpus.txt]}
 d: {A: {run: "grep Cpus_allowed_list /proc/self/status > cpus.txt"}}
 """)  # fmt: skip
@@ -280,3 +283,162 @@ d: {A: {run: "grep Cpus_allowed_list /proc/self/status > cpus.txt"}}
     # the first side of a trial gets the first list: AB -> A on 0; BA -> B on 0
     assert got == {("0", "AB", "A"): "0", ("0", "AB", "B"): "1",
                    ("1", "BA", "B"): "0", ("1", "BA", "A"): "1"}  # fmt: skip
+
+
+# One process per side that lives through the whole trial and reads its own allowed
+# CPUs every 2 ms: the kernel's view, not the runner's record, says where it ran.
+WATCH = (
+    "import os, time\n"
+    "end = time.monotonic() + {secs}\n"
+    "with open('cpus.txt', 'w') as out:\n"
+    "    while time.monotonic() < end:\n"
+    "        for line in open('/proc/self/status'):\n"
+    "            if line.startswith('Cpus_allowed_list'):\n"
+    "                out.write(f'{{time.monotonic_ns()}} {{line.split()[1]}}\\n')\n"
+    "        time.sleep(0.002)\n"
+    # the runner (this side's parent) while the trial runs: its scheduling policy
+    "    out.write(f'policy {{os.sched_getscheduler(os.getppid())}}\\n')\n"
+)
+
+
+def _watch_config(tmp_path: Path, extra: str, secs: float = 0.6) -> Path:
+    script = tmp_path / "watch.py"
+    script.write_text(WATCH.format(secs=secs))
+    return write_config(tmp_path / "duet.yml", f"""
+duetbench: {{suite: swap, duet_repetitions: 2, cpus: ["0", "1"], duets: [d],
+            results: [cpus.txt], {extra}}}
+d: {{A: {{run: "exec {sys.executable} {script}"}}}}
+""")  # fmt: skip
+
+
+def _samples(result) -> dict[tuple[str, str], list[tuple[int, str]]]:
+    got = {}
+    for path in sorted((result.folder / "results").iterdir()):
+        _, _, runid, _, _, pair, _ = path.name.split(".", 6)
+        rows = [line.split() for line in path.read_text().splitlines()]
+        got[(runid, pair)] = [(int(t), cpus) for t, cpus in rows if t != "policy"]
+        got[(runid, "policy")] = [(int(p), "") for t, p in rows if t == "policy"]
+    return got
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or _cpuset_v1_root() is None,
+    reason="trading CPUs needs root and a cgroup v1 cpuset hierarchy",
+)
+def test_pinned_sides_trade_cpus_during_the_trial(tmp_path: Path):
+    result = run_suite(load_duet_config(_watch_config(tmp_path, "cpu_swap_ms: 50")), tmp_path / "o")
+    assert all(t.ok for t in result.trials)
+    for trial in result.trials:
+        assert trial.cpu_swap_s == 0.05 and trial.warnings == []
+        # one trade per 50 ms of the trial (which lasts longer than the side's 0.6 s
+        # while Python starts); the runner may be late on a busy machine
+        assert trial.duration_s / 0.05 / 2 <= trial.cpu_swaps <= trial.duration_s / 0.05 + 1
+    samples = _samples(result)
+    # as root the runner trades as a real-time thread, and only during trials
+    assert samples[("0", "policy")] == [(os.SCHED_FIFO, "")]
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
+    for runid in ("0", "1"):
+        a, b = samples[(runid, "A")], samples[(runid, "B")]
+        # one process each, never restarted, saw both CPUs: the cpuset moved it
+        assert {c for _, c in a} == {"0", "1"} == {c for _, c in b}
+        # and the two sides were on different CPUs: at A's samples, B's latest
+        # sample 1 ms or less before names the other CPU (trades are 50 ms apart, so
+        # only a sample pair that straddles a trade may disagree)
+        same = other = 0
+        for t, cpus in a:
+            prior = [c for tb, c in b if t - 1_000_000 <= tb <= t]
+            if prior:
+                same, other = same + (prior[-1] == cpus), other + (prior[-1] != cpus)
+        assert other >= 5 and same <= 0.2 * (same + other), (same, other)
+    # the runner's cpusets are gone once the trials end
+    root = _cpuset_v1_root()
+    assert root is not None
+    assert [p for p in root.iterdir() if p.name.startswith(f"kernmlops-{os.getpid()}-")] == []
+
+
+def test_without_a_cpuset_the_sides_keep_their_cpus_and_the_trial_says_so(
+    tmp_path: Path, monkeypatch
+):
+    monkeypatch.setattr(CpuLimit, "own_cpuset", property(lambda self: False))
+    result = run_suite(load_duet_config(_watch_config(tmp_path, "cpu_swap_ms: 20", 0.2)),
+                       tmp_path / "o")  # fmt: skip
+    assert all(t.ok for t in result.trials)
+    for trial in result.trials:
+        assert trial.cpu_swap_s is None and trial.cpu_swaps == 0
+        assert any("no cpuset cgroup" in w for w in trial.warnings)
+    samples = _samples(result)
+    # pinned (affinity) for the whole trial: AB -> A on 0, BA -> B on 0
+    assert {c for _, c in samples[("0", "A")]} == {"0"}
+    assert {c for _, c in samples[("0", "B")]} == {"1"}
+    assert {c for _, c in samples[("1", "B")]} == {"0"}
+    assert {c for _, c in samples[("1", "A")]} == {"1"}
+
+
+def _auto_config(tmp_path: Path, secs: float) -> Path:
+    script = tmp_path / "watch.py"
+    script.write_text(WATCH.format(secs=secs))
+    return write_config(tmp_path / "duet.yml", f"""
+duetbench: {{suite: auto, duet_repetitions: 2, sequential_repetitions: 1, duets: [d],
+            results: [cpus.txt]}}
+d: {{A: {{run: "exec {sys.executable} {script}"}}}}
+""")  # fmt: skip
+
+
+def _lists(result) -> dict[tuple[str, str, str], set[str]]:
+    got = {}
+    for path in sorted((result.folder / "results").iterdir()):
+        _, _, runid, kind, _, pair, _ = path.name.split(".", 6)
+        lines = path.read_text().splitlines()
+        got[(kind, runid, pair)] = {ln.split()[1] for ln in lines if not ln.startswith("policy")}
+    return got
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or _cpuset_v1_root() is None or len(os.sched_getaffinity(0)) < 2,
+    reason="trading CPUs needs root, a cgroup v1 cpuset hierarchy and two CPUs",
+)
+def test_by_default_duets_trade_two_halves_and_a_side_alone_has_every_cpu(tmp_path: Path):
+    result = run_suite(load_duet_config(_auto_config(tmp_path, 0.3)), tmp_path / "o")
+    assert all(t.ok for t in result.trials)
+    halves = set(auto_cpus() or [])
+    every = format_cpu_list(sorted(os.sched_getaffinity(0)))
+    assert read_index(result.folder)["cpus"].startswith("auto: duet trials on CPUs")
+    got = _lists(result)
+    for (kind, _, _), lists in got.items():
+        assert lists == (halves if kind == "duet" else {every}), (kind, lists)
+    assert [t.cpu_swap_s for t in result.trials if t.kind == "duet"] == [0.01, 0.01]
+
+
+def test_by_default_without_a_cpuset_the_sides_are_not_pinned(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(CpuLimit, "own_cpuset", property(lambda self: False))
+    result = run_suite(load_duet_config(_auto_config(tmp_path, 0.1)), tmp_path / "o")
+    assert all(t.ok and not t.warnings and t.cpu_swap_s is None for t in result.trials)
+    assert "not pinned" in read_index(result.folder)["cpus"]
+    every = format_cpu_list(sorted(os.sched_getaffinity(0)))
+    got = _lists(result)
+    assert len(got) == 6 and all(v == {every} for v in got.values())
+
+
+def test_both_sides_run_at_the_configured_nice_value(tmp_path: Path):
+    want = 7 if os.geteuid() != 0 else -3  # below 0 only as root
+    cfg = write_config(tmp_path / "duet.yml", f"""
+duetbench: {{suite: nice, duet_repetitions: 2, sequential_repetitions: 1, nice: {want},
+            duets: [d], results: [n.txt]}}
+d: {{A: {{run: "sh -c 'nice > n.txt; cat /proc/self/autogroup >> n.txt || true'"}}}}
+""")  # fmt: skip
+    result = run_suite(load_duet_config(cfg), tmp_path / "out")
+    assert all(t.ok for t in result.trials)
+    files = sorted((result.folder / "results").iterdir())
+    assert len(files) == 6  # 2 duets x 2 sides, 1 sequential x 2 sides
+    groups = set()
+    for path in files:
+        lines = path.read_text().splitlines()
+        # `nice` prints the niceness it runs at: a child of the side's command
+        assert lines[0] == str(want)
+        if Path("/proc/self/autogroup").exists():
+            # "/autogroup-N nice X": the side's own session, weighed at that nice
+            name, _, nice = lines[1].split()
+            assert nice == str(want)
+            groups.add(name)
+    if groups:
+        assert len(groups) == 6  # each side of each trial a group of its own

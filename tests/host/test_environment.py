@@ -19,6 +19,8 @@ from kernmlops.errors import BenchmarkError
 from kernmlops.host.cpus import online_cpus
 from kernmlops.host.environment import (
     THP_ENABLED,
+    CpuLimit,
+    _cpuset_v1_root,
     cached_bytes,
     read_thp_mode,
     resolve_cpus,
@@ -139,3 +141,33 @@ def test_bad_cpus_fail_before_anything_runs(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "benchmark.cpus: 4096 CPUs asked for" in proc.stderr
     assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or _cpuset_v1_root() is None or len(online_cpus()) < 2,
+    reason="needs root, a cgroup v1 cpuset hierarchy and 2 CPUs",
+)
+def test_a_cpuset_made_here_moves_its_running_processes() -> None:
+    limit = CpuLimit([0])
+    assert limit.own_cpuset and limit.method == "cpuset"
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        limit.add(proc.pid)
+
+        def allowed() -> str:
+            for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+                if line.startswith("Cpus_allowed_list"):
+                    return line.split()[1]
+            raise AssertionError("no Cpus_allowed_list")
+
+        assert allowed() == "0"
+        for want in ("1", "0", "1"):  # the same open file, written again and again
+            assert limit.move({int(want)})
+            assert allowed() == want and limit.cpus == [int(want)]
+    finally:
+        proc.kill()
+        proc.wait()
+        path = limit.path
+        limit.close()
+    assert path is not None and not path.exists()
+    assert not limit.own_cpuset and not limit.move([0])  # closed: nothing to move

@@ -81,13 +81,20 @@ def run_cmd(
     In sync-duet trials, $$ in syncduet_run_base becomes one barrier name that
     both sides share (the barrier of java-ubench-agent, created by the runner).
 
+    Where the sides run (cpus: in the config): by default (auto) each side of a
+    duet trial gets half of the CPUs, in a cpuset of its own, and the two trade
+    halves every 10 ms (cpu_swap_ms), so a CPU that is busy for a while slows
+    both alike (needs root and a cgroup v1 cpuset hierarchy; else the sides are
+    not pinned, and the run says so). cpus: ["0", "1"] names the halves;
+    cpu_swap_ms: 0 keeps each on its own; cpus: none lets the scheduler place them.
+
     A side that fails or times out is reported and the next trial runs; the
     exit status is 1 when any trial did not succeed.
     """
     from dataclasses import replace
 
     from kernmlops.duet.config import load_duet_config
-    from kernmlops.duet.runner import run_suite, suite_folder
+    from kernmlops.duet.runner import resolve_auto_cpus, run_suite, suite_folder
 
     def result_folder(suite) -> Path:
         return suite_folder(outdir, suite)
@@ -116,6 +123,9 @@ def run_cmd(
             console.print(f"suite [bold]{suite.suite}[/] ({suite.source})", markup=True)
             loud = verbose or suite.verbose
             folder = result_folder(suite)
+            _, cpu_note = resolve_auto_cpus(suite)
+            if cpu_note:
+                console.print(f"  CPUs {cpu_note}", markup=False)
 
             def on_trial(
                 n: int,
@@ -165,6 +175,11 @@ def _details(rec, folder: Path) -> None:
     """--verbose: what each side ran and said."""
     if rec.sync:
         console.print(f"      sync: {rec.sync}", markup=False)
+    if rec.cpu_swap_s:
+        console.print(
+            f"      CPUs traded every {rec.cpu_swap_s * 1000:g} ms ({rec.cpu_swaps} trades)",
+            markup=False,
+        )
     for pair, side in rec.sides.items():
         cpus = f" on CPUs {side.cpus}" if side.cpus else ""
         console.print(

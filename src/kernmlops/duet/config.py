@@ -43,12 +43,18 @@ from pydantic import (
 )
 
 from kernmlops.errors import ConfigError
-from kernmlops.host.cpus import parse_cpu_list
+from kernmlops.host.cpus import format_cpu_list, parse_cpu_list
 from kernmlops.validation import keys_at, unknown_key
 from kernmlops.yamlfile import safe_yaml
 
 #: Artifacts always captured once per suite (name -> what is recorded).
 BUILTIN_ARTIFACTS = ("uname", "lscpu", "meminfo", "hostname", "date")
+#: how often (ms) pinned sides trade CPU lists in a duet trial: a CPU that is slower
+#: for a while (another task, the host) then costs both sides alike (bench/README 14b)
+DEFAULT_CPU_SWAP_MS = 10.0
+#: nice value of the sides by default (as root): each side is a session of its own,
+#: so this is also its scheduling group's weight against other sessions (14b)
+DEFAULT_NICE = -10
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
 
@@ -109,17 +115,44 @@ class _DuetKeys(_SideKeys):
     sequential_repetitions: int | None = Field(None, ge=0)
     syncduet_repetitions: int | None = Field(None, ge=0)
     timeout: float | None = Field(None, ge=0, description="seconds per trial; 0: none")
-    cpus: list[str] | None = Field(
+    cpus: list[str] | Literal["auto", "none"] | None = Field(
         None,
         description='two CPU lists ("0", "2-3,6"): the first side of a trial runs on the '
-        "first, the other on the second (AB/BA orders swap them)",
+        "first, the other on the second (AB/BA orders swap them); auto (the default): two "
+        "halves of the CPUs the runner may use, traded every cpu_swap_ms, the sides left "
+        "unpinned where no cpuset can be made; none: the scheduler places the sides",
     )
+    nice: int | Literal["auto"] | None = Field(
+        None,
+        description="nice value of both sides and of their sessions' scheduling groups "
+        f"(autogroups; below 0 needs root): other work on the machine then takes less of "
+        f"their CPUs; auto (the default): {DEFAULT_NICE} when the runner is root, else "
+        "the runner's own; 0: as any other session",
+    )
+    cpu_swap_ms: float | None = Field(
+        None,
+        ge=0,
+        description="with cpus: the two sides trade CPU lists every this many ms while a "
+        f"duet or sync-duet trial runs (default {DEFAULT_CPU_SWAP_MS:g}; 0: never, each side "
+        "keeps its list for the whole trial)",
+    )
+
+    @field_validator("nice", mode="before")
+    @classmethod
+    def _nice_value(cls, value: Any) -> Any:
+        if value is None or value == "auto":
+            return value
+        if isinstance(value, bool) or not isinstance(value, int) or not -20 <= value <= 19:
+            raise ValueError(f"a nice value from -20 to 19, or auto (got {value})")
+        return value
 
     @field_validator("cpus")
     @classmethod
-    def _two_lists(cls, value: list[str] | None) -> list[str] | None:
-        if value is None:
-            return None
+    def _two_lists(
+        cls, value: list[str] | Literal["auto", "none"] | None
+    ) -> list[str] | Literal["auto", "none"] | None:
+        if value is None or isinstance(value, str):
+            return value
         if len(value) != 2:
             raise ValueError("two CPU lists, one per side, e.g. ['0', '1']")
         sets = [parse_cpus(v) for v in value]
@@ -195,6 +228,13 @@ class Duet:
     timeout_s: float | None
     cpus: tuple[frozenset[int], frozenset[int]] | None
     remove_containers: bool
+    #: seconds between CPU-list trades in duet trials (None: the sides keep theirs)
+    cpu_swap_s: float | None = None
+    #: cpus: auto: only duet and sync-duet trials are pinned, and only where the
+    #: runner can make cpusets (trading CPUs), else the sides are not pinned
+    cpus_auto: bool = False
+    #: both sides' nice value (None: the runner's own)
+    nice: int | None = None
 
     def side(self, pair: str) -> Side:
         return self.a if pair == "A" else self.b
@@ -217,6 +257,23 @@ class DuetSuite:
     @property
     def uses_containers(self) -> bool:
         return any(d.a.image or d.b.image for d in self.duets)
+
+
+def _nice(value: int | str) -> int | None:
+    """``nice: auto``: DEFAULT_NICE as root (it needs root), else the runner's own."""
+    if value == "auto":
+        return DEFAULT_NICE if os.geteuid() == 0 else None
+    return int(value)
+
+
+def auto_cpus() -> list[str] | None:
+    """``cpus: auto``: the CPUs this process may use, in two equal halves (an odd one
+    out is left to the runner); None with fewer than two."""
+    have = sorted(os.sched_getaffinity(0))
+    half = len(have) // 2
+    if not half:
+        return None
+    return [format_cpu_list(have[:half]), format_cpu_list(have[half : 2 * half])]
 
 
 def parse_cpus(text: str) -> frozenset[int]:
@@ -332,6 +389,13 @@ def validate_duet_config(data: Any, source: str | None = None) -> DuetSuite:
         a = _side("A", sec.A, sec, bench)
         b = _side("B", sec.B, sec, bench) if sec.B is not None else _side("B", sec.A, sec, bench)
         layers = (sec, bench)
+        cpu_lists = _inherit("cpus", *layers, default="auto")
+        auto = cpu_lists == "auto"
+        if auto:
+            cpu_lists = auto_cpus()
+        elif cpu_lists == "none":
+            cpu_lists = None
+        swap_ms = _inherit("cpu_swap_ms", *layers, default=DEFAULT_CPU_SWAP_MS)
         duet = Duet(
             name=name,
             suite=_inherit("suite", sec, default=suite),
@@ -342,12 +406,11 @@ def validate_duet_config(data: Any, source: str | None = None) -> DuetSuite:
             sequential_repetitions=_inherit("sequential_repetitions", *layers, default=0),
             syncduet_repetitions=_inherit("syncduet_repetitions", *layers, default=0),
             timeout_s=_inherit("timeout", *layers, default=0) or None,
-            cpus=(
-                tuple(parse_cpus(c) for c in cpus)  # type: ignore[arg-type]
-                if (cpus := _inherit("cpus", *layers))
-                else None
-            ),
+            cpus=tuple(parse_cpus(c) for c in cpu_lists) if cpu_lists else None,  # type: ignore[misc]
             remove_containers=_inherit("remove_containers", *layers, default=True),
+            cpu_swap_s=swap_ms / 1000 if cpu_lists and swap_ms else None,
+            cpus_auto=auto and bool(cpu_lists),
+            nice=_nice(_inherit("nice", *layers, default="auto")),
         )
         errors += _check_duet(duet)
         duets.append(duet)

@@ -42,7 +42,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,8 @@ from kernmlops.duet.config import Duet, DuetSuite, Side
 from kernmlops.duet.harness import SYNC_ENV
 from kernmlops.errors import BenchmarkError, KernmlopsError
 from kernmlops.fileio import write_atomic
+from kernmlops.host.cpus import format_cpu_list
+from kernmlops.host.environment import CpuLimit
 
 INDEX = "duet-run.json"
 KINDS = ("duet", "syncduet", "sequential")
@@ -232,6 +234,9 @@ class TrialRecord:
     timed_out: bool = False
     #: sync-duet only: how the sides were synchronized ("barrier <name>", "harness")
     sync: str | None = None
+    #: seconds between the sides' CPU-list trades (None: each kept its list), and how many
+    cpu_swap_s: float | None = None
+    cpu_swaps: int = 0
     warnings: list[str] = field(default_factory=list)
     duration_s: float = 0.0
     sides: dict[str, SideRecord] = field(default_factory=dict)
@@ -281,7 +286,7 @@ class _Running:
     def __init__(
         self, rec: SideRecord, side: Side, trial: Trial, duet: Duet, suite: DuetSuite,
         work: Path, log_base: Path, sync_dir: Path | None, cpus: frozenset[int] | None,
-        barrier: str | None = None,
+        barrier: str | None = None, limit: CpuLimit | None = None,
     ) -> None:  # fmt: skip
         self.rec = rec
         self.side = side
@@ -326,7 +331,25 @@ class _Running:
         ):  # the child keeps its own copies
             self.proc = GatedProcess(Launch(argv, env, str(work)), stdout, stderr)
         rec.pid = self.proc.pid
-        if cpus and not side.image:
+        if duet.nice is not None and not side.image:
+            try:  # the gate is held: the command and its children inherit it
+                os.setpriority(os.PRIO_PROCESS, self.proc.pid, duet.nice)
+                # Each side is a session of its own, so with autogroups (the
+                # default on desktop kernels) it is a scheduling group of its own,
+                # weighed against other sessions by the group's nice alone.
+                group = Path(f"/proc/{self.proc.pid}/autogroup")
+                if group.exists():
+                    group.write_text(str(duet.nice))
+            except OSError as err:
+                self.proc.stop(grace_s=0)
+                raise BenchmarkError(
+                    f"nice: cannot set {duet.nice} for side {side.pair}: {err.strerror}"
+                    + (" (a negative nice needs root)" if duet.nice < 0 else "")
+                ) from None
+        if limit is not None:  # its own cpuset (the gate is held: all it starts is in it)
+            limit.add(self.proc.pid)
+            rec.cpus = sorted(cpus or limit.cpus)
+        elif cpus and not side.image:
             # The gate shell is pinned before it execs: the command and its
             # children inherit the affinity.
             os.sched_setaffinity(self.proc.pid, cpus)
@@ -410,6 +433,72 @@ def _engine(argv: list[str], what: str, check: bool = True) -> None:
         raise BenchmarkError(f"cannot {what}: {proc.stderr.strip() or proc.returncode}")
 
 
+class _CpuSwap:
+    """Two sides, each in a cpuset of its own, trading CPU lists every ``period_s``.
+
+    A CPU that is slower for a while (another task queued on it, the host
+    running something on that vCPU) then slows both sides alike, and the
+    pairs of iterations see the same machine. Pinning alone gives that CPU to
+    one side for a whole trial; AB/BA orders then cancel it only on average
+    over runs, at the price of a wider interval (bench/README section 14b).
+    """
+
+    def __init__(self, cpus: tuple[frozenset[int], frozenset[int]], period_s: float) -> None:
+        self.cpus = cpus
+        self.period_s = period_s
+        self.limits = [CpuLimit(sorted(c)) for c in cpus]
+        self.swapped = False
+        self.swaps = 0
+        self.next_at: float | None = None
+        self._policy: tuple[int, os.sched_param] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return all(limit.own_cpuset for limit in self.limits)
+
+    def start(self) -> None:
+        self.next_at = time.monotonic() + self.period_s
+        # The sides may outweigh the runner (nice -10 in sessions of their own):
+        # a runner left waiting trades late. As root it waits for the next trade
+        # as a real-time thread (it runs ~20 us per trade), until the trial ends.
+        try:
+            self._policy = (os.sched_getscheduler(0), os.sched_getparam(0))
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+        except OSError:  # not root: it trades at the runner's own priority
+            self._policy = None
+
+    def _restore(self) -> None:
+        if self._policy is not None:
+            policy, param = self._policy
+            with contextlib.suppress(OSError):
+                os.sched_setscheduler(0, policy, param)
+            self._policy = None
+
+    def wait_s(self, poll_s: float) -> float:
+        """How long the runner may sleep before the next trade is due."""
+        if self.next_at is None:
+            return poll_s
+        return max(0.0, min(poll_s, self.next_at - time.monotonic()))
+
+    def step(self) -> None:
+        if self.next_at is None or time.monotonic() < self.next_at:
+            return
+        self.swapped = not self.swapped
+        lists = (self.cpus[1], self.cpus[0]) if self.swapped else self.cpus
+        # The side moved first shares the other's CPU until the second write
+        # (microseconds): each side goes first every other trade.
+        for slot in (0, 1) if self.swaps % 2 == 0 else (1, 0):
+            self.limits[slot].move(lists[slot])
+        self.swaps += 1
+        # a late runner does not trade twice in a row to catch up
+        self.next_at = max(self.next_at + self.period_s, time.monotonic() + self.period_s / 2)
+
+    def close(self) -> None:
+        self._restore()
+        for limit in self.limits:
+            limit.close()
+
+
 class _SyncBarrier:
     """The runner's end of the sync-duet protocol (see kernmlops.duet.harness)."""
 
@@ -487,6 +576,7 @@ def run_trial(
     results.mkdir(parents=True, exist_ok=True)
     running: dict[str, _Running] = {}
     barrier: _SyncBarrier | None = None
+    swapper: _CpuSwap | None = None
     shm_name: str | None = None
     broken: str | None = None
     t0 = time.monotonic()
@@ -518,6 +608,30 @@ def run_trial(
                         f"{s.pair}: the other side waits on barrier {shm_name} and this one "
                         "does not (give it a syncduet_run_base with $$)"
                     )
+        cpu_lists = duet.cpus
+        if duet.cpus_auto and (
+            trial.kind == "sequential" or any(duet.side(p).image for p in trial.pairs)
+        ):
+            cpu_lists = None  # auto pins duets only: alone, a side has the whole machine
+        if (
+            cpu_lists
+            and duet.cpu_swap_s
+            and trial.kind != "sequential"
+            and not any(duet.side(p).image for p in trial.pairs)
+        ):
+            swapper = _CpuSwap(duet.cpus, duet.cpu_swap_s)
+            if swapper.ok:
+                rec.cpu_swap_s = duet.cpu_swap_s
+            elif duet.cpus_auto:  # not pinned, as run_suite decides (see resolve_auto_cpus)
+                swapper.close()
+                swapper, cpu_lists = None, None
+            else:
+                swapper.close()
+                swapper = None
+                rec.warnings.append(
+                    "cpu_swap_ms: no cpuset cgroup could be made (it needs root and a "
+                    "cgroup v1 cpuset hierarchy): each side kept its CPUs for the whole trial"
+                )
         for slot, pair in enumerate(trial.pairs):
             side = duet.side(pair)
             if broken:
@@ -528,13 +642,13 @@ def run_trial(
                 pair=pair, command=side_command(side, trial.kind, shm_name), image=side.image
             )
             rec.sides[pair] = srec
-            cpus = duet.cpus[slot] if duet.cpus else None
+            cpus = cpu_lists[slot] if cpu_lists else None
             srec.stdout = f"logs/{label}.{pair}.stdout"
             srec.stderr = f"logs/{label}.{pair}.stderr"
             try:
                 running[pair] = _Running(
                     srec, side, trial, duet, suite, work / pair, logs / label, sync_dirs.get(pair),
-                    cpus, shm_name,
+                    cpus, shm_name, swapper.limits[slot] if swapper else None,
                 )  # fmt: skip
             except (BenchmarkError, OSError) as err:
                 srec.status = "error"
@@ -543,6 +657,8 @@ def run_trial(
         if len(running) == len(trial.pairs):
             for r in running.values():  # both gates open back to back
                 r.release()
+            if swapper is not None:
+                swapper.start()
             deadline = t0 + duet.timeout_s if duet.timeout_s else None
             while True:
                 alive = {p: r.poll() is None for p, r in running.items()}
@@ -554,10 +670,13 @@ def run_trial(
                         if alive[p]:
                             r.stop()
                     break
+                wait_s = swapper.wait_s(poll_s) if swapper is not None else poll_s
                 if barrier is not None:
-                    barrier.step(alive, poll_s)
+                    barrier.step(alive, wait_s)
                 else:
-                    time.sleep(poll_s)
+                    time.sleep(wait_s)
+                if swapper is not None:
+                    swapper.step()
     finally:
         for r in running.values():
             try:
@@ -566,6 +685,9 @@ def run_trial(
                 r.rec.status, r.rec.error = "error", f"stopping failed: {err}"
         if barrier is not None:
             barrier.close()
+        if swapper is not None:
+            rec.cpu_swaps = swapper.swaps
+            swapper.close()  # the sides are reaped: their cpusets are empty
         if shm_name is not None:
             from kernmlops.duet.barrier import remove_barrier
 
@@ -591,6 +713,37 @@ class SuiteResult:
     @property
     def failed(self) -> list[TrialRecord]:
         return [t for t in self.trials if not t.ok]
+
+
+def cpusets_available() -> bool:
+    """Whether this runner can make cpusets of its own (for trading CPUs)."""
+    probe = CpuLimit(sorted(os.sched_getaffinity(0)))
+    try:
+        return probe.own_cpuset
+    finally:
+        probe.close()
+
+
+def resolve_auto_cpus(suite: DuetSuite) -> tuple[DuetSuite, str | None]:
+    """The suite as it will run, and a line saying where ``cpus: auto`` put the sides.
+    ``cpus: auto`` duets unpinned where no cpuset can be made: pinning without
+    trading was the worst setup measured (bench/README section 14b)."""
+    auto = [d for d in suite.duets if d.cpus_auto]
+    if not auto:
+        return suite, None
+    if cpusets_available():
+        assert auto[0].cpus is not None
+        a, b = (format_cpu_list(sorted(c)) for c in auto[0].cpus)
+        return suite, f"auto: duet trials on CPUs {a} and {b}, traded every few ms"
+    duets = tuple(
+        replace(d, cpus=None, cpu_swap_s=None, cpus_auto=False) if d.cpus_auto else d
+        for d in suite.duets
+    )
+    note = (
+        "auto: not pinned (no cpuset cgroup could be made to trade the sides' CPUs: "
+        "that needs root and a cgroup v1 cpuset hierarchy)"
+    )
+    return replace(suite, duets=duets), note
 
 
 def suite_folder(outdir: Path, suite: DuetSuite) -> Path:
@@ -634,6 +787,7 @@ def run_suite(
     images = {s.image for d in suite.duets for s in (d.a, d.b) if s.image}
     if images:
         check_engine(suite.engine, images)
+    suite, cpu_note = resolve_auto_cpus(suite)
     folder = suite_folder(outdir, suite)
     prepare_folder(folder, force)
     seed = suite.seed if suite.seed is not None else random.SystemRandom().randrange(2**31)
@@ -652,6 +806,7 @@ def run_suite(
         "finished_at": None,
         "collect": collect is not None,
         "plan": [asdict(t) for t in plan],
+        "cpus": cpu_note,
         "artifacts": capture_artifacts(suite.artifacts, folder / "artifacts"),
         "trials": [],
     }

@@ -143,6 +143,7 @@ class CpuLimit:
         self.cpus = cpus
         self.path: Path | None = None
         self._made = False
+        self._cpus_fd: int | None = None
         self.method: Literal["cpuset", "affinity"] = "affinity"
         if cgroup is not None and (cgroup / "cpuset.cpus").exists():
             # v2: the parent hands the cpuset controller down
@@ -182,8 +183,33 @@ class CpuLimit:
                 f"{format_cpu_list(self.cpus)}: {err.strerror}"
             ) from None
 
+    @property
+    def own_cpuset(self) -> bool:
+        """A cpuset cgroup made here for these processes alone (``move`` works)."""
+        return self._made and self.path is not None
+
+    def move(self, cpus: list[int] | frozenset[int]) -> bool:
+        """Put every process of a cpuset made here on ``cpus`` now (the kernel
+        migrates them all at once); False when there is no such cpuset."""
+        if not self.own_cpuset:
+            return False
+        assert self.path is not None
+        try:
+            if self._cpus_fd is None:
+                # kept open: an open per move costs ~0.5 ms here, a write ~13 us
+                self._cpus_fd = os.open(self.path / "cpuset.cpus", os.O_WRONLY)
+            os.write(self._cpus_fd, format_cpu_list(sorted(cpus)).encode())
+        except OSError:
+            return False
+        self.cpus = sorted(cpus)
+        return True
+
     def close(self) -> None:
         """Remove a v1 cpuset made here, once its processes are gone (idempotent)."""
+        if self._cpus_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._cpus_fd)
+            self._cpus_fd = None
         if self._made and self.path is not None:
             with contextlib.suppress(OSError):
                 self.path.rmdir()
