@@ -52,9 +52,28 @@ def test_train_export_report(data: Path, tmp_path: Path) -> None:
     model = tmp_path / "m.json"
     r = _invoke("train", data, "-o", model, "--test-collection", "syn-2", "--epochs", "15")
     assert r.exit_code == 0, r.output
-    assert "test: 1,500 decisions from 1 collection(s)" in r.output
     assert "[[tn, fp], [fn, tp]]" in r.output  # printed, not eaten as markup
     doc = json.loads(model.read_text())
+    test = doc["meta"]["report"]["test"]
+    # the counts printed are the test run's own labels, counted here
+    labels = read_collection(data / "curated" / "benchmark=synthetic" / "collection_id=syn-2")[
+        "lb_decisions"
+    ]["can_migrate"]
+    stay, move = int((labels == 0).sum()), int((labels == 1).sum())
+    assert f"test: 1,500 decisions ({stay:,} stay, {move:,} migrate) from 1 collection(s)" in (
+        r.output
+    )
+    # model, the hand rule and the majority baseline side by side, balanced accuracy first
+    scored = [ln for ln in r.output.splitlines() if "balanced" in ln]
+    lines = {ln.split("balanced")[0].strip(): ln for ln in scored}
+    for name in ("model (float)", "model (fixed Q20.11)", "hand rule (15 features)",
+                 "always the commoner"):  # fmt: skip
+        assert name in lines, r.output
+    assert "balanced  50.00%" in lines["always the commoner"]  # one class always: 50%
+    assert "balanced 100.00%" in lines["hand rule (15 features)"]  # labelled by the rule
+    m = test["majority"]
+    assert m["recall_per_class"]["stay" if move >= stay else "migrate"] == 0.0
+    assert test["rule"]["balanced_accuracy"] == 1.0
     assert doc["meta"]["report"]["test"]["collections"] == ["syn-2"]
     assert doc["meta"]["report"]["test"]["float"]["accuracy"] >= 0.95  # 15 epochs: a smoke test
 

@@ -72,6 +72,17 @@ def test_metrics_by_hand() -> None:
     assert m["precision"] == pytest.approx(2 / 3)
     assert m["recall"] == pytest.approx(2 / 3)
     assert m["f1"] == pytest.approx(2 / 3)
+    # stay: 1 of 2 right; migrate: 2 of 3
+    assert m["recall_per_class"] == {"stay": pytest.approx(1 / 2), "migrate": pytest.approx(2 / 3)}
+    assert m["balanced_accuracy"] == pytest.approx((1 / 2 + 2 / 3) / 2)
+    assert (m["positives"], m["negatives"]) == (3, 2)
+    # always "migrate" on 96% migrate: accuracy 96%, balanced accuracy 50%
+    y = np.array([1] * 96 + [0] * 4)
+    always = metrics(y, np.ones(100))
+    assert always["accuracy"] == pytest.approx(0.96)
+    assert always["balanced_accuracy"] == pytest.approx(0.5)
+    assert always["recall_per_class"] == {"stay": 0.0, "migrate": 1.0}
+    assert metrics(np.ones(3), np.ones(3))["balanced_accuracy"] == 1.0  # one class present
 
 
 def test_split_keeps_runs_whole() -> None:

@@ -300,21 +300,32 @@ def import_cmd(files: tuple[Path, ...], output_dir: Path, collection_id: str | N
 # --- train / export -------------------------------------------------------------------
 
 
+def _score_line(name: str, m: dict[str, Any]) -> str:
+    r = m.get("recall_per_class") or {}
+    return (
+        f"  {name:<24} balanced {_pct(m.get('balanced_accuracy')):>7}  recall stay "
+        f"{_pct(r.get('stay')):>7}  migrate {_pct(r.get('migrate')):>7}  accuracy "
+        f"{_pct(m.get('accuracy')):>7}  [[tn, fp], [fn, tp]] {m['confusion']}"
+    )
+
+
 def _print_metrics(title: str, section: dict[str, Any]) -> None:
     if not section.get("float"):
         console.print(f"{title}: no rows")
         return
-    f, q, a, r = section["float"], section["fixed"], section["float_vs_fixed"], section["rule"]
+    f, q, a = section["float"], section["fixed"], section["float_vs_fixed"]
     console.print(
-        f"{title}: {section['rows']:,} decisions from {len(section['collections'])} collection(s)\n"
-        f"  float: accuracy {_pct(f['accuracy'])}, precision {_pct(f['precision'])}, "
-        f"recall {_pct(f['recall'])}, F1 {_pct(f['f1'])}, confusion [[tn, fp], [fn, tp]] "
-        f"{f['confusion']}\n"
-        f"  fixed Q20.11: accuracy {_pct(q['accuracy'])}; float vs fixed decisions agree "
-        f"{_pct(a['agreement'])} (max |logit diff| {a['max_abs_logit_diff']:.4f} <= bound "
-        f"{a['max_bound']:.4f}: {a['within_bound']})\n"
-        f"  the kernel's rule on the same features: accuracy {_pct(r['accuracy'])}; always "
-        f"the commoner answer: {_pct(section['majority_baseline'])}"
+        f"{title}: {section['rows']:,} decisions ({f['negatives']:,} stay, {f['positives']:,} "
+        f"migrate) from {len(section['collections'])} collection(s)"
+    )
+    console.print(_score_line("model (float)", f))
+    console.print(_score_line("model (fixed Q20.11)", q))
+    console.print(_score_line("hand rule (15 features)", section["rule"]))
+    if section.get("majority"):
+        console.print(_score_line("always the commoner", section["majority"]))
+    console.print(
+        f"  float vs fixed decisions agree {_pct(a['agreement'])} (max |logit diff| "
+        f"{a['max_abs_logit_diff']:.4f} <= bound {a['max_bound']:.4f}: {a['within_bound']})"
     )
 
 

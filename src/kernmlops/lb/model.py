@@ -107,8 +107,10 @@ class Model:
 
 
 def metrics(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, Any]:
-    """Accuracy, precision, recall, F1 (positive class: migrate) and the
-    confusion matrix ``[[tn, fp], [fn, tp]]``."""
+    """Accuracy, precision, recall, F1 (positive class: migrate), the
+    confusion matrix ``[[tn, fp], [fn, tp]]``, the recall of each class and
+    their mean, the balanced accuracy (what counts when one answer is rare:
+    "always migrate" scores 50% there, whatever its accuracy)."""
     t = np.asarray(y_true).astype(bool)
     p = np.asarray(y_pred).astype(bool)
     tp = int((t & p).sum())
@@ -123,14 +125,20 @@ def metrics(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, Any]:
         if precision is not None and recall is not None and precision + recall
         else None
     )
+    recall_stay = tn / (tn + fp) if tn + fp else None
+    both = [r for r in (recall_stay, recall) if r is not None]
     return {
         "rows": n,
         "accuracy": (tp + tn) / n if n else None,
+        # the mean of the recalls of the classes present (one class: its recall)
+        "balanced_accuracy": sum(both) / len(both) if both else None,
+        "recall_per_class": {"stay": recall_stay, "migrate": recall},
         "precision": precision,
         "recall": recall,
         "f1": f1,
         "confusion": [[tn, fp], [fn, tp]],
         "positives": tp + fn,
+        "negatives": tn + fp,
     }
 
 
