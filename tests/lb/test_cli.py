@@ -93,6 +93,13 @@ def test_train_export_report(data: Path, tmp_path: Path) -> None:
     body = json.loads(rep.read_text())
     assert [c["collection_id"] for c in body["collections"]] == ["syn-0", "syn-1", "syn-2"]
     assert all(c["rule_accuracy"] == 1.0 for c in body["collections"])
+    assert body["collections"][2]["stay"] == stay  # counted from the same rows above
+    assert body["collections"][2]["scenario"] is None  # no stress-ng run behind these
+    # all filtered rows: the rule labelled them (100%), the majority baseline is 50% balanced
+    assert body["hand_rule"]["balanced_accuracy"] == 1.0
+    assert body["majority"]["balanced_accuracy"] == 0.5
+    assert body["model"]["rows"] == body["hand_rule"]["rows"] == 4500
+    assert "always the commoner" in r.output and "hand rule (15 features)" in r.output
 
 
 def test_train_needs_two_runs_to_split(data: Path, tmp_path: Path) -> None:

@@ -91,7 +91,8 @@ def _collect_options(fn):
                 "--migration-cost-ns",
                 type=int,
                 default=None,
-                help="sysctl_sched_migration_cost the features use (default: 500000)",
+                help="sched migration cost the features use (default: the running "
+                "kernel's, from debugfs or sysctl, else 500000)",
             ),
             click.option("--no-progress", is_flag=True, help="no live progress (logs, CI)"),
             click.argument("command", nargs=-1, type=click.UNPROCESSED),
@@ -135,7 +136,7 @@ def _run_collect(
 ) -> None:
     from kernmlops.config import Flags, load_config
     from kernmlops.lb.collect import collect, session_flags
-    from kernmlops.lb.features import MIGRATION_COST_NS
+    from kernmlops.lb.features import MIGRATION_COST_NS, kernel_migration_cost_ns
 
     if repeat < 1:
         raise click.BadParameter("must be at least 1", param_hint="--repeat")
@@ -159,7 +160,13 @@ def _run_collect(
         model, meta = _load_any_model(model_path) if model_path else (None, None)
     except KernmlopsError as err:
         fail(err)
-    cost = migration_cost_ns or MIGRATION_COST_NS
+    kernel_cost = kernel_migration_cost_ns()
+    cost = migration_cost_ns or kernel_cost or MIGRATION_COST_NS
+    if kernel_cost is not None and kernel_cost != cost:
+        console.print(
+            f"warning: the kernel's migration cost is {kernel_cost:,} ns, the features use "
+            f"{cost:,} ns (--migration-cost-ns): the kernel's answers follow its own"
+        )
     shadow = f", shadow model {model_path}" if model else ""
     exit_code = 0
     runs = [(i, c) for i, c in enumerate(configs) for _ in range(repeat)]
@@ -480,16 +487,24 @@ def report_cmd(data: tuple[Path, ...], model_path: Path | None, json_out: Path |
     except KernmlopsError as err:
         fail(err)
     table = Table(title="lb decisions", title_justify="left")
-    for col in ("collection", "variant", "decisions", "filtered", "migrate", "rule", "model",
-                "shadow"):  # fmt: skip
-        table.add_column(col, justify="left" if col in ("collection", "variant") else "right")
+    for col in ("collection", "scenario", "variant", "decisions", "filtered", "stay", "migrate",
+                "rule", "model", "shadow"):  # fmt: skip
+        table.add_column(col, justify="left" if col in ("collection", "scenario", "variant")
+                         else "right")  # fmt: skip
     for c in rep["collections"]:
         table.add_row(
-            c["collection_id"], c["variant"], f"{c['decisions']:,}", f"{c['filtered']:,}",
-            _pct(c["migrate_share"]), _pct(c["rule_accuracy"]), _pct(c.get("model_accuracy")),
+            c["collection_id"], c.get("scenario") or "-", c["variant"], f"{c['decisions']:,}",
+            f"{c['filtered']:,}", f"{c['stay']:,}", _pct(c["migrate_share"]),
+            _pct(c["rule_accuracy"]), _pct(c.get("model_accuracy")),
             _pct(c.get("shadow_agreement")),
         )  # fmt: skip
     Console(width=max(120, Console().width)).print(table)
+    if rep.get("hand_rule"):
+        console.print("all filtered decisions (accuracy columns above; balanced here):")
+        for name, key in (("model", "model"), ("hand rule (15 features)", "hand_rule"),
+                          ("always the commoner", "majority")):  # fmt: skip
+            if rep.get(key):
+                console.print(_score_line(name, rep[key]))
     if json_out:
         json_out.write_text(json.dumps(rep, indent=1, default=str) + "\n")
         console.print(f"report -> {json_out}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from kernmlops.collect.manifest import MANIFEST_NAME, read_manifest
@@ -17,9 +18,10 @@ from kernmlops.lb.pipeline import prepare
 
 
 def _manifests(paths: list[Path]) -> dict[str, dict[str, Any]]:
-    """collection_id -> its manifest's lb section, for every collection found (read
-    through the typed manifest; a folder whose manifest does not check is skipped:
-    its decisions are still reported, without the shadow columns)."""
+    """collection_id -> its manifest's lb section (plus ``scenario``: the stress-ng
+    scenario, where one ran), for every collection found (read through the typed
+    manifest; a folder whose manifest does not check is skipped: its decisions
+    are still reported, without the shadow columns)."""
     out: dict[str, dict[str, Any]] = {}
     for p in paths:
         for manifest in [p / MANIFEST_NAME, *p.glob(f"**/collection_id=*/{MANIFEST_NAME}")]:
@@ -29,7 +31,10 @@ def _manifests(paths: list[Path]) -> dict[str, dict[str, Any]]:
                 except CollectionError:
                     continue
                 lb = doc.get("lb")
-                out[str(doc.collection_id)] = lb if isinstance(lb, dict) else {}
+                section = dict(lb) if isinstance(lb, dict) else {}
+                bench = (doc.get("config") or {}).get("benchmark") or {}
+                section["scenario"] = (bench.get("stress_ng") or {}).get("scenario")
+                out[str(doc.collection_id)] = section
     return out
 
 
@@ -46,15 +51,18 @@ def build_report(paths: list[Path], model_path: Path | None = None) -> dict[str,
         row: dict[str, Any] = {
             "collection_id": str(cid),
             "variant": ",".join(sorted({str(v) for v in group["variant"].drop_nulls().unique()})),
+            "scenario": (lb.get(str(cid)) or {}).get("scenario"),
             "decisions": group.height,
             "filtered": kept.height,
+            "stay": int((kept[LABEL] == 0).sum()),
             "migrate_share": float(kept[LABEL].mean()) if kept.height else None,
             "rule_accuracy": None,
         }
         if kept.height:
             x = float_features(kept, cost)
             y = kept[LABEL].to_numpy()
-            row["rule_accuracy"] = metrics(y, rule_decision(x))["accuracy"]
+            row["rule"] = metrics(y, rule_decision(x))
+            row["rule_accuracy"] = row["rule"]["accuracy"]
             if model is not None:
                 m = metrics(y, model.predict(x))
                 row["model_accuracy"] = m["accuracy"]
@@ -69,8 +77,14 @@ def build_report(paths: list[Path], model_path: Path | None = None) -> dict[str,
         rows.append(row)
     total = prepare(decisions)
     out: dict[str, Any] = {"collections": rows, "decisions": decisions.height}
-    if model is not None and total.height:
-        out["model"] = metrics(total[LABEL].to_numpy(), model.predict(float_features(total, cost)))
+    if total.height:
+        # every filtered row, the model beside the two baselines (balanced accuracy
+        # and recall per class: "stay" is rare)
+        x, y = float_features(total, cost), total[LABEL].to_numpy()
+        if model is not None:
+            out["model"] = metrics(y, model.predict(x))
+        out["hand_rule"] = metrics(y, rule_decision(x))
+        out["majority"] = metrics(y, np.full(len(y), int(y.mean() >= 0.5)))
     counts = total.group_by("variant").len() if total.height else pl.DataFrame()
     out["filtered_by_variant"] = {str(r["variant"]): r["len"] for r in counts.iter_rows(named=True)}
     return out
