@@ -217,7 +217,7 @@ def analyse(roots: list[Path], fraction: float, seed: int) -> dict[str, Any]:
                 "exit_code": r["exit_code"],
             }
             for r in _runs(roots)
-            if r["state"] != "complete" or r["exit_code"]
+            if r["state"] != "completed" or r["exit_code"]
         ],
         "total": counts(decisions, kept),
         "held_out_total": counts(decisions.filter(is_test), kept.filter(is_test)),
@@ -268,6 +268,7 @@ def analyse(roots: list[Path], fraction: float, seed: int) -> dict[str, Any]:
     # the tracepoint approximation against the exact labels of the same runs
     tp_sum: dict[str, float] = {}
     tp_runs = 0
+    tp_frames = []
     for r in runs:
         if "lb_decisions_tracepoint" not in r["tables"]:
             continue
@@ -278,6 +279,7 @@ def analyse(roots: list[Path], fraction: float, seed: int) -> dict[str, Any]:
         if tp.height == 0:
             continue
         c = compare_with_kprobe(tp, kp)
+        tp_frames.append(tp.with_columns(pl.lit(r["collection_id"]).alias("collection_id")))
         tp_runs += 1
         for k, v in c.items():
             if isinstance(v, int):
@@ -299,6 +301,18 @@ def analyse(roots: list[Path], fraction: float, seed: int) -> dict[str, Any]:
             # approximation saw as a pull at all
             "exact_migrate_seen": tp_sum["positives_agree"] / max(1, tp_sum["kprobe_migrations"]),
         }  # fmt: skip
+        # what a model learned from the approximation (its training runs' rows) does
+        # on the exact held-out decisions
+        from kernmlops.lb.model import TrainConfig, train
+
+        tp_train = prepare(pl.concat(tp_frames, how="diagonal_relaxed").filter(~is_test))
+        if tp_train.height and tp_train[LABEL].n_unique() == 2:
+            tm = train(float_features(tp_train, cost), tp_train[LABEL].to_numpy(),
+                       TrainConfig(seed=seed))  # fmt: skip
+            out["tracepoint"]["model_trained_on_it"] = {
+                "train_rows": tp_train.height,
+                "on_exact_held_out": metrics(y, tm.predict(x)),
+            }
     return out
 
 
