@@ -168,7 +168,12 @@ def analyse(roots: list[Path], fraction: float, seed: int) -> dict[str, Any]:
     from kernmlops.lb.pipeline import prepare, train_model
     from kernmlops.lb.tracepoint import compare_with_kprobe
 
-    runs = [r for r in _runs(roots) if r["scenario"] in SCENARIOS and "lb_decisions" in r["tables"]]
+    # a run cut short (state not completed) is counted as failed, not used
+    runs = [
+        r for r in _runs(roots)
+        if r["scenario"] in SCENARIOS and "lb_decisions" in r["tables"]
+        and r["state"] == "completed"
+    ]  # fmt: skip
     if not runs:
         sys.exit(f"no lb collections of MLLB's scenarios under {', '.join(map(str, roots))}")
     costs = {r["lb"].get("migration_cost_ns") for r in runs}
