@@ -115,3 +115,22 @@ def test_shadow_needs_a_readable_model(tmp_path: Path) -> None:
     bad.write_text("not json")
     r = _invoke("shadow", bad, "-o", tmp_path, "--no-progress", "--", "true")
     assert r.exit_code == 2 and "cannot read model" in r.output
+
+
+def test_train_uses_the_recorded_migration_cost(tmp_path: Path) -> None:
+    # rows labelled by the rule with a 10 ms hot window: trained at the recorded
+    # 10 ms the hand rule is exact; two costs in one data set are refused
+    for i in range(2):
+        frame = synthetic_decisions(600, f"c-{i}", seed=60 + i, migration_cost_ns=10_000_000)
+        lb = {"variant": "kprobe", "migration_cost_ns": 10_000_000}
+        write_decisions(frame, tmp_path / "a", f"c-{i}", "synthetic", {"lb": lb})
+    r = _invoke("train", tmp_path / "a", "-o", tmp_path / "m.json", "--epochs", "3", "--balanced")
+    assert r.exit_code == 0, r.output
+    rep = json.loads((tmp_path / "m.json").read_text())["meta"]["report"]
+    assert rep["migration_cost_ns"] == 10_000_000
+    assert rep["test"]["rule"]["balanced_accuracy"] == 1.0
+    other = {"variant": "kprobe", "migration_cost_ns": 500_000}
+    frame = synthetic_decisions(100, "c-9", seed=9)
+    write_decisions(frame, tmp_path / "a", "c-9", "synthetic", {"lb": other})
+    r = _invoke("train", tmp_path / "a", "-o", tmp_path / "m.json")
+    assert r.exit_code == 2 and "different migration costs (500,000, 10,000,000 ns)" in r.output

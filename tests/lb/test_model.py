@@ -17,6 +17,7 @@ from kernmlops.lb.model import (
     TrainConfig,
     metrics,
     split_by_collection,
+    train,
 )
 from kernmlops.lb.pipeline import train_model
 
@@ -132,3 +133,25 @@ def test_wrong_weights_are_a_model_error(tmp_path: Path, change: dict, message: 
     bad.write_text(json.dumps(doc))
     with pytest.raises(ModelError, match=message):
         Model.load(bad)
+
+
+def test_balanced_weights_make_the_rare_class_weigh_as_much() -> None:
+    from kernmlops.lb.model import _class_weights
+
+    y = np.array([1.0] * 9 + [0.0])
+    w = _class_weights(y, True)
+    assert w[y == 1].sum() == pytest.approx(w[y == 0].sum()) == pytest.approx(5.0)
+    assert (_class_weights(y, False) == 1).all()
+    assert (_class_weights(np.ones(4), True) == 1).all()  # one class: nothing to balance
+
+
+def test_balanced_training_raises_the_rare_class_recall() -> None:
+    # a rare class the features separate only in part: weighting trades migrate
+    # recall for stay recall, as it should
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(4000, 15))
+    y = ((x[:, 0] + 0.8 * rng.normal(size=4000)) > -1.6).astype(float)  # ~8% stay
+    plain = metrics(y, train(x, y, TrainConfig(epochs=20)).predict(x))
+    weighted = metrics(y, train(x, y, TrainConfig(epochs=20, balanced=True)).predict(x))
+    assert weighted["recall_per_class"]["stay"] > plain["recall_per_class"]["stay"] + 0.1
+    assert weighted["balanced_accuracy"] > plain["balanced_accuracy"]

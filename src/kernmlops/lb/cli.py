@@ -351,12 +351,16 @@ def _print_metrics(title: str, section: dict[str, Any]) -> None:
 @click.option("--test-fraction", type=float, default=0.25, show_default=True)
 @click.option("--epochs", type=int, default=60, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--migration-cost-ns", type=int, default=None, help="default 500000")
-def train_cmd(data, output, split, tests, test_fraction, epochs, seed, migration_cost_ns) -> None:
+@click.option("--migration-cost-ns", type=int, default=None,
+              help="default: the collections' own (recorded), else 500000")  # fmt: skip
+@click.option("--balanced", is_flag=True,
+              help="weigh both answers alike in the loss ('stay' is rare)")  # fmt: skip
+def train_cmd(data, output, split, tests, test_fraction, epochs, seed, migration_cost_ns,
+              balanced) -> None:  # fmt: skip
     """Train MLLB's MLP (15 -> 10 ReLU -> 1, numpy) on the lb_decisions of DATA
     (collection folders or roots) after MLLB's filter; report accuracy,
     precision, recall, F1 and the confusion matrix on the test runs."""
-    from kernmlops.lb.dataset import load_decisions
+    from kernmlops.lb.dataset import load_decisions, recorded_cost
     from kernmlops.lb.features import MIGRATION_COST_NS
     from kernmlops.lb.model import TrainConfig
     from kernmlops.lb.pipeline import train_model
@@ -367,8 +371,9 @@ def train_cmd(data, output, split, tests, test_fraction, epochs, seed, migration
         decisions = load_decisions(list(data))
         result = train_model(
             decisions, split=split, test_collections=list(tests) or None,
-            test_fraction=test_fraction, seed=seed, config=TrainConfig(epochs=epochs, seed=seed),
-            migration_cost_ns=migration_cost_ns or MIGRATION_COST_NS,
+            test_fraction=test_fraction, seed=seed,
+            config=TrainConfig(epochs=epochs, seed=seed, balanced=balanced),
+            migration_cost_ns=migration_cost_ns or recorded_cost(list(data)) or MIGRATION_COST_NS,
             sources=[str(p) for p in data],
         )  # fmt: skip
         result.model.save(output)
