@@ -154,6 +154,48 @@ def held_out_ids(runs: list[dict[str, Any]], fraction: float, seed: int) -> list
     return sorted(out)
 
 
+#: training settings compared by cross-validation on the training runs alone
+CANDIDATES = {
+    "default": {},
+    "balanced": {"balanced": True},
+    "long": {"epochs": 200, "patience": 30},
+    "balanced-long": {"balanced": True, "epochs": 200, "patience": 30},
+}
+
+
+def select_config(train_frame: Any, cost: int, seed: int, folds: int = 3) -> dict[str, Any]:
+    """The training setting with the best mean balanced accuracy over ``folds``
+    folds of whole training runs (each scenario's runs dealt over the folds):
+    chosen without the held-out runs."""
+    import numpy as np
+
+    from kernmlops.lb.features import LABEL, float_features
+    from kernmlops.lb.model import TrainConfig, metrics, train
+
+    rng = random.Random(seed)
+    fold_of: dict[str, int] = {}
+    for s in sorted(set(train_frame["scenario"].to_list())):
+        ids = sorted(set(train_frame.filter(train_frame["scenario"] == s)["collection_id"]))
+        rng.shuffle(ids)
+        start = rng.randrange(folds)
+        for i, c in enumerate(ids):
+            fold_of[c] = (start + i) % folds
+    fold = np.array([fold_of[c] for c in train_frame["collection_id"].to_list()])
+    x, y = float_features(train_frame, cost), train_frame[LABEL].to_numpy()
+    scores: dict[str, list[float]] = {}
+    for name, opts in CANDIDATES.items():
+        for f in range(folds):
+            fit, val = fold != f, fold == f
+            if not val.any() or len(set(y[fit].tolist())) < 2:
+                continue
+            m = train(x[fit], y[fit], TrainConfig(seed=seed, **opts))
+            scores.setdefault(name, []).append(
+                metrics(y[val], m.predict(x[val]))["balanced_accuracy"]
+            )
+    means = {k: float(np.mean(v)) for k, v in scores.items()}
+    return {"folds": folds, "cv_balanced_accuracy": means, "chosen": max(means, key=means.get)}
+
+
 def _scores(metrics_of: Any, y: Any, preds: dict[str, Any]) -> dict[str, Any]:
     return {name: metrics_of(y, p) for name, p in preds.items()}
 
@@ -239,9 +281,19 @@ def analyse(roots: list[Path], fraction: float, seed: int) -> dict[str, Any]:
         (kernel_decision(kept, cost) == kept[LABEL].to_numpy()).mean()
     )
 
+    from kernmlops.lb.model import TrainConfig
+
     t0 = time.monotonic()
-    res = train_model(decisions, test_collections=test_ids, seed=seed, migration_cost_ns=cost)
+    out["selection"] = select_config(kept.filter(~is_test), cost, seed)
+    chosen = out["selection"]["chosen"]
+    out["selection_s"] = round(time.monotonic() - t0, 1)
+    print(f"training setting by 3-fold CV on the training runs: {out['selection']}")
+    t0 = time.monotonic()
+    res = train_model(decisions, test_collections=test_ids, seed=seed, migration_cost_ns=cost,
+                      config=TrainConfig(seed=seed, **CANDIDATES[chosen]))  # fmt: skip
     out["train_s"] = round(time.monotonic() - t0, 1)
+    # the pipeline's default setting too, as lb train runs it without options
+    default = train_model(decisions, test_collections=test_ids, seed=seed, migration_cost_ns=cost)
     rep = res.report
     test = kept.filter(is_test)
     x, xq, y = float_features(test, cost), fixed_features(test, cost), test[LABEL].to_numpy()
@@ -249,6 +301,7 @@ def analyse(roots: list[Path], fraction: float, seed: int) -> dict[str, Any]:
     preds = {
         "model_float": res.model.predict(x),
         "model_fixed": res.fixed.predict(xq),
+        "model_default_setting": default.model.predict(x),
         "hand_rule": rule_decision(x),
         "majority": np.full(len(y), commoner),
     }
