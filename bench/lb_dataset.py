@@ -90,7 +90,7 @@ def guest_script(out: Path, rounds: list[list[str]], budget_s: float, cost_ns: i
 def collect(args: argparse.Namespace) -> int:
     import yaml
 
-    from kernmlops.vm.qemu import run_in_vm
+    from kernmlops.vm.qemu import LabError, run_in_vm
 
     out = args.collect.resolve()
     (out / "configs").mkdir(parents=True, exist_ok=True)
@@ -110,8 +110,12 @@ def collect(args: argparse.Namespace) -> int:
     src = ROOT / "src"
     cmd = ["env", f"PYTHONPATH={src}", "sh", str(script)]
     t0 = time.monotonic()
-    res = run_in_vm(cmd, cpus=args.cpus, numa=args.numa, memory=args.memory, outdir=out,
-                    timeout_s=args.budget_min * 60 + 900, echo=True)  # fmt: skip
+    try:
+        res = run_in_vm(cmd, cpus=args.cpus, numa=args.numa, memory=args.memory, outdir=out,
+                        timeout_s=args.budget_min * 60 + 900, echo=True)  # fmt: skip
+    except LabError as err:  # e.g. the time limit: the completed runs are kept
+        print(f"lab: {err} (after {time.monotonic() - t0:.0f} s); completed runs in {out}")
+        return 1
     print(f"lab: exit {res.exit_code} after {time.monotonic() - t0:.0f} s -> {out}")
     return res.exit_code
 
