@@ -129,6 +129,8 @@ def test_train_uses_the_recorded_migration_cost(tmp_path: Path) -> None:
     rep = json.loads((tmp_path / "m.json").read_text())["meta"]["report"]
     assert rep["migration_cost_ns"] == 10_000_000
     assert rep["test"]["rule"]["balanced_accuracy"] == 1.0
+    r = _invoke("report", tmp_path / "a", "--json", tmp_path / "r.json")  # no model: recorded cost
+    assert json.loads((tmp_path / "r.json").read_text())["hand_rule"]["balanced_accuracy"] == 1.0
     other = {"variant": "kprobe", "migration_cost_ns": 500_000}
     frame = synthetic_decisions(100, "c-9", seed=9)
     write_decisions(frame, tmp_path / "a", "c-9", "synthetic", {"lb": other})

@@ -11,7 +11,7 @@ import polars as pl
 
 from kernmlops.collect.manifest import MANIFEST_NAME, read_manifest
 from kernmlops.errors import CollectionError
-from kernmlops.lb.dataset import load_decisions
+from kernmlops.lb.dataset import load_decisions, recorded_cost
 from kernmlops.lb.features import LABEL, MIGRATION_COST_NS, float_features, rule_decision
 from kernmlops.lb.model import Model, metrics
 from kernmlops.lb.pipeline import prepare
@@ -41,9 +41,10 @@ def _manifests(paths: list[Path]) -> dict[str, dict[str, Any]]:
 def build_report(paths: list[Path], model_path: Path | None = None) -> dict[str, Any]:
     decisions = load_decisions(paths)
     model = Model.load(model_path) if model_path else None
-    cost = MIGRATION_COST_NS
+    # the hot window the collections were recorded with, else the model's
+    cost = recorded_cost(paths) or MIGRATION_COST_NS
     if model is not None:
-        cost = int(model.meta.get("migration_cost_ns", MIGRATION_COST_NS))
+        cost = int(model.meta.get("migration_cost_ns", cost))
     lb = _manifests(paths)
     rows = []
     for (cid,), group in sorted(decisions.group_by("collection_id"), key=lambda kv: str(kv[0])):
