@@ -21,9 +21,12 @@ beside the hand rule and the majority-class baseline, per scenario too; and
 the tracepoint approximation against the exact labels of the same runs.
 Writes bench/results/lb-dataset.json.
 
-    .venv/bin/python bench/lb_dataset.py --collect bench/build/lb-dataset --seconds 30 \\
-        --budget-min 50 --migration-cost-ns 10000000
-    .venv/bin/python bench/lb_dataset.py --analyse bench/build/lb-dataset
+    .venv/bin/python bench/lb_dataset.py --collect bench/build/lb-dataset/a --seconds 45 \\
+        --budget-min 40 --migration-cost-ns 10000000 --seed 0    # (and /b --seed 1 beside it)
+    .venv/bin/python bench/lb_dataset.py --analyse bench/build/lb-dataset/a bench/build/lb-dataset/b
+
+The training setting is chosen by cross-validation over whole training runs
+(``CANDIDATES``); the held-out runs are scored once.
 """
 
 from __future__ import annotations
