@@ -52,9 +52,28 @@ def test_train_export_report(data: Path, tmp_path: Path) -> None:
     model = tmp_path / "m.json"
     r = _invoke("train", data, "-o", model, "--test-collection", "syn-2", "--epochs", "15")
     assert r.exit_code == 0, r.output
-    assert "test: 1,500 decisions from 1 collection(s)" in r.output
     assert "[[tn, fp], [fn, tp]]" in r.output  # printed, not eaten as markup
     doc = json.loads(model.read_text())
+    test = doc["meta"]["report"]["test"]
+    # the counts printed are the test run's own labels, counted here
+    labels = read_collection(data / "curated" / "benchmark=synthetic" / "collection_id=syn-2")[
+        "lb_decisions"
+    ]["can_migrate"]
+    stay, move = int((labels == 0).sum()), int((labels == 1).sum())
+    assert f"test: 1,500 decisions ({stay:,} stay, {move:,} migrate) from 1 collection(s)" in (
+        r.output
+    )
+    # model, the hand rule and the majority baseline side by side, balanced accuracy first
+    scored = [ln for ln in r.output.splitlines() if "balanced" in ln]
+    lines = {ln.split("balanced")[0].strip(): ln for ln in scored}
+    for name in ("model (float)", "model (fixed Q20.11)", "hand rule (15 features)",
+                 "always the commoner"):  # fmt: skip
+        assert name in lines, r.output
+    assert "balanced  50.00%" in lines["always the commoner"]  # one class always: 50%
+    assert "balanced 100.00%" in lines["hand rule (15 features)"]  # labelled by the rule
+    m = test["majority"]
+    assert m["recall_per_class"]["stay" if move >= stay else "migrate"] == 0.0
+    assert test["rule"]["balanced_accuracy"] == 1.0
     assert doc["meta"]["report"]["test"]["collections"] == ["syn-2"]
     assert doc["meta"]["report"]["test"]["float"]["accuracy"] >= 0.95  # 15 epochs: a smoke test
 
@@ -74,6 +93,13 @@ def test_train_export_report(data: Path, tmp_path: Path) -> None:
     body = json.loads(rep.read_text())
     assert [c["collection_id"] for c in body["collections"]] == ["syn-0", "syn-1", "syn-2"]
     assert all(c["rule_accuracy"] == 1.0 for c in body["collections"])
+    assert body["collections"][2]["stay"] == stay  # counted from the same rows above
+    assert body["collections"][2]["scenario"] is None  # no stress-ng run behind these
+    # all filtered rows: the rule labelled them (100%), the majority baseline is 50% balanced
+    assert body["hand_rule"]["balanced_accuracy"] == 1.0
+    assert body["majority"]["balanced_accuracy"] == 0.5
+    assert body["model"]["rows"] == body["hand_rule"]["rows"] == 4500
+    assert "always the commoner" in r.output and "hand rule (15 features)" in r.output
 
 
 def test_train_needs_two_runs_to_split(data: Path, tmp_path: Path) -> None:
@@ -89,3 +115,24 @@ def test_shadow_needs_a_readable_model(tmp_path: Path) -> None:
     bad.write_text("not json")
     r = _invoke("shadow", bad, "-o", tmp_path, "--no-progress", "--", "true")
     assert r.exit_code == 2 and "cannot read model" in r.output
+
+
+def test_train_uses_the_recorded_migration_cost(tmp_path: Path) -> None:
+    # rows labelled by the rule with a 10 ms hot window: trained at the recorded
+    # 10 ms the hand rule is exact; two costs in one data set are refused
+    for i in range(2):
+        frame = synthetic_decisions(600, f"c-{i}", seed=60 + i, migration_cost_ns=10_000_000)
+        lb = {"variant": "kprobe", "migration_cost_ns": 10_000_000}
+        write_decisions(frame, tmp_path / "a", f"c-{i}", "synthetic", {"lb": lb})
+    r = _invoke("train", tmp_path / "a", "-o", tmp_path / "m.json", "--epochs", "3", "--balanced")
+    assert r.exit_code == 0, r.output
+    rep = json.loads((tmp_path / "m.json").read_text())["meta"]["report"]
+    assert rep["migration_cost_ns"] == 10_000_000
+    assert rep["test"]["rule"]["balanced_accuracy"] == 1.0
+    r = _invoke("report", tmp_path / "a", "--json", tmp_path / "r.json")  # no model: recorded cost
+    assert json.loads((tmp_path / "r.json").read_text())["hand_rule"]["balanced_accuracy"] == 1.0
+    other = {"variant": "kprobe", "migration_cost_ns": 500_000}
+    frame = synthetic_decisions(100, "c-9", seed=9)
+    write_decisions(frame, tmp_path / "a", "c-9", "synthetic", {"lb": other})
+    r = _invoke("train", tmp_path / "a", "-o", tmp_path / "m.json")
+    assert r.exit_code == 2 and "different migration costs (500,000, 10,000,000 ns)" in r.output

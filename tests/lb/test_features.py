@@ -111,3 +111,16 @@ def test_not_a_dump_names_missing_columns(tmp_path: Path) -> None:
     bad.write_text("ts,pid\n1,2\n")
     with pytest.raises(MllbFormatError, match="no column src_len"):
         read_mllb_csv(bad)
+
+
+def test_kernel_migration_cost_from_debugfs_or_sysctl(tmp_path: Path) -> None:
+    from kernmlops.lb.features import kernel_migration_cost_ns
+
+    debugfs, sysctl = tmp_path / "migration_cost_ns", tmp_path / "sched_migration_cost_ns"
+    assert kernel_migration_cost_ns((debugfs, sysctl)) is None  # neither readable
+    sysctl.write_text("500000\n")
+    assert kernel_migration_cost_ns((debugfs, sysctl)) == 500_000
+    debugfs.write_text("10000000\n")  # the newer place wins
+    assert kernel_migration_cost_ns((debugfs, sysctl)) == 10_000_000
+    debugfs.write_text("garbage\n")
+    assert kernel_migration_cost_ns((debugfs, sysctl)) == 500_000

@@ -17,6 +17,7 @@ from kernmlops.lb.model import (
     TrainConfig,
     metrics,
     split_by_collection,
+    train,
 )
 from kernmlops.lb.pipeline import train_model
 
@@ -72,6 +73,17 @@ def test_metrics_by_hand() -> None:
     assert m["precision"] == pytest.approx(2 / 3)
     assert m["recall"] == pytest.approx(2 / 3)
     assert m["f1"] == pytest.approx(2 / 3)
+    # stay: 1 of 2 right; migrate: 2 of 3
+    assert m["recall_per_class"] == {"stay": pytest.approx(1 / 2), "migrate": pytest.approx(2 / 3)}
+    assert m["balanced_accuracy"] == pytest.approx((1 / 2 + 2 / 3) / 2)
+    assert (m["positives"], m["negatives"]) == (3, 2)
+    # always "migrate" on 96% migrate: accuracy 96%, balanced accuracy 50%
+    y = np.array([1] * 96 + [0] * 4)
+    always = metrics(y, np.ones(100))
+    assert always["accuracy"] == pytest.approx(0.96)
+    assert always["balanced_accuracy"] == pytest.approx(0.5)
+    assert always["recall_per_class"] == {"stay": 0.0, "migrate": 1.0}
+    assert metrics(np.ones(3), np.ones(3))["balanced_accuracy"] == 1.0  # one class present
 
 
 def test_split_keeps_runs_whole() -> None:
@@ -121,3 +133,25 @@ def test_wrong_weights_are_a_model_error(tmp_path: Path, change: dict, message: 
     bad.write_text(json.dumps(doc))
     with pytest.raises(ModelError, match=message):
         Model.load(bad)
+
+
+def test_balanced_weights_make_the_rare_class_weigh_as_much() -> None:
+    from kernmlops.lb.model import _class_weights
+
+    y = np.array([1.0] * 9 + [0.0])
+    w = _class_weights(y, True)
+    assert w[y == 1].sum() == pytest.approx(w[y == 0].sum()) == pytest.approx(5.0)
+    assert (_class_weights(y, False) == 1).all()
+    assert (_class_weights(np.ones(4), True) == 1).all()  # one class: nothing to balance
+
+
+def test_balanced_training_raises_the_rare_class_recall() -> None:
+    # a rare class the features separate only in part: weighting trades migrate
+    # recall for stay recall, as it should
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(4000, 15))
+    y = ((x[:, 0] + 0.8 * rng.normal(size=4000)) > -1.6).astype(float)  # ~8% stay
+    plain = metrics(y, train(x, y, TrainConfig(epochs=20)).predict(x))
+    weighted = metrics(y, train(x, y, TrainConfig(epochs=20, balanced=True)).predict(x))
+    assert weighted["recall_per_class"]["stay"] > plain["recall_per_class"]["stay"] + 0.1
+    assert weighted["balanced_accuracy"] > plain["balanced_accuracy"]

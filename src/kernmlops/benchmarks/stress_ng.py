@@ -1,9 +1,12 @@
 """stress-ng scenarios: short, scaled to the machine's CPUs and NUMA nodes,
-needing no special device. The named scenarios follow the workload mix of the
-MLLB study (numa, cpu on half the CPUs, cache, oversubscribe, hdd seek,
-matrixprod, fft, mixed); ``custom`` runs only the stressors given in
-``extra_args``. stress-ng's own metrics (bogo ops, bogo ops/s) per stressor
-become the benchmark_result table.
+needing no special device. ``mixed``, ``cpu``, ``switch``, ``vm`` and ``io``
+are general mixes; ``numa``, ``cpu-half``, ``cache``, ``oversubscribe``,
+``hdd-seek``, ``matrixprod``, ``fft`` and ``mllb-mixed`` are the MLLB study's
+evaluation scenarios exactly as :data:`kernmlops.lb.effect.SCENARIOS` defines
+them (one definition for collecting decisions and for measuring the model's
+effect); ``custom`` runs only the stressors given in ``extra_args``.
+stress-ng's own metrics (bogo ops, bogo ops/s) per stressor become the
+benchmark_result table.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from kernmlops.benchmarks.base import (
     result_frame,
 )
 from kernmlops.errors import BenchmarkError
-from kernmlops.host.cpus import format_cpu_list, online_cpu_count, read_cpu_list
+from kernmlops.host.cpus import online_cpu_count, read_cpu_list
 from kernmlops.lazy import lazy_import
 
 if TYPE_CHECKING:
@@ -41,16 +44,20 @@ VM_BYTES = "64M"
 #: File size each hdd / iomix / seek worker writes in the temporary directory.
 HDD_BYTES = "16M"
 IOMIX_BYTES = "16M"
-SEEK_BYTES = "64M"
-#: Largest single allocation of a malloc worker.
-MALLOC_BYTES = "1M"
 NODE_ROOT = Path("/sys/devices/system/node")
 CPU_ONLINE = Path("/sys/devices/system/cpu/online")
 
 Scenario = Literal[
     "mixed", "cpu", "switch", "vm", "io",
-    "numa", "cpu-half", "cache", "oversubscribe", "hdd-seek", "matrixprod", "fft", "custom",
+    "numa", "cpu-half", "cache", "oversubscribe", "hdd-seek", "matrixprod", "fft", "mllb-mixed",
+    "custom",
 ]  # fmt: skip
+#: Our scenario name -> the MLLB scenario of kernmlops.lb.effect it runs (``mixed``
+#: is taken by the general default mix, so MLLB's is ``mllb-mixed``).
+MLLB_SCENARIOS = {
+    "numa": "numa", "cpu-half": "cpu-half", "cache": "cache", "oversubscribe": "oversubscribe",
+    "hdd-seek": "hdd-seek", "matrixprod": "matrixprod", "fft": "fft", "mllb-mixed": "mixed",
+}  # fmt: skip
 
 #: What stress-ng's YAML names each metric, and our name and unit for it.
 _METRICS = {
@@ -81,27 +88,26 @@ def numa_nodes(root: Path | None = None) -> dict[int, list[int]]:
     return nodes
 
 
-def half_of_cpus(nodes: dict[int, list[int]]) -> list[int]:
-    """The CPUs to keep busy while the rest idle: the first half of the nodes
-    (whole nodes, so one node is busy and another idle), or on one node the
-    first half of its CPUs."""
-    ids = sorted(nodes)
-    if len(ids) >= 2:
-        return sorted(c for n in ids[: len(ids) // 2] for c in nodes[n])
-    cpus = nodes[ids[0]]
-    return cpus[: max(1, len(cpus) // 2)]
-
-
 class StressNgOptions(BenchmarkOptions):
     scenario: Scenario = Field(
         "mixed",
-        description="which stressors to run: mixed, cpu, switch, vm, io, numa, cpu-half "
-        "(the first half of the CPUs/nodes busy, the rest idle), cache, oversubscribe "
-        "(2x the CPUs), hdd-seek, matrixprod, fft, or custom (only extra_args)",
+        description="which stressors to run: the general mixes mixed, cpu, switch, vm, io; "
+        "MLLB's evaluation scenarios numa (memory on the other node), cpu-half (the first "
+        "node busy, the rest idle), cache, oversubscribe (2x the CPUs), hdd-seek, "
+        "matrixprod, fft, mllb-mixed (as kernmlops.lb.effect defines them, worker counts "
+        "in proportion to MLLB's 56 CPUs); or custom (only extra_args)",
     )
     duration_s: float = Field(10, gt=0, description="run time in seconds (rounded up)")
     workers: int = Field(
-        0, ge=0, description="workers per stressor; 0 = the online CPUs (cpu-half: its CPUs)"
+        0,
+        ge=0,
+        description="workers per stressor of the general mixes; 0 = the online CPUs "
+        "(MLLB's scenarios scale their own counts and refuse it)",
+    )
+    mllb_sizes: bool = Field(
+        False,
+        description="MLLB's scenarios with MLLB's sizes (vm 1G, hdd 10G, matrix 512) "
+        "instead of the small ones (vm 64M, hdd 32M, matrix 128)",
     )
     extra_args: list[str] = Field(
         default_factory=list,
@@ -125,6 +131,12 @@ class StressNgBenchmark(Benchmark[StressNgOptions]):
 
     def check(self) -> None:
         require_tool("stress-ng", STRESS_NG, "apt-get install stress-ng")
+        if self.options.scenario in MLLB_SCENARIOS and self.options.workers:
+            raise BenchmarkError(
+                f"stress-ng: scenario {self.options.scenario!r} is MLLB's, its worker counts "
+                "are MLLB's in proportion to the CPUs: leave workers at 0 (or use custom)"
+            )
+        self.stressor_args()  # a scenario this machine cannot run fails here, not later
         if self.options.scenario == "custom" and not any(
             a.startswith("-") for a in self.options.extra_args
         ):
@@ -143,6 +155,8 @@ class StressNgBenchmark(Benchmark[StressNgOptions]):
         half = max(1, n // 2)
         # Files go to the system temp dir; stress-ng makes and removes its own
         # tmp-stress-ng-* folder there.
+        if self.options.scenario in MLLB_SCENARIOS:
+            return self.mllb_args(MLLB_SCENARIOS[self.options.scenario])
         match self.options.scenario:
             case "cpu":
                 return ["--cpu", str(n)]
@@ -165,33 +179,19 @@ class StressNgBenchmark(Benchmark[StressNgOptions]):
                     "--vm", str(half), "--vm-bytes", VM_BYTES,
                     "--hdd", str(quarter), "--hdd-bytes", HDD_BYTES,
                 ]  # fmt: skip
-            case "numa":
-                # Memory touched at random (malloc of random sizes, vm rand-set)
-                # while one numa worker per node moves pages between the nodes:
-                # a task the balancer moves lands away from its memory.
-                nodes = len(numa_nodes())
-                return [
-                    "--malloc", str(half), "--malloc-bytes", MALLOC_BYTES, "--malloc-touch",
-                    "--vm", str(half), "--vm-bytes", VM_BYTES, "--vm-method", "rand-set",
-                    "--numa", str(nodes),
-                ]  # fmt: skip
-            case "cpu-half":
-                cpus = half_of_cpus(numa_nodes())
-                workers = self.options.workers or len(cpus)
-                return ["--cpu", str(workers), "--taskset", format_cpu_list(cpus)]
-            case "cache":
-                return ["--cache", str(n)]
-            case "oversubscribe":
-                return ["--cpu", str(2 * n)]
-            case "hdd-seek":
-                return ["--seek", str(n), "--seek-size", SEEK_BYTES]
-            case "matrixprod":
-                return ["--matrix", str(n), "--matrix-method", "prod"]
-            case "fft":
-                return ["--cpu", str(n), "--cpu-method", "fft"]
             case "custom":
                 return []
         raise BenchmarkError(f"stress-ng: unknown scenario {self.options.scenario!r}")
+
+    def mllb_args(self, name: str) -> list[str]:
+        """MLLB's scenario ``name`` on this machine's NUMA nodes (kernmlops.lb.effect)."""
+        from kernmlops.lb.effect import BY_NAME, LAB_SIZES, Sizes
+
+        sizes = Sizes() if self.options.mllb_sizes else LAB_SIZES
+        try:
+            return BY_NAME[name].argv(numa_nodes(), sizes)
+        except ValueError as err:
+            raise BenchmarkError(f"stress-ng: {err}") from None
 
     def launch(self) -> Launch | None:
         # stress-ng truncates fractional seconds ("2.5s" runs 2 s): round up so a

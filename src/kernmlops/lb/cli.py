@@ -91,7 +91,8 @@ def _collect_options(fn):
                 "--migration-cost-ns",
                 type=int,
                 default=None,
-                help="sysctl_sched_migration_cost the features use (default: 500000)",
+                help="sched migration cost the features use (default: the running "
+                "kernel's, from debugfs or sysctl, else 500000)",
             ),
             click.option("--no-progress", is_flag=True, help="no live progress (logs, CI)"),
             click.argument("command", nargs=-1, type=click.UNPROCESSED),
@@ -135,7 +136,7 @@ def _run_collect(
 ) -> None:
     from kernmlops.config import Flags, load_config
     from kernmlops.lb.collect import collect, session_flags
-    from kernmlops.lb.features import MIGRATION_COST_NS
+    from kernmlops.lb.features import MIGRATION_COST_NS, kernel_migration_cost_ns
 
     if repeat < 1:
         raise click.BadParameter("must be at least 1", param_hint="--repeat")
@@ -159,7 +160,13 @@ def _run_collect(
         model, meta = _load_any_model(model_path) if model_path else (None, None)
     except KernmlopsError as err:
         fail(err)
-    cost = migration_cost_ns or MIGRATION_COST_NS
+    kernel_cost = kernel_migration_cost_ns()
+    cost = migration_cost_ns or kernel_cost or MIGRATION_COST_NS
+    if kernel_cost is not None and kernel_cost != cost:
+        console.print(
+            f"warning: the kernel's migration cost is {kernel_cost:,} ns, the features use "
+            f"{cost:,} ns (--migration-cost-ns): the kernel's answers follow its own"
+        )
     shadow = f", shadow model {model_path}" if model else ""
     exit_code = 0
     runs = [(i, c) for i, c in enumerate(configs) for _ in range(repeat)]
@@ -300,21 +307,32 @@ def import_cmd(files: tuple[Path, ...], output_dir: Path, collection_id: str | N
 # --- train / export -------------------------------------------------------------------
 
 
+def _score_line(name: str, m: dict[str, Any]) -> str:
+    r = m.get("recall_per_class") or {}
+    return (
+        f"  {name:<24} balanced {_pct(m.get('balanced_accuracy')):>7}  recall stay "
+        f"{_pct(r.get('stay')):>7}  migrate {_pct(r.get('migrate')):>7}  accuracy "
+        f"{_pct(m.get('accuracy')):>7}  [[tn, fp], [fn, tp]] {m['confusion']}"
+    )
+
+
 def _print_metrics(title: str, section: dict[str, Any]) -> None:
     if not section.get("float"):
         console.print(f"{title}: no rows")
         return
-    f, q, a, r = section["float"], section["fixed"], section["float_vs_fixed"], section["rule"]
+    f, q, a = section["float"], section["fixed"], section["float_vs_fixed"]
     console.print(
-        f"{title}: {section['rows']:,} decisions from {len(section['collections'])} collection(s)\n"
-        f"  float: accuracy {_pct(f['accuracy'])}, precision {_pct(f['precision'])}, "
-        f"recall {_pct(f['recall'])}, F1 {_pct(f['f1'])}, confusion [[tn, fp], [fn, tp]] "
-        f"{f['confusion']}\n"
-        f"  fixed Q20.11: accuracy {_pct(q['accuracy'])}; float vs fixed decisions agree "
-        f"{_pct(a['agreement'])} (max |logit diff| {a['max_abs_logit_diff']:.4f} <= bound "
-        f"{a['max_bound']:.4f}: {a['within_bound']})\n"
-        f"  the kernel's rule on the same features: accuracy {_pct(r['accuracy'])}; always "
-        f"the commoner answer: {_pct(section['majority_baseline'])}"
+        f"{title}: {section['rows']:,} decisions ({f['negatives']:,} stay, {f['positives']:,} "
+        f"migrate) from {len(section['collections'])} collection(s)"
+    )
+    console.print(_score_line("model (float)", f))
+    console.print(_score_line("model (fixed Q20.11)", q))
+    console.print(_score_line("hand rule (15 features)", section["rule"]))
+    if section.get("majority"):
+        console.print(_score_line("always the commoner", section["majority"]))
+    console.print(
+        f"  float vs fixed decisions agree {_pct(a['agreement'])} (max |logit diff| "
+        f"{a['max_abs_logit_diff']:.4f} <= bound {a['max_bound']:.4f}: {a['within_bound']})"
     )
 
 
@@ -333,12 +351,16 @@ def _print_metrics(title: str, section: dict[str, Any]) -> None:
 @click.option("--test-fraction", type=float, default=0.25, show_default=True)
 @click.option("--epochs", type=int, default=60, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--migration-cost-ns", type=int, default=None, help="default 500000")
-def train_cmd(data, output, split, tests, test_fraction, epochs, seed, migration_cost_ns) -> None:
+@click.option("--migration-cost-ns", type=int, default=None,
+              help="default: the collections' own (recorded), else 500000")  # fmt: skip
+@click.option("--balanced", is_flag=True,
+              help="weigh both answers alike in the loss ('stay' is rare)")  # fmt: skip
+def train_cmd(data, output, split, tests, test_fraction, epochs, seed, migration_cost_ns,
+              balanced) -> None:  # fmt: skip
     """Train MLLB's MLP (15 -> 10 ReLU -> 1, numpy) on the lb_decisions of DATA
     (collection folders or roots) after MLLB's filter; report accuracy,
     precision, recall, F1 and the confusion matrix on the test runs."""
-    from kernmlops.lb.dataset import load_decisions
+    from kernmlops.lb.dataset import load_decisions, recorded_cost
     from kernmlops.lb.features import MIGRATION_COST_NS
     from kernmlops.lb.model import TrainConfig
     from kernmlops.lb.pipeline import train_model
@@ -349,8 +371,9 @@ def train_cmd(data, output, split, tests, test_fraction, epochs, seed, migration
         decisions = load_decisions(list(data))
         result = train_model(
             decisions, split=split, test_collections=list(tests) or None,
-            test_fraction=test_fraction, seed=seed, config=TrainConfig(epochs=epochs, seed=seed),
-            migration_cost_ns=migration_cost_ns or MIGRATION_COST_NS,
+            test_fraction=test_fraction, seed=seed,
+            config=TrainConfig(epochs=epochs, seed=seed, balanced=balanced),
+            migration_cost_ns=migration_cost_ns or recorded_cost(list(data)) or MIGRATION_COST_NS,
             sources=[str(p) for p in data],
         )  # fmt: skip
         result.model.save(output)
@@ -469,16 +492,24 @@ def report_cmd(data: tuple[Path, ...], model_path: Path | None, json_out: Path |
     except KernmlopsError as err:
         fail(err)
     table = Table(title="lb decisions", title_justify="left")
-    for col in ("collection", "variant", "decisions", "filtered", "migrate", "rule", "model",
-                "shadow"):  # fmt: skip
-        table.add_column(col, justify="left" if col in ("collection", "variant") else "right")
+    for col in ("collection", "scenario", "variant", "decisions", "filtered", "stay", "migrate",
+                "rule", "model", "shadow"):  # fmt: skip
+        table.add_column(col, justify="left" if col in ("collection", "scenario", "variant")
+                         else "right")  # fmt: skip
     for c in rep["collections"]:
         table.add_row(
-            c["collection_id"], c["variant"], f"{c['decisions']:,}", f"{c['filtered']:,}",
-            _pct(c["migrate_share"]), _pct(c["rule_accuracy"]), _pct(c.get("model_accuracy")),
+            c["collection_id"], c.get("scenario") or "-", c["variant"], f"{c['decisions']:,}",
+            f"{c['filtered']:,}", f"{c['stay']:,}", _pct(c["migrate_share"]),
+            _pct(c["rule_accuracy"]), _pct(c.get("model_accuracy")),
             _pct(c.get("shadow_agreement")),
         )  # fmt: skip
     Console(width=max(120, Console().width)).print(table)
+    if rep.get("hand_rule"):
+        console.print("all filtered decisions (accuracy columns above; balanced here):")
+        for name, key in (("model", "model"), ("hand rule (15 features)", "hand_rule"),
+                          ("always the commoner", "majority")):  # fmt: skip
+            if rep.get(key):
+                console.print(_score_line(name, rep[key]))
     if json_out:
         json_out.write_text(json.dumps(rep, indent=1, default=str) + "\n")
         console.print(f"report -> {json_out}")

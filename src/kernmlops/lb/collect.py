@@ -32,7 +32,7 @@ from kernmlops.config import Config, Flags
 from kernmlops.errors import KernmlopsError
 from kernmlops.hooks.base import HookContext, HookStatus
 from kernmlops.lb.dataset import TABLE
-from kernmlops.lb.features import MIGRATION_COST_NS
+from kernmlops.lb.features import MIGRATION_COST_NS, kernel_migration_cost_ns
 from kernmlops.lb.hook import LbHook, LbKprobeHook, LbTracepointHook, cpu_nodes
 
 VARIANTS = ("kprobe", "tracepoint", "both")
@@ -138,6 +138,8 @@ def collect(
         "attach": attach,
         "cpu_node": nodes,
         "migration_cost_ns": migration_cost_ns,
+        # what the kernel itself used (None: unreadable), to check the features' value
+        "kernel_migration_cost_ns": kernel_migration_cost_ns(),
         "model": model_meta,
         "shadow": None,
     }

@@ -19,6 +19,7 @@ Sources:
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -86,6 +87,30 @@ def load_decisions(paths: list[Path] | list[str]) -> pl.DataFrame:
     if out.height == 0:
         raise CollectionError(f"no load-balancing decisions in {', '.join(map(str, paths))}")
     return out
+
+
+def recorded_cost(paths: list[Path] | list[str]) -> int | None:
+    """The migration cost the collections under ``paths`` were recorded with
+    (their manifests' lb section), when they agree on one; None when none says."""
+    from kernmlops.collect.manifest import MANIFEST_NAME
+
+    costs: set[int] = set()
+    for p in map(Path, paths):
+        for m in [p / MANIFEST_NAME, *p.glob(f"**/collection_id=*/{MANIFEST_NAME}")]:
+            if m.is_file():
+                try:
+                    lb = json.loads(m.read_text()).get("lb") or {}
+                except (OSError, ValueError, AttributeError):
+                    continue
+                if isinstance(lb, dict) and isinstance(lb.get("migration_cost_ns"), int):
+                    costs.add(lb["migration_cost_ns"])
+    if len(costs) > 1:
+        raise CollectionError(
+            f"the collections were recorded with different migration costs "
+            f"({', '.join(f'{c:,}' for c in sorted(costs))} ns): train on one set, or "
+            "pass --migration-cost-ns"
+        )
+    return costs.pop() if costs else None
 
 
 def write_decisions(

@@ -29,6 +29,8 @@ model compute identical integers.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import polars as pl
 
@@ -39,6 +41,24 @@ LABEL = "can_migrate"
 
 #: sysctl_sched_migration_cost's default (ns): a task that ran more recently is cache hot.
 MIGRATION_COST_NS = 500_000
+#: Where the running kernel keeps it: debugfs since 5.13, a sysctl before.
+MIGRATION_COST_FILES = (
+    Path("/sys/kernel/debug/sched/migration_cost_ns"),
+    Path("/proc/sys/kernel/sched_migration_cost_ns"),
+)
+
+
+def kernel_migration_cost_ns(files: tuple[Path, ...] = MIGRATION_COST_FILES) -> int | None:
+    """The running kernel's sched migration cost (ns), or None where it cannot be
+    read (debugfs not mounted, not root): the features' hot window must be the
+    one the kernel used, or the labels look like noise."""
+    for f in files:
+        try:
+            return int(f.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
+
 
 #: The canonical decision columns every source (kprobe, tracepoint, MLLB dump,
 #: rule-generated) writes; a column a source cannot know is null.

@@ -107,8 +107,10 @@ class Model:
 
 
 def metrics(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, Any]:
-    """Accuracy, precision, recall, F1 (positive class: migrate) and the
-    confusion matrix ``[[tn, fp], [fn, tp]]``."""
+    """Accuracy, precision, recall, F1 (positive class: migrate), the
+    confusion matrix ``[[tn, fp], [fn, tp]]``, the recall of each class and
+    their mean, the balanced accuracy (what counts when one answer is rare:
+    "always migrate" scores 50% there, whatever its accuracy)."""
     t = np.asarray(y_true).astype(bool)
     p = np.asarray(y_pred).astype(bool)
     tp = int((t & p).sum())
@@ -123,14 +125,20 @@ def metrics(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, Any]:
         if precision is not None and recall is not None and precision + recall
         else None
     )
+    recall_stay = tn / (tn + fp) if tn + fp else None
+    both = [r for r in (recall_stay, recall) if r is not None]
     return {
         "rows": n,
         "accuracy": (tp + tn) / n if n else None,
+        # the mean of the recalls of the classes present (one class: its recall)
+        "balanced_accuracy": sum(both) / len(both) if both else None,
+        "recall_per_class": {"stay": recall_stay, "migrate": recall},
         "precision": precision,
         "recall": recall,
         "f1": f1,
         "confusion": [[tn, fp], [fn, tp]],
         "positives": tp + fn,
+        "negatives": tn + fp,
     }
 
 
@@ -197,11 +205,26 @@ class TrainConfig:
     validation: float = 0.1
     #: stop a seed when the validation loss has not improved for this many epochs
     patience: int = 10
+    #: weigh each class by the inverse of its share ("stay" is rare): the loss then
+    #: targets balanced accuracy rather than accuracy
+    balanced: bool = False
 
 
-def _bce(logits: np.ndarray, y: np.ndarray) -> float:
-    # log(1 + e^z) - y z, computed stably
-    return float(np.mean(np.logaddexp(0.0, logits) - y * logits))
+def _bce(logits: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> float:
+    # log(1 + e^z) - y z, computed stably; weighted like the training loss
+    loss = np.logaddexp(0.0, logits) - y * logits
+    return float(np.mean(loss if w is None else loss * w))
+
+
+def _class_weights(y: np.ndarray, balanced: bool) -> np.ndarray:
+    """Per-row loss weights: 1, or n / (2 n_class) so both classes weigh alike."""
+    if not balanced:
+        return np.ones(len(y))
+    pos = float(y.sum())
+    neg = len(y) - pos
+    if pos == 0 or neg == 0:
+        return np.ones(len(y))
+    return np.where(y > 0.5, len(y) / (2 * pos), len(y) / (2 * neg))
 
 
 def _fit_one(
@@ -222,6 +245,8 @@ def _fit_one(
     best = (math.inf, [p.copy() for p in params])
     stale = 0
     n = len(xs)
+    sw = _class_weights(y, cfg.balanced)
+    wv = _class_weights(yv, cfg.balanced)
     for epoch in range(cfg.epochs):
         lr = cfg.lr * (0.5 ** (epoch // 20))
         order = rng.permutation(n)
@@ -232,7 +257,7 @@ def _fit_one(
             z = xb @ w1 + bb1
             h = np.maximum(z, 0.0)
             out = h @ w2 + bb2[0]
-            g = (1.0 / (1.0 + np.exp(-out)) - yb) / len(xb)  # d loss / d logit
+            g = (1.0 / (1.0 + np.exp(-out)) - yb) * sw[idx] / len(xb)  # d loss / d logit
             gw2 = h.T @ g + cfg.l2 * w2
             gb2 = np.array([g.sum()])
             gz = np.outer(g, w2) * (z > 0)
@@ -246,7 +271,7 @@ def _fit_one(
                 vh = v[i] / (1 - b2_**step)
                 params[i] = params[i] - lr * mh / (np.sqrt(vh) + eps)
         w1, bb1, w2, bb2 = params
-        val = _bce(np.maximum(xv @ w1 + bb1, 0.0) @ w2 + bb2[0], yv)
+        val = _bce(np.maximum(xv @ w1 + bb1, 0.0) @ w2 + bb2[0], yv, wv)
         if val < best[0] - 1e-6:
             best = (val, [p.copy() for p in params])
             stale = 0

@@ -68,12 +68,14 @@ def evaluate(
     frame: pl.DataFrame,
     migration_cost_ns: int = MIGRATION_COST_NS,
 ) -> dict[str, Any]:
-    """Float and fixed metrics, float vs fixed agreement, and the kernel
-    rule's own agreement with the labels (a check of the data)."""
+    """Float and fixed metrics, float vs fixed agreement, and beside them the
+    two baselines: MLLB's hand rule on the same 15 features (CFS's heuristic
+    as the features can express it) and always answering the commoner label."""
     x = float_features(frame, migration_cost_ns)
     xq = fixed_features(frame, migration_cost_ns)
     y = frame[LABEL].to_numpy()
     pred = model.predict(x)
+    commoner = int(y.mean() >= 0.5) if len(y) else 1
     return {
         "float": metrics(y, pred),
         "fixed": metrics(y, fixed.predict(xq)),
@@ -81,6 +83,7 @@ def evaluate(
         "rule": metrics(y, rule_decision(x)),
         # what always answering the commoner label scores: the bar to clear
         "majority_baseline": float(max(y.mean(), 1 - y.mean())) if len(y) else None,
+        "majority": metrics(y, np.full(len(y), commoner)),
         "per_collection_accuracy": _per_collection(frame, pred),
     }
 

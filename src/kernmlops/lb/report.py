@@ -6,20 +6,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from kernmlops.collect.manifest import MANIFEST_NAME, read_manifest
 from kernmlops.errors import CollectionError
-from kernmlops.lb.dataset import load_decisions
+from kernmlops.lb.dataset import load_decisions, recorded_cost
 from kernmlops.lb.features import LABEL, MIGRATION_COST_NS, float_features, rule_decision
 from kernmlops.lb.model import Model, metrics
 from kernmlops.lb.pipeline import prepare
 
 
 def _manifests(paths: list[Path]) -> dict[str, dict[str, Any]]:
-    """collection_id -> its manifest's lb section, for every collection found (read
-    through the typed manifest; a folder whose manifest does not check is skipped:
-    its decisions are still reported, without the shadow columns)."""
+    """collection_id -> its manifest's lb section (plus ``scenario``: the stress-ng
+    scenario, where one ran), for every collection found (read through the typed
+    manifest; a folder whose manifest does not check is skipped: its decisions
+    are still reported, without the shadow columns)."""
     out: dict[str, dict[str, Any]] = {}
     for p in paths:
         for manifest in [p / MANIFEST_NAME, *p.glob(f"**/collection_id=*/{MANIFEST_NAME}")]:
@@ -29,16 +31,20 @@ def _manifests(paths: list[Path]) -> dict[str, dict[str, Any]]:
                 except CollectionError:
                     continue
                 lb = doc.get("lb")
-                out[str(doc.collection_id)] = lb if isinstance(lb, dict) else {}
+                section = dict(lb) if isinstance(lb, dict) else {}
+                bench = (doc.get("config") or {}).get("benchmark") or {}
+                section["scenario"] = (bench.get("stress_ng") or {}).get("scenario")
+                out[str(doc.collection_id)] = section
     return out
 
 
 def build_report(paths: list[Path], model_path: Path | None = None) -> dict[str, Any]:
     decisions = load_decisions(paths)
     model = Model.load(model_path) if model_path else None
-    cost = MIGRATION_COST_NS
+    # the hot window the collections were recorded with, else the model's
+    cost = recorded_cost(paths) or MIGRATION_COST_NS
     if model is not None:
-        cost = int(model.meta.get("migration_cost_ns", MIGRATION_COST_NS))
+        cost = int(model.meta.get("migration_cost_ns", cost))
     lb = _manifests(paths)
     rows = []
     for (cid,), group in sorted(decisions.group_by("collection_id"), key=lambda kv: str(kv[0])):
@@ -46,15 +52,18 @@ def build_report(paths: list[Path], model_path: Path | None = None) -> dict[str,
         row: dict[str, Any] = {
             "collection_id": str(cid),
             "variant": ",".join(sorted({str(v) for v in group["variant"].drop_nulls().unique()})),
+            "scenario": (lb.get(str(cid)) or {}).get("scenario"),
             "decisions": group.height,
             "filtered": kept.height,
+            "stay": int((kept[LABEL] == 0).sum()),
             "migrate_share": float(kept[LABEL].mean()) if kept.height else None,
             "rule_accuracy": None,
         }
         if kept.height:
             x = float_features(kept, cost)
             y = kept[LABEL].to_numpy()
-            row["rule_accuracy"] = metrics(y, rule_decision(x))["accuracy"]
+            row["rule"] = metrics(y, rule_decision(x))
+            row["rule_accuracy"] = row["rule"]["accuracy"]
             if model is not None:
                 m = metrics(y, model.predict(x))
                 row["model_accuracy"] = m["accuracy"]
@@ -69,8 +78,14 @@ def build_report(paths: list[Path], model_path: Path | None = None) -> dict[str,
         rows.append(row)
     total = prepare(decisions)
     out: dict[str, Any] = {"collections": rows, "decisions": decisions.height}
-    if model is not None and total.height:
-        out["model"] = metrics(total[LABEL].to_numpy(), model.predict(float_features(total, cost)))
+    if total.height:
+        # every filtered row, the model beside the two baselines (balanced accuracy
+        # and recall per class: "stay" is rare)
+        x, y = float_features(total, cost), total[LABEL].to_numpy()
+        if model is not None:
+            out["model"] = metrics(y, model.predict(x))
+        out["hand_rule"] = metrics(y, rule_decision(x))
+        out["majority"] = metrics(y, np.full(len(y), int(y.mean() >= 0.5)))
     counts = total.group_by("variant").len() if total.height else pl.DataFrame()
     out["filtered_by_variant"] = {str(r["variant"]): r["len"] for r in counts.iter_rows(named=True)}
     return out
