@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import polars as pl
+import pyarrow.parquet as pq
 import pytest
 
 from kernmlops.collect.manifest import Manifest
@@ -262,6 +263,9 @@ def test_a_collection_is_compacted_at_stop_and_the_manifest_says_so(tmp_path: Pa
     assert c["quanta_runtime"].height == result.rows["quanta_runtime"] > 0
     assert c.manifest.flushes >= 5  # it was flushed into that many parts first
     assert not [p for p in result.path.iterdir() if p.name.startswith(".compact")]
+    # The run's parts were plain (fast_parts); the compacted file is zstd.
+    meta = pq.ParquetFile(result.path / "quanta_runtime" / "part-00000.parquet").metadata
+    assert meta.row_group(0).column(0).compression == "ZSTD"
 
 
 def test_compaction_can_be_turned_off(tmp_path: Path) -> None:
@@ -271,6 +275,9 @@ def test_compaction_can_be_turned_off(tmp_path: Path) -> None:
     record = read_collection(result.path).manifest.tables["quanta_runtime"]
     assert record.compaction is None
     assert len(record.files) >= 3
+    # Nothing rewrites them: the run's parts are written compactly themselves.
+    meta = pq.ParquetFile(result.path / record.files[0]).metadata
+    assert meta.row_group(0).column(0).compression == "ZSTD"
 
 
 class _CountingHook(Hook[HookOptions]):

@@ -208,7 +208,13 @@ class Session:
         parquet = (
             None
             if self._sink
-            else ParquetSink(self.path, self.collection_id, row_group_rows=cfg.row_group_rows)
+            else ParquetSink(
+                self.path,
+                self.collection_id,
+                row_group_rows=cfg.row_group_rows,
+                # compaction at stop encodes compactly: the run's parts are written plain
+                fast_parts=cfg.compact,
+            )
         )
         self._parquet = parquet
         sink: Sink = self._sink or ThreadedSink(parquet)  # type: ignore[arg-type]
