@@ -37,6 +37,7 @@ from kernmlops.collect.manifest import BenchmarkRecord, HookRecord, Manifest, wr
 from kernmlops.collect.output import prepare_output, release_reserve
 from kernmlops.collect.participants import Participant, configured
 from kernmlops.collect.sinks import ParquetSink, ThreadedSink, free_bytes, human_bytes, is_disk_full
+from kernmlops.collect.spool import SPOOL_DIR, Pacer, SpareCpu
 from kernmlops.config import Config
 from kernmlops.errors import (
     CollectionError,
@@ -163,6 +164,7 @@ class Session:
         self.manifest: Manifest | None = None
         self._parquet: ParquetSink | None = None
         self._disk_full = False
+        self._spool_dir: Path | None = None
         self._compaction: dict[str, str] = {}
         #: benchmark.cpus / transparent_hugepages / drop_page_cache, applied in run()
         self.environment = Environment()
@@ -254,7 +256,23 @@ class Session:
                     # e.g. a server the benchmark started in setup(): traced with its client
                     for pid in self.benchmark.tracked_pids():
                         flt.add(pid)
-            ctx = HookContext(self.collection_id, flt, os.getpid(), self.bpf_dir)
+            spool_dir = self.path / SPOOL_DIR if parquet is not None and cfg.spool else None
+            self._spool_dir = spool_dir
+            ctx = HookContext(
+                self.collection_id,
+                flt,
+                os.getpid(),
+                self.bpf_dir,
+                spool_dir=spool_dir,
+                spare=(
+                    Pacer(
+                        SpareCpu(need=cfg.spool_spare_cpus),
+                        lambda: isinstance(sink, ThreadedSink) and sink.behind,
+                    )
+                    if spool_dir is not None
+                    else None
+                ),
+            )
             configured_hooks = [get_hook(n)(self.config.hook_options(n)) for n in cfg.hooks]
             for hook in [*configured_hooks, *self.extra_hooks]:
                 hooks.append(hook)
@@ -293,6 +311,7 @@ class Session:
         finally:
             bench_exit = self._finish(hooks, sink, proc, flt, outputs, workdir, bench_exit, errors)
             rows = self._close_sink(sink, errors)
+            self._remove_spool(parquet, errors)
             self._restore_signals(old_handlers)
             if parquet is not None and cfg.compact and not self._disk_full:
                 self._compact(parquet, errors)
@@ -379,6 +398,16 @@ class Session:
         step(self.environment.restore)  # THP as it was, even after Ctrl+C or a failure
         return bench_exit
 
+    def _remove_spool(self, parquet: ParquetSink | None, errors: list[BaseException]) -> None:
+        """Once every spooled row is in finished parts, the spool goes; otherwise it
+        stays for ``kernmlops recover``."""
+        spool = self._spool_dir
+        if spool is None or not spool.exists() or parquet is None or parquet.failure:
+            return
+        if any(not isinstance(e, KeyboardInterrupt) for e in errors):
+            return
+        shutil.rmtree(spool, ignore_errors=True)
+
     def _close_participants(self, errors: list[BaseException]) -> None:
         """Last, once the collection is written: the exporter serves the job's final
         values until a scrape took them (or collector.export_grace_s passed)."""
@@ -441,6 +470,10 @@ class Session:
                 else:
                     sink.flush(durable=True)
                 self._checkpoint(hooks)
+                if self._parquet is not None:
+                    finished = self._parquet.checkpoint()[1]
+                    for hook in hooks:
+                        self._spool_call(lambda h=hook, f=finished: h.checkpoint_spool(f))
                 next_flush = tick + cfg.flush_interval_s
             if self.on_progress and tick >= next_progress:
                 self.on_progress(self._progress(hooks, tick - start))
@@ -480,11 +513,29 @@ class Session:
         if frame is not None and frame.height:
             sink.write(RESULT_TABLE, frame)
 
-    @staticmethod
-    def _drain(hook: Hook, sink: Sink, final: bool = False) -> None:
-        rows = hook.stop() if final else hook.poll()
-        for table, frame in rows:
-            sink.write(table, frame)
+    def _drain(self, hook: Hook, sink: Sink, final: bool = False) -> None:
+        def drain() -> None:
+            rows = hook.stop() if final else hook.poll()
+            for table, frame in rows:
+                sink.write(table, frame)
+
+        self._spool_call(drain)
+
+    def _spool_call(self, fn: Callable[[], object]) -> None:
+        """Run ``fn``; a spool that cannot be written is the output's error (one line,
+        a full disk ends the collection as disk_full). Sink errors are already so."""
+        try:
+            fn()
+        except OutputError:
+            raise
+        except OSError as err:
+            if is_disk_full(err):
+                self._disk_full = True
+            spool = self._spool_dir or self.path
+            raise OutputError(
+                f"cannot write the spool in {spool}: {err.strerror or err} "
+                f"({human_bytes(free_bytes(self.path))} free). Finished parts are kept."
+            ) from None
 
     def _progress(self, hooks: list[Hook], elapsed: float) -> Progress:
         events: dict[str, int] = {}

@@ -449,6 +449,14 @@ class ParquetSink:
 
     # -- inspection ----------------------------------------------------------------------
 
+    def resume(self, table: str, parts: int) -> None:
+        """Number ``table``'s next part after ``parts`` finished ones already on disk
+        (a recovery adds parts to a killed collection's own)."""
+        _check_table_name(table)
+        with self._lock:
+            state = self._tables.setdefault(table, _TableState(table))
+            state.part = max(state.part, parts)
+
     @property
     def buffered_bytes(self) -> int:
         """Estimated bytes of rows buffered in memory, across all tables."""

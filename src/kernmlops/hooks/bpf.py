@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 from pydantic import Field, field_validator
 
+from kernmlops.collect.spool import Pacer, RingSpool
 from kernmlops.ebpf import libbpf
 from kernmlops.ebpf.btf import RecordLayout, unbatch
 from kernmlops.ebpf.build import object_path
@@ -126,6 +127,9 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
     #: table name -> ring buffer map name
     rings: ClassVar[dict[str, str]]
     needs = ("tp_btf|raw_tp", "ringbuf")
+    #: rows come from the records alone (rows_from keeps no state), so the rings can
+    #: go through a spool and rows be made later (kernmlops.collect.spool)
+    spoolable: ClassVar[bool] = True
 
     def __init__(self, options: BpfOptionsT | HookOptions | None = None) -> None:
         super().__init__(options)
@@ -135,6 +139,9 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         self._spec: ObjectSpec | None = None
         #: table -> (its ring, bytes of one ring record), mapped at start
         self._rings: dict[str, tuple[RingBuffer, int]] = {}
+        #: table -> its ring's spool, when the session spools
+        self._spools: dict[str, RingSpool] = {}
+        self._spare: Pacer | None = None
 
     @classmethod
     def __init_subclass__(cls, **kwargs: object) -> None:
@@ -190,6 +197,15 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
                 record = spec.btf.ring_batch(ring) or spec.btf.ring_record(ring)
                 reader = RingBuffer(self.obj.map(ring).fd, size, name=ring)
                 self._rings[table] = (reader, record.size)
+                if ctx.spool_dir is not None and self.spoolable:
+                    info = {
+                        "hook": self.name,
+                        "options": self.options.model_dump(mode="json"),
+                        "ring": ring,
+                        "object": str(path.resolve()),
+                    }
+                    self._spools[table] = RingSpool(ctx.spool_dir, table, record.size, info)
+            self._spare = ctx.spare
             self.attach(self.obj)
         except (KernmlopsError, OSError) as err:
             self.close()
@@ -202,7 +218,12 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
 
     def spill(self) -> None:
         """Move what fills a ring out of it as bytes (no numpy): called while the
-        decoding libraries are being imported, so the rings never overflow."""
+        decoding libraries are being imported, so the rings never overflow. Spooled
+        rings go to their spool once the libraries are in (the sink is behind)."""
+        if self._spools and self._readers:
+            for table, (reader, _) in self._rings.items():
+                self._spools[table].take(reader)
+            return
         for reader, itemsize in self._rings.values():
             if reader.pending_bytes() >= reader.size // 4:
                 reader.spill(itemsize)
@@ -254,8 +275,54 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
                 yield table, records, layout
 
     def poll(self) -> Iterator[tuple[str, Rows]]:
-        for table, records, layout in self.drain_due():
-            yield table, self.to_frame(table, records, layout)
+        if self._spools:
+            yield from self._poll_spooled()
+            return
+        for key, records, layout in self.drain_due():
+            yield from self.rows_from(key, records, layout)
+
+    def rows_from(
+        self, key: str, records: np.ndarray, layout: RecordLayout
+    ) -> Iterator[tuple[str, Rows]]:
+        """(table, rows) of ring ``key``'s records (unbatched). Override to split or
+        derive; keep it pure (no state from start): a recovery calls it on a hook
+        that never started."""
+        yield key, self.to_frame(key, records, layout)
+
+    def _poll_spooled(self) -> Iterator[tuple[str, Rows]]:
+        """Copy due rings into their spools; make rows from the spools when the
+        machine has CPU to spare, and all of them once detached."""
+        now = time.monotonic()
+        readers = self.readers()
+        for key, (reader, _) in readers.items():
+            if self._due(key, reader, now):
+                self._last_drain[key] = now
+                self._spools[key].take(reader)
+        if self._detached:
+            for key, (_, layout) in readers.items():
+                if layout.batch is not None and key not in self._staged_read:
+                    # what each CPU still held when the programs stopped
+                    self._staged_read.add(key)
+                    stage = self.obj.map(self.rings[key] + "_stage")  # type: ignore[union-attr]
+                    self._spools[key].append(stage.lookup_percpu(0, dtype=layout.batch))
+        elif self._spare is not None and not self._spare.ask():
+            return  # the workload has the CPU: the rows wait in the spool
+        more = None if self._detached or self._spare is None else self._spare.ask
+        for key, (_, layout) in readers.items():
+            spool = self._spools[key]
+            for records in spool.records(layout.batch or layout.dtype, more=more):
+                if layout.batch is not None:
+                    records = unbatch(records)
+                if not len(records):
+                    continue
+                self.status.events += len(records)
+                for table, rows in self.rows_from(key, records, layout):
+                    spool.count(table, rows.num_rows if hasattr(rows, "num_rows") else len(rows))
+                    yield table, rows
+
+    def checkpoint_spool(self, finished: dict[str, int]) -> None:
+        for spool in self._spools.values():
+            spool.checkpoint(finished)
 
     def to_frame(self, table: str, records: np.ndarray, layout: RecordLayout) -> Rows:
         """Override to derive columns; the default keeps the record's fields (Arrow:
@@ -269,6 +336,8 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         return sum(drops.percpu_total(slot) for slot in range(len(self.rings)))
 
     def close(self) -> None:
+        for spool in self._spools.values():
+            spool.close()  # the files stay: the session deletes them once rows are safe
         for reader, _ in self._rings.values():
             reader.close()
         self._rings.clear()
