@@ -529,12 +529,13 @@ class Session:
         except OutputError:
             raise
         except OSError as err:
-            if is_disk_full(err):
-                self._disk_full = True
-            spool = self._spool_dir or self.path
+            full = is_disk_full(err)
+            self._disk_full = self._disk_full or full
+            what = "the disk is full" if full else f"a write failed ({err.strerror or err})"
             raise OutputError(
-                f"cannot write the spool in {spool}: {err.strerror or err} "
-                f"({human_bytes(free_bytes(self.path))} free). Finished parts are kept."
+                f"cannot write the spool in {self.path}: {what}; "
+                f"{human_bytes(free_bytes(self.path))} free. Finished parts and the "
+                "spool are kept (kernmlops recover, once there is room)."
             ) from None
 
     def _progress(self, hooks: list[Hook], elapsed: float) -> Progress:

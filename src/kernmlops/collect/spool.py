@@ -260,7 +260,8 @@ def recover(collection: Path, bpf_dir: Path | None = None) -> dict[str, int]:
     for info_path in infos:
         key = info_path.stem
         info = json.loads(info_path.read_text())
-        hook = get_hook(info["hook"])(info["options"])
+        cls = get_hook(info["hook"])
+        hook = cls(cls.Options.model_validate(info["options"]))
         obj = Path(bpf_dir) / Path(info["object"]).name if bpf_dir else Path(info["object"])
         if not obj.exists():
             raise CollectionError(
