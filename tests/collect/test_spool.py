@@ -10,8 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernmlops.collect.spool import RingSpool, SpareCpu, pending_spools
+from kernmlops.collect.spool import pending_spools
 from kernmlops.ebpf.ringbuf import RingBuffer
+from kernmlops.ebpf.spool import RingSpool
+from kernmlops.host.cpus import SpareCpu
 from tests.ebpf.test_ringbuf import EVENT, MappedRing, events
 
 

@@ -37,7 +37,7 @@ from kernmlops.collect.manifest import BenchmarkRecord, HookRecord, Manifest, wr
 from kernmlops.collect.output import prepare_output, release_reserve
 from kernmlops.collect.participants import Participant, configured
 from kernmlops.collect.sinks import ParquetSink, ThreadedSink, free_bytes, human_bytes, is_disk_full
-from kernmlops.collect.spool import SPOOL_DIR, Pacer, SpareCpu
+from kernmlops.collect.spool import SPOOL_DIR, Pacer
 from kernmlops.config import Config
 from kernmlops.errors import (
     CollectionError,
@@ -48,6 +48,7 @@ from kernmlops.errors import (
 from kernmlops.hooks import get_hook
 from kernmlops.hooks.base import Hook, HookContext, HookStatus
 from kernmlops.host.cgroup import set_oom_score_adj
+from kernmlops.host.cpus import SpareCpu
 from kernmlops.host.environment import Environment
 from kernmlops.host.sysinfo import system_info
 from kernmlops.lazy import preload

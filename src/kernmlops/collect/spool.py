@@ -1,38 +1,33 @@
 """Ring records waiting on disk: what keeps the collector light on a saturated machine.
 
-A BPF hook's rings are copied, as they lie (record headers included), into
-``<collection>/.spool/<key>.<segment>.ring`` files every poll: one ``write`` per
-piece of ring, no decoding. Rows are made from the spool (decode, the hook's own
-columns, Parquet) when the machine has CPU to spare, and all of what is left at
-stop, the way ``perf record`` writes first and ``perf report`` decodes later. On a
-machine with idle CPU the spool is read back within a poll and rows reach Parquet
-as they always did; under a storm that keeps every CPU busy the collector takes
-only the copy's few percent of a core from the workload, and its memory does not
-grow with the backlog (the page cache holds it, the disk keeps it).
+A BPF hook's rings are copied, as they lie (record headers included), into the
+collection's ``.spool/`` every poll (kernmlops.ebpf.spool): one ``write`` per piece
+of ring, no decoding. Rows are made from the spool (decode, the hook's own columns,
+Parquet) while the machine has CPU to spare and the sink keeps up (:class:`Pacer`),
+and all of what is left at stop, the way ``perf record`` writes first and ``perf
+report`` decodes later. On a machine with idle CPU the spool is read back within a
+poll and rows reach Parquet as they always did; under a storm that keeps every CPU
+busy the collector takes only the copy's few percent of a core from the workload,
+and its memory does not grow with the backlog (the page cache holds it, the disk
+keeps it).
 
 Durability is the collection's (README, "A collection survives its collector"):
 the spool is fsync'd at every flush, and ``kernmlops recover`` (:func:`recover`)
 turns what a killed collector left into parts, skipping the rows already in
-finished parts. So that it can, each segment records the rows every table had
-before it (``<key>.<segment>.json``) and the spool's ``<key>.json`` names the hook,
-its options and the object whose BTF describes the records. A segment is retired
-when it was read to its end at a flush, and deleted once the flush finished the
-parts that hold its rows.
+finished parts.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from kernmlops.ebpf.ringbuf import HEADER_SIZE, RingBuffer, decode, record_stride
+from kernmlops.collect.manifest import SPOOL_DIR
+from kernmlops.ebpf.ringbuf import decode, record_stride
 from kernmlops.errors import CollectionError
-from kernmlops.fileio import write_atomic
+from kernmlops.host.cpus import SpareCpu
 from kernmlops.lazy import lazy_import
 
 if TYPE_CHECKING:
@@ -42,137 +37,8 @@ if TYPE_CHECKING:
 else:
     np = lazy_import("numpy")
 
-SPOOL_DIR = ".spool"
-#: bytes of spool read back per step: a bounded batch of rows (about a row group)
-READ_BYTES = 4 << 20
-#: the CPU the machine must leave unused (idle, or ours) for rows to be made during a run
-SPARE_CPUS = 0.5
 
-
-def _dump(path: Path, data: dict[str, Any]) -> None:
-    write_atomic(path, json.dumps(data, indent=1).encode())
-
-
-@dataclass
-class _Segment:
-    path: Path
-    #: rows every table had before this segment's first record
-    rows_before: dict[str, int]
-
-
-@dataclass
-class RingSpool:
-    """One ring's spool: written at the tail by :meth:`take`, read at the head by
-    :meth:`records`; both in whole ring records."""
-
-    folder: Path
-    key: str
-    #: bytes of one ring record (a batch, for a batched ring) without its header
-    itemsize: int
-    info: dict[str, Any]
-    #: rows made from this spool so far, per table
-    rows: dict[str, int] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self.stride = record_stride(self.itemsize)
-        _dump(self.folder / f"{self.key}.json", {**self.info, "itemsize": self.itemsize})
-        self._index = -1
-        self._retired: list[tuple[_Segment, dict[str, int]]] = []
-        self._open_segment()
-
-    def _open_segment(self) -> None:
-        self._index += 1
-        seg = _Segment(self.folder / f"{self.key}.{self._index:05d}.ring", dict(self.rows))
-        _dump(seg.path.with_suffix(".json"), {"rows_before": seg.rows_before})
-        self._segment = seg
-        self._fd = os.open(seg.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-        self.written = self.read = 0
-
-    @property
-    def pending(self) -> int:
-        """Bytes written and not read back yet."""
-        return self.written - self.read
-
-    def take(self, reader: RingBuffer) -> int:
-        """Copy what the ring holds to the spool; the bytes copied."""
-        n = reader.copy_to(self._fd, self.itemsize)
-        self.written += n
-        return n
-
-    def append(self, records: np.ndarray) -> None:
-        """Add records that never were in the ring (what a CPU's batch still held at
-        detach), in the ring's format so that one reader serves both."""
-        if not len(records):
-            return
-        rows = np.zeros((len(records), self.stride), np.uint8)
-        rows[:, :4] = np.frombuffer(np.uint32(self.itemsize).tobytes(), np.uint8)
-        rows[:, HEADER_SIZE : HEADER_SIZE + self.itemsize] = records.view(np.uint8).reshape(
-            len(records), -1
-        )
-        data = rows.tobytes()
-        done = 0
-        while done < len(data):
-            done += os.write(self._fd, data[done:])
-        self.written += len(data)
-
-    def records(
-        self,
-        dtype: np.dtype,
-        max_bytes: int = READ_BYTES,
-        more: Callable[[], bool] | None = None,
-    ) -> Iterator[np.ndarray]:
-        """Decode the spool from its head, ``max_bytes`` at a time (whole records),
-        while ``more()`` (if given) says rows may be made."""
-        step = max(self.stride, max_bytes // self.stride * self.stride)
-        while self.pending and (more is None or more()):
-            n = min(self.pending, step)
-            raw = os.pread(self._fd, n, self.read)
-            if len(raw) != n:
-                raise CollectionError(f"spool {self._segment.path} is shorter than written")
-            buf = np.frombuffer(raw, np.uint8)
-            self.read += n
-            yield decode(buf, 1, 0, n, dtype).records
-
-    def count(self, table: str, rows: int) -> None:
-        self.rows[table] = self.rows.get(table, 0) + rows
-
-    def checkpoint(self, finished: dict[str, int]) -> None:
-        """At a flush: make the spool durable; retire the segment when it was read to
-        its end (its rows are in this flush), and delete retired segments whose rows
-        ``finished`` (rows in finished parts, per table) now holds."""
-        os.fsync(self._fd)
-        if self.written and not self.pending:
-            os.close(self._fd)
-            self._retired.append((self._segment, dict(self.rows)))
-            self._open_segment()
-        keep = []
-        for seg, rows in self._retired:
-            if all(finished.get(t, 0) >= n for t, n in rows.items()):
-                _remove(seg)
-            else:
-                keep.append((seg, rows))
-        self._retired = keep
-
-    def close(self) -> None:
-        """Stop writing; the files stay until :meth:`remove` (or a recovery)."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-    def remove(self) -> None:
-        """Delete this spool's files: every row is in finished parts."""
-        self.close()
-        for seg, _ in self._retired:
-            _remove(seg)
-        _remove(self._segment)
-        (self.folder / f"{self.key}.json").unlink(missing_ok=True)
-        self._retired = []
-
-
-def _remove(seg: _Segment) -> None:
-    seg.path.unlink(missing_ok=True)
-    seg.path.with_suffix(".json").unlink(missing_ok=True)
+__all__ = ["SPOOL_DIR", "Pacer", "SpareCpu", "collector_alive", "pending_spools", "recover"]
 
 
 class Pacer:
@@ -186,43 +52,6 @@ class Pacer:
 
     def ask(self) -> bool:
         return not self.behind() and self.spare.ask()
-
-
-class SpareCpu:
-    """Whether the machine has CPU to spare for making rows: idle CPU time plus our
-    own, over the last ``window_s``, from /proc/stat (cheap: read at most every
-    ``window_s``). ``ask()`` answers from the last window."""
-
-    def __init__(self, window_s: float = 0.1, need: float = SPARE_CPUS) -> None:
-        self.window_s = window_s
-        self.need = need
-        self._last = self._sample()
-        self._at = time.monotonic()
-        self.spare = True
-
-    @staticmethod
-    def _sample() -> tuple[float, float, float]:
-        """(idle seconds of all CPUs, busy+idle seconds of all CPUs, our CPU seconds)."""
-        try:
-            with open("/proc/stat", "rb") as f:
-                fields = [int(x) for x in f.readline().split()[1:9]]
-        except (OSError, ValueError):
-            return (0.0, 0.0, 0.0)
-        tick = os.sysconf("SC_CLK_TCK")
-        idle = (fields[3] + fields[4]) / tick
-        t = os.times()
-        return idle, sum(fields) / tick, t.user + t.system
-
-    def ask(self) -> bool:
-        now = time.monotonic()
-        if now - self._at >= self.window_s:
-            idle, total, own = self._sample()
-            d_total = total - self._last[1]
-            if d_total > 0:
-                spare_cpus = (idle - self._last[0] + own - self._last[2]) / (now - self._at)
-                self.spare = spare_cpus >= self.need
-            self._last, self._at = (idle, total, own), now
-        return self.spare
 
 
 def pending_spools(collection: Path) -> list[Path]:

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from pydantic import Field, field_validator
 
-from kernmlops.collect.spool import Pacer, RingSpool
 from kernmlops.ebpf import libbpf
 from kernmlops.ebpf.btf import RecordLayout, unbatch
 from kernmlops.ebpf.build import object_path
@@ -16,6 +15,7 @@ from kernmlops.ebpf.frames import records_to_table
 from kernmlops.ebpf.objects import VARIANTS, BpfObject, open_and_load
 from kernmlops.ebpf.ringbuf import RingBuffer
 from kernmlops.ebpf.spec import ObjectSpec, object_spec
+from kernmlops.ebpf.spool import RingSpool
 from kernmlops.errors import HookUnavailable, KernmlopsError
 from kernmlops.hooks.base import Hook, HookContext, HookOptions, OptionsT
 from kernmlops.lazy import lazy_import
@@ -141,7 +141,7 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         self._rings: dict[str, tuple[RingBuffer, int]] = {}
         #: table -> its ring's spool, when the session spools
         self._spools: dict[str, RingSpool] = {}
-        self._spare: Pacer | None = None
+        self._spare: Any = None  # collect.spool.Pacer
 
     @classmethod
     def __init_subclass__(cls, **kwargs: object) -> None:
