@@ -148,6 +148,12 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         super().__init_subclass__(**kwargs)
         if "rings" in cls.__dict__ and "tables" not in cls.__dict__:
             cls.tables = tuple(cls.rings)
+        # A hook that reads its rings its own way (its own poll) keeps them: only
+        # rows_from is called on spooled records.
+        if ("poll" in cls.__dict__ or "final_rows" in cls.__dict__) and (
+            "spoolable" not in cls.__dict__
+        ):
+            cls.spoolable = False
 
     def extra_globals(self) -> dict[str, int | bool]:
         """Hook-specific ``const volatile`` settings."""
