@@ -91,15 +91,17 @@ def _progress_table(p, attached) -> Table:
     table.add_column("state")
     table.add_column("events", justify="right")
     table.add_column("drops", justify="right")
+    # records in the spool: rows are made when the machine has CPU to spare, or at stop
+    waiting = any(p.spooled.values())
+    if waiting:
+        table.add_column("spooled", justify="right")
     for name, status in attached.items():
         state = status.variant or "attached" if status.attached else "[yellow]not attached[/]"
         drops = p.drops.get(name, 0)
-        table.add_row(
-            name,
-            state,
-            f"{p.events.get(name, 0):,}",
-            f"[red]{drops:,}[/]" if drops else "0",
-        )
+        row = [name, state, f"{p.events.get(name, 0):,}", f"[red]{drops:,}[/]" if drops else "0"]
+        if waiting:
+            row.append(f"{p.spooled.get(name, 0) / 2**20:,.1f} MiB")
+        table.add_row(*row)
     return table
 
 

@@ -112,3 +112,20 @@ def test_only_hooks_whose_rows_come_from_their_records_alone_are_spooled() -> No
     # these read their rings themselves (stacks symbolized live, perf events resolved
     # at start): their records must never wait in a spool nobody reads
     assert not spooled & {"cpu_profile", "task_perf", "syscalls"}
+
+
+def test_the_progress_table_shows_what_waits_in_the_spool() -> None:
+    from rich.console import Console
+
+    from kernmlops.cli import _progress_table
+    from kernmlops.collect.session import Progress
+    from kernmlops.hooks.base import HookStatus
+
+    attached = {"quanta_runtime": HookStatus("quanta_runtime", attached=True)}
+    console = Console(width=120, record=True)
+    quiet = Progress(1.0, {"quanta_runtime": 5}, {}, {}, "faux")
+    console.print(_progress_table(quiet, attached))
+    assert "spooled" not in console.export_text()
+    busy = Progress(1.0, {"quanta_runtime": 5}, {}, {}, "faux", {"quanta_runtime": 3 << 20})
+    console.print(_progress_table(busy, attached))
+    assert "3.0 MiB" in console.export_text()

@@ -80,6 +80,8 @@ class Progress:
     drops: dict[str, int]
     rows: dict[str, int]
     benchmark: str
+    #: bytes of records waiting in each hook's spool (rows made later)
+    spooled: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -384,6 +386,9 @@ class Session:
                 bench_exit = exit_status(proc.returncode)
         for out in outputs:
             step(out.close)
+        spooled = sum(h.spooled_bytes() for h in hooks)
+        if spooled >= 64 << 20 and self.on_message:
+            self.on_message(f"making rows from {human_bytes(spooled)} of spooled records")
         for hook in hooks:
             step(lambda hook=hook: self._drain(hook, sink, final=True))
             step(hook.close)  # idempotent: detaches even if the final drain failed
@@ -546,7 +551,8 @@ class Session:
             events[h.name] = h.status.events
             drops_fn = getattr(h, "drops", None)
             drops[h.name] = drops_fn() if drops_fn else 0
-        return Progress(elapsed, events, drops, {}, self.benchmark.describe())
+        spooled = {h.name: h.spooled_bytes() for h in hooks}
+        return Progress(elapsed, events, drops, {}, self.benchmark.describe(), spooled)
 
     def _exit_code(
         self, ended_by: str, bench_exit: int | None, error: BaseException | None = None

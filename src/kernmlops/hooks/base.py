@@ -127,6 +127,10 @@ class Hook(ABC, Generic[OptionsT]):
         """Bytes :meth:`spill` holds in memory for the next poll."""
         return 0
 
+    def spooled_bytes(self) -> int:
+        """Bytes of records waiting in this hook's spool for rows to be made."""
+        return 0
+
     def checkpoint_spool(self, finished: dict[str, int]) -> None:
         """At a flush: make spooled records durable (see kernmlops.collect.spool);
         ``finished``: rows per table in finished parts."""

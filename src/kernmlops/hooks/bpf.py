@@ -326,6 +326,9 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
                     spool.count(table, rows.num_rows if hasattr(rows, "num_rows") else len(rows))
                     yield table, rows
 
+    def spooled_bytes(self) -> int:
+        return sum(spool.pending for spool in self._spools.values())
+
     def checkpoint_spool(self, finished: dict[str, int]) -> None:
         for spool in self._spools.values():
             spool.checkpoint(finished)
