@@ -90,7 +90,9 @@ def test_the_spool_is_synced_at_each_checkpoint(
     spool = _spool(tmp_path)
     spool.append(events(3))
     spool.checkpoint({})
+    spool.wait_synced()  # in a thread: the poll loop goes on copying rings
     assert synced
+    spool.close()
 
 
 def test_spare_cpu_asks_for_what_was_unused() -> None:

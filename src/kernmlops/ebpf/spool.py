@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +62,7 @@ class RingSpool:
         self.stride = record_stride(self.itemsize)
         _dump(self.folder / f"{self.key}.json", {**self.info, "itemsize": self.itemsize})
         self._index = -1
+        self._syncing: threading.Thread | None = None
         self._retired: list[tuple[_Segment, dict[str, int]]] = []
         self._open_segment()
 
@@ -124,7 +126,7 @@ class RingSpool:
         """At a flush: make the spool durable; retire the segment when it was read to
         its end (its rows are in this flush), and delete retired segments whose rows
         ``finished`` (rows in finished parts, per table) now holds."""
-        os.fsync(self._fd)
+        self._sync()
         if self.written and not self.pending:
             os.close(self._fd)
             self._retired.append((self._segment, dict(self.rows)))
@@ -137,8 +139,32 @@ class RingSpool:
                 keep.append((seg, rows))
         self._retired = keep
 
+    def _sync(self) -> None:
+        """fsync the segment in a thread of its own: seconds of a storm's spool take a
+        while to reach the disk, and the poll loop must go on copying the rings. One
+        sync at a time; the next checkpoint syncs what came since."""
+        if self._syncing is not None and self._syncing.is_alive():
+            return
+        fd = os.dup(self._fd)
+
+        def run() -> None:
+            try:
+                os.fsync(fd)
+            except OSError:
+                pass  # a failing disk shows at the next write, as the collection's error
+            finally:
+                os.close(fd)
+
+        self._syncing = threading.Thread(target=run, name=f"spool-sync-{self.key}", daemon=True)
+        self._syncing.start()
+
+    def wait_synced(self) -> None:
+        if self._syncing is not None:
+            self._syncing.join()
+
     def close(self) -> None:
         """Stop writing; the files stay until :meth:`remove` (or a recovery)."""
+        self.wait_synced()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
