@@ -30,7 +30,7 @@ else:
     np = lazy_import("numpy")
 
 #: bytes of spool read back per step: a bounded batch of rows (about a row group)
-READ_BYTES = 4 << 20
+READ_BYTES = 1 << 20
 
 
 def _dump(path: Path, data: dict[str, Any]) -> None:

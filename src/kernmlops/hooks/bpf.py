@@ -51,6 +51,10 @@ class BpfHookOptions(HookOptions):
         return kib
 
 
+#: the longest a poll makes rows from a spool before it copies the rings again (s): a
+#: default ring (8 MiB) holds hundreds of milliseconds of the busiest storm
+ROWS_BUDGET_S = 0.05
+
 #: a BPF hook's options: ring sizes and batching, and the hook's own settings
 BpfOptionsT = TypeVar("BpfOptionsT", bound=BpfHookOptions)
 
@@ -313,7 +317,15 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
                     self._spools[key].append(stage.lookup_percpu(0, dtype=layout.batch))
         elif self._spare is not None and not self._spare.ask():
             return  # the workload has the CPU: the rows wait in the spool
-        more = None if self._detached or self._spare is None else self._spare.ask
+        more = None
+        if not self._detached and self._spare is not None:
+            # Rows for at most ROWS_BUDGET_S a poll: the rings are copied again soon
+            # (our own CPU counts as spare, so a backlog alone would never stop us).
+            until, pacer = now + ROWS_BUDGET_S, self._spare
+
+            def more() -> bool:
+                return time.monotonic() < until and pacer.ask()
+
         for key, (_, layout) in readers.items():
             spool = self._spools[key]
             for records in spool.records(layout.batch or layout.dtype, more=more):
