@@ -223,7 +223,10 @@ def _stalled_writer_run(
             "collector": {"output_dir": str(tmp_path), "progress": False,
                           "hooks": ["quanta_runtime"], "flush_interval_s": 0.5,
                           "spool": spool},
-            "hooks": {"quanta_runtime": {"ring_kib": 16384, "batch_ms": 0}},
+            # spilling: a ring that also rides out the storm's other stalls (the loop
+            # waits for CPU under the storm); blocked: one the 3 s stall overflows
+            "hooks": {"quanta_runtime": {"ring_kib": 65536 if spill else 16384,
+                                         "batch_ms": 0}},
             "benchmark": {"name": "faux", "duration_s": 3},
         }
     )  # fmt: skip

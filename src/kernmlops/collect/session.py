@@ -386,6 +386,10 @@ class Session:
                 bench_exit = exit_status(proc.returncode)
         for out in outputs:
             step(out.close)
+        for hook in hooks:
+            # every program stops before any final drain: a ring still being filled
+            # while the others' rows are made would overflow
+            step(hook.detach)
         spooled = sum(h.spooled_bytes() for h in hooks)
         if spooled >= 64 << 20 and self.on_message:
             self.on_message(f"making rows from {human_bytes(spooled)} of spooled records")

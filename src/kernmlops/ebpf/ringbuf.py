@@ -165,36 +165,29 @@ class RingBuffer:
         return n
 
     def copy_to(self, fd: int, itemsize: int) -> int:
-        """Write the committed records of ``itemsize`` bytes to the file ``fd`` as they lie
-        in the ring (headers included: :func:`decode` reads them back), spilled ones
-        first, and free their space; the bytes written. No record is decoded: one
-        ``write`` per piece of the ring, for a spool (kernmlops.collect.spool)."""
-        written = 0
-        for chunk in self._spilled:
-            written += _write_all(fd, chunk)
-        self._spilled.clear()
+        """Write what :meth:`take_bytes` takes to the file ``fd``; the bytes written."""
+        return sum(_write_all(fd, chunk) for chunk in self.take_bytes(itemsize))
+
+    def take_bytes(self, itemsize: int) -> list[bytes]:
+        """The committed records of ``itemsize`` bytes as they lie in the ring (headers
+        included: :func:`decode` reads them back), spilled ones first, as copies; their
+        space is freed. No record is decoded: for a spool (kernmlops.ebpf.spool)."""
+        chunks, self._spilled = self._spilled, []
         cons, prod = self._positions()
         stride = record_stride(itemsize)
         n = (prod - cons) // stride
         if n <= 0:
-            return written
+            return chunks
         # The records still being written end the run (their header's busy bit).
         if "numpy" in sys.modules:
             committed = self._committed_np(cons, n, stride)
         else:
             committed = self._committed_py(cons, n, stride)
         length = committed * stride
-        if not length:
-            return written
-        page = self._page
-        start = page + (cons & (self.size - 1))
-        first = min(length, page + self.size - start)
-        with memoryview(self._data_map) as data:
-            written += _write_all(fd, data[start : start + first])
-            if first < length:
-                written += _write_all(fd, data[page : page + length - first])
-        struct.pack_into("<Q", self._cons_map, 0, cons + length)
-        return written
+        if length:
+            chunks.append(self._bytes(cons, length))
+            struct.pack_into("<Q", self._cons_map, 0, cons + length)
+        return chunks
 
     def _committed_py(self, cons: int, n: int, stride: int) -> int:
         mask = self.size - 1

@@ -31,6 +31,10 @@ else:
 
 #: bytes of spool read back per step: a bounded batch of rows (about a row group)
 READ_BYTES = 1 << 20
+#: bytes written after which the writer syncs the spool (besides at every flush)
+SYNC_BYTES = 8 << 20
+#: bytes the poll loop may hand the writer before it waits for the disk
+MAX_QUEUED = 64 << 20
 
 
 def _dump(path: Path, data: dict[str, Any]) -> None:
@@ -47,7 +51,12 @@ class _Segment:
 @dataclass
 class RingSpool:
     """One ring's spool: written at the tail by :meth:`take`, read at the head by
-    :meth:`records`; both in whole ring records."""
+    :meth:`records`; both in whole ring records.
+
+    The file is written by a thread of its own: under a storm that keeps every CPU
+    busy, the journal's thread runs late and a ``write`` that needs it waits, up to
+    seconds; the poll loop only copies the ring's bytes to memory and goes on (at
+    most ``MAX_QUEUED`` of them wait for the writer)."""
 
     folder: Path
     key: str
@@ -62,9 +71,19 @@ class RingSpool:
         self.stride = record_stride(self.itemsize)
         _dump(self.folder / f"{self.key}.json", {**self.info, "itemsize": self.itemsize})
         self._index = -1
-        self._syncing: threading.Thread | None = None
         self._retired: list[tuple[_Segment, dict[str, int]]] = []
+        self._cond = threading.Condition()
+        self._queue: list[bytes] = []
+        self._queued = 0  # bytes in _queue
+        self._error: OSError | None = None
+        self._sync_asked = False
+        self._syncs = 0  # fsyncs done by the writer
+        self._old_fds: list[int] = []  # retired segments' fds, closed by the writer
+        self._closing = False
         self._open_segment()
+        self._writer = threading.Thread(target=self._write_loop, name=f"spool-{self.key}")
+        self._writer.daemon = True
+        self._writer.start()
 
     def _open_segment(self) -> None:
         self._index += 1
@@ -72,18 +91,76 @@ class RingSpool:
         _dump(seg.path.with_suffix(".json"), {"rows_before": seg.rows_before})
         self._segment = seg
         self._fd = os.open(seg.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-        self.written = self.read = 0
+        #: bytes handed over / in the file / read back, in this segment
+        self.written = self.on_disk = self.read = 0
 
     @property
     def pending(self) -> int:
-        """Bytes written and not read back yet."""
+        """Bytes handed over and not read back yet."""
         return self.written - self.read
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _put(self, chunks: list[bytes]) -> int:
+        size = sum(len(c) for c in chunks)
+        if not size:
+            return 0
+        with self._cond:
+            self._raise()
+            while self._queued and self._queued + size > MAX_QUEUED and self._error is None:
+                self._cond.wait()  # the disk is that far behind: the loop waits too
+            self._raise()
+            self._queue.extend(chunks)
+            self._queued += size
+            self.written += size
+            self._cond.notify_all()
+        return size
+
+    def _write_loop(self) -> None:
+        unsynced = 0
+        while True:
+            with self._cond:
+                while not self._queue and not self._closing and not self._sync_asked:
+                    self._cond.wait()
+                chunks, self._queue = self._queue, []
+                sync, self._sync_asked = self._sync_asked, False
+                fd = self._fd
+                old, self._old_fds = self._old_fds, []
+                if not chunks and not sync and self._closing:
+                    for f in old:
+                        os.close(f)
+                    return
+            for f in old:  # no write of ours uses them any more
+                os.close(f)
+            try:
+                for chunk in chunks:
+                    _write_all(fd, chunk)
+                unsynced += sum(len(c) for c in chunks)
+                if sync or unsynced >= SYNC_BYTES:
+                    # Keep the page cache's share of the spool small: an fsync of
+                    # any other file (the manifest) waits for the journal, and with
+                    # it for every dirty page of the spool (ext4 data=ordered).
+                    os.fsync(fd)
+                    unsynced = 0
+                    with self._cond:
+                        self._syncs += 1
+            except OSError as err:
+                with self._cond:
+                    self._error = err
+                    self._queue, self._queued = [], 0
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                size = sum(len(c) for c in chunks)
+                self._queued -= size
+                self.on_disk += size
+                self._cond.notify_all()
 
     def take(self, reader: RingBuffer) -> int:
         """Copy what the ring holds to the spool; the bytes copied."""
-        n = reader.copy_to(self._fd, self.itemsize)
-        self.written += n
-        return n
+        return self._put(reader.take_bytes(self.itemsize))
 
     def append(self, records: np.ndarray) -> None:
         """Add records that never were in the ring (what a CPU's batch still held at
@@ -95,11 +172,14 @@ class RingSpool:
         rows[:, HEADER_SIZE : HEADER_SIZE + self.itemsize] = records.view(np.uint8).reshape(
             len(records), -1
         )
-        data = rows.tobytes()
-        done = 0
-        while done < len(data):
-            done += os.write(self._fd, data[done:])
-        self.written += len(data)
+        self._put([rows.tobytes()])
+
+    def drained(self) -> None:
+        """Wait until the writer has everything handed over in the file."""
+        with self._cond:
+            while self._queued and self._error is None:
+                self._cond.wait()
+            self._raise()
 
     def records(
         self,
@@ -108,10 +188,13 @@ class RingSpool:
         more: Callable[[], bool] | None = None,
     ) -> Iterator[np.ndarray]:
         """Decode the spool from its head, ``max_bytes`` at a time (whole records),
-        while ``more()`` (if given) says rows may be made."""
+        while ``more()`` (if given) says rows may be made; without ``more``, all of it
+        (the writer is waited for)."""
+        if more is None:
+            self.drained()
         step = max(self.stride, max_bytes // self.stride * self.stride)
-        while self.pending and (more is None or more()):
-            n = min(self.pending, step)
+        while self.on_disk > self.read and (more is None or more()):
+            n = min(self.on_disk - self.read, step)
             raw = os.pread(self._fd, n, self.read)
             if len(raw) != n:
                 raise CollectionError(f"spool {self._segment.path} is shorter than written")
@@ -123,14 +206,17 @@ class RingSpool:
         self.rows[table] = self.rows.get(table, 0) + rows
 
     def checkpoint(self, finished: dict[str, int]) -> None:
-        """At a flush: make the spool durable; retire the segment when it was read to
-        its end (its rows are in this flush), and delete retired segments whose rows
-        ``finished`` (rows in finished parts, per table) now holds."""
-        self._sync()
-        if self.written and not self.pending:
-            os.close(self._fd)
-            self._retired.append((self._segment, dict(self.rows)))
-            self._open_segment()
+        """At a flush: have the writer sync the spool; retire the segment when it was
+        read to its end (its rows are in this flush), and delete retired segments
+        whose rows ``finished`` (rows in finished parts, per table) now holds."""
+        with self._cond:
+            self._raise()
+            self._sync_asked = True
+            if self.written and self.read == self.written and not self._queued:
+                self._old_fds.append(self._fd)  # the writer may be syncing it now
+                self._retired.append((self._segment, dict(self.rows)))
+                self._open_segment()
+            self._cond.notify_all()
         keep = []
         for seg, rows in self._retired:
             if all(finished.get(t, 0) >= n for t, n in rows.items()):
@@ -139,32 +225,23 @@ class RingSpool:
                 keep.append((seg, rows))
         self._retired = keep
 
-    def _sync(self) -> None:
-        """fsync the segment in a thread of its own: seconds of a storm's spool take a
-        while to reach the disk, and the poll loop must go on copying the rings. One
-        sync at a time; the next checkpoint syncs what came since."""
-        if self._syncing is not None and self._syncing.is_alive():
-            return
-        fd = os.dup(self._fd)
-
-        def run() -> None:
-            try:
-                os.fsync(fd)
-            except OSError:
-                pass  # a failing disk shows at the next write, as the collection's error
-            finally:
-                os.close(fd)
-
-        self._syncing = threading.Thread(target=run, name=f"spool-sync-{self.key}", daemon=True)
-        self._syncing.start()
-
     def wait_synced(self) -> None:
-        if self._syncing is not None:
-            self._syncing.join()
+        """Wait until what was handed over is in the file and synced."""
+        with self._cond:
+            target = self._syncs + 1
+            self._sync_asked = True
+            self._cond.notify_all()
+            while self._syncs < target and self._error is None and self._writer.is_alive():
+                self._cond.wait(0.05)
+            self._raise()
 
     def close(self) -> None:
-        """Stop writing; the files stay until :meth:`remove` (or a recovery)."""
-        self.wait_synced()
+        """Stop writing (what was handed over is written first); the files stay until
+        :meth:`remove` (or a recovery)."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._writer.join()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
@@ -177,6 +254,12 @@ class RingSpool:
         _remove(self._segment)
         (self.folder / f"{self.key}.json").unlink(missing_ok=True)
         self._retired = []
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def _remove(seg: _Segment) -> None:

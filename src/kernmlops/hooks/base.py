@@ -127,6 +127,9 @@ class Hook(ABC, Generic[OptionsT]):
         """Bytes :meth:`spill` holds in memory for the next poll."""
         return 0
 
+    def detach(self) -> None:
+        """Stop producing events; what was produced stays readable for :meth:`stop`."""
+
     def spooled_bytes(self) -> int:
         """Bytes of records waiting in this hook's spool for rows to be made."""
         return 0

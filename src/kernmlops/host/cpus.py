@@ -79,7 +79,7 @@ class SpareCpu:
         self.need = need
         self._last = self._sample()
         self._at = time.monotonic()
-        self.spare = True
+        self.spare = False  # until a window has been measured
 
     @staticmethod
     def _sample() -> tuple[float, float, float]:
