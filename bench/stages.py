@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         "records_to_frame (polars)": lambda: [records_to_frame(b, layout) for b in batches],
         "ParquetSink zstd (default)": sink_run(lambda d: ParquetSink(d, "stages")),
         "ParquetSink snappy": sink_run(lambda d: ParquetSink(d, "stages", compression="snappy")),
+        "ParquetSink none": sink_run(lambda d: ParquetSink(d, "stages", compression="none")),
     }
     sink_run(lambda d: ParquetSink(d, "warm-up"))()  # first-use costs out of the way
 

@@ -91,6 +91,22 @@ def test_a_running_collection_is_read_with_a_warning(tmp_path: Path) -> None:
     assert listed["state"].to_list() == ["running"]
 
 
+def test_rows_left_in_a_spool_are_named_with_the_command_that_adds_them(tmp_path: Path) -> None:
+    from kernmlops.data import IncompleteCollectionWarning
+
+    folder = tmp_path / "benchmark=faux" / "collection_id=s"
+    make_collection(folder, "faux", "s", 10)
+    write_manifest(folder, {"collection_id": "s", "state": "disk_full"})
+    (folder / ".spool").mkdir()
+    (folder / ".spool" / "quanta_switch.00000.ring").write_bytes(b"")
+    with pytest.warns(IncompleteCollectionWarning, match=r"kernmlops recover .*collection_id=s"):
+        read_collection(folder)
+    for table in ("events", "drops"):  # nothing but the spool
+        (folder / table).rename(tmp_path / table)
+    with pytest.raises(CollectionError, match=r"no Parquet tables.*kernmlops recover"):
+        read_collection(folder)
+
+
 def test_read_collection_from_the_manifest_path(curated: Path) -> None:
     c = read_collection(curated / "benchmark=gap" / "collection_id=g1" / "manifest.json")
     assert c["events"].height == 700

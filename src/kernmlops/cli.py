@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, ClassVar
 import click
 
 from kernmlops.clitools import fail, require_bpf_privileges
-from kernmlops.errors import KernmlopsError
+from kernmlops.errors import CollectionError, KernmlopsError, OutputError
 
 #: the overrides file `kernmlops collect` reads from the current folder without -c
 OVERRIDES = "overrides.yaml"
@@ -91,15 +91,17 @@ def _progress_table(p, attached) -> Table:
     table.add_column("state")
     table.add_column("events", justify="right")
     table.add_column("drops", justify="right")
+    # records in the spool: rows are made when the machine has CPU to spare, or at stop
+    waiting = any(p.spooled.values())
+    if waiting:
+        table.add_column("spooled", justify="right")
     for name, status in attached.items():
         state = status.variant or "attached" if status.attached else "[yellow]not attached[/]"
         drops = p.drops.get(name, 0)
-        table.add_row(
-            name,
-            state,
-            f"{p.events.get(name, 0):,}",
-            f"[red]{drops:,}[/]" if drops else "0",
-        )
+        row = [name, state, f"{p.events.get(name, 0):,}", f"[red]{drops:,}[/]" if drops else "0"]
+        if waiting:
+            row.append(f"{p.spooled.get(name, 0) / 2**20:,.1f} MiB")
+        table.add_row(*row)
     return table
 
 
@@ -327,6 +329,41 @@ def defaults(path: str) -> None:
         return
     Path(path).write_text(text)
     _console().print(f"wrote {path}")
+
+
+@cli.command()
+@click.argument("collection", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option(
+    "--bpf-dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="the BPF objects the collecting version built (default: the path in the spool)",
+)
+def recover(collection: Path, bpf_dir: Path | None) -> None:
+    """Turn the spool a killed collector left in COLLECTION into Parquet parts.
+
+    While a machine has no CPU to spare, the collector copies its rings to
+    COLLECTION/.spool/ and makes rows later (collector.spool). If it was killed
+    (kill -9, the OOM killer) those records are still there: this decodes them,
+    adds the rows not yet in finished parts as new parts, updates the manifest
+    and deletes the spool. Nothing is repeated, and a collection without a
+    spool is left as it is.
+    """
+    from kernmlops.collect.spool import collector_alive, pending_spools, recover
+
+    try:
+        if not pending_spools(collection):
+            _say(f"nothing to recover in {collection}: no spool")
+            return
+        pid = collector_alive(collection)
+        if pid is not None:
+            raise CollectionError(f"collector {pid} still writes {collection}: stop it first")
+        added = recover(collection, bpf_dir)
+    except KernmlopsError as err:
+        fail(err)
+    except OSError as err:
+        fail(OutputError(f"cannot recover {collection}: {err.strerror or err}"))
+    rows = ", ".join(f"{t} {n:,}" for t, n in sorted(added.items())) or "no rows"
+    _say(f"recovered {rows} into {collection}")
 
 
 @cli.command("build-bpf")

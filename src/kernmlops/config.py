@@ -79,8 +79,22 @@ class CollectorConfig(_Strict):
     row_group_rows: int = Field(65536, ge=1024, le=16 << 20, description="Parquet row group")
     compact: bool = Field(
         True,
-        description="at stop, rewrite each table's flushed parts as one file (an atomic "
-        "swap: the parts stay if anything fails)",
+        description="at stop, rewrite each table's flushed parts as one compactly encoded "
+        "file (an atomic swap: the parts stay if anything fails); the run's own parts are "
+        "then written plain, which costs the collector less CPU while the workload runs",
+    )
+    spool: bool = Field(
+        True,
+        description="copy BPF rings to a spool in the collection (.spool/) and make rows "
+        "from it only while the machine has CPU to spare, and at stop: a workload that "
+        "keeps every CPU busy loses only the copy to the collector (kernmlops recover "
+        "turns a killed collection's spool into parts)",
+    )
+    spool_spare_cpus: float = Field(
+        0.5,
+        ge=0,
+        description="with spool: rows are made during the run only while this much CPU "
+        "(in CPUs, idle or the collector's own) was unused over the last 0.1 s",
     )
     min_free_mb: float = Field(
         64, ge=0, description="refuse to start with less free space than this in output_dir"

@@ -35,7 +35,7 @@ from urllib.parse import unquote
 
 import polars as pl
 
-from kernmlops.collect.manifest import MANIFEST_NAME, Manifest, read_manifest
+from kernmlops.collect.manifest import MANIFEST_NAME, SPOOL_DIR, Manifest, read_manifest
 from kernmlops.errors import CollectionError
 from kernmlops.tables import BENCHMARK, COLLECTION_ID
 
@@ -158,6 +158,12 @@ def read_collection(path: str | Path) -> Collection:
         raise CollectionError(f"{path}: not a folder (a collection is a folder)")
     manifest = read_manifest(path)
     files, incomplete = _table_files(path)
+    spool = path / SPOOL_DIR
+    spooled = (
+        f"; rows still in its spool are not read: `kernmlops recover {path}` adds them"
+        if spool.is_dir() and any(spool.glob("*.ring"))
+        else ""
+    )
     if not files:
         why = (
             f"; only unfinished temporary parts in {', '.join(incomplete)} "
@@ -165,16 +171,20 @@ def read_collection(path: str | Path) -> Collection:
             if incomplete
             else ""
         )
-        raise CollectionError(f"{path}: no Parquet tables (no <table>/part-*.parquet){why}")
+        raise CollectionError(
+            f"{path}: no Parquet tables (no <table>/part-*.parquet){why}{spooled}"
+        )
     tables = {name: _read(name, parts) for name, parts in files.items()}
     if manifest.state == "running":
         flushed = manifest.last_flush_at or "never"
         warnings.warn(
             f"{path}: incomplete collection: its collector stopped without finishing "
-            f"(last flush {flushed}); reading what was flushed",
+            f"(last flush {flushed}); reading what was flushed{spooled}",
             IncompleteCollectionWarning,
             stacklevel=2,
         )
+    elif spooled:
+        warnings.warn(f"{path}: {spooled[2:]}", IncompleteCollectionWarning, stacklevel=2)
     return Collection(
         path=path,
         manifest=manifest,

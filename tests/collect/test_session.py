@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import polars as pl
+import pyarrow.parquet as pq
 import pytest
 
 from kernmlops.collect.manifest import Manifest
@@ -185,7 +186,9 @@ print(json.dumps(seen))
     assert seen["rows"] > 0
 
 
-def _stalled_writer_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spill: bool) -> dict:
+def _stalled_writer_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spill: bool, spool: bool = False
+) -> dict:
     """A system-wide quanta_runtime collection under a switch storm whose writer
     stalls 3 s in its first fsync, with a 16 MiB ring (about 1 s of the storm: a
     4 MiB one overflowed on a loaded 2-vCPU runner while the loop waited for CPU, not
@@ -218,8 +221,12 @@ def _stalled_writer_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spill: 
     cfg = load_config(
         {
             "collector": {"output_dir": str(tmp_path), "progress": False,
-                          "hooks": ["quanta_runtime"], "flush_interval_s": 0.5},
-            "hooks": {"quanta_runtime": {"ring_kib": 16384, "batch_ms": 0}},
+                          "hooks": ["quanta_runtime"], "flush_interval_s": 0.5,
+                          "spool": spool},
+            # spilling: a ring that also rides out the storm's other stalls (the loop
+            # waits for CPU under the storm); blocked: one the 3 s stall overflows
+            "hooks": {"quanta_runtime": {"ring_kib": 65536 if spill else 16384,
+                                         "batch_ms": 0}},
             "benchmark": {"name": "faux", "duration_s": 3},
         }
     )  # fmt: skip
@@ -248,6 +255,20 @@ def test_a_stalled_writer_loses_nothing_the_loop_spills(
     assert blocked["drops"] > 0
 
 
+def test_a_stalled_writer_loses_nothing_when_the_rings_are_spooled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The loop never waits for the sink with rows in hand: rings go to the spool (on
+    # disk, not in memory), rows are made when the writer takes them again.
+    monkeypatch.setattr("kernmlops.collect.session.MAX_SPILLED_BYTES", 0)
+    got = _stalled_writer_run(tmp_path, monkeypatch, spill=False, spool=True)
+    assert got["events"] > 100_000
+    assert got["drops"] == 0
+    rows = got["rows"]
+    assert rows["quanta_runtime"] + rows["quanta_queued_time"] >= got["events"]
+    assert not (tmp_path / "curated").exists() or not list(tmp_path.rglob(".spool"))
+
+
 def test_a_collection_is_compacted_at_stop_and_the_manifest_says_so(tmp_path: Path) -> None:
     cfg = _config(tmp_path, hooks=["quanta_runtime"], flush_interval_s=0.2)
     cfg.benchmark.duration_s = 1.5
@@ -262,15 +283,24 @@ def test_a_collection_is_compacted_at_stop_and_the_manifest_says_so(tmp_path: Pa
     assert c["quanta_runtime"].height == result.rows["quanta_runtime"] > 0
     assert c.manifest.flushes >= 5  # it was flushed into that many parts first
     assert not [p for p in result.path.iterdir() if p.name.startswith(".compact")]
+    # The run's parts were plain (fast_parts); the compacted file is zstd.
+    meta = pq.ParquetFile(result.path / "quanta_runtime" / "part-00000.parquet").metadata
+    assert meta.row_group(0).column(0).compression == "ZSTD"
 
 
 def test_compaction_can_be_turned_off(tmp_path: Path) -> None:
-    cfg = _config(tmp_path, hooks=["quanta_runtime"], flush_interval_s=0.2, compact=False)
+    # spool off: rows reach parts at every flush even when the machine has no CPU to spare
+    cfg = _config(
+        tmp_path, hooks=["quanta_runtime"], flush_interval_s=0.2, compact=False, spool=False
+    )
     cfg.benchmark.duration_s = 1.0
     result = Session(cfg).run()
     record = read_collection(result.path).manifest.tables["quanta_runtime"]
     assert record.compaction is None
     assert len(record.files) >= 3
+    # Nothing rewrites them: the run's parts are written compactly themselves.
+    meta = pq.ParquetFile(result.path / record.files[0]).metadata
+    assert meta.row_group(0).column(0).compression == "ZSTD"
 
 
 class _CountingHook(Hook[HookOptions]):
@@ -328,3 +358,35 @@ def test_caller_hooks_and_participants_are_ordinary_participants(tmp_path: Path)
     assert col.manifest.hooks["caller_hook"].events == hook.polls
     assert col.manifest["caller"] == {"rows": hook.polls}
     assert col.manifest.state == "duration"
+
+
+def test_with_no_cpu_to_spare_rows_wait_in_the_spool_until_stop(tmp_path: Path) -> None:
+    # A machine that never has CPU to spare (spool_spare_cpus past its CPUs): during the
+    # run the rings only go to the spool, no row is made; at stop every record becomes
+    # a row, the rows equal the records, and the spool is gone.
+    import os
+    import subprocess
+    import time
+
+    cfg = _config(
+        tmp_path, hooks=["quanta_runtime"], flush_interval_s=0.2,
+        spool_spare_cpus=float((os.cpu_count() or 1) + 1),
+    )  # fmt: skip
+    cfg.benchmark.duration_s = 2.0
+    seen: list[int] = []
+    session = Session(cfg, on_progress=lambda p: seen.append(p.events["quanta_runtime"]))
+    storm = subprocess.Popen(["stress-ng", "--switch", "1", "-t", "3"], stdout=subprocess.DEVNULL)
+    try:
+        time.sleep(0.2)
+        result = session.run()
+    finally:
+        storm.wait(timeout=30)
+    assert max(seen[:-1] or [0]) == 0  # no record became a row while the run went on
+    status = result.hooks["quanta_runtime"]
+    assert status.events > 10_000 and status.drops == 0
+    rows = result.rows
+    switches = rows["quanta_runtime"] + rows["quanta_queued_time"]
+    assert status.events <= switches <= 2 * status.events  # each record gives 1 or 2 rows
+    c = read_collection(result.path)
+    assert c["quanta_runtime"].height == rows["quanta_runtime"]
+    assert not (result.path / ".spool").exists()

@@ -426,6 +426,46 @@ def test_compaction_rewrites_the_parts_as_one_file_in_full_row_groups(tmp_path: 
     assert "RLE_DICTIONARY" in enc["collection_id"]
 
 
+def encodings(path: Path) -> dict[str, tuple[str, list[str]]]:
+    """column -> (codec, encodings) of the first row group of a Parquet file."""
+    meta = pq.ParquetFile(path).metadata
+    group = meta.row_group(0)
+    return {
+        meta.schema.column(i).name: (group.column(i).compression, list(group.column(i).encodings))
+        for i in range(meta.num_columns)
+    }
+
+
+def test_fast_parts_are_plain_until_compaction_encodes_them_compactly(tmp_path: Path) -> None:
+    sink = flushed_parts(tmp_path, parts=3, fast_parts=True)
+    write_manifest(tmp_path, {})
+    before = read_collection(tmp_path)["events"]
+    live = encodings(tmp_path / "events" / "part-00000.parquet")
+    # While the run goes on: no codec, no dictionary, no deltas (the id excepted).
+    assert {codec for codec, _ in live.values()} == {"UNCOMPRESSED"}
+    assert "RLE_DICTIONARY" not in live["pid"][1]
+    assert "DELTA_BINARY_PACKED" not in live["ts_uptime_us"][1]
+    assert "RLE_DICTIONARY" in live["collection_id"][1]
+    plain_bytes = sum(p.stat().st_size for p in (tmp_path / "events").iterdir())
+    # A table of one part ('rare' has three, but a one-part table too) is rewritten.
+    one = flushed_parts(tmp_path / "one", parts=1, fast_parts=True)
+    assert one.compact() == {"events": "compacted", "rare": "compacted"}
+    assert encodings(tmp_path / "one" / "events" / "part-00000.parquet")["pid"][0] == "ZSTD"
+    assert sink.compact() == {"events": "compacted", "rare": "compacted"}
+    done = encodings(tmp_path / "events" / "part-00000.parquet")
+    assert {codec for codec, _ in done.values()} == {"ZSTD"}
+    assert "RLE_DICTIONARY" in done["pid"][1]  # 97 values: the table's own dictionary
+    assert "DELTA_BINARY_PACKED" in done["ts_uptime_us"][1]
+    assert (tmp_path / "events" / "part-00000.parquet").stat().st_size < plain_bytes / 2
+    assert_frame_equal(read_collection(tmp_path)["events"], before)
+
+
+def test_without_fast_parts_the_run_writes_compact_parts(tmp_path: Path) -> None:
+    flushed_parts(tmp_path, parts=1)
+    part = encodings(tmp_path / "events" / "part-00000.parquet")
+    assert part["pid"][0] == "ZSTD" and "RLE_DICTIONARY" in part["pid"][1]
+
+
 def test_compaction_writes_parts_of_at_most_rows_per_file(tmp_path: Path) -> None:
     # A writer holds each row group's metadata until it closes: a long busy table is
     # compacted into parts of rows_per_file rows, not into one ever-growing file.

@@ -493,3 +493,45 @@ def test_records_to_table_is_arrow_with_the_frames_rows(process_layout):
     assert table.column("kind").to_pylist() == ["exit", None, "fork"]
     assert table.column("comm").to_pylist() == ["sh", "\ufffd\ufffd", "x" * 16]
     assert pl.from_arrow(table).equals(records_to_frame(rec, process_layout))
+
+
+@pytest.mark.parametrize("numpy_scan", [True, False])
+def test_copy_to_writes_the_ring_as_it_lies_up_to_a_busy_record(
+    tmp_path, numpy_scan: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A spool's input: raw ring bytes (headers included) that decode() reads back, a
+    # run that wraps the end in two writes, spilled bytes first, nothing past a busy record.
+    import os
+    import sys
+
+    from kernmlops.ebpf.ringbuf import RingBuffer
+
+    if not numpy_scan:  # the pure-Python header scan, used before numpy is imported
+        monkeypatch.delitem(sys.modules, "numpy")
+    ring = MappedRing(4096, start=3 * 4096 - 40)  # the 2nd record straddles the end
+    want = events(60)
+    ring.write_records(want[:5])
+    ring.sync()
+    reader = RingBuffer(ring.fd, 4096)
+    out = os.open(tmp_path / "spool", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        assert reader.spill(EVENT.itemsize) == 5
+        ring.cons = ring.consumer()
+        ring.write_records(want[5:40])
+        busy = ring.write(want[40].tobytes(), busy=True)
+        ring.write_records(want[41:], discard=True)
+        ring.sync()
+        assert reader.copy_to(out, EVENT.itemsize) == 40 * 24
+        assert ring.consumer() == busy
+        assert reader.copy_to(out, EVENT.itemsize) == 0 and not reader.spilled
+        ring.cons = ring.consumer()
+        ring.commit(busy)
+        ring.sync()
+        assert reader.copy_to(out, EVENT.itemsize) == 20 * 24
+        assert ring.consumer() == ring.prod
+    finally:
+        os.close(out)
+        reader.close()
+    raw = np.fromfile(tmp_path / "spool", np.uint8)
+    got = decode(raw, 4096, 0, len(raw), EVENT)
+    assert np.array_equal(got.records, want[:41]) and got.discarded == 19

@@ -174,6 +174,17 @@ def read_everything(collection: Path) -> dict[str, int]:
     return rows
 
 
+def recover(collection: Path) -> str:
+    """``kernmlops recover COLLECTION`` (what a user runs after a kill); its output."""
+    out = subprocess.run(
+        [sys.executable, "-m", "kernmlops", "recover", str(collection)],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "400"},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "Traceback" not in out.stderr
+    return out.stdout + out.stderr  # its messages go to stderr, as every command's
+
+
 def kill_collector(run: Run) -> int:
     """SIGKILL the collector; the kill time on CLOCK_MONOTONIC (µs)."""
     at = now_us()

@@ -16,6 +16,7 @@ from tests.faults.conftest import (
     assert_no_benchmark_left,
     kill_collector,
     read_everything,
+    recover,
     start_collect,
     wait_until,
 )
@@ -63,14 +64,52 @@ def test_sigkill_mid_run_loses_at_most_one_flush(tmp_path: Path, bpf_baseline) -
     col = run.collection()
     manifest = read_manifest(col)
     assert manifest.state == "running" and manifest.flushes >= 1
+    read_everything(col)  # the finished parts read as they are
+    recover(col)  # rows still in the spool (a machine with no CPU to spare)
     rows = read_everything(col)
     assert rows["quanta_runtime"] > 10_000  # a storm: thousands of switches a second
     lost_s = (killed_us - last_ts_us(col, "quanta_runtime")) / 1e6
     print(f"\n[loss] mid-run: {lost_s:.3f} s")  # the figure bench/README reports (-s)
     assert 0 <= lost_s <= FLUSH_S + SLACK_S, lost_s
-    # the manifest's checkpoint is at most one flush behind the parts on disk
-    assert manifest.tables["quanta_runtime"].rows <= rows["quanta_runtime"]
+    # the manifest's checkpoint was at most one flush behind the parts on disk, and
+    # the recovery brought it up to them
+    checkpoint = manifest.tables.get("quanta_runtime")
+    assert checkpoint is None or checkpoint.rows <= rows["quanta_runtime"]
+    assert read_manifest(col).tables["quanta_runtime"].rows == rows["quanta_runtime"]
     assert manifest.hooks["quanta_runtime"].attached
+
+
+def test_sigkill_with_every_row_in_the_spool_loses_at_most_one_flush_after_recover(
+    tmp_path: Path, bpf_baseline
+) -> None:
+    """A machine with no CPU to spare: the rings only went to the spool when the kill
+    came. The finished parts read as they are; `kernmlops recover` adds the spool's
+    rows (none twice), and what is lost is what a flush interval bounds."""
+    run = start_collect(tmp_path / "out", *STORM, more_config="  spool_spare_cpus: 1000\n")
+    run.wait_for("probes attached")
+    time.sleep(3.3)
+    killed_us = kill_collector(run)
+    assert_no_benchmark_left(run.marker)
+    col = run.collection()
+    # one segment: it was never read to its end
+    assert [p.name for p in (col / ".spool").glob("quanta_switch.*.ring")] == [
+        "quanta_switch.00000.ring"
+    ]
+    before = read_everything(col)
+    assert before.get("quanta_runtime", 0) == 0
+    assert "quanta_runtime" in recover(col)
+    assert not (col / ".spool").exists()
+    rows = read_everything(col)
+    assert rows["quanta_runtime"] > 10_000
+    lost_s = (killed_us - last_ts_us(col, "quanta_runtime")) / 1e6
+    print(f"\n[loss] spool only, recovered: {lost_s:.3f} s")
+    assert 0 <= lost_s <= FLUSH_S + SLACK_S, lost_s
+    quanta = pl.read_parquet(sorted((col / "quanta_runtime").glob("part-*.parquet")))
+    assert quanta.select("ts_uptime_us", "cpu", "pid").is_duplicated().sum() == 0
+    manifest = read_manifest(col)
+    assert manifest.tables["quanta_runtime"].rows == rows["quanta_runtime"]
+    assert "nothing to recover" in recover(col)  # a second time changes nothing
+    assert read_everything(col) == rows
 
 
 def test_sigkill_during_the_final_flush(tmp_path: Path, bpf_baseline) -> None:
@@ -83,6 +122,8 @@ def test_sigkill_during_the_final_flush(tmp_path: Path, bpf_baseline) -> None:
     killed_us = kill_collector(run)
     assert_no_benchmark_left(run.marker)
     col = run.collection()
+    read_everything(col)
+    recover(col)
     rows = read_everything(col)
     lost_s = (killed_us - last_ts_us(col, "quanta_runtime")) / 1e6
     print(f"\n[loss] final flush: {lost_s:.3f} s")  # the figure bench/README reports (-s)
@@ -130,6 +171,8 @@ def test_sigkill_under_memory_pressure(tmp_path: Path, bpf_baseline) -> None:
         killed_us = kill_collector(run)
         assert_no_benchmark_left(run.marker)
     col = run.collection()
+    read_everything(col)
+    recover(col)
     read_everything(col)
     lost_s = (killed_us - last_ts_us(col, "quanta_runtime")) / 1e6
     print(f"\n[loss] memory pressure: {lost_s:.3f} s")  # the figure bench/README reports (-s)

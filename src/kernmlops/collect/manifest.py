@@ -44,6 +44,9 @@ MANIFEST_NAME = "manifest.json"
 FORMAT = "kernmlops-collection"
 FORMAT_VERSION = 2
 
+#: a collection's folder of ring records not yet made into rows (kernmlops.collect.spool)
+SPOOL_DIR = ".spool"
+
 State = Literal["running", "completed", "failed", "duration", "interrupted", "disk_full", "error"]
 #: states a finished collector writes; ``running`` after the run means the collector died
 FINAL_STATES = ("completed", "failed", "duration", "interrupted", "disk_full", "error")

@@ -37,6 +37,7 @@ from kernmlops.collect.manifest import BenchmarkRecord, HookRecord, Manifest, wr
 from kernmlops.collect.output import prepare_output, release_reserve
 from kernmlops.collect.participants import Participant, configured
 from kernmlops.collect.sinks import ParquetSink, ThreadedSink, free_bytes, human_bytes, is_disk_full
+from kernmlops.collect.spool import SPOOL_DIR, Pacer
 from kernmlops.config import Config
 from kernmlops.errors import (
     CollectionError,
@@ -47,6 +48,7 @@ from kernmlops.errors import (
 from kernmlops.hooks import get_hook
 from kernmlops.hooks.base import Hook, HookContext, HookStatus
 from kernmlops.host.cgroup import set_oom_score_adj
+from kernmlops.host.cpus import SpareCpu
 from kernmlops.host.environment import Environment
 from kernmlops.host.sysinfo import system_info
 from kernmlops.lazy import preload
@@ -78,6 +80,8 @@ class Progress:
     drops: dict[str, int]
     rows: dict[str, int]
     benchmark: str
+    #: bytes of records waiting in each hook's spool (rows made later)
+    spooled: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -163,6 +167,7 @@ class Session:
         self.manifest: Manifest | None = None
         self._parquet: ParquetSink | None = None
         self._disk_full = False
+        self._spool_dir: Path | None = None
         self._compaction: dict[str, str] = {}
         #: benchmark.cpus / transparent_hugepages / drop_page_cache, applied in run()
         self.environment = Environment()
@@ -208,7 +213,13 @@ class Session:
         parquet = (
             None
             if self._sink
-            else ParquetSink(self.path, self.collection_id, row_group_rows=cfg.row_group_rows)
+            else ParquetSink(
+                self.path,
+                self.collection_id,
+                row_group_rows=cfg.row_group_rows,
+                # compaction at stop encodes compactly: the run's parts are written plain
+                fast_parts=cfg.compact,
+            )
         )
         self._parquet = parquet
         sink: Sink = self._sink or ThreadedSink(parquet)  # type: ignore[arg-type]
@@ -248,7 +259,23 @@ class Session:
                     # e.g. a server the benchmark started in setup(): traced with its client
                     for pid in self.benchmark.tracked_pids():
                         flt.add(pid)
-            ctx = HookContext(self.collection_id, flt, os.getpid(), self.bpf_dir)
+            spool_dir = self.path / SPOOL_DIR if parquet is not None and cfg.spool else None
+            self._spool_dir = spool_dir
+            ctx = HookContext(
+                self.collection_id,
+                flt,
+                os.getpid(),
+                self.bpf_dir,
+                spool_dir=spool_dir,
+                spare=(
+                    Pacer(
+                        SpareCpu(need=cfg.spool_spare_cpus),
+                        lambda: isinstance(sink, ThreadedSink) and sink.behind,
+                    )
+                    if spool_dir is not None
+                    else None
+                ),
+            )
             configured_hooks = [get_hook(n)(self.config.hook_options(n)) for n in cfg.hooks]
             for hook in [*configured_hooks, *self.extra_hooks]:
                 hooks.append(hook)
@@ -287,6 +314,7 @@ class Session:
         finally:
             bench_exit = self._finish(hooks, sink, proc, flt, outputs, workdir, bench_exit, errors)
             rows = self._close_sink(sink, errors)
+            self._remove_spool(parquet, errors)
             self._restore_signals(old_handlers)
             if parquet is not None and cfg.compact and not self._disk_full:
                 self._compact(parquet, errors)
@@ -359,6 +387,13 @@ class Session:
         for out in outputs:
             step(out.close)
         for hook in hooks:
+            # every program stops before any final drain: a ring still being filled
+            # while the others' rows are made would overflow
+            step(hook.detach)
+        spooled = sum(h.spooled_bytes() for h in hooks)
+        if spooled >= 64 << 20 and self.on_message:
+            self.on_message(f"making rows from {human_bytes(spooled)} of spooled records")
+        for hook in hooks:
             step(lambda hook=hook: self._drain(hook, sink, final=True))
             step(hook.close)  # idempotent: detaches even if the final drain failed
         step(lambda: self._results(sink, proc, workdir, bench_exit))
@@ -372,6 +407,16 @@ class Session:
             step(flt.close)
         step(self.environment.restore)  # THP as it was, even after Ctrl+C or a failure
         return bench_exit
+
+    def _remove_spool(self, parquet: ParquetSink | None, errors: list[BaseException]) -> None:
+        """Once every spooled row is in finished parts, the spool goes; otherwise it
+        stays for ``kernmlops recover``."""
+        spool = self._spool_dir
+        if spool is None or not spool.exists() or parquet is None or parquet.failure:
+            return
+        if any(not isinstance(e, KeyboardInterrupt) for e in errors):
+            return
+        shutil.rmtree(spool, ignore_errors=True)
 
     def _close_participants(self, errors: list[BaseException]) -> None:
         """Last, once the collection is written: the exporter serves the job's final
@@ -435,6 +480,10 @@ class Session:
                 else:
                     sink.flush(durable=True)
                 self._checkpoint(hooks)
+                if self._parquet is not None:
+                    finished = self._parquet.checkpoint()[1]
+                    for hook in hooks:
+                        self._spool_call(lambda h=hook, f=finished: h.checkpoint_spool(f))
                 next_flush = tick + cfg.flush_interval_s
             if self.on_progress and tick >= next_progress:
                 self.on_progress(self._progress(hooks, tick - start))
@@ -474,11 +523,30 @@ class Session:
         if frame is not None and frame.height:
             sink.write(RESULT_TABLE, frame)
 
-    @staticmethod
-    def _drain(hook: Hook, sink: Sink, final: bool = False) -> None:
-        rows = hook.stop() if final else hook.poll()
-        for table, frame in rows:
-            sink.write(table, frame)
+    def _drain(self, hook: Hook, sink: Sink, final: bool = False) -> None:
+        def drain() -> None:
+            rows = hook.stop() if final else hook.poll()
+            for table, frame in rows:
+                sink.write(table, frame)
+
+        self._spool_call(drain)
+
+    def _spool_call(self, fn: Callable[[], object]) -> None:
+        """Run ``fn``; a spool that cannot be written is the output's error (one line,
+        a full disk ends the collection as disk_full). Sink errors are already so."""
+        try:
+            fn()
+        except OutputError:
+            raise
+        except OSError as err:
+            full = is_disk_full(err)
+            self._disk_full = self._disk_full or full
+            what = "the disk is full" if full else f"a write failed ({err.strerror or err})"
+            raise OutputError(
+                f"cannot write the spool in {self.path}: {what}; "
+                f"{human_bytes(free_bytes(self.path))} free. Finished parts and the "
+                "spool are kept (kernmlops recover, once there is room)."
+            ) from None
 
     def _progress(self, hooks: list[Hook], elapsed: float) -> Progress:
         events: dict[str, int] = {}
@@ -487,7 +555,8 @@ class Session:
             events[h.name] = h.status.events
             drops_fn = getattr(h, "drops", None)
             drops[h.name] = drops_fn() if drops_fn else 0
-        return Progress(elapsed, events, drops, {}, self.benchmark.describe())
+        spooled = {h.name: h.spooled_bytes() for h in hooks}
+        return Progress(elapsed, events, drops, {}, self.benchmark.describe(), spooled)
 
     def _exit_code(
         self, ended_by: str, bench_exit: int | None, error: BaseException | None = None

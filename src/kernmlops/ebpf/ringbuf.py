@@ -15,7 +15,9 @@ wake-ups, no epoll, and no Python code per event.
 from __future__ import annotations
 
 import mmap
+import os
 import struct
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -162,6 +164,59 @@ class RingBuffer:
             struct.pack_into("<Q", self._cons_map, 0, cons + n * stride)
         return n
 
+    def copy_to(self, fd: int, itemsize: int) -> int:
+        """Write what :meth:`take_bytes` takes to the file ``fd``; the bytes written."""
+        return sum(_write_all(fd, chunk) for chunk in self.take_bytes(itemsize))
+
+    def take_bytes(self, itemsize: int) -> list[bytes]:
+        """The committed records of ``itemsize`` bytes as they lie in the ring (headers
+        included: :func:`decode` reads them back), spilled ones first, as copies; their
+        space is freed. No record is decoded: for a spool (kernmlops.ebpf.spool)."""
+        chunks, self._spilled = self._spilled, []
+        cons, prod = self._positions()
+        stride = record_stride(itemsize)
+        n = (prod - cons) // stride
+        if n <= 0:
+            return chunks
+        # The records still being written end the run (their header's busy bit).
+        if "numpy" in sys.modules:
+            committed = self._committed_np(cons, n, stride)
+        else:
+            committed = self._committed_py(cons, n, stride)
+        length = committed * stride
+        if length:
+            chunks.append(self._bytes(cons, length))
+            struct.pack_into("<Q", self._cons_map, 0, cons + length)
+        return chunks
+
+    def _committed_py(self, cons: int, n: int, stride: int) -> int:
+        mask = self.size - 1
+        for i in range(n):
+            at = self._page + ((cons + i * stride) & mask)
+            (header,) = struct.unpack_from("<I", self._data_map, at)
+            if header & BUSY_BIT:
+                return i
+        return n
+
+    def _committed_np(self, cons: int, n: int, stride: int) -> int:
+        """Committed records from ``cons`` (of ``n``), with one numpy pass over the
+        headers (a header never straddles the ring's end: records are 8-aligned)."""
+        mask = self.size - 1
+        start = cons & mask
+        first = min(n, (self.size - start + stride - 1) // stride)
+        words = np.frombuffer(self._data_map, dtype="<u4", offset=self._page)
+        headers = [words[start // 4 :: stride // 4][:first]]
+        if n > first:
+            wrap = (start + first * stride) & mask
+            headers.append(words[wrap // 4 :: stride // 4][: n - first])
+        busy_at = 0
+        for h in headers:
+            busy = np.flatnonzero(h & BUSY_BIT)
+            if busy.size:
+                return busy_at + int(busy[0])
+            busy_at += len(h)
+        return n
+
     def _bytes(self, pos: int, length: int) -> bytes:
         """``length`` bytes of the data area from ring position ``pos`` (wrapping)."""
         start = self._page + (pos & (self.size - 1))
@@ -217,3 +272,12 @@ class RingBuffer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> int:
+    """Write all of ``data`` to ``fd`` (a write may take less than asked)."""
+    view = memoryview(data)
+    done = 0
+    while done < len(view):
+        done += os.write(fd, view[done:])
+    return done

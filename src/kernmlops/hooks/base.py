@@ -39,6 +39,11 @@ class HookContext:
     #: The collector's own tgid, ignored in the kernel.
     self_tgid: int
     bpf_dir: Any = None  # pathlib.Path of the built objects
+    #: where rings are spooled (kernmlops.collect.spool), None: rows straight from rings
+    spool_dir: Any = None
+    #: whether rows may be made now (collect.spool.Pacer: CPU to spare and the sink
+    #: keeping up); None: always
+    spare: Any = None
 
 
 @dataclass
@@ -121,6 +126,17 @@ class Hook(ABC, Generic[OptionsT]):
     def spilled_bytes(self) -> int:
         """Bytes :meth:`spill` holds in memory for the next poll."""
         return 0
+
+    def detach(self) -> None:
+        """Stop producing events; what was produced stays readable for :meth:`stop`."""
+
+    def spooled_bytes(self) -> int:
+        """Bytes of records waiting in this hook's spool for rows to be made."""
+        return 0
+
+    def checkpoint_spool(self, finished: dict[str, int]) -> None:
+        """At a flush: make spooled records durable (see kernmlops.collect.spool);
+        ``finished``: rows per table in finished parts."""
 
     def stop(self) -> Iterator[tuple[str, Rows]]:
         """Final rows, then detach and release every fd. Must be safe to call twice."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from pydantic import Field, field_validator
 
@@ -15,6 +15,7 @@ from kernmlops.ebpf.frames import records_to_table
 from kernmlops.ebpf.objects import VARIANTS, BpfObject, open_and_load
 from kernmlops.ebpf.ringbuf import RingBuffer
 from kernmlops.ebpf.spec import ObjectSpec, object_spec
+from kernmlops.ebpf.spool import RingSpool
 from kernmlops.errors import HookUnavailable, KernmlopsError
 from kernmlops.hooks.base import Hook, HookContext, HookOptions, OptionsT
 from kernmlops.lazy import lazy_import
@@ -49,6 +50,10 @@ class BpfHookOptions(HookOptions):
             raise ValueError(f"must be a power of two, got {kib}")
         return kib
 
+
+#: the longest a poll makes rows from a spool before it copies the rings again (s): a
+#: default ring (8 MiB) holds hundreds of milliseconds of the busiest storm
+ROWS_BUDGET_S = 0.05
 
 #: a BPF hook's options: ring sizes and batching, and the hook's own settings
 BpfOptionsT = TypeVar("BpfOptionsT", bound=BpfHookOptions)
@@ -126,6 +131,9 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
     #: table name -> ring buffer map name
     rings: ClassVar[dict[str, str]]
     needs = ("tp_btf|raw_tp", "ringbuf")
+    #: rows come from the records alone (rows_from keeps no state), so the rings can
+    #: go through a spool and rows be made later (kernmlops.collect.spool)
+    spoolable: ClassVar[bool] = True
 
     def __init__(self, options: BpfOptionsT | HookOptions | None = None) -> None:
         super().__init__(options)
@@ -135,12 +143,21 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         self._spec: ObjectSpec | None = None
         #: table -> (its ring, bytes of one ring record), mapped at start
         self._rings: dict[str, tuple[RingBuffer, int]] = {}
+        #: table -> its ring's spool, when the session spools
+        self._spools: dict[str, RingSpool] = {}
+        self._spare: Any = None  # collect.spool.Pacer
 
     @classmethod
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         if "rings" in cls.__dict__ and "tables" not in cls.__dict__:
             cls.tables = tuple(cls.rings)
+        # A hook that reads its rings its own way (its own poll) keeps them: only
+        # rows_from is called on spooled records.
+        if ("poll" in cls.__dict__ or "final_rows" in cls.__dict__) and (
+            "spoolable" not in cls.__dict__
+        ):
+            cls.spoolable = False
 
     def extra_globals(self) -> dict[str, int | bool]:
         """Hook-specific ``const volatile`` settings."""
@@ -190,6 +207,15 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
                 record = spec.btf.ring_batch(ring) or spec.btf.ring_record(ring)
                 reader = RingBuffer(self.obj.map(ring).fd, size, name=ring)
                 self._rings[table] = (reader, record.size)
+                if ctx.spool_dir is not None and self.spoolable:
+                    info = {
+                        "hook": self.name,
+                        "options": self.options.model_dump(mode="json"),
+                        "ring": ring,
+                        "object": str(path.resolve()),
+                    }
+                    self._spools[table] = RingSpool(ctx.spool_dir, table, record.size, info)
+            self._spare = ctx.spare
             self.attach(self.obj)
         except (KernmlopsError, OSError) as err:
             self.close()
@@ -202,7 +228,12 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
 
     def spill(self) -> None:
         """Move what fills a ring out of it as bytes (no numpy): called while the
-        decoding libraries are being imported, so the rings never overflow."""
+        decoding libraries are being imported, so the rings never overflow. Spooled
+        rings go to their spool once the libraries are in (the sink is behind)."""
+        if self._spools and self._readers:
+            for table, (reader, _) in self._rings.items():
+                self._spools[table].take(reader)
+            return
         for reader, itemsize in self._rings.values():
             if reader.pending_bytes() >= reader.size // 4:
                 reader.spill(itemsize)
@@ -254,8 +285,65 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
                 yield table, records, layout
 
     def poll(self) -> Iterator[tuple[str, Rows]]:
-        for table, records, layout in self.drain_due():
-            yield table, self.to_frame(table, records, layout)
+        if self._spools:
+            yield from self._poll_spooled()
+            return
+        for key, records, layout in self.drain_due():
+            yield from self.rows_from(key, records, layout)
+
+    def rows_from(
+        self, key: str, records: np.ndarray, layout: RecordLayout
+    ) -> Iterator[tuple[str, Rows]]:
+        """(table, rows) of ring ``key``'s records (unbatched). Override to split or
+        derive; keep it pure (no state from start): a recovery calls it on a hook
+        that never started."""
+        yield key, self.to_frame(key, records, layout)
+
+    def _poll_spooled(self) -> Iterator[tuple[str, Rows]]:
+        """Copy due rings into their spools; make rows from the spools when the
+        machine has CPU to spare, and all of them once detached."""
+        now = time.monotonic()
+        readers = self.readers()
+        for key, (reader, _) in readers.items():
+            if self._due(key, reader, now):
+                self._last_drain[key] = now
+                self._spools[key].take(reader)
+        if self._detached:
+            for key, (_, layout) in readers.items():
+                if layout.batch is not None and key not in self._staged_read:
+                    # what each CPU still held when the programs stopped
+                    self._staged_read.add(key)
+                    stage = self.obj.map(self.rings[key] + "_stage")  # type: ignore[union-attr]
+                    self._spools[key].append(stage.lookup_percpu(0, dtype=layout.batch))
+        elif self._spare is not None and not self._spare.ask():
+            return  # the workload has the CPU: the rows wait in the spool
+        more = None
+        if not self._detached and self._spare is not None:
+            # Rows for at most ROWS_BUDGET_S a poll: the rings are copied again soon
+            # (our own CPU counts as spare, so a backlog alone would never stop us).
+            until, pacer = now + ROWS_BUDGET_S, self._spare
+
+            def more() -> bool:
+                return time.monotonic() < until and pacer.ask()
+
+        for key, (_, layout) in readers.items():
+            spool = self._spools[key]
+            for records in spool.records(layout.batch or layout.dtype, more=more):
+                if layout.batch is not None:
+                    records = unbatch(records)
+                if not len(records):
+                    continue
+                self.status.events += len(records)
+                for table, rows in self.rows_from(key, records, layout):
+                    spool.count(table, rows.num_rows if hasattr(rows, "num_rows") else len(rows))
+                    yield table, rows
+
+    def spooled_bytes(self) -> int:
+        return sum(spool.pending for spool in self._spools.values())
+
+    def checkpoint_spool(self, finished: dict[str, int]) -> None:
+        for spool in self._spools.values():
+            spool.checkpoint(finished)
 
     def to_frame(self, table: str, records: np.ndarray, layout: RecordLayout) -> Rows:
         """Override to derive columns; the default keeps the record's fields (Arrow:
@@ -269,6 +357,8 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         return sum(drops.percpu_total(slot) for slot in range(len(self.rings)))
 
     def close(self) -> None:
+        for spool in self._spools.values():
+            spool.close()  # the files stay: the session deletes them once rows are safe
         for reader, _ in self._rings.values():
             reader.close()
         self._rings.clear()

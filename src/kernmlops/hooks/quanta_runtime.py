@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
 
+    from kernmlops.ebpf.btf import RecordLayout
     from kernmlops.tables import Rows
 else:
     np = lazy_import("numpy")
@@ -56,11 +57,12 @@ class QuantaRuntimeHook(BpfHook[BpfHookOptions]):
     rings: ClassVar[dict[str, str]] = {"quanta_switch": "quanta_switch_rb"}
     tables = ("quanta_runtime", "quanta_queued_time")
 
-    def poll(self) -> Iterator[tuple[str, Rows]]:
-        for _, records, _ in self.drain_due():
-            for table, rows in split_switches(records).items():
-                if rows.num_rows:
-                    yield table, rows
+    def rows_from(
+        self, key: str, records: np.ndarray, layout: RecordLayout
+    ) -> Iterator[tuple[str, Rows]]:
+        for table, rows in split_switches(records).items():
+            if rows.num_rows:
+                yield table, rows
 
 
 def split_switches(records: np.ndarray) -> dict[str, pa.Table]:

@@ -1,8 +1,10 @@
-"""CPU lists in the kernel's notation ("0-3,8"), and the CPUs online now."""
+"""CPU lists in the kernel's notation ("0-3,8"), the CPUs online now, and whether the
+machine has CPU to spare (/proc/stat)."""
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 SYS_CPU = Path("/sys/devices/system/cpu")
@@ -65,3 +67,40 @@ def read_cpu_list(path: Path) -> list[int]:
 def online_cpus() -> list[int]:
     """CPU numbers online now; every CPU Python counts if sysfs cannot say."""
     return read_cpu_list(SYS_CPU / "online") or list(range(os.cpu_count() or 1))
+
+
+class SpareCpu:
+    """Whether the machine has CPU to spare for making rows: idle CPU time plus our
+    own, over the last ``window_s``, from /proc/stat (cheap: read at most every
+    ``window_s``). ``ask()`` answers from the last window."""
+
+    def __init__(self, window_s: float = 0.1, need: float = 0.5) -> None:
+        self.window_s = window_s
+        self.need = need
+        self._last = self._sample()
+        self._at = time.monotonic()
+        self.spare = False  # until a window has been measured
+
+    @staticmethod
+    def _sample() -> tuple[float, float, float]:
+        """(idle seconds of all CPUs, busy+idle seconds of all CPUs, our CPU seconds)."""
+        try:
+            with open("/proc/stat", "rb") as f:
+                fields = [int(x) for x in f.readline().split()[1:9]]
+        except (OSError, ValueError):
+            return (0.0, 0.0, 0.0)
+        tick = os.sysconf("SC_CLK_TCK")
+        idle = (fields[3] + fields[4]) / tick
+        t = os.times()
+        return idle, sum(fields) / tick, t.user + t.system
+
+    def ask(self) -> bool:
+        now = time.monotonic()
+        if now - self._at >= self.window_s:
+            idle, total, own = self._sample()
+            d_total = total - self._last[1]
+            if d_total > 0:
+                spare_cpus = (idle - self._last[0] + own - self._last[2]) / (now - self._at)
+                self.spare = spare_cpus >= self.need
+            self._last, self._at = (idle, total, own), now
+        return self.spare

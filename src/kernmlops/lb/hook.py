@@ -129,6 +129,8 @@ class LbHook(BpfHook[BpfHookOptions]):
     """Shared: model globals, stats read before the object closes."""
 
     libraries: ClassVar[tuple[str, ...]] = ("polars",)  # rows are built with polars
+    #: rows need the model and collection given to the constructor: not from a spool
+    spoolable: ClassVar[bool] = False
 
     def __init__(
         self,

@@ -1,0 +1,133 @@
+"""The ring spool, on rings laid out like the kernel's (no BPF): what goes in comes
+back in order, segments are retired only once their rows are in finished parts."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kernmlops.collect.spool import pending_spools
+from kernmlops.ebpf.ringbuf import RingBuffer
+from kernmlops.ebpf.spool import RingSpool
+from kernmlops.host.cpus import SpareCpu
+from tests.ebpf.test_ringbuf import EVENT, MappedRing, events
+
+
+def _spool(folder: Path) -> RingSpool:
+    info = {"hook": "h", "options": {}, "ring": "r", "object": "x.bpf.o"}
+    return RingSpool(folder / ".spool", "events", EVENT.itemsize, info)
+
+
+def _read_all(spool: RingSpool, max_bytes: int = 1 << 20) -> np.ndarray:
+    parts = list(spool.records(EVENT, max_bytes))
+    return np.concatenate(parts) if parts else np.empty(0, EVENT)
+
+
+def test_what_the_ring_held_comes_back_in_order_then_what_the_cpus_held(
+    tmp_path: Path,
+) -> None:
+    ring = MappedRing(4096, start=4096 - 48)  # the copy wraps the end of the ring
+    want = events(100)
+    reader = RingBuffer(ring.fd, 4096)
+    spool = _spool(tmp_path)
+    try:
+        for lo, hi in ((0, 60), (60, 90)):
+            ring.write_records(want[lo:hi])
+            ring.sync()
+            assert spool.take(reader) == (hi - lo) * 24
+            ring.cons = ring.consumer()
+        spool.append(want[90:])  # as if left in a CPU's batch at detach
+        assert spool.pending == 100 * 24
+        # read back in small steps: whole records each time, nothing twice
+        got = _read_all(spool, max_bytes=7 * 24 + 5)
+    finally:
+        reader.close()
+        spool.close()
+    assert np.array_equal(got, want)
+    assert spool.pending == 0
+    meta = json.loads((tmp_path / ".spool" / "events.json").read_text())
+    assert meta["itemsize"] == EVENT.itemsize and meta["hook"] == "h"
+
+
+def test_a_segment_read_to_its_end_is_retired_at_a_flush_and_deleted_once_finished(
+    tmp_path: Path,
+) -> None:
+    spool = _spool(tmp_path)
+    spool.append(events(10))
+    assert len(_read_all(spool)) == 10
+    spool.count("events", 10)
+    spool.checkpoint({"events": 0})  # read to its end: a new segment starts
+    files = sorted(p.name for p in (tmp_path / ".spool").iterdir())
+    assert files == [
+        "events.00000.json", "events.00000.ring", "events.00001.json", "events.00001.ring",
+        "events.json",
+    ]  # fmt: skip
+    # the new segment knows the rows before it (what a recovery skips)
+    before = json.loads((tmp_path / ".spool" / "events.00001.json").read_text())
+    assert before == {"rows_before": {"events": 10}}
+    spool.append(events(5, first=10))
+    spool.checkpoint({"events": 9})  # not yet in finished parts: kept, and not retired
+    assert (tmp_path / ".spool" / "events.00000.ring").exists()
+    assert (tmp_path / ".spool" / "events.00001.ring").exists()
+    spool.checkpoint({"events": 10})
+    assert not (tmp_path / ".spool" / "events.00000.ring").exists()
+    assert [p.name for p in pending_spools(tmp_path)] == ["events.00001.ring"]
+    assert np.array_equal(_read_all(spool), events(5, first=10))
+    spool.remove()
+    assert sorted((tmp_path / ".spool").iterdir()) == []
+
+
+def test_the_spool_is_synced_at_each_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd)))
+    spool = _spool(tmp_path)
+    spool.append(events(3))
+    spool.checkpoint({})
+    spool.wait_synced()  # in a thread: the poll loop goes on copying rings
+    assert synced
+    spool.close()
+
+
+def test_spare_cpu_asks_for_what_was_unused() -> None:
+    import time
+
+    free = SpareCpu(window_s=0.02, need=0.0)
+    busy = SpareCpu(window_s=0.02, need=float(os.cpu_count() or 1) + 1)
+    time.sleep(0.1)  # a window of /proc/stat ticks
+    assert free.ask()
+    assert not busy.ask()  # more CPU than the machine has is never spare
+
+
+def test_only_hooks_whose_rows_come_from_their_records_alone_are_spooled() -> None:
+    from kernmlops.hooks import REGISTRY
+    from kernmlops.hooks.bpf import BpfHook
+
+    spooled = {n for n, h in REGISTRY.items() if issubclass(h, BpfHook) and h.spoolable}
+    assert {"quanta_runtime", "process_trace", "block_io", "page_faults"} <= spooled
+    # these read their rings themselves (stacks symbolized live, perf events resolved
+    # at start): their records must never wait in a spool nobody reads
+    assert not spooled & {"cpu_profile", "task_perf", "syscalls"}
+
+
+def test_the_progress_table_shows_what_waits_in_the_spool() -> None:
+    from rich.console import Console
+
+    from kernmlops.cli import _progress_table
+    from kernmlops.collect.session import Progress
+    from kernmlops.hooks.base import HookStatus
+
+    attached = {"quanta_runtime": HookStatus("quanta_runtime", attached=True)}
+    console = Console(width=120, record=True)
+    quiet = Progress(1.0, {"quanta_runtime": 5}, {}, {}, "faux")
+    console.print(_progress_table(quiet, attached))
+    assert "spooled" not in console.export_text()
+    busy = Progress(1.0, {"quanta_runtime": 5}, {}, {}, "faux", {"quanta_runtime": 3 << 20})
+    console.print(_progress_table(busy, attached))
+    assert "3.0 MiB" in console.export_text()
