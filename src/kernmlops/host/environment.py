@@ -12,9 +12,11 @@ the CPU affinity its processes inherit. What was done is recorded in the manifes
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import os
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -211,8 +213,17 @@ class CpuLimit:
                 os.close(self._cpus_fd)
             self._cpus_fd = None
         if self._made and self.path is not None:
-            with contextlib.suppress(OSError):
-                self.path.rmdir()
+            # A process that just exited leaves the cpuset when it is released, a
+            # moment after its parent reaped it: busy until then.
+            deadline = time.monotonic() + 2.0
+            while True:
+                try:
+                    self.path.rmdir()
+                except OSError as err:
+                    if err.errno == errno.EBUSY and time.monotonic() < deadline:
+                        time.sleep(0.01)
+                        continue
+                break
             self._made = False
 
 
