@@ -125,6 +125,7 @@ def test_real_run_agrees_with_the_servers_counters(tmp_path: Path) -> None:
         frame = bench.results(BenchmarkRun(tmp_path, 0, stdout_path=out))
     finally:
         bench.teardown()
+        bench.environment.restore()  # the server's cpuset (a session does this at stop)
     assert frame is not None
     got = {(k, m): v for k, m, v in frame.select("key", "metric", "value").iter_rows()}
     assert got[("total", "ops")] == ops
