@@ -159,6 +159,10 @@ def _mds_text(values: list[float | None]) -> str:
     return f"median {pct(q[1])} (quartiles {pct(q[0])} .. {pct(q[2])})"
 
 
+def _ci_text(ci: list[float] | None) -> str:
+    return "-" if ci is None else f"{ci[0]:.1%}-{ci[1]:.1%}"
+
+
 def _setup_ok(setup: str) -> bool:
     setup, _, nice = setup.partition("@")
     if nice and not (setup.startswith("swap-nice") and nice.lstrip("-").isdigit()):
@@ -185,6 +189,7 @@ def _kinds(rows: list[dict], kinds: tuple[str, ...], real_pct: float) -> dict:
             "aa_experiments": len(aa),
             "false_positives": fp,
             "false_positive_rate": fp / len(aa) if aa else None,
+            "false_positive_rate_ci95": _clopper_pearson(fp, len(aa)),
             "original_method_false_positives": fp_original,
             "mds": mds,
             "mds_summary": _mds_text(mds),
@@ -199,6 +204,43 @@ def _kinds(rows: list[dict], kinds: tuple[str, ...], real_pct: float) -> dict:
             k["real_ratio_median"] = statistics.median(r[kind]["gm_ratio"] for r in real)
         out[kind] = k
     return out
+
+
+def _plan(aa: int, extra: float, real: int) -> list[tuple[float, int]]:
+    """A/A experiments with the real-slowdown ones spread among them (same hour)."""
+    plan: list[tuple[float, int]] = [(0.0, i) for i in range(aa)]
+    for j in range(real):
+        plan.insert(round((j + 0.5) * (aa + j + 1) / real), (extra, 1000 + j))
+    return plan
+
+
+def _clopper_pearson(k: int, n: int) -> list[float] | None:
+    """Exact 95% interval of a rate k/n."""
+    if not n:
+        return None
+    from scipy.stats import beta
+
+    lo = float(beta.ppf(0.025, k, n - k + 1)) if k else 0.0
+    hi = float(beta.ppf(0.975, k + 1, n - k)) if k < n else 1.0
+    return [lo, hi]
+
+
+def _summary(args: argparse.Namespace, setups: list[str], kinds: tuple[str, ...],
+             rows: list[dict], load: list[float]) -> dict:  # fmt: skip
+    summary: dict = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "load_avg_min_median_max": [min(load), statistics.median(load), max(load)],
+        },
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "setups": {},
+    }
+    for setup in setups:
+        summary["setups"][setup] = {"kinds": _kinds([r for r in rows if r["setup"] == setup],
+                                                    kinds, args.real)}  # fmt: skip
+    summary["experiments"] = rows
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    return summary
 
 
 def main() -> None:
@@ -232,8 +274,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="kmo-bench-duet-"))
     loop = build_loop(work)
     rows = []
-    plan = [(0.0, i) for i in range(args.experiments)]
-    plan += [(args.real / 100, 1000 + i) for i in range(args.real_experiments if args.real else 0)]
+    plan = _plan(args.experiments, args.real / 100, args.real_experiments if args.real else 0)
     load = [os.getloadavg()[0]]
     for extra, seed in plan:
         order = list(setups)
@@ -242,6 +283,8 @@ def main() -> None:
             row = experiment(loop, work / f"exp{seed}-{setup}", args.n, extra, args, seed, setup)
             load.append(os.getloadavg()[0])
             rows.append(row)
+            # saved as it goes: an hour's run stopped early keeps what it measured
+            save(args.out, _summary(args, setups, kinds, rows, load), indent=1)
             parts = [
                 f"{k} {row[k]['detected']} ratio {row[k]['gm_ratio']:.4f} MDS {row[k]['mds']} "
                 f"(original: {row[k]['original_detected']})"
@@ -258,26 +301,15 @@ def main() -> None:
         print(f"suites kept in {work}")
     else:
         shutil.rmtree(work, ignore_errors=True)
-    summary: dict = {
-        "machine": {
-            "cpus": os.cpu_count(),
-            "load_avg_min_median_max": [min(load), statistics.median(load), max(load)],
-        },
-        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "setups": {},
-    }
-    for setup in setups:
-        summary["setups"][setup] = {"kinds": _kinds([r for r in rows if r["setup"] == setup],
-                                                    kinds, args.real)}  # fmt: skip
-    summary["experiments"] = rows
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    summary = _summary(args, setups, kinds, rows, load)
     save(args.out, summary, indent=1)
     print(f"\nload average during the runs: {summary['machine']['load_avg_min_median_max']}")
     for setup in setups:
         for kind, k in summary["setups"][setup]["kinds"].items():
             line = (
                 f"{setup:6s} {kind:10s}: A/A false positives {k['false_positives']}/"
-                f"{k['aa_experiments']} ({(k['false_positive_rate'] or 0):.0%}); "
+                f"{k['aa_experiments']} ({(k['false_positive_rate'] or 0):.1%}, 95% "
+                f"interval {_ci_text(k['false_positive_rate_ci95'])}); "
                 f"MDS {k['mds_summary']}"
             )
             if args.real:
