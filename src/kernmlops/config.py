@@ -72,7 +72,17 @@ class CollectorConfig(_Strict):
     )
     tgid: int | None = Field(None, ge=1, description="process to trace with filter: tgid")
     strict: bool = Field(False, description="a hook that cannot attach is an error")
-    poll_interval_ms: int = Field(10, ge=1, le=1000, description="ring-buffer drain period")
+    poll_interval_ms: int = Field(
+        10, ge=1, le=1000, description="shortest time between two drains of the ring buffers"
+    )
+    poll_max_interval_ms: int = Field(
+        100,
+        ge=1,
+        le=10000,
+        description="longest time between two polls: the collector sleeps until a hook's "
+        "ring falls due (its batch_ms, or sooner at the rate it fills), a flush or this, "
+        "and wakes at once when the benchmark exits",
+    )
     flush_interval_s: float = Field(
         5.0, gt=0, le=3600, description="longest time rows wait in memory before Parquet"
     )

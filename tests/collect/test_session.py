@@ -390,3 +390,81 @@ def test_with_no_cpu_to_spare_rows_wait_in_the_spool_until_stop(tmp_path: Path) 
     c = read_collection(result.path)
     assert c["quanta_runtime"].height == rows["quanta_runtime"]
     assert not (result.path / ".spool").exists()
+
+
+def _count_polls(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Record the time of every poll of the session's loop."""
+    import time
+
+    polls: list[float] = []
+    real = Session._next_wake
+
+    def counted(self: Session, *args: object) -> float:
+        polls.append(time.monotonic())
+        return real(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Session, "_next_wake", counted)
+    return polls
+
+
+def test_a_quiet_collection_polls_a_few_times_a_second(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Rings that fill slowly fall due every batch_ms: the loop sleeps up to
+    # poll_max_interval_ms (100), not poll_interval_ms (10), between polls.
+    polls = _count_polls(monkeypatch)
+    cfg = _config(tmp_path, hooks=["process_trace", "memory_usage", "system_info"])
+    cfg.benchmark.duration_s = 2.0
+    result = Session(cfg).run()
+    assert result.rows["system_info"] == 1 and result.rows["memory_usage"] >= 10
+    assert 10 <= len(polls) <= 40  # 200 at a poll every 10 ms
+    # Every poll interval again when a hook asks for it (batch_ms 0: every poll).
+    polls.clear()
+    cfg = load_config(
+        {
+            "collector": {"output_dir": str(tmp_path), "progress": False,
+                          "hooks": ["process_trace"]},
+            "hooks": {"process_trace": {"batch_ms": 0}},
+            "benchmark": {"name": "faux", "duration_s": 1.0},
+        }
+    )  # fmt: skip
+    Session(cfg).run()
+    assert len(polls) >= 50
+
+
+def test_the_benchmark_exit_wakes_a_sleeping_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Nothing asks for a poll before the first flush (5 s): the exit itself must end it.
+    polls = _count_polls(monkeypatch)
+    cfg = load_config(
+        {
+            "collector": {"output_dir": str(tmp_path), "progress": False,
+                          "hooks": ["system_info"], "poll_max_interval_ms": 10000},
+            "benchmark": {"name": "command", "command": {"argv": ["sleep", "0.3"]}},
+        }
+    )  # fmt: skip
+    result = Session(cfg).run()
+    assert result.ended_by == "completed"
+    assert 0.3 <= result.duration_s < 2.0
+    assert len(polls) <= 5
+
+
+def test_a_filling_ring_falls_due_before_its_batch_ms() -> None:
+    from types import SimpleNamespace
+
+    from kernmlops.hooks.quanta_runtime import QuantaRuntimeHook
+
+    hook = QuantaRuntimeHook(QuantaRuntimeHook.Options(batch_ms=250))
+    ring = SimpleNamespace(spilled=False, size=16 << 20, pending=0)
+    ring.pending_bytes = lambda: ring.pending
+    hook._rings = {"quanta_runtime": (ring, 48)}  # type: ignore[assignment]
+    hook._last_drain = {"quanta_runtime": 100.0}
+    assert hook.next_poll(100.05) == pytest.approx(100.25)  # empty: batch_ms
+    # 512 KiB in 50 ms: 1/16 (1 MiB) in another 50 ms
+    ring.pending = 512 << 10
+    assert hook.next_poll(100.05) == pytest.approx(100.10)
+    ring.pending = 2 << 20  # past 1/16: now
+    assert hook.next_poll(100.05) == pytest.approx(100.05)
+    ring.spilled = True
+    assert hook.next_poll(100.05) is None

@@ -16,6 +16,7 @@ import contextlib
 import ctypes
 import os
 import platform
+import select
 import shutil
 import signal
 import sys
@@ -456,46 +457,80 @@ class Session:
     ) -> tuple[str, int | None]:
         cfg = self.config.collector
         period = cfg.poll_interval_ms / 1000
+        longest = max(period, cfg.poll_max_interval_ms / 1000)
         limit = self.config.benchmark.duration_s
         start = time.monotonic()
         next_flush = start + cfg.flush_interval_s
         next_progress = start
-        while True:
-            tick = time.monotonic()
-            loading = libraries is not None and not libraries.is_set()
-            behind = isinstance(sink, ThreadedSink) and sink.behind
-            if (loading or behind) and (sum(h.spilled_bytes() for h in hooks) < MAX_SPILLED_BYTES):
-                # Rows cannot be built (libraries loading) or handed over (the sink's
-                # queue is full) without stalling: keep the rings from overflowing.
-                for hook in hooks:
-                    hook.spill()
-            else:
-                for hook in hooks:
-                    self._drain(hook, sink)
-            if tick >= next_flush:
-                # Finish the open parts in the writer thread; the manifest says how far
-                # the collection got (parts finished by the previous flush).
-                if isinstance(sink, ThreadedSink):
-                    sink.flush(durable=True, wait=False)
-                else:
-                    sink.flush(durable=True)
-                self._checkpoint(hooks)
-                if self._parquet is not None:
-                    finished = self._parquet.checkpoint()[1]
+        # The benchmark's exit wakes the loop at once (a pidfd), so sleeping long
+        # between polls delays nothing.
+        exited = _pidfd(proc.pid) if proc is not None else None
+        try:
+            while True:
+                tick = time.monotonic()
+                loading = libraries is not None and not libraries.is_set()
+                behind = isinstance(sink, ThreadedSink) and sink.behind
+                spilled = sum(h.spilled_bytes() for h in hooks)
+                if (loading or behind) and spilled < MAX_SPILLED_BYTES:
+                    # Rows cannot be built (libraries loading) or handed over (the sink's
+                    # queue is full) without stalling: keep the rings from overflowing.
                     for hook in hooks:
-                        self._spool_call(lambda h=hook, f=finished: h.checkpoint_spool(f))
-                next_flush = tick + cfg.flush_interval_s
-            if self.on_progress and tick >= next_progress:
-                self.on_progress(self._progress(hooks, tick - start))
-                next_progress = tick + 0.25
-            if proc is not None and proc.poll() is not None:
-                code = exit_status(proc.returncode or 0)
-                return ("completed" if code == 0 else "failed"), code
-            if self._stop_signal is not None:
-                return "interrupted", None
-            if limit is not None and tick - start >= limit:
-                return "duration", None
-            time.sleep(max(0.0, period - (time.monotonic() - tick)))
+                        hook.spill()
+                else:
+                    for hook in hooks:
+                        self._drain(hook, sink)
+                if tick >= next_flush:
+                    # Finish the open parts in the writer thread; the manifest says how far
+                    # the collection got (parts finished by the previous flush).
+                    if isinstance(sink, ThreadedSink):
+                        sink.flush(durable=True, wait=False)
+                    else:
+                        sink.flush(durable=True)
+                    self._checkpoint(hooks)
+                    if self._parquet is not None:
+                        finished = self._parquet.checkpoint()[1]
+                        for hook in hooks:
+                            self._spool_call(lambda h=hook, f=finished: h.checkpoint_spool(f))
+                    next_flush = tick + cfg.flush_interval_s
+                if self.on_progress and tick >= next_progress:
+                    self.on_progress(self._progress(hooks, tick - start))
+                    next_progress = tick + 0.25
+                if proc is not None and proc.poll() is not None:
+                    code = exit_status(proc.returncode or 0)
+                    return ("completed" if code == 0 else "failed"), code
+                if self._stop_signal is not None:
+                    return "interrupted", None
+                if limit is not None and tick - start >= limit:
+                    return "duration", None
+                now = time.monotonic()
+                wake = self._next_wake(hooks, now, tick + period, now + longest)
+                wake = min(wake, next_flush, start + limit if limit is not None else wake)
+                if self.on_progress:
+                    wake = min(wake, next_progress)
+                self._sleep(max(tick + period, wake) - now, exited)
+        finally:
+            if exited is not None:
+                os.close(exited)
+
+    def _next_wake(self, hooks: list[Hook], now: float, soonest: float, latest: float) -> float:
+        """When the next poll is due: the earliest time a hook asks for, between
+        ``soonest`` (a hook that polls every interval) and ``latest``."""
+        wake = latest
+        for hook in hooks:
+            due = hook.next_poll(now)
+            if due is None:
+                return soonest
+            wake = min(wake, due)
+        return wake
+
+    @staticmethod
+    def _sleep(seconds: float, exited: int | None) -> None:
+        if seconds <= 0:
+            return
+        if exited is None:
+            time.sleep(seconds)
+        else:
+            select.select([exited], [], [], seconds)
 
     def _results(
         self, sink: Sink, proc: GatedProcess | None, workdir: Path, exit_code: int | None
@@ -713,3 +748,11 @@ def _is_main_thread() -> bool:
     import threading
 
     return threading.current_thread() is threading.main_thread()
+
+
+def _pidfd(pid: int) -> int | None:
+    """A file descriptor that becomes readable when ``pid`` exits (Linux 5.3+)."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None  # then the loop notices the exit at its next poll

@@ -118,6 +118,13 @@ class Hook(ABC, Generic[OptionsT]):
     def poll(self) -> Iterator[tuple[str, Rows]]:
         """Yield (table, rows) collected since the last poll. Called every poll interval."""
 
+    def next_poll(self, now: float) -> float | None:
+        """The monotonic time by which this hook needs its next poll; None: every
+        poll interval (``collector.poll_interval_ms``). The session sleeps until the
+        earliest of its hooks' times, so a quiet collection wakes a few times a
+        second instead of a hundred."""
+        return None
+
     def spill(self) -> None:
         """Keep kernel buffers from overflowing without building rows: while numpy
         and polars are being imported, or while the sink is behind. Rows come at
@@ -238,6 +245,11 @@ class SampledHook(Hook[SampledOptionsT]):
     #: hand rows to the sink at most this often: a frame per sample (10 Hz, 100 Hz)
     #: costs the collector more than the sampling itself
     hand_over_s: ClassVar[float] = 0.25
+
+    def next_poll(self, now: float) -> float | None:
+        if type(self).poll is not SampledHook.poll:
+            return None  # a poll of its own: every interval
+        return self._handed_over + self.hand_over_s
 
     def poll(self) -> Iterator[tuple[str, Rows]]:
         now = time.monotonic()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
@@ -262,6 +263,27 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
             return True
         batch_s = self.options.batch_ms / 1000
         return now - self._last_drain.get(table, 0.0) >= batch_s
+
+    def next_poll(self, now: float) -> float | None:
+        """When the first ring falls due (see _due): its ``batch_ms``, or sooner
+        when the rate it filled at since its last drain makes it 1/16 full."""
+        if type(self).poll is not BpfHook.poll or self._detached or not self._rings:
+            return None  # a poll of its own, or the final drain: every interval
+        spooling = self._spools and self._spare is not None and self.spooled_bytes()
+        if spooling and self._spare.ask():
+            return None  # rows wait in the spool and the CPU is spare: keep making them
+        batch_s = self.options.batch_ms / 1000
+        due = math.inf
+        for table, (reader, _) in self._rings.items():
+            if reader.spilled:
+                return None
+            last = self._last_drain.get(table, now)
+            due = min(due, last + batch_s)
+            pending = reader.pending_bytes()
+            if pending and now > last:
+                rate = pending / (now - last)
+                due = min(due, now + max(0.0, reader.size // 16 - pending) / rate)
+        return due
 
     def drain_due(self) -> Iterator[tuple[str, np.ndarray, RecordLayout]]:
         """(table, records, layout) of each ring that is due (see _due) and not

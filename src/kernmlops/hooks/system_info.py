@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -31,6 +32,9 @@ class SystemInfoHook(Hook[HookOptions]):
         self._pending = system_info()  # the table (pyarrow) is built after attach
         self.status.attached = True
         self.status.variant = "procfs"
+
+    def next_poll(self, now: float) -> float | None:
+        return now if self._pending is not None else math.inf
 
     def poll(self) -> Iterator[tuple[str, Rows]]:
         if self._pending is not None:
