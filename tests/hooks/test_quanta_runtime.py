@@ -64,6 +64,27 @@ def test_split_switches_keeps_each_tables_rows() -> None:
     ]  # fmt: skip
 
 
+def test_the_program_writes_nanoseconds_and_the_table_has_microseconds() -> None:
+    # The record's times are kmo_us_from_ns(_round): the layout says so, and the
+    # rows divide as the program once did (timestamp truncated, durations rounded).
+    from kernmlops.ebpf.build import object_path
+    from kernmlops.ebpf.spec import object_spec
+
+    layout = object_spec(object_path("quanta_runtime")).ring_layouts()["quanta_switch_rb"]
+    assert layout.us_from_ns == {
+        "ts_uptime_us": False, "run_length_us": True, "queued_time_us": True
+    }  # fmt: skip
+    recs = np.zeros(2, layout.dtype)
+    recs["ts_uptime_us"] = [1_999_999, 5_000_000]
+    recs["run_length_us"] = [1_499, 1_500]
+    recs["queued_time_us"] = [2_500, 499]
+    recs["has_run"] = recs["has_queued"] = 1
+    out = {table: as_frame(rows) for table, rows in split_switches(recs, layout).items()}
+    assert out["quanta_runtime"]["ts_uptime_us"].to_list() == [1_999, 5_000]
+    assert out["quanta_runtime"]["quanta_run_length_us"].to_list() == [1, 2]
+    assert out["quanta_queued_time"]["quanta_queued_time_us"].to_list() == [3, 0]
+
+
 @pytest.fixture(scope="module")
 def bounce(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_c(tmp_path_factory, "bounce", BOUNCE)

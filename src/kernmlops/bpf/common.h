@@ -15,6 +15,13 @@ char LICENSE[] SEC("license") = "GPL";
  * stays unsigned. */
 typedef u64 kmo_full_u64;
 
+/* A microsecond column the program fills with nanoseconds, as it read them: user
+ * space divides (a 64-bit division in the program is tens of cycles per record
+ * on the hottest paths). kmo_us_from_ns truncates (timestamps, like ns / 1000),
+ * kmo_us_from_ns_round rounds to the nearest microsecond (durations). */
+typedef u64 kmo_us_from_ns;
+typedef u64 kmo_us_from_ns_round;
+
 /* Records a ring buffer could not take, per table slot and CPU. User space
  * sums the CPUs; slot i belongs to the i-th ring buffer the hook declares. */
 #define KMO_MAX_TABLES 8

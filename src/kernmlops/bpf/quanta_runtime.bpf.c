@@ -17,9 +17,9 @@
 #include "sched_wait.h"
 
 struct quanta_switch_event {
-	u64 ts_uptime_us;	/* the switch: end of prev's quantum, start of next's */
-	u64 run_length_us;	/* prev's quantum (when has_run) */
-	u64 queued_time_us;	/* next's wait (when has_queued) */
+	kmo_us_from_ns ts_uptime_us;		/* the switch: end of prev's quantum, start of next's */
+	kmo_us_from_ns_round run_length_us;	/* prev's quantum (when has_run) */
+	kmo_us_from_ns_round queued_time_us;	/* next's wait (when has_queued) */
 	u32 cpu;
 	u32 prev_pid;
 	u32 prev_tgid;
@@ -98,9 +98,9 @@ static __always_inline int on_switch(bool btf, struct task_struct *prev,
 	if (!e)
 		return 0;
 	now = bpf_ktime_get_ns();
-	e->ts_uptime_us = now / 1000;
-	e->run_length_us = (run_ns + 500) / 1000;
-	e->queued_time_us = (queued_ns + 500) / 1000;
+	e->ts_uptime_us = now; /* ns: see kmo_us_from_ns */
+	e->run_length_us = run_ns;
+	e->queued_time_us = queued_ns;
 	e->cpu = bpf_get_smp_processor_id();
 	e->prev_pid = prev_pid;
 	e->prev_tgid = prev_tgid;

@@ -251,6 +251,9 @@ class RecordLayout:
     strings: tuple[str, ...]
     #: for a batched ring: the batch's dtype (``n`` records valid of ``recs``)
     batch: np.dtype | None = None
+    #: microsecond columns the program fills with nanoseconds: column -> rounded
+    #: (see us_from_ns; bpf/common.h's kmo_us_from_ns)
+    us_from_ns: dict[str, bool] = field(default_factory=dict)
 
     @property
     def itemsize(self) -> int:
@@ -275,14 +278,30 @@ def _enum_labels(t: BtfType) -> dict[int, str]:
 FULL_RANGE_TYPEDEF = "kmo_full_u64"
 
 
-def _full_range(btf: Btf, type_id: int) -> bool:
-    """Whether a member's declared type is (a typedef chain through) kmo_full_u64."""
+#: Typedefs (bpf/common.h) of a microsecond column the program fills with
+#: nanoseconds: name -> whether to round (else truncate) when dividing by 1000.
+US_FROM_NS_TYPEDEFS = {"kmo_us_from_ns": False, "kmo_us_from_ns_round": True}
+
+
+def _typedefs(btf: Btf, type_id: int) -> list[str]:
+    """The typedef names a member's declared type goes through."""
+    names = []
     t = btf.types[type_id]
     while t.kind in (Kind.TYPEDEF, Kind.VOLATILE, Kind.CONST, Kind.RESTRICT, Kind.TYPE_TAG):
-        if t.kind is Kind.TYPEDEF and t.name == FULL_RANGE_TYPEDEF:
-            return True
+        if t.kind is Kind.TYPEDEF:
+            names.append(t.name)
         t = btf.types[t.ref]
-    return False
+    return names
+
+
+def _full_range(btf: Btf, type_id: int) -> bool:
+    """Whether a member's declared type is (a typedef chain through) kmo_full_u64."""
+    return FULL_RANGE_TYPEDEF in _typedefs(btf, type_id)
+
+
+def us_from_ns(values: np.ndarray, rounded: bool) -> np.ndarray:
+    """Nanoseconds as microseconds, as the BPF programs once divided them."""
+    return (values + 500) // 1000 if rounded else values // 1000
 
 
 def _scalar(btf: Btf, t: BtfType, where: str, *, full_range: bool = False) -> np.dtype:
@@ -314,6 +333,7 @@ def record_layout(btf: Btf, record: BtfType) -> RecordLayout:
     offsets: list[int] = []
     enums: dict[str, dict[int, str]] = {}
     strings: list[str] = []
+    us_cols: dict[str, bool] = {}
 
     def walk(st: BtfType, prefix: str, base: int) -> None:
         for m_name, m_type, bit_off, bf_size in st.members:
@@ -341,6 +361,10 @@ def record_layout(btf: Btf, record: BtfType) -> RecordLayout:
                 fmt = _scalar(btf, t, where, full_range=_full_range(btf, m_type))
                 if t.kind in (Kind.ENUM, Kind.ENUM64):
                     enums[col] = _enum_labels(t)
+                scaled = [US_FROM_NS_TYPEDEFS[n] for n in _typedefs(btf, m_type)
+                          if n in US_FROM_NS_TYPEDEFS]  # fmt: skip
+                if scaled:
+                    us_cols[col] = scaled[0]
             names.append(col)
             formats.append(fmt)
             offsets.append(off)
@@ -351,7 +375,7 @@ def record_layout(btf: Btf, record: BtfType) -> RecordLayout:
     dtype = np.dtype(
         {"names": names, "formats": formats, "offsets": offsets, "itemsize": record.size}
     )
-    return RecordLayout(record.name, dtype, enums, tuple(strings))
+    return RecordLayout(record.name, dtype, enums, tuple(strings), us_from_ns=us_cols)
 
 
 def ring_layouts(path: str | Path) -> dict[str, RecordLayout]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kernmlops.ebpf.btf import RecordLayout
+from kernmlops.ebpf.btf import RecordLayout, us_from_ns
 from kernmlops.lazy import lazy_import
 
 if TYPE_CHECKING:
@@ -74,6 +74,8 @@ def records_to_table(records: np.ndarray, layout: RecordLayout) -> pa.Table:
             width = col.shape[1]
             flat = pa.array(np.ascontiguousarray(col).reshape(-1))
             arrays.append(pa.FixedSizeListArray.from_arrays(flat, width))
+        elif name in layout.us_from_ns:
+            arrays.append(pa.array(us_from_ns(col, layout.us_from_ns[name])))
         else:
             arrays.append(pa.array(np.ascontiguousarray(col)))
     return pa.Table.from_arrays(arrays, names=names)

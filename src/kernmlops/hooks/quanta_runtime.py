@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, ClassVar
 
+from kernmlops.ebpf.btf import us_from_ns
 from kernmlops.hooks.bpf import BpfHook, BpfHookOptions
 from kernmlops.lazy import lazy_import
 
@@ -60,18 +61,25 @@ class QuantaRuntimeHook(BpfHook[BpfHookOptions]):
     def rows_from(
         self, key: str, records: np.ndarray, layout: RecordLayout
     ) -> Iterator[tuple[str, Rows]]:
-        for table, rows in split_switches(records).items():
+        for table, rows in split_switches(records, layout).items():
             if rows.num_rows:
                 yield table, rows
 
 
-def split_switches(records: np.ndarray) -> dict[str, pa.Table]:
-    """The two tables' rows from switch records (numpy structured array).
+def split_switches(records: np.ndarray, layout: RecordLayout | None = None) -> dict[str, pa.Table]:
+    """The two tables' rows from switch records (numpy structured array); ``layout``
+    says which fields hold nanoseconds for microsecond columns.
 
     Each field is made contiguous once and filtered as a plain array: masking
     the structured records themselves would copy every 48-byte record per table.
     """
-    cols = {name: np.ascontiguousarray(records[name]) for name in records.dtype.names or ()}
+    scaled = layout.us_from_ns if layout is not None else {}
+    cols = {
+        name: us_from_ns(records[name], scaled[name])
+        if name in scaled
+        else np.ascontiguousarray(records[name])
+        for name in records.dtype.names or ()
+    }
     out: dict[str, pa.Table] = {}
     for table, (flag, columns) in _SPLIT.items():
         keep = cols[flag] != 0
