@@ -136,7 +136,8 @@ class CollectorConfig(_Strict):
         ge=-20,
         le=19,
         description="scheduling priority of the collector (e.g. -10 keeps up with event "
-        "storms); the benchmark keeps kernmlops' own priority; null: unchanged",
+        "storms), and of its session's autogroup where the kernel groups sessions (restored "
+        "afterwards); the benchmark keeps kernmlops' own priority; null: unchanged",
     )
 
     @field_validator("hooks")

@@ -123,13 +123,21 @@ def test_nice_applies_to_the_collector_not_the_benchmark(tmp_path: Path) -> None
                 "sh", "-c", f"cut -d' ' -f19 /proc/self/stat > {tmp_path}/nice"]}},
         }
     )  # fmt: skip
-    own = os.getpriority(os.PRIO_PROCESS, 0)
-    seen: list[int] = []
-    session = Session(config, on_attached=lambda _: seen.append(os.getpriority(os.PRIO_PROCESS, 0)))
+    from kernmlops.host.cpus import autogroup_nice
+
+    own, own_group = os.getpriority(os.PRIO_PROCESS, 0), autogroup_nice()
+    seen: list[tuple[int, int | None]] = []
+    session = Session(
+        config,
+        on_attached=lambda _: seen.append((os.getpriority(os.PRIO_PROCESS, 0), autogroup_nice())),
+    )
     assert session.run().exit_code == 0
-    assert seen == [-5]  # the collector while it runs
+    # The collector while it runs, and its session where autogroups weigh sessions
+    # (the benchmark is a session of its own).
+    assert seen == [(-5, -5 if own_group is not None else None)]
     assert int((tmp_path / "nice").read_text()) == own  # the benchmark's child
     assert os.getpriority(os.PRIO_PROCESS, 0) == own  # restored
+    assert autogroup_nice() == own_group
 
 
 def test_gate_works_whatever_the_fd_numbers() -> None:

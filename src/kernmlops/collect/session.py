@@ -49,7 +49,7 @@ from kernmlops.errors import (
 from kernmlops.hooks import get_hook
 from kernmlops.hooks.base import Hook, HookContext, HookStatus
 from kernmlops.host.cgroup import set_oom_score_adj
-from kernmlops.host.cpus import SpareCpu
+from kernmlops.host.cpus import SpareCpu, autogroup_nice, set_autogroup_nice
 from kernmlops.host.environment import Environment
 from kernmlops.host.sysinfo import system_info
 from kernmlops.lazy import preload
@@ -199,11 +199,18 @@ class Session:
             )
             self._save_manifest()
         own_nice = os.getpriority(os.PRIO_PROCESS, 0)
+        own_group = autogroup_nice() if cfg.nice is not None else None
         if cfg.nice is not None:
-            # Before any thread starts: on Linux the nice value is per thread.
+            # Before any thread starts: on Linux the nice value is per thread. With
+            # autogroups the benchmark (a session of its own) is weighed against the
+            # collector's session by the sessions' nice: set that too (restored).
             try:
                 os.setpriority(os.PRIO_PROCESS, 0, cfg.nice)
+                if own_group is not None:
+                    set_autogroup_nice(cfg.nice)
             except PermissionError:
+                with contextlib.suppress(PermissionError):
+                    os.setpriority(os.PRIO_PROCESS, 0, own_nice)
                 raise CollectionError(
                     f"collector.nice {cfg.nice} needs root or CAP_SYS_NICE"
                 ) from None
@@ -322,6 +329,9 @@ class Session:
             if cfg.nice is not None:
                 with contextlib.suppress(PermissionError):
                     os.setpriority(os.PRIO_PROCESS, 0, own_nice)
+                if own_group is not None:
+                    with contextlib.suppress(OSError):
+                        set_autogroup_nice(own_group)
             if own_oom is not None:
                 set_oom_score_adj("self", own_oom)
             self._close_participants(errors)

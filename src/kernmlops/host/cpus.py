@@ -104,3 +104,23 @@ class SpareCpu:
                 self.spare = spare_cpus >= self.need
             self._last, self._at = (idle, total, own), now
         return self.spare
+
+
+def autogroup_nice(pid: int | str = "self") -> int | None:
+    """The nice of a process's autogroup, or None without autogroups. With them
+    (``/proc/sys/kernel/sched_autogroup_enabled``), every session is a scheduling
+    group weighed against other sessions by this nice alone: a process's own nice
+    only orders it within its session."""
+    try:
+        text = Path(f"/proc/{pid}/autogroup").read_text().split()
+        if Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() != "1":
+            return None
+        return int(text[text.index("nice") + 1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def set_autogroup_nice(nice: int, pid: int | str = "self") -> None:
+    """Set the nice of a process's autogroup (its whole session); OSError if refused
+    (below the current value needs root or CAP_SYS_NICE)."""
+    Path(f"/proc/{pid}/autogroup").write_text(str(nice))
