@@ -100,6 +100,14 @@ class CollectorConfig(_Strict):
         "keeps every CPU busy loses only the copy to the collector (kernmlops recover "
         "turns a killed collection's spool into parts)",
     )
+    spool_memory_mib: float = Field(
+        256,
+        ge=0,
+        description="with spool: the spool's first MiB go to a tmpfs (/dev/shm, at most half "
+        "its free space) instead of the disk: no disk writes under a short storm, and they "
+        "outlive a killed collector (not a reboot); the rest goes to the collection's disk. "
+        "0: all on disk",
+    )
     spool_spare_cpus: float = Field(
         0.5,
         ge=0,

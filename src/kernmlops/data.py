@@ -35,7 +35,7 @@ from urllib.parse import unquote
 
 import polars as pl
 
-from kernmlops.collect.manifest import MANIFEST_NAME, SPOOL_DIR, Manifest, read_manifest
+from kernmlops.collect.manifest import MANIFEST_NAME, Manifest, read_manifest
 from kernmlops.errors import CollectionError
 from kernmlops.tables import BENCHMARK, COLLECTION_ID
 
@@ -158,10 +158,11 @@ def read_collection(path: str | Path) -> Collection:
         raise CollectionError(f"{path}: not a folder (a collection is a folder)")
     manifest = read_manifest(path)
     files, incomplete = _table_files(path)
-    spool = path / SPOOL_DIR
+    from kernmlops.collect.spool import pending_spools
+
     spooled = (
         f"; rows still in its spool are not read: `kernmlops recover {path}` adds them"
-        if spool.is_dir() and any(spool.glob("*.ring"))
+        if pending_spools(path)
         else ""
     )
     if not files:

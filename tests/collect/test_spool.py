@@ -131,3 +131,80 @@ def test_the_progress_table_shows_what_waits_in_the_spool() -> None:
     busy = Progress(1.0, {"quanta_runtime": 5}, {}, {}, "faux", {"quanta_runtime": 3 << 20})
     console.print(_progress_table(busy, attached))
     assert "3.0 MiB" in console.export_text()
+
+
+def test_the_first_bytes_go_to_memory_the_rest_to_disk_in_order(tmp_path: Path) -> None:
+    from kernmlops.ebpf.spool import SpoolMemory
+
+    mem = tmp_path / "shm"  # stands for the tmpfs folder
+    mem.mkdir()
+    memory = SpoolMemory(mem, limit=50 * 24)  # 50 records
+    info = {"hook": "h", "options": {}, "ring": "r", "object": "x.bpf.o"}
+    spool = RingSpool(tmp_path / ".spool", "events", EVENT.itemsize, info, memory=memory)
+    want = events(120)
+    spool.append(want[:40])  # fits the budget
+    spool.append(want[40:80])  # does not: a segment on disk begins
+    spool.append(want[80:])
+    spool.drained()
+    assert [p.name for p in mem.glob("*.ring")] == ["events.00000.ring"]
+    assert [p.name for p in (tmp_path / ".spool").glob("*.ring")] == ["events.00001.ring"]
+    assert (mem / "events.00000.ring").stat().st_size == 40 * 24
+    assert memory.used == 40 * 24
+    got = _read_all(spool, max_bytes=7 * 24)
+    assert np.array_equal(got, want)
+    spool.count("events", 120)
+    spool.checkpoint({"events": 120})  # both read to their end: deleted, budget back
+    assert memory.used == 0
+    assert not (mem / "events.00000.ring").exists()
+    assert not (tmp_path / ".spool" / "events.00001.ring").exists()
+    # the next segment is in memory again
+    spool.append(events(3, first=120))
+    spool.drained()
+    assert [p.name for p in mem.glob("*.ring")] == ["events.00002.ring"]
+    assert memory.used == 3 * 24
+    spool.remove()
+    assert memory.used == 0
+
+
+def test_a_killed_collections_spool_is_recovered_from_memory_and_disk(tmp_path: Path) -> None:
+    # pending_spools and the order of segments across the two folders (the link
+    # "mem" is how a collection finds its tmpfs folder)
+    from kernmlops.collect.spool import MEMORY_LINK, remove_spool, spool_folders
+
+    spool_dir = tmp_path / "c" / ".spool"
+    spool_dir.mkdir(parents=True)
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    (spool_dir / MEMORY_LINK).symlink_to(shm)
+    for folder, n in ((shm, 0), (spool_dir, 1), (shm, 2), (spool_dir, 10)):
+        (folder / f"events.{n:05d}.ring").write_bytes(b"")
+    assert spool_folders(spool_dir) == [spool_dir, spool_dir / MEMORY_LINK]
+    assert [p.name for p in pending_spools(tmp_path / "c")] == [
+        "events.00000.ring", "events.00001.ring", "events.00002.ring", "events.00010.ring"
+    ]  # fmt: skip
+    remove_spool(spool_dir)
+    assert not spool_dir.exists() and not shm.exists()
+
+
+def test_memory_of_a_deleted_collection_is_freed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    from kernmlops.collect import spool as spool_mod
+
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(spool_mod, "SHM", shm)
+    monkeypatch.setattr(spool_mod, "_is_tmpfs", lambda path: True)
+    kept, gone = tmp_path / "kept" / ".spool", tmp_path / "gone" / ".spool"
+    a = spool_mod.spool_memory(kept, "a", 8)
+    b = spool_mod.spool_memory(gone, "b", 8)
+    assert a is not None and b is not None and a.limit == 8 << 20
+    assert (kept / "mem").resolve() == a.folder and a.folder.parent == shm
+    shutil.rmtree(gone.parent)  # deleted before it was recovered
+    assert spool_mod.sweep_memory() == []  # young folders are left alone
+    for folder in (a.folder, b.folder):
+        os.utime(folder, (0, 0))
+    assert spool_mod.sweep_memory() == [b.folder]
+    assert a.folder.exists() and not b.folder.exists()

@@ -79,26 +79,40 @@ def test_sigkill_mid_run_loses_at_most_one_flush(tmp_path: Path, bpf_baseline) -
     assert manifest.hooks["quanta_runtime"].attached
 
 
+@pytest.mark.parametrize("memory_mib", [256, 4])
 def test_sigkill_with_every_row_in_the_spool_loses_at_most_one_flush_after_recover(
-    tmp_path: Path, bpf_baseline
+    tmp_path: Path, bpf_baseline, memory_mib: int
 ) -> None:
     """A machine with no CPU to spare: the rings only went to the spool when the kill
     came. The finished parts read as they are; `kernmlops recover` adds the spool's
-    rows (none twice), and what is lost is what a flush interval bounds."""
-    run = start_collect(tmp_path / "out", *STORM, more_config="  spool_spare_cpus: 1000\n")
+    rows (none twice), and what is lost is what a flush interval bounds. The spool's
+    first MiB are on the tmpfs: all of it (256), or 4 MiB and the rest on disk."""
+    from kernmlops.collect.spool import pending_spools
+
+    run = start_collect(
+        tmp_path / "out",
+        *STORM,
+        more_config=f"  spool_spare_cpus: 1000\n  spool_memory_mib: {memory_mib}\n",
+    )
     run.wait_for("probes attached")
     time.sleep(3.3)
     killed_us = kill_collector(run)
     assert_no_benchmark_left(run.marker)
     col = run.collection()
-    # one segment: it was never read to its end
-    assert [p.name for p in (col / ".spool").glob("quanta_switch.*.ring")] == [
-        "quanta_switch.00000.ring"
-    ]
+    # never read to its end: segment 0 on the tmpfs, and past 4 MiB one on disk
+    segments = [p for p in pending_spools(col) if p.name.startswith("quanta_switch.")]
+    shm = (col / ".spool" / "mem").resolve()
+    assert shm.parent == Path("/dev/shm")
+    assert segments[0].name == "quanta_switch.00000.ring" and segments[0].parent.name == "mem"
+    if memory_mib == 4:
+        assert [p.name for p in segments] == [f"quanta_switch.0000{i}.ring" for i in (0, 1)]
+        assert segments[1].parent == col / ".spool"
+    else:
+        assert len(segments) == 1
     before = read_everything(col)
     assert before.get("quanta_runtime", 0) == 0
     assert "quanta_runtime" in recover(col)
-    assert not (col / ".spool").exists()
+    assert not (col / ".spool").exists() and not shm.exists()
     rows = read_everything(col)
     assert rows["quanta_runtime"] > 10_000
     lost_s = (killed_us - last_ts_us(col, "quanta_runtime")) / 1e6

@@ -38,7 +38,7 @@ from kernmlops.collect.manifest import BenchmarkRecord, HookRecord, Manifest, wr
 from kernmlops.collect.output import prepare_output, release_reserve
 from kernmlops.collect.participants import Participant, configured
 from kernmlops.collect.sinks import ParquetSink, ThreadedSink, free_bytes, human_bytes, is_disk_full
-from kernmlops.collect.spool import SPOOL_DIR, Pacer
+from kernmlops.collect.spool import SPOOL_DIR, Pacer, remove_spool, spool_memory
 from kernmlops.config import Config
 from kernmlops.errors import (
     CollectionError,
@@ -275,6 +275,11 @@ class Session:
                 os.getpid(),
                 self.bpf_dir,
                 spool_dir=spool_dir,
+                spool_memory=(
+                    spool_memory(spool_dir, self.collection_id, cfg.spool_memory_mib)
+                    if spool_dir is not None
+                    else None
+                ),
                 spare=(
                     Pacer(
                         SpareCpu(need=cfg.spool_spare_cpus),
@@ -427,7 +432,7 @@ class Session:
             return
         if any(not isinstance(e, KeyboardInterrupt) for e in errors):
             return
-        shutil.rmtree(spool, ignore_errors=True)
+        remove_spool(spool)
 
     def _close_participants(self, errors: list[BaseException]) -> None:
         """Last, once the collection is written: the exporter serves the job's final

@@ -14,18 +14,24 @@ keeps it).
 Durability is the collection's (README, "A collection survives its collector"):
 the spool is fsync'd at every flush, and ``kernmlops recover`` (:func:`recover`)
 turns what a killed collector left into parts, skipping the rows already in
-finished parts.
+finished parts. Its first ``collector.spool_memory_mib`` live on a tmpfs
+(``/dev/shm``, linked from the spool as ``mem``): no disk write, and they outlive a
+killed collector (not a reboot).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kernmlops.collect.manifest import SPOOL_DIR
 from kernmlops.ebpf.ringbuf import decode, record_stride
+from kernmlops.ebpf.spool import SpoolMemory
 from kernmlops.errors import CollectionError
 from kernmlops.host.cpus import SpareCpu
 from kernmlops.lazy import lazy_import
@@ -38,7 +44,89 @@ else:
     np = lazy_import("numpy")
 
 
-__all__ = ["SPOOL_DIR", "Pacer", "SpareCpu", "collector_alive", "pending_spools", "recover"]
+__all__ = [
+    "SPOOL_DIR",
+    "Pacer",
+    "SpareCpu",
+    "collector_alive",
+    "pending_spools",
+    "recover",
+    "spool_memory",
+]
+
+#: the spool's link to its folder on a tmpfs
+MEMORY_LINK = "mem"
+#: where a tmpfs is expected, and the names of the spools' folders there
+SHM = Path("/dev/shm")
+MEMORY_PREFIX = "kernmlops-spool-"
+#: in a memory folder: the spool folder it belongs to
+OWNER_FILE = "owner"
+
+
+def spool_memory(spool_dir: Path, collection_id: str, limit_mib: float) -> SpoolMemory | None:
+    """A folder on the tmpfs for the spool's first ``limit_mib`` (at most half of the
+    tmpfs's free space), linked from ``spool_dir``; None without a usable tmpfs."""
+    if limit_mib <= 0 or not _is_tmpfs(SHM):
+        return None
+    sweep_memory()
+    try:
+        st = os.statvfs(SHM)
+        limit = min(int(limit_mib * 2**20), st.f_bavail * st.f_frsize // 2)
+        if limit < 2**20:
+            return None
+        folder = SHM / f"{MEMORY_PREFIX}{collection_id}"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        # the way back, for sweep_memory: a folder whose collection is gone is freed
+        (folder / OWNER_FILE).write_text(str(spool_dir.resolve()))
+        spool_dir.mkdir(parents=True, exist_ok=True)
+        link = spool_dir / MEMORY_LINK
+        if not link.is_symlink():
+            link.symlink_to(folder)
+    except OSError:
+        return None
+    return SpoolMemory(folder, limit)
+
+
+def sweep_memory(min_age_s: float = 60.0) -> list[Path]:
+    """Free the tmpfs folders of spools whose collection is gone (deleted before it
+    was recovered): what they hold can no longer be recovered. A folder younger than
+    ``min_age_s`` is left alone (a collector may be creating it). The folders freed."""
+    freed = []
+    now = time.time()
+    for folder in SHM.glob(f"{MEMORY_PREFIX}*"):
+        try:
+            if now - folder.stat().st_mtime < min_age_s:
+                continue
+            owner = Path((folder / OWNER_FILE).read_text().strip())
+            alive = (owner / MEMORY_LINK).resolve() == folder.resolve()
+        except OSError:
+            alive = False
+        if not alive:
+            shutil.rmtree(folder, ignore_errors=True)
+            freed.append(folder)
+    return freed
+
+
+def _is_tmpfs(path: Path) -> bool:
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return False
+    return any(f.split()[1:3] == [str(path), "tmpfs"] for f in mounts if len(f.split()) > 2)
+
+
+def spool_folders(spool_dir: Path) -> list[Path]:
+    """The spool's folders: itself, and its memory folder while that exists."""
+    mem = spool_dir / MEMORY_LINK
+    return [spool_dir, mem] if mem.is_dir() else [spool_dir]
+
+
+def remove_spool(spool_dir: Path) -> None:
+    """Delete a spool, its memory folder included."""
+    mem = spool_dir / MEMORY_LINK
+    if mem.is_symlink():
+        shutil.rmtree(mem.resolve(), ignore_errors=True)
+    shutil.rmtree(spool_dir, ignore_errors=True)
 
 
 class Pacer:
@@ -55,9 +143,16 @@ class Pacer:
 
 
 def pending_spools(collection: Path) -> list[Path]:
-    """The spool segments a collection still holds (after a kill)."""
+    """The spool segments a collection still holds (after a kill), in order."""
     folder = collection / SPOOL_DIR
-    return sorted(folder.glob("*.ring")) if folder.is_dir() else []
+    if not folder.is_dir():
+        return []
+    return sorted((p for f in spool_folders(folder) for p in f.glob("*.ring")), key=_order)
+
+
+def _order(segment: Path) -> tuple[str, int]:
+    key, _, index = segment.stem.rpartition(".")
+    return key, int(index) if index.isdigit() else -1
 
 
 def recover(collection: Path, bpf_dir: Path | None = None) -> dict[str, int]:
@@ -102,7 +197,8 @@ def recover(collection: Path, bpf_dir: Path | None = None) -> dict[str, int]:
         if dtype.itemsize != info["itemsize"]:
             raise CollectionError(f"{obj} does not describe spool {key}: rebuilt since?")
         stride = record_stride(dtype.itemsize)
-        for seg in sorted(folder.glob(f"{key}.*.ring")):
+        segments = [p for f in spool_folders(folder) for p in f.glob(f"{key}.*.ring")]
+        for seg in sorted(segments, key=_order):
             made = dict(json.loads(seg.with_suffix(".json").read_text())["rows_before"])
             raw = np.fromfile(seg, np.uint8)
             whole = len(raw) // stride * stride  # a kill may cut the last record
@@ -126,9 +222,7 @@ def recover(collection: Path, bpf_dir: Path | None = None) -> dict[str, int]:
         record.files = sorted({*record.files, *files.get(table, [])})
         manifest.tables[table] = record
     write_manifest(collection, manifest)
-    for path in folder.iterdir():
-        path.unlink()
-    folder.rmdir()
+    remove_spool(folder)
     return added
 
 

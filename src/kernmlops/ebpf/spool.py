@@ -42,16 +42,52 @@ def _dump(path: Path, data: dict[str, Any]) -> None:
 
 
 @dataclass
+class SpoolMemory:
+    """Memory that outlives the collector, for the spools' first bytes: a folder on a
+    tmpfs (``/dev/shm``) and a budget of bytes shared by every ring of a collection.
+    Segments there cost no disk write (on this VM a storm's 17 MB/s of spool slowed
+    the workload by 5 points through writeback alone) and survive a kill -9 or an OOM
+    kill of the collector, not a reboot; past the budget, segments go to disk."""
+
+    folder: Path
+    limit: int
+    used: int = 0
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def reserve(self, size: int) -> bool:
+        with self._lock:
+            if self.used + size > self.limit:
+                return False
+            self.used += size
+            return True
+
+    def release(self, size: int) -> None:
+        with self._lock:
+            self.used = max(0, self.used - size)
+
+
+@dataclass
 class _Segment:
     path: Path
     #: rows every table had before this segment's first record
     rows_before: dict[str, int]
+    fd: int = -1
+    #: bytes handed over / in the file / read back
+    written: int = 0
+    on_disk: int = 0
+    read: int = 0
+    #: in SpoolMemory's folder (its bytes count against the budget)
+    in_memory: bool = False
 
 
 @dataclass
 class RingSpool:
     """One ring's spool: written at the tail by :meth:`take`, read at the head by
-    :meth:`records`; both in whole ring records.
+    :meth:`records`; both in whole ring records. Segments follow each other: a new one
+    starts at a flush once the last is read to its end, or when the memory budget
+    (``memory``) is spent and the spool goes on on disk.
 
     The file is written by a thread of its own: under a storm that keeps every CPU
     busy, the journal's thread runs late and a ``write`` that needs it waits, up to
@@ -65,15 +101,19 @@ class RingSpool:
     info: dict[str, Any]
     #: rows made from this spool so far, per table
     rows: dict[str, int] = field(default_factory=dict)
+    #: where the first bytes go (None: all on disk, in ``folder``)
+    memory: SpoolMemory | None = None
 
     def __post_init__(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.stride = record_stride(self.itemsize)
         _dump(self.folder / f"{self.key}.json", {**self.info, "itemsize": self.itemsize})
         self._index = -1
+        #: segments not retired yet, head (being read) to tail (being written)
+        self._live: list[_Segment] = []
         self._retired: list[tuple[_Segment, dict[str, int]]] = []
         self._cond = threading.Condition()
-        self._queue: list[bytes] = []
+        self._queue: list[tuple[_Segment, bytes]] = []
         self._queued = 0  # bytes in _queue
         self._error: OSError | None = None
         self._sync_asked = False
@@ -85,19 +125,24 @@ class RingSpool:
         self._writer.daemon = True
         self._writer.start()
 
-    def _open_segment(self) -> None:
+    def _open_segment(self, disk: bool = False) -> None:
         self._index += 1
-        seg = _Segment(self.folder / f"{self.key}.{self._index:05d}.ring", dict(self.rows))
+        in_memory = self.memory is not None and not disk and self.memory.used < self.memory.limit
+        folder = self.memory.folder if in_memory and self.memory else self.folder
+        seg = _Segment(folder / f"{self.key}.{self._index:05d}.ring", dict(self.rows))
+        seg.in_memory = in_memory
         _dump(seg.path.with_suffix(".json"), {"rows_before": seg.rows_before})
-        self._segment = seg
-        self._fd = os.open(seg.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-        #: bytes handed over / in the file / read back, in this segment
-        self.written = self.on_disk = self.read = 0
+        seg.fd = os.open(seg.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        self._live.append(seg)
+
+    @property
+    def _tail(self) -> _Segment:
+        return self._live[-1]
 
     @property
     def pending(self) -> int:
         """Bytes handed over and not read back yet."""
-        return self.written - self.read
+        return sum(seg.written - seg.read for seg in self._live)
 
     def _raise(self) -> None:
         if self._error is not None:
@@ -112,9 +157,13 @@ class RingSpool:
             while self._queued and self._queued + size > MAX_QUEUED and self._error is None:
                 self._cond.wait()  # the disk is that far behind: the loop waits too
             self._raise()
-            self._queue.extend(chunks)
+            tail = self._tail
+            if tail.in_memory and not self.memory.reserve(size):  # type: ignore[union-attr]
+                self._open_segment(disk=True)  # the budget is spent: on to disk
+                tail = self._tail
+            self._queue.extend((tail, c) for c in chunks)
             self._queued += size
-            self.written += size
+            tail.written += size
             self._cond.notify_all()
         return size
 
@@ -126,23 +175,23 @@ class RingSpool:
                     self._cond.wait()
                 chunks, self._queue = self._queue, []
                 sync, self._sync_asked = self._sync_asked, False
-                fd = self._fd
+                live = [seg.fd for seg in self._live if not seg.in_memory]
                 old, self._old_fds = self._old_fds, []
                 if not chunks and not sync and self._closing:
                     for f in old:
                         os.close(f)
                     return
-            for f in old:  # no write of ours uses them any more
-                os.close(f)
             try:
-                for chunk in chunks:
-                    _write_all(fd, chunk)
-                unsynced += sum(len(c) for c in chunks)
+                for seg, chunk in chunks:
+                    _write_all(seg.fd, chunk)
+                unsynced += sum(len(c) for seg, c in chunks if not seg.in_memory)
                 if sync or unsynced >= SYNC_BYTES:
                     # Keep the page cache's share of the spool small: an fsync of
                     # any other file (the manifest) waits for the journal, and with
                     # it for every dirty page of the spool (ext4 data=ordered).
-                    os.fsync(fd)
+                    # Segments in memory need none: a tmpfs has nothing to sync.
+                    for fd in live:
+                        os.fsync(fd)
                     unsynced = 0
                     with self._cond:
                         self._syncs += 1
@@ -152,10 +201,13 @@ class RingSpool:
                     self._queue, self._queued = [], 0
                     self._cond.notify_all()
                 return
+            finally:
+                for f in old:  # no write of ours uses them any more
+                    os.close(f)
             with self._cond:
-                size = sum(len(c) for c in chunks)
-                self._queued -= size
-                self.on_disk += size
+                for seg, chunk in chunks:
+                    seg.on_disk += len(chunk)
+                self._queued -= sum(len(c) for _, c in chunks)
                 self._cond.notify_all()
 
     def take(self, reader: RingBuffer) -> int:
@@ -193,37 +245,53 @@ class RingSpool:
         if more is None:
             self.drained()
         step = max(self.stride, max_bytes // self.stride * self.stride)
-        while self.on_disk > self.read and (more is None or more()):
-            n = min(self.on_disk - self.read, step)
-            raw = os.pread(self._fd, n, self.read)
-            if len(raw) != n:
-                raise CollectionError(f"spool {self._segment.path} is shorter than written")
-            buf = np.frombuffer(raw, np.uint8)
-            self.read += n
-            yield decode(buf, 1, 0, n, dtype).records
+        for seg in list(self._live):
+            while seg.on_disk > seg.read and (more is None or more()):
+                n = min(seg.on_disk - seg.read, step)
+                raw = os.pread(seg.fd, n, seg.read)
+                if len(raw) != n:
+                    raise CollectionError(f"spool {seg.path} is shorter than written")
+                seg.read += n
+                yield decode(np.frombuffer(raw, np.uint8), 1, 0, n, dtype).records
+            if seg.read < seg.written:
+                return  # the rest of this segment is still with the writer
 
     def count(self, table: str, rows: int) -> None:
         self.rows[table] = self.rows.get(table, 0) + rows
 
     def checkpoint(self, finished: dict[str, int]) -> None:
-        """At a flush: have the writer sync the spool; retire the segment when it was
-        read to its end (its rows are in this flush), and delete retired segments
-        whose rows ``finished`` (rows in finished parts, per table) now holds."""
+        """At a flush: have the writer sync the spool; retire the segments read to their
+        end (their rows are in this flush; a new one starts if the tail was), and
+        delete retired segments whose rows ``finished`` (rows in finished parts, per
+        table) now holds."""
         with self._cond:
             self._raise()
             self._sync_asked = True
-            if self.written and self.read == self.written and not self._queued:
-                self._old_fds.append(self._fd)  # the writer may be syncing it now
-                self._retired.append((self._segment, dict(self.rows)))
+            # read to its end (an empty one too, unless it is the tail: a segment the
+            # budget left before its first byte)
+            done = [
+                s for s in self._live if s.read == s.written and (s.written or s is not self._tail)
+            ]
+            if done and done[-1] is self._tail and not self._queued:
                 self._open_segment()
+            for seg in done:
+                if seg is not self._tail:
+                    self._live.remove(seg)
+                    self._old_fds.append(seg.fd)  # the writer may be syncing it now
+                    self._retired.append((seg, dict(self.rows)))
             self._cond.notify_all()
         keep = []
         for seg, rows in self._retired:
             if all(finished.get(t, 0) >= n for t, n in rows.items()):
-                _remove(seg)
+                self._delete(seg)
             else:
                 keep.append((seg, rows))
         self._retired = keep
+
+    def _delete(self, seg: _Segment) -> None:
+        _remove(seg)
+        if seg.in_memory and self.memory is not None:
+            self.memory.release(seg.written)
 
     def wait_synced(self) -> None:
         """Wait until what was handed over is in the file and synced."""
@@ -242,18 +310,21 @@ class RingSpool:
             self._closing = True
             self._cond.notify_all()
         self._writer.join()
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        for seg in self._live:
+            if seg.fd >= 0:
+                os.close(seg.fd)
+                seg.fd = -1
 
     def remove(self) -> None:
         """Delete this spool's files: every row is in finished parts."""
         self.close()
         for seg, _ in self._retired:
-            _remove(seg)
-        _remove(self._segment)
+            self._delete(seg)
+        for seg in self._live:
+            self._delete(seg)
         (self.folder / f"{self.key}.json").unlink(missing_ok=True)
         self._retired = []
+        self._live = []
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -41,6 +41,8 @@ class HookContext:
     bpf_dir: Any = None  # pathlib.Path of the built objects
     #: where rings are spooled (kernmlops.collect.spool), None: rows straight from rings
     spool_dir: Any = None
+    #: the spools' memory budget on a tmpfs (kernmlops.ebpf.spool.SpoolMemory), or None
+    spool_memory: Any = None
     #: whether rows may be made now (collect.spool.Pacer: CPU to spare and the sink
     #: keeping up); None: always
     spare: Any = None

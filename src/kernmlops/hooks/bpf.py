@@ -215,7 +215,9 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
                         "ring": ring,
                         "object": str(path.resolve()),
                     }
-                    self._spools[table] = RingSpool(ctx.spool_dir, table, record.size, info)
+                    self._spools[table] = RingSpool(
+                        ctx.spool_dir, table, record.size, info, memory=ctx.spool_memory
+                    )
             self._spare = ctx.spare
             self.attach(self.obj)
         except (KernmlopsError, OSError) as err:
