@@ -71,9 +71,11 @@ def test_a_segment_read_to_its_end_is_retired_at_a_flush_and_deleted_once_finish
     assert before == {"rows_before": {"events": 10}}
     spool.append(events(5, first=10))
     spool.checkpoint({"events": 9})  # not yet in finished parts: kept, and not retired
+    spool.drained()
     assert (tmp_path / ".spool" / "events.00000.ring").exists()
     assert (tmp_path / ".spool" / "events.00001.ring").exists()
     spool.checkpoint({"events": 10})
+    spool.drained()  # the writer deletes it (an unlink may wait for the disk)
     assert not (tmp_path / ".spool" / "events.00000.ring").exists()
     assert [p.name for p in pending_spools(tmp_path)] == ["events.00001.ring"]
     assert np.array_equal(_read_all(spool), events(5, first=10))
@@ -154,6 +156,7 @@ def test_the_first_bytes_go_to_memory_the_rest_to_disk_in_order(tmp_path: Path) 
     assert np.array_equal(got, want)
     spool.count("events", 120)
     spool.checkpoint({"events": 120})  # both read to their end: deleted, budget back
+    spool.drained()
     assert memory.used == 0
     assert not (mem / "events.00000.ring").exists()
     assert not (tmp_path / ".spool" / "events.00001.ring").exists()

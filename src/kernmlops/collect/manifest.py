@@ -198,17 +198,22 @@ def _coerce(manifest: Manifest | dict[str, Any]) -> Manifest:
     return Manifest.model_validate(data)
 
 
-def write_manifest(collection_dir: Path, manifest: Manifest | dict[str, Any]) -> Path:
-    """Write ``manifest`` as ``<collection_dir>/manifest.json`` atomically; return its path.
+def manifest_text(manifest: Manifest | dict[str, Any]) -> str:
+    """The manifest's file content."""
+    body = _coerce(manifest).as_json()
+    return json.dumps(body, indent=2, sort_keys=False, default=str, ensure_ascii=False) + "\n"
+
+
+def write_manifest(collection_dir: Path, manifest: Manifest | dict[str, Any] | str) -> Path:
+    """Write ``manifest`` (or its :func:`manifest_text`) as ``<collection_dir>/manifest.json``
+    atomically; return its path.
 
     The file is written to a temporary name, synced and renamed, so readers see the old
     manifest or the new one, never half of one.
     """
     collection_dir = Path(collection_dir)
     collection_dir.mkdir(parents=True, exist_ok=True)
-    body = _coerce(manifest).as_json()
-    text = json.dumps(body, indent=2, sort_keys=False, default=str, ensure_ascii=False) + "\n"
-
+    text = manifest if isinstance(manifest, str) else manifest_text(manifest)
     return write_atomic(collection_dir / MANIFEST_NAME, text, durable=True)
 
 

@@ -34,7 +34,13 @@ from kernmlops.benchmarks import get_benchmark
 from kernmlops.benchmarks.base import Benchmark, BenchmarkRun
 from kernmlops.collect.filter import ProcessFilter
 from kernmlops.collect.gated import GatedProcess, exit_status
-from kernmlops.collect.manifest import BenchmarkRecord, HookRecord, Manifest, write_manifest
+from kernmlops.collect.manifest import (
+    BenchmarkRecord,
+    HookRecord,
+    Manifest,
+    manifest_text,
+    write_manifest,
+)
 from kernmlops.collect.output import prepare_output, release_reserve
 from kernmlops.collect.participants import Participant, configured
 from kernmlops.collect.sinks import ParquetSink, ThreadedSink, free_bytes, human_bytes, is_disk_full
@@ -169,6 +175,7 @@ class Session:
         self._parquet: ParquetSink | None = None
         self._disk_full = False
         self._spool_dir: Path | None = None
+        self._manifests: _Background | None = None
         self._compaction: dict[str, str] = {}
         #: benchmark.cpus / transparent_hugepages / drop_page_cache, applied in run()
         self.environment = Environment()
@@ -326,6 +333,10 @@ class Session:
             ended_by = "interrupted" if isinstance(err, KeyboardInterrupt) else "error"
         finally:
             bench_exit = self._finish(hooks, sink, proc, flt, outputs, workdir, bench_exit, errors)
+            if self._manifests is not None:  # detached: now its last write may take its time
+                failed = self._manifests.close()
+                if failed is not None:
+                    errors.append(failed)
             rows = self._close_sink(sink, errors)
             self._remove_spool(parquet, errors)
             self._restore_signals(old_handlers)
@@ -480,6 +491,10 @@ class Session:
         # The benchmark's exit wakes the loop at once (a pidfd), so sleeping long
         # between polls delays nothing.
         exited = _pidfd(proc.pid) if proc is not None else None
+        # The running manifest is written (and synced) by a thread: behind a storm's
+        # writeback an fsync waited seconds, and the rings overflowed meanwhile. It is
+        # joined once the hooks are detached (run), before the final manifest.
+        manifests = self._manifests = _Background("kernmlops-manifest")
         try:
             while True:
                 tick = time.monotonic()
@@ -501,7 +516,7 @@ class Session:
                         sink.flush(durable=True, wait=False)
                     else:
                         sink.flush(durable=True)
-                    self._checkpoint(hooks)
+                    self._checkpoint(hooks, writer=manifests)
                     if self._parquet is not None:
                         finished = self._parquet.checkpoint()[1]
                         for hook in hooks:
@@ -650,9 +665,9 @@ class Session:
             environment=dict(self.environment.record) or None,
         )
 
-    def _checkpoint(self, hooks: list[Hook]) -> None:
+    def _checkpoint(self, hooks: list[Hook], writer: _Background | None = None) -> None:
         """Rewrite the running manifest: what attached, events and drops so far, and the
-        rows in finished parts."""
+        rows in finished parts (by ``writer``'s thread if given)."""
         if self.manifest is None or self._parquet is None:
             return
         m, parquet = self.manifest, self._parquet
@@ -671,9 +686,13 @@ class Session:
         if parquet.last_durable_flush is not None:
             m.last_flush_at = datetime.fromtimestamp(parquet.last_durable_flush, UTC).isoformat()
         m.updated_at = datetime.now(UTC).isoformat()
-        self._save_manifest()
+        if writer is None:
+            self._save_manifest()
+        else:
+            body = manifest_text(m)  # as it is now: the loop goes on changing it
+            writer.submit(lambda: self._save_manifest(text=body))
 
-    def _save_manifest(self, *, final: bool = False) -> None:
+    def _save_manifest(self, *, final: bool = False, text: str | None = None) -> None:
         """Write the manifest. The final write first gives back the room reserved at the
         start: by then the benchmark is stopped, so nothing else can take it. A full disk
         before that ends the collection (the reserve keeps the final manifest's room)."""
@@ -681,7 +700,7 @@ class Session:
         if final:
             release_reserve(self.path)
         try:
-            write_manifest(self.path, self.manifest)
+            write_manifest(self.path, text if text is not None else self.manifest)
         except OSError as err:
             if is_disk_full(err):
                 self._disk_full = True
@@ -771,3 +790,47 @@ def _pidfd(pid: int) -> int | None:
         return os.pidfd_open(pid)
     except (AttributeError, OSError):
         return None  # then the loop notices the exit at its next poll
+
+
+class _Background:
+    """One thread for writes the poll loop must not wait for. Only the latest job
+    counts (a newer manifest makes an unwritten older one moot); a job's error is
+    raised by the next :meth:`submit`, or returned by :meth:`close`."""
+
+    def __init__(self, name: str) -> None:
+        self._cond = threading.Condition()
+        self._job: Callable[[], object] | None = None
+        self._error: BaseException | None = None
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._job is None and not self._closing:
+                    self._cond.wait()
+                job, self._job = self._job, None
+                if job is None:
+                    return
+            try:
+                job()
+            except BaseException as err:  # handed to the loop
+                with self._cond:
+                    self._error = self._error or err
+
+    def submit(self, job: Callable[[], object]) -> None:
+        with self._cond:
+            if self._error is not None:
+                err, self._error = self._error, None
+                raise err
+            self._job = job
+            self._cond.notify()
+
+    def close(self) -> BaseException | None:
+        """Finish the pending job; the first error of any job, if one failed."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        self._thread.join()
+        return self._error

@@ -119,6 +119,8 @@ class RingSpool:
         self._sync_asked = False
         self._syncs = 0  # fsyncs done by the writer
         self._old_fds: list[int] = []  # retired segments' fds, closed by the writer
+        self._unlink: list[_Segment] = []  # segments the writer deletes
+        self._deleting = 0  # of them, not deleted yet
         self._closing = False
         self._open_segment()
         self._writer = threading.Thread(target=self._write_loop, name=f"spool-{self.key}")
@@ -171,16 +173,28 @@ class RingSpool:
         unsynced = 0
         while True:
             with self._cond:
-                while not self._queue and not self._closing and not self._sync_asked:
+                while (
+                    not self._queue and not self._closing and not self._sync_asked
+                    and not self._unlink
+                ):  # fmt: skip
                     self._cond.wait()
                 chunks, self._queue = self._queue, []
                 sync, self._sync_asked = self._sync_asked, False
                 live = [seg.fd for seg in self._live if not seg.in_memory]
                 old, self._old_fds = self._old_fds, []
+                unlink, self._unlink = self._unlink, []
                 if not chunks and not sync and self._closing:
                     for f in old:
                         os.close(f)
+                    for seg in unlink:
+                        _remove(seg)
                     return
+            for seg in unlink:
+                _remove(seg)
+            if unlink:
+                with self._cond:
+                    self._deleting -= len(unlink)
+                    self._cond.notify_all()
             try:
                 for seg, chunk in chunks:
                     _write_all(seg.fd, chunk)
@@ -227,9 +241,10 @@ class RingSpool:
         self._put([rows.tobytes()])
 
     def drained(self) -> None:
-        """Wait until the writer has everything handed over in the file."""
+        """Wait until the writer has everything handed over in the file (and the
+        segments it was to delete deleted)."""
         with self._cond:
-            while self._queued and self._error is None:
+            while (self._queued or self._deleting) and self._error is None:
                 self._cond.wait()
             self._raise()
 
@@ -289,9 +304,17 @@ class RingSpool:
         self._retired = keep
 
     def _delete(self, seg: _Segment) -> None:
-        _remove(seg)
+        """Have the writer delete a segment: with the discard mount option an unlink
+        of a large file waits for the disk, and the poll loop must not."""
         if seg.in_memory and self.memory is not None:
             self.memory.release(seg.written)
+        with self._cond:
+            if self._writer.is_alive() and not self._closing:
+                self._unlink.append(seg)
+                self._deleting += 1
+                self._cond.notify_all()
+                return
+        _remove(seg)
 
     def wait_synced(self) -> None:
         """Wait until what was handed over is in the file and synced."""
