@@ -75,6 +75,8 @@ RUN_KEYS = ("suite", "benchmark", "kind", "runid", "order")
 
 
 METHODS = ("kernmlops", "original")
+#: how the run-level interval is made (see run_interval)
+INTERVALS = ("bca", "t", "signflip")
 JAVA_SUITES = ("renaissance", "dacapo", "scalabench")
 JAVA_PARSERS = ("renaissance", "dacapo")
 
@@ -92,8 +94,11 @@ class Options:
     slowdown_step: float = 0.0025
     mds: bool = True
     method: str = "kernmlops"
+    interval: str = "bca"
 
     def __post_init__(self) -> None:
+        if self.interval not in INTERVALS:
+            raise ValueError(f"interval {self.interval!r}: one of {', '.join(INTERVALS)}")
         if self.method not in METHODS:
             raise ValueError(f"method {self.method!r}: one of {', '.join(METHODS)}")
         if str(self.warmup).strip() != "auto":
@@ -276,6 +281,83 @@ def bootstrap_ci(
             k = expansion(sum(len(s) for s in samples), opts.confidence, len(samples))
         lo, hi = estimate - (estimate - lo) * k, estimate + (hi - estimate) * k
     return Interval(lo, hi)
+
+
+def t_interval(samples: tuple[np.ndarray, ...], confidence: float) -> Interval | None:
+    """Symmetric interval of the mean of the strata's means: Welch's standard
+    error, Satterthwaite's degrees of freedom. Per-run log ratios of a duet are
+    symmetric under "no difference" (A and B are exchangeable), so a sample's
+    skew is noise: BCa's skew correction, estimated from 10 runs, moves the
+    interval away from 1 whenever one disturbed run moves the mean."""
+    samples = tuple(np.asarray(s, float) for s in samples)
+    if any(len(s) < 2 for s in samples):
+        return None
+    k = len(samples)
+    est = float(np.mean([s.mean() for s in samples]))
+    v = [s.var(ddof=1) / len(s) / k**2 for s in samples]
+    var = sum(v)
+    if var == 0:
+        return Interval(est, est)
+    df = var**2 / sum(vi**2 / (len(s) - 1) for vi, s in zip(v, samples, strict=True))
+    half = float(stats.t.ppf(0.5 + confidence / 2, df)) * math.sqrt(var)
+    return Interval(est - half, est + half)
+
+
+def _signflip_stats(samples: tuple[np.ndarray, ...], signs: list[np.ndarray], shift: float
+                    ) -> tuple[float, np.ndarray]:  # fmt: skip
+    centred = [s - shift for s in samples]
+    est = float(np.mean([c.mean() for c in centred]))
+    sims = np.mean([(sg * c).mean(axis=1) for sg, c in zip(signs, centred, strict=True)], axis=0)
+    return est, sims
+
+
+def signflip_interval(
+    samples: tuple[np.ndarray, ...], opts: Options, rng: np.random.Generator
+) -> Interval | None:
+    """Randomization interval of the mean of the strata's means: every shift d
+    whose sign-flip test (each run's value minus d, signs flipped at random,
+    the same flips for every d) does not reject. Exact when each run's value
+    is symmetric about the true shift, which A and B being exchangeable gives."""
+    samples = tuple(np.asarray(s, float) for s in samples)
+    if any(len(s) < 2 for s in samples):
+        return None
+    b = max(opts.resamples, 1000)
+    signs = [rng.choice(np.array([-1.0, 1.0]), (b, len(s))) for s in samples]
+    est = float(np.mean([s.mean() for s in samples]))
+    alpha = 1 - opts.confidence
+
+    def rejects(shift: float) -> bool:
+        e, sims = _signflip_stats(samples, signs, shift)
+        p = (1 + np.sum(np.abs(sims) >= abs(e) * (1 - 1e-12))) / (b + 1)
+        return bool(p < alpha)
+
+    spread = max(float(np.ptp(np.concatenate(samples))), 1e-12)
+
+    def edge(direction: float) -> float:
+        inside, outside = est, est + direction * spread
+        for _ in range(64):
+            if rejects(outside):
+                break
+            outside += direction * spread
+        else:  # too few runs for any shift to be rejected
+            return math.nan
+        for _ in range(40):
+            mid = (inside + outside) / 2
+            inside, outside = (inside, mid) if rejects(mid) else (mid, outside)
+        return inside
+
+    lo, hi = edge(-1.0), edge(1.0)
+    return Interval(lo, hi) if math.isfinite(lo) and math.isfinite(hi) else None
+
+
+def run_interval(
+    samples: tuple[np.ndarray, ...], opts: Options, rng: np.random.Generator
+) -> Interval | None:
+    if opts.interval == "t":
+        return t_interval(samples, opts.confidence)
+    if opts.interval == "signflip":
+        return signflip_interval(samples, opts, rng)
+    return bootstrap_ci(samples, opts, rng)
 
 
 #: fewest runs of each order for a stratified bootstrap (BCa on fewer is crude)
@@ -468,7 +550,7 @@ def _duet_ci(
         orders = [runs[i].key[4] for i in used]
         d_strata, g_strata = _strata(d, orders), _strata(g, orders)
         dci = None  # the difference's CI follows from the ratio's (see compare)
-        gci = bootstrap_ci(g_strata, opts, rng)
+        gci = run_interval(g_strata, opts, rng)
         mean_d, mean_g = float(_mean_of_means(*d_strata)), float(_mean_of_means(*g_strata))
     elif used:
         unit = "pair"
