@@ -86,3 +86,29 @@ d: {A: {run: "true"}, B: {run: "false"}}
     res = CliRunner().invoke(duet_group, ["run", str(cfg), "-o", str(tmp_path / "o")])
     assert res.exit_code == 1
     assert "B: failed (exit status 1)" in res.output and "1 trial(s) did not succeed" in res.output
+
+
+def test_analyze_interval_option_is_used_and_recorded(tmp_path: Path):
+    import numpy as np
+
+    from kernmlops.duet.analysis import INTERVALS, Options, analyze
+    from kernmlops.duet.cli import analyze_cmd
+    from tests.duet.test_original import _duet_table
+
+    choices = next(p for p in analyze_cmd.params if p.name == "interval").type.choices
+    assert tuple(sorted(choices)) == tuple(sorted(INTERVALS))
+    table = _duet_table(np.random.default_rng(3), runs=10, slow=1.01)
+    table.write_parquet(tmp_path / "duet-results.parquet")
+    for args, interval in (([], "signflip"), (["--interval", "bca"], "bca")):
+        res = CliRunner().invoke(duet_group, ["analyze", str(tmp_path), "--no-mds", *args])
+        assert res.exit_code == 0, res.output
+        summary = json.loads((tmp_path / "report" / "analysis.json").read_text())
+        duet = summary["benchmarks"][0]["comparisons"]["duet"]
+        assert summary["options"]["interval"] == interval and duet["interval"] == interval
+        direct = analyze(table, Options(mds=False, interval=interval)).benchmarks[0]
+        assert duet["ratio_ci"] == direct.comparisons["duet"].ratio_ci.as_list()
+        assert direct.comparisons["duet"].verdict in res.output
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "| interval | BCa bootstrap |" in md and "over runs (unit: runs when ≥ 5" in md
+    res = CliRunner().invoke(duet_group, ["analyze", str(tmp_path), "--interval", "exact"])
+    assert res.exit_code == 2 and "'exact' is not one of" in res.output

@@ -29,20 +29,34 @@ The method, step by step (every choice is an option of ``Options``):
    every moment of the run counts once however the iterations are cut.
    Sequential runs have no pairs: run i of A meets run i of B, and the per-run
    values are ``mean(B) - mean(A)`` and ``mean(log B) - mean(log A)``.
-4. **Confidence intervals**: bootstrap BCa (scipy.stats.bootstrap) of the mean
-   over runs, the run being the unit that repeats (a process's layout, its
-   CPUs and the machine's state differ between runs, not within one). With
-   fewer than ``min_runs`` runs the unit falls back to pairs (sequential:
-   iterations, two-sample), and the report says so: such an interval does not
-   cover run-to-run variation. Duet runs alternate the orders AB and BA (which
-   side starts first and gets the first CPU list), so with at least 5 runs of
-   each order, each order's runs are a stratum: the estimate is the mean of the
-   two orders' means, each resampled on its own (a CPU or start-order bias then
-   cancels instead of widening the CI). Bootstrap intervals are too narrow
-   for small samples, so each is widened around the estimate by Hesterberg's
-   factor
-   ``t(n-k) / z * sqrt(m / (m - 1))`` (n values in k strata of m; ``expand``;
-   1.31 for 10 runs in 2 orders, 1.22 for 10 runs in one, 1.06 for 30).
+4. **Confidence intervals** of the mean over runs, the run being the unit
+   that repeats (a process's layout, its CPUs and the machine's state differ
+   between runs, not within one). Duet runs alternate the orders AB and BA
+   (which side starts first and gets the first CPU list), so with at least 5
+   runs of each order, each order's runs are a stratum: the estimate is the
+   mean of the two orders' means (a CPU or start-order bias then cancels
+   instead of widening the CI). ``interval`` picks how the run-level interval
+   is made:
+
+   - ``signflip`` (the default): a randomization interval, every shift d that
+     a sign-flip test does not reject (see signflip_interval). It is exact
+     when A and B are exchangeable (a run's value then is as likely as its
+     mirror image about the true shift; with two orders, an AB run's as a BA
+     run's), however heavy the tails, and so it is not widened. At 95 % it
+     needs 6 runs of one order, or 5 of each; fewer get ``t``, with a note.
+   - ``bca``: bootstrap BCa (scipy.stats.bootstrap), each order resampled on
+     its own, widened for small samples by Hesterberg's factor
+     ``t(n-k) / z * sqrt(m / (m - 1))`` (n values in k strata of m;
+     ``expand``; 1.31 for 10 runs in 2 orders, 1.22 for 10 runs in one, 1.06
+     for 30). Its skew correction, estimated from 10 runs, moves the interval
+     away from 1 when one disturbed run moves the mean: simulated A/A duets
+     with heavy-tailed runs fail it 7-12 % of the time instead of 5 %.
+   - ``t``: Welch's t over the orders' means (symmetric, not widened;
+     conservative when a few runs are disturbed).
+
+   With fewer than ``min_runs`` runs the unit falls back to pairs
+   (sequential: iterations, two-sample), a BCa interval widened as above, and
+   the report says so: such an interval does not cover run-to-run variation.
 5. **Verdict**: B is slower (faster) when the CI of the geometric-mean ratio
    lies above (below) 1. The difference B - A is reported as that ratio and
    its CI times A's mean iteration time, so its interval says what the verdict
@@ -61,6 +75,7 @@ The method, step by step (every choice is an option of ``Options``):
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import warnings
@@ -75,6 +90,8 @@ RUN_KEYS = ("suite", "benchmark", "kind", "runid", "order")
 
 
 METHODS = ("kernmlops", "original")
+#: how the run-level interval is made (see run_interval)
+INTERVALS = ("bca", "t", "signflip")
 JAVA_SUITES = ("renaissance", "dacapo", "scalabench")
 JAVA_PARSERS = ("renaissance", "dacapo")
 
@@ -92,8 +109,11 @@ class Options:
     slowdown_step: float = 0.0025
     mds: bool = True
     method: str = "kernmlops"
+    interval: str = "signflip"
 
     def __post_init__(self) -> None:
+        if self.interval not in INTERVALS:
+            raise ValueError(f"interval {self.interval!r}: one of {', '.join(INTERVALS)}")
         if self.method not in METHODS:
             raise ValueError(f"method {self.method!r}: one of {', '.join(METHODS)}")
         if str(self.warmup).strip() != "auto":
@@ -278,7 +298,125 @@ def bootstrap_ci(
     return Interval(lo, hi)
 
 
-#: fewest runs of each order for a stratified bootstrap (BCa on fewer is crude)
+def t_interval(samples: tuple[np.ndarray, ...], confidence: float) -> Interval | None:
+    """Symmetric interval of the mean of the strata's means: Welch's standard
+    error, Satterthwaite's degrees of freedom. Per-run log ratios of a duet are
+    symmetric under "no difference" (A and B are exchangeable), so a sample's
+    skew is noise: BCa's skew correction, estimated from 10 runs, moves the
+    interval away from 1 whenever one disturbed run moves the mean."""
+    samples = tuple(np.asarray(s, float) for s in samples)
+    if any(len(s) < 2 for s in samples):
+        return None
+    k = len(samples)
+    est = float(np.mean([s.mean() for s in samples]))
+    v = [s.var(ddof=1) / len(s) / k**2 for s in samples]
+    var = sum(v)
+    if var == 0:
+        return Interval(est, est)
+    df = var**2 / sum(vi**2 / (len(s) - 1) for vi, s in zip(v, samples, strict=True))
+    half = float(stats.t.ppf(0.5 + confidence / 2, df)) * math.sqrt(var)
+    return Interval(est - half, est + half)
+
+
+def _signflip_coefficients(
+    sizes: tuple[int, ...], resamples: int, rng: np.random.Generator
+) -> tuple[np.ndarray, bool]:
+    """The randomization group as rows of coefficients: row @ values is the
+    statistic (mean of the strata's means) of one sign pattern, the observed one
+    being the weights themselves. All of the group when it has at most
+    ``resamples`` members (exact), else ``resamples`` random members.
+
+    One stratum (or more than two): each value's sign flipped on its own. The
+    two orders AB and BA: swapping the start order mirrors a run's ratio about
+    the true one, so an AB value flipped is a BA value: the group relabels which
+    of the AB values and mirrored BA values are AB (a two-sample permutation),
+    and an order's bias cancels in every member instead of widening the CI."""
+    n, k = sum(sizes), len(sizes)
+    weights = np.concatenate([np.full(m, 1 / (k * m)) for m in sizes])
+    if k == 2:
+        n1, n2 = sizes
+        mirror = np.concatenate([np.ones(n1), -np.ones(n2)])
+        exact = math.comb(n, n1) <= resamples
+        if exact:
+            first = np.zeros((math.comb(n, n1), n), bool)
+            for row, idx in enumerate(itertools.combinations(range(n), n1)):
+                first[row, list(idx)] = True
+        else:
+            # the places of 0 .. n1-1 in a random permutation: a uniform n1-subset
+            first = rng.permuted(np.broadcast_to(np.arange(n), (resamples, n)), axis=1) < n1
+        coef = np.where(first, 1 / (2 * n1), -1 / (2 * n2)) * mirror
+        return coef, exact
+    exact = 2**n <= resamples
+    if exact:
+        signs = ((np.arange(2**n)[:, None] >> np.arange(n)) & 1) * 2.0 - 1.0
+    else:
+        signs = rng.integers(0, 2, (resamples, n)) * 2.0 - 1.0
+    return signs * weights, exact
+
+
+def signflip_interval(
+    samples: tuple[np.ndarray, ...], opts: Options, rng: np.random.Generator
+) -> Interval | None:
+    """Randomization interval of the mean of the strata's means: every shift d
+    that a sign-flip test of the values minus d does not reject at 1 -
+    confidence. p is the share of the group (_signflip_coefficients) whose
+    statistic is at least as far from 0 as the observed one; with random
+    members (1 + count) / (resamples + 1). The same members test every d, so
+    the kept shifts are one interval around the estimate, its ends computed in
+    closed form. Exact, so not widened, when the runs' values are symmetric
+    about the true shift (with two orders: when an AB run's value and a BA
+    run's mirrored one are exchangeable), which A and B being exchangeable
+    gives. None when the group is too small to reject any shift (at 95 % it
+    needs 6 runs of one order, or 5 of each)."""
+    samples = tuple(np.asarray(s, float) for s in samples)
+    if any(len(s) < 2 for s in samples):
+        return None
+    coef, exact = _signflip_coefficients(tuple(len(s) for s in samples), opts.resamples, rng)
+    x = np.concatenate(samples)
+    k = len(samples)
+    est = float(sum(s.mean() for s in samples) / k)
+    # A member's statistic at shift d is a + u*b and the observed one is u (u = est - d):
+    # |a + u*b| >= |u| holds on an interval of u around 0 (|b| <= 1), ends below
+    a, b = coef @ (x - est), coef.sum(axis=1)
+    whole = np.abs(b) > 1 - 1e-9  # the observed pattern (and its mirror) count at every d
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r1 = np.where(whole, np.inf, a / (1 - b))
+        r2 = np.where(whole, -np.inf, -a / (1 + b))
+    hi = np.where(whole, np.inf, np.maximum(r1, r2))
+    lo = np.where(whole, -np.inf, np.minimum(r1, r2))
+    alpha = 1 - opts.confidence
+    members = len(coef)
+    # d is kept while at least `need` members count (p >= alpha); 1e-9: float noise
+    if exact:  # p = count / members
+        need = math.ceil(alpha * members - 1e-9)
+    else:  # p = (1 + count) / (members + 1)
+        need = math.ceil(alpha * (members + 1) - 1 - 1e-9)
+    if need < 1:
+        return None
+    u_hi = float(np.partition(hi, members - need)[members - need])  # need-th largest
+    u_lo = float(np.partition(lo, need - 1)[need - 1])  # need-th smallest
+    if not (math.isfinite(u_hi) and math.isfinite(u_lo)):
+        return None
+    return Interval(est - u_hi, est - u_lo)
+
+
+def run_interval(
+    samples: tuple[np.ndarray, ...], opts: Options, rng: np.random.Generator
+) -> tuple[Interval | None, str]:
+    """The interval over runs that ``opts.interval`` names, and which one was
+    made: too few runs for a sign-flip interval get Welch's t (the symmetric
+    one that needs no group). Only BCa is widened: the others are small-sample
+    intervals already."""
+    if opts.interval == "signflip":
+        ci = signflip_interval(samples, opts, rng)
+        if ci is not None:
+            return ci, "signflip"
+    if opts.interval in ("signflip", "t"):
+        return t_interval(samples, opts.confidence), "t"
+    return bootstrap_ci(samples, opts, rng), "bca"
+
+
+#: fewest runs of each order for strata (a bootstrap of fewer is crude)
 STRATUM_MIN = 5
 
 
@@ -343,6 +481,8 @@ class Comparison:
     mwu_p: float | None
     verdict: str
     detected: str  # slower | faster | none | unknown
+    #: the interval made (see run_interval): signflip | t | bca; bca below min_runs
+    interval: str = "bca"
     mds: float | None = None  # fraction; None: not within max_slowdown
     mds_note: str = ""
     notes: list[str] = field(default_factory=list)
@@ -355,6 +495,7 @@ class Comparison:
             "kind": self.kind,
             "aa": self.aa,
             "unit": self.unit,
+            "interval": self.interval,
             "n_runs": self.n_runs,
             "n_pairs": self.n_pairs,
             "n_a": self.n_a,
@@ -457,7 +598,7 @@ def weighted_ci(
 
 def _duet_ci(
     runs: list[Run], opts: Options, rng: np.random.Generator
-) -> tuple[str, int, int, float | None, Interval | None, float | None, Interval | None]:
+) -> tuple[str, int, int, float | None, Interval | None, float | None, Interval | None, str]:
     diffs, logs, weights = _duet_values(runs, opts)
     used = [i for i, d in enumerate(diffs) if len(d)]
     n_pairs = int(sum(len(d) for d in diffs))
@@ -468,7 +609,7 @@ def _duet_ci(
         orders = [runs[i].key[4] for i in used]
         d_strata, g_strata = _strata(d, orders), _strata(g, orders)
         dci = None  # the difference's CI follows from the ratio's (see compare)
-        gci = bootstrap_ci(g_strata, opts, rng)
+        gci, made = run_interval(g_strata, opts, rng)
         mean_d, mean_g = float(_mean_of_means(*d_strata)), float(_mean_of_means(*g_strata))
     elif used:
         unit = "pair"
@@ -476,36 +617,36 @@ def _duet_ci(
         g = np.concatenate([logs[i] for i in used])
         w = np.concatenate([weights[i] for i in used])
         dci = None
-        gci = weighted_ci(g, w, opts, rng)
+        gci, made = weighted_ci(g, w, opts, rng), "bca"
         mean_d, mean_g = float(_weighted_mean(d, w)), float(_weighted_mean(g, w))
     else:
-        return "pair", 0, n_pairs, None, None, None, None
+        return "pair", 0, n_pairs, None, None, None, None, "bca"
     rci = Interval(math.exp(gci.low), math.exp(gci.high)) if gci else None
-    return unit, len(used), n_pairs, mean_d, dci, math.exp(mean_g), rci
+    return unit, len(used), n_pairs, mean_d, dci, math.exp(mean_g), rci, made
 
 
 def _seq_ci(
     runs: list[Run], opts: Options, rng: np.random.Generator
-) -> tuple[str, int, float | None, Interval | None, float | None, Interval | None]:
+) -> tuple[str, int, float | None, Interval | None, float | None, Interval | None, str]:
     both = [r for r in runs if len(r.a_time) and len(r.b_time)]
     if len(both) >= opts.min_runs:
         unit = "run"
         d = np.array([r.b_time.mean() - r.a_time.mean() for r in both])
         g = np.array([np.log(r.b_time).mean() - np.log(r.a_time).mean() for r in both])
         dci = None
-        gci = bootstrap_ci((g,), opts, rng)
+        gci, made = run_interval((g,), opts, rng)
         mean_d, mean_g = float(d.mean()), float(g.mean())
     else:
         unit = "iteration"
         a = np.concatenate([r.a_time for r in runs]).astype(float) if runs else np.zeros(0)
         b = np.concatenate([r.b_time for r in runs]).astype(float) if runs else np.zeros(0)
         if not len(a) or not len(b):
-            return unit, len(both), None, None, None, None
+            return unit, len(both), None, None, None, None, "bca"
         dci = None
-        gci = bootstrap_ci((np.log(a), np.log(b)), opts, rng, difference=True)
+        gci, made = bootstrap_ci((np.log(a), np.log(b)), opts, rng, difference=True), "bca"
         mean_d, mean_g = float(b.mean() - a.mean()), float(np.log(b).mean() - np.log(a).mean())
     rci = Interval(math.exp(gci.low), math.exp(gci.high)) if gci else None
-    return unit, len(both), mean_d, dci, math.exp(mean_g), rci
+    return unit, len(both), mean_d, dci, math.exp(mean_g), rci, made
 
 
 def compare(runs: list[Run], kind: str, aa: bool, opts: Options) -> Comparison:
@@ -516,10 +657,10 @@ def compare(runs: list[Run], kind: str, aa: bool, opts: Options) -> Comparison:
     notes: list[str] = []
     pairs_frame = None
     if kind == "sequential":
-        unit, n_runs, mean_d, dci, ratio, rci = _seq_ci(runs, opts, rng)
+        unit, n_runs, mean_d, dci, ratio, rci, made = _seq_ci(runs, opts, rng)
         n_pairs = 0
     else:
-        unit, n_runs, n_pairs, mean_d, dci, ratio, rci = _duet_ci(runs, opts, rng)
+        unit, n_runs, n_pairs, mean_d, dci, ratio, rci, made = _duet_ci(runs, opts, rng)
         pairs_frame = _pairs_frame(runs, opts)
         if n_pairs == 0:
             notes.append(
@@ -530,6 +671,11 @@ def compare(runs: list[Run], kind: str, aa: bool, opts: Options) -> Comparison:
         notes.append(
             f"only {n_runs} run(s) with data (< {opts.min_runs}): the CI is over "
             f"{unit}s and does not cover run-to-run variation"
+        )
+    if unit == "run" and made != opts.interval:
+        notes.append(
+            f"{n_runs} runs are too few for a {opts.confidence:.0%} sign-flip interval (at 95% "
+            "it needs 6 runs, or 5 of each order): the CI is Welch's t"
         )
     mwu_p = None
     if len(a_all) and len(b_all):
@@ -557,6 +703,7 @@ def compare(runs: list[Run], kind: str, aa: bool, opts: Options) -> Comparison:
         mwu_p=mwu_p,
         verdict=_verdict(detected, ratio, rci, aa),
         detected=detected,
+        interval=made,
         notes=notes,
         runs=_runs_frame(runs, opts, kind),
         pairs=pairs_frame,

@@ -171,6 +171,25 @@ def _orig_diff(c: Comparison) -> str:
     return text
 
 
+#: how the report names the intervals of kernmlops.duet.analysis.INTERVALS
+INTERVAL_NAMES = {
+    "signflip": "sign-flip randomization (exact, not widened)",
+    "t": "Welch's t",
+    "bca": "BCa bootstrap",
+}
+
+
+def _interval_text(interval: str, bca: str, resamples: int) -> str:
+    if interval == "signflip":
+        return (
+            "the shifts a sign-flip test keeps (exact, not widened; every sign pattern, "
+            f"or {resamples} random ones)"
+        )
+    if interval == "t":
+        return "Welch's t"
+    return bca
+
+
 def _cmp_rows(c: Comparison) -> list[tuple[str, str]]:
     ci = c.ratio_ci
     dci = c.diff_ci
@@ -193,6 +212,7 @@ def _cmp_rows(c: Comparison) -> list[tuple[str, str]]:
     return [
         ("verdict", c.verdict),
         ("unit of the CI", f"{c.unit} (runs: {c.n_runs}, pairs: {c.n_pairs})"),
+        ("interval", INTERVAL_NAMES.get(c.interval, c.interval)),
         ("iterations A / B", f"{c.n_a} / {c.n_b}"),
         ("mean A / B (ms)", f"{_ms(c.mean_a_ns)} / {_ms(c.mean_b_ns)}"),
         (
@@ -245,13 +265,15 @@ def write_report(
         if str(opts.warmup).strip() == "auto"
         else f"{opts.warmup} of each side's iterations"
     )
+    bca = f"BCa bootstrap ({opts.resamples} resamples" + (
+        ", widened for small samples)" if opts.expand else ")"
+    )
     md += [
         f"Warm-up dropped: {warm} per run · pairs overlap by "
         f"≥ {opts.min_overlap:.0%} of the longer iteration (weighted by overlap) · "
-        f"{opts.confidence:.0%} BCa "
-        f"bootstrap CIs ({opts.resamples} resamples"
-        + (", widened for small samples" if opts.expand else "")
-        + f") · unit: runs when ≥ {opts.min_runs}.",
+        f"{opts.confidence:.0%} CIs over runs (unit: runs when ≥ {opts.min_runs}, "
+        f"stratified by order): {_interval_text(opts.interval, bca, opts.resamples)}; "
+        f"over pairs or iterations below that: {bca}.",
         "",
         "Beside it, the original asynchronous-duet analysis of the same iterations: its "
         "warm-up (first half of Java-suite runs), its two-pointer pairs (overlap > "

@@ -15,7 +15,9 @@ of all scenarios shuffled together (``schedule``). The throughput of a run is
 stress-ng's own bogo-ops/s (real time; the geometric mean over the run's
 stressors when there are several). Each block is one sequential run of the
 duet statistics (``kernmlops.duet.analysis.compare``): the geometric-mean
-ratio model/stock over blocks with its bootstrap BCa interval.
+ratio model/stock over blocks with its interval over runs (the default's:
+sign-flip randomization; the blocks' random order makes stock and model
+exchangeable).
 
 Everything here is pure (no kernel, no lab); ``bench/lb_effect.py`` runs it.
 """
