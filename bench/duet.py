@@ -9,7 +9,7 @@ one suite with randomized, interleaved trials:
   A), ``--run-s`` seconds each side: the same wall-clock time as the duets.
 
 Per experiment and kind, ``kernmlops.duet.analysis`` gives the verdict (95 %
-BCa CI of the geometric-mean ratio, over runs) and the minimum detectable
+interval of the geometric-mean ratio over runs: sign-flip by default) and the minimum detectable
 slowdown (0-15 % injected into B). Over ``--experiments`` A/A experiments:
 
 * false-positive rate: share of A/A experiments whose CI excludes 1;
