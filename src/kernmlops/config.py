@@ -112,7 +112,7 @@ class CollectorConfig(_Strict):
         0.5,
         ge=0,
         description="with spool: rows are made during the run only while this much CPU "
-        "(in CPUs, idle or the collector's own) was unused over the last 0.1 s",
+        "(in CPUs) was idle over the last 0.1 s",
     )
     min_free_mb: float = Field(
         64, ge=0, description="refuse to start with less free space than this in output_dir"

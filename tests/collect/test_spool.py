@@ -107,6 +107,18 @@ def test_spare_cpu_asks_for_what_was_unused() -> None:
     assert not busy.ask()  # more CPU than the machine has is never spare
 
 
+def test_our_own_cpu_is_not_spare() -> None:
+    # All but half a CPU idle is asked for while this process keeps one CPU busy:
+    # never spare (counting our own use as spare made a busy collector keep going).
+    import time
+
+    almost_all = SpareCpu(window_s=0.3, need=(os.cpu_count() or 1) - 0.5)
+    end = time.monotonic() + 0.4
+    while time.monotonic() < end:
+        pass
+    assert not almost_all.ask()
+
+
 def test_only_hooks_whose_rows_come_from_their_records_alone_are_spooled() -> None:
     from kernmlops.hooks import REGISTRY
     from kernmlops.hooks.bpf import BpfHook

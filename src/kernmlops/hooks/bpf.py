@@ -344,7 +344,7 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         more = None
         if not self._detached and self._spare is not None:
             # Rows for at most ROWS_BUDGET_S a poll: the rings are copied again soon
-            # (our own CPU counts as spare, so a backlog alone would never stop us).
+            # (a window of idle CPU may end within the poll).
             until, pacer = now + ROWS_BUDGET_S, self._spare
 
             def more() -> bool:
