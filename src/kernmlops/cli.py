@@ -348,9 +348,15 @@ def recover(collection: Path, bpf_dir: Path | None) -> None:
     and deletes the spool. Nothing is repeated, and a collection without a
     spool is left as it is.
     """
-    from kernmlops.collect.spool import collector_alive, pending_spools, recover
+    from kernmlops.collect.spool import collector_alive, memory_lost, pending_spools, recover
 
     try:
+        lost = memory_lost(collection)
+        if lost is not None:
+            _say(
+                f"warning: the spool's first part was in memory ({lost}) and is gone "
+                "(a reboot?): its rows are lost; recovering what is on disk"
+            )
         if not pending_spools(collection):
             _say(f"nothing to recover in {collection}: no spool")
             return

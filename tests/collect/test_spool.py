@@ -223,3 +223,14 @@ def test_memory_of_a_deleted_collection_is_freed(
         os.utime(folder, (0, 0))
     assert spool_mod.sweep_memory() == [b.folder]
     assert a.folder.exists() and not b.folder.exists()
+
+
+def test_memory_gone_after_a_reboot_is_named(tmp_path: Path) -> None:
+    from kernmlops.collect.spool import MEMORY_LINK, memory_lost
+
+    spool_dir = tmp_path / "c" / ".spool"
+    spool_dir.mkdir(parents=True)
+    assert memory_lost(tmp_path / "c") is None
+    (spool_dir / MEMORY_LINK).symlink_to(tmp_path / "shm-gone")
+    assert memory_lost(tmp_path / "c") == tmp_path / "shm-gone"
+    assert pending_spools(tmp_path / "c") == []  # only what is on disk is left

@@ -49,6 +49,7 @@ __all__ = [
     "Pacer",
     "SpareCpu",
     "collector_alive",
+    "memory_lost",
     "pending_spools",
     "recover",
     "spool_memory",
@@ -119,6 +120,13 @@ def spool_folders(spool_dir: Path) -> list[Path]:
     """The spool's folders: itself, and its memory folder while that exists."""
     mem = spool_dir / MEMORY_LINK
     return [spool_dir, mem] if mem.is_dir() else [spool_dir]
+
+
+def memory_lost(collection: Path) -> Path | None:
+    """The tmpfs folder a collection's spool links to, when it is gone (a reboot):
+    the rows of its segments cannot be recovered."""
+    link = collection / SPOOL_DIR / MEMORY_LINK
+    return Path(os.readlink(link)) if link.is_symlink() and not link.exists() else None
 
 
 def remove_spool(spool_dir: Path) -> None:
