@@ -1,0 +1,138 @@
+/* bench/hotpath.py: quanta_runtime's sched_switch program built up in steps, to
+ * find what each part of it costs (kernel.bpf_stats ns per run). Built once per
+ * step with -DSTEP=N; step N does what step N-1 does and one thing more:
+ *
+ *   0  count the switch in a per-CPU slot (bench/floor.bpf.c's floor)
+ *   1  read prev's and next's pid, tgid, CPU time; keep the per-CPU "on CPU" state
+ *   2  next's run-queue wait (sched_info.last_queued, its run queue's clock)
+ *   3  bpf_ktime_get_ns()
+ *   4  fill a record in the per-CPU batch (values in ns, as read)
+ *   5  the record in microseconds (three divisions, as quanta_runtime writes it)
+ *   6  send the batch to the ring every 32 records (quanta_runtime's program)
+ */
+#include "filter.h"
+#include "sched_wait.h"
+
+#ifndef STEP
+#define STEP 6
+#endif
+
+struct hot_event {
+	u64 ts_uptime_us;
+	u64 run_length_us;
+	u64 queued_time_us;
+	u32 cpu;
+	u32 prev_pid;
+	u32 prev_tgid;
+	u32 next_pid;
+	u32 next_tgid;
+	u8 has_run;
+	u8 has_queued;
+};
+
+KMO_BATCHED_RING(hot_rb, hot_event);
+
+struct oncpu {
+	u64 sum_exec_at_in;
+	u32 pid;
+	u32 seen;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__type(value, struct oncpu);
+} oncpu SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__type(value, u64);
+} switches SEC(".maps");
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(hot_switch, bool preempt, struct task_struct *prev, struct task_struct *next)
+{
+	u32 zero = 0;
+#if STEP == 0
+	u64 *n = bpf_map_lookup_elem(&switches, &zero);
+
+	if (n)
+		*n += 1;
+	return 0;
+#else
+	u32 prev_pid = prev->pid, next_pid = next->pid;
+	u32 prev_tgid = prev->tgid, next_tgid = next->tgid;
+	struct oncpu *cur = bpf_map_lookup_elem(&oncpu, &zero);
+	u64 run_ns = 0, queued_ns = 0, now = 0;
+	bool has_run = false, has_queued = false;
+
+	if (!cur)
+		return 0;
+	if (prev_pid && kmo_tgid_wanted(prev_tgid)) {
+		u64 sum = prev->se.sum_exec_runtime;
+		u64 slice_start = prev->se.prev_sum_exec_runtime;
+
+		barrier_var(slice_start);
+		if (cur->pid == prev_pid && cur->seen) {
+			run_ns = sum - cur->sum_exec_at_in;
+			has_run = true;
+		} else if (prev->policy == 0 || prev->policy == 3 || prev->policy == 5) {
+			run_ns = sum - slice_start;
+			has_run = true;
+		}
+	}
+	cur->pid = next_pid;
+	cur->seen = 1;
+	cur->sum_exec_at_in = next->se.sum_exec_runtime;
+#if STEP >= 2
+	if (kmo_has_sched_info(next) && next_pid && kmo_tgid_wanted(next_tgid))
+		has_queued = kmo_queued_ns(true, next, &queued_ns);
+#endif
+	if (!has_run && !has_queued)
+		return 0;
+#if STEP >= 3
+	now = bpf_ktime_get_ns();
+#endif
+#if STEP >= 4
+	{
+		struct hot_event_batch *batch;
+		struct hot_event *e = KMO_BATCH_SLOT(hot_rb, batch);
+
+		if (!e)
+			return 0;
+#if STEP >= 5
+		e->ts_uptime_us = now / 1000;
+		e->run_length_us = (run_ns + 500) / 1000;
+		e->queued_time_us = (queued_ns + 500) / 1000;
+#else
+		e->ts_uptime_us = now;
+		e->run_length_us = run_ns;
+		e->queued_time_us = queued_ns;
+#endif
+		e->cpu = bpf_get_smp_processor_id();
+		e->prev_pid = prev_pid;
+		e->prev_tgid = prev_tgid;
+		e->next_pid = next_pid;
+		e->next_tgid = next_tgid;
+		e->has_run = has_run;
+		e->has_queued = has_queued;
+#if STEP >= 6
+		KMO_BATCH_PUSH(hot_rb, batch, now, 0);
+#else
+		batch->n = (batch->n + 1) & (KMO_BATCH_RECORDS - 1);
+#endif
+	}
+#else
+	{
+		u64 *n = bpf_map_lookup_elem(&switches, &zero);
+
+		if (n)
+			*n += run_ns + queued_ns + now; /* keep the reads */
+	}
+#endif
+	return 0;
+#endif
+}

@@ -1,0 +1,142 @@
+"""What each part of quanta_runtime's sched_switch program costs (kernel.bpf_stats).
+
+``hotpath.bpf.c`` is the program built up in steps (see its header): step 0 is the
+floor (count the switch), step 6 is quanta_runtime's program. Every step is built
+as its own object, all are attached to ``sched_switch`` at once, and a switch
+storm (``stress-ng --switch 2``) runs; the kernel times each program's runs. The
+attach order turns every round, so no step always runs first (warm caches).
+Step 6's ring is emptied every 10 ms by moving its consumer position, unread.
+
+Each step's median ns per run over the rounds, and what it adds to the step
+before, are printed; the JSON has every round. bpf_stats itself adds two clock
+reads to every run, the same for every step: compare differences, not totals.
+
+Run (root, built objects not needed; clang and bpftool as for ``make bpf``):
+
+    sudo .venv/bin/python bench/hotpath.py --rounds 6 --seconds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import mmap
+import os
+import statistics
+import struct
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH.parent / "src"))
+
+from overhead import enable_bpf_stats  # noqa: E402
+from results_io import save  # noqa: E402
+
+SOURCE = BENCH / "hotpath.bpf.c"
+STEPS = {
+    0: "count the switch (the floor)",
+    1: "read pids, tgids, CPU time; per-CPU on-CPU state",
+    2: "next's run-queue wait (last_queued, rq clock)",
+    3: "bpf_ktime_get_ns()",
+    4: "fill a record in the per-CPU batch (ns)",
+    5: "the record in us (three divisions)",
+    6: "send the batch every 32 records (quanta_runtime)",
+}
+RING, RING_BYTES = "hot_rb", 8 << 20
+
+
+def build(step: int, out: Path) -> Path:
+    from kernmlops.ebpf.build import compile_object
+
+    obj = out / f"hotpath-{step}.bpf.o"
+    if not obj.exists() or obj.stat().st_mtime < SOURCE.stat().st_mtime:
+        compile_object(SOURCE, obj, cflags=(f"-DSTEP={step}",))
+    return obj
+
+
+def empty_ring(obj, stop: threading.Event) -> None:
+    """Throw the ring's records away every 10 ms (the consumer jumps to the producer)."""
+    fd, page = obj.map(RING).fd, mmap.PAGESIZE
+    cons = mmap.mmap(fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
+    prod = mmap.mmap(fd, page, mmap.MAP_SHARED, mmap.PROT_READ, offset=page)
+    while not stop.wait(0.01):
+        struct.pack_into("<Q", cons, 0, struct.unpack_from("<Q", prod, 0)[0])
+    cons.close()
+    prod.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--seconds", type=int, default=3, help="storm per round")
+    parser.add_argument("--out", type=Path, default=BENCH / "results" / "hotpath.json")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("needs root (BPF)")
+    from kernmlops.ebpf.objects import open_and_load
+
+    out = BENCH / "build"
+    objs = {}
+    for step in STEPS:
+        objs[step] = open_and_load(
+            build(step, out),
+            globals_={"kmo_self_tgid": os.getpid()},
+            max_entries={RING: RING_BYTES},
+        )
+    stop = threading.Event()
+    drain = threading.Thread(target=empty_ring, args=(objs[6], stop), daemon=True)
+    drain.start()
+    stats_fd = enable_bpf_stats()
+    rounds: list[dict[int, float]] = []
+    try:
+        for r in range(args.rounds):
+            order = list(STEPS)[r % len(STEPS) :] + list(STEPS)[: r % len(STEPS)]
+            for step in order:
+                objs[step].attach_all()
+            before = {step: _runs(objs[step]) for step in STEPS}
+            storm = subprocess.run(
+                ["stress-ng", "--switch", "2", "--timeout", f"{args.seconds}s"],
+                capture_output=True,
+                text=True,
+            )
+            after = {step: _runs(objs[step]) for step in STEPS}
+            for step in STEPS:
+                objs[step].detach()
+            if storm.returncode != 0:
+                sys.exit(f"stress-ng failed: {storm.stderr.strip()[-300:]}")
+            ns = {
+                s: (after[s][0] - before[s][0]) / max(1, after[s][1] - before[s][1]) for s in STEPS
+            }
+            rounds.append(ns)
+            print(f"round {r + 1}/{args.rounds} (first: step {order[0]}): "
+                  + "  ".join(f"{s}:{ns[s]:.0f}" for s in STEPS), flush=True)  # fmt: skip
+    finally:
+        os.close(stats_fd)
+        stop.set()
+        drain.join()
+        for obj in objs.values():
+            obj.close()
+    med = {s: statistics.median(r[s] for r in rounds) for s in STEPS}
+    print("\nstep  ns/run (median)  added  what")
+    for s, what in STEPS.items():
+        added = med[s] - med[s - 1] if s else 0.0
+        print(f"{s:4d}  {med[s]:14.0f}  {added:+5.0f}  {what}")
+    save(args.out, {"args": {k: str(v) for k, v in vars(args).items()}, "steps": STEPS,
+                    "median_ns": med, "rounds": rounds}, indent=1)  # fmt: skip
+    print(f"-> {args.out}")
+    return 0
+
+
+def _runs(obj) -> tuple[int, int]:
+    """(run_time_ns, run_cnt) of the object's one program."""
+    from kernmlops.ebpf.libbpf import prog_info
+
+    [prog] = obj.programs.values()
+    info = prog_info(prog.fd)
+    return info.run_time_ns, info.run_cnt
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
