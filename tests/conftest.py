@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
@@ -63,3 +64,20 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         reason = bpf_unavailable()
         if reason:
             pytest.fail(f"KERNMLOPS_REQUIRE_BPF=1 but {reason}", pytrace=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _free_spool_memory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Collections that tests kill or fail on purpose keep their spool for a recovery;
+    its memory part (a tmpfs folder) would outlive the test run: free it at the end."""
+    yield
+    from kernmlops.collect.spool import MEMORY_PREFIX, OWNER_FILE, SHM
+
+    base = str(tmp_path_factory.getbasetemp())
+    for folder in SHM.glob(f"{MEMORY_PREFIX}*"):
+        try:
+            owner = (folder / OWNER_FILE).read_text()
+        except OSError:
+            continue
+        if owner.startswith(base):
+            shutil.rmtree(folder, ignore_errors=True)

@@ -44,7 +44,13 @@ from kernmlops.collect.manifest import (
 from kernmlops.collect.output import prepare_output, release_reserve
 from kernmlops.collect.participants import Participant, configured
 from kernmlops.collect.sinks import ParquetSink, ThreadedSink, free_bytes, human_bytes, is_disk_full
-from kernmlops.collect.spool import SPOOL_DIR, Pacer, remove_spool, spool_memory
+from kernmlops.collect.spool import (
+    SPOOL_DIR,
+    Pacer,
+    pending_spools,
+    remove_spool,
+    spool_memory,
+)
 from kernmlops.config import Config
 from kernmlops.errors import (
     CollectionError,
@@ -441,8 +447,9 @@ class Session:
         spool = self._spool_dir
         if spool is None or not spool.exists() or parquet is None or parquet.failure:
             return
-        if any(not isinstance(e, KeyboardInterrupt) for e in errors):
-            return
+        failed = any(not isinstance(e, KeyboardInterrupt) for e in errors)
+        if failed and any(seg.stat().st_size for seg in pending_spools(self.path)):
+            return  # records a recovery can still turn into rows
         remove_spool(spool)
 
     def _close_participants(self, errors: list[BaseException]) -> None:
