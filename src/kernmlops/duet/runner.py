@@ -54,7 +54,7 @@ from kernmlops.duet.config import Duet, DuetSuite, Side
 from kernmlops.duet.harness import SYNC_ENV
 from kernmlops.errors import BenchmarkError, KernmlopsError
 from kernmlops.fileio import write_atomic
-from kernmlops.host.cpus import format_cpu_list
+from kernmlops.host.cpus import autogroup_nice, format_cpu_list, set_autogroup_nice
 from kernmlops.host.environment import CpuLimit
 
 INDEX = "duet-run.json"
@@ -337,9 +337,8 @@ class _Running:
                 # Each side is a session of its own, so with autogroups (the
                 # default on desktop kernels) it is a scheduling group of its own,
                 # weighed against other sessions by the group's nice alone.
-                group = Path(f"/proc/{self.proc.pid}/autogroup")
-                if group.exists():
-                    group.write_text(str(duet.nice))
+                if autogroup_nice(self.proc.pid) is not None:
+                    set_autogroup_nice(duet.nice, self.proc.pid)
             except OSError as err:
                 self.proc.stop(grace_s=0)
                 raise BenchmarkError(
