@@ -15,6 +15,7 @@ from pathlib import Path
 import kernmlops
 from kernmlops.lb import deploy
 from kernmlops.lb.cli import lb_group
+from kernmlops.lb.effect import schedstat_balance
 
 OUT = Path(sys.argv[1])
 STRESS = ["stress-ng", "--cpu", "4", "--timeout", "3", "--temp-path", "/tmp", "-q"]
@@ -28,22 +29,17 @@ def cli(*args: str) -> int:
     return 0
 
 
-def lb_gained() -> int:
-    """Tasks load_balance() pulled (detach_tasks), over every domain and idle
-    type: /proc/schedstat v15, 8 fields per idle type, lb_gained 5th."""
-    total = 0
-    for line in Path("/proc/schedstat").read_text().splitlines():
-        f = line.split()
-        if f and f[0].startswith("domain"):
-            total += sum(int(f[2 + 8 * i + 4]) for i in range(3))
-    return total
+def balance() -> dict:
+    """The kernel's own balancing counts so far (/proc/schedstat)."""
+    gained, pushed = schedstat_balance(Path("/proc/schedstat").read_text())
+    return {"lb_gained": gained, "alb_pushed": pushed}
 
 
 def phase(name: str, res: dict) -> None:
     res.setdefault("t", {})[name] = time.monotonic()
-    before = lb_gained()
+    before = balance()
     subprocess.run(STRESS, check=True)
-    res[name] = {**deploy.stats(), "lb_gained": lb_gained() - before}
+    res[name] = {**deploy.stats(), **{k: v - before[k] for k, v in balance().items()}}
 
 
 res: dict = {"uptime_at_start_s": time.monotonic()}
@@ -89,8 +85,8 @@ res["loaded_after"] = deploy.loaded()
 res["modules_after"] = Path("/proc/modules").read_text()
 res["probes_after"] = deploy.probed_functions()
 # stock again: the balancer pulls tasks
-before = lb_gained()
+before = balance()
 subprocess.run(STRESS, check=True)
-res["stock_lb_gained"] = lb_gained() - before
+res["stock"] = {k: v - before[k] for k, v in balance().items()}
 res["uptime_at_end_s"] = time.monotonic()
 (OUT / "result.json").write_text(json.dumps(res))

@@ -21,6 +21,7 @@ from kernmlops.lb.effect import (
     Sizes,
     command,
     compare_scenario,
+    schedstat_balance,
     schedstat_lb_gained,
     schedule,
     throughput,
@@ -194,3 +195,9 @@ def test_lb_gained_from_schedstat():
     assert schedstat_lb_gained(SCHEDSTAT) == 5 + 13 + 21 + 2 + 1
     with pytest.raises(ValueError):
         schedstat_lb_gained("domain0 03 1 2 3\n")
+    # alb_pushed is the 3rd field after the 24: 0 on both lines, then 7
+    assert schedstat_balance(SCHEDSTAT) == (5 + 13 + 21 + 2 + 1, 0)
+    pushed = SCHEDSTAT.replace("24 0 0 0", "24 0 0 7")
+    assert schedstat_balance(pushed) == (5 + 13 + 21 + 2 + 1, 7)
+    with pytest.raises(ValueError, match="version 17"):
+        schedstat_balance(SCHEDSTAT.replace("version 15", "version 17"))

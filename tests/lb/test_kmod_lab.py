@@ -100,7 +100,7 @@ def test_deploy_replace_undeploy_in_the_lab(tmp_path: Path) -> None:
     # a model of the kernel's rule learned from generated data; the features
     # cannot tell "no NUMA statistics" from "none yet" (test_lab.py: ~95%)
     assert s["agreement"] >= 0.75
-    assert s["lb_gained"] > 0  # the stock kernel pulled tasks
+    assert s["lb_gained"] - s["alb_pushed"] > 0  # the stock kernel pulled tasks
     assert s["ns_mean"] > 0 and s["missed"] == 0
 
     rep = r["replace"]
@@ -112,12 +112,16 @@ def test_deploy_replace_undeploy_in_the_lab(tmp_path: Path) -> None:
     assert rep["overridden"] == changed  # in replace every disagreement is the model's answer
 
     # the model that never migrates decides every heuristic answer: the
-    # kernel's own statistics show load_balance pulled no task at all
+    # kernel's own statistics show load_balance pulled no task at all. Only
+    # active balancing may move one (the kernel's last resort after repeated
+    # failed balancing; LBF_ACTIVE_LB is a hard constraint the model leaves
+    # alone), and /proc/schedstat counts its pushes in lb_gained as well.
     n = r["never"]
     assert r["never_rc"] == 0 and n["decisions"] > 0
     assert n["overridden"] == n["model_no_kernel_yes"] > 0 and n["model_yes_kernel_no"] == 0
-    assert n["lb_gained"] == 0
-    assert r["stock_lb_gained"] > 0
+    assert n["lb_gained"] - n["alb_pushed"] == 0, n
+    assert n["alb_pushed"] <= 3, n  # stress-ng's 3 s: a push needs many failed balances
+    assert r["stock"]["lb_gained"] - r["stock"]["alb_pushed"] > 0
 
     # unloaded: module gone, can_migrate_task unprobed
     assert r["undeploy_rc"] == 0 and r["never_undeploy_rc"] == 0

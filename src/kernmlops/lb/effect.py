@@ -290,15 +290,27 @@ def compare_scenario(
     return out
 
 
-def schedstat_lb_gained(text: str) -> int:
-    """Tasks load_balance() pulled, summed over every domain and idle type,
-    from /proc/schedstat (version 15: per domain, 8 fields per idle type,
-    lb_gained the 5th). The kernel's own count: the balancer's visible work."""
-    total = 0
+def schedstat_balance(text: str) -> tuple[int, int]:
+    """(lb_gained, alb_pushed) summed over every domain (and idle type) of
+    /proc/schedstat version 15: per domain, 8 fields per idle type with
+    lb_gained the 5th, then alb_count, alb_failed, alb_pushed. lb_gained
+    counts active balancing's pushes too (detach_one_task), so the tasks
+    load_balance() itself pulled are lb_gained - alb_pushed."""
+    gained = pushed = 0
     for line in text.splitlines():
         f = line.split()
+        if f and f[0] == "version" and f[1:] not in (["15"], ["16"]):
+            # later versions lay the domain line out differently
+            raise ValueError(f"/proc/schedstat version {' '.join(f[1:])}: 15 or 16 is read")
         if f and f[0].startswith("domain"):
-            if len(f) < 2 + 8 * 3:
+            if len(f) < 2 + 8 * 3 + 3:
                 raise ValueError(f"/proc/schedstat: a domain line of {len(f)} fields")
-            total += sum(int(f[2 + 8 * i + 4]) for i in range(3))
-    return total
+            gained += sum(int(f[2 + 8 * i + 4]) for i in range(3))
+            pushed += int(f[2 + 8 * 3 + 2])
+    return gained, pushed
+
+
+def schedstat_lb_gained(text: str) -> int:
+    """Tasks the balancer moved (load_balance's pulls and active balancing's
+    pushes), from /proc/schedstat: the kernel's own count of its visible work."""
+    return schedstat_balance(text)[0]
