@@ -222,7 +222,7 @@ def _stalled_writer_run(
     monkeypatch.setattr(
         sinks.ThreadedSink,
         "__init__",
-        lambda self, inner: real_init(self, inner, max_queued_bytes=4 << 20),
+        lambda self, inner, **_: real_init(self, inner, max_queued_bytes=4 << 20),
     )
     if not spill:
         monkeypatch.setattr(session_mod, "MAX_SPILLED_BYTES", 0)

@@ -68,7 +68,7 @@ def test_a_segment_read_to_its_end_is_retired_at_a_flush_and_deleted_once_finish
     ]  # fmt: skip
     # the new segment knows the rows before it (what a recovery skips)
     before = json.loads((tmp_path / ".spool" / "events.00001.json").read_text())
-    assert before == {"rows_before": {"events": 10}}
+    assert before["rows_before"] == {"events": 10}
     spool.append(events(5, first=10))
     spool.checkpoint({"events": 9})  # not yet in finished parts: kept, and not retired
     spool.drained()
@@ -234,3 +234,41 @@ def test_memory_gone_after_a_reboot_is_named(tmp_path: Path) -> None:
     (spool_dir / MEMORY_LINK).symlink_to(tmp_path / "shm-gone")
     assert memory_lost(tmp_path / "c") == tmp_path / "shm-gone"
     assert pending_spools(tmp_path / "c") == []  # only what is on disk is left
+
+
+def test_a_disk_segment_is_compressed_in_frames_and_a_cut_frame_is_left(tmp_path: Path) -> None:
+    # Once pyarrow (its zstd) is loaded, a segment on disk is a run of frames: records
+    # come back the same, the file is smaller than the records, and a kill that cut
+    # the last frame loses that frame only.
+    import pyarrow  # noqa: F401  (the codec a collection has once its libraries are in)
+
+    from kernmlops.ebpf.spool import FRAME, frames, segment_codec
+
+    spool = _spool(tmp_path)
+    want = events(3000)  # 72,000 bytes of records
+    for lo in range(0, 3000, 500):
+        spool.append(want[lo : lo + 500])
+        spool.drained()  # one write each: one frame each
+    seg = tmp_path / ".spool" / "events.00000.ring"
+    meta = json.loads(seg.with_suffix(".json").read_text())
+    assert meta["codec"] == "zstd" and segment_codec(seg) is not None
+    data = seg.read_bytes()
+    assert len(data) < 3000 * 24 // 2
+    got = _read_all(spool, max_bytes=7 * 24)  # frames are read whole, whatever the step
+    spool.close()
+    assert np.array_equal(got, want)
+    # the same bytes as recover reads them: whole frames, then one cut short
+    pieces = list(frames(data, segment_codec(seg)))
+    raw = np.frombuffer(b"".join(pieces), np.uint8)
+    assert np.array_equal(decode_all(raw), want)
+    size, _ = FRAME.unpack_from(data, 0)
+    first = FRAME.size + size
+    assert len(pieces) == 6 and first < len(data)
+    cut = list(frames(data[: len(data) - 1], segment_codec(seg)))
+    assert len(cut) == len(pieces) - 1 and cut == pieces[:-1]
+
+
+def decode_all(raw: np.ndarray) -> np.ndarray:
+    from kernmlops.ebpf.ringbuf import decode
+
+    return decode(raw, 1, 0, len(raw), EVENT).records

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from kernmlops.collect.manifest import SPOOL_DIR
 from kernmlops.ebpf.ringbuf import decode, record_stride
-from kernmlops.ebpf.spool import SpoolMemory
+from kernmlops.ebpf.spool import SpoolMemory, frames, segment_codec
 from kernmlops.errors import CollectionError
 from kernmlops.host.cpus import SpareCpu
 from kernmlops.lazy import lazy_import
@@ -208,19 +208,22 @@ def recover(collection: Path, bpf_dir: Path | None = None) -> dict[str, int]:
         segments = [p for f in spool_folders(folder) for p in f.glob(f"{key}.*.ring")]
         for seg in sorted(segments, key=_order):
             made = dict(json.loads(seg.with_suffix(".json").read_text())["rows_before"])
-            raw = np.fromfile(seg, np.uint8)
-            whole = len(raw) // stride * stride  # a kill may cut the last record
-            records = decode(raw[:whole], 1, 0, whole, dtype).records
-            if layout.batch is not None:
-                records = unbatch(records)
-            for table, rows in hook.rows_from(key, records, layout):
-                n = rows.num_rows if hasattr(rows, "num_rows") else rows.height
-                first = made.get(table, 0)
-                made[table] = first + n
-                skip = min(n, max(0, finished.get(table, 0) - first))
-                if skip < n:
-                    sink.write(table, rows.slice(skip))
-                    added[table] = added.get(table, 0) + n - skip
+            codec = segment_codec(seg)
+            pieces = frames(seg.read_bytes(), codec) if codec else [np.fromfile(seg, np.uint8)]
+            for piece in pieces:
+                raw = np.frombuffer(piece, np.uint8)
+                whole = len(raw) // stride * stride  # a kill may cut the last record
+                records = decode(raw[:whole], 1, 0, whole, dtype).records
+                if layout.batch is not None:
+                    records = unbatch(records)
+                for table, rows in hook.rows_from(key, records, layout):
+                    n = rows.num_rows if hasattr(rows, "num_rows") else rows.height
+                    first = made.get(table, 0)
+                    made[table] = first + n
+                    skip = min(n, max(0, finished.get(table, 0) - first))
+                    if skip < n:
+                        sink.write(table, rows.slice(skip))
+                        added[table] = added.get(table, 0) + n - skip
     sink.close()
     # The manifest's tables say what is on disk now (its state stays: the run was cut).
     files = sink.files_written()

@@ -166,7 +166,7 @@ class RingBuffer:
 
     def copy_to(self, fd: int, itemsize: int) -> int:
         """Write what :meth:`take_bytes` takes to the file ``fd``; the bytes written."""
-        return sum(_write_all(fd, chunk) for chunk in self.take_bytes(itemsize))
+        return sum(write_all(fd, chunk) for chunk in self.take_bytes(itemsize))
 
     def take_bytes(self, itemsize: int) -> list[bytes]:
         """The committed records of ``itemsize`` bytes as they lie in the ring (headers
@@ -274,7 +274,7 @@ class RingBuffer:
         self.close()
 
 
-def _write_all(fd: int, data: bytes | memoryview) -> int:
+def write_all(fd: int, data: bytes | memoryview) -> int:
     """Write all of ``data`` to ``fd`` (a write may take less than asked)."""
     view = memoryview(data)
     done = 0

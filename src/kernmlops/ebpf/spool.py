@@ -7,19 +7,29 @@ options, the ring and the object whose BTF describes it), then segments
 ``<key>.<n>.ring`` each with ``<key>.<n>.json`` (the rows every table had before
 the segment's first record). A segment read to its end is retired at a flush and
 deleted once the flush finished the parts that hold its rows.
+
+Segments on disk are zstd-compressed once pyarrow (its codec) is loaded: under a
+switch storm this VM's disk takes 14.6 MiB/s and the spool grows by 30 MB/s, while
+these records compress 6.6 times at 480 MB/s. Such a segment (``"codec": "zstd"`` in
+its json) is a run of frames, each ``<compressed bytes u32><raw bytes u32>`` and the
+compressed whole records; a kill may cut the last frame, which a reader leaves.
+Segments on the tmpfs stay raw (no disk to spare, and no CPU spent).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import struct
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kernmlops.ebpf.ringbuf import HEADER_SIZE, RingBuffer, decode, record_stride
+from kernmlops.ebpf.ringbuf import HEADER_SIZE, RingBuffer, decode, record_stride, write_all
 from kernmlops.errors import CollectionError
 from kernmlops.fileio import write_atomic
 from kernmlops.lazy import lazy_import
@@ -35,6 +45,51 @@ READ_BYTES = 1 << 20
 SYNC_BYTES = 8 << 20
 #: bytes the poll loop may hand the writer before it waits for the disk
 MAX_QUEUED = 64 << 20
+#: the writer is woken once this much is handed over, or once the first of it has
+#: waited WAKE_S (or at a checkpoint, a drain, the close): waking it at every copy
+#: (60 a second under a storm) cost the poll loop more than the copies
+WAKE_BYTES = 4 << 20
+WAKE_S = 0.25
+
+
+#: a compressed segment's frame header: compressed bytes, raw bytes (little-endian)
+FRAME = struct.Struct("<II")
+#: raw bytes per frame at most (whole records): one frame is one step of reading back
+FRAME_RAW = READ_BYTES
+CODEC = "zstd"
+
+
+def _codec() -> Any:
+    """zstd (level 1: the fastest, 6.6× on these records) once pyarrow is loaded, else
+    None (a segment opened before the decoding libraries came in stays raw)."""
+    if "pyarrow" not in sys.modules:
+        return None
+    import pyarrow as pa
+
+    return pa.Codec(CODEC, compression_level=1)
+
+
+def frames(data: bytes | memoryview, codec: Any) -> Iterator[bytes]:
+    """The raw bytes of each whole frame in ``data`` (a compressed segment's bytes, or
+    a piece starting at a frame); a frame cut by a kill ends it."""
+    view, at = memoryview(data), 0
+    while at + FRAME.size <= len(view):
+        size, raw = FRAME.unpack_from(view, at)
+        if at + FRAME.size + size > len(view):
+            return
+        yield codec.decompress(view[at + FRAME.size : at + FRAME.size + size],
+                               decompressed_size=raw, asbytes=True)  # fmt: skip
+        at += FRAME.size + size
+
+
+def segment_codec(segment: Path) -> Any:
+    """The codec a segment file was written with (from its json), or None: raw."""
+    meta = json.loads(segment.with_suffix(".json").read_text())
+    if meta.get("codec") in (None, ""):
+        return None
+    import pyarrow as pa
+
+    return pa.Codec(meta["codec"])
 
 
 def _dump(path: Path, data: dict[str, Any]) -> None:
@@ -74,12 +129,16 @@ class _Segment:
     #: rows every table had before this segment's first record
     rows_before: dict[str, int]
     fd: int = -1
-    #: bytes handed over / in the file / read back
+    #: bytes handed over / in the file / read back (raw: before compression)
     written: int = 0
     on_disk: int = 0
     read: int = 0
     #: in SpoolMemory's folder (its bytes count against the budget)
     in_memory: bool = False
+    #: compressed in frames (pyarrow's Codec), or None: raw
+    codec: Any = None
+    #: the file offset of the next frame to read back (compressed segments)
+    file_read: int = 0
 
 
 @dataclass
@@ -107,6 +166,7 @@ class RingSpool:
     def __post_init__(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.stride = record_stride(self.itemsize)
+        self._frame_raw = max(self.stride, FRAME_RAW // self.stride * self.stride)
         _dump(self.folder / f"{self.key}.json", {**self.info, "itemsize": self.itemsize})
         self._index = -1
         #: segments not retired yet, head (being read) to tail (being written)
@@ -115,6 +175,8 @@ class RingSpool:
         self._cond = threading.Condition()
         self._queue: list[tuple[_Segment, bytes]] = []
         self._queued = 0  # bytes in _queue
+        self._queued_at = 0.0  # when the first of them was handed over
+        self._wake = False  # someone waits for the queue to be written (drained)
         self._error: OSError | None = None
         self._sync_asked = False
         self._syncs = 0  # fsyncs done by the writer
@@ -133,7 +195,11 @@ class RingSpool:
         folder = self.memory.folder if in_memory and self.memory else self.folder
         seg = _Segment(folder / f"{self.key}.{self._index:05d}.ring", dict(self.rows))
         seg.in_memory = in_memory
-        _dump(seg.path.with_suffix(".json"), {"rows_before": seg.rows_before})
+        seg.codec = None if in_memory else _codec()
+        meta: dict[str, Any] = {"rows_before": seg.rows_before}
+        if seg.codec is not None:
+            meta["codec"] = CODEC
+        _dump(seg.path.with_suffix(".json"), meta)
         seg.fd = os.open(seg.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
         self._live.append(seg)
 
@@ -163,22 +229,32 @@ class RingSpool:
             if tail.in_memory and not self.memory.reserve(size):  # type: ignore[union-attr]
                 self._open_segment(disk=True)  # the budget is spent: on to disk
                 tail = self._tail
+            if not self._queue:
+                self._queued_at = time.monotonic()
             self._queue.extend((tail, c) for c in chunks)
             self._queued += size
             tail.written += size
-            self._cond.notify_all()
+            if self._queued >= WAKE_BYTES:
+                self._cond.notify_all()
         return size
+
+    def _idle(self) -> bool:
+        """(Writer, with the lock held) whether nothing is due yet: what is queued is
+        small and fresh, and nobody asked for a sync, a drain, a deletion or the end."""
+        return not (
+            self._closing or self._sync_asked or self._unlink or self._wake
+            or self._queued >= WAKE_BYTES
+            or (self._queue and time.monotonic() - self._queued_at >= WAKE_S)
+        )  # fmt: skip
 
     def _write_loop(self) -> None:
         unsynced = 0
         while True:
             with self._cond:
-                while (
-                    not self._queue and not self._closing and not self._sync_asked
-                    and not self._unlink
-                ):  # fmt: skip
-                    self._cond.wait()
+                while self._idle():
+                    self._cond.wait(WAKE_S if self._queue else None)
                 chunks, self._queue = self._queue, []
+                self._wake = False
                 sync, self._sync_asked = self._sync_asked, False
                 live = [seg.fd for seg in self._live if not seg.in_memory]
                 old, self._old_fds = self._old_fds, []
@@ -196,9 +272,18 @@ class RingSpool:
                     self._deleting -= len(unlink)
                     self._cond.notify_all()
             try:
-                for seg, chunk in chunks:
-                    _write_all(seg.fd, chunk)
-                unsynced += sum(len(c) for seg, c in chunks if not seg.in_memory)
+                for seg, run in _runs(chunks):
+                    if seg.codec is None:
+                        for chunk in run:
+                            write_all(seg.fd, chunk)
+                        unsynced += 0 if seg.in_memory else sum(len(c) for c in run)
+                        continue
+                    data = memoryview(run[0] if len(run) == 1 else b"".join(run))
+                    for at in range(0, len(data), self._frame_raw):
+                        raw = data[at : at + self._frame_raw]
+                        packed = seg.codec.compress(raw, asbytes=True)
+                        write_all(seg.fd, FRAME.pack(len(packed), len(raw)) + packed)
+                        unsynced += FRAME.size + len(packed)
                 if sync or unsynced >= SYNC_BYTES:
                     # Keep the page cache's share of the spool small: an fsync of
                     # any other file (the manifest) waits for the journal, and with
@@ -245,6 +330,8 @@ class RingSpool:
         segments it was to delete deleted)."""
         with self._cond:
             while (self._queued or self._deleting) and self._error is None:
+                self._wake = True
+                self._cond.notify_all()
                 self._cond.wait()
             self._raise()
 
@@ -261,7 +348,19 @@ class RingSpool:
             self.drained()
         step = max(self.stride, max_bytes // self.stride * self.stride)
         for seg in list(self._live):
-            while seg.on_disk > seg.read and (more is None or more()):
+            while seg.codec is not None and seg.on_disk > seg.read and (more is None or more()):
+                head = os.pread(seg.fd, FRAME.size, seg.file_read)
+                if len(head) != FRAME.size:
+                    raise CollectionError(f"spool {seg.path} is shorter than written")
+                size, raw_size = FRAME.unpack(head)
+                packed = os.pread(seg.fd, size, seg.file_read + FRAME.size)
+                if len(packed) != size:
+                    raise CollectionError(f"spool {seg.path} is shorter than written")
+                raw = seg.codec.decompress(packed, decompressed_size=raw_size, asbytes=True)
+                seg.file_read += FRAME.size + size
+                seg.read += raw_size
+                yield decode(np.frombuffer(raw, np.uint8), 1, 0, raw_size, dtype).records
+            while seg.codec is None and seg.on_disk > seg.read and (more is None or more()):
                 n = min(seg.on_disk - seg.read, step)
                 raw = os.pread(seg.fd, n, seg.read)
                 if len(raw) != n:
@@ -350,10 +449,15 @@ class RingSpool:
         self._live = []
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
+def _runs(chunks: list[tuple[_Segment, bytes]]) -> Iterator[tuple[_Segment, list[bytes]]]:
+    """The chunks grouped in runs of one segment (a compressed segment gets frames of
+    about FRAME_RAW, not one per ring copy)."""
+    run: list[bytes] = []
+    for i, (seg, chunk) in enumerate(chunks):
+        run.append(chunk)
+        if i + 1 == len(chunks) or chunks[i + 1][0] is not seg:
+            yield seg, run
+            run = []
 
 
 def _remove(seg: _Segment) -> None:

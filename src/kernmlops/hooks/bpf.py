@@ -147,6 +147,8 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         #: table -> its ring's spool, when the session spools
         self._spools: dict[str, RingSpool] = {}
         self._spare: Any = None  # collect.spool.Pacer
+        #: the rings were emptied into their spools after detach and unmapped
+        self._unmapped = False
 
     @classmethod
     def __init_subclass__(cls, **kwargs: object) -> None:
@@ -231,9 +233,9 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
 
     def spill(self) -> None:
         """Move what fills a ring out of it as bytes (no numpy): called while the
-        decoding libraries are being imported, so the rings never overflow. Spooled
-        rings go to their spool once the libraries are in (the sink is behind)."""
-        if self._spools and self._readers:
+        decoding libraries are not imported yet, or while the sink is behind, so the
+        rings never overflow. Spooled rings go to their spool, others to memory."""
+        if self._spools:
             for table, (reader, _) in self._rings.items():
                 self._spools[table].take(reader)
             return
@@ -329,7 +331,7 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         now = time.monotonic()
         readers = self.readers()
         for key, (reader, _) in readers.items():
-            if self._due(key, reader, now):
+            if not self._unmapped and self._due(key, reader, now):
                 self._last_drain[key] = now
                 self._spools[key].take(reader)
         if self._detached:
@@ -339,6 +341,12 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
                     self._staged_read.add(key)
                     stage = self.obj.map(self.rings[key] + "_stage")  # type: ignore[union-attr]
                     self._spools[key].append(stage.lookup_percpu(0, dtype=layout.batch))
+            if not self._unmapped:
+                # Every record is in the spool now: unmap the rings before the rows are
+                # made (a ring's pages count twice in RSS, 16 MiB for a default ring).
+                self._unmapped = True
+                for reader, _ in readers.values():
+                    reader.close()
         elif self._spare is not None and not self._spare.ask():
             return  # the workload has the CPU: the rows wait in the spool
         more = None
