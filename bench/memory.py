@@ -68,6 +68,17 @@ def status(pid: int) -> dict[str, int]:
     return out
 
 
+def running_drops(data: Path) -> int | None:
+    """Drops so far by the running manifest (written every flush): when they happen."""
+    for path in data.glob("curated/benchmark=faux/collection_id=*/manifest.json"):
+        try:
+            hooks = json.loads(path.read_text()).get("hooks", {})
+        except (OSError, ValueError):
+            return None
+        return sum(h.get("drops", 0) for h in hooks.values())
+    return None
+
+
 def slope_mib_per_min(samples: list[tuple[float, int]]) -> float:
     """Least-squares RSS growth over the second half of the run (a leak shows here)."""
     half = samples[len(samples) // 2 :]
@@ -136,12 +147,15 @@ def main(argv: list[str] | None = None) -> int:
 
     proc = psutil.Process(collector.pid)
     samples: list[tuple[float, int]] = []
+    # per sample: seconds, RSS anon and file, VmHWM (MiB), drops so far (running manifest)
+    kinds: list[tuple[float, float, float, float, int | None]] = []
     peaks = dict.fromkeys(STATUS_KEYS, 0)
     cpu = 0.0
     while collector.poll() is None:
         try:
             rss = proc.memory_info().rss
-            for key, value in status(collector.pid).items():
+            now = status(collector.pid)
+            for key, value in now.items():
                 peaks[key] = max(peaks[key], value)
             times = proc.cpu_times()
             cpu = times.user + times.system
@@ -149,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
             break
         t = time.monotonic() - t0
         samples.append((t, rss))
+        kinds.append((round(t, 1), round(now["RssAnon"] / MIB, 1), round(now["RssFile"] / MIB, 1),
+                      round(now["VmHWM"] / MIB, 1), running_drops(data)))  # fmt: skip
         if len(samples) % 30 == 0:
             peak = peaks["VmHWM"] / MIB
             print(f"{t:6.0f} s  RSS {rss / MIB:7.1f} MiB, peak {peak:.1f}", file=sys.stderr)
@@ -191,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows_total": sum(rows.values()),
         "parquet_bytes": disk,
         "samples": [(round(t, 1), r) for t, r in samples],
+        "samples_anon_file_hwm_mib_drops": kinds,
     }
     events = sum(result["events"].values())
 
