@@ -39,6 +39,7 @@ Results go to bench/results/duet.json (and a summary on stdout).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import random
 import shutil
@@ -142,6 +143,14 @@ def experiment(loop: Path, out: Path, n: int, extra: float, args: argparse.Names
             "mean_a_ms": c.mean_a_ns / 1e6,
             "original_detected": c.original.detected if c.original is not None else None,
         }
+        if c.runs is not None:
+            # per run: id, order, log of its ratio, pairs (to study what the interval
+            # over runs assumes: independent runs, symmetric under A/A)
+            row[kind]["per_run"] = [
+                [r["runid"], r["order"], math.log(r["gm_ratio"]) if r["gm_ratio"] else None,
+                 r["n_pairs"]]
+                for r in c.runs.iter_rows(named=True)
+            ]  # fmt: skip
     if not args.keep:
         shutil.rmtree(result.folder, ignore_errors=True)
     return row

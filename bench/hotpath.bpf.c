@@ -9,6 +9,11 @@
  *   4  fill a record in the per-CPU batch (values in ns, as read)
  *   5  the record in microseconds (three divisions, as quanta_runtime writes it)
  *   6  send the batch to the ring every 32 records (quanta_runtime's program)
+ *   7  step 6 with the switch's time from the run queue's clock (updated at the
+ *      top of __schedule), put on bpf_ktime_get_ns()'s clock by an offset read
+ *      once per batch: one clock read per 32 records instead of one per record
+ *   8  step 7, also reading bpf_ktime_get_ns() per record to histogram how far
+ *      the two times are apart (map `apart`: 250-ns buckets; see hotpath.py)
  */
 #include "filter.h"
 #include "sched_wait.h"
@@ -52,6 +57,24 @@ struct {
 	__type(value, u64);
 } switches SEC(".maps");
 
+/* step 7: this CPU's offset from the run-queue clock to bpf_ktime_get_ns() */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__type(value, s64);
+} offset SEC(".maps");
+
+/* step 8: ktime - (rq clock + offset) per record, APART_BUCKETS buckets of 250 ns
+ * centred on 0 (the first and last also hold everything beyond) */
+#define APART_BUCKETS 64
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, APART_BUCKETS);
+	__type(key, u32);
+	__type(value, u64);
+} apart SEC(".maps");
+
 SEC("tp_btf/sched_switch")
 int BPF_PROG(hot_switch, bool preempt, struct task_struct *prev, struct task_struct *next)
 {
@@ -93,7 +116,13 @@ int BPF_PROG(hot_switch, bool preempt, struct task_struct *prev, struct task_str
 #endif
 	if (!has_run && !has_queued)
 		return 0;
-#if STEP >= 3
+#if STEP >= 7
+	s64 *off = bpf_map_lookup_elem(&offset, &zero);
+
+	if (!off)
+		return 0;
+	now = kmo_rq_clock(true, next) + *off;
+#elif STEP >= 3
 	now = bpf_ktime_get_ns();
 #endif
 #if STEP >= 4
@@ -111,6 +140,26 @@ int BPF_PROG(hot_switch, bool preempt, struct task_struct *prev, struct task_str
 		e->ts_uptime_us = now;
 		e->run_length_us = run_ns;
 		e->queued_time_us = queued_ns;
+#endif
+#if STEP >= 7
+		if ((batch->n & (KMO_BATCH_RECORDS - 1)) == 0) {
+			/* a new batch: the offset again (the clocks drift apart slowly) */
+			u64 rq_clock = kmo_rq_clock(true, next);
+
+			*off = (s64)(bpf_ktime_get_ns() - rq_clock);
+			now = rq_clock + *off;
+			e->ts_uptime_us = now / 1000;
+		}
+#endif
+#if STEP >= 8
+		{
+			s64 d = (s64)(bpf_ktime_get_ns() - now) + APART_BUCKETS / 2 * 250;
+			u32 b = d < 0 ? 0 : d / 250 >= APART_BUCKETS ? APART_BUCKETS - 1 : d / 250;
+			u64 *c = bpf_map_lookup_elem(&apart, &b);
+
+			if (c)
+				*c += 1;
+		}
 #endif
 		e->cpu = bpf_get_smp_processor_id();
 		e->prev_pid = prev_pid;

@@ -43,8 +43,11 @@ STEPS = {
     4: "fill a record in the per-CPU batch (ns)",
     5: "the record in us (three divisions)",
     6: "send the batch every 32 records (quanta_runtime)",
+    7: "step 6, the time from the rq clock + one ktime per batch",
+    8: "step 7 and a ktime per record (how far apart: map apart)",
 }
 RING, RING_BYTES = "hot_rb", 8 << 20
+APART_BUCKETS = 64  # hotpath.bpf.c
 
 
 def build(step: int, out: Path) -> Path:
@@ -86,8 +89,10 @@ def main() -> int:
             max_entries={RING: RING_BYTES},
         )
     stop = threading.Event()
-    drain = threading.Thread(target=empty_ring, args=(objs[6], stop), daemon=True)
-    drain.start()
+    drains = [threading.Thread(target=empty_ring, args=(objs[s], stop), daemon=True)
+              for s in STEPS if s >= 6]  # fmt: skip
+    for drain in drains:
+        drain.start()
     stats_fd = enable_bpf_stats()
     rounds: list[dict[int, float]] = []
     try:
@@ -115,7 +120,9 @@ def main() -> int:
     finally:
         os.close(stats_fd)
         stop.set()
-        drain.join()
+        for drain in drains:
+            drain.join()
+        apart = _apart(objs[8])
         for obj in objs.values():
             obj.close()
     med = {s: statistics.median(r[s] for r in rounds) for s in STEPS}
@@ -123,10 +130,39 @@ def main() -> int:
     for s, what in STEPS.items():
         added = med[s] - med[s - 1] if s else 0.0
         print(f"{s:4d}  {med[s]:14.0f}  {added:+5.0f}  {what}")
+    print(
+        f"\nstep 8: bpf_ktime_get_ns() - step 7's time, over {apart['records']:,} records: "
+        f"{apart['within_1us']:.4%} within 1 us; quantiles (ns) {apart['quantiles_ns']}"
+    )
     save(args.out, {"args": {k: str(v) for k, v in vars(args).items()}, "steps": STEPS,
-                    "median_ns": med, "rounds": rounds}, indent=1)  # fmt: skip
+                    "median_ns": med, "rounds": rounds, "apart": apart}, indent=1)  # fmt: skip
     print(f"-> {args.out}")
     return 0
+
+
+def _apart(obj) -> dict:
+    """Step 8's histogram: how far bpf_ktime_get_ns() is from step 7's time."""
+    hist = obj.map("apart")
+    counts = [hist.percpu_total(b) for b in range(APART_BUCKETS)]
+    total = sum(counts)
+
+    def edge(b: int) -> int:  # ns at the low edge of bucket b
+        return (b - APART_BUCKETS // 2) * 250
+
+    quantiles, seen, qs = {}, 0, [0.001, 0.01, 0.5, 0.99, 0.999]
+    for b, c in enumerate(counts):
+        seen += c
+        while qs and total and seen >= qs[0] * total:
+            quantiles[str(qs.pop(0))] = edge(b)
+    within = sum(c for b, c in enumerate(counts) if -1000 <= edge(b) < 1000)
+    return {
+        "records": total,
+        "bucket_ns": 250,
+        "low_edges_ns": [edge(b) for b in range(APART_BUCKETS)],
+        "counts": counts,
+        "quantiles_ns": quantiles,
+        "within_1us": within / total if total else 0.0,
+    }
 
 
 def _runs(obj) -> tuple[int, int]:

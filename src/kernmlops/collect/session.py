@@ -777,11 +777,12 @@ class Session:
 
 
 #: glibc's mmap threshold, fixed (M_MMAP_THRESHOLD). By default it rises to the
-#: largest block freed so far (up to 32 MiB): from then on the MiB-sized ring copies,
-#: records and frames of a storm come from the threads' heaps, which keep what is
-#: freed. A 300-s storm's RSS grew 62 -> 84 MiB of heap that way; fixed, it stayed
-#: at 45-52 MiB (bench/memory.py with MALLOC_MMAP_THRESHOLD_, bench/README 17).
-MMAP_THRESHOLD = 256 << 10
+#: largest block freed so far (up to 32 MiB): after the first few-MiB block of a storm
+#: (a late ring copy, a writer's batch) every block up to that size comes from the
+#: threads' heaps, which keep what is freed: a 300-s storm's heap grew 62 -> 84 MiB.
+#: Fixed at 4 MiB it stayed at 54-58 MiB; at 256 KiB at 43-53 MiB, but every ring copy
+#: was then mapped and faulted in anew (+0.1 s of CPU per 5 s of storm). bench/README 17.
+MMAP_THRESHOLD = 4 << 20
 M_MMAP_THRESHOLD = -3
 
 
