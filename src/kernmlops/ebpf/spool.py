@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from itertools import groupby
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -452,12 +453,9 @@ class RingSpool:
 def _runs(chunks: list[tuple[_Segment, bytes]]) -> Iterator[tuple[_Segment, list[bytes]]]:
     """The chunks grouped in runs of one segment (a compressed segment gets frames of
     about FRAME_RAW, not one per ring copy)."""
-    run: list[bytes] = []
-    for i, (seg, chunk) in enumerate(chunks):
-        run.append(chunk)
-        if i + 1 == len(chunks) or chunks[i + 1][0] is not seg:
-            yield seg, run
-            run = []
+    for _, run in groupby(chunks, key=lambda c: id(c[0])):
+        pieces = list(run)
+        yield pieces[0][0], [chunk for _, chunk in pieces]
 
 
 def _remove(seg: _Segment) -> None:
