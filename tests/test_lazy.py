@@ -9,6 +9,7 @@ import sys
 import textwrap
 import threading
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -94,3 +95,36 @@ def test_the_command_line_and_the_collect_path_import_nothing_heavy() -> None:
     out = run_python(code)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_a_module_growing_in_another_thread_while_first_used() -> None:
+    # A thread importing a submodule adds names to its parent's dict (pyarrow
+    # gains .parquet while preload runs): the stand-in must copy the names
+    # without tripping over the dict changing under it. A big module and a
+    # busy writer make the switch land inside the copy on the old code.
+    big = ModuleType("kmo_lazy_growing")
+    big.__dict__.update({f"name{i}": i for i in range(50_000)})
+    sys.modules[big.__name__] = big
+    stop = threading.Event()
+
+    def grow() -> None:
+        n = 0
+        while not stop.is_set():
+            setattr(big, f"late{n % 64}", n)
+            if n % 64 == 63:
+                for k in range(64):
+                    delattr(big, f"late{k}")
+            n += 1
+
+    writer = threading.Thread(target=grow)
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    writer.start()
+    try:
+        for _ in range(5):
+            assert lazy_import(big.__name__).name49999 == 49_999
+    finally:
+        stop.set()
+        writer.join()
+        sys.setswitchinterval(old_interval)
+        sys.modules.pop(big.__name__, None)

@@ -31,7 +31,11 @@ class _LazyModule(ModuleType):
         module = importlib.import_module(self.__name__)
         # Public names only: the stand-in keeps its own dunders (and the real
         # module's __getattr__, if any, is reached through getattr below).
-        self.__dict__.update((k, v) for k, v in vars(module).items() if not k.startswith("__"))
+        # Copy first: dict.copy() runs without letting another thread in, while
+        # a thread importing a submodule (preload's pyarrow.parquet) adds it to
+        # the parent's dict and would break iterating the live one.
+        names = vars(module).copy()
+        self.__dict__.update((k, v) for k, v in names.items() if not k.startswith("__"))
         return getattr(module, attr)
 
     def __repr__(self) -> str:
