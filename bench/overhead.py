@@ -256,7 +256,6 @@ def programs_child(obj_path: Path) -> int:
     floor is the programs' and the ring's share; what the full collector costs
     beyond this is user space's (decoding, Arrow, Parquet)."""
     import mmap
-    import struct
 
     from kernmlops.ebpf.objects import open_and_load
 
@@ -274,13 +273,16 @@ def programs_child(obj_path: Path) -> int:
         signal.signal(sig, lambda *_: stop.set())
     print(f"programs: {MARK}", file=sys.stderr, flush=True)
     discarded = 0
+    # One 8-byte store (struct.pack_into zeroes the position first: refused batches).
+    tail, head = memoryview(cons)[:8].cast("Q"), memoryview(prod)[:8].cast("Q")
     while not stop.wait(0.01):
-        (head,) = struct.unpack_from("<Q", prod, 0)
-        (tail,) = struct.unpack_from("<Q", cons, 0)
-        discarded += head - tail
-        struct.pack_into("<Q", cons, 0, head)
+        now = head[0]
+        discarded += now - tail[0]
+        tail[0] = now
     obj.detach()
     drops = int(obj.map("drops").lookup_percpu(0).sum())
+    tail.release()
+    head.release()
     cons.close()
     prod.close()
     obj.close()

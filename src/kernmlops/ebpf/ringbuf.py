@@ -10,13 +10,19 @@ length in the low 30 bits, bit 31 = busy (reserved, not committed yet), bit
 
 Programs submit with BPF_RB_NO_WAKEUP and user space drains on a timer: no
 wake-ups, no epoll, and no Python code per event.
+
+The two positions are read and written whole, through 8-byte memoryviews (one
+load, one store), as the kernel reads and writes them. ``struct.pack_into``
+zeroes its target before it writes the bytes: a producer reading the consumer
+position in between sees 0, takes the ring for full and refuses the record
+(measured: 8-12 refused 32-record batches per 30-s switch storm, none with the
+one-store write).
 """
 
 from __future__ import annotations
 
 import mmap
 import os
-import struct
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -122,15 +128,17 @@ class RingBuffer:
         self._data_map = mmap.mmap(
             map_fd, page + size, mmap.MAP_SHARED, mmap.PROT_READ, offset=page
         )
-        self._views: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        # One 8-byte load or store each (see the module's docstring).
+        self._cons = memoryview(self._cons_map)[:8].cast("Q")
+        self._prod = memoryview(self._data_map)[:8].cast("Q")
+        self._words = memoryview(self._data_map).cast("I")  # record headers, whole
+        self._data: np.ndarray | None = None
         self._spilled: list[bytes] = []
         self.records = 0
         self.discarded = 0
 
     def _positions(self) -> tuple[int, int]:
-        (cons,) = struct.unpack_from("<Q", self._cons_map, 0)
-        (prod,) = struct.unpack_from("<Q", self._data_map, 0)
-        return cons, prod
+        return self._cons[0], self._prod[0]
 
     @property
     def spilled(self) -> bool:
@@ -155,13 +163,12 @@ class RingBuffer:
         mask = self.size - 1
         for i in range(n):  # stop at the first record still being written
             at = self._page + ((cons + i * stride) & mask)  # a header never straddles the end
-            (header,) = struct.unpack_from("<I", self._data_map, at)
-            if header & BUSY_BIT:
+            if self._words[at // 4] & BUSY_BIT:
                 n = i
                 break
         if n:
             self._spilled.append(self._bytes(cons, n * stride))
-            struct.pack_into("<Q", self._cons_map, 0, cons + n * stride)
+            self._cons[0] = cons + n * stride
         return n
 
     def copy_to(self, fd: int, itemsize: int) -> int:
@@ -186,15 +193,14 @@ class RingBuffer:
         length = committed * stride
         if length:
             chunks.append(self._bytes(cons, length))
-            struct.pack_into("<Q", self._cons_map, 0, cons + length)
+            self._cons[0] = cons + length
         return chunks
 
     def _committed_py(self, cons: int, n: int, stride: int) -> int:
         mask = self.size - 1
         for i in range(n):
             at = self._page + ((cons + i * stride) & mask)
-            (header,) = struct.unpack_from("<I", self._data_map, at)
-            if header & BUSY_BIT:
+            if self._words[at // 4] & BUSY_BIT:
                 return i
         return n
 
@@ -230,13 +236,9 @@ class RingBuffer:
         and free their space."""
         if self.dtype is None:
             raise ValueError(f"ring {self.name or '?'}: no record type to decode with")
-        if self._views is None:
-            self._views = (
-                np.frombuffer(self._cons_map, dtype="<u8", count=1),
-                np.frombuffer(self._data_map, dtype="<u8", count=1),
-                np.frombuffer(self._data_map, dtype=np.uint8, offset=self._page),
-            )
-        cons_view, prod_view, data = self._views
+        if self._data is None:
+            self._data = np.frombuffer(self._data_map, dtype=np.uint8, offset=self._page)
+        data = self._data
         parts = []
         for chunk in self._spilled:
             buf = np.frombuffer(chunk, dtype=np.uint8)
@@ -244,8 +246,7 @@ class RingBuffer:
             parts.append(batch.records)
             self.discarded += batch.discarded
         self._spilled.clear()
-        cons = int(cons_view[0])
-        prod = int(prod_view[0])  # read once: later commits wait for the next drain
+        cons, prod = self._positions()  # prod read once: later commits wait for the next drain
         start = cons & (self.size - 1)
         if start + (prod - cons) > self.size:
             # A run that wraps: its two pieces joined (the data area is mapped once).
@@ -255,15 +256,17 @@ class RingBuffer:
         else:
             batch = decode(data, self.size, cons, prod, self.dtype, max_records)
         if batch.consumed != cons:
-            cons_view[0] = batch.consumed
+            self._cons[0] = batch.consumed
         self.discarded += batch.discarded
         records = np.concatenate([*parts, batch.records]) if parts else batch.records
         self.records += len(records)
         return records
 
     def close(self) -> None:
-        # numpy views pin the mmaps; drop them first.
-        self._views = None
+        # Views pin the mmaps; drop them first.
+        self._data = None
+        for view in (self._cons, self._prod, self._words):
+            view.release()
         self._cons_map.close()
         self._data_map.close()
 
