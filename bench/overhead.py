@@ -593,6 +593,9 @@ class StormResult:
                 else None
             ),
             "default_minus_floor": statistics.median(default) - statistics.median(floor),
+            # the same ratio from the rounds' means, and where it lies: rounds drawn
+            # with replacement (the rounds are the unit: each is one run of each state)
+            **ratio_interval(default, floor),
             # quanta_runtime's programs alone, records discarded unread: the kernel's
             # share of the default hooks' slowdown; the rest is the collector's
             "programs_slowdown": statistics.median(programs) if programs else None,
@@ -618,6 +621,30 @@ class StormResult:
             ),
             "drops": sum(sum(r["default"].drops.values()) for r in self.rounds),
         }
+
+
+def ratio_interval(
+    default: list[float], floor: list[float], draws: int = 10_000, seed: int = 0
+) -> dict:
+    """mean(default) / mean(floor) over the rounds and its 95% percentile-bootstrap
+    interval (rounds resampled whole). None where the floor's mean is not above
+    zero in the data or in 5% of the draws: the ratio is then not defined."""
+    import random
+
+    def ratio(idx: list[int]) -> float | None:
+        f = statistics.fmean(floor[i] for i in idx)
+        return statistics.fmean(default[i] for i in idx) / f if f > 0 else None
+
+    n = len(floor)
+    point = ratio(list(range(n)))
+    rng = random.Random(seed)
+    got = [ratio([rng.randrange(n) for _ in range(n)]) for _ in range(draws)]
+    kept = sorted(r for r in got if r is not None)
+    if point is None or len(kept) < 0.95 * draws:
+        return {"mean_ratio": point, "mean_ratio_ci95": None}
+    lo = kept[int(0.025 * len(kept))]
+    hi = kept[min(len(kept) - 1, int(0.975 * len(kept)))]
+    return {"mean_ratio": point, "mean_ratio_ci95": [lo, hi]}
 
 
 def measure_storm(rounds: int, seconds: int, args: argparse.Namespace) -> StormResult:
@@ -683,7 +710,13 @@ def print_storm(res: StormResult) -> None:
         + f"  default hooks       {100 * s['default_slowdown']:+.1f}%  "
         f"= {ratio} the floor's slowdown ({100 * s['default_minus_floor']:+.1f} points); "
         f"collector {s['collector_cpu_pct']:.1f}% of a CPU, "
-        f"{s['events_per_s']:,.0f} events/s, {s['drops']} drops"
+        f"{s['events_per_s']:,.0f} events/s, {s['drops']} drops\n"
+        + (
+            f"  ratio of the rounds' means {s['mean_ratio']:.2f}x, 95% "
+            f"{s['mean_ratio_ci95'][0]:.2f}x..{s['mean_ratio_ci95'][1]:.2f}x (rounds resampled)"
+            if s["mean_ratio_ci95"]
+            else "  ratio of the rounds' means: not defined (the floor is within the noise)"
+        )
     )
     for name, ns in sorted(s["default_ns_per_run"].items()):
         print(f"    {name:24s} {ns:6.0f} ns/run  {s['default_runs_per_s'][name]:10,.0f} runs/s")

@@ -181,6 +181,69 @@ def test_the_first_bytes_go_to_memory_the_rest_to_disk_in_order(tmp_path: Path) 
     assert memory.used == 0
 
 
+def test_a_disk_that_stalls_is_bridged_in_memory_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first-fill may use the budget but its share for stalls; once on disk, a
+    # writer held by the disk makes the queue pass STALL_QUEUED: the next bytes go to
+    # a segment in memory (written by the loop, not queued), the disk gets the rest
+    # again once the queue is down to half, and every record comes back in order.
+    import threading
+
+    from kernmlops.ebpf import spool as spool_mod
+    from kernmlops.ebpf.spool import SpoolMemory
+
+    rec = EVENT.itemsize + 8  # a record in the ring, header included
+    monkeypatch.setattr(spool_mod, "STALL_QUEUED", 20 * rec)
+    monkeypatch.setattr(spool_mod, "WRITE_BATCH", 10 * rec)
+    disk = threading.Event()
+    batches: list[int] = []
+    real_write_all = spool_mod.write_all
+
+    real_runs = spool_mod._runs
+
+    def write_all(fd: int, data: bytes) -> int:
+        if threading.current_thread().name.startswith("spool-"):
+            disk.wait(10)  # the disk stalls until the test lets it go
+        return real_write_all(fd, data)
+
+    def runs(chunks: list) -> object:  # what the writer took at once
+        batches.append(sum(len(c) for _, c in chunks))
+        return real_runs(chunks)
+
+    monkeypatch.setattr(spool_mod, "write_all", write_all)
+    monkeypatch.setattr(spool_mod, "_runs", runs)
+    mem = tmp_path / "shm"
+    mem.mkdir()
+    memory = SpoolMemory(mem, limit=100 * rec, for_stalls=40 * rec)
+    info = {"hook": "h", "options": {}, "ring": "r", "object": "x.bpf.o"}
+    spool = RingSpool(tmp_path / ".spool", "events", EVENT.itemsize, info, memory=memory)
+    want = events(200)
+    for lo in range(0, 70, 10):  # 60 fit the first-fill's 60 records, 10 go to disk
+        spool.append(want[lo : lo + 10])
+    assert memory.used == 60 * rec
+    for lo in range(70, 120, 10):  # the disk is stalled: 20 records queue, then memory
+        spool.append(want[lo : lo + 10])
+    assert spool._queued == 20 * rec
+    assert memory.used == (60 + 40) * rec  # the stall's segment: its share, all of it
+    disk.set()
+    spool.drained()
+    for lo in range(120, 200, 10):  # caught up: on to disk again
+        spool.append(want[lo : lo + 10])
+    spool.drained()
+    assert memory.used == 100 * rec
+    names = {p.name: p.parent.name for p in [*mem.glob("*.ring"), *tmp_path.glob(".spool/*.ring")]}
+    assert names == {
+        "events.00000.ring": "shm", "events.00001.ring": ".spool",
+        "events.00002.ring": "shm", "events.00003.ring": ".spool",
+    }  # fmt: skip
+    assert sum(batches) == 100 * rec and max(batches) == 10 * rec  # a batch at a time
+    got = _read_all(spool, max_bytes=7 * 24)
+    assert np.array_equal(got, want)
+    spool.remove()
+    assert memory.used == 0
+
+
 def test_a_killed_collections_spool_is_recovered_from_memory_and_disk(tmp_path: Path) -> None:
     # pending_spools and the order of segments across the two folders (the link
     # "mem" is how a collection finds its tmpfs folder)

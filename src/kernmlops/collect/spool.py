@@ -85,7 +85,8 @@ def spool_memory(spool_dir: Path, collection_id: str, limit_mib: float) -> Spool
             link.symlink_to(folder)
     except OSError:
         return None
-    return SpoolMemory(folder, limit)
+    # a quarter bridges a disk that stalls later in the run (ebpf.spool.STALL_QUEUED)
+    return SpoolMemory(folder, limit, for_stalls=limit // 4)
 
 
 def sweep_memory(min_age_s: float = 60.0) -> list[Path]:

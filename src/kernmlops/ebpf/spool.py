@@ -46,6 +46,12 @@ READ_BYTES = 1 << 20
 SYNC_BYTES = 8 << 20
 #: bytes the poll loop may hand the writer before it waits for the disk
 MAX_QUEUED = 64 << 20
+#: bytes queued for the disk past which the disk is behind: the next bytes go to a
+#: segment in memory, if the budget's share for this (SpoolMemory.for_stalls) allows,
+#: and on to disk again once the queue is under half of this
+STALL_QUEUED = 8 << 20
+#: bytes the writer takes from the queue at a time (what it holds besides the queue)
+WRITE_BATCH = 8 << 20
 #: the writer is woken once this much is handed over, or once the first of it has
 #: waited WAKE_S (or at a checkpoint, a drain, the close): waking it at every copy
 #: (60 a second under a storm) cost the poll loop more than the copies
@@ -108,13 +114,20 @@ class SpoolMemory:
     folder: Path
     limit: int
     used: int = 0
+    #: of ``limit``, what only bridges a disk that is behind (RingSpool.STALL_QUEUED):
+    #: otherwise a storm spends the whole budget in its first seconds, and a disk that
+    #: stalls later holds the queue in the collector's heap
+    for_stalls: int = 0
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
 
-    def reserve(self, size: int) -> bool:
+    def available(self, stall: bool = False) -> bool:
+        return self.used < self.limit - (0 if stall else self.for_stalls)
+
+    def reserve(self, size: int, stall: bool = False) -> bool:
         with self._lock:
-            if self.used + size > self.limit:
+            if self.used + size > self.limit - (0 if stall else self.for_stalls):
                 return False
             self.used += size
             return True
@@ -134,8 +147,11 @@ class _Segment:
     written: int = 0
     on_disk: int = 0
     read: int = 0
-    #: in SpoolMemory's folder (its bytes count against the budget)
+    #: in SpoolMemory's folder (its bytes count against the budget); written by the
+    #: poll loop itself (a tmpfs write never waits for a disk), not by the writer
     in_memory: bool = False
+    #: opened because the disk was behind (from the budget's share for stalls)
+    stall: bool = False
     #: compressed in frames (pyarrow's Codec), or None: raw
     codec: Any = None
     #: the file offset of the next frame to read back (compressed segments)
@@ -190,12 +206,13 @@ class RingSpool:
         self._writer.daemon = True
         self._writer.start()
 
-    def _open_segment(self, disk: bool = False) -> None:
+    def _open_segment(self, disk: bool = False, stall: bool = False) -> None:
         self._index += 1
-        in_memory = self.memory is not None and not disk and self.memory.used < self.memory.limit
+        in_memory = self.memory is not None and not disk and self.memory.available(stall)
         folder = self.memory.folder if in_memory and self.memory else self.folder
         seg = _Segment(folder / f"{self.key}.{self._index:05d}.ring", dict(self.rows))
         seg.in_memory = in_memory
+        seg.stall = in_memory and stall
         seg.codec = None if in_memory else _codec()
         meta: dict[str, Any] = {"rows_before": seg.rows_before}
         if seg.codec is not None:
@@ -223,13 +240,33 @@ class RingSpool:
             return 0
         with self._cond:
             self._raise()
+            tail = self._tail
+            memory = self.memory
+            if tail.stall and self._queued <= STALL_QUEUED // 2:
+                self._open_segment(disk=True)  # the disk caught up
+                tail = self._tail
+            elif (
+                not tail.in_memory
+                and self._queued + size > STALL_QUEUED
+                and memory is not None
+                and memory.available(stall=True)
+            ):
+                self._open_segment(stall=True)  # the disk is behind: bridge it in memory
+                tail = self._tail
+            if tail.in_memory and memory is not None and memory.reserve(size, tail.stall):
+                # Written here: a tmpfs write costs a copy and never waits for a disk,
+                # and what waits for the writer would be in the collector's heap.
+                for chunk in chunks:
+                    write_all(tail.fd, chunk)
+                tail.written += size
+                tail.on_disk += size
+                return size
+            if tail.in_memory:
+                self._open_segment(disk=True)  # the budget is spent: on to disk
+                tail = self._tail
             while self._queued and self._queued + size > MAX_QUEUED and self._error is None:
                 self._cond.wait()  # the disk is that far behind: the loop waits too
             self._raise()
-            tail = self._tail
-            if tail.in_memory and not self.memory.reserve(size):  # type: ignore[union-attr]
-                self._open_segment(disk=True)  # the budget is spent: on to disk
-                tail = self._tail
             if not self._queue:
                 self._queued_at = time.monotonic()
             self._queue.extend((tail, c) for c in chunks)
@@ -254,7 +291,15 @@ class RingSpool:
             with self._cond:
                 while self._idle():
                     self._cond.wait(WAKE_S if self._queue else None)
-                chunks, self._queue = self._queue, []
+                # At most WRITE_BATCH at a time: what the writer holds is in no queue
+                # the loop sees, and a disk that stalls must not hold 2 x MAX_QUEUED.
+                cut = taken = 0
+                while cut < len(self._queue) and taken < WRITE_BATCH:
+                    taken += len(self._queue[cut][1])
+                    cut += 1
+                chunks, self._queue = self._queue[:cut], self._queue[cut:]
+                if self._queue:
+                    self._queued_at = time.monotonic()
                 self._wake = False
                 sync, self._sync_asked = self._sync_asked, False
                 live = [seg.fd for seg in self._live if not seg.in_memory]
@@ -274,10 +319,10 @@ class RingSpool:
                     self._cond.notify_all()
             try:
                 for seg, run in _runs(chunks):
-                    if seg.codec is None:
+                    if seg.codec is None:  # before pyarrow is loaded
                         for chunk in run:
                             write_all(seg.fd, chunk)
-                        unsynced += 0 if seg.in_memory else sum(len(c) for c in run)
+                        unsynced += sum(len(c) for c in run)
                         continue
                     data = memoryview(run[0] if len(run) == 1 else b"".join(run))
                     for at in range(0, len(data), self._frame_raw):
