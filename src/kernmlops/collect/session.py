@@ -784,13 +784,23 @@ class Session:
 #: was then mapped and faulted in anew (+0.1 s of CPU per 5 s of storm). bench/README 17.
 MMAP_THRESHOLD = 4 << 20
 M_MMAP_THRESHOLD = -3
+#: free bytes a heap keeps at its top before giving them back (M_TRIM_THRESHOLD; fixing
+#: the mmap threshold leaves it at 128 KiB). At 128 KiB the poll loop grew and trimmed
+#: its heap around every ring copy, 21 brk calls a second under a storm, each a change
+#: of the address space that took the GIL into the kernel with it, where one waited
+#: 1.5 s for a VMA's lock (bench/README 18). Kept, not new: the peak stays the peak.
+TRIM_THRESHOLD = 16 << 20
+M_TRIM_THRESHOLD = -1
 
 
 def _return_large_frees() -> None:
-    """Have large blocks mapped on their own, and so returned to the system when freed
-    (glibc; elsewhere nothing changes)."""
+    """Have large blocks mapped on their own, and so returned to the system when freed,
+    and the heaps keep what the next ring copies will take again (glibc; elsewhere
+    nothing changes)."""
     with contextlib.suppress(Exception):
-        ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        libc = ctypes.CDLL(None)
+        libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
 
 
 def _release_free_memory() -> None:

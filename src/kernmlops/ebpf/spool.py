@@ -324,9 +324,7 @@ class RingSpool:
                             write_all(seg.fd, chunk)
                         unsynced += sum(len(c) for c in run)
                         continue
-                    data = memoryview(run[0] if len(run) == 1 else b"".join(run))
-                    for at in range(0, len(data), self._frame_raw):
-                        raw = data[at : at + self._frame_raw]
+                    for raw in _frames_of(run, self._frame_raw):
                         packed = seg.codec.compress(raw, asbytes=True)
                         write_all(seg.fd, FRAME.pack(len(packed), len(raw)) + packed)
                         unsynced += FRAME.size + len(packed)
@@ -501,6 +499,26 @@ def _runs(chunks: list[tuple[_Segment, bytes]]) -> Iterator[tuple[_Segment, list
     for _, run in groupby(chunks, key=lambda c: id(c[0])):
         pieces = list(run)
         yield pieces[0][0], [chunk for _, chunk in pieces]
+
+
+def _frames_of(run: list[bytes], size: int) -> Iterator[bytes | memoryview]:
+    """The run's bytes cut in frames of ``size`` (the last shorter), each joined from
+    the pieces it spans: never the whole run at once (a batch of MiB would be mapped
+    and unmapped for every write)."""
+    pieces: list[memoryview] = []
+    have = 0
+    for chunk in run:
+        view = memoryview(chunk)
+        while view:
+            take = view[: size - have]
+            pieces.append(take)
+            have += len(take)
+            view = view[len(take) :]
+            if have == size:
+                yield pieces[0] if len(pieces) == 1 else b"".join(pieces)
+                pieces, have = [], 0
+    if pieces:
+        yield pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
 
 def _remove(seg: _Segment) -> None:
