@@ -799,18 +799,21 @@ def _return_large_frees() -> None:
     """Have large blocks mapped on their own, and so returned to the system when freed,
     and the heaps keep what the next ring copies will take again (glibc; elsewhere
     nothing changes)."""
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL(None)
-        libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-        libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    _mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    _mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
 
 
 def _trim_as_usual() -> None:
     """glibc's trim threshold back to its default once the programs are detached: the
     drain makes rows at full speed, and a heap that keeps 16 MiB at its top after each
     batch raised the peak of a 300-s storm's drain to 139 MiB (133-136 before)."""
+    _mallopt(M_TRIM_THRESHOLD, DEFAULT_TRIM_THRESHOLD)
+
+
+def _mallopt(param: int, value: int) -> None:
+    """glibc's mallopt; elsewhere (musl, no libc symbol) nothing changes."""
     with contextlib.suppress(Exception):
-        ctypes.CDLL(None).mallopt(M_TRIM_THRESHOLD, DEFAULT_TRIM_THRESHOLD)
+        ctypes.CDLL(None).mallopt(param, value)
 
 
 def _release_free_memory() -> None:

@@ -159,13 +159,7 @@ class RingBuffer:
         Pure Python: it runs while numpy is not imported yet."""
         cons, prod = self._positions()
         stride = record_stride(itemsize)
-        n = (prod - cons) // stride
-        mask = self.size - 1
-        for i in range(n):  # stop at the first record still being written
-            at = self._page + ((cons + i * stride) & mask)  # a header never straddles the end
-            if self._words[at // 4] & BUSY_BIT:
-                n = i
-                break
+        n = self._committed_py(cons, max(0, (prod - cons) // stride), stride)
         if n:
             self._spilled.append(self._bytes(cons, n * stride))
             self._cons[0] = cons + n * stride
@@ -197,6 +191,8 @@ class RingBuffer:
         return chunks
 
     def _committed_py(self, cons: int, n: int, stride: int) -> int:
+        """Committed records from ``cons`` (of ``n``): up to the first one still being
+        written (a header never straddles the ring's end)."""
         mask = self.size - 1
         for i in range(n):
             at = self._page + ((cons + i * stride) & mask)

@@ -122,12 +122,15 @@ class SpoolMemory:
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
 
+    def _cap(self, stall: bool) -> int:
+        return self.limit - (0 if stall else self.for_stalls)
+
     def available(self, stall: bool = False) -> bool:
-        return self.used < self.limit - (0 if stall else self.for_stalls)
+        return self.used < self._cap(stall)
 
     def reserve(self, size: int, stall: bool = False) -> bool:
         with self._lock:
-            if self.used + size > self.limit - (0 if stall else self.for_stalls):
+            if self.used + size > self._cap(stall):
                 return False
             self.used += size
             return True
