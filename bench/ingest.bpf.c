@@ -56,7 +56,7 @@ static __always_inline int on_enter(long id)
 	if (wakeup)
 		bpf_ringbuf_submit(e, 0); /* adaptive: wake only an idle consumer */
 	else
-		KMO_SUBMIT(e);
+		KMO_SUBMIT(ingest_rb, e);
 	return 0;
 }
 

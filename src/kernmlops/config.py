@@ -79,9 +79,10 @@ class CollectorConfig(_Strict):
         100,
         ge=1,
         le=10000,
-        description="longest time between two polls: the collector sleeps until a hook's "
-        "ring falls due (its batch_ms, or sooner at the rate it fills), a flush or this, "
-        "and wakes at once when the benchmark exits",
+        description="longest time between two polls while a hook's BPF programs cannot "
+        "wake the collector (its own, not submitting with common.h's macros); otherwise "
+        "it sleeps until a ring falls due (its batch_ms, or sooner at the rate it fills) "
+        "or passes a sixteenth full, a flush, the benchmark's exit or a stop signal",
     )
     flush_interval_s: float = Field(
         5.0, gt=0, le=3600, description="longest time rows wait in memory before Parquet"

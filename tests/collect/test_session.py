@@ -17,6 +17,7 @@ from kernmlops.config import load_config
 from kernmlops.data import read_collection
 from kernmlops.ebpf.build import build
 from kernmlops.hooks.base import Hook, HookContext, HookOptions
+from kernmlops.hooks.process_trace import ProcessTraceHook
 
 pytestmark = pytest.mark.bpf
 
@@ -418,14 +419,20 @@ def _count_polls(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 def test_a_quiet_collection_polls_a_few_times_a_second(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Rings that fill slowly fall due every batch_ms: the loop sleeps up to
-    # poll_max_interval_ms (100), not poll_interval_ms (10), between polls.
+    # Rings that fill slowly fall due every batch_ms (250), memory_usage hands its
+    # samples over every second: the loop sleeps until then, not poll_interval_ms
+    # (10) or poll_max_interval_ms (100): its rings would wake it when filling.
     polls = _count_polls(monkeypatch)
     cfg = _config(tmp_path, hooks=["process_trace", "memory_usage", "system_info"])
     cfg.benchmark.duration_s = 2.0
     result = Session(cfg).run()
     assert result.rows["system_info"] == 1 and result.rows["memory_usage"] >= 10
-    assert 10 <= len(polls) <= 40  # 200 at a poll every 10 ms
+    assert 5 <= len(polls) <= 15  # 200 at a poll every 10 ms, 20 every 100 ms
+    # A hook whose programs cannot wake the loop: poll_max_interval_ms caps the sleep.
+    polls.clear()
+    monkeypatch.setattr(ProcessTraceHook, "wakes_at_fill", False)
+    Session(cfg).run()
+    assert 18 <= len(polls) <= 40
     # Every poll interval again when a hook asks for it (batch_ms 0: every poll).
     polls.clear()
     cfg = load_config(
@@ -456,6 +463,56 @@ def test_the_benchmark_exit_wakes_a_sleeping_loop(
     assert result.ended_by == "completed"
     assert 0.3 <= result.duration_s < 2.0
     assert len(polls) <= 5
+
+
+def test_a_stop_signal_wakes_a_sleeping_loop(tmp_path: Path) -> None:
+    # Nothing asks for a poll before the first flush (5 s): the signal must end the sleep.
+    import os
+    import signal
+    import threading
+
+    cfg = load_config(
+        {
+            "collector": {"output_dir": str(tmp_path), "progress": False,
+                          "hooks": ["system_info"]},
+            "benchmark": {"name": "faux", "duration_s": 30},
+        }
+    )  # fmt: skip
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        result = Session(cfg).run()
+    finally:
+        timer.cancel()
+    assert result.ended_by == "interrupted"
+    assert 0.5 <= result.duration_s < 2.0
+
+
+def test_a_burst_wakes_the_loop_before_a_small_ring_overflows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A 64-KiB ring holds 1,365 process events; 600 processes make ~1,800 in about
+    # 0.3 s, and batch_ms is 10 s: only the programs' wake-ups at each sixteenth of
+    # the ring get it drained in time.
+    def run(out: Path) -> Session:
+        cfg = load_config(
+            {
+                "collector": {"output_dir": str(out), "progress": False,
+                              "hooks": ["process_trace"], "poll_max_interval_ms": 1000},
+                "hooks": {"process_trace": {"ring_kib": 64, "batch_ms": 10000}},
+                "benchmark": {"name": "command", "command": {"argv": [
+                    "sh", "-c", "sleep 1.5; for i in $(seq 600); do /bin/true; done"]}},
+            }
+        )  # fmt: skip
+        return Session(cfg).run()
+
+    result = run(tmp_path / "woken")
+    assert result.hooks["process_trace"].drops == 0
+    frame = read_collection(result.path)["process_trace"]
+    assert frame.filter(pl.col("comm") == "true").height >= 1200  # exec, exit of each
+    # Without the wake-ups (a poll every poll_max_interval_ms) the ring overflows.
+    monkeypatch.setattr(ProcessTraceHook, "wakes_at_fill", False)
+    assert run(tmp_path / "polled").hooks["process_trace"].drops > 0
 
 
 def test_a_filling_ring_falls_due_before_its_batch_ms() -> None:

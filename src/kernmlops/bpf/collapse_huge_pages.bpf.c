@@ -129,7 +129,7 @@ int scan_pmd(struct trace_event_raw_mm_khugepaged_scan_pmd *ctx)
 	e->referenced = ctx->referenced;
 	e->none_or_zero = ctx->none_or_zero;
 	e->unmapped = ctx->unmapped;
-	KMO_SUBMIT(e);
+	KMO_SUBMIT(collapse_huge_pages_rb, e);
 	return 0;
 }
 
@@ -166,7 +166,7 @@ int collapse(struct trace_event_raw_mm_collapse_huge_page *ctx)
 				__builtin_memcpy(e, iso, sizeof(*e));
 				e->mm = (u64)mm;
 				e->tgid = tgid;
-				KMO_SUBMIT(e);
+				KMO_SUBMIT(collapse_huge_pages_rb, e);
 			}
 		}
 	}
@@ -174,7 +174,7 @@ int collapse(struct trace_event_raw_mm_collapse_huge_page *ctx)
 	if (!e)
 		return 0;
 	e->isolated = ctx->isolated;
-	KMO_SUBMIT(e);
+	KMO_SUBMIT(collapse_huge_pages_rb, e);
 	return 0;
 }
 
@@ -188,7 +188,7 @@ int swapin(struct trace_event_raw_mm_collapse_huge_page_swapin *ctx)
 		return 0;
 	e->swapped_in = ctx->swapped_in;
 	e->referenced = ctx->referenced;
-	KMO_SUBMIT(e);
+	KMO_SUBMIT(collapse_huge_pages_rb, e);
 	return 0;
 }
 
@@ -204,7 +204,7 @@ int scan_file(struct trace_event_raw_mm_khugepaged_scan_file *ctx)
 	e->present = ctx->present;
 	e->swap = ctx->swap;
 	read_filename(e->filename, ctx, ctx->__data_loc_filename);
-	KMO_SUBMIT(e);
+	KMO_SUBMIT(collapse_huge_pages_rb, e);
 	return 0;
 }
 
@@ -222,7 +222,7 @@ int collapse_file(struct trace_event_raw_mm_khugepaged_collapse_file *ctx)
 	e->is_shmem = ctx->is_shmem;
 	e->nr = ctx->nr;
 	read_filename(e->filename, ctx, ctx->__data_loc_filename);
-	KMO_SUBMIT(e);
+	KMO_SUBMIT(collapse_huge_pages_rb, e);
 	return 0;
 }
 
@@ -298,7 +298,7 @@ static __always_inline int emit_range(bool madv, u64 start, u64 len, s32 advice)
 	e->syscall = madv ? MADVISE_MUNMAP_SYSCALL_MADVISE : MADVISE_MUNMAP_SYSCALL_MUNMAP;
 	e->advice = madv ? advice : -1;
 	e->advice_name = e->advice;
-	KMO_SUBMIT(e);
+	KMO_SUBMIT(madvise_munmap_rb, e);
 	return 0;
 }
 

@@ -52,6 +52,6 @@ int cpu_profile_sample(struct bpf_perf_event_data *ctx)
 	e->kernel_stack_id = bpf_get_stackid(ctx, &stacks, 0);
 	e->user_stack_id = pid ? bpf_get_stackid(ctx, &stacks, BPF_F_USER_STACK) : -14;
 	bpf_get_current_comm(e->comm, sizeof(e->comm));
-	KMO_SUBMIT(e);
+	KMO_SUBMIT(cpu_profile_rb, e);
 	return 0;
 }

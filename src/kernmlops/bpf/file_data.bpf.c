@@ -70,7 +70,7 @@ static __always_inline int on_open_exit(long ret)
 	name = BPF_CORE_READ(f, f_path.dentry, d_name.name);
 	if (bpf_probe_read_kernel_str(e->file_name, sizeof(e->file_name), name) < 0)
 		e->file_name[0] = 0;
-	KMO_SUBMIT(e);
+	KMO_SUBMIT(file_open_rb, e);
 	return 0;
 }
 

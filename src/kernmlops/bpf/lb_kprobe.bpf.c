@@ -314,7 +314,7 @@ int BPF_PROG(lb_fexit_btf, struct task_struct *p, struct lb_env___kmo *env, int 
 		return 0;
 	lb_fill(d, p, env);
 	lb_finish(d, env, ret);
-	KMO_SUBMIT(d);
+	KMO_SUBMIT(lb_decisions_rb, d);
 	return 0;
 }
 
@@ -359,6 +359,6 @@ int BPF_KRETPROBE(lb_kretprobe_raw, int ret)
 		return 0;
 	__builtin_memcpy(e, d, sizeof(*e));
 	lb_finish(e, (struct lb_env___kmo *)*envp, ret);
-	KMO_SUBMIT(e);
+	KMO_SUBMIT(lb_decisions_rb, e);
 	return 0;
 }

@@ -140,7 +140,7 @@ static __always_inline int on_migrate(struct task_struct *p, int dest_cpu)
 		d->model_pred = -1;
 		d->model_out = 0;
 		d->infer_ns = 0;
-		KMO_SUBMIT(d);
+		KMO_SUBMIT(lb_tp_rb, d);
 		return 0;
 	}
 	ev.in.delta_ns = d->delta_ns;
@@ -169,7 +169,7 @@ static __always_inline int on_migrate(struct task_struct *p, int dest_cpu)
 	lb_stat_add(LB_STAT_AGREE, d->model_pred == 1);
 	lb_stat_add(LB_STAT_FILTERED, 1);
 	lb_stat_add(d->model_pred ? LB_STAT_F_TP : LB_STAT_F_FN, 1);
-	KMO_SUBMIT(d);
+	KMO_SUBMIT(lb_tp_rb, d);
 	return 0;
 }
 

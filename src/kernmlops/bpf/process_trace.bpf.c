@@ -30,7 +30,7 @@ static __always_inline int emit(struct task_struct *task, enum process_trace_kin
 	e->ppid = BPF_CORE_READ(task, real_parent, tgid);
 	e->kind = kind;
 	BPF_CORE_READ_STR_INTO(&e->comm, task, comm);
-	KMO_SUBMIT(e);
+	KMO_SUBMIT(process_trace_rb, e);
 	return 0;
 }
 

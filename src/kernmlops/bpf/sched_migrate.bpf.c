@@ -91,7 +91,7 @@ static __always_inline int on_migrate(struct task_struct *p, int dest_cpu)
 				&e->dest_util_avg);
 	e->rq_valid = orig_ok && dest_ok;
 	BPF_CORE_READ_STR_INTO(&e->comm, p, comm);
-	KMO_SUBMIT(e);
+	KMO_SUBMIT(sched_migrate_rb, e);
 	return 0;
 }
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import os
 import platform
 import select
@@ -178,6 +179,9 @@ class Session:
         )
         self._sink = sink
         self._stop_signal: int | None = None
+        #: while the poll loop runs, an eventfd the stop signals' handler writes: its
+        #: sleep ends at once
+        self._interrupt: int | None = None
         self.extra_hooks: list[Hook] = list(hooks)
         self.participants: list[Participant] = [
             *configured(config.collector, bpf_dir, on_message),
@@ -504,14 +508,18 @@ class Session:
     ) -> tuple[str, int | None]:
         cfg = self.config.collector
         period = cfg.poll_interval_ms / 1000
-        longest = max(period, cfg.poll_max_interval_ms / 1000)
         limit = self.config.benchmark.duration_s
         start = time.monotonic()
         next_flush = start + cfg.flush_interval_s
         next_progress = start
-        # The benchmark's exit wakes the loop at once (a pidfd), so sleeping long
-        # between polls delays nothing.
+        # The loop sleeps until a hook is due (next_poll), and whatever cannot wait
+        # wakes it: the benchmark's exit (a pidfd), a stop signal (an eventfd the
+        # handler writes), a ring passing a sixteenth full (its map fd, see
+        # common.h). Only hooks whose buffers cannot tell cap the sleep.
         exited = _pidfd(proc.pid) if proc is not None else None
+        self._interrupt = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        waker, capped = _waker(hooks, exited, self._interrupt)
+        longest = max(period, cfg.poll_max_interval_ms / 1000) if capped else math.inf
         # The running manifest is written (and synced) by a thread: behind a storm's
         # writeback an fsync waited seconds, and the rings overflowed meanwhile. It is
         # joined once the hooks are detached (run), before the final manifest.
@@ -558,8 +566,11 @@ class Session:
                 wake = min(wake, next_flush, start + limit if limit is not None else wake)
                 if self.on_progress:
                     wake = min(wake, next_progress)
-                self._sleep(max(tick + period, wake) - now, exited)
+                self._sleep(max(tick + period, wake) - now, waker)
         finally:
+            waker.close()
+            interrupt, self._interrupt = self._interrupt, None
+            os.close(interrupt)
             if exited is not None:
                 os.close(exited)
 
@@ -575,13 +586,9 @@ class Session:
         return wake
 
     @staticmethod
-    def _sleep(seconds: float, exited: int | None) -> None:
-        if seconds <= 0:
-            return
-        if exited is None:
-            time.sleep(seconds)
-        else:
-            select.select([exited], [], [], seconds)
+    def _sleep(seconds: float, waker: select.epoll) -> None:
+        if seconds > 0:
+            waker.poll(seconds)
 
     def _results(
         self, sink: Sink, proc: GatedProcess | None, workdir: Path, exit_code: int | None
@@ -659,6 +666,9 @@ class Session:
     def _install_signals(self) -> dict[int, Any]:
         def handler(signum: int, _frame: object) -> None:
             self._stop_signal = signum
+            if self._interrupt is not None:
+                with contextlib.suppress(OSError):
+                    os.eventfd_write(self._interrupt, 1)  # wakes the poll loop's sleep
 
         old = {}
         if sys.platform != "win32" and _is_main_thread():
@@ -842,6 +852,27 @@ def _is_main_thread() -> bool:
     import threading
 
     return threading.current_thread() is threading.main_thread()
+
+
+def _waker(hooks: Sequence[Hook], *fds: int | None) -> tuple[select.epoll, bool]:
+    """An epoll of what ends the poll loop's sleep: ``fds`` when readable, and each
+    hook's wake fds (edge-triggered: a ring that holds records is readable until it
+    is drained, but only a program's wake-up is news); whether some hook cannot
+    tell (None), so the sleep must be capped."""
+    waker = select.epoll()
+    capped = False
+    for fd in fds:
+        if fd is not None:
+            waker.register(fd, select.EPOLLIN)
+    for hook in hooks:
+        wake = hook.wake_fds()
+        if wake is None:
+            capped = True
+            continue
+        for fd in wake:
+            with contextlib.suppress(FileExistsError):  # a map two hooks share
+                waker.register(fd, select.EPOLLIN | select.EPOLLET)
+    return waker, capped
 
 
 def _pidfd(pid: int) -> int | None:

@@ -8,8 +8,11 @@ RSS) and join the two pieces of the rare wrapping batch. Each record has an 8-by
 length in the low 30 bits, bit 31 = busy (reserved, not committed yet), bit
 30 = discarded; records are 8-byte aligned.
 
-Programs submit with BPF_RB_NO_WAKEUP and user space drains on a timer: no
-wake-ups, no epoll, and no Python code per event.
+User space drains on a timer, and no Python code runs per event. Programs
+submit without a wake-up, except the record that takes the ring across a
+sixteenth of its size (common.h, KMO_SUBMIT / KMO_BATCH_PUSH): the map's fd,
+in an edge-triggered epoll, then wakes the collector before a burst can fill
+the ring (see kernmlops.collect.session).
 
 The two positions are read and written whole, through 8-byte memoryviews (one
 load, one store), as the kernel reads and writes them. ``struct.pack_into``
@@ -120,6 +123,8 @@ class RingBuffer:
         self.name = name
         self.size = size
         self.dtype = dtype
+        #: the map's fd (not owned): readable, for epoll, when a program woke readers
+        self.fd = map_fd
         page = mmap.PAGESIZE
         self._page = page
         self._cons_map = mmap.mmap(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, cast
 
@@ -127,6 +127,13 @@ class Hook(ABC, Generic[OptionsT]):
         second instead of a hundred."""
         return None
 
+    def wake_fds(self) -> Sequence[int] | None:
+        """File descriptors that tell, readable in an edge-triggered epoll, that this
+        hook needs a poll sooner than :meth:`next_poll` said (a ring filling faster
+        than it did); ``()``: its times are exact. None: nothing tells, so the
+        session polls at least every ``collector.poll_max_interval_ms``."""
+        return ()
+
     def spill(self) -> None:
         """Keep kernel buffers from overflowing without building rows: while numpy
         and polars are being imported, or while the sink is behind. Rows come at
@@ -245,8 +252,11 @@ class SampledHook(Hook[SampledOptionsT]):
             self._sampler = None
 
     #: hand rows to the sink at most this often: a frame per sample (10 Hz, 100 Hz)
-    #: costs the collector more than the sampling itself
-    hand_over_s: ClassVar[float] = 0.25
+    #: costs the collector more than the sampling itself, and building a table costs
+    #: per column, not per row (memory_usage's 55 columns: ~0.3 ms a table, as much
+    #: again to size and queue it). The sink holds rows until its flush anyway, so a
+    #: second adds at most that to how long rows wait in memory.
+    hand_over_s: ClassVar[float] = 1.0
 
     def next_poll(self, now: float) -> float | None:
         if type(self).poll is not SampledHook.poll:

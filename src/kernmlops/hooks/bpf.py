@@ -135,6 +135,11 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
     #: rows come from the records alone (rows_from keeps no state), so the rings can
     #: go through a spool and rows be made later (kernmlops.collect.spool)
     spoolable: ClassVar[bool] = True
+    #: the programs submit with common.h's KMO_SUBMIT / KMO_BATCH_PUSH, which wake
+    #: the collector when a ring passes a sixteenth full; False (a program of its
+    #: own that submits with BPF_RB_NO_WAKEUP): the session polls at least every
+    #: collector.poll_max_interval_ms
+    wakes_at_fill: ClassVar[bool] = True
 
     def __init__(self, options: BpfOptionsT | HookOptions | None = None) -> None:
         super().__init__(options)
@@ -245,6 +250,11 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
 
     def spilled_bytes(self) -> int:
         return sum(reader.spilled_bytes for reader, _ in self._rings.values())
+
+    def wake_fds(self) -> Sequence[int] | None:
+        if not self.wakes_at_fill:
+            return None
+        return [reader.fd for reader, _ in self._rings.values()]
 
     def readers(self) -> dict[str, tuple[RingBuffer, RecordLayout]]:
         """table -> (ring reader, record layout). The layouts are numpy dtypes, made

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import IO, TYPE_CHECKING, ClassVar
 
@@ -38,10 +39,11 @@ class MemoryUsageHook(SampledHook[MemoryUsageOptions]):
     def __init__(self, options: MemoryUsageOptions | HookOptions | None = None) -> None:
         super().__init__(options)
         self._file: IO[bytes] | None = None
+        self._read_size = 8192  # /proc/meminfo is ~1.5 KiB
 
     def start(self, ctx: HookContext | None = None) -> None:
         try:
-            # Unbuffered and kept open: each sample is a seek and a read, no open().
+            # Kept open: each sample is one pread, no open().
             self._file = open(MEMINFO, "rb", buffering=0)  # noqa: SIM115
         except OSError as e:
             raise HookUnavailable(f"{self.name}: cannot read {MEMINFO}: {e.strerror}") from e
@@ -50,16 +52,25 @@ class MemoryUsageHook(SampledHook[MemoryUsageOptions]):
         self._start_sampling()  # the first sample at once
 
     def _sample(self, now_ns: int) -> None:
+        # Only the read: the sampler wakes every 100 ms with cold caches, where
+        # parsing the text cost 5x what it does in a loop (0.24 vs 0.045 ms).
         assert self._file is not None
-        self._file.seek(0)
-        fields = parse_meminfo(self._file.read().decode("ascii", errors="replace"))
-        self._rows.append({UPTIME_TIMESTAMP: now_ns // 1000, **fields})
+        fd = self._file.fileno()
+        text = os.pread(fd, self._read_size, 0)
+        while len(text) == self._read_size:  # a file larger than we thought
+            self._read_size *= 2
+            text = os.pread(fd, self._read_size, 0)
+        self._rows.append((now_ns, text))
         self.status.events += 1
 
-    def _frames(self, taken: list[dict[str, int]]) -> Iterator[tuple[str, Rows]]:
+    def _frames(self, taken: list[tuple[int, bytes]]) -> Iterator[tuple[str, Rows]]:
         if taken:
-            schema = pa.schema([(key, pa.int64()) for key in taken[0]])
-            yield TABLE, pa.Table.from_pylist(taken, schema=schema)
+            rows = [
+                {UPTIME_TIMESTAMP: now_ns // 1000, **parse_meminfo(text.decode("ascii", "replace"))}
+                for now_ns, text in taken
+            ]
+            schema = pa.schema([(key, pa.int64()) for key in rows[0]])
+            yield TABLE, pa.Table.from_pylist(rows, schema=schema)
 
     def _release(self) -> None:
         if self._file is not None:
