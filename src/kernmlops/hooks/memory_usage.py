@@ -53,7 +53,7 @@ class MemoryUsageHook(SampledHook[MemoryUsageOptions]):
 
     def _sample(self, now_ns: int) -> None:
         # Only the read: the sampler wakes every 100 ms with cold caches, where
-        # parsing the text cost 5x what it does in a loop (0.24 vs 0.045 ms).
+        # parsing the text cost 2-5x what it does in a loop (0.1-0.24 vs 0.045 ms).
         assert self._file is not None
         fd = self._file.fileno()
         text = os.pread(fd, self._read_size, 0)
