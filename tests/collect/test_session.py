@@ -498,7 +498,7 @@ def test_a_burst_wakes_the_loop_before_a_small_ring_overflows(
         cfg = load_config(
             {
                 "collector": {"output_dir": str(out), "progress": False,
-                              "hooks": ["process_trace"], "poll_max_interval_ms": 1000},
+                              "hooks": ["process_trace"], "poll_max_interval_ms": 10000},
                 "hooks": {"process_trace": {"ring_kib": 64, "batch_ms": 10000}},
                 "benchmark": {"name": "command", "command": {"argv": [
                     "sh", "-c", "sleep 1.5; for i in $(seq 600); do /bin/true; done"]}},
@@ -510,7 +510,8 @@ def test_a_burst_wakes_the_loop_before_a_small_ring_overflows(
     assert result.hooks["process_trace"].drops == 0
     frame = read_collection(result.path)["process_trace"]
     assert frame.filter(pl.col("comm") == "true").height >= 1200  # exec, exit of each
-    # Without the wake-ups (a poll every poll_max_interval_ms) the ring overflows.
+    # Without the wake-ups the loop sleeps through the burst (poll_max_interval_ms and
+    # batch_ms are 10 s, the first flush 5 s): the ring overflows.
     monkeypatch.setattr(ProcessTraceHook, "wakes_at_fill", False)
     assert run(tmp_path / "polled").hooks["process_trace"].drops > 0
 
