@@ -1,7 +1,9 @@
 """What the collector itself costs while the workload keeps every CPU busy.
 
 ``kernmlops collect -b faux`` (default hooks, the whole system) runs under
-``stress-ng --cpu <ncpu>`` (or on an idle machine with ``--idle``); after a
+``stress-ng --cpu <ncpu>`` (``--load cpu``), under the switch storm
+(``--load switch``: ``stress-ng --switch <ncpu>``) or on an idle machine
+(``--load idle``); after a
 settling time, the run time of each of its threads is read from
 ``/proc/<pid>/task/<tid>/schedstat`` (nanoseconds the thread ran, and how many
 times it was switched in) over a window. With ``--baseline TREE`` the same runs
@@ -10,7 +12,8 @@ whose BPF objects are built in its own ``build/bpf``.
 
     sudo .venv/bin/python bench/collector_cpu.py --rounds 4 --baseline /tmp/base
 
-Prints ms of CPU per second per thread (by Python thread name) and writes JSON.
+Prints ms of CPU per second per thread (by Python thread name), the records the
+rings dropped, and writes JSON.
 """
 
 from __future__ import annotations
@@ -55,15 +58,25 @@ def thread_names(pid: int) -> dict[int, str]:
     return {int(t): n for t, n in re.findall(r"Thread (\d+) \(\w+\): \"([^\"]+)\"", dump)}
 
 
-def one(tree: Path | None, settle: float, window: float, idle: bool) -> dict[str, list[float]]:
+def drops(out: str) -> int:
+    """Records the hooks' rings dropped (the stopped collection's manifest)."""
+    total = 0
+    for path in Path(out).glob("curated/*/*/manifest.json"):
+        for hook in json.loads(path.read_text()).get("hooks", {}).values():
+            total += hook.get("drops", 0) if hook.get("variant") != "procfs" else 0
+    return total
+
+
+def one(tree: Path | None, settle: float, window: float, load_kind: str) -> dict[str, list[float]]:
     env = dict(os.environ)
     if tree is not None:
         env["PYTHONPATH"] = str(tree / "src")
         env["KERNMLOPS_BPF_DIR"] = str(tree / "build" / "bpf")
     load = None
-    if not idle:
+    if load_kind != "idle":
+        duration = f"{settle + window + 30}s"
         load = subprocess.Popen(
-            ["stress-ng", "--cpu", str(os.cpu_count()), "--timeout", f"{settle + window + 30}s"],
+            ["stress-ng", f"--{load_kind}", str(os.cpu_count()), "--timeout", duration],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -72,6 +85,7 @@ def one(tree: Path | None, settle: float, window: float, idle: bool) -> dict[str
     proc = subprocess.Popen(
         argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
+    per: dict[str, list[float]] = {}
     try:
         assert proc.stderr is not None
         for line in proc.stderr:
@@ -84,7 +98,6 @@ def one(tree: Path | None, settle: float, window: float, idle: bool) -> dict[str
         t0, a = time.monotonic(), threads(proc.pid)
         time.sleep(window)
         b, wall = threads(proc.pid), time.monotonic() - t0
-        per: dict[str, list[float]] = {}
         for tid, (comm, ran, slices) in b.items():
             before = a.get(tid, (comm, 0, 0))
             name = names.get(tid, comm)
@@ -92,14 +105,15 @@ def one(tree: Path | None, settle: float, window: float, idle: bool) -> dict[str
             acc[0] += (ran - before[1]) / 1e6 / wall
             acc[1] += (slices - before[2]) / wall
         per["total"] = [sum(v[0] for v in per.values()), sum(v[1] for v in per.values())]
-        return per
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait()
         if load is not None:
             load.kill()
             load.wait()
+        per["ring drops"] = [float(drops(out)), 0.0]
         subprocess.run(["rm", "-rf", out], check=False)
+    return per
 
 
 def main() -> None:
@@ -107,7 +121,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--settle", type=float, default=8.0, help="seconds after attach")
     ap.add_argument("--window", type=float, default=20.0, help="seconds measured")
-    ap.add_argument("--idle", action="store_true", help="no stress-ng: an idle machine")
+    ap.add_argument("--load", choices=["cpu", "switch", "idle"], default="cpu",
+                    help="stress-ng --cpu, the switch storm, or nothing")  # fmt: skip
     ap.add_argument("--baseline", type=Path, help="another source tree, alternated")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "collector-cpu.json")
     args = ap.parse_args()
@@ -117,15 +132,17 @@ def main() -> None:
     runs: dict[str, list[dict[str, list[float]]]] = {k: [] for k in trees}
     for r in range(args.rounds):
         for label, tree in trees.items():
-            per = one(tree, args.settle, args.window, args.idle)
+            per = one(tree, args.settle, args.window, args.load)
             runs[label].append(per)
             print(f"round {r + 1} {label:8s} total {per['total'][0]:6.2f} ms/s "
-                  f"({per['total'][1]:5.1f} switches-in/s)", flush=True)  # fmt: skip
-    load = "idle" if args.idle else "stress-ng --cpu"
-    print(f"\nms of CPU per second, median of {args.rounds} ({load})")
+                  f"({per['total'][1]:5.1f} switches-in/s), "
+                  f"{per['ring drops'][0]:.0f} dropped", flush=True)  # fmt: skip
+    print(f"\nms of CPU per second, median of {args.rounds} (load: {args.load})")
     summary = {}
     for label, rs in runs.items():
-        names = sorted({n for per in rs for n in per}, key=lambda n: (n == "total", n))
+        names = sorted(
+            {n for per in rs for n in per if n != "ring drops"}, key=lambda n: (n == "total", n)
+        )
         summary[label] = {
             n: {
                 "ms_per_s": statistics.median(per.get(n, [0, 0])[0] for per in rs),
@@ -133,11 +150,14 @@ def main() -> None:
             }
             for n in names
         }
-        print(f"[{label}]")
+        summary[label]["ring drops"] = {"runs": [per["ring drops"][0] for per in rs]}
+        print(f"[{label}]  ring drops per run: {summary[label]['ring drops']['runs']}")
         for n, v in summary[label].items():
+            if n == "ring drops":
+                continue
             print(f"  {n:28s} {v['ms_per_s']:6.2f} ms/s  {v['switches_in_per_s']:6.1f}/s")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    body = {"idle": args.idle, "rounds": args.rounds, "window_s": args.window}
+    body = {"load": args.load, "rounds": args.rounds, "window_s": args.window}
     args.out.write_text(json.dumps({**body, "summary": summary, "runs": runs}, indent=1))
     print(f"wrote {args.out}")
 

@@ -82,7 +82,7 @@ class CollectorConfig(_Strict):
         description="longest time between two polls while a hook's BPF programs cannot "
         "wake the collector (its own, not submitting with common.h's macros); otherwise "
         "it sleeps until a ring falls due (its batch_ms, or sooner at the rate it fills) "
-        "or passes a sixteenth full, a flush, the benchmark's exit or a stop signal",
+        "or passes a quarter full, a flush, the benchmark's exit or a stop signal",
     )
     flush_interval_s: float = Field(
         5.0, gt=0, le=3600, description="longest time rows wait in memory before Parquet"

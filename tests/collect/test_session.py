@@ -492,8 +492,13 @@ def test_a_burst_wakes_the_loop_before_a_small_ring_overflows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A 64-KiB ring holds 1,365 process events; 600 processes make ~1,800 in about
-    # 0.3 s, and batch_ms is 10 s: only the programs' wake-ups at each sixteenth of
-    # the ring get it drained in time.
+    # 0.3 s. The hook asks for no poll before 10 s (its forecast from the fill rate
+    # is switched off, so that only the wake-ups are tested): the programs' wake-ups
+    # at each quarter of the ring must get it drained in time.
+    from kernmlops.hooks.bpf import BpfHook
+
+    monkeypatch.setattr(BpfHook, "next_poll", lambda self, now: now + 10.0)
+
     def run(out: Path) -> Session:
         cfg = load_config(
             {
@@ -510,8 +515,8 @@ def test_a_burst_wakes_the_loop_before_a_small_ring_overflows(
     assert result.hooks["process_trace"].drops == 0
     frame = read_collection(result.path)["process_trace"]
     assert frame.filter(pl.col("comm") == "true").height >= 1200  # exec, exit of each
-    # Without the wake-ups the loop sleeps through the burst (poll_max_interval_ms and
-    # batch_ms are 10 s, the first flush 5 s): the ring overflows.
+    # Without the wake-ups the loop sleeps through the burst (until the first flush
+    # at 5 s or the benchmark's exit): the ring overflows.
     monkeypatch.setattr(ProcessTraceHook, "wakes_at_fill", False)
     assert run(tmp_path / "polled").hooks["process_trace"].drops > 0
 
@@ -527,10 +532,10 @@ def test_a_filling_ring_falls_due_before_its_batch_ms() -> None:
     hook._rings = {"quanta_runtime": (ring, 48)}  # type: ignore[assignment]
     hook._last_drain = {"quanta_runtime": 100.0}
     assert hook.next_poll(100.05) == pytest.approx(100.25)  # empty: batch_ms
-    # 512 KiB in 50 ms: 1/16 (1 MiB) in another 50 ms
-    ring.pending = 512 << 10
+    # 2 MiB in 50 ms: a quarter (4 MiB) in another 50 ms
+    ring.pending = 2 << 20
     assert hook.next_poll(100.05) == pytest.approx(100.10)
-    ring.pending = 2 << 20  # past 1/16: now
+    ring.pending = 4 << 20  # a quarter: now
     assert hook.next_poll(100.05) == pytest.approx(100.05)
     ring.spilled = True
     assert hook.next_poll(100.05) is None

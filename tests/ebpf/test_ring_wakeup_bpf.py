@@ -1,5 +1,5 @@
-"""common.h's submits wake the collector exactly when a ring passes a sixteenth
-(and each further sixteenth) of its size, and never for the records in between:
+"""common.h's submits wake the collector exactly when a ring passes a quarter
+(and each further quarter) of its size, and never for the records in between:
 the poll loop sleeps on the rings' fds in an edge-triggered epoll."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from kernmlops.ebpf.ringbuf import RingBuffer, record_stride
 pytestmark = pytest.mark.bpf
 
 RING_BYTES = 1 << 16
-SIXTEENTH = RING_BYTES // 16
+QUARTER = RING_BYTES // 4
 
 # `submit` writes count[0] records, one reservation each (KMO_SUBMIT); `push`
 # writes count[0] records into the per-CPU batch, which goes out whole every
@@ -104,26 +104,26 @@ def wake_obj(compile_bpf: Callable[[str, str], Path]) -> Iterator[BpfObject]:
         yield obj
 
 
-def test_a_record_wakes_the_reader_at_each_sixteenth(wake_obj: BpfObject) -> None:
+def test_a_record_wakes_the_reader_at_each_quarter(wake_obj: BpfObject) -> None:
     stride = record_stride(56)
-    per_sixteenth = SIXTEENTH // stride  # 64 records
+    per_quarter = QUARTER // stride  # 256 records
     reader = RingBuffer(wake_obj.map("rb").fd, RING_BYTES, np.dtype((np.void, 56)))
     ep = select.epoll()
     try:
         ep.register(reader.fd, select.EPOLLIN | select.EPOLLET)
-        _run(wake_obj, "submit", per_sixteenth - 1)
-        assert reader.pending_bytes() == (per_sixteenth - 1) * stride
+        _run(wake_obj, "submit", per_quarter - 1)
+        assert reader.pending_bytes() == (per_quarter - 1) * stride
         assert not _woken(ep)  # records wait, and nothing woke the reader
-        _run(wake_obj, "submit", 1)  # the record that fills the first sixteenth
+        _run(wake_obj, "submit", 1)  # the record that fills the first quarter
         assert _woken(ep)
         assert not _woken(ep)  # edge-triggered: reported once
-        _run(wake_obj, "submit", per_sixteenth - 1)
+        _run(wake_obj, "submit", per_quarter - 1)
         assert not _woken(ep)
-        _run(wake_obj, "submit", 1)  # the second sixteenth
+        _run(wake_obj, "submit", 1)  # the second quarter
         assert _woken(ep)
-        assert len(reader.drain()) == 2 * per_sixteenth
+        assert len(reader.drain()) == 2 * per_quarter
         # Drained: the count starts again from an empty ring.
-        _run(wake_obj, "submit", per_sixteenth - 1)
+        _run(wake_obj, "submit", per_quarter - 1)
         assert not _woken(ep)
         _run(wake_obj, "submit", 1)
         assert _woken(ep)
@@ -132,10 +132,10 @@ def test_a_record_wakes_the_reader_at_each_sixteenth(wake_obj: BpfObject) -> Non
         reader.close()
 
 
-def test_a_batch_wakes_the_reader_when_it_crosses_a_sixteenth(wake_obj: BpfObject) -> None:
+def test_a_batch_wakes_the_reader_when_it_crosses_a_quarter(wake_obj: BpfObject) -> None:
     batch = 16 + 32 * 16  # n, first_ns, 32 records of 16 bytes
     stride = record_stride(batch)
-    crossing = -(-SIXTEENTH // stride)  # the batch that takes the ring past 4 KiB
+    crossing = -(-QUARTER // stride)  # the batch that takes the ring past 16 KiB
     reader = RingBuffer(wake_obj.map("brb").fd, RING_BYTES, np.dtype((np.void, batch)))
     ep = select.epoll()
     try:

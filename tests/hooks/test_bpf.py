@@ -37,7 +37,7 @@ def test_rings_drain_when_full_enough_or_at_stop() -> None:
     from kernmlops.hooks.process_trace import ProcessTraceHook
 
     flt = ProcessFilter(follow_children=True)
-    # 64 KiB ring: drained at 4 KiB pending, about 90 records of 40 bytes
+    # 64 KiB ring: drained at a quarter (16 KiB) pending, about 340 records of 48 bytes
     hook = ProcessTraceHook(ProcessTraceHook.Options(ring_kib=64, batch_ms=10_000))
     try:
         hook.start(HookContext("t", process_filter=flt, self_tgid=os.getpid()))
@@ -45,11 +45,11 @@ def test_rings_drain_when_full_enough_or_at_stop() -> None:
         _traced(flt, "/bin/true")
         assert reader.pending_bytes() > 0
         assert list(polled(hook.poll())) == []  # a few records wait for the batch
-        _traced(flt, "for i in $(seq 100); do /bin/true; done")
-        assert reader.pending_bytes() >= 4096
+        _traced(flt, "for i in $(seq 150); do /bin/true; done")
+        assert reader.pending_bytes() >= 16384
         drained = [f for _, f in polled(hook.poll())]
         assert reader.pending_bytes() == 0
-        assert _execs(drained, "true") == 101  # the first run's rows came along
+        assert _execs(drained, "true") == 151  # the first run's rows came along
         _traced(flt, "/bin/true")
         final = [f for _, f in polled(hook.stop())]
         assert _execs(final, "true") == 1

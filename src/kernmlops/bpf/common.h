@@ -48,17 +48,20 @@ static __always_inline void kmo_count_drops(u32 slot, u64 records)
 		*n += records;
 }
 
-/* The collector drains a ring every batch_ms, or sooner once it is a sixteenth
- * full (BpfHook._due), and sleeps in between. A record that takes its ring's
- * unread bytes across a sixteenth of the ring (1/16, 2/16, ...) wakes it; every
- * other record goes in without a wake-up (an irq_work each, an interrupt in a
- * VM). The collector so sleeps through a quiet second instead of polling
- * against a burst, and a crossing lost to two CPUs reserving at once is made up
- * at the next sixteenth. Two helper calls per record or batch. `before` and
- * `after`: unread bytes without and with the record. */
+/* The collector drains a ring every batch_ms, or sooner once it is a quarter
+ * full (BpfHook._due, DRAIN_FRACTION), and sleeps in between. A record that
+ * takes its ring's unread bytes across a quarter of the ring (1/4, 2/4, 3/4)
+ * wakes it; every other record goes in without a wake-up (an irq_work each, an
+ * interrupt in a VM). The collector so sleeps through a quiet second instead of
+ * polling against a burst, drains a storm's ring in quarters (each wake-up of
+ * the collector costs it ~0.5 ms), and a crossing lost to two CPUs reserving at
+ * once is made up at the next quarter. Two helper calls per record or batch.
+ * `before` and `after`: unread bytes without and with the record. */
+#define KMO_WAKE_SHIFT 2
+
 static __always_inline u64 kmo_wake_flags(void *ring, u64 before, u64 after)
 {
-	u64 mask = ~((bpf_ringbuf_query(ring, BPF_RB_RING_SIZE) >> 4) - 1);
+	u64 mask = ~((bpf_ringbuf_query(ring, BPF_RB_RING_SIZE) >> KMO_WAKE_SHIFT) - 1);
 
 	return (before & mask) != (after & mask) ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
 }

@@ -514,7 +514,7 @@ class Session:
         next_progress = start
         # The loop sleeps until a hook is due (next_poll), and whatever cannot wait
         # wakes it: the benchmark's exit (a pidfd), a stop signal (an eventfd the
-        # handler writes), a ring passing a sixteenth full (its map fd, see
+        # handler writes), a ring passing a quarter full (its map fd, see
         # common.h). Only hooks whose buffers cannot tell cap the sleep.
         exited = _pidfd(proc.pid) if proc is not None else None
         self._interrupt = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)

@@ -10,7 +10,7 @@ length in the low 30 bits, bit 31 = busy (reserved, not committed yet), bit
 
 User space drains on a timer, and no Python code runs per event. Programs
 submit without a wake-up, except the record that takes the ring across a
-sixteenth of its size (common.h, KMO_SUBMIT / KMO_BATCH_PUSH): the map's fd,
+quarter of its size (common.h, KMO_SUBMIT / KMO_BATCH_PUSH): the map's fd,
 in an edge-triggered epoll, then wakes the collector before a burst can fill
 the ring (see kernmlops.collect.session).
 
