@@ -465,6 +465,18 @@ def test_the_benchmark_exit_wakes_a_sleeping_loop(
     assert len(polls) <= 5
 
 
+def test_sampled_rows_go_into_the_flush_that_follows_them(tmp_path: Path) -> None:
+    # memory_usage hands its samples over every 5 s by itself; each flush (every
+    # second here) takes them, so none waits longer than flush_interval_s.
+    cfg = _config(tmp_path, hooks=["memory_usage"], flush_interval_s=1.0, compact=False)
+    cfg.benchmark.duration_s = 3.3
+    result = Session(cfg).run()
+    parts = sorted((result.path / "memory_usage").glob("*.parquet"))
+    rows = [pq.ParquetFile(p).metadata.num_rows for p in parts]
+    assert len(rows) >= 4 and sum(rows) == result.rows["memory_usage"]
+    assert all(8 <= n <= 12 for n in rows[1:-1])  # a second of 10-Hz samples each
+
+
 def test_a_stop_signal_wakes_a_sleeping_loop(tmp_path: Path) -> None:
     # Nothing asks for a poll before the first flush (5 s): the signal must end the sleep.
     import os

@@ -146,6 +146,19 @@ def test_poll_yields_nothing_between_samples() -> None:
         hook.close()
 
 
+def test_a_flush_takes_every_sample_taken() -> None:
+    hook = MemoryUsageHook(MemoryUsageHook.Options(poll_hz=20))
+    hook.start()
+    try:
+        assert sum(f.height for _, f in polled(hook.poll())) == 1  # the first sample
+        time.sleep(0.33)
+        assert list(polled(hook.poll())) == []  # the next hand-over is seconds away
+        assert 6 <= sum(f.height for _, f in polled(hook.flushing())) <= 7
+        assert list(polled(hook.flushing())) == []
+    finally:
+        hook.close()
+
+
 def test_poll_before_start_and_stop_twice() -> None:
     hook = MemoryUsageHook()
     assert list(polled(hook.poll())) == []

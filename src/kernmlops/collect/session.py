@@ -25,7 +25,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -66,7 +66,7 @@ from kernmlops.host.cpus import SpareCpu, autogroup_nice, set_autogroup_nice
 from kernmlops.host.environment import Environment
 from kernmlops.host.sysinfo import system_info
 from kernmlops.lazy import preload
-from kernmlops.tables import Sink
+from kernmlops.tables import Rows, Sink
 
 RESULT_TABLE = "benchmark_result"
 #: imported in the background once the probes are attached (see kernmlops.lazy), with
@@ -539,6 +539,8 @@ class Session:
                     for hook in hooks:
                         self._drain(hook, sink)
                 if tick >= next_flush:
+                    for hook in hooks:  # what hooks hold back goes into this flush
+                        self._spool_call(lambda h=hook: _write_all(sink, h.flushing()))
                     # Finish the open parts in the writer thread; the manifest says how far
                     # the collection got (parts finished by the previous flush).
                     if isinstance(sink, ThreadedSink):
@@ -617,12 +619,7 @@ class Session:
             sink.write(RESULT_TABLE, frame)
 
     def _drain(self, hook: Hook, sink: Sink, final: bool = False) -> None:
-        def drain() -> None:
-            rows = hook.stop() if final else hook.poll()
-            for table, frame in rows:
-                sink.write(table, frame)
-
-        self._spool_call(drain)
+        self._spool_call(lambda: _write_all(sink, hook.stop() if final else hook.poll()))
 
     def _spool_call(self, fn: Callable[[], object]) -> None:
         """Run ``fn``; a spool that cannot be written is the output's error (one line,
@@ -852,6 +849,11 @@ def _is_main_thread() -> bool:
     import threading
 
     return threading.current_thread() is threading.main_thread()
+
+
+def _write_all(sink: Sink, rows: Iterable[tuple[str, Rows]]) -> None:
+    for table, frame in rows:
+        sink.write(table, frame)
 
 
 def _waker(hooks: Sequence[Hook], *fds: int | None) -> tuple[select.epoll, bool]:

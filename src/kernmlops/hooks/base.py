@@ -127,6 +127,12 @@ class Hook(ABC, Generic[OptionsT]):
         second instead of a hundred."""
         return None
 
+    def flushing(self) -> Iterator[tuple[str, Rows]]:
+        """Rows held back from :meth:`poll` that the session's coming flush must
+        include (a sampled hook's samples): called right before each flush, so no
+        row waits in memory longer than ``collector.flush_interval_s``."""
+        return iter(())
+
     def wake_fds(self) -> Sequence[int] | None:
         """File descriptors that tell, readable in an edge-triggered epoll, that this
         hook needs a poll sooner than :meth:`next_poll` said (a ring filling faster
@@ -254,9 +260,10 @@ class SampledHook(Hook[SampledOptionsT]):
     #: hand rows to the sink at most this often: a frame per sample (10 Hz, 100 Hz)
     #: costs the collector more than the sampling itself, and building a table costs
     #: per column, not per row (memory_usage's 55 columns: ~0.3 ms a table, as much
-    #: again to size and queue it). The sink holds rows until its flush anyway, so a
-    #: second adds at most that to how long rows wait in memory.
-    hand_over_s: ClassVar[float] = 1.0
+    #: again to size and queue it, ~1.5 ms with the loop's cold caches). A session
+    #: takes the samples at each flush (flushing), so this is the pace only between
+    #: flushes further apart, or without a session.
+    hand_over_s: ClassVar[float] = 5.0
 
     def next_poll(self, now: float) -> float | None:
         if type(self).poll is not SampledHook.poll:
@@ -268,6 +275,10 @@ class SampledHook(Hook[SampledOptionsT]):
         if now - self._handed_over < self.hand_over_s:
             return
         self._handed_over = now
+        yield from self._take_all()
+
+    def flushing(self) -> Iterator[tuple[str, Rows]]:
+        self._handed_over = time.monotonic()
         yield from self._take_all()
 
     def _take_all(self) -> list[tuple[str, Rows]]:
