@@ -551,3 +551,38 @@ def test_a_filling_ring_falls_due_before_its_batch_ms() -> None:
     assert hook.next_poll(100.05) == pytest.approx(100.05)
     ring.spilled = True
     assert hook.next_poll(100.05) is None
+
+
+class _BadWakeHook(_CountingHook):
+    """A hook whose wake fd the loop cannot watch (closed before the loop starts)."""
+
+    name = "bad_wake_hook"
+
+    def wake_fds(self) -> tuple[int, ...]:
+        import os
+
+        r, w = os.pipe()
+        os.close(r)
+        os.close(w)
+        return (r,)
+
+
+def test_a_loop_that_cannot_start_leaves_no_fd_open(tmp_path: Path) -> None:
+    # The pidfd, the stop eventfd and the epoll are closed even when watching a
+    # hook's wake fd fails (EBADF) before the loop's first poll.
+    import contextlib
+    import os
+
+    def open_fds() -> dict[str, str]:
+        fds = {}
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(FileNotFoundError):  # the listing's own fd, closed
+                fds[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        return fds
+
+    before = open_fds()
+    cfg = _config(tmp_path, hooks=["system_info"])
+    with pytest.raises(OSError):
+        Session(cfg, hooks=[_BadWakeHook()]).run()
+    leaked = {fd: target for fd, target in open_fds().items() if fd not in before}
+    assert not leaked

@@ -516,15 +516,17 @@ class Session:
         # wakes it: the benchmark's exit (a pidfd), a stop signal (an eventfd the
         # handler writes), a ring passing a quarter full (its map fd, see
         # common.h). Only hooks whose buffers cannot tell cap the sleep.
-        exited = _pidfd(proc.pid) if proc is not None else None
-        self._interrupt = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        waker, capped = _waker(hooks, exited, self._interrupt)
-        longest = max(period, cfg.poll_max_interval_ms / 1000) if capped else math.inf
         # The running manifest is written (and synced) by a thread: behind a storm's
         # writeback an fsync waited seconds, and the rings overflowed meanwhile. It is
         # joined once the hooks are detached (run), before the final manifest.
         manifests = self._manifests = _Background("kernmlops-manifest")
+        exited: int | None = None
+        waker: select.epoll | None = None
         try:
+            exited = _pidfd(proc.pid) if proc is not None else None
+            self._interrupt = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            waker, capped = _waker(hooks, exited, self._interrupt)
+            longest = max(period, cfg.poll_max_interval_ms / 1000) if capped else math.inf
             while True:
                 tick = time.monotonic()
                 loading = libraries is not None and not libraries.is_set()
@@ -570,9 +572,11 @@ class Session:
                     wake = min(wake, next_progress)
                 self._sleep(max(tick + period, wake) - now, waker)
         finally:
-            waker.close()
+            if waker is not None:
+                waker.close()
             interrupt, self._interrupt = self._interrupt, None
-            os.close(interrupt)
+            if interrupt is not None:
+                os.close(interrupt)
             if exited is not None:
                 os.close(exited)
 
@@ -863,17 +867,21 @@ def _waker(hooks: Sequence[Hook], *fds: int | None) -> tuple[select.epoll, bool]
     tell (None), so the sleep must be capped."""
     waker = select.epoll()
     capped = False
-    for fd in fds:
-        if fd is not None:
-            waker.register(fd, select.EPOLLIN)
-    for hook in hooks:
-        wake = hook.wake_fds()
-        if wake is None:
-            capped = True
-            continue
-        for fd in wake:
-            with contextlib.suppress(FileExistsError):  # a map two hooks share
-                waker.register(fd, select.EPOLLIN | select.EPOLLET)
+    try:
+        for fd in fds:
+            if fd is not None:
+                waker.register(fd, select.EPOLLIN)
+        for hook in hooks:
+            wake = hook.wake_fds()
+            if wake is None:
+                capped = True
+                continue
+            for fd in wake:
+                with contextlib.suppress(FileExistsError):  # a map two hooks share
+                    waker.register(fd, select.EPOLLIN | select.EPOLLET)
+    except BaseException:
+        waker.close()
+        raise
     return waker, capped
 
 
