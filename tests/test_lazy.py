@@ -128,3 +128,37 @@ def test_a_module_growing_in_another_thread_while_first_used() -> None:
         writer.join()
         sys.setswitchinterval(old_interval)
         sys.modules.pop(big.__name__, None)
+
+
+def test_the_first_rows_import_nothing_once_the_libraries_are_in(tmp_path: Path) -> None:
+    # The collector imports its decoding libraries in the background right after
+    # attaching (preload); whatever the first flush imports on top runs later, in
+    # the sink's thread, under the storm it records. numpy 2's first np.unique
+    # imports numpy.ma (pure Python: ~15 ms idle, far more under a storm), which
+    # the sink's first part used to pay.
+    code = f"""
+        import sys
+        import pyarrow as pa
+        from pathlib import Path
+        from kernmlops.collect.session import DECODING_LIBRARIES
+        from kernmlops.collect.sinks import ParquetSink
+        from kernmlops.lazy import preload
+        assert preload(*DECODING_LIBRARIES).wait(60)
+        before = set(sys.modules)
+        n = 10_000
+        table = pa.table({{
+            "ts_uptime_us": pa.array(range(n), pa.uint64()),
+            "cpu": pa.array([i % 2 for i in range(n)], pa.uint32()),
+            "comm": pa.array([f"task{{i % 7}}" for i in range(n)]),
+            "ratio": pa.array([None if i % 5 == 0 else i / 3 for i in range(n)]),
+        }})
+        sink = ParquetSink(Path({str(tmp_path)!r}), "c0ffee")
+        sink.write("quanta", table)
+        sink.flush(durable=True)
+        sink.close()
+        print(sorted(set(sys.modules) - before))
+    """
+    out = run_python(code)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+    assert list(tmp_path.glob("quanta/part-*.parquet"))

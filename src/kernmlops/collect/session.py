@@ -71,8 +71,18 @@ from kernmlops.tables import Rows, Sink
 RESULT_TABLE = "benchmark_result"
 #: imported in the background once the probes are attached (see kernmlops.lazy), with
 #: each hook's own ``libraries``: rows are Arrow tables, polars only where a hook builds
-#: them with it
-DECODING_LIBRARIES = ("numpy", "pyarrow", "pyarrow.parquet")
+#: them with it. Also what their first use imports on its own, which would otherwise
+#: fall into the first flush under the storm being recorded (tests/test_lazy.py):
+#: numpy 2's first ``np.unique`` imports numpy.ma (15 ms on an idle CPU), pyarrow's
+#: first array from Python objects (memory_usage's rows) dateutil.relativedelta (26 ms,
+#: with locale and calendar)
+DECODING_LIBRARIES = (
+    "numpy",
+    "numpy.ma",
+    "pyarrow",
+    "pyarrow.parquet",
+    "dateutil.relativedelta",
+)
 #: ring records held in memory while the sink is behind; past it the loop blocks on the
 #: sink again and a long stall overflows the rings (counted as drops)
 MAX_SPILLED_BYTES = 256 << 20
