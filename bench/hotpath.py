@@ -77,15 +77,27 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--seconds", type=int, default=3, help="storm per round")
+    parser.add_argument(
+        "--alone",
+        action="store_true",
+        help="attach one step per storm (each pays its own cache misses, as a program "
+        "alone on the tracepoint does) instead of all at once",
+    )
+    parser.add_argument(
+        "--steps", default=",".join(map(str, STEPS)), help="comma-separated steps to run"
+    )
     parser.add_argument("--out", type=Path, default=BENCH / "results" / "hotpath.json")
     args = parser.parse_args()
+    steps = [int(s) for s in args.steps.split(",")]
+    if unknown := set(steps) - set(STEPS):
+        sys.exit(f"no such step: {sorted(unknown)}")
     if os.geteuid() != 0:
         sys.exit("needs root (BPF)")
     from kernmlops.ebpf.objects import open_and_load
 
     out = BENCH / "build"
     objs = {}
-    for step in STEPS:
+    for step in steps:
         objs[step] = open_and_load(
             build(step, out),
             globals_={"kmo_self_tgid": os.getpid()},
@@ -93,54 +105,61 @@ def main() -> int:
         )
     stop = threading.Event()
     drains = [threading.Thread(target=empty_ring, args=(objs[s], stop), daemon=True)
-              for s in STEPS if s >= 6]  # fmt: skip
+              for s in steps if s >= 6]  # fmt: skip
     for drain in drains:
         drain.start()
     stats_fd = enable_bpf_stats()
     rounds: list[dict[int, float]] = []
     try:
         for r in range(args.rounds):
-            order = list(STEPS)[r % len(STEPS) :] + list(STEPS)[: r % len(STEPS)]
-            for step in order:
-                objs[step].attach_all()
-            before = {step: _runs(objs[step]) for step in STEPS}
-            storm = subprocess.run(
-                ["stress-ng", "--switch", "2", "--timeout", f"{args.seconds}s"],
-                capture_output=True,
-                text=True,
-            )
-            after = {step: _runs(objs[step]) for step in STEPS}
-            for step in STEPS:
-                objs[step].detach()
-            if storm.returncode != 0:
-                sys.exit(f"stress-ng failed: {storm.stderr.strip()[-300:]}")
-            ns = {
-                s: (after[s][0] - before[s][0]) / max(1, after[s][1] - before[s][1]) for s in STEPS
-            }
+            order = steps[r % len(steps) :] + steps[: r % len(steps)]
+            groups = [[step] for step in order] if args.alone else [order]
+            ns: dict[int, float] = {}
+            for group in groups:
+                ns.update(_storm(objs, group, args.seconds))
             rounds.append(ns)
             print(f"round {r + 1}/{args.rounds} (first: step {order[0]}): "
-                  + "  ".join(f"{s}:{ns[s]:.0f}" for s in STEPS), flush=True)  # fmt: skip
+                  + "  ".join(f"{s}:{ns[s]:.0f}" for s in steps), flush=True)  # fmt: skip
     finally:
         os.close(stats_fd)
         stop.set()
         for drain in drains:
             drain.join()
-        apart = _apart(objs[8])
+        apart = _apart(objs[8]) if 8 in objs else None
         for obj in objs.values():
             obj.close()
-    med = {s: statistics.median(r[s] for r in rounds) for s in STEPS}
+    med = {s: statistics.median(r[s] for r in rounds) for s in steps}
     print("\nstep  ns/run (median)  added  what")
-    for s, what in STEPS.items():
-        added = med[s] - med[s - 1] if s else 0.0
-        print(f"{s:4d}  {med[s]:14.0f}  {added:+5.0f}  {what}")
-    print(
-        f"\nstep 8: bpf_ktime_get_ns() - step 7's time, over {apart['records']:,} records: "
-        f"{apart['within_1us']:.4%} within 1 us; quantiles (ns) {apart['quantiles_ns']}"
-    )
+    for i, s in enumerate(steps):
+        added = med[s] - med[steps[i - 1]] if i else 0.0
+        print(f"{s:4d}  {med[s]:14.0f}  {added:+5.0f}  {STEPS[s]}")
+    if apart is not None:
+        print(
+            f"\nstep 8: bpf_ktime_get_ns() - step 7's time, over {apart['records']:,} records: "
+            f"{apart['within_1us']:.4%} within 1 us; quantiles (ns) {apart['quantiles_ns']}"
+        )
     save(args.out, {"args": {k: str(v) for k, v in vars(args).items()}, "steps": STEPS,
                     "median_ns": med, "rounds": rounds, "apart": apart}, indent=1)  # fmt: skip
     print(f"-> {args.out}")
     return 0
+
+
+def _storm(objs: dict, group: list[int], seconds: int) -> dict[int, float]:
+    """Attach ``group``'s steps (in that order), run one storm, detach: ns per run."""
+    for step in group:
+        objs[step].attach_all()
+    before = {step: _runs(objs[step]) for step in group}
+    storm = subprocess.run(
+        ["stress-ng", "--switch", "2", "--timeout", f"{seconds}s"],
+        capture_output=True,
+        text=True,
+    )
+    after = {step: _runs(objs[step]) for step in group}
+    for step in group:
+        objs[step].detach()
+    if storm.returncode != 0:
+        sys.exit(f"stress-ng failed: {storm.stderr.strip()[-300:]}")
+    return {s: (after[s][0] - before[s][0]) / max(1, after[s][1] - before[s][1]) for s in group}
 
 
 def _apart(obj) -> dict:
