@@ -162,3 +162,53 @@ def test_the_first_rows_import_nothing_once_the_libraries_are_in(tmp_path: Path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
     assert list(tmp_path.glob("quanta/part-*.parquet"))
+
+
+def test_a_module_kept_out_is_not_imported_and_one_already_in_stays() -> None:
+    code = """
+        import json, sys
+        from kernmlops.lazy import keep_out
+        keep_out("json", "kmo_never_there")
+        try:
+            import kmo_never_there
+        except ImportError:
+            print("refused")
+        print(sys.modules["json"] is json)
+    """
+    out = run_python(code)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["refused", "True"]
+
+
+@pytest.mark.parametrize("kept_out", [True, False])
+def test_a_collection_writes_and_reads_parquet_without_pyarrows_remote_filesystems(
+    tmp_path: Path, kept_out: bool
+) -> None:
+    # What `kernmlops collect` keeps out of its process (6 MiB of RSS): the first
+    # rows, a durable part, compaction and reading the collection back still work,
+    # and libarrow_s3 is never mapped (the control maps it).
+    code = f"""
+        import sys
+        from pathlib import Path
+        from kernmlops.collect.session import UNUSED_LIBRARIES
+        from kernmlops.lazy import keep_out
+        if {kept_out}:
+            keep_out(*UNUSED_LIBRARIES)
+        import pyarrow as pa
+        from kernmlops.collect.manifest import write_manifest
+        from kernmlops.collect.sinks import ParquetSink
+        from kernmlops.data import read_collection
+        folder = Path({str(tmp_path)!r})
+        write_manifest(folder, {{"collection_id": "c0ffee", "benchmark": "faux"}})
+        sink = ParquetSink(folder, "c0ffee")
+        sink.write("quanta", pa.table({{"ts_uptime_us": pa.array(range(1000), pa.uint64())}}))
+        sink.flush(durable=True)
+        sink.write("quanta", pa.table({{"ts_uptime_us": pa.array(range(1000, 1500), pa.uint64())}}))
+        sink.close()
+        sink.compact()
+        frame = read_collection(folder)["quanta"]
+        print(frame.height, "libarrow_s3" in Path("/proc/self/maps").read_text())
+    """
+    out = run_python(code)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1500", str(not kept_out)]

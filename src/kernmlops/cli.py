@@ -197,8 +197,9 @@ def collect(
     The exit code is the benchmark's. Ctrl+C or SIGTERM stops the collection
     and keeps what was collected.
     """
-    from kernmlops.collect.session import Session
+    from kernmlops.collect.session import UNUSED_LIBRARIES, Session
     from kernmlops.config import Flags, load_config
+    from kernmlops.lazy import keep_out
 
     if command and benchmark not in (None, "command"):
         raise click.UsageError(f"a command after -- runs as benchmark 'command', not {benchmark!r}")
@@ -232,6 +233,7 @@ def collect(
         from kernmlops.ebpf.build import build
 
         build()
+        keep_out(*UNUSED_LIBRARIES)  # this process only collects
         attached: dict = {}
         live: Live | None = None
         show: bool | None = None if config.collector.progress else False

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import sys
 import threading
 from types import ModuleType
 from typing import Any
 
-__all__ = ["lazy_import", "preload"]
+__all__ = ["keep_out", "lazy_import", "preload"]
 
 
 class _LazyModule(ModuleType):
@@ -64,3 +65,12 @@ def preload(*names: str) -> threading.Event:
 
     threading.Thread(target=run, name="kernmlops-preload", daemon=True).start()
     return done
+
+
+def keep_out(*names: str) -> None:
+    """Modules this process will not load: importing one later raises ImportError,
+    as if it were not installed (an optional part a library falls back from). Those
+    already imported stay. For a command's own process only: a notebook that
+    imports kernmlops keeps every module it has."""
+    for name in names:
+        sys.modules.setdefault(name, None)  # type: ignore[arg-type]
