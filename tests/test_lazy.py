@@ -133,9 +133,10 @@ def test_a_module_growing_in_another_thread_while_first_used() -> None:
 def test_the_first_rows_import_nothing_once_the_libraries_are_in(tmp_path: Path) -> None:
     # The collector imports its decoding libraries in the background right after
     # attaching (preload); whatever the first flush imports on top runs later, in
-    # the sink's thread, under the storm it records. numpy 2's first np.unique
-    # imports numpy.ma (pure Python: ~15 ms idle, far more under a storm), which
-    # the sink's first part used to pay.
+    # the sink's thread or the loop, under the storm it records. numpy 2's first
+    # np.unique imports numpy.ma (pure Python: ~15 ms idle, far more under a storm),
+    # which the sink's first part used to pay; pyarrow's first array from Python
+    # objects (memory_usage's rows, and this table's) imports dateutil.relativedelta.
     code = f"""
         import sys
         import pyarrow as pa
@@ -184,7 +185,7 @@ def test_a_module_kept_out_is_not_imported_and_one_already_in_stays() -> None:
 def test_a_collection_writes_and_reads_parquet_without_pyarrows_remote_filesystems(
     tmp_path: Path, kept_out: bool
 ) -> None:
-    # What `kernmlops collect` keeps out of its process (6 MiB of RSS): the first
+    # What `kernmlops collect` keeps out of its process (MiB of RSS): the first
     # rows, a durable part, compaction and reading the collection back still work,
     # and libarrow_s3 is never mapped (the control maps it).
     code = f"""

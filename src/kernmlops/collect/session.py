@@ -84,10 +84,10 @@ DECODING_LIBRARIES = (
     "dateutil.relativedelta",
 )
 #: what ``pyarrow.parquet`` loads through ``pyarrow.fs`` and a collection never uses:
-#: the S3, GCS, Azure and HDFS filesystems (6.3 MiB of the collector's RSS for
-#: libarrow_s3 and the AWS SDK's start-up, 0.9 MiB of heap). ``kernmlops collect``
-#: keeps them out of its process (kernmlops.lazy.keep_out); pyarrow.fs then reports
-#: them as not built in.
+#: the S3, GCS, Azure and HDFS filesystems (libarrow_s3 and the AWS SDK's start-up:
+#: 3.5-7 MiB of the collector's RSS, bench/README.md 20). ``kernmlops collect`` keeps
+#: them out of its process (kernmlops.lazy.keep_out); pyarrow.fs then reports them as
+#: not built in.
 UNUSED_LIBRARIES = ("pyarrow._s3fs", "pyarrow._gcsfs", "pyarrow._azurefs", "pyarrow._hdfs")
 #: ring records held in memory while the sink is behind; past it the loop blocks on the
 #: sink again and a long stall overflows the rings (counted as drops)
