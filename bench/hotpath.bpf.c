@@ -9,9 +9,9 @@
  *   4  fill a record in the per-CPU batch (values in ns, as read)
  *   5  the record in microseconds (three divisions, as quanta_runtime writes it)
  *   6  send the batch to the ring every 32 records (quanta_runtime's program)
- *   7  step 6 with the switch's time from the run queue's clock (updated at the
- *      top of __schedule), put on bpf_ktime_get_ns()'s clock by an offset read
- *      once per batch: one clock read per 32 records instead of one per record
+ *   7  step 6 with the switch's time from the run queue's clock, put on
+ *      bpf_ktime_get_ns()'s clock by a per-CPU offset read once a millisecond
+ *      (kmo_switch_time, sched_wait.h: quanta_runtime's program since section 21)
  *   8  step 7, also reading bpf_ktime_get_ns() per record to histogram how far
  *      the two times are apart (map `apart`: 250-ns buckets; see hotpath.py)
  */
@@ -62,7 +62,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, u32);
-	__type(value, s64);
+	__type(value, struct kmo_switch_clock);
 } offset SEC(".maps");
 
 /* step 8: ktime - (rq clock + offset) per record, APART_BUCKETS buckets of 250 ns
@@ -117,11 +117,11 @@ int BPF_PROG(hot_switch, bool preempt, struct task_struct *prev, struct task_str
 	if (!has_run && !has_queued)
 		return 0;
 #if STEP >= 7
-	s64 *off = bpf_map_lookup_elem(&offset, &zero);
+	struct kmo_switch_clock *clock = bpf_map_lookup_elem(&offset, &zero);
 
-	if (!off)
+	if (!clock)
 		return 0;
-	now = kmo_rq_clock(true, next) + *off;
+	now = kmo_switch_time(clock, kmo_rq_clock(true, next_pid ? next : prev), prev_pid != 0);
 #elif STEP >= 3
 	now = bpf_ktime_get_ns();
 #endif
@@ -140,16 +140,6 @@ int BPF_PROG(hot_switch, bool preempt, struct task_struct *prev, struct task_str
 		e->ts_uptime_us = now;
 		e->run_length_us = run_ns;
 		e->queued_time_us = queued_ns;
-#endif
-#if STEP >= 7
-		if ((batch->n & (KMO_BATCH_RECORDS - 1)) == 0) {
-			/* a new batch: the offset again (the clocks drift apart slowly) */
-			u64 rq_clock = kmo_rq_clock(true, next);
-
-			*off = (s64)(bpf_ktime_get_ns() - rq_clock);
-			now = rq_clock + *off;
-			e->ts_uptime_us = now / 1000;
-		}
 #endif
 #if STEP >= 8
 		{

@@ -12,7 +12,13 @@
  *   shared with the exporter's runqlat): what the kernel adds to the task's
  *   run_delay for this arrival. A wait cut by a migration counts from the
  *   enqueue on the new CPU, as the kernel's last_queued does. Kernels without
- *   CONFIG_SCHED_INFO have no sched_info: the table stays empty there. */
+ *   CONFIG_SCHED_INFO have no sched_info: the table stays empty there.
+ *
+ * The switch's time is the same run-queue clock, on the monotonic clock
+ * (kmo_switch_time): the instant the kernel ended prev's quantum and began
+ * next's, so a task's quantum is the time between its switches
+ * less the kernel's IRQ and steal time. The raw_tp program (no BTF-typed
+ * pointers: three helper calls to reach the clock) reads the time instead. */
 #include "filter.h"
 #include "sched_wait.h"
 
@@ -31,11 +37,12 @@ struct quanta_switch_event {
 
 KMO_BATCHED_RING(quanta_switch_rb, quanta_switch_event);
 
-/* What runs on this CPU and its CPU time when it came in. */
+/* What runs on this CPU and its CPU time when it came in; this CPU's clock. */
 struct oncpu {
 	u64 sum_exec_at_in; /* next->se.sum_exec_runtime at the switch in */
 	u32 pid;
 	u32 seen;
+	struct kmo_switch_clock clock;
 };
 
 struct {
@@ -90,14 +97,28 @@ static __always_inline int on_switch(bool btf, struct task_struct *prev,
 	cur->seen = 1;
 	cur->sum_exec_at_in = KMO_READ(btf, next, se.sum_exec_runtime);
 
-	if (kmo_has_sched_info(next) && next_pid && kmo_tgid_wanted(next_tgid))
-		has_queued = kmo_queued_ns(btf, next, &queued_ns);
-	if (!has_run && !has_queued)
-		return 0;
+	if (btf && kmo_has_rq_clock(next)) {
+		u64 clock = 0;
+
+		if (kmo_has_sched_info(next) && next_pid && kmo_tgid_wanted(next_tgid)) {
+			clock = kmo_rq_clock(btf, next);
+			has_queued = kmo_queued_ns_at(btf, next, clock, &queued_ns);
+		}
+		if (!has_run && !has_queued)
+			return 0;
+		if (!clock)
+			clock = kmo_rq_clock(btf, next_pid ? next : prev);
+		now = kmo_switch_time(&cur->clock, clock, prev_pid != 0);
+	} else {
+		if (kmo_has_sched_info(next) && next_pid && kmo_tgid_wanted(next_tgid))
+			has_queued = kmo_queued_ns(btf, next, &queued_ns);
+		if (!has_run && !has_queued)
+			return 0;
+		now = bpf_ktime_get_ns();
+	}
 	e = KMO_BATCH_SLOT(quanta_switch_rb, batch);
 	if (!e)
 		return 0;
-	now = bpf_ktime_get_ns();
 	e->ts_uptime_us = now; /* ns: see kmo_us_from_ns */
 	e->run_length_us = run_ns;
 	e->queued_time_us = queued_ns;
