@@ -32,10 +32,12 @@ BENCH = Path(__file__).resolve().parent
 MIB = 1 << 20
 
 
-def kernmlops_cmd(seconds: float, out: Path) -> list[str]:
+def kernmlops_cmd(seconds: float, out: Path, config: Path | None = None) -> list[str]:
     script = Path(sys.executable).parent / "kernmlops"
     head = [str(script)] if script.exists() else [sys.executable, "-m", "kernmlops"]
-    return [*head, "collect", "-b", "faux", "--no-progress", "-d", str(seconds), "-o", str(out)]
+    extra = ["-c", str(config)] if config else []
+    return [*head, "collect", "-b", "faux", "--no-progress", "-d", str(seconds), "-o", str(out),
+            *extra]  # fmt: skip
 
 
 def load_cmd(kind: str, seconds: float, workers: int) -> list[str] | None:
@@ -105,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--nice", type=int, default=0, help="run the collector at this niceness (-20..19)"
     )
+    parser.add_argument(
+        "--config", type=Path, help="overrides for the collection (kernmlops collect -c)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the collection")
     parser.add_argument("--out", type=Path, default=BENCH / "results" / "memory.json")
     args = parser.parse_args(argv)
@@ -114,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("stress-ng is not installed (apt-get install stress-ng)")
 
     data = Path(tempfile.mkdtemp(prefix="kmo-memory-"))
-    cmd = kernmlops_cmd(args.seconds, data)
+    cmd = kernmlops_cmd(args.seconds, data, args.config)
     t0 = time.monotonic()
     collector = subprocess.Popen(
         cmd,
@@ -187,9 +192,10 @@ def main(argv: list[str] | None = None) -> int:
 
     rss_values = [r for _, r in samples]
     result = {
-        "command": " ".join([*cmd[:-1], "<tmp>"]),
+        "command": " ".join("<tmp>" if c == str(data) else c for c in cmd),
         "load": " ".join(lcmd) if lcmd else None,
         "nice": args.nice,
+        "config": str(args.config) if args.config else None,
         "seconds": args.seconds,
         "wall_s": round(wall, 1),
         "to_attached_s": round(attach_at, 3),  # spawn to "probes attached"
