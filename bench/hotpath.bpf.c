@@ -121,7 +121,8 @@ int BPF_PROG(hot_switch, bool preempt, struct task_struct *prev, struct task_str
 
 	if (!clock)
 		return 0;
-	now = kmo_switch_time(clock, kmo_rq_clock(true, next_pid ? next : prev), prev_pid != 0);
+	now = kmo_switch_time(clock, kmo_rq_clock(true, next_pid ? next : prev),
+			      kmo_clock_fresh(prev_pid, next_pid, has_queued, queued_ns));
 #elif STEP >= 3
 	now = bpf_ktime_get_ns();
 #endif

@@ -108,7 +108,8 @@ static __always_inline int on_switch(bool btf, struct task_struct *prev,
 			return 0;
 		if (!clock)
 			clock = kmo_rq_clock(btf, next_pid ? next : prev);
-		now = kmo_switch_time(&cur->clock, clock, prev_pid != 0);
+		now = kmo_switch_time(&cur->clock, clock,
+				      kmo_clock_fresh(prev_pid, next_pid, has_queued, queued_ns));
 	} else {
 		if (kmo_has_sched_info(next) && next_pid && kmo_tgid_wanted(next_tgid))
 			has_queued = kmo_queued_ns(btf, next, &queued_ns);

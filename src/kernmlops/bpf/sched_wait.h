@@ -71,40 +71,75 @@ static __always_inline bool kmo_queued_ns(bool btf, struct task_struct *next, u6
  * CPU time and from which it charges next's, and what the queue wait ends at.
  * A per-CPU offset puts it on the monotonic clock. A reading of the offset
  * (ktime - rq->clock) is late by however long the scheduler ran since it set
- * its clock, never early, so the least reading is kept. It is read once the run
- * queue's clock moved KMO_CLOCK_SYNC_NS since the last reading, and only where
- * the clock is fresh: a switch out of a task (`fresh`), not one out of the idle
- * task, whose clock is the wake-up's and is older by the idle exit (~11 us in
- * this VM). The kept offset may grow by 1/1024 of the time since (more than
- * sched_clock and the monotonic clock drift apart: NTP slews at most 500 ppm),
- * so a drift that raises it is followed. */
+ * its clock, never early: the offset is the least reading of the last window
+ * (KMO_CLOCK_WINDOW_NS) and of this one so far, so it follows the two clocks'
+ * drift (NTP's, ppm) within a window. A reading is taken once the run queue's
+ * clock moved KMO_CLOCK_SYNC_NS, and only where __schedule set the clock
+ * (`fresh`, kmo_clock_fresh). After a window
+ * without a reading, the switch takes the least of the old offset and its own
+ * reading, never later than the tracepoint. A CPU's times never go back: a new
+ * least reading does not date a switch before the one before it. */
 #define KMO_CLOCK_SYNC_NS (1000ULL * 1000)
 
+/* Whether __schedule set the run queue's clock for this switch (a reading of
+ * the offset there is late by the switch alone): a switch out of a task (the
+ * idle task's clock is the wake-up's, older by the idle exit: ~11 us in this
+ * VM) to a task that waited (when the wake-up of `next` asked for the switch,
+ * the kernel skips the update and the clock is that wake-up's: a wait of 0) or
+ * to the idle task. */
+static __always_inline bool kmo_clock_fresh(u32 prev_pid, u32 next_pid, bool has_queued,
+					    u64 queued_ns)
+{
+	return prev_pid && (has_queued ? queued_ns > 0 : !next_pid);
+}
+#define KMO_CLOCK_WINDOW_NS (16ULL * 1000 * 1000)
+
 struct kmo_switch_clock {
-	s64 offset; /* ktime - rq->clock, the least read (within the allowance) */
+	s64 offset; /* ktime - rq->clock in use */
+	s64 least;  /* the least reading in this window */
 	u64 synced; /* rq->clock at the last reading; 0: none yet */
+	u64 window; /* rq->clock when this window began */
+	u64 last;   /* the last time given on this CPU */
 };
 
 static __always_inline u64 kmo_switch_time(struct kmo_switch_clock *c, u64 rq_clock, bool fresh)
 {
 	s64 since = (s64)(rq_clock - c->synced);
+	u64 t;
 
-	if (!c->synced || since < 0) {
-		/* No fresh reading yet (or a clock that went back): the time itself. */
-		u64 now = bpf_ktime_get_ns();
+	if (c->synced && since >= 0 && since < (s64)KMO_CLOCK_WINDOW_NS) {
+		if (fresh && since >= (s64)KMO_CLOCK_SYNC_NS) {
+			s64 seen = (s64)(bpf_ktime_get_ns() - rq_clock);
 
-		c->offset = (s64)(now - rq_clock);
-		c->synced = fresh ? rq_clock : 0;
-		return now;
+			if (seen < c->least)
+				c->least = seen;
+			if (seen < c->offset)
+				c->offset = seen;
+			if (rq_clock - c->window >= KMO_CLOCK_WINDOW_NS) {
+				c->offset = c->least; /* may rise: the clocks drift */
+				c->least = seen;
+				c->window = rq_clock;
+			}
+			c->synced = rq_clock;
+		}
+		t = rq_clock + c->offset;
+	} else {
+		/* No reading yet, or none for a window. */
+		s64 seen;
+
+		t = bpf_ktime_get_ns();
+		seen = (s64)(t - rq_clock);
+		if (fresh) {
+			c->offset = c->least = seen;
+			c->synced = c->window = rq_clock;
+		} else if (c->synced && seen > c->offset) {
+			t = rq_clock + c->offset;
+		}
 	}
-	if (fresh && since >= (s64)KMO_CLOCK_SYNC_NS) {
-		s64 seen = (s64)(bpf_ktime_get_ns() - rq_clock);
-		s64 allowed = c->offset + (since >> 10);
-
-		c->offset = seen < allowed ? seen : allowed;
-		c->synced = rq_clock;
-	}
-	return rq_clock + c->offset;
+	if (t < c->last)
+		t = c->last;
+	c->last = t;
+	return t;
 }
 
 #endif /* KMO_SCHED_WAIT_H */
