@@ -37,6 +37,28 @@ def last_ts_us(collection: Path, table: str) -> int:
 
 
 @pytest.mark.parametrize("after_s", [0.0, 0.05, 0.15])
+def repeated_runs(quanta: pl.DataFrame, length: int = 8) -> int:
+    """Runs of ``length`` consecutive rows of a CPU (in file order) found more than
+    once: what rows made twice (from the spool and from a finished part) leave. One
+    row alone may come twice: a task switched out twice within a microsecond of the
+    scheduler's clock, with quanta of the same rounded length."""
+    row = pl.concat_str(pl.all().exclude("collection_id").cast(pl.String), separator=":")
+    run = pl.concat_str([row.shift(-i).over("cpu") for i in range(length)], separator="|")
+    runs = quanta.select(run=run)["run"].drop_nulls()
+    return int(runs.is_duplicated().sum())
+
+
+def test_repeated_runs_finds_rows_made_twice() -> None:
+    rows = pl.DataFrame({
+        "ts_uptime_us": range(100), "quanta_run_length_us": [2] * 100,
+        "cpu": [0, 1] * 50, "pid": [7] * 100, "tgid": [7] * 100,
+    })  # fmt: skip
+    coincident = pl.concat([rows[:40], rows[39:40], rows[40:]])  # one row twice
+    assert repeated_runs(rows) == 0 and repeated_runs(coincident) == 0
+    again = pl.concat([rows[:60], rows[30:50], rows[60:]])  # 20 rows made twice
+    assert repeated_runs(again) > 0
+
+
 def test_sigkill_during_attach(tmp_path: Path, bpf_baseline, after_s: float) -> None:
     """Killed before or while the probes attach: the benchmark (held at its gate, or
     just released) dies with the collector, nothing stays attached, the manifest says
@@ -119,7 +141,7 @@ def test_sigkill_with_every_row_in_the_spool_loses_at_most_one_flush_after_recov
     print(f"\n[loss] spool only, recovered: {lost_s:.3f} s")
     assert 0 <= lost_s <= FLUSH_S + SLACK_S, lost_s
     quanta = pl.read_parquet(sorted((col / "quanta_runtime").glob("part-*.parquet")))
-    assert quanta.select("ts_uptime_us", "cpu", "pid").is_duplicated().sum() == 0
+    assert repeated_runs(quanta) == 0
     manifest = read_manifest(col)
     assert manifest.tables["quanta_runtime"].rows == rows["quanta_runtime"]
     assert "nothing to recover" in recover(col)  # a second time changes nothing
