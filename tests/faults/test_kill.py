@@ -36,7 +36,6 @@ def last_ts_us(collection: Path, table: str) -> int:
     return pl.scan_parquet(parts).select(pl.col("ts_uptime_us").max()).collect().item()
 
 
-@pytest.mark.parametrize("after_s", [0.0, 0.05, 0.15])
 def repeated_runs(quanta: pl.DataFrame, length: int = 8) -> int:
     """Runs of ``length`` consecutive rows of a CPU (in file order) found more than
     once: what rows made twice (from the spool and from a finished part) leave. One
@@ -59,6 +58,7 @@ def test_repeated_runs_finds_rows_made_twice() -> None:
     assert repeated_runs(again) > 0
 
 
+@pytest.mark.parametrize("after_s", [0.0, 0.05, 0.15])
 def test_sigkill_during_attach(tmp_path: Path, bpf_baseline, after_s: float) -> None:
     """Killed before or while the probes attach: the benchmark (held at its gate, or
     just released) dies with the collector, nothing stays attached, the manifest says
