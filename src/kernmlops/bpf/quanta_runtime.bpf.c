@@ -16,9 +16,9 @@
  *
  * The switch's time is the same run-queue clock, on the monotonic clock
  * (kmo_switch_time): the instant the kernel ended prev's quantum and began
- * next's, so a task's quantum is the time between its switches
- * less the kernel's IRQ and steal time. The raw_tp program (no BTF-typed
- * pointers: three helper calls to reach the clock) reads the time instead. */
+ * next's, so a task's quantum is the time between its switches less the
+ * kernel's IRQ and steal time. The raw_tp program (no BTF-typed pointers: three
+ * helper calls to reach the clock) reads the time instead. */
 #include "filter.h"
 #include "sched_wait.h"
 

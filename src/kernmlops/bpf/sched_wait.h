@@ -75,11 +75,12 @@ static __always_inline bool kmo_queued_ns(bool btf, struct task_struct *next, u6
  * (KMO_CLOCK_WINDOW_NS) and of this one so far, so it follows the two clocks'
  * drift (NTP's, ppm) within a window. A reading is taken once the run queue's
  * clock moved KMO_CLOCK_SYNC_NS, and only where __schedule set the clock
- * (`fresh`, kmo_clock_fresh). After a window
- * without a reading, the switch takes the least of the old offset and its own
- * reading, never later than the tracepoint. A CPU's times never go back: a new
- * least reading does not date a switch before the one before it. */
+ * (`fresh`, kmo_clock_fresh). After a window without a reading, the switch
+ * takes the least of the old offset and its own reading, never later than the
+ * tracepoint. A CPU's times never go back: a new least reading does not date a
+ * switch before the one before it. */
 #define KMO_CLOCK_SYNC_NS (1000ULL * 1000)
+#define KMO_CLOCK_WINDOW_NS (16ULL * 1000 * 1000)
 
 /* Whether __schedule set the run queue's clock for this switch (a reading of
  * the offset there is late by the switch alone): a switch out of a task (the
@@ -92,7 +93,6 @@ static __always_inline bool kmo_clock_fresh(u32 prev_pid, u32 next_pid, bool has
 {
 	return prev_pid && (has_queued ? queued_ns > 0 : !next_pid);
 }
-#define KMO_CLOCK_WINDOW_NS (16ULL * 1000 * 1000)
 
 struct kmo_switch_clock {
 	s64 offset; /* ktime - rq->clock in use */
