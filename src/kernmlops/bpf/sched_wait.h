@@ -37,28 +37,33 @@ static __always_inline u64 kmo_rq_clock(bool btf, struct task_struct *t)
 	return BPF_CORE_READ(t, se.cfs_rq, rq, clock);
 }
 
-/* The wait (ns) that ends as `next` is switched in, with its run queue's clock
- * already read (kmo_rq_clock); see kmo_queued_ns. */
-static __always_inline bool kmo_queued_ns_at(bool btf, struct task_struct *next, u64 clock,
-					     u64 *ns)
+static __always_inline bool kmo_wait_ns(u64 queued_at, u64 clock, u64 *ns)
 {
-	u64 queued_at = KMO_READ(btf, next, sched_info.last_queued);
-
 	if (!queued_at || clock < queued_at)
 		return false;
 	*ns = clock - queued_at;
 	return true;
 }
 
+/* The wait (ns) that ends as `next` is switched in, with its run queue's clock
+ * already read (kmo_rq_clock); see kmo_queued_ns. */
+static __always_inline bool kmo_queued_ns_at(bool btf, struct task_struct *next, u64 clock,
+					     u64 *ns)
+{
+	return kmo_wait_ns(KMO_READ(btf, next, sched_info.last_queued), clock, ns);
+}
+
 /* The wait (ns) that ends as `next` is switched in; false (and *ns untouched)
  * when it was not queued (a task that never left the CPU) or the clocks
  * disagree. Call only where kmo_has_sched_info(next). `btf`: next is a tp_btf
- * argument. */
+ * argument. The clock is read only for a task that was queued. */
 static __always_inline bool kmo_queued_ns(bool btf, struct task_struct *next, u64 *ns)
 {
-	if (!KMO_READ(btf, next, sched_info.last_queued))
+	u64 queued_at = KMO_READ(btf, next, sched_info.last_queued);
+
+	if (!queued_at)
 		return false;
-	return kmo_queued_ns_at(btf, next, kmo_rq_clock(btf, next), ns);
+	return kmo_wait_ns(queued_at, kmo_rq_clock(btf, next), ns);
 }
 
 /* The time of a switch on bpf_ktime_get_ns()'s clock (CLOCK_MONOTONIC), taken
