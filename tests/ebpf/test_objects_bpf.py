@@ -68,13 +68,14 @@ def test_attach_counts_events_and_close_detaches(objects: Path) -> None:
     oncpu = obj.map("oncpu")
     layout = [("sum_exec_at_in", "<u8"), ("pid", "<u4"), ("seen", "<u4"),
               ("clock_offset", "<i8"), ("clock_least", "<i8"), ("clock_synced", "<u8"),
-              ("clock_window", "<u8"), ("clock_last", "<u8")]  # fmt: skip
+              ("clock_window", "<u8"), ("clock_last", "<u8"), ("clock_count", "<u4"),
+              ("clock_sure", "<u4")]  # fmt: skip
     per_cpu = oncpu.lookup_percpu(0, dtype=layout)
     assert per_cpu.shape == (libbpf.num_possible_cpus(),)
     assert (per_cpu["seen"] == 1).any()
     assert (per_cpu["sum_exec_at_in"] > 0).any()
     assert (per_cpu["clock_synced"] > 0).any()  # a switch out of a task read the offset
-    with pytest.raises(ValueError, match="56-byte"):
+    with pytest.raises(ValueError, match="64-byte"):
         oncpu.lookup_percpu(0, dtype="<u8")
     obj.close()
     obj.close()  # idempotent

@@ -152,19 +152,45 @@ NAPS = r"""
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+/* The kernel's own counts of this task's switches: in (sched_info's pcount,
+ * /proc/self/schedstat) and out (voluntary and involuntary, /proc/self/status). */
+static void switches(long *in, long *out)
+{
+	char line[256];
+	long v;
+	FILE *f = fopen("/proc/self/schedstat", "r");
+
+	if (!f || fscanf(f, "%*llu %*llu %ld", in) != 1)
+		exit(2);
+	fclose(f);
+	*out = 0;
+	if (!(f = fopen("/proc/self/status", "r")))
+		exit(2);
+	while (fgets(line, sizeof(line), f)) {
+		if (sscanf(line, "voluntary_ctxt_switches: %ld", &v) == 1)
+			*out += v;
+		if (sscanf(line, "nonvoluntary_ctxt_switches: %ld", &v) == 1)
+			*out += v;
+	}
+	fclose(f);
+}
+
 /* naps N US: N times, read CLOCK_MONOTONIC, sleep US microseconds, read it
- * again; then print each pair (ns). */
+ * again; then print the kernel's switch counts over the naps, and each pair (ns). */
 int main(int argc, char **argv)
 {
-	long n = atol(argv[1]), us = atol(argv[2]);
+	long n = atol(argv[1]), us = atol(argv[2]), in0, out0, in1, out1;
 	struct timespec *t = malloc(sizeof(*t) * 2 * n);
 	struct timespec nap = {0, us * 1000};
 
+	switches(&in0, &out0);
 	for (long i = 0; i < n; i++) {
 		clock_gettime(CLOCK_MONOTONIC, &t[2 * i]);
 		nanosleep(&nap, NULL);
 		clock_gettime(CLOCK_MONOTONIC, &t[2 * i + 1]);
 	}
+	switches(&in1, &out1);
+	printf("%ld %ld\n", in1 - in0, out1 - out0);
 	for (long i = 0; i < 2 * n; i += 2)
 		printf("%lld %lld\n", t[i].tv_sec * 1000000000LL + t[i].tv_nsec,
 			t[i + 1].tv_sec * 1000000000LL + t[i + 1].tv_nsec);
@@ -178,47 +204,118 @@ def naps(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_c(tmp_path_factory, "naps", NAPS)
 
 
+#: The independent count: a second program on the same tracepoint, as plain as
+#: can be, counting each switch in and out of the children of one process.
+OBSERVER = r"""
+#include "common.h"
+
+const volatile u32 parent_tgid = 0;
+
+struct switches { u64 ins; u64 outs; };
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 64);
+	__type(key, u32);
+	__type(value, struct switches);
+} switches SEC(".maps");
+
+static __always_inline void count(struct task_struct *t, bool in)
+{
+	struct switches zero = {}, *c;
+	u32 pid = t->pid;
+
+	if (!pid || t->real_parent->tgid != parent_tgid)
+		return;
+	c = bpf_map_lookup_elem(&switches, &pid);
+	if (!c) {
+		bpf_map_update_elem(&switches, &pid, &zero, BPF_NOEXIST);
+		c = bpf_map_lookup_elem(&switches, &pid);
+		if (!c)
+			return;
+	}
+	__sync_fetch_and_add(in ? &c->ins : &c->outs, 1);
+}
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(observe, bool preempt, struct task_struct *prev, struct task_struct *next)
+{
+	count(prev, false);
+	count(next, true);
+	return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def observer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from kernmlops.ebpf.build import build, compile_object, default_build_dir
+
+    build()
+    src = tmp_path_factory.mktemp("observer") / "observer.bpf.c"
+    src.write_text(OBSERVER)
+    return compile_object(src, src.with_suffix(".o"), vmlinux_dir=default_build_dir())
+
+
 @pytest.mark.bpf
-def test_switch_times_are_the_kernels_clock_on_the_monotonic_one(naps: Path) -> None:
+def test_switch_times_are_the_kernels_clock_on_the_monotonic_one(
+    naps: Path, observer: Path
+) -> None:
     """The switch's time is the run queue's clock put on CLOCK_MONOTONIC. A task
     that reads CLOCK_MONOTONIC before and after each nanosleep sees the switch out
     of it and the switch back in between its two readings (rows truncate to the
     microsecond), and the time between a switch in and the next switch out is the
     CPU time the kernel charged for that quantum (which the time read at the
-    tracepoint misses by the idle exit: ~11 us in a VM)."""
-    from kernmlops.ebpf.build import build
+    tracepoint misses by the idle exit: ~11 us in a VM). The rows are as many as
+    a second program on the tracepoint counts, and every nap lacking its row is
+    a switch the kernel counted and the tracepoint missed."""
+    from kernmlops.ebpf.objects import open_and_load
     from kernmlops.hooks.base import HookContext
 
-    build()
     hook = QuantaRuntimeHook(QuantaRuntimeHook.Options())
     frames: dict[str, list[pl.DataFrame]] = {"quanta_runtime": [], "quanta_queued_time": []}
     n = 2_000
     child = subprocess.Popen(["true"])
-    try:
-        hook.start(HookContext("t", process_filter=None, self_tgid=os.getpid()))
-        child = subprocess.Popen([str(naps), str(n), "200"], stdout=subprocess.PIPE, text=True)
-        out, _ = child.communicate()
-        time.sleep(0.05)
-        for table, frame in polled(hook.stop()):
-            frames[table].append(frame)
-    finally:
-        hook.close()
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-    assert child.returncode == 0 and hook.status.drops == 0
-    windows = np.array([line.split() for line in out.splitlines()], np.int64)
+    child.wait()
+    with open_and_load(observer, globals_={"parent_tgid": os.getpid()}) as seen:
+        seen.attach_all()
+        try:
+            hook.start(HookContext("t", process_filter=None, self_tgid=os.getpid()))
+            child = subprocess.Popen([str(naps), str(n), "200"], stdout=subprocess.PIPE, text=True)
+            out, _ = child.communicate()
+            time.sleep(0.05)
+            for table, frame in polled(hook.stop()):
+                frames[table].append(frame)
+        finally:
+            hook.close()
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+        counted = seen.map("switches").lookup(child.pid)
+    assert child.returncode == 0 and hook.status.drops == 0 and counted is not None
+    switched_in, switched_out = np.frombuffer(counted, "<u8").tolist()
+    kernel, *pairs = out.splitlines()
+    kernel_in, kernel_out = map(int, kernel.split())
+    windows = np.array([line.split() for line in pairs], np.int64)
     assert len(windows) == n
     lo, hi = windows[:, 0] // 1000, windows[:, 1] // 1000  # µs, truncated as the rows are
     outs = pl.concat(frames["quanta_runtime"]).filter(pl.col("pid") == child.pid)
     ins = pl.concat(frames["quanta_queued_time"]).filter(pl.col("pid") == child.pid)
-    # A few wake-ups in a thousand leave last_queued unset (the kernel adds no
-    # run_delay for them either): no wait row, on the tree before this clock too.
-    for rows, least in ((outs, n), (ins, n - n // 200)):
-        ts = np.sort(rows["ts_uptime_us"].to_numpy())
-        at = np.searchsorted(ts, lo, side="left")
-        inside = (at < len(ts)) & (ts[np.minimum(at, len(ts) - 1)] <= hi)
-        assert inside.sum() >= least, (int((~inside).sum()), n)
+    # Every switch the tracepoint delivers is a row: as many as the observer saw.
+    assert (ins.height, outs.height) == (switched_in, switched_out)
+    # Each nap holds its switch out and its switch back in, at the times given.
+    # The tracepoint misses a few switches in a thousand (seen here: a kworker
+    # preempted by the woken task), which the kernel counts but no program on
+    # sched_switch sees, bpftrace's neither: those naps have no row. A row given
+    # a wrong time leaves its nap empty too, with no missed switch to excuse it.
+    for rows, kernel_count in ((ins, kernel_in), (outs, kernel_out)):
+        ts = rows["ts_uptime_us"].to_numpy()
+        during = (ts >= lo[0]) & (ts <= hi[-1])
+        missed = kernel_count - int(during.sum())
+        at = np.searchsorted(np.sort(ts), lo, side="left")
+        inside = (at < len(ts)) & (np.sort(ts)[np.minimum(at, len(ts) - 1)] <= hi)
+        assert 0 <= missed <= n // 50, (missed, kernel_count)
+        assert inside.sum() >= n - missed, (int((~inside).sum()), missed, n)
     # Each quantum: a switch in, then the switch out on the same CPU.
     events = pl.concat([
         ins.select("ts_uptime_us", "cpu", run=pl.lit(None, pl.Int64)),
@@ -228,7 +325,7 @@ def test_switch_times_are_the_kernels_clock_on_the_monotonic_one(naps: Path) -> 
     quanta = events.with_columns(came=pl.col("ts_uptime_us").shift(1)).filter(
         pl.col("run").is_not_null() & came_in
     )
-    assert quanta.height >= n - n // 200
+    assert quanta.height >= n - n // 50
     apart = (quanta["ts_uptime_us"] - quanta["came"] - quanta["run"]).to_numpy()
     # Truncated times and a rounded quantum: 1 us either way; IRQ and steal time
     # the kernel does not charge make some longer.

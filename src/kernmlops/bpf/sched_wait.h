@@ -76,16 +76,22 @@ static __always_inline bool kmo_queued_ns(bool btf, struct task_struct *next, u6
  * CPU time and from which it charges next's, and what the queue wait ends at.
  * A per-CPU offset puts it on the monotonic clock. A reading of the offset
  * (ktime - rq->clock) is late by however long the scheduler ran since it set
- * its clock, never early: the offset is the least reading of the last window
- * (KMO_CLOCK_WINDOW_NS) and of this one so far, so it follows the two clocks'
- * drift (NTP's, ppm) within a window. A reading is taken once the run queue's
- * clock moved KMO_CLOCK_SYNC_NS, and only where __schedule set the clock
- * (`fresh`, kmo_clock_fresh). After a window without a reading, the switch
- * takes the least of the old offset and its own reading, never later than the
- * tracepoint. A CPU's times never go back: a new least reading does not date a
- * switch before the one before it. */
+ * its clock, never early: a switch to idle can run the idle balance first, µs
+ * late. The offset is the least reading of the last window (KMO_CLOCK_WINDOW_NS)
+ * and of this one so far, so it follows the two clocks' drift (NTP's, ppm)
+ * within a window. A reading is taken once the run queue's clock moved
+ * KMO_CLOCK_SYNC_NS, and only where __schedule set the clock (`fresh`,
+ * kmo_clock_fresh).
+ *
+ * The offset is trusted once it is the least of KMO_CLOCK_SURE readings. Until
+ * then (a CPU's first switches, after a window without a reading, or after a
+ * window of fewer readings: a quiet CPU, where the time costs little), every
+ * switch reads the time: each fresh one is a reading, and no switch is dated
+ * after its tracepoint. A CPU's times never go back: a new least reading does
+ * not date a switch before the one before it. */
 #define KMO_CLOCK_SYNC_NS (1000ULL * 1000)
 #define KMO_CLOCK_WINDOW_NS (16ULL * 1000 * 1000)
+#define KMO_CLOCK_SURE 4
 
 /* Whether __schedule set the run queue's clock for this switch (a reading of
  * the offset there is late by the switch alone): a switch out of a task (the
@@ -105,29 +111,46 @@ struct kmo_switch_clock {
 	u64 synced; /* rq->clock at the last reading; 0: none yet */
 	u64 window; /* rq->clock when this window began */
 	u64 last;   /* the last time given on this CPU */
+	u32 count;  /* readings in this window */
+	u32 sure;   /* the offset is the least of KMO_CLOCK_SURE readings at least */
 };
+
+static __always_inline void kmo_clock_reading(struct kmo_switch_clock *c, u64 rq_clock, s64 seen)
+{
+	if (seen < c->least)
+		c->least = seen;
+	if (seen < c->offset)
+		c->offset = seen;
+	if (rq_clock - c->window >= KMO_CLOCK_WINDOW_NS) {
+		c->offset = c->least; /* may rise: the clocks drift */
+		c->sure = c->count >= KMO_CLOCK_SURE;
+		c->least = seen;
+		c->window = rq_clock;
+		c->count = 1;
+	} else if (++c->count >= KMO_CLOCK_SURE) {
+		c->sure = 1;
+	}
+	c->synced = rq_clock;
+}
 
 static __always_inline u64 kmo_switch_time(struct kmo_switch_clock *c, u64 rq_clock, bool fresh)
 {
 	s64 since = (s64)(rq_clock - c->synced);
-	u64 t;
+	u64 now, t;
 
 	if (c->synced && since >= 0 && since < (s64)KMO_CLOCK_WINDOW_NS) {
-		if (fresh && since >= (s64)KMO_CLOCK_SYNC_NS) {
-			s64 seen = (s64)(bpf_ktime_get_ns() - rq_clock);
-
-			if (seen < c->least)
-				c->least = seen;
-			if (seen < c->offset)
-				c->offset = seen;
-			if (rq_clock - c->window >= KMO_CLOCK_WINDOW_NS) {
-				c->offset = c->least; /* may rise: the clocks drift */
-				c->least = seen;
-				c->window = rq_clock;
-			}
-			c->synced = rq_clock;
+		if (c->sure) {
+			if (fresh && since >= (s64)KMO_CLOCK_SYNC_NS)
+				kmo_clock_reading(c, rq_clock, (s64)(bpf_ktime_get_ns() - rq_clock));
+			t = rq_clock + c->offset;
+		} else {
+			now = bpf_ktime_get_ns();
+			if (fresh)
+				kmo_clock_reading(c, rq_clock, (s64)(now - rq_clock));
+			t = rq_clock + c->offset;
+			if (t > now)
+				t = now;
 		}
-		t = rq_clock + c->offset;
 	} else {
 		/* No reading yet, or none for a window. */
 		s64 seen;
@@ -137,6 +160,8 @@ static __always_inline u64 kmo_switch_time(struct kmo_switch_clock *c, u64 rq_cl
 		if (fresh) {
 			c->offset = c->least = seen;
 			c->synced = c->window = rq_clock;
+			c->count = 1;
+			c->sure = 0;
 		} else if (c->synced && seen > c->offset) {
 			t = rq_clock + c->offset;
 		}
