@@ -368,12 +368,12 @@ def test_project_ring_layouts(bpf_build_dir):
     qr = ring_layouts(object_path("quanta_runtime", bpf_build_dir))
     assert list(qr) == ["quanta_switch_rb"]
     layout = qr["quanta_switch_rb"]
-    # Batched (KMO_BATCHED_RING): n, then 32 records 8-aligned after first_ns.
+    # Batched (KMO_BATCHED_RING): n, then 64 records 8-aligned after first_ns.
     assert layout.batch is not None
     assert layout.batch.names == ("n", "recs")
     assert layout.batch.fields["n"][1] == 0 and layout.batch.fields["recs"][1] == 16
-    assert layout.batch["recs"].shape == (32,) and layout.batch["recs"].base == layout.dtype
-    assert layout.batch.itemsize == 16 + 32 * 48
+    assert layout.batch["recs"].shape == (64,) and layout.batch["recs"].base == layout.dtype
+    assert layout.batch.itemsize == 16 + 64 * 48
     assert layout.name == "quanta_switch_event"
     assert layout.dtype == np.dtype(
         {

@@ -20,6 +20,8 @@ pytestmark = pytest.mark.bpf
 
 RING_BYTES = 1 << 16
 QUARTER = RING_BYTES // 4
+#: records per batch (KMO_BATCH_RECORDS, common.h)
+BATCH_RECORDS = 64
 
 # `submit` writes count[0] records, one reservation each (KMO_SUBMIT); `push`
 # writes count[0] records into the per-CPU batch, which goes out whole every
@@ -28,7 +30,7 @@ SOURCE = r"""
 #include "common.h"
 
 struct rec { u64 seq; u64 pad[6]; };   /* 56 bytes: 64 in the ring */
-struct small { u64 seq; u64 pad; };    /* 16 bytes: batches of 32 */
+struct small { u64 seq; u64 pad; };    /* 16 bytes: batches of 64 */
 
 KMO_RING(rb, rec);
 KMO_BATCHED_RING(brb, small);
@@ -133,17 +135,17 @@ def test_a_record_wakes_the_reader_at_each_quarter(wake_obj: BpfObject) -> None:
 
 
 def test_a_batch_wakes_the_reader_when_it_crosses_a_quarter(wake_obj: BpfObject) -> None:
-    batch = 16 + 32 * 16  # n, first_ns, 32 records of 16 bytes
+    batch = 16 + BATCH_RECORDS * 16  # n, first_ns, the records of 16 bytes
     stride = record_stride(batch)
     crossing = -(-QUARTER // stride)  # the batch that takes the ring past 16 KiB
     reader = RingBuffer(wake_obj.map("brb").fd, RING_BYTES, np.dtype((np.void, batch)))
     ep = select.epoll()
     try:
         ep.register(reader.fd, select.EPOLLIN | select.EPOLLET)
-        _run(wake_obj, "push", (crossing - 1) * 32)
+        _run(wake_obj, "push", (crossing - 1) * BATCH_RECORDS)
         assert reader.pending_bytes() == (crossing - 1) * stride
         assert not _woken(ep)
-        _run(wake_obj, "push", 31)  # staged in the per-CPU batch, not in the ring yet
+        _run(wake_obj, "push", BATCH_RECORDS - 1)  # staged in the per-CPU batch, not the ring
         assert not _woken(ep)
         _run(wake_obj, "push", 1)
         assert reader.pending_bytes() == crossing * stride

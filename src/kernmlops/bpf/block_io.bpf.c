@@ -31,7 +31,7 @@ struct block_io_event {
 	bool issued; /* issue seen (a flush's parent request completes without) */
 	char comm[16];
 };
-/* Completions leave in per-CPU batches of 32 (one ring output per batch). */
+/* Completions leave in per-CPU batches (one ring output per batch). */
 KMO_BATCHED_RING(block_io_rb, block_io_event);
 
 /* Slots of block_io_stats. */

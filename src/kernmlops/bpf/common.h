@@ -118,8 +118,10 @@ static __always_inline u64 kmo_wake_flags(void *ring, u64 before, u64 after)
  * (checked at the next record), so rows reach the collection in time; what a
  * CPU still holds when the programs are detached is read by user space from
  * <name>_stage. The ring's layout is the record's (KMO_RING); the marker
- * `__kmo_batch_<name>` tells user space the ring carries batches. */
-#define KMO_BATCH_RECORDS 32
+ * `__kmo_batch_<name>` tells user space the ring carries batches. The output's
+ * lock and copy cost ~400 ns: 64 records a batch left quanta_runtime's program
+ * 3 ns a switch cheaper than 32, 128 another 2 (bench/README 22). */
+#define KMO_BATCH_RECORDS 64
 #define KMO_BATCH_MAX_AGE_NS (50ULL * 1000 * 1000)
 
 #define KMO_BATCHED_RING(name, record)                                         \
