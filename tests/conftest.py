@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
 
@@ -81,3 +81,43 @@ def _free_spool_memory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
             continue
         if owner.startswith(base):
             shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def bpf_build_dir() -> Path:
+    """The project's BPF objects, built (or found up to date) in the default build folder.
+    Compiling needs clang and bpftool (installed by `make test`), not root."""
+    from kernmlops.ebpf.build import build, default_build_dir
+
+    objs = build()
+    assert objs, "no BPF sources found"
+    directory = default_build_dir()
+    assert all(o.parent == directory and o.exists() for o in objs)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def compile_bpf(
+    bpf_build_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[str, str], Path]:
+    """compile_bpf(name, source) -> path of ``<name>.bpf.o`` built from C ``source``.
+
+    The source may include the project's headers (common.h, filter.h); the
+    vmlinux.h of the project build is reused. Compiled once per session and name.
+    """
+    from kernmlops.ebpf.build import compile_object
+
+    out = tmp_path_factory.mktemp("bpf-test-objects")
+    built: dict[str, tuple[str, Path]] = {}
+
+    def compile_(name: str, source: str) -> Path:
+        if name in built:
+            assert built[name][0] == source, f"two different sources named {name}"
+            return built[name][1]
+        src = out / f"{name}.bpf.c"
+        src.write_text(source)
+        obj = compile_object(src, out / f"{name}.bpf.o", vmlinux_dir=bpf_build_dir)
+        built[name] = (source, obj)
+        return obj
+
+    return compile_

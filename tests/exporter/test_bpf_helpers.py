@@ -4,12 +4,12 @@ agree with the bounds the exporter writes as ``le``."""
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from kernmlops.ebpf.build import build, compile_object, default_build_dir
 from kernmlops.ebpf.libbpf import ProgTestRunOpts, lib
 from kernmlops.ebpf.objects import open_and_load
 from kernmlops.exporter.histogram import Buckets, bucket_bounds, slot_of
@@ -70,11 +70,8 @@ def run(fd: int, value: int, kind: int) -> int:
     return opts.retval
 
 
-def test_kernel_slots_match_the_exported_bounds(tmp_path: Path) -> None:
-    build()
-    src = tmp_path / "exp_slots.bpf.c"
-    src.write_text(SOURCE)
-    path = compile_object(src, tmp_path / "exp_slots.bpf.o", vmlinux_dir=default_build_dir())
+def test_kernel_slots_match_the_exported_bounds(compile_bpf: Callable[[str, str], Path]) -> None:
+    path = compile_bpf("exp_slots", SOURCE)
     with open_and_load(path) as obj:
         fd = obj.programs["slot"].fd
         wide = bucket_bounds("exp2", 70)  # wide enough that nothing is clamped

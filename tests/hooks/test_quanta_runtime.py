@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -248,13 +249,8 @@ int BPF_PROG(observe, bool preempt, struct task_struct *prev, struct task_struct
 
 
 @pytest.fixture(scope="module")
-def observer(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from kernmlops.ebpf.build import build, compile_object, default_build_dir
-
-    build()
-    src = tmp_path_factory.mktemp("observer") / "observer.bpf.c"
-    src.write_text(OBSERVER)
-    return compile_object(src, src.with_suffix(".o"), vmlinux_dir=default_build_dir())
+def observer(compile_bpf: Callable[[str, str], Path]) -> Path:
+    return compile_bpf("observer", OBSERVER)
 
 
 @pytest.mark.bpf
