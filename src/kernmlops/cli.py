@@ -6,7 +6,7 @@ import functools
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import click
 
@@ -17,9 +17,13 @@ from kernmlops.errors import CollectionError, KernmlopsError, OutputError
 OVERRIDES = "overrides.yaml"
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
     from rich.console import Console
     from rich.live import Live
     from rich.table import Table
+
+    from kernmlops.hooks.base import HookStatus
 
 
 @functools.cache
@@ -103,6 +107,27 @@ def _progress_table(p, attached) -> Table:
             row.append(f"{p.spooled.get(name, 0) / 2**20:,.1f} MiB")
         table.add_row(*row)
     return table
+
+
+def drop_advice(hooks: Mapping[str, HookStatus], options: Callable[[str], Any]) -> list[str]:
+    """One line per hook that lost events, with the remedy for its kind: a BPF hook's
+    ring was full; a poller (``poll_hz``) missed samples while the machine was busy.
+    ``options(name)`` gives a hook's options."""
+    lines = []
+    for name, st in hooks.items():
+        if not st.drops:
+            continue
+        opts = options(name)
+        if hasattr(opts, "ring_kib"):
+            lines.append(f"{name}: {st.drops:,} events dropped (its ring was full): "
+                         f"raise hooks.{name}.ring_kib, or set collector.nice: -10")  # fmt: skip
+        elif hasattr(opts, "poll_hz"):
+            lines.append(f"{name}: {st.drops:,} samples missed (the machine was too busy to "
+                         f"read at poll_hz {opts.poll_hz:g}): lower hooks.{name}.poll_hz, or "
+                         "set collector.nice: -10")  # fmt: skip
+        else:
+            lines.append(f"{name}: {st.drops:,} events dropped")
+    return lines
 
 
 def _summary(result) -> Table:
@@ -280,9 +305,8 @@ def collect(
         f"{result.ended_by} after {result.duration_s:.1f} s "
         f"(probes attached in {result.attach_s * 1000:.0f} ms) -> {result.path}"
     )
-    total_drops = sum(s.drops for s in result.hooks.values())
-    if total_drops:
-        _console().print(f"[red]{total_drops:,} events dropped[/]: raise hooks.<hook>.ring_kib")
+    for line in drop_advice(result.hooks, config.hook_options):
+        _console().print(f"[red]{line}[/]", highlight=False)
     total_missed = sum(s.missed for s in result.hooks.values())
     if total_missed:
         _console().print(
