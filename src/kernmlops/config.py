@@ -115,6 +115,15 @@ class CollectorConfig(_Strict):
         description="with spool: rows are made during the run only while this much CPU "
         "(in CPUs) was idle over the last 0.1 s",
     )
+    copier_priority: int = Field(
+        1,
+        ge=0,
+        le=99,
+        description="SCHED_FIFO priority of the thread that copies BPF rings into the "
+        "spool (like perf record --realtime; it only copies, then sleeps): a storm of more "
+        "runnable tasks than CPUs, or in a session of its own, keeps a normal thread off "
+        "the CPU for seconds and the rings overflow. 0: normal priority",
+    )
     min_free_mb: float = Field(
         64, ge=0, description="refuse to start with less free space than this in output_dir"
     )

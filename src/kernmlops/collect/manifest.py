@@ -95,6 +95,10 @@ class HookRecord(_Record):
     rows: dict[str, int] = {}
     unsupported: dict[str, str] = {}
     counters: dict[str, int] = {}
+    #: records lost per CPU (index = CPU), where any were lost
+    drops_by_cpu: list[int] = []
+    #: how the rings reached the spool ({"native": bool, "priority": n, "error": ...})
+    copier: dict[str, Any] = {}
 
 
 class TableRecord(_Record):

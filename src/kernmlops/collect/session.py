@@ -243,8 +243,8 @@ class Session:
         own_group = autogroup_nice() if cfg.nice is not None else None
         if cfg.nice is not None:
             # Before any thread starts: on Linux the nice value is per thread. With
-            # autogroups the benchmark (a session of its own) is weighed against the
-            # collector's session by the sessions' nice: set that too (restored).
+            # autogroups the session (the collector's and its benchmark's) is weighed
+            # against other sessions by the session's nice: set that too (restored).
             try:
                 os.setpriority(os.PRIO_PROCESS, 0, cfg.nice)
                 if own_group is not None:
@@ -319,6 +319,9 @@ class Session:
                 os.getpid(),
                 self.bpf_dir,
                 spool_dir=spool_dir,
+                copier_priority=cfg.copier_priority,
+                poll_interval_ms=cfg.poll_interval_ms,
+                poll_max_interval_ms=cfg.poll_max_interval_ms,
                 spool_memory=(
                     spool_memory(spool_dir, self.collection_id, cfg.spool_memory_mib)
                     if spool_dir is not None
@@ -347,6 +350,12 @@ class Session:
             for participant in self.participants:
                 participant.start(ctx)  # e.g. the exporter: the same processes as the hooks
             attach_s = time.monotonic() - t0
+            refused = {h.status.copier.get("error") for h in hooks} - {None}
+            if refused and self.on_message:
+                self.on_message(
+                    f"the ring copier runs at normal priority ({', '.join(sorted(refused))}): "
+                    "a storm may keep it off the CPU and the rings overflow"
+                )
             if self.on_attached:
                 self.on_attached({h.name: h.status for h in hooks})
             if self.manifest is not None:

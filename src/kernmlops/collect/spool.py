@@ -207,8 +207,13 @@ def recover(collection: Path, bpf_dir: Path | None = None) -> dict[str, int]:
             raise CollectionError(f"{obj} does not describe spool {key}: rebuilt since?")
         stride = record_stride(dtype.itemsize)
         segments = [p for f in spool_folders(folder) for p in f.glob(f"{key}.*.ring")]
+        made: dict[str, int] = {}
         for seg in sorted(segments, key=_order):
-            made = dict(json.loads(seg.with_suffix(".json").read_text())["rows_before"])
+            # a segment opened before the one ahead of it was read says nothing: its
+            # rows come right after that one's
+            before = json.loads(seg.with_suffix(".json").read_text())["rows_before"]
+            if before is not None:
+                made = dict(before)
             codec = segment_codec(seg)
             pieces = frames(seg.read_bytes(), codec) if codec else [np.fromfile(seg, np.uint8)]
             for piece in pieces:

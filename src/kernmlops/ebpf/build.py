@@ -117,6 +117,8 @@ def build(
         return objs
     todo = [(s, o) for s, o in zip(srcs, objs, strict=True) if force or _needs_build(s, o, headers)]
     if not todo:
+        if os.access(build_dir, os.W_OK | os.X_OK):
+            build_native(build_dir, verbose=verbose)
         return objs  # a user who cannot write the folder may still read built objects
     try:
         build_dir.mkdir(parents=True, exist_ok=True)
@@ -135,7 +137,31 @@ def build(
     for src, obj in todo:
         compile_object(src, obj, vmlinux_dir=build_dir, verbose=verbose)
         object_spec(obj)  # parsed once here, read from <object>.spec.json when loaded
+    build_native(build_dir, force=force, verbose=verbose)
     return objs
+
+
+def build_native(build_dir: Path, *, force: bool = False, verbose: bool = False) -> Path | None:
+    """Compile the native ring copier (kernmlops.ebpf.copier) beside the objects, with
+    the machine's C compiler; None where there is none (the spool then copies in
+    Python). It needs only the C library: a wheel built here loads on older ones."""
+    from kernmlops.ebpf.copier import LIBRARY, SOURCE
+
+    out = build_dir / LIBRARY
+    if out.exists() and not force and out.stat().st_mtime >= SOURCE.stat().st_mtime:
+        return out
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        return None
+    tmp = out.with_suffix(".tmp")
+    cmd = [cc, "-O2", "-g", "-Wall", "-Wextra", "-fPIC", "-shared", "-o", str(tmp), str(SOURCE)]
+    if verbose:
+        print(" ".join(cmd), file=sys.stderr)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BuildError(f"{Path(cc).name} failed on {SOURCE.name}:\n{proc.stderr.strip()}")
+    tmp.replace(out)
+    return out
 
 
 def compile_object(
@@ -182,6 +208,12 @@ def ship(dest: Path) -> list[Path]:
         for path in (obj, spec_path(obj)):
             shutil.copyfile(path, dest / path.name)
         out.append(dest / obj.name)
+    from kernmlops.ebpf.copier import LIBRARY
+
+    native = objs[0].parent / LIBRARY if objs else None
+    if native is not None and native.exists():
+        shutil.copyfile(native, dest / LIBRARY)
+        out.append(dest / LIBRARY)
     return out
 
 

@@ -185,7 +185,7 @@ class RingBuffer:
         if n <= 0:
             return chunks
         # The records still being written end the run (their header's busy bit).
-        if "numpy" in sys.modules:
+        if _imported("numpy"):
             committed = self._committed_np(cons, n, stride)
         else:
             committed = self._committed_py(cons, n, stride)
@@ -276,6 +276,13 @@ class RingBuffer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _imported(name: str) -> bool:
+    """Whether module ``name`` is in and done: one still being imported by another
+    thread is in sys.modules already, and using it waits for that import."""
+    module = sys.modules.get(name)
+    return module is not None and not getattr(module.__spec__, "_initializing", False)
 
 
 def write_all(fd: int, data: bytes | memoryview) -> int:

@@ -30,6 +30,9 @@ from itertools import groupby
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kernmlops.ebpf import copier as copier_state
+from kernmlops.ebpf.copier import Budget, CopiedRing, Copier
+from kernmlops.ebpf.copier import available as copier_available
 from kernmlops.ebpf.ringbuf import HEADER_SIZE, RingBuffer, decode, record_stride, write_all
 from kernmlops.errors import CollectionError
 from kernmlops.fileio import write_atomic
@@ -76,6 +79,13 @@ def _codec() -> Any:
     return pa.Codec(CODEC, compression_level=1)
 
 
+def _read_codec() -> Any:
+    """The codec that reads zstd frames back (pyarrow's, imported here if need be)."""
+    import pyarrow as pa
+
+    return pa.Codec(CODEC)
+
+
 def frames(data: bytes | memoryview, codec: Any) -> Iterator[bytes]:
     """The raw bytes of each whole frame in ``data`` (a compressed segment's bytes, or
     a piece starting at a frame); a frame cut by a kill ends it."""
@@ -113,7 +123,6 @@ class SpoolMemory:
 
     folder: Path
     limit: int
-    used: int = 0
     #: of ``limit``, what only bridges a disk that is behind (RingSpool.STALL_QUEUED):
     #: otherwise a storm spends the whole budget in its first seconds, and a disk that
     #: stalls later holds the queue in the collector's heap
@@ -121,6 +130,13 @@ class SpoolMemory:
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
+        self._used = 0
+        #: the counter the native copiers share (kernmlops.ebpf.copier), where they run
+        self.budget: Budget | None = Budget(self.limit) if copier_available() else None
+
+    @property
+    def used(self) -> int:
+        return self.budget.used if self.budget is not None else self._used
 
     def _cap(self, stall: bool) -> int:
         return self.limit - (0 if stall else self.for_stalls)
@@ -129,15 +145,20 @@ class SpoolMemory:
         return self.used < self._cap(stall)
 
     def reserve(self, size: int, stall: bool = False) -> bool:
+        if self.budget is not None:
+            return self.budget.reserve(size, self._cap(stall))
         with self._lock:
-            if self.used + size > self._cap(stall):
+            if self._used + size > self._cap(stall):
                 return False
-            self.used += size
+            self._used += size
             return True
 
     def release(self, size: int) -> None:
+        if self.budget is not None:
+            self.budget.release(size)
+            return
         with self._lock:
-            self.used = max(0, self.used - size)
+            self._used = max(0, self._used - size)
 
 
 @dataclass
@@ -159,6 +180,19 @@ class _Segment:
     codec: Any = None
     #: the file offset of the next frame to read back (compressed segments)
     file_read: int = 0
+    #: whether rows_before is known: a segment opened while the one before it is not
+    #: read to its end gets it once the reading reaches it (its json is rewritten)
+    rows_exact: bool = True
+    #: the copier's struct while the native copier writes it (kernmlops.ebpf.copier)
+    native: Any = None
+    #: the copier left it (its ``written`` is final)
+    native_done: bool = False
+    #: written in zstd frames by the copier (read back with pyarrow's codec)
+    zstd_native: bool = False
+
+    @property
+    def framed(self) -> bool:
+        return self.codec is not None or self.zstd_native
 
 
 @dataclass
@@ -204,25 +238,46 @@ class RingSpool:
         self._unlink: list[_Segment] = []  # segments the writer deletes
         self._deleting = 0  # of them, not deleted yet
         self._closing = False
+        #: the native copier and its ring, while it moves this ring (attach)
+        self._copier: Copier | None = None
+        self._ring: CopiedRing | None = None
+        #: the disk segment the copier goes on in once the memory budget is spent
+        self._standby: _Segment | None = None
         self._open_segment()
         self._writer = threading.Thread(target=self._write_loop, name=f"spool-{self.key}")
         self._writer.daemon = True
         self._writer.start()
 
-    def _open_segment(self, disk: bool = False, stall: bool = False) -> None:
-        self._index += 1
+    def _open_segment(self, disk: bool = False, stall: bool = False) -> _Segment:
         in_memory = self.memory is not None and not disk and self.memory.available(stall)
-        folder = self.memory.folder if in_memory and self.memory else self.folder
-        seg = _Segment(folder / f"{self.key}.{self._index:05d}.ring", dict(self.rows))
-        seg.in_memory = in_memory
+        seg = self._new_segment(in_memory, codec=None if in_memory else _codec())
         seg.stall = in_memory and stall
-        seg.codec = None if in_memory else _codec()
-        meta: dict[str, Any] = {"rows_before": seg.rows_before}
-        if seg.codec is not None:
+        self._live.append(seg)
+        return seg
+
+    def _new_segment(
+        self, in_memory: bool, codec: Any = None, zstd_native: bool = False
+    ) -> _Segment:
+        """Open the next segment file and write its json. Its rows_before is exact only
+        when every segment before it is read to its end (else the reading sets it)."""
+        self._index += 1
+        folder = self.memory.folder if in_memory and self.memory else self.folder
+        exact = all(seg.read == seg.written for seg in self._live)
+        seg = _Segment(folder / f"{self.key}.{self._index:05d}.ring", dict(self.rows))
+        seg.rows_exact = exact
+        seg.in_memory = in_memory
+        seg.codec = codec
+        seg.zstd_native = zstd_native
+        self._write_meta(seg)
+        seg.fd = os.open(seg.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        return seg
+
+    @staticmethod
+    def _write_meta(seg: _Segment) -> None:
+        meta: dict[str, Any] = {"rows_before": seg.rows_before if seg.rows_exact else None}
+        if seg.framed:
             meta["codec"] = CODEC
         _dump(seg.path.with_suffix(".json"), meta)
-        seg.fd = os.open(seg.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-        self._live.append(seg)
 
     @property
     def _tail(self) -> _Segment:
@@ -231,7 +286,107 @@ class RingSpool:
     @property
     def pending(self) -> int:
         """Bytes handed over and not read back yet."""
+        with self._cond:
+            self._sync()
         return sum(seg.written - seg.read for seg in self._live)
+
+    # The native copier (kernmlops.ebpf.copier) ------------------------------------
+
+    @property
+    def native(self) -> bool:
+        """Whether the native copier moves the ring into this spool now."""
+        return self._ring is not None
+
+    def attach(self, copier: Copier, ring: CopiedRing) -> None:
+        """From now on ``copier`` moves ``ring`` into this spool and :meth:`take` only
+        looks at what it did: the empty tail becomes its active segment (zstd frames
+        on disk, where it is not in memory), and a disk segment waits as its standby
+        for when the memory budget is spent."""
+        with self._cond:
+            tail = self._tail
+            if tail.written or self._queued:
+                raise RuntimeError("the copier takes over an empty spool")
+            if not tail.in_memory and copier.compresses:
+                tail.zstd_native, tail.codec = True, None
+                self._write_meta(tail)
+            tail.native = copier.segment(tail.fd, zstd=tail.zstd_native, memory=tail.in_memory)
+            self._copier, self._ring = copier, ring
+            copier.rotate(ring, tail.native)
+            self._arm_standby()
+
+    def _arm_standby(self) -> None:
+        copier, ring = self._copier, self._ring
+        assert copier is not None and ring is not None
+        seg = self._new_segment(False, zstd_native=copier.compresses)
+        seg.native = copier.segment(seg.fd, zstd=seg.zstd_native, memory=False)
+        self._standby = seg
+        copier.set_standby(ring, seg.native)
+
+    def _drop_standby(self) -> None:
+        """Take the standby back from the copier; delete it unless it was taken up."""
+        if self._copier is None or self._ring is None:
+            return
+        self._copier.set_standby(self._ring, None)
+        self._sync()  # it may have become active just now
+        seg, self._standby = self._standby, None
+        if seg is not None:
+            os.close(seg.fd)
+            _remove(seg)
+            self._copier.forget(seg.native)
+
+    def _sync(self) -> None:
+        """Bring the segments' counts up to what the copier wrote; a segment it went
+        on in becomes live (and a new standby is armed); its write error is raised."""
+        ring, copier = self._ring, self._copier
+        if ring is None or copier is None:
+            return
+        if ring.error:
+            raise OSError(ring.error, f"{os.strerror(ring.error)} (the spool of {self.key})")
+        for seg in self._live:
+            if seg.native is not None and not seg.native_done:
+                seg.native_done = seg.native.state == copier_state.DONE  # before written
+                seg.written = seg.on_disk = int(seg.native.written)
+        sb = self._standby
+        if sb is not None and sb.native.state != copier_state.STANDBY:
+            sb.native_done = sb.native.state == copier_state.DONE
+            sb.written = sb.on_disk = int(sb.native.written)
+            self._live.append(sb)
+            self._standby = None
+            self._arm_standby()
+
+    def detach(self) -> None:
+        """The copier has stopped (its last copy made): the spool goes on in Python."""
+        with self._cond:
+            if self._ring is None:
+                return
+            self._sync()
+            self._drop_standby()
+            for seg in self._live:
+                if seg.native is not None:
+                    if seg.zstd_native:
+                        seg.codec = _read_codec()  # for a write after the copier (a CPU's
+                        seg.zstd_native = False  # last batch)
+                    seg.native = None
+                    seg.native_done = False
+            self._copier = self._ring = None
+
+    def _rotate(self) -> None:
+        """(With the lock held, the tail read to its end) a new tail for the copier:
+        in memory if the budget allows, else on disk; the old one can be retired."""
+        copier, ring = self._copier, self._ring
+        assert copier is not None and ring is not None
+        self._drop_standby()
+        tail = self._tail
+        if tail.read != tail.written:  # the copier wrote on meanwhile
+            self._arm_standby()
+            return
+        in_memory = self.memory is not None and self.memory.available()
+        seg = self._new_segment(in_memory, zstd_native=not in_memory and copier.compresses)
+        seg.native = copier.segment(seg.fd, zstd=seg.zstd_native, memory=in_memory)
+        copier.rotate(ring, seg.native)
+        self._live.append(seg)
+        self._sync()
+        self._arm_standby()
 
     def _raise(self) -> None:
         if self._error is not None:
@@ -357,7 +512,12 @@ class RingSpool:
                 self._cond.notify_all()
 
     def take(self, reader: RingBuffer) -> int:
-        """Copy what the ring holds to the spool; the bytes copied."""
+        """Copy what the ring holds to the spool; the bytes copied (none while the
+        native copier moves it: then only what it did is looked at)."""
+        if self._ring is not None:
+            with self._cond:
+                self._sync()
+            return 0
         return self._put(reader.take_bytes(self.itemsize))
 
     def append(self, records: np.ndarray) -> None:
@@ -393,9 +553,16 @@ class RingSpool:
         (the writer is waited for)."""
         if more is None:
             self.drained()
+        with self._cond:
+            self._sync()
         step = max(self.stride, max_bytes // self.stride * self.stride)
         for seg in list(self._live):
-            while seg.codec is not None and seg.on_disk > seg.read and (more is None or more()):
+            if not seg.rows_exact:
+                # every segment before it is read, and its rows counted
+                seg.rows_before, seg.rows_exact = dict(self.rows), True
+                self._write_meta(seg)
+            codec = seg.codec if seg.codec is not None else _read_codec() if seg.framed else None
+            while codec is not None and seg.on_disk > seg.read and (more is None or more()):
                 head = os.pread(seg.fd, FRAME.size, seg.file_read)
                 if len(head) != FRAME.size:
                     raise CollectionError(f"spool {seg.path} is shorter than written")
@@ -403,19 +570,19 @@ class RingSpool:
                 packed = os.pread(seg.fd, size, seg.file_read + FRAME.size)
                 if len(packed) != size:
                     raise CollectionError(f"spool {seg.path} is shorter than written")
-                raw = seg.codec.decompress(packed, decompressed_size=raw_size, asbytes=True)
+                raw = codec.decompress(packed, decompressed_size=raw_size, asbytes=True)
                 seg.file_read += FRAME.size + size
                 seg.read += raw_size
                 yield decode(np.frombuffer(raw, np.uint8), 1, 0, raw_size, dtype).records
-            while seg.codec is None and seg.on_disk > seg.read and (more is None or more()):
+            while codec is None and seg.on_disk > seg.read and (more is None or more()):
                 n = min(seg.on_disk - seg.read, step)
                 raw = os.pread(seg.fd, n, seg.read)
                 if len(raw) != n:
                     raise CollectionError(f"spool {seg.path} is shorter than written")
                 seg.read += n
                 yield decode(np.frombuffer(raw, np.uint8), 1, 0, n, dtype).records
-            if seg.read < seg.written:
-                return  # the rest of this segment is still with the writer
+            if seg.read < seg.written or (seg.native is not None and not seg.native_done):
+                return  # the rest of this segment is still with the writer (or copier)
 
     def count(self, table: str, rows: int) -> None:
         self.rows[table] = self.rows.get(table, 0) + rows
@@ -428,18 +595,28 @@ class RingSpool:
         with self._cond:
             self._raise()
             self._sync_asked = True
+            if self._ring is not None:
+                self._sync()
+                tail = self._tail
+                if tail.written and tail.read == tail.written:
+                    self._rotate()
             # read to its end (an empty one too, unless it is the tail: a segment the
-            # budget left before its first byte)
+            # budget left before its first byte), and left by the copier
             done = [
-                s for s in self._live if s.read == s.written and (s.written or s is not self._tail)
-            ]
-            if done and done[-1] is self._tail and not self._queued:
+                s for s in self._live
+                if s.read == s.written and (s.written or s is not self._tail)
+                and (s.native is None or s.native_done)
+            ]  # fmt: skip
+            if done and done[-1] is self._tail and not self._queued and self._ring is None:
                 self._open_segment()
             for seg in done:
                 if seg is not self._tail:
                     self._live.remove(seg)
                     self._old_fds.append(seg.fd)  # the writer may be syncing it now
                     self._retired.append((seg, dict(self.rows)))
+                    if seg.native is not None and self._copier is not None:
+                        self._copier.forget(seg.native)
+                        seg.native = None
             self._cond.notify_all()
         keep = []
         for seg, rows in self._retired:
@@ -476,6 +653,9 @@ class RingSpool:
         """Stop writing (what was handed over is written first); the files stay until
         :meth:`remove` (or a recovery)."""
         with self._cond:
+            if self._ring is not None and self._copier is not None and self._copier.running:
+                raise RuntimeError("stop the copier before closing its spool")
+            self.detach()
             self._closing = True
             self._cond.notify_all()
         self._writer.join()

@@ -46,6 +46,11 @@ class HookContext:
     #: whether rows may be made now (collect.spool.Pacer: CPU to spare and the sink
     #: keeping up); None: always
     spare: Any = None
+    #: SCHED_FIFO priority of the native ring copier's thread (0: normal priority)
+    copier_priority: int = 0
+    #: the collector's poll_interval_ms and poll_max_interval_ms (the copier's sleeps)
+    poll_interval_ms: int = 10
+    poll_max_interval_ms: int = 100
 
 
 @dataclass
@@ -69,6 +74,11 @@ class HookStatus:
     #: the hook's own in-kernel counters at stop (e.g. block_io's completions
     #: of requests issued before the start)
     counters: dict[str, int] = field(default_factory=dict)
+    #: records lost per CPU (index = CPU), where any were lost
+    drops_by_cpu: list[int] = field(default_factory=list)
+    #: how the rings reached the spool: native (the C copier) or python, and the
+    #: copier thread's real-time priority or why it has none
+    copier: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -82,6 +92,8 @@ class HookStatus:
             "rows": self.rows,
             "unsupported": self.unsupported,
             "counters": self.counters,
+            "drops_by_cpu": self.drops_by_cpu,
+            "copier": self.copier,
         }
 
 

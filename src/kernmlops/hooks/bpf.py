@@ -12,11 +12,13 @@ from pydantic import Field, field_validator
 from kernmlops.ebpf import libbpf
 from kernmlops.ebpf.btf import RecordLayout, unbatch
 from kernmlops.ebpf.build import object_path
+from kernmlops.ebpf.copier import Copier
+from kernmlops.ebpf.copier import available as copier_available
 from kernmlops.ebpf.frames import records_to_table
 from kernmlops.ebpf.objects import VARIANTS, BpfObject, open_and_load
 from kernmlops.ebpf.ringbuf import RingBuffer
 from kernmlops.ebpf.spec import ObjectSpec, object_spec
-from kernmlops.ebpf.spool import RingSpool
+from kernmlops.ebpf.spool import FRAME_RAW, SYNC_BYTES, RingSpool
 from kernmlops.errors import HookUnavailable, KernmlopsError
 from kernmlops.hooks.base import Hook, HookContext, HookOptions, OptionsT
 from kernmlops.lazy import lazy_import
@@ -120,6 +122,8 @@ class BpfObjectHook(Hook[OptionsT]):
             self.status.drops = self.drops()
             self.status.missed = self.missed()
             self.status.counters = self.counters()
+            by_cpu = getattr(self, "drops_by_cpu", None)
+            self.status.drops_by_cpu = by_cpu() if by_cpu is not None else []
         if self.obj is not None:
             self.obj.close()
             self.obj = None
@@ -158,6 +162,8 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         self._spare: Any = None  # collect.spool.Pacer
         #: the rings were emptied into their spools after detach and unmapped
         self._unmapped = False
+        #: moves the spooled rings into their spools without Python, where it can
+        self._copier: Copier | None = None
 
     @classmethod
     def __init_subclass__(cls, **kwargs: object) -> None:
@@ -229,6 +235,7 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
                     self._spools[table] = RingSpool(
                         ctx.spool_dir, table, record.size, info, memory=ctx.spool_memory
                     )
+            self._start_copier(ctx)
             self._spare = ctx.spare
             self.attach(self.obj)
         except (KernmlopsError, OSError) as err:
@@ -239,6 +246,58 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         self._spec = spec
         self._last_drain = dict.fromkeys(self.rings, time.monotonic())
         self.status.attached = True
+
+    def _start_copier(self, ctx: HookContext) -> None:
+        """Hand the spooled rings to the native copier (kernmlops.ebpf.copier): from
+        here the poll loop only makes rows; the copy no longer waits for the GIL."""
+        if not self._spools:
+            return
+        if not copier_available():
+            self.status.copier = {"native": False}
+            return
+        memory = next(iter(self._spools.values())).memory
+        interval_ms = self.options.batch_ms or ctx.poll_interval_ms
+        if not self.wakes_at_fill:  # its programs cannot wake the copier
+            interval_ms = min(interval_ms, ctx.poll_max_interval_ms)
+        copier = Copier(
+            interval_ms=interval_ms,
+            budget=memory.budget if memory is not None else None,
+            frame_raw=FRAME_RAW,
+            sync_bytes=SYNC_BYTES,
+        )
+        try:
+            for table, spool in self._spools.items():
+                reader, _ = self._rings[table]
+                ring = copier.add(table, reader.fd, reader.size, wakes=self.wakes_at_fill)
+                spool.attach(copier, ring)
+        except BaseException:
+            for spool in self._spools.values():
+                spool.detach()
+            copier.close()
+            raise
+        copier.start(ctx.copier_priority)
+        self._copier = copier
+        self.status.copier = {
+            "native": True,
+            "priority": copier.priority,
+            "compressed": copier.compresses,
+            **({"error": copier.priority_error} if copier.priority_error else {}),
+        }
+
+    def _stop_copier(self) -> None:
+        """The copier's last copy (every committed record), then the spools go on in
+        Python (a CPU's last batch is appended by the poll loop)."""
+        copier, self._copier = self._copier, None
+        if copier is None:
+            return
+        copier.stop()
+        for spool in self._spools.values():
+            spool.detach()
+        copier.close()
+
+    @property
+    def copier(self) -> Copier | None:
+        return self._copier
 
     def spill(self) -> None:
         """Move what fills a ring out of it as bytes (no numpy): called while the
@@ -258,6 +317,8 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
     def wake_fds(self) -> Sequence[int] | None:
         if not self.wakes_at_fill:
             return None
+        if self._copier is not None:
+            return []  # the copier is woken, and the loop only makes rows
         return [reader.fd for reader, _ in self._rings.values()]
 
     def readers(self) -> dict[str, tuple[RingBuffer, RecordLayout]]:
@@ -346,6 +407,8 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         machine has CPU to spare, and all of them once detached."""
         now = time.monotonic()
         readers = self.readers()
+        if self._detached:
+            self._stop_copier()
         for key, (reader, _) in readers.items():
             if not self._unmapped and self._due(key, reader, now):
                 self._last_drain[key] = now
@@ -404,7 +467,16 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         drops = self.obj.map("drops")
         return sum(drops.percpu_total(slot) for slot in range(len(self.rings)))
 
+    def drops_by_cpu(self) -> list[int]:
+        """Records lost per CPU (all of the hook's rings), [] where none were."""
+        if self.obj is None or "drops" not in self.obj.maps or not self.drops():
+            return []
+        drops = self.obj.map("drops")
+        per_cpu = sum(drops.lookup_percpu(slot) for slot in range(len(self.rings)))
+        return [int(n) for n in per_cpu]
+
     def close(self) -> None:
+        self._stop_copier()
         for spool in self._spools.values():
             spool.close()  # the files stay: the session deletes them once rows are safe
         for reader, _ in self._rings.values():

@@ -1,0 +1,327 @@
+"""The native ring copier (``native/ringcopy.c``): moves every spooled ring's records
+into its spool without Python, on a thread that never holds the GIL.
+
+Why: under a storm with more runnable tasks than CPUs, the collector's Python
+threads take turns at the GIL, and the one the storm keeps off a CPU while it holds
+the GIL (an import, a Parquet write) stalls the copy of every ring: 4.1-4.6M of
+4.8M quanta records were lost in 10 s of ``stress-ng --switch 4`` on 2 vCPUs. The
+copy itself costs a few percent of a core; in C it needs neither the GIL nor any
+of Python's locks. Python keeps everything else: it opens the segments (and their
+json), keeps a standby segment on disk ready, rotates segments at flushes, reads
+the spool back, and deletes what parts hold (kernmlops.ebpf.spool.RingSpool).
+
+The library is built beside the BPF objects (``kernmlops build-bpf``) and shipped in
+the wheel; where it is missing (no C compiler where the tree was built) the spool
+copies in Python as before, and ``KERNMLOPS_NATIVE_COPY=0`` asks for that too.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import select
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+LIBRARY = "libkmo_ringcopy.so"
+SOURCE = Path(__file__).resolve().parent.parent / "native" / "ringcopy.c"
+ABI = 1
+#: zstd level of the disk segments (pyarrow's Codec("zstd", 1) writes the same frames)
+ZSTD_LEVEL = 1
+
+
+class Segment(ctypes.Structure):
+    _fields_ = [
+        ("fd", ctypes.c_int32),
+        ("zstd", ctypes.c_int32),
+        ("memory", ctypes.c_int32),
+        ("state", ctypes.c_int32),
+        ("written", ctypes.c_uint64),
+        ("file_bytes", ctypes.c_uint64),
+        ("synced", ctypes.c_uint64),
+    ]
+
+
+#: Segment.state
+STANDBY, ACTIVE, DONE = 0, 1, 2
+
+
+class Ring(ctypes.Structure):
+    _fields_ = [
+        ("cons", ctypes.c_void_p),
+        ("prod", ctypes.c_void_p),
+        ("data", ctypes.c_void_p),
+        ("size", ctypes.c_uint64),
+        ("map_fd", ctypes.c_int32),
+        ("lock", ctypes.c_int32),
+        ("active", ctypes.POINTER(Segment)),
+        ("standby", ctypes.POINTER(Segment)),
+        ("copied", ctypes.c_uint64),
+        ("passes", ctypes.c_uint64),
+        ("error", ctypes.c_int32),
+        ("waiting", ctypes.c_int32),
+        ("frame", ctypes.c_void_p),
+        ("packed", ctypes.c_void_p),
+        ("packed_cap", ctypes.c_uint64),
+    ]
+
+
+class _Copier(ctypes.Structure):
+    _fields_ = [
+        ("abi", ctypes.c_int32),
+        ("stop", ctypes.c_int32),
+        ("nrings", ctypes.c_int32),
+        ("stop_fd", ctypes.c_int32),
+        ("interval_ms", ctypes.c_int64),
+        ("memory_limit", ctypes.c_uint64),
+        ("memory_used", ctypes.POINTER(ctypes.c_uint64)),
+        ("frame_raw", ctypes.c_uint64),
+        ("sync_bytes", ctypes.c_uint64),
+        ("level", ctypes.c_int32),
+        ("epfd", ctypes.c_int32),
+        ("wakeups", ctypes.c_uint64),
+        ("compress", ctypes.c_void_p),
+        ("bound", ctypes.c_void_p),
+        ("is_error", ctypes.c_void_p),
+        ("rings", ctypes.POINTER(ctypes.POINTER(Ring))),
+    ]
+
+
+_lib: ctypes.CDLL | None = None
+_zstd: ctypes.CDLL | None = None
+_tried = False
+
+
+def library_path(build_dir: Path | None = None) -> Path:
+    """Where the library lives: beside the BPF objects."""
+    from kernmlops.ebpf.build import default_build_dir
+
+    return (build_dir or default_build_dir()) / LIBRARY
+
+
+def load() -> ctypes.CDLL | None:
+    """The copier library, or None (missing, refused by this machine, or turned off
+    with KERNMLOPS_NATIVE_COPY=0): the spool then copies in Python."""
+    global _lib, _tried
+    if _tried:
+        return _lib
+    _tried = True
+    if os.environ.get("KERNMLOPS_NATIVE_COPY", "1") == "0":
+        return None
+    path = library_path()
+    if not path.exists():
+        return None
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError:
+        return None
+    if lib.kmo_abi() != ABI:
+        return None
+    lib.kmo_ring_map.argtypes = [ctypes.POINTER(Ring), ctypes.c_int, ctypes.c_uint64]
+    lib.kmo_ring_unmap.argtypes = [ctypes.POINTER(Ring)]
+    lib.kmo_copier_run.argtypes = [ctypes.POINTER(_Copier)]
+    lib.kmo_copier_pass.argtypes = [ctypes.POINTER(_Copier)]
+    lib.kmo_copier_pass.restype = ctypes.c_uint64
+    lib.kmo_ring_rotate.argtypes = [ctypes.POINTER(Ring), ctypes.POINTER(Segment)]
+    lib.kmo_ring_rotate.restype = ctypes.c_uint64
+    lib.kmo_ring_set_standby.argtypes = [ctypes.POINTER(Ring), ctypes.POINTER(Segment)]
+    counter = ctypes.POINTER(ctypes.c_uint64)
+    lib.kmo_budget_reserve.argtypes = [counter, ctypes.c_uint64, ctypes.c_uint64]
+    lib.kmo_budget_release.argtypes = [counter, ctypes.c_uint64]
+    _lib = lib
+    return lib
+
+
+def zstd() -> ctypes.CDLL | None:
+    """The system's libzstd (the disk segments' codec), or None: raw disk segments."""
+    global _zstd
+    if _zstd is None:
+        name = ctypes.util.find_library("zstd") or "libzstd.so.1"
+        try:
+            _zstd = ctypes.CDLL(name)
+        except OSError:
+            return None
+    return _zstd
+
+
+def available() -> bool:
+    return load() is not None
+
+
+class Budget:
+    """Bytes of tmpfs segments a collection may hold, shared by its copiers and the
+    spool's own writes: one counter the C side moves atomically."""
+
+    def __init__(self, limit: int) -> None:
+        lib = load()
+        if lib is None:
+            raise OSError("the native ring copier is not available")
+        self._lib = lib
+        self.limit = limit
+        self.cell = ctypes.c_uint64(0)
+
+    @property
+    def used(self) -> int:
+        return int(self.cell.value)
+
+    def reserve(self, size: int, limit: int | None = None) -> bool:
+        cap = self.limit if limit is None else limit
+        return bool(self._lib.kmo_budget_reserve(ctypes.byref(self.cell), cap, size))
+
+    def release(self, size: int) -> None:
+        self._lib.kmo_budget_release(ctypes.byref(self.cell), size)
+
+
+@dataclass(eq=False)
+class CopiedRing:
+    """One ring the copier moves; ``ring`` is the struct the C side reads."""
+
+    name: str
+    ring: Ring = field(default_factory=Ring)
+
+    @property
+    def copied(self) -> int:
+        return int(self.ring.copied)
+
+    @property
+    def error(self) -> int:
+        return int(self.ring.error)
+
+    @property
+    def waiting(self) -> bool:
+        return bool(self.ring.waiting)
+
+
+class Copier:
+    """The copier thread and the rings it moves. Add rings, :meth:`start`, and
+    :meth:`stop` (a last copy of what is committed) once the programs are detached."""
+
+    def __init__(
+        self,
+        *,
+        interval_ms: int,
+        budget: Budget | None,
+        frame_raw: int,
+        sync_bytes: int,
+    ) -> None:
+        lib = load()
+        if lib is None:
+            raise OSError("the native ring copier is not available")
+        self._lib = lib
+        self.rings: list[CopiedRing] = []
+        # without a budget no segment is in memory: a cell of its own, never used
+        self.budget = budget or Budget(0)
+        self._c = _Copier(abi=ABI, interval_ms=interval_ms, memory_limit=self.budget.limit,
+                          memory_used=ctypes.pointer(self.budget.cell), frame_raw=frame_raw,
+                          sync_bytes=sync_bytes, level=ZSTD_LEVEL)  # fmt: skip
+        z = zstd()
+        self.compresses = z is not None
+        if z is not None:
+            for name, attr in (("ZSTD_compress", "compress"), ("ZSTD_compressBound", "bound"),
+                               ("ZSTD_isError", "is_error")):  # fmt: skip
+                setattr(self._c, attr, ctypes.cast(getattr(z, name), ctypes.c_void_p))
+        self._epoll = select.epoll()
+        self._stop_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._epoll.register(self._stop_fd, select.EPOLLIN)
+        self._c.epfd = self._epoll.fileno()
+        self._c.stop_fd = self._stop_fd
+        self._array: ctypes.Array | None = None
+        self._thread: threading.Thread | None = None
+        self.result: int | None = None
+        #: the real-time priority the thread runs at (0: normal), or why not
+        self.priority = 0
+        self.priority_error: str | None = None
+        self._segments: list[Segment] = []  # kept alive while the C side may read them
+
+    def add(self, name: str, map_fd: int, size: int, wakes: bool = True) -> CopiedRing:
+        """Map ring ``name`` (its map's fd and size) for the copier; before start.
+        ``wakes``: its programs wake readers as it fills (else only the interval)."""
+        if self._thread is not None:
+            raise RuntimeError("rings are added before the copier starts")
+        ring = CopiedRing(name)
+        err = self._lib.kmo_ring_map(ctypes.byref(ring.ring), map_fd, size)
+        if err:
+            raise OSError(-err, f"cannot map ring {name}: {os.strerror(-err)}")
+        if wakes:
+            self._epoll.register(map_fd, select.EPOLLIN | select.EPOLLET)
+        self.rings.append(ring)
+        return ring
+
+    def segment(self, fd: int, *, zstd: bool, memory: bool) -> Segment:
+        seg = Segment(fd=fd, zstd=int(zstd), memory=int(memory))
+        self._segments.append(seg)
+        return seg
+
+    def rotate(self, ring: CopiedRing, seg: Segment) -> int:
+        """Make ``seg`` the ring's active segment; the old one's final raw bytes."""
+        return int(self._lib.kmo_ring_rotate(ctypes.byref(ring.ring), ctypes.byref(seg)))
+
+    def set_standby(self, ring: CopiedRing, seg: Segment | None) -> None:
+        """Where the ring goes on once the budget is spent (None: take it back)."""
+        self._lib.kmo_ring_set_standby(
+            ctypes.byref(ring.ring), ctypes.byref(seg) if seg is not None else None
+        )
+
+    def forget(self, seg: Segment) -> None:
+        """A segment the C side will not read again (done, and synced by Python)."""
+        self._segments = [s for s in self._segments if s is not seg]
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, priority: int = 0) -> None:
+        """Start the thread; with ``priority`` > 0 it runs SCHED_FIFO at that priority
+        (perf record's --realtime): a storm in another session, or with more runnable
+        tasks than CPUs, otherwise keeps it off the CPU for seconds on this kernel
+        (bench/README, "capacity"). Where that is refused (no CAP_SYS_NICE, no
+        real-time budget in the cgroup) it runs as any thread: :attr:`priority_error`."""
+        self._array = (ctypes.POINTER(Ring) * len(self.rings))(
+            *(ctypes.pointer(r.ring) for r in self.rings)
+        )
+        self._c.rings = self._array
+        self._c.nrings = len(self.rings)
+        ready = threading.Event()
+
+        def run() -> None:
+            if priority > 0:
+                try:  # pid 0: this thread alone
+                    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+                    self.priority = priority
+                except OSError as err:
+                    self.priority_error = f"SCHED_FIFO {priority}: {err.strerror or err}"
+            ready.set()
+            # ctypes lets go of the GIL for the whole call
+            self.result = self._lib.kmo_copier_run(ctypes.byref(self._c))
+
+        self._thread = threading.Thread(target=run, name="kernmlops-copier", daemon=True)
+        self._thread.start()
+        ready.wait()
+
+    def stop(self) -> None:
+        """Copy what is committed and end the thread (idempotent)."""
+        if self._thread is not None:
+            self._c.stop = 1
+            os.eventfd_write(self._stop_fd, 1)
+            self._thread.join()
+            self._thread = None
+        elif self._array is not None:
+            self._lib.kmo_copier_pass(ctypes.byref(self._c))
+
+    def copy_now(self) -> int:
+        """One copy of every ring from this thread (only while the thread is stopped)."""
+        if self._thread is not None:
+            raise RuntimeError("the copier thread runs")
+        if self._array is None:
+            return 0
+        return int(self._lib.kmo_copier_pass(ctypes.byref(self._c)))
+
+    def close(self) -> None:
+        self.stop()
+        for ring in self.rings:
+            self._lib.kmo_ring_unmap(ctypes.byref(ring.ring))
+        self.rings = []
+        self._epoll.close()
+        os.close(self._stop_fd)
