@@ -278,11 +278,7 @@ class Copier:
         tasks than CPUs, otherwise keeps it off the CPU for seconds on this kernel
         (bench/README, "capacity"). Where that is refused (no CAP_SYS_NICE, no
         real-time budget in the cgroup) it runs as any thread: :attr:`priority_error`."""
-        self._array = (ctypes.POINTER(Ring) * len(self.rings))(
-            *(ctypes.pointer(r.ring) for r in self.rings)
-        )
-        self._c.rings = self._array
-        self._c.nrings = len(self.rings)
+        self._install()
         ready = threading.Event()
 
         def run() -> None:
@@ -300,6 +296,14 @@ class Copier:
         self._thread.start()
         ready.wait()
 
+    def _install(self) -> None:
+        """Hand the C side the rings added so far."""
+        self._array = (ctypes.POINTER(Ring) * len(self.rings))(
+            *(ctypes.pointer(r.ring) for r in self.rings)
+        )
+        self._c.rings = self._array
+        self._c.nrings = len(self.rings)
+
     def stop(self) -> None:
         """Copy what is committed and end the thread (idempotent)."""
         if self._thread is not None:
@@ -314,8 +318,8 @@ class Copier:
         """One copy of every ring from this thread (only while the thread is stopped)."""
         if self._thread is not None:
             raise RuntimeError("the copier thread runs")
-        if self._array is None:
-            return 0
+        if self._array is None or len(self._array) != len(self.rings):
+            self._install()
         return int(self._lib.kmo_copier_pass(ctypes.byref(self._c)))
 
     def close(self) -> None:

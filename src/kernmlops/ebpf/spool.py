@@ -318,6 +318,9 @@ class RingSpool:
         copier, ring = self._copier, self._ring
         assert copier is not None and ring is not None
         seg = self._new_segment(False, zstd_native=copier.compresses)
+        if seg.rows_exact:  # the tail goes on taking records until the copier switches
+            seg.rows_exact = False
+            self._write_meta(seg)
         seg.native = copier.segment(seg.fd, zstd=seg.zstd_native, memory=False)
         self._standby = seg
         copier.set_standby(ring, seg.native)

@@ -1,0 +1,292 @@
+"""The native ring copier (native/ringcopy.c) against a ring laid out as the kernel
+lays it out (tests.ebpf.test_ringbuf.MappedRing), and against the kernel's own
+producer: every committed record reaches the spool once, in order, in the files
+kernmlops recover reads; nothing is taken from the ring that is not in a file."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kernmlops.ebpf import copier as native
+from kernmlops.ebpf.copier import Copier
+from kernmlops.ebpf.libbpf import ProgTestRunOpts, lib
+from kernmlops.ebpf.objects import open_and_load
+from kernmlops.ebpf.ringbuf import decode, record_stride
+from kernmlops.ebpf.spool import FRAME_RAW, RingSpool, SpoolMemory, frames, segment_codec
+from tests.ebpf.test_ringbuf import EVENT, MappedRing, events
+
+
+@pytest.fixture(autouse=True)
+def _built(bpf_build_dir: Path) -> None:
+    """The library is built beside the objects (kernmlops build-bpf)."""
+    assert native.available(), f"no {native.LIBRARY} in {bpf_build_dir}"
+
+
+def _copier(budget: int = 0, interval_ms: int = 10) -> Copier:
+    return Copier(
+        interval_ms=interval_ms,
+        budget=native.Budget(budget) if budget else None,
+        frame_raw=FRAME_RAW,
+        sync_bytes=8 << 20,
+    )
+
+
+def _mapped(size: int, start: int = 0) -> MappedRing:
+    return MappedRing(size, start)
+
+
+def _read_all(spool: RingSpool) -> np.ndarray:
+    parts = list(spool.records(EVENT))
+    return np.concatenate(parts) if parts else np.empty(0, EVENT)
+
+
+def test_the_copy_stops_at_a_busy_record_and_wraps_whole(tmp_path: Path) -> None:
+    ring = _mapped(4096, start=4096 - 48)  # the first run wraps around the end
+    want = events(12)
+    ring.write_records(want[:5])
+    busy = ring.write(want[5].tobytes(), busy=True)
+    ring.write_records(want[6:])
+    ring.sync()
+    copier = _copier()
+    out = os.open(tmp_path / "seg", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        cr = copier.add("events", ring.fd, 4096, wakes=False)
+        seg = copier.segment(out, zstd=False, memory=False)
+        copier.rotate(cr, seg)
+        copier.start()  # the thread's first pass, then it sleeps
+        copier.stop()
+        stride = record_stride(EVENT.itemsize)
+        assert ring.consumer() == 4096 - 48 + 5 * stride  # up to the busy record
+        assert seg.written == seg.file_bytes == 5 * stride
+        ring.cons = ring.consumer()
+        ring.commit(busy)
+        ring.sync()
+        assert copier.copy_now() == 7 * stride
+        assert ring.consumer() == ring.prod
+        raw = np.fromfile(tmp_path / "seg", np.uint8)
+        got = decode(raw, 1, 0, len(raw), EVENT).records
+        assert np.array_equal(got, want)
+    finally:
+        copier.close()
+        os.close(out)
+        os.close(ring.fd)
+
+
+def test_a_write_that_fails_takes_nothing_from_the_ring(tmp_path: Path) -> None:
+    ring = _mapped(4096)
+    ring.write_records(events(10))
+    ring.sync()
+    copier = _copier()
+    full = os.open("/dev/full", os.O_WRONLY)
+    try:
+        cr = copier.add("events", ring.fd, 4096, wakes=False)
+        copier.rotate(cr, copier.segment(full, zstd=False, memory=False))
+        assert copier.copy_now() == 0
+        assert cr.error == errno.ENOSPC
+        assert ring.consumer() == 0  # every record still in the ring
+        # the spool names the error (the session ends the collection: disk full)
+        spool = RingSpool(tmp_path / "spool", "events", EVENT.itemsize, {})
+        spool._ring, spool._copier = cr, copier
+        with pytest.raises(OSError, match="No space left") as caught:
+            spool.take(None)  # type: ignore[arg-type]
+        assert caught.value.errno == errno.ENOSPC
+        spool._ring = spool._copier = None
+        spool.close()
+    finally:
+        copier.close()
+        os.close(full)
+        os.close(ring.fd)
+
+
+def _spool_on(ring: MappedRing, folder: Path, budget_records: int) -> tuple[RingSpool, Copier]:
+    stride = record_stride(EVENT.itemsize)
+    memory = SpoolMemory(folder / "mem", limit=budget_records * stride)
+    memory.folder.mkdir(parents=True)
+    spool = RingSpool(folder / "spool", "events", EVENT.itemsize, {"ring": "events"}, memory=memory)
+    copier = Copier(interval_ms=10, budget=memory.budget, frame_raw=FRAME_RAW, sync_bytes=8 << 20)
+    spool.attach(copier, copier.add("events", ring.fd, ring.size, wakes=False))
+    return spool, copier
+
+
+def test_past_the_memory_budget_the_copier_goes_on_in_zstd_frames_on_disk(
+    tmp_path: Path,
+) -> None:
+    ring = _mapped(1 << 14)
+    spool, copier = _spool_on(ring, tmp_path, budget_records=300)
+    want = events(1500)
+    try:
+        for i in range(0, 1500, 500):  # three fills, a copy each
+            ring.cons = ring.consumer()
+            ring.write_records(want[i : i + 500])
+            ring.sync()
+            copier.copy_now()
+        spool.take(None)  # type: ignore[arg-type]  # looks at what the copier did
+        mem_segs = sorted((tmp_path / "mem").glob("events.*.ring"))
+        disk_segs = sorted((tmp_path / "spool").glob("events.*.ring"))
+        stride = record_stride(EVENT.itemsize)
+        # Runs of a quarter ring (170 records): the first fits the budget (300), the
+        # second would not and goes whole to the standby, and so on there.
+        assert [p.stat().st_size for p in mem_segs] == [170 * stride]
+        assert segment_codec(disk_segs[0]) is not None  # the standby: zstd frames
+        # its json does not know its rows until the reading reaches it
+        meta = disk_segs[0].with_suffix(".json")
+        assert json.loads(meta.read_text())["rows_before"] is None
+        got = _read_all(spool)
+        assert np.array_equal(got, want)
+        spool.count("events", len(got))
+        assert json.loads(meta.read_text())["rows_before"] == {}
+        # the files alone hold it all (what kernmlops recover reads)
+        codec = segment_codec(disk_segs[0])
+        pieces = [np.frombuffer(p, np.uint8) for p in frames(disk_segs[0].read_bytes(), codec)]
+        raw = np.concatenate([np.fromfile(mem_segs[0], np.uint8), *pieces])
+        assert np.array_equal(decode(raw, 1, 0, len(raw), EVENT).records, want)
+        assert len(pieces) == 3  # a frame per copy (each under FRAME_RAW)
+        # a new standby waits after the one the copier took
+        assert len(disk_segs) == 2 and disk_segs[1].stat().st_size == 0
+    finally:
+        copier.stop()
+        spool.detach()
+        copier.close()
+        spool.close()
+        os.close(ring.fd)
+
+
+def test_a_segment_read_to_its_end_is_rotated_retired_and_deleted(tmp_path: Path) -> None:
+    ring = _mapped(1 << 14)
+    spool, copier = _spool_on(ring, tmp_path, budget_records=10_000)
+    try:
+        ring.write_records(events(100))
+        ring.sync()
+        copier.copy_now()
+        assert len(_read_all(spool)) == 100
+        spool.count("events", 100)
+        first = sorted((tmp_path / "mem").glob("events.*.ring"))
+        spool.checkpoint({"events": 0})  # rotated: a new tail in memory; the old retired
+        ring.cons = ring.consumer()
+        ring.write_records(events(50, first=100))
+        ring.sync()
+        copier.copy_now()
+        now = sorted((tmp_path / "mem").glob("events.*.ring"))
+        assert len(now) == 2 and now[0] == first[0]
+        assert now[1].stat().st_size == 50 * record_stride(EVENT.itemsize)
+        assert json.loads(now[1].with_suffix(".json").read_text())["rows_before"] == {"events": 100}
+        spool.checkpoint({"events": 100})  # its rows are in finished parts: deleted
+        spool.drained()
+        assert not first[0].exists()
+        assert np.array_equal(_read_all(spool), events(50, first=100))
+        assert spool.memory is not None and spool.memory.used == 50 * record_stride(16)
+    finally:
+        copier.stop()
+        spool.detach()
+        copier.close()
+        spool.close()
+        os.close(ring.fd)
+
+
+# The kernel's own producer: one test run is a loop that writes a record whenever
+# the ring is under half full, numbering the records it wrote.
+GENERATOR = r"""
+#include "common.h"
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 20);
+} rb SEC(".maps");
+
+struct gen {
+	u64 written, refused, steps;
+	u64 rec[31];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__type(value, struct gen);
+} state SEC(".maps");
+
+struct loop_ctx {
+	struct gen *g;
+};
+
+static long step(u32 i, struct loop_ctx *c)
+{
+	struct gen *g = c->g;
+
+	g->steps++;
+	if (bpf_ringbuf_query(&rb, BPF_RB_AVAIL_DATA) < (1 << 19)) {
+		g->rec[0] = g->written;
+		if (bpf_ringbuf_output(&rb, g->rec, sizeof(g->rec), BPF_RB_NO_WAKEUP))
+			g->refused++;
+		else
+			g->written++;
+	}
+	return 0;
+}
+
+SEC("raw_tp")
+int generate(void *ctx)
+{
+	u32 zero = 0;
+	struct loop_ctx c = { .g = bpf_map_lookup_elem(&state, &zero) };
+
+	if (c.g)
+		bpf_loop(1 << 21, step, &c, 0);
+	return 0;
+}
+"""
+RUNS = 20
+GEN = np.dtype([("written", "<u8"), ("refused", "<u8"), ("steps", "<u8")])
+RECORD = np.dtype([("seq", "<u8"), ("pad", "<u8", (30,))])  # 248 bytes: stride 256
+
+
+@pytest.mark.bpf
+def test_the_copier_thread_keeps_up_with_the_kernel_and_keeps_every_record(
+    compile_bpf: Callable[[str, str], Path], tmp_path: Path
+) -> None:
+    path = compile_bpf("copier_gen", GENERATOR)
+    size = 1 << 20
+    stride = record_stride(RECORD.itemsize)
+    with open_and_load(path, max_entries={"rb": size}) as obj:
+        memory = SpoolMemory(tmp_path / "mem", limit=4 << 20)  # the rest on disk
+        memory.folder.mkdir()
+        spool = RingSpool(tmp_path / "spool", "gen", RECORD.itemsize, {}, memory=memory)
+        copier = Copier(interval_ms=5, budget=memory.budget, frame_raw=FRAME_RAW,
+                        sync_bytes=8 << 20)  # fmt: skip
+        spool.attach(copier, copier.add("gen", obj.map("rb").fd, size, wakes=False))
+        copier.start()
+        opts = ProgTestRunOpts(sz=ctypes.sizeof(ProgTestRunOpts))
+        fd = obj.programs["generate"].fd
+        result: list[int] = []
+
+        def run() -> None:  # a run takes tens of ms: many, for the copier to wake between
+            for _ in range(RUNS):
+                result.append(lib.bpf_prog_test_run_opts(fd, ctypes.byref(opts)))
+
+        runner = threading.Thread(target=run)
+        try:
+            runner.start()
+            runner.join()
+            copier.stop()
+            spool.detach()
+            gen = np.frombuffer(obj.map("state").lookup(0)[: GEN.itemsize], GEN)[0]
+            parts = list(spool.records(RECORD))
+            got = np.concatenate(parts)["seq"]
+        finally:
+            copier.close()
+            spool.close()
+    assert result == [0] * RUNS
+    assert gen["steps"] == RUNS << 21 and gen["refused"] == 0
+    assert gen["written"] > size // stride  # more than the ring holds: it was copied all along
+    assert np.array_equal(got, np.arange(gen["written"]))  # each once, in order
+    on_disk = list((tmp_path / "spool").glob("gen.*.ring"))
+    assert any(segment_codec(p) is not None and p.stat().st_size for p in on_disk)
