@@ -350,3 +350,28 @@ def test_a_run_is_cut_in_frames_across_its_pieces() -> None:
             assert b"".join(frames_) == b"".join(run)
             assert all(len(f) == size for f in frames_[:-1])
             assert not frames_ or 0 < len(frames_[-1]) <= size
+
+
+def test_a_segment_opened_before_the_last_is_read_learns_its_rows_when_read(
+    tmp_path: Path,
+) -> None:
+    # The budget ran out while the memory segment still held unread records: the disk
+    # segment cannot know the rows made before it, and says so (null) until the
+    # reading reaches it (recover then counts on from the segment before it). A
+    # count taken when it was opened would make recover skip rows it never wrote.
+    from kernmlops.ebpf.spool import SpoolMemory
+
+    mem = tmp_path / "shm"
+    mem.mkdir()
+    spool = RingSpool(tmp_path / ".spool", "events", EVENT.itemsize, {},
+                      memory=SpoolMemory(mem, limit=50 * 24))  # fmt: skip
+    spool.append(events(40))
+    spool.append(events(40, first=40))  # past the budget, with 40 records unread
+    spool.drained()
+    meta = tmp_path / ".spool" / "events.00001.json"
+    assert json.loads(meta.read_text())["rows_before"] is None
+    for records in spool.records(EVENT, max_bytes=7 * 24):  # counted as a hook counts
+        spool.count("events", len(records))
+    assert json.loads(meta.read_text())["rows_before"] == {"events": 40}
+    assert json.loads((mem / "events.00000.json").read_text())["rows_before"] == {}
+    spool.remove()
