@@ -86,6 +86,7 @@ class _Copier(ctypes.Structure):
         ("bound", ctypes.c_void_p),
         ("is_error", ctypes.c_void_p),
         ("rings", ctypes.POINTER(ctypes.POINTER(Ring))),
+        ("cpu_ns", ctypes.c_uint64),
     ]
 
 
@@ -267,6 +268,15 @@ class Copier:
     def forget(self, seg: Segment) -> None:
         """A segment the C side will not read again (done, and synced by Python)."""
         self._segments = [s for s in self._segments if s is not seg]
+
+    @property
+    def cpu_s(self) -> float:
+        """The copier thread's CPU time (as of its last wake-up; final once stopped)."""
+        return int(self._c.cpu_ns) / 1e9
+
+    @property
+    def wakeups(self) -> int:
+        return int(self._c.wakeups)
 
     @property
     def running(self) -> bool:

@@ -29,6 +29,7 @@
 #include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #define BUSY_BIT (1U << 31)
@@ -90,6 +91,7 @@ struct kmo_copier {
 	zstd_bound_fn bound;
 	zstd_is_error_fn is_error;
 	struct kmo_ring **rings;
+	uint64_t cpu_ns;     /* the copier thread's CPU time so far (at each wake-up) */
 };
 
 int kmo_abi(void)
@@ -323,6 +325,15 @@ uint64_t kmo_copier_pass(struct kmo_copier *c)
 	return total;
 }
 
+static uint64_t thread_cpu_ns(void)
+{
+	struct timespec ts;
+
+	if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts))
+		return 0;
+	return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
 /* The copier's loop: returns once `stop` is set, after a last copy. */
 int kmo_copier_run(struct kmo_copier *c)
 {
@@ -337,8 +348,10 @@ int kmo_copier_run(struct kmo_copier *c)
 			return -errno;
 		c->wakeups++;
 		kmo_copier_pass(c);
+		c->cpu_ns = thread_cpu_ns();
 	}
 	kmo_copier_pass(c);
+	c->cpu_ns = thread_cpu_ns();
 	return 0;
 }
 

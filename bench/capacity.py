@@ -1,0 +1,270 @@
+"""Capacity: how many records per second one reader core moves, ring -> spool and
+spool -> Parquet, so the machine size where the collector stops keeping up is known.
+
+The producer is not a workload but the kernel itself at full speed: ``capacity.bpf.c``
+sends quanta_runtime's batches (64 records of 48 bytes) from a BPF_PROG_TEST_RUN
+loop on one CPU, as fast as the ring takes them. Its batches are real: records of a
+short ``stress-ng --switch`` storm on this machine, collected first through the hook
+itself (256 batches, more than zstd's window, so compression sees real data).
+
+Stages, each measured on its own (rounds of ``--seconds``):
+
+* ``spool-memory``: the native copier (kernmlops.ebpf.copier), pinned to a CPU of its
+  own, copies the ring into a tmpfs segment (a collection's first
+  ``collector.spool_memory_mib``);
+* ``spool-disk``: the same into zstd frames on the collection's disk (past the memory
+  budget);
+* ``parquet``: the disk spool read back, split into quanta_runtime and
+  quanta_queued_time rows and written by ParquetSink, as a collection makes them.
+
+Per stage: records/s on the wall clock, records per second of the reader's own CPU
+time (its capacity per core), MB/s of ring bytes, and whether the producer ever found
+the ring three quarters full (the reader fell behind). Then the prediction: the
+records/s a storm makes at N cores (``--per-core-rate``, default: the 16-core
+machine's 8.03M switches/s over 16 CPUs) against the capacity.
+
+Run (root; clang and bpftool as for ``make bpf``):
+
+    sudo .venv/bin/python bench/capacity.py --rounds 3 --seconds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import math
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH.parent / "src"))
+
+from results_io import save  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from kernmlops.collect.sinks import ParquetSink  # noqa: E402
+from kernmlops.ebpf.btf import unbatch  # noqa: E402
+from kernmlops.ebpf.build import compile_object, default_build_dir  # noqa: E402
+from kernmlops.ebpf.copier import Budget, Copier  # noqa: E402
+from kernmlops.ebpf.libbpf import ProgTestRunOpts, lib  # noqa: E402
+from kernmlops.ebpf.objects import open_and_load  # noqa: E402
+from kernmlops.ebpf.spec import object_spec  # noqa: E402
+from kernmlops.ebpf.spool import FRAME_RAW, SYNC_BYTES, RingSpool, SpoolMemory  # noqa: E402
+from kernmlops.hooks.base import HookContext  # noqa: E402
+from kernmlops.hooks.quanta_runtime import QuantaRuntimeHook  # noqa: E402
+
+RING = 1 << 24
+TEMPLATES = 256
+RECORDS_PER_BATCH = 64
+#: the 16-core machine's storm: 8.03M switches/s untraced on 16 CPUs (issue, device-bench)
+PER_CORE_RATE = 8.03e6 / 16
+
+
+def real_batches(seconds: float) -> tuple[bytes, np.dtype, object]:
+    """TEMPLATES full batches of quanta records from a real storm on this machine."""
+    hook = QuantaRuntimeHook()
+    with tempfile.TemporaryDirectory() as tmp:
+        hook.start(HookContext("capacity", None, os.getpid(), spool_dir=Path(tmp)))
+        storm = subprocess.Popen(["stress-ng", "--switch", "2", "-t", str(seconds)],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        storm.wait()
+        hook.detach()
+        hook._stop_copier()  # its last copy: the ring is in the spool
+        layout = hook.readers()["quanta_switch"][1]
+        batches = []
+        spool = hook._spools["quanta_switch"]
+        for records in spool.records(layout.batch):
+            batches.append(records[records["n"] == RECORDS_PER_BATCH])
+        hook.close()
+    full = np.concatenate(batches)
+    if len(full) < TEMPLATES:
+        raise SystemExit(f"the storm made {len(full)} full batches, {TEMPLATES} needed")
+    return full[:TEMPLATES].tobytes(), layout.batch, layout
+
+
+def producer(bpf_dir: Path, batch_bytes: int, templates: bytes, out: Path):
+    src = BENCH / "capacity.bpf.c"
+    obj_path = compile_object(src, out / "capacity.bpf.o", vmlinux_dir=bpf_dir,
+                              cflags=(f"-DBATCH_BYTES={batch_bytes}",))  # fmt: skip
+    obj = open_and_load(obj_path, max_entries={"rb": RING})
+    tmpl = obj.map("templates")
+    for i in range(TEMPLATES):
+        tmpl.update(i, templates[i * batch_bytes : (i + 1) * batch_bytes])
+    return obj
+
+
+def state(obj) -> dict[str, int]:
+    raw = obj.map("state").lookup(0)
+    sent, full, steps, _ = np.frombuffer(raw[:32], "<u8")
+    return {"sent": int(sent), "full": int(full), "steps": int(steps)}
+
+
+def run_producer(obj, seconds: float, cpu: int) -> None:
+    """Test runs on ``cpu`` until ``seconds`` passed."""
+    os.sched_setaffinity(0, {cpu})
+    opts = ProgTestRunOpts(sz=ctypes.sizeof(ProgTestRunOpts))
+    fd = obj.programs["produce"].fd
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if lib.bpf_prog_test_run_opts(fd, ctypes.byref(opts)) != 0:
+            raise OSError(ctypes.get_errno(), "BPF_PROG_TEST_RUN failed")
+
+
+def stage_spool(obj, folder: Path, memory: SpoolMemory | None, itemsize: int, seconds: float,
+                cpus: tuple[int, int], priority: int) -> dict:  # fmt: skip
+    spool = RingSpool(folder, "quanta_switch", itemsize, {}, memory=memory)
+    copier = Copier(interval_ms=250, budget=memory.budget if memory else None,
+                    frame_raw=FRAME_RAW, sync_bytes=SYNC_BYTES)  # fmt: skip
+    spool.attach(copier, copier.add("quanta_switch", obj.map("rb").fd, RING))
+    copier.start(priority)
+    tid = copier._thread.native_id  # type: ignore[union-attr]
+    os.sched_setaffinity(tid, {cpus[1]})
+    before, cpu0, t0 = state(obj), copier.cpu_s, time.monotonic()
+    copied0 = copier.rings[0].copied
+    run_producer(obj, seconds, cpus[0])
+    copier.stop()
+    wall = time.monotonic() - t0
+    cpu = copier.cpu_s - cpu0
+    after = state(obj)
+    copied = copier.rings[0].copied - copied0
+    spool.detach()
+    copier.close()
+    stride = (itemsize + 8 + 7) // 8 * 8
+    batches = copied // stride
+    on_disk = sum(p.stat().st_size for p in folder.glob("*.ring"))
+    records = batches * RECORDS_PER_BATCH
+    return {
+        "records": records,
+        "wall_s": round(wall, 3),
+        "reader_cpu_s": round(cpu, 3),
+        "records_per_s": round(records / wall),
+        "records_per_reader_cpu_s": round(records / cpu) if cpu else None,
+        "mb_per_s": round(copied / wall / 1e6, 1),
+        "producer_found_full": after["full"] - before["full"],
+        "sent_batches": after["sent"] - before["sent"],
+        "copied_batches": int(batches),
+        "disk_bytes": on_disk,
+        "compression": round(copied / on_disk, 2) if on_disk and memory is None else None,
+        "priority": copier.priority,
+    }, spool
+
+
+def stage_parquet(spool: RingSpool, layout, out: Path) -> dict:
+    """The disk spool -> rows -> Parquet, on this thread (one core)."""
+    hook = QuantaRuntimeHook()
+    sink = ParquetSink(out, "capacity", fast_parts=True)
+    t0, c0 = time.monotonic(), time.thread_time()
+    records = rows = 0
+    for batch in spool.records(layout.batch):
+        recs = unbatch(batch)
+        records += len(recs)
+        for table, frame in hook.rows_from("quanta_switch", recs, layout):
+            sink.write(table, frame)
+            rows += frame.num_rows
+    sink.close()
+    wall, cpu = time.monotonic() - t0, time.thread_time() - c0
+    return {
+        "records": records,
+        "rows": rows,
+        "wall_s": round(wall, 3),
+        "reader_cpu_s": round(cpu, 3),
+        "records_per_s": round(records / wall),
+        "records_per_reader_cpu_s": round(records / cpu),
+        "parquet_bytes": sum(p.stat().st_size for p in out.rglob("*.parquet")),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--priority", type=int, default=1, help="the copier's SCHED_FIFO priority")
+    ap.add_argument("--per-core-rate", type=float, default=PER_CORE_RATE,
+                    help="records/s a storm makes per CPU (default: the 16-core machine's)")  # fmt: skip
+    ap.add_argument("--out", type=Path, default=BENCH / "results" / "capacity.json")
+    args = ap.parse_args()
+    ncpu = os.cpu_count() or 1
+    cpus = (0, 1 % ncpu)
+    bpf_dir = default_build_dir()
+    templates, batch_dtype, layout = real_batches(2.0)
+    work = Path(tempfile.mkdtemp(prefix="kmo-capacity-"))
+    shm = Path(tempfile.mkdtemp(prefix="kmo-capacity-", dir="/dev/shm"))
+    obj = producer(bpf_dir, batch_dtype.itemsize, templates, work)
+    results: dict[str, list[dict]] = {"spool-memory": [], "spool-disk": [], "parquet": []}
+    try:
+        for r in range(args.rounds):
+            mem_folder = shm / f"r{r}"
+            mem_folder.mkdir()
+            memory = SpoolMemory(mem_folder, limit=shutil.disk_usage(shm).free // 2)
+            res, spool = stage_spool(obj, work / f"m{r}", memory, batch_dtype.itemsize,
+                                     args.seconds, cpus, args.priority)  # fmt: skip
+            spool.close()
+            spool.remove()
+            shutil.rmtree(mem_folder)
+            results["spool-memory"].append(res)
+            print("spool-memory", res, flush=True)
+            res, spool = stage_spool(obj, work / f"d{r}", None, batch_dtype.itemsize,
+                                     args.seconds, cpus, args.priority)  # fmt: skip
+            results["spool-disk"].append(res)
+            print("spool-disk", res, flush=True)
+            os.sched_setaffinity(0, {cpus[1]})
+            pq = stage_parquet(spool, layout, work / f"p{r}")
+            os.sched_setaffinity(0, set(range(ncpu)))
+            spool.remove()
+            shutil.rmtree(work / f"p{r}")
+            results["parquet"].append(pq)
+            print("parquet", pq, flush=True)
+    finally:
+        obj.close()
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(shm, ignore_errors=True)
+
+    def med(stage: str, key: str) -> float:
+        return statistics.median(r[key] for r in results[stage] if r[key] is not None)
+
+    summary = {
+        stage: {
+            "records_per_s": med(stage, "records_per_s"),
+            "records_per_reader_cpu_s": med(stage, "records_per_reader_cpu_s"),
+        }
+        for stage in results
+    }
+    summary["spool-disk"]["compression"] = med("spool-disk", "compression")
+    prediction = []
+    for n in (2, 16, 32, 64, 192):
+        need = n * args.per_core_rate
+        row = {"cpus": n, "records_per_s": round(need)}
+        for stage in ("spool-memory", "spool-disk"):
+            row[f"{stage}_reader_cores"] = round(need / summary[stage]["records_per_reader_cpu_s"], 2)
+        prediction.append(row)
+    machine = {
+        "machine": platform.node() and "this machine",
+        "cpus": ncpu,
+        "kernel": platform.release(),
+        "cpu_model": next((ln.split(":", 1)[1].strip() for ln in
+                           Path("/proc/cpuinfo").read_text().splitlines()
+                           if ln.startswith("model name")), "?"),  # fmt: skip
+    }
+    out = {"machine": machine, "args": {k: str(v) for k, v in vars(args).items()},
+           "rounds": results, "median": summary, "prediction": prediction,
+           "at": time.strftime("%Y-%m-%d")}  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    save(args.out, out)
+    print("median", summary)
+    for row in prediction:
+        print("predict", row)
+    print(f"wrote {args.out}")
+    return 0 if math.isfinite(summary["spool-memory"]["records_per_s"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
