@@ -40,27 +40,24 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent / "src"))
 
-from results_io import save  # noqa: E402
-
 import numpy as np  # noqa: E402
 
 from kernmlops.collect.sinks import ParquetSink  # noqa: E402
 from kernmlops.ebpf.btf import unbatch  # noqa: E402
 from kernmlops.ebpf.build import compile_object, default_build_dir  # noqa: E402
-from kernmlops.ebpf.copier import Budget, Copier  # noqa: E402
+from kernmlops.ebpf.copier import Copier  # noqa: E402
 from kernmlops.ebpf.libbpf import ProgTestRunOpts, lib  # noqa: E402
 from kernmlops.ebpf.objects import open_and_load  # noqa: E402
-from kernmlops.ebpf.spec import object_spec  # noqa: E402
 from kernmlops.ebpf.spool import FRAME_RAW, SYNC_BYTES, RingSpool, SpoolMemory  # noqa: E402
 from kernmlops.hooks.base import HookContext  # noqa: E402
 from kernmlops.hooks.quanta_runtime import QuantaRuntimeHook  # noqa: E402
+from results_io import save  # noqa: E402
 
 RING = 1 << 24
 TEMPLATES = 256
@@ -188,8 +185,12 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--priority", type=int, default=1, help="the copier's SCHED_FIFO priority")
-    ap.add_argument("--per-core-rate", type=float, default=PER_CORE_RATE,
-                    help="records/s a storm makes per CPU (default: the 16-core machine's)")  # fmt: skip
+    ap.add_argument(
+        "--per-core-rate",
+        type=float,
+        default=PER_CORE_RATE,
+        help="records/s a storm makes per CPU (default: the 16-core machine's)",
+    )
     ap.add_argument("--out", type=Path, default=BENCH / "results" / "capacity.json")
     args = ap.parse_args()
     ncpu = os.cpu_count() or 1
@@ -244,15 +245,20 @@ def main() -> int:
         need = n * args.per_core_rate
         row = {"cpus": n, "records_per_s": round(need)}
         for stage in ("spool-memory", "spool-disk"):
-            row[f"{stage}_reader_cores"] = round(need / summary[stage]["records_per_reader_cpu_s"], 2)
+            capacity = summary[stage]["records_per_reader_cpu_s"]
+            row[f"{stage}_reader_cores"] = round(need / capacity, 2)
         prediction.append(row)
     machine = {
-        "machine": platform.node() and "this machine",
         "cpus": ncpu,
         "kernel": platform.release(),
-        "cpu_model": next((ln.split(":", 1)[1].strip() for ln in
-                           Path("/proc/cpuinfo").read_text().splitlines()
-                           if ln.startswith("model name")), "?"),  # fmt: skip
+        "cpu_model": next(
+            (
+                ln.split(":", 1)[1].strip()
+                for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")
+            ),
+            "?",
+        ),
     }
     out = {"machine": machine, "args": {k: str(v) for k, v in vars(args).items()},
            "rounds": results, "median": summary, "prediction": prediction,

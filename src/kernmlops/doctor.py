@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -40,6 +41,18 @@ def privilege_notes(features: dict[str, Feature]) -> list[str]:
     return notes
 
 
+def _copier_row() -> tuple[bool, str]:
+    """Whether rings reach the spool through the native copier, and at what priority."""
+    from kernmlops.ebpf import copier
+
+    if not copier.available():
+        why = "turned off" if os.environ.get("KERNMLOPS_NATIVE_COPY") == "0" else "not built"
+        return False, f"{copier.LIBRARY} {why}: rings are copied in Python (storms may overflow)"
+    zstd = "zstd on disk" if copier.zstd() is not None else "no libzstd: raw on disk"
+    prio = "SCHED_FIFO as root" if os.geteuid() == 0 else "SCHED_FIFO needs root or CAP_SYS_NICE"
+    return True, f"{copier.library_path()} ({zstd}; {prio})"
+
+
 def run_doctor(console: Console) -> int:
     """Print what this machine allows; exit status 1 if no BPF hook can run.
 
@@ -59,6 +72,8 @@ def run_doctor(console: Console) -> int:
         table.add_row(f.name, "[green]yes[/]" if f.ok else "[red]no[/]", f.detail)
     for tool, ver in tool_versions().items():
         table.add_row(tool, "[green]yes[/]" if ver else "[red]no[/]", ver or "not found")
+    ok, detail = _copier_row()
+    table.add_row("native ring copier", "[green]yes[/]" if ok else "[red]no[/]", detail)
     console.print(table)
 
     hooks = Table(title="hooks", title_justify="left")

@@ -50,6 +50,7 @@ def test_the_wheel_carries_every_object_and_its_spec(wheel: Path) -> None:
         obj = f"kernmlops/bpf_objects/{src.name.removesuffix('.c')}.o"
         assert obj in names and f"{obj}.spec.json" in names
     assert not any(n.endswith("vmlinux.h") for n in names)  # a build input only
+    assert "kernmlops/bpf_objects/libkmo_ringcopy.so" in names  # the native ring copier
 
 
 def test_a_fresh_install_runs_without_a_compiler(wheel: Path, tmp_path: Path) -> None:
@@ -68,7 +69,8 @@ def test_a_fresh_install_runs_without_a_compiler(wheel: Path, tmp_path: Path) ->
     trap.write_text(TRAP.format(log=log))
     trap.chmod(0o755)
     covered = [p for p in (shutil.which("clang"), shutil.which("bpftool"),
-                           shutil.which("bpftool", path="/usr/sbin:/sbin")) if p]  # fmt: skip
+                           shutil.which("bpftool", path="/usr/sbin:/sbin"),
+                           shutil.which("cc"), shutil.which("gcc")) if p]  # fmt: skip
     mount, unshare = shutil.which("mount"), shutil.which("unshare")
     if mount is None or unshare is None:
         (pytest.fail if REQUIRE_BPF else pytest.skip)("needs mount and unshare (util-linux)")
@@ -96,3 +98,5 @@ def test_a_fresh_install_runs_without_a_compiler(wheel: Path, tmp_path: Path) ->
     manifest = read_collection(col).manifest
     assert manifest["state"] == "completed"
     assert manifest["hooks"]["process_trace"]["attached"]
+    # the wheel's own copier library, built where the wheel was (no compiler here)
+    assert manifest["hooks"]["process_trace"]["copier"]["native"] is True

@@ -30,8 +30,14 @@ class GatedProcess:
     """A benchmark process in its own process group and cgroup, watched by a watchdog
     that kills it all if the collector dies."""
 
-    def __init__(self, launch: Launch, stdout: IO[bytes] | None = None,
-                 stderr: IO[bytes] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        launch: Launch,
+        stdout: IO[bytes] | None = None,
+        stderr: IO[bytes] | None = None,
+        *,
+        new_session: bool = False,
+    ) -> None:
         self.containment = Containment()
         read_fd, self._gate = os.pipe()
         env = {**os.environ, **launch.env}
@@ -44,8 +50,10 @@ class GatedProcess:
                 # Its own process group (stopped whole, no Ctrl+C from the tty), in the
                 # collector's session: with autogroups a storm in a session of its own
                 # kept every other session's threads off the CPU for seconds (the
-                # collector's pollers missed 98% of their samples on 6.18)
-                process_group=0,
+                # collector's pollers missed 98% of their samples on 6.18). A duet's
+                # sides are sessions of their own (new_session): weighed by their nice.
+                start_new_session=new_session,
+                process_group=None if new_session else 0,
                 stdout=stdout,
                 stderr=stderr,
             )
