@@ -117,14 +117,16 @@ def run_producer(obj, seconds: float, cpu: int) -> None:
 
 
 def stage_spool(obj, folder: Path, memory: SpoolMemory | None, itemsize: int, seconds: float,
-                cpus: tuple[int, int], priority: int) -> dict:  # fmt: skip
+                cpus: tuple[int, int], priority: int, workers: int = 0) -> dict:  # fmt: skip
     spool = RingSpool(folder, "quanta_switch", itemsize, {}, memory=memory)
     copier = Copier(interval_ms=250, budget=memory.budget if memory else None,
-                    frame_raw=FRAME_RAW, sync_bytes=SYNC_BYTES)  # fmt: skip
+                    frame_raw=max(FRAME_RAW, workers * (512 << 10)), sync_bytes=SYNC_BYTES,
+                    workers=workers)  # fmt: skip
     spool.attach(copier, copier.add("quanta_switch", obj.map("rb").fd, RING))
     copier.start(priority)
     tid = copier._thread.native_id  # type: ignore[union-attr]
-    os.sched_setaffinity(tid, {cpus[1]})
+    if not workers:  # zstd's workers inherit the copier's CPUs: leave them free
+        os.sched_setaffinity(tid, {cpus[1]})
     before, cpu0, t0 = state(obj), copier.cpu_s, time.monotonic()
     copied0 = copier.rings[0].copied
     run_producer(obj, seconds, cpus[0])
@@ -152,6 +154,7 @@ def stage_spool(obj, folder: Path, memory: SpoolMemory | None, itemsize: int, se
         "disk_bytes": on_disk,
         "compression": round(copied / on_disk, 2) if on_disk and memory is None else None,
         "priority": copier.priority,
+        "zstd_workers": copier.workers,
     }, spool
 
 
@@ -185,6 +188,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--priority", type=int, default=1, help="the copier's SCHED_FIFO priority")
+    ap.add_argument("--workers", type=int, default=0, help="zstd workers in spool-disk")
     ap.add_argument(
         "--per-core-rate",
         type=float,
@@ -214,7 +218,7 @@ def main() -> int:
             results["spool-memory"].append(res)
             print("spool-memory", res, flush=True)
             res, spool = stage_spool(obj, work / f"d{r}", None, batch_dtype.itemsize,
-                                     args.seconds, cpus, args.priority)  # fmt: skip
+                                     args.seconds, cpus, args.priority, args.workers)  # fmt: skip
             results["spool-disk"].append(res)
             print("spool-disk", res, flush=True)
             os.sched_setaffinity(0, {cpus[1]})

@@ -250,9 +250,12 @@ RECORD = np.dtype([("seq", "<u8"), ("pad", "<u8", (30,))])  # 248 bytes: stride 
 
 
 @pytest.mark.bpf
+@pytest.mark.parametrize("workers", [0, 2])
 def test_the_copier_thread_keeps_up_with_the_kernel_and_keeps_every_record(
-    compile_bpf: Callable[[str, str], Path], tmp_path: Path
+    compile_bpf: Callable[[str, str], Path], tmp_path: Path, workers: int
 ) -> None:
+    # workers: zstd's threads compress each disk frame in 512-KiB jobs (one frame
+    # still, read back by pyarrow's codec like any other)
     path = compile_bpf("copier_gen", GENERATOR)
     size = 1 << 20
     stride = record_stride(RECORD.itemsize)
@@ -260,8 +263,8 @@ def test_the_copier_thread_keeps_up_with_the_kernel_and_keeps_every_record(
         memory = SpoolMemory(tmp_path / "mem", limit=4 << 20)  # the rest on disk
         memory.folder.mkdir()
         spool = RingSpool(tmp_path / "spool", "gen", RECORD.itemsize, {}, memory=memory)
-        copier = Copier(interval_ms=5, budget=memory.budget, frame_raw=FRAME_RAW,
-                        sync_bytes=8 << 20)  # fmt: skip
+        copier = Copier(interval_ms=5, budget=memory.budget, frame_raw=2 * FRAME_RAW,
+                        sync_bytes=8 << 20, workers=workers)  # fmt: skip
         spool.attach(copier, copier.add("gen", obj.map("rb").fd, size, wakes=False))
         copier.start()
         opts = ProgTestRunOpts(sz=ctypes.sizeof(ProgTestRunOpts))
@@ -277,6 +280,7 @@ def test_the_copier_thread_keeps_up_with_the_kernel_and_keeps_every_record(
             runner.start()
             runner.join()
             copier.stop()
+            assert copier.workers == workers  # libzstd took them
             spool.detach()
             gen = np.frombuffer(obj.map("state").lookup(0)[: GEN.itemsize], GEN)[0]
             parts = list(spool.records(RECORD))
@@ -290,3 +294,8 @@ def test_the_copier_thread_keeps_up_with_the_kernel_and_keeps_every_record(
     assert np.array_equal(got, np.arange(gen["written"]))  # each once, in order
     on_disk = list((tmp_path / "spool").glob("gen.*.ring"))
     assert any(segment_codec(p) is not None and p.stat().st_size for p in on_disk)
+
+
+def test_compression_workers_follow_the_cpu_count() -> None:
+    # one thread compresses ~6M records/s; a storm makes ~0.5M/s per CPU
+    assert [native.default_workers(n) for n in (1, 2, 4, 8, 16, 56, 192)] == [0, 0, 0, 1, 2, 7, 24]

@@ -320,6 +320,7 @@ class Session:
                 self.bpf_dir,
                 spool_dir=spool_dir,
                 copier_priority=cfg.copier_priority,
+                copier_workers=cfg.copier_workers,
                 poll_interval_ms=cfg.poll_interval_ms,
                 poll_max_interval_ms=cfg.poll_max_interval_ms,
                 spool_memory=(

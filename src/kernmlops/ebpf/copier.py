@@ -27,7 +27,7 @@ from pathlib import Path
 
 LIBRARY = "libkmo_ringcopy.so"
 SOURCE = Path(__file__).resolve().parent.parent / "native" / "ringcopy.c"
-ABI = 1
+ABI = 2
 #: zstd level of the disk segments (pyarrow's Codec("zstd", 1) writes the same frames)
 ZSTD_LEVEL = 1
 
@@ -87,6 +87,13 @@ class _Copier(ctypes.Structure):
         ("is_error", ctypes.c_void_p),
         ("rings", ctypes.POINTER(ctypes.POINTER(Ring))),
         ("cpu_ns", ctypes.c_uint64),
+        ("workers", ctypes.c_int32),
+        ("workers_ok", ctypes.c_int32),
+        ("create", ctypes.c_void_p),
+        ("free_cctx", ctypes.c_void_p),
+        ("set", ctypes.c_void_p),
+        ("compress2", ctypes.c_void_p),
+        ("cctx", ctypes.c_void_p),
     ]
 
 
@@ -151,6 +158,14 @@ def available() -> bool:
     return load() is not None
 
 
+def default_workers(cpus: int | None = None) -> int:
+    """zstd workers beside a copier for this machine: none up to 4 CPUs (one thread
+    compresses ~6M quanta records/s, more than a 2-4 CPU storm makes), then one per 8
+    CPUs (a storm makes ~0.5M records/s per CPU)."""
+    n = cpus if cpus is not None else len(os.sched_getaffinity(0))
+    return 0 if n <= 4 else -(-n // 8)
+
+
 class Budget:
     """Bytes of tmpfs segments a collection may hold, shared by its copiers and the
     spool's own writes: one counter the C side moves atomically."""
@@ -206,6 +221,7 @@ class Copier:
         budget: Budget | None,
         frame_raw: int,
         sync_bytes: int,
+        workers: int = 0,
     ) -> None:
         lib = load()
         if lib is None:
@@ -221,8 +237,11 @@ class Copier:
         self.compresses = z is not None
         if z is not None:
             for name, attr in (("ZSTD_compress", "compress"), ("ZSTD_compressBound", "bound"),
-                               ("ZSTD_isError", "is_error")):  # fmt: skip
+                               ("ZSTD_isError", "is_error"), ("ZSTD_createCCtx", "create"),
+                               ("ZSTD_freeCCtx", "free_cctx"), ("ZSTD_CCtx_setParameter", "set"),
+                               ("ZSTD_compress2", "compress2")):  # fmt: skip
                 setattr(self._c, attr, ctypes.cast(getattr(z, name), ctypes.c_void_p))
+            self._c.workers = workers
         self._epoll = select.epoll()
         self._stop_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._epoll.register(self._stop_fd, select.EPOLLIN)
@@ -273,6 +292,12 @@ class Copier:
     def cpu_s(self) -> float:
         """The copier thread's CPU time (as of its last wake-up; final once stopped)."""
         return int(self._c.cpu_ns) / 1e9
+
+    @property
+    def workers(self) -> int:
+        """zstd's worker threads compressing the disk frames (0: the copier alone);
+        known once the thread has started."""
+        return int(self._c.workers) if self._c.workers_ok else 0
 
     @property
     def wakeups(self) -> int:

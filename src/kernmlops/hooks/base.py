@@ -48,6 +48,8 @@ class HookContext:
     spare: Any = None
     #: SCHED_FIFO priority of the native ring copier's thread (0: normal priority)
     copier_priority: int = 0
+    #: zstd worker threads beside each copier (None: from the CPU count)
+    copier_workers: int | None = 0
     #: the collector's poll_interval_ms and poll_max_interval_ms (the copier's sleeps)
     poll_interval_ms: int = 10
     poll_max_interval_ms: int = 100

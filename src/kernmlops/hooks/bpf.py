@@ -14,6 +14,7 @@ from kernmlops.ebpf.btf import RecordLayout, unbatch
 from kernmlops.ebpf.build import object_path
 from kernmlops.ebpf.copier import Copier
 from kernmlops.ebpf.copier import available as copier_available
+from kernmlops.ebpf.copier import default_workers as copier_workers
 from kernmlops.ebpf.frames import records_to_table
 from kernmlops.ebpf.objects import VARIANTS, BpfObject, open_and_load
 from kernmlops.ebpf.ringbuf import RingBuffer
@@ -259,11 +260,18 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         interval_ms = self.options.batch_ms or ctx.poll_interval_ms
         if not self.wakes_at_fill:  # its programs cannot wake the copier
             interval_ms = min(interval_ms, ctx.poll_max_interval_ms)
+        workers = ctx.copier_workers
+        if workers is None:
+            workers = copier_workers()
+        # a frame is cut in jobs of 512 KiB, one per worker, and must fit a quarter ring
+        quarter = self.options.ring_kib * 1024 // 4
+        workers = min(workers, quarter // (512 << 10))
         copier = Copier(
             interval_ms=interval_ms,
             budget=memory.budget if memory is not None else None,
-            frame_raw=FRAME_RAW,
+            frame_raw=max(FRAME_RAW, min(quarter, workers * (512 << 10))),
             sync_bytes=SYNC_BYTES,
+            workers=workers,
         )
         try:
             for table, spool in self._spools.items():
@@ -291,6 +299,7 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         if copier is None:
             return
         copier.stop()
+        self.status.copier["zstd_workers"] = copier.workers
         for spool in self._spools.values():
             spool.detach()
         copier.close()

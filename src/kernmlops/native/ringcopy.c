@@ -37,11 +37,21 @@
 #define LEN_MASK (DISCARD_BIT - 1)
 #define HDR 8
 
-#define KMO_ABI 1
+#define KMO_ABI 2
 
 typedef size_t (*zstd_compress_fn)(void *dst, size_t cap, const void *src, size_t len, int level);
 typedef size_t (*zstd_bound_fn)(size_t len);
 typedef unsigned (*zstd_is_error_fn)(size_t code);
+typedef void *(*zstd_create_fn)(void);
+typedef size_t (*zstd_free_fn)(void *cctx);
+typedef size_t (*zstd_set_fn)(void *cctx, int param, int value);
+typedef size_t (*zstd_compress2_fn)(void *cctx, void *dst, size_t cap, const void *src, size_t len);
+
+/* ZSTD_cParameter values (zstd.h, stable since 1.4) */
+#define ZSTD_C_LEVEL 100
+#define ZSTD_C_WORKERS 400
+#define ZSTD_C_JOB_SIZE 401
+#define ZSTD_JOB_MIN (512 * 1024)
 
 /* One spool segment file. Python opens it (and writes its json); the copier
  * appends to it while it is the ring's active segment. */
@@ -92,6 +102,15 @@ struct kmo_copier {
 	zstd_is_error_fn is_error;
 	struct kmo_ring **rings;
 	uint64_t cpu_ns;     /* the copier thread's CPU time so far (at each wake-up) */
+	/* zstd's workers: a frame is cut in jobs of ZSTD_JOB_MIN compressed at once
+	 * (libzstd's own threads, created by the copier: they inherit its policy) */
+	int32_t workers;     /* 0: the copier compresses alone */
+	int32_t workers_ok;  /* set by the copier: libzstd took the workers */
+	zstd_create_fn create;
+	zstd_free_fn free_cctx;
+	zstd_set_fn set;
+	zstd_compress2_fn compress2;
+	void *cctx;
 };
 
 int kmo_abi(void)
@@ -242,7 +261,10 @@ static int put_zstd(struct kmo_copier *c, struct kmo_ring *r, struct kmo_segment
 		r->packed = p;
 		r->packed_cap = need;
 	}
-	n = c->compress(r->packed + 8, need - 8, src, len, c->level);
+	if (c->cctx)
+		n = c->compress2(c->cctx, r->packed + 8, need - 8, src, len);
+	else
+		n = c->compress(r->packed + 8, need - 8, src, len, c->level);
 	if (c->is_error(n))
 		return EIO;
 	head[0] = (uint32_t)n;
@@ -341,6 +363,17 @@ int kmo_copier_run(struct kmo_copier *c)
 
 	if (c->abi != KMO_ABI)
 		return -EINVAL;
+	if (c->workers > 0 && c->create && c->set && c->compress2 && c->free_cctx) {
+		c->cctx = c->create();
+		if (c->cctx && !c->is_error(c->set(c->cctx, ZSTD_C_LEVEL, c->level)) &&
+		    !c->is_error(c->set(c->cctx, ZSTD_C_WORKERS, c->workers)) &&
+		    !c->is_error(c->set(c->cctx, ZSTD_C_JOB_SIZE, ZSTD_JOB_MIN))) {
+			c->workers_ok = 1;
+		} else if (c->cctx) {
+			c->free_cctx(c->cctx); /* a libzstd without threads: alone */
+			c->cctx = NULL;
+		}
+	}
 	while (!__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE)) {
 		int n = epoll_wait(c->epfd, ev, 16, (int)c->interval_ms);
 
@@ -352,6 +385,10 @@ int kmo_copier_run(struct kmo_copier *c)
 	}
 	kmo_copier_pass(c);
 	c->cpu_ns = thread_cpu_ns();
+	if (c->cctx) {
+		c->free_cctx(c->cctx);
+		c->cctx = NULL;
+	}
 	return 0;
 }
 
