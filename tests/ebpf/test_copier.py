@@ -5,12 +5,13 @@ kernmlops recover reads; nothing is taken from the ring that is not in a file.""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import json
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -107,23 +108,34 @@ def test_a_write_that_fails_takes_nothing_from_the_ring(tmp_path: Path) -> None:
         os.close(ring.fd)
 
 
-def _spool_on(ring: MappedRing, folder: Path, budget_records: int) -> tuple[RingSpool, Copier]:
+@contextlib.contextmanager
+def _spool_on(
+    ring: MappedRing, folder: Path, budget_records: int
+) -> Iterator[tuple[RingSpool, Copier]]:
+    """A spool the copier fills from ``ring`` (copies made with copy_now), torn down
+    as a hook tears it down: the copier's last copy, then the spool in Python."""
     stride = record_stride(EVENT.itemsize)
     memory = SpoolMemory(folder / "mem", limit=budget_records * stride)
     memory.folder.mkdir(parents=True)
     spool = RingSpool(folder / "spool", "events", EVENT.itemsize, {"ring": "events"}, memory=memory)
     copier = Copier(interval_ms=10, budget=memory.budget, frame_raw=FRAME_RAW, sync_bytes=8 << 20)
     spool.attach(copier, copier.add("events", ring.fd, ring.size, wakes=False))
-    return spool, copier
+    try:
+        yield spool, copier
+    finally:
+        copier.stop()
+        spool.detach()
+        copier.close()
+        spool.close()
+        os.close(ring.fd)
 
 
 def test_past_the_memory_budget_the_copier_goes_on_in_zstd_frames_on_disk(
     tmp_path: Path,
 ) -> None:
     ring = _mapped(1 << 14)
-    spool, copier = _spool_on(ring, tmp_path, budget_records=300)
     want = events(1500)
-    try:
+    with _spool_on(ring, tmp_path, budget_records=300) as (spool, copier):
         for i in range(0, 1500, 500):  # three fills, a copy each
             ring.cons = ring.consumer()
             ring.write_records(want[i : i + 500])
@@ -152,18 +164,11 @@ def test_past_the_memory_budget_the_copier_goes_on_in_zstd_frames_on_disk(
         assert len(pieces) == 3  # a frame per copy (each under FRAME_RAW)
         # a new standby waits after the one the copier took
         assert len(disk_segs) == 2 and disk_segs[1].stat().st_size == 0
-    finally:
-        copier.stop()
-        spool.detach()
-        copier.close()
-        spool.close()
-        os.close(ring.fd)
 
 
 def test_a_segment_read_to_its_end_is_rotated_retired_and_deleted(tmp_path: Path) -> None:
     ring = _mapped(1 << 14)
-    spool, copier = _spool_on(ring, tmp_path, budget_records=10_000)
-    try:
+    with _spool_on(ring, tmp_path, budget_records=10_000) as (spool, copier):
         ring.write_records(events(100))
         ring.sync()
         copier.copy_now()
@@ -184,12 +189,6 @@ def test_a_segment_read_to_its_end_is_rotated_retired_and_deleted(tmp_path: Path
         assert not first[0].exists()
         assert np.array_equal(_read_all(spool), events(50, first=100))
         assert spool.memory is not None and spool.memory.used == 50 * record_stride(16)
-    finally:
-        copier.stop()
-        spool.detach()
-        copier.close()
-        spool.close()
-        os.close(ring.fd)
 
 
 # The kernel's own producer: one test run is a loop that writes a record whenever
