@@ -16,8 +16,27 @@ def test_drop_advice_names_each_hook_and_its_own_remedy() -> None:
     }
     assert drop_advice(hooks, cfg.hook_options) == [
         "quanta_runtime: 1,234 events dropped (its ring was full): raise "
-        "hooks.quanta_runtime.ring_kib, or set collector.nice: -10",
+        "hooks.quanta_runtime.ring_kib",
         "memory_usage: 2 samples missed (the machine was too busy to read at poll_hz 4): "
         "lower hooks.memory_usage.poll_hz, or set collector.nice: -10",
     ]
     assert drop_advice({"process_trace": hooks["process_trace"]}, cfg.hook_options) == []
+
+
+def test_drop_advice_names_the_cpus_that_lost_and_the_copiers_trouble() -> None:
+    cfg = load_config({})
+    by_cpu = [0, 1_000, 0, 30, *[5] * 7]
+    copier = {"native": True, "priority": 0, "error": "SCHED_FIFO 1: denied"}
+    lost = HookStatus("quanta_runtime", attached=True, drops=1_065, drops_by_cpu=by_cpu,
+                      copier=copier)  # fmt: skip
+    assert drop_advice({"quanta_runtime": lost}, cfg.hook_options) == [
+        "quanta_runtime: 1,065 events dropped (its ring was full, on CPUs 1 (1,000), 3 (30), "
+        "10 (5), 9 (5), 8 (5), 7 (5) and 3 more): run as root (the copier's real-time "
+        "priority was refused), or raise hooks.quanta_runtime.ring_kib"
+    ]
+    python = HookStatus("quanta_runtime", attached=True, drops=9, drops_by_cpu=[9],
+                        copier={"native": False})  # fmt: skip
+    assert drop_advice({"quanta_runtime": python}, cfg.hook_options) == [
+        "quanta_runtime: 9 events dropped (its ring was full, on CPU 0 (9)): build the native "
+        "ring copier (kernmlops build-bpf), or raise hooks.quanta_runtime.ring_kib"
+    ]

@@ -109,6 +109,16 @@ def _progress_table(p, attached) -> Table:
     return table
 
 
+def _cpus_that_lost(by_cpu: list[int]) -> str:
+    """ ", on CPUs 3 (1,024), 7 (12)": the CPUs whose records were lost, most first."""
+    lost = sorted(((n, cpu) for cpu, n in enumerate(by_cpu) if n), reverse=True)
+    if not lost:
+        return ""
+    shown = ", ".join(f"{cpu} ({n:,})" for n, cpu in lost[:6])
+    more = f" and {len(lost) - 6} more" if len(lost) > 6 else ""
+    return f", on CPU{'s' if len(lost) > 1 else ''} {shown}{more}"
+
+
 def drop_advice(hooks: Mapping[str, HookStatus], options: Callable[[str], Any]) -> list[str]:
     """One line per hook that lost events, with the remedy for its kind: a BPF hook's
     ring was full; a poller (``poll_hz``) missed samples while the machine was busy.
@@ -119,8 +129,16 @@ def drop_advice(hooks: Mapping[str, HookStatus], options: Callable[[str], Any]) 
             continue
         opts = options(name)
         if hasattr(opts, "ring_kib"):
-            lines.append(f"{name}: {st.drops:,} events dropped (its ring was full): "
-                         f"raise hooks.{name}.ring_kib, or set collector.nice: -10")  # fmt: skip
+            copier = st.copier or {}
+            if copier.get("native") is False:
+                remedy = "build the native ring copier (kernmlops build-bpf), or raise "
+            elif copier.get("error"):
+                remedy = "run as root (the copier's real-time priority was refused), or raise "
+            else:
+                remedy = "raise "
+            where = _cpus_that_lost(st.drops_by_cpu)
+            lines.append(f"{name}: {st.drops:,} events dropped (its ring was full{where}): "
+                         f"{remedy}hooks.{name}.ring_kib")  # fmt: skip
         elif hasattr(opts, "poll_hz"):
             lines.append(f"{name}: {st.drops:,} samples missed (the machine was too busy to "
                          f"read at poll_hz {opts.poll_hz:g}): lower hooks.{name}.poll_hz, or "

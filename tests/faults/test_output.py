@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -120,3 +121,44 @@ def test_disk_full_mid_run(tmp_path: Path, bpf_baseline) -> None:
     recover(moved)
     rows = read_everything(moved)
     assert rows["quanta_runtime"] > 1000  # three seconds of storm were kept
+
+
+def test_a_full_tmpfs_under_the_spool_is_named_not_the_collections_disk(tmp_path: Path) -> None:
+    """The copier's write into the spool's first MiB fails on a full tmpfs: the error
+    names that tmpfs and its free space, not the collection's disk (which had room)."""
+    import errno
+    from types import SimpleNamespace
+
+    from kernmlops.collect.session import Session
+    from kernmlops.ebpf import copier as native
+    from kernmlops.ebpf.spool import FRAME_RAW, RingSpool, SpoolMemory
+    from kernmlops.errors import OutputError
+    from tests.ebpf.test_ringbuf import EVENT, MappedRing, events
+
+    assert native.available()
+    ring = MappedRing(1 << 16)
+    with tmpfs(tmp_path / "shm", "64k") as shm:
+        memory = SpoolMemory(shm, limit=1 << 20)  # more than the tmpfs holds
+        spool = RingSpool(tmp_path / "spool", "events", EVENT.itemsize, {}, memory=memory)
+        copier = native.Copier(interval_ms=10, budget=memory.budget, frame_raw=FRAME_RAW,
+                               sync_bytes=8 << 20)  # fmt: skip
+        spool.attach(copier, copier.add("events", ring.fd, ring.size, wakes=False))
+        try:
+            ring.write_records(events(2700))  # 64.8 KB
+            ring.sync()
+            copier.copy_now()
+            session = SimpleNamespace(path=tmp_path / "collection", _disk_full=False)
+            with pytest.raises(OutputError) as caught:
+                Session._spool_call(session, lambda: spool.take(None))  # type: ignore[arg-type]
+            assert session._disk_full
+            message = str(caught.value)
+            assert f"cannot write the spool in {shm}: the disk is full" in message, message
+            assert "free there" in message
+            assert ring.consumer() < ring.prod  # what did not fit is still in the ring
+            assert copier.rings[0].error == errno.ENOSPC
+        finally:
+            copier.stop()
+            spool.detach()  # as a hook's stop does: the error is not raised twice
+            copier.close()
+            spool.close()
+            os.close(ring.fd)

@@ -661,10 +661,13 @@ class Session:
         except OSError as err:
             full = is_disk_full(err)
             self._disk_full = self._disk_full or full
+            # the filesystem that failed: the collection's, or the tmpfs of the spool's
+            # first MiB (a segment's path says which)
+            where = Path(err.filename).parent if err.filename else self.path
             what = "the disk is full" if full else f"a write failed ({err.strerror or err})"
             raise OutputError(
-                f"cannot write the spool in {self.path}: {what}; "
-                f"{human_bytes(free_bytes(self.path))} free. Finished parts and the "
+                f"cannot write the spool in {where}: {what}; "
+                f"{human_bytes(free_bytes(where))} free there. Finished parts and the "
                 "spool are kept (kernmlops recover, once there is room)."
             ) from None
 

@@ -330,21 +330,25 @@ class RingSpool:
         if self._copier is None or self._ring is None:
             return
         self._copier.set_standby(self._ring, None)
-        self._sync()  # it may have become active just now
+        self._sync(check=False)  # it may have become active just now
         seg, self._standby = self._standby, None
         if seg is not None:
             os.close(seg.fd)
             _remove(seg)
             self._copier.forget(seg.native)
 
-    def _sync(self) -> None:
+    def _sync(self, check: bool = True) -> None:
         """Bring the segments' counts up to what the copier wrote; a segment it went
-        on in becomes live (and a new standby is armed); its write error is raised."""
+        on in becomes live (and a new standby is armed); its write error is raised
+        (``check``: a detach after the error was reported does not raise it again)."""
         ring, copier = self._ring, self._copier
         if ring is None or copier is None:
             return
-        if ring.error:
-            raise OSError(ring.error, f"{os.strerror(ring.error)} (the spool of {self.key})")
+        if ring.error and check:
+            # the segment the copier was writing: its filesystem is the one that failed
+            writing = next((s for s in self._live if s.native is not None and not s.native_done
+                            and s.native.state == copier_state.ACTIVE), self._tail)  # fmt: skip
+            raise OSError(ring.error, os.strerror(ring.error), str(writing.path))
         for seg in self._live:
             if seg.native is not None and not seg.native_done:
                 seg.native_done = seg.native.state == copier_state.DONE  # before written
@@ -362,7 +366,7 @@ class RingSpool:
         with self._cond:
             if self._ring is None:
                 return
-            self._sync()
+            self._sync(check=False)
             self._drop_standby()
             for seg in self._live:
                 if seg.native is not None:
