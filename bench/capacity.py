@@ -66,14 +66,12 @@ RECORDS_PER_BATCH = 64
 PER_CORE_RATE = 8.03e6 / 16
 
 
-def real_batches(seconds: float) -> tuple[bytes, np.dtype, object]:
+def real_batches(storm: list[str]) -> tuple[bytes, np.dtype, object]:
     """TEMPLATES full batches of quanta records from a real storm on this machine."""
     hook = QuantaRuntimeHook()
     with tempfile.TemporaryDirectory() as tmp:
         hook.start(HookContext("capacity", None, os.getpid(), spool_dir=Path(tmp)))
-        storm = subprocess.Popen(["stress-ng", "--switch", "2", "-t", str(seconds)],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-        storm.wait()
+        subprocess.run(storm, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
         hook.detach()
         hook._stop_copier()  # its last copy: the ring is in the spool
         layout = hook.readers()["quanta_switch"][1]
@@ -88,10 +86,14 @@ def real_batches(seconds: float) -> tuple[bytes, np.dtype, object]:
     return full[:TEMPLATES].tobytes(), layout.batch, layout
 
 
-def producer(bpf_dir: Path, batch_bytes: int, templates: bytes, out: Path):
+def producer(bpf_dir: Path, batch_bytes: int, templates: bytes):
+    """The producer object, built once per batch size into bench/build/ (carry it to a
+    machine without clang)."""
     src = BENCH / "capacity.bpf.c"
-    obj_path = compile_object(src, out / "capacity.bpf.o", vmlinux_dir=bpf_dir,
-                              cflags=(f"-DBATCH_BYTES={batch_bytes}",))  # fmt: skip
+    obj_path = BENCH / "build" / f"capacity-{batch_bytes}.bpf.o"
+    if not obj_path.exists() or obj_path.stat().st_mtime < src.stat().st_mtime:
+        compile_object(src, obj_path, vmlinux_dir=bpf_dir,
+                       cflags=(f"-DBATCH_BYTES={batch_bytes}",))  # fmt: skip
     obj = open_and_load(obj_path, max_entries={"rb": RING})
     tmpl = obj.map("templates")
     for i in range(TEMPLATES):
@@ -189,6 +191,8 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--priority", type=int, default=1, help="the copier's SCHED_FIFO priority")
     ap.add_argument("--workers", type=int, default=0, help="zstd workers in spool-disk")
+    ap.add_argument("--storm", default="stress-ng --switch 2 -t 2",
+                    help="the storm whose records the producer sends")  # fmt: skip
     ap.add_argument(
         "--per-core-rate",
         type=float,
@@ -200,10 +204,10 @@ def main() -> int:
     ncpu = os.cpu_count() or 1
     cpus = (0, 1 % ncpu)
     bpf_dir = default_build_dir()
-    templates, batch_dtype, layout = real_batches(2.0)
+    templates, batch_dtype, layout = real_batches(args.storm.split())
     work = Path(tempfile.mkdtemp(prefix="kmo-capacity-"))
     shm = Path(tempfile.mkdtemp(prefix="kmo-capacity-", dir="/dev/shm"))
-    obj = producer(bpf_dir, batch_dtype.itemsize, templates, work)
+    obj = producer(bpf_dir, batch_dtype.itemsize, templates)
     results: dict[str, list[dict]] = {"spool-memory": [], "spool-disk": [], "parquet": []}
     try:
         for r in range(args.rounds):
