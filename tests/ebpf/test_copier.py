@@ -191,6 +191,28 @@ def test_a_segment_read_to_its_end_is_rotated_retired_and_deleted(tmp_path: Path
         assert spool.memory is not None and spool.memory.used == 50 * record_stride(16)
 
 
+def test_a_standby_taken_back_just_after_the_copier_took_it_up_stays(tmp_path: Path) -> None:
+    # The budget ran out and the copier went on in the standby before Python looked;
+    # a rotation then takes the standby back: it must stay, live, with its records
+    # (deleting it, or arming another the copier already holds, would lose them).
+    ring = _mapped(1 << 14)
+    with _spool_on(ring, tmp_path, budget_records=100) as (spool, copier):
+        ring.write_records(events(300))
+        ring.sync()
+        copier.copy_now()  # a first run of 170 records is past the budget: the standby
+        standby = spool._standby
+        assert standby is not None and standby.native.state == native.ACTIVE
+        with spool._cond:
+            spool._drop_standby()
+        assert standby.path.exists() and standby in spool._live
+        assert spool._standby is None
+        assert not copier.rings[0].ring.standby  # the copier holds no segment of the past
+        assert np.array_equal(_read_all(spool), events(300))
+        spool.count("events", 300)
+        spool.checkpoint({"events": 300})  # read to its end: rotated, a standby again
+        assert spool._standby is not None and spool._standby.native.state == native.STANDBY
+
+
 # The kernel's own producer: one test run is a loop that writes a record whenever
 # the ring is under half full, numbering the records it wrote.
 GENERATOR = r"""

@@ -329,13 +329,22 @@ class RingSpool:
         """Take the standby back from the copier; delete it unless it was taken up."""
         if self._copier is None or self._ring is None:
             return
-        self._copier.set_standby(self._ring, None)
-        self._sync(check=False)  # it may have become active just now
+        self._copier.set_standby(self._ring, None)  # from here the copier cannot take it
         seg, self._standby = self._standby, None
-        if seg is not None:
-            os.close(seg.fd)
-            _remove(seg)
-            self._copier.forget(seg.native)
+        if seg is None:
+            return
+        if seg.native.state != copier_state.STANDBY:
+            self._taken_up(seg)  # just before: it is the copier's tail now
+            return
+        os.close(seg.fd)
+        _remove(seg)
+        self._copier.forget(seg.native)
+
+    def _taken_up(self, seg: _Segment) -> None:
+        """The copier went on in the standby ``seg``: it is live from now on."""
+        seg.native_done = seg.native.state == copier_state.DONE  # before written
+        seg.written = seg.on_disk = int(seg.native.written)
+        self._live.append(seg)
 
     def _sync(self, check: bool = True) -> None:
         """Bring the segments' counts up to what the copier wrote; a segment it went
@@ -355,10 +364,8 @@ class RingSpool:
                 seg.written = seg.on_disk = int(seg.native.written)
         sb = self._standby
         if sb is not None and sb.native.state != copier_state.STANDBY:
-            sb.native_done = sb.native.state == copier_state.DONE
-            sb.written = sb.on_disk = int(sb.native.written)
-            self._live.append(sb)
             self._standby = None
+            self._taken_up(sb)
             self._arm_standby()
 
     def detach(self) -> None:
