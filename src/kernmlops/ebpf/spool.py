@@ -353,6 +353,9 @@ class RingSpool:
         ring, copier = self._ring, self._copier
         if ring is None or copier is None:
             return
+        if check and copier.result is not None and copier.result < 0:
+            err = -copier.result  # its loop ended on an error (epoll): nothing copies now
+            raise OSError(err, f"the ring copier stopped: {os.strerror(err)}")
         if ring.error and check:
             # the segment the copier was writing: its filesystem is the one that failed
             writing = next((s for s in self._live if s.native is not None and not s.native_done
