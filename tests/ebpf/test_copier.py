@@ -213,6 +213,30 @@ def test_a_standby_taken_back_just_after_the_copier_took_it_up_stays(tmp_path: P
         assert spool._standby is not None and spool._standby.native.state == native.STANDBY
 
 
+def test_the_segment_after_a_deleted_one_knows_its_rows(tmp_path: Path) -> None:
+    # The copier went on in the standby after the reading had finished the memory
+    # segment: at the checkpoint that deletes the memory segment, the standby must
+    # learn its rows_before (recover starts from the first segment left).
+    ring = _mapped(1 << 14)
+    with _spool_on(ring, tmp_path, budget_records=300) as (spool, copier):
+        ring.write_records(events(170))
+        ring.sync()
+        copier.copy_now()
+        for records in spool.records(EVENT):
+            spool.count("events", len(records))
+        ring.cons = ring.consumer()
+        ring.write_records(events(500, first=170))  # past the budget: the standby
+        ring.sync()
+        copier.copy_now()
+        (memory_seg,) = (tmp_path / "mem").glob("events.*.ring")
+        spool.checkpoint({"events": 170})  # the memory segment's rows are finished
+        spool.drained()
+        assert not memory_seg.exists()
+        first_left = sorted((tmp_path / "spool").glob("events.*.json"))[0]
+        assert json.loads(first_left.read_text())["rows_before"] == {"events": 170}
+        assert np.array_equal(_read_all(spool), events(500, first=170))
+
+
 # The kernel's own producer: one test run is a loop that writes a record whenever
 # the ring is under half full, numbering the records it wrote.
 GENERATOR = r"""

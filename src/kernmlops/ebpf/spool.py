@@ -601,6 +601,19 @@ class RingSpool:
             if seg.read < seg.written or (seg.native is not None and not seg.native_done):
                 return  # the rest of this segment is still with the writer (or copier)
 
+    def _learn_rows(self) -> None:
+        """(At a checkpoint, before segments are deleted) the first segment not read
+        yet learns its rows_before: a recovery must never meet one that does not know
+        them after the segment before it is gone."""
+        for seg in self._live:
+            finished = seg.read == seg.written and (seg.native is None or seg.native_done)
+            if finished:
+                continue
+            if not seg.rows_exact and seg.read == 0:
+                seg.rows_before, seg.rows_exact = dict(self.rows), True
+                self._write_meta(seg)
+            return
+
     def count(self, table: str, rows: int) -> None:
         self.rows[table] = self.rows.get(table, 0) + rows
 
@@ -626,6 +639,7 @@ class RingSpool:
             ]  # fmt: skip
             if done and done[-1] is self._tail and not self._queued and self._ring is None:
                 self._open_segment()
+            self._learn_rows()
             for seg in done:
                 if seg is not self._tail:
                     self._live.remove(seg)
