@@ -134,7 +134,7 @@ def test_nice_applies_to_the_collector_not_the_benchmark(tmp_path: Path) -> None
     )
     assert session.run().exit_code == 0
     # The collector while it runs, and its session where autogroups weigh sessions
-    # (the benchmark shares it; its own nice stays).
+    # (the benchmark is a session of its own).
     assert seen == [(-5, -5 if own_group is not None else None)]
     assert int((tmp_path / "nice").read_text()) == own  # the benchmark's child
     assert os.getpriority(os.PRIO_PROCESS, 0) == own  # restored

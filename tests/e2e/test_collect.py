@@ -224,8 +224,8 @@ def test_a_storm_of_more_runnable_tasks_than_cpus_loses_no_event(tmp_path: Path)
     # 0.6-4.6M quanta records: the collector's threads waited for the GIL behind the
     # one the storm kept off a CPU, and a storm in a session of its own kept every
     # other session off the CPU for seconds. The native copier (SCHED_FIFO 1) moves
-    # the rings without Python; the benchmark shares the collector's session. (The
-    # Python pollers, memory_usage, may still miss samples under such a storm.)
+    # the rings without Python. (The Python pollers, memory_usage, still miss
+    # samples under such a storm.)
     workers = 2 * (os.cpu_count() or 2)
     proc, col = run_collect(tmp_path, "--", "stress-ng", "--switch", str(workers), "-t", "5")
     assert proc.returncode == 0, proc.stderr

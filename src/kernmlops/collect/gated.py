@@ -30,14 +30,8 @@ class GatedProcess:
     """A benchmark process in its own process group and cgroup, watched by a watchdog
     that kills it all if the collector dies."""
 
-    def __init__(
-        self,
-        launch: Launch,
-        stdout: IO[bytes] | None = None,
-        stderr: IO[bytes] | None = None,
-        *,
-        new_session: bool = False,
-    ) -> None:
+    def __init__(self, launch: Launch, stdout: IO[bytes] | None = None,
+                 stderr: IO[bytes] | None = None) -> None:  # fmt: skip
         self.containment = Containment()
         read_fd, self._gate = os.pipe()
         env = {**os.environ, **launch.env}
@@ -47,13 +41,7 @@ class GatedProcess:
                 stdin=read_fd,
                 cwd=launch.cwd,
                 env=env,
-                # Its own process group (stopped whole, no Ctrl+C from the tty), in the
-                # collector's session: with autogroups a storm in a session of its own
-                # kept every other session's threads off the CPU for seconds (the
-                # collector's pollers missed 98% of their samples on 6.18). A duet's
-                # sides are sessions of their own (new_session): weighed by their nice.
-                start_new_session=new_session,
-                process_group=None if new_session else 0,
+                start_new_session=True,  # own group: stop it whole, no Ctrl+C from the tty
                 stdout=stdout,
                 stderr=stderr,
             )

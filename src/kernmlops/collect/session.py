@@ -243,8 +243,8 @@ class Session:
         own_group = autogroup_nice() if cfg.nice is not None else None
         if cfg.nice is not None:
             # Before any thread starts: on Linux the nice value is per thread. With
-            # autogroups the session (the collector's and its benchmark's) is weighed
-            # against other sessions by the session's nice: set that too (restored).
+            # autogroups the benchmark (a session of its own) is weighed against the
+            # collector's session by the sessions' nice: set that too (restored).
             try:
                 os.setpriority(os.PRIO_PROCESS, 0, cfg.nice)
                 if own_group is not None:

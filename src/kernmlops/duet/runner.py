@@ -329,7 +329,7 @@ class _Running:
             Path(f"{log_base}.{rec.pair}.stdout").open("wb") as stdout,
             Path(f"{log_base}.{rec.pair}.stderr").open("wb") as stderr,
         ):  # the child keeps its own copies
-            self.proc = GatedProcess(Launch(argv, env, str(work)), stdout, stderr, new_session=True)
+            self.proc = GatedProcess(Launch(argv, env, str(work)), stdout, stderr)
         rec.pid = self.proc.pid
         if duet.nice is not None and not side.image:
             try:  # the gate is held: the command and its children inherit it
