@@ -535,3 +535,24 @@ def test_copy_to_writes_the_ring_as_it_lies_up_to_a_busy_record(
     raw = np.fromfile(tmp_path / "spool", np.uint8)
     got = decode(raw, 4096, 0, len(raw), EVENT)
     assert np.array_equal(got.records, want[:41]) and got.discarded == 19
+
+
+def test_a_module_another_thread_is_importing_is_not_used_yet(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # numpy half imported by the preload thread is in sys.modules already; using it
+    # would wait on its import lock behind a thread the storm keeps off the CPU
+    import importlib.machinery
+    import sys
+    import types
+
+    from kernmlops.ebpf.ringbuf import _imported
+
+    half = types.ModuleType("kmo_half")
+    half.__spec__ = importlib.machinery.ModuleSpec("kmo_half", None)
+    half.__spec__._initializing = True  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "kmo_half", half)
+    assert not _imported("kmo_half")
+    half.__spec__._initializing = False  # type: ignore[attr-defined]
+    assert _imported("kmo_half")
+    assert not _imported("kmo_never_imported")
