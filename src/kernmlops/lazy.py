@@ -43,6 +43,14 @@ class _LazyModule(ModuleType):
         return f"<lazy module {self.__name__!r}>"
 
 
+def imported(name: str) -> bool:
+    """Whether module ``name`` is in and done: one still being imported by another
+    thread (the preload) is in sys.modules already, and using it waits for that
+    import behind a thread a storm may keep off the CPU."""
+    module = sys.modules.get(name)
+    return module is not None and not getattr(module.__spec__, "_initializing", False)
+
+
 def lazy_import(name: str) -> Any:
     """A stand-in for module ``name`` that imports it on first attribute access."""
     return _LazyModule(name)

@@ -45,6 +45,15 @@ def _mapped(size: int, start: int = 0) -> MappedRing:
     return MappedRing(size, start)
 
 
+def _fill_and_copy(ring: MappedRing, copier: Copier, records: np.ndarray) -> int:
+    """Write ``records`` into the ring (after what the copier freed) and have the
+    copier copy once; the bytes it copied."""
+    ring.cons = ring.consumer()
+    ring.write_records(records)
+    ring.sync()
+    return copier.copy_now()
+
+
 def _read_all(spool: RingSpool) -> np.ndarray:
     parts = list(spool.records(EVENT))
     return np.concatenate(parts) if parts else np.empty(0, EVENT)
@@ -137,10 +146,7 @@ def test_past_the_memory_budget_the_copier_goes_on_in_zstd_frames_on_disk(
     want = events(1500)
     with _spool_on(ring, tmp_path, budget_records=300) as (spool, copier):
         for i in range(0, 1500, 500):  # three fills, a copy each
-            ring.cons = ring.consumer()
-            ring.write_records(want[i : i + 500])
-            ring.sync()
-            copier.copy_now()
+            _fill_and_copy(ring, copier, want[i : i + 500])
         spool.take(None)  # type: ignore[arg-type]  # looks at what the copier did
         mem_segs = sorted((tmp_path / "mem").glob("events.*.ring"))
         disk_segs = sorted((tmp_path / "spool").glob("events.*.ring"))
@@ -169,17 +175,12 @@ def test_past_the_memory_budget_the_copier_goes_on_in_zstd_frames_on_disk(
 def test_a_segment_read_to_its_end_is_rotated_retired_and_deleted(tmp_path: Path) -> None:
     ring = _mapped(1 << 14)
     with _spool_on(ring, tmp_path, budget_records=10_000) as (spool, copier):
-        ring.write_records(events(100))
-        ring.sync()
-        copier.copy_now()
+        _fill_and_copy(ring, copier, events(100))
         assert len(_read_all(spool)) == 100
         spool.count("events", 100)
         first = sorted((tmp_path / "mem").glob("events.*.ring"))
         spool.checkpoint({"events": 0})  # rotated: a new tail in memory; the old retired
-        ring.cons = ring.consumer()
-        ring.write_records(events(50, first=100))
-        ring.sync()
-        copier.copy_now()
+        _fill_and_copy(ring, copier, events(50, first=100))
         now = sorted((tmp_path / "mem").glob("events.*.ring"))
         assert len(now) == 2 and now[0] == first[0]
         assert now[1].stat().st_size == 50 * record_stride(EVENT.itemsize)
@@ -197,9 +198,8 @@ def test_a_standby_taken_back_just_after_the_copier_took_it_up_stays(tmp_path: P
     # (deleting it, or arming another the copier already holds, would lose them).
     ring = _mapped(1 << 14)
     with _spool_on(ring, tmp_path, budget_records=100) as (spool, copier):
-        ring.write_records(events(300))
-        ring.sync()
-        copier.copy_now()  # a first run of 170 records is past the budget: the standby
+        # a first run of 170 records is past the budget: the copier takes the standby
+        _fill_and_copy(ring, copier, events(300))
         standby = spool._standby
         assert standby is not None and standby.native.state == native.ACTIVE
         with spool._cond:
@@ -219,15 +219,10 @@ def test_the_segment_after_a_deleted_one_knows_its_rows(tmp_path: Path) -> None:
     # learn its rows_before (recover starts from the first segment left).
     ring = _mapped(1 << 14)
     with _spool_on(ring, tmp_path, budget_records=300) as (spool, copier):
-        ring.write_records(events(170))
-        ring.sync()
-        copier.copy_now()
+        _fill_and_copy(ring, copier, events(170))
         for records in spool.records(EVENT):
             spool.count("events", len(records))
-        ring.cons = ring.consumer()
-        ring.write_records(events(500, first=170))  # past the budget: the standby
-        ring.sync()
-        copier.copy_now()
+        _fill_and_copy(ring, copier, events(500, first=170))  # past the budget: the standby
         (memory_seg,) = (tmp_path / "mem").glob("events.*.ring")
         spool.checkpoint({"events": 170})  # the memory segment's rows are finished
         spool.drained()

@@ -546,7 +546,7 @@ def test_a_module_another_thread_is_importing_is_not_used_yet(
     import sys
     import types
 
-    from kernmlops.ebpf.ringbuf import _imported
+    from kernmlops.lazy import imported as _imported
 
     half = types.ModuleType("kmo_half")
     half.__spec__ = importlib.machinery.ModuleSpec("kmo_half", None)

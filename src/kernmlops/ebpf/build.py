@@ -25,6 +25,9 @@ from kernmlops.errors import KernmlopsError
 SOURCE_DIR = Path(__file__).resolve().parent.parent / "bpf"
 #: The objects a wheel ships (absent in a source checkout).
 PACKAGED_DIR = SOURCE_DIR.parent / "bpf_objects"
+#: the native ring copier (kernmlops.ebpf.copier), built and shipped beside the objects
+NATIVE_LIBRARY = "libkmo_ringcopy.so"
+NATIVE_SOURCE = SOURCE_DIR.parent / "native" / "ringcopy.c"
 VMLINUX_BTF = Path("/sys/kernel/btf/vmlinux")
 _ARCH = {"x86_64": "x86", "aarch64": "arm64", "arm64": "arm64", "riscv64": "riscv"}
 
@@ -145,21 +148,20 @@ def build_native(build_dir: Path, *, force: bool = False, verbose: bool = False)
     """Compile the native ring copier (kernmlops.ebpf.copier) beside the objects, with
     the machine's C compiler; None where there is none (the spool then copies in
     Python). It needs only the C library: a wheel built here loads on older ones."""
-    from kernmlops.ebpf.copier import LIBRARY, SOURCE
-
-    out = build_dir / LIBRARY
-    if out.exists() and not force and out.stat().st_mtime >= SOURCE.stat().st_mtime:
+    out = build_dir / NATIVE_LIBRARY
+    if out.exists() and not force and out.stat().st_mtime >= NATIVE_SOURCE.stat().st_mtime:
         return out
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
         return None
     tmp = out.with_suffix(".tmp")
-    cmd = [cc, "-O2", "-g", "-Wall", "-Wextra", "-fPIC", "-shared", "-o", str(tmp), str(SOURCE)]
+    cmd = [cc, "-O2", "-g", "-Wall", "-Wextra", "-fPIC", "-shared", "-o", str(tmp),
+           str(NATIVE_SOURCE)]  # fmt: skip
     if verbose:
         print(" ".join(cmd), file=sys.stderr)
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise BuildError(f"{Path(cc).name} failed on {SOURCE.name}:\n{proc.stderr.strip()}")
+        raise BuildError(f"{Path(cc).name} failed on {NATIVE_SOURCE.name}:\n{proc.stderr.strip()}")
     tmp.replace(out)
     return out
 
@@ -208,12 +210,10 @@ def ship(dest: Path) -> list[Path]:
         for path in (obj, spec_path(obj)):
             shutil.copyfile(path, dest / path.name)
         out.append(dest / obj.name)
-    from kernmlops.ebpf.copier import LIBRARY
-
-    native = objs[0].parent / LIBRARY if objs else None
+    native = objs[0].parent / NATIVE_LIBRARY if objs else None
     if native is not None and native.exists():
-        shutil.copyfile(native, dest / LIBRARY)
-        out.append(dest / LIBRARY)
+        shutil.copyfile(native, dest / NATIVE_LIBRARY)
+        out.append(dest / NATIVE_LIBRARY)
     return out
 
 

@@ -25,9 +25,10 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-LIBRARY = "libkmo_ringcopy.so"
-SOURCE = Path(__file__).resolve().parent.parent / "native" / "ringcopy.c"
-ABI = 2
+from kernmlops.ebpf.build import NATIVE_LIBRARY, default_build_dir
+
+LIBRARY = NATIVE_LIBRARY
+ABI = 3
 #: zstd level of the disk segments (pyarrow's Codec("zstd", 1) writes the same frames)
 ZSTD_LEVEL = 1
 
@@ -62,7 +63,6 @@ class Ring(ctypes.Structure):
         ("passes", ctypes.c_uint64),
         ("error", ctypes.c_int32),
         ("waiting", ctypes.c_int32),
-        ("frame", ctypes.c_void_p),
         ("packed", ctypes.c_void_p),
         ("packed_cap", ctypes.c_uint64),
     ]
@@ -104,8 +104,6 @@ _tried = False
 
 def library_path(build_dir: Path | None = None) -> Path:
     """Where the library lives: beside the BPF objects."""
-    from kernmlops.ebpf.build import default_build_dir
-
     return (build_dir or default_build_dir()) / LIBRARY
 
 
@@ -205,10 +203,6 @@ class CopiedRing:
     def error(self) -> int:
         return int(self.ring.error)
 
-    @property
-    def waiting(self) -> bool:
-        return bool(self.ring.waiting)
-
 
 class Copier:
     """The copier thread and the rings it moves. Add rings, :meth:`start`, and
@@ -300,10 +294,6 @@ class Copier:
         return int(self._c.workers) if self._c.workers_ok else 0
 
     @property
-    def wakeups(self) -> int:
-        return int(self._c.wakeups)
-
-    @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
@@ -346,8 +336,6 @@ class Copier:
             os.eventfd_write(self._stop_fd, 1)
             self._thread.join()
             self._thread = None
-        elif self._array is not None:
-            self._lib.kmo_copier_pass(ctypes.byref(self._c))
 
     def copy_now(self) -> int:
         """One copy of every ring from this thread (only while the thread is stopped)."""

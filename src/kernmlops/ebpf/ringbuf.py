@@ -26,11 +26,10 @@ from __future__ import annotations
 
 import mmap
 import os
-import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kernmlops.lazy import lazy_import
+from kernmlops.lazy import imported, lazy_import
 
 if TYPE_CHECKING:
     import numpy as np
@@ -185,7 +184,7 @@ class RingBuffer:
         if n <= 0:
             return chunks
         # The records still being written end the run (their header's busy bit).
-        if _imported("numpy"):
+        if imported("numpy"):
             committed = self._committed_np(cons, n, stride)
         else:
             committed = self._committed_py(cons, n, stride)
@@ -276,13 +275,6 @@ class RingBuffer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _imported(name: str) -> bool:
-    """Whether module ``name`` is in and done: one still being imported by another
-    thread is in sys.modules already, and using it waits for that import."""
-    module = sys.modules.get(name)
-    return module is not None and not getattr(module.__spec__, "_initializing", False)
 
 
 def write_all(fd: int, data: bytes | memoryview) -> int:

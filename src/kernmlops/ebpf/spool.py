@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import struct
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -30,13 +29,12 @@ from itertools import groupby
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kernmlops.ebpf import copier as copier_state
-from kernmlops.ebpf.copier import Budget, CopiedRing, Copier
+from kernmlops.ebpf.copier import ACTIVE, DONE, STANDBY, Budget, CopiedRing, Copier
 from kernmlops.ebpf.copier import available as copier_available
 from kernmlops.ebpf.ringbuf import HEADER_SIZE, RingBuffer, decode, record_stride, write_all
 from kernmlops.errors import CollectionError
 from kernmlops.fileio import write_atomic
-from kernmlops.lazy import lazy_import
+from kernmlops.lazy import imported, lazy_import
 
 if TYPE_CHECKING:
     import numpy as np
@@ -72,7 +70,7 @@ CODEC = "zstd"
 def _codec() -> Any:
     """zstd (level 1: the fastest, 6.6× on these records) once pyarrow is loaded, else
     None (a segment opened before the decoding libraries came in stays raw)."""
-    if "pyarrow" not in sys.modules:
+    if not imported("pyarrow"):
         return None
     import pyarrow as pa
 
@@ -292,11 +290,6 @@ class RingSpool:
 
     # The native copier (kernmlops.ebpf.copier) ------------------------------------
 
-    @property
-    def native(self) -> bool:
-        """Whether the native copier moves the ring into this spool now."""
-        return self._ring is not None
-
     def attach(self, copier: Copier, ring: CopiedRing) -> None:
         """From now on ``copier`` moves ``ring`` into this spool and :meth:`take` only
         looks at what it did: the empty tail becomes its active segment (zstd frames
@@ -333,7 +326,7 @@ class RingSpool:
         seg, self._standby = self._standby, None
         if seg is None:
             return
-        if seg.native.state != copier_state.STANDBY:
+        if seg.native.state != STANDBY:
             self._taken_up(seg)  # just before: it is the copier's tail now
             return
         os.close(seg.fd)
@@ -342,7 +335,7 @@ class RingSpool:
 
     def _taken_up(self, seg: _Segment) -> None:
         """The copier went on in the standby ``seg``: it is live from now on."""
-        seg.native_done = seg.native.state == copier_state.DONE  # before written
+        seg.native_done = seg.native.state == DONE  # before written
         seg.written = seg.on_disk = int(seg.native.written)
         self._live.append(seg)
 
@@ -359,14 +352,14 @@ class RingSpool:
         if ring.error and check:
             # the segment the copier was writing: its filesystem is the one that failed
             writing = next((s for s in self._live if s.native is not None and not s.native_done
-                            and s.native.state == copier_state.ACTIVE), self._tail)  # fmt: skip
+                            and s.native.state == ACTIVE), self._tail)  # fmt: skip
             raise OSError(ring.error, os.strerror(ring.error), str(writing.path))
         for seg in self._live:
             if seg.native is not None and not seg.native_done:
-                seg.native_done = seg.native.state == copier_state.DONE  # before written
+                seg.native_done = seg.native.state == DONE  # before written
                 seg.written = seg.on_disk = int(seg.native.written)
         sb = self._standby
-        if sb is not None and sb.native.state != copier_state.STANDBY:
+        if sb is not None and sb.native.state != STANDBY:
             self._standby = None
             self._taken_up(sb)
             self._arm_standby()

@@ -304,10 +304,6 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
             spool.detach()
         copier.close()
 
-    @property
-    def copier(self) -> Copier | None:
-        return self._copier
-
     def spill(self) -> None:
         """Move what fills a ring out of it as bytes (no numpy): called while the
         decoding libraries are not imported yet, or while the sink is behind, so the

@@ -37,7 +37,7 @@
 #define LEN_MASK (DISCARD_BIT - 1)
 #define HDR 8
 
-#define KMO_ABI 2
+#define KMO_ABI 3
 
 typedef size_t (*zstd_compress_fn)(void *dst, size_t cap, const void *src, size_t len, int level);
 typedef size_t (*zstd_bound_fn)(size_t len);
@@ -79,8 +79,7 @@ struct kmo_ring {
 	uint64_t passes;     /* copies that moved bytes */
 	int32_t error;       /* errno of the first failed write: the ring is left alone */
 	int32_t waiting;     /* 1: the budget is spent and no standby is ready */
-	uint8_t *frame;      /* zstd: the raw frame, then the compressed one */
-	uint8_t *packed;
+	uint8_t *packed;     /* zstd: a frame's header and compressed bytes */
 	uint64_t packed_cap;
 };
 
@@ -163,11 +162,10 @@ void kmo_ring_unmap(struct kmo_ring *r)
 		munmap((void *)r->cons, page);
 	if (r->prod)
 		munmap((void *)r->prod, page + 2 * r->size);
-	free(r->frame);
 	free(r->packed);
 	r->cons = NULL;
 	r->prod = NULL;
-	r->frame = r->packed = NULL;
+	r->packed = NULL;
 }
 
 /* The memory budget: bytes of tmpfs segments, shared by a collection's copiers
