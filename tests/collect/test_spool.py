@@ -375,3 +375,32 @@ def test_a_segment_opened_before_the_last_is_read_learns_its_rows_when_read(
     assert json.loads(meta.read_text())["rows_before"] == {"events": 40}
     assert json.loads((mem / "events.00000.json").read_text())["rows_before"] == {}
     spool.remove()
+
+
+def test_segment_files_are_private_and_never_opened_through_a_link(tmp_path: Path) -> None:
+    spool = RingSpool(tmp_path / ".spool", "events", EVENT.itemsize, {})
+    first = tmp_path / ".spool" / "events.00000.ring"
+    assert first.stat().st_mode & 0o777 == 0o600
+    target = tmp_path / "root-file"
+    target.write_text("keep")
+    (tmp_path / ".spool" / "events.00001.ring").symlink_to(target)  # planted
+    with pytest.raises(FileExistsError):
+        spool._open_segment()
+    assert target.read_text() == "keep"
+    spool.remove()
+
+
+def test_a_memory_folder_someone_else_made_is_not_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kernmlops.collect import spool as spool_mod
+
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(spool_mod, "SHM", shm)
+    monkeypatch.setattr(spool_mod, "_is_tmpfs", lambda path: True)
+    planted = shm / f"{spool_mod.MEMORY_PREFIX}c1"
+    planted.mkdir(mode=0o777)
+    os.chmod(planted, 0o777)  # another user's, open to all (or a link): not ours
+    assert spool_mod.spool_memory(tmp_path / "c1" / ".spool", "c1", 8) is None
+    assert spool_mod.spool_memory(tmp_path / "c2" / ".spool", "c2", 8) is not None

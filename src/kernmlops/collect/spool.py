@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -77,6 +78,9 @@ def spool_memory(spool_dir: Path, collection_id: str, limit_mib: float) -> Spool
             return None
         folder = SHM / f"{MEMORY_PREFIX}{collection_id}"
         folder.mkdir(mode=0o700, exist_ok=True)
+        st = folder.lstat()
+        if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            return None  # someone else's (or a link): the spool stays on the disk
         # the way back, for sweep_memory: a folder whose collection is gone is freed
         (folder / OWNER_FILE).write_text(str(spool_dir.resolve()))
         spool_dir.mkdir(parents=True, exist_ok=True)

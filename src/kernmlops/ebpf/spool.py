@@ -267,7 +267,9 @@ class RingSpool:
         seg.codec = codec
         seg.zstd_native = zstd_native
         self._write_meta(seg)
-        seg.fd = os.open(seg.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        # a new file of our own, never one planted there, nor one a link points at
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND | os.O_CLOEXEC
+        seg.fd = os.open(seg.path, flags, 0o600)
         return seg
 
     @staticmethod
