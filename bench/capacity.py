@@ -167,7 +167,7 @@ def stage_parquet(spool: RingSpool, layout, out: Path) -> dict:
     t0, c0 = time.monotonic(), time.thread_time()
     records = rows = 0
     for batch in spool.records(layout.batch):
-        recs = unbatch(batch)
+        recs = unbatch(batch, layout)
         records += len(recs)
         for table, frame in hook.rows_from("quanta_switch", recs, layout):
             sink.write(table, frame)

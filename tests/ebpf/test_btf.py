@@ -24,6 +24,7 @@ from kernmlops.ebpf.btf import (
     BtfError,
     BtfType,
     Kind,
+    RecordLayout,
     _enum_labels,
     kernel_type,
     record_layout,
@@ -368,26 +369,41 @@ def test_project_ring_layouts(bpf_build_dir):
     qr = ring_layouts(object_path("quanta_runtime", bpf_build_dir))
     assert list(qr) == ["quanta_switch_rb"]
     layout = qr["quanta_switch_rb"]
-    # Batched (KMO_BATCHED_RING): n, then 64 records 8-aligned after first_ns.
+    # Batched (KMO_BATCHED_RING): n, the CPU, first_ns, then 64 records.
     assert layout.batch is not None
-    assert layout.batch.names == ("n", "recs")
-    assert layout.batch.fields["n"][1] == 0 and layout.batch.fields["recs"][1] == 16
+    assert layout.batch.names == ("n", "cpu", "first_ns", "recs")
+    assert [layout.batch.fields[f][1] for f in layout.batch.names] == [0, 4, 8, 16]
     assert layout.batch["recs"].shape == (64,) and layout.batch["recs"].base == layout.dtype
-    assert layout.batch.itemsize == 16 + 64 * 48
+    assert layout.batch.itemsize == 16 + 64 * 32
     assert layout.name == "quanta_switch_event"
     assert layout.dtype == np.dtype(
         {
             "names": [
-                "ts_uptime_us", "run_length_us", "queued_time_us", "cpu",
-                "prev_pid", "prev_tgid", "next_pid", "next_tgid", "has_run", "has_queued",
+                "at_ns", "run_ns_hi", "queued_ns_hi", "run_ns_lo", "queued_ns_lo",
+                "prev_pid", "prev_tgid", "next_pid", "next_tgid",
             ],
-            "formats": ["<i8", "<i8", "<i8", "<u4", "<u4", "<u4", "<u4", "<u4", "u1", "u1"],
-            "offsets": [0, 8, 16, 24, 28, 32, 36, 40, 44, 45],
-            "itemsize": 48,
+            "formats": ["<u4", "<u2", "<u2", "<u4", "<u4", "<u4", "<u4", "<u4", "<u4"],
+            "offsets": [0, 4, 6, 8, 12, 16, 20, 24, 28],
+            "itemsize": 32,
         }
     )  # fmt: skip
+    assert layout.batch_ns == ("at_ns",) and layout.us_from_ns == {}
     assert layout.enums == {}
     assert layout.strings == ()
+
+
+def test_unbatch_adds_the_batchs_time_and_header_to_batch_relative_records() -> None:
+    rec = np.dtype([("at", "<u4"), ("v", "<u2")])
+    batch = np.dtype([("n", "<u4"), ("cpu", "<u4"), ("first_ns", "<i8"), ("recs", rec, (3,))])
+    batches = np.zeros(2, batch)
+    batches["n"], batches["cpu"], batches["first_ns"] = [2, 1], [5, 1], [2**40, 10]
+    batches["recs"]["at"] = [[0, 2**32 - 1, 7], [3, 9, 9]]
+    batches["recs"]["v"] = [[1, 2, 99], [3, 99, 99]]
+    layout = RecordLayout("r", rec, {}, (), batch_ns=("at",))
+    got = unbatch(batches, layout)
+    assert got.dtype.names == ("at", "v", "cpu") and got.dtype["at"] == np.dtype("<i8")
+    assert got.tolist() == [(2**40, 1, 5), (2**40 + 2**32 - 1, 2, 5), (13, 3, 1)]
+    assert unbatch(batches).dtype == rec  # without the layout: the records as they lie
 
 
 def test_objects_without_rings(bpf_build_dir):

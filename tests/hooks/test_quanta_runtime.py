@@ -16,7 +16,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from kernmlops.hooks.quanta_runtime import QuantaRuntimeHook, split_switches
+from kernmlops.hooks.quanta_runtime import NO_TIME, QuantaRuntimeHook, split_switches
 from tests.hooks.conftest import build_c
 from tests.rows import as_frame, polled
 
@@ -44,46 +44,54 @@ int main(int argc, char **argv)
 """
 
 
-def test_split_switches_keeps_each_tables_rows() -> None:
-    dt = np.dtype(
-        [("ts_uptime_us", "<u8"), ("run_length_us", "<u8"), ("queued_time_us", "<u8"),
-         ("cpu", "<u4"), ("prev_pid", "<u4"), ("prev_tgid", "<u4"), ("next_pid", "<u4"),
-         ("next_tgid", "<u4"), ("has_run", "u1"), ("has_queued", "u1")]
-    )  # fmt: skip
-    recs = np.array(
-        [(10, 5, 0, 1, 7, 7, 8, 8, 1, 0), (20, 0, 3, 0, 0, 0, 9, 9, 0, 1),
-         (30, 4, 2, 1, 8, 8, 7, 7, 1, 1)], dt
-    )  # fmt: skip
-    out = {table: as_frame(rows) for table, rows in split_switches(recs).items()}
-    assert out["quanta_runtime"].rows() == [(10, 5, 1, 7, 7), (30, 4, 1, 8, 8)]
-    assert out["quanta_queued_time"].rows() == [(20, 3, 0, 9, 9), (30, 2, 1, 7, 7)]
+def _batches(layout, records: list[tuple], first_ns: int, cpu: int) -> np.ndarray:
+    """One batch of the program's layout holding ``records`` (tuples in field order)."""
+    batch = np.zeros(1, layout.batch)
+    batch["n"], batch["cpu"], batch["first_ns"] = len(records), cpu, first_ns
+    batch["recs"][0, : len(records)] = np.array(records, layout.dtype)
+    return batch
+
+
+def test_a_batch_splits_into_both_tables_with_the_batchs_time_and_cpu() -> None:
+    from kernmlops.ebpf.btf import unbatch
+    from kernmlops.ebpf.build import object_path
+    from kernmlops.ebpf.spec import object_spec
+
+    layout = object_spec(object_path("quanta_runtime")).ring_layouts()["quanta_switch_rb"]
+    # 32 bytes a switch: the time is the batch's first_ns plus at_ns, the CPU the
+    # batch's; durations are 48 bits of ns in a high u16 and a low u32.
+    assert layout.itemsize == 32 and layout.batch_ns == ("at_ns",)
+    none, long_ns = NO_TIME, 5 * 3600 * 10**9 + 1_499  # 5 h: past 32 bits of ns
+    fields = layout.dtype.names
+    assert fields == ("at_ns", "run_ns_hi", "queued_ns_hi", "run_ns_lo", "queued_ns_lo",
+                      "prev_pid", "prev_tgid", "next_pid", "next_tgid")  # fmt: skip
+    recs = [
+        # at_ns, run hi, queued hi, run lo, queued lo, prev pid/tgid, next pid/tgid
+        (0, 0, none, 1_499, 0, 7, 7, 8, 8),
+        (1_000, none, 0, 0, 2_500, 0, 0, 9, 9),
+        (2_999, long_ns >> 32, 0, long_ns & 0xFFFFFFFF, 499, 8, 8, 7, 7),
+    ]
+    batches = np.concatenate(
+        [_batches(layout, recs, 1_999_000_000, 3), _batches(layout, recs[:1], 7_000_000_000, 1)]
+    )
+    out = {
+        table: as_frame(rows) for table, rows in split_switches(unbatch(batches, layout)).items()
+    }
+    assert out["quanta_runtime"].rows() == [
+        (1_999_000, 1, 3, 7, 7), (1_999_002, (long_ns + 500) // 1000, 3, 8, 8),
+        (7_000_000, 1, 1, 7, 7),
+    ]  # fmt: skip
+    assert out["quanta_queued_time"].rows() == [(1_999_001, 3, 3, 9, 9), (1_999_002, 0, 3, 7, 7)]
     assert out["quanta_runtime"].columns == [
         "ts_uptime_us", "quanta_run_length_us", "cpu", "pid", "tgid"
     ]  # fmt: skip
     assert out["quanta_queued_time"].columns == [
         "ts_uptime_us", "quanta_queued_time_us", "cpu", "pid", "tgid"
     ]  # fmt: skip
-
-
-def test_the_program_writes_nanoseconds_and_the_table_has_microseconds() -> None:
-    # The record's times are kmo_us_from_ns(_round): the layout says so, and the
-    # rows divide as the program once did (timestamp truncated, durations rounded).
-    from kernmlops.ebpf.build import object_path
-    from kernmlops.ebpf.spec import object_spec
-
-    layout = object_spec(object_path("quanta_runtime")).ring_layouts()["quanta_switch_rb"]
-    assert layout.us_from_ns == {
-        "ts_uptime_us": False, "run_length_us": True, "queued_time_us": True
+    assert out["quanta_runtime"].schema == {
+        "ts_uptime_us": pl.Int64, "quanta_run_length_us": pl.Int64, "cpu": pl.UInt32,
+        "pid": pl.UInt32, "tgid": pl.UInt32,
     }  # fmt: skip
-    recs = np.zeros(2, layout.dtype)
-    recs["ts_uptime_us"] = [1_999_999, 5_000_000]
-    recs["run_length_us"] = [1_499, 1_500]
-    recs["queued_time_us"] = [2_500, 499]
-    recs["has_run"] = recs["has_queued"] = 1
-    out = {table: as_frame(rows) for table, rows in split_switches(recs, layout).items()}
-    assert out["quanta_runtime"]["ts_uptime_us"].to_list() == [1_999, 5_000]
-    assert out["quanta_runtime"]["quanta_run_length_us"].to_list() == [1, 2]
-    assert out["quanta_queued_time"]["quanta_queued_time_us"].to_list() == [3, 0]
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,8 @@ typedef u64 kmo_full_u64;
  * kmo_us_from_ns_round rounds to the nearest microsecond (durations). */
 typedef u64 kmo_us_from_ns;
 typedef u64 kmo_us_from_ns_round;
+/* Nanoseconds after the record's batch's first_ns (KMO_BATCH_SLOT_AT). */
+typedef u32 kmo_batch_ns;
 
 /* Records a ring buffer could not take, per table slot and CPU. User space
  * sums the CPUs; slot i belongs to the i-th ring buffer the hook declares. */
@@ -127,7 +129,7 @@ static __always_inline u64 kmo_wake_flags(void *ring, u64 before, u64 after)
 #define KMO_BATCHED_RING(name, record)                                         \
 	struct record##_batch {                                                \
 		u32 n;                                                         \
-		u32 unused;                                                    \
+		u32 cpu; /* the CPU whose batch it is */                       \
 		u64 first_ns;                                                  \
 		struct record recs[KMO_BATCH_RECORDS];                         \
 	};                                                                     \
@@ -151,26 +153,58 @@ static __always_inline u64 kmo_wake_flags(void *ring, u64 before, u64 after)
 			: NULL;                                                \
 	})
 
+/* Send this CPU's batch of `name` now; a batch the ring cannot take counts its
+ * records as drops of `slot`. */
+#define KMO_BATCH_SEND(name, batch, count, slot)                               \
+	({                                                                     \
+		u64 __before = bpf_ringbuf_query(&(name), BPF_RB_AVAIL_DATA);  \
+		u64 __flags = kmo_wake_flags(                                  \
+			&(name), __before,                                     \
+			__before + KMO_RING_BYTES(sizeof(*(batch))));          \
+		if (bpf_ringbuf_output(&(name), (batch), sizeof(*(batch)),     \
+				       __flags))                               \
+			kmo_count_drops((slot), (count));                      \
+		(batch)->n = 0;                                                \
+	})
+
+/* Like KMO_BATCH_SLOT, for records that keep their time as kmo_batch_ns (an
+ * offset from the batch's first_ns, 4 bytes instead of 8): a batch is sent
+ * before a record `now_ns` would be KMO_BATCH_MAX_AGE_NS or more after its
+ * first (or before it), so every offset is below 2^32; and a new batch takes
+ * `now_ns` as its first_ns and the CPU's number. */
+#define KMO_BATCH_SLOT_AT(name, batch, now_ns, slot)                           \
+	({                                                                     \
+		u32 __zero = 0, __n;                                           \
+		(batch) = bpf_map_lookup_elem(&name##_stage, &__zero);         \
+		if (batch) {                                                   \
+			__n = (batch)->n & (KMO_BATCH_RECORDS - 1);            \
+			if (__n && (now_ns) - (batch)->first_ns >=             \
+					   KMO_BATCH_MAX_AGE_NS) {             \
+				KMO_BATCH_SEND(name, batch, __n, slot);        \
+				__n = 0;                                       \
+			}                                                      \
+			if (!__n) {                                            \
+				(batch)->first_ns = (now_ns);                  \
+				(batch)->cpu = bpf_get_smp_processor_id();     \
+			}                                                      \
+		}                                                              \
+		(batch) ? &(batch)->recs[(batch)->n & (KMO_BATCH_RECORDS - 1)] \
+			: NULL;                                                \
+	})
+
 /* Count the record just filled; send the batch when full or old. A batch the
  * ring cannot take counts its records as drops of `slot`. */
 #define KMO_BATCH_PUSH(name, batch, now_ns, slot)                              \
 	({                                                                     \
 		u32 __n = ((batch)->n & (KMO_BATCH_RECORDS - 1)) + 1;          \
-		if (__n == 1)                                                  \
+		if (__n == 1) {                                                \
 			(batch)->first_ns = (now_ns);                          \
+			(batch)->cpu = bpf_get_smp_processor_id();             \
+		}                                                              \
 		(batch)->n = __n;                                              \
 		if (__n == KMO_BATCH_RECORDS ||                                \
-		    (now_ns) - (batch)->first_ns >= KMO_BATCH_MAX_AGE_NS) {    \
-			u64 __before = bpf_ringbuf_query(&(name),              \
-							 BPF_RB_AVAIL_DATA);   \
-			u64 __flags = kmo_wake_flags(                          \
-				&(name), __before,                             \
-				__before + KMO_RING_BYTES(sizeof(*(batch))));  \
-			if (bpf_ringbuf_output(&(name), (batch), sizeof(*(batch)), \
-					       __flags))                       \
-				kmo_count_drops((slot), __n);                  \
-			(batch)->n = 0;                                        \
-		}                                                              \
+		    (now_ns) - (batch)->first_ns >= KMO_BATCH_MAX_AGE_NS)      \
+			KMO_BATCH_SEND(name, batch, __n, slot);                \
 	})
 
 static __always_inline u64 kmo_uptime_us(void)

@@ -22,17 +22,25 @@
 #include "filter.h"
 #include "sched_wait.h"
 
+/* 32 bytes a switch (a storm writes tens of millions): the CPU and the time's
+ * upper bits are the batch's (KMO_BATCH_SLOT_AT), and each duration is 48 bits
+ * of nanoseconds, up to 78 hours (a longer one is written as that), split in a
+ * low u32 and a high u16. A high half of KMO_NO_TIME means no such duration:
+ * prev's quantum is not known (the idle task, a task not followed, a switch in
+ * not seen), or next did not wait (no sched_info). */
+#define KMO_NO_TIME 0xffff
+#define KMO_MAX_TIME ((((u64)KMO_NO_TIME - 1) << 32) | 0xffffffffULL)
+
 struct quanta_switch_event {
-	kmo_us_from_ns ts_uptime_us;		/* the switch: end of prev's quantum, start of next's */
-	kmo_us_from_ns_round run_length_us;	/* prev's quantum (when has_run) */
-	kmo_us_from_ns_round queued_time_us;	/* next's wait (when has_queued) */
-	u32 cpu;
+	kmo_batch_ns at_ns;	/* the switch: end of prev's quantum, start of next's */
+	u16 run_ns_hi;		/* prev's quantum */
+	u16 queued_ns_hi;	/* next's wait */
+	u32 run_ns_lo;
+	u32 queued_ns_lo;
 	u32 prev_pid;
 	u32 prev_tgid;
 	u32 next_pid;
 	u32 next_tgid;
-	u8 has_run;
-	u8 has_queued;
 };
 
 KMO_BATCHED_RING(quanta_switch_rb, quanta_switch_event);
@@ -117,19 +125,22 @@ static __always_inline int on_switch(bool btf, struct task_struct *prev,
 			return 0;
 		now = bpf_ktime_get_ns();
 	}
-	e = KMO_BATCH_SLOT(quanta_switch_rb, batch);
+	e = KMO_BATCH_SLOT_AT(quanta_switch_rb, batch, now, 0);
 	if (!e)
 		return 0;
-	e->ts_uptime_us = now; /* ns: see kmo_us_from_ns */
-	e->run_length_us = run_ns;
-	e->queued_time_us = queued_ns;
-	e->cpu = bpf_get_smp_processor_id();
+	if (run_ns > KMO_MAX_TIME)
+		run_ns = KMO_MAX_TIME;
+	if (queued_ns > KMO_MAX_TIME)
+		queued_ns = KMO_MAX_TIME;
+	e->at_ns = now - batch->first_ns;
+	e->run_ns_hi = has_run ? run_ns >> 32 : KMO_NO_TIME;
+	e->run_ns_lo = run_ns;
+	e->queued_ns_hi = has_queued ? queued_ns >> 32 : KMO_NO_TIME;
+	e->queued_ns_lo = queued_ns;
 	e->prev_pid = prev_pid;
 	e->prev_tgid = prev_tgid;
 	e->next_pid = next_pid;
 	e->next_tgid = next_tgid;
-	e->has_run = has_run;
-	e->has_queued = has_queued;
 	KMO_BATCH_PUSH(quanta_switch_rb, batch, now, 0);
 	return 0;
 }

@@ -225,7 +225,7 @@ def recover(collection: Path, bpf_dir: Path | None = None) -> dict[str, int]:
                 whole = len(raw) // stride * stride  # a kill may cut the last record
                 records = decode(raw[:whole], 1, 0, whole, dtype).records
                 if layout.batch is not None:
-                    records = unbatch(records)
+                    records = unbatch(records, layout)
                 for table, rows in hook.rows_from(key, records, layout):
                     n = rows.num_rows if hasattr(rows, "num_rows") else rows.height
                     first = made.get(table, 0)

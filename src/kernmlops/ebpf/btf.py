@@ -254,6 +254,8 @@ class RecordLayout:
     #: microsecond columns the program fills with nanoseconds: column -> rounded
     #: (see us_from_ns; bpf/common.h's kmo_us_from_ns)
     us_from_ns: dict[str, bool] = field(default_factory=dict)
+    #: kmo_batch_ns columns: nanoseconds after their batch's first_ns (see unbatch)
+    batch_ns: tuple[str, ...] = ()
 
     @property
     def itemsize(self) -> int:
@@ -281,6 +283,10 @@ FULL_RANGE_TYPEDEF = "kmo_full_u64"
 #: Typedefs (bpf/common.h) of a microsecond column the program fills with
 #: nanoseconds: name -> whether to round (else truncate) when dividing by 1000.
 US_FROM_NS_TYPEDEFS = {"kmo_us_from_ns": False, "kmo_us_from_ns_round": True}
+
+#: The C typedef (bpf/common.h) of a time kept as nanoseconds after the batch's
+#: first_ns: 4 bytes a record instead of 8 (KMO_BATCH_SLOT_AT).
+BATCH_NS_TYPEDEF = "kmo_batch_ns"
 
 
 def _typedefs(btf: Btf, type_id: int) -> list[str]:
@@ -334,6 +340,7 @@ def record_layout(btf: Btf, record: BtfType) -> RecordLayout:
     enums: dict[str, dict[int, str]] = {}
     strings: list[str] = []
     us_cols: dict[str, bool] = {}
+    batch_ns: list[str] = []
 
     def walk(st: BtfType, prefix: str, base: int) -> None:
         for m_name, m_type, bit_off, bf_size in st.members:
@@ -365,6 +372,8 @@ def record_layout(btf: Btf, record: BtfType) -> RecordLayout:
                           if n in US_FROM_NS_TYPEDEFS]  # fmt: skip
                 if scaled:
                     us_cols[col] = scaled[0]
+                if BATCH_NS_TYPEDEF in _typedefs(btf, m_type):
+                    batch_ns.append(col)
             names.append(col)
             formats.append(fmt)
             offsets.append(off)
@@ -375,7 +384,9 @@ def record_layout(btf: Btf, record: BtfType) -> RecordLayout:
     dtype = np.dtype(
         {"names": names, "formats": formats, "offsets": offsets, "itemsize": record.size}
     )
-    return RecordLayout(record.name, dtype, enums, tuple(strings), us_from_ns=us_cols)
+    return RecordLayout(
+        record.name, dtype, enums, tuple(strings), us_from_ns=us_cols, batch_ns=tuple(batch_ns)
+    )
 
 
 def ring_layouts(path: str | Path) -> dict[str, RecordLayout]:
@@ -398,29 +409,56 @@ def btf_ring_layouts(btf: Btf) -> dict[str, RecordLayout]:
 
 
 def batch_dtype(btf: Btf, batch: BtfType, record: RecordLayout) -> np.dtype:
-    """The dtype of a KMO_BATCHED_RING batch: its count ``n`` and ``recs``, an
-    array of records."""
+    """The dtype of a KMO_BATCHED_RING batch: its count ``n``, ``recs`` (an array
+    of records) and the rest of its header (``cpu``, ``first_ns``)."""
     members = {name: (type_id, bit_off // 8) for name, type_id, bit_off, _ in batch.members}
     if "n" not in members or "recs" not in members:
         raise BtfError(f"struct {batch.name}: a batch needs members n and recs")
     recs = btf.resolve(members["recs"][0])
     if recs.kind is not Kind.ARRAY or btf.resolve(recs.ref).name != record.name:
         raise BtfError(f"struct {batch.name}.recs is not an array of struct {record.name}")
+    names, formats, offsets = [], [], []
+    for name, (type_id, off) in members.items():
+        t = btf.resolve(type_id)
+        if name == "recs":
+            fmt: object = (record.dtype, (recs.nelems,))
+        elif t.kind is Kind.INT:
+            fmt = _scalar(btf, t, f"struct {batch.name}.{name}")
+        else:
+            continue
+        names.append(name)
+        formats.append(fmt)
+        offsets.append(off)
     return np.dtype(
-        {
-            "names": ["n", "recs"],
-            "formats": ["<u4", (record.dtype, (recs.nelems,))],
-            "offsets": [members["n"][1], members["recs"][1]],
-            "itemsize": batch.size,
-        }
+        {"names": names, "formats": formats, "offsets": offsets, "itemsize": batch.size}
     )
 
 
-def unbatch(batches: np.ndarray) -> np.ndarray:
-    """The valid records of batches (a batch dtype array), in order."""
+def unbatch(batches: np.ndarray, layout: RecordLayout | None = None) -> np.ndarray:
+    """The valid records of batches (a batch dtype array), in order.
+
+    Records with kmo_batch_ns columns (``layout.batch_ns``) need their batch: those
+    columns come back as int64 nanoseconds (the batch's ``first_ns`` added), and
+    the batch's other header fields (``cpu``) become columns of each record."""
     recs = batches["recs"]
     n = np.minimum(batches["n"], recs.shape[1])
-    return recs[np.arange(recs.shape[1])[None, :] < n[:, None]]
+    valid = recs[np.arange(recs.shape[1])[None, :] < n[:, None]]
+    if layout is None or not layout.batch_ns:
+        return valid
+    header = [f for f in batches.dtype.names or () if f not in ("n", "recs", "first_ns")]
+    fields = valid.dtype.names or ()
+    out = np.empty(
+        len(valid),
+        [(f, "<i8" if f in layout.batch_ns else valid.dtype[f]) for f in fields]
+        + [(f, batches.dtype[f]) for f in header if f not in fields],
+    )
+    first = np.repeat(batches["first_ns"], n)
+    for f in fields:
+        out[f] = first + valid[f] if f in layout.batch_ns else valid[f]
+    for f in header:
+        if f not in fields:
+            out[f] = np.repeat(batches[f], n)
+    return out
 
 
 # --- the running kernel's types, found by name through libbpf --------------------

@@ -381,12 +381,12 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
             self._last_drain[table] = now
             records = reader.drain()
             if layout.batch is not None:
-                records = unbatch(records)
+                records = unbatch(records, layout)
                 if self._detached and table not in self._staged_read:
                     # what each CPU still held when the programs stopped
                     self._staged_read.add(table)
                     stage = self.obj.map(self.rings[table] + "_stage")  # type: ignore[union-attr]
-                    held = unbatch(stage.lookup_percpu(0, dtype=layout.batch))
+                    held = unbatch(stage.lookup_percpu(0, dtype=layout.batch), layout)
                     records = np.concatenate([records, held])
             if len(records):
                 self.status.events += len(records)
@@ -446,7 +446,7 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
             spool = self._spools[key]
             for records in spool.records(layout.batch or layout.dtype, more=more):
                 if layout.batch is not None:
-                    records = unbatch(records)
+                    records = unbatch(records, layout)
                 if not len(records):
                     continue
                 self.status.events += len(records)

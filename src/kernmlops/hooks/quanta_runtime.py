@@ -26,26 +26,29 @@ else:
     pa = lazy_import("pyarrow")
 
 
-#: table -> (columns of the switch record, in the table's order and names)
+#: the high half of a duration that is not there (KMO_NO_TIME in the program)
+NO_TIME = 0xFFFF
+
+#: table -> (its duration, the record's columns in the table's order and names)
 _SPLIT = {
     "quanta_runtime": (
-        "has_run",
+        "run_ns",
         {
-            "ts_uptime_us": "ts_uptime_us",
-            "run_length_us": "quanta_run_length_us",
+            "ts_uptime_us": "at_ns",
+            "quanta_run_length_us": "run_ns",
             "cpu": "cpu",
-            "prev_pid": "pid",
-            "prev_tgid": "tgid",
+            "pid": "prev_pid",
+            "tgid": "prev_tgid",
         },
     ),
     "quanta_queued_time": (
-        "has_queued",
+        "queued_ns",
         {
-            "ts_uptime_us": "ts_uptime_us",
-            "queued_time_us": "quanta_queued_time_us",
+            "ts_uptime_us": "at_ns",
+            "quanta_queued_time_us": "queued_ns",
             "cpu": "cpu",
-            "next_pid": "pid",
-            "next_tgid": "tgid",
+            "pid": "next_pid",
+            "tgid": "next_tgid",
         },
     ),
 }
@@ -61,31 +64,35 @@ class QuantaRuntimeHook(BpfHook[BpfHookOptions]):
     def rows_from(
         self, key: str, records: np.ndarray, layout: RecordLayout
     ) -> Iterator[tuple[str, Rows]]:
-        for table, rows in split_switches(records, layout).items():
+        for table, rows in split_switches(records).items():
             if rows.num_rows:
                 yield table, rows
 
 
-def split_switches(records: np.ndarray, layout: RecordLayout | None = None) -> dict[str, pa.Table]:
-    """The two tables' rows from switch records (numpy structured array); ``layout``
-    says which fields hold nanoseconds for microsecond columns.
+def split_switches(records: np.ndarray) -> dict[str, pa.Table]:
+    """The two tables' rows from switch records as ``unbatch`` gives them (numpy
+    structured array: ``at_ns`` in nanoseconds, the batch's ``cpu``, each duration
+    in a high u16 and a low u32 of nanoseconds).
 
-    Each field is made contiguous once and filtered as a plain array: masking
-    the structured records themselves would copy every 48-byte record per table.
+    Each column is made once and filtered as a plain array: masking the
+    structured records themselves would copy every record per table.
     """
-    scaled = layout.us_from_ns if layout is not None else {}
-    cols = {
-        name: us_from_ns(records[name], scaled[name])
-        if name in scaled
-        else np.ascontiguousarray(records[name])
-        for name in records.dtype.names or ()
-    }
+    ts_us = us_from_ns(records["at_ns"], False)
+    cols: dict[str, np.ndarray] = {"at_ns": ts_us}
+    keeps: dict[str, np.ndarray] = {}
+    for name in ("run_ns", "queued_ns"):
+        hi = records[name + "_hi"]
+        keeps[name] = hi != NO_TIME
+        ns = (hi.astype(np.int64) << 32) | records[name + "_lo"]
+        cols[name] = us_from_ns(ns, True)
+    for name in ("cpu", "prev_pid", "prev_tgid", "next_pid", "next_tgid"):
+        cols[name] = np.ascontiguousarray(records[name])
     out: dict[str, pa.Table] = {}
-    for table, (flag, columns) in _SPLIT.items():
-        keep = cols[flag] != 0
+    for table, (duration, columns) in _SPLIT.items():
+        keep = keeps[duration]
         every = bool(keep.all())
         out[table] = pa.Table.from_arrays(
-            [pa.array(cols[old] if every else cols[old][keep]) for old in columns],
-            names=list(columns.values()),
+            [pa.array(cols[old] if every else cols[old][keep]) for old in columns.values()],
+            names=list(columns),
         )
     return out
