@@ -114,7 +114,7 @@ def test_shadow_needs_a_readable_model(tmp_path: Path) -> None:
     bad = tmp_path / "m.json"
     bad.write_text("not json")
     r = _invoke("shadow", bad, "-o", tmp_path, "--no-progress", "--", "true")
-    assert r.exit_code == 2 and "cannot read model" in r.output
+    assert r.exit_code == 2 and "is not a model: not JSON" in r.output
 
 
 def test_train_uses_the_recorded_migration_cost(tmp_path: Path) -> None:

@@ -120,9 +120,9 @@ def test_bad_model_file_is_a_clear_error(tmp_path: Path) -> None:
     ("change", "message"),
     [
         ({"b2": None}, "no b2"),
-        ({"w1": [[0.0] * 10] * 14 + [[0.0] * 9]}, "not arrays of numbers"),
-        ({"b1": [0.0] * 9}, "b1 and w2 must hold 10 values"),
-        ({"w2": "x"}, "not arrays of numbers"),
+        ({"w1": [[0.0] * 10] * 14 + [[0.0] * 9]}, "w1 must be 15x10 numbers, its rows differ"),
+        ({"b1": [0.0] * 9}, "b1 is 9 numbers, must be 10 numbers"),
+        ({"w2": "x"}, 'w2 holds "x", not a number'),
     ],
 )
 def test_wrong_weights_are_a_model_error(tmp_path: Path, change: dict, message: str) -> None:

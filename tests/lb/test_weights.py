@@ -161,3 +161,116 @@ def test_unreadable_and_non_finite_models(tmp_path: Path) -> None:
         r = _invoke("dump-weights", path)
         assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
         assert message in r.stderr, r.stderr
+
+
+# --- every command that reads a model refuses bad weights in one line ------------------
+
+
+def _bad(tmp_path: Path, fixed: bool, key: str, value: object) -> Path:
+    """A model of either kind with one weight set to ``value`` (None: no ``key``)."""
+    m = _random_model()
+    doc = fixed_json(FixedModel.from_model(m), {}) if fixed else m.to_json()
+    if value is None:
+        del doc[key]
+    elif key == "b2":
+        doc[key] = value
+    else:
+        doc[key] = np.asarray(doc[key]).tolist()
+        flat = doc[key][3] if key == "w1" else doc[key]
+        flat[2] = value
+    path = tmp_path / ("bad.q11.json" if fixed else "bad.json")
+    path.write_text(json.dumps(doc))  # NaN and Infinity as Python's json writes them
+    return path
+
+
+BAD_FLOATS = [
+    ("w1", float("nan"), "w1 holds nan, not a finite number"),
+    ("b1", float("inf"), "b1 holds inf, not a finite number"),
+    ("b2", float("-inf"), "b2 holds -inf, not a finite number"),
+    ("w2", 1e300, "w2 holds 1e+300, outside Q20.11 fixed point (|w| < 2^20)"),
+    ("w1", 2.0**20, "w1 holds 1.04858e+06, outside Q20.11 fixed point"),
+    ("w1", None, "no w1 (a model holds w1, b1, w2, b2)"),
+]
+BAD_FIXED = [
+    ("w1", float("nan"), "w1 holds nan, not a Q20.11 int32"),
+    ("b2", 1 << 31, f"b2 holds {1 << 31}, not a Q20.11 int32"),
+    ("w1", None, "no w1 (a model holds w1, b1, w2, b2)"),
+]
+COMMANDS = {
+    "export": lambda m, d: ["export", m, "-o", d / "out"],
+    "shadow": lambda m, d: ["shadow", m, "-o", d / "data", "--no-progress", "--", "true"],
+    "report": lambda m, d: ["report", d / "no-data-needed", "--model", m],
+    "dump-weights": lambda m, d: ["dump-weights", m],
+}
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+@pytest.mark.parametrize(("key", "value", "message"), BAD_FLOATS)
+def test_bad_float_weights_are_one_line_in_every_command(
+    tmp_path: Path, command: str, key: str, value: object, message: str
+) -> None:
+    args = COMMANDS[command](_bad(tmp_path, False, key, value), tmp_path)
+    r = CliRunner().invoke(lb_group, [str(a) for a in args])
+    assert r.exit_code == 2, r.output
+    assert r.stdout == "" and r.stderr.count("\n") == 1 and r.stderr.startswith("error:"), r.stderr
+    assert message in r.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize("command", ["shadow", "dump-weights"])
+@pytest.mark.parametrize(("key", "value", "message"), BAD_FIXED)
+def test_bad_fixed_point_weights_are_one_line(
+    tmp_path: Path, command: str, key: str, value: object, message: str
+) -> None:
+    args = COMMANDS[command](_bad(tmp_path, True, key, value), tmp_path)
+    r = CliRunner().invoke(lb_group, [str(a) for a in args])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.output
+    assert message in r.stderr
+
+
+def test_an_all_nan_model_is_not_scored_as_always_stay(tmp_path: Path) -> None:
+    from kernmlops.lb.dataset import synthetic_decisions, write_decisions
+
+    data = tmp_path / "data"
+    frame = synthetic_decisions(300, "syn-0", seed=1)
+    write_decisions(frame, data, "syn-0", "synthetic", {"lb": {"variant": "synthetic"}})
+    doc = _random_model().to_json()
+    doc.update(w1=[[float("nan")] * 10] * 15, b1=[float("nan")] * 10)
+    model = tmp_path / "nan.json"
+    model.write_text(json.dumps(doc))
+    r = CliRunner().invoke(lb_group, ["report", str(data), "--model", str(model)])
+    assert r.exit_code == 2 and r.stderr == f"error: {model}: w1 holds nan, not a finite number\n"
+    good = _random_model().save(tmp_path / "good.json")
+    r = CliRunner().invoke(lb_group, ["report", str(data), "--model", str(good)])
+    assert r.exit_code == 0, r.output
+
+
+def test_the_q11_range_is_the_one_quantize_keeps() -> None:
+    # the check on load and fixed.quantize agree on every value at the edges of Q20.11
+    from kernmlops.lb.fixed import quantize
+    from kernmlops.lb.weights import WeightsError, check_weights
+
+    top = 2.0**20
+    for v in (top - 1, top - 0.25 / 2048, top - 0.5 / 2048, top - 0.75 / 2048, top,
+              -top, -top - 0.25 / 2048, -top - 0.5 / 2048, -top - 1 / 2048, 1e300):  # fmt: skip
+        doc = _random_model().to_json()
+        doc["b2"] = v
+        try:
+            quantize(np.array([v]))
+            fits = True
+        except ValueError:
+            fits = False
+        try:
+            check_weights(doc, "m", fixed=False)
+            accepted = True
+        except WeightsError:
+            accepted = False
+        assert accepted == fits, v
+
+
+def test_a_huge_model_file_is_refused_unread(tmp_path: Path) -> None:
+    big = tmp_path / "big.json"
+    with open(big, "wb") as f:
+        f.truncate(1 << 30)  # sparse
+    r = _invoke("dump-weights", big)
+    assert r.exit_code == 2 and "is over 16 MiB: not a model file" in r.stderr

@@ -230,6 +230,13 @@ def _details(rec, folder: Path) -> None:
     type=click.Path(dir_okay=False, path_type=Path),
     help="the duet.yml the results came from: its duets without B are A/A (repeatable)",
 )
+@click.option(
+    "--max-file-mb",
+    type=click.IntRange(min=1),
+    default=256,
+    show_default=True,
+    help="the largest result file (or result folder) read, in MiB: a parser holds it in memory",
+)
 def process_cmd(
     folders: tuple[Path, ...],
     out: Path | None,
@@ -237,6 +244,7 @@ def process_cmd(
     original: bool,
     aa: tuple[str, ...],
     configs: tuple[Path, ...],
+    max_file_mb: int,
 ) -> None:
     """Parse every result file under FOLDERS into one table (Parquet and CSV).
 
@@ -246,6 +254,10 @@ def process_cmd(
     DaCapo/ScalaBench CSV (start_unix, or total_ms anchored on artifacts/date),
     SPEC CPU logs, pyperf JSON, hyperfine JSON. A file none of them reads is
     named with the reason; the others are still processed.
+
+    Only files inside a FOLDER are read: a path in its duet-run.json that is
+    absolute, climbs out with .., or is a link out of the folder is refused
+    and named, as is a file over --max-file-mb (an artifact: over 1 MiB).
     """
     from kernmlops.duet.config import load_duet_config
     from kernmlops.duet.process import process_dirs, write_processed
@@ -258,7 +270,7 @@ def process_cmd(
         names = set(aa)
         for cfg in configs:
             names |= {d.name for d in load_duet_config(cfg).duets if d.aa}
-        processed = process_dirs(list(folders), frozenset(names))
+        processed = process_dirs(list(folders), frozenset(names), max_file_mb << 20)
         for err in processed.errors:
             console.print(f"[yellow]warning:[/] {err}", markup=True)
         if processed.results.height == 0:

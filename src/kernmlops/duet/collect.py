@@ -188,6 +188,7 @@ _EMPTY = {
 
 def kernel_stats_for_suite(folder: Path, index: dict[str, Any]) -> pl.DataFrame:
     """One row per trial and side, from the collections ``--collect`` left."""
+    from kernmlops.confined import confined
     from kernmlops.data import read_collection
 
     rows = []
@@ -195,7 +196,8 @@ def kernel_stats_for_suite(folder: Path, index: dict[str, Any]) -> pl.DataFrame:
         coll = trial.get("collection")
         if not coll:
             continue
-        c = read_collection(folder / coll["path"])
+        # the index names the collection: it must be one of this folder's
+        c = read_collection(confined(folder, coll["path"], what="collection"))
         sample = ((c.manifest.get("config") or {}).get("hooks", {}).get("page_faults", {})).get(
             "sample_every", 1
         )

@@ -38,6 +38,7 @@ import contextlib
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -55,14 +56,23 @@ COLUMNS = (
 )
 
 
+def _open_fifo(path: Path, mode: int) -> int:
+    fd = os.open(path, mode | os.O_NOFOLLOW | os.O_CLOEXEC)
+    if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a FIFO")
+    return fd
+
+
 class SyncClient:
     """The side's end of the sync-duet protocol."""
 
     def __init__(self, folder: str | Path) -> None:
         folder = Path(folder)
         # The runner holds both FIFOs open read-write, so these opens never block.
-        self._ready = open(folder / "ready", "w", buffering=1)  # noqa: SIM115
-        self._go = open(folder / "go")  # noqa: SIM115
+        # Never created, truncated or reached through a link: only the runner's FIFOs.
+        self._ready = os.fdopen(_open_fifo(folder / "ready", os.O_WRONLY), "w", buffering=1)
+        self._go = os.fdopen(_open_fifo(folder / "go", os.O_RDONLY), "r")
 
     def wait(self, iteration: int) -> bool:
         """Tell the runner we are ready; True when it says go."""
@@ -115,12 +125,21 @@ def run_harness(
     if iterations is None and budget_s is None:
         raise ValueError("give --iterations, --budget or both")
     writer = _Writer(output)
-    client = SyncClient(sync) if sync else None
+    client = None
     shared = None
-    if barrier:
-        from kernmlops.duet.barrier import BarrierClient
+    try:
+        client = SyncClient(sync) if sync else None
+        if barrier:
+            from kernmlops.duet.barrier import BarrierClient
 
-        shared = BarrierClient(barrier)
+            shared = BarrierClient(barrier)
+    except (OSError, ValueError) as err:
+        writer.close()
+        if client is not None:
+            client.close()
+        what = f"barrier {barrier!r}" if client is not None or not sync else f"sync folder {sync}"
+        print(f"harness: cannot use {what}: {err}", file=sys.stderr)
+        return 2
     child: subprocess.Popen[bytes] | None = None
     stopping: list[int] = []
 
@@ -205,8 +224,12 @@ def main(args: list[str] | None = None) -> int:
     if ns.barrier:
         from kernmlops.duet.barrier import barrier_path
 
-        if not barrier_path(ns.barrier).exists():
-            parser.error(f"no barrier {ns.barrier!r} ({barrier_path(ns.barrier)} does not exist)")
+        try:
+            path = barrier_path(ns.barrier)
+        except ValueError as err:
+            parser.error(str(err))
+        if not path.exists():
+            parser.error(f"no barrier {ns.barrier!r} ({path} does not exist)")
         sync = None  # the barrier syncs the sides
     return run_harness(
         command,

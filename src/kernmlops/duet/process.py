@@ -21,6 +21,12 @@ no parser reads is reported with the reason; the others are still processed.
 ``read_results`` also reads the CSV or JSON that the original's ``process.py``
 writes (column ``type`` instead of ``kind``), and ``write_processed`` can write
 the table in that form (``original=True``) for the original's analysis.
+
+A folder may come from someone else, and ``duet process`` often runs as root:
+every path a folder names (in ``duet-run.json``, or as a link) is read only
+when it stays inside the folder (kernmlops.confined), a result file only up
+to ``max_bytes`` (``--max-file-mb``), an artifact up to ``ARTIFACT_MAX_BYTES``;
+anything else is named in the errors and left unread.
 """
 
 from __future__ import annotations
@@ -32,7 +38,8 @@ from typing import Any
 
 import polars as pl
 
-from kernmlops.duet.parsers import Anchor, ParseError, parse_file
+from kernmlops.confined import MIB, UnsafePathError, confined, read_confined
+from kernmlops.duet.parsers import MAX_FILE_BYTES, Anchor, ParseError, parse_file
 from kernmlops.duet.runner import FILE_KIND, INDEX, DuetError, read_index
 
 RESULTS_NAME = "duet-results"
@@ -56,6 +63,8 @@ RESULT_SCHEMA: dict[str, pl.DataType] = {
     "source_file": pl.String(),
 }
 RESULT_COLUMNS = tuple(RESULT_SCHEMA)
+#: an artifact gives the table one line: uname, lscpu, meminfo are a few KiB
+ARTIFACT_MAX_BYTES = 1 * MIB
 _ORIGINAL_NAME = re.compile(
     r"^(?P<suite>[A-Za-z0-9_+-]+)\.(?P<benchmark>[A-Za-z0-9_+-]+)\.(?P<runid>\d+)\."
     r"(?P<kind>duet|seqn|sequential|syncduet)\.(?P<order>AB|BA|None)\.(?P<pair>[AB])\.(?P<file>.+)$"
@@ -70,10 +79,15 @@ class Processed:
     files: int = 0
 
 
-def _suite_folders(folder: Path) -> list[Path]:
+def _suite_folders(folder: Path, errors: list[str]) -> list[Path]:
     if (folder / INDEX).is_file():
         return [folder]
-    found = sorted(p.parent for p in folder.glob(f"*/{INDEX}"))
+    found = []
+    for index in sorted(folder.glob(f"*/{INDEX}")):
+        try:  # a suite linked in from elsewhere is not this folder's
+            found.append(confined(folder, index.parent.name, what="suite folder"))
+        except UnsafePathError as err:
+            errors.append(str(err))
     return found
 
 
@@ -92,14 +106,34 @@ def artifact_value(name: str, text: str) -> str | None:
     return lines[0] if lines else None
 
 
-def _artifacts(folder: Path, index: dict[str, Any]) -> dict[str, str | None]:
+def read_artifact(folder: Path, rel: object, name: str) -> str:
+    """An artifact's text, confined to ``folder`` and at most ARTIFACT_MAX_BYTES;
+    UnsafePathError or OSError with the reason otherwise."""
+    hint = " (the table takes one line of it)"
+    data = read_confined(folder, rel, ARTIFACT_MAX_BYTES, what=f"artifact {name}", hint=hint)
+    return data.decode("utf-8", errors="replace")
+
+
+def _artifacts(folder: Path, index: dict[str, Any], errors: list[str]) -> dict[str, str | None]:
     out: dict[str, str | None] = {}
-    for name, entry in (index.get("artifacts") or {}).items():
-        path = folder / (entry.get("file") or f"artifacts/{name}")
-        if entry.get("file") and path.is_file():
-            out[f"artifact_{name}"] = artifact_value(name, path.read_text(errors="replace"))
-        else:
-            out[f"artifact_{name}"] = None
+    artifacts = index.get("artifacts") or {}
+    if not isinstance(artifacts, dict):
+        errors.append(f"{folder / INDEX}: artifacts is not an object: none read")
+        return out
+    for name, entry in artifacts.items():
+        out[f"artifact_{name}"] = None
+        if not isinstance(entry, dict):
+            errors.append(f"{folder / INDEX}: artifact {name} is not an object: not read")
+            continue
+        rel = entry.get("file")
+        if not rel:  # an artifact that could not be captured has no file
+            continue
+        try:
+            out[f"artifact_{name}"] = artifact_value(name, read_artifact(folder, rel, name))
+        except UnsafePathError as err:
+            errors.append(str(err))
+        except OSError as err:
+            errors.append(f"{folder}: artifact {name} {rel!r}: {err.strerror or err}")
     return out
 
 
@@ -111,12 +145,20 @@ def _tag(
     return rows.with_columns(cols)
 
 
-def process_suite(folder: Path) -> Processed:
-    """One ``duet run`` suite folder."""
+def process_suite(folder: Path, max_bytes: int = MAX_FILE_BYTES) -> Processed:
+    """One ``duet run`` suite folder; DuetError when its index is damaged."""
     index = read_index(folder)
-    artifacts = _artifacts(folder, index)
-    frames: list[pl.DataFrame] = []
+    try:
+        return _process_suite(folder, index, max_bytes)
+    except (KeyError, TypeError, AttributeError, ValueError) as err:
+        # a hand-edited or damaged index: one line, not a traceback
+        raise DuetError(f"{folder / INDEX}: damaged ({type(err).__name__}: {err})") from None
+
+
+def _process_suite(folder: Path, index: dict[str, Any], max_bytes: int) -> Processed:
     errors: list[str] = []
+    artifacts = _artifacts(folder, index, errors)
+    frames: list[pl.DataFrame] = []
     files = 0
     for trial in index.get("trials", []):
         for pair, side in trial.get("sides", {}).items():
@@ -129,7 +171,11 @@ def process_suite(folder: Path) -> Processed:
             for rel in side.get("results", []):
                 files += 1
                 try:
-                    parser, rows = parse_file(folder / rel, anchor)
+                    path = confined(folder, rel, what="result")
+                    parser, rows = parse_file(path, anchor, max_bytes=max_bytes)
+                except UnsafePathError as err:
+                    errors.append(str(err))
+                    continue
                 except ParseError as err:
                     errors.append(f"{folder / rel}: {err}")
                     continue
@@ -173,30 +219,43 @@ def date_ns(text: str) -> int | None:
     return int(when.timestamp()) * 1_000_000_000 + when.microsecond * 1000
 
 
-def process_original(folder: Path, aa: frozenset[str] = frozenset()) -> Processed:
+def process_original(
+    folder: Path, aa: frozenset[str] = frozenset(), max_bytes: int = MAX_FILE_BYTES
+) -> Processed:
     """A folder of result files named by the original asynchronous-duet tool."""
-    frames, errors, files = [], [], 0
-    art_dir = folder / "artifacts"
-    artifacts = (
-        {
-            f"artifact_{p.name}": artifact_value(p.name, p.read_text(errors="replace"))
-            for p in sorted(art_dir.iterdir())
-            if p.is_file()
-        }
-        if art_dir.is_dir()
-        else {}
-    )
-    date = art_dir / "date"
-    anchor = Anchor(date_ns=date_ns(date.read_text(errors="replace"))) if date.is_file() else None
-    for path in sorted(folder.iterdir()):
-        m = _ORIGINAL_NAME.match(path.name)
+    frames: list[pl.DataFrame] = []
+    errors: list[str] = []
+    files = 0
+    artifacts: dict[str, str | None] = {}
+    texts: dict[str, str] = {}
+    if (folder / "artifacts").is_dir():
+        for p in sorted((folder / "artifacts").iterdir()):
+            if p.is_dir():
+                continue
+            try:
+                texts[p.name] = read_artifact(folder, f"artifacts/{p.name}", p.name)
+            except UnsafePathError as err:
+                errors.append(str(err))
+                continue
+            except OSError as err:
+                errors.append(f"{p}: artifact {p.name}: {err.strerror or err}")
+                continue
+            artifacts[f"artifact_{p.name}"] = artifact_value(p.name, texts[p.name])
+    date = texts.get("date")
+    anchor = Anchor(date_ns=date_ns(date)) if date is not None else None
+    for entry in sorted(folder.iterdir()):
+        m = _ORIGINAL_NAME.match(entry.name)
         if not m:
             continue
         files += 1
         try:
-            parser, rows = parse_file(path, anchor)
+            path = confined(folder, entry.name, what="result")
+            parser, rows = parse_file(path, anchor, max_bytes=max_bytes)
+        except UnsafePathError as err:
+            errors.append(str(err))
+            continue
         except ParseError as err:
-            errors.append(f"{path}: {err}")
+            errors.append(f"{entry}: {err}")
             continue
         kind = "sequential" if m["kind"] in ("seqn", "sequential") else m["kind"]
         meta = {
@@ -209,7 +268,7 @@ def process_original(folder: Path, aa: frozenset[str] = frozenset()) -> Processe
             "aa": m["benchmark"] in aa if aa else None,
             "side_status": None,
             "parser": parser,
-            "source_file": path.name,
+            "source_file": entry.name,
         }
         frames.append(_tag(rows, meta, artifacts))
     return Processed(_concat(frames), None, errors, files)
@@ -223,20 +282,27 @@ def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
     return out.select(*front, pl.exclude(front))
 
 
-def process_dirs(folders: list[Path], aa: frozenset[str] = frozenset()) -> Processed:
+def process_dirs(
+    folders: list[Path], aa: frozenset[str] = frozenset(), max_bytes: int = MAX_FILE_BYTES
+) -> Processed:
     """Every suite under ``folders``; raises DuetError when nothing is there.
 
     ``aa``: benchmarks that are A/A duets (for original-named folders, whose
-    names do not say; a ``duet run`` folder's index does)."""
-    results, kernels, errors, files = [], [], [], 0
+    names do not say; a ``duet run`` folder's index does). ``max_bytes``: the
+    largest result file (or result folder) read; larger ones are named in the
+    errors."""
+    results: list[pl.DataFrame] = []
+    kernels: list[pl.DataFrame] = []
+    errors: list[str] = []
+    files = 0
     for folder in folders:
         folder = Path(folder)
         if not folder.is_dir():
             raise DuetError(f"{folder}: no such folder")
-        suites = _suite_folders(folder)
-        parts = [process_suite(s) for s in suites]
+        suites = _suite_folders(folder, errors)
+        parts = [process_suite(s, max_bytes) for s in suites]
         if not suites:
-            original = process_original(folder, aa)
+            original = process_original(folder, aa, max_bytes)
             if original.files == 0:
                 raise DuetError(
                     f"{folder}: no duet results ({INDEX} of `duet run`, or result files named "

@@ -24,7 +24,10 @@ them, so its ``process.py parse <folder>`` reads the folder.
 Sync-duet trials: a side with ``syncduet_run_base`` gets ``$$`` in it
 replaced by one barrier name shared by both sides, and the runner creates that
 barrier (kernmlops.duet.barrier) before releasing them; a side without it
-runs in the built-in harness, synchronized through the runner's FIFOs.
+runs in the built-in harness, synchronized through the runner's FIFOs. Both
+live where other users cannot plant a file or link first: the barrier under
+an unpredictable name created O_EXCL|O_NOFOLLOW, the FIFOs in a folder of the
+runner's own made by mkdtemp (0700), removed after the trial.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -58,6 +62,8 @@ from kernmlops.host.cpus import autogroup_nice, format_cpu_list, set_autogroup_n
 from kernmlops.host.environment import CpuLimit
 
 INDEX = "duet-run.json"
+#: a run's index holds a record per trial (~2 KiB): 64 MiB is ~30,000 trials
+INDEX_MAX_BYTES = 64 << 20
 KINDS = ("duet", "syncduet", "sequential")
 #: the kind as the original tool names it in result files
 FILE_KIND = {"duet": "duet", "syncduet": "syncduet", "sequential": "seqn"}
@@ -94,8 +100,11 @@ class Trial:
         )
 
     def barrier_name(self) -> str:
-        """One sync-duet barrier name for both sides (unique to this runner)."""
-        return f"syncduet.{sanitize(self.duet)}.{self.runid}.{os.getpid()}:barrier"
+        """A sync-duet barrier name for both sides: new at each call, with random
+        bits no other user can guess (the barrier lives in the shared /dev/shm)."""
+        from kernmlops.duet.barrier import new_name
+
+        return new_name(f"syncduet.{sanitize(self.duet)}.{self.runid}")
 
 
 def sanitize(name: str) -> str:
@@ -507,15 +516,16 @@ class _SyncBarrier:
         self.buf: dict[str, bytes] = {}
         self.waiting: set[str] = set()
         self.iterations = 0
+        # The folders are new and private (see _sync_folders): a FIFO that is
+        # already there, or a link, is an error, never opened.
+        nofollow = os.O_NOFOLLOW | os.O_CLOEXEC
         for pair, folder in folders.items():
-            folder.mkdir(parents=True, exist_ok=True)
             for name in ("ready", "go"):
-                with contextlib.suppress(FileExistsError):
-                    os.mkfifo(folder / name, 0o666)
+                os.mkfifo(folder / name, 0o600)
             # Read-write opens never block and never see EOF: the side's own
             # opens (write ready, read go) then never block either.
-            self.ready[pair] = os.open(folder / "ready", os.O_RDWR | os.O_NONBLOCK)
-            self.go[pair] = os.open(folder / "go", os.O_RDWR)
+            self.ready[pair] = os.open(folder / "ready", os.O_RDWR | os.O_NONBLOCK | nofollow)
+            self.go[pair] = os.open(folder / "go", os.O_RDWR | nofollow)
             self.buf[pair] = b""
 
     def step(self, alive: dict[str, bool], wait_s: float) -> None:
@@ -544,6 +554,17 @@ class _SyncBarrier:
         for fd in (*self.ready.values(), *self.go.values()):
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+def _sync_folders(pairs: tuple[str, ...]) -> tuple[Path, dict[str, Path]]:
+    """A private folder (mkdtemp: 0700, a random name, in the sticky temp folder)
+    with one sub-folder per side for its FIFOs: no other user can plant a file
+    or link in it, or rename it away."""
+    root = Path(tempfile.mkdtemp(prefix="kernmlops-duet-sync-"))
+    folders = {p: root / p for p in pairs}
+    for folder in folders.values():
+        folder.mkdir(mode=0o700)
+    return root, folders
 
 
 def run_trial(
@@ -577,11 +598,14 @@ def run_trial(
     barrier: _SyncBarrier | None = None
     swapper: _CpuSwap | None = None
     shm_name: str | None = None
+    shm_made = False  # only the barrier this trial created is removed
+    sync_root: Path | None = None
     broken: str | None = None
     t0 = time.monotonic()
     try:
-        sync_dirs = {p: work / f"sync-{p}" for p in trial.pairs} if trial.kind == "syncduet" else {}
-        if sync_dirs:
+        sync_dirs: dict[str, Path] = {}
+        if trial.kind == "syncduet":
+            sync_root, sync_dirs = _sync_folders(trial.pairs)
             barrier = _SyncBarrier(sync_dirs)
             sides = [duet.side(p) for p in trial.pairs]
             speaks = [s for s in sides if s.sync_command and "$$" in s.sync_command]
@@ -591,6 +615,7 @@ def run_trial(
 
                 try:
                     make_barrier(shm_name, 2)
+                    shm_made = True
                 except OSError as err:  # nothing starts; the trial is recorded as failed
                     broken = f"cannot create the sync barrier {shm_name}: {err}"
                 rec.sync = f"barrier {shm_name}"
@@ -687,10 +712,12 @@ def run_trial(
         if swapper is not None:
             rec.cpu_swaps = swapper.swaps
             swapper.close()  # the sides are reaped: their cpusets are empty
-        if shm_name is not None:
+        if shm_made and shm_name is not None:
             from kernmlops.duet.barrier import remove_barrier
 
             remove_barrier(shm_name)
+        if sync_root is not None:
+            shutil.rmtree(sync_root, ignore_errors=True)
         for r in running.values():
             try:
                 r.collect(results, label, rel)
@@ -832,12 +859,22 @@ def run_suite(
 
 
 def read_index(folder: Path) -> dict[str, Any]:
+    """A suite folder's duet-run.json (at most INDEX_MAX_BYTES); DuetError with
+    one line when it is missing, too large, a link out of the folder, or not
+    a JSON object."""
+    from kernmlops.confined import UnsafePathError, read_confined
+
     path = Path(folder) / INDEX
     try:
-        return json.loads(path.read_text())
+        doc = json.loads(read_confined(folder, INDEX, INDEX_MAX_BYTES, what=INDEX))
+    except UnsafePathError as err:
+        raise DuetError(str(err)) from None
     except OSError as err:
         raise DuetError(
             f"{folder}: no {INDEX} ({err.strerror}); is it a `duet run` folder?"
         ) from err
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
         raise DuetError(f"{path}: not valid JSON ({err})") from err
+    if not isinstance(doc, dict):
+        raise DuetError(f"{path}: not a duet run's index (a JSON object)")
+    return doc

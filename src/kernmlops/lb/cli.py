@@ -107,11 +107,10 @@ def _load_any_model(path: Path) -> tuple[Any, dict[str, Any]]:
     from kernmlops.lb.fixed import FORMAT as FIXED_FORMAT
     from kernmlops.lb.fixed import FixedModel, load_fixed_json
     from kernmlops.lb.model import Model, ModelError
+    from kernmlops.lb.weights import read_model_doc
 
-    try:
-        kind = json.loads(Path(path).read_text()).get("format")
-    except (OSError, json.JSONDecodeError, AttributeError) as err:
-        raise ModelError(f"cannot read model {path}: {err}") from err
+    # each loader checks the weights (kernmlops.lb.weights): finite, shapes, Q20.11
+    kind = read_model_doc(path, ModelError).get("format")
     if kind == FIXED_FORMAT:
         fixed, meta = load_fixed_json(path)
     else:
@@ -153,11 +152,12 @@ def _run_collect(
         flags = session_flags(variant, given)
         # every config is checked before the first run starts
         configs = [load_config(f, flags) for f in config_files] or [load_config(None, flags)]
-        require_bpf_privileges("lb collect")
+        # a bad model is bad input: said before root is asked for or anything is built
+        model, meta = _load_any_model(model_path) if model_path else (None, None)
+        require_bpf_privileges("lb shadow" if model_path else "lb collect")
         from kernmlops.ebpf.build import build
 
         build()
-        model, meta = _load_any_model(model_path) if model_path else (None, None)
     except KernmlopsError as err:
         fail(err)
     kernel_cost = kernel_migration_cost_ns()

@@ -34,10 +34,11 @@ INT32 = (-(1 << 31), (1 << 31) - 1)
 def quantize(values: np.ndarray) -> np.ndarray:
     """float -> Q20.11 int64, rounding half away from zero (MLLB's float_to_fxdpt)."""
     v = np.asarray(values, dtype=np.float64) * ONE
-    q = np.where(v >= 0, np.floor(v + 0.5), np.ceil(v - 0.5)).astype(np.int64)
-    if q.size and (q.min() < INT32[0] or q.max() > INT32[1]):
+    r = np.where(v >= 0, np.floor(v + 0.5), np.ceil(v - 0.5))
+    # checked as floats: a cast of NaN, inf or 1e300 to int64 is undefined
+    if r.size and not (np.isfinite(r).all() and r.min() >= INT32[0] and r.max() <= INT32[1]):
         raise ValueError("a weight does not fit Q20.11 (|w| >= 2^20)")
-    return q
+    return r.astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -269,24 +270,19 @@ def fixed_json(fixed: FixedModel, meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_fixed_json(path: Path) -> tuple[FixedModel, dict[str, Any]]:
+    """``lb export``'s ``*.q11.json``; ModelError with one line for anything else."""
     from kernmlops.lb.model import ModelError
+    from kernmlops.lb.weights import check_weights, read_model_doc
 
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ModelError(f"cannot read fixed-point model {path}: {err}") from err
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+    doc = read_model_doc(path, ModelError)
+    if doc.get("format") != FORMAT:
         raise ModelError(f"{path} is not a kernmlops fixed-point model (lb export writes one)")
-    if doc.get("fbits") != FBITS or list(doc.get("features", [])) != list(FEATURES):
+    if doc.get("fbits") != FBITS or doc.get("features", []) != list(FEATURES):
         raise ModelError(f"{path}: expected Q20.{FBITS} over MLLB's 15 features")
-    w1 = np.asarray(doc["w1"], dtype=np.int64)
-    nh = int(doc["hidden"])
-    if w1.shape != (NR_FEATURES, nh):
-        raise ModelError(f"{path}: w1 has shape {w1.shape}, want ({NR_FEATURES}, {nh})")
-    fixed = FixedModel(
-        w1=w1,
-        b1=np.asarray(doc["b1"], dtype=np.int64),
-        w2=np.asarray(doc["w2"], dtype=np.int64),
-        b2=int(doc["b2"]),
-    )
-    return fixed, dict(doc.get("meta") or {})
+    w1, b1, w2, b2 = check_weights(doc, str(path), fixed=True, error=ModelError)
+    nh = doc.get("hidden", len(b1))
+    if nh != len(b1):
+        raise ModelError(f"{path}: hidden is {nh!r}, but w1 has {len(b1)} columns")
+    meta = doc.get("meta")
+    fixed = FixedModel(w1=w1, b1=b1, w2=w2, b2=int(b2))
+    return fixed, dict(meta) if isinstance(meta, dict) else {}

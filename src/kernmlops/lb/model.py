@@ -76,31 +76,23 @@ class Model:
 
     @classmethod
     def load(cls, path: Path) -> Model:
-        try:
-            doc = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as err:
-            raise ModelError(f"cannot read model {path}: {err}") from err
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        """``lb train``'s model; ModelError with one line for anything else,
+        weights that are not finite or do not fit Q20.11 included."""
+        from kernmlops.lb.weights import check_weights, read_model_doc
+
+        doc = read_model_doc(path, ModelError)
+        if doc.get("format") != FORMAT:
             raise ModelError(f"{path} is not a kernmlops lb model (lb train writes one)")
-        if doc.get("version", 0) > FORMAT_VERSION:
-            raise ModelError(f"{path} is from a newer kernmlops (model version {doc['version']})")
-        if list(doc.get("features", [])) != list(FEATURES):
+        version = doc.get("version", 0)
+        if not isinstance(version, int) or version > FORMAT_VERSION:
+            raise ModelError(f"{path} is from a newer kernmlops (model version {version})")
+        if doc.get("features", []) != list(FEATURES):
             raise ModelError(f"{path}: features differ from MLLB's 15")
-        try:
-            w1 = np.asarray(doc["w1"], dtype=np.float64)
-            b1 = np.asarray(doc["b1"], dtype=np.float64)
-            w2 = np.asarray(doc["w2"], dtype=np.float64)
-            b2 = float(doc["b2"])
-        except KeyError as err:
-            raise ModelError(f"{path}: no {err.args[0]} (a model holds w1, b1, w2, b2)") from None
-        except (TypeError, ValueError) as err:  # ragged rows, strings, nested b2
-            raise ModelError(f"{path}: the weights are not arrays of numbers ({err})") from None
-        if w1.ndim != 2 or w1.shape[0] != NR_FEATURES:
-            raise ModelError(f"{path}: w1 has shape {w1.shape}, want ({NR_FEATURES}, hidden)")
-        nh = w1.shape[1]
-        if b1.shape != (nh,) or w2.reshape(-1).shape != (nh,):
-            raise ModelError(f"{path}: b1 and w2 must hold {nh} values (w1 has {nh} columns)")
-        return cls(w1=w1, b1=b1, w2=w2.reshape(-1), b2=b2, meta=dict(doc.get("meta") or {}))
+        w1, b1, w2, b2 = check_weights(doc, str(path), fixed=False, error=ModelError)
+        meta = doc.get("meta")
+        return cls(
+            w1=w1, b1=b1, w2=w2, b2=float(b2), meta=dict(meta) if isinstance(meta, dict) else {}
+        )
 
 
 # --- metrics -------------------------------------------------------------------------

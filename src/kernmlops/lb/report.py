@@ -39,8 +39,8 @@ def _manifests(paths: list[Path]) -> dict[str, dict[str, Any]]:
 
 
 def build_report(paths: list[Path], model_path: Path | None = None) -> dict[str, Any]:
+    model = Model.load(model_path) if model_path else None  # checked before the data is read
     decisions = load_decisions(paths)
-    model = Model.load(model_path) if model_path else None
     # the hot window the collections were recorded with, else the model's
     cost = recorded_cost(paths) or MIGRATION_COST_NS
     if model is not None:

@@ -16,6 +16,12 @@ Both of our model files are read: ``lb train``'s float model and ``lb
 export``'s Q20.11 JSON (printed as the floats its integers stand for,
 ``q / 2048``). Anything that is not exactly 15 x 10 + 10 + 10 x 1 + 1 = 171
 finite numbers is refused with one line.
+
+Every reader of a model file checks the weights here (``read_model_doc``,
+``check_weights``): ``lb export``, ``lb shadow``, ``lb report --model`` and
+``lb dump-weights``. A weight must be a finite number that Q20.11 can hold
+(``round(w * 2048)`` an int32, so ``|w| < 2^20``): the kernel computes in
+that fixed point, and a NaN model would otherwise score as "always stay".
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -38,6 +45,9 @@ FLOAT_FORMAT = "kernmlops-lb-model"
 FIXED_FORMAT = "kernmlops-lb-fixed"
 LAYOUTS = (0, 1, 2)
 INT32 = (-(1 << 31), (1 << 31) - 1)
+ONE = 1 << FBITS
+#: a model is ~10 KiB of JSON; far more is not a model, and json holds it all in memory
+MAX_MODEL_BYTES = 16 << 20
 
 
 class WeightsError(KernmlopsError):
@@ -80,60 +90,115 @@ def _shape_name(shape: tuple[int, ...]) -> str:
     return "x".join(map(str, shape)) + (" number" if shape == (1,) else " numbers")
 
 
+def _fits_q11(v: float) -> bool:
+    """Whether ``round(v * 2048)``, half away from zero as fixed.quantize rounds,
+    is an int32."""
+    if not abs(v) < 1 << 21:  # far out (or inf): no product to round
+        return False
+    x = v * ONE
+    q = math.floor(x + 0.5) if x >= 0 else math.ceil(x - 0.5)
+    return INT32[0] <= q <= INT32[1]
+
+
 def _array(doc: dict, key: str, shapes: Sequence[tuple[int, ...]], where: str,
-           integers: bool) -> np.ndarray:  # fmt: skip
-    """doc[key] as a float array of one of ``shapes`` (the first is the one kept)."""
+           integers: bool, error: type[KernmlopsError]) -> np.ndarray:  # fmt: skip
+    """doc[key] as an array of one of ``shapes`` (the first is the one kept):
+    int64 for a fixed-point model, float64 for a float one."""
     if key not in doc:
-        raise WeightsError(f"{where}: no {key} (a model holds w1, b1, w2, b2)")
+        raise error(f"{where}: no {key} (a model holds w1, b1, w2, b2)")
     want = " or ".join(_shape_name(s) for s in shapes)
     try:
         shape, flat = _shape(doc[key])
     except (ValueError, RecursionError):
-        raise WeightsError(f"{where}: {key} must be {want}, its rows differ in length") from None
-    if shape not in shapes:
-        raise WeightsError(f"{where}: {key} is {_shape_name(shape)}, must be {want}")
-    for v in flat:
+        raise error(f"{where}: {key} must be {want}, its rows differ in length") from None
+    for v in flat:  # what a value is says more than the shape it came in
         if isinstance(v, bool) or not isinstance(v, int | float):
-            raise WeightsError(f"{where}: {key} holds {json.dumps(v)[:20]}, not a number")
+            raise error(f"{where}: {key} holds {json.dumps(v)[:20]}, not a number")
         if integers and not (isinstance(v, int) and INT32[0] <= v <= INT32[1]):
-            raise WeightsError(f"{where}: {key} holds {v}, not a Q20.{FBITS} int32")
+            raise error(f"{where}: {key} holds {v}, not a Q20.{FBITS} int32")
         try:
             finite = math.isfinite(v)
         except OverflowError:
             finite = False
         if not finite:
-            raise WeightsError(f"{where}: {key} holds {v}, not a finite number")
-    return np.asarray(flat, dtype=np.float64).reshape(shapes[0])
+            raise error(f"{where}: {key} holds {v}, not a finite number")
+        if not integers and not _fits_q11(v):
+            raise error(f"{where}: {key} holds {v:g}, outside Q20.{FBITS} fixed point "
+                        "(|w| < 2^20), which the kernel computes in")  # fmt: skip
+    if shape not in shapes:
+        raise error(f"{where}: {key} is {_shape_name(shape)}, must be {want}")
+    dtype = np.int64 if integers else np.float64
+    return np.asarray(flat, dtype=dtype).reshape(shapes[0])
+
+
+def check_weights(
+    doc: dict[str, Any],
+    where: str,
+    *,
+    fixed: bool,
+    hidden: int | None = None,
+    error: type[KernmlopsError] = WeightsError,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """w1 (15, hidden), b1 (hidden,), w2 (hidden,) and b2 of a model document,
+    each checked: present, of the network's shape, finite numbers that fit
+    Q20.11 (``fixed``: the int32 integers of Q20.11). ``hidden`` None takes
+    the hidden units from w1. Raises ``error`` with one line naming the file,
+    the array and the value."""
+    if hidden is None:
+        try:
+            shape, _ = _shape(doc.get("w1"))
+        except (ValueError, RecursionError):
+            shape = ()
+        hidden = shape[1] if len(shape) == 2 and shape[1] > 0 else HIDDEN
+    w1 = _array(doc, "w1", [(NR_FEATURES, hidden)], where, fixed, error)
+    b1 = _array(doc, "b1", [(hidden,)], where, fixed, error)
+    w2 = _array(doc, "w2", [(hidden, 1), (hidden,)], where, fixed, error)
+    b2 = _array(doc, "b2", [(1,), ()], where, fixed, error)
+    return w1, b1, w2.reshape(-1), b2.reshape(-1)[0].item()
+
+
+def read_model_doc(path: Path, error: type[KernmlopsError] = WeightsError) -> dict[str, Any]:
+    """A model file's JSON object (at most MAX_MODEL_BYTES); ``error`` with one
+    line when it is missing, a folder, too large or not a JSON object."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_MODEL_BYTES + 1)
+        if len(raw) > MAX_MODEL_BYTES:
+            raise error(f"{path} is over {MAX_MODEL_BYTES >> 20} MiB: not a model file "
+                        "(lb train and lb export write ~10 KiB)")  # fmt: skip
+        doc = json.loads(raw)
+    except FileNotFoundError:
+        raise error(f"model {path} not found") from None
+    except IsADirectoryError:
+        raise error(f"{path} is a folder, not a model file") from None
+    except OSError as err:
+        raise error(f"cannot read model {path}: {err.strerror}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise error(f"{path} is not a model: not JSON (lb train and lb export write "
+                    "JSON)") from None  # fmt: skip
+    if not isinstance(doc, dict):
+        raise error(f"{path} is not a model: not a JSON object (lb train and lb export "
+                    "write one)")  # fmt: skip
+    return doc
 
 
 def read_weights(path: Path) -> Weights:
     """W1, b1, W2, b2 of ``lb train``'s model or ``lb export``'s ``*.q11.json``."""
     path = Path(path)
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise WeightsError(f"model {path} not found") from None
-    except IsADirectoryError:
-        raise WeightsError(f"{path} is a folder, not a model file") from None
-    except OSError as err:
-        raise WeightsError(f"cannot read model {path}: {err.strerror}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        raise WeightsError(f"{path} is not a model: not JSON (lb train and lb export write "
-                           "JSON)") from None  # fmt: skip
-    kind = doc.get("format") if isinstance(doc, dict) else None
+    doc = read_model_doc(path)
+    kind = doc.get("format")
     if kind not in (FLOAT_FORMAT, FIXED_FORMAT):
         raise WeightsError(f"{path} is not a kernmlops lb model (format {FLOAT_FORMAT} from lb "
                            f"train or {FIXED_FORMAT} from lb export)")  # fmt: skip
     fixed = kind == FIXED_FORMAT
     if fixed and doc.get("fbits") != FBITS:
         raise WeightsError(f"{path}: Q20.{doc.get('fbits')} model, expected Q20.{FBITS}")
-    where = str(path)
-    w1 = _array(doc, "w1", [(NR_FEATURES, HIDDEN)], where, fixed)
-    b1 = _array(doc, "b1", [(HIDDEN,)], where, fixed)
-    w2 = _array(doc, "w2", [(HIDDEN, 1), (HIDDEN,)], where, fixed)
-    b2 = _array(doc, "b2", [(1,), ()], where, fixed)
-    scale = float(1 << FBITS) if fixed else 1.0
-    w = Weights(w1 / scale, b1 / scale, w2 / scale, b2 / scale, "q20.11" if fixed else "float")
+    w1, b1, w2, b2 = check_weights(doc, str(path), fixed=fixed, hidden=HIDDEN)
+    scale = float(ONE) if fixed else 1.0
+    w = Weights(w1 / scale, b1 / scale, w2.reshape(HIDDEN, 1) / scale,
+                np.array([b2], dtype=np.float64) / scale,
+                "q20.11" if fixed else "float")  # fmt: skip
     assert w.count == NR_PARAMS  # the shapes above are the network's
     return w
 

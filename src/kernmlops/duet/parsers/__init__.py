@@ -13,18 +13,26 @@ Every parser returns a polars DataFrame with the columns of ``ITERATION_SCHEMA``
   before it, so overlap pairing is approximate)
 
 ``parse_file`` picks the parser by content, never by name alone, and raises
-ParseError with the reason when none fits.
+ParseError with the reason when none fits. It reads nothing over ``max_bytes``
+(a file, or a result folder's files together) and no link that leaves a result
+folder.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
 
+from kernmlops.confined import MIB, UnsafePathError, check_size, confined, human_size
 from kernmlops.errors import KernmlopsError
+
+#: the largest result file read by default: a parser holds it whole in memory
+MAX_FILE_BYTES = 256 * MIB
+_LIMIT_HINT = " (duet process --max-file-mb raises the limit)"
 
 ITERATION_SCHEMA: dict[str, pl.DataType] = {
     "iteration": pl.Int64(),
@@ -104,12 +112,39 @@ def _head(path: Path) -> str:
         return f.read(65536).decode("utf-8", errors="replace")
 
 
-def parse_file(path: str | Path, anchor: Anchor | None = None) -> tuple[str, pl.DataFrame]:
-    """(parser name, iteration rows) of one result file or folder."""
+def _check_folder(path: Path, max_bytes: int) -> None:
+    """A result folder: no link out of it, its files together within ``max_bytes``."""
+    total = 0
+    for top, dirs, files in os.walk(path):
+        for name in dirs + files:
+            entry = os.path.join(top, name)
+            rel = os.path.relpath(entry, path)
+            if os.path.islink(entry):
+                confined(path, rel, what="entry")  # a link must stay inside
+            if name in files and os.path.isfile(entry):
+                total += os.stat(entry).st_size
+        if total > max_bytes:
+            raise UnsafePathError(
+                f"{path}: result folder of over {human_size(max_bytes)}: not read{_LIMIT_HINT}"
+            )
+
+
+def parse_file(
+    path: str | Path, anchor: Anchor | None = None, *, max_bytes: int = MAX_FILE_BYTES
+) -> tuple[str, pl.DataFrame]:
+    """(parser name, iteration rows) of one result file or folder.
+
+    ParseError when no parser fits; UnsafePathError (one line, naming the
+    file) when it is over ``max_bytes`` or a result folder holds a link out of
+    itself."""
     path = Path(path)
     if not path.exists():
         raise ParseError(f"{path}: no such file")
     try:
+        if path.is_dir():
+            _check_folder(path, max_bytes)
+        else:
+            check_size(path, max_bytes, what="result file", hint=_LIMIT_HINT)
         head = _head(path)
     except OSError as err:
         raise ParseError(f"{path}: cannot read: {err.strerror}") from err
@@ -130,4 +165,11 @@ def parse_file(path: str | Path, anchor: Anchor | None = None) -> tuple[str, pl.
 
 
 PARSER_NAMES = ("harness", "renaissance", "pyperf", "hyperfine", "dacapo", "spec")
-__all__ = ["ITERATION_SCHEMA", "PARSER_NAMES", "Anchor", "ParseError", "parse_file"]
+__all__ = [
+    "ITERATION_SCHEMA",
+    "MAX_FILE_BYTES",
+    "PARSER_NAMES",
+    "Anchor",
+    "ParseError",
+    "parse_file",
+]
