@@ -147,7 +147,7 @@ doctor: setup
 
 # the plug-in indexes (hooks/_index.py, benchmarks/_index.py), then defaults.yaml
 defaults: $(VENV)/.installed
-	$(BIN)/python -m kernmlops.registry
+	$(BIN)/python -m kernmlops.plugin_indexes
 	$(BIN)/kernmlops defaults defaults.yaml
 
 lint: $(VENV)/.installed

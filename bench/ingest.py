@@ -223,8 +223,8 @@ def warm_up(obj_path: Path) -> None:
     import numpy as np
 
     from kernmlops.collect.sinks import ParquetSink
-    from kernmlops.ebpf.btf import ring_layouts
     from kernmlops.ebpf.frames import records_to_table
+    from kernmlops.ebpf.spec import ring_layouts
 
     layout = ring_layouts(obj_path)[RING]
     folder = Path(tempfile.mkdtemp(prefix="kmo-warm-"))
@@ -317,8 +317,8 @@ def run_one(
     rate: float,
     args: argparse.Namespace,
 ) -> Run:
-    from kernmlops.ebpf.btf import ring_layouts
     from kernmlops.ebpf.objects import open_and_load
+    from kernmlops.ebpf.spec import ring_layouts
 
     layout = ring_layouts(obj_path)[RING]
     ring_size = args.ring_mib << 20

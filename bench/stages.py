@@ -78,9 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from kernmlops.collect.sinks import ParquetSink
-    from kernmlops.ebpf.btf import ring_layouts
     from kernmlops.ebpf.frames import records_to_frame, records_to_table
     from kernmlops.ebpf.ringbuf import decode, record_stride
+    from kernmlops.ebpf.spec import ring_layouts
 
     _, obj = ingest.build()
     layout = ring_layouts(obj)[ingest.RING]

@@ -14,14 +14,8 @@ from kernmlops.benchmarks import REGISTRY as BENCHMARKS
 from kernmlops.benchmarks.base import Benchmark
 from kernmlops.hooks import DEFAULT_HOOKS
 from kernmlops.hooks import REGISTRY as HOOKS
-from kernmlops.registry import (
-    Plugins,
-    _modules_on_disk,
-    discover,
-    index_path,
-    index_source,
-    registries,
-)
+from kernmlops.plugin_indexes import registries
+from kernmlops.registry import Plugins, _modules_on_disk, discover, index_path, index_source
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "kernmlops"
 
@@ -157,7 +151,7 @@ def test_an_index_is_read_not_the_modules(plugins_path: Path) -> None:
         plugins["three"]
     assert index_source(plugins) == (
         '"""The plug-ins of kmo_plugins, by name: generated from the modules by\n'
-        "`python -m kernmlops.registry` (make defaults); do not edit. A lookup imports\n"
+        "`python -m kernmlops.plugin_indexes` (make defaults); do not edit. A lookup imports\n"
         'only the module its name points to (kernmlops.registry.Plugins)."""\n\n'
         "INDEX: dict[str, tuple[str, str]] = {\n"
         '    "one": ("one", "One"),\n'

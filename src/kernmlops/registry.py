@@ -5,9 +5,12 @@ collects the subclasses it defines.
 Importing every plug-in costs a run that uses a few of them most of its start-up,
 so the hook and benchmark registries are :class:`Plugins`: a generated index
 (``_index.py`` beside the plug-ins: name -> module and class) names them, and a
-class is imported when it is first looked up. ``python -m kernmlops.registry``
+class is imported when it is first looked up. ``python -m kernmlops.plugin_indexes``
 (``make defaults``) writes the indexes; a module the index does not know makes the
 registry discover the package instead, so a new plug-in works before it is indexed.
+
+This module sits below the packages that use it and imports none of them: which
+registries have an index is kernmlops.plugin_indexes' to know.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ import importlib
 import inspect
 import json
 import pkgutil
-import sys
 import typing
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -152,7 +154,7 @@ def index_source(plugins: Plugins[Any]) -> str:
     """The text of ``plugins``' ``_index.py``, from importing every module."""
     lines = [
         f'"""The plug-ins of {plugins.package}, by name: generated from the modules by',
-        "`python -m kernmlops.registry` (make defaults); do not edit. A lookup imports",
+        "`python -m kernmlops.plugin_indexes` (make defaults); do not edit. A lookup imports",
         'only the module its name points to (kernmlops.registry.Plugins)."""',
         "",
         "INDEX: dict[str, tuple[str, str]] = {",
@@ -166,28 +168,3 @@ def index_source(plugins: Plugins[Any]) -> str:
 def index_path(plugins: Plugins[Any]) -> Path:
     """Where ``plugins``' index lives: ``_index.py`` in its package."""
     return Path(importlib.import_module(plugins.package).__path__[0]) / "_index.py"
-
-
-def registries() -> list[Plugins[Any]]:
-    """The registries that have an index: hooks and benchmarks."""
-    from kernmlops.benchmarks import REGISTRY as BENCHMARKS
-    from kernmlops.hooks import REGISTRY as HOOKS
-
-    return [HOOKS, BENCHMARKS]
-
-
-def write_indexes() -> list[Path]:
-    """Write the index of every registry that changed; the paths written."""
-    from kernmlops.fileio import write_atomic
-
-    written = []
-    for plugins in registries():
-        path, text = index_path(plugins), index_source(plugins)
-        if not path.exists() or path.read_text() != text:
-            written.append(write_atomic(path, text))
-    return written
-
-
-if __name__ == "__main__":
-    for written in write_indexes():
-        print(f"wrote {written}", file=sys.stderr)

@@ -22,7 +22,7 @@ from kernmlops.benchmarks.stress_ng import (
 )
 from kernmlops.errors import BenchmarkError
 from kernmlops.host.cpus import online_cpu_count
-from kernmlops.lb import effect
+from kernmlops.workloads import mllb
 from tests.benchmarks.collect_util import collect, execs, results
 from tests.conftest import needs_tools
 
@@ -134,16 +134,17 @@ def test_numa_nodes_offline_cpus_and_no_sysfs(tmp_path: Path, two_nodes: Path) -
     assert numa_nodes(tmp_path / "missing") == {0: [0, 1, 2, 4]}
 
 
-def test_mllb_scenarios_are_lb_effects_forms(two_nodes: Path) -> None:
-    # one definition: the stressors are kernmlops.lb.effect's, on this machine's nodes
-    assert set(MLLB_SCENARIOS.values()) == set(effect.BY_NAME)
+def test_mllb_scenarios_are_the_shared_forms(two_nodes: Path) -> None:
+    # one definition: the stressors are kernmlops.workloads.mllb's (which lb.effect
+    # measures with), on this machine's nodes
+    assert set(MLLB_SCENARIOS.values()) == set(mllb.BY_NAME)
     nodes = {0: [0, 1, 2, 3], 1: [4, 5, 6, 7]}
     for ours, theirs in MLLB_SCENARIOS.items():
         argv = _argv(scenario=ours)
-        want = effect.BY_NAME[theirs].argv(nodes, effect.LAB_SIZES)
+        want = mllb.BY_NAME[theirs].argv(nodes, mllb.LAB_SIZES)
         assert argv[1 : len(want) + 1] == want
         big = _argv(scenario=ours, mllb_sizes=True)
-        assert big[1 : len(want) + 1] == effect.BY_NAME[theirs].argv(nodes, effect.Sizes())
+        assert big[1 : len(want) + 1] == mllb.BY_NAME[theirs].argv(nodes, mllb.Sizes())
     # MLLB's forms on 8 CPUs of 2 nodes, written out (the notes' counts x 8/56)
     assert _argv(scenario="numa")[1:11] == [
         "--vm", "1", "--vm-bytes", "64M", "--vm-method", "rand-set", "--taskset", "0,1,2,3",

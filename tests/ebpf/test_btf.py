@@ -28,10 +28,10 @@ from kernmlops.ebpf.btf import (
     _enum_labels,
     kernel_type,
     record_layout,
-    ring_layouts,
     unbatch,
 )
 from kernmlops.ebpf.build import object_path
+from kernmlops.ebpf.spec import ring_layouts
 
 # (column, C member designator, numpy format, offset) of struct kmo_test_record
 FIELDS: list[tuple[str, str, object, int]] = [

@@ -12,7 +12,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from kernmlops.ebpf.btf import RecordLayout, ring_layouts
+from kernmlops.ebpf.btf import RecordLayout
 from kernmlops.ebpf.build import object_path
 from kernmlops.ebpf.frames import empty_frame, records_to_frame
 from kernmlops.ebpf.ringbuf import (
@@ -22,6 +22,7 @@ from kernmlops.ebpf.ringbuf import (
     decode,
     record_stride,
 )
+from kernmlops.ebpf.spec import ring_layouts
 
 EVENT = np.dtype([("ts", "<u8"), ("pid", "<u4"), ("kind", "<u4")])  # 16 bytes: stride 24
 ODD = np.dtype([("a", "<u8"), ("b", "<u8"), ("c", "<u4")])  # 20 bytes: stride 32

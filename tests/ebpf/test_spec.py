@@ -12,10 +12,17 @@ from pathlib import Path
 import pytest
 
 from kernmlops.ebpf import spec as spec_mod
-from kernmlops.ebpf.btf import Btf, BtfError, ring_layouts
+from kernmlops.ebpf.btf import Btf, BtfError
 from kernmlops.ebpf.build import sources
 from kernmlops.ebpf.objects import BpfObject
-from kernmlops.ebpf.spec import GlobalVar, ObjectSpec, object_spec, parse_object, spec_path
+from kernmlops.ebpf.spec import (
+    GlobalVar,
+    ObjectSpec,
+    object_spec,
+    parse_object,
+    ring_layouts,
+    spec_path,
+)
 
 READELF = shutil.which("llvm-readelf")
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from kernmlops.ebpf.btf import ring_layouts
 from kernmlops.ebpf.build import build, object_path
+from kernmlops.ebpf.spec import ring_layouts
 from kernmlops.hooks.mm_rss_stat import MmRssStatHook
 from tests.rows import polled
 

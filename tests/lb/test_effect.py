@@ -14,12 +14,8 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
+from kernmlops.lb import effect
 from kernmlops.lb.effect import (
-    BY_NAME,
-    LAB_SIZES,
-    SCENARIOS,
-    Sizes,
-    command,
     compare_scenario,
     schedstat_balance,
     schedstat_lb_gained,
@@ -27,6 +23,7 @@ from kernmlops.lb.effect import (
     throughput,
     verdict,
 )
+from kernmlops.workloads.mllb import BY_NAME, LAB_SIZES, SCENARIOS, Sizes, command
 
 MLLB_NODES = {0: list(range(28)), 1: list(range(28, 56))}
 LAB_NODES = {0: [0, 1], 1: [2, 3]}
@@ -74,6 +71,12 @@ def test_lab_scaling_and_exact_options():
 
 
 @pytest.mark.skipif(not shutil.which("stress-ng"), reason="stress-ng not installed")
+def test_lb_effect_still_offers_the_scenarios():
+    # defined below both users (kernmlops.workloads.mllb); the old names keep working
+    assert effect.SCENARIOS is SCENARIOS and effect.BY_NAME is BY_NAME
+    assert effect.Sizes is Sizes and effect.LAB_SIZES is LAB_SIZES and effect.command is command
+
+
 def test_stress_ng_accepts_every_scenario():
     # stress-ng's own parser (--dry-run) on every command, on this machine's CPU 0;
     # --mbind must name a node that exists here, so numa binds to node 0

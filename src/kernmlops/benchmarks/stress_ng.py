@@ -2,7 +2,7 @@
 needing no special device. ``mixed``, ``cpu``, ``switch``, ``vm`` and ``io``
 are general mixes; ``numa``, ``cpu-half``, ``cache``, ``oversubscribe``,
 ``hdd-seek``, ``matrixprod``, ``fft`` and ``mllb-mixed`` are the MLLB study's
-evaluation scenarios exactly as :data:`kernmlops.lb.effect.SCENARIOS` defines
+evaluation scenarios exactly as :data:`kernmlops.workloads.mllb.SCENARIOS` defines
 them (one definition for collecting decisions and for measuring the model's
 effect); ``custom`` runs only the stressors given in ``extra_args``.
 stress-ng's own metrics (bogo ops, bogo ops/s) per stressor become the
@@ -31,6 +31,7 @@ from kernmlops.benchmarks.base import (
 from kernmlops.errors import BenchmarkError
 from kernmlops.host.cpus import online_cpu_count, read_cpu_list
 from kernmlops.lazy import lazy_import
+from kernmlops.workloads.mllb import BY_NAME, LAB_SIZES, Sizes
 
 if TYPE_CHECKING:
     import polars as pl
@@ -52,7 +53,7 @@ Scenario = Literal[
     "numa", "cpu-half", "cache", "oversubscribe", "hdd-seek", "matrixprod", "fft", "mllb-mixed",
     "custom",
 ]  # fmt: skip
-#: Our scenario name -> the MLLB scenario of kernmlops.lb.effect it runs (``mixed``
+#: Our scenario name -> the MLLB scenario of kernmlops.workloads.mllb it runs (``mixed``
 #: is taken by the general default mix, so MLLB's is ``mllb-mixed``).
 MLLB_SCENARIOS = {
     "numa": "numa", "cpu-half": "cpu-half", "cache": "cache", "oversubscribe": "oversubscribe",
@@ -94,7 +95,7 @@ class StressNgOptions(BenchmarkOptions):
         description="which stressors to run: the general mixes mixed, cpu, switch, vm, io; "
         "MLLB's evaluation scenarios numa (memory on the other node), cpu-half (the first "
         "node busy, the rest idle), cache, oversubscribe (2x the CPUs), hdd-seek, "
-        "matrixprod, fft, mllb-mixed (as kernmlops.lb.effect defines them, worker counts "
+        "matrixprod, fft, mllb-mixed (as kernmlops.workloads.mllb defines them, worker counts "
         "in proportion to MLLB's 56 CPUs); or custom (only extra_args)",
     )
     duration_s: float = Field(10, gt=0, description="run time in seconds (rounded up)")
@@ -184,9 +185,7 @@ class StressNgBenchmark(Benchmark[StressNgOptions]):
         raise BenchmarkError(f"stress-ng: unknown scenario {self.options.scenario!r}")
 
     def mllb_args(self, name: str) -> list[str]:
-        """MLLB's scenario ``name`` on this machine's NUMA nodes (kernmlops.lb.effect)."""
-        from kernmlops.lb.effect import BY_NAME, LAB_SIZES, Sizes
-
+        """MLLB's scenario ``name`` on this machine's NUMA nodes (kernmlops.workloads.mllb)."""
         sizes = Sizes() if self.options.mllb_sizes else LAB_SIZES
         try:
             return BY_NAME[name].argv(numa_nodes(), sizes)

@@ -389,13 +389,6 @@ def record_layout(btf: Btf, record: BtfType) -> RecordLayout:
     )
 
 
-def ring_layouts(path: str | Path) -> dict[str, RecordLayout]:
-    """Layouts of every ring buffer declared in a compiled object (its cached spec)."""
-    from kernmlops.ebpf.spec import object_spec
-
-    return object_spec(path).ring_layouts()
-
-
 def btf_ring_layouts(btf: Btf) -> dict[str, RecordLayout]:
     """Layouts of every ring buffer declared in an object's BTF."""
     out = {}

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kernmlops.ebpf.btf import Btf, BtfError, BtfType, Kind
+from kernmlops.ebpf.btf import Btf, BtfError, BtfType, Kind, btf_ring_layouts
 from kernmlops.fileio import write_atomic
 
 if TYPE_CHECKING:
@@ -63,8 +63,6 @@ class ObjectSpec:
     def ring_layouts(self) -> dict[str, RecordLayout]:
         """Layouts of every ring declared with KMO_RING (numpy dtypes, built once)."""
         if self._layouts is None:
-            from kernmlops.ebpf.btf import btf_ring_layouts
-
             self._layouts = btf_ring_layouts(self.btf)
         return self._layouts
 
@@ -177,6 +175,11 @@ def object_spec(obj: str | Path, *, write: bool = True) -> ObjectSpec:
     with _lock:
         _cache[obj] = spec
     return spec
+
+
+def ring_layouts(path: str | Path) -> dict[str, RecordLayout]:
+    """Layouts of every ring buffer declared in a compiled object (its cached spec)."""
+    return object_spec(path).ring_layouts()
 
 
 def _read_cached(obj: Path, sha: str) -> ObjectSpec | None:

@@ -262,13 +262,14 @@ class GraphData:
     system_wide: frozenset[str] = frozenset()
     names: dict[int, str] = field(default_factory=dict)
     span_us: tuple[int, int] | None = None
-    #: the manifest as plain values, its types checked (context.checked_manifest)
+    #: the manifest as plain values, its types checked (_manifest.checked_manifest)
     manifest_data: dict[str, Any] | None = None
 
     @property
     def manifest(self) -> dict[str, Any]:
         if self.manifest_data is None:
-            from kernmlops.graphs.context import checked_manifest
+            # here, not at the top: importing base stays light (no pydantic, no manifest model)
+            from kernmlops.graphs._manifest import checked_manifest
 
             self.manifest_data = checked_manifest(self.collection)
         return self.manifest_data

@@ -1,5 +1,5 @@
 """The plug-ins of kernmlops.hooks, by name: generated from the modules by
-`python -m kernmlops.registry` (make defaults); do not edit. A lookup imports
+`python -m kernmlops.plugin_indexes` (make defaults); do not edit. A lookup imports
 only the module its name points to (kernmlops.registry.Plugins)."""
 
 INDEX: dict[str, tuple[str, str]] = {

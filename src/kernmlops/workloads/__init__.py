@@ -1,5 +1,7 @@
-"""Workload programs that benchmarks launch (each runnable with ``python -m``).
+"""Workloads that benchmarks launch: programs (each runnable with ``python -m``)
+and the definitions of standard mixes (MLLB's stress-ng scenarios, ``mllb``).
 
 They live outside ``kernmlops.benchmarks`` so that running one imports neither
-the benchmark registry nor its dependencies into the traced process.
+the benchmark registry nor its dependencies into the traced process, and so
+that the packages above the benchmarks (``lb``) share them from below.
 """

@@ -21,82 +21,20 @@ folder.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
 
 from kernmlops.confined import MIB, UnsafePathError, check_size, confined, human_size
-from kernmlops.errors import KernmlopsError
+
+# defined below the parsers, which import them from base, not from here
+from kernmlops.duet.parsers.base import ITERATION_SCHEMA, Anchor, ParseError, Parser
+from kernmlops.duet.parsers.base import derived as derived
+from kernmlops.duet.parsers.base import frame as frame
 
 #: the largest result file read by default: a parser holds it whole in memory
 MAX_FILE_BYTES = 256 * MIB
 _LIMIT_HINT = " (duet process --max-file-mb raises the limit)"
-
-ITERATION_SCHEMA: dict[str, pl.DataType] = {
-    "iteration": pl.Int64(),
-    "epoch_start_ms": pl.Int64(),
-    "iteration_start_ns": pl.Int64(),
-    "iteration_end_ns": pl.Int64(),
-    "iteration_time_ns": pl.Int64(),
-    "timing": pl.String(),
-}
-
-
-class ParseError(KernmlopsError):
-    """A result file that no parser understands, or a malformed one."""
-
-
-@dataclass(frozen=True)
-class Anchor:
-    """When the side was released (for tools that report durations only)."""
-
-    monotonic_ns: int | None = None
-    epoch_ms: int | None = None
-    #: the run's ``artifacts/date`` (Unix ns): the original tool's anchor for
-    #: result files that carry times relative to an unknown start
-    date_ns: int | None = None
-
-
-def frame(rows: dict[str, list]) -> pl.DataFrame:
-    """Rows in ITERATION_SCHEMA; missing columns are null."""
-    n = len(rows["iteration_time_ns"])
-    data = {k: rows.get(k, [None] * n) for k in ITERATION_SCHEMA}
-    return pl.DataFrame(data, schema=ITERATION_SCHEMA)
-
-
-def derived(times_ns: list[int], anchor: Anchor, gaps_ns: list[int] | None = None) -> pl.DataFrame:
-    """Iterations back to back from the anchor (release time of the side)."""
-    if anchor.monotonic_ns is None:
-        raise ParseError("the tool reports durations only and the side's start is unknown")
-    starts, ends, epochs = [], [], []
-    t = anchor.monotonic_ns
-    e = anchor.epoch_ms
-    for i, d in enumerate(times_ns):
-        t += (gaps_ns or [0] * len(times_ns))[i]
-        starts.append(t)
-        epochs.append(None if e is None else e + (t - anchor.monotonic_ns) // 1_000_000)
-        t += d
-        ends.append(t)
-    return frame(
-        {
-            "iteration": list(range(len(times_ns))),
-            "epoch_start_ms": epochs,
-            "iteration_start_ns": starts,
-            "iteration_end_ns": ends,
-            "iteration_time_ns": list(times_ns),
-            "timing": ["derived"] * len(times_ns),
-        }
-    )
-
-
-@dataclass(frozen=True)
-class Parser:
-    name: str
-    #: whether the file looks like this tool's (cheap: the first 64 KiB)
-    sniff: Callable[[Path, str], bool]
-    parse: Callable[[Path, Anchor], pl.DataFrame]
 
 
 def _registry() -> list[Parser]:

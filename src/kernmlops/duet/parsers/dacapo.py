@@ -23,7 +23,7 @@ from pathlib import Path
 
 import polars as pl
 
-from kernmlops.duet.parsers import Anchor, ParseError, Parser, frame
+from kernmlops.duet.parsers.base import Anchor, ParseError, Parser, frame
 
 _EPOCH = ("start_unix", "wallclock_start_ms", "epoch_start_ms", "start_unix_ms")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import polars as pl
 
 from kernmlops.duet.harness import COLUMNS
-from kernmlops.duet.parsers import Anchor, ParseError, Parser, frame
+from kernmlops.duet.parsers.base import Anchor, ParseError, Parser, frame
 
 _HEADER = ",".join(COLUMNS)
 

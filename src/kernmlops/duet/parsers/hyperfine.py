@@ -12,7 +12,7 @@ from pathlib import Path
 
 import polars as pl
 
-from kernmlops.duet.parsers import Anchor, ParseError, Parser, derived
+from kernmlops.duet.parsers.base import Anchor, ParseError, Parser, derived
 
 
 def _sniff(path: Path, head: str) -> bool:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import polars as pl
 
-from kernmlops.duet.parsers import Anchor, ParseError, Parser, frame
+from kernmlops.duet.parsers.base import Anchor, ParseError, Parser, frame
 
 
 def _sniff(path: Path, head: str) -> bool:

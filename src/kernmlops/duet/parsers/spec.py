@@ -20,7 +20,7 @@ from pathlib import Path
 
 import polars as pl
 
-from kernmlops.duet.parsers import Anchor, ParseError, Parser, frame
+from kernmlops.duet.parsers.base import Anchor, ParseError, Parser, frame
 
 _LINE = re.compile(r"^\s*(Rate|Speed) (Start|End):.*\((\d+(?:\.\d+)?)\)\s*$", re.M)
 
