@@ -80,7 +80,8 @@ def real_batches(storm: list[str]) -> tuple[bytes, np.dtype, object]:
         for records in spool.records(layout.batch):
             batches.append(records[records["n"] == RECORDS_PER_BATCH])
         hook.close()
-    full = np.concatenate(batches)
+    # concatenate drops a structured dtype's padding: back to the ring's layout
+    full = np.concatenate(batches).astype(layout.batch)
     if len(full) < TEMPLATES:
         raise SystemExit(f"the storm made {len(full)} full batches, {TEMPLATES} needed")
     return full[:TEMPLATES].tobytes(), layout.batch, layout
