@@ -52,6 +52,7 @@ ANALYSIS = [
     "kernmlops.lb.fixed",
     "kernmlops.lb.features",
     "kernmlops.lb.dataset",
+    *_package("fleet"),
 ]
 
 
@@ -81,5 +82,5 @@ def test_every_package_is_placed_in_a_layer() -> None:
     # a new top-level package must be given its place above
     packages = {m.name for m in pkgutil.iter_modules(kernmlops.__path__) if m.ispkg}
     placed = {"host", "ebpf", "hooks", "benchmarks", "collect", "graphs", "duet", "lb",
-              "exporter", "vm", "workloads"}  # fmt: skip
+              "exporter", "vm", "workloads", "fleet"}  # fmt: skip
     assert packages <= placed, packages - placed
