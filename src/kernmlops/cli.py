@@ -54,6 +54,7 @@ class _LazyGroup(click.Group):
         "export": "kernmlops.exporter.cli:export_command",
         "push": "kernmlops.fleet.cli:push_command",
         "fleet": "kernmlops.fleet.cli:fleet_group",
+        "spark-job": "kernmlops.fleet.cli:spark_job_command",
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:

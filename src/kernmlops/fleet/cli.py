@@ -201,3 +201,49 @@ def publish_collection(path: Path, dataset: Dataset) -> int:
         return err.exit_code
     _say(f"published {result.line()}")
     return 0
+
+
+@click.command(
+    "spark-job", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}
+)
+@click.argument("dataset")
+@click.argument("out")
+@click.option(
+    "--master",
+    metavar="URL",
+    help="the Spark cluster, e.g. spark://head:7077 (default: local[*], this machine).",
+)
+def spark_job_command(dataset: str, out: str, master: str | None) -> None:
+    """Summarise every published collection of DATASET with Spark; write to OUT.
+
+    \b
+    Three Parquet tables under OUT:
+      collections     one row per collection: host, kernel, CPU, benchmark,
+                      switches/s, faults, block I/O latency (mean, p50, p99)
+      quanta_by_comm  per collection and command: quanta, run time and queue
+                      time (count, mean, p50, p99)
+      mllb            MLLB's features and label from every lb collect collection
+
+    DATASET and OUT are paths Spark opens: a folder, file://, hdfs://, or s3a://
+    (with hadoop-aws on Spark's class path). On a cluster without this command,
+    submit the job itself: spark-submit --master URL
+    $(python -m kernmlops.fleet.spark_job --path) DATASET OUT.
+    Needs pyspark and Java 17 (make interop).
+    """
+    import importlib.util
+
+    from kernmlops.errors import ConfigError
+
+    if importlib.util.find_spec("pyspark") is None:
+        fail(ConfigError("spark-job needs pyspark (pip install 'kernmlops[interop]')"))
+    from kernmlops.fleet.spark_job import run, session
+
+    spark = session(master or "local[*]")
+    try:
+        written = run(spark, dataset, out)
+    except FileNotFoundError as err:
+        fail(ConfigError(str(err)))
+    finally:
+        spark.stop()
+    for name, n in written.items():
+        _say(f"{name}: {n:,} rows -> {out.rstrip('/')}/{name}")
