@@ -280,8 +280,13 @@ def run(spark: SparkSession, dataset: str, out: str) -> dict[str, int]:
             f"{root}: no {INDEX_DIR}/ (is it a dataset that kernmlops push wrote?)"
         ) from None
 
+    read: dict[str, DataFrame | None] = {}
+
     def table(name: str) -> DataFrame | None:
-        return _published(read_table(spark, root, name), index)
+        # each table is read (its schema inferred, a Spark job) once
+        if name not in read:
+            read[name] = _published(read_table(spark, root, name), index)
+        return read[name]
 
     results = {
         "collections": collections_summary(
