@@ -55,9 +55,10 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("collection", frozenset({"kernmlops.collect"})),
     ("analysis", frozenset({
         "kernmlops.data", "kernmlops.data_import", "kernmlops.graphs", "kernmlops.duet",
-        "kernmlops.fleet",
     })),
     ("learning", frozenset({"kernmlops.lb"})),
+    # a fleet's dataset: its Spark job builds the MLLB data set with lb's own code
+    ("fleet", frozenset({"kernmlops.fleet"})),
     ("command line", frozenset({
         "kernmlops.cli", "kernmlops.__main__", "kernmlops.doctor", "kernmlops.perf_list",
         "kernmlops.vm",
@@ -392,6 +393,7 @@ ANALYSIS = [
     "kernmlops.lb.fixed",
     "kernmlops.lb.features",
     "kernmlops.lb.dataset",
+    *_package("fleet"),
 ]
 
 

@@ -52,6 +52,9 @@ class _LazyGroup(click.Group):
         "duet": "kernmlops.duet.cli:duet_group",
         "lb": "kernmlops.lb.cli:lb_group",
         "export": "kernmlops.exporter.cli:export_command",
+        "push": "kernmlops.fleet.cli:push_command",
+        "fleet": "kernmlops.fleet.cli:fleet_group",
+        "spark-job": "kernmlops.fleet.cli:spark_job_command",
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -212,6 +215,13 @@ def _summary(result) -> Table:
     help="with --export: after the benchmark ends, serve the final values until a scrape "
     "took them or SECONDS passed (default: two scrape intervals; 0: stop at once).",
 )
+@click.option(
+    "--publish",
+    "publish_uri",
+    metavar="URI",
+    help="when the collection has finished, push it to the dataset at URI (as `kernmlops "
+    "push` does: a folder, s3://bucket/prefix, ...); URI is checked before collecting.",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def collect(
     config_file: Path | None,
@@ -225,6 +235,7 @@ def collect(
     no_progress: bool,
     export_addr: str | None,
     export_grace: float | None,
+    publish_uri: str | None,
     command: tuple[str, ...],
 ) -> None:
     """Run a benchmark (or COMMAND) while the hooks collect; write one collection.
@@ -270,9 +281,14 @@ def collect(
     if config_file is None and Path(OVERRIDES).is_file():
         config_file = Path(OVERRIDES)
         _say(f"using {OVERRIDES} (found in {Path.cwd()}; -c FILE picks another)")
+    publish_to = None
     try:
         config = load_config(config_file, flags)
         require_bpf_privileges("collect")
+        if publish_uri:  # a bad URI or an unreachable store is said before the run
+            from kernmlops.fleet.cli import publish_target
+
+            publish_to = publish_target(publish_uri)
         from kernmlops.ebpf.build import build
 
         build()
@@ -335,6 +351,11 @@ def collect(
         _draw_graphs(result.path)
     if result.exit_code:
         _console().print(f"[yellow]exit code {result.exit_code}[/] ({result.ended_by})")
+    if publish_to is not None:
+        from kernmlops.fleet.cli import publish_collection
+
+        published = publish_collection(result.path, publish_to)
+        sys.exit(result.exit_code or published)
     sys.exit(result.exit_code)
 
 

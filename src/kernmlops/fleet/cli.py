@@ -1,0 +1,249 @@
+"""``kernmlops push`` and ``kernmlops fleet``: publish collections, list a dataset."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from kernmlops.clitools import fail
+from kernmlops.errors import KernmlopsError
+
+if TYPE_CHECKING:
+    from kernmlops.fleet.store import Dataset
+
+URI_HELP = """\b
+URI is where the dataset lives: a folder, file:///path, s3://bucket/prefix,
+gs://bucket/prefix, abfs://container@account.dfs.core.windows.net/prefix,
+hdfs://namenode/path (any scheme pyarrow opens, others through fsspec).
+Credentials are read where each client looks, never from the command line:
+for S3 AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE (~/.aws), or an
+instance role; AWS_ENDPOINT_URL (or ?endpoint_override=host:port&scheme=http)
+for an S3 server other than AWS, such as MinIO."""
+
+
+def _say(text: str) -> None:
+    click.echo(text, err=True)
+
+
+@click.command(
+    "push",
+    epilog=URI_HELP,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("uri")
+@click.option(
+    "--incomplete",
+    is_flag=True,
+    help="also publish collections whose collector died (state running, no spool left): "
+    "what was flushed, marked running in the index.",
+)
+def push_command(paths: tuple[Path, ...], uri: str, incomplete: bool) -> None:
+    """Publish finished collections (PATHS) to the dataset at URI.
+
+    A PATH is a collection folder, or a folder of them (data, data/curated,
+    data/curated/benchmark=faux). Each lands in URI/benchmark=<b>/collection_id=<id>/:
+    its parts first, then its manifest, then its row of the dataset's index
+    (URI/_index/), so a reader that goes by manifests or the index never sees half
+    a collection. A file already there with the same size is not copied again: a
+    repeated push copies nothing, an interrupted one resumes.
+
+    A collection still being collected, or whose killed collector left rows in its
+    spool (run `kernmlops recover` first), is refused with the reason; the others are
+    published and the exit code is 1.
+
+    \b
+    Examples:
+      kernmlops push data s3://lab-kernel-data/fleet
+      kernmlops push data/curated/benchmark=gap/collection_id=4f0c file:///mnt/share/fleet
+      kernmlops fleet ls s3://lab-kernel-data/fleet
+    """
+    from kernmlops.fleet.push import PushResult, expand, push
+    from kernmlops.fleet.store import open_dataset, probe
+
+    def report(outcome) -> None:
+        if isinstance(outcome, PushResult):
+            _say(outcome.line())
+        else:
+            _say(f"refused: {outcome.reason}")
+
+    try:
+        folders = expand(paths)
+        dataset = open_dataset(uri)
+        probe(dataset)
+        results, refused = push(folders, dataset, incomplete=incomplete, on_result=report)
+    except KernmlopsError as err:
+        fail(err)
+    done = sum(not r.already for r in results)
+    _say(
+        f"{done} published, {len(results) - done} already there"
+        + (f", {len(refused)} refused" if refused else "")
+        + f" ({dataset.uri})"
+    )
+    if refused:
+        sys.exit(1)
+
+
+@click.group(
+    "fleet", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}
+)
+def fleet_group() -> None:
+    """Look at a dataset that collections were pushed to (kernmlops push).
+
+    \b
+    The dataset is Hive-partitioned Parquet plus an index, read by any engine:
+      duckdb: select * from read_parquet('URI/_index/*.parquet')
+              select * from read_parquet('URI/*/*/quanta_runtime/*.parquet',
+                                         hive_partitioning=true)
+      spark:  spark.read.parquet('URI/_index')
+      kernmlops spark-job URI OUT    per-collection summaries and the MLLB data set
+    """
+
+
+@fleet_group.command("ls", epilog=URI_HELP)
+@click.argument("uri")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object per collection on stdout.")
+def ls_command(uri: str, as_json: bool) -> None:
+    """List the collections published at URI, from its index: one line each with
+    host, kernel, CPU, benchmark, start, state and rows."""
+    import json
+
+    from kernmlops.fleet.index import read_index
+    from kernmlops.fleet.store import PublishError, describe_error, open_dataset
+
+    try:
+        dataset = open_dataset(uri)
+        try:
+            table = read_index(dataset)
+        except OSError as err:
+            raise PublishError(f"cannot read {dataset.uri}: {describe_error(err)}") from None
+    except KernmlopsError as err:
+        fail(err)
+    rows = table.to_pylist()
+    if as_json:
+        for row in rows:
+            row["rows"] = dict(row["rows"] or [])
+            click.echo(json.dumps(row, default=str))
+        return
+    if not rows:
+        _say(f"no collections published at {dataset.uri}")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    view = Table(title=f"{len(rows)} collections at {dataset.uri}", title_justify="left")
+    for col, just in (("benchmark", "left"), ("collection_id", "left"), ("host", "left"),
+                      ("kernel", "left"), ("cpu", "left"), ("started", "left"),
+                      ("state", "left"), ("rows", "right"), ("tables", "right")):  # fmt: skip
+        view.add_column(col, justify=just)  # type: ignore[arg-type]
+    for row in rows:
+        started = row["started_at"]
+        view.add_row(
+            row["benchmark"],
+            row["collection_id"],
+            row["host"] or "-",
+            row["kernel"] or "-",
+            f"{row['cpu_model'] or '-'} x{row['logical_cpus']}"
+            if row["logical_cpus"]
+            else row["cpu_model"] or "-",
+            started.strftime("%Y-%m-%d %H:%M:%S") if started else "-",
+            row["state"] or "-",
+            f"{row['total_rows']:,}",
+            str(len(row["rows"] or [])),
+        )
+    Console(width=200).print(view)
+
+
+@fleet_group.command("reindex", epilog=URI_HELP)
+@click.argument("uri")
+def reindex_command(uri: str) -> None:
+    """Rebuild the index of the dataset at URI from its collections' manifests and
+    parts: for a dataset copied by other means, or after collections were deleted."""
+    from kernmlops.fleet.index import reindex
+    from kernmlops.fleet.store import PublishError, describe_error, open_dataset
+
+    try:
+        dataset = open_dataset(uri)
+        try:
+            written, removed = reindex(dataset)
+        except OSError as err:
+            raise PublishError(f"cannot reindex {dataset.uri}: {describe_error(err)}") from None
+    except KernmlopsError as err:
+        fail(err)
+    _say(f"{written} collections indexed, {removed} stale rows removed ({dataset.uri})")
+
+
+def publish_target(uri: str) -> Dataset:
+    """``collect --publish URI``: the dataset, opened and reached before collecting.
+
+    Raises:
+        PublishError: the URI is bad or the dataset cannot be reached.
+    """
+    from kernmlops.fleet.store import open_dataset, probe
+
+    dataset = open_dataset(uri)
+    probe(dataset)
+    return dataset
+
+
+def publish_collection(path: Path, dataset: Dataset) -> int:
+    """``collect --publish``: push the finished collection; 0, or the error's exit code
+    (the error is printed; the collection stays where it was written)."""
+    from kernmlops.fleet.push import push_collection
+
+    try:
+        result = push_collection(path, dataset)
+    except KernmlopsError as err:
+        click.echo(f"error: not published: {err} (the collection is kept in {path})", err=True)
+        return err.exit_code
+    _say(f"published {result.line()}")
+    return 0
+
+
+@click.command(
+    "spark-job", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}
+)
+@click.argument("dataset")
+@click.argument("out")
+@click.option(
+    "--master",
+    metavar="URL",
+    help="the Spark cluster, e.g. spark://head:7077 (default: local[*], this machine).",
+)
+def spark_job_command(dataset: str, out: str, master: str | None) -> None:
+    """Summarise every published collection of DATASET with Spark; write to OUT.
+
+    \b
+    Three Parquet tables under OUT:
+      collections     one row per collection: host, kernel, CPU, benchmark,
+                      switches/s, faults, block I/O latency (mean, p50, p99)
+      quanta_by_comm  per collection and command: quanta, run time and queue
+                      time (count, mean, p50, p99)
+      mllb            MLLB's features and label from every lb collect collection
+
+    DATASET and OUT are paths Spark opens: a folder, file://, hdfs://, or s3a://
+    (with hadoop-aws on Spark's class path). On a cluster without this command,
+    submit the job itself: spark-submit --master URL
+    $(python -m kernmlops.fleet.spark_job --path) DATASET OUT.
+    Needs pyspark and Java 17 (make interop).
+    """
+    import importlib.util
+
+    from kernmlops.errors import ConfigError
+
+    if importlib.util.find_spec("pyspark") is None:
+        fail(ConfigError("spark-job needs pyspark (pip install 'kernmlops[interop]')"))
+    from kernmlops.fleet.spark_job import run, session
+
+    spark = session(master or "local[*]")
+    try:
+        written = run(spark, dataset, out)
+    except FileNotFoundError as err:
+        fail(ConfigError(str(err)))
+    finally:
+        spark.stop()
+    for name, n in written.items():
+        _say(f"{name}: {n:,} rows -> {out.rstrip('/')}/{name}")

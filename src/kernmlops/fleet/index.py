@@ -1,0 +1,218 @@
+"""The dataset's index: one row per published collection, a table any engine reads.
+
+Each push writes its collection's row as ``<URI>/_index/<collection_id>.parquet``, after
+the collection's manifest: a row in the index means a whole collection. One file per
+collection, so machines that push at the same time never overwrite each other's rows.
+The folder is one table::
+
+    duckdb:   select * from read_parquet('s3://bucket/fleet/_index/*.parquet')
+    spark:    spark.read.parquet("s3a://bucket/fleet/_index")
+    polars:   kernmlops.fleet.index.read_index(open_dataset(uri))
+
+``rows`` is a map table -> rows, counted from the Parquet footers of the parts published
+(not copied from the manifest). ``kernmlops fleet reindex URI`` rebuilds the index from
+the manifests (a dataset copied by hand, or rows of collections deleted since).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from kernmlops.collect.manifest import MANIFEST_NAME, Manifest
+from kernmlops.fleet.store import Dataset, put
+from kernmlops.tables import BENCHMARK, COLLECTION_ID
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["INDEX_DIR", "index_row", "index_schema", "read_index", "write_index_row"]
+
+INDEX_DIR = "_index"
+
+
+def index_schema() -> pa.Schema:
+    """The index's columns, typed so that DuckDB and Spark read each naturally (signed
+    integers, UTC timestamps, a map of rows per table)."""
+    import pyarrow as pa
+
+    ts = pa.timestamp("us", tz="UTC")
+    return pa.schema(
+        [
+            (COLLECTION_ID, pa.string()),
+            (BENCHMARK, pa.string()),
+            # the collection's folder under the dataset's root
+            ("path", pa.string()),
+            ("host", pa.string()),
+            ("kernel", pa.string()),
+            ("cpu_model", pa.string()),
+            ("logical_cpus", pa.int32()),
+            ("started_at", ts),
+            ("stopped_at", ts),
+            ("duration_s", pa.float64()),
+            ("state", pa.string()),
+            ("exit_code", pa.int32()),
+            ("rows", pa.map_(pa.string(), pa.int64())),
+            ("total_rows", pa.int64()),
+            ("files", pa.int32()),
+            ("bytes", pa.int64()),
+            ("kernmlops_version", pa.string()),
+            ("published_at", ts),
+        ]
+    )
+
+
+def _time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def index_row(
+    manifest: Manifest, path: str, files: Iterable[tuple[str, int, int | None]]
+) -> dict[str, Any]:
+    """The index row of a collection published at ``path`` with ``files`` (relative path,
+    size, Parquet rows or None; see :func:`kernmlops.fleet.push.collection_files`)."""
+    system = manifest.system or {}
+    rows: dict[str, int] = {}
+    count = size = 0
+    for rel, nbytes, nrows in files:
+        count += 1
+        size += nbytes
+        table, _, name = rel.partition("/")
+        if nrows is not None and name.startswith("part-") and "/" not in name:
+            rows[table] = rows.get(table, 0) + nrows
+    cpus = system.get("logical_cpus")
+    return {
+        COLLECTION_ID: manifest.collection_id or path.rsplit("=", 1)[-1],
+        BENCHMARK: path.split("/", 1)[0].split("=", 1)[1],
+        "path": path,
+        "host": system.get("hostname"),
+        "kernel": system.get("kernel_release"),
+        "cpu_model": system.get("cpu_model"),
+        "logical_cpus": cpus if isinstance(cpus, int) else None,
+        "started_at": _time(manifest.started_at),
+        "stopped_at": _time(manifest.stopped_at),
+        "duration_s": manifest.duration_s,
+        "state": manifest.state,
+        "exit_code": manifest.exit_code,
+        "rows": sorted(rows.items()),
+        "total_rows": sum(rows.values()),
+        "files": count + 1,  # the manifest
+        "bytes": size,
+        "kernmlops_version": (manifest.versions or {}).get("kernmlops"),
+        "published_at": datetime.now(UTC),
+    }
+
+
+def _row_bytes(row: dict[str, Any]) -> bytes:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pylist([row], schema=index_schema())
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    return buf.getvalue()
+
+
+def write_index_row(
+    dataset: Dataset, row: dict[str, Any], collection_id: str, *, only_missing: bool = False
+) -> bool:
+    """Write ``row`` as the collection's index file; with ``only_missing``, only if there is
+    none. True if written."""
+    import pyarrow.fs as pafs
+
+    rel = f"{INDEX_DIR}/{collection_id}.parquet"
+    if only_missing and dataset.fs.get_file_info(dataset.path(rel)).type == pafs.FileType.File:
+        return False
+    put(dataset, _row_bytes(row), rel)
+    return True
+
+
+def read_index(dataset: Dataset) -> pa.Table:
+    """Every row of the dataset's index (an empty table when nothing is published),
+    ordered by start time.
+
+    Raises:
+        OSError: the dataset cannot be read (pyarrow's errors are OSErrors).
+    """
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+
+    base = dataset.path(INDEX_DIR)
+    infos = dataset.fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
+    paths = sorted(
+        i.path
+        for i in infos
+        if i.type == pafs.FileType.File
+        and i.base_name.endswith(".parquet")
+        and not i.base_name.startswith((".", "_"))
+    )
+    schema = index_schema()
+    if not paths:
+        return schema.empty_table()
+    tables = [pq.read_table(p, filesystem=dataset.fs, schema=schema) for p in paths]
+    table = pa.concat_tables(tables)
+    return table.sort_by([("started_at", "ascending"), (COLLECTION_ID, "ascending")])
+
+
+def reindex(dataset: Dataset) -> tuple[int, int]:
+    """Rebuild the index from the collections' manifests and parts at the destination:
+    a row for each collection with a manifest, none for others. (rows written, rows
+    removed)."""
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+
+    from kernmlops.collect.manifest import Manifest
+
+    fs = dataset.fs
+    root = dataset.path()
+    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
+    by_collection: dict[str, list[Any]] = {}
+    for info in infos:
+        if info.type != pafs.FileType.File:
+            continue
+        rel = info.path[len(root) + 1 :] if root else info.path
+        parts = rel.split("/")
+        if (
+            len(parts) < 3
+            or not parts[0].startswith(f"{BENCHMARK}=")
+            or not parts[1].startswith(f"{COLLECTION_ID}=")
+            or any(p.startswith((".", "_")) for p in parts)
+        ):
+            continue
+        by_collection.setdefault("/".join(parts[:2]), []).append(("/".join(parts[2:]), info))
+    written: set[str] = set()
+    for prefix, entries in sorted(by_collection.items()):
+        names = {rel for rel, _ in entries}
+        if MANIFEST_NAME not in names:
+            continue  # a push under way, or a failed one: not published
+        with fs.open_input_stream(dataset.path(prefix, MANIFEST_NAME)) as f:
+            manifest = Manifest.model_validate_json(f.read())
+        files = []
+        for rel, info in entries:
+            if rel == MANIFEST_NAME:
+                continue
+            nrows = None
+            if rel.endswith(".parquet"):
+                nrows = pq.read_metadata(info.path, filesystem=fs).num_rows
+            files.append((rel, int(info.size or 0), nrows))
+        row = index_row(manifest, prefix, files)
+        write_index_row(dataset, row, row[COLLECTION_ID])
+        written.add(row[COLLECTION_ID])
+    removed = 0
+    base = dataset.path(INDEX_DIR)
+    for info in fs.get_file_info(pafs.FileSelector(base, allow_not_found=True)):
+        stem = info.base_name.removesuffix(".parquet")
+        stale = stem not in written and not stem.startswith((".", "_"))
+        if info.type == pafs.FileType.File and info.base_name.endswith(".parquet") and stale:
+            fs.delete_file(info.path)
+            removed += 1
+    return len(written), removed

@@ -1,0 +1,261 @@
+"""Where a dataset lives: a URI opened as a pyarrow filesystem, and what goes wrong there
+said in one line.
+
+pyarrow opens ``file://``, ``s3://``, ``gs://``, ``abfs://`` and ``hdfs://`` itself; any
+other scheme goes through fsspec where fsspec and the scheme's driver are installed
+(``memory://``, ``sftp://``, ...). Credentials come from where each client looks: for S3
+the AWS chain (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE`` and
+``~/.aws``, instance roles) and ``AWS_ENDPOINT_URL`` for a server other than AWS (MinIO,
+Ceph); for GCS and Azure their SDKs' defaults. A URI is shown without its user
+information or secret query values, and errors are reduced to the service's own reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from kernmlops.errors import OutputError
+from kernmlops.fileio import fsync_path
+
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs
+
+__all__ = ["OBJECT_STORES", "Dataset", "PublishError", "describe_error", "open_dataset", "probe"]
+
+#: filesystems whose writes appear whole when the upload completes (no rename needed:
+#: a rename there is a copy)
+OBJECT_STORES = frozenset({"s3", "gcs", "abfs"})
+
+_SECRET_KEYS = re.compile(r"key|secret|token|password|credential|sig", re.IGNORECASE)
+_AWS_ERROR = re.compile(r"AWS Error (\w+) during (\w+) operation: ([^(]*)")
+
+
+class PublishError(OutputError):
+    """The dataset cannot be opened or written, or a collection cannot be published."""
+
+
+def redact(uri: str) -> str:
+    """``uri`` without user information and with secret query values hidden."""
+    try:
+        parts = urlsplit(uri)
+    except ValueError:
+        return "<an unparsable URI>"
+    netloc = parts.hostname or ""
+    if parts.port:
+        netloc += f":{parts.port}"
+    query = urlencode(
+        [(k, "***" if _SECRET_KEYS.search(k) else v) for k, v in parse_qsl(parts.query)],
+        safe="*/:",
+    )
+    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+def _secrets() -> list[str]:
+    """Values that must never reach a message (an SDK may echo what it was given)."""
+    names = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AZURE_STORAGE_ACCOUNT_KEY")
+    return [v for v in (os.environ.get(n) for n in names) if v and len(v) >= 4]
+
+
+def describe_error(err: BaseException) -> str:
+    """The reason in ``err``, short: an S3 error's code and message (no request id), an
+    OSError's text; never a secret from the environment."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    aws = _AWS_ERROR.search(str(err))
+    if aws:
+        code, _, message = aws.groups()
+        hint = {
+            "NETWORK_CONNECTION": "no answer from the endpoint (is the server up? "
+            "AWS_ENDPOINT_URL or ?endpoint_override= names it)",
+            "ACCESS_DENIED": "access denied: check the credentials (AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE) and the bucket's policy",
+            "INVALID_ACCESS_KEY_ID": "the access key is not known to the server: check "
+            "AWS_ACCESS_KEY_ID or AWS_PROFILE",
+            "SIGNATURE_DOES_NOT_MATCH": "the secret key is wrong: check "
+            "AWS_SECRET_ACCESS_KEY or AWS_PROFILE",
+            "NO_SUCH_BUCKET": "the bucket does not exist: create it first",
+        }.get(code)
+        text = hint or f"{message.strip()} ({code})"
+    elif isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        text = "the destination is full"
+    elif isinstance(err, OSError) and err.errno in (errno.EACCES, errno.EPERM):
+        text = "permission denied"
+    elif isinstance(err, OSError) and err.errno == errno.EROFS:
+        text = "the destination is read-only"
+    for secret in _secrets():
+        text = text.replace(secret, "***")
+    return text
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A dataset's root: a pyarrow filesystem and the path of the root inside it."""
+
+    fs: pafs.FileSystem
+    #: the root inside ``fs``, without a trailing slash
+    root: str
+    #: the URI as it may be shown (no credentials)
+    uri: str
+
+    @property
+    def kind(self) -> str:
+        """The filesystem's name: ``local``, ``s3``, ``gcs``, ``abfs``, ``hdfs``, ``py``."""
+        return str(self.fs.type_name)
+
+    @property
+    def local(self) -> bool:
+        return self.kind == "local"
+
+    def path(self, *parts: str) -> str:
+        """The path of ``parts`` (relative, "/"-separated) under the root."""
+        return "/".join([self.root, *parts]) if self.root else "/".join(parts)
+
+    def where(self, *parts: str) -> str:
+        """The URI of ``parts`` under the root, as it may be shown."""
+        return "/".join([self.uri.rstrip("/"), *parts])
+
+
+def open_dataset(uri: str | Path) -> Dataset:
+    """Open the dataset root at ``uri`` (a URI, or a local path).
+
+    Raises:
+        PublishError: the URI is malformed, its scheme has no filesystem here, or the
+            filesystem cannot be set up (its reason, one line).
+    """
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+
+    text = str(uri)
+    if "://" not in text:
+        path = Path(text).expanduser().absolute()
+        return Dataset(pafs.LocalFileSystem(), str(path).rstrip("/") or "/", str(path))
+    shown = redact(text)
+    scheme = text.split("://", 1)[0].lower()
+    if not re.fullmatch(r"[a-z][a-z0-9+.-]*", scheme):
+        raise PublishError(f"{shown}: not a URI (expected scheme://..., e.g. s3://bucket/prefix)")
+    try:
+        fs, root = pafs.FileSystem.from_uri(text)
+    except pa.ArrowInvalid as err:
+        if "nrecognized filesystem type" not in str(err):
+            raise PublishError(f"{shown}: {describe_error(err)}") from None
+        fs, root = _fsspec(text, scheme, shown)
+    except (OSError, ValueError, pa.ArrowException) as err:
+        raise PublishError(f"cannot open {shown}: {describe_error(err)}") from None
+    if scheme in ("s3", "gs", "gcs", "abfs", "abfss") and not root.strip("/"):
+        raise PublishError(f"{shown}: name a bucket (and a prefix): {scheme}://BUCKET/PREFIX")
+    return Dataset(fs, root.rstrip("/") or "/", shown.split("?", 1)[0])
+
+
+def _fsspec(uri: str, scheme: str, shown: str) -> tuple[pafs.FileSystem, str]:
+    """A scheme pyarrow lacks, through fsspec and its driver."""
+    import pyarrow.fs as pafs
+
+    try:
+        import fsspec
+    except ImportError:
+        raise PublishError(
+            f"{shown}: pyarrow has no filesystem for {scheme}:// (it opens file, s3, gs, "
+            "abfs, hdfs); install fsspec and its driver for others"
+        ) from None
+    if scheme not in fsspec.available_protocols():
+        raise PublishError(
+            f"{shown}: no filesystem for {scheme}:// (pyarrow opens file, s3, gs, abfs, hdfs; "
+            "fsspec knows no such protocol)"
+        )
+    try:
+        fs, root = fsspec.core.url_to_fs(uri)
+    except ImportError as err:  # fsspec says which package the scheme needs
+        raise PublishError(f"{shown}: {describe_error(err)}") from None
+    except (ValueError, OSError) as err:
+        raise PublishError(f"cannot open {shown}: {describe_error(err)}") from None
+    return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), root
+
+
+def probe(dataset: Dataset) -> None:
+    """Check that the dataset can be reached before anything is copied (or collected):
+    its root is listed, its bucket exists, a local root is created.
+
+    Raises:
+        PublishError: the reason it cannot be reached (one line).
+    """
+    import pyarrow.fs as pafs
+
+    try:
+        if dataset.local:
+            Path(dataset.root).mkdir(parents=True, exist_ok=True)
+            if not os.access(dataset.root, os.W_OK | os.X_OK):
+                raise PermissionError(errno.EACCES, "permission denied", dataset.root)
+            return
+        if dataset.kind in OBJECT_STORES:
+            bucket = dataset.root.split("/", 1)[0]
+            if dataset.fs.get_file_info(bucket).type == pafs.FileType.NotFound:
+                raise PublishError(
+                    f"{dataset.uri}: the bucket {bucket!r} does not exist: create it first"
+                )
+        dataset.fs.get_file_info(dataset.root)
+    except PublishError:
+        raise
+    except (OSError, ValueError) as err:
+        raise PublishError(f"cannot reach {dataset.uri}: {describe_error(err)}") from None
+
+
+#: a file being written where a rename makes it appear whole
+TEMP_SUFFIX = ".push-tmp"
+_CHUNK = 8 << 20
+
+
+def _put_local(source: Path | bytes, target: Path) -> None:
+    """Write to a hidden temporary name, sync, rename, sync the folder: a crash of the
+    machine leaves the old file or the new one."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}{TEMP_SUFFIX}")
+    try:
+        with open(tmp, "wb") as out:
+            if isinstance(source, bytes):
+                out.write(source)
+            else:
+                with open(source, "rb") as src:
+                    shutil.copyfileobj(src, out, _CHUNK)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    fsync_path(target.parent)
+
+
+def put(dataset: Dataset, source: Path | bytes, rel: str) -> None:
+    """Copy ``source`` (a file, or bytes) to ``rel`` under the root, appearing whole."""
+    target = dataset.path(rel)
+    if dataset.local:
+        _put_local(source, Path(target))
+        return
+    direct = dataset.kind in OBJECT_STORES
+    head, _, name = target.rpartition("/")
+    write_to = target if direct else f"{head}/.{name}{TEMP_SUFFIX}"
+    if not direct:
+        dataset.fs.create_dir(head, recursive=True)
+    try:
+        with dataset.fs.open_output_stream(write_to) as out:
+            if isinstance(source, bytes):
+                out.write(source)
+            else:
+                with open(source, "rb") as src:
+                    while chunk := src.read(_CHUNK):
+                        out.write(chunk)
+        if not direct:
+            dataset.fs.move(write_to, target)
+    except BaseException:
+        if not direct:
+            with contextlib.suppress(OSError):
+                dataset.fs.delete_file(write_to)
+        raise

@@ -1,0 +1,345 @@
+"""kernmlops push and collect --publish: to a folder (file://) and to an S3 server (moto),
+read back with DuckDB, pyarrow and boto3 and compared with the source parts and the
+manifests; interrupted pushes resume; what may not be published is refused, one line."""
+
+from __future__ import annotations
+
+import errno
+import http.server
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner, Result
+
+from kernmlops.cli import cli
+from kernmlops.collect.manifest import read_manifest
+from tests.conftest import REQUIRE_BPF
+from tests.fleet.conftest import SECRET, make_collection
+
+duckdb = pytest.importorskip("duckdb")
+
+
+def run(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args))
+
+
+def one_error_line(result: Result) -> str:
+    """The run failed with exactly one line on stderr and no traceback."""
+    assert result.exit_code != 0, result.output
+    assert "Traceback" not in result.output
+    assert isinstance(result.exception, SystemExit), result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def source_rows(folder: Path) -> dict[str, int]:
+    """Rows per table, from the source's part footers."""
+    rows: dict[str, int] = {}
+    for part in folder.glob("*/part-*.parquet"):
+        rows[part.parent.name] = rows.get(part.parent.name, 0) + pq.read_metadata(part).num_rows
+    return rows
+
+
+def duckdb_rows(root: Path) -> dict[tuple[str, str], int]:
+    """(collection_id, table) -> rows, as DuckDB reads the published folder."""
+    found: dict[tuple[str, str], int] = {}
+    for table in {p.name for p in root.glob("*/*/*") if p.is_dir()}:
+        query = (
+            f"select collection_id, count(*) from read_parquet('{root}/*/*/{table}/*.parquet', "
+            "hive_partitioning=true) group by all"
+        )
+        for cid, n in duckdb.sql(query).fetchall():
+            found[(cid, table)] = n
+    return found
+
+
+def snapshot(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()}
+
+
+def test_push_to_a_folder_reads_back_whole_and_a_second_push_copies_nothing(
+    fleet: Path, tmp_path: Path
+) -> None:
+    dest = tmp_path / "dest"
+    first = run("push", str(fleet.parent), dest.as_uri())
+    assert first.exit_code == 0, first.output
+    assert "3 published, 0 already there" in first.stderr
+    sources = sorted(fleet.glob("*/collection_id=*"))
+    expected = {}
+    for folder in sources:
+        cid = folder.name.split("=", 1)[1]
+        manifest = read_manifest(folder)
+        rows = source_rows(folder)
+        assert rows == {t: r.rows for t, r in manifest.tables.items()}
+        expected.update({(cid, t): n for t, n in rows.items()})
+        copy = dest / folder.parent.name / folder.name
+        assert (copy / "manifest.json").read_bytes() == (folder / "manifest.json").read_bytes()
+    assert duckdb_rows(dest) == expected
+    # the index: one row per collection, rows per table counted at the source
+    index = duckdb.sql(
+        f"select collection_id, benchmark, host, kernel, state, e.key, e.value from "
+        f"(select *, unnest(map_entries(rows)) as e from read_parquet('{dest}/_index/*.parquet'))"
+    ).fetchall()
+    assert {(r[0], r[5]): r[6] for r in index} == expected
+    assert {r[:5] for r in index} == {
+        ("c1", "faux", "node-a", "6.1.0-node-a", "completed"),
+        ("c2", "faux", "node-b", "6.1.0-node-b", "completed"),
+        ("c3", "stress-ng", "node-a", "6.1.0-node-a", "completed"),
+    }
+    assert not [p for p in dest.rglob(".*")], "a temporary file was left"
+    before = snapshot(dest)
+    again = run("push", str(fleet), dest.as_uri())
+    assert again.exit_code == 0, again.output
+    assert "0 published, 3 already there" in again.stderr
+    assert snapshot(dest) == before
+
+
+def test_push_to_s3_reads_back_whole_and_says_no_secret(fleet: Path, s3) -> None:
+    bucket, client = s3
+    uri = f"s3://{bucket}/lab/fleet"
+    result = run("push", str(fleet), uri)
+    assert result.exit_code == 0, result.output
+    assert SECRET not in result.output
+    listed = client.list_objects_v2(Bucket=bucket)
+    keys = {o["Key"]: o["Size"] for o in listed["Contents"]}
+    expected = {}
+    for folder in fleet.glob("*/collection_id=*"):
+        for f in folder.rglob("*"):
+            if f.is_file():
+                key = f"lab/fleet/{folder.parent.name}/{folder.name}/{f.relative_to(folder)}"
+                expected[key] = f.stat().st_size
+    index = {k for k in keys if k.startswith("lab/fleet/_index/")}
+    assert index == {f"lab/fleet/_index/{c}.parquet" for c in ("c1", "c2", "c3")}
+    assert {k: v for k, v in keys.items() if k not in index} == expected
+    # every part reads back through pyarrow's S3 client with the manifest's row counts
+    fs, root = pafs.FileSystem.from_uri(uri)
+    for folder in fleet.glob("*/collection_id=*"):
+        manifest = read_manifest(folder)
+        for table, record in manifest.tables.items():
+            got = sum(
+                pq.read_metadata(
+                    f"{root}/{folder.parent.name}/{folder.name}/{f}", filesystem=fs
+                ).num_rows
+                for f in record.files
+            )
+            assert got == record.rows, (folder.name, table)
+    again = run("push", str(fleet), uri)
+    assert "0 published, 3 already there" in again.stderr
+    listed_again = client.list_objects_v2(Bucket=bucket)["Contents"]
+    modified = [o["LastModified"] for o in listed["Contents"]]
+    assert [o["LastModified"] for o in listed_again] == modified
+
+
+@pytest.mark.parametrize("where", ["file", "s3"])
+def test_an_interrupted_push_resumes(
+    fleet: Path, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
+    where: str,
+) -> None:  # fmt: skip
+    """The destination fills up after three files: the push stops with one line, the
+    collection is not published (no manifest, no index row), and a second push copies
+    only what is missing."""
+    import kernmlops.fleet.push as push_module
+
+    if where == "s3":
+        bucket, _ = request.getfixturevalue("s3")
+        uri = f"s3://{bucket}/fleet"
+    else:
+        uri = (tmp_path / "dest").as_uri()
+    folder = fleet / "benchmark=faux" / "collection_id=c1"
+    real_put = push_module.put
+    calls: list[str] = []
+
+    def full_after_three(dataset, source, rel):
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        calls.append(rel.removeprefix("benchmark=faux/collection_id=c1/"))
+        real_put(dataset, source, rel)
+
+    monkeypatch.setattr(push_module, "put", full_after_three)
+    line = one_error_line(run("push", str(folder), uri))
+    assert "the destination is full" in line and "resume" in line
+    fs, root = pafs.FileSystem.from_uri(uri)
+    base = f"{root}/benchmark=faux/collection_id=c1"
+    there = fs.get_file_info(pafs.FileSelector(base, recursive=True))
+    names = sorted(i.path[len(base) + 1 :] for i in there if i.type == pafs.FileType.File)
+    assert names == sorted(calls) and "manifest.json" not in names
+    assert fs.get_file_info(f"{root}/_index/c1.parquet").type == pafs.FileType.NotFound
+    monkeypatch.setattr(push_module, "put", real_put)
+    resumed = run("push", str(folder), uri)
+    assert resumed.exit_code == 0, resumed.output
+    assert "(3 already there)" in resumed.stderr
+    total = sum(1 for p in folder.rglob("*") if p.is_file())
+    assert f"c1: {total - 3} files" in resumed.stderr
+    rows = {
+        t: sum(pq.read_metadata(f"{base}/{f}", filesystem=fs).num_rows for f in r.files)
+        for t, r in read_manifest(folder).tables.items()
+    }
+    assert rows == source_rows(folder)
+
+
+def test_what_may_not_be_published_is_refused_with_the_reason(tmp_path: Path, fleet: Path) -> None:
+    root = tmp_path / "other"
+    # a collector still running (its process has kernmlops in its command line)
+    alive = subprocess.Popen(["sh", "-c", "sleep 60", "kernmlops"])
+    try:
+        make_collection(root, "live", state="running", collector_pid=alive.pid)
+        spooled = make_collection(root, "spooled", state="running", collector_pid=None)
+        (spooled / ".spool").mkdir()
+        (spooled / ".spool" / "quanta_switch.00000.ring").write_bytes(b"\0" * 64)
+        make_collection(root, "died", state="running", last_flush_at="2026-11-01T10:00:01Z")
+        make_collection(root, "fine", seed=4)
+        dest = tmp_path / "dest"
+        result = run("push", str(root), str(dest))
+    finally:
+        alive.kill()
+        alive.wait()
+    assert result.exit_code == 1, result.output
+    refused = [line for line in result.stderr.splitlines() if line.startswith("refused:")]
+    assert len(refused) == 3
+    text = "\n".join(refused)
+    assert f"still being collected (collector pid {alive.pid})" in text
+    assert "kernmlops recover" in text and "collection_id=spooled" in text
+    assert "stopped without finishing (state running, last flush 2026-11-01T10:00:01Z)" in text
+    published = {p.name for p in (dest / "benchmark=faux").iterdir()}
+    assert published == {"collection_id=fine"}
+    assert [p.name for p in (dest / "_index").iterdir()] == ["fine.parquet"]
+    # --incomplete publishes the dead collector's collection, marked running
+    folder = root / "benchmark=faux" / "collection_id=died"
+    assert run("push", "--incomplete", str(folder), str(dest)).exit_code == 0
+    state = duckdb.sql(f"select state from read_parquet('{dest}/_index/died.parquet')").fetchall()
+    assert state == [("running",)]
+
+
+@pytest.fixture
+def denying_server() -> Iterator[str]:
+    """An HTTP server that answers every S3 request with 403 AccessDenied."""
+
+    class Deny(http.server.BaseHTTPRequestHandler):
+        def _deny(self) -> None:
+            body = (
+                b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code>'
+                b"<Message>Access Denied</Message></Error>"
+            )
+            self.send_response(403)
+            self.send_header("Content-Type", "application/xml")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _deny
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Deny)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_user_errors_are_one_line(
+    fleet: Path, tmp_path: Path, s3, denying_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bucket, _ = s3
+    folder = str(fleet / "benchmark=faux" / "collection_id=c1")
+    cases = {
+        "nope://x/y": "no filesystem for nope://",
+        "s3://": "name a bucket",
+        "s3://no-such-bucket/x": "the bucket 'no-such-bucket' does not exist",
+    }
+    for uri, expected in cases.items():
+        assert expected in one_error_line(run("push", folder, uri)), uri
+    assert "not a collection" in one_error_line(run("push", str(tmp_path), f"s3://{bucket}/x"))
+    with socket_closed_port() as port:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+        line = one_error_line(run("push", folder, f"s3://{bucket}/x"))
+    assert "cannot reach" in line and "no answer from the endpoint" in line
+    monkeypatch.setenv("AWS_ENDPOINT_URL", denying_server)
+    line = one_error_line(run("push", folder, f"s3://{bucket}/x"))
+    assert "access denied" in line and SECRET not in line
+    # the source is untouched by every failure
+    assert source_rows(Path(folder)) == {
+        t: r.rows for t, r in read_manifest(Path(folder)).tables.items()
+    }
+
+
+class socket_closed_port:
+    """A local port nothing listens on."""
+
+    def __enter__(self) -> int:
+        import socket
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        return int(self.sock.getsockname()[1])
+
+    def __exit__(self, *exc: object) -> None:
+        self.sock.close()
+
+
+def test_a_full_disk_stops_the_push_and_keeps_the_source(tmp_path: Path) -> None:
+    """A real small file system (tmpfs, needs root) fills during the push."""
+    small = tmp_path / "small"
+    small.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(small)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.decode().strip()}")
+    try:
+        folder = make_collection(tmp_path / "src", "big", quanta=60_000)
+        before = snapshot(folder)
+        line = one_error_line(run("push", str(folder), str(small / "fleet")))
+        assert "the destination is full" in line
+        assert snapshot(folder) == before
+        copy = small / "fleet" / "benchmark=faux" / "collection_id=big"
+        assert not (copy / "manifest.json").exists()
+        assert not list(small.rglob(".*")), "a temporary file was left"
+    finally:
+        subprocess.run(["umount", str(small)], check=False)
+
+
+@pytest.mark.bpf
+def test_collect_publish(tmp_path: Path) -> None:
+    """A real collection, published when it ends; a bad URI is refused before it starts."""
+    from kernmlops.data import read_collection
+
+    dest = tmp_path / "dest"
+    base = [sys.executable, "-m", "kernmlops", "collect", "--no-progress", "-o"]
+    bad = subprocess.run(
+        [*base, str(tmp_path / "bad"), "--publish", "nope://x", "--", "true"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "nope://" in bad.stderr, bad.stderr
+    assert not (tmp_path / "bad").exists()
+    proc = subprocess.run(
+        [*base, str(tmp_path / "out"), "--hooks", "quanta_runtime,process_trace", "--publish",
+         dest.as_uri(), "--", "sh", "-c", "ls / > /dev/null; sleep 0.3"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "published " in proc.stderr
+    [local] = (tmp_path / "out" / "curated").glob("benchmark=command/collection_id=*")
+    collection = read_collection(local)
+    got = duckdb_rows(dest)
+    assert got == {(collection.collection_id, t): f.height for t, f in collection.items()}
+    index = f"read_parquet('{dest}/_index/*.parquet')"
+    [row] = duckdb.sql(f"select state, host from {index}").fetchall()
+    assert row == ("completed", collection.manifest.system["hostname"])
+    assert (
+        json.loads((dest / local.parent.name / local.name / "manifest.json").read_text())["state"]
+        == "completed"
+    )
+
+
+if REQUIRE_BPF:  # CI installs moto with the dev extras: the S3 tests must run there
+    pytest.importorskip("moto")

@@ -1,0 +1,207 @@
+"""The shipped Spark job on a real standalone cluster (a master and two workers on this
+machine, started here): summaries and the MLLB data set over a pushed dataset, compared
+with the same numbers computed from the source parts with polars and numpy."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from kernmlops.data import read_parquet_dir
+from kernmlops.fleet import open_dataset
+from kernmlops.fleet.push import push
+from tests.conftest import REQUIRE_BPF, needs_tools
+from tests.fleet.conftest import make_collection
+
+pytestmark = [
+    needs_tools("java"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("pyspark") is None and not REQUIRE_BPF,
+        reason="pyspark is not installed (make test installs it)",
+    ),
+]
+
+
+def _port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+#: JVM options for a fast start on a small machine (the client compiler, a serial GC)
+FAST_JVM = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
+
+
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A session on a standalone cluster: spark://127.0.0.1:<port>, a master and two
+    workers of one core each, shared by this module's tests. The daemons are started
+    with java directly (spark-class would start a JVM first to build the command)."""
+    import pyspark
+
+    from kernmlops.fleet.spark_job import session
+
+    home = Path(pyspark.__file__).parent
+    logs = tmp_path_factory.mktemp("spark")
+    # what spark-class's load-spark-env.sh sets: the workers build executors' commands
+    scala = next((home / "jars").glob("scala-library-*.jar")).stem.split("-")[-1]
+    env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1",
+           "SPARK_SCALA_VERSION": ".".join(scala.split(".")[:2])}  # fmt: skip
+    java = ["java", "-cp", f"{home}/jars/*", "-Xmx256m", *FAST_JVM]
+    port = _port()
+    master = f"spark://127.0.0.1:{port}"
+    daemons = {
+        "master": ["org.apache.spark.deploy.master.Master", "--port", str(port)],
+        **{
+            f"worker{i}": ["org.apache.spark.deploy.worker.Worker", "--cores", "1",
+                           "--memory", "1g", "--work-dir", str(logs / f"work{i}"), master]
+            for i in range(2)
+        },
+    }  # fmt: skip
+    procs = []
+    for name, args in daemons.items():
+        with open(logs / f"{name}.log", "w") as log:
+            procs.append(
+                subprocess.Popen(
+                    [
+                        *java,
+                        args[0],
+                        "--host",
+                        "127.0.0.1",
+                        "--webui-port",
+                        str(_port()),
+                        *args[1:],
+                    ],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+    try:
+        deadline = time.monotonic() + 90
+        master_log = logs / "master.log"
+        while master_log.read_text().count("Registering worker") < 2:
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                pytest.fail(f"the Spark cluster did not start: {master_log.read_text()[-2000:]}")
+            time.sleep(0.2)
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+        os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+        options = " ".join(FAST_JVM)
+        spark = session(
+            master,
+            app="kernmlops-tests",
+            **{
+                "spark.sql.shuffle.partitions": "2",
+                "spark.executor.memory": "512m",
+                "spark.driver.extraJavaOptions": options,
+                "spark.executor.extraJavaOptions": options,
+            },
+        )
+        yield spark
+        spark.stop()
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(source root, published dataset): three collections, one of them an `lb collect`
+    one, and the parts of a fourth whose push did not finish (no manifest, no index)."""
+    tmp = tmp_path_factory.mktemp("fleet")
+    src = tmp / "curated"
+    make_collection(src, "c1", host="node-a", seed=1)
+    make_collection(src, "c2", host="node-b", seed=2, quanta=1500)
+    make_collection(src, "lb1", benchmark="lb-stress", host="node-a", seed=3, quanta=800, lb=600)
+    dest = tmp / "dest"
+    results, refused = push(sorted(src.glob("*/collection_id=*")), open_dataset(str(dest)))
+    assert len(results) == 3 and not refused
+    half = make_collection(tmp / "half", "half", seed=5)
+    copy = dest / "benchmark=faux" / "collection_id=half"
+    shutil.copytree(half, copy)
+    (copy / "manifest.json").unlink()
+    return src, dest
+
+
+def test_the_job_on_a_standalone_cluster(spark, dataset: tuple[Path, Path], tmp_path: Path) -> None:
+    from kernmlops.fleet.spark_job import read_table, run
+    from kernmlops.lb.features import conform, float_features
+    from kernmlops.lb.names import FEATURES
+    from kernmlops.lb.pipeline import prepare
+
+    src, dest = dataset
+    assert spark.sparkContext.master.startswith("spark://127.0.0.1:")
+    written = run(spark, str(dest), str(tmp_path / "out"))
+    assert written == {"collections": 3, "quanta_by_comm": 9, "mllb": written["mllb"]}
+
+    # the index is a table for Spark too, with natural types
+    index = spark.read.parquet(f"{dest}/_index")
+    types = dict(index.dtypes)
+    assert types["started_at"] == "timestamp" and types["rows"] == "map<string,bigint>"
+    assert sorted(r.collection_id for r in index.collect()) == ["c1", "c2", "lb1"]
+
+    # every column read with its natural type: the unsigned 64-bit address is a bigint
+    faults = read_table(spark, str(dest), "page_faults")
+    assert dict(faults.dtypes)["address"] == "bigint"
+    assert {r.address for r in faults.select("address").distinct().collect()} == {
+        0xFFFF_8880_0000_1000 - 2**64
+    }
+    out = {name: pl.read_parquet(tmp_path / "out" / name / "*.parquet") for name in written}
+    for name, frame in out.items():
+        assert not [c for c, t in frame.schema.items() if isinstance(t, pl.Decimal)], name
+
+    # per collection, against the source parts
+    quanta = read_parquet_dir(src, "quanta_runtime")
+    io = read_parquet_dir(src, "block_io")
+    pf = read_parquet_dir(src, "page_faults")
+    for row in out["collections"].iter_rows(named=True):
+        cid = row["collection_id"]
+        q = quanta.filter(pl.col("collection_id") == cid)
+        lat = io.filter(pl.col("collection_id") == cid)["issue_to_complete_us"].to_numpy()
+        assert row["quanta"] == q.height
+        assert row["switches_per_s"] == pytest.approx(q.height / 2.0)
+        assert row["faults"] == pf.filter(pl.col("collection_id") == cid).height
+        assert row["block_io_p50_us"] == np.quantile(lat, 0.5, method="inverted_cdf")
+        assert row["block_io_p99_us"] == np.quantile(lat, 0.99, method="inverted_cdf")
+        assert row["host"] == {"c1": "node-a", "c2": "node-b", "lb1": "node-a"}[cid]
+
+    # quanta per comm
+    comms = read_parquet_dir(src, "process_trace").select("collection_id", "pid", "comm")
+    queued = read_parquet_dir(src, "quanta_queued_time").join(comms, on=["collection_id", "pid"])
+    quanta = quanta.join(comms, on=["collection_id", "pid"])
+    for row in out["quanta_by_comm"].iter_rows(named=True):
+        key = (pl.col("collection_id") == row["collection_id"]) & (pl.col("comm") == row["comm"])
+        run_us = quanta.filter(key)["quanta_run_length_us"].to_numpy()
+        wait_us = queued.filter(key)["quanta_queued_time_us"].to_numpy()
+        assert row["quanta"] == len(run_us) and row["queued"] == len(wait_us)
+        assert row["runtime_mean_us"] == pytest.approx(run_us.mean())
+        assert row["runtime_p50_us"] == np.quantile(run_us, 0.5, method="inverted_cdf")
+        assert row["runtime_p99_us"] == np.quantile(run_us, 0.99, method="inverted_cdf")
+        assert row["queue_p99_us"] == np.quantile(wait_us, 0.99, method="inverted_cdf")
+
+    # the MLLB data set: the rows and features kernmlops lb computes locally
+    local = prepare(conform(read_parquet_dir(src, "lb_decisions")))
+    got = out["mllb"].sort("ts_uptime_us") if "ts_uptime_us" in out["mllb"].columns else None
+    assert got is None  # the data set is features and label only
+    assert out["mllb"].height == local.height > 0
+    assert set(out["mllb"]["collection_id"]) == {"lb1"}
+    expected = np.sort(float_features(local), axis=0)
+    assert np.allclose(np.sort(out["mllb"].select(FEATURES).to_numpy(), axis=0), expected)
+    assert out["mllb"]["can_migrate"].sum() == local["can_migrate"].sum()
