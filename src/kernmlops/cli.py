@@ -412,6 +412,11 @@ def recover(collection: Path, bpf_dir: Path | None) -> None:
     adds the rows not yet in finished parts as new parts, updates the manifest
     and deletes the spool. Nothing is repeated, and a collection without a
     spool is left as it is.
+
+    A damaged spool (a file cut short, a frame failing its checksum, a lost
+    description) gives every intact frame; each piece that could not be read
+    is named with its bytes, the spool is kept, and the exit status is 2. Only
+    one recover works on a collection at a time.
     """
     from kernmlops.collect.spool import collector_alive, memory_lost, pending_spools, recover
 
@@ -428,13 +433,21 @@ def recover(collection: Path, bpf_dir: Path | None) -> None:
         pid = collector_alive(collection)
         if pid is not None:
             raise CollectionError(f"collector {pid} still writes {collection}: stop it first")
-        added = recover(collection, bpf_dir)
+        done = recover(collection, bpf_dir)
     except KernmlopsError as err:
         fail(err)
     except OSError as err:
         fail(OutputError(f"cannot recover {collection}: {err.strerror or err}"))
-    rows = ", ".join(f"{t} {n:,}" for t, n in sorted(added.items())) or "no rows"
+    rows = ", ".join(f"{t} {n:,}" for t, n in sorted(done.added.items())) or "no rows"
     _say(f"recovered {rows} into {collection}")
+    if done.lost:
+        for lost in done.lost:
+            _say(f"lost: {lost.describe()}")
+        size = sum(lost.bytes for lost in done.lost)
+        fail(CollectionError(
+            f"{len(done.lost)} piece(s) of the spool ({size:,} bytes) could not be recovered; "
+            f"the spool stays in {collection / '.spool'}"
+        ))  # fmt: skip
 
 
 @cli.command("build-bpf")

@@ -244,48 +244,97 @@ def test_a_disk_that_stalls_is_bridged_in_memory_in_order(
     assert memory.used == 0
 
 
-def test_a_killed_collections_spool_is_recovered_from_memory_and_disk(tmp_path: Path) -> None:
+@pytest.fixture
+def shm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A stand-in for /dev/shm."""
+    from kernmlops.collect import spool as spool_mod
+
+    folder = tmp_path / "shm"
+    folder.mkdir()
+    monkeypatch.setattr(spool_mod, "SHM", folder)
+    monkeypatch.setattr(spool_mod, "_is_tmpfs", lambda path: True)
+    return folder
+
+
+def _collection(root: Path, collection_id: str) -> Path:
+    from kernmlops.collect.manifest import Manifest, write_manifest
+
+    root.mkdir(parents=True)
+    write_manifest(root, Manifest(collection_id=collection_id, state="running"))
+    return root / ".spool"
+
+
+def test_a_killed_collections_spool_is_recovered_from_memory_and_disk(
+    tmp_path: Path, shm: Path
+) -> None:
     # pending_spools and the order of segments across the two folders (the link
     # "mem" is how a collection finds its tmpfs folder)
-    from kernmlops.collect.spool import MEMORY_LINK, remove_spool, spool_folders
+    from kernmlops.collect.spool import MEMORY_LINK, remove_spool, spool_folders, spool_memory
 
-    spool_dir = tmp_path / "c" / ".spool"
-    spool_dir.mkdir(parents=True)
-    shm = tmp_path / "shm"
-    shm.mkdir()
-    (spool_dir / MEMORY_LINK).symlink_to(shm)
-    for folder, n in ((shm, 0), (spool_dir, 1), (shm, 2), (spool_dir, 10)):
+    spool_dir = _collection(tmp_path / "c", "c1")
+    memory = spool_memory(spool_dir, "c1", 8)
+    assert memory is not None and memory.folder == shm / "kernmlops-spool-c1"
+    for folder, n in ((memory.folder, 0), (spool_dir, 1), (memory.folder, 2), (spool_dir, 10)):
         (folder / f"events.{n:05d}.ring").write_bytes(b"")
     assert spool_folders(spool_dir) == [spool_dir, spool_dir / MEMORY_LINK]
     assert [p.name for p in pending_spools(tmp_path / "c")] == [
         "events.00000.ring", "events.00001.ring", "events.00002.ring", "events.00010.ring"
     ]  # fmt: skip
     remove_spool(spool_dir)
-    assert not spool_dir.exists() and not shm.exists()
+    assert not spool_dir.exists() and not memory.folder.exists()
 
 
-def test_memory_of_a_deleted_collection_is_freed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_memory_link_to_anything_but_its_own_folder_is_never_read_nor_deleted(
+    tmp_path: Path, shm: Path
 ) -> None:
-    import shutil
+    # A collection folder someone planted (or one damaged): its link names another
+    # folder. Neither recover nor the removal of its spool may touch that folder.
+    from kernmlops.collect.spool import MEMORY_LINK, remove_spool, spool_folders
 
-    from kernmlops.collect import spool as spool_mod
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "x.00000.ring").write_bytes(b"keep")
+    other = shm / "kernmlops-spool-someone-else"
+    other.mkdir(mode=0o700)
+    for n, target in enumerate((precious, other)):
+        spool_dir = _collection(tmp_path / f"c{n}", f"c{n}")
+        (spool_dir).mkdir()
+        (spool_dir / MEMORY_LINK).symlink_to(target)
+        assert spool_folders(spool_dir) == [spool_dir]
+        assert pending_spools(tmp_path / f"c{n}") == []
+        remove_spool(spool_dir)
+        assert target.exists() and not spool_dir.exists()
+    assert (precious / "x.00000.ring").read_bytes() == b"keep"
 
-    shm = tmp_path / "shm"
-    shm.mkdir()
-    monkeypatch.setattr(spool_mod, "SHM", shm)
-    monkeypatch.setattr(spool_mod, "_is_tmpfs", lambda path: True)
-    kept, gone = tmp_path / "kept" / ".spool", tmp_path / "gone" / ".spool"
-    a = spool_mod.spool_memory(kept, "a", 8)
-    b = spool_mod.spool_memory(gone, "b", 8)
-    assert a is not None and b is not None and a.limit == 8 << 20
-    assert (kept / "mem").resolve() == a.folder and a.folder.parent == shm
-    shutil.rmtree(gone.parent)  # deleted before it was recovered
-    assert spool_mod.sweep_memory() == []  # young folders are left alone
-    for folder in (a.folder, b.folder):
-        os.utime(folder, (0, 0))
-    assert spool_mod.sweep_memory() == [b.folder]
-    assert a.folder.exists() and not b.folder.exists()
+
+def test_a_moved_collections_memory_is_kept_and_named_at_the_next_start(
+    tmp_path: Path, shm: Path
+) -> None:
+    # Kill a collection, move its folder, start another: the memory spool of the moved
+    # one holds the only copy of its rows. It is listed (size, where), never deleted,
+    # and recover on the moved folder still finds it through the collection's id.
+    from kernmlops.collect.spool import leftover_memory, spool_folders, spool_memory
+
+    spool_dir = _collection(tmp_path / "a", "ida")
+    memory = spool_memory(spool_dir, "ida", 8)
+    assert memory is not None
+    (memory.folder / "events.00000.ring").write_bytes(b"x" * 3000)
+    assert leftover_memory() == []  # a young folder: a collector may be making it
+    os.utime(memory.folder, (0, 0))
+    (left,) = leftover_memory()
+    assert (left.folder, left.bytes, left.collection, left.found) == (
+        memory.folder, 3000 + len(str(spool_dir.resolve())), tmp_path / "a", True
+    )  # fmt: skip
+    assert f"`kernmlops recover {tmp_path / 'a'}`" in left.describe()
+    (tmp_path / "a").rename(tmp_path / "moved")
+    spool_memory(_collection(tmp_path / "b", "idb"), "idb", 8)  # the next start
+    (left,) = leftover_memory()
+    assert left.folder == memory.folder and not left.found
+    assert "moved or deleted since" in left.describe()
+    assert (memory.folder / "events.00000.ring").exists()
+    moved = tmp_path / "moved" / ".spool"
+    assert spool_folders(moved) == [moved, moved / "mem"]
+    assert [p.name for p in pending_spools(tmp_path / "moved")] == ["events.00000.ring"]
 
 
 def test_memory_gone_after_a_reboot_is_named(tmp_path: Path) -> None:

@@ -48,6 +48,7 @@ from kernmlops.collect.sinks import ParquetSink, ThreadedSink, free_bytes, human
 from kernmlops.collect.spool import (
     SPOOL_DIR,
     Pacer,
+    leftover_memory,
     pending_spools,
     remove_spool,
     spool_memory,
@@ -313,6 +314,9 @@ class Session:
                         flt.add(pid)
             spool_dir = self.path / SPOOL_DIR if parquet is not None and cfg.spool else None
             self._spool_dir = spool_dir
+            if spool_dir is not None and cfg.spool_memory_mib > 0 and self.on_message:
+                for left in leftover_memory():  # never deleted here: only recover frees them
+                    self.on_message(f"warning: {left.describe()}")
             ctx = HookContext(
                 self.collection_id,
                 flt,

@@ -84,17 +84,84 @@ def _read_codec() -> Any:
     return pa.Codec(CODEC)
 
 
+#: the first bytes of a zstd frame (after our frame header)
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+#: iter_frames' reason for a frame that runs past the end with nothing after it: the
+#: one a kill cuts
+CUT = "a frame cut short"
+
+
 def frames(data: bytes | memoryview, codec: Any) -> Iterator[bytes]:
     """The raw bytes of each whole frame in ``data`` (a compressed segment's bytes, or
-    a piece starting at a frame); a frame cut by a kill ends it."""
-    view, at = memoryview(data), 0
-    while at + FRAME.size <= len(view):
-        size, raw = FRAME.unpack_from(view, at)
-        if at + FRAME.size + size > len(view):
+    a piece starting at a frame) up to the first that cannot be read."""
+    for _, _, raw, reason in iter_frames(data, codec):
+        if reason is not None:
             return
-        yield codec.decompress(view[at + FRAME.size : at + FRAME.size + size],
-                               decompressed_size=raw, asbytes=True)  # fmt: skip
-        at += FRAME.size + size
+        yield raw  # type: ignore[misc]
+
+
+def iter_frames(
+    data: bytes | memoryview, codec: Any
+) -> Iterator[tuple[int, int, bytes | None, str | None]]:
+    """Every frame of a compressed segment: (start, end, raw bytes, None) for an intact
+    one, (start, end, None, reason) for a stretch that cannot be read (a damaged
+    header, a frame failing zstd's checksum, cut short). After damage, reading goes
+    on at the next intact frame, so one bad byte loses one frame, not the rest."""
+    view, at, n = memoryview(data), 0, len(data)
+    while at < n:
+        end, raw, reason = n, None, None
+        if at + FRAME.size > n:
+            reason = CUT
+        else:
+            size, raw_size = FRAME.unpack_from(view, at)
+            end = at + FRAME.size + size
+            if end > n:
+                reason, end = CUT, n
+            elif bytes(view[at + FRAME.size : at + FRAME.size + 4]) != ZSTD_MAGIC:
+                reason, end = "a damaged frame header", n
+            else:
+                try:
+                    raw = codec.decompress(view[at + FRAME.size : end],
+                                           decompressed_size=raw_size, asbytes=True)  # fmt: skip
+                except Exception as err:  # the codec raises its own error types
+                    reason = f"a frame that fails zstd's check ({err})"
+                else:
+                    if len(raw) != raw_size:
+                        reason = "a frame whose size is not what its header says"
+        if reason is None:
+            yield at, end, raw, None
+            at = end
+            continue
+        nxt = _next_frame(view, at + 1, end if reason not in (CUT,) and end < n else None)
+        if reason == CUT and nxt is not None:
+            reason = "a damaged frame header"  # frames follow: not the end a kill makes
+        stop = nxt if nxt is not None else n
+        yield at, stop, None, reason
+        if nxt is None:
+            return
+        at = nxt
+
+
+def _next_frame(view: memoryview, start: int, hint: int | None) -> int | None:
+    """Where the next plausible frame header starts at or after ``start`` (the end the
+    damaged frame's header claims first, when it is plausible)."""
+    data = view.obj if isinstance(view.obj, bytes) else bytes(view)
+    n = len(data)
+
+    def plausible(p: int) -> bool:
+        if p < start or p + FRAME.size + 4 > n:
+            return False
+        size, _ = FRAME.unpack_from(data, p)
+        return data[p + FRAME.size : p + FRAME.size + 4] == ZSTD_MAGIC and p + 8 + size <= n
+
+    if hint is not None and plausible(hint):
+        return hint
+    i = data.find(ZSTD_MAGIC, start + FRAME.size)
+    while i != -1:
+        if plausible(i - FRAME.size):
+            return i - FRAME.size
+        i = data.find(ZSTD_MAGIC, i + 1)
+    return None
 
 
 def segment_codec(segment: Path) -> Any:

@@ -49,6 +49,7 @@ typedef size_t (*zstd_compress2_fn)(void *cctx, void *dst, size_t cap, const voi
 
 /* ZSTD_cParameter values (zstd.h, stable since 1.4) */
 #define ZSTD_C_LEVEL 100
+#define ZSTD_C_CHECKSUM 201
 #define ZSTD_C_WORKERS 400
 #define ZSTD_C_JOB_SIZE 401
 #define ZSTD_JOB_MIN (512 * 1024)
@@ -361,16 +362,19 @@ int kmo_copier_run(struct kmo_copier *c)
 
 	if (c->abi != KMO_ABI)
 		return -EINVAL;
-	if (c->workers > 0 && c->create && c->set && c->compress2 && c->free_cctx) {
+	if (c->create && c->set && c->compress2 && c->free_cctx) {
+		/* Every frame carries zstd's checksum of its content: recover tells a
+		 * damaged frame from a good one, and reads on at the next. */
 		c->cctx = c->create();
-		if (c->cctx && !c->is_error(c->set(c->cctx, ZSTD_C_LEVEL, c->level)) &&
-		    !c->is_error(c->set(c->cctx, ZSTD_C_WORKERS, c->workers)) &&
-		    !c->is_error(c->set(c->cctx, ZSTD_C_JOB_SIZE, ZSTD_JOB_MIN))) {
-			c->workers_ok = 1;
-		} else if (c->cctx) {
-			c->free_cctx(c->cctx); /* a libzstd without threads: alone */
+		if (c->cctx && (c->is_error(c->set(c->cctx, ZSTD_C_LEVEL, c->level)) ||
+				c->is_error(c->set(c->cctx, ZSTD_C_CHECKSUM, 1)))) {
+			c->free_cctx(c->cctx);
 			c->cctx = NULL;
 		}
+		if (c->cctx && c->workers > 0 &&
+		    !c->is_error(c->set(c->cctx, ZSTD_C_WORKERS, c->workers)) &&
+		    !c->is_error(c->set(c->cctx, ZSTD_C_JOB_SIZE, ZSTD_JOB_MIN)))
+			c->workers_ok = 1; /* else a libzstd without threads: alone */
 	}
 	while (!__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE)) {
 		int n = epoll_wait(c->epfd, ev, 16, (int)c->interval_ms);
