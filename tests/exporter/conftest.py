@@ -27,7 +27,7 @@ class LiveExporter:
         return f"http://127.0.0.1:{self.port}/metrics"
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -35,7 +35,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="session")
 def live_exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveExporter]:
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("live-exporter") / "exporter.log"
     args = [sys.executable, "-m", "kernmlops.exporter", "--listen", f"127.0.0.1:{port}"]
     args += [x for s in LIVE_SETS for x in ("-c", s)]
