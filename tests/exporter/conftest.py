@@ -1,4 +1,4 @@
-"""A real exporter (root + BPF), started once for the tests that need one
+"""A real exporter (root + BPF), started once per test module that needs one
 running: the attacks on its server and the deployment's dashboard."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # gone before another module counts the programs in the kernel
 def live_exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveExporter]:
     port = free_port()
     log = tmp_path_factory.mktemp("live-exporter") / "exporter.log"
