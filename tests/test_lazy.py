@@ -141,9 +141,10 @@ def test_the_first_rows_import_nothing_once_the_libraries_are_in(tmp_path: Path)
         import sys
         import pyarrow as pa
         from pathlib import Path
-        from kernmlops.collect.session import DECODING_LIBRARIES
+        from kernmlops.collect.session import DECODING_LIBRARIES, UNUSED_LIBRARIES
         from kernmlops.collect.sinks import ParquetSink
-        from kernmlops.lazy import preload
+        from kernmlops.lazy import keep_out, preload
+        keep_out(*UNUSED_LIBRARIES)  # as `kernmlops collect` does
         assert preload(*DECODING_LIBRARIES).wait(60)
         before = set(sys.modules)
         n = 10_000

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.abc
 import sys
 import threading
 from types import ModuleType
-from typing import Any
+from typing import Any, ClassVar
 
 __all__ = ["keep_out", "lazy_import", "preload"]
 
@@ -75,10 +76,24 @@ def preload(*names: str) -> threading.Event:
     return done
 
 
+class _KeptOut(importlib.abc.MetaPathFinder):
+    """Refuses the modules keep_out names, as a missing module is refused. (A None in
+    sys.modules is not enough: Cython's import, pyarrow's pandas shim among them,
+    takes that None as the module.)"""
+
+    names: ClassVar[set[str]] = set()
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> None:
+        if fullname.partition(".")[0] in self.names or fullname in self.names:
+            raise ModuleNotFoundError(f"{fullname} is kept out of this process", name=fullname)
+        return None
+
+
 def keep_out(*names: str) -> None:
     """Modules this process will not load: importing one later raises ImportError,
     as if it were not installed (an optional part a library falls back from). Those
     already imported stay. For a command's own process only: a notebook that
     imports kernmlops keeps every module it has."""
-    for name in names:
-        sys.modules.setdefault(name, None)  # type: ignore[arg-type]
+    _KeptOut.names.update(n for n in names if n not in sys.modules)
+    if not any(isinstance(f, _KeptOut) for f in sys.meta_path):
+        sys.meta_path.insert(0, _KeptOut())

@@ -65,3 +65,15 @@ def test_unknown_set_missing_file_and_bad_listen() -> None:
 def test_tgid_must_be_a_running_process() -> None:
     result = run("--tgid", "999999999")
     assert result.exit_code == 2 and "no process 999999999" in result.output
+
+
+def test_a_bad_web_config_file_is_one_line_before_anything_loads(tmp_path: Path) -> None:
+    web = tmp_path / "web.yml"
+    web.write_text("tls_server_config:\n  cert_file: none.crt\n  key_file: none.key\n")
+    result = run("-c", "syscalls", "--web.config.file", str(web))
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.output
+    assert lines[0].startswith(f"error: --web.config.file {web}: tls_server_config: no file")
+    result = run("--web.config.file", str(tmp_path / "missing.yml"))
+    assert result.exit_code == 2 and "missing.yml" in result.output

@@ -189,8 +189,14 @@ def test_server_serves_metrics_on_loopback_and_stops() -> None:
         assert server.url.startswith("http://127.0.0.1:") and server.port > 0
         with urllib.request.urlopen(server.url, timeout=5) as resp:
             assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-            (family,) = text_string_to_metric_families(resp.read().decode())
+            family, *server_own = text_string_to_metric_families(resp.read().decode())
         assert family.samples[0].value == 1.0 and calls == [1]
+        # the server's own health follows what render() gave
+        assert {f.name for f in server_own} == {
+            "kernmlops_exporter_http_connections",
+            "kernmlops_exporter_http_responses",
+            "kernmlops_exporter_http_connections_closed",
+        }
         with pytest.raises(urllib.error.HTTPError) as info:
             urllib.request.urlopen(server.url.replace("/metrics", "/nope"), timeout=5)
         assert info.value.code == 404
@@ -216,7 +222,7 @@ def test_a_failing_scrape_answers_500_and_the_server_lives_on() -> None:
         assert info.value.code == 500 and b"map gone" in info.value.read()
         state["fail"] = False
         with urllib.request.urlopen(server.url, timeout=5) as resp:
-            assert resp.read() == b"ok 1.0\n"
+            assert resp.read().startswith(b"ok 1.0\n# HELP kernmlops_exporter_http")
 
 
 def test_job_filter_settings() -> None:

@@ -1,15 +1,16 @@
-"""The /metrics server under hostile or careless clients: idle connections time
-out, the threads serving them are bounded, and clients that hang up mid-response
-leave no traceback. No root needed."""
+"""The /metrics server under hostile or careless clients, in this process (no
+root): a whole-request deadline, idle connections closed first to make room,
+busy ones never, one render shared by concurrent scrapes, and clients that
+hang up or stop reading leave no traceback. The same attacks against a real
+running exporter are in test_attack_bpf.py."""
 
 from __future__ import annotations
 
-import select
+import http.client
 import socket
 import struct
 import threading
 import time
-import urllib.request
 
 import pytest
 
@@ -21,80 +22,177 @@ BODY = b"# HELP x_total x\n# TYPE x_total counter\nx_total 1.0\n"
 def _read_to_eof(sock: socket.socket, timeout: float) -> bytes:
     sock.settimeout(timeout)
     data = b""
-    while chunk := sock.recv(4096):
+    while chunk := sock.recv(65536):
         data += chunk
     return data
 
 
-def _wait_for_threads(at_most: int, timeout: float = 10.0) -> int:
-    deadline = time.monotonic() + timeout
-    while threading.active_count() > at_most and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return threading.active_count()
+def _get(port: int, timeout: float = 5) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", "/metrics")
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
 
 
-def test_idle_connections_are_bounded_and_closed_after_the_timeout() -> None:
-    base = threading.active_count()
-    timeout_s, slots, clients = 2.0, 4, 60
-    with MetricsServer(
-        lambda: BODY, "127.0.0.1", 0, timeout_s=timeout_s, max_connections=slots
-    ) as server:
-        # connect() succeeds for all (the kernel's backlog); the server serves `slots`
-        socks = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(clients)]
+def test_a_request_trickled_a_byte_at_a_time_is_cut_at_the_whole_request_deadline() -> None:
+    timeout_s = 1.0
+    with MetricsServer(lambda: BODY, "127.0.0.1", 0, timeout_s=timeout_s) as server:
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        sock.setblocking(False)
+        started, sent = time.monotonic(), 0
+        request = b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + b"X-Pad: y\r\n" * 100
+        closed_at = None
+        while time.monotonic() - started < timeout_s + 3:
+            try:
+                if sock.recv(1) == b"":
+                    closed_at = time.monotonic() - started
+                    break
+            except BlockingIOError:
+                pass
+            try:
+                sent += sock.send(request[sent : sent + 1])  # a byte every 50 ms: never idle
+            except OSError:
+                closed_at = time.monotonic() - started
+                break
+            time.sleep(0.05)
+        sock.close()
+        # an idle timer would never fire; the deadline does, at timeout_s
+        assert closed_at is not None, "the trickling client was never closed"
+        assert timeout_s - 0.1 <= closed_at < timeout_s + 1, closed_at
+        assert sent >= 10
+        assert server.stats.closed["deadline"] == 1
+        assert _get(server.port)[0] == 200
+
+
+def test_idle_connections_are_closed_oldest_first_to_make_room_for_scrapes() -> None:
+    slots, clients = 8, 60
+    with MetricsServer(lambda: BODY, "127.0.0.1", 0, max_connections=slots) as server:
+        socks = []
+        for _ in range(clients):
+            socks.append(socket.create_connection(("127.0.0.1", server.port)))
+            time.sleep(0.002)  # an order of arrival the eviction can follow
         try:
-            started = time.monotonic()
-            # the refused ones are answered at once; the served ones wait for a request
-            pending, replies = set(socks), {}
-            while len(replies) < clients - slots and time.monotonic() < started + timeout_s / 2:
-                readable, _, _ = select.select(list(pending), [], [], 0.05)
-                for sock in readable:
-                    replies[sock] = _read_to_eof(sock, 1.0)
-                    pending.discard(sock)
-            busy = list(pending)
-            # one thread per served connection, plus the accept loop: not one per client
-            peak = threading.active_count()
-            assert peak <= base + 1 + slots, (base, peak)
-            assert len(busy) == slots
-            assert len(replies) == clients - slots
-            assert {r[:34] for r in replies.values()} == {b"HTTP/1.0 503 Service Unavailable\r\n"}
-            # the served ones are closed by the server once silent for timeout_s
-            for sock in busy:
-                assert _read_to_eof(sock, timeout_s + 5) == b""
-            elapsed = time.monotonic() - started
-            assert timeout_s - 0.1 <= elapsed < timeout_s + 3, elapsed
+            # every scrape is answered although the idle ones fill every slot
+            for _ in range(10):
+                status, body = _get(server.port)
+                assert status == 200 and body.startswith(BODY)
+            # the ones that arrived first were closed (EOF, no 503): the newest still wait
+            open_now = []
+            for sock in socks:
+                sock.settimeout(0.2)
+                try:
+                    if sock.recv(1) != b"":
+                        raise AssertionError("an idle connection got data")
+                except TimeoutError:
+                    open_now.append(sock)
+            assert len(open_now) <= slots - 1
+            assert all(s in socks[-slots:] for s in open_now)
+            assert server.stats.closed["evicted"] >= clients - slots
+            assert server.stats.closed.get("refused", 0) == 0
         finally:
             for sock in socks:
                 sock.close()
-        assert _wait_for_threads(base + 1) <= base + 1
-        # every slot came back: more scrapes than slots, one after another
-        for _ in range(slots * 3):
-            with urllib.request.urlopen(server.url, timeout=5) as resp:
-                assert resp.status == 200 and resp.read() == BODY
-    assert _wait_for_threads(base) <= base
 
 
-def test_a_client_that_hangs_up_mid_response_leaves_no_traceback(
+def test_when_every_connection_is_busy_a_new_one_gets_503_not_a_wait() -> None:
+    release, started = threading.Event(), threading.Semaphore(0)
+
+    def render() -> bytes:
+        started.release()
+        release.wait(5)
+        return BODY
+
+    results: list[int] = []
+    with MetricsServer(render, "127.0.0.1", 0, max_connections=2) as server:
+        # one render is shared: both busy scrapes wait on it
+        threads = [
+            threading.Thread(target=lambda: results.append(_get(server.port)[0])) for _ in range(2)
+        ]
+        for t in threads:
+            t.start()
+        assert started.acquire(timeout=5)
+        time.sleep(0.2)  # the second one joined the render
+        t0 = time.monotonic()
+        status, _ = _get(server.port)
+        assert status == 503 and time.monotonic() - t0 < 1
+        release.set()
+        for t in threads:
+            t.join()
+        assert results == [200, 200]
+        assert server.stats.closed["refused"] == 1
+
+
+def test_concurrent_scrapes_share_one_render() -> None:
+    calls = 0
+
+    def render() -> bytes:
+        nonlocal calls
+        calls += 1
+        time.sleep(0.3)  # the maps of a big set take this long to read
+        return BODY
+
+    scrapers = 20
+    barrier = threading.Barrier(scrapers)
+    results: list[int] = []
+
+    def scrape() -> None:
+        barrier.wait()
+        results.append(_get(server.port, timeout=10)[0])
+
+    with MetricsServer(render, "127.0.0.1", 0) as server:
+        threads = [threading.Thread(target=scrape) for _ in range(scrapers)]
+        t0 = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        took = time.monotonic() - t0
+    assert results == [200] * scrapers
+    # one render for the lot (a late one may start a second): not twenty in a row
+    assert calls <= 3, calls
+    assert took < 2.0, took
+
+
+def test_keep_alive_serves_several_requests_on_one_connection() -> None:
+    with MetricsServer(lambda: BODY, "127.0.0.1", 0) as server:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+        try:
+            for path, code in (("/metrics", 200), ("/", 200), ("/nope", 404), ("/metrics", 200)):
+                conn.request("GET", path)
+                resp = conn.getresponse()
+                resp.read()
+                assert resp.status == code
+            conn.request("POST", "/metrics", body=b"x")
+            assert conn.getresponse().status == 405
+        finally:
+            conn.close()
+        assert server.stats.open <= 1
+
+
+def test_clients_that_hang_up_or_stop_reading_leave_no_traceback(
     capfd: pytest.CaptureFixture[str],
 ) -> None:
     body = b"x_total 1.0\n" * 2_000_000  # 24 MB: far more than the socket buffers hold
-    rendered = threading.Semaphore(0)
-
-    def render() -> bytes:
-        rendered.release()
-        return body
-
-    base = threading.active_count()
-    with MetricsServer(render, "127.0.0.1", 0, timeout_s=5) as server:
-        for _ in range(3):
+    with MetricsServer(lambda: body, "127.0.0.1", 0, timeout_s=1.0) as server:
+        for _ in range(3):  # reset mid-response
             sock = socket.create_connection(("127.0.0.1", server.port))
             sock.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
-            assert rendered.acquire(timeout=5)
-            assert sock.recv(64).startswith(b"HTTP/1.0 200")  # the response is under way
-            # reset, not a polite close: the server's next write fails at once
+            sock.settimeout(5)
+            assert sock.recv(64).startswith(b"HTTP/1.1 200")  # the response is under way
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             sock.close()
-        assert _wait_for_threads(base + 1) <= base + 1  # every handler has finished
-        with urllib.request.urlopen(server.url, timeout=10) as resp:
-            assert len(resp.read()) == len(body)  # and the server still serves
+        # asks and never reads: closed when the response's deadline passes
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        time.sleep(2.0)
+        assert server.stats.closed["deadline"] == 1
+        assert server.stats.open == 0
+        sock.close()
+        status, got = _get(server.port, timeout=10)
+        assert status == 200 and got.startswith(body)  # and the server still serves
     _, err = capfd.readouterr()
     assert err == ""

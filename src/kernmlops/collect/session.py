@@ -88,8 +88,11 @@ DECODING_LIBRARIES = (
 #: the S3, GCS, Azure and HDFS filesystems (libarrow_s3 and the AWS SDK's start-up:
 #: 3.5-7 MiB of the collector's RSS, bench/README.md 20). ``kernmlops collect`` keeps
 #: them out of its process (kernmlops.lazy.keep_out); pyarrow.fs then reports them as
-#: not built in.
-UNUSED_LIBRARIES = ("pyarrow._s3fs", "pyarrow._gcsfs", "pyarrow._azurefs", "pyarrow._hdfs")
+#: not built in. pandas too, where it is installed: pyarrow's first array from Python
+#: objects would import it (with dateutil's parser and numpy.random) under the storm.
+UNUSED_LIBRARIES = (
+    "pyarrow._s3fs", "pyarrow._gcsfs", "pyarrow._azurefs", "pyarrow._hdfs", "pandas",
+)  # fmt: skip
 #: ring records held in memory while the sink is behind; past it the loop blocks on the
 #: sink again and a long stall overflows the rings (counted as drops)
 MAX_SPILLED_BYTES = 256 << 20

@@ -65,6 +65,21 @@ def _console():
     help="ebpf_exporter's name for --listen; as there, :PORT serves every interface.",
 )
 @click.option(
+    "--web.config.file",
+    "web_config_file",
+    metavar="FILE",
+    help="TLS and basic auth, in the Prometheus exporter-toolkit's web configuration format "
+    "(tls_server_config, basic_auth_users with bcrypt hashes), as node_exporter takes it.",
+)
+@click.option(
+    "--web.max-connections",
+    "max_connections",
+    type=click.IntRange(min=1),
+    default=1024,
+    show_default=True,
+    help="connections held at once; at the limit the longest-idle one is closed to make room.",
+)
+@click.option(
     "--capabilities.keep",
     "caps_keep",
     default="all",
@@ -121,6 +136,8 @@ def export_command(
     config_names: str | None,
     listen: str,
     web_listen: str | None,
+    web_config_file: str | None,
+    max_connections: int,
     caps_keep: str,
     tgid: int | None,
     comm: str | None,
@@ -142,6 +159,7 @@ def export_command(
       kernmlops export --comm python3 --bpf-stats   one job, with program run times
       kernmlops export --tgid 1234                  one process tree (forked workers too)
       kernmlops export -c biojobs                   I/O of several jobs, by cgroup and name
+      kernmlops export --listen 0.0.0.0:9435 --web.config.file web.yml   TLS, basic auth
 
     \b
     ebpf_exporter's configs and flags work as they are:
@@ -175,6 +193,11 @@ def export_command(
             # ebpf_exporter's default form ":9435" means every interface there too
             listen = "0.0.0.0" + web_listen if web_listen.startswith(":") else web_listen
         host, port = parse_listen(listen)
+        web = None
+        if web_config_file is not None:
+            from kernmlops.exporter.webconfig import load_web_config
+
+            web = load_web_config(web_config_file)  # before any BPF work: errors come first
         if tgid is not None and tgid <= 0:
             raise click.BadParameter(f"{tgid}: a process id is positive", param_hint="--tgid")
         if tgid is not None and not Path(f"/proc/{tgid}").exists():
@@ -185,7 +208,10 @@ def export_command(
         from kernmlops.ebpf.build import build
 
         build()
-        _run(sets, job, host, port, check, strict, bpf_stats, max_label_sets, keep, tgid=tgid)
+        _run(
+            sets, job, host, port, check, strict, bpf_stats, max_label_sets, keep, tgid=tgid,
+            web=web, max_connections=max_connections,
+        )  # fmt: skip
     except KernmlopsError as err:
         fail(err)
 
@@ -237,8 +263,9 @@ def _process_tree_filter(tgid: int):
 
 
 def _run(
-    sets, job, host, port, check, strict, bpf_stats, max_label_sets, keep=None, tgid=None
-) -> None:
+    sets, job, host, port, check, strict, bpf_stats, max_label_sets, keep=None, tgid=None,
+    web=None, max_connections=1024,
+) -> None:  # fmt: skip
     from kernmlops.exporter.core import Exporter
     from kernmlops.exporter.server import MetricsServer
     from kernmlops.exporter.service import failures
@@ -279,7 +306,10 @@ def _run(
             return
         if problems:
             raise KernmlopsError("cannot serve:\n  " + "\n  ".join(problems))
-        server = MetricsServer(exporter.render, host, port)  # bound while privileged
+        # bound while privileged
+        server = MetricsServer(
+            exporter.render, host, port, web_config=web, max_connections=max_connections
+        )
         if keep is not None:
             from kernmlops.exporter.caps import drop_capabilities, names
 

@@ -33,7 +33,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pydantic import Field, ValidationError, field_validator
 
-from kernmlops.exporter.config import (
+from kernmlops.exporter.core import ExporterError, MetricReader
+from kernmlops.exporter.decoders import DecodeError, DecoderContext, label_decoders
+from kernmlops.exporter.histogram import Buckets
+from kernmlops.exporter.maps import MapReader
+from kernmlops.exporter.spec import (
     BUILTIN_DIR,
     EBPF_EXPORTER_FORMAT,
     CounterSpec,
@@ -46,10 +50,6 @@ from kernmlops.exporter.config import (
     _Strict,
     format_errors,
 )
-from kernmlops.exporter.core import ExporterError, MetricReader
-from kernmlops.exporter.decoders import DecodeError, DecoderContext, label_decoders
-from kernmlops.exporter.histogram import Buckets
-from kernmlops.exporter.maps import MapReader
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
@@ -288,6 +288,7 @@ def parse_ebpf_exporter_config(data: Any, path: Path) -> MetricSet:
         format=EBPF_EXPORTER_FORMAT,
         cflags=CFLAGS,
         kaddrs=tuple(cfg.kaddrs),
+        runtime=RUNTIME,
     )
 
 
@@ -510,3 +511,31 @@ def builtin_metrics(loaded_sets: list[Any], stats_on: bool) -> list[Metric]:
     if stats_on:
         out += [run_time, run_count]
     return out
+
+
+class _EbpfExporterRuntime:
+    """ebpf_exporter's sets as the core loads and reads them (spec.SetRuntime)."""
+
+    def load_globals(self, metric_set: MetricSet) -> dict[str, int]:
+        return kaddr_globals(metric_set.kaddrs)
+
+    def check_fit(
+        self, metric_set: MetricSet, spec: CounterSpec | HistogramSpec, obj: BpfObject
+    ) -> None:
+        check_fit(metric_set, spec, obj)
+
+    def make_reader(
+        self,
+        set_name: str,
+        spec: CounterSpec | HistogramSpec,
+        obj: BpfObject,
+        ctx: DecoderContext,
+        max_label_sets: int,
+    ) -> MetricReader:
+        return make_reader(set_name, spec, obj, ctx, max_label_sets)
+
+    def self_metrics(self, loaded_sets: list[Any], stats_on: bool) -> list[Metric]:
+        return builtin_metrics(loaded_sets, stats_on)
+
+
+RUNTIME = _EbpfExporterRuntime()

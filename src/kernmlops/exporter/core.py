@@ -32,13 +32,6 @@ from kernmlops.ebpf.libbpf import LibbpfError
 from kernmlops.ebpf.objects import BpfObject, open_and_load
 from kernmlops.ebpf.spec import object_spec
 from kernmlops.errors import KernmlopsError
-from kernmlops.exporter.config import (
-    EBPF_EXPORTER_FORMAT,
-    KERNMLOPS_FORMAT,
-    CounterSpec,
-    HistogramSpec,
-    MetricSet,
-)
 from kernmlops.exporter.decoders import (
     CgroupPaths,
     DecodeError,
@@ -50,6 +43,12 @@ from kernmlops.exporter.decoders import (
 from kernmlops.exporter.histogram import Buckets
 from kernmlops.exporter.maps import MapReader
 from kernmlops.exporter.perf_event import attach_perf_event, is_perf_event, register_section_handler
+from kernmlops.exporter.spec import (
+    KERNMLOPS_FORMAT,
+    CounterSpec,
+    HistogramSpec,
+    MetricSet,
+)
 
 SELF = "kernmlops_exporter"
 DEFAULT_MAX_LABEL_SETS = 10_000
@@ -496,18 +495,16 @@ class Exporter:
                 f"(no {', '.join(missing)}: include exp_common.h and call exp_*_wanted())"
             )
         values.update(job_globals)
-        ee = ms.format == EBPF_EXPORTER_FORMAT
-        if ee:
-            from kernmlops.exporter import compat
-
-            values.update(compat.kaddr_globals(ms.kaddrs))
+        runtime = ms.runtime  # another format's way (compat.py), or None: ours
+        if runtime is not None:
+            values.update(runtime.load_globals(ms))
         reuse = {"kmo_tracked": self.process_filter_fd} if self.process_filter_fd else {}
         register_section_handler()
         obj = loaded.obj = open_and_load(path, globals_=values, reuse_maps=reuse)
         loaded.status.loaded = True
         loaded.status.variant = obj.variant
         for spec in ms.metrics:
-            (compat.check_fit if ee else check_fit)(ms, spec, obj)
+            (runtime.check_fit if runtime is not None else check_fit)(ms, spec, obj)
         for prog in obj.programs.values():
             if not prog.autoload:
                 continue
@@ -522,8 +519,8 @@ class Exporter:
                 st.error = str(err).splitlines()[0]
             loaded.status.programs.append(st)
         for spec in ms.metrics:
-            if ee:
-                metric = compat.make_reader(ms.name, spec, obj, self.ctx, self.max_label_sets)
+            if runtime is not None:
+                metric = runtime.make_reader(ms.name, spec, obj, self.ctx, self.max_label_sets)
             else:
                 reader = MapReader(obj.map(spec.map))
                 metric = MetricReader(ms.name, spec, reader, self.ctx, self.max_label_sets)
@@ -671,10 +668,9 @@ class Exporter:
         out.append(dropped)
         if stats_on:
             out += [run_time, run_count]
-        if any(loaded.set.format == EBPF_EXPORTER_FORMAT for loaded in self.sets):
-            from kernmlops.exporter.compat import builtin_metrics
-
-            out += builtin_metrics(self.sets, stats_on)  # its dashboards find them
+        runtimes = {id(s.set.runtime): s.set.runtime for s in self.sets if s.set.runtime}
+        for runtime in runtimes.values():
+            out += runtime.self_metrics(self.sets, stats_on)  # its dashboards find them
         stats = GaugeMetricFamily(
             f"{SELF}_bpf_stats_enabled", "1 if the kernel keeps BPF program run times"
         )

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from kernmlops.exporter.config import DecoderSpec, LabelSpec
+from kernmlops.exporter.spec import DecoderSpec, LabelSpec
 from kernmlops.host.kallsyms import KALLSYMS, KernelSymbols
 
 Value = bytes | str

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 from prometheus_client.utils import floatToGoString
 
-from kernmlops.exporter.config import HistogramSpec
+from kernmlops.exporter.spec import HistogramSpec
 
 
 @dataclass(frozen=True)

@@ -1,26 +1,47 @@
-"""A small HTTP server for /metrics, on loopback unless told otherwise.
+"""The /metrics server, on loopback unless told otherwise, safe beside hostile
+clients.
 
-It serves from a thread, so ``kernmlops export`` and a collection
-(``collect --export``) both run it beside their own work; between scrapes it
-only waits in select().
+It runs an asyncio event loop in a thread of its own, so ``kernmlops export``
+and a collection (``collect --export``) both run it beside their own work.
+A connection costs a socket and a little memory, not a thread, and each is
+bounded in time and in number:
+
+- **a whole-request deadline**: a request must arrive complete within
+  ``timeout_s`` of the connection becoming ready for it (a client sending a
+  byte a second is closed when the deadline passes, however many bytes it
+  sent); the response must be taken within ``timeout_s`` too;
+- **a bounded pool, idle ones closed first**: at ``max_connections`` a new
+  connection closes the one that has waited longest for a request; only when
+  every connection is busy answering is the new one refused (503);
+- **one render for concurrent scrapes**: a scrape arriving while the maps are
+  being read shares that reading instead of queueing behind it.
+
+TLS and basic auth come from a ``--web.config.file`` (see webconfig.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import fcntl
 import ipaddress
 import itertools
+import resource
 import socket
 import sys
+import termios
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from http import HTTPStatus
 
+import h11
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from kernmlops.errors import ConfigError
+from kernmlops.exporter.webconfig import BasicAuth, WebConfig
 
 DEFAULT_LISTEN = "127.0.0.1:9435"
 
@@ -59,59 +80,30 @@ def _family(host: str) -> socket.AddressFamily:
         return infos[0][0]
 
 
-#: Seconds a connection may stay silent (before its request, or while a response is
-#: read) before it is closed: an idle client must not hold a thread forever.
-IDLE_TIMEOUT_S = 10.0
-#: Connections served at once; Prometheus keeps one per scraper. More get a 503.
-MAX_CONNECTIONS = 16
-#: What a client that hangs up (or stops reading and times out) raises; not our error.
-_CLIENT_GONE = (ConnectionError, TimeoutError)
-_BUSY = b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+#: Seconds a request may take to arrive whole, and a response to be taken; also
+#: how long a kept-alive connection may wait for its next request. Prometheus'
+#: default scrape timeout is 10 s: a scrape never needs longer.
+REQUEST_TIMEOUT_S = 10.0
+#: Connections held at once (idle ones are closed first to make room). Each
+#: costs one file descriptor; the limit is lowered to fit RLIMIT_NOFILE.
+MAX_CONNECTIONS = 1024
+#: File descriptors kept for everything else (BPF objects, maps, files).
+_FD_RESERVE = 128
+#: A request line and headers larger than this are refused (a scrape's are < 1 KiB).
+_MAX_HEAD_BYTES = 16 * 1024
+#: Responses are written in pieces this large: what a slow reader makes us buffer.
+_CHUNK = 256 * 1024
 
 
-class _Server(ThreadingHTTPServer):
-    """A thread per connection, at most ``max_connections`` of them; errors from
-    clients that went away are not printed."""
-
-    daemon_threads = True
-    allow_reuse_address = True
-    # socketserver's listen backlog is 5: a burst beyond it is half-opened by the
-    # kernel and then dropped without an answer; a longer one gets each its 503.
-    request_queue_size = 128
-
-    def __init__(self, address: tuple[str, int], handler: type, max_connections: int) -> None:
-        self._slots = threading.BoundedSemaphore(max_connections)
-        super().__init__(address, handler)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            # Full: refuse at once rather than queue behind idle connections.
-            with contextlib.suppress(OSError):
-                request.setblocking(False)
-                request.send(_BUSY)
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()  # no thread started
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        err = sys.exc_info()[1]
-        if isinstance(err, _CLIENT_GONE):
-            return  # the client hung up or went silent: nothing to report
-        host = client_address[0] if client_address else "?"
-        print(
-            f"kernmlops export: error serving {host}: {type(err).__name__}: {err}",
-            file=sys.stderr,
-        )
+def raise_fd_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard one (as Go programs do at start,
+    node_exporter among them); returns the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    return soft
 
 
 class ScrapeLog:
@@ -153,11 +145,76 @@ class ScrapeLog:
         return True
 
 
+@dataclass
+class ServerStats:
+    """The server's own counts, served with the metrics (its health under load)."""
+
+    open: int = 0
+    responses: dict[int, int] = field(default_factory=dict)
+    #: connections closed by the server: deadline, evicted (idle, to make room),
+    #: refused (full of busy ones), bad_request
+    closed: dict[str, int] = field(default_factory=dict)
+
+    def text(self) -> bytes:
+        """The counts in the text exposition format."""
+        from prometheus_client.exposition import generate_latest
+
+        return generate_latest(self)  # type: ignore[arg-type]
+
+    def collect(self) -> list:
+        """prometheus_client's collector protocol."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        prefix = "kernmlops_exporter_http"
+        conns = GaugeMetricFamily(f"{prefix}_connections", "connections open now")
+        conns.add_metric([], float(self.open))
+        resp = CounterMetricFamily(
+            f"{prefix}_responses", "HTTP responses sent, by status code", labels=["code"]
+        )
+        for code, n in sorted(self.responses.items()):
+            resp.add_metric([str(code)], float(n))
+        closed = CounterMetricFamily(
+            f"{prefix}_connections_closed",
+            "connections the server closed: deadline (request not complete in time), "
+            "evicted (idle, to make room), refused (every slot busy), bad_request",
+            labels=["reason"],
+        )
+        for reason in ("deadline", "evicted", "refused", "bad_request"):
+            closed.add_metric([reason], float(self.closed.get(reason, 0)))
+        return [conns, resp, closed]
+
+
+#: A connection this young whose request waits unread is not evicted: a real
+#: scraper sends its request at once, and is read within milliseconds.
+_YOUNG_S = 1.0
+
+
+class _Conn:
+    __slots__ = ("born", "busy", "fd", "key", "task")
+
+    def __init__(self, key: int, task: asyncio.Task | None, fd: int, now: float) -> None:
+        self.key = key
+        self.task = task
+        self.fd = fd
+        self.born = now
+        self.busy = False  # answering a request: not to be evicted
+
+    def has_input(self) -> bool:
+        """Bytes wait in the kernel for us (a request we have not read yet)."""
+        buf = bytearray(4)
+        try:
+            fcntl.ioctl(self.fd, termios.FIONREAD, buf)
+        except OSError:
+            return False
+        return int.from_bytes(buf, sys.byteorder) > 0
+
+
 class MetricsServer:
     """Serves ``render()`` at /metrics (and a pointer to it at /).
 
-    ``timeout_s``: a connection silent this long is closed; ``max_connections``:
-    connections served at once (one thread each), more are answered 503."""
+    ``timeout_s``: the whole-request deadline (and the response's);
+    ``max_connections``: connections held at once, idle ones closed first;
+    ``web_config``: TLS and basic auth (see webconfig.py)."""
 
     def __init__(
         self,
@@ -165,43 +222,59 @@ class MetricsServer:
         host: str = "127.0.0.1",
         port: int = 9435,
         *,
-        timeout_s: float = IDLE_TIMEOUT_S,
+        timeout_s: float = REQUEST_TIMEOUT_S,
         max_connections: int = MAX_CONNECTIONS,
+        web_config: WebConfig | None = None,
     ):
-        family = _family(host)
-
-        class Server(_Server):
-            address_family = family
-
+        self._render_fn = render
+        self.timeout_s = timeout_s
+        self.max_connections = max(1, min(max_connections, raise_fd_limit() - _FD_RESERVE))
+        self.web = web_config or WebConfig()
+        self._auth = BasicAuth(self.web.users) if self.web.users else None
         self.scrapes = ScrapeLog()
-        handler = _handler(render, timeout_s, self.scrapes)
+        self.stats = ServerStats()
         try:
-            self._httpd = Server((host, port), handler, max_connections)
+            # bound here, while the caller may still be privileged
+            self._sock = socket.create_server(
+                (host, port), family=_family(host), backlog=1024, reuse_port=False
+            )
         except OSError as err:
             raise ListenError(f"cannot listen on {host}:{port}: {err.strerror}") from None
         self.host = host
-        self.port = self._httpd.server_address[1]
+        self.port = self._sock.getsockname()[1]
         self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        #: in the order they began waiting for a request, the longest-waiting first
+        self._conns: dict[int, _Conn] = {}
+        self._ids = itertools.count()
+        self._inflight: asyncio.Future[bytes] | None = None
+        self._render_pool: ThreadPoolExecutor | None = None
+        self._auth_pool: ThreadPoolExecutor | None = None
 
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/metrics"
+        return f"{self.web.scheme}://{host}:{self.port}/metrics"
 
     def start(self) -> MetricsServer:
+        ready = threading.Event()
         self._thread = threading.Thread(
-            target=self._httpd.serve_forever, name="kernmlops-metrics", daemon=True
+            target=asyncio.run, args=(self._main(ready),), name="kernmlops-metrics", daemon=True
         )
         self._thread.start()
+        ready.wait()
         return self
 
     def stop(self) -> None:
-        """Stop serving and close the socket (idempotent)."""
+        """Stop serving, close every connection and the socket (idempotent)."""
         if self._thread is not None:
-            self._httpd.shutdown()
+            assert self._loop is not None and self._stop is not None
+            with contextlib.suppress(RuntimeError):  # the loop already ended
+                self._loop.call_soon_threadsafe(self._stop.set)
             self._thread.join()
             self._thread = None
-        self._httpd.server_close()
+        self._sock.close()
 
     def __enter__(self) -> MetricsServer:
         return self.start()
@@ -209,41 +282,230 @@ class MetricsServer:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    # -- the event loop ----------------------------------------------------------------
+    async def _main(self, ready: threading.Event) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        self._render_pool = ThreadPoolExecutor(1, thread_name_prefix="kernmlops-render")
+        self._auth_pool = ThreadPoolExecutor(1, thread_name_prefix="kernmlops-auth")
+        try:
+            server = await asyncio.start_server(
+                self._accepted, sock=self._sock, limit=_MAX_HEAD_BYTES, backlog=1024
+            )
+        except BaseException:
+            ready.set()
+            raise
+        ready.set()
+        async with server:
+            await self._stop.wait()
+            server.close()
+            tasks = [c.task for c in self._conns.values() if c.task is not None]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self._render_pool.shutdown(wait=True)
+        self._auth_pool.shutdown(wait=True)
 
-def _handler(
-    render: Callable[[], bytes], timeout_s: float, scrapes: ScrapeLog
-) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "kernmlops-exporter"
-        timeout = timeout_s  # socketserver sets it on the connection
+    async def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self._conns) >= self.max_connections and not self._evict_idle():
+            self._count_closed("refused")
+            await self._refuse(writer)
+            return
+        key = next(self._ids)
+        sock = writer.get_extra_info("socket")
+        fd = sock.fileno() if sock is not None else -1
+        now = asyncio.get_running_loop().time()
+        conn = self._conns[key] = _Conn(key, asyncio.current_task(), fd, now)
+        self.stats.open = len(self._conns)
+        try:
+            await self._serve(conn, reader, writer)
+        except TimeoutError:
+            self._count_closed("deadline")
+        except asyncio.CancelledError:
+            pass  # evicted, or the server stops
+        except (ConnectionError, OSError, EOFError):
+            pass  # the client hung up: nothing to report
+        except Exception as err:  # a bug must not end the server
+            print(f"kernmlops export: error serving a client: {err!r}", file=sys.stderr)
+        finally:
+            del self._conns[key]
+            self.stats.open = len(self._conns)
+            writer.transport.abort()
 
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                started = time.monotonic()
-                try:
-                    body = render()
-                except Exception as err:  # a scrape error must not kill the server
-                    self._send(500, f"scrape failed: {err}\n".encode(), "text/plain")
-                    print(f"kernmlops export: scrape failed: {err}", file=sys.stderr)
-                    return
-                self._send(200, body, CONTENT_TYPE_PLAIN_0_0_4)
-                self.wfile.flush()
-                scrapes.served(started)
-            elif path == "/":
-                page = b'<html><body><a href="/metrics">metrics</a></body></html>\n'
-                self._send(200, page, "text/html")
-            else:
-                self._send(404, b"not found: try /metrics\n", "text/plain")
+    def _evict_idle(self) -> bool:
+        """Close the connection that has waited longest for a request. Busy ones
+        are passed over, and so are young ones whose request has arrived but is
+        not read yet (a scrape accepted in one burst with many idle connections);
+        other young ones only when no older one is left."""
+        young = asyncio.get_running_loop().time() - _YOUNG_S
+        fallback = None
+        for conn in self._conns.values():
+            if conn.busy or conn.task is None:
+                continue
+            if conn.born > young:
+                if fallback is None and not conn.has_input():
+                    fallback = conn
+                continue
+            victim = conn
+            break
+        else:
+            if fallback is None:
+                return False
+            victim = fallback
+        victim.busy = True  # not chosen twice
+        assert victim.task is not None
+        victim.task.cancel()
+        self._count_closed("evicted")
+        return True
 
-        def _send(self, code: int, body: bytes, ctype: str) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    async def _refuse(self, writer: asyncio.StreamWriter) -> None:
+        if self.web.ssl_context is None:  # a TLS client would not read plain text
+            writer.write(
+                b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
+                b"Connection: close\r\n\r\n"
+            )
+        self._count_response(503)
+        writer.close()
 
-        def log_message(self, format: str, *args: object) -> None:
-            pass  # one line per scrape is noise
+    def _count_closed(self, reason: str) -> None:
+        self.stats.closed[reason] = self.stats.closed.get(reason, 0) + 1
 
-    return Handler
+    def _count_response(self, code: int) -> None:
+        self.stats.responses[code] = self.stats.responses.get(code, 0) + 1
+
+    async def _serve(
+        self, conn: _Conn, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        # one deadline from accept: the TLS handshake and the first request within it
+        deadline = loop.time() + self.timeout_s
+        if self.web.ssl_context is not None:
+            async with asyncio.timeout_at(deadline):
+                await writer.start_tls(self.web.ssl_context)
+        http = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_HEAD_BYTES)
+        while True:
+            conn.busy = False
+            self._conns[conn.key] = self._conns.pop(conn.key)  # waits from now: the newest
+            try:
+                async with asyncio.timeout_at(deadline):  # the whole request, not per byte
+                    request = await self._read_request(http, reader)
+            except h11.RemoteProtocolError as err:
+                self._count_closed("bad_request")
+                await self._send_error(http, writer, err.error_status_hint)
+                return
+            if request is None:
+                return  # closed between requests
+            conn.busy = True
+            await self._respond(http, writer, request)
+            if http.our_state is h11.MUST_CLOSE or http.their_state is not h11.DONE:
+                return
+            http.start_next_cycle()
+            deadline = loop.time() + self.timeout_s
+
+    async def _read_request(
+        self, http: h11.Connection, reader: asyncio.StreamReader
+    ) -> h11.Request | None:
+        request = None
+        while True:
+            event = http.next_event()
+            if event is h11.NEED_DATA:
+                data = await reader.read(8192)
+                if not data and (request or http.trailing_data[0]):
+                    raise EOFError  # the client went away mid-request: not a bad request
+                http.receive_data(data)
+            elif isinstance(event, h11.Request):
+                request = event
+            elif isinstance(event, h11.EndOfMessage):
+                return request
+            elif isinstance(event, h11.ConnectionClosed):
+                if request is None:
+                    return None
+                raise EOFError  # closed mid-request
+            # h11.Data: a GET has no body; any is read and dropped
+
+    async def _respond(
+        self, http: h11.Connection, writer: asyncio.StreamWriter, request: h11.Request
+    ) -> None:
+        path = request.target.split(b"?", 1)[0]
+        headers = dict(request.headers)
+        if request.method not in (b"GET", b"HEAD"):
+            await self._send(http, writer, 405, b"only GET\n", [(b"Allow", b"GET, HEAD")])
+            return
+        if self._auth is not None and not await self._authorized(headers.get(b"authorization")):
+            challenge = [(b"WWW-Authenticate", b'Basic realm="kernmlops exporter"')]
+            await self._send(http, writer, 401, b"Unauthorized\n", challenge)
+            return
+        head = request.method == b"HEAD"
+        if path == b"/metrics":
+            started = time.monotonic()
+            try:
+                body = await self._rendered()
+            except Exception as err:  # a scrape error must not end the server
+                print(f"kernmlops export: scrape failed: {err}", file=sys.stderr)
+                await self._send(http, writer, 500, f"scrape failed: {err}\n".encode())
+                return
+            body += self.stats.text()
+            ctype = CONTENT_TYPE_PLAIN_0_0_4.encode()
+            await self._send(http, writer, 200, body, [(b"Content-Type", ctype)], head=head)
+            self.scrapes.served(started)
+        elif path == b"/":
+            page = b'<html><body><a href="/metrics">metrics</a></body></html>\n'
+            await self._send(http, writer, 200, page, [(b"Content-Type", b"text/html")], head=head)
+        else:
+            await self._send(http, writer, 404, b"not found: try /metrics\n")
+
+    async def _authorized(self, header: bytes | None) -> bool:
+        assert self._auth is not None
+        text = header.decode("latin-1") if header is not None else None
+        known = self._auth.cached(text)
+        if known is not None:
+            return known
+        # bcrypt takes tens of ms: off the event loop, one at a time
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._auth_pool, self._auth.check, text)
+
+    async def _rendered(self) -> bytes:
+        """The maps read once for every scrape that arrives while they are read."""
+        if self._inflight is None:
+            loop = asyncio.get_running_loop()
+            fut = loop.run_in_executor(self._render_pool, self._render_fn)
+            self._inflight = fut
+
+            def done(_: object) -> None:
+                self._inflight = None
+
+            fut.add_done_callback(done)
+        return await asyncio.shield(self._inflight)
+
+    async def _send(
+        self,
+        http: h11.Connection,
+        writer: asyncio.StreamWriter,
+        code: int,
+        body: bytes,
+        extra: list[tuple[bytes, bytes]] | None = None,
+        *,
+        head: bool = False,
+    ) -> None:
+        headers = [(b"Content-Length", str(len(body)).encode())]
+        headers += extra or [(b"Content-Type", b"text/plain; charset=utf-8")]
+        headers += [(k.encode(), v.encode()) for k, v in self.web.headers]
+        self._count_response(code)
+        async with asyncio.timeout(self.timeout_s):  # a client that does not read is closed
+            reason = HTTPStatus(code).phrase.encode()
+            writer.write(http.send(h11.Response(status_code=code, headers=headers, reason=reason)))
+            if not head:  # h11 knows a HEAD response has no body
+                view = memoryview(body)
+                for i in range(0, len(view), _CHUNK):
+                    writer.write(http.send(h11.Data(data=view[i : i + _CHUNK])))
+                    await writer.drain()
+            writer.write(http.send(h11.EndOfMessage()))
+            await writer.drain()
+
+    async def _send_error(
+        self, http: h11.Connection, writer: asyncio.StreamWriter, code: int
+    ) -> None:
+        if http.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+            return
+        with contextlib.suppress(h11.LocalProtocolError, TimeoutError, ConnectionError):
+            await self._send(http, writer, code, b"bad request\n", [(b"Connection", b"close")])

@@ -10,6 +10,7 @@ from pathlib import Path
 from kernmlops.exporter.config import resolve_sets
 from kernmlops.exporter.core import Exporter, ExporterError, JobFilter, SetStatus
 from kernmlops.exporter.server import DEFAULT_LISTEN, MetricsServer, parse_listen
+from kernmlops.exporter.webconfig import WebConfig
 
 #: seconds the final values are served when no scrape interval was seen: two
 #: intervals of 15 s, the scrape interval of Prometheus' example configuration
@@ -87,6 +88,7 @@ def start_exporter(
     bpf_dir: Path | None = None,
     strict: bool = False,
     bpf_stats: bool = False,
+    web_config: WebConfig | None = None,
 ) -> RunningExporter:
     """Load the sets (``configs``: files or built-in names; none: the default
     built-in sets) and serve them at ``listen`` from a thread.
@@ -110,7 +112,7 @@ def start_exporter(
         problems = failures(exporter.statuses, strict=strict)
         if problems:
             raise ExporterError("exporter: " + "; ".join(problems))
-        server = MetricsServer(exporter.render, host, port).start()
+        server = MetricsServer(exporter.render, host, port, web_config=web_config).start()
     except BaseException:
         exporter.close()
         raise

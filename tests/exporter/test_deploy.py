@@ -1,0 +1,251 @@
+"""deploy/: the exporter as operators run it. The systemd unit passes
+`systemd-analyze verify` and its hardening still lets the BPF programs load;
+the DaemonSet passes the Kubernetes schema (kubernetes-validate, strict); the
+Prometheus config passes `promtool check config`; every PromQL expression of
+the Grafana dashboard parses (promtool) and returns data from a real
+Prometheus scraping a real exporter."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, needs_tools
+from tests.exporter.conftest import LIVE_SETS, LiveExporter, free_port
+
+DEPLOY = REPO / "deploy"
+UNIT = DEPLOY / "systemd" / "kernmlops-exporter.service"
+DAEMONSET = DEPLOY / "kubernetes" / "daemonset.yaml"
+DASHBOARD = DEPLOY / "grafana" / "dashboards" / "kernmlops-exporter.json"
+
+
+def unit_settings(text: str) -> dict[str, str]:
+    """``Key=value`` lines of a unit (continuation lines joined)."""
+    text = text.replace("\\\n", " ")
+    out = {}
+    for line in text.splitlines():
+        if "=" in line and not line.lstrip().startswith(("#", ";", "[")):
+            key, _, value = line.partition("=")
+            out[key.strip()] = value.strip()
+    return out
+
+
+def unit_sets(settings: dict[str, str]) -> list[str]:
+    """The metric sets the unit serves (its default KERNMLOPS_EXPORTER_ARGS)."""
+    env = settings["Environment"].strip('"')
+    args = shlex.split(env.partition("=")[2])
+    return [args[i + 1] for i, a in enumerate(args) if a == "-c"]
+
+
+# --- systemd -------------------------------------------------------------------------
+@needs_tools("systemd-analyze")
+def test_the_systemd_unit_verifies_and_is_hardened(tmp_path: Path) -> None:
+    text = UNIT.read_text()
+    settings = unit_settings(text)
+    assert settings["CapabilityBoundingSet"].split() == ["CAP_BPF", "CAP_PERFMON"]
+    assert settings["NoNewPrivileges"] == "yes"
+    assert settings["ProtectSystem"] == "strict"
+    assert "--capabilities.keep=none" in settings["ExecStart"]
+    assert "--web.config.file=" in settings["ExecStart"]
+    assert unit_sets(settings) == list(LIVE_SETS)  # what the dashboard test serves
+    # verify checks that ExecStart's program exists: point it at this install's
+    here = shutil.which("kernmlops") or str(Path(sys.executable).with_name("kernmlops"))
+    assert Path(here).exists()
+
+    def verify(unit_text: str, name: str) -> str:
+        unit = tmp_path / name
+        unit.write_text(unit_text.replace("/opt/kernmlops/bin/kernmlops", here))
+        out = subprocess.run(
+            ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60
+        )
+        assert out.returncode == 0 or name != "kernmlops-exporter.service", out.stderr
+        # it names the file for each problem it finds (and exits 0 for some of them)
+        return "\n".join(line for line in (out.stdout + out.stderr).splitlines() if name in line)
+
+    assert verify(text, "kernmlops-exporter.service") == ""
+    # and verify does find a problem there (the check above is no empty run)
+    broken = text.replace("ProtectSystem=strict", "ProtectSystem=stricter")
+    assert "stricter" in verify(broken, "broken.service")
+
+
+@pytest.mark.bpf
+@needs_tools("setpriv")
+def test_the_units_capabilities_and_no_new_privileges_still_load_the_programs() -> None:
+    settings = unit_settings(UNIT.read_text())
+    caps = ",".join(
+        "+" + c.removeprefix("CAP_").lower() for c in settings["CapabilityBoundingSet"].split()
+    )
+    cmd = ["setpriv", "--no-new-privs", "--bounding-set", f"-all,{caps}", sys.executable]
+    cmd += ["-m", "kernmlops.exporter", "--check"]
+    cmd += [x for s in unit_sets(settings) for x in ("-c", s)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "check passed" in out.stdout + out.stderr
+
+
+# --- Kubernetes ----------------------------------------------------------------------
+def test_the_daemonset_passes_the_kubernetes_schema() -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    version = kubernetes_validate.latest_version()
+    docs = [d for d in yaml.safe_load_all(DAEMONSET.read_text()) if d]
+    for doc in docs:
+        kubernetes_validate.validate(doc, version, strict=True)
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    pod = ds["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert pod["hostPID"] is True
+    assert c["readinessProbe"]["httpGet"]["path"] == "/metrics"
+    assert set(c["resources"]["limits"]) == {"cpu", "memory"}
+    assert c["securityContext"]["capabilities"]["add"] == ["BPF", "PERFMON"]
+    assert {m["mountPath"] for m in c["volumeMounts"]} >= {"/sys", "/sys/kernel/tracing"}
+    args = c["args"]
+    assert [args[i + 1] for i, a in enumerate(args) if a == "-c"] == list(LIVE_SETS)
+    assert "--capabilities.keep=none" in args
+    # the validator is strict: a misspelt field fails it
+    c["readinessProb"] = c.pop("readinessProbe")
+    with pytest.raises(kubernetes_validate.ValidationError, match="readinessProb"):
+        kubernetes_validate.validate(ds, version, strict=True)
+
+
+# --- Prometheus and Grafana ------------------------------------------------------------
+@needs_tools("promtool")
+def test_the_prometheus_scrape_config_passes_promtool() -> None:
+    out = subprocess.run(
+        ["promtool", "check", "config", str(DEPLOY / "prometheus" / "prometheus.yml")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    # the Kubernetes one (Debian's promtool has no Kubernetes discovery): its regexes
+    k8s = yaml.safe_load((DEPLOY / "prometheus" / "prometheus-kubernetes.yml").read_text())
+    (job,) = k8s["scrape_configs"]
+    assert job["kubernetes_sd_configs"][0]["role"] == "pod"
+    for rule in job["relabel_configs"]:
+        re.compile(rule.get("regex", "(.*)"))
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    """(panel title, PromQL) of every target, with Grafana's variables as a
+    dashboard showing every job and instance would set them."""
+    dash = json.loads(DASHBOARD.read_text())
+    out = []
+    for panel in dash["panels"]:
+        for target in panel.get("targets", []):
+            expr = target["expr"].replace("$__rate_interval", "15s")
+            expr = expr.replace("$instance", ".*").replace("$job", ".*")
+            assert "$" not in expr, expr
+            out.append((panel["title"], expr))
+    # the job and instance variables: label_values(SELECTOR, label) needs SELECTOR's series
+    for var in dash["templating"]["list"]:
+        if var["type"] == "query":
+            found = re.fullmatch(r"label_values\((.+), *(\w+)\)", var["definition"])
+            assert found, var["definition"]
+            out.append((f"variable {var['name']}", found[1].replace("$job", ".*")))
+    return out
+
+
+def test_the_dashboard_is_provisioned_from_its_file() -> None:
+    dash = json.loads(DASHBOARD.read_text())
+    assert dash["uid"] and dash["title"]
+    provider = yaml.safe_load(
+        (DEPLOY / "grafana" / "provisioning" / "dashboards" / "kernmlops.yaml").read_text()
+    )
+    assert provider["providers"][0]["type"] == "file"
+    titles = " ".join(p["title"] for p in dash["panels"]).lower()
+    for what in ("run-queue latency", "block i/o latency", "system calls", "failed system calls"):
+        assert what in titles
+    kinds = {p["type"] for p in dash["panels"]}
+    assert "heatmap" in kinds
+
+
+def _query(api: str, expr: str) -> list[dict]:
+    url = f"{api}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        body = json.loads(resp.read())
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+def _activity(stop: threading.Event, folder: Path) -> None:
+    """What the dashboard shows per job: block I/O (written and synced) and
+    failed system calls, from this process (a job of its own name)."""
+    data = folder / "io"
+    while not stop.wait(0.05):
+        with data.open("wb") as fh:
+            fh.write(os.urandom(64 * 1024))
+            fh.flush()
+            os.fsync(fh.fileno())
+        for _ in range(20):
+            with contextlib.suppress(FileNotFoundError):
+                os.stat(folder / "missing")
+
+
+@pytest.mark.bpf
+@needs_tools("promtool", "prometheus")
+def test_every_dashboard_query_parses_and_returns_data_from_a_real_prometheus(
+    live_exporter: LiveExporter, tmp_path: Path
+) -> None:
+    queries = dashboard_queries()
+    assert len(queries) >= 10
+    # promtool parses each expression (as a recording rule)
+    rules = tmp_path / "rules.yml"
+    recorded = [{"record": f"dashboard:q{i}", "expr": e} for i, (_, e) in enumerate(queries)]
+    rules.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": recorded}]}))
+    out = subprocess.run(["promtool", "check", "rules", str(rules)], capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+
+    prom_port = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        "scrape_configs:\n"
+        "  - job_name: kernmlops\n"
+        f"    static_configs: [{{targets: ['127.0.0.1:{live_exporter.port}']}}]\n"
+    )
+    # the block I/O must reach a disk: not a tmpfs
+    io_dir = Path(tempfile.mkdtemp(prefix="kmo-dash-", dir="/var/tmp"))
+    stop = threading.Event()
+    worker = threading.Thread(target=_activity, args=(stop, io_dir), daemon=True)
+    log = (tmp_path / "prometheus.log").open("w")
+    prom = subprocess.Popen(
+        ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{prom_port}"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    api = f"http://127.0.0.1:{prom_port}"
+    try:
+        worker.start()
+        pending = dict(enumerate(queries))
+        deadline = time.monotonic() + 25
+        while pending and time.monotonic() < deadline:
+            time.sleep(1)
+            for i, (_, expr) in list(pending.items()):
+                try:
+                    result = _query(api, expr)
+                except OSError:
+                    break  # Prometheus is not up yet
+                if any(r["value"][1] != "NaN" for r in result):
+                    del pending[i]
+        assert not pending, f"no data for: {list(pending.values())}"
+    finally:
+        stop.set()
+        worker.join()
+        prom.terminate()
+        prom.wait(timeout=20)
+        log.close()
+        shutil.rmtree(io_dir, ignore_errors=True)

@@ -1,0 +1,172 @@
+"""--web.config.file: the exporter-toolkit format read and checked, and a server
+that speaks TLS (certificates made here by the openssl command) and asks for
+basic auth (bcrypt hashes), tested with Python's TLS client and http.client.
+No root."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import shutil
+import ssl
+import subprocess
+from pathlib import Path
+
+import bcrypt
+import pytest
+
+from kernmlops.exporter.server import MetricsServer
+from kernmlops.exporter.webconfig import WebConfigError, load_web_config
+from tests.conftest import REQUIRE_BPF
+
+BODY = b"x_total 1.0\n"
+PASSWORD = "s3cret pass:word"  # a ':' in the password is allowed
+
+
+def _openssl(*args: str | Path) -> None:
+    subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate."""
+    if shutil.which("openssl") is None and not REQUIRE_BPF:  # CI installs it: fail there
+        pytest.skip("openssl not installed (make test installs it)")
+    d = tmp_path_factory.mktemp("pki")
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    _openssl("req", "-x509", *ec, "-keyout", d / "ca.key", "-out", d / "ca.crt",
+             "-subj", "/CN=kmo test CA", "-days", "2")  # fmt: skip
+    for name, ext in (
+        ("server", "subjectAltName=IP:127.0.0.1,DNS:localhost"),
+        ("client", "extendedKeyUsage=clientAuth"),
+    ):
+        _openssl("req", *ec, "-keyout", d / f"{name}.key", "-out", d / f"{name}.csr",
+                 "-subj", f"/CN=kmo {name}")  # fmt: skip
+        (d / f"{name}.ext").write_text(ext + "\n")
+        _openssl("x509", "-req", "-in", d / f"{name}.csr", "-CA", d / "ca.crt",
+                 "-CAkey", d / "ca.key", "-CAcreateserial", "-days", "2",
+                 "-extfile", d / f"{name}.ext", "-out", d / f"{name}.crt")  # fmt: skip
+    return d
+
+
+def _hash(password: str, prefix: bytes = b"$2b$") -> str:
+    # rounds=4: the cheapest cost bcrypt allows, so that the test is quick
+    hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4))
+    return (prefix + hashed[4:]).decode()
+
+
+def _get(
+    server: MetricsServer, ctx: ssl.SSLContext | None, auth: tuple[str, str] | None = None
+) -> tuple[int, bytes, http.client.HTTPMessage]:
+    if ctx is not None:
+        conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+            "127.0.0.1", server.port, timeout=5, context=ctx
+        )
+    else:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+    headers = {}
+    if auth is not None:
+        token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+        headers["Authorization"] = f"Basic {token}"
+    try:
+        conn.request("GET", "/metrics", headers=headers)
+        resp = conn.getresponse()
+        return resp.status, resp.read(), resp.headers
+    finally:
+        conn.close()
+
+
+def _client_ctx(pki: Path, cert: bool = False) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))  # verifies name and chain
+    if cert:
+        ctx.load_cert_chain(pki / "client.crt", pki / "client.key")
+    return ctx
+
+
+def test_tls_and_basic_auth_with_a_real_tls_client_and_a_wrong_password(
+    pki: Path, tmp_path: Path
+) -> None:
+    web = tmp_path / "web.yml"
+    web.write_text(
+        "tls_server_config:\n"
+        f"  cert_file: {pki / 'server.crt'}\n"
+        f"  key_file: {pki / 'server.key'}\n"
+        "basic_auth_users:\n"
+        f"  prometheus: '{_hash(PASSWORD, b'$2y$')}'\n"  # htpasswd's form
+        f"  other: '{_hash('other')}'\n"
+    )
+    config = load_web_config(web)
+    with MetricsServer(lambda: BODY, "127.0.0.1", 0, web_config=config) as server:
+        assert server.url.startswith("https://127.0.0.1:")
+        ctx = _client_ctx(pki)
+        status, body, _ = _get(server, ctx, ("prometheus", PASSWORD))
+        assert status == 200 and body.startswith(BODY)
+        assert _get(server, ctx, ("other", "other"))[0] == 200
+        for wrong in (("prometheus", "wrong"), ("nobody", PASSWORD), ("other", PASSWORD)):
+            status, body, headers = _get(server, ctx, wrong)
+            assert status == 401 and BODY not in body
+            assert headers["WWW-Authenticate"].startswith("Basic ")
+        assert _get(server, ctx)[0] == 401  # no credentials
+        # the right password again (the verdict is remembered, never the password)
+        assert _get(server, ctx, ("prometheus", PASSWORD))[0] == 200
+        # plain HTTP to the TLS port gets no metrics
+        try:
+            plain = _get(server, None, ("prometheus", PASSWORD))
+        except (http.client.HTTPException, OSError):
+            plain = None
+        assert plain is None or BODY not in plain[1]
+        # a client that does not trust the certificate refuses it
+        with pytest.raises(ssl.SSLCertVerificationError):
+            _get(server, ssl.create_default_context())
+
+
+def test_client_certificates_are_required_when_configured(pki: Path, tmp_path: Path) -> None:
+    # relative paths are relative to the file's folder, as exporter-toolkit has it
+    web = pki / "mtls.yml"
+    web.write_text(
+        "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+        "  client_ca_file: ca.crt\n  client_auth_type: RequireAndVerifyClientCert\n"
+        "  min_version: TLS13\n"
+    )
+    with MetricsServer(lambda: BODY, "127.0.0.1", 0, web_config=load_web_config(web)) as server:
+        assert _get(server, _client_ctx(pki, cert=True))[0] == 200
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            _get(server, _client_ctx(pki, cert=False))
+
+
+def test_a_file_without_tls_or_users_serves_plain_http(tmp_path: Path) -> None:
+    web = tmp_path / "web.yml"
+    web.write_text("http_server_config:\n  headers:\n    X-Frame-Options: deny\n")
+    with MetricsServer(lambda: BODY, "127.0.0.1", 0, web_config=load_web_config(web)) as server:
+        status, _, headers = _get(server, None)
+        assert status == 200 and headers["X-Frame-Options"] == "deny"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("tls_server_config:\n  cert_fle: a\n", "did you mean 'cert_file'"),
+        ("basic_auth_user:\n  a: b\n", "did you mean 'basic_auth_users'"),
+        ("tls_server_config:\n  cert_file: a.crt\n", "needs both cert_file and key_file"),
+        ("tls_server_config:\n  cert_file: a.crt\n  key_file: a.key\n", "no file"),
+        ("basic_auth_users:\n  prometheus: plaintext\n", "not a bcrypt hash"),
+        ("tls_server_config:\n  min_version: TLS99\n", "min_version"),
+        ("- a\n", "must be a mapping"),
+        ("tls_server_config:\n  client_auth_type: RequestClientCert\n", "not supported"),
+    ],
+)
+def test_bad_files_are_one_clear_line(tmp_path: Path, text: str, message: str) -> None:
+    web = tmp_path / "web.yml"
+    web.write_text(text)
+    with pytest.raises(WebConfigError, match=message) as info:
+        load_web_config(web)
+    assert "\n" not in str(info.value) and str(web) in str(info.value)
+
+
+def test_a_certificate_that_does_not_fit_its_key_is_refused(pki: Path, tmp_path: Path) -> None:
+    web = tmp_path / "web.yml"
+    web.write_text(
+        f"tls_server_config:\n  cert_file: {pki / 'server.crt'}\n  key_file: {pki / 'client.key'}\n"
+    )
+    with pytest.raises(WebConfigError, match="cannot load"):
+        load_web_config(web)
