@@ -2,7 +2,7 @@
 spool -> Parquet, so the machine size where the collector stops keeping up is known.
 
 The producer is not a workload but the kernel itself at full speed: ``capacity.bpf.c``
-sends quanta_runtime's batches (64 records of 48 bytes) from a BPF_PROG_TEST_RUN
+sends quanta_runtime's batches (64 records of 32 bytes) from a BPF_PROG_TEST_RUN
 loop on one CPU, as fast as the ring takes them. Its batches are real: records of a
 short ``stress-ng --switch`` storm on this machine, collected first through the hook
 itself (256 batches, more than zstd's window, so compression sees real data).
