@@ -134,7 +134,14 @@ class CollectorConfig(_Strict):
         "copier alone",
     )
     min_free_mb: float = Field(
-        64, ge=0, description="refuse to start with less free space than this in output_dir"
+        64,
+        ge=0,
+        description="refuse to start with less free space than this in output_dir; during "
+        "the run (checked 4 times a second) stop the benchmark when its filesystem has less, "
+        "or the spool's tmpfs has less than this and than the spool may still put there: "
+        "finished parts and the spool are kept for kernmlops recover (the room left keeps "
+        "the manifest and the machine's other writers going). 0: only a full filesystem "
+        "stops it",
     )
     warn_free_mb: float = Field(
         1024, ge=0, description="warn when starting with less free space than this"

@@ -42,7 +42,7 @@ from kernmlops.collect.manifest import (
     manifest_text,
     write_manifest,
 )
-from kernmlops.collect.output import prepare_output, release_reserve
+from kernmlops.collect.output import filesystem, prepare_output, release_reserve
 from kernmlops.collect.participants import Participant, configured
 from kernmlops.collect.sinks import ParquetSink, ThreadedSink, free_bytes, human_bytes, is_disk_full
 from kernmlops.collect.spool import (
@@ -53,6 +53,7 @@ from kernmlops.collect.spool import (
     spool_memory,
 )
 from kernmlops.config import Config
+from kernmlops.ebpf.spool import SpoolMemory
 from kernmlops.errors import (
     CollectionError,
     HookUnavailable,
@@ -102,6 +103,14 @@ DRAIN_QUEUE_BYTES = 4 << 20
 #: the collector's OOM score adjustment while a benchmark runs: the kernel's OOM killer
 #: takes the benchmark (adjustment 0) long before the collector that records it
 COLLECTOR_OOM_SCORE_ADJ = -900
+#: how often, while the benchmark runs, a thread of its own looks at the free space of
+#: the collection's filesystem and of the spool's tmpfs (a statvfs each, microseconds),
+#: and the poll loop asks the spools and the sink for a failed write: a filling disk
+#: stops the benchmark well within 2 s, not at its end
+SPACE_CHECK_S = 0.25
+#: SIGTERM's grace for a benchmark stopped because the space ran out (5 s otherwise):
+#: its rows can no longer be kept
+SPACE_STOP_GRACE_S = 1.0
 
 
 class StrictError(KernmlopsError):
@@ -208,6 +217,8 @@ class Session:
         self._parquet: ParquetSink | None = None
         self._disk_full = False
         self._spool_dir: Path | None = None
+        #: the tmpfs folder of the spool's first MiB, while the run uses one
+        self._memory: SpoolMemory | None = None
         self._manifests: _Background | None = None
         self._compaction: dict[str, str] = {}
         #: benchmark.cpus / transparent_hugepages / drop_page_cache, applied in run()
@@ -348,6 +359,7 @@ class Session:
                     hook.status.reason = str(err).removeprefix(f"{hook.name}: ")
                     if cfg.strict:
                         raise StrictError(f"--strict: hook {err}") from err
+            self._memory = ctx.spool_memory
             for participant in self.participants:
                 participant.start(ctx)  # e.g. the exporter: the same processes as the hooks
             attach_s = time.monotonic() - t0
@@ -452,9 +464,10 @@ class Session:
             except Exception as err:  # collected, reported after cleanup
                 errors.append(err)
 
+        full = self._out_of_space()
         if proc is not None:
             if proc.poll() is None:
-                step(proc.stop)
+                step(lambda: proc.stop(SPACE_STOP_GRACE_S if full else 5.0))
             step(proc.reap_group)
             if bench_exit is None and proc.returncode is not None:
                 bench_exit = exit_status(proc.returncode)
@@ -467,11 +480,17 @@ class Session:
         if isinstance(sink, ThreadedSink):
             sink.max_queued_bytes = min(sink.max_queued_bytes, DRAIN_QUEUE_BYTES)
         _trim_as_usual()  # no ring to keep up with: heaps trimmed again in the drain
-        spooled = sum(h.spooled_bytes() for h in hooks)
+        # Out of space, spooled records stay in the spool for `kernmlops recover`: their
+        # rows would take the room the disk no longer has.
+        parked = [h for h in hooks if full and _spooling(h)]
+        spooled = sum(_spooled_bytes(h) for h in hooks if h not in parked)
         if spooled >= 64 << 20 and self.on_message:
             self.on_message(f"making rows from {human_bytes(spooled)} of spooled records")
         for hook in hooks:
-            step(lambda hook=hook: self._drain(hook, sink, final=True))
+            if hook in parked:
+                step(lambda hook=hook: self._spool_call(lambda: _park(hook)))
+            else:
+                step(lambda hook=hook: self._drain(hook, sink, final=True))
             step(hook.close)  # idempotent: detaches even if the final drain failed
         step(lambda: self._results(sink, proc, workdir, bench_exit))
         try:
@@ -538,6 +557,7 @@ class Session:
         start = time.monotonic()
         next_flush = start + cfg.flush_interval_s
         next_progress = start
+        next_check = start
         # The loop sleeps until a hook is due (next_poll), and whatever cannot wait
         # wakes it: the benchmark's exit (a pidfd), a stop signal (an eventfd the
         # handler writes), a ring passing a quarter full (its map fd, see
@@ -548,13 +568,18 @@ class Session:
         manifests = self._manifests = _Background("kernmlops-manifest")
         exited: int | None = None
         waker: select.epoll | None = None
+        watch: _SpaceWatch | None = None
         try:
             exited = _pidfd(proc.pid) if proc is not None else None
             self._interrupt = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
             waker, capped = _waker(hooks, exited, self._interrupt)
             longest = max(period, cfg.poll_max_interval_ms / 1000) if capped else math.inf
+            if self._parquet is not None:
+                watch = _SpaceWatch(self._space_error, self._wake, proc)
             while True:
                 tick = time.monotonic()
+                if watch is not None and watch.error is not None:
+                    raise watch.error  # the benchmark is stopped already
                 loading = libraries is not None and not libraries.is_set()
                 behind = isinstance(sink, ThreadedSink) and sink.behind
                 spilled = sum(h.spilled_bytes() for h in hooks)
@@ -581,6 +606,9 @@ class Session:
                         for hook in hooks:
                             self._spool_call(lambda h=hook, f=finished: h.checkpoint_spool(f))
                     next_flush = tick + cfg.flush_interval_s
+                if tick >= next_check:
+                    self._spool_call(lambda: _check_writes(hooks, sink))
+                    next_check = tick + SPACE_CHECK_S
                 if self.on_progress and tick >= next_progress:
                     self.on_progress(self._progress(hooks, tick - start))
                     next_progress = tick + 0.25
@@ -598,6 +626,8 @@ class Session:
                     wake = min(wake, next_progress)
                 self._sleep(max(tick + period, wake) - now, waker)
         finally:
+            if watch is not None:
+                watch.close()  # before the eventfd it writes is closed
             if waker is not None:
                 waker.close()
             interrupt, self._interrupt = self._interrupt, None
@@ -667,9 +697,65 @@ class Session:
             what = "the disk is full" if full else f"a write failed ({err.strerror or err})"
             raise OutputError(
                 f"cannot write the spool in {where}: {what}; "
-                f"{human_bytes(free_bytes(where))} free there. Finished parts and the "
-                "spool are kept (kernmlops recover, once there is room)."
+                f"{human_bytes(free_bytes(where))} free on {filesystem(where)}. "
+                f"{self._kept()}"
             ) from None
+
+    def _kept(self) -> str:
+        """What a collection stopped by its output says it kept, and how to get it."""
+        return (
+            "The benchmark was stopped; finished parts and the spool are kept "
+            f"(kernmlops recover {self.path}, once there is room)."
+        )
+
+    def _out_of_space(self) -> bool:
+        """Whether the run ends because the collection's disk or the spool's tmpfs
+        filled (or fell below collector.min_free_mb)."""
+        failure = self._parquet.failure if self._parquet is not None else None
+        return self._disk_full or (failure is not None and is_disk_full(failure))
+
+    def _wake(self) -> None:
+        """End the poll loop's sleep (as a stop signal does)."""
+        if self._interrupt is not None:
+            with contextlib.suppress(OSError):
+                os.eventfd_write(self._interrupt, 1)
+
+    def _space_error(self) -> OutputError | None:
+        """Why the collection must stop for want of space, or None: the collection's
+        filesystem has less than collector.min_free_mb free (or none), or the spool's
+        tmpfs less than that and than what the spool may still put there, or the sink
+        failed on a full disk. (The space watch's thread: it only reads.)"""
+        least = self.config.collector.min_free_mb * 2**20
+        free = free_bytes(self.path)
+        if free is not None and (free < least or free == 0):
+            self._disk_full = True
+            return OutputError(
+                f"only {human_bytes(free)} free on {filesystem(self.path)}, the filesystem "
+                f"of {self.path}: below collector.min_free_mb "
+                f"({self.config.collector.min_free_mb:g} MiB). {self._kept()}"
+            )
+        memory = self._memory
+        left = memory.limit - memory.used if memory is not None else 0
+        if memory is not None and left > 0:
+            # Taken by a neighbour: the spool itself keeps within its budget (and, that
+            # spent, writes on the disk: the tmpfs may fill then).
+            free = free_bytes(memory.folder)
+            if free is not None and free < min(max(least, 1), left):
+                self._disk_full = True
+                return OutputError(
+                    f"only {human_bytes(free)} free on {filesystem(memory.folder)}, the "
+                    f"filesystem of the spool's memory {memory.folder}: less than "
+                    f"collector.min_free_mb and the {human_bytes(left)} the spool may "
+                    f"still put there. {self._kept()}"
+                )
+        failure = self._parquet.failure if self._parquet is not None else None
+        if failure is not None and is_disk_full(failure):
+            where = self.path
+            return OutputError(
+                f"cannot write to {where}: the disk is full; {human_bytes(free_bytes(where))} "
+                f"free on {filesystem(where)}. {self._kept()}"
+            )
+        return None
 
     def _progress(self, hooks: list[Hook], elapsed: float) -> Progress:
         events: dict[str, int] = {}
@@ -678,7 +764,7 @@ class Session:
             events[h.name] = h.status.events
             drops_fn = getattr(h, "drops", None)
             drops[h.name] = drops_fn() if drops_fn else 0
-        spooled = {h.name: h.spooled_bytes() for h in hooks}
+        spooled = {h.name: _spooled_bytes(h) for h in hooks}  # errors: _check_writes
         return Progress(elapsed, events, drops, {}, self.benchmark.describe(), spooled)
 
     def _exit_code(
@@ -884,6 +970,46 @@ def _is_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+def _check_writes(hooks: Sequence[Hook], sink: Sink) -> None:
+    """Raise a spool's failed write (the ring copier's, as an OSError) and the sink
+    writer's error now, not when the run ends or rows are next written."""
+    for hook in hooks:
+        hook.spooled_bytes()
+    if isinstance(sink, ThreadedSink):
+        sink.check()
+
+
+def _spooled_bytes(hook: Hook) -> int:
+    """A hook's spooled bytes; 0 where its spool failed (the error was reported)."""
+    try:
+        return hook.spooled_bytes()
+    except OSError:
+        return 0
+
+
+def _spooling(hook: Hook) -> bool:
+    """Whether ``hook`` holds records in a spool (a failed spool counts: what it
+    wrote stays)."""
+    try:
+        return hook.spooled_bytes() > 0
+    except OSError:
+        return True
+
+
+def _park(hook: Hook) -> None:
+    """Stop a spooling hook without making rows from its spool: they stay for
+    ``kernmlops recover``. The final drain's first step moves what the rings and the
+    CPUs' batches still hold into the spool; the rows it then yields are dropped (they
+    are in the spool too), and closing it closes the hook."""
+    final = iter(hook.stop())
+    try:
+        next(final, None)
+    finally:
+        close = getattr(final, "close", None)
+        if close is not None:
+            close()
+
+
 def _write_all(sink: Sink, rows: Iterable[tuple[str, Rows]]) -> None:
     for table, frame in rows:
         sink.write(table, frame)
@@ -920,6 +1046,44 @@ def _pidfd(pid: int) -> int | None:
         return os.pidfd_open(pid)
     except (AttributeError, OSError):
         return None  # then the loop notices the exit at its next poll
+
+
+class _SpaceWatch:
+    """While the benchmark runs, a thread that asks ``check`` every SPACE_CHECK_S
+    whether the collection must stop for want of space, apart from the poll loop: a
+    hook's work can hold the loop for seconds (a library's first import under a storm
+    took 7 s). Once it must, the thread keeps the reason (``error``), wakes the loop
+    (``wake``) and stops the benchmark itself."""
+
+    def __init__(
+        self,
+        check: Callable[[], OutputError | None],
+        wake: Callable[[], None],
+        proc: GatedProcess | None,
+    ) -> None:
+        self.error: OutputError | None = None
+        self._check = check
+        self._wake = wake
+        self._proc = proc
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kernmlops-space", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._done.wait(SPACE_CHECK_S):
+            error = self._check()
+            if error is None:
+                continue
+            self.error = error
+            self._wake()
+            if self._proc is not None and self._proc.poll() is None:
+                with contextlib.suppress(Exception):  # the session's stop says what failed
+                    self._proc.stop(SPACE_STOP_GRACE_S)
+            return
+
+    def close(self) -> None:
+        self._done.set()
+        self._thread.join()
 
 
 class _Background:
