@@ -117,6 +117,11 @@ class StrictError(KernmlopsError):
     """--strict and a hook could not attach."""
 
 
+class OutOfSpace(OutputError):
+    """The collection's filesystem, or the spool's tmpfs, filled during the run: the
+    message names it, its free space, and the recover command."""
+
+
 @dataclass
 class Progress:
     """What the session reports while it runs (the CLI draws it)."""
@@ -388,7 +393,9 @@ class Session:
             )
             ended_by, bench_exit = self._loop(hooks, sink, proc, libraries)
         except BaseException as err:  # always flush and detach below
-            errors.append(err)
+            # a spool's write that failed outside _spool_call (a spill, a hook's poll)
+            full = isinstance(err, OSError) and is_disk_full(err)
+            errors.append(self._spool_error(err) if full else err)  # type: ignore[arg-type]
             ended_by = "interrupted" if isinstance(err, KeyboardInterrupt) else "error"
         finally:
             bench_exit = self._finish(hooks, sink, proc, flt, outputs, workdir, bench_exit, errors)
@@ -419,6 +426,10 @@ class Session:
             full = self._disk_full or (failure is not None and is_disk_full(failure))
             ended_by = "disk_full" if full else "error"
             error = next((e for e in errors if isinstance(e, OutputError)), error)
+            if full and not isinstance(error, OutOfSpace):
+                # the sink's own line (whichever thread saw the full disk first) says
+                # less: which filesystem, that the spool is kept, how to recover
+                error = self._space_error() or error
         elif ended_by not in ("error", "interrupted") and errors:
             ended_by = "error"
         result = CollectionResult(
@@ -613,6 +624,8 @@ class Session:
                     self.on_progress(self._progress(hooks, tick - start))
                     next_progress = tick + 0.25
                 if proc is not None and proc.poll() is not None:
+                    if watch is not None and watch.error is not None:
+                        raise watch.error  # it was stopped for that
                     code = exit_status(proc.returncode or 0)
                     return ("completed" if code == 0 else "failed"), code
                 if self._stop_signal is not None:
@@ -689,17 +702,26 @@ class Session:
         except OutputError:
             raise
         except OSError as err:
-            full = is_disk_full(err)
-            self._disk_full = self._disk_full or full
-            # the filesystem that failed: the collection's, or the tmpfs of the spool's
-            # first MiB (a segment's path says which)
-            where = Path(err.filename).parent if err.filename else self.path
-            what = "the disk is full" if full else f"a write failed ({err.strerror or err})"
-            raise OutputError(
-                f"cannot write the spool in {where}: {what}; "
-                f"{human_bytes(free_bytes(where))} free on {filesystem(where)}. "
-                f"{self._kept()}"
-            ) from None
+            raise self._spool_error(err) from None
+
+    def _spool_error(self, err: OSError) -> OutputError:
+        """A spool's failed write as the user's one line; a full disk ends the
+        collection as disk_full."""
+        full = is_disk_full(err)
+        self._disk_full = self._disk_full or full
+        # The filesystem that failed: the collection's, or the tmpfs of the spool's
+        # first MiB. A segment's path says which; a bare write's error (no path) is
+        # the fuller of the two's.
+        if err.filename:
+            where = Path(err.filename).parent
+        else:
+            folders = [self.path, *([self._memory.folder] if self._memory else [])]
+            where = min(folders, key=lambda f: _free_or_inf(f))
+        what = "the disk is full" if full else f"a write failed ({err.strerror or err})"
+        return (OutOfSpace if full else OutputError)(
+            f"cannot write the spool in {where}: {what}; "
+            f"{human_bytes(free_bytes(where))} free on {filesystem(where)}. {self._kept()}"
+        )
 
     def _kept(self) -> str:
         """What a collection stopped by its output says it kept, and how to get it."""
@@ -720,7 +742,7 @@ class Session:
             with contextlib.suppress(OSError):
                 os.eventfd_write(self._interrupt, 1)
 
-    def _space_error(self) -> OutputError | None:
+    def _space_error(self) -> OutOfSpace | None:
         """Why the collection must stop for want of space, or None: the collection's
         filesystem has less than collector.min_free_mb free (or none), or the spool's
         tmpfs less than that and than what the spool may still put there, or the sink
@@ -729,11 +751,14 @@ class Session:
         free = free_bytes(self.path)
         if free is not None and (free < least or free == 0):
             self._disk_full = True
-            return OutputError(
-                f"only {human_bytes(free)} free on {filesystem(self.path)}, the filesystem "
-                f"of {self.path}: below collector.min_free_mb "
-                f"({self.config.collector.min_free_mb:g} MiB). {self._kept()}"
+            fs = f"{filesystem(self.path)}, the filesystem of {self.path}"
+            why = (
+                f"the disk is full: 0 B free on {fs}"
+                if free == 0
+                else f"only {human_bytes(free)} free on {fs}: below collector.min_free_mb "
+                f"({self.config.collector.min_free_mb:g} MiB)"
             )
+            return OutOfSpace(f"{why}. {self._kept()}")
         memory = self._memory
         left = memory.limit - memory.used if memory is not None else 0
         if memory is not None and left > 0:
@@ -742,7 +767,7 @@ class Session:
             free = free_bytes(memory.folder)
             if free is not None and free < min(max(least, 1), left):
                 self._disk_full = True
-                return OutputError(
+                return OutOfSpace(
                     f"only {human_bytes(free)} free on {filesystem(memory.folder)}, the "
                     f"filesystem of the spool's memory {memory.folder}: less than "
                     f"collector.min_free_mb and the {human_bytes(left)} the spool may "
@@ -751,7 +776,7 @@ class Session:
         failure = self._parquet.failure if self._parquet is not None else None
         if failure is not None and is_disk_full(failure):
             where = self.path
-            return OutputError(
+            return OutOfSpace(
                 f"cannot write to {where}: the disk is full; {human_bytes(free_bytes(where))} "
                 f"free on {filesystem(where)}. {self._kept()}"
             )
@@ -970,6 +995,11 @@ def _is_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+def _free_or_inf(path: Path) -> float:
+    free = free_bytes(path)
+    return math.inf if free is None else free
+
+
 def _check_writes(hooks: Sequence[Hook], sink: Sink) -> None:
     """Raise a spool's failed write (the ring copier's, as an OSError) and the sink
     writer's error now, not when the run ends or rows are next written."""
@@ -1057,11 +1087,11 @@ class _SpaceWatch:
 
     def __init__(
         self,
-        check: Callable[[], OutputError | None],
+        check: Callable[[], OutOfSpace | None],
         wake: Callable[[], None],
         proc: GatedProcess | None,
     ) -> None:
-        self.error: OutputError | None = None
+        self.error: OutOfSpace | None = None
         self._check = check
         self._wake = wake
         self._proc = proc
