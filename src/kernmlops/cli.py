@@ -212,6 +212,14 @@ def _summary(result) -> Table:
     help="with --export: after the benchmark ends, serve the final values until a scrape "
     "took them or SECONDS passed (default: two scrape intervals; 0: stop at once).",
 )
+@click.option(
+    "--as-user",
+    is_flag=True,
+    default=None,
+    help="under sudo, run the benchmark as the user who ran sudo, not as root "
+    "(benchmark.as_user). Off by default, as `perf record` and `bpftrace -c` run their "
+    "command as root. The collection belongs to that user either way.",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def collect(
     config_file: Path | None,
@@ -225,6 +233,7 @@ def collect(
     no_progress: bool,
     export_addr: str | None,
     export_grace: float | None,
+    as_user: bool | None,
     command: tuple[str, ...],
 ) -> None:
     """Run a benchmark (or COMMAND) while the hooks collect; write one collection.
@@ -238,7 +247,8 @@ def collect(
       kernmlops collect -c overrides.yaml --hooks quanta_runtime
 
     The exit code is the benchmark's. Ctrl+C or SIGTERM stops the collection
-    and keeps what was collected.
+    and keeps what was collected. Under sudo the collection's folders and files
+    belong to the user who ran sudo; the benchmark runs as root unless --as-user.
     """
     from kernmlops.collect.session import UNUSED_LIBRARIES, Session
     from kernmlops.config import Flags, load_config
@@ -266,6 +276,7 @@ def collect(
         progress=False if no_progress else None,
         export=export_addr or None,
         export_grace_s=export_grace,
+        as_user=as_user,
     )
     if config_file is None and Path(OVERRIDES).is_file():
         config_file = Path(OVERRIDES)
@@ -333,6 +344,9 @@ def collect(
         )
     if config.collector.output_graphs and result.ended_by != "error":
         _draw_graphs(result.path)
+        from kernmlops.host.invoker import hand_over, invoker
+
+        hand_over(result.path / "graphs", invoker())  # drawn by root, the user's
     if result.exit_code:
         _console().print(f"[yellow]exit code {result.exit_code}[/] ({result.ended_by})")
     sys.exit(result.exit_code)
@@ -408,6 +422,9 @@ def recover(collection: Path, bpf_dir: Path | None) -> None:
         if pid is not None:
             raise CollectionError(f"collector {pid} still writes {collection}: stop it first")
         added = recover(collection, bpf_dir)
+        from kernmlops.host.invoker import hand_over, invoker
+
+        hand_over(collection, invoker())  # the new parts, as collect's were
     except KernmlopsError as err:
         fail(err)
     except OSError as err:

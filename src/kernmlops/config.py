@@ -298,6 +298,18 @@ BenchmarkConfig = create_model(
         float | None,
         Field(None, gt=0, description="stop after this many seconds (null: when done)"),
     ),
+    as_user=(
+        bool,
+        Field(
+            False,
+            description="under sudo, run the benchmark as the user who ran sudo (SUDO_UID, "
+            "SUDO_GID, their groups and HOME) instead of root. Off by default, as perf "
+            "record, bpftrace -c and strace run their command with the tool's own "
+            "privileges: what is measured runs as it would under those tools, and the "
+            "benchmarks that drop caches, set THP or use devices can. The collection's "
+            "files belong to the user either way",
+        ),
+    ),
     **ENVIRONMENT_FIELDS,
 )
 BenchmarkConfig.plugins = BENCHMARKS
@@ -481,6 +493,8 @@ class Flags:
     export: str | None = None
     #: --export-grace: collector.export_grace_s
     export_grace_s: float | None = None
+    #: --as-user: benchmark.as_user
+    as_user: bool | None = None
 
     def paths(self) -> dict[str, Any]:
         """``{"section.key": value}`` of every flag that is set."""
@@ -496,6 +510,7 @@ class Flags:
             "collector.progress": self.progress,
             "collector.export": self.export,
             "collector.export_grace_s": self.export_grace_s,
+            "benchmark.as_user": self.as_user,
         }
         return {k: v for k, v in paths.items() if v is not None}
 

@@ -56,6 +56,7 @@ from kernmlops.config import Config
 from kernmlops.ebpf.spool import SpoolMemory
 from kernmlops.errors import (
     CollectionError,
+    ConfigError,
     HookUnavailable,
     KernmlopsError,
     OutputError,
@@ -65,6 +66,7 @@ from kernmlops.hooks.base import Hook, HookContext, HookStatus
 from kernmlops.host.cgroup import set_oom_score_adj
 from kernmlops.host.cpus import SpareCpu, autogroup_nice, set_autogroup_nice
 from kernmlops.host.environment import Environment
+from kernmlops.host.invoker import Invoker, created_by_mkdir, hand_over, invoker
 from kernmlops.host.sysinfo import system_info
 from kernmlops.lazy import preload
 from kernmlops.tables import Rows, Sink
@@ -228,20 +230,38 @@ class Session:
         self._compaction: dict[str, str] = {}
         #: benchmark.cpus / transparent_hugepages / drop_page_cache, applied in run()
         self.environment = Environment()
+        #: under sudo, the user the collection's files are given to (run)
+        self.invoker: Invoker | None = None
+        #: the folders of the output path this run created (given to the invoker too)
+        self._created: list[Path] = []
+        #: (st_dev, st_ino) of the files the benchmark's output is captured in
+        self._captured: dict[str, tuple[int, int]] = {}
 
     # -- public -------------------------------------------------------------
     def run(self) -> CollectionResult:
         cfg = self.config.collector
         _return_large_frees()
         self.benchmark.check()  # before anything is started or attached
+        self.invoker = who = invoker()
+        as_user = self.config.benchmark.as_user
+        if as_user and who is None and os.geteuid() == 0:
+            raise ConfigError(
+                "benchmark.as_user (--as-user): no user to run the benchmark as "
+                "(SUDO_UID is not set): run kernmlops through sudo, or leave it off"
+            )
         self.environment = env = Environment.from_options(self.config.benchmark)
         started_at = datetime.now(UTC)
         if self._sink is None:
             # Pre-flight: a folder that cannot take the collection fails here, before
             # the benchmark runs; the manifest exists from now on.
-            check = prepare_output(
-                self.path, min_free_mb=cfg.min_free_mb, warn_free_mb=cfg.warn_free_mb
-            )
+            self._created = created_by_mkdir(self.path)
+            try:
+                check = prepare_output(
+                    self.path, min_free_mb=cfg.min_free_mb, warn_free_mb=cfg.warn_free_mb
+                )
+            except OutputError:
+                self._hand_over()
+                raise
             if check.warning and self.on_message:
                 self.on_message(check.warning)
             self.manifest = Manifest(
@@ -303,6 +323,7 @@ class Session:
             env.apply()  # THP and the page cache; restored in _finish
             self.benchmark.environment = env
             self.benchmark.setup(workdir)
+            runs_as = who if as_user else None
             launch = self.benchmark.launch()
             if mode == "auto":
                 mode = self.benchmark.default_filter
@@ -311,7 +332,12 @@ class Session:
             if launch is not None:
                 if launch.capture_output:
                     outputs = [(workdir / n).open("wb") for n in ("stdout.txt", "stderr.txt")]
-                proc = GatedProcess(launch, *outputs)
+                    self._captured = {
+                        Path(out.name).name: _identity(os.fstat(out.fileno())) for out in outputs
+                    }
+                # the benchmark's own folder (what setup() made in it too) is its user's
+                hand_over(workdir, runs_as)
+                proc = GatedProcess(launch, *outputs, user=runs_as)
                 env.limit(proc.pid, proc.containment.path)  # held at the gate
                 if cfg.nice is not None:  # held at the gate: its children inherit this
                     os.setpriority(os.PRIO_PROCESS, proc.pid, own_nice)
@@ -450,9 +476,15 @@ class Session:
                 self._finalise_manifest(result, proc, error)
             except OutputError as err:
                 error = error or err
+        self._hand_over()  # after root's last write
         if error is not None:
             raise error
         return result
+
+    def _hand_over(self) -> None:
+        """Under sudo, the collection and the folders this run created are the user's."""
+        if self._sink is None:
+            hand_over(self.path, self.invoker, self._created)
 
     def _finish(
         self,
@@ -674,7 +706,7 @@ class Session:
         for name in ("stdout.txt", "stderr.txt"):
             if (workdir / name).exists() and self._sink is None:
                 kept.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(workdir / name, kept / name)
+                self._keep_output(workdir / name, kept / name)
         run = BenchmarkRun(
             workdir=workdir,
             exit_code=exit_code,
@@ -690,6 +722,22 @@ class Session:
             return
         if frame is not None and frame.height:
             sink.write(RESULT_TABLE, frame)
+
+    def _keep_output(self, source: Path, target: Path) -> None:
+        """Copy a captured output file, only if it is still the file it was opened as:
+        a benchmark run as the user owns its folder, and could put a link to a file
+        only root may read in its place."""
+        try:
+            fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as err:
+            self.results_error = f"{source.name} not kept: {err.strerror or err}"
+            return
+        with os.fdopen(fd, "rb") as src:
+            if _identity(os.fstat(fd)) != self._captured.get(source.name):
+                self.results_error = f"{source.name} not kept: replaced while the benchmark ran"
+                return
+            with target.open("wb") as dst:
+                shutil.copyfileobj(src, dst)
 
     def _drain(self, hook: Hook, sink: Sink, final: bool = False) -> None:
         self._spool_call(lambda: _write_all(sink, hook.stop() if final else hook.poll()))
@@ -993,6 +1041,10 @@ def _is_main_thread() -> bool:
     import threading
 
     return threading.current_thread() is threading.main_thread()
+
+
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
 
 
 def _free_or_inf(path: Path) -> float:
