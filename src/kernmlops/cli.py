@@ -222,6 +222,14 @@ def _summary(result) -> Table:
     help="when the collection has finished, push it to the dataset at URI (as `kernmlops "
     "push` does: a folder, s3://bucket/prefix, ...); URI is checked before collecting.",
 )
+@click.option(
+    "--as-user",
+    is_flag=True,
+    default=None,
+    help="under sudo, run the benchmark as the user who ran sudo, not as root "
+    "(benchmark.as_user). Off by default, as `perf record` and `bpftrace -c` run their "
+    "command as root. The collection belongs to that user either way.",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def collect(
     config_file: Path | None,
@@ -236,6 +244,7 @@ def collect(
     export_addr: str | None,
     export_grace: float | None,
     publish_uri: str | None,
+    as_user: bool | None,
     command: tuple[str, ...],
 ) -> None:
     """Run a benchmark (or COMMAND) while the hooks collect; write one collection.
@@ -249,7 +258,8 @@ def collect(
       kernmlops collect -c overrides.yaml --hooks quanta_runtime
 
     The exit code is the benchmark's. Ctrl+C or SIGTERM stops the collection
-    and keeps what was collected.
+    and keeps what was collected. Under sudo the collection's folders and files
+    belong to the user who ran sudo; the benchmark runs as root unless --as-user.
     """
     from kernmlops.collect.session import UNUSED_LIBRARIES, Session
     from kernmlops.config import Flags, load_config
@@ -277,6 +287,7 @@ def collect(
         progress=False if no_progress else None,
         export=export_addr or None,
         export_grace_s=export_grace,
+        as_user=as_user,
     )
     if config_file is None and Path(OVERRIDES).is_file():
         config_file = Path(OVERRIDES)
@@ -349,6 +360,9 @@ def collect(
         )
     if config.collector.output_graphs and result.ended_by != "error":
         _draw_graphs(result.path)
+        from kernmlops.host.invoker import hand_over, invoker
+
+        hand_over(result.path / "graphs", invoker())  # drawn by root, the user's
     if result.exit_code:
         _console().print(f"[yellow]exit code {result.exit_code}[/] ({result.ended_by})")
     if publish_to is not None:
@@ -434,6 +448,9 @@ def recover(collection: Path, bpf_dir: Path | None) -> None:
         if pid is not None:
             raise CollectionError(f"collector {pid} still writes {collection}: stop it first")
         done = recover(collection, bpf_dir)
+        from kernmlops.host.invoker import hand_over, invoker
+
+        hand_over(collection, invoker())  # the new parts, as collect's were
     except KernmlopsError as err:
         fail(err)
     except OSError as err:

@@ -134,7 +134,14 @@ class CollectorConfig(_Strict):
         "copier alone",
     )
     min_free_mb: float = Field(
-        64, ge=0, description="refuse to start with less free space than this in output_dir"
+        64,
+        ge=0,
+        description="refuse to start with less free space than this in output_dir; during "
+        "the run (checked 4 times a second) stop the benchmark when its filesystem has less, "
+        "or the spool's tmpfs has less than this and than the spool may still put there: "
+        "finished parts and the spool are kept for kernmlops recover (the room left keeps "
+        "the manifest and the machine's other writers going). 0: only a full filesystem "
+        "stops it",
     )
     warn_free_mb: float = Field(
         1024, ge=0, description="warn when starting with less free space than this"
@@ -290,6 +297,18 @@ BenchmarkConfig = create_model(
     duration_s=(
         float | None,
         Field(None, gt=0, description="stop after this many seconds (null: when done)"),
+    ),
+    as_user=(
+        bool,
+        Field(
+            False,
+            description="under sudo, run the benchmark as the user who ran sudo (SUDO_UID, "
+            "SUDO_GID, their groups and HOME) instead of root. Off by default, as perf "
+            "record, bpftrace -c and strace run their command with the tool's own "
+            "privileges: what is measured runs as it would under those tools, and the "
+            "benchmarks that drop caches, set THP or use devices can. The collection's "
+            "files belong to the user either way",
+        ),
     ),
     **ENVIRONMENT_FIELDS,
 )
@@ -474,6 +493,8 @@ class Flags:
     export: str | None = None
     #: --export-grace: collector.export_grace_s
     export_grace_s: float | None = None
+    #: --as-user: benchmark.as_user
+    as_user: bool | None = None
 
     def paths(self) -> dict[str, Any]:
         """``{"section.key": value}`` of every flag that is set."""
@@ -489,6 +510,7 @@ class Flags:
             "collector.progress": self.progress,
             "collector.export": self.export,
             "collector.export_grace_s": self.export_grace_s,
+            "benchmark.as_user": self.as_user,
         }
         return {k: v for k, v in paths.items() if v is not None}
 

@@ -3,6 +3,8 @@ metrics parsed from stress-ng's YAML; real short runs, and one through the CLI."
 
 from __future__ import annotations
 
+import os
+import stat
 import subprocess
 import tempfile
 import time
@@ -38,7 +40,9 @@ def _bench(**options: object) -> StressNgBenchmark:
 
 
 def _argv(**options: object) -> list[str]:
-    launch = _bench(**options).launch()
+    bench = _bench(**options)
+    launch = bench.launch()
+    bench.teardown()  # its metrics folder
     assert launch is not None
     return launch.argv
 
@@ -194,14 +198,69 @@ def test_duration_rounds_up_and_extra_args_last() -> None:
     assert _flag(_argv(scenario="cpu", duration_s=0.1), "--timeout") == "1s"
 
 
-def test_metrics_go_to_a_private_yaml_file() -> None:
+def test_metrics_go_to_a_private_yaml_file(tmp_path: Path) -> None:
     a, b = _bench(), _bench()
-    path = Path(_flag(_argv(), "--yaml"))
-    assert path.parent == Path(tempfile.gettempdir())
-    assert a.yaml_path != b.yaml_path
-    launch = a.launch()
-    assert launch is not None and launch.capture_output
-    assert _flag(launch.argv, "--yaml") == str(a.yaml_path) == _flag(a.launch().argv, "--yaml")
+    try:
+        # launched before setup (no workdir): a folder of its own, 0700
+        assert a.yaml_path.parent != b.yaml_path.parent
+        folder = a.yaml_path.parent
+        st = os.lstat(folder)
+        assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o700
+        assert st.st_uid == os.geteuid() and folder.parent == Path(tempfile.gettempdir())
+        launch = a.launch()
+        assert launch is not None and launch.capture_output
+        assert _flag(launch.argv, "--yaml") == str(a.yaml_path) == _flag(a.launch().argv, "--yaml")
+    finally:
+        a.teardown()
+        b.teardown()
+    assert not folder.exists()  # teardown removed its own folder
+    # set up by the session first: in the run's private workdir, which stays
+    c = _bench()
+    c.setup(tmp_path)
+    assert c.yaml_path == tmp_path / "stress-ng.yaml"
+    c.teardown()
+    assert tmp_path.is_dir()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_a_neighbour_cannot_plant_a_link_at_the_metrics_file(tmp_path: Path) -> None:
+    """The attack as filed: the metrics file's name is in stress-ng's argv, which every
+    user reads; nobody plants a link there before root's stress-ng writes its report."""
+    secret = tmp_path / "shadow"
+    secret.write_bytes(b"root:$6$precious\n")
+    secret.chmod(0o600)
+    os.chmod(tmp_path, 0o755)
+    bench = _bench(scenario="cpu", workers=1, duration_s=1)
+    try:
+        name = str(bench.yaml_path)
+        plant = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+             "ln", "-s", str(secret), name],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert plant.returncode != 0 and "Permission denied" in plant.stderr, plant
+        assert not os.path.lexists(name)
+    finally:
+        bench.teardown()
+    assert secret.read_bytes() == b"root:$6$precious\n"
+
+
+def test_results_never_read_the_metrics_file_through_a_link(tmp_path: Path) -> None:
+    """A benchmark run as the user owns its folder: a link it leaves at the metrics
+    file (to a file only root reads) is refused in one line, and its target not read."""
+    secret = tmp_path / "shadow"
+    secret.write_text("metrics: [{stressor: leaked, bogo-ops: 1}]\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    bench = _bench(scenario="cpu", workers=1, duration_s=1)
+    bench.setup(work)
+    bench.yaml_path.symlink_to(secret)
+    with pytest.raises(BenchmarkError, match=r"stress-ng: .* not read"):
+        bench.results(BenchmarkRun(workdir=work, exit_code=0))
+    bench.yaml_path.unlink()
+    os.link(secret, bench.yaml_path)  # a second name of another file
+    with pytest.raises(BenchmarkError, match="not a file of its own"):
+        bench.results(BenchmarkRun(workdir=work, exit_code=0))
 
 
 def test_describe_is_the_command() -> None:

@@ -105,11 +105,12 @@ def test_disk_full_mid_run(tmp_path: Path, bpf_baseline) -> None:
         assert "Traceback" not in err
         lines = [line for line in err.splitlines() if line.startswith("error:")]
         assert len(lines) == 1, err
-        assert "disk is full" in lines[0] and str(full / "out") in lines[0] and "free" in lines[0]
+        # below collector.min_free_mb, or full: the filesystem named, with its free space
+        assert f"free on {full} (tmpfs)" in lines[0] and str(full / "out") in lines[0]
         col = run.collection()
         manifest = read_manifest(col)
         assert manifest.state == "disk_full" and manifest.exit_code == 2
-        assert "disk is full" in (manifest.error or "")
+        assert f"free on {full} (tmpfs)" in (manifest.error or "")
         read_everything(col)
         assert not list(col.glob("*/.*.tmp"))  # unfinished parts were removed
         assert_no_benchmark_left(run.marker)
@@ -127,9 +128,9 @@ def test_a_full_tmpfs_under_the_spool_is_named_not_the_collections_disk(tmp_path
     """The copier's write into the spool's first MiB fails on a full tmpfs: the error
     names that tmpfs and its free space, not the collection's disk (which had room)."""
     import errno
-    from types import SimpleNamespace
 
     from kernmlops.collect.session import Session
+    from kernmlops.config import load_config
     from kernmlops.ebpf import copier as native
     from kernmlops.ebpf.spool import FRAME_RAW, RingSpool, SpoolMemory
     from kernmlops.errors import OutputError
@@ -147,13 +148,14 @@ def test_a_full_tmpfs_under_the_spool_is_named_not_the_collections_disk(tmp_path
             ring.write_records(events(2700))  # 64.8 KB
             ring.sync()
             copier.copy_now()
-            session = SimpleNamespace(path=tmp_path / "collection", _disk_full=False)
+            config = load_config({"collector": {"output_dir": str(tmp_path / "out")}})
+            session = Session(config)
             with pytest.raises(OutputError) as caught:
-                Session._spool_call(session, lambda: spool.take(None))  # type: ignore[arg-type]
+                session._spool_call(lambda: spool.take(None))  # type: ignore[arg-type]
             assert session._disk_full
             message = str(caught.value)
             assert f"cannot write the spool in {shm}: the disk is full" in message, message
-            assert "free there" in message
+            assert f"free on {shm} (tmpfs)" in message
             assert ring.consumer() < ring.prod  # what did not fit is still in the ring
             assert copier.rings[0].error == errno.ENOSPC
         finally:

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import shutil
+import stat
 import tempfile
-import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -45,6 +47,8 @@ VM_BYTES = "64M"
 #: File size each hdd / iomix / seek worker writes in the temporary directory.
 HDD_BYTES = "16M"
 IOMIX_BYTES = "16M"
+#: the largest metrics file read back (stress-ng writes a few KiB)
+MAX_YAML_BYTES = 16 << 20
 NODE_ROOT = Path("/sys/devices/system/node")
 CPU_ONLINE = Path("/sys/devices/system/cpu/online")
 
@@ -125,10 +129,25 @@ class StressNgBenchmark(Benchmark[StressNgOptions]):
 
     def __init__(self, options: StressNgOptions | BenchmarkOptions | None = None) -> None:
         super().__init__(options)
-        # launch() runs before setup() gives a workdir (and is called again for
-        # descriptions), so the metrics file has a fixed private name from the start.
-        token = uuid.uuid4().hex
-        self.yaml_path = Path(tempfile.gettempdir()) / f"kernmlops-stress-ng-{token}.yaml"
+        #: the folder of the metrics file: setup()'s workdir, or one of its own that
+        #: yaml_path makes when launch() comes first
+        self._folder: Path | None = None
+        self._own_folder = False
+
+    def setup(self, workdir: Path) -> None:
+        if self._folder is None:
+            self._folder = workdir
+
+    @property
+    def yaml_path(self) -> Path:
+        """stress-ng's metrics file, in a folder only the benchmark's user may enter
+        (mkdtemp's 0700). Not a name in the shared temporary folder: even a random one
+        is in stress-ng's argv for every user to read, and a link planted there before
+        stress-ng writes its report would be followed by root's stress-ng."""
+        if self._folder is None:
+            self._folder = Path(tempfile.mkdtemp(prefix="kernmlops-stress-ng-"))
+            self._own_folder = True
+        return self._folder / "stress-ng.yaml"
 
     def check(self) -> None:
         require_tool("stress-ng", STRESS_NG, "apt-get install stress-ng")
@@ -192,7 +211,7 @@ class StressNgBenchmark(Benchmark[StressNgOptions]):
         except ValueError as err:
             raise BenchmarkError(f"stress-ng: {err}") from None
 
-    def launch(self) -> Launch | None:
+    def _argv(self, metrics: bool) -> list[str]:
         # stress-ng truncates fractional seconds ("2.5s" runs 2 s): round up so a
         # run is never shorter than asked.
         seconds = max(1, math.ceil(self.options.duration_s))
@@ -200,25 +219,51 @@ class StressNgBenchmark(Benchmark[StressNgOptions]):
         # even for stressors that write nothing, and it may be read-only (the lab).
         argv = [
             STRESS_NG, *self.stressor_args(), "--timeout", f"{seconds}s", "--metrics-brief",
-            "--temp-path", tempfile.gettempdir(), "--yaml", str(self.yaml_path),
+            "--temp-path", tempfile.gettempdir(),
         ]  # fmt: skip
-        return Launch(argv=[*argv, *self.options.extra_args], capture_output=True)
+        if metrics:
+            argv += ["--yaml", str(self.yaml_path)]
+        return [*argv, *self.options.extra_args]
+
+    def launch(self) -> Launch | None:
+        return Launch(argv=self._argv(metrics=True), capture_output=True)
 
     def describe(self) -> str:
-        launch = self.launch()
-        assert launch is not None
-        # The metrics file is an internal detail: leave it out of the description.
-        i = launch.argv.index("--yaml")
-        return " ".join(launch.argv[:i] + launch.argv[i + 2 :])
+        # The metrics file is an internal detail: left out (and not made for this).
+        return " ".join(self._argv(metrics=False))
 
     def results(self, run: BenchmarkRun) -> pl.DataFrame | None:
-        if not self.yaml_path.exists():
+        text = self._read_metrics()
+        return None if text is None else result_frame(parse_metrics_yaml(text))
+
+    def _read_metrics(self) -> str | None:
+        """The metrics file, if stress-ng wrote one: never through a link, nor a file
+        with a second name (a benchmark run as the user owns the folder), at most
+        MAX_YAML_BYTES."""
+        if self._folder is None:
+            return None
+        path = self.yaml_path
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
             return None  # stress-ng did not get as far as its report
-        return result_frame(parse_metrics_yaml(self.yaml_path.read_text()))
+        except OSError as err:
+            raise BenchmarkError(f"stress-ng: {path} not read: {err.strerror or err}") from None
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+                raise BenchmarkError(f"stress-ng: {path} is not a file of its own: not read")
+            if st.st_size > MAX_YAML_BYTES:
+                raise BenchmarkError(f"stress-ng: {path} is {st.st_size} bytes: not read")
+            return f.read(MAX_YAML_BYTES).decode("utf-8", "replace")
 
     def teardown(self) -> None:
+        if self._folder is None:
+            return
         with contextlib.suppress(FileNotFoundError):
             self.yaml_path.unlink()
+        if self._own_folder:
+            shutil.rmtree(self._folder, ignore_errors=True)
 
 
 def parse_metrics_yaml(text: str) -> list[tuple[str, str, float, str]]:

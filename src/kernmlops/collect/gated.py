@@ -18,6 +18,7 @@ from typing import IO
 from kernmlops.benchmarks.base import Launch
 from kernmlops.errors import BenchmarkError
 from kernmlops.host.cgroup import Containment
+from kernmlops.host.invoker import Invoker
 
 # The gate is the shell's stdin, a pipe: a line means go, end-of-file (the
 # collector died) means exit. Stdin, not another fd: dash only takes fd numbers
@@ -31,10 +32,17 @@ class GatedProcess:
     that kills it all if the collector dies."""
 
     def __init__(self, launch: Launch, stdout: IO[bytes] | None = None,
-                 stderr: IO[bytes] | None = None) -> None:  # fmt: skip
+                 stderr: IO[bytes] | None = None, user: Invoker | None = None) -> None:  # fmt: skip
+        """``user``: run as that user (its uid, gid, groups and HOME), not as the
+        collector's own."""
         self.containment = Containment()
         read_fd, self._gate = os.pipe()
-        env = {**os.environ, **launch.env}
+        env = {**os.environ, **(user.env() if user else {}), **launch.env}
+        who: dict = (
+            {"user": user.uid, "group": user.gid, "extra_groups": list(user.groups)}
+            if user is not None
+            else {}
+        )
         try:
             self.proc = subprocess.Popen(
                 ["/bin/sh", "-c", _GATE, "kernmlops-gate", *launch.argv],
@@ -44,6 +52,7 @@ class GatedProcess:
                 start_new_session=True,  # own group: stop it whole, no Ctrl+C from the tty
                 stdout=stdout,
                 stderr=stderr,
+                **who,
             )
         except OSError as err:
             os.close(self._gate)

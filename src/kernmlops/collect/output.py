@@ -12,13 +12,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from kernmlops.collect.sinks import free_bytes, human_bytes
 from kernmlops.errors import OutputError
 
-__all__ = ["RESERVE_NAME", "OutputCheck", "prepare_output", "release_reserve"]
+__all__ = ["RESERVE_NAME", "OutputCheck", "filesystem", "prepare_output", "release_reserve"]
 
 RESERVE_NAME = ".manifest.reserve"
 RESERVE_BYTES = 1 << 20  # a manifest with a large system section is ~50 KiB
@@ -114,3 +115,32 @@ def release_reserve(path: Path) -> None:
     """Give the reserved room back (before the final manifest is written)."""
     with contextlib.suppress(OSError):
         (path / RESERVE_NAME).unlink()
+
+
+def _unescape(field: str) -> str:
+    """A mountinfo field as it is: the kernel writes space, tab, newline and
+    backslash in octal (``\\040``)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def filesystem(path: Path) -> str:
+    """The filesystem that holds ``path``, for a message: its mount point and type,
+    e.g. ``/dev/shm (tmpfs)``; the path itself where /proc says nothing."""
+    try:
+        target = Path(os.path.realpath(path))
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return str(path)
+    best: tuple[Path, str] | None = None
+    for line in lines:
+        # id parent major:minor root mount-point options [optional...] - type source ...
+        fields = line.split()
+        if "-" not in fields[:-1] or len(fields) < 5:
+            continue
+        mount = Path(_unescape(fields[4]))
+        kind = fields[fields.index("-") + 1]
+        # the last mount of the longest mount point above the path is the one in effect
+        deeper = best is None or len(mount.parts) >= len(best[0].parts)
+        if deeper and target.is_relative_to(mount):
+            best = (mount, kind)
+    return f"{best[0]} ({best[1]})" if best else str(path)

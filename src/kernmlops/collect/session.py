@@ -42,7 +42,7 @@ from kernmlops.collect.manifest import (
     manifest_text,
     write_manifest,
 )
-from kernmlops.collect.output import prepare_output, release_reserve
+from kernmlops.collect.output import filesystem, prepare_output, release_reserve
 from kernmlops.collect.participants import Participant, configured
 from kernmlops.collect.sinks import ParquetSink, ThreadedSink, free_bytes, human_bytes, is_disk_full
 from kernmlops.collect.spool import (
@@ -54,8 +54,10 @@ from kernmlops.collect.spool import (
     spool_memory,
 )
 from kernmlops.config import Config
+from kernmlops.ebpf.spool import SpoolMemory
 from kernmlops.errors import (
     CollectionError,
+    ConfigError,
     HookUnavailable,
     KernmlopsError,
     OutputError,
@@ -65,6 +67,7 @@ from kernmlops.hooks.base import Hook, HookContext, HookStatus
 from kernmlops.host.cgroup import set_oom_score_adj
 from kernmlops.host.cpus import SpareCpu, autogroup_nice, set_autogroup_nice
 from kernmlops.host.environment import Environment
+from kernmlops.host.invoker import Invoker, created_by_mkdir, hand_over, invoker
 from kernmlops.host.sysinfo import system_info
 from kernmlops.lazy import preload
 from kernmlops.tables import Rows, Sink
@@ -106,10 +109,23 @@ DRAIN_QUEUE_BYTES = 4 << 20
 #: the collector's OOM score adjustment while a benchmark runs: the kernel's OOM killer
 #: takes the benchmark (adjustment 0) long before the collector that records it
 COLLECTOR_OOM_SCORE_ADJ = -900
+#: how often, while the benchmark runs, a thread of its own looks at the free space of
+#: the collection's filesystem and of the spool's tmpfs (a statvfs each, microseconds),
+#: and the poll loop asks the spools and the sink for a failed write: a filling disk
+#: stops the benchmark well within 2 s, not at its end
+SPACE_CHECK_S = 0.25
+#: SIGTERM's grace for a benchmark stopped because the space ran out (5 s otherwise):
+#: its rows can no longer be kept
+SPACE_STOP_GRACE_S = 1.0
 
 
 class StrictError(KernmlopsError):
     """--strict and a hook could not attach."""
+
+
+class OutOfSpace(OutputError):
+    """The collection's filesystem, or the spool's tmpfs, filled during the run: the
+    message names it, its free space, and the recover command."""
 
 
 @dataclass
@@ -212,24 +228,44 @@ class Session:
         self._parquet: ParquetSink | None = None
         self._disk_full = False
         self._spool_dir: Path | None = None
+        #: the tmpfs folder of the spool's first MiB, while the run uses one
+        self._memory: SpoolMemory | None = None
         self._manifests: _Background | None = None
         self._compaction: dict[str, str] = {}
         #: benchmark.cpus / transparent_hugepages / drop_page_cache, applied in run()
         self.environment = Environment()
+        #: under sudo, the user the collection's files are given to (run)
+        self.invoker: Invoker | None = None
+        #: the folders of the output path this run created (given to the invoker too)
+        self._created: list[Path] = []
+        #: (st_dev, st_ino) of the files the benchmark's output is captured in
+        self._captured: dict[str, tuple[int, int]] = {}
 
     # -- public -------------------------------------------------------------
     def run(self) -> CollectionResult:
         cfg = self.config.collector
         _return_large_frees()
         self.benchmark.check()  # before anything is started or attached
+        self.invoker = who = invoker()
+        as_user = self.config.benchmark.as_user
+        if as_user and who is None and os.geteuid() == 0:
+            raise ConfigError(
+                "benchmark.as_user (--as-user): no user to run the benchmark as "
+                "(SUDO_UID is not set): run kernmlops through sudo, or leave it off"
+            )
         self.environment = env = Environment.from_options(self.config.benchmark)
         started_at = datetime.now(UTC)
         if self._sink is None:
             # Pre-flight: a folder that cannot take the collection fails here, before
             # the benchmark runs; the manifest exists from now on.
-            check = prepare_output(
-                self.path, min_free_mb=cfg.min_free_mb, warn_free_mb=cfg.warn_free_mb
-            )
+            self._created = created_by_mkdir(self.path)
+            try:
+                check = prepare_output(
+                    self.path, min_free_mb=cfg.min_free_mb, warn_free_mb=cfg.warn_free_mb
+                )
+            except OutputError:
+                self._hand_over()
+                raise
             if check.warning and self.on_message:
                 self.on_message(check.warning)
             self.manifest = Manifest(
@@ -291,6 +327,7 @@ class Session:
             env.apply()  # THP and the page cache; restored in _finish
             self.benchmark.environment = env
             self.benchmark.setup(workdir)
+            runs_as = who if as_user else None
             launch = self.benchmark.launch()
             if mode == "auto":
                 mode = self.benchmark.default_filter
@@ -299,7 +336,12 @@ class Session:
             if launch is not None:
                 if launch.capture_output:
                     outputs = [(workdir / n).open("wb") for n in ("stdout.txt", "stderr.txt")]
-                proc = GatedProcess(launch, *outputs)
+                    self._captured = {
+                        Path(out.name).name: _identity(os.fstat(out.fileno())) for out in outputs
+                    }
+                # the benchmark's own folder (what setup() made in it too) is its user's
+                hand_over(workdir, runs_as)
+                proc = GatedProcess(launch, *outputs, user=runs_as)
                 env.limit(proc.pid, proc.containment.path)  # held at the gate
                 if cfg.nice is not None:  # held at the gate: its children inherit this
                     os.setpriority(os.PRIO_PROCESS, proc.pid, own_nice)
@@ -355,6 +397,7 @@ class Session:
                     hook.status.reason = str(err).removeprefix(f"{hook.name}: ")
                     if cfg.strict:
                         raise StrictError(f"--strict: hook {err}") from err
+            self._memory = ctx.spool_memory
             for participant in self.participants:
                 participant.start(ctx)  # e.g. the exporter: the same processes as the hooks
             attach_s = time.monotonic() - t0
@@ -383,7 +426,9 @@ class Session:
             )
             ended_by, bench_exit = self._loop(hooks, sink, proc, libraries)
         except BaseException as err:  # always flush and detach below
-            errors.append(err)
+            # a spool's write that failed outside _spool_call (a spill, a hook's poll)
+            full = isinstance(err, OSError) and is_disk_full(err)
+            errors.append(self._spool_error(err) if full else err)  # type: ignore[arg-type]
             ended_by = "interrupted" if isinstance(err, KeyboardInterrupt) else "error"
         finally:
             bench_exit = self._finish(hooks, sink, proc, flt, outputs, workdir, bench_exit, errors)
@@ -414,6 +459,10 @@ class Session:
             full = self._disk_full or (failure is not None and is_disk_full(failure))
             ended_by = "disk_full" if full else "error"
             error = next((e for e in errors if isinstance(e, OutputError)), error)
+            if full and not isinstance(error, OutOfSpace):
+                # the sink's own line (whichever thread saw the full disk first) says
+                # less: which filesystem, that the spool is kept, how to recover
+                error = self._space_error() or error
         elif ended_by not in ("error", "interrupted") and errors:
             ended_by = "error"
         result = CollectionResult(
@@ -434,9 +483,15 @@ class Session:
                 self._finalise_manifest(result, proc, error)
             except OutputError as err:
                 error = error or err
+        self._hand_over()  # after root's last write
         if error is not None:
             raise error
         return result
+
+    def _hand_over(self) -> None:
+        """Under sudo, the collection and the folders this run created are the user's."""
+        if self._sink is None:
+            hand_over(self.path, self.invoker, self._created)
 
     def _finish(
         self,
@@ -459,9 +514,10 @@ class Session:
             except Exception as err:  # collected, reported after cleanup
                 errors.append(err)
 
+        full = self._out_of_space()
         if proc is not None:
             if proc.poll() is None:
-                step(proc.stop)
+                step(lambda: proc.stop(SPACE_STOP_GRACE_S if full else 5.0))
             step(proc.reap_group)
             if bench_exit is None and proc.returncode is not None:
                 bench_exit = exit_status(proc.returncode)
@@ -474,11 +530,17 @@ class Session:
         if isinstance(sink, ThreadedSink):
             sink.max_queued_bytes = min(sink.max_queued_bytes, DRAIN_QUEUE_BYTES)
         _trim_as_usual()  # no ring to keep up with: heaps trimmed again in the drain
-        spooled = sum(h.spooled_bytes() for h in hooks)
+        # Out of space, spooled records stay in the spool for `kernmlops recover`: their
+        # rows would take the room the disk no longer has.
+        parked = [h for h in hooks if full and _spooling(h)]
+        spooled = sum(_spooled_bytes(h) for h in hooks if h not in parked)
         if spooled >= 64 << 20 and self.on_message:
             self.on_message(f"making rows from {human_bytes(spooled)} of spooled records")
         for hook in hooks:
-            step(lambda hook=hook: self._drain(hook, sink, final=True))
+            if hook in parked:
+                step(lambda hook=hook: self._spool_call(lambda: _park(hook)))
+            else:
+                step(lambda hook=hook: self._drain(hook, sink, final=True))
             step(hook.close)  # idempotent: detaches even if the final drain failed
         step(lambda: self._results(sink, proc, workdir, bench_exit))
         try:
@@ -545,6 +607,7 @@ class Session:
         start = time.monotonic()
         next_flush = start + cfg.flush_interval_s
         next_progress = start
+        next_check = start
         # The loop sleeps until a hook is due (next_poll), and whatever cannot wait
         # wakes it: the benchmark's exit (a pidfd), a stop signal (an eventfd the
         # handler writes), a ring passing a quarter full (its map fd, see
@@ -555,13 +618,18 @@ class Session:
         manifests = self._manifests = _Background("kernmlops-manifest")
         exited: int | None = None
         waker: select.epoll | None = None
+        watch: _SpaceWatch | None = None
         try:
             exited = _pidfd(proc.pid) if proc is not None else None
             self._interrupt = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
             waker, capped = _waker(hooks, exited, self._interrupt)
             longest = max(period, cfg.poll_max_interval_ms / 1000) if capped else math.inf
+            if self._parquet is not None:
+                watch = _SpaceWatch(self._space_error, self._wake, proc)
             while True:
                 tick = time.monotonic()
+                if watch is not None and watch.error is not None:
+                    raise watch.error  # the benchmark is stopped already
                 loading = libraries is not None and not libraries.is_set()
                 behind = isinstance(sink, ThreadedSink) and sink.behind
                 spilled = sum(h.spilled_bytes() for h in hooks)
@@ -588,10 +656,15 @@ class Session:
                         for hook in hooks:
                             self._spool_call(lambda h=hook, f=finished: h.checkpoint_spool(f))
                     next_flush = tick + cfg.flush_interval_s
+                if tick >= next_check:
+                    self._spool_call(lambda: _check_writes(hooks, sink))
+                    next_check = tick + SPACE_CHECK_S
                 if self.on_progress and tick >= next_progress:
                     self.on_progress(self._progress(hooks, tick - start))
                     next_progress = tick + 0.25
                 if proc is not None and proc.poll() is not None:
+                    if watch is not None and watch.error is not None:
+                        raise watch.error  # it was stopped for that
                     code = exit_status(proc.returncode or 0)
                     return ("completed" if code == 0 else "failed"), code
                 if self._stop_signal is not None:
@@ -605,6 +678,8 @@ class Session:
                     wake = min(wake, next_progress)
                 self._sleep(max(tick + period, wake) - now, waker)
         finally:
+            if watch is not None:
+                watch.close()  # before the eventfd it writes is closed
             if waker is not None:
                 waker.close()
             interrupt, self._interrupt = self._interrupt, None
@@ -638,7 +713,7 @@ class Session:
         for name in ("stdout.txt", "stderr.txt"):
             if (workdir / name).exists() and self._sink is None:
                 kept.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(workdir / name, kept / name)
+                self._keep_output(workdir / name, kept / name)
         run = BenchmarkRun(
             workdir=workdir,
             exit_code=exit_code,
@@ -655,6 +730,22 @@ class Session:
         if frame is not None and frame.height:
             sink.write(RESULT_TABLE, frame)
 
+    def _keep_output(self, source: Path, target: Path) -> None:
+        """Copy a captured output file, only if it is still the file it was opened as:
+        a benchmark run as the user owns its folder, and could put a link to a file
+        only root may read in its place."""
+        try:
+            fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as err:
+            self.results_error = f"{source.name} not kept: {err.strerror or err}"
+            return
+        with os.fdopen(fd, "rb") as src:
+            if _identity(os.fstat(fd)) != self._captured.get(source.name):
+                self.results_error = f"{source.name} not kept: replaced while the benchmark ran"
+                return
+            with target.open("wb") as dst:
+                shutil.copyfileobj(src, dst)
+
     def _drain(self, hook: Hook, sink: Sink, final: bool = False) -> None:
         self._spool_call(lambda: _write_all(sink, hook.stop() if final else hook.poll()))
 
@@ -666,17 +757,85 @@ class Session:
         except OutputError:
             raise
         except OSError as err:
-            full = is_disk_full(err)
-            self._disk_full = self._disk_full or full
-            # the filesystem that failed: the collection's, or the tmpfs of the spool's
-            # first MiB (a segment's path says which)
-            where = Path(err.filename).parent if err.filename else self.path
-            what = "the disk is full" if full else f"a write failed ({err.strerror or err})"
-            raise OutputError(
-                f"cannot write the spool in {where}: {what}; "
-                f"{human_bytes(free_bytes(where))} free there. Finished parts and the "
-                "spool are kept (kernmlops recover, once there is room)."
-            ) from None
+            raise self._spool_error(err) from None
+
+    def _spool_error(self, err: OSError) -> OutputError:
+        """A spool's failed write as the user's one line; a full disk ends the
+        collection as disk_full."""
+        full = is_disk_full(err)
+        self._disk_full = self._disk_full or full
+        # The filesystem that failed: the collection's, or the tmpfs of the spool's
+        # first MiB. A segment's path says which; a bare write's error (no path) is
+        # the fuller of the two's.
+        if err.filename:
+            where = Path(err.filename).parent
+        else:
+            folders = [self.path, *([self._memory.folder] if self._memory else [])]
+            where = min(folders, key=lambda f: _free_or_inf(f))
+        what = "the disk is full" if full else f"a write failed ({err.strerror or err})"
+        return (OutOfSpace if full else OutputError)(
+            f"cannot write the spool in {where}: {what}; "
+            f"{human_bytes(free_bytes(where))} free on {filesystem(where)}. {self._kept()}"
+        )
+
+    def _kept(self) -> str:
+        """What a collection stopped by its output says it kept, and how to get it."""
+        return (
+            "The benchmark was stopped; finished parts and the spool are kept "
+            f"(kernmlops recover {self.path}, once there is room)."
+        )
+
+    def _out_of_space(self) -> bool:
+        """Whether the run ends because the collection's disk or the spool's tmpfs
+        filled (or fell below collector.min_free_mb)."""
+        failure = self._parquet.failure if self._parquet is not None else None
+        return self._disk_full or (failure is not None and is_disk_full(failure))
+
+    def _wake(self) -> None:
+        """End the poll loop's sleep (as a stop signal does)."""
+        if self._interrupt is not None:
+            with contextlib.suppress(OSError):
+                os.eventfd_write(self._interrupt, 1)
+
+    def _space_error(self) -> OutOfSpace | None:
+        """Why the collection must stop for want of space, or None: the collection's
+        filesystem has less than collector.min_free_mb free (or none), or the spool's
+        tmpfs less than that and than what the spool may still put there, or the sink
+        failed on a full disk. (The space watch's thread: it only reads.)"""
+        least = self.config.collector.min_free_mb * 2**20
+        free = free_bytes(self.path)
+        if free is not None and (free < least or free == 0):
+            self._disk_full = True
+            fs = f"{filesystem(self.path)}, the filesystem of {self.path}"
+            why = (
+                f"the disk is full: 0 B free on {fs}"
+                if free == 0
+                else f"only {human_bytes(free)} free on {fs}: below collector.min_free_mb "
+                f"({self.config.collector.min_free_mb:g} MiB)"
+            )
+            return OutOfSpace(f"{why}. {self._kept()}")
+        memory = self._memory
+        left = memory.limit - memory.used if memory is not None else 0
+        if memory is not None and left > 0:
+            # Taken by a neighbour: the spool itself keeps within its budget (and, that
+            # spent, writes on the disk: the tmpfs may fill then).
+            free = free_bytes(memory.folder)
+            if free is not None and free < min(max(least, 1), left):
+                self._disk_full = True
+                return OutOfSpace(
+                    f"only {human_bytes(free)} free on {filesystem(memory.folder)}, the "
+                    f"filesystem of the spool's memory {memory.folder}: less than "
+                    f"collector.min_free_mb and the {human_bytes(left)} the spool may "
+                    f"still put there. {self._kept()}"
+                )
+        failure = self._parquet.failure if self._parquet is not None else None
+        if failure is not None and is_disk_full(failure):
+            where = self.path
+            return OutOfSpace(
+                f"cannot write to {where}: the disk is full; {human_bytes(free_bytes(where))} "
+                f"free on {filesystem(where)}. {self._kept()}"
+            )
+        return None
 
     def _progress(self, hooks: list[Hook], elapsed: float) -> Progress:
         events: dict[str, int] = {}
@@ -685,7 +844,7 @@ class Session:
             events[h.name] = h.status.events
             drops_fn = getattr(h, "drops", None)
             drops[h.name] = drops_fn() if drops_fn else 0
-        spooled = {h.name: h.spooled_bytes() for h in hooks}
+        spooled = {h.name: _spooled_bytes(h) for h in hooks}  # errors: _check_writes
         return Progress(elapsed, events, drops, {}, self.benchmark.describe(), spooled)
 
     def _exit_code(
@@ -891,6 +1050,55 @@ def _is_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
+def _free_or_inf(path: Path) -> float:
+    free = free_bytes(path)
+    return math.inf if free is None else free
+
+
+def _check_writes(hooks: Sequence[Hook], sink: Sink) -> None:
+    """Raise a spool's failed write (the ring copier's, as an OSError) and the sink
+    writer's error now, not when the run ends or rows are next written."""
+    for hook in hooks:
+        hook.spooled_bytes()
+    if isinstance(sink, ThreadedSink):
+        sink.check()
+
+
+def _spooled_bytes(hook: Hook) -> int:
+    """A hook's spooled bytes; 0 where its spool failed (the error was reported)."""
+    try:
+        return hook.spooled_bytes()
+    except OSError:
+        return 0
+
+
+def _spooling(hook: Hook) -> bool:
+    """Whether ``hook`` holds records in a spool (a failed spool counts: what it
+    wrote stays)."""
+    try:
+        return hook.spooled_bytes() > 0
+    except OSError:
+        return True
+
+
+def _park(hook: Hook) -> None:
+    """Stop a spooling hook without making rows from its spool: they stay for
+    ``kernmlops recover``. The final drain's first step moves what the rings and the
+    CPUs' batches still hold into the spool; the rows it then yields are dropped (they
+    are in the spool too), and closing it closes the hook."""
+    final = iter(hook.stop())
+    try:
+        next(final, None)
+    finally:
+        close = getattr(final, "close", None)
+        if close is not None:
+            close()
+
+
 def _write_all(sink: Sink, rows: Iterable[tuple[str, Rows]]) -> None:
     for table, frame in rows:
         sink.write(table, frame)
@@ -927,6 +1135,44 @@ def _pidfd(pid: int) -> int | None:
         return os.pidfd_open(pid)
     except (AttributeError, OSError):
         return None  # then the loop notices the exit at its next poll
+
+
+class _SpaceWatch:
+    """While the benchmark runs, a thread that asks ``check`` every SPACE_CHECK_S
+    whether the collection must stop for want of space, apart from the poll loop: a
+    hook's work can hold the loop for seconds (a library's first import under a storm
+    took 7 s). Once it must, the thread keeps the reason (``error``), wakes the loop
+    (``wake``) and stops the benchmark itself."""
+
+    def __init__(
+        self,
+        check: Callable[[], OutOfSpace | None],
+        wake: Callable[[], None],
+        proc: GatedProcess | None,
+    ) -> None:
+        self.error: OutOfSpace | None = None
+        self._check = check
+        self._wake = wake
+        self._proc = proc
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kernmlops-space", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._done.wait(SPACE_CHECK_S):
+            error = self._check()
+            if error is None:
+                continue
+            self.error = error
+            self._wake()
+            if self._proc is not None and self._proc.poll() is None:
+                with contextlib.suppress(Exception):  # the session's stop says what failed
+                    self._proc.stop(SPACE_STOP_GRACE_S)
+            return
+
+    def close(self) -> None:
+        self._done.set()
+        self._thread.join()
 
 
 class _Background:

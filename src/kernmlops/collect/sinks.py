@@ -800,6 +800,10 @@ class ThreadedSink:
             err, self._error = self._error, None
             raise err
 
+    def check(self) -> None:
+        """Raise the writer's error now (a full disk), not at the next call."""
+        self._raise()
+
     def write(self, table: str, frame: Rows) -> None:
         self._raise()
         size = rows_nbytes(frame)

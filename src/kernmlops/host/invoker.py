@@ -1,0 +1,104 @@
+"""The user behind ``sudo``: who gets what kernmlops writes, and who may run the benchmark.
+
+``sudo kernmlops collect`` runs as root for BPF, but the collection is the user's: the
+folders it creates and every file in them are handed to the invoking user
+(``SUDO_UID``/``SUDO_GID``) once the collection is written, so that the user can read,
+move and delete it. The hand-over happens after root's last write: during the run the
+folders stay root's, so the user cannot swap a path root is about to write through.
+It never follows a link, never changes what kernmlops did not create (a folder that
+existed before, a file owned by someone else) and never a file with a second link.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from kernmlops.errors import ConfigError
+
+__all__ = ["Invoker", "created_by_mkdir", "hand_over", "invoker"]
+
+
+@dataclass(frozen=True)
+class Invoker:
+    """The user who ran kernmlops through sudo."""
+
+    uid: int
+    gid: int
+    name: str
+    home: str
+    #: supplementary groups (with gid), as a login of the user has them
+    groups: tuple[int, ...]
+
+    def env(self) -> dict[str, str]:
+        """What a process of the user expects of its environment (sudo gives root's)."""
+        return {"HOME": self.home, "USER": self.name, "LOGNAME": self.name}
+
+
+def invoker(environ: dict[str, str] | None = None) -> Invoker | None:
+    """The invoking user while running as root under sudo; None otherwise (not root,
+    no SUDO_UID, or sudo from root itself)."""
+    env = os.environ if environ is None else environ
+    if os.geteuid() != 0 or "SUDO_UID" not in env:
+        return None
+    try:
+        uid = int(env["SUDO_UID"])
+        gid = int(env.get("SUDO_GID", ""))
+    except ValueError:
+        raise ConfigError(
+            f"SUDO_UID/SUDO_GID are not numbers ({env.get('SUDO_UID')!r}, "
+            f"{env.get('SUDO_GID')!r}): unset them, or run through sudo"
+        ) from None
+    if uid == 0:
+        return None
+    try:
+        entry = pwd.getpwuid(uid)
+        name, home = entry.pw_name, entry.pw_dir
+        groups = tuple(os.getgrouplist(name, gid))
+    except KeyError:  # a uid without a passwd entry: its own id, no other group
+        name, home, groups = str(uid), "/", (gid,)
+    return Invoker(uid, gid, name, home, groups)
+
+
+def created_by_mkdir(path: Path) -> list[Path]:
+    """The folders ``path.mkdir(parents=True)`` would create, outermost first."""
+    missing = []
+    for folder in [path, *path.parents]:
+        if folder.exists() or folder.is_symlink():
+            break
+        missing.append(folder)
+    return missing[::-1]
+
+
+def _give(path: Path, who: Invoker) -> None:
+    """One entry to ``who``, if it is root's and ours to give: a folder, a link
+    itself, or a regular file with one link (not a hard link made to another file)."""
+    with contextlib.suppress(FileNotFoundError):
+        st = os.lstat(path)
+        if st.st_uid != 0:
+            return
+        if stat.S_ISREG(st.st_mode) and st.st_nlink != 1:
+            return
+        if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+            return
+        os.chown(path, who.uid, who.gid, follow_symlinks=False)
+
+
+def hand_over(tree: Path, who: Invoker | None, folders: Iterable[Path] = ()) -> None:
+    """Give ``who`` everything in ``tree`` (inside first, the folder last) and each of
+    ``folders`` (folders kernmlops created above it: those only, not their other
+    contents). Nothing without an invoker; a file that vanished meanwhile is skipped."""
+    if who is None:
+        return
+    if tree.is_dir() and not tree.is_symlink():
+        for top, dirs, files in os.walk(tree, topdown=False, followlinks=False):
+            for name in [*files, *dirs]:
+                _give(Path(top) / name, who)
+    _give(tree, who)
+    for folder in reversed(list(folders)):
+        _give(folder, who)

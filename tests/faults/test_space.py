@@ -1,0 +1,140 @@
+"""Free space watched while the benchmark runs: a filesystem that fills mid-run (the
+collection's, or the tmpfs under the spool's first MiB) stops the benchmark within
+2 s, keeps the spool for ``kernmlops recover`` and names the filesystem that filled.
+Real small filesystems, filled by a neighbour while a context-switch storm runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from kernmlops.collect import spool as spool_module
+from kernmlops.collect.manifest import read_manifest
+from kernmlops.collect.output import filesystem
+from tests.faults.conftest import (
+    assert_no_benchmark_left,
+    read_everything,
+    recover,
+    start_collect,
+    wait_until,
+)
+from tests.faults.test_output import tmpfs
+
+#: the promise: the benchmark is stopped this soon after its filesystem filled
+STOP_WITHIN_S = 2.0
+#: what the neighbour leaves free: below the tests' collector.min_free_mb (1 MiB)
+LEFT_BYTES = 256 << 10
+#: a storm light enough that its spool is made into rows in a second or two
+STORM = ["stress-ng", "--switch", "1", "--switch-freq", "50000", "-t", "60", "--quiet"]
+
+
+def fill(folder: Path) -> int:
+    """Take all but LEFT_BYTES of ``folder``'s filesystem, as a neighbour would (at a
+    real-time priority: under the storm a normal fallocate takes seconds); the
+    CLOCK_MONOTONIC µs just before (the filling starts then)."""
+    at = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+    for _ in range(10):  # the spool may take what was free in between: ask again
+        st = os.statvfs(folder)
+        size = st.f_bavail * st.f_frsize - LEFT_BYTES
+        argv = ["chrt", "-f", "20", "fallocate", "-l", str(size), str(folder / "fill")]
+        if subprocess.run(argv, stderr=subprocess.DEVNULL).returncode == 0:
+            return at
+    raise AssertionError(f"could not fill {folder}")
+
+
+def test_filesystem_names_the_mount_point_and_type(tmp_path: Path) -> None:
+    with tmpfs(tmp_path / "a disk", "1m") as disk:  # a space: escaped in mountinfo
+        assert filesystem(disk / "not" / "there") == f"{disk} (tmpfs)"
+    assert filesystem(Path("/dev/shm/x")) == "/dev/shm (tmpfs)"
+
+
+@pytest.mark.bpf
+def test_the_output_filling_mid_run_stops_the_benchmark_and_recover_keeps_the_rows(
+    tmp_path: Path, bpf_baseline
+) -> None:
+    """Before: the storm ran on to its end with the disk full. Now it stops within 2 s,
+    exit 2 with one line naming the filesystem, and recover makes the kept rows."""
+    with tmpfs(tmp_path / "full", "32m") as full:
+        run = start_collect(full / "out", "--hooks", "quanta_runtime", "--", *STORM)
+        run.wait_for("probes attached")
+        time.sleep(1.0)  # a second of storm in the spool
+        filled_at = fill(full)
+        code, err = run.finish(timeout_s=60)
+        assert code == 2, err
+        assert "Traceback" not in err
+        lines = [line for line in err.splitlines() if line.startswith("error:")]
+        assert len(lines) == 1, err
+        assert f"free on {full} (tmpfs)" in lines[0], lines[0]
+        assert "below collector.min_free_mb" in lines[0] and "kernmlops recover" in lines[0]
+        col = run.collection()
+        manifest = read_manifest(col)
+        assert manifest.state == "disk_full" and manifest.exit_code == 2
+        stopped = manifest.benchmark.stopped_uptime_us
+        assert stopped is not None and stopped - filled_at < STOP_WITHIN_S * 1e6
+        assert_no_benchmark_left(run.marker)
+        assert (col / ".spool").is_dir()  # kept for recover
+        (full / "fill").unlink()  # room again
+        recover(col)
+        rows = read_everything(col)
+    assert rows["quanta_runtime"] > 1000  # the storm's second
+
+
+@pytest.mark.bpf
+def test_a_neighbour_filling_the_spools_tmpfs_stops_the_benchmark_and_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bpf_baseline
+) -> None:
+    """The tmpfs under the spool's first MiB (/dev/shm; here a small one in its place)
+    fills while the spool still writes there: the benchmark stops within 2 s, the
+    message names that tmpfs, not the collection's disk, and recover makes the rows."""
+    from kernmlops.collect.session import Session
+    from kernmlops.config import load_config
+    from kernmlops.errors import OutputError
+
+    with tmpfs(tmp_path / "shm", "32m") as shm:
+        monkeypatch.setattr(spool_module, "SHM", shm)
+        config = load_config(
+            {
+                "collector": {"output_dir": str(tmp_path / "out"), "progress": False,
+                              "hooks": ["quanta_runtime"], "min_free_mb": 1,
+                              "warn_free_mb": 0},
+                "benchmark": {"name": "command", "command": {"argv": STORM}},
+            }
+        )  # fmt: skip
+        filled: list[int] = []
+
+        def neighbour() -> None:
+            # once the spool writes in the tmpfs, and a second of storm is in it
+            def spooled() -> bool:
+                return any(f.stat().st_size for f in shm.glob("kernmlops-spool-*/*.ring"))
+
+            if wait_until(spooled, 30):
+                time.sleep(1.0)
+                filled.append(fill(shm))
+
+        filler = threading.Thread(target=neighbour)
+        filler.start()
+        session = Session(config)
+        try:
+            with pytest.raises(OutputError) as caught:
+                session.run()
+        finally:
+            filler.join()
+        message = str(caught.value)
+        assert filled, message
+        # the space watch's line, or the copier's ENOSPC if it came first: either
+        # names the tmpfs, not the collection's disk
+        assert f"free on {shm} (tmpfs)" in message, message
+        assert "kernmlops recover" in message
+        manifest = read_manifest(session.path)
+        assert manifest.state == "disk_full"
+        stopped = manifest.benchmark.stopped_uptime_us
+        assert stopped is not None and stopped - filled[0] < STOP_WITHIN_S * 1e6
+        (shm / "fill").unlink()
+        recover(session.path)
+        rows = read_everything(session.path)
+    assert rows["quanta_runtime"] > 1000
