@@ -13,12 +13,11 @@ reads to every run, the same for every step: compare differences, not totals.
 
 Run (root, built objects not needed; clang and bpftool as for ``make bpf``):
 
-    sudo .venv/bin/python bench/hotpath.py --rounds 6 --seconds 3
+    sudo python -m bench hotpath --rounds 6 --seconds 3
 """
 
 from __future__ import annotations
 
-import argparse
 import mmap
 import os
 import statistics
@@ -27,11 +26,14 @@ import sys
 import threading
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH.parent / "src"))
+from bench import harness
+from bench.harness import save
+from bench.overhead import enable_bpf_stats
 
-from overhead import enable_bpf_stats  # noqa: E402
-from results_io import save  # noqa: E402
+BENCH = Path(__file__).resolve().parent
+
+#: what this benchmark is held to (python -m bench list shows it)
+TARGET = "quanta_runtime's switch program (switch_btf) ≤ 200 ns per run"
 
 SOURCE = BENCH / "hotpath.bpf.c"
 STEPS = {
@@ -73,8 +75,8 @@ def empty_ring(obj, stop: threading.Event) -> None:
     prod.close()
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = harness.parser(__name__, __doc__)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--seconds", type=int, default=3, help="storm per round")
     parser.add_argument(
@@ -87,7 +89,7 @@ def main() -> int:
         "--steps", default=",".join(map(str, STEPS)), help="comma-separated steps to run"
     )
     parser.add_argument("--out", type=Path, default=BENCH / "results" / "hotpath.json")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     steps = [int(s) for s in args.steps.split(",")]
     if unknown := set(steps) - set(STEPS):
         sys.exit(f"no such step: {sorted(unknown)}")
@@ -194,7 +196,3 @@ def _runs(obj) -> tuple[int, int]:
     [prog] = obj.programs.values()
     info = prog_info(prog.fd)
     return info.run_time_ns, info.run_cnt
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
