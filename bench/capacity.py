@@ -33,7 +33,6 @@ from __future__ import annotations
 import ctypes
 import math
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -257,20 +256,20 @@ def main(argv: list[str] | None = None) -> int:
             capacity = summary[stage]["records_per_reader_cpu_s"]
             row[f"{stage}_reader_cores"] = round(need / capacity, 2)
         prediction.append(row)
-    machine = {
-        "cpus": ncpu,
-        "kernel": platform.release(),
-        "cpu_model": next(
-            (
-                ln.split(":", 1)[1].strip()
-                for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")
-            ),
-            "?",
-        ),
+    # the same three keys as before the harness; the harness adds its full record
+    machine = {k: harness.machine()[k] for k in ("cpus", "kernel", "cpu_model")}
+    # each median's interval over the rounds (order statistics; few rounds: the range)
+    intervals = {
+        stage: {
+            key: harness.summarize([r[key] for r in results[stage] if r[key] is not None]).as_dict(
+                3
+            )
+            for key in ("records_per_s", "records_per_reader_cpu_s")
+        }
+        for stage in results
     }
     out = {"machine": machine, "args": {k: str(v) for k, v in vars(args).items()},
-           "rounds": results, "median": summary, "prediction": prediction,
+           "rounds": results, "median": summary, "intervals": intervals, "prediction": prediction,
            "at": time.strftime("%Y-%m-%d")}  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     save(args.out, out)

@@ -113,8 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     stats_fd = enable_bpf_stats()
     rounds: list[dict[int, float]] = []
     try:
-        for r in range(args.rounds):
-            order = steps[r % len(steps) :] + steps[: r % len(steps)]
+        for r, order in harness.rotations(steps, args.rounds):
             groups = [[step] for step in order] if args.alone else [order]
             ns: dict[int, float] = {}
             for group in groups:
@@ -131,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         for obj in objs.values():
             obj.close()
     med = {s: statistics.median(r[s] for r in rounds) for s in steps}
+    interval = {s: harness.summarize([r[s] for r in rounds]).as_dict(1) for s in steps}
     print("\nstep  ns/run (median)  added  what")
     for i, s in enumerate(steps):
         added = med[s] - med[steps[i - 1]] if i else 0.0
@@ -140,8 +140,9 @@ def main(argv: list[str] | None = None) -> int:
             f"\nstep 8: bpf_ktime_get_ns() - step 7's time, over {apart['records']:,} records: "
             f"{apart['within_1us']:.4%} within 1 us; quantiles (ns) {apart['quantiles_ns']}"
         )
-    save(args.out, {"args": {k: str(v) for k, v in vars(args).items()}, "steps": STEPS,
-                    "median_ns": med, "rounds": rounds, "apart": apart}, indent=1)  # fmt: skip
+    result = {"args": {k: str(v) for k, v in vars(args).items()}, "steps": STEPS, "median_ns": med,
+              "interval_ns": interval, "rounds": rounds, "apart": apart}  # fmt: skip
+    save(args.out, result, indent=1)
     print(f"-> {args.out}")
     return 0
 
