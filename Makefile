@@ -145,6 +145,11 @@ setup-gap:
 doctor: setup
 	$(BIN)/kernmlops doctor
 
+# the performance benchmarks (bench/README.md): what there is; run one with
+# sudo $(BIN)/python -m bench <name> [options]
+bench: $(VENV)/.installed
+	$(BIN)/python -m bench list
+
 # the plug-in indexes (hooks/_index.py, benchmarks/_index.py), then defaults.yaml
 defaults: $(VENV)/.installed
 	$(BIN)/python -m kernmlops.plugin_indexes

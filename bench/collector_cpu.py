@@ -10,7 +10,7 @@ times it was switched in) over a window. With ``--baseline TREE`` the same runs
 alternate with another source tree (``git worktree add /tmp/base <commit>``),
 whose BPF objects are built in its own ``build/bpf``.
 
-    sudo .venv/bin/python bench/collector_cpu.py --rounds 4 --baseline /tmp/base
+    sudo python -m bench collector-cpu --rounds 4 --baseline /tmp/base
 
 Prints ms of CPU per second per thread (by Python thread name), the records the
 rings dropped, and writes JSON.
@@ -18,7 +18,6 @@ rings dropped, and writes JSON.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -29,6 +28,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench import harness
+
+#: what this benchmark is held to (python -m bench list shows it)
+TARGET = "none; explains the collector's share of `overhead`'s stress-ng --cpu figure"
 
 ROOT = Path(__file__).resolve().parents[1]
 MARK = "probes attached"
@@ -116,16 +120,16 @@ def one(tree: Path | None, settle: float, window: float, load_kind: str) -> dict
     return per
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = harness.parser(__name__, __doc__)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--settle", type=float, default=8.0, help="seconds after attach")
     ap.add_argument("--window", type=float, default=20.0, help="seconds measured")
     ap.add_argument("--load", choices=["cpu", "switch", "idle"], default="cpu",
                     help="stress-ng --cpu, the switch storm, or nothing")  # fmt: skip
     ap.add_argument("--baseline", type=Path, help="another source tree, alternated")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "collector-cpu.json")
-    args = ap.parse_args()
+    ap.add_argument("--out", type=Path, default=harness.result_path("collector-cpu"))
+    args = ap.parse_args(argv)
     trees: dict[str, Path | None] = {"this": None}
     if args.baseline:
         trees["baseline"] = args.baseline.resolve()
@@ -156,11 +160,6 @@ def main() -> None:
             if n == "ring drops":
                 continue
             print(f"  {n:28s} {v['ms_per_s']:6.2f} ms/s  {v['switches_in_per_s']:6.1f}/s")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     body = {"load": args.load, "rounds": args.rounds, "window_s": args.window}
-    args.out.write_text(json.dumps({**body, "summary": summary, "runs": runs}, indent=1))
+    harness.save(args.out, {**body, "summary": summary, "runs": runs}, indent=1)
     print(f"wrote {args.out}")
-
-
-if __name__ == "__main__":
-    main()

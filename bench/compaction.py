@@ -1,21 +1,19 @@
 """Compaction's memory: how much RSS ``ParquetSink.compact`` adds at the end of a collection.
 
 A collection's lifetime peak is reached at stop, when the flushed parts of a long
-run are rewritten into full files (bench/README.md section 10). This script writes
+run are rewritten into full files (bench/README.md, `memory`). This script writes
 a switch-like table through the real ``ParquetSink`` (``--parts`` flushes of
 ``--rows`` rows each), closes it, gives freed memory back as the session does,
 then samples VmRSS every 20 ms while ``compact()`` runs. No kernel needed.
 
-Run: ``.venv/bin/python bench/compaction.py --help``.
+Run: ``python -m bench compaction --help``.
 """
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import os
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -27,8 +25,12 @@ os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
 import numpy as np
 import pyarrow as pa
 
+from bench import harness
+from bench.harness import save
 from kernmlops.collect.sinks import ParquetSink
-from results_io import save
+
+#: what this benchmark is held to (python -m bench list shows it)
+TARGET = "none; the RSS compaction adds to a collection's lifetime peak (`memory`)"
 
 BENCH = Path(__file__).resolve().parent
 MIB = 1 << 20
@@ -71,7 +73,7 @@ def write_collection(folder: Path, parts: int, rows: int, seed: int = 0) -> Parq
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.parser(__name__, __doc__)
     parser.add_argument("--parts", type=int, default=20, help="flushed parts (default: 20)")
     parser.add_argument("--rows", type=int, default=1_500_000, help="rows per part")
     parser.add_argument("--out", type=Path, default=BENCH / "results" / "compaction.json")
@@ -121,7 +123,3 @@ def main(argv: list[str] | None = None) -> int:
     save(args.out, result)
     print(f"wrote {args.out}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -29,8 +29,8 @@ the injected MDS against a real slowdown.
 
 Run (about (2 x runs x run_s) s per experiment, plus analysis):
 
-    .venv/bin/python bench/duet.py --experiments 20 --runs 10 --run-s 2 --real 3
-    .venv/bin/python bench/duet.py --experiments 10 --runs 20 --run-s 1 \
+    python -m bench duet --experiments 20 --runs 10 --run-s 2 --real 3
+    python -m bench duet --experiments 10 --runs 20 --run-s 1 \
         --no-sequential --setups swap,pin,nopin
 
 Results go to bench/results/duet.json (and a summary on stdout).
@@ -50,14 +50,17 @@ import tempfile
 import time
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH.parent / "src"))
+from bench import harness
+from bench.harness import save
+from kernmlops.duet.analysis import Options, analyze
+from kernmlops.duet.config import validate_duet_config
+from kernmlops.duet.process import process_dirs
+from kernmlops.duet.runner import run_suite
 
-from kernmlops.duet.analysis import Options, analyze  # noqa: E402
-from kernmlops.duet.config import validate_duet_config  # noqa: E402
-from kernmlops.duet.process import process_dirs  # noqa: E402
-from kernmlops.duet.runner import run_suite  # noqa: E402
-from results_io import save  # noqa: E402
+BENCH = Path(__file__).resolve().parent
+
+#: what this benchmark is held to (python -m bench list shows it)
+TARGET = "minimum detectable slowdown ≤ 1% at an A/A false-positive rate ≤ 5%"
 
 KINDS = ("duet", "sequential")
 #: how the two sides get their CPUs (one suite per setup and experiment)
@@ -252,8 +255,8 @@ def _summary(args: argparse.Namespace, setups: list[str], kinds: tuple[str, ...]
     return summary
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = harness.parser(__name__, __doc__)
     parser.add_argument("--experiments", type=int, default=20, help="A/A experiments")
     parser.add_argument("--runs", type=int, default=10, help="duet runs per experiment")
     parser.add_argument("--run-s", type=float, default=2.0, help="seconds per run and side")
@@ -273,7 +276,7 @@ def main() -> None:
                         help="also run A alone and B alone (half the time goes there)")  # fmt: skip
     parser.add_argument("--keep", action="store_true", help="keep the suites' folders")
     parser.add_argument("--out", type=Path, default=BENCH / "results" / "duet.json")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.runs < 10:
         sys.exit("--runs must be at least 10 (sequential gets runs/2 >= 5 repetitions)")
     setups = [x.strip() for x in args.setups.split(",") if x.strip()]
@@ -328,7 +331,3 @@ def main() -> None:
                 )
             print(line)
     print(f"-> {args.out}")
-
-
-if __name__ == "__main__":
-    main()

@@ -10,14 +10,12 @@ quanta, faults and RSS changes; see ``--scale``), then times, wall and CPU:
 
 Target: every graph of a 10-million-row collection in <= 60 s on 2 vCPUs, with
 the collector's data read once and each graph aggregating before it plots.
-No root needed. Run: ``.venv/bin/python bench/graphs.py --help``.
+No root needed. Run: ``python -m bench graphs --help``.
 """
 
 from __future__ import annotations
 
-import argparse
 import resource
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,7 +23,11 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from results_io import save
+from bench import harness
+from bench.harness import save
+
+#: what this benchmark is held to (python -m bench list shows it)
+TARGET = "every graph of a 10-million-row collection in ≤ 60 s on 2 vCPUs"
 
 BENCH = Path(__file__).resolve().parent
 T0 = 1_000_000_000
@@ -196,14 +198,14 @@ def timed(fn):
     return out, time.perf_counter() - wall, time.process_time() - cpu
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = harness.parser(__name__, __doc__)
     ap.add_argument("--scale", type=float, default=1.0, help="rows x this (1: ~10M rows)")
     ap.add_argument("--duration", type=float, default=300.0, help="seconds the data spans")
     ap.add_argument("--cpus", type=int, default=16, help="CPUs in the synthetic machine")
     ap.add_argument("--no-report", action="store_true", help="skip the HTML report")
     ap.add_argument("--out", type=Path, default=BENCH / "results" / "graphs.json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     from kernmlops.data import read_collection
     from kernmlops.graphs import graph_registry, load, report
@@ -245,7 +247,3 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     save(args.out, results)
     print(f"wrote {args.out}")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -13,12 +13,11 @@ reads to every run, the same for every step: compare differences, not totals.
 
 Run (root, built objects not needed; clang and bpftool as for ``make bpf``):
 
-    sudo .venv/bin/python bench/hotpath.py --rounds 6 --seconds 3
+    sudo python -m bench hotpath --rounds 6 --seconds 3
 """
 
 from __future__ import annotations
 
-import argparse
 import mmap
 import os
 import statistics
@@ -27,11 +26,14 @@ import sys
 import threading
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH.parent / "src"))
+from bench import harness
+from bench.harness import save
+from bench.overhead import enable_bpf_stats
 
-from overhead import enable_bpf_stats  # noqa: E402
-from results_io import save  # noqa: E402
+BENCH = Path(__file__).resolve().parent
+
+#: what this benchmark is held to (python -m bench list shows it)
+TARGET = "quanta_runtime's switch program (switch_btf) ≤ 200 ns per run"
 
 SOURCE = BENCH / "hotpath.bpf.c"
 STEPS = {
@@ -73,8 +75,8 @@ def empty_ring(obj, stop: threading.Event) -> None:
     prod.close()
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = harness.parser(__name__, __doc__)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--seconds", type=int, default=3, help="storm per round")
     parser.add_argument(
@@ -87,7 +89,7 @@ def main() -> int:
         "--steps", default=",".join(map(str, STEPS)), help="comma-separated steps to run"
     )
     parser.add_argument("--out", type=Path, default=BENCH / "results" / "hotpath.json")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     steps = [int(s) for s in args.steps.split(",")]
     if unknown := set(steps) - set(STEPS):
         sys.exit(f"no such step: {sorted(unknown)}")
@@ -111,8 +113,7 @@ def main() -> int:
     stats_fd = enable_bpf_stats()
     rounds: list[dict[int, float]] = []
     try:
-        for r in range(args.rounds):
-            order = steps[r % len(steps) :] + steps[: r % len(steps)]
+        for r, order in harness.rotations(steps, args.rounds):
             groups = [[step] for step in order] if args.alone else [order]
             ns: dict[int, float] = {}
             for group in groups:
@@ -129,6 +130,7 @@ def main() -> int:
         for obj in objs.values():
             obj.close()
     med = {s: statistics.median(r[s] for r in rounds) for s in steps}
+    interval = {s: harness.summarize([r[s] for r in rounds]).as_dict(1) for s in steps}
     print("\nstep  ns/run (median)  added  what")
     for i, s in enumerate(steps):
         added = med[s] - med[steps[i - 1]] if i else 0.0
@@ -138,8 +140,9 @@ def main() -> int:
             f"\nstep 8: bpf_ktime_get_ns() - step 7's time, over {apart['records']:,} records: "
             f"{apart['within_1us']:.4%} within 1 us; quantiles (ns) {apart['quantiles_ns']}"
         )
-    save(args.out, {"args": {k: str(v) for k, v in vars(args).items()}, "steps": STEPS,
-                    "median_ns": med, "rounds": rounds, "apart": apart}, indent=1)  # fmt: skip
+    result = {"args": {k: str(v) for k, v in vars(args).items()}, "steps": STEPS, "median_ns": med,
+              "interval_ns": interval, "rounds": rounds, "apart": apart}  # fmt: skip
+    save(args.out, result, indent=1)
     print(f"-> {args.out}")
     return 0
 
@@ -194,7 +197,3 @@ def _runs(obj) -> tuple[int, int]:
     [prog] = obj.programs.values()
     info = prog_info(prog.fd)
     return info.run_time_ns, info.run_cnt
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

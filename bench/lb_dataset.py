@@ -1,4 +1,4 @@
-"""A lab data set worth the name (issue 16, item 4): exact decisions from every
+"""A lab data set worth the name: exact decisions from every
 one of MLLB's scenarios, a model tested on whole runs it never saw.
 
 ``--collect OUT`` boots the kernel lab once (Debian's 6.1 under QEMU without
@@ -21,9 +21,9 @@ beside the hand rule and the majority-class baseline, per scenario too; and
 the tracepoint approximation against the exact labels of the same runs.
 Writes bench/results/lb-dataset.json.
 
-    .venv/bin/python bench/lb_dataset.py --collect bench/build/lb-dataset/a --seconds 45 \\
+    python -m bench lb-dataset --collect bench/build/lb-dataset/a --seconds 45 \\
         --budget-min 40 --migration-cost-ns 10000000 --seed 0    # (and /b --seed 1 beside it)
-    .venv/bin/python bench/lb_dataset.py --analyse bench/build/lb-dataset/a bench/build/lb-dataset/b
+    python -m bench lb-dataset --analyse bench/build/lb-dataset/a bench/build/lb-dataset/b
 
 The training setting is chosen by cross-validation over whole training runs
 (``CANDIDATES``); the held-out runs are scored once.
@@ -40,6 +40,11 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from bench import harness
+
+#: what this benchmark is held to (python -m bench list shows it)
+TARGET = "≥ 20,000 exact decisions, ≥ 1,000 held-out 'stay', ≥ 99% balanced accuracy"
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -422,8 +427,8 @@ def print_summary(r: dict[str, Any]) -> None:
               f"{_pct(tp['label_agreement_examined'])}")  # fmt: skip
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    ap = harness.parser(__name__, __doc__)
     ap.add_argument("--collect", type=Path, help="boot the lab and collect into this folder")
     ap.add_argument("--rounds", type=int, default=40, help="rounds of the 8 scenarios at most")
     ap.add_argument("--seconds", type=int, default=30, help="stress-ng time of a run")
@@ -436,21 +441,15 @@ def main() -> int:
     ap.add_argument("--held-out", type=float, default=0.5, help="share of each scenario's runs")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("-o", "--output", type=Path, default=RESULTS / "lb-dataset.json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.collect:
         return collect(args)
     if not args.analyse:
         ap.error("give --collect OUT or --analyse DIR...")
-    from results_io import save
-
     r = analyse(args.analyse, args.held_out, args.seed)
     r["when"] = time.strftime("%Y-%m-%d %H:%M:%S")
     print_summary(r)
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    save(args.output, r, indent=1)
+    harness.save(args.output, r, indent=1)
     print(f"-> {args.output}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

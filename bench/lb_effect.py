@@ -10,11 +10,11 @@ Per run: stress-ng's bogo-ops/s, the module's counters and the kernel's own
 lb_gained. Per scenario: model/stock with the duet statistics' interval
 (sequential runs) and the verdict. Writes bench/results/lb_effect.json.
 
-    .venv/bin/python bench/lb_effect.py --reps 10 --seconds 10   # 160 runs, ~30 min in the lab
-    .venv/bin/python bench/lb_effect.py --analyse bench/build/lb-effect   # again, from the runs
+    python -m bench lb-effect --reps 10 --seconds 10   # 160 runs, ~30 min in the lab
+    python -m bench lb-effect --analyse bench/build/lb-effect   # again, from the runs
 
 Needs the lab (make lab: qemu, virtme-ng, the lab kernel and its headers).
-Inside the guest this file runs again as ``--guest OUT``: it then imports
+Inside the guest this module runs again as ``--guest OUT``: it then imports
 only the standard library and kernmlops.lb.deploy / .effect (every import
 costs 20-28x under TCG).
 """
@@ -28,6 +28,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from bench import harness
+
+#: what this benchmark is held to (python -m bench list shows it)
+TARGET = "model/stock throughput per MLLB scenario: parity within ±2% or a shown difference"
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -154,8 +159,8 @@ def run_lab(args: argparse.Namespace, out: Path) -> float:
     build = out / "kmod"
     deploy.build(release, build)
     src = ROOT / "src"
-    cmd = ["env", f"KERNMLOPS_KMOD_DIR={build}", f"PYTHONPATH={src}", sys.executable,
-           str(Path(__file__).resolve()), "--guest", str(out)]  # fmt: skip
+    cmd = ["env", f"KERNMLOPS_KMOD_DIR={build}", f"PYTHONPATH={src}:{ROOT}", sys.executable,
+           "-m", "bench.lb_effect", "--guest", str(out)]  # fmt: skip
     n = len(json.loads((out / "plan.json").read_text())["steps"])
     t0 = time.monotonic()
     res = run_in_vm(cmd, cpus=args.cpus, numa=args.numa, memory=args.memory, outdir=out,
@@ -237,10 +242,10 @@ def print_table(result: dict) -> None:
         print("failed:", f)
 
 
-def main() -> None:
+def run(argv: list[str] | None) -> None:
     from kernmlops.lb.effect import SCENARIOS
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = harness.parser(__name__, __doc__)
     p.add_argument("--guest", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, default=HERE / "build" / "lb-effect",
                    help="the lab's folder: plan, model, module, runs.jsonl")  # fmt: skip
@@ -255,7 +260,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--analyse", type=Path, help="only analyse a finished run's folder")
     p.add_argument("--results", type=Path, default=RESULTS / "lb_effect.json")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    command = sys.argv[1:] if argv is None else argv
     if args.guest:
         guest(args.guest)
         return
@@ -272,7 +278,7 @@ def main() -> None:
         if (out / "runs.jsonl").exists():
             sys.exit(f"{out} holds a run already: --analyse it or choose another --out")
         out.mkdir(parents=True, exist_ok=True)
-        meta = {"command": " ".join(["bench/lb_effect.py", *sys.argv[1:]]),
+        meta = {"command": " ".join(["python -m bench lb-effect", *command]),
                 "model": make_model(out, args.model, args.data, args.seed)}  # fmt: skip
         plan = plan_runs(args)
         (out / "plan.json").write_text(json.dumps(plan))
@@ -282,22 +288,24 @@ def main() -> None:
         meta["lab_wall_s"] = run_lab(args, out)
         (out / "meta.json").write_text(json.dumps(meta))
     host = {"kernel": os.uname().release, "cpus": os.cpu_count(), "loadavg": os.getloadavg()}
-    result = {"analysed": " ".join(["bench/lb_effect.py", *sys.argv[1:]]), "host": host, **meta,
+    result = {"analysed": " ".join(["python -m bench lb-effect", *command]), "host": host, **meta,
               **analyse(out, 0)}  # fmt: skip
     print_table(result)
-    from results_io import save
-
-    args.results.parent.mkdir(parents=True, exist_ok=True)
-    save(args.results, result)
+    harness.save(args.results, result)
     print(f"wrote {args.results}")
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> int:
     from kernmlops.errors import KernmlopsError
 
     try:
-        main()
+        run(argv)
     except KernmlopsError as err:  # a bad model, no headers, no lab: one line
         sys.exit(f"error: {err}")
     except FileNotFoundError as err:
         sys.exit(f"error: {err.filename} not found (--analyse takes a folder of a finished run)")
+    return 0
+
+
+if __name__ == "__main__":  # the lab runs this module as ``python -m bench.lb_effect --guest``
+    sys.exit(main())

@@ -8,12 +8,11 @@ quanta_queued_time row) runs beside it. Samples the collector's RSS (psutil)
 every second; reports the peak, the growth over the run, and the events and
 rows the manifest counts. The collection is deleted afterwards.
 
-Run: ``sudo .venv/bin/python bench/memory.py --help`` (``--seconds 60`` for a quick run).
+Run: ``sudo python -m bench memory --help`` (``--seconds 60`` for a quick run).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -26,7 +25,11 @@ from pathlib import Path
 
 import psutil
 
-from results_io import save
+from bench import harness
+from bench.harness import save
+
+#: what this benchmark is held to (python -m bench list shows it)
+TARGET = "collector RSS ≤ 150 MB under stress-ng --switch 2 for 300 s, 0 drops"
 
 BENCH = Path(__file__).resolve().parent
 MIB = 1 << 20
@@ -95,15 +98,12 @@ def slope_mib_per_min(samples: list[tuple[float, int]]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    parser = harness.parser(__name__, __doc__, defaults_in_help=True)
     parser.add_argument("--seconds", type=float, default=300.0, help="collection length")
     parser.add_argument("--load", choices=("switch", "none"), default="switch")
     parser.add_argument("--workers", type=int, default=2, help="stress-ng --switch workers")
     parser.add_argument("--interval", type=float, default=1.0, help="RSS sampling period")
-    parser.add_argument("--target-mb", type=float, default=150.0, help="RSS target (MB; issue 11)")
+    parser.add_argument("--target-mb", type=float, default=150.0, help="RSS target (MB)")
     parser.add_argument(
         "--nice", type=int, default=0, help="run the collector at this niceness (-20..19)"
     )
@@ -246,7 +246,3 @@ def main(argv: list[str] | None = None) -> int:
     save(args.out, result)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

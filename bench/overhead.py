@@ -27,7 +27,7 @@ the collector's (its /proc stat). Pairs where either side had others above
 (all pairs are in the JSON).
 
 Needs root, hackbench (``apt-get install rt-tests``), stress-ng and built BPF
-objects. Run: ``sudo .venv/bin/python bench/overhead.py --help``.
+objects. Run: ``sudo python -m bench overhead --help``.
 """
 
 from __future__ import annotations
@@ -50,7 +50,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from results_io import save
+from bench import harness
+from bench.harness import save
+
+#: what this benchmark is held to (python -m bench list shows it)
+TARGET = (
+    "storm: default hooks ≤ 1.5× the floor's slowdown, 0 drops; "
+    "hackbench ≤ 5%, stress-ng --cpu ≤ 1% slower"
+)
 
 BENCH = Path(__file__).resolve().parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -300,7 +307,7 @@ class Floor(Collector):
         super().__init__(None, settle_s)
 
     def argv(self, hooks: list[str] | None, out: str) -> list[str]:  # type: ignore[override]
-        return [sys.executable, str(Path(__file__).resolve()), self.child_flag, str(self.object)]
+        return [sys.executable, "-m", "bench", "overhead", self.child_flag, str(self.object)]
 
     @property
     def object(self) -> Path:
@@ -311,7 +318,10 @@ class Floor(Collector):
         super().start()
 
     def _popen(self, argv: list[str]) -> subprocess.Popen:
-        return subprocess.Popen(argv, stdout=self._stdout, stderr=subprocess.PIPE, text=True)
+        # the child finds the bench package from whatever folder the run started in
+        return subprocess.Popen(
+            argv, stdout=self._stdout, stderr=subprocess.PIPE, text=True, env=harness.child_env()
+        )
 
     def _result(self) -> dict:
         """The floor child prints its count as JSON on stdout at exit."""
@@ -746,7 +756,7 @@ def print_table(results: list[Result]) -> None:
 def main(argv: list[str] | None = None) -> int:
     from kernmlops.hooks import DEFAULT_HOOKS, REGISTRY
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.parser(__name__, __doc__)
     parser.add_argument("--rounds", type=int, default=5, help="off/on pairs, default hook set")
     parser.add_argument("--hook-rounds", type=int, default=3, help="off/on pairs per hook alone")
     parser.add_argument(
@@ -841,7 +851,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {args.out}")
     os.close(stats_fd)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -9,13 +9,12 @@ time compaction takes), and the same rows written with one flush at the end, the
 the readers users have: read_collection, a lazy polars scan with a filter, and DuckDB
 over the Hive folder.
 
-    .venv/bin/python bench/read.py                 # 1 h at 5 s flushes, 2k quanta rows/s
-    .venv/bin/python bench/read.py --rate 20000    # a busier hour
+    python -m bench read                 # 1 h at 5 s flushes, 2k quanta rows/s
+    python -m bench read --rate 20000    # a busier hour
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import statistics
@@ -27,10 +26,14 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from bench import harness
+from bench.harness import save
 from kernmlops.collect.manifest import write_manifest
 from kernmlops.collect.sinks import ParquetSink
 from kernmlops.data import read_collection
-from results_io import save
+
+#: what this benchmark is held to (python -m bench list shows it)
+TARGET = "none; a compacted collection reads no slower than one written at once"
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -90,14 +93,14 @@ def timed(fn, repeat: int) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = harness.parser(__name__, __doc__)
     ap.add_argument("--hours", type=float, default=1.0)
     ap.add_argument("--flush-s", type=int, default=5)
     ap.add_argument("--rate", type=int, default=2000, help="quanta_runtime rows per second")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--out", type=Path, default=RESULTS / "read.json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     import duckdb
 
     root = Path(tempfile.mkdtemp(prefix="kmo-read-"))
@@ -156,7 +159,3 @@ def main() -> None:
         args.out,
         {"args": {k: str(v) for k, v in vars(args).items()}, "results": results, "ratios": ratios},
     )
-
-
-if __name__ == "__main__":
-    main()

@@ -11,12 +11,11 @@ unread right after (a ring full of unread records reports close to its size).
 
 Run (root, clang and bpftool as for ``make bpf``):
 
-    sudo .venv/bin/python bench/ringpos.py --rounds 4 --seconds 30
+    sudo python -m bench ringpos --rounds 4 --seconds 30
 """
 
 from __future__ import annotations
 
-import argparse
 import mmap
 import os
 import struct
@@ -25,10 +24,13 @@ import sys
 import threading
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH.parent / "src"))
+from bench import harness
+from bench.harness import save
 
-from results_io import save  # noqa: E402
+BENCH = Path(__file__).resolve().parent
+
+#: what this benchmark is held to (python -m bench list shows it)
+TARGET = "none; 0 batches refused with either way of storing the consumer position"
 
 SOURCE = BENCH / "ringpos.bpf.c"
 RINGS = ("shared", "own0", "own1")
@@ -85,12 +87,12 @@ def one_round(obj_path: Path, way: str, seconds: int) -> dict:
         return out
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = harness.parser(__name__, __doc__)
     parser.add_argument("--rounds", type=int, default=4, help="rounds (the ways alternate)")
     parser.add_argument("--seconds", type=int, default=30, help="storm per round")
     parser.add_argument("--out", type=Path, default=BENCH / "results" / "ringpos.json")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if os.geteuid() != 0:
         sys.exit("needs root (BPF)")
     from kernmlops.ebpf.build import compile_object
@@ -122,7 +124,3 @@ def main() -> int:
     save(args.out, {"args": {k: str(v) for k, v in vars(args).items()}, "rounds": rounds})
     print(f"-> {args.out}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

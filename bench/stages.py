@@ -9,12 +9,11 @@ per million records for each stage, best of ``--repeat``, so the live numbers
 of bench/ingest.py can be explained (and a src change checked) on a machine
 that other people are using. No root needed (clang is, to build the object).
 
-Run: ``.venv/bin/python bench/stages.py --help``.
+Run: ``python -m bench stages --help``.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sys
@@ -25,11 +24,13 @@ from pathlib import Path
 
 import numpy as np
 
-BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH))
+from bench import harness, ingest
+from bench.harness import save
 
-import ingest  # noqa: E402 (the bench next door: its build and record layout)
-from results_io import save  # noqa: E402
+BENCH = Path(__file__).resolve().parent
+
+#: what this benchmark is held to (python -m bench list shows it)
+TARGET = "none; CPU per million records of each ring → Parquet stage"
 
 # The allocator the kernmlops command picks (cli.main), read when pyarrow loads.
 os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
@@ -65,10 +66,7 @@ def best_cpu(fn: Callable[[], object], repeat: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    parser = harness.parser(__name__, __doc__, defaults_in_help=True)
     parser.add_argument("--records", type=int, default=2_000_000, help="records per stage")
     parser.add_argument(
         "--batch", type=int, default=10_000, help="records per poll (10k: 1M/s every 10 ms)"
@@ -153,7 +151,3 @@ def main(argv: list[str] | None = None) -> int:
     save(args.out, {"settings": settings, "stages": results}, indent=None)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

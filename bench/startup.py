@@ -15,19 +15,18 @@ and reports, median / min / max:
 
 With ``--baseline TREE`` a second source tree of kernmlops (a worktree of an
 older commit) is measured the same way in the same rounds, its ``src`` first on
-``PYTHONPATH`` (the venv is this one): before and after in one sitting.
+``PYTHONPATH`` (the venv is this one): before and after in the same rounds.
 
 With ``--profile`` it also prints the slowest imports (``python -X importtime
 -c 'import kernmlops.cli, kernmlops.collect.session'``) and the top functions of
 one run under cProfile (up to exit). Needs root; the BPF objects should be
 built already (``kernmlops build-bpf``), as the target assumes.
 
-Run: ``sudo .venv/bin/python bench/startup.py --help``.
+Run: ``sudo python -m bench startup --help``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pstats
@@ -40,7 +39,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from results_io import save
+from bench import harness
+from bench.harness import save
+
+#: what this benchmark is held to (python -m bench list shows it)
+TARGET = 'spawn → "probes attached" ≤ bpftrace attaching one tracepoint (median)'
 
 BENCH = Path(__file__).resolve().parent
 MARK = "probes attached"
@@ -228,10 +231,7 @@ def profile_run(top: int) -> tuple[str, list[tuple[str, float]]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    parser = harness.parser(__name__, __doc__, defaults_in_help=True)
     parser.add_argument("--runs", type=int, default=5, help="measured runs")
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured runs first")
     parser.add_argument(
@@ -364,7 +364,3 @@ def main(argv: list[str] | None = None) -> int:
     save(args.out, report)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

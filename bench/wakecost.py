@@ -3,9 +3,9 @@
 A thread waits on a fixed 100-ms grid (``Event.wait`` or ``time.sleep``) and then
 does nothing, reads /proc/meminfo, or reads and parses it; its run time over 100
 wake-ups is read from ``/proc/self/task/<tid>/schedstat``. The anchor for
-``memory_usage``'s sampler (see README section 19).
+``memory_usage``'s sampler.
 
-    .venv/bin/python bench/wakecost.py
+    python -m bench wakecost
 """
 
 from __future__ import annotations
@@ -13,8 +13,13 @@ from __future__ import annotations
 import os
 import threading
 import time
+from pathlib import Path
 
+from bench import harness
 from kernmlops.host.meminfo import parse_meminfo
+
+#: what this benchmark is held to (python -m bench list shows it)
+TARGET = "none; the anchor for a sampler thread's CPU"
 
 MODES = ("wait", "wait+read", "wait+read+parse", "sleep+read+parse")
 
@@ -54,10 +59,14 @@ def cost(mode: str, wakes: int = 100) -> float:
     return out[0]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
+    parser = harness.parser(__name__, __doc__)
+    parser.add_argument("--out", type=Path, default=harness.result_path("wakecost"))
+    args = parser.parse_args(argv)
+    us = {}
     for mode in MODES:
-        print(f"{mode:18s} {cost(mode):6.0f} µs of CPU per wake-up")
-
-
-if __name__ == "__main__":
-    main()
+        us[mode] = cost(mode)
+        print(f"{mode:18s} {us[mode]:6.0f} µs of CPU per wake-up")
+    harness.save(args.out, {"wakes": 100, "period_ms": 100, "cpu_us_per_wake": us})
+    print(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,106 @@
+"""bench/: the entry point finds every benchmark, each one's --help works, and the
+harness's statistics and results files are right on known inputs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from bench import harness
+from bench.__main__ import benchmarks
+from bench.__main__ import main as bench_main
+
+REPO = Path(__file__).resolve().parent.parent
+MODULES = sorted(
+    p.stem
+    for p in (REPO / "bench").glob("*.py")
+    if not p.stem.startswith("_") and p.stem != "harness"
+)
+
+
+def test_list_names_every_module_with_its_purpose_and_target() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench", "list"],
+        cwd=REPO, capture_output=True, text=True, check=True, timeout=60,
+    ).stdout  # fmt: skip
+    listed = {line.split()[0] for line in out.splitlines() if line and not line[0].isspace()}
+    assert {m.replace("_", "-") for m in MODULES} <= listed
+    found = benchmarks()
+    assert sorted(e.module for e in found.values()) == MODULES
+    for entry in found.values():
+        assert entry.purpose, f"{entry.module} has no docstring"
+        assert entry.target, f"{entry.module} has no TARGET"
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_help_of_each_benchmark(module: str, capsys: pytest.CaptureFixture[str]) -> None:
+    name = module.replace("_", "-")
+    with pytest.raises(SystemExit) as done:
+        bench_main([name, "--help"])
+    assert done.value.code == 0
+    assert f"usage: python -m bench {name}" in capsys.readouterr().out
+
+
+def test_an_unknown_benchmark_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench_main(["no-such-bench"]) == 2
+    assert "python -m bench list" in capsys.readouterr().err
+
+
+def _coverage(n: int, j: int) -> float:
+    """P(x(j) <= median <= x(n+1-j)), from scipy's binomial, independently of the harness."""
+    return float(stats.binom.cdf(n - j, n, 0.5) - stats.binom.cdf(j - 1, n, 0.5))
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 6, 9, 10, 20, 51])
+def test_median_interval_is_the_narrowest_order_statistics_at_95(n: int) -> None:
+    values = np.random.default_rng(n).lognormal(size=n)
+    xs = np.sort(values)
+    low, high, coverage = harness.median_interval(list(values))
+    fits = [j for j in range(1, n // 2 + 1) if _coverage(n, j) >= 0.95]
+    j = max(fits) if fits else 1
+    assert (low, high) == (xs[j - 1], xs[n - j])
+    assert coverage == pytest.approx(_coverage(n, j))
+
+
+def test_summary_on_known_values() -> None:
+    s = harness.summarize([1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
+    assert s.median == 5.5
+    assert (s.median_low, s.median_high) == (2, 9)  # 97.9% coverage; (3, 8) has 89.1%
+    assert s.median_coverage == pytest.approx(1 - 2 * 11 / 1024)
+    sem = stats.sem(range(1, 11))
+    lo, hi = stats.t.interval(0.95, 9, loc=5.5, scale=sem)
+    assert (s.mean, s.mean_low, s.mean_high) == pytest.approx((5.5, lo, hi))
+
+
+def test_rotations_turn_the_order_each_round() -> None:
+    got = [order for _, order in harness.rotations(["a", "b", "c"], 4)]
+    assert got == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+
+
+def test_results_file_records_the_run_and_old_files_still_read(tmp_path: Path) -> None:
+    harness.begin("demo", ["--rounds", "3"])
+    out = tmp_path / "demo.json"
+    harness.save(out, {"median": 1.5, "where": str(harness.ROOT / "bench" / "x")})
+    data = json.loads(out.read_text())
+    assert data["median"] == 1.5 and data["where"] == "bench/x"
+    meta = data[harness.META_KEY]
+    assert meta["format"] == harness.FORMAT and meta["benchmark"] == "demo"
+    assert meta["argv"] == ["--rounds", "3"]
+    assert {"cpus", "cpu_model", "kernel", "memory_gib"} <= set(meta["machine"])
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"machine": {"cpus": 2, "kernel": "6.18"}, "median": 2}))
+    read = harness.load(old)
+    assert read["median"] == 2 and read[harness.META_KEY]["format"] == 0
+    assert read[harness.META_KEY]["machine"] == {"cpus": 2, "kernel": "6.18"}
+
+
+def test_committed_results_read_and_name_their_machine() -> None:
+    for path in sorted((REPO / "bench" / "results").glob("*.json")):
+        meta = harness.load(path)[harness.META_KEY]
+        assert meta["machine"].get("cpus"), f"{path.name}: no machine recorded"
