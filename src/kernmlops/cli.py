@@ -533,7 +533,7 @@ def perf_list(show_all: bool, tracepoints: bool, as_json: bool) -> None:
 
 def main() -> None:
     # Arrow's default allocator (mimalloc) kept about 50 MiB more resident than its
-    # jemalloc at the collector's peak, for the same CPU (bench/README.md §9). Read
+    # jemalloc at the collector's peak, for the same CPU (`python -m bench memory`). Read
     # once, when pyarrow loads; a user's own choice wins.
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
     cli(prog_name="kernmlops")

@@ -122,7 +122,7 @@ static __always_inline u64 kmo_wake_flags(void *ring, u64 before, u64 after)
  * <name>_stage. The ring's layout is the record's (KMO_RING); the marker
  * `__kmo_batch_<name>` tells user space the ring carries batches. The output's
  * lock and copy cost ~400 ns: 64 records a batch left quanta_runtime's program
- * 3 ns a switch cheaper than 32, 128 another 2 (bench/README 22). */
+ * 3 ns a switch cheaper than 32, 128 another 2 (`python -m bench hotpath`). */
 #define KMO_BATCH_RECORDS 64
 #define KMO_BATCH_MAX_AGE_NS (50ULL * 1000 * 1000)
 

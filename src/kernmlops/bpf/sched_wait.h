@@ -68,7 +68,7 @@ static __always_inline bool kmo_queued_ns(bool btf, struct task_struct *next, u6
 
 /* The time of a switch on bpf_ktime_get_ns()'s clock (CLOCK_MONOTONIC), taken
  * from the run queue's clock instead of reading the time at every switch (32 ns
- * of a ~110-ns program on a VM's tsc; bench/README 17, 21).
+ * of a ~110-ns program on a VM's tsc; `python -m bench hotpath`).
  *
  * rq->clock is sched_clock as the scheduler last set it: at the top of
  * __schedule, or at the wake-up that asked for this switch (the kernel then

@@ -89,7 +89,7 @@ DECODING_LIBRARIES = (
 )
 #: what ``pyarrow.parquet`` loads through ``pyarrow.fs`` and a collection never uses:
 #: the S3, GCS, Azure and HDFS filesystems (libarrow_s3 and the AWS SDK's start-up:
-#: 3.5-7 MiB of the collector's RSS, bench/README.md 20). ``kernmlops collect`` keeps
+#: 3.5-7 MiB of the collector's RSS, `python -m bench startup`). ``kernmlops collect`` keeps
 #: them out of its process (kernmlops.lazy.keep_out); pyarrow.fs then reports them as
 #: not built in. pandas too, where it is installed: pyarrow's first array from Python
 #: objects would import it (with dateutil's parser and numpy.random) under the storm.
@@ -988,14 +988,14 @@ class Session:
 #: (a late ring copy, a writer's batch) every block up to that size comes from the
 #: threads' heaps, which keep what is freed: a 300-s storm's heap grew 62 -> 84 MiB.
 #: Fixed at 4 MiB it stayed at 54-58 MiB; at 256 KiB at 43-53 MiB, but every ring copy
-#: was then mapped and faulted in anew (+0.1 s of CPU per 5 s of storm). bench/README 17.
+#: was then mapped and faulted in anew (+0.1 s of CPU per 5 s of storm; `python -m bench memory`).
 MMAP_THRESHOLD = 4 << 20
 M_MMAP_THRESHOLD = -3
 #: free bytes a heap keeps at its top before giving them back (M_TRIM_THRESHOLD; fixing
 #: the mmap threshold leaves it at 128 KiB). At 128 KiB the poll loop grew and trimmed
 #: its heap around every ring copy, 21 brk calls a second under a storm, each a change
 #: of the address space that took the GIL into the kernel with it, where one waited
-#: 1.5 s for a VMA's lock (bench/README 18). Kept, not new: the peak stays the peak.
+#: 1.5 s for a VMA's lock (`python -m bench memory`). Kept, not new: the peak stays the peak.
 TRIM_THRESHOLD = 16 << 20
 DEFAULT_TRIM_THRESHOLD = 128 << 10
 M_TRIM_THRESHOLD = -1

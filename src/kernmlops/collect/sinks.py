@@ -174,7 +174,7 @@ class ParquetSink:
             but collection_id's, no delta encoding), for a collection that
             :meth:`compact` rewrites at stop: that rewrite then encodes every such
             table compactly, one part or many. Writing plain costs about 40% of the
-            CPU per row of the compact encoding (bench/README.md section 14), while
+            CPU per row of the compact encoding (`python -m bench ingest`), while
             the workload runs; the parts take 3-8 times the space until compacted,
             and stay readable as they are after a crash.
     """

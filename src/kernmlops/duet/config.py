@@ -50,7 +50,7 @@ from kernmlops.yamlfile import safe_yaml
 #: Artifacts always captured once per suite (name -> what is recorded).
 BUILTIN_ARTIFACTS = ("uname", "lscpu", "meminfo", "hostname", "date")
 #: how often (ms) pinned sides trade CPU lists in a duet trial: a CPU that is slower
-#: for a while (another task, the host) then costs both sides alike (bench/README 14b)
+#: for a while (another task, the host) then costs both sides alike (`python -m bench duet`)
 DEFAULT_CPU_SWAP_MS = 10.0
 #: nice value of the sides by default (as root): each side is a session of its own,
 #: so this is also its scheduling group's weight against other sessions (14b)

@@ -448,7 +448,7 @@ class _CpuSwap:
     running something on that vCPU) then slows both sides alike, and the
     pairs of iterations see the same machine. Pinning alone gives that CPU to
     one side for a whole trial; AB/BA orders then cancel it only on average
-    over runs, at the price of a wider interval (bench/README section 14b).
+    over runs, at the price of a wider interval (`python -m bench duet`).
     """
 
     def __init__(self, cpus: tuple[frozenset[int], frozenset[int]], period_s: float) -> None:
@@ -753,7 +753,7 @@ def cpusets_available() -> bool:
 def resolve_auto_cpus(suite: DuetSuite) -> tuple[DuetSuite, str | None]:
     """The suite as it will run, and a line saying where ``cpus: auto`` put the sides.
     ``cpus: auto`` duets unpinned where no cpuset can be made: pinning without
-    trading was the worst setup measured (bench/README section 14b)."""
+    trading was the worst setup measured (`python -m bench duet`)."""
     auto = [d for d in suite.duets if d.cpus_auto]
     if not auto:
         return suite, None

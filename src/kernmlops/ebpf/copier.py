@@ -301,7 +301,7 @@ class Copier:
         """Start the thread; with ``priority`` > 0 it runs SCHED_FIFO at that priority
         (perf record's --realtime): a storm in another session, or with more runnable
         tasks than CPUs, otherwise keeps it off the CPU for seconds on this kernel
-        (bench/README, "capacity"). Where that is refused (no CAP_SYS_NICE, no
+        (`python -m bench capacity`). Where that is refused (no CAP_SYS_NICE, no
         real-time budget in the cgroup) it runs as any thread: :attr:`priority_error`."""
         self._install()
         ready = threading.Event()

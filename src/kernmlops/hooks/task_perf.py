@@ -21,7 +21,7 @@ perf tables plus ``count``:
 tracepoint, when the previous task leaves: its growth over a quantum is the
 switch that began it, charged to the task switched out then.
 
-Opt-in: a program on every context switch costs (bench/README.md).
+Opt-in: a program on every context switch costs (`python -m bench overhead`).
 """
 
 from __future__ import annotations
