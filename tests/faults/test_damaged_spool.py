@@ -156,3 +156,21 @@ def test_two_recovers_never_run_at_once(killed: Path, tmp_path: Path) -> None:
     assert "another `kernmlops recover` (pid 4242) is recovering" in done.stderr
     assert _quanta_segment(col).exists()
     assert _recover(col).returncode == 0  # once the first is done
+
+
+def test_a_segment_cut_short_after_a_flush_is_named_with_what_it_lost(
+    killed: Path, whole: pl.DataFrame, tmp_path: Path
+) -> None:
+    # Each flush notes every segment's size in its json: a file found shorter than
+    # that lost bytes the collector had written (a disk's damage, a copy cut short),
+    # which a kill's own cut end (after the last flush) cannot explain.
+    col = _copy(killed, tmp_path)
+    seg = _quanta_segment(col)
+    noted = json.loads(seg.with_suffix(".json").read_text())["bytes"]
+    assert 0 < noted <= seg.stat().st_size
+    keep = noted // 3
+    os.truncate(seg, keep)
+    done = _recover(col)
+    assert done.returncode == 2
+    assert f"cut short: {noted - keep:,} bytes fewer than it held" in done.stderr
+    assert 0 < _quanta(col).height < whole.height

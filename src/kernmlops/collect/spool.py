@@ -396,7 +396,7 @@ def _recover_key(key: str, segs: list[Path], hook, layout, dtype, finished: dict
         except (CollectionError, ValueError, TypeError) as err:
             # its rows come after the previous segment's, as for rows_before: null
             result.lost.append(Lost(seg, f"{err}; read as raw ring records", 0))
-            before, codec = None, None
+            meta, before, codec = {}, None, None
         if isinstance(before, dict):
             # rows a damaged segment before this one did not give: lost
             short = {t: n - made.get(t, 0) for t, n in before.items()
@@ -412,6 +412,13 @@ def _recover_key(key: str, segs: list[Path], hook, layout, dtype, finished: dict
         except OSError as err:
             result.lost.append(Lost(seg, f"cannot be read ({err.strerror or err})", _size(seg)))
             continue
+        flushed = meta.get("bytes")
+        if isinstance(flushed, int) and len(data) < flushed:
+            missing = flushed - len(data)
+            result.lost.append(Lost(
+                seg, f"cut short: {missing:,} bytes fewer than it held at the collector's "
+                "last flush", missing, None if codec is not None else missing // stride,
+            ))  # fmt: skip
         pieces, bad = _pieces(data, codec, stride, last)
         result.lost.extend(Lost(seg, reason, size) for reason, size in bad)
         for at, piece in pieces:

@@ -236,6 +236,9 @@ class _Segment:
     written: int = 0
     on_disk: int = 0
     read: int = 0
+    #: the file's size at the last flush, in its json: recover names a file found
+    #: shorter than that (cut) as a loss
+    meta_bytes: int = 0
     #: in SpoolMemory's folder (its bytes count against the budget); written by the
     #: poll loop itself (a tmpfs write never waits for a disk), not by the writer
     in_memory: bool = False
@@ -340,11 +343,32 @@ class RingSpool:
         return seg
 
     @staticmethod
-    def _write_meta(seg: _Segment) -> None:
+    def _write_meta(seg: _Segment, durable: bool = True) -> None:
         meta: dict[str, Any] = {"rows_before": seg.rows_before if seg.rows_exact else None}
         if seg.framed:
             meta["codec"] = CODEC
-        _dump(seg.path.with_suffix(".json"), meta)
+        if seg.meta_bytes:
+            meta["bytes"] = seg.meta_bytes
+        path = seg.path.with_suffix(".json")
+        if durable:
+            _dump(path, meta)
+            return
+        # At a flush: no fsync (it would wait for the spool's dirty pages); a machine
+        # that crashes keeps the json before, a lower bound all the same.
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(meta, indent=1))
+        os.replace(tmp, path)
+
+    def _note_sizes(self) -> None:
+        """(At a flush) each live segment's json learns the file's size now."""
+        for seg in self._live:
+            try:
+                size = os.fstat(seg.fd).st_size
+            except OSError:
+                continue
+            if size != seg.meta_bytes:
+                seg.meta_bytes = size
+                self._write_meta(seg, durable=False)
 
     @property
     def _tail(self) -> _Segment:
@@ -702,6 +726,7 @@ class RingSpool:
             if done and done[-1] is self._tail and not self._queued and self._ring is None:
                 self._open_segment()
             self._learn_rows()
+            self._note_sizes()
             for seg in done:
                 if seg is not self._tail:
                     self._live.remove(seg)
