@@ -152,6 +152,56 @@ def zstd() -> ctypes.CDLL | None:
     return _zstd
 
 
+class ChecksummedZstd:
+    """zstd frames that carry zstd's checksum of their content, as the copier writes
+    them (pyarrow's Codec cannot ask for one): the Python copy's disk segments."""
+
+    LEVEL, CHECKSUM = 100, 201  # ZSTD_c_compressionLevel, ZSTD_c_checksumFlag
+
+    def __init__(self, z: ctypes.CDLL, cctx: int) -> None:
+        self._z, self._cctx = z, ctypes.c_void_p(cctx)
+
+    @classmethod
+    def make(cls, level: int = ZSTD_LEVEL) -> ChecksummedZstd | None:
+        """None without a libzstd that takes the parameters."""
+        z = zstd()
+        if z is None:
+            return None
+        z.ZSTD_createCCtx.restype = ctypes.c_void_p
+        z.ZSTD_compressBound.restype = ctypes.c_size_t
+        z.ZSTD_compress2.restype = ctypes.c_size_t
+        z.ZSTD_CCtx_setParameter.restype = ctypes.c_size_t
+        z.ZSTD_isError.restype = ctypes.c_uint
+        cctx = z.ZSTD_createCCtx()
+        if not cctx:
+            return None
+        for param, value in ((cls.LEVEL, level), (cls.CHECKSUM, 1)):
+            err = z.ZSTD_CCtx_setParameter(ctypes.c_void_p(cctx), param, value)
+            if z.ZSTD_isError(ctypes.c_size_t(err)):
+                return None
+        return cls(z, cctx)
+
+    def decompress(
+        self, packed: bytes | memoryview, decompressed_size: int, asbytes: bool = True
+    ) -> bytes:
+        """Read back with pyarrow's codec (zstd checks the checksum as it decodes)."""
+        import pyarrow as pa
+
+        return pa.Codec("zstd").decompress(packed, decompressed_size=decompressed_size,
+                                            asbytes=asbytes)  # fmt: skip
+
+    def compress(self, raw: bytes | memoryview, asbytes: bool = True) -> bytes:
+        if not isinstance(raw, bytes):
+            raw = bytes(raw)  # ctypes passes bytes only (a frame can be a memoryview)
+        cap = self._z.ZSTD_compressBound(ctypes.c_size_t(len(raw)))
+        out = ctypes.create_string_buffer(cap)
+        n = self._z.ZSTD_compress2(self._cctx, out, ctypes.c_size_t(cap), raw,
+                                   ctypes.c_size_t(len(raw)))  # fmt: skip
+        if self._z.ZSTD_isError(ctypes.c_size_t(n)):
+            raise OSError(f"zstd could not compress a spool frame (error {n})")
+        return out.raw[:n]
+
+
 def available() -> bool:
     return load() is not None
 

@@ -29,7 +29,15 @@ from itertools import groupby
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kernmlops.ebpf.copier import ACTIVE, DONE, STANDBY, Budget, CopiedRing, Copier
+from kernmlops.ebpf.copier import (
+    ACTIVE,
+    DONE,
+    STANDBY,
+    Budget,
+    ChecksummedZstd,
+    CopiedRing,
+    Copier,
+)
 from kernmlops.ebpf.copier import available as copier_available
 from kernmlops.ebpf.ringbuf import HEADER_SIZE, RingBuffer, decode, record_stride, write_all
 from kernmlops.errors import CollectionError
@@ -72,9 +80,12 @@ def _codec() -> Any:
     None (a segment opened before the decoding libraries came in stays raw)."""
     if not imported("pyarrow"):
         return None
+    framed = ChecksummedZstd.make()
+    if framed is not None:
+        return framed
     import pyarrow as pa
 
-    return pa.Codec(CODEC, compression_level=1)
+    return pa.Codec(CODEC, compression_level=1)  # no checksum: a libzstd that cannot
 
 
 def _read_codec() -> Any:
