@@ -31,8 +31,17 @@ def test_drop_advice_names_the_cpus_that_lost_and_the_copiers_trouble() -> None:
                       copier=copier)  # fmt: skip
     assert drop_advice({"quanta_runtime": lost}, cfg.hook_options) == [
         "quanta_runtime: 1,065 events dropped (its ring was full, on CPUs 1 (1,000), 3 (30), "
-        "10 (5), 9 (5), 8 (5), 7 (5) and 3 more): run as root (the copier's real-time "
-        "priority was refused), or raise hooks.quanta_runtime.ring_kib"
+        "10 (5), 9 (5), 8 (5), 7 (5) and 3 more): give the collector CAP_SYS_NICE (the "
+        "copier's priority was refused: SCHED_FIFO 1: denied), or raise "
+        "hooks.quanta_runtime.ring_kib"
+    ]
+    # SCHED_FIFO refused but nice -20 granted (root in a cgroup without a real-time
+    # budget): the priority is not what to change
+    niced = HookStatus("quanta_runtime", attached=True, drops=5, drops_by_cpu=[5],
+                       copier={**copier, "nice": -20})  # fmt: skip
+    assert drop_advice({"quanta_runtime": niced}, cfg.hook_options) == [
+        "quanta_runtime: 5 events dropped (its ring was full, on CPU 0 (5)): raise "
+        "hooks.quanta_runtime.ring_kib"
     ]
     python = HookStatus("quanta_runtime", attached=True, drops=9, drops_by_cpu=[9],
                         copier={"native": False})  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -18,12 +19,14 @@ from kernmlops.config import (
     CollectorConfig,
     Config,
     HooksConfig,
+    default_spool_memory_mib,
     defaults_yaml,
     every_section,
     load_config,
     read_overrides,
 )
 from kernmlops.errors import ConfigError
+from kernmlops.hooks.bpf import default_ring_kib
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -52,7 +55,10 @@ def test_defaults_validate():
     assert cfg.collector.tgid is None
     assert cfg.collector.poll_interval_ms == 10
     assert cfg.benchmark.name == "stress-ng"
-    assert cfg.hook_options("quanta_runtime").ring_kib == 8192
+    # the busy rings grow with the machine: 8 MiB per 4 CPUs online (os.cpu_count()
+    # counts the same CPUs where none are offline)
+    assert cfg.hook_options("quanta_runtime").ring_kib is None
+    assert cfg.hook_options("quanta_runtime").ring_bytes == default_ring_kib(os.cpu_count()) << 10
     assert cfg.hook_options("process_trace").ring_kib == 1024
     # "stress-ng" lives under the key stress_ng
     assert cfg.benchmark_options() is cfg.benchmark.stress_ng
@@ -244,6 +250,21 @@ def test_section_of_wrong_type():
 def test_poll_interval_zero():
     msg = _error({"collector": {"poll_interval_ms": 0}})
     assert "collector.poll_interval_ms: Input should be greater than or equal to 1 (got 0)" in msg
+
+
+def test_default_ring_and_memory_spool_sizes_grow_with_the_cpus_and_stay_bounded():
+    # a 16-CPU switch storm fills a ring at ~200 MB/s: 32 MiB bridges ~160 ms
+    cpus = (1, 2, 4, 5, 8, 16, 56, 192)
+    assert [default_ring_kib(n) for n in cpus] == [
+        8192, 8192, 8192, 16384, 16384, 32768, 131072, 262144
+    ]  # fmt: skip
+    # 64 MiB per CPU, at least 256, at most 1/16 of the RAM
+    assert [default_spool_memory_mib(n, 24 << 10) for n in (2, 16, 192)] == [256, 1024, 1536]
+    assert default_spool_memory_mib(192, 128 << 10) == 8192
+    assert default_spool_memory_mib(16, 2 << 10) == 256
+    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**20
+    assert Config().collector.spool_memory_mib is None
+    assert Config().collector.spool_memory == default_spool_memory_mib(os.cpu_count(), ram)
 
 
 @pytest.mark.parametrize("kib", [4, 64, 8192, 1 << 20])

@@ -135,8 +135,10 @@ def drop_advice(hooks: Mapping[str, HookStatus], options: Callable[[str], Any]) 
             copier = st.copier or {}
             if copier.get("native") is False:
                 remedy = "build the native ring copier (kernmlops build-bpf), or raise "
-            elif copier.get("error"):
-                remedy = "run as root (the copier's real-time priority was refused), or raise "
+            elif copier.get("error") and copier.get("nice") is None:
+                # neither SCHED_FIFO nor a lower nice: no CAP_SYS_NICE
+                remedy = (f"give the collector CAP_SYS_NICE (the copier's priority was "
+                          f"refused: {copier['error']}), or raise ")  # fmt: skip
             else:
                 remedy = "raise "
             where = _cpus_that_lost(st.drops_by_cpu)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import difflib
 import functools
+import os
 import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from kernmlops.benchmarks import REGISTRY as BENCHMARKS
 from kernmlops.errors import ConfigError
 from kernmlops.hooks import DEFAULT_HOOKS
 from kernmlops.hooks import REGISTRY as HOOKS
+from kernmlops.host.cpus import online_cpu_count
 from kernmlops.host.environment import ENVIRONMENT_FIELDS
 from kernmlops.registry import Plugins
 from kernmlops.validation import keys_at, unknown_key
@@ -58,6 +60,17 @@ def _known(kind: str, name: str, plugins: Plugins[Any]) -> str:
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def default_spool_memory_mib(cpus: int | None = None, ram_mib: float | None = None) -> float:
+    """collector.spool_memory_mib's default for a machine: 64 MiB per CPU online (a
+    switch storm spools ~13 MiB/s per CPU: 5 s of it stays in memory), at least 256
+    MiB, at most 1/16 of the RAM (spool.spool_memory also keeps half the tmpfs free)."""
+    n = cpus if cpus is not None else online_cpu_count()
+    if ram_mib is None:
+        ram_mib = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**20
+    ram = ram_mib
+    return float(max(256, min(64 * n, ram // 16)))
 
 
 class CollectorConfig(_Strict):
@@ -101,13 +114,14 @@ class CollectorConfig(_Strict):
         "keeps every CPU busy loses only the copy to the collector (kernmlops recover "
         "turns a killed collection's spool into parts)",
     )
-    spool_memory_mib: float = Field(
-        256,
+    spool_memory_mib: float | None = Field(
+        None,
         ge=0,
         description="with spool: the spool's first MiB go to a tmpfs (/dev/shm, at most half "
-        "its free space) instead of the disk: no disk writes under a short storm, and they "
-        "outlive a killed collector (not a reboot); the rest goes to the collection's disk. "
-        "0: all on disk",
+        "its free space) instead of the disk: no disk writes and no compression under a "
+        "short storm, and they outlive a killed collector (not a reboot); the rest goes to "
+        "the collection's disk, compressed. null: 64 MiB per CPU online (a storm spools "
+        "~13 MiB/s per CPU), at least 256, at most 1/16 of the RAM. 0: all on disk",
     )
     spool_spare_cpus: float = Field(
         0.5,
@@ -173,6 +187,13 @@ class CollectorConfig(_Strict):
         "storms), and of its session's autogroup where the kernel groups sessions (restored "
         "afterwards); the benchmark keeps kernmlops' own priority; null: unchanged",
     )
+
+    @property
+    def spool_memory(self) -> float:
+        """MiB of the spool on a tmpfs on this machine (spool_memory_mib or its default)."""
+        if self.spool_memory_mib is not None:
+            return self.spool_memory_mib
+        return default_spool_memory_mib()
 
     @field_validator("hooks")
     @classmethod

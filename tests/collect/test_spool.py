@@ -13,7 +13,7 @@ import pytest
 from kernmlops.collect.spool import pending_spools
 from kernmlops.ebpf.ringbuf import RingBuffer
 from kernmlops.ebpf.spool import RingSpool
-from kernmlops.host.cpus import SpareCpu
+from kernmlops.host.cpus import SpareCpu, online_cpus
 from tests.ebpf.test_ringbuf import EVENT, MappedRing, events
 
 
@@ -117,6 +117,29 @@ def test_our_own_cpu_is_not_spare() -> None:
     while time.monotonic() < end:
         pass
     assert not almost_all.ask()
+
+
+def test_spare_cpu_counts_only_the_cpus_the_collector_may_use() -> None:
+    # Pinned to one CPU that this process keeps busy, the machine's other idle CPUs
+    # are not spare (taskset -c 0,1 on a 16-CPU machine: 14 idle CPUs once let the
+    # collector make rows on the two the storm had).
+    import time
+
+    if len(online_cpus()) < 2:
+        pytest.skip("one CPU: nothing else to be idle")
+    cpu = min(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})
+    try:
+        pinned = SpareCpu(window_s=0.3, need=0.5)
+        machine = SpareCpu(window_s=0.3, need=0.5, cpus=set(online_cpus()))
+        assert pinned._cpus == {f"cpu{cpu}".encode()} and machine._cpus is None
+        end = time.monotonic() + 0.4
+        while time.monotonic() < end:
+            pass
+        assert not pinned.ask()  # what the other CPUs had idle does not count
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def test_only_hooks_whose_rows_come_from_their_records_alone_are_spooled() -> None:

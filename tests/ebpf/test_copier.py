@@ -339,3 +339,51 @@ def test_the_copier_thread_keeps_up_with_the_kernel_and_keeps_every_record(
 def test_compression_workers_follow_the_cpu_count() -> None:
     # one thread compresses ~6M records/s; a storm makes ~0.5M/s per CPU
     assert [native.default_workers(n) for n in (1, 2, 4, 8, 16, 56, 192)] == [0, 0, 0, 1, 2, 7, 24]
+
+
+def _thread_nice(tid: int) -> int:
+    """The nice of thread ``tid`` as the kernel reports it (/proc/<pid>/task/<tid>/stat,
+    field 19), not as Python remembers setting it."""
+    stat = Path(f"/proc/self/task/{tid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[16])
+
+
+def test_where_real_time_is_refused_the_copier_asks_for_the_highest_nice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # root in a cgroup without a real-time budget gets EPERM from SCHED_FIFO and may
+    # still lower its nice: the copier takes that, for its own thread only
+    if os.geteuid() != 0:
+        pytest.skip("a lower nice needs root")
+
+    def refused(*_: object) -> None:
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(native.os, "sched_setscheduler", refused)
+    copier = _copier()
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    try:
+        copier.start(priority=1)  # returns once the thread has its priority
+        nices = {int(t.name): _thread_nice(int(t.name)) for t in Path("/proc/self/task").iterdir()}
+    finally:
+        copier.close()
+    assert copier.priority == 0
+    assert copier.priority_error == "SCHED_FIFO 1: Operation not permitted"
+    assert copier.nice == native.FALLBACK_NICE
+    # the kernel's view: one thread (the copier's) at -20, this one as it was
+    assert [n for n in nices.values() if n == native.FALLBACK_NICE] == [native.FALLBACK_NICE]
+    assert nices[threading.get_native_id()] == mine != native.FALLBACK_NICE
+
+
+def test_priority_notes_say_what_the_copier_got() -> None:
+    granted = {"native": True, "priority": 1}
+    niced = {"native": True, "priority": 0, "error": "SCHED_FIFO 1: denied", "nice": -20}
+    plain = {"native": True, "priority": 0, "error": "SCHED_FIFO 1: denied"}
+    assert native.priority_notes([granted, {}]) == []
+    assert native.priority_notes([niced]) == [
+        "the ring copier runs at nice -20, not real-time (SCHED_FIFO 1: denied)"
+    ]
+    assert native.priority_notes([plain]) == [
+        "the ring copier runs at normal priority (SCHED_FIFO 1: denied): a storm may keep "
+        "it off the CPU and the rings overflow"
+    ]

@@ -54,6 +54,7 @@ from kernmlops.collect.spool import (
     spool_memory,
 )
 from kernmlops.config import Config
+from kernmlops.ebpf.copier import priority_notes
 from kernmlops.ebpf.spool import SpoolMemory
 from kernmlops.errors import (
     CollectionError,
@@ -359,7 +360,7 @@ class Session:
                         flt.add(pid)
             spool_dir = self.path / SPOOL_DIR if parquet is not None and cfg.spool else None
             self._spool_dir = spool_dir
-            if spool_dir is not None and cfg.spool_memory_mib > 0 and self.on_message:
+            if spool_dir is not None and cfg.spool_memory > 0 and self.on_message:
                 for left in leftover_memory():  # never deleted here: only recover frees them
                     self.on_message(f"warning: {left.describe()}")
             ctx = HookContext(
@@ -373,7 +374,7 @@ class Session:
                 poll_interval_ms=cfg.poll_interval_ms,
                 poll_max_interval_ms=cfg.poll_max_interval_ms,
                 spool_memory=(
-                    spool_memory(spool_dir, self.collection_id, cfg.spool_memory_mib)
+                    spool_memory(spool_dir, self.collection_id, cfg.spool_memory)
                     if spool_dir is not None
                     else None
                 ),
@@ -401,12 +402,9 @@ class Session:
             for participant in self.participants:
                 participant.start(ctx)  # e.g. the exporter: the same processes as the hooks
             attach_s = time.monotonic() - t0
-            refused = {h.status.copier.get("error") for h in hooks} - {None}
-            if refused and self.on_message:
-                self.on_message(
-                    f"the ring copier runs at normal priority ({', '.join(sorted(refused))}): "
-                    "a storm may keep it off the CPU and the rings overflow"
-                )
+            if self.on_message:
+                for line in priority_notes([h.status.copier for h in hooks]):
+                    self.on_message(line)
             if self.on_attached:
                 self.on_attached({h.name: h.status for h in hooks})
             if self.manifest is not None:

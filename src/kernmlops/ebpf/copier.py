@@ -22,8 +22,10 @@ import ctypes.util
 import os
 import select
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from kernmlops.ebpf.build import NATIVE_LIBRARY, default_build_dir
 
@@ -202,6 +204,44 @@ class ChecksummedZstd:
         return out.raw[:n]
 
 
+#: the copier thread's nice where SCHED_FIFO is refused (the highest there is)
+FALLBACK_NICE = -20
+
+
+def _name_thread(name: bytes) -> None:
+    """Name the calling thread as the kernel shows it (comm, 15 bytes); threads it
+    starts inherit the name. Best effort."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)  # PR_SET_NAME
+
+
+def _lower_nice(nice: int) -> int | None:
+    """Give the calling thread ``nice`` (Linux: nice is per thread); its nice after,
+    None if it was refused and is unchanged."""
+    tid = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, nice)
+    except OSError:
+        return None
+    return os.getpriority(os.PRIO_PROCESS, tid)
+
+
+def priority_notes(statuses: Sequence[Mapping[str, Any]]) -> list[str]:
+    """What a collection says about its copiers' priority (hooks' ``status.copier``):
+    nothing when SCHED_FIFO was granted; a note when only the nice fallback was; a
+    warning when neither was."""
+    notes = []
+    niced = sorted({s["error"] for s in statuses if s.get("error") and s.get("nice") is not None})
+    plain = sorted({s["error"] for s in statuses if s.get("error") and s.get("nice") is None})
+    if niced:
+        nice = min(s["nice"] for s in statuses if s.get("nice") is not None)
+        notes.append(f"the ring copier runs at nice {nice}, not real-time ({', '.join(niced)})")
+    if plain:
+        notes.append(f"the ring copier runs at normal priority ({', '.join(plain)}): a storm "
+                     "may keep it off the CPU and the rings overflow")  # fmt: skip
+    return notes
+
+
 def available() -> bool:
     return load() is not None
 
@@ -297,6 +337,8 @@ class Copier:
         #: the real-time priority the thread runs at (0: normal), or why not
         self.priority = 0
         self.priority_error: str | None = None
+        #: the thread's nice where SCHED_FIFO was refused and FALLBACK_NICE was not
+        self.nice: int | None = None
         self._segments: list[Segment] = []  # kept alive while the C side may read them
 
     def add(self, name: str, map_fd: int, size: int, wakes: bool = True) -> CopiedRing:
@@ -351,18 +393,23 @@ class Copier:
         """Start the thread; with ``priority`` > 0 it runs SCHED_FIFO at that priority
         (perf record's --realtime): a storm in another session, or with more runnable
         tasks than CPUs, otherwise keeps it off the CPU for seconds on this kernel
-        (`python -m bench capacity`). Where that is refused (no CAP_SYS_NICE, no
-        real-time budget in the cgroup) it runs as any thread: :attr:`priority_error`."""
+        (`python -m bench capacity`). Where that is refused (:attr:`priority_error`:
+        no CAP_SYS_NICE, or a cgroup without a real-time budget, which refuses even
+        root) the thread asks for nice FALLBACK_NICE instead (:attr:`nice`): what
+        root still gets there, and enough for the scheduler to run it first when
+        it wakes. zstd's workers, started by this thread, inherit either."""
         self._install()
         ready = threading.Event()
 
         def run() -> None:
+            _name_thread(b"kmo-copier")  # top -H, ps -L: the copier and zstd's workers
             if priority > 0:
                 try:  # pid 0: this thread alone
                     os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
                     self.priority = priority
                 except OSError as err:
                     self.priority_error = f"SCHED_FIFO {priority}: {err.strerror or err}"
+                    self.nice = _lower_nice(FALLBACK_NICE)
             ready.set()
             # ctypes lets go of the GIL for the whole call
             self.result = self._lib.kmo_copier_run(ctypes.byref(self._c))

@@ -22,6 +22,7 @@ from kernmlops.ebpf.spec import ObjectSpec, object_spec
 from kernmlops.ebpf.spool import FRAME_RAW, SYNC_BYTES, RingSpool
 from kernmlops.errors import HookUnavailable, KernmlopsError
 from kernmlops.hooks.base import Hook, HookContext, HookOptions, OptionsT
+from kernmlops.host.cpus import online_cpu_count
 from kernmlops.lazy import lazy_import
 
 if TYPE_CHECKING:
@@ -32,9 +33,29 @@ else:
     np = lazy_import("numpy")
 
 
+#: a ring's default size per 4 CPUs, and the largest default (KiB)
+RING_KIB_PER_4_CPUS = 8192
+RING_KIB_MAX_DEFAULT = 256 << 10
+
+
+def default_ring_kib(cpus: int | None = None) -> int:
+    """A ring's default size on a machine with ``cpus`` CPUs online: 8 MiB per 4 CPUs,
+    a power of two, at most 256 MiB. Every CPU writes into the one ring, so a storm
+    fills it at a rate that grows with the CPU count, and the time it bridges while
+    the copier waits for a CPU (8 MiB: ~40 ms of a 16-CPU storm) must not shrink."""
+    n = cpus if cpus is not None else online_cpu_count()
+    quarters = max(1, -(-n // 4))
+    return min(RING_KIB_MAX_DEFAULT, RING_KIB_PER_4_CPUS << (quarters - 1).bit_length())
+
+
 class BpfHookOptions(HookOptions):
-    ring_kib: int = Field(
-        8192, ge=4, le=1 << 20, description="size of each ring buffer in KiB (a power of two)"
+    ring_kib: int | None = Field(
+        None,
+        ge=4,
+        le=1 << 20,
+        description="size of each ring buffer in KiB (a power of two); null: 8 MiB per 4 "
+        "CPUs online, at most 256 MiB (every CPU writes into the ring: a storm fills it "
+        "faster on a larger machine)",
     )
 
     batch_ms: int = Field(
@@ -49,10 +70,15 @@ class BpfHookOptions(HookOptions):
 
     @field_validator("ring_kib")
     @classmethod
-    def _power_of_two(cls, kib: int) -> int:
-        if kib & (kib - 1):
+    def _power_of_two(cls, kib: int | None) -> int | None:
+        if kib is not None and kib & (kib - 1):
             raise ValueError(f"must be a power of two, got {kib}")
         return kib
+
+    @property
+    def ring_bytes(self) -> int:
+        """Each ring's size on this machine (ring_kib, or its default here)."""
+        return (self.ring_kib if self.ring_kib is not None else default_ring_kib()) * 1024
 
 
 #: the longest a poll makes rows from a spool before it copies the rings again (s): a
@@ -192,7 +218,7 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
 
     def start(self, ctx: HookContext) -> None:
         path = object_path(self.object_name, ctx.bpf_dir)
-        size = self.options.ring_kib * 1024
+        size = self.options.ring_bytes
         flt = ctx.process_filter
         if not path.exists():
             raise HookUnavailable(
@@ -264,7 +290,7 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         if workers is None:
             workers = copier_workers()
         # a frame is cut in jobs of 512 KiB, one per worker, and must fit a quarter ring
-        quarter = self.options.ring_kib * 1024 // 4
+        quarter = self.options.ring_bytes // 4
         workers = min(workers, quarter // (512 << 10))
         copier = Copier(
             interval_ms=interval_ms,
@@ -290,6 +316,7 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
             "priority": copier.priority,
             "compressed": copier.compresses,
             **({"error": copier.priority_error} if copier.priority_error else {}),
+            **({"nice": copier.nice} if copier.nice is not None else {}),
         }
 
     def _stop_copier(self) -> None:
