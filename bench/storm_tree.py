@@ -1,0 +1,213 @@
+"""`kernmlops collect -- STORM` on the storm's own process tree, default config: what a
+user sees at scale.
+
+Per run: events and drops per hook, the collector's peak RSS (VmHWM, sampled every
+0.1 s), the peak growth of /dev/shm (the memory spool), CPU seconds per collector
+thread by name (at the storm's end and at exit: ``kmo-copier`` is the ring copier
+and zstd's workers), the time from the storm's end to the collector's exit (rows
+made, parts compacted) and what ``read_collection`` then reads.
+
+The storm is any command that takes ``PAIRS SECONDS`` and prints one JSON line
+with ``round_trips`` at its end (the 16-core recipe's static ``storm``); without
+``--storm``, ``stress-ng --switch PAIRS -t SECONDS`` (its end is then its "run
+completed" line).
+
+    sudo python -m bench storm-tree --storm ./storm --seconds 5 15
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from bench import harness
+
+#: what this benchmark is held to (python -m bench list shows it)
+TARGET = (
+    "0 drops at every CPU count; collector RSS ≤ 200 MB at 16 CPUs; storm end to a "
+    "readable collection ≤ the storm's duration"
+)
+
+
+def hwm_kb(pid: int) -> int:
+    try:
+        for ln in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if ln.startswith("VmHWM:"):
+                return int(ln.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def thread_cpu(pid: int, acc: dict[int, tuple[str, float]]) -> None:
+    """Each thread's CPU seconds so far (utime + stime), kept by tid in ``acc``."""
+    tck = os.sysconf("SC_CLK_TCK")
+    try:
+        for t in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                st = (t / "stat").read_text()
+            except OSError:
+                continue
+            comm = st[st.index("(") + 1 : st.rindex(")")]
+            f = st.rsplit(")", 1)[1].split()
+            acc[int(t.name)] = (comm, (int(f[11]) + int(f[12])) / tck)
+    except OSError:
+        pass
+
+
+def shm_used() -> int:
+    st = os.statvfs("/dev/shm")
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+def storm_argv(storm: str | None, pairs: int, seconds: float) -> list[str]:
+    if storm:
+        return [storm, str(pairs), f"{seconds:g}"]
+    return ["stress-ng", "--switch", str(pairs), "-t", f"{seconds:g}", "--metrics-brief"]
+
+
+def _ended(line: str) -> bool:
+    """The storm's end: its result line, stress-ng's last line, or the collector's
+    note that it makes rows from the spool (the benchmark has ended)."""
+    return (
+        (line.startswith("{") and "round_trips" in line)
+        or "run completed in" in line
+        or "making rows from" in line
+    )
+
+
+def one(storm: str | None, pairs: int, seconds: float, extra: list[str]) -> dict:
+    out = Path(tempfile.mkdtemp(prefix="kmo-tree-"))
+    argv = [
+        sys.executable,
+        "-m",
+        "kernmlops",
+        "collect",
+        "--no-progress",
+        "-o",
+        str(out),
+        *extra,
+        "--",
+        *storm_argv(storm, pairs, seconds),
+    ]
+    shm0 = shm_used()
+    lines: list[tuple[float, str]] = []
+    t0 = time.monotonic()
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def read() -> None:
+        assert p.stdout is not None
+        for ln in p.stdout:
+            lines.append((time.monotonic() - t0, ln.rstrip()))
+
+    th = threading.Thread(target=read, daemon=True)
+    th.start()
+    peak_rss = peak_shm = 0
+    threads: dict[int, tuple[str, float]] = {}
+    at_end: dict[str, float] | None = None
+    while p.poll() is None:
+        peak_rss = max(peak_rss, hwm_kb(p.pid))
+        peak_shm = max(peak_shm, shm_used() - shm0)
+        thread_cpu(p.pid, threads)
+        if at_end is None and any(_ended(ln) for _, ln in lines):
+            at_end = {}
+            for comm, cpu in threads.values():
+                at_end[comm] = at_end.get(comm, 0.0) + cpu
+        time.sleep(0.1)
+    t_exit = time.monotonic() - t0
+    th.join(5)
+    by_comm: dict[str, float] = {}
+    for comm, cpu in threads.values():
+        by_comm[comm] = by_comm.get(comm, 0.0) + cpu
+    rec_threads = {
+        "cpu_s_by_thread_name": by_comm,
+        "cpu_s_at_storm_end": at_end,
+        "threads": len(threads),
+    }
+    rec: dict = {
+        **rec_threads,
+        "argv": argv,
+        "rc": p.returncode,
+        "exit_s": t_exit,
+        "collector_peak_rss_mb": peak_rss / 1024,
+        "shm_peak_mb": peak_shm / 2**20,
+    }
+    # the storm prints one JSON line at its end: that time is the benchmark's end
+    storm_end = next((t for t, ln in lines if _ended(ln)), None)
+    attached = next((t for t, ln in lines if "probes attached" in ln), None)
+    rec["attached_s"] = attached
+    rec["storm_end_s"] = storm_end
+    rec["end_to_exit_s"] = (t_exit - storm_end) if storm_end is not None else None
+    rec["storm"] = next(
+        (json.loads(ln) for _, ln in lines if ln.startswith("{") and "round_trips" in ln), None
+    )
+    rec["log_tail"] = [f"{t:7.2f} {ln}" for t, ln in lines[-25:]]
+    found = sorted(out.glob("**/manifest.json"))
+    if found:
+        m = json.loads(found[0].read_text())
+        rec["hooks"] = {
+            n: {k: h.get(k) for k in ("attached", "events", "drops", "missed", "rows")}
+            for n, h in (m.get("hooks") or {}).items()
+            if isinstance(h, dict)
+        }
+        rec["state"] = m.get("state")
+        du = sum(f.stat().st_size for f in found[0].parent.rglob("*") if f.is_file())
+        rec["collection_mb"] = du / 2**20
+        t = time.monotonic()
+        try:
+            from kernmlops.data import read_collection
+
+            c = read_collection(found[0].parent)
+            rows = {}
+            for name in c.tables:
+                rows[name] = c[name].height if hasattr(c[name], "height") else None
+            rec["read_rows"] = rows
+        except Exception as err:
+            rec["read_error"] = f"{type(err).__name__}: {err}"
+        rec["read_collection_s"] = time.monotonic() - t
+    shutil.rmtree(out, ignore_errors=True)
+    return rec
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = harness.parser(__name__, __doc__)
+    ap.add_argument("--storm", help="a storm program taking PAIRS SECONDS (default: stress-ng)")
+    ap.add_argument("--pairs", type=int, default=0, help="default: the CPUs allowed")
+    ap.add_argument("--seconds", type=float, nargs="+", default=[5.0])
+    ap.add_argument("--collect-args", default="", help="more `collect` options, one string")
+    ap.add_argument("--deadline", type=float, default=0.0,
+                    help="unix time: no run starts that would end after it")  # fmt: skip
+    ap.add_argument("--out", type=Path, default=harness.result_path("storm-tree"))
+    a = ap.parse_args(argv)
+    pairs = a.pairs or len(os.sched_getaffinity(0))
+    extra = a.collect_args.split()
+    body: dict = {"pairs": pairs, "cpus": len(os.sched_getaffinity(0)), "runs": []}
+    for s in a.seconds:
+        # a run takes the storm, then ~3x as long again to make its rows (16 CPUs)
+        if a.deadline and time.time() + s * 4 + 25 > a.deadline:
+            body.setdefault("skipped", []).append(s)
+            print(f"[storm-tree] {s:g} s: skipped (deadline)", flush=True)
+            continue
+        rec = one(a.storm, pairs, s, extra)
+        rec["seconds"] = s
+        body["runs"].append(rec)
+        harness.save(a.out, body)
+        hooks = rec.get("hooks") or {}
+        drops = {n: (h.get("drops") or 0) + (h.get("missed") or 0) for n, h in hooks.items()}
+        print(f"[storm-tree] {pairs} pairs {s:g} s: rc {rec['rc']}, exit {rec['exit_s']:.1f} s, "
+              f"end->exit {rec['end_to_exit_s']}, rss {rec['collector_peak_rss_mb']:.0f} MB, "
+              f"shm {rec['shm_peak_mb']:.0f} MB, read {rec.get('read_collection_s')}, "
+              f"events {sum((h.get('events') or 0) for h in hooks.values())}, drops {drops}, "
+              f"rows {rec.get('read_rows')}", flush=True)  # fmt: skip
+        print(f"    threads' CPU s at the storm's end {rec['cpu_s_at_storm_end']}, at exit "
+              f"{rec['cpu_s_by_thread_name']}", flush=True)  # fmt: skip
+    harness.save(a.out, body)
+    print(f"wrote {a.out}")
+    return 0
