@@ -91,6 +91,38 @@ def test_the_copy_stops_at_a_busy_record_and_wraps_whole(tmp_path: Path) -> None
         os.close(ring.fd)
 
 
+@pytest.mark.parametrize("zstd", [False, True])
+def test_a_record_that_straddles_the_rings_end_is_copied_whole(tmp_path: Path, zstd: bool) -> None:
+    # The copier maps the data area once (not the kernel's two views: each counts
+    # in RSS), so the record that wraps past the end is joined before it is written.
+    stride = record_stride(EVENT.itemsize)
+    ring = _mapped(4096, start=4096 - stride + 8)  # the first record wraps
+    want = events(100)
+    ring.write_records(want)
+    ring.sync()
+    copier = _copier()
+    out = os.open(tmp_path / "seg", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        cr = copier.add("events", ring.fd, 4096, wakes=False)
+        seg = copier.segment(out, zstd=zstd, memory=False)
+        copier.rotate(cr, seg)
+        assert copier.copy_now() == 100 * stride
+        assert ring.consumer() == ring.prod and seg.written == 100 * stride
+        data = (tmp_path / "seg").read_bytes()
+        if zstd:  # the wrapped record is a frame of its own, then the rest
+            import pyarrow as pa
+
+            pieces = list(frames(data, pa.Codec("zstd")))
+            assert [len(p) for p in pieces] == [stride, 99 * stride]
+            data = b"".join(pieces)
+        raw = np.frombuffer(data, np.uint8)
+        assert np.array_equal(decode(raw, 1, 0, len(raw), EVENT).records, want)
+    finally:
+        copier.close()
+        os.close(out)
+        os.close(ring.fd)
+
+
 def test_a_write_that_fails_takes_nothing_from_the_ring(tmp_path: Path) -> None:
     ring = _mapped(4096)
     ring.write_records(events(10))
@@ -167,7 +199,10 @@ def test_past_the_memory_budget_the_copier_goes_on_in_zstd_frames_on_disk(
         pieces = [np.frombuffer(p, np.uint8) for p in frames(disk_segs[0].read_bytes(), codec)]
         raw = np.concatenate([np.fromfile(mem_segs[0], np.uint8), *pieces])
         assert np.array_equal(decode(raw, 1, 0, len(raw), EVENT).records, want)
-        assert len(pieces) == 3  # a frame per copy (each under FRAME_RAW)
+        # a frame per copy (each under FRAME_RAW), cut where a copy passes the ring's
+        # end (the data area is mapped once): the 2nd and 3rd fills each pass it with
+        # a record straddling the end, which is joined and framed alone
+        assert len(pieces) == 1 + 3 + 3
         # a new standby waits after the one the copier took
         assert len(disk_segs) == 2 and disk_segs[1].stat().st_size == 0
 

@@ -30,7 +30,7 @@ from typing import Any
 from kernmlops.ebpf.build import NATIVE_LIBRARY, default_build_dir
 
 LIBRARY = NATIVE_LIBRARY
-ABI = 3
+ABI = 4
 #: zstd level of the disk segments (pyarrow's Codec("zstd", 1) writes the same frames)
 ZSTD_LEVEL = 1
 
@@ -67,6 +67,8 @@ class Ring(ctypes.Structure):
         ("waiting", ctypes.c_int32),
         ("packed", ctypes.c_void_p),
         ("packed_cap", ctypes.c_uint64),
+        ("line", ctypes.c_void_p),
+        ("line_cap", ctypes.c_uint64),
     ]
 
 

@@ -37,7 +37,7 @@
 #define LEN_MASK (DISCARD_BIT - 1)
 #define HDR 8
 
-#define KMO_ABI 3
+#define KMO_ABI 4
 
 typedef size_t (*zstd_compress_fn)(void *dst, size_t cap, const void *src, size_t len, int level);
 typedef size_t (*zstd_bound_fn)(size_t len);
@@ -82,6 +82,8 @@ struct kmo_ring {
 	int32_t waiting;     /* 1: the budget is spent and no standby is ready */
 	uint8_t *packed;     /* zstd: a frame's header and compressed bytes */
 	uint64_t packed_cap;
+	uint8_t *line;       /* a record that wraps past the data area's end, joined */
+	uint64_t line_cap;
 };
 
 struct kmo_copier {
@@ -130,7 +132,10 @@ static void unlock(int32_t *l)
 }
 
 /* Map a ring the way the kernel allows: the consumer page read-write, the
- * producer page and the data area (twice in a row) read-only. */
+ * producer page and the data area read-only. The data area once, not the twice
+ * in a row the kernel offers: the kernel maps every page of a mapping at once and
+ * each counts in the collector's RSS (64 MiB for a 32-MiB ring); the one record
+ * in a lap that wraps past the end is joined in `line` instead. */
 int kmo_ring_map(struct kmo_ring *r, int map_fd, uint64_t size)
 {
 	long page = sysconf(_SC_PAGESIZE);
@@ -140,7 +145,7 @@ int kmo_ring_map(struct kmo_ring *r, int map_fd, uint64_t size)
 	cons = mmap(NULL, page, PROT_READ | PROT_WRITE, MAP_SHARED, map_fd, 0);
 	if (cons == MAP_FAILED)
 		return -errno;
-	data = mmap(NULL, page + 2 * size, PROT_READ, MAP_SHARED, map_fd, page);
+	data = mmap(NULL, page + size, PROT_READ, MAP_SHARED, map_fd, page);
 	if (data == MAP_FAILED) {
 		int err = errno;
 
@@ -162,11 +167,13 @@ void kmo_ring_unmap(struct kmo_ring *r)
 	if (r->cons)
 		munmap((void *)r->cons, page);
 	if (r->prod)
-		munmap((void *)r->prod, page + 2 * r->size);
+		munmap((void *)r->prod, page + r->size);
 	free(r->packed);
+	free(r->line);
 	r->cons = NULL;
 	r->prod = NULL;
 	r->packed = NULL;
+	r->line = NULL;
 }
 
 /* The memory budget: bytes of tmpfs segments, shared by a collection's copiers
@@ -212,14 +219,18 @@ static int write_all(int fd, const void *buf, size_t len)
 }
 
 /* Committed bytes from `cons`, whole records, at most `max` (but at least one
- * record when one is committed). */
-static uint64_t committed(struct kmo_ring *r, uint64_t cons, uint64_t prod, uint64_t max)
+ * record when one is committed), ending at the data area's end: a record that
+ * wraps past it comes alone, with *wraps set (a header never wraps: records are
+ * 8-aligned). */
+static uint64_t committed(struct kmo_ring *r, uint64_t cons, uint64_t prod, uint64_t max,
+			  int *wraps)
 {
 	uint64_t mask = r->size - 1, run = 0;
 
+	*wraps = 0;
 	while (cons + run < prod) {
-		uint32_t hdr = __atomic_load_n((const uint32_t *)(r->data + ((cons + run) & mask)),
-					       __ATOMIC_ACQUIRE);
+		uint64_t at = (cons + run) & mask;
+		uint32_t hdr = __atomic_load_n((const uint32_t *)(r->data + at), __ATOMIC_ACQUIRE);
 		uint64_t len;
 
 		if (hdr & BUSY_BIT)
@@ -227,9 +238,34 @@ static uint64_t committed(struct kmo_ring *r, uint64_t cons, uint64_t prod, uint
 		len = ((hdr & LEN_MASK) + HDR + 7) & ~7ULL;
 		if (run && run + len > max)
 			break;
+		if ((cons & mask) + run + len > r->size) { /* past the data area's end */
+			if (!run) {
+				*wraps = 1;
+				run = len;
+			}
+			break;
+		}
 		run += len;
 	}
 	return run;
+}
+
+/* The record at `cons` that wraps past the data area's end, joined in r->line. */
+static const uint8_t *join_wrapped(struct kmo_ring *r, uint64_t cons, uint64_t len)
+{
+	uint64_t at = cons & (r->size - 1), head = r->size - at;
+
+	if (r->line_cap < len) {
+		uint8_t *p = realloc(r->line, len);
+
+		if (!p)
+			return NULL;
+		r->line = p;
+		r->line_cap = len;
+	}
+	memcpy(r->line, r->data + at, head);
+	memcpy(r->line + head, r->data, len - head);
+	return r->line;
 }
 
 static struct kmo_segment *switch_to_standby(struct kmo_ring *r)
@@ -288,12 +324,17 @@ static uint64_t copy_ring(struct kmo_copier *c, struct kmo_ring *r)
 	while (cons < prod) {
 		struct kmo_segment *s = r->active;
 		uint64_t max = s->zstd ? c->frame_raw : r->size / 4;
-		uint64_t run = committed(r, cons, prod, max);
-		const uint8_t *src = r->data + (cons & mask); /* contiguous: mapped twice */
+		int wraps;
+		uint64_t run = committed(r, cons, prod, max, &wraps);
+		const uint8_t *src = r->data + (cons & mask);
 		int err;
 
 		if (!run)
 			break;
+		if (wraps && !(src = join_wrapped(r, cons, run))) {
+			r->error = ENOMEM;
+			break;
+		}
 		if (s->memory) {
 			if (!kmo_budget_reserve(c->memory_used, c->memory_limit, run)) {
 				s = switch_to_standby(r);
