@@ -44,7 +44,7 @@ import numpy as np
 
 from bench import harness
 from bench.harness import save
-from kernmlops.collect.sinks import ParquetSink
+from kernmlops.collect.parquet import ParquetSink
 from kernmlops.ebpf.btf import unbatch
 from kernmlops.ebpf.build import compile_object, default_build_dir
 from kernmlops.ebpf.copier import Copier

@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from bench import harness
 from bench.harness import save
-from kernmlops.collect.sinks import ParquetSink
+from kernmlops.collect.parquet import ParquetSink
 
 #: what this benchmark is held to (python -m bench list shows it)
 TARGET = "none; the RSS compaction adds to a collection's lifetime peak (`memory`)"

@@ -113,7 +113,7 @@ class ParquetReader(DrainReader):
     """drain() -> records_to_table -> ParquetSink.write, as a BPF hook feeds a session."""
 
     def __init__(self, map_fd: int, size: int, layout) -> None:
-        from kernmlops.collect.sinks import ParquetSink
+        from kernmlops.collect.parquet import ParquetSink
 
         super().__init__(map_fd, size, layout)
         self.dir = Path(tempfile.mkdtemp(prefix="kmo-ingest-"))
@@ -144,7 +144,8 @@ class ParquetThreadedReader(ParquetReader):
     encoding in a writer thread while the poll loop keeps draining."""
 
     def __init__(self, map_fd: int, size: int, layout) -> None:
-        from kernmlops.collect.sinks import ParquetSink, ThreadedSink
+        from kernmlops.collect.parquet import ParquetSink
+        from kernmlops.collect.sinks import ThreadedSink
 
         super().__init__(map_fd, size, layout)
         self.sink = ThreadedSink(ParquetSink(self.dir, "ingest-bench"))
@@ -226,7 +227,7 @@ def warm_up(obj_path: Path) -> None:
     """Import and first-use costs of pyarrow.parquet, out of the first run."""
     import numpy as np
 
-    from kernmlops.collect.sinks import ParquetSink
+    from kernmlops.collect.parquet import ParquetSink
     from kernmlops.ebpf.frames import records_to_table
     from kernmlops.ebpf.spec import ring_layouts
 

@@ -29,7 +29,7 @@ import polars as pl
 from bench import harness
 from bench.harness import save
 from kernmlops.collect.manifest import write_manifest
-from kernmlops.collect.sinks import ParquetSink
+from kernmlops.collect.parquet import ParquetSink
 from kernmlops.data import read_collection
 
 #: what this benchmark is held to (python -m bench list shows it)

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=BENCH / "results" / "stages.json")
     args = parser.parse_args(argv)
 
-    from kernmlops.collect.sinks import ParquetSink
+    from kernmlops.collect.parquet import ParquetSink
     from kernmlops.ebpf.frames import records_to_frame, records_to_table
     from kernmlops.ebpf.ringbuf import decode, record_stride
     from kernmlops.ebpf.spec import ring_layouts

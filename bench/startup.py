@@ -190,7 +190,7 @@ PHASES = (
     ("ring_layouts (BTF from the ELF)", "ebpf/btf.py", "ring_layouts"),
     ("ProcessFilter (tree/tgid only)", "collect/filter.py", "__init__"),
     ("Session._loop (1 s)", "collect/session.py", "_loop"),
-    ("ParquetSink.close", "collect/sinks.py", "close"),
+    ("ParquetSink.close", "collect/parquet.py", "close"),
     ("_write_manifest", "collect/session.py", "_write_manifest"),
     ("system_info", "host/sysinfo.py", "system_info"),
 )

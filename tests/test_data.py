@@ -10,7 +10,7 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from kernmlops.collect.manifest import write_manifest
-from kernmlops.collect.sinks import ParquetSink
+from kernmlops.collect.parquet import ParquetSink
 from kernmlops.data import Collection, list_collections, read_collection, read_parquet_dir
 from kernmlops.errors import CollectionError
 

@@ -10,7 +10,7 @@ import pytest
 
 from kernmlops import data_import as di
 from kernmlops.collect.manifest import write_manifest
-from kernmlops.collect.sinks import ParquetSink
+from kernmlops.collect.parquet import ParquetSink
 from kernmlops.data import read_collection
 from kernmlops.errors import CollectionError
 

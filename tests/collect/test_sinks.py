@@ -12,7 +12,8 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from kernmlops.collect.manifest import write_manifest
-from kernmlops.collect.sinks import MemorySink, ParquetSink
+from kernmlops.collect.parquet import ParquetSink
+from kernmlops.collect.sinks import MemorySink
 from kernmlops.data import read_collection
 from kernmlops.errors import CollectionError
 
@@ -496,12 +497,12 @@ def test_a_failed_compaction_keeps_every_part(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sink = flushed_parts(tmp_path, parts=4)
-    from kernmlops.collect import sinks
+    from kernmlops.collect import compaction
 
     def cannot(a: Path, b: Path) -> None:
         raise OSError(22, "Invalid argument")  # e.g. overlayfs cannot exchange
 
-    monkeypatch.setattr(sinks, "exchange", cannot)
+    monkeypatch.setattr(compaction, "exchange", cannot)
     assert sink.compact()["events"] == "skipped: Invalid argument"
     assert len(listing(tmp_path / "events")) == 4
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
@@ -513,9 +514,9 @@ def test_compaction_skips_a_table_the_free_space_cannot_hold_twice(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sink = flushed_parts(tmp_path, parts=3)
-    from kernmlops.collect import sinks
+    from kernmlops.collect import compaction
 
-    monkeypatch.setattr(sinks, "free_bytes", lambda path: 4 * 2**20)
+    monkeypatch.setattr(compaction, "free_bytes", lambda path: 4 * 2**20)
     assert sink.compact()["events"].startswith("skipped: 4.0 MiB free")
     assert len(listing(tmp_path / "events")) == 3
 
@@ -528,7 +529,9 @@ def test_an_interrupted_compaction_keeps_the_parts_and_leaves_no_scratch(
     def ctrl_c(*args: object) -> int:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ParquetSink, "_rewrite", ctrl_c)
+    from kernmlops.collect import compaction
+
+    monkeypatch.setattr(compaction, "rewrite", ctrl_c)
     with pytest.raises(KeyboardInterrupt):
         sink.compact()
     assert len(listing(tmp_path / "events")) == 3

@@ -22,11 +22,12 @@ CHILD = textwrap.dedent(
     """
     import os, signal, sys
     import numpy as np, polars as pl
-    from kernmlops.collect import sinks
+    from kernmlops.collect import compaction, parts
+    from kernmlops.collect.parquet import ParquetSink
     from kernmlops.collect.manifest import write_manifest
 
     folder, point = sys.argv[1], sys.argv[2]
-    sink = sinks.ParquetSink(folder, "c0ffee", row_group_rows=4096)
+    sink = ParquetSink(folder, "c0ffee", row_group_rows=4096)
     for i in range({parts}):
         ts = np.arange(i * {rows}, (i + 1) * {rows}, dtype=np.int64)
         sink.write("events", pl.DataFrame({{"ts_uptime_us": ts}}))
@@ -37,29 +38,29 @@ CHILD = textwrap.dedent(
     def die(*args):
         os.kill(os.getpid(), signal.SIGKILL)
 
-    real_exchange, real_rewrite = sinks.exchange, sinks.ParquetSink._rewrite
+    real_exchange = compaction.exchange
     if point == "rewriting":
-        class Dying(sinks.pq.ParquetWriter):
+        class Dying(parts.pq.ParquetWriter):
             def write_table(self, *a, **k):
                 super().write_table(*a, **k)
                 die()
-        sinks.pq.ParquetWriter = Dying
+        parts.pq.ParquetWriter = Dying
     elif point == "before-swap":
-        sinks.exchange = die
+        compaction.exchange = die
     elif point == "after-swap":
         def swap_then_die(a, b):
             real_exchange(a, b)
             die()
-        sinks.exchange = swap_then_die
+        compaction.exchange = swap_then_die
     elif point == "removing-old-parts":
-        real_rmtree = sinks.shutil.rmtree
+        real_rmtree = compaction.shutil.rmtree
         def rm_some_then_die(path, ignore_errors=False):
             files = sorted(os.scandir(path), key=lambda e: e.name)
             for f in files[:2]:
                 os.unlink(f.path)
             die()
-        sinks.exchange = real_exchange
-        sinks.shutil.rmtree = rm_some_then_die
+        compaction.exchange = real_exchange
+        compaction.shutil.rmtree = rm_some_then_die
     sink.compact()
     """
 ).format(parts=PARTS, rows=ROWS)

@@ -18,7 +18,7 @@ import polars as pl
 import pytest
 
 from kernmlops.collect.manifest import write_manifest
-from kernmlops.collect.sinks import ParquetSink
+from kernmlops.collect.parquet import ParquetSink
 
 #: CLOCK_MONOTONIC of a synthetic collection's first event, µs
 T0 = 7_000_000_000

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernmlops.collect.sinks import free_bytes, human_bytes
+from kernmlops.collect.disk import free_bytes, human_bytes
 from kernmlops.errors import OutputError
 
 __all__ = ["RESERVE_NAME", "OutputCheck", "filesystem", "prepare_output", "release_reserve"]

@@ -33,6 +33,7 @@ from typing import IO, Any
 
 from kernmlops.benchmarks import get_benchmark
 from kernmlops.benchmarks.base import Benchmark, BenchmarkRun
+from kernmlops.collect.disk import free_bytes, human_bytes, is_disk_full
 from kernmlops.collect.filter import ProcessFilter
 from kernmlops.collect.gated import GatedProcess, exit_status
 from kernmlops.collect.manifest import (
@@ -43,8 +44,9 @@ from kernmlops.collect.manifest import (
     write_manifest,
 )
 from kernmlops.collect.output import filesystem, prepare_output, release_reserve
+from kernmlops.collect.parquet import ParquetSink
 from kernmlops.collect.participants import Participant, configured
-from kernmlops.collect.sinks import ParquetSink, ThreadedSink, free_bytes, human_bytes, is_disk_full
+from kernmlops.collect.sinks import ThreadedSink
 from kernmlops.collect.spool import (
     SPOOL_DIR,
     Pacer,

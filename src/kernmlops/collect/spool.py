@@ -312,7 +312,7 @@ def recover(collection: Path, bpf_dir: Path | None = None) -> Recovery:
     import pyarrow.parquet as pq
 
     from kernmlops.collect.manifest import TableRecord, read_manifest, write_manifest
-    from kernmlops.collect.sinks import ParquetSink
+    from kernmlops.collect.parquet import ParquetSink
     from kernmlops.ebpf.spec import object_spec
     from kernmlops.hooks import get_hook
 

@@ -25,9 +25,9 @@ from typing import Any
 import polars as pl
 
 from kernmlops.collect.manifest import Manifest, TableRecord
+from kernmlops.collect.parquet import ParquetSink
 from kernmlops.collect.participants import Participant
 from kernmlops.collect.session import CollectionResult, Session
-from kernmlops.collect.sinks import ParquetSink
 from kernmlops.config import Config, Flags
 from kernmlops.errors import KernmlopsError
 from kernmlops.hooks.base import HookContext, HookStatus

@@ -119,7 +119,7 @@ def write_decisions(
     """Write decisions as a collection of their own (``lb_decisions`` table and
     a manifest) under ``out_root/curated/benchmark=<b>/collection_id=<id>/``."""
     from kernmlops.collect.manifest import write_manifest
-    from kernmlops.collect.sinks import ParquetSink
+    from kernmlops.collect.parquet import ParquetSink
 
     path = Path(out_root) / "curated" / f"benchmark={benchmark}" / f"collection_id={collection_id}"
     sink = ParquetSink(path, collection_id)
