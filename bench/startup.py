@@ -189,9 +189,9 @@ PHASES = (
     ("open_and_load", "ebpf/objects.py", "open_and_load"),
     ("ring_layouts (BTF from the ELF)", "ebpf/btf.py", "ring_layouts"),
     ("ProcessFilter (tree/tgid only)", "collect/filter.py", "__init__"),
-    ("Session._loop (1 s)", "collect/session.py", "_loop"),
+    ("PollLoop.run (1 s)", "collect/loop.py", "run"),
     ("ParquetSink.close", "collect/parquet.py", "close"),
-    ("_write_manifest", "collect/session.py", "_write_manifest"),
+    ("RunningManifest.save", "collect/running.py", "save"),
     ("system_info", "host/sysinfo.py", "system_info"),
 )
 

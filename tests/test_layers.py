@@ -391,10 +391,17 @@ ANALYSIS = [
 ]
 
 
+#: the session and the modules of its run (collect/): what only a collection loads
+SESSION = tuple(
+    f"kernmlops.collect.{m}"
+    for m in ("session", "loop", "attach", "benchmark", "running", "space", "tuning")
+)
+
+
 @pytest.mark.parametrize("module", ANALYSIS)
 def test_the_analysis_side_never_loads_the_kernel_side(module: str) -> None:
     loaded = _loaded_after([module])
-    assert not _under(loaded, "kernmlops.ebpf", "kernmlops.hooks", "kernmlops.collect.session")
+    assert not _under(loaded, "kernmlops.ebpf", "kernmlops.hooks", *SESSION)
 
 
 def test_the_kernel_side_knows_no_hooks_collections_or_benchmarks() -> None:

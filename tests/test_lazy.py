@@ -141,8 +141,8 @@ def test_the_first_rows_import_nothing_once_the_libraries_are_in(tmp_path: Path)
         import sys
         import pyarrow as pa
         from pathlib import Path
+        from kernmlops.collect.tuning import DECODING_LIBRARIES, UNUSED_LIBRARIES
         from kernmlops.collect.parquet import ParquetSink
-        from kernmlops.collect.session import DECODING_LIBRARIES, UNUSED_LIBRARIES
         from kernmlops.lazy import keep_out, preload
         keep_out(*UNUSED_LIBRARIES)  # as `kernmlops collect` does
         assert preload(*DECODING_LIBRARIES).wait(60)
@@ -192,7 +192,7 @@ def test_a_collection_writes_and_reads_parquet_without_pyarrows_remote_filesyste
     code = f"""
         import sys
         from pathlib import Path
-        from kernmlops.collect.session import UNUSED_LIBRARIES
+        from kernmlops.collect.tuning import UNUSED_LIBRARIES
         from kernmlops.lazy import keep_out
         if {kept_out}:
             keep_out(*UNUSED_LIBRARIES)

@@ -263,7 +263,8 @@ def collect(
     and keeps what was collected. Under sudo the collection's folders and files
     belong to the user who ran sudo; the benchmark runs as root unless --as-user.
     """
-    from kernmlops.collect.session import UNUSED_LIBRARIES, Session
+    from kernmlops.collect.session import Session
+    from kernmlops.collect.tuning import UNUSED_LIBRARIES
     from kernmlops.config import Flags, load_config
     from kernmlops.lazy import keep_out
 

@@ -9,9 +9,10 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
+from kernmlops.collect.attach import StrictError
 from kernmlops.collect.manifest import Manifest
 from kernmlops.collect.participants import Participant
-from kernmlops.collect.session import Session, StrictError
+from kernmlops.collect.session import Session
 from kernmlops.collect.sinks import MemorySink
 from kernmlops.config import load_config
 from kernmlops.data import read_collection
@@ -206,8 +207,8 @@ def _stalled_writer_run(
     import subprocess
     import time
 
+    import kernmlops.collect.loop as loop
     import kernmlops.collect.parquet as parquet
-    import kernmlops.collect.session as session_mod
     import kernmlops.collect.sinks as sinks
 
     assert shutil.which("stress-ng"), "stress-ng missing: apt-get install stress-ng"
@@ -227,7 +228,7 @@ def _stalled_writer_run(
         lambda self, inner, **_: real_init(self, inner, max_queued_bytes=4 << 20),
     )
     if not spill:
-        monkeypatch.setattr(session_mod, "MAX_SPILLED_BYTES", 0)
+        monkeypatch.setattr(loop, "MAX_SPILLED_BYTES", 0)
     cfg = load_config(
         {
             "collector": {"output_dir": str(tmp_path), "progress": False,
@@ -271,7 +272,7 @@ def test_a_stalled_writer_loses_nothing_when_the_rings_are_spooled(
 ) -> None:
     # The loop never waits for the sink with rows in hand: rings go to the spool (on
     # disk, not in memory), rows are made when the writer takes them again.
-    monkeypatch.setattr("kernmlops.collect.session.MAX_SPILLED_BYTES", 0)
+    monkeypatch.setattr("kernmlops.collect.loop.MAX_SPILLED_BYTES", 0)
     got = _stalled_writer_run(tmp_path, monkeypatch, spill=False, spool=True)
     assert got["events"] > 100_000
     assert got["drops"] == 0
@@ -407,14 +408,16 @@ def _count_polls(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """Record the time of every poll of the session's loop."""
     import time
 
+    from kernmlops.collect import loop
+
     polls: list[float] = []
-    real = Session._next_wake
+    real = loop._next_wake
 
-    def counted(self: Session, *args: object) -> float:
+    def counted(*args: object) -> float:
         polls.append(time.monotonic())
-        return real(self, *args)  # type: ignore[arg-type]
+        return real(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(Session, "_next_wake", counted)
+    monkeypatch.setattr(loop, "_next_wake", counted)
     return polls
 
 

@@ -157,7 +157,7 @@ def test_the_progress_table_shows_what_waits_in_the_spool() -> None:
     from rich.console import Console
 
     from kernmlops.cli import _progress_table
-    from kernmlops.collect.session import Progress
+    from kernmlops.collect.loop import Progress
     from kernmlops.hooks.base import HookStatus
 
     attached = {"quanta_runtime": HookStatus("quanta_runtime", attached=True)}

@@ -151,8 +151,8 @@ def test_a_full_tmpfs_under_the_spool_is_named_not_the_collections_disk(tmp_path
             config = load_config({"collector": {"output_dir": str(tmp_path / "out")}})
             session = Session(config)
             with pytest.raises(OutputError) as caught:
-                session._spool_call(lambda: spool.take(None))  # type: ignore[arg-type]
-            assert session._disk_full
+                session.space.spool_call(lambda: spool.take(None))  # type: ignore[arg-type]
+            assert session.space.disk_full
             message = str(caught.value)
             assert f"cannot write the spool in {shm}: the disk is full" in message, message
             assert f"free on {shm} (tmpfs)" in message

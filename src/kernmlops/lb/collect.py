@@ -27,7 +27,8 @@ import polars as pl
 from kernmlops.collect.manifest import Manifest, TableRecord
 from kernmlops.collect.parquet import ParquetSink
 from kernmlops.collect.participants import Participant
-from kernmlops.collect.session import CollectionResult, Session
+from kernmlops.collect.running import CollectionResult
+from kernmlops.collect.session import Session
 from kernmlops.config import Config, Flags
 from kernmlops.errors import KernmlopsError
 from kernmlops.hooks.base import HookContext, HookStatus

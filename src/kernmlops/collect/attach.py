@@ -1,0 +1,183 @@
+"""The hooks of one collection, from attach to their last row.
+
+Each hook is started with the collection's context (the process filter, the spool and
+its memory, the pacer that says when spooled records may become rows); one that cannot
+attach is named with its reason, and with ``--strict`` that is the collection's error.
+At the end every hook is stopped in the order that loses nothing: all programs detached
+first, then each drained into the sink (or, with no room left, parked in its spool for
+``kernmlops recover``) and closed. A spool's failed write is the output's error
+(kernmlops.collect.space).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kernmlops.collect.disk import human_bytes
+from kernmlops.collect.sinks import ThreadedSink
+from kernmlops.collect.spool import Pacer, spool_memory
+from kernmlops.collect.tuning import trim_as_usual
+from kernmlops.errors import HookUnavailable, KernmlopsError
+from kernmlops.hooks.base import Hook, HookContext
+from kernmlops.host.cpus import SpareCpu
+from kernmlops.tables import Rows, Sink
+
+if TYPE_CHECKING:
+    from kernmlops.collect.benchmark import Step
+    from kernmlops.collect.filter import ProcessFilter
+    from kernmlops.collect.space import SpaceGuard
+    from kernmlops.config import CollectorConfig
+
+__all__ = [
+    "DRAIN_QUEUE_BYTES",
+    "StrictError",
+    "check_writes",
+    "detach_all",
+    "drain",
+    "hook_context",
+    "spooled_bytes",
+    "start_hooks",
+    "write_all",
+]
+
+#: the sink's queue once the programs are detached: no ring needs the loop any more
+DRAIN_QUEUE_BYTES = 4 << 20
+
+
+class StrictError(KernmlopsError):
+    """--strict and a hook could not attach."""
+
+
+def hook_context(
+    collection_id: str,
+    cfg: CollectorConfig,
+    flt: ProcessFilter | None,
+    bpf_dir: Path | None,
+    spool_dir: Path | None,
+    sink: Sink,
+    self_tgid: int,
+) -> HookContext:
+    """What every hook of the collection is started with."""
+    return HookContext(
+        collection_id,
+        flt,
+        self_tgid,
+        bpf_dir,
+        spool_dir=spool_dir,
+        copier_priority=cfg.copier_priority,
+        copier_workers=cfg.copier_workers,
+        poll_interval_ms=cfg.poll_interval_ms,
+        poll_max_interval_ms=cfg.poll_max_interval_ms,
+        spool_memory=(
+            spool_memory(spool_dir, collection_id, cfg.spool_memory)
+            if spool_dir is not None
+            else None
+        ),
+        spare=(
+            Pacer(
+                SpareCpu(need=cfg.spool_spare_cpus),
+                lambda: isinstance(sink, ThreadedSink) and sink.behind,
+            )
+            if spool_dir is not None
+            else None
+        ),
+    )
+
+
+def start_hooks(hooks: list[Hook], new: Iterable[Hook], ctx: HookContext, *, strict: bool) -> None:
+    """Start each of ``new`` and add it to ``hooks`` (first, so that one whose start
+    fails is still detached). One started by the caller is not started again."""
+    for hook in new:
+        hooks.append(hook)
+        if hook.status.attached:  # started by the caller
+            continue
+        try:
+            hook.start(ctx)
+        except HookUnavailable as err:
+            hook.status.reason = str(err).removeprefix(f"{hook.name}: ")
+            if strict:
+                raise StrictError(f"--strict: hook {err}") from err
+
+
+def write_all(sink: Sink, rows: Iterable[tuple[str, Rows]]) -> None:
+    for table, frame in rows:
+        sink.write(table, frame)
+
+
+def drain(hook: Hook, sink: Sink, space: SpaceGuard, final: bool = False) -> None:
+    """Rows of what ``hook`` holds into ``sink`` (``final``: all of it, at its stop)."""
+    space.spool_call(lambda: write_all(sink, hook.stop() if final else hook.poll()))
+
+
+def check_writes(hooks: Sequence[Hook], sink: Sink) -> None:
+    """Raise a spool's failed write (the ring copier's, as an OSError) and the sink
+    writer's error now, not when the run ends or rows are next written."""
+    for hook in hooks:
+        hook.spooled_bytes()
+    if isinstance(sink, ThreadedSink):
+        sink.check()
+
+
+def spooled_bytes(hook: Hook) -> int:
+    """A hook's spooled bytes; 0 where its spool failed (the error was reported)."""
+    try:
+        return hook.spooled_bytes()
+    except OSError:
+        return 0
+
+
+def _spooling(hook: Hook) -> bool:
+    """Whether ``hook`` holds records in a spool (a failed spool counts: what it
+    wrote stays)."""
+    try:
+        return hook.spooled_bytes() > 0
+    except OSError:
+        return True
+
+
+def _park(hook: Hook) -> None:
+    """Stop a spooling hook without making rows from its spool: they stay for
+    ``kernmlops recover``. The final drain's first step moves what the rings and the
+    CPUs' batches still hold into the spool; the rows it then yields are dropped (they
+    are in the spool too), and closing it closes the hook."""
+    final = iter(hook.stop())
+    try:
+        next(final, None)
+    finally:
+        close = getattr(final, "close", None)
+        if close is not None:
+            close()
+
+
+def detach_all(
+    hooks: Sequence[Hook],
+    sink: Sink,
+    space: SpaceGuard,
+    step: Step,
+    *,
+    full: bool,
+    on_message: Callable[[str], None] | None,
+) -> None:
+    """Detach every hook, then drain each into ``sink`` and close it; ``full``: the
+    output is out of room, and spooled records stay in the spool."""
+    for hook in hooks:
+        # every program stops before any final drain: a ring still being filled
+        # while the others' rows are made would overflow
+        step(hook.detach)
+    if isinstance(sink, ThreadedSink):
+        sink.max_queued_bytes = min(sink.max_queued_bytes, DRAIN_QUEUE_BYTES)
+    trim_as_usual()  # no ring to keep up with: heaps trimmed again in the drain
+    # Out of space, spooled records stay in the spool for `kernmlops recover`: their
+    # rows would take the room the disk no longer has.
+    parked = [h for h in hooks if full and _spooling(h)]
+    spooled = sum(spooled_bytes(h) for h in hooks if h not in parked)
+    if spooled >= 64 << 20 and on_message:
+        on_message(f"making rows from {human_bytes(spooled)} of spooled records")
+    for hook in hooks:
+        if hook in parked:
+            step(lambda hook=hook: space.spool_call(lambda: _park(hook)))
+        else:
+            step(lambda hook=hook: drain(hook, sink, space, final=True))
+        step(hook.close)  # idempotent: detaches even if the final drain failed

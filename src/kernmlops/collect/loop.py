@@ -1,0 +1,279 @@
+"""The poll loop: from the release of the benchmark to the moment the collection stops.
+
+The loop sleeps until a hook is due, and whatever cannot wait wakes it: the benchmark's
+exit (a pidfd), a stop signal (an eventfd the handler writes, :class:`StopSignals`), a
+ring passing a quarter full (its map fd, see common.h), the space watch. Each round it
+drains the hooks into the sink (or, while the decoding libraries load or the sink is
+behind, spills their rings into memory), does a durable flush every
+``collector.flush_interval_s`` with a checkpoint of the manifest, asks the spools and the
+sink for a failed write, and reports progress. It returns how the collection ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import select
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from kernmlops.collect.attach import check_writes, drain, spooled_bytes, write_all
+from kernmlops.collect.gated import exit_status
+from kernmlops.collect.sinks import ThreadedSink
+from kernmlops.collect.space import SPACE_CHECK_S, SpaceWatch
+from kernmlops.hooks.base import Hook
+from kernmlops.tables import Sink
+
+if TYPE_CHECKING:
+    from kernmlops.collect.gated import GatedProcess
+    from kernmlops.collect.parquet import ParquetSink
+    from kernmlops.collect.running import RunningManifest
+    from kernmlops.collect.space import SpaceGuard
+    from kernmlops.config import Config
+
+__all__ = ["MAX_SPILLED_BYTES", "PollLoop", "Progress", "StopSignals"]
+
+#: ring records held in memory while the sink is behind; past it the loop blocks on the
+#: sink again and a long stall overflows the rings (counted as drops)
+MAX_SPILLED_BYTES = 256 << 20
+
+
+@dataclass
+class Progress:
+    """What the session reports while it runs (the CLI draws it)."""
+
+    elapsed_s: float
+    events: dict[str, int]
+    drops: dict[str, int]
+    rows: dict[str, int]
+    benchmark: str
+    #: bytes of records waiting in each hook's spool (rows made later)
+    spooled: dict[str, int] = field(default_factory=dict)
+
+
+class StopSignals:
+    """SIGINT and SIGTERM, while a collection runs: the signal that came (``signal``)
+    and, while the poll loop runs, an eventfd (``fd``) that ends its sleep at once."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self.fd: int | None = None
+
+    def install(self) -> dict[int, Any]:
+        """Take the signals (from the main thread only); the handlers they had."""
+
+        def handler(signum: int, _frame: object) -> None:
+            self.signal = signum
+            if self.fd is not None:
+                with contextlib.suppress(OSError):
+                    os.eventfd_write(self.fd, 1)  # wakes the poll loop's sleep
+
+        old = {}
+        if sys.platform != "win32" and _is_main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                old[sig] = signal.signal(sig, handler)
+        return old
+
+    @staticmethod
+    def restore(old: dict[int, Any]) -> None:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+    def wake(self) -> None:
+        """End the poll loop's sleep (as a stop signal does)."""
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.eventfd_write(self.fd, 1)
+
+
+def _is_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+class PollLoop:
+    """One collection's loop over its started ``hooks`` into ``sink``, while ``proc``
+    (the benchmark, if it has a process) runs; ``parquet`` is the sink's Parquet writer
+    (None with a caller's sink)."""
+
+    def __init__(
+        self,
+        config: Config,
+        hooks: list[Hook],
+        sink: Sink,
+        proc: GatedProcess | None,
+        *,
+        parquet: ParquetSink | None,
+        space: SpaceGuard,
+        running: RunningManifest,
+        stop: StopSignals,
+        describe: Callable[[], str],
+        on_progress: Callable[[Progress], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.hooks = hooks
+        self.sink = sink
+        self.proc = proc
+        self.parquet = parquet
+        self.space = space
+        self.running = running
+        self.stop = stop
+        self.describe = describe
+        self.on_progress = on_progress
+
+    def run(self, libraries: threading.Event | None = None) -> tuple[str, int | None]:
+        """Poll until the benchmark exits, a signal comes or the duration passes: how
+        it ended (completed, failed, interrupted, duration) and the benchmark's exit
+        status. Until ``libraries`` is set, the rings are only kept from filling."""
+        hooks, sink, proc = self.hooks, self.sink, self.proc
+        cfg = self.config.collector
+        period = cfg.poll_interval_ms / 1000
+        limit = self.config.benchmark.duration_s
+        start = time.monotonic()
+        next_flush = start + cfg.flush_interval_s
+        next_progress = start
+        next_check = start
+        # The loop sleeps until a hook is due (next_poll), and whatever cannot wait
+        # wakes it: the benchmark's exit (a pidfd), a stop signal (an eventfd the
+        # handler writes), a ring passing a quarter full (its map fd, see
+        # common.h). Only hooks whose buffers cannot tell cap the sleep.
+        # The running manifest is written (and synced) by a thread: behind a storm's
+        # writeback an fsync waited seconds, and the rings overflowed meanwhile. It is
+        # joined once the hooks are detached (run), before the final manifest.
+        self.running.write_in_background()
+        exited: int | None = None
+        waker: select.epoll | None = None
+        watch: SpaceWatch | None = None
+        try:
+            exited = _pidfd(proc.pid) if proc is not None else None
+            self.stop.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            waker, capped = _waker(hooks, exited, self.stop.fd)
+            longest = max(period, cfg.poll_max_interval_ms / 1000) if capped else math.inf
+            if self.parquet is not None:
+                watch = SpaceWatch(self.space.error, self.stop.wake, proc)
+            while True:
+                tick = time.monotonic()
+                if watch is not None and watch.error is not None:
+                    raise watch.error  # the benchmark is stopped already
+                loading = libraries is not None and not libraries.is_set()
+                behind = isinstance(sink, ThreadedSink) and sink.behind
+                spilled = sum(h.spilled_bytes() for h in hooks)
+                if (loading or behind) and spilled < MAX_SPILLED_BYTES:
+                    # Rows cannot be built (libraries loading) or handed over (the sink's
+                    # queue is full) without stalling: keep the rings from overflowing.
+                    for hook in hooks:
+                        hook.spill()
+                else:
+                    for hook in hooks:
+                        drain(hook, sink, self.space)
+                if tick >= next_flush:
+                    for hook in hooks:  # what hooks hold back goes into this flush
+                        self.space.spool_call(lambda h=hook: write_all(sink, h.flushing()))
+                    # Finish the open parts in the writer thread; the manifest says how far
+                    # the collection got (parts finished by the previous flush).
+                    if isinstance(sink, ThreadedSink):
+                        sink.flush(durable=True, wait=False)
+                    else:
+                        sink.flush(durable=True)
+                    self.running.checkpoint(hooks)
+                    if self.parquet is not None:
+                        finished = self.parquet.checkpoint()[1]
+                        for hook in hooks:
+                            self.space.spool_call(lambda h=hook, f=finished: h.checkpoint_spool(f))
+                    next_flush = tick + cfg.flush_interval_s
+                if tick >= next_check:
+                    self.space.spool_call(lambda: check_writes(hooks, sink))
+                    next_check = tick + SPACE_CHECK_S
+                if self.on_progress and tick >= next_progress:
+                    self.on_progress(self._progress(tick - start))
+                    next_progress = tick + 0.25
+                if proc is not None and proc.poll() is not None:
+                    if watch is not None and watch.error is not None:
+                        raise watch.error  # it was stopped for that
+                    code = exit_status(proc.returncode or 0)
+                    return ("completed" if code == 0 else "failed"), code
+                if self.stop.signal is not None:
+                    return "interrupted", None
+                if limit is not None and tick - start >= limit:
+                    return "duration", None
+                now = time.monotonic()
+                wake = _next_wake(hooks, now, tick + period, now + longest)
+                wake = min(wake, next_flush, start + limit if limit is not None else wake)
+                if self.on_progress:
+                    wake = min(wake, next_progress)
+                _sleep(max(tick + period, wake) - now, waker)
+        finally:
+            if watch is not None:
+                watch.close()  # before the eventfd it writes is closed
+            if waker is not None:
+                waker.close()
+            interrupt, self.stop.fd = self.stop.fd, None
+            if interrupt is not None:
+                os.close(interrupt)
+            if exited is not None:
+                os.close(exited)
+
+    def _progress(self, elapsed: float) -> Progress:
+        events: dict[str, int] = {}
+        drops: dict[str, int] = {}
+        for h in self.hooks:
+            events[h.name] = h.status.events
+            drops_fn = getattr(h, "drops", None)
+            drops[h.name] = drops_fn() if drops_fn else 0
+        spooled = {h.name: spooled_bytes(h) for h in self.hooks}  # errors: check_writes
+        return Progress(elapsed, events, drops, {}, self.describe(), spooled)
+
+
+def _next_wake(hooks: Sequence[Hook], now: float, soonest: float, latest: float) -> float:
+    """When the next poll is due: the earliest time a hook asks for, between
+    ``soonest`` (a hook that polls every interval) and ``latest``."""
+    wake = latest
+    for hook in hooks:
+        due = hook.next_poll(now)
+        if due is None:
+            return soonest
+        wake = min(wake, due)
+    return wake
+
+
+def _sleep(seconds: float, waker: select.epoll) -> None:
+    if seconds > 0:
+        waker.poll(seconds)
+
+
+def _waker(hooks: Sequence[Hook], *fds: int | None) -> tuple[select.epoll, bool]:
+    """An epoll of what ends the poll loop's sleep: ``fds`` when readable, and each
+    hook's wake fds (edge-triggered: a ring that holds records is readable until it
+    is drained, but only a program's wake-up is news); whether some hook cannot
+    tell (None), so the sleep must be capped."""
+    waker = select.epoll()
+    capped = False
+    try:
+        for fd in fds:
+            if fd is not None:
+                waker.register(fd, select.EPOLLIN)
+        for hook in hooks:
+            wake = hook.wake_fds()
+            if wake is None:
+                capped = True
+                continue
+            for fd in wake:
+                with contextlib.suppress(FileExistsError):  # a map two hooks share
+                    waker.register(fd, select.EPOLLIN | select.EPOLLET)
+    except BaseException:
+        waker.close()
+        raise
+    return waker, capped
+
+
+def _pidfd(pid: int) -> int | None:
+    """A file descriptor that becomes readable when ``pid`` exits (Linux 5.3+)."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None  # then the loop notices the exit at its next poll
