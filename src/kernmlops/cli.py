@@ -435,7 +435,8 @@ def recover(collection: Path, bpf_dir: Path | None) -> None:
     is named with its bytes, the spool is kept, and the exit status is 2. Only
     one recover works on a collection at a time.
     """
-    from kernmlops.collect.spool import collector_alive, memory_lost, pending_spools, recover
+    from kernmlops.collect.recovery import recover
+    from kernmlops.collect.spool import collector_alive, memory_lost, pending_spools
 
     try:
         lost = memory_lost(collection)

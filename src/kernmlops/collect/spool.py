@@ -13,38 +13,26 @@ keeps it).
 
 Durability is the collection's (README, "A collection survives its collector"):
 the spool is fsync'd at every flush, and ``kernmlops recover`` (:func:`recover`)
-turns what a killed collector left into parts, skipping the rows already in
-finished parts. Its first ``collector.spool_memory_mib`` live on a tmpfs
+(kernmlops.collect.recovery) turns what a killed collector left into parts, skipping
+the rows already in finished parts. Its first ``collector.spool_memory_mib`` live on a tmpfs
 (``/dev/shm``, linked from the spool as ``mem``): no disk write, and they outlive a
 killed collector (not a reboot).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import stat
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from kernmlops.collect.manifest import SPOOL_DIR
-from kernmlops.ebpf.ringbuf import decode, record_stride
-from kernmlops.ebpf.spool import CUT, SpoolMemory, iter_frames, segment_codec
+from kernmlops.ebpf.spool import SpoolMemory
 from kernmlops.errors import CollectionError
 from kernmlops.host.cpus import SpareCpu
-from kernmlops.lazy import lazy_import
-
-if TYPE_CHECKING:
-    import numpy as np
-
-    from kernmlops.ebpf.btf import RecordLayout
-else:
-    np = lazy_import("numpy")
-
 
 __all__ = [
     "SPOOL_DIR",
@@ -55,7 +43,6 @@ __all__ = [
     "leftover_memory",
     "memory_lost",
     "pending_spools",
-    "recover",
     "spool_memory",
 ]
 
@@ -235,242 +222,6 @@ def pending_spools(collection: Path) -> list[Path]:
 def _order(segment: Path) -> tuple[str, int]:
     key, _, index = segment.stem.rpartition(".")
     return key, int(index) if index.isdigit() else -1
-
-
-@dataclass
-class Lost:
-    """What ``recover`` could not read from one spool file, and why."""
-
-    file: Path
-    reason: str
-    bytes: int = 0
-    #: records (ring records: a batch counts as one) in those bytes, where known
-    records: int | None = None
-
-    def describe(self) -> str:
-        what = f"{self.bytes:,} bytes"
-        if self.records is not None:
-            what += f" ({self.records:,} records)"
-        return f"{self.file}: {what} not recovered: {self.reason}"
-
-
-@dataclass
-class Recovery:
-    """What ``recover`` did: rows added per table, and what it could not read."""
-
-    added: dict[str, int] = field(default_factory=dict)
-    lost: list[Lost] = field(default_factory=list)
-
-
-#: in the spool: held by the ``recover`` that works on it (its pid inside)
-LOCK_FILE = "recover.lock"
-
-
-def _lock(folder: Path) -> int:
-    """Hold the spool for one ``recover``; a second one is told who has it."""
-    import fcntl
-
-    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        other = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-        os.close(fd)
-        raise CollectionError(
-            f"another `kernmlops recover` (pid {other}) is recovering {folder.parent}: "
-            "wait for it to finish"
-        ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)
-    return fd
-
-
-def _meta(path: Path, what: str) -> dict:
-    """A spool json, or CollectionError naming it (missing, unreadable, not an object)."""
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CollectionError(f"its {what} {path.name} is missing") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CollectionError(f"its {what} {path.name} is damaged ({err})") from None
-    if not isinstance(data, dict):
-        raise CollectionError(f"its {what} {path.name} is damaged (not an object)")
-    return data
-
-
-def recover(collection: Path, bpf_dir: Path | None = None) -> Recovery:
-    """Turn what a killed collector left in ``collection``'s spool into Parquet parts
-    after the finished ones. Rows already in finished parts are not repeated: each
-    segment says how many rows each table had before it, and the finished parts say
-    how many they hold.
-
-    Damage never stops it: every intact frame and record is recovered, and what could
-    not be read (a description missing or damaged, a frame cut or failing its
-    checksum, records of the wrong size, rows a later segment expected) is listed in
-    the result. The spool is deleted only when nothing was lost; otherwise it stays,
-    for another try or an autopsy. One ``recover`` at a time (a lock in the spool)."""
-    import pyarrow.parquet as pq
-
-    from kernmlops.collect.manifest import TableRecord, read_manifest, write_manifest
-    from kernmlops.collect.parquet import ParquetSink
-    from kernmlops.ebpf.spec import object_spec
-    from kernmlops.hooks import get_hook
-
-    folder = collection / SPOOL_DIR
-    result = Recovery()
-    segments = pending_spools(collection)
-    if not segments:
-        return result
-    lock = _lock(folder)
-    try:
-        manifest = read_manifest(collection)
-        sink = ParquetSink(collection, manifest.collection_id)
-        finished: dict[str, int] = {}
-        for table_dir in collection.iterdir():
-            parts = sorted(table_dir.glob("part-*.parquet")) if table_dir.is_dir() else []
-            if parts:
-                finished[table_dir.name] = sum(pq.ParquetFile(p).metadata.num_rows for p in parts)
-                sink.resume(table_dir.name, len(parts))
-        by_key: dict[str, list[Path]] = {}
-        for seg in segments:
-            by_key.setdefault(seg.stem.rpartition(".")[0], []).append(seg)
-        for key, segs in by_key.items():
-            try:
-                info = _meta(folder / f"{key}.json", "description")
-                cls = get_hook(info["hook"])
-                hook = cls(cls.Options.model_validate(info["options"]))
-                name = Path(info["object"]).name
-                obj = Path(bpf_dir) / name if bpf_dir else Path(info["object"])
-                if not obj.exists():
-                    raise CollectionError(
-                        f"its records need {obj} to be decoded (build the BPF objects of "
-                        "the version that collected, and pass their folder with --bpf-dir)"
-                    )
-                layout: RecordLayout = object_spec(obj).ring_layouts()[info["ring"]]
-                dtype = layout.batch if layout.batch is not None else layout.dtype
-                if dtype.itemsize != info["itemsize"]:
-                    raise CollectionError(f"{obj} does not describe its records: rebuilt since?")
-            except (CollectionError, KeyError, TypeError, ValueError) as err:
-                reason = str(err) if isinstance(err, CollectionError) else f"its description "\
-                    f"{key}.json is damaged ({type(err).__name__}: {err})"  # fmt: skip
-                for seg in segs:
-                    result.lost.append(Lost(seg, reason, _size(seg)))
-                continue
-            _recover_key(key, segs, hook, layout, dtype, finished, sink, result)
-        sink.close()
-        # The manifest's tables say what is on disk now (its state stays: the run was cut).
-        files = sink.files_written()
-        for table, n in result.added.items():
-            record = manifest.tables.get(table) or TableRecord()
-            record.rows = finished.get(table, 0) + n
-            record.files = sorted({*record.files, *files.get(table, [])})
-            manifest.tables[table] = record
-        write_manifest(collection, manifest)
-    finally:
-        os.close(lock)
-    if not result.lost:
-        remove_spool(folder)
-    return result
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
-
-
-def _recover_key(key: str, segs: list[Path], hook, layout, dtype, finished: dict[str, int],
-                 sink, result: Recovery) -> None:  # fmt: skip
-    """Recover one ring's segments, in order, into ``sink``; losses into ``result``."""
-    from kernmlops.ebpf.btf import unbatch
-
-    stride = record_stride(dtype.itemsize)
-    made: dict[str, int] = {}
-    for i, seg in enumerate(segs):
-        last = i == len(segs) - 1
-        try:
-            meta = _meta(seg.with_suffix(".json"), "description")
-            before = meta.get("rows_before")
-            codec = segment_codec(seg)
-        except (CollectionError, ValueError, TypeError) as err:
-            # its rows come after the previous segment's, as for rows_before: null
-            result.lost.append(Lost(seg, f"{err}; read as raw ring records", 0))
-            meta, before, codec = {}, None, None
-        if isinstance(before, dict):
-            # rows a damaged segment before this one did not give: lost
-            short = {t: n - made.get(t, 0) for t, n in before.items()
-                     if isinstance(n, int) and n > made.get(t, 0)}  # fmt: skip
-            if made and short:
-                rows = ", ".join(f"{t} {n:,}" for t, n in sorted(short.items()))
-                result.lost.append(
-                    Lost(segs[i - 1], f"rows the next segment counts on are missing: {rows}")
-                )
-            made = {t: n for t, n in before.items() if isinstance(n, int)}
-        try:
-            data = seg.read_bytes()
-        except OSError as err:
-            result.lost.append(Lost(seg, f"cannot be read ({err.strerror or err})", _size(seg)))
-            continue
-        flushed = meta.get("bytes")
-        if isinstance(flushed, int) and len(data) < flushed:
-            missing = flushed - len(data)
-            result.lost.append(Lost(
-                seg, f"cut short: {missing:,} bytes fewer than it held at the collector's "
-                "last flush", missing, None if codec is not None else missing // stride,
-            ))  # fmt: skip
-        pieces, bad = _pieces(data, codec, stride, last)
-        result.lost.extend(Lost(seg, reason, size) for reason, size in bad)
-        for at, piece in pieces:
-            raw, damaged = _good_records(np.frombuffer(piece, np.uint8), stride, dtype.itemsize)
-            if damaged:
-                result.lost.append(Lost(seg, f"records with a damaged header in the piece at "
-                                        f"byte {at:,}", damaged * stride, damaged))  # fmt: skip
-            records = decode(raw, 1, 0, len(raw), dtype).records
-            if layout.batch is not None:
-                records = unbatch(records, layout)
-            for table, rows in hook.rows_from(key, records, layout):
-                n = rows.num_rows if hasattr(rows, "num_rows") else rows.height
-                first = made.get(table, 0)
-                made[table] = first + n
-                skip = min(n, max(0, finished.get(table, 0) - first))
-                if skip < n:
-                    sink.write(table, rows.slice(skip))
-                    result.added[table] = result.added.get(table, 0) + n - skip
-
-
-def _pieces(data: bytes, codec, stride: int, last: bool
-            ) -> tuple[list[tuple[int, bytes]], list[tuple[str, int]]]:  # fmt: skip
-    """A segment's bytes as (offset, whole records) pieces, and what could not be read
-    ((reason, bytes) each). A kill may cut the last record or frame of the ring's
-    last segment: that is the run's end, not a loss."""
-    if codec is None:
-        whole = len(data) // stride * stride
-        pieces = [(0, data[:whole])] if whole else []
-        if whole < len(data) and not last:
-            return pieces, [("cut short in a record", len(data) - whole)]
-        return pieces, []
-    pieces, bad = [], []
-    for start, end, raw, reason in iter_frames(data, codec):
-        if reason is None:
-            pieces.append((start, raw))
-        elif not (reason == CUT and last):
-            what = "" if reason == CUT else "; reading went on at the next intact frame"
-            bad.append((f"{reason} at byte {start:,}{what}", end - start))
-    return pieces, bad
-
-
-def _good_records(raw: np.ndarray, stride: int, itemsize: int) -> tuple[np.ndarray, int]:
-    """The records whose ring header is sound (committed, of the ring's size), and how
-    many were not: a damaged header costs its record, not its piece."""
-    from kernmlops.ebpf.ringbuf import BUSY_BIT, LEN_MASK
-
-    rows = raw[: len(raw) // stride * stride].reshape(-1, stride)
-    header = rows[:, :4].copy().view("<u4").ravel()
-    good = ((header & LEN_MASK) == itemsize) & ((header & BUSY_BIT) == 0)
-    if good.all():
-        return raw, 0
-    return rows[good].ravel(), int((~good).sum())
 
 
 def collector_alive(collection: Path) -> int | None:
