@@ -75,7 +75,8 @@ def child_env() -> dict[str, str]:
 
 
 # --- the machine --------------------------------------------------------------------------
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what platform knows of it."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -115,7 +116,7 @@ def machine() -> dict[str, Any]:
     """What a reader needs to know which machine a figure is from."""
     return {
         "cpus": os.cpu_count(),
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "kernel": platform.release(),
         "memory_gib": _memory_gib(),
         "python": platform.python_version(),

@@ -577,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {
             "kernel": platform.release(),
             "cpus": os.cpu_count(),
-            "cpu_model": _cpu_model(),
+            "cpu_model": harness.cpu_model(),
             "libbpf": libbpf.version(),
             "python": platform.python_version(),
         },
@@ -589,13 +589,3 @@ def main(argv: list[str] | None = None) -> int:
     save(args.out, report)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()

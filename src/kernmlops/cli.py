@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import click
 
-from kernmlops.clitools import fail, require_bpf_privileges
+from kernmlops.clitools import CONTEXT_SETTINGS, fail, require_bpf_privileges
 from kernmlops.errors import CollectionError, KernmlopsError, OutputError
 
 #: the overrides file `kernmlops collect` reads from the current folder without -c
@@ -72,7 +72,7 @@ class _LazyGroup(click.Group):
 
 @click.group(
     cls=_LazyGroup,
-    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    context_settings=CONTEXT_SETTINGS,
 )
 @click.version_option(package_name="kernmlops", prog_name="kernmlops")
 def cli() -> None:

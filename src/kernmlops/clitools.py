@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from kernmlops.errors import KernmlopsError
+
+#: every command's help: -h as well as --help, lines up to 100 columns (the option
+#: help texts are written for that width)
+CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 def fail(err: KernmlopsError) -> NoReturn:

@@ -9,13 +9,14 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from kernmlops.clitools import fail
+from kernmlops.clitools import CONTEXT_SETTINGS, fail
 from kernmlops.errors import KernmlopsError
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
-@click.group("duet", context_settings={"help_option_names": ["-h", "--help"]})
+# under `kernmlops` its help is as wide as the main group's anyway
+@click.group("duet", context_settings=CONTEXT_SETTINGS)
 def duet_group() -> None:
     """Compare A and B by running them at the same time (duet benchmarking).
 

@@ -39,7 +39,13 @@ from typing import Any
 import polars as pl
 
 from kernmlops.confined import MIB, UnsafePathError, confined, read_confined
-from kernmlops.duet.parsers import MAX_FILE_BYTES, Anchor, ParseError, parse_file
+from kernmlops.duet.parsers import (
+    ITERATION_SCHEMA,
+    MAX_FILE_BYTES,
+    Anchor,
+    ParseError,
+    parse_file,
+)
 from kernmlops.duet.runner import FILE_KIND, INDEX, DuetError, read_index
 
 RESULTS_NAME = "duet-results"
@@ -52,12 +58,7 @@ RESULT_SCHEMA: dict[str, pl.DataType] = {
     "order": pl.String(),
     "pair": pl.String(),
     "aa": pl.Boolean(),
-    "iteration": pl.Int64(),
-    "epoch_start_ms": pl.Int64(),
-    "iteration_start_ns": pl.Int64(),
-    "iteration_end_ns": pl.Int64(),
-    "iteration_time_ns": pl.Int64(),
-    "timing": pl.String(),
+    **ITERATION_SCHEMA,  # what each parser gives, between the side and how it ended
     "side_status": pl.String(),
     "parser": pl.String(),
     "source_file": pl.String(),

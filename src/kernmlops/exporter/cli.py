@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from kernmlops.clitools import fail, require_bpf_privileges
+from kernmlops.clitools import CONTEXT_SETTINGS, fail, require_bpf_privileges
 from kernmlops.errors import KernmlopsError
 
 EXIT_CHECK_FAILED = 1
@@ -26,9 +26,7 @@ def _console():
     return Console(stderr=True, highlight=False)
 
 
-@click.command(
-    "export", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}
-)
+@click.command("export", context_settings=CONTEXT_SETTINGS)
 @click.option(
     "-c",
     "--config",

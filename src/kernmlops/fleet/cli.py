@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from kernmlops.clitools import fail
+from kernmlops.clitools import CONTEXT_SETTINGS, fail
 from kernmlops.errors import KernmlopsError
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ def _say(text: str) -> None:
 @click.command(
     "push",
     epilog=URI_HELP,
-    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    context_settings=CONTEXT_SETTINGS,
 )
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.argument("uri")
@@ -87,9 +87,7 @@ def push_command(paths: tuple[Path, ...], uri: str, incomplete: bool) -> None:
         sys.exit(1)
 
 
-@click.group(
-    "fleet", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}
-)
+@click.group("fleet", context_settings=CONTEXT_SETTINGS)
 def fleet_group() -> None:
     """Look at a dataset that collections were pushed to (kernmlops push).
 
@@ -203,9 +201,7 @@ def publish_collection(path: Path, dataset: Dataset) -> int:
     return 0
 
 
-@click.command(
-    "spark-job", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}
-)
+@click.command("spark-job", context_settings=CONTEXT_SETTINGS)
 @click.argument("dataset")
 @click.argument("out")
 @click.option(
