@@ -12,7 +12,7 @@ import pytest
 
 from kernmlops.collect.spool import pending_spools
 from kernmlops.ebpf.ringbuf import RingBuffer
-from kernmlops.ebpf.spool import RingSpool
+from kernmlops.ebpf.spool import RAW_FRAME, RingSpool
 from kernmlops.host.cpus import SpareCpu, online_cpus
 from tests.ebpf.test_ringbuf import EVENT, MappedRing, events
 
@@ -22,8 +22,8 @@ def _spool(folder: Path) -> RingSpool:
     return RingSpool(folder / ".spool", "events", EVENT.itemsize, info)
 
 
-def _read_all(spool: RingSpool, max_bytes: int = 1 << 20) -> np.ndarray:
-    parts = list(spool.records(EVENT, max_bytes))
+def _read_all(spool: RingSpool) -> np.ndarray:
+    parts = list(spool.records(EVENT))
     return np.concatenate(parts) if parts else np.empty(0, EVENT)
 
 
@@ -34,6 +34,7 @@ def test_what_the_ring_held_comes_back_in_order_then_what_the_cpus_held(
     want = events(100)
     reader = RingBuffer(ring.fd, 4096)
     spool = _spool(tmp_path)
+    spool._frame_raw = 7 * 24  # small frames: a copy is cut in several
     try:
         for lo, hi in ((0, 60), (60, 90)):
             ring.write_records(want[lo:hi])
@@ -42,12 +43,14 @@ def test_what_the_ring_held_comes_back_in_order_then_what_the_cpus_held(
             ring.cons = ring.consumer()
         spool.append(want[90:])  # as if left in a CPU's batch at detach
         assert spool.pending == 100 * 24
-        # read back in small steps: whole records each time, nothing twice
-        got = _read_all(spool, max_bytes=7 * 24 + 5)
+        # read back a frame at a time: whole records each time, nothing twice
+        parts = list(spool.records(EVENT))
+        got = np.concatenate(parts)
     finally:
         reader.close()
         spool.close()
     assert np.array_equal(got, want)
+    assert len(parts) >= 15 and all(len(p) <= 7 for p in parts)
     assert spool.pending == 0
     meta = json.loads((tmp_path / ".spool" / "events.json").read_text())
     assert meta["itemsize"] == EVENT.itemsize and meta["hook"] == "h"
@@ -185,9 +188,10 @@ def test_the_first_bytes_go_to_memory_the_rest_to_disk_in_order(tmp_path: Path) 
     spool.drained()
     assert [p.name for p in mem.glob("*.ring")] == ["events.00000.ring"]
     assert [p.name for p in (tmp_path / ".spool").glob("*.ring")] == ["events.00001.ring"]
-    assert (mem / "events.00000.ring").stat().st_size == 40 * 24
-    assert memory.used == 40 * 24
-    got = _read_all(spool, max_bytes=7 * 24)
+    frame = RAW_FRAME.size + 40 * 24  # the budget counts the frame's header too
+    assert (mem / "events.00000.ring").stat().st_size == frame
+    assert memory.used == frame
+    got = _read_all(spool)
     assert np.array_equal(got, want)
     spool.count("events", 120)
     spool.checkpoint({"events": 120})  # both read to their end: deleted, budget back
@@ -199,7 +203,7 @@ def test_the_first_bytes_go_to_memory_the_rest_to_disk_in_order(tmp_path: Path) 
     spool.append(events(3, first=120))
     spool.drained()
     assert [p.name for p in mem.glob("*.ring")] == ["events.00002.ring"]
-    assert memory.used == 3 * 24
+    assert memory.used == RAW_FRAME.size + 3 * 24
     spool.remove()
     assert memory.used == 0
 
@@ -217,6 +221,7 @@ def test_a_disk_that_stalls_is_bridged_in_memory_in_order(
     from kernmlops.ebpf.spool import SpoolMemory
 
     rec = EVENT.itemsize + 8  # a record in the ring, header included
+    frame = RAW_FRAME.size + 10 * rec  # an append of 10 records, in memory
     monkeypatch.setattr(spool_mod, "STALL_QUEUED", 20 * rec)
     monkeypatch.setattr(spool_mod, "WRITE_BATCH", 10 * rec)
     disk = threading.Event()
@@ -238,30 +243,30 @@ def test_a_disk_that_stalls_is_bridged_in_memory_in_order(
     monkeypatch.setattr(spool_mod, "_runs", runs)
     mem = tmp_path / "shm"
     mem.mkdir()
-    memory = SpoolMemory(mem, limit=100 * rec, for_stalls=40 * rec)
+    memory = SpoolMemory(mem, limit=10 * frame, for_stalls=4 * frame)
     info = {"hook": "h", "options": {}, "ring": "r", "object": "x.bpf.o"}
     spool = RingSpool(tmp_path / ".spool", "events", EVENT.itemsize, info, memory=memory)
     want = events(200)
     for lo in range(0, 70, 10):  # 60 fit the first-fill's 60 records, 10 go to disk
         spool.append(want[lo : lo + 10])
-    assert memory.used == 60 * rec
+    assert memory.used == 6 * frame
     for lo in range(70, 120, 10):  # the disk is stalled: 20 records queue, then memory
         spool.append(want[lo : lo + 10])
     assert spool._queued == 20 * rec
-    assert memory.used == (60 + 40) * rec  # the stall's segment: its share, all of it
+    assert memory.used == (6 + 4) * frame  # the stall's segment: its share, all of it
     disk.set()
     spool.drained()
     for lo in range(120, 200, 10):  # caught up: on to disk again
         spool.append(want[lo : lo + 10])
     spool.drained()
-    assert memory.used == 100 * rec
+    assert memory.used == 10 * frame
     names = {p.name: p.parent.name for p in [*mem.glob("*.ring"), *tmp_path.glob(".spool/*.ring")]}
     assert names == {
         "events.00000.ring": "shm", "events.00001.ring": ".spool",
         "events.00002.ring": "shm", "events.00003.ring": ".spool",
     }  # fmt: skip
     assert sum(batches) == 100 * rec and max(batches) == 10 * rec  # a batch at a time
-    got = _read_all(spool, max_bytes=7 * 24)
+    got = _read_all(spool)
     assert np.array_equal(got, want)
     spool.remove()
     assert memory.used == 0
@@ -389,7 +394,7 @@ def test_a_disk_segment_is_compressed_in_frames_and_a_cut_frame_is_left(tmp_path
     assert meta["codec"] == "zstd" and segment_codec(seg) is not None
     data = seg.read_bytes()
     assert len(data) < 3000 * 24 // 2
-    got = _read_all(spool, max_bytes=7 * 24)  # frames are read whole, whatever the step
+    got = _read_all(spool)
     spool.close()
     assert np.array_equal(got, want)
     # the same bytes as recover reads them: whole frames, then one cut short
@@ -442,7 +447,7 @@ def test_a_segment_opened_before_the_last_is_read_learns_its_rows_when_read(
     spool.drained()
     meta = tmp_path / ".spool" / "events.00001.json"
     assert json.loads(meta.read_text())["rows_before"] is None
-    for records in spool.records(EVENT, max_bytes=7 * 24):  # counted as a hook counts
+    for records in spool.records(EVENT):  # counted as a hook counts
         spool.count("events", len(records))
     assert json.loads(meta.read_text())["rows_before"] == {"events": 40}
     assert json.loads((mem / "events.00000.json").read_text())["rows_before"] == {}
