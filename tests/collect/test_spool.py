@@ -481,3 +481,115 @@ def test_a_memory_folder_someone_else_made_is_not_used(
     os.chmod(planted, 0o777)  # another user's, open to all (or a link): not ours
     assert spool_mod.spool_memory(tmp_path / "c1" / ".spool", "c1", 8) is None
     assert spool_mod.spool_memory(tmp_path / "c2" / ".spool", "c2", 8) is not None
+
+
+def _raw_segment(frames: list[bytes]) -> bytes:
+    from kernmlops.ebpf.spool import raw_head
+
+    return b"".join(raw_head(f) + f for f in frames)
+
+
+def test_raw_frames_name_what_a_damage_cost_and_reading_goes_on() -> None:
+    # A flipped record byte costs its frame (its header says how much); a damaged
+    # header costs the stretch up to the next intact header, whatever the records
+    # hold (the magic among them is no header without its own CRC); a kill's cut
+    # is told from damage.
+    from kernmlops.ebpf.spool import CUT, RAW_MAGIC_BYTES, iter_raw_frames
+
+    rng = np.random.default_rng(5)
+    recs = [rng.bytes(24 * n) for n in (10, 3, 7, 12)]
+    recs[2] = recs[2][:24] + RAW_MAGIC_BYTES * 6 + recs[2][48:]  # the magic in the data
+    data = _raw_segment(recs)
+    starts = [0]
+    for r in recs:
+        starts.append(starts[-1] + RAW_FRAME.size + len(r))
+    assert [f.raw for f in iter_raw_frames(data)] == recs
+
+    flipped = bytearray(data)
+    flipped[starts[1] + RAW_FRAME.size + 5] ^= 1
+    found = list(iter_raw_frames(bytes(flipped)))
+    assert [(f.start, f.end, f.reason, f.raw_bytes) for f in found[1:2]] == [
+        (starts[1], starts[2], "a frame that fails its CRC32C", len(recs[1]))
+    ]
+    assert [f.raw for f in found] == [recs[0], None, recs[2], recs[3]]
+
+    header = bytearray(data)
+    header[starts[1] + 4] ^= 0x80  # its length
+    found = list(iter_raw_frames(bytes(header)))
+    assert [(f.start, f.end, f.reason, f.raw_bytes) for f in found[1:2]] == [
+        (starts[1], starts[2], "a damaged frame header", None)
+    ]
+    assert [f.raw for f in found] == [recs[0], None, recs[2], recs[3]]
+
+    for cut in (starts[3] + 3, starts[3] + RAW_FRAME.size + 5):  # in the header, the records
+        *whole, last = iter_raw_frames(data[:cut])
+        assert [f.raw for f in whole] == recs[:3]
+        assert (last.start, last.end, last.reason) == (starts[3], cut, CUT)
+
+
+def test_the_python_copy_writes_the_frames_the_copier_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bpf_build_dir: Path
+) -> None:
+    # Where the native library is missing, the spool's own writes (memory segments,
+    # raw disk segments before pyarrow) are the same CRC32C frames, numpy's CRC in
+    # them; the library's CRC reads them back.
+    from kernmlops.ebpf import crc32c as crc_mod
+    from kernmlops.ebpf.spool import SpoolMemory, iter_raw_frames
+
+    want = events(3000)
+    written = []
+    for name, native in (("numpy", False), ("native", True)):
+        if not native:
+            monkeypatch.setattr(crc_mod, "_native", lambda: None)
+        else:
+            monkeypatch.undo()
+        mem = tmp_path / name
+        mem.mkdir()
+        spool = RingSpool(tmp_path / f"{name}-spool", "events", EVENT.itemsize, {},
+                          memory=SpoolMemory(mem, limit=1 << 20))  # fmt: skip
+        spool._frame_raw = 1000 * 24  # three frames
+        spool.append(want)
+        spool.drained()
+        data = (mem / "events.00000.ring").read_bytes()
+        written.append(data)
+        spool.close()
+    assert crc_mod._native() is not None  # read with the library's CRC
+    assert written[0] == written[1]
+    found = list(iter_raw_frames(written[0]))
+    assert [(f.reason, len(f.raw or b"")) for f in found] == [(None, 1000 * 24)] * 3
+    raw = np.frombuffer(b"".join(f.raw or b"" for f in found), np.uint8)
+    assert np.array_equal(decode_all(raw), want)
+    meta = json.loads((tmp_path / "numpy" / "events.00000.json").read_text())
+    assert meta["version"] == 2 and "codec" not in meta
+
+
+def test_a_damaged_frame_met_during_the_run_is_named_never_made_into_rows(
+    tmp_path: Path,
+) -> None:
+    # The collection ends with the frame named (its records never become rows), and
+    # the spool stays: recover makes the rows of every other frame.
+    from kernmlops.ebpf.spool import SpoolMemory
+    from kernmlops.errors import CollectionError
+
+    mem = tmp_path / "shm"
+    mem.mkdir()
+    spool = RingSpool(tmp_path / ".spool", "events", EVENT.itemsize, {},
+                      memory=SpoolMemory(mem, limit=1 << 20))  # fmt: skip
+    spool.append(events(10))
+    spool.append(events(20, first=10))  # a second frame, at byte 16 + 240
+    seg = mem / "events.00000.ring"
+    data = bytearray(seg.read_bytes())
+    data[RAW_FRAME.size + 240 + RAW_FRAME.size + 100] ^= 0x10
+    seg.write_bytes(bytes(data))
+    got = []
+    with pytest.raises(CollectionError) as caught:
+        for records in spool.records(EVENT):
+            got.append(records)
+    assert str(caught.value).startswith(
+        f"spool {seg}: the frame at byte 256 (480 bytes, 20 records) fails its CRC32C: "
+        "its records are not made; the spool is kept"
+    )
+    assert np.array_equal(np.concatenate(got), events(10))
+    assert spool.pending == 20 * 24  # not read: never retired
+    spool.close()
+    assert seg.exists()

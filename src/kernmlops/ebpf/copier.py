@@ -142,6 +142,8 @@ def load() -> ctypes.CDLL | None:
     lib.kmo_budget_release.argtypes = [counter, ctypes.c_uint64]
     lib.kmo_crc32c.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t]
     lib.kmo_crc32c.restype = ctypes.c_uint32
+    lib.kmo_crc32c_table.argtypes = lib.kmo_crc32c.argtypes
+    lib.kmo_crc32c_table.restype = ctypes.c_uint32
     _lib = lib
     return lib
 
