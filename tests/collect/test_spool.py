@@ -12,7 +12,7 @@ import pytest
 
 from kernmlops.collect.spool import pending_spools
 from kernmlops.ebpf.ringbuf import RingBuffer
-from kernmlops.ebpf.spool import RingSpool
+from kernmlops.ebpf.spool import RAW_FRAME, RingSpool
 from kernmlops.host.cpus import SpareCpu, online_cpus
 from tests.ebpf.test_ringbuf import EVENT, MappedRing, events
 
@@ -22,8 +22,8 @@ def _spool(folder: Path) -> RingSpool:
     return RingSpool(folder / ".spool", "events", EVENT.itemsize, info)
 
 
-def _read_all(spool: RingSpool, max_bytes: int = 1 << 20) -> np.ndarray:
-    parts = list(spool.records(EVENT, max_bytes))
+def _read_all(spool: RingSpool) -> np.ndarray:
+    parts = list(spool.records(EVENT))
     return np.concatenate(parts) if parts else np.empty(0, EVENT)
 
 
@@ -34,6 +34,7 @@ def test_what_the_ring_held_comes_back_in_order_then_what_the_cpus_held(
     want = events(100)
     reader = RingBuffer(ring.fd, 4096)
     spool = _spool(tmp_path)
+    spool._frame_raw = 7 * 24  # small frames: a copy is cut in several
     try:
         for lo, hi in ((0, 60), (60, 90)):
             ring.write_records(want[lo:hi])
@@ -42,12 +43,14 @@ def test_what_the_ring_held_comes_back_in_order_then_what_the_cpus_held(
             ring.cons = ring.consumer()
         spool.append(want[90:])  # as if left in a CPU's batch at detach
         assert spool.pending == 100 * 24
-        # read back in small steps: whole records each time, nothing twice
-        got = _read_all(spool, max_bytes=7 * 24 + 5)
+        # read back a frame at a time: whole records each time, nothing twice
+        parts = list(spool.records(EVENT))
+        got = np.concatenate(parts)
     finally:
         reader.close()
         spool.close()
     assert np.array_equal(got, want)
+    assert len(parts) >= 15 and all(len(p) <= 7 for p in parts)
     assert spool.pending == 0
     meta = json.loads((tmp_path / ".spool" / "events.json").read_text())
     assert meta["itemsize"] == EVENT.itemsize and meta["hook"] == "h"
@@ -185,9 +188,10 @@ def test_the_first_bytes_go_to_memory_the_rest_to_disk_in_order(tmp_path: Path) 
     spool.drained()
     assert [p.name for p in mem.glob("*.ring")] == ["events.00000.ring"]
     assert [p.name for p in (tmp_path / ".spool").glob("*.ring")] == ["events.00001.ring"]
-    assert (mem / "events.00000.ring").stat().st_size == 40 * 24
-    assert memory.used == 40 * 24
-    got = _read_all(spool, max_bytes=7 * 24)
+    frame = RAW_FRAME.size + 40 * 24  # the budget counts the frame's header too
+    assert (mem / "events.00000.ring").stat().st_size == frame
+    assert memory.used == frame
+    got = _read_all(spool)
     assert np.array_equal(got, want)
     spool.count("events", 120)
     spool.checkpoint({"events": 120})  # both read to their end: deleted, budget back
@@ -199,7 +203,7 @@ def test_the_first_bytes_go_to_memory_the_rest_to_disk_in_order(tmp_path: Path) 
     spool.append(events(3, first=120))
     spool.drained()
     assert [p.name for p in mem.glob("*.ring")] == ["events.00002.ring"]
-    assert memory.used == 3 * 24
+    assert memory.used == RAW_FRAME.size + 3 * 24
     spool.remove()
     assert memory.used == 0
 
@@ -217,6 +221,7 @@ def test_a_disk_that_stalls_is_bridged_in_memory_in_order(
     from kernmlops.ebpf.spool import SpoolMemory
 
     rec = EVENT.itemsize + 8  # a record in the ring, header included
+    frame = RAW_FRAME.size + 10 * rec  # an append of 10 records, in memory
     monkeypatch.setattr(spool_mod, "STALL_QUEUED", 20 * rec)
     monkeypatch.setattr(spool_mod, "WRITE_BATCH", 10 * rec)
     disk = threading.Event()
@@ -238,30 +243,30 @@ def test_a_disk_that_stalls_is_bridged_in_memory_in_order(
     monkeypatch.setattr(spool_mod, "_runs", runs)
     mem = tmp_path / "shm"
     mem.mkdir()
-    memory = SpoolMemory(mem, limit=100 * rec, for_stalls=40 * rec)
+    memory = SpoolMemory(mem, limit=10 * frame, for_stalls=4 * frame)
     info = {"hook": "h", "options": {}, "ring": "r", "object": "x.bpf.o"}
     spool = RingSpool(tmp_path / ".spool", "events", EVENT.itemsize, info, memory=memory)
     want = events(200)
     for lo in range(0, 70, 10):  # 60 fit the first-fill's 60 records, 10 go to disk
         spool.append(want[lo : lo + 10])
-    assert memory.used == 60 * rec
+    assert memory.used == 6 * frame
     for lo in range(70, 120, 10):  # the disk is stalled: 20 records queue, then memory
         spool.append(want[lo : lo + 10])
     assert spool._queued == 20 * rec
-    assert memory.used == (60 + 40) * rec  # the stall's segment: its share, all of it
+    assert memory.used == (6 + 4) * frame  # the stall's segment: its share, all of it
     disk.set()
     spool.drained()
     for lo in range(120, 200, 10):  # caught up: on to disk again
         spool.append(want[lo : lo + 10])
     spool.drained()
-    assert memory.used == 100 * rec
+    assert memory.used == 10 * frame
     names = {p.name: p.parent.name for p in [*mem.glob("*.ring"), *tmp_path.glob(".spool/*.ring")]}
     assert names == {
         "events.00000.ring": "shm", "events.00001.ring": ".spool",
         "events.00002.ring": "shm", "events.00003.ring": ".spool",
     }  # fmt: skip
     assert sum(batches) == 100 * rec and max(batches) == 10 * rec  # a batch at a time
-    got = _read_all(spool, max_bytes=7 * 24)
+    got = _read_all(spool)
     assert np.array_equal(got, want)
     spool.remove()
     assert memory.used == 0
@@ -389,7 +394,7 @@ def test_a_disk_segment_is_compressed_in_frames_and_a_cut_frame_is_left(tmp_path
     assert meta["codec"] == "zstd" and segment_codec(seg) is not None
     data = seg.read_bytes()
     assert len(data) < 3000 * 24 // 2
-    got = _read_all(spool, max_bytes=7 * 24)  # frames are read whole, whatever the step
+    got = _read_all(spool)
     spool.close()
     assert np.array_equal(got, want)
     # the same bytes as recover reads them: whole frames, then one cut short
@@ -442,7 +447,7 @@ def test_a_segment_opened_before_the_last_is_read_learns_its_rows_when_read(
     spool.drained()
     meta = tmp_path / ".spool" / "events.00001.json"
     assert json.loads(meta.read_text())["rows_before"] is None
-    for records in spool.records(EVENT, max_bytes=7 * 24):  # counted as a hook counts
+    for records in spool.records(EVENT):  # counted as a hook counts
         spool.count("events", len(records))
     assert json.loads(meta.read_text())["rows_before"] == {"events": 40}
     assert json.loads((mem / "events.00000.json").read_text())["rows_before"] == {}
@@ -476,3 +481,115 @@ def test_a_memory_folder_someone_else_made_is_not_used(
     os.chmod(planted, 0o777)  # another user's, open to all (or a link): not ours
     assert spool_mod.spool_memory(tmp_path / "c1" / ".spool", "c1", 8) is None
     assert spool_mod.spool_memory(tmp_path / "c2" / ".spool", "c2", 8) is not None
+
+
+def _raw_segment(frames: list[bytes]) -> bytes:
+    from kernmlops.ebpf.spool import raw_head
+
+    return b"".join(raw_head(f) + f for f in frames)
+
+
+def test_raw_frames_name_what_a_damage_cost_and_reading_goes_on() -> None:
+    # A flipped record byte costs its frame (its header says how much); a damaged
+    # header costs the stretch up to the next intact header, whatever the records
+    # hold (the magic among them is no header without its own CRC); a kill's cut
+    # is told from damage.
+    from kernmlops.ebpf.spool import CUT, RAW_MAGIC_BYTES, iter_raw_frames
+
+    rng = np.random.default_rng(5)
+    recs = [rng.bytes(24 * n) for n in (10, 3, 7, 12)]
+    recs[2] = recs[2][:24] + RAW_MAGIC_BYTES * 6 + recs[2][48:]  # the magic in the data
+    data = _raw_segment(recs)
+    starts = [0]
+    for r in recs:
+        starts.append(starts[-1] + RAW_FRAME.size + len(r))
+    assert [f.raw for f in iter_raw_frames(data)] == recs
+
+    flipped = bytearray(data)
+    flipped[starts[1] + RAW_FRAME.size + 5] ^= 1
+    found = list(iter_raw_frames(bytes(flipped)))
+    assert [(f.start, f.end, f.reason, f.raw_bytes) for f in found[1:2]] == [
+        (starts[1], starts[2], "a frame that fails its CRC32C", len(recs[1]))
+    ]
+    assert [f.raw for f in found] == [recs[0], None, recs[2], recs[3]]
+
+    header = bytearray(data)
+    header[starts[1] + 4] ^= 0x80  # its length
+    found = list(iter_raw_frames(bytes(header)))
+    assert [(f.start, f.end, f.reason, f.raw_bytes) for f in found[1:2]] == [
+        (starts[1], starts[2], "a damaged frame header", None)
+    ]
+    assert [f.raw for f in found] == [recs[0], None, recs[2], recs[3]]
+
+    for cut in (starts[3] + 3, starts[3] + RAW_FRAME.size + 5):  # in the header, the records
+        *whole, last = iter_raw_frames(data[:cut])
+        assert [f.raw for f in whole] == recs[:3]
+        assert (last.start, last.end, last.reason) == (starts[3], cut, CUT)
+
+
+def test_the_python_copy_writes_the_frames_the_copier_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bpf_build_dir: Path
+) -> None:
+    # Where the native library is missing, the spool's own writes (memory segments,
+    # raw disk segments before pyarrow) are the same CRC32C frames, numpy's CRC in
+    # them; the library's CRC reads them back.
+    from kernmlops.ebpf import crc32c as crc_mod
+    from kernmlops.ebpf.spool import SpoolMemory, iter_raw_frames
+
+    want = events(3000)
+    written = []
+    for name, native in (("numpy", False), ("native", True)):
+        if not native:
+            monkeypatch.setattr(crc_mod, "_native", lambda: None)
+        else:
+            monkeypatch.undo()
+        mem = tmp_path / name
+        mem.mkdir()
+        spool = RingSpool(tmp_path / f"{name}-spool", "events", EVENT.itemsize, {},
+                          memory=SpoolMemory(mem, limit=1 << 20))  # fmt: skip
+        spool._frame_raw = 1000 * 24  # three frames
+        spool.append(want)
+        spool.drained()
+        data = (mem / "events.00000.ring").read_bytes()
+        written.append(data)
+        spool.close()
+    assert crc_mod._native() is not None  # read with the library's CRC
+    assert written[0] == written[1]
+    found = list(iter_raw_frames(written[0]))
+    assert [(f.reason, len(f.raw or b"")) for f in found] == [(None, 1000 * 24)] * 3
+    raw = np.frombuffer(b"".join(f.raw or b"" for f in found), np.uint8)
+    assert np.array_equal(decode_all(raw), want)
+    meta = json.loads((tmp_path / "numpy" / "events.00000.json").read_text())
+    assert meta["version"] == 2 and "codec" not in meta
+
+
+def test_a_damaged_frame_met_during_the_run_is_named_never_made_into_rows(
+    tmp_path: Path,
+) -> None:
+    # The collection ends with the frame named (its records never become rows), and
+    # the spool stays: recover makes the rows of every other frame.
+    from kernmlops.ebpf.spool import SpoolMemory
+    from kernmlops.errors import CollectionError
+
+    mem = tmp_path / "shm"
+    mem.mkdir()
+    spool = RingSpool(tmp_path / ".spool", "events", EVENT.itemsize, {},
+                      memory=SpoolMemory(mem, limit=1 << 20))  # fmt: skip
+    spool.append(events(10))
+    spool.append(events(20, first=10))  # a second frame, at byte 16 + 240
+    seg = mem / "events.00000.ring"
+    data = bytearray(seg.read_bytes())
+    data[RAW_FRAME.size + 240 + RAW_FRAME.size + 100] ^= 0x10
+    seg.write_bytes(bytes(data))
+    got = []
+    with pytest.raises(CollectionError) as caught:
+        for records in spool.records(EVENT):
+            got.append(records)
+    assert str(caught.value).startswith(
+        f"spool {seg}: the frame at byte 256 (480 bytes, 20 records) fails its CRC32C: "
+        "its records are not made; the spool is kept"
+    )
+    assert np.array_equal(np.concatenate(got), events(10))
+    assert spool.pending == 20 * 24  # not read: never retired
+    spool.close()
+    assert seg.exists()

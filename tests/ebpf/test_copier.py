@@ -22,7 +22,16 @@ from kernmlops.ebpf.copier import Copier
 from kernmlops.ebpf.libbpf import ProgTestRunOpts, lib
 from kernmlops.ebpf.objects import open_and_load
 from kernmlops.ebpf.ringbuf import decode, record_stride
-from kernmlops.ebpf.spool import FRAME_RAW, RingSpool, SpoolMemory, frames, segment_codec
+from kernmlops.ebpf.spool import (
+    FRAME_RAW,
+    RAW_FRAME,
+    RingSpool,
+    SpoolMemory,
+    frames,
+    iter_raw_frames,
+    raw_head,
+    segment_codec,
+)
 from tests.ebpf.test_ringbuf import EVENT, MappedRing, events
 
 
@@ -76,13 +85,22 @@ def test_the_copy_stops_at_a_busy_record_and_wraps_whole(tmp_path: Path) -> None
         copier.stop()
         stride = record_stride(EVENT.itemsize)
         assert ring.consumer() == 4096 - 48 + 5 * stride  # up to the busy record
-        assert seg.written == seg.file_bytes == 5 * stride
+        assert seg.written == 5 * stride
+        # a frame up to the data area's end, one after: each its header and records
+        assert seg.file_bytes == 2 * RAW_FRAME.size + 5 * stride
         ring.cons = ring.consumer()
         ring.commit(busy)
         ring.sync()
         assert copier.copy_now() == 7 * stride
         assert ring.consumer() == ring.prod
-        raw = np.fromfile(tmp_path / "seg", np.uint8)
+        data = (tmp_path / "seg").read_bytes()
+        found = list(iter_raw_frames(data))
+        assert [(f.reason, len(f.raw or b"")) for f in found] == [
+            (None, 2 * stride), (None, 3 * stride), (None, 7 * stride)
+        ]  # fmt: skip
+        # the header the Python copy writes for the same records, CRC included
+        assert data[: RAW_FRAME.size] == raw_head(found[0].raw or b"")
+        raw = np.frombuffer(b"".join(f.raw or b"" for f in found), np.uint8)
         got = decode(raw, 1, 0, len(raw), EVENT).records
         assert np.array_equal(got, want)
     finally:
@@ -114,7 +132,10 @@ def test_a_record_that_straddles_the_rings_end_is_copied_whole(tmp_path: Path, z
 
             pieces = list(frames(data, pa.Codec("zstd")))
             assert [len(p) for p in pieces] == [stride, 99 * stride]
-            data = b"".join(pieces)
+        else:  # raw frames: a quarter ring at most, each with its CRC
+            pieces = [f.raw or b"" for f in iter_raw_frames(data)]
+            assert [len(p) for p in pieces] == [stride, 42 * stride, 42 * stride, 15 * stride]
+        data = b"".join(pieces)
         raw = np.frombuffer(data, np.uint8)
         assert np.array_equal(decode(raw, 1, 0, len(raw), EVENT).records, want)
     finally:
@@ -185,7 +206,7 @@ def test_past_the_memory_budget_the_copier_goes_on_in_zstd_frames_on_disk(
         stride = record_stride(EVENT.itemsize)
         # Runs of a quarter ring (170 records): the first fits the budget (300), the
         # second would not and goes whole to the standby, and so on there.
-        assert [p.stat().st_size for p in mem_segs] == [170 * stride]
+        assert [p.stat().st_size for p in mem_segs] == [RAW_FRAME.size + 170 * stride]
         assert segment_codec(disk_segs[0]) is not None  # the standby: zstd frames
         # its json does not know its rows until the reading reaches it
         meta = disk_segs[0].with_suffix(".json")
@@ -197,7 +218,9 @@ def test_past_the_memory_budget_the_copier_goes_on_in_zstd_frames_on_disk(
         # the files alone hold it all (what kernmlops recover reads)
         codec = segment_codec(disk_segs[0])
         pieces = [np.frombuffer(p, np.uint8) for p in frames(disk_segs[0].read_bytes(), codec)]
-        raw = np.concatenate([np.fromfile(mem_segs[0], np.uint8), *pieces])
+        (mem,) = [np.frombuffer(f.raw or b"", np.uint8)
+                  for f in iter_raw_frames(mem_segs[0].read_bytes())]  # fmt: skip
+        raw = np.concatenate([mem, *pieces])
         assert np.array_equal(decode(raw, 1, 0, len(raw), EVENT).records, want)
         # a frame per copy (each under FRAME_RAW), cut where a copy passes the ring's
         # end (the data area is mapped once): the 2nd and 3rd fills each pass it with
@@ -218,13 +241,14 @@ def test_a_segment_read_to_its_end_is_rotated_retired_and_deleted(tmp_path: Path
         _fill_and_copy(ring, copier, events(50, first=100))
         now = sorted((tmp_path / "mem").glob("events.*.ring"))
         assert len(now) == 2 and now[0] == first[0]
-        assert now[1].stat().st_size == 50 * record_stride(EVENT.itemsize)
+        frame = RAW_FRAME.size + 50 * record_stride(EVENT.itemsize)
+        assert now[1].stat().st_size == frame
         assert json.loads(now[1].with_suffix(".json").read_text())["rows_before"] == {"events": 100}
         spool.checkpoint({"events": 100})  # its rows are in finished parts: deleted
         spool.drained()
         assert not first[0].exists()
         assert np.array_equal(_read_all(spool), events(50, first=100))
-        assert spool.memory is not None and spool.memory.used == 50 * record_stride(16)
+        assert spool.memory is not None and spool.memory.used == frame
 
 
 def test_a_standby_taken_back_just_after_the_copier_took_it_up_stays(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
-"""A killed collection's spool, damaged the ways a disk or a hand does: `recover`
-recovers every intact frame, names what it could not read, keeps the spool and exits
+"""A killed collection's spool, damaged the ways a disk, a hand or a bad memory cell
+does: `recover` recovers every intact frame (zstd's on disk, the CRC32C frames of the
+raw segments in memory), names what it could not read, keeps the spool and exits
 non-zero, and never shows a traceback; two recovers never run at once."""
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 
-from kernmlops.ebpf.spool import FRAME, ZSTD_MAGIC
+from kernmlops.ebpf.spool import FRAME, RAW_FRAME, ZSTD_MAGIC, Frame, iter_raw_frames
 from tests.faults.conftest import kill_collector, read_everything, start_collect
 
 pytestmark = pytest.mark.bpf
@@ -174,3 +177,153 @@ def test_a_segment_cut_short_after_a_flush_is_named_with_what_it_lost(
     assert done.returncode == 2
     assert f"cut short: {noted - keep:,} bytes fewer than it held" in done.stderr
     assert 0 < _quanta(col).height < whole.height
+
+
+# -- the memory spool: raw segments on the tmpfs, in CRC32C frames ---------------------
+
+
+@pytest.fixture(scope="module")
+def killed_in_memory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
+    """A collection killed in a storm with every record in its memory spool (raw
+    frames on the tmpfs), and a copy of that tmpfs folder: a recovery deletes it, and
+    each test lays it anew for its own copy of the collection (one collection id, so
+    one folder, as the link ``mem`` requires)."""
+    out = tmp_path_factory.mktemp("killed-in-memory")
+    config = "  spool_spare_cpus: 1000\n  spool_memory_mib: 256\n"
+    run = start_collect(out, *STORM, more_config=config)
+    run.wait_for("probes attached")
+    time.sleep(2.5)
+    kill_collector(run)
+    subprocess.run(["pkill", "-f", "stress-ng --switch 1 --switch-freq 50000"], check=False)
+    col = run.collection()
+    shm = (col / ".spool" / "mem").resolve()
+    saved = tmp_path_factory.mktemp("tmpfs-copy") / "mem"
+    shutil.copytree(shm, saved)
+    yield col, saved
+    shutil.rmtree(shm, ignore_errors=True)
+
+
+def _copy_in_memory(killed: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of the collection, its tmpfs folder laid anew; (collection, segment)."""
+    col, saved = killed
+    shm = Path(os.readlink(col / ".spool" / "mem"))
+    shutil.rmtree(shm, ignore_errors=True)
+    shutil.copytree(saved, shm)  # its mode (0700) and owner: ours, as recover requires
+    copy = _copy(col, tmp_path)
+    (seg,) = [p for p in (copy / ".spool" / "mem").glob("quanta_switch.*.ring") if p.stat().st_size]
+    return copy, seg
+
+
+def _raw_frames(seg: Path) -> list[Frame]:
+    found = list(iter_raw_frames(seg.read_bytes()))
+    assert all(f.reason is None for f in found[:-1])  # the last one a kill may have cut
+    assert len(found) >= 4, "the storm made too few frames to damage one of several"
+    return found
+
+
+@pytest.fixture(scope="module")
+def whole_in_memory(
+    killed_in_memory: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+) -> pl.DataFrame:
+    """What an undamaged copy of the memory spool recovers (and that the spool goes)."""
+    col, seg = _copy_in_memory(killed_in_memory, tmp_path_factory.mktemp("whole-in-memory"))
+    shm = seg.parent.resolve()
+    done = _recover(col)
+    assert done.returncode == 0, done.stderr
+    assert not (col / ".spool").exists() and not shm.exists()
+    assert read_everything(col)["quanta_runtime"] > 50_000
+    return _quanta(col)
+
+
+def _rows_of(col: Path, raw: bytes) -> int:
+    """The quanta_runtime rows the records ``raw`` make, as recover makes them."""
+    from kernmlops.ebpf.btf import unbatch
+    from kernmlops.ebpf.ringbuf import decode
+    from kernmlops.ebpf.spec import object_spec
+    from kernmlops.hooks import get_hook
+
+    info = json.loads((col / ".spool" / "quanta_switch.json").read_text())
+    cls = get_hook(info["hook"])
+    hook = cls(cls.Options.model_validate(info["options"]))
+    layout = object_spec(Path(info["object"])).ring_layouts()[info["ring"]]
+    records = decode(np.frombuffer(raw, np.uint8), 1, 0, len(raw), layout.batch).records
+    records = unbatch(records, layout)
+    return sum(t.num_rows for name, t in hook.rows_from("quanta_switch", records, layout)
+               if name == "quanta_runtime")  # fmt: skip
+
+
+def test_flipped_bytes_in_a_memory_segment_cost_their_frame_which_is_named(
+    killed_in_memory: tuple[Path, Path], whole_in_memory: pl.DataFrame, tmp_path: Path
+) -> None:
+    # A memory cell that flips: without a checksum these bytes became wrong values.
+    col, seg = _copy_in_memory(killed_in_memory, tmp_path)
+    data = bytearray(seg.read_bytes())
+    found = _raw_frames(seg)
+    bad = found[1]
+    assert bad.raw is not None
+    for at in (RAW_FRAME.size + 40, RAW_FRAME.size + 41, (bad.end - bad.start) // 2):
+        data[bad.start + at] ^= 0x5A  # inside its records (a timestamp, a pid...)
+    seg.write_bytes(bytes(data))
+    done = _recover(col)
+    assert done.returncode == 2
+    stride = _stride(col)
+    records = len(bad.raw) // stride
+    assert (
+        f"lost: {seg}: {bad.end - bad.start:,} bytes ({records:,} records) not recovered: "
+        f"a frame that fails its CRC32C at byte {bad.start:,}; reading went on at the next "
+        "intact frame"
+    ) in done.stderr, done.stderr
+    assert done.stderr.count("lost: ") == 1
+    assert seg.exists()  # the spool is kept, memory segment included
+    got = _quanta(col)
+    # Every other frame's rows, each right: none has a value the damage made, and what
+    # is missing is exactly what the damaged frame held.
+    assert got.join(whole_in_memory, on=got.columns, how="anti").height == 0
+    lost = _rows_of(col, bad.raw)
+    assert lost > 0 and got.height == whole_in_memory.height - lost
+    assert whole_in_memory.join(got, on=got.columns, how="anti").height == lost
+
+
+def test_a_damaged_raw_frame_header_loses_that_frame_and_reading_goes_on(
+    killed_in_memory: tuple[Path, Path], whole_in_memory: pl.DataFrame, tmp_path: Path
+) -> None:
+    col, seg = _copy_in_memory(killed_in_memory, tmp_path)
+    data = bytearray(seg.read_bytes())
+    bad = _raw_frames(seg)[2]
+    data[bad.start + 6] ^= 0x01  # its length: the header's own CRC no longer matches
+    seg.write_bytes(bytes(data))
+    done = _recover(col)
+    assert done.returncode == 2
+    assert (
+        f"lost: {seg}: {bad.end - bad.start:,} bytes not recovered: a damaged frame header "
+        f"at byte {bad.start:,}; reading went on at the next intact frame"
+    ) in done.stderr, done.stderr
+    got = _quanta(col)
+    assert got.join(whole_in_memory, on=got.columns, how="anti").height == 0
+    assert bad.raw is not None
+    assert got.height == whole_in_memory.height - _rows_of(col, bad.raw)
+
+
+def test_a_raw_segment_of_before_the_frames_is_still_read(
+    killed_in_memory: tuple[Path, Path], whole_in_memory: pl.DataFrame, tmp_path: Path
+) -> None:
+    # A collection killed by a kernmlops of before: its memory segment is the records
+    # back to back, and its json has no version. Recover reads it as it was written.
+    col, seg = _copy_in_memory(killed_in_memory, tmp_path)
+    seg.write_bytes(b"".join(f.raw or b"" for f in _raw_frames(seg) if f.reason is None))
+    meta = json.loads(seg.with_suffix(".json").read_text())
+    assert meta.pop("version") == 2
+    meta.pop("bytes", None)
+    seg.with_suffix(".json").write_text(json.dumps(meta))
+    done = _recover(col)
+    assert done.returncode == 0, done.stderr
+    got = _quanta(col)
+    assert got.height == whole_in_memory.height
+    assert got.join(whole_in_memory, on=got.columns, how="anti").height == 0
+
+
+def _stride(col: Path) -> int:
+    from kernmlops.ebpf.ringbuf import record_stride
+
+    info = json.loads((col / ".spool" / "quanta_switch.json").read_text())
+    return record_stride(info["itemsize"])

@@ -19,7 +19,16 @@ from typing import TYPE_CHECKING
 from kernmlops.collect.manifest import SPOOL_DIR
 from kernmlops.collect.spool import pending_spools, remove_spool
 from kernmlops.ebpf.ringbuf import decode, record_stride
-from kernmlops.ebpf.spool import CUT, iter_frames, segment_codec
+from kernmlops.ebpf.spool import (
+    CODEC,
+    CUT,
+    FRAME,
+    RAW_MAGIC_BYTES,
+    ZSTD_MAGIC,
+    SegmentFormat,
+    iter_segment,
+    segment_format,
+)
 from kernmlops.errors import CollectionError
 from kernmlops.lazy import lazy_import
 
@@ -184,15 +193,16 @@ def _recover_key(key: str, segs: list[Path], hook, layout, dtype, finished: dict
     stride = record_stride(dtype.itemsize)
     made: dict[str, int] = {}
     for i, seg in enumerate(segs):
-        last = i == len(segs) - 1
+        # the ring's last bytes (a kill may cut them): an empty standby after is no data
+        last = not any(_size(later) for later in segs[i + 1 :])
         try:
             meta = _meta(seg.with_suffix(".json"), "description")
             before = meta.get("rows_before")
-            codec = segment_codec(seg)
+            fmt: SegmentFormat | None = segment_format(seg)
         except (CollectionError, ValueError, TypeError) as err:
             # its rows come after the previous segment's, as for rows_before: null
-            result.lost.append(Lost(seg, f"{err}; read as raw ring records", 0))
-            meta, before, codec = {}, None, None
+            result.lost.append(Lost(seg, f"{err}; read as its first bytes look", 0))
+            meta, before, fmt = {}, None, None
         if isinstance(before, dict):
             # rows a damaged segment before this one did not give: lost
             short = {t: n - made.get(t, 0) for t, n in before.items()
@@ -208,15 +218,17 @@ def _recover_key(key: str, segs: list[Path], hook, layout, dtype, finished: dict
         except OSError as err:
             result.lost.append(Lost(seg, f"cannot be read ({err.strerror or err})", _size(seg)))
             continue
+        if fmt is None:
+            fmt = _looks_like(data)
         flushed = meta.get("bytes")
         if isinstance(flushed, int) and len(data) < flushed:
             missing = flushed - len(data)
             result.lost.append(Lost(
                 seg, f"cut short: {missing:,} bytes fewer than it held at the collector's "
-                "last flush", missing, None if codec is not None else missing // stride,
+                "last flush", missing, None if fmt.framed else missing // stride,
             ))  # fmt: skip
-        pieces, bad = _pieces(data, codec, stride, last)
-        result.lost.extend(Lost(seg, reason, size) for reason, size in bad)
+        pieces, bad = _pieces(data, fmt, stride, last)
+        result.lost.extend(Lost(seg, reason, size, records) for reason, size, records in bad)
         for at, piece in pieces:
             raw, damaged = _good_records(np.frombuffer(piece, np.uint8), stride, dtype.itemsize)
             if damaged:
@@ -235,24 +247,41 @@ def _recover_key(key: str, segs: list[Path], hook, layout, dtype, finished: dict
                     result.added[table] = result.added.get(table, 0) + n - skip
 
 
-def _pieces(data: bytes, codec, stride: int, last: bool
-            ) -> tuple[list[tuple[int, bytes]], list[tuple[str, int]]]:  # fmt: skip
+def _looks_like(data: bytes) -> SegmentFormat:
+    """The format a segment whose json is lost seems to have, from its first frame."""
+    if data[:4] == RAW_MAGIC_BYTES:
+        return SegmentFormat(None)
+    if data[FRAME.size : FRAME.size + 4] == ZSTD_MAGIC:
+        import pyarrow as pa
+
+        return SegmentFormat(pa.Codec(CODEC))
+    return SegmentFormat(None, version=1)
+
+
+def _pieces(data: bytes, fmt: SegmentFormat, stride: int, last: bool
+            ) -> tuple[list[tuple[int, bytes]], list[tuple[str, int, int | None]]]:  # fmt: skip
     """A segment's bytes as (offset, whole records) pieces, and what could not be read
-    ((reason, bytes) each). A kill may cut the last record or frame of the ring's
-    last segment: that is the run's end, not a loss."""
-    if codec is None:
+    ((reason, bytes, records where known) each). A kill may cut the last record or
+    frame of the ring's last segment: that is the run's end, not a loss."""
+    if not fmt.framed:  # an old raw segment: records back to back, no checksum
         whole = len(data) // stride * stride
         pieces = [(0, data[:whole])] if whole else []
         if whole < len(data) and not last:
-            return pieces, [("cut short in a record", len(data) - whole)]
+            return pieces, [("cut short in a record", len(data) - whole, None)]
         return pieces, []
     pieces, bad = [], []
-    for start, end, raw, reason in iter_frames(data, codec):
-        if reason is None:
-            pieces.append((start, raw))
-        elif not (reason == CUT and last):
-            what = "" if reason == CUT else "; reading went on at the next intact frame"
-            bad.append((f"{reason} at byte {start:,}{what}", end - start))
+    for frame in iter_segment(data, fmt):
+        records = frame.raw_bytes // stride if frame.raw_bytes is not None else None
+        if frame.raw is not None and len(frame.raw) % stride:
+            bad.append((f"a frame at byte {frame.start:,} of {len(frame.raw):,} bytes, not "
+                        f"whole records of {stride}", frame.end - frame.start, None))  # fmt: skip
+        elif frame.reason is None:
+            pieces.append((frame.start, frame.raw))
+        elif not (frame.reason == CUT and last):
+            more = frame.end < len(data) and frame.reason != CUT
+            what = "; reading went on at the next intact frame" if more else ""
+            bad.append((f"{frame.reason} at byte {frame.start:,}{what}",
+                        frame.end - frame.start, records))  # fmt: skip
     return pieces, bad
 
 

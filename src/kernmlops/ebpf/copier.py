@@ -30,7 +30,7 @@ from typing import Any
 from kernmlops.ebpf.build import NATIVE_LIBRARY, default_build_dir
 
 LIBRARY = NATIVE_LIBRARY
-ABI = 4
+ABI = 5
 #: zstd level of the disk segments (pyarrow's Codec("zstd", 1) writes the same frames)
 ZSTD_LEVEL = 1
 
@@ -140,6 +140,10 @@ def load() -> ctypes.CDLL | None:
     counter = ctypes.POINTER(ctypes.c_uint64)
     lib.kmo_budget_reserve.argtypes = [counter, ctypes.c_uint64, ctypes.c_uint64]
     lib.kmo_budget_release.argtypes = [counter, ctypes.c_uint64]
+    lib.kmo_crc32c.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t]
+    lib.kmo_crc32c.restype = ctypes.c_uint32
+    lib.kmo_crc32c_table.argtypes = lib.kmo_crc32c.argtypes
+    lib.kmo_crc32c_table.restype = ctypes.c_uint32
     _lib = lib
     return lib
 
