@@ -271,3 +271,56 @@ def test_exporter_counts_a_known_job_and_prometheus_scrapes_it(
         assert not psutil.pid_exists(proc.pid) or psutil.Process(proc.pid).status() == "zombie"
     mine = {p.pid for p in started}
     assert not mine & {c.pid for c in psutil.Process().children(recursive=True)}
+
+
+def test_oncpu_counts_the_quanta_whose_switch_in_was_not_seen(
+    job_cgroup: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The oncpu set against the cgroup's cpu.stat, for a job whose switches in the
+    program never sees (tests.unseen: as after a switch out that never reaches the
+    tracepoint). Such quanta were dropped: a job burning 0.3 s read 0.02 s here, and
+    the known job above read 0.250 s of its 0.3 s burn once, in CI."""
+    from kernmlops.exporter.config import resolve_sets
+    from kernmlops.exporter.core import Exporter, JobFilter
+    from tests.hooks.conftest import build_c
+    from tests.unseen import BURN, Unseen, wait_asleep
+
+    cpus = sorted(os.sched_getaffinity(0))
+    assert len(cpus) >= 2, "needs two CPUs: the job's and the blanking thread's"
+    taskset = shutil.which("taskset")
+    assert taskset, "taskset (util-linux) is needed"
+    burn = build_c(tmp_path_factory, "burn", BURN)
+    exporter = Exporter(resolve_sets(["oncpu"]), job=JobFilter(cgroup=str(job_cgroup)))
+    child = None
+    try:
+        (status,) = exporter.start()
+        assert status.error is None and exporter.sets[0].obj is not None
+        counter = exporter.sets[0].obj.map("cgroup_cpu_ns")
+        key = job_cgroup.stat().st_ino.to_bytes(8, "little")  # the cgroup's id
+
+        def counted_ns() -> int:
+            return int(counter.lookup_percpu(key).sum()) if counter.lookup(key) else 0
+
+        def enter() -> None:  # in the child, before exec: its whole life is the job's
+            (job_cgroup / "cgroup.procs").write_text(str(os.getpid()))
+
+        child = subprocess.Popen([taskset, "-c", str(cpus[-1]), str(burn), "300"],
+                                 stdin=subprocess.PIPE, preexec_fn=enter)  # fmt: skip
+        assert child.stdin is not None
+        wait_asleep(child.pid, "burn")
+        # From here (the job asleep, each of its quanta counted) the two accounts grow
+        # alike: the exporter's ns, cpu.stat's µs (truncated).
+        ns0, us0 = counted_ns(), usage_s(job_cgroup) * 1e6
+        with Unseen(exporter.sets[0].obj, "exp_oncpu_cur", cpus[0]) as unseen:
+            child.stdin.write(b"x")
+            child.stdin.close()
+            assert child.wait(timeout=60) == 0
+        used_us = usage_s(job_cgroup) * 1e6 - us0
+        got_us = (counted_ns() - ns0) / 1000
+    finally:
+        exporter.close()
+        if child is not None and child.poll() is None:
+            child.kill()
+            child.wait()
+    assert unseen.blanked > 10 and used_us >= 250_000  # 0.3 s less its start-up
+    assert got_us == pytest.approx(used_us, abs=2), (got_us, used_us)

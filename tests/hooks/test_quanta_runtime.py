@@ -19,6 +19,7 @@ import pytest
 from kernmlops.hooks.quanta_runtime import NO_TIME, QuantaRuntimeHook, split_switches
 from tests.hooks.conftest import build_c
 from tests.rows import as_frame, polled
+from tests.unseen import BURN, Unseen, wait_asleep
 
 BOUNCE = r"""
 #include <stdlib.h>
@@ -155,6 +156,55 @@ def test_waits_and_quanta_match_the_kernels_accounts(bounce: Path) -> None:
         assert waits.sum() == pytest.approx(delay_ns / 1000, abs=slack_us), (pid, delay_ns)
         ran = quanta.filter(pl.col("pid") == pid)["quanta_run_length_us"]
         assert ran.sum() == pytest.approx(cpu_ns / 1000, abs=ran.len() * 0.5 + 1000), pid
+
+
+@pytest.fixture(scope="module")
+def burn(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_c(tmp_path_factory, "burn", BURN)
+
+
+@pytest.mark.bpf
+def test_quanta_whose_switch_in_was_not_seen_are_the_tasks_cpu_time(burn: Path) -> None:
+    """A task whose switches in the program never sees still has every quantum right:
+    its rows sum to the kernel's account of its CPU time, with the quanta that a
+    renice and the exit cut (the kernel re-sets the running task there, which resets
+    the slice start that a fair task's estimate used: such a quantum read ~0, and a
+    burner's whole last slice was lost). The burner and the thread that blanks the
+    record run on two CPUs, so that the burner's quanta are the blanked ones."""
+    from kernmlops.ebpf.build import build
+    from kernmlops.hooks.base import HookContext
+
+    build()
+    cpus = sorted(os.sched_getaffinity(0))
+    assert len(cpus) >= 2, "needs two CPUs: the burner's and the blanking thread's"
+    taskset = shutil.which("taskset")
+    assert taskset, "taskset (util-linux) is needed"
+    hook = QuantaRuntimeHook(QuantaRuntimeHook.Options())
+    frames: list[pl.DataFrame] = []
+    child = subprocess.Popen(["true"])
+    child.wait()
+    try:
+        hook.start(HookContext("t", process_filter=None, self_tgid=os.getpid()))
+        child = subprocess.Popen([taskset, "-c", str(cpus[-1]), str(burn), "300"],
+                                 stdin=subprocess.PIPE)  # fmt: skip
+        assert child.stdin is not None
+        wait_asleep(child.pid, "burn")  # on its stdin: switched out once, seen
+        with Unseen(hook.obj, "oncpu", cpus[0]) as unseen:
+            child.stdin.write(b"x")
+            child.stdin.close()
+            cpu_ns, _ = _schedstat_of_zombie(child.pid)
+        assert child.wait() == 0
+        frames = [frame for table, frame in polled(hook.stop()) if table == "quanta_runtime"]
+    finally:
+        hook.close()
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert hook.status.drops == 0 and unseen.blanked > 10
+    ran = pl.concat(frames).filter(pl.col("pid") == child.pid)["quanta_run_length_us"]
+    assert cpu_ns >= 300_000_000
+    # Every row is rounded to the microsecond, and nothing else is off.
+    assert ran.sum() == pytest.approx(cpu_ns / 1000, abs=ran.len() * 0.5 + 2), ran.to_list()
 
 
 NAPS = r"""

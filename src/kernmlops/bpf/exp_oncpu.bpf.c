@@ -2,6 +2,10 @@
  * scheduler's own account (se.sum_exec_runtime, as cgroup cpu.stat keeps it),
  * added when a task leaves the CPU. */
 #include "exp_common.h"
+#include "sched_wait.h"
+
+/* Each job task's CPU time at its last switch out (kmo_quantum_of). */
+KMO_TASK_CPU_MAP(exp_oncpu_task);
 
 /* What runs on this CPU and its CPU time when it came in. */
 struct oncpu {
@@ -25,21 +29,27 @@ struct {
 	__type(value, u64);
 } cgroup_cpu_ns SEC(".maps");
 
-static __always_inline int on_switch(struct task_struct *prev, struct task_struct *next)
+static __always_inline int on_switch(bool btf, struct task_struct *prev, struct task_struct *next)
 {
 	u32 zero = 0, prev_pid = BPF_CORE_READ(prev, pid);
 	struct oncpu *cur = bpf_map_lookup_elem(&exp_oncpu_cur, &zero);
-	u64 cgid, sum;
+	u64 cgid, sum, ns = 0;
 
 	if (!cur)
 		return 0;
-	/* The quantum that ended (pid 0 is the idle task); a task whose switch in
-	 * came before the exporter started is counted from its next quantum. */
-	if (prev_pid && cur->pid == prev_pid && exp_task_wanted(prev)) {
+	/* The quantum that ended (pid 0 is the idle task): from the task's own
+	 * account (sched_wait.h: a switch in may never reach this program, and
+	 * dropping the quantum after it lost a job's CPU time), else from its
+	 * switch in on this CPU. A task whose switch in came before the exporter
+	 * started is counted from its next quantum. */
+	if (prev_pid && exp_task_wanted(prev)) {
 		sum = BPF_CORE_READ(prev, se.sum_exec_runtime);
-		if (sum > cur->sum_exec_at_in) {
+		if (!kmo_quantum_of(btf, &exp_oncpu_task, prev, sum, &ns) &&
+		    cur->pid == prev_pid && sum > cur->sum_exec_at_in)
+			ns = sum - cur->sum_exec_at_in;
+		if (ns) {
 			cgid = exp_task_cgroup_id(prev);
-			exp_count(&cgroup_cpu_ns, &cgid, sum - cur->sum_exec_at_in);
+			exp_count(&cgroup_cpu_ns, &cgid, ns);
 		}
 	}
 	cur->pid = BPF_CORE_READ(next, pid);
@@ -50,11 +60,11 @@ static __always_inline int on_switch(struct task_struct *prev, struct task_struc
 SEC("tp_btf/sched_switch")
 int BPF_PROG(exp_oncpu_switch_btf, bool preempt, struct task_struct *prev, struct task_struct *next)
 {
-	return on_switch(prev, next);
+	return on_switch(true, prev, next);
 }
 
 SEC("raw_tp/sched_switch")
 int BPF_PROG(exp_oncpu_switch_raw, bool preempt, struct task_struct *prev, struct task_struct *next)
 {
-	return on_switch(prev, next);
+	return on_switch(false, prev, next);
 }

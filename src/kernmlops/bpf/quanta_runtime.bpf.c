@@ -7,7 +7,9 @@
  * kernel keeps them, so no wake-up program and no map of enqueue times:
  *
  * - the quantum is the growth of prev's se.sum_exec_runtime since it came in
- *   (charged for every class before this tracepoint);
+ *   (charged for every class before this tracepoint), which is its growth
+ *   since its last switch out, kept with the task (kmo_quantum_of, sched_wait.h:
+ *   right where the switch in never reached this program);
  * - the wait is rq->clock minus next's sched_info.last_queued (sched_wait.h,
  *   shared with the exporter's runqlat): what the kernel adds to the task's
  *   run_delay for this arrival. A wait cut by a migration counts from the
@@ -26,8 +28,9 @@
  * upper bits are the batch's (KMO_BATCH_SLOT_AT), and each duration is 48 bits
  * of nanoseconds, up to 78 hours (a longer one is written as that), split in a
  * low u32 and a high u16. A high half of KMO_NO_TIME means no such duration:
- * prev's quantum is not known (the idle task, a task not followed, a switch in
- * not seen), or next did not wait (no sched_info). */
+ * prev's quantum is not known (the idle task, a task not followed, a non-fair
+ * task switched in before the program was attached), or next did not wait (no
+ * sched_info). */
 #define KMO_NO_TIME 0xffff
 #define KMO_MAX_TIME ((((u64)KMO_NO_TIME - 1) << 32) | 0xffffffffULL)
 
@@ -44,6 +47,9 @@ struct quanta_switch_event {
 };
 
 KMO_BATCHED_RING(quanta_switch_rb, quanta_switch_event);
+
+/* Each followed task's CPU time at its last switch out (kmo_quantum_of). */
+KMO_TASK_CPU_MAP(quanta_task_cpu);
 
 /* What runs on this CPU and its CPU time when it came in; this CPU's clock. */
 struct oncpu {
@@ -81,11 +87,13 @@ static __always_inline int on_switch(bool btf, struct task_struct *prev,
 	if (!cur)
 		return 0;
 
-	/* The quantum that just ended (pid 0 is the idle task). A few switches
-	 * a second never reach tracepoint programs; when the switch in was not
-	 * seen, a fair task's slice start (prev_sum_exec_runtime, reset whenever
-	 * the task is picked) is the best estimate, and for other classes the
-	 * quantum is not known. */
+	/* The quantum that just ended (pid 0 is the idle task): from the task's
+	 * own account where it has one (sched_wait.h: a switch in may never reach
+	 * this program); else from its switch in on this CPU; else, for a task
+	 * switched in before the program was attached (or unseen, and without
+	 * storage), a fair task's slice start (prev_sum_exec_runtime: set when the
+	 * task is picked, and reset when the kernel re-sets a running task) is the
+	 * best estimate, and for other classes the quantum is not known. */
 	if (prev_pid && kmo_tgid_wanted(prev_tgid)) {
 		u64 sum = KMO_READ(btf, prev, se.sum_exec_runtime);
 		u64 slice_start = KMO_READ(btf, prev, se.prev_sum_exec_runtime);
@@ -93,7 +101,9 @@ static __always_inline int on_switch(bool btf, struct task_struct *prev,
 		/* Read before the branches: clang would otherwise load through one
 		 * register holding either `cur` or `prev`, which the verifier refuses. */
 		barrier_var(slice_start);
-		if (cur->pid == prev_pid && cur->seen) {
+		if (kmo_quantum_of(btf, &quanta_task_cpu, prev, sum, &run_ns)) {
+			has_run = true;
+		} else if (cur->pid == prev_pid && cur->seen) {
 			run_ns = sum - cur->sum_exec_at_in;
 			has_run = true;
 		} else if (fair_policy(KMO_READ(btf, prev, policy))) {

@@ -172,4 +172,62 @@ static __always_inline u64 kmo_switch_time(struct kmo_switch_clock *c, u64 rq_cl
 	return t;
 }
 
+/* A task's quantum from its own account, whether its switch in was seen or not.
+ * Some switches never reach tracepoint programs: on some VMs no switch out of
+ * the guest agent's threads does (perf sees none either), so the task that
+ * comes in after one comes in unseen, and a per-CPU "who came in" no longer
+ * names it. se.prev_sum_exec_runtime is no stand-in: the kernel resets
+ * it whenever it re-sets a running task (do_exit's autogroup move, a nice,
+ * affinity or cgroup change), so an exiting task's last quantum read ~0.
+ *
+ * Each followed task keeps its CPU time at its last switch out (task storage).
+ * Its next quantum is the growth since then, where it arrived on a CPU exactly
+ * once since (sched_info's pcount: a task not followed at some switch out
+ * arrived more often). Fresh storage is a new task's state (no CPU time, no
+ * arrival), so a task's first quantum is known too. */
+struct kmo_task_cpu {
+	u64 sum_at_out; /* se.sum_exec_runtime at its last switch out seen */
+	u64 arrivals;   /* sched_info.pcount then (0 without sched_info) */
+};
+
+#define KMO_TASK_CPU_MAP(name)                                                 \
+	struct {                                                               \
+		__uint(type, BPF_MAP_TYPE_TASK_STORAGE);                       \
+		__uint(map_flags, BPF_F_NO_PREALLOC);                          \
+		__type(key, int);                                              \
+		__type(value, struct kmo_task_cpu);                            \
+	} name SEC(".maps")
+
+/* At sched_switch, for `prev` with se.sum_exec_runtime `sum`: true and *ns its
+ * quantum when its own account knows it (see above); this switch out is
+ * recorded either way. False where the storage cannot be had (then the caller's
+ * own estimate). `btf`: prev is a tp_btf argument, which the storage takes
+ * (+20-30 ns a switch in a switch storm on the 2-vCPU VM); a raw_tp's is a
+ * number, so there the storage is the current task's, which prev still is (the
+ * switch is made after the tracepoint): +55 ns. */
+static __always_inline bool kmo_quantum_of(bool btf, void *map, struct task_struct *prev, u64 sum,
+					   u64 *ns)
+{
+	struct kmo_task_cpu *t;
+	u64 arrivals = 0;
+	bool known;
+
+	t = bpf_task_storage_get(map, btf ? prev : bpf_get_current_task_btf(), 0,
+				 BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!t)
+		return false;
+	if (bpf_core_field_exists(prev->sched_info)) {
+		arrivals = KMO_READ(btf, prev, sched_info.pcount);
+		known = arrivals == t->arrivals + 1;
+	} else {
+		known = t->sum_at_out != 0; /* a switch out of it was seen */
+	}
+	known = known && sum >= t->sum_at_out;
+	if (known)
+		*ns = sum - t->sum_at_out;
+	t->sum_at_out = sum;
+	t->arrivals = arrivals;
+	return known;
+}
+
 #endif /* KMO_SCHED_WAIT_H */
