@@ -139,3 +139,16 @@ def test_the_job_on_a_standalone_cluster(spark, dataset: tuple[Path, Path], tmp_
     expected = np.sort(float_features(local), axis=0)
     assert np.allclose(np.sort(out["mllb"].select(FEATURES).to_numpy(), axis=0), expected)
     assert out["mllb"]["can_migrate"].sum() == local["can_migrate"].sum()
+
+
+def test_a_second_run_in_one_session_sees_what_was_published_since(spark, tmp_path: Path) -> None:
+    """The job's cached index goes with its run: Spark matches a later read of the same
+    folder to a cache left behind, and a notebook running the job again after more
+    pushes would summarise only the first collections."""
+    from kernmlops.fleet.spark_job import run
+
+    src, dest = tmp_path / "curated", str(tmp_path / "dest")
+    push([make_collection(src, "a1", seed=1, quanta=300)], open_dataset(dest))
+    assert run(spark, dest, str(tmp_path / "out"))["collections"] == 1
+    push([make_collection(src, "a2", seed=2, quanta=300)], open_dataset(dest))
+    assert run(spark, dest, str(tmp_path / "out"))["collections"] == 2
