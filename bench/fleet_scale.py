@@ -58,14 +58,18 @@ TARGET = (
 
 ID = "collection_id"
 BENCH = "benchmark"
-#: the tables the summaries read (the job's inputs but lb_decisions, which faux lacks)
+#: the tables the summaries read (the job's inputs but lb_decisions: `lb collect` only)
 TABLES = ("quanta_runtime", "quanta_queued_time", "process_trace", "page_faults", "block_io")
 HOOKS = "process_trace,quanta_runtime,page_faults,block_io,system_info"
 #: the summaries' keys, for putting every engine's rows in one order
 KEYS = {"collections": [ID], "quanta_by_comm": [ID, BENCH, "comm"]}
 OUTPUTS = tuple(KEYS)
 REL_TOL = 1e-9
-ENGINES = ("polars", "duckdb", "spark", "ls")
+#: the target's figures (TARGET), at 1,000 collections
+TARGET_LS_S = 2.0
+TARGET_SUMMARIES_S = 10.0
+#: the engines that compute the summaries (``ls`` lists the index)
+SUMMARY_ENGINES = ["polars", "duckdb", "spark", "spark-standalone"]
 
 
 # --- the dataset ----------------------------------------------------------------------------
@@ -75,9 +79,10 @@ def make_source(workdir: Path, seconds: float) -> Path:
     of the caller's folder changes it."""
     target = workdir / "dd.bin"
     loops = max(1, int(seconds * 4))
+    # O_DIRECT reaches the disk at once; a tmpfs refuses it (then no block I/O: no error)
     script = (
         f"i=0; while [ $i -lt {loops} ]; do dd if=/dev/zero of={target} bs=64k count=8 "
-        "oflag=direct conv=fsync status=none; sleep 0.25; i=$((i+1)); done"
+        "oflag=direct conv=fsync status=none 2>/dev/null; sleep 0.25; i=$((i+1)); done"
     )
     out = workdir / "source"
     cmd = [sys.executable, "-m", "kernmlops", "collect", "--system-wide", "--hooks", HOOKS,
@@ -108,6 +113,7 @@ class Copier:
             p.relative_to(source).as_posix(): pq.read_table(p)
             for p in sorted(source.glob("*/*.parquet"))
         }
+        self.source = source
         self.benchmark = source.parent.name  # benchmark=<b>, as on the collector's disk
         self.source_id = str(self.manifest.get(ID) or source.name.split("=", 1)[1])
         self.dataset = open_dataset(dataset_root)
@@ -132,17 +138,17 @@ class Copier:
         folder = self.root / prefix
         for rel, table in self.parts.items():
             if ID in table.column_names:
-                at = table.column_names.index(ID)
-                column = pa.array([cid] * table.num_rows, table.schema.field(at).type)
-                table = table.set_column(at, table.schema.field(at), column)
+                k = table.column_names.index(ID)
+                column = pa.array([cid] * table.num_rows, table.schema.field(k).type)
+                table = table.set_column(k, table.schema.field(k), column)
             (folder / rel).parent.mkdir(parents=True, exist_ok=True)
             pq.write_table(table, folder / rel, compression="zstd")
         manifest = dict(self.manifest, **{ID: cid})
         manifest["system"] = dict(manifest.get("system") or {}, hostname=f"node-{i:04d}")
         for key in ("started_at", "stopped_at", "updated_at"):
             if manifest.get(key):
-                at = datetime.fromisoformat(manifest[key]) + timedelta(minutes=i)
-                manifest[key] = at.isoformat()
+                when = datetime.fromisoformat(manifest[key]) + timedelta(minutes=i)
+                manifest[key] = when.isoformat()
         text = json.dumps(manifest, indent=2).encode()
         # as a push: the manifest after the parts, then the index row
         put(self.dataset, text, f"{prefix}/manifest.json")
@@ -423,11 +429,14 @@ def spark_types(spark: Any, root: Path, source: Path) -> dict[str, Any]:
 
 # --- agreement ------------------------------------------------------------------------------
 def compare(outs: dict[str, Path]) -> dict[str, Any]:
-    """Every engine's summaries against the first's: same columns present, same keys,
-    integers equal, floats within REL_TOL. {"agree": bool, "max_rel_diff": .., "problems"}."""
+    """Every engine's summaries against the first's: the same rows by key, every column
+    of the first present, numbers within REL_TOL of each other (integers equal), nulls
+    alike, instants and text equal. {"agree", "max_rel_diff", "problems" (20 at most)}."""
+    import numpy as np
     import polars as pl
 
     def read(path: Path, name: str) -> pl.DataFrame:
+        # polars and DuckDB write one file, Spark a folder of parts
         where = path / f"{name}.parquet"
         frame = pl.read_parquet(where if where.exists() else path / name / "*.parquet")
         return frame.sort(KEYS[name])
@@ -447,28 +456,30 @@ def compare(outs: dict[str, Path]) -> dict[str, Any]:
                     problems.append(f"{name}: {engine} has no {column}")
                     continue
                 a, b = base[column], other[column]
+                where = f"{name}.{column}"
                 if a.dtype.is_numeric() and b.dtype.is_numeric():
-                    x = a.cast(pl.Float64).to_numpy()
-                    y = b.cast(pl.Float64).to_numpy()
-                    both = ~(_isnan(x) | _isnan(y))
-                    if (_isnan(x) != _isnan(y)).any():
-                        problems.append(f"{name}.{column}: nulls differ ({engine})")
-                    scale = _abs_max(x[both], y[both])
-                    rel = _rel(x[both], y[both], scale)
-                    worst = max(worst, rel)
-                    if rel > REL_TOL:
-                        problems.append(f"{name}.{column}: {engine} differs by {rel:.3g}")
+                    x, y = a.cast(pl.Float64).to_numpy(), b.cast(pl.Float64).to_numpy()
+                    if (np.isnan(x) != np.isnan(y)).any():
+                        problems.append(f"{where}: {engine}'s nulls differ")
+                    both = ~(np.isnan(x) | np.isnan(y))
+                    x, y = x[both], y[both]
+                    scale = np.maximum(np.abs(x), np.abs(y))
+                    rel = np.abs(x - y) / np.where(scale > 0, scale, 1.0)
+                    diff = float(rel.max()) if len(rel) else 0.0
+                    worst = max(worst, diff)
+                    if diff > REL_TOL:
+                        problems.append(f"{where}: {engine} differs by {diff:.3g} (relative)")
                 elif isinstance(a.dtype, pl.Datetime) and isinstance(b.dtype, pl.Datetime):
                     if _instants(a) != _instants(b):
-                        problems.append(f"{name}.{column}: {engine} differs")
+                        problems.append(f"{where}: {engine} differs")
                 elif a.cast(pl.String).to_list() != b.cast(pl.String).to_list():
-                    problems.append(f"{name}.{column}: {engine} differs")
+                    problems.append(f"{where}: {engine} differs")
     return {"agree": not problems, "max_rel_diff": worst, "problems": problems[:20]}
 
 
 def _instants(series: Any) -> list[int | None]:
     """Microseconds since the epoch, UTC: Spark writes naive timestamps in its session's
-    zone (UTC here), polars and DuckDB keep the index's UTC zone."""
+    zone (UTC), polars and DuckDB keep the index's UTC zone."""
     import polars as pl
 
     if series.dtype.time_zone is not None:
@@ -476,55 +487,67 @@ def _instants(series: Any) -> list[int | None]:
     return series.cast(pl.Datetime("us")).cast(pl.Int64).to_list()
 
 
-def _isnan(x: Any) -> Any:
-    import numpy as np
-
-    return np.isnan(x)
-
-
-def _abs_max(x: Any, y: Any) -> Any:
-    import numpy as np
-
-    return np.maximum(np.abs(x), np.abs(y))
-
-
-def _rel(x: Any, y: Any, scale: Any) -> float:
-    import numpy as np
-
-    if len(x) == 0:
-        return 0.0
-    diff = np.abs(x - y) / np.where(scale > 0, scale, 1.0)
-    return float(diff.max())
-
-
 # --- cost lines -----------------------------------------------------------------------------
 def fit(sizes: list[int], seconds: list[float]) -> dict[str, float]:
-    """Least squares t = fixed + N x per_collection over the sizes' medians."""
-    n = len(sizes)
-    mx, my = sum(sizes) / n, sum(seconds) / n
-    sxx = sum((x - mx) ** 2 for x in sizes)
-    b = sum((x - mx) * (y - my) for x, y in zip(sizes, seconds, strict=True)) / sxx if sxx else 0
-    return {"fixed_s": my - b * mx, "per_collection_ms": b * 1e3}
+    """t = fixed + N x per_collection through the sizes' medians, least squares on
+    relative residuals (weights 1/t^2): the noise of a shared machine grows with the time,
+    and plain least squares would be the largest size alone."""
+    w = [1 / y**2 for y in seconds]
+    sw, sx = sum(w), sum(wi * x for wi, x in zip(w, sizes, strict=True))
+    sy = sum(wi * y for wi, y in zip(w, seconds, strict=True))
+    sxx = sum(wi * x * x for wi, x in zip(w, sizes, strict=True))
+    sxy = sum(wi * x * y for wi, x, y in zip(w, sizes, seconds, strict=True))
+    det = sw * sxx - sx * sx
+    b = (sw * sxy - sx * sy) / det if det else 0.0
+    return {"fixed_s": (sy - b * sx) / sw, "per_collection_ms": b * 1e3}
 
 
-def where_wrong(lines: dict[str, dict[str, float]], budget_s: float) -> dict[str, Any]:
-    """From the fitted lines: the size at which each engine's run passes ``budget_s``,
-    and the size above which one engine is cheaper than another (None: never)."""
-    reach = {}
+def where_wrong(
+    lines: dict[str, dict[str, float]], budgets: tuple[float, ...], summaries: list[str]
+) -> dict[str, Any]:
+    """From the fitted lines: the most collections each engine answers within each of
+    ``budgets`` (s); for the engines that compute the summaries, the size above which
+    one is cheaper than another (None: never) and each one's per-collection cost as a
+    multiple of the cheapest's."""
+    reach: dict[str, dict[str, int | None]] = {}
     for engine, line in lines.items():
         per = line["per_collection_ms"] / 1e3
-        room = budget_s - line["fixed_s"]
-        reach[engine] = None if per <= 0 else max(0, math.floor(room / per))
-    cross = {}
-    names = sorted(lines)
+        reach[engine] = {
+            f"{budget:g}s": None
+            if per <= 0
+            else max(0, math.floor((budget - line["fixed_s"]) / per))
+            for budget in budgets
+        }
+    cross: dict[str, int | None] = {}
+    names = sorted(e for e in summaries if e in lines)
     for i, a in enumerate(names):
         for b in names[i + 1 :]:
             la, lb = lines[a], lines[b]
             dper = (la["per_collection_ms"] - lb["per_collection_ms"]) / 1e3
-            dfix = lb["fixed_s"] - la["fixed_s"]
-            at = dfix / dper if dper else None
+            at = (lb["fixed_s"] - la["fixed_s"]) / dper if dper else None
             cross[f"{a} vs {b}"] = None if at is None or at <= 0 else round(at)
-    return {"budget_s": budget_s, "largest_within_budget": reach, "crossover_n": cross}
+    cheapest = min((lines[e]["per_collection_ms"] for e in names), default=0.0)
+    ratio = {
+        e: round(lines[e]["per_collection_ms"] / cheapest, 1) if cheapest > 0 else None
+        for e in names
+    }
+    return {"largest_within": reach, "crossover_n": cross, "per_collection_vs_cheapest": ratio}
+
+
+def verdict(sizes: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """The target at the largest size: ``fleet ls`` and the fastest engine's summaries."""
+    n = max(sizes)
+    medians = sizes[n]["median_s"]
+    fastest = min((e for e in medians if e != "ls"), key=lambda e: medians[e])
+    return {
+        "collections": n,
+        "ls_s": medians["ls"],
+        "ls_met": medians["ls"] <= TARGET_LS_S,
+        "fastest": fastest,
+        "fastest_s": medians[fastest],
+        "summaries_met": medians[fastest] <= TARGET_SUMMARIES_S,
+        "agree": all(e["agreement"]["agree"] for e in sizes.values()),
+    }
 
 
 # --- start-up costs -------------------------------------------------------------------------
@@ -547,6 +570,10 @@ def _sizes(text: str) -> list[int]:
     return sorted({int(s) for s in text.split(",") if s.strip()})
 
 
+def _seconds(text: str) -> tuple[float, ...]:
+    return tuple(float(s) for s in text.split(",") if s.strip())
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = harness.parser(__name__, __doc__, defaults_in_help=True)
     ap.add_argument("--source", type=Path, help="a collection folder (default: collect one)")
@@ -557,7 +584,10 @@ def main(argv: list[str] | None = None) -> int:
         "--standalone-sizes", type=_sizes, default=[10, 100],
         help="sizes also run on a standalone cluster ('' for none)",
     )  # fmt: skip
-    ap.add_argument("--budget-s", type=float, default=10.0, help="an interactive answer, s")
+    ap.add_argument(
+        "--budgets", type=_seconds, default=(2.0, 10.0, 60.0),
+        help="answer times (s): the most collections each engine answers within each",
+    )  # fmt: skip
     ap.add_argument("--workdir", type=Path, help="where the dataset goes (default: a temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the workdir")
     ap.add_argument("--out", type=Path, default=harness.result_path("fleet-scale"))
@@ -579,19 +609,62 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: Any, work: Path) -> int:
-    import duckdb
-
     source = args.source or make_source(work, args.collect_s)
-    root = work / "dataset"
-    copier = Copier(source, root)
+    copier = Copier(source, work / "dataset")
     source_bytes = sum(p.stat().st_size for p in source.rglob("*") if p.is_file())
     rows = {rel.split("/")[0]: t.num_rows for rel, t in copier.parts.items()}
     print(f"source: {source_bytes / 1024:.0f} KiB, rows {rows}", file=sys.stderr)
-
-    startup: dict[str, float] = {
+    startup = {
         "polars_import_s": import_seconds("polars", 3),
         "duckdb_import_s": import_seconds("duckdb", 3),
     }
+    local = run_local(args, copier, work, startup)
+    standalone = run_standalone(args, copier, work) if args.standalone_sizes else {}
+
+    sizes = local["sizes"]
+    ns = sorted(sizes)
+    lines = {e: fit(ns, [sizes[n]["median_s"][e] for n in ns]) for e in sizes[ns[0]]["median_s"]}
+    alone = sorted(int(n) for n in standalone.get("sizes", {}))
+    if len(alone) > 1:
+        medians = [standalone["sizes"][str(n)]["median_s"] for n in alone]
+        lines["spark-standalone"] = fit(alone, medians)
+    if len(ns) < 2:
+        lines = {}  # one size: no line
+    result = {
+        "settings": {
+            "sizes": args.sizes, "rounds": args.rounds, "budgets_s": list(args.budgets),
+            "standalone_sizes": args.standalone_sizes,
+            "source": "given" if args.source else f"collected ({args.collect_s:g} s)",
+        },
+        "source": {"bytes": source_bytes, "rows": rows, "files": len(copier.parts) + 1},
+        "startup": {k: round(v, 3) for k, v in startup.items()},
+        "first_use_s": local["first_use_s"],
+        "sizes": {str(k): v for k, v in sizes.items()},
+        "standalone": standalone,
+        "spark_types": local["spark_types"],
+        "lines": {e: {k: round(v, 4) for k, v in line.items()} for e, line in lines.items()},
+        "where_wrong": where_wrong(lines, args.budgets, SUMMARY_ENGINES),
+        "target": verdict(sizes),
+    }  # fmt: skip
+    save(args.out, result)
+    shown = ("startup", "lines", "where_wrong", "target")
+    print(json.dumps({k: result[k] for k in shown}, indent=1))
+    bad = [str(n) for n, e in sizes.items() if not e["agreement"]["agree"]]
+    bad += [f"standalone {n}" for n, e in standalone.get("sizes", {}).items()
+            if not e["agreement"]["agree"]]  # fmt: skip
+    wrong = local["spark_types"]["wrong"]
+    if bad or wrong:
+        print(f"FAILED: engines disagree at {bad}; wrong Spark types {wrong}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run_local(args: Any, copier: Copier, work: Path, startup: dict[str, float]) -> dict[str, Any]:
+    """Grow the dataset through ``--sizes``; at each size, every engine in interleaved
+    rounds, then the engines' outputs compared; Spark's types checked at the end."""
+    import duckdb
+
+    root = copier.root
     t = time.perf_counter()
     spark = spark_session("local[*]")
     spark.range(1).count()
@@ -601,88 +674,50 @@ def _run(args: Any, work: Path) -> int:
     def outdir(engine: str) -> Path:
         return work / "out" / engine
 
-    tasks: dict[str, Callable[[Path, set[str]], None]] = {
-        "polars": lambda r, tabs: polars_summaries(r, outdir("polars"), tabs),
-        "duckdb": lambda r, tabs: duckdb_summaries(con, r, outdir("duckdb"), tabs),
-        "spark": lambda r, tabs: spark_summaries(spark, r, outdir("spark")),
-        "ls": lambda r, tabs: fleet_ls(r),
+    tasks: dict[str, Callable[[set[str]], None]] = {
+        "polars": lambda tables: polars_summaries(root, outdir("polars"), tables),
+        "duckdb": lambda tables: duckdb_summaries(con, root, outdir("duckdb"), tables),
+        "spark": lambda tables: spark_summaries(spark, root, outdir("spark")),
+        "ls": lambda tables: fleet_ls(root),
     }
     sizes: dict[int, dict[str, Any]] = {}
     first: dict[str, float] = {}
-    for size in args.sizes:
-        copy_s = copier.grow(size)
-        tables = present(root)
-        entry: dict[str, Any] = {
-            "collections": size,
-            "copy_s": round(copy_s, 2),
-            "dataset_bytes": copier.bytes(),
-            "tables": sorted(tables),
-            "rounds": {e: [] for e in tasks},
-        }
-        print(f"{size} collections ({entry['dataset_bytes'] / 2**20:.1f} MiB, copied in "
-              f"{copy_s:.1f} s)", file=sys.stderr)  # fmt: skip
-        if not first:  # each engine's first use (imports, JIT, caches), not in the rounds
-            for engine, task in tasks.items():
-                t = time.perf_counter()
-                task(root, tables)
-                first[engine] = round(time.perf_counter() - t, 3)
-        for _, order in harness.rotations(list(tasks), args.rounds):
-            for engine in order:
-                t = time.perf_counter()
-                tasks[engine](root, tables)
-                entry["rounds"][engine].append(round(time.perf_counter() - t, 4))
-        entry["loadavg"] = _loadavg()
-        entry["agreement"] = compare({e: outdir(e) for e in ("spark", "polars", "duckdb")})
-        entry["median_s"] = {
-            e: round(harness.summarize(v).median, 4) for e, v in entry["rounds"].items()
-        }
-        print(f"  {json.dumps(entry['median_s'])} agree={entry['agreement']['agree']}",
-              file=sys.stderr)  # fmt: skip
-        if not entry["agreement"]["agree"]:
-            print("  " + "\n  ".join(entry["agreement"]["problems"]), file=sys.stderr)
-        sizes[size] = entry
-    types = spark_types(spark, root, source)
-    spark.stop()
-    con.close()
-
-    standalone: dict[str, Any] = {}
-    if args.standalone_sizes:
-        standalone = run_standalone(args, copier, work)
-
-    ns = [s for s in args.sizes]
-    lines = (
-        {e: fit(ns, [sizes[n]["median_s"][e] for n in ns]) for e in tasks} if len(ns) > 1 else {}
-    )
-    if len(standalone.get("sizes", {})) > 1:
-        sn = sorted(int(k) for k in standalone["sizes"])
-        lines["spark-standalone"] = fit(sn, [standalone["sizes"][str(n)]["median_s"] for n in sn])
-    result = {
-        "settings": {
-            "sizes": args.sizes,
-            "rounds": args.rounds,
-            "budget_s": args.budget_s,
-            "standalone_sizes": args.standalone_sizes,
-            "source": "given" if args.source else f"collected ({args.collect_s} s)",
-        },
-        "source": {"bytes": source_bytes, "rows": rows, "files": len(copier.parts) + 1},
-        "startup": {k: round(v, 3) for k, v in startup.items()},
-        "first_use_s": first,
-        "sizes": {str(k): v for k, v in sizes.items()},
-        "standalone": standalone,
-        "spark_types": types,
-        "lines": {e: {k: round(v, 4) for k, v in line.items()} for e, line in lines.items()},
-        "where_wrong": where_wrong(lines, args.budget_s) if lines else {},
-    }
-    save(args.out, result)
-    print(json.dumps({k: result[k] for k in ("startup", "lines", "where_wrong")}, indent=1))
-    bad = [n for n, e in sizes.items() if not e["agreement"]["agree"]]
-    bad += [f"standalone {n}" for n, e in standalone.get("sizes", {}).items()
-            if not e["agreement"]["agree"]]  # fmt: skip
-    if bad or types["wrong"]:
-        print(f"FAILED: engines disagree at {bad}; wrong Spark types {types['wrong']}",
-              file=sys.stderr)  # fmt: skip
-        return 1
-    return 0
+    try:
+        for size in args.sizes:
+            copy_s = copier.grow(size)
+            tables = present(root)
+            entry: dict[str, Any] = {
+                "collections": size, "copy_s": round(copy_s, 2),
+                "dataset_bytes": copier.bytes(), "tables": sorted(tables),
+                "rounds": {e: [] for e in tasks},
+            }  # fmt: skip
+            mib = entry["dataset_bytes"] / 2**20
+            print(f"{size} collections ({mib:.1f} MiB, copied in {copy_s:.1f} s)", file=sys.stderr)
+            if not first:  # each engine's first use (imports, JIT, caches), not in the rounds
+                for engine, task in tasks.items():
+                    t = time.perf_counter()
+                    task(tables)
+                    first[engine] = round(time.perf_counter() - t, 3)
+            for _, order in harness.rotations(list(tasks), args.rounds):
+                for engine in order:
+                    t = time.perf_counter()
+                    tasks[engine](tables)
+                    entry["rounds"][engine].append(round(time.perf_counter() - t, 4))
+            entry["loadavg"] = _loadavg()
+            entry["agreement"] = compare({e: outdir(e) for e in ("spark", "polars", "duckdb")})
+            entry["median_s"] = {
+                e: round(harness.summarize(v).median, 4) for e, v in entry["rounds"].items()
+            }
+            agree = entry["agreement"]["agree"]
+            print(f"  {json.dumps(entry['median_s'])} agree={agree}", file=sys.stderr)
+            for problem in entry["agreement"]["problems"]:
+                print(f"  {problem}", file=sys.stderr)
+            sizes[size] = entry
+        types = spark_types(spark, root, copier.source)
+    finally:
+        spark.stop()
+        con.close()
+    return {"sizes": sizes, "first_use_s": first, "spark_types": types}
 
 
 def linked(copier: Copier, size: int, root: Path) -> Path:
