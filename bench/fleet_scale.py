@@ -14,17 +14,20 @@ mean/p50/p99) over the published collections and writes them as Parquet:
 
 * polars: one lazy plan over ``scan_parquet(..., hive_partitioning=True)``;
 * DuckDB: SQL over ``read_parquet(..., hive_partitioning=true)``;
-* Spark: the shipped job (``kernmlops.fleet.spark_job.run``) on ``local[*]``, and on a
-  standalone cluster on this machine (a master and two one-core workers, as
-  tests/fleet starts one) at ``--standalone-sizes``;
+* Spark: the shipped job (``kernmlops.fleet.spark_job.run``) in a warm session on
+  ``local[*]``, and on a standalone cluster on this machine (a master and two one-core
+  workers, kernmlops.fleet.local_cluster, as tests/fleet starts it) at
+  ``--standalone-sizes``; each session in a process of its own;
 * ``kernmlops fleet ls DATASET`` as a user runs it (a new process: start-up included).
 
-Rounds are interleaved; each engine's median is its time per size. The engines'
+Rounds are interleaved, all engines in each (the machine's load drifts: the drift falls
+on every engine alike); each engine's median is its time per size. The engines'
 outputs must agree (same rows, integers equal, floats within 1e-9 relative) and Spark
 must read every column of every table with its natural type (no ``decimal(20,0)``),
 or the run fails. A line t = start-up + N x per-collection is fitted to each engine's
 medians; beside it the cost of starting the engine itself (imports; the JVM and the
-session; the cluster). Data is private to the run (a temporary folder, removed).
+session; the cluster). The source is system-wide, so its rows depend on what else ran;
+the results file records them. Data is private to the run (a temporary folder, removed).
 
     sudo python -m bench fleet-scale                       # 10, 100, 1,000
     python -m bench fleet-scale --source data/curated/benchmark=faux/collection_id=<id>
@@ -33,6 +36,7 @@ session; the cluster). Data is private to the run (a temporary folder, removed).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -68,7 +72,8 @@ REL_TOL = 1e-9
 #: the target's figures (TARGET), at 1,000 collections
 TARGET_LS_S = 2.0
 TARGET_SUMMARIES_S = 10.0
-#: the engines that compute the summaries (``ls`` lists the index)
+#: every engine timed, and those that compute the summaries (``ls`` lists the index)
+ENGINES = ("polars", "duckdb", "spark", "spark-standalone", "ls")
 SUMMARY_ENGINES = ["polars", "duckdb", "spark", "spark-standalone"]
 
 
@@ -380,6 +385,8 @@ def fleet_ls(root: Path) -> None:
 # --- Spark ----------------------------------------------------------------------------------
 #: quiet consoles; every other setting as ``kernmlops spark-job`` leaves it
 SPARK_CONF = {"spark.ui.showConsoleProgress": "false"}
+#: the start of a line the Spark child says to this process (the JVM shares its stdout)
+MARK = "@@fleet-scale "
 
 
 def spark_session(master: str) -> Any:
@@ -387,6 +394,83 @@ def spark_session(master: str) -> Any:
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     return session(master, app="kernmlops-fleet-scale", **SPARK_CONF)
+
+
+def serve_spark(master: str) -> None:
+    """The Spark child: one session on ``master``, then commands from stdin (JSON lists:
+    ``["run", root, out]``, ``["types", root, source]``, ``["quit"]``), each answered
+    with a MARK line (``["ready", session_s]``, ``["done"]``, ``["types", {...}]``,
+    ``["error", text]``)."""
+    import traceback
+
+    def say(*message: Any) -> None:
+        print(MARK + json.dumps(message), flush=True)
+
+    t = time.perf_counter()
+    spark = spark_session(master)
+    spark.range(1).count()
+    say("ready", time.perf_counter() - t)
+    try:
+        for line in sys.stdin:
+            command, *rest = json.loads(line)
+            try:
+                if command == "run":
+                    spark_summaries(spark, Path(rest[0]), Path(rest[1]))
+                    say("done")
+                elif command == "types":
+                    say("types", spark_types(spark, Path(rest[0]), Path(rest[1])))
+                else:
+                    break
+            except Exception:  # the parent stops the run with the child's traceback
+                say("error", traceback.format_exc())
+    finally:
+        spark.stop()
+
+
+class SparkChild:
+    """A Spark session in a process of its own: PySpark holds one session per process,
+    and the rounds interleave the local and the cluster sessions with the other engines
+    (the machine's load drifts; interleaving puts the drift on every engine alike)."""
+
+    def __init__(self, master: str, log: Path) -> None:
+        code = "import sys; from bench.fleet_scale import serve_spark; serve_spark(sys.argv[1])"
+        with open(log, "w") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", code, master], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=err, text=True, env=harness.child_env(),
+            )  # fmt: skip
+        self.log = log
+        self.session_s = float(self._answer("ready")[0])
+
+    def _answer(self, kind: str) -> list[Any]:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith(MARK):
+                message = json.loads(line[len(MARK) :])
+                if message[0] == "error":
+                    raise RuntimeError(f"the Spark child failed: {message[1]}")
+                if message[0] == kind:
+                    return list(message[1:])
+        tail = self.log.read_text()[-2000:]
+        raise RuntimeError(f"the Spark child exited ({self.proc.wait()}): {tail}")
+
+    def call(self, command: str, *args: str) -> list[Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps([command, *args]) + "\n")
+        self.proc.stdin.flush()
+        return self._answer({"run": "done"}.get(command, command))
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(OSError):
+                assert self.proc.stdin is not None
+                self.proc.stdin.write(json.dumps(["quit"]) + "\n")
+                self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
 #: the Spark type each Parquet physical type of a collection should arrive as
@@ -618,30 +702,26 @@ def _run(args: Any, work: Path) -> int:
         "polars_import_s": import_seconds("polars", 3),
         "duckdb_import_s": import_seconds("duckdb", 3),
     }
-    local = run_local(args, copier, work, startup)
-    standalone = run_standalone(args, copier, work) if args.standalone_sizes else {}
-
-    sizes = local["sizes"]
+    measured = measure(args, copier, work, startup)
+    sizes = measured["sizes"]
     ns = sorted(sizes)
-    lines = {e: fit(ns, [sizes[n]["median_s"][e] for n in ns]) for e in sizes[ns[0]]["median_s"]}
-    alone = sorted(int(n) for n in standalone.get("sizes", {}))
-    if len(alone) > 1:
-        medians = [standalone["sizes"][str(n)]["median_s"] for n in alone]
-        lines["spark-standalone"] = fit(alone, medians)
-    if len(ns) < 2:
-        lines = {}  # one size: no line
+    lines = {}
+    for engine in ENGINES:
+        have = [n for n in ns if engine in sizes[n]["median_s"]]
+        if len(have) > 1:
+            lines[engine] = fit(have, [sizes[n]["median_s"][engine] for n in have])
     result = {
         "settings": {
             "sizes": args.sizes, "rounds": args.rounds, "budgets_s": list(args.budgets),
             "standalone_sizes": args.standalone_sizes,
+            "standalone": {"workers": 2, "cores_per_worker": 1},
             "source": "given" if args.source else f"collected ({args.collect_s:g} s)",
         },
         "source": {"bytes": source_bytes, "rows": rows, "files": len(copier.parts) + 1},
         "startup": {k: round(v, 3) for k, v in startup.items()},
-        "first_use_s": local["first_use_s"],
+        "first_use_s": measured["first_use_s"],
         "sizes": {str(k): v for k, v in sizes.items()},
-        "standalone": standalone,
-        "spark_types": local["spark_types"],
+        "spark_types": measured["spark_types"],
         "lines": {e: {k: round(v, 4) for k, v in line.items()} for e, line in lines.items()},
         "where_wrong": where_wrong(lines, args.budgets, SUMMARY_ENGINES),
         "target": verdict(sizes),
@@ -650,61 +730,75 @@ def _run(args: Any, work: Path) -> int:
     shown = ("startup", "lines", "where_wrong", "target")
     print(json.dumps({k: result[k] for k in shown}, indent=1))
     bad = [str(n) for n, e in sizes.items() if not e["agreement"]["agree"]]
-    bad += [f"standalone {n}" for n, e in standalone.get("sizes", {}).items()
-            if not e["agreement"]["agree"]]  # fmt: skip
-    wrong = local["spark_types"]["wrong"]
+    wrong = measured["spark_types"]["wrong"]
     if bad or wrong:
         print(f"FAILED: engines disagree at {bad}; wrong Spark types {wrong}", file=sys.stderr)
         return 1
     return 0
 
 
-def run_local(args: Any, copier: Copier, work: Path, startup: dict[str, float]) -> dict[str, Any]:
-    """Grow the dataset through ``--sizes``; at each size, every engine in interleaved
-    rounds, then the engines' outputs compared; Spark's types checked at the end."""
+def measure(args: Any, copier: Copier, work: Path, startup: dict[str, float]) -> dict[str, Any]:
+    """Grow the dataset through ``--sizes``; at each size every engine in interleaved
+    rounds (the standalone cluster at ``--standalone-sizes`` only), then their outputs
+    compared; Spark's types checked at the end."""
     import duckdb
 
+    from kernmlops.fleet.local_cluster import standalone_cluster
+
     root = copier.root
-    t = time.perf_counter()
-    spark = spark_session("local[*]")
-    spark.range(1).count()
-    startup["spark_local_session_s"] = time.perf_counter() - t
-    con = duckdb.connect()
 
     def outdir(engine: str) -> Path:
         return work / "out" / engine
 
-    tasks: dict[str, Callable[[set[str]], None]] = {
-        "polars": lambda tables: polars_summaries(root, outdir("polars"), tables),
-        "duckdb": lambda tables: duckdb_summaries(con, root, outdir("duckdb"), tables),
-        "spark": lambda tables: spark_summaries(spark, root, outdir("spark")),
-        "ls": lambda tables: fleet_ls(root),
-    }
-    sizes: dict[int, dict[str, Any]] = {}
-    first: dict[str, float] = {}
-    try:
+    with contextlib.ExitStack() as stack:
+        local = SparkChild("local[*]", work / "spark-local.log")
+        stack.callback(local.close)
+        startup["spark_local_session_s"] = local.session_s
+        cluster = None
+        if args.standalone_sizes:
+            t = time.perf_counter()
+            master = stack.enter_context(standalone_cluster(work / "cluster"))
+            startup["spark_standalone_cluster_s"] = time.perf_counter() - t
+            cluster = SparkChild(master, work / "spark-standalone.log")
+            stack.callback(cluster.close)
+            startup["spark_standalone_session_s"] = cluster.session_s
+        con = stack.enter_context(duckdb.connect())
+        tasks: dict[str, Callable[[set[str]], object]] = {
+            "polars": lambda tables: polars_summaries(root, outdir("polars"), tables),
+            "duckdb": lambda tables: duckdb_summaries(con, root, outdir("duckdb"), tables),
+            "spark": lambda tables: local.call("run", str(root), str(outdir("spark"))),
+            "ls": lambda tables: fleet_ls(root),
+        }
+        if cluster is not None:
+            tasks["spark-standalone"] = lambda tables: cluster.call(
+                "run", str(root), str(outdir("spark-standalone"))
+            )
+        sizes: dict[int, dict[str, Any]] = {}
+        first: dict[str, float] = {}
         for size in args.sizes:
             copy_s = copier.grow(size)
             tables = present(root)
+            engines = [e for e in tasks if e != "spark-standalone" or size in args.standalone_sizes]
             entry: dict[str, Any] = {
                 "collections": size, "copy_s": round(copy_s, 2),
                 "dataset_bytes": copier.bytes(), "tables": sorted(tables),
-                "rounds": {e: [] for e in tasks},
+                "rounds": {e: [] for e in engines},
             }  # fmt: skip
             mib = entry["dataset_bytes"] / 2**20
             print(f"{size} collections ({mib:.1f} MiB, copied in {copy_s:.1f} s)", file=sys.stderr)
-            if not first:  # each engine's first use (imports, JIT, caches), not in the rounds
-                for engine, task in tasks.items():
-                    t = time.perf_counter()
-                    task(tables)
-                    first[engine] = round(time.perf_counter() - t, 3)
-            for _, order in harness.rotations(list(tasks), args.rounds):
+            # each engine's first use (imports, the JIT, caches) is not in the rounds
+            for engine in (e for e in engines if e not in first):
+                t = time.perf_counter()
+                tasks[engine](tables)
+                first[engine] = round(time.perf_counter() - t, 3)
+            for _, order in harness.rotations(engines, args.rounds):
                 for engine in order:
                     t = time.perf_counter()
                     tasks[engine](tables)
                     entry["rounds"][engine].append(round(time.perf_counter() - t, 4))
             entry["loadavg"] = _loadavg()
-            entry["agreement"] = compare({e: outdir(e) for e in ("spark", "polars", "duckdb")})
+            summaries = [e for e in engines if e != "ls"]
+            entry["agreement"] = compare({e: outdir(e) for e in summaries})
             entry["median_s"] = {
                 e: round(harness.summarize(v).median, 4) for e, v in entry["rounds"].items()
             }
@@ -713,70 +807,8 @@ def run_local(args: Any, copier: Copier, work: Path, startup: dict[str, float]) 
             for problem in entry["agreement"]["problems"]:
                 print(f"  {problem}", file=sys.stderr)
             sizes[size] = entry
-        types = spark_types(spark, root, copier.source)
-    finally:
-        spark.stop()
-        con.close()
+        types = local.call("types", str(root), str(copier.source))[0]
     return {"sizes": sizes, "first_use_s": first, "spark_types": types}
-
-
-def linked(copier: Copier, size: int, root: Path) -> Path:
-    """A dataset of the first ``size`` copies at ``root``: hard links to their files and
-    index rows (the standalone cluster reads datasets of sizes the growing one has passed)."""
-    for i in range(size):
-        cid = copier.collection_id(i)
-        for rel in (f"{copier.benchmark}/{ID}={cid}", f"_index/{cid}.parquet"):
-            src = copier.root / rel
-            for path in [src] if src.is_file() else sorted(src.rglob("*")):
-                target = root / path.relative_to(copier.root)
-                if path.is_dir():
-                    target.mkdir(parents=True, exist_ok=True)
-                else:
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    os.link(path, target)
-    return root
-
-
-def run_standalone(args: Any, copier: Copier, work: Path) -> dict[str, Any]:
-    """The shipped job on a standalone cluster on this machine (a master and two workers
-    of one core each, as tests/fleet starts one) at ``--standalone-sizes``, its rounds
-    after the local ones (one Spark session per process), checked against polars."""
-    from kernmlops.fleet.local_cluster import standalone_cluster
-
-    sizes = [n for n in args.standalone_sizes if n <= copier.count]
-    roots = {n: linked(copier, n, work / "standalone" / f"dataset-{n}") for n in sizes}
-    out: dict[str, Any] = {"workers": 2, "cores_per_worker": 1, "sizes": {}}
-    t = time.perf_counter()
-    with standalone_cluster(work / "cluster") as master:
-        out["cluster_start_s"] = round(time.perf_counter() - t, 3)
-        t = time.perf_counter()
-        spark = spark_session(master)
-        spark.range(1).count()
-        out["session_s"] = round(time.perf_counter() - t, 3)
-        try:
-            for n, root in roots.items():
-                tables = present(root)
-                times = []
-                for r in range(args.rounds + 1):  # the first round warms the executors
-                    t = time.perf_counter()
-                    spark_summaries(spark, root, work / "out" / "standalone")
-                    if r:
-                        times.append(round(time.perf_counter() - t, 4))
-                polars_summaries(root, work / "out" / "polars", tables)
-                agreement = compare(
-                    {"standalone": work / "out" / "standalone", "polars": work / "out" / "polars"}
-                )
-                out["sizes"][str(n)] = {
-                    "rounds": times,
-                    "median_s": round(harness.summarize(times).median, 4),
-                    "agreement": agreement,
-                    "loadavg": _loadavg(),
-                }
-                print(f"standalone {n}: {out['sizes'][str(n)]['median_s']} s "
-                      f"agree={agreement['agree']}", file=sys.stderr)  # fmt: skip
-        finally:
-            spark.stop()
-    return out
 
 
 def _loadavg() -> list[float]:
