@@ -104,3 +104,62 @@ def test_committed_results_read_and_name_their_machine() -> None:
     for path in sorted((REPO / "bench" / "results").glob("*.json")):
         meta = harness.load(path)[harness.META_KEY]
         assert meta["machine"].get("cpus"), f"{path.name}: no machine recorded"
+
+
+def test_fleet_scale_fits_a_line_and_says_where_each_engine_stops() -> None:
+    from bench.fleet_scale import fit, where_wrong
+
+    sizes = [10, 100, 1000]
+    line = fit(sizes, [1.0 + 0.002 * n for n in sizes])
+    assert line["fixed_s"] == pytest.approx(1.0)
+    assert line["per_collection_ms"] == pytest.approx(2.0)
+    lines = {
+        "a": {"fixed_s": 1.0, "per_collection_ms": 2.0},
+        "b": {"fixed_s": 20.0, "per_collection_ms": 1.0},
+    }
+    verdict = where_wrong(lines, (10.0,), ["a", "b"])
+    assert verdict["largest_within"] == {"a": {"10s": 4500}, "b": {"10s": 0}}
+    assert verdict["crossover_n"] == {"a vs b": 19000}
+    assert verdict["per_collection_vs_cheapest"] == {"a": 2.0, "b": 1.0}
+    # relative residuals: a noisy large size does not swallow the small ones' fixed cost
+    noisy = fit(sizes, [1.02, 1.2, 3.6])
+    assert 0.9 < noisy["fixed_s"] < 1.1
+
+
+def test_fleet_scale_copies_publish_and_polars_and_duckdb_agree(tmp_path: Path) -> None:
+    """Copies of a collection published with their index rows; the polars and DuckDB
+    summaries agree with each other and with the source's own numbers, and a changed
+    number is caught."""
+    duckdb = pytest.importorskip("duckdb")
+    import polars as pl
+
+    from bench.fleet_scale import Copier, compare, duckdb_summaries, polars_summaries, present
+    from kernmlops.fleet import open_dataset
+    from kernmlops.fleet.index import read_index
+    from tests.fleet.conftest import make_collection
+
+    source = make_collection(tmp_path / "src", "c0", quanta=600)
+    copier = Copier(source, tmp_path / "dataset")
+    copier.grow(3)
+    index = read_index(open_dataset(tmp_path / "dataset")).to_pylist()
+    assert [r["host"] for r in index] == ["node-0000", "node-0001", "node-0002"]
+    assert len({r["collection_id"] for r in index}) == 3
+    assert all(r["total_rows"] > 0 for r in index)
+    tables = present(copier.root)
+    assert {"quanta_runtime", "page_faults", "block_io"} <= tables
+    polars_summaries(copier.root, tmp_path / "polars", tables)
+    with duckdb.connect() as con:
+        duckdb_summaries(con, copier.root, tmp_path / "duckdb", tables)
+    outs = {"polars": tmp_path / "polars", "duckdb": tmp_path / "duckdb"}
+    got = compare(outs)
+    assert got["agree"], got["problems"]
+    summary = pl.read_parquet(tmp_path / "duckdb" / "collections.parquet")
+    assert summary["quanta"].to_list() == [600] * 3
+    assert summary["switches_per_s"].to_list() == [300.0] * 3  # 600 quanta in 2 s
+    by_comm = pl.read_parquet(tmp_path / "polars" / "quanta_by_comm.parquet")
+    assert by_comm["quanta"].sum() == 3 * 600
+
+    changed = summary.with_columns(pl.col("quanta") + (pl.col("host") == "node-0001"))
+    changed.write_parquet(tmp_path / "duckdb" / "collections.parquet")
+    got = compare(outs)
+    assert not got["agree"] and "collections.quanta" in got["problems"][0]

@@ -7,9 +7,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,70 +30,14 @@ pytestmark = [
 ]
 
 
-def _port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-#: JVM options for a fast start on a small machine (the client compiler, a serial GC)
-FAST_JVM = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
-
-
 @pytest.fixture(scope="module")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """A session on a standalone cluster: spark://127.0.0.1:<port>, a master and two
-    workers of one core each, shared by this module's tests. The daemons are started
-    with java directly (spark-class would start a JVM first to build the command)."""
-    import pyspark
-
+    workers of one core each, shared by this module's tests."""
+    from kernmlops.fleet.local_cluster import FAST_JVM, standalone_cluster
     from kernmlops.fleet.spark_job import session
 
-    home = Path(pyspark.__file__).parent
-    logs = tmp_path_factory.mktemp("spark")
-    # what spark-class's load-spark-env.sh sets: the workers build executors' commands
-    scala = next((home / "jars").glob("scala-library-*.jar")).stem.split("-")[-1]
-    env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1",
-           "SPARK_SCALA_VERSION": ".".join(scala.split(".")[:2])}  # fmt: skip
-    java = ["java", "-cp", f"{home}/jars/*", "-Xmx256m", *FAST_JVM]
-    port = _port()
-    master = f"spark://127.0.0.1:{port}"
-    daemons = {
-        "master": ["org.apache.spark.deploy.master.Master", "--port", str(port)],
-        **{
-            f"worker{i}": ["org.apache.spark.deploy.worker.Worker", "--cores", "1",
-                           "--memory", "1g", "--work-dir", str(logs / f"work{i}"), master]
-            for i in range(2)
-        },
-    }  # fmt: skip
-    procs = []
-    for name, args in daemons.items():
-        with open(logs / f"{name}.log", "w") as log:
-            procs.append(
-                subprocess.Popen(
-                    [
-                        *java,
-                        args[0],
-                        "--host",
-                        "127.0.0.1",
-                        "--webui-port",
-                        str(_port()),
-                        *args[1:],
-                    ],
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                )
-            )
-    try:
-        deadline = time.monotonic() + 90
-        master_log = logs / "master.log"
-        while master_log.read_text().count("Registering worker") < 2:
-            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                pytest.fail(f"the Spark cluster did not start: {master_log.read_text()[-2000:]}")
-            time.sleep(0.2)
+    with standalone_cluster(tmp_path_factory.mktemp("spark")) as master:
         os.environ["PYSPARK_PYTHON"] = sys.executable
         os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
         options = " ".join(FAST_JVM)
@@ -111,14 +53,6 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         )
         yield spark
         spark.stop()
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
 
 
 @pytest.fixture(scope="module")
@@ -205,3 +139,16 @@ def test_the_job_on_a_standalone_cluster(spark, dataset: tuple[Path, Path], tmp_
     expected = np.sort(float_features(local), axis=0)
     assert np.allclose(np.sort(out["mllb"].select(FEATURES).to_numpy(), axis=0), expected)
     assert out["mllb"]["can_migrate"].sum() == local["can_migrate"].sum()
+
+
+def test_a_second_run_in_one_session_sees_what_was_published_since(spark, tmp_path: Path) -> None:
+    """The job's cached index goes with its run: Spark matches a later read of the same
+    folder to a cache left behind, and a notebook running the job again after more
+    pushes would summarise only the first collections."""
+    from kernmlops.fleet.spark_job import run
+
+    src, dest = tmp_path / "curated", str(tmp_path / "dest")
+    push([make_collection(src, "a1", seed=1, quanta=300)], open_dataset(dest))
+    assert run(spark, dest, str(tmp_path / "out"))["collections"] == 1
+    push([make_collection(src, "a2", seed=2, quanta=300)], open_dataset(dest))
+    assert run(spark, dest, str(tmp_path / "out"))["collections"] == 2

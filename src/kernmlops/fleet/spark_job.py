@@ -280,30 +280,35 @@ def run(spark: SparkSession, dataset: str, out: str) -> dict[str, int]:
             f"{root}: no {INDEX_DIR}/ (is it a dataset that kernmlops push wrote?)"
         ) from None
 
-    read: dict[str, DataFrame | None] = {}
+    # the cache must go with this run: Spark matches a later read of the same folder to
+    # it, and a second run in the session would see only the collections of the first
+    try:
+        read: dict[str, DataFrame | None] = {}
 
-    def table(name: str) -> DataFrame | None:
-        # each table is read (its schema inferred, a Spark job) once
-        if name not in read:
-            read[name] = _published(read_table(spark, root, name), index)
-        return read[name]
+        def table(name: str) -> DataFrame | None:
+            # each table is read (its schema inferred, a Spark job) once
+            if name not in read:
+                read[name] = _published(read_table(spark, root, name), index)
+            return read[name]
 
-    results = {
-        "collections": collections_summary(
-            index, table("quanta_runtime"), table("page_faults"), table("block_io")
-        ),
-        "quanta_by_comm": quanta_by_comm(
-            table("quanta_runtime"), table("quanta_queued_time"), table("process_trace")
-        ),
-        "mllb": mllb(table("lb_decisions")),
-    }
-    written = {}
-    for name, frame in results.items():
-        if frame is None:
-            continue
-        target = f"{out.rstrip('/')}/{name}"
-        frame.write.mode("overwrite").parquet(target)
-        written[name] = spark.read.parquet(target).count()
+        results = {
+            "collections": collections_summary(
+                index, table("quanta_runtime"), table("page_faults"), table("block_io")
+            ),
+            "quanta_by_comm": quanta_by_comm(
+                table("quanta_runtime"), table("quanta_queued_time"), table("process_trace")
+            ),
+            "mllb": mllb(table("lb_decisions")),
+        }
+        written = {}
+        for name, frame in results.items():
+            if frame is None:
+                continue
+            target = f"{out.rstrip('/')}/{name}"
+            frame.write.mode("overwrite").parquet(target)
+            written[name] = spark.read.parquet(target).count()
+    finally:
+        index.unpersist()
     return written
 
 
