@@ -1,16 +1,12 @@
 """The shipped Spark job on a real standalone cluster (a master and two workers on this
-machine, started here): summaries and the MLLB data set over a pushed dataset, compared
-with the same numbers computed from the source parts with polars and numpy."""
+machine: the test run's ``spark``, tests/spark.py): summaries and the MLLB data set over
+a pushed dataset, compared with the same numbers computed from the source parts with
+polars and numpy."""
 
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -30,95 +26,6 @@ pytestmark = [
         reason="pyspark is not installed (make test installs it)",
     ),
 ]
-
-
-def _port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-#: JVM options for a fast start on a small machine (the client compiler, a serial GC)
-FAST_JVM = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
-
-
-@pytest.fixture(scope="module")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    """A session on a standalone cluster: spark://127.0.0.1:<port>, a master and two
-    workers of one core each, shared by this module's tests. The daemons are started
-    with java directly (spark-class would start a JVM first to build the command)."""
-    import pyspark
-
-    from kernmlops.fleet.spark_job import session
-
-    home = Path(pyspark.__file__).parent
-    logs = tmp_path_factory.mktemp("spark")
-    # what spark-class's load-spark-env.sh sets: the workers build executors' commands
-    scala = next((home / "jars").glob("scala-library-*.jar")).stem.split("-")[-1]
-    env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1",
-           "SPARK_SCALA_VERSION": ".".join(scala.split(".")[:2])}  # fmt: skip
-    java = ["java", "-cp", f"{home}/jars/*", "-Xmx256m", *FAST_JVM]
-    port = _port()
-    master = f"spark://127.0.0.1:{port}"
-    daemons = {
-        "master": ["org.apache.spark.deploy.master.Master", "--port", str(port)],
-        **{
-            f"worker{i}": ["org.apache.spark.deploy.worker.Worker", "--cores", "1",
-                           "--memory", "1g", "--work-dir", str(logs / f"work{i}"), master]
-            for i in range(2)
-        },
-    }  # fmt: skip
-    procs = []
-    for name, args in daemons.items():
-        with open(logs / f"{name}.log", "w") as log:
-            procs.append(
-                subprocess.Popen(
-                    [
-                        *java,
-                        args[0],
-                        "--host",
-                        "127.0.0.1",
-                        "--webui-port",
-                        str(_port()),
-                        *args[1:],
-                    ],
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                )
-            )
-    try:
-        deadline = time.monotonic() + 90
-        master_log = logs / "master.log"
-        while master_log.read_text().count("Registering worker") < 2:
-            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                pytest.fail(f"the Spark cluster did not start: {master_log.read_text()[-2000:]}")
-            time.sleep(0.2)
-        os.environ["PYSPARK_PYTHON"] = sys.executable
-        os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-        options = " ".join(FAST_JVM)
-        spark = session(
-            master,
-            app="kernmlops-tests",
-            **{
-                "spark.sql.shuffle.partitions": "2",
-                "spark.executor.memory": "512m",
-                "spark.driver.extraJavaOptions": options,
-                "spark.executor.extraJavaOptions": options,
-            },
-        )
-        yield spark
-        spark.stop()
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
 
 
 @pytest.fixture(scope="module")
@@ -164,6 +71,8 @@ def test_the_job_on_a_standalone_cluster(spark, dataset: tuple[Path, Path], tmp_
         0xFFFF_8880_0000_1000 - 2**64
     }
     out = {name: pl.read_parquet(tmp_path / "out" / name / "*.parquet") for name in written}
+    # the rows the job says it wrote are the rows in the files
+    assert written == {name: frame.height for name, frame in out.items()}
     for name, frame in out.items():
         assert not [c for c, t in frame.schema.items() if isinstance(t, pl.Decimal)], name
 
