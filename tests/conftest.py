@@ -12,6 +12,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -121,3 +122,40 @@ def compile_bpf(
         return obj
 
     return compile_
+
+
+#: the session's Spark (fixture ``spark``): its stop, and the last test that uses it
+_spark_stops: list[Callable[[], None]] = []
+_last_spark_test: list[str] = []
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    users = [i.nodeid for i in session.items if "spark" in getattr(i, "fixturenames", ())]
+    _last_spark_test[:] = users[-1:]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    yield
+    # Spark's JVMs (~1.5 GB) would idle through the rest of the run: gone after their
+    # last test instead of at the session's end.
+    if [item.nodeid] == _last_spark_test:
+        _stop_spark()
+
+
+def _stop_spark() -> None:
+    while _spark_stops:
+        _spark_stops.pop()()
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A SparkSession on a real standalone cluster (tests/spark.py: a master and two
+    workers on this machine), started once for every test that uses Spark: its JVMs
+    cost more than most such tests."""
+    from tests.spark import start_cluster
+
+    session, stop = start_cluster(tmp_path_factory.mktemp("spark"))
+    _spark_stops.append(stop)
+    yield session
+    _stop_spark()

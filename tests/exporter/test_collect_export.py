@@ -49,8 +49,12 @@ def test_collect_serves_the_metrics_of_its_processes(tmp_path: Path) -> None:
         assert seen == CALLS
     finally:
         collect.terminate()  # SIGTERM: the collection stops and keeps what it has
+        # and serves its final values until a scrape takes them (30 s before it knows
+        # the scraper's interval): a scraper's next scrape does
+        final = scrape_until_exit(collect, url)
         out, _ = collect.communicate(timeout=60)
     assert collect.returncode == 128 + 15, out
+    assert final == CALLS, out
     manifest = only_collection(tmp_path)
     assert manifest is not None
     exported = manifest.manifest["exporter"]
@@ -59,6 +63,25 @@ def test_collect_serves_the_metrics_of_its_processes(tmp_path: Path) -> None:
     assert syscalls["loaded"] and syscalls["error"] is None and syscalls["attached"] == 2
     with pytest.raises(OSError):  # the server is gone with the collection
         urllib.request.urlopen(url, timeout=2)
+
+
+def scrape_until_exit(collect: subprocess.Popen, url: str, timeout_s: float = 60) -> float | None:
+    """Scrape every 0.1 s until ``collect`` exits: the last getppid count served."""
+    last = None
+    deadline = time.monotonic() + timeout_s
+    while collect.poll() is None and time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                text = resp.read().decode()
+        except OSError:
+            time.sleep(0.1)
+            continue
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name == "kernmlops_syscalls_total" and s.labels["syscall"] == "getppid":
+                    last = s.value
+        time.sleep(0.1)
+    return last
 
 
 JOB_CALLS = 1_000_000

@@ -1,6 +1,7 @@
 """Spark reads a collection whose collector was SIGKILLed, as a fleet reads it: the
 Hive folder from its root, one table across collections. Finished parts only: the
-temporary part of the open interval and a compaction's hidden folder are skipped."""
+temporary part of the open interval and a compaction's hidden folder are skipped.
+Spark is the test run's standalone cluster (``spark``, tests/spark.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import importlib.util
 import shutil
 import time
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,24 +28,10 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[object]:
-    from pyspark.sql import SparkSession
-
-    session = (
-        SparkSession.builder.master("local[1]")
-        .appName("kernmlops-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "1")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
-
-
 def test_spark_reads_a_killed_collection(tmp_path: Path, bpf_baseline, spark) -> None:
-    run = start_collect(tmp_path / "out", *STORM)
+    # Rows made as it runs whatever CPU is spare (a storm beside Spark's JVMs may leave
+    # none, and every row would wait in the spool): the kill leaves finished parts.
+    run = start_collect(tmp_path / "out", *STORM, more_config="  spool_spare_cpus: 0\n")
     run.wait_for("probes attached")
     time.sleep(2.3)  # two flushes, and into the third interval
     kill_collector(run)

@@ -1,14 +1,12 @@
 """The shipped Spark job on a real standalone cluster (a master and two workers on this
-machine, started here): summaries and the MLLB data set over a pushed dataset, compared
-with the same numbers computed from the source parts with polars and numpy."""
+machine: the test run's ``spark``, tests/spark.py): summaries and the MLLB data set over
+a pushed dataset, compared with the same numbers computed from the source parts with
+polars and numpy."""
 
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -28,31 +26,6 @@ pytestmark = [
         reason="pyspark is not installed (make test installs it)",
     ),
 ]
-
-
-@pytest.fixture(scope="module")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    """A session on a standalone cluster: spark://127.0.0.1:<port>, a master and two
-    workers of one core each, shared by this module's tests."""
-    from kernmlops.fleet.local_cluster import FAST_JVM, standalone_cluster
-    from kernmlops.fleet.spark_job import session
-
-    with standalone_cluster(tmp_path_factory.mktemp("spark")) as master:
-        os.environ["PYSPARK_PYTHON"] = sys.executable
-        os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-        options = " ".join(FAST_JVM)
-        spark = session(
-            master,
-            app="kernmlops-tests",
-            **{
-                "spark.sql.shuffle.partitions": "2",
-                "spark.executor.memory": "512m",
-                "spark.driver.extraJavaOptions": options,
-                "spark.executor.extraJavaOptions": options,
-            },
-        )
-        yield spark
-        spark.stop()
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +71,8 @@ def test_the_job_on_a_standalone_cluster(spark, dataset: tuple[Path, Path], tmp_
         0xFFFF_8880_0000_1000 - 2**64
     }
     out = {name: pl.read_parquet(tmp_path / "out" / name / "*.parquet") for name in written}
+    # the rows the job says it wrote are the rows in the files
+    assert written == {name: frame.height for name, frame in out.items()}
     for name, frame in out.items():
         assert not [c for c, t in frame.schema.items() if isinstance(t, pl.Decimal)], name
 
