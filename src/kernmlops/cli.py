@@ -436,7 +436,13 @@ def recover(collection: Path, bpf_dir: Path | None) -> None:
     one recover works on a collection at a time.
     """
     from kernmlops.collect.recovery import recover
-    from kernmlops.collect.spool import collector_alive, memory_lost, pending_spools
+    from kernmlops.collect.spool import (
+        collector_alive,
+        foreign_memory,
+        memory_folder,
+        memory_lost,
+        pending_spools,
+    )
 
     try:
         lost = memory_lost(collection)
@@ -445,8 +451,20 @@ def recover(collection: Path, bpf_dir: Path | None) -> None:
                 f"warning: the spool's first part was in memory ({lost}) and is gone "
                 "(a reboot?): its rows are lost; recovering what is on disk"
             )
+        foreign = foreign_memory(collection)
+        if foreign is not None:
+            from kernmlops.collect.manifest import read_manifest
+
+            own = memory_folder(read_manifest(collection).collection_id)
+            _say(
+                f"warning: the spool's memory link names {foreign}, not this collection's "
+                f"own folder ({own}, yours, mode 0700): it is not read; if its segments are "
+                f"this collection's, move them into {collection / '.spool'} and recover again"
+            )
         if not pending_spools(collection):
             _say(f"nothing to recover in {collection}: no spool")
+            if foreign is not None:
+                fail(CollectionError(f"the spool's memory folder {foreign} was not read"))
             return
         pid = collector_alive(collection)
         if pid is not None:
@@ -461,6 +479,8 @@ def recover(collection: Path, bpf_dir: Path | None) -> None:
         fail(OutputError(f"cannot recover {collection}: {err.strerror or err}"))
     rows = ", ".join(f"{t} {n:,}" for t, n in sorted(done.added.items())) or "no rows"
     _say(f"recovered {rows} into {collection}")
+    if foreign is not None and not done.lost:
+        fail(CollectionError(f"the spool's memory folder {foreign} was not read"))
     if done.lost:
         for lost in done.lost:
             _say(f"lost: {lost.describe()}")

@@ -312,6 +312,56 @@ def test_a_killed_collections_spool_is_recovered_from_memory_and_disk(
     assert not spool_dir.exists() and not memory.folder.exists()
 
 
+def test_a_collection_copied_with_its_memory_folder_keeps_those_segments(
+    tmp_path: Path, shm: Path
+) -> None:
+    # cp -r / shutil.copytree follow the link: the copy's "mem" is a folder of its
+    # own inside the spool, and recover must read its segments (under a storm they
+    # hold every row that was not made yet).
+    import shutil
+
+    from kernmlops.collect.spool import MEMORY_LINK, spool_folders, spool_memory
+
+    spool_dir = _collection(tmp_path / "c", "c1")
+    memory = spool_memory(spool_dir, "c1", 8)
+    assert memory is not None
+    for folder, n in ((memory.folder, 0), (spool_dir, 1)):
+        (folder / f"events.{n:05d}.ring").write_bytes(b"x")
+    shutil.copytree(tmp_path / "c", tmp_path / "copy")
+    copied = tmp_path / "copy" / spool_dir.relative_to(tmp_path / "c")
+    assert not (copied / MEMORY_LINK).is_symlink()
+    assert spool_folders(copied) == [copied, copied / MEMORY_LINK]
+    assert [p.name for p in pending_spools(tmp_path / "copy")] == [
+        "events.00000.ring", "events.00001.ring"
+    ]  # fmt: skip
+
+
+def test_recover_says_when_the_memory_link_is_not_the_spools_own(tmp_path: Path, shm: Path) -> None:
+    # never read, never deleted, but never in silence either: rows of this
+    # collection may be in the folder it names
+    import subprocess
+    import sys
+
+    from kernmlops.collect.spool import MEMORY_LINK, foreign_memory
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "quanta_runtime.00000.ring").write_bytes(b"x" * 64)
+    spool_dir = _collection(tmp_path / "c", "c1")
+    spool_dir.mkdir()
+    (spool_dir / MEMORY_LINK).symlink_to(elsewhere)
+    assert foreign_memory(tmp_path / "c") == elsewhere
+    out = subprocess.run(
+        [sys.executable, "-m", "kernmlops", "recover", str(tmp_path / "c")],
+        capture_output=True, text=True, env={**os.environ, "COLUMNS": "400"},
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert f"the spool's memory link names {elsewhere}" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert (elsewhere / "quanta_runtime.00000.ring").read_bytes() == b"x" * 64  # untouched
+    assert foreign_memory(tmp_path / "c2") is None  # no collection, no link: nothing
+
+
 def test_a_memory_link_to_anything_but_its_own_folder_is_never_read_nor_deleted(
     tmp_path: Path, shm: Path
 ) -> None:

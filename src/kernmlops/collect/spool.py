@@ -40,6 +40,7 @@ __all__ = [
     "Pacer",
     "SpareCpu",
     "collector_alive",
+    "foreign_memory",
     "leftover_memory",
     "memory_lost",
     "pending_spools",
@@ -178,9 +179,33 @@ def own_memory(spool_dir: Path) -> Path | None:
 
 
 def spool_folders(spool_dir: Path) -> list[Path]:
-    """The spool's folders: itself, and its memory folder while that exists."""
-    mem = own_memory(spool_dir)
-    return [spool_dir, spool_dir / MEMORY_LINK] if mem is not None else [spool_dir]
+    """The spool's folders: itself, and its memory folder while that exists, or a
+    copy of it (a collection copied with cp -r / copytree, which follows the link:
+    ``mem`` is then a folder inside the spool, as trusted as the spool itself)."""
+    mem = spool_dir / MEMORY_LINK
+    if own_memory(spool_dir) is not None or _copied_memory(mem):
+        return [spool_dir, mem]
+    return [spool_dir]
+
+
+def _copied_memory(mem: Path) -> bool:
+    """Whether ``mem`` is a real folder of ours (not a link) inside the spool."""
+    try:
+        st = mem.lstat()
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+
+
+def foreign_memory(collection: Path) -> Path | None:
+    """What a collection's ``mem`` link names when that is not its spool's own folder
+    (a planted link, a folder someone else made): never read, but said, since rows
+    of this collection may be there."""
+    spool_dir = collection / SPOOL_DIR
+    link = spool_dir / MEMORY_LINK
+    if not link.is_symlink() or not link.exists() or own_memory(spool_dir) is not None:
+        return None
+    return Path(os.readlink(link))
 
 
 def memory_lost(collection: Path) -> Path | None:
