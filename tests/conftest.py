@@ -159,3 +159,17 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     _spark_stops.append(stop)
     yield session
     _stop_spark()
+
+
+@pytest.fixture(scope="session")
+def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The kernel lab's one boot for the run (tests/lab.py): the ``LAB_PART`` of every
+    collected test module that uses it, run in one guest; a tests.lab.LabRun."""
+    from tests.lab import run_lab
+
+    parts = {}
+    for item in request.session.items:
+        part = getattr(getattr(item, "module", None), "LAB_PART", None)
+        if part is not None and "lab" in getattr(item, "fixturenames", ()):
+            parts[part.name] = part
+    return run_lab(parts.values(), tmp_path_factory.mktemp("lab"))
