@@ -12,9 +12,12 @@ import shutil
 from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.lab import LabRun
 
 REQUIRE_BPF = os.environ.get("KERNMLOPS_REQUIRE_BPF") == "1"
 REPO = Path(__file__).resolve().parent.parent
@@ -159,3 +162,20 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     _spark_stops.append(stop)
     yield session
     _stop_spark()
+
+
+@pytest.fixture(scope="session")
+def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> LabRun:
+    """The kernel lab's one boot for the run (tests/lab.py): the ``LAB_PART`` of every
+    collected test module that uses it, run in one guest."""
+    from tests.lab import run_lab
+
+    parts = {}
+    for item in request.session.items:
+        part = getattr(getattr(item, "module", None), "LAB_PART", None)
+        skipped = any(item.iter_markers("skip")) or any(
+            m.args and m.args[0] is True for m in item.iter_markers("skipif")
+        )  # needs_tools' condition is a plain bool
+        if part is not None and "lab" in getattr(item, "fixturenames", ()) and not skipped:
+            parts[part.name] = part
+    return run_lab(parts.values(), tmp_path_factory.mktemp("lab"))

@@ -1,13 +1,12 @@
-"""kmo_lb in the kernel lab (Debian's 6.1 under QEMU, one boot): the model
-takes can_migrate_task's decision through `kernmlops lb deploy/mode/status/
-undeploy`, checked against independent sources: the kernel's own
-load-balancing statistics (/proc/schedstat), its kprobe list and module list,
-and the exported model's arithmetic in Python."""
+"""kmo_lb in the kernel lab (Debian's 6.1 under QEMU; the test run's one lab boot,
+tests/lab.py): the model takes can_migrate_task's decision through `kernmlops lb
+deploy/mode/status/undeploy`, checked against independent sources: the kernel's own
+load-balancing statistics (/proc/schedstat), its kprobe list and module list, and
+the exported model's arithmetic in Python."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,9 +18,10 @@ import kernmlops
 from kernmlops.lb import deploy
 from kernmlops.lb.dataset import synthetic_decisions
 from kernmlops.lb.features import fixed_features, float_features
-from kernmlops.lb.fixed import FixedModel, fixed_json
+from kernmlops.lb.fixed import FixedModel, fixed_json, load_fixed_json
 from kernmlops.lb.model import TrainConfig, train
 from tests.conftest import needs_tools
+from tests.lab import LabRun, Part
 
 pytestmark = pytest.mark.bpf
 DRIVER = Path(__file__).with_name("kmod_driver.py")
@@ -45,53 +45,61 @@ def _eval_rows(n: int) -> pl.DataFrame:
     return pl.concat([d, edges.cast(d.schema)])
 
 
-@needs_tools("qemu-system-x86_64", "stress-ng", "insmod")
-def test_deploy_replace_undeploy_in_the_lab(tmp_path: Path) -> None:
+def _prepare(out: Path) -> list[str]:
     from kernmlops.vm.qemu import default_kernel
 
     release = default_kernel().name.removeprefix("vmlinuz-")
-    out = tmp_path / "lab"
     build = out / "kmod"
     deploy.build(release, build)  # on the host, against the lab's headers
     data = synthetic_decisions(4000, "rule", seed=51)
     model = train(float_features(data), data["can_migrate"].to_numpy(), TrainConfig(epochs=25))
-    fixed = FixedModel.from_model(model)
-    doc = fixed_json(fixed, {"migration_cost_ns": 500_000})
+    doc = fixed_json(FixedModel.from_model(model), {"migration_cost_ns": 500_000})
     (out / "rule.q11.json").write_text(json.dumps(doc))
     never = {**doc, "w1": [[0] * 10] * 15, "b1": [0] * 10, "w2": [0] * 10, "b2": -2048}
     (out / "never.q11.json").write_text(json.dumps(never))
     (out / "bad.q11.json").write_text(json.dumps({**doc, "b1": [0] * 9}))
-    rows = _eval_rows(200)
-    (out / "eval_in.json").write_text(json.dumps(rows.rows()))
-
+    (out / "eval_in.json").write_text(json.dumps(_eval_rows(200).rows()))
     # the guest gets no environment from here: point it at this package (a
     # venv's editable install may name another checkout)
     src = Path(kernmlops.__file__).resolve().parents[1]
-    proc = subprocess.run(
-        [sys.executable, "-m", "kernmlops", "vm", "--cpus", "2", "--numa", "2", "--memory", "2G",
-         "-o", str(out), "--timeout", "400", "--",
-         "env", f"KERNMLOPS_KMOD_DIR={build}", f"PYTHONPATH={src}", sys.executable, str(DRIVER),
-         str(out)],
-        capture_output=True, text=True, timeout=450,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    return ["env", f"KERNMLOPS_KMOD_DIR={build}", f"PYTHONPATH={src}", sys.executable,
+            str(DRIVER), str(out)]  # fmt: skip
+
+
+#: this module's share of the test run's one lab boot (tests/lab.py): after the
+#: shadow run, whose programs are gone by then (probes_before checks it)
+LAB_PART = Part("kmod", _prepare, timeout_s=400, order=1)
+
+
+@needs_tools("qemu-system-x86_64", "stress-ng", "insmod")
+def test_deploy_replace_undeploy_in_the_lab(lab: LabRun) -> None:
+    from kernmlops.vm.qemu import default_kernel
+
+    part = lab.parts["kmod"].check()
+    assert part.exit_code == 0, part.output[-4000:]
+    out = part.folder
+    release = default_kernel().name.removeprefix("vmlinuz-")
+    build = out / "kmod"
+    fixed, _ = load_fixed_json(out / "rule.q11.json")
+    rows = _eval_rows(200)  # what _prepare wrote for the guest (seeded)
     r = json.loads((out / "result.json").read_text())
-    print(f"{proc.stderr.splitlines()[-1]}; guest: Python up at {r['uptime_at_start_s']:.0f} s, "
+    vm_said = (lab.output.splitlines() or [""])[-1]  # vm: exit ... after N s
+    print(f"{vm_said}; guest: Python up at {r['uptime_at_start_s']:.0f} s, "
           f"phases {r['t']}, done {r['uptime_at_end_s']:.0f} s")  # fmt: skip
 
     # the guest ran this package and the module built above, not another copy
     assert r["kernmlops"] == kernmlops.__file__
     ko = deploy.module_path(release, build)
-    assert r["module"] == str(ko) and f"loaded from {ko}" in proc.stderr and not r["rebuilt"]
+    assert r["module"] == str(ko) and f"loaded from {ko}" in part.output and not r["rebuilt"]
 
     # refused, kernel untouched: by the module itself and by the CLI
     assert r["raw_insmod_rc"] != 0 and not r["loaded_after_raw"]
     assert r["bad_rc"] == 2 and not r["loaded_after_bad"]
-    assert "b1 must hold 10 values" in proc.stderr
+    assert "b1 must hold 10 values" in part.output
     # loaded: can_migrate_task carries a return probe, and only then
     assert r["probes_before"] == []
     assert len(r["probes_loaded"]) == 1 and " r " in f" {r['probes_loaded'][0]} "
-    assert r["deploy_rc"] == 0 and r["again_rc"] == 2 and "already loaded" in proc.stderr
+    assert r["deploy_rc"] == 0 and r["again_rc"] == 2 and "already loaded" in part.output
 
     s = r["shadow"]
     assert s["mode"] == "shadow" and s["decisions"] > 0 and s["overridden"] == 0

@@ -1,12 +1,11 @@
 """One run in the kernel lab (Debian's 6.1 under QEMU, kprobes and fentry on,
-two NUMA nodes): every can_migrate_task decision of a stress-ng run, with a
-model in shadow mode beside the scheduler. Checked against independent
-sources: the kernel's own rule on the recorded columns, and the exported
-model's arithmetic in Python."""
+two NUMA nodes; the test run's one lab boot, tests/lab.py): every can_migrate_task
+decision of a stress-ng run, with a model in shadow mode beside the scheduler.
+Checked against independent sources: the kernel's own rule on the recorded
+columns, and the exported model's arithmetic in Python."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,8 +23,9 @@ from kernmlops.lb.features import (
     rule_decision,
 )
 from kernmlops.lb.fixed import FixedModel
-from kernmlops.lb.model import TrainConfig, train
+from kernmlops.lb.model import Model, TrainConfig, train
 from tests.conftest import needs_tools
+from tests.lab import LabRun, Part
 
 pytestmark = pytest.mark.bpf
 
@@ -44,26 +44,30 @@ benchmark:
 """
 
 
-@needs_tools("qemu-system-x86_64", "stress-ng")
-def test_kprobe_decisions_and_shadow_in_the_lab(tmp_path: Path) -> None:
-    out = tmp_path / "lab"
-    out.mkdir()
+def _prepare(out: Path) -> list[str]:
     # A model of the kernel's rule, learned from rule-generated decisions only:
     # how well it agrees in the real kernel says the columns mean what they should.
     data = synthetic_decisions(4000, "rule", seed=51)
     model = train(float_features(data), data["can_migrate"].to_numpy(), TrainConfig(epochs=25))
     model.save(out / "model.json")
     (out / "c.yaml").write_text(CONFIG)
-    inner = [
+    return [
         sys.executable, "-m", "kernmlops.lb", "shadow", str(out / "model.json"),
         "--variant", "kprobe", "-c", str(out / "c.yaml"), "-o", str(out), "--no-progress",
     ]  # fmt: skip
-    proc = subprocess.run(
-        [sys.executable, "-m", "kernmlops", "vm", "--cpus", "2", "--numa", "2", "--memory", "2G",
-         "-o", str(out), "--timeout", "900", "--", *inner],
-        capture_output=True, text=True, timeout=960,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+#: this module's share of the test run's one lab boot (tests/lab.py): first, on a
+#: kernel nothing else has probed yet
+LAB_PART = Part("shadow", _prepare, timeout_s=900, order=0)
+
+
+@needs_tools("qemu-system-x86_64", "stress-ng")
+def test_kprobe_decisions_and_shadow_in_the_lab(lab: LabRun) -> None:
+    part = lab.parts["shadow"].check()
+    assert part.exit_code == 0, part.output[-4000:]
+    out = part.folder
+    model = Model.load(out / "model.json")
     (folder,) = (out / "curated" / "benchmark=stress-ng").iterdir()
     c = read_collection(folder)
     hook = c.manifest["hooks"]["lb_kprobe"]

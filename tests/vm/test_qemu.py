@@ -1,15 +1,15 @@
-"""The kernel lab: command lines (pure) and one real boot of another kernel."""
+"""The kernel lab: command lines (pure) and a command in another kernel (the test run's
+one lab boot, tests/lab.py)."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from kernmlops.vm.qemu import LabError, default_kernel, numa_args, parse_memory, vm_command
+from tests.lab import LabRun, Part
 
 
 def test_numa_split_is_even() -> None:
@@ -46,23 +46,28 @@ def test_default_kernel_is_not_the_running_one() -> None:
     assert kernel.name != f"vmlinuz-{os.uname().release}"
 
 
+def _guest_command(folder: Path) -> list[str]:
+    script = (
+        f"uname -r > {folder}/release; cat /sys/devices/system/node/online > {folder}/nodes; "
+        f"grep -c ' can_migrate_task$' /proc/kallsyms > {folder}/probe; exit 7"
+    )
+    return ["sh", "-c", script]
+
+
+#: this module's share of the test run's one lab boot (tests/lab.py): last, so that its
+#: exit code is the guest's, and so kernmlops vm's
+LAB_PART = Part("qemu", _guest_command, timeout_s=120, order=9)
+
+
 @pytest.mark.bpf
-def test_a_command_runs_inside_another_kernel(tmp_path: Path) -> None:
+def test_a_command_runs_inside_another_kernel(lab: LabRun) -> None:
     """Boot Debian's kernel with 2 NUMA nodes; the guest writes a file we read
     back, and its exit code is the command's."""
-    out = tmp_path / "out"
-    script = (
-        f"uname -r > {out}/release; cat /sys/devices/system/node/online > {out}/nodes; "
-        f"grep -c ' can_migrate_task$' /proc/kallsyms > {out}/probe; exit 7"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-m", "kernmlops", "vm", "--cpus", "2", "--numa", "2", "--memory", "2G",
-         "-o", str(out), "--timeout", "600", "--", "sh", "-c", script],
-        capture_output=True, text=True, timeout=660,
-    )  # fmt: skip
-    assert proc.returncode == 7, proc.stderr[-2000:]
-    release = (out / "release").read_text().strip()
+    part = lab.parts["qemu"].check()
+    assert part.exit_code == 7, part.output[-2000:]
+    assert lab.exit_code == 7, lab.output[-2000:]
+    release = (part.folder / "release").read_text().strip()
     assert release != os.uname().release
     assert default_kernel().name == f"vmlinuz-{release}"
-    assert (out / "nodes").read_text().strip() == "0-1"
-    assert int((out / "probe").read_text()) == 1  # kprobe-able there, unlike here
+    assert (part.folder / "nodes").read_text().strip() == "0-1"
+    assert int((part.folder / "probe").read_text()) == 1  # kprobe-able there, unlike here
