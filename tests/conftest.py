@@ -23,6 +23,12 @@ REQUIRE_BPF = os.environ.get("KERNMLOPS_REQUIRE_BPF") == "1"
 REPO = Path(__file__).resolve().parent.parent
 
 
+def skip_here(reason: str) -> None:
+    """Skip on a developer's machine that lacks something; in CI
+    (KERNMLOPS_REQUIRE_BPF=1), where `make test` provides it, fail instead."""
+    (pytest.fail if REQUIRE_BPF else pytest.skip)(reason)
+
+
 def needs_tools(*tools: str) -> pytest.MarkDecorator:
     """Skip when a tool is missing, except in CI (KERNMLOPS_REQUIRE_BPF=1): there
     `make test` installed every tool, so a missing one must fail, not skip."""

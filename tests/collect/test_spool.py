@@ -14,6 +14,7 @@ from kernmlops.collect.spool import pending_spools
 from kernmlops.ebpf.ringbuf import RingBuffer
 from kernmlops.ebpf.spool import RAW_FRAME, RingSpool
 from kernmlops.host.cpus import SpareCpu, online_cpus
+from tests.conftest import skip_here
 from tests.ebpf.test_ringbuf import EVENT, MappedRing, events
 
 
@@ -129,7 +130,7 @@ def test_spare_cpu_counts_only_the_cpus_the_collector_may_use() -> None:
     import time
 
     if len(online_cpus()) < 2:
-        pytest.skip("one CPU: nothing else to be idle")
+        skip_here("one CPU: nothing else to be idle")
     cpu = min(os.sched_getaffinity(0))
     before = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {cpu})

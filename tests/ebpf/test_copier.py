@@ -32,6 +32,7 @@ from kernmlops.ebpf.spool import (
     raw_head,
     segment_codec,
 )
+from tests.conftest import skip_here
 from tests.ebpf.test_ringbuf import EVENT, MappedRing, events
 
 
@@ -413,7 +414,7 @@ def test_where_real_time_is_refused_the_copier_asks_for_the_highest_nice(
     # root in a cgroup without a real-time budget gets EPERM from SCHED_FIFO and may
     # still lower its nice: the copier takes that, for its own thread only
     if os.geteuid() != 0:
-        pytest.skip("a lower nice needs root")
+        skip_here("a lower nice needs root")
 
     def refused(*_: object) -> None:
         raise PermissionError(errno.EPERM, "Operation not permitted")

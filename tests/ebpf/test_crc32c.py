@@ -13,6 +13,7 @@ import pytest
 
 from kernmlops.ebpf import copier as native
 from kernmlops.ebpf.crc32c import crc32c, crc32c_numpy
+from tests.conftest import skip_here
 
 #: RFC 3720 (iSCSI), B.4, and the usual check value of "123456789"
 VECTORS = [
@@ -60,5 +61,5 @@ def test_every_way_agrees_at_every_length_whole_or_in_two(lib: ctypes.CDLL) -> N
 def test_the_copier_uses_the_cpus_instruction_where_it_has_one(lib: ctypes.CDLL) -> None:
     flags = Path("/proc/cpuinfo").read_text().split()
     if "sse4_2" not in flags:
-        pytest.skip("this CPU has no crc32 instruction (SSE4.2): the table serves")
+        skip_here("this CPU has no crc32 instruction (SSE4.2): the table serves")
     assert lib.kmo_crc32c_hw() == 1

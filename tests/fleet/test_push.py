@@ -20,7 +20,7 @@ from click.testing import CliRunner, Result
 
 from kernmlops.cli import cli
 from kernmlops.collect.manifest import read_manifest
-from tests.conftest import REQUIRE_BPF
+from tests.conftest import REQUIRE_BPF, skip_here
 from tests.fleet.conftest import SECRET, make_collection
 
 duckdb = pytest.importorskip("duckdb")
@@ -294,7 +294,7 @@ def test_a_full_disk_stops_the_push_and_keeps_the_source(tmp_path: Path) -> None
         ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(small)], capture_output=True
     )
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.decode().strip()}")
+        skip_here(f"cannot mount a tmpfs: {mounted.stderr.decode().strip()}")
     try:
         folder = make_collection(tmp_path / "src", "big", quanta=60_000)
         before = snapshot(folder)
