@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["FAST_JVM", "ClusterError", "free_port", "standalone_cluster"]
+__all__ = ["FAST_JVM", "ClusterError", "free_port", "standalone_cluster", "wait_for_log"]
 
 #: JVM options for a fast start on a small machine (the client compiler, a serial GC)
 FAST_JVM = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
@@ -34,6 +34,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def wait_for_log(
+    log: Path, text: str, count: int, procs: list[subprocess.Popen[bytes]], timeout_s: float
+) -> None:
+    """Until ``text`` is in a daemon's ``log`` ``count`` times.
+
+    Raises:
+        ClusterError: a daemon exited, or ``timeout_s`` passed.
+    """
+    deadline = time.monotonic() + timeout_s
+    while log.read_text().count(text) < count:
+        if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+            raise ClusterError(f"the Spark cluster did not start: {log.read_text()[-2000:]}")
+        time.sleep(0.05)
+
+
 @contextmanager
 def standalone_cluster(
     workdir: Path,
@@ -42,10 +57,14 @@ def standalone_cluster(
     cores: int = 1,
     memory: str = "1g",
     timeout_s: float = 90,
+    wait_workers: bool = True,
 ) -> Iterator[str]:
     """Start a master and ``workers`` workers (``cores`` and ``memory`` each) on
     127.0.0.1, logging under ``workdir``; yield the master's URL (``spark://...``) once
-    every worker has registered; stop them all on exit.
+    every worker has registered (with ``wait_workers=False``: once they are started,
+    so a session's JVM can start meanwhile; :func:`wait_for_log` on ``master.log``
+    waits for them); stop them all on exit. The master starts first: a worker that
+    finds none retries only seconds later.
 
     Raises:
         ClusterError: a daemon exited, or the workers did not register in ``timeout_s``.
@@ -61,32 +80,22 @@ def standalone_cluster(
     java = ["java", "-cp", f"{home}/jars/*", "-Xmx256m", *FAST_JVM]
     port = free_port()
     master = f"spark://127.0.0.1:{port}"
-    daemons = {
-        "master": ["org.apache.spark.deploy.master.Master", "--port", str(port)],
-        **{
-            f"worker{i}": ["org.apache.spark.deploy.worker.Worker", "--cores", str(cores),
-                           "--memory", memory, "--work-dir", str(workdir / f"work{i}"), master]
-            for i in range(workers)
-        },
-    }  # fmt: skip
+    master_log = workdir / "master.log"
     procs: list[subprocess.Popen[bytes]] = []
+
+    def daemon(name: str, cls: str, *args: str) -> None:
+        cmd = [*java, cls, "--host", "127.0.0.1", "--webui-port", str(free_port()), *args]
+        with open(workdir / f"{name}.log", "w") as log:
+            procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
+
     try:
-        for name, args in daemons.items():
-            cmd = [*java, args[0], "--host", "127.0.0.1", "--webui-port", str(free_port())]
-            with open(workdir / f"{name}.log", "w") as log:
-                procs.append(
-                    subprocess.Popen(
-                        [*cmd, *args[1:]], env=env, stdout=log, stderr=subprocess.STDOUT
-                    )
-                )
-        deadline = time.monotonic() + timeout_s
-        master_log = workdir / "master.log"
-        while master_log.read_text().count("Registering worker") < workers:
-            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                raise ClusterError(
-                    f"the Spark cluster did not start: {master_log.read_text()[-2000:]}"
-                )
-            time.sleep(0.2)
+        daemon("master", "org.apache.spark.deploy.master.Master", "--port", str(port))
+        wait_for_log(master_log, "New state: ALIVE", 1, procs, timeout_s)
+        for i in range(workers):
+            daemon(f"worker{i}", "org.apache.spark.deploy.worker.Worker", "--cores", str(cores),
+                   "--memory", memory, "--work-dir", str(workdir / f"work{i}"), master)  # fmt: skip
+        if wait_workers:
+            wait_for_log(master_log, "Registering worker", workers, procs, timeout_s)
         yield master
     finally:
         for proc in procs:
@@ -96,3 +105,4 @@ def standalone_cluster(
                 proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 proc.kill()
+                proc.wait()
