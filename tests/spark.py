@@ -3,9 +3,8 @@ standalone cluster on this machine, spark://127.0.0.1:<port>, a master and two w
 of one core each, and a session on it. Its JVMs take most of a Spark test's time, so
 the tests that use Spark (the fleet's job, the faults' killed collection) share them.
 
-The daemons are kernmlops.fleet.local_cluster's (java directly; spark-class would start a JVM first to
-build the command), the master first: a worker that finds no master retries only
-seconds later. The session's JVM starts while the workers do."""
+The daemons are kernmlops.fleet.local_cluster's (java directly, the master first);
+the session's JVM starts while the workers do."""
 
 from __future__ import annotations
 
