@@ -10,10 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernmlops.collect.spool import pending_spools
 from kernmlops.ebpf.ringbuf import RingBuffer
-from kernmlops.ebpf.spool import RAW_FRAME, RingSpool
 from kernmlops.host.cpus import SpareCpu, online_cpus
+from kernmlops.spool.copy import RingSpool
+from kernmlops.spool.frames import RAW_FRAME
+from kernmlops.spool.recovery import pending_spools
 from tests.conftest import skip_here
 from tests.ebpf.test_ringbuf import EVENT, MappedRing, events
 
@@ -175,7 +176,7 @@ def test_the_progress_table_shows_what_waits_in_the_spool() -> None:
 
 
 def test_the_first_bytes_go_to_memory_the_rest_to_disk_in_order(tmp_path: Path) -> None:
-    from kernmlops.ebpf.spool import SpoolMemory
+    from kernmlops.spool.memory import SpoolMemory
 
     mem = tmp_path / "shm"  # stands for the tmpfs folder
     mem.mkdir()
@@ -218,8 +219,9 @@ def test_a_disk_that_stalls_is_bridged_in_memory_in_order(
     # again once the queue is down to half, and every record comes back in order.
     import threading
 
-    from kernmlops.ebpf import spool as spool_mod
-    from kernmlops.ebpf.spool import SpoolMemory
+    from kernmlops.spool import copy as spool_mod
+    from kernmlops.spool import segment as segment_mod
+    from kernmlops.spool.memory import SpoolMemory
 
     rec = EVENT.itemsize + 8  # a record in the ring, header included
     frame = RAW_FRAME.size + 10 * rec  # an append of 10 records, in memory
@@ -227,7 +229,7 @@ def test_a_disk_that_stalls_is_bridged_in_memory_in_order(
     monkeypatch.setattr(spool_mod, "WRITE_BATCH", 10 * rec)
     disk = threading.Event()
     batches: list[int] = []
-    real_write_all = spool_mod.write_all
+    real_write_all = segment_mod.write_all
 
     real_runs = spool_mod._runs
 
@@ -240,7 +242,7 @@ def test_a_disk_that_stalls_is_bridged_in_memory_in_order(
         batches.append(sum(len(c) for _, c in chunks))
         return real_runs(chunks)
 
-    monkeypatch.setattr(spool_mod, "write_all", write_all)
+    monkeypatch.setattr(segment_mod, "write_all", write_all)
     monkeypatch.setattr(spool_mod, "_runs", runs)
     mem = tmp_path / "shm"
     mem.mkdir()
@@ -276,7 +278,7 @@ def test_a_disk_that_stalls_is_bridged_in_memory_in_order(
 @pytest.fixture
 def shm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A stand-in for /dev/shm."""
-    from kernmlops.collect import spool as spool_mod
+    from kernmlops.spool import memory as spool_mod
 
     folder = tmp_path / "shm"
     folder.mkdir()
@@ -298,7 +300,8 @@ def test_a_killed_collections_spool_is_recovered_from_memory_and_disk(
 ) -> None:
     # pending_spools and the order of segments across the two folders (the link
     # "mem" is how a collection finds its tmpfs folder)
-    from kernmlops.collect.spool import MEMORY_LINK, remove_spool, spool_folders, spool_memory
+    from kernmlops.spool.memory import MEMORY_LINK, spool_memory
+    from kernmlops.spool.recovery import remove_spool, spool_folders
 
     spool_dir = _collection(tmp_path / "c", "c1")
     memory = spool_memory(spool_dir, "c1", 8)
@@ -321,7 +324,8 @@ def test_a_collection_copied_with_its_memory_folder_keeps_those_segments(
     # hold every row that was not made yet).
     import shutil
 
-    from kernmlops.collect.spool import MEMORY_LINK, spool_folders, spool_memory
+    from kernmlops.spool.memory import MEMORY_LINK, spool_memory
+    from kernmlops.spool.recovery import spool_folders
 
     spool_dir = _collection(tmp_path / "c", "c1")
     memory = spool_memory(spool_dir, "c1", 8)
@@ -343,7 +347,7 @@ def test_recover_says_when_the_memory_link_is_not_the_spools_own(tmp_path: Path,
     import subprocess
     import sys
 
-    from kernmlops.collect.spool import MEMORY_LINK, foreign_memory
+    from kernmlops.spool.memory import MEMORY_LINK, foreign_memory
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -368,7 +372,8 @@ def test_a_memory_link_to_anything_but_its_own_folder_is_never_read_nor_deleted(
 ) -> None:
     # A collection folder someone planted (or one damaged): its link names another
     # folder. Neither recover nor the removal of its spool may touch that folder.
-    from kernmlops.collect.spool import MEMORY_LINK, remove_spool, spool_folders
+    from kernmlops.spool.memory import MEMORY_LINK
+    from kernmlops.spool.recovery import remove_spool, spool_folders
 
     precious = tmp_path / "precious"
     precious.mkdir()
@@ -392,7 +397,8 @@ def test_a_moved_collections_memory_is_kept_and_named_at_the_next_start(
     # Kill a collection, move its folder, start another: the memory spool of the moved
     # one holds the only copy of its rows. It is listed (size, where), never deleted,
     # and recover on the moved folder still finds it through the collection's id.
-    from kernmlops.collect.spool import leftover_memory, spool_folders, spool_memory
+    from kernmlops.spool.memory import leftover_memory, spool_memory
+    from kernmlops.spool.recovery import spool_folders
 
     spool_dir = _collection(tmp_path / "a", "ida")
     memory = spool_memory(spool_dir, "ida", 8)
@@ -417,7 +423,7 @@ def test_a_moved_collections_memory_is_kept_and_named_at_the_next_start(
 
 
 def test_memory_gone_after_a_reboot_is_named(tmp_path: Path) -> None:
-    from kernmlops.collect.spool import MEMORY_LINK, memory_lost
+    from kernmlops.spool.memory import MEMORY_LINK, memory_lost
 
     spool_dir = tmp_path / "c" / ".spool"
     spool_dir.mkdir(parents=True)
@@ -433,7 +439,7 @@ def test_a_disk_segment_is_compressed_in_frames_and_a_cut_frame_is_left(tmp_path
     # the last frame loses that frame only.
     import pyarrow  # noqa: F401  (the codec a collection has once its libraries are in)
 
-    from kernmlops.ebpf.spool import FRAME, frames, segment_codec
+    from kernmlops.spool.frames import FRAME, frames, segment_codec
 
     spool = _spool(tmp_path)
     want = events(3000)  # 72,000 bytes of records
@@ -468,13 +474,13 @@ def decode_all(raw: np.ndarray) -> np.ndarray:
 def test_a_run_is_cut_in_frames_across_its_pieces() -> None:
     # The writer cuts a batch of ring copies into frames without joining the batch:
     # the same bytes, every frame full but the last, pieces split where a frame ends.
-    from kernmlops.ebpf.spool import _frames_of
+    from kernmlops.spool.segment import frames_of
 
     rng = np.random.default_rng(7)
     for size in (24, 48, 4096):
         for _ in range(50):
             run = [rng.bytes(int(n)) for n in rng.integers(0, 3 * size, rng.integers(1, 6))]
-            frames_ = [bytes(f) for f in _frames_of(run, size)]
+            frames_ = [bytes(f) for f in frames_of(run, size)]
             assert b"".join(frames_) == b"".join(run)
             assert all(len(f) == size for f in frames_[:-1])
             assert not frames_ or 0 < len(frames_[-1]) <= size
@@ -487,7 +493,7 @@ def test_a_segment_opened_before_the_last_is_read_learns_its_rows_when_read(
     # segment cannot know the rows made before it, and says so (null) until the
     # reading reaches it (recover then counts on from the segment before it). A
     # count taken when it was opened would make recover skip rows it never wrote.
-    from kernmlops.ebpf.spool import SpoolMemory
+    from kernmlops.spool.memory import SpoolMemory
 
     mem = tmp_path / "shm"
     mem.mkdir()
@@ -521,7 +527,7 @@ def test_segment_files_are_private_and_never_opened_through_a_link(tmp_path: Pat
 def test_a_memory_folder_someone_else_made_is_not_used(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kernmlops.collect import spool as spool_mod
+    from kernmlops.spool import memory as spool_mod
 
     shm = tmp_path / "shm"
     shm.mkdir()
@@ -535,7 +541,7 @@ def test_a_memory_folder_someone_else_made_is_not_used(
 
 
 def _raw_segment(frames: list[bytes]) -> bytes:
-    from kernmlops.ebpf.spool import raw_head
+    from kernmlops.spool.frames import raw_head
 
     return b"".join(raw_head(f) + f for f in frames)
 
@@ -545,7 +551,7 @@ def test_raw_frames_name_what_a_damage_cost_and_reading_goes_on() -> None:
     # header costs the stretch up to the next intact header, whatever the records
     # hold (the magic among them is no header without its own CRC); a kill's cut
     # is told from damage.
-    from kernmlops.ebpf.spool import CUT, RAW_MAGIC_BYTES, iter_raw_frames
+    from kernmlops.spool.frames import CUT, RAW_MAGIC_BYTES, iter_raw_frames
 
     rng = np.random.default_rng(5)
     recs = [rng.bytes(24 * n) for n in (10, 3, 7, 12)]
@@ -585,7 +591,8 @@ def test_the_python_copy_writes_the_frames_the_copier_writes(
     # raw disk segments before pyarrow) are the same CRC32C frames, numpy's CRC in
     # them; the library's CRC reads them back.
     from kernmlops.ebpf import crc32c as crc_mod
-    from kernmlops.ebpf.spool import SpoolMemory, iter_raw_frames
+    from kernmlops.spool.frames import iter_raw_frames
+    from kernmlops.spool.memory import SpoolMemory
 
     want = events(3000)
     written = []
@@ -619,8 +626,8 @@ def test_a_damaged_frame_met_during_the_run_is_named_never_made_into_rows(
 ) -> None:
     # The collection ends with the frame named (its records never become rows), and
     # the spool stays: recover makes the rows of every other frame.
-    from kernmlops.ebpf.spool import SpoolMemory
     from kernmlops.errors import CollectionError
+    from kernmlops.spool.memory import SpoolMemory
 
     mem = tmp_path / "shm"
     mem.mkdir()

@@ -19,11 +19,12 @@ from kernmlops.ebpf.frames import records_to_table
 from kernmlops.ebpf.objects import VARIANTS, BpfObject, open_and_load
 from kernmlops.ebpf.ringbuf import RingBuffer
 from kernmlops.ebpf.spec import ObjectSpec, object_spec
-from kernmlops.ebpf.spool import FRAME_RAW, SYNC_BYTES, RingSpool
 from kernmlops.errors import HookUnavailable, KernmlopsError
 from kernmlops.hooks.base import Hook, HookContext, HookOptions, OptionsT
 from kernmlops.host.cpus import online_cpu_count
 from kernmlops.lazy import lazy_import
+from kernmlops.spool.copy import SYNC_BYTES, RingSpool
+from kernmlops.spool.frames import FRAME_RAW
 
 if TYPE_CHECKING:
     import numpy as np
