@@ -1,5 +1,6 @@
-"""The ring spool, on rings laid out like the kernel's (no BPF): what goes in comes
-back in order, segments are retired only once their rows are in finished parts."""
+"""The ring copy (RingSpool), on rings laid out like the kernel's (no BPF): what goes
+in comes back in order, segments are retired only once their rows are in finished
+parts, the first bytes go to memory and a disk that stalls is bridged there."""
 
 from __future__ import annotations
 
@@ -11,11 +12,9 @@ import numpy as np
 import pytest
 
 from kernmlops.ebpf.ringbuf import RingBuffer
-from kernmlops.host.cpus import SpareCpu, online_cpus
 from kernmlops.spool.copy import RingSpool
 from kernmlops.spool.frames import RAW_FRAME
 from kernmlops.spool.recovery import pending_spools
-from tests.conftest import skip_here
 from tests.ebpf.test_ringbuf import EVENT, MappedRing, events
 
 
@@ -100,79 +99,6 @@ def test_the_spool_is_synced_at_each_checkpoint(
     spool.wait_synced()  # in a thread: the poll loop goes on copying rings
     assert synced
     spool.close()
-
-
-def test_spare_cpu_asks_for_what_was_unused() -> None:
-    import time
-
-    free = SpareCpu(window_s=0.02, need=0.0)
-    busy = SpareCpu(window_s=0.02, need=float(os.cpu_count() or 1) + 1)
-    time.sleep(0.1)  # a window of /proc/stat ticks
-    assert free.ask()
-    assert not busy.ask()  # more CPU than the machine has is never spare
-
-
-def test_our_own_cpu_is_not_spare() -> None:
-    # All but half a CPU idle is asked for while this process keeps one CPU busy:
-    # never spare (counting our own use as spare made a busy collector keep going).
-    import time
-
-    almost_all = SpareCpu(window_s=0.3, need=(os.cpu_count() or 1) - 0.5)
-    end = time.monotonic() + 0.4
-    while time.monotonic() < end:
-        pass
-    assert not almost_all.ask()
-
-
-def test_spare_cpu_counts_only_the_cpus_the_collector_may_use() -> None:
-    # Pinned to one CPU that this process keeps busy, the machine's other idle CPUs
-    # are not spare (taskset -c 0,1 on a 16-CPU machine: 14 idle CPUs once let the
-    # collector make rows on the two the storm had).
-    import time
-
-    if len(online_cpus()) < 2:
-        skip_here("one CPU: nothing else to be idle")
-    cpu = min(os.sched_getaffinity(0))
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {cpu})
-    try:
-        pinned = SpareCpu(window_s=0.3, need=0.5)
-        machine = SpareCpu(window_s=0.3, need=0.5, cpus=set(online_cpus()))
-        assert pinned._cpus == {f"cpu{cpu}".encode()} and machine._cpus is None
-        end = time.monotonic() + 0.4
-        while time.monotonic() < end:
-            pass
-        assert not pinned.ask()  # what the other CPUs had idle does not count
-    finally:
-        os.sched_setaffinity(0, before)
-
-
-def test_only_hooks_whose_rows_come_from_their_records_alone_are_spooled() -> None:
-    from kernmlops.hooks import REGISTRY
-    from kernmlops.hooks.bpf import BpfHook
-
-    spooled = {n for n, h in REGISTRY.items() if issubclass(h, BpfHook) and h.spoolable}
-    assert {"quanta_runtime", "process_trace", "block_io", "page_faults"} <= spooled
-    # these read their rings themselves (stacks symbolized live, perf events resolved
-    # at start): their records must never wait in a spool nobody reads
-    assert not spooled & {"cpu_profile", "task_perf", "syscalls"}
-
-
-def test_the_progress_table_shows_what_waits_in_the_spool() -> None:
-    from rich.console import Console
-
-    from kernmlops.cli import _progress_table
-    from kernmlops.collect.loop import Progress
-    from kernmlops.hooks.base import HookStatus
-
-    attached = {"quanta_runtime": HookStatus("quanta_runtime", attached=True)}
-    console = Console(width=120, record=True)
-    quiet = Progress(1.0, {"quanta_runtime": 5}, {}, {}, "faux")
-    console.print(_progress_table(quiet, attached))
-    assert "spooled" not in console.export_text()
-    busy = Progress(1.0, {"quanta_runtime": 5}, {}, {}, "faux", {"quanta_runtime": 3 << 20})
-    console.print(_progress_table(busy, attached))
-    assert "3.0 MiB" in console.export_text()
 
 
 def test_the_first_bytes_go_to_memory_the_rest_to_disk_in_order(tmp_path: Path) -> None:
@@ -275,164 +201,6 @@ def test_a_disk_that_stalls_is_bridged_in_memory_in_order(
     assert memory.used == 0
 
 
-@pytest.fixture
-def shm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A stand-in for /dev/shm."""
-    from kernmlops.spool import memory as spool_mod
-
-    folder = tmp_path / "shm"
-    folder.mkdir()
-    monkeypatch.setattr(spool_mod, "SHM", folder)
-    monkeypatch.setattr(spool_mod, "_is_tmpfs", lambda path: True)
-    return folder
-
-
-def _collection(root: Path, collection_id: str) -> Path:
-    from kernmlops.collect.manifest import Manifest, write_manifest
-
-    root.mkdir(parents=True)
-    write_manifest(root, Manifest(collection_id=collection_id, state="running"))
-    return root / ".spool"
-
-
-def test_a_killed_collections_spool_is_recovered_from_memory_and_disk(
-    tmp_path: Path, shm: Path
-) -> None:
-    # pending_spools and the order of segments across the two folders (the link
-    # "mem" is how a collection finds its tmpfs folder)
-    from kernmlops.spool.memory import MEMORY_LINK, spool_memory
-    from kernmlops.spool.recovery import remove_spool, spool_folders
-
-    spool_dir = _collection(tmp_path / "c", "c1")
-    memory = spool_memory(spool_dir, "c1", 8)
-    assert memory is not None and memory.folder == shm / "kernmlops-spool-c1"
-    for folder, n in ((memory.folder, 0), (spool_dir, 1), (memory.folder, 2), (spool_dir, 10)):
-        (folder / f"events.{n:05d}.ring").write_bytes(b"")
-    assert spool_folders(spool_dir) == [spool_dir, spool_dir / MEMORY_LINK]
-    assert [p.name for p in pending_spools(tmp_path / "c")] == [
-        "events.00000.ring", "events.00001.ring", "events.00002.ring", "events.00010.ring"
-    ]  # fmt: skip
-    remove_spool(spool_dir)
-    assert not spool_dir.exists() and not memory.folder.exists()
-
-
-def test_a_collection_copied_with_its_memory_folder_keeps_those_segments(
-    tmp_path: Path, shm: Path
-) -> None:
-    # cp -r / shutil.copytree follow the link: the copy's "mem" is a folder of its
-    # own inside the spool, and recover must read its segments (under a storm they
-    # hold every row that was not made yet).
-    import shutil
-
-    from kernmlops.spool.memory import MEMORY_LINK, spool_memory
-    from kernmlops.spool.recovery import spool_folders
-
-    spool_dir = _collection(tmp_path / "c", "c1")
-    memory = spool_memory(spool_dir, "c1", 8)
-    assert memory is not None
-    for folder, n in ((memory.folder, 0), (spool_dir, 1)):
-        (folder / f"events.{n:05d}.ring").write_bytes(b"x")
-    shutil.copytree(tmp_path / "c", tmp_path / "copy")
-    copied = tmp_path / "copy" / spool_dir.relative_to(tmp_path / "c")
-    assert not (copied / MEMORY_LINK).is_symlink()
-    assert spool_folders(copied) == [copied, copied / MEMORY_LINK]
-    assert [p.name for p in pending_spools(tmp_path / "copy")] == [
-        "events.00000.ring", "events.00001.ring"
-    ]  # fmt: skip
-
-
-def test_recover_says_when_the_memory_link_is_not_the_spools_own(tmp_path: Path, shm: Path) -> None:
-    # never read, never deleted, but never in silence either: rows of this
-    # collection may be in the folder it names
-    import subprocess
-    import sys
-
-    from kernmlops.spool.memory import MEMORY_LINK, foreign_memory
-
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    (elsewhere / "quanta_runtime.00000.ring").write_bytes(b"x" * 64)
-    spool_dir = _collection(tmp_path / "c", "c1")
-    spool_dir.mkdir()
-    (spool_dir / MEMORY_LINK).symlink_to(elsewhere)
-    assert foreign_memory(tmp_path / "c") == elsewhere
-    out = subprocess.run(
-        [sys.executable, "-m", "kernmlops", "recover", str(tmp_path / "c")],
-        capture_output=True, text=True, env={**os.environ, "COLUMNS": "400"},
-    )  # fmt: skip
-    assert out.returncode == 2, out.stderr
-    assert f"the spool's memory link names {elsewhere}" in out.stderr
-    assert "Traceback" not in out.stderr
-    assert (elsewhere / "quanta_runtime.00000.ring").read_bytes() == b"x" * 64  # untouched
-    assert foreign_memory(tmp_path / "c2") is None  # no collection, no link: nothing
-
-
-def test_a_memory_link_to_anything_but_its_own_folder_is_never_read_nor_deleted(
-    tmp_path: Path, shm: Path
-) -> None:
-    # A collection folder someone planted (or one damaged): its link names another
-    # folder. Neither recover nor the removal of its spool may touch that folder.
-    from kernmlops.spool.memory import MEMORY_LINK
-    from kernmlops.spool.recovery import remove_spool, spool_folders
-
-    precious = tmp_path / "precious"
-    precious.mkdir()
-    (precious / "x.00000.ring").write_bytes(b"keep")
-    other = shm / "kernmlops-spool-someone-else"
-    other.mkdir(mode=0o700)
-    for n, target in enumerate((precious, other)):
-        spool_dir = _collection(tmp_path / f"c{n}", f"c{n}")
-        (spool_dir).mkdir()
-        (spool_dir / MEMORY_LINK).symlink_to(target)
-        assert spool_folders(spool_dir) == [spool_dir]
-        assert pending_spools(tmp_path / f"c{n}") == []
-        remove_spool(spool_dir)
-        assert target.exists() and not spool_dir.exists()
-    assert (precious / "x.00000.ring").read_bytes() == b"keep"
-
-
-def test_a_moved_collections_memory_is_kept_and_named_at_the_next_start(
-    tmp_path: Path, shm: Path
-) -> None:
-    # Kill a collection, move its folder, start another: the memory spool of the moved
-    # one holds the only copy of its rows. It is listed (size, where), never deleted,
-    # and recover on the moved folder still finds it through the collection's id.
-    from kernmlops.spool.memory import leftover_memory, spool_memory
-    from kernmlops.spool.recovery import spool_folders
-
-    spool_dir = _collection(tmp_path / "a", "ida")
-    memory = spool_memory(spool_dir, "ida", 8)
-    assert memory is not None
-    (memory.folder / "events.00000.ring").write_bytes(b"x" * 3000)
-    assert leftover_memory() == []  # a young folder: a collector may be making it
-    os.utime(memory.folder, (0, 0))
-    (left,) = leftover_memory()
-    assert (left.folder, left.bytes, left.collection, left.found) == (
-        memory.folder, 3000 + len(str(spool_dir.resolve())), tmp_path / "a", True
-    )  # fmt: skip
-    assert f"`kernmlops recover {tmp_path / 'a'}`" in left.describe()
-    (tmp_path / "a").rename(tmp_path / "moved")
-    spool_memory(_collection(tmp_path / "b", "idb"), "idb", 8)  # the next start
-    (left,) = leftover_memory()
-    assert left.folder == memory.folder and not left.found
-    assert "moved or deleted since" in left.describe()
-    assert (memory.folder / "events.00000.ring").exists()
-    moved = tmp_path / "moved" / ".spool"
-    assert spool_folders(moved) == [moved, moved / "mem"]
-    assert [p.name for p in pending_spools(tmp_path / "moved")] == ["events.00000.ring"]
-
-
-def test_memory_gone_after_a_reboot_is_named(tmp_path: Path) -> None:
-    from kernmlops.spool.memory import MEMORY_LINK, memory_lost
-
-    spool_dir = tmp_path / "c" / ".spool"
-    spool_dir.mkdir(parents=True)
-    assert memory_lost(tmp_path / "c") is None
-    (spool_dir / MEMORY_LINK).symlink_to(tmp_path / "shm-gone")
-    assert memory_lost(tmp_path / "c") == tmp_path / "shm-gone"
-    assert pending_spools(tmp_path / "c") == []  # only what is on disk is left
-
-
 def test_a_disk_segment_is_compressed_in_frames_and_a_cut_frame_is_left(tmp_path: Path) -> None:
     # Once pyarrow (its zstd) is loaded, a segment on disk is a run of frames: records
     # come back the same, the file is smaller than the records, and a kill that cut
@@ -471,21 +239,6 @@ def decode_all(raw: np.ndarray) -> np.ndarray:
     return decode(raw, 1, 0, len(raw), EVENT).records
 
 
-def test_a_run_is_cut_in_frames_across_its_pieces() -> None:
-    # The writer cuts a batch of ring copies into frames without joining the batch:
-    # the same bytes, every frame full but the last, pieces split where a frame ends.
-    from kernmlops.spool.segment import frames_of
-
-    rng = np.random.default_rng(7)
-    for size in (24, 48, 4096):
-        for _ in range(50):
-            run = [rng.bytes(int(n)) for n in rng.integers(0, 3 * size, rng.integers(1, 6))]
-            frames_ = [bytes(f) for f in frames_of(run, size)]
-            assert b"".join(frames_) == b"".join(run)
-            assert all(len(f) == size for f in frames_[:-1])
-            assert not frames_ or 0 < len(frames_[-1]) <= size
-
-
 def test_a_segment_opened_before_the_last_is_read_learns_its_rows_when_read(
     tmp_path: Path,
 ) -> None:
@@ -522,66 +275,6 @@ def test_segment_files_are_private_and_never_opened_through_a_link(tmp_path: Pat
         spool._open_segment()
     assert target.read_text() == "keep"
     spool.remove()
-
-
-def test_a_memory_folder_someone_else_made_is_not_used(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from kernmlops.spool import memory as spool_mod
-
-    shm = tmp_path / "shm"
-    shm.mkdir()
-    monkeypatch.setattr(spool_mod, "SHM", shm)
-    monkeypatch.setattr(spool_mod, "_is_tmpfs", lambda path: True)
-    planted = shm / f"{spool_mod.MEMORY_PREFIX}c1"
-    planted.mkdir(mode=0o777)
-    os.chmod(planted, 0o777)  # another user's, open to all (or a link): not ours
-    assert spool_mod.spool_memory(tmp_path / "c1" / ".spool", "c1", 8) is None
-    assert spool_mod.spool_memory(tmp_path / "c2" / ".spool", "c2", 8) is not None
-
-
-def _raw_segment(frames: list[bytes]) -> bytes:
-    from kernmlops.spool.frames import raw_head
-
-    return b"".join(raw_head(f) + f for f in frames)
-
-
-def test_raw_frames_name_what_a_damage_cost_and_reading_goes_on() -> None:
-    # A flipped record byte costs its frame (its header says how much); a damaged
-    # header costs the stretch up to the next intact header, whatever the records
-    # hold (the magic among them is no header without its own CRC); a kill's cut
-    # is told from damage.
-    from kernmlops.spool.frames import CUT, RAW_MAGIC_BYTES, iter_raw_frames
-
-    rng = np.random.default_rng(5)
-    recs = [rng.bytes(24 * n) for n in (10, 3, 7, 12)]
-    recs[2] = recs[2][:24] + RAW_MAGIC_BYTES * 6 + recs[2][48:]  # the magic in the data
-    data = _raw_segment(recs)
-    starts = [0]
-    for r in recs:
-        starts.append(starts[-1] + RAW_FRAME.size + len(r))
-    assert [f.raw for f in iter_raw_frames(data)] == recs
-
-    flipped = bytearray(data)
-    flipped[starts[1] + RAW_FRAME.size + 5] ^= 1
-    found = list(iter_raw_frames(bytes(flipped)))
-    assert [(f.start, f.end, f.reason, f.raw_bytes) for f in found[1:2]] == [
-        (starts[1], starts[2], "a frame that fails its CRC32C", len(recs[1]))
-    ]
-    assert [f.raw for f in found] == [recs[0], None, recs[2], recs[3]]
-
-    header = bytearray(data)
-    header[starts[1] + 4] ^= 0x80  # its length
-    found = list(iter_raw_frames(bytes(header)))
-    assert [(f.start, f.end, f.reason, f.raw_bytes) for f in found[1:2]] == [
-        (starts[1], starts[2], "a damaged frame header", None)
-    ]
-    assert [f.raw for f in found] == [recs[0], None, recs[2], recs[3]]
-
-    for cut in (starts[3] + 3, starts[3] + RAW_FRAME.size + 5):  # in the header, the records
-        *whole, last = iter_raw_frames(data[:cut])
-        assert [f.raw for f in whole] == recs[:3]
-        assert (last.start, last.end, last.reason) == (starts[3], cut, CUT)
 
 
 def test_the_python_copy_writes_the_frames_the_copier_writes(
