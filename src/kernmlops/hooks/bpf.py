@@ -169,7 +169,7 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
     rings: ClassVar[dict[str, str]]
     needs = ("tp_btf|raw_tp", "ringbuf")
     #: rows come from the records alone (rows_from keeps no state), so the rings can
-    #: go through a spool and rows be made later (kernmlops.collect.spool)
+    #: go through a spool and rows be made later (kernmlops.spool)
     spoolable: ClassVar[bool] = True
     #: the programs submit with common.h's KMO_SUBMIT / KMO_BATCH_PUSH, which wake
     #: the collector when a ring passes a quarter full (DRAIN_FRACTION); False (a program of its
@@ -187,7 +187,7 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         self._rings: dict[str, tuple[RingBuffer, int]] = {}
         #: table -> its ring's spool, when the session spools
         self._spools: dict[str, RingSpool] = {}
-        self._spare: Any = None  # collect.spool.Pacer
+        self._spare: Any = None  # kernmlops.spool.pacing.Pacer
         #: the rings were emptied into their spools after detach and unmapped
         self._unmapped = False
         #: moves the spooled rings into their spools without Python, where it can
