@@ -50,9 +50,11 @@ from kernmlops.ebpf.build import compile_object, default_build_dir
 from kernmlops.ebpf.copier import Copier
 from kernmlops.ebpf.libbpf import ProgTestRunOpts, lib
 from kernmlops.ebpf.objects import open_and_load
-from kernmlops.ebpf.spool import FRAME_RAW, SYNC_BYTES, RingSpool, SpoolMemory
 from kernmlops.hooks.base import HookContext
 from kernmlops.hooks.quanta_runtime import QuantaRuntimeHook
+from kernmlops.spool.copy import SYNC_BYTES, RingSpool
+from kernmlops.spool.frames import FRAME_RAW
+from kernmlops.spool.memory import SpoolMemory
 
 BENCH = Path(__file__).resolve().parent
 

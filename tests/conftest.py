@@ -81,7 +81,7 @@ def _free_spool_memory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
     """Collections that tests kill or fail on purpose keep their spool for a recovery;
     its memory part (a tmpfs folder) would outlive the test run: free it at the end."""
     yield
-    from kernmlops.collect.spool import MEMORY_PREFIX, OWNER_FILE, SHM
+    from kernmlops.spool.memory import MEMORY_PREFIX, OWNER_FILE, SHM
 
     base = str(tmp_path_factory.getbasetemp())
     for folder in SHM.glob(f"{MEMORY_PREFIX}*"):

@@ -49,3 +49,20 @@ def test_drop_advice_names_the_cpus_that_lost_and_the_copiers_trouble() -> None:
         "quanta_runtime: 9 events dropped (its ring was full, on CPU 0 (9)): build the native "
         "ring copier (kernmlops build-bpf), or raise hooks.quanta_runtime.ring_kib"
     ]
+
+
+def test_the_progress_table_shows_what_waits_in_the_spool() -> None:
+    from rich.console import Console
+
+    from kernmlops.cli import _progress_table
+    from kernmlops.collect.loop import Progress
+    from kernmlops.hooks.base import HookStatus
+
+    attached = {"quanta_runtime": HookStatus("quanta_runtime", attached=True)}
+    console = Console(width=120, record=True)
+    quiet = Progress(1.0, {"quanta_runtime": 5}, {}, {}, "faux")
+    console.print(_progress_table(quiet, attached))
+    assert "spooled" not in console.export_text()
+    busy = Progress(1.0, {"quanta_runtime": 5}, {}, {}, "faux", {"quanta_runtime": 3 << 20})
+    console.print(_progress_table(busy, attached))
+    assert "3.0 MiB" in console.export_text()

@@ -46,6 +46,8 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
         "kernmlops.workloads", "kernmlops.confined",
     })),
     ("libbpf", frozenset({"kernmlops.ebpf"})),
+    # ring records on disk: the hooks' RingSpool sits on it, the collection reads it back
+    ("spool", frozenset({"kernmlops.spool"})),
     ("plug-ins", frozenset({
         "kernmlops.hooks", "kernmlops.benchmarks", "kernmlops.exporter", "kernmlops.clitools",
     })),

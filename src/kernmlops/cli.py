@@ -436,13 +436,9 @@ def recover(collection: Path, bpf_dir: Path | None) -> None:
     one recover works on a collection at a time.
     """
     from kernmlops.collect.recovery import recover
-    from kernmlops.collect.spool import (
-        collector_alive,
-        foreign_memory,
-        memory_folder,
-        memory_lost,
-        pending_spools,
-    )
+    from kernmlops.spool.collection import collector_alive
+    from kernmlops.spool.memory import foreign_memory, memory_folder, memory_lost
+    from kernmlops.spool.recovery import pending_spools
 
     try:
         lost = memory_lost(collection)

@@ -158,7 +158,7 @@ def read_collection(path: str | Path) -> Collection:
         raise CollectionError(f"{path}: not a folder (a collection is a folder)")
     manifest = read_manifest(path)
     files, incomplete = _table_files(path)
-    from kernmlops.collect.spool import pending_spools
+    from kernmlops.spool.recovery import pending_spools
 
     spooled = (
         f"; rows still in its spool are not read: `kernmlops recover {path}` adds them"

@@ -22,16 +22,16 @@ from kernmlops.ebpf.copier import Copier
 from kernmlops.ebpf.libbpf import ProgTestRunOpts, lib
 from kernmlops.ebpf.objects import open_and_load
 from kernmlops.ebpf.ringbuf import decode, record_stride
-from kernmlops.ebpf.spool import (
+from kernmlops.spool.copy import RingSpool
+from kernmlops.spool.frames import (
     FRAME_RAW,
     RAW_FRAME,
-    RingSpool,
-    SpoolMemory,
     frames,
     iter_raw_frames,
     raw_head,
     segment_codec,
 )
+from kernmlops.spool.memory import SpoolMemory
 from tests.conftest import skip_here
 from tests.ebpf.test_ringbuf import EVENT, MappedRing, events
 

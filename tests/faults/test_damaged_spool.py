@@ -19,7 +19,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from kernmlops.ebpf.spool import FRAME, RAW_FRAME, ZSTD_MAGIC, Frame, iter_raw_frames
+from kernmlops.spool.frames import FRAME, RAW_FRAME, ZSTD_MAGIC, Frame, iter_raw_frames
 from tests.faults.conftest import kill_collector, read_everything, start_collect
 
 pytestmark = pytest.mark.bpf

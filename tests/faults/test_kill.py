@@ -109,7 +109,7 @@ def test_sigkill_with_every_row_in_the_spool_loses_at_most_one_flush_after_recov
     came. The finished parts read as they are; `kernmlops recover` adds the spool's
     rows (none twice), and what is lost is what a flush interval bounds. The spool's
     first MiB are on the tmpfs: all of it (256), or 4 MiB and the rest on disk."""
-    from kernmlops.collect.spool import pending_spools
+    from kernmlops.spool.recovery import pending_spools
 
     run = start_collect(
         tmp_path / "out",

@@ -132,8 +132,10 @@ def test_a_full_tmpfs_under_the_spool_is_named_not_the_collections_disk(tmp_path
     from kernmlops.collect.session import Session
     from kernmlops.config import load_config
     from kernmlops.ebpf import copier as native
-    from kernmlops.ebpf.spool import FRAME_RAW, RingSpool, SpoolMemory
     from kernmlops.errors import OutputError
+    from kernmlops.spool.copy import RingSpool
+    from kernmlops.spool.frames import FRAME_RAW
+    from kernmlops.spool.memory import SpoolMemory
     from tests.ebpf.test_ringbuf import EVENT, MappedRing, events
 
     assert native.available()

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from kernmlops.collect import spool as spool_module
 from kernmlops.collect.manifest import read_manifest
 from kernmlops.collect.output import filesystem
+from kernmlops.spool import memory as memory_module
 from tests.faults.conftest import (
     assert_no_benchmark_left,
     read_everything,
@@ -102,7 +102,7 @@ def test_a_neighbour_filling_the_spools_tmpfs_stops_the_benchmark_and_names_it(
     from kernmlops.errors import OutputError
 
     with tmpfs(tmp_path / "shm", "32m") as shm:
-        monkeypatch.setattr(spool_module, "SHM", shm)
+        monkeypatch.setattr(memory_module, "SHM", shm)
         config = load_config(
             {
                 "collector": {"output_dir": str(tmp_path / "out"), "progress": False,

@@ -101,3 +101,14 @@ def test_spilled_records_come_first_and_none_is_lost() -> None:
     finally:
         hook.close()
         flt.close()
+
+
+def test_only_hooks_whose_rows_come_from_their_records_alone_are_spooled() -> None:
+    from kernmlops.hooks import REGISTRY
+    from kernmlops.hooks.bpf import BpfHook
+
+    spooled = {n for n, h in REGISTRY.items() if issubclass(h, BpfHook) and h.spoolable}
+    assert {"quanta_runtime", "process_trace", "block_io", "page_faults"} <= spooled
+    # these read their rings themselves (stacks symbolized live, perf events resolved
+    # at start): their records must never wait in a spool nobody reads
+    assert not spooled & {"cpu_profile", "task_perf", "syscalls"}

@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING
 
 from kernmlops.collect.disk import human_bytes
 from kernmlops.collect.sinks import ThreadedSink
-from kernmlops.collect.spool import Pacer, spool_memory
 from kernmlops.collect.tuning import trim_as_usual
 from kernmlops.errors import HookUnavailable, KernmlopsError
 from kernmlops.hooks.base import Hook, HookContext
 from kernmlops.host.cpus import SpareCpu
+from kernmlops.spool.memory import spool_memory
+from kernmlops.spool.pacing import Pacer
 from kernmlops.tables import Rows, Sink
 
 if TYPE_CHECKING:

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, mo
 
 from kernmlops.errors import CollectionError
 from kernmlops.fileio import write_atomic
+from kernmlops.spool.collection import MANIFEST_NAME  # below both: the spool reads it too
 
 __all__ = [
     "FINAL_STATES",
@@ -40,12 +41,9 @@ __all__ = [
     "write_manifest",
 ]
 
-MANIFEST_NAME = "manifest.json"
 FORMAT = "kernmlops-collection"
 FORMAT_VERSION = 2
 
-#: a collection's folder of ring records not yet made into rows (kernmlops.collect.spool)
-SPOOL_DIR = ".spool"
 
 State = Literal["running", "completed", "failed", "duration", "interrupted", "disk_full", "error"]
 #: states a finished collector writes; ``running`` after the run means the collector died

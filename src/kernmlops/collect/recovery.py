@@ -4,8 +4,8 @@ Each ring's segments are read back in order (raw ring records, or zstd frames wi
 their checksums), decoded with the BPF object that collected them, turned into the
 hook's rows and written after the collection's finished parts, skipping the rows those
 already hold. Damage never stops it: what cannot be read is listed (:class:`Lost`), and
-the spool then stays. The spool itself, its memory on a tmpfs and when rows are made
-during a run are kernmlops.collect.spool.
+the spool then stays. Finding the spool, reading its segments and removing it are
+kernmlops.spool.recovery; the spool itself is kernmlops.spool.
 """
 
 from __future__ import annotations
@@ -16,21 +16,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kernmlops.collect.manifest import SPOOL_DIR
-from kernmlops.collect.spool import pending_spools, remove_spool
 from kernmlops.ebpf.ringbuf import decode, record_stride
-from kernmlops.ebpf.spool import (
-    CODEC,
-    CUT,
-    FRAME,
-    RAW_MAGIC_BYTES,
-    ZSTD_MAGIC,
-    SegmentFormat,
-    iter_segment,
-    segment_format,
-)
 from kernmlops.errors import CollectionError
 from kernmlops.lazy import lazy_import
+from kernmlops.spool.collection import SPOOL_DIR
+from kernmlops.spool.frames import SegmentFormat, segment_format
+from kernmlops.spool.recovery import (
+    good_records,
+    guess_format,
+    pending_spools,
+    remove_spool,
+    segment_pieces,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -219,7 +216,7 @@ def _recover_key(key: str, segs: list[Path], hook, layout, dtype, finished: dict
             result.lost.append(Lost(seg, f"cannot be read ({err.strerror or err})", _size(seg)))
             continue
         if fmt is None:
-            fmt = _looks_like(data)
+            fmt = guess_format(data)
         flushed = meta.get("bytes")
         if isinstance(flushed, int) and len(data) < flushed:
             missing = flushed - len(data)
@@ -227,10 +224,10 @@ def _recover_key(key: str, segs: list[Path], hook, layout, dtype, finished: dict
                 seg, f"cut short: {missing:,} bytes fewer than it held at the collector's "
                 "last flush", missing, None if fmt.framed else missing // stride,
             ))  # fmt: skip
-        pieces, bad = _pieces(data, fmt, stride, last)
+        pieces, bad = segment_pieces(data, fmt, stride, last)
         result.lost.extend(Lost(seg, reason, size, records) for reason, size, records in bad)
         for at, piece in pieces:
-            raw, damaged = _good_records(np.frombuffer(piece, np.uint8), stride, dtype.itemsize)
+            raw, damaged = good_records(np.frombuffer(piece, np.uint8), stride, dtype.itemsize)
             if damaged:
                 result.lost.append(Lost(seg, f"records with a damaged header in the piece at "
                                         f"byte {at:,}", damaged * stride, damaged))  # fmt: skip
@@ -245,54 +242,3 @@ def _recover_key(key: str, segs: list[Path], hook, layout, dtype, finished: dict
                 if skip < n:
                     sink.write(table, rows.slice(skip))
                     result.added[table] = result.added.get(table, 0) + n - skip
-
-
-def _looks_like(data: bytes) -> SegmentFormat:
-    """The format a segment whose json is lost seems to have, from its first frame."""
-    if data[:4] == RAW_MAGIC_BYTES:
-        return SegmentFormat(None)
-    if data[FRAME.size : FRAME.size + 4] == ZSTD_MAGIC:
-        import pyarrow as pa
-
-        return SegmentFormat(pa.Codec(CODEC))
-    return SegmentFormat(None, version=1)
-
-
-def _pieces(data: bytes, fmt: SegmentFormat, stride: int, last: bool
-            ) -> tuple[list[tuple[int, bytes]], list[tuple[str, int, int | None]]]:  # fmt: skip
-    """A segment's bytes as (offset, whole records) pieces, and what could not be read
-    ((reason, bytes, records where known) each). A kill may cut the last record or
-    frame of the ring's last segment: that is the run's end, not a loss."""
-    if not fmt.framed:  # an old raw segment: records back to back, no checksum
-        whole = len(data) // stride * stride
-        pieces = [(0, data[:whole])] if whole else []
-        if whole < len(data) and not last:
-            return pieces, [("cut short in a record", len(data) - whole, None)]
-        return pieces, []
-    pieces, bad = [], []
-    for frame in iter_segment(data, fmt):
-        records = frame.raw_bytes // stride if frame.raw_bytes is not None else None
-        if frame.raw is not None and len(frame.raw) % stride:
-            bad.append((f"a frame at byte {frame.start:,} of {len(frame.raw):,} bytes, not "
-                        f"whole records of {stride}", frame.end - frame.start, None))  # fmt: skip
-        elif frame.reason is None:
-            pieces.append((frame.start, frame.raw))
-        elif not (frame.reason == CUT and last):
-            more = frame.end < len(data) and frame.reason != CUT
-            what = "; reading went on at the next intact frame" if more else ""
-            bad.append((f"{frame.reason} at byte {frame.start:,}{what}",
-                        frame.end - frame.start, records))  # fmt: skip
-    return pieces, bad
-
-
-def _good_records(raw: np.ndarray, stride: int, itemsize: int) -> tuple[np.ndarray, int]:
-    """The records whose ring header is sound (committed, of the ring's size), and how
-    many were not: a damaged header costs its record, not its piece."""
-    from kernmlops.ebpf.ringbuf import BUSY_BIT, LEN_MASK
-
-    rows = raw[: len(raw) // stride * stride].reshape(-1, stride)
-    header = rows[:, :4].copy().view("<u4").ravel()
-    good = ((header & LEN_MASK) == itemsize) & ((header & BUSY_BIT) == 0)
-    if good.all():
-        return raw, 0
-    return rows[good].ravel(), int((~good).sum())

@@ -39,7 +39,6 @@ from kernmlops.collect.participants import Participant, configured
 from kernmlops.collect.running import CollectionResult, RunningManifest
 from kernmlops.collect.sinks import ThreadedSink
 from kernmlops.collect.space import SPACE_STOP_GRACE_S, OutOfSpace, SpaceGuard
-from kernmlops.collect.spool import SPOOL_DIR, leftover_memory, pending_spools, remove_spool
 from kernmlops.collect.tuning import (
     DECODING_LIBRARIES,
     OwnPriority,
@@ -54,6 +53,9 @@ from kernmlops.hooks.base import Hook, HookStatus
 from kernmlops.host.environment import Environment
 from kernmlops.host.invoker import Invoker, created_by_mkdir, hand_over, invoker
 from kernmlops.lazy import preload
+from kernmlops.spool.collection import SPOOL_DIR
+from kernmlops.spool.memory import leftover_memory
+from kernmlops.spool.recovery import pending_spools, remove_spool
 from kernmlops.tables import Sink
 
 #: the sink's queue when the rings go through a spool: their rows are made only while

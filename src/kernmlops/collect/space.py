@@ -24,7 +24,7 @@ from kernmlops.errors import OutputError
 if TYPE_CHECKING:
     from kernmlops.collect.gated import GatedProcess
     from kernmlops.collect.parquet import ParquetSink
-    from kernmlops.ebpf.spool import SpoolMemory
+    from kernmlops.spool.memory import SpoolMemory
 
 __all__ = ["SPACE_CHECK_S", "SPACE_STOP_GRACE_S", "OutOfSpace", "SpaceGuard", "SpaceWatch"]
 

@@ -8,7 +8,7 @@ the GIL (an import, a Parquet write) stalls the copy of every ring: 4.1-4.6M of
 copy itself costs a few percent of a core; in C it needs neither the GIL nor any
 of Python's locks. Python keeps everything else: it opens the segments (and their
 json), keeps a standby segment on disk ready, rotates segments at flushes, reads
-the spool back, and deletes what parts hold (kernmlops.ebpf.spool.RingSpool).
+the spool back, and deletes what parts hold (kernmlops.spool.copy.RingSpool).
 
 The library is built beside the BPF objects (``kernmlops build-bpf``) and shipped in
 the wheel; where it is missing (no C compiler where the tree was built) the spool

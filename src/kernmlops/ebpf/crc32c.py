@@ -1,5 +1,5 @@
 """CRC32C (Castagnoli, reflected: the CRC of iSCSI and ext4), the checksum of the
-spool's raw frames (kernmlops.ebpf.spool).
+spool's raw frames (kernmlops.spool.frames).
 
 The native copier computes it in C (``native/ringcopy.c``: the CPU's crc32
 instruction where it has one); Python calls that same function where the library is

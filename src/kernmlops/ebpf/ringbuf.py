@@ -200,7 +200,7 @@ class RingBuffer:
     def take_bytes(self, itemsize: int) -> list[bytes]:
         """The committed records of ``itemsize`` bytes as they lie in the ring (headers
         included: :func:`decode` reads them back), spilled ones first, as copies; their
-        space is freed. No record is decoded: for a spool (kernmlops.ebpf.spool)."""
+        space is freed. No record is decoded: for a spool (kernmlops.spool.copy)."""
         chunks, self._spilled = self._spilled, []
         cons, prod = self._positions()
         stride = record_stride(itemsize)

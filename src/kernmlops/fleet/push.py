@@ -87,7 +87,8 @@ def check_publishable(folder: Path, *, incomplete: bool = False) -> Manifest:
             left in its spool, its collector died and ``incomplete`` is False, a file the
             manifest lists is missing, a part is not readable Parquet).
     """
-    from kernmlops.collect.spool import collector_alive, pending_spools
+    from kernmlops.spool.collection import collector_alive
+    from kernmlops.spool.recovery import pending_spools
 
     manifest = read_manifest(folder)
     pid = collector_alive(folder) if manifest.state == "running" else None

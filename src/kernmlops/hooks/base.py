@@ -39,11 +39,11 @@ class HookContext:
     #: The collector's own tgid, ignored in the kernel.
     self_tgid: int
     bpf_dir: Any = None  # pathlib.Path of the built objects
-    #: where rings are spooled (kernmlops.collect.spool), None: rows straight from rings
+    #: where rings are spooled (kernmlops.spool), None: rows straight from rings
     spool_dir: Any = None
-    #: the spools' memory budget on a tmpfs (kernmlops.ebpf.spool.SpoolMemory), or None
+    #: the spools' memory budget on a tmpfs (kernmlops.spool.memory.SpoolMemory), or None
     spool_memory: Any = None
-    #: whether rows may be made now (collect.spool.Pacer: CPU to spare and the sink
+    #: whether rows may be made now (kernmlops.spool.pacing.Pacer: CPU to spare and the sink
     #: keeping up); None: always
     spare: Any = None
     #: SCHED_FIFO priority of the native ring copier's thread (0: normal priority)
@@ -171,7 +171,7 @@ class Hook(ABC, Generic[OptionsT]):
         return 0
 
     def checkpoint_spool(self, finished: dict[str, int]) -> None:
-        """At a flush: make spooled records durable (see kernmlops.collect.spool);
+        """At a flush: make spooled records durable (see kernmlops.spool);
         ``finished``: rows per table in finished parts."""
 
     def stop(self) -> Iterator[tuple[str, Rows]]:

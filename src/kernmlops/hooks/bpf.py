@@ -19,11 +19,12 @@ from kernmlops.ebpf.frames import records_to_table
 from kernmlops.ebpf.objects import VARIANTS, BpfObject, open_and_load
 from kernmlops.ebpf.ringbuf import RingBuffer
 from kernmlops.ebpf.spec import ObjectSpec, object_spec
-from kernmlops.ebpf.spool import FRAME_RAW, SYNC_BYTES, RingSpool
 from kernmlops.errors import HookUnavailable, KernmlopsError
 from kernmlops.hooks.base import Hook, HookContext, HookOptions, OptionsT
 from kernmlops.host.cpus import online_cpu_count
 from kernmlops.lazy import lazy_import
+from kernmlops.spool.copy import SYNC_BYTES, RingSpool
+from kernmlops.spool.frames import FRAME_RAW
 
 if TYPE_CHECKING:
     import numpy as np
@@ -168,7 +169,7 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
     rings: ClassVar[dict[str, str]]
     needs = ("tp_btf|raw_tp", "ringbuf")
     #: rows come from the records alone (rows_from keeps no state), so the rings can
-    #: go through a spool and rows be made later (kernmlops.collect.spool)
+    #: go through a spool and rows be made later (kernmlops.spool)
     spoolable: ClassVar[bool] = True
     #: the programs submit with common.h's KMO_SUBMIT / KMO_BATCH_PUSH, which wake
     #: the collector when a ring passes a quarter full (DRAIN_FRACTION); False (a program of its
@@ -186,7 +187,7 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         self._rings: dict[str, tuple[RingBuffer, int]] = {}
         #: table -> its ring's spool, when the session spools
         self._spools: dict[str, RingSpool] = {}
-        self._spare: Any = None  # collect.spool.Pacer
+        self._spare: Any = None  # kernmlops.spool.pacing.Pacer
         #: the rings were emptied into their spools after detach and unmapped
         self._unmapped = False
         #: moves the spooled rings into their spools without Python, where it can

@@ -13,7 +13,7 @@
  * the CPU (an import, a Parquet write), and the rings overflow while the copy
  * itself would take a few percent of a core. This thread never takes the GIL.
  *
- * The file formats are kernmlops.ebpf.spool's: a raw segment is frames of
+ * The file formats are kernmlops.spool.frames': a raw segment is frames of
  * <magic u32><raw u32><CRC32C of the records u32><CRC32C of these 12 bytes u32>
  * and the records as they lay in the ring; a compressed one is frames of
  * <compressed u32><raw u32> and a zstd frame of whole records (with zstd's
@@ -43,7 +43,7 @@
 
 #define KMO_ABI 5
 
-/* A raw frame's header (kernmlops.ebpf.spool.RAW_FRAME): the magic's top bit is
+/* A raw frame's header (kernmlops.spool.frames.RAW_FRAME): the magic's top bit is
  * set, so it never reads as a zstd frame's compressed size (always < 2 GiB). */
 #define RAW_MAGIC 0x8d4f4d4bU /* "KMO\x8d" */
 #define RAW_HEAD 16
@@ -337,7 +337,7 @@ void kmo_ring_unmap(struct kmo_ring *r)
 }
 
 /* The memory budget: bytes of tmpfs segments, shared by a collection's copiers
- * and by Python (kernmlops.ebpf.spool.SpoolMemory). */
+ * and by Python (kernmlops.spool.memory.SpoolMemory). */
 int kmo_budget_reserve(uint64_t *used, uint64_t limit, uint64_t bytes)
 {
 	uint64_t now = __atomic_load_n(used, __ATOMIC_ACQUIRE);

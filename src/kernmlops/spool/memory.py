@@ -1,51 +1,26 @@
-"""Ring records waiting on disk: what keeps the collector light on a saturated machine.
+"""The spool's memory: a budget of bytes on a tmpfs (``/dev/shm``) for the spools'
+first bytes, and the folder there that holds them.
 
-A BPF hook's rings are copied, as they lie (record headers included), into the
-collection's ``.spool/`` every poll (kernmlops.ebpf.spool): one ``write`` per piece
-of ring, no decoding. Rows are made from the spool (decode, the hook's own columns,
-Parquet) while the machine has CPU to spare and the sink keeps up (:class:`Pacer`),
-and all of what is left at stop, the way ``perf record`` writes first and ``perf
-report`` decodes later. On a machine with idle CPU the spool is read back within a
-poll and rows reach Parquet as they always did; under a storm that keeps every CPU
-busy the collector takes only the copy's few percent of a core from the workload,
-and its memory does not grow with the backlog (the page cache holds it, the disk
-keeps it).
-
-Durability is the collection's (README, "A collection survives its collector"):
-the spool is fsync'd at every flush, and ``kernmlops recover`` (:func:`recover`)
-(kernmlops.collect.recovery) turns what a killed collector left into parts, skipping
-the rows already in finished parts. Its first ``collector.spool_memory_mib`` live on a tmpfs
-(``/dev/shm``, linked from the spool as ``mem``): no disk write, and they outlive a
-killed collector (not a reboot).
+Segments in memory cost no disk write and outlive a killed collector (a kill -9, the
+OOM killer), not a reboot. A collection's folder is ``/dev/shm/kernmlops-spool-<its
+collection id>``, private to its user, linked from the spool as ``mem``; it is found
+again through the collection's id only, so a planted link is never read nor deleted.
+What a killed collector left there is named at the next start
+(:func:`leftover_memory`) and freed by ``kernmlops recover``.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import stat
+import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernmlops.collect.manifest import SPOOL_DIR
-from kernmlops.ebpf.spool import SpoolMemory
-from kernmlops.errors import CollectionError
-from kernmlops.host.cpus import SpareCpu
-
-__all__ = [
-    "SPOOL_DIR",
-    "Leftover",
-    "Pacer",
-    "SpareCpu",
-    "collector_alive",
-    "foreign_memory",
-    "leftover_memory",
-    "memory_lost",
-    "pending_spools",
-    "spool_memory",
-]
+from kernmlops.ebpf.copier import Budget
+from kernmlops.ebpf.copier import available as copier_available
+from kernmlops.spool.collection import SPOOL_DIR, collection_id_of, collector_alive
 
 #: the spool's link to its folder on a tmpfs
 MEMORY_LINK = "mem"
@@ -54,6 +29,54 @@ SHM = Path("/dev/shm")
 MEMORY_PREFIX = "kernmlops-spool-"
 #: in a memory folder: the spool folder it belongs to
 OWNER_FILE = "owner"
+
+
+@dataclass
+class SpoolMemory:
+    """Memory that outlives the collector, for the spools' first bytes: a folder on a
+    tmpfs (``/dev/shm``) and a budget of bytes shared by every ring of a collection.
+    Segments there cost no disk write (on this VM a storm's 17 MB/s of spool slowed
+    the workload by 5 points through writeback alone) and survive a kill -9 or an OOM
+    kill of the collector, not a reboot; past the budget, segments go to disk."""
+
+    folder: Path
+    limit: int
+    #: of ``limit``, what only bridges a disk that is behind (kernmlops.spool.copy.STALL_QUEUED):
+    #: otherwise a storm spends the whole budget in its first seconds, and a disk that
+    #: stalls later holds the queue in the collector's heap
+    for_stalls: int = 0
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        self._used = 0
+        #: the counter the native copiers share (kernmlops.ebpf.copier), where they run
+        self.budget: Budget | None = Budget(self.limit) if copier_available() else None
+
+    @property
+    def used(self) -> int:
+        return self.budget.used if self.budget is not None else self._used
+
+    def _cap(self, stall: bool) -> int:
+        return self.limit - (0 if stall else self.for_stalls)
+
+    def available(self, stall: bool = False) -> bool:
+        return self.used < self._cap(stall)
+
+    def reserve(self, size: int, stall: bool = False) -> bool:
+        if self.budget is not None:
+            return self.budget.reserve(size, self._cap(stall))
+        with self._lock:
+            if self._used + size > self._cap(stall):
+                return False
+            self._used += size
+            return True
+
+    def release(self, size: int) -> None:
+        if self.budget is not None:
+            self.budget.release(size)
+            return
+        with self._lock:
+            self._used = max(0, self._used - size)
 
 
 def spool_memory(spool_dir: Path, collection_id: str, limit_mib: float) -> SpoolMemory | None:
@@ -80,7 +103,7 @@ def spool_memory(spool_dir: Path, collection_id: str, limit_mib: float) -> Spool
             link.symlink_to(folder)
     except OSError:
         return None
-    # a quarter bridges a disk that stalls later in the run (ebpf.spool.STALL_QUEUED)
+    # a quarter bridges a disk that stalls later in the run (kernmlops.spool.copy.STALL_QUEUED)
     return SpoolMemory(folder, limit, for_stalls=limit // 4)
 
 
@@ -164,37 +187,19 @@ def own_memory(spool_dir: Path) -> Path | None:
     link = spool_dir / MEMORY_LINK
     if not link.is_symlink():
         return None
-    from kernmlops.collect.manifest import read_manifest
-
+    own_id = collection_id_of(spool_dir.parent)
+    if own_id is None:
+        return None
     try:
-        folder = memory_folder(read_manifest(spool_dir.parent).collection_id)
+        folder = memory_folder(own_id)
         st = folder.lstat()
-    except (OSError, CollectionError):
+    except OSError:
         return None
     if Path(os.readlink(link)) != folder or not stat.S_ISDIR(st.st_mode):
         return None
     if st.st_uid != os.geteuid() or st.st_mode & 0o077:
         return None
     return folder
-
-
-def spool_folders(spool_dir: Path) -> list[Path]:
-    """The spool's folders: itself, and its memory folder while that exists, or a
-    copy of it (a collection copied with cp -r / copytree, which follows the link:
-    ``mem`` is then a folder inside the spool, as trusted as the spool itself)."""
-    mem = spool_dir / MEMORY_LINK
-    if own_memory(spool_dir) is not None or _copied_memory(mem):
-        return [spool_dir, mem]
-    return [spool_dir]
-
-
-def _copied_memory(mem: Path) -> bool:
-    """Whether ``mem`` is a real folder of ours (not a link) inside the spool."""
-    try:
-        st = mem.lstat()
-    except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
 
 
 def foreign_memory(collection: Path) -> Path | None:
@@ -213,51 +218,3 @@ def memory_lost(collection: Path) -> Path | None:
     the rows of its segments cannot be recovered."""
     link = collection / SPOOL_DIR / MEMORY_LINK
     return Path(os.readlink(link)) if link.is_symlink() and not link.exists() else None
-
-
-def remove_spool(spool_dir: Path) -> None:
-    """Delete a spool, its own memory folder included (never what else a link names)."""
-    mem = own_memory(spool_dir)
-    if mem is not None:
-        shutil.rmtree(mem, ignore_errors=True)
-    shutil.rmtree(spool_dir, ignore_errors=True)
-
-
-class Pacer:
-    """When a spooling hook may make rows during the run: the machine has CPU to spare
-    and the sink is not behind (a write would wait for its writer, and the rings
-    would not be copied meanwhile)."""
-
-    def __init__(self, spare: SpareCpu, behind: Callable[[], bool]) -> None:
-        self.spare = spare
-        self.behind = behind
-
-    def ask(self) -> bool:
-        return not self.behind() and self.spare.ask()
-
-
-def pending_spools(collection: Path) -> list[Path]:
-    """The spool segments a collection still holds (after a kill), in order."""
-    folder = collection / SPOOL_DIR
-    if not folder.is_dir():
-        return []
-    return sorted((p for f in spool_folders(folder) for p in f.glob("*.ring")), key=_order)
-
-
-def _order(segment: Path) -> tuple[str, int]:
-    key, _, index = segment.stem.rpartition(".")
-    return key, int(index) if index.isdigit() else -1
-
-
-def collector_alive(collection: Path) -> int | None:
-    """The pid of the collector still writing ``collection``, if it runs."""
-    from kernmlops.collect.manifest import read_manifest
-
-    pid = read_manifest(collection).collector_pid
-    if not pid:
-        return None
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return None
-    return pid if b"kernmlops" in cmdline else None

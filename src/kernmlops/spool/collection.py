@@ -1,0 +1,50 @@
+"""The collection folder as the spool sees it: where the spool lies in it, and what
+the spool reads of its manifest (the collection's id, its collector's pid).
+
+The manifest's model is kernmlops.collect.manifest, a layer above the spool: the
+spool reads these two fields as plain JSON, and the collection layer takes the
+folder's names from here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+#: a collection's folder of ring records not yet made into rows (kernmlops.spool)
+SPOOL_DIR = ".spool"
+#: a collection's manifest (kernmlops.collect.manifest)
+MANIFEST_NAME = "manifest.json"
+
+
+def _manifest(collection: Path) -> dict[str, Any]:
+    """The collection's manifest as JSON; empty when it is missing or unreadable (a
+    reader that needs all of it goes through kernmlops.collect.manifest)."""
+    try:
+        data = json.loads((collection / MANIFEST_NAME).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def collection_id_of(collection: Path) -> str | None:
+    """The collection's id, as its manifest says; None without one. An id that is
+    not one folder name is no id (it names the spool's folder on the tmpfs)."""
+    found = _manifest(collection).get("collection_id")
+    if not isinstance(found, str) or not found or "/" in found or found in (".", ".."):
+        return None
+    return found
+
+
+def collector_alive(collection: Path) -> int | None:
+    """The pid of the collector still writing ``collection``, if it runs (None also
+    when the manifest names none or cannot be read)."""
+    pid = _manifest(collection).get("collector_pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return None
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return pid if b"kernmlops" in cmdline else None

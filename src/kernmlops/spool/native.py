@@ -1,0 +1,144 @@
+"""The ring copy's side of the native copier (kernmlops.ebpf.copier): while a C thread
+moves a ring into the spool's segments, the spool hands it its next segments (an
+active one, and a standby on disk for when the memory budget is spent) and learns
+from it what was written. A part of :class:`kernmlops.spool.copy.RingSpool`."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import TYPE_CHECKING
+
+from kernmlops.ebpf.copier import ACTIVE, DONE, STANDBY, ChecksummedZstd, CopiedRing, Copier
+from kernmlops.spool.frames import read_codec
+from kernmlops.spool.segment import Segment
+
+if TYPE_CHECKING:
+    from kernmlops.spool.memory import SpoolMemory
+
+
+class CopierSide:
+    """RingSpool's methods for the native copier: a mixin, whose state, its tail
+    (``_tail``) and its ``_new_segment`` are the spool's, under its lock (``_cond``)."""
+
+    memory: SpoolMemory | None
+    _cond: threading.Condition
+    _live: list[Segment]
+    _queued: int
+    #: the native copier and its ring, while it moves this ring (attach)
+    _copier: Copier | None
+    _ring: CopiedRing | None
+    #: the disk segment the copier goes on in once the memory budget is spent
+    _standby: Segment | None
+
+    def attach(self, copier: Copier, ring: CopiedRing) -> None:
+        """From now on ``copier`` moves ``ring`` into this spool and :meth:`take` only
+        looks at what it did: the empty tail becomes its active segment (zstd frames
+        on disk, where it is not in memory), and a disk segment waits as its standby
+        for when the memory budget is spent."""
+        with self._cond:
+            tail = self._tail
+            if tail.written or self._queued:
+                raise RuntimeError("the copier takes over an empty spool")
+            if not tail.in_memory and copier.compresses:
+                tail.zstd_native, tail.codec = True, None
+                tail.write_meta()
+            tail.native = copier.segment(tail.fd, zstd=tail.zstd_native, memory=tail.in_memory)
+            self._copier, self._ring = copier, ring
+            copier.rotate(ring, tail.native)
+            self._arm_standby()
+
+    def _arm_standby(self) -> None:
+        copier, ring = self._copier, self._ring
+        assert copier is not None and ring is not None
+        seg = self._new_segment(False, zstd_native=copier.compresses)
+        if seg.rows_exact:  # the tail goes on taking records until the copier switches
+            seg.rows_exact = False
+            seg.write_meta()
+        seg.native = copier.segment(seg.fd, zstd=seg.zstd_native, memory=False)
+        self._standby = seg
+        copier.set_standby(ring, seg.native)
+
+    def _drop_standby(self) -> None:
+        """Take the standby back from the copier; delete it unless it was taken up."""
+        if self._copier is None or self._ring is None:
+            return
+        self._copier.set_standby(self._ring, None)  # from here the copier cannot take it
+        seg, self._standby = self._standby, None
+        if seg is None:
+            return
+        if seg.native.state != STANDBY:
+            self._taken_up(seg)  # just before: it is the copier's tail now
+            return
+        os.close(seg.fd)
+        seg.remove()
+        self._copier.forget(seg.native)
+
+    def _taken_up(self, seg: Segment) -> None:
+        """The copier went on in the standby ``seg``: it is live from now on."""
+        seg.native_done = seg.native.state == DONE  # before written
+        seg.written = seg.on_disk = int(seg.native.written)
+        seg.file_bytes = int(seg.native.file_bytes)
+        self._live.append(seg)
+
+    def _sync(self, check: bool = True) -> None:
+        """Bring the segments' counts up to what the copier wrote; a segment it went
+        on in becomes live (and a new standby is armed); its write error is raised
+        (``check``: a detach after the error was reported does not raise it again)."""
+        ring, copier = self._ring, self._copier
+        if ring is None or copier is None:
+            return
+        if check and copier.result is not None and copier.result < 0:
+            err = -copier.result  # its loop ended on an error (epoll): nothing copies now
+            raise OSError(err, f"the ring copier stopped: {os.strerror(err)}")
+        if ring.error and check:
+            # the segment the copier was writing: its filesystem is the one that failed
+            writing = next((s for s in self._live if s.native is not None and not s.native_done
+                            and s.native.state == ACTIVE), self._tail)  # fmt: skip
+            raise OSError(ring.error, os.strerror(ring.error), str(writing.path))
+        for seg in self._live:
+            if seg.native is not None and not seg.native_done:
+                seg.native_done = seg.native.state == DONE  # before written
+                seg.written = seg.on_disk = int(seg.native.written)
+                seg.file_bytes = int(seg.native.file_bytes)
+        sb = self._standby
+        if sb is not None and sb.native.state != STANDBY:
+            self._standby = None
+            self._taken_up(sb)
+            self._arm_standby()
+
+    def detach(self) -> None:
+        """The copier has stopped (its last copy made): the spool goes on in Python."""
+        with self._cond:
+            if self._ring is None:
+                return
+            self._sync(check=False)
+            self._drop_standby()
+            for seg in self._live:
+                if seg.native is not None:
+                    if seg.zstd_native:
+                        # for a write after the copier (a CPU's last batch): frames
+                        # with zstd's checksum too, where libzstd takes the parameter
+                        seg.codec = ChecksummedZstd.make() or read_codec()
+                        seg.zstd_native = False
+                    seg.native = None
+                    seg.native_done = False
+            self._copier = self._ring = None
+
+    def _rotate(self) -> None:
+        """(With the lock held, the tail read to its end) a new tail for the copier:
+        in memory if the budget allows, else on disk; the old one can be retired."""
+        copier, ring = self._copier, self._ring
+        assert copier is not None and ring is not None
+        self._drop_standby()
+        tail = self._tail
+        if tail.read != tail.written:  # the copier wrote on meanwhile
+            self._arm_standby()
+            return
+        in_memory = self.memory is not None and self.memory.available()
+        seg = self._new_segment(in_memory, zstd_native=not in_memory and copier.compresses)
+        seg.native = copier.segment(seg.fd, zstd=seg.zstd_native, memory=in_memory)
+        copier.rotate(ring, seg.native)
+        self._live.append(seg)
+        self._sync()
+        self._arm_standby()

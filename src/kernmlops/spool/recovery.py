@@ -1,0 +1,119 @@
+"""Finding the spools a killed collector left, reading their segments whatever the
+damage, and removing them: what ``kernmlops recover`` (kernmlops.collect.recovery)
+stands on. A spool is its folder in the collection (``.spool``) and its memory
+folder on a tmpfs (kernmlops.spool.memory), or the copy of that folder a ``cp -r``
+of the collection made.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kernmlops.ebpf.ringbuf import BUSY_BIT, LEN_MASK
+from kernmlops.spool.collection import SPOOL_DIR
+from kernmlops.spool.frames import (
+    CODEC,
+    CUT,
+    FRAME,
+    RAW_MAGIC_BYTES,
+    ZSTD_MAGIC,
+    SegmentFormat,
+    iter_segment,
+)
+from kernmlops.spool.memory import MEMORY_LINK, own_memory
+
+if TYPE_CHECKING:
+    import numpy as np
+
+
+def spool_folders(spool_dir: Path) -> list[Path]:
+    """The spool's folders: itself, and its memory folder while that exists, or a
+    copy of it (a collection copied with cp -r / copytree, which follows the link:
+    ``mem`` is then a folder inside the spool, as trusted as the spool itself)."""
+    mem = spool_dir / MEMORY_LINK
+    if own_memory(spool_dir) is not None or _copied_memory(mem):
+        return [spool_dir, mem]
+    return [spool_dir]
+
+
+def _copied_memory(mem: Path) -> bool:
+    """Whether ``mem`` is a real folder of ours (not a link) inside the spool."""
+    try:
+        st = mem.lstat()
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+
+
+def remove_spool(spool_dir: Path) -> None:
+    """Delete a spool, its own memory folder included (never what else a link names)."""
+    mem = own_memory(spool_dir)
+    if mem is not None:
+        shutil.rmtree(mem, ignore_errors=True)
+    shutil.rmtree(spool_dir, ignore_errors=True)
+
+
+def pending_spools(collection: Path) -> list[Path]:
+    """The spool segments a collection still holds (after a kill), in order."""
+    folder = collection / SPOOL_DIR
+    if not folder.is_dir():
+        return []
+    return sorted((p for f in spool_folders(folder) for p in f.glob("*.ring")), key=_order)
+
+
+def _order(segment: Path) -> tuple[str, int]:
+    key, _, index = segment.stem.rpartition(".")
+    return key, int(index) if index.isdigit() else -1
+
+
+def guess_format(data: bytes) -> SegmentFormat:
+    """The format a segment whose json is lost seems to have, from its first frame."""
+    if data[:4] == RAW_MAGIC_BYTES:
+        return SegmentFormat(None)
+    if data[FRAME.size : FRAME.size + 4] == ZSTD_MAGIC:
+        import pyarrow as pa
+
+        return SegmentFormat(pa.Codec(CODEC))
+    return SegmentFormat(None, version=1)
+
+
+def segment_pieces(data: bytes, fmt: SegmentFormat, stride: int, last: bool
+            ) -> tuple[list[tuple[int, bytes]], list[tuple[str, int, int | None]]]:  # fmt: skip
+    """A segment's bytes as (offset, whole records) pieces, and what could not be read
+    ((reason, bytes, records where known) each). A kill may cut the last record or
+    frame of the ring's last segment: that is the run's end, not a loss."""
+    if not fmt.framed:  # an old raw segment: records back to back, no checksum
+        whole = len(data) // stride * stride
+        pieces = [(0, data[:whole])] if whole else []
+        if whole < len(data) and not last:
+            return pieces, [("cut short in a record", len(data) - whole, None)]
+        return pieces, []
+    pieces, bad = [], []
+    for frame in iter_segment(data, fmt):
+        records = frame.raw_bytes // stride if frame.raw_bytes is not None else None
+        if frame.raw is not None and len(frame.raw) % stride:
+            bad.append((f"a frame at byte {frame.start:,} of {len(frame.raw):,} bytes, not "
+                        f"whole records of {stride}", frame.end - frame.start, None))  # fmt: skip
+        elif frame.reason is None:
+            pieces.append((frame.start, frame.raw))
+        elif not (frame.reason == CUT and last):
+            more = frame.end < len(data) and frame.reason != CUT
+            what = "; reading went on at the next intact frame" if more else ""
+            bad.append((f"{frame.reason} at byte {frame.start:,}{what}",
+                        frame.end - frame.start, records))  # fmt: skip
+    return pieces, bad
+
+
+def good_records(raw: np.ndarray, stride: int, itemsize: int) -> tuple[np.ndarray, int]:
+    """The records whose ring header is sound (committed, of the ring's size), and how
+    many were not: a damaged header costs its record, not its piece."""
+    rows = raw[: len(raw) // stride * stride].reshape(-1, stride)
+    header = rows[:, :4].copy().view("<u4").ravel()
+    good = ((header & LEN_MASK) == itemsize) & ((header & BUSY_BIT) == 0)
+    if good.all():
+        return raw, 0
+    return rows[good].ravel(), int((~good).sum())

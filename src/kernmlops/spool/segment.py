@@ -1,0 +1,173 @@
+"""One segment file of a ring's spool: opened, described by its json, written in
+frames (kernmlops.spool.frames) and read back a frame at a time. The ring copy
+(kernmlops.spool.copy) decides when a segment starts, where, and who writes it."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kernmlops.ebpf.crc32c import crc32c
+from kernmlops.ebpf.ringbuf import write_all
+from kernmlops.errors import CollectionError
+from kernmlops.fileio import write_atomic
+from kernmlops.spool.frames import CODEC, FRAME, RAW_FRAME, VERSION, raw_head, raw_header_at
+
+#: what a damaged frame met while the collection runs means for its rows
+_KEPT = (": its records are not made; the spool is kept, and `kernmlops recover` makes "
+         "the rows of every other frame")  # fmt: skip
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """A spool json, written atomically and durably."""
+    write_atomic(path, json.dumps(data, indent=1).encode())
+
+
+@dataclass
+class Segment:
+    """One segment file of a ring's spool and where its writing and reading stand."""
+
+    path: Path
+    #: rows every table had before this segment's first record
+    rows_before: dict[str, int]
+    fd: int = -1
+    #: bytes handed over / in the file / read back (raw: before compression)
+    written: int = 0
+    on_disk: int = 0
+    read: int = 0
+    #: bytes of a segment in memory, frame headers included: its share of the budget
+    file_bytes: int = 0
+    #: the file's size at the last flush, in its json: recover names a file found
+    #: shorter than that (cut) as a loss
+    meta_bytes: int = 0
+    #: in SpoolMemory's folder (its bytes count against the budget); written by the
+    #: poll loop itself (a tmpfs write never waits for a disk), not by the writer
+    in_memory: bool = False
+    #: opened because the disk was behind (from the budget's share for stalls)
+    stall: bool = False
+    #: compressed in frames (pyarrow's Codec), or None: raw
+    codec: Any = None
+    #: the file offset of the next frame to read back
+    file_read: int = 0
+    #: whether rows_before is known: a segment opened while the one before it is not
+    #: read to its end gets it once the reading reaches it (its json is rewritten)
+    rows_exact: bool = True
+    #: the copier's struct while the native copier writes it (kernmlops.ebpf.copier)
+    native: Any = None
+    #: the copier left it (its ``written`` is final)
+    native_done: bool = False
+    #: written in zstd frames by the copier (read back with pyarrow's codec)
+    zstd_native: bool = False
+
+    @property
+    def framed(self) -> bool:
+        return self.codec is not None or self.zstd_native
+
+    def open(self) -> None:
+        """Create the segment file (its json written first)."""
+        self.write_meta()
+        # a new file of our own, never one planted there, nor one a link points at
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND | os.O_CLOEXEC
+        self.fd = os.open(self.path, flags, 0o600)
+
+    def write_meta(self, durable: bool = True) -> None:
+        """Write the segment's json: its format, rows before it, size at the last flush."""
+        meta: dict[str, Any] = {
+            "version": VERSION,
+            "rows_before": self.rows_before if self.rows_exact else None,
+        }
+        if self.framed:
+            meta["codec"] = CODEC
+        if self.meta_bytes:
+            meta["bytes"] = self.meta_bytes
+        path = self.path.with_suffix(".json")
+        if durable:
+            write_json(path, meta)
+            return
+        # At a flush: no fsync (it would wait for the spool's dirty pages); a machine
+        # that crashes keeps the json before, a lower bound all the same.
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(meta, indent=1))
+        os.replace(tmp, path)
+
+    def read_frame(self, codec: Any, stride: int) -> bytes:
+        """The records of the segment's next frame (zstd's with ``codec``, else raw),
+        checked; the segment's read positions move past it."""
+        at = self.file_read
+        head_size = FRAME.size if codec is not None else RAW_FRAME.size
+        head = os.pread(self.fd, head_size, at)
+        if len(head) != head_size:
+            raise CollectionError(f"spool {self.path} is shorter than written")
+        if codec is not None:
+            size, raw_size = FRAME.unpack(head)
+        else:
+            found = raw_header_at(head, 0)
+            if found is None:
+                raise CollectionError(f"spool {self.path}: a damaged frame header at byte "
+                                      f"{at:,}{_KEPT}")  # fmt: skip
+            size, crc = found
+            raw_size = size
+        body = os.pread(self.fd, size, at + head_size)
+        if len(body) != size:
+            raise CollectionError(f"spool {self.path} is shorter than written")
+        what = f"the frame at byte {at:,} ({raw_size:,} bytes, {raw_size // stride:,} records)"
+        if codec is None:
+            if crc32c(body) != crc:
+                raise CollectionError(f"spool {self.path}: {what} fails its CRC32C{_KEPT}")
+            raw = body
+        else:
+            try:
+                raw = codec.decompress(body, decompressed_size=raw_size, asbytes=True)
+            except Exception as err:  # the codec raises its own error types
+                raise CollectionError(f"spool {self.path}: {what} fails zstd's check "
+                                      f"({err}){_KEPT}") from None  # fmt: skip
+        self.file_read = at + head_size + size
+        self.read += raw_size
+        return raw
+
+    def remove(self) -> None:
+        """Delete the segment file and its json."""
+        self.path.unlink(missing_ok=True)
+        self.path.with_suffix(".json").unlink(missing_ok=True)
+
+
+def frames_of(run: list[bytes], size: int) -> Iterator[bytes | memoryview]:
+    """The run's bytes cut in frames of ``size`` (the last shorter), each joined from
+    the pieces it spans: never the whole run at once (a batch of MiB would be mapped
+    and unmapped for every write)."""
+    pieces: list[memoryview] = []
+    have = 0
+    for chunk in run:
+        view = memoryview(chunk)
+        while view:
+            take = view[: size - have]
+            pieces.append(take)
+            have += len(take)
+            view = view[len(take) :]
+            if have == size:
+                yield pieces[0] if len(pieces) == 1 else b"".join(pieces)
+                pieces, have = [], 0
+    if pieces:
+        yield pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+
+def write_raw_frame(fd: int, raw: bytes | memoryview) -> int:
+    """A raw frame: its header, then the records (a kill between them cuts the frame,
+    which a reader tells from damage); the bytes written."""
+    write_all(fd, raw_head(raw))
+    write_all(fd, raw)
+    return RAW_FRAME.size + len(raw)
+
+
+def write_frame(fd: int, raw: bytes | memoryview, codec: Any) -> int:
+    """A frame of ``raw``, compressed with ``codec`` (None: a raw frame); the bytes
+    written."""
+    if codec is None:
+        return write_raw_frame(fd, raw)
+    packed = codec.compress(raw, asbytes=True)
+    write_all(fd, FRAME.pack(len(packed), len(raw)) + packed)
+    return FRAME.size + len(packed)

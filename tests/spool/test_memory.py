@@ -1,0 +1,96 @@
+"""The spool's memory on a tmpfs: whose folder it is, what a killed or moved
+collection left there, what a reboot took, and a link that is not the spool's own."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from kernmlops.spool.recovery import pending_spools
+from tests.spool.conftest import make_collection
+
+
+def test_a_memory_folder_someone_else_made_is_not_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kernmlops.spool import memory as spool_mod
+
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(spool_mod, "SHM", shm)
+    monkeypatch.setattr(spool_mod, "_is_tmpfs", lambda path: True)
+    planted = shm / f"{spool_mod.MEMORY_PREFIX}c1"
+    planted.mkdir(mode=0o777)
+    os.chmod(planted, 0o777)  # another user's, open to all (or a link): not ours
+    assert spool_mod.spool_memory(tmp_path / "c1" / ".spool", "c1", 8) is None
+    assert spool_mod.spool_memory(tmp_path / "c2" / ".spool", "c2", 8) is not None
+
+
+def test_recover_says_when_the_memory_link_is_not_the_spools_own(tmp_path: Path, shm: Path) -> None:
+    # never read, never deleted, but never in silence either: rows of this
+    # collection may be in the folder it names
+    import subprocess
+    import sys
+
+    from kernmlops.spool.memory import MEMORY_LINK, foreign_memory
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "quanta_runtime.00000.ring").write_bytes(b"x" * 64)
+    spool_dir = make_collection(tmp_path / "c", "c1")
+    spool_dir.mkdir()
+    (spool_dir / MEMORY_LINK).symlink_to(elsewhere)
+    assert foreign_memory(tmp_path / "c") == elsewhere
+    out = subprocess.run(
+        [sys.executable, "-m", "kernmlops", "recover", str(tmp_path / "c")],
+        capture_output=True, text=True, env={**os.environ, "COLUMNS": "400"},
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert f"the spool's memory link names {elsewhere}" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert (elsewhere / "quanta_runtime.00000.ring").read_bytes() == b"x" * 64  # untouched
+    assert foreign_memory(tmp_path / "c2") is None  # no collection, no link: nothing
+
+
+def test_a_moved_collections_memory_is_kept_and_named_at_the_next_start(
+    tmp_path: Path, shm: Path
+) -> None:
+    # Kill a collection, move its folder, start another: the memory spool of the moved
+    # one holds the only copy of its rows. It is listed (size, where), never deleted,
+    # and recover on the moved folder still finds it through the collection's id.
+    from kernmlops.spool.memory import leftover_memory, spool_memory
+    from kernmlops.spool.recovery import spool_folders
+
+    spool_dir = make_collection(tmp_path / "a", "ida")
+    memory = spool_memory(spool_dir, "ida", 8)
+    assert memory is not None
+    (memory.folder / "events.00000.ring").write_bytes(b"x" * 3000)
+    assert leftover_memory() == []  # a young folder: a collector may be making it
+    os.utime(memory.folder, (0, 0))
+    (left,) = leftover_memory()
+    assert (left.folder, left.bytes, left.collection, left.found) == (
+        memory.folder, 3000 + len(str(spool_dir.resolve())), tmp_path / "a", True
+    )  # fmt: skip
+    assert f"`kernmlops recover {tmp_path / 'a'}`" in left.describe()
+    (tmp_path / "a").rename(tmp_path / "moved")
+    spool_memory(make_collection(tmp_path / "b", "idb"), "idb", 8)  # the next start
+    (left,) = leftover_memory()
+    assert left.folder == memory.folder and not left.found
+    assert "moved or deleted since" in left.describe()
+    assert (memory.folder / "events.00000.ring").exists()
+    moved = tmp_path / "moved" / ".spool"
+    assert spool_folders(moved) == [moved, moved / "mem"]
+    assert [p.name for p in pending_spools(tmp_path / "moved")] == ["events.00000.ring"]
+
+
+def test_memory_gone_after_a_reboot_is_named(tmp_path: Path) -> None:
+    from kernmlops.spool.memory import MEMORY_LINK, memory_lost
+
+    spool_dir = tmp_path / "c" / ".spool"
+    spool_dir.mkdir(parents=True)
+    assert memory_lost(tmp_path / "c") is None
+    (spool_dir / MEMORY_LINK).symlink_to(tmp_path / "shm-gone")
+    assert memory_lost(tmp_path / "c") == tmp_path / "shm-gone"
+    assert pending_spools(tmp_path / "c") == []  # only what is on disk is left

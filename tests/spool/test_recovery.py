@@ -1,0 +1,79 @@
+"""Finding a killed collection's spool in both its folders (the disk's and the
+memory's), in order, and removing it: never through a link to another folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kernmlops.spool.recovery import pending_spools
+from tests.spool.conftest import make_collection
+
+
+def test_a_killed_collections_spool_is_recovered_from_memory_and_disk(
+    tmp_path: Path, shm: Path
+) -> None:
+    # pending_spools and the order of segments across the two folders (the link
+    # "mem" is how a collection finds its tmpfs folder)
+    from kernmlops.spool.memory import MEMORY_LINK, spool_memory
+    from kernmlops.spool.recovery import remove_spool, spool_folders
+
+    spool_dir = make_collection(tmp_path / "c", "c1")
+    memory = spool_memory(spool_dir, "c1", 8)
+    assert memory is not None and memory.folder == shm / "kernmlops-spool-c1"
+    for folder, n in ((memory.folder, 0), (spool_dir, 1), (memory.folder, 2), (spool_dir, 10)):
+        (folder / f"events.{n:05d}.ring").write_bytes(b"")
+    assert spool_folders(spool_dir) == [spool_dir, spool_dir / MEMORY_LINK]
+    assert [p.name for p in pending_spools(tmp_path / "c")] == [
+        "events.00000.ring", "events.00001.ring", "events.00002.ring", "events.00010.ring"
+    ]  # fmt: skip
+    remove_spool(spool_dir)
+    assert not spool_dir.exists() and not memory.folder.exists()
+
+
+def test_a_collection_copied_with_its_memory_folder_keeps_those_segments(
+    tmp_path: Path, shm: Path
+) -> None:
+    # cp -r / shutil.copytree follow the link: the copy's "mem" is a folder of its
+    # own inside the spool, and recover must read its segments (under a storm they
+    # hold every row that was not made yet).
+    import shutil
+
+    from kernmlops.spool.memory import MEMORY_LINK, spool_memory
+    from kernmlops.spool.recovery import spool_folders
+
+    spool_dir = make_collection(tmp_path / "c", "c1")
+    memory = spool_memory(spool_dir, "c1", 8)
+    assert memory is not None
+    for folder, n in ((memory.folder, 0), (spool_dir, 1)):
+        (folder / f"events.{n:05d}.ring").write_bytes(b"x")
+    shutil.copytree(tmp_path / "c", tmp_path / "copy")
+    copied = tmp_path / "copy" / spool_dir.relative_to(tmp_path / "c")
+    assert not (copied / MEMORY_LINK).is_symlink()
+    assert spool_folders(copied) == [copied, copied / MEMORY_LINK]
+    assert [p.name for p in pending_spools(tmp_path / "copy")] == [
+        "events.00000.ring", "events.00001.ring"
+    ]  # fmt: skip
+
+
+def test_a_memory_link_to_anything_but_its_own_folder_is_never_read_nor_deleted(
+    tmp_path: Path, shm: Path
+) -> None:
+    # A collection folder someone planted (or one damaged): its link names another
+    # folder. Neither recover nor the removal of its spool may touch that folder.
+    from kernmlops.spool.memory import MEMORY_LINK
+    from kernmlops.spool.recovery import remove_spool, spool_folders
+
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "x.00000.ring").write_bytes(b"keep")
+    other = shm / "kernmlops-spool-someone-else"
+    other.mkdir(mode=0o700)
+    for n, target in enumerate((precious, other)):
+        spool_dir = make_collection(tmp_path / f"c{n}", f"c{n}")
+        (spool_dir).mkdir()
+        (spool_dir / MEMORY_LINK).symlink_to(target)
+        assert spool_folders(spool_dir) == [spool_dir]
+        assert pending_spools(tmp_path / f"c{n}") == []
+        remove_spool(spool_dir)
+        assert target.exists() and not spool_dir.exists()
+    assert (precious / "x.00000.ring").read_bytes() == b"keep"
