@@ -15,13 +15,18 @@ Stages, each measured on its own (rounds of ``--seconds``):
 * ``spool-disk``: the same into zstd frames on the collection's disk (past the memory
   budget);
 * ``parquet``: the disk spool read back, split into quanta_runtime and
-  quanta_queued_time rows and written by ParquetSink, as a collection makes them.
+  quanta_queued_time rows and written by ParquetSink, as a collection makes them
+  while it runs (plain parts; ``compaction_s``: what compacting them at stop costs);
+* ``parquet-workers``: the same spool made into compact parts by the stop's row
+  workers (kernmlops.collect.rowmaking, one per CPU: ``--row-workers``), start-up
+  of the processes included; their CPU is the workers' own.
 
 Per stage: records/s on the wall clock, records per second of the reader's own CPU
 time (its capacity per core), MB/s of ring bytes, and whether the producer ever found
 the ring three quarters full (the reader fell behind). Then the prediction: the
 records/s a storm makes at N cores (``--per-core-rate``, default: the 16-core
-machine's 8.03M switches/s over 16 CPUs) against the capacity.
+machine's 8.03M switches/s over 16 CPUs) against the capacity: the reader cores
+the copy needs, and the seconds N row workers take at stop per second of storm.
 
 Run (root; clang and bpftool as for ``make bpf``):
 
@@ -33,6 +38,7 @@ from __future__ import annotations
 import ctypes
 import math
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -45,6 +51,7 @@ import numpy as np
 from bench import harness
 from bench.harness import save
 from kernmlops.collect.parquet import ParquetSink
+from kernmlops.collect.rowmaking import make_spooled_rows
 from kernmlops.ebpf.btf import unbatch
 from kernmlops.ebpf.build import compile_object, default_build_dir
 from kernmlops.ebpf.copier import Copier
@@ -54,6 +61,7 @@ from kernmlops.hooks.base import HookContext
 from kernmlops.hooks.quanta_runtime import QuantaRuntimeHook
 from kernmlops.spool.copy import SYNC_BYTES, RingSpool
 from kernmlops.spool.frames import FRAME_RAW
+from kernmlops.spool.jobs import SpoolWork
 from kernmlops.spool.memory import SpoolMemory
 
 BENCH = Path(__file__).resolve().parent
@@ -123,7 +131,11 @@ def run_producer(obj, seconds: float, cpu: int) -> None:
 
 def stage_spool(obj, folder: Path, memory: SpoolMemory | None, itemsize: int, seconds: float,
                 cpus: tuple[int, int], priority: int, workers: int = 0) -> dict:  # fmt: skip
-    spool = RingSpool(folder, "quanta_switch", itemsize, {}, memory=memory)
+    # what decodes the records (the row workers read it)
+    info = {"hook": "quanta_runtime", "options": QuantaRuntimeHook.Options().model_dump(),
+            "ring": "quanta_switch_rb",
+            "object": str(default_build_dir() / "quanta_runtime.bpf.o")}  # fmt: skip
+    spool = RingSpool(folder, "quanta_switch", itemsize, info, memory=memory)
     copier = Copier(interval_ms=250, budget=memory.budget if memory else None,
                     frame_raw=max(FRAME_RAW, workers * (512 << 10)), sync_bytes=SYNC_BYTES,
                     workers=workers)  # fmt: skip
@@ -163,6 +175,46 @@ def stage_spool(obj, folder: Path, memory: SpoolMemory | None, itemsize: int, se
     }, spool
 
 
+class _Spooled:
+    """What the stop's row making asks of a hook, on one spool; the spool is left
+    unread, for the one-core stage after."""
+
+    def __init__(self, spool: RingSpool) -> None:
+        self.spool = spool
+        self.events = 0
+
+    def spool_work(self) -> list[SpoolWork]:
+        return [SpoolWork(self.spool.folder, self.spool.key, self.spool.unread())]
+
+    def spool_made(self, key: str, rows: dict[str, int], events: int) -> None:
+        self.events = events
+
+
+def stage_parquet_workers(spool: RingSpool, out: Path, workers: int) -> dict:
+    """The disk spool -> compact parts in ``workers`` processes (as at a stop)."""
+    hook = _Spooled(spool)
+    sink = ParquetSink(out, "capacity", fast_parts=True)
+    t0, c0 = time.monotonic(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = make_spooled_rows(
+        [hook], sink, lambda: sink.flush(durable=True), None, min_raw=0, workers=workers
+    )  # type: ignore[list-item]
+    rows = sink.close()
+    wall, c1 = time.monotonic() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (c1.ru_utime + c1.ru_stime) - (c0.ru_utime + c0.ru_stime)
+    records = hook.events
+    return {
+        "workers": workers,
+        "made": bool(done),
+        "records": records,
+        "rows": sum(rows.values()),
+        "wall_s": round(wall, 3),
+        "reader_cpu_s": round(cpu, 3),
+        "records_per_s": round(records / wall),
+        "records_per_reader_cpu_s": round(records / cpu) if cpu else None,
+        "parquet_bytes": sum(p.stat().st_size for p in out.rglob("*.parquet")),
+    }
+
+
 def stage_parquet(spool: RingSpool, layout, out: Path) -> dict:
     """The disk spool -> rows -> Parquet, on this thread (one core)."""
     hook = QuantaRuntimeHook()
@@ -177,7 +229,11 @@ def stage_parquet(spool: RingSpool, layout, out: Path) -> dict:
             rows += frame.num_rows
     sink.close()
     wall, cpu = time.monotonic() - t0, time.thread_time() - c0
+    t1 = time.monotonic()
+    sink.compact()
+    compaction = time.monotonic() - t1
     return {
+        "compaction_s": round(compaction, 3),
         "records": records,
         "rows": rows,
         "wall_s": round(wall, 3),
@@ -194,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--priority", type=int, default=1, help="the copier's SCHED_FIFO priority")
     ap.add_argument("--workers", type=int, default=0, help="zstd workers in spool-disk")
+    ap.add_argument("--row-workers", type=int, default=os.cpu_count() or 1,
+                    help="processes in parquet-workers (default: one per CPU)")  # fmt: skip
     ap.add_argument("--storm", default="stress-ng --switch 2 -t 2",
                     help="the storm whose records the producer sends")  # fmt: skip
     ap.add_argument(
@@ -211,7 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="kmo-capacity-"))
     shm = Path(tempfile.mkdtemp(prefix="kmo-capacity-", dir="/dev/shm"))
     obj = producer(bpf_dir, batch_dtype.itemsize, templates)
-    results: dict[str, list[dict]] = {"spool-memory": [], "spool-disk": [], "parquet": []}
+    results: dict[str, list[dict]] = {
+        "spool-memory": [], "spool-disk": [], "parquet": [], "parquet-workers": []
+    }  # fmt: skip
     try:
         for r in range(args.rounds):
             mem_folder = shm / f"r{r}"
@@ -228,6 +288,10 @@ def main(argv: list[str] | None = None) -> int:
                                      args.seconds, cpus, args.priority, args.workers)  # fmt: skip
             results["spool-disk"].append(res)
             print("spool-disk", res, flush=True)
+            res = stage_parquet_workers(spool, work / f"w{r}", args.row_workers)
+            shutil.rmtree(work / f"w{r}")
+            results["parquet-workers"].append(res)
+            print("parquet-workers", res, flush=True)
             os.sched_setaffinity(0, {cpus[1]})
             pq = stage_parquet(spool, layout, work / f"p{r}")
             os.sched_setaffinity(0, set(range(ncpu)))
@@ -258,6 +322,9 @@ def main(argv: list[str] | None = None) -> int:
         for stage in ("spool-memory", "spool-disk"):
             capacity = summary[stage]["records_per_reader_cpu_s"]
             row[f"{stage}_reader_cores"] = round(need / capacity, 2)
+        # the stop: n row workers make a storm's rows in this share of its length
+        per_core = summary["parquet-workers"]["records_per_reader_cpu_s"]
+        row["stop_s_per_storm_s"] = round(need / (n * per_core), 2)
         prediction.append(row)
     # the same three keys as before the harness; the harness adds its full record
     machine = {k: harness.machine()[k] for k in ("cpus", "kernel", "cpu_model")}

@@ -62,6 +62,31 @@ def thread_cpu(pid: int, acc: dict[int, tuple[str, float]]) -> None:
         pass
 
 
+def children_rss_kb(pid: int) -> int:
+    """RSS of every process below ``pid`` but the storm's (the row workers at stop)."""
+    total, todo = 0, [pid]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").glob("*/children"):
+            try:
+                kids = [int(k) for k in task.read_text().split()]
+            except OSError:
+                continue
+            for kid in kids:
+                try:
+                    status = Path(f"/proc/{kid}/status").read_text()
+                except OSError:
+                    continue
+                if "\nName:\tpython" not in "\n" + status and not status.startswith(
+                    "Name:\tpython"
+                ):
+                    continue  # the storm and its tree are not the collector's
+                todo.append(kid)
+                for ln in status.splitlines():
+                    if ln.startswith("VmRSS:"):
+                        total += int(ln.split()[1])
+    return total
+
+
 def shm_used() -> int:
     st = os.statvfs("/dev/shm")
     return (st.f_blocks - st.f_bfree) * st.f_frsize
@@ -109,12 +134,13 @@ def one(storm: str | None, pairs: int, seconds: float, extra: list[str]) -> dict
 
     th = threading.Thread(target=read, daemon=True)
     th.start()
-    peak_rss = peak_shm = 0
+    peak_rss = peak_shm = peak_children = 0
     threads: dict[int, tuple[str, float]] = {}
     at_end: dict[str, float] | None = None
     while p.poll() is None:
         peak_rss = max(peak_rss, hwm_kb(p.pid))
         peak_shm = max(peak_shm, shm_used() - shm0)
+        peak_children = max(peak_children, children_rss_kb(p.pid))
         thread_cpu(p.pid, threads)
         if at_end is None and any(_ended(ln) for _, ln in lines):
             at_end = {}
@@ -137,6 +163,7 @@ def one(storm: str | None, pairs: int, seconds: float, extra: list[str]) -> dict
         "rc": p.returncode,
         "exit_s": t_exit,
         "collector_peak_rss_mb": peak_rss / 1024,
+        "row_workers_peak_rss_mb": peak_children / 1024,
         "shm_peak_mb": peak_shm / 2**20,
     }
     # the storm prints one JSON line at its end: that time is the benchmark's end
@@ -182,6 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pairs", type=int, default=0, help="default: the CPUs allowed")
     ap.add_argument("--seconds", type=float, nargs="+", default=[5.0])
     ap.add_argument("--collect-args", default="", help="more `collect` options, one string")
+    ap.add_argument("--row-workers", nargs="+", default=[],
+                    help="collector.spool_row_workers settings to compare, interleaved per "
+                    "duration (e.g. `1 null`)")  # fmt: skip
+    ap.add_argument("--rounds", type=int, default=1, help="runs of each setting and duration")
     ap.add_argument("--deadline", type=float, default=0.0,
                     help="unix time: no run starts that would end after it")  # fmt: skip
     ap.add_argument("--out", type=Path, default=harness.result_path("storm-tree"))
@@ -189,20 +220,30 @@ def main(argv: list[str] | None = None) -> int:
     pairs = a.pairs or len(os.sched_getaffinity(0))
     extra = a.collect_args.split()
     body: dict = {"pairs": pairs, "cpus": len(os.sched_getaffinity(0)), "runs": []}
-    for s in a.seconds:
+    settings: list[str | None] = list(a.row_workers) or [None]
+    configs: dict[str | None, list[str]] = {None: []}
+    for w in a.row_workers:
+        path = Path(tempfile.mkstemp(prefix="kmo-rows-", suffix=".yaml")[1])
+        path.write_text(f"collector:\n  spool_row_workers: {w}\n")
+        configs[w] = ["-c", str(path)]
+    runs = [(s, w) for s in a.seconds for _ in range(a.rounds) for w in settings]
+    for s, w in runs:
         # a run takes the storm, then ~3x as long again to make its rows (16 CPUs)
         if a.deadline and time.time() + s * 4 + 25 > a.deadline:
             body.setdefault("skipped", []).append(s)
             print(f"[storm-tree] {s:g} s: skipped (deadline)", flush=True)
             continue
-        rec = one(a.storm, pairs, s, extra)
+        rec = one(a.storm, pairs, s, extra + configs[w])
         rec["seconds"] = s
+        rec["row_workers"] = w
         body["runs"].append(rec)
         harness.save(a.out, body)
         hooks = rec.get("hooks") or {}
         drops = {n: (h.get("drops") or 0) + (h.get("missed") or 0) for n, h in hooks.items()}
-        print(f"[storm-tree] {pairs} pairs {s:g} s: rc {rec['rc']}, exit {rec['exit_s']:.1f} s, "
-              f"end->exit {rec['end_to_exit_s']}, rss {rec['collector_peak_rss_mb']:.0f} MB, "
+        print(f"[storm-tree] {pairs} pairs {s:g} s, row workers {w}: rc {rec['rc']}, "
+              f"exit {rec['exit_s']:.1f} s, "
+              f"end->exit {rec['end_to_exit_s']}, rss {rec['collector_peak_rss_mb']:.0f} MB "
+              f"(row workers {rec['row_workers_peak_rss_mb']:.0f} MB), "
               f"shm {rec['shm_peak_mb']:.0f} MB, read {rec.get('read_collection_s')}, "
               f"events {sum((h.get('events') or 0) for h in hooks.values())}, drops {drops}, "
               f"rows {rec.get('read_rows')}", flush=True)  # fmt: skip

@@ -40,6 +40,15 @@ def _say(text: str) -> None:
     click.echo(text, err=True)
 
 
+def _session_message(text: str) -> None:
+    """A collection's message: a progress note ("note: ...") as it is, anything else
+    as a warning."""
+    if text.startswith("note: "):
+        _console().print(text.removeprefix("note: "), highlight=False)
+    else:
+        _console().print(f"[yellow]warning:[/] {text}", highlight=False)
+
+
 class _LazyGroup(click.Group):
     """Commands of other packages are imported only when asked for: `collect`
     does not pay for the analysis side's imports before its probes attach."""
@@ -336,9 +345,7 @@ def collect(
             config,
             on_progress=on_progress,
             on_attached=on_attached,
-            on_message=lambda text: _console().print(
-                f"[yellow]warning:[/] {text}", highlight=False
-            ),
+            on_message=_session_message,
         )
         _say(f"collecting into {session.path}")
         try:

@@ -372,17 +372,24 @@ def test_caller_hooks_and_participants_are_ordinary_participants(tmp_path: Path)
     assert col.manifest.state == "duration"
 
 
-def test_with_no_cpu_to_spare_rows_wait_in_the_spool_until_stop(tmp_path: Path) -> None:
+@pytest.mark.parametrize("row_workers", [1, 3])
+def test_with_no_cpu_to_spare_rows_wait_in_the_spool_until_stop(
+    tmp_path: Path, row_workers: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A machine that never has CPU to spare (spool_spare_cpus past its CPUs): during the
     # run the rings only go to the spool, no row is made; at stop every record becomes
-    # a row, the rows equal the records, and the spool is gone.
+    # a row (in the collector, or in 3 worker processes), the rows equal the records,
+    # and the spool is gone.
     import os
     import subprocess
     import time
 
+    from kernmlops.spool import jobs as spool_module
+
+    monkeypatch.setattr(spool_module, "PIECE_RAW", 1 << 20)  # a job per worker
     cfg = _config(
         tmp_path, hooks=["quanta_runtime"], flush_interval_s=0.2,
-        spool_spare_cpus=float((os.cpu_count() or 1) + 1),
+        spool_spare_cpus=float((os.cpu_count() or 1) + 1), spool_row_workers=row_workers,
     )  # fmt: skip
     cfg.benchmark.duration_s = 2.0
     seen: list[int] = []
@@ -401,7 +408,11 @@ def test_with_no_cpu_to_spare_rows_wait_in_the_spool_until_stop(tmp_path: Path) 
     assert status.events <= switches <= 2 * status.events  # each record gives 1 or 2 rows
     c = read_collection(result.path)
     assert c["quanta_runtime"].height == rows["quanta_runtime"]
+    assert c["quanta_queued_time"].height == rows["quanta_queued_time"]
     assert not (result.path / ".spool").exists()
+    assert not list(result.path.glob(".rows-*"))
+    parts = c.manifest.tables["quanta_runtime"].files
+    assert len(parts) == (1 if row_workers == 1 else 3)  # the workers' parts kept whole
 
 
 def _count_polls(monkeypatch: pytest.MonkeyPatch) -> list[float]:

@@ -34,10 +34,15 @@ def bpf_ids() -> tuple[set[int], set[int]]:
     """Ids of every BPF program and link on the machine."""
     ids = []
     for kind in ("prog", "link"):
-        out = subprocess.run(
-            ["bpftool", "-j", kind, "show"], capture_output=True, text=True, check=True
-        ).stdout
-        ids.append({entry["id"] for entry in json.loads(out or "[]")})
+        for attempt in range(5):
+            # bpftool fails (255) when a link it listed is freed before it opens it: a
+            # killed collector's links go asynchronously
+            run = subprocess.run(["bpftool", "-j", kind, "show"], capture_output=True, text=True)
+            if run.returncode == 0 or attempt == 4:
+                run.check_returncode()
+                break
+            time.sleep(0.2)
+        ids.append({entry["id"] for entry in json.loads(run.stdout or "[]")})
     return ids[0], ids[1]
 
 

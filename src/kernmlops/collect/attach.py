@@ -4,9 +4,10 @@ Each hook is started with the collection's context (the process filter, the spoo
 its memory, the pacer that says when spooled records may become rows); one that cannot
 attach is named with its reason, and with ``--strict`` that is the collection's error.
 At the end every hook is stopped in the order that loses nothing: all programs detached
-first, then each drained into the sink (or, with no room left, parked in its spool for
-``kernmlops recover``) and closed. A spool's failed write is the output's error
-(kernmlops.collect.space).
+first, then what the spools hold made into rows on every core where it is much
+(kernmlops.collect.rowmaking), then each drained into the sink (or, with no room
+left, parked in its spool for ``kernmlops recover``) and closed. A spool's failed
+write is the output's error (kernmlops.collect.space).
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kernmlops.collect.disk import human_bytes
+from kernmlops.collect.rowmaking import MIN_PARALLEL_RAW, make_spooled_rows
 from kernmlops.collect.sinks import ThreadedSink
 from kernmlops.collect.tuning import trim_as_usual
-from kernmlops.errors import HookUnavailable, KernmlopsError
+from kernmlops.errors import CollectionError, HookUnavailable, KernmlopsError
 from kernmlops.hooks.base import Hook, HookContext
 from kernmlops.host.cpus import SpareCpu
 from kernmlops.spool.memory import spool_memory
@@ -28,6 +30,7 @@ from kernmlops.tables import Rows, Sink
 if TYPE_CHECKING:
     from kernmlops.collect.benchmark import Step
     from kernmlops.collect.filter import ProcessFilter
+    from kernmlops.collect.parquet import ParquetSink
     from kernmlops.collect.space import SpaceGuard
     from kernmlops.config import CollectorConfig
 
@@ -160,9 +163,11 @@ def detach_all(
     *,
     full: bool,
     on_message: Callable[[str], None] | None,
+    row_workers: int | None = None,
 ) -> None:
     """Detach every hook, then drain each into ``sink`` and close it; ``full``: the
-    output is out of room, and spooled records stay in the spool."""
+    output is out of room, and spooled records stay in the spool. ``row_workers``:
+    collector.spool_row_workers."""
     for hook in hooks:
         # every program stops before any final drain: a ring still being filled
         # while the others' rows are made would overflow
@@ -173,12 +178,50 @@ def detach_all(
     # Out of space, spooled records stay in the spool for `kernmlops recover`: their
     # rows would take the room the disk no longer has.
     parked = [h for h in hooks if full and _spooling(h)]
+    if isinstance(sink, ThreadedSink) and space.parquet is not None:
+        rows_on = (row_workers, 0) if row_workers is not None else (None, MIN_PARALLEL_RAW)
+        _rows_on_all_cores(hooks, sink, space.parquet, space, parked, step, on_message, rows_on)
     spooled = sum(spooled_bytes(h) for h in hooks if h not in parked)
     if spooled >= 64 << 20 and on_message:
-        on_message(f"making rows from {human_bytes(spooled)} of spooled records")
+        on_message(f"note: making rows from {human_bytes(spooled)} of spooled records")
     for hook in hooks:
         if hook in parked:
             step(lambda hook=hook: space.spool_call(lambda: _park(hook)))
         else:
             step(lambda hook=hook: drain(hook, sink, space, final=True))
         step(hook.close)  # idempotent: detaches even if the final drain failed
+
+
+def _rows_on_all_cores(
+    hooks: Sequence[Hook],
+    sink: ThreadedSink,
+    parquet: ParquetSink,
+    space: SpaceGuard,
+    parked: list[Hook],
+    step: Step,
+    on_message: Callable[[str], None] | None,
+    workers: tuple[int | None, int],
+) -> None:
+    """The spooled rows made on every core the collector may use, where there are
+    enough of them (kernmlops.collect.rowmaking); if their parts could not all be
+    taken in, the hooks are parked (the rest stays for ``kernmlops recover``)."""
+    candidates = [h for h in hooks if h not in parked and hasattr(h, "spool_work")]
+    count, min_raw = workers
+    if not candidates or count in (0, 1):
+        return
+
+    def run() -> None:
+        try:
+            make_spooled_rows(
+                candidates,
+                parquet,
+                lambda: sink.flush(durable=True),
+                on_message,
+                min_raw=min_raw,
+                workers=count,
+            )
+        except CollectionError:
+            parked.extend(h for h in candidates if _spooling(h))
+            raise
+
+    step(lambda: space.spool_call(run))

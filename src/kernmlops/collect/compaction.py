@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from itertools import groupby
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,10 +41,14 @@ def compact_table(
     state: TableState, collection_dir: Path, fmt: PartFormat, rows_per_file: int
 ) -> str:
     """Rewrite the finished parts of ``state``'s table under ``collection_dir`` and
-    swap them in: ``"compacted"``, or why it was skipped (the parts then stay)."""
+    swap them in: ``"compacted"``, or why it was skipped (the parts then stay). Parts
+    written compact and whole already (``state.compact_files``) are kept as they
+    are, linked into the new folder in their place."""
     folder = collection_dir / state.name
-    parts = [collection_dir / f for f in state.files]
-    size = sum(p.stat().st_size for p in parts)
+    plain = [collection_dir / f for f in state.files if f not in state.compact_files]
+    if not plain:
+        return "skipped: compact already"
+    size = sum(p.stat().st_size for p in plain)
     free = free_bytes(collection_dir)
     # The new file is about as large as the parts; keep room for the manifest too.
     if free is not None and free < size + size // 8 + 16 * 2**20:
@@ -53,7 +58,15 @@ def compact_table(
         if scratch.exists():  # left by a collector killed while compacting
             shutil.rmtree(scratch)
         scratch.mkdir()
-        names = rewrite(state, parts, scratch, fmt, rows_per_file)
+        names: list[str] = []
+        for whole, run in groupby(state.files, key=lambda f: f in state.compact_files):
+            parts = [collection_dir / f for f in run]
+            if not whole:
+                names += rewrite(state, parts, scratch, fmt, rows_per_file, first=len(names))
+                continue
+            for part in parts:  # a second name for the same file: no bytes copied
+                os.link(part, scratch / part_name(len(names)))
+                names.append(part_name(len(names)))
         rows = sum(pq.ParquetFile(scratch / name).metadata.num_rows for name in names)
         if rows != state.finished_rows:  # never swap in files that lost rows
             return f"skipped: rewrote {rows} rows of {state.finished_rows}"
@@ -69,13 +82,20 @@ def compact_table(
     # The old parts are now in the hidden folder.
     shutil.rmtree(scratch, ignore_errors=True)
     state.files = [f"{state.name}/{name}" for name in names]
+    state.compact_files = set(state.files)
     return "compacted"
 
 
 def rewrite(
-    state: TableState, parts: list[Path], folder: Path, fmt: PartFormat, rows_per_file: int
+    state: TableState,
+    parts: list[Path],
+    folder: Path,
+    fmt: PartFormat,
+    rows_per_file: int,
+    first: int = 0,
 ) -> list[str]:
-    """Copy the rows of ``parts`` in order into new parts in ``folder``, in full row
+    """Copy the rows of ``parts`` in order into new parts in ``folder`` (numbered from
+    ``first``), in full row
     groups and at most ``rows_per_file`` rows a part (a writer holds every row
     group's metadata until it closes: about 10 KiB each, tens of MiB for one file
     of hours of a busy table); the names of the finished parts, in order."""
@@ -92,7 +112,7 @@ def rewrite(
         assert writer is not None
         writer.close()
         writer = None
-        temp, name = folder / temp_name(len(names)), part_name(len(names))
+        temp, name = folder / temp_name(first + len(names)), part_name(first + len(names))
         fsync_path(temp)
         os.replace(temp, folder / name)
         names.append(name)
@@ -100,7 +120,7 @@ def rewrite(
     def write(batches: list[pa.RecordBatch], size: int | None = None) -> None:
         nonlocal writer, file_rows
         if writer is None:
-            writer = fmt.writer(state, folder / temp_name(len(names)), compact=True)
+            writer = fmt.writer(state, folder / temp_name(first + len(names)), compact=True)
             file_rows = 0
         table = data_columns(state, pa.Table.from_batches(batches))
         writer.write_table(fmt.part_rows(state, table), row_group_size=size)

@@ -36,6 +36,7 @@ from kernmlops.collect.parts import (
     check_table_name,
     conform,
     data_columns,
+    drift_message,
     part_name,
     plan_encodings,
     temp_name,
@@ -253,6 +254,40 @@ class ParquetSink:
             )
         return outcome
 
+    def adopt(self, table: str, part: Path, rows: int, schema: pa.Schema) -> None:
+        """Make ``part`` (a finished, compactly encoded part written by another process
+        on this filesystem, of ``rows`` rows of ``schema``) the table's next part: it
+        is renamed into place after every part written so far (flush first)."""
+        check_table_name(table)
+        with self._lock:
+            if self._closed or self.failure is not None:
+                raise RuntimeError(f"ParquetSink for {self.collection_dir} cannot adopt parts")
+            state = self._tables.get(table)
+            if state is None:
+                state = self._tables[table] = TableState(table)
+            if state.buffered_rows or state.writer is not None:
+                raise RuntimeError(f"table {table!r} has rows not flushed: flush before adopting")
+            if state.schema is None:
+                state.schema = schema
+            elif not schema.equals(state.schema):
+                raise CollectionError(drift_message(table, state.schema, schema))
+            folder = self.collection_dir / table
+            folder.mkdir(parents=True, exist_ok=True)
+            final = folder / part_name(state.part)
+            if final.exists():
+                raise CollectionError(
+                    f"{final} already exists: refusing to overwrite a finished part"
+                )
+            with self._guard():
+                os.rename(part, final)
+                fsync_path(folder)
+            name = final.relative_to(self.collection_dir).as_posix()
+            state.files.append(name)
+            state.compact_files.add(name)
+            state.finished_rows += rows
+            state.rows += rows
+            state.part += 1
+
     # -- inspection ----------------------------------------------------------------------
 
     def resume(self, table: str, parts: int) -> None:
@@ -281,6 +316,12 @@ class ParquetSink:
         """Finished files and rows per table as of the last durable flush. Takes no lock:
         the poll loop must never wait for the writer thread."""
         return self._checkpoint
+
+    def table_schema(self, table: str) -> pa.Schema | None:
+        """The schema every batch of ``table`` has (its first batch's), if it had one."""
+        with self._lock:
+            state = self._tables.get(table)
+            return state.schema if state is not None else None
 
     def finished_rows(self) -> dict[str, int]:
         """Rows in finished (readable) parts per table."""

@@ -31,7 +31,14 @@ else:
     pa = lazy_import("pyarrow")
     pq = lazy_import("pyarrow.parquet")
 
-__all__ = ["PartFormat", "TableState", "check_table_name", "part_name", "temp_name"]
+__all__ = [
+    "PartFormat",
+    "TableState",
+    "check_table_name",
+    "drift_message",
+    "part_name",
+    "temp_name",
+]
 
 # Table names become folder names; keep them plain so Hive readers never take one for a
 # partition (``a=b``) or a hidden file (``.x``).
@@ -57,7 +64,7 @@ def check_table_name(table: str) -> None:
         )
 
 
-def _drift_message(table: str, expected: pa.Schema, got: pa.Schema) -> str:
+def drift_message(table: str, expected: pa.Schema, got: pa.Schema) -> str:
     want = {f.name: f.type for f in expected}
     have = {f.name: f.type for f in got}
     missing = [name for name in want if name not in have]
@@ -101,6 +108,9 @@ class TableState:
     rows: int = 0  # rows handed to Parquet writers (buffered rows not counted)
     finished_rows: int = 0  # rows in finished parts (readable after a crash)
     files: list[str] = field(default_factory=list)
+    #: of ``files``, the parts written compact and whole (adopted at stop: see
+    #: ParquetSink.adopt), which compaction keeps as they are
+    compact_files: set[str] = field(default_factory=set)
 
 
 def conform(state: TableState, rows: pa.Table) -> pa.Table:
@@ -113,7 +123,7 @@ def conform(state: TableState, rows: pa.Table) -> pa.Table:
         return rows
     if {f.name: f.type for f in schema} == {f.name: f.type for f in state.schema}:
         return rows.select(state.schema.names).cast(state.schema)
-    raise CollectionError(_drift_message(state.name, state.schema, schema))
+    raise CollectionError(drift_message(state.name, state.schema, schema))
 
 
 def plan_encodings(state: TableState, sample: pa.Table) -> None:

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kernmlops.collect.rowmaking import STAGING_PREFIX
 from kernmlops.ebpf.ringbuf import decode, record_stride
 from kernmlops.errors import CollectionError
 from kernmlops.lazy import lazy_import
@@ -120,6 +122,10 @@ def recover(collection: Path, bpf_dir: Path | None = None) -> Recovery:
 
     folder = collection / SPOOL_DIR
     result = Recovery()
+    for staged in collection.glob(f"{STAGING_PREFIX}*"):
+        # a stop killed while workers made rows: the spool still has all of them
+        if staged.is_dir() and not staged.is_symlink():
+            shutil.rmtree(staged, ignore_errors=True)
     segments = pending_spools(collection)
     if not segments:
         return result

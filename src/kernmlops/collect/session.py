@@ -204,7 +204,7 @@ class Session:
             self._spool_dir = spool_dir
             if spool_dir is not None and cfg.spool_memory > 0 and self.on_message:
                 for left in leftover_memory():  # never deleted here: only recover frees them
-                    self.on_message(f"warning: {left.describe()}")
+                    self.on_message(left.describe())
             ctx = hook_context(
                 self.collection_id, cfg, flt, self.bpf_dir, spool_dir, sink, os.getpid()
             )
@@ -332,7 +332,15 @@ class Session:
 
         full = self.space.out_of_space()
         bench_exit = bench.stop(step, SPACE_STOP_GRACE_S if full else 5.0, bench_exit)
-        detach_all(hooks, sink, self.space, step, full=full, on_message=self.on_message)
+        detach_all(
+            hooks,
+            sink,
+            self.space,
+            step,
+            full=full,
+            on_message=self.on_message,
+            row_workers=self.config.collector.spool_row_workers,
+        )
         bench.finish(step, sink, bench_exit)
         if flt is not None:
             step(flt.close)
@@ -371,7 +379,7 @@ class Session:
         """One file per table instead of one per flush (see ParquetSink.compact)."""
         parts = sum(len(f) for f in parquet.files_written().values())
         if parts >= 100 and self.on_message:
-            self.on_message(f"compacting {parts} flushed parts into one file per table")
+            self.on_message(f"note: compacting {parts} flushed parts into one file per table")
         release_free_memory()
         try:
             self._running.compaction = parquet.compact()

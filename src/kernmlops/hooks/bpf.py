@@ -25,6 +25,7 @@ from kernmlops.host.cpus import online_cpu_count
 from kernmlops.lazy import lazy_import
 from kernmlops.spool.copy import SYNC_BYTES, RingSpool
 from kernmlops.spool.frames import FRAME_RAW
+from kernmlops.spool.jobs import SpoolWork
 
 if TYPE_CHECKING:
     import numpy as np
@@ -441,26 +442,14 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         now = time.monotonic()
         readers = self.readers()
         if self._detached:
-            self._stop_copier()
-        for key, (reader, _) in readers.items():
-            if not self._unmapped and self._due(key, reader, now):
-                self._last_drain[key] = now
-                self._spools[key].take(reader)
-        if self._detached:
-            for key, (_, layout) in readers.items():
-                if layout.batch is not None and key not in self._staged_read:
-                    # what each CPU still held when the programs stopped
-                    self._staged_read.add(key)
-                    stage = self.obj.map(self.rings[key] + "_stage")  # type: ignore[union-attr]
-                    self._spools[key].append(stage.lookup_percpu(0, dtype=layout.batch))
-            if not self._unmapped:
-                # Every record is in the spool now: unmap the rings before the rows are
-                # made (a ring's pages count twice in RSS, 16 MiB for a default ring).
-                self._unmapped = True
-                for reader, _ in readers.values():
-                    reader.close()
-        elif self._spare is not None and not self._spare.ask():
-            return  # the workload has the CPU: the rows wait in the spool
+            self._settle_spools()
+        else:
+            for key, (reader, _) in readers.items():
+                if self._due(key, reader, now):
+                    self._last_drain[key] = now
+                    self._spools[key].take(reader)
+            if self._spare is not None and not self._spare.ask():
+                return  # the workload has the CPU: the rows wait in the spool
         more = None
         if not self._detached and self._spare is not None:
             # Rows for at most ROWS_BUDGET_S a poll: the rings are copied again soon
@@ -481,6 +470,47 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
                 for table, rows in self.rows_from(key, records, layout):
                     spool.count(table, rows.num_rows if hasattr(rows, "num_rows") else len(rows))
                     yield table, rows
+
+    def _settle_spools(self) -> None:
+        """(Detached) everything the rings and the CPUs' batches still hold moved into
+        the spools, and the rings unmapped: from now on only the spools hold records."""
+        self._stop_copier()
+        if self._unmapped:
+            return
+        readers = self.readers()
+        for key, (reader, layout) in readers.items():
+            self._spools[key].take(reader)
+            if layout.batch is not None and key not in self._staged_read:
+                # what each CPU still held when the programs stopped
+                self._staged_read.add(key)
+                stage = self.obj.map(self.rings[key] + "_stage")  # type: ignore[union-attr]
+                self._spools[key].append(stage.lookup_percpu(0, dtype=layout.batch))
+        # Every record is in the spool now: unmap the rings before the rows are made
+        # (a ring's pages count in RSS: 8 MiB per 4 CPUs by default).
+        self._unmapped = True
+        for reader, _ in readers.values():
+            reader.close()
+
+    def spool_work(self) -> list[SpoolWork]:
+        """(Detached) what each spool holds that has no rows yet, once every record is
+        in it: for rows made on other cores (kernmlops.collect.rowmaking), which then
+        report them with :meth:`spool_made`. Nothing is marked read here: rows not
+        reported are made by the final drain as usual."""
+        if not self._spools or not self._detached:
+            return []
+        self._settle_spools()
+        work = []
+        for spool in self._spools.values():
+            pieces = spool.unread()
+            if pieces:
+                work.append(SpoolWork(spool.folder, spool.key, pieces))
+        return work
+
+    def spool_made(self, key: str, rows: dict[str, int], events: int) -> None:
+        """The rows of every record :meth:`spool_work` gave for ``key`` are in finished
+        parts: its spool is read to its end."""
+        self._spools[key].read_to_end(rows)
+        self.status.events += events
 
     def spooled_bytes(self) -> int:
         return sum(spool.pending for spool in self._spools.values())

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 from kernmlops.ebpf.copier import CopiedRing, Copier
 from kernmlops.ebpf.ringbuf import HEADER_SIZE, RingBuffer, decode, record_stride
 from kernmlops.lazy import lazy_import
-from kernmlops.spool.frames import FRAME_RAW, RAW_FRAME, read_codec, write_codec
+from kernmlops.spool.frames import CODEC, FRAME_RAW, RAW_FRAME, read_codec, write_codec
+from kernmlops.spool.jobs import SpoolPiece, frame_spans, pieces
 from kernmlops.spool.memory import SpoolMemory
 from kernmlops.spool.native import CopierSide
 from kernmlops.spool.segment import (
@@ -329,6 +330,36 @@ class RingSpool(CopierSide):
                 yield decode(np.frombuffer(raw, np.uint8), 1, 0, len(raw), dtype).records
             if seg.read < seg.written or (seg.native is not None and not seg.native_done):
                 return  # the rest of this segment is still with the writer (or copier)
+
+    def unread(self) -> list[SpoolPiece]:
+        """(Once the copier left it, and nothing more is handed over) the frames not
+        read back yet, in order, for rows made elsewhere, which then call
+        :meth:`read_to_end`; [] where a frame header cannot be read (the rows are
+        then made here, which names the damage)."""
+        self.drained()
+        with self._cond:
+            self._sync()
+            if any(s.native is not None and not s.native_done for s in self._live):
+                return []
+            self._learn_rows()  # a recovery after a kill must know where the head was
+            live = list(self._live)
+        out: list[SpoolPiece] = []
+        for seg in live:
+            spans = frame_spans(seg.fd, seg.file_read, os.fstat(seg.fd).st_size, seg.framed)
+            if spans is None:
+                return []
+            out += pieces(seg.path, spans, CODEC if seg.framed else None)
+        return out
+
+    def read_to_end(self, rows: dict[str, int]) -> None:
+        """Every record :meth:`unread` gave has its ``rows`` (per table) in finished
+        parts: the spool is read to its end."""
+        with self._cond:
+            for seg in self._live:
+                seg.read = seg.written
+                seg.file_read = os.fstat(seg.fd).st_size
+        for table, n in rows.items():
+            self.count(table, n)
 
     def _learn_rows(self) -> None:
         """(At a checkpoint, before segments are deleted) the first segment not read

@@ -1,0 +1,293 @@
+"""Rows made from the spool on several cores at stop.
+
+Under a storm the collector only copies records into the spool (kernmlops.spool)
+while the workload has the CPUs; their rows are made once it ends. One core makes
+about 1.5-2M records' rows a second, so a 16-core storm of 6M records a second kept
+the collection unreadable for several times its own length. Once the hooks are
+detached, what the spools still hold is cut in jobs of whole frames, in order, and
+processes of their own (one per CPU the collector may use) each turn one job into
+compactly encoded Parquet parts in a hidden folder of the collection. The session
+then takes the parts into the tables, in spool order, after the parts of the run
+(ParquetSink.adopt: a rename), and compaction keeps them as they are.
+
+Anything that goes wrong in a worker (a frame failing its checksum, a hook that is
+not registered, a process that dies) costs only time: its parts are deleted and the
+rows are made in the collector as before, which names any damage. Once parts are
+taken in, the spool is read to its end; a collector killed in between leaves a
+spool that ``kernmlops recover`` finishes (it skips the rows finished parts hold).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kernmlops.collect.disk import human_bytes
+from kernmlops.errors import CollectionError
+from kernmlops.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
+
+    from kernmlops.collect.parquet import ParquetSink
+    from kernmlops.hooks.base import Hook
+    from kernmlops.spool.jobs import SpoolPiece, SpoolWork
+else:
+    np = lazy_import("numpy")
+    pa = lazy_import("pyarrow")
+
+__all__ = ["MIN_PARALLEL_RAW", "Job", "Made", "make_rows", "make_spooled_rows"]
+
+#: spooled record bytes below which the rows are made in the collector: starting
+#: the processes (an interpreter, numpy, pyarrow, the hook) costs about a second
+MIN_PARALLEL_RAW = 96 << 20
+#: record bytes a job has at least (fewer jobs than CPUs for a small spool)
+MIN_JOB_RAW = 32 << 20
+#: processes at most, and the memory a machine has per process at least (each holds
+#: the libraries and a Parquet writer's buffers: ~100-200 MB)
+MAX_WORKERS = 64
+WORKER_RAM = 1 << 30
+#: the hidden folder of the collection where the workers write their parts
+STAGING_PREFIX = ".rows-"
+
+
+@dataclass(frozen=True)
+class Job:
+    """Frames of one ring's spool, in order, for one worker."""
+
+    folder: str
+    key: str
+    pieces: list[SpoolPiece]
+    out: str
+    collection_id: str
+    row_group_rows: int
+    rows_per_file: int
+    compression: str
+
+
+@dataclass
+class Made:
+    """What a worker made of its job: per table its schema and its finished parts
+    (path relative to the job's ``out``, rows), and the records it read."""
+
+    parts: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+    schemas: dict[str, Any] = field(default_factory=dict)
+    records: int = 0
+
+
+def make_rows(job: Job) -> Made:
+    """(In a worker process) the job's frames as Parquet parts under ``job.out``."""
+    from kernmlops.collect.parquet import ParquetSink
+    from kernmlops.ebpf.btf import unbatch
+    from kernmlops.ebpf.ringbuf import decode
+    from kernmlops.ebpf.spec import object_spec
+    from kernmlops.hooks import get_hook
+    from kernmlops.spool.frames import SegmentFormat, iter_segment
+
+    info = json.loads((Path(job.folder) / f"{job.key}.json").read_text())
+    cls = get_hook(info["hook"])
+    hook = cls(cls.Options.model_validate(info["options"]))
+    layout = object_spec(Path(info["object"])).ring_layouts()[info["ring"]]
+    dtype = layout.batch if layout.batch is not None else layout.dtype
+    formats = {None: SegmentFormat(None), "zstd": SegmentFormat(pa.Codec("zstd"))}
+    sink = ParquetSink(
+        Path(job.out),
+        job.collection_id,
+        row_group_rows=job.row_group_rows,
+        rows_per_file=job.rows_per_file,
+        compression=job.compression,
+    )
+    made = Made()
+    fds: dict[str, int] = {}
+    try:
+        for piece in job.pieces:
+            if piece.path not in fds:
+                fds[piece.path] = os.open(piece.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            data = os.pread(fds[piece.path], piece.end - piece.start, piece.start)
+            for frame in iter_segment(data, formats[piece.codec]):
+                if frame.raw is None:
+                    raise CollectionError(f"{piece.path}: {frame.reason} at byte "
+                                          f"{piece.start + frame.start:,}")  # fmt: skip
+                raw = np.frombuffer(frame.raw, np.uint8)
+                records = decode(raw, 1, 0, len(raw), dtype).records
+                if layout.batch is not None:
+                    records = unbatch(records, layout)
+                made.records += len(records)
+                for table, rows in hook.rows_from(job.key, records, layout):
+                    sink.write(table, rows)
+        sink.close()
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    out = Path(job.out)
+    for table, files in sink.files_written().items():
+        made.parts[table] = [(name, _rows_of(out / name)) for name in files]
+        made.schemas[table] = sink.table_schema(table)
+    return made
+
+
+def _rows_of(part: Path) -> int:
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(part).metadata.num_rows
+
+
+def plan(
+    work: Sequence[SpoolWork], workers: int, min_job: int = MIN_JOB_RAW
+) -> list[tuple[SpoolWork, list[SpoolPiece]]]:
+    """Each spool's pieces cut in runs of about equal record bytes (never across
+    spools), in order: about ``workers`` jobs over all, none under ``min_job``."""
+    total = sum(w.raw for w in work)
+    share = max(min_job, -(-total // max(1, workers)), 1)
+    jobs: list[tuple[SpoolWork, list[SpoolPiece]]] = []
+    for w in work:
+        run: list[SpoolPiece] = []
+        held = 0
+        for piece in w.pieces:
+            run.append(piece)
+            held += piece.raw
+            if held >= share:
+                jobs.append((w, run))
+                run, held = [], 0
+        if run:
+            jobs.append((w, run))
+    return jobs
+
+
+def workers_for(raw: int, cpus: int | None = None, ram: int | None = None) -> int:
+    """Processes for ``raw`` spooled bytes: one per usable CPU, one per MIN_JOB_RAW,
+    one per WORKER_RAM of the machine's memory."""
+    cpus = len(os.sched_getaffinity(0)) if cpus is None else cpus
+    if ram is None:
+        ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return max(1, min(cpus, MAX_WORKERS, ram // WORKER_RAM, -(-raw // MIN_JOB_RAW)))
+
+
+def make_spooled_rows(
+    hooks: Sequence[Hook],
+    parquet: ParquetSink,
+    flush: Callable[[], None],
+    on_message: Callable[[str], None] | None = None,
+    *,
+    min_raw: int = MIN_PARALLEL_RAW,
+    workers: int | None = None,
+) -> list[Hook]:
+    """(The hooks detached) make the rows of what the hooks' spools hold in worker
+    processes and take their parts into ``parquet`` (``flush`` first finishes the
+    run's parts); the hooks whose spools are then read to their end. Nothing is done
+    (and [] returned) under ``min_raw`` bytes or with one usable CPU; a failure
+    says so in one line, and the caller's final drain makes the rows instead.
+
+    Raises:
+        CollectionError: parts were taken in and then one could not be: the rest
+            stays in the spool for ``kernmlops recover``.
+    """
+    found: list[tuple[Hook, SpoolWork]] = []
+    try:
+        for hook in hooks:
+            spool_work = getattr(hook, "spool_work", None)
+            if spool_work is not None:
+                found += [(hook, w) for w in spool_work()]
+    except (OSError, ValueError) as err:  # e.g. a spool file gone: said by the final drain
+        if on_message:
+            on_message(f"cannot cut the spool in jobs ({_why(err)}): making the rows here")
+        return []
+    raw = sum(w.raw for _, w in found)
+    n = workers if workers is not None else workers_for(raw)
+    if raw < min_raw or n < 2:
+        return []
+    if on_message:
+        on_message(f"note: making rows from {human_bytes(raw)} of spooled records on {n} cores")
+    planned = plan([w for _, w in found], n, MIN_JOB_RAW if workers is None else 0)
+    staging = parquet.collection_dir / f"{STAGING_PREFIX}{os.getpid()}"
+    jobs = [
+        Job(
+            str(w.folder),
+            w.key,
+            pieces,
+            str(staging / str(i)),
+            parquet.collection_id,
+            parquet.row_group_rows,
+            parquet.rows_per_file,
+            parquet.compression,
+        )
+        for i, (w, pieces) in enumerate(planned)
+    ]
+    try:
+        made = _run(jobs, n)
+    except Exception as err:  # any failure costs time only: the rows are made here
+        shutil.rmtree(staging, ignore_errors=True)
+        if on_message:
+            on_message(f"making rows on {n} cores failed ({_why(err)}): making them here")
+        return []
+    rows: dict[int, dict[str, int]] = {}  # per spool (id of its work): rows per table
+    records: dict[int, int] = {}
+    try:
+        flush()
+        for job, (w, _), result in zip(jobs, planned, made, strict=True):
+            made_rows = rows.setdefault(id(w), {})
+            for table, parts in result.parts.items():
+                for name, count in parts:
+                    parquet.adopt(table, Path(job.out) / name, count, result.schemas[table])
+                    made_rows[table] = made_rows.get(table, 0) + count
+            records[id(w)] = records.get(id(w), 0) + result.records
+    except (OSError, RuntimeError, CollectionError) as err:
+        raise CollectionError(
+            f"taking in the rows made on {n} cores failed ({_why(err)}): the spool is "
+            "kept; run `kernmlops recover` on the collection"
+        ) from err
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    done: list[Hook] = []
+    for hook, w in found:
+        hook.spool_made(w.key, rows.get(id(w), {}), records.get(id(w), 0))  # type: ignore[attr-defined]
+        if hook not in done:
+            done.append(hook)
+    return done
+
+
+def _run(jobs: list[Job], workers: int) -> list[Made]:
+    """The jobs' results in order, from ``workers`` fresh processes (spawned: the
+    collector has threads, and a fork would copy their locks)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context("spawn")
+    pool = ProcessPoolExecutor(
+        max_workers=min(workers, len(jobs)), mp_context=context, initializer=_worker_start
+    )
+    try:
+        results = list(pool.map(make_rows, jobs))
+    except BaseException:
+        # a second Ctrl+C, or a failed job: the others are not waited for
+        for proc in list(getattr(pool, "_processes", {}).values()):
+            proc.kill()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+    return results
+
+
+def _worker_start() -> None:
+    """A worker leaves Ctrl+C to the collector (the terminal sends it to the whole
+    process group), which decides whether the rows are still made; and, as the
+    collector, never loads what it does not use (pyarrow's first numpy array would
+    import pandas: a second of CPU)."""
+    import signal
+
+    from kernmlops.collect.tuning import UNUSED_LIBRARIES
+    from kernmlops.lazy import keep_out
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    keep_out(*UNUSED_LIBRARIES)
+
+
+def _why(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__

@@ -1,0 +1,176 @@
+"""Rows made from the spool in worker processes at stop: the same rows, in spool
+order, after the run's own parts; a damaged frame costs only time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from kernmlops.collect.disk import human_bytes
+from kernmlops.collect.parquet import ParquetSink
+from kernmlops.collect.rowmaking import STAGING_PREFIX, make_spooled_rows, plan
+from kernmlops.ebpf.build import object_path
+from kernmlops.ebpf.spec import object_spec
+from kernmlops.hooks.process_trace import ProcessTraceHook
+from kernmlops.spool.copy import RingSpool
+from kernmlops.spool.frames import FRAME
+from kernmlops.spool.jobs import SpoolPiece, SpoolWork
+
+OBJECT = object_path("process_trace")
+
+
+class _Spooled:
+    """The two calls make_spooled_rows makes of a hook, on one spool."""
+
+    def __init__(self, spool: RingSpool) -> None:
+        self.spool = spool
+        self.made: tuple[dict[str, int], int] | None = None
+
+    def spool_work(self) -> list[SpoolWork]:
+        pieces = self.spool.unread()
+        return [SpoolWork(self.spool.folder, self.spool.key, pieces)] if pieces else []
+
+    def spool_made(self, key: str, rows: dict[str, int], events: int) -> None:
+        self.spool.read_to_end(rows)
+        self.made = (rows, events)
+
+
+def _layout():
+    return object_spec(OBJECT).ring_layouts()["process_trace_rb"]
+
+
+def _records(n: int, first_pid: int = 0) -> np.ndarray:
+    records = np.zeros(n, _layout().dtype)
+    records["pid"] = np.arange(first_pid, first_pid + n)
+    return records
+
+
+def _spool(tmp_path: Path, n: int, frames: int) -> RingSpool:
+    """A spool of ``n`` process_trace records (pids 1000..) in about ``frames`` frames."""
+    if not OBJECT.exists():
+        pytest.skip("the BPF objects are not built (make bpf)")
+    info = {"hook": "process_trace", "options": ProcessTraceHook.Options().model_dump(),
+            "ring": "process_trace_rb", "object": str(OBJECT)}  # fmt: skip
+    records = _records(n, 1000)
+    spool = RingSpool(tmp_path / ".spool", "process_trace", records.itemsize, info)
+    step = -(-n // frames)
+    spool._frame_raw = step * spool.stride  # the writer would join them in MiB frames
+    for lo in range(0, n, step):
+        spool.append(records[lo : lo + step])
+    spool.drained()
+    return spool
+
+
+def test_workers_make_the_same_rows_in_spool_order_after_the_runs_parts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kernmlops.spool import jobs as spool_module
+
+    monkeypatch.setattr(spool_module, "PIECE_RAW", 64 << 10)  # pieces of a few frames
+    spool = _spool(tmp_path, 30_000, frames=24)
+    hook = _Spooled(spool)
+    sink = ParquetSink(tmp_path, "c0", row_group_rows=4096, fast_parts=True)
+    run = ProcessTraceHook().to_frame("process_trace", _records(500), _layout())
+    sink.write("process_trace", run)  # rows made during the run: a plain part first
+    said: list[str] = []
+    try:
+        done = make_spooled_rows(
+            [hook],  # type: ignore[list-item]
+            sink,
+            lambda: sink.flush(durable=True),
+            said.append,
+            min_raw=0,
+            workers=3,
+        )
+    finally:
+        spool.close()
+    assert done == [hook]
+    raw = human_bytes(30_000 * spool.stride)  # every record, its ring header included
+    assert said == [f"note: making rows from {raw} of spooled records on 3 cores"]
+    assert hook.made == ({"process_trace": 30_000}, 30_000)
+    assert spool.pending == 0 and spool.rows == {"process_trace": 30_000}
+    assert not list(tmp_path.glob(f"{STAGING_PREFIX}*"))  # the workers' folder is gone
+    assert sink.close() == {"process_trace": 30_500}
+    files = sink.files_written()["process_trace"]
+    assert len(files) == 4  # the run's part, then one per job, in order
+    pids = [pid for f in files for pid in pq.read_table(tmp_path / f)["pid"].to_pylist()]
+    assert pids == [*range(500), *range(1000, 31_000)]
+    # Compaction rewrites the plain part and keeps the workers' (compact) as they are.
+    adopted = [(tmp_path / f).stat().st_ino for f in files[1:]]
+    assert sink.compact() == {"process_trace": "compacted"}
+    files = sink.files_written()["process_trace"]
+    assert [(tmp_path / f).stat().st_ino for f in files[1:]] == adopted
+    whole = pq.read_table(tmp_path / "process_trace", columns=["pid"])["pid"].to_pylist()
+    assert whole == [*range(500), *range(1000, 31_000)]
+
+
+def test_a_damaged_frame_leaves_the_rows_to_the_collector(tmp_path: Path) -> None:
+    spool = _spool(tmp_path, 3_000, frames=4)
+    hook = _Spooled(spool)
+    seg = next((tmp_path / ".spool").glob("*.ring"))
+    data = bytearray(seg.read_bytes())
+    data[FRAME.size + 40] ^= 0xFF  # in the first frame (zstd: a spool on disk)
+    seg.write_bytes(bytes(data))
+    sink = ParquetSink(tmp_path, "c0")
+    said: list[str] = []
+    try:
+        done = make_spooled_rows(
+            [hook],  # type: ignore[list-item]
+            sink,
+            lambda: sink.flush(durable=True),
+            said.append,
+            min_raw=0,
+            workers=2,
+        )
+        assert done == [] and hook.made is None
+        assert spool.pending == 3_000 * spool.stride  # nothing marked read
+    finally:
+        spool.close()
+    assert "failed (CollectionError:" in said[-1] and "fails zstd's check" in said[-1]
+    assert said[-1].endswith("making them here")
+    assert not list(tmp_path.glob(f"{STAGING_PREFIX}*"))
+    assert sink.close() == {}
+
+
+def test_jobs_cut_each_spool_in_order_and_never_mix_spools() -> None:
+    def work(key: str, sizes: list[int]) -> SpoolWork:
+        pieces, at = [], 0
+        for size in sizes:
+            pieces.append(SpoolPiece("seg", at, at + size, None, size))
+            at += size
+        return SpoolWork(Path("."), key, pieces)
+
+    a, b = work("a", [10] * 9), work("b", [10] * 3)
+    jobs = plan([a, b], 4, min_job=0)
+    assert [(w.key, [p.start for p in pieces]) for w, pieces in jobs] == [
+        ("a", [0, 10, 20]),
+        ("a", [30, 40, 50]),
+        ("a", [60, 70, 80]),
+        ("b", [0, 10, 20]),
+    ]
+    # a floor on a job's size: fewer, larger jobs
+    assert len(plan([a, b], 4, min_job=60)) == 3
+
+
+def test_recover_removes_the_parts_of_workers_a_kill_stopped(tmp_path: Path) -> None:
+    from kernmlops.collect.recovery import recover
+
+    staged = tmp_path / f"{STAGING_PREFIX}4242" / "0" / "process_trace"
+    staged.mkdir(parents=True)
+    (staged / "part-00000.parquet").write_bytes(b"PAR1")
+    assert recover(tmp_path).added == {}  # the spool holds every one of their rows
+    assert not (tmp_path / f"{STAGING_PREFIX}4242").exists()
+
+
+def test_one_worker_per_cpu_per_job_and_per_gib_of_memory() -> None:
+    from kernmlops.collect.rowmaking import MIN_JOB_RAW, workers_for
+
+    gib = 1 << 30
+    assert workers_for(100 * MIN_JOB_RAW, cpus=16, ram=128 * gib) == 16
+    assert workers_for(3 * MIN_JOB_RAW - 1, cpus=16, ram=128 * gib) == 3
+    assert workers_for(100 * MIN_JOB_RAW, cpus=192, ram=1024 * gib) == 64
+    assert workers_for(100 * MIN_JOB_RAW, cpus=16, ram=4 * gib) == 4
+    assert workers_for(1, cpus=1, ram=gib) == 1
