@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from rich.live import Live
     from rich.table import Table
 
+    from kernmlops.config import CollectorConfig
     from kernmlops.hooks.base import HookStatus
 
 
@@ -227,6 +228,14 @@ def _summary(result) -> Table:
     "took them or SECONDS passed (default: two scrape intervals; 0: stop at once).",
 )
 @click.option(
+    "--web.config.file",
+    "web_config_file",
+    metavar="FILE",
+    help="with --export: TLS and basic auth, in the Prometheus exporter-toolkit's web "
+    "configuration format (tls_server_config, basic_auth_users with bcrypt hashes), as "
+    "kernmlops export takes it (collector.export_web_config).",
+)
+@click.option(
     "--publish",
     "publish_uri",
     metavar="URI",
@@ -254,6 +263,7 @@ def collect(
     no_progress: bool,
     export_addr: str | None,
     export_grace: float | None,
+    web_config_file: str | None,
     publish_uri: str | None,
     as_user: bool | None,
     command: tuple[str, ...],
@@ -299,6 +309,8 @@ def collect(
         progress=False if no_progress else None,
         export=export_addr or None,
         export_grace_s=export_grace,
+        # absolute: the exporter reads it again when it starts
+        export_web_config=str(Path(web_config_file).absolute()) if web_config_file else None,
         as_user=as_user,
     )
     if config_file is None and Path(OVERRIDES).is_file():
@@ -307,6 +319,7 @@ def collect(
     publish_to = None
     try:
         config = load_config(config_file, flags)
+        scheme = _check_export_web_config(config.collector)  # before any BPF work
         require_bpf_privileges("collect")
         if publish_uri:  # a bad URI or an unreachable store is said before the run
             from kernmlops.fleet.cli import publish_target
@@ -325,7 +338,7 @@ def collect(
             ok = sum(s.attached for s in statuses.values())
             _say(f"probes attached: {ok}/{len(statuses)} hooks")
             if config.collector.export:
-                _say(f"metrics at http://{config.collector.export}/metrics")
+                _say(f"metrics at {scheme}://{config.collector.export}/metrics")
 
         def on_progress(p) -> None:
             nonlocal live, show
@@ -381,6 +394,28 @@ def collect(
         published = publish_collection(result.path, publish_to)
         sys.exit(result.exit_code or published)
     sys.exit(result.exit_code)
+
+
+def _check_export_web_config(collector: CollectorConfig) -> str:
+    """``--web.config.file`` (collector.export_web_config) read and checked as ``kernmlops
+    export`` checks it, before anything loads; the scheme the metrics are served with.
+
+    Raises:
+        ConfigError: the file without ``--export``, or a problem in the file (one line).
+    """
+    from kernmlops.errors import ConfigError
+
+    path = collector.export_web_config
+    if not path:
+        return "http"
+    if not collector.export:
+        raise ConfigError(
+            f"--web.config.file {path}: serves --export's metrics, and there is no --export "
+            "(collector.export): give --export HOST:PORT"
+        )
+    from kernmlops.exporter.webconfig import load_web_config
+
+    return load_web_config(path).scheme
 
 
 def _draw_graphs(path: Path) -> None:

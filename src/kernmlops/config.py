@@ -180,6 +180,12 @@ class CollectorConfig(_Strict):
     export_sets: list[str] = Field(
         [], description="metric sets served with export: files or built-in names; []: defaults"
     )
+    export_web_config: str | None = Field(
+        None,
+        description="TLS and basic auth for export: a web configuration file of the "
+        "Prometheus exporter-toolkit, as kernmlops export --web.config.file takes; null: "
+        "plain HTTP, no auth",
+    )
     export_grace_s: float | None = Field(
         None,
         ge=0,
@@ -522,6 +528,8 @@ class Flags:
     export: str | None = None
     #: --export-grace: collector.export_grace_s
     export_grace_s: float | None = None
+    #: --web.config.file: collector.export_web_config
+    export_web_config: str | None = None
     #: --as-user: benchmark.as_user
     as_user: bool | None = None
 
@@ -539,6 +547,7 @@ class Flags:
             "collector.progress": self.progress,
             "collector.export": self.export,
             "collector.export_grace_s": self.export_grace_s,
+            "collector.export_web_config": self.export_web_config,
             "benchmark.as_user": self.as_user,
         }
         return {k: v for k, v in paths.items() if v is not None}

@@ -1,17 +1,25 @@
 """A real exporter (root + BPF), started once per test module that needs one
-running: the attacks on its server and the deployment's dashboard."""
+running: the attacks on its server and the deployment's dashboard; certificates for
+--web.config.file's TLS (made by the openssl command) and bcrypt hashes for its basic
+auth."""
 
 from __future__ import annotations
 
+import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
+import bcrypt
 import pytest
+
+from tests.conftest import skip_here
 
 #: what deploy/ runs: the dashboard's sets (run-queue latency, I/O and syscalls per job)
 LIVE_SETS = ("runqlat", "biojobs", "syscalls_comm", "oncpu")
@@ -62,3 +70,42 @@ def live_exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveExpo
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def _openssl(*args: str | Path) -> None:
+    subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate."""
+    if shutil.which("openssl") is None:
+        skip_here("openssl not installed (make test installs it)")
+    d = tmp_path_factory.mktemp("pki")
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    _openssl("req", "-x509", *ec, "-keyout", d / "ca.key", "-out", d / "ca.crt",
+             "-subj", "/CN=kmo test CA", "-days", "2")  # fmt: skip
+    for name, ext in (
+        ("server", "subjectAltName=IP:127.0.0.1,DNS:localhost"),
+        ("client", "extendedKeyUsage=clientAuth"),
+    ):
+        _openssl("req", *ec, "-keyout", d / f"{name}.key", "-out", d / f"{name}.csr",
+                 "-subj", f"/CN=kmo {name}")  # fmt: skip
+        (d / f"{name}.ext").write_text(ext + "\n")
+        _openssl("x509", "-req", "-in", d / f"{name}.csr", "-CA", d / "ca.crt",
+                 "-CAkey", d / "ca.key", "-CAcreateserial", "-days", "2",
+                 "-extfile", d / f"{name}.ext", "-out", d / f"{name}.crt")  # fmt: skip
+    return d
+
+
+def hash_password(password: str, prefix: bytes = b"$2b$") -> str:
+    # rounds=4: the cheapest cost bcrypt allows, so that the test is quick
+    hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4))
+    return (prefix + hashed[4:]).decode()
+
+
+def client_context(pki: Path, cert: bool = False) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))  # verifies name and chain
+    if cert:
+        ctx.load_cert_chain(pki / "client.crt", pki / "client.key")
+    return ctx

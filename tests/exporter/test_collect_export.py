@@ -3,9 +3,12 @@ restricted to the benchmark's process tree like the hooks."""
 
 from __future__ import annotations
 
+import base64
+import ssl
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -13,11 +16,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.conftest import only_collection
+from tests.exporter.conftest import client_context, hash_password
 from tests.exporter.test_exporter_bpf import free_port
 
 pytestmark = pytest.mark.bpf
 
 CALLS = 4321
+PASSWORD = "s3cret pass:word"  # a ':' in the password is allowed
 CHILD = f"import os, time\nfor _ in range({CALLS}):\n    os.getppid()\ntime.sleep(30)\n"
 
 
@@ -135,3 +140,95 @@ def test_final_values_are_served_until_scraped(tmp_path: Path) -> None:
     manifest = only_collection(tmp_path)
     assert manifest is not None
     assert manifest.manifest["exporter"]["scrapes"] >= scrapes
+
+
+def _scrape(url: str, ctx: ssl.SSLContext | None, auth: tuple[str, str] | None) -> tuple[int, str]:
+    """GET ``url``: (status, body); an HTTP error's status with its body."""
+    request = urllib.request.Request(url)
+    if auth is not None:
+        token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=5, context=ctx) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def test_collect_export_serves_tls_and_basic_auth(pki: Path, tmp_path: Path) -> None:
+    """--web.config.file as `kernmlops export` takes it: the collection's metrics over
+    TLS to a client that checks the certificate, and only with the right password."""
+    web = tmp_path / "web.yml"
+    web.write_text(
+        "tls_server_config:\n"
+        f"  cert_file: {pki / 'server.crt'}\n"
+        f"  key_file: {pki / 'server.key'}\n"
+        f"basic_auth_users:\n  prometheus: '{hash_password(PASSWORD, b'$2y$')}'\n"
+    )
+    port = free_port()
+    url = f"https://127.0.0.1:{port}/metrics"
+    collect = subprocess.Popen(
+        [sys.executable, "-m", "kernmlops", "collect", "--no-progress", "-o", str(tmp_path / "out"),
+         "--hooks", "process_trace", "--export", f"127.0.0.1:{port}", "--export-grace", "0",
+         "--web.config.file", str(web), "-d", "30", "--", sys.executable, "-c", CHILD],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    ctx = client_context(pki)
+    right = ("prometheus", PASSWORD)
+    try:
+        seen, deadline = 0.0, time.monotonic() + 60
+        while seen < CALLS and time.monotonic() < deadline and collect.poll() is None:
+            try:
+                status, text = _scrape(url, ctx, right)
+            except OSError:
+                time.sleep(0.2)
+                continue
+            assert status == 200, text
+            for family in text_string_to_metric_families(text):
+                for s in family.samples:
+                    if s.name == "kernmlops_syscalls_total" and s.labels["syscall"] == "getppid":
+                        seen = s.value
+            time.sleep(0.2)
+        assert seen == CALLS
+        for wrong in (("prometheus", "wrong"), ("nobody", PASSWORD)):
+            status, text = _scrape(url, ctx, wrong)
+            assert status == 401 and "kernmlops_syscalls_total" not in text
+        assert _scrape(url, ctx, None)[0] == 401
+        # a client that does not trust the certificate gets nothing
+        with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+            _scrape(url, ssl.create_default_context(), right)
+    finally:
+        collect.terminate()
+        out, _ = collect.communicate(timeout=60)
+    assert collect.returncode == 128 + 15, out
+    assert f"metrics at https://127.0.0.1:{port}/metrics" in out
+    manifest = only_collection(tmp_path / "out")
+    assert manifest is not None and manifest.manifest["exporter"]["url"] == url
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--web.config.file", "{web}"], "--web.config.file {web}: serves --export's metrics"),
+        (["--export", "127.0.0.1:0", "--web.config.file", "{web}"],
+         "--web.config.file {web}: tls_server_config: no file"),
+        (["--export", "127.0.0.1:0", "--web.config.file", "{missing}"], "{missing}"),
+    ],
+)  # fmt: skip
+def test_collect_a_bad_web_config_is_one_line_before_collecting(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    web = tmp_path / "web.yml"
+    web.write_text("tls_server_config:\n  cert_file: none.crt\n  key_file: none.key\n")
+    names = {"web": web, "missing": tmp_path / "missing.yml"}
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "kernmlops", "collect", "--no-progress", "-o", str(out),
+         *(a.format(**names) for a in args), "--", "true"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,  # no overrides.yaml
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    assert message.format(**names) in lines[0]
+    assert not out.exists()  # nothing collected

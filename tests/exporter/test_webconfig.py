@@ -7,52 +7,18 @@ from __future__ import annotations
 
 import base64
 import http.client
-import shutil
 import ssl
-import subprocess
 from pathlib import Path
 
-import bcrypt
 import pytest
 
 from kernmlops.exporter.server import MetricsServer
 from kernmlops.exporter.webconfig import WebConfigError, load_web_config
-from tests.conftest import skip_here
+from tests.exporter.conftest import client_context as _client_ctx
+from tests.exporter.conftest import hash_password as _hash
 
 BODY = b"x_total 1.0\n"
 PASSWORD = "s3cret pass:word"  # a ':' in the password is allowed
-
-
-def _openssl(*args: str | Path) -> None:
-    subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A CA, a server certificate for 127.0.0.1 and a client certificate."""
-    if shutil.which("openssl") is None:
-        skip_here("openssl not installed (make test installs it)")
-    d = tmp_path_factory.mktemp("pki")
-    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
-    _openssl("req", "-x509", *ec, "-keyout", d / "ca.key", "-out", d / "ca.crt",
-             "-subj", "/CN=kmo test CA", "-days", "2")  # fmt: skip
-    for name, ext in (
-        ("server", "subjectAltName=IP:127.0.0.1,DNS:localhost"),
-        ("client", "extendedKeyUsage=clientAuth"),
-    ):
-        _openssl("req", *ec, "-keyout", d / f"{name}.key", "-out", d / f"{name}.csr",
-                 "-subj", f"/CN=kmo {name}")  # fmt: skip
-        (d / f"{name}.ext").write_text(ext + "\n")
-        _openssl("x509", "-req", "-in", d / f"{name}.csr", "-CA", d / "ca.crt",
-                 "-CAkey", d / "ca.key", "-CAcreateserial", "-days", "2",
-                 "-extfile", d / f"{name}.ext", "-out", d / f"{name}.crt")  # fmt: skip
-    return d
-
-
-def _hash(password: str, prefix: bytes = b"$2b$") -> str:
-    # rounds=4: the cheapest cost bcrypt allows, so that the test is quick
-    hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4))
-    return (prefix + hashed[4:]).decode()
 
 
 def _get(
@@ -74,13 +40,6 @@ def _get(
         return resp.status, resp.read(), resp.headers
     finally:
         conn.close()
-
-
-def _client_ctx(pki: Path, cert: bool = False) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))  # verifies name and chain
-    if cert:
-        ctx.load_cert_chain(pki / "client.crt", pki / "client.key")
-    return ctx
 
 
 def test_tls_and_basic_auth_with_a_real_tls_client_and_a_wrong_password(

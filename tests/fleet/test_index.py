@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -63,3 +65,65 @@ def test_fleet_ls_of_an_empty_or_bad_dataset(tmp_path: Path) -> None:
     bad = runner.invoke(cli, ["fleet", "ls", "nope://x"])
     assert bad.exit_code == 2 and "no filesystem for nope://" in bad.stderr
     assert "Traceback" not in bad.output
+
+
+def test_fleet_ls_table_lines_up_and_reads_an_older_index_file(fleet: Path, tmp_path: Path) -> None:
+    """The listing is plain aligned columns; an index file written before a column existed
+    (or with another integer type) is read with the missing column as null."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    dest = tmp_path / "dest"
+    runner = CliRunner()
+    assert runner.invoke(cli, ["push", str(fleet), str(dest)]).exit_code == 0
+    # c2's row as an older kernmlops wrote it: no kernmlops_version, logical_cpus int64
+    old = pq.read_table(dest / "_index" / "c2.parquet").drop_columns(["kernmlops_version"])
+    k = old.column_names.index("logical_cpus")
+    old = old.set_column(k, "logical_cpus", old.column(k).cast(pa.int64()))
+    pq.write_table(old, dest / "_index" / "c2.parquet")
+    listed = runner.invoke(cli, ["fleet", "ls", str(dest)])
+    assert listed.exit_code == 0, listed.output
+    title, head, *lines = listed.stdout.splitlines()
+    assert title == f"3 collections at {dest}"
+    assert head.split() == [
+        "benchmark", "collection_id", "host", "kernel", "cpu", "started", "state", "rows",
+        "tables",
+    ]  # fmt: skip
+    # started 2026-11-02, -03, -04 (seeds 1, 2, 3): ordered by start
+    assert [line.split()[1] for line in lines] == ["c1", "c2", "c3"]
+    c2 = lines[1].split()
+    assert c2[2:4] == ["node-b", "6.1.0-node-b"] and "CPU of node-b x2" in lines[1]
+    # quanta_runtime and quanta_queued_time 1,500 each, 500 faults, 3 processes, 50 I/Os
+    assert c2[-2:] == [f"{1500 * 2 + 500 + 3 + 50:,}", "5"]
+    # every row's cells start where the header's do
+    for name in ("host", "started", "state"):
+        at = head.index(name)
+        assert all(line[at - 2 : at] == "  " and line[at] != " " for line in lines)
+    # the rows right-aligned under their header
+    assert {len(line) for line in lines} == {len(head)}
+    rows = {
+        r["collection_id"]: r
+        for r in map(
+            json.loads, runner.invoke(cli, ["fleet", "ls", "--json", str(dest)]).stdout.splitlines()
+        )
+    }
+    assert rows["c2"]["kernmlops_version"] is None and rows["c2"]["logical_cpus"] == 2
+    assert rows["c1"]["kernmlops_version"] == "0.1.0"
+    assert rows["c2"]["started_at"] == "2026-11-03 10:00:00+00:00"
+
+
+def test_fleet_ls_imports_neither_pandas_nor_pydantic(fleet: Path, tmp_path: Path) -> None:
+    """`fleet ls` starts without what it does not need: pyarrow.dataset and a zoned
+    timestamp's to_pylist import pandas, a manifest pydantic (together over a second on a
+    small machine)."""
+    dest = tmp_path / "dest"
+    assert CliRunner().invoke(cli, ["push", str(fleet), str(dest)]).exit_code == 0
+    for args in (["fleet", "ls", str(dest)], ["fleet", "ls", "--json", str(dest)]):
+        done = subprocess.run(
+            [sys.executable, "-X", "importtime", "-m", "kernmlops", *args],
+            capture_output=True, text=True, timeout=120, check=True,
+        )  # fmt: skip
+        assert "node-b" in done.stdout
+        imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()}
+        assert {"pyarrow", "kernmlops.fleet.index"} <= imported
+        assert not imported & {"pandas", "pydantic", "pyarrow.dataset", "rich"}, args

@@ -131,6 +131,17 @@ def test_push_to_s3_reads_back_whole_and_says_no_secret(fleet: Path, s3) -> None
                 for f in record.files
             )
             assert got == record.rows, (folder.name, table)
+    # the index read back over S3 (its files read side by side)
+    ls = run("fleet", "ls", "--json", uri)
+    assert ls.exit_code == 0, ls.output
+    rows = [json.loads(line) for line in ls.stdout.splitlines()]
+    assert sorted((r["collection_id"], r["host"]) for r in rows) == [
+        ("c1", "node-a"), ("c2", "node-b"), ("c3", "node-a"),
+    ]  # fmt: skip
+    assert {r["collection_id"]: r["total_rows"] for r in rows} == {
+        c.name.split("=")[1]: sum(t.rows for t in read_manifest(c).tables.values())
+        for c in fleet.glob("*/collection_id=*")
+    }
     again = run("push", str(fleet), uri)
     assert "0 published, 3 already there" in again.stderr
     listed_again = client.list_objects_v2(Bucket=bucket)["Contents"]

@@ -56,10 +56,13 @@ class ExporterParticipant(Participant):
         self.summary: dict[str, Any] | None = None
 
     def start(self, ctx: HookContext) -> None:
-        from kernmlops.exporter import start_exporter
+        from kernmlops.exporter import load_web_config, start_exporter
 
         assert self.collector.export is not None
         flt = ctx.process_filter
+        # `collect` checked the file before any BPF work; read here again: the
+        # certificate and the key are loaded into this exporter's own TLS context
+        web = self.collector.export_web_config
         self._running = start_exporter(
             self.collector.export,
             configs=self.collector.export_sets,
@@ -67,6 +70,7 @@ class ExporterParticipant(Participant):
             self_tgid=ctx.self_tgid,
             bpf_dir=self.bpf_dir,
             strict=self.collector.strict,
+            web_config=load_web_config(web) if web else None,
         )
 
     def close(self) -> None:

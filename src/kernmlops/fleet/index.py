@@ -21,14 +21,23 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from kernmlops.collect.manifest import MANIFEST_NAME, Manifest
 from kernmlops.fleet.store import Dataset, put
 from kernmlops.tables import BENCHMARK, COLLECTION_ID
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["INDEX_DIR", "index_row", "index_schema", "read_index", "write_index_row"]
+    # pydantic's import is a fifth of `fleet ls`'s start: only writers need a manifest
+    from kernmlops.collect.manifest import Manifest
+
+__all__ = [
+    "INDEX_DIR",
+    "index_row",
+    "index_rows",
+    "index_schema",
+    "read_index",
+    "write_index_row",
+]
 
 INDEX_DIR = "_index"
 
@@ -135,6 +144,32 @@ def write_index_row(
     return True
 
 
+#: index files read at once from a remote filesystem, where each read is a round trip
+REMOTE_READERS = 16
+
+
+def _read_row_file(dataset: Dataset, path: str, schema: pa.Schema) -> pa.Table:
+    """One index file as a table of ``schema``: an older file's missing columns as nulls,
+    its other types cast (as ``pq.read_table(schema=...)`` does)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    # ParquetFile, not pq.read_table: read_table goes through pyarrow.dataset, whose
+    # import brings in pandas (half a second), and costs 3x more a file; one thread a
+    # file: a file is a row, threads inside it only contend
+    with dataset.fs.open_input_file(path) as f:
+        table = pq.ParquetFile(f).read(use_threads=False)
+    if table.schema.equals(schema):
+        return table
+    columns = [
+        table.column(field.name).cast(field.type)
+        if field.name in table.column_names
+        else pa.nulls(table.num_rows, field.type)
+        for field in schema
+    ]
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
 def read_index(dataset: Dataset) -> pa.Table:
     """Every row of the dataset's index (an empty table when nothing is published),
     ordered by start time.
@@ -144,7 +179,6 @@ def read_index(dataset: Dataset) -> pa.Table:
     """
     import pyarrow as pa
     import pyarrow.fs as pafs
-    import pyarrow.parquet as pq
 
     base = dataset.path(INDEX_DIR)
     infos = dataset.fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
@@ -158,9 +192,38 @@ def read_index(dataset: Dataset) -> pa.Table:
     schema = index_schema()
     if not paths:
         return schema.empty_table()
-    tables = [pq.read_table(p, filesystem=dataset.fs, schema=schema) for p in paths]
+    if dataset.local or len(paths) == 1:
+        # a local read is CPU-bound (~0.5 ms a file): threads on a small machine only
+        # slow it down
+        tables = [_read_row_file(dataset, p, schema) for p in paths]
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        # an object store's read waits on the network: many at once
+        with ThreadPoolExecutor(min(REMOTE_READERS, len(paths))) as pool:
+            tables = list(pool.map(lambda p: _read_row_file(dataset, p, schema), paths))
     table = pa.concat_tables(tables)
     return table.sort_by([("started_at", "ascending"), (COLLECTION_ID, "ascending")])
+
+
+def index_rows(table: pa.Table) -> list[dict[str, Any]]:
+    """The index's rows as dicts: timestamps as UTC datetimes, ``rows`` as (table, rows)
+    pairs."""
+    import pyarrow as pa
+
+    # pyarrow turns a timestamp with a time zone into a datetime through pandas (its
+    # import is half a second): convert the naive instants, then say they are UTC
+    zoned = [f.name for f in table.schema if pa.types.is_timestamp(f.type) and f.type.tz]
+    for name in zoned:
+        k = table.column_names.index(name)
+        naive = table.column(k).cast(pa.timestamp(table.schema.field(k).type.unit))
+        table = table.set_column(k, name, naive)
+    rows = table.to_pylist()
+    for row in rows:
+        for name in zoned:
+            if row[name] is not None:
+                row[name] = row[name].replace(tzinfo=UTC)
+    return rows
 
 
 def reindex(dataset: Dataset) -> tuple[int, int]:
@@ -170,7 +233,7 @@ def reindex(dataset: Dataset) -> tuple[int, int]:
     import pyarrow.fs as pafs
     import pyarrow.parquet as pq
 
-    from kernmlops.collect.manifest import Manifest
+    from kernmlops.collect.manifest import MANIFEST_NAME, Manifest
 
     fs = dataset.fs
     root = dataset.path()
