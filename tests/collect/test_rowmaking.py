@@ -72,7 +72,7 @@ def test_workers_make_the_same_rows_in_spool_order_after_the_runs_parts(
     monkeypatch.setattr(spool_module, "PIECE_RAW", 64 << 10)  # pieces of a few frames
     spool = _spool(tmp_path, 30_000, frames=24)
     hook = _Spooled(spool)
-    sink = ParquetSink(tmp_path, "c0", row_group_rows=4096, fast_parts=True)
+    sink = ParquetSink(tmp_path, "c0", row_group_rows=4096, rows_per_file=40_000, fast_parts=True)
     run = ProcessTraceHook().to_frame("process_trace", _records(500), _layout())
     sink.write("process_trace", run)  # rows made during the run: a plain part first
     said: list[str] = []
@@ -174,3 +174,31 @@ def test_one_worker_per_cpu_per_job_and_per_gib_of_memory() -> None:
     assert workers_for(100 * MIN_JOB_RAW, cpus=192, ram=1024 * gib) == 64
     assert workers_for(100 * MIN_JOB_RAW, cpus=16, ram=4 * gib) == 4
     assert workers_for(1, cpus=1, ram=gib) == 1
+
+
+def test_parts_written_at_stop_are_compact_and_kept_unless_small(tmp_path: Path) -> None:
+    # The run's parts are plain; from the stop on (write_whole_parts) the sink encodes
+    # compactly: compaction rewrites the plain ones and a small stop part with them,
+    # and keeps a stop part of a quarter of a file (rows_per_file) or more as it is.
+    sink = ParquetSink(tmp_path, "c0", row_group_rows=1000, rows_per_file=12_000, fast_parts=True)
+    layout = _layout()
+    for lo in (0, 500):  # two flushes of the run
+        sink.write("process_trace", ProcessTraceHook().to_frame("t", _records(500, lo), layout))
+        sink.flush(durable=True)
+    sink.write("small", ProcessTraceHook().to_frame("t", _records(10), layout))
+    sink.write_whole_parts()  # finishes the open parts first: they are plain
+    sink.write("process_trace", ProcessTraceHook().to_frame("t", _records(3000, 1000), layout))
+    sink.write("small", ProcessTraceHook().to_frame("t", _records(10, 10), layout))
+    sink.close()
+    stop = tmp_path / sink.files_written()["process_trace"][-1]
+    assert pq.ParquetFile(stop).metadata.row_group(0).column(1).compression == "ZSTD"
+    inode = stop.stat().st_ino
+    assert sink.compact() == {"process_trace": "compacted", "small": "compacted"}
+    files = sink.files_written()
+    assert len(files["process_trace"]) == 2 and len(files["small"]) == 1
+    assert (tmp_path / files["process_trace"][1]).stat().st_ino == inode  # kept, not read
+    pids = pq.read_table(tmp_path / "process_trace")["pid"].to_pylist()
+    assert pids == list(range(4000))
+    assert pq.read_table(tmp_path / "small")["pid"].to_pylist() == list(range(20))
+    assert sink.compact() == {"process_trace": "skipped: compact already",
+                              "small": "skipped: compact already"}  # fmt: skip

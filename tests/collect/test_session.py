@@ -393,7 +393,10 @@ def test_with_no_cpu_to_spare_rows_wait_in_the_spool_until_stop(
     )  # fmt: skip
     cfg.benchmark.duration_s = 2.0
     seen: list[int] = []
-    session = Session(cfg, on_progress=lambda p: seen.append(p.events["quanta_runtime"]))
+    said: list[str] = []
+    session = Session(
+        cfg, on_progress=lambda p: seen.append(p.events["quanta_runtime"]), on_message=said.append
+    )
     storm = subprocess.Popen(["stress-ng", "--switch", "1", "-t", "3"], stdout=subprocess.DEVNULL)
     try:
         time.sleep(0.2)
@@ -411,8 +414,8 @@ def test_with_no_cpu_to_spare_rows_wait_in_the_spool_until_stop(
     assert c["quanta_queued_time"].height == rows["quanta_queued_time"]
     assert not (result.path / ".spool").exists()
     assert not list(result.path.glob(".rows-*"))
-    parts = c.manifest.tables["quanta_runtime"].files
-    assert len(parts) == (1 if row_workers == 1 else 3)  # the workers' parts kept whole
+    made_on = [m for m in said if m.startswith("note: making rows from")]
+    assert len(made_on) == (row_workers > 1) and all(m.endswith(" on 3 cores") for m in made_on)
 
 
 def _count_polls(monkeypatch: pytest.MonkeyPatch) -> list[float]:

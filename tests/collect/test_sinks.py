@@ -526,7 +526,7 @@ def test_an_interrupted_compaction_keeps_the_parts_and_leaves_no_scratch(
 ) -> None:
     sink = flushed_parts(tmp_path, parts=3)
 
-    def ctrl_c(*args: object) -> int:
+    def ctrl_c(*args: object, **kwargs: object) -> int:
         raise KeyboardInterrupt
 
     from kernmlops.collect import compaction

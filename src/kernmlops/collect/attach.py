@@ -179,6 +179,10 @@ def detach_all(
     # rows would take the room the disk no longer has.
     parked = [h for h in hooks if full and _spooling(h)]
     if isinstance(sink, ThreadedSink) and space.parquet is not None:
+        # No workload runs now: the rows made from here on are encoded compactly at
+        # once, and compaction keeps their parts instead of reading them back.
+        step(lambda: sink.flush(durable=True))
+        step(space.parquet.write_whole_parts)
         rows_on = (row_workers, 0) if row_workers is not None else (None, MIN_PARALLEL_RAW)
         _rows_on_all_cores(hooks, sink, space.parquet, space, parked, step, on_message, rows_on)
     spooled = sum(spooled_bytes(h) for h in hooks if h not in parked)

@@ -42,12 +42,16 @@ def compact_table(
 ) -> str:
     """Rewrite the finished parts of ``state``'s table under ``collection_dir`` and
     swap them in: ``"compacted"``, or why it was skipped (the parts then stay). Parts
-    written compact and whole already (``state.compact_files``) are kept as they
-    are, linked into the new folder in their place."""
+    written compactly at stop (``state.whole_parts``) that hold a quarter of
+    ``rows_per_file`` or more are kept as they are, linked into the new folder in
+    their place."""
     folder = collection_dir / state.name
-    plain = [collection_dir / f for f in state.files if f not in state.compact_files]
-    if not plain:
-        return "skipped: compact already"
+    # big enough to be a file of its own (a quarter of a full one): a collection of
+    # short runs still ends in one file per table
+    whole = {f for f, rows in state.whole_parts.items() if rows >= rows_per_file // 4}
+    plain = [collection_dir / f for f in state.files if f not in whole]
+    if all(f in state.whole_parts for f in state.files) and len(plain) <= 1:
+        return "skipped: compact already"  # nothing plain, no small parts to join
     size = sum(p.stat().st_size for p in plain)
     free = free_bytes(collection_dir)
     # The new file is about as large as the parts; keep room for the manifest too.
@@ -59,15 +63,16 @@ def compact_table(
             shutil.rmtree(scratch)
         scratch.mkdir()
         names: list[str] = []
-        for whole, run in groupby(state.files, key=lambda f: f in state.compact_files):
+        for kept, run in groupby(state.files, key=lambda f: f in whole):
             parts = [collection_dir / f for f in run]
-            if not whole:
+            if not kept:
                 names += rewrite(state, parts, scratch, fmt, rows_per_file, first=len(names))
                 continue
             for part in parts:  # a second name for the same file: no bytes copied
                 os.link(part, scratch / part_name(len(names)))
                 names.append(part_name(len(names)))
-        rows = sum(pq.ParquetFile(scratch / name).metadata.num_rows for name in names)
+        counts = [pq.ParquetFile(scratch / name).metadata.num_rows for name in names]
+        rows = sum(counts)
         if rows != state.finished_rows:  # never swap in files that lost rows
             return f"skipped: rewrote {rows} rows of {state.finished_rows}"
         fsync_path(scratch)
@@ -82,7 +87,7 @@ def compact_table(
     # The old parts are now in the hidden folder.
     shutil.rmtree(scratch, ignore_errors=True)
     state.files = [f"{state.name}/{name}" for name in names]
-    state.compact_files = set(state.files)
+    state.whole_parts = dict(zip(state.files, counts, strict=True))
     return "compacted"
 
 

@@ -125,6 +125,10 @@ class ParquetSink:
         self._checkpoint: tuple[dict[str, list[str]], dict[str, int]] = ({}, {})
         # The session may flush from a timer thread while hooks write.
         self._lock = threading.RLock()
+        #: parts finished from now on were written compactly at stop (write_whole_parts)
+        self._whole = False
+        #: the run's parts were written plain (fast_parts, even once it is switched off)
+        self._plain_run = fast_parts
         self._format = PartFormat(collection_id, compression, row_group_rows)
 
     # -- the Sink protocol -------------------------------------------------------------
@@ -244,7 +248,7 @@ class ParquetSink:
             return outcome
         for state in self._tables.values():
             # parts written plain are rewritten compactly even when there is only one
-            least = 1 if self.fast_parts else min_parts
+            least = 1 if self._plain_run else min_parts
             if len(state.files) < least or state.arrow_schema is None:
                 continue
             if on_table is not None:
@@ -253,6 +257,22 @@ class ParquetSink:
                 state, self.collection_dir, self._format, self.rows_per_file
             )
         return outcome
+
+    def write_whole_parts(self) -> None:
+        """From now on (the stop: no workload to leave the CPU to) write parts compactly
+        encoded, which :meth:`compact` keeps as they are instead of reading them back;
+        the parts open now are finished first (they are plain)."""
+        with self._lock:
+            if self._closed or self.failure is not None or not self.fast_parts:
+                return
+            with self._guard():
+                for state in self._tables.values():
+                    if state.buffered_rows:
+                        self._write_rows(state, state.buffered_rows)
+                    if state.writer is not None:
+                        self._finish_part(state)
+            self.fast_parts = False
+            self._whole = True
 
     def adopt(self, table: str, part: Path, rows: int, schema: pa.Schema) -> None:
         """Make ``part`` (a finished, compactly encoded part written by another process
@@ -283,7 +303,7 @@ class ParquetSink:
                 fsync_path(folder)
             name = final.relative_to(self.collection_dir).as_posix()
             state.files.append(name)
-            state.compact_files.add(name)
+            state.whole_parts[name] = rows
             state.finished_rows += rows
             state.rows += rows
             state.part += 1
@@ -431,6 +451,8 @@ class ParquetSink:
         os.replace(state.temp_path, final)
         fsync_path(final.parent)
         state.files.append(final.relative_to(self.collection_dir).as_posix())
+        if self._whole:
+            state.whole_parts[state.files[-1]] = state.part_rows
         state.finished_rows += state.part_rows
         state.temp_path = None
         state.part += 1

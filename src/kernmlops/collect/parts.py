@@ -108,9 +108,10 @@ class TableState:
     rows: int = 0  # rows handed to Parquet writers (buffered rows not counted)
     finished_rows: int = 0  # rows in finished parts (readable after a crash)
     files: list[str] = field(default_factory=list)
-    #: of ``files``, the parts written compact and whole (adopted at stop: see
-    #: ParquetSink.adopt), which compaction keeps as they are
-    compact_files: set[str] = field(default_factory=set)
+    #: of ``files``, the parts written compactly encoded at stop (adopted from the row
+    #: workers, or written once no workload runs), with their rows: compaction keeps
+    #: each that is big enough to be a file of its own as it is
+    whole_parts: dict[str, int] = field(default_factory=dict)
 
 
 def conform(state: TableState, rows: pa.Table) -> pa.Table:
