@@ -11,7 +11,6 @@ existed before, a file owned by someone else) and never a file with a second lin
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pwd
 import stat
@@ -75,30 +74,75 @@ def created_by_mkdir(path: Path) -> list[Path]:
     return missing[::-1]
 
 
-def _give(path: Path, who: Invoker) -> None:
-    """One entry to ``who``, if it is root's and ours to give: a folder, a link
+_AT_EMPTY_PATH = 0x1000  # linux/fcntl.h
+_AT_SYMLINK_NOFOLLOW = 0x100
+
+
+def _fchown(fd: int, who: Invoker) -> None:
+    """chown what an O_PATH descriptor holds (a link itself too): the entry checked is
+    the entry changed, whatever is renamed meanwhile."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    flags = _AT_EMPTY_PATH | _AT_SYMLINK_NOFOLLOW
+    if libc.fchownat(fd, b"", who.uid, who.gid, flags) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+
+
+def _give_fd(fd: int, who: Invoker) -> None:
+    """What ``fd`` holds to ``who``, if it is root's and ours to give: a folder, a link
     itself, or a regular file with one link (not a hard link made to another file)."""
-    with contextlib.suppress(FileNotFoundError):
-        st = os.lstat(path)
-        if st.st_uid != 0:
-            return
-        if stat.S_ISREG(st.st_mode) and st.st_nlink != 1:
-            return
-        if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
-            return
-        os.chown(path, who.uid, who.gid, follow_symlinks=False)
+    st = os.fstat(fd)
+    if st.st_uid != 0:
+        return
+    if stat.S_ISREG(st.st_mode) and st.st_nlink != 1:
+        return
+    if stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
+        _fchown(fd, who)
 
 
-def hand_over(tree: Path, who: Invoker | None, folders: Iterable[Path] = ()) -> None:
+def _give(name: str | Path, who: Invoker, dir_fd: int | None = None) -> None:
+    """One entry (``name`` in ``dir_fd``) to ``who``, never through a link."""
+    try:
+        fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return
+    try:
+        _give_fd(fd, who)
+    finally:
+        os.close(fd)
+
+
+def hand_over(tree: Path | int, who: Invoker | None, folders: Iterable[Path | int] = ()) -> None:
     """Give ``who`` everything in ``tree`` (inside first, the folder last) and each of
     ``folders`` (folders kernmlops created above it: those only, not their other
-    contents). Nothing without an invoker; a file that vanished meanwhile is skipped."""
+    contents). ``tree`` and ``folders`` may be descriptors of folders held open
+    (kernmlops.host.pinned): then no path is looked up again. Nothing without an
+    invoker; a file that vanished meanwhile is skipped."""
     if who is None:
         return
-    if tree.is_dir() and not tree.is_symlink():
-        for top, dirs, files in os.walk(tree, topdown=False, followlinks=False):
-            for name in [*files, *dirs]:
-                _give(Path(top) / name, who)
-    _give(tree, who)
+    if isinstance(tree, int):
+        top = os.dup(tree)
+    else:
+        try:
+            top = os.open(tree, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except (NotADirectoryError, FileNotFoundError):  # a file, a link, or nothing
+            top = -1
+            _give(tree, who)
+    if top >= 0:
+        try:
+            # each folder opened below the last without following a link (fwalk)
+            for _, dirs, files, dir_fd in os.fwalk(
+                ".", dir_fd=top, topdown=False, follow_symlinks=False
+            ):
+                for name in [*files, *dirs]:
+                    _give(name, who, dir_fd)
+            _give_fd(top, who)
+        finally:
+            os.close(top)
     for folder in reversed(list(folders)):
-        _give(folder, who)
+        if isinstance(folder, int):
+            _give_fd(folder, who)
+        else:
+            _give(folder, who)
