@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from kernmlops.hooks.base import HookStatus
+    from kernmlops.host.invoker import Invoker
 
 
 @functools.cache
@@ -413,6 +414,16 @@ def defaults(path: str) -> None:
     _console().print(f"wrote {path}")
 
 
+def _owner_of(fd: int) -> Invoker | None:
+    """The user a folder of a user belongs to, as one to hand files to (root's: None)."""
+    from kernmlops.host.invoker import Invoker
+
+    st = os.fstat(fd)
+    if st.st_uid == 0 or os.geteuid() != 0:
+        return None
+    return Invoker(st.st_uid, st.st_gid, str(st.st_uid), "/", (st.st_gid,))
+
+
 @cli.command()
 @click.argument("collection", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option(
@@ -443,40 +454,54 @@ def recover(collection: Path, bpf_dir: Path | None) -> None:
         memory_lost,
         pending_spools,
     )
+    from kernmlops.host.invoker import hand_over, invoker
+    from kernmlops.host.pinned import pin
 
     try:
-        lost = memory_lost(collection)
+        who = invoker()
+        # the collection may be a user's (its folders theirs to change): held open,
+        # everything read and written through it (kernmlops.host.pinned)
+        pinned = pin(collection, invoker_uid=who.uid if who else None, what="the collection")
+    except KernmlopsError as err:
+        fail(err)
+    io = pinned.io
+    try:
+        lost = memory_lost(io)
         if lost is not None:
             _say(
                 f"warning: the spool's first part was in memory ({lost}) and is gone "
                 "(a reboot?): its rows are lost; recovering what is on disk"
             )
-        foreign = foreign_memory(collection)
+        foreign = foreign_memory(io)
         if foreign is not None:
             from kernmlops.collect.manifest import read_manifest
 
-            own = memory_folder(read_manifest(collection).collection_id)
+            own = memory_folder(read_manifest(io).collection_id)
             _say(
                 f"warning: the spool's memory link names {foreign}, not this collection's "
                 f"own folder ({own}, yours, mode 0700): it is not read; if its segments are "
                 f"this collection's, move them into {collection / '.spool'} and recover again"
             )
-        if not pending_spools(collection):
+        if not pending_spools(io):
             _say(f"nothing to recover in {collection}: no spool")
             if foreign is not None:
                 fail(CollectionError(f"the spool's memory folder {foreign} was not read"))
             return
-        pid = collector_alive(collection)
+        pid = collector_alive(io)
         if pid is not None:
             raise CollectionError(f"collector {pid} still writes {collection}: stop it first")
-        done = recover(collection, bpf_dir)
-        from kernmlops.host.invoker import hand_over, invoker
-
-        hand_over(collection, invoker())  # the new parts, as collect's were
+        try:
+            done = recover(io, bpf_dir, shown=collection)
+        finally:
+            # the new parts are the collection's owner's, as collect's were (under sudo
+            # a killed collection's folder is still root's: then the invoker's)
+            hand_over(pinned.fd, _owner_of(pinned.fd) or who)
     except KernmlopsError as err:
         fail(err)
     except OSError as err:
         fail(OutputError(f"cannot recover {collection}: {err.strerror or err}"))
+    finally:
+        pinned.close()
     rows = ", ".join(f"{t} {n:,}" for t, n in sorted(done.added.items())) or "no rows"
     _say(f"recovered {rows} into {collection}")
     if foreign is not None and not done.lost:

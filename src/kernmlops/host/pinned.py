@@ -225,10 +225,10 @@ def create_new(path: Path, mode: int = 0o644) -> int:
     return os.open(path, flags, mode)
 
 
-def read_plain(path: Path, *, owner: int | None = None) -> bytes:
-    """A file's bytes, read as root from a folder a user may own: never through a link,
-    only a regular file, and never one of root's own with a second link (a hard link
-    to root's file made by ``owner``, where fs.protected_hardlinks is off).
+def read_plain(path: Path, *, owner: int = -1) -> bytes:
+    """A file's bytes, read from a folder a user may own: never through a link, only a
+    regular file and, as root, never a file with a second link unless it is ``owner``'s
+    (a hard link to a file of root's, where fs.protected_hardlinks is off).
 
     Raises:
         OSError: ELOOP for a link, EINVAL for anything else that is not a plain file.
@@ -238,6 +238,6 @@ def read_plain(path: Path, *, owner: int | None = None) -> bytes:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a plain file", str(path))
-        if st.st_nlink != 1 and st.st_uid != (owner if owner is not None else os.geteuid()):
-            raise OSError(errno.EPERM, "a hard link to a file of another user", str(path))
+        if os.geteuid() == 0 and st.st_nlink != 1 and st.st_uid != owner:
+            raise OSError(errno.EPERM, "a hard link to another file", str(path))
         return f.read()
