@@ -364,9 +364,6 @@ def collect(
         )
     if config.collector.output_graphs and result.ended_by != "error":
         _draw_graphs(result.path)
-        from kernmlops.host.invoker import hand_over, invoker
-
-        hand_over(result.path / "graphs", invoker())  # drawn by root, the user's
     if result.exit_code:
         _console().print(f"[yellow]exit code {result.exit_code}[/] ({result.ended_by})")
     if publish_to is not None:
@@ -381,10 +378,20 @@ def _draw_graphs(path: Path) -> None:
     """collector.output_graphs: the collection's graphs, as `kernmlops graph` draws them;
     a graph that fails is named and the collection is kept."""
     from kernmlops.graphs import render
+    from kernmlops.host.invoker import hand_over, invoker
+    from kernmlops.host.pinned import pin
 
     failures: list = []
+    who = invoker()
     try:
-        written = render(path, errors=failures)
+        # under sudo the collection is the user's by now: its graphs folder is made
+        # new and held open (no link of theirs written through), then handed over
+        graphs = pin(path / "graphs", create=True, fresh=True, invoker_uid=who and who.uid)
+        try:
+            written = render(path, graphs.io, errors=failures)
+        finally:
+            hand_over(graphs.fd, who)
+            graphs.close()
     except KernmlopsError as err:
         _console().print(f"[yellow]warning:[/] no graphs: {err}", highlight=False)
         return

@@ -11,16 +11,17 @@ existed before, a file owned by someone else) and never a file with a second lin
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from kernmlops.errors import ConfigError
 
-__all__ = ["Invoker", "created_by_mkdir", "hand_over", "invoker"]
+__all__ = ["Invoker", "created_by_mkdir", "hand_over", "handed_over", "invoker"]
 
 
 @dataclass(frozen=True)
@@ -146,3 +147,54 @@ def hand_over(tree: Path | int, who: Invoker | None, folders: Iterable[Path | in
             _give_fd(folder, who)
         else:
             _give(folder, who)
+
+
+def _inodes(path: Path) -> set[tuple[int, int]]:
+    """(st_dev, st_ino) of ``path`` and of everything under it, links themselves."""
+    found: set[tuple[int, int]] = set()
+    with contextlib.suppress(OSError):
+        st = os.lstat(path)
+        found.add((st.st_dev, st.st_ino))
+        if stat.S_ISDIR(st.st_mode):
+            for top, dirs, files in os.walk(path):
+                for name in [*dirs, *files]:
+                    with contextlib.suppress(OSError):
+                        st = os.lstat(Path(top) / name)
+                        found.add((st.st_dev, st.st_ino))
+    return found
+
+
+@contextlib.contextmanager
+def handed_over(path: Path) -> Iterator[None]:
+    """Under sudo, what the block writes at ``path`` (a file, or a folder and what is
+    in it) and the folders made above it are the invoking user's once it is written:
+    new entries only, never what was there before (a folder of root's that already
+    held files keeps them root's). Nothing without sudo."""
+    who = invoker()
+    if who is None:
+        yield
+        return
+    made = created_by_mkdir(path)
+    before = _inodes(path)
+    try:
+        yield
+    finally:
+        for entry in sorted(_new(path, before), key=lambda p: -len(p.parts)):
+            _give(entry, who)  # inside first; never through a link
+        for folder in reversed(made):
+            _give(folder, who)
+
+
+def _new(path: Path, before: set[tuple[int, int]]) -> list[Path]:
+    found = []
+    with contextlib.suppress(OSError):
+        entries = [path]
+        if path.is_dir() and not path.is_symlink():
+            for top, dirs, files in os.walk(path):
+                entries += [Path(top) / name for name in [*dirs, *files]]
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                st = os.lstat(entry)
+                if (st.st_dev, st.st_ino) not in before:
+                    found.append(entry)
+    return found
