@@ -41,6 +41,7 @@ from kernmlops.collect.parts import (
     temp_name,
 )
 from kernmlops.errors import CollectionError, OutputError
+from kernmlops.fileio import fsync_path
 from kernmlops.host.pinned import UnsafePath, create_new, fd_path, subfolder
 from kernmlops.lazy import lazy_import
 from kernmlops.tables import Rows, as_arrow
@@ -420,11 +421,11 @@ class ParquetSink:
         state.writer.close()
         state.writer = None
         final = state.temp_path.parent / part_name(state.part)
-        os.fsync(state.temp_fd)
+        fsync_path(fd_path(state.temp_fd))  # the file held open, whatever its name now
         os.close(state.temp_fd)
         state.temp_fd = None
         os.replace(state.temp_path, final)
-        os.fsync(self._folders[state.name])  # the rename itself
+        fsync_path(fd_path(self._folders[state.name]))  # the rename itself
         state.files.append(f"{state.name}/{final.name}")
         state.finished_rows += state.part_rows
         state.temp_path = None
