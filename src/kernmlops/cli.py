@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from kernmlops.config import CollectorConfig
     from kernmlops.hooks.base import HookStatus
+    from kernmlops.host.invoker import Invoker
 
 
 @functools.cache
@@ -383,9 +384,6 @@ def collect(
         )
     if config.collector.output_graphs and result.ended_by != "error":
         _draw_graphs(result.path)
-        from kernmlops.host.invoker import hand_over, invoker
-
-        hand_over(result.path / "graphs", invoker())  # drawn by root, the user's
     if result.exit_code:
         _console().print(f"[yellow]exit code {result.exit_code}[/] ({result.ended_by})")
     if publish_to is not None:
@@ -422,10 +420,20 @@ def _draw_graphs(path: Path) -> None:
     """collector.output_graphs: the collection's graphs, as `kernmlops graph` draws them;
     a graph that fails is named and the collection is kept."""
     from kernmlops.graphs import render
+    from kernmlops.host.invoker import hand_over, invoker
+    from kernmlops.host.pinned import pin
 
     failures: list = []
+    who = invoker()
     try:
-        written = render(path, errors=failures)
+        # under sudo the collection is the user's by now: its graphs folder is made
+        # new and held open (no link of theirs written through), then handed over
+        graphs = pin(path / "graphs", create=True, fresh=True, invoker_uid=who and who.uid)
+        try:
+            written = render(path, graphs.io, errors=failures)
+        finally:
+            hand_over(graphs.fd, who)
+            graphs.close()
     except KernmlopsError as err:
         _console().print(f"[yellow]warning:[/] no graphs: {err}", highlight=False)
         return
@@ -455,6 +463,16 @@ def defaults(path: str) -> None:
     _console().print(f"wrote {path}")
 
 
+def _owner_of(fd: int) -> Invoker | None:
+    """The user a folder of a user belongs to, as one to hand files to (root's: None)."""
+    from kernmlops.host.invoker import Invoker
+
+    st = os.fstat(fd)
+    if st.st_uid == 0 or os.geteuid() != 0:
+        return None
+    return Invoker(st.st_uid, st.st_gid, str(st.st_uid), "/", (st.st_gid,))
+
+
 @cli.command()
 @click.argument("collection", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option(
@@ -478,43 +496,57 @@ def recover(collection: Path, bpf_dir: Path | None) -> None:
     one recover works on a collection at a time.
     """
     from kernmlops.collect.recovery import recover
+    from kernmlops.host.invoker import hand_over, invoker
+    from kernmlops.host.pinned import pin
     from kernmlops.spool.collection import collector_alive
     from kernmlops.spool.memory import foreign_memory, memory_folder, memory_lost
     from kernmlops.spool.recovery import pending_spools
 
     try:
-        lost = memory_lost(collection)
+        who = invoker()
+        # the collection may be a user's (its folders theirs to change): held open,
+        # everything read and written through it (kernmlops.host.pinned)
+        pinned = pin(collection, invoker_uid=who.uid if who else None, what="the collection")
+    except KernmlopsError as err:
+        fail(err)
+    io = pinned.io
+    try:
+        lost = memory_lost(io)
         if lost is not None:
             _say(
                 f"warning: the spool's first part was in memory ({lost}) and is gone "
                 "(a reboot?): its rows are lost; recovering what is on disk"
             )
-        foreign = foreign_memory(collection)
+        foreign = foreign_memory(io)
         if foreign is not None:
             from kernmlops.collect.manifest import read_manifest
 
-            own = memory_folder(read_manifest(collection).collection_id)
+            own = memory_folder(read_manifest(io).collection_id)
             _say(
                 f"warning: the spool's memory link names {foreign}, not this collection's "
                 f"own folder ({own}, yours, mode 0700): it is not read; if its segments are "
                 f"this collection's, move them into {collection / '.spool'} and recover again"
             )
-        if not pending_spools(collection):
+        if not pending_spools(io):
             _say(f"nothing to recover in {collection}: no spool")
             if foreign is not None:
                 fail(CollectionError(f"the spool's memory folder {foreign} was not read"))
             return
-        pid = collector_alive(collection)
+        pid = collector_alive(io)
         if pid is not None:
             raise CollectionError(f"collector {pid} still writes {collection}: stop it first")
-        done = recover(collection, bpf_dir)
-        from kernmlops.host.invoker import hand_over, invoker
-
-        hand_over(collection, invoker())  # the new parts, as collect's were
+        try:
+            done = recover(io, bpf_dir, shown=collection)
+        finally:
+            # the new parts are the collection's owner's, as collect's were (under sudo
+            # a killed collection's folder is still root's: then the invoker's)
+            hand_over(pinned.fd, _owner_of(pinned.fd) or who)
     except KernmlopsError as err:
         fail(err)
     except OSError as err:
         fail(OutputError(f"cannot recover {collection}: {err.strerror or err}"))
+    finally:
+        pinned.close()
     rows = ", ".join(f"{t} {n:,}" for t, n in sorted(done.added.items())) or "no rows"
     _say(f"recovered {rows} into {collection}")
     if foreign is not None and not done.lost:

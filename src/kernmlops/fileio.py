@@ -3,6 +3,7 @@ content or the new one, never half of one."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -20,8 +21,12 @@ def write_atomic(path: str | Path, data: bytes | str, *, durable: bool = False) 
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # one per writing process
     raw = data.encode("utf-8") if isinstance(data, str) else data
+    # new, never through a link: root writes manifests in folders their user owns
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)  # a killed writer's leftover, or a planted link (the link goes)
     try:
-        with open(tmp, "wb") as f:
+        with open(os.open(tmp, flags, 0o644), "wb") as f:
             f.write(raw)
             if durable:
                 f.flush()

@@ -69,7 +69,7 @@ def compact_table(
                 names += rewrite(state, parts, scratch, fmt, rows_per_file, first=len(names))
                 continue
             for part in parts:  # a second name for the same file: no bytes copied
-                os.link(part, scratch / part_name(len(names)))
+                os.link(part, scratch / part_name(len(names)), follow_symlinks=False)
                 names.append(part_name(len(names)))
         counts = [pq.ParquetFile(scratch / name).metadata.num_rows for name in names]
         rows = sum(counts)

@@ -162,6 +162,15 @@ class Manifest(_Record):
             data["state"] = data.pop("ended_by")
         return data
 
+    @field_validator("collection_id")
+    @classmethod
+    def _one_name(cls, value: str | None) -> str | None:
+        # it names the spool's memory folder (/dev/shm/kernmlops-spool-<id>), which
+        # recover deletes as root: a '/' or '..' in it would name another folder
+        if value is not None and ("/" in value or "\0" in value or value in (".", "..")):
+            raise ValueError("a collection id is one name: no '/'")
+        return value
+
     @field_validator("benchmark", mode="before")
     @classmethod
     def _benchmark_name(cls, value: Any) -> Any:

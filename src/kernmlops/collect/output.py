@@ -18,6 +18,7 @@ from pathlib import Path
 
 from kernmlops.collect.disk import free_bytes, human_bytes
 from kernmlops.errors import OutputError
+from kernmlops.host.pinned import create_new
 
 __all__ = ["RESERVE_NAME", "OutputCheck", "filesystem", "prepare_output", "release_reserve"]
 
@@ -56,13 +57,17 @@ def _first_file(path: Path) -> Path | None:
     return None
 
 
-def prepare_output(path: Path, *, min_free_mb: float, warn_free_mb: float) -> OutputCheck:
+def prepare_output(
+    path: Path, *, min_free_mb: float, warn_free_mb: float, shown: Path | None = None
+) -> OutputCheck:
     """Create ``path``, prove it writable, check its free space and reserve the
-    manifest's room.
+    manifest's room. ``shown``: the folder as messages name it, where ``path`` is
+    the folder held open (kernmlops.host.pinned; already made).
 
     Raises:
         OutputError: one line saying what is wrong with the folder.
     """
+    name = shown or path
     blocker = _first_file(path)
     if blocker is not None:
         raise OutputError(
@@ -71,10 +76,10 @@ def prepare_output(path: Path, *, min_free_mb: float, warn_free_mb: float) -> Ou
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise OutputError(f"cannot create the output folder {path}: {_why(err)}") from None
+        raise OutputError(f"cannot create the output folder {name}: {_why(err)}") from None
     probe = path / ".write-probe"
     try:
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = create_new(probe)
         try:
             os.write(fd, b"kernmlops\n")
             os.fsync(fd)
@@ -84,22 +89,22 @@ def prepare_output(path: Path, *, min_free_mb: float, warn_free_mb: float) -> Ou
     except OSError as err:
         with contextlib.suppress(OSError):
             probe.unlink()
-        raise OutputError(f"cannot write to the output folder {path}: {_why(err)}") from None
+        raise OutputError(f"cannot write to the output folder {name}: {_why(err)}") from None
     free = free_bytes(path)
-    check = OutputCheck(path=path, free_bytes=free)
+    check = OutputCheck(path=name, free_bytes=free)
     if free is not None and free < min_free_mb * 2**20:
         raise OutputError(
-            f"only {human_bytes(free)} free on {path} (the minimum is {min_free_mb:g} MiB, "
+            f"only {human_bytes(free)} free on {name} (the minimum is {min_free_mb:g} MiB, "
             "collector.min_free_mb): free some space or choose another folder with -o"
         )
     if free is not None and free < warn_free_mb * 2**20:
         check.warning = (
-            f"only {human_bytes(free)} free on {path}: a long collection may fill it "
+            f"only {human_bytes(free)} free on {name}: a long collection may fill it "
             f"(collector.warn_free_mb is {warn_free_mb:g} MiB)"
         )
     reserve = path / RESERVE_NAME
     try:
-        fd = os.open(reserve, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = create_new(reserve)
         try:
             os.posix_fallocate(fd, 0, RESERVE_BYTES)
         finally:
@@ -107,7 +112,7 @@ def prepare_output(path: Path, *, min_free_mb: float, warn_free_mb: float) -> Ou
     except OSError as err:
         with contextlib.suppress(OSError):
             reserve.unlink()
-        raise OutputError(f"cannot reserve room for the manifest in {path}: {_why(err)}") from None
+        raise OutputError(f"cannot reserve room for the manifest in {name}: {_why(err)}") from None
     return check
 
 

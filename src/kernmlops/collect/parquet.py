@@ -43,6 +43,7 @@ from kernmlops.collect.parts import (
 )
 from kernmlops.errors import CollectionError, OutputError
 from kernmlops.fileio import fsync_path
+from kernmlops.host.pinned import UnsafePath, create_new, fd_path, subfolder
 from kernmlops.lazy import lazy_import
 from kernmlops.tables import Rows, as_arrow
 
@@ -87,6 +88,7 @@ class ParquetSink:
         rows_per_file: int = 4_000_000,
         compression: str = "zstd",
         fast_parts: bool = False,
+        shown: Path | None = None,
     ) -> None:
         if row_group_rows < 1:
             raise ValueError(f"row_group_rows must be at least 1, got {row_group_rows}")
@@ -105,6 +107,10 @@ class ParquetSink:
         if not collection_id:
             raise ValueError("collection_id must not be empty")
         self.collection_dir = Path(collection_dir)
+        #: the folder as messages name it (collection_dir may be a held descriptor's)
+        self.shown = Path(shown or collection_dir)
+        #: each table's folder, held open (opened without following a link)
+        self._folders: dict[str, int] = {}
         self.collection_id = collection_id
         self.row_group_rows = row_group_rows
         self.max_buffered_bytes = max_buffered_bytes
@@ -214,6 +220,12 @@ class ParquetSink:
                     if state.writer is not None:
                         state.writer.close()
                         state.writer = None
+                    if state.temp_fd is not None:
+                        os.close(state.temp_fd)
+                        state.temp_fd = None
+                for fd in self._folders.values():
+                    os.close(fd)
+                self._folders.clear()
                 self._closed = True
             self._result = {name: state.finished_rows for name, state in self._tables.items()}
             return dict(self._result)
@@ -291,17 +303,16 @@ class ParquetSink:
                 state.schema = schema
             elif not schema.equals(state.schema):
                 raise CollectionError(drift_message(table, state.schema, schema))
-            folder = self.collection_dir / table
-            folder.mkdir(parents=True, exist_ok=True)
-            final = folder / part_name(state.part)
-            if final.exists():
-                raise CollectionError(
-                    f"{final} already exists: refusing to overwrite a finished part"
-                )
             with self._guard():
+                final = self._folder(table) / part_name(state.part)
+                if final.exists() or final.is_symlink():
+                    raise CollectionError(
+                        f"{self.shown / table / final.name} already exists: refusing to "
+                        "overwrite a finished part"
+                    )
                 os.rename(part, final)
-                fsync_path(folder)
-            name = final.relative_to(self.collection_dir).as_posix()
+                fsync_path(fd_path(self._folders[table]))  # the rename itself
+            name = f"{table}/{final.name}"
             state.files.append(name)
             state.whole_parts[name] = rows
             state.finished_rows += rows
@@ -375,7 +386,7 @@ class ParquetSink:
             free = human_bytes(free_bytes(self.collection_dir))
             what = "the disk is full" if is_disk_full(err) else "a write failed"
             raise OutputError(
-                f"cannot write to {self.collection_dir}: {what} ({err}); {free} free. "
+                f"cannot write to {self.shown}: {what} ({err}); {free} free. "
                 "Finished parts are kept."
             ) from err
 
@@ -391,6 +402,10 @@ class ParquetSink:
                 with contextlib.suppress(OSError):
                     state.temp_path.unlink()
                 state.temp_path = None
+            if state.temp_fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(state.temp_fd)
+                state.temp_fd = None
             state.buffer, state.buffered_rows, state.buffered_bytes = [], 0, 0
         self._buffered_bytes = 0
 
@@ -428,29 +443,50 @@ class ParquetSink:
         state.part_rows += table.num_rows
         state.rows += table.num_rows
 
+    def _folder(self, table: str) -> Path:
+        """The table's folder, made if missing and held open: a user who owns the
+        collection (a recovery's) cannot swap it for a link meanwhile."""
+        fd = self._folders.get(table)
+        if fd is None:
+            self.collection_dir.mkdir(parents=True, exist_ok=True)  # created on first write
+            try:
+                fd = self._folders[table] = subfolder(self.collection_dir, table)
+            except UnsafePath:
+                raise UnsafePath(
+                    f"cannot write to {self.shown / table}: it is a link or a file, not a "
+                    "folder: not written through"
+                ) from None
+        return fd_path(fd)
+
     def _open_part(self, state: TableState, sample: pa.Table) -> None:
-        folder = self.collection_dir / state.name
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = self._folder(state.name)
         final = folder / part_name(state.part)
-        if final.exists():
+        if final.exists() or final.is_symlink():
             raise CollectionError(
-                f"{final} already exists: refusing to overwrite a finished part "
-                "(use a new collection folder)"
+                f"{self.shown / state.name / final.name} already exists: refusing to "
+                "overwrite a finished part (use a new collection folder)"
             )
         plan_encodings(state, sample)
         state.temp_path = folder / temp_name(state.part)
-        state.writer = self._format.writer(state, state.temp_path, compact=not self.fast_parts)
+        # a new file, never through a link; pyarrow writes it through its descriptor
+        state.temp_fd = create_new(state.temp_path)
+        state.writer = self._format.writer(
+            state, fd_path(state.temp_fd), compact=not self.fast_parts
+        )
         state.part_rows = 0
 
     def _finish_part(self, state: TableState) -> None:
         assert state.writer is not None and state.temp_path is not None
+        assert state.temp_fd is not None
         state.writer.close()
         state.writer = None
         final = state.temp_path.parent / part_name(state.part)
-        fsync_path(state.temp_path)
+        fsync_path(fd_path(state.temp_fd))  # the file held open, whatever its name now
+        os.close(state.temp_fd)
+        state.temp_fd = None
         os.replace(state.temp_path, final)
-        fsync_path(final.parent)
-        state.files.append(final.relative_to(self.collection_dir).as_posix())
+        fsync_path(fd_path(self._folders[state.name]))  # the rename itself
+        state.files.append(f"{state.name}/{final.name}")
         if self._whole:
             state.whole_parts[state.files[-1]] = state.part_rows
         state.finished_rows += state.part_rows

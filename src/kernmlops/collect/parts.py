@@ -103,6 +103,8 @@ class TableState:
     #: the schema the open part's writer takes (see part_schema)
     part_schema: pa.Schema | None = None
     temp_path: Path | None = None
+    #: the open part's file, held open (its writer writes through it)
+    temp_fd: int | None = None
     part: int = 0  # index of the part being (or next to be) written
     part_rows: int = 0
     rows: int = 0  # rows handed to Parquet writers (buffered rows not counted)

@@ -10,9 +10,11 @@ kernmlops.spool.recovery; the spool itself is kernmlops.spool.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING
 from kernmlops.collect.rowmaking import STAGING_PREFIX
 from kernmlops.ebpf.ringbuf import decode, record_stride
 from kernmlops.errors import CollectionError
+from kernmlops.host.pinned import UnsafePath, read_plain, subfolder
 from kernmlops.lazy import lazy_import
 from kernmlops.spool.collection import SPOOL_DIR
 from kernmlops.spool.frames import SegmentFormat, segment_format
@@ -70,18 +73,40 @@ class Recovery:
 LOCK_FILE = "recover.lock"
 
 
-def _lock(folder: Path) -> int:
-    """Hold the spool for one ``recover``; a second one is told who has it."""
+def _lock(folder: Path, shown: Path) -> int:
+    """Hold the spool for one ``recover``; a second one is told who has it. The lock
+    file is in a folder its user may own: opened without following a link, and never
+    a file with a second link (a hard link to a file of root's would be truncated)."""
     import fcntl
 
-    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        spool = subfolder(folder, "", create=False)  # the spool, not a link to elsewhere
+    except UnsafePath:
+        raise UnsafePath(f"{shown / SPOOL_DIR} is a link, not a folder: not read") from None
+    try:
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(LOCK_FILE, flags, 0o600, dir_fd=spool)
+    except OSError as err:
+        raise UnsafePath(
+            f"cannot lock {shown / SPOOL_DIR / LOCK_FILE}: "
+            f"{'a link' if err.errno == errno.ELOOP else err.strerror or err}"
+        ) from None
+    finally:
+        os.close(spool)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        raise UnsafePath(
+            f"cannot lock {shown / SPOOL_DIR / LOCK_FILE}: not a plain file of its own "
+            "(a hard link to another file?): remove it and recover again"
+        )
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         other = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
         os.close(fd)
         raise CollectionError(
-            f"another `kernmlops recover` (pid {other}) is recovering {folder.parent}: "
+            f"another `kernmlops recover` (pid {other}) is recovering {shown}: "
             "wait for it to finish"
         ) from None
     os.ftruncate(fd, 0)
@@ -92,7 +117,7 @@ def _lock(folder: Path) -> int:
 def _meta(path: Path, what: str) -> dict:
     """A spool json, or CollectionError naming it (missing, unreadable, not an object)."""
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_plain(path).decode())
     except FileNotFoundError:
         raise CollectionError(f"its {what} {path.name} is missing") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -102,7 +127,9 @@ def _meta(path: Path, what: str) -> dict:
     return data
 
 
-def recover(collection: Path, bpf_dir: Path | None = None) -> Recovery:
+def recover(
+    collection: Path, bpf_dir: Path | None = None, *, shown: Path | None = None
+) -> Recovery:
     """Turn what a killed collector left in ``collection``'s spool into Parquet parts
     after the finished ones. Rows already in finished parts are not repeated: each
     segment says how many rows each table had before it, and the finished parts say
@@ -112,7 +139,11 @@ def recover(collection: Path, bpf_dir: Path | None = None) -> Recovery:
     not be read (a description missing or damaged, a frame cut or failing its
     checksum, records of the wrong size, rows a later segment expected) is listed in
     the result. The spool is deleted only when nothing was lost; otherwise it stays,
-    for another try or an autopsy. One ``recover`` at a time (a lock in the spool)."""
+    for another try or an autopsy. One ``recover`` at a time (a lock in the spool).
+
+    Run as root the collection may be a user's: ``collection`` is then its folder
+    held open (kernmlops.host.pinned; ``shown`` names it for messages), and nothing in
+    it is read or written through a link its user planted."""
     import pyarrow.parquet as pq
 
     from kernmlops.collect.manifest import TableRecord, read_manifest, write_manifest
@@ -129,15 +160,17 @@ def recover(collection: Path, bpf_dir: Path | None = None) -> Recovery:
     segments = pending_spools(collection)
     if not segments:
         return result
-    lock = _lock(folder)
+    shown = shown or collection
+    lock = _lock(folder, shown)
     try:
         manifest = read_manifest(collection)
-        sink = ParquetSink(collection, manifest.collection_id)
+        sink = ParquetSink(collection, manifest.collection_id, shown=shown)
         finished: dict[str, int] = {}
         for table_dir in collection.iterdir():
-            parts = sorted(table_dir.glob("part-*.parquet")) if table_dir.is_dir() else []
+            plain = table_dir.is_dir() and not table_dir.is_symlink()
+            parts = sorted(table_dir.glob("part-*.parquet")) if plain else []
             if parts:
-                finished[table_dir.name] = sum(pq.ParquetFile(p).metadata.num_rows for p in parts)
+                finished[table_dir.name] = sum(_part_rows(pq, p) for p in parts)
                 sink.resume(table_dir.name, len(parts))
         by_key: dict[str, list[Path]] = {}
         for seg in segments:
@@ -176,14 +209,23 @@ def recover(collection: Path, bpf_dir: Path | None = None) -> Recovery:
         write_manifest(collection, manifest)
     finally:
         os.close(lock)
+        for lost in result.lost:  # named as the user named the collection
+            if lost.file.is_relative_to(collection):
+                lost.file = shown / lost.file.relative_to(collection)
     if not result.lost:
         remove_spool(folder)
     return result
 
 
+def _part_rows(pq, part: Path) -> int:  # pq: pyarrow.parquet, imported late
+    """A finished part's rows, read without following a link."""
+    with open(os.open(part, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as f:
+        return pq.ParquetFile(f).metadata.num_rows
+
+
 def _size(path: Path) -> int:
     try:
-        return path.stat().st_size
+        return path.lstat().st_size  # a link's own: never the size of what it names
     except OSError:
         return 0
 
@@ -217,7 +259,7 @@ def _recover_key(key: str, segs: list[Path], hook, layout, dtype, finished: dict
                 )
             made = {t: n for t, n in before.items() if isinstance(n, int)}
         try:
-            data = seg.read_bytes()
+            data = read_plain(seg)
         except OSError as err:
             result.lost.append(Lost(seg, f"cannot be read ({err.strerror or err})", _size(seg)))
             continue

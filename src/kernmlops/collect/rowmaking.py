@@ -208,10 +208,10 @@ def make_spooled_rows(
     staging = parquet.collection_dir / f"{STAGING_PREFIX}{os.getpid()}"
     jobs = [
         Job(
-            str(w.folder),
+            _shared(w.folder),
             w.key,
-            pieces,
-            str(staging / str(i)),
+            [p._replace(path=_shared(p.path)) for p in pieces],
+            _shared(staging / str(i)),
             parquet.collection_id,
             parquet.row_group_rows,
             parquet.rows_per_file,
@@ -286,6 +286,18 @@ def _worker_start() -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     keep_out(*UNUSED_LIBRARIES)
+
+
+def _shared(path: str | Path) -> str:
+    """``path`` as another process names it: a folder the collector holds open is
+    ``/proc/self/fd/N/...`` here (kernmlops.host.pinned), ``/proc/<its pid>/fd/N/...``
+    there."""
+    text = str(path)
+    return (
+        text.replace("/proc/self/", f"/proc/{os.getpid()}/", 1)
+        if text.startswith("/proc/self/")
+        else text
+    )
 
 
 def _why(err: BaseException) -> str:

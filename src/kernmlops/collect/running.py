@@ -87,6 +87,8 @@ class RunningManifest:
 
     def __init__(self, path: Path, space: SpaceGuard) -> None:
         self.path = path
+        #: where it is written: the collection's folder held open (set by the session)
+        self.io = path
         self.space = space
         self.manifest: Manifest | None = None
         self.parquet: ParquetSink | None = None
@@ -175,9 +177,9 @@ class RunningManifest:
         before that ends the collection (the reserve keeps the final manifest's room)."""
         assert self.manifest is not None
         if final:
-            release_reserve(self.path)
+            release_reserve(self.io)
         try:
-            write_manifest(self.path, text if text is not None else self.manifest)
+            write_manifest(self.io, text if text is not None else self.manifest)
         except OSError as err:
             if is_disk_full(err):
                 self.space.disk_full = True
@@ -231,7 +233,7 @@ class RunningManifest:
         failed: Exception | None = None
         for participant in participants:
             try:
-                participant.contribute(m, self.path)
+                participant.contribute(m, self.io)
             except Exception as err:  # the manifest is still written; raised after it
                 failed = failed or err
                 m.error = m.error or f"{type(participant).__name__}: {err}"

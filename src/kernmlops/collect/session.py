@@ -51,7 +51,8 @@ from kernmlops.errors import ConfigError, KernmlopsError, OutputError
 from kernmlops.hooks import get_hook
 from kernmlops.hooks.base import Hook, HookStatus
 from kernmlops.host.environment import Environment
-from kernmlops.host.invoker import Invoker, created_by_mkdir, hand_over, invoker
+from kernmlops.host.invoker import Invoker, hand_over, invoker
+from kernmlops.host.pinned import Pinned, pin
 from kernmlops.lazy import preload
 from kernmlops.spool.collection import SPOOL_DIR
 from kernmlops.spool.memory import leftover_memory
@@ -115,8 +116,8 @@ class Session:
         self.environment = Environment()
         #: under sudo, the user the collection's files are given to (run)
         self.invoker: Invoker | None = None
-        #: the folders of the output path this run created (given to the invoker too)
-        self._created: list[Path] = []
+        #: the collection's folder held open (run): what is written goes through it
+        self._pinned: Pinned | None = None
 
     @property
     def manifest(self) -> Manifest | None:
@@ -137,13 +138,19 @@ class Session:
             )
         self.environment = env = Environment.from_options(self.config.benchmark)
         started_at = datetime.now(UTC)
+        io = self.path  # where the collection is written: its folder held open, below
         if self._sink is None:
             # Pre-flight: a folder that cannot take the collection fails here, before
-            # the benchmark runs; the manifest exists from now on.
-            self._created = created_by_mkdir(self.path)
+            # the benchmark runs; the manifest exists from now on. The folder is made
+            # new and held open: a user who can change a folder above it (their home)
+            # cannot swap it for a link while root writes (kernmlops.host.pinned).
+            self._pinned = pin(
+                self.path, create=True, fresh=True, invoker_uid=who.uid if who else None
+            )
+            self._running.io = io = self._pinned.io
             try:
                 check = prepare_output(
-                    self.path, min_free_mb=cfg.min_free_mb, warn_free_mb=cfg.warn_free_mb
+                    io, min_free_mb=cfg.min_free_mb, warn_free_mb=cfg.warn_free_mb, shown=self.path
                 )
             except OutputError:
                 self._hand_over()
@@ -160,8 +167,9 @@ class Session:
             None
             if self._sink
             else ParquetSink(
-                self.path,
+                io,
                 self.collection_id,
+                shown=self.path,
                 row_group_rows=cfg.row_group_rows,
                 # compaction at stop encodes compactly: the run's parts are written plain
                 fast_parts=cfg.compact,
@@ -177,7 +185,10 @@ class Session:
         ended_by, bench_exit, attach_s = "error", None, 0.0
         errors: list[BaseException] = []
         bench = RunningBenchmark(
-            self.benchmark, self.config.benchmark.name, self.path, keep_output=self._sink is None
+            self.benchmark,
+            self.config.benchmark.name,
+            self._pinned.io if self._pinned else self.path,
+            keep_output=self._sink is None,
         )
         old_handlers = self._stop.install()
         try:
@@ -200,7 +211,7 @@ class Session:
                     # e.g. a server the benchmark started in setup(): traced with its client
                     for pid in self.benchmark.tracked_pids():
                         flt.add(pid)
-            spool_dir = self.path / SPOOL_DIR if parquet is not None and cfg.spool else None
+            spool_dir = io / SPOOL_DIR if parquet is not None and cfg.spool else None
             self._spool_dir = spool_dir
             if spool_dir is not None and cfg.spool_memory > 0 and self.on_message:
                 for left in leftover_memory():  # never deleted here: only recover frees them
@@ -307,9 +318,15 @@ class Session:
         return result
 
     def _hand_over(self) -> None:
-        """Under sudo, the collection and the folders this run created are the user's."""
-        if self._sink is None:
-            hand_over(self.path, self.invoker, self._created)
+        """Under sudo, the collection and the folders this run created are the user's
+        (through the descriptors held since they were made, never their paths); the
+        folder is let go."""
+        pinned, self._pinned = self._pinned, None
+        if pinned is not None:
+            try:
+                hand_over(pinned.fd, self.invoker, pinned.created)
+            finally:
+                pinned.close()
 
     def _finish(
         self,
@@ -354,7 +371,8 @@ class Session:
         if spool is None or not spool.exists() or parquet is None or parquet.failure:
             return
         failed = any(not isinstance(e, KeyboardInterrupt) for e in errors)
-        if failed and any(seg.stat().st_size for seg in pending_spools(self.path)):
+        folder = spool.parent  # the collection, held open
+        if failed and any(seg.stat().st_size for seg in pending_spools(folder)):
             return  # records a recovery can still turn into rows
         remove_spool(spool)
 

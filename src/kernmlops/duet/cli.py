@@ -153,9 +153,13 @@ def run_cmd(
                 if loud:
                     _details(rec, folder)
 
-            result = run_suite(
-                suite, outdir, force=force, collect=collector, on_trial=on_trial, layout=layout
-            )
+            from kernmlops.host.invoker import handed_over
+
+            with handed_over(folder):  # under sudo the suite's results are the user's
+                result = run_suite(
+                    suite, outdir, force=force, collect=collector, on_trial=on_trial,
+                    layout=layout,
+                )  # fmt: skip
             failed += len(result.failed)
             console.print(f"-> {result.folder}")
     except KernmlopsError as err:
@@ -276,7 +280,10 @@ def process_cmd(
             console.print(f"[yellow]warning:[/] {err}", markup=True)
         if processed.results.height == 0:
             raise KernmlopsError(f"no iterations in {processed.files} result file(s)")
-        written = write_processed(processed, out, json=as_json, original=original)
+        from kernmlops.host.invoker import handed_over
+
+        with handed_over(out):  # under sudo the tables are the user's
+            written = write_processed(processed, out, json=as_json, original=original)
     except KernmlopsError as err:
         fail(err)
     r = processed.results

@@ -91,11 +91,16 @@ def graph_command(
     if tgid is not None and comm is not None:
         raise click.UsageError("--tgid and --comm exclude each other")
     names = [n.strip() for n in only.split(",") if n.strip()] if only else None
+    from kernmlops.host.invoker import handed_over
+
     failures: list = []
     try:
-        written = render(
-            collection, output_dir, tgid=tgid, comm=comm, graphs=names, dpi=dpi, errors=failures
-        )
+        # under sudo the PNGs are the user's, as a collection is
+        with handed_over(output_dir or collection / "graphs"):
+            written = render(
+                collection, output_dir, tgid=tgid, comm=comm, graphs=names, dpi=dpi,
+                errors=failures,
+            )  # fmt: skip
     except KernmlopsError as err:
         fail(err)
     for path in written:
@@ -141,9 +146,12 @@ def report_command(
 
     if tgid is not None and comm is not None:
         raise click.UsageError("--tgid and --comm exclude each other")
+    from kernmlops.host.invoker import handed_over
+
     failures: list = []
     try:
-        path = report(list(collections), output, tgid=tgid, comm=comm, dpi=dpi, errors=failures)
+        with handed_over(output):  # under sudo the page is the user's
+            path = report(list(collections), output, tgid=tgid, comm=comm, dpi=dpi, errors=failures)
     except KernmlopsError as err:
         fail(err)
     _report_failures(failures)

@@ -15,13 +15,13 @@ import contextlib
 import os
 import pwd
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from kernmlops.errors import ConfigError
 
-__all__ = ["Invoker", "created_by_mkdir", "hand_over", "invoker"]
+__all__ = ["Invoker", "created_by_mkdir", "hand_over", "handed_over", "invoker"]
 
 
 @dataclass(frozen=True)
@@ -75,30 +75,126 @@ def created_by_mkdir(path: Path) -> list[Path]:
     return missing[::-1]
 
 
-def _give(path: Path, who: Invoker) -> None:
-    """One entry to ``who``, if it is root's and ours to give: a folder, a link
+_AT_EMPTY_PATH = 0x1000  # linux/fcntl.h
+_AT_SYMLINK_NOFOLLOW = 0x100
+
+
+def _fchown(fd: int, who: Invoker) -> None:
+    """chown what an O_PATH descriptor holds (a link itself too): the entry checked is
+    the entry changed, whatever is renamed meanwhile."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    flags = _AT_EMPTY_PATH | _AT_SYMLINK_NOFOLLOW
+    if libc.fchownat(fd, b"", who.uid, who.gid, flags) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+
+
+def _give_fd(fd: int, who: Invoker) -> None:
+    """What ``fd`` holds to ``who``, if it is root's and ours to give: a folder, a link
     itself, or a regular file with one link (not a hard link made to another file)."""
-    with contextlib.suppress(FileNotFoundError):
-        st = os.lstat(path)
-        if st.st_uid != 0:
-            return
-        if stat.S_ISREG(st.st_mode) and st.st_nlink != 1:
-            return
-        if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
-            return
-        os.chown(path, who.uid, who.gid, follow_symlinks=False)
+    st = os.fstat(fd)
+    if st.st_uid != 0:
+        return
+    if stat.S_ISREG(st.st_mode) and st.st_nlink != 1:
+        return
+    if stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
+        _fchown(fd, who)
 
 
-def hand_over(tree: Path, who: Invoker | None, folders: Iterable[Path] = ()) -> None:
+def _give(name: str | Path, who: Invoker, dir_fd: int | None = None) -> None:
+    """One entry (``name`` in ``dir_fd``) to ``who``, never through a link."""
+    try:
+        fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return
+    try:
+        _give_fd(fd, who)
+    finally:
+        os.close(fd)
+
+
+def hand_over(tree: Path | int, who: Invoker | None, folders: Iterable[Path | int] = ()) -> None:
     """Give ``who`` everything in ``tree`` (inside first, the folder last) and each of
     ``folders`` (folders kernmlops created above it: those only, not their other
-    contents). Nothing without an invoker; a file that vanished meanwhile is skipped."""
+    contents). ``tree`` and ``folders`` may be descriptors of folders held open
+    (kernmlops.host.pinned): then no path is looked up again. Nothing without an
+    invoker; a file that vanished meanwhile is skipped."""
     if who is None:
         return
-    if tree.is_dir() and not tree.is_symlink():
-        for top, dirs, files in os.walk(tree, topdown=False, followlinks=False):
-            for name in [*files, *dirs]:
-                _give(Path(top) / name, who)
-    _give(tree, who)
+    if isinstance(tree, int):
+        top = os.dup(tree)
+    else:
+        try:
+            top = os.open(tree, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except (NotADirectoryError, FileNotFoundError):  # a file, a link, or nothing
+            top = -1
+            _give(tree, who)
+    if top >= 0:
+        try:
+            # each folder opened below the last without following a link (fwalk)
+            for _, dirs, files, dir_fd in os.fwalk(
+                ".", dir_fd=top, topdown=False, follow_symlinks=False
+            ):
+                for name in [*files, *dirs]:
+                    _give(name, who, dir_fd)
+            _give_fd(top, who)
+        finally:
+            os.close(top)
     for folder in reversed(list(folders)):
-        _give(folder, who)
+        if isinstance(folder, int):
+            _give_fd(folder, who)
+        else:
+            _give(folder, who)
+
+
+def _inodes(path: Path) -> set[tuple[int, int]]:
+    """(st_dev, st_ino) of ``path`` and of everything under it, links themselves."""
+    found: set[tuple[int, int]] = set()
+    with contextlib.suppress(OSError):
+        st = os.lstat(path)
+        found.add((st.st_dev, st.st_ino))
+        if stat.S_ISDIR(st.st_mode):
+            for top, dirs, files in os.walk(path):
+                for name in [*dirs, *files]:
+                    with contextlib.suppress(OSError):
+                        st = os.lstat(Path(top) / name)
+                        found.add((st.st_dev, st.st_ino))
+    return found
+
+
+@contextlib.contextmanager
+def handed_over(path: Path) -> Iterator[None]:
+    """Under sudo, what the block writes at ``path`` (a file, or a folder and what is
+    in it) and the folders made above it are the invoking user's once it is written:
+    new entries only, never what was there before (a folder of root's that already
+    held files keeps them root's). Nothing without sudo."""
+    who = invoker()
+    if who is None:
+        yield
+        return
+    made = created_by_mkdir(path)
+    before = _inodes(path)
+    try:
+        yield
+    finally:
+        for entry in sorted(_new(path, before), key=lambda p: -len(p.parts)):
+            _give(entry, who)  # inside first; never through a link
+        for folder in reversed(made):
+            _give(folder, who)
+
+
+def _new(path: Path, before: set[tuple[int, int]]) -> list[Path]:
+    found = []
+    with contextlib.suppress(OSError):
+        entries = [path]
+        if path.is_dir() and not path.is_symlink():
+            for top, dirs, files in os.walk(path):
+                entries += [Path(top) / name for name in [*dirs, *files]]
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                st = os.lstat(entry)
+                if (st.st_dev, st.st_ino) not in before:
+                    found.append(entry)
+    return found

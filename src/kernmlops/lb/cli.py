@@ -426,11 +426,15 @@ def export_cmd(model_path: Path, output_dir: Path, name: str, data: tuple[Path, 
             if frame.height:
                 check = evaluate(model, fixed, frame, int(meta.get("migration_cost_ns", 500000)))
                 meta["float_vs_fixed"] = check["float_vs_fixed"]
-        output_dir.mkdir(parents=True, exist_ok=True)
-        header = output_dir / f"{name}.h"
-        header.write_text(c_header(fixed, meta, guard=f"{name.upper()}_H"))
-        js = output_dir / f"{name}.q11.json"
-        js.write_text(json.dumps(fixed_json(fixed, meta), indent=1) + "\n")
+        from kernmlops.fileio import write_atomic
+        from kernmlops.host.invoker import handed_over
+
+        with handed_over(output_dir):  # under sudo the files are the user's
+            output_dir.mkdir(parents=True, exist_ok=True)
+            header = output_dir / f"{name}.h"
+            write_atomic(header, c_header(fixed, meta, guard=f"{name.upper()}_H"))
+            js = output_dir / f"{name}.q11.json"
+            write_atomic(js, json.dumps(fixed_json(fixed, meta), indent=1) + "\n")
     except KernmlopsError as err:
         fail(err)
     except OSError as err:

@@ -1,0 +1,243 @@
+"""Folders held open: what root writes below a folder another user can change.
+
+``sudo kernmlops collect -o ~/data`` writes, as root, below folders the user owns: the
+user could rename one of them away and put a link in its place between two of root's
+steps, and root's next write would land where the link points (``/etc`` ...). So a
+folder root writes in is reached once, one component at a time from ``/`` with
+``O_NOFOLLOW`` (a link is followed only where no one but root could have made it),
+made by root where missing, and held open: every later write goes through that
+descriptor (:attr:`Pinned.io`, ``/proc/self/fd/N``), whatever is done to the path
+meanwhile. Under sudo a folder of a user other than the invoker is refused (that user
+could swap it, and the files would not be theirs). Files root creates in a folder a
+user owns are new ones (:func:`create_new`: ``O_EXCL|O_NOFOLLOW``), and what root
+reads there is read without following a link (:func:`read_plain`).
+
+Without root there is no one to guard against: links are followed as usual.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import pwd
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kernmlops.errors import OutputError
+
+__all__ = ["Pinned", "UnsafePath", "create_new", "fd_path", "pin", "read_plain", "subfolder"]
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+_MAX_LINKS = 40  # as the kernel's own limit (ELOOP)
+
+
+class UnsafePath(OutputError):
+    """A path root will not write through: a link another user could have planted, or a
+    folder of another user."""
+
+
+def fd_path(fd: int) -> Path:
+    """A path that names what ``fd`` holds, whatever is renamed meanwhile: the kernel
+    resolves ``/proc/self/fd/N`` to the open file itself (for any library that takes
+    a path, such as pyarrow's writer)."""
+    return Path(f"/proc/self/fd/{fd}")
+
+
+def _user(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _others_write(st: os.stat_result) -> bool:
+    """Whether a user other than root can change the entries of folder ``st``: it is
+    a user's, or open to its group or all (sticky folders such as /tmp excepted: there
+    no one renames an entry of another)."""
+    if st.st_uid != 0:
+        return True
+    return bool(st.st_mode & 0o022) and not st.st_mode & stat.S_ISVTX
+
+
+@dataclass
+class Pinned:
+    """A folder held open. ``path`` is as it was named (for messages, the manifest),
+    ``io`` the path every read and write goes through. ``created``: descriptors of the
+    folders :func:`pin` made, outermost first (to be handed over)."""
+
+    path: Path
+    fd: int
+    owner: int
+    created: list[int] = field(default_factory=list)
+
+    @property
+    def io(self) -> Path:
+        return fd_path(self.fd)
+
+    def close(self) -> None:
+        for fd in [*self.created, self.fd]:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.created = []
+
+
+def pin(path: Path, *, create: bool = False, fresh: bool = False, invoker_uid: int | None = None,
+        what: str = "the output folder") -> Pinned:  # fmt: skip
+    """Open ``path`` as a folder, one component at a time, and hold it.
+
+    ``create``: make the folders that are missing (0755, as root's). ``fresh``: the
+    last one must be made now (nothing anyone planted). ``invoker_uid``: under sudo,
+    a folder owned by a user other than root and this one is refused.
+
+    Raises:
+        UnsafePath: a component is a link in a folder a user other than root can
+            change (while running as root), or a folder of another user.
+        OutputError: a component is missing (without ``create``), is a file, or
+            cannot be made or opened.
+    """
+    path = Path(os.path.abspath(path))
+    root = os.geteuid() == 0
+    # (fd, made by us, what it is called) from / down; '..' of a link's target pops one
+    stack: list[tuple[int, bool, Path]] = [(os.open("/", _DIR), False, Path("/"))]
+    todo = list(path.parts[1:])
+    links = 0
+    try:
+        while todo:
+            name = todo.pop(0)
+            parent, _, where = stack[-1]
+            if name in ("", "."):
+                continue
+            if name == "..":
+                if len(stack) > 1:
+                    fd, made, _ = stack.pop()
+                    if not made:
+                        os.close(fd)
+                continue
+            here = where / name
+            made = False
+            try:
+                fd = os.open(name, _DIR | os.O_NOFOLLOW, dir_fd=parent)
+                if fresh and not todo:
+                    os.close(fd)
+                    raise OutputError(f"cannot write to {path}: {here} exists")
+            except FileNotFoundError:
+                if not create:
+                    raise OutputError(f"{path}: no such folder ({here} is missing)") from None
+                try:
+                    os.mkdir(name, 0o755, dir_fd=parent)
+                    made = True
+                except FileExistsError:  # made meanwhile: opened as whatever it is
+                    if fresh and not todo:
+                        raise OutputError(f"cannot write to {path}: {here} exists") from None
+                except OSError as err:
+                    raise OutputError(f"cannot create {what} {path}: {_why(err)}") from None
+                fd = _open_dir(name, parent, here, path)
+            except NotADirectoryError:
+                st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+                if not stat.S_ISLNK(st.st_mode):
+                    raise OutputError(
+                        f"cannot write to {path}: {here} is a file, not a folder"
+                    ) from None
+                links += 1
+                if root and (st.st_uid != 0 or _others_write(os.fstat(parent))):
+                    raise UnsafePath(
+                        f"cannot write to {path}: {here} is a link in a folder "
+                        f"{_user(os.fstat(parent).st_uid)} can change; root does not follow "
+                        f"it: name the folder it leads to ({os.path.realpath(here)})"
+                    ) from None
+                if links > _MAX_LINKS:
+                    raise OutputError(f"cannot write to {path}: too many links") from None
+                target = os.readlink(name, dir_fd=parent)
+                todo = [*Path(target).parts, *todo]
+                if target.startswith("/"):  # from / again
+                    todo.pop(0)
+                    stack.append((os.open("/", _DIR), False, Path("/")))
+                continue
+            except OSError as err:
+                raise OutputError(f"cannot open {what} {path}: {_why(err)}") from None
+            st = os.fstat(fd)
+            stack.append((fd, made and st.st_uid == os.geteuid(), here))
+            if root and invoker_uid is not None and st.st_uid not in (0, invoker_uid):
+                raise UnsafePath(
+                    f"cannot write to {path}: {here} belongs to {_user(st.st_uid)}, "
+                    f"neither to you ({_user(invoker_uid)}) nor to root: as root, kernmlops "
+                    "writes in no folder another user can change"
+                )
+        fd, made, _ = stack.pop()
+        if made and os.fstat(fd).st_mode & 0o022:  # umask 0: no one else may write in it
+            os.fchmod(fd, 0o755)
+        pinned = Pinned(path, fd, os.fstat(fd).st_uid, [f for f, m, _ in stack if m])
+        if made:
+            pinned.created.append(os.dup(fd))
+        for f, m, _ in stack:
+            if not m:
+                os.close(f)
+        return pinned
+    except BaseException:
+        for f, _, _ in stack:
+            with contextlib.suppress(OSError):
+                os.close(f)
+        raise
+
+
+def _open_dir(name: str, parent: int, here: Path, path: Path) -> int:
+    try:
+        return os.open(name, _DIR | os.O_NOFOLLOW, dir_fd=parent)
+    except NotADirectoryError:  # swapped for a link or a file right after it was made
+        raise UnsafePath(f"cannot write to {path}: {here} was replaced as it was made") from None
+
+
+def _why(err: OSError) -> str:
+    if err.errno == errno.EROFS:
+        return "the file system is read-only"
+    if err.errno in (errno.EACCES, errno.EPERM):
+        return "permission denied"
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "the disk is full"
+    return err.strerror or str(err)
+
+
+def subfolder(folder: Path, name: str, *, create: bool = True) -> int:
+    """A folder in the held ``folder`` (an :attr:`Pinned.io` path), made if missing,
+    opened without following a link; its descriptor.
+
+    Raises:
+        UnsafePath: ``name`` is a link or a file there.
+    """
+    if create:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(folder / name, 0o755)
+    try:
+        return os.open(folder / name, _DIR | os.O_NOFOLLOW)
+    except NotADirectoryError:
+        raise UnsafePath(f"{name} is a link or a file, not a folder: not written through") from None
+
+
+def create_new(path: Path, mode: int = 0o644) -> int:
+    """A new, empty file at ``path`` opened for writing: never an existing one, never
+    through a link (what was there under that name, a leftover or a planted link, is
+    removed first: only the name goes, never what a link names)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.open(path, flags, mode)
+
+
+def read_plain(path: Path, *, owner: int = -1) -> bytes:
+    """A file's bytes, read from a folder a user may own: never through a link, only a
+    regular file and, as root, never a file with a second link unless it is ``owner``'s
+    (a hard link to a file of root's, where fs.protected_hardlinks is off).
+
+    Raises:
+        OSError: ELOOP for a link, EINVAL for anything else that is not a plain file.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a plain file", str(path))
+        if os.geteuid() == 0 and st.st_nlink != 1 and st.st_uid != owner:
+            raise OSError(errno.EPERM, "a hard link to another file", str(path))
+        return f.read()
