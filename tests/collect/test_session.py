@@ -208,11 +208,11 @@ def _stalled_writer_run(
     import time
 
     import kernmlops.collect.loop as loop
-    import kernmlops.collect.parquet as parquet
+    import kernmlops.collect.partfiles as partfiles
     import kernmlops.collect.sinks as sinks
 
     assert shutil.which("stress-ng"), "stress-ng missing: apt-get install stress-ng"
-    real_fsync, stalled = parquet.fsync_path, []
+    real_fsync, stalled = partfiles.fsync_path, []
 
     def slow_fsync(path: Path) -> None:
         if not stalled:
@@ -220,7 +220,7 @@ def _stalled_writer_run(
             time.sleep(3.0)  # a slow disk under load: seen 0.2-1.0 s on this VM
         real_fsync(path)
 
-    monkeypatch.setattr(parquet, "fsync_path", slow_fsync)
+    monkeypatch.setattr(partfiles, "fsync_path", slow_fsync)
     real_init = sinks.ThreadedSink.__init__
     monkeypatch.setattr(
         sinks.ThreadedSink,

@@ -1,4 +1,5 @@
-"""ParquetSink and MemorySink: row groups, rotation, memory bound, atomic parts, drift."""
+"""ParquetSink and MemorySink: row groups, rotation, memory bound, drift (the part
+files themselves: test_partfiles)."""
 
 from __future__ import annotations
 
@@ -156,33 +157,6 @@ def test_one_frame_larger_than_the_bound_is_written_at_once(tmp_path: Path) -> N
     assert row_groups(tmp_path / "events" / "part-00000.parquet") == [10_000]
 
 
-def test_parts_are_written_under_a_temporary_name(tmp_path: Path) -> None:
-    write_manifest(tmp_path, {"collection_id": CID})
-    sink = ParquetSink(tmp_path, CID, row_group_rows=100)
-    sink.write("events", events(250))
-    # 200 rows are in the open part, 50 buffered: only the temporary file exists.
-    assert listing(tmp_path / "events") == [".part-00000.parquet.tmp"]
-    with pytest.raises(CollectionError, match="interrupted"):
-        read_collection(tmp_path)
-
-    sink.flush(durable=True)
-    assert listing(tmp_path / "events") == ["part-00000.parquet"]
-    assert read_collection(tmp_path)["events"].height == 250
-
-    sink.write("events", events(150, start=250))
-    assert listing(tmp_path / "events") == [".part-00001.parquet.tmp", "part-00000.parquet"]
-    partial = read_collection(tmp_path)
-    assert partial["events"].height == 250  # the open part is not read
-    assert partial.incomplete == ("events",)
-
-    assert sink.close() == {"events": 400}
-    assert listing(tmp_path / "events") == ["part-00000.parquet", "part-00001.parquet"]
-    assert not list(tmp_path.rglob("*.tmp"))
-    done = read_collection(tmp_path)
-    assert done["events"]["ts_uptime_us"].to_list() == list(range(400))
-    assert done.incomplete == ()
-
-
 def test_schema_drift_names_the_table(tmp_path: Path) -> None:
     sink = ParquetSink(tmp_path, CID)
     sink.write("events", pl.DataFrame({"a": [1, 2], "b": ["x", "y"]}))
@@ -240,16 +214,6 @@ def test_bad_table_names_are_refused(tmp_path: Path, name: str) -> None:
     sink = ParquetSink(tmp_path, CID)
     with pytest.raises(ValueError, match="table name"):
         sink.write(name, events(1))
-
-
-def test_finished_parts_are_never_overwritten(tmp_path: Path) -> None:
-    with ParquetSink(tmp_path, CID) as sink:
-        sink.write("events", events(3))
-    again = ParquetSink(tmp_path, CID)
-    again.write("events", events(3))
-    with pytest.raises(CollectionError, match="already exists"):
-        again.flush()
-    assert pl.read_parquet(tmp_path / "events" / "part-00000.parquet").height == 3
 
 
 def test_compression(tmp_path: Path) -> None:

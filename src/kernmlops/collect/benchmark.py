@@ -28,7 +28,7 @@ __all__ = ["RESULT_TABLE", "RunningBenchmark"]
 
 RESULT_TABLE = "benchmark_result"
 
-#: runs one step of a stop; its error is collected, not raised (see Session._finish)
+#: runs one step of a stop; its error is collected, not raised (see collect.stopping)
 Step = Callable[[Callable[[], object]], None]
 
 

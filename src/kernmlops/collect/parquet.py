@@ -11,16 +11,17 @@ A failed write (a full disk, an I/O error) fails the sink once: its unfinished t
 parts are removed (they free the space they took), finished parts stay, and later rows are
 counted as lost instead of raising again.
 
-This module owns the buffering, the parts' lifecycle (open, row groups, finish) and the
-sink's failure; what a part is and how it is encoded is kernmlops.collect.parts, the
-rewrite at stop kernmlops.collect.compaction. Rows arrive as Arrow tables (or polars
-DataFrames, converted): the sink is Arrow throughout and needs no DataFrame library.
+This module owns the buffering, the lock, the sink's API and its failure; the part
+files themselves (table folders held open, a part opened, its row groups, finished,
+adopted, discarded) are kernmlops.collect.partfiles, what a part is and how it is
+encoded kernmlops.collect.parts, the rewrite at stop kernmlops.collect.compaction.
+Rows arrive as Arrow tables (or polars DataFrames, converted): the sink is Arrow
+throughout and needs no DataFrame library.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -30,20 +31,15 @@ from typing import TYPE_CHECKING
 
 from kernmlops.collect.compaction import compact_table
 from kernmlops.collect.disk import free_bytes, human_bytes, is_disk_full
+from kernmlops.collect.partfiles import PartFiles
 from kernmlops.collect.parts import (
     PartFormat,
     TableState,
     check_table_name,
     conform,
-    data_columns,
     drift_message,
-    part_name,
-    plan_encodings,
-    temp_name,
 )
 from kernmlops.errors import CollectionError, OutputError
-from kernmlops.fileio import fsync_path
-from kernmlops.host.pinned import UnsafePath, create_new, fd_path, subfolder
 from kernmlops.lazy import lazy_import
 from kernmlops.tables import Rows, as_arrow
 
@@ -109,14 +105,11 @@ class ParquetSink:
         self.collection_dir = Path(collection_dir)
         #: the folder as messages name it (collection_dir may be a held descriptor's)
         self.shown = Path(shown or collection_dir)
-        #: each table's folder, held open (opened without following a link)
-        self._folders: dict[str, int] = {}
         self.collection_id = collection_id
         self.row_group_rows = row_group_rows
         self.max_buffered_bytes = max_buffered_bytes
         self.rows_per_file = rows_per_file
         self.compression = compression
-        self.fast_parts = fast_parts
         self._tables: dict[str, TableState] = {}
         self._buffered_bytes = 0
         self._closed = False
@@ -131,11 +124,13 @@ class ParquetSink:
         self._checkpoint: tuple[dict[str, list[str]], dict[str, int]] = ({}, {})
         # The session may flush from a timer thread while hooks write.
         self._lock = threading.RLock()
-        #: parts finished from now on were written compactly at stop (write_whole_parts)
-        self._whole = False
         #: the run's parts were written plain (fast_parts, even once it is switched off)
         self._plain_run = fast_parts
         self._format = PartFormat(collection_id, compression, row_group_rows)
+        #: the part files: folders held open, parts opened, finished, adopted
+        self._parts = PartFiles(
+            self.collection_dir, self.shown, self._format, rows_per_file, compact=not fast_parts
+        )
 
     # -- the Sink protocol -------------------------------------------------------------
 
@@ -195,7 +190,7 @@ class ParquetSink:
                 if durable:
                     for state in self._tables.values():
                         if state.writer is not None:
-                            self._finish_part(state)
+                            self._parts.finish(state)
                     self.durable_flushes += 1
                     self.last_durable_flush = time.time()
                     # One assignment: read without the lock (see checkpoint()).
@@ -217,15 +212,8 @@ class ParquetSink:
             finally:
                 # After a failure only finished parts remain (see _fail).
                 for state in self._tables.values():
-                    if state.writer is not None:
-                        state.writer.close()
-                        state.writer = None
-                    if state.temp_fd is not None:
-                        os.close(state.temp_fd)
-                        state.temp_fd = None
-                for fd in self._folders.values():
-                    os.close(fd)
-                self._folders.clear()
+                    self._parts.release(state)
+                self._parts.close()
                 self._closed = True
             self._result = {name: state.finished_rows for name, state in self._tables.items()}
             return dict(self._result)
@@ -282,9 +270,8 @@ class ParquetSink:
                     if state.buffered_rows:
                         self._write_rows(state, state.buffered_rows)
                     if state.writer is not None:
-                        self._finish_part(state)
-            self.fast_parts = False
-            self._whole = True
+                        self._parts.finish(state)
+            self._parts.compact = self._parts.whole = True
 
     def adopt(self, table: str, part: Path, rows: int, schema: pa.Schema) -> None:
         """Make ``part`` (a finished, compactly encoded part written by another process
@@ -304,20 +291,7 @@ class ParquetSink:
             elif not schema.equals(state.schema):
                 raise CollectionError(drift_message(table, state.schema, schema))
             with self._guard():
-                final = self._folder(table) / part_name(state.part)
-                if final.exists() or final.is_symlink():
-                    raise CollectionError(
-                        f"{self.shown / table / final.name} already exists: refusing to "
-                        "overwrite a finished part"
-                    )
-                os.rename(part, final)
-                fsync_path(fd_path(self._folders[table]))  # the rename itself
-            name = f"{table}/{final.name}"
-            state.files.append(name)
-            state.whole_parts[name] = rows
-            state.finished_rows += rows
-            state.rows += rows
-            state.part += 1
+                self._parts.adopt(state, part, rows)
 
     # -- inspection ----------------------------------------------------------------------
 
@@ -333,6 +307,11 @@ class ParquetSink:
     def buffered_bytes(self) -> int:
         """Estimated bytes of rows buffered in memory, across all tables."""
         return self._buffered_bytes
+
+    @property
+    def fast_parts(self) -> bool:
+        """Whether parts are written plain now (until :meth:`write_whole_parts`)."""
+        return not self._parts.compact
 
     @property
     def closed(self) -> bool:
@@ -393,19 +372,7 @@ class ParquetSink:
     def _fail(self, err: OSError) -> None:
         self.failure = err
         for state in self._tables.values():
-            if state.writer is not None:
-                with contextlib.suppress(Exception):
-                    state.writer.close()
-                state.writer = None
-            # An unfinished part has no footer: unreadable, and it holds space.
-            if state.temp_path is not None:
-                with contextlib.suppress(OSError):
-                    state.temp_path.unlink()
-                state.temp_path = None
-            if state.temp_fd is not None:
-                with contextlib.suppress(OSError):
-                    os.close(state.temp_fd)
-                state.temp_fd = None
+            self._parts.discard(state)  # unfinished parts go; finished ones stay
             state.buffer, state.buffered_rows, state.buffered_bytes = [], 0, 0
         self._buffered_bytes = 0
 
@@ -422,74 +389,4 @@ class ParquetSink:
         return head
 
     def _write_rows(self, state: TableState, n: int) -> None:
-        chunk = self._take(state, n)
-        while chunk.num_rows:
-            if state.writer is None:
-                self._open_part(state, chunk)
-            room = self.rows_per_file - state.part_rows
-            piece, chunk = chunk.slice(0, room), chunk.slice(room)
-            self._write_row_group(state, piece)
-            if state.part_rows >= self.rows_per_file:
-                self._finish_part(state)
-
-    def _write_row_group(self, state: TableState, piece: pa.Table) -> None:
-        assert state.writer is not None and state.arrow_schema is not None
-        table = data_columns(state, piece)
-        assert state.writer is not None
-        # One call, one row group: row_group_size covers the whole piece.
-        state.writer.write_table(
-            self._format.part_rows(state, table), row_group_size=table.num_rows
-        )
-        state.part_rows += table.num_rows
-        state.rows += table.num_rows
-
-    def _folder(self, table: str) -> Path:
-        """The table's folder, made if missing and held open: a user who owns the
-        collection (a recovery's) cannot swap it for a link meanwhile."""
-        fd = self._folders.get(table)
-        if fd is None:
-            self.collection_dir.mkdir(parents=True, exist_ok=True)  # created on first write
-            try:
-                fd = self._folders[table] = subfolder(self.collection_dir, table)
-            except UnsafePath:
-                raise UnsafePath(
-                    f"cannot write to {self.shown / table}: it is a link or a file, not a "
-                    "folder: not written through"
-                ) from None
-        return fd_path(fd)
-
-    def _open_part(self, state: TableState, sample: pa.Table) -> None:
-        folder = self._folder(state.name)
-        final = folder / part_name(state.part)
-        if final.exists() or final.is_symlink():
-            raise CollectionError(
-                f"{self.shown / state.name / final.name} already exists: refusing to "
-                "overwrite a finished part (use a new collection folder)"
-            )
-        plan_encodings(state, sample)
-        state.temp_path = folder / temp_name(state.part)
-        # a new file, never through a link; pyarrow writes it through its descriptor
-        state.temp_fd = create_new(state.temp_path)
-        state.writer = self._format.writer(
-            state, fd_path(state.temp_fd), compact=not self.fast_parts
-        )
-        state.part_rows = 0
-
-    def _finish_part(self, state: TableState) -> None:
-        assert state.writer is not None and state.temp_path is not None
-        assert state.temp_fd is not None
-        state.writer.close()
-        state.writer = None
-        final = state.temp_path.parent / part_name(state.part)
-        fsync_path(fd_path(state.temp_fd))  # the file held open, whatever its name now
-        os.close(state.temp_fd)
-        state.temp_fd = None
-        os.replace(state.temp_path, final)
-        fsync_path(fd_path(self._folders[state.name]))  # the rename itself
-        state.files.append(f"{state.name}/{final.name}")
-        if self._whole:
-            state.whole_parts[state.files[-1]] = state.part_rows
-        state.finished_rows += state.part_rows
-        state.temp_path = None
-        state.part += 1
-        state.part_rows = 0
+        self._parts.write(state, self._take(state, n))

@@ -11,8 +11,9 @@ is flushed, and the manifest is finalised with how it ended.
 
 :class:`Session` owns the order of all that and how the collection ended; the parts are
 beside it: the benchmark (kernmlops.collect.benchmark), the hooks' start and stop
-(attach), the poll loop (loop), the manifest as the run goes (running), the room left
-(space), the collector's own process (tuning), Parquet (parquet, parts, compaction).
+(attach), the poll loop (loop), the steps of the stop (stopping), the manifest as the
+run goes (running), the room left (space), the collector's own process (tuning),
+Parquet (parquet, partfiles, parts, compaction).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from kernmlops.benchmarks import get_benchmark
 from kernmlops.benchmarks.base import Benchmark
-from kernmlops.collect.attach import detach_all, hook_context, start_hooks
+from kernmlops.collect.attach import hook_context, start_hooks
 from kernmlops.collect.benchmark import RunningBenchmark
 from kernmlops.collect.disk import is_disk_full
 from kernmlops.collect.filter import ProcessFilter
@@ -38,13 +39,15 @@ from kernmlops.collect.parquet import ParquetSink
 from kernmlops.collect.participants import Participant, configured
 from kernmlops.collect.running import CollectionResult, RunningManifest
 from kernmlops.collect.sinks import ThreadedSink
-from kernmlops.collect.space import SPACE_STOP_GRACE_S, OutOfSpace, SpaceGuard
-from kernmlops.collect.tuning import (
-    DECODING_LIBRARIES,
-    OwnPriority,
-    release_free_memory,
-    return_large_frees,
+from kernmlops.collect.space import OutOfSpace, SpaceGuard
+from kernmlops.collect.stopping import (
+    close_participants,
+    close_sink,
+    compact,
+    remove_spent_spool,
+    stop_collection,
 )
+from kernmlops.collect.tuning import DECODING_LIBRARIES, OwnPriority, return_large_frees
 from kernmlops.config import Config
 from kernmlops.ebpf.copier import priority_notes
 from kernmlops.errors import ConfigError, KernmlopsError, OutputError
@@ -56,7 +59,6 @@ from kernmlops.host.pinned import Pinned, pin
 from kernmlops.lazy import preload
 from kernmlops.spool.collection import SPOOL_DIR
 from kernmlops.spool.memory import leftover_memory
-from kernmlops.spool.recovery import pending_spools, remove_spool
 from kernmlops.tables import Sink
 
 #: the sink's queue when the rings go through a spool: their rows are made only while
@@ -260,19 +262,30 @@ class Session:
             errors.append(self.space.spool_error(err) if full else err)  # type: ignore[arg-type]
             ended_by = "interrupted" if isinstance(err, KeyboardInterrupt) else "error"
         finally:
-            bench_exit = self._finish(hooks, sink, bench, flt, bench_exit, errors)
+            bench_exit = stop_collection(
+                hooks,
+                sink,
+                bench,
+                flt,
+                bench_exit,
+                errors,
+                space=self.space,
+                environment=self.environment,
+                on_message=self.on_message,
+                row_workers=cfg.spool_row_workers,
+            )
             # detached: now the running manifest's last write may take its time
             failed = self._running.stop_background()
             if failed is not None:
                 errors.append(failed)
-            rows = self._close_sink(sink, errors)
-            self._remove_spool(parquet, errors)
+            rows = close_sink(sink, errors)
+            remove_spent_spool(self._spool_dir, parquet, errors)
             self._stop.restore(old_handlers)
             if parquet is not None and cfg.compact and not self.space.disk_full:
-                self._compact(parquet, errors)
+                compact(parquet, self._running, self.on_message, errors)
             priority.restore_nice()
             priority.restore_oom()
-            self._close_participants(errors)
+            close_participants(self.participants, errors)
         stopped_at = datetime.now(UTC)
         for hook in hooks:
             hook.status.rows = {t: rows.get(t, 0) for t in hook.tables}
@@ -327,82 +340,6 @@ class Session:
                 hand_over(pinned.fd, self.invoker, pinned.created)
             finally:
                 pinned.close()
-
-    def _finish(
-        self,
-        hooks: list[Hook],
-        sink: Sink,
-        bench: RunningBenchmark,
-        flt: ProcessFilter | None,
-        bench_exit: int | None,
-        errors: list[BaseException],
-    ) -> int | None:
-        """Stop the benchmark, drain and detach every hook, keep the results,
-        tear down. Each step runs even if an earlier one failed (errors are
-        collected): one broken hook must not lose the others' rows."""
-
-        def step(fn: Callable[[], object]) -> None:
-            try:
-                fn()
-            except Exception as err:  # collected, reported after cleanup
-                errors.append(err)
-
-        full = self.space.out_of_space()
-        bench_exit = bench.stop(step, SPACE_STOP_GRACE_S if full else 5.0, bench_exit)
-        detach_all(
-            hooks,
-            sink,
-            self.space,
-            step,
-            full=full,
-            on_message=self.on_message,
-            row_workers=self.config.collector.spool_row_workers,
-        )
-        bench.finish(step, sink, bench_exit)
-        if flt is not None:
-            step(flt.close)
-        step(self.environment.restore)  # THP as it was, even after Ctrl+C or a failure
-        return bench_exit
-
-    def _remove_spool(self, parquet: ParquetSink | None, errors: list[BaseException]) -> None:
-        """Once every spooled row is in finished parts, the spool goes; otherwise it
-        stays for ``kernmlops recover``."""
-        spool = self._spool_dir
-        if spool is None or not spool.exists() or parquet is None or parquet.failure:
-            return
-        failed = any(not isinstance(e, KeyboardInterrupt) for e in errors)
-        folder = spool.parent  # the collection, held open
-        if failed and any(seg.stat().st_size for seg in pending_spools(folder)):
-            return  # records a recovery can still turn into rows
-        remove_spool(spool)
-
-    def _close_participants(self, errors: list[BaseException]) -> None:
-        """Last, once the collection is written: the exporter serves the job's final
-        values until a scrape took them (or collector.export_grace_s passed)."""
-        for participant in self.participants:
-            try:
-                participant.close()
-            except Exception as err:  # reported; the collection is already written
-                errors.append(err)
-
-    @staticmethod
-    def _close_sink(sink: Sink, errors: list[BaseException]) -> dict[str, int]:
-        try:
-            return sink.close()
-        except Exception as err:  # the manifest still says what happened
-            errors.append(err)
-            return {}
-
-    def _compact(self, parquet: ParquetSink, errors: list[BaseException]) -> None:
-        """One file per table instead of one per flush (see ParquetSink.compact)."""
-        parts = sum(len(f) for f in parquet.files_written().values())
-        if parts >= 100 and self.on_message:
-            self.on_message(f"note: compacting {parts} flushed parts into one file per table")
-        release_free_memory()
-        try:
-            self._running.compaction = parquet.compact()
-        except KeyboardInterrupt as err:  # a second Ctrl+C: the parts stay as they were
-            errors.append(err)
 
     def _exit_code(
         self, ended_by: str, bench_exit: int | None, error: BaseException | None = None
