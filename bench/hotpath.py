@@ -46,6 +46,8 @@ STEPS = {
     6: "send the batch whole (KMO_BATCH_RECORDS records; quanta_runtime until section 21)",
     7: "step 6, the time from the rq clock (kmo_switch_time: quanta_runtime)",
     8: "step 7 and a ktime per record (how far apart: map apart)",
+    9: "step 7, the quantum from task storage at every switch out (until the slots)",
+    10: "step 7, the quantum from the task's slot, else its storage (quanta_runtime)",
 }
 RING, RING_BYTES = "hot_rb", 8 << 20
 APART_BUCKETS = 64  # hotpath.bpf.c

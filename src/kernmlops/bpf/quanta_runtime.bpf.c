@@ -48,7 +48,8 @@ struct quanta_switch_event {
 
 KMO_BATCHED_RING(quanta_switch_rb, quanta_switch_event);
 
-/* Each followed task's CPU time at its last switch out (kmo_quantum_of). */
+/* Each followed task's CPU time at its last switch out (kmo_quantum_of): a
+ * slot of quanta_task_cpu_slots, else task storage. */
 KMO_TASK_CPU_MAP(quanta_task_cpu);
 
 /* What runs on this CPU and its CPU time when it came in; this CPU's clock. */
@@ -101,7 +102,8 @@ static __always_inline int on_switch(bool btf, struct task_struct *prev,
 		/* Read before the branches: clang would otherwise load through one
 		 * register holding either `cur` or `prev`, which the verifier refuses. */
 		barrier_var(slice_start);
-		if (kmo_quantum_of(btf, &quanta_task_cpu, prev, sum, &run_ns)) {
+		if (kmo_quantum_of(btf, &quanta_task_cpu, &quanta_task_cpu_slots, prev, prev_pid,
+				   sum, &run_ns)) {
 			has_run = true;
 		} else if (cur->pid == prev_pid && cur->seen) {
 			run_ns = sum - cur->sum_exec_at_in;
