@@ -150,6 +150,11 @@ int BPF_PROG(hot_switch, bool preempt, struct task_struct *prev, struct task_str
 			has_run = true;
 		}
 	}
+#if STEP >= 10
+	else if (prev_pid) {
+		kmo_task_slot_free(true, &task_cpu_slots, prev);
+	}
+#endif
 	cur->pid = next_pid;
 	cur->seen = 1;
 	cur->sum_exec_at_in = next->se.sum_exec_runtime;

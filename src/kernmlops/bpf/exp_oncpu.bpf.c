@@ -53,6 +53,8 @@ static __always_inline int on_switch(bool btf, struct task_struct *prev, struct 
 			cgid = exp_task_cgroup_id(prev);
 			exp_count(&cgroup_cpu_ns, &cgid, ns);
 		}
+	} else if (prev_pid) {
+		kmo_task_slot_free(btf, &exp_oncpu_task_slots, prev);
 	}
 	cur->pid = BPF_CORE_READ(next, pid);
 	cur->sum_exec_at_in = BPF_CORE_READ(next, se.sum_exec_runtime);

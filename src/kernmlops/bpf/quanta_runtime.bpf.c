@@ -8,7 +8,7 @@
  *
  * - the quantum is the growth of prev's se.sum_exec_runtime since it came in
  *   (charged for every class before this tracepoint), which is its growth
- *   since its last switch out, kept with the task (kmo_quantum_of, sched_wait.h:
+ *   since its last switch out, kept for each task (kmo_quantum_of, sched_wait.h:
  *   right where the switch in never reached this program);
  * - the wait is rq->clock minus next's sched_info.last_queued (sched_wait.h,
  *   shared with the exporter's runqlat): what the kernel adds to the task's
@@ -112,6 +112,8 @@ static __always_inline int on_switch(bool btf, struct task_struct *prev,
 			run_ns = sum - slice_start;
 			has_run = true;
 		}
+	} else if (prev_pid) {
+		kmo_task_slot_free(btf, &quanta_task_cpu_slots, prev);
 	}
 	cur->pid = next_pid;
 	cur->seen = 1;

@@ -190,12 +190,15 @@ static __always_inline u64 kmo_switch_time(struct kmo_switch_clock *c, u64 rq_cl
  * Where the record is kept: task storage costs a helper call a switch (+26 ns
  * a switch in a switch storm on the 2-vCPU VM, `python -m bench hotpath`), so
  * it is kept in a slot of an array instead (a lookup the verifier inlines),
- * picked by the pid's hash. A slot is owned by one task at a time (its
- * task_struct's address and pid): taken, when free, at a switch out of the
- * task, and freed at its last switch out (TASK_DEAD: do_task_dead). A task
- * whose slot another owns keeps its record in task storage. A task's latest
- * record is so in its slot while it owns it, else in its storage, where a
- * switch out that takes the slot finds it: exact either way. */
+ * picked by the hash of the task_struct's address (a task's for its life: a
+ * pid changes where a thread execs, de_thread). A slot is owned by one task at
+ * a time (that address): taken, when free, at a switch out of the task, and
+ * freed at its last switch out (TASK_DEAD: do_task_dead), followed or not. A
+ * task whose slot another owns keeps its record in task storage. So a task's
+ * latest record is in its slot while it owns it, else in its storage, where
+ * the switch out that takes the slot finds it: exact either way. A slot never
+ * freed (its owner's last switch out unseen) and its address reused would
+ * hold a record the new task's pcount (from 0) cannot follow: not known then. */
 struct kmo_task_cpu {
 	u64 sum_at_out; /* se.sum_exec_runtime at its last switch out seen */
 	u64 arrivals;   /* sched_info.pcount then (0 without sched_info) */
@@ -205,8 +208,7 @@ struct kmo_task_slot {
 	u64 task;	/* its owner's task_struct address; 0: free */
 	u64 sum_at_out; /* as kmo_task_cpu */
 	u32 arrivals;	/* pcount's low bits: only the step of 1 is compared */
-	u32 pid;	/* its owner's (a task_struct freed and reused by a task
-			 * of another pid is not the owner either) */
+	u32 pid;	/* its owner's at the record (for a reader of the map) */
 	u64 spare;	/* 32 bytes: two slots a cache line */
 };
 
@@ -232,6 +234,40 @@ const volatile u32 kmo_task_slot_mask = KMO_TASK_SLOTS - 1;
 		__type(value, struct kmo_task_slot);                           \
 	} name##_slots SEC(".maps")
 
+/* At sched_switch: prev's address (a number), and its slot. prev is still the
+ * current task (the switch is made after the tracepoint). */
+static __always_inline struct kmo_task_slot *kmo_task_slot(void *slots, u64 *me)
+{
+	u32 at;
+
+	*me = bpf_get_current_task();
+	at = (u32)((*me * 0x9E3779B97F4A7C15ULL) >> (64 - KMO_TASK_SLOT_BITS)) & kmo_task_slot_mask;
+	return bpf_map_lookup_elem(slots, &at);
+}
+
+/* Whether this is prev's last switch out. Kernels before 5.14 name the field
+ * `state`: there no slot is freed (its tasks use the storage). */
+static __always_inline bool kmo_task_dead(bool btf, struct task_struct *prev)
+{
+	if (!bpf_core_field_exists(prev->__state))
+		return false;
+	return KMO_READ(btf, prev, __state) & KMO_TASK_DEAD;
+}
+
+/* At sched_switch, for a `prev` whose switch out is not recorded (not
+ * followed): frees its slot at its last switch out, if it owns one. */
+static __always_inline void kmo_task_slot_free(bool btf, void *slots, struct task_struct *prev)
+{
+	struct kmo_task_slot *s;
+	u64 me;
+
+	if (!kmo_task_dead(btf, prev))
+		return;
+	s = kmo_task_slot(slots, &me);
+	if (s && s->task == me)
+		s->task = 0;
+}
+
 /* Whether a record of CPU time `sum_then` makes `sum` the next quantum's end:
  * where the task arrived exactly once since (`once`; without sched_info, where
  * a switch out of it was seen: a CPU time). *ns the quantum then. */
@@ -247,37 +283,35 @@ static __always_inline bool kmo_quantum_since(bool info, bool once, u64 sum, u64
  * and *ns its quantum when its own account knows it (see above); this switch
  * out is recorded either way. False where no record can be had (then the
  * caller's own estimate). `btf`: prev is a tp_btf argument, which the storage
- * takes; a raw_tp's is a number (its address all the same), so there the
- * storage is the current task's, which prev still is (the switch is made
- * after the tracepoint). Use with KMO_TASK_CPU_MAP's two maps. */
+ * takes; a raw_tp's is a number, so there the storage is the current task's,
+ * which prev still is. Use with KMO_TASK_CPU_MAP's two maps. */
 static __always_inline bool kmo_quantum_of(bool btf, void *storage, void *slots,
 					   struct task_struct *prev, u32 pid, u64 sum, u64 *ns)
 {
-	u32 at = ((pid * 2654435761U) >> (32 - KMO_TASK_SLOT_BITS)) & kmo_task_slot_mask;
-	bool info = bpf_core_field_exists(prev->sched_info), dead = false, take, known;
-	u64 me = (u64)prev, arrivals = 0, arrivals_then = 0, sum_then = 0;
-	struct kmo_task_slot *s = bpf_map_lookup_elem(slots, &at);
+	bool info = bpf_core_field_exists(prev->sched_info), dead, take, known;
+	u64 me, arrivals = 0, arrivals_then = 0, sum_then = 0;
+	struct kmo_task_slot *s = kmo_task_slot(slots, &me);
 	struct kmo_task_cpu *t;
 
 	if (!s)
 		return false;
 	if (info)
 		arrivals = KMO_READ(btf, prev, sched_info.pcount);
-	if (bpf_core_field_exists(prev->__state))
-		dead = KMO_READ(btf, prev, __state) & KMO_TASK_DEAD;
-	if (s->task == me && s->pid == pid) {
+	dead = kmo_task_dead(btf, prev);
+	if (s->task == me) {
 		/* Its own slot: its latest record. */
 		known = kmo_quantum_since(info, (u32)arrivals - s->arrivals == 1, sum,
 					  s->sum_at_out, ns);
 		s->sum_at_out = sum;
 		s->arrivals = arrivals;
+		s->pid = pid;
 		if (dead)
 			s->task = 0;
 		return known;
 	}
-	/* Another's, or free (taken here, not at the last switch out): the latest
-	 * record is in the storage; none there is a new task's. The storage is
-	 * made only where it will hold this switch out. */
+	/* Another's, or free (taken here, but not at the last switch out): the
+	 * latest record is in the storage, and none there is a new task's. The
+	 * storage is made only where it is to hold this switch out. */
 	take = !dead && !s->task && __sync_val_compare_and_swap(&s->task, 0, me) == 0;
 	t = bpf_task_storage_get(storage, btf ? prev : bpf_get_current_task_btf(), 0,
 				 take || dead ? 0 : BPF_LOCAL_STORAGE_GET_F_CREATE);
