@@ -190,14 +190,16 @@ static __always_inline u64 kmo_switch_time(struct kmo_switch_clock *c, u64 rq_cl
  * Where the record is kept: task storage costs a helper call a switch (+26 ns
  * a switch in a switch storm on the 2-vCPU VM, `python -m bench hotpath`), so
  * it is kept in a slot of an array instead (a lookup the verifier inlines),
- * picked by the hash of the task_struct's address (a task's for its life: a
- * pid changes where a thread execs, de_thread). A slot is owned by one task at
- * a time (that address): taken, when free, at a switch out of the task, and
- * freed at its last switch out (TASK_DEAD: do_task_dead), followed or not. A
- * task whose slot another owns keeps its record in task storage. So a task's
- * latest record is in its slot while it owns it, else in its storage, where
- * the switch out that takes the slot finds it: exact either way. A slot never
- * freed (its owner's last switch out unseen) and its address reused would
+ * picked by the hash of the task's kernel stack address (the task's for its
+ * life: a pid changes where a thread execs, de_thread). A slot is owned by one
+ * task at a time (its task_struct's address, compared as it is: asking for it
+ * as a number, bpf_get_current_task(), is a helper call that costs as much as
+ * the storage): taken, when free, at a switch out of the task, and freed at
+ * its last switch out (TASK_DEAD: do_task_dead), followed or not. A task whose
+ * slot another owns keeps its record in task storage. So a task's latest
+ * record is in its slot while it owns it, else in its storage, where the
+ * switch out that takes the slot finds it: exact either way. A slot never
+ * freed (its owner's last switch out unseen) and its addresses reused would
  * hold a record the new task's pcount (from 0) cannot follow: not known then. */
 struct kmo_task_cpu {
 	u64 sum_at_out; /* se.sum_exec_runtime at its last switch out seen */
@@ -234,14 +236,15 @@ const volatile u32 kmo_task_slot_mask = KMO_TASK_SLOTS - 1;
 		__type(value, struct kmo_task_slot);                           \
 	} name##_slots SEC(".maps")
 
-/* At sched_switch: prev's address (a number), and its slot. prev is still the
- * current task (the switch is made after the tracepoint). */
-static __always_inline struct kmo_task_slot *kmo_task_slot(void *slots, u64 *me)
+/* At sched_switch: prev's slot, and its owner's mark for prev (*me). */
+static __always_inline struct kmo_task_slot *kmo_task_slot(bool btf, struct task_struct *prev,
+							   void *slots, u64 *me)
 {
-	u32 at;
+	u64 stack = (u64)KMO_READ(btf, prev, stack);
+	u32 at = (u32)((stack * 0x9E3779B97F4A7C15ULL) >> (64 - KMO_TASK_SLOT_BITS));
 
-	*me = bpf_get_current_task();
-	at = (u32)((*me * 0x9E3779B97F4A7C15ULL) >> (64 - KMO_TASK_SLOT_BITS)) & kmo_task_slot_mask;
+	*me = (u64)prev;
+	at &= kmo_task_slot_mask;
 	return bpf_map_lookup_elem(slots, &at);
 }
 
@@ -263,7 +266,7 @@ static __always_inline void kmo_task_slot_free(bool btf, void *slots, struct tas
 
 	if (!kmo_task_dead(btf, prev))
 		return;
-	s = kmo_task_slot(slots, &me);
+	s = kmo_task_slot(btf, prev, slots, &me);
 	if (s && s->task == me)
 		s->task = 0;
 }
@@ -290,7 +293,7 @@ static __always_inline bool kmo_quantum_of(bool btf, void *storage, void *slots,
 {
 	bool info = bpf_core_field_exists(prev->sched_info), dead, take, known;
 	u64 me, arrivals = 0, arrivals_then = 0, sum_then = 0;
-	struct kmo_task_slot *s = kmo_task_slot(slots, &me);
+	struct kmo_task_slot *s = kmo_task_slot(btf, prev, slots, &me);
 	struct kmo_task_cpu *t;
 
 	if (!s)
