@@ -2,8 +2,8 @@
 
 ``hotpath.bpf.c`` is the program built up in steps (see its header): step 0 is the
 floor (count the switch), step 10 has quanta_runtime's parts (its record is 32 bytes
-there, 48 here), step 9 is step 10 as it was with the task-storage record. Every step is built
-as its own object, all are attached to ``sched_switch`` at once, and a switch
+there, 48 here), step 9 is step 10 as it was with the task-storage record. Every step
+is built as its own object, all are attached to ``sched_switch`` at once, and a switch
 storm (``stress-ng --switch 2``) runs; the kernel times each program's runs. The
 attach order turns every round, so no step always runs first (warm caches).
 Step 6's ring is emptied every 10 ms by moving its consumer position, unread.
