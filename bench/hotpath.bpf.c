@@ -14,6 +14,12 @@
  *      (kmo_switch_time, sched_wait.h: quanta_runtime's program since section 21)
  *   8  step 7, also reading bpf_ktime_get_ns() per record to histogram how far
  *      the two times are apart (map `apart`: 250-ns buckets; see hotpath.py)
+ *   9  step 7 with prev's quantum from its own account, kept in task storage
+ *      at every switch out (kmo_quantum_of as quanta_runtime had it until the
+ *      slots: a helper call a switch)
+ *  10  step 7 with prev's quantum from its own account, kept in a slot of an
+ *      array, task storage only where another task owns the slot
+ *      (kmo_quantum_of, sched_wait.h: quanta_runtime's program)
  */
 #include "filter.h"
 #include "sched_wait.h"
@@ -57,6 +63,34 @@ struct {
 	__type(value, u64);
 } switches SEC(".maps");
 
+/* steps 9 and 10: each task's CPU time at its last switch out */
+KMO_TASK_CPU_MAP(task_cpu);
+
+/* step 9: the task-storage record at every switch out, as kmo_quantum_of kept
+ * it before the slots (quanta_runtime's program at 5177fba). */
+static __always_inline bool quantum_stored(struct task_struct *prev, u64 sum, u64 *ns)
+{
+	struct kmo_task_cpu *t;
+	u64 arrivals = 0;
+	bool known;
+
+	t = bpf_task_storage_get(&task_cpu, prev, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!t)
+		return false;
+	if (bpf_core_field_exists(prev->sched_info)) {
+		arrivals = prev->sched_info.pcount;
+		known = arrivals == t->arrivals + 1;
+	} else {
+		known = t->sum_at_out != 0;
+	}
+	known = known && sum >= t->sum_at_out;
+	if (known)
+		*ns = sum - t->sum_at_out;
+	t->sum_at_out = sum;
+	t->arrivals = arrivals;
+	return known;
+}
+
 /* step 7: this CPU's offset from the run-queue clock to bpf_ktime_get_ns() */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -99,6 +133,15 @@ int BPF_PROG(hot_switch, bool preempt, struct task_struct *prev, struct task_str
 		u64 slice_start = prev->se.prev_sum_exec_runtime;
 
 		barrier_var(slice_start);
+#if STEP == 9
+		if (quantum_stored(prev, sum, &run_ns)) {
+			has_run = true;
+		} else
+#elif STEP >= 10
+		if (kmo_quantum_of(true, &task_cpu, &task_cpu_slots, prev, prev_pid, sum, &run_ns)) {
+			has_run = true;
+		} else
+#endif
 		if (cur->pid == prev_pid && cur->seen) {
 			run_ns = sum - cur->sum_exec_at_in;
 			has_run = true;
@@ -107,6 +150,11 @@ int BPF_PROG(hot_switch, bool preempt, struct task_struct *prev, struct task_str
 			has_run = true;
 		}
 	}
+#if STEP >= 10
+	else if (prev_pid) {
+		kmo_task_slot_free(true, &task_cpu_slots, prev);
+	}
+#endif
 	cur->pid = next_pid;
 	cur->seen = 1;
 	cur->sum_exec_at_in = next->se.sum_exec_runtime;
@@ -142,7 +190,7 @@ int BPF_PROG(hot_switch, bool preempt, struct task_struct *prev, struct task_str
 		e->run_length_us = run_ns;
 		e->queued_time_us = queued_ns;
 #endif
-#if STEP >= 8
+#if STEP == 8
 		{
 			s64 d = (s64)(bpf_ktime_get_ns() - now) + APART_BUCKETS / 2 * 250;
 			u32 b = d < 0 ? 0 : d / 250 >= APART_BUCKETS ? APART_BUCKETS - 1 : d / 250;

@@ -1,8 +1,9 @@
 """What each part of quanta_runtime's sched_switch program costs (kernel.bpf_stats).
 
 ``hotpath.bpf.c`` is the program built up in steps (see its header): step 0 is the
-floor (count the switch), step 6 is quanta_runtime's program. Every step is built
-as its own object, all are attached to ``sched_switch`` at once, and a switch
+floor (count the switch), step 10 has quanta_runtime's parts (its record is 32 bytes
+there, 48 here), step 9 is step 10 as it was with the task-storage record. Every step
+is built as its own object, all are attached to ``sched_switch`` at once, and a switch
 storm (``stress-ng --switch 2``) runs; the kernel times each program's runs. The
 attach order turns every round, so no step always runs first (warm caches).
 Step 6's ring is emptied every 10 ms by moving its consumer position, unread.
@@ -46,6 +47,8 @@ STEPS = {
     6: "send the batch whole (KMO_BATCH_RECORDS records; quanta_runtime until section 21)",
     7: "step 6, the time from the rq clock (kmo_switch_time: quanta_runtime)",
     8: "step 7 and a ktime per record (how far apart: map apart)",
+    9: "step 7, the quantum from task storage at every switch out (until the slots)",
+    10: "step 7, the quantum from the task's slot, else its storage (quanta_runtime)",
 }
 RING, RING_BYTES = "hot_rb", 8 << 20
 APART_BUCKETS = 64  # hotpath.bpf.c

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import time
@@ -205,6 +206,105 @@ def test_quanta_whose_switch_in_was_not_seen_are_the_tasks_cpu_time(burn: Path) 
     assert cpu_ns >= 300_000_000
     # Every row is rounded to the microsecond, and nothing else is off.
     assert ran.sum() == pytest.approx(cpu_ns / 1000, abs=ran.len() * 0.5 + 2), ran.to_list()
+
+
+def _slot(hook: QuantaRuntimeHook) -> tuple[int, int]:
+    """(owner's address, pid) of the one slot (struct kmo_task_slot; 0: free)."""
+    raw = hook.obj.map("quanta_task_cpu_slots").lookup(0)
+    task, _sum, _arrivals, pid = struct.unpack_from("<QQII", raw)
+    return task, pid
+
+
+@pytest.mark.bpf
+def test_quanta_of_a_task_whose_slot_another_owns_are_the_tasks_cpu_time(
+    burn: Path, naps: Path
+) -> None:
+    """With one slot for every task (kmo_task_slot_mask 0), a task keeps its record in
+    task storage while another task owns the slot, and takes the slot over at a switch
+    out once the owner has exited (its last switch out frees it): the record then
+    comes from the storage. The burner is real-time (SCHED_FIFO), so a quantum its own
+    account does not know has no row at all (no slice-start estimate), and its switches
+    in are unseen: its rows sum to the kernel's account of its CPU time only where
+    every record was found. A higher-priority napper switches it out every ms. Only
+    the test's own processes are followed (a filter): no other task takes the slot."""
+    from kernmlops.collect.filter import ProcessFilter
+    from kernmlops.ebpf.build import build
+    from kernmlops.hooks.base import HookContext
+
+    build()
+    cpus = sorted(os.sched_getaffinity(0))
+    assert len(cpus) >= 2, "needs two CPUs: the burner's and the blanking thread's"
+    taskset, chrt = shutil.which("taskset"), shutil.which("chrt")
+    assert taskset and chrt, "taskset and chrt (util-linux) are needed"
+
+    class OneSlot(QuantaRuntimeHook):
+        def extra_globals(self) -> dict[str, int | bool]:
+            return {"kmo_task_slot_mask": 0}
+
+    def followed(cpu: int, *argv: str) -> subprocess.Popen:
+        """argv on CPU ``cpu``, followed from before it execs argv."""
+        proc = subprocess.Popen([taskset, "-c", str(cpu), "/bin/sh", "-c",
+                                 'read _ && exec "$0" "$@"', *argv],
+                                stdin=subprocess.PIPE)  # fmt: skip
+        assert proc.stdin is not None
+        flt.add(proc.pid)
+        proc.stdin.write(b"go\n")
+        proc.stdin.flush()
+        return proc
+
+    def until(what: Callable[[], bool], timeout_s: float = 10) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not what():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+
+    flt = ProcessFilter(follow_children=False)
+    hook = OneSlot(OneSlot.Options())
+    frames: list[pl.DataFrame] = []
+    procs: list[subprocess.Popen] = []
+    try:
+        hook.start(HookContext("t", process_filter=flt, self_tgid=os.getpid()))
+        kicker = subprocess.Popen([taskset, "-c", str(cpus[-1]), chrt, "-f", "2",
+                                   str(naps), "100000", "1000"],
+                                  stdout=subprocess.DEVNULL)  # fmt: skip
+        procs.append(kicker)
+        wait_asleep(kicker.pid, "naps")  # real-time: before then the burner starves it
+        owner = followed(cpus[0], str(naps), "100000", "1000")
+        procs.append(owner)
+        until(lambda: _slot(hook)[1] == owner.pid and _slot(hook)[0] != 0)
+        child = followed(cpus[-1], chrt, "-f", "1", str(burn), "300")
+        procs.append(child)
+        wait_asleep(child.pid, "burn")  # on its stdin: its record in its storage
+        # From here on: its start (taskset, sh, chrt) ran before it was followed.
+        cpu0_ns = int(Path(f"/proc/{child.pid}/schedstat").read_text().split()[0])
+        t0_ns = time.monotonic_ns()
+        assert child.stdin is not None
+        with Unseen(hook.obj, "oncpu", cpus[0]) as unseen:
+            child.stdin.write(b"x")
+            child.stdin.close()
+            time.sleep(0.1)
+            assert _slot(hook)[1] == owner.pid
+            owner.kill()
+            owner.wait()
+            until(lambda: _slot(hook)[1] == child.pid)  # taken over at a switch out
+            cpu_ns, _ = _schedstat_of_zombie(child.pid)
+        assert child.wait() == 0
+        assert _slot(hook) == (0, child.pid)  # freed at its last switch out
+        frames = [frame for table, frame in polled(hook.stop()) if table == "quanta_runtime"]
+    finally:
+        hook.close()
+        flt.close()
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert hook.status.drops == 0 and unseen.blanked > 10
+    rows = pl.concat(frames).filter(pl.col("pid") == child.pid)
+    ran = rows.filter(pl.col("ts_uptime_us") >= t0_ns // 1000)["quanta_run_length_us"]
+    assert cpu_ns - cpu0_ns >= 290_000_000 and ran.len() > 100  # switched out every ms
+    assert ran.sum() == pytest.approx((cpu_ns - cpu0_ns) / 1000, abs=ran.len() * 0.5 + 2), (
+        ran.to_list()
+    )
 
 
 NAPS = r"""

@@ -4,7 +4,8 @@
 #include "exp_common.h"
 #include "sched_wait.h"
 
-/* Each job task's CPU time at its last switch out (kmo_quantum_of). */
+/* Each job task's CPU time at its last switch out (kmo_quantum_of): a slot of
+ * exp_oncpu_task_slots, else task storage. */
 KMO_TASK_CPU_MAP(exp_oncpu_task);
 
 /* What runs on this CPU and its CPU time when it came in. */
@@ -44,13 +45,16 @@ static __always_inline int on_switch(bool btf, struct task_struct *prev, struct 
 	 * started is counted from its next quantum. */
 	if (prev_pid && exp_task_wanted(prev)) {
 		sum = BPF_CORE_READ(prev, se.sum_exec_runtime);
-		if (!kmo_quantum_of(btf, &exp_oncpu_task, prev, sum, &ns) &&
+		if (!kmo_quantum_of(btf, &exp_oncpu_task, &exp_oncpu_task_slots, prev, prev_pid, sum,
+				    &ns) &&
 		    cur->pid == prev_pid && sum > cur->sum_exec_at_in)
 			ns = sum - cur->sum_exec_at_in;
 		if (ns) {
 			cgid = exp_task_cgroup_id(prev);
 			exp_count(&cgroup_cpu_ns, &cgid, ns);
 		}
+	} else if (prev_pid) {
+		kmo_task_slot_free(btf, &exp_oncpu_task_slots, prev);
 	}
 	cur->pid = BPF_CORE_READ(next, pid);
 	cur->sum_exec_at_in = BPF_CORE_READ(next, se.sum_exec_runtime);

@@ -8,7 +8,7 @@
  *
  * - the quantum is the growth of prev's se.sum_exec_runtime since it came in
  *   (charged for every class before this tracepoint), which is its growth
- *   since its last switch out, kept with the task (kmo_quantum_of, sched_wait.h:
+ *   since its last switch out, kept for each task (kmo_quantum_of, sched_wait.h:
  *   right where the switch in never reached this program);
  * - the wait is rq->clock minus next's sched_info.last_queued (sched_wait.h,
  *   shared with the exporter's runqlat): what the kernel adds to the task's
@@ -48,7 +48,8 @@ struct quanta_switch_event {
 
 KMO_BATCHED_RING(quanta_switch_rb, quanta_switch_event);
 
-/* Each followed task's CPU time at its last switch out (kmo_quantum_of). */
+/* Each followed task's CPU time at its last switch out (kmo_quantum_of): a
+ * slot of quanta_task_cpu_slots, else task storage. */
 KMO_TASK_CPU_MAP(quanta_task_cpu);
 
 /* What runs on this CPU and its CPU time when it came in; this CPU's clock. */
@@ -101,7 +102,8 @@ static __always_inline int on_switch(bool btf, struct task_struct *prev,
 		/* Read before the branches: clang would otherwise load through one
 		 * register holding either `cur` or `prev`, which the verifier refuses. */
 		barrier_var(slice_start);
-		if (kmo_quantum_of(btf, &quanta_task_cpu, prev, sum, &run_ns)) {
+		if (kmo_quantum_of(btf, &quanta_task_cpu, &quanta_task_cpu_slots, prev, prev_pid,
+				   sum, &run_ns)) {
 			has_run = true;
 		} else if (cur->pid == prev_pid && cur->seen) {
 			run_ns = sum - cur->sum_exec_at_in;
@@ -110,6 +112,8 @@ static __always_inline int on_switch(bool btf, struct task_struct *prev,
 			run_ns = sum - slice_start;
 			has_run = true;
 		}
+	} else if (prev_pid) {
+		kmo_task_slot_free(btf, &quanta_task_cpu_slots, prev);
 	}
 	cur->pid = next_pid;
 	cur->seen = 1;

@@ -180,15 +180,47 @@ static __always_inline u64 kmo_switch_time(struct kmo_switch_clock *c, u64 rq_cl
  * it whenever it re-sets a running task (do_exit's autogroup move, a nice,
  * affinity or cgroup change), so an exiting task's last quantum read ~0.
  *
- * Each followed task keeps its CPU time at its last switch out (task storage).
+ * Each followed task keeps its CPU time at its last switch out (a record).
  * Its next quantum is the growth since then, where it arrived on a CPU exactly
  * once since (sched_info's pcount: a task not followed at some switch out
- * arrived more often). Fresh storage is a new task's state (no CPU time, no
- * arrival), so a task's first quantum is known too. */
+ * arrived more often). No record is a new task's state (no CPU time, no
+ * arrival), so a task's first quantum is known too. Every switch out must
+ * write the record: the switch in that needs it cannot be known in advance.
+ *
+ * Where the record is kept: task storage costs a helper call a switch (+26 ns
+ * a switch in a switch storm on the 2-vCPU VM, `python -m bench hotpath`), so
+ * it is kept in a slot of an array instead (a lookup the verifier inlines),
+ * picked by the hash of the task's kernel stack address (the task's for its
+ * life: a pid changes where a thread execs, de_thread). A slot is owned by one
+ * task at a time (its task_struct's address, compared as it is: asking for it
+ * as a number, bpf_get_current_task(), is a helper call that costs as much as
+ * the storage): taken, when free, at a switch out of the task, and freed at
+ * its last switch out (TASK_DEAD: do_task_dead), followed or not. A task whose
+ * slot another owns keeps its record in task storage. So a task's latest
+ * record is in its slot while it owns it, else in its storage, where the
+ * switch out that takes the slot finds it: exact either way. A slot never
+ * freed (its owner's last switch out unseen) and its addresses reused would
+ * hold a record the new task's pcount (from 0) cannot follow: not known then. */
 struct kmo_task_cpu {
 	u64 sum_at_out; /* se.sum_exec_runtime at its last switch out seen */
 	u64 arrivals;   /* sched_info.pcount then (0 without sched_info) */
 };
+
+struct kmo_task_slot {
+	u64 task;	/* its owner's task_struct address; 0: free */
+	u64 sum_at_out; /* as kmo_task_cpu */
+	u32 arrivals;	/* pcount's low bits: only the step of 1 is compared */
+	u32 pid;	/* its owner's at the record (for a reader of the map) */
+	u64 spare;	/* 32 bytes: two slots a cache line */
+};
+
+/* 1 MiB a map: ~7% of 5,000 tasks find their slot taken (and use the storage). */
+#define KMO_TASK_SLOT_BITS 15
+#define KMO_TASK_SLOTS (1U << KMO_TASK_SLOT_BITS)
+/* A smaller mask puts more tasks on one slot (tests: 0, one slot for all). */
+const volatile u32 kmo_task_slot_mask = KMO_TASK_SLOTS - 1;
+
+#define KMO_TASK_DEAD 0x80 /* __state at a task's last switch out */
 
 #define KMO_TASK_CPU_MAP(name)                                                 \
 	struct {                                                               \
@@ -196,37 +228,111 @@ struct kmo_task_cpu {
 		__uint(map_flags, BPF_F_NO_PREALLOC);                          \
 		__type(key, int);                                              \
 		__type(value, struct kmo_task_cpu);                            \
-	} name SEC(".maps")
+	} name SEC(".maps");                                                   \
+	struct {                                                               \
+		__uint(type, BPF_MAP_TYPE_ARRAY);                              \
+		__uint(max_entries, KMO_TASK_SLOTS);                           \
+		__type(key, u32);                                              \
+		__type(value, struct kmo_task_slot);                           \
+	} name##_slots SEC(".maps")
 
-/* At sched_switch, for `prev` with se.sum_exec_runtime `sum`: true and *ns its
- * quantum when its own account knows it (see above); this switch out is
- * recorded either way. False where the storage cannot be had (then the caller's
- * own estimate). `btf`: prev is a tp_btf argument, which the storage takes
- * (+20-30 ns a switch in a switch storm on the 2-vCPU VM); a raw_tp's is a
- * number, so there the storage is the current task's, which prev still is (the
- * switch is made after the tracepoint): +55 ns. */
-static __always_inline bool kmo_quantum_of(bool btf, void *map, struct task_struct *prev, u64 sum,
-					   u64 *ns)
+/* At sched_switch: prev's slot, and its owner's mark for prev (*me). */
+static __always_inline struct kmo_task_slot *kmo_task_slot(bool btf, struct task_struct *prev,
+							   void *slots, u64 *me)
 {
-	struct kmo_task_cpu *t;
-	u64 arrivals = 0;
-	bool known;
+	u64 stack = (u64)KMO_READ(btf, prev, stack);
+	u32 at = (u32)((stack * 0x9E3779B97F4A7C15ULL) >> (64 - KMO_TASK_SLOT_BITS));
 
-	t = bpf_task_storage_get(map, btf ? prev : bpf_get_current_task_btf(), 0,
-				 BPF_LOCAL_STORAGE_GET_F_CREATE);
-	if (!t)
+	*me = (u64)prev;
+	at &= kmo_task_slot_mask;
+	return bpf_map_lookup_elem(slots, &at);
+}
+
+/* Whether this is prev's last switch out. Kernels before 5.14 name the field
+ * `state`: there no slot is freed (its tasks use the storage). */
+static __always_inline bool kmo_task_dead(bool btf, struct task_struct *prev)
+{
+	if (!bpf_core_field_exists(prev->__state))
 		return false;
-	if (bpf_core_field_exists(prev->sched_info)) {
+	return KMO_READ(btf, prev, __state) & KMO_TASK_DEAD;
+}
+
+/* At sched_switch, for a `prev` whose switch out is not recorded (not
+ * followed): frees its slot at its last switch out, if it owns one. */
+static __always_inline void kmo_task_slot_free(bool btf, void *slots, struct task_struct *prev)
+{
+	struct kmo_task_slot *s;
+	u64 me;
+
+	if (!kmo_task_dead(btf, prev))
+		return;
+	s = kmo_task_slot(btf, prev, slots, &me);
+	if (s && s->task == me)
+		s->task = 0;
+}
+
+/* Whether a record of CPU time `sum_then` makes `sum` the next quantum's end:
+ * where the task arrived exactly once since (`once`; without sched_info, where
+ * a switch out of it was seen: a CPU time). *ns the quantum then. */
+static __always_inline bool kmo_quantum_since(bool info, bool once, u64 sum, u64 sum_then, u64 *ns)
+{
+	if (!(info ? once : sum_then != 0) || sum < sum_then)
+		return false;
+	*ns = sum - sum_then;
+	return true;
+}
+
+/* At sched_switch, for `prev` (pid `pid`) with se.sum_exec_runtime `sum`: true
+ * and *ns its quantum when its own account knows it (see above); this switch
+ * out is recorded either way. False where no record can be had (then the
+ * caller's own estimate). `btf`: prev is a tp_btf argument, which the storage
+ * takes; a raw_tp's is a number, so there the storage is the current task's,
+ * which prev still is. Use with KMO_TASK_CPU_MAP's two maps. */
+static __always_inline bool kmo_quantum_of(bool btf, void *storage, void *slots,
+					   struct task_struct *prev, u32 pid, u64 sum, u64 *ns)
+{
+	bool info = bpf_core_field_exists(prev->sched_info), dead, take, known;
+	u64 me, arrivals = 0, arrivals_then = 0, sum_then = 0;
+	struct kmo_task_slot *s = kmo_task_slot(btf, prev, slots, &me);
+	struct kmo_task_cpu *t;
+
+	if (!s)
+		return false;
+	if (info)
 		arrivals = KMO_READ(btf, prev, sched_info.pcount);
-		known = arrivals == t->arrivals + 1;
-	} else {
-		known = t->sum_at_out != 0; /* a switch out of it was seen */
+	dead = kmo_task_dead(btf, prev);
+	if (s->task == me) {
+		/* Its own slot: its latest record. */
+		known = kmo_quantum_since(info, (u32)arrivals - s->arrivals == 1, sum,
+					  s->sum_at_out, ns);
+		s->sum_at_out = sum;
+		s->arrivals = arrivals;
+		s->pid = pid;
+		if (dead)
+			s->task = 0;
+		return known;
 	}
-	known = known && sum >= t->sum_at_out;
-	if (known)
-		*ns = sum - t->sum_at_out;
-	t->sum_at_out = sum;
-	t->arrivals = arrivals;
+	/* Another's, or free (taken here, but not at the last switch out): the
+	 * latest record is in the storage, and none there is a new task's. The
+	 * storage is made only where it is to hold this switch out. */
+	take = !dead && !s->task && __sync_val_compare_and_swap(&s->task, 0, me) == 0;
+	t = bpf_task_storage_get(storage, btf ? prev : bpf_get_current_task_btf(), 0,
+				 take || dead ? 0 : BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (t) {
+		sum_then = t->sum_at_out;
+		arrivals_then = t->arrivals;
+	} else if (!take && !dead) {
+		return false;
+	}
+	known = kmo_quantum_since(info, arrivals == arrivals_then + 1, sum, sum_then, ns);
+	if (take) {
+		s->sum_at_out = sum;
+		s->arrivals = arrivals;
+		s->pid = pid;
+	} else if (t) {
+		t->sum_at_out = sum;
+		t->arrivals = arrivals;
+	}
 	return known;
 }
 
