@@ -135,7 +135,8 @@ class CollectorConfig(_Strict):
         description="with spool: processes that make the rows of what the spool still "
         "holds once the benchmark ended, one per CPU (one core makes 1.5-2M records' rows a "
         "second, and a 16-core storm spools 6M a second). null: one per CPU the collector may "
-        "use, where at least 96 MiB of records wait; 0 or 1: in the collector alone",
+        "use, where it may use 4 or more and at least 96 MiB of records wait (a worker's "
+        "start costs 1-2 s of CPU); 0 or 1: in the collector alone",
     )
     copier_priority: int = Field(
         1,

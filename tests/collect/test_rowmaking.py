@@ -174,6 +174,7 @@ def test_one_worker_per_cpu_per_job_and_per_gib_of_memory() -> None:
     assert workers_for(100 * MIN_JOB_RAW, cpus=192, ram=1024 * gib) == 64
     assert workers_for(100 * MIN_JOB_RAW, cpus=16, ram=4 * gib) == 4
     assert workers_for(1, cpus=1, ram=gib) == 1
+    assert workers_for(100 * MIN_JOB_RAW, cpus=3, ram=128 * gib) == 1  # start costs more
 
 
 def test_parts_written_at_stop_are_compact_and_kept_unless_small(tmp_path: Path) -> None:

@@ -47,6 +47,12 @@ __all__ = ["MIN_PARALLEL_RAW", "Job", "Made", "make_rows", "make_spooled_rows"]
 #: spooled record bytes below which the rows are made in the collector: starting
 #: the processes (an interpreter, numpy, pyarrow, the hook) costs about a second
 MIN_PARALLEL_RAW = 96 << 20
+#: usable CPUs from which the rows are made in workers by default: each worker's start
+#: (an interpreter, numpy, pyarrow, the hook) costs 1-2 s of CPU, more than a second
+#: core gives back (2-vCPU VM, `python -m bench storm-tree --row-workers 1 null`: a
+#: 10-s storm's 5M records readable 2.7 s after its end in the collector, 3.9 s with
+#: two workers, medians of 3)
+MIN_WORKER_CPUS = 4
 #: record bytes a job has at least (fewer jobs than CPUs for a small spool)
 MIN_JOB_RAW = 32 << 20
 #: processes at most, and the memory a machine has per process at least (each holds
@@ -161,9 +167,11 @@ def plan(
 
 
 def workers_for(raw: int, cpus: int | None = None, ram: int | None = None) -> int:
-    """Processes for ``raw`` spooled bytes: one per usable CPU, one per MIN_JOB_RAW,
-    one per WORKER_RAM of the machine's memory."""
+    """Processes for ``raw`` spooled bytes: one per usable CPU (none under
+    MIN_WORKER_CPUS), one per MIN_JOB_RAW, one per WORKER_RAM of the machine's memory."""
     cpus = len(os.sched_getaffinity(0)) if cpus is None else cpus
+    if cpus < MIN_WORKER_CPUS:
+        return 1
     if ram is None:
         ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     return max(1, min(cpus, MAX_WORKERS, ram // WORKER_RAM, -(-raw // MIN_JOB_RAW)))
