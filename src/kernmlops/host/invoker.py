@@ -161,18 +161,26 @@ def hand_over(tree: Path | int, who: Invoker | None, folders: Iterable[Path | in
             _give(folder, who)
 
 
-def _inodes(path: Path) -> set[tuple[int, int]]:
+def _key(st: os.stat_result) -> tuple[int, ...]:
+    """What tells an entry that was there from a new one: its inode, and, as a freed
+    inode is soon given again (a planted link removed, a file made in its place), its
+    type, owner and, for a file, its change time (a folder's changes as entries come)."""
+    kind = stat.S_IFMT(st.st_mode)
+    return st.st_dev, st.st_ino, kind, st.st_uid, 0 if kind == stat.S_IFDIR else st.st_ctime_ns
+
+
+def _inodes(path: Path) -> set[tuple[int, ...]]:
     """(st_dev, st_ino) of ``path`` and of everything under it, links themselves."""
-    found: set[tuple[int, int]] = set()
+    found: set[tuple[int, ...]] = set()
     with contextlib.suppress(OSError):
         st = os.lstat(path)
-        found.add((st.st_dev, st.st_ino))
+        found.add(_key(st))
         if stat.S_ISDIR(st.st_mode):
             for top, dirs, files in os.walk(path):
                 for name in [*dirs, *files]:
                     with contextlib.suppress(OSError):
                         st = os.lstat(Path(top) / name)
-                        found.add((st.st_dev, st.st_ino))
+                        found.add(_key(st))
     return found
 
 
@@ -197,7 +205,7 @@ def handed_over(path: Path) -> Iterator[None]:
             _give(folder, who)
 
 
-def _new(path: Path, before: set[tuple[int, int]]) -> list[Path]:
+def _new(path: Path, before: set[tuple[int, ...]]) -> list[Path]:
     found = []
     with contextlib.suppress(OSError):
         entries = [path]
@@ -207,21 +215,21 @@ def _new(path: Path, before: set[tuple[int, int]]) -> list[Path]:
         for entry in entries:
             with contextlib.suppress(OSError):
                 st = os.lstat(entry)
-                if (st.st_dev, st.st_ino) not in before:
+                if _key(st) not in before:
                     found.append(entry)
     return found
 
 
-def _inodes_held(top: int) -> set[tuple[int, int]]:
+def _inodes_held(top: int) -> set[tuple[int, ...]]:
     """(st_dev, st_ino) of the held folder ``top`` and of everything under it, each
     folder opened below the last without following a link."""
     st = os.fstat(top)
-    found = {(st.st_dev, st.st_ino)}
+    found = {_key(st)}
     for _, dirs, files, dir_fd in os.fwalk(".", dir_fd=top, follow_symlinks=False):
         for name in [*dirs, *files]:
             with contextlib.suppress(OSError):
                 st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-                found.add((st.st_dev, st.st_ino))
+                found.add(_key(st))
     return found
 
 
@@ -246,7 +254,7 @@ def handed_over_held(folder: Pinned) -> Iterator[None]:
             for name in [*files, *dirs]:
                 with contextlib.suppress(OSError):
                     st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-                    if (st.st_dev, st.st_ino) not in before:
+                    if _key(st) not in before:
                         _give(name, who, dir_fd)
         for fd in reversed(folder.created):  # the folder itself too, if pin made it
             with contextlib.suppress(OSError):
