@@ -220,7 +220,12 @@ def _read_held(path: Path) -> Collection:
             path = path.parent
     try:
         held = pin(path, what="the collection", action="read")
-    except OutputError as err:
+    except OutputError as err:  # worded as read_collection words them without sudo
+        reason = getattr(err, "reason", "")
+        if reason == "no such folder" and not path.is_symlink():
+            raise CollectionError(f"{path}: no such collection folder") from None
+        if reason.startswith("a file is in the way") and not path.is_symlink():
+            raise CollectionError(f"{path}: not a folder (a collection is a folder)") from None
         raise CollectionError(str(err)) from None
     fds: list[int] = []
     try:
@@ -271,7 +276,15 @@ def _read_held(path: Path) -> Collection:
             else ""
         )
         if not files:
-            raise CollectionError(f"{path}: no Parquet tables (no <table>/part-*.parquet){spooled}")
+            why = (
+                f"; only unfinished temporary parts in {', '.join(incomplete)} "
+                "(the writer was interrupted)"
+                if incomplete
+                else ""
+            )
+            raise CollectionError(
+                f"{path}: no Parquet tables (no <table>/part-*.parquet){why}{spooled}"
+            )
         tables = {}
         for name, parts_io in opened.items():
             try:
