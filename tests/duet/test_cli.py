@@ -190,3 +190,40 @@ def test_process_under_sudo_writes_through_no_planted_link(tmp_path: Path) -> No
     made = [out / "duet-results.parquet", out / "duet-results.csv"]
     assert {p.lstat().st_uid for p in made} == {NOBODY}
     assert not any(p.is_symlink() for p in made)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="plays sudo: needs root")
+def test_analyze_under_sudo_writes_through_no_planted_link(tmp_path: Path) -> None:
+    """The report folder a link to root's folder: refused; in the user's own report
+    folder, plots/ a link: refused, report.md a link to root's file: the link goes,
+    the file stays; what is written is the user's."""
+    user, victim = _home(tmp_path)
+    cfg = write_config(tmp_path / "duet.yml", CFG.format(pid=os.getpid()))
+    runs = tmp_path / "runs"
+    assert CliRunner().invoke(duet_group, ["run", str(cfg), "-o", str(runs)]).exit_code == 0
+    assert CliRunner().invoke(duet_group, ["process", str(runs)]).exit_code == 0
+    runner = CliRunner(env=SUDO)
+
+    def analyze(out: Path):
+        args = ["analyze", str(runs), "--out", str(out), "--warmup", "1", "--min-runs", "3"]
+        return runner.invoke(duet_group, args)
+
+    _plant(user / "r", victim)
+    res = analyze(user / "r")
+    assert res.exit_code == 2 and f"{user / 'r'} is a link in a folder" in res.output, res.output
+    out = user / "own"
+    out.mkdir()
+    os.chown(out, NOBODY, NOBODY)
+    _plant(out / "plots", victim)
+    res = analyze(out)
+    assert res.exit_code == 2 and "plots is a link or a file" in res.output, res.output
+    (out / "plots").unlink()
+    _plant(out / "report.md", victim / "secret")
+    res = analyze(out)
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in victim.iterdir()) == ["secret"]
+    assert (victim / "secret").read_text() == SECRET
+    made = [p for p in out.rglob("*")]
+    assert made and {p.lstat().st_uid for p in made} == {NOBODY}
+    assert not (out / "report.md").is_symlink()
+    assert "data:image/png;base64," in (out / "report.html").read_text()

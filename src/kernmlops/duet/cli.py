@@ -431,7 +431,21 @@ def analyze_cmd(
             )  # fmt: skip
         analysis = analyze(table, opts)
         folder = out or (results if results.is_dir() else results.parent) / "report"
-        files = write_report(analysis, table, folder, kernel)
+        from kernmlops.host.invoker import handed_over_held, invoker
+        from kernmlops.host.pinned import pin
+
+        who = invoker()
+        # held open: no link planted on the way is written through; under sudo the
+        # report is the user's, handed over through the held folder
+        held = pin(folder, create=True, invoker_uid=who.uid if who else None)
+        try:
+            with handed_over_held(held):
+                made = write_report(analysis, table, held.io, kernel)
+        except OSError as err:
+            raise KernmlopsError(f"cannot write the report in {folder}: {err.strerror}") from None
+        finally:
+            held.close()
+        files = {key: folder / path.name for key, path in made.items()}
     except KernmlopsError as err:
         fail(err)
     for b in analysis.benchmarks:
