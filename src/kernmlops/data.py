@@ -255,10 +255,11 @@ def _read_held(path: Path) -> Collection:
                 raise CollectionError(_refused(path / entry.name, _why(err))) from None
             fds.append(table)
             parts = []
+            owner = os.fstat(table).st_uid
             for part in os.scandir(f"/proc/self/fd/{table}"):
                 match = _PART.match(part.name)
                 if match:
-                    fd = _open_part(part.name, table, held.owner, path / entry.name / part.name)
+                    fd = _open_part(part.name, table, owner, path / entry.name / part.name)
                     if fd is not None:
                         fds.append(fd)
                         parts.append((int(match.group(1)), part.name, fd))
@@ -320,7 +321,8 @@ _HELD_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 def _open_part(name: str, table: int, owner: int, shown: Path) -> int | None:
     """A part opened without following a link: a plain file, and not a second name of
-    a file of another owner (a hard link to root's file); else CollectionError."""
+    a file of another owner than the table folder's (``owner``: a hard link the user
+    made to root's file); else CollectionError."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=table)
     except FileNotFoundError:
