@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -255,3 +256,71 @@ def test_list_collections(curated: Path) -> None:
 
 def test_list_collections_empty(tmp_path: Path) -> None:
     assert list_collections(tmp_path).height == 0
+
+
+NOBODY = 65534
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="plays sudo: needs root")
+
+
+def _sudo(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in {"SUDO_UID": NOBODY, "SUDO_GID": NOBODY, "SUDO_USER": "nobody"}.items():
+        monkeypatch.setenv(key, str(value))
+
+
+@as_root
+def test_read_under_sudo_reads_the_same(curated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under sudo the collection is read through held folders: the same tables, files,
+    warnings and errors as without."""
+    folder = curated / "benchmark=gap" / "collection_id=g1"
+    (folder / "events" / ".part-00001.parquet.tmp").write_bytes(b"half a file")
+    plain = read_collection(folder)
+    _sudo(monkeypatch)
+    held = read_collection(folder / "manifest.json")
+    assert held.path == plain.path and held.files == plain.files
+    assert held.manifest == plain.manifest and held.incomplete == plain.incomplete == ("events",)
+    for name in plain:
+        assert_frame_equal(held[name], plain[name])
+        assert_frame_equal(held.scan(name).collect(), plain[name])
+    with pytest.raises(CollectionError, match="no such collection folder"):
+        read_collection(curated / "missing")
+    with pytest.raises(CollectionError, match="not a folder"):
+        read_collection(folder / "events" / "part-00000.parquet")
+    with pytest.raises(CollectionError, match="no manifest"):
+        read_collection(curated)
+    (folder / "events" / "part-00000.parquet").write_bytes(b"not parquet")
+    with pytest.raises(CollectionError, match="cannot read table 'events'") as info:
+        read_collection(folder)
+    assert "/proc/self/fd" not in str(info.value)
+
+
+@as_root
+def test_read_under_sudo_follows_no_link_a_user_planted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nobody's collection with a part linked to a root-only Parquet file (a symbolic
+    link, then a hard link): read without sudo as before, refused under sudo in one
+    message naming the part."""
+    tmp_path.chmod(0o755)
+    secret = tmp_path / "root-only"
+    secret.mkdir(mode=0o700)
+    make_collection(secret / "c", "faux", "s1", 10)
+    col = tmp_path / "alice" / "c"
+    make_collection(col, "faux", "a1", 10)
+    part = col / "events" / "part-00000.parquet"
+    part.unlink()
+    part.symlink_to(secret / "c" / "events" / "part-00000.parquet")
+    for path in [col.parent, *col.parent.rglob("*")]:
+        os.chown(path, NOBODY, NOBODY, follow_symlinks=False)
+    assert read_collection(col)["events"].height == 10  # no sudo: links followed
+    _sudo(monkeypatch)
+    with pytest.raises(CollectionError) as info:
+        read_collection(col)
+    assert str(info.value).startswith(f"{part}: a link: as root, kernmlops reads no link")
+    part.unlink()
+    os.link(secret / "c" / "events" / "part-00000.parquet", part)
+    with pytest.raises(CollectionError, match="a hard link to a file of another owner"):
+        read_collection(col)
+    (col / "manifest.json").unlink()
+    (col / "manifest.json").symlink_to(secret / "c" / "manifest.json")
+    with pytest.raises(CollectionError, match="cannot read the manifest: a link"):
+        read_collection(col)

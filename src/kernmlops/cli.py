@@ -478,7 +478,8 @@ def _owner_of(fd: int) -> Invoker | None:
 @click.option(
     "--bpf-dir",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="the BPF objects the collecting version built (default: the path in the spool)",
+    help="the BPF objects the collecting version built (default: the folder collect uses; "
+    "never a path the spool names)",
 )
 def recover(collection: Path, bpf_dir: Path | None) -> None:
     """Turn the spool a killed collector left in COLLECTION into Parquet parts.

@@ -25,10 +25,15 @@ still says ``state: running``) is read as far as it was flushed, with a warning;
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
 import re
+import stat
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -135,6 +140,8 @@ class Collection(Mapping[str, pl.DataFrame]):
         """A lazy scan of table ``name``'s part files (reads nothing until collected)."""
         if name not in self.files:
             self[name]  # raises the KeyError that lists the tables
+        if os.geteuid() == 0 and "SUDO_UID" in os.environ:
+            return self[name].lazy()  # read as read_collection read it: no path again
         return _scan(self.files[name])
 
     def __repr__(self) -> str:
@@ -150,6 +157,8 @@ def read_collection(path: str | Path) -> Collection:
             Parquet part, or a part cannot be read.
     """
     path = Path(path).expanduser()
+    if os.geteuid() == 0 and "SUDO_UID" in os.environ:
+        return _read_held(path)  # as root for a user: no link of theirs followed
     if path.is_file() and path.name == MANIFEST_NAME:
         path = path.parent
     if not path.exists():
@@ -193,6 +202,158 @@ def read_collection(path: str | Path) -> Collection:
         files={name: tuple(parts) for name, parts in files.items()},
         incomplete=tuple(incomplete),
     )
+
+
+def _read_held(path: Path) -> Collection:
+    """read_collection as root under sudo, where the collection (or a folder above it)
+    may be a user's: a user could link a part, a table folder or the manifest to a
+    root-only file and have root draw it into their PNGs. The folder is held open
+    (kernmlops.host.pinned: a link in a folder a user can change refuses it) and
+    every file in it opened without following a link; a link, or a hard link to a
+    file of another owner, is refused in one line naming it."""
+    from kernmlops.collect.manifest import parse_manifest
+    from kernmlops.errors import OutputError
+    from kernmlops.host.pinned import pin, read_plain
+
+    with contextlib.suppress(OSError):
+        if path.name == MANIFEST_NAME and stat.S_ISREG(os.lstat(path).st_mode):
+            path = path.parent
+    try:
+        held = pin(path, what="the collection", action="read")
+    except OutputError as err:  # worded as read_collection words them without sudo
+        reason = getattr(err, "reason", "")
+        if reason == "no such folder" and not path.is_symlink():
+            raise CollectionError(f"{path}: no such collection folder") from None
+        if reason.startswith("a file is in the way") and not path.is_symlink():
+            raise CollectionError(f"{path}: not a folder (a collection is a folder)") from None
+        raise CollectionError(str(err)) from None
+    fds: list[int] = []
+    try:
+        manifest_path = path / MANIFEST_NAME
+        try:
+            text = read_plain(held.io / MANIFEST_NAME, owner=held.owner).decode("utf-8")
+        except FileNotFoundError:
+            raise CollectionError(
+                f"{manifest_path}: no manifest (is {path} a collection folder?)"
+            ) from None
+        except (OSError, UnicodeDecodeError) as err:
+            raise CollectionError(
+                f"{manifest_path}: cannot read the manifest: {_why(err)}"
+            ) from None
+        manifest = parse_manifest(text, manifest_path)
+        files: dict[str, list[Path]] = {}
+        opened: dict[str, list[Path]] = {}
+        incomplete: list[str] = []
+        for entry in sorted(os.scandir(held.io), key=lambda e: e.name):
+            if entry.name.startswith((".", "_")) or not entry.is_dir(follow_symlinks=True):
+                continue
+            if entry.is_symlink():
+                raise CollectionError(_refused(path / entry.name, "a link"))
+            try:
+                table = os.open(entry.name, _HELD_DIR, dir_fd=held.fd)
+            except OSError as err:  # swapped for a link since it was listed
+                raise CollectionError(_refused(path / entry.name, _why(err))) from None
+            fds.append(table)
+            parts = []
+            owner = os.fstat(table).st_uid
+            for part in os.scandir(f"/proc/self/fd/{table}"):
+                match = _PART.match(part.name)
+                if match:
+                    fd = _open_part(part.name, table, owner, path / entry.name / part.name)
+                    if fd is not None:
+                        fds.append(fd)
+                        parts.append((int(match.group(1)), part.name, fd))
+                elif fnmatch(part.name, _TEMP_GLOB) and entry.name not in incomplete:
+                    incomplete.append(entry.name)
+            if parts:
+                parts.sort()
+                files[entry.name] = [path / entry.name / name for _, name, _ in parts]
+                opened[entry.name] = [Path(f"/proc/self/fd/{fd}") for _, _, fd in parts]
+        from kernmlops.spool.recovery import pending_spools
+
+        spooled = (
+            f"; rows still in its spool are not read: `kernmlops recover {path}` adds them"
+            if pending_spools(held.io)
+            else ""
+        )
+        if not files:
+            why = (
+                f"; only unfinished temporary parts in {', '.join(incomplete)} "
+                "(the writer was interrupted)"
+                if incomplete
+                else ""
+            )
+            raise CollectionError(
+                f"{path}: no Parquet tables (no <table>/part-*.parquet){why}{spooled}"
+            )
+        tables = {}
+        for name, parts_io in opened.items():
+            try:
+                tables[name] = _read(name, parts_io)
+            except CollectionError as err:  # named as the user named it, not /proc/self/fd
+                why = str(err).replace("/proc/self/fd", str(path / name))
+                raise CollectionError(why) from None
+    finally:
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        held.close()
+    if manifest.state == "running":
+        warnings.warn(
+            f"{path}: incomplete collection: its collector stopped without finishing "
+            f"(last flush {manifest.last_flush_at or 'never'}); reading what was flushed{spooled}",
+            IncompleteCollectionWarning,
+            stacklevel=3,
+        )
+    elif spooled:
+        warnings.warn(f"{path}: {spooled[2:]}", IncompleteCollectionWarning, stacklevel=3)
+    return Collection(
+        path=path,
+        manifest=manifest,
+        tables=tables,
+        files={name: tuple(parts) for name, parts in files.items()},
+        incomplete=tuple(incomplete),
+    )
+
+
+_HELD_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _open_part(name: str, table: int, owner: int, shown: Path) -> int | None:
+    """A part opened without following a link: a plain file, and not a second name of
+    a file of another owner than the table folder's (``owner``: a hard link the user
+    made to root's file); else CollectionError."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=table)
+    except FileNotFoundError:
+        return None  # compacted meanwhile
+    except OSError as err:
+        raise CollectionError(
+            _refused(shown, "a link" if err.errno == errno.ELOOP else _why(err))
+        ) from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or (st.st_nlink != 1 and st.st_uid != owner):
+        os.close(fd)
+        kind = (
+            "not a plain file"
+            if not stat.S_ISREG(st.st_mode)
+            else "a hard link to a file of another owner"
+        )
+        raise CollectionError(_refused(shown, kind))
+    return fd
+
+
+def _refused(shown: Path, kind: str) -> str:
+    return (
+        f"{shown}: {kind}: as root, kernmlops reads no link in a collection a user can "
+        "change (name the file itself, or read it without sudo)"
+    )
+
+
+def _why(err: OSError | UnicodeDecodeError) -> str:
+    if isinstance(err, OSError):
+        return "a link" if err.errno == errno.ELOOP else (err.strerror or str(err))
+    return str(err)
 
 
 def read_parquet_dir(

@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from kernmlops.duet.cli import duet_group
@@ -112,3 +113,117 @@ def test_analyze_interval_option_is_used_and_recorded(tmp_path: Path):
     assert "| interval | BCa bootstrap |" in md and "over runs (unit: runs when ≥ 5" in md
     res = CliRunner().invoke(duet_group, ["analyze", str(tmp_path), "--interval", "exact"])
     assert res.exit_code == 2 and "'exact' is not one of" in res.output
+
+
+NOBODY = 65534
+SUDO = {"SUDO_UID": str(NOBODY), "SUDO_GID": str(NOBODY), "SUDO_USER": "nobody"}
+SECRET = "root's own: never to be overwritten\n"
+
+
+def _home(tmp_path: Path) -> tuple[Path, Path]:
+    """(nobody's folder, a folder of root's only holding a file) in a folder of root's."""
+    tmp_path.chmod(0o755)
+    user, victim = tmp_path / "alice", tmp_path / "root-only"
+    user.mkdir()
+    os.chown(user, NOBODY, NOBODY)
+    victim.mkdir(mode=0o700)
+    (victim / "secret").write_text(SECRET)
+    return user, victim
+
+
+def _plant(link: Path, target: Path) -> None:
+    link.symlink_to(target)
+    os.chown(link, NOBODY, NOBODY, follow_symlinks=False)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="plays sudo: needs root")
+def test_run_under_sudo_writes_through_no_planted_link(tmp_path: Path) -> None:
+    """``sudo kernmlops duet run -o ~/out``: ~/out a link of the user's to root's folder,
+    or the suite's folder in it one: refused in one line, root's folder as it was;
+    into the user's folder, what the run made is theirs."""
+    user, victim = _home(tmp_path)
+    cfg = write_config(tmp_path / "duet.yml", CFG.format(pid=os.getpid()))
+    runner = CliRunner(env=SUDO)
+    _plant(user / "out", victim)
+    res = runner.invoke(duet_group, ["run", str(cfg), "-o", str(user / "out"), "--seed", "3"])
+    assert res.exit_code == 2, res.output
+    assert f"{user / 'out'} is a link in a folder nobody can change" in res.output
+    (user / "out").unlink()
+    (user / "out").mkdir()
+    os.chown(user / "out", NOBODY, NOBODY)
+    _plant(user / "out" / f"cli-{os.getpid()}", victim)
+    res = runner.invoke(duet_group, ["run", str(cfg), "-o", str(user / "out"), "--seed", "3"])
+    assert res.exit_code == 2, res.output
+    assert "is a link or a file, not a folder: not written through" in res.output
+    assert sorted(p.name for p in victim.iterdir()) == ["secret"]
+    assert (victim / "secret").read_text() == SECRET
+    (user / "out" / f"cli-{os.getpid()}").unlink()
+    res = runner.invoke(duet_group, ["run", str(cfg), "-o", str(user / "out" / "new")])
+    assert res.exit_code == 0, res.output
+    owners = {p: p.lstat().st_uid for p in [user / "out" / "new", *(user / "out").rglob("*")]}
+    assert {p: o for p, o in owners.items() if o != NOBODY} == {}
+    assert (user / "out").lstat().st_uid == NOBODY
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="plays sudo: needs root")
+def test_process_under_sudo_writes_through_no_planted_link(tmp_path: Path) -> None:
+    user, victim = _home(tmp_path)
+    cfg = write_config(tmp_path / "duet.yml", CFG.format(pid=os.getpid()))
+    runs = tmp_path / "runs"
+    res = CliRunner().invoke(duet_group, ["run", str(cfg), "-o", str(runs), "--seed", "3"])
+    assert res.exit_code == 0, res.output
+    runner = CliRunner(env=SUDO)
+    _plant(user / "t", victim)
+    res = runner.invoke(duet_group, ["process", str(runs), "-o", str(user / "t")])
+    assert res.exit_code == 2, res.output
+    assert f"{user / 't'} is a link in a folder nobody can change" in res.output
+    # the temporary names in the user's own folder planted as links to root's file
+    out = user / "o"
+    out.mkdir()
+    os.chown(out, NOBODY, NOBODY)
+    for ext in ("parquet", "csv"):
+        _plant(out / f".duet-results.{ext}.tmp", victim / "secret")
+    res = runner.invoke(duet_group, ["process", str(runs), "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in victim.iterdir()) == ["secret"]
+    assert (victim / "secret").read_text() == SECRET
+    made = [out / "duet-results.parquet", out / "duet-results.csv"]
+    assert {p.lstat().st_uid for p in made} == {NOBODY}
+    assert not any(p.is_symlink() for p in made)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="plays sudo: needs root")
+def test_analyze_under_sudo_writes_through_no_planted_link(tmp_path: Path) -> None:
+    """The report folder a link to root's folder: refused; in the user's own report
+    folder, plots/ a link: refused, report.md a link to root's file: the link goes,
+    the file stays; what is written is the user's."""
+    user, victim = _home(tmp_path)
+    cfg = write_config(tmp_path / "duet.yml", CFG.format(pid=os.getpid()))
+    runs = tmp_path / "runs"
+    assert CliRunner().invoke(duet_group, ["run", str(cfg), "-o", str(runs)]).exit_code == 0
+    assert CliRunner().invoke(duet_group, ["process", str(runs)]).exit_code == 0
+    runner = CliRunner(env=SUDO)
+
+    def analyze(out: Path):
+        args = ["analyze", str(runs), "--out", str(out), "--warmup", "1", "--min-runs", "3"]
+        return runner.invoke(duet_group, args)
+
+    _plant(user / "r", victim)
+    res = analyze(user / "r")
+    assert res.exit_code == 2 and f"{user / 'r'} is a link in a folder" in res.output, res.output
+    out = user / "own"
+    out.mkdir()
+    os.chown(out, NOBODY, NOBODY)
+    _plant(out / "plots", victim)
+    res = analyze(out)
+    assert res.exit_code == 2 and "plots is a link or a file" in res.output, res.output
+    (out / "plots").unlink()
+    _plant(out / "report.md", victim / "secret")
+    res = analyze(out)
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in victim.iterdir()) == ["secret"]
+    assert (victim / "secret").read_text() == SECRET
+    made = [p for p in out.rglob("*")]
+    assert made and {p.lstat().st_uid for p in made} == {NOBODY}
+    assert not (out / "report.md").is_symlink()
+    assert "data:image/png;base64," in (out / "report.html").read_text()

@@ -186,3 +186,45 @@ def test_a_killed_collection_still_roots_is_the_invokers_once_recovered(
     owners = {p: p.lstat().st_uid for p in [col, *col.rglob("*")]}
     assert {p: o for p, o in owners.items() if o != NOBODY} == {}
     assert os.lstat(tmp_path).st_uid == 0  # above the collection: left alone
+
+
+def _descriptions(col: Path) -> list[Path]:
+    """The spool's ring descriptions (<key>.json beside <key>.<n>.ring)."""
+    spool = col / ".spool"
+    found = [p for p in spool.glob("*.json") if list(spool.glob(f"{p.stem}.*.ring"))]
+    assert found, sorted(spool.iterdir())
+    return found
+
+
+def test_the_object_path_in_the_spool_is_not_opened(hostile: tuple[Path, Path]) -> None:
+    """The user points the spool's description at an object of their own (crafted to
+    trip the ELF/BTF parser root runs, or a FIFO to hang it): recover takes only the
+    file name and decodes with the object of the build folder collect uses."""
+    col, _ = hostile
+    crafted = col.parent / "process_trace.bpf.o"
+    crafted.write_bytes(b"\x7fELF" + SECRET * 64)
+    os.chown(crafted, NOBODY, NOBODY)
+    for desc in _descriptions(col):
+        info = json.loads(desc.read_text())
+        info["object"] = str(crafted)
+        desc.write_text(json.dumps(info))
+    done = _recover(col)
+    assert done.returncode == 0, done.stderr
+    assert "recovered process_trace" in done.stderr
+    assert str(crafted) not in done.stderr
+    assert read_manifest(col).tables["process_trace"].rows
+    assert not (col / ".spool").exists()
+
+
+def test_an_object_not_the_hooks_own_is_refused_and_the_spool_kept(
+    hostile: tuple[Path, Path],
+) -> None:
+    col, victim = hostile
+    for desc in _descriptions(col):
+        info = json.loads(desc.read_text())
+        info["object"] = str(victim / "secret")
+        desc.write_text(json.dumps(info))
+    done = _recover(col)
+    assert done.returncode == 2, done.stderr
+    assert "names the object 'secret', not 'process_trace.bpf.o'" in done.stderr
+    assert list((col / ".spool").glob("*.ring"))  # kept for another try

@@ -4,6 +4,7 @@ report, and the errors a user can make."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -136,3 +137,41 @@ def test_train_uses_the_recorded_migration_cost(tmp_path: Path) -> None:
     write_decisions(frame, tmp_path / "a", "c-9", "synthetic", {"lb": other})
     r = _invoke("train", tmp_path / "a", "-o", tmp_path / "m.json")
     assert r.exit_code == 2 and "different migration costs (500,000, 10,000,000 ns)" in r.output
+
+
+NOBODY = 65534
+SUDO = {"SUDO_UID": str(NOBODY), "SUDO_GID": str(NOBODY), "SUDO_USER": "nobody"}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="plays sudo: needs root")
+def test_export_under_sudo_writes_through_no_planted_link(tmp_path: Path) -> None:
+    """``sudo kernmlops lb export M -o ~/out`` with ~/out a link of the user's to a
+    folder of root's: refused in one line, root's file as it was; into a new folder
+    the files and the folders made are the user's; --name is a file name only."""
+    import numpy as np
+
+    from kernmlops.lb.model import Model
+
+    model = Model(np.zeros((15, 10)), np.zeros(10), np.zeros(10), 0.0).save(tmp_path / "m.json")
+    tmp_path.chmod(0o755)
+    user, victim = tmp_path / "alice", tmp_path / "root-only"
+    user.mkdir()
+    os.chown(user, NOBODY, NOBODY)
+    victim.mkdir(mode=0o700)
+    (victim / "m.h").write_text("root's own\n")
+    (user / "out").symlink_to(victim)
+    os.chown(user / "out", NOBODY, NOBODY, follow_symlinks=False)
+    runner = CliRunner(env=SUDO)
+    r = runner.invoke(lb_group, ["export", str(model), "-o", str(user / "out"), "--name", "m"])
+    assert r.exit_code == 2, r.output
+    assert f"{user / 'out'} is a link in a folder nobody can change" in r.output
+    assert sorted(p.name for p in victim.iterdir()) == ["m.h"]
+    assert (victim / "m.h").read_text() == "root's own\n"
+    for name in ("../../root-only/m", ".m"):
+        r = runner.invoke(lb_group, ["export", str(model), "-o", str(user / "new"), "--name", name])
+        assert r.exit_code == 2 and "a file name" in r.output, r.output
+    assert (victim / "m.h").read_text() == "root's own\n" and not (user / "new").exists()
+    r = runner.invoke(lb_group, ["export", str(model), "-o", str(user / "new" / "x")])
+    assert r.exit_code == 0, r.output
+    made = [user / "new", user / "new" / "x", *(user / "new" / "x").iterdir()]
+    assert len(made) == 4 and {p.lstat().st_uid for p in made} == {NOBODY}, made

@@ -37,6 +37,7 @@ __all__ = [
     "Manifest",
     "State",
     "TableRecord",
+    "parse_manifest",
     "read_manifest",
     "write_manifest",
 ]
@@ -249,6 +250,11 @@ def read_manifest(collection_dir: Path) -> Manifest:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise CollectionError(f"{path}: cannot read the manifest: {e}") from e
+    return parse_manifest(text, path)
+
+
+def parse_manifest(text: str, path: Path) -> Manifest:
+    """A manifest's text checked as :func:`read_manifest` checks it (``path`` names it)."""
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as e:

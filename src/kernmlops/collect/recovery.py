@@ -148,6 +148,7 @@ def recover(
 
     from kernmlops.collect.manifest import TableRecord, read_manifest, write_manifest
     from kernmlops.collect.parquet import ParquetSink
+    from kernmlops.ebpf.build import object_path
     from kernmlops.ebpf.spec import object_spec
     from kernmlops.hooks import get_hook
 
@@ -180,8 +181,19 @@ def recover(
                 info = _meta(folder / f"{key}.json", "description")
                 cls = get_hook(info["hook"])
                 hook = cls(cls.Options.model_validate(info["options"]))
-                name = Path(info["object"]).name
-                obj = Path(bpf_dir) / name if bpf_dir else Path(info["object"])
+                # the json is the collection owner's to edit: of its object only the
+                # file name is taken, and must be the hook's own; the object is looked
+                # up where collect finds it (or in --bpf-dir), never at a path it gives
+                own = getattr(cls, "object_name", None)
+                if not isinstance(own, str):
+                    raise CollectionError(f"its description {key}.json names hook {cls.name}, "
+                                          "which spools no ring")  # fmt: skip
+                obj = object_path(own, bpf_dir)
+                if Path(str(info["object"])).name != obj.name:
+                    raise CollectionError(
+                        f"its description {key}.json names the object "
+                        f"{Path(str(info['object'])).name!r}, not {obj.name!r} of hook {cls.name}"
+                    )
                 if not obj.exists():
                     raise CollectionError(
                         f"its records need {obj} to be decoded (build the BPF objects of "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from pathlib import Path
@@ -97,8 +98,10 @@ def run_cmd(
     from kernmlops.duet.config import load_duet_config
     from kernmlops.duet.runner import resolve_auto_cpus, run_suite, suite_folder
 
+    held = None
+
     def result_folder(suite) -> Path:
-        return suite_folder(outdir, suite)
+        return suite_folder(held_out if held is not None else outdir, suite)
 
     def on_term(_signum: int, _frame: object) -> None:
         raise KeyboardInterrupt  # stop the running sides, keep what was run
@@ -114,6 +117,15 @@ def run_cmd(
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise KernmlopsError(f"two configs name the same suite {sorted(dup)}: rename one")
+        from kernmlops.host.invoker import handed_over_held, invoker
+        from kernmlops.host.pinned import pin
+
+        who = invoker()
+        # held open for the whole run (no link planted on the way followed) and named
+        # through the held descriptor, so that a folder above it the user swaps changes
+        # nothing; /proc/<pid>: the trials (root's processes) resolve it too
+        held = pin(outdir, create=True, invoker_uid=who.uid if who else None)
+        held_out = Path(f"/proc/{os.getpid()}/fd/{held.fd}")
         collector = None
         if collect:
             from kernmlops.duet.collect import Collector
@@ -153,15 +165,13 @@ def run_cmd(
                 if loud:
                     _details(rec, folder)
 
-            from kernmlops.host.invoker import handed_over
-
-            with handed_over(folder):  # under sudo the suite's results are the user's
+            with handed_over_held(held):  # under sudo the suite's results are the user's
                 result = run_suite(
-                    suite, outdir, force=force, collect=collector, on_trial=on_trial,
+                    suite, held_out, force=force, collect=collector, on_trial=on_trial,
                     layout=layout,
                 )  # fmt: skip
             failed += len(result.failed)
-            console.print(f"-> {result.folder}")
+            console.print(f"-> {suite_folder(outdir, suite)}")
     except KernmlopsError as err:
         fail(err)
     except KeyboardInterrupt:
@@ -169,6 +179,8 @@ def run_cmd(
         sys.exit(130)
     finally:
         signal.signal(signal.SIGTERM, old_term)
+        if held is not None:
+            held.close()
     if failed:
         console.print(
             f"[yellow]{failed} trial(s) did not succeed[/] (see duet-run.json)", markup=True
@@ -280,10 +292,19 @@ def process_cmd(
             console.print(f"[yellow]warning:[/] {err}", markup=True)
         if processed.results.height == 0:
             raise KernmlopsError(f"no iterations in {processed.files} result file(s)")
-        from kernmlops.host.invoker import handed_over
+        from kernmlops.host.invoker import handed_over_held, invoker
+        from kernmlops.host.pinned import pin
 
-        with handed_over(out):  # under sudo the tables are the user's
-            written = write_processed(processed, out, json=as_json, original=original)
+        who = invoker()
+        # held open: no link planted on the way is written through; under sudo the
+        # tables are the user's, handed over through the held folder
+        held = pin(out, create=True, invoker_uid=who.uid if who else None)
+        try:
+            with handed_over_held(held):
+                made = write_processed(processed, held.io, json=as_json, original=original)
+        finally:
+            held.close()
+        written = [out / p.name for p in made]
     except KernmlopsError as err:
         fail(err)
     r = processed.results
@@ -410,7 +431,21 @@ def analyze_cmd(
             )  # fmt: skip
         analysis = analyze(table, opts)
         folder = out or (results if results.is_dir() else results.parent) / "report"
-        files = write_report(analysis, table, folder, kernel)
+        from kernmlops.host.invoker import handed_over_held, invoker
+        from kernmlops.host.pinned import pin
+
+        who = invoker()
+        # held open: no link planted on the way is written through; under sudo the
+        # report is the user's, handed over through the held folder
+        held = pin(folder, create=True, invoker_uid=who.uid if who else None)
+        try:
+            with handed_over_held(held):
+                made = write_report(analysis, table, held.io, kernel)
+        except OSError as err:
+            raise KernmlopsError(f"cannot write the report in {folder}: {err.strerror}") from None
+        finally:
+            held.close()
+        files = {key: folder / path.name for key, path in made.items()}
     except KernmlopsError as err:
         fail(err)
     for b in analysis.benchmarks:

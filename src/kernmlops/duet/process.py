@@ -377,6 +377,7 @@ def write_processed(
     in the original tool's form (``duet-results.original.csv``, and ``.json``
     in pandas' orientation with ``json``)."""
     from kernmlops.fileio import write_atomic
+    from kernmlops.host.pinned import create_new
 
     out.mkdir(parents=True, exist_ok=True)
     written = []
@@ -387,12 +388,14 @@ def write_processed(
         for ext in ("parquet", "csv", *(("json",) if json else ())):
             path = out / f"{name}.{ext}"
             tmp = out / f".{name}.{ext}.tmp"
-            if ext == "parquet":
-                table.write_parquet(tmp)
-            elif ext == "csv":
-                table.write_csv(tmp)
-            else:
-                table.write_json(tmp)
+            # a new file, never through a link planted under the temporary name
+            with open(create_new(tmp), "wb") as f:
+                if ext == "parquet":
+                    table.write_parquet(f)
+                elif ext == "csv":
+                    table.write_csv(f)
+                else:
+                    table.write_json(f)
             tmp.replace(path)
             written.append(path)
     if original:

@@ -89,7 +89,7 @@ def plot_timeline(bench: BenchmarkResult, results: pl.DataFrame, path: Path) -> 
     ax.set_xlabel("seconds since the run's first iteration")
     ax.set_title(f"{bench.benchmark}: {kind} run {runid}, iterations and overlap pairs")
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    _save(fig, path)
     plt.close(fig)
     return path
 
@@ -114,7 +114,7 @@ def plot_pairs(bench: BenchmarkResult, path: Path) -> Path | None:
     ax.set_title(f"{bench.benchmark}: {pairs.height} {kind} pairs")
     fig.colorbar(sc, ax=ax, label="overlap ratio")
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    _save(fig, path)
     plt.close(fig)
     return path
 
@@ -146,7 +146,7 @@ def plot_cis(analysis: Analysis, path: Path) -> Path | None:
     ax.invert_yaxis()
     ax.set_xlabel("B vs A, geometric-mean ratio − 1 (%) with CI")
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    _save(fig, path)
     plt.close(fig)
     return path
 
@@ -233,6 +233,18 @@ def _cmp_rows(c: Comparison) -> list[tuple[str, str]]:
     ]
 
 
+def _save(fig: Any, path: Path) -> None:
+    """The figure as a PNG written new (fileio.write_atomic): never through a link
+    planted under its name in a folder a user owns."""
+    import io
+
+    from kernmlops.fileio import write_atomic
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    write_atomic(path, buf.getvalue())
+
+
 def write_report(
     analysis: Analysis,
     results: pl.DataFrame,
@@ -240,10 +252,23 @@ def write_report(
     kernel: pl.DataFrame | None = None,
     title: str = "Duet benchmark report",
 ) -> dict[str, Path]:
-    """report.md, report.html, analysis.json and plots/ in ``out``."""
+    """report.md, report.html, analysis.json and plots/ in ``out`` (a folder held open,
+    kernmlops.host.pinned, where root writes for a user): plots/ is opened without
+    following a link and written through its descriptor, each file written new."""
+    import os
+
+    from kernmlops.host.pinned import fd_path, subfolder
+
     out.mkdir(parents=True, exist_ok=True)
-    plots = out / "plots"
-    plots.mkdir(exist_ok=True)
+    plots_fd = subfolder(out, "plots")
+    try:
+        return _write_report(analysis, results, out, fd_path(plots_fd), kernel, title)
+    finally:
+        os.close(plots_fd)
+
+
+def _write_report(analysis: Analysis, results: pl.DataFrame, out: Path, plots: Path,
+                  kernel: pl.DataFrame | None, title: str) -> dict[str, Path]:  # fmt: skip
     images: dict[str, list[Path]] = {}
     for b in analysis.benchmarks:
         stem = _safe(f"{b.suite}-{b.benchmark}")
@@ -325,10 +350,12 @@ def write_report(
                     md.append(f"| {row['kind']} | {row['pair']} | {row['runs']} | {vals} |")
                 md.append("")
     md_text = "\n".join(md) + "\n"
-    (out / "report.md").write_text(md_text)
-    (out / "report.html").write_text(_html(md_text, title, plots))
-    (out / "analysis.json").write_text(
-        json.dumps(analysis.summary(), indent=1, default=_json_default)
+    from kernmlops.fileio import write_atomic
+
+    write_atomic(out / "report.md", md_text)
+    write_atomic(out / "report.html", _html(md_text, title, plots))
+    write_atomic(
+        out / "analysis.json", json.dumps(analysis.summary(), indent=1, default=_json_default)
     )
     return {"markdown": out / "report.md", "html": out / "report.html",
             "json": out / "analysis.json"}  # fmt: skip
@@ -350,7 +377,7 @@ def _html(md_text: str, title: str, plots: Path) -> str:
         for child in token.children or []:
             src = child.attrGet("src") if child.type == "image" else None
             if src and not str(src).startswith(("data:", "http:", "https:", "/")):
-                data = base64.b64encode((plots.parent / str(src)).read_bytes()).decode()
+                data = base64.b64encode((plots / Path(str(src)).name).read_bytes()).decode()
                 child.attrSet("src", f"data:image/png;base64,{data}")
     body = md.renderer.render(tokens, md.options, {})
     style = (

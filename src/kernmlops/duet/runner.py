@@ -777,6 +777,12 @@ def suite_folder(outdir: Path, suite: DuetSuite) -> Path:
 
 
 def prepare_folder(folder: Path, force: bool) -> None:
+    """The suite's folder, made new: root writes in it as it pleases, so under sudo it
+    must be no folder (nor link) its user made, where they could plant a link."""
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        raise DuetError(f"{folder} is a link or a file, not a folder: not written through")
+    if folder.exists() and not any(folder.iterdir()):
+        folder.rmdir()  # made again below: root's until handed over
     if folder.exists() and any(folder.iterdir()):
         if not force:
             raise DuetError(f"{folder} exists and is not empty: use --force to replace it")
@@ -786,7 +792,7 @@ def prepare_folder(folder: Path, force: bool) -> None:
                 "is not a duet run's, even with --force"
             )
         shutil.rmtree(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(parents=True)
 
 
 def write_index(folder: Path, index: dict[str, Any]) -> None:

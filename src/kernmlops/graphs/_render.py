@@ -15,12 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 from kernmlops import fileio
 from kernmlops.data import Collection
-from kernmlops.errors import KernmlopsError
+from kernmlops.errors import KernmlopsError, OutputError
 from kernmlops.graphs.base import Graph, GraphData, NoData
 from kernmlops.graphs.context import graph_registry, load, unknown_graphs
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
+
+    from kernmlops.host.pinned import Pinned
 
 __all__ = ["GraphFailure", "GraphOutputError", "figure", "figures", "png_bytes", "render"]
 
@@ -75,6 +77,29 @@ def writable_dir(folder: Path, what: str, hint: str = "choose another folder wit
     if reason is not None:
         raise GraphOutputError(f"cannot write {what} into {folder}: {reason} ({hint})")
     return folder
+
+
+def held_dir(folder: Path, what: str, hint: str = "choose another folder with -o") -> Pinned:
+    """``folder``, made if needed and held open (kernmlops.host.pinned): as root, no
+    link a user planted on the way is followed and, under sudo, no folder of another
+    user is written in; the PNGs (or the page) go through :attr:`Pinned.io`.
+    GraphOutputError as :func:`writable_dir` words it when it cannot be written."""
+    from kernmlops.host.invoker import invoker
+    from kernmlops.host.pinned import UnsafePath, pin
+
+    folder = folder.absolute()
+    who = invoker()
+    try:
+        held = pin(folder, create=True, invoker_uid=who.uid if who else None, what=what)
+    except UnsafePath as err:
+        raise GraphOutputError(str(err)) from None
+    except OutputError as err:
+        reason = getattr(err, "reason", str(err))
+        raise GraphOutputError(f"cannot write {what} into {folder}: {reason} ({hint})") from None
+    if not os.access(held.io, os.W_OK | os.X_OK):  # no permission, or a read-only mount
+        held.close()
+        raise GraphOutputError(f"cannot write {what} into {folder}: not writable ({hint})")
+    return held
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -172,7 +197,7 @@ def figure(
 
 
 def render(
-    collection: Collection | str | Path,
+    collection: Collection | GraphData | str | Path,
     outdir: str | Path | None = None,
     *,
     tgid: int | None = None,
@@ -184,14 +209,17 @@ def render(
     """Write each graph of ``collection`` as ``<outdir>/<graph>.png``; return the paths.
 
     Args:
-        collection: a collection folder (or one read with kernmlops.data.read_collection).
+        collection: a collection folder (or one read with kernmlops.data.read_collection,
+            or loaded with kernmlops.graphs.context.load).
         outdir: where the PNGs go (default: ``<collection>/graphs``).
         tgid, comm: draw only this process (or processes of this name).
         graphs: graph names to draw (default: all whose tables exist).
         dpi: resolution (the figures are about 10 x 5 inches).
         errors: collect graphs that fail here instead of raising.
     """
-    data = load(collection, tgid=tgid, comm=comm)
+    data = (
+        collection if isinstance(collection, GraphData) else load(collection, tgid=tgid, comm=comm)
+    )
     out = Path(outdir) if outdir is not None else data.collection.path / "graphs"
     writable_dir(out, "graphs")
     written = []

@@ -307,7 +307,11 @@ def _row(columns: list[_Column], render_cell) -> str:
 
 
 def report(
-    collections: Sequence[Collection | str | Path] | Collection | str | Path,
+    collections: Sequence[Collection | GraphData | str | Path]
+    | Collection
+    | GraphData
+    | str
+    | Path,
     out: str | Path = "report.html",
     *,
     tgid: int | None = None,
@@ -324,7 +328,7 @@ def report(
         dpi: resolution of the embedded figures.
         errors: collect graphs that fail here (shown in the page) instead of raising.
     """
-    if isinstance(collections, str | Path | Collection):
+    if isinstance(collections, str | Path | Collection | GraphData):
         collections = [collections]
     if not collections:
         raise ValueError("report needs at least one collection")
@@ -335,7 +339,7 @@ def report(
     writable_dir(path.parent, f"the report {path.name}", "choose another path with -o")
     columns = []
     for c in collections:
-        data = load(c, tgid=tgid, comm=comm)
+        data = c if isinstance(c, GraphData) else load(c, tgid=tgid, comm=comm)
         col = _Column(data)
         failures: list[GraphFailure] = []
         for graph, fig in figures(data, dpi=dpi, errors=failures if errors is not None else None):

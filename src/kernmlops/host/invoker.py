@@ -18,10 +18,22 @@ import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kernmlops.errors import ConfigError
 
-__all__ = ["Invoker", "created_by_mkdir", "hand_over", "handed_over", "invoker"]
+if TYPE_CHECKING:
+    from kernmlops.host.pinned import Pinned
+
+__all__ = [
+    "Invoker",
+    "created_by_mkdir",
+    "give_fd",
+    "hand_over",
+    "handed_over",
+    "handed_over_held",
+    "invoker",
+]
 
 
 @dataclass(frozen=True)
@@ -91,7 +103,7 @@ def _fchown(fd: int, who: Invoker) -> None:
         raise OSError(code, os.strerror(code))
 
 
-def _give_fd(fd: int, who: Invoker) -> None:
+def give_fd(fd: int, who: Invoker) -> None:
     """What ``fd`` holds to ``who``, if it is root's and ours to give: a folder, a link
     itself, or a regular file with one link (not a hard link made to another file)."""
     st = os.fstat(fd)
@@ -110,7 +122,7 @@ def _give(name: str | Path, who: Invoker, dir_fd: int | None = None) -> None:
     except FileNotFoundError:
         return
     try:
-        _give_fd(fd, who)
+        give_fd(fd, who)
     finally:
         os.close(fd)
 
@@ -139,28 +151,36 @@ def hand_over(tree: Path | int, who: Invoker | None, folders: Iterable[Path | in
             ):
                 for name in [*files, *dirs]:
                     _give(name, who, dir_fd)
-            _give_fd(top, who)
+            give_fd(top, who)
         finally:
             os.close(top)
     for folder in reversed(list(folders)):
         if isinstance(folder, int):
-            _give_fd(folder, who)
+            give_fd(folder, who)
         else:
             _give(folder, who)
 
 
-def _inodes(path: Path) -> set[tuple[int, int]]:
+def _key(st: os.stat_result) -> tuple[int, ...]:
+    """What tells an entry that was there from a new one: its inode, and, as a freed
+    inode is soon given again (a planted link removed, a file made in its place), its
+    type, owner and, for a file, its change time (a folder's changes as entries come)."""
+    kind = stat.S_IFMT(st.st_mode)
+    return st.st_dev, st.st_ino, kind, st.st_uid, 0 if kind == stat.S_IFDIR else st.st_ctime_ns
+
+
+def _inodes(path: Path) -> set[tuple[int, ...]]:
     """(st_dev, st_ino) of ``path`` and of everything under it, links themselves."""
-    found: set[tuple[int, int]] = set()
+    found: set[tuple[int, ...]] = set()
     with contextlib.suppress(OSError):
         st = os.lstat(path)
-        found.add((st.st_dev, st.st_ino))
+        found.add(_key(st))
         if stat.S_ISDIR(st.st_mode):
             for top, dirs, files in os.walk(path):
                 for name in [*dirs, *files]:
                     with contextlib.suppress(OSError):
                         st = os.lstat(Path(top) / name)
-                        found.add((st.st_dev, st.st_ino))
+                        found.add(_key(st))
     return found
 
 
@@ -185,7 +205,7 @@ def handed_over(path: Path) -> Iterator[None]:
             _give(folder, who)
 
 
-def _new(path: Path, before: set[tuple[int, int]]) -> list[Path]:
+def _new(path: Path, before: set[tuple[int, ...]]) -> list[Path]:
     found = []
     with contextlib.suppress(OSError):
         entries = [path]
@@ -195,6 +215,47 @@ def _new(path: Path, before: set[tuple[int, int]]) -> list[Path]:
         for entry in entries:
             with contextlib.suppress(OSError):
                 st = os.lstat(entry)
-                if (st.st_dev, st.st_ino) not in before:
+                if _key(st) not in before:
                     found.append(entry)
     return found
+
+
+def _inodes_held(top: int) -> set[tuple[int, ...]]:
+    """(st_dev, st_ino) of the held folder ``top`` and of everything under it, each
+    folder opened below the last without following a link."""
+    st = os.fstat(top)
+    found = {_key(st)}
+    for _, dirs, files, dir_fd in os.fwalk(".", dir_fd=top, follow_symlinks=False):
+        for name in [*dirs, *files]:
+            with contextlib.suppress(OSError):
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                found.add(_key(st))
+    return found
+
+
+@contextlib.contextmanager
+def handed_over_held(folder: Pinned) -> Iterator[None]:
+    """Under sudo, what the block writes in the held ``folder`` (kernmlops.host.pinned)
+    and the folders :func:`~kernmlops.host.pinned.pin` made for it are the invoking
+    user's once written: new entries only (a file of root's that was there stays
+    root's), every one reached through the held descriptor, never by its path again.
+    Nothing without sudo."""
+    who = invoker()
+    if who is None:
+        yield
+        return
+    before = _inodes_held(folder.fd)
+    try:
+        yield
+    finally:
+        for _, dirs, files, dir_fd in os.fwalk(
+            ".", dir_fd=folder.fd, topdown=False, follow_symlinks=False
+        ):
+            for name in [*files, *dirs]:
+                with contextlib.suppress(OSError):
+                    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                    if _key(st) not in before:
+                        _give(name, who, dir_fd)
+        for fd in reversed(folder.created):  # the folder itself too, if pin made it
+            with contextlib.suppress(OSError):
+                give_fd(fd, who)

@@ -84,12 +84,17 @@ class Pinned:
 
 
 def pin(path: Path, *, create: bool = False, fresh: bool = False, invoker_uid: int | None = None,
-        what: str = "the output folder") -> Pinned:  # fmt: skip
+        what: str = "the output folder", action: str = "write to") -> Pinned:  # fmt: skip
     """Open ``path`` as a folder, one component at a time, and hold it.
 
     ``create``: make the folders that are missing (0755, as root's). ``fresh``: the
     last one must be made now (nothing anyone planted). ``invoker_uid``: under sudo,
-    a folder owned by a user other than root and this one is refused.
+    a folder owned by a user other than root and this one is refused. ``action``
+    words the refusals (``"read"`` for a collection only read). A failure removes
+    the empty folders it made (or, not empty, gives them to the invoker): none is
+    left root's in a user's folder. The error's ``reason`` is its cause alone
+    (``"a file is in the way, not a folder"``, an OSError's strerror) for callers
+    that word their own message.
 
     Raises:
         UnsafePath: a component is a link in a folder a user other than root can
@@ -102,6 +107,7 @@ def pin(path: Path, *, create: bool = False, fresh: bool = False, invoker_uid: i
     # (fd, made by us, what it is called) from / down; '..' of a link's target pops one
     stack: list[tuple[int, bool, Path]] = [(os.open("/", _DIR), False, Path("/"))]
     todo = list(path.parts[1:])
+    popped: list[tuple[int, int, Path]] = []  # made, then left by '..': (fd, parent, name)
     links = 0
     try:
         while todo:
@@ -111,8 +117,10 @@ def pin(path: Path, *, create: bool = False, fresh: bool = False, invoker_uid: i
                 continue
             if name == "..":
                 if len(stack) > 1:
-                    fd, made, _ = stack.pop()
-                    if not made:
+                    fd, made, where = stack.pop()
+                    if made:  # left behind, still ours: handed over or removed with the rest
+                        popped.append((fd, os.dup(stack[-1][0]), where))
+                    else:
                         os.close(fd)
                 continue
             here = where / name
@@ -121,34 +129,39 @@ def pin(path: Path, *, create: bool = False, fresh: bool = False, invoker_uid: i
                 fd = os.open(name, _DIR | os.O_NOFOLLOW, dir_fd=parent)
                 if fresh and not todo:
                     os.close(fd)
-                    raise OutputError(f"cannot write to {path}: {here} exists")
+                    raise _err(f"cannot {action} {path}: {here} exists", "it exists")
             except FileNotFoundError:
                 if not create:
-                    raise OutputError(f"{path}: no such folder ({here} is missing)") from None
+                    raise _err(
+                        f"{path}: no such folder ({here} is missing)", "no such folder"
+                    ) from None
                 try:
                     os.mkdir(name, 0o755, dir_fd=parent)
                     made = True
                 except FileExistsError:  # made meanwhile: opened as whatever it is
                     if fresh and not todo:
-                        raise OutputError(f"cannot write to {path}: {here} exists") from None
+                        raise _err(f"cannot {action} {path}: {here} exists", "it exists") from None
                 except OSError as err:
-                    raise OutputError(f"cannot create {what} {path}: {_why(err)}") from None
-                fd = _open_dir(name, parent, here, path)
+                    raise _err(f"cannot create {what} {path}: {_why(err)}", err.strerror) from None
+                fd = _open_dir(name, parent, here, path, action)
             except NotADirectoryError:
                 st = os.stat(name, dir_fd=parent, follow_symlinks=False)
                 if not stat.S_ISLNK(st.st_mode):
-                    raise OutputError(
-                        f"cannot write to {path}: {here} is a file, not a folder"
+                    raise _err(
+                        f"cannot {action} {path}: {here} is a file, not a folder",
+                        "a file is in the way, not a folder",
                     ) from None
                 links += 1
                 if root and (st.st_uid != 0 or _others_write(os.fstat(parent))):
                     raise UnsafePath(
-                        f"cannot write to {path}: {here} is a link in a folder "
+                        f"cannot {action} {path}: {here} is a link in a folder "
                         f"{_user(os.fstat(parent).st_uid)} can change; root does not follow "
                         f"it: name the folder it leads to ({os.path.realpath(here)})"
                     ) from None
                 if links > _MAX_LINKS:
-                    raise OutputError(f"cannot write to {path}: too many links") from None
+                    raise _err(
+                        f"cannot {action} {path}: too many links", "too many links"
+                    ) from None
                 target = os.readlink(name, dir_fd=parent)
                 todo = [*Path(target).parts, *todo]
                 if target.startswith("/"):  # from / again
@@ -156,37 +169,72 @@ def pin(path: Path, *, create: bool = False, fresh: bool = False, invoker_uid: i
                     stack.append((os.open("/", _DIR), False, Path("/")))
                 continue
             except OSError as err:
-                raise OutputError(f"cannot open {what} {path}: {_why(err)}") from None
+                raise _err(f"cannot open {what} {path}: {_why(err)}", err.strerror) from None
             st = os.fstat(fd)
             stack.append((fd, made and st.st_uid == os.geteuid(), here))
             if root and invoker_uid is not None and st.st_uid not in (0, invoker_uid):
                 raise UnsafePath(
-                    f"cannot write to {path}: {here} belongs to {_user(st.st_uid)}, "
+                    f"cannot {action} {path}: {here} belongs to {_user(st.st_uid)}, "
                     f"neither to you ({_user(invoker_uid)}) nor to root: as root, kernmlops "
                     "writes in no folder another user can change"
                 )
         fd, made, _ = stack.pop()
         if made and os.fstat(fd).st_mode & 0o022:  # umask 0: no one else may write in it
             os.fchmod(fd, 0o755)
-        pinned = Pinned(path, fd, os.fstat(fd).st_uid, [f for f, m, _ in stack if m])
+        made_above = [f for f, _, _ in popped] + [f for f, m, _ in stack if m]
+        pinned = Pinned(path, fd, os.fstat(fd).st_uid, made_above)
         if made:
             pinned.created.append(os.dup(fd))
         for f, m, _ in stack:
             if not m:
                 os.close(f)
+        for _, parent, _ in popped:
+            os.close(parent)
         return pinned
     except BaseException:
+        made_here = [(f, stack[i - 1][0], w) for i, (f, m, w) in enumerate(stack) if m]
+        _undo([*popped, *made_here])
         for f, _, _ in stack:
             with contextlib.suppress(OSError):
                 os.close(f)
+        for f, parent, _ in popped:
+            for x in (f, parent):
+                with contextlib.suppress(OSError):
+                    os.close(x)
         raise
 
 
-def _open_dir(name: str, parent: int, here: Path, path: Path) -> int:
+def _undo(made: list[tuple[int, int, Path]]) -> None:
+    """After a failure, the folders :func:`pin` made (outermost first): each removed,
+    innermost first, if it is still the one made there and empty; else given to the
+    invoker under sudo (never left root's in a user's folder)."""
+    from kernmlops.host.invoker import give_fd, invoker
+
+    who = invoker()
+    for fd, parent, where in reversed(made):
+        try:
+            st = os.fstat(fd)
+            now = os.stat(where.name, dir_fd=parent, follow_symlinks=False)
+            if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+                raise FileNotFoundError  # moved meanwhile: not removed by name
+            os.rmdir(where.name, dir_fd=parent)
+        except OSError:
+            if who is not None:
+                with contextlib.suppress(OSError):
+                    give_fd(fd, who)
+
+
+def _err(message: str, reason: str | None, cls: type[OutputError] = OutputError) -> OutputError:
+    err = cls(message)
+    err.reason = reason or message  # type: ignore[attr-defined]
+    return err
+
+
+def _open_dir(name: str, parent: int, here: Path, path: Path, action: str) -> int:
     try:
         return os.open(name, _DIR | os.O_NOFOLLOW, dir_fd=parent)
     except NotADirectoryError:  # swapped for a link or a file right after it was made
-        raise UnsafePath(f"cannot write to {path}: {here} was replaced as it was made") from None
+        raise UnsafePath(f"cannot {action} {path}: {here} was replaced as it was made") from None
 
 
 def _why(err: OSError) -> str:

@@ -409,6 +409,8 @@ def export_cmd(model_path: Path, output_dir: Path, name: str, data: tuple[Path, 
     from kernmlops.lb.model import Model
     from kernmlops.lb.pipeline import evaluate, prepare
 
+    if not name or "/" in name or name.startswith("."):  # a file name in -o, nothing else
+        fail(KernmlopsError(f"--name {name!r}: a file name (no '/', not starting with '.')"))
     try:
         model = Model.load(model_path)
         fixed = FixedModel.from_model(model)
@@ -427,14 +429,23 @@ def export_cmd(model_path: Path, output_dir: Path, name: str, data: tuple[Path, 
                 check = evaluate(model, fixed, frame, int(meta.get("migration_cost_ns", 500000)))
                 meta["float_vs_fixed"] = check["float_vs_fixed"]
         from kernmlops.fileio import write_atomic
-        from kernmlops.host.invoker import handed_over
+        from kernmlops.host.invoker import handed_over_held, invoker
+        from kernmlops.host.pinned import pin
 
-        with handed_over(output_dir):  # under sudo the files are the user's
-            output_dir.mkdir(parents=True, exist_ok=True)
-            header = output_dir / f"{name}.h"
-            write_atomic(header, c_header(fixed, meta, guard=f"{name.upper()}_H"))
-            js = output_dir / f"{name}.q11.json"
-            write_atomic(js, json.dumps(fixed_json(fixed, meta), indent=1) + "\n")
+        who = invoker()
+        # held open: no link planted on the way is written through; under sudo the
+        # files are the user's, handed over through the held folder
+        held = pin(output_dir, create=True, invoker_uid=who.uid if who else None)
+        try:
+            with handed_over_held(held):
+                header, js = output_dir / f"{name}.h", output_dir / f"{name}.q11.json"
+                write_atomic(
+                    held.io / header.name, c_header(fixed, meta, guard=f"{name.upper()}_H")
+                )
+                text = json.dumps(fixed_json(fixed, meta), indent=1) + "\n"
+                write_atomic(held.io / js.name, text)
+        finally:
+            held.close()
     except KernmlopsError as err:
         fail(err)
     except OSError as err:
