@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pyarrow.parquet as pq
 import pytest
 
@@ -93,6 +94,7 @@ def test_workers_make_the_same_rows_in_spool_order_after_the_runs_parts(
     assert hook.made == ({"process_trace": 30_000}, 30_000)
     assert spool.pending == 0 and spool.rows == {"process_trace": 30_000}
     assert not list(tmp_path.glob(f"{STAGING_PREFIX}*"))  # the workers' folder is gone
+    assert not psutil.Process().children()  # no worker, nor any helper process, stays
     assert sink.close() == {"process_trace": 30_500}
     files = sink.files_written()["process_trace"]
     assert len(files) == 4  # the run's part, then one per job, in order

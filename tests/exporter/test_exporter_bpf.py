@@ -322,5 +322,7 @@ def test_oncpu_counts_the_quanta_whose_switch_in_was_not_seen(
         if child is not None and child.poll() is None:
             child.kill()
             child.wait()
-    assert unseen.blanked > 10 and used_us >= 250_000  # 0.3 s less its start-up
+    # 0.3 s less its start-up (and what cpu.stat had not taken in at the first read:
+    # 243 ms once, on a loaded CI machine); the check is the equality below
+    assert unseen.blanked > 10 and used_us >= 200_000
     assert got_us == pytest.approx(used_us, abs=2), (got_us, used_us)

@@ -19,11 +19,12 @@ spool that ``kernmlops recover`` finishes (it skips the rows finished parts hold
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -232,7 +233,8 @@ def make_spooled_rows(
     except Exception as err:  # any failure costs time only: the rows are made here
         shutil.rmtree(staging, ignore_errors=True)
         if on_message:
-            on_message(f"making rows on {n} cores failed ({_why(err)}): making them here")
+            why = str(err) if isinstance(err, _WorkerError) else _why(err)
+            on_message(f"making rows on {n} cores failed ({why}): making them here")
         return []
     rows: dict[int, dict[str, int]] = {}  # per spool (id of its work): rows per table
     records: dict[int, int] = {}
@@ -261,39 +263,98 @@ def make_spooled_rows(
 
 
 def _run(jobs: list[Job], workers: int) -> list[Made]:
-    """The jobs' results in order, from ``workers`` fresh processes (spawned: the
-    collector has threads, and a fork would copy their locks)."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    """The jobs' results in order, each from a fresh process (``python -m
+    kernmlops.collect.rowmaking``, the job on its stdin, what it made on its stdout),
+    at most ``workers`` at a time. Plain processes, not multiprocessing's: a fork would
+    copy the collector's threads' locks, and a spawn pool leaves its resource tracker
+    running in a process that goes on (a notebook, a test run)."""
+    import subprocess
+    import sys
 
-    context = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(
-        max_workers=min(workers, len(jobs)), mp_context=context, initializer=_worker_start
-    )
+    import kernmlops
+
+    env = dict(os.environ)
+    # the package as this process has it (a checkout on PYTHONPATH, a venv, a wheel)
+    home = str(Path(kernmlops.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (home, env.get("PYTHONPATH")) if p)
+    argv = [sys.executable, "-m", "kernmlops.collect.rowmaking"]
+    results: list[Made | None] = [None] * len(jobs)
+    running: dict[int, subprocess.Popen[bytes]] = {}
+    todo = list(range(len(jobs)))
     try:
-        results = list(pool.map(make_rows, jobs))
-    except BaseException:
-        # a second Ctrl+C, or a failed job: the others are not waited for
-        for proc in list(getattr(pool, "_processes", {}).values()):
+        while todo or running:
+            while todo and len(running) < workers:
+                i = todo.pop(0)
+                proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, env=env)  # fmt: skip
+                assert proc.stdin is not None
+                proc.stdin.write(json.dumps(asdict(jobs[i])).encode())
+                proc.stdin.close()
+                proc.stdin = None  # communicate() then only reads
+                running[i] = proc
+            i, proc = next(iter(running.items()))
+            out, err = proc.communicate()
+            del running[i]
+            if proc.returncode != 0:
+                lines = err.decode(errors="replace").strip().splitlines()
+                raise _WorkerError(lines[-1] if lines else f"a worker exited {proc.returncode}")
+            results[i] = _made_from(json.loads(out))
+    finally:
+        for proc in running.values():  # a failed job, or a second Ctrl+C: not waited for
             proc.kill()
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown()
-    return results
+            proc.wait()
+    return [r for r in results if r is not None]
 
 
-def _worker_start() -> None:
-    """A worker leaves Ctrl+C to the collector (the terminal sends it to the whole
-    process group), which decides whether the rows are still made; and, as the
-    collector, never loads what it does not use (pyarrow's first numpy array would
-    import pandas: a second of CPU)."""
+class _WorkerError(Exception):
+    """A worker's own one line (its error's type and message)."""
+
+
+def _made_to(made: Made) -> dict[str, Any]:
+    schemas = {t: s.serialize().to_pybytes() for t, s in made.schemas.items()}
+    return {
+        "parts": made.parts,
+        "schemas": {t: base64.b64encode(b).decode() for t, b in schemas.items()},
+        "records": made.records,
+    }
+
+
+def _made_from(data: dict[str, Any]) -> Made:
+    import pyarrow.ipc
+
+    schemas = {t: pyarrow.ipc.read_schema(pa.py_buffer(base64.b64decode(s)))
+               for t, s in data["schemas"].items()}  # fmt: skip
+    parts = {t: [(name, int(n)) for name, n in files] for t, files in data["parts"].items()}
+    return Made(parts, schemas, int(data["records"]))
+
+
+def _job_from(data: dict[str, Any]) -> Job:
+    from kernmlops.spool.jobs import SpoolPiece
+
+    return Job(**{**data, "pieces": [SpoolPiece(*p) for p in data["pieces"]]})
+
+
+def main() -> int:
+    """A worker: a job (JSON) on stdin, what it made (JSON) on stdout. It leaves
+    Ctrl+C to the collector (the terminal sends it to the whole process group),
+    which decides whether the rows are still made; and, as the collector, never
+    loads what it does not use (pyarrow's first numpy array would import pandas: a
+    second of CPU)."""
     import signal
+    import sys
 
     from kernmlops.collect.tuning import UNUSED_LIBRARIES
     from kernmlops.lazy import keep_out
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     keep_out(*UNUSED_LIBRARIES)
+    try:
+        made = make_rows(_job_from(json.loads(sys.stdin.buffer.read())))
+    except Exception as err:  # the collector says it in one line, and makes the rows
+        print(_why(err), file=sys.stderr)
+        return 1
+    sys.stdout.write(json.dumps(_made_to(made)))
+    return 0
 
 
 def _shared(path: str | Path) -> str:
@@ -311,3 +372,7 @@ def _shared(path: str | Path) -> str:
 def _why(err: BaseException) -> str:
     text = str(err).strip()
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

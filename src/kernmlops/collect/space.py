@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from kernmlops.collect.disk import free_bytes, human_bytes, is_disk_full
 from kernmlops.collect.output import filesystem
 from kernmlops.errors import OutputError
+from kernmlops.spool.collection import SPOOL_DIR
 
 if TYPE_CHECKING:
     from kernmlops.collect.gated import GatedProcess
@@ -81,8 +82,13 @@ class SpaceGuard:
             folders = [self.path, *([self.memory.folder] if self.memory else [])]
             where = min(folders, key=lambda f: _free_or_inf(f))
         what = "the disk is full" if full else f"a write failed ({err.strerror or err})"
+        # another writer of the collection (its manifest, a part) may meet it first
+        spool = [self.path / SPOOL_DIR, *([self.memory.folder] if self.memory else [])]
+        ours = not err.filename or any(
+            Path(err.filename).is_relative_to(folder) for folder in spool
+        )
         return (OutOfSpace if full else OutputError)(
-            f"cannot write the spool in {where}: {what}; "
+            f"cannot write {'the spool in' if ours else 'to'} {where}: {what}; "
             f"{human_bytes(free_bytes(where))} free on {filesystem(where)}. {self.kept()}"
         )
 
