@@ -82,10 +82,13 @@ class SpaceGuard:
             folders = [self.path, *([self.memory.folder] if self.memory else [])]
             where = min(folders, key=lambda f: _free_or_inf(f))
         what = "the disk is full" if full else f"a write failed ({err.strerror or err})"
-        # another writer of the collection (its manifest, a part) may meet it first
-        spool = [self.path / SPOOL_DIR, *([self.memory.folder] if self.memory else [])]
-        ours = not err.filename or any(
-            Path(err.filename).is_relative_to(folder) for folder in spool
+        # another writer in the collection (its manifest, a part) may meet it first;
+        # outside the collection only the spool's memory is written
+        failed = Path(err.filename) if err.filename else None
+        ours = (
+            failed is None
+            or not failed.is_relative_to(self.path)
+            or failed.is_relative_to(self.path / SPOOL_DIR)
         )
         return (OutOfSpace if full else OutputError)(
             f"cannot write {'the spool in' if ours else 'to'} {where}: {what}; "
