@@ -19,6 +19,7 @@ from kernmlops.hooks.process_trace import ProcessTraceHook
 from kernmlops.spool.copy import RingSpool
 from kernmlops.spool.frames import FRAME
 from kernmlops.spool.jobs import SpoolPiece, SpoolWork
+from tests.conftest import skip_here
 
 OBJECT = object_path("process_trace")
 
@@ -49,10 +50,16 @@ def _records(n: int, first_pid: int = 0) -> np.ndarray:
     return records
 
 
+def _make(hook: _Spooled, sink: ParquetSink, said: list[str], workers: int) -> list:
+    """make_spooled_rows on one spool, however little it holds, in ``workers``."""
+    flush = lambda: sink.flush(durable=True)  # noqa: E731
+    return make_spooled_rows([hook], sink, flush, said.append, min_raw=0, workers=workers)  # type: ignore[list-item]
+
+
 def _spool(tmp_path: Path, n: int, frames: int) -> RingSpool:
     """A spool of ``n`` process_trace records (pids 1000..) in about ``frames`` frames."""
     if not OBJECT.exists():
-        pytest.skip("the BPF objects are not built (make bpf)")
+        skip_here("the BPF objects are not built (make bpf)")
     info = {"hook": "process_trace", "options": ProcessTraceHook.Options().model_dump(),
             "ring": "process_trace_rb", "object": str(OBJECT)}  # fmt: skip
     records = _records(n, 1000)
@@ -78,14 +85,7 @@ def test_workers_make_the_same_rows_in_spool_order_after_the_runs_parts(
     sink.write("process_trace", run)  # rows made during the run: a plain part first
     said: list[str] = []
     try:
-        done = make_spooled_rows(
-            [hook],  # type: ignore[list-item]
-            sink,
-            lambda: sink.flush(durable=True),
-            said.append,
-            min_raw=0,
-            workers=3,
-        )
+        done = _make(hook, sink, said, workers=3)
     finally:
         spool.close()
     assert done == [hook]
@@ -119,14 +119,7 @@ def test_a_damaged_frame_leaves_the_rows_to_the_collector(tmp_path: Path) -> Non
     sink = ParquetSink(tmp_path, "c0")
     said: list[str] = []
     try:
-        done = make_spooled_rows(
-            [hook],  # type: ignore[list-item]
-            sink,
-            lambda: sink.flush(durable=True),
-            said.append,
-            min_raw=0,
-            workers=2,
-        )
+        done = _make(hook, sink, said, workers=2)
         assert done == [] and hook.made is None
         assert spool.pending == 3_000 * spool.stride  # nothing marked read
     finally:

@@ -117,8 +117,8 @@ def run_cmd(
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise KernmlopsError(f"two configs name the same suite {sorted(dup)}: rename one")
-        from kernmlops.host.invoker import handed_over_held, invoker
-        from kernmlops.host.pinned import pin
+        from kernmlops.host.invoker import invoker
+        from kernmlops.host.pinned import handed_over_held, pin
 
         who = invoker()
         # held open for the whole run (no link planted on the way followed) and named
@@ -292,8 +292,8 @@ def process_cmd(
             console.print(f"[yellow]warning:[/] {err}", markup=True)
         if processed.results.height == 0:
             raise KernmlopsError(f"no iterations in {processed.files} result file(s)")
-        from kernmlops.host.invoker import handed_over_held, invoker
-        from kernmlops.host.pinned import pin
+        from kernmlops.host.invoker import invoker
+        from kernmlops.host.pinned import handed_over_held, pin
 
         who = invoker()
         # held open: no link planted on the way is written through; under sudo the
@@ -431,8 +431,8 @@ def analyze_cmd(
             )  # fmt: skip
         analysis = analyze(table, opts)
         folder = out or (results if results.is_dir() else results.parent) / "report"
-        from kernmlops.host.invoker import handed_over_held, invoker
-        from kernmlops.host.pinned import pin
+        from kernmlops.host.invoker import invoker
+        from kernmlops.host.pinned import handed_over_held, pin
 
         who = invoker()
         # held open: no link planted on the way is written through; under sudo the

@@ -94,7 +94,7 @@ def graph_command(
     from kernmlops.data import read_collection
     from kernmlops.graphs._render import held_dir
     from kernmlops.graphs.context import load, unknown_graphs
-    from kernmlops.host.invoker import handed_over_held
+    from kernmlops.host.pinned import handed_over_held
 
     failures: list = []
     try:
@@ -163,7 +163,7 @@ def report_command(
         raise click.UsageError("--tgid and --comm exclude each other")
     from kernmlops.data import read_collection
     from kernmlops.graphs._render import GraphOutputError, held_dir
-    from kernmlops.host.invoker import handed_over_held
+    from kernmlops.host.pinned import handed_over_held
 
     failures: list = []
     try:

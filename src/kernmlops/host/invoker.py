@@ -18,12 +18,8 @@ import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from kernmlops.errors import ConfigError
-
-if TYPE_CHECKING:
-    from kernmlops.host.pinned import Pinned
 
 __all__ = [
     "Invoker",
@@ -31,7 +27,6 @@ __all__ = [
     "give_fd",
     "hand_over",
     "handed_over",
-    "handed_over_held",
     "invoker",
 ]
 
@@ -231,31 +226,3 @@ def _inodes_held(top: int) -> set[tuple[int, ...]]:
                 st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
                 found.add(_key(st))
     return found
-
-
-@contextlib.contextmanager
-def handed_over_held(folder: Pinned) -> Iterator[None]:
-    """Under sudo, what the block writes in the held ``folder`` (kernmlops.host.pinned)
-    and the folders :func:`~kernmlops.host.pinned.pin` made for it are the invoking
-    user's once written: new entries only (a file of root's that was there stays
-    root's), every one reached through the held descriptor, never by its path again.
-    Nothing without sudo."""
-    who = invoker()
-    if who is None:
-        yield
-        return
-    before = _inodes_held(folder.fd)
-    try:
-        yield
-    finally:
-        for _, dirs, files, dir_fd in os.fwalk(
-            ".", dir_fd=folder.fd, topdown=False, follow_symlinks=False
-        ):
-            for name in [*files, *dirs]:
-                with contextlib.suppress(OSError):
-                    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-                    if _key(st) not in before:
-                        _give(name, who, dir_fd)
-        for fd in reversed(folder.created):  # the folder itself too, if pin made it
-            with contextlib.suppress(OSError):
-                give_fd(fd, who)

@@ -22,12 +22,23 @@ import errno
 import os
 import pwd
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kernmlops.errors import OutputError
+from kernmlops.host.invoker import _give, _inodes_held, _key, give_fd, invoker
 
-__all__ = ["Pinned", "UnsafePath", "create_new", "fd_path", "pin", "read_plain", "subfolder"]
+__all__ = [
+    "Pinned",
+    "UnsafePath",
+    "create_new",
+    "fd_path",
+    "handed_over_held",
+    "pin",
+    "read_plain",
+    "subfolder",
+]
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _MAX_LINKS = 40  # as the kernel's own limit (ELOOP)
@@ -208,8 +219,6 @@ def _undo(made: list[tuple[int, int, Path]]) -> None:
     """After a failure, the folders :func:`pin` made (outermost first): each removed,
     innermost first, if it is still the one made there and empty; else given to the
     invoker under sudo (never left root's in a user's folder)."""
-    from kernmlops.host.invoker import give_fd, invoker
-
     who = invoker()
     for fd, parent, where in reversed(made):
         try:
@@ -289,3 +298,31 @@ def read_plain(path: Path, *, owner: int = -1) -> bytes:
         if os.geteuid() == 0 and st.st_nlink != 1 and st.st_uid != owner:
             raise OSError(errno.EPERM, "a hard link to another file", str(path))
         return f.read()
+
+
+@contextlib.contextmanager
+def handed_over_held(folder: Pinned) -> Iterator[None]:
+    """Under sudo, what the block writes in the held ``folder`` (kernmlops.host.pinned)
+    and the folders :func:`~kernmlops.host.pinned.pin` made for it are the invoking
+    user's once written: new entries only (a file of root's that was there stays
+    root's), every one reached through the held descriptor, never by its path again.
+    Nothing without sudo."""
+    who = invoker()
+    if who is None:
+        yield
+        return
+    before = _inodes_held(folder.fd)
+    try:
+        yield
+    finally:
+        for _, dirs, files, dir_fd in os.fwalk(
+            ".", dir_fd=folder.fd, topdown=False, follow_symlinks=False
+        ):
+            for name in [*files, *dirs]:
+                with contextlib.suppress(OSError):
+                    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                    if _key(st) not in before:
+                        _give(name, who, dir_fd)
+        for fd in reversed(folder.created):  # the folder itself too, if pin made it
+            with contextlib.suppress(OSError):
+                give_fd(fd, who)

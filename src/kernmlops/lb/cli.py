@@ -429,8 +429,8 @@ def export_cmd(model_path: Path, output_dir: Path, name: str, data: tuple[Path, 
                 check = evaluate(model, fixed, frame, int(meta.get("migration_cost_ns", 500000)))
                 meta["float_vs_fixed"] = check["float_vs_fixed"]
         from kernmlops.fileio import write_atomic
-        from kernmlops.host.invoker import handed_over_held, invoker
-        from kernmlops.host.pinned import pin
+        from kernmlops.host.invoker import invoker
+        from kernmlops.host.pinned import handed_over_held, pin
 
         who = invoker()
         # held open: no link planted on the way is written through; under sudo the
