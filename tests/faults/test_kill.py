@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ from tests.faults.conftest import (
     SLACK_S,
     assert_no_benchmark_left,
     kill_collector,
+    now_us,
     read_everything,
     recover,
     start_collect,
@@ -215,3 +217,82 @@ def test_sigkill_under_memory_pressure(tmp_path: Path, bpf_baseline) -> None:
     lost_s = (killed_us - last_ts_us(col, "quanta_runtime")) / 1e6
     print(f"\n[loss] memory pressure: {lost_s:.3f} s")  # the figure bench/README reports (-s)
     assert lost_s <= FLUSH_S + SLACK_S, lost_s
+
+
+# Loaded by the collector's Python (PYTHONPATH) in the next test: a SIGKILL at an exact
+# step of taking the row workers' parts in, which no signal from outside could hit.
+KILL_AT = """
+import os, signal
+where = os.environ.get("KMO_KILL_AT", "")
+if where:
+    from kernmlops.collect.parquet import ParquetSink
+    from kernmlops.hooks.bpf import BpfHook
+
+    adopt, made, seen = ParquetSink.adopt, BpfHook.spool_made, [0]
+
+    def adopt_then_kill(self, *args, **kwargs):
+        if where == f"adopt-{seen[0]}":
+            os.kill(os.getpid(), signal.SIGKILL)
+        seen[0] += 1
+        return adopt(self, *args, **kwargs)
+
+    def kill_before_made(self, *args, **kwargs):
+        if where == "made":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return made(self, *args, **kwargs)
+
+    ParquetSink.adopt, BpfHook.spool_made = adopt_then_kill, kill_before_made
+"""
+
+
+@pytest.mark.parametrize("where", ["adopt-0", "adopt-1", "made"])
+def test_sigkill_while_taking_in_the_row_workers_parts_loses_nothing_after_recover(
+    tmp_path: Path, bpf_baseline, where: str
+) -> None:
+    """The stop's row workers made every spooled record's rows into staged parts; the
+    collector is killed before the first is taken in, after one, or after all of
+    them before the spool is marked read. `kernmlops recover` then makes the rows of
+    what no part holds: every switch of the storm is there once (no gap on any CPU,
+    no run of rows twice) and the workers' staging folder is gone."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(KILL_AT)
+    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
+    run = start_collect(
+        tmp_path / "out",
+        *STORM,
+        env={"PYTHONPATH": path, "KMO_KILL_AT": where},
+        # every record stays in the spool until the stop, and two workers make its rows
+        more_config="  spool_spare_cpus: 1000\n  spool_row_workers: 2\n",
+    )
+    run.wait_for("probes attached")
+    time.sleep(3.0)
+    stopped_us = now_us()
+    run.proc.send_signal(signal.SIGTERM)
+    run.wait_for("making rows from")
+    assert run.proc.wait(timeout=120) == -signal.SIGKILL, run.finish()
+    assert_no_benchmark_left(run.marker)
+    col = run.collection()
+    # taken in or not, the workers' parts were staged (their folder is removed once all
+    # are taken in, before the spool is marked read)
+    assert bool(list(col.glob(".rows-*/*/*/part-*"))) == (where != "made")
+    before = read_everything(col).get("quanta_runtime", 0)
+    said = recover(col)
+    assert not list(col.glob(".rows-*")) and not (col / ".spool").exists()
+    rows = read_everything(col)
+    if where == "adopt-0":
+        assert rows["quanta_runtime"] > before  # no worker's part was taken in
+    assert rows["quanta_runtime"] > 50_000, said  # ~100k switches/s for 3 s
+    quanta = pl.read_parquet(sorted((col / "quanta_runtime").glob("part-*.parquet")))
+    assert repeated_runs(quanta) == 0
+    # no stretch of the storm without rows on any CPU: a part lost or skipped would leave
+    # one (each job is a run of whole frames, a stretch of time); the storm's start (its
+    # processes spawning, a CPU idle for a few hundred ms) left out
+    storm = pl.col("ts_uptime_us").is_between(quanta["ts_uptime_us"].min() + 1_000_000, stopped_us)
+    ts = quanta.filter(storm).sort("cpu", "ts_uptime_us")
+    gaps = ts.select(gap=pl.col("ts_uptime_us").diff().over("cpu")).max().item()
+    assert gaps < 200_000, f"{gaps / 1e6:.3f} s without a row on a CPU"
+    lost_s = (stopped_us - last_ts_us(col, "quanta_runtime")) / 1e6
+    assert lost_s <= SLACK_S, lost_s
+    assert read_manifest(col).tables["quanta_runtime"].rows == rows["quanta_runtime"]
+    assert "nothing to recover" in recover(col)

@@ -30,7 +30,6 @@ from kernmlops.tables import Rows, Sink
 if TYPE_CHECKING:
     from kernmlops.collect.benchmark import Step
     from kernmlops.collect.filter import ProcessFilter
-    from kernmlops.collect.parquet import ParquetSink
     from kernmlops.collect.space import SpaceGuard
     from kernmlops.config import CollectorConfig
 
@@ -183,8 +182,7 @@ def detach_all(
         # once, and compaction keeps their parts instead of reading them back.
         step(lambda: sink.flush(durable=True))
         step(space.parquet.write_whole_parts)
-        rows_on = (row_workers, 0) if row_workers is not None else (None, MIN_PARALLEL_RAW)
-        _rows_on_all_cores(hooks, sink, space.parquet, space, parked, step, on_message, rows_on)
+        _rows_on_all_cores(hooks, sink, space, parked, step, on_message, row_workers)
     spooled = sum(spooled_bytes(h) for h in hooks if h not in parked)
     if spooled >= 64 << 20 and on_message:
         on_message(f"note: making rows from {human_bytes(spooled)} of spooled records")
@@ -199,20 +197,22 @@ def detach_all(
 def _rows_on_all_cores(
     hooks: Sequence[Hook],
     sink: ThreadedSink,
-    parquet: ParquetSink,
     space: SpaceGuard,
     parked: list[Hook],
     step: Step,
     on_message: Callable[[str], None] | None,
-    workers: tuple[int | None, int],
+    count: int | None,
 ) -> None:
     """The spooled rows made on every core the collector may use, where there are
     enough of them (kernmlops.collect.rowmaking); if their parts could not all be
-    taken in, the hooks are parked (the rest stays for ``kernmlops recover``)."""
+    taken in, the hooks are parked (the rest stays for ``kernmlops recover``).
+    ``count``: collector.spool_row_workers (null: as many as the CPUs allow, from
+    MIN_PARALLEL_RAW of records; a number asked for has no minimum)."""
     candidates = [h for h in hooks if h not in parked and hasattr(h, "spool_work")]
-    count, min_raw = workers
-    if not candidates or count in (0, 1):
+    parquet = space.parquet
+    if not candidates or count in (0, 1) or parquet is None:
         return
+    min_raw = MIN_PARALLEL_RAW if count is None else 0
 
     def run() -> None:
         try:

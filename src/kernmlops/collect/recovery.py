@@ -167,11 +167,13 @@ def recover(
         manifest = read_manifest(collection)
         sink = ParquetSink(collection, manifest.collection_id, shown=shown)
         finished: dict[str, int] = {}
+        finished_files: dict[str, list[str]] = {}
         for table_dir in collection.iterdir():
             plain = table_dir.is_dir() and not table_dir.is_symlink()
             parts = sorted(table_dir.glob("part-*.parquet")) if plain else []
             if parts:
                 finished[table_dir.name] = sum(_part_rows(pq, p) for p in parts)
+                finished_files[table_dir.name] = [f"{table_dir.name}/{p.name}" for p in parts]
                 sink.resume(table_dir.name, len(parts))
         by_key: dict[str, list[Path]] = {}
         for seg in segments:
@@ -211,12 +213,14 @@ def recover(
                 continue
             _recover_key(key, segs, hook, layout, dtype, finished, sink, result)
         sink.close()
-        # The manifest's tables say what is on disk now (its state stays: the run was cut).
+        # The manifest's tables say what is on disk now (its state stays: the run was cut):
+        # also where nothing was added, since parts may have been finished after the
+        # manifest's last checkpoint (a stop killed while it took row workers' parts in).
         files = sink.files_written()
-        for table, n in result.added.items():
+        for table in {*finished, *result.added}:
             record = manifest.tables.get(table) or TableRecord()
-            record.rows = finished.get(table, 0) + n
-            record.files = sorted({*record.files, *files.get(table, [])})
+            record.rows = finished.get(table, 0) + result.added.get(table, 0)
+            record.files = sorted({*finished_files.get(table, []), *files.get(table, [])})
             manifest.tables[table] = record
         write_manifest(collection, manifest)
     finally:
