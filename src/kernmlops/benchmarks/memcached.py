@@ -10,17 +10,15 @@ memcached benchmark (``operation_count``, ``read_proportion``, ``update_proporti
 
 from __future__ import annotations
 
-import contextlib
 import re
 import socket
 import subprocess
-import time
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import Field, model_validator
 
-from kernmlops.benchmarks._tools import free_tcp_port, require_tool, stop_process_group
+from kernmlops.benchmarks._tools import require_tool
 from kernmlops.benchmarks.base import (
     Benchmark,
     BenchmarkOptions,
@@ -28,7 +26,7 @@ from kernmlops.benchmarks.base import (
     Launch,
     result_frame,
 )
-from kernmlops.errors import BenchmarkError
+from kernmlops.benchmarks.served import HOST, LocalServer
 from kernmlops.lazy import lazy_import
 
 if TYPE_CHECKING:
@@ -39,7 +37,6 @@ else:
 SERVER = "memcached"
 CLIENT = "memcaslap"  # memaslap, as Debian's libmemcached-tools installs it
 INSTALL = "apt-get install memcached libmemcached-tools"
-HOST = "127.0.0.1"
 _BLOCK = re.compile(r"^(Get|Set|Total) Statistics \((\d+) events\)")
 _STAT = re.compile(r"^\s+(Min|Max|Avg|Geo|Std):\s+([\d.]+)")
 _SUMMARY = re.compile(r"Run time: ([\d.]+)s Ops: (\d+) TPS: (\d+)")
@@ -83,16 +80,16 @@ class MemcachedBenchmark(Benchmark[MemcachedOptions]):
 
     def __init__(self, options: MemcachedOptions | BenchmarkOptions | None = None) -> None:
         super().__init__(options)
-        self._port: int | None = None
-        self.server: subprocess.Popen | None = None
+        self.served = LocalServer(self, SERVER)
         self.workdir: Path | None = None
-        self._log: IO[bytes] | None = None
 
     @property
     def port(self) -> int:
-        if self._port is None:
-            self._port = free_tcp_port(HOST)
-        return self._port
+        return self.served.port
+
+    @property
+    def server(self) -> subprocess.Popen[bytes] | None:
+        return self.served.proc
 
     def check(self) -> None:
         require_tool("memcached", SERVER, INSTALL)
@@ -106,30 +103,14 @@ class MemcachedBenchmark(Benchmark[MemcachedOptions]):
     def setup(self, workdir: Path) -> None:
         self.workdir = workdir
         (workdir / "memaslap.cfg").write_text(self.client_config())
-        self._log = (workdir / "memcached.log").open("wb")
-        try:
-            self.server = self.start_service(
-                self.server_argv(), cwd=workdir, stdout=self._log, stderr=subprocess.STDOUT
-            )
-        except OSError as err:
-            raise BenchmarkError(f"memcached: cannot start {SERVER}: {err.strerror}") from err
-        deadline = time.monotonic() + self.options.startup_timeout_s
-        while True:
-            if self.server.poll() is not None:
-                log = (workdir / "memcached.log").read_text(errors="replace").strip()
-                raise BenchmarkError(
-                    f"memcached: {SERVER} exited with status {self.server.returncode}: "
-                    f"{log.splitlines()[-1] if log else '(no output)'}"
-                )
-            with contextlib.suppress(OSError):
-                if memcached_command(self.port, "version").startswith(b"VERSION"):
-                    return
-            if time.monotonic() > deadline:
-                raise BenchmarkError(
-                    f"memcached: {SERVER} did not answer on {HOST}:{self.port} within "
-                    f"{self.options.startup_timeout_s:g} s"
-                )
-            time.sleep(0.02)
+        self.served.start(
+            self.server_argv(),
+            cwd=workdir,
+            log=workdir / "memcached.log",
+            answers=lambda: memcached_command(self.port, "version").startswith(b"VERSION"),
+            question="version",
+            timeout_s=self.options.startup_timeout_s,
+        )
 
     def client_config(self) -> str:
         """memaslap's -F file: fixed key and value sizes, the set/get mix."""
@@ -141,7 +122,7 @@ class MemcachedBenchmark(Benchmark[MemcachedOptions]):
         )
 
     def tracked_pids(self) -> list[int]:
-        return [self.server.pid] if self.server is not None and self.server.poll() is None else []
+        return self.served.pids()
 
     def server_stats(self) -> dict[str, int]:
         """memcached's own counters (``stats``): cmd_get, cmd_set, get_hits, ..."""
@@ -154,13 +135,7 @@ class MemcachedBenchmark(Benchmark[MemcachedOptions]):
         return out
 
     def teardown(self) -> None:
-        if self.server is not None:
-            stop_process_group(self.server)
-            self.server = None
-        self.stop_services()
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        self.served.stop()
 
     def launch(self) -> Launch | None:
         o = self.options

@@ -11,20 +11,18 @@ it along with the client's tree.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 import math
 import shutil
 import socket
 import subprocess
-import time
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import Field, field_validator
 
-from kernmlops.benchmarks._tools import free_tcp_port, require_tool, stop_process_group
+from kernmlops.benchmarks._tools import require_tool
 from kernmlops.benchmarks.base import (
     Benchmark,
     BenchmarkOptions,
@@ -32,7 +30,7 @@ from kernmlops.benchmarks.base import (
     Launch,
     result_frame,
 )
-from kernmlops.errors import BenchmarkError
+from kernmlops.benchmarks.served import HOST, LocalServer
 from kernmlops.lazy import lazy_import
 
 if TYPE_CHECKING:
@@ -43,7 +41,6 @@ else:
 
 SERVER = "redis-server"
 CLIENT = "redis-benchmark"
-HOST = "127.0.0.1"
 #: Test names redis-benchmark -t selects (7.0); "ping" and "lrange" select a family.
 KNOWN_TESTS = (
     "ping", "ping_inline", "ping_mbulk", "set", "get", "incr", "lpush", "rpush", "lpop",
@@ -108,18 +105,18 @@ class RedisBenchmark(Benchmark[RedisOptions]):
 
     def __init__(self, options: RedisOptions | BenchmarkOptions | None = None) -> None:
         super().__init__(options)
-        self._port: int | None = None
-        self.server: subprocess.Popen | None = None
+        self.served = LocalServer(self, SERVER)
         self.data_dir: Path | None = None
-        self._log: IO[bytes] | None = None
 
     @property
     def port(self) -> int:
         """The server's port: picked once, when first needed (launch() may come
         before setup())."""
-        if self._port is None:
-            self._port = free_tcp_port(HOST)
-        return self._port
+        return self.served.port
+
+    @property
+    def server(self) -> subprocess.Popen[bytes] | None:
+        return self.served.proc
 
     def check(self) -> None:
         install = "apt-get install redis-server redis-tools"
@@ -145,59 +142,24 @@ class RedisBenchmark(Benchmark[RedisOptions]):
     def setup(self, workdir: Path) -> None:
         self.data_dir = workdir / "redis"
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._log = (self.data_dir / "server.log").open("wb")
-        try:
-            # Its own session and cgroup: a Ctrl+C at the terminal reaches the
-            # collector, which stops the client first and then this server.
-            self.server = self.start_service(
-                self.server_argv(), cwd=self.data_dir, stdout=self._log, stderr=subprocess.STDOUT
-            )
-        except OSError as err:
-            raise BenchmarkError(f"redis: cannot start {SERVER}: {err.strerror}") from err
-        deadline = time.monotonic() + self.options.startup_timeout_s
-        while True:
-            if self.server.poll() is not None:
-                raise BenchmarkError(
-                    f"redis: {SERVER} exited with status {self.server.returncode} "
-                    f"before answering: {self._log_tail()}"
-                )
-            with contextlib.suppress(OSError):
-                if redis_command(self.port, "PING", timeout_s=0.5) == b"+PONG":
-                    return
-            if time.monotonic() > deadline:
-                raise BenchmarkError(
-                    f"redis: {SERVER} did not answer PING on {HOST}:{self.port} within "
-                    f"{self.options.startup_timeout_s:g} s: {self._log_tail()}"
-                )
-            time.sleep(0.02)
-
-    def _log_tail(self) -> str:
-        if self.data_dir is None:
-            return ""
-        try:
-            lines = (self.data_dir / "server.log").read_text(errors="replace").splitlines()
-        except OSError:
-            return "(no log)"
-        return " | ".join(ln.strip() for ln in lines[-3:] if ln.strip()) or "(empty log)"
+        # Its own session and cgroup: a Ctrl+C at the terminal reaches the collector,
+        # which stops the client first and then this server.
+        self.served.start(
+            self.server_argv(),
+            cwd=self.data_dir,
+            log=self.data_dir / "server.log",
+            answers=lambda: redis_command(self.port, "PING", timeout_s=0.5) == b"+PONG",
+            question="PING",
+            timeout_s=self.options.startup_timeout_s,
+        )
 
     def tracked_pids(self) -> list[int]:
         """Processes started in setup() that a tree filter should follow too."""
-        return [self.server.pid] if self.server is not None and self.server.poll() is None else []
+        return self.served.pids()
 
     def teardown(self) -> None:
-        if self.server is not None:
-            if self.server.poll() is None:
-                # SHUTDOWN closes the connection instead of answering.
-                with contextlib.suppress(OSError):
-                    redis_command(self.port, "SHUTDOWN", "NOSAVE", timeout_s=2.0)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self.server.wait(timeout=5)
-            stop_process_group(self.server)  # SIGTERM, SIGKILL whatever is left
-            self.server = None
-        self.stop_services()  # what it forked, its cgroup and watchdog
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        # SHUTDOWN closes the connection instead of answering.
+        self.served.stop(lambda: redis_command(self.port, "SHUTDOWN", "NOSAVE", timeout_s=2.0))
         if self.data_dir is not None:
             shutil.rmtree(self.data_dir, ignore_errors=True)
             self.data_dir = None
