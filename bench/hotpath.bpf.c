@@ -11,7 +11,7 @@
  *   6  send the batch to the ring every 32 records (quanta_runtime's program)
  *   7  step 6 with the switch's time from the run queue's clock, put on
  *      bpf_ktime_get_ns()'s clock by a per-CPU offset read once a millisecond
- *      (kmo_switch_time, sched_wait.h: quanta_runtime's program since section 21)
+ *      (kmo_switch_time, sched_wait.h, as quanta_runtime reads it)
  *   8  step 7, also reading bpf_ktime_get_ns() per record to histogram how far
  *      the two times are apart (map `apart`: 250-ns buckets; see hotpath.py)
  *   9  step 7 with prev's quantum from its own account, kept in task storage

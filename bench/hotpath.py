@@ -44,7 +44,7 @@ STEPS = {
     3: "bpf_ktime_get_ns()",
     4: "fill a record in the per-CPU batch (ns)",
     5: "the record in us (three divisions)",
-    6: "send the batch whole (KMO_BATCH_RECORDS records; quanta_runtime until section 21)",
+    6: "send the batch whole (KMO_BATCH_RECORDS records; quanta_runtime before step 7)",
     7: "step 6, the time from the rq clock (kmo_switch_time: quanta_runtime)",
     8: "step 7 and a ktime per record (how far apart: map apart)",
     9: "step 7, the quantum from task storage at every switch out (until the slots)",
