@@ -100,9 +100,9 @@ def test_under_sudo_the_invokers_own_link_is_followed(shared: Path) -> None:
     data = _folder(_folder(shared / "scratch", owner=0) / "alice") / "data"
     _folder(data)
     _link(user / "data", data)
-    held = pin(user / "data" / "c", create=True, invoker_uid=NOBODY)
+    held = pin(user / "data" / "c" / "d", create=True, invoker_uid=NOBODY)  # c, d made
     try:
-        assert os.path.samestat(os.fstat(held.fd), os.stat(data / "c"))
+        assert os.path.samestat(os.fstat(held.fd), os.stat(data / "c" / "d"))
     finally:
         held.close()
 

@@ -258,7 +258,9 @@ def _walk(path: Path, todo: list[str], start: int, start_path: Path, *, create: 
                     raise _err(
                         f"{path}: no such folder ({here} is missing)", "no such folder"
                     ) from None
-                if via and rights is not None and not rights.may(os.fstat(parent), 3):
+                # in a folder this walk made, the invoker's right was checked above it
+                mine = stack[-1][1]
+                if via and rights is not None and not mine and not rights.may(os.fstat(parent), 3):
                     raise refuse_via(where, "write in") from None
                 try:
                     os.mkdir(name, 0o755, dir_fd=parent)
