@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -293,34 +296,104 @@ def test_read_under_sudo_reads_the_same(curated: Path, monkeypatch: pytest.Monke
     assert "/proc/self/fd" not in str(info.value)
 
 
+@pytest.fixture
+def shared() -> Iterator[Path]:
+    """A folder of root's any user may enter, like /home (tmp_path's parents are
+    root's alone: a user's link through them leads nowhere they could go)."""
+    top = Path(tempfile.mkdtemp(prefix="kmo-data-"))
+    top.chmod(0o755)
+    try:
+        yield top
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
 @as_root
-def test_read_under_sudo_follows_no_link_a_user_planted(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_read_as_root_follows_no_link_a_user_planted(
+    shared: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """nobody's collection with a part linked to a root-only Parquet file (a symbolic
-    link, then a hard link): read without sudo as before, refused under sudo in one
-    message naming the part."""
-    tmp_path.chmod(0o755)
-    secret = tmp_path / "root-only"
+    link, then a hard link): refused as root without sudo (a cron job, a root shell)
+    as under sudo, in one message naming the part."""
+    secret = shared / "root-only"
     secret.mkdir(mode=0o700)
     make_collection(secret / "c", "faux", "s1", 10)
-    col = tmp_path / "alice" / "c"
+    col = shared / "alice" / "c"
     make_collection(col, "faux", "a1", 10)
     part = col / "events" / "part-00000.parquet"
     part.unlink()
     part.symlink_to(secret / "c" / "events" / "part-00000.parquet")
     for path in [col.parent, *col.parent.rglob("*")]:
         os.chown(path, NOBODY, NOBODY, follow_symlinks=False)
-    assert read_collection(col)["events"].height == 10  # no sudo: links followed
-    _sudo(monkeypatch)
+    monkeypatch.delenv("SUDO_UID", raising=False)
+    with pytest.raises(CollectionError) as info:
+        read_collection(col)  # root, no sudo: the link is nobody's, not followed
+    assert str(info.value).startswith(f"{part}: a link: as root, kernmlops reads no link")
+    _sudo(monkeypatch)  # nobody's own link, followed with nobody's rights: not into root's
     with pytest.raises(CollectionError) as info:
         read_collection(col)
-    assert str(info.value).startswith(f"{part}: a link: as root, kernmlops reads no link")
+    assert f"{part} is a link in a folder nobody can change, to {secret}, which nobody " in str(
+        info.value
+    )
+    monkeypatch.delenv("SUDO_UID")
     part.unlink()
     os.link(secret / "c" / "events" / "part-00000.parquet", part)
+    with pytest.raises(CollectionError, match="a hard link to a file of another owner"):
+        read_collection(col)
+    _sudo(monkeypatch)
     with pytest.raises(CollectionError, match="a hard link to a file of another owner"):
         read_collection(col)
     (col / "manifest.json").unlink()
     (col / "manifest.json").symlink_to(secret / "c" / "manifest.json")
     with pytest.raises(CollectionError, match="cannot read the manifest: a link"):
+        read_collection(col)
+    monkeypatch.delenv("SUDO_UID")
+    with pytest.raises(CollectionError, match="cannot read the manifest: a link"):
+        read_collection(col)
+
+
+@as_root
+def test_read_as_root_follows_a_link_of_roots_in_a_folder_only_root_changes(
+    shared: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """root's own collection, a part and a table folder links of root's to root's
+    files (no one else could have made them): followed, with sudo or without."""
+    make_collection(shared / "other", "faux", "o1", 10)
+    col = shared / "c"
+    make_collection(col, "faux", "c1", 10)
+    part = col / "events" / "part-00000.parquet"
+    part.unlink()
+    part.symlink_to(Path("..") / ".." / "other" / "events" / "part-00000.parquet")
+    (col / "drops").rename(shared / "drops")
+    (col / "drops").symlink_to(shared / "drops")
+    monkeypatch.delenv("SUDO_UID", raising=False)
+    read = read_collection(col)
+    assert read["events"].height == 10 and "drops" in read
+    _sudo(monkeypatch)
+    assert read_collection(col)["events"].height == 10
+
+
+@as_root
+def test_under_sudo_the_invokers_own_links_are_followed_where_they_may_read(
+    shared: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nobody's collection whose table folder is nobody's link to nobody's folder
+    elsewhere (~/c/events -> /scratch/nobody/events): read under sudo as nobody (their
+    own link), refused as root without sudo and when the link is another user's."""
+    col = shared / "alice" / "c"
+    make_collection(col, "faux", "a1", 10)
+    scratch = shared / "scratch" / "alice"
+    scratch.mkdir(parents=True)
+    (col / "events").rename(scratch / "events")
+    (col / "events").symlink_to(scratch / "events")
+    for path in [col.parent, *col.parent.rglob("*"), scratch, *scratch.rglob("*")]:
+        os.chown(path, NOBODY, NOBODY, follow_symlinks=False)
+    _sudo(monkeypatch)
+    assert read_collection(col)["events"].height == 10
+    monkeypatch.delenv("SUDO_UID")
+    with pytest.raises(CollectionError, match=f"{col / 'events'}: a link: as root"):
+        read_collection(col)
+    os.chown(col / "events", 4242, 4242, follow_symlinks=False)  # a third user's link
+    _sudo(monkeypatch)
+    with pytest.raises(CollectionError, match=f"{col / 'events'}: a link: as root"):
         read_collection(col)

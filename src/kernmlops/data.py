@@ -140,7 +140,7 @@ class Collection(Mapping[str, pl.DataFrame]):
         """A lazy scan of table ``name``'s part files (reads nothing until collected)."""
         if name not in self.files:
             self[name]  # raises the KeyError that lists the tables
-        if os.geteuid() == 0 and "SUDO_UID" in os.environ:
+        if os.geteuid() == 0:
             return self[name].lazy()  # read as read_collection read it: no path again
         return _scan(self.files[name])
 
@@ -157,8 +157,10 @@ def read_collection(path: str | Path) -> Collection:
             Parquet part, or a part cannot be read.
     """
     path = Path(path).expanduser()
-    if os.geteuid() == 0 and "SUDO_UID" in os.environ:
-        return _read_held(path)  # as root for a user: no link of theirs followed
+    if os.geteuid() == 0:
+        # as root, sudo or not (a cron job, a root shell): the collection may be a
+        # user's, and no link of theirs is followed
+        return _read_held(path)
     if path.is_file() and path.name == MANIFEST_NAME:
         path = path.parent
     if not path.exists():
@@ -205,21 +207,26 @@ def read_collection(path: str | Path) -> Collection:
 
 
 def _read_held(path: Path) -> Collection:
-    """read_collection as root under sudo, where the collection (or a folder above it)
-    may be a user's: a user could link a part, a table folder or the manifest to a
+    """read_collection as root (sudo or not), where the collection (or a folder above
+    it) may be a user's: a user could link a part, a table folder or the manifest to a
     root-only file and have root draw it into their PNGs. The folder is held open
     (kernmlops.host.pinned: a link in a folder a user can change refuses it) and
-    every file in it opened without following a link; a link, or a hard link to a
+    every file in it opened without following a link another user made (root's own
+    in a folder only root changes, or under sudo the invoker's, followed with their
+    rights: kernmlops.host.pinned.may_follow); a link refused, or a hard link to a
     file of another owner, is refused in one line naming it."""
     from kernmlops.collect.manifest import parse_manifest
     from kernmlops.errors import OutputError
-    from kernmlops.host.pinned import pin, read_plain
+    from kernmlops.host.invoker import invoker
+    from kernmlops.host.pinned import may_follow, pin, pin_in, read_plain
 
     with contextlib.suppress(OSError):
         if path.name == MANIFEST_NAME and stat.S_ISREG(os.lstat(path).st_mode):
             path = path.parent
+    who = invoker()
+    uid = who.uid if who else None
     try:
-        held = pin(path, what="the collection", action="read")
+        held = pin(path, invoker_uid=uid, what="the collection", action="read")
     except OutputError as err:  # worded as read_collection words them without sudo
         reason = getattr(err, "reason", "")
         if reason == "no such folder" and not path.is_symlink():
@@ -248,18 +255,28 @@ def _read_held(path: Path) -> Collection:
             if entry.name.startswith((".", "_")) or not entry.is_dir(follow_symlinks=True):
                 continue
             if entry.is_symlink():
-                raise CollectionError(_refused(path / entry.name, "a link"))
-            try:
-                table = os.open(entry.name, _HELD_DIR, dir_fd=held.fd)
-            except OSError as err:  # swapped for a link since it was listed
-                raise CollectionError(_refused(path / entry.name, _why(err))) from None
+                st = os.stat(entry.name, dir_fd=held.fd, follow_symlinks=False)
+                if not may_follow(st, os.fstat(held.fd), uid):
+                    raise CollectionError(_refused(path / entry.name, "a link"))
+                try:  # followed as pin follows one: its target walked, held
+                    linked = pin_in(held.fd, entry.name, path / entry.name, invoker_uid=uid)
+                except OutputError as err:
+                    raise CollectionError(str(err)) from None
+                table = os.dup(linked.fd)
+                linked.close()
+            else:
+                try:
+                    table = os.open(entry.name, _HELD_DIR, dir_fd=held.fd)
+                except OSError as err:  # swapped for a link since it was listed
+                    raise CollectionError(_refused(path / entry.name, _why(err))) from None
             fds.append(table)
             parts = []
             owner = os.fstat(table).st_uid
             for part in os.scandir(f"/proc/self/fd/{table}"):
                 match = _PART.match(part.name)
                 if match:
-                    fd = _open_part(part.name, table, owner, path / entry.name / part.name)
+                    shown = path / entry.name / part.name
+                    fd = _open_part(part.name, table, owner, shown, uid)
                     if fd is not None:
                         fds.append(fd)
                         parts.append((int(match.group(1)), part.name, fd))
@@ -319,14 +336,20 @@ def _read_held(path: Path) -> Collection:
 _HELD_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _open_part(name: str, table: int, owner: int, shown: Path) -> int | None:
-    """A part opened without following a link: a plain file, and not a second name of
-    a file of another owner than the table folder's (``owner``: a hard link the user
+def _open_part(name: str, table: int, owner: int, shown: Path, uid: int | None) -> int | None:
+    """A part opened without following a link another user made (kernmlops.host.pinned
+    .open_plain; ``uid``: the invoker under sudo): a plain file, and not a second name
+    of a file of another owner than the table folder's (``owner``: a hard link the user
     made to root's file); else CollectionError."""
+    from kernmlops.errors import OutputError
+    from kernmlops.host.pinned import open_plain
+
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=table)
+        fd = open_plain(table, name, shown, invoker_uid=uid)
     except FileNotFoundError:
         return None  # compacted meanwhile
+    except OutputError as err:  # the folders a link leads through, refused
+        raise CollectionError(str(err)) from None
     except OSError as err:
         raise CollectionError(
             _refused(shown, "a link" if err.errno == errno.ELOOP else _why(err))
@@ -346,7 +369,7 @@ def _open_part(name: str, table: int, owner: int, shown: Path) -> int | None:
 def _refused(shown: Path, kind: str) -> str:
     return (
         f"{shown}: {kind}: as root, kernmlops reads no link in a collection a user can "
-        "change (name the file itself, or read it without sudo)"
+        "change (name the file itself, or read it as its owner, not as root)"
     )
 
 

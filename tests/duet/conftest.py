@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -35,3 +36,36 @@ def loop_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def write_config(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+SWAP = """#!/bin/sh
+# the user renames the suite's folder away (once) and makes another in its place
+[ -e {out}/moved ] && exit 0
+exec setpriv --reuid=65534 --regid=65534 --clear-groups sh -c '
+    mv {out}/{suite} {out}/moved && mkdir {out}/{suite} || exit 1
+    [ -z "{plant}" ] && exit 0
+    mkdir {out}/{suite}/logs  # each log by its name, a link to the file planted
+    for f in {out}/moved/logs/*; do ln -s "{plant}" {out}/{suite}/logs/"${{f##*/}}"; done'
+"""
+
+SWAPPED = """
+duetbench:
+  suite: {suite}
+  duet_repetitions: 2
+  harness: {{iterations: 2}}
+  duets: [d]
+d:
+  A: {{run: {swap}}}
+  B: {{run: sleep 0.01}}
+"""
+
+
+def swapping_config(tmp_path: Path, out: Path, plant: Path | None = None) -> Path:
+    """A suite whose side A, in the first trial, moves the suite's folder away and
+    makes another under its name, as a user may in their own output folder (with
+    ``plant``: holding, under each log's name, a link to that file)."""
+    suite = f"swap-{os.getpid()}"
+    swap = tmp_path / "swap.sh"
+    swap.write_text(SWAP.format(out=out, suite=suite, plant=plant or ""))
+    swap.chmod(0o755)
+    return write_config(tmp_path / "duet.yml", SWAPPED.format(suite=suite, swap=swap))

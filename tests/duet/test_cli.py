@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from kernmlops.duet.cli import duet_group
-from tests.duet.conftest import write_config
+from kernmlops.duet.config import load_duet_config
+from tests.duet.conftest import swapping_config, write_config
 
 CFG = """
 duetbench:
@@ -227,3 +230,28 @@ def test_analyze_under_sudo_writes_through_no_planted_link(tmp_path: Path) -> No
     assert made and {p.lstat().st_uid for p in made} == {NOBODY}
     assert not (out / "report.md").is_symlink()
     assert "data:image/png;base64," in (out / "report.html").read_text()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the user plays the attacker: needs root")
+@pytest.mark.parametrize("sudo", [True, False])
+def test_run_verbose_shows_no_planted_log(tmp_path: Path, sudo: bool) -> None:
+    """``duet run --verbose`` shows the end of each side's log: the user moves the
+    suite's folder away and plants, under each log's name, a link to root's file.
+    What is shown is never that file, with sudo or without."""
+    out = Path(tempfile.mkdtemp(prefix="kmo-duet-logs-"))
+    try:
+        out.chmod(0o755)
+        os.chown(out, NOBODY, NOBODY)
+        secret = tmp_path / "secret"
+        secret.write_text(SECRET)
+        secret.chmod(0o600)
+        cfg = swapping_config(tmp_path, out, plant=secret)
+        runner = CliRunner(env=SUDO if sudo else {k: None for k in SUDO})
+        res = runner.invoke(duet_group, ["run", str(cfg), "-o", str(out), "--verbose"])
+        assert res.exit_code == 0, res.output
+        assert any((out / "moved" / "logs").iterdir()), "the swap did not run"
+        planted = list((out / load_duet_config(cfg).suite / "logs").iterdir())
+        assert planted and all(p.is_symlink() for p in planted)
+        assert SECRET.strip() not in res.output
+    finally:
+        shutil.rmtree(out, ignore_errors=True)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import polars as pl
@@ -12,7 +14,7 @@ import pytest
 
 from kernmlops.duet.collect import descendants, kernel_stats
 from kernmlops.duet.config import load_duet_config
-from tests.duet.conftest import write_config
+from tests.duet.conftest import swapping_config, write_config
 
 
 def _trace(rows):
@@ -100,3 +102,33 @@ d:
         for side in (a, b):
             assert side["context_switches"] >= 11 and side["page_faults"] > 11
             assert side["runq_latency_mean_us"] is not None and side["migrations"] is not None
+
+
+@pytest.mark.bpf
+def test_collect_writes_each_trials_collection_in_the_held_suite_folder(tmp_path: Path):
+    """``duet run --collect``: side A moves the suite's folder away in the first trial
+    and makes another under its name. Every trial's collection (the collector holds
+    its folder by /proc/<pid>/fd/N, followed to the open folder, never by the name
+    it shows) lands in the folder the run made; nothing in the one now so named."""
+    from kernmlops.duet.runner import read_index
+
+    out = Path(tempfile.mkdtemp(prefix="kmo-duet-swap-"))
+    try:
+        out.chmod(0o755)
+        os.chown(out, 65534, 65534)  # the user's output folder
+        cfg = swapping_config(tmp_path, out)
+        cli = "from kernmlops.duet.cli import duet_group; duet_group()"
+        proc = subprocess.run(
+            [sys.executable, "-c", cli, "run", str(cfg), "-o", str(out), "--collect"],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert (out / "moved").is_dir(), "the swap did not run"
+        assert list((out / load_duet_config(cfg).suite).iterdir()) == []
+        trials = read_index(out / "moved")["trials"]
+        assert len(trials) == 2
+        for t in trials:
+            assert t["collection"]["ended_by"] == "completed"
+            assert (out / "moved" / t["collection"]["path"] / "manifest.json").exists()
+    finally:
+        shutil.rmtree(out, ignore_errors=True)

@@ -4,7 +4,9 @@ sync-duets, containers' checks, and no process left behind."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -18,7 +20,7 @@ from kernmlops.duet.process import process_dirs
 from kernmlops.duet.runner import DuetError, read_index, run_suite
 from kernmlops.host.cpus import format_cpu_list
 from kernmlops.host.environment import CpuLimit, _cpuset_v1_root
-from tests.duet.conftest import write_config
+from tests.duet.conftest import swapping_config, write_config
 
 
 def _leftovers(suite: str) -> list[psutil.Process]:
@@ -448,3 +450,24 @@ d: {{A: {{run: "sh -c 'nice > n.txt; cat /proc/self/autogroup >> n.txt || true'"
             groups.add(name)
     if groups:
         assert len(groups) == 6  # each side of each trial a group of its own
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the user plays the attacker: needs root")
+def test_a_suite_folder_renamed_mid_run_is_still_the_one_written(tmp_path: Path) -> None:
+    """The folder is held from its making: every later trial's logs and results, and
+    the index, go to it wherever it was moved, none to the folder now under its name."""
+    out = Path(tempfile.mkdtemp(prefix="kmo-duet-swap-"))
+    try:
+        out.chmod(0o755)
+        os.chown(out, 65534, 65534)  # the user's output folder
+        suite = load_duet_config(swapping_config(tmp_path, out))
+        result = run_suite(suite, out)
+        assert (out / "moved").is_dir(), "the swap did not run"
+        assert list((out / suite.suite).iterdir()) == []  # nothing by the name
+        index = read_index(out / "moved")
+        assert len(index["trials"]) == len(result.trials) >= 2 and index["finished_at"]
+        assert all(t.ok for t in result.trials), [t.sides for t in result.trials]
+        logs = list((out / "moved" / "logs").glob("*.stdout"))
+        assert len(logs) == 2 * len(result.trials)  # each side's, every trial
+    finally:
+        shutil.rmtree(out, ignore_errors=True)

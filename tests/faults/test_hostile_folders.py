@@ -134,6 +134,48 @@ def test_a_link_in_a_folder_only_root_can_change_is_followed() -> None:
         shutil.rmtree(top, ignore_errors=True)
 
 
+def test_under_sudo_the_users_own_link_to_their_folder_is_followed(
+    home: tuple[Path, Path],
+) -> None:
+    """``-o ~/data`` where ~/data is the user's own link to their folder elsewhere
+    (/scratch/alice/data): followed as they would follow it (fs.protected_symlinks:
+    the link is the follower's); the collection lands there and is theirs."""
+    user, _ = home
+    scratch = user.parent / "scratch"
+    scratch.mkdir(mode=0o755)
+    data = scratch / "alice"
+    data.mkdir()
+    os.chown(data, NOBODY, NOBODY)
+    _as_nobody("ln", "-s", str(data), str(user / "data"))
+    run = start_collect(user / "data", "--hooks", "process_trace", "--", "true", env=SUDO)
+    code, err = run.finish(timeout_s=60)
+    assert code == 0, err
+    (col,) = data.glob("curated/benchmark=*/collection_id=*")
+    assert read_manifest(col).state == "completed"
+    owners = {p: p.lstat().st_uid for p in data.rglob("*")}
+    assert {p: o for p, o in owners.items() if o != NOBODY} == {}
+    assert (user / "data").is_symlink() and os.lstat(user / "data").st_uid == NOBODY
+
+
+def test_under_sudo_a_link_of_another_user_is_refused_in_one_line(
+    home: tuple[Path, Path],
+) -> None:
+    """The same link in the user's folder, but uid 4242's: refused, nothing written."""
+    user, _ = home
+    data = user.parent / "elsewhere"
+    data.mkdir()
+    os.chown(data, NOBODY, NOBODY)
+    (user / "data").symlink_to(data)
+    os.chown(user / "data", 4242, 4242, follow_symlinks=False)
+    marker = user / "ran"
+    run = start_collect(user / "data", "--", "touch", str(marker), env=SUDO)
+    code, err = run.finish(timeout_s=60)
+    assert code == 2, err
+    line = _one_error_line(err)
+    assert f"{user / 'data'} is a link in a folder nobody can change" in line, line
+    assert list(data.iterdir()) == [] and not marker.exists()
+
+
 def test_a_folder_of_another_user_is_refused_in_one_line(home: tuple[Path, Path]) -> None:
     """Under sudo as nobody, an output below a folder of uid 4242 (who could swap its
     entries, and whose folder the files would land in): refused, the folder named."""

@@ -188,6 +188,31 @@ def run_cmd(
         sys.exit(1)
 
 
+def _tail(path: Path, limit: int = 1 << 16) -> bytes:
+    """The last ``limit`` bytes of a side's log. Named through the suite's folder, whose
+    user may have moved it and planted a link under its name: read as root only as
+    the held folders read (kernmlops.host.pinned: no link of another user's followed,
+    under sudo the invoker's own with their rights), and only a plain file."""
+    import stat
+
+    from kernmlops.host.invoker import invoker
+    from kernmlops.host.pinned import open_plain, pin
+
+    who = invoker()
+    uid = who.uid if who else None
+    held = pin(path.parent, invoker_uid=uid, what="the logs", action="read")
+    try:
+        fd = open_plain(held.fd, path.name, path, invoker_uid=uid)
+    finally:
+        held.close()
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return b""
+        f.seek(max(0, st.st_size - limit))
+        return f.read(limit)
+
+
 def _details(rec, folder: Path) -> None:
     """--verbose: what each side ran and said."""
     if rec.sync:
@@ -207,9 +232,10 @@ def _details(rec, folder: Path) -> None:
             if not stream:
                 continue
             try:
-                lines = (folder / stream).read_text(errors="replace").splitlines()[-5:]
-            except OSError:
+                text = _tail(folder / stream).decode(errors="replace")
+            except (OSError, KernmlopsError):
                 continue
+            lines = text.splitlines()[-5:]
             for line in lines:
                 console.print(f"        {Path(stream).suffix[1:]}> {line}", markup=False)
 

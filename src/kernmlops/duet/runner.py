@@ -777,8 +777,9 @@ def suite_folder(outdir: Path, suite: DuetSuite) -> Path:
 
 
 def prepare_folder(folder: Path, force: bool) -> None:
-    """The suite's folder, made new: root writes in it as it pleases, so under sudo it
-    must be no folder (nor link) its user made, where they could plant a link."""
+    """The suite's folder cleared away to be made new (:func:`run_suite` makes it and
+    holds it): root writes in it as it pleases, so under sudo it must be no folder (nor
+    link) its user made, where they could plant a link."""
     if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
         raise DuetError(f"{folder} is a link or a file, not a folder: not written through")
     if folder.exists() and not any(folder.iterdir()):
@@ -792,7 +793,6 @@ def prepare_folder(folder: Path, force: bool) -> None:
                 "is not a duet run's, even with --force"
             )
         shutil.rmtree(folder)
-    folder.mkdir(parents=True)
 
 
 def write_index(folder: Path, index: dict[str, Any]) -> None:
@@ -820,8 +820,30 @@ def run_suite(
     if images:
         check_engine(suite.engine, images)
     suite, cpu_note = resolve_auto_cpus(suite)
-    folder = suite_folder(outdir, suite)
-    prepare_folder(folder, force)
+    named = suite_folder(outdir, suite)
+    prepare_folder(named, force)
+    from kernmlops.host.invoker import invoker
+    from kernmlops.host.pinned import pin
+
+    who = invoker()
+    # made new and held open: everything of the suite (the index, logs, the trials'
+    # collections) is written through the descriptor, never by the folder's name,
+    # which its user can give to another folder (a rename, a link) mid-run. As
+    # /proc/<pid>/fd/N: the trial processes and the collector's pin reach it too
+    held = pin(named, create=True, fresh=True, invoker_uid=who.uid if who else None,
+               what="the suite's folder")  # fmt: skip
+    try:
+        return _run_held(suite, named, Path(f"/proc/{os.getpid()}/fd/{held.fd}"),
+                         collect=collect, on_trial=on_trial, layout=layout,
+                         images=images, cpu_note=cpu_note)  # fmt: skip
+    finally:
+        held.close()
+
+
+def _run_held(suite: DuetSuite, named: Path, folder: Path, *, collect: Any,
+              on_trial: Callable[[int, int, Trial, TrialRecord | None], None] | None,
+              layout: str, images: set[str], cpu_note: str | None) -> SuiteResult:  # fmt: skip
+    """:func:`run_suite` in the held suite folder ``folder`` (``named`` as asked)."""
     seed = suite.seed if suite.seed is not None else random.SystemRandom().randrange(2**31)
     plan = plan_trials(suite, seed)
     index: dict[str, Any] = {
@@ -861,7 +883,7 @@ def run_suite(
         index["finished_at"] = datetime.now(UTC).isoformat()
         write_index(folder, index)
         shutil.rmtree(folder / "work", ignore_errors=True)
-    return SuiteResult(suite.suite, folder, records)
+    return SuiteResult(suite.suite, named, records)
 
 
 def read_index(folder: Path) -> dict[str, Any]:

@@ -6,6 +6,7 @@ no global figure state, no display needed.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 from collections.abc import Iterable, Iterator
@@ -61,29 +62,12 @@ class GraphOutputError(KernmlopsError):
     """The graphs (or the report) cannot be written where asked."""
 
 
-def writable_dir(folder: Path, what: str, hint: str = "choose another folder with -o") -> Path:
-    """``folder``, created if needed; GraphOutputError naming it and ``what`` was to be
-    written when it cannot be created or written (checked before anything is drawn)."""
-    folder = folder.absolute()
-    reason = None
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        reason = "a file is in the way, not a folder"
-    except OSError as err:
-        reason = err.strerror
-    if reason is None and not os.access(folder, os.W_OK | os.X_OK):
-        reason = "not writable"  # no permission, or a read-only mount
-    if reason is not None:
-        raise GraphOutputError(f"cannot write {what} into {folder}: {reason} ({hint})")
-    return folder
-
-
 def held_dir(folder: Path, what: str, hint: str = "choose another folder with -o") -> Pinned:
     """``folder``, made if needed and held open (kernmlops.host.pinned): as root, no
     link a user planted on the way is followed and, under sudo, no folder of another
     user is written in; the PNGs (or the page) go through :attr:`Pinned.io`.
-    GraphOutputError as :func:`writable_dir` words it when it cannot be written."""
+    GraphOutputError naming ``folder`` and ``what`` was to be written when it cannot be
+    made or written (checked before anything is drawn)."""
     from kernmlops.host.invoker import invoker
     from kernmlops.host.pinned import UnsafePath, pin
 
@@ -100,6 +84,27 @@ def held_dir(folder: Path, what: str, hint: str = "choose another folder with -o
         held.close()
         raise GraphOutputError(f"cannot write {what} into {folder}: not writable ({hint})")
     return held
+
+
+@contextlib.contextmanager
+def held_output(
+    folder: Path, what: str, hint: str = "choose another folder with -o"
+) -> Iterator[Path]:
+    """The folder to write ``what`` in, as the commands and the library both write it:
+    made if missing and held open (:func:`held_dir`); the block writes through the
+    path it is given (the held descriptor, whatever is renamed or linked meanwhile).
+    Under sudo what it writes, and the folders made for it, are the invoker's. An
+    error names ``folder``, never the descriptor's path."""
+    from kernmlops.host.pinned import handed_over_held
+
+    held = held_dir(folder, what, hint)
+    try:
+        with handed_over_held(held):
+            yield held.io
+    except KernmlopsError as err:
+        raise type(err)(str(err).replace(str(held.io), str(folder))) from None
+    finally:
+        held.close()
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -211,7 +216,8 @@ def render(
     Args:
         collection: a collection folder (or one read with kernmlops.data.read_collection,
             or loaded with kernmlops.graphs.context.load).
-        outdir: where the PNGs go (default: ``<collection>/graphs``).
+        outdir: where the PNGs go (default: ``<collection>/graphs``), made if missing
+            and held open as `kernmlops graph` holds it (kernmlops.host.pinned).
         tgid, comm: draw only this process (or processes of this name).
         graphs: graph names to draw (default: all whose tables exist).
         dpi: resolution (the figures are about 10 x 5 inches).
@@ -221,10 +227,9 @@ def render(
         collection if isinstance(collection, GraphData) else load(collection, tgid=tgid, comm=comm)
     )
     out = Path(outdir) if outdir is not None else data.collection.path / "graphs"
-    writable_dir(out, "graphs")
-    written = []
-    for graph, fig in figures(data, graphs, dpi=dpi, errors=errors):
-        path = out / f"{graph.name}.png"
-        write_atomic(path, png_bytes(fig))
-        written.append(path)
+    with held_output(out.absolute(), "graphs") as folder:
+        written = []
+        for graph, fig in figures(data, graphs, dpi=dpi, errors=errors):
+            write_atomic(folder / f"{graph.name}.png", png_bytes(fig))
+            written.append(out / f"{graph.name}.png")
     return written

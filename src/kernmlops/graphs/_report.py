@@ -24,8 +24,8 @@ from kernmlops.graphs._render import (
     GraphFailure,
     GraphOutputError,
     figures,
+    held_output,
     png_bytes,
-    writable_dir,
     write_atomic,
 )
 from kernmlops.graphs.base import US_PER_S, GraphData, format_bytes
@@ -332,11 +332,29 @@ def report(
         collections = [collections]
     if not collections:
         raise ValueError("report needs at least one collection")
-    path = Path(out)
-    if path.is_dir():
-        raise GraphOutputError(f"cannot write the report {path}: it is a folder")
-    # checked before the work of drawing
-    writable_dir(path.parent, f"the report {path.name}", "choose another path with -o")
+    shown = Path(out)
+    path = shown.absolute()
+    # held (made if missing) before the work of drawing, as `kernmlops report` holds it:
+    # no link planted on the way is written through; under sudo the page is the user's
+    hint = "choose another path with -o"
+    with held_output(path.parent, f"the report {path.name}", hint) as folder:
+        target = folder / path.name
+        if target.is_dir() and not target.is_symlink():
+            raise GraphOutputError(f"cannot write the report {shown}: it is a folder")
+        page = _page(collections, tgid=tgid, comm=comm, dpi=dpi, errors=errors)
+        write_atomic(target, page.encode("utf-8"))
+    return shown
+
+
+def _page(
+    collections: Sequence[Collection | GraphData | str | Path],
+    *,
+    tgid: int | None,
+    comm: str | None,
+    dpi: int,
+    errors: list[GraphFailure] | None,
+) -> str:
+    """The report's HTML."""
     columns = []
     for c in collections:
         data = c if isinstance(c, GraphData) else load(c, tgid=tgid, comm=comm)
@@ -391,6 +409,4 @@ def report(
         parts.append(f'<h3 id="{_e(name)}">{_e(registry[name].title)}</h3>')
         parts.append(_row(columns, lambda c, name=name: _figure_cell(c, name)))
     parts += ["<h2>Configuration</h2>", _row(columns, _config), "</body></html>"]
-
-    write_atomic(path, "\n".join(parts).encode("utf-8"))
-    return path
+    return "\n".join(parts)

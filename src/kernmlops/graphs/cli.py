@@ -92,9 +92,7 @@ def graph_command(
         raise click.UsageError("--tgid and --comm exclude each other")
     names = [n.strip() for n in only.split(",") if n.strip()] if only else None
     from kernmlops.data import read_collection
-    from kernmlops.graphs._render import held_dir
     from kernmlops.graphs.context import load, unknown_graphs
-    from kernmlops.host.pinned import handed_over_held
 
     failures: list = []
     try:
@@ -102,20 +100,11 @@ def graph_command(
             unknown_graphs(names)
         # read (and refused) before a folder is made
         data = load(read_collection(collection), tgid=tgid, comm=comm)
-        out = output_dir or data.collection.path / "graphs"
-        # held open: no link planted on the way followed; under sudo the PNGs are the
-        # user's, handed over through the held folder
-        held = held_dir(out, "graphs")
-        try:
-            with handed_over_held(held):
-                made = render(
-                    data, held.io, tgid=tgid, comm=comm, graphs=names, dpi=dpi, errors=failures
-                )
-        except KernmlopsError as err:
-            raise type(err)(str(err).replace(str(held.io), str(out.absolute()))) from None
-        finally:
-            held.close()
-        written = [out / p.name for p in made]
+        # render holds the folder open (no link planted on the way followed); under
+        # sudo the PNGs are the user's, handed over through the held folder
+        written = render(
+            data, output_dir, tgid=tgid, comm=comm, graphs=names, dpi=dpi, errors=failures
+        )
     except KernmlopsError as err:
         fail(err)
     for path in written:
@@ -162,30 +151,15 @@ def report_command(
     if tgid is not None and comm is not None:
         raise click.UsageError("--tgid and --comm exclude each other")
     from kernmlops.data import read_collection
-    from kernmlops.graphs._render import GraphOutputError, held_dir
-    from kernmlops.host.pinned import handed_over_held
+    from kernmlops.graphs.context import load
 
     failures: list = []
     try:
-        from kernmlops.graphs.context import load
-
         # read before a file is made
         cols = [load(read_collection(c), tgid=tgid, comm=comm) for c in collections]
-        shown, output = output, output.absolute()
-        # the page's folder held open (no planted link followed); under sudo the page
-        # is the user's, handed over through it
-        held = held_dir(output.parent, f"the report {output.name}", "choose another path with -o")
-        try:
-            target = held.io / output.name
-            if target.is_dir() and not target.is_symlink():
-                raise GraphOutputError(f"cannot write the report {output}: it is a folder")
-            with handed_over_held(held):
-                report(cols, target, tgid=tgid, comm=comm, dpi=dpi, errors=failures)
-        except KernmlopsError as err:
-            raise type(err)(str(err).replace(str(held.io), str(output.parent))) from None
-        finally:
-            held.close()
-        path = shown
+        # report holds the page's folder open (no planted link followed); under sudo
+        # the page is the user's, handed over through it
+        path = report(cols, output, tgid=tgid, comm=comm, dpi=dpi, errors=failures)
     except KernmlopsError as err:
         fail(err)
     _report_failures(failures)

@@ -4,13 +4,16 @@
 user could rename one of them away and put a link in its place between two of root's
 steps, and root's next write would land where the link points (``/etc`` ...). So a
 folder root writes in is reached once, one component at a time from ``/`` with
-``O_NOFOLLOW`` (a link is followed only where no one but root could have made it),
-made by root where missing, and held open: every later write goes through that
-descriptor (:attr:`Pinned.io`, ``/proc/self/fd/N``), whatever is done to the path
+``O_NOFOLLOW`` (a link is followed only where no one but root could have made it, or,
+under sudo, where it is the invoker's own: then with their rights, see
+:func:`may_follow`), made by root where missing, and held open: every later write goes
+through that descriptor (:attr:`Pinned.io`, ``/proc/self/fd/N``, which :func:`pin`
+itself follows to the open folder, never by its name), whatever is done to the path
 meanwhile. Under sudo a folder of a user other than the invoker is refused (that user
 could swap it, and the files would not be theirs). Files root creates in a folder a
 user owns are new ones (:func:`create_new`: ``O_EXCL|O_NOFOLLOW``), and what root
-reads there is read without following a link (:func:`read_plain`).
+reads there is read without following a link another user made (:func:`read_plain`,
+:func:`open_plain`), with sudo or without (a root cron job reading a user's folder).
 
 Without root there is no one to guard against: links are followed as usual.
 """
@@ -35,7 +38,10 @@ __all__ = [
     "create_new",
     "fd_path",
     "handed_over_held",
+    "may_follow",
+    "open_plain",
     "pin",
+    "pin_in",
     "read_plain",
     "subfolder",
 ]
@@ -69,7 +75,58 @@ def _others_write(st: os.stat_result) -> bool:
     no one renames an entry of another)."""
     if st.st_uid != 0:
         return True
+    return _open_to_others(st)
+
+
+def _open_to_others(st: os.stat_result) -> bool:
+    """Folder ``st`` lets its group or everyone rename entries (a sticky one does not)."""
     return bool(st.st_mode & 0o022) and not st.st_mode & stat.S_ISVTX
+
+
+def may_follow(link: os.stat_result, folder: os.stat_result, invoker_uid: int | None) -> bool:
+    """Whether root may follow the link ``link`` found in ``folder`` (the kernel's
+    fs.protected_symlinks, sharpened): one of root's where only root can change the
+    folder (no one else could have made it), or, under sudo, one of root's or the
+    invoker's in a folder of root's or theirs that no third user can change (the
+    invoker could as well have named its target: followed with their rights, see
+    :func:`pin`). Without root any link is followed."""
+    if os.geteuid() != 0:
+        return True
+    if link.st_uid == 0 and not _others_write(folder):
+        return True
+    return (
+        invoker_uid is not None
+        and link.st_uid in (0, invoker_uid)
+        and folder.st_uid in (0, invoker_uid)
+        and not _open_to_others(folder)
+    )
+
+
+@dataclass(frozen=True)
+class _Rights:
+    """What the invoker may do where root follows their link: their uid and groups."""
+
+    uid: int
+    groups: frozenset[int]
+
+    @classmethod
+    def of(cls, uid: int) -> _Rights:
+        try:
+            entry = pwd.getpwuid(uid)
+            return cls(uid, frozenset(os.getgrouplist(entry.pw_name, entry.pw_gid)))
+        except KeyError:  # no passwd entry: no group to count on
+            return cls(uid, frozenset())
+
+    def may(self, st: os.stat_result, bits: int) -> bool:
+        """Mode bits ``bits`` (4 read, 2 write, 1 enter) are the user's on ``st``
+        (ACLs not counted: they are refused what only an ACL would grant them)."""
+        if st.st_uid == self.uid:
+            mode = st.st_mode >> 6
+        elif st.st_gid in self.groups:
+            mode = st.st_mode >> 3
+        else:
+            mode = st.st_mode
+        return mode & bits == bits
 
 
 @dataclass
@@ -100,12 +157,17 @@ def pin(path: Path, *, create: bool = False, fresh: bool = False, invoker_uid: i
 
     ``create``: make the folders that are missing (0755, as root's). ``fresh``: the
     last one must be made now (nothing anyone planted). ``invoker_uid``: under sudo,
-    a folder owned by a user other than root and this one is refused. ``action``
-    words the refusals (``"read"`` for a collection only read). A failure removes
-    the empty folders it made (or, not empty, gives them to the invoker): none is
-    left root's in a user's folder. The error's ``reason`` is its cause alone
-    (``"a file is in the way, not a folder"``, an OSError's strerror) for callers
-    that word their own message.
+    the invoking user: a folder owned by a user other than root and this one is
+    refused (``action`` ``"read"``: only past a link of theirs), and their own links
+    are followed as they would follow them (:func:`may_follow`): every folder after
+    one must be root's or theirs, open to no third user, one they may enter, and the
+    last one they may write in (read, for ``"read"``). ``action`` words the refusals.
+    A ``/proc/<pid>/fd/N`` link (:func:`fd_path`) is followed by the kernel to the
+    open folder itself, never by the name it shows. A failure removes the empty
+    folders it made (or, not empty, gives them to the invoker): none is left root's
+    in a user's folder. The error's ``reason`` is its cause alone (``"a file is in
+    the way, not a folder"``, an OSError's strerror) for callers that word their own
+    message.
 
     Raises:
         UnsafePath: a component is a link in a folder a user other than root can
@@ -114,12 +176,57 @@ def pin(path: Path, *, create: bool = False, fresh: bool = False, invoker_uid: i
             cannot be made or opened.
     """
     path = Path(os.path.abspath(path))
+    return _walk(path, list(path.parts[1:]), os.open("/", _DIR), Path("/"), create=create,
+                 fresh=fresh, invoker_uid=invoker_uid, what=what, action=action)  # fmt: skip
+
+
+def _walk(path: Path, todo: list[str], start: int, start_path: Path, *, create: bool = False,
+          fresh: bool = False, invoker_uid: int | None = None, what: str = "the output folder",
+          action: str = "write to", via: str | None = None) -> Pinned:  # fmt: skip
+    """:func:`pin`'s walk of the names ``todo`` from the folder ``start`` (a descriptor
+    it owns, named ``start_path``). ``via``: the walk already went through a link of
+    the invoker's (so worded)."""
     root = os.geteuid() == 0
-    # (fd, made by us, what it is called) from / down; '..' of a link's target pops one
-    stack: list[tuple[int, bool, Path]] = [(os.open("/", _DIR), False, Path("/"))]
-    todo = list(path.parts[1:])
+    write = action != "read"
+    rights = _Rights.of(invoker_uid) if root and invoker_uid is not None else None
+    try:
+        proc_dev = os.stat("/proc").st_dev
+    except OSError:
+        proc_dev = -1
+    # (fd, made by us, what it is called) from the start down; '..' of a link's target
+    # pops one, down to ``floor`` (the last "/" pushed, or a folder reached by its
+    # descriptor: its '..' is opened, the real parent, not the one walked through)
+    stack: list[tuple[int, bool, Path]] = [(start, False, start_path)]
+    floor, floor_root = 0, start_path == Path("/")
     popped: list[tuple[int, int, Path]] = []  # made, then left by '..': (fd, parent, name)
     links = 0
+
+    def refuse_via(here: Path, verb: str) -> UnsafePath:
+        who = _user(invoker_uid) if invoker_uid is not None else "its owner"
+        return UnsafePath(
+            f"cannot {action} {path}: {via}, to {here}, which {who} could not {verb}: as "
+            f"root, kernmlops follows a link of {who}'s only where {who} could go"
+        )
+
+    def accept(fd: int, made: bool, here: Path) -> None:
+        """The checks on each folder opened, then held on the stack."""
+        st = os.fstat(fd)
+        stack.append((fd, made and st.st_uid == os.geteuid(), here))
+        if not root or invoker_uid is None:
+            return
+        if st.st_uid not in (0, invoker_uid) and (write or via):
+            raise UnsafePath(
+                f"cannot {action} {path}: {here} belongs to {_user(st.st_uid)}, "
+                f"neither to you ({_user(invoker_uid)}) nor to root: as root, kernmlops "
+                f"{'writes in' if write else 'follows your link into'} no folder another "
+                "user can change"
+            )
+        if via and rights is not None and not made:
+            if _open_to_others(st):
+                raise refuse_via(here, "keep from other users (it is open to them)")
+            if not rights.may(st, 1):
+                raise refuse_via(here, "enter")
+
     try:
         while todo:
             name = todo.pop(0)
@@ -127,12 +234,17 @@ def pin(path: Path, *, create: bool = False, fresh: bool = False, invoker_uid: i
             if name in ("", "."):
                 continue
             if name == "..":
-                if len(stack) > 1:
+                if len(stack) > floor + 1:
                     fd, made, where = stack.pop()
                     if made:  # left behind, still ours: handed over or removed with the rest
                         popped.append((fd, os.dup(stack[-1][0]), where))
                     else:
                         os.close(fd)
+                elif not floor_root:  # above a folder held by its descriptor: its real parent
+                    fd = os.open("..", _DIR, dir_fd=parent)
+                    stack.pop()
+                    os.close(parent)
+                    accept(fd, False, where.parent)
                 continue
             here = where / name
             made = False
@@ -146,6 +258,10 @@ def pin(path: Path, *, create: bool = False, fresh: bool = False, invoker_uid: i
                     raise _err(
                         f"{path}: no such folder ({here} is missing)", "no such folder"
                     ) from None
+                # in a folder this walk made, the invoker's right was checked above it
+                mine = stack[-1][1]
+                if via and rights is not None and not mine and not rights.may(os.fstat(parent), 3):
+                    raise refuse_via(where, "write in") from None
                 try:
                     os.mkdir(name, 0o755, dir_fd=parent)
                     made = True
@@ -163,33 +279,47 @@ def pin(path: Path, *, create: bool = False, fresh: bool = False, invoker_uid: i
                         "a file is in the way, not a folder",
                     ) from None
                 links += 1
-                if root and (st.st_uid != 0 or _others_write(os.fstat(parent))):
+                folder = os.fstat(parent)
+                if not may_follow(st, folder, invoker_uid):
                     raise UnsafePath(
                         f"cannot {action} {path}: {here} is a link in a folder "
-                        f"{_user(os.fstat(parent).st_uid)} can change; root does not follow "
+                        f"{_user(folder.st_uid)} can change; root does not follow "
                         f"it: name the folder it leads to ({os.path.realpath(here)})"
                     ) from None
                 if links > _MAX_LINKS:
                     raise _err(
                         f"cannot {action} {path}: too many links", "too many links"
                     ) from None
+                if root and (st.st_uid != 0 or _others_write(folder)) and via is None:
+                    # followed for the invoker: from here on, only where they could go
+                    via = f"{here} is a link in a folder {_user(folder.st_uid)} can change"
+                if folder.st_dev == proc_dev:
+                    # /proc/self, /proc/<pid>/fd/N: the kernel goes to what is open; the
+                    # name readlink shows may have been given to another folder meanwhile
+                    try:
+                        fd = os.open(name, _DIR, dir_fd=parent)
+                    except OSError as err:
+                        raise _err(
+                            f"cannot open {what} {path}: {_why(err)}", err.strerror
+                        ) from None
+                    accept(fd, False, here)
+                    floor, floor_root = len(stack) - 1, False
+                    continue
                 target = os.readlink(name, dir_fd=parent)
                 todo = [*Path(target).parts, *todo]
                 if target.startswith("/"):  # from / again
                     todo.pop(0)
                     stack.append((os.open("/", _DIR), False, Path("/")))
+                    floor, floor_root = len(stack) - 1, True
                 continue
             except OSError as err:
                 raise _err(f"cannot open {what} {path}: {_why(err)}", err.strerror) from None
-            st = os.fstat(fd)
-            stack.append((fd, made and st.st_uid == os.geteuid(), here))
-            if root and invoker_uid is not None and st.st_uid not in (0, invoker_uid):
-                raise UnsafePath(
-                    f"cannot {action} {path}: {here} belongs to {_user(st.st_uid)}, "
-                    f"neither to you ({_user(invoker_uid)}) nor to root: as root, kernmlops "
-                    "writes in no folder another user can change"
-                )
-        fd, made, _ = stack.pop()
+            accept(fd, made, here)
+        fd, made, here = stack.pop()
+        want = 3 if write else 5  # write in it, or read it (and enter it, both)
+        if via and rights is not None and not made and not rights.may(os.fstat(fd), want):
+            stack.append((fd, made, here))
+            raise refuse_via(here, "write in" if write else "read")
         if made and os.fstat(fd).st_mode & 0o022:  # umask 0: no one else may write in it
             os.fchmod(fd, 0o755)
         made_above = [f for f, _, _ in popped] + [f for f, m, _ in stack if m]
@@ -298,6 +428,64 @@ def read_plain(path: Path, *, owner: int = -1) -> bytes:
         if os.geteuid() == 0 and st.st_nlink != 1 and st.st_uid != owner:
             raise OSError(errno.EPERM, "a hard link to another file", str(path))
         return f.read()
+
+
+def pin_in(folder: int, name: str, shown: Path, *, invoker_uid: int | None = None,
+           action: str = "read", what: str = "the folder") -> Pinned:  # fmt: skip
+    """The folder ``name`` in the held ``folder`` (``shown``: its path, for messages),
+    held: a link there followed only as :func:`pin` follows one (:func:`may_follow`,
+    then the invoker's rights)."""
+    return _walk(shown, [name], os.dup(folder), shown.parent, invoker_uid=invoker_uid,
+                 action=action, what=what)  # fmt: skip
+
+
+def open_plain(folder: int, name: str, shown: Path, *, invoker_uid: int | None = None) -> int:
+    """``name`` in the held ``folder`` opened for reading (``shown``: its path, for
+    messages). As root, a link there is followed only where :func:`may_follow` allows,
+    its target's folders walked as :func:`pin` walks them; through a link of the
+    invoker's, only to a file of root's or theirs that they may read. Not a plain
+    file: the caller checks (:func:`os.fstat`).
+
+    Raises:
+        OSError: ELOOP for a link not followed (or a link to a link), EACCES for a
+            file the invoker could not read through their link.
+        OutputError: the folders the link leads through are refused (see :func:`pin`).
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+    if os.geteuid() != 0:  # no one to guard against
+        return os.open(name, flags, dir_fd=folder)
+    try:
+        return os.open(name, flags | os.O_NOFOLLOW, dir_fd=folder)
+    except OSError as err:
+        if err.errno != errno.ELOOP:
+            raise
+        link = os.stat(name, dir_fd=folder, follow_symlinks=False)
+        held = os.fstat(folder)
+        if not stat.S_ISLNK(link.st_mode) or not may_follow(link, held, invoker_uid):
+            raise
+    target = os.readlink(name, dir_fd=folder)
+    head, base = os.path.split(target)
+    if base in ("", ".", ".."):
+        raise OSError(errno.ELOOP, "a link to a folder", str(shown))
+    via = None
+    if link.st_uid != 0 or _others_write(held):
+        via = f"{shown} is a link in a folder {_user(held.st_uid)} can change"
+    if head.startswith("/"):
+        start, start_path, todo = os.open("/", _DIR), Path("/"), list(Path(head).parts[1:])
+    else:  # from the folder itself: its '..' is its real parent
+        start, start_path, todo = os.dup(folder), shown.parent, list(Path(head).parts)
+    there = _walk(Path(os.path.normpath(shown.parent / target)), todo, start, start_path,
+                  invoker_uid=invoker_uid, what="the file", action="read", via=via)  # fmt: skip
+    try:
+        fd = os.open(base, flags | os.O_NOFOLLOW, dir_fd=there.fd)  # one link, not a chain
+    finally:
+        there.close()
+    if via is not None and invoker_uid is not None:
+        st = os.fstat(fd)
+        if st.st_uid not in (0, invoker_uid) or not _Rights.of(invoker_uid).may(st, 4):
+            os.close(fd)
+            raise OSError(errno.EACCES, f"a link to a file {_user(invoker_uid)} could not read")
+    return fd
 
 
 @contextlib.contextmanager
