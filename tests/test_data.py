@@ -397,3 +397,48 @@ def test_under_sudo_the_invokers_own_links_are_followed_where_they_may_read(
     _sudo(monkeypatch)
     with pytest.raises(CollectionError, match=f"{col / 'events'}: a link: as root"):
         read_collection(col)
+
+
+@as_root
+def test_read_parquet_dir_and_list_collections_as_root_follow_no_link_a_user_planted(
+    shared: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A curated folder of nobody's, one collection's manifest and part linked to a
+    root-only collection's: read_parquet_dir refuses in one line naming the part (as
+    read_collection does), list_collections lists it with nothing of the root-only
+    files (neither its manifest's start nor its tables), with sudo or without."""
+    secret = shared / "root-only"
+    secret.mkdir(mode=0o700)
+    make_collection(secret / "c", "faux", "sss", 10)  # started 2024-05-03
+    curated = shared / "alice" / "curated"
+    col = curated / "benchmark=faux" / "collection_id=a1"
+    make_collection(col, "faux", "a1", 10)
+    make_collection(curated / "benchmark=faux" / "collection_id=a2", "faux", "a2", 7)
+    for path in [curated.parent, *curated.parent.rglob("*")]:
+        os.chown(path, NOBODY, NOBODY, follow_symlinks=False)
+    monkeypatch.delenv("SUDO_UID", raising=False)
+    assert read_parquet_dir(curated, "events").height == 17  # nothing planted: read as root
+    (col / "manifest.json").unlink()
+    (col / "manifest.json").symlink_to(secret / "c" / "manifest.json")
+    part = col / "events" / "part-00000.parquet"
+    part.unlink()
+    part.symlink_to(secret / "c" / "events" / "part-00000.parquet")
+    for sudo in (False, True):
+        if sudo:
+            _sudo(monkeypatch)
+        with pytest.raises(CollectionError) as info:
+            read_parquet_dir(curated, "events")
+        assert f"{part}: a link" in str(info.value) or f"{part} is a link" in str(info.value)
+        with pytest.raises(CollectionError, match="link"):
+            read_parquet_dir(curated, "events", lazy=True)
+        listed = {r["collection_id"]: r for r in list_collections(curated).iter_rows(named=True)}
+        assert listed["a1"]["started_at"] is None and listed["a1"]["tables"] == []
+        assert listed["a2"]["started_at"] == "2024-05-02T00:00:00+00:00"
+        assert listed["a2"]["tables"] == ["drops", "events"]
+    # the links gone, root reads every collection again (lazily too)
+    monkeypatch.delenv("SUDO_UID")
+    shutil.rmtree(col)
+    make_collection(col, "faux", "a1", 10)
+    for path in [curated.parent, *curated.parent.rglob("*")]:
+        os.chown(path, NOBODY, NOBODY, follow_symlinks=False)
+    assert read_parquet_dir(curated, "events", lazy=True).collect().height == 17

@@ -35,7 +35,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import polars as pl
@@ -43,6 +43,9 @@ import polars as pl
 from kernmlops.collect.manifest import MANIFEST_NAME, Manifest, read_manifest
 from kernmlops.errors import CollectionError
 from kernmlops.tables import BENCHMARK, COLLECTION_ID
+
+if TYPE_CHECKING:
+    from kernmlops.host.pinned import Pinned
 
 __all__ = [
     "Collection",
@@ -218,7 +221,7 @@ def _read_held(path: Path) -> Collection:
     from kernmlops.collect.manifest import parse_manifest
     from kernmlops.errors import OutputError
     from kernmlops.host.invoker import invoker
-    from kernmlops.host.pinned import may_follow, pin, pin_in, read_plain
+    from kernmlops.host.pinned import pin, read_plain
 
     with contextlib.suppress(OSError):
         if path.name == MANIFEST_NAME and stat.S_ISREG(os.lstat(path).st_mode):
@@ -248,44 +251,7 @@ def _read_held(path: Path) -> Collection:
                 f"{manifest_path}: cannot read the manifest: {_why(err)}"
             ) from None
         manifest = parse_manifest(text, manifest_path)
-        files: dict[str, list[Path]] = {}
-        opened: dict[str, list[Path]] = {}
-        incomplete: list[str] = []
-        for entry in sorted(os.scandir(held.io), key=lambda e: e.name):
-            if entry.name.startswith((".", "_")) or not entry.is_dir(follow_symlinks=True):
-                continue
-            if entry.is_symlink():
-                st = os.stat(entry.name, dir_fd=held.fd, follow_symlinks=False)
-                if not may_follow(st, os.fstat(held.fd), uid):
-                    raise CollectionError(_refused(path / entry.name, "a link"))
-                try:  # followed as pin follows one: its target walked, held
-                    linked = pin_in(held.fd, entry.name, path / entry.name, invoker_uid=uid)
-                except OutputError as err:
-                    raise CollectionError(str(err)) from None
-                table = os.dup(linked.fd)
-                linked.close()
-            else:
-                try:
-                    table = os.open(entry.name, _HELD_DIR, dir_fd=held.fd)
-                except OSError as err:  # swapped for a link since it was listed
-                    raise CollectionError(_refused(path / entry.name, _why(err))) from None
-            fds.append(table)
-            parts = []
-            owner = os.fstat(table).st_uid
-            for part in os.scandir(f"/proc/self/fd/{table}"):
-                match = _PART.match(part.name)
-                if match:
-                    shown = path / entry.name / part.name
-                    fd = _open_part(part.name, table, owner, shown, uid)
-                    if fd is not None:
-                        fds.append(fd)
-                        parts.append((int(match.group(1)), part.name, fd))
-                elif fnmatch(part.name, _TEMP_GLOB) and entry.name not in incomplete:
-                    incomplete.append(entry.name)
-            if parts:
-                parts.sort()
-                files[entry.name] = [path / entry.name / name for _, name, _ in parts]
-                opened[entry.name] = [Path(f"/proc/self/fd/{fd}") for _, _, fd in parts]
+        files, opened, incomplete = _held_tables(held, path, uid, fds)
         from kernmlops.spool.recovery import pending_spools
 
         spooled = (
@@ -331,6 +297,123 @@ def _read_held(path: Path) -> Collection:
         files={name: tuple(parts) for name, parts in files.items()},
         incomplete=tuple(incomplete),
     )
+
+
+def _held_tables(
+    held: Pinned, path: Path, uid: int | None, fds: list[int], only: str | None = None
+) -> tuple[dict[str, list[Path]], dict[str, list[Path]], list[str]]:
+    """The tables of the held collection folder ``held`` (``path`` names it), each
+    table folder and part opened as _read_held says (their descriptors appended to
+    ``fds``, for the caller to close once read): per table the parts as named and as
+    opened (``/proc/self/fd/N``), and the tables with unfinished parts. ``only``: that
+    table alone."""
+    from kernmlops.errors import OutputError
+    from kernmlops.host.pinned import may_follow, pin_in
+
+    files: dict[str, list[Path]] = {}
+    opened: dict[str, list[Path]] = {}
+    incomplete: list[str] = []
+    for entry in sorted(os.scandir(held.io), key=lambda e: e.name):
+        if entry.name.startswith((".", "_")) or not entry.is_dir(follow_symlinks=True):
+            continue
+        if only is not None and entry.name != only:
+            continue
+        if entry.is_symlink():
+            st = os.stat(entry.name, dir_fd=held.fd, follow_symlinks=False)
+            if not may_follow(st, os.fstat(held.fd), uid):
+                raise CollectionError(_refused(path / entry.name, "a link"))
+            try:  # followed as pin follows one: its target walked, held
+                linked = pin_in(held.fd, entry.name, path / entry.name, invoker_uid=uid)
+            except OutputError as err:
+                raise CollectionError(str(err)) from None
+            table = os.dup(linked.fd)
+            linked.close()
+        else:
+            try:
+                table = os.open(entry.name, _HELD_DIR, dir_fd=held.fd)
+            except OSError as err:  # swapped for a link since it was listed
+                raise CollectionError(_refused(path / entry.name, _why(err))) from None
+        fds.append(table)
+        parts = []
+        owner = os.fstat(table).st_uid
+        for part in os.scandir(f"/proc/self/fd/{table}"):
+            match = _PART.match(part.name)
+            if match:
+                shown = path / entry.name / part.name
+                fd = _open_part(part.name, table, owner, shown, uid)
+                if fd is not None:
+                    fds.append(fd)
+                    parts.append((int(match.group(1)), part.name, fd))
+            elif fnmatch(part.name, _TEMP_GLOB) and entry.name not in incomplete:
+                incomplete.append(entry.name)
+        if parts:
+            parts.sort()
+            files[entry.name] = [path / entry.name / name for _, name, _ in parts]
+            opened[entry.name] = [Path(f"/proc/self/fd/{fd}") for _, _, fd in parts]
+    return files, opened, incomplete
+
+
+@contextlib.contextmanager
+def _held_collection(path: Path) -> Iterator[tuple[Pinned, int | None]]:
+    """As root, ``path`` held open for reading (kernmlops.host.pinned.pin, the
+    invoker's uid under sudo); its refusals as CollectionError."""
+    from kernmlops.errors import OutputError
+    from kernmlops.host.invoker import invoker
+    from kernmlops.host.pinned import pin
+
+    who = invoker()
+    uid = who.uid if who else None
+    try:
+        held = pin(path, invoker_uid=uid, what="the collection", action="read")
+    except OutputError as err:
+        raise CollectionError(str(err)) from None
+    try:
+        yield held, uid
+    finally:
+        held.close()
+
+
+def _read_table_held(folder: Path, table: str) -> pl.DataFrame | None:
+    """As root, ``table`` of the collection in ``folder`` read through held folders
+    (None where it has no finished part): no link a user planted is followed."""
+    fds: list[int] = []
+    with _held_collection(folder) as (held, uid):
+        try:
+            _, opened, _ = _held_tables(held, folder, uid, fds, only=table)
+            if table not in opened:
+                return None
+            try:
+                return _read(table, opened[table])
+            except CollectionError as err:  # named as the user named it
+                raise CollectionError(
+                    str(err).replace("/proc/self/fd", str(folder / table))
+                ) from None
+        finally:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+
+def _manifest_and_tables_held(folder: Path) -> tuple[Manifest | None, list[str]]:
+    """As root, the manifest of the collection in ``folder`` (None where it cannot be
+    read or parsed) and its tables with finished parts, read through held folders."""
+    from kernmlops.collect.manifest import parse_manifest
+    from kernmlops.host.pinned import read_plain
+
+    fds: list[int] = []
+    with _held_collection(folder) as (held, uid):
+        try:
+            try:
+                text = read_plain(held.io / MANIFEST_NAME, owner=held.owner).decode("utf-8")
+                manifest: Manifest | None = parse_manifest(text, folder / MANIFEST_NAME)
+            except (OSError, UnicodeDecodeError, CollectionError):
+                manifest = None
+            files, _, _ = _held_tables(held, folder, uid, fds)
+            return manifest, sorted(files)
+        finally:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
 
 _HELD_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -402,11 +485,19 @@ def read_parquet_dir(
     root = Path(path).expanduser()
     collections = _collections(root)
     scans = []
+    as_root = os.geteuid() == 0
     for benchmark, collection_id, folder in collections:
-        parts = _parts(folder / table)
-        if parts:
+        if as_root:
+            # the collections may be users': read now, through held folders (a scan
+            # would open the parts by path later, following any link planted since)
+            held = _read_table_held(folder, table)
+            scan = held.lazy() if held is not None else None
+        else:
+            parts = _parts(folder / table)
+            scan = _scan(parts) if parts else None
+        if scan is not None:
             scans.append(
-                _scan(parts).with_columns(
+                scan.with_columns(
                     pl.lit(benchmark, pl.String).alias(BENCHMARK),
                     pl.lit(collection_id, pl.String).alias(COLLECTION_ID),
                 )
@@ -443,16 +534,22 @@ def list_collections(path: str | Path) -> pl.DataFrame:
         "tables": [],
     }
     for benchmark, collection_id, folder in _collections(root, required=False):
-        try:
-            manifest: Manifest | None = read_manifest(folder)
-        except CollectionError:
-            manifest = None
+        manifest: Manifest | None = None
+        if os.geteuid() == 0:  # the collections may be users': no link of theirs followed
+            try:
+                manifest, tables = _manifest_and_tables_held(folder)
+            except CollectionError:  # a link refused: listed, nothing of it read
+                tables = []
+        else:
+            with contextlib.suppress(CollectionError):
+                manifest = read_manifest(folder)
+            tables = sorted(_table_files(folder)[0])
         rows[BENCHMARK].append(benchmark)
         rows[COLLECTION_ID].append(collection_id)
         rows["path"].append(str(folder))
         rows["started_at"].append(manifest.started_at if manifest else None)
         rows["state"].append(manifest.state if manifest else None)
-        rows["tables"].append(sorted(_table_files(folder)[0]))
+        rows["tables"].append(tables)
     return pl.DataFrame(
         rows,
         schema={

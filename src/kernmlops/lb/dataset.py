@@ -20,6 +20,7 @@ Sources:
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -72,7 +73,11 @@ def load_decisions(paths: list[Path] | list[str]) -> pl.DataFrame:
         if not p.exists():
             raise CollectionError(f"{p}: no such folder")
         root = p / "curated" if (p / "curated").is_dir() else p
-        if (root / TABLE).is_dir():  # one collection folder
+        if (root / TABLE).is_dir() and os.geteuid() == 0:  # one collection folder, a user's?
+            from kernmlops.data import read_collection
+
+            frame = read_collection(root)[TABLE]  # no link a user planted followed
+        elif (root / TABLE).is_dir():  # one collection folder
             parts = sorted((root / TABLE).glob("part-*.parquet"))
             frame = pl.concat([pl.read_parquet(f) for f in parts], how="diagonal_relaxed")
         else:
