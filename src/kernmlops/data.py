@@ -172,34 +172,57 @@ def read_collection(path: str | Path) -> Collection:
         raise CollectionError(f"{path}: not a folder (a collection is a folder)")
     manifest = read_manifest(path)
     files, incomplete = _table_files(path)
+    spooled = _spooled(path, path)
+    _no_tables(path, files, incomplete, spooled)
+    tables = {name: _read(name, parts) for name, parts in files.items()}
+    return _collection(path, manifest, tables, files, incomplete, spooled, stacklevel=3)
+
+
+def _spooled(path: Path, folder: Path) -> str:
+    """What a message adds about rows still in the spool of the collection in
+    ``folder`` (``path`` names it), or ""."""
     from kernmlops.spool.recovery import pending_spools
 
-    spooled = (
-        f"; rows still in its spool are not read: `kernmlops recover {path}` adds them"
-        if pending_spools(path)
+    if not pending_spools(folder):
+        return ""
+    return f"; rows still in its spool are not read: `kernmlops recover {path}` adds them"
+
+
+def _no_tables(
+    path: Path, files: Mapping[str, list[Path]], incomplete: list[str], spooled: str
+) -> None:
+    """CollectionError where the collection has no finished part."""
+    if files:
+        return
+    why = (
+        f"; only unfinished temporary parts in {', '.join(incomplete)} (the writer was interrupted)"
+        if incomplete
         else ""
     )
-    if not files:
-        why = (
-            f"; only unfinished temporary parts in {', '.join(incomplete)} "
-            "(the writer was interrupted)"
-            if incomplete
-            else ""
-        )
-        raise CollectionError(
-            f"{path}: no Parquet tables (no <table>/part-*.parquet){why}{spooled}"
-        )
-    tables = {name: _read(name, parts) for name, parts in files.items()}
+    raise CollectionError(f"{path}: no Parquet tables (no <table>/part-*.parquet){why}{spooled}")
+
+
+def _collection(
+    path: Path,
+    manifest: Manifest,
+    tables: dict[str, pl.DataFrame],
+    files: Mapping[str, list[Path]],
+    incomplete: list[str],
+    spooled: str,
+    *,
+    stacklevel: int,
+) -> Collection:
+    """The Collection read, warning where its collector did not finish or rows are
+    still in its spool (``stacklevel``: read_collection's caller's, from here)."""
     if manifest.state == "running":
-        flushed = manifest.last_flush_at or "never"
         warnings.warn(
             f"{path}: incomplete collection: its collector stopped without finishing "
-            f"(last flush {flushed}); reading what was flushed{spooled}",
+            f"(last flush {manifest.last_flush_at or 'never'}); reading what was flushed{spooled}",
             IncompleteCollectionWarning,
-            stacklevel=2,
+            stacklevel=stacklevel,
         )
     elif spooled:
-        warnings.warn(f"{path}: {spooled[2:]}", IncompleteCollectionWarning, stacklevel=2)
+        warnings.warn(f"{path}: {spooled[2:]}", IncompleteCollectionWarning, stacklevel=stacklevel)
     return Collection(
         path=path,
         manifest=manifest,
@@ -252,23 +275,8 @@ def _read_held(path: Path) -> Collection:
             ) from None
         manifest = parse_manifest(text, manifest_path)
         files, opened, incomplete = _held_tables(held, path, uid, fds)
-        from kernmlops.spool.recovery import pending_spools
-
-        spooled = (
-            f"; rows still in its spool are not read: `kernmlops recover {path}` adds them"
-            if pending_spools(held.io)
-            else ""
-        )
-        if not files:
-            why = (
-                f"; only unfinished temporary parts in {', '.join(incomplete)} "
-                "(the writer was interrupted)"
-                if incomplete
-                else ""
-            )
-            raise CollectionError(
-                f"{path}: no Parquet tables (no <table>/part-*.parquet){why}{spooled}"
-            )
+        spooled = _spooled(path, held.io)
+        _no_tables(path, files, incomplete, spooled)
         tables = {}
         for name, parts_io in opened.items():
             try:
@@ -281,22 +289,7 @@ def _read_held(path: Path) -> Collection:
             with contextlib.suppress(OSError):
                 os.close(fd)
         held.close()
-    if manifest.state == "running":
-        warnings.warn(
-            f"{path}: incomplete collection: its collector stopped without finishing "
-            f"(last flush {manifest.last_flush_at or 'never'}); reading what was flushed{spooled}",
-            IncompleteCollectionWarning,
-            stacklevel=3,
-        )
-    elif spooled:
-        warnings.warn(f"{path}: {spooled[2:]}", IncompleteCollectionWarning, stacklevel=3)
-    return Collection(
-        path=path,
-        manifest=manifest,
-        tables=tables,
-        files={name: tuple(parts) for name, parts in files.items()},
-        incomplete=tuple(incomplete),
-    )
+    return _collection(path, manifest, tables, files, incomplete, spooled, stacklevel=4)
 
 
 def _held_tables(
