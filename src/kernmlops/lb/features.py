@@ -237,10 +237,16 @@ def rule_decision(features: np.ndarray) -> np.ndarray:
     Used to label rule-generated data and to check collected decisions
     against the kernel's own answer. Works on float or fixed features."""
     f = {name: features[:, i] for i, name in enumerate(FEATURES)}
-    task_hot = (f["buddy_hot"] != 0) | (f["delta_hot"] != 0)
     numa = (f["same_node"] == 0) & (
         (f["prefer_src"] != 0) | (f["prefer_dst"] != 0) | (f["delta_faults"] != 0)
     )
+    return _decision(f, numa)
+
+
+def _decision(f: dict[str, np.ndarray], numa: np.ndarray) -> np.ndarray:
+    """can_migrate_task's answer from the features ``f`` where ``numa`` says which
+    moves NUMA locality decides (migrate_degrades_locality), the others task_hot."""
+    task_hot = (f["buddy_hot"] != 0) | (f["delta_hot"] != 0)
     degrades = np.where(
         f["prefer_src"] != 0,
         np.where(f["src_non_pref_nr"] != 0, True, task_hot),
@@ -266,16 +272,4 @@ def kernel_decision(frame: pl.DataFrame, migration_cost_ns: int = MIGRATION_COST
     else:
         numa_on = frame["total_faults"].fill_null(0).to_numpy() > 0
     f = {name: x[:, i] for i, name in enumerate(FEATURES)}
-    task_hot = (f["buddy_hot"] != 0) | (f["delta_hot"] != 0)
-    cross = (f["same_node"] == 0) & numa_on
-    degrades = np.where(
-        f["prefer_src"] != 0,
-        np.where(f["src_non_pref_nr"] != 0, True, task_hot),
-        np.where(
-            f["prefer_dst"] != 0,
-            False,
-            np.where(f["cpu_idle"] != 0, task_hot, f["delta_faults"] < 0),
-        ),
-    )
-    hot = np.where(cross, degrades, task_hot)
-    return ((~hot) | (f["extra_fails"] != 0)).astype(np.int8)
+    return _decision(f, (f["same_node"] == 0) & numa_on)
