@@ -29,30 +29,41 @@ from tests.hooks.test_quanta_runtime import NAPS
 
 pytestmark = pytest.mark.bpf
 
-#: counts each switch in and out of tasks named COMM, per pid
+#: counts each switch in and out of every task, per pid, and notes the pids seen named
+#: COMM (a task has its name only from its exec: its switches as the shell's child and
+#: as taskset are its rows too)
 COUNTER = r"""
 #include "common.h"
 
-const volatile u64 comm8 = 0; /* the first 8 bytes of the name counted */
+const volatile u64 comm8 = 0; /* the first 8 bytes of the name noted */
 
 struct switches { u64 ins; u64 outs; };
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 64);
+	__uint(max_entries, 1 << 16);
 	__type(key, u32);
 	__type(value, struct switches);
 } switches SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 64);
+	__type(key, u32);
+	__type(value, u32);
+} named SEC(".maps");
+
 static __always_inline void count(struct task_struct *t, bool in)
 {
 	struct switches zero = {}, *c;
-	u32 pid = t->pid;
+	u32 pid = t->pid, one = 1;
 	u64 head = 0;
 
-	bpf_probe_read_kernel(&head, sizeof(head), t->comm);
-	if (!pid || head != comm8)
+	if (!pid)
 		return;
+	bpf_probe_read_kernel(&head, sizeof(head), t->comm);
+	if (head == comm8)
+		bpf_map_update_elem(&named, &pid, &one, BPF_ANY);
 	c = bpf_map_lookup_elem(&switches, &pid);
 	if (!c) {
 		bpf_map_update_elem(&switches, &pid, &zero, BPF_NOEXIST);
@@ -80,19 +91,28 @@ def ringnaps(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def counted(compile_bpf: Callable[[str, str], Path]) -> Iterator[dict[int, tuple[int, int]]]:
-    """pid -> (switches in, switches out) of every task named COMM, filled at the end."""
+def counted(
+    compile_bpf: Callable[[str, str], Path],
+) -> Iterator[Callable[[], dict[int, tuple[int, int]]]]:
+    """A reading of pid -> (switches in, switches out) of every task named COMM, counted
+    from before the collection starts."""
     from kernmlops.ebpf.objects import open_and_load
 
-    found: dict[int, tuple[int, int]] = {}
     path = compile_bpf("ringnaps_counter", COUNTER)
     comm8 = int.from_bytes(COMM.encode(), "little")
     with open_and_load(path, globals_={"comm8": comm8}) as obj:
         obj.attach_all()
-        yield found
-        for key, value in obj.map("switches").items():
-            ins, outs = np.frombuffer(value, "<u8").tolist()
-            found[int.from_bytes(key, "little")] = (ins, outs)
+
+        def read() -> dict[int, tuple[int, int]]:
+            found = {}
+            for key in obj.map("named"):  # its keys
+                value = obj.map("switches").lookup(key)
+                assert value is not None
+                ins, outs = np.frombuffer(value, "<u8").tolist()
+                found[int.from_bytes(key, "little")] = (ins, outs)
+            return found
+
+        yield read
 
 
 def _workload(naps: Path, done: Path, then: str) -> list[str]:
@@ -108,6 +128,8 @@ def _workload(naps: Path, done: Path, then: str) -> list[str]:
 
 
 def _check(col: Path, counted: dict[int, tuple[int, int]]) -> None:
+    """Each nap loop's switches, as the counter saw them, are its rows: none lost,
+    none twice."""
     quanta = pl.read_parquet(sorted((col / "quanta_runtime").glob("part-*.parquet")))
     queued = pl.read_parquet(sorted((col / "quanta_queued_time").glob("part-*.parquet")))
     assert len(counted) == 2, counted  # the two nap loops
@@ -127,7 +149,7 @@ GROUPS = "hooks:\n  quanta_runtime:\n    ring_groups: 2\n"
 
 
 def test_killed_after_its_workload_recover_brings_every_switch_of_both_rings(
-    tmp_path: Path, bpf_baseline, ringnaps: Path, counted: dict[int, tuple[int, int]]
+    tmp_path: Path, bpf_baseline, ringnaps: Path, counted: Callable[[], dict[int, tuple[int, int]]]
 ) -> None:
     if len(os.sched_getaffinity(0)) < 2:
         pytest.fail("ring groups are tested with 2 CPUs at least (one ring per CPU)")
@@ -145,11 +167,11 @@ def test_killed_after_its_workload_recover_brings_every_switch_of_both_rings(
     assert read_everything(col).get("quanta_runtime", 0) == 0  # all in the spool
     assert "quanta_runtime" in recover(col)
     assert not (col / ".spool").exists()
-    _check(col, counted)
+    _check(col, counted())
 
 
 def test_a_stop_makes_every_switch_of_both_rings_in_row_workers(
-    tmp_path: Path, bpf_baseline, ringnaps: Path, counted: dict[int, tuple[int, int]]
+    tmp_path: Path, bpf_baseline, ringnaps: Path, counted: Callable[[], dict[int, tuple[int, int]]]
 ) -> None:
     if len(os.sched_getaffinity(0)) < 2:
         pytest.fail("ring groups are tested with 2 CPUs at least (one ring per CPU)")
@@ -160,4 +182,4 @@ def test_a_stop_makes_every_switch_of_both_rings_in_row_workers(
     assert "on 2 cores" in err  # the rows were made by the stop's row workers
     col = run.collection()
     assert read_manifest(col).hooks["quanta_runtime"].drops == 0
-    _check(col, counted)
+    _check(col, counted())
