@@ -136,7 +136,7 @@ def _check(col: Path, counted: dict[int, tuple[int, int]]) -> None:
     cpus = set()
     for pid, (ins, outs) in counted.items():
         ran = quanta.filter(pl.col("pid") == pid)
-        assert outs >= 1000
+        assert outs >= 1000 - 20  # a nap each (the tracepoint misses a few in a thousand)
         assert (queued.filter(pl.col("pid") == pid).height, ran.height) == (ins, outs), pid
         cpus.add(ran["cpu"].mode().item())
     assert cpus == {0, 1}  # one loop on each CPU: through both rings

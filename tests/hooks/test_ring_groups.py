@@ -101,7 +101,8 @@ def test_two_rings_bring_every_switch_once(
         switched_in, switched_out = np.frombuffer(raw, "<u8").tolist()
         ins = queued.filter(pl.col("pid") == child.pid)
         ran = quanta.filter(pl.col("pid") == child.pid)
-        assert switched_out >= n  # a switch out per nap at least
+        # a switch out per nap (the tracepoint misses a few in a thousand: test_quanta_runtime)
+        assert switched_out >= n - n // 50
         # every switch the tracepoint delivered is one row, none twice
         assert (ins.height, ran.height) == (switched_in, switched_out), child.pid
         # pinned (taskset may switch out once elsewhere before it pins itself): its
