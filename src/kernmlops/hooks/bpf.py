@@ -107,11 +107,12 @@ class BpfHookOptions(HookOptions):
         None,
         ge=1,
         le=1024,
-        description="rings per table, each written by one group of CPUs and drained by "
-        "its own copier thread into the table's spool; null: one per 64 CPUs online (up "
-        "to 64 CPUs one ring, as without groups). More rings split a storm's writes (each "
-        "ring has its own reservation lock) and its copy over more cores; a table's rows "
-        "keep each CPU's order, not the order across rings. At most one ring per CPU",
+        description="rings per table, each written by one group of CPUs (and, where the "
+        "hook spools, moved by a copier thread of its own into the table's one spool); "
+        "null: one per 64 CPUs online (up to 64 CPUs one ring, as without groups). More "
+        "rings split a storm's writes (each ring has its own reservation lock) and its "
+        "copy over more cores; a table's rows keep each CPU's order, not the order across "
+        "rings. At most one ring per CPU",
     )
 
     batch_ms: int = Field(
