@@ -79,7 +79,10 @@ static __always_inline u64 kmo_wake_flags(void *ring, u64 before, u64 after)
  * its lookup is inlined by the verifier). Set before load; with one group
  * (the default, and every machine of up to 64 CPUs) the verifier drops the
  * lookup as dead code: what is left of it is one load of a read-only global
- * (a cached line) where a program names its ring. */
+ * (a cached line) where a program names its ring. An object without rings may
+ * define KMO_NO_RINGS first: no settings in it then (doctor's probes load
+ * without a .rodata). */
+#ifndef KMO_NO_RINGS
 const volatile u32 kmo_ring_groups = 1;
 /* cpu >> shift where the group's size is a power of two, else cpu / per_group
  * (a division costs ~20 cycles more): shift < 0 asks for the division. */
@@ -99,6 +102,7 @@ static __always_inline void *kmo_ring_of(void *ring, void *groups)
 	r = bpf_map_lookup_elem(groups, &group);
 	return r ? r : ring; /* a CPU past the last group (hotplug): ring 0 */
 }
+#endif /* KMO_NO_RINGS */
 
 /* The ring of this CPU's group among ring `name`'s (KMO_RING). */
 #define KMO_RING_OF(name) kmo_ring_of(&(name), &(name##_groups))
