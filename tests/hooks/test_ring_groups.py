@@ -110,3 +110,39 @@ def test_two_rings_bring_every_switch_once(
         on_cpu = ran.filter(pl.col("cpu") == cpu)
         assert on_cpu.height >= n
         assert np.all(np.diff(on_cpu["ts_uptime_us"].to_numpy()) >= 0)
+
+
+@pytest.mark.bpf
+def test_every_bpf_hook_loads_with_two_ring_groups() -> None:
+    """Each hook's programs pass the verifier with a ring per CPU (the lookup in the
+    array of rings on every path that names a ring), where they load at all here."""
+    from kernmlops.errors import HookUnavailable
+    from kernmlops.hooks import REGISTRY
+    from kernmlops.hooks.base import HookContext
+    from kernmlops.hooks.bpf import BpfHook
+
+    _two_cpus()
+    ctx = HookContext("t", process_filter=None, self_tgid=os.getpid())
+    loaded, refused = [], {}
+    for name, cls in sorted(REGISTRY.items()):
+        if not issubclass(cls, BpfHook):
+            continue
+        reasons = []
+        for groups in (1, 2):
+            hook = cls(cls.Options(ring_groups=groups, ring_kib=64))  # type: ignore[call-arg]
+            try:
+                hook.start(ctx)
+                rings = [r for r, _ in hook._rings.values()]
+                assert all(len(getattr(r, "rings", [r])) == groups for r in rings), name
+                reasons.append(None)
+            except HookUnavailable as err:
+                reasons.append(str(err))
+            finally:
+                hook.close()
+        if reasons[0] is None:
+            assert reasons[1] is None, reasons[1]  # loads with one ring: with two too
+            loaded.append(name)
+        else:
+            refused[name] = reasons[0]
+    print(f"\n[ring groups] load with 2: {loaded}; refused with 1 too: {sorted(refused)}")
+    assert {"quanta_runtime", "process_trace", "block_io", "page_faults"} <= set(loaded), refused
