@@ -14,6 +14,12 @@ Stages, each measured on its own (rounds of ``--seconds``):
   ``collector.spool_memory_mib``);
 * ``spool-disk``: the same into zstd frames on the collection's disk (past the memory
   budget);
+* ``spool-memory-2``: ring groups (``hooks.<hook>.ring_groups``): two rings, each
+  filled by its own producer and moved by its own copier (one per CPU), into one
+  tmpfs spool that both write (a frame each under the spool's lock). On 2 CPUs the
+  producers and copiers share the CPUs, so the wall rate says little; the records
+  per copier CPU-second say what the shared spool costs each copier (against
+  ``spool-memory``'s one);
 * ``parquet``: the disk spool read back, split into quanta_runtime and
   quanta_queued_time rows and written by ParquetSink, as a collection makes them
   while it runs (plain parts; ``compaction_s``: what compacting them at stop costs);
@@ -43,6 +49,7 @@ import shutil
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -175,6 +182,53 @@ def stage_spool(obj, folder: Path, memory: SpoolMemory | None, itemsize: int, se
     }, spool
 
 
+def stage_spool_groups(objs: list, folder: Path, memory: SpoolMemory, itemsize: int,
+                       seconds: float, priority: int) -> dict:  # fmt: skip
+    """Ring groups: a ring per producer, a copier per ring (pinned to CPU i), one spool."""
+    info = {"hook": "quanta_runtime", "ring": "quanta_switch_rb"}
+    spool = RingSpool(folder, "quanta_switch", itemsize, info, memory=memory)
+    copiers = [Copier(interval_ms=250, budget=memory.budget, frame_raw=FRAME_RAW,
+                      sync_bytes=SYNC_BYTES) for _ in objs]  # fmt: skip
+    rings = [
+        c.add("quanta_switch", o.map("rb").fd, RING) for c, o in zip(copiers, objs, strict=True)
+    ]
+    spool.attach(copiers[0], rings[0], list(zip(copiers[1:], rings[1:], strict=True)))
+    ncpu = os.cpu_count() or 1
+    for i, c in enumerate(copiers):
+        c.start(priority)
+        os.sched_setaffinity(c._thread.native_id, {i % ncpu})  # type: ignore[union-attr]
+    before = [state(o) for o in objs]
+    cpu0, copied0, t0 = [c.cpu_s for c in copiers], [r.copied for r in rings], time.monotonic()
+    producers = [threading.Thread(target=run_producer, args=(o, seconds, i % ncpu))
+                 for i, o in enumerate(objs)]  # fmt: skip
+    for t in producers:
+        t.start()
+    for t in producers:
+        t.join()
+    for c in copiers:
+        c.stop()
+    wall = time.monotonic() - t0
+    cpu = sum(c.cpu_s - c0 for c, c0 in zip(copiers, cpu0, strict=True))
+    copied = sum(r.copied - c0 for r, c0 in zip(rings, copied0, strict=True))
+    full = sum(state(o)["full"] - b["full"] for o, b in zip(objs, before, strict=True))
+    spool.detach()
+    for c in copiers:
+        c.close()
+    spool.close()
+    spool.remove()
+    records = copied // ((itemsize + 8 + 7) // 8 * 8) * RECORDS_PER_BATCH
+    return {
+        "copiers": len(copiers),
+        "records": records,
+        "wall_s": round(wall, 3),
+        "reader_cpu_s": round(cpu, 3),
+        "records_per_s": round(records / wall),
+        "records_per_reader_cpu_s": round(records / cpu) if cpu else None,
+        "mb_per_s": round(copied / wall / 1e6, 1),
+        "producer_found_full": full,
+    }
+
+
 class _Spooled:
     """What the stop's row making asks of a hook, on one spool; the spool is left
     unread, for the one-core stage after."""
@@ -269,8 +323,10 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="kmo-capacity-"))
     shm = Path(tempfile.mkdtemp(prefix="kmo-capacity-", dir="/dev/shm"))
     obj = producer(bpf_dir, batch_dtype.itemsize, templates)
+    second = producer(bpf_dir, batch_dtype.itemsize, templates)  # ring group 1's
     results: dict[str, list[dict]] = {
-        "spool-memory": [], "spool-disk": [], "parquet": [], "parquet-workers": []
+        "spool-memory": [], "spool-memory-2": [], "spool-disk": [], "parquet": [],
+        "parquet-workers": [],
     }  # fmt: skip
     try:
         for r in range(args.rounds):
@@ -284,6 +340,13 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(mem_folder)
             results["spool-memory"].append(res)
             print("spool-memory", res, flush=True)
+            mem_folder.mkdir()
+            memory = SpoolMemory(mem_folder, limit=shutil.disk_usage(shm).free // 2)
+            res = stage_spool_groups([obj, second], work / f"g{r}", memory,
+                                     batch_dtype.itemsize, args.seconds, args.priority)  # fmt: skip
+            shutil.rmtree(mem_folder)
+            results["spool-memory-2"].append(res)
+            print("spool-memory-2", res, flush=True)
             res, spool = stage_spool(obj, work / f"d{r}", None, batch_dtype.itemsize,
                                      args.seconds, cpus, args.priority, args.workers)  # fmt: skip
             results["spool-disk"].append(res)
@@ -301,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
             print("parquet", pq, flush=True)
     finally:
         obj.close()
+        second.close()
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(shm, ignore_errors=True)
 

@@ -202,7 +202,7 @@ def test_unknown_hook_key_suggests_ring_kib():
     msg = _error({"hooks": {"quanta_runtime": {"ring_kb": 4096}}})
     assert "hooks.quanta_runtime.ring_kb: unknown key" in msg
     assert "did you mean 'hooks.quanta_runtime.ring_kib'?" in msg
-    assert "(valid here: batch_ms, ring_kib)" in msg
+    assert "(valid here: batch_ms, ring_groups, ring_kib)" in msg
 
 
 def test_unknown_hook_section():

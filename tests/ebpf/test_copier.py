@@ -447,3 +447,45 @@ def test_priority_notes_say_what_the_copier_got() -> None:
         "the ring copier runs at normal priority (SCHED_FIFO 1: denied): a storm may keep "
         "it off the CPU and the rings overflow"
     ]
+
+
+def test_rings_of_two_groups_each_with_its_copier_fill_one_spool(tmp_path: Path) -> None:
+    """Ring groups: two rings, each moved by a copier of its own, write into one
+    spool's segments (the first ring's). Every record arrives once and each ring's
+    keep their order, past the memory budget too: whichever copier finds it spent
+    takes the spool on to its disk standby, and the other follows it there."""
+    rings = [_mapped(1 << 14), _mapped(1 << 14)]
+    stride = record_stride(EVENT.itemsize)
+    memory = SpoolMemory(tmp_path / "mem", limit=500 * stride)
+    memory.folder.mkdir(parents=True)
+    spool = RingSpool(tmp_path / "spool", "events", EVENT.itemsize, {"ring": "events"},
+                      memory=memory)  # fmt: skip
+    # one budget for both (the collection's)
+    copiers = [Copier(interval_ms=10, budget=memory.budget, frame_raw=FRAME_RAW,
+                      sync_bytes=8 << 20) for _ in rings]  # fmt: skip
+    copied = [c.add("events", r.fd, r.size, wakes=False)
+              for c, r in zip(copiers, rings, strict=True)]  # fmt: skip
+    spool.attach(copiers[0], copied[0], [(copiers[1], copied[1])])
+    want = [events(900), events(900, first=10_000)]
+    try:
+        for i in range(0, 900, 150):
+            for c, r, w in zip(copiers, rings, want, strict=True):
+                _fill_and_copy(r, c, w[i : i + 150])
+        spool.take(None)  # type: ignore[arg-type]  # looks at what the copiers did
+        got = _read_all(spool)
+        assert copied[1].copied == 900 * stride and copied[0].copied == 900 * stride
+    finally:
+        for c in copiers:
+            c.stop()
+        spool.detach()
+        for c in copiers:
+            c.close()
+        spool.close()
+        for r in rings:
+            os.close(r.fd)
+    assert len(got) == 1800
+    for w in want:  # each ring's records, once, in their order
+        assert np.array_equal(got[np.isin(got["pid"], w["pid"])], w)
+    assert list((tmp_path / "mem").glob("events.*.ring"))  # the budget's, then disk
+    disk = [p for p in (tmp_path / "spool").glob("events.*.ring") if p.stat().st_size]
+    assert disk and all(segment_codec(p) is not None for p in disk)

@@ -135,10 +135,10 @@ def test_built_object_lists_programs_and_maps(bpf_build_dir):
         }
         assert all(p.autoload for p in obj.programs.values())
         names = set(obj.maps)
-        assert {"drops", "kmo_tracked", "process_trace_rb"} <= names
-        assert [n for n in names - {"drops", "kmo_tracked", "process_trace_rb"}] == [
-            next(n for n in names if n.endswith(".rodata"))
-        ]
+        # the ring, and its array for ring groups (common.h, KMO_RING)
+        ours = {"drops", "kmo_tracked", "process_trace_rb", "process_trace_rb_groups"}
+        assert ours <= names
+        assert [n for n in names - ours] == [next(n for n in names if n.endswith(".rodata"))]
         ring = obj.map("process_trace_rb")
         assert ring.type == RINGBUF
         assert ring.max_entries == 1 << 22
@@ -213,7 +213,9 @@ def test_select_variant_twice_switches(variants_obj):
 # --- globals ------------------------------------------------------------------
 def test_set_globals_writes_rodata(variants_obj):
     offsets = _rodata_offsets(variants_obj)
-    assert set(offsets) == {"kmo_test_knob", "kmo_test_neg", "kmo_test_flag"}
+    # and common.h's own (ring groups, set where a hook has more than one ring)
+    ring_groups = {"kmo_ring_groups", "kmo_ring_group_shift", "kmo_ring_group_cpus"}
+    assert set(offsets) == {"kmo_test_knob", "kmo_test_neg", "kmo_test_flag", *ring_groups}
     with BpfObject(variants_obj) as obj:
         before = _rodata(obj)
         off, size = offsets["kmo_test_knob"]

@@ -70,8 +70,10 @@ def test_every_object_spec_matches_readelf_and_libbpf(bpf_build_dir: Path) -> No
 
 def test_quanta_runtime_spec_names_its_settings(bpf_build_dir: Path) -> None:
     spec = parse_object(bpf_build_dir / "quanta_runtime.bpf.o")
-    assert spec.globals["kmo_self_tgid"] == GlobalVar(".rodata", 0, 4)
+    tgid = spec.globals["kmo_self_tgid"]
+    assert tgid == GlobalVar(".rodata", tgid.offset, 4) and tgid.offset % 4 == 0
     assert spec.globals["kmo_filter_on"].section == ".rodata"
+    assert spec.globals["kmo_ring_groups"] == GlobalVar(".rodata", 0, 4)  # common.h's first
     assert spec.programs == {
         "switch_btf": "tp_btf/sched_switch",
         "switch_raw": "raw_tp/sched_switch",

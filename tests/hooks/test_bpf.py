@@ -112,3 +112,70 @@ def test_only_hooks_whose_rows_come_from_their_records_alone_are_spooled() -> No
     # these read their rings themselves (stacks symbolized live, perf events resolved
     # at start): their records must never wait in a spool nobody reads
     assert not spooled & {"cpu_profile", "task_perf", "syscalls"}
+
+
+def test_ring_groups_one_per_64_cpus_and_none_without_a_cpu() -> None:
+    from kernmlops.hooks.bpf import default_ring_groups, ring_group_plan
+
+    # up to 64 CPUs one ring, as before groups; then one per 64
+    assert [default_ring_groups(n) for n in (1, 2, 16, 64, 65, 128, 192)] == [1, 1, 1, 1, 2, 2, 3]
+    assert ring_group_plan(1, 192) == (1, 192)
+    assert ring_group_plan(3, 192) == (3, 64)
+    assert ring_group_plan(2, 2) == (2, 1)  # one CPU per ring
+    assert ring_group_plan(8, 2) == (2, 1)  # never a ring without a CPU
+    assert ring_group_plan(4, 10) == (4, 3)  # 3, 3, 3, 1
+    assert ring_group_plan(3, 8) == (3, 3)  # 3, 3, 2
+    assert ring_group_plan(4, 9) == (3, 3)  # 4 x 3 would leave the 4th empty
+
+
+def test_a_rings_default_size_follows_its_groups_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernmlops.hooks import bpf
+    from kernmlops.hooks.quanta_runtime import QuantaRuntimeHook
+
+    Options = QuantaRuntimeHook.Options  # ring_kib null: the default size
+    monkeypatch.setattr(bpf, "online_cpu_count", lambda: 192)
+    opts = Options()
+    assert opts.groups == 3 and opts.ring_bytes == bpf.default_ring_kib(64) << 10
+    assert Options(ring_groups=1).ring_bytes == bpf.default_ring_kib(192) << 10
+    assert Options(ring_groups=2, ring_kib=64).ring_bytes == 64 << 10
+    monkeypatch.setattr(bpf, "online_cpu_count", lambda: 64)
+    assert Options().groups == 1 and Options().ring_bytes == bpf.default_ring_kib(64) << 10
+
+
+def test_ring_groups_must_be_a_positive_count() -> None:
+    from pydantic import ValidationError
+
+    from kernmlops.hooks.process_trace import ProcessTraceHook
+
+    with pytest.raises(ValidationError, match="greater than or equal to 1"):
+        ProcessTraceHook.Options(ring_groups=0)
+
+
+def test_a_ring_group_reads_each_ring_in_its_own_order() -> None:
+    import numpy as np
+
+    from kernmlops.ebpf.ringbuf import RingBuffer, RingGroup
+    from tests.ebpf.test_ringbuf import EVENT, MappedRing, events
+
+    rings = [MappedRing(4096), MappedRing(4096)]
+    a, b = events(40), events(30, first=1000)
+    for ring, recs in zip(rings, (a, b), strict=True):
+        ring.write_records(recs)
+        ring.sync()
+    group = RingGroup([RingBuffer(r.fd, 4096, name="rb") for r in rings])
+    try:
+        assert group.fds == [r.fd for r in rings] and group.size == 4096
+        assert group.pending_bytes() == 40 * 24  # the fullest ring's
+        group.dtype = EVENT
+        got = group.drain()
+        assert np.array_equal(got, np.concatenate([a, b])) and group.records == 70
+        assert all(r.consumer() == r.prod for r in rings)
+        rings[1].cons = rings[1].consumer()
+        rings[1].write_records(events(5, first=2000))
+        rings[1].sync()
+        raw = b"".join(group.take_bytes(EVENT.itemsize))
+        assert len(raw) == 5 * 24 and group.pending_bytes() == 0
+    finally:
+        group.close()
+        for r in rings:
+            os.close(r.fd)

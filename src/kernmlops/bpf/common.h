@@ -71,12 +71,51 @@ static __always_inline u64 kmo_wake_flags(void *ring, u64 before, u64 after)
 /* The space a record of `bytes` takes in a ring: an 8-byte header, 8-aligned. */
 #define KMO_RING_BYTES(bytes) (((bytes) + 8 + 7) & ~7ULL)
 
-/* Submit a record reserved in `ring` (the reservation is already unread bytes). */
+/* Ring groups: on a large machine a hook's ring is N rings, one per group of
+ * CPUs, each drained by its own copier thread (hooks/bpf.py, ring_groups): one
+ * ring's reservation lock and one reader stop scaling at ~64-120 CPUs. A CPU
+ * writes into ring cpu / cpus_per_group. Ring 0 is the map `name` itself, the
+ * others are made by user space and put in `name`_groups (an array of maps;
+ * its lookup is inlined by the verifier). Set before load; with one group
+ * (the default, and every machine of up to 64 CPUs) the verifier drops the
+ * lookup as dead code: what is left of it is one load of a read-only global
+ * (a cached line) where a program names its ring. An object without rings may
+ * define KMO_NO_RINGS first: no settings in it then (doctor's probes load
+ * without a .rodata). */
+#ifndef KMO_NO_RINGS
+const volatile u32 kmo_ring_groups = 1;
+/* cpu >> shift where the group's size is a power of two, else cpu / per_group
+ * (a division costs ~20 cycles more): shift < 0 asks for the division. */
+const volatile s32 kmo_ring_group_shift = 0;
+const volatile u32 kmo_ring_group_cpus = 1;
+
+static __always_inline void *kmo_ring_of(void *ring, void *groups)
+{
+	u32 cpu, group;
+	void *r;
+
+	if (kmo_ring_groups <= 1)
+		return ring;
+	cpu = bpf_get_smp_processor_id();
+	group = kmo_ring_group_shift >= 0 ? cpu >> kmo_ring_group_shift
+					  : cpu / kmo_ring_group_cpus;
+	r = bpf_map_lookup_elem(groups, &group);
+	return r ? r : ring; /* a CPU past the last group (hotplug): ring 0 */
+}
+#endif /* KMO_NO_RINGS */
+
+/* The ring of this CPU's group among ring `name`'s (KMO_RING). */
+#define KMO_RING_OF(name) kmo_ring_of(&(name), &(name##_groups))
+
+/* Submit a record reserved in `ring` (the reservation is already unread bytes).
+ * The CPU cannot change in between (programs run with migration off): the same
+ * ring as KMO_RESERVE's. */
 #define KMO_SUBMIT(ring, rec)                                                  \
 	({                                                                     \
-		u64 __after = bpf_ringbuf_query(&(ring), BPF_RB_AVAIL_DATA);   \
+		void *__rb = KMO_RING_OF(ring);                                \
+		u64 __after = bpf_ringbuf_query(__rb, BPF_RB_AVAIL_DATA);      \
 		u64 __len = KMO_RING_BYTES(sizeof(*(rec)));                    \
-		bpf_ringbuf_submit((rec), kmo_wake_flags(&(ring),              \
+		bpf_ringbuf_submit((rec), kmo_wake_flags(__rb,                 \
 							 __after - __len,      \
 							 __after));            \
 	})
@@ -84,7 +123,7 @@ static __always_inline u64 kmo_wake_flags(void *ring, u64 before, u64 after)
 /* Reserve a record of the given struct in a ring, counting a drop when full. */
 #define KMO_RESERVE(ring, type, slot)                                          \
 	({                                                                     \
-		type *__r = bpf_ringbuf_reserve(&(ring), sizeof(type), 0);     \
+		type *__r = bpf_ringbuf_reserve(KMO_RING_OF(ring), sizeof(type), 0); \
 		if (!__r)                                                      \
 			kmo_count_drop(slot);                                  \
 		__r;                                                           \
@@ -101,6 +140,16 @@ static __always_inline u64 kmo_wake_flags(void *ring, u64 before, u64 after)
 		__uint(type, BPF_MAP_TYPE_RINGBUF);                            \
 		__uint(max_entries, 1 << 22);                                  \
 	} name SEC(".maps");                                                   \
+	struct {                                                               \
+		__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);                      \
+		__uint(max_entries, 1);                                        \
+		__type(key, u32);                                              \
+		/* the kernel compares no ring's size: a page-sized template */ \
+		__array(values, struct {                                       \
+			__uint(type, BPF_MAP_TYPE_RINGBUF);                    \
+			__uint(max_entries, 4096);                             \
+		});                                                            \
+	} name##_groups SEC(".maps");                                          \
 	struct record *__kmo_ring_##name                                       \
 		__attribute__((section(".kmo.records"), used))
 
@@ -157,11 +206,12 @@ static __always_inline u64 kmo_wake_flags(void *ring, u64 before, u64 after)
  * records as drops of `slot`. */
 #define KMO_BATCH_SEND(name, batch, count, slot)                               \
 	({                                                                     \
-		u64 __before = bpf_ringbuf_query(&(name), BPF_RB_AVAIL_DATA);  \
+		void *__rb = KMO_RING_OF(name);                                \
+		u64 __before = bpf_ringbuf_query(__rb, BPF_RB_AVAIL_DATA);     \
 		u64 __flags = kmo_wake_flags(                                  \
-			&(name), __before,                                     \
+			__rb, __before,                                        \
 			__before + KMO_RING_BYTES(sizeof(*(batch))));          \
-		if (bpf_ringbuf_output(&(name), (batch), sizeof(*(batch)),     \
+		if (bpf_ringbuf_output(__rb, (batch), sizeof(*(batch)),        \
 				       __flags))                               \
 			kmo_count_drops((slot), (count));                      \
 		(batch)->n = 0;                                                \

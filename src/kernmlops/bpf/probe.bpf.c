@@ -1,5 +1,6 @@
 /* One trivial program per attach type: doctor loads and attaches each alone
  * to learn what this kernel really allows (feature listings can be wrong). */
+#define KMO_NO_RINGS /* as trivial as can be: no ring settings, no .rodata */
 #include "common.h"
 
 SEC("tracepoint/sched/sched_switch")

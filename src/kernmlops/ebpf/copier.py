@@ -30,7 +30,7 @@ from typing import Any
 from kernmlops.ebpf.build import NATIVE_LIBRARY, default_build_dir
 
 LIBRARY = NATIVE_LIBRARY
-ABI = 5
+ABI = 6
 #: zstd level of the disk segments (pyarrow's Codec("zstd", 1) writes the same frames)
 ZSTD_LEVEL = 1
 
@@ -69,6 +69,7 @@ class Ring(ctypes.Structure):
         ("packed_cap", ctypes.c_uint64),
         ("line", ctypes.c_void_p),
         ("line_cap", ctypes.c_uint64),
+        ("owner", ctypes.c_void_p),
     ]
 
 
@@ -137,6 +138,7 @@ def load() -> ctypes.CDLL | None:
     lib.kmo_ring_rotate.argtypes = [ctypes.POINTER(Ring), ctypes.POINTER(Segment)]
     lib.kmo_ring_rotate.restype = ctypes.c_uint64
     lib.kmo_ring_set_standby.argtypes = [ctypes.POINTER(Ring), ctypes.POINTER(Segment)]
+    lib.kmo_ring_share.argtypes = [ctypes.POINTER(Ring), ctypes.POINTER(Ring)]
     counter = ctypes.POINTER(ctypes.c_uint64)
     lib.kmo_budget_reserve.argtypes = [counter, ctypes.c_uint64, ctypes.c_uint64]
     lib.kmo_budget_release.argtypes = [counter, ctypes.c_uint64]
@@ -375,6 +377,14 @@ class Copier:
         self._lib.kmo_ring_set_standby(
             ctypes.byref(ring.ring), ctypes.byref(seg) if seg is not None else None
         )
+
+    def share(self, ring: CopiedRing, owner: CopiedRing) -> None:
+        """Have ``ring`` (of this copier) write into ``owner``'s segments, under its
+        lock (one spool fed by the rings of several CPU groups, each moved by its own
+        copier); before start. ``owner``'s copier must outlive this one's thread."""
+        if self._thread is not None:
+            raise RuntimeError("rings are shared before the copier starts")
+        self._lib.kmo_ring_share(ctypes.byref(ring.ring), ctypes.byref(owner.ring))
 
     def forget(self, seg: Segment) -> None:
         """A segment the C side will not read again (done, and synced by Python)."""

@@ -105,6 +105,7 @@ _fn("bpf_map__max_entries", c_uint32, map_p)
 _fn("bpf_map__set_max_entries", c_int, map_p, c_uint32)
 _fn("bpf_map__reuse_fd", c_int, map_p, c_int)
 _fn("bpf_map__initial_value", c_void_p, map_p, POINTER(c_size_t))
+_fn("bpf_map_create", c_int, c_int, c_char_p, c_uint32, c_uint32, c_uint32, c_void_p)
 _fn("bpf_map_lookup_elem", c_int, c_int, c_void_p, c_void_p)
 _fn("bpf_map_update_elem", c_int, c_int, c_void_p, c_void_p, c_uint64)
 _fn("bpf_map_delete_elem", c_int, c_int, c_void_p)
@@ -220,6 +221,19 @@ def strerror(errno: int) -> str:
 
 def version() -> str:
     return f"{lib.libbpf_major_version()}.{lib.libbpf_minor_version()}"
+
+
+#: enum bpf_map_type
+MAP_TYPE_RINGBUF = 27
+
+
+def create_ringbuf(name: str, size: int) -> int:
+    """A new BPF ring buffer map of ``size`` bytes (a power of two, whole pages): its
+    fd, the caller's to close."""
+    fd = lib.bpf_map_create(MAP_TYPE_RINGBUF, name.encode()[:15], 0, 0, size, None)
+    if fd < 0:
+        raise LibbpfError(f"create ring {name}", -fd)
+    return fd
 
 
 def num_possible_cpus() -> int:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -311,3 +312,83 @@ def write_all(fd: int, data: bytes | memoryview) -> int:
     while done < len(view):
         done += os.write(fd, view[done:])
     return done
+
+
+class RingGroup:
+    """The rings of one table on a machine with ring groups (one ring per group of
+    CPUs, common.h's KMO_RING_OF), read as one ring: what each holds is taken ring
+    by ring, so the records of one ring (and of one CPU) keep their order, and no
+    order is kept across rings. Sizes and fill levels are each ring's own: the
+    group is due for a drain as soon as one of its rings is."""
+
+    def __init__(self, rings: Sequence[RingBuffer]) -> None:
+        if not rings or len({r.size for r in rings}) != 1:
+            raise ValueError("a ring group is rings of one size")
+        self.rings = list(rings)
+        self.name = rings[0].name
+        self.size = rings[0].size
+
+    @property
+    def fd(self) -> int:
+        """The first ring's map fd (see :attr:`fds` for all of them)."""
+        return self.rings[0].fd
+
+    @property
+    def fds(self) -> list[int]:
+        return [r.fd for r in self.rings]
+
+    @property
+    def dtype(self) -> np.dtype | None:
+        return self.rings[0].dtype
+
+    @dtype.setter
+    def dtype(self, dtype: np.dtype | None) -> None:
+        for r in self.rings:
+            r.dtype = dtype
+
+    @property
+    def records(self) -> int:
+        return sum(r.records for r in self.rings)
+
+    @property
+    def discarded(self) -> int:
+        return sum(r.discarded for r in self.rings)
+
+    @property
+    def data_mapped(self) -> bool:
+        return any(r.data_mapped for r in self.rings)
+
+    @property
+    def spilled(self) -> bool:
+        return any(r.spilled for r in self.rings)
+
+    @property
+    def spilled_bytes(self) -> int:
+        return sum(r.spilled_bytes for r in self.rings)
+
+    def pending_bytes(self) -> int:
+        """The fullest ring's unread bytes (each ring fills on its own)."""
+        return max(r.pending_bytes() for r in self.rings)
+
+    def spill(self, itemsize: int) -> int:
+        return sum(r.spill(itemsize) for r in self.rings)
+
+    def take_bytes(self, itemsize: int) -> list[bytes]:
+        return [chunk for r in self.rings for chunk in r.take_bytes(itemsize)]
+
+    def copy_to(self, fd: int, itemsize: int) -> int:
+        return sum(r.copy_to(fd, itemsize) for r in self.rings)
+
+    def drain(self, max_records: int | None = None) -> np.ndarray:
+        parts = [r.drain(max_records) for r in self.rings]
+        return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+    def close(self) -> None:
+        for r in self.rings:
+            r.close()
+
+    def __enter__(self) -> RingGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

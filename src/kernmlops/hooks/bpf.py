@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from pydantic import Field, field_validator
@@ -17,11 +19,11 @@ from kernmlops.ebpf.copier import available as copier_available
 from kernmlops.ebpf.copier import default_workers as copier_workers
 from kernmlops.ebpf.frames import records_to_table
 from kernmlops.ebpf.objects import VARIANTS, BpfObject, open_and_load
-from kernmlops.ebpf.ringbuf import RingBuffer
+from kernmlops.ebpf.ringbuf import RingBuffer, RingGroup
 from kernmlops.ebpf.spec import ObjectSpec, object_spec
 from kernmlops.errors import HookUnavailable, KernmlopsError
 from kernmlops.hooks.base import Hook, HookContext, HookOptions, OptionsT
-from kernmlops.host.cpus import online_cpu_count
+from kernmlops.host.cpus import SYS_CPU, online_cpu_count, parse_cpu_list
 from kernmlops.lazy import lazy_import
 from kernmlops.spool.copy import SYNC_BYTES, RingSpool
 from kernmlops.spool.frames import FRAME_RAW
@@ -40,6 +42,42 @@ RING_KIB_PER_4_CPUS = 8192
 RING_KIB_MAX_DEFAULT = 256 << 10
 
 
+#: CPUs per ring group by default: one ring (and one copier thread) per 64 CPUs online.
+#: One ring's reservation lock and one copier (~40-50M records per CPU-second) stop
+#: scaling at roughly 64-120 CPUs; up to 64 CPUs a hook has one ring, as before groups
+CPUS_PER_RING_GROUP = 64
+
+
+def default_ring_groups(cpus: int | None = None) -> int:
+    """Rings per table on a machine with ``cpus`` CPUs online: one per 64."""
+    n = cpus if cpus is not None else online_cpu_count()
+    return max(1, -(-n // CPUS_PER_RING_GROUP))
+
+
+def ring_group_plan(groups: int, possible: int) -> tuple[int, int]:
+    """(rings, CPUs per ring) for ``groups`` asked on a machine whose CPUs are numbered
+    below ``possible`` (online ones: _cpu_span): CPU c writes into ring c // per. No ring is
+    left without a CPU: at most one ring per CPU, and fewer where the CPUs do not
+    split evenly (10 CPUs in 4 groups: 3 per ring, 4 rings)."""
+    groups = max(1, min(groups, possible))
+    per = -(-possible // groups)
+    return -(-possible // per), per
+
+
+def _cpu_span() -> int:
+    """One past the highest CPU online: the CPU numbers cut in groups. A CPU that
+    comes online later past it writes into ring 0 (common.h, kmo_ring_of)."""
+    online = parse_cpu_list(_read_text(SYS_CPU / "online"))
+    return max(online) + 1 if online else libbpf.num_possible_cpus()
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
 def default_ring_kib(cpus: int | None = None) -> int:
     """A ring's default size on a machine with ``cpus`` CPUs online: 8 MiB per 4 CPUs,
     a power of two, at most 256 MiB. Every CPU writes into the one ring, so a storm
@@ -50,14 +88,31 @@ def default_ring_kib(cpus: int | None = None) -> int:
     return min(RING_KIB_MAX_DEFAULT, RING_KIB_PER_4_CPUS << (quarters - 1).bit_length())
 
 
+def _ring_list(reader: RingBuffer | RingGroup) -> list[RingBuffer]:
+    """A table's rings: one, or its group's."""
+    return reader.rings if isinstance(reader, RingGroup) else [reader]
+
+
 class BpfHookOptions(HookOptions):
     ring_kib: int | None = Field(
         None,
         ge=4,
         le=1 << 20,
         description="size of each ring buffer in KiB (a power of two); null: 8 MiB per 4 "
-        "CPUs online, at most 256 MiB (every CPU writes into the ring: a storm fills it "
-        "faster on a larger machine)",
+        "CPUs online (per 4 CPUs of its group, with ring_groups), at most 256 MiB (every "
+        "CPU writes into the ring: a storm fills it faster on a larger machine)",
+    )
+
+    ring_groups: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="rings per table, each written by one group of CPUs (and, where the "
+        "hook spools, moved by a copier thread of its own into the table's one spool); "
+        "null: one per 64 CPUs online (up to 64 CPUs one ring, as without groups). More "
+        "rings split a storm's writes (each ring has its own reservation lock) and its "
+        "copy over more cores; a table's rows keep each CPU's order, not the order across "
+        "rings. At most one ring per CPU",
     )
 
     batch_ms: int = Field(
@@ -78,9 +133,20 @@ class BpfHookOptions(HookOptions):
         return kib
 
     @property
+    def groups(self) -> int:
+        """Rings per table asked for on this machine (ring_groups, or its default)."""
+        return self.ring_groups if self.ring_groups is not None else default_ring_groups()
+
+    @property
     def ring_bytes(self) -> int:
-        """Each ring's size on this machine (ring_kib, or its default here)."""
-        return (self.ring_kib if self.ring_kib is not None else default_ring_kib()) * 1024
+        """Each ring's size on this machine (ring_kib, or its default here: a ring
+        serves its group's CPUs, so the default follows their count)."""
+        if self.ring_kib is not None:
+            return self.ring_kib * 1024
+        groups = self.groups
+        if groups == 1:
+            return default_ring_kib() * 1024
+        return default_ring_kib(-(-online_cpu_count() // groups)) * 1024
 
 
 #: the longest a poll makes rows from a spool before it copies the rings again (s): a
@@ -180,19 +246,23 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
 
     def __init__(self, options: BpfOptionsT | HookOptions | None = None) -> None:
         super().__init__(options)
-        self._readers: dict[str, tuple[RingBuffer, RecordLayout]] = {}
+        self._readers: dict[str, tuple[RingBuffer | RingGroup, RecordLayout]] = {}
         self._last_drain: dict[str, float] = {}
         self._staged_read: set[str] = set()
         self._spec: ObjectSpec | None = None
-        #: table -> (its ring, bytes of one ring record), mapped at start
-        self._rings: dict[str, tuple[RingBuffer, int]] = {}
+        #: table -> (its ring, or its rings' group, bytes of one ring record), mapped
+        #: at start
+        self._rings: dict[str, tuple[RingBuffer | RingGroup, int]] = {}
+        #: the rings user space made for groups 1.. (ring_groups), to close
+        self._group_fds: list[int] = []
         #: table -> its ring's spool, when the session spools
         self._spools: dict[str, RingSpool] = {}
         self._spare: Any = None  # kernmlops.spool.pacing.Pacer
         #: the rings were emptied into their spools after detach and unmapped
         self._unmapped = False
-        #: moves the spooled rings into their spools without Python, where it can
-        self._copier: Copier | None = None
+        #: move the spooled rings into their spools without Python, where they can: one
+        #: copier thread per ring group
+        self._copiers: list[Copier] = []
 
     @classmethod
     def __init_subclass__(cls, **kwargs: object) -> None:
@@ -231,15 +301,20 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
             missing = sorted(set(self.rings.values()) - set(spec.btf.rings()))
             if missing:
                 raise HookUnavailable(f"{self.name}: {path.name} declares no ring {missing[0]!r}")
+            groups, per = ring_group_plan(self.options.groups, _cpu_span())
+            # each ring's array of group rings: as many slots as groups (1: unused)
+            outer = {f"{ring}_groups": groups for ring in self.rings.values() if groups > 1}
             self.obj = open_and_load(
                 path,
                 globals_={
                     "kmo_self_tgid": ctx.self_tgid,
                     "kmo_filter_on": flt is not None,
+                    **self._group_globals(spec, path, groups, per),
                     **self.extra_globals(),
                 },
                 max_entries={
                     **dict.fromkeys(self.rings.values(), size),
+                    **outer,
                     **self.extra_max_entries(),
                 },
                 reuse_maps={"kmo_tracked": flt.fd} if flt else {},
@@ -252,7 +327,9 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
                 # One ring record's size (a batch's, for a batched ring): enough to
                 # spill before the layouts (numpy dtypes) exist.
                 record = spec.btf.ring_batch(ring) or spec.btf.ring_record(ring)
-                reader = RingBuffer(self.obj.map(ring).fd, size, name=ring)
+                reader: RingBuffer | RingGroup = RingBuffer(self.obj.map(ring).fd, size, name=ring)
+                if groups > 1:
+                    reader = RingGroup([reader, *self._group_rings(ring, groups, size)])
                 self._rings[table] = (reader, record.size)
                 if ctx.spool_dir is not None and self.spoolable:
                     info = {
@@ -276,6 +353,36 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         self._last_drain = dict.fromkeys(self.rings, time.monotonic())
         self.status.attached = True
 
+    def _group_globals(
+        self, spec: ObjectSpec, path: Any, groups: int, per: int
+    ) -> dict[str, int | bool]:
+        """The ``const volatile`` settings of ring groups (common.h, KMO_RING_OF);
+        none for one group: the object loads as it did before groups."""
+        if groups == 1:
+            return {}
+        if "kmo_ring_groups" not in spec.globals:
+            raise HookUnavailable(
+                f"{self.name}: {path.name} was built without ring groups (ring_groups "
+                f"{groups}): rebuild it (kernmlops build-bpf)"
+            )
+        shift = per.bit_length() - 1 if per & (per - 1) == 0 else -1
+        return {"kmo_ring_groups": groups, "kmo_ring_group_cpus": per,
+                "kmo_ring_group_shift": shift}  # fmt: skip
+
+    def _group_rings(self, ring: str, groups: int, size: int) -> list[RingBuffer]:
+        """(Loaded, before attach) rings 1.. of ``ring``'s groups, made here and put in
+        ``<ring>_groups`` beside ring 0 (the object's own map)."""
+        assert self.obj is not None
+        outer = self.obj.map(f"{ring}_groups")
+        outer.update(0, self.obj.map(ring).fd.to_bytes(4, "little"))
+        readers = []
+        for group in range(1, groups):
+            fd = libbpf.create_ringbuf(f"{ring[:11]}_g{group}", size)
+            self._group_fds.append(fd)
+            outer.update(group, fd.to_bytes(4, "little"))
+            readers.append(RingBuffer(fd, size, name=f"{ring}[{group}]"))
+        return readers
+
     def _start_copier(self, ctx: HookContext) -> None:
         """Hand the spooled rings to the native copier (kernmlops.ebpf.copier): from
         here the poll loop only makes rows; the copy no longer waits for the GIL."""
@@ -291,47 +398,66 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         workers = ctx.copier_workers
         if workers is None:
             workers = copier_workers()
+        groups = max(len(_ring_list(r)) for r, _ in self._rings.values())
+        if groups > 1:  # the compression workers shared by the groups' copiers
+            workers = -(-workers // groups)
         # a frame is cut in jobs of 512 KiB, one per worker, and must fit a quarter ring
         quarter = self.options.ring_bytes // 4
         workers = min(workers, quarter // (512 << 10))
-        copier = Copier(
-            interval_ms=interval_ms,
-            budget=memory.budget if memory is not None else None,
-            frame_raw=max(FRAME_RAW, min(quarter, workers * (512 << 10))),
-            sync_bytes=SYNC_BYTES,
-            workers=workers,
-        )
+        copiers: list[Copier] = []
         try:
+            # One copier thread per ring group, each moving its group's ring of every
+            # table; a table's rings all write into its one spool.
+            for _ in range(groups):
+                copiers.append(Copier(
+                    interval_ms=interval_ms,
+                    budget=memory.budget if memory is not None else None,
+                    frame_raw=max(FRAME_RAW, min(quarter, workers * (512 << 10))),
+                    sync_bytes=SYNC_BYTES,
+                    workers=workers,
+                ))  # fmt: skip
             for table, spool in self._spools.items():
                 reader, _ = self._rings[table]
-                ring = copier.add(table, reader.fd, reader.size, wakes=self.wakes_at_fill)
-                spool.attach(copier, ring)
+                rings = _ring_list(reader)
+                copied = [c.add(table, r.fd, r.size, wakes=self.wakes_at_fill)
+                          for c, r in zip(copiers, rings, strict=True)]  # fmt: skip
+                spool.attach(copiers[0], copied[0], list(zip(copiers[1:], copied[1:], strict=True)))
         except BaseException:
             for spool in self._spools.values():
                 spool.detach()
-            copier.close()
+            for c in copiers:
+                c.close()
             raise
-        copier.start(ctx.copier_priority)
-        self._copier = copier
+        for c in copiers:
+            c.start(ctx.copier_priority)
+        self._copiers = copiers
+        copier = copiers[0]
         self.status.copier = {
             "native": True,
             "priority": copier.priority,
             "compressed": copier.compresses,
             **({"error": copier.priority_error} if copier.priority_error else {}),
             **({"nice": copier.nice} if copier.nice is not None else {}),
+            **({"copiers": groups} if groups > 1 else {}),
         }
 
     def _stop_copier(self) -> None:
         """The copier's last copy (every committed record), then the spools go on in
         Python (a CPU's last batch is appended by the poll loop)."""
-        copier, self._copier = self._copier, None
-        if copier is None:
+        copiers, self._copiers = self._copiers, []
+        if not copiers:
             return
-        copier.stop()
-        self.status.copier["zstd_workers"] = copier.workers
+        for copier in copiers:  # every thread stopped before a spool goes on in Python
+            copier.stop()
+        self.status.copier["zstd_workers"] = sum(c.workers for c in copiers)
+        if len(copiers) > 1:
+            # what each group's copier moved (bytes): every group's ring was drained
+            self.status.copier["copied_bytes"] = [sum(r.copied for r in c.rings)
+                                                  for c in copiers]  # fmt: skip
         for spool in self._spools.values():
             spool.detach()
-        copier.close()
+        for copier in copiers:
+            copier.close()
 
     def spill(self) -> None:
         """Move what fills a ring out of it as bytes (no numpy): called while the
@@ -351,11 +477,11 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
     def wake_fds(self) -> Sequence[int] | None:
         if not self.wakes_at_fill:
             return None
-        if self._copier is not None:
-            return []  # the copier is woken, and the loop only makes rows
-        return [reader.fd for reader, _ in self._rings.values()]
+        if self._copiers:
+            return []  # the copiers are woken, and the loop only makes rows
+        return [r.fd for reader, _ in self._rings.values() for r in _ring_list(reader)]
 
-    def readers(self) -> dict[str, tuple[RingBuffer, RecordLayout]]:
+    def readers(self) -> dict[str, tuple[RingBuffer | RingGroup, RecordLayout]]:
         """table -> (ring reader, record layout). The layouts are numpy dtypes, made
         at the first drain: numpy is not imported before every probe is attached."""
         if not self._readers and self._rings and self._spec is not None:
@@ -367,7 +493,7 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
                 self._readers[table] = (reader, layout)
         return self._readers
 
-    def _due(self, table: str, reader: RingBuffer, now: float) -> bool:
+    def _due(self, table: str, reader: RingBuffer | RingGroup, now: float) -> bool:
         """Whether to drain this ring now: detached (the final drain), a quarter
         full, or not drained for ``batch_ms``. Per-batch costs (a frame, a
         write) then stay small at low event rates, and a busy ring is still
@@ -547,3 +673,6 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         self._rings.clear()
         self._readers.clear()
         super().close()
+        fds, self._group_fds = self._group_fds, []
+        for fd in fds:  # after the object: its array of rings let go of them too
+            os.close(fd)

@@ -21,6 +21,17 @@
  * zstd comes in as function pointers from user space (ctypes loads
  * libzstd.so.1), so this library needs only the C library and loads wherever
  * the wheel goes. Shared structs: kernmlops/ebpf/copier.py.
+ *
+ * Ring groups (hooks/bpf.py, ring_groups): a table's records may come from
+ * several rings, one per group of CPUs, each moved by a copier thread of its
+ * own into the table's one spool. The rings of a spool share its segments: the
+ * first ring (the owner) holds them, its lock and its standby, and the others
+ * point at it (kmo_ring_share). A frame (CRC or zstd) is made outside that
+ * lock, so the copiers of one spool compress side by side; only the write of a
+ * whole frame and the segment's counts are made under it. Frames of one ring
+ * keep their order; records of one CPU are in one ring, so a CPU's order is
+ * kept too. One spool, however many rings: the row accounting, the workers at
+ * stop and `kernmlops recover` read it as they read a spool of one ring.
  */
 #define _GNU_SOURCE
 #include <endian.h>
@@ -41,7 +52,7 @@
 #define LEN_MASK (DISCARD_BIT - 1)
 #define HDR 8
 
-#define KMO_ABI 5
+#define KMO_ABI 6
 
 /* A raw frame's header (kernmlops.spool.frames.RAW_FRAME): the magic's top bit is
  * set, so it never reads as a zstd frame's compressed size (always < 2 GiB). */
@@ -93,7 +104,15 @@ struct kmo_ring {
 	uint64_t packed_cap;
 	uint8_t *line;       /* a record that wraps past the data area's end, joined */
 	uint64_t line_cap;
+	/* the ring whose segments, lock and standby this one writes into (a spool
+	 * fed by several rings); NULL: its own */
+	struct kmo_ring *owner;
 };
+
+static inline struct kmo_ring *owner_of(struct kmo_ring *r)
+{
+	return r->owner ? r->owner : r;
+}
 
 struct kmo_copier {
 	int32_t abi;
@@ -282,8 +301,19 @@ int kmo_crc32c_hw(void)
 
 static void lock(int32_t *l)
 {
-	while (__atomic_exchange_n(l, 1, __ATOMIC_ACQUIRE))
-		sched_yield();
+	unsigned spins = 0;
+
+	while (__atomic_exchange_n(l, 1, __ATOMIC_ACQUIRE)) {
+		/* a spool's other copier may hold it across a write that waits for the
+		 * disk (dirty page throttling): yield a while, then sleep between tries */
+		if (++spins < 64) {
+			sched_yield();
+		} else {
+			struct timespec nap = { 0, 20000 };
+
+			nanosleep(&nap, NULL);
+		}
+	}
 }
 
 static void unlock(int32_t *l)
@@ -378,16 +408,22 @@ static int write_all(int fd, const void *buf, size_t len)
 	return 0;
 }
 
-/* One raw frame: its header and the records, in one writev (a kill cuts at most
- * the frame being written: the last, which recover tells from damage). */
-static int put_raw(struct kmo_segment *s, const uint8_t *src, uint64_t len)
+/* A raw frame's header for `len` bytes of records at `src` (their CRC). */
+static void raw_head(uint32_t head[4], const uint8_t *src, uint64_t len)
 {
-	uint32_t head[4] = { htole32(RAW_MAGIC), htole32((uint32_t)len) };
+	head[0] = htole32(RAW_MAGIC);
+	head[1] = htole32((uint32_t)len);
+	head[2] = htole32(kmo_crc32c(0, src, len));
+	head[3] = htole32(kmo_crc32c(0, head, 12));
+}
+
+/* One raw frame: its header (raw_head) and the records, in one writev (a kill cuts
+ * at most the frame being written: the last, which recover tells from damage). */
+static int put_raw(struct kmo_segment *s, uint32_t head[4], const uint8_t *src, uint64_t len)
+{
 	struct iovec iov[2] = { { head, RAW_HEAD }, { (void *)src, len } };
 	uint64_t left = RAW_HEAD + len;
 
-	head[2] = htole32(kmo_crc32c(0, src, len));
-	head[3] = htole32(kmo_crc32c(0, head, 12));
 	while (left) {
 		ssize_t n = writev(s->fd, iov, 2);
 
@@ -472,12 +508,13 @@ static struct kmo_segment *switch_to_standby(struct kmo_ring *r)
 	return next;
 }
 
-static int put_zstd(struct kmo_copier *c, struct kmo_ring *r, struct kmo_segment *s,
-		    const uint8_t *src, uint64_t len)
+/* A zstd frame (its header and the compressed bytes) of `len` bytes of records,
+ * in r->packed; *size its bytes. */
+static int pack_zstd(struct kmo_copier *c, struct kmo_ring *r, const uint8_t *src, uint64_t len,
+		     size_t *size)
 {
 	size_t need = c->bound(len) + 8, n;
 	uint32_t head[2];
-	int err;
 
 	if (r->packed_cap < need) {
 		uint8_t *p = realloc(r->packed, need);
@@ -496,63 +533,94 @@ static int put_zstd(struct kmo_copier *c, struct kmo_ring *r, struct kmo_segment
 	head[0] = (uint32_t)n;
 	head[1] = (uint32_t)len;
 	memcpy(r->packed, head, 8);
-	err = write_all(s->fd, r->packed, n + 8);
-	if (err)
-		return err;
-	__atomic_store_n(&s->file_bytes, s->file_bytes + n + 8, __ATOMIC_RELEASE);
+	*size = n + 8;
 	return 0;
 }
 
-/* Copy what the ring holds; the bytes copied. With the ring's lock held. */
+static int put_zstd(struct kmo_ring *r, struct kmo_segment *s, size_t size)
+{
+	int err = write_all(s->fd, r->packed, size);
+
+	if (err)
+		return err;
+	__atomic_store_n(&s->file_bytes, s->file_bytes + size, __ATOMIC_RELEASE);
+	return 0;
+}
+
+/* Copy what the ring holds; the bytes copied. Takes the owner's lock around each
+ * write (the frame is made before, outside it). */
 static uint64_t copy_ring(struct kmo_copier *c, struct kmo_ring *r)
 {
+	struct kmo_ring *o = owner_of(r);
 	uint64_t cons = *r->cons, prod, total = 0;
 	uint64_t mask = r->size - 1;
 
-	if (r->error || !r->active)
+	if (r->error)
 		return 0;
 	prod = __atomic_load_n(r->prod, __ATOMIC_ACQUIRE);
 	while (cons < prod) {
-		struct kmo_segment *s = r->active;
-		/* a frame at most: what one damaged byte costs, and one step of reading back */
-		uint64_t max = s->zstd || c->frame_raw < r->size / 4 ? c->frame_raw : r->size / 4;
-		int wraps;
-		uint64_t run = committed(r, cons, prod, max, &wraps);
-		const uint8_t *src = r->data + (cons & mask);
-		int err;
+		struct kmo_segment *s;
+		uint32_t head[4];
+		size_t packed = 0;
+		uint64_t max, run;
+		const uint8_t *src;
+		int wraps, err;
 
+		lock(&o->lock);
+		s = o->active;
+		unlock(&o->lock);
+		if (!s)
+			break;
+		/* a frame at most: what one damaged byte costs, and one step of reading back */
+		max = s->zstd || c->frame_raw < r->size / 4 ? c->frame_raw : r->size / 4;
+		run = committed(r, cons, prod, max, &wraps);
+		src = r->data + (cons & mask);
 		if (!run)
 			break;
 		if (wraps && !(src = join_wrapped(r, cons, run))) {
 			r->error = ENOMEM;
 			break;
 		}
+		err = s->zstd ? pack_zstd(c, r, src, run, &packed) : (raw_head(head, src, run), 0);
+		if (err) {
+			r->error = err;
+			break;
+		}
+		lock(&o->lock);
+		if (o->active != s) { /* rotated meanwhile: made again for the new one */
+			unlock(&o->lock);
+			continue;
+		}
 		if (s->memory) { /* memory segments are raw: the budget counts their headers */
 			if (!kmo_budget_reserve(c->memory_used, c->memory_limit, run + RAW_HEAD)) {
-				s = switch_to_standby(r);
-				r->waiting = s == NULL;
+				s = switch_to_standby(o);
+				o->waiting = s == NULL;
+				unlock(&o->lock);
 				if (!s)
 					break; /* Python opens a standby at its next poll */
 				continue;
 			}
 		}
-		err = s->zstd ? put_zstd(c, r, s, src, run) : put_raw(s, src, run);
+		err = s->zstd ? put_zstd(r, s, packed) : put_raw(s, head, src, run);
 		if (err) {
+			unlock(&o->lock);
 			if (s->memory)
 				kmo_budget_release(c->memory_used, run + RAW_HEAD);
 			r->error = err;
 			break;
 		}
 		__atomic_store_n(&s->written, s->written + run, __ATOMIC_RELEASE);
-		cons += run;
-		__atomic_store_n(r->cons, cons, __ATOMIC_RELEASE);
-		total += run;
 		if (!s->memory && s->file_bytes - s->synced >= c->sync_bytes) {
 			/* Start writeback without waiting for it: dirty pages of a storm's
 			 * spool would otherwise make every fsync wait (the manifest's). */
 			sync_file_range(s->fd, 0, 0, SYNC_FILE_RANGE_WRITE);
 			s->synced = s->file_bytes;
 		}
+		unlock(&o->lock);
+		/* the consumer moves only once the bytes are in the file */
+		cons += run;
+		__atomic_store_n(r->cons, cons, __ATOMIC_RELEASE);
+		total += run;
 		prod = __atomic_load_n(r->prod, __ATOMIC_ACQUIRE);
 	}
 	if (total) {
@@ -567,13 +635,8 @@ uint64_t kmo_copier_pass(struct kmo_copier *c)
 {
 	uint64_t total = 0;
 
-	for (int i = 0; i < c->nrings; i++) {
-		struct kmo_ring *r = c->rings[i];
-
-		lock(&r->lock);
-		total += copy_ring(c, r);
-		unlock(&r->lock);
-	}
+	for (int i = 0; i < c->nrings; i++)
+		total += copy_ring(c, c->rings[i]); /* it takes the owner's lock itself */
 	return total;
 }
 
@@ -639,6 +702,13 @@ uint64_t kmo_ring_rotate(struct kmo_ring *r, struct kmo_segment *seg)
 	r->active = seg;
 	unlock(&r->lock);
 	return written;
+}
+
+/* Have ring `r` write into `owner`'s segments (a spool fed by several rings), or
+ * into its own (NULL); before the copiers start. */
+void kmo_ring_share(struct kmo_ring *r, struct kmo_ring *owner)
+{
+	r->owner = owner == r ? NULL : owner;
 }
 
 /* Give the ring a standby segment (where it goes once the budget is spent). */

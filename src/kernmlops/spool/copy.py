@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kernmlops.ebpf.copier import CopiedRing, Copier
-from kernmlops.ebpf.ringbuf import HEADER_SIZE, RingBuffer, decode, record_stride
+from kernmlops.ebpf.ringbuf import HEADER_SIZE, RingBuffer, RingGroup, decode, record_stride
 from kernmlops.lazy import lazy_import
 from kernmlops.spool.frames import CODEC, FRAME_RAW, RAW_FRAME, read_codec, write_codec
 from kernmlops.spool.jobs import SpoolPiece, frame_spans, pieces
@@ -104,6 +104,7 @@ class RingSpool(CopierSide):
         #: the native copier and its ring, while it moves this ring (attach)
         self._copier: Copier | None = None
         self._ring: CopiedRing | None = None
+        self._shared: list[tuple[Copier, CopiedRing]] = []
         #: the disk segment the copier goes on in once the memory budget is spent
         self._standby: Segment | None = None
         self._open_segment()
@@ -276,9 +277,10 @@ class RingSpool(CopierSide):
                 self._queued -= sum(len(c) for _, c in chunks)
                 self._cond.notify_all()
 
-    def take(self, reader: RingBuffer) -> int:
-        """Copy what the ring holds to the spool; the bytes copied (none while the
-        native copier moves it: then only what it did is looked at)."""
+    def take(self, reader: RingBuffer | RingGroup) -> int:
+        """Copy what the ring (or each ring of a group) holds to the spool; the bytes
+        copied (none while the native copier moves it: then only what it did is
+        looked at)."""
         if self._ring is not None:
             with self._cond:
                 self._sync()
@@ -445,7 +447,8 @@ class RingSpool(CopierSide):
         """Stop writing (what was handed over is written first); the files stay until
         :meth:`remove` (or a recovery)."""
         with self._cond:
-            if self._ring is not None and self._copier is not None and self._copier.running:
+            copiers = [self._copier, *(c for c, _ in self._shared)]
+            if self._ring is not None and any(c is not None and c.running for c in copiers):
                 raise RuntimeError("stop the copier before closing its spool")
             self.detach()
             self._closing = True

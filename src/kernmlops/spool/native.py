@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from kernmlops.ebpf.copier import ACTIVE, DONE, STANDBY, ChecksummedZstd, CopiedRing, Copier
@@ -28,15 +29,27 @@ class CopierSide:
     #: the native copier and its ring, while it moves this ring (attach)
     _copier: Copier | None
     _ring: CopiedRing | None
+    #: the other rings that write into this spool's segments, each with its copier
+    #: (a hook's rings of several CPU groups); their errors are the spool's too
+    _shared: list[tuple[Copier, CopiedRing]]
     #: the disk segment the copier goes on in once the memory budget is spent
     _standby: Segment | None
 
-    def attach(self, copier: Copier, ring: CopiedRing) -> None:
+    def attach(
+        self, copier: Copier, ring: CopiedRing, shared: Sequence[tuple[Copier, CopiedRing]] = ()
+    ) -> None:
         """From now on ``copier`` moves ``ring`` into this spool and :meth:`take` only
         looks at what it did: the empty tail becomes its active segment (zstd frames
         on disk, where it is not in memory), and a disk segment waits as its standby
-        for when the memory budget is spent."""
+        for when the memory budget is spent. ``shared``: more rings, each moved by its
+        own copier, that write into the same segments (ring groups): one spool, so
+        its rows are counted, made and recovered as one ring's."""
         with self._cond:
+            if any(c.compresses != copier.compresses for c, _ in shared):
+                raise RuntimeError("the copiers of one spool write one format")
+            for other, other_ring in shared:
+                other.share(other_ring, ring)
+            self._shared = list(shared)
             tail = self._tail
             if tail.written or self._queued:
                 raise RuntimeError("the copier takes over an empty spool")
@@ -88,14 +101,16 @@ class CopierSide:
         ring, copier = self._ring, self._copier
         if ring is None or copier is None:
             return
-        if check and copier.result is not None and copier.result < 0:
-            err = -copier.result  # its loop ended on an error (epoll): nothing copies now
-            raise OSError(err, f"the ring copier stopped: {os.strerror(err)}")
-        if ring.error and check:
-            # the segment the copier was writing: its filesystem is the one that failed
-            writing = next((s for s in self._live if s.native is not None and not s.native_done
-                            and s.native.state == ACTIVE), self._tail)  # fmt: skip
-            raise OSError(ring.error, os.strerror(ring.error), str(writing.path))
+        for each, each_ring in ((copier, ring), *self._shared):
+            if check and each.result is not None and each.result < 0:
+                err = -each.result  # its loop ended on an error (epoll): nothing copies now
+                raise OSError(err, f"the ring copier stopped: {os.strerror(err)}")
+            if each_ring.error and check:
+                # the segment the copier was writing: its filesystem is the one that failed
+                writing = next((s for s in self._live if s.native is not None
+                                and not s.native_done and s.native.state == ACTIVE),
+                               self._tail)  # fmt: skip
+                raise OSError(each_ring.error, os.strerror(each_ring.error), str(writing.path))
         for seg in self._live:
             if seg.native is not None and not seg.native_done:
                 seg.native_done = seg.native.state == DONE  # before written
@@ -124,6 +139,7 @@ class CopierSide:
                     seg.native = None
                     seg.native_done = False
             self._copier = self._ring = None
+            self._shared = []
 
     def _rotate(self) -> None:
         """(With the lock held, the tail read to its end) a new tail for the copier:
