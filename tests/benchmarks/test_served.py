@@ -9,8 +9,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from kernmlops.benchmarks._served import HOST, LocalServer
 from kernmlops.benchmarks.faux import FauxBenchmark
-from kernmlops.benchmarks.served import HOST, LocalServer
 from kernmlops.errors import BenchmarkError
 
 

@@ -323,6 +323,7 @@ def test_oncpu_counts_the_quanta_whose_switch_in_was_not_seen(
             child.kill()
             child.wait()
     # 0.3 s less its start-up (and what cpu.stat had not taken in at the first read:
-    # 243 ms once, on a loaded CI machine); the check is the equality below
-    assert unseen.blanked > 10 and used_us >= 200_000
+    # 243 ms once, 157 ms another time, on a loaded CI machine: the burn is by the clock,
+    # and the CPU a 2-vCPU machine gives it varies); the check is the equality below
+    assert unseen.blanked > 10 and used_us >= 100_000
     assert got_us == pytest.approx(used_us, abs=2), (got_us, used_us)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import Field, model_validator
 
+from kernmlops.benchmarks._served import HOST, LocalServer
 from kernmlops.benchmarks._tools import require_tool
 from kernmlops.benchmarks.base import (
     Benchmark,
@@ -26,7 +27,6 @@ from kernmlops.benchmarks.base import (
     Launch,
     result_frame,
 )
-from kernmlops.benchmarks.served import HOST, LocalServer
 from kernmlops.lazy import lazy_import
 
 if TYPE_CHECKING:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import Field, field_validator
 
+from kernmlops.benchmarks._served import HOST, LocalServer
 from kernmlops.benchmarks._tools import require_tool
 from kernmlops.benchmarks.base import (
     Benchmark,
@@ -30,7 +31,6 @@ from kernmlops.benchmarks.base import (
     Launch,
     result_frame,
 )
-from kernmlops.benchmarks.served import HOST, LocalServer
 from kernmlops.lazy import lazy_import
 
 if TYPE_CHECKING:
