@@ -64,6 +64,7 @@ from kernmlops.ebpf.build import compile_object, default_build_dir
 from kernmlops.ebpf.copier import Copier
 from kernmlops.ebpf.libbpf import ProgTestRunOpts, lib
 from kernmlops.ebpf.objects import open_and_load
+from kernmlops.ebpf.ringbuf import record_stride
 from kernmlops.hooks.base import HookContext
 from kernmlops.hooks.quanta_runtime import QuantaRuntimeHook
 from kernmlops.spool.copy import SYNC_BYTES, RingSpool
@@ -161,17 +162,10 @@ def stage_spool(obj, folder: Path, memory: SpoolMemory | None, itemsize: int, se
     copied = copier.rings[0].copied - copied0
     spool.detach()
     copier.close()
-    stride = (itemsize + 8 + 7) // 8 * 8
-    batches = copied // stride
+    batches = copied // record_stride(itemsize)
     on_disk = sum(p.stat().st_size for p in folder.glob("*.ring"))
-    records = batches * RECORDS_PER_BATCH
     return {
-        "records": records,
-        "wall_s": round(wall, 3),
-        "reader_cpu_s": round(cpu, 3),
-        "records_per_s": round(records / wall),
-        "records_per_reader_cpu_s": round(records / cpu) if cpu else None,
-        "mb_per_s": round(copied / wall / 1e6, 1),
+        **_copy_rates(copied, itemsize, wall, cpu),
         "producer_found_full": after["full"] - before["full"],
         "sent_batches": after["sent"] - before["sent"],
         "copied_batches": int(batches),
@@ -216,16 +210,21 @@ def stage_spool_groups(objs: list, folder: Path, memory: SpoolMemory, itemsize: 
         c.close()
     spool.close()
     spool.remove()
-    records = copied // ((itemsize + 8 + 7) // 8 * 8) * RECORDS_PER_BATCH
+    return {"copiers": len(copiers), **_copy_rates(copied, itemsize, wall, cpu),
+            "producer_found_full": full}  # fmt: skip
+
+
+def _copy_rates(copied: int, itemsize: int, wall: float, cpu: float) -> dict:
+    """Records (quanta batches' records) and rates of ``copied`` ring bytes moved in
+    ``wall`` seconds with ``cpu`` seconds of the copiers' CPU."""
+    records = copied // record_stride(itemsize) * RECORDS_PER_BATCH
     return {
-        "copiers": len(copiers),
         "records": records,
         "wall_s": round(wall, 3),
         "reader_cpu_s": round(cpu, 3),
         "records_per_s": round(records / wall),
         "records_per_reader_cpu_s": round(records / cpu) if cpu else None,
         "mb_per_s": round(copied / wall / 1e6, 1),
-        "producer_found_full": full,
     }
 
 

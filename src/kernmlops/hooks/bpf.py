@@ -6,7 +6,6 @@ import math
 import os
 import time
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from pydantic import Field, field_validator
@@ -23,7 +22,7 @@ from kernmlops.ebpf.ringbuf import RingBuffer, RingGroup
 from kernmlops.ebpf.spec import ObjectSpec, object_spec
 from kernmlops.errors import HookUnavailable, KernmlopsError
 from kernmlops.hooks.base import Hook, HookContext, HookOptions, OptionsT
-from kernmlops.host.cpus import SYS_CPU, online_cpu_count, parse_cpu_list
+from kernmlops.host.cpus import online_cpu_count, online_cpus
 from kernmlops.lazy import lazy_import
 from kernmlops.spool.copy import SYNC_BYTES, RingSpool
 from kernmlops.spool.frames import FRAME_RAW
@@ -67,15 +66,7 @@ def ring_group_plan(groups: int, possible: int) -> tuple[int, int]:
 def _cpu_span() -> int:
     """One past the highest CPU online: the CPU numbers cut in groups. A CPU that
     comes online later past it writes into ring 0 (common.h, kmo_ring_of)."""
-    online = parse_cpu_list(_read_text(SYS_CPU / "online"))
-    return max(online) + 1 if online else libbpf.num_possible_cpus()
-
-
-def _read_text(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except OSError:
-        return None
+    return max(online_cpus()) + 1
 
 
 def default_ring_kib(cpus: int | None = None) -> int:
@@ -143,10 +134,7 @@ class BpfHookOptions(HookOptions):
         serves its group's CPUs, so the default follows their count)."""
         if self.ring_kib is not None:
             return self.ring_kib * 1024
-        groups = self.groups
-        if groups == 1:
-            return default_ring_kib() * 1024
-        return default_ring_kib(-(-online_cpu_count() // groups)) * 1024
+        return default_ring_kib(-(-online_cpu_count() // self.groups)) * 1024
 
 
 #: the longest a poll makes rows from a spool before it copies the rings again (s): a
