@@ -2,7 +2,8 @@
 user sees at scale.
 
 Per run: events and drops per hook, the collector's peak RSS (VmHWM, sampled every
-0.1 s), the peak growth of /dev/shm (the memory spool), CPU seconds per collector
+0.1 s), the peak growth of /dev/shm (the memory spool) and of the output folder (the
+disk spool's frames, staging, then the parts), CPU seconds per collector
 thread by name (at the storm's end and at exit: ``kmo-copier`` is the ring copier
 and zstd's workers), the time from the storm's end to the collector's exit (rows
 made, parts compacted) and what ``read_collection`` then reads.
@@ -17,6 +18,7 @@ completed" line).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -92,6 +94,16 @@ def shm_used() -> int:
     return (st.f_blocks - st.f_bfree) * st.f_frsize
 
 
+def tree_bytes(root: Path) -> int:
+    """Bytes of the files under ``root`` (the collection, its disk spool and staging)."""
+    total = 0
+    for folder, _, files in os.walk(root):
+        for f in files:
+            with contextlib.suppress(OSError):  # gone meanwhile (a frame read, a part moved)
+                total += os.lstat(os.path.join(folder, f)).st_size
+    return total
+
+
 def storm_argv(storm: str | None, pairs: int, seconds: float) -> list[str]:
     if storm:
         return [storm, str(pairs), f"{seconds:g}"]
@@ -134,7 +146,8 @@ def one(storm: str | None, pairs: int, seconds: float, extra: list[str]) -> dict
 
     th = threading.Thread(target=read, daemon=True)
     th.start()
-    peak_rss = peak_shm = peak_children = 0
+    peak_rss = peak_shm = peak_children = peak_disk = 0
+    n = 0
     threads: dict[int, tuple[str, float]] = {}
     at_end: dict[str, float] | None = None
     while p.poll() is None:
@@ -142,6 +155,9 @@ def one(storm: str | None, pairs: int, seconds: float, extra: list[str]) -> dict
         peak_shm = max(peak_shm, shm_used() - shm0)
         peak_children = max(peak_children, children_rss_kb(p.pid))
         thread_cpu(p.pid, threads)
+        if n % 5 == 0:  # the output folder every 0.5 s: the disk spool's frames, then parts
+            peak_disk = max(peak_disk, tree_bytes(out))
+        n += 1
         if at_end is None and any(_ended(ln) for _, ln in lines):
             at_end = {}
             for comm, cpu in threads.values():
@@ -165,6 +181,7 @@ def one(storm: str | None, pairs: int, seconds: float, extra: list[str]) -> dict
         "collector_peak_rss_mb": peak_rss / 1024,
         "row_workers_peak_rss_mb": peak_children / 1024,
         "shm_peak_mb": peak_shm / 2**20,
+        "output_peak_mb": peak_disk / 2**20,
     }
     # the storm prints one JSON line at its end: that time is the benchmark's end
     storm_end = next((t for t, ln in lines if _ended(ln)), None)
@@ -228,8 +245,9 @@ def main(argv: list[str] | None = None) -> int:
         configs[w] = ["-c", str(path)]
     runs = [(s, w) for s in a.seconds for _ in range(a.rounds) for w in settings]
     for s, w in runs:
-        # a run takes the storm, then ~3x as long again to make its rows (16 CPUs)
-        if a.deadline and time.time() + s * 4 + 25 > a.deadline:
+        # a run takes the storm, then up to as long again to make its rows (16 CPUs,
+        # row workers) and to read them back
+        if a.deadline and time.time() + s * 2 + 25 > a.deadline:
             body.setdefault("skipped", []).append(s)
             print(f"[storm-tree] {s:g} s: skipped (deadline)", flush=True)
             continue
@@ -244,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
               f"exit {rec['exit_s']:.1f} s, "
               f"end->exit {rec['end_to_exit_s']}, rss {rec['collector_peak_rss_mb']:.0f} MB "
               f"(row workers {rec['row_workers_peak_rss_mb']:.0f} MB), "
-              f"shm {rec['shm_peak_mb']:.0f} MB, read {rec.get('read_collection_s')}, "
+              f"shm {rec['shm_peak_mb']:.0f} MB, output peak {rec['output_peak_mb']:.0f} MB, "
+              f"read {rec.get('read_collection_s')}, "
               f"events {sum((h.get('events') or 0) for h in hooks.values())}, drops {drops}, "
               f"rows {rec.get('read_rows')}", flush=True)  # fmt: skip
         print(f"    threads' CPU s at the storm's end {rec['cpu_s_at_storm_end']}, at exit "

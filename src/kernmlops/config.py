@@ -123,11 +123,14 @@ class CollectorConfig(_Strict):
         "the collection's disk, compressed. null: 64 MiB per CPU online (a storm spools "
         "~13 MiB/s per CPU), at least 256, at most 1/16 of the RAM. 0: all on disk",
     )
-    spool_spare_cpus: float = Field(
-        0.5,
+    spool_spare_cpus: float | None = Field(
+        None,
         ge=0,
         description="with spool: rows are made during the run only while this much CPU "
-        "(in CPUs) was idle over the last 0.1 s",
+        "(in CPUs) was idle over the last 0.1 s. null: a quarter of the CPUs the collector "
+        "may use, at least 0.5 (a workload that waits on its own wake-ups, such as a switch "
+        "storm, leaves a CPU or two idle between them on a large machine: rows made there "
+        "delay it; the stop's row workers make them instead)",
     )
     spool_row_workers: int | None = Field(
         None,

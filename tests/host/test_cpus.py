@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from kernmlops.host.cpus import SpareCpu, online_cpus
+from kernmlops.host.cpus import SpareCpu, default_spare_need, online_cpus
 from tests.conftest import skip_here
 
 
@@ -51,3 +51,14 @@ def test_spare_cpu_counts_only_the_cpus_the_collector_may_use() -> None:
         assert not pinned.ask()  # what the other CPUs had idle does not count
     finally:
         os.sched_setaffinity(0, before)
+
+
+def test_spare_cpu_by_default_is_a_quarter_of_the_cpus_the_collector_may_use() -> None:
+    # Half a CPU up to 2 CPUs (the development VM: as before); 4 idle CPUs of 16, where
+    # a switch storm's wake-ups left over half a CPU idle and rows made there slowed it.
+    assert default_spare_need(1) == default_spare_need(2) == 0.5
+    assert default_spare_need(16) == 4.0 and default_spare_need(192) == 48.0
+    assert SpareCpu(cpus=set(range(16))).need == 4.0
+    assert SpareCpu(cpus={0, 1}).need == 0.5
+    assert SpareCpu().need == max(0.5, len(os.sched_getaffinity(0)) / 4)
+    assert SpareCpu(need=0.0, cpus=set(range(16))).need == 0.0  # a setting wins

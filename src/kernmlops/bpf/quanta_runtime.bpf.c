@@ -52,11 +52,13 @@ KMO_BATCHED_RING(quanta_switch_rb, quanta_switch_event);
  * slot of quanta_task_cpu_slots, else task storage. */
 KMO_TASK_CPU_MAP(quanta_task_cpu);
 
-/* What runs on this CPU and its CPU time when it came in; this CPU's clock. */
+/* What runs on this CPU, its CPU time when it came in and whether the filter
+ * wants it; this CPU's clock. */
 struct oncpu {
 	u64 sum_exec_at_in; /* next->se.sum_exec_runtime at the switch in */
 	u32 pid;
-	u32 seen;
+	u16 seen;
+	u16 wanted;	    /* kmo_tgid_wanted(next's tgid) at the switch in */
 	struct kmo_switch_clock clock;
 };
 
@@ -83,10 +85,21 @@ static __always_inline int on_switch(bool btf, struct task_struct *prev,
 	bool has_run = false, has_queued = false;
 	struct quanta_switch_event_batch *batch;
 	struct quanta_switch_event *e;
+	bool prev_wanted, next_wanted;
 	u64 now;
 
 	if (!cur)
 		return 0;
+
+	/* The filter's map only grows (a tgid enters before it first runs, or before
+	 * the programs attach), so prev's answer is the one it got when it came in on
+	 * this CPU: one map lookup a switch, not two (a command's tree; system-wide
+	 * the filter is a compare). */
+	if (cur->seen && cur->pid == prev_pid)
+		prev_wanted = cur->wanted;
+	else
+		prev_wanted = kmo_tgid_wanted(prev_tgid);
+	next_wanted = next_pid && kmo_tgid_wanted(next_tgid);
 
 	/* The quantum that just ended (pid 0 is the idle task): from the task's
 	 * own account where it has one (sched_wait.h: a switch in may never reach
@@ -95,7 +108,7 @@ static __always_inline int on_switch(bool btf, struct task_struct *prev,
 	 * storage), a fair task's slice start (prev_sum_exec_runtime: set when the
 	 * task is picked, and reset when the kernel re-sets a running task) is the
 	 * best estimate, and for other classes the quantum is not known. */
-	if (prev_pid && kmo_tgid_wanted(prev_tgid)) {
+	if (prev_pid && prev_wanted) {
 		u64 sum = KMO_READ(btf, prev, se.sum_exec_runtime);
 		u64 slice_start = KMO_READ(btf, prev, se.prev_sum_exec_runtime);
 
@@ -117,12 +130,13 @@ static __always_inline int on_switch(bool btf, struct task_struct *prev,
 	}
 	cur->pid = next_pid;
 	cur->seen = 1;
+	cur->wanted = next_wanted;
 	cur->sum_exec_at_in = KMO_READ(btf, next, se.sum_exec_runtime);
 
 	if (btf && kmo_has_rq_clock(next)) {
 		u64 clock = 0;
 
-		if (kmo_has_sched_info(next) && next_pid && kmo_tgid_wanted(next_tgid)) {
+		if (next_wanted && kmo_has_sched_info(next)) {
 			clock = kmo_rq_clock(btf, next);
 			has_queued = kmo_queued_ns_at(btf, next, clock, &queued_ns);
 		}
@@ -133,7 +147,7 @@ static __always_inline int on_switch(bool btf, struct task_struct *prev,
 		now = kmo_switch_time(&cur->clock, clock,
 				      kmo_clock_fresh(prev_pid, next_pid, has_queued, queued_ns));
 	} else {
-		if (kmo_has_sched_info(next) && next_pid && kmo_tgid_wanted(next_tgid))
+		if (next_wanted && kmo_has_sched_info(next))
 			has_queued = kmo_queued_ns(btf, next, &queued_ns);
 		if (!has_run && !has_queued)
 			return 0;

@@ -69,6 +69,14 @@ def online_cpus() -> list[int]:
     return read_cpu_list(SYS_CPU / "online") or list(range(os.cpu_count() or 1))
 
 
+def default_spare_need(cpus: int) -> float:
+    """Idle CPUs that count as spare for making rows during a run: a quarter of the
+    ``cpus`` the collector may use, at least half a CPU. A 16-core switch storm left
+    over half a CPU idle between its wake-ups, and rows made there took ~0.5 of a CPU
+    from it; the stop's row workers make them in a fraction of the run's time."""
+    return max(0.5, cpus / 4)
+
+
 class SpareCpu:
     """Whether the machine has CPU to spare for making rows: idle CPU time over the
     last ``window_s``, from /proc/stat (cheap: read at most every ``window_s``).
@@ -79,14 +87,14 @@ class SpareCpu:
     own use spare under a switch storm, taking up to 20% of a CPU from it."""
 
     def __init__(
-        self, window_s: float = 0.1, need: float = 0.5, cpus: set[int] | None = None
+        self, window_s: float = 0.1, need: float | None = None, cpus: set[int] | None = None
     ) -> None:
         self.window_s = window_s
-        self.need = need
         # Only the CPUs the collector may run on: pinned to 2 CPUs of a 16-CPU
         # machine (taskset, a cpuset), the 14 idle others are not spare for it, and
         # rows made "in spare time" took 24% of the 2 CPUs from a storm.
         allowed = cpus if cpus is not None else os.sched_getaffinity(0)
+        self.need = default_spare_need(len(allowed)) if need is None else need
         self._cpus = (
             None if set(online_cpus()) <= allowed else {f"cpu{c}".encode() for c in allowed}
         )
