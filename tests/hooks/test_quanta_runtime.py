@@ -308,9 +308,11 @@ def test_quanta_of_a_task_whose_slot_another_owns_are_the_tasks_cpu_time(
 
 
 NAPS = r"""
+#define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#include <sys/resource.h>
 /* The kernel's own counts of this task's switches: in (sched_info's pcount,
  * /proc/self/schedstat) and out (voluntary and involuntary, /proc/self/status). */
 static void switches(long *in, long *out)
@@ -334,25 +336,41 @@ static void switches(long *in, long *out)
 	fclose(f);
 }
 
+/* The same count out, cheaply: one system call, no file. */
+static long switched_out(void)
+{
+	struct rusage r;
+
+	if (getrusage(RUSAGE_THREAD, &r))
+		exit(2);
+	return r.ru_nvcsw + r.ru_nivcsw;
+}
+
 /* naps N US: N times, read CLOCK_MONOTONIC, sleep US microseconds, read it
- * again; then print the kernel's switch counts over the naps, and each pair (ns). */
+ * again; then print the kernel's switch counts over the naps, and for each nap
+ * its two readings (ns) and the switches out the kernel counted between them
+ * (0 where the timer expired before nanosleep reached schedule(): a vCPU the
+ * host held for that long). */
 int main(int argc, char **argv)
 {
 	long n = atol(argv[1]), us = atol(argv[2]), in0, out0, in1, out1;
 	struct timespec *t = malloc(sizeof(*t) * 2 * n);
+	long *s = malloc(sizeof(*s) * n);
 	struct timespec nap = {0, us * 1000};
 
 	switches(&in0, &out0);
 	for (long i = 0; i < n; i++) {
 		clock_gettime(CLOCK_MONOTONIC, &t[2 * i]);
+		s[i] = switched_out();
 		nanosleep(&nap, NULL);
+		s[i] = switched_out() - s[i];
 		clock_gettime(CLOCK_MONOTONIC, &t[2 * i + 1]);
 	}
 	switches(&in1, &out1);
 	printf("%ld %ld\n", in1 - in0, out1 - out0);
 	for (long i = 0; i < 2 * n; i += 2)
-		printf("%lld %lld\n", t[i].tv_sec * 1000000000LL + t[i].tv_nsec,
-			t[i + 1].tv_sec * 1000000000LL + t[i + 1].tv_nsec);
+		printf("%lld %lld %ld\n", t[i].tv_sec * 1000000000LL + t[i].tv_nsec,
+			t[i + 1].tv_sec * 1000000000LL + t[i + 1].tv_nsec, s[i / 2]);
 	return 0;
 }
 """
@@ -411,6 +429,16 @@ def observer(compile_bpf: Callable[[str, str], Path]) -> Path:
     return compile_bpf("observer", OBSERVER)
 
 
+#: how far outside its nap a row may be dated (a few µs seen under load)
+NEAR_US = 20
+
+
+def _holds(ts: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """For each window [lo, hi] (µs), whether the sorted times ``ts`` have one in it."""
+    at = np.searchsorted(ts, lo, side="left")
+    return (at < len(ts)) & (ts[np.minimum(at, len(ts) - 1)] <= hi)
+
+
 @pytest.mark.bpf
 def test_switch_times_are_the_kernels_clock_on_the_monotonic_one(
     naps: Path, observer: Path
@@ -453,22 +481,33 @@ def test_switch_times_are_the_kernels_clock_on_the_monotonic_one(
     windows = np.array([line.split() for line in pairs], np.int64)
     assert len(windows) == n
     lo, hi = windows[:, 0] // 1000, windows[:, 1] // 1000  # µs, truncated as the rows are
+    # A nap the kernel switched the task out in; not every one is: under load, the
+    # host may hold the vCPU past the timer's expiry before nanosleep reaches
+    # schedule(), and then nothing switches.
+    slept = windows[:, 2] > 0
+    assert slept.sum() >= n - n // 10, int(slept.sum())
     outs = pl.concat(frames["quanta_runtime"]).filter(pl.col("pid") == child.pid)
     ins = pl.concat(frames["quanta_queued_time"]).filter(pl.col("pid") == child.pid)
     # Every switch the tracepoint delivers is a row: as many as the observer saw.
     assert (ins.height, outs.height) == (switched_in, switched_out)
-    # Each nap holds its switch out and its switch back in, at the times given.
-    # The tracepoint misses a few switches in a thousand (seen here: a kworker
-    # preempted by the woken task), which the kernel counts but no program on
-    # sched_switch sees, bpftrace's neither: those naps have no row. A row given
+    # Each nap the task slept in holds its switch out and its switch back in, at the
+    # times given. The tracepoint misses a few switches in a thousand (seen here: a
+    # kworker preempted by the woken task), which the kernel counts but no program
+    # on sched_switch sees, bpftrace's neither: those naps have no row. A row given
     # a wrong time leaves its nap empty too, with no missed switch to excuse it.
+    # The time is the run queue's clock, which is µs off the task's own readings
+    # at times on a loaded machine: its offset to the monotonic clock is read late
+    # (kmo_switch_time), and a switch that a wake-up asked for keeps the wake-up's
+    # clock. So a few naps (1 in 200) may have their row just outside: within
+    # NEAR_US, never further (a clock off by a constant moves most rows out).
     for rows, kernel_count in ((ins, kernel_in), (outs, kernel_out)):
         ts = np.sort(rows["ts_uptime_us"].to_numpy())
         missed = kernel_count - int(((ts >= lo[0]) & (ts <= hi[-1])).sum())
-        at = np.searchsorted(ts, lo, side="left")
-        inside = (at < len(ts)) & (ts[np.minimum(at, len(ts) - 1)] <= hi)
         assert 0 <= missed <= n // 50, (missed, kernel_count)
-        assert inside.sum() >= n - missed, (int((~inside).sum()), missed, n)
+        inside, near = (_holds(ts, lo - d, hi + d)[slept] for d in (0, NEAR_US))
+        due = int(slept.sum()) - missed  # naps that must hold their row
+        assert near.sum() >= due, (int((~near).sum()), missed, int(slept.sum()))
+        assert inside.sum() >= due - n // 200, (int((~inside).sum()), missed, n)
     # Each quantum: a switch in, then the switch out on the same CPU.
     events = pl.concat([
         ins.select("ts_uptime_us", "cpu", run=pl.lit(None, pl.Int64)),
@@ -478,7 +517,7 @@ def test_switch_times_are_the_kernels_clock_on_the_monotonic_one(
     quanta = events.with_columns(came=pl.col("ts_uptime_us").shift(1)).filter(
         pl.col("run").is_not_null() & came_in
     )
-    assert quanta.height >= n - n // 50
+    assert quanta.height >= slept.sum() - n // 50
     apart = (quanta["ts_uptime_us"] - quanta["came"] - quanta["run"]).to_numpy()
     # Truncated times and a rounded quantum: 1 us either way; IRQ and steal time
     # the kernel does not charge make some longer.
