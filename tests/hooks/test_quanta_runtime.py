@@ -20,6 +20,7 @@ import pytest
 from kernmlops.hooks.quanta_runtime import NO_TIME, QuantaRuntimeHook, split_switches
 from tests.hooks.conftest import build_c
 from tests.rows import as_frame, polled
+from tests.switches import counting_switches
 from tests.unseen import BURN, Unseen, wait_asleep
 
 BOUNCE = r"""
@@ -307,128 +308,6 @@ def test_quanta_of_a_task_whose_slot_another_owns_are_the_tasks_cpu_time(
     )
 
 
-NAPS = r"""
-#define _GNU_SOURCE
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
-#include <sys/resource.h>
-/* The kernel's own counts of this task's switches: in (sched_info's pcount,
- * /proc/self/schedstat) and out (voluntary and involuntary, /proc/self/status). */
-static void switches(long *in, long *out)
-{
-	char line[256];
-	long v;
-	FILE *f = fopen("/proc/self/schedstat", "r");
-
-	if (!f || fscanf(f, "%*llu %*llu %ld", in) != 1)
-		exit(2);
-	fclose(f);
-	*out = 0;
-	if (!(f = fopen("/proc/self/status", "r")))
-		exit(2);
-	while (fgets(line, sizeof(line), f)) {
-		if (sscanf(line, "voluntary_ctxt_switches: %ld", &v) == 1)
-			*out += v;
-		if (sscanf(line, "nonvoluntary_ctxt_switches: %ld", &v) == 1)
-			*out += v;
-	}
-	fclose(f);
-}
-
-/* The same count out, cheaply: one system call, no file. */
-static long switched_out(void)
-{
-	struct rusage r;
-
-	if (getrusage(RUSAGE_THREAD, &r))
-		exit(2);
-	return r.ru_nvcsw + r.ru_nivcsw;
-}
-
-/* naps N US: N times, read CLOCK_MONOTONIC, sleep US microseconds, read it
- * again; then print the kernel's switch counts over the naps, and for each nap
- * its two readings (ns) and the switches out the kernel counted between them
- * (0 where the timer expired before nanosleep reached schedule(): a vCPU the
- * host held for that long). */
-int main(int argc, char **argv)
-{
-	long n = atol(argv[1]), us = atol(argv[2]), in0, out0, in1, out1;
-	struct timespec *t = malloc(sizeof(*t) * 2 * n);
-	long *s = malloc(sizeof(*s) * n);
-	struct timespec nap = {0, us * 1000};
-
-	switches(&in0, &out0);
-	for (long i = 0; i < n; i++) {
-		clock_gettime(CLOCK_MONOTONIC, &t[2 * i]);
-		s[i] = switched_out();
-		nanosleep(&nap, NULL);
-		s[i] = switched_out() - s[i];
-		clock_gettime(CLOCK_MONOTONIC, &t[2 * i + 1]);
-	}
-	switches(&in1, &out1);
-	printf("%ld %ld\n", in1 - in0, out1 - out0);
-	for (long i = 0; i < 2 * n; i += 2)
-		printf("%lld %lld %ld\n", t[i].tv_sec * 1000000000LL + t[i].tv_nsec,
-			t[i + 1].tv_sec * 1000000000LL + t[i + 1].tv_nsec, s[i / 2]);
-	return 0;
-}
-"""
-
-
-@pytest.fixture(scope="module")
-def naps(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_c(tmp_path_factory, "naps", NAPS)
-
-
-#: The independent count: a second program on the same tracepoint, as plain as
-#: can be, counting each switch in and out of the children of one process.
-OBSERVER = r"""
-#include "common.h"
-
-const volatile u32 parent_tgid = 0;
-
-struct switches { u64 ins; u64 outs; };
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 64);
-	__type(key, u32);
-	__type(value, struct switches);
-} switches SEC(".maps");
-
-static __always_inline void count(struct task_struct *t, bool in)
-{
-	struct switches zero = {}, *c;
-	u32 pid = t->pid;
-
-	if (!pid || t->real_parent->tgid != parent_tgid)
-		return;
-	c = bpf_map_lookup_elem(&switches, &pid);
-	if (!c) {
-		bpf_map_update_elem(&switches, &pid, &zero, BPF_NOEXIST);
-		c = bpf_map_lookup_elem(&switches, &pid);
-		if (!c)
-			return;
-	}
-	__sync_fetch_and_add(in ? &c->ins : &c->outs, 1);
-}
-
-SEC("tp_btf/sched_switch")
-int BPF_PROG(observe, bool preempt, struct task_struct *prev, struct task_struct *next)
-{
-	count(prev, false);
-	count(next, true);
-	return 0;
-}
-"""
-
-
-@pytest.fixture(scope="module")
-def observer(compile_bpf: Callable[[str, str], Path]) -> Path:
-    return compile_bpf("observer", OBSERVER)
-
-
 #: how far outside its nap a row may be dated (a few µs seen under load)
 NEAR_US = 20
 
@@ -441,7 +320,7 @@ def _holds(ts: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 
 @pytest.mark.bpf
 def test_switch_times_are_the_kernels_clock_on_the_monotonic_one(
-    naps: Path, observer: Path
+    naps: Path, compile_bpf: Callable[[str, str], Path]
 ) -> None:
     """The switch's time is the run queue's clock put on CLOCK_MONOTONIC. A task
     that reads CLOCK_MONOTONIC before and after each nanosleep sees the switch out
@@ -451,7 +330,6 @@ def test_switch_times_are_the_kernels_clock_on_the_monotonic_one(
     tracepoint misses by the idle exit: ~11 us in a VM). The rows are as many as
     a second program on the tracepoint counts, and every nap lacking its row is
     a switch the kernel counted and the tracepoint missed."""
-    from kernmlops.ebpf.objects import open_and_load
     from kernmlops.hooks.base import HookContext
 
     hook = QuantaRuntimeHook(QuantaRuntimeHook.Options())
@@ -459,8 +337,7 @@ def test_switch_times_are_the_kernels_clock_on_the_monotonic_one(
     n = 2_000
     child = subprocess.Popen(["true"])
     child.wait()
-    with open_and_load(observer, globals_={"parent_tgid": os.getpid()}) as seen:
-        seen.attach_all()
+    with counting_switches(compile_bpf, parent_tgid=os.getpid()) as seen:
         try:
             hook.start(HookContext("t", process_filter=None, self_tgid=os.getpid()))
             child = subprocess.Popen([str(naps), str(n), "200"], stdout=subprocess.PIPE, text=True)
@@ -473,9 +350,9 @@ def test_switch_times_are_the_kernels_clock_on_the_monotonic_one(
             if child.poll() is None:
                 child.kill()
                 child.wait()
-        counted = seen.map("switches").lookup(child.pid)
+        counted = seen.of(child.pid)
     assert child.returncode == 0 and hook.status.drops == 0 and counted is not None
-    switched_in, switched_out = np.frombuffer(counted, "<u8").tolist()
+    switched_in, switched_out = counted
     kernel, *pairs = out.splitlines()
     kernel_in, kernel_out = map(int, kernel.split())
     windows = np.array([line.split() for line in pairs], np.int64)
