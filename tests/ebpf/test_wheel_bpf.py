@@ -59,9 +59,13 @@ def test_a_fresh_install_runs_without_a_compiler(wheel: Path, tmp_path: Path) ->
     site = Path(sysconfig.get_paths(vars={"base": str(venv), "platbase": str(venv)})["purelib"])
     deps = sysconfig.get_paths()["purelib"]
     (site / "dependencies.pth").write_text(deps + "\n")
+    # pip runs in the new venv's interpreter with this environment: a PYTHONPATH of the
+    # source tree (PYTHONPATH=src) would show it src/kernmlops.egg-info (left by the
+    # build), as kernmlops already installed, and it would skip the wheel
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"),
                     "install", "-q", "--no-deps", "--no-index", str(wheel)],
-                   check=True, capture_output=True)  # fmt: skip
+                   check=True, capture_output=True, env=clean)  # fmt: skip
     home, bin_dir, log = tmp_path / "home", tmp_path / "bin", tmp_path / "trap.log"
     home.mkdir()
     bin_dir.mkdir()
@@ -84,6 +88,11 @@ def test_a_fresh_install_runs_without_a_compiler(wheel: Path, tmp_path: Path) ->
         f"{kmo} export --check"
     )
     env = {"PATH": str(bin_dir), "HOME": str(home), "LANG": "C.UTF-8"}
+    # the package these commands run is the wheel's, not the source tree's
+    where = subprocess.run([str(venv / "bin" / "python"), "-c",
+                            "import kernmlops; print(kernmlops.__file__)"],
+                           env=env, capture_output=True, text=True, check=True)  # fmt: skip
+    assert Path(where.stdout.strip()).is_relative_to(site / "kernmlops"), where.stdout
     argv = [unshare, "--mount", "--propagation", "private", "/bin/sh", "-c", script]
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
     doctor = (tmp_path / "doctor.txt").read_text() if (tmp_path / "doctor.txt").exists() else ""

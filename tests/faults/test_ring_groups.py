@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import numpy as np
 import polars as pl
 import pytest
 
@@ -25,64 +24,11 @@ from tests.faults.conftest import (
     wait_until,
 )
 from tests.hooks.conftest import build_c
-from tests.hooks.test_quanta_runtime import NAPS
+from tests.switches import NAPS, counting_switches
 
 pytestmark = pytest.mark.bpf
 
-#: counts each switch in and out of every task, per pid, and notes the pids seen named
-#: COMM (a task has its name only from its exec: its switches as the shell's child and
-#: as taskset are its rows too)
-COUNTER = r"""
-#include "common.h"
-
-const volatile u64 comm8 = 0; /* the first 8 bytes of the name noted */
-
-struct switches { u64 ins; u64 outs; };
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1 << 16);
-	__type(key, u32);
-	__type(value, struct switches);
-} switches SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 64);
-	__type(key, u32);
-	__type(value, u32);
-} named SEC(".maps");
-
-static __always_inline void count(struct task_struct *t, bool in)
-{
-	struct switches zero = {}, *c;
-	u32 pid = t->pid, one = 1;
-	u64 head = 0;
-
-	if (!pid)
-		return;
-	bpf_probe_read_kernel(&head, sizeof(head), t->comm);
-	if (head == comm8)
-		bpf_map_update_elem(&named, &pid, &one, BPF_ANY);
-	c = bpf_map_lookup_elem(&switches, &pid);
-	if (!c) {
-		bpf_map_update_elem(&switches, &pid, &zero, BPF_NOEXIST);
-		c = bpf_map_lookup_elem(&switches, &pid);
-		if (!c)
-			return;
-	}
-	__sync_fetch_and_add(in ? &c->ins : &c->outs, 1);
-}
-
-SEC("tp_btf/sched_switch")
-int BPF_PROG(observe, bool preempt, struct task_struct *prev, struct task_struct *next)
-{
-	count(prev, false);
-	count(next, true);
-	return 0;
-}
-"""
-COMM = "ringnaps"  # 8 bytes: the counter compares them whole
+COMM = "ringnaps"  # 8 bytes: the counter compares them whole (tests.switches)
 
 
 @pytest.fixture(scope="module")
@@ -96,23 +42,8 @@ def counted(
 ) -> Iterator[Callable[[], dict[int, tuple[int, int]]]]:
     """A reading of pid -> (switches in, switches out) of every task named COMM, counted
     from before the collection starts."""
-    from kernmlops.ebpf.objects import open_and_load
-
-    path = compile_bpf("ringnaps_counter", COUNTER)
-    comm8 = int.from_bytes(COMM.encode(), "little")
-    with open_and_load(path, globals_={"comm8": comm8}) as obj:
-        obj.attach_all()
-
-        def read() -> dict[int, tuple[int, int]]:
-            found = {}
-            for key in obj.map("named"):  # its keys
-                value = obj.map("switches").lookup(key)
-                assert value is not None
-                ins, outs = np.frombuffer(value, "<u8").tolist()
-                found[int.from_bytes(key, "little")] = (ins, outs)
-            return found
-
-        yield read
+    with counting_switches(compile_bpf, comm=COMM) as seen:
+        yield seen.named
 
 
 def _workload(naps: Path, done: Path, then: str) -> list[str]:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.switches import NAPS
+
 
 def build_c(tmp_path_factory: pytest.TempPathFactory, name: str, source: str) -> Path:
     """Compile a C workload (gcc -O1) into a fresh folder; the binary is called
@@ -15,3 +17,9 @@ def build_c(tmp_path_factory: pytest.TempPathFactory, name: str, source: str) ->
     (folder / f"{name}.c").write_text(source)
     subprocess.run(["gcc", "-O1", "-o", str(folder / name), str(folder / f"{name}.c")], check=True)
     return folder / name
+
+
+@pytest.fixture(scope="module")
+def naps(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The naps workload (:data:`tests.switches.NAPS`), built."""
+    return build_c(tmp_path_factory, "naps", NAPS)

@@ -20,6 +20,7 @@ import pytest
 from kernmlops.hooks.quanta_runtime import NO_TIME, QuantaRuntimeHook, split_switches
 from tests.hooks.conftest import build_c
 from tests.rows import as_frame, polled
+from tests.switches import counting_switches
 from tests.unseen import BURN, Unseen, wait_asleep
 
 BOUNCE = r"""
@@ -307,113 +308,19 @@ def test_quanta_of_a_task_whose_slot_another_owns_are_the_tasks_cpu_time(
     )
 
 
-NAPS = r"""
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
-/* The kernel's own counts of this task's switches: in (sched_info's pcount,
- * /proc/self/schedstat) and out (voluntary and involuntary, /proc/self/status). */
-static void switches(long *in, long *out)
-{
-	char line[256];
-	long v;
-	FILE *f = fopen("/proc/self/schedstat", "r");
-
-	if (!f || fscanf(f, "%*llu %*llu %ld", in) != 1)
-		exit(2);
-	fclose(f);
-	*out = 0;
-	if (!(f = fopen("/proc/self/status", "r")))
-		exit(2);
-	while (fgets(line, sizeof(line), f)) {
-		if (sscanf(line, "voluntary_ctxt_switches: %ld", &v) == 1)
-			*out += v;
-		if (sscanf(line, "nonvoluntary_ctxt_switches: %ld", &v) == 1)
-			*out += v;
-	}
-	fclose(f);
-}
-
-/* naps N US: N times, read CLOCK_MONOTONIC, sleep US microseconds, read it
- * again; then print the kernel's switch counts over the naps, and each pair (ns). */
-int main(int argc, char **argv)
-{
-	long n = atol(argv[1]), us = atol(argv[2]), in0, out0, in1, out1;
-	struct timespec *t = malloc(sizeof(*t) * 2 * n);
-	struct timespec nap = {0, us * 1000};
-
-	switches(&in0, &out0);
-	for (long i = 0; i < n; i++) {
-		clock_gettime(CLOCK_MONOTONIC, &t[2 * i]);
-		nanosleep(&nap, NULL);
-		clock_gettime(CLOCK_MONOTONIC, &t[2 * i + 1]);
-	}
-	switches(&in1, &out1);
-	printf("%ld %ld\n", in1 - in0, out1 - out0);
-	for (long i = 0; i < 2 * n; i += 2)
-		printf("%lld %lld\n", t[i].tv_sec * 1000000000LL + t[i].tv_nsec,
-			t[i + 1].tv_sec * 1000000000LL + t[i + 1].tv_nsec);
-	return 0;
-}
-"""
+#: how far outside its nap a row may be dated (a few µs seen under load)
+NEAR_US = 20
 
 
-@pytest.fixture(scope="module")
-def naps(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_c(tmp_path_factory, "naps", NAPS)
-
-
-#: The independent count: a second program on the same tracepoint, as plain as
-#: can be, counting each switch in and out of the children of one process.
-OBSERVER = r"""
-#include "common.h"
-
-const volatile u32 parent_tgid = 0;
-
-struct switches { u64 ins; u64 outs; };
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 64);
-	__type(key, u32);
-	__type(value, struct switches);
-} switches SEC(".maps");
-
-static __always_inline void count(struct task_struct *t, bool in)
-{
-	struct switches zero = {}, *c;
-	u32 pid = t->pid;
-
-	if (!pid || t->real_parent->tgid != parent_tgid)
-		return;
-	c = bpf_map_lookup_elem(&switches, &pid);
-	if (!c) {
-		bpf_map_update_elem(&switches, &pid, &zero, BPF_NOEXIST);
-		c = bpf_map_lookup_elem(&switches, &pid);
-		if (!c)
-			return;
-	}
-	__sync_fetch_and_add(in ? &c->ins : &c->outs, 1);
-}
-
-SEC("tp_btf/sched_switch")
-int BPF_PROG(observe, bool preempt, struct task_struct *prev, struct task_struct *next)
-{
-	count(prev, false);
-	count(next, true);
-	return 0;
-}
-"""
-
-
-@pytest.fixture(scope="module")
-def observer(compile_bpf: Callable[[str, str], Path]) -> Path:
-    return compile_bpf("observer", OBSERVER)
+def _holds(ts: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """For each window [lo, hi] (µs), whether the sorted times ``ts`` have one in it."""
+    at = np.searchsorted(ts, lo, side="left")
+    return (at < len(ts)) & (ts[np.minimum(at, len(ts) - 1)] <= hi)
 
 
 @pytest.mark.bpf
 def test_switch_times_are_the_kernels_clock_on_the_monotonic_one(
-    naps: Path, observer: Path
+    naps: Path, compile_bpf: Callable[[str, str], Path]
 ) -> None:
     """The switch's time is the run queue's clock put on CLOCK_MONOTONIC. A task
     that reads CLOCK_MONOTONIC before and after each nanosleep sees the switch out
@@ -423,7 +330,6 @@ def test_switch_times_are_the_kernels_clock_on_the_monotonic_one(
     tracepoint misses by the idle exit: ~11 us in a VM). The rows are as many as
     a second program on the tracepoint counts, and every nap lacking its row is
     a switch the kernel counted and the tracepoint missed."""
-    from kernmlops.ebpf.objects import open_and_load
     from kernmlops.hooks.base import HookContext
 
     hook = QuantaRuntimeHook(QuantaRuntimeHook.Options())
@@ -431,8 +337,7 @@ def test_switch_times_are_the_kernels_clock_on_the_monotonic_one(
     n = 2_000
     child = subprocess.Popen(["true"])
     child.wait()
-    with open_and_load(observer, globals_={"parent_tgid": os.getpid()}) as seen:
-        seen.attach_all()
+    with counting_switches(compile_bpf, parent_tgid=os.getpid()) as seen:
         try:
             hook.start(HookContext("t", process_filter=None, self_tgid=os.getpid()))
             child = subprocess.Popen([str(naps), str(n), "200"], stdout=subprocess.PIPE, text=True)
@@ -445,30 +350,41 @@ def test_switch_times_are_the_kernels_clock_on_the_monotonic_one(
             if child.poll() is None:
                 child.kill()
                 child.wait()
-        counted = seen.map("switches").lookup(child.pid)
+        counted = seen.of(child.pid)
     assert child.returncode == 0 and hook.status.drops == 0 and counted is not None
-    switched_in, switched_out = np.frombuffer(counted, "<u8").tolist()
+    switched_in, switched_out = counted
     kernel, *pairs = out.splitlines()
     kernel_in, kernel_out = map(int, kernel.split())
     windows = np.array([line.split() for line in pairs], np.int64)
     assert len(windows) == n
     lo, hi = windows[:, 0] // 1000, windows[:, 1] // 1000  # µs, truncated as the rows are
+    # A nap the kernel switched the task out in; not every one is: under load, the
+    # host may hold the vCPU past the timer's expiry before nanosleep reaches
+    # schedule(), and then nothing switches.
+    slept = windows[:, 2] > 0
+    assert slept.sum() >= n - n // 10, int(slept.sum())
     outs = pl.concat(frames["quanta_runtime"]).filter(pl.col("pid") == child.pid)
     ins = pl.concat(frames["quanta_queued_time"]).filter(pl.col("pid") == child.pid)
     # Every switch the tracepoint delivers is a row: as many as the observer saw.
     assert (ins.height, outs.height) == (switched_in, switched_out)
-    # Each nap holds its switch out and its switch back in, at the times given.
-    # The tracepoint misses a few switches in a thousand (seen here: a kworker
-    # preempted by the woken task), which the kernel counts but no program on
-    # sched_switch sees, bpftrace's neither: those naps have no row. A row given
+    # Each nap the task slept in holds its switch out and its switch back in, at the
+    # times given. The tracepoint misses a few switches in a thousand (seen here: a
+    # kworker preempted by the woken task), which the kernel counts but no program
+    # on sched_switch sees, bpftrace's neither: those naps have no row. A row given
     # a wrong time leaves its nap empty too, with no missed switch to excuse it.
+    # The time is the run queue's clock, which is µs off the task's own readings
+    # at times on a loaded machine: its offset to the monotonic clock is read late
+    # (kmo_switch_time), and a switch that a wake-up asked for keeps the wake-up's
+    # clock. So a few naps (1 in 200) may have their row just outside: within
+    # NEAR_US, never further (a clock off by a constant moves most rows out).
     for rows, kernel_count in ((ins, kernel_in), (outs, kernel_out)):
         ts = np.sort(rows["ts_uptime_us"].to_numpy())
         missed = kernel_count - int(((ts >= lo[0]) & (ts <= hi[-1])).sum())
-        at = np.searchsorted(ts, lo, side="left")
-        inside = (at < len(ts)) & (ts[np.minimum(at, len(ts) - 1)] <= hi)
         assert 0 <= missed <= n // 50, (missed, kernel_count)
-        assert inside.sum() >= n - missed, (int((~inside).sum()), missed, n)
+        inside, near = (_holds(ts, lo - d, hi + d)[slept] for d in (0, NEAR_US))
+        due = int(slept.sum()) - missed  # naps that must hold their row
+        assert near.sum() >= due, (int((~near).sum()), missed, int(slept.sum()))
+        assert inside.sum() >= due - n // 200, (int((~inside).sum()), missed, n)
     # Each quantum: a switch in, then the switch out on the same CPU.
     events = pl.concat([
         ins.select("ts_uptime_us", "cpu", run=pl.lit(None, pl.Int64)),
@@ -478,7 +394,7 @@ def test_switch_times_are_the_kernels_clock_on_the_monotonic_one(
     quanta = events.with_columns(came=pl.col("ts_uptime_us").shift(1)).filter(
         pl.col("run").is_not_null() & came_in
     )
-    assert quanta.height >= n - n // 50
+    assert quanta.height >= slept.sum() - n // 50
     apart = (quanta["ts_uptime_us"] - quanta["came"] - quanta["run"]).to_numpy()
     # Truncated times and a rounded quantum: 1 us either way; IRQ and steal time
     # the kernel does not charge make some longer.

@@ -16,19 +16,8 @@ import polars as pl
 import pytest
 
 from kernmlops.hooks.quanta_runtime import QuantaRuntimeHook
-from tests.hooks.conftest import build_c
-from tests.hooks.test_quanta_runtime import NAPS, OBSERVER
 from tests.rows import polled
-
-
-@pytest.fixture(scope="module")
-def naps(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_c(tmp_path_factory, "naps", NAPS)
-
-
-@pytest.fixture(scope="module")
-def observer(compile_bpf: Callable[[str, str], Path]) -> Path:
-    return compile_bpf("observer", OBSERVER)
+from tests.switches import counting_switches
 
 
 def _two_cpus() -> None:
@@ -39,11 +28,14 @@ def _two_cpus() -> None:
 @pytest.mark.bpf
 @pytest.mark.parametrize("how", ["native", "python", "rings"])
 def test_two_rings_bring_every_switch_once(
-    naps: Path, observer: Path, tmp_path: Path, how: str, monkeypatch: pytest.MonkeyPatch
+    naps: Path,
+    compile_bpf: Callable[[str, str], Path],
+    tmp_path: Path,
+    how: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """native: each ring's copier thread into the one spool; python: the poll loop
     copies both rings into it; rings: no spool, rows straight from both rings."""
-    from kernmlops.ebpf.objects import open_and_load
     from kernmlops.hooks import bpf
     from kernmlops.hooks.base import HookContext
     from kernmlops.spool.memory import SpoolMemory
@@ -63,8 +55,7 @@ def test_two_rings_bring_every_switch_once(
                       spool_memory=memory)  # fmt: skip
     n = 2_000
     children: list[subprocess.Popen[str]] = []
-    with open_and_load(observer, globals_={"parent_tgid": os.getpid()}) as seen:
-        seen.attach_all()
+    with counting_switches(compile_bpf, parent_tgid=os.getpid()) as seen:
         try:
             hook.start(ctx)
             ((ring, _),) = hook._rings.values()
@@ -84,7 +75,7 @@ def test_two_rings_bring_every_switch_once(
                 if c.poll() is None:
                     c.kill()
                     c.wait()
-        counted = {c.pid: seen.map("switches").lookup(c.pid) for c in children}
+        counted = {c.pid: seen.of(c.pid) for c in children}
     assert all(c.returncode == 0 for c in children) and all(outs)
     assert hook.status.drops == 0
     if how == "python":
@@ -96,19 +87,26 @@ def test_two_rings_bring_every_switch_once(
     queued = pl.concat(frames["quanta_queued_time"])
     quanta = pl.concat(frames["quanta_runtime"])
     for cpu, child in enumerate(children):
-        raw = counted[child.pid]
-        assert raw is not None
-        switched_in, switched_out = np.frombuffer(raw, "<u8").tolist()
+        counts = counted[child.pid]
+        assert counts is not None
+        switched_in, switched_out = counts
         ins = queued.filter(pl.col("pid") == child.pid)
         ran = quanta.filter(pl.col("pid") == child.pid)
         # a switch out per nap (the tracepoint misses a few in a thousand: test_quanta_runtime)
         assert switched_out >= n - n // 50
         # every switch the tracepoint delivered is one row, none twice
         assert (ins.height, ran.height) == (switched_in, switched_out), child.pid
-        # pinned (taskset may switch out once elsewhere before it pins itself): its
-        # rows came through its CPU's ring, and keep that CPU's order
+        # pinned (taskset may switch out elsewhere before it pins itself): its rows
+        # during its naps came through its CPU's ring, one for each nap the kernel
+        # switched it out in (not every one: see test_quanta_runtime), less the few
+        # the tracepoint misses, and keep that CPU's order
+        naps_ns = np.array([line.split() for line in outs[cpu].splitlines()[1:]], np.int64)
+        slept = int((naps_ns[:, 2] > 0).sum())
+        lo, hi = naps_ns[0, 0] // 1000, naps_ns[-1, 1] // 1000
+        during = ran.filter(pl.col("ts_uptime_us").is_between(lo, hi))
+        assert (during["cpu"] == cpu).all(), during.filter(pl.col("cpu") != cpu)
+        assert len(naps_ns) == n and during.height >= slept - n // 50, (during.height, slept)
         on_cpu = ran.filter(pl.col("cpu") == cpu)
-        assert on_cpu.height >= n
         assert np.all(np.diff(on_cpu["ts_uptime_us"].to_numpy()) >= 0)
 
 

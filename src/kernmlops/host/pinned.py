@@ -129,6 +129,95 @@ class _Rights:
         return mode & bits == bits
 
 
+def _followed_for_invoker(link: os.stat_result, folder: os.stat_result) -> bool:
+    """As root, whether following ``link`` (found in ``folder``, and allowed by
+    :func:`may_follow`) is on the invoker's behalf: not root's own link in a folder only
+    root can change. Past it, the walk goes only where the invoker could."""
+    return os.geteuid() == 0 and (link.st_uid != 0 or _others_write(folder))
+
+
+@dataclass
+class _InvokerChecks:
+    """What a walk checks for the invoking sudo user (``uid``; None: no sudo), as root:
+    no folder of a third user on the way, links followed only as :func:`may_follow`
+    allows and, once one of theirs was followed (``via``, worded for messages), every
+    folder past it checked with their rights (``rights``, None when not root under
+    sudo). ``path`` and ``action`` word the refusals."""
+
+    path: Path
+    action: str
+    uid: int | None
+    via: str | None = None
+    rights: _Rights | None = None
+
+    @classmethod
+    def of(cls, path: Path, action: str, uid: int | None, via: str | None) -> _InvokerChecks:
+        rights = _Rights.of(uid) if os.geteuid() == 0 and uid is not None else None
+        return cls(path, action, uid, via, rights)
+
+    @property
+    def _write(self) -> bool:
+        return self.action != "read"
+
+    def _past_link(self) -> _Rights | None:
+        """The invoker's rights once the walk is past a link of theirs (as root under
+        sudo), where they count; None before."""
+        return self.rights if self.via else None
+
+    def _refuse(self, here: Path, verb: str) -> UnsafePath:
+        who = _user(self.uid) if self.uid is not None else "its owner"
+        return UnsafePath(
+            f"cannot {self.action} {self.path}: {self.via}, to {here}, which {who} could "
+            f"not {verb}: as root, kernmlops follows a link of {who}'s only where {who} "
+            "could go"
+        )
+
+    def opened(self, st: os.stat_result, here: Path, made: bool) -> None:
+        """Folder ``here`` (``st``) was opened on the way (``made``: by this walk)."""
+        if os.geteuid() != 0 or self.uid is None:
+            return
+        if st.st_uid not in (0, self.uid) and (self._write or self.via):
+            raise UnsafePath(
+                f"cannot {self.action} {self.path}: {here} belongs to {_user(st.st_uid)}, "
+                f"neither to you ({_user(self.uid)}) nor to root: as root, kernmlops "
+                f"{'writes in' if self._write else 'follows your link into'} no folder "
+                "another user can change"
+            )
+        rights = self._past_link()
+        if rights is not None and not made:
+            if _open_to_others(st):
+                raise self._refuse(here, "keep from other users (it is open to them)")
+            if not rights.may(st, 1):
+                raise self._refuse(here, "enter")
+
+    def may_make_in(self, parent: int, where: Path, mine: bool) -> None:
+        """A folder is to be made in ``parent`` (``where``; ``mine``: made by this walk,
+        where the invoker's right was checked above it)."""
+        rights = self._past_link()
+        if rights is not None and not mine and not rights.may(os.fstat(parent), 3):
+            raise self._refuse(where, "write in") from None
+
+    def follow(self, link: os.stat_result, folder: os.stat_result, here: Path) -> None:
+        """The link ``here`` (``link``, in ``folder``) is to be followed: refused unless
+        :func:`may_follow`; one followed for the invoker starts their checks."""
+        if not may_follow(link, folder, self.uid):
+            raise UnsafePath(
+                f"cannot {self.action} {self.path}: {here} is a link in a folder "
+                f"{_user(folder.st_uid)} can change; root does not follow "
+                f"it: name the folder it leads to ({os.path.realpath(here)})"
+            ) from None
+        if self.via is None and _followed_for_invoker(link, folder):
+            self.via = f"{here} is a link in a folder {_user(folder.st_uid)} can change"
+
+    def last(self, fd: int, here: Path, made: bool) -> None:
+        """The walk's last folder ``here`` (``fd``): past a link of the invoker's, one
+        they may write in (read, to read), unless this walk made it."""
+        rights = self._past_link()
+        want = 3 if self._write else 5  # write in it, or read it (and enter it, both)
+        if rights is not None and not made and not rights.may(os.fstat(fd), want):
+            raise self._refuse(here, "write in" if self._write else "read")
+
+
 @dataclass
 class Pinned:
     """A folder held open. ``path`` is as it was named (for messages, the manifest),
@@ -186,9 +275,7 @@ def _walk(path: Path, todo: list[str], start: int, start_path: Path, *, create: 
     """:func:`pin`'s walk of the names ``todo`` from the folder ``start`` (a descriptor
     it owns, named ``start_path``). ``via``: the walk already went through a link of
     the invoker's (so worded)."""
-    root = os.geteuid() == 0
-    write = action != "read"
-    rights = _Rights.of(invoker_uid) if root and invoker_uid is not None else None
+    checks = _InvokerChecks.of(path, action, invoker_uid, via)
     try:
         proc_dev = os.stat("/proc").st_dev
     except OSError:
@@ -201,31 +288,11 @@ def _walk(path: Path, todo: list[str], start: int, start_path: Path, *, create: 
     popped: list[tuple[int, int, Path]] = []  # made, then left by '..': (fd, parent, name)
     links = 0
 
-    def refuse_via(here: Path, verb: str) -> UnsafePath:
-        who = _user(invoker_uid) if invoker_uid is not None else "its owner"
-        return UnsafePath(
-            f"cannot {action} {path}: {via}, to {here}, which {who} could not {verb}: as "
-            f"root, kernmlops follows a link of {who}'s only where {who} could go"
-        )
-
     def accept(fd: int, made: bool, here: Path) -> None:
-        """The checks on each folder opened, then held on the stack."""
+        """Each folder opened is held on the stack (so a refusal closes it), then checked."""
         st = os.fstat(fd)
         stack.append((fd, made and st.st_uid == os.geteuid(), here))
-        if not root or invoker_uid is None:
-            return
-        if st.st_uid not in (0, invoker_uid) and (write or via):
-            raise UnsafePath(
-                f"cannot {action} {path}: {here} belongs to {_user(st.st_uid)}, "
-                f"neither to you ({_user(invoker_uid)}) nor to root: as root, kernmlops "
-                f"{'writes in' if write else 'follows your link into'} no folder another "
-                "user can change"
-            )
-        if via and rights is not None and not made:
-            if _open_to_others(st):
-                raise refuse_via(here, "keep from other users (it is open to them)")
-            if not rights.may(st, 1):
-                raise refuse_via(here, "enter")
+        checks.opened(st, here, made)
 
     try:
         while todo:
@@ -258,10 +325,7 @@ def _walk(path: Path, todo: list[str], start: int, start_path: Path, *, create: 
                     raise _err(
                         f"{path}: no such folder ({here} is missing)", "no such folder"
                     ) from None
-                # in a folder this walk made, the invoker's right was checked above it
-                mine = stack[-1][1]
-                if via and rights is not None and not mine and not rights.may(os.fstat(parent), 3):
-                    raise refuse_via(where, "write in") from None
+                checks.may_make_in(parent, where, mine=stack[-1][1])
                 try:
                     os.mkdir(name, 0o755, dir_fd=parent)
                     made = True
@@ -280,19 +344,11 @@ def _walk(path: Path, todo: list[str], start: int, start_path: Path, *, create: 
                     ) from None
                 links += 1
                 folder = os.fstat(parent)
-                if not may_follow(st, folder, invoker_uid):
-                    raise UnsafePath(
-                        f"cannot {action} {path}: {here} is a link in a folder "
-                        f"{_user(folder.st_uid)} can change; root does not follow "
-                        f"it: name the folder it leads to ({os.path.realpath(here)})"
-                    ) from None
+                checks.follow(st, folder, here)
                 if links > _MAX_LINKS:
                     raise _err(
                         f"cannot {action} {path}: too many links", "too many links"
                     ) from None
-                if root and (st.st_uid != 0 or _others_write(folder)) and via is None:
-                    # followed for the invoker: from here on, only where they could go
-                    via = f"{here} is a link in a folder {_user(folder.st_uid)} can change"
                 if folder.st_dev == proc_dev:
                     # /proc/self, /proc/<pid>/fd/N: the kernel goes to what is open; the
                     # name readlink shows may have been given to another folder meanwhile
@@ -315,11 +371,9 @@ def _walk(path: Path, todo: list[str], start: int, start_path: Path, *, create: 
             except OSError as err:
                 raise _err(f"cannot open {what} {path}: {_why(err)}", err.strerror) from None
             accept(fd, made, here)
-        fd, made, here = stack.pop()
-        want = 3 if write else 5  # write in it, or read it (and enter it, both)
-        if via and rights is not None and not made and not rights.may(os.fstat(fd), want):
-            stack.append((fd, made, here))
-            raise refuse_via(here, "write in" if write else "read")
+        fd, made, here = stack[-1]
+        checks.last(fd, here, made)  # refused: still on the stack, closed below
+        stack.pop()
         if made and os.fstat(fd).st_mode & 0o022:  # umask 0: no one else may write in it
             os.fchmod(fd, 0o755)
         made_above = [f for f, _, _ in popped] + [f for f, m, _ in stack if m]
@@ -468,7 +522,7 @@ def open_plain(folder: int, name: str, shown: Path, *, invoker_uid: int | None =
     if base in ("", ".", ".."):
         raise OSError(errno.ELOOP, "a link to a folder", str(shown))
     via = None
-    if link.st_uid != 0 or _others_write(held):
+    if _followed_for_invoker(link, held):
         via = f"{shown} is a link in a folder {_user(held.st_uid)} can change"
     if head.startswith("/"):
         start, start_path, todo = os.open("/", _DIR), Path("/"), list(Path(head).parts[1:])
