@@ -57,9 +57,10 @@ def _batches(layout, records: list[tuple], first_ns: int, cpu: int) -> np.ndarra
 
 def test_a_batch_splits_into_both_tables_with_the_batchs_time_and_cpu() -> None:
     from kernmlops.ebpf.btf import unbatch
-    from kernmlops.ebpf.build import object_path
+    from kernmlops.ebpf.build import build, object_path
     from kernmlops.ebpf.spec import object_spec
 
+    build()  # the object's BTF gives the layout: this test may run first in a fresh tree
     layout = object_spec(object_path("quanta_runtime")).ring_layouts()["quanta_switch_rb"]
     # 32 bytes a switch: the time is the batch's first_ns plus at_ns, the CPU the
     # batch's; durations are 48 bits of ns in a high u16 and a low u32.
