@@ -60,6 +60,7 @@ struct oncpu {
 	u16 seen;
 	u16 wanted;	    /* kmo_tgid_wanted(next's tgid) at the switch in */
 	struct kmo_switch_clock clock;
+	u32 wanted_tgids[KMO_WANTED_SLOTS]; /* kmo_tgid_wanted_cached */
 };
 
 struct {
@@ -91,15 +92,18 @@ static __always_inline int on_switch(bool btf, struct task_struct *prev,
 	if (!cur)
 		return 0;
 
-	/* The filter's map only grows (a tgid enters before it first runs, or before
-	 * the programs attach), so prev's answer is the one it got when it came in on
-	 * this CPU: one map lookup a switch, not two (a command's tree; system-wide
-	 * the filter is a compare). */
-	if (cur->seen && cur->pid == prev_pid)
+	/* Following a tree, the filter is a map lookup. The map only grows (a tgid
+	 * enters before it first runs, or before the programs attach), so prev's
+	 * answer is the one it got when it came in on this CPU, and next's is a
+	 * remembered yes for the tree's processes: no lookup a switch within the
+	 * tree, one for a task outside it. System-wide the filter is a compare, and
+	 * these branches are gone (kmo_filter_on is read-only: the verifier drops
+	 * what it rules out). */
+	if (kmo_filter_on && cur->seen && cur->pid == prev_pid)
 		prev_wanted = cur->wanted;
 	else
-		prev_wanted = kmo_tgid_wanted(prev_tgid);
-	next_wanted = next_pid && kmo_tgid_wanted(next_tgid);
+		prev_wanted = kmo_tgid_wanted_cached(cur->wanted_tgids, prev_tgid);
+	next_wanted = next_pid && kmo_tgid_wanted_cached(cur->wanted_tgids, next_tgid);
 
 	/* The quantum that just ended (pid 0 is the idle task): from the task's
 	 * own account where it has one (sched_wait.h: a switch in may never reach
@@ -130,7 +134,8 @@ static __always_inline int on_switch(bool btf, struct task_struct *prev,
 	}
 	cur->pid = next_pid;
 	cur->seen = 1;
-	cur->wanted = next_wanted;
+	if (kmo_filter_on)
+		cur->wanted = next_wanted;
 	cur->sum_exec_at_in = KMO_READ(btf, next, se.sum_exec_runtime);
 
 	if (btf && kmo_has_rq_clock(next)) {
