@@ -138,7 +138,7 @@ def record(name: str | None = None, argv: Sequence[str] | None = None) -> dict[s
 # --- results files ------------------------------------------------------------------------
 def portable(text: str) -> str:
     """Paths under the checkout become relative to it, so results read the same anywhere."""
-    return text.replace(str(ROOT) + "/", "")
+    return text.replace(str(ROOT) + "/", "").replace(str(ROOT), ".")  # "found in <root>;"
 
 
 def save(path: Path, result: Any, *, indent: int | None = 2) -> None:

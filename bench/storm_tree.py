@@ -14,6 +14,7 @@ with ``round_trips`` at its end (the 16-core recipe's static ``storm``); without
 completed" line).
 
     sudo python -m bench storm-tree --storm ./storm --seconds 5 15
+    sudo python -m bench storm-tree --seconds 4 --rounds 6 --bpf-stats --baseline /tmp/old-site
 """
 
 from __future__ import annotations
@@ -120,7 +121,36 @@ def _ended(line: str) -> bool:
     )
 
 
-def one(storm: str | None, pairs: int, seconds: float, extra: list[str]) -> dict:
+def tree_env(tree: Path | None) -> dict[str, str] | None:
+    """The environment that runs ``kernmlops`` from another tree: a source checkout
+    (its ``src/``) or a folder a wheel was installed into; None: this one."""
+    if tree is None:
+        return None
+    path = tree / "src" if (tree / "src" / "kernmlops").is_dir() else tree
+    if not (path / "kernmlops").is_dir():
+        raise SystemExit(f"--baseline {tree}: no kernmlops there (a checkout or a --target folder)")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(path), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def program_ns(pid: int) -> dict[str, list[int]]:
+    """name -> [run_time_ns, run_cnt] of the BPF programs process ``pid`` holds (with
+    the kernel's run-time statistics on: ``--bpf-stats``)."""
+    from bench.overhead import bpf_prog_stats
+
+    out: dict[str, list[int]] = {}
+    for name, ns, cnt in bpf_prog_stats(pid).values():
+        acc = out.setdefault(name, [0, 0])
+        acc[0] += ns
+        acc[1] += cnt
+    return out
+
+
+def one(
+    storm: str | None, pairs: int, seconds: float, extra: list[str],
+    env: dict[str, str] | None = None, stats: bool = False,
+) -> dict:  # fmt: skip
     out = Path(tempfile.mkdtemp(prefix="kmo-tree-"))
     argv = [
         sys.executable,
@@ -137,7 +167,7 @@ def one(storm: str | None, pairs: int, seconds: float, extra: list[str]) -> dict
     shm0 = shm_used()
     lines: list[tuple[float, str]] = []
     t0 = time.monotonic()
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
     def read() -> None:
         assert p.stdout is not None
@@ -150,6 +180,7 @@ def one(storm: str | None, pairs: int, seconds: float, extra: list[str]) -> dict
     n = 0
     threads: dict[int, tuple[str, float]] = {}
     at_end: dict[str, float] | None = None
+    progs: dict[str, list[int]] = {}
     while p.poll() is None:
         peak_rss = max(peak_rss, hwm_kb(p.pid))
         peak_shm = max(peak_shm, shm_used() - shm0)
@@ -158,6 +189,8 @@ def one(storm: str | None, pairs: int, seconds: float, extra: list[str]) -> dict
         if n % 5 == 0:  # the output folder every 0.5 s: the disk spool's frames, then parts
             peak_disk = max(peak_disk, tree_bytes(out))
         n += 1
+        if stats and at_end is None:
+            progs = program_ns(p.pid) or progs  # the last reading before the storm's end
         if at_end is None and any(_ended(ln) for _, ln in lines):
             at_end = {}
             for comm, cpu in threads.values():
@@ -182,6 +215,8 @@ def one(storm: str | None, pairs: int, seconds: float, extra: list[str]) -> dict
         "row_workers_peak_rss_mb": peak_children / 1024,
         "shm_peak_mb": peak_shm / 2**20,
         "output_peak_mb": peak_disk / 2**20,
+        "bpf_ns_per_run": {n: ns / cnt for n, (ns, cnt) in progs.items() if cnt},
+        "bpf_runs": {n: cnt for n, (_, cnt) in progs.items()},
     }
     # the storm prints one JSON line at its end: that time is the benchmark's end
     storm_end = next((t for t, ln in lines if _ended(ln)), None)
@@ -232,8 +267,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=1, help="runs of each setting and duration")
     ap.add_argument("--deadline", type=float, default=0.0,
                     help="unix time: no run starts that would end after it")  # fmt: skip
+    ap.add_argument("--baseline", type=Path,
+                    help="another tree (a checkout, or a folder a wheel was installed into "
+                    "with pip --target): its runs alternate with this tree's")  # fmt: skip
+    ap.add_argument("--bpf-stats", action="store_true",
+                    help="time every BPF program run (costs two clock reads a run): each "
+                    "program's ns per run until the storm's end")  # fmt: skip
     ap.add_argument("--out", type=Path, default=harness.result_path("storm-tree"))
     a = ap.parse_args(argv)
+    trees: dict[str, dict[str, str] | None] = {"this": None}
+    if a.baseline:
+        trees["baseline"] = tree_env(a.baseline.resolve())
+    stats_fd = -1
+    if a.bpf_stats:
+        from bench.overhead import enable_bpf_stats
+
+        stats_fd = enable_bpf_stats()
     pairs = a.pairs or len(os.sched_getaffinity(0))
     extra = a.collect_args.split()
     body: dict = {"pairs": pairs, "cpus": len(os.sched_getaffinity(0)), "runs": []}
@@ -243,22 +292,26 @@ def main(argv: list[str] | None = None) -> int:
         path = Path(tempfile.mkstemp(prefix="kmo-rows-", suffix=".yaml")[1])
         path.write_text(f"collector:\n  spool_row_workers: {w}\n")
         configs[w] = ["-c", str(path)]
-    runs = [(s, w) for s in a.seconds for _ in range(a.rounds) for w in settings]
-    for s, w in runs:
+    runs = [(s, w, t) for s in a.seconds for _ in range(a.rounds) for w in settings for t in trees]
+    for s, w, t in runs:
         # a run takes the storm, then up to as long again to make its rows (16 CPUs,
         # row workers) and to read them back
         if a.deadline and time.time() + s * 2 + 25 > a.deadline:
             body.setdefault("skipped", []).append(s)
             print(f"[storm-tree] {s:g} s: skipped (deadline)", flush=True)
             continue
-        rec = one(a.storm, pairs, s, extra + configs[w])
+        rec = one(a.storm, pairs, s, extra + configs[w], trees[t], a.bpf_stats)
         rec["seconds"] = s
         rec["row_workers"] = w
+        rec["tree"] = t if t == "this" else str(a.baseline)
         body["runs"].append(rec)
         harness.save(a.out, body)
         hooks = rec.get("hooks") or {}
         drops = {n: (h.get("drops") or 0) + (h.get("missed") or 0) for n, h in hooks.items()}
-        print(f"[storm-tree] {pairs} pairs {s:g} s, row workers {w}: rc {rec['rc']}, "
+        storm = rec.get("storm") or {}
+        print(f"[storm-tree] {t}: {pairs} pairs {s:g} s, row workers {w}: rc {rec['rc']}, "
+              f"{storm.get('round_trips_per_s', 0):,.0f} round trips/s, "
+              f"switch_btf {rec['bpf_ns_per_run'].get('switch_btf', 0):.0f} ns, "
               f"exit {rec['exit_s']:.1f} s, "
               f"end->exit {rec['end_to_exit_s']}, rss {rec['collector_peak_rss_mb']:.0f} MB "
               f"(row workers {rec['row_workers_peak_rss_mb']:.0f} MB), "
@@ -268,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
               f"rows {rec.get('read_rows')}", flush=True)  # fmt: skip
         print(f"    threads' CPU s at the storm's end {rec['cpu_s_at_storm_end']}, at exit "
               f"{rec['cpu_s_by_thread_name']}", flush=True)  # fmt: skip
+    if stats_fd >= 0:
+        os.close(stats_fd)
     harness.save(a.out, body)
     print(f"wrote {a.out}")
     return 0
