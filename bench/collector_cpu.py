@@ -72,9 +72,8 @@ def drops(out: str) -> int:
 
 
 def one(tree: Path | None, settle: float, window: float, load_kind: str) -> dict[str, list[float]]:
-    env = dict(os.environ)
+    env = {**os.environ, **harness.tree_env(tree)}
     if tree is not None:
-        env["PYTHONPATH"] = str(tree / "src")
         env["KERNMLOPS_BPF_DIR"] = str(tree / "build" / "bpf")
     load = None
     if load_kind != "idle":

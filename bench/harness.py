@@ -74,6 +74,19 @@ def child_env() -> dict[str, str]:
     return env
 
 
+def tree_env(tree: Path | None) -> dict[str, str]:
+    """The variables that run another tree's ``kernmlops`` (``--baseline TREE``): a source
+    checkout (its ``src/``) or a folder a wheel was installed into (``pip --target``),
+    ahead of the ``PYTHONPATH`` there is; {} for this tree."""
+    if tree is None:
+        return {}
+    path = tree / "src" if (tree / "src" / "kernmlops").is_dir() else tree
+    if not (path / "kernmlops").is_dir():
+        raise SystemExit(f"--baseline {tree}: no kernmlops there (a checkout or a --target folder)")
+    paths = [str(path.resolve()), os.environ.get("PYTHONPATH", "")]
+    return {"PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+
+
 # --- the machine --------------------------------------------------------------------------
 def cpu_model() -> str:
     """The CPU's model name (/proc/cpuinfo), else what platform knows of it."""

@@ -70,13 +70,6 @@ def command(out: Path) -> list[str]:
     return [sys.executable, "-m", "kernmlops", *collect_args(out)]
 
 
-def tree_env(tree: Path | None) -> dict[str, str]:
-    """The environment that runs ``tree``'s kernmlops (this checkout's for None)."""
-    if tree is None:
-        return {}
-    return {"PYTHONPATH": str(tree.resolve() / "src")}
-
-
 def one_run(tree: Path | None = None) -> dict[str, float]:
     """One collect (of ``tree``, else this checkout): seconds to the marker line,
     attach_s, and the whole command."""
@@ -89,7 +82,7 @@ def one_run(tree: Path | None = None) -> dict[str, float]:
             stderr=subprocess.PIPE,
             text=True,
             # COLUMNS: keep rich from wrapping the line
-            env={**bytecode_env(), "COLUMNS": "200", **tree_env(tree)},
+            env={**bytecode_env(), "COLUMNS": "200", **harness.tree_env(tree)},
         )
         assert proc.stderr is not None
         to_mark = None

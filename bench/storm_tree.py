@@ -121,19 +121,6 @@ def _ended(line: str) -> bool:
     )
 
 
-def tree_env(tree: Path | None) -> dict[str, str] | None:
-    """The environment that runs ``kernmlops`` from another tree: a source checkout
-    (its ``src/``) or a folder a wheel was installed into; None: this one."""
-    if tree is None:
-        return None
-    path = tree / "src" if (tree / "src" / "kernmlops").is_dir() else tree
-    if not (path / "kernmlops").is_dir():
-        raise SystemExit(f"--baseline {tree}: no kernmlops there (a checkout or a --target folder)")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(path), env.get("PYTHONPATH", "")) if p)
-    return env
-
-
 def program_ns(pid: int) -> dict[str, list[int]]:
     """name -> [run_time_ns, run_cnt] of the BPF programs process ``pid`` holds (with
     the kernel's run-time statistics on: ``--bpf-stats``)."""
@@ -277,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     trees: dict[str, dict[str, str] | None] = {"this": None}
     if a.baseline:
-        trees["baseline"] = tree_env(a.baseline.resolve())
+        trees["baseline"] = {**os.environ, **harness.tree_env(a.baseline.resolve())}
     stats_fd = -1
     if a.bpf_stats:
         from bench.overhead import enable_bpf_stats

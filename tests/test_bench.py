@@ -166,16 +166,14 @@ def test_fleet_scale_copies_publish_and_polars_and_duckdb_agree(tmp_path: Path) 
     assert not got["agree"] and "collections.quanta" in got["problems"][0]
 
 
-def test_storm_tree_runs_a_baseline_from_a_checkout_or_an_installed_folder(tmp_path: Path) -> None:
-    from bench.storm_tree import tree_env
-
-    assert tree_env(None) is None  # this tree: the environment as it is
+def test_a_baseline_runs_from_a_checkout_or_an_installed_folder(tmp_path: Path) -> None:
+    assert harness.tree_env(None) == {}  # this tree: the environment as it is
     checkout, site = tmp_path / "checkout", tmp_path / "site"
     (checkout / "src" / "kernmlops").mkdir(parents=True)
     (site / "kernmlops").mkdir(parents=True)
-    env = tree_env(checkout)
-    assert env is not None and env["PYTHONPATH"].split(os.pathsep)[0] == str(checkout / "src")
-    env = tree_env(site)
-    assert env is not None and env["PYTHONPATH"].split(os.pathsep)[0] == str(site)
+    env = harness.tree_env(checkout)
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(checkout / "src")
+    env = harness.tree_env(site)
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(site)
     with pytest.raises(SystemExit, match="no kernmlops there"):
-        tree_env(tmp_path / "empty")
+        harness.tree_env(tmp_path / "empty")

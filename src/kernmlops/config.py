@@ -129,8 +129,8 @@ class CollectorConfig(_Strict):
         description="with spool: rows are made during the run only while this much CPU "
         "(in CPUs) was idle over the last 0.1 s. null: a quarter of the CPUs the collector "
         "may use, at least 0.5 (a workload that waits on its own wake-ups, such as a switch "
-        "storm, leaves a CPU or two idle between them on a large machine: rows made there "
-        "delay it; the stop's row workers make them instead)",
+        "storm, leaves a CPU or two idle for moments between them on a large machine: not "
+        "spare; the stop's row workers make those rows instead)",
     )
     spool_row_workers: int | None = Field(
         None,

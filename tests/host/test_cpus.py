@@ -55,7 +55,7 @@ def test_spare_cpu_counts_only_the_cpus_the_collector_may_use() -> None:
 
 def test_spare_cpu_by_default_is_a_quarter_of_the_cpus_the_collector_may_use() -> None:
     # Half a CPU up to 2 CPUs (the development VM: as before); 4 idle CPUs of 16, where
-    # a switch storm's wake-ups left over half a CPU idle and rows made there slowed it.
+    # a switch storm's wake-ups leave up to 2 idle for moments.
     assert default_spare_need(1) == default_spare_need(2) == 0.5
     assert default_spare_need(16) == 4.0 and default_spare_need(192) == 48.0
     assert SpareCpu(cpus=set(range(16))).need == 4.0
