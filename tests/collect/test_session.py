@@ -202,7 +202,7 @@ def _stalled_writer_run(
     """A system-wide quanta_runtime collection under a switch storm whose writer
     stalls 3 s in its first fsync, with a 64 MiB ring when the loop spills (a 4 MiB
     one overflowed on a loaded 2-vCPU runner while the loop waited for CPU, not for
-    the writer), a 1 MiB one when it blocks, and a 4 MiB sink queue."""
+    the writer), a 1 MiB one when it blocks; a 4 MiB sink queue, 256 KiB when it blocks."""
     import shutil
     import subprocess
     import time
@@ -222,10 +222,13 @@ def _stalled_writer_run(
 
     monkeypatch.setattr(partfiles, "fsync_path", slow_fsync)
     real_init = sinks.ThreadedSink.__init__
+    # blocked: a queue the first rows fill, so the loop waits out the whole stall (a
+    # 4 MiB one took in ~1.7 s of a slow storm's rows, and its ring then held the rest)
+    queued = 4 << 20 if spill or spool else 256 << 10
     monkeypatch.setattr(
         sinks.ThreadedSink,
         "__init__",
-        lambda self, inner, **_: real_init(self, inner, max_queued_bytes=4 << 20),
+        lambda self, inner, **_: real_init(self, inner, max_queued_bytes=queued),
     )
     if not spill:
         monkeypatch.setattr(loop, "MAX_SPILLED_BYTES", 0)
