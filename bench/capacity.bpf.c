@@ -3,17 +3,20 @@
  *
  * One test run (BPF_PROG_TEST_RUN) is a loop of `steps` steps; each step sends
  * the next of the TEMPLATES batches user space stored (real records of a storm,
- * cycling over more bytes than zstd's window at level 1, so compression sees
- * what it would see), while the ring has room for it; a step that finds the
- * ring three quarters full counts as `full` (the reader is behind) and waits for
- * the next. BATCH_BYTES is the batch's size from the hook's BTF (-D).
+ * cycling over more bytes than a frame holds, so compression sees what it would
+ * see: no frame repeats itself, shuffled or not), while the ring has room for
+ * it; a step that finds the ring three quarters full counts as `full` (the
+ * reader is behind) and waits for the next. BATCH_BYTES is the batch's size from
+ * the hook's BTF, TEMPLATES their number (-D both).
  */
 #include "common.h"
 
 #ifndef BATCH_BYTES
 #error "BATCH_BYTES: the size of a quanta batch"
 #endif
-#define TEMPLATES 256
+#ifndef TEMPLATES
+#error "TEMPLATES: how many batches user space stores"
+#endif
 
 struct batch {
 	u8 bytes[BATCH_BYTES];

@@ -5,7 +5,8 @@ The producer is not a workload but the kernel itself at full speed: ``capacity.b
 sends quanta_runtime's batches (64 records of 32 bytes) from a BPF_PROG_TEST_RUN
 loop on one CPU, as fast as the ring takes them. Its batches are real: records of a
 short ``stress-ng --switch`` storm on this machine, collected first through the hook
-itself (256 batches, more than zstd's window, so compression sees real data).
+itself (4,096 batches, 8.5 MB: more than a frame holds, so compression sees real
+data, not a frame repeating itself).
 
 Stages, each measured on its own (rounds of ``--seconds``):
 
@@ -13,7 +14,9 @@ Stages, each measured on its own (rounds of ``--seconds``):
   own, copies the ring into a tmpfs segment (a collection's first
   ``collector.spool_memory_mib``);
 * ``spool-disk``: the same into zstd frames on the collection's disk (past the memory
-  budget);
+  budget), the records byte-shuffled at their 32 bytes first, as a hook's spool does
+  (kernmlops.spool.frames.shuffle); ``spool-disk-plain``: the same frames not
+  shuffled (as before), in the same rounds;
 * ``spool-memory-2``: ring groups (``hooks.<hook>.ring_groups``): two rings, each
   filled by its own producer and moved by its own copier (one per CPU), into one
   tmpfs spool that both write (a frame each under the spool's lock). On 2 CPUs the
@@ -78,7 +81,8 @@ BENCH = Path(__file__).resolve().parent
 TARGET = "≥ 20M records/s into the spool per reader core (2 vCPUs)"
 
 RING = 1 << 24
-TEMPLATES = 256
+#: real batches the producer cycles over: 8.5 MB, more than a frame (1-8 MiB)
+TEMPLATES = 4096
 RECORDS_PER_BATCH = 64
 #: the 16-core machine's storm: 8.03M switches/s untraced on 16 CPUs (issue, device-bench)
 PER_CORE_RATE = 8.03e6 / 16
@@ -109,10 +113,10 @@ def producer(bpf_dir: Path, batch_bytes: int, templates: bytes):
     """The producer object, built once per batch size into bench/build/ (carry it to a
     machine without clang)."""
     src = BENCH / "capacity.bpf.c"
-    obj_path = BENCH / "build" / f"capacity-{batch_bytes}.bpf.o"
+    obj_path = BENCH / "build" / f"capacity-{batch_bytes}-{TEMPLATES}.bpf.o"
     if not obj_path.exists() or obj_path.stat().st_mtime < src.stat().st_mtime:
-        compile_object(src, obj_path, vmlinux_dir=bpf_dir,
-                       cflags=(f"-DBATCH_BYTES={batch_bytes}",))  # fmt: skip
+        flags = (f"-DBATCH_BYTES={batch_bytes}", f"-DTEMPLATES={TEMPLATES}")
+        compile_object(src, obj_path, vmlinux_dir=bpf_dir, cflags=flags)
     obj = open_and_load(obj_path, max_entries={"rb": RING})
     tmpl = obj.map("templates")
     for i in range(TEMPLATES):
@@ -138,16 +142,17 @@ def run_producer(obj, seconds: float, cpu: int) -> None:
 
 
 def stage_spool(obj, folder: Path, memory: SpoolMemory | None, itemsize: int, seconds: float,
-                cpus: tuple[int, int], priority: int, workers: int = 0) -> dict:  # fmt: skip
+                cpus: tuple[int, int], priority: int, workers: int = 0,
+                shuffle: int = 0) -> dict:  # fmt: skip
     # what decodes the records (the row workers read it)
     info = {"hook": "quanta_runtime", "options": QuantaRuntimeHook.Options().model_dump(),
             "ring": "quanta_switch_rb",
             "object": str(default_build_dir() / "quanta_runtime.bpf.o")}  # fmt: skip
-    spool = RingSpool(folder, "quanta_switch", itemsize, info, memory=memory)
+    spool = RingSpool(folder, "quanta_switch", itemsize, info, memory=memory, shuffle=shuffle)
     copier = Copier(interval_ms=250, budget=memory.budget if memory else None,
                     frame_raw=max(FRAME_RAW, workers * (512 << 10)), sync_bytes=SYNC_BYTES,
                     workers=workers)  # fmt: skip
-    spool.attach(copier, copier.add("quanta_switch", obj.map("rb").fd, RING))
+    spool.attach(copier, copier.add("quanta_switch", obj.map("rb").fd, RING, shuffle=shuffle))
     copier.start(priority)
     tid = copier._thread.native_id  # type: ignore[union-attr]
     if not workers:  # zstd's workers inherit the copier's CPUs: leave them free
@@ -324,8 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     obj = producer(bpf_dir, batch_dtype.itemsize, templates)
     second = producer(bpf_dir, batch_dtype.itemsize, templates)  # ring group 1's
     results: dict[str, list[dict]] = {
-        "spool-memory": [], "spool-memory-2": [], "spool-disk": [], "parquet": [],
-        "parquet-workers": [],
+        "spool-memory": [], "spool-memory-2": [], "spool-disk": [], "spool-disk-plain": [],
+        "parquet": [], "parquet-workers": [],
     }  # fmt: skip
     try:
         for r in range(args.rounds):
@@ -346,8 +351,16 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(mem_folder)
             results["spool-memory-2"].append(res)
             print("spool-memory-2", res, flush=True)
-            res, spool = stage_spool(obj, work / f"d{r}", None, batch_dtype.itemsize,
+            # the frames as before (not shuffled), then as a hook's spool writes them
+            res, plain = stage_spool(obj, work / f"q{r}", None, batch_dtype.itemsize,
                                      args.seconds, cpus, args.priority, args.workers)  # fmt: skip
+            plain.close()
+            plain.remove()
+            results["spool-disk-plain"].append(res)
+            print("spool-disk-plain", res, flush=True)
+            res, spool = stage_spool(obj, work / f"d{r}", None, batch_dtype.itemsize,
+                                     args.seconds, cpus, args.priority, args.workers,
+                                     shuffle=layout.dtype.itemsize)  # fmt: skip
             results["spool-disk"].append(res)
             print("spool-disk", res, flush=True)
             res = stage_parquet_workers(spool, work / f"w{r}", args.row_workers)
@@ -377,7 +390,8 @@ def main(argv: list[str] | None = None) -> int:
         }
         for stage in results
     }
-    summary["spool-disk"]["compression"] = med("spool-disk", "compression")
+    for stage in ("spool-disk", "spool-disk-plain"):
+        summary[stage]["compression"] = med(stage, "compression")
     prediction = []
     for n in (2, 16, 32, 64, 192):
         need = n * args.per_core_rate

@@ -24,12 +24,15 @@ from kernmlops.ebpf.objects import open_and_load
 from kernmlops.ebpf.ringbuf import decode, record_stride
 from kernmlops.spool.copy import RingSpool
 from kernmlops.spool.frames import (
+    FRAME,
     FRAME_RAW,
     RAW_FRAME,
+    SHUFFLED,
     frames,
     iter_raw_frames,
     raw_head,
     segment_codec,
+    shuffle,
 )
 from kernmlops.spool.memory import SpoolMemory
 from tests.conftest import skip_here
@@ -173,16 +176,17 @@ def test_a_write_that_fails_takes_nothing_from_the_ring(tmp_path: Path) -> None:
 
 @contextlib.contextmanager
 def _spool_on(
-    ring: MappedRing, folder: Path, budget_records: int
+    ring: MappedRing, folder: Path, budget_records: int, shuffle: int = 0
 ) -> Iterator[tuple[RingSpool, Copier]]:
     """A spool the copier fills from ``ring`` (copies made with copy_now), torn down
     as a hook tears it down: the copier's last copy, then the spool in Python."""
     stride = record_stride(EVENT.itemsize)
     memory = SpoolMemory(folder / "mem", limit=budget_records * stride)
     memory.folder.mkdir(parents=True)
-    spool = RingSpool(folder / "spool", "events", EVENT.itemsize, {"ring": "events"}, memory=memory)
+    spool = RingSpool(folder / "spool", "events", EVENT.itemsize, {"ring": "events"},
+                      memory=memory, shuffle=shuffle)  # fmt: skip
     copier = Copier(interval_ms=10, budget=memory.budget, frame_raw=FRAME_RAW, sync_bytes=8 << 20)
-    spool.attach(copier, copier.add("events", ring.fd, ring.size, wakes=False))
+    spool.attach(copier, copier.add("events", ring.fd, ring.size, wakes=False, shuffle=shuffle))
     try:
         yield spool, copier
     finally:
@@ -229,6 +233,52 @@ def test_past_the_memory_budget_the_copier_goes_on_in_zstd_frames_on_disk(
         assert len(pieces) == 1 + 3 + 3
         # a new standby waits after the one the copier took
         assert len(disk_segs) == 2 and disk_segs[1].stat().st_size == 0
+
+
+def test_the_copier_shuffles_as_the_reader_unshuffles() -> None:
+    # The library's shuffle (SSE2 where the stride is a multiple of 16, else byte by
+    # byte) is the reader's (kernmlops.spool.frames.shuffle), tails included.
+    lib = native.load()
+    assert lib is not None
+    rng = np.random.default_rng(3)
+    for stride, n in ((32, 1000), (32, 7), (48, 333), (24, 500), (8, 17), (1016, 40)):
+        raw = rng.bytes(stride * n + 8)
+        out = ctypes.create_string_buffer(len(raw))
+        lib.kmo_shuffle(out, raw, ctypes.c_uint64(len(raw)), ctypes.c_uint32(stride))
+        assert out.raw == shuffle(raw, stride), (stride, n)
+
+
+def test_a_ring_with_a_stride_has_its_disk_frames_shuffled_and_read_back_whole(
+    tmp_path: Path,
+) -> None:
+    # The same records through a copier that shuffles at the ring's record stride and
+    # through one that does not: every frame on disk says it was shuffled, all come
+    # back as they were (the spool's reading and the files alone), and they take
+    # fewer bytes on disk.
+    stride = record_stride(EVENT.itemsize)
+    want = events(3000)
+    sizes = {}
+    for shuffle_at in (0, stride):
+        folder = tmp_path / str(shuffle_at)
+        ring = _mapped(1 << 16)
+        with _spool_on(ring, folder, budget_records=1, shuffle=shuffle_at) as (spool, copier):
+            for i in range(0, 3000, 1000):
+                _fill_and_copy(ring, copier, want[i : i + 1000])
+            spool.take(None)  # type: ignore[arg-type]  # looks at what the copier did
+            disk = sorted((folder / "spool").glob("events.*.ring"))[0]
+            data = disk.read_bytes()
+            words, at = [], 0
+            while at < len(data):
+                size, word = FRAME.unpack_from(data, at)
+                words.append(word)
+                at += FRAME.size + size
+            assert all(bool(w & SHUFFLED) == bool(shuffle_at) for w in words), words
+            raw = b"".join(frames(data, segment_codec(disk)))
+            assert np.array_equal(decode(np.frombuffer(raw, np.uint8), 1, 0, len(raw),
+                                         EVENT).records, want)  # fmt: skip
+            assert np.array_equal(_read_all(spool), want)
+            sizes[shuffle_at] = len(data)
+    assert sizes[stride] < sizes[0], sizes
 
 
 def test_a_segment_read_to_its_end_is_rotated_retired_and_deleted(tmp_path: Path) -> None:

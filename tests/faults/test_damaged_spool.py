@@ -19,7 +19,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from kernmlops.spool.frames import FRAME, RAW_FRAME, ZSTD_MAGIC, Frame, iter_raw_frames
+from kernmlops.spool.frames import FRAME, RAW_FRAME, VERSION, ZSTD_MAGIC, Frame, iter_raw_frames
 from tests.faults.conftest import kill_collector, read_everything, start_collect
 
 pytestmark = pytest.mark.bpf
@@ -312,7 +312,7 @@ def test_a_raw_segment_of_before_the_frames_is_still_read(
     col, seg = _copy_in_memory(killed_in_memory, tmp_path)
     seg.write_bytes(b"".join(f.raw or b"" for f in _raw_frames(seg) if f.reason is None))
     meta = json.loads(seg.with_suffix(".json").read_text())
-    assert meta.pop("version") == 2
+    assert meta.pop("version") == VERSION
     meta.pop("bytes", None)
     seg.with_suffix(".json").write_text(json.dumps(meta))
     done = _recover(col)

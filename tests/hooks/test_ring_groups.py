@@ -47,8 +47,8 @@ def test_two_rings_bring_every_switch_once(
     hook = QuantaRuntimeHook(QuantaRuntimeHook.Options(ring_groups=2, ring_kib=1024))
     frames: dict[str, list[pl.DataFrame]] = {"quanta_runtime": [], "quanta_queued_time": []}
     memory = None
-    if spooled:  # 1 MiB on the tmpfs, the rest on disk: both kinds of segments
-        memory = SpoolMemory(tmp_path / "mem", limit=1 << 20)
+    if spooled:  # 128 KiB on the tmpfs, the rest on disk: both kinds of segments
+        memory = SpoolMemory(tmp_path / "mem", limit=128 << 10)
         memory.folder.mkdir()
     ctx = HookContext("t", process_filter=None, self_tgid=os.getpid(),
                       spool_dir=tmp_path / ".spool" if spooled else None,
@@ -67,6 +67,8 @@ def test_two_rings_bring_every_switch_once(
             ]  # fmt: skip
             outs = [c.communicate()[0] for c in children]
             time.sleep(0.05)
+            if how == "native":
+                _disk_frames_are_shuffled(tmp_path / ".spool")
             for table, frame in polled(hook.stop()):
                 frames[table].append(frame)
         finally:
@@ -108,6 +110,21 @@ def test_two_rings_bring_every_switch_once(
         assert len(naps_ns) == n and during.height >= slept - n // 50, (during.height, slept)
         on_cpu = ran.filter(pl.col("cpu") == cpu)
         assert np.all(np.diff(on_cpu["ts_uptime_us"].to_numpy()) >= 0)
+
+
+def _disk_frames_are_shuffled(folder: Path) -> None:
+    """The copiers' zstd frames on disk hold the batches' records byte-shuffled at
+    their 32 bytes (kernmlops.spool.frames.shuffle), each header says so."""
+    from kernmlops.spool.frames import FRAME, raw_word
+
+    strides = []
+    for seg in folder.glob("**/quanta_switch.*.ring"):
+        data, at = seg.read_bytes(), 0
+        while at + FRAME.size <= len(data):
+            size, word = FRAME.unpack_from(data, at)
+            strides.append(raw_word(word)[1])
+            at += FRAME.size + size
+    assert strides and set(strides) == {32}, strides
 
 
 @pytest.mark.bpf

@@ -13,7 +13,7 @@ import pytest
 
 from kernmlops.ebpf.ringbuf import RingBuffer
 from kernmlops.spool.copy import RingSpool
-from kernmlops.spool.frames import RAW_FRAME
+from kernmlops.spool.frames import RAW_FRAME, VERSION
 from kernmlops.spool.recovery import pending_spools
 from tests.ebpf.test_ringbuf import EVENT, MappedRing, events
 
@@ -311,7 +311,7 @@ def test_the_python_copy_writes_the_frames_the_copier_writes(
     raw = np.frombuffer(b"".join(f.raw or b"" for f in found), np.uint8)
     assert np.array_equal(decode_all(raw), want)
     meta = json.loads((tmp_path / "numpy" / "events.00000.json").read_text())
-    assert meta["version"] == 2 and "codec" not in meta
+    assert meta["version"] == VERSION and "codec" not in meta
 
 
 def test_a_damaged_frame_met_during_the_run_is_named_never_made_into_rows(

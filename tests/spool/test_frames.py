@@ -3,6 +3,8 @@ where reading goes on (compressed frames: test_copy, tests/faults/test_damaged_s
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from kernmlops.spool.frames import RAW_FRAME
@@ -50,3 +52,53 @@ def test_raw_frames_name_what_a_damage_cost_and_reading_goes_on() -> None:
         *whole, last = iter_raw_frames(data[:cut])
         assert [f.raw for f in whole] == recs[:3]
         assert (last.start, last.end, last.reason) == (starts[3], cut, CUT)
+
+
+def test_shuffled_frames_come_back_as_the_records_were(tmp_path: Path) -> None:
+    # Every stride a header can name, with a tail of less than a record: the bytes
+    # come back as they were, and the shuffle is the plain transpose of the records.
+    import pyarrow as pa
+
+    from kernmlops.spool.frames import (
+        FRAME,
+        SHUFFLED,
+        iter_frames,
+        raw_word,
+        read_codec,
+        shuffle,
+        shuffle_stride,
+        unshuffle,
+    )
+    from kernmlops.spool.segment import write_frame
+
+    rng = np.random.default_rng(7)
+    for stride in (8, 24, 32, 40, 1016):
+        raw = rng.bytes(stride * 37 + 5)
+        shuffled = shuffle(raw, stride)
+        planes = np.frombuffer(raw[: stride * 37], np.uint8).reshape(37, stride)
+        assert shuffled[: stride * 37] == planes.T.tobytes()
+        assert shuffled[stride * 37 :] == raw[stride * 37 :]
+        assert unshuffle(shuffled, stride) == raw
+    assert shuffle_stride(4096, 32) == 32
+    # a stride no header can name, or a frame without a whole record: not shuffled
+    assert [shuffle_stride(4096, s) for s in (0, 12, 1024)] == [0, 0, 0]
+    assert shuffle_stride(16, 32) == 0 and shuffle_stride(16 << 20, 32) == 0
+
+    # records like a ring's: a clock that grows, a pid that repeats, small durations
+    recs = np.zeros(500, [("at", "<u4"), ("pid", "<u4"), ("ns", "<u8"), ("x", "<u8")])
+    recs["at"] = np.arange(500) * 1000
+    recs["pid"] = 4242
+    recs["ns"] = rng.integers(1000, 5000, 500)
+    raw = recs.tobytes() + b"\1" * 8
+    path = tmp_path / "seg"
+    with path.open("wb") as f:
+        plain = write_frame(f.fileno(), raw, pa.Codec("zstd"))
+        both = plain + write_frame(f.fileno(), raw, pa.Codec("zstd"), 24)
+    data = path.read_bytes()
+    assert len(data) == both
+    _, word = FRAME.unpack_from(data, plain)
+    # the header says it: a reader of before (no flag) sees a size of over 2 GiB,
+    # which no frame of its has, and names the frame as damaged
+    assert word & SHUFFLED and word > 1 << 31 and raw_word(word) == (len(raw), 24)
+    assert both - plain < plain  # the shuffled frame is the smaller
+    assert [fr.raw for fr in iter_frames(data, read_codec())] == [raw, raw]

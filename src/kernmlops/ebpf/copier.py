@@ -30,7 +30,7 @@ from typing import Any
 from kernmlops.ebpf.build import NATIVE_LIBRARY, default_build_dir
 
 LIBRARY = NATIVE_LIBRARY
-ABI = 6
+ABI = 7
 #: zstd level of the disk segments (pyarrow's Codec("zstd", 1) writes the same frames)
 ZSTD_LEVEL = 1
 
@@ -70,6 +70,10 @@ class Ring(ctypes.Structure):
         ("line", ctypes.c_void_p),
         ("line_cap", ctypes.c_uint64),
         ("owner", ctypes.c_void_p),
+        ("shuffle", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+        ("shuffled", ctypes.c_void_p),
+        ("shuffled_cap", ctypes.c_uint64),
     ]
 
 
@@ -349,15 +353,20 @@ class Copier:
         self.nice: int | None = None
         self._segments: list[Segment] = []  # kept alive while the C side may read them
 
-    def add(self, name: str, map_fd: int, size: int, wakes: bool = True) -> CopiedRing:
+    def add(
+        self, name: str, map_fd: int, size: int, wakes: bool = True, shuffle: int = 0
+    ) -> CopiedRing:
         """Map ring ``name`` (its map's fd and size) for the copier; before start.
-        ``wakes``: its programs wake readers as it fills (else only the interval)."""
+        ``wakes``: its programs wake readers as it fills (else only the interval);
+        ``shuffle``: the stride its zstd frames are shuffled at (0: not;
+        kernmlops.spool.frames.shuffle)."""
         if self._thread is not None:
             raise RuntimeError("rings are added before the copier starts")
         ring = CopiedRing(name)
         err = self._lib.kmo_ring_map(ctypes.byref(ring.ring), map_fd, size)
         if err:
             raise OSError(-err, f"cannot map ring {name}: {os.strerror(-err)}")
+        ring.ring.shuffle = shuffle
         if wakes:
             self._epoll.register(map_fd, select.EPOLLIN | select.EPOLLET)
         self.rings.append(ring)

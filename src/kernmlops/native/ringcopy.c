@@ -17,7 +17,9 @@
  * <magic u32><raw u32><CRC32C of the records u32><CRC32C of these 12 bytes u32>
  * and the records as they lay in the ring; a compressed one is frames of
  * <compressed u32><raw u32> and a zstd frame of whole records (with zstd's
- * checksum). Either way a flipped byte costs its frame, never a wrong value.
+ * checksum), byte-shuffled first at the ring's record size where it has one
+ * (SHUFFLED in the raw word). Either way a flipped byte costs its frame, never
+ * a wrong value.
  * zstd comes in as function pointers from user space (ctypes loads
  * libzstd.so.1), so this library needs only the C library and loads wherever
  * the wheel goes. Shared structs: kernmlops/ebpf/copier.py.
@@ -52,12 +54,17 @@
 #define LEN_MASK (DISCARD_BIT - 1)
 #define HDR 8
 
-#define KMO_ABI 6
+#define KMO_ABI 7
 
 /* A raw frame's header (kernmlops.spool.frames.RAW_FRAME): the magic's top bit is
  * set, so it never reads as a zstd frame's compressed size (always < 2 GiB). */
 #define RAW_MAGIC 0x8d4f4d4bU /* "KMO\x8d" */
 #define RAW_HEAD 16
+
+/* A compressed frame's raw word when its records were shuffled (frames.SHUFFLED):
+ * this bit, the stride in 8-byte units in bits 24-30, the raw bytes below. */
+#define SHUFFLED (1U << 31)
+#define SHUFFLED_RAW_MAX ((1U << 24) - 1)
 
 typedef size_t (*zstd_compress_fn)(void *dst, size_t cap, const void *src, size_t len, int level);
 typedef size_t (*zstd_bound_fn)(size_t len);
@@ -107,6 +114,11 @@ struct kmo_ring {
 	/* the ring whose segments, lock and standby this one writes into (a spool
 	 * fed by several rings); NULL: its own */
 	struct kmo_ring *owner;
+	/* zstd frames: records shuffled at this stride first (0: not), in r->shuffled */
+	uint32_t shuffle;
+	uint32_t pad;
+	uint8_t *shuffled;
+	uint64_t shuffled_cap;
 };
 
 static inline struct kmo_ring *owner_of(struct kmo_ring *r)
@@ -360,10 +372,12 @@ void kmo_ring_unmap(struct kmo_ring *r)
 		munmap((void *)r->prod, page + r->size);
 	free(r->packed);
 	free(r->line);
+	free(r->shuffled);
 	r->cons = NULL;
 	r->prod = NULL;
 	r->packed = NULL;
 	r->line = NULL;
+	r->shuffled = NULL;
 }
 
 /* The memory budget: bytes of tmpfs segments, shared by a collection's copiers
@@ -508,13 +522,102 @@ static struct kmo_segment *switch_to_standby(struct kmo_ring *r)
 	return next;
 }
 
+/* `n` records of `stride` bytes at `src` byte-shuffled into `dst`: byte b of
+ * record i at dst[b * n + i] (kernmlops.spool.frames.shuffle). Sixteen records
+ * at a time: each of their 16-byte columns is a 16x16 byte transpose, whose
+ * rows are stored whole, one to each plane. */
+#if defined(__SSE2__)
+#include <emmintrin.h>
+
+static void transpose16(__m128i r[16])
+{
+	__m128i a[16], b[16];
+
+	for (int k = 0; k < 8; k++) {
+		a[2 * k] = _mm_unpacklo_epi8(r[2 * k], r[2 * k + 1]);
+		a[2 * k + 1] = _mm_unpackhi_epi8(r[2 * k], r[2 * k + 1]);
+	}
+	for (int k = 0; k < 4; k++)
+		for (int j = 0; j < 2; j++) {
+			b[4 * k + 2 * j] = _mm_unpacklo_epi16(a[4 * k + j], a[4 * k + 2 + j]);
+			b[4 * k + 2 * j + 1] = _mm_unpackhi_epi16(a[4 * k + j], a[4 * k + 2 + j]);
+		}
+	for (int k = 0; k < 2; k++)
+		for (int j = 0; j < 4; j++) {
+			a[8 * k + 2 * j] = _mm_unpacklo_epi32(b[8 * k + j], b[8 * k + 4 + j]);
+			a[8 * k + 2 * j + 1] = _mm_unpackhi_epi32(b[8 * k + j], b[8 * k + 4 + j]);
+		}
+	for (int j = 0; j < 8; j++) {
+		r[2 * j] = _mm_unpacklo_epi64(a[j], a[8 + j]);
+		r[2 * j + 1] = _mm_unpackhi_epi64(a[j], a[8 + j]);
+	}
+}
+#endif
+
+static void shuffle_records(uint8_t *restrict dst, const uint8_t *restrict src, size_t n,
+			    size_t stride)
+{
+	size_t i = 0;
+
+#if defined(__SSE2__)
+	if (stride % 16 == 0)
+		for (; i + 16 <= n; i += 16)
+			for (size_t h = 0; h < stride; h += 16) {
+				__m128i r[16];
+
+				for (int k = 0; k < 16; k++)
+					r[k] = _mm_loadu_si128((const __m128i *)(src + (i + k) * stride + h));
+				transpose16(r);
+				for (int b = 0; b < 16; b++)
+					_mm_storeu_si128((__m128i *)(dst + (h + b) * n + i), r[b]);
+			}
+#endif
+	for (; i + 16 <= n; i += 16)
+		for (size_t b = 0; b < stride; b++) {
+			uint8_t t[16];
+
+			for (int k = 0; k < 16; k++)
+				t[k] = src[(i + k) * stride + b];
+			memcpy(dst + b * n + i, t, 16);
+		}
+	for (; i < n; i++)
+		for (size_t b = 0; b < stride; b++)
+			dst[b * n + i] = src[i * stride + b];
+}
+
+/* Exported for the tests: the same shuffle as the copier's frames. */
+void kmo_shuffle(uint8_t *dst, const uint8_t *src, uint64_t len, uint32_t stride)
+{
+	uint64_t whole = len / stride * stride;
+
+	shuffle_records(dst, src, whole / stride, stride);
+	memcpy(dst + whole, src + whole, len - whole);
+}
+
 /* A zstd frame (its header and the compressed bytes) of `len` bytes of records,
- * in r->packed; *size its bytes. */
+ * in r->packed; *size its bytes. The records are shuffled first where the ring
+ * says so and the header can say it (frames.shuffle_stride). */
 static int pack_zstd(struct kmo_copier *c, struct kmo_ring *r, const uint8_t *src, uint64_t len,
 		     size_t *size)
 {
 	size_t need = c->bound(len) + 8, n;
-	uint32_t head[2];
+	uint32_t head[2], word = (uint32_t)len;
+	uint32_t stride = r->shuffle;
+
+	if (stride && stride % 8 == 0 && stride < 128 * 8 && stride <= len &&
+	    len <= SHUFFLED_RAW_MAX) {
+		if (r->shuffled_cap < len) {
+			uint8_t *p = realloc(r->shuffled, len);
+
+			if (!p)
+				return ENOMEM;
+			r->shuffled = p;
+			r->shuffled_cap = len;
+		}
+		kmo_shuffle(r->shuffled, src, len, stride);
+		src = r->shuffled;
+		word = SHUFFLED | (stride / 8) << 24 | (uint32_t)len;
+	}
 
 	if (r->packed_cap < need) {
 		uint8_t *p = realloc(r->packed, need);
@@ -530,8 +633,8 @@ static int pack_zstd(struct kmo_copier *c, struct kmo_ring *r, const uint8_t *sr
 		n = c->compress(r->packed + 8, need - 8, src, len, c->level);
 	if (c->is_error(n))
 		return EIO;
-	head[0] = (uint32_t)n;
-	head[1] = (uint32_t)len;
+	head[0] = htole32((uint32_t)n);
+	head[1] = htole32(word);
 	memcpy(r->packed, head, 8);
 	*size = n + 8;
 	return 0;

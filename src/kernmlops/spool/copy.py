@@ -79,6 +79,9 @@ class RingSpool(CopierSide):
     rows: dict[str, int] = field(default_factory=dict)
     #: where the first bytes go (None: all on disk, in ``folder``)
     memory: SpoolMemory | None = None
+    #: the stride compressed frames are byte-shuffled at (one record of a batched
+    #: ring), 0: not shuffled (kernmlops.spool.frames.shuffle)
+    shuffle: int = 0
 
     def __post_init__(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -251,7 +254,7 @@ class RingSpool(CopierSide):
                 for seg, run in _runs(chunks):
                     # raw frames before pyarrow is loaded (seg.codec None), then zstd's
                     for raw in frames_of(run, self._frame_raw):
-                        unsynced += write_frame(seg.fd, raw, seg.codec)
+                        unsynced += write_frame(seg.fd, raw, seg.codec, self.shuffle)
                 if sync or unsynced >= SYNC_BYTES:
                     # Keep the page cache's share of the spool small: an fsync of
                     # any other file (the manifest) waits for the journal, and with

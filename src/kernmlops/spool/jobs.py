@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from kernmlops.spool.frames import FRAME, RAW_FRAME, raw_header_at
+from kernmlops.spool.frames import FRAME, RAW_FRAME, raw_header_at, raw_word
 
 __all__ = ["PIECE_RAW", "SpoolPiece", "SpoolWork", "frame_spans", "pieces"]
 
@@ -59,7 +59,8 @@ def frame_spans(
         if compressed:
             if len(data) < head.size:
                 return None
-            size, raw = FRAME.unpack(data)
+            size, word = FRAME.unpack(data)
+            raw = raw_word(word)[0]
         else:
             found = raw_header_at(data, 0)
             if found is None:

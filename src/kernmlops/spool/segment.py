@@ -15,7 +15,19 @@ from kernmlops.ebpf.crc32c import crc32c
 from kernmlops.ebpf.ringbuf import write_all
 from kernmlops.errors import CollectionError
 from kernmlops.fileio import write_atomic
-from kernmlops.spool.frames import CODEC, FRAME, RAW_FRAME, VERSION, raw_head, raw_header_at
+from kernmlops.spool.frames import (
+    CODEC,
+    FRAME,
+    RAW_FRAME,
+    VERSION,
+    frame_head,
+    raw_head,
+    raw_header_at,
+    raw_word,
+    shuffle,
+    shuffle_stride,
+    unshuffle,
+)
 
 #: what a damaged frame met while the collection runs means for its rows
 _KEPT = (": its records are not made; the spool is kept, and `kernmlops recover` makes "
@@ -102,8 +114,10 @@ class Segment:
         head = os.pread(self.fd, head_size, at)
         if len(head) != head_size:
             raise CollectionError(f"spool {self.path} is shorter than written")
+        shuffled = 0
         if codec is not None:
-            size, raw_size = FRAME.unpack(head)
+            size, word = FRAME.unpack(head)
+            raw_size, shuffled = raw_word(word)
         else:
             found = raw_header_at(head, 0)
             if found is None:
@@ -125,6 +139,11 @@ class Segment:
             except Exception as err:  # the codec raises its own error types
                 raise CollectionError(f"spool {self.path}: {what} fails zstd's check "
                                       f"({err}){_KEPT}") from None  # fmt: skip
+            if len(raw) != raw_size:
+                raise CollectionError(f"spool {self.path}: {what} is not the size its "
+                                      f"header says{_KEPT}")  # fmt: skip
+            if shuffled:
+                raw = unshuffle(raw, shuffled)
         self.file_read = at + head_size + size
         self.read += raw_size
         return raw
@@ -163,11 +182,13 @@ def write_raw_frame(fd: int, raw: bytes | memoryview) -> int:
     return RAW_FRAME.size + len(raw)
 
 
-def write_frame(fd: int, raw: bytes | memoryview, codec: Any) -> int:
-    """A frame of ``raw``, compressed with ``codec`` (None: a raw frame); the bytes
+def write_frame(fd: int, raw: bytes | memoryview, codec: Any, stride: int = 0) -> int:
+    """A frame of ``raw``, compressed with ``codec`` (None: a raw frame), its records
+    shuffled first at ``stride`` (0: not; kernmlops.spool.frames.shuffle); the bytes
     written."""
     if codec is None:
         return write_raw_frame(fd, raw)
-    packed = codec.compress(raw, asbytes=True)
-    write_all(fd, FRAME.pack(len(packed), len(raw)) + packed)
+    stride = shuffle_stride(len(raw), stride)
+    packed = codec.compress(shuffle(raw, stride) if stride else raw, asbytes=True)
+    write_all(fd, frame_head(len(packed), len(raw), stride) + packed)
     return FRAME.size + len(packed)
