@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import time
+from pathlib import Path
 
 import polars as pl
 import psutil
@@ -13,6 +16,7 @@ from kernmlops.hooks.base import HookOptions
 from kernmlops.hooks.memory_usage import MemoryUsageHook
 from kernmlops.host.meminfo import meminfo_column, parse_meminfo
 from kernmlops.tables import UPTIME_TIMESTAMP
+from tests.conftest import skip_here
 from tests.rows import polled
 
 SAMPLE = """\
@@ -182,10 +186,13 @@ def test_sampling_is_not_starved_by_a_busy_poll_loop() -> None:
     assert hook.status.drops == 0
 
 
-def test_missed_intervals_are_counted_as_drops() -> None:
-    """A sample that cannot be taken in time is a drop, not a silent gap."""
+def test_missed_intervals_are_counted_as_drops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sample that cannot be taken in time is a drop, not a silent gap (Python's
+    sampler, where the native one is not built; its lock held keeps it from sampling)."""
+    monkeypatch.setattr(MemoryUsageHook, "native_files", lambda self: None)
     hook = MemoryUsageHook(MemoryUsageHook.Options(poll_hz=20))
     hook.start()
+    assert hook.status.sampler == {}
     try:
         time.sleep(0.12)
         with hook._lock:  # the sampler cannot sample for 0.5 s: about 10 intervals
@@ -199,3 +206,65 @@ def test_missed_intervals_are_counted_as_drops() -> None:
     assert gaps.max() >= 450_000
     assert 8 <= hook.status.drops <= 11
     assert abs(hook.status.drops - (round(gaps.max() / 50_000) - 1)) <= 1
+
+
+def test_the_native_sampler_keeps_its_grid_under_a_storm_of_more_tasks_than_cpus() -> None:
+    """Where the library is built, /proc/meminfo is read by the native sampler's
+    thread (no GIL, SCHED_FIFO as root): a switch storm of twice as many runnable
+    tasks as CPUs (which kept Python's sampler from most of its ticks) leaves it
+    every tick, on time, and the rows are the file's as psutil reads it."""
+    import shutil
+    import subprocess
+
+    from kernmlops.ebpf import sampler
+
+    assert sampler.available(), "the native library is built with the objects (make bpf)"
+    if shutil.which("stress-ng") is None:
+        skip_here("stress-ng is not installed")
+    hook = MemoryUsageHook(MemoryUsageHook.Options(poll_hz=20))
+    cpus = len(os.sched_getaffinity(0))
+    hook.start()
+    try:
+        assert hook.status.sampler["native"]
+        storm = subprocess.run(["stress-ng", "--switch", str(cpus), "-t", "3"],
+                               capture_output=True, text=True)  # fmt: skip
+        assert storm.returncode == 0, storm.stderr
+        rows = pl.concat([f for _, f in polled(hook.stop())])
+    finally:
+        hook.close()
+    assert hook.status.drops == 0
+    gaps = rows[UPTIME_TIMESTAMP].diff().drop_nulls()
+    assert rows.height >= 3 * 20 and gaps.max() < 75_000, gaps.describe()  # 50 ms a tick
+    assert hook.status.events == rows.height
+    total = psutil.virtual_memory().total
+    assert (rows["mem_total_bytes"] == total).all()
+
+
+def test_a_read_the_native_sampler_cannot_make_is_named_and_its_ticks_are_drops(
+    tmp_path: Path,
+) -> None:
+    # /proc/meminfo's fd made a folder's under the running sampler: its read fails
+    # (EISDIR), the rows so far stay, the error is in the hook's status, and every
+    # tick from then to the stop is a drop, never a silent gap.
+    hook = MemoryUsageHook(MemoryUsageHook.Options(poll_hz=20))
+    hook.start()
+    folder = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert hook.status.sampler["native"]
+        time.sleep(0.12)
+        assert hook._file is not None
+        os.dup2(folder, hook._file.fileno())
+        time.sleep(0.1)
+        early = [f for _, f in polled(hook.flushing())]  # meets the error
+        time.sleep(0.3)
+        before = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+        rows = pl.concat(early + [f for _, f in polled(hook.stop())])
+        after = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+    finally:
+        hook.close()
+        os.close(folder)
+    assert hook.status.sampler["read_error"] == os.strerror(errno.EISDIR)
+    assert 3 <= rows.height <= 4  # the samples before the fd changed
+    # every 50-ms tick from the last sample to the stop
+    last = rows[UPTIME_TIMESTAMP].max()
+    assert (before - last) // 50_000 <= hook.status.drops <= (after - last) // 50_000

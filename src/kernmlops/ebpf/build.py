@@ -25,9 +25,10 @@ from kernmlops.errors import KernmlopsError
 SOURCE_DIR = Path(__file__).resolve().parent.parent / "bpf"
 #: The objects a wheel ships (absent in a source checkout).
 PACKAGED_DIR = SOURCE_DIR.parent / "bpf_objects"
-#: the native ring copier (kernmlops.ebpf.copier), built and shipped beside the objects
+#: the native ring copier (kernmlops.ebpf.copier) and file sampler
+#: (kernmlops.ebpf.sampler), one library built and shipped beside the objects
 NATIVE_LIBRARY = "libkmo_ringcopy.so"
-NATIVE_SOURCE = SOURCE_DIR.parent / "native" / "ringcopy.c"
+NATIVE_SOURCES = tuple(SOURCE_DIR.parent / "native" / name for name in ("ringcopy.c", "sampler.c"))
 VMLINUX_BTF = Path("/sys/kernel/btf/vmlinux")
 _ARCH = {"x86_64": "x86", "aarch64": "arm64", "arm64": "arm64", "riscv64": "riscv"}
 
@@ -149,19 +150,21 @@ def build_native(build_dir: Path, *, force: bool = False, verbose: bool = False)
     the machine's C compiler; None where there is none (the spool then copies in
     Python). It needs only the C library: a wheel built here loads on older ones."""
     out = build_dir / NATIVE_LIBRARY
-    if out.exists() and not force and out.stat().st_mtime >= NATIVE_SOURCE.stat().st_mtime:
+    newest = max(src.stat().st_mtime for src in NATIVE_SOURCES)
+    if out.exists() and not force and out.stat().st_mtime >= newest:
         return out
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
         return None
     tmp = out.with_suffix(".tmp")
     cmd = [cc, "-O2", "-g", "-Wall", "-Wextra", "-fPIC", "-shared", "-o", str(tmp),
-           str(NATIVE_SOURCE)]  # fmt: skip
+           *map(str, NATIVE_SOURCES)]  # fmt: skip
     if verbose:
         print(" ".join(cmd), file=sys.stderr)
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise BuildError(f"{Path(cc).name} failed on {NATIVE_SOURCE.name}:\n{proc.stderr.strip()}")
+        names = ", ".join(src.name for src in NATIVE_SOURCES)
+        raise BuildError(f"{Path(cc).name} failed on {names}:\n{proc.stderr.strip()}")
     tmp.replace(out)
     return out
 

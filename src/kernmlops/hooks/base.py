@@ -81,6 +81,9 @@ class HookStatus:
     #: how the rings reached the spool: native (the C copier) or python, and the
     #: copier thread's real-time priority or why it has none
     copier: dict[str, Any] = field(default_factory=dict)
+    #: a sampled hook's files read by the native sampler: its thread's real-time
+    #: priority or why it has none (empty: sampled in Python)
+    sampler: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -96,6 +99,7 @@ class HookStatus:
             "counters": self.counters,
             "drops_by_cpu": self.drops_by_cpu,
             "copier": self.copier,
+            **({"sampler": self.sampler} if self.sampler else {}),
         }
 
 
@@ -205,6 +209,12 @@ class SampledHook(Hook[SampledOptionsT]):
     :meth:`_start_sampling`; :meth:`_sample` appends to ``self._rows``,
     :meth:`_frames` turns what was taken into tables, :meth:`_release` closes the
     source.
+
+    A hook whose sample is "read these open files whole" (/proc/meminfo) names them
+    in :meth:`native_files`: a native thread then reads them at each tick without the
+    GIL, at SCHED_FIFO (kernmlops.ebpf.sampler), and :meth:`_sampled` turns each read
+    into what :meth:`_sample` would have appended. Python's thread needs the GIL,
+    which a storm of more runnable tasks than CPUs keeps from it for most ticks.
     """
 
     Options: ClassVar[type[HookOptions]] = SampledHookOptions
@@ -219,18 +229,52 @@ class SampledHook(Hook[SampledOptionsT]):
         self._lock = threading.Lock()
         self._stop_sampling = threading.Event()
         self._sampler: threading.Thread | None = None
+        self._native: Any = None  # kernmlops.ebpf.sampler.NativeSampler, while it runs
+        self._last_ns = 0  # the native sampler's last sample
+        self._failed_at: int | None = None  # its last sample, once a read failed
         self._handed_over = 0.0
+        #: SCHED_FIFO priority of the native sampler's thread (the ring copier's)
+        self._priority = 1
 
     @abstractmethod
     def _sample(self, now_ns: int) -> None:
         """Take one sample and append it to ``self._rows`` (called with the sampling
         lock held)."""
 
+    def native_files(self) -> list[int] | None:
+        """The open files a sample reads whole, for the native sampler; None: samples
+        are taken by :meth:`_sample` in Python."""
+        return None
+
+    def _sampled(self, now_ns: int, data: list[bytes]) -> None:
+        """Append what :meth:`_sample` would have for the native sampler's read of
+        :meth:`native_files` (``data``: each file's bytes) at ``now_ns``."""
+        raise NotImplementedError
+
     def _take(self) -> Any:
         """Swap out the rows sampled so far (called with the sampling lock held, so
         it is a swap: the sampler waits for the lock)."""
         rows, self._rows = self._rows, []
         return rows
+
+    def _pull_native(self) -> None:
+        """(With the sampling lock held) the native sampler's reads so far into the
+        rows, its missed ticks into the drops."""
+        native = self._native
+        if native is None:
+            return
+        for now_ns, data in native.take():
+            self._sampled(now_ns, data)
+            self.status.events += 1
+            self._last_ns = now_ns
+        self.status.drops += native.missed
+        if native.error:  # its thread ended: the ticks from here to the stop are drops
+            import os
+
+            self._native = None
+            native.close()
+            self.status.sampler["read_error"] = os.strerror(native.error)
+            self._failed_at = self._last_ns  # its last sample: no tick after it had one
 
     @abstractmethod
     def _frames(self, taken: Any) -> Iterator[tuple[str, Rows]]:
@@ -244,6 +288,10 @@ class SampledHook(Hook[SampledOptionsT]):
         """Sample now, then every ``period_ns`` (default: ``1 / poll_hz``) until
         :meth:`_stop_sampler`."""
         period_ns = period_ns or self._period_ns
+        if not self._start_native(period_ns):
+            self._start_python(period_ns)
+
+    def _start_python(self, period_ns: int) -> None:
         with self._lock:
             self._sample(_monotonic_ns())
         self._stop_sampling.clear()
@@ -251,6 +299,32 @@ class SampledHook(Hook[SampledOptionsT]):
             target=self._run, args=(period_ns,), name=f"kernmlops-{self.name}", daemon=True
         )
         self._sampler.start()
+
+    def _start_native(self, period_ns: int) -> bool:
+        """Sample with the native sampler where the hook names its files and the
+        library is there; whether it started."""
+        files = self.native_files()
+        if not files:
+            return False
+        from kernmlops.ebpf import sampler
+
+        if not sampler.available():
+            return False
+        # what a flush would take twice over, at the least 1 MiB: a sampler that
+        # Python cannot keep up with counts its ticks as missed, it never grows
+        per_s = sum(_file_size(fd) + sampler.HEAD.size + 8 for fd in files) * 1e9 / period_ns
+        size = max(1 << 20, int(per_s * self.hand_over_s * 4))
+        native = sampler.NativeSampler(files, period_ns, size, self.name)
+        self._last_ns = _monotonic_ns()
+        native.start(self._priority)
+        self._native = native
+        self.status.sampler = {
+            "native": True,
+            "priority": native.priority,
+            **({"error": native.priority_error} if native.priority_error else {}),
+            **({"nice": native.nice} if native.nice is not None else {}),
+        }
+        return True
 
     def _run(self, period_ns: int) -> None:
         due = _monotonic_ns() + period_ns
@@ -266,6 +340,8 @@ class SampledHook(Hook[SampledOptionsT]):
             due += (late + 1) * period_ns
 
     def _stop_sampler(self) -> None:
+        if self._native is not None:
+            self._native.stop()  # what it read stays for the last take
         self._stop_sampling.set()
         if self._sampler is not None:
             self._sampler.join()
@@ -297,13 +373,18 @@ class SampledHook(Hook[SampledOptionsT]):
 
     def _take_all(self) -> list[tuple[str, Rows]]:
         with self._lock:
+            self._pull_native()
             taken = self._take()
         return list(self._frames(taken))
 
     def stop(self) -> Iterator[tuple[str, Rows]]:
-        running = self._sampler is not None
+        running = self._sampler is not None or self._native is not None
         self._stop_sampler()  # no sample may land between the last poll and close
         with self._lock:
+            self._pull_native()
+            if self._failed_at is not None:  # the ticks after its last sample
+                self.status.drops += (_monotonic_ns() - self._failed_at) // self._period_ns
+                self._failed_at = None
             if self.sample_at_stop and running:
                 self._sample(_monotonic_ns())
             taken = self._take()
@@ -312,10 +393,20 @@ class SampledHook(Hook[SampledOptionsT]):
 
     def close(self) -> None:
         self._stop_sampler()
+        if self._native is not None:
+            self._native.close()
+            self._native = None
         self._release()
 
     def drops(self) -> int:
         return self.status.drops
+
+
+def _file_size(fd: int) -> int:
+    """Bytes a read of ``fd`` gives now (a /proc file says 0 to stat: read it)."""
+    import os
+
+    return len(os.pread(fd, 1 << 20, 0))
 
 
 def _monotonic_ns() -> int:

@@ -30,7 +30,8 @@ class MemoryUsageOptions(SampledHookOptions):
 
 class MemoryUsageHook(SampledHook[MemoryUsageOptions]):
     """Samples /proc/meminfo at ``poll_hz`` into the ``memory_usage`` table, in a thread
-    of its own (missed intervals are counted as drops)."""
+    of its own: the native sampler's where the library is built, else Python's
+    (missed intervals are counted as drops)."""
 
     name: ClassVar[str] = "memory_usage"
     tables: ClassVar[tuple[str, ...]] = (TABLE,)
@@ -49,6 +50,8 @@ class MemoryUsageHook(SampledHook[MemoryUsageOptions]):
             raise HookUnavailable(f"{self.name}: cannot read {MEMINFO}: {e.strerror}") from e
         self.status.attached = True
         self.status.variant = "procfs"
+        if ctx is not None:
+            self._priority = ctx.copier_priority  # the native sampler's, as the copier's
         self._start_sampling()  # the first sample at once
 
     def _sample(self, now_ns: int) -> None:
@@ -62,6 +65,12 @@ class MemoryUsageHook(SampledHook[MemoryUsageOptions]):
             text = os.pread(fd, self._read_size, 0)
         self._rows.append((now_ns, text))
         self.status.events += 1
+
+    def native_files(self) -> list[int] | None:
+        return [self._file.fileno()] if self._file is not None else None
+
+    def _sampled(self, now_ns: int, data: list[bytes]) -> None:
+        self._rows.append((now_ns, data[0]))
 
     def _frames(self, taken: list[tuple[int, bytes]]) -> Iterator[tuple[str, Rows]]:
         if taken:

@@ -1,0 +1,93 @@
+"""The native file sampler (native/sampler.c): files read whole at each tick of a
+fixed grid on a thread without the GIL; what it could not take is counted, never
+silently left out."""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kernmlops.ebpf import sampler
+
+
+@pytest.fixture(autouse=True)
+def _built(bpf_build_dir: Path) -> None:
+    """The sampler is in the ring copier's library, built beside the objects."""
+    assert sampler.available(), f"no sampler in the library in {bpf_build_dir}"
+
+
+def _open(path: Path) -> int:
+    return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+
+
+def test_every_file_is_read_whole_at_each_tick_of_the_grid(tmp_path: Path) -> None:
+    # Two files, one larger than the first read (8 KiB) and rewritten while the
+    # sampler runs: each sample holds both, whole, as they were at its time.
+    big, small = tmp_path / "big", tmp_path / "small"
+    big.write_bytes(b"A" * 20_000)
+    small.write_bytes(b"0")
+    fds = [_open(big), _open(small)]
+    s = sampler.NativeSampler(fds, 20_000_000, 1 << 20, "test")  # 50 Hz
+    t0 = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    try:
+        s.start(priority=0)
+        time.sleep(0.25)
+        small.write_bytes(b"12")
+        time.sleep(0.25)
+        s.stop()
+        samples = s.take()
+        assert s.take() == []  # taken once
+        assert s.missed == 0 and s.error == 0 and s.result == 0
+    finally:
+        s.close()
+        for fd in fds:
+            os.close(fd)
+    t1 = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    times = np.array([ns for ns, _ in samples])
+    assert 24 <= len(samples) <= 27  # 0.5 s at 50 Hz, the first at once
+    assert t0 <= times[0] and times[-1] <= t1 and np.all(np.diff(times) > 0)
+    assert np.abs(np.diff(times) - 20_000_000).max() < 10_000_000  # on the grid
+    assert all(data[0] == b"A" * 20_000 for _, data in samples)
+    seen = [data[1] for _, data in samples]
+    assert seen[0] == b"0" and seen[-1] == b"12" and set(seen) == {b"0", b"12"}
+
+
+def test_a_buffer_python_leaves_full_counts_each_tick_as_missed(tmp_path: Path) -> None:
+    f = tmp_path / "f"
+    f.write_bytes(b"x" * 100)  # a sample: 16 bytes of head and 104 of bytes
+    fd = _open(f)
+    s = sampler.NativeSampler([fd], 10_000_000, 5 * 120, "test")  # room for 5 samples
+    try:
+        s.start(priority=0)
+        time.sleep(0.2)  # ~20 ticks, nothing taken
+        first = s.take()
+        missed = s.missed
+        time.sleep(0.035)  # room again: sampling goes on
+        s.stop()
+        second = s.take()
+    finally:
+        s.close()
+        os.close(fd)
+    assert len(first) == 5 and all(data == [b"x" * 100] for _, data in first)
+    assert 12 <= missed <= 18  # every tick past the fifth, none lost silently
+    assert 2 <= len(second) <= 5
+
+
+def test_a_file_that_cannot_be_read_ends_the_sampler_with_its_error(tmp_path: Path) -> None:
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)  # read(2) of a folder: EISDIR
+    s = sampler.NativeSampler([fd], 10_000_000, 1 << 16, "test")
+    try:
+        s.start(priority=0)
+        deadline = time.monotonic() + 2
+        while s.error == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert s.error == errno.EISDIR and s.take() == []
+    finally:
+        s.close()
+        os.close(fd)
+    assert s.result == errno.EISDIR
