@@ -136,7 +136,7 @@ def program_ns(pid: int) -> dict[str, list[int]]:
 
 def one(
     storm: str | None, pairs: int, seconds: float, extra: list[str],
-    env: dict[str, str] | None = None, stats: bool = False,
+    env: dict[str, str] | None = None, stats: bool = False, read: str = "full",
 ) -> dict:  # fmt: skip
     out = Path(tempfile.mkdtemp(prefix="kmo-tree-"))
     argv = [
@@ -228,18 +228,31 @@ def one(
         rec["collection_mb"] = du / 2**20
         t = time.monotonic()
         try:
-            from kernmlops.data import read_collection
-
-            c = read_collection(found[0].parent)
-            rows = {}
-            for name in c.tables:
-                rows[name] = c[name].height if hasattr(c[name], "height") else None
-            rec["read_rows"] = rows
+            rec["read_rows"] = read_rows(found[0].parent, read)
         except Exception as err:
             rec["read_error"] = f"{type(err).__name__}: {err}"
         rec["read_collection_s"] = time.monotonic() - t
+        rec["read"] = read
     shutil.rmtree(out, ignore_errors=True)
     return rec
+
+
+def read_rows(collection: Path, how: str) -> dict[str, int]:
+    """Rows per table as ``read_collection`` reads them (``full``: every table in
+    memory), or from every finished part's Parquet footer (``footers``: a 10-min
+    storm's billions of rows do not fit a small machine's memory)."""
+    if how == "full":
+        from kernmlops.data import read_collection
+
+        c = read_collection(collection)
+        return {name: c[name].height for name in c.tables}
+    import pyarrow.parquet as pq
+
+    rows: dict[str, int] = {}
+    for part in sorted(collection.glob("*/part-*.parquet")):
+        table = part.parent.name
+        rows[table] = rows.get(table, 0) + pq.ParquetFile(part).metadata.num_rows
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -260,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bpf-stats", action="store_true",
                     help="time every BPF program run (costs two clock reads a run): each "
                     "program's ns per run until the storm's end")  # fmt: skip
+    ap.add_argument("--read", choices=("full", "footers"), default="full",
+                    help="the collection read back whole (read_collection), or its parts' "
+                    "footers only (storms longer than memory holds)")  # fmt: skip
     ap.add_argument("--out", type=Path, default=harness.result_path("storm-tree"))
     a = ap.parse_args(argv)
     trees: dict[str, dict[str, str] | None] = {"this": None}
@@ -287,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
             body.setdefault("skipped", []).append(s)
             print(f"[storm-tree] {s:g} s: skipped (deadline)", flush=True)
             continue
-        rec = one(a.storm, pairs, s, extra + configs[w], trees[t], a.bpf_stats)
+        rec = one(a.storm, pairs, s, extra + configs[w], trees[t], a.bpf_stats, a.read)
         rec["seconds"] = s
         rec["row_workers"] = w
         rec["tree"] = t if t == "this" else str(a.baseline)

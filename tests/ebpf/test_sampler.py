@@ -73,7 +73,8 @@ def test_a_buffer_python_leaves_full_counts_each_tick_as_missed(tmp_path: Path) 
     finally:
         s.close()
         os.close(fd)
-    assert len(first) == 5 and all(data == [b"x" * 100] for _, data in first)
+    # five held (a sixth may land while take empties the buffer)
+    assert 5 <= len(first) <= 6 and all(data == [b"x" * 100] for _, data in first)
     assert 12 <= missed <= 18  # every tick past the fifth, none lost silently
     assert 2 <= len(second) <= 5
 

@@ -29,6 +29,7 @@ PACKAGED_DIR = SOURCE_DIR.parent / "bpf_objects"
 #: (kernmlops.ebpf.sampler), one library built and shipped beside the objects
 NATIVE_LIBRARY = "libkmo_ringcopy.so"
 NATIVE_SOURCES = tuple(SOURCE_DIR.parent / "native" / name for name in ("ringcopy.c", "sampler.c"))
+NATIVE_HEADERS = tuple(sorted((SOURCE_DIR.parent / "native").glob("*.h")))
 VMLINUX_BTF = Path("/sys/kernel/btf/vmlinux")
 _ARCH = {"x86_64": "x86", "aarch64": "arm64", "arm64": "arm64", "riscv64": "riscv"}
 
@@ -150,7 +151,7 @@ def build_native(build_dir: Path, *, force: bool = False, verbose: bool = False)
     the machine's C compiler; None where there is none (the spool then copies in
     Python). It needs only the C library: a wheel built here loads on older ones."""
     out = build_dir / NATIVE_LIBRARY
-    newest = max(src.stat().st_mtime for src in NATIVE_SOURCES)
+    newest = max(src.stat().st_mtime for src in (*NATIVE_SOURCES, *NATIVE_HEADERS))
     if out.exists() and not force and out.stat().st_mtime >= newest:
         return out
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")

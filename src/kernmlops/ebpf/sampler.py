@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from kernmlops.ebpf.copier import FALLBACK_NICE, _lower_nice, _name_thread, load
 
-ABI = 1
+ABI = 2
 #: a sample's head in the buffer: time (ns), file index, bytes; the bytes padded to 8
 HEAD = struct.Struct("<QII")
 
@@ -38,6 +38,7 @@ class _Sampler(ctypes.Structure):
         ("buf", ctypes.c_void_p),
         ("cap", ctypes.c_uint64),
         ("used", ctypes.c_uint64),
+        ("max_cap", ctypes.c_uint64),
         ("taken", ctypes.c_uint64),
         ("missed", ctypes.c_uint64),
         ("lock", ctypes.c_int32),
@@ -53,9 +54,14 @@ def available() -> bool:
     return lib is not None and hasattr(lib, "kmo_sampler_run") and lib.kmo_sampler_abi() == ABI
 
 
+#: what :meth:`NativeSampler.take` copies out at a time
+TAKE_BYTES = 4 << 20
+
+
 class NativeSampler:
     """A thread that reads ``fds`` whole every ``period_ns`` (the first time at once)
-    into a buffer of ``buffer_bytes``; :meth:`take` gives what it read since."""
+    into a buffer that grows up to ``buffer_bytes``; :meth:`take` gives what it read
+    since."""
 
     def __init__(self, fds: Sequence[int], period_ns: int, buffer_bytes: int, name: str) -> None:
         lib = load()
@@ -65,12 +71,10 @@ class NativeSampler:
         self._lib = lib
         self._name = name
         self._fds = (ctypes.c_int32 * len(fds))(*fds)
-        self._buf = ctypes.create_string_buffer(buffer_bytes)
-        self._out = ctypes.create_string_buffer(buffer_bytes)
+        self._out = ctypes.create_string_buffer(TAKE_BYTES)
         self._stop_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._c = _Sampler(abi=ABI, nfiles=len(fds), stop_fd=self._stop_fd, period_ns=period_ns,
-                           fds=self._fds, buf=ctypes.cast(self._buf, ctypes.c_void_p),
-                           cap=buffer_bytes)  # fmt: skip
+                           fds=self._fds, max_cap=buffer_bytes)  # fmt: skip
         self._thread: threading.Thread | None = None
         self._missed_seen = 0
         self.result: int | None = None
@@ -101,9 +105,15 @@ class NativeSampler:
 
     def take(self) -> list[tuple[int, list[bytes]]]:
         """The samples read since the last take, each (time ns, every file's bytes)."""
-        n = int(self._lib.kmo_sampler_take(ctypes.byref(self._c), self._out,
-                                           ctypes.c_uint64(len(self._out))))  # fmt: skip
-        data = self._out.raw[:n]
+        chunks = []
+        while True:
+            n = int(self._lib.kmo_sampler_take(ctypes.byref(self._c), self._out,
+                                               ctypes.c_uint64(len(self._out))))  # fmt: skip
+            if not n:
+                break
+            chunks.append(self._out.raw[:n])
+        data = b"".join(chunks)
+        n = len(data)
         out: list[tuple[int, list[bytes]]] = []
         at = 0
         while at < n:

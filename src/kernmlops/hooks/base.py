@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -269,8 +270,6 @@ class SampledHook(Hook[SampledOptionsT]):
             self._last_ns = now_ns
         self.status.drops += native.missed
         if native.error:  # its thread ended: the ticks from here to the stop are drops
-            import os
-
             self._native = None
             native.close()
             self.status.sampler["read_error"] = os.strerror(native.error)
@@ -310,10 +309,11 @@ class SampledHook(Hook[SampledOptionsT]):
 
         if not sampler.available():
             return False
-        # what a flush would take twice over, at the least 1 MiB: a sampler that
-        # Python cannot keep up with counts its ticks as missed, it never grows
+        # an hour of samples Python has not taken, at most (the buffer grows as they
+        # wait: a storm keeps Python off the CPU for tens of seconds on 2 vCPUs);
+        # past that its ticks count as missed
         per_s = sum(_file_size(fd) + sampler.HEAD.size + 8 for fd in files) * 1e9 / period_ns
-        size = max(1 << 20, int(per_s * self.hand_over_s * 4))
+        size = max(1 << 20, min(256 << 20, int(per_s * 3600)))
         native = sampler.NativeSampler(files, period_ns, size, self.name)
         self._last_ns = _monotonic_ns()
         native.start(self._priority)
@@ -404,8 +404,6 @@ class SampledHook(Hook[SampledOptionsT]):
 
 def _file_size(fd: int) -> int:
     """Bytes a read of ``fd`` gives now (a /proc file says 0 to stat: read it)."""
-    import os
-
     return len(os.pread(fd, 1 << 20, 0))
 
 

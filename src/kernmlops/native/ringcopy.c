@@ -49,6 +49,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ceiling.h"
+
 #define BUSY_BIT (1U << 31)
 #define DISCARD_BIT (1U << 30)
 #define LEN_MASK (DISCARD_BIT - 1)
@@ -795,8 +797,10 @@ int kmo_copier_run(struct kmo_copier *c)
  * old one's raw bytes, final. */
 uint64_t kmo_ring_rotate(struct kmo_ring *r, struct kmo_segment *seg)
 {
+	struct kmo_ceiling ceiling;
 	uint64_t written;
 
+	kmo_ceiling_raise(&ceiling); /* the copier waits for this lock: ceiling.h */
 	lock(&r->lock);
 	written = r->active ? r->active->written : 0;
 	if (r->active)
@@ -804,6 +808,7 @@ uint64_t kmo_ring_rotate(struct kmo_ring *r, struct kmo_segment *seg)
 	__atomic_store_n(&seg->state, 1, __ATOMIC_RELEASE);
 	r->active = seg;
 	unlock(&r->lock);
+	kmo_ceiling_drop(&ceiling);
 	return written;
 }
 
@@ -817,8 +822,12 @@ void kmo_ring_share(struct kmo_ring *r, struct kmo_ring *owner)
 /* Give the ring a standby segment (where it goes once the budget is spent). */
 void kmo_ring_set_standby(struct kmo_ring *r, struct kmo_segment *seg)
 {
+	struct kmo_ceiling ceiling;
+
+	kmo_ceiling_raise(&ceiling);
 	lock(&r->lock);
 	r->standby = seg;
 	r->waiting = 0;
 	unlock(&r->lock);
+	kmo_ceiling_drop(&ceiling);
 }

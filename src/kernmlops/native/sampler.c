@@ -11,8 +11,10 @@
  * copier, wakes on time and costs a pread per file per tick.
  *
  * A sample in the buffer: <time ns u64><file index u32><bytes u32> and the
- * bytes, padded to 8. A tick whose sample could not be taken (the thread woke
- * a whole period late, or the buffer was full: Python fell that far behind) is
+ * bytes, padded to 8. The buffer grows as samples wait (a storm keeps the
+ * collector's Python off the CPU for tens of seconds on 2 vCPUs), up to
+ * `max_cap`. A tick whose sample could not be taken (the thread woke a whole
+ * period late, or the buffer was at its most: Python fell that far behind) is
  * counted in `missed`, never silently left out. Built into the same library as
  * ringcopy.c; shared struct: kernmlops/ebpf/sampler.py.
  */
@@ -26,7 +28,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#define KMO_SAMPLER_ABI 1
+#include "ceiling.h"
+
+#define KMO_SAMPLER_ABI 2
 #define SAMPLE_HEAD 16
 /* a file read whole is at most this large (meminfo is ~1.5 KiB) */
 #define READ_MAX (1U << 20)
@@ -38,9 +42,10 @@ struct kmo_sampler {
 	int32_t stop_fd;    /* an eventfd Python writes to wake the thread at stop */
 	int64_t period_ns;
 	const int32_t *fds; /* the files, kept open by Python */
-	uint8_t *buf;       /* samples not taken yet */
+	uint8_t *buf;       /* samples not taken yet (the sampler's: it grows) */
 	uint64_t cap;
 	uint64_t used;
+	uint64_t max_cap;   /* the buffer's most */
 	uint64_t taken;     /* samples taken in all */
 	uint64_t missed;    /* ticks without a sample */
 	int32_t lock;
@@ -57,8 +62,19 @@ int kmo_sampler_abi(void)
 
 static void sampler_lock(int32_t *l)
 {
-	while (__atomic_exchange_n(l, 1, __ATOMIC_ACQUIRE))
-		sched_yield(); /* held only across a memcpy */
+	unsigned spins = 0;
+
+	while (__atomic_exchange_n(l, 1, __ATOMIC_ACQUIRE)) {
+		/* held across a memcpy; at real-time priority, yield a while, then
+		 * sleep between tries so that the holder gets a CPU */
+		if (++spins < 64) {
+			sched_yield();
+		} else {
+			struct timespec nap = { 0, 20000 };
+
+			nanosleep(&nap, NULL);
+		}
+	}
 }
 
 static void sampler_unlock(int32_t *l)
@@ -152,6 +168,20 @@ static int sample(struct kmo_sampler *s, uint64_t now)
 		len = (len + 7) & ~7ULL;
 	}
 	sampler_lock(&s->lock);
+	if (s->used + len > s->cap && s->used + len <= s->max_cap) {
+		uint64_t cap = s->cap ? s->cap : 65536;
+		uint8_t *p;
+
+		while (cap < s->used + len)
+			cap *= 2;
+		if (cap > s->max_cap)
+			cap = s->max_cap;
+		p = realloc(s->buf, cap);
+		if (p) {
+			s->buf = p;
+			s->cap = cap;
+		}
+	}
 	fit = s->used + len <= s->cap;
 	if (fit) {
 		memcpy(s->buf + s->used, s->scratch, len);
@@ -168,8 +198,10 @@ static int sample(struct kmo_sampler *s, uint64_t now)
  * samples); the bytes taken. */
 uint64_t kmo_sampler_take(struct kmo_sampler *s, uint8_t *dst, uint64_t cap)
 {
+	struct kmo_ceiling ceiling;
 	uint64_t n;
 
+	kmo_ceiling_raise(&ceiling); /* the sampler waits for this lock: ceiling.h */
 	sampler_lock(&s->lock);
 	n = s->used;
 	if (n > cap) { /* whole samples only: the rest stays for the next take */
@@ -187,10 +219,13 @@ uint64_t kmo_sampler_take(struct kmo_sampler *s, uint8_t *dst, uint64_t cap)
 		}
 		n = at;
 	}
-	memcpy(dst, s->buf, n);
-	memmove(s->buf, s->buf + n, s->used - n);
-	s->used -= n;
+	if (n) {
+		memcpy(dst, s->buf, n);
+		memmove(s->buf, s->buf + n, s->used - n);
+		s->used -= n;
+	}
 	sampler_unlock(&s->lock);
+	kmo_ceiling_drop(&ceiling);
 	return n;
 }
 
@@ -234,6 +269,9 @@ int kmo_sampler_run(struct kmo_sampler *s)
 
 void kmo_sampler_free(struct kmo_sampler *s)
 {
+	free(s->buf);
+	s->buf = NULL;
+	s->cap = s->used = 0;
 	free(s->scratch);
 	s->scratch = NULL;
 	s->scratch_cap = 0;
