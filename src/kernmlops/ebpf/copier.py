@@ -238,6 +238,18 @@ def _lower_nice(nice: int) -> int | None:
     return os.getpriority(os.PRIO_PROCESS, tid)
 
 
+def realtime(priority: int) -> tuple[int, str | None, int | None]:
+    """Give the calling thread SCHED_FIFO ``priority`` (0: leave it), else nice
+    FALLBACK_NICE: (the priority it got, why it did not, the nice it got instead)."""
+    if priority <= 0:
+        return 0, None, None
+    try:  # pid 0: this thread alone
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+    except OSError as err:
+        return 0, f"SCHED_FIFO {priority}: {err.strerror or err}", _lower_nice(FALLBACK_NICE)
+    return priority, None, None
+
+
 def priority_notes(statuses: Sequence[Mapping[str, Any]]) -> list[str]:
     """What a collection says about its copiers' priority (hooks' ``status.copier``):
     nothing when SCHED_FIFO was granted; a note when only the nice fallback was; a
@@ -428,13 +440,7 @@ class Copier:
 
         def run() -> None:
             _name_thread(b"kmo-copier")  # top -H, ps -L: the copier and zstd's workers
-            if priority > 0:
-                try:  # pid 0: this thread alone
-                    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
-                    self.priority = priority
-                except OSError as err:
-                    self.priority_error = f"SCHED_FIFO {priority}: {err.strerror or err}"
-                    self.nice = _lower_nice(FALLBACK_NICE)
+            self.priority, self.priority_error, self.nice = realtime(priority)
             ready.set()
             # ctypes lets go of the GIL for the whole call
             self.result = self._lib.kmo_copier_run(ctypes.byref(self._c))

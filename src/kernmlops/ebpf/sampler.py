@@ -20,7 +20,7 @@ import struct
 import threading
 from collections.abc import Sequence
 
-from kernmlops.ebpf.copier import FALLBACK_NICE, _lower_nice, _name_thread, load
+from kernmlops.ebpf.copier import _name_thread, load, realtime
 
 ABI = 2
 #: a sample's head in the buffer: time (ns), file index, bytes; the bytes padded to 8
@@ -88,13 +88,7 @@ class NativeSampler:
 
         def run() -> None:
             _name_thread(f"kmo-{self._name}".encode())
-            if priority > 0:
-                try:
-                    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
-                    self.priority = priority
-                except OSError as err:
-                    self.priority_error = f"SCHED_FIFO {priority}: {err.strerror or err}"
-                    self.nice = _lower_nice(FALLBACK_NICE)
+            self.priority, self.priority_error, self.nice = realtime(priority)
             ready.set()
             # ctypes lets go of the GIL for the whole call
             self.result = self._lib.kmo_sampler_run(ctypes.byref(self._c))

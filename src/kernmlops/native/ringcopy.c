@@ -50,6 +50,7 @@
 #include <unistd.h>
 
 #include "ceiling.h"
+#include "spin.h"
 
 #define BUSY_BIT (1U << 31)
 #define DISCARD_BIT (1U << 30)
@@ -311,28 +312,6 @@ int kmo_crc32c_hw(void)
 #else
 	return 0;
 #endif
-}
-
-static void lock(int32_t *l)
-{
-	unsigned spins = 0;
-
-	while (__atomic_exchange_n(l, 1, __ATOMIC_ACQUIRE)) {
-		/* a spool's other copier may hold it across a write that waits for the
-		 * disk (dirty page throttling): yield a while, then sleep between tries */
-		if (++spins < 64) {
-			sched_yield();
-		} else {
-			struct timespec nap = { 0, 20000 };
-
-			nanosleep(&nap, NULL);
-		}
-	}
-}
-
-static void unlock(int32_t *l)
-{
-	__atomic_store_n(l, 0, __ATOMIC_RELEASE);
 }
 
 /* Map a ring the way the kernel allows: the consumer page read-write, the
@@ -671,9 +650,9 @@ static uint64_t copy_ring(struct kmo_copier *c, struct kmo_ring *r)
 		const uint8_t *src;
 		int wraps, err;
 
-		lock(&o->lock);
+		spin_lock(&o->lock);
 		s = o->active;
-		unlock(&o->lock);
+		spin_unlock(&o->lock);
 		if (!s)
 			break;
 		/* a frame at most: what one damaged byte costs, and one step of reading back */
@@ -691,16 +670,16 @@ static uint64_t copy_ring(struct kmo_copier *c, struct kmo_ring *r)
 			r->error = err;
 			break;
 		}
-		lock(&o->lock);
+		spin_lock(&o->lock);
 		if (o->active != s) { /* rotated meanwhile: made again for the new one */
-			unlock(&o->lock);
+			spin_unlock(&o->lock);
 			continue;
 		}
 		if (s->memory) { /* memory segments are raw: the budget counts their headers */
 			if (!kmo_budget_reserve(c->memory_used, c->memory_limit, run + RAW_HEAD)) {
 				s = switch_to_standby(o);
 				o->waiting = s == NULL;
-				unlock(&o->lock);
+				spin_unlock(&o->lock);
 				if (!s)
 					break; /* Python opens a standby at its next poll */
 				continue;
@@ -708,7 +687,7 @@ static uint64_t copy_ring(struct kmo_copier *c, struct kmo_ring *r)
 		}
 		err = s->zstd ? put_zstd(r, s, packed) : put_raw(s, head, src, run);
 		if (err) {
-			unlock(&o->lock);
+			spin_unlock(&o->lock);
 			if (s->memory)
 				kmo_budget_release(c->memory_used, run + RAW_HEAD);
 			r->error = err;
@@ -721,7 +700,7 @@ static uint64_t copy_ring(struct kmo_copier *c, struct kmo_ring *r)
 			sync_file_range(s->fd, 0, 0, SYNC_FILE_RANGE_WRITE);
 			s->synced = s->file_bytes;
 		}
-		unlock(&o->lock);
+		spin_unlock(&o->lock);
 		/* the consumer moves only once the bytes are in the file */
 		cons += run;
 		__atomic_store_n(r->cons, cons, __ATOMIC_RELEASE);
@@ -801,13 +780,13 @@ uint64_t kmo_ring_rotate(struct kmo_ring *r, struct kmo_segment *seg)
 	uint64_t written;
 
 	kmo_ceiling_raise(&ceiling); /* the copier waits for this lock: ceiling.h */
-	lock(&r->lock);
+	spin_lock(&r->lock);
 	written = r->active ? r->active->written : 0;
 	if (r->active)
 		__atomic_store_n(&r->active->state, 2, __ATOMIC_RELEASE);
 	__atomic_store_n(&seg->state, 1, __ATOMIC_RELEASE);
 	r->active = seg;
-	unlock(&r->lock);
+	spin_unlock(&r->lock);
 	kmo_ceiling_drop(&ceiling);
 	return written;
 }
@@ -825,9 +804,9 @@ void kmo_ring_set_standby(struct kmo_ring *r, struct kmo_segment *seg)
 	struct kmo_ceiling ceiling;
 
 	kmo_ceiling_raise(&ceiling);
-	lock(&r->lock);
+	spin_lock(&r->lock);
 	r->standby = seg;
 	r->waiting = 0;
-	unlock(&r->lock);
+	spin_unlock(&r->lock);
 	kmo_ceiling_drop(&ceiling);
 }

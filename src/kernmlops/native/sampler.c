@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "ceiling.h"
+#include "spin.h"
 
 #define KMO_SAMPLER_ABI 2
 #define SAMPLE_HEAD 16
@@ -58,28 +59,6 @@ struct kmo_sampler {
 int kmo_sampler_abi(void)
 {
 	return KMO_SAMPLER_ABI;
-}
-
-static void sampler_lock(int32_t *l)
-{
-	unsigned spins = 0;
-
-	while (__atomic_exchange_n(l, 1, __ATOMIC_ACQUIRE)) {
-		/* held across a memcpy; at real-time priority, yield a while, then
-		 * sleep between tries so that the holder gets a CPU */
-		if (++spins < 64) {
-			sched_yield();
-		} else {
-			struct timespec nap = { 0, 20000 };
-
-			nanosleep(&nap, NULL);
-		}
-	}
-}
-
-static void sampler_unlock(int32_t *l)
-{
-	__atomic_store_n(l, 0, __ATOMIC_RELEASE);
 }
 
 static uint64_t mono_ns(void)
@@ -167,7 +146,7 @@ static int sample(struct kmo_sampler *s, uint64_t now)
 		memset(s->scratch + len, 0, ((uint64_t)n + 7) / 8 * 8 - (uint64_t)n);
 		len = (len + 7) & ~7ULL;
 	}
-	sampler_lock(&s->lock);
+	spin_lock(&s->lock);
 	if (s->used + len > s->cap && s->used + len <= s->max_cap) {
 		uint64_t cap = s->cap ? s->cap : 65536;
 		uint8_t *p;
@@ -188,7 +167,7 @@ static int sample(struct kmo_sampler *s, uint64_t now)
 		s->used += len;
 		s->taken++;
 	}
-	sampler_unlock(&s->lock);
+	spin_unlock(&s->lock);
 	if (!fit)
 		__atomic_add_fetch(&s->missed, 1, __ATOMIC_RELAXED);
 	return 0;
@@ -202,7 +181,7 @@ uint64_t kmo_sampler_take(struct kmo_sampler *s, uint8_t *dst, uint64_t cap)
 	uint64_t n;
 
 	kmo_ceiling_raise(&ceiling); /* the sampler waits for this lock: ceiling.h */
-	sampler_lock(&s->lock);
+	spin_lock(&s->lock);
 	n = s->used;
 	if (n > cap) { /* whole samples only: the rest stays for the next take */
 		uint64_t at = 0;
@@ -224,7 +203,7 @@ uint64_t kmo_sampler_take(struct kmo_sampler *s, uint8_t *dst, uint64_t cap)
 		memmove(s->buf, s->buf + n, s->used - n);
 		s->used -= n;
 	}
-	sampler_unlock(&s->lock);
+	spin_unlock(&s->lock);
 	kmo_ceiling_drop(&ceiling);
 	return n;
 }
