@@ -123,6 +123,16 @@ class CollectorConfig(_Strict):
         "the collection's disk, compressed. null: 64 MiB per CPU online (a storm spools "
         "~13 MiB/s per CPU), at least 256, at most 1/16 of the RAM. 0: all on disk",
     )
+    spool_runway_s: float = Field(
+        60.0,
+        ge=0,
+        le=3600,
+        description="with spool: keep this many seconds of the spool's recent disk writes "
+        "allocated ahead of them (fallocate, by a thread beside the copier), 1 MiB to 2 GiB a "
+        "spool: on ext4 a write that allocates waits for the journal, which a storm keeps "
+        "off the CPU, and the rings overflow meanwhile. Unused blocks are given back as each "
+        "segment ends; never allocated below twice collector.min_free_mb free. 0: off",
+    )
     spool_spare_cpus: float | None = Field(
         None,
         ge=0,

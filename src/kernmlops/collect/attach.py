@@ -71,6 +71,9 @@ def hook_context(
         spool_dir=spool_dir,
         copier_priority=cfg.copier_priority,
         copier_workers=cfg.copier_workers,
+        spool_runway_s=cfg.spool_runway_s,
+        # the space guard stops the collection below min_free_mb: a runway must not
+        spool_keep_free=int((2 * cfg.min_free_mb + 64) * 2**20),
         poll_interval_ms=cfg.poll_interval_ms,
         poll_max_interval_ms=cfg.poll_max_interval_ms,
         spool_memory=(

@@ -28,7 +28,9 @@ PACKAGED_DIR = SOURCE_DIR.parent / "bpf_objects"
 #: the native ring copier (kernmlops.ebpf.copier) and file sampler
 #: (kernmlops.ebpf.sampler), one library built and shipped beside the objects
 NATIVE_LIBRARY = "libkmo_ringcopy.so"
-NATIVE_SOURCES = tuple(SOURCE_DIR.parent / "native" / name for name in ("ringcopy.c", "sampler.c"))
+NATIVE_SOURCES = tuple(
+    SOURCE_DIR.parent / "native" / name for name in ("ringcopy.c", "runway.c", "sampler.c")
+)
 NATIVE_HEADERS = tuple(sorted((SOURCE_DIR.parent / "native").glob("*.h")))
 VMLINUX_BTF = Path("/sys/kernel/btf/vmlinux")
 _ARCH = {"x86_64": "x86", "aarch64": "arm64", "arm64": "arm64", "riscv64": "riscv"}
@@ -158,7 +160,7 @@ def build_native(build_dir: Path, *, force: bool = False, verbose: bool = False)
     if not cc:
         return None
     tmp = out.with_suffix(".tmp")
-    cmd = [cc, "-O2", "-g", "-Wall", "-Wextra", "-fPIC", "-shared", "-o", str(tmp),
+    cmd = [cc, "-O2", "-g", "-Wall", "-Wextra", "-fPIC", "-pthread", "-shared", "-o", str(tmp),
            *map(str, NATIVE_SOURCES)]  # fmt: skip
     if verbose:
         print(" ".join(cmd), file=sys.stderr)

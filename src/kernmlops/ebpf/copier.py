@@ -17,6 +17,7 @@ copies in Python as before, and ``KERNMLOPS_NATIVE_COPY=0`` asks for that too.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
@@ -30,9 +31,13 @@ from typing import Any
 from kernmlops.ebpf.build import NATIVE_LIBRARY, default_build_dir
 
 LIBRARY = NATIVE_LIBRARY
-ABI = 7
+ABI = 8
 #: zstd level of the disk segments (pyarrow's Codec("zstd", 1) writes the same frames)
 ZSTD_LEVEL = 1
+#: the runway (native/runway.c): disk allocated ahead of a spool's writes, at least this
+#: much (a quiet table's standby) and at most this much (a 16-core storm writes ~30 MB/s)
+RUNWAY_MIN = 1 << 20
+RUNWAY_MAX = 2 << 30
 
 
 class Segment(ctypes.Structure):
@@ -44,6 +49,9 @@ class Segment(ctypes.Structure):
         ("written", ctypes.c_uint64),
         ("file_bytes", ctypes.c_uint64),
         ("synced", ctypes.c_uint64),
+        ("alloc_end", ctypes.c_uint64),
+        ("alloc_busy", ctypes.c_int32),
+        ("alloc_off", ctypes.c_int32),
     ]
 
 
@@ -74,6 +82,9 @@ class Ring(ctypes.Structure):
         ("pad", ctypes.c_uint32),
         ("shuffled", ctypes.c_void_p),
         ("shuffled_cap", ctypes.c_uint64),
+        ("spooled", ctypes.c_uint64),
+        ("disk_raw", ctypes.c_uint64),
+        ("disk_file", ctypes.c_uint64),
     ]
 
 
@@ -103,6 +114,18 @@ class _Copier(ctypes.Structure):
         ("set", ctypes.c_void_p),
         ("compress2", ctypes.c_void_p),
         ("cctx", ctypes.c_void_p),
+        ("runway_ms", ctypes.c_int64),
+        ("runway_min", ctypes.c_uint64),
+        ("runway_max", ctypes.c_uint64),
+        ("keep_free", ctypes.c_uint64),
+        ("runway_started", ctypes.c_int32),
+        ("runway_errno", ctypes.c_int32),
+        ("runway_calls", ctypes.c_uint64),
+        ("runway_bytes", ctypes.c_uint64),
+        ("runway_ns_max", ctypes.c_uint64),
+        ("runway_short", ctypes.c_uint64),
+        ("runway_outside", ctypes.c_uint64),
+        ("runway", ctypes.c_void_p),
     ]
 
 
@@ -330,6 +353,8 @@ class Copier:
         frame_raw: int,
         sync_bytes: int,
         workers: int = 0,
+        runway_s: float = 0.0,
+        keep_free: int = 0,
     ) -> None:
         lib = load()
         if lib is None:
@@ -340,7 +365,10 @@ class Copier:
         self.budget = budget or Budget(0)
         self._c = _Copier(abi=ABI, interval_ms=interval_ms, memory_limit=self.budget.limit,
                           memory_used=ctypes.pointer(self.budget.cell), frame_raw=frame_raw,
-                          sync_bytes=sync_bytes, level=ZSTD_LEVEL)  # fmt: skip
+                          sync_bytes=sync_bytes, level=ZSTD_LEVEL,
+                          runway_ms=int(runway_s * 1000), runway_min=RUNWAY_MIN,
+                          runway_max=RUNWAY_MAX if runway_s > 0 else 0,
+                          keep_free=keep_free)  # fmt: skip
         z = zstd()
         self.compresses = z is not None
         if z is not None:
@@ -364,6 +392,8 @@ class Copier:
         #: the thread's nice where SCHED_FIFO was refused and FALLBACK_NICE was not
         self.nice: int | None = None
         self._segments: list[Segment] = []  # kept alive while the C side may read them
+        # forgotten while the runway thread allocated in them: kept until it is done
+        self._leaving: list[Segment] = []
 
     def add(
         self, name: str, map_fd: int, size: int, wakes: bool = True, shuffle: int = 0
@@ -408,8 +438,49 @@ class Copier:
         self._lib.kmo_ring_share(ctypes.byref(ring.ring), ctypes.byref(owner.ring))
 
     def forget(self, seg: Segment) -> None:
-        """A segment the C side will not read again (done, and synced by Python)."""
+        """A segment the C side will not read again (done, and synced by Python): the
+        runway thread may still be allocating in it (it took it while it was active or
+        the standby), so it is kept until that ends."""
         self._segments = [s for s in self._segments if s is not seg]
+        self._leaving = [s for s in (*self._leaving, seg) if s.alloc_busy]
+
+    def trim(self, seg: Segment, fd: int) -> bool:
+        """Give back what the runway allocated past the end of a segment the copier
+        left (or of any, once the thread stopped); False: the runway thread is
+        allocating in it now, ask again later. Best effort: an error leaves the
+        blocks to the segment's deletion."""
+        if self.running and seg.state != DONE:
+            raise RuntimeError("only a segment the copier left is trimmed while it runs")
+        if seg.alloc_busy:
+            return False
+        seg.alloc_off = 1
+        if seg.alloc_end:
+            with contextlib.suppress(OSError):
+                # ext4 and xfs free the blocks past the end at a truncate to the size
+                os.ftruncate(fd, os.fstat(fd).st_size)
+            seg.alloc_end = 0
+        return True
+
+    @property
+    def runway_s(self) -> float:
+        """Seconds of the spools' writes allocated ahead (0: no runway)."""
+        return int(self._c.runway_ms) / 1000 if self._c.runway_max else 0.0
+
+    @property
+    def runway(self) -> dict[str, Any]:
+        """What the runway thread did (native/runway.c): for the manifest."""
+        c = self._c
+        out: dict[str, Any] = {
+            "allocations": int(c.runway_calls),
+            "allocated_bytes": int(c.runway_bytes),
+            "longest_ms": round(int(c.runway_ns_max) / 1e6, 1),
+            "outside_bytes": int(c.runway_outside),
+        }
+        if c.runway_short:
+            out["short_of_space"] = int(c.runway_short)
+        if c.runway_errno:
+            out["error"] = os.strerror(int(c.runway_errno))
+        return out
 
     @property
     def cpu_s(self) -> float:

@@ -51,6 +51,10 @@ class HookContext:
     copier_priority: int = 0
     #: zstd worker threads beside each copier (None: from the CPU count)
     copier_workers: int | None = 0
+    #: seconds of a spool's disk writes allocated ahead (collector.spool_runway_s), and
+    #: the free bytes that allocation leaves on the filesystem at least
+    spool_runway_s: float = 0.0
+    spool_keep_free: int = 0
     #: the collector's poll_interval_ms and poll_max_interval_ms (the copier's sleeps)
     poll_interval_ms: int = 10
     poll_max_interval_ms: int = 100

@@ -79,6 +79,21 @@ def default_ring_kib(cpus: int | None = None) -> int:
     return min(RING_KIB_MAX_DEFAULT, RING_KIB_PER_4_CPUS << (quarters - 1).bit_length())
 
 
+def _runway_status(copiers: list[Copier]) -> dict[str, Any]:
+    """The copiers' runways as one (a ring group's copiers write one spool's segments;
+    the first one's thread allocates them)."""
+    each = [c.runway for c in copiers]
+    counts = ("allocations", "allocated_bytes", "outside_bytes", "short_of_space")
+    out = {k: sum(r.get(k, 0) for r in each) for k in counts}
+    out["longest_ms"] = max(r["longest_ms"] for r in each)
+    if not out["short_of_space"]:
+        del out["short_of_space"]
+    errors = sorted({r["error"] for r in each if "error" in r})
+    if errors:
+        out["error"] = ", ".join(errors)
+    return out
+
+
 def _ring_list(reader: RingBuffer | RingGroup) -> list[RingBuffer]:
     """A table's rings: one, or its group's."""
     return reader.rings if isinstance(reader, RingGroup) else [reader]
@@ -408,6 +423,8 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
                     frame_raw=min(FRAME_RAW_MAX, max(FRAME_RAW, min(quarter, workers << 19))),
                     sync_bytes=SYNC_BYTES,
                     workers=workers,
+                    runway_s=ctx.spool_runway_s,
+                    keep_free=ctx.spool_keep_free,
                 ))  # fmt: skip
             for table, spool in self._spools.items():
                 reader, _ = self._rings[table]
@@ -444,6 +461,8 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         for copier in copiers:  # every thread stopped before a spool goes on in Python
             copier.stop()
         self.status.copier["zstd_workers"] = sum(c.workers for c in copiers)
+        if copiers[0].runway_s:
+            self.status.copier["runway"] = _runway_status(copiers)
         if len(copiers) > 1:
             # what each group's copier moved (bytes): every group's ring was drained
             self.status.copier["copied_bytes"] = [sum(r.copied for r in c.rings)

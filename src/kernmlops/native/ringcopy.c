@@ -50,6 +50,8 @@
 #include <unistd.h>
 
 #include "ceiling.h"
+#include "copier.h"
+#include "runway.h"
 #include "spin.h"
 
 #define BUSY_BIT (1U << 31)
@@ -57,7 +59,6 @@
 #define LEN_MASK (DISCARD_BIT - 1)
 #define HDR 8
 
-#define KMO_ABI 7
 
 /* A raw frame's header (kernmlops.spool.frames.RAW_FRAME): the magic's top bit is
  * set, so it never reads as a zstd frame's compressed size (always < 2 GiB). */
@@ -69,94 +70,12 @@
 #define SHUFFLED (1U << 31)
 #define SHUFFLED_RAW_MAX ((1U << 24) - 1)
 
-typedef size_t (*zstd_compress_fn)(void *dst, size_t cap, const void *src, size_t len, int level);
-typedef size_t (*zstd_bound_fn)(size_t len);
-typedef unsigned (*zstd_is_error_fn)(size_t code);
-typedef void *(*zstd_create_fn)(void);
-typedef size_t (*zstd_free_fn)(void *cctx);
-typedef size_t (*zstd_set_fn)(void *cctx, int param, int value);
-typedef size_t (*zstd_compress2_fn)(void *cctx, void *dst, size_t cap, const void *src, size_t len);
-
 /* ZSTD_cParameter values (zstd.h, stable since 1.4) */
 #define ZSTD_C_LEVEL 100
 #define ZSTD_C_CHECKSUM 201
 #define ZSTD_C_WORKERS 400
 #define ZSTD_C_JOB_SIZE 401
 #define ZSTD_JOB_MIN (512 * 1024)
-
-/* One spool segment file. Python opens it (and writes its json); the copier
- * appends to it while it is the ring's active segment. */
-struct kmo_segment {
-	int32_t fd;
-	int32_t zstd;      /* 1: frames of zstd; 0: raw */
-	int32_t memory;    /* on the tmpfs: counts against the memory budget */
-	int32_t state;     /* 0: standby, 1: active, 2: done (the copier left it) */
-	uint64_t written;  /* raw bytes in the file (whole records, whole frames) */
-	uint64_t file_bytes;
-	uint64_t synced;   /* file_bytes when writeback was last started */
-};
-
-struct kmo_ring {
-	/* set by kmo_ring_map */
-	volatile uint64_t *cons;
-	volatile const uint64_t *prod;
-	const uint8_t *data; /* the data area, mapped twice in a row */
-	uint64_t size;
-	int32_t map_fd;
-	int32_t lock;        /* taken by the copier around a copy, by Python to rotate */
-	struct kmo_segment *active;
-	struct kmo_segment *standby;
-	uint64_t copied;     /* raw bytes copied in all */
-	uint64_t passes;     /* copies that moved bytes */
-	int32_t error;       /* errno of the first failed write: the ring is left alone */
-	int32_t waiting;     /* 1: the budget is spent and no standby is ready */
-	uint8_t *packed;     /* zstd: a frame's header and compressed bytes */
-	uint64_t packed_cap;
-	uint8_t *line;       /* a record that wraps past the data area's end, joined */
-	uint64_t line_cap;
-	/* the ring whose segments, lock and standby this one writes into (a spool
-	 * fed by several rings); NULL: its own */
-	struct kmo_ring *owner;
-	/* zstd frames: records shuffled at this stride first (0: not), in r->shuffled */
-	uint32_t shuffle;
-	uint32_t pad;
-	uint8_t *shuffled;
-	uint64_t shuffled_cap;
-};
-
-static inline struct kmo_ring *owner_of(struct kmo_ring *r)
-{
-	return r->owner ? r->owner : r;
-}
-
-struct kmo_copier {
-	int32_t abi;
-	int32_t stop;        /* 1: copy what is committed, then return */
-	int32_t nrings;
-	int32_t stop_fd;     /* an eventfd Python writes to wake the copier */
-	int64_t interval_ms; /* longest sleep between copies */
-	uint64_t memory_limit;
-	uint64_t *memory_used; /* the collection's budget, shared by its copiers (atomic) */
-	uint64_t frame_raw;  /* raw bytes per zstd frame at most */
-	uint64_t sync_bytes; /* start writeback of a disk segment every this many bytes */
-	int32_t level;
-	int32_t epfd;
-	uint64_t wakeups;
-	zstd_compress_fn compress;
-	zstd_bound_fn bound;
-	zstd_is_error_fn is_error;
-	struct kmo_ring **rings;
-	uint64_t cpu_ns;     /* the copier thread's CPU time so far (at each wake-up) */
-	/* zstd's workers: a frame is cut in jobs of ZSTD_JOB_MIN compressed at once
-	 * (libzstd's own threads, created by the copier: they inherit its policy) */
-	int32_t workers;     /* 0: the copier compresses alone */
-	int32_t workers_ok;  /* set by the copier: libzstd took the workers */
-	zstd_create_fn create;
-	zstd_free_fn free_cctx;
-	zstd_set_fn set;
-	zstd_compress2_fn compress2;
-	void *cctx;
-};
 
 int kmo_abi(void)
 {
@@ -631,6 +550,21 @@ static int put_zstd(struct kmo_ring *r, struct kmo_segment *s, size_t size)
 	return 0;
 }
 
+/* A disk write's share in the runway's figures (runway.c), under the owner's lock:
+ * the spool's ratio of file to raw bytes, and what went past the allocated blocks
+ * (where the filesystem can allocate ahead at all). */
+static void runway_wrote(struct kmo_copier *c, struct kmo_ring *o, struct kmo_segment *s,
+			 uint64_t raw, uint64_t file)
+{
+	__atomic_store_n(&o->disk_raw, o->disk_raw + raw, __ATOMIC_RELAXED);
+	__atomic_store_n(&o->disk_file, o->disk_file + file, __ATOMIC_RELAXED);
+	if (c->runway_max && !s->alloc_off && s->file_bytes > s->alloc_end) {
+		uint64_t past = s->file_bytes - s->alloc_end;
+
+		c->runway_outside += past < file ? past : file;
+	}
+}
+
 /* Copy what the ring holds; the bytes copied. Takes the owner's lock around each
  * write (the frame is made before, outside it). */
 static uint64_t copy_ring(struct kmo_copier *c, struct kmo_ring *r)
@@ -694,6 +628,9 @@ static uint64_t copy_ring(struct kmo_copier *c, struct kmo_ring *r)
 			break;
 		}
 		__atomic_store_n(&s->written, s->written + run, __ATOMIC_RELEASE);
+		__atomic_store_n(&o->spooled, o->spooled + run, __ATOMIC_RELAXED);
+		if (!s->memory)
+			runway_wrote(c, o, s, run, s->zstd ? packed : RAW_HEAD + run);
 		if (!s->memory && s->file_bytes - s->synced >= c->sync_bytes) {
 			/* Start writeback without waiting for it: dirty pages of a storm's
 			 * spool would otherwise make every fsync wait (the manifest's). */
@@ -754,15 +691,21 @@ int kmo_copier_run(struct kmo_copier *c)
 		    !c->is_error(c->set(c->cctx, ZSTD_C_JOB_SIZE, ZSTD_JOB_MIN)))
 			c->workers_ok = 1; /* else a libzstd without threads: alone */
 	}
+	runway_start(c);
 	while (!__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE)) {
 		int n = epoll_wait(c->epfd, ev, 16, (int)c->interval_ms);
 
-		if (n < 0 && errno != EINTR)
-			return -errno;
+		if (n < 0 && errno != EINTR) {
+			int err = errno;
+
+			runway_join(c);
+			return -err;
+		}
 		c->wakeups++;
 		kmo_copier_pass(c);
 		c->cpu_ns = thread_cpu_ns();
 	}
+	runway_join(c); /* before the last copy: nothing allocates after it */
 	kmo_copier_pass(c);
 	c->cpu_ns = thread_cpu_ns();
 	if (c->cctx) {

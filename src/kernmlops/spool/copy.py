@@ -110,6 +110,7 @@ class RingSpool(CopierSide):
         self._shared: list[tuple[Copier, CopiedRing]] = []
         #: the disk segment the copier goes on in once the memory budget is spent
         self._standby: Segment | None = None
+        self._untrimmed: list[Segment] = []
         self._open_segment()
         self._writer = threading.Thread(target=self._write_loop, name=f"spool-{self.key}")
         self._writer.daemon = True

@@ -34,6 +34,8 @@ class CopierSide:
     _shared: list[tuple[Copier, CopiedRing]]
     #: the disk segment the copier goes on in once the memory budget is spent
     _standby: Segment | None
+    #: segments the copier left whose runway (native/runway.c) is not given back yet
+    _untrimmed: list[Segment]
 
     def attach(
         self, copier: Copier, ring: CopiedRing, shared: Sequence[tuple[Copier, CopiedRing]] = ()
@@ -93,6 +95,14 @@ class CopierSide:
         seg.written = seg.on_disk = int(seg.native.written)
         seg.file_bytes = int(seg.native.file_bytes)
         self._live.append(seg)
+        if seg.native_done:
+            self._left(seg)
+
+    def _left(self, seg: Segment) -> None:
+        """The copier left ``seg`` (it is done): what its runway allocated past its
+        end goes back to the filesystem, now or at a later sync."""
+        if self._copier is not None and not self._copier.trim(seg.native, seg.fd):
+            self._untrimmed.append(seg)
 
     def _sync(self, check: bool = True) -> None:
         """Bring the segments' counts up to what the copier wrote; a segment it went
@@ -111,11 +121,17 @@ class CopierSide:
                                 and not s.native_done and s.native.state == ACTIVE),
                                self._tail)  # fmt: skip
                 raise OSError(each_ring.error, os.strerror(each_ring.error), str(writing.path))
+        waiting, self._untrimmed = self._untrimmed, []
+        for seg in waiting:
+            if seg.native is not None:  # (a retired one is deleted: its blocks with it)
+                self._left(seg)
         for seg in self._live:
             if seg.native is not None and not seg.native_done:
                 seg.native_done = seg.native.state == DONE  # before written
                 seg.written = seg.on_disk = int(seg.native.written)
                 seg.file_bytes = int(seg.native.file_bytes)
+                if seg.native_done:
+                    self._left(seg)
         sb = self._standby
         if sb is not None and sb.native.state != STANDBY:
             self._standby = None
@@ -129,8 +145,12 @@ class CopierSide:
                 return
             self._sync(check=False)
             self._drop_standby()
+            self._untrimmed = []
             for seg in self._live:
                 if seg.native is not None:
+                    # the copiers have stopped (their runway threads with them): the
+                    # active segment's runway too, before Python writes on in it
+                    self._copier.trim(seg.native, seg.fd)
                     if seg.zstd_native:
                         # for a write after the copier (a CPU's last batch): frames
                         # with zstd's checksum too, where libzstd takes the parameter

@@ -1,0 +1,218 @@
+/* runway: the spool's disk segments allocated ahead of the copier's writes.
+ *
+ * Why: once the memory budget is spent, the copier writes zstd frames into a
+ * disk segment, and on ext4 each write into a hole allocates (delayed
+ * allocation reserves blocks, takes the journal's handles). Under a storm of
+ * more runnable tasks than CPUs the kernel's journal and writeback threads
+ * (normal priority) are kept off the CPU for seconds, and the copier, waiting
+ * for them in write(2), let its rings overflow: 0.7-2.6% of a 10-min 2-vCPU
+ * storm's records were lost so. Writes into blocks already allocated (unwritten
+ * extents, fallocate's KEEP_SIZE) wait for none of that.
+ *
+ * So a thread of its own (at the copier's priority: it inherits it) keeps, for
+ * every spool the copier owns, the active and the standby disk segment
+ * allocated for `runway_ms` of the spool's recent write rate ahead of what was
+ * written (between runway_min and runway_max bytes), and extends a segment once
+ * less than half of that is left. If fallocate waits, it waits here, with the
+ * copier still writing into the half that is left. The file's size stays what
+ * was written (KEEP_SIZE), so readers and `recover` see only records; Python
+ * gives back what a finished segment did not use (ftruncate to its size).
+ *
+ * Best effort: a filesystem that cannot allocate ahead (EOPNOTSUPP) ends the
+ * runway and the copier writes as before; the thread never allocates below
+ * keep_free bytes free (the space guard stops the collection at
+ * collector.min_free_mb, and a runway must not be what brings it there); ENOSPC
+ * is retried at the next tick. The copier counts what it wrote outside the
+ * runway (runway_outside): a storm that outruns it shows there.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <sys/statvfs.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "copier.h"
+#include "runway.h"
+#include "spin.h"
+
+#define MIB (1ULL << 20)
+#define TICK_MS 100
+/* the spool's write rate: over windows of at least this long, the largest seen,
+ * falling by 1% a window (a half-life of about 35 s) once the storm ends */
+#define RATE_WINDOW_NS 500000000ULL
+#define RATE_DECAY 0.99
+/* disk bytes per raw byte before the spool wrote any to disk (zstd of shuffled
+ * quanta records: 1/6.7, unshuffled 1/5.1) */
+#define RATIO_GUESS 0.25
+
+struct rate {
+	uint64_t at_ns;
+	uint64_t spooled;
+	double bps; /* raw bytes a second */
+};
+
+struct runway {
+	pthread_t thread;
+	struct rate rates[]; /* one per ring of the copier */
+};
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+/* Bytes to keep allocated ahead of a spool's disk writes now. */
+static uint64_t target(struct kmo_copier *c, struct kmo_ring *o, struct rate *rt)
+{
+	uint64_t now = now_ns(), spooled = __atomic_load_n(&o->spooled, __ATOMIC_RELAXED);
+	uint64_t raw = __atomic_load_n(&o->disk_raw, __ATOMIC_RELAXED);
+	uint64_t file = __atomic_load_n(&o->disk_file, __ATOMIC_RELAXED);
+	double ratio = raw >= MIB ? (double)file / (double)raw : RATIO_GUESS, want;
+	uint64_t bytes;
+
+	if (!rt->at_ns) {
+		rt->at_ns = now;
+		rt->spooled = spooled;
+	} else if (now - rt->at_ns >= RATE_WINDOW_NS) {
+		double seen = (double)(spooled - rt->spooled) * 1e9 / (double)(now - rt->at_ns);
+
+		rt->bps = seen > rt->bps * RATE_DECAY ? seen : rt->bps * RATE_DECAY;
+		rt->at_ns = now;
+		rt->spooled = spooled;
+	}
+	want = rt->bps * ratio * (double)c->runway_ms / 1000.0;
+	bytes = want > (double)c->runway_max ? c->runway_max : (uint64_t)want;
+	if (bytes < c->runway_min)
+		bytes = c->runway_min;
+	return (bytes + MIB - 1) & ~(MIB - 1);
+}
+
+/* Allocate ahead in the owner's active (or standby) disk segment, up to `want`
+ * bytes past what was written, once less than half of that is left. */
+static void extend(struct kmo_copier *c, struct kmo_ring *o, int standby, uint64_t want)
+{
+	struct kmo_segment *s;
+	struct statvfs fs;
+	uint64_t from, len, took;
+	int fd, err = 0;
+
+	spin_lock(&o->lock);
+	s = standby ? o->standby : o->active;
+	if (!s || s->memory || s->alloc_off || s->alloc_busy || s->state == 2 ||
+	    s->alloc_end >= s->file_bytes + want / 2) {
+		spin_unlock(&o->lock);
+		return;
+	}
+	from = s->alloc_end > s->file_bytes ? s->alloc_end : s->file_bytes;
+	len = s->file_bytes + want - from;
+	/* a file of our own: Python may close its fd once the segment is done */
+	fd = fcntl(s->fd, F_DUPFD_CLOEXEC, 0);
+	if (fd < 0) {
+		spin_unlock(&o->lock);
+		return;
+	}
+	__atomic_store_n(&s->alloc_busy, 1, __ATOMIC_RELEASE);
+	spin_unlock(&o->lock);
+
+	if (!fstatvfs(fd, &fs)) {
+		uint64_t free = (uint64_t)fs.f_bavail * fs.f_frsize;
+
+		if (free < c->keep_free + len) {
+			len = free > c->keep_free ? free - c->keep_free : 0;
+			c->runway_short++;
+		}
+	}
+	len &= ~(MIB - 1);
+	if (len) {
+		uint64_t t0 = now_ns();
+
+		if (fallocate(fd, FALLOC_FL_KEEP_SIZE, (off_t)from, (off_t)len))
+			err = errno;
+		took = now_ns() - t0;
+		c->runway_calls++;
+		if (took > c->runway_ns_max)
+			c->runway_ns_max = took;
+	}
+	close(fd);
+
+	spin_lock(&o->lock);
+	if (len && !err) {
+		s->alloc_end = from + len;
+		c->runway_bytes += len;
+	} else if (err == ENOSPC) {
+		c->runway_short++;
+	} else if (err && err != EINTR) {
+		s->alloc_off = 1;
+		if (!c->runway_errno)
+			c->runway_errno = err;
+	}
+	__atomic_store_n(&s->alloc_busy, 0, __ATOMIC_RELEASE);
+	spin_unlock(&o->lock);
+}
+
+static void *runway_main(void *arg)
+{
+	struct kmo_copier *c = arg;
+	struct runway *w = c->runway;
+	struct pollfd stop = { .fd = c->stop_fd, .events = POLLIN };
+
+	pthread_setname_np(pthread_self(), "kmo-runway");
+	while (!__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE)) {
+		if (c->runway_errno == EOPNOTSUPP)
+			break; /* this filesystem cannot: the copier writes as before */
+		for (int i = 0; i < c->nrings; i++) {
+			struct kmo_ring *r = c->rings[i];
+			uint64_t want;
+
+			if (r->owner)
+				continue; /* its owner's copier allocates for its segments */
+			want = target(c, r, &w->rates[i]);
+			extend(c, r, 0, want);
+			extend(c, r, 1, want);
+		}
+		poll(&stop, 1, TICK_MS); /* the stop eventfd stays readable once written */
+	}
+	return NULL;
+}
+
+void runway_start(struct kmo_copier *c)
+{
+	struct runway *w;
+
+	int owns = 0;
+
+	c->runway = NULL;
+	for (int i = 0; i < c->nrings; i++)
+		owns |= !c->rings[i]->owner;
+	if (!c->runway_max || !owns)
+		return; /* (a ring group's other copiers: the first allocates for them) */
+	w = calloc(1, sizeof(*w) + (size_t)c->nrings * sizeof(struct rate));
+	if (!w)
+		return;
+	c->runway = w;
+	if (pthread_create(&w->thread, NULL, runway_main, c)) {
+		free(w);
+		c->runway = NULL;
+		return;
+	}
+	c->runway_started = 1;
+}
+
+void runway_join(struct kmo_copier *c)
+{
+	struct runway *w = c->runway;
+
+	if (!w)
+		return;
+	__atomic_store_n(&c->stop, 1, __ATOMIC_RELEASE);
+	pthread_join(w->thread, NULL);
+	free(w);
+	c->runway = NULL;
+}

@@ -1,0 +1,168 @@
+"""The runway (native/runway.c): the spool's disk segments are allocated ahead of the
+copier's writes by a thread of its own, so the copier never waits for the filesystem
+to allocate; what a segment did not use goes back once the copier leaves it. The
+figures are the filesystem's own (st_blocks), not the copier's."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kernmlops.ebpf import copier as native
+from kernmlops.ebpf.copier import RUNWAY_MIN, Copier
+from kernmlops.ebpf.ringbuf import record_stride
+from kernmlops.spool.copy import RingSpool
+from kernmlops.spool.frames import FRAME_RAW
+from kernmlops.spool.memory import SpoolMemory
+from tests.ebpf.test_ringbuf import EVENT, MappedRing, events
+
+
+@pytest.fixture(autouse=True)
+def _built(bpf_build_dir: Path) -> None:
+    assert native.available(), f"no {native.LIBRARY} in {bpf_build_dir}"
+
+
+def _wait(cond: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def _allocated(path: Path) -> int:
+    return path.stat().st_blocks * 512
+
+
+def _running_spool(folder: Path, ring: MappedRing, keep_free: int) -> tuple[RingSpool, Copier]:
+    """A spool whose memory budget holds 100 records (the rest goes to disk), filled by
+    a running copier thread with a 60-s runway."""
+    memory = SpoolMemory(folder / "mem", limit=100 * record_stride(EVENT.itemsize))
+    memory.folder.mkdir(parents=True)
+    spool = RingSpool(folder / "spool", "events", EVENT.itemsize, {"ring": "events"},
+                      memory=memory)  # fmt: skip
+    copier = Copier(interval_ms=5, budget=memory.budget, frame_raw=FRAME_RAW,
+                    sync_bytes=8 << 20, runway_s=60, keep_free=keep_free)  # fmt: skip
+    spool.attach(copier, copier.add("events", ring.fd, ring.size, wakes=False))
+    copier.start()
+    return spool, copier
+
+
+def _feed(ring: MappedRing, records: np.ndarray) -> None:
+    """Write ``records`` into the ring in batches, each copied before the next."""
+    for i in range(0, len(records), 500):
+        ring.cons = ring.consumer()
+        ring.write_records(records[i : i + 500])
+        ring.sync()
+        _wait(lambda: ring.consumer() == ring.prod, "the copier")
+
+
+def _read_all(spool: RingSpool) -> np.ndarray:
+    return np.concatenate(list(spool.records(EVENT)))
+
+
+def test_disk_segments_are_allocated_ahead_and_give_back_what_they_did_not_use(
+    tmp_path: Path,
+) -> None:
+    ring = MappedRing(1 << 16)
+    spool, copier = _running_spool(tmp_path, ring, keep_free=0)
+    want = events(6000)
+    try:
+        standby = spool._standby
+        assert standby is not None
+        # before any record: the standby on disk has its first MiB, and no size
+        _wait(lambda: copier.runway["allocations"] >= 1, "the standby's runway")
+        assert standby.path.stat().st_size == 0
+        assert _allocated(standby.path) >= RUNWAY_MIN
+        _feed(ring, want)  # past the memory budget: on in the standby
+        spool.take(None)  # type: ignore[arg-type]  # looks at what the copier did
+        assert standby.native.state == native.ACTIVE
+        size = standby.path.stat().st_size
+        assert 0 < size < RUNWAY_MIN // 2
+        assert _allocated(standby.path) >= RUNWAY_MIN  # what it wrote went into the runway
+        # ... and so did every byte the copier wrote to disk
+        assert copier.runway["outside_bytes"] == 0
+        # the next standby has its runway too
+        nxt = spool._standby
+        assert nxt is not None and nxt is not standby
+        _wait(lambda: _allocated(nxt.path) >= RUNWAY_MIN, "the next standby's runway")
+        copier.stop()
+        spool.detach()
+        # the copier has stopped: the blocks past each segment's end went back (the
+        # standby was deleted); what is left is the file's own, in 4-KiB blocks
+        assert standby.path.stat().st_size == size
+        assert _allocated(standby.path) <= size + 4096
+        assert not nxt.path.exists()
+        assert np.array_equal(_read_all(spool), want)
+    finally:
+        copier.stop()
+        spool.detach()
+        copier.close()
+        spool.close()
+        os.close(ring.fd)
+
+
+def test_the_runway_never_takes_the_room_the_filesystem_must_keep(tmp_path: Path) -> None:
+    # keep_free above what the filesystem has free: nothing is allocated ahead, the
+    # copier writes as it did without a runway, and says how much went outside it
+    ring = MappedRing(1 << 16)
+    free = shutil.disk_usage(tmp_path).free
+    spool, copier = _running_spool(tmp_path, ring, keep_free=free + (1 << 30))
+    want = events(3000)
+    try:
+        _wait(lambda: copier.runway.get("short_of_space", 0) >= 1, "a look at the free space")
+        _feed(ring, want)
+        spool.take(None)  # type: ignore[arg-type]
+        copier.stop()
+        runway = copier.runway
+        assert runway["allocations"] == 0 and runway["allocated_bytes"] == 0
+        on_disk = sum(p.stat().st_size for p in (tmp_path / "spool").glob("events.*.ring"))
+        assert on_disk > 0 and runway["outside_bytes"] == on_disk
+        spool.detach()
+        assert np.array_equal(_read_all(spool), want)
+    finally:
+        copier.stop()
+        spool.detach()
+        copier.close()
+        spool.close()
+        os.close(ring.fd)
+
+
+def test_a_segment_the_runway_thread_is_allocating_in_is_kept_and_not_trimmed(
+    tmp_path: Path,
+) -> None:
+    # The runway thread took the segment while it was active (or the standby) and is
+    # in fallocate: Python may forget it, but its struct stays until the thread is
+    # done; a trim waits for a later sync.
+    copier = Copier(interval_ms=5, budget=None, frame_raw=FRAME_RAW, sync_bytes=8 << 20,
+                    runway_s=60)  # fmt: skip
+    try:
+        path = tmp_path / "seg"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        os.write(fd, b"x" * 5000)
+        libc = ctypes.CDLL(None, use_errno=True)
+        keep_size = 1  # FALLOC_FL_KEEP_SIZE: as the runway thread allocates
+        assert libc.fallocate(fd, keep_size, ctypes.c_long(5000), ctypes.c_long(1 << 20)) == 0
+        assert _allocated(path) >= 1 << 20
+        seg = copier.segment(fd, zstd=True, memory=False)
+        seg.state, seg.alloc_end, seg.alloc_busy = native.DONE, 5000 + (1 << 20), 1
+        assert copier.trim(seg, fd) is False
+        copier.forget(seg)
+        assert seg in copier._leaving
+        seg.alloc_busy = 0
+        copier.forget(copier.segment(fd, zstd=True, memory=False))
+        assert copier._leaving == []
+        # trimmed once the thread let go: the size stays, the blocks past it go back
+        assert copier.trim(seg, fd) is True
+        assert os.fstat(fd).st_size == 5000 and _allocated(path) <= 8192
+        assert seg.alloc_off == 1 and seg.alloc_end == 0
+        os.close(fd)
+    finally:
+        copier.close()
