@@ -131,7 +131,8 @@ class CollectorConfig(_Strict):
         "allocated ahead of them (fallocate, by a thread beside the copier), 1 MiB to 2 GiB a "
         "spool: on ext4 a write that allocates waits for the journal, which a storm keeps "
         "off the CPU, and the rings overflow meanwhile. Unused blocks are given back as each "
-        "segment ends; never allocated below twice collector.min_free_mb free. 0: off",
+        "segment ends; it never leaves less than twice collector.min_free_mb plus 64 MiB free. "
+        "0: off",
     )
     spool_spare_cpus: float | None = Field(
         None,

@@ -60,7 +60,10 @@ def _feed(ring: MappedRing, records: np.ndarray) -> None:
     for i in range(0, len(records), 500):
         ring.cons = ring.consumer()
         ring.write_records(records[i : i + 500])
-        ring.sync()
+        # as the kernel commits: the records first, then the producer position (the
+        # copier thread reads while this writes; MappedRing.sync writes it first)
+        os.pwrite(ring.fd, ring.data.tobytes(), 2 * ring.page)
+        os.pwrite(ring.fd, np.uint64(ring.prod).tobytes(), ring.page)
         _wait(lambda: ring.consumer() == ring.prod, "the copier")
 
 

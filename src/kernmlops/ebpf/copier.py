@@ -125,6 +125,8 @@ class _Copier(ctypes.Structure):
         ("runway_ns_max", ctypes.c_uint64),
         ("runway_short", ctypes.c_uint64),
         ("runway_outside", ctypes.c_uint64),
+        ("runway_wake", ctypes.c_int32),
+        ("runway_pad", ctypes.c_int32),
         ("runway", ctypes.c_void_p),
     ]
 
@@ -383,6 +385,9 @@ class Copier:
         self._epoll.register(self._stop_fd, select.EPOLLIN)
         self._c.epfd = self._epoll.fileno()
         self._c.stop_fd = self._stop_fd
+        # wakes the runway thread when a segment is handed over (rotate, standby)
+        self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._c.runway_wake = self._wake_fd
         self._array: ctypes.Array | None = None
         self._thread: threading.Thread | None = None
         self.result: int | None = None
@@ -421,13 +426,21 @@ class Copier:
 
     def rotate(self, ring: CopiedRing, seg: Segment) -> int:
         """Make ``seg`` the ring's active segment; the old one's final raw bytes."""
-        return int(self._lib.kmo_ring_rotate(ctypes.byref(ring.ring), ctypes.byref(seg)))
+        written = int(self._lib.kmo_ring_rotate(ctypes.byref(ring.ring), ctypes.byref(seg)))
+        self._wake_runway()
+        return written
+
+    def _wake_runway(self) -> None:
+        with contextlib.suppress(OSError):  # EAGAIN: it is awake already
+            os.eventfd_write(self._wake_fd, 1)
 
     def set_standby(self, ring: CopiedRing, seg: Segment | None) -> None:
         """Where the ring goes on once the budget is spent (None: take it back)."""
         self._lib.kmo_ring_set_standby(
             ctypes.byref(ring.ring), ctypes.byref(seg) if seg is not None else None
         )
+        if seg is not None:
+            self._wake_runway()
 
     def share(self, ring: CopiedRing, owner: CopiedRing) -> None:
         """Have ``ring`` (of this copier) write into ``owner``'s segments, under its
@@ -551,3 +564,4 @@ class Copier:
         self.rings = []
         self._epoll.close()
         os.close(self._stop_fd)
+        os.close(self._wake_fd)

@@ -113,5 +113,7 @@ struct kmo_copier {
 	uint64_t runway_short;  /* allocations skipped or cut for keep_free, or ENOSPC */
 	/* set by the copier: bytes it wrote to disk past a segment's runway */
 	uint64_t runway_outside;
+	int32_t runway_wake;    /* an eventfd Python writes when it hands over a segment */
+	int32_t runway_pad;
 	void *runway;           /* the runway thread's own state */
 };

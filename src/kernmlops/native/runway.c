@@ -13,7 +13,10 @@
  * every spool the copier owns, the active and the standby disk segment
  * allocated for `runway_ms` of the spool's recent write rate ahead of what was
  * written (between runway_min and runway_max bytes), and extends a segment once
- * less than half of that is left. If fallocate waits, it waits here, with the
+ * less than half of that is left (the standby: runway_min while the copier
+ * writes on disk; it is only taken up at the end of the memory budget). So at
+ * most about runway_max a spool is allocated and not written, twice that while
+ * the spool is still in memory. If fallocate waits, it waits here, with the
  * copier still writing into the half that is left. The file's size stays what
  * was written (KEEP_SIZE), so readers and `recover` see only records; Python
  * gives back what a finished segment did not use (ftruncate to its size).
@@ -157,11 +160,23 @@ static void extend(struct kmo_copier *c, struct kmo_ring *o, int standby, uint64
 	spin_unlock(&o->lock);
 }
 
+static int writes_on_disk(struct kmo_ring *o)
+{
+	int disk;
+
+	spin_lock(&o->lock);
+	disk = o->active && !o->active->memory;
+	spin_unlock(&o->lock);
+	return disk;
+}
+
 static void *runway_main(void *arg)
 {
 	struct kmo_copier *c = arg;
 	struct runway *w = c->runway;
-	struct pollfd stop = { .fd = c->stop_fd, .events = POLLIN };
+	struct pollfd fds[2] = { { .fd = c->stop_fd, .events = POLLIN },
+				 { .fd = c->runway_wake, .events = POLLIN } };
+	uint64_t n;
 
 	pthread_setname_np(pthread_self(), "kmo-runway");
 	while (!__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE)) {
@@ -175,9 +190,14 @@ static void *runway_main(void *arg)
 				continue; /* its owner's copier allocates for its segments */
 			want = target(c, r, &w->rates[i]);
 			extend(c, r, 0, want);
-			extend(c, r, 1, want);
+			/* the standby is taken up only when a memory segment meets the end
+			 * of the budget: while the copier writes on disk, a token runway */
+			extend(c, r, 1, writes_on_disk(r) ? c->runway_min : want);
 		}
-		poll(&stop, 1, TICK_MS); /* the stop eventfd stays readable once written */
+		/* the stop eventfd stays readable once written; a new segment wakes it
+		 * at once (its first frames would be written outside a runway) */
+		if (poll(fds, c->runway_wake > 0 ? 2 : 1, TICK_MS) > 0 && fds[1].revents & POLLIN)
+			(void)!read(c->runway_wake, &n, sizeof(n));
 	}
 	return NULL;
 }
