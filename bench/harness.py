@@ -36,6 +36,22 @@ _run: dict[str, Any] = {}
 
 
 # --- names and command line ---------------------------------------------------------------
+def remove_output(out: Path) -> None:
+    """Delete a benchmark's collection folder, and the tmpfs folder of each of its
+    spools that a killed collector left in /dev/shm (the collector deletes its own
+    when it finishes; kernmlops would warn about a leftover at every later start)."""
+    import shutil
+
+    from kernmlops.spool.collection import SPOOL_DIR
+    from kernmlops.spool.memory import own_memory
+
+    for spool_dir in out.glob(f"curated/*/*/{SPOOL_DIR}"):
+        folder = own_memory(spool_dir)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+    shutil.rmtree(out, ignore_errors=True)
+
+
 def name_of(module: str) -> str:
     """The command-line name of a benchmark module: ``bench.collector_cpu`` -> ``collector-cpu``."""
     return module.rsplit(".", 1)[-1].replace("_", "-")

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from bench import harness
-from bench.harness import save
+from bench.harness import remove_output, save
 
 #: what this benchmark is held to (python -m bench list shows it)
 TARGET = (
@@ -209,7 +209,7 @@ class Collector:
             self.proc.wait()
         self.manifest = self._result()
         if self.out is not None:
-            shutil.rmtree(self.out, ignore_errors=True)
+            remove_output(self.out)
         self.proc = None
 
     def _result(self) -> dict:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -219,7 +218,11 @@ def one(
     if found:
         m = json.loads(found[0].read_text())
         rec["hooks"] = {
-            n: {k: h.get(k) for k in ("attached", "events", "drops", "missed", "rows")}
+            n: {
+                k: h.get(k)
+                for k in ("attached", "events", "drops", "missed", "rows", "copier")
+                if k in h
+            }
             for n, h in (m.get("hooks") or {}).items()
             if isinstance(h, dict)
         }
@@ -233,7 +236,7 @@ def one(
             rec["read_error"] = f"{type(err).__name__}: {err}"
         rec["read_collection_s"] = time.monotonic() - t
         rec["read"] = read
-    shutil.rmtree(out, ignore_errors=True)
+    harness.remove_output(out)
     return rec
 
 

@@ -28,11 +28,13 @@ from kernmlops.spool.frames import (
     FRAME_RAW,
     RAW_FRAME,
     SHUFFLED,
+    SHUFFLED_RAW_MAX,
     frames,
     iter_raw_frames,
     raw_head,
     segment_codec,
     shuffle,
+    shuffle_stride,
 )
 from kernmlops.spool.memory import SpoolMemory
 from tests.conftest import skip_here
@@ -246,6 +248,18 @@ def test_the_copier_shuffles_as_the_reader_unshuffles() -> None:
         out = ctypes.create_string_buffer(len(raw))
         lib.kmo_shuffle(out, raw, ctypes.c_uint64(len(raw)), ctypes.c_uint32(stride))
         assert out.raw == shuffle(raw, stride), (stride, n)
+
+
+def test_the_copier_shuffles_the_frames_the_reader_expects_shuffled() -> None:
+    # Which frames are shuffled is written twice, in C (the copier) and in Python (the
+    # spool's own writes): both say the same for every stride and size near the edges.
+    lib = native.load()
+    assert lib is not None
+    sizes = (0, 7, 8, 24, 32, 1000, 1016, 1024, SHUFFLED_RAW_MAX, SHUFFLED_RAW_MAX + 1)
+    for stride in (0, 1, 8, 12, 24, 32, 48, 1008, 1016, 1024, 2048):
+        for size in sizes:
+            assert lib.kmo_shuffle_stride(size, stride) == shuffle_stride(size, stride), (
+                stride, size)  # fmt: skip
 
 
 def test_a_ring_with_a_stride_has_its_disk_frames_shuffled_and_read_back_whole(

@@ -171,6 +171,8 @@ def load() -> ctypes.CDLL | None:
     counter = ctypes.POINTER(ctypes.c_uint64)
     lib.kmo_budget_reserve.argtypes = [counter, ctypes.c_uint64, ctypes.c_uint64]
     lib.kmo_budget_release.argtypes = [counter, ctypes.c_uint64]
+    lib.kmo_shuffle_stride.argtypes = [ctypes.c_uint64, ctypes.c_uint32]
+    lib.kmo_shuffle_stride.restype = ctypes.c_uint32
     lib.kmo_crc32c.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t]
     lib.kmo_crc32c.restype = ctypes.c_uint32
     lib.kmo_crc32c_table.argtypes = lib.kmo_crc32c.argtypes

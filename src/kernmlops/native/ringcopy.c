@@ -494,6 +494,17 @@ void kmo_shuffle(uint8_t *dst, const uint8_t *src, uint64_t len, uint32_t stride
 	memcpy(dst + whole, src + whole, len - whole);
 }
 
+/* The stride a frame of `len` bytes is shuffled at (0: not): the ring's, where a
+ * header can say it and the frame holds a record or more. The same rule as
+ * kernmlops.spool.frames.shuffle_stride (the tests hold them equal). */
+uint32_t kmo_shuffle_stride(uint64_t len, uint32_t stride)
+{
+	if (stride && stride % 8 == 0 && stride < 128 * 8 && stride <= len &&
+	    len <= SHUFFLED_RAW_MAX)
+		return stride;
+	return 0;
+}
+
 /* A zstd frame (its header and the compressed bytes) of `len` bytes of records,
  * in r->packed; *size its bytes. The records are shuffled first where the ring
  * says so and the header can say it (frames.shuffle_stride). */
@@ -502,10 +513,9 @@ static int pack_zstd(struct kmo_copier *c, struct kmo_ring *r, const uint8_t *sr
 {
 	size_t need = c->bound(len) + 8, n;
 	uint32_t head[2], word = (uint32_t)len;
-	uint32_t stride = r->shuffle;
+	uint32_t stride = kmo_shuffle_stride(len, r->shuffle);
 
-	if (stride && stride % 8 == 0 && stride < 128 * 8 && stride <= len &&
-	    len <= SHUFFLED_RAW_MAX) {
+	if (stride) {
 		if (r->shuffled_cap < len) {
 			uint8_t *p = realloc(r->shuffled, len);
 

@@ -162,6 +162,25 @@ class Frame(NamedTuple):
     raw_bytes: int | None = None
 
 
+class FrameError(ValueError):
+    """A compressed frame that cannot be read; the message says why, as a predicate
+    ("fails zstd's check (...)"): its reader names the frame."""
+
+
+def decode_frame(packed: bytes | memoryview, word: int, codec: Any) -> bytes:
+    """The records of one compressed frame (its bytes after the header, and the raw
+    word of its header): decompressed (zstd checks the frame's checksum), checked
+    against the size the header says, unshuffled where they were shuffled."""
+    raw_size, stride = raw_word(word)
+    try:
+        raw = codec.decompress(packed, decompressed_size=raw_size, asbytes=True)
+    except Exception as err:  # the codec raises its own error types
+        raise FrameError(f"fails zstd's check ({err})") from None
+    if len(raw) != raw_size:
+        raise FrameError("is not the size its header says")
+    return unshuffle(raw, stride) if stride else raw
+
+
 def frames(data: bytes | memoryview, codec: Any) -> Iterator[bytes]:
     """The raw bytes of each whole frame in ``data`` (a compressed segment's bytes, or
     a piece starting at a frame) up to the first that cannot be read."""
@@ -183,7 +202,6 @@ def iter_frames(data: bytes | memoryview, codec: Any) -> Iterator[Frame]:
             reason = CUT
         else:
             size, word = FRAME.unpack_from(view, at)
-            raw_size, stride = raw_word(word)
             end = at + FRAME.size + size
             if end > n:
                 reason, end = CUT, n
@@ -191,15 +209,9 @@ def iter_frames(data: bytes | memoryview, codec: Any) -> Iterator[Frame]:
                 reason, end = "a damaged frame header", n
             else:
                 try:
-                    raw = codec.decompress(view[at + FRAME.size : end],
-                                           decompressed_size=raw_size, asbytes=True)  # fmt: skip
-                except Exception as err:  # the codec raises its own error types
-                    reason = f"a frame that fails zstd's check ({err})"
-                else:
-                    if len(raw) != raw_size:
-                        reason = "a frame whose size is not what its header says"
-                    elif stride:
-                        raw = unshuffle(raw, stride)
+                    raw = decode_frame(view[at + FRAME.size : end], word, codec)
+                except FrameError as err:
+                    reason = f"a frame that {err}"
         if reason is None:
             yield Frame(at, end, raw, None)
             at = end

@@ -20,13 +20,14 @@ from kernmlops.spool.frames import (
     FRAME,
     RAW_FRAME,
     VERSION,
+    FrameError,
+    decode_frame,
     frame_head,
     raw_head,
     raw_header_at,
     raw_word,
     shuffle,
     shuffle_stride,
-    unshuffle,
 )
 
 #: what a damaged frame met while the collection runs means for its rows
@@ -114,10 +115,9 @@ class Segment:
         head = os.pread(self.fd, head_size, at)
         if len(head) != head_size:
             raise CollectionError(f"spool {self.path} is shorter than written")
-        shuffled = 0
         if codec is not None:
             size, word = FRAME.unpack(head)
-            raw_size, shuffled = raw_word(word)
+            raw_size, _ = raw_word(word)
         else:
             found = raw_header_at(head, 0)
             if found is None:
@@ -135,15 +135,9 @@ class Segment:
             raw = body
         else:
             try:
-                raw = codec.decompress(body, decompressed_size=raw_size, asbytes=True)
-            except Exception as err:  # the codec raises its own error types
-                raise CollectionError(f"spool {self.path}: {what} fails zstd's check "
-                                      f"({err}){_KEPT}") from None  # fmt: skip
-            if len(raw) != raw_size:
-                raise CollectionError(f"spool {self.path}: {what} is not the size its "
-                                      f"header says{_KEPT}")  # fmt: skip
-            if shuffled:
-                raw = unshuffle(raw, shuffled)
+                raw = decode_frame(body, word, codec)
+            except FrameError as err:
+                raise CollectionError(f"spool {self.path}: {what} {err}{_KEPT}") from None
         self.file_read = at + head_size + size
         self.read += raw_size
         return raw
