@@ -6,8 +6,10 @@ figures are the filesystem's own (st_blocks), not the copier's."""
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import shutil
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +23,7 @@ from kernmlops.ebpf.ringbuf import record_stride
 from kernmlops.spool.copy import RingSpool
 from kernmlops.spool.frames import FRAME_RAW
 from kernmlops.spool.memory import SpoolMemory
+from tests.conftest import needs_tools
 from tests.ebpf.test_ringbuf import EVENT, MappedRing, events
 
 
@@ -169,3 +172,39 @@ def test_a_segment_the_runway_thread_is_allocating_in_is_kept_and_not_trimmed(
         os.close(fd)
     finally:
         copier.close()
+
+
+@needs_tools("mkfs.ext3", "mount")
+def test_a_filesystem_that_cannot_allocate_ahead_is_written_as_before(tmp_path: Path) -> None:
+    # ext3 (no extents) refuses fallocate: the runway stops and says why, the copier
+    # writes on without it, and every record is kept.
+    image, mnt = tmp_path / "ext3.img", tmp_path / "mnt"
+    mnt.mkdir()
+    with open(image, "wb") as f:
+        f.truncate(64 << 20)
+    subprocess.run(["mkfs.ext3", "-q", "-F", str(image)], check=True)
+    subprocess.run(["mount", "-o", "loop", str(image), str(mnt)], check=True)
+    ring = MappedRing(1 << 16)
+    spool = copier = None
+    try:
+        spool, copier = _running_spool(mnt, ring, keep_free=0)
+        want = events(3000)
+        _wait(lambda: "error" in copier.runway, "the runway's first try")
+        _feed(ring, want)
+        copier.stop()
+        runway = copier.runway
+        assert runway["error"] == os.strerror(errno.EOPNOTSUPP)
+        assert runway["allocations"] == 0 and runway["allocated_bytes"] == 0
+        assert any(p.stat().st_size for p in (mnt / "spool").glob("events.*.ring"))
+        spool.detach()
+        assert np.array_equal(_read_all(spool), want)
+    finally:
+        if copier is not None:
+            copier.stop()
+        if spool is not None:
+            spool.detach()
+            spool.close()
+        if copier is not None:
+            copier.close()
+        os.close(ring.fd)
+        subprocess.run(["umount", str(mnt)], check=True)

@@ -107,7 +107,7 @@ struct kmo_copier {
 	/* set by the runway thread */
 	int32_t runway_started;
 	int32_t runway_errno;   /* the first fallocate error that is not ENOSPC */
-	uint64_t runway_calls;  /* fallocates made */
+	uint64_t runway_calls;  /* fallocates that allocated */
 	uint64_t runway_bytes;  /* bytes they allocated */
 	uint64_t runway_ns_max; /* the longest */
 	uint64_t runway_short;  /* allocations skipped or cut for keep_free, or ENOSPC */

@@ -139,7 +139,6 @@ static void extend(struct kmo_copier *c, struct kmo_ring *o, int standby, uint64
 		if (fallocate(fd, FALLOC_FL_KEEP_SIZE, (off_t)from, (off_t)len))
 			err = errno;
 		took = now_ns() - t0;
-		c->runway_calls++;
 		if (took > c->runway_ns_max)
 			c->runway_ns_max = took;
 	}
@@ -148,6 +147,7 @@ static void extend(struct kmo_copier *c, struct kmo_ring *o, int standby, uint64
 	spin_lock(&o->lock);
 	if (len && !err) {
 		s->alloc_end = from + len;
+		c->runway_calls++;
 		c->runway_bytes += len;
 	} else if (err == ENOSPC) {
 		c->runway_short++;
