@@ -43,6 +43,16 @@ def test_drop_advice_names_the_cpus_that_lost_and_the_copiers_trouble() -> None:
         "quanta_runtime: 5 events dropped (its ring was full, on CPU 0 (5)): raise "
         "hooks.quanta_runtime.ring_kib"
     ]
+    # the spool's filesystem could not allocate ahead of the copier's writes
+    runway = {"allocations": 0, "allocated_bytes": 0, "outside_bytes": 9 << 20,
+              "longest_ms": 0.1, "error": "Operation not supported"}  # fmt: skip
+    slow_disk = HookStatus("quanta_runtime", attached=True, drops=7, drops_by_cpu=[0, 7],
+                           copier={"native": True, "priority": 1, "runway": runway})  # fmt: skip
+    assert drop_advice({"quanta_runtime": slow_disk}, cfg.hook_options) == [
+        "quanta_runtime: 7 events dropped (its ring was full, on CPU 1 (7)): collect to a "
+        "filesystem that can allocate ahead, such as ext4 or xfs (the spool's could not: "
+        "Operation not supported), or raise hooks.quanta_runtime.ring_kib"
+    ]
     python = HookStatus("quanta_runtime", attached=True, drops=9, drops_by_cpu=[9],
                         copier={"native": False})  # fmt: skip
     assert drop_advice({"quanta_runtime": python}, cfg.hook_options) == [

@@ -150,6 +150,11 @@ def drop_advice(hooks: Mapping[str, HookStatus], options: Callable[[str], Any]) 
                 # neither SCHED_FIFO nor a lower nice: no CAP_SYS_NICE
                 remedy = (f"give the collector CAP_SYS_NICE (the copier's priority was "
                           f"refused: {copier['error']}), or raise ")  # fmt: skip
+            elif (copier.get("runway") or {}).get("error"):
+                # the spool's disk writes waited for the filesystem (native/runway.c)
+                remedy = ("collect to a filesystem that can allocate ahead, such as ext4 or "
+                          f"xfs (the spool's could not: {copier['runway']['error']}), or "
+                          "raise ")  # fmt: skip
             else:
                 remedy = "raise "
             where = _cpus_that_lost(st.drops_by_cpu)
