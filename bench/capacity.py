@@ -15,8 +15,11 @@ Stages, each measured on its own (rounds of ``--seconds``):
   ``collector.spool_memory_mib``);
 * ``spool-disk``: the same into zstd frames on the collection's disk (past the memory
   budget), the records byte-shuffled at their 32 bytes first, as a hook's spool does
-  (kernmlops.spool.frames.shuffle); ``spool-disk-plain``: the same frames not
-  shuffled (as before), in the same rounds;
+  (kernmlops.spool.frames.shuffle), the segment allocated ahead by the runway thread
+  (``collector.spool_runway_s``'s default; its CPU is counted with the copier's);
+  ``spool-disk-plain``: the same frames not shuffled (as before), and
+  ``spool-disk-no-runway``: shuffled, each write allocating its blocks itself (as
+  before the runway), in the same rounds;
 * ``spool-memory-2``: ring groups (``hooks.<hook>.ring_groups``): two rings, each
   filled by its own producer and moved by its own copier (one per CPU), into one
   tmpfs spool that both write (a frame each under the spool's lock). On 2 CPUs the
@@ -141,9 +144,29 @@ def run_producer(obj, seconds: float, cpu: int) -> None:
             raise OSError(ctypes.get_errno(), "BPF_PROG_TEST_RUN failed")
 
 
+#: the runway a hook's copier has by default (collector.spool_runway_s)
+RUNWAY_S = 60.0
+
+
+def _thread_cpu_s(comm: str) -> float:
+    """CPU seconds of this process's threads named ``comm`` (0.0 where there is none)."""
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        if name == comm:
+            fields = stat[stat.rindex(")") + 2 :].split()
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
+
+
 def stage_spool(obj, folder: Path, memory: SpoolMemory | None, itemsize: int, seconds: float,
                 cpus: tuple[int, int], priority: int, workers: int = 0,
-                shuffle: int = 0) -> dict:  # fmt: skip
+                shuffle: int = 0, runway_s: float = 0.0) -> dict:  # fmt: skip
     # what decodes the records (the row workers read it)
     info = {"hook": "quanta_runtime", "options": QuantaRuntimeHook.Options().model_dump(),
             "ring": "quanta_switch_rb",
@@ -151,7 +174,7 @@ def stage_spool(obj, folder: Path, memory: SpoolMemory | None, itemsize: int, se
     spool = RingSpool(folder, "quanta_switch", itemsize, info, memory=memory, shuffle=shuffle)
     copier = Copier(interval_ms=250, budget=memory.budget if memory else None,
                     frame_raw=max(FRAME_RAW, workers * (512 << 10)), sync_bytes=SYNC_BYTES,
-                    workers=workers)  # fmt: skip
+                    workers=workers, runway_s=runway_s)  # fmt: skip
     spool.attach(copier, copier.add("quanta_switch", obj.map("rb").fd, RING, shuffle=shuffle))
     copier.start(priority)
     tid = copier._thread.native_id  # type: ignore[union-attr]
@@ -160,9 +183,10 @@ def stage_spool(obj, folder: Path, memory: SpoolMemory | None, itemsize: int, se
     before, cpu0, t0 = state(obj), copier.cpu_s, time.monotonic()
     copied0 = copier.rings[0].copied
     run_producer(obj, seconds, cpus[0])
+    runway_cpu = _thread_cpu_s("kmo-runway")  # (started by the copier's thread)
     copier.stop()
     wall = time.monotonic() - t0
-    cpu = copier.cpu_s - cpu0
+    cpu = copier.cpu_s - cpu0 + runway_cpu
     after = state(obj)
     copied = copier.rings[0].copied - copied0
     spool.detach()
@@ -178,6 +202,8 @@ def stage_spool(obj, folder: Path, memory: SpoolMemory | None, itemsize: int, se
         "compression": round(copied / on_disk, 2) if on_disk and memory is None else None,
         "priority": copier.priority,
         "zstd_workers": copier.workers,
+        "runway": copier.runway if runway_s else None,
+        "runway_cpu_s": round(runway_cpu, 4),
     }, spool
 
 
@@ -330,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     second = producer(bpf_dir, batch_dtype.itemsize, templates)  # ring group 1's
     results: dict[str, list[dict]] = {
         "spool-memory": [], "spool-memory-2": [], "spool-disk": [], "spool-disk-plain": [],
-        "parquet": [], "parquet-workers": [],
+        "spool-disk-no-runway": [], "parquet": [], "parquet-workers": [],
     }  # fmt: skip
     try:
         for r in range(args.rounds):
@@ -353,14 +379,22 @@ def main(argv: list[str] | None = None) -> int:
             print("spool-memory-2", res, flush=True)
             # the frames as before (not shuffled), then as a hook's spool writes them
             res, plain = stage_spool(obj, work / f"q{r}", None, batch_dtype.itemsize,
-                                     args.seconds, cpus, args.priority, args.workers)  # fmt: skip
+                                     args.seconds, cpus, args.priority, args.workers,
+                                     runway_s=RUNWAY_S)  # fmt: skip
             plain.close()
             plain.remove()
             results["spool-disk-plain"].append(res)
             print("spool-disk-plain", res, flush=True)
+            res, bare = stage_spool(obj, work / f"n{r}", None, batch_dtype.itemsize,
+                                    args.seconds, cpus, args.priority, args.workers,
+                                    shuffle=layout.dtype.itemsize)  # fmt: skip
+            bare.close()
+            bare.remove()
+            results["spool-disk-no-runway"].append(res)
+            print("spool-disk-no-runway", res, flush=True)
             res, spool = stage_spool(obj, work / f"d{r}", None, batch_dtype.itemsize,
                                      args.seconds, cpus, args.priority, args.workers,
-                                     shuffle=layout.dtype.itemsize)  # fmt: skip
+                                     shuffle=layout.dtype.itemsize, runway_s=RUNWAY_S)  # fmt: skip
             results["spool-disk"].append(res)
             print("spool-disk", res, flush=True)
             res = stage_parquet_workers(spool, work / f"w{r}", args.row_workers)
@@ -390,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         for stage in results
     }
-    for stage in ("spool-disk", "spool-disk-plain"):
+    for stage in ("spool-disk", "spool-disk-plain", "spool-disk-no-runway"):
         summary[stage]["compression"] = med(stage, "compression")
     prediction = []
     for n in (2, 16, 32, 64, 192):

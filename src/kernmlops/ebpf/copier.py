@@ -52,6 +52,8 @@ class Segment(ctypes.Structure):
         ("alloc_end", ctypes.c_uint64),
         ("alloc_busy", ctypes.c_int32),
         ("alloc_off", ctypes.c_int32),
+        ("alloc_asked", ctypes.c_int32),
+        ("alloc_pad", ctypes.c_int32),
     ]
 
 

@@ -29,6 +29,8 @@ struct kmo_segment {
 	uint64_t alloc_end;
 	int32_t alloc_busy; /* 1: the runway thread is allocating (Python keeps the struct) */
 	int32_t alloc_off;  /* 1: never again (its filesystem cannot, or it is done) */
+	int32_t alloc_asked; /* 1: the copier wrote past alloc_end and woke the thread */
+	int32_t alloc_pad;
 };
 
 struct kmo_ring {

@@ -569,9 +569,15 @@ static void runway_wrote(struct kmo_copier *c, struct kmo_ring *o, struct kmo_se
 	__atomic_store_n(&o->disk_raw, o->disk_raw + raw, __ATOMIC_RELAXED);
 	__atomic_store_n(&o->disk_file, o->disk_file + file, __ATOMIC_RELAXED);
 	if (c->runway_max && !s->alloc_off && s->file_bytes > s->alloc_end) {
-		uint64_t past = s->file_bytes - s->alloc_end;
+		uint64_t past = s->file_bytes - s->alloc_end, one = 1;
 
 		c->runway_outside += past < file ? past : file;
+		if (!s->alloc_asked && c->runway_wake > 0) {
+			/* outran it (a burst from cold): the runway thread goes now, not
+			 * at its next tick; once, until it allocated again */
+			s->alloc_asked = 1;
+			(void)!write(c->runway_wake, &one, sizeof(one));
+		}
 	}
 }
 

@@ -16,7 +16,9 @@
  * less than half of that is left (the standby: runway_min while the copier
  * writes on disk; it is only taken up at the end of the memory budget). So at
  * most about runway_max a spool is allocated and not written, twice that while
- * the spool is still in memory. If fallocate waits, it waits here, with the
+ * the spool is still in memory. It looks every 100 ms, at once when Python hands
+ * the copier a segment, and when the copier writes past the runway (a burst from
+ * cold outruns a rate not yet measured). If fallocate waits, it waits here, with the
  * copier still writing into the half that is left. The file's size stays what
  * was written (KEEP_SIZE), so readers and `recover` see only records; Python
  * gives back what a finished segment did not use (ftruncate to its size).
@@ -44,10 +46,10 @@
 
 #define MIB (1ULL << 20)
 #define TICK_MS 100
-/* the spool's write rate: over windows of at least this long, the largest seen,
- * falling by 1% a window (a half-life of about 35 s) once the storm ends */
-#define RATE_WINDOW_NS 500000000ULL
-#define RATE_DECAY 0.99
+/* the spool's write rate: over windows of at least a tick, the largest seen,
+ * falling by 0.2% a window (a half-life of about 35 s) once the storm ends */
+#define RATE_WINDOW_NS 100000000ULL
+#define RATE_DECAY 0.998
 /* disk bytes per raw byte before the spool wrote any to disk (zstd of shuffled
  * quanta records: 1/6.7, unshuffled 1/5.1) */
 #define RATIO_GUESS 0.25
@@ -147,6 +149,7 @@ static void extend(struct kmo_copier *c, struct kmo_ring *o, int standby, uint64
 	spin_lock(&o->lock);
 	if (len && !err) {
 		s->alloc_end = from + len;
+		s->alloc_asked = 0;
 		c->runway_calls++;
 		c->runway_bytes += len;
 	} else if (err == ENOSPC) {
