@@ -44,7 +44,9 @@ def _allocated(path: Path) -> int:
     return path.stat().st_blocks * 512
 
 
-def _running_spool(folder: Path, ring: MappedRing, keep_free: int) -> tuple[RingSpool, Copier]:
+def _running_spool(
+    folder: Path, ring: MappedRing, keep_free: int, sync_bytes: int = 8 << 20
+) -> tuple[RingSpool, Copier]:
     """A spool whose memory budget holds 100 records (the rest goes to disk), filled by
     a running copier thread with a 60-s runway."""
     memory = SpoolMemory(folder / "mem", limit=100 * record_stride(EVENT.itemsize))
@@ -52,17 +54,17 @@ def _running_spool(folder: Path, ring: MappedRing, keep_free: int) -> tuple[Ring
     spool = RingSpool(folder / "spool", "events", EVENT.itemsize, {"ring": "events"},
                       memory=memory)  # fmt: skip
     copier = Copier(interval_ms=5, budget=memory.budget, frame_raw=FRAME_RAW,
-                    sync_bytes=8 << 20, runway_s=60, keep_free=keep_free)  # fmt: skip
+                    sync_bytes=sync_bytes, runway_s=60, keep_free=keep_free)  # fmt: skip
     spool.attach(copier, copier.add("events", ring.fd, ring.size, wakes=False))
     copier.start()
     return spool, copier
 
 
-def _feed(ring: MappedRing, records: np.ndarray) -> None:
+def _feed(ring: MappedRing, records: np.ndarray, batch: int = 500) -> None:
     """Write ``records`` into the ring in batches, each copied before the next."""
-    for i in range(0, len(records), 500):
+    for i in range(0, len(records), batch):
         ring.cons = ring.consumer()
-        ring.write_records(records[i : i + 500])
+        ring.write_records(records[i : i + batch])
         # as the kernel commits: the records first, then the producer position (the
         # copier thread reads while this writes; MappedRing.sync writes it first)
         os.pwrite(ring.fd, ring.data.tobytes(), 2 * ring.page)
@@ -106,6 +108,37 @@ def test_disk_segments_are_allocated_ahead_and_give_back_what_they_did_not_use(
         assert standby.path.stat().st_size == size
         assert _allocated(standby.path) <= size + 4096
         assert not nxt.path.exists()
+        assert np.array_equal(_read_all(spool), want)
+    finally:
+        copier.stop()
+        spool.detach()
+        copier.close()
+        spool.close()
+        os.close(ring.fd)
+
+
+def test_the_runway_thread_starts_the_writeback_behind_the_copier(tmp_path: Path) -> None:
+    # Writeback's submission takes page locks and journal handles: the runway thread
+    # starts it (every sync_bytes), up to a MiB boundary a MiB or more behind the end
+    # the copier appends at; the copier no longer does it itself.
+    ring = MappedRing(1 << 21)
+    spool, copier = _running_spool(tmp_path, ring, keep_free=0, sync_bytes=256 << 10)
+    rng = np.random.default_rng(7)
+    want = events(200_000)
+    want["ts"] = rng.integers(0, 2**63, len(want))  # zstd cannot shrink them much
+    want["pid"] = rng.integers(0, 2**32, len(want))
+    try:
+        _feed(ring, want, batch=25_000)
+        spool.take(None)  # type: ignore[arg-type]
+        seg = next(s for s in spool._live if s.native is not None and not s.in_memory)
+        size = seg.path.stat().st_size
+        assert size > 3 << 20
+        mib = 1 << 20
+        _wait(lambda: seg.native.synced >= (size - mib) // mib * mib - mib, "the writeback")
+        synced = int(seg.native.synced)
+        assert synced % mib == 0 and synced <= size - mib
+        copier.stop()
+        spool.detach()
         assert np.array_equal(_read_all(spool), want)
     finally:
         copier.stop()

@@ -647,7 +647,8 @@ static uint64_t copy_ring(struct kmo_copier *c, struct kmo_ring *r)
 		__atomic_store_n(&o->spooled, o->spooled + run, __ATOMIC_RELAXED);
 		if (!s->memory)
 			runway_wrote(c, o, s, run, s->zstd ? packed : RAW_HEAD + run);
-		if (!s->memory && s->file_bytes - s->synced >= c->sync_bytes) {
+		/* (with a runway thread, that thread starts the writeback: runway.c) */
+		if (!s->memory && !c->runway_started && s->file_bytes - s->synced >= c->sync_bytes) {
 			/* Start writeback without waiting for it: dirty pages of a storm's
 			 * spool would otherwise make every fsync wait (the manifest's). */
 			sync_file_range(s->fd, 0, 0, SYNC_FILE_RANGE_WRITE);

@@ -23,6 +23,9 @@
  * was written (KEEP_SIZE), so readers and `recover` see only records; Python
  * gives back what a finished segment did not use (ftruncate to its size).
  *
+ * The same thread starts the writeback of what the copier wrote (every
+ * sync_bytes, sync_file_range), which the copier did itself before.
+ *
  * Best effort: a filesystem that cannot allocate ahead (EOPNOTSUPP) ends the
  * runway and the copier writes as before; the thread never allocates below
  * keep_free bytes free (the space guard stops the collection at
@@ -163,6 +166,34 @@ static void extend(struct kmo_copier *c, struct kmo_ring *o, int standby, uint64
 	spin_unlock(&o->lock);
 }
 
+/* Start the writeback of the owner's active disk segment every sync_bytes (the
+ * copier did it itself before: writeback's submission takes the journal's handles
+ * and page locks, waits the copier must not share). Not the last MiB: the copier
+ * appends to its pages, and a page being written back is locked meanwhile. */
+static void write_back(struct kmo_copier *c, struct kmo_ring *o)
+{
+	struct kmo_segment *s;
+	uint64_t upto;
+	int fd;
+
+	spin_lock(&o->lock);
+	s = o->active;
+	if (!s || s->memory || s->file_bytes - s->synced < c->sync_bytes ||
+	    s->file_bytes < 2 * MIB) {
+		spin_unlock(&o->lock);
+		return;
+	}
+	upto = (s->file_bytes - MIB) & ~(MIB - 1);
+	fd = fcntl(s->fd, F_DUPFD_CLOEXEC, 0);
+	if (fd >= 0)
+		s->synced = upto;
+	spin_unlock(&o->lock);
+	if (fd < 0)
+		return;
+	sync_file_range(fd, 0, (off_t)upto, SYNC_FILE_RANGE_WRITE);
+	close(fd);
+}
+
 static int writes_on_disk(struct kmo_ring *o)
 {
 	int disk;
@@ -183,8 +214,10 @@ static void *runway_main(void *arg)
 
 	pthread_setname_np(pthread_self(), "kmo-runway");
 	while (!__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE)) {
-		if (c->runway_errno == EOPNOTSUPP)
-			break; /* this filesystem cannot: the copier writes as before */
+		/* a filesystem that cannot allocate ahead: the copier writes as before,
+		 * and this thread only starts the writeback */
+		int can = c->runway_errno != EOPNOTSUPP;
+
 		for (int i = 0; i < c->nrings; i++) {
 			struct kmo_ring *r = c->rings[i];
 			uint64_t want;
@@ -192,10 +225,13 @@ static void *runway_main(void *arg)
 			if (r->owner)
 				continue; /* its owner's copier allocates for its segments */
 			want = target(c, r, &w->rates[i]);
-			extend(c, r, 0, want);
-			/* the standby is taken up only when a memory segment meets the end
-			 * of the budget: while the copier writes on disk, a token runway */
-			extend(c, r, 1, writes_on_disk(r) ? c->runway_min : want);
+			if (can) {
+				extend(c, r, 0, want);
+				/* the standby is taken up only when a memory segment meets the
+				 * end of the budget: while the copier writes on disk, a token */
+				extend(c, r, 1, writes_on_disk(r) ? c->runway_min : want);
+			}
+			write_back(c, r);
 		}
 		/* the stop eventfd stays readable once written; a new segment wakes it
 		 * at once (its first frames would be written outside a runway) */
