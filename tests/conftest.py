@@ -185,3 +185,15 @@ def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
         if part is not None and "lab" in getattr(item, "fixturenames", ()) and not skipped:
             parts[part.name] = part
     return run_lab(parts.values(), tmp_path_factory.mktemp("lab"))
+
+
+@pytest.fixture
+def shm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A stand-in for /dev/shm."""
+    from kernmlops.spool import memory as spool_mod
+
+    folder = tmp_path / "shm"
+    folder.mkdir()
+    monkeypatch.setattr(spool_mod, "SHM", folder)
+    monkeypatch.setattr(spool_mod, "_is_tmpfs", lambda path: True)
+    return folder

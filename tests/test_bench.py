@@ -179,19 +179,13 @@ def test_a_baseline_runs_from_a_checkout_or_an_installed_folder(tmp_path: Path) 
         harness.tree_env(tmp_path / "empty")
 
 
-def test_a_killed_collectors_memory_spool_goes_with_its_output(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_killed_collectors_memory_spool_goes_with_its_output(tmp_path: Path, shm: Path) -> None:
     # bench kills a collector that does not stop in time: its collection folder and
     # its spool's folder on the tmpfs both go (kernmlops warns about a leftover one
     # at every later start); a link to anyone else's folder is not followed.
     from kernmlops.spool import memory as spool_mod
     from tests.spool.conftest import make_collection
 
-    shm = tmp_path / "shm"
-    shm.mkdir()
-    monkeypatch.setattr(spool_mod, "SHM", shm)
-    monkeypatch.setattr(spool_mod, "_is_tmpfs", lambda path: True)
     out = tmp_path / "out"
     coll = out / "curated" / "benchmark=faux" / "collection_id=k1"
     memory = spool_mod.spool_memory(make_collection(coll, "k1"), "k1", 8)

@@ -177,18 +177,30 @@ def test_a_write_that_fails_takes_nothing_from_the_ring(tmp_path: Path) -> None:
 
 
 @contextlib.contextmanager
-def _spool_on(
-    ring: MappedRing, folder: Path, budget_records: int, shuffle: int = 0
+def spool_on(
+    ring: MappedRing,
+    folder: Path,
+    budget_records: int,
+    shuffle: int = 0,
+    *,
+    runway_s: float = 0.0,
+    keep_free: int = 0,
+    sync_bytes: int = 8 << 20,
+    start: bool = False,
 ) -> Iterator[tuple[RingSpool, Copier]]:
-    """A spool the copier fills from ``ring`` (copies made with copy_now), torn down
-    as a hook tears it down: the copier's last copy, then the spool in Python."""
+    """A spool the copier fills from ``ring`` (copies made with copy_now, or by its
+    thread with ``start``), torn down as a hook tears it down: the copier's last
+    copy, then the spool in Python."""
     stride = record_stride(EVENT.itemsize)
     memory = SpoolMemory(folder / "mem", limit=budget_records * stride)
     memory.folder.mkdir(parents=True)
     spool = RingSpool(folder / "spool", "events", EVENT.itemsize, {"ring": "events"},
                       memory=memory, shuffle=shuffle)  # fmt: skip
-    copier = Copier(interval_ms=10, budget=memory.budget, frame_raw=FRAME_RAW, sync_bytes=8 << 20)
+    copier = Copier(interval_ms=5 if start else 10, budget=memory.budget, frame_raw=FRAME_RAW,
+                    sync_bytes=sync_bytes, runway_s=runway_s, keep_free=keep_free)  # fmt: skip
     spool.attach(copier, copier.add("events", ring.fd, ring.size, wakes=False, shuffle=shuffle))
+    if start:
+        copier.start()
     try:
         yield spool, copier
     finally:
@@ -204,7 +216,7 @@ def test_past_the_memory_budget_the_copier_goes_on_in_zstd_frames_on_disk(
 ) -> None:
     ring = _mapped(1 << 14)
     want = events(1500)
-    with _spool_on(ring, tmp_path, budget_records=300) as (spool, copier):
+    with spool_on(ring, tmp_path, budget_records=300) as (spool, copier):
         for i in range(0, 1500, 500):  # three fills, a copy each
             _fill_and_copy(ring, copier, want[i : i + 500])
         spool.take(None)  # type: ignore[arg-type]  # looks at what the copier did
@@ -275,7 +287,7 @@ def test_a_ring_with_a_stride_has_its_disk_frames_shuffled_and_read_back_whole(
     for shuffle_at in (0, stride):
         folder = tmp_path / str(shuffle_at)
         ring = _mapped(1 << 16)
-        with _spool_on(ring, folder, budget_records=1, shuffle=shuffle_at) as (spool, copier):
+        with spool_on(ring, folder, budget_records=1, shuffle=shuffle_at) as (spool, copier):
             for i in range(0, 3000, 1000):
                 _fill_and_copy(ring, copier, want[i : i + 1000])
             spool.take(None)  # type: ignore[arg-type]  # looks at what the copier did
@@ -297,7 +309,7 @@ def test_a_ring_with_a_stride_has_its_disk_frames_shuffled_and_read_back_whole(
 
 def test_a_segment_read_to_its_end_is_rotated_retired_and_deleted(tmp_path: Path) -> None:
     ring = _mapped(1 << 14)
-    with _spool_on(ring, tmp_path, budget_records=10_000) as (spool, copier):
+    with spool_on(ring, tmp_path, budget_records=10_000) as (spool, copier):
         _fill_and_copy(ring, copier, events(100))
         assert len(_read_all(spool)) == 100
         spool.count("events", 100)
@@ -321,7 +333,7 @@ def test_a_standby_taken_back_just_after_the_copier_took_it_up_stays(tmp_path: P
     # a rotation then takes the standby back: it must stay, live, with its records
     # (deleting it, or arming another the copier already holds, would lose them).
     ring = _mapped(1 << 14)
-    with _spool_on(ring, tmp_path, budget_records=100) as (spool, copier):
+    with spool_on(ring, tmp_path, budget_records=100) as (spool, copier):
         # a first run of 170 records is past the budget: the copier takes the standby
         _fill_and_copy(ring, copier, events(300))
         standby = spool._standby
@@ -342,7 +354,7 @@ def test_the_segment_after_a_deleted_one_knows_its_rows(tmp_path: Path) -> None:
     # segment: at the checkpoint that deletes the memory segment, the standby must
     # learn its rows_before (recover starts from the first segment left).
     ring = _mapped(1 << 14)
-    with _spool_on(ring, tmp_path, budget_records=300) as (spool, copier):
+    with spool_on(ring, tmp_path, budget_records=300) as (spool, copier):
         _fill_and_copy(ring, copier, events(170))
         for records in spool.records(EVENT):
             spool.count("events", len(records))

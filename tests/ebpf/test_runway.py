@@ -5,6 +5,7 @@ figures are the filesystem's own (st_blocks), not the copier's."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -19,11 +20,10 @@ import pytest
 
 from kernmlops.ebpf import copier as native
 from kernmlops.ebpf.copier import RUNWAY_MIN, Copier
-from kernmlops.ebpf.ringbuf import record_stride
 from kernmlops.spool.copy import RingSpool
 from kernmlops.spool.frames import FRAME_RAW
-from kernmlops.spool.memory import SpoolMemory
 from tests.conftest import needs_tools
+from tests.ebpf.test_copier import spool_on
 from tests.ebpf.test_ringbuf import EVENT, MappedRing, events
 
 
@@ -44,20 +44,13 @@ def _allocated(path: Path) -> int:
     return path.stat().st_blocks * 512
 
 
-def _running_spool(
-    folder: Path, ring: MappedRing, keep_free: int, sync_bytes: int = 8 << 20
-) -> tuple[RingSpool, Copier]:
+def _running(
+    folder: Path, ring: MappedRing, keep_free: int = 0, sync_bytes: int = 8 << 20
+) -> contextlib.AbstractContextManager[tuple[RingSpool, Copier]]:
     """A spool whose memory budget holds 100 records (the rest goes to disk), filled by
     a running copier thread with a 60-s runway."""
-    memory = SpoolMemory(folder / "mem", limit=100 * record_stride(EVENT.itemsize))
-    memory.folder.mkdir(parents=True)
-    spool = RingSpool(folder / "spool", "events", EVENT.itemsize, {"ring": "events"},
-                      memory=memory)  # fmt: skip
-    copier = Copier(interval_ms=5, budget=memory.budget, frame_raw=FRAME_RAW,
-                    sync_bytes=sync_bytes, runway_s=60, keep_free=keep_free)  # fmt: skip
-    spool.attach(copier, copier.add("events", ring.fd, ring.size, wakes=False))
-    copier.start()
-    return spool, copier
+    return spool_on(ring, folder, budget_records=100, runway_s=60, keep_free=keep_free,
+                    sync_bytes=sync_bytes, start=True)  # fmt: skip
 
 
 def _feed(ring: MappedRing, records: np.ndarray, batch: int = 500) -> None:
@@ -80,9 +73,8 @@ def test_disk_segments_are_allocated_ahead_and_give_back_what_they_did_not_use(
     tmp_path: Path,
 ) -> None:
     ring = MappedRing(1 << 16)
-    spool, copier = _running_spool(tmp_path, ring, keep_free=0)
     want = events(6000)
-    try:
+    with _running(tmp_path, ring) as (spool, copier):
         standby = spool._standby
         assert standby is not None
         # before any record: the standby on disk has its first MiB, and no size
@@ -109,12 +101,6 @@ def test_disk_segments_are_allocated_ahead_and_give_back_what_they_did_not_use(
         assert _allocated(standby.path) <= size + 4096
         assert not nxt.path.exists()
         assert np.array_equal(_read_all(spool), want)
-    finally:
-        copier.stop()
-        spool.detach()
-        copier.close()
-        spool.close()
-        os.close(ring.fd)
 
 
 def test_the_runway_thread_starts_the_writeback_behind_the_copier(tmp_path: Path) -> None:
@@ -122,12 +108,11 @@ def test_the_runway_thread_starts_the_writeback_behind_the_copier(tmp_path: Path
     # starts it (every sync_bytes), up to a MiB boundary a MiB or more behind the end
     # the copier appends at; the copier no longer does it itself.
     ring = MappedRing(1 << 21)
-    spool, copier = _running_spool(tmp_path, ring, keep_free=0, sync_bytes=256 << 10)
     rng = np.random.default_rng(7)
     want = events(200_000)
     want["ts"] = rng.integers(0, 2**63, len(want))  # zstd cannot shrink them much
     want["pid"] = rng.integers(0, 2**32, len(want))
-    try:
+    with _running(tmp_path, ring, sync_bytes=256 << 10) as (spool, copier):
         _feed(ring, want, batch=25_000)
         spool.take(None)  # type: ignore[arg-type]
         seg = next(s for s in spool._live if s.native is not None and not s.in_memory)
@@ -140,12 +125,6 @@ def test_the_runway_thread_starts_the_writeback_behind_the_copier(tmp_path: Path
         copier.stop()
         spool.detach()
         assert np.array_equal(_read_all(spool), want)
-    finally:
-        copier.stop()
-        spool.detach()
-        copier.close()
-        spool.close()
-        os.close(ring.fd)
 
 
 def test_the_runway_never_takes_the_room_the_filesystem_must_keep(tmp_path: Path) -> None:
@@ -153,9 +132,8 @@ def test_the_runway_never_takes_the_room_the_filesystem_must_keep(tmp_path: Path
     # copier writes as it did without a runway, and says how much went outside it
     ring = MappedRing(1 << 16)
     free = shutil.disk_usage(tmp_path).free
-    spool, copier = _running_spool(tmp_path, ring, keep_free=free + (1 << 30))
     want = events(3000)
-    try:
+    with _running(tmp_path, ring, keep_free=free + (1 << 30)) as (spool, copier):
         _wait(lambda: copier.runway.get("short_of_space", 0) >= 1, "a look at the free space")
         _feed(ring, want)
         spool.take(None)  # type: ignore[arg-type]
@@ -166,12 +144,6 @@ def test_the_runway_never_takes_the_room_the_filesystem_must_keep(tmp_path: Path
         assert on_disk > 0 and runway["outside_bytes"] == on_disk
         spool.detach()
         assert np.array_equal(_read_all(spool), want)
-    finally:
-        copier.stop()
-        spool.detach()
-        copier.close()
-        spool.close()
-        os.close(ring.fd)
 
 
 def test_a_segment_the_runway_thread_is_allocating_in_is_kept_and_not_trimmed(
@@ -218,26 +190,17 @@ def test_a_filesystem_that_cannot_allocate_ahead_is_written_as_before(tmp_path: 
     subprocess.run(["mkfs.ext3", "-q", "-F", str(image)], check=True)
     subprocess.run(["mount", "-o", "loop", str(image), str(mnt)], check=True)
     ring = MappedRing(1 << 16)
-    spool = copier = None
     try:
-        spool, copier = _running_spool(mnt, ring, keep_free=0)
-        want = events(3000)
-        _wait(lambda: "error" in copier.runway, "the runway's first try")
-        _feed(ring, want)
-        copier.stop()
-        runway = copier.runway
-        assert runway["error"] == os.strerror(errno.EOPNOTSUPP)
-        assert runway["allocations"] == 0 and runway["allocated_bytes"] == 0
-        assert any(p.stat().st_size for p in (mnt / "spool").glob("events.*.ring"))
-        spool.detach()
-        assert np.array_equal(_read_all(spool), want)
-    finally:
-        if copier is not None:
+        with _running(mnt, ring) as (spool, copier):
+            want = events(3000)
+            _wait(lambda: "error" in copier.runway, "the runway's first try")
+            _feed(ring, want)
             copier.stop()
-        if spool is not None:
+            runway = copier.runway
+            assert runway["error"] == os.strerror(errno.EOPNOTSUPP)
+            assert runway["allocations"] == 0 and runway["allocated_bytes"] == 0
+            assert any(p.stat().st_size for p in (mnt / "spool").glob("events.*.ring"))
             spool.detach()
-            spool.close()
-        if copier is not None:
-            copier.close()
-        os.close(ring.fd)
+            assert np.array_equal(_read_all(spool), want)
+    finally:
         subprocess.run(["umount", str(mnt)], check=True)

@@ -1,22 +1,8 @@
-"""A stand-in for /dev/shm, and collections for the spool's tests."""
+"""Collections for the spool's tests (the stand-in for /dev/shm: tests/conftest.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-
-import pytest
-
-
-@pytest.fixture
-def shm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A stand-in for /dev/shm."""
-    from kernmlops.spool import memory as spool_mod
-
-    folder = tmp_path / "shm"
-    folder.mkdir()
-    monkeypatch.setattr(spool_mod, "SHM", folder)
-    monkeypatch.setattr(spool_mod, "_is_tmpfs", lambda path: True)
-    return folder
 
 
 def make_collection(root: Path, collection_id: str) -> Path:

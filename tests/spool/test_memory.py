@@ -6,21 +6,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
-
 from kernmlops.spool.recovery import pending_spools
 from tests.spool.conftest import make_collection
 
 
-def test_a_memory_folder_someone_else_made_is_not_used(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_memory_folder_someone_else_made_is_not_used(tmp_path: Path, shm: Path) -> None:
     from kernmlops.spool import memory as spool_mod
 
-    shm = tmp_path / "shm"
-    shm.mkdir()
-    monkeypatch.setattr(spool_mod, "SHM", shm)
-    monkeypatch.setattr(spool_mod, "_is_tmpfs", lambda path: True)
     planted = shm / f"{spool_mod.MEMORY_PREFIX}c1"
     planted.mkdir(mode=0o777)
     os.chmod(planted, 0o777)  # another user's, open to all (or a link): not ours
