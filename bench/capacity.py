@@ -65,6 +65,7 @@ from bench import harness
 from bench.harness import save
 from kernmlops.collect.parquet import ParquetSink
 from kernmlops.collect.rowmaking import make_spooled_rows
+from kernmlops.config import CollectorConfig
 from kernmlops.ebpf.btf import unbatch
 from kernmlops.ebpf.build import compile_object, default_build_dir
 from kernmlops.ebpf.copier import Copier
@@ -144,24 +145,8 @@ def run_producer(obj, seconds: float, cpu: int) -> None:
             raise OSError(ctypes.get_errno(), "BPF_PROG_TEST_RUN failed")
 
 
-#: the runway a hook's copier has by default (collector.spool_runway_s)
-RUNWAY_S = 60.0
-
-
-def _thread_cpu_s(comm: str) -> float:
-    """CPU seconds of this process's threads named ``comm`` (0.0 where there is none)."""
-    total = 0.0
-    tick = os.sysconf("SC_CLK_TCK")
-    for task in Path("/proc/self/task").iterdir():
-        try:
-            stat = (task / "stat").read_text()
-        except OSError:
-            continue
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        if name == comm:
-            fields = stat[stat.rindex(")") + 2 :].split()
-            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-    return total
+#: the runway a hook's copier has by default
+RUNWAY_S = CollectorConfig.model_fields["spool_runway_s"].default
 
 
 def stage_spool(obj, folder: Path, memory: SpoolMemory | None, itemsize: int, seconds: float,
@@ -183,7 +168,9 @@ def stage_spool(obj, folder: Path, memory: SpoolMemory | None, itemsize: int, se
     before, cpu0, t0 = state(obj), copier.cpu_s, time.monotonic()
     copied0 = copier.rings[0].copied
     run_producer(obj, seconds, cpus[0])
-    runway_cpu = _thread_cpu_s("kmo-runway")  # (started by the copier's thread)
+    threads: dict[int, tuple[str, float]] = {}
+    harness.thread_cpu(os.getpid(), threads)  # the runway thread, started by the copier's
+    runway_cpu = sum(cpu for comm, cpu in threads.values() if comm == "kmo-runway")
     copier.stop()
     wall = time.monotonic() - t0
     cpu = copier.cpu_s - cpu0 + runway_cpu

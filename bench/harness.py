@@ -36,6 +36,23 @@ _run: dict[str, Any] = {}
 
 
 # --- names and command line ---------------------------------------------------------------
+def thread_cpu(pid: int, acc: dict[int, tuple[str, float]]) -> None:
+    """Each thread's CPU seconds so far (utime + stime), kept by tid in ``acc`` with its
+    name (comm)."""
+    tck = os.sysconf("SC_CLK_TCK")
+    try:
+        for t in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                st = (t / "stat").read_text()
+            except OSError:
+                continue
+            comm = st[st.index("(") + 1 : st.rindex(")")]
+            f = st.rsplit(")", 1)[1].split()
+            acc[int(t.name)] = (comm, (int(f[11]) + int(f[12])) / tck)
+    except OSError:
+        pass
+
+
 def remove_output(out: Path) -> None:
     """Delete a benchmark's collection folder, and the tmpfs folder of each of its
     spools that a killed collector left in /dev/shm (the collector deletes its own

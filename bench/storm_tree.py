@@ -48,22 +48,6 @@ def hwm_kb(pid: int) -> int:
     return 0
 
 
-def thread_cpu(pid: int, acc: dict[int, tuple[str, float]]) -> None:
-    """Each thread's CPU seconds so far (utime + stime), kept by tid in ``acc``."""
-    tck = os.sysconf("SC_CLK_TCK")
-    try:
-        for t in Path(f"/proc/{pid}/task").iterdir():
-            try:
-                st = (t / "stat").read_text()
-            except OSError:
-                continue
-            comm = st[st.index("(") + 1 : st.rindex(")")]
-            f = st.rsplit(")", 1)[1].split()
-            acc[int(t.name)] = (comm, (int(f[11]) + int(f[12])) / tck)
-    except OSError:
-        pass
-
-
 def children_rss_kb(pid: int) -> int:
     """RSS of every process below ``pid`` but the storm's (the row workers at stop)."""
     total, todo = 0, [pid]
@@ -171,7 +155,7 @@ def one(
         peak_rss = max(peak_rss, hwm_kb(p.pid))
         peak_shm = max(peak_shm, shm_used() - shm0)
         peak_children = max(peak_children, children_rss_kb(p.pid))
-        thread_cpu(p.pid, threads)
+        harness.thread_cpu(p.pid, threads)
         if n % 5 == 0:  # the output folder every 0.5 s: the disk spool's frames, then parts
             peak_disk = max(peak_disk, tree_bytes(out))
         n += 1

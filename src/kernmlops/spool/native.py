@@ -91,10 +91,15 @@ class CopierSide:
 
     def _taken_up(self, seg: Segment) -> None:
         """The copier went on in the standby ``seg``: it is live from now on."""
+        self._pull(seg)
+        self._live.append(seg)
+
+    def _pull(self, seg: Segment) -> None:
+        """Bring ``seg``'s counts up to what the copier wrote; once the copier left it,
+        its runway goes back."""
         seg.native_done = seg.native.state == DONE  # before written
         seg.written = seg.on_disk = int(seg.native.written)
         seg.file_bytes = int(seg.native.file_bytes)
-        self._live.append(seg)
         if seg.native_done:
             self._left(seg)
 
@@ -127,11 +132,7 @@ class CopierSide:
                 self._left(seg)
         for seg in self._live:
             if seg.native is not None and not seg.native_done:
-                seg.native_done = seg.native.state == DONE  # before written
-                seg.written = seg.on_disk = int(seg.native.written)
-                seg.file_bytes = int(seg.native.file_bytes)
-                if seg.native_done:
-                    self._left(seg)
+                self._pull(seg)
         sb = self._standby
         if sb is not None and sb.native.state != STANDBY:
             self._standby = None
