@@ -6,10 +6,16 @@ each lab test used to boot once. A lab test module declares ``LAB_PART``, a
 parts of every collected test that uses ``lab`` run in one guest, one after the other,
 each with its own folder, output and exit code; the guest exits with the last part's
 exit code, as ``kernmlops vm`` exits with its command's.
+
+They run in one guest interpreter (tests/lab_guest.py): a part whose command is this
+Python runs in it, as runpy runs it. There, a Python start that imports the
+collector's stack costs 25-60 s, every time (nothing of the host's files is cached
+between processes).
 """
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 import sys
@@ -61,17 +67,19 @@ class LabRun:
     parts: dict[str, PartResult] = field(default_factory=dict)
 
 
-def guest_script(commands: dict[str, tuple[list[str], int]], folders: dict[str, Path]) -> str:
-    """sh: each command under coreutils' timeout, its output and exit code in its
-    folder (``output``, ``exit_code``); exits with the last one's."""
-    lines = []
-    for name, (argv, timeout_s) in commands.items():
-        folder = shlex.quote(str(folders[name]))
-        lines.append(
-            f"timeout {timeout_s} {shlex.join(argv)} > {folder}/output 2>&1; "
-            f"rc=$?; echo $rc > {folder}/exit_code"
-        )
-    return "\n".join([*lines, "exit $rc"])
+#: the guest's runner of the parts
+GUEST = Path(__file__).with_name("lab_guest.py")
+
+
+def guest_script(spec: Path) -> str:
+    """sh: the parts in ``spec`` run by tests/lab_guest.py in one interpreter, with this
+    checkout's package first on its path (a venv's editable install may name another
+    checkout); exits with the last part's exit code."""
+    import kernmlops
+
+    src = Path(kernmlops.__file__).resolve().parents[1]
+    runner = shlex.join([sys.executable, str(GUEST), str(spec)])
+    return f"PYTHONPATH={shlex.quote(str(src))} exec {runner}"
 
 
 def run_lab(parts: Iterable[Part], out: Path) -> LabRun:
@@ -91,9 +99,14 @@ def run_lab(parts: Iterable[Part], out: Path) -> LabRun:
         folders[part.name] = folder
     if not commands:
         return run
-    # a file the guest reads (the command goes on the kernel's command line, 2 KiB)
+    # files the guest reads (the command goes on the kernel's command line, 2 KiB)
+    spec = out / "lab.json"
+    spec.write_text(json.dumps([
+        {"argv": argv, "folder": str(folders[name]), "timeout_s": timeout_s}
+        for name, (argv, timeout_s) in commands.items()
+    ]))  # fmt: skip
     script = out / "lab.sh"
-    script.write_text(guest_script(commands, folders) + "\n")
+    script.write_text(guest_script(spec) + "\n")
     limit = BOOT_S + sum(t for _, t in commands.values())
     try:
         proc = subprocess.run(

@@ -88,7 +88,7 @@ def test_ml_training_epochs_and_cpu_time(tmp_path: Path) -> None:
 
 def test_ctrl_c_keeps_the_finished_epochs_and_ends_the_job(tmp_path: Path) -> None:
     overrides = tmp_path / "o.yaml"
-    job = {"epochs": 1000, "samples": 10_000, "threads": 1}
+    job = {"epochs": 1000, "samples": 2_000, "threads": 1}
     overrides.write_text(yaml.safe_dump({"benchmark": {"name": "ml-training", "ml_training": job}}))
     collector = subprocess.Popen(
         [*KERNMLOPS, "collect", "--no-progress", "-o", str(tmp_path / "out"), "-c", str(overrides)],

@@ -1,6 +1,6 @@
-"""Runs inside the kernel lab (one interpreter: each Python start costs ~40 s
-under QEMU without KVM): kmo_lb's whole cycle through the real `kernmlops lb`
-commands, with the kernel's own load-balancing statistics beside it. Writes
+"""Runs inside the kernel lab, in the lab's one interpreter (tests/lab_guest.py: each
+Python start costs 25-60 s under QEMU without KVM): kmo_lb's whole cycle through the
+real `kernmlops lb` commands, with the kernel's own load-balancing statistics beside it. Writes
 what it saw to OUT/result.json for tests/lb/test_kmod_lab.py to judge."""
 
 from __future__ import annotations
