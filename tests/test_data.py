@@ -15,7 +15,13 @@ from polars.testing import assert_frame_equal
 
 from kernmlops.collect.manifest import write_manifest
 from kernmlops.collect.parquet import ParquetSink
-from kernmlops.data import Collection, list_collections, read_collection, read_parquet_dir
+from kernmlops.data import (
+    Collection,
+    LazyCollection,
+    list_collections,
+    read_collection,
+    read_parquet_dir,
+)
 from kernmlops.errors import CollectionError
 
 # (benchmark, collection_id) -> rows of "events"; "drops" only in the faux collections.
@@ -167,6 +173,43 @@ def test_unreadable_part_names_the_table(tmp_path: Path) -> None:
     (tmp_path / "events" / "part-00000.parquet").write_bytes(b"not parquet")
     with pytest.raises(CollectionError, match="cannot read table 'events'"):
         read_collection(tmp_path)
+
+
+@pytest.fixture(params=["root", "user"])
+def reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """read_collection as root (parts opened through held folders) and as a user
+    (parts scanned by name)."""
+    if request.param == "user":
+        monkeypatch.setattr("os.geteuid", lambda: 1000)
+    elif os.geteuid() != 0:
+        pytest.skip("reads as root: needs root")
+    return request.param
+
+
+def test_lazy_read_scans_what_the_eager_read_reads(curated: Path, reader: str) -> None:
+    folder = curated / "benchmark=faux" / "collection_id=f2"
+    eager = read_collection(folder)
+    lazy = read_collection(folder, lazy=True)
+    assert isinstance(lazy, LazyCollection) and isinstance(lazy["events"], pl.LazyFrame)
+    assert lazy.files == eager.files and len(lazy.files["events"]) == 3
+    assert (lazy.collection_id, lazy.benchmark, lazy.manifest) == ("f2", "faux", eager.manifest)
+    for name in eager:
+        assert_frame_equal(lazy[name].collect(), eager[name])
+        assert lazy.scan(name) is lazy[name]
+    total = lazy["events"].select(pl.len(), pl.col("latency_ns").sum()).collect(engine="streaming")
+    assert total.row(0) == (2500, 3 * sum(range(2500)))
+    assert "events: 3 parts" in repr(lazy)
+    with pytest.raises(KeyError, match=r"no table 'nope'.*tables: drops, events"):
+        lazy["nope"]
+
+
+def test_lazy_read_refuses_a_part_that_is_not_parquet_at_once(tmp_path: Path, reader: str) -> None:
+    write_manifest(tmp_path, {})
+    make_collection(tmp_path, "gap", "x", 10)
+    (tmp_path / "events" / "part-00000.parquet").write_bytes(b"not parquet")
+    with pytest.raises(CollectionError, match="cannot read table 'events'") as info:
+        read_collection(tmp_path, lazy=True)
+    assert str(info.value).startswith(f"{tmp_path / 'events'}: ")
 
 
 def test_temporary_parts_are_never_read(curated: Path) -> None:
@@ -442,3 +485,34 @@ def test_read_parquet_dir_and_list_collections_as_root_follow_no_link_a_user_pla
     for path in [curated.parent, *curated.parent.rglob("*")]:
         os.chown(path, NOBODY, NOBODY, follow_symlinks=False)
     assert read_parquet_dir(curated, "events", lazy=True).collect().height == 17
+
+
+@as_root
+def test_a_lazy_read_as_root_reads_the_files_it_opened(
+    shared: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user's collection scanned by root: a part the user swaps for a link to a
+    root-only file (or for other data) after the scan is not what the scan reads, and
+    neither is read_parquet_dir's lazy frame: root reads the files it vetted."""
+    secret = shared / "root-only"
+    secret.mkdir(mode=0o700)
+    make_collection(secret / "c", "faux", "s1", 5)
+    (secret / "c" / "events" / "part-00000.parquet").unlink()
+    pl.DataFrame({"ts_uptime_us": [7] * 5, "latency_ns": [-1] * 5}).write_parquet(
+        secret / "c" / "events" / "part-00000.parquet"
+    )
+    col = shared / "alice" / "benchmark=faux" / "collection_id=a1"
+    make_collection(col, "faux", "a1", 10)
+    for path in [col.parents[1], *col.parents[1].rglob("*")]:
+        os.chown(path, NOBODY, NOBODY, follow_symlinks=False)
+    monkeypatch.delenv("SUDO_UID", raising=False)
+    lazy = read_collection(col, lazy=True)["events"].select(pl.col("latency_ns").sum())
+    fleet = read_parquet_dir(col.parents[1], "events", lazy=True)
+    part = col / "events" / "part-00000.parquet"
+    part.unlink()  # the user swaps the part for a link into root's folder
+    part.symlink_to(secret / "c" / "events" / "part-00000.parquet")
+    os.chown(part, NOBODY, NOBODY, follow_symlinks=False)
+    assert lazy.collect().item() == 3 * sum(range(10))
+    assert fleet.collect()["latency_ns"].to_list() == [3 * i for i in range(10)]
+    with pytest.raises(CollectionError, match="a link"):
+        read_collection(col, lazy=True)  # read again: the link is seen and refused

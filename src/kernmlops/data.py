@@ -17,6 +17,9 @@ Examples (in a notebook)::
     io.group_by("benchmark", "collection_id").len()
     lazy = read_parquet_dir("data/curated", "block_io", lazy=True)
 
+    big = read_collection("data/curated/benchmark=storm/collection_id=9a1e", lazy=True)
+    big["quanta_runtime"].group_by("pid").agg(pl.len()).collect(engine="streaming")
+
 Only finished parts (``part-*.parquet``) are read; an interrupted writer's temporary files
 (``.part-*.parquet.tmp``) are never opened. A collection whose collector died (its manifest
 still says ``state: running``) is read as far as it was flushed, with a warning; its
@@ -31,11 +34,11 @@ import os
 import re
 import stat
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal, TypeVar, overload
 from urllib.parse import unquote
 
 import polars as pl
@@ -50,6 +53,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Collection",
     "IncompleteCollectionWarning",
+    "LazyCollection",
     "list_collections",
     "read_collection",
     "read_parquet_dir",
@@ -66,23 +70,17 @@ _BENCHMARK_PREFIX = f"{BENCHMARK}="
 _COLLECTION_PREFIX = f"{COLLECTION_ID}="
 
 
-@dataclass(frozen=True, eq=False, repr=False)
-class Collection(Mapping[str, pl.DataFrame]):
-    """One collection read into memory; a mapping of table name -> DataFrame
-    (``keys()``, ``items()``, ``in``, ``get()``).
+F = TypeVar("F", pl.DataFrame, pl.LazyFrame)
 
-    Attributes:
-        path: the collection folder.
-        manifest: the parsed ``manifest.json`` (typed; ``manifest["key"]`` works too).
-        tables: every table, all its parts concatenated in part order.
-        files: the part files each table was read from.
-        incomplete: tables with unfinished temporary parts (an interrupted writer); their
-            finished parts, if any, are in ``tables``.
-    """
+
+@dataclass(frozen=True, eq=False, repr=False)
+class _Tables(Mapping[str, F]):
+    """What a collection read and a collection scanned share: the folder, the manifest,
+    the tables by name, their part files."""
 
     path: Path
     manifest: Manifest
-    tables: dict[str, pl.DataFrame]
+    tables: dict[str, F]
     files: dict[str, tuple[Path, ...]] = field(default_factory=dict)
     incomplete: tuple[str, ...] = ()
 
@@ -91,7 +89,7 @@ class Collection(Mapping[str, pl.DataFrame]):
         if not isinstance(self.manifest, Manifest):
             object.__setattr__(self, "manifest", Manifest.model_validate(self.manifest))
 
-    def __getitem__(self, name: str) -> pl.DataFrame:
+    def __getitem__(self, name: str) -> F:
         try:
             return self.tables[name]
         except KeyError:
@@ -139,8 +137,23 @@ class Collection(Mapping[str, pl.DataFrame]):
             return unquote(parent.removeprefix(_BENCHMARK_PREFIX))
         return None
 
+
+class Collection(_Tables[pl.DataFrame]):
+    """One collection read into memory; a mapping of table name -> DataFrame
+    (``keys()``, ``items()``, ``in``, ``get()``).
+
+    Attributes:
+        path: the collection folder.
+        manifest: the parsed ``manifest.json`` (typed; ``manifest["key"]`` works too).
+        tables: every table, all its parts concatenated in part order.
+        files: the part files each table was read from.
+        incomplete: tables with unfinished temporary parts (an interrupted writer); their
+            finished parts, if any, are in ``tables``.
+    """
+
     def scan(self, name: str) -> pl.LazyFrame:
-        """A lazy scan of table ``name``'s part files (reads nothing until collected)."""
+        """Table ``name`` as a LazyFrame (the table read, as root; else a scan of its
+        part files)."""
         if name not in self.files:
             self[name]  # raises the KeyError that lists the tables
         if os.geteuid() == 0:
@@ -152,18 +165,42 @@ class Collection(Mapping[str, pl.DataFrame]):
         return f"Collection({str(self.path)!r}, {{{shapes}}})"
 
 
-def read_collection(path: str | Path) -> Collection:
+class LazyCollection(_Tables[pl.LazyFrame]):
+    """One collection scanned, not read: a mapping of table name -> LazyFrame over its
+    part files, read only when collected (``engine="streaming"`` for tables larger
+    than memory). As root each LazyFrame holds the part files it was opened on: a
+    file swapped or linked since is not read. Attributes as :class:`Collection`'s."""
+
+    def scan(self, name: str) -> pl.LazyFrame:
+        """Table ``name`` (``c.scan(name)`` is ``c[name]``, as for a Collection)."""
+        return self[name]
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{name}: {len(self.files[name])} parts" for name in self.tables)
+        return f"LazyCollection({str(self.path)!r}, {{{parts}}})"
+
+
+@overload
+def read_collection(path: str | Path, *, lazy: Literal[False] = False) -> Collection: ...
+@overload
+def read_collection(path: str | Path, *, lazy: Literal[True]) -> LazyCollection: ...
+def read_collection(path: str | Path, *, lazy: bool = False) -> Collection | LazyCollection:
     """Read the collection in folder ``path`` (or the folder of a ``manifest.json``).
+
+    ``lazy``: scan it instead (a :class:`LazyCollection`: each table a LazyFrame that
+    reads its parts only when collected), for collections larger than memory, e.g.
+    ``read_collection(p, lazy=True)["quanta_runtime"].group_by("pid").agg(...)
+    .collect(engine="streaming")``. Only the parts' footers are read here.
 
     Raises:
         CollectionError: the folder does not exist, has no valid manifest, has no finished
-            Parquet part, or a part cannot be read.
+            Parquet part, or a part cannot be read (lazy: a part's footer).
     """
     path = Path(path).expanduser()
     if os.geteuid() == 0:
         # as root, sudo or not (a cron job, a root shell): the collection may be a
         # user's, and no link of theirs is followed
-        return _read_held(path)
+        return _read_held(path, lazy)
     if path.is_file() and path.name == MANIFEST_NAME:
         path = path.parent
     if not path.exists():
@@ -174,8 +211,11 @@ def read_collection(path: str | Path) -> Collection:
     files, incomplete = _table_files(path)
     spooled = _spooled(path, path)
     _no_tables(path, files, incomplete, spooled)
-    tables = {name: _read(name, parts) for name, parts in files.items()}
-    return _collection(path, manifest, tables, files, incomplete, spooled, stacklevel=3)
+    scans = {name: _checked_scan(name, _scan(parts), path / name) for name, parts in files.items()}
+    tables = (
+        scans if lazy else {name: _read(name, scan, path / name) for name, scan in scans.items()}
+    )
+    return _collection(path, manifest, tables, files, incomplete, spooled, lazy=lazy, stacklevel=3)
 
 
 def _spooled(path: Path, folder: Path) -> str:
@@ -205,15 +245,17 @@ def _no_tables(
 def _collection(
     path: Path,
     manifest: Manifest,
-    tables: dict[str, pl.DataFrame],
+    tables: Mapping[str, pl.DataFrame] | Mapping[str, pl.LazyFrame],
     files: Mapping[str, list[Path]],
     incomplete: list[str],
     spooled: str,
     *,
+    lazy: bool,
     stacklevel: int,
-) -> Collection:
-    """The Collection read, warning where its collector did not finish or rows are
-    still in its spool (``stacklevel``: read_collection's caller's, from here)."""
+) -> Collection | LazyCollection:
+    """The Collection read (a LazyCollection where ``tables`` are LazyFrames), warning
+    where its collector did not finish or rows are still in its spool (``stacklevel``:
+    read_collection's caller's, from here)."""
     if manifest.state == "running":
         warnings.warn(
             f"{path}: incomplete collection: its collector stopped without finishing "
@@ -223,16 +265,19 @@ def _collection(
         )
     elif spooled:
         warnings.warn(f"{path}: {spooled[2:]}", IncompleteCollectionWarning, stacklevel=stacklevel)
-    return Collection(
+    kind = (
+        LazyCollection if any(isinstance(t, pl.LazyFrame) for t in tables.values()) else Collection
+    )
+    return kind(
         path=path,
         manifest=manifest,
-        tables=tables,
+        tables=dict(tables),
         files={name: tuple(parts) for name, parts in files.items()},
         incomplete=tuple(incomplete),
     )
 
 
-def _read_held(path: Path) -> Collection:
+def _read_held(path: Path, lazy: bool) -> Collection | LazyCollection:
     """read_collection as root (sudo or not), where the collection (or a folder above
     it) may be a user's: a user could link a part, a table folder or the manifest to a
     root-only file and have root draw it into their PNGs. The folder is held open
@@ -240,7 +285,9 @@ def _read_held(path: Path) -> Collection:
     every file in it opened without following a link another user made (root's own
     in a folder only root changes, or under sudo the invoker's, followed with their
     rights: kernmlops.host.pinned.may_follow); a link refused, or a hard link to a
-    file of another owner, is refused in one line naming it."""
+    file of another owner, is refused in one line naming it. Each table is scanned on
+    the files opened (polars holds its own descriptor of each): ``lazy`` or not, no
+    part is opened by name again."""
     from kernmlops.collect.manifest import parse_manifest
     from kernmlops.errors import OutputError
     from kernmlops.host.invoker import invoker
@@ -277,28 +324,23 @@ def _read_held(path: Path) -> Collection:
         files, opened, incomplete = _held_tables(held, path, uid, fds)
         spooled = _spooled(path, held.io)
         _no_tables(path, files, incomplete, spooled)
-        tables = {}
-        for name, parts_io in opened.items():
-            try:
-                tables[name] = _read(name, parts_io)
-            except CollectionError as err:  # named as the user named it, not /proc/self/fd
-                why = str(err).replace("/proc/self/fd", str(path / name))
-                raise CollectionError(why) from None
+        scans = {name: _held_scan(name, fds_, path / name) for name, fds_ in opened.items()}
+        tables = scans if lazy else {n: _read(n, scan, path / n) for n, scan in scans.items()}
     finally:
         for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
         held.close()
-    return _collection(path, manifest, tables, files, incomplete, spooled, stacklevel=4)
+    return _collection(path, manifest, tables, files, incomplete, spooled, lazy=lazy, stacklevel=4)
 
 
 def _held_tables(
     held: Pinned, path: Path, uid: int | None, fds: list[int], only: str | None = None
-) -> tuple[dict[str, list[Path]], dict[str, list[Path]], list[str]]:
+) -> tuple[dict[str, list[Path]], dict[str, list[int]], list[str]]:
     """The tables of the held collection folder ``held`` (``path`` names it), each
     table folder and part opened as _read_held says (their descriptors appended to
-    ``fds``, for the caller to close once read): per table the parts as named and as
-    opened (``/proc/self/fd/N``), and the tables with unfinished parts. ``only``: that
+    ``fds``, for the caller to close once scanned): per table the parts as named and
+    their descriptors, and the tables with unfinished parts. ``only``: that
     table alone."""
     from kernmlops.errors import OutputError
     from kernmlops.host.pinned import may_follow, pin_in
@@ -342,7 +384,7 @@ def _held_tables(
         if parts:
             parts.sort()
             files[entry.name] = [path / entry.name / name for _, name, _ in parts]
-            opened[entry.name] = [Path(f"/proc/self/fd/{fd}") for _, _, fd in parts]
+            opened[entry.name] = [fd for _, _, fd in parts]
     return files, opened, incomplete
 
 
@@ -366,21 +408,17 @@ def _held_collection(path: Path) -> Iterator[tuple[Pinned, int | None]]:
         held.close()
 
 
-def _read_table_held(folder: Path, table: str) -> pl.DataFrame | None:
-    """As root, ``table`` of the collection in ``folder`` read through held folders
-    (None where it has no finished part): no link a user planted is followed."""
+def _scan_table_held(folder: Path, table: str) -> pl.LazyFrame | None:
+    """As root, ``table`` of the collection in ``folder`` scanned on its parts opened
+    through held folders (None where it has no finished part): no link a user
+    planted is followed, now or when the scan is collected."""
     fds: list[int] = []
     with _held_collection(folder) as (held, uid):
         try:
             _, opened, _ = _held_tables(held, folder, uid, fds, only=table)
             if table not in opened:
                 return None
-            try:
-                return _read(table, opened[table])
-            except CollectionError as err:  # named as the user named it
-                raise CollectionError(
-                    str(err).replace("/proc/self/fd", str(folder / table))
-                ) from None
+            return _held_scan(table, opened[table], folder / table)
         finally:
             for fd in fds:
                 with contextlib.suppress(OSError):
@@ -481,10 +519,9 @@ def read_parquet_dir(
     as_root = os.geteuid() == 0
     for benchmark, collection_id, folder in collections:
         if as_root:
-            # the collections may be users': read now, through held folders (a scan
-            # would open the parts by path later, following any link planted since)
-            held = _read_table_held(folder, table)
-            scan = held.lazy() if held is not None else None
+            # the collections may be users': their parts opened now, through held
+            # folders (a scan by name would follow any link planted since)
+            scan = _scan_table_held(folder, table)
         else:
             parts = _parts(folder / table)
             scan = _scan(parts) if parts else None
@@ -587,17 +624,39 @@ def _table_files(collection_dir: Path) -> tuple[dict[str, list[Path]], list[str]
     return files, incomplete
 
 
-def _scan(parts: tuple[Path, ...] | list[Path]) -> pl.LazyFrame:
+def _scan(parts: Sequence[Path] | Sequence[BinaryIO]) -> pl.LazyFrame:
     # Explicit files: no globbing (paths may hold '[' or '*') and no Hive inference from
     # the folder names; read_parquet_dir adds the partition columns itself.
     return pl.scan_parquet(list(parts), hive_partitioning=False, glob=False)
 
 
-def _read(table: str, parts: list[Path]) -> pl.DataFrame:
+def _held_scan(table: str, fds: list[int], folder: Path) -> pl.LazyFrame:
+    """A scan of the parts open on ``fds`` (``folder``: their table folder, as the
+    user named it). polars takes its own descriptor of each file it is handed, so the
+    scan outlives ours and never opens a name again."""
+    files = [os.fdopen(fd, "rb", closefd=False) for fd in fds]
     try:
-        return _scan(parts).collect()
+        return _checked_scan(table, _scan(files), folder)
+    finally:
+        for f in files:
+            f.close()
+
+
+def _checked_scan(table: str, scan: pl.LazyFrame, folder: Path) -> pl.LazyFrame:
+    """``scan``, its schema read from the first part's footer: a part that is not
+    Parquet is one CollectionError naming the table here, not a polars error later."""
+    try:
+        scan.collect_schema()
     except (pl.exceptions.PolarsError, OSError) as e:
-        raise CollectionError(f"{parts[0].parent}: cannot read table {table!r}: {e}") from e
+        raise CollectionError(f"{folder}: cannot read table {table!r}: {e}") from e
+    return scan
+
+
+def _read(table: str, scan: pl.LazyFrame, folder: Path) -> pl.DataFrame:
+    try:
+        return scan.collect()
+    except (pl.exceptions.PolarsError, OSError) as e:
+        raise CollectionError(f"{folder}: cannot read table {table!r}: {e}") from e
 
 
 def _hive_value(folder: Path, prefix: str) -> str:
