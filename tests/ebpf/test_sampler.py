@@ -57,6 +57,24 @@ def test_every_file_is_read_whole_at_each_tick_of_the_grid(tmp_path: Path) -> No
     assert seen[0] == b"0" and seen[-1] == b"12" and set(seen) == {b"0", b"12"}
 
 
+def test_a_sampler_stopped_before_its_thread_ran_still_takes_the_first_sample(
+    tmp_path: Path,
+) -> None:
+    # the stop can come before the new thread is first scheduled (a hook started and
+    # stopped at once, on a busy machine): its start's sample is still taken
+    (tmp_path / "f").write_bytes(b"x")
+    fd = _open(tmp_path / "f")
+    s = sampler.NativeSampler([fd], 1_000_000_000, 1 << 20, "test")
+    try:
+        s._c.stop = 1  # as stop() sets it, before the thread runs
+        s.start(priority=0)
+        s.stop()
+        assert [data for _, data in s.take()] == [[b"x"]]
+    finally:
+        s.close()
+        os.close(fd)
+
+
 def test_a_buffer_python_leaves_full_counts_each_tick_as_missed(tmp_path: Path) -> None:
     f = tmp_path / "f"
     f.write_bytes(b"x" * 100)  # a sample: 16 bytes of head and 104 of bytes

@@ -209,17 +209,18 @@ uint64_t kmo_sampler_take(struct kmo_sampler *s, uint8_t *dst, uint64_t cap)
 }
 
 /* A sample now, then one at each tick of the grid until `stop`: returns 0, or
- * the errno of a failed read. */
+ * the errno of a failed read. The first sample is taken even when `stop` came
+ * before the thread ran: a hook stopped at once still has its start's sample. */
 int kmo_sampler_run(struct kmo_sampler *s)
 {
 	struct pollfd pfd = { .fd = s->stop_fd, .events = POLLIN };
 	uint64_t due;
-	int err;
+	int err, first;
 
 	if (s->abi != KMO_SAMPLER_ABI || s->period_ns <= 0)
 		return EINVAL;
 	due = mono_ns();
-	while (!__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE)) {
+	for (first = 1; first || !__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE); first = 0) {
 		uint64_t now = mono_ns(), late;
 
 		if (now < due) {
