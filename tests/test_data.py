@@ -212,6 +212,42 @@ def test_lazy_read_refuses_a_part_that_is_not_parquet_at_once(tmp_path: Path, re
     assert str(info.value).startswith(f"{tmp_path / 'events'}: ")
 
 
+def test_the_memory_a_table_needs_is_at_most_what_polars_holds_once_read(curated: Path) -> None:
+    from kernmlops.data import needed_bytes
+
+    c = read_collection(curated / "benchmark=faux" / "collection_id=f2", lazy=True)
+    for name in c:
+        frame = c[name].collect()
+        needed = needed_bytes(c[name])
+        assert 0 < needed <= frame.estimated_size()
+        numeric = frame.select(pl.selectors.numeric())
+        assert needed >= numeric.estimated_size()  # all but the strings' text
+
+
+def test_a_collection_larger_than_the_memory_left_is_refused_and_scans(
+    curated: Path, reader: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read that would take more memory than is left (and be killed for it): one
+    line that says how much and names the lazy read, which works."""
+    folder = curated / "benchmark=faux" / "collection_id=f2"
+    monkeypatch.setattr("kernmlops.host.meminfo.available_bytes", lambda: 40_000)
+    with pytest.raises(CollectionError) as info:
+        read_collection(folder)
+    assert str(info.value).startswith(f"{folder}: reading it needs at least 39.")
+    assert " KiB of memory and 39.1 KiB is available: scan it instead" in str(info.value)
+    assert "read_collection(path, lazy=True)" in str(info.value)
+    lazy = read_collection(folder, lazy=True)
+    assert lazy["events"].collect().height == 2500
+    assert lazy.read("drops").height == 1  # one table read: it fits
+    with pytest.raises(CollectionError, match=r"lazy=True\)\['events'\], then collect"):
+        lazy.read("events")
+    with pytest.raises(CollectionError, match=r"read_parquet_dir\(path, 'events', lazy=True\)"):
+        read_parquet_dir(curated, "events")
+    assert read_parquet_dir(curated, "events", lazy=True).collect().height == sum(ROWS.values())
+    monkeypatch.setattr("kernmlops.host.meminfo.available_bytes", lambda: 80_000)
+    assert read_collection(folder)["events"].height == 2500  # 2,500 rows x 16 bytes fit
+
+
 def test_temporary_parts_are_never_read(curated: Path) -> None:
     folder = curated / "benchmark=gap" / "collection_id=g1"
     (folder / "events" / ".part-00001.parquet.tmp").write_bytes(b"half a file")

@@ -175,6 +175,13 @@ class LazyCollection(_Tables[pl.LazyFrame]):
         """Table ``name`` (``c.scan(name)`` is ``c[name]``, as for a Collection)."""
         return self[name]
 
+    def read(self, name: str) -> pl.DataFrame:
+        """Table ``name`` read into memory, and no other (CollectionError where a part
+        cannot be read, or the table does not fit in the memory left)."""
+        folder = self.path / name
+        _fits(folder, {name: self[name]}, lazy_call=f"read_collection(path, lazy=True)[{name!r}]")
+        return _read(name, self[name], folder)
+
     def __repr__(self) -> str:
         parts = ", ".join(f"{name}: {len(self.files[name])} parts" for name in self.tables)
         return f"LazyCollection({str(self.path)!r}, {{{parts}}})"
@@ -212,6 +219,8 @@ def read_collection(path: str | Path, *, lazy: bool = False) -> Collection | Laz
     spooled = _spooled(path, path)
     _no_tables(path, files, incomplete, spooled)
     scans = {name: _checked_scan(name, _scan(parts), path / name) for name, parts in files.items()}
+    if not lazy:
+        _fits(path, scans)
     tables = (
         scans if lazy else {name: _read(name, scan, path / name) for name, scan in scans.items()}
     )
@@ -325,6 +334,8 @@ def _read_held(path: Path, lazy: bool) -> Collection | LazyCollection:
         spooled = _spooled(path, held.io)
         _no_tables(path, files, incomplete, spooled)
         scans = {name: _held_scan(name, fds_, path / name) for name, fds_ in opened.items()}
+        if not lazy:
+            _fits(path, scans)
         tables = scans if lazy else {n: _read(n, scan, path / n) for n, scan in scans.items()}
     finally:
         for fd in fds:
@@ -540,6 +551,7 @@ def read_parquet_dir(
     frame = frame.select(BENCHMARK, COLLECTION_ID, pl.exclude(BENCHMARK, COLLECTION_ID))
     if lazy:
         return frame
+    _fits(root, {table: frame}, lazy_call=f"read_parquet_dir(path, {table!r}, lazy=True)")
     try:
         return frame.collect()
     except (pl.exceptions.PolarsError, OSError) as e:
@@ -650,6 +662,42 @@ def _checked_scan(table: str, scan: pl.LazyFrame, folder: Path) -> pl.LazyFrame:
     except (pl.exceptions.PolarsError, OSError) as e:
         raise CollectionError(f"{folder}: cannot read table {table!r}: {e}") from e
     return scan
+
+
+def needed_bytes(scan: pl.LazyFrame) -> int:
+    """Memory a table takes at least once read: its rows (from the parts' footers) times
+    the bytes a row of its schema takes at least (a string's 16-byte view without its
+    text, a list's offset without its items). An estimate that never exceeds the
+    frame's ``estimated_size()``."""
+    schema = scan.collect_schema()
+    rows = scan.select(pl.len()).collect().item()
+    sample = 1024
+    per_row = pl.DataFrame(schema=schema).clear(sample).estimated_size() / sample
+    return int(rows * per_row)
+
+
+def _fits(path: Path, scans: Mapping[str, pl.LazyFrame], *, lazy_call: str = "") -> None:
+    """CollectionError where the tables cannot fit in the memory left (the process
+    would be killed for it, or take the machine's memory from everyone else), naming
+    the lazy read that does fit."""
+    from kernmlops.host.meminfo import available_bytes
+
+    available = available_bytes()
+    if available is None:
+        return
+    try:
+        needed = sum(needed_bytes(scan) for scan in scans.values())
+    except (pl.exceptions.PolarsError, OSError):
+        return  # the read itself says what is wrong with a part
+    if needed > available:
+        from kernmlops.confined import human_size
+
+        call = lazy_call or "read_collection(path, lazy=True)"
+        raise CollectionError(
+            f"{path}: reading it needs at least {human_size(needed)} of memory and "
+            f"{human_size(available)} is available: scan it instead ({call}, then "
+            'collect(engine="streaming") what you need from it)'
+        )
 
 
 def _read(table: str, scan: pl.LazyFrame, folder: Path) -> pl.DataFrame:

@@ -182,6 +182,16 @@ def test_graph_command_on_a_folder_that_is_no_collection(tmp_path: Path) -> None
     assert "no manifest" in result.output
 
 
+def test_graph_of_a_collection_larger_than_the_memory_left_is_one_line(
+    synthetic: Collection, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("kernmlops.host.meminfo.available_bytes", lambda: 1 << 10)
+    result = CliRunner().invoke(graph_command, [str(synthetic.path), "-o", str(tmp_path / "g")])
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+    assert "of memory and 1.0 KiB is available: scan it instead" in result.output
+    assert not (tmp_path / "g").exists()  # nothing made
+
+
 def test_empty_selection_of_a_system_table_draws_it_whole(synthetic: Collection) -> None:
     data = load(synthetic, tgid=WORKER)
     assert data.tables["memory_usage"].height == synthetic["memory_usage"].height

@@ -37,10 +37,7 @@ def free_bytes(path: Path) -> int | None:
 
 
 def human_bytes(n: int | None) -> str:
-    if n is None:
-        return "unknown"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return f"{n} B"
+    """confined.human_size's words, "unknown" for None."""
+    from kernmlops.confined import human_size
+
+    return "unknown" if n is None else human_size(n)

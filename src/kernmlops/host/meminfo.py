@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
+from pathlib import Path
 
 _PAREN = re.compile(r"\((\w+)\)")  # Active(anon) → Active_anon
 _LOWER_UPPER = re.compile(r"(?<=[a-z])(?=[A-Z])")  # MemTotal → Mem_Total
@@ -43,3 +44,47 @@ def parse_meminfo(text: str) -> dict[str, int]:
         unit = parts[1] if len(parts) > 1 else None
         out[meminfo_column(key.strip(), unit)] = value * 1024 if unit == "kB" else value
     return out
+
+
+def available_bytes() -> int | None:
+    """Memory this process could still take: the kernel's MemAvailable, or less where
+    its memory cgroup has a limit (a container, a systemd unit; v2 or v1). None where
+    unknown."""
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as f:
+            available = parse_meminfo(f.read()).get("mem_available_bytes")
+    except OSError:
+        available = None
+    room = _cgroup_room()
+    if room is not None:
+        available = room if available is None else min(available, room)
+    return available
+
+
+def _cgroup_room() -> int | None:
+    """Limit minus use of this process's memory cgroup, where it has a limit."""
+    from kernmlops.host.cgroup import cgroup2_mount, own_cgroup
+
+    candidates = []
+    mount, group = cgroup2_mount(), own_cgroup()
+    if mount is not None and group is not None:
+        candidates.append((mount / group.lstrip("/"), "memory.max", "memory.current"))
+    try:
+        with open("/proc/self/cgroup", encoding="utf-8") as f:
+            for line in f:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                if "memory" in controllers.split(","):  # v1's memory hierarchy
+                    folder = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+                    candidates.append((folder, "memory.limit_in_bytes", "memory.usage_in_bytes"))
+    except (OSError, ValueError):
+        pass
+    rooms = []
+    for folder, limit_name, use_name in candidates:
+        try:
+            limit = (folder / limit_name).read_text().strip()
+            if limit == "max" or int(limit) >= 1 << 60:  # none (v1 says so with ~2^63)
+                continue
+            rooms.append(max(0, int(limit) - int((folder / use_name).read_text())))
+        except (OSError, ValueError):
+            continue
+    return min(rooms) if rooms else None

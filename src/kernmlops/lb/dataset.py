@@ -76,7 +76,8 @@ def load_decisions(paths: list[Path] | list[str]) -> pl.DataFrame:
         if (root / TABLE).is_dir() and os.geteuid() == 0:  # one collection folder, a user's?
             from kernmlops.data import read_collection
 
-            frame = read_collection(root)[TABLE]  # no link a user planted followed
+            # that table alone; no link a user planted followed
+            frame = read_collection(root, lazy=True).read(TABLE)
         elif (root / TABLE).is_dir():  # one collection folder
             parts = sorted((root / TABLE).glob("part-*.parquet"))
             frame = pl.concat([pl.read_parquet(f) for f in parts], how="diagonal_relaxed")
