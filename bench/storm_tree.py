@@ -215,11 +215,11 @@ def one(
         rec["collection_mb"] = du / 2**20
         t = time.monotonic()
         try:
-            if read == "lazy":
-                lazy = lazy_read(found[0].parent)
-                rec["read_rows"], rec["read_max_rss_mb"] = lazy["rows"], lazy["max_rss_mb"]
+            if read == "footers":
+                rec["read_rows"] = read_rows(found[0].parent)
             else:
-                rec["read_rows"] = read_rows(found[0].parent, read)
+                got = child_read(found[0].parent, read)
+                rec["read_rows"], rec["read_max_rss_mb"] = got["rows"], got["max_rss_mb"]
         except Exception as err:
             rec["read_error"] = f"{type(err).__name__}: {err}"
         rec["read_collection_s"] = time.monotonic() - t
@@ -228,42 +228,41 @@ def one(
     return rec
 
 
-#: a reader in its own process (its peak RSS is the read's): every table scanned
-#: (read_collection(lazy=True)) and every row of it summed, streaming
-LAZY_READ = """
+#: a reader in its own process (its peak RSS is the read's): the collection read
+#: into memory (``full``), or scanned with every row of every table summed,
+#: streaming (``lazy``)
+CHILD_READ = """
 import json, resource, sys
 import polars as pl, polars.selectors as cs
 from kernmlops.data import read_collection
-c = read_collection(sys.argv[1], lazy=True)
-rows = {}
-for name in c:
-    got = c[name].select(pl.len().alias("__rows"), cs.numeric().sum()).collect(engine="streaming")
-    rows[name] = got["__rows"][0]
+if sys.argv[2] == "full":
+    c = read_collection(sys.argv[1])
+    rows = {name: c[name].height for name in c}
+else:
+    c = read_collection(sys.argv[1], lazy=True)
+    rows = {}
+    for name in c:
+        got = c[name].select(pl.len().alias("__rows"), cs.numeric().sum())
+        rows[name] = got.collect(engine="streaming")["__rows"][0]
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps({"rows": rows, "max_rss_mb": rss}))
 """
 
 
-def lazy_read(collection: Path) -> dict:
-    """Rows per table and the reader's peak RSS, every column of every row read by
-    a streaming scan of the collection (``lazy``: what a user does with a collection
-    larger than memory)."""
+def child_read(collection: Path, how: str) -> dict:
+    """Rows per table and the reader's peak RSS: ``read_collection`` (``full``), or a
+    streaming scan that reads every column of every row (``lazy``: what a user does
+    with a collection larger than memory), in a process of its own."""
     proc = subprocess.run(
-        [sys.executable, "-c", LAZY_READ, str(collection)],
+        [sys.executable, "-c", CHILD_READ, str(collection), how],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     return json.loads(proc.stdout.splitlines()[-1])
 
 
-def read_rows(collection: Path, how: str) -> dict[str, int]:
-    """Rows per table as ``read_collection`` reads them (``full``: every table in
-    memory), or from every finished part's Parquet footer (``footers``: a 10-min
-    storm's billions of rows do not fit a small machine's memory)."""
-    if how == "full":
-        from kernmlops.data import read_collection
-
-        c = read_collection(collection)
-        return {name: c[name].height for name in c.tables}
+def read_rows(collection: Path) -> dict[str, int]:
+    """Rows per table from every finished part's Parquet footer (``footers``: nothing
+    read but the footers)."""
     import pyarrow.parquet as pq
 
     rows: dict[str, int] = {}
@@ -292,10 +291,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="time every BPF program run (costs two clock reads a run): each "
                     "program's ns per run until the storm's end")  # fmt: skip
     ap.add_argument("--read", choices=("full", "lazy", "footers"), default="full",
-                    help="the collection read back whole (read_collection), scanned and "
-                    "summed by a streaming reader (read_collection(lazy=True): storms "
-                    "longer than memory holds; its peak RSS kept), or its parts' footers "
-                    "only")  # fmt: skip
+                    help="the collection read back whole (read_collection), or scanned "
+                    "and summed by a streaming reader (read_collection(lazy=True): storms "
+                    "longer than memory holds), each in a process of its own whose peak "
+                    "RSS is kept; or its parts' footers only")  # fmt: skip
     ap.add_argument("--out", type=Path, default=harness.result_path("storm-tree"))
     a = ap.parse_args(argv)
     trees: dict[str, dict[str, str] | None] = {"this": None}
@@ -339,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
               f"end->exit {rec['end_to_exit_s']}, rss {rec['collector_peak_rss_mb']:.0f} MB "
               f"(row workers {rec['row_workers_peak_rss_mb']:.0f} MB), "
               f"shm {rec['shm_peak_mb']:.0f} MB, output peak {rec['output_peak_mb']:.0f} MB, "
-              f"read {rec.get('read_collection_s')}, "
+              f"read ({rec.get('read')}) {rec.get('read_collection_s')} s, "
+              f"reader rss {rec.get('read_max_rss_mb')} MB, "
               f"events {sum((h.get('events') or 0) for h in hooks.values())}, drops {drops}, "
               f"rows {rec.get('read_rows')}", flush=True)  # fmt: skip
         print(f"    threads' CPU s at the storm's end {rec['cpu_s_at_storm_end']}, at exit "

@@ -201,12 +201,13 @@ def test_a_killed_collectors_memory_spool_goes_with_its_output(tmp_path: Path, s
     assert other.exists()
 
 
-def test_storm_trees_lazy_read_sums_every_row_in_its_own_process(tmp_path: Path) -> None:
-    # what storm-tree --read lazy reports: rows per table by a streaming scan (the
-    # sink's own counts) and the reader's peak RSS, from a process of its own
+@pytest.mark.parametrize("how", ["full", "lazy"])
+def test_storm_trees_reads_count_every_row_in_their_own_process(tmp_path: Path, how: str) -> None:
+    # what storm-tree --read full/lazy reports: rows per table (the sink's own counts)
+    # and the reader's peak RSS, from a process of its own
     import polars as pl
 
-    from bench.storm_tree import lazy_read
+    from bench.storm_tree import child_read
     from kernmlops.collect.manifest import write_manifest
     from kernmlops.collect.parquet import ParquetSink
 
@@ -214,6 +215,6 @@ def test_storm_trees_lazy_read_sums_every_row_in_its_own_process(tmp_path: Path)
         sink.write("events", pl.DataFrame({"ts": np.arange(12_000), "cpu": np.zeros(12_000)}))
         sink.write("drops", pl.DataFrame({"hook": ["a", "b"], "drops": [0, 3]}))
     write_manifest(tmp_path, {"collection_id": "c1", "tables": sink.files_written()})
-    got = lazy_read(tmp_path)
+    got = child_read(tmp_path, how)
     assert got["rows"] == {"drops": 2, "events": 12_000}
     assert 10 < got["max_rss_mb"] < 4096
