@@ -139,12 +139,12 @@ def one(
     t0 = time.monotonic()
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
-    def read() -> None:
+    def log() -> None:  # not ``read``: that is how the collection is read back
         assert p.stdout is not None
         for ln in p.stdout:
             lines.append((time.monotonic() - t0, ln.rstrip()))
 
-    th = threading.Thread(target=read, daemon=True)
+    th = threading.Thread(target=log, daemon=True)
     th.start()
     peak_rss = peak_shm = peak_children = peak_disk = 0
     n = 0
