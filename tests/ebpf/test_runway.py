@@ -103,6 +103,24 @@ def test_disk_segments_are_allocated_ahead_and_give_back_what_they_did_not_use(
         assert np.array_equal(_read_all(spool), want)
 
 
+def test_a_long_runway_is_allocated_in_pieces_the_copier_can_write_between(
+    tmp_path: Path,
+) -> None:
+    # each fallocate holds the inode's lock, which the copier's writes to the segment
+    # take: 192 MiB ahead is three calls of 64 MiB, not one, and the file has all of it
+    ring = MappedRing(1 << 16)
+    with spool_on(ring, tmp_path, budget_records=100, runway_s=60) as (spool, copier):
+        copier._c.runway_min = 192 << 20  # as a fast storm's 60 s would ask
+        copier.start()
+        standby = spool._standby
+        assert standby is not None
+        _wait(lambda: copier.runway["allocated_bytes"] >= 192 << 20, "the standby's runway")
+        assert copier.runway["allocations"] == 3
+        assert copier.runway["allocated_bytes"] == 192 << 20
+        assert _allocated(standby.path) >= 192 << 20  # the filesystem's own count
+        assert standby.path.stat().st_size == 0
+
+
 def test_the_runway_thread_starts_the_writeback_behind_the_copier(tmp_path: Path) -> None:
     # Writeback's submission takes page locks and journal handles: the runway thread
     # starts it (every sync_bytes), up to a MiB boundary a MiB or more behind the end

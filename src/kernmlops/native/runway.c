@@ -52,6 +52,8 @@
 #include "spin.h"
 
 #define MIB (1ULL << 20)
+/* the most one fallocate call allocates: the inode lock it holds is held that long */
+#define RUNWAY_PIECE (64 * MIB)
 #define TICK_MS 100
 /* the spool's write rate: over windows of at least a tick, the largest seen,
  * falling by 0.2% a window (a half-life of about 35 s) once the storm ends */
@@ -112,7 +114,7 @@ static void extend(struct kmo_copier *c, struct kmo_ring *o, int standby, uint64
 {
 	struct kmo_segment *s;
 	struct statvfs fs;
-	uint64_t from, len, took;
+	uint64_t from, len, took, done = 0;
 	int fd, err = 0;
 
 	spin_lock(&o->lock);
@@ -142,11 +144,23 @@ static void extend(struct kmo_copier *c, struct kmo_ring *o, int standby, uint64
 		}
 	}
 	len &= ~(MIB - 1);
-	if (len) {
+	/* in pieces: each call holds the inode's lock, which the copier's writes to
+	 * the segment wait for (a 2-GiB call at 16 cores would hold it throughout);
+	 * each piece is the copier's as soon as it is made */
+	while (done < len && !err) {
+		uint64_t piece = len - done < RUNWAY_PIECE ? len - done : RUNWAY_PIECE;
 		uint64_t t0 = now_ns();
 
-		if (fallocate(fd, FALLOC_FL_KEEP_SIZE, (off_t)from, (off_t)len))
+		if (fallocate(fd, FALLOC_FL_KEEP_SIZE, (off_t)(from + done), (off_t)piece)) {
 			err = errno;
+		} else {
+			done += piece;
+			spin_lock(&o->lock);
+			s->alloc_end = from + done;
+			c->runway_calls++;
+			c->runway_bytes += piece;
+			spin_unlock(&o->lock);
+		}
 		took = now_ns() - t0;
 		if (took > c->runway_ns_max)
 			c->runway_ns_max = took;
@@ -154,12 +168,9 @@ static void extend(struct kmo_copier *c, struct kmo_ring *o, int standby, uint64
 	close(fd);
 
 	spin_lock(&o->lock);
-	if (len && !err) {
-		s->alloc_end = from + len;
+	if (done)
 		s->alloc_asked = 0;
-		c->runway_calls++;
-		c->runway_bytes += len;
-	} else if (err == ENOSPC) {
+	if (err == ENOSPC) {
 		c->runway_short++;
 	} else if (err && err != EINTR) {
 		s->alloc_off = 1;
