@@ -22,10 +22,11 @@
  * not alone: on ext4 it holds the inode's lock, which the copier's write(2) to
  * the same segment takes too (seen once: a 1.28-s fallocate and 448k records
  * lost in a 3-min 2-vCPU storm, while the 10-Hz sampler missed 5.5 s: a wider
- * stall, its cause not found). Allocating only in segments the copier is not
- * writing would take the copier out of it. The file's size stays what was
- * written (KEEP_SIZE), so readers and `recover` see only records; Python
- * gives back what a finished segment did not use (ftruncate to its size).
+ * stall, its cause not found). So it allocates in pieces of RUNWAY_PIECE, each
+ * the copier's as soon as it is made; allocating only in segments the copier is
+ * not writing would take the copier out of it entirely. The file's size stays
+ * what was written (KEEP_SIZE), so readers and `recover` see only records;
+ * Python gives back what a finished segment did not use (ftruncate to its size).
  *
  * The same thread starts the writeback of what the copier wrote (every
  * sync_bytes, sync_file_range), which the copier did itself before.
