@@ -23,6 +23,7 @@ from kernmlops.data import (
     read_parquet_dir,
 )
 from kernmlops.errors import CollectionError
+from tests.conftest import skip_here
 
 # (benchmark, collection_id) -> rows of "events"; "drops" only in the faux collections.
 ROWS = {("faux", "f1"): 1000, ("faux", "f2"): 2500, ("gap", "g1"): 700, ("gap", "g2"): 1}
@@ -182,7 +183,7 @@ def reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
     if request.param == "user":
         monkeypatch.setattr("os.geteuid", lambda: 1000)
     elif os.geteuid() != 0:
-        pytest.skip("reads as root: needs root")
+        skip_here("reads as root: needs root")
     return request.param
 
 

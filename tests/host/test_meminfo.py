@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from kernmlops.host.meminfo import _cgroup_room, available_bytes
+from tests.conftest import skip_here
 
 V1_MEMORY = Path("/sys/fs/cgroup/memory")
 
@@ -28,8 +29,9 @@ def test_available_is_the_kernels_memavailable_or_a_cgroups_room() -> None:
         assert got <= min(kernel * 1.05, room + (64 << 20))
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="makes a cgroup: needs root")
 def test_a_memory_cgroups_limit_lowers_what_is_available(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        skip_here("makes a cgroup: needs root")
     code = "from kernmlops.host.meminfo import available_bytes as a; print(a())"
     v2 = Path("/sys/fs/cgroup")
     if (v2 / "cgroup.subtree_control").exists() and "memory" in (
@@ -39,7 +41,7 @@ def test_a_memory_cgroups_limit_lowers_what_is_available(tmp_path: Path) -> None
     elif (V1_MEMORY / "memory.limit_in_bytes").exists():
         parent, limit_file = V1_MEMORY, "memory.limit_in_bytes"
     else:
-        pytest.skip("no memory cgroup controller to limit a process with")
+        skip_here("no memory cgroup controller to limit a process with")
     group = parent / f"kmo-test-{uuid.uuid4().hex[:8]}"
     group.mkdir()
     try:
