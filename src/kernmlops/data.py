@@ -180,7 +180,8 @@ class LazyCollection(_Tables[pl.LazyFrame]):
         cannot be read, or the table does not fit in the memory left)."""
         folder = self.path / name
         _fits(folder, {name: self[name]}, lazy_call=f"read_collection(path, lazy=True)[{name!r}]")
-        return _read(name, self[name], folder)
+        with _reading(name, folder):
+            return self[name].collect()
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{name}: {len(self.files[name])} parts" for name in self.tables)
@@ -218,12 +219,7 @@ def read_collection(path: str | Path, *, lazy: bool = False) -> Collection | Laz
     files, incomplete = _table_files(path)
     spooled = _spooled(path, path)
     _no_tables(path, files, incomplete, spooled)
-    scans = {name: _checked_scan(name, _scan(parts), path / name) for name, parts in files.items()}
-    if not lazy:
-        _fits(path, scans)
-    tables = (
-        scans if lazy else {name: _read(name, scan, path / name) for name, scan in scans.items()}
-    )
+    tables = _tables(path, {name: _scan(parts) for name, parts in files.items()}, lazy)
     return _collection(path, manifest, tables, files, incomplete, spooled, lazy=lazy, stacklevel=3)
 
 
@@ -262,8 +258,8 @@ def _collection(
     lazy: bool,
     stacklevel: int,
 ) -> Collection | LazyCollection:
-    """The Collection read (a LazyCollection where ``tables`` are LazyFrames), warning
-    where its collector did not finish or rows are still in its spool (``stacklevel``:
+    """The Collection read (``lazy``: the LazyCollection scanned), warning where its
+    collector did not finish or rows are still in its spool (``stacklevel``:
     read_collection's caller's, from here)."""
     if manifest.state == "running":
         warnings.warn(
@@ -274,9 +270,7 @@ def _collection(
         )
     elif spooled:
         warnings.warn(f"{path}: {spooled[2:]}", IncompleteCollectionWarning, stacklevel=stacklevel)
-    kind = (
-        LazyCollection if any(isinstance(t, pl.LazyFrame) for t in tables.values()) else Collection
-    )
+    kind = LazyCollection if lazy else Collection
     return kind(
         path=path,
         manifest=manifest,
@@ -333,10 +327,7 @@ def _read_held(path: Path, lazy: bool) -> Collection | LazyCollection:
         files, opened, incomplete = _held_tables(held, path, uid, fds)
         spooled = _spooled(path, held.io)
         _no_tables(path, files, incomplete, spooled)
-        scans = {name: _held_scan(name, fds_, path / name) for name, fds_ in opened.items()}
-        if not lazy:
-            _fits(path, scans)
-        tables = scans if lazy else {n: _read(n, scan, path / n) for n, scan in scans.items()}
+        tables = _tables(path, {name: _held_scan(fds_) for name, fds_ in opened.items()}, lazy)
     finally:
         for fd in fds:
             with contextlib.suppress(OSError):
@@ -429,7 +420,10 @@ def _scan_table_held(folder: Path, table: str) -> pl.LazyFrame | None:
             _, opened, _ = _held_tables(held, folder, uid, fds, only=table)
             if table not in opened:
                 return None
-            return _held_scan(table, opened[table], folder / table)
+            scan = _held_scan(opened[table])
+            with _reading(table, folder / table):
+                scan.collect_schema()
+            return scan
         finally:
             for fd in fds:
                 with contextlib.suppress(OSError):
@@ -552,10 +546,8 @@ def read_parquet_dir(
     if lazy:
         return frame
     _fits(root, {table: frame}, lazy_call=f"read_parquet_dir(path, {table!r}, lazy=True)")
-    try:
+    with _reading(table, root):
         return frame.collect()
-    except (pl.exceptions.PolarsError, OSError) as e:
-        raise CollectionError(f"{root}: cannot read table {table!r}: {e}") from e
 
 
 def list_collections(path: str | Path) -> pl.DataFrame:
@@ -642,26 +634,34 @@ def _scan(parts: Sequence[Path] | Sequence[BinaryIO]) -> pl.LazyFrame:
     return pl.scan_parquet(list(parts), hive_partitioning=False, glob=False)
 
 
-def _held_scan(table: str, fds: list[int], folder: Path) -> pl.LazyFrame:
-    """A scan of the parts open on ``fds`` (``folder``: their table folder, as the
-    user named it). polars takes its own descriptor of each file it is handed, so the
-    scan outlives ours and never opens a name again."""
+def _held_scan(fds: list[int]) -> pl.LazyFrame:
+    """A scan of the parts open on ``fds``. polars takes its own descriptor of each
+    file it is handed, so the scan outlives ours and never opens a name again."""
     files = [os.fdopen(fd, "rb", closefd=False) for fd in fds]
     try:
-        return _checked_scan(table, _scan(files), folder)
+        return _scan(files)
     finally:
         for f in files:
             f.close()
 
 
-def _checked_scan(table: str, scan: pl.LazyFrame, folder: Path) -> pl.LazyFrame:
-    """``scan``, its schema read from the first part's footer: a part that is not
-    Parquet is one CollectionError naming the table here, not a polars error later."""
-    try:
-        scan.collect_schema()
-    except (pl.exceptions.PolarsError, OSError) as e:
-        raise CollectionError(f"{folder}: cannot read table {table!r}: {e}") from e
-    return scan
+def _tables(
+    path: Path, scans: dict[str, pl.LazyFrame], lazy: bool
+) -> dict[str, pl.LazyFrame] | dict[str, pl.DataFrame]:
+    """The collection's tables: ``scans`` (``lazy``; each one's schema read, so a part
+    that is not Parquet is refused here, not by polars later), or read into memory
+    where they fit."""
+    if lazy:
+        for name, scan in scans.items():
+            with _reading(name, path / name):
+                scan.collect_schema()
+        return scans
+    _fits(path, scans)
+    tables = {}
+    for name, scan in scans.items():
+        with _reading(name, path / name):
+            tables[name] = scan.collect()
+    return tables
 
 
 def needed_bytes(scan: pl.LazyFrame) -> int:
@@ -700,9 +700,12 @@ def _fits(path: Path, scans: Mapping[str, pl.LazyFrame], *, lazy_call: str = "")
         )
 
 
-def _read(table: str, scan: pl.LazyFrame, folder: Path) -> pl.DataFrame:
+@contextlib.contextmanager
+def _reading(table: str, folder: Path) -> Iterator[None]:
+    """What polars or the files refuse while reading ``table`` (in ``folder``, as the
+    user named it): one CollectionError naming the table."""
     try:
-        return scan.collect()
+        yield
     except (pl.exceptions.PolarsError, OSError) as e:
         raise CollectionError(f"{folder}: cannot read table {table!r}: {e}") from e
 

@@ -56,14 +56,18 @@ def cgroup2_mount() -> Path | None:
     return None
 
 
-def own_cgroup() -> str | None:
-    """This process's cgroup v2 path (``/`` for the root), from /proc/self/cgroup."""
+def own_cgroup(v1_controller: str | None = None) -> str | None:
+    """This process's cgroup v2 path (``/`` for the root), from /proc/self/cgroup; with
+    ``v1_controller`` (``memory``), its path in the v1 hierarchy of that controller."""
     try:
         with open("/proc/self/cgroup", encoding="utf-8") as f:
             for line in f:
-                if line.startswith("0::"):
-                    return line[3:].strip()
-    except OSError:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                if v1_controller is None and line.startswith("0::"):
+                    return path.strip()
+                if v1_controller is not None and v1_controller in controllers.split(","):
+                    return path.strip()
+    except (OSError, ValueError):
         pass
     return None
 

@@ -69,15 +69,10 @@ def _cgroup_room() -> int | None:
     mount, group = cgroup2_mount(), own_cgroup()
     if mount is not None and group is not None:
         candidates.append((mount / group.lstrip("/"), "memory.max", "memory.current"))
-    try:
-        with open("/proc/self/cgroup", encoding="utf-8") as f:
-            for line in f:
-                _, controllers, path = line.rstrip("\n").split(":", 2)
-                if "memory" in controllers.split(","):  # v1's memory hierarchy
-                    folder = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
-                    candidates.append((folder, "memory.limit_in_bytes", "memory.usage_in_bytes"))
-    except (OSError, ValueError):
-        pass
+    v1 = own_cgroup("memory")  # a hybrid or v1 host's memory hierarchy
+    if v1 is not None:
+        folder = Path("/sys/fs/cgroup/memory") / v1.lstrip("/")
+        candidates.append((folder, "memory.limit_in_bytes", "memory.usage_in_bytes"))
     rooms = []
     for folder, limit_name, use_name in candidates:
         try:
