@@ -86,7 +86,6 @@ def run_lab(parts: Iterable[Part], out: Path) -> LabRun:
     """Prepare every part, boot once, run them in order; what each did."""
     run = LabRun()
     commands: dict[str, tuple[list[str], int]] = {}
-    folders: dict[str, Path] = {}
     for part in sorted(parts, key=lambda p: (p.order, p.name)):
         folder = out / part.name
         folder.mkdir(parents=True)
@@ -95,14 +94,12 @@ def run_lab(parts: Iterable[Part], out: Path) -> LabRun:
             commands[part.name] = (part.prepare(folder), part.timeout_s)
         except Exception as err:  # that part's test reports it; the others run
             result.error = err
-            continue
-        folders[part.name] = folder
     if not commands:
         return run
     # files the guest reads (the command goes on the kernel's command line, 2 KiB)
     spec = out / "lab.json"
     spec.write_text(json.dumps([
-        {"argv": argv, "folder": str(folders[name]), "timeout_s": timeout_s}
+        {"argv": argv, "folder": str(run.parts[name].folder), "timeout_s": timeout_s}
         for name, (argv, timeout_s) in commands.items()
     ]))  # fmt: skip
     script = out / "lab.sh"
