@@ -232,7 +232,7 @@ def one(
 #: into memory (``full``), or scanned with every row of every table summed,
 #: streaming (``lazy``)
 CHILD_READ = """
-import json, resource, sys
+import json, sys
 import polars as pl, polars.selectors as cs
 from kernmlops.data import read_collection
 if sys.argv[2] == "full":
@@ -244,8 +244,9 @@ else:
     for name in c:
         got = c[name].select(pl.len().alias("__rows"), cs.numeric().sum())
         rows[name] = got.collect(engine="streaming")["__rows"][0]
-rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(json.dumps({"rows": rows, "max_rss_mb": rss}))
+# VmHWM, this process's own peak: ru_maxrss keeps the parent's from before the exec
+hwm = next(ln for ln in open("/proc/self/status") if ln.startswith("VmHWM:"))
+print(json.dumps({"rows": rows, "max_rss_mb": int(hwm.split()[1]) / 1024}))
 """
 
 

@@ -217,4 +217,4 @@ def test_storm_trees_reads_count_every_row_in_their_own_process(tmp_path: Path, 
     write_manifest(tmp_path, {"collection_id": "c1", "tables": sink.files_written()})
     got = child_read(tmp_path, how)
     assert got["rows"] == {"drops": 2, "events": 12_000}
-    assert 10 < got["max_rss_mb"] < 4096
+    assert 10 < got["max_rss_mb"] < 1024  # its own, not this process's peak (GBs by now)
