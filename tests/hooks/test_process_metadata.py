@@ -89,7 +89,9 @@ def proc_stat(pid: int | str, tid: int | str | None = None) -> dict[str, object]
         "starttime": int(rest[19]),
         "policy": int(rest[38]),
         "kernel_thread": bool(int(rest[6]) & PF_KTHREAD),
-        "cgroup_path": v2[0] if v2 else None,
+        # A removed cgroup is not under the mount the hook walks: no path (a zombie
+        # left in one is reaped by PID 1 only later).
+        "cgroup_path": v2[0] if v2 and not v2[0].endswith(" (deleted)") else None,
         "tasks": tasks,
         "cmdline": cmdline,
     }

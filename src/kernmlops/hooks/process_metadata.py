@@ -18,7 +18,8 @@ whenever :meth:`ProcessMetadataHook.snapshot` is called. One row per task
 * ``cgroup_id`` (the task's cgroup v2 cgroup: its kernfs id, which is the
   inode of its directory) and ``cgroup_path`` (resolved by walking the
   cgroup2 mount, as in the ``0::`` line of ``/proc/<pid>/cgroup``; null
-  where no cgroup2 file system is mounted).
+  where no cgroup2 file system is mounted, or the cgroup was removed: a
+  zombie not yet reaped can be left in one).
 """
 
 from __future__ import annotations
