@@ -120,8 +120,9 @@ def program_ns(pid: int) -> dict[str, list[int]]:
 def one(
     storm: str | None, pairs: int, seconds: float, extra: list[str],
     env: dict[str, str] | None = None, stats: bool = False, read: str = "full",
+    keep: Path | None = None,
 ) -> dict:  # fmt: skip
-    out = Path(tempfile.mkdtemp(prefix="kmo-tree-"))
+    out = Path(tempfile.mkdtemp(prefix="kmo-tree-", dir=keep))
     argv = [
         sys.executable,
         "-m",
@@ -224,7 +225,10 @@ def one(
             rec["read_error"] = f"{type(err).__name__}: {err}"
         rec["read_collection_s"] = time.monotonic() - t
         rec["read"] = read
-    harness.remove_output(out)
+    if keep is None:
+        harness.remove_output(out)
+    else:
+        rec["kept"] = str(out)
     return rec
 
 
@@ -296,8 +300,13 @@ def main(argv: list[str] | None = None) -> int:
                     "and summed by a streaming reader (read_collection(lazy=True): storms "
                     "longer than memory holds), each in a process of its own whose peak "
                     "RSS is kept; or its parts' footers only")  # fmt: skip
+    ap.add_argument("--keep", type=Path, metavar="DIR",
+                    help="keep each run's collection in a new folder under DIR (to look "
+                    "at where its drops or missed samples fall), not delete it")  # fmt: skip
     ap.add_argument("--out", type=Path, default=harness.result_path("storm-tree"))
     a = ap.parse_args(argv)
+    if a.keep:
+        a.keep.mkdir(parents=True, exist_ok=True)
     trees: dict[str, dict[str, str] | None] = {"this": None}
     if a.baseline:
         trees["baseline"] = {**os.environ, **harness.tree_env(a.baseline.resolve())}
@@ -323,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
             body.setdefault("skipped", []).append(s)
             print(f"[storm-tree] {s:g} s: skipped (deadline)", flush=True)
             continue
-        rec = one(a.storm, pairs, s, extra + configs[w], trees[t], a.bpf_stats, a.read)
+        rec = one(a.storm, pairs, s, extra + configs[w], trees[t], a.bpf_stats, a.read, a.keep)
         rec["seconds"] = s
         rec["row_workers"] = w
         rec["tree"] = t if t == "this" else str(a.baseline)

@@ -21,6 +21,7 @@ import runpy
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 
@@ -120,8 +121,13 @@ def main(spec_path: str) -> int:
     code = 0
     for part in json.loads(Path(spec_path).read_text()):
         folder = Path(part["folder"])
+        began = time.monotonic()
         code = run_part(part["argv"], folder, int(part["timeout_s"]))
         (folder / "exit_code").write_text(f"{code}\n")
+        # on the console: where the lab's minutes go, part by part
+        print(f"lab part {folder.name}: exit {code} after {time.monotonic() - began:.1f} s "
+              f"(guest uptime {time.clock_gettime(time.CLOCK_BOOTTIME):.1f} s)",
+              file=sys.stderr, flush=True)  # fmt: skip
     return code
 
 
