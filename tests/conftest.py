@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from tests.lab import LabRun
+    from tests.lab import LabRun, LabStart
 
 REQUIRE_BPF = os.environ.get("KERNMLOPS_REQUIRE_BPF") == "1"
 REPO = Path(__file__).resolve().parent.parent
@@ -58,7 +58,14 @@ def bpf_unavailable() -> str | None:
     return "the kernel loads neither tp_btf nor raw_tp programs"
 
 
+@pytest.hookimpl(trylast=True)  # after -k/-m deselected what they do
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _skip_bpf(items)
+    if lab_parts(items):
+        items[:] = beside_the_lab(items)
+
+
+def _skip_bpf(items: list[pytest.Item]) -> None:
     if REQUIRE_BPF or not any(i.get_closest_marker("bpf") for i in items):
         return
     reason = bpf_unavailable()
@@ -67,6 +74,56 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if item.get_closest_marker("bpf"):
                 item.add_marker(marker)
+
+
+# -- the kernel lab's boot, beside the tests that do not mind ---------------------------------
+
+
+def lab_parts(items: list[pytest.Item]) -> dict[str, Any]:
+    """The ``LAB_PART`` of every test module whose tests use the ``lab`` fixture and
+    are not skipped, by name."""
+    parts = {}
+    for item in items:
+        part = getattr(getattr(item, "module", None), "LAB_PART", None)
+        skipped = any(item.iter_markers("skip")) or any(
+            m.args and m.args[0] is True for m in item.iter_markers("skipif")
+        )  # needs_tools' condition is a plain bool
+        if part is not None and "lab" in getattr(item, "fixturenames", ()) and not skipped:
+            parts[part.name] = part
+    return parts
+
+
+def beside_the_lab(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The run's order when the kernel lab boots: modules whose tests may run beside
+    its VM (it keeps a CPU busy for minutes) first, then the lab's tests, then the
+    rest. A module runs beside the VM only if none of its tests is marked ``bpf``
+    (drops and costs under load) or ``quiet`` (asserts something of time). Whole
+    modules move, so their module-scoped fixtures are made once."""
+    modules: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+    groups: tuple[list[pytest.Item], ...] = ([], [], [])
+    for tests in modules.values():
+        if any("lab" in getattr(i, "fixturenames", ()) for i in tests):
+            groups[1].extend(tests)
+        elif any(i.get_closest_marker("bpf") or i.get_closest_marker("quiet") for i in tests):
+            groups[2].extend(tests)
+        else:
+            groups[0].extend(tests)
+    return [*groups[0], *groups[1], *groups[2]]
+
+
+#: the lab's boot, started once the run's tests are known
+_lab_started: list[LabStart] = []
+
+
+def _start_lab(session: pytest.Session) -> None:
+    parts = lab_parts(session.items)
+    if parts and not session.config.option.collectonly:
+        from tests.lab import start_lab
+
+        out = session.config._tmp_path_factory.mktemp("lab")  # type: ignore[attr-defined]
+        _lab_started.append(start_lab(parts.values(), out))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -141,6 +198,7 @@ _last_spark_test: list[str] = []
 def pytest_collection_finish(session: pytest.Session) -> None:
     users = [i.nodeid for i in session.items if "spark" in getattr(i, "fixturenames", ())]
     _last_spark_test[:] = users[-1:]
+    _start_lab(session)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -173,18 +231,14 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> LabRun:
     """The kernel lab's one boot for the run (tests/lab.py): the ``LAB_PART`` of every
-    collected test module that uses it, run in one guest."""
-    from tests.lab import run_lab
+    collected test module that uses it, run in one guest, started in the background
+    as soon as the run's tests were collected."""
+    if not _lab_started:
+        from tests.lab import start_lab
 
-    parts = {}
-    for item in request.session.items:
-        part = getattr(getattr(item, "module", None), "LAB_PART", None)
-        skipped = any(item.iter_markers("skip")) or any(
-            m.args and m.args[0] is True for m in item.iter_markers("skipif")
-        )  # needs_tools' condition is a plain bool
-        if part is not None and "lab" in getattr(item, "fixturenames", ()) and not skipped:
-            parts[part.name] = part
-    return run_lab(parts.values(), tmp_path_factory.mktemp("lab"))
+        parts = lab_parts(request.session.items)
+        _lab_started.append(start_lab(parts.values(), tmp_path_factory.mktemp("lab")))
+    return _lab_started[0].result()
 
 
 @pytest.fixture

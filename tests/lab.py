@@ -11,6 +11,9 @@ They run in one guest interpreter (tests/lab_guest.py): a part whose command is 
 Python runs in it, as runpy runs it. There, a Python start that imports the
 collector's stack costs 25-60 s, every time (nothing of the host's files is cached
 between processes).
+
+The boot starts as soon as the run's tests are collected, in the background: the
+modules that do not mind a busy CPU run meanwhile (tests/conftest.py orders them first).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import json
 import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +71,9 @@ class LabRun:
     parts: dict[str, PartResult] = field(default_factory=dict)
 
 
+#: each prepared part's guest command and time limit, by name
+Commands = dict[str, tuple[list[str], int]]
+
 #: the guest's runner of the parts
 GUEST = Path(__file__).with_name("lab_guest.py")
 
@@ -82,10 +89,11 @@ def guest_script(spec: Path) -> str:
     return f"PYTHONPATH={shlex.quote(str(src))} exec {runner}"
 
 
-def run_lab(parts: Iterable[Part], out: Path) -> LabRun:
-    """Prepare every part, boot once, run them in order; what each did."""
+def _prepare(parts: Iterable[Part], out: Path) -> tuple[LabRun, Commands]:
+    """Every part's folder and host-side preparation: the run so far, and the commands
+    of the parts that prepared."""
     run = LabRun()
-    commands: dict[str, tuple[list[str], int]] = {}
+    commands: Commands = {}
     for part in sorted(parts, key=lambda p: (p.order, p.name)):
         folder = out / part.name
         folder.mkdir(parents=True)
@@ -94,8 +102,10 @@ def run_lab(parts: Iterable[Part], out: Path) -> LabRun:
             commands[part.name] = (part.prepare(folder), part.timeout_s)
         except Exception as err:  # that part's test reports it; the others run
             result.error = err
-    if not commands:
-        return run
+    return run, commands
+
+
+def _vm_argv(run: LabRun, commands: Commands, out: Path) -> list[str]:
     # files the guest reads (the command goes on the kernel's command line, 2 KiB)
     spec = out / "lab.json"
     spec.write_text(json.dumps([
@@ -104,24 +114,78 @@ def run_lab(parts: Iterable[Part], out: Path) -> LabRun:
     ]))  # fmt: skip
     script = out / "lab.sh"
     script.write_text(guest_script(spec) + "\n")
-    limit = BOOT_S + sum(t for _, t in commands.values())
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "kernmlops", "vm", *VM_ARGS, "-o", str(out),
-             "--timeout", str(limit), "--", "sh", str(script)],
-            capture_output=True, text=True, timeout=limit + 60,
-        )  # fmt: skip
-    except subprocess.TimeoutExpired as err:
-        for name in commands:
-            run.parts[name].error = err
-        return run
-    run.exit_code, run.output = proc.returncode, proc.stderr
+    return [sys.executable, "-m", "kernmlops", "vm", *VM_ARGS, "-o", str(out),
+            "--timeout", str(_limit(commands)), "--", "sh", str(script)]  # fmt: skip
+
+
+def _limit(commands: Commands) -> int:
+    return BOOT_S + sum(t for _, t in commands.values())
+
+
+def _finish(run: LabRun, commands: Commands, code: int, said: str) -> LabRun:
+    """``kernmlops vm``'s exit code and output, and each part's."""
+    run.exit_code, run.output = code, said
     for name in commands:
         result = run.parts[name]
-        code = result.folder / "exit_code"
-        if not code.exists():
-            result.error = RuntimeError(f"no exit code: the VM said {proc.stderr[-4000:]}")
+        exit_code = result.folder / "exit_code"
+        if not exit_code.exists():
+            result.error = RuntimeError(f"no exit code: the VM said {said[-4000:]}")
             continue
-        result.exit_code = int(code.read_text())
+        result.exit_code = int(exit_code.read_text())
         result.output = (result.folder / "output").read_text(errors="replace")
     return run
+
+
+def _failed(run: LabRun, commands: Iterable[str], err: BaseException) -> LabRun:
+    for name in commands:
+        run.parts[name].error = err
+    return run
+
+
+class LabStart:
+    """The lab's boot started in the background (:func:`start_lab`): the run's other
+    tests go on meanwhile; :meth:`result` waits for it. The VM is started in a session
+    of its own and is no child of the test run (tests check that the code they run
+    leaves no child behind)."""
+
+    def __init__(self, parts: Iterable[Part], out: Path) -> None:
+        self.run, self.commands = _prepare(parts, out)
+        self.out = out
+        self.deadline = time.monotonic() + _limit(self.commands) + 60
+        self._done: LabRun | None = None
+        if not self.commands:
+            return
+        said, code = out / "vm.stderr", out / "vm.exit_code"
+        argv = shlex.join(_vm_argv(self.run, self.commands, out))
+        q = shlex.quote
+        # setsid --fork: the shell is reparented away from this process at once
+        subprocess.run(
+            ["setsid", "--fork", "sh", "-c",
+             f"{argv} >/dev/null 2>{q(str(said))}; echo $? >{q(f'{code}.tmp')}; "
+             f"mv {q(f'{code}.tmp')} {q(str(code))}"],
+            stdin=subprocess.DEVNULL, check=True,
+        )  # fmt: skip
+
+    def result(self) -> LabRun:
+        """What each part did, once the VM exited (at most the lab's time limit)."""
+        if self._done is not None:
+            return self._done
+        code = self.out / "vm.exit_code"
+        if self.commands:
+            while not code.exists() and time.monotonic() < self.deadline:
+                time.sleep(0.5)
+        if not self.commands:
+            self._done = self.run
+        elif not code.exists():
+            late = TimeoutError(f"the lab ran past {_limit(self.commands) + 60} s")
+            self._done = _failed(self.run, self.commands, late)
+        else:
+            said = (self.out / "vm.stderr").read_text(errors="replace")
+            self._done = _finish(self.run, self.commands, int(code.read_text()), said)
+        return self._done
+
+
+def start_lab(parts: Iterable[Part], out: Path) -> LabStart:
+    """Prepare every part (here), then boot once in the background and run them in
+    order; ``.result()`` is what each did."""
+    return LabStart(parts, out)

@@ -12,6 +12,9 @@ from kernmlops.errors import ConfigError
 from kernmlops.exporter.config import MetricSetError
 from kernmlops.yamlfile import LOADER, MAX_NODES, LimitedLoader, safe_yaml
 
+#: a refusal within 0.5 s
+pytestmark = pytest.mark.quiet
+
 
 def bomb(levels: int, width: int = 9) -> str:
     """The "billion laughs": each level a list of ``width`` aliases of the one below."""

@@ -25,6 +25,9 @@ from kernmlops.benchmarks._tools import (
 )
 from kernmlops.errors import BenchmarkError
 
+#: a stop within 3 s
+pytestmark = pytest.mark.quiet
+
 MOUNTINFO = """\
 22 27 0:21 / /proc rw,relatime - proc proc rw
 27 1 254:0 / / rw,relatime - ext4 /dev/vda rw

@@ -22,6 +22,9 @@ from kernmlops.host.cpus import format_cpu_list
 from kernmlops.host.environment import CpuLimit, _cpuset_v1_root
 from tests.duet.conftest import swapping_config, write_config
 
+#: the A/A run must not differ, and runs have time limits
+pytestmark = pytest.mark.quiet
+
 
 def _leftovers(suite: str) -> list[psutil.Process]:
     """Processes started for ``suite`` that are still alive."""

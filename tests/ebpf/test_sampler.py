@@ -14,6 +14,9 @@ import pytest
 
 from kernmlops.ebpf import sampler
 
+#: a sampler at normal priority keeps a 50-Hz grid
+pytestmark = pytest.mark.quiet
+
 
 @pytest.fixture(autouse=True)
 def _built(bpf_build_dir: Path) -> None:

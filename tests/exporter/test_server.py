@@ -16,6 +16,9 @@ import pytest
 
 from kernmlops.exporter.server import MetricsServer
 
+#: deadlines of 1-2 s
+pytestmark = pytest.mark.quiet
+
 BODY = b"# HELP x_total x\n# TYPE x_total counter\nx_total 1.0\n"
 
 

@@ -19,6 +19,9 @@ from kernmlops.tables import UPTIME_TIMESTAMP
 from tests.conftest import skip_here
 from tests.rows import polled
 
+#: samples on a grid, none missed
+pytestmark = pytest.mark.quiet
+
 SAMPLE = """\
 MemTotal:       24684084 kB
 MemFree:        23607628 kB
