@@ -97,8 +97,11 @@ def beside_the_lab(items: list[pytest.Item]) -> list[pytest.Item]:
     """The run's order when the kernel lab boots: modules whose tests may run beside
     its VM (it keeps a CPU busy for minutes) first, then the lab's tests, then the
     rest. A module runs beside the VM only if none of its tests is marked ``bpf``
-    (drops and costs under load) or ``quiet`` (asserts something of time). Whole
-    modules move, so their module-scoped fixtures are made once."""
+    (drops and costs under load) or ``quiet`` (asserts something of time), or uses
+    Spark: its JVMs live from the first test that uses them to the last, and tests
+    between them that count their children must not see them (the order among its
+    modules stays the one they had). Whole modules move, so their module-scoped
+    fixtures are made once."""
     modules: dict[str, list[pytest.Item]] = {}
     for item in items:
         modules.setdefault(item.nodeid.split("::")[0], []).append(item)
@@ -106,7 +109,12 @@ def beside_the_lab(items: list[pytest.Item]) -> list[pytest.Item]:
     for tests in modules.values():
         if any("lab" in getattr(i, "fixturenames", ()) for i in tests):
             groups[1].extend(tests)
-        elif any(i.get_closest_marker("bpf") or i.get_closest_marker("quiet") for i in tests):
+        elif any(
+            i.get_closest_marker("bpf")
+            or i.get_closest_marker("quiet")
+            or "spark" in getattr(i, "fixturenames", ())
+            for i in tests
+        ):
             groups[2].extend(tests)
         else:
             groups[0].extend(tests)
