@@ -38,6 +38,7 @@ from tests.graphs.conftest import (
 )
 
 MIB = 1 << 20
+STATIC = {"system_info", "benchmark_result"}
 
 
 def test_busy_fraction_splits_each_quantum_over_the_bins_it_ran_in() -> None:
@@ -158,7 +159,11 @@ def test_select_keeps_the_process_and_leaves_system_tables_whole() -> None:
     assert out["memory_usage"].equals(tables["memory_usage"])
     assert {"memory_usage", "perf_counters"} <= wide
     assert "system_info" not in wide and "quanta_runtime" not in wide
-    assert kept == sum(out[t].height for t in out if t not in wide | {"system_info"}) - 1
+    # rows kept per selected table (benchmark_result, static, neither kept nor wide)
+    assert kept == {t: out[t].height for t in out if t not in wide | STATIC}
+    assert (
+        sum(kept.values()) == sum(out[t].height for t in out if t not in wide | {"system_info"}) - 1
+    )
 
 
 # -- per-table arithmetic ------------------------------------------------------------------------

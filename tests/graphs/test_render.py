@@ -101,8 +101,8 @@ def test_selection_by_tgid_and_comm(synthetic: Collection, tmp_path: Path) -> No
     by_tgid = load(synthetic, tgid=WORKER)
     by_comm = load(synthetic, comm="worker")
     for data in (by_tgid, by_comm):
-        frame = data.frame("quanta_runtime")
-        assert set(frame["tgid"].to_list()) == {WORKER}
+        frame = data.frame("quanta_runtime")  # scanned: collected only to look at it
+        assert set(frame.collect()["tgid"].to_list()) == {WORKER}
         # the worker ran every other 2 ms quantum on both CPUs: half of each CPU
         _, busy = busy_fraction(frame, data.origin_us, data.timeline([frame], target=10))
         assert np.median(busy) == pytest.approx(0.5, abs=0.02)
@@ -194,7 +194,7 @@ def test_graph_of_a_collection_larger_than_the_memory_left_is_one_line(
 
 def test_empty_selection_of_a_system_table_draws_it_whole(synthetic: Collection) -> None:
     data = load(synthetic, tgid=WORKER)
-    assert data.tables["memory_usage"].height == synthetic["memory_usage"].height
+    assert data.tables["memory_usage"].collect().height == synthetic["memory_usage"].height
     fig = figure(data, "memory_usage")
     assert "system-wide" in fig.get_suptitle()
     assert "tgid" in figure(data, "process_events").get_suptitle()
