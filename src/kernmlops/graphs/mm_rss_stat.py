@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from itertools import pairwise
 from typing import TYPE_CHECKING, ClassVar, TypeVar
 
@@ -26,10 +27,9 @@ if TYPE_CHECKING:
 RSS_MEMBERS = ("file", "anon", "shmem")
 TOP_PROCESSES = 8
 #: Rows replayed at once (tens of MiB): a larger table is replayed in time slices of
-#: at most this many rows, cut at 1/SLICE_STEPS of its time span (a step holding
-#: more is a slice alone).
+#: about this many rows, cut at equal steps of its time span, 16 a slice on average
+#: (a step holding more is a slice alone).
 SLICE_ROWS = 1_000_000
-SLICE_STEPS = 1024
 
 F = TypeVar("F", pl.DataFrame, pl.LazyFrame)
 
@@ -68,7 +68,8 @@ def _slices(frame: pl.LazyFrame) -> list[pl.Expr | None]:
     n, lo, hi = collect(frame.select(row_count(UPTIME_TIMESTAMP), lo=ts.min(), hi=ts.max())).row(0)
     if n <= SLICE_ROWS:
         return [None]
-    step = (ts.cast(pl.Int64) - lo) * SLICE_STEPS // (hi - lo + 1)
+    steps = 16 * math.ceil(n / SLICE_ROWS)
+    step = (ts.cast(pl.Int64) - lo) * steps // (hi - lo + 1)
     per_step = collect(frame.group_by(step.alias("step")).agg(n=row_count(UPTIME_TIMESTAMP)))
     cuts, rows = [0], 0
     for at, k in per_step.sort("step").iter_rows():
@@ -76,7 +77,7 @@ def _slices(frame: pl.LazyFrame) -> list[pl.Expr | None]:
             cuts.append(at)
             rows = 0
         rows += k
-    return [step.is_between(a, b, closed="left") for a, b in pairwise([*cuts, SLICE_STEPS])]
+    return [step.is_between(a, b, closed="left") for a, b in pairwise([*cuts, steps])]
 
 
 def rss_replay(frame: pl.LazyFrame, time_bin: pl.Expr) -> tuple[pl.DataFrame, pl.DataFrame]:
