@@ -138,10 +138,10 @@ class Distribution:
         return counts
 
     def quantile(self, q: float, method: Literal["linear", "nearest"] = "linear") -> float:
-        """The ``q`` quantile, exactly as of the rows themselves: ``linear`` as numpy's
-        default (the eager graphs used np.quantile), ``nearest`` as polars' default
-        (the report's summaries used Series.quantile). No approximation: polars'
-        own quantile in a query gathers the whole column first."""
+        """The ``q`` quantile, exactly that of the rows themselves: ``linear`` as
+        numpy's default (np.quantile, the figures' p50 and p99), ``nearest`` as
+        polars' default (Series.quantile, the report's summaries). From the value
+        counts, because polars' own quantile in a query gathers the whole column."""
         ends = np.cumsum(self.counts)
 
         def nth(k: int) -> float:  # the k-th row (from 0) in value order

@@ -21,7 +21,7 @@ axes start at its first event.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from datetime import datetime
 from functools import cache
 from pathlib import Path
@@ -250,13 +250,9 @@ def select(
             out[table] = frame
             if table not in _STATIC_TABLES:
                 wide.add(table)
-    chosen = [t for t in out if t not in wide and t not in _STATIC_TABLES]
-    return out, frozenset(wide), dict(zip(chosen, _counts([out[t] for t in chosen]), strict=True))
-
-
-def _counts(frames: Sequence[Frame]) -> list[int]:
-    lazy = [f.lazy() for f in frames]
-    return [int(c.item()) for c in collect_all([f.select(pl.len()) for f in lazy])]
+    chosen = {t: table_view(t).tgid_column for t in out if t not in wide | _STATIC_TABLES}
+    counts = collect_all([out[t].lazy().select(row_count(c)) for t, c in chosen.items()])
+    return out, frozenset(wide), {t: int(n.item()) for t, n in zip(chosen, counts, strict=True)}
 
 
 def _bounds(tables: Mapping[str, pl.LazyFrame]) -> dict[str, tuple[int, int, int] | None]:
@@ -280,8 +276,8 @@ def load(
     tgid: int | None = None,
     comm: str | None = None,
 ) -> GraphData:
-    """Scan ``collection`` and prepare what its graphs share: names, markers, the
-    time span and the selection are small queries over its tables, read by none.
+    """Scan ``collection`` and prepare what its graphs share (names, markers, the
+    time span, the selection: small queries over its tables, none read whole).
 
     Args:
         collection: a collection folder, or one already read or scanned.
@@ -311,8 +307,9 @@ def _load(
     markers, source, exact = benchmark_markers(manifest, tables.get("process_trace"))
     bounds = _bounds(tables)
     rows = {t: b[0] if b is not None else 0 for t, b in bounds.items()}
-    untimed = [t for t, b in bounds.items() if b is None]
-    rows.update(zip(untimed, _counts([tables[t] for t in untimed]), strict=True))
+    untimed = [t for t, b in bounds.items() if b is None]  # system_info, benchmark_result
+    counts = collect_all([tables[t].select(pl.len()) for t in untimed])
+    rows.update((t, int(n.item())) for t, n in zip(untimed, counts, strict=True))
     ends = [e for b in bounds.values() if b is not None and b[0] for e in b[1:]]
     ends += [m.t_us for m in markers if not m.label.startswith("≈")]  # ±1 s: not a bound
     span = (min(ends), max(ends)) if ends else None

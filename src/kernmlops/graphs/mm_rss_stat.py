@@ -26,10 +26,10 @@ if TYPE_CHECKING:
 #: RSS as /proc/<pid>/status counts it (swap is not resident).
 RSS_MEMBERS = ("file", "anon", "shmem")
 TOP_PROCESSES = 8
-#: Rows replayed at once (tens of MiB): a larger table is replayed in time slices of
+#: Rows replayed at once (about 40 MiB): a larger table is replayed in time slices of
 #: about this many rows, cut at equal steps of its time span, 16 a slice on average
 #: (a step holding more is a slice alone).
-SLICE_ROWS = 1_000_000
+SLICE_ROWS = 250_000
 
 F = TypeVar("F", pl.DataFrame, pl.LazyFrame)
 
@@ -63,13 +63,14 @@ def rss_series(frame: F) -> F:
 
 def _slices(frame: pl.LazyFrame) -> list[pl.Expr | None]:
     """Filters cutting ``frame`` into time slices of about SLICE_ROWS rows, in time
-    order ([None]: it is one slice)."""
+    order ([None]: it is one slice). Each is a range of the timestamps themselves,
+    so a scan skips the row groups outside it (their statistics say so)."""
     ts = pl.col(UPTIME_TIMESTAMP)
     n, lo, hi = collect(frame.select(row_count(UPTIME_TIMESTAMP), lo=ts.min(), hi=ts.max())).row(0)
     if n <= SLICE_ROWS:
         return [None]
-    steps = 16 * math.ceil(n / SLICE_ROWS)
-    step = (ts.cast(pl.Int64) - lo) * steps // (hi - lo + 1)
+    steps, width = 16 * math.ceil(n / SLICE_ROWS), hi - lo + 1
+    step = (ts.cast(pl.Int64) - lo) * steps // width
     per_step = collect(frame.group_by(step.alias("step")).agg(n=row_count(UPTIME_TIMESTAMP)))
     cuts, rows = [0], 0
     for at, k in per_step.sort("step").iter_rows():
@@ -77,7 +78,9 @@ def _slices(frame: pl.LazyFrame) -> list[pl.Expr | None]:
             cuts.append(at)
             rows = 0
         rows += k
-    return [step.is_between(a, b, closed="left") for a, b in pairwise([*cuts, steps])]
+    # step >= a exactly where ts >= lo + ceil(a * width / steps)
+    edges = [lo - (-a * width // steps) for a in [*cuts, steps]]
+    return [ts.is_between(a, b, closed="left") for a, b in pairwise(edges)]
 
 
 def rss_replay(frame: pl.LazyFrame, time_bin: pl.Expr) -> tuple[pl.DataFrame, pl.DataFrame]:
