@@ -8,6 +8,7 @@ import pytest
 
 from kernmlops.data import Collection
 from kernmlops.graphs.base import (
+    Distribution,
     Timeline,
     format_bytes,
     format_duration_us,
@@ -38,6 +39,7 @@ from tests.graphs.conftest import (
 )
 
 MIB = 1 << 20
+STATIC = {"system_info", "benchmark_result"}
 
 
 def test_busy_fraction_splits_each_quantum_over_the_bins_it_ran_in() -> None:
@@ -54,6 +56,20 @@ def test_busy_fraction_splits_each_quantum_over_the_bins_it_ran_in() -> None:
     assert cpus.tolist() == [0, 1]
     np.testing.assert_allclose(busy[0], [1, 1, 1, 1, 1, 0, 0, 0.5, 0, 0])
     np.testing.assert_allclose(busy[1], [0, 0.5, 1, 0.5, 0, 0, 0, 0, 0, 0])
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_quantiles_from_value_counts_are_those_of_the_rows(seed: int) -> None:
+    """Exactly numpy's default (linear) and polars' default (nearest), ties and all."""
+    rng = np.random.default_rng(seed)
+    values = rng.integers(0, rng.integers(2, 50), rng.integers(1, 400)).astype(np.uint64)
+    dist = Distribution.of(pl.DataFrame({"v": values}), "v")
+    assert dist.size == values.size and dist.max() == values.max()
+    assert dist.mean() == pytest.approx(values.mean())
+    series = pl.Series(values).cast(pl.Float64)
+    for q in [0, 0.01, 0.25, 0.5, 0.5 + 1e-9, 0.75, 0.9, 0.99, 1, *rng.random(20)]:
+        assert dist.quantile(q) == np.quantile(values, q), q
+        assert dist.quantile(q, "nearest") == series.quantile(q, "nearest"), q
 
 
 def test_log_bins_are_whole_numbers_that_cover_the_values() -> None:
@@ -158,7 +174,11 @@ def test_select_keeps_the_process_and_leaves_system_tables_whole() -> None:
     assert out["memory_usage"].equals(tables["memory_usage"])
     assert {"memory_usage", "perf_counters"} <= wide
     assert "system_info" not in wide and "quanta_runtime" not in wide
-    assert kept == sum(out[t].height for t in out if t not in wide | {"system_info"}) - 1
+    # rows kept per selected table (benchmark_result, static, neither kept nor wide)
+    assert kept == {t: out[t].height for t in out if t not in wide | STATIC}
+    assert (
+        sum(kept.values()) == sum(out[t].height for t in out if t not in wide | {"system_info"}) - 1
+    )
 
 
 # -- per-table arithmetic ------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -10,9 +11,11 @@ import pytest
 from click.testing import CliRunner
 
 from kernmlops.data import Collection, read_collection
+from kernmlops.errors import CollectionError
 from kernmlops.graphs import GraphFailure, SelectionError, figure, graph_registry, load, render
-from kernmlops.graphs._render import GraphError
-from kernmlops.graphs.cli import graph_command
+from kernmlops.graphs._render import GraphError, figures
+from kernmlops.graphs._report import table_summary
+from kernmlops.graphs.cli import graph_command, report_command
 from kernmlops.graphs.quanta_runtime import busy_fraction
 from kernmlops.hooks import REGISTRY as HOOKS
 from tests.graphs.conftest import (
@@ -21,6 +24,7 @@ from tests.graphs.conftest import (
     EXPECTED,
     WORKER,
     assert_png,
+    assert_self_contained,
     synthetic_tables,
     write_collection,
 )
@@ -101,8 +105,8 @@ def test_selection_by_tgid_and_comm(synthetic: Collection, tmp_path: Path) -> No
     by_tgid = load(synthetic, tgid=WORKER)
     by_comm = load(synthetic, comm="worker")
     for data in (by_tgid, by_comm):
-        frame = data.frame("quanta_runtime")
-        assert set(frame["tgid"].to_list()) == {WORKER}
+        frame = data.frame("quanta_runtime")  # scanned: collected only to look at it
+        assert set(frame.collect()["tgid"].to_list()) == {WORKER}
         # the worker ran every other 2 ms quantum on both CPUs: half of each CPU
         _, busy = busy_fraction(frame, data.origin_us, data.timeline([frame], target=10))
         assert np.median(busy) == pytest.approx(0.5, abs=0.02)
@@ -182,19 +186,68 @@ def test_graph_command_on_a_folder_that_is_no_collection(tmp_path: Path) -> None
     assert "no manifest" in result.output
 
 
-def test_graph_of_a_collection_larger_than_the_memory_left_is_one_line(
-    synthetic: Collection, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def _collected(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The rows of every result polars collects from now on."""
+    heights: list[int] = []
+    collect, collect_all = pl.LazyFrame.collect, pl.collect_all
+
+    def one(self: pl.LazyFrame, *args: Any, **kwargs: Any) -> pl.DataFrame:
+        found = collect(self, *args, **kwargs)
+        heights.append(found.height)
+        return found
+
+    def every(frames: Any, *args: Any, **kwargs: Any) -> list[pl.DataFrame]:
+        found = collect_all(frames, *args, **kwargs)
+        heights.extend(f.height for f in found)
+        return found
+
+    monkeypatch.setattr(pl.LazyFrame, "collect", one)
+    monkeypatch.setattr(pl, "collect_all", every)
+    return heights
+
+
+def test_a_collection_larger_than_the_memory_left_is_drawn_not_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """With 1 KiB of memory left, reading the collection is refused, and `graph` and
+    `report` still draw every graph: they scan it, and what they collect does not
+    grow with its rows: with each event table 200 times over, no query collects
+    more rows than on the tables once, fewer than any of those tables has."""
+    tables = synthetic_tables()
+    small = write_collection(tmp_path / "small", tables)
+    events = ("process_trace", "quanta_runtime", "quanta_queued_time", "mm_rss_stat",
+              "page_faults", "sched_migrate", "syscalls", "block_io")  # fmt: skip
+    many = {t: pl.concat([f] * 200) if t in events else f for t, f in tables.items()}
+    large = write_collection(tmp_path / "large", many)
+    # replayed a few rows at a time, as a table past a million rows is
+    monkeypatch.setattr("kernmlops.graphs.mm_rss_stat.SLICE_ROWS", 2)
     monkeypatch.setattr("kernmlops.host.meminfo.available_bytes", lambda: 1 << 10)
-    result = CliRunner().invoke(graph_command, [str(synthetic.path), "-o", str(tmp_path / "g")])
-    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
-    assert "of memory and 1.0 KiB is available: scan it instead" in result.output
-    assert not (tmp_path / "g").exists()  # nothing made
+    with pytest.raises(CollectionError, match=r"memory and 1\.0 KiB is available: scan it"):
+        read_collection(small)
+
+    # the queries of a report (every figure, every table's summary) on each
+    heights = _collected(monkeypatch)
+    data = load(small)
+    assert len([fig for _, fig in figures(data)]) == len(EXPECTED)
+    table_summary(data)
+    most_small, heights[:] = max(heights), []
+    page = tmp_path / "large.html"
+    runner = CliRunner()
+    result = runner.invoke(report_command, [str(large), "-o", str(page), "--dpi", "40"])
+    assert result.exit_code == 0, result.output
+    assert len(assert_self_contained(page.read_text())) == len(EXPECTED)
+    # an event table collected whole would be the largest result
+    assert max(heights) == most_small < min(many[t].height for t in events)
+
+    figs = tmp_path / "figs"
+    result = runner.invoke(graph_command, [str(large), "-o", str(figs), "--dpi", "40"])
+    assert result.exit_code == 0, result.output
+    assert {p.stem for p in figs.iterdir()} == set(EXPECTED)
 
 
 def test_empty_selection_of_a_system_table_draws_it_whole(synthetic: Collection) -> None:
     data = load(synthetic, tgid=WORKER)
-    assert data.tables["memory_usage"].height == synthetic["memory_usage"].height
+    assert data.tables["memory_usage"].collect().height == synthetic["memory_usage"].height
     fig = figure(data, "memory_usage")
     assert "system-wide" in fig.get_suptitle()
     assert "tgid" in figure(data, "process_events").get_suptitle()

@@ -135,3 +135,31 @@ def test_report_command_errors(tmp_path: Path) -> None:
     )
     assert not_a_collection.exit_code == 2 and "no manifest" in not_a_collection.output
     assert not (tmp_path / "r.html").exists()
+
+
+def test_report_command_only(first: Collection, tmp_path: Path) -> None:
+    out = tmp_path / "only.html"
+    names = ["syscalls_top", "quanta_timeline"]
+    result = CliRunner().invoke(
+        report_command, [str(first.path), "-o", str(out), "--only", ",".join(names)]
+    )
+    assert result.exit_code == 0, result.output
+    text = out.read_text()
+    assert len(assert_self_contained(text)) == 2
+    # in report order (scheduling first), each under its own heading
+    assert re.findall(r'<h3 id="([^"]+)"', text) == ["quanta_timeline", "syscalls_top"]
+    shown = html.unescape(re.sub(r"<[^>]+>", "", text))
+    assert "calls: 44 of 3 syscalls" in shown  # the tables are summarised still
+
+
+def test_report_command_only_refuses_an_unknown_graph(first: Collection, tmp_path: Path) -> None:
+    out = tmp_path / "r.html"
+    result = CliRunner().invoke(
+        report_command, [str(first.path), "-o", str(out), "--only", "syscalls_top,nope"]
+    )
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: unknown graph(s) 'nope'; known: ")
+    assert "Traceback" not in result.output
+    assert not out.exists()
+    assert "--only NAMES" in CliRunner().invoke(report_command, ["--help"]).output

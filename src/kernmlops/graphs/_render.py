@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kernmlops import fileio
-from kernmlops.data import Collection
+from kernmlops.data import Collection, LazyCollection
 from kernmlops.errors import KernmlopsError, OutputError
 from kernmlops.graphs.base import Graph, GraphData, NoData
 from kernmlops.graphs.context import graph_registry, load, unknown_graphs
@@ -180,7 +180,7 @@ def png_bytes(fig: Figure) -> bytes:
 
 
 def figure(
-    collection: Collection | GraphData | str | Path,
+    collection: Collection | LazyCollection | GraphData | str | Path,
     name: str,
     *,
     tgid: int | None = None,
@@ -202,7 +202,7 @@ def figure(
 
 
 def render(
-    collection: Collection | GraphData | str | Path,
+    collection: Collection | LazyCollection | GraphData | str | Path,
     outdir: str | Path | None = None,
     *,
     tgid: int | None = None,

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import base64
 import html
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import yaml
 
 from kernmlops import __version__
-from kernmlops.data import Collection
+from kernmlops.data import Collection, LazyCollection
 from kernmlops.graphs._render import (
     GraphFailure,
     GraphOutputError,
@@ -28,8 +29,8 @@ from kernmlops.graphs._render import (
     png_bytes,
     write_atomic,
 )
-from kernmlops.graphs.base import US_PER_S, GraphData, format_bytes
-from kernmlops.graphs.context import graph_registry, load, table_view
+from kernmlops.graphs.base import US_PER_S, GraphData, collect, format_bytes
+from kernmlops.graphs.context import graph_registry, load, table_view, unknown_graphs
 from kernmlops.tables import UPTIME_TIMESTAMP
 
 __all__ = ["report"]
@@ -181,13 +182,13 @@ def _system(col: _Column) -> str:
 
 
 def _results(col: _Column) -> str:
-    frame = col.data.tables.get("benchmark_result")
-    if frame is None or frame.is_empty():
+    if not col.data.count("benchmark_result"):
         return '<div class="none">no benchmark results</div>'
-    cols = [c for c in ("key", "metric", "value", "unit") if c in frame.columns]
+    frame = col.data.tables["benchmark_result"]
+    cols = [c for c in ("key", "metric", "value", "unit") if c in frame.collect_schema()]
     head = "".join(f'<th class="{"num" if c == "value" else ""}">{_e(c)}</th>' for c in cols)
     body = []
-    for row in frame.select(cols).iter_rows(named=True):
+    for row in collect(frame.select(cols)).iter_rows(named=True):  # a row per metric
         cells = []
         for c in cols:
             v = row[c]
@@ -232,19 +233,26 @@ def _hooks(col: _Column) -> str:
 
 
 def table_summary(data: GraphData) -> list[dict[str, Any]]:
-    """Per table: rows, time span, processes and the view's key statistics."""
+    """Per table: rows, time span, processes and the view's key statistics (each
+    from a query over the table: none is read)."""
     out = []
     for name, frame in data.tables.items():
-        entry: dict[str, Any] = {"table": name, "rows": frame.height, "span_s": None}
-        if UPTIME_TIMESTAMP in frame.columns and frame.height:
-            ts = frame[UPTIME_TIMESTAMP]
-            entry["span_s"] = (int(ts.max()) - int(ts.min())) / US_PER_S  # type: ignore[arg-type]
+        rows = data.count(name)
+        entry: dict[str, Any] = {"table": name, "rows": rows, "span_s": None, "processes": None}
         view = table_view(name)
-        col = view.tgid_column
-        entry["processes"] = (
-            frame[col].n_unique() if col and col in frame.columns and frame.height else None
-        )
-        entry["stats"] = view.summary(frame) if frame.height else []
+        columns = frame.collect_schema()
+        facts = {}
+        if UPTIME_TIMESTAMP in columns:
+            ts = pl.col(UPTIME_TIMESTAMP)
+            facts["span_us"] = (ts.max() - ts.min()).cast(pl.Int64)
+        if view.tgid_column and view.tgid_column in columns:
+            facts["processes"] = pl.col(view.tgid_column).n_unique()
+        if rows and facts:
+            found = collect(frame.select(**facts)).row(0, named=True)
+            if "span_us" in found:
+                entry["span_s"] = found["span_us"] / US_PER_S
+            entry["processes"] = found.get("processes")
+        entry["stats"] = view.summary(frame) if rows else []
         out.append(entry)
     return out
 
@@ -307,8 +315,9 @@ def _row(columns: list[_Column], render_cell) -> str:
 
 
 def report(
-    collections: Sequence[Collection | GraphData | str | Path]
+    collections: Sequence[Collection | LazyCollection | GraphData | str | Path]
     | Collection
+    | LazyCollection
     | GraphData
     | str
     | Path,
@@ -316,6 +325,7 @@ def report(
     *,
     tgid: int | None = None,
     comm: str | None = None,
+    graphs: Iterable[str] | None = None,
     dpi: int = 100,
     errors: list[GraphFailure] | None = None,
 ) -> Path:
@@ -325,13 +335,17 @@ def report(
         collections: one or more collection folders (side by side, in this order).
         out: the HTML file to write.
         tgid, comm: draw and summarise only this process (or processes of this name).
+        graphs: graph names to draw (default: all whose tables exist).
         dpi: resolution of the embedded figures.
         errors: collect graphs that fail here (shown in the page) instead of raising.
     """
-    if isinstance(collections, str | Path | Collection | GraphData):
+    if isinstance(collections, str | Path | Collection | LazyCollection | GraphData):
         collections = [collections]
     if not collections:
         raise ValueError("report needs at least one collection")
+    names = list(graphs) if graphs is not None else None
+    if names is not None:
+        unknown_graphs(names)  # before the page's folder is made
     shown = Path(out)
     path = shown.absolute()
     # held (made if missing) before the work of drawing, as `kernmlops report` holds it:
@@ -341,16 +355,17 @@ def report(
         target = folder / path.name
         if target.is_dir() and not target.is_symlink():
             raise GraphOutputError(f"cannot write the report {shown}: it is a folder")
-        page = _page(collections, tgid=tgid, comm=comm, dpi=dpi, errors=errors)
+        page = _page(collections, tgid=tgid, comm=comm, graphs=names, dpi=dpi, errors=errors)
         write_atomic(target, page.encode("utf-8"))
     return shown
 
 
 def _page(
-    collections: Sequence[Collection | GraphData | str | Path],
+    collections: Sequence[Collection | LazyCollection | GraphData | str | Path],
     *,
     tgid: int | None,
     comm: str | None,
+    graphs: list[str] | None,
     dpi: int,
     errors: list[GraphFailure] | None,
 ) -> str:
@@ -360,7 +375,8 @@ def _page(
         data = c if isinstance(c, GraphData) else load(c, tgid=tgid, comm=comm)
         col = _Column(data)
         failures: list[GraphFailure] = []
-        for graph, fig in figures(data, dpi=dpi, errors=failures if errors is not None else None):
+        drawn = figures(data, graphs, dpi=dpi, errors=failures if errors is not None else None)
+        for graph, fig in drawn:
             b64 = base64.b64encode(png_bytes(fig)).decode("ascii")
             col.figures[graph.name] = (graph.title, b64)
         col.failed = {f.graph: f.error for f in failures}

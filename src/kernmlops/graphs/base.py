@@ -7,6 +7,12 @@ tables with the tgid/comm selection applied, one time origin, and the benchmark'
 start and stop. Discovery is the hooks' (:func:`kernmlops.registry.discover`): a new
 module is all a new table's graphs need.
 
+Tables are LazyFrames, scanned and not read: a ten-minute switch storm collects
+billions of rows, more than memory holds. A graph asks polars for what it draws
+(rows per time bin, per CPU pair, per value) and collects only that, with the
+streaming engine (:func:`collect`), so its memory grows with the figure, never
+with the rows.
+
 A table that needs more than the defaults (another tgid column, its own summary in
 the report) says so with a :class:`TableView` in the same module.
 
@@ -19,7 +25,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 import polars as pl
@@ -31,9 +37,10 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from kernmlops.data import Collection
+    from kernmlops.data import Collection, LazyCollection
 
 __all__ = [
+    "Distribution",
     "Graph",
     "GraphData",
     "Marker",
@@ -41,11 +48,15 @@ __all__ = [
     "SelectionError",
     "TableView",
     "Timeline",
+    "collect",
+    "collect_all",
+    "counted",
     "duration_axis",
     "format_bytes",
     "format_duration_us",
     "log_bins",
     "nice_bin_s",
+    "row_count",
 ]
 
 US_PER_S = 1_000_000
@@ -57,6 +68,92 @@ class NoData(Exception):
 
 class SelectionError(KernmlopsError):
     """A --tgid / --comm selection matches nothing in the collection."""
+
+
+# -- queries ---------------------------------------------------------------------------
+
+
+def collect(frame: pl.LazyFrame) -> pl.DataFrame:
+    """``frame`` collected by polars' streaming engine: the scan is read in batches
+    and only the result is held (the in-memory engine reads every column it needs
+    whole first)."""
+    return frame.collect(engine="streaming")
+
+
+def collect_all(frames: Sequence[pl.LazyFrame]) -> list[pl.DataFrame]:
+    """:func:`collect` of several queries at once (polars runs them side by side)."""
+    return pl.collect_all(list(frames), engine="streaming") if frames else []
+
+
+def row_count(column: str) -> pl.Expr:
+    """The rows where ``column`` is set, as a 64-bit count: ``pl.len()`` stops at
+    2^32 rows in polars' default build, fewer than a ten-minute storm collects."""
+    return pl.col(column).is_not_null().cast(pl.UInt64).sum()
+
+
+def counted(frame: pl.DataFrame | pl.LazyFrame, column: str, *by: str) -> pl.LazyFrame:
+    """How many rows have each value of ``column`` (per ``by``), nulls left out:
+    columns ``by``..., ``column``, ``n``. What a histogram, a mean and exact
+    quantiles need, in memory that grows with the distinct values (a whole-µs
+    column's range), not with the rows."""
+    return (
+        frame.lazy()
+        .filter(pl.col(column).is_not_null())
+        .group_by(*by, column)
+        .agg(n=row_count(column))
+    )
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """A column's values as the distinct values (ascending) and the rows of each."""
+
+    values: np.ndarray
+    counts: np.ndarray
+
+    @classmethod
+    def of(cls, frame: pl.DataFrame | pl.LazyFrame, column: str) -> Distribution:
+        return cls.from_counts(collect(counted(frame, column)), column)
+
+    @classmethod
+    def from_counts(cls, counts: pl.DataFrame, column: str) -> Distribution:
+        """From a :func:`counted` result (a value may come once per group)."""
+        values, where = np.unique(counts[column].to_numpy(), return_inverse=True)
+        rows = np.bincount(where.ravel(), weights=counts["n"].to_numpy(), minlength=values.size)
+        return cls(values, rows.astype(np.int64))
+
+    @property
+    def size(self) -> int:
+        return int(self.counts.sum())
+
+    def max(self) -> float:
+        return float(self.values[-1])
+
+    def mean(self) -> float:
+        return float(np.dot(self.values.astype(np.float64), self.counts) / self.size)
+
+    def histogram(self, bins: np.ndarray) -> np.ndarray:
+        """Rows per bin, the values clipped to >= 1 (zeros belong to the first bin)."""
+        counts, _ = np.histogram(np.clip(self.values, 1, None), bins=bins, weights=self.counts)
+        return counts
+
+    def quantile(self, q: float, method: Literal["linear", "nearest"] = "linear") -> float:
+        """The ``q`` quantile, exactly that of the rows themselves: ``linear`` as
+        numpy's default (np.quantile, the figures' p50 and p99), ``nearest`` as
+        polars' default (Series.quantile, the report's summaries). From the value
+        counts, because polars' own quantile in a query gathers the whole column."""
+        ends = np.cumsum(self.counts)
+
+        def nth(k: int) -> float:  # the k-th row (from 0) in value order
+            return float(self.values[np.searchsorted(ends, k, side="right")])
+
+        at = (self.size - 1) * q
+        if method == "nearest":
+            return nth(math.floor(at + 0.5))  # polars rounds the index half up
+        lo = math.floor(at)
+        a, b, t = nth(lo), nth(min(lo + 1, self.size - 1)), at - lo
+        # numpy's _lerp: from the nearer end, so t = 1 gives b exactly
+        return a + (b - a) * t if t < 0.5 else b - (b - a) * (1 - t)
 
 
 # -- tables ------------------------------------------------------------------------------
@@ -75,32 +172,34 @@ class TableView:
     #: column with a unit suffix, at most six)
     key_columns: ClassVar[tuple[str, ...] | None] = None
 
-    def summary(self, frame: pl.DataFrame) -> list[tuple[str, str]]:
-        """(label, value) pairs for the report: count, mean, p50, p99, max of each
-        key column, formatted in its unit."""
+    def summary(self, frame: pl.DataFrame | pl.LazyFrame) -> list[tuple[str, str]]:
+        """(label, value) pairs for the report: mean, p50, p99, max of each key
+        column, formatted in its unit (from each column's value counts: the table
+        is not read)."""
+        keys = self.keys(frame)
         out = []
-        for col in self.keys(frame):
-            values = frame[col].drop_nulls()
-            if values.is_empty():
+        for col, counts in zip(keys, collect_all([counted(frame, c) for c in keys]), strict=True):
+            if counts.is_empty():
                 continue
-            values = values.cast(pl.Float64)
-            q = values.quantile
+            dist = Distribution.from_counts(counts, col)
+            q = dist.quantile
             fmt = unit_formatter(col)
             out.append(
                 (
                     col,
-                    f"mean {fmt(values.mean())} · p50 {fmt(q(0.5))} · "
-                    f"p99 {fmt(q(0.99))} · max {fmt(values.max())}",
+                    f"mean {fmt(dist.mean())} · p50 {fmt(q(0.5, 'nearest'))} · "
+                    f"p99 {fmt(q(0.99, 'nearest'))} · max {fmt(dist.max())}",
                 )
             )
         return out
 
-    def keys(self, frame: pl.DataFrame) -> list[str]:
+    def keys(self, frame: pl.DataFrame | pl.LazyFrame) -> list[str]:
+        schema = frame.collect_schema()
         if self.key_columns is not None:
-            return [c for c in self.key_columns if c in frame.columns]
+            return [c for c in self.key_columns if c in schema]
         found = [
             c
-            for c, dtype in frame.schema.items()
+            for c, dtype in schema.items()
             if c != UPTIME_TIMESTAMP
             and dtype.is_numeric()
             and c.endswith(("_us", "_ns", "_bytes"))
@@ -219,9 +318,11 @@ class Timeline:
     def centers(self) -> np.ndarray:
         return self.start + self.width * (np.arange(self.nbins) + 0.5)
 
-    def per_second(self, frame_bins: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
-        """Rows (or ``weights``) per bin, divided by the bin width: a rate per second."""
-        return np.bincount(frame_bins, weights=weights, minlength=self.nbins) / self.width
+    def per_second(self, bins: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+        """Rows per bin (``bins``: each row's bin, or each count's in ``weights``, as
+        :meth:`GraphData.per_bin` gives them), divided by the bin width: a rate per
+        second."""
+        return np.bincount(bins, weights=weights, minlength=self.nbins) / self.width
 
 
 @dataclass(frozen=True)
@@ -238,8 +339,9 @@ class GraphData:
     """One collection as its graphs see it.
 
     Attributes:
-        collection: the collection read from disk.
-        tables: each table with the selection applied (system-wide tables whole).
+        collection: the collection, scanned (or read, where one was handed in).
+        tables: each table as a LazyFrame with the selection applied (system-wide
+            tables whole).
         origin_us: time zero of every time axis (``ts_uptime_us``): the benchmark's
             start where the collection shows it exactly, else its first event.
         origin_label: what time zero is, for axis labels.
@@ -250,10 +352,11 @@ class GraphData:
         names: tgid -> process name (comm), from whatever tables name processes.
         span_us: first and last timestamp of the whole collection (before selection),
             markers included.
+        rows: each table's rows after the selection (counted where missing).
     """
 
-    collection: Collection
-    tables: dict[str, pl.DataFrame]
+    collection: Collection | LazyCollection
+    tables: dict[str, pl.LazyFrame]
     origin_us: int
     origin_label: str
     markers: list[Marker] = field(default_factory=list)
@@ -264,6 +367,7 @@ class GraphData:
     span_us: tuple[int, int] | None = None
     #: the manifest as plain values, its types checked (_manifest.checked_manifest)
     manifest_data: dict[str, Any] | None = None
+    rows: dict[str, int] = field(default_factory=dict)
 
     @property
     def manifest(self) -> dict[str, Any]:
@@ -274,40 +378,60 @@ class GraphData:
             self.manifest_data = checked_manifest(self.collection)
         return self.manifest_data
 
-    def frame(self, table: str) -> pl.DataFrame:
-        """The table's selected rows; NoData when there are none."""
-        frame = self.tables.get(table)
-        if frame is None or frame.is_empty():
-            raise NoData(table)
-        return frame
+    def count(self, table: str) -> int:
+        """The table's rows after the selection (0 for a table it does not have)."""
+        if table not in self.rows:
+            frame = self.tables.get(table)
+            self.rows[table] = 0 if frame is None else int(collect(frame.select(pl.len())).item())
+        return self.rows[table]
 
-    def optional(self, table: str) -> pl.DataFrame | None:
-        frame = self.tables.get(table)
-        return None if frame is None or frame.is_empty() else frame
+    def frame(self, table: str) -> pl.LazyFrame:
+        """The table's selected rows; NoData when there are none."""
+        if not self.count(table):
+            raise NoData(table)
+        return self.tables[table]
 
     def seconds(self, frame: pl.DataFrame, column: str = UPTIME_TIMESTAMP) -> np.ndarray:
         """``column`` (µs of CLOCK_MONOTONIC) as seconds since the origin."""
         ts = frame[column].cast(pl.Int64).to_numpy()
         return (ts - self.origin_us) / US_PER_S
 
-    def timeline(self, frames: Sequence[pl.DataFrame] = (), target: int = 150) -> Timeline:
+    def timeline(self, frames: Sequence[pl.LazyFrame] = (), target: int = 150) -> Timeline:
         """Round time bins over the whole collection (so the time axes of one
         collection line up, and a selection's idle stretches show as zero), or over
         ``frames``' timestamps where the collection's span is not known."""
         if self.span_us is not None:
             lo, hi = self.span_us
         else:
-            lo = min(int(f[UPTIME_TIMESTAMP].min()) for f in frames)  # type: ignore[arg-type]
-            hi = max(int(f[UPTIME_TIMESTAMP].max()) for f in frames)  # type: ignore[arg-type]
+            ts = pl.col(UPTIME_TIMESTAMP)
+            bounds = collect(
+                pl.concat([f.select(lo=ts.min(), hi=ts.max()) for f in frames]).select(
+                    pl.col("lo").min(), pl.col("hi").max()
+                )
+            )
+            lo, hi = int(bounds["lo"].item()), int(bounds["hi"].item())
         width = nice_bin_s((hi - lo) / US_PER_S, target)
         start = math.floor((lo - self.origin_us) / US_PER_S / width) * width
         end = (hi - self.origin_us) / US_PER_S
         return Timeline(start, width, max(math.floor((end - start) / width) + 1, 1))
 
-    def bin_of(self, frame: pl.DataFrame, timeline: Timeline) -> np.ndarray:
-        """The timeline bin of each row of ``frame``."""
-        idx = np.floor((self.seconds(frame) - timeline.start) / timeline.width).astype(np.int64)
-        return np.clip(idx, 0, timeline.nbins - 1)
+    def time_bin(self, timeline: Timeline) -> pl.Expr:
+        """The timeline bin of each row (column ``bin``), in the arithmetic of
+        :meth:`seconds`, so a row on a bin's edge falls where numpy put it."""
+        seconds = (pl.col(UPTIME_TIMESTAMP).cast(pl.Int64) - self.origin_us) / US_PER_S
+        index = ((seconds - timeline.start) / timeline.width).floor().cast(pl.Int64)
+        return index.clip(0, timeline.nbins - 1).alias("bin")
+
+    def per_bin(
+        self, frame: pl.LazyFrame, timeline: Timeline, *by: str, **sums: pl.Expr
+    ) -> pl.DataFrame:
+        """Rows per timeline bin (``n``) of ``frame``, per ``by``, with each of ``sums``
+        summed: the few hundred rows a rate over time is drawn from."""
+        return collect(
+            frame.group_by(*by, self.time_bin(timeline)).agg(
+                n=row_count(UPTIME_TIMESTAMP), **{k: e.sum() for k, e in sums.items()}
+            )
+        )
 
     def scope(self, table: str) -> str:
         """'' for a selected table, ' (system-wide)' where the selection does not apply."""

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-import numpy as np
 import polars as pl
 
 from kernmlops.graphs.base import (
+    Distribution,
     Graph,
     GraphData,
     TableView,
+    collect_all,
+    counted,
     duration_axis,
     format_duration_us,
     log_bins,
@@ -30,15 +32,20 @@ class BlockIoView(TableView):
     key_columns = (SERVICE, QUEUE, "bytes")
 
 
-def _op_groups(frame: pl.DataFrame) -> list[tuple[str, pl.DataFrame]]:
-    op = pl.when(pl.col("op").is_in(list(MAIN_OPS))).then(pl.col("op")).otherwise(pl.lit("other"))
-    tagged = frame.with_columns(op_group=op)
+def _op_groups(counts: pl.DataFrame) -> list[tuple[str, pl.DataFrame]]:
+    """The rows of ``counts`` (per ``op_group``, see _tagged) of each op group, in
+    drawing order; groups without rows left out."""
     groups = []
     for name in (*MAIN_OPS, "other"):
-        part = tagged.filter(pl.col("op_group") == name)
+        part = counts.filter(pl.col("op_group") == name)
         if not part.is_empty():
             groups.append((name, part))
     return groups
+
+
+def _tagged(frame: pl.LazyFrame) -> pl.LazyFrame:
+    op = pl.when(pl.col("op").is_in(list(MAIN_OPS))).then(pl.col("op")).otherwise(pl.lit("other"))
+    return frame.with_columns(op_group=op)
 
 
 class BlockIoLatency(Graph):
@@ -51,28 +58,29 @@ class BlockIoLatency(Graph):
     figsize: ClassVar[tuple[float, float]] = (11.0, 4.8)
 
     def draw(self, data: GraphData, fig: Figure) -> None:
-        frame = data.frame("block_io")
+        frame = _tagged(data.frame("block_io"))
         axes = fig.subplots(1, 2)
-        for ax, column, what in (
-            (axes[0], SERVICE, "device service time (issue → complete)"),
-            (axes[1], QUEUE, "queued before issue (insert → issue)"),
+        columns = (SERVICE, QUEUE)
+        per_column = collect_all([counted(frame, c, "op_group") for c in columns])
+        for ax, column, counts, what in (
+            (axes[0], SERVICE, per_column[0], "device service time (issue → complete)"),
+            (axes[1], QUEUE, per_column[1], "queued before issue (insert → issue)"),
         ):
             drawn = False
-            present = frame[column].drop_nulls()
-            bins = log_bins(present.to_numpy()) if len(present) else None
-            for op, part in _op_groups(frame):
-                values = part[column].drop_nulls().to_numpy()
-                if values.size == 0 or bins is None:
+            present = Distribution.from_counts(counts, column)
+            bins = log_bins(present.values) if present.size else None
+            for op, part in _op_groups(counts):
+                dist = Distribution.from_counts(part, column)
+                if dist.size == 0 or bins is None:
                     continue
-                counts, edges = np.histogram(np.clip(values, 1, None), bins=bins)
                 # a share of each op's requests: a rare op's shape stays visible
-                p50, p99 = np.quantile(values, [0.5, 0.99])
+                p50, p99 = dist.quantile(0.5), dist.quantile(0.99)
                 ax.stairs(
-                    counts / values.size,
-                    edges,
+                    dist.histogram(bins) / dist.size,
+                    bins,
                     color=OP_COLORS[op],
                     linewidth=1.5,
-                    label=f"{op}: {values.size:,} · p50 {format_duration_us(p50)} · "
+                    label=f"{op}: {dist.size:,} · p50 {format_duration_us(p50)} · "
                     f"p99 {format_duration_us(p99)}",
                 )
                 drawn = True
@@ -99,14 +107,15 @@ class BlockIoRate(Graph):
     def draw(self, data: GraphData, fig: Figure) -> None:
         frame = data.frame("block_io")
         tl = data.timeline([frame])
+        counts = data.per_bin(_tagged(frame), tl, "op_group", bytes=pl.col("bytes").cast(pl.UInt64))
         iops_ax, mib_ax = fig.subplots(2, 1, sharex=True)
-        for op, part in _op_groups(frame):
-            bins = data.bin_of(part, tl)
+        for op, part in _op_groups(counts):
+            bins = part["bin"].to_numpy()
             kw = {"where": "mid", "color": OP_COLORS[op], "label": op, "linewidth": 1.3}
-            iops_ax.step(tl.centers, tl.per_second(bins), **kw)
+            iops_ax.step(tl.centers, tl.per_second(bins, part["n"].to_numpy()), **kw)
             if op in MAIN_OPS:  # a DISCARD's or FLUSH's size is no data moved
-                mib = tl.per_second(bins, part["bytes"].cast(pl.Float64).to_numpy()) / (1 << 20)
-                mib_ax.step(tl.centers, mib, **kw)
+                moved = part["bytes"].cast(pl.Float64).to_numpy()
+                mib_ax.step(tl.centers, tl.per_second(bins, moved) / (1 << 20), **kw)
         iops_ax.set_ylabel("requests/s")
         mib_ax.set_ylabel("MiB/s (reads and writes)")
         iops_ax.set_title(

@@ -38,6 +38,19 @@ def _selection_options(command):
     )(command)
 
 
+def _only_option(command):
+    return click.option(
+        "--only",
+        metavar="NAMES",
+        help="comma-separated graph names (default: every graph whose tables exist; "
+        "`kernmlops graph --list` lists them).",
+    )(command)
+
+
+def _names(only: str | None) -> list[str] | None:
+    return [n.strip() for n in only.split(",") if n.strip()] if only else None
+
+
 def _report_failures(failures: list) -> None:
     for f in failures:
         console.print(f"[red]graph {f.graph} failed:[/] {f.error}", markup=True, soft_wrap=True)
@@ -51,11 +64,7 @@ def _report_failures(failures: list) -> None:
     type=click.Path(file_okay=False, path_type=Path),
     help="where the PNGs go (default: COLLECTION/graphs).",
 )
-@click.option(
-    "--only",
-    metavar="NAMES",
-    help="comma-separated graph names (default: every graph whose tables exist).",
-)
+@_only_option
 @click.option("--list", "list_only", is_flag=True, help="list the graphs and the tables they need.")
 @_selection_options
 def graph_command(
@@ -90,7 +99,7 @@ def graph_command(
         raise click.UsageError("Missing argument 'COLLECTION'.")
     if tgid is not None and comm is not None:
         raise click.UsageError("--tgid and --comm exclude each other")
-    names = [n.strip() for n in only.split(",") if n.strip()] if only else None
+    names = _names(only)
     from kernmlops.data import read_collection
     from kernmlops.graphs.context import load, unknown_graphs
 
@@ -98,8 +107,9 @@ def graph_command(
     try:
         if names is not None:
             unknown_graphs(names)
-        # read (and refused) before a folder is made
-        data = load(read_collection(collection), tgid=tgid, comm=comm)
+        # scanned (and refused) before a folder is made; never read whole: each graph
+        # collects what it draws, so a collection larger than memory is drawn too
+        data = load(read_collection(collection, lazy=True), tgid=tgid, comm=comm)
         # render holds the folder open (no link planted on the way followed); under
         # sudo the PNGs are the user's, handed over through the held folder
         written = render(
@@ -127,10 +137,12 @@ def graph_command(
     show_default=True,
     help="the HTML file to write.",
 )
+@_only_option
 @_selection_options
 def report_command(
     collections: tuple[Path, ...],
     output: Path,
+    only: str | None,
     tgid: int | None,
     comm: str | None,
     dpi: int,
@@ -141,25 +153,29 @@ def report_command(
     Examples:
       kernmlops report COLLECTION                       -> report.html
       kernmlops report A B -o compare.html              A and B side by side
+      kernmlops report COLLECTION --only quanta_timeline,syscalls_top
 
     The page holds the system, the configuration, each hook's status (events,
     drops), per-table statistics and every figure (inline PNGs: no other file
-    is needed to open it).
+    is needed to open it); --only draws the named figures alone.
     """
     from kernmlops.graphs import report
 
     if tgid is not None and comm is not None:
         raise click.UsageError("--tgid and --comm exclude each other")
+    names = _names(only)
     from kernmlops.data import read_collection
-    from kernmlops.graphs.context import load
+    from kernmlops.graphs.context import load, unknown_graphs
 
     failures: list = []
     try:
-        # read before a file is made
-        cols = [load(read_collection(c), tgid=tgid, comm=comm) for c in collections]
+        if names is not None:
+            unknown_graphs(names)
+        # scanned before a file is made, never read whole (as for `graph`)
+        cols = [load(read_collection(c, lazy=True), tgid=tgid, comm=comm) for c in collections]
         # report holds the page's folder open (no planted link followed); under sudo
         # the page is the user's, handed over through it
-        path = report(cols, output, tgid=tgid, comm=comm, dpi=dpi, errors=failures)
+        path = report(cols, output, tgid=tgid, comm=comm, graphs=names, dpi=dpi, errors=failures)
     except KernmlopsError as err:
         fail(err)
     _report_failures(failures)

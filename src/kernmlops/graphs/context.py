@@ -20,15 +20,17 @@ axes start at its first event.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator, Mapping
 from datetime import datetime
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import polars as pl
 
-from kernmlops.data import Collection, read_collection
-from kernmlops.errors import KernmlopsError
+from kernmlops.data import Collection, LazyCollection, read_collection
+from kernmlops.errors import CollectionError, KernmlopsError
 from kernmlops.graphs._manifest import checked_manifest
 from kernmlops.graphs.base import (
     US_PER_S,
@@ -37,7 +39,10 @@ from kernmlops.graphs.base import (
     Marker,
     SelectionError,
     TableView,
+    collect,
+    collect_all,
     default_view,
+    row_count,
 )
 from kernmlops.registry import discover
 from kernmlops.tables import UPTIME_TIMESTAMP
@@ -49,6 +54,10 @@ _INFRASTRUCTURE = frozenset({"base", "context", "cli"})
 _STATIC_TABLES = frozenset({"system_info", "benchmark_result"})
 
 START_COLOR, STOP_COLOR = "#2ca02c", "#d62728"
+
+#: A table as read (a DataFrame: tests, notebooks) or scanned (a LazyFrame).
+Frame = pl.DataFrame | pl.LazyFrame
+F = TypeVar("F", pl.DataFrame, pl.LazyFrame)
 
 
 @cache
@@ -70,55 +79,81 @@ def table_view(table: str) -> TableView:
     return _views().get(table) or default_view(table)
 
 
-def as_collection(collection: Collection | str | Path) -> Collection:
-    return collection if isinstance(collection, Collection) else read_collection(collection)
+def as_collection(
+    collection: Collection | LazyCollection | str | Path,
+) -> Collection | LazyCollection:
+    """``collection`` as handed in where it is read or scanned already, else its
+    folder scanned (``read_collection(path, lazy=True)``): no table is read whole."""
+    if isinstance(collection, Collection | LazyCollection):
+        return collection
+    return read_collection(collection, lazy=True)
+
+
+def _lazy(tables: Mapping[str, Frame]) -> dict[str, pl.LazyFrame]:
+    return {name: frame.lazy() for name, frame in tables.items()}
 
 
 # -- process names ------------------------------------------------------------------------
 
 
-def _name_rows(tables: dict[str, pl.DataFrame]) -> pl.DataFrame:
-    """(tgid, comm, rank) rows from every table that names processes; lower rank wins."""
-    parts = []
-    trace = tables.get("process_trace")
-    if trace is not None and not trace.is_empty():
-        main = trace.filter(pl.col("pid") == pl.col("tgid"))
-        # A process is named by its last exec; one that never exec'd by its fork.
-        execs = main.filter(pl.col("kind") == "exec").sort(UPTIME_TIMESTAMP, descending=True)
-        forks = main.filter(pl.col("kind") == "fork")
-        parts.append(execs.select("tgid", "comm", rank=pl.lit(0)))
-        parts.append(forks.select("tgid", "comm", rank=pl.lit(1)))
-    for name, frame in tables.items():
-        if name == "process_trace" or frame.is_empty():
+def _name_sources(
+    tables: Mapping[str, Frame],
+) -> list[tuple[int, int, pl.LazyFrame, pl.Expr]]:
+    """(rank, order, rows of (tgid, comm), the name a process has there) of every
+    table that names processes; a lower rank wins, then a lower order."""
+    first = pl.col("comm").first()
+    sources = []
+    for order, (name, frame) in enumerate(_lazy(tables).items()):
+        columns = frame.collect_schema().names()
+        if "comm" not in columns or "tgid" not in columns:
             continue
-        if "comm" in frame.columns and "tgid" in frame.columns:
-            rows = frame
-            if "pid" in frame.columns:
-                rows = frame.filter(pl.col("pid") == pl.col("tgid"))
-            parts.append(rows.select("tgid", "comm", rank=pl.lit(2)))
-    if not parts:
-        return pl.DataFrame(schema={"tgid": pl.Int64, "comm": pl.String, "rank": pl.Int32})
-    return pl.concat(
-        [
-            p.with_columns(pl.col("tgid").cast(pl.Int64), pl.col("rank").cast(pl.Int32))
-            for p in parts
-        ]
-    )
+        rows = frame.with_columns(pl.col("tgid").cast(pl.Int64), pl.col("comm").cast(pl.String))
+        if "pid" in columns:  # the process's own thread, not a thread's name
+            rows = rows.filter(pl.col("pid") == pl.col("tgid"))
+        if name == "process_trace":
+            # A process is named by its last exec; one that never exec'd by its fork.
+            last = pl.col("comm").sort_by(UPTIME_TIMESTAMP, descending=True).first()
+            sources.append((0, 0, rows.filter(pl.col("kind") == "exec"), last))
+            sources.append((1, 0, rows.filter(pl.col("kind") == "fork"), first))
+        else:
+            sources.append((2, order, rows, first))
+    return sources
 
 
-def process_names(tables: dict[str, pl.DataFrame]) -> dict[int, str]:
+def _name_rows(tables: Mapping[str, Frame]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Per source of names (its ``rank`` and ``order``, see _name_sources): each
+    process's first name there (tgid, comm, rank, order), and every (tgid, comm,
+    rank) pair it holds. Both as small as the processes, whatever the rows."""
+    sources = _name_sources(tables)
+    queries = []
+    for rank, order, rows, name in sources:
+        tag = (pl.lit(rank, pl.Int32).alias("rank"), pl.lit(order, pl.Int32).alias("order"))
+        queries.append(rows.group_by("tgid").agg(name).with_columns(*tag))
+        queries.append(rows.select("tgid", "comm").unique().with_columns(tag[0]))
+    found = collect_all(queries)
+    schema = {"tgid": pl.Int64, "comm": pl.String, "rank": pl.Int32}
+    first = pl.concat(found[0::2]) if found else pl.DataFrame(schema={**schema, "order": pl.Int32})
+    pairs = pl.concat(found[1::2]) if found else pl.DataFrame(schema=schema)
+    return first, pairs
+
+
+def process_names(tables: Mapping[str, Frame]) -> dict[int, str]:
     """tgid -> process name: its last exec in process_trace, else its fork, else the
     comm other tables (sched_migrate, block_io) saw for it."""
-    rows = _name_rows(tables)
-    best = rows.group_by("tgid", maintain_order=True).agg(pl.col("comm").sort_by("rank").first())
+    first, _ = _name_rows(tables)
+    best = (
+        first.sort("rank", "order")
+        .group_by("tgid", maintain_order=True)
+        .agg(pl.col("comm").first())
+    )
     return dict(zip(best["tgid"].to_list(), best["comm"].to_list(), strict=True))
 
 
-def tgids_named(tables: dict[str, pl.DataFrame], comm: str) -> set[int]:
+def tgids_named(tables: Mapping[str, Frame], comm: str) -> set[int]:
     """Processes that carried the name ``comm`` (exact, as the kernel truncates it to
     15 characters). A forked child that exec'd something else is not counted under
     its parent's name."""
-    rows = _name_rows(tables)
+    _, rows = _name_rows(tables)
     execd = rows.filter(pl.col("rank") == 0)["tgid"].unique()
     rows = rows.filter(~((pl.col("rank") == 1) & pl.col("tgid").is_in(execd.implode())))
     return set(rows.filter(pl.col("comm") == comm[:15])["tgid"].unique().to_list())
@@ -136,19 +171,21 @@ def _wall_to_uptime_us(wall: Any, boot_unix: Any) -> int | None:
 
 
 def benchmark_markers(
-    manifest: dict[str, Any], trace: pl.DataFrame | None
+    manifest: dict[str, Any], trace: Frame | None
 ) -> tuple[list[Marker], str | None, bool]:
     """(markers, how they were found, whether the start is exact); see the module doc."""
     bench = manifest.get("benchmark") if isinstance(manifest.get("benchmark"), dict) else {}
     pid = bench.get("pid")
     start = stop = None
     source = None
-    if pid and trace is not None and not trace.is_empty():
-        mine = trace.filter(pl.col("pid") == int(pid))
-        execs = mine.filter(pl.col("kind") == "exec")[UPTIME_TIMESTAMP]
-        exits = mine.filter(pl.col("kind") == "exit")[UPTIME_TIMESTAMP]
-        start = int(execs.min()) if len(execs) else None  # type: ignore[arg-type]
-        stop = int(exits.max()) if len(exits) else None  # type: ignore[arg-type]
+    if pid and trace is not None:
+        ts, kind = pl.col(UPTIME_TIMESTAMP), pl.col("kind")
+        found = collect(
+            trace.lazy()
+            .filter(pl.col("pid") == int(pid))
+            .select(start=ts.filter(kind == "exec").min(), stop=ts.filter(kind == "exit").max())
+        )
+        start, stop = (None if v is None else int(v) for v in found.row(0))
         if start is not None or stop is not None:
             source = "process_trace (exec/exit of the benchmark's pid)"
     for key, value in (("started_uptime_us", start), ("stopped_uptime_us", stop)):
@@ -183,48 +220,67 @@ def benchmark_markers(
 # -- selection ------------------------------------------------------------------------------
 
 
-def _busiest(tables: dict[str, pl.DataFrame], names: dict[int, str], n: int = 8) -> str:
-    counts: dict[int, int] = {}
+def _busiest(tables: Mapping[str, pl.LazyFrame], names: dict[int, str], n: int = 8) -> str:
+    queries = []
     for table, frame in tables.items():
         col = table_view(table).tgid_column
-        if col and col in frame.columns and not frame.is_empty():
-            for tgid, k in frame.group_by(col).len().iter_rows():
-                counts[int(tgid)] = counts.get(int(tgid), 0) + k
+        if col and col in frame.collect_schema():
+            queries.append(frame.group_by(pl.col(col).alias("tgid")).agg(n=row_count(col)))
+    counts: dict[int, int] = {}
+    for found in collect_all(queries):
+        for tgid, k in found.iter_rows():
+            counts[int(tgid)] = counts.get(int(tgid), 0) + k
     top = sorted(counts.items(), key=lambda kv: -kv[1])[:n]
     return ", ".join(f"{t} ({names[t]})" if t in names else str(t) for t, _ in top) or "none"
 
 
 def select(
-    tables: dict[str, pl.DataFrame], tgids: set[int]
-) -> tuple[dict[str, pl.DataFrame], frozenset[str], int]:
+    tables: Mapping[str, F], tgids: set[int]
+) -> tuple[dict[str, F], frozenset[str], dict[str, int]]:
     """The rows of ``tgids`` in each table that names processes; the tables that do
-    not (system-wide); the number of selected rows."""
-    out: dict[str, pl.DataFrame] = {}
+    not (system-wide); the rows selected in each table that names processes."""
+    out: dict[str, F] = {}
     wide = set()
-    kept = 0
-    wanted = pl.Series(sorted(tgids), dtype=pl.Int64)
+    wanted = pl.Series(sorted(tgids), dtype=pl.Int64).implode()
     for table, frame in tables.items():
         col = table_view(table).tgid_column
-        if col and col in frame.columns:
-            out[table] = frame.filter(pl.col(col).cast(pl.Int64).is_in(wanted.implode()))
-            kept += out[table].height
+        if col and col in frame.collect_schema():
+            out[table] = frame.filter(pl.col(col).cast(pl.Int64).is_in(wanted))
         else:
             out[table] = frame
             if table not in _STATIC_TABLES:
                 wide.add(table)
-    return out, frozenset(wide), kept
+    chosen = {t: table_view(t).tgid_column for t in out if t not in wide | _STATIC_TABLES}
+    counts = collect_all([out[t].lazy().select(row_count(c)) for t, c in chosen.items()])
+    return out, frozenset(wide), {t: int(n.item()) for t, n in zip(chosen, counts, strict=True)}
+
+
+def _bounds(tables: Mapping[str, pl.LazyFrame]) -> dict[str, tuple[int, int, int] | None]:
+    """Each table's (rows, first and last timestamp), None for one without a time column,
+    from one pass over its timestamps."""
+    ts = pl.col(UPTIME_TIMESTAMP)
+    timed = [t for t, f in tables.items() if UPTIME_TIMESTAMP in f.collect_schema()]
+    found = collect_all(
+        [tables[t].select(n=row_count(UPTIME_TIMESTAMP), lo=ts.min(), hi=ts.max()) for t in timed]
+    )
+    out: dict[str, tuple[int, int, int] | None] = dict.fromkeys(tables)
+    for table, row in zip(timed, found, strict=True):
+        n, lo, hi = row.row(0)
+        out[table] = (int(n), int(lo), int(hi)) if n else (0, 0, 0)
+    return out
 
 
 def load(
-    collection: Collection | str | Path,
+    collection: Collection | LazyCollection | str | Path,
     *,
     tgid: int | None = None,
     comm: str | None = None,
 ) -> GraphData:
-    """Read ``collection`` and prepare what its graphs share.
+    """Scan ``collection`` and prepare what its graphs share (names, markers, the
+    time span, the selection: small queries over its tables, none read whole).
 
     Args:
-        collection: a collection folder or one already read.
+        collection: a collection folder, or one already read or scanned.
         tgid: keep only this process's rows (tables without a process column stay whole
             and are marked system-wide).
         comm: keep only processes of this name (see :func:`tgids_named`).
@@ -236,14 +292,27 @@ def load(
     if tgid is not None and comm is not None:
         raise SelectionError("select by tgid or by comm, not both")
     col = as_collection(collection)
-    tables = dict(col.tables)
+    with _reading(col.path):
+        return _load(col, _lazy(col.tables), tgid, comm)
+
+
+def _load(
+    col: Collection | LazyCollection,
+    tables: dict[str, pl.LazyFrame],
+    tgid: int | None,
+    comm: str | None,
+) -> GraphData:
     names = process_names(tables)
     manifest = checked_manifest(col)
     markers, source, exact = benchmark_markers(manifest, tables.get("process_trace"))
-    stamped = [f[UPTIME_TIMESTAMP] for f in tables.values() if UPTIME_TIMESTAMP in f.columns]
-    bounds = [int(b) for ts in stamped if len(ts) for b in (ts.min(), ts.max())]  # type: ignore[arg-type]
-    bounds += [m.t_us for m in markers if not m.label.startswith("≈")]  # ±1 s: not a bound
-    span = (min(bounds), max(bounds)) if bounds else None
+    bounds = _bounds(tables)
+    rows = {t: b[0] if b is not None else 0 for t, b in bounds.items()}
+    untimed = [t for t, b in bounds.items() if b is None]  # system_info, benchmark_result
+    counts = collect_all([tables[t].select(pl.len()) for t in untimed])
+    rows.update((t, int(n.item())) for t, n in zip(untimed, counts, strict=True))
+    ends = [e for b in bounds.values() if b is not None and b[0] for e in b[1:]]
+    ends += [m.t_us for m in markers if not m.label.startswith("≈")]  # ±1 s: not a bound
+    span = (min(ends), max(ends)) if ends else None
     if exact:
         origin, origin_label = markers[0].t_us, "benchmark start"
     else:
@@ -267,12 +336,13 @@ def load(
                     f"(names seen: {hint or 'none: it has no process_trace'})"
                 )
         selected, wide, kept = select(tables, wanted)
-        if kept == 0:
+        if sum(kept.values()) == 0:
             raise SelectionError(
                 f"{col.path}: no rows of {selection} in any table "
                 f"(busiest processes: {_busiest(tables, names)})"
             )
         tables = selected
+        rows.update(kept)
     return GraphData(
         collection=col,
         tables=tables,
@@ -285,7 +355,19 @@ def load(
         names=names,
         span_us=span,
         manifest_data=manifest,
+        rows=rows,
     )
+
+
+@contextlib.contextmanager
+def _reading(folder: Path) -> Iterator[None]:
+    """What polars or the files refuse while the collection in ``folder`` is scanned
+    (a part damaged past its footer): one CollectionError naming the folder."""
+    try:
+        yield
+    except (pl.exceptions.PolarsError, OSError) as err:
+        why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CollectionError(f"{folder}: cannot read the collection: {why}") from err
 
 
 def unknown_graphs(names: list[str]) -> None:

@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING, ClassVar
 
 import polars as pl
 
-from kernmlops.graphs.base import Graph, GraphData, NoData, TableView, bytes_unit
+from kernmlops.graphs.base import Graph, GraphData, NoData, TableView, bytes_unit, collect
+from kernmlops.tables import UPTIME_TIMESTAMP
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -38,8 +39,14 @@ class MemoryUsage(Graph):
     figsize: ClassVar[tuple[float, float]] = (11.0, 4.8)
 
     def draw(self, data: GraphData, fig: Figure) -> None:
-        frame = data.frame("memory_usage")
-        series = [(label, expr) for label, expr in SERIES if _has(frame, expr)]
+        scan = data.frame("memory_usage")
+        columns = set(scan.collect_schema().names())
+        series = [(label, expr) for label, expr in SERIES if _has(columns, expr)]
+        # a sample every 100 ms: small enough to read, the columns drawn only
+        used = {UPTIME_TIMESTAMP, "mem_total_bytes"} | {
+            c for _, expr in series for c in expr.meta.root_names()
+        }
+        frame = collect(scan.select(sorted(used & columns)))
         values = frame.select(*(expr.cast(pl.Float64).alias(label) for label, expr in series))
         t = data.seconds(frame)
         level_ax, delta_ax = fig.subplots(1, 2)
@@ -73,5 +80,5 @@ class MemoryUsage(Graph):
         data.time_axis(delta_ax)
 
 
-def _has(frame: pl.DataFrame, expr: pl.Expr) -> bool:
-    return set(expr.meta.root_names()) <= set(frame.columns)
+def _has(columns: set[str], expr: pl.Expr) -> bool:
+    return set(expr.meta.root_names()) <= columns

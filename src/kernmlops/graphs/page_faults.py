@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-import polars as pl
-
 from kernmlops.graphs.base import Graph, GraphData, format_duration_us
 
 if TYPE_CHECKING:
@@ -29,12 +27,13 @@ class PageFaultRate(Graph):
             ((data.manifest.get("config") or {}).get("hooks") or {}).get("page_faults") or {}
         ).get("sample_every") or 1
         tl = data.timeline([frame])
+        counts = data.per_bin(frame, tl, "kind")
         ax = fig.subplots()
-        for kind in sorted(frame["kind"].unique().to_list()):
-            part = frame.filter(pl.col("kind") == kind)
-            rate = tl.per_second(data.bin_of(part, tl)) * every
+        for (kind,), part in counts.sort("kind").group_by("kind", maintain_order=True):
+            n = part["n"].to_numpy()
+            rate = tl.per_second(part["bin"].to_numpy(), n) * every
             ax.step(tl.centers, rate, where="mid", linewidth=1.3, color=COLORS.get(kind),
-                    label=f"{kind}: {part.height * every:,} faults")  # fmt: skip
+                    label=f"{kind}: {int(n.sum()) * every:,} faults")  # fmt: skip
         ax.set_ylabel("faults/s")
         ax.set_ylim(bottom=0)
         note = f" (1 in {every} sampled)" if every > 1 else ""

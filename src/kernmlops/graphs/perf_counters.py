@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, ClassVar
 import polars as pl
 
 from kernmlops.counters import event_column, scaled
-from kernmlops.graphs.base import US_PER_S, Graph, GraphData, NoData, TableView
+from kernmlops.graphs.base import US_PER_S, Graph, GraphData, NoData, TableView, collect
 from kernmlops.tables import UPTIME_TIMESTAMP
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ class PerfCountersView(TableView):
     name = TABLE
     tgid_column = None
 
-    def summary(self, frame: pl.DataFrame) -> list[tuple[str, str]]:
+    def summary(self, frame: pl.DataFrame | pl.LazyFrame) -> list[tuple[str, str]]:
         """Each event's total over the collection, summed over CPUs."""
         totals = per_sample(frame, cumulative=True)
         if totals.is_empty():
@@ -51,10 +51,13 @@ def event_columns(frame: pl.DataFrame) -> list[str]:
     return [c for c in frame.columns if c.endswith(SUFFIX)]
 
 
-def per_sample(frame: pl.DataFrame, *, cumulative: bool) -> pl.DataFrame:
+def per_sample(frame: pl.DataFrame | pl.LazyFrame, *, cumulative: bool) -> pl.DataFrame:
     """One row per read of the counters: ``t_us`` and, per event, the rate per second
     (``cumulative=False``) or the count since the first read, summed over CPUs.
     Per-CPU differences come first, so a CPU missing from one read adds no jump."""
+    # one row per CPU per read (10 a second): small enough to read whole
+    if isinstance(frame, pl.LazyFrame):
+        frame = collect(frame)
     frame = scaled(frame).sort("cpu", UPTIME_TIMESTAMP)
     events = event_columns(frame)
     if not events:

@@ -26,13 +26,15 @@ class ProcessEvents(Graph):
     def draw(self, data: GraphData, fig: Figure) -> None:
         frame = data.frame("process_trace")
         tl = data.timeline([frame])
+        counts = data.per_bin(frame, tl, "kind")
         ax = fig.subplots()
         for kind, color in KINDS.items():
-            part = frame.filter(pl.col("kind") == kind)
+            part = counts.filter(pl.col("kind") == kind)
             if part.is_empty():
                 continue
-            ax.step(tl.centers, tl.per_second(data.bin_of(part, tl)), where="mid", color=color,
-                    linewidth=1.3, label=f"{kind}: {part.height:,}")  # fmt: skip
+            n = part["n"].to_numpy()
+            ax.step(tl.centers, tl.per_second(part["bin"].to_numpy(), n), where="mid",
+                    color=color, linewidth=1.3, label=f"{kind}: {int(n.sum()):,}")  # fmt: skip
         ax.set_ylabel("events/s")
         ax.set_ylim(bottom=0)
         ax.set_title(f"per {format_duration_us(tl.width * 1e6)} bin (threads included)",

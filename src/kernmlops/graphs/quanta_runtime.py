@@ -10,13 +10,17 @@ import polars as pl
 
 from kernmlops.graphs.base import (
     US_PER_S,
+    Distribution,
     Graph,
     GraphData,
     TableView,
     Timeline,
+    collect,
+    counted,
     duration_axis,
     format_duration_us,
     log_bins,
+    row_count,
 )
 from kernmlops.tables import UPTIME_TIMESTAMP
 
@@ -39,9 +43,9 @@ class QuantaQueuedView(TableView):
     key_columns = (QUEUED,)
 
 
-def _mark_quantiles(ax: Axes, values: np.ndarray, color: str = "black") -> None:
+def _mark_quantiles(ax: Axes, dist: Distribution, color: str = "black") -> None:
     for q, style in ((0.5, ":"), (0.99, "--")):
-        v = float(np.quantile(values, q))
+        v = dist.quantile(q)
         ax.axvline(max(v, 1), color=color, linestyle=style, linewidth=1,
                    label=f"p{int(q * 100)} = {format_duration_us(v)}")  # fmt: skip
 
@@ -55,51 +59,75 @@ class QuantaRunLength(Graph):
     tables: ClassVar[tuple[str, ...]] = ("quanta_runtime",)
 
     def draw(self, data: GraphData, fig: Figure) -> None:
-        values = data.frame("quanta_runtime")[RUN].to_numpy()
+        dist = Distribution.of(data.frame("quanta_runtime"), RUN)
         ax = fig.subplots()
-        bins = log_bins(values)
-        counts, edges = np.histogram(np.clip(values, 1, None), bins=bins)
-        ax.stairs(counts, edges, fill=True, alpha=0.6, color="#1f77b4", label="quanta")
-        _mark_quantiles(ax, values)
+        bins = log_bins(dist.values)
+        ax.stairs(dist.histogram(bins), bins, fill=True, alpha=0.6, color="#1f77b4",
+                  label="quanta")  # fmt: skip
+        _mark_quantiles(ax, dist)
         duration_axis(ax)
-        ax.set_xlim(0.8, max(float(values.max()) * 1.5, 10))
+        ax.set_xlim(0.8, max(dist.max() * 1.5, 10))
         ax.set_xlabel("run length per quantum (log scale)")
         ax.set_ylabel("quanta per bin")
         ax.set_title(
-            f"{values.size:,} quanta · mean {format_duration_us(float(values.mean()))} · "
-            f"max {format_duration_us(float(values.max()))}",
+            f"{dist.size:,} quanta · mean {format_duration_us(dist.mean())} · "
+            f"max {format_duration_us(dist.max())}",
             fontweight="normal",
         )
         ax.legend(fontsize="small")
 
 
 def busy_fraction(
-    frame: pl.DataFrame, origin_us: int, timeline: Timeline
+    frame: pl.DataFrame | pl.LazyFrame, origin_us: int, timeline: Timeline
 ) -> tuple[np.ndarray, np.ndarray]:
     """(cpus, busy[cpu, bin]): the share of each time bin each CPU spent running the
     quanta of ``frame``. A quantum ending at ts ran over [ts - length, ts] and is
-    split across the bins it overlaps (quanta on one CPU do not overlap)."""
-    edges_us = origin_us + timeline.edges * US_PER_S
-    cpus = np.unique(frame["cpu"].to_numpy())
-    busy = np.zeros((cpus.size, timeline.nbins))
-    ordered = frame.select("cpu", UPTIME_TIMESTAMP, RUN).sort("cpu", UPTIME_TIMESTAMP)
-    cpu_col = ordered["cpu"].to_numpy()
-    ends_all = ordered[UPTIME_TIMESTAMP].to_numpy().astype(np.float64)
-    lens_all = ordered[RUN].to_numpy().astype(np.float64)
-    bounds = [*np.searchsorted(cpu_col, cpus, side="left").tolist(), cpu_col.size]
-    for i in range(cpus.size):
-        ends = ends_all[bounds[i] : bounds[i + 1]]
-        lens = lens_all[bounds[i] : bounds[i + 1]]
-        starts = ends - lens
-        done = np.concatenate([[0.0], np.cumsum(lens)])
-        # B(edge): run time finished by edge, plus the part of the quantum straddling it.
-        k = np.searchsorted(ends, edges_us, side="right")
-        total = done[k]
-        straddle = k < ends.size
-        kk = np.minimum(k, ends.size - 1)
-        part = np.where(straddle, np.clip(edges_us - starts[kk], 0, lens[kk]), 0.0)
-        busy[i] = np.diff(total + part) / (timeline.width * US_PER_S)
-    return cpus, np.clip(busy, 0, 1)
+    split across the bins it overlaps (quanta on one CPU do not overlap).
+
+    polars sums the quanta per (CPU, first bin, last bin), so memory grows with the
+    bins, not the quanta: a quantum within one bin adds its length there; a longer
+    one its part in its first bin, its part in its last, and whole bins between
+    (each quantum's offsets in its first and last bin are summed to get the parts).
+    """
+    width = timeline.width * US_PER_S
+    first_edge = origin_us + timeline.start * US_PER_S
+    # what ran before the first edge or after the last is in no bin
+    ts = pl.col(UPTIME_TIMESTAMP).cast(pl.Float64)
+    end = ts.clip(first_edge, first_edge + timeline.nbins * width)
+    start = (ts - pl.col(RUN).cast(pl.Float64)).clip(first_edge, end)
+    first = ((start - first_edge) / width).floor()
+    last = ((end - first_edge) / width).floor()
+    spans = collect(
+        frame.lazy()
+        .select(
+            "cpu",
+            first.cast(pl.Int64).alias("first"),
+            last.cast(pl.Int64).alias("last"),
+            length=end - start,
+            head=start - (first_edge + first * width),  # where it starts in its first bin
+            tail=end - (first_edge + last * width),  # where it ends in its last bin
+        )
+        .group_by("cpu", "first", "last")
+        .agg(pl.col("length", "head", "tail").sum(), n=row_count("cpu"))
+    )
+    cpus = np.unique(spans["cpu"].to_numpy())
+    row = np.searchsorted(cpus, spans["cpu"].to_numpy())
+    lo, hi = spans["first"].to_numpy(), spans["last"].to_numpy()
+    n = spans["n"].to_numpy().astype(np.float64)
+    # one more bin than the timeline: a quantum ending on its last edge adds 0 there
+    busy = np.zeros((cpus.size, timeline.nbins + 1))
+    within = lo == hi
+    np.add.at(busy, (row[within], lo[within]), spans["length"].to_numpy()[within])
+    across = ~within
+    np.add.at(busy, (row[across], lo[across]), n[across] * width - spans["head"].to_numpy()[across])
+    np.add.at(busy, (row[across], hi[across]), spans["tail"].to_numpy()[across])
+    # whole bins between: +n from the bin after the first, -n from the last, summed up
+    between = np.zeros_like(busy)
+    long = across & (hi - lo > 1)
+    np.add.at(between, (row[long], lo[long] + 1), n[long])
+    np.add.at(between, (row[long], hi[long]), -n[long])
+    busy += np.cumsum(between, axis=1) * width
+    return cpus, np.clip(busy[:, : timeline.nbins] / width, 0, 1)
 
 
 class QuantaTimeline(Graph):
@@ -148,27 +176,25 @@ class QueuedTimeCdf(Graph):
     tables: ClassVar[tuple[str, ...]] = ("quanta_queued_time",)
 
     def draw(self, data: GraphData, fig: Figure) -> None:
-        frame = data.frame("quanta_queued_time")
-        values = frame[QUEUED].to_numpy()
+        counts = collect(counted(data.frame("quanta_queued_time"), QUEUED, "cpu"))
+        total = Distribution.from_counts(counts, QUEUED)
         ax = fig.subplots()
-        bins = log_bins(values, per_decade=40)
+        bins = log_bins(total.values, per_decade=40)
 
-        def cdf(v: np.ndarray) -> np.ndarray:
-            counts, _ = np.histogram(np.clip(v, 1, None), bins=bins)
-            return np.concatenate([[0.0], np.cumsum(counts) / max(v.size, 1)])
+        def cdf(d: Distribution) -> np.ndarray:
+            return np.concatenate([[0.0], np.cumsum(d.histogram(bins)) / max(d.size, 1)])
 
-        cpus = np.unique(frame["cpu"].to_numpy())
+        cpus = np.unique(counts["cpu"].to_numpy())
         if 1 < cpus.size <= MAX_CPU_LINES:
-            cpu_col = frame["cpu"].to_numpy()
-            for cpu in cpus:
-                ax.plot(bins, cdf(values[cpu_col == cpu]), linewidth=1, alpha=0.7,
-                        label=f"CPU {cpu}")  # fmt: skip
-        ax.plot(bins, cdf(values), color="black", linewidth=2, label="all CPUs")
-        _mark_quantiles(ax, values, color="#555555")
+            for cpu, part in counts.sort("cpu").group_by("cpu", maintain_order=True):
+                ax.plot(bins, cdf(Distribution.from_counts(part, QUEUED)), linewidth=1,
+                        alpha=0.7, label=f"CPU {cpu[0]}")  # fmt: skip
+        ax.plot(bins, cdf(total), color="black", linewidth=2, label="all CPUs")
+        _mark_quantiles(ax, total, color="#555555")
         duration_axis(ax)
-        ax.set_xlim(0.8, max(float(values.max()) * 1.5, 10))
+        ax.set_xlim(0.8, max(total.max() * 1.5, 10))
         ax.set_ylim(0, 1.01)
         ax.set_xlabel("queued time before running (log scale)")
         ax.set_ylabel("fraction of runs waiting ≤ x")
-        ax.set_title(f"{values.size:,} runs", fontweight="normal")
+        ax.set_title(f"{total.size:,} runs", fontweight="normal")
         ax.legend(fontsize="small", loc="lower right")

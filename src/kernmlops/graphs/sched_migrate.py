@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 import polars as pl
 
-from kernmlops.graphs.base import Graph, GraphData, TableView
+from kernmlops.graphs.base import Graph, GraphData, TableView, collect, row_count
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -25,11 +25,21 @@ class SchedMigrateView(TableView):
     key_columns = ("orig_nr_running", "dest_nr_running", "orig_load_avg", "dest_load_avg")
 
 
-def pair_matrix(frame: pl.DataFrame, ncpu: int) -> np.ndarray:
-    """counts[orig_cpu, dest_cpu]."""
-    pairs = frame.group_by("orig_cpu", "dest_cpu").len()
+def pair_counts(frame: pl.DataFrame | pl.LazyFrame, *by: str) -> pl.DataFrame:
+    """Migrations (``n``) per ``by``..., orig_cpu, dest_cpu."""
+    pairs = frame.lazy().group_by(*by, "orig_cpu", "dest_cpu")
+    return collect(pairs.agg(n=row_count("orig_cpu")))
+
+
+def pair_matrix(frame: pl.DataFrame | pl.LazyFrame, ncpu: int) -> np.ndarray:
+    """counts[orig_cpu, dest_cpu] of the migrations ``frame`` holds: one per row, or
+    counted (its ``n`` column, as :func:`pair_counts` gives them)."""
+    pairs = frame.lazy()
+    if "n" not in pairs.collect_schema():
+        pairs = pairs.with_columns(n=pl.lit(1, pl.UInt64))
+    summed = collect(pairs.group_by("orig_cpu", "dest_cpu").agg(pl.col("n").sum()))
     matrix = np.zeros((ncpu, ncpu), dtype=np.int64)
-    matrix[pairs["orig_cpu"].to_numpy(), pairs["dest_cpu"].to_numpy()] = pairs["len"].to_numpy()
+    matrix[summed["orig_cpu"].to_numpy(), summed["dest_cpu"].to_numpy()] = summed["n"].to_numpy()
     return matrix
 
 
@@ -43,14 +53,15 @@ class MigrationsByCpuPair(Graph):
     figsize: ClassVar[tuple[float, float]] = (11.0, 5.0)
 
     def draw(self, data: GraphData, fig: Figure) -> None:
-        frame = data.frame("sched_migrate")
+        counts = pair_counts(data.frame("sched_migrate"), "kind")
         cpus = (data.manifest.get("system") or {}).get("logical_cpus")
-        top = int(max(frame["orig_cpu"].max(), frame["dest_cpu"].max())) + 1  # type: ignore[call-overload]
+        top = int(max(counts["orig_cpu"].max(), counts["dest_cpu"].max())) + 1  # type: ignore[call-overload]
         ncpu = max(int(cpus or 0), top)
-        kinds = [k for k in KINDS if k in set(frame["kind"].unique().to_list())]
-        others = sorted(set(frame["kind"].unique().to_list()) - set(KINDS))
-        panels = [(k, frame.filter(pl.col("kind") == k)) for k in kinds + others] or [
-            ("all", frame)
+        seen = set(counts["kind"].drop_nulls().unique().to_list())
+        kinds = [k for k in KINDS if k in seen]
+        others = sorted(seen - set(KINDS))
+        panels = [(k, counts.filter(pl.col("kind") == k)) for k in kinds + others] or [
+            ("all", counts)
         ]
         matrices = [pair_matrix(part, ncpu) for _, part in panels]
         vmax = max(int(m.max()) for m in matrices) or 1
@@ -61,7 +72,7 @@ class MigrationsByCpuPair(Graph):
             ax.grid(False)
             ax.set_xlabel("destination CPU")
             ax.set_ylabel("source CPU")
-            ax.set_title(f"{kind}: {part.height:,} — {KINDS.get(kind, '')}".rstrip(" —"),
+            ax.set_title(f"{kind}: {int(part['n'].sum()):,} — {KINDS.get(kind, '')}".rstrip(" —"),
                          fontweight="normal", fontsize=10)  # fmt: skip
             step = max(1, ncpu // 16)
             ax.set_xticks(np.arange(0, ncpu, step))

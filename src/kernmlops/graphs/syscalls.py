@@ -13,6 +13,8 @@ from kernmlops.graphs.base import (
     GraphData,
     NoData,
     TableView,
+    collect,
+    collect_all,
     duration_axis,
     format_duration_us,
 )
@@ -29,12 +31,10 @@ HIST_LINES = 6
 class SyscallsView(TableView):
     name = "syscalls"
 
-    def summary(self, frame: pl.DataFrame) -> list[tuple[str, str]]:
-        calls = int(frame["count"].sum())
-        errors = int(frame["errors"].sum())
-        lat = float(frame["total_latency_ns"].sum())
-        done = int(frame["completed"].sum())
-        distinct = frame["syscall"].n_unique()
+    def summary(self, frame: pl.DataFrame | pl.LazyFrame) -> list[tuple[str, str]]:
+        sums = pl.col("count", "errors", "completed", "total_latency_ns").cast(pl.UInt64).sum()
+        found = collect(frame.lazy().select(sums, distinct=pl.col("syscall").n_unique()))
+        calls, errors, done, lat, distinct = found.row(0)
         mean = format_duration_us(lat / done / 1000) if done else "-"
         return [
             ("calls", f"{calls:,} of {distinct} syscalls · {errors:,} failed"),
@@ -42,16 +42,12 @@ class SyscallsView(TableView):
         ]
 
 
-def totals(frame: pl.DataFrame) -> pl.DataFrame:
+def totals(frame: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
     """Per syscall: calls, errors, completed, time (ns); rows hold per-interval changes."""
-    return (
-        frame.group_by("syscall")
-        .agg(
-            pl.col("count").sum(),
-            pl.col("errors").sum(),
-            pl.col("completed").sum(),
-            pl.col("total_latency_ns").sum(),
-        )
+    return collect(
+        frame.lazy()
+        .group_by("syscall")
+        .agg(pl.col("count", "errors", "completed", "total_latency_ns").cast(pl.UInt64).sum())
         .sort("count", "syscall", descending=[True, False])
     )
 
@@ -104,17 +100,28 @@ class SyscallLatency(Graph):
 
     def draw(self, data: GraphData, fig: Figure) -> None:
         frame = data.frame("syscalls")
-        width = int(frame[HIST].list.len().max())  # type: ignore[arg-type]
-        hist = frame[HIST].list.to_array(width).to_numpy().astype(np.float64)
-        names = frame["syscall"].to_numpy()
         top = totals(frame).filter(pl.col("completed") > 0).head(HIST_LINES)
         if top.is_empty():
             raise NoData("syscalls")
+        # each top syscall's histograms summed slot by slot: one row per slot
+        slots = (
+            frame.filter(pl.col("syscall").is_in(top["syscall"].implode()))
+            .select("syscall", HIST, slot=pl.int_ranges(pl.col(HIST).list.len()))
+            .explode(HIST, "slot")
+            .group_by("syscall", "slot")
+            .agg(pl.col(HIST).cast(pl.UInt64).sum())
+        )
+        widest, summed = collect_all([frame.select(pl.col(HIST).list.len().max()), slots])
+        width = int(widest.item())
+        hist = {
+            name: np.bincount(part["slot"].to_numpy(), part[HIST].to_numpy(), minlength=width)
+            for (name,), part in summed.group_by("syscall")
+        }
         ax = fig.subplots()
         edges_us = 2.0 ** np.arange(width + 1) / 1000
         used = np.zeros(width, dtype=bool)
         for name, calls in top.select("syscall", "completed").iter_rows():
-            counts = hist[names == name].sum(axis=0)
+            counts = hist.get(name, np.zeros(width))
             if counts.sum() == 0:
                 continue
             used |= counts > 0

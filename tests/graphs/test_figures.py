@@ -1,0 +1,292 @@
+"""What each figure shows, drawn from a scanned collection, against the same numbers
+computed here with numpy from the rows read into memory (as the graphs computed them
+before they scanned): counts per bin, quantiles, busy shares, CDFs, RSS."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+
+from kernmlops.data import Collection, read_collection
+from kernmlops.graphs import figure, load
+from kernmlops.graphs._report import table_summary
+from kernmlops.graphs.base import (
+    US_PER_S,
+    GraphData,
+    TableView,
+    Timeline,
+    bytes_unit,
+    format_duration_us,
+    log_bins,
+    unit_formatter,
+)
+from kernmlops.graphs.context import table_view
+from kernmlops.graphs.mm_rss_stat import TOP_PROCESSES, rss_series
+from tests.graphs.conftest import WORKER, synthetic_tables, write_collection
+
+CPUS = 4
+
+
+def _quanta(rng: np.random.Generator, per_cpu: int) -> pl.DataFrame:
+    """Quanta of random lengths with random gaps on each CPU (none overlap)."""
+    frames = []
+    for cpu in range(CPUS):
+        lengths = np.maximum(rng.lognormal(6, 1.5, per_cpu).astype(np.int64), 0)
+        gaps = rng.integers(0, 3000, per_cpu)
+        ends = 5_000_000_000 + np.cumsum(lengths + gaps)
+        frames.append(
+            pl.DataFrame(
+                {
+                    "ts_uptime_us": ends.astype(np.uint64),
+                    "quanta_run_length_us": lengths.astype(np.uint64),
+                    "cpu": np.full(per_cpu, cpu, np.uint32),
+                    "pid": rng.choice(np.array([WORKER, 7], np.uint32), per_cpu),
+                }
+            )
+        )
+    return (
+        pl.concat(frames)
+        .sample(fraction=1.0, shuffle=True, seed=1)
+        .with_columns(tgid=pl.col("pid"))
+    )
+
+
+@pytest.fixture(scope="module")
+def collection(tmp_path_factory: pytest.TempPathFactory) -> Collection:
+    """The synthetic tables, with random quanta (the synthetic ones are all 2 ms)."""
+    tables = synthetic_tables(seed=3)
+    tables["quanta_runtime"] = _quanta(np.random.default_rng(3), 1500)
+    folder = write_collection(tmp_path_factory.mktemp("figures"), tables)
+    return read_collection(folder)
+
+
+@pytest.fixture(scope="module")
+def data(collection: Collection) -> GraphData:
+    return load(collection.path)  # scanned from the folder
+
+
+def _bins(data: GraphData, frame: pl.DataFrame, tl: Timeline) -> np.ndarray:
+    """Each row's time bin, in numpy."""
+    seconds = (frame["ts_uptime_us"].cast(pl.Int64).to_numpy() - data.origin_us) / US_PER_S
+    return np.clip(np.floor((seconds - tl.start) / tl.width).astype(np.int64), 0, tl.nbins - 1)
+
+
+def _lines(ax) -> dict[str, np.ndarray]:
+    return {line.get_label(): np.asarray(line.get_ydata(), float) for line in ax.lines}
+
+
+def _quantile_marks(ax) -> dict[str, float]:
+    """p50 / p99 vertical lines: label -> x."""
+    return {
+        line.get_label().split(" = ")[0]: float(line.get_xdata()[0])
+        for line in ax.lines
+        if line.get_label().startswith("p")
+    }
+
+
+def test_the_tables_are_scanned_not_read(data: GraphData) -> None:
+    assert all(isinstance(f, pl.LazyFrame) for f in data.tables.values())
+
+
+def test_run_length_histogram_and_quantiles(data: GraphData, collection: Collection) -> None:
+    values = collection["quanta_runtime"]["quanta_run_length_us"].to_numpy()
+    ax = figure(data, "quanta_run_length").axes[0]
+    counts, edges, _ = ax.patches[0].get_data()
+    expected, expected_edges = np.histogram(np.clip(values, 1, None), bins=log_bins(values))
+    np.testing.assert_array_equal(edges, expected_edges)
+    np.testing.assert_array_equal(counts, expected)
+    marks = _quantile_marks(ax)
+    assert marks == {q: max(np.quantile(values, int(q[1:]) / 100), 1) for q in ("p50", "p99")}
+    assert ax.get_title().startswith(
+        f"{values.size:,} quanta · mean {format_duration_us(values.mean())} · "
+    )
+
+
+def test_busy_share_is_the_overlap_of_quanta_and_bins(
+    data: GraphData, collection: Collection
+) -> None:
+    frame = collection["quanta_runtime"]
+    tl = data.timeline()
+    edges = data.origin_us + tl.edges * US_PER_S
+    ends = frame["ts_uptime_us"].to_numpy().astype(np.float64)
+    starts = ends - frame["quanta_run_length_us"].to_numpy()
+    cpu = frame["cpu"].to_numpy()
+    # every quantum against every bin: how much of it lies inside
+    overlap = np.clip(
+        np.minimum(ends[:, None], edges[None, 1:]) - np.maximum(starts[:, None], edges[None, :-1]),
+        0,
+        None,
+    )
+    expected = np.stack([overlap[cpu == c].sum(axis=0) for c in range(CPUS)])
+    expected /= tl.width * US_PER_S
+    image = figure(data, "quanta_timeline").axes[0].images[0].get_array()
+    np.testing.assert_allclose(image, expected * 100, atol=1e-6)
+
+
+def test_queued_time_cdf_per_cpu_and_quantiles(data: GraphData, collection: Collection) -> None:
+    frame = collection["quanta_queued_time"]
+    values = frame["quanta_queued_time_us"].to_numpy()
+    bins = log_bins(values, per_decade=40)
+
+    def cdf(v: np.ndarray) -> np.ndarray:
+        counts, _ = np.histogram(np.clip(v, 1, None), bins=bins)
+        return np.concatenate([[0.0], np.cumsum(counts) / v.size])
+
+    ax = figure(data, "quanta_queued_time_cdf").axes[0]
+    lines = _lines(ax)
+    cpus = frame["cpu"].to_numpy()
+    assert {f"CPU {c}" for c in np.unique(cpus)} | {"all CPUs"} <= set(lines)
+    np.testing.assert_allclose(lines["all CPUs"], cdf(values))
+    for c in np.unique(cpus):
+        np.testing.assert_allclose(lines[f"CPU {c}"], cdf(values[cpus == c]))
+    assert _quantile_marks(ax) == {
+        "p50": max(np.quantile(values, 0.5), 1),
+        "p99": max(np.quantile(values, 0.99), 1),
+    }
+
+
+@pytest.mark.parametrize(
+    ("graph", "table", "kinds"),
+    [
+        ("process_events", "process_trace", ("fork", "exec", "exit")),
+        ("page_fault_rate", "page_faults", ("kernel", "user")),
+    ],
+)
+def test_event_rates_per_bin(
+    data: GraphData, collection: Collection, graph: str, table: str, kinds: tuple[str, ...]
+) -> None:
+    frame = collection[table]
+    tl = data.timeline()
+    lines = _lines(figure(data, graph).axes[0])
+    for kind in kinds:
+        part = frame.filter(pl.col("kind") == kind)
+        expected = np.bincount(_bins(data, part, tl), minlength=tl.nbins) / tl.width
+        (label,) = [k for k in lines if k.startswith(f"{kind}: ")]
+        assert label.split(": ")[1].split()[0] == f"{part.height:,}"
+        np.testing.assert_allclose(lines[label], expected)
+
+
+def test_block_io_rates_and_latency(data: GraphData, collection: Collection) -> None:
+    frame = collection["block_io"]
+    tl = data.timeline()
+    iops, mib = figure(data, "block_io_rate").axes[:2]
+    rates, moved = _lines(iops), _lines(mib)
+    for op in ("READ", "WRITE"):
+        part = frame.filter(pl.col("op") == op)
+        bins = _bins(data, part, tl)
+        np.testing.assert_allclose(rates[op], np.bincount(bins, minlength=tl.nbins) / tl.width)
+        weights = part["bytes"].cast(pl.Float64).to_numpy()
+        expected = np.bincount(bins, weights, minlength=tl.nbins) / tl.width / (1 << 20)
+        np.testing.assert_allclose(moved[op], expected)
+    other = frame.filter(~pl.col("op").is_in(["READ", "WRITE"]))
+    expected = np.bincount(_bins(data, other, tl), minlength=tl.nbins) / tl.width
+    np.testing.assert_allclose(rates["other"], expected)
+
+    service_ax = figure(data, "block_io_latency").axes[0]
+    values = frame["issue_to_complete_us"].to_numpy()
+    bins = log_bins(values)
+    for patch in service_ax.patches:
+        op = patch.get_label().split(":")[0]
+        main = pl.col("op").is_in(["READ", "WRITE"])
+        mine = frame.filter(~main if op == "other" else pl.col("op") == op)
+        mine = mine["issue_to_complete_us"].to_numpy()
+        counts, _ = np.histogram(np.clip(mine, 1, None), bins=bins)
+        np.testing.assert_allclose(patch.get_data()[0], counts / mine.size)
+        p50, p99 = np.quantile(mine, [0.5, 0.99])
+        assert patch.get_label() == (
+            f"{op}: {mine.size:,} · p50 {format_duration_us(p50)} · p99 {format_duration_us(p99)}"
+        )
+
+
+def test_migrations_per_kind_and_cpu_pair(data: GraphData, collection: Collection) -> None:
+    frame = collection["sched_migrate"]
+    axes = figure(data, "migrations_by_cpu_pair").axes
+    for ax, kind in zip(axes, ("wakeup", "queued"), strict=False):
+        part = frame.filter(pl.col("kind") == kind)
+        expected = np.zeros((2, 2))
+        np.add.at(expected, (part["orig_cpu"].to_numpy(), part["dest_cpu"].to_numpy()), 1)
+        np.testing.assert_array_equal(ax.images[0].get_array(), expected)
+        assert ax.get_title().startswith(f"{kind}: {part.height:,} ")
+
+
+def test_syscall_totals_and_latency(data: GraphData, collection: Collection) -> None:
+    frame = collection["syscalls"]
+    count_ax, _ = figure(data, "syscalls_top").axes[:2]
+    widths = {
+        label.get_text(): bar.get_width()
+        for label, bar in zip(count_ax.get_yticklabels(), count_ax.patches, strict=False)
+    }
+    calls = {n: int(frame.filter(pl.col("syscall") == n)["count"].sum()) for n in widths}
+    assert widths == calls and set(widths) == set(frame["syscall"])
+
+    ax = figure(data, "syscalls_latency").axes[0]
+    hist = np.array(frame["latency_log2_hist"].to_list(), dtype=np.float64)
+    names = frame["syscall"].to_numpy()
+    for patch in ax.patches:
+        name = patch.get_label().split(" (")[0]
+        counts = hist[names == name].sum(axis=0)
+        np.testing.assert_allclose(patch.get_data()[0], counts / counts.sum())
+
+
+@pytest.mark.parametrize("slice_rows", [None, 1])
+def test_rss_of_the_largest_processes(
+    data: GraphData, collection: Collection, monkeypatch: pytest.MonkeyPatch, slice_rows: int | None
+) -> None:
+    """The same lines whether the table is replayed at once or a row at a time."""
+    if slice_rows is not None:
+        monkeypatch.setattr("kernmlops.graphs.mm_rss_stat.SLICE_ROWS", slice_rows)
+    rss = rss_series(collection["mm_rss_stat"])
+    tl = data.timeline(target=400)
+    ax = figure(data, "rss_over_time").axes[0]
+    peaks = rss.group_by("mm_tgid").agg(pl.col("rss_bytes").max())
+    drawn = [line for line in ax.lines if " · peak " in line.get_label()]
+    assert len(drawn) == min(TOP_PROCESSES, peaks.height)
+    _, div = bytes_unit(float(peaks["rss_bytes"].max()))  # type: ignore[arg-type]
+    for line in drawn:
+        tgid = next(t for t in peaks["mm_tgid"] if line.get_label().startswith(data.name_of(t)))
+        mine = rss.filter(pl.col("mm_tgid") == tgid)
+        mine = mine.with_columns(bin=pl.Series(_bins(data, mine, tl)))
+        last = mine.group_by("bin", maintain_order=True).last()
+        np.testing.assert_allclose(line.get_xdata(), data.seconds(last))
+        np.testing.assert_allclose(line.get_ydata(), last["rss_bytes"].to_numpy() / div)
+
+
+def test_table_summaries_as_polars_gives_them(data: GraphData, collection: Collection) -> None:
+    """Rows, span, processes and each key column's mean, p50, p99 and max as polars
+    computes them on the rows in memory (its default quantile: nearest)."""
+    for entry in table_summary(data):
+        frame = collection[entry["table"]]
+        assert entry["rows"] == frame.height
+        if "ts_uptime_us" in frame.columns:
+            ts = frame["ts_uptime_us"].cast(pl.Int64)
+            assert entry["span_s"] == (ts.max() - ts.min()) / US_PER_S  # type: ignore[operator]
+        view = table_view(entry["table"])
+        if view.tgid_column in frame.columns:
+            assert entry["processes"] == frame[view.tgid_column].n_unique()
+        if type(view).summary is not TableView.summary:
+            continue  # a summary of its own (syscalls, perf_counters)
+        expected = []
+        for col in view.keys(frame):
+            values = frame[col].drop_nulls().cast(pl.Float64)
+            fmt = unit_formatter(col)
+            expected.append(
+                (
+                    col,
+                    f"mean {fmt(values.mean())} · p50 {fmt(values.quantile(0.5))} · "
+                    f"p99 {fmt(values.quantile(0.99))} · max {fmt(values.max())}",
+                )
+            )
+        assert entry["stats"] == expected, entry["table"]
+
+
+def test_a_selection_is_drawn_from_its_rows_alone(collection: Collection) -> None:
+    data = load(collection.path, comm="worker")
+    frame = collection["quanta_runtime"].filter(pl.col("tgid") == WORKER)
+    values = frame["quanta_run_length_us"].to_numpy()
+    ax = figure(data, "quanta_run_length").axes[0]
+    assert ax.get_title().startswith(f"{values.size:,} quanta ")
+    expected, _ = np.histogram(np.clip(values, 1, None), bins=log_bins(values))
+    np.testing.assert_array_equal(ax.patches[0].get_data()[0], expected)
+    assert data.count("quanta_runtime") == frame.height
+    assert data.count("memory_usage") == collection["memory_usage"].height  # system-wide
