@@ -310,28 +310,25 @@ def _read_held(path: Path, lazy: bool) -> Collection | LazyCollection:
         if reason.startswith("a file is in the way") and not path.is_symlink():
             raise CollectionError(f"{path}: not a folder (a collection is a folder)") from None
         raise CollectionError(str(err)) from None
-    fds: list[int] = []
     try:
-        manifest_path = path / MANIFEST_NAME
-        try:
-            text = read_plain(held.io / MANIFEST_NAME, owner=held.owner).decode("utf-8")
-        except FileNotFoundError:
-            raise CollectionError(
-                f"{manifest_path}: no manifest (is {path} a collection folder?)"
-            ) from None
-        except (OSError, UnicodeDecodeError) as err:
-            raise CollectionError(
-                f"{manifest_path}: cannot read the manifest: {_why(err)}"
-            ) from None
-        manifest = parse_manifest(text, manifest_path)
-        files, opened, incomplete = _held_tables(held, path, uid, fds)
-        spooled = _spooled(path, held.io)
-        _no_tables(path, files, incomplete, spooled)
-        tables = _tables(path, {name: _held_scan(fds_) for name, fds_ in opened.items()}, lazy)
+        with _closing_fds() as fds:
+            manifest_path = path / MANIFEST_NAME
+            try:
+                text = read_plain(held.io / MANIFEST_NAME, owner=held.owner).decode("utf-8")
+            except FileNotFoundError:
+                raise CollectionError(
+                    f"{manifest_path}: no manifest (is {path} a collection folder?)"
+                ) from None
+            except (OSError, UnicodeDecodeError) as err:
+                raise CollectionError(
+                    f"{manifest_path}: cannot read the manifest: {_why(err)}"
+                ) from None
+            manifest = parse_manifest(text, manifest_path)
+            files, opened, incomplete = _held_tables(held, path, uid, fds)
+            spooled = _spooled(path, held.io)
+            _no_tables(path, files, incomplete, spooled)
+            tables = _tables(path, {name: _held_scan(fds_) for name, fds_ in opened.items()}, lazy)
     finally:
-        for fd in fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
         held.close()
     return _collection(path, manifest, tables, files, incomplete, spooled, lazy=lazy, stacklevel=4)
 
@@ -414,20 +411,14 @@ def _scan_table_held(folder: Path, table: str) -> pl.LazyFrame | None:
     """As root, ``table`` of the collection in ``folder`` scanned on its parts opened
     through held folders (None where it has no finished part): no link a user
     planted is followed, now or when the scan is collected."""
-    fds: list[int] = []
-    with _held_collection(folder) as (held, uid):
-        try:
-            _, opened, _ = _held_tables(held, folder, uid, fds, only=table)
-            if table not in opened:
-                return None
-            scan = _held_scan(opened[table])
-            with _reading(table, folder / table):
-                scan.collect_schema()
-            return scan
-        finally:
-            for fd in fds:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+    with _held_collection(folder) as (held, uid), _closing_fds() as fds:
+        _, opened, _ = _held_tables(held, folder, uid, fds, only=table)
+        if table not in opened:
+            return None
+        scan = _held_scan(opened[table])
+        with _reading(table, folder / table):
+            scan.collect_schema()
+        return scan
 
 
 def _manifest_and_tables_held(folder: Path) -> tuple[Manifest | None, list[str]]:
@@ -436,20 +427,27 @@ def _manifest_and_tables_held(folder: Path) -> tuple[Manifest | None, list[str]]
     from kernmlops.collect.manifest import parse_manifest
     from kernmlops.host.pinned import read_plain
 
-    fds: list[int] = []
-    with _held_collection(folder) as (held, uid):
+    with _held_collection(folder) as (held, uid), _closing_fds() as fds:
         try:
-            try:
-                text = read_plain(held.io / MANIFEST_NAME, owner=held.owner).decode("utf-8")
-                manifest: Manifest | None = parse_manifest(text, folder / MANIFEST_NAME)
-            except (OSError, UnicodeDecodeError, CollectionError):
-                manifest = None
-            files, _, _ = _held_tables(held, folder, uid, fds)
-            return manifest, sorted(files)
-        finally:
-            for fd in fds:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+            text = read_plain(held.io / MANIFEST_NAME, owner=held.owner).decode("utf-8")
+            manifest: Manifest | None = parse_manifest(text, folder / MANIFEST_NAME)
+        except (OSError, UnicodeDecodeError, CollectionError):
+            manifest = None
+        files, _, _ = _held_tables(held, folder, uid, fds)
+        return manifest, sorted(files)
+
+
+@contextlib.contextmanager
+def _closing_fds() -> Iterator[list[int]]:
+    """A list for the descriptors a block opens, each closed when the block ends
+    (a scan made on them holds its own)."""
+    fds: list[int] = []
+    try:
+        yield fds
+    finally:
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 _HELD_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
