@@ -125,6 +125,11 @@ def beside_the_lab(items: list[pytest.Item]) -> list[pytest.Item]:
 _lab_started: list[LabStart] = []
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    for started in _lab_started:
+        started.stop()
+
+
 def _start_lab(session: pytest.Session) -> None:
     parts = lab_parts(session.items)
     if parts and not session.config.option.collectonly:

@@ -18,8 +18,11 @@ modules that do not mind a busy CPU run meanwhile (tests/conftest.py orders them
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -158,11 +161,12 @@ class LabStart:
         said, code = out / "vm.stderr", out / "vm.exit_code"
         argv = shlex.join(_vm_argv(self.run, self.commands, out))
         q = shlex.quote
-        # setsid --fork: the shell is reparented away from this process at once
+        # setsid --fork: the shell is reparented away from this process at once; it
+        # leads a process group of its own (its pid, for stop())
         subprocess.run(
             ["setsid", "--fork", "sh", "-c",
-             f"{argv} >/dev/null 2>{q(str(said))}; echo $? >{q(f'{code}.tmp')}; "
-             f"mv {q(f'{code}.tmp')} {q(str(code))}"],
+             f"echo $$ >{q(str(out / 'vm.pid'))}; {argv} >/dev/null 2>{q(str(said))}; "
+             f"echo $? >{q(f'{code}.tmp')}; mv {q(f'{code}.tmp')} {q(str(code))}"],
             stdin=subprocess.DEVNULL, check=True,
         )  # fmt: skip
 
@@ -183,6 +187,14 @@ class LabStart:
             said = (self.out / "vm.stderr").read_text(errors="replace")
             self._done = _finish(self.run, self.commands, int(code.read_text()), said)
         return self._done
+
+    def stop(self) -> None:
+        """A run that ends before the lab did (Ctrl+C, -x): its VM goes too.
+        ``kernmlops vm`` takes SIGINT as Ctrl+C and stops the VM it started."""
+        if not self.commands or (self.out / "vm.exit_code").exists():
+            return
+        with contextlib.suppress(OSError, ValueError):
+            os.killpg(int((self.out / "vm.pid").read_text()), signal.SIGINT)
 
 
 def start_lab(parts: Iterable[Part], out: Path) -> LabStart:
