@@ -245,8 +245,9 @@ if sys.argv[2] == "full":
 else:
     c = read_collection(sys.argv[1], lazy=True)
     rows = {}
-    for name in c:
-        got = c[name].select(pl.len().alias("__rows"), cs.numeric().sum())
+    every = (pl.first().is_null() | pl.first().is_not_null()).cast(pl.UInt64).sum()
+    for name in c:  # rows counted in 64 bits: pl.len() fails past 2^32 - 1
+        got = c[name].select(every.alias("__rows"), cs.numeric().sum())
         rows[name] = got.collect(engine="streaming")["__rows"][0]
 # VmHWM, this process's own peak: ru_maxrss keeps the parent's from before the exec
 hwm = next(ln for ln in open("/proc/self/status") if ln.startswith("VmHWM:"))

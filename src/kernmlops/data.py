@@ -662,13 +662,22 @@ def _tables(
     return tables
 
 
+def count_rows(scan: pl.LazyFrame) -> int:
+    """``scan``'s rows, counted in 64 bits: polars' own count (``pl.len()``) fails past
+    2^32 - 1 rows in its default build, fewer than one quanta table of a ten-minute
+    16-core storm holds (each of its parts holds far fewer, which polars reads)."""
+    first = pl.first()  # any column: null or not, each row counts once
+    every = (first.is_null() | first.is_not_null()).cast(pl.UInt64).sum()
+    return int(scan.select(every).collect(engine="streaming").item())
+
+
 def needed_bytes(scan: pl.LazyFrame) -> int:
     """Memory a table takes at least once read: its rows (from the parts' footers) times
     the bytes a row of its schema takes at least (a string's 16-byte view without its
     text, a list's offset without its items). An estimate that never exceeds the
     frame's ``estimated_size()``."""
     schema = scan.collect_schema()
-    rows = scan.select(pl.len()).collect().item()
+    rows = count_rows(scan)
     sample = 1024
     per_row = pl.DataFrame(schema=schema).clear(sample).estimated_size() / sample
     return int(rows * per_row)

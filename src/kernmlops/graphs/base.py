@@ -382,7 +382,9 @@ class GraphData:
         """The table's rows after the selection (0 for a table it does not have)."""
         if table not in self.rows:
             frame = self.tables.get(table)
-            self.rows[table] = 0 if frame is None else int(collect(frame.select(pl.len())).item())
+            from kernmlops.data import count_rows  # here: importing base stays light
+
+            self.rows[table] = 0 if frame is None else count_rows(frame)
         return self.rows[table]
 
     def frame(self, table: str) -> pl.LazyFrame:

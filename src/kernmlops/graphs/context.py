@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 import polars as pl
 
-from kernmlops.data import Collection, LazyCollection, read_collection
+from kernmlops.data import Collection, LazyCollection, count_rows, read_collection
 from kernmlops.errors import CollectionError, KernmlopsError
 from kernmlops.graphs._manifest import checked_manifest
 from kernmlops.graphs.base import (
@@ -308,8 +308,7 @@ def _load(
     bounds = _bounds(tables)
     rows = {t: b[0] if b is not None else 0 for t, b in bounds.items()}
     untimed = [t for t, b in bounds.items() if b is None]  # system_info, benchmark_result
-    counts = collect_all([tables[t].select(pl.len()) for t in untimed])
-    rows.update((t, int(n.item())) for t, n in zip(untimed, counts, strict=True))
+    rows.update((t, count_rows(tables[t])) for t in untimed)
     ends = [e for b in bounds.values() if b is not None and b[0] for e in b[1:]]
     ends += [m.t_us for m in markers if not m.label.startswith("≈")]  # ±1 s: not a bound
     span = (min(ends), max(ends)) if ends else None
