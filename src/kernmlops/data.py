@@ -180,7 +180,7 @@ class LazyCollection(_Tables[pl.LazyFrame]):
         cannot be read, or the table does not fit in the memory left)."""
         folder = self.path / name
         _fits(folder, {name: self[name]}, lazy_call=f"read_collection(path, lazy=True)[{name!r}]")
-        with _reading(name, folder):
+        with reading(folder, name):
             return self[name].collect()
 
     def __repr__(self) -> str:
@@ -416,7 +416,7 @@ def _scan_table_held(folder: Path, table: str) -> pl.LazyFrame | None:
         if table not in opened:
             return None
         scan = _held_scan(opened[table])
-        with _reading(table, folder / table):
+        with reading(folder / table, table):
             scan.collect_schema()
         return scan
 
@@ -544,7 +544,7 @@ def read_parquet_dir(
     if lazy:
         return frame
     _fits(root, {table: frame}, lazy_call=f"read_parquet_dir(path, {table!r}, lazy=True)")
-    with _reading(table, root):
+    with reading(root, table):
         return frame.collect()
 
 
@@ -651,13 +651,13 @@ def _tables(
     where they fit."""
     if lazy:
         for name, scan in scans.items():
-            with _reading(name, path / name):
+            with reading(path / name, name):
                 scan.collect_schema()
         return scans
     _fits(path, scans)
     tables = {}
     for name, scan in scans.items():
-        with _reading(name, path / name):
+        with reading(path / name, name):
             tables[name] = scan.collect()
     return tables
 
@@ -708,13 +708,17 @@ def _fits(path: Path, scans: Mapping[str, pl.LazyFrame], *, lazy_call: str = "")
 
 
 @contextlib.contextmanager
-def _reading(table: str, folder: Path) -> Iterator[None]:
+def reading(folder: Path, table: str | None = None) -> Iterator[None]:
     """What polars or the files refuse while reading ``table`` (in ``folder``, as the
-    user named it): one CollectionError naming the table."""
+    user named it), or while a scan of the collection in ``folder`` is collected (a
+    part damaged past its footer): one CollectionError naming the table or the
+    collection, with the first line of the reason."""
     try:
         yield
     except (pl.exceptions.PolarsError, OSError) as e:
-        raise CollectionError(f"{folder}: cannot read table {table!r}: {e}") from e
+        what = f"table {table!r}" if table is not None else "the collection"
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CollectionError(f"{folder}: cannot read {what}: {why}") from e
 
 
 def _hive_value(folder: Path, prefix: str) -> str:

@@ -20,8 +20,7 @@ axes start at its first event.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from datetime import datetime
 from functools import cache
 from pathlib import Path
@@ -29,8 +28,8 @@ from typing import Any, TypeVar
 
 import polars as pl
 
-from kernmlops.data import Collection, LazyCollection, count_rows, read_collection
-from kernmlops.errors import CollectionError, KernmlopsError
+from kernmlops.data import Collection, LazyCollection, count_rows, read_collection, reading
+from kernmlops.errors import KernmlopsError
 from kernmlops.graphs._manifest import checked_manifest
 from kernmlops.graphs.base import (
     US_PER_S,
@@ -292,7 +291,7 @@ def load(
     if tgid is not None and comm is not None:
         raise SelectionError("select by tgid or by comm, not both")
     col = as_collection(collection)
-    with _reading(col.path):
+    with reading(col.path):
         return _load(col, _lazy(col.tables), tgid, comm)
 
 
@@ -356,17 +355,6 @@ def _load(
         manifest_data=manifest,
         rows=rows,
     )
-
-
-@contextlib.contextmanager
-def _reading(folder: Path) -> Iterator[None]:
-    """What polars or the files refuse while the collection in ``folder`` is scanned
-    (a part damaged past its footer): one CollectionError naming the folder."""
-    try:
-        yield
-    except (pl.exceptions.PolarsError, OSError) as err:
-        why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise CollectionError(f"{folder}: cannot read the collection: {why}") from err
 
 
 def unknown_graphs(names: list[str]) -> None:
