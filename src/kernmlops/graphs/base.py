@@ -25,7 +25,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 import numpy as np
 import polars as pl
@@ -60,6 +60,11 @@ __all__ = [
 ]
 
 US_PER_S = 1_000_000
+
+#: A table as read (a DataFrame: tests, notebooks) or scanned (a LazyFrame), and a
+#: function's frame that is returned as the kind it came.
+Frame = pl.DataFrame | pl.LazyFrame
+F = TypeVar("F", pl.DataFrame, pl.LazyFrame)
 
 
 class NoData(Exception):

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from functools import cache
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import polars as pl
 
@@ -33,6 +33,8 @@ from kernmlops.errors import KernmlopsError
 from kernmlops.graphs._manifest import checked_manifest
 from kernmlops.graphs.base import (
     US_PER_S,
+    F,
+    Frame,
     Graph,
     GraphData,
     Marker,
@@ -53,10 +55,6 @@ _INFRASTRUCTURE = frozenset({"base", "context", "cli"})
 _STATIC_TABLES = frozenset({"system_info", "benchmark_result"})
 
 START_COLOR, STOP_COLOR = "#2ca02c", "#d62728"
-
-#: A table as read (a DataFrame: tests, notebooks) or scanned (a LazyFrame).
-Frame = pl.DataFrame | pl.LazyFrame
-F = TypeVar("F", pl.DataFrame, pl.LazyFrame)
 
 
 @cache

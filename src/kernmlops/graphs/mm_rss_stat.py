@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 from itertools import pairwise
-from typing import TYPE_CHECKING, ClassVar, TypeVar
+from typing import TYPE_CHECKING, ClassVar
 
 import polars as pl
 
 from kernmlops.graphs.base import (
+    F,
     Graph,
     GraphData,
     NoData,
@@ -30,8 +31,6 @@ TOP_PROCESSES = 8
 #: about this many rows, cut at equal steps of its time span, 16 a slice on average
 #: (a step holding more is a slice alone).
 SLICE_ROWS = 250_000
-
-F = TypeVar("F", pl.DataFrame, pl.LazyFrame)
 
 
 class MmRssStatView(TableView):
