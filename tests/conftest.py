@@ -133,10 +133,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 def _start_lab(session: pytest.Session) -> None:
     parts = lab_parts(session.items)
     if parts and not session.config.option.collectonly:
-        from tests.lab import start_lab
+        from tests.lab import LabStart
 
         out = session.config._tmp_path_factory.mktemp("lab")  # type: ignore[attr-defined]
-        _lab_started.append(start_lab(parts.values(), out))
+        _lab_started.append(LabStart(parts.values(), out))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -242,15 +242,12 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
-def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> LabRun:
+def lab(request: pytest.FixtureRequest) -> LabRun:
     """The kernel lab's one boot for the run (tests/lab.py): the ``LAB_PART`` of every
     collected test module that uses it, run in one guest, started in the background
     as soon as the run's tests were collected."""
     if not _lab_started:
-        from tests.lab import start_lab
-
-        parts = lab_parts(request.session.items)
-        _lab_started.append(start_lab(parts.values(), tmp_path_factory.mktemp("lab")))
+        pytest.fail(f"{request.node.nodeid} uses the lab, but its module has no LAB_PART")
     return _lab_started[0].result()
 
 

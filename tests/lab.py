@@ -146,10 +146,10 @@ def _failed(run: LabRun, commands: Iterable[str], err: BaseException) -> LabRun:
 
 
 class LabStart:
-    """The lab's boot started in the background (:func:`start_lab`): the run's other
-    tests go on meanwhile; :meth:`result` waits for it. The VM is started in a session
-    of its own and is no child of the test run (tests check that the code they run
-    leaves no child behind)."""
+    """Every part prepared here, then the lab's one boot started in the background:
+    the run's other tests go on meanwhile; :meth:`result` waits for it. The VM is
+    started in a session of its own and is no child of the test run (tests check that
+    the code they run leaves no child behind)."""
 
     def __init__(self, parts: Iterable[Part], out: Path) -> None:
         self.run, self.commands = _prepare(parts, out)
@@ -195,9 +195,3 @@ class LabStart:
             return
         with contextlib.suppress(OSError, ValueError):
             os.killpg(int((self.out / "vm.pid").read_text()), signal.SIGINT)
-
-
-def start_lab(parts: Iterable[Part], out: Path) -> LabStart:
-    """Prepare every part (here), then boot once in the background and run them in
-    order; ``.result()`` is what each did."""
-    return LabStart(parts, out)
