@@ -116,6 +116,7 @@ def start_collect(out: Path, *args: str, env: dict[str, str] | None = None,
     marker = f"kmofault{uuid.uuid4().hex[:10]}"
     _MARKERS.add(marker)
     config = Path(tempfile.gettempdir()) / f"{marker}.yaml"
+    _CONFIGS.append(config)
     config.write_text(
         f"collector:\n  flush_interval_s: {FLUSH_S}\n  min_free_mb: 1\n  warn_free_mb: 0\n"
         + more_config
@@ -135,6 +136,17 @@ def start_collect(out: Path, *args: str, env: dict[str, str] | None = None,
 
 #: the markers of every collect this test process started (see start_collect)
 _MARKERS: set[str] = set()
+#: their configuration files, removed once the run's tests are done
+_CONFIGS: list[Path] = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_configs() -> Iterator[None]:
+    """The configs start_collect wrote: a collect may read its own until it ends (a
+    test may leave one running to its teardown), so they go at the session's end."""
+    yield
+    for config in _CONFIGS:
+        config.unlink(missing_ok=True)
 
 
 def _held_by_others() -> tuple[set[int], set[int]]:

@@ -94,8 +94,13 @@ def test_two_rings_bring_every_switch_once(
         switched_in, switched_out = counts
         ins = queued.filter(pl.col("pid") == child.pid)
         ran = quanta.filter(pl.col("pid") == child.pid)
-        # a switch out per nap (the tracepoint misses a few in a thousand: test_quanta_runtime)
-        assert switched_out >= n - n // 50
+        # at least the kernel's own count of its switches out over the naps (the task
+        # switches around them too), less the few in a thousand the tracepoint misses
+        # (test_quanta_runtime); not one a nap: a nap whose timer expired before
+        # nanosleep reached schedule() did not switch
+        kernel_out = int(outs[cpu].split()[1])
+        assert kernel_out >= n - n // 10, kernel_out
+        assert switched_out >= kernel_out - n // 50, (kernel_out, switched_out)
         # every switch the tracepoint delivered is one row, none twice
         assert (ins.height, ran.height) == (switched_in, switched_out), child.pid
         # pinned (taskset may switch out elsewhere before it pins itself): its rows
