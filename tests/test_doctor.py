@@ -3,6 +3,7 @@ privileges, then one line that says what the user lacks; no traceback."""
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import stat
@@ -71,3 +72,69 @@ def test_doctor_as_a_user_who_is_not_root_explains_and_prints_what_it_can() -> N
         assert f"; tracefs {TRACEFS} not readable (root only);" in last
     if int(Path("/proc/sys/kernel/perf_event_paranoid").read_text()) >= 2:
         assert "; perf events refused (kernel.perf_event_paranoid=" in last
+
+
+def _df_avail(path: Path) -> int:
+    out = subprocess.run(["df", "-B1", "--output=avail", str(path)], capture_output=True,
+                         text=True, check=True).stdout  # fmt: skip
+    return int(out.split()[-1])
+
+
+def _mib(text: str) -> float:
+    """The first "N.N MiB" or "N.N GiB" in text, in MiB."""
+    import re
+
+    value, unit = re.search(r"([\d.]+) (MiB|GiB)", text).groups()  # type: ignore[union-attr]
+    return float(value) * (1024 if unit == "GiB" else 1)
+
+
+def test_the_sizing_table_is_this_machines(tmp_path: Path) -> None:
+    """CPUs as getconf and nproc count them, the ring size by the README's rule (8 MiB
+    per 4 CPUs, a power of two), free space as df sees it."""
+    from kernmlops.doctor import collection_sizing
+
+    rows = dict(collection_sizing(tmp_path / "data"))
+    online = int(subprocess.run(["getconf", "_NPROCESSORS_ONLN"], capture_output=True,
+                                text=True, check=True).stdout)  # fmt: skip
+    usable = int(subprocess.run(["nproc"], capture_output=True, text=True, check=True).stdout)
+    assert rows["CPUs"] == f"{online} online; {usable} this process may use"
+    rings = math.ceil(online / 64)
+    per_ring = math.ceil(online / rings)
+    quarters = math.ceil(per_ring / 4)
+    ring_mib = min(256, 8 * 2 ** (quarters - 1).bit_length())
+    assert rows["rings per table"].startswith(f"{rings}, each written by ")
+    assert _mib(rows["rings per table"]) == ring_mib
+    free = _df_avail(tmp_path)
+    assert rows["output disk"].endswith(f"free at {tmp_path} (collector.output_dir: "
+                                        f"{tmp_path / 'data'})")  # fmt: skip
+    assert abs(_mib(rows["output disk"]) * 2**20 - free) / free < 0.05  # df and the row's rounding
+    if Path("/dev/shm").is_dir() and "tmpfs" in Path("/proc/mounts").read_text():
+        shm_free = _df_avail(Path("/dev/shm"))
+        ram_mib = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**20
+        expected = min(max(256, min(64 * online, ram_mib // 16)), shm_free / 2**21)
+        assert abs(_mib(rows["memory spool"]) - expected) / expected < 0.01
+    if usable < 4:
+        assert rows["row workers at stop"].startswith("none: rows made in the collector")
+        assert rows["zstd threads per copier"] == "none (4 CPUs or fewer)"
+
+
+def test_the_sizing_table_of_a_192_cpu_machine(monkeypatch) -> None:
+    """On 192 CPUs (those functions told so): three rings of 64 CPUs, 128 MiB each (8
+    MiB per 4 CPUs, at most 256); a zstd thread per 8 CPUs; a row worker per CPU, at
+    most 64 and one per GiB of memory."""
+    import kernmlops.config
+    import kernmlops.hooks.bpf
+    from kernmlops.doctor import collection_sizing
+
+    cpus = list(range(192))
+    for module in (kernmlops.config, kernmlops.hooks.bpf):
+        monkeypatch.setattr(module, "online_cpu_count", lambda: 192)
+    monkeypatch.setattr("kernmlops.host.cpus.online_cpu_count", lambda: 192)
+    monkeypatch.setattr("kernmlops.host.cpus.online_cpus", lambda: cpus)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(cpus))
+    rows = dict(collection_sizing())
+    assert rows["CPUs"] == "192 online; 192 this process may use"
+    assert rows["rings per table"] == "3, each written by 64 CPUs, 128.0 MiB"
+    assert rows["zstd threads per copier"] == "24"
+    ram_gib = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**30
+    assert rows["row workers at stop"].startswith(f"{min(64, ram_gib)} processes")

@@ -53,6 +53,60 @@ def _copier_row() -> tuple[bool, str]:
     return True, f"{copier.library_path()} ({zstd}; {prio})"
 
 
+def collection_sizing(output_dir: Path = Path("data")) -> list[tuple[str, str]]:
+    """What a collection with the default configuration takes on this machine: the
+    sizes that follow the CPU count (README, "On many cores") and the room there is
+    for them. (name, value) rows."""
+    from kernmlops.collect.disk import human_bytes
+    from kernmlops.collect.rowmaking import MIN_PARALLEL_RAW, MIN_WORKER_CPUS, workers_for
+    from kernmlops.config import default_spool_memory_mib
+    from kernmlops.ebpf.copier import default_workers
+    from kernmlops.hooks.bpf import BpfHookOptions, ring_group_plan
+    from kernmlops.host.cpus import online_cpu_count, online_cpus
+    from kernmlops.spool.memory import SHM, _is_tmpfs
+
+    online, usable = online_cpu_count(), len(os.sched_getaffinity(0))
+    opts = BpfHookOptions()
+    rings, per = ring_group_plan(opts.groups, max(online_cpus(), default=0) + 1)
+    mib = default_spool_memory_mib()
+    if _is_tmpfs(SHM):
+        st = os.statvfs(SHM)
+        free = st.f_bavail * st.f_frsize
+        room = min(int(mib * 2**20), free // 2)
+        memory = (f"none: {SHM} is full, the spool goes to the output disk" if room < 2**20 else
+                  f"{human_bytes(room)} in {SHM} ({human_bytes(free)} free there; the spool "
+                  "uses at most half), the rest on the output disk, zstd-compressed")  # fmt: skip
+    else:
+        memory = f"none: {SHM} is no tmpfs, the spool goes to the output disk"
+    zstd = default_workers()
+    workers = workers_for(1 << 62)
+    if workers > 1:
+        rows = f"{workers} processes, from {human_bytes(MIN_PARALLEL_RAW)} of spooled records"
+    elif usable < MIN_WORKER_CPUS:
+        rows = f"none: rows made in the collector (fewer than {MIN_WORKER_CPUS} CPUs)"
+    else:
+        rows = "none: rows made in the collector (under 2 GiB of memory)"
+    disk = output_dir.resolve()
+    while not disk.exists() and disk != disk.parent:
+        disk = disk.parent
+    try:
+        st = os.statvfs(disk)
+        disk_free = human_bytes(st.f_bavail * st.f_frsize)
+    except OSError as err:
+        disk_free = f"unknown ({err.strerror})"
+    return [
+        ("CPUs", f"{online} online; {usable} this process may use"),
+        ("rings per table", f"{rings}, each written by {per} CPUs, {human_bytes(opts.ring_bytes)}"),
+        ("memory spool", memory),
+        ("zstd threads per copier", f"{zstd}" if zstd else "none (4 CPUs or fewer)"),
+        ("row workers at stop", rows),
+        (
+            "output disk",
+            f"{disk_free} free at {disk} (collector.output_dir: {output_dir})",
+        ),
+    ]
+
+
 def run_doctor(console: Console) -> int:
     """Print what this machine allows; exit status 1 if no BPF hook can run.
 
@@ -103,6 +157,13 @@ def run_doctor(console: Console) -> int:
             ok = "[green]yes[/]" if kind.loads else "[red]no[/]"
             variants.add_row(hv.hook, kind.kind + mark, ok, kind.detail)
     console.print(variants)
+
+    sizing = Table(title="a collection here (default configuration)", title_justify="left")
+    sizing.add_column("what")
+    sizing.add_column("here")
+    for name, value in collection_sizing():
+        sizing.add_row(name, value)
+    console.print(sizing)
     notes = privilege_notes(features)
     if build_error:
         notes.append(f"BPF objects not built: {build_error}")
