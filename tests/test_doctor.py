@@ -98,7 +98,7 @@ def test_the_sizing_table_is_this_machines(tmp_path: Path) -> None:
                                 text=True, check=True).stdout)  # fmt: skip
     usable = int(subprocess.run(["nproc"], capture_output=True, text=True, check=True).stdout)
     assert rows["CPUs"] == f"{online} online; {usable} this process may use"
-    rings = math.ceil(online / 64)
+    rings = math.ceil(online / 16)
     per_ring = math.ceil(online / rings)
     quarters = math.ceil(per_ring / 4)
     ring_mib = min(256, 8 * 2 ** (quarters - 1).bit_length())
@@ -119,9 +119,9 @@ def test_the_sizing_table_is_this_machines(tmp_path: Path) -> None:
 
 
 def test_the_sizing_table_of_a_192_cpu_machine(monkeypatch) -> None:
-    """On 192 CPUs (those functions told so): three rings of 64 CPUs, 128 MiB each (8
-    MiB per 4 CPUs, at most 256); a zstd thread per 8 CPUs; a row worker per CPU, at
-    most 64 and one per GiB of memory."""
+    """On 192 CPUs (those functions told so): twelve rings of 16 CPUs, 32 MiB each (8
+    MiB per 4 CPUs); a zstd thread per 8 CPUs; a row worker per CPU, at most 64 and
+    one per GiB of memory."""
     import kernmlops.config
     import kernmlops.hooks.bpf
     from kernmlops.doctor import collection_sizing
@@ -134,7 +134,7 @@ def test_the_sizing_table_of_a_192_cpu_machine(monkeypatch) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(cpus))
     rows = dict(collection_sizing())
     assert rows["CPUs"] == "192 online; 192 this process may use"
-    assert rows["rings per table"] == "3, each written by 64 CPUs, 128.0 MiB"
+    assert rows["rings per table"] == "12, each written by 16 CPUs, 32.0 MiB"
     assert rows["zstd threads per copier"] == "24"
     ram_gib = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**30
     assert rows["row workers at stop"].startswith(f"{min(64, ram_gib)} processes")

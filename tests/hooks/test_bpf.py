@@ -114,11 +114,11 @@ def test_only_hooks_whose_rows_come_from_their_records_alone_are_spooled() -> No
     assert not spooled & {"cpu_profile", "task_perf", "syscalls"}
 
 
-def test_ring_groups_one_per_64_cpus_and_none_without_a_cpu() -> None:
+def test_ring_groups_one_per_16_cpus_and_none_without_a_cpu() -> None:
     from kernmlops.hooks.bpf import default_ring_groups, ring_group_plan
 
-    # up to 64 CPUs one ring, as before groups; then one per 64
-    assert [default_ring_groups(n) for n in (1, 2, 16, 64, 65, 128, 192)] == [1, 1, 1, 1, 2, 2, 3]
+    # up to 16 CPUs one ring (the most one ring served without a loss); then one per 16
+    assert [default_ring_groups(n) for n in (1, 2, 16, 17, 64, 65, 192)] == [1, 1, 1, 2, 4, 5, 12]
     assert ring_group_plan(1, 192) == (1, 192)
     assert ring_group_plan(3, 192) == (3, 64)
     assert ring_group_plan(2, 2) == (2, 1)  # one CPU per ring
@@ -135,11 +135,11 @@ def test_a_rings_default_size_follows_its_groups_cpus(monkeypatch: pytest.Monkey
     Options = QuantaRuntimeHook.Options  # ring_kib null: the default size
     monkeypatch.setattr(bpf, "online_cpu_count", lambda: 192)
     opts = Options()
-    assert opts.groups == 3 and opts.ring_bytes == bpf.default_ring_kib(64) << 10
-    assert Options(ring_groups=1).ring_bytes == bpf.default_ring_kib(192) << 10
+    assert opts.groups == 12 and opts.ring_bytes == bpf.default_ring_kib(16) << 10 == 32 << 20
+    assert Options(ring_groups=1).ring_bytes == bpf.default_ring_kib(192) << 10 == 256 << 20
     assert Options(ring_groups=2, ring_kib=64).ring_bytes == 64 << 10
-    monkeypatch.setattr(bpf, "online_cpu_count", lambda: 64)
-    assert Options().groups == 1 and Options().ring_bytes == bpf.default_ring_kib(64) << 10
+    monkeypatch.setattr(bpf, "online_cpu_count", lambda: 16)
+    assert Options().groups == 1 and Options().ring_bytes == bpf.default_ring_kib(16) << 10
 
 
 def test_ring_groups_must_be_a_positive_count() -> None:

@@ -72,12 +72,12 @@ static __always_inline u64 kmo_wake_flags(void *ring, u64 before, u64 after)
 #define KMO_RING_BYTES(bytes) (((bytes) + 8 + 7) & ~7ULL)
 
 /* Ring groups: on a large machine a hook's ring is N rings, one per group of
- * CPUs, each drained by its own copier thread (hooks/bpf.py, ring_groups): one
- * ring's reservation lock and one reader stop scaling at ~64-120 CPUs. A CPU
+ * CPUs, each drained by its own copier thread (hooks/bpf.py, ring_groups: by
+ * default one per 16 CPUs, what one copier was measured to keep up with). A CPU
  * writes into ring cpu / cpus_per_group. Ring 0 is the map `name` itself, the
  * others are made by user space and put in `name`_groups (an array of maps;
  * its lookup is inlined by the verifier). Set before load; with one group
- * (the default, and every machine of up to 64 CPUs) the verifier drops the
+ * (the default on every machine of up to 16 CPUs) the verifier drops the
  * lookup as dead code: what is left of it is one load of a read-only global
  * (a cached line) where a program names its ring. An object without rings may
  * define KMO_NO_RINGS first: no settings in it then (doctor's probes load

@@ -41,14 +41,18 @@ RING_KIB_PER_4_CPUS = 8192
 RING_KIB_MAX_DEFAULT = 256 << 10
 
 
-#: CPUs per ring group by default: one ring (and one copier thread) per 64 CPUs online.
-#: One ring's reservation lock and one copier (~40-50M records per CPU-second) stop
-#: scaling at roughly 64-120 CPUs; up to 64 CPUs a hook has one ring, as before groups
-CPUS_PER_RING_GROUP = 64
+#: CPUs per ring group by default: one ring (and one copier thread) per 16 CPUs online,
+#: the most one ring was measured to serve without a loss (the 16-core machine's storm,
+#: bench/README.md). A storm makes ~0.5M records a second per CPU (7-8M on 16) and one
+#: copier moves ~33M a CPU-second into memory (`python -m bench capacity`, 2-vCPU VM; its
+#: collector used 17-35% of a CPU during the 16-core storm): 16 CPUs keep
+#: it at about a quarter of a core, where 64 would need all of one, with every CPU's
+#: batches taking one ring's lock. Up to 16 CPUs a hook has one ring.
+CPUS_PER_RING_GROUP = 16
 
 
 def default_ring_groups(cpus: int | None = None) -> int:
-    """Rings per table on a machine with ``cpus`` CPUs online: one per 64."""
+    """Rings per table on a machine with ``cpus`` CPUs online: one per 16."""
     n = cpus if cpus is not None else online_cpu_count()
     return max(1, -(-n // CPUS_PER_RING_GROUP))
 
@@ -115,7 +119,8 @@ class BpfHookOptions(HookOptions):
         le=1024,
         description="rings per table, each written by one group of CPUs (and, where the "
         "hook spools, moved by a copier thread of its own into the table's one spool); "
-        "null: one per 64 CPUs online (up to 64 CPUs one ring, as without groups). More "
+        "null: one per 16 CPUs online (the most one ring was measured to serve under a "
+        "switch storm without a loss; up to 16 CPUs one ring). More "
         "rings split a storm's writes (each ring has its own reservation lock) and its "
         "copy over more cores; a table's rows keep each CPU's order, not the order across "
         "rings. At most one ring per CPU",
