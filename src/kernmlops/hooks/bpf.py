@@ -43,11 +43,11 @@ RING_KIB_MAX_DEFAULT = 256 << 10
 
 #: CPUs per ring group by default: one ring (and one copier thread) per 16 CPUs online,
 #: the most one ring was measured to serve without a loss (the 16-core machine's storm,
-#: bench/README.md). A storm makes ~0.5M records a second per CPU (7-8M on 16) and one
-#: copier moves ~33M a CPU-second into memory (`python -m bench capacity`, 2-vCPU VM; its
-#: collector used 17-35% of a CPU during the 16-core storm): 16 CPUs keep
-#: it at about a quarter of a core, where 64 would need all of one, with every CPU's
-#: batches taking one ring's lock. Up to 16 CPUs a hook has one ring.
+#: bench/README.md). There, 7.1-7.4M switches a second kept its one copier 0.17-0.21 of
+#: a core busy while the spool was in memory (`storm-16cpu-2026-11-28.json`, 5-s runs;
+#: ~33M records a CPU-second in `python -m bench capacity` on 2 vCPUs): a ring of 64
+#: such CPUs would need 0.7-0.85 of one thread's core, with every CPU's batches taking
+#: one ring's lock. Up to 16 CPUs a hook has one ring.
 CPUS_PER_RING_GROUP = 16
 
 
