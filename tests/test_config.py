@@ -74,6 +74,12 @@ def test_defaults_yaml_parses_back_to_the_defaults():
     assert load_config(data) == Config()
 
 
+def test_the_repositorys_defaults_yaml_is_what_defaults_writes():
+    """The checked-in defaults.yaml (what a reader of the repository opens first) says
+    what the code does: regenerate it with `kernmlops defaults` after a change."""
+    assert (REPO / "defaults.yaml").read_text() == defaults_yaml()
+
+
 def _leaf_keys(model: BaseModel, path: tuple[str, ...] = ()):
     """(path, description) of every non-section field."""
     for name, field in type(model).model_fields.items():
