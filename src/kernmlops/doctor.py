@@ -53,31 +53,39 @@ def _copier_row() -> tuple[bool, str]:
     return True, f"{copier.library_path()} ({zstd}; {prio})"
 
 
+def _memory_row() -> str:
+    """Where a default collection's spool goes first: the tmpfs, and how much of it."""
+    from kernmlops.collect.disk import human_bytes
+    from kernmlops.config import default_spool_memory_mib
+    from kernmlops.spool.memory import MIN_ROOM, SHM, memory_room
+
+    try:
+        found = memory_room(default_spool_memory_mib())
+    except OSError as err:
+        return f"unknown ({err.strerror}): the spool goes to the output disk"
+    if found is None:
+        return f"none: {SHM} is no tmpfs, the spool goes to the output disk"
+    room, free = found
+    if room < MIN_ROOM:  # as spool_memory decides
+        return f"none: {SHM} is full, the spool goes to the output disk"
+    return (f"{human_bytes(room)} in {SHM} ({human_bytes(free)} free there; the spool uses at "
+            "most half), the rest on the output disk, zstd-compressed")  # fmt: skip
+
+
 def collection_sizing(output_dir: Path = Path("data")) -> list[tuple[str, str]]:
     """What a collection with the default configuration takes on this machine: the
     sizes that follow the CPU count (README, "On many cores") and the room there is
     for them. (name, value) rows."""
     from kernmlops.collect.disk import human_bytes
     from kernmlops.collect.rowmaking import MIN_PARALLEL_RAW, MIN_WORKER_CPUS, workers_for
-    from kernmlops.config import default_spool_memory_mib
     from kernmlops.ebpf.copier import default_workers
     from kernmlops.hooks.bpf import BpfHookOptions, ring_group_plan
     from kernmlops.host.cpus import online_cpu_count, online_cpus
-    from kernmlops.spool.memory import SHM, _is_tmpfs
 
     online, usable = online_cpu_count(), len(os.sched_getaffinity(0))
     opts = BpfHookOptions()
     rings, per = ring_group_plan(opts.groups, max(online_cpus(), default=0) + 1)
-    mib = default_spool_memory_mib()
-    if _is_tmpfs(SHM):
-        st = os.statvfs(SHM)
-        free = st.f_bavail * st.f_frsize
-        room = min(int(mib * 2**20), free // 2)
-        memory = (f"none: {SHM} is full, the spool goes to the output disk" if room < 2**20 else
-                  f"{human_bytes(room)} in {SHM} ({human_bytes(free)} free there; the spool "
-                  "uses at most half), the rest on the output disk, zstd-compressed")  # fmt: skip
-    else:
-        memory = f"none: {SHM} is no tmpfs, the spool goes to the output disk"
+    memory = _memory_row()
     zstd = default_workers()
     workers = workers_for(1 << 62)
     if workers > 1:

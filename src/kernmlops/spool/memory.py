@@ -79,16 +79,30 @@ class SpoolMemory:
             self._used = max(0, self._used - size)
 
 
+#: the least tmpfs room worth a memory spool (less: the spool goes to the disk)
+MIN_ROOM = 1 << 20
+
+
+def memory_room(limit_mib: float) -> tuple[int, int] | None:
+    """(bytes of the tmpfs a spool asking for ``limit_mib`` gets: at most half of its
+    free space; the tmpfs's free bytes), or None where there is no tmpfs at SHM."""
+    if not _is_tmpfs(SHM):
+        return None
+    st = os.statvfs(SHM)
+    free = st.f_bavail * st.f_frsize
+    return min(int(limit_mib * 2**20), free // 2), free
+
+
 def spool_memory(spool_dir: Path, collection_id: str, limit_mib: float) -> SpoolMemory | None:
     """A folder on the tmpfs for the spool's first ``limit_mib`` (at most half of the
     tmpfs's free space), linked from ``spool_dir``; None without a usable tmpfs."""
-    if limit_mib <= 0 or not _is_tmpfs(SHM):
+    if limit_mib <= 0:
         return None
     try:
-        st = os.statvfs(SHM)
-        limit = min(int(limit_mib * 2**20), st.f_bavail * st.f_frsize // 2)
-        if limit < 2**20:
+        room = memory_room(limit_mib)
+        if room is None or room[0] < MIN_ROOM:
             return None
+        limit = room[0]
         folder = memory_folder(collection_id)
         folder.mkdir(mode=0o700, exist_ok=True)
         st = folder.lstat()
