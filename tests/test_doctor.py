@@ -96,7 +96,10 @@ def test_the_sizing_table_is_this_machines(tmp_path: Path) -> None:
     rows = dict(collection_sizing(tmp_path / "data"))
     online = int(subprocess.run(["getconf", "_NPROCESSORS_ONLN"], capture_output=True,
                                 text=True, check=True).stdout)  # fmt: skip
-    usable = int(subprocess.run(["nproc"], capture_output=True, text=True, check=True).stdout)
+    # nproc counts the CPUs this process may use, or OMP_NUM_THREADS where it is set
+    clean = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    usable = int(subprocess.run(["nproc"], capture_output=True, text=True, check=True,
+                                env=clean).stdout)  # fmt: skip
     assert rows["CPUs"] == f"{online} online; {usable} this process may use"
     rings = math.ceil(online / 16)
     per_ring = math.ceil(online / rings)
