@@ -53,6 +53,16 @@ def test_drop_advice_names_the_cpus_that_lost_and_the_copiers_trouble() -> None:
         "filesystem that can allocate ahead, such as ext4 or xfs (the spool's could not: "
         "Operation not supported), or raise hooks.quanta_runtime.ring_kib"
     ]
+    # a copier thread that was busy nearly a whole second: its ring's one thread was
+    # the limit, whatever the ring's size
+    busy = HookStatus("quanta_runtime", attached=True, drops=3, drops_by_cpu=[3],
+                      copier={"native": True, "priority": 1, "busy": 0.2,
+                              "busy_peak": 0.93})  # fmt: skip
+    assert drop_advice({"quanta_runtime": busy}, cfg.hook_options) == [
+        "quanta_runtime: 3 events dropped (its ring was full, on CPU 0 (3)): raise "
+        "hooks.quanta_runtime.ring_groups (a copier thread was busy 93% of a second), or "
+        "raise hooks.quanta_runtime.ring_kib"
+    ]
     python = HookStatus("quanta_runtime", attached=True, drops=9, drops_by_cpu=[9],
                         copier={"native": False})  # fmt: skip
     assert drop_advice({"quanta_runtime": python}, cfg.hook_options) == [

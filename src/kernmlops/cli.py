@@ -133,6 +133,10 @@ def _cpus_that_lost(by_cpu: list[int]) -> str:
     return f", on CPU{'s' if len(lost) > 1 else ''} {shown}{more}"
 
 
+#: a copier thread busy this share of a second (or more) was its ring's limit
+BUSY_COPIER = 0.75
+
+
 def drop_advice(hooks: Mapping[str, HookStatus], options: Callable[[str], Any]) -> list[str]:
     """One line per hook that lost events, with the remedy for its kind: a BPF hook's
     ring was full; a poller (``poll_hz``) missed samples while the machine was busy.
@@ -150,6 +154,10 @@ def drop_advice(hooks: Mapping[str, HookStatus], options: Callable[[str], Any]) 
                 # neither SCHED_FIFO nor a lower nice: no CAP_SYS_NICE
                 remedy = (f"give the collector CAP_SYS_NICE (the copier's priority was "
                           f"refused: {copier['error']}), or raise ")  # fmt: skip
+            elif copier.get("busy_peak", 0) >= BUSY_COPIER:
+                # one thread moving the ring was the limit: split the ring's CPUs
+                remedy = (f"raise hooks.{name}.ring_groups (a copier thread was busy "
+                          f"{copier['busy_peak']:.0%} of a second), or raise ")  # fmt: skip
             elif (copier.get("runway") or {}).get("error"):
                 # the spool's disk writes waited for the filesystem (native/runway.c)
                 remedy = ("collect to a filesystem that can allocate ahead, such as ext4 or "

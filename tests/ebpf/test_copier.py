@@ -458,7 +458,14 @@ def test_the_copier_thread_keeps_up_with_the_kernel_and_keeps_every_record(
         try:
             runner.start()
             runner.join()
+            # the copier thread's CPU as the kernel counts it (utime + stime, in clock
+            # ticks), just before its last copy: what copier.cpu_s reports after it
+            assert copier._thread is not None
+            fields = Path(f"/proc/self/task/{copier._thread.native_id}/stat").read_text()
+            utime, stime = fields.rsplit(")", 1)[1].split()[11:13]
+            kernel_s = (int(utime) + int(stime)) / os.sysconf("SC_CLK_TCK")
             copier.stop()
+            assert kernel_s - 0.02 <= copier.cpu_s <= kernel_s + 0.1, (copier.cpu_s, kernel_s)
             assert copier.workers == workers  # libzstd took them
             spool.detach()
             gen = np.frombuffer(obj.map("state").lookup(0)[: GEN.itemsize], GEN)[0]

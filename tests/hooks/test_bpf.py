@@ -179,3 +179,25 @@ def test_a_ring_group_reads_each_ring_in_its_own_order() -> None:
         group.close()
         for r in rings:
             os.close(r.fd)
+
+
+def test_a_copiers_busiest_second_is_watched_beside_its_average() -> None:
+    """busy_peak: the busiest copier's share of a core over windows of a second or
+    more, as often as the loop looks; a burst the run's average hides."""
+    from types import SimpleNamespace
+
+    from kernmlops.hooks.bpf import COPIER_WINDOW_S
+    from kernmlops.hooks.quanta_runtime import QuantaRuntimeHook
+
+    hook = QuantaRuntimeHook()
+    a, b = SimpleNamespace(cpu_s=0.0), SimpleNamespace(cpu_s=0.0)
+    hook._copiers = [a, b]  # type: ignore[list-item]
+    hook._copier_seen = (100.0, [0.0, 0.0])
+    a.cpu_s, b.cpu_s = 0.1, 0.9  # b: 90% of the second
+    hook._watch_copiers(100.0 + COPIER_WINDOW_S / 2)  # too soon: nothing measured
+    assert hook._copier_peak == 0
+    hook._watch_copiers(100.0 + COPIER_WINDOW_S)
+    assert hook._copier_peak == pytest.approx(0.9)
+    a.cpu_s = 0.5  # then 0.4 s in 2 s
+    hook._watch_copiers(100.0 + COPIER_WINDOW_S + 2.0)
+    assert hook._copier_peak == pytest.approx(0.9)  # the peak stays

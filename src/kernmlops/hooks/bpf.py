@@ -157,6 +157,8 @@ class BpfHookOptions(HookOptions):
         return default_ring_kib(-(-online_cpu_count() // self.groups)) * 1024
 
 
+#: seconds over which a copier's busy share is measured (status.copier.busy_peak)
+COPIER_WINDOW_S = 1.0
 #: the longest a poll makes rows from a spool before it copies the rings again (s): a
 #: default ring (8 MiB) holds hundreds of milliseconds of the busiest storm
 ROWS_BUDGET_S = 0.05
@@ -271,6 +273,10 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         #: move the spooled rings into their spools without Python, where they can: one
         #: copier thread per ring group
         self._copiers: list[Copier] = []
+        self._copiers_since = 0.0  # when they started (monotonic)
+        # (time, each copier's CPU s) of the last look; the busiest window since
+        self._copier_seen: tuple[float, list[float]] = (0.0, [])
+        self._copier_peak = 0.0
 
     @classmethod
     def __init_subclass__(cls, **kwargs: object) -> None:
@@ -447,6 +453,8 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         for c in copiers:
             c.start(ctx.copier_priority)
         self._copiers = copiers
+        self._copiers_since = time.monotonic()
+        self._copier_seen = (self._copiers_since, [0.0] * len(copiers))
         copier = copiers[0]
         self.status.copier = {
             "native": True,
@@ -465,7 +473,15 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
             return
         for copier in copiers:  # every thread stopped before a spool goes on in Python
             copier.stop()
+        ran_s = time.monotonic() - self._copiers_since
         self.status.copier["zstd_workers"] = sum(c.workers for c in copiers)
+        # each copier thread's own CPU (zstd's workers are threads of their own): one
+        # busy most of the time is its ring's limit, whatever its size (more groups)
+        self.status.copier["cpu_s"] = [round(c.cpu_s, 3) for c in copiers]
+        if ran_s > 0:
+            busy = max(c.cpu_s for c in copiers) / ran_s
+            self.status.copier["busy"] = round(busy, 3)
+            self.status.copier["busy_peak"] = round(max(self._copier_peak, busy), 3)
         if copiers[0].runway_s:
             self.status.copier["runway"] = _runway_status(copiers)
         if len(copiers) > 1:
@@ -584,6 +600,7 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         """Copy due rings into their spools; make rows from the spools when the
         machine has CPU to spare, and all of them once detached."""
         now = time.monotonic()
+        self._watch_copiers(now)
         readers = self.readers()
         if self._detached:
             self._settle_spools()
@@ -614,6 +631,18 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
                 for table, rows in self.rows_from(key, records, layout):
                     spool.count(table, rows.num_rows if hasattr(rows, "num_rows") else len(rows))
                     yield table, rows
+
+    def _watch_copiers(self, now: float) -> None:
+        """The busiest copier's share of a core over windows of COPIER_WINDOW_S or
+        more (as often as the loop polls): a storm's seconds, which the run's
+        average hides."""
+        at, cpu = self._copier_seen
+        if not self._copiers or now - at < COPIER_WINDOW_S:
+            return
+        spent = [c.cpu_s for c in self._copiers]
+        busy = max(b - a for a, b in zip(cpu, spent, strict=True)) / (now - at)
+        self._copier_peak = max(self._copier_peak, busy)
+        self._copier_seen = (now, spent)
 
     def _settle_spools(self) -> None:
         """(Detached) everything the rings and the CPUs' batches still hold moved into
