@@ -133,7 +133,7 @@ def test_the_sizing_table_of_a_192_cpu_machine(monkeypatch) -> None:
     for module in (kernmlops.config, kernmlops.hooks.bpf):
         monkeypatch.setattr(module, "online_cpu_count", lambda: 192)
     monkeypatch.setattr("kernmlops.host.cpus.online_cpu_count", lambda: 192)
-    monkeypatch.setattr("kernmlops.host.cpus.online_cpus", lambda: cpus)
+    monkeypatch.setattr(kernmlops.hooks.bpf, "online_cpus", lambda: cpus)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(cpus))
     rows = dict(collection_sizing())
     assert rows["CPUs"] == "192 online; 192 this process may use"

@@ -77,14 +77,19 @@ def collection_sizing(output_dir: Path = Path("data")) -> list[tuple[str, str]]:
     sizes that follow the CPU count (README, "On many cores") and the room there is
     for them. (name, value) rows."""
     from kernmlops.collect.disk import human_bytes
-    from kernmlops.collect.rowmaking import MIN_PARALLEL_RAW, MIN_WORKER_CPUS, workers_for
+    from kernmlops.collect.rowmaking import (
+        MIN_PARALLEL_RAW,
+        MIN_WORKER_CPUS,
+        WORKER_RAM,
+        workers_for,
+    )
     from kernmlops.ebpf.copier import default_workers
-    from kernmlops.hooks.bpf import BpfHookOptions, ring_group_plan
-    from kernmlops.host.cpus import online_cpu_count, online_cpus
+    from kernmlops.hooks.bpf import BpfHookOptions, cpu_span, ring_group_plan
+    from kernmlops.host.cpus import online_cpu_count
 
     online, usable = online_cpu_count(), len(os.sched_getaffinity(0))
     opts = BpfHookOptions()
-    rings, per = ring_group_plan(opts.groups, max(online_cpus(), default=0) + 1)
+    rings, per = ring_group_plan(opts.groups, cpu_span())
     memory = _memory_row()
     zstd = default_workers()
     workers = workers_for(1 << 62)
@@ -93,7 +98,7 @@ def collection_sizing(output_dir: Path = Path("data")) -> list[tuple[str, str]]:
     elif usable < MIN_WORKER_CPUS:
         rows = f"none: rows made in the collector (fewer than {MIN_WORKER_CPUS} CPUs)"
     else:
-        rows = "none: rows made in the collector (under 2 GiB of memory)"
+        rows = f"none: rows made in the collector (under {human_bytes(2 * WORKER_RAM)} of memory)"
     disk = output_dir.resolve()
     while not disk.exists() and disk != disk.parent:
         disk = disk.parent

@@ -59,7 +59,7 @@ def default_ring_groups(cpus: int | None = None) -> int:
 
 def ring_group_plan(groups: int, possible: int) -> tuple[int, int]:
     """(rings, CPUs per ring) for ``groups`` asked on a machine whose CPUs are numbered
-    below ``possible`` (online ones: _cpu_span): CPU c writes into ring c // per. No ring is
+    below ``possible`` (online ones: cpu_span): CPU c writes into ring c // per. No ring is
     left without a CPU: at most one ring per CPU, and fewer where the CPUs do not
     split evenly (10 CPUs in 4 groups: 3 per ring, 4 rings)."""
     groups = max(1, min(groups, possible))
@@ -67,7 +67,7 @@ def ring_group_plan(groups: int, possible: int) -> tuple[int, int]:
     return -(-possible // per), per
 
 
-def _cpu_span() -> int:
+def cpu_span() -> int:
     """One past the highest CPU online: the CPU numbers cut in groups. A CPU that
     comes online later past it writes into ring 0 (common.h, kmo_ring_of)."""
     return max(online_cpus()) + 1
@@ -315,7 +315,7 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
             missing = sorted(set(self.rings.values()) - set(spec.btf.rings()))
             if missing:
                 raise HookUnavailable(f"{self.name}: {path.name} declares no ring {missing[0]!r}")
-            groups, per = ring_group_plan(self.options.groups, _cpu_span())
+            groups, per = ring_group_plan(self.options.groups, cpu_span())
             # each ring's array of group rings: as many slots as groups (1: unused)
             outer = {f"{ring}_groups": groups for ring in self.rings.values() if groups > 1}
             self.obj = open_and_load(
@@ -468,9 +468,10 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
     def _stop_copier(self) -> None:
         """The copier's last copy (every committed record), then the spools go on in
         Python (a CPU's last batch is appended by the poll loop)."""
-        copiers, self._copiers = self._copiers, []
-        if not copiers:
+        if not self._copiers:
             return
+        self._watch_copiers(time.monotonic())  # the seconds since the loop last looked
+        copiers, self._copiers = self._copiers, []
         for copier in copiers:  # every thread stopped before a spool goes on in Python
             copier.stop()
         ran_s = time.monotonic() - self._copiers_since
