@@ -141,6 +141,83 @@ int BPF_PROG(observe, bool preempt, struct task_struct *prev, struct task_struct
 """
 
 
+#: each quantum of the children of ``parent_tgid`` as the kernel keeps it: the run
+#: queue's clock at its switch in and out (rq->clock, as the scheduler set it for
+#: each switch), and the IRQ and steal time that clock counts and the task is not
+#: charged (the growth of rq->clock - rq->clock_task between the two)
+RQ_QUANTA = r"""
+#include "common.h"
+
+const volatile u32 parent_tgid = 0;
+
+struct quantum {
+	u64 out_ns; /* CLOCK_MONOTONIC at the switch out's tracepoint */
+	u64 in_clock;
+	u64 out_clock;
+	u64 uncharged_ns;
+	u32 pid;
+	u32 cpu;
+};
+struct came { u64 clock; u64 gap; };
+
+#define MAX_QUANTA (1 << 14)
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1 << 12);
+	__type(key, u32);
+	__type(value, struct came);
+} came_in SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_QUANTA);
+	__type(key, u32);
+	__type(value, struct quantum);
+} quanta SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__type(value, u64);
+} count SEC(".maps");
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(quantum_clocks, bool preempt, struct task_struct *prev, struct task_struct *next)
+{
+	/* This CPU's run queue, through a task on it (a fair one: the children). */
+	struct rq *rq = (prev->pid ? prev : next)->se.cfs_rq->rq;
+	struct came now = {rq->clock, rq->clock - rq->clock_task}, *in;
+	u32 pid = prev->pid, zero = 0, i;
+	u64 *n;
+	struct quantum *q;
+
+	if (pid && prev->real_parent->tgid == parent_tgid) {
+		in = bpf_map_lookup_elem(&came_in, &pid);
+		n = bpf_map_lookup_elem(&count, &zero);
+		if (in && n) {
+			i = __sync_fetch_and_add(n, 1);
+			q = bpf_map_lookup_elem(&quanta, &i);
+			if (q) {
+				q->out_ns = bpf_ktime_get_ns();
+				q->in_clock = in->clock;
+				q->out_clock = now.clock;
+				q->uncharged_ns = now.gap - in->gap;
+				q->pid = pid;
+				q->cpu = bpf_get_smp_processor_id();
+			}
+			bpf_map_delete_elem(&came_in, &pid);
+		}
+	}
+	pid = next->pid;
+	if (pid && next->real_parent->tgid == parent_tgid)
+		bpf_map_update_elem(&came_in, &pid, &now, BPF_ANY);
+	return 0;
+}
+"""
+
+
 class SwitchCounts:
     """The counter's readings while it is attached."""
 
@@ -181,3 +258,34 @@ def counting_switches(
     with open_and_load(path, globals_={"parent_tgid": parent_tgid, "comm8": comm8}) as obj:
         obj.attach_all()
         yield SwitchCounts(obj)
+
+
+class RqQuanta:
+    """The quanta the observer saw while it was attached."""
+
+    def __init__(self, obj: Any) -> None:
+        self._obj = obj
+
+    def of(self, pid: int) -> np.ndarray:
+        """Task ``pid``'s quanta in order: fields ``out_ns`` (CLOCK_MONOTONIC at the
+        switch out's tracepoint), ``in_clock``, ``out_clock``, ``uncharged_ns``, ``cpu``."""
+        fields = ("out_ns", "in_clock", "out_clock", "uncharged_ns")
+        dtype = np.dtype([*((f, "<u8") for f in fields), ("pid", "<u4"), ("cpu", "<u4")])
+        total = int(np.frombuffer(self._obj.map("count").lookup(0), "<u8")[0])
+        assert total <= 1 << 14, f"{total} quanta: more than the observer keeps"
+        rows = np.frombuffer(
+            b"".join(self._obj.map("quanta").lookup(i) for i in range(total)), dtype
+        )
+        return np.sort(rows[rows["pid"] == pid], order="out_ns")
+
+
+@contextlib.contextmanager
+def rq_quanta(compile_bpf: Callable[[str, str], Path], *, parent_tgid: int) -> Iterator[RqQuanta]:
+    """The observer of :data:`RQ_QUANTA` attached for the block, following the
+    children of ``parent_tgid``."""
+    from kernmlops.ebpf.objects import open_and_load
+
+    path = compile_bpf("rq_quanta", RQ_QUANTA)
+    with open_and_load(path, globals_={"parent_tgid": parent_tgid}) as obj:
+        obj.attach_all()
+        yield RqQuanta(obj)

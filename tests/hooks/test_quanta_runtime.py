@@ -20,7 +20,7 @@ import pytest
 from kernmlops.hooks.quanta_runtime import NO_TIME, QuantaRuntimeHook, split_switches
 from tests.hooks.conftest import build_c
 from tests.rows import as_frame, polled
-from tests.switches import counting_switches
+from tests.switches import counting_switches, rq_quanta
 from tests.unseen import BURN, Unseen, wait_asleep
 
 BOUNCE = r"""
@@ -326,11 +326,13 @@ def test_switch_times_are_the_kernels_clock_on_the_monotonic_one(
     """The switch's time is the run queue's clock put on CLOCK_MONOTONIC. A task
     that reads CLOCK_MONOTONIC before and after each nanosleep sees the switch out
     of it and the switch back in between its two readings (rows truncate to the
-    microsecond), and the time between a switch in and the next switch out is the
-    CPU time the kernel charged for that quantum (which the time read at the
-    tracepoint misses by the idle exit: ~11 us in a VM). The rows are as many as
-    a second program on the tracepoint counts, and every nap lacking its row is
-    a switch the kernel counted and the tracepoint missed."""
+    microsecond); each row's time is the kernel's rq->clock at that switch, moved
+    by one offset; and the time between a switch in and the next switch out is the
+    CPU time the kernel charged for that quantum plus the time it charged no task
+    (which the time read at the tracepoint misses by the idle exit: ~11 us in a
+    VM). The rows are as many as a second program on the tracepoint counts, and
+    every nap lacking its row is a switch the kernel counted and the tracepoint
+    missed."""
     from kernmlops.hooks.base import HookContext
 
     hook = QuantaRuntimeHook(QuantaRuntimeHook.Options())
@@ -338,7 +340,10 @@ def test_switch_times_are_the_kernels_clock_on_the_monotonic_one(
     n = 2_000
     child = subprocess.Popen(["true"])
     child.wait()
-    with counting_switches(compile_bpf, parent_tgid=os.getpid()) as seen:
+    with (
+        counting_switches(compile_bpf, parent_tgid=os.getpid()) as seen,
+        rq_quanta(compile_bpf, parent_tgid=os.getpid()) as kernel_quanta,
+    ):
         try:
             hook.start(HookContext("t", process_filter=None, self_tgid=os.getpid()))
             child = subprocess.Popen([str(naps), str(n), "200"], stdout=subprocess.PIPE, text=True)
@@ -352,6 +357,7 @@ def test_switch_times_are_the_kernels_clock_on_the_monotonic_one(
                 child.kill()
                 child.wait()
         counted = seen.of(child.pid)
+        observed = kernel_quanta.of(child.pid)
     assert child.returncode == 0 and hook.status.drops == 0 and counted is not None
     switched_in, switched_out = counted
     kernel, *pairs = out.splitlines()
@@ -396,11 +402,39 @@ def test_switch_times_are_the_kernels_clock_on_the_monotonic_one(
         pl.col("run").is_not_null() & came_in
     )
     assert quanta.height >= slept.sum() - n // 50
-    apart = (quanta["ts_uptime_us"] - quanta["came"] - quanta["run"]).to_numpy()
-    # Truncated times and a rounded quantum: 1 us either way; IRQ and steal time
-    # the kernel does not charge make some longer.
-    assert np.median(np.abs(apart)) <= 1, np.percentile(apart, [1, 50, 99])
-    assert np.mean(np.abs(apart) <= 2) >= 0.95, np.percentile(apart, [1, 50, 99])
+    # Each quantum as the kernel keeps it (a third program on the tracepoint reads
+    # rq->clock at its switch in and out), matched by the switch out.
+    out_us = quanta["ts_uptime_us"].to_numpy()
+    seen_us = observed["out_ns"] / 1000
+    k = np.clip(np.searchsorted(seen_us, out_us), 1, max(len(seen_us) - 1, 1))
+    k = np.where(np.abs(seen_us[k - 1] - out_us) < np.abs(seen_us[k] - out_us), k - 1, k)
+    matched = np.abs(seen_us[k] - out_us) <= NEAR_US
+    assert matched.mean() >= 0.99, (int((~matched).sum()), len(out_us))
+    kernel_q, rows_q = observed[k[matched]], quanta.filter(pl.Series(matched))
+    in_clock, out_clock = (kernel_q[f].astype(np.int64) for f in ("in_clock", "out_clock"))
+    # The rows' times are the run queue's clock moved onto CLOCK_MONOTONIC by one
+    # offset, at the switch in as at the switch out: within the rows' truncation
+    # and the offset's reading (1 µs each). A CPU's first switches come before its
+    # offset is known (the time read at the tracepoint instead): one or two.
+    shift = np.concatenate([
+        rows_q["came"].to_numpy() * 1000 - in_clock,
+        rows_q["ts_uptime_us"].to_numpy() * 1000 - out_clock,
+    ]) / 1000  # fmt: skip
+    near = np.abs(shift - np.median(shift)) <= 2
+    assert near.mean() >= 0.99, np.percentile(shift - np.median(shift), [0.5, 50, 99.5])
+    # The quantum charged is the time between its switches less what the clock
+    # counts and the task is not charged: IRQ and steal time (the growth of
+    # rq->clock - rq->clock_task; a host that takes the vCPU away does so for 5-20
+    # µs in a few quanta a run here), and the scheduler's own work between prev's
+    # charge and the switch (a CPU going idle balances load and updates its clock
+    # after prev was charged: 2-3 µs here, in most quanta of some runs). Never
+    # more, the quantum rounded to the µs; and the scheduler's part is µs, not
+    # tens. (Held to the switches' times alone, 95% of the quanta within 2 µs,
+    # this failed whenever either came often.)
+    spare = (out_clock - in_clock - kernel_q["uncharged_ns"].astype(np.int64)) / 1000
+    spare -= rows_q["run"].to_numpy()
+    assert (spare < -1).sum() <= len(spare) // 1000, np.sort(spare)[:5]
+    assert np.mean(spare <= 10) >= 0.99, np.percentile(spare, [1, 50, 99])
 
 
 @pytest.mark.bpf
