@@ -103,6 +103,31 @@ def test_sigkill_mid_run_loses_at_most_one_flush(tmp_path: Path, bpf_baseline) -
     assert manifest.hooks["quanta_runtime"].attached
 
 
+def test_sigkill_mid_run_keeps_what_the_benchmark_printed(tmp_path: Path, bpf_baseline) -> None:
+    """A benchmark's captured output is written into the collection as it runs (it
+    was once kept by a copy at the end, lost with a killed collector): stress-ng's
+    first lines are in benchmark_output/ before the kill, and after it and the
+    recovery."""
+    run = start_collect(tmp_path / "out", "--hooks", "process_trace", "-b", "stress-ng",
+                        more_config="benchmark:\n  stress_ng:\n    scenario: cpu\n"
+                        "    workers: 1\n    duration_s: 60\n")  # fmt: skip
+    run.wait_for("probes attached")
+    output = run.collection() / "benchmark_output"
+
+    def printed() -> bool:
+        found = [output / n for n in ("stdout.txt", "stderr.txt") if (output / n).exists()]
+        return b"dispatching hogs: 1 cpu" in b"".join(p.read_bytes() for p in found)
+
+    try:
+        assert wait_until(printed, 15), list(output.iterdir()) if output.exists() else None
+    finally:
+        kill_collector(run)
+    assert_no_benchmark_left(run.marker)
+    assert printed()
+    recover(run.collection())
+    assert printed()
+
+
 @pytest.mark.parametrize("memory_mib", [256, 4])
 def test_sigkill_with_every_row_in_the_spool_loses_at_most_one_flush_after_recover(
     tmp_path: Path, bpf_baseline, memory_mib: int

@@ -2,10 +2,12 @@
 
 The benchmark is set up in a folder of its own (the invoking user's, where it runs as
 that user), its process is started held at a gate (kernmlops.collect.gated) with its
-output captured there when it asks, and, whatever ends the collection, it is stopped and
-reaped, its captured output and parsed results are kept (``benchmark_result``), it is
-torn down and its folder removed. :meth:`RunningBenchmark.record` is what the manifest
-says of it.
+output captured when it asks: straight into the collection's ``benchmark_output/``, so
+a collector killed mid-run keeps what the benchmark printed (root's files in root's
+fresh folder, which the benchmark's user cannot swap). Whatever ends the collection, it
+is stopped and reaped, its parsed results are kept (``benchmark_result``), it is torn
+down and its folder removed. :meth:`RunningBenchmark.record` is what the manifest says
+of it.
 """
 
 from __future__ import annotations
@@ -27,20 +29,19 @@ from kernmlops.tables import Sink
 __all__ = ["RESULT_TABLE", "RunningBenchmark"]
 
 RESULT_TABLE = "benchmark_result"
+#: the collection's folder of the benchmark's captured stdout.txt and stderr.txt
+OUTPUT_DIR = "benchmark_output"
+OUTPUT_FILES = ("stdout.txt", "stderr.txt")
 
 #: runs one step of a stop; its error is collected, not raised (see collect.stopping)
 Step = Callable[[Callable[[], object]], None]
 
 
-def _identity(st: os.stat_result) -> tuple[int, int]:
-    return st.st_dev, st.st_ino
-
-
 class RunningBenchmark:
     """``benchmark`` as one collection in ``path`` runs it: its folder (made now), its
     process once launched (``proc``, None for a benchmark with none), and what went
-    wrong with its results (``results_error``). ``keep_output``: copy its captured
-    output into the collection (not with a caller's sink: nothing on disk)."""
+    wrong with its results (``results_error``). ``keep_output``: capture its output in
+    the collection (not with a caller's sink: nothing on disk; then in its folder)."""
 
     def __init__(self, benchmark: Benchmark, name: str, path: Path, *, keep_output: bool) -> None:
         self.benchmark = benchmark
@@ -49,10 +50,10 @@ class RunningBenchmark:
         self.keep_output = keep_output
         self.workdir = Path(tempfile.mkdtemp(prefix="kernmlops-bench-"))
         self.outputs: list[IO[bytes]] = []
+        #: name -> path of the files the benchmark's output is captured in
+        self.captured: dict[str, Path] = {}
         self.proc: GatedProcess | None = None
         self.results_error: str | None = None
-        #: (st_dev, st_ino) of the files the benchmark's output is captured in
-        self._captured: dict[str, tuple[int, int]] = {}
 
     def launch(self, env: Environment, runs_as: Invoker | None) -> bool:
         """Set the benchmark up and start its process held at the gate, in ``env``'s
@@ -63,15 +64,23 @@ class RunningBenchmark:
         if launch is None:
             return False
         if launch.capture_output:
-            self.outputs = [(self.workdir / n).open("wb") for n in ("stdout.txt", "stderr.txt")]
-            self._captured = {
-                Path(out.name).name: _identity(os.fstat(out.fileno())) for out in self.outputs
-            }
+            self._capture()
         # the benchmark's own folder (what setup() made in it too) is its user's
         hand_over(self.workdir, runs_as)
         self.proc = GatedProcess(launch, *self.outputs, user=runs_as)
         env.limit(self.proc.pid, self.proc.containment.path)  # held at the gate
         return True
+
+    def _capture(self) -> None:
+        """Open the files the benchmark's stdout and stderr go to: new files (never
+        one found there) in the collection's folder, or in the benchmark's own."""
+        folder = self.path / OUTPUT_DIR if self.keep_output else self.workdir
+        if self.keep_output:
+            folder.mkdir(mode=0o755)  # the collection is new: nothing is there yet
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        for name in OUTPUT_FILES:
+            self.outputs.append(os.fdopen(os.open(folder / name, flags, 0o644), "wb"))
+            self.captured[name] = folder / name
 
     def record(self, environment: Environment) -> BenchmarkRecord:
         """The manifest's benchmark section, as far as the run got."""
@@ -116,19 +125,14 @@ class RunningBenchmark:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _results(self, sink: Sink, exit_code: int | None) -> None:
-        """Keep the benchmark's captured output and its parsed results; a
-        benchmark whose output does not parse loses nothing else."""
+        """Parse the benchmark's results from its output and its folder; a benchmark
+        whose output does not parse loses nothing else."""
         proc, workdir = self.proc, self.workdir
-        kept = self.path / "benchmark_output"
-        for name in ("stdout.txt", "stderr.txt"):
-            if (workdir / name).exists() and self.keep_output:
-                kept.mkdir(parents=True, exist_ok=True)
-                self._keep_output(workdir / name, kept / name)
         run = BenchmarkRun(
             workdir=workdir,
             exit_code=exit_code,
-            stdout_path=workdir / "stdout.txt" if (workdir / "stdout.txt").exists() else None,
-            stderr_path=workdir / "stderr.txt" if (workdir / "stderr.txt").exists() else None,
+            stdout_path=self.captured.get("stdout.txt"),
+            stderr_path=self.captured.get("stderr.txt"),
             started_us=proc.started_ns // 1000 if proc and proc.started_ns else None,
             ended_us=proc.ended_ns // 1000 if proc and proc.ended_ns else None,
         )
@@ -139,19 +143,3 @@ class RunningBenchmark:
             return
         if frame is not None and frame.height:
             sink.write(RESULT_TABLE, frame)
-
-    def _keep_output(self, source: Path, target: Path) -> None:
-        """Copy a captured output file, only if it is still the file it was opened as:
-        a benchmark run as the user owns its folder, and could put a link to a file
-        only root may read in its place."""
-        try:
-            fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError as err:
-            self.results_error = f"{source.name} not kept: {err.strerror or err}"
-            return
-        with os.fdopen(fd, "rb") as src:
-            if _identity(os.fstat(fd)) != self._captured.get(source.name):
-                self.results_error = f"{source.name} not kept: replaced while the benchmark ran"
-                return
-            with target.open("wb") as dst:
-                shutil.copyfileobj(src, dst)
