@@ -8,13 +8,22 @@ fresh folder, which the benchmark's user cannot swap). Whatever ends the collect
 is stopped and reaped, its parsed results are kept (``benchmark_result``), it is torn
 down and its folder removed. :meth:`RunningBenchmark.record` is what the manifest says
 of it.
+
+The benchmark's folder is ``work/`` in a folder of root's in the temporary directory,
+held locked (``flock``) while the collector lives: a collector killed with SIGKILL
+cannot remove it, so each new one removes the folders of this user that no live
+collector holds (:func:`sweep_stale`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
+import stat
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
@@ -32,6 +41,59 @@ RESULT_TABLE = "benchmark_result"
 #: the collection's folder of the benchmark's captured stdout.txt and stderr.txt
 OUTPUT_DIR = "benchmark_output"
 OUTPUT_FILES = ("stdout.txt", "stderr.txt")
+#: the temporary folders of the benchmarks' folders
+WORK_PREFIX = "kernmlops-bench-"
+#: a folder left unlocked this long is a killed collector's, not one being made
+STALE_AFTER_S = 600.0
+
+
+def sweep_stale(tmp: Path | None = None, *, now: float | None = None) -> list[Path]:
+    """Remove the benchmark folders that killed collectors left in ``tmp`` (the
+    temporary directory): this user's, unlocked, unchanged for STALE_AFTER_S. Never a
+    link, another user's folder or one a live collector holds. The folders removed."""
+    tmp = Path(tmp or tempfile.gettempdir())
+    now = time.time() if now is None else now
+    removed = []
+    try:
+        names = [e.name for e in os.scandir(tmp) if e.name.startswith(WORK_PREFIX)]
+    except OSError:
+        return []
+    for name in names:
+        path = tmp / name
+        try:
+            st = path.lstat()
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            continue
+        if now - st.st_mtime < STALE_AFTER_S:
+            continue
+        held = _lock(path)
+        if held is None:
+            continue  # a live collector's
+        try:
+            # a folder of this user in a sticky temporary directory: nobody else can
+            # rename it away; rmtree follows no link inside
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+        finally:
+            os.close(held)
+    return removed
+
+
+def _lock(path: Path) -> int | None:
+    """A descriptor holding ``path``'s flock, or None where another holds it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
 
 #: runs one step of a stop; its error is collected, not raised (see collect.stopping)
 Step = Callable[[Callable[[], object]], None]
@@ -48,7 +110,13 @@ class RunningBenchmark:
         self.name = name
         self.path = path
         self.keep_output = keep_output
-        self.workdir = Path(tempfile.mkdtemp(prefix="kernmlops-bench-"))
+        sweep_stale()
+        #: root's (0711: the benchmark's user may pass), locked while this lives
+        self.top = Path(tempfile.mkdtemp(prefix=WORK_PREFIX))
+        self._held = _lock(self.top)
+        os.chmod(self.top, 0o711)
+        self.workdir = self.top / "work"
+        self.workdir.mkdir(mode=0o700)
         self.outputs: list[IO[bytes]] = []
         #: name -> path of the files the benchmark's output is captured in
         self.captured: dict[str, Path] = {}
@@ -122,7 +190,15 @@ class RunningBenchmark:
         except Exception as err:  # reported; never loses the collection
             self.results_error = f"teardown failed: {err}"
         step(self.benchmark.stop_services)  # servers of setup() and all they started
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        self.remove_folder()
+
+    def remove_folder(self) -> None:
+        """Remove the benchmark's folder and let go of its lock."""
+        shutil.rmtree(self.top, ignore_errors=True)
+        if self._held is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._held)
+            self._held = None
 
     def _results(self, sink: Sink, exit_code: int | None) -> None:
         """Parse the benchmark's results from its output and its folder; a benchmark

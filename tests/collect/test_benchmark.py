@@ -1,0 +1,94 @@
+"""The benchmark's folder: held while its collector lives, removed by a later one
+once a SIGKILL left it behind, never another user's or a live collector's."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from kernmlops.collect.benchmark import STALE_AFTER_S, WORK_PREFIX, RunningBenchmark, sweep_stale
+
+#: a collector's benchmark folder made in TMPDIR, its path printed, then waiting
+HOLDER = """
+import sys, time
+from pathlib import Path
+from kernmlops.collect.benchmark import RunningBenchmark
+bench = RunningBenchmark(None, "faux", Path("."), keep_output=False)
+print(bench.top, flush=True)
+time.sleep(120)
+"""
+
+LATER = time.time() + STALE_AFTER_S + 60  # as a collector would sweep much later
+
+
+def holder(tmp: Path) -> tuple[subprocess.Popen[str], Path]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp)},
+    )
+    assert proc.stdout is not None
+    return proc, Path(proc.stdout.readline().strip())
+
+
+def test_the_folder_is_roots_passable_and_the_work_folder_private(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    bench = RunningBenchmark(None, "faux", tmp_path, keep_output=False)  # type: ignore[arg-type]
+    try:
+        top = bench.top.stat()
+        assert bench.top.name.startswith(WORK_PREFIX) and bench.workdir.parent == bench.top
+        assert top.st_uid == os.geteuid() and stat.S_IMODE(top.st_mode) == 0o711
+        assert stat.S_IMODE(bench.workdir.stat().st_mode) == 0o700
+        # held: even long unchanged, a sweep leaves it
+        assert bench.top.parent == tmp_path
+        assert sweep_stale(tmp_path, now=LATER) == [] and bench.top.is_dir()
+    finally:
+        bench.remove_folder()
+    assert not bench.top.exists()
+
+
+def test_a_killed_collectors_folder_goes_and_a_live_ones_stays(tmp_path: Path) -> None:
+    killed, killed_top = holder(tmp_path)
+    live, live_top = holder(tmp_path)
+    try:
+        (killed_top / "work" / "dump.rdb").write_bytes(b"x" * 4096)  # what it left
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(timeout=10)
+        # not yet: a folder changed within STALE_AFTER_S may be one being made
+        assert sweep_stale(tmp_path) == []
+        assert sweep_stale(tmp_path, now=LATER) == [killed_top]
+        assert not killed_top.exists() and live_top.is_dir()
+    finally:
+        live.kill()
+        live.wait(timeout=10)
+
+
+def test_links_and_other_users_folders_stay(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "keep").write_text("mine")
+    (tmp_path / f"{WORK_PREFIX}link").symlink_to(target)
+    (tmp_path / f"{WORK_PREFIX}file").write_text("a file")
+    assert sweep_stale(tmp_path, now=LATER) == []
+    assert (target / "keep").read_text() == "mine"
+    assert (tmp_path / f"{WORK_PREFIX}file").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another user takes root")
+def test_another_users_folder_stays(tmp_path: Path) -> None:
+    theirs = tmp_path / f"{WORK_PREFIX}theirs"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)  # nobody
+    assert sweep_stale(tmp_path, now=LATER) == []
+    assert theirs.is_dir()
