@@ -74,13 +74,17 @@ def test_a_killed_collectors_folder_goes_and_a_live_ones_stays(tmp_path: Path) -
         live.wait(timeout=10)
 
 
-def test_links_and_other_users_folders_stay(tmp_path: Path) -> None:
+def test_links_files_and_older_versions_folders_stay(tmp_path: Path) -> None:
     target = tmp_path / "elsewhere"
     target.mkdir()
     (target / "keep").write_text("mine")
     (tmp_path / f"{WORK_PREFIX}link").symlink_to(target)
     (tmp_path / f"{WORK_PREFIX}file").write_text("a file")
+    # an older version's folder (no work/, 0700): it holds no lock, so it may be live
+    older = tmp_path / f"{WORK_PREFIX}older"
+    (older / "redis").mkdir(parents=True)
     assert sweep_stale(tmp_path, now=LATER) == []
+    assert (older / "redis").is_dir()
     assert (target / "keep").read_text() == "mine"
     assert (tmp_path / f"{WORK_PREFIX}file").exists()
 
@@ -88,7 +92,8 @@ def test_links_and_other_users_folders_stay(tmp_path: Path) -> None:
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another user takes root")
 def test_another_users_folder_stays(tmp_path: Path) -> None:
     theirs = tmp_path / f"{WORK_PREFIX}theirs"
-    theirs.mkdir()
+    (theirs / "work").mkdir(parents=True)
+    theirs.chmod(0o711)
     os.chown(theirs, 65534, 65534)  # nobody
     assert sweep_stale(tmp_path, now=LATER) == []
     assert theirs.is_dir()

@@ -45,12 +45,15 @@ OUTPUT_FILES = ("stdout.txt", "stderr.txt")
 WORK_PREFIX = "kernmlops-bench-"
 #: a folder left unlocked this long is a killed collector's, not one being made
 STALE_AFTER_S = 600.0
+#: the mode of those folders (the benchmark's user may pass, not list)
+TOP_MODE = 0o711
 
 
 def sweep_stale(tmp: Path | None = None, *, now: float | None = None) -> list[Path]:
     """Remove the benchmark folders that killed collectors left in ``tmp`` (the
-    temporary directory): this user's, unlocked, unchanged for STALE_AFTER_S. Never a
-    link, another user's folder or one a live collector holds. The folders removed."""
+    temporary directory): this user's, of this layout, unlocked, unchanged for
+    STALE_AFTER_S. Never a link, another user's folder, one a live collector holds
+    or one an older version made (it takes no lock). The folders removed."""
     tmp = Path(tmp or tempfile.gettempdir())
     now = time.time() if now is None else now
     removed = []
@@ -66,6 +69,8 @@ def sweep_stale(tmp: Path | None = None, *, now: float | None = None) -> list[Pa
             continue
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
             continue
+        if stat.S_IMODE(st.st_mode) != TOP_MODE or not (path / "work").is_dir():
+            continue  # not this layout: an older collector's, which holds no lock
         if now - st.st_mtime < STALE_AFTER_S:
             continue
         held = _lock(path)
@@ -114,7 +119,7 @@ class RunningBenchmark:
         #: root's (0711: the benchmark's user may pass), locked while this lives
         self.top = Path(tempfile.mkdtemp(prefix=WORK_PREFIX))
         self._held = _lock(self.top)
-        os.chmod(self.top, 0o711)
+        os.chmod(self.top, TOP_MODE)
         self.workdir = self.top / "work"
         self.workdir.mkdir(mode=0o700)
         self.outputs: list[IO[bytes]] = []
