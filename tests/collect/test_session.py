@@ -54,6 +54,29 @@ def test_faux_session_into_memory(tmp_path: Path) -> None:
     assert not session.path.exists()  # memory sink: nothing on disk
 
 
+def test_a_benchmarks_output_is_parsed_into_memory_and_left_nowhere(tmp_path: Path) -> None:
+    """With the caller's sink nothing goes on disk: hackbench's output is captured in
+    root's folder around the benchmark's (not the collection's), parsed into the
+    sink's benchmark_result (its messages: the options' product), and removed."""
+    import tempfile
+
+    config = load_config({
+        "collector": {"output_dir": str(tmp_path), "progress": False,
+                      "hooks": ["process_trace"]},
+        "benchmark": {"name": "hackbench",
+                      "hackbench": {"groups": 1, "fds": 2, "loops": 50}},
+    })  # fmt: skip
+    sink = MemorySink()
+    before = set(Path(tempfile.gettempdir()).glob("kernmlops-bench-*"))
+    session = Session(config, sink=sink)
+    result = session.run()
+    assert result.exit_code == 0
+    rows = dict(sink.table("benchmark_result").select("metric", "value").iter_rows())
+    assert rows["messages"] == 1 * 2 * 2 * 50 and rows["time_s"] > 0
+    assert not session.path.exists()
+    assert set(Path(tempfile.gettempdir()).glob("kernmlops-bench-*")) <= before
+
+
 def test_unattachable_hook_is_reported_and_others_run(tmp_path: Path) -> None:
     empty = tmp_path / "no-objects"
     empty.mkdir()

@@ -69,7 +69,11 @@ def sweep_stale(tmp: Path | None = None, *, now: float | None = None) -> list[Pa
             continue
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
             continue
-        if stat.S_IMODE(st.st_mode) != TOP_MODE or not (path / "work").is_dir():
+        try:
+            ours = stat.S_IMODE(st.st_mode) == TOP_MODE and (path / "work").is_dir()
+        except OSError:
+            ours = False
+        if not ours:
             continue  # not this layout: an older collector's, which holds no lock
         if now - st.st_mtime < STALE_AFTER_S:
             continue
@@ -146,8 +150,10 @@ class RunningBenchmark:
 
     def _capture(self) -> None:
         """Open the files the benchmark's stdout and stderr go to: new files (never
-        one found there) in the collection's folder, or in the benchmark's own."""
-        folder = self.path / OUTPUT_DIR if self.keep_output else self.workdir
+        one found there) in the collection's folder, or (nothing kept on disk) in
+        root's folder around the benchmark's, where its user can swap none of them
+        for a link before they are parsed."""
+        folder = self.path / OUTPUT_DIR if self.keep_output else self.top
         if self.keep_output:
             folder.mkdir(mode=0o755)  # the collection is new: nothing is there yet
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
