@@ -11,8 +11,8 @@ of it.
 
 The benchmark's folder is ``work/`` in a folder of root's in the temporary directory,
 held locked (``flock``) while the collector lives: a collector killed with SIGKILL
-cannot remove it, so each new one removes the folders of this user that no live
-collector holds (:func:`sweep_stale`).
+cannot remove it, so each one, as it ends, removes the folders of this user that no
+live collector holds (:func:`sweep_stale`).
 """
 
 from __future__ import annotations
@@ -119,11 +119,10 @@ class RunningBenchmark:
         self.name = name
         self.path = path
         self.keep_output = keep_output
-        sweep_stale()
         #: root's (0711: the benchmark's user may pass), locked while this lives
         self.top = Path(tempfile.mkdtemp(prefix=WORK_PREFIX))
         self._held = _lock(self.top)
-        os.chmod(self.top, TOP_MODE)
+        os.chmod(self.top if self._held is None else self._held, TOP_MODE)
         self.workdir = self.top / "work"
         self.workdir.mkdir(mode=0o700)
         self.outputs: list[IO[bytes]] = []
@@ -204,12 +203,15 @@ class RunningBenchmark:
         self.remove_folder()
 
     def remove_folder(self) -> None:
-        """Remove the benchmark's folder and let go of its lock."""
+        """Remove the benchmark's folder and let go of its lock; then the folders
+        killed collectors left (at the end, not the start: a large one never
+        delays a benchmark)."""
         shutil.rmtree(self.top, ignore_errors=True)
         if self._held is not None:
             with contextlib.suppress(OSError):
                 os.close(self._held)
             self._held = None
+        sweep_stale()
 
     def _results(self, sink: Sink, exit_code: int | None) -> None:
         """Parse the benchmark's results from its output and its folder; a benchmark
