@@ -54,11 +54,17 @@ def test_faux_session_into_memory(tmp_path: Path) -> None:
     assert not session.path.exists()  # memory sink: nothing on disk
 
 
-def test_a_benchmarks_output_is_parsed_into_memory_and_left_nowhere(tmp_path: Path) -> None:
+def test_a_benchmarks_output_is_parsed_into_memory_and_left_nowhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """With the caller's sink nothing goes on disk: hackbench's output is captured in
     root's folder around the benchmark's (not the collection's), parsed into the
     sink's benchmark_result (its messages: the options' product), and removed."""
+    import stat
     import tempfile
+
+    from kernmlops.benchmarks.base import BenchmarkRun
+    from kernmlops.benchmarks.hackbench import HackbenchBenchmark
 
     config = load_config({
         "collector": {"output_dir": str(tmp_path), "progress": False,
@@ -69,7 +75,19 @@ def test_a_benchmarks_output_is_parsed_into_memory_and_left_nowhere(tmp_path: Pa
     sink = MemorySink()
     before = set(Path(tempfile.gettempdir()).glob("kernmlops-bench-*"))
     session = Session(config, sink=sink)
+    modes: dict[str, int] = {}
+    real_results = HackbenchBenchmark.results
+
+    def results(self: HackbenchBenchmark, run: BenchmarkRun) -> pl.DataFrame | None:
+        assert run.stdout_path is not None
+        found = run.stdout_path.parent.iterdir()
+        modes.update({p.name: stat.S_IMODE(p.stat().st_mode) for p in found})
+        return real_results(self, run)
+
+    monkeypatch.setattr(HackbenchBenchmark, "results", results)
     result = session.run()
+    # root's alone: in /tmp, where other users see the folder's name
+    assert modes == {"stdout.txt": 0o600, "stderr.txt": 0o600, "work": 0o700}, modes
     assert result.exit_code == 0
     rows = dict(sink.table("benchmark_result").select("metric", "value").iter_rows())
     assert rows["messages"] == 1 * 2 * 2 * 50 and rows["time_s"] > 0

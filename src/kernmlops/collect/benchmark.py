@@ -156,8 +156,10 @@ class RunningBenchmark:
         if self.keep_output:
             folder.mkdir(mode=0o755)  # the collection is new: nothing is there yet
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        # the collection's files are read by its readers; in /tmp, by root alone
+        mode = 0o644 if self.keep_output else 0o600
         for name in OUTPUT_FILES:
-            self.outputs.append(os.fdopen(os.open(folder / name, flags, 0o644), "wb"))
+            self.outputs.append(os.fdopen(os.open(folder / name, flags, mode), "wb"))
             self.captured[name] = folder / name
 
     def record(self, environment: Environment) -> BenchmarkRecord:
