@@ -47,29 +47,37 @@ def counted(
 
 
 def _workload(naps: Path, done: Path, then: str) -> list[str]:
-    """Two nap loops, one pinned to each CPU; then a few sleeps on each CPU (a CPU's
-    batch goes to its ring at its next record once 50 ms old: these are its records),
-    ``done`` written, and ``then``."""
+    """Two nap loops, one pinned to each CPU, each printing the kernel's own switch
+    counts to ``naps-CPU`` beside ``done``; then a few sleeps on each CPU (a CPU's batch
+    goes to its ring at its next record once 50 ms old: these are its records), ``done``
+    written, and ``then``."""
+    own = done.parent
     script = (
-        f"taskset -c 0 {naps} 1000 100 >/dev/null & taskset -c 1 {naps} 1000 100 >/dev/null; "
+        f"taskset -c 0 {naps} 1000 100 >{own}/naps-0 & taskset -c 1 {naps} 1000 100 >{own}/naps-1; "
         "wait; for i in 1 2 3; do taskset -c 0 sleep 0.1; taskset -c 1 sleep 0.1; done; "
         f"touch {done}; {then}"
     )
     return ["--", "sh", "-c", script]
 
 
-def _check(col: Path, counted: dict[int, tuple[int, int]]) -> None:
+def _check(col: Path, counted: dict[int, tuple[int, int]], own: Path) -> None:
     """Each nap loop's switches, as the counter saw them, are its rows: none lost,
-    none twice."""
+    none twice. ``own``: the folder of the loops' own counts (:func:`_workload`)."""
     quanta = pl.read_parquet(sorted((col / "quanta_runtime").glob("part-*.parquet")))
     queued = pl.read_parquet(sorted((col / "quanta_queued_time").glob("part-*.parquet")))
     assert len(counted) == 2, counted  # the two nap loops
     cpus = set()
     for pid, (ins, outs) in counted.items():
         ran = quanta.filter(pl.col("pid") == pid)
-        assert outs >= 1000 - 20  # a nap each (the tracepoint misses a few in a thousand)
+        cpu = ran["cpu"].mode().item()
+        # The kernel's own count of the loop's switches out over its naps: a nap whose
+        # timer fired before it reached schedule() (the host held the vCPU) has none,
+        # up to 1 in 6 in a busy CI run. The counter sees at least those (and the
+        # loop's exec), and the loop must have switched for most of its naps.
+        kernels = int((own / f"naps-{cpu}").read_text().split()[1])
+        assert outs >= kernels >= 500, (pid, outs, kernels)
         assert (queued.filter(pl.col("pid") == pid).height, ran.height) == (ins, outs), pid
-        cpus.add(ran["cpu"].mode().item())
+        cpus.add(cpu)
     assert cpus == {0, 1}  # one loop on each CPU: through both rings
 
 
@@ -98,7 +106,7 @@ def test_killed_after_its_workload_recover_brings_every_switch_of_both_rings(
     assert read_everything(col).get("quanta_runtime", 0) == 0  # all in the spool
     assert "quanta_runtime" in recover(col)
     assert not (col / ".spool").exists()
-    _check(col, counted())
+    _check(col, counted(), done.parent)
 
 
 def test_a_stop_makes_every_switch_of_both_rings_in_row_workers(
@@ -113,4 +121,4 @@ def test_a_stop_makes_every_switch_of_both_rings_in_row_workers(
     assert "on 2 cores" in err  # the rows were made by the stop's row workers
     col = run.collection()
     assert read_manifest(col).hooks["quanta_runtime"].drops == 0
-    _check(col, counted())
+    _check(col, counted(), tmp_path)
