@@ -72,10 +72,10 @@ def _check(col: Path, counted: dict[int, tuple[int, int]], own: Path) -> None:
         cpu = ran["cpu"].mode().item()
         # The kernel's own count of the loop's switches out over its naps: a nap whose
         # timer fired before it reached schedule() (the host held the vCPU) has none,
-        # up to 1 in 6 in a busy CI run. The counter sees at least those (and the
-        # loop's exec), and the loop must have switched for most of its naps.
+        # up to 1 in 6 in a busy CI run. The counter sees those, less the few in a
+        # thousand the tracepoint misses (tests.hooks.test_quanta_runtime).
         kernels = int((own / f"naps-{cpu}").read_text().split()[1])
-        assert outs >= kernels >= 500, (pid, outs, kernels)
+        assert kernels >= 500 and outs >= kernels - 20, (pid, outs, kernels)
         assert (queued.filter(pl.col("pid") == pid).height, ran.height) == (ins, outs), pid
         cpus.add(cpu)
     assert cpus == {0, 1}  # one loop on each CPU: through both rings
