@@ -373,8 +373,9 @@ def test_mixed_runs_for_two_seconds(tmp_path: Path) -> None:
         assert f"] {stressor} " in out  # a metrics line per stressor
         ops, wall = got[(stressor, "bogo_ops")], got[(stressor, "wall_clock_s")]
         assert ops > 0
-        # stress-ng stops a stressor at its alarm, which may ring a little early (1.899 s seen)
-        assert 1.8 <= wall <= 4.0
+        # stress-ng stops every stressor at one alarm, so one forked late on a busy
+        # machine runs for less (1.899 s seen); seconds, not ms or the run's whole time
+        assert 1.5 <= wall <= 4.0
         assert got[(stressor, "bogo_ops_per_s_real")] == pytest.approx(ops / wall, rel=0.02)
 
 
@@ -419,7 +420,7 @@ def test_cpu_half_through_collect(tmp_path: Path) -> None:
     got = results(col)
     workers = int(_flag(_argv(scenario="cpu-half"), "--cpu"))
     assert got[("cpu", "bogo_ops")] > 0
-    assert 0.9 <= got[("cpu", "wall_clock_s")] <= 3.0
+    assert 0.7 <= got[("cpu", "wall_clock_s")] <= 3.0  # one alarm: a late fork runs less
     main = execs(col, "stress-ng")
     assert main.height == 1
     pt = col["process_trace"]

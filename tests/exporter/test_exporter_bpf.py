@@ -315,6 +315,7 @@ def test_oncpu_counts_the_quanta_whose_switch_in_was_not_seen(
             child.stdin.write(b"x")
             child.stdin.close()
             assert child.wait(timeout=60) == 0
+        time.sleep(0.2)  # its last switch off the CPU may follow the reaping (above)
         used_us = usage_s(job_cgroup) * 1e6 - us0
         got_us = (counted_ns() - ns0) / 1000
     finally:
