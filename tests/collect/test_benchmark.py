@@ -26,7 +26,12 @@ print(bench.top, flush=True)
 time.sleep(120)
 """
 
-LATER = time.time() + STALE_AFTER_S + 60  # as a collector would sweep much later
+
+def later() -> float:
+    """A time as a collector sweeping much later would see it (taken at the call: a
+    time taken as the module is imported is no longer later once the tests before
+    this one ran for a minute)."""
+    return time.time() + STALE_AFTER_S + 60
 
 
 def holder(tmp: Path) -> tuple[subprocess.Popen[str], Path]:
@@ -52,7 +57,7 @@ def test_the_folder_is_roots_passable_and_the_work_folder_private(
         assert stat.S_IMODE(bench.workdir.stat().st_mode) == 0o700
         # held: even long unchanged, a sweep leaves it
         assert bench.top.parent == tmp_path
-        assert sweep_stale(tmp_path, now=LATER) == [] and bench.top.is_dir()
+        assert sweep_stale(tmp_path, now=later()) == [] and bench.top.is_dir()
     finally:
         bench.remove_folder()
     assert not bench.top.exists()
@@ -67,7 +72,7 @@ def test_a_killed_collectors_folder_goes_and_a_live_ones_stays(tmp_path: Path) -
         killed.wait(timeout=10)
         # not yet: a folder changed within STALE_AFTER_S may be one being made
         assert sweep_stale(tmp_path) == []
-        assert sweep_stale(tmp_path, now=LATER) == [killed_top]
+        assert sweep_stale(tmp_path, now=later()) == [killed_top]
         assert not killed_top.exists() and live_top.is_dir()
     finally:
         live.kill()
@@ -83,7 +88,7 @@ def test_links_files_and_older_versions_folders_stay(tmp_path: Path) -> None:
     # an older version's folder (no work/, 0700): it holds no lock, so it may be live
     older = tmp_path / f"{WORK_PREFIX}older"
     (older / "redis").mkdir(parents=True)
-    assert sweep_stale(tmp_path, now=LATER) == []
+    assert sweep_stale(tmp_path, now=later()) == []
     assert (older / "redis").is_dir()
     assert (target / "keep").read_text() == "mine"
     assert (tmp_path / f"{WORK_PREFIX}file").exists()
@@ -95,5 +100,5 @@ def test_another_users_folder_stays(tmp_path: Path) -> None:
     (theirs / "work").mkdir(parents=True)
     theirs.chmod(0o711)
     os.chown(theirs, 65534, 65534)  # nobody
-    assert sweep_stale(tmp_path, now=LATER) == []
+    assert sweep_stale(tmp_path, now=later()) == []
     assert theirs.is_dir()
