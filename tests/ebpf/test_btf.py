@@ -369,12 +369,14 @@ def test_project_ring_layouts(bpf_build_dir):
     qr = ring_layouts(object_path("quanta_runtime", bpf_build_dir))
     assert list(qr) == ["quanta_switch_rb"]
     layout = qr["quanta_switch_rb"]
-    # Batched (KMO_BATCHED_RING): n, the CPU, first_ns, then 64 records.
+    # Batched (KMO_BATCHED_RING): n, the CPU, first_ns, a pad, then 64 records: with
+    # the ring's 8-byte header, each record at a multiple of its 32 bytes in the ring.
     assert layout.batch is not None
     assert layout.batch.names == ("n", "cpu", "first_ns", "recs")
-    assert [layout.batch.fields[f][1] for f in layout.batch.names] == [0, 4, 8, 16]
+    assert [layout.batch.fields[f][1] for f in layout.batch.names] == [0, 4, 8, 24]
     assert layout.batch["recs"].shape == (64,) and layout.batch["recs"].base == layout.dtype
-    assert layout.batch.itemsize == 16 + 64 * 32
+    assert layout.batch.itemsize == 24 + 64 * 32
+    assert (8 + layout.batch.itemsize) % 32 == 0
     assert layout.name == "quanta_switch_event"
     assert layout.dtype == np.dtype(
         {
