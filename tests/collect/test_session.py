@@ -560,10 +560,11 @@ def test_a_stop_signal_wakes_a_sleeping_loop(tmp_path: Path) -> None:
             "benchmark": {"name": "faux", "duration_s": 30},
         }
     )  # fmt: skip
+    # started once the hooks are attached: the stop's handlers are installed by then (a
+    # SIGINT before them would be a KeyboardInterrupt in the test run itself)
     timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
     try:
-        result = Session(cfg).run()
+        result = Session(cfg, on_attached=lambda _: timer.start()).run()
     finally:
         timer.cancel()
     assert result.ended_by == "interrupted"

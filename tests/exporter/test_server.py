@@ -117,7 +117,10 @@ def test_when_every_connection_is_busy_a_new_one_gets_503_not_a_wait() -> None:
         for t in threads:
             t.start()
         assert started.acquire(timeout=5)
-        time.sleep(0.2)  # the second one joined the render
+        deadline = time.monotonic() + 5
+        while server.stats.open < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)  # the second one connected (a loaded machine may be slow)
+        time.sleep(0.2)  # and joined the render
         t0 = time.monotonic()
         status, _ = _get(server.port)
         assert status == 503 and time.monotonic() - t0 < 1

@@ -229,8 +229,14 @@ def test_context_switches_on_cpu0_match_proc_status(off_workload_cpu: None) -> N
     # last switch of each dying task may follow the status read (2 at most).
     assert cpu0 >= tasks - 2
     # Above that: other tasks' switches on CPU 0 in the window (kworkers, timers,
-    # anything else on the machine), allowed 5% of the workload's count.
-    assert cpu0 <= tasks * 1.05, f"{cpu0 - tasks} switches of other tasks on cpu {WORKLOAD_CPU}"
+    # anything else on the machine), allowed 5% of the workload's count, plus twice
+    # what the busiest other CPU switched in the same window where other work runs
+    # (as for the faults below: the machine's background, not the hook's error).
+    others = [c for c in frame["cpu"].unique().to_list() if c != WORKLOAD_CPU]
+    background = max((_delta(frame, "context_switches", c) for c in others), default=0)
+    assert cpu0 <= tasks * 1.05 + 2 * background, (
+        f"{cpu0 - tasks} switches of others on cpu {WORKLOAD_CPU} (busiest other: {background})"
+    )
     assert hook.status.attached and hook.status.variant == "perf_event"
 
 
