@@ -369,11 +369,11 @@ def test_project_ring_layouts(bpf_build_dir):
     qr = ring_layouts(object_path("quanta_runtime", bpf_build_dir))
     assert list(qr) == ["quanta_switch_rb"]
     layout = qr["quanta_switch_rb"]
-    # Batched (KMO_BATCHED_RING): n, the CPU, first_ns, a pad, then 64 records: with
+    # Batched (KMO_BATCHED_RING): n, the CPU, first_ns, last_ns, then 64 records: with
     # the ring's 8-byte header, each record at a multiple of its 32 bytes in the ring.
     assert layout.batch is not None
-    assert layout.batch.names == ("n", "cpu", "first_ns", "recs")
-    assert [layout.batch.fields[f][1] for f in layout.batch.names] == [0, 4, 8, 24]
+    assert layout.batch.names == ("n", "cpu", "first_ns", "last_ns", "recs")
+    assert [layout.batch.fields[f][1] for f in layout.batch.names] == [0, 4, 8, 16, 24]
     assert layout.batch["recs"].shape == (64,) and layout.batch["recs"].base == layout.dtype
     assert layout.batch.itemsize == 24 + 64 * 32
     assert (8 + layout.batch.itemsize) % 32 == 0
@@ -389,7 +389,7 @@ def test_project_ring_layouts(bpf_build_dir):
             "itemsize": 32,
         }
     )  # fmt: skip
-    assert layout.batch_ns == ("at_ns",) and layout.us_from_ns == {}
+    assert layout.batch_gaps == ("at_ns",) and layout.batch_ns == () and layout.us_from_ns == {}
     assert layout.enums == {}
     assert layout.strings == ()
 
@@ -406,6 +406,24 @@ def test_unbatch_adds_the_batchs_time_and_header_to_batch_relative_records() -> 
     assert got.dtype.names == ("at", "v", "cpu") and got.dtype["at"] == np.dtype("<i8")
     assert got.tolist() == [(2**40, 1, 5), (2**40 + 2**32 - 1, 2, 5), (13, 3, 1)]
     assert unbatch(batches).dtype == rec  # without the layout: the records as they lie
+
+
+def test_unbatch_sums_each_batchs_gaps_from_its_first_ns() -> None:
+    rec = np.dtype([("at", "<u4"), ("v", "<u2")])
+    batch = np.dtype([("n", "<u4"), ("cpu", "<u4"), ("first_ns", "<i8"), ("last_ns", "<i8"),
+                      ("recs", rec, (3,))])  # fmt: skip
+    batches = np.zeros(3, batch)
+    # an empty batch between two: each batch's sum starts again from its first_ns
+    batches["n"], batches["cpu"] = [3, 0, 2], [5, 6, 1]
+    batches["first_ns"], batches["last_ns"] = [2**40, 0, 10], [2**40 + 2**33, 0, 12]
+    batches["recs"]["at"] = [[0, 2**32 - 1, 2**32 - 1], [7, 7, 7], [0, 2, 99]]
+    batches["recs"]["v"] = [[1, 2, 3], [99, 99, 99], [4, 5, 99]]
+    layout = RecordLayout("r", rec, {}, (), batch_gaps=("at",))
+    got = unbatch(batches, layout)
+    assert got.dtype.names == ("at", "v", "cpu")  # last_ns is the program's, not a column
+    assert got.tolist() == [
+        (2**40, 1, 5), (2**40 + 2**32 - 1, 2, 5), (2**40 + 2**33 - 2, 3, 5), (10, 4, 1), (12, 5, 1),
+    ]  # fmt: skip
 
 
 def test_objects_without_rings(bpf_build_dir):

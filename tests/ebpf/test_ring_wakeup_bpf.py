@@ -135,7 +135,7 @@ def test_a_record_wakes_the_reader_at_each_quarter(wake_obj: BpfObject) -> None:
 
 
 def test_a_batch_wakes_the_reader_when_it_crosses_a_quarter(wake_obj: BpfObject) -> None:
-    batch = 24 + BATCH_RECORDS * 16  # n, cpu, first_ns, a pad of 8, the records of 16 bytes
+    batch = 24 + BATCH_RECORDS * 16  # n, cpu, first_ns, last_ns, the records of 16 bytes
     stride = record_stride(batch)
     crossing = -(-QUARTER // stride)  # the batch that takes the ring past 16 KiB
     reader = RingBuffer(wake_obj.map("brb").fd, RING_BYTES, np.dtype((np.void, batch)))

@@ -62,9 +62,9 @@ def test_a_batch_splits_into_both_tables_with_the_batchs_time_and_cpu() -> None:
 
     build()  # the object's BTF gives the layout: this test may run first in a fresh tree
     layout = object_spec(object_path("quanta_runtime")).ring_layouts()["quanta_switch_rb"]
-    # 32 bytes a switch: the time is the batch's first_ns plus at_ns, the CPU the
-    # batch's; durations are 48 bits of ns in a high u16 and a low u32.
-    assert layout.itemsize == 32 and layout.batch_ns == ("at_ns",)
+    # 32 bytes a switch: the time is the batch's first_ns plus the at_ns gaps up to
+    # it, the CPU the batch's; durations are 48 bits of ns in a high u16 and a low u32.
+    assert layout.itemsize == 32 and layout.batch_gaps == ("at_ns",) and not layout.batch_ns
     none, long_ns = NO_TIME, 5 * 3600 * 10**9 + 1_499  # 5 h: past 32 bits of ns
     fields = layout.dtype.names
     assert fields == ("at_ns", "run_ns_hi", "queued_ns_hi", "run_ns_lo", "queued_ns_lo",
@@ -73,7 +73,7 @@ def test_a_batch_splits_into_both_tables_with_the_batchs_time_and_cpu() -> None:
         # at_ns, run hi, queued hi, run lo, queued lo, prev pid/tgid, next pid/tgid
         (0, 0, none, 1_499, 0, 7, 7, 8, 8),
         (1_000, none, 0, 0, 2_500, 0, 0, 9, 9),
-        (2_999, long_ns >> 32, 0, long_ns & 0xFFFFFFFF, 499, 8, 8, 7, 7),
+        (1_999, long_ns >> 32, 0, long_ns & 0xFFFFFFFF, 499, 8, 8, 7, 7),
     ]
     batches = np.concatenate(
         [_batches(layout, recs, 1_999_000_000, 3), _batches(layout, recs[:1], 7_000_000_000, 1)]

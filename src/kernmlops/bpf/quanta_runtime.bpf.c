@@ -24,8 +24,10 @@
 #include "filter.h"
 #include "sched_wait.h"
 
-/* 32 bytes a switch (a storm writes tens of millions): the CPU and the time's
- * upper bits are the batch's (KMO_BATCH_SLOT_AT), and each duration is 48 bits
+/* 32 bytes a switch (a storm writes tens of millions): the CPU is the batch's,
+ * the time the gap since the batch's switch before (KMO_BATCH_GAP: small
+ * numbers, which the spool compresses better than growing offsets), and each
+ * duration is 48 bits
  * of nanoseconds, up to 78 hours (a longer one is written as that), split in a
  * low u32 and a high u16. A high half of KMO_NO_TIME means no such duration:
  * prev's quantum is not known (the idle task, a task not followed, a non-fair
@@ -35,7 +37,7 @@
 #define KMO_MAX_TIME ((((u64)KMO_NO_TIME - 1) << 32) | 0xffffffffULL)
 
 struct quanta_switch_event {
-	kmo_batch_ns at_ns;	/* the switch: end of prev's quantum, start of next's */
+	kmo_batch_gap_ns at_ns;	/* the switch: end of prev's quantum, start of next's */
 	u16 run_ns_hi;		/* prev's quantum */
 	u16 queued_ns_hi;	/* next's wait */
 	u32 run_ns_lo;
@@ -165,7 +167,7 @@ static __always_inline int on_switch(bool btf, struct task_struct *prev,
 		run_ns = KMO_MAX_TIME;
 	if (queued_ns > KMO_MAX_TIME)
 		queued_ns = KMO_MAX_TIME;
-	e->at_ns = now - batch->first_ns;
+	e->at_ns = KMO_BATCH_GAP(batch, now);
 	e->run_ns_hi = has_run ? run_ns >> 32 : KMO_NO_TIME;
 	e->run_ns_lo = run_ns;
 	e->queued_ns_hi = has_queued ? queued_ns >> 32 : KMO_NO_TIME;

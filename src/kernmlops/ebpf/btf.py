@@ -256,6 +256,8 @@ class RecordLayout:
     us_from_ns: dict[str, bool] = field(default_factory=dict)
     #: kmo_batch_ns columns: nanoseconds after their batch's first_ns (see unbatch)
     batch_ns: tuple[str, ...] = ()
+    #: kmo_batch_gap_ns columns: nanoseconds after the batch's record before (see unbatch)
+    batch_gaps: tuple[str, ...] = ()
 
     @property
     def itemsize(self) -> int:
@@ -287,6 +289,9 @@ US_FROM_NS_TYPEDEFS = {"kmo_us_from_ns": False, "kmo_us_from_ns_round": True}
 #: The C typedef (bpf/common.h) of a time kept as nanoseconds after the batch's
 #: first_ns: 4 bytes a record instead of 8 (KMO_BATCH_SLOT_AT).
 BATCH_NS_TYPEDEF = "kmo_batch_ns"
+#: ... and one kept as nanoseconds after the batch's record before it (its first's:
+#: after first_ns), which compresses better in the spool (KMO_BATCH_GAP).
+BATCH_GAP_TYPEDEF = "kmo_batch_gap_ns"
 
 
 def _typedefs(btf: Btf, type_id: int) -> list[str]:
@@ -341,6 +346,7 @@ def record_layout(btf: Btf, record: BtfType) -> RecordLayout:
     strings: list[str] = []
     us_cols: dict[str, bool] = {}
     batch_ns: list[str] = []
+    batch_gaps: list[str] = []
 
     def walk(st: BtfType, prefix: str, base: int) -> None:
         for m_name, m_type, bit_off, bf_size in st.members:
@@ -374,6 +380,8 @@ def record_layout(btf: Btf, record: BtfType) -> RecordLayout:
                     us_cols[col] = scaled[0]
                 if BATCH_NS_TYPEDEF in _typedefs(btf, m_type):
                     batch_ns.append(col)
+                if BATCH_GAP_TYPEDEF in _typedefs(btf, m_type):
+                    batch_gaps.append(col)
             names.append(col)
             formats.append(fmt)
             offsets.append(off)
@@ -384,9 +392,8 @@ def record_layout(btf: Btf, record: BtfType) -> RecordLayout:
     dtype = np.dtype(
         {"names": names, "formats": formats, "offsets": offsets, "itemsize": record.size}
     )
-    return RecordLayout(
-        record.name, dtype, enums, tuple(strings), us_from_ns=us_cols, batch_ns=tuple(batch_ns)
-    )
+    return RecordLayout(record.name, dtype, enums, tuple(strings), us_from_ns=us_cols,
+                        batch_ns=tuple(batch_ns), batch_gaps=tuple(batch_gaps))  # fmt: skip
 
 
 def btf_ring_layouts(btf: Btf) -> dict[str, RecordLayout]:
@@ -430,24 +437,36 @@ def batch_dtype(btf: Btf, batch: BtfType, record: RecordLayout) -> np.dtype:
 def unbatch(batches: np.ndarray, layout: RecordLayout | None = None) -> np.ndarray:
     """The valid records of batches (a batch dtype array), in order.
 
-    Records with kmo_batch_ns columns (``layout.batch_ns``) need their batch: those
-    columns come back as int64 nanoseconds (the batch's ``first_ns`` added), and
-    the batch's other header fields (``cpu``) become columns of each record."""
+    Records with kmo_batch_ns or kmo_batch_gap_ns columns (``layout.batch_ns``,
+    ``layout.batch_gaps``) need their batch: those columns come back as int64
+    nanoseconds (the batch's ``first_ns`` added to the offset, or to the sum of the
+    gaps up to the record), and the batch's other header fields (``cpu``) become
+    columns of each record."""
     recs = batches["recs"]
     n = np.minimum(batches["n"], recs.shape[1])
     valid = recs[np.arange(recs.shape[1])[None, :] < n[:, None]]
-    if layout is None or not layout.batch_ns:
+    timed = () if layout is None else layout.batch_ns + layout.batch_gaps
+    if not timed:
         return valid
-    header = [f for f in batches.dtype.names or () if f not in ("n", "recs", "first_ns")]
+    assert layout is not None
+    skip = ("n", "recs", "first_ns", "last_ns")
+    header = [f for f in batches.dtype.names or () if f not in skip]
     fields = valid.dtype.names or ()
     out = np.empty(
         len(valid),
-        [(f, "<i8" if f in layout.batch_ns else valid.dtype[f]) for f in fields]
+        [(f, "<i8" if f in timed else valid.dtype[f]) for f in fields]
         + [(f, batches.dtype[f]) for f in header if f not in fields],
     )
     first = np.repeat(batches["first_ns"], n)
+    starts = np.cumsum(n) - n  # each batch's first valid record
     for f in fields:
-        out[f] = first + valid[f] if f in layout.batch_ns else valid[f]
+        if f in layout.batch_gaps:
+            # the gaps' running sum, less the sum before the record's batch
+            total = np.cumsum(valid[f], dtype=np.int64)
+            before = np.concatenate([[0], total])[starts]
+            out[f] = first + total - np.repeat(before, n)
+        else:
+            out[f] = first + valid[f] if f in layout.batch_ns else valid[f]
     for f in header:
         if f not in fields:
             out[f] = np.repeat(batches[f], n)
