@@ -374,13 +374,13 @@ def record_layout(btf: Btf, record: BtfType) -> RecordLayout:
                 fmt = _scalar(btf, t, where, full_range=_full_range(btf, m_type))
                 if t.kind in (Kind.ENUM, Kind.ENUM64):
                     enums[col] = _enum_labels(t)
-                scaled = [US_FROM_NS_TYPEDEFS[n] for n in _typedefs(btf, m_type)
-                          if n in US_FROM_NS_TYPEDEFS]  # fmt: skip
+                typedefs = _typedefs(btf, m_type)
+                scaled = [US_FROM_NS_TYPEDEFS[n] for n in typedefs if n in US_FROM_NS_TYPEDEFS]
                 if scaled:
                     us_cols[col] = scaled[0]
-                if BATCH_NS_TYPEDEF in _typedefs(btf, m_type):
+                if BATCH_NS_TYPEDEF in typedefs:
                     batch_ns.append(col)
-                if BATCH_GAP_TYPEDEF in _typedefs(btf, m_type):
+                if BATCH_GAP_TYPEDEF in typedefs:
                     batch_gaps.append(col)
             names.append(col)
             formats.append(fmt)
