@@ -7,6 +7,7 @@ itself; the dtype derived from the object's BTF must match them exactly.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import struct
@@ -26,12 +27,13 @@ from kernmlops.ebpf.btf import (
     Kind,
     RecordLayout,
     _enum_labels,
+    btf_ring_layouts,
     kernel_type,
     record_layout,
     unbatch,
 )
 from kernmlops.ebpf.build import object_path
-from kernmlops.ebpf.spec import ring_layouts
+from kernmlops.ebpf.spec import ObjectSpec, ring_layouts, spec_path
 
 # (column, C member designator, numpy format, offset) of struct kmo_test_record
 FIELDS: list[tuple[str, str, object, int]] = [
@@ -424,6 +426,61 @@ def test_unbatch_sums_each_batchs_gaps_from_its_first_ns() -> None:
     assert got.tolist() == [
         (2**40, 1, 5), (2**40 + 2**32 - 1, 2, 5), (2**40 + 2**33 - 2, 3, 5), (10, 4, 1), (12, 5, 1),
     ]  # fmt: skip
+
+
+FINGERPRINT_C = r"""
+#include "common.h"
+
+struct kmo_fp_event {{
+	{fields}
+}};
+
+KMO_RING(fp_rb, kmo_fp_event);
+"""
+
+
+def test_a_layout_fingerprint_tells_apart_what_a_record_size_cannot(compile_bpf) -> None:
+    def fingerprint(name: str, fields: str) -> str:
+        obj = compile_bpf(f"fp_{name}", FINGERPRINT_C.format(fields=fields))
+        (layout,) = ring_layouts(obj).values()
+        assert layout.itemsize == 16
+        # parsed afresh or read back from the spec's cache file: the same digest
+        cached = ObjectSpec.from_json(obj, json.loads(spec_path(obj).read_text()))
+        assert layout.fingerprint() == cached.ring_layouts()["fp_rb"].fingerprint()
+        assert layout.fingerprint() == btf_ring_layouts(Btf.from_elf(obj))["fp_rb"].fingerprint()
+        return layout.fingerprint()
+
+    base = fingerprint("base", "u64 at; u32 pid; u32 tgid;")
+    assert fingerprint("again", "u64 at;  u32 pid; u32 tgid; ") == base  # the same layout
+    others = {
+        "swapped": "u64 at; u32 tgid; u32 pid;",  # two fields traded places
+        "renamed": "u64 at; u32 pid; u32 tid;",
+        "signed": "u64 at; s32 pid; u32 tgid;",
+        "split": "u32 at; u32 at_hi; u32 pid; u32 tgid;",
+        "scaled": "kmo_us_from_ns at; u32 pid; u32 tgid;",  # a typedef's meaning
+    }
+    prints = {name: fingerprint(name, fields) for name, fields in others.items()}
+    assert base not in prints.values() and len(set(prints.values())) == len(others)
+
+
+def test_the_quanta_rings_fingerprint_covers_its_batch_and_gap_columns(bpf_build_dir) -> None:
+    from dataclasses import replace
+
+    layout = ring_layouts(object_path("quanta_runtime", bpf_build_dir))["quanta_switch_rb"]
+    print_ = layout.fingerprint()
+    assert len(print_) == 16 and int(print_, 16) >= 0
+    # the offsets of before (kmo_batch_ns): the same bytes, another meaning
+    assert replace(layout, batch_gaps=(), batch_ns=("at_ns",)).fingerprint() != print_
+    assert layout.batch is not None
+    # the batch of before the pad: its records 8 bytes earlier, in a batch of one size
+    names = [n for n in layout.batch.names or () if n != "last_ns"]
+    moved = np.dtype({
+        "names": names,
+        "formats": [layout.batch.fields[n][0] for n in names],
+        "offsets": [layout.batch.fields[n][1] - (8 if n == "recs" else 0) for n in names],
+        "itemsize": layout.batch.itemsize,
+    })  # fmt: skip
+    assert replace(layout, batch=moved).fingerprint() != print_
 
 
 def test_objects_without_rings(bpf_build_dir):

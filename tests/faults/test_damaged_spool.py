@@ -146,6 +146,33 @@ def test_damaged_jsons_are_one_line_each(killed: Path, tmp_path: Path) -> None:
     assert done.stderr.count("error:") == 1
 
 
+def test_records_laid_out_otherwise_than_the_objects_are_refused_not_misread(
+    killed: Path, whole: pl.DataFrame, tmp_path: Path
+) -> None:
+    from kernmlops.ebpf.build import object_path
+    from kernmlops.ebpf.spec import ring_layouts
+
+    col = _copy(killed, tmp_path)
+    seg = _quanta_segment(col)
+    desc = col / ".spool" / "quanta_switch.json"
+    info = json.loads(desc.read_text())
+    # the spool names the layout of the objects that collected it
+    layout = ring_layouts(object_path("quanta_runtime"))[info["ring"]]
+    assert info["layout"] == layout.fingerprint() and info["itemsize"] == layout.batch.itemsize
+    # objects of the same record size laying it out otherwise (a field moved)
+    desc.write_text(json.dumps({**info, "layout": "0123456789abcdef"}))
+    done = _recover(col)
+    assert done.returncode == 2
+    assert f"lost: {seg}: {seg.stat().st_size:,} bytes not recovered" in done.stderr
+    assert "lays out its records otherwise than the objects that collected them" in done.stderr
+    assert seg.exists() and not (col / "quanta_runtime").exists()  # nothing misread
+    # a spool of before the fingerprint: its record size alone is checked
+    desc.write_text(json.dumps({k: v for k, v in info.items() if k != "layout"}))
+    done = _recover(col)
+    assert done.returncode == 0, done.stderr
+    assert _quanta(col).equals(whole)
+
+
 def test_two_recovers_never_run_at_once(killed: Path, tmp_path: Path) -> None:
     col = _copy(killed, tmp_path)
     lock = os.open(col / ".spool" / "recover.lock", os.O_RDWR | os.O_CREAT, 0o600)

@@ -203,8 +203,16 @@ def recover(
                     )
                 layout: RecordLayout = object_spec(obj).ring_layouts()[info["ring"]]
                 dtype = layout.batch if layout.batch is not None else layout.dtype
-                if dtype.itemsize != info["itemsize"]:
-                    raise CollectionError(f"{obj} does not describe its records: rebuilt since?")
+                # spools of before 2026-11-30 have no fingerprint: their size is checked
+                known = info.get("layout")
+                if dtype.itemsize != info["itemsize"] or (
+                    known is not None and known != layout.fingerprint()
+                ):
+                    raise CollectionError(
+                        f"{obj} lays out its records otherwise than the objects that "
+                        "collected them (rebuilt since?): build the BPF objects of the "
+                        "version that collected, and pass their folder with --bpf-dir"
+                    )
             except (CollectionError, KeyError, TypeError, ValueError) as err:
                 reason = str(err) if isinstance(err, CollectionError) else f"its description "\
                     f"{key}.json is damaged ({type(err).__name__}: {err})"  # fmt: skip

@@ -8,6 +8,8 @@ types. Pure Python, no root: it only reads bytes.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -262,6 +264,37 @@ class RecordLayout:
     @property
     def itemsize(self) -> int:
         return self.dtype.itemsize
+
+    def fingerprint(self) -> str:
+        """A digest of all that decoding the ring's bytes depends on: every column's
+        name, offset and type (the batch's too), and how each is presented (enums,
+        strings, scaled and batch-relative times). A spool keeps it beside its records
+        so that recovery decodes them only with objects that lay them out the same:
+        a change that keeps the record's size (a field moved, an offset become a gap)
+        would otherwise be misread, not refused."""
+        doc = {
+            "name": self.name,
+            "dtype": _dtype_shape(self.dtype),
+            "batch": None if self.batch is None else _dtype_shape(self.batch),
+            "enums": {c: sorted(labels.items()) for c, labels in self.enums.items()},
+            "strings": list(self.strings),
+            "us_from_ns": self.us_from_ns,
+            "batch_ns": list(self.batch_ns),
+            "batch_gaps": list(self.batch_gaps),
+        }
+        text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _dtype_shape(dt: np.dtype) -> object:
+    """A dtype as plain JSON (numpy's own repr may change between its versions)."""
+    if dt.subdtype is not None:
+        base, shape = dt.subdtype
+        return [_dtype_shape(base), list(shape)]
+    if dt.names is None:
+        return dt.str
+    fields = [[n, dt.fields[n][1], _dtype_shape(dt.fields[n][0])] for n in dt.names]
+    return {"fields": fields, "itemsize": dt.itemsize}
 
 
 def _enum_labels(t: BtfType) -> dict[int, str]:

@@ -352,6 +352,8 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
                         "options": self.options.model_dump(mode="json"),
                         "ring": ring,
                         "object": str(path.resolve()),
+                        # recovery decodes only with objects laying records out so
+                        "layout": spec.ring_layouts()[ring].fingerprint(),
                     }
                     # A batch's records shuffled at their own size compress better
                     # and faster on disk (kernmlops.spool.frames).
