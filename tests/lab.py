@@ -131,11 +131,19 @@ def _finish(run: LabRun, commands: Commands, code: int, said: str) -> LabRun:
     for name in commands:
         result = run.parts[name]
         exit_code = result.folder / "exit_code"
+        # a part that ran long left what it waited on (tests/lab_guest.py): shown after
+        # its output, where a failing test prints the output's end
+        stuck = result.folder / "stuck.txt"
+        stuck_said = ""
+        if stuck.exists():
+            stuck_said = "\n-- still running at half its limit (stuck.txt):\n" + stuck.read_text(
+                errors="replace"
+            )
         if not exit_code.exists():
-            result.error = RuntimeError(f"no exit code: the VM said {said[-4000:]}")
+            result.error = RuntimeError(f"no exit code: the VM said {said[-4000:]}{stuck_said}")
             continue
         result.exit_code = int(exit_code.read_text())
-        result.output = (result.folder / "output").read_text(errors="replace")
+        result.output = (result.folder / "output").read_text(errors="replace") + stuck_said
     return run
 
 

@@ -76,7 +76,7 @@ def test_deploy_replace_undeploy_in_the_lab(lab: LabRun) -> None:
     from kernmlops.vm.qemu import default_kernel
 
     part = lab.parts["kmod"].check()
-    assert part.exit_code == 0, part.output[-4000:]
+    assert part.exit_code == 0, part.output[-12000:]
     out = part.folder
     release = default_kernel().name.removeprefix("vmlinuz-")
     build = out / "kmod"

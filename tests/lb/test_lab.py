@@ -65,7 +65,7 @@ LAB_PART = Part("shadow", _prepare, timeout_s=900, order=0)
 @needs_tools("qemu-system-x86_64", "stress-ng")
 def test_kprobe_decisions_and_shadow_in_the_lab(lab: LabRun) -> None:
     part = lab.parts["shadow"].check()
-    assert part.exit_code == 0, part.output[-4000:]
+    assert part.exit_code == 0, part.output[-12000:]
     out = part.folder
     model = Model.load(out / "model.json")
     (folder,) = (out / "curated" / "benchmark=stress-ng").iterdir()

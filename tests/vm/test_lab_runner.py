@@ -5,6 +5,7 @@ code and time limit its own."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -39,7 +40,7 @@ def test_parts_share_one_interpreter_and_keep_their_own_output_and_codes(tmp_pat
         "m": ([sys.executable, "-m", "kernmlops.lb", "--help"], 60),
         "boom": ([sys.executable, "-m", "no_such_module_here"], 60),
         "sh": (["sh", "-c", "echo from sh; exit 7"], 60),
-        "hang": ([sys.executable, str(tmp_path / "hang.py")], 1),
+        "hang": ([sys.executable, str(tmp_path / "hang.py")], 3),
     }
     (tmp_path / "hang.py").write_text("import time\nprint('waiting', flush=True)\ntime.sleep(30)\n")
     spec = []
@@ -58,6 +59,14 @@ def test_parts_share_one_interpreter_and_keep_their_own_output_and_codes(tmp_pat
     assert "Usage: kernmlops lb" in out["m"]
     assert "No module named no_such_module_here" in out["boom"]
     assert out["sh"] == "from sh\n" and out["hang"] == "waiting\n"
+    # the part still running at half its limit left what it waited on; none other did
+    assert [n for n in parts if (tmp_path / n / "stuck.txt").exists()] == ["hang"]
+    stuck = (tmp_path / "hang" / "stuck.txt").read_text()
+    assert f'File "{tmp_path / "hang.py"}", line 3 in <module>' in stuck, stuck  # Python's
+    # the kernel's: the main thread sleeps in the part's time.sleep, its stack shown
+    assert re.search(r"/proc/self/task/\d+: \S+ S \(sleeping\) wchan=\w*nanosleep\n"
+                     r"    \[<0>\] \w*nanosleep", stuck), stuck  # fmt: skip
+    assert "-- the busiest tasks over 1 s" in stuck
 
 
 class _Item:
