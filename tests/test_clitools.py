@@ -1,4 +1,4 @@
-"""The one way every command fails, and the one BPF privilege check."""
+"""The one way every command fails, the one BPF privilege check, output without a reader."""
 
 from __future__ import annotations
 
@@ -73,3 +73,31 @@ def test_the_duet_collector_checks_privileges_with_its_own_error(
     monkeypatch.setattr(probe, "has_bpf_capabilities", lambda: False)
     with pytest.raises(DuetError, match=r"^duet run --collect needs root"):
         Collector()
+
+
+def test_output_whose_reader_is_gone_goes_to_dev_null_and_the_command_goes_on(
+    tmp_path: Path,
+) -> None:
+    done = tmp_path / "done"
+    child = (
+        "import os, sys\n"
+        "from kernmlops.clitools import survive_closed_output\n"
+        "survive_closed_output()\n"
+        "print('first', flush=True)\n"
+        "sys.stdin.read()  # until the parent closed its end of the pipe\n"
+        "for i in range(20000):\n"
+        "    print('line', i)\n"
+        "    print('err', i, file=sys.stderr)\n"
+        "sys.stdout.buffer.write(b'bytes too\\n')\n"
+        "sys.stdout.flush()\n"
+        f"open({str(done)!r}, 'w').write(os.readlink('/proc/self/fd/1') + ' '"
+        " + os.readlink('/proc/self/fd/2'))\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", child], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    assert proc.stdout is not None and proc.stdin is not None
+    assert proc.stdout.readline() == b"first\n"
+    proc.stdout.close()
+    proc.stdin.close()
+    assert proc.wait(timeout=60) == 0
+    assert done.read_text() == "/dev/null /dev/null"  # both, once each found the pipe gone

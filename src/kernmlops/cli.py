@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import click
 
-from kernmlops.clitools import CONTEXT_SETTINGS, fail, require_bpf_privileges
+from kernmlops.clitools import CONTEXT_SETTINGS, fail, require_bpf_privileges, survive_closed_output
 from kernmlops.errors import CollectionError, KernmlopsError, OutputError
 
 #: the overrides file `kernmlops collect` reads from the current folder without -c
@@ -644,6 +644,7 @@ def main() -> None:
     # jemalloc at the collector's peak, for the same CPU (`python -m bench memory`). Read
     # once, when pyarrow loads; a user's own choice wins.
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
+    survive_closed_output()
     cli(prog_name="kernmlops")
 
 

@@ -3,6 +3,7 @@ for the privileges that loading BPF programs needs."""
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 from typing import Any, NoReturn
@@ -36,3 +37,63 @@ def require_bpf_privileges(command: str, error: type[KernmlopsError] = Kernmlops
             f"{command} needs root (or CAP_BPF + CAP_PERFMON) to load BPF programs: "
             "run it with sudo"
         )
+
+
+class _Unbroken(io.RawIOBase):
+    """fd 1 or 2 as a raw stream whose reader may go away (``| head``, a closed log
+    pipe): from the first write it refuses, the fd points at /dev/null and writing
+    goes on, so a command never stops (or loses what it collected) for its output."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__()
+        self._fd = fd
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def isatty(self) -> bool:
+        return os.isatty(self._fd)
+
+    def write(self, data: Any) -> int:
+        try:
+            return os.write(self._fd, data)
+        except BrokenPipeError:
+            null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.dup2(null, self._fd, inheritable=True)
+            finally:
+                os.close(null)
+            return len(memoryview(data))
+
+
+def _unbroken(stream: Any, fd: int) -> Any:
+    if stream is None or getattr(stream, "_kmo_unbroken", False):
+        return stream
+    try:
+        if stream.fileno() != fd:
+            return stream  # already redirected by the caller (a test, an embedding)
+    except (AttributeError, OSError, ValueError):
+        return stream
+    text = io.TextIOWrapper(
+        io.BufferedWriter(_Unbroken(fd)),
+        encoding=stream.encoding,
+        errors=stream.errors,
+        line_buffering=stream.line_buffering,
+        write_through=getattr(stream, "write_through", False),
+    )
+    text._kmo_unbroken = True  # type: ignore[attr-defined]
+    return text
+
+
+def survive_closed_output() -> None:
+    """Make stdout and stderr writes that find their reader gone go to /dev/null
+    instead of raising BrokenPipeError: ``kernmlops collect ... | head -1`` and a log
+    pipe that closes mid-run would otherwise end a collection in an error. The
+    streams Python started with stay open (sys.__stdout__, sys.__stderr__)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.stdout = _unbroken(sys.stdout, 1)
+    sys.stderr = _unbroken(sys.stderr, 2)

@@ -94,6 +94,28 @@ def test_failing_command_gives_its_exit_code_and_keeps_data(
     assert not any(wait_released(before).values())
 
 
+def test_output_whose_reader_goes_away_stops_nothing(tmp_path: Path) -> None:
+    # `kernmlops collect ... | head -1`: the reader leaves after the first line, and the
+    # collector's next write to the pipe is refused (EPIPE). It must go on, silently.
+    proc = subprocess.Popen(
+        [*KERNMLOPS, "collect", "-o", str(tmp_path), "--", "sleep", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path,  # no overrides.yaml
+    )  # fmt: skip
+    assert proc.stdout is not None
+    first = proc.stdout.readline()
+    proc.stdout.close()  # the reader is gone: the summary and the path have nowhere to go
+    assert b"collecting into" in first
+    assert proc.wait(timeout=60) == 0
+    col = only_collection(tmp_path)
+    assert col is not None
+    assert col.manifest["state"] == "completed" and col.manifest["error"] is None
+    assert col.manifest["benchmark"]["exit_code"] == 0
+    sleeps = col["process_trace"].filter(pl.col("comm") == "sleep")
+    assert sleeps.height > 0 and col["quanta_runtime"].height > 0
+    assert not (col.path / ".spool").exists()
+    assert not Path(f"/dev/shm/kernmlops-spool-{col.manifest['collection_id']}").exists()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_mid_run_leaves_a_readable_collection(tmp_path: Path, sig: int) -> None:
     before = kernel_objects()
