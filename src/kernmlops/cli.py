@@ -509,11 +509,17 @@ def recover(collection: Path, bpf_dir: Path | None) -> None:
     is named with its bytes, the spool is kept, and the exit status is 2. Only
     one recover works on a collection at a time.
     """
+    from kernmlops.collect.manifest import MANIFEST_NAME, read_manifest
     from kernmlops.collect.recovery import recover
     from kernmlops.host.invoker import hand_over, invoker
     from kernmlops.host.pinned import pin
-    from kernmlops.spool.collection import collector_alive
-    from kernmlops.spool.memory import foreign_memory, memory_folder, memory_lost
+    from kernmlops.spool.collection import SPOOL_DIR, collector_alive
+    from kernmlops.spool.memory import (
+        foreign_memory,
+        memory_folder,
+        memory_lost,
+        memory_owned_elsewhere,
+    )
     from kernmlops.spool.recovery import pending_spools
 
     try:
@@ -525,6 +531,23 @@ def recover(collection: Path, bpf_dir: Path | None) -> None:
         fail(err)
     io = pinned.io
     try:
+        # a folder that is no collection (or whose manifest is damaged) is said, even
+        # with nothing to recover: a typo must not look like a clean collection
+        if not (io / MANIFEST_NAME).is_file():
+            raise CollectionError(f"{collection} is not a collection: it has no {MANIFEST_NAME}")
+        try:
+            read_manifest(io)
+        except CollectionError as err:  # its message names the pinned path: not shown
+            raise CollectionError(
+                f"{collection} is not a readable collection: {str(err).split(': ', 1)[-1]}"
+            ) from None
+        elsewhere = memory_owned_elsewhere(io / SPOOL_DIR)
+        if elsewhere is not None:
+            raise CollectionError(
+                f"{collection} is a copy: its spool's rows in memory belong to "
+                f"{elsewhere.parent}, which is still there; recover that collection "
+                "(and copy it again once it is recovered)"
+            )
         lost = memory_lost(io)
         if lost is not None:
             _say(
@@ -533,8 +556,6 @@ def recover(collection: Path, bpf_dir: Path | None) -> None:
             )
         foreign = foreign_memory(io)
         if foreign is not None:
-            from kernmlops.collect.manifest import read_manifest
-
             own = memory_folder(read_manifest(io).collection_id)
             _say(
                 f"warning: the spool's memory link names {foreign}, not this collection's "

@@ -230,15 +230,38 @@ def killed_in_memory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple
     shutil.rmtree(shm, ignore_errors=True)
 
 
-def _copy_in_memory(killed: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path]:
-    """A copy of the collection, its tmpfs folder laid anew; (collection, segment)."""
+def _copy_in_memory(
+    killed: tuple[Path, Path], tmp_path: Path, *, moved: bool = True
+) -> tuple[Path, Path]:
+    """A copy of the collection, its tmpfs folder laid anew; (collection, segment).
+    ``moved``: the folder names the copy's spool as its own, as if the collection had
+    been moved there (else the original's, which is still there: a copy's)."""
     col, saved = killed
     shm = Path(os.readlink(col / ".spool" / "mem"))
     shutil.rmtree(shm, ignore_errors=True)
     shutil.copytree(saved, shm)  # its mode (0700) and owner: ours, as recover requires
     copy = _copy(col, tmp_path)
+    if moved:
+        (shm / "owner").write_text(str((copy / ".spool").resolve()))
     (seg,) = [p for p in (copy / ".spool" / "mem").glob("quanta_switch.*.ring") if p.stat().st_size]
     return copy, seg
+
+
+def test_a_copys_recover_leaves_the_spool_in_memory_to_the_original(
+    killed_in_memory: tuple[Path, Path], tmp_path: Path
+) -> None:
+    # cp -a keeps the link to the tmpfs folder, which the original still links to: the
+    # copy's recover would take the original's rows (and delete them), and the original's
+    # then say they were lost to a reboot
+    col, _ = killed_in_memory
+    copy, seg = _copy_in_memory(killed_in_memory, tmp_path, moved=False)
+    before = {p.name: p.read_bytes() for p in seg.parent.iterdir()}
+    done = _recover(copy)
+    assert done.returncode == 2
+    assert (f"{copy} is a copy: its spool's rows in memory belong to {col}, which is still "
+            "there; recover that collection") in done.stderr  # fmt: skip
+    assert {p.name: p.read_bytes() for p in seg.parent.iterdir()} == before
+    assert not (copy / "quanta_runtime").exists()
 
 
 def _raw_frames(seg: Path) -> list[Frame]:

@@ -3,6 +3,7 @@ memory's), in order, and removing it: never through a link to another folder."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from kernmlops.spool.recovery import pending_spools
@@ -77,3 +78,27 @@ def test_a_memory_link_to_anything_but_its_own_folder_is_never_read_nor_deleted(
         remove_spool(spool_dir)
         assert target.exists() and not spool_dir.exists()
     assert (precious / "x.00000.ring").read_bytes() == b"keep"
+
+
+def test_recover_on_what_is_not_a_collection_is_an_error_not_nothing_to_do(
+    tmp_path: Path,
+) -> None:
+    # a typo, or a collection whose manifest was damaged: never "nothing to recover"
+    import subprocess
+    import sys
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / "manifest.json").write_text("{bad")
+    for folder, said in [
+        (empty, f"{empty} is not a collection: it has no manifest.json"),
+        (damaged, f"{damaged} is not a readable collection: the manifest is not valid JSON"),
+    ]:
+        done = subprocess.run(
+            [sys.executable, "-m", "kernmlops", "recover", str(folder)],
+            capture_output=True, text=True, env={**os.environ, "COLUMNS": "400"},
+        )  # fmt: skip
+        assert done.returncode == 2, done.stderr
+        assert said in done.stderr and done.stderr.count("\n") == 1, done.stderr

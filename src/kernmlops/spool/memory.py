@@ -216,6 +216,23 @@ def own_memory(spool_dir: Path) -> Path | None:
     return folder
 
 
+def memory_owned_elsewhere(spool_dir: Path) -> Path | None:
+    """The spool, other than ``spool_dir``, that the spool's tmpfs folder was made for,
+    when that spool is still there and links to the folder: ``spool_dir`` is then a
+    copy's (``cp -a`` keeps the link), and recovering it would take the original's
+    rows away from it. A moved collection's old spool is gone: None."""
+    folder = own_memory(spool_dir)
+    if folder is None:
+        return None
+    try:
+        owner = Path((folder / OWNER_FILE).read_text().strip())
+        if os.path.samefile(owner, spool_dir):
+            return None
+    except (OSError, ValueError):
+        return None  # no owner named, or its spool is gone (moved, deleted)
+    return owner if _links_to(owner / MEMORY_LINK, folder) else None
+
+
 def foreign_memory(collection: Path) -> Path | None:
     """What a collection's ``mem`` link names when that is not its spool's own folder
     (a planted link, a folder someone else made): never read, but said, since rows
