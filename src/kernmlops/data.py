@@ -718,6 +718,8 @@ def reading(folder: Path, table: str | None = None) -> Iterator[None]:
     except (pl.exceptions.PolarsError, OSError) as e:
         what = f"table {table!r}" if table is not None else "the collection"
         why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        # a missing column: not the dozens the frame has
+        why = why.split("; valid columns:")[0]
         raise CollectionError(f"{folder}: cannot read {what}: {why}") from e
 
 

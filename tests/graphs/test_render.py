@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +146,27 @@ def test_a_failing_graph_is_reported_and_the_others_drawn(
     assert failures == [GraphFailure("memory_usage", "ValueError: boom")]
     with pytest.raises(GraphError, match="graph 'memory_usage' failed: ValueError: boom"):
         render(synthetic, tmp_path, graphs=names)
+
+
+def test_a_table_whose_part_is_another_tables_fails_its_graphs_in_one_line_each(
+    synthetic: Collection, tmp_path: Path
+) -> None:
+    # memory_usage's part copied over quanta_runtime's: polars names the missing column,
+    # then every column the frame has and the plan it resolved (dozens of lines)
+    col = tmp_path / "col"
+    shutil.copytree(synthetic.path, col)
+    (part,) = sorted((col / "memory_usage").glob("part-*.parquet"))[:1]
+    for old in (col / "quanta_runtime").glob("part-*.parquet"):
+        shutil.copyfile(part, old)
+    failures: list[GraphFailure] = []
+    written = render(read_collection(col), tmp_path / "out", graphs=["quanta_run_length",
+                     "memory_usage"], errors=failures)  # fmt: skip
+    assert [p.name for p in written] == ["memory_usage.png"]
+    (failed,) = failures
+    assert failed.graph == "quanta_run_length" and "\n" not in failed.error
+    assert failed.error.startswith("ColumnNotFoundError: unable to find column ")
+    assert failed.error.endswith("(a part of another table, or damaged?)")
+    assert "valid columns" not in failed.error and len(failed.error) < 200
 
 
 def test_graph_command(synthetic: Collection, tmp_path: Path) -> None:

@@ -164,10 +164,21 @@ def figures(
             continue
         except Exception as err:  # a bug in one graph must not hide the others
             if errors is None:
-                raise GraphError(f"graph {name!r} failed: {type(err).__name__}: {err}") from err
-            errors.append(GraphFailure(name, f"{type(err).__name__}: {err}"))
+                raise GraphError(f"graph {name!r} failed: {_one_line(err)}") from err
+            errors.append(GraphFailure(name, _one_line(err)))
             continue
         yield graph, fig
+
+
+def _one_line(err: Exception) -> str:
+    """A graph's failure in one line: polars appends the plan it resolved and every
+    column the frame has (dozens of lines for one missing column)."""
+    text = (str(err).strip().splitlines() or [""])[0]
+    import polars as pl  # loaded already: the graphs' queries raised this
+
+    if isinstance(err, pl.exceptions.ColumnNotFoundError):
+        text = text.split("; valid columns:")[0] + " (a part of another table, or damaged?)"
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 def png_bytes(fig: Figure) -> bytes:
