@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -100,6 +101,24 @@ def test_a_running_collection_is_read_with_a_warning(tmp_path: Path) -> None:
     assert not c.complete and c["events"].height == 300
     listed = list_collections(tmp_path)
     assert listed["state"].to_list() == ["running"]
+
+
+def test_a_table_its_manifest_counts_rows_in_is_named_when_its_folder_is_gone(
+    tmp_path: Path,
+) -> None:
+    from kernmlops.data import IncompleteCollectionWarning
+
+    folder = tmp_path / "benchmark=faux" / "collection_id=d"
+    make_collection(folder, "faux", "d", 2500)
+    counted = {"events": {"rows": 2500}, "drops": {"rows": 1}}  # as collect's manifest has
+    write_manifest(folder, {"collection_id": "d", "state": "completed", "tables": counted})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing missing: no warning
+        assert sorted(read_collection(folder).tables) == ["drops", "events"]
+    shutil.rmtree(folder / "drops")  # deleted by hand, or moved: its row is not here
+    with pytest.warns(IncompleteCollectionWarning, match=r"no part here: drops \(1 rows\)$"):
+        c = read_collection(folder, lazy=True)
+    assert sorted(c.tables) == ["events"]
 
 
 def test_rows_left_in_a_spool_are_named_with_the_command_that_adds_them(tmp_path: Path) -> None:

@@ -61,7 +61,9 @@ __all__ = [
 
 
 class IncompleteCollectionWarning(UserWarning):
-    """The collection's collector did not finish (killed, crashed): read as far as flushed."""
+    """Not all of the collection is read: its collector did not finish (killed,
+    crashed: read as far as flushed), rows are still in its spool, or a table its
+    manifest counts rows in has no part left."""
 
 
 _PART = re.compile(r"^part-(\d+)\.parquet$")
@@ -270,6 +272,15 @@ def _collection(
         )
     elif spooled:
         warnings.warn(f"{path}: {spooled[2:]}", IncompleteCollectionWarning, stacklevel=stacklevel)
+    # a table the manifest counts rows in, with no part left (a folder deleted or moved)
+    gone = {t: r.rows for t, r in manifest.tables.items() if r.rows and t not in files}
+    if gone:
+        named = ", ".join(f"{t} ({n:,} rows)" for t, n in sorted(gone.items()))
+        warnings.warn(
+            f"{path}: tables its manifest counts rows in have no part here: {named}",
+            IncompleteCollectionWarning,
+            stacklevel=stacklevel,
+        )
     kind = LazyCollection if lazy else Collection
     return kind(
         path=path,
