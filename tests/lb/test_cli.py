@@ -49,6 +49,18 @@ def test_import_errors_exit_non_zero(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "one file" in r.output
 
 
+@pytest.mark.parametrize("cid", ["../../evil", "a/b", ".."])
+def test_import_refuses_an_id_that_is_not_one_name(tmp_path: Path, cid: str) -> None:
+    # the manifest's rule, checked before the folder is made: nothing written anywhere
+    r = _invoke("import-mllb", RAW, "--collection-id", cid, "-o", tmp_path / "out")
+    assert r.exit_code == 2, r.output
+    assert r.stdout == ""
+    assert r.stderr == (
+        f"error: bad collection id {cid!r}: a collection id is one name: no '/', not '.' or '..'\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_train_export_report(data: Path, tmp_path: Path) -> None:
     model = tmp_path / "m.json"
     r = _invoke("train", data, "-o", model, "--test-collection", "syn-2", "--epochs", "15")
