@@ -123,6 +123,48 @@ def test_train_needs_two_runs_to_split(data: Path, tmp_path: Path) -> None:
     assert r.exit_code == 2 and "no such folder" in r.output
 
 
+def test_train_refuses_an_output_it_cannot_write_before_training(
+    data: Path, tmp_path: Path
+) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("mine\n")
+    for out in (afile / "x.json", afile / "sub" / "x.json"):
+        r = _invoke("train", data, "-o", out, "--epochs", "1")
+        assert r.exit_code == 2, r.output
+        assert (
+            r.stderr == f"error: cannot write the model to {out}: {afile} is a file, not a folder\n"
+        )
+        assert r.stdout == "" and "decisions" not in r.output  # refused before training
+    assert afile.read_text() == "mine\n" and sorted(tmp_path.iterdir()) == [afile]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes in any folder")
+def test_train_refuses_a_folder_it_may_not_write_in(data: Path, tmp_path: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    r = _invoke("train", data, "-o", locked / "new" / "m.json", "--epochs", "1")
+    assert r.exit_code == 2 and "permission denied" in r.stderr, r.output
+    assert list(locked.iterdir()) == []
+
+
+def test_train_says_in_one_line_when_the_model_cannot_be_saved(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    import kernmlops.lb.model
+
+    def read_only(path, data, **kw):  # the mount turned read-only during the training
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+
+    monkeypatch.setattr(kernmlops.lb.model, "write_atomic", read_only)
+    out = tmp_path / "m.json"
+    r = _invoke("train", data, "-o", out, "--epochs", "1")
+    assert r.exit_code == 2, r.output
+    assert r.stderr == f"error: cannot write the model to {out}: Read-only file system\n"
+    assert not out.exists()
+
+
 def test_shadow_needs_a_readable_model(tmp_path: Path) -> None:
     bad = tmp_path / "m.json"
     bad.write_text("not json")

@@ -362,12 +362,13 @@ def train_cmd(data, output, split, tests, test_fraction, epochs, seed, migration
     precision, recall, F1 and the confusion matrix on the test runs."""
     from kernmlops.lb.dataset import load_decisions, recorded_cost
     from kernmlops.lb.features import MIGRATION_COST_NS
-    from kernmlops.lb.model import TrainConfig
+    from kernmlops.lb.model import TrainConfig, check_writable
     from kernmlops.lb.pipeline import train_model
 
     if not 0 < test_fraction < 1:
         raise click.BadParameter("must be between 0 and 1", param_hint="--test-fraction")
     try:
+        check_writable(output)  # before the training, not after it
         decisions = load_decisions(list(data))
         result = train_model(
             decisions, split=split, test_collections=list(tests) or None,

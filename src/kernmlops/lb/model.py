@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,6 +34,30 @@ HIDDEN = 10
 
 class ModelError(KernmlopsError):
     """A model file is unreadable, or training cannot proceed."""
+
+
+def check_writable(path: Path) -> None:
+    """ModelError unless a model can be saved at ``path``: not a folder, and the
+    nearest folder above it that exists is one this process may write in. Cheap:
+    checked before training, so a bad -o is said before the work, not after."""
+    path = Path(path)
+    for here in (path, *path.parents):
+        try:
+            mode = here.stat().st_mode
+        except OSError:  # missing (save makes it), or not searchable: the folders above say
+            continue
+        if here == path:
+            if stat.S_ISDIR(mode):
+                raise ModelError(f"cannot write the model to {path}: it is a folder")
+            continue  # a file save replaces: its folder decides
+        if not stat.S_ISDIR(mode):
+            raise ModelError(f"cannot write the model to {path}: {here} is a file, not a folder")
+        if not os.access(here, os.W_OK | os.X_OK):
+            # access(2) answers for the mount too: EROFS even as root
+            read_only = os.statvfs(here).f_flag & os.ST_RDONLY
+            why = "the file system is read-only" if read_only else "permission denied"
+            raise ModelError(f"cannot write the model to {path}: {why} ({here})")
+        return
 
 
 @dataclass
@@ -69,9 +95,14 @@ class Model:
         }
 
     def save(self, path: Path) -> Path:
+        """Write the model to ``path`` whole (folders made); ModelError with one line
+        when it cannot be written."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, json.dumps(self.to_json(), indent=1) + "\n")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, json.dumps(self.to_json(), indent=1) + "\n")
+        except OSError as err:
+            raise ModelError(f"cannot write the model to {path}: {err.strerror or err}") from None
         return path
 
     @classmethod
