@@ -49,6 +49,55 @@ def test_import_errors_exit_non_zero(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "one file" in r.output
 
 
+def _raw_with(tmp_path: Path, row: int, **cells: str) -> Path:
+    """RAW with the named columns of data row ``row`` (1 = the first) replaced."""
+    header, *rows = RAW.read_text().splitlines()
+    names = header.split(",")
+    values = rows[row - 1].split(",")
+    for name, value in cells.items():
+        values[names.index(name)] = value
+    rows[row - 1] = ",".join(values)
+    path = tmp_path / "raw_x.csv"
+    path.write_text("\n".join([header, *rows]) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("row", "cells", "message"),
+    [
+        (2, {"src_len": "1.5"}, "column src_len, row 2 (line 3): 1.5 is not a whole number"),
+        (4, {"delta": "7.25"}, "column delta, row 4 (line 5): 7.25 is not a whole number"),
+        (2, {"src_len": "-2"}, "column src_len, row 2 (line 3): -2 is negative"),
+        (3, {"dst_len": "-1"}, "column dst_len, row 3 (line 4): -1 is negative"),
+        (5, {"nr_fails": "-3"}, "column nr_fails, row 5 (line 6): -3 is negative"),
+        (2, {"can_migrate": "2"}, "column can_migrate, row 2 (line 3): 2 is not 0 or 1"),
+        (1, {"can_migrate": "-1"}, "column can_migrate, row 1 (line 2): -1 is not 0 or 1"),
+        (3, {"buddy_hot": "300"}, "column buddy_hot, row 3 (line 4): 300 is not 0 or 1"),
+        (2, {"pid": "abc"}, "column pid, row 2 (line 3): abc is not a number"),
+        (2, {"src_load": "1e30"}, "column src_load, row 2 (line 3): 1e+30 is out of range"),
+    ],
+)
+def test_import_refuses_values_mllb_cannot_have(
+    tmp_path: Path, row: int, cells: dict[str, str], message: str
+) -> None:
+    # truncated, 1.5 became 1; a label of 2 or -1 is no decision
+    raw = _raw_with(tmp_path, row, **cells)
+    r = _invoke("import-mllb", raw, "-o", tmp_path / "out")
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith(f"error: {raw}: {message}") and r.stderr.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_import_keeps_mllb_signed_columns_negative(tmp_path: Path) -> None:
+    # delta (s64), delta_faults (dst - src) and imbalance (long) may be negative
+    raw = _raw_with(tmp_path, 3, delta="-1500", delta_faults="-9", imbalance="-4")
+    r = _invoke("import-mllb", raw, "-o", tmp_path / "out")
+    assert r.exit_code == 0, r.output
+    (folder,) = (tmp_path / "out" / "curated" / "benchmark=mllb-import").iterdir()
+    rows = read_collection(folder)["lb_decisions"].row(2, named=True)
+    assert (rows["delta_ns"], rows["delta_faults"], rows["imbalance"]) == (-1500, -9, -4)
+
+
 @pytest.mark.parametrize("cid", ["../../evil", "a/b", ".."])
 def test_import_refuses_an_id_that_is_not_one_name(tmp_path: Path, cid: str) -> None:
     # the manifest's rule, checked before the folder is made: nothing written anywhere
