@@ -214,6 +214,29 @@ def test_train_says_in_one_line_when_the_model_cannot_be_saved(
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--epochs", "0"), ("--epochs", "-1"), ("--migration-cost-ns", "-5"),
+     ("--migration-cost-ns", "0")],
+)  # fmt: skip
+def test_train_refuses_no_epochs_and_a_cost_below_1(
+    data: Path, tmp_path: Path, option: str, value: str
+) -> None:
+    # 0 epochs saved the random start as a model; the cost's range is lb deploy's
+    out = tmp_path / "m.json"
+    r = _invoke("train", data, "-o", out, option, value)
+    assert r.exit_code == 2
+    assert f"Invalid value for '{option}': {value} is not in the range x>=1" in r.output
+    assert not out.exists()
+
+
+def test_collect_refuses_a_cost_below_1(tmp_path: Path) -> None:
+    r = _invoke("collect", "--migration-cost-ns", "-5", "-o", tmp_path / "d", "--", "true")
+    assert r.exit_code == 2
+    assert "Invalid value for '--migration-cost-ns': -5 is not in the range x>=1" in r.output
+    assert not (tmp_path / "d").exists()
+
+
 def test_shadow_needs_a_readable_model(tmp_path: Path) -> None:
     bad = tmp_path / "m.json"
     bad.write_text("not json")

@@ -89,7 +89,7 @@ def _collect_options(fn):
             ),
             click.option(
                 "--migration-cost-ns",
-                type=int,
+                type=click.IntRange(min=1),  # as lb deploy and lb train
                 default=None,
                 help="sched migration cost the features use (default: the running "
                 "kernel's, from debugfs or sysctl, else 500000)",
@@ -349,9 +349,9 @@ def _print_metrics(title: str, section: dict[str, Any]) -> None:
 )  # fmt: skip
 @click.option("--test-collection", "tests", multiple=True, help="a test collection id (repeatable)")
 @click.option("--test-fraction", type=float, default=0.25, show_default=True)
-@click.option("--epochs", type=int, default=60, show_default=True)
+@click.option("--epochs", type=click.IntRange(min=1), default=60, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--migration-cost-ns", type=int, default=None,
+@click.option("--migration-cost-ns", type=click.IntRange(min=1), default=None,
               help="default: the collections' own (recorded), else 500000")  # fmt: skip
 @click.option("--balanced", is_flag=True,
               help="weigh both answers alike in the loss ('stay' is rare)")  # fmt: skip

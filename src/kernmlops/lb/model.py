@@ -310,6 +310,8 @@ def train(x: np.ndarray, y: np.ndarray, cfg: TrainConfig | None = None) -> Model
     cfg = cfg or TrainConfig()
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
+    if cfg.epochs < 1:  # no epoch: the random weights would be saved as a model
+        raise ModelError(f"epochs must be at least 1, got {cfg.epochs}")
     if len(x) < 2:
         raise ModelError(f"need at least 2 decisions to train, got {len(x)}")
     if x.shape[1] != NR_FEATURES:
