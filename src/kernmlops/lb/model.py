@@ -26,9 +26,10 @@ import numpy as np
 from kernmlops.errors import KernmlopsError
 from kernmlops.fileio import write_atomic
 from kernmlops.lb.features import FEATURES, NR_FEATURES
+from kernmlops.lb.weights import FLOAT_FORMAT, VERSIONS, check_model, read_model_doc
 
-FORMAT = "kernmlops-lb-model"
-FORMAT_VERSION = 1
+FORMAT = FLOAT_FORMAT
+FORMAT_VERSION = VERSIONS[FORMAT]
 HIDDEN = 10
 
 
@@ -109,17 +110,10 @@ class Model:
     def load(cls, path: Path) -> Model:
         """``lb train``'s model; ModelError with one line for anything else,
         weights that are not finite or do not fit Q20.11 included."""
-        from kernmlops.lb.weights import check_weights, read_model_doc
-
         doc = read_model_doc(path, ModelError)
         if doc.get("format") != FORMAT:
             raise ModelError(f"{path} is not a kernmlops lb model (lb train writes one)")
-        version = doc.get("version", 0)
-        if not isinstance(version, int) or version > FORMAT_VERSION:
-            raise ModelError(f"{path} is from a newer kernmlops (model version {version})")
-        if doc.get("features", []) != list(FEATURES):
-            raise ModelError(f"{path}: features differ from MLLB's 15")
-        w1, b1, w2, b2 = check_weights(doc, str(path), fixed=False, error=ModelError)
+        _, w1, b1, w2, b2 = check_model(doc, str(path), error=ModelError)
         meta = doc.get("meta")
         return cls(
             w1=w1, b1=b1, w2=w2, b2=float(b2), meta=dict(meta) if isinstance(meta, dict) else {}
