@@ -49,6 +49,67 @@ def test_import_errors_exit_non_zero(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "one file" in r.output
 
 
+def _raw_with(tmp_path: Path, row: int, **cells: str) -> Path:
+    """RAW with the named columns of data row ``row`` (1 = the first) replaced."""
+    header, *rows = RAW.read_text().splitlines()
+    names = header.split(",")
+    values = rows[row - 1].split(",")
+    for name, value in cells.items():
+        values[names.index(name)] = value
+    rows[row - 1] = ",".join(values)
+    path = tmp_path / "raw_x.csv"
+    path.write_text("\n".join([header, *rows]) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("row", "cells", "message"),
+    [
+        (2, {"src_len": "1.5"}, "column src_len, row 2 (line 3): 1.5 is not a whole number"),
+        (4, {"delta": "7.25"}, "column delta, row 4 (line 5): 7.25 is not a whole number"),
+        (2, {"src_len": "-2"}, "column src_len, row 2 (line 3): -2 is negative"),
+        (3, {"dst_len": "-1"}, "column dst_len, row 3 (line 4): -1 is negative"),
+        (5, {"nr_fails": "-3"}, "column nr_fails, row 5 (line 6): -3 is negative"),
+        (2, {"can_migrate": "2"}, "column can_migrate, row 2 (line 3): 2 is not 0 or 1"),
+        (1, {"can_migrate": "-1"}, "column can_migrate, row 1 (line 2): -1 is not 0 or 1"),
+        (3, {"buddy_hot": "300"}, "column buddy_hot, row 3 (line 4): 300 is not 0 or 1"),
+        (2, {"pid": "abc"}, "column pid, row 2 (line 3): abc is not a number"),
+        (2, {"src_load": "1e30"}, "column src_load, row 2 (line 3): 1e+30 is out of range"),
+    ],
+)
+def test_import_refuses_values_mllb_cannot_have(
+    tmp_path: Path, row: int, cells: dict[str, str], message: str
+) -> None:
+    # truncated, 1.5 became 1; a label of 2 or -1 is no decision
+    raw = _raw_with(tmp_path, row, **cells)
+    r = _invoke("import-mllb", raw, "-o", tmp_path / "out")
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith(f"error: {raw}: {message}") and r.stderr.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_import_keeps_mllb_signed_columns_negative(tmp_path: Path) -> None:
+    # delta (s64), delta_faults (dst - src) and imbalance (long) may be negative
+    raw = _raw_with(tmp_path, 3, delta="-1500", delta_faults="-9", imbalance="-4")
+    r = _invoke("import-mllb", raw, "-o", tmp_path / "out")
+    assert r.exit_code == 0, r.output
+    (folder,) = (tmp_path / "out" / "curated" / "benchmark=mllb-import").iterdir()
+    rows = read_collection(folder)["lb_decisions"].row(2, named=True)
+    assert (rows["delta_ns"], rows["delta_faults"], rows["imbalance"]) == (-1500, -9, -4)
+
+
+@pytest.mark.parametrize("cid", ["../../evil", "a/b", ".."])
+def test_import_refuses_an_id_that_is_not_one_name(tmp_path: Path, cid: str) -> None:
+    # the manifest's rule, checked before the folder is made: nothing written anywhere
+    r = _invoke("import-mllb", RAW, "--collection-id", cid, "-o", tmp_path / "out")
+    assert r.exit_code == 2, r.output
+    assert r.stdout == ""
+    assert r.stderr == (
+        f"error: bad collection id {cid!r}: a collection id is one name: no '/', not '.' or '..'\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_train_export_report(data: Path, tmp_path: Path) -> None:
     model = tmp_path / "m.json"
     r = _invoke("train", data, "-o", model, "--test-collection", "syn-2", "--epochs", "15")
@@ -109,6 +170,71 @@ def test_train_needs_two_runs_to_split(data: Path, tmp_path: Path) -> None:
     assert r.exit_code == 2 and "at least 2 collections" in r.output
     r = _invoke("train", tmp_path / "nothing-here", "-o", tmp_path / "m.json")
     assert r.exit_code == 2 and "no such folder" in r.output
+
+
+def test_train_refuses_an_output_it_cannot_write_before_training(
+    data: Path, tmp_path: Path
+) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("mine\n")
+    for out in (afile / "x.json", afile / "sub" / "x.json"):
+        r = _invoke("train", data, "-o", out, "--epochs", "1")
+        assert r.exit_code == 2, r.output
+        assert (
+            r.stderr == f"error: cannot write the model to {out}: {afile} is a file, not a folder\n"
+        )
+        assert r.stdout == "" and "decisions" not in r.output  # refused before training
+    assert afile.read_text() == "mine\n" and sorted(tmp_path.iterdir()) == [afile]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes in any folder")
+def test_train_refuses_a_folder_it_may_not_write_in(data: Path, tmp_path: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    r = _invoke("train", data, "-o", locked / "new" / "m.json", "--epochs", "1")
+    assert r.exit_code == 2 and "permission denied" in r.stderr, r.output
+    assert list(locked.iterdir()) == []
+
+
+def test_train_says_in_one_line_when_the_model_cannot_be_saved(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    import kernmlops.lb.model
+
+    def read_only(path, data, **kw):  # the mount turned read-only during the training
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+
+    monkeypatch.setattr(kernmlops.lb.model, "write_atomic", read_only)
+    out = tmp_path / "m.json"
+    r = _invoke("train", data, "-o", out, "--epochs", "1")
+    assert r.exit_code == 2, r.output
+    assert r.stderr == f"error: cannot write the model to {out}: Read-only file system\n"
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--epochs", "0"), ("--epochs", "-1"), ("--migration-cost-ns", "-5"),
+     ("--migration-cost-ns", "0")],
+)  # fmt: skip
+def test_train_refuses_no_epochs_and_a_cost_below_1(
+    data: Path, tmp_path: Path, option: str, value: str
+) -> None:
+    # 0 epochs saved the random start as a model; the cost's range is lb deploy's
+    out = tmp_path / "m.json"
+    r = _invoke("train", data, "-o", out, option, value)
+    assert r.exit_code == 2
+    assert f"Invalid value for '{option}': {value} is not in the range x>=1" in r.output
+    assert not out.exists()
+
+
+def test_collect_refuses_a_cost_below_1(tmp_path: Path) -> None:
+    r = _invoke("collect", "--migration-cost-ns", "-5", "-o", tmp_path / "d", "--", "true")
+    assert r.exit_code == 2
+    assert "Invalid value for '--migration-cost-ns': -5 is not in the range x>=1" in r.output
+    assert not (tmp_path / "d").exists()
 
 
 def test_shadow_needs_a_readable_model(tmp_path: Path) -> None:

@@ -109,6 +109,13 @@ def test_one_label_only_is_refused(runs: pl.DataFrame) -> None:
         train_model(ones, config=FAST)
 
 
+@pytest.mark.parametrize("epochs", [0, -1])
+def test_no_epoch_is_refused(runs: pl.DataFrame, epochs: int) -> None:
+    # no epoch: the random start would be returned as the model
+    with pytest.raises(ModelError, match=f"epochs must be at least 1, got {epochs}"):
+        train_model(runs, config=TrainConfig(epochs=epochs, seeds=1))
+
+
 def test_bad_model_file_is_a_clear_error(tmp_path: Path) -> None:
     bad = tmp_path / "m.json"
     bad.write_text('{"format": "something-else"}')

@@ -228,6 +228,54 @@ def test_bad_fixed_point_weights_are_one_line(
     assert message in r.stderr
 
 
+# what a model file says of itself: the same check in every reader (check_model)
+BAD_HEADERS = [
+    ({"features": 3}, "features differ from MLLB's 15"),
+    ({"features": None}, "features differ from MLLB's 15"),
+    ({"version": 99}, "is from a newer kernmlops (model version 99)"),
+    ({"hidden": 7}, "hidden is 7, but w1 has 10 columns"),
+]
+
+
+def _with(tmp_path: Path, fixed: bool, change: dict) -> Path:
+    m = _random_model()
+    doc = fixed_json(FixedModel.from_model(m), {}) if fixed else m.to_json()
+    doc.update(change)
+    for key in [k for k, v in change.items() if v is None]:
+        del doc[key]
+    path = tmp_path / ("bad.q11.json" if fixed else "bad.json")
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+@pytest.mark.parametrize(("change", "message"), BAD_HEADERS)
+def test_a_float_model_is_checked_alike_by_every_command(
+    tmp_path: Path, command: str, change: dict, message: str
+) -> None:
+    # dump-weights printed a model with features: 3 that lb export refused
+    args = COMMANDS[command](_with(tmp_path, False, change), tmp_path)
+    r = CliRunner().invoke(lb_group, [str(a) for a in args])
+    assert r.exit_code == 2, r.output
+    assert r.stdout == "" and r.stderr.count("\n") == 1 and r.stderr.startswith("error:"), r.stderr
+    assert message in r.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize("command", ["shadow", "dump-weights"])
+@pytest.mark.parametrize(
+    ("change", "message"), [*BAD_HEADERS, ({"fbits": 12}, "Q20.12 model, expected Q20.11")]
+)
+def test_a_fixed_point_model_is_checked_alike_by_every_command(
+    tmp_path: Path, command: str, change: dict, message: str
+) -> None:
+    args = COMMANDS[command](_with(tmp_path, True, change), tmp_path)
+    r = CliRunner().invoke(lb_group, [str(a) for a in args])
+    assert r.exit_code == 2, r.output
+    assert r.stdout == "" and r.stderr.count("\n") == 1 and r.stderr.startswith("error:"), r.stderr
+    assert message in r.stderr
+
+
 def test_an_all_nan_model_is_not_scored_as_always_stay(tmp_path: Path) -> None:
     from kernmlops.lb.dataset import synthetic_decisions, write_decisions
 

@@ -37,6 +37,7 @@ __all__ = [
     "Manifest",
     "State",
     "TableRecord",
+    "check_collection_id",
     "parse_manifest",
     "read_manifest",
     "write_manifest",
@@ -44,6 +45,17 @@ __all__ = [
 
 FORMAT = "kernmlops-collection"
 FORMAT_VERSION = 2
+
+
+def check_collection_id(value: str) -> str:
+    """``value`` when it is one folder name; ValueError otherwise. The one rule for a
+    collection id: the manifest checks it, and writers check it before the folder named
+    after it is made."""
+    # it names the spool's memory folder (/dev/shm/kernmlops-spool-<id>), which
+    # recover deletes as root: a '/' or '..' in it would name another folder
+    if "/" in value or "\0" in value or value in (".", ".."):
+        raise ValueError("a collection id is one name: no '/', not '.' or '..'")
+    return value
 
 
 State = Literal["running", "completed", "failed", "duration", "interrupted", "disk_full", "error"]
@@ -166,11 +178,7 @@ class Manifest(_Record):
     @field_validator("collection_id")
     @classmethod
     def _one_name(cls, value: str | None) -> str | None:
-        # it names the spool's memory folder (/dev/shm/kernmlops-spool-<id>), which
-        # recover deletes as root: a '/' or '..' in it would name another folder
-        if value is not None and ("/" in value or "\0" in value or value in (".", "..")):
-            raise ValueError("a collection id is one name: no '/'")
-        return value
+        return value if value is None else check_collection_id(value)
 
     @field_validator("benchmark", mode="before")
     @classmethod

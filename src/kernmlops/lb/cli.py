@@ -89,7 +89,7 @@ def _collect_options(fn):
             ),
             click.option(
                 "--migration-cost-ns",
-                type=int,
+                type=click.IntRange(min=1),  # as lb deploy and lb train
                 default=None,
                 help="sched migration cost the features use (default: the running "
                 "kernel's, from debugfs or sysctl, else 500000)",
@@ -349,9 +349,9 @@ def _print_metrics(title: str, section: dict[str, Any]) -> None:
 )  # fmt: skip
 @click.option("--test-collection", "tests", multiple=True, help="a test collection id (repeatable)")
 @click.option("--test-fraction", type=float, default=0.25, show_default=True)
-@click.option("--epochs", type=int, default=60, show_default=True)
+@click.option("--epochs", type=click.IntRange(min=1), default=60, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--migration-cost-ns", type=int, default=None,
+@click.option("--migration-cost-ns", type=click.IntRange(min=1), default=None,
               help="default: the collections' own (recorded), else 500000")  # fmt: skip
 @click.option("--balanced", is_flag=True,
               help="weigh both answers alike in the loss ('stay' is rare)")  # fmt: skip
@@ -362,12 +362,13 @@ def train_cmd(data, output, split, tests, test_fraction, epochs, seed, migration
     precision, recall, F1 and the confusion matrix on the test runs."""
     from kernmlops.lb.dataset import load_decisions, recorded_cost
     from kernmlops.lb.features import MIGRATION_COST_NS
-    from kernmlops.lb.model import TrainConfig
+    from kernmlops.lb.model import TrainConfig, check_writable
     from kernmlops.lb.pipeline import train_model
 
     if not 0 < test_fraction < 1:
         raise click.BadParameter("must be between 0 and 1", param_hint="--test-fraction")
     try:
+        check_writable(output)  # before the training, not after it
         decisions = load_decisions(list(data))
         result = train_model(
             decisions, split=split, test_collections=list(tests) or None,

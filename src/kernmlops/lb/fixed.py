@@ -25,9 +25,10 @@ import numpy as np
 
 from kernmlops.lb.features import FBITS, FEATURES, NR_FEATURES, ONE
 from kernmlops.lb.model import Model
+from kernmlops.lb.weights import FIXED_FORMAT, VERSIONS
 
-FORMAT = "kernmlops-lb-fixed"
-FORMAT_VERSION = 1
+FORMAT = FIXED_FORMAT
+FORMAT_VERSION = VERSIONS[FORMAT]
 INT32 = (-(1 << 31), (1 << 31) - 1)
 
 
@@ -272,17 +273,12 @@ def fixed_json(fixed: FixedModel, meta: dict[str, Any]) -> dict[str, Any]:
 def load_fixed_json(path: Path) -> tuple[FixedModel, dict[str, Any]]:
     """``lb export``'s ``*.q11.json``; ModelError with one line for anything else."""
     from kernmlops.lb.model import ModelError
-    from kernmlops.lb.weights import check_weights, read_model_doc
+    from kernmlops.lb.weights import check_model, read_model_doc
 
     doc = read_model_doc(path, ModelError)
     if doc.get("format") != FORMAT:
         raise ModelError(f"{path} is not a kernmlops fixed-point model (lb export writes one)")
-    if doc.get("fbits") != FBITS or doc.get("features", []) != list(FEATURES):
-        raise ModelError(f"{path}: expected Q20.{FBITS} over MLLB's 15 features")
-    w1, b1, w2, b2 = check_weights(doc, str(path), fixed=True, error=ModelError)
-    nh = doc.get("hidden", len(b1))
-    if nh != len(b1):
-        raise ModelError(f"{path}: hidden is {nh!r}, but w1 has {len(b1)} columns")
+    _, w1, b1, w2, b2 = check_model(doc, str(path), error=ModelError)
     meta = doc.get("meta")
     fixed = FixedModel(w1=w1, b1=b1, w2=w2, b2=int(b2))
     return fixed, dict(meta) if isinstance(meta, dict) else {}

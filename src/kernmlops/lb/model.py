@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,14 +26,39 @@ import numpy as np
 from kernmlops.errors import KernmlopsError
 from kernmlops.fileio import write_atomic
 from kernmlops.lb.features import FEATURES, NR_FEATURES
+from kernmlops.lb.weights import FLOAT_FORMAT, VERSIONS, check_model, read_model_doc
 
-FORMAT = "kernmlops-lb-model"
-FORMAT_VERSION = 1
+FORMAT = FLOAT_FORMAT
+FORMAT_VERSION = VERSIONS[FORMAT]
 HIDDEN = 10
 
 
 class ModelError(KernmlopsError):
     """A model file is unreadable, or training cannot proceed."""
+
+
+def check_writable(path: Path) -> None:
+    """ModelError unless a model can be saved at ``path``: not a folder, and the
+    nearest folder above it that exists is one this process may write in. Cheap:
+    checked before training, so a bad -o is said before the work, not after."""
+    path = Path(path)
+    for here in (path, *path.parents):
+        try:
+            mode = here.stat().st_mode
+        except OSError:  # missing (save makes it), or not searchable: the folders above say
+            continue
+        if here == path:
+            if stat.S_ISDIR(mode):
+                raise ModelError(f"cannot write the model to {path}: it is a folder")
+            continue  # a file save replaces: its folder decides
+        if not stat.S_ISDIR(mode):
+            raise ModelError(f"cannot write the model to {path}: {here} is a file, not a folder")
+        if not os.access(here, os.W_OK | os.X_OK):
+            # access(2) answers for the mount too: EROFS even as root
+            read_only = os.statvfs(here).f_flag & os.ST_RDONLY
+            why = "the file system is read-only" if read_only else "permission denied"
+            raise ModelError(f"cannot write the model to {path}: {why} ({here})")
+        return
 
 
 @dataclass
@@ -69,26 +96,24 @@ class Model:
         }
 
     def save(self, path: Path) -> Path:
+        """Write the model to ``path`` whole (folders made); ModelError with one line
+        when it cannot be written."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, json.dumps(self.to_json(), indent=1) + "\n")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, json.dumps(self.to_json(), indent=1) + "\n")
+        except OSError as err:
+            raise ModelError(f"cannot write the model to {path}: {err.strerror or err}") from None
         return path
 
     @classmethod
     def load(cls, path: Path) -> Model:
         """``lb train``'s model; ModelError with one line for anything else,
         weights that are not finite or do not fit Q20.11 included."""
-        from kernmlops.lb.weights import check_weights, read_model_doc
-
         doc = read_model_doc(path, ModelError)
         if doc.get("format") != FORMAT:
             raise ModelError(f"{path} is not a kernmlops lb model (lb train writes one)")
-        version = doc.get("version", 0)
-        if not isinstance(version, int) or version > FORMAT_VERSION:
-            raise ModelError(f"{path} is from a newer kernmlops (model version {version})")
-        if doc.get("features", []) != list(FEATURES):
-            raise ModelError(f"{path}: features differ from MLLB's 15")
-        w1, b1, w2, b2 = check_weights(doc, str(path), fixed=False, error=ModelError)
+        _, w1, b1, w2, b2 = check_model(doc, str(path), error=ModelError)
         meta = doc.get("meta")
         return cls(
             w1=w1, b1=b1, w2=w2, b2=float(b2), meta=dict(meta) if isinstance(meta, dict) else {}
@@ -279,6 +304,8 @@ def train(x: np.ndarray, y: np.ndarray, cfg: TrainConfig | None = None) -> Model
     cfg = cfg or TrainConfig()
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
+    if cfg.epochs < 1:  # no epoch: the random weights would be saved as a model
+        raise ModelError(f"epochs must be at least 1, got {cfg.epochs}")
     if len(x) < 2:
         raise ModelError(f"need at least 2 decisions to train, got {len(x)}")
     if x.shape[1] != NR_FEATURES:

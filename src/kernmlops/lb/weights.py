@@ -17,9 +17,11 @@ export``'s Q20.11 JSON (printed as the floats its integers stand for,
 ``q / 2048``). Anything that is not exactly 15 x 10 + 10 + 10 x 1 + 1 = 171
 finite numbers is refused with one line.
 
-Every reader of a model file checks the weights here (``read_model_doc``,
-``check_weights``): ``lb export``, ``lb shadow``, ``lb report --model`` and
-``lb dump-weights``. A weight must be a finite number that Q20.11 can hold
+Every reader of a model file checks it here, the same way (``read_model_doc``,
+``check_model``): ``lb export``, ``lb shadow``, ``lb report --model`` and
+``lb dump-weights``. The format and its version, MLLB's 15 features in order,
+Q20.11 for a fixed-point model, the hidden units it states and the weights are
+checked. A weight must be a finite number that Q20.11 can hold
 (``round(w * 2048)`` an int32, so ``|w| < 2^20``): the kernel computes in
 that fixed point, and a NaN model would otherwise score as "always stay".
 """
@@ -36,13 +38,15 @@ from typing import Any
 import numpy as np
 
 from kernmlops.errors import KernmlopsError
-from kernmlops.lb.names import FBITS, NR_FEATURES
+from kernmlops.lb.names import FBITS, FEATURES, NR_FEATURES
 
 HIDDEN = 10
 #: 15*10 + 10 + 10*1 + 1
 NR_PARAMS = NR_FEATURES * HIDDEN + HIDDEN + HIDDEN + 1
 FLOAT_FORMAT = "kernmlops-lb-model"
 FIXED_FORMAT = "kernmlops-lb-fixed"
+#: the version each format is written in (lb train, lb export), the newest one read
+VERSIONS = {FLOAT_FORMAT: 1, FIXED_FORMAT: 1}
 LAYOUTS = (0, 1, 2)
 INT32 = (-(1 << 31), (1 << 31) - 1)
 ONE = 1 << FBITS
@@ -157,6 +161,37 @@ def check_weights(
     return w1, b1, w2.reshape(-1), b2.reshape(-1)[0].item()
 
 
+def check_model(
+    doc: dict[str, Any],
+    where: str,
+    *,
+    hidden: int | None = None,
+    error: type[KernmlopsError] = WeightsError,
+) -> tuple[bool, np.ndarray, np.ndarray, np.ndarray, float]:
+    """Every reader's check of a model document, ``lb train``'s float model or ``lb
+    export``'s Q20.11 JSON: a format this kernmlops knows in a version not newer than
+    its own, MLLB's 15 features in order, Q20.11 (fixed point), the weights
+    (:func:`check_weights`) and the hidden units the file states. Returns whether it
+    is fixed point, and w1, b1, w2, b2; raises ``error`` with one line naming ``where``."""
+    kind = doc.get("format")
+    if kind not in VERSIONS:
+        raise error(f"{where} is not a kernmlops lb model (format {FLOAT_FORMAT} from lb "
+                    f"train or {FIXED_FORMAT} from lb export)")  # fmt: skip
+    version = doc.get("version", 0)
+    if isinstance(version, bool) or not isinstance(version, int) or version > VERSIONS[kind]:
+        raise error(f"{where} is from a newer kernmlops (model version {version})")
+    if doc.get("features", []) != list(FEATURES):
+        raise error(f"{where}: features differ from MLLB's 15")
+    fixed = kind == FIXED_FORMAT
+    if fixed and doc.get("fbits") != FBITS:
+        raise error(f"{where}: Q20.{doc.get('fbits')} model, expected Q20.{FBITS}")
+    w1, b1, w2, b2 = check_weights(doc, where, fixed=fixed, hidden=hidden, error=error)
+    stated = doc.get("hidden", len(b1))
+    if stated != len(b1):
+        raise error(f"{where}: hidden is {stated!r}, but w1 has {len(b1)} columns")
+    return fixed, w1, b1, w2, b2
+
+
 def read_model_doc(path: Path, error: type[KernmlopsError] = WeightsError) -> dict[str, Any]:
     """A model file's JSON object (at most MAX_MODEL_BYTES); ``error`` with one
     line when it is missing, a folder, too large or not a JSON object."""
@@ -186,15 +221,8 @@ def read_model_doc(path: Path, error: type[KernmlopsError] = WeightsError) -> di
 def read_weights(path: Path) -> Weights:
     """W1, b1, W2, b2 of ``lb train``'s model or ``lb export``'s ``*.q11.json``."""
     path = Path(path)
-    doc = read_model_doc(path)
-    kind = doc.get("format")
-    if kind not in (FLOAT_FORMAT, FIXED_FORMAT):
-        raise WeightsError(f"{path} is not a kernmlops lb model (format {FLOAT_FORMAT} from lb "
-                           f"train or {FIXED_FORMAT} from lb export)")  # fmt: skip
-    fixed = kind == FIXED_FORMAT
-    if fixed and doc.get("fbits") != FBITS:
-        raise WeightsError(f"{path}: Q20.{doc.get('fbits')} model, expected Q20.{FBITS}")
-    w1, b1, w2, b2 = check_weights(doc, str(path), fixed=fixed, hidden=HIDDEN)
+    # MLLB's network exactly: 10 hidden units, what its patch's arrays hold
+    fixed, w1, b1, w2, b2 = check_model(read_model_doc(path), str(path), hidden=HIDDEN)
     scale = float(ONE) if fixed else 1.0
     w = Weights(w1 / scale, b1 / scale, w2.reshape(HIDDEN, 1) / scale,
                 np.array([b2], dtype=np.float64) / scale,
