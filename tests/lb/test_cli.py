@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -187,13 +191,34 @@ def test_train_refuses_an_output_it_cannot_write_before_training(
     assert afile.read_text() == "mine\n" and sorted(tmp_path.iterdir()) == [afile]
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes in any folder")
-def test_train_refuses_a_folder_it_may_not_write_in(data: Path, tmp_path: Path) -> None:
-    locked = tmp_path / "locked"
-    locked.mkdir(mode=0o500)
-    r = _invoke("train", data, "-o", locked / "new" / "m.json", "--epochs", "1")
-    assert r.exit_code == 2 and "permission denied" in r.stderr, r.output
-    assert list(locked.iterdir()) == []
+def test_train_refuses_a_folder_it_may_not_write_in(data: Path) -> None:
+    # root writes in any folder: run by nobody (setpriv drops every capability), in a
+    # folder of root's that nobody may read but not write
+    top = Path(tempfile.mkdtemp(prefix="kmo-lb-locked-"))
+    try:
+        top.chmod(0o755)
+        shutil.copytree(data, top / "data")
+        for p in [top / "data", *(top / "data").rglob("*")]:
+            p.chmod(0o755 if p.is_dir() else 0o644)
+        locked = top / "locked"
+        locked.mkdir(mode=0o755)
+        out = locked / "new" / "m.json"
+        argv = [sys.executable, "-m", "kernmlops", "lb", "train", str(top / "data"), "-o",
+                str(out), "--epochs", "1"]  # fmt: skip
+        if os.geteuid() == 0:
+            setpriv = shutil.which("setpriv")
+            assert setpriv, "setpriv (util-linux) is needed to train as nobody"
+            argv = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", *argv]
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd="/",
+                           env={**os.environ, "COLUMNS": "400"})  # fmt: skip
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.startswith(f"error: cannot write the model to {out}: ") and (
+            "ermission denied" in r.stderr
+        ), r.stderr
+        assert r.stderr.count("\n") == 1 and "decisions" not in r.stdout  # before training
+        assert list(locked.iterdir()) == []
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
 
 
 def test_train_says_in_one_line_when_the_model_cannot_be_saved(
