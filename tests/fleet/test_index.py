@@ -67,6 +67,50 @@ def test_fleet_ls_of_an_empty_or_bad_dataset(tmp_path: Path) -> None:
     assert "Traceback" not in bad.output
 
 
+def one_error_line(result) -> str:
+    assert "Traceback" not in result.output and isinstance(result.exception, SystemExit)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_fleet_ls_and_reindex_of_what_is_not_a_dataset(fleet: Path, tmp_path: Path) -> None:
+    """A typo must not read as an empty dataset: a missing path, a file, or a folder with
+    neither _index/ nor benchmark=<b>/ in it is an error (exit 2); an empty folder (a push
+    that published nothing leaves one) is an empty dataset."""
+    runner = CliRunner()
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    other = tmp_path / "other"
+    (other / "notes").mkdir(parents=True)
+    data = fleet.parent  # data/, holding curated/: local collections, not a dataset
+    cases = {
+        str(tmp_path / "nonexist"): "no such dataset",
+        str(afile): "is a file, not a dataset",
+        str(other): "not a dataset: no _index/ or benchmark=<b>/ folders in it",
+        str(data): "kernmlops push",
+    }
+    for path, expected in cases.items():
+        for args in (["ls", path], ["ls", "--json", path], ["reindex", path]):
+            result = runner.invoke(cli, ["fleet", *args])
+            assert result.exit_code == 2, (args, result.output)
+            assert expected in one_error_line(result), args
+            assert result.stdout == ""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    listed = runner.invoke(cli, ["fleet", "ls", str(empty)])
+    assert listed.exit_code == 0 and "no collections published" in listed.stderr
+    rebuilt = runner.invoke(cli, ["fleet", "reindex", str(empty)])
+    assert rebuilt.exit_code == 0 and "0 collections indexed" in rebuilt.stderr
+    # a dataset copied without its index is one (reindex is for it)
+    dest = tmp_path / "dest"
+    assert runner.invoke(cli, ["push", str(fleet), str(dest)]).exit_code == 0
+    shutil.rmtree(dest / "_index")
+    assert runner.invoke(cli, ["fleet", "ls", str(dest)]).exit_code == 0
+    rebuilt = runner.invoke(cli, ["fleet", "reindex", str(dest)])
+    assert rebuilt.exit_code == 0 and "3 collections indexed" in rebuilt.stderr
+
+
 def test_fleet_ls_table_lines_up_and_reads_an_older_index_file(fleet: Path, tmp_path: Path) -> None:
     """The listing is plain aligned columns; an index file written before a column existed
     (or with another integer type) is read with the missing column as null."""

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from kernmlops.fleet.store import Dataset, put
+from kernmlops.fleet.store import Dataset, PublishError, put
 from kernmlops.tables import BENCHMARK, COLLECTION_ID
 
 if TYPE_CHECKING:
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "INDEX_DIR",
+    "check_dataset",
     "index_row",
     "index_rows",
     "index_schema",
@@ -40,6 +41,40 @@ __all__ = [
 ]
 
 INDEX_DIR = "_index"
+
+
+def check_dataset(dataset: Dataset) -> None:
+    """Check that the root is a dataset: a folder holding ``_index/`` or ``benchmark=<b>/``
+    folders, or an empty one (what a push that published nothing leaves: it creates the
+    root first). A missing root, a file, or a folder of other things is taken for a typo
+    rather than an empty dataset.
+
+    Raises:
+        PublishError: the root is not a dataset (why, one line).
+        OSError: the root cannot be read.
+    """
+    import pyarrow.fs as pafs
+
+    kind = dataset.fs.get_file_info(dataset.root).type
+    if kind == pafs.FileType.NotFound:
+        raise PublishError(f"{dataset.uri}: no such dataset (nothing there): check the URI")
+    if kind != pafs.FileType.Directory:
+        raise PublishError(f"{dataset.uri} is a file, not a dataset")
+    names = [
+        i.base_name
+        for i in dataset.fs.get_file_info(pafs.FileSelector(dataset.root))
+        if not i.base_name.startswith(".")
+    ]
+    if names and not any(n == INDEX_DIR or n.startswith(f"{BENCHMARK}=") for n in names):
+        hint = (
+            f" (a folder of local collections: `kernmlops push {dataset.uri} URI` publishes it)"
+            if "curated" in names
+            else ""
+        )
+        raise PublishError(
+            f"{dataset.uri}: not a dataset: no {INDEX_DIR}/ or {BENCHMARK}=<b>/ folders in it"
+            + hint
+        )
 
 
 def index_schema() -> pa.Schema:
@@ -175,6 +210,7 @@ def read_index(dataset: Dataset) -> pa.Table:
     ordered by start time.
 
     Raises:
+        PublishError: the root is not a dataset (:func:`check_dataset`).
         OSError: the dataset cannot be read (pyarrow's errors are OSErrors).
     """
     import pyarrow as pa
@@ -191,6 +227,9 @@ def read_index(dataset: Dataset) -> pa.Table:
     )
     schema = index_schema()
     if not paths:
+        # checked only here, where it costs no round trip to a dataset with rows: a typo
+        # must not read as an empty dataset
+        check_dataset(dataset)
         return schema.empty_table()
     if dataset.local or len(paths) == 1:
         # a local read is CPU-bound (~0.5 ms a file): threads on a small machine only
@@ -229,12 +268,18 @@ def index_rows(table: pa.Table) -> list[dict[str, Any]]:
 def reindex(dataset: Dataset) -> tuple[int, int]:
     """Rebuild the index from the collections' manifests and parts at the destination:
     a row for each collection with a manifest, none for others. (rows written, rows
-    removed)."""
+    removed).
+
+    Raises:
+        PublishError: the root is not a dataset (:func:`check_dataset`).
+        OSError: the dataset cannot be read or written.
+    """
     import pyarrow.fs as pafs
     import pyarrow.parquet as pq
 
     from kernmlops.collect.manifest import MANIFEST_NAME, Manifest
 
+    check_dataset(dataset)  # before a recursive listing of whatever a typo names
     fs = dataset.fs
     root = dataset.path()
     infos = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
