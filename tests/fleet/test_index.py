@@ -111,6 +111,50 @@ def test_fleet_ls_and_reindex_of_what_is_not_a_dataset(fleet: Path, tmp_path: Pa
     assert rebuilt.exit_code == 0 and "3 collections indexed" in rebuilt.stderr
 
 
+def test_fleet_ls_of_a_damaged_index_file(fleet: Path, tmp_path: Path) -> None:
+    """A damaged index file is one collection's row: the others are listed, the damaged
+    file named in one warning with the command that rebuilds it, and the exit code is 1;
+    `fleet reindex` rewrites it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from kernmlops.fleet import PublishError, open_dataset
+    from kernmlops.fleet.index import read_index
+
+    dest = tmp_path / "dest"
+    runner = CliRunner()
+    assert runner.invoke(cli, ["push", str(fleet), str(dest)]).exit_code == 0
+    c2 = dest / "_index" / "c2.parquet"
+    with open(c2, "r+b") as f:
+        f.truncate(100)
+    listed = runner.invoke(cli, ["fleet", "ls", str(dest)])
+    assert listed.exit_code == 1 and "Traceback" not in listed.output
+    assert [line.split()[1] for line in listed.stdout.splitlines()[2:]] == ["c1", "c3"]
+    [warning] = listed.stderr.splitlines()
+    assert warning.startswith(f"warning: {c2}: not a readable index file (Parquet magic")
+    assert f"`kernmlops fleet reindex {dest}`" in warning
+    as_json = runner.invoke(cli, ["fleet", "ls", "--json", str(dest)])
+    assert as_json.exit_code == 1 and len(as_json.stderr.splitlines()) == 1
+    assert [json.loads(line)["collection_id"] for line in as_json.stdout.splitlines()] == [
+        "c1", "c3",
+    ]  # fmt: skip
+    # the library call raises, naming the file, unless told what to do with it
+    with pytest.raises(PublishError, match=r"c2\.parquet: not a readable index file"):
+        read_index(open_dataset(dest))
+    # a Parquet file that is not an index row, and every file damaged: no rows, no
+    # "no collections published", one warning each
+    pq.write_table(pa.table({"x": [1]}), dest / "_index" / "c1.parquet")
+    (dest / "_index" / "c3.parquet").write_bytes(b"")
+    listed = runner.invoke(cli, ["fleet", "ls", str(dest)])
+    assert listed.exit_code == 1 and listed.stdout == ""
+    assert len(listed.stderr.splitlines()) == 3 and "no collection_id" in listed.stderr
+    rebuilt = runner.invoke(cli, ["fleet", "reindex", str(dest)])
+    assert rebuilt.exit_code == 0 and "3 collections indexed" in rebuilt.stderr
+    listed = runner.invoke(cli, ["fleet", "ls", str(dest)])
+    assert listed.exit_code == 0 and listed.stderr == ""
+    assert "3 collections" in listed.stdout
+
+
 def test_fleet_ls_table_lines_up_and_reads_an_older_index_file(fleet: Path, tmp_path: Path) -> None:
     """The listing is plain aligned columns; an index file written before a column existed
     (or with another integer type) is read with the missing column as null."""

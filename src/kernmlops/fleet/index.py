@@ -17,11 +17,11 @@ the manifests (a dataset copied by hand, or rows of collections deleted since).
 from __future__ import annotations
 
 import io
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from kernmlops.fleet.store import Dataset, PublishError, put
+from kernmlops.fleet.store import Dataset, PublishError, describe_error, put
 from kernmlops.tables import BENCHMARK, COLLECTION_ID
 
 if TYPE_CHECKING:
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = [
     "INDEX_DIR",
     "check_dataset",
+    "damaged_advice",
     "index_row",
     "index_rows",
     "index_schema",
@@ -183,34 +184,64 @@ def write_index_row(
 REMOTE_READERS = 16
 
 
+class _Damaged(Exception):
+    """An index file whose bytes were read but are not an index row (the reason)."""
+
+
 def _read_row_file(dataset: Dataset, path: str, schema: pa.Schema) -> pa.Table:
     """One index file as a table of ``schema``: an older file's missing columns as nulls,
-    its other types cast (as ``pq.read_table(schema=...)`` does)."""
+    its other types cast (as ``pq.read_table(schema=...)`` does).
+
+    Raises:
+        _Damaged: the file was read but is not an index row.
+        OSError: the file cannot be read.
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    # ParquetFile, not pq.read_table: read_table goes through pyarrow.dataset, whose
-    # import brings in pandas (half a second), and costs 3x more a file; one thread a
-    # file: a file is a row, threads inside it only contend
+    # the whole file (a few KB) first: an error reading it is the filesystem's, one
+    # parsing it is the file's (pyarrow raises OSError for both)
     with dataset.fs.open_input_file(path) as f:
-        table = pq.ParquetFile(f).read(use_threads=False)
-    if table.schema.equals(schema):
-        return table
-    columns = [
-        table.column(field.name).cast(field.type)
-        if field.name in table.column_names
-        else pa.nulls(table.num_rows, field.type)
-        for field in schema
-    ]
-    return pa.Table.from_arrays(columns, schema=schema)
+        data = f.read_buffer()
+    try:
+        # ParquetFile, not pq.read_table: read_table goes through pyarrow.dataset, whose
+        # import brings in pandas (half a second), and costs 3x more a file; one thread a
+        # file: a file is a row, threads inside it only contend
+        table = pq.ParquetFile(pa.BufferReader(data)).read(use_threads=False)
+        for name in (COLLECTION_ID, BENCHMARK):  # what every index row has had
+            if name not in table.column_names or table.column(name).null_count:
+                raise _Damaged(f"no {name}: not an index row")
+        if table.schema.equals(schema):
+            return table
+        columns = [
+            table.column(field.name).cast(field.type)
+            if field.name in table.column_names
+            else pa.nulls(table.num_rows, field.type)
+            for field in schema
+        ]
+        return pa.Table.from_arrays(columns, schema=schema)
+    except _Damaged:
+        raise
+    except (OSError, ValueError, TypeError, NotImplementedError, pa.ArrowException) as err:
+        # its first sentence: pyarrow goes on with what the user already knows
+        raise _Damaged(describe_error(err).split(". ", 1)[0].rstrip(".")) from None
 
 
-def read_index(dataset: Dataset) -> pa.Table:
+def read_index(
+    dataset: Dataset, *, on_damaged: Callable[[str, str], None] | None = None
+) -> pa.Table:
     """Every row of the dataset's index (an empty table when nothing is published),
     ordered by start time.
 
+    Args:
+        dataset: the dataset (:func:`kernmlops.fleet.open_dataset`).
+        on_damaged: called with (the file's URI, the reason) for each index file that is
+            not a readable index row (truncated, overwritten), which is then left out;
+            without it, such a file raises PublishError.
+
     Raises:
-        PublishError: the root is not a dataset (:func:`check_dataset`).
+        PublishError: the root is not a dataset (:func:`check_dataset`), or an index file
+            is damaged and ``on_damaged`` is None.
         OSError: the dataset cannot be read (pyarrow's errors are OSErrors).
     """
     import pyarrow as pa
@@ -231,18 +262,46 @@ def read_index(dataset: Dataset) -> pa.Table:
         # must not read as an empty dataset
         check_dataset(dataset)
         return schema.empty_table()
+
+    def read(path: str) -> pa.Table | str:
+        try:
+            return _read_row_file(dataset, path, schema)
+        except _Damaged as err:
+            return str(err)
+
     if dataset.local or len(paths) == 1:
         # a local read is CPU-bound (~0.5 ms a file): threads on a small machine only
         # slow it down
-        tables = [_read_row_file(dataset, p, schema) for p in paths]
+        read_all = [read(p) for p in paths]
     else:
         from concurrent.futures import ThreadPoolExecutor
 
         # an object store's read waits on the network: many at once
         with ThreadPoolExecutor(min(REMOTE_READERS, len(paths))) as pool:
-            tables = list(pool.map(lambda p: _read_row_file(dataset, p, schema), paths))
+            read_all = list(pool.map(read, paths))
+    tables = []
+    for path, got in zip(paths, read_all, strict=True):
+        if isinstance(got, str):
+            where = dataset.where(INDEX_DIR, path.rsplit("/", 1)[-1])
+            if on_damaged is None:
+                raise PublishError(f"{where}: {damaged_advice(dataset, got)}")
+            on_damaged(where, got)
+        else:
+            tables.append(got)
+    if not tables:
+        return schema.empty_table()
     table = pa.concat_tables(tables)
     return table.sort_by([("started_at", "ascending"), (COLLECTION_ID, "ascending")])
+
+
+def damaged_advice(dataset: Dataset, reason: str) -> str:
+    """What a damaged index file is and what rebuilds it, for its message."""
+    import shlex
+
+    return (
+        f"not a readable index file ({reason}): `kernmlops fleet reindex "
+        f"{shlex.quote(dataset.uri)}` rewrites the index from the manifests"
+    )
 
 
 def index_rows(table: pa.Table) -> list[dict[str, Any]]:
