@@ -155,6 +155,38 @@ def test_fleet_ls_of_a_damaged_index_file(fleet: Path, tmp_path: Path) -> None:
     assert "3 collections" in listed.stdout
 
 
+def test_fleet_reindex_skips_a_damaged_collection(fleet: Path, tmp_path: Path) -> None:
+    """A damaged manifest or part skips its collection, named in one warning each, and
+    the rest is indexed (exit 1); the skipped collection's row is left as it was."""
+    dest = tmp_path / "dest"
+    runner = CliRunner()
+    assert runner.invoke(cli, ["push", str(fleet), str(dest)]).exit_code == 0
+    c2 = dest / "benchmark=faux" / "collection_id=c2"
+    (c2 / "manifest.json").write_text("{bad\n")
+    c3 = dest / "benchmark=stress-ng" / "collection_id=c3"
+    part = sorted((c3 / "quanta_runtime").glob("part-*.parquet"))[0]
+    data = bytearray(part.read_bytes())
+    footer = int.from_bytes(data[-8:-4], "little")
+    data[-8 - footer + 4 : -12] = b"\xff" * (footer - 8)  # the footer's thrift, overwritten
+    part.write_bytes(bytes(data))
+
+    def reindexed() -> list[str]:
+        result = runner.invoke(cli, ["fleet", "reindex", str(dest)])
+        assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+        *warnings, summary = result.stderr.splitlines()
+        assert summary.startswith("1 collections indexed, 2 damaged and skipped"), summary
+        assert warnings[0].startswith(f"warning: {c2}: not indexed")
+        assert "manifest.json: the manifest is not valid JSON" in warnings[0]
+        assert warnings[1].startswith(f"warning: {c3}: not indexed")
+        assert f"quanta_runtime/{part.name}: not a readable Parquet file" in warnings[1]
+        listed = runner.invoke(cli, ["fleet", "ls", "--json", str(dest)])
+        return [json.loads(line)["collection_id"] for line in listed.stdout.splitlines()]
+
+    assert reindexed() == ["c1", "c2", "c3"]  # the rows the push wrote, kept
+    shutil.rmtree(dest / "_index")
+    assert reindexed() == ["c1"]
+
+
 def test_fleet_ls_table_lines_up_and_reads_an_older_index_file(fleet: Path, tmp_path: Path) -> None:
     """The listing is plain aligned columns; an index file written before a column existed
     (or with another integer type) is read with the missing column as null."""

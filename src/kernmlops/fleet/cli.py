@@ -182,19 +182,30 @@ def _columns(heads: tuple[tuple[str, bool], ...], cells: list[list[str]]) -> lis
 @click.argument("uri")
 def reindex_command(uri: str) -> None:
     """Rebuild the index of the dataset at URI from its collections' manifests and
-    parts: for a dataset copied by other means, or after collections were deleted."""
+    parts: for a dataset copied by other means, or after collections were deleted.
+
+    A collection whose manifest or a part is damaged is named and skipped (its row,
+    if any, is kept); the others are indexed and the exit code is 1."""
     from kernmlops.fleet.index import reindex
     from kernmlops.fleet.store import PublishError, describe_error, open_dataset
 
     try:
         dataset = open_dataset(uri)
         try:
-            written, removed = reindex(dataset)
+            done = reindex(dataset)
         except OSError as err:
             raise PublishError(f"cannot reindex {dataset.uri}: {describe_error(err)}") from None
     except KernmlopsError as err:
         fail(err)
-    _say(f"{written} collections indexed, {removed} stale rows removed ({dataset.uri})")
+    for where, why in done.skipped:
+        _say(f"warning: {where}: not indexed (its row, if any, is kept): {why}")
+    _say(
+        f"{done.written} collections indexed"
+        + (f", {len(done.skipped)} damaged and skipped" if done.skipped else "")
+        + f", {done.removed} stale rows removed ({dataset.uri})"
+    )
+    if done.skipped:
+        sys.exit(1)
 
 
 def publish_target(uri: str) -> Dataset:

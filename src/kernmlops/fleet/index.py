@@ -19,7 +19,9 @@ from __future__ import annotations
 import io
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+from urllib.parse import unquote
 
 from kernmlops.fleet.store import Dataset, PublishError, describe_error, put
 from kernmlops.tables import BENCHMARK, COLLECTION_ID
@@ -324,19 +326,93 @@ def index_rows(table: pa.Table) -> list[dict[str, Any]]:
     return rows
 
 
-def reindex(dataset: Dataset) -> tuple[int, int]:
+class Reindexed(NamedTuple):
+    """What :func:`reindex` did."""
+
+    written: int
+    removed: int
+    #: (collection folder's URI, why) for each collection left out: a damaged manifest
+    #: or part
+    skipped: list[tuple[str, str]]
+
+
+#: a Parquet file's last bytes read at once: its footer, in one request for most files
+_TAIL = 64 << 10
+
+
+def _part_rows(dataset: Dataset, path: str, size: int) -> int:
+    """A part's rows, from its footer.
+
+    Raises:
+        _Damaged: the footer was read but is not a Parquet footer.
+        OSError: the file cannot be read.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    # the footer's bytes first, parsed apart (pq.read_metadata raises OSError for a
+    # damaged file and for a lost connection alike): a network error stops the
+    # reindex, a damaged part skips its collection
+    with dataset.fs.open_input_file(path) as f:
+        tail = f.read_at(min(size, _TAIL), max(size - _TAIL, 0))
+        n = int.from_bytes(tail[-8:-4], "little") if len(tail) >= 12 else -1
+        if tail[-4:] == b"PAR1" and len(tail) - 8 < n <= size - 12:
+            tail = f.read_at(n + 8, size - n - 8)
+    if len(tail) < 12 or tail[-4:] != b"PAR1" or not 0 < n <= size - 12:
+        raise _Damaged("not a Parquet file (no footer)")
+    try:
+        return int(pq.read_metadata(pa.BufferReader(b"PAR1" + tail[-n - 8 :])).num_rows)
+    except (OSError, ValueError, pa.ArrowException) as err:
+        raise _Damaged(f"not a readable Parquet file ({describe_error(err)})") from None
+
+
+def _collection_row(dataset: Dataset, prefix: str, entries: list[Any]) -> dict[str, Any]:
+    """The index row of the collection at ``prefix`` (its (relative path, FileInfo)s).
+
+    Raises:
+        _Damaged: its manifest or a part is damaged ("<relative path>: why").
+        OSError: a file cannot be read.
+    """
+    from kernmlops.collect.manifest import MANIFEST_NAME, parse_manifest
+    from kernmlops.errors import CollectionError
+
+    with dataset.fs.open_input_stream(dataset.path(prefix, MANIFEST_NAME)) as f:
+        data = f.read()
+    try:
+        # as push reads one (read_manifest): a manifest it would refuse is not indexed
+        manifest = parse_manifest(data.decode("utf-8"), Path(MANIFEST_NAME))
+    except UnicodeDecodeError:
+        raise _Damaged(f"{MANIFEST_NAME}: not UTF-8 text") from None
+    except CollectionError as err:
+        raise _Damaged(str(err)) from None
+    files = []
+    for rel, info in entries:
+        if rel == MANIFEST_NAME:
+            continue
+        size = int(info.size or 0)
+        nrows = None
+        if rel.endswith(".parquet"):
+            try:
+                nrows = _part_rows(dataset, info.path, size)
+            except _Damaged as err:
+                raise _Damaged(f"{rel}: {err}") from None
+        files.append((rel, size, nrows))
+    return index_row(manifest, prefix, files)
+
+
+def reindex(dataset: Dataset) -> Reindexed:
     """Rebuild the index from the collections' manifests and parts at the destination:
-    a row for each collection with a manifest, none for others. (rows written, rows
-    removed).
+    a row for each collection with a manifest, none for others. A collection whose
+    manifest or a part is damaged is skipped (named in ``skipped``) and its row, if it
+    has one, left as it was: the rest is indexed.
 
     Raises:
         PublishError: the root is not a dataset (:func:`check_dataset`).
         OSError: the dataset cannot be read or written.
     """
     import pyarrow.fs as pafs
-    import pyarrow.parquet as pq
 
-    from kernmlops.collect.manifest import MANIFEST_NAME, Manifest
+    from kernmlops.collect.manifest import MANIFEST_NAME
 
     check_dataset(dataset)  # before a recursive listing of whatever a typo names
     fs = dataset.fs
@@ -357,29 +433,28 @@ def reindex(dataset: Dataset) -> tuple[int, int]:
             continue
         by_collection.setdefault("/".join(parts[:2]), []).append(("/".join(parts[2:]), info))
     written: set[str] = set()
+    kept: set[str] = set()
+    skipped: list[tuple[str, str]] = []
     for prefix, entries in sorted(by_collection.items()):
         names = {rel for rel, _ in entries}
         if MANIFEST_NAME not in names:
             continue  # a push under way, or a failed one: not published
-        with fs.open_input_stream(dataset.path(prefix, MANIFEST_NAME)) as f:
-            manifest = Manifest.model_validate_json(f.read())
-        files = []
-        for rel, info in entries:
-            if rel == MANIFEST_NAME:
-                continue
-            nrows = None
-            if rel.endswith(".parquet"):
-                nrows = pq.read_metadata(info.path, filesystem=fs).num_rows
-            files.append((rel, int(info.size or 0), nrows))
-        row = index_row(manifest, prefix, files)
+        try:
+            row = _collection_row(dataset, prefix, entries)
+        except _Damaged as err:
+            skipped.append((dataset.where(prefix), str(err)))
+            # its row is what reindex cannot rebuild: not removed as stale
+            value = prefix.rsplit("=", 1)[-1]
+            kept.update((value, unquote(value)))
+            continue
         write_index_row(dataset, row, row[COLLECTION_ID])
         written.add(row[COLLECTION_ID])
     removed = 0
     base = dataset.path(INDEX_DIR)
     for info in fs.get_file_info(pafs.FileSelector(base, allow_not_found=True)):
         stem = info.base_name.removesuffix(".parquet")
-        stale = stem not in written and not stem.startswith((".", "_"))
+        stale = stem not in written | kept and not stem.startswith((".", "_"))
         if info.type == pafs.FileType.File and info.base_name.endswith(".parquet") and stale:
             fs.delete_file(info.path)
             removed += 1
-    return len(written), removed
+    return Reindexed(len(written), removed, skipped)
