@@ -247,3 +247,35 @@ def test_fleet_ls_imports_neither_pandas_nor_pydantic(fleet: Path, tmp_path: Pat
         imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()}
         assert {"pyarrow", "kernmlops.fleet.index"} <= imported
         assert not imported & {"pandas", "pydantic", "pyarrow.dataset", "rich"}, args
+
+
+def test_fleet_ls_and_reindex_over_s3_name_what_is_damaged(fleet: Path, s3) -> None:
+    """Over an object store: a prefix with nothing under it is no dataset, a damaged index
+    file and a damaged manifest are named, the rest listed and indexed (parts' footers
+    read by range)."""
+    bucket, client = s3
+    uri = f"s3://{bucket}/lab/fleet"
+    runner = CliRunner()
+    assert runner.invoke(cli, ["push", str(fleet), uri]).exit_code == 0
+    missing = runner.invoke(cli, ["fleet", "ls", f"s3://{bucket}/lab/nope"])
+    assert missing.exit_code == 2 and "no such dataset" in one_error_line(missing)
+    client.put_object(Bucket=bucket, Key="lab/fleet/_index/c1.parquet", Body=b"PAR1 damaged")
+    prefix = "lab/fleet/benchmark=faux/collection_id=c2"
+    client.put_object(Bucket=bucket, Key=f"{prefix}/manifest.json", Body=b"{bad")
+    listed = runner.invoke(cli, ["fleet", "ls", "--json", uri])
+    assert listed.exit_code == 1 and "_index/c1.parquet: not a readable index file" in (
+        listed.stderr
+    )
+    assert [json.loads(line)["collection_id"] for line in listed.stdout.splitlines()] == [
+        "c2", "c3",
+    ]  # fmt: skip
+    rebuilt = runner.invoke(cli, ["fleet", "reindex", uri])
+    assert rebuilt.exit_code == 1, rebuilt.output
+    [warning, summary] = rebuilt.stderr.splitlines()
+    assert f"{uri}/benchmark=faux/collection_id=c2: not indexed" in warning
+    assert summary.startswith("2 collections indexed, 1 damaged and skipped")
+    listed = runner.invoke(cli, ["fleet", "ls", "--json", uri])
+    rows = {r["collection_id"]: r for r in map(json.loads, listed.stdout.splitlines())}
+    assert listed.exit_code == 0 and sorted(rows) == ["c1", "c2", "c3"]
+    [c1] = fleet.glob("*/collection_id=c1")
+    assert rows["c1"]["rows"] == {t: r.rows for t, r in read_manifest(c1).tables.items()}
