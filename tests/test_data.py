@@ -375,6 +375,22 @@ def test_list_collections_empty(tmp_path: Path) -> None:
     assert list_collections(tmp_path).height == 0
 
 
+def test_the_data_folder_holding_curated_is_read_as_push_takes_it(
+    curated: Path, tmp_path: Path
+) -> None:
+    """`collect -o data` writes data/curated/...; push and lb train take data, and so do
+    read_parquet_dir and list_collections (they found no collections in it)."""
+    data = curated.parent
+    assert_frame_equal(read_parquet_dir(data, "events"), read_parquet_dir(curated, "events"))
+    assert_frame_equal(list_collections(data), list_collections(curated))
+    assert list_collections(data)["path"][0] == str(curated / "benchmark=faux" / "collection_id=f1")
+    # an empty curated/: the error names the folder it looked in
+    (tmp_path / "other" / "curated").mkdir(parents=True)
+    with pytest.raises(CollectionError, match=r"other/curated: no collections"):
+        read_parquet_dir(tmp_path / "other", "events")
+    assert list_collections(tmp_path / "other").height == 0
+
+
 NOBODY = 65534
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="plays sudo: needs root")
 

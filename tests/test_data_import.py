@@ -60,7 +60,15 @@ def test_benchmark_name_keeps_one_benchmark(curated: Path) -> None:
     with pytest.raises(CollectionError, match="no collections of benchmark 'redis'"):
         di.read_parquet_dir(curated, benchmark_name="redis")
     with pytest.raises(CollectionError, match="no collections"):
-        di.read_parquet_dir(curated.parent)
+        di.read_parquet_dir(curated / "benchmark=faux" / "collection_id=a" / "dtlb_misses")
+
+
+def test_the_data_folder_holding_curated_reads_as_curated(curated: Path) -> None:
+    """data/ (as `collect -o data` writes it, and as push takes it) reads as data/curated."""
+    r = di.read_parquet_dir(curated.parent)
+    assert {k: v.height for k, v in r.items()} == {"block_io": 1, "dtlb_misses": 6}
+    r = di.read_parquet_dir(curated.parent, benchmark_name="gap")
+    assert r["dtlb_misses"]["tgid"].to_list() == [2, 3]
 
 
 def test_a_collection_is_a_mapping(curated: Path) -> None:

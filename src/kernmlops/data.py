@@ -512,8 +512,9 @@ def read_parquet_dir(
 ) -> pl.DataFrame | pl.LazyFrame:
     """Read ``table`` from every collection under a curated folder.
 
-    ``path`` is the root (holding ``benchmark=<b>/collection_id=<id>/`` folders), one
-    ``benchmark=<b>`` folder, or one ``collection_id=<id>`` folder inside one. The result
+    ``path`` is the root (holding ``benchmark=<b>/collection_id=<id>/`` folders), the
+    data folder holding it as ``curated/`` (as push takes it), one ``benchmark=<b>``
+    folder, or one ``collection_id=<id>`` folder inside one. The result
     starts with ``benchmark`` and ``collection_id`` columns, taken from the folder names (as
     Hive readers such as DuckDB and Spark do), followed by the table's columns. Collections
     whose schemas differ (an older kernmlops) are combined diagonally: missing columns are
@@ -560,7 +561,8 @@ def read_parquet_dir(
 
 
 def list_collections(path: str | Path) -> pl.DataFrame:
-    """One row per collection under a curated folder.
+    """One row per collection under a curated folder (or the data folder holding
+    ``curated/``, a ``benchmark=<b>`` folder, a collection folder: as read_parquet_dir).
 
     Columns: ``benchmark``, ``collection_id`` (from the folder names), ``path``,
     ``started_at`` and ``state`` (the manifest's, as written; null without a readable
@@ -739,7 +741,9 @@ def _hive_value(folder: Path, prefix: str) -> str:
 
 
 def _collections(root: Path, *, required: bool = True) -> list[tuple[str, str, Path]]:
-    """(benchmark, collection_id, folder) for each collection under ``root``."""
+    """(benchmark, collection_id, folder) for each collection under ``root``: a
+    collection folder, a ``benchmark=<b>`` folder, a curated root, or the data folder
+    holding ``curated/`` (the roots ``kernmlops push`` and ``lb train`` take)."""
     if not root.is_dir():
         raise CollectionError(f"{root}: no such folder")
 
@@ -762,6 +766,8 @@ def _collections(root: Path, *, required: bool = True) -> list[tuple[str, str, P
     elif root.name.startswith(_BENCHMARK_PREFIX):
         found = in_benchmark(root)
     else:
+        if (root / "curated").is_dir():  # `collect -o data` writes data/curated/...
+            root = root / "curated"
         found = [
             entry
             for child in sorted(root.iterdir())
@@ -771,6 +777,6 @@ def _collections(root: Path, *, required: bool = True) -> list[tuple[str, str, P
     if required and not found:
         raise CollectionError(
             f"{root}: no collections (expected {_BENCHMARK_PREFIX}<b>/"
-            f"{_COLLECTION_PREFIX}<id>/ folders)"
+            f"{_COLLECTION_PREFIX}<id>/ folders, or curated/ holding them)"
         )
     return found

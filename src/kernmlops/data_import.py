@@ -1,9 +1,9 @@
 """KernMLOps' data call: ``read_parquet_dir(path)`` -> {table name: DataFrame}.
 
-Every table of every collection under ``path`` (a curated folder, one
-``benchmark=<b>`` folder or one collection), each concatenated over the collections
-with ``benchmark`` and ``collection_id`` columns, as :func:`kernmlops.data.read_parquet_dir`
-reads one table::
+Every table of every collection under ``path`` (a curated folder, the data folder
+holding ``curated/``, one ``benchmark=<b>`` folder or one collection), each concatenated
+over the collections with ``benchmark`` and ``collection_id`` columns, as
+:func:`kernmlops.data.read_parquet_dir` reads one table::
 
     from kernmlops import data_import as di
     r = di.read_parquet_dir("data/curated")

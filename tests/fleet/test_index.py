@@ -67,6 +67,126 @@ def test_fleet_ls_of_an_empty_or_bad_dataset(tmp_path: Path) -> None:
     assert "Traceback" not in bad.output
 
 
+def one_error_line(result) -> str:
+    assert "Traceback" not in result.output and isinstance(result.exception, SystemExit)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_fleet_ls_and_reindex_of_what_is_not_a_dataset(fleet: Path, tmp_path: Path) -> None:
+    """A typo must not read as an empty dataset: a missing path, a file, or a folder with
+    neither _index/ nor benchmark=<b>/ in it is an error (exit 2); an empty folder (a push
+    that published nothing leaves one) is an empty dataset."""
+    runner = CliRunner()
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    other = tmp_path / "other"
+    (other / "notes").mkdir(parents=True)
+    data = fleet.parent  # data/, holding curated/: local collections, not a dataset
+    cases = {
+        str(tmp_path / "nonexist"): "no such dataset",
+        str(afile): "is a file, not a dataset",
+        str(other): "not a dataset: no _index/ or benchmark=<b>/ folders in it",
+        str(data): "kernmlops push",
+    }
+    for path, expected in cases.items():
+        for args in (["ls", path], ["ls", "--json", path], ["reindex", path]):
+            result = runner.invoke(cli, ["fleet", *args])
+            assert result.exit_code == 2, (args, result.output)
+            assert expected in one_error_line(result), args
+            assert result.stdout == ""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    listed = runner.invoke(cli, ["fleet", "ls", str(empty)])
+    assert listed.exit_code == 0 and "no collections published" in listed.stderr
+    rebuilt = runner.invoke(cli, ["fleet", "reindex", str(empty)])
+    assert rebuilt.exit_code == 0 and "0 collections indexed" in rebuilt.stderr
+    # a dataset copied without its index is one (reindex is for it)
+    dest = tmp_path / "dest"
+    assert runner.invoke(cli, ["push", str(fleet), str(dest)]).exit_code == 0
+    shutil.rmtree(dest / "_index")
+    assert runner.invoke(cli, ["fleet", "ls", str(dest)]).exit_code == 0
+    rebuilt = runner.invoke(cli, ["fleet", "reindex", str(dest)])
+    assert rebuilt.exit_code == 0 and "3 collections indexed" in rebuilt.stderr
+
+
+def test_fleet_ls_of_a_damaged_index_file(fleet: Path, tmp_path: Path) -> None:
+    """A damaged index file is one collection's row: the others are listed, the damaged
+    file named in one warning with the command that rebuilds it, and the exit code is 1;
+    `fleet reindex` rewrites it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from kernmlops.fleet import PublishError, open_dataset
+    from kernmlops.fleet.index import read_index
+
+    dest = tmp_path / "dest"
+    runner = CliRunner()
+    assert runner.invoke(cli, ["push", str(fleet), str(dest)]).exit_code == 0
+    c2 = dest / "_index" / "c2.parquet"
+    with open(c2, "r+b") as f:
+        f.truncate(100)
+    listed = runner.invoke(cli, ["fleet", "ls", str(dest)])
+    assert listed.exit_code == 1 and "Traceback" not in listed.output
+    assert [line.split()[1] for line in listed.stdout.splitlines()[2:]] == ["c1", "c3"]
+    [warning] = listed.stderr.splitlines()
+    assert warning.startswith(f"warning: {c2}: not a readable index file (Parquet magic")
+    assert f"`kernmlops fleet reindex {dest}`" in warning
+    as_json = runner.invoke(cli, ["fleet", "ls", "--json", str(dest)])
+    assert as_json.exit_code == 1 and len(as_json.stderr.splitlines()) == 1
+    assert [json.loads(line)["collection_id"] for line in as_json.stdout.splitlines()] == [
+        "c1", "c3",
+    ]  # fmt: skip
+    # the library call raises, naming the file, unless told what to do with it
+    with pytest.raises(PublishError, match=r"c2\.parquet: not a readable index file"):
+        read_index(open_dataset(dest))
+    # a Parquet file that is not an index row, and every file damaged: no rows, no
+    # "no collections published", one warning each
+    pq.write_table(pa.table({"x": [1]}), dest / "_index" / "c1.parquet")
+    (dest / "_index" / "c3.parquet").write_bytes(b"")
+    listed = runner.invoke(cli, ["fleet", "ls", str(dest)])
+    assert listed.exit_code == 1 and listed.stdout == ""
+    assert len(listed.stderr.splitlines()) == 3 and "no collection_id" in listed.stderr
+    rebuilt = runner.invoke(cli, ["fleet", "reindex", str(dest)])
+    assert rebuilt.exit_code == 0 and "3 collections indexed" in rebuilt.stderr
+    listed = runner.invoke(cli, ["fleet", "ls", str(dest)])
+    assert listed.exit_code == 0 and listed.stderr == ""
+    assert "3 collections" in listed.stdout
+
+
+def test_fleet_reindex_skips_a_damaged_collection(fleet: Path, tmp_path: Path) -> None:
+    """A damaged manifest or part skips its collection, named in one warning each, and
+    the rest is indexed (exit 1); the skipped collection's row is left as it was."""
+    dest = tmp_path / "dest"
+    runner = CliRunner()
+    assert runner.invoke(cli, ["push", str(fleet), str(dest)]).exit_code == 0
+    c2 = dest / "benchmark=faux" / "collection_id=c2"
+    (c2 / "manifest.json").write_text("{bad\n")
+    c3 = dest / "benchmark=stress-ng" / "collection_id=c3"
+    part = sorted((c3 / "quanta_runtime").glob("part-*.parquet"))[0]
+    data = bytearray(part.read_bytes())
+    footer = int.from_bytes(data[-8:-4], "little")
+    data[-8 - footer + 4 : -12] = b"\xff" * (footer - 8)  # the footer's thrift, overwritten
+    part.write_bytes(bytes(data))
+
+    def reindexed() -> list[str]:
+        result = runner.invoke(cli, ["fleet", "reindex", str(dest)])
+        assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+        *warnings, summary = result.stderr.splitlines()
+        assert summary.startswith("1 collections indexed, 2 damaged and skipped"), summary
+        assert warnings[0].startswith(f"warning: {c2}: not indexed")
+        assert "manifest.json: the manifest is not valid JSON" in warnings[0]
+        assert warnings[1].startswith(f"warning: {c3}: not indexed")
+        assert f"quanta_runtime/{part.name}: not a readable Parquet file" in warnings[1]
+        listed = runner.invoke(cli, ["fleet", "ls", "--json", str(dest)])
+        return [json.loads(line)["collection_id"] for line in listed.stdout.splitlines()]
+
+    assert reindexed() == ["c1", "c2", "c3"]  # the rows the push wrote, kept
+    shutil.rmtree(dest / "_index")
+    assert reindexed() == ["c1"]
+
+
 def test_fleet_ls_table_lines_up_and_reads_an_older_index_file(fleet: Path, tmp_path: Path) -> None:
     """The listing is plain aligned columns; an index file written before a column existed
     (or with another integer type) is read with the missing column as null."""
@@ -127,3 +247,35 @@ def test_fleet_ls_imports_neither_pandas_nor_pydantic(fleet: Path, tmp_path: Pat
         imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()}
         assert {"pyarrow", "kernmlops.fleet.index"} <= imported
         assert not imported & {"pandas", "pydantic", "pyarrow.dataset", "rich"}, args
+
+
+def test_fleet_ls_and_reindex_over_s3_name_what_is_damaged(fleet: Path, s3) -> None:
+    """Over an object store: a prefix with nothing under it is no dataset, a damaged index
+    file and a damaged manifest are named, the rest listed and indexed (parts' footers
+    read by range)."""
+    bucket, client = s3
+    uri = f"s3://{bucket}/lab/fleet"
+    runner = CliRunner()
+    assert runner.invoke(cli, ["push", str(fleet), uri]).exit_code == 0
+    missing = runner.invoke(cli, ["fleet", "ls", f"s3://{bucket}/lab/nope"])
+    assert missing.exit_code == 2 and "no such dataset" in one_error_line(missing)
+    client.put_object(Bucket=bucket, Key="lab/fleet/_index/c1.parquet", Body=b"PAR1 damaged")
+    prefix = "lab/fleet/benchmark=faux/collection_id=c2"
+    client.put_object(Bucket=bucket, Key=f"{prefix}/manifest.json", Body=b"{bad")
+    listed = runner.invoke(cli, ["fleet", "ls", "--json", uri])
+    assert listed.exit_code == 1 and "_index/c1.parquet: not a readable index file" in (
+        listed.stderr
+    )
+    assert [json.loads(line)["collection_id"] for line in listed.stdout.splitlines()] == [
+        "c2", "c3",
+    ]  # fmt: skip
+    rebuilt = runner.invoke(cli, ["fleet", "reindex", uri])
+    assert rebuilt.exit_code == 1, rebuilt.output
+    [warning, summary] = rebuilt.stderr.splitlines()
+    assert f"{uri}/benchmark=faux/collection_id=c2: not indexed" in warning
+    assert summary.startswith("2 collections indexed, 1 damaged and skipped")
+    listed = runner.invoke(cli, ["fleet", "ls", "--json", uri])
+    rows = {r["collection_id"]: r for r in map(json.loads, listed.stdout.splitlines())}
+    assert listed.exit_code == 0 and sorted(rows) == ["c1", "c2", "c3"]
+    [c1] = fleet.glob("*/collection_id=c1")
+    assert rows["c1"]["rows"] == {t: r.rows for t, r in read_manifest(c1).tables.items()}

@@ -354,3 +354,26 @@ def test_collect_publish(tmp_path: Path) -> None:
 
 if REQUIRE_BPF:  # CI installs moto with the dev extras: the S3 tests must run there
     pytest.importorskip("moto")
+
+
+def test_a_uri_that_is_empty_or_a_file_is_refused(
+    fleet: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An empty URI would publish into the current directory; a URI naming a file said only
+    "[Errno 17] File exists"."""
+    folder = str(fleet / "benchmark=faux" / "collection_id=c1")
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    for empty in ("", "  "):
+        line = one_error_line(run("push", folder, empty))
+        assert "the URI is empty" in line, line
+    assert not list(here.iterdir())
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    line = one_error_line(run("push", folder, str(afile)))
+    assert f"{afile} is a file, not a dataset" in line and "Errno" not in line
+    line = one_error_line(run("push", folder, str(afile / "fleet")))
+    assert "a part of the path is a file" in line and "Errno" not in line
+    assert afile.read_text() == "x"
+    assert run("push", folder, str(tmp_path / "ok")).exit_code == 0  # a folder beside it

@@ -109,13 +109,16 @@ def ls_command(uri: str, as_json: bool) -> None:
     host, kernel, CPU, benchmark, start, state and rows."""
     import json
 
-    from kernmlops.fleet.index import index_rows, read_index
+    from kernmlops.fleet.index import damaged_advice, index_rows, read_index
     from kernmlops.fleet.store import PublishError, describe_error, open_dataset
 
+    # a damaged index file is one collection's row: the others are listed, the damaged
+    # named after them (where a terminal shows them last), and the exit code says so
+    damaged: list[tuple[str, str]] = []
     try:
         dataset = open_dataset(uri)
         try:
-            table = read_index(dataset)
+            table = read_index(dataset, on_damaged=lambda where, why: damaged.append((where, why)))
         except OSError as err:
             raise PublishError(f"cannot read {dataset.uri}: {describe_error(err)}") from None
     except KernmlopsError as err:
@@ -126,12 +129,15 @@ def ls_command(uri: str, as_json: bool) -> None:
         lines = [json.dumps(dict(row, rows=dict(row["rows"] or [])), default=str) for row in rows]
         if lines:
             click.echo("\n".join(lines))
-        return
-    if not rows:
+    elif rows:
+        click.echo(f"{len(rows)} collections at {dataset.uri}")
+        click.echo("\n".join(_columns(LS_COLUMNS, [_ls_cells(row) for row in rows])))
+    elif not damaged:
         _say(f"no collections published at {dataset.uri}")
-        return
-    click.echo(f"{len(rows)} collections at {dataset.uri}")
-    click.echo("\n".join(_columns(LS_COLUMNS, [_ls_cells(row) for row in rows])))
+    for where, why in damaged:
+        _say(f"warning: {where}: {damaged_advice(dataset, why)}; its collection is not listed")
+    if damaged:
+        sys.exit(1)
 
 
 #: ``fleet ls``'s columns, and whether each is aligned right
@@ -152,7 +158,7 @@ def _ls_cells(row: dict[str, Any]) -> list[str]:
         f"{cpu} x{row['logical_cpus']}" if row["logical_cpus"] else cpu,
         started.strftime("%Y-%m-%d %H:%M:%S") if started else "-",
         row["state"] or "-",
-        f"{row['total_rows']:,}",
+        f"{row['total_rows']:,}" if row["total_rows"] is not None else "-",
         str(len(row["rows"] or [])),
     ]
 
@@ -176,19 +182,30 @@ def _columns(heads: tuple[tuple[str, bool], ...], cells: list[list[str]]) -> lis
 @click.argument("uri")
 def reindex_command(uri: str) -> None:
     """Rebuild the index of the dataset at URI from its collections' manifests and
-    parts: for a dataset copied by other means, or after collections were deleted."""
+    parts: for a dataset copied by other means, or after collections were deleted.
+
+    A collection whose manifest or a part is damaged is named and skipped (its row,
+    if any, is kept); the others are indexed and the exit code is 1."""
     from kernmlops.fleet.index import reindex
     from kernmlops.fleet.store import PublishError, describe_error, open_dataset
 
     try:
         dataset = open_dataset(uri)
         try:
-            written, removed = reindex(dataset)
+            done = reindex(dataset)
         except OSError as err:
             raise PublishError(f"cannot reindex {dataset.uri}: {describe_error(err)}") from None
     except KernmlopsError as err:
         fail(err)
-    _say(f"{written} collections indexed, {removed} stale rows removed ({dataset.uri})")
+    for where, why in done.skipped:
+        _say(f"warning: {where}: not indexed (its row, if any, is kept): {why}")
+    _say(
+        f"{done.written} collections indexed"
+        + (f", {len(done.skipped)} damaged and skipped" if done.skipped else "")
+        + f", {done.removed} stale rows removed ({dataset.uri})"
+    )
+    if done.skipped:
+        sys.exit(1)
 
 
 def publish_target(uri: str) -> Dataset:

@@ -17,11 +17,13 @@ the manifests (a dataset copied by hand, or rows of collections deleted since).
 from __future__ import annotations
 
 import io
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+from urllib.parse import unquote
 
-from kernmlops.fleet.store import Dataset, put
+from kernmlops.fleet.store import Dataset, PublishError, describe_error, put
 from kernmlops.tables import BENCHMARK, COLLECTION_ID
 
 if TYPE_CHECKING:
@@ -32,6 +34,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "INDEX_DIR",
+    "check_dataset",
+    "damaged_advice",
     "index_row",
     "index_rows",
     "index_schema",
@@ -40,6 +44,40 @@ __all__ = [
 ]
 
 INDEX_DIR = "_index"
+
+
+def check_dataset(dataset: Dataset) -> None:
+    """Check that the root is a dataset: a folder holding ``_index/`` or ``benchmark=<b>/``
+    folders, or an empty one (what a push that published nothing leaves: it creates the
+    root first). A missing root, a file, or a folder of other things is taken for a typo
+    rather than an empty dataset.
+
+    Raises:
+        PublishError: the root is not a dataset (why, one line).
+        OSError: the root cannot be read.
+    """
+    import pyarrow.fs as pafs
+
+    kind = dataset.fs.get_file_info(dataset.root).type
+    if kind == pafs.FileType.NotFound:
+        raise PublishError(f"{dataset.uri}: no such dataset (nothing there): check the URI")
+    if kind != pafs.FileType.Directory:
+        raise PublishError(f"{dataset.uri} is a file, not a dataset")
+    names = [
+        i.base_name
+        for i in dataset.fs.get_file_info(pafs.FileSelector(dataset.root))
+        if not i.base_name.startswith(".")
+    ]
+    if names and not any(n == INDEX_DIR or n.startswith(f"{BENCHMARK}=") for n in names):
+        hint = (
+            f" (a folder of local collections: `kernmlops push {dataset.uri} URI` publishes it)"
+            if "curated" in names
+            else ""
+        )
+        raise PublishError(
+            f"{dataset.uri}: not a dataset: no {INDEX_DIR}/ or {BENCHMARK}=<b>/ folders in it"
+            + hint
+        )
 
 
 def index_schema() -> pa.Schema:
@@ -148,33 +186,64 @@ def write_index_row(
 REMOTE_READERS = 16
 
 
+class _Damaged(Exception):
+    """An index file whose bytes were read but are not an index row (the reason)."""
+
+
 def _read_row_file(dataset: Dataset, path: str, schema: pa.Schema) -> pa.Table:
     """One index file as a table of ``schema``: an older file's missing columns as nulls,
-    its other types cast (as ``pq.read_table(schema=...)`` does)."""
+    its other types cast (as ``pq.read_table(schema=...)`` does).
+
+    Raises:
+        _Damaged: the file was read but is not an index row.
+        OSError: the file cannot be read.
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    # ParquetFile, not pq.read_table: read_table goes through pyarrow.dataset, whose
-    # import brings in pandas (half a second), and costs 3x more a file; one thread a
-    # file: a file is a row, threads inside it only contend
+    # the whole file (a few KB) first: an error reading it is the filesystem's, one
+    # parsing it is the file's (pyarrow raises OSError for both)
     with dataset.fs.open_input_file(path) as f:
-        table = pq.ParquetFile(f).read(use_threads=False)
-    if table.schema.equals(schema):
-        return table
-    columns = [
-        table.column(field.name).cast(field.type)
-        if field.name in table.column_names
-        else pa.nulls(table.num_rows, field.type)
-        for field in schema
-    ]
-    return pa.Table.from_arrays(columns, schema=schema)
+        data = f.read_buffer()
+    try:
+        # ParquetFile, not pq.read_table: read_table goes through pyarrow.dataset, whose
+        # import brings in pandas (half a second), and costs 3x more a file; one thread a
+        # file: a file is a row, threads inside it only contend
+        table = pq.ParquetFile(pa.BufferReader(data)).read(use_threads=False)
+        for name in (COLLECTION_ID, BENCHMARK):  # what every index row has had
+            if name not in table.column_names or table.column(name).null_count:
+                raise _Damaged(f"no {name}: not an index row")
+        if table.schema.equals(schema):
+            return table
+        columns = [
+            table.column(field.name).cast(field.type)
+            if field.name in table.column_names
+            else pa.nulls(table.num_rows, field.type)
+            for field in schema
+        ]
+        return pa.Table.from_arrays(columns, schema=schema)
+    except _Damaged:
+        raise
+    except (OSError, ValueError, TypeError, NotImplementedError, pa.ArrowException) as err:
+        # its first sentence: pyarrow goes on with what the user already knows
+        raise _Damaged(describe_error(err).split(". ", 1)[0].rstrip(".")) from None
 
 
-def read_index(dataset: Dataset) -> pa.Table:
+def read_index(
+    dataset: Dataset, *, on_damaged: Callable[[str, str], None] | None = None
+) -> pa.Table:
     """Every row of the dataset's index (an empty table when nothing is published),
     ordered by start time.
 
+    Args:
+        dataset: the dataset (:func:`kernmlops.fleet.open_dataset`).
+        on_damaged: called with (the file's URI, the reason) for each index file that is
+            not a readable index row (truncated, overwritten), which is then left out;
+            without it, such a file raises PublishError.
+
     Raises:
+        PublishError: the root is not a dataset (:func:`check_dataset`), or an index file
+            is damaged and ``on_damaged`` is None.
         OSError: the dataset cannot be read (pyarrow's errors are OSErrors).
     """
     import pyarrow as pa
@@ -191,19 +260,50 @@ def read_index(dataset: Dataset) -> pa.Table:
     )
     schema = index_schema()
     if not paths:
+        # checked only here, where it costs no round trip to a dataset with rows: a typo
+        # must not read as an empty dataset
+        check_dataset(dataset)
         return schema.empty_table()
+
+    def read(path: str) -> pa.Table | str:
+        try:
+            return _read_row_file(dataset, path, schema)
+        except _Damaged as err:
+            return str(err)
+
     if dataset.local or len(paths) == 1:
         # a local read is CPU-bound (~0.5 ms a file): threads on a small machine only
         # slow it down
-        tables = [_read_row_file(dataset, p, schema) for p in paths]
+        read_all = [read(p) for p in paths]
     else:
         from concurrent.futures import ThreadPoolExecutor
 
         # an object store's read waits on the network: many at once
         with ThreadPoolExecutor(min(REMOTE_READERS, len(paths))) as pool:
-            tables = list(pool.map(lambda p: _read_row_file(dataset, p, schema), paths))
+            read_all = list(pool.map(read, paths))
+    tables = []
+    for path, got in zip(paths, read_all, strict=True):
+        if isinstance(got, str):
+            where = dataset.where(INDEX_DIR, path.rsplit("/", 1)[-1])
+            if on_damaged is None:
+                raise PublishError(f"{where}: {damaged_advice(dataset, got)}")
+            on_damaged(where, got)
+        else:
+            tables.append(got)
+    if not tables:
+        return schema.empty_table()
     table = pa.concat_tables(tables)
     return table.sort_by([("started_at", "ascending"), (COLLECTION_ID, "ascending")])
+
+
+def damaged_advice(dataset: Dataset, reason: str) -> str:
+    """What a damaged index file is and what rebuilds it, for its message."""
+    import shlex
+
+    return (
+        f"not a readable index file ({reason}): `kernmlops fleet reindex "
+        f"{shlex.quote(dataset.uri)}` rewrites the index from the manifests"
+    )
 
 
 def index_rows(table: pa.Table) -> list[dict[str, Any]]:
@@ -226,15 +326,95 @@ def index_rows(table: pa.Table) -> list[dict[str, Any]]:
     return rows
 
 
-def reindex(dataset: Dataset) -> tuple[int, int]:
-    """Rebuild the index from the collections' manifests and parts at the destination:
-    a row for each collection with a manifest, none for others. (rows written, rows
-    removed)."""
-    import pyarrow.fs as pafs
+class Reindexed(NamedTuple):
+    """What :func:`reindex` did."""
+
+    written: int
+    removed: int
+    #: (collection folder's URI, why) for each collection left out: a damaged manifest
+    #: or part
+    skipped: list[tuple[str, str]]
+
+
+#: a Parquet file's last bytes read at once: its footer, in one request for most files
+_TAIL = 64 << 10
+
+
+def _part_rows(dataset: Dataset, path: str, size: int) -> int:
+    """A part's rows, from its footer.
+
+    Raises:
+        _Damaged: the footer was read but is not a Parquet footer.
+        OSError: the file cannot be read.
+    """
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from kernmlops.collect.manifest import MANIFEST_NAME, Manifest
+    # the footer's bytes first, parsed apart (pq.read_metadata raises OSError for a
+    # damaged file and for a lost connection alike): a network error stops the
+    # reindex, a damaged part skips its collection
+    with dataset.fs.open_input_file(path) as f:
+        tail = f.read_at(min(size, _TAIL), max(size - _TAIL, 0))
+        n = int.from_bytes(tail[-8:-4], "little") if len(tail) >= 12 else -1
+        if tail[-4:] == b"PAR1" and len(tail) - 8 < n <= size - 12:
+            tail = f.read_at(n + 8, size - n - 8)
+    if len(tail) < 12 or tail[-4:] != b"PAR1" or not 0 < n <= size - 12:
+        raise _Damaged("not a Parquet file (no footer)")
+    try:
+        return int(pq.read_metadata(pa.BufferReader(b"PAR1" + tail[-n - 8 :])).num_rows)
+    except (OSError, ValueError, pa.ArrowException) as err:
+        raise _Damaged(f"not a readable Parquet file ({describe_error(err)})") from None
 
+
+def _collection_row(dataset: Dataset, prefix: str, entries: list[Any]) -> dict[str, Any]:
+    """The index row of the collection at ``prefix`` (its (relative path, FileInfo)s).
+
+    Raises:
+        _Damaged: its manifest or a part is damaged ("<relative path>: why").
+        OSError: a file cannot be read.
+    """
+    from kernmlops.collect.manifest import MANIFEST_NAME, parse_manifest
+    from kernmlops.errors import CollectionError
+
+    with dataset.fs.open_input_stream(dataset.path(prefix, MANIFEST_NAME)) as f:
+        data = f.read()
+    try:
+        # as push reads one (read_manifest): a manifest it would refuse is not indexed
+        manifest = parse_manifest(data.decode("utf-8"), Path(MANIFEST_NAME))
+    except UnicodeDecodeError:
+        raise _Damaged(f"{MANIFEST_NAME}: not UTF-8 text") from None
+    except CollectionError as err:
+        raise _Damaged(str(err)) from None
+    files = []
+    for rel, info in entries:
+        if rel == MANIFEST_NAME:
+            continue
+        size = int(info.size or 0)
+        nrows = None
+        if rel.endswith(".parquet"):
+            try:
+                nrows = _part_rows(dataset, info.path, size)
+            except _Damaged as err:
+                raise _Damaged(f"{rel}: {err}") from None
+        files.append((rel, size, nrows))
+    return index_row(manifest, prefix, files)
+
+
+def reindex(dataset: Dataset) -> Reindexed:
+    """Rebuild the index from the collections' manifests and parts at the destination:
+    a row for each collection with a manifest, none for others. A collection whose
+    manifest or a part is damaged is skipped (named in ``skipped``) and its row, if it
+    has one, left as it was: the rest is indexed.
+
+    Raises:
+        PublishError: the root is not a dataset (:func:`check_dataset`).
+        OSError: the dataset cannot be read or written.
+    """
+    import pyarrow.fs as pafs
+
+    from kernmlops.collect.manifest import MANIFEST_NAME
+
+    check_dataset(dataset)  # before a recursive listing of whatever a typo names
     fs = dataset.fs
     root = dataset.path()
     infos = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
@@ -253,29 +433,28 @@ def reindex(dataset: Dataset) -> tuple[int, int]:
             continue
         by_collection.setdefault("/".join(parts[:2]), []).append(("/".join(parts[2:]), info))
     written: set[str] = set()
+    kept: set[str] = set()
+    skipped: list[tuple[str, str]] = []
     for prefix, entries in sorted(by_collection.items()):
         names = {rel for rel, _ in entries}
         if MANIFEST_NAME not in names:
             continue  # a push under way, or a failed one: not published
-        with fs.open_input_stream(dataset.path(prefix, MANIFEST_NAME)) as f:
-            manifest = Manifest.model_validate_json(f.read())
-        files = []
-        for rel, info in entries:
-            if rel == MANIFEST_NAME:
-                continue
-            nrows = None
-            if rel.endswith(".parquet"):
-                nrows = pq.read_metadata(info.path, filesystem=fs).num_rows
-            files.append((rel, int(info.size or 0), nrows))
-        row = index_row(manifest, prefix, files)
+        try:
+            row = _collection_row(dataset, prefix, entries)
+        except _Damaged as err:
+            skipped.append((dataset.where(prefix), str(err)))
+            # its row is what reindex cannot rebuild: not removed as stale
+            value = prefix.rsplit("=", 1)[-1]
+            kept.update((value, unquote(value)))
+            continue
         write_index_row(dataset, row, row[COLLECTION_ID])
         written.add(row[COLLECTION_ID])
     removed = 0
     base = dataset.path(INDEX_DIR)
     for info in fs.get_file_info(pafs.FileSelector(base, allow_not_found=True)):
         stem = info.base_name.removesuffix(".parquet")
-        stale = stem not in written and not stem.startswith((".", "_"))
+        stale = stem not in written | kept and not stem.startswith((".", "_"))
         if info.type == pafs.FileType.File and info.base_name.endswith(".parquet") and stale:
             fs.delete_file(info.path)
             removed += 1
-    return len(written), removed
+    return Reindexed(len(written), removed, skipped)

@@ -89,6 +89,8 @@ def describe_error(err: BaseException) -> str:
         text = "permission denied"
     elif isinstance(err, OSError) and err.errno == errno.EROFS:
         text = "the destination is read-only"
+    elif isinstance(err, OSError) and err.errno == errno.ENOTDIR:
+        text = "a part of the path is a file, not a folder"
     for secret in _secrets():
         text = text.replace(secret, "***")
     return text
@@ -133,6 +135,9 @@ def open_dataset(uri: str | Path) -> Dataset:
     import pyarrow.fs as pafs
 
     text = str(uri)
+    if not text.strip():
+        # an empty URI would be the current directory: publish there by naming it (.)
+        raise PublishError("the URI is empty: name a folder (. for this one) or scheme://...")
     if "://" not in text:
         path = Path(text).expanduser().absolute()
         return Dataset(pafs.LocalFileSystem(), str(path).rstrip("/") or "/", str(path))
@@ -189,6 +194,8 @@ def probe(dataset: Dataset) -> None:
 
     try:
         if dataset.local:
+            if Path(dataset.root).exists() and not Path(dataset.root).is_dir():
+                raise PublishError(_a_file(dataset))
             Path(dataset.root).mkdir(parents=True, exist_ok=True)
             if not os.access(dataset.root, os.W_OK | os.X_OK):
                 raise PermissionError(errno.EACCES, "permission denied", dataset.root)
@@ -199,11 +206,16 @@ def probe(dataset: Dataset) -> None:
                 raise PublishError(
                     f"{dataset.uri}: the bucket {bucket!r} does not exist: create it first"
                 )
-        dataset.fs.get_file_info(dataset.root)
+        if dataset.fs.get_file_info(dataset.root).type == pafs.FileType.File:
+            raise PublishError(_a_file(dataset))
     except PublishError:
         raise
     except (OSError, ValueError) as err:
         raise PublishError(f"cannot reach {dataset.uri}: {describe_error(err)}") from None
+
+
+def _a_file(dataset: Dataset) -> str:
+    return f"{dataset.uri} is a file, not a dataset: name a folder (or prefix) for the dataset"
 
 
 #: a file being written where a rename makes it appear whole
