@@ -248,17 +248,20 @@ def _with(tmp_path: Path, fixed: bool, change: dict) -> Path:
     return path
 
 
+def _refused_in_one_line(args: list, message: str) -> None:
+    r = CliRunner().invoke(lb_group, [str(a) for a in args])
+    assert r.exit_code == 2, r.output
+    assert r.stdout == "" and r.stderr.count("\n") == 1 and r.stderr.startswith("error:"), r.stderr
+    assert message in r.stderr
+
+
 @pytest.mark.parametrize("command", list(COMMANDS))
 @pytest.mark.parametrize(("change", "message"), BAD_HEADERS)
 def test_a_float_model_is_checked_alike_by_every_command(
     tmp_path: Path, command: str, change: dict, message: str
 ) -> None:
     # dump-weights printed a model with features: 3 that lb export refused
-    args = COMMANDS[command](_with(tmp_path, False, change), tmp_path)
-    r = CliRunner().invoke(lb_group, [str(a) for a in args])
-    assert r.exit_code == 2, r.output
-    assert r.stdout == "" and r.stderr.count("\n") == 1 and r.stderr.startswith("error:"), r.stderr
-    assert message in r.stderr
+    _refused_in_one_line(COMMANDS[command](_with(tmp_path, False, change), tmp_path), message)
     assert not (tmp_path / "out").exists() and not (tmp_path / "data").exists()
 
 
@@ -269,11 +272,7 @@ def test_a_float_model_is_checked_alike_by_every_command(
 def test_a_fixed_point_model_is_checked_alike_by_every_command(
     tmp_path: Path, command: str, change: dict, message: str
 ) -> None:
-    args = COMMANDS[command](_with(tmp_path, True, change), tmp_path)
-    r = CliRunner().invoke(lb_group, [str(a) for a in args])
-    assert r.exit_code == 2, r.output
-    assert r.stdout == "" and r.stderr.count("\n") == 1 and r.stderr.startswith("error:"), r.stderr
-    assert message in r.stderr
+    _refused_in_one_line(COMMANDS[command](_with(tmp_path, True, change), tmp_path), message)
 
 
 def test_an_all_nan_model_is_not_scored_as_always_stay(tmp_path: Path) -> None:
