@@ -292,8 +292,8 @@ def collect(
       kernmlops collect --tgid 1234 -b faux    one running process
       kernmlops collect -c overrides.yaml --hooks quanta_runtime
 
-    The exit code is the benchmark's. Ctrl+C or SIGTERM stops the collection
-    and keeps what was collected. Under sudo the collection's folders and files
+    The exit code is the benchmark's. Ctrl+C, SIGTERM or a hangup (SIGHUP) stops
+    the collection and keeps what was collected. Under sudo the collection's folders and files
     belong to the user who ran sudo; the benchmark runs as root unless --as-user.
     """
     from kernmlops.collect.session import Session

@@ -41,8 +41,9 @@ def require_bpf_privileges(command: str, error: type[KernmlopsError] = Kernmlops
 
 class _Unbroken(io.RawIOBase):
     """fd 1 or 2 as a raw stream whose reader may go away (``| head``, a closed log
-    pipe): from the first write it refuses, the fd points at /dev/null and writing
-    goes on, so a command never stops (or loses what it collected) for its output."""
+    pipe, a terminal hung up: EPIPE, EIO) or whose file cannot take more (ENOSPC):
+    from the first write it refuses, the fd points at /dev/null and writing goes on,
+    so a command never stops (or loses what it collected) for its output."""
 
     def __init__(self, fd: int) -> None:
         super().__init__()
@@ -60,7 +61,9 @@ class _Unbroken(io.RawIOBase):
     def write(self, data: Any) -> int:
         try:
             return os.write(self._fd, data)
-        except BrokenPipeError:
+        except BlockingIOError:
+            raise  # a non-blocking fd that is full now, not gone
+        except OSError:
             null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
             try:
                 os.dup2(null, self._fd, inheritable=True)

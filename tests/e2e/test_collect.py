@@ -116,7 +116,39 @@ def test_output_whose_reader_goes_away_stops_nothing(tmp_path: Path) -> None:
     assert not Path(f"/dev/shm/kernmlops-spool-{col.manifest['collection_id']}").exists()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_terminal_that_hangs_up_stops_the_collection_with_its_data(tmp_path: Path) -> None:
+    # an ssh session lost: the terminal's hangup sends SIGHUP to the collector (its
+    # default action ended the process, the rows still in its spool), and every later
+    # write to the terminal fails (EIO)
+    import fcntl
+    import pty
+    import termios
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [*KERNMLOPS, "collect", "--no-progress", "-o", str(tmp_path), "-b", "faux"],
+        stdin=slave, stdout=slave, stderr=slave, cwd=tmp_path, start_new_session=True,
+        preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),  # its controlling terminal
+    )  # fmt: skip
+    os.close(slave)
+    said, deadline = b"", time.monotonic() + 60
+    while b"probes attached" not in said and time.monotonic() < deadline:
+        try:
+            said += os.read(master, 4096)
+        except OSError:
+            break
+    assert b"probes attached" in said, said
+    time.sleep(1.0)
+    os.close(master)  # the terminal goes: SIGHUP, then EIO for what the collector prints
+    assert proc.wait(timeout=60) == 128 + signal.SIGHUP
+    col = only_collection(tmp_path)
+    assert col is not None
+    assert col.manifest["ended_by"] == "interrupted" and col.manifest["error"] is None
+    assert col["quanta_runtime"].height > 0
+    assert not (col.path / ".spool").exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_signal_mid_run_leaves_a_readable_collection(tmp_path: Path, sig: int) -> None:
     before = kernel_objects()
     proc = subprocess.Popen(

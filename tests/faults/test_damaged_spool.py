@@ -150,15 +150,16 @@ def test_records_laid_out_otherwise_than_the_objects_are_refused_not_misread(
     killed: Path, whole: pl.DataFrame, tmp_path: Path
 ) -> None:
     from kernmlops.ebpf.build import object_path
-    from kernmlops.ebpf.spec import ring_layouts
+    from kernmlops.ebpf.spec import object_spec
 
     col = _copy(killed, tmp_path)
     seg = _quanta_segment(col)
     desc = col / ".spool" / "quanta_switch.json"
     info = json.loads(desc.read_text())
     # the spool names the layout of the objects that collected it
-    layout = ring_layouts(object_path("quanta_runtime"))[info["ring"]]
-    assert info["layout"] == layout.fingerprint() and info["itemsize"] == layout.batch.itemsize
+    spec = object_spec(object_path("quanta_runtime"))
+    assert info["layout"] == spec.btf.ring_fingerprint(info["ring"])
+    assert info["itemsize"] == spec.ring_layouts()[info["ring"]].batch.itemsize
     # objects of the same record size laying it out otherwise (a field moved)
     desc.write_text(json.dumps({**info, "layout": "0123456789abcdef"}))
     done = _recover(col)

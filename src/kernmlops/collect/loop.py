@@ -58,8 +58,11 @@ class Progress:
 
 
 class StopSignals:
-    """SIGINT and SIGTERM, while a collection runs: the signal that came (``signal``)
-    and, while the poll loop runs, an eventfd (``fd``) that ends its sleep at once."""
+    """SIGINT, SIGTERM and SIGHUP (its terminal closed: an ssh session lost), while a
+    collection runs: the signal that came (``signal``) and, while the poll loop runs,
+    an eventfd (``fd``) that ends its sleep at once. Each stops the collection as
+    Ctrl+C does, what was collected kept (a hangup's default action would end the
+    process with the rows still in its spool)."""
 
     def __init__(self) -> None:
         self.signal: int | None = None
@@ -76,7 +79,7 @@ class StopSignals:
 
         old = {}
         if sys.platform != "win32" and _is_main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 old[sig] = signal.signal(sig, handler)
         return old
 

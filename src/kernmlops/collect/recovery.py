@@ -201,12 +201,13 @@ def recover(
                         f"its records need {obj} to be decoded (build the BPF objects of "
                         "the version that collected, and pass their folder with --bpf-dir)"
                     )
-                layout: RecordLayout = object_spec(obj).ring_layouts()[info["ring"]]
+                spec = object_spec(obj)
+                layout: RecordLayout = spec.ring_layouts()[info["ring"]]
                 dtype = layout.batch if layout.batch is not None else layout.dtype
                 # spools of before 2026-11-30 have no fingerprint: their size is checked
                 known = info.get("layout")
                 if dtype.itemsize != info["itemsize"] or (
-                    known is not None and known != layout.fingerprint()
+                    known is not None and known != spec.btf.ring_fingerprint(info["ring"])
                 ):
                     raise CollectionError(
                         f"{obj} lays out its records otherwise than the objects that "

@@ -240,6 +240,34 @@ class Btf:
             raise BtfError(f"batch of ring {ring!r} is not a struct")
         return batch
 
+    def ring_fingerprint(self, ring: str) -> str:
+        """A digest of the types a ring's records (and batches) are declared with:
+        every member's name, offset and type down to its scalars, typedef names
+        included (they carry meaning: kmo_batch_gap_ns, kmo_us_from_ns). A spool keeps
+        it beside its records, so that recovery decodes them only with objects that
+        lay them out the same: a change that keeps the record's size (a field moved,
+        an offset become a gap) would otherwise be misread, not refused. Read from the
+        BTF alone: no numpy before the probes attach."""
+        batch = self.ring_batch(ring)
+        doc = [self._shape(self.ring_record(ring).id),
+               None if batch is None else self._shape(batch.id)]  # fmt: skip
+        text = json.dumps(doc, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def _shape(self, type_id: int) -> object:
+        t = self.types[type_id]
+        if t.kind in (Kind.STRUCT, Kind.UNION):
+            members = [[n, off, bits, self._shape(ref)] for n, ref, off, bits in t.members]
+            return [t.kind.name, t.name, t.size, members]
+        if t.kind is Kind.ARRAY:
+            return ["ARRAY", t.nelems, self._shape(t.ref)]
+        if t.kind in (Kind.ENUM, Kind.ENUM64):
+            return [t.kind.name, t.name, t.size, t.encoding, sorted(t.members)]
+        if t.kind in (Kind.TYPEDEF, Kind.VOLATILE, Kind.CONST, Kind.RESTRICT, Kind.TYPE_TAG):
+            return [t.kind.name, t.name, self._shape(t.ref)]
+        # scalars; a pointer is a u64 in a record: what it points to is not read
+        return [t.kind.name, t.name, t.size, t.encoding, t.bits]
+
 
 @dataclass(frozen=True)
 class RecordLayout:
@@ -264,37 +292,6 @@ class RecordLayout:
     @property
     def itemsize(self) -> int:
         return self.dtype.itemsize
-
-    def fingerprint(self) -> str:
-        """A digest of all that decoding the ring's bytes depends on: every column's
-        name, offset and type (the batch's too), and how each is presented (enums,
-        strings, scaled and batch-relative times). A spool keeps it beside its records
-        so that recovery decodes them only with objects that lay them out the same:
-        a change that keeps the record's size (a field moved, an offset become a gap)
-        would otherwise be misread, not refused."""
-        doc = {
-            "name": self.name,
-            "dtype": _dtype_shape(self.dtype),
-            "batch": None if self.batch is None else _dtype_shape(self.batch),
-            "enums": {c: sorted(labels.items()) for c, labels in self.enums.items()},
-            "strings": list(self.strings),
-            "us_from_ns": self.us_from_ns,
-            "batch_ns": list(self.batch_ns),
-            "batch_gaps": list(self.batch_gaps),
-        }
-        text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _dtype_shape(dt: np.dtype) -> object:
-    """A dtype as plain JSON (numpy's own repr may change between its versions)."""
-    if dt.subdtype is not None:
-        base, shape = dt.subdtype
-        return [_dtype_shape(base), list(shape)]
-    if dt.names is None:
-        return dt.str
-    fields = [[n, dt.fields[n][1], _dtype_shape(dt.fields[n][0])] for n in dt.names]
-    return {"fields": fields, "itemsize": dt.itemsize}
 
 
 def _enum_labels(t: BtfType) -> dict[int, str]:

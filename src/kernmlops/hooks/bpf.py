@@ -353,7 +353,7 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
                         "ring": ring,
                         "object": str(path.resolve()),
                         # recovery decodes only with objects laying records out so
-                        "layout": spec.ring_layouts()[ring].fingerprint(),
+                        "layout": spec.btf.ring_fingerprint(ring),
                     }
                     # A batch's records shuffled at their own size compress better
                     # and faster on disk (kernmlops.spool.frames).
