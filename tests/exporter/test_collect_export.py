@@ -4,6 +4,7 @@ restricted to the benchmark's process tree like the hooks."""
 from __future__ import annotations
 
 import base64
+import socket
 import ssl
 import subprocess
 import sys
@@ -232,3 +233,20 @@ def test_collect_a_bad_web_config_is_one_line_before_collecting(
     assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
     assert message.format(**names) in lines[0]
     assert not out.exists()  # nothing collected
+
+
+def test_collect_a_busy_export_port_is_refused_before_anything_is_set_up(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "kernmlops", "collect", "--no-progress", "-o", str(out),
+             "--export", f"127.0.0.1:{port}", "--", "true"],
+            capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert (
+        done.stderr.strip() == f"error: cannot listen on 127.0.0.1:{port}: Address already in use"
+    )
+    # no collection folder (so no .spool in it nor in /dev/shm: no collection id was made)
+    assert not out.exists()

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from kernmlops.exporter.server import MetricsServer
+from kernmlops.exporter.server import ListenError, MetricsServer, check_listen
 
 #: deadlines of 1-2 s
 pytestmark = pytest.mark.quiet
@@ -202,3 +202,14 @@ def test_clients_that_hang_up_or_stop_reading_leave_no_traceback(
         assert status == 200 and got.startswith(body)  # and the server still serves
     _, err = capfd.readouterr()
     assert err == ""
+
+
+def test_check_listen_refuses_a_busy_port_in_one_line_and_leaves_a_free_one_free() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        with pytest.raises(ListenError) as info:
+            check_listen(f"127.0.0.1:{port}")
+    # the reason alone: not create_server's "(while attempting to bind on address ...)"
+    assert str(info.value) == f"cannot listen on 127.0.0.1:{port}: Address already in use"
+    check_listen(f"127.0.0.1:{port}")  # closed again: the server can bind it after
+    MetricsServer(lambda: BODY, "127.0.0.1", port).start().stop()

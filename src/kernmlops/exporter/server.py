@@ -80,6 +80,34 @@ def _family(host: str) -> socket.AddressFamily:
         return infos[0][0]
 
 
+def _listening(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host``:``port``, as the server binds it.
+
+    Raises:
+        ListenError: the address cannot be bound (in use, not this machine's, ...).
+    """
+    try:
+        return socket.create_server(
+            (host, port), family=_family(host), backlog=1024, reuse_port=False
+        )
+    except OSError as err:
+        # create_server adds "(while attempting to bind on address ...)": the line has it
+        reason = (err.strerror or str(err)).split(" (while attempting")[0]
+        raise ListenError(f"cannot listen on {host}:{port}: {reason}") from None
+
+
+def check_listen(text: str) -> None:
+    """Raise unless ``HOST:PORT`` can be listened on now: bound and closed at once, so
+    that a caller refuses a busy port before it sets anything up (``collect --export``
+    binds it for good only once its probes are attached).
+
+    Raises:
+        ListenError: ``text`` is not HOST:PORT, or the address cannot be bound.
+    """
+    host, port = parse_listen(text)
+    _listening(host, port).close()
+
+
 #: Seconds a request may take to arrive whole, and a response to be taken; also
 #: how long a kept-alive connection may wait for its next request. Prometheus'
 #: default scrape timeout is 10 s: a scrape never needs longer.
@@ -233,13 +261,8 @@ class MetricsServer:
         self._auth = BasicAuth(self.web.users) if self.web.users else None
         self.scrapes = ScrapeLog()
         self.stats = ServerStats()
-        try:
-            # bound here, while the caller may still be privileged
-            self._sock = socket.create_server(
-                (host, port), family=_family(host), backlog=1024, reuse_port=False
-            )
-        except OSError as err:
-            raise ListenError(f"cannot listen on {host}:{port}: {err.strerror}") from None
+        # bound here, while the caller may still be privileged
+        self._sock = _listening(host, port)
         self.host = host
         self.port = self._sock.getsockname()[1]
         self._thread: threading.Thread | None = None
