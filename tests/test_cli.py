@@ -1,6 +1,13 @@
-"""What `kernmlops collect` tells a user whose collection lost events."""
+"""What `kernmlops collect` (and the small commands beside it) tell a user: the events
+a collection lost, the lines a log keeps whole, the runs refused before they start."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 from kernmlops.cli import drop_advice
 from kernmlops.config import load_config
@@ -86,3 +93,36 @@ def test_the_progress_table_shows_what_waits_in_the_spool() -> None:
     busy = Progress(1.0, {"quanta_runtime": 5}, {}, {}, "faux", {"quanta_runtime": 3 << 20})
     console.print(_progress_table(busy, attached))
     assert "3.0 MiB" in console.export_text()
+
+
+def kernmlops(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``python -m kernmlops ARGS`` in ``cwd`` (no overrides.yaml there), its output kept."""
+    return subprocess.run(
+        [sys.executable, "-m", "kernmlops", *args],
+        capture_output=True, text=True, timeout=timeout, cwd=cwd,
+    )  # fmt: skip
+
+
+def test_a_collections_message_is_one_line_whatever_its_length(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kernmlops.cli import _session_message
+    from kernmlops.spool.memory import Leftover
+
+    collection = tmp_path / ("x" * 90) / "curated" / "benchmark=faux" / "collection_id=[id]"
+    left = Leftover(Path("/dev/shm/kernmlops-spool-id"), 3 << 20, collection, found=True)
+    _session_message(left.describe())  # stderr is not a terminal here: rich's 80 columns
+    assert capsys.readouterr().err == f"warning: {left.describe()}\n"
+    assert f"`kernmlops recover {collection}`" in left.describe()
+
+
+@pytest.mark.bpf
+def test_collect_never_breaks_the_collections_path_across_lines(tmp_path: Path) -> None:
+    out = tmp_path / ("x" * 90)  # the path alone is wider than rich's 80 columns
+    done = kernmlops("collect", "--no-progress", "-o", str(out), "-b", "faux", "-d", "0.3",
+                     "--hooks", "process_trace", cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (collection,) = (out / "curated" / "benchmark=faux").iterdir()
+    last = [line for line in done.stderr.splitlines() if " -> " in line]
+    assert len(last) == 1 and last[0].startswith("duration after "), done.stderr
+    assert last[0].endswith(f" -> {collection}")

@@ -42,13 +42,22 @@ def _say(text: str) -> None:
     click.echo(text, err=True)
 
 
+def _line(text: str) -> None:
+    """One message line on stderr (rich markup, the values in it escaped). Never wrapped:
+    a path or a command in it stays whole for a log's reader, grep and copy-paste (rich
+    wraps at 80 columns when stderr is not a terminal)."""
+    _console().print(text, highlight=False, soft_wrap=True)
+
+
 def _session_message(text: str) -> None:
     """A collection's message: a progress note ("note: ...") as it is, anything else
     as a warning."""
+    from rich.markup import escape
+
     if text.startswith("note: "):
-        _console().print(text.removeprefix("note: "), highlight=False)
+        _line(escape(text.removeprefix("note: ")))
     else:
-        _console().print(f"[yellow]warning:[/] {text}", highlight=False)
+        _line(f"[yellow]warning:[/] {escape(text)}")
 
 
 class _LazyGroup(click.Group):
@@ -388,23 +397,25 @@ def collect(
                 live.stop()
     except KernmlopsError as err:
         fail(err)
+    from rich.markup import escape
+
     _console().print(_summary(result))
-    _console().print(
+    _line(
         f"{result.ended_by} after {result.duration_s:.1f} s "
-        f"(probes attached in {result.attach_s * 1000:.0f} ms) -> {result.path}"
+        f"(probes attached in {result.attach_s * 1000:.0f} ms) -> {escape(str(result.path))}"
     )
     for line in drop_advice(result.hooks, config.hook_options):
-        _console().print(f"[red]{line}[/]", highlight=False)
+        _line(f"[red]{escape(line)}[/]")
     total_missed = sum(s.missed for s in result.hooks.values())
     if total_missed:
-        _console().print(
+        _line(
             f"[red]{total_missed:,} program runs skipped by the kernel[/] "
             "(another BPF program was running on the same CPU)"
         )
     if config.collector.output_graphs and result.ended_by != "error":
         _draw_graphs(result.path)
     if result.exit_code:
-        _console().print(f"[yellow]exit code {result.exit_code}[/] ({result.ended_by})")
+        _line(f"[yellow]exit code {result.exit_code}[/] ({result.ended_by})")
     if publish_to is not None:
         from kernmlops.fleet.cli import publish_collection
 
@@ -438,6 +449,8 @@ def _check_export_web_config(collector: CollectorConfig) -> str:
 def _draw_graphs(path: Path) -> None:
     """collector.output_graphs: the collection's graphs, as `kernmlops graph` draws them;
     a graph that fails is named and the collection is kept."""
+    from rich.markup import escape
+
     from kernmlops.graphs import render
     from kernmlops.host.invoker import hand_over, invoker
     from kernmlops.host.pinned import pin
@@ -454,13 +467,11 @@ def _draw_graphs(path: Path) -> None:
             hand_over(graphs.fd, who)
             graphs.close()
     except KernmlopsError as err:
-        _console().print(f"[yellow]warning:[/] no graphs: {err}", highlight=False)
+        _line(f"[yellow]warning:[/] no graphs: {escape(str(err))}")
         return
     _say(f"{len(written)} graphs in {path / 'graphs'}")
     for failure in failures:
-        _console().print(
-            f"[yellow]warning:[/] graph {failure.graph}: {failure.error}", highlight=False
-        )
+        _line(f"[yellow]warning:[/] graph {failure.graph}: {escape(str(failure.error))}")
 
 
 # --- defaults, build ---------------------------------------------------------------
@@ -479,7 +490,7 @@ def defaults(path: str) -> None:
         click.echo(text, nl=False)
         return
     Path(path).write_text(text)
-    _console().print(f"wrote {path}")
+    _say(f"wrote {path}")
 
 
 def _owner_of(fd: int) -> Invoker | None:
@@ -613,7 +624,7 @@ def build_bpf(out: Path | None, force: bool) -> None:
         objs = build(out, force=force)
     except KernmlopsError as err:
         fail(err)
-    _console().print(f"{len(objs)} BPF objects in {objs[0].parent}")
+    _say(f"{len(objs)} BPF objects in {objs[0].parent}")
 
 
 @cli.command()
