@@ -433,6 +433,16 @@ def test_flags_are_validated():
     assert "did you mean 'collector.poll_interval_ms'?" in msg
 
 
+@pytest.mark.parametrize("seconds", [float("inf"), float("-inf"), float("nan"), 0.0, -1.0])
+def test_a_duration_must_be_finite_and_positive(tmp_path: Path, seconds: float) -> None:
+    # -d inf passed gt=0 and the collection never stopped; a file's .inf as well
+    msg = _error(None, {"benchmark.duration_s": seconds})
+    assert msg.startswith("invalid configuration: benchmark.duration_s: Input should be")
+    assert load_config(None, {"benchmark.duration_s": 0.5}).benchmark.duration_s == 0.5
+    path = _write(tmp_path, "benchmark:\n  duration_s: .inf\n")
+    assert "duration_s: Input should be a finite number (got inf)" in _error(path)
+
+
 def test_flag_below_a_value_is_an_error(tmp_path):
     path = _write(tmp_path, "collector:\n  poll_interval_ms: 50\n")
     with pytest.raises(ConfigError, match="poll_interval_ms is not a section"):

@@ -346,7 +346,13 @@ BenchmarkConfig = create_model(
     ),
     duration_s=(
         float | None,
-        Field(None, gt=0, description="stop after this many seconds (null: when done)"),
+        # finite: inf would be accepted by gt=0 and never stop (null is "when done")
+        Field(
+            None,
+            gt=0,
+            allow_inf_nan=False,
+            description="stop after this many seconds (null: when done)",
+        ),
     ),
     as_user=(
         bool,
