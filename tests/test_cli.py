@@ -126,3 +126,41 @@ def test_collect_never_breaks_the_collections_path_across_lines(tmp_path: Path) 
     last = [line for line in done.stderr.splitlines() if " -> " in line]
     assert len(last) == 1 and last[0].startswith("duration after "), done.stderr
     assert last[0].endswith(f" -> {collection}")
+
+
+def _no_pid() -> int:
+    # pids are below pid_max: this one is no process's
+    return int(Path("/proc/sys/kernel/pid_max").read_text())
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-b", "faux", "-d", "1", "--tgid", "{pid}"],
+         "Invalid value for --tgid: no process {pid}"),
+        (["-b", "faux", "--tgid", "0"], "Invalid value for --tgid: 0: a process id is positive"),
+        # a command is traced with its own tree: --tgid would follow process 1 instead
+        (["--tgid", "1", "--", "sleep", "0.5"], "--tgid and a COMMAND exclude each other"),
+    ],
+)  # fmt: skip
+def test_collect_refuses_a_tgid_it_would_not_follow_before_anything_is_set_up(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    out = tmp_path / "out"
+    pid = str(_no_pid())
+    done = kernmlops("collect", "-o", str(out), *(a.format(pid=pid) for a in args), cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    # click's usage error, as `export --tgid` gives it
+    assert done.stderr.splitlines()[-1].startswith(f"Error: {message.format(pid=pid)}")
+    assert not out.exists()
+
+
+def test_collect_refuses_a_files_tgid_of_no_process(tmp_path: Path) -> None:
+    pid = _no_pid()
+    (tmp_path / "t.yaml").write_text(f"collector:\n  filter: tgid\n  tgid: {pid}\n")
+    out = tmp_path / "out"
+    done = kernmlops("collect", "-c", "t.yaml", "-o", str(out), "-b", "faux", "-d", "1",
+                     cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == f"error: collector.tgid {pid}: no process {pid}\n"
+    assert not out.exists()

@@ -10,8 +10,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import click
 
-from kernmlops.clitools import CONTEXT_SETTINGS, fail, require_bpf_privileges, survive_closed_output
-from kernmlops.errors import CollectionError, KernmlopsError, OutputError
+from kernmlops.clitools import (
+    CONTEXT_SETTINGS,
+    check_tgid,
+    fail,
+    require_bpf_privileges,
+    survive_closed_output,
+)
+from kernmlops.errors import CollectionError, ConfigError, KernmlopsError, OutputError
 
 #: the overrides file `kernmlops collect` reads from the current folder without -c
 OVERRIDES = "overrides.yaml"
@@ -314,6 +320,13 @@ def collect(
         raise click.UsageError(f"a command after -- runs as benchmark 'command', not {benchmark!r}")
     if system_wide and tgid is not None:
         raise click.UsageError("--tgid and --system-wide exclude each other")
+    if command and tgid is not None:
+        # a command is traced with its whole process tree: --tgid would trace another one
+        raise click.UsageError(
+            "--tgid and a COMMAND exclude each other (a command is traced with its process "
+            "tree; --tgid N follows a running process, e.g. with -b faux)"
+        )
+    check_tgid(tgid)  # before anything is set up, as `export --tgid` does
     if benchmark and not command:
         from kernmlops.benchmarks import REGISTRY
 
@@ -342,6 +355,10 @@ def collect(
     publish_to = None
     try:
         config = load_config(config_file, flags)
+        traced = config.collector.tgid
+        if config.collector.filter == "tgid" and traced and not Path(f"/proc/{traced}").exists():
+            # a file's collector.tgid (--tgid was checked above)
+            raise ConfigError(f"collector.tgid {traced}: no process {traced}")
         scheme = _check_export_web_config(config.collector)  # before any BPF work
         require_bpf_privileges("collect")
         if config.collector.export:
@@ -431,8 +448,6 @@ def _check_export_web_config(collector: CollectorConfig) -> str:
     Raises:
         ConfigError: the file without ``--export``, or a problem in the file (one line).
     """
-    from kernmlops.errors import ConfigError
-
     path = collector.export_web_config
     if not path:
         return "http"

@@ -26,6 +26,19 @@ def fail(err: KernmlopsError) -> NoReturn:
     sys.exit(err.exit_code)
 
 
+def check_tgid(tgid: int | None, option: str = "--tgid") -> None:
+    """Refuse (click.BadParameter, a usage error) a ``tgid`` that is not a running
+    process's id, before anything is set up; None passes."""
+    import click
+
+    if tgid is None:
+        return
+    if tgid <= 0:
+        raise click.BadParameter(f"{tgid}: a process id is positive", param_hint=option)
+    if not os.path.exists(f"/proc/{tgid}"):
+        raise click.BadParameter(f"no process {tgid}", param_hint=option)
+
+
 def require_bpf_privileges(command: str, error: type[KernmlopsError] = KernmlopsError) -> None:
     """Raise ``error`` unless this process may load BPF programs (root, or CAP_BPF +
     CAP_PERFMON); ``command`` names what the user ran, for the message."""

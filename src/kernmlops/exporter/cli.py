@@ -10,11 +10,10 @@ import os
 import signal
 import sys
 import threading
-from pathlib import Path
 
 import click
 
-from kernmlops.clitools import CONTEXT_SETTINGS, fail, require_bpf_privileges
+from kernmlops.clitools import CONTEXT_SETTINGS, check_tgid, fail, require_bpf_privileges
 from kernmlops.errors import KernmlopsError
 
 EXIT_CHECK_FAILED = 1
@@ -196,10 +195,7 @@ def export_command(
             from kernmlops.exporter.webconfig import load_web_config
 
             web = load_web_config(web_config_file)  # before any BPF work: errors come first
-        if tgid is not None and tgid <= 0:
-            raise click.BadParameter(f"{tgid}: a process id is positive", param_hint="--tgid")
-        if tgid is not None and not Path(f"/proc/{tgid}").exists():
-            raise click.BadParameter(f"no process {tgid}", param_hint="--tgid")
+        check_tgid(tgid)
         # The tgid goes to the process filter (it follows forks), not to exp_tgid.
         job = JobFilter(comm=comm, cgroup=cgroup)
         require_bpf_privileges("export")
