@@ -164,3 +164,30 @@ def test_collect_refuses_a_files_tgid_of_no_process(tmp_path: Path) -> None:
     assert done.returncode == 2, done.stderr
     assert done.stderr == f"error: collector.tgid {pid}: no process {pid}\n"
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("target", "reason"),
+    [
+        ("afile/d.yaml", "a part of the path is a file, not a folder"),
+        ("nonexist/d.yaml", "there is no folder nonexist"),
+        ("/sys/d.yaml", "permission denied"),  # even root's: sysfs makes no files
+    ],
+)
+def test_defaults_that_cannot_be_written_is_one_line(
+    tmp_path: Path, target: str, reason: str
+) -> None:
+    (tmp_path / "afile").write_text("")
+    done = kernmlops("defaults", target, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == f"error: cannot write {target}: {reason}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # no temporary left
+
+
+def test_defaults_writes_the_whole_file(tmp_path: Path) -> None:
+    from kernmlops.config import defaults_yaml
+
+    done = kernmlops("defaults", "d.yaml", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "wrote d.yaml\n"
+    assert (tmp_path / "d.yaml").read_text() == defaults_yaml()
