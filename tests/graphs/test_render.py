@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
-from kernmlops.data import Collection, read_collection
+from kernmlops.data import Collection, IncompleteCollectionWarning, read_collection
 from kernmlops.errors import CollectionError
 from kernmlops.graphs import GraphFailure, SelectionError, figure, graph_registry, load, render
 from kernmlops.graphs._render import GraphError, figures
@@ -309,3 +309,27 @@ def test_the_commands_load_no_plotting_until_they_draw() -> None:
     code = "import sys, kernmlops.graphs.cli; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("command", ["graph", "report"])
+def test_an_incomplete_collection_is_one_warning_line(tmp_path: Path, command: str) -> None:
+    import subprocess
+    import sys
+
+    tables = {"syscalls": synthetic_tables()["syscalls"]}
+    folder = write_collection(tmp_path, tables, extra={"state": "running"})
+    out = tmp_path / ("figs" if command == "graph" else "page.html")
+    done = subprocess.run(
+        [sys.executable, "-m", "kernmlops", command, str(folder), "-o", str(out)],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    warned = [line for line in done.stderr.splitlines() if "incomplete collection" in line]
+    # not Python's "<file>:<line>: IncompleteCollectionWarning: ..." and its source line
+    assert warned == [
+        f"warning: {folder}: incomplete collection: its collector stopped without finishing "
+        "(last flush never); reading what was flushed"
+    ], done.stderr
+    assert "IncompleteCollectionWarning" not in done.stderr
+    with pytest.warns(IncompleteCollectionWarning, match="incomplete collection"):
+        read_collection(folder)  # the library's callers are still warned

@@ -6,11 +6,16 @@ Register them on the main group with ``cli.add_command(graph_command)`` and
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TextIO
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from kernmlops.clitools import fail
 from kernmlops.errors import KernmlopsError
@@ -49,6 +54,34 @@ def _only_option(command):
 
 def _names(only: str | None) -> list[str] | None:
     return [n.strip() for n in only.split(",") if n.strip()] if only else None
+
+
+@contextlib.contextmanager
+def _incomplete_as_warning_lines() -> Iterator[None]:
+    """A collection whose collector did not finish (or with rows still in its spool) is
+    said as one ``warning: ...`` line, as `collect` says its warnings, not as Python's
+    warning (the file and line that warned, then that source line). read_collection's
+    callers in Python still get IncompleteCollectionWarning."""
+    from kernmlops.data import IncompleteCollectionWarning
+
+    with warnings.catch_warnings():  # showwarning is restored on the way out
+        python_way = warnings.showwarning
+
+        def show(
+            message: Warning | str,
+            category: type[Warning],
+            filename: str,
+            lineno: int,
+            file: TextIO | None = None,
+            line: str | None = None,
+        ) -> None:
+            if issubclass(category, IncompleteCollectionWarning):
+                console.print(f"[yellow]warning:[/] {escape(str(message))}", soft_wrap=True)
+            else:
+                python_way(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        yield
 
 
 def _report_failures(failures: list) -> None:
@@ -109,7 +142,8 @@ def graph_command(
             unknown_graphs(names)
         # scanned (and refused) before a folder is made; never read whole: each graph
         # collects what it draws, so a collection larger than memory is drawn too
-        data = load(read_collection(collection, lazy=True), tgid=tgid, comm=comm)
+        with _incomplete_as_warning_lines():
+            data = load(read_collection(collection, lazy=True), tgid=tgid, comm=comm)
         # render holds the folder open (no link planted on the way followed); under
         # sudo the PNGs are the user's, handed over through the held folder
         written = render(
@@ -172,7 +206,8 @@ def report_command(
         if names is not None:
             unknown_graphs(names)
         # scanned before a file is made, never read whole (as for `graph`)
-        cols = [load(read_collection(c, lazy=True), tgid=tgid, comm=comm) for c in collections]
+        with _incomplete_as_warning_lines():
+            cols = [load(read_collection(c, lazy=True), tgid=tgid, comm=comm) for c in collections]
         # report holds the page's folder open (no planted link followed); under sudo
         # the page is the user's, handed over through it
         path = report(cols, output, tgid=tgid, comm=comm, graphs=names, dpi=dpi, errors=failures)
