@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -255,3 +256,40 @@ def test_run_verbose_shows_no_planted_log(tmp_path: Path, sudo: bool) -> None:
         assert SECRET.strip() not in res.output
     finally:
         shutil.rmtree(out, ignore_errors=True)
+
+
+TINY = """
+duetbench: {suite: tiny, duets: [d], harness: {iterations: 2}, duet_repetitions: 1,
+            sequential_repetitions: 1}
+d: {A: {run: "true"}, B: {run: "true"}}
+"""
+
+
+def test_run_errors_name_the_folder_as_given_not_the_held_descriptor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the run holds OUTDIR open and reaches it as /proc/<pid>/fd/<n>: no message says so
+    monkeypatch.chdir(tmp_path)
+    cfg = write_config(tmp_path / "tiny.yml", TINY)
+    runner = CliRunner()
+    assert runner.invoke(duet_group, ["run", str(cfg), "-o", "duetout"]).exit_code == 0
+    res = runner.invoke(duet_group, ["run", str(cfg), "-o", "duetout"])
+    assert res.exit_code == 2
+    assert "error: duetout/tiny exists and is not empty: use --force to replace it" in res.output
+    assert "/proc/" not in res.output
+
+    mkdir = os.mkdir
+
+    def read_only(path, mode=0o777, *, dir_fd=None):  # type: ignore[no-untyped-def]
+        if path == "tiny":  # the suite's folder, made in the held OUTDIR
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+        return mkdir(path, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "mkdir", read_only)
+    res = runner.invoke(duet_group, ["run", str(cfg), "-o", "elsewhere"])
+    assert res.exit_code == 2
+    assert (
+        "error: cannot create the suite's folder elsewhere/tiny: the file system is read-only"
+        in " ".join(res.output.split())
+    ), res.output
+    assert "/proc/" not in res.output

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -14,6 +15,15 @@ from kernmlops.clitools import CONTEXT_SETTINGS, fail
 from kernmlops.errors import KernmlopsError
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _as_given(text: str, held: Path | None, given: Path) -> str:
+    """``text`` with the held output folder's ``/proc/<pid>/fd/<n>`` (the name the run
+    reaches it by) put back as the user gave it: a message names ``duetout/suite``."""
+    if held is None:
+        return text
+    # not /proc/<pid>/fd/<n>7...: another descriptor
+    return re.sub(re.escape(str(held)) + r"(?![0-9])", lambda _: str(given), text)
 
 
 # under `kernmlops` its help is as wide as the main group's anyway
@@ -99,6 +109,7 @@ def run_cmd(
     from kernmlops.duet.runner import resolve_auto_cpus, run_suite, suite_folder
 
     held = None
+    held_out: Path | None = None
 
     def result_folder(suite) -> Path:
         return suite_folder(held_out if held is not None else outdir, suite)
@@ -155,12 +166,14 @@ def run_cmd(
                     console.print(f"  [{n + 1}/{total}] {what} ...")
                     return
                 sides = ", ".join(
-                    f"{p}: {s.status}" + (f" ({s.error})" if s.error else "")
+                    f"{p}: {s.status}"
+                    + (f" ({_as_given(s.error, held_out, outdir)})" if s.error else "")
                     for p, s in rec.sides.items()
                 )
                 mark = "ok" if rec.ok else "[yellow]FAILED[/]"
                 console.print(f"      {mark} in {rec.duration_s:.1f} s: {sides}", markup=True)
                 for w in rec.warnings:
+                    w = _as_given(w, held_out, outdir)
                     console.print(f"      [yellow]warning:[/] {w}", markup=True)
                 if loud:
                     _details(rec, folder)
@@ -173,6 +186,8 @@ def run_cmd(
             failed += len(result.failed)
             console.print(f"-> {suite_folder(outdir, suite)}")
     except KernmlopsError as err:
+        # e.g. "<outdir>/<suite> exists and is not empty", not /proc/<pid>/fd/<n>/<suite>
+        err.args = (_as_given(str(err), held_out, outdir),)
         fail(err)
     except KeyboardInterrupt:
         console.print("interrupted: the trials run so far are kept")
