@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import http.client
+import re
 import ssl
 from pathlib import Path
 
@@ -107,7 +108,8 @@ def test_a_file_without_tls_or_users_serves_plain_http(tmp_path: Path) -> None:
         ("tls_server_config:\n  cert_fle: a\n", "did you mean 'cert_file'"),
         ("basic_auth_user:\n  a: b\n", "did you mean 'basic_auth_users'"),
         ("tls_server_config:\n  cert_file: a.crt\n", "needs both cert_file and key_file"),
-        ("tls_server_config:\n  cert_file: a.crt\n  key_file: a.key\n", "no file"),
+        # ssl names no file: the first missing one is named, as the file resolves it
+        ("tls_server_config:\n  cert_file: a.crt\n  key_file: a.key\n", "no file {dir}/a.crt$"),
         ("basic_auth_users:\n  prometheus: plaintext\n", "not a bcrypt hash"),
         ("tls_server_config:\n  min_version: TLS99\n", "min_version"),
         ("- a\n", "must be a mapping"),
@@ -117,9 +119,19 @@ def test_a_file_without_tls_or_users_serves_plain_http(tmp_path: Path) -> None:
 def test_bad_files_are_one_clear_line(tmp_path: Path, text: str, message: str) -> None:
     web = tmp_path / "web.yml"
     web.write_text(text)
-    with pytest.raises(WebConfigError, match=message) as info:
+    with pytest.raises(
+        WebConfigError, match=message.replace("{dir}", re.escape(str(tmp_path)))
+    ) as info:
         load_web_config(web)
     assert "\n" not in str(info.value) and str(web) in str(info.value)
+
+
+def test_a_missing_key_is_named_when_the_certificate_is_there(pki: Path, tmp_path: Path) -> None:
+    web = tmp_path / "web.yml"
+    web.write_text(f"tls_server_config:\n  cert_file: {pki / 'server.crt'}\n  key_file: gone.key\n")
+    with pytest.raises(WebConfigError) as info:
+        load_web_config(web)
+    assert str(info.value).endswith(f"tls_server_config: no file {tmp_path / 'gone.key'}")
 
 
 def test_a_certificate_that_does_not_fit_its_key_is_refused(pki: Path, tmp_path: Path) -> None:

@@ -170,7 +170,9 @@ def _ssl_context(tls: TlsServerConfig | None, base: Path, where: str) -> ssl.SSL
     try:
         ctx.load_cert_chain(cert, key)
     except FileNotFoundError as err:
-        raise WebConfigError(f"{where}: tls_server_config: no file {err.filename}") from None
+        # ssl's error names no file (filename None): the first one missing is the one
+        missing = next((p for p in (cert, key) if not p.exists()), err.filename or cert)
+        raise WebConfigError(f"{where}: tls_server_config: no file {missing}") from None
     except (ssl.SSLError, OSError) as err:
         reason = getattr(err, "reason", None) or err.strerror or str(err)
         raise WebConfigError(
