@@ -333,3 +333,28 @@ def test_an_incomplete_collection_is_one_warning_line(tmp_path: Path, command: s
     assert "IncompleteCollectionWarning" not in done.stderr
     with pytest.warns(IncompleteCollectionWarning, match="incomplete collection"):
         read_collection(folder)  # the library's callers are still warned
+
+
+def test_graph_usage_says_the_collection_is_required_unless_list() -> None:
+    result = CliRunner().invoke(graph_command, ["--help"])
+    assert result.exit_code == 0
+    assert result.output.startswith("Usage: graph [OPTIONS] COLLECTION\n")
+    assert "COLLECTION is required, except with --list." in result.output
+    missing = CliRunner().invoke(graph_command, [])
+    assert missing.exit_code == 2 and "Missing argument 'COLLECTION'" in missing.output
+
+
+def test_graph_only_of_a_table_the_collection_lacks_is_refused_before_a_folder(
+    tmp_path: Path,
+) -> None:
+    tables = synthetic_tables()
+    folder = write_collection(tmp_path, {t: tables[t] for t in ("syscalls", "system_info")})
+    out = tmp_path / "figs"
+    args = [str(folder), "-o", str(out), "--only", "syscalls_top,perf_rate"]
+    result = CliRunner().invoke(graph_command, args)
+    assert result.exit_code == 2, result.output
+    assert (
+        "error: the collection has no table for perf_rate (perf_rate needs perf_counters); "
+        "its tables: syscalls, system_info"
+    ) in " ".join(result.output.split())
+    assert not out.exists()  # nothing drawn, no folder made

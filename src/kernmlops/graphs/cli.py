@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TextIO
 
@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from kernmlops.clitools import fail
-from kernmlops.errors import KernmlopsError
+from kernmlops.errors import CollectionError, KernmlopsError
 
 console = Console(stderr=True, highlight=False)
 
@@ -89,8 +89,31 @@ def _report_failures(failures: list) -> None:
         console.print(f"[red]graph {f.graph} failed:[/] {f.error}", markup=True, soft_wrap=True)
 
 
+def _missing_tables(names: list[str], tables: Iterable[str]) -> None:
+    """Refuse, before a folder is made, graphs asked for by name (--only) whose tables
+    the collection lacks, naming the tables it has.
+
+    Raises:
+        CollectionError: one such graph or more.
+    """
+    from kernmlops.graphs.context import graph_registry
+
+    registry, have = graph_registry(), set(tables)
+    lacking = [n for n in names if not registry[n].applies(have)]
+    if not lacking:
+        return
+    needs = "; ".join(
+        f"{n} needs {', '.join(t for t in registry[n].tables if t not in have)}" for n in lacking
+    )
+    raise CollectionError(
+        f"the collection has no table for {', '.join(lacking)} ({needs}); its tables: "
+        f"{', '.join(sorted(have)) or 'none'}"
+    )
+
+
 @click.command("graph")
-@click.argument("collection", type=_COLLECTION, required=False)
+# required unless --list: shown so in the usage (click would show [COLLECTION])
+@click.argument("collection", type=_COLLECTION, required=False, metavar="COLLECTION")
 @click.option(
     "-o",
     "--output-dir",
@@ -110,6 +133,8 @@ def graph_command(
     dpi: int,
 ) -> None:
     """Draw a collection's tables as PNG files (one per graph) and list them.
+
+    COLLECTION is required, except with --list.
 
     \b
     Examples:
@@ -144,6 +169,8 @@ def graph_command(
         # collects what it draws, so a collection larger than memory is drawn too
         with _incomplete_as_warning_lines():
             data = load(read_collection(collection, lazy=True), tgid=tgid, comm=comm)
+        if names is not None:
+            _missing_tables(names, data.tables)
         # render holds the folder open (no link planted on the way followed); under
         # sudo the PNGs are the user's, handed over through the held folder
         written = render(
