@@ -3,16 +3,19 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import polars as pl
 import pytest
 
 from kernmlops.ebpf.perf_counters import PMU_DIR, SOFTWARE, tracefs_events
-from kernmlops.perf_list import SCHEMA, TRACEPOINT_NOT_PROBED, list_events
+from kernmlops.perf_list import PARANOID, SCHEMA, TRACEPOINT_NOT_PROBED, list_events, none_opened
+from tests.conftest import skip_here
 
 GENERIC_CHECKED = [
     "cycles",
@@ -143,3 +146,44 @@ def test_sysfs_pmu_events_match_perf_list() -> None:
     counted = _perf_stat(supported)
     for name in supported:
         assert counted[name].isdigit(), (name, counted.get(name))
+
+
+def _probed(*rows: tuple[bool | None, str | None]) -> pl.DataFrame:
+    return pl.DataFrame(
+        [{"name": f"e{i}", "supported": ok, "reason": why} for i, (ok, why) in enumerate(rows)],
+        schema={"name": pl.String, "supported": pl.Boolean, "reason": pl.String},
+    )
+
+
+def test_none_opened_says_why_only_when_no_event_could_be_opened() -> None:
+    denied = "not permitted (EACCES: Permission denied; see /proc/sys/kernel/perf_event_paranoid)"
+    level = PARANOID.read_text().strip()
+    assert none_opened(_probed((False, denied), (False, denied), (None, "not probed"))) == (
+        f"no perf event could be opened on CPU 0: not permitted (kernel.perf_event_paranoid is "
+        f"{level}; above 0 counting a CPU needs root or CAP_PERFMON): run it as root, or lower "
+        "it with sysctl kernel.perf_event_paranoid=0"
+    )
+    assert none_opened(_probed((False, denied), (True, None))) is None
+    assert none_opened(_probed((None, TRACEPOINT_NOT_PROBED))) is None  # nothing probed
+    assert none_opened(_probed((False, "ENOSYS: Function not implemented"))) == (
+        "no perf event could be opened on CPU 0: ENOSYS: Function not implemented"
+    )
+
+
+def test_perf_list_without_privileges_says_why_and_fails() -> None:
+    # root without capabilities: perf_event_open sees an unprivileged process, and the
+    # interpreter (perhaps under /root) stays readable
+    setpriv = shutil.which("setpriv")
+    if setpriv is None or os.geteuid() != 0:
+        skip_here("needs root and setpriv (util-linux) to drop every capability")
+    if PARANOID.read_text().strip() in ("-1", "0"):
+        pytest.skip("kernel.perf_event_paranoid lets anyone count a CPU: nothing is refused")
+    done = subprocess.run(
+        [setpriv, "--bounding-set=-all", "--inh-caps=-all",
+         sys.executable, "-m", "kernmlops", "perf-list"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stdout == ""  # no empty "0 perf events" table
+    assert done.stderr.startswith("error: no perf event could be opened on CPU 0: not permitted")
+    assert "perf_event_paranoid is" in done.stderr

@@ -687,13 +687,19 @@ def perf_list(show_all: bool, tracepoints: bool, as_json: bool) -> None:
     """
     import polars as pl
 
-    from kernmlops.perf_list import list_events
+    from kernmlops.perf_list import list_events, none_opened
 
     frame = list_events(tracepoints=tracepoints)
+    # nothing could be opened (perf_event_paranoid, no privileges): said, and not 0
+    refused = none_opened(frame)
+    if refused is not None and not show_all:
+        fail(KernmlopsError(refused))
     if not show_all:
         frame = frame.filter(pl.col("supported").is_null() | pl.col("supported"))
     if as_json:
         click.echo(frame.write_json())
+        if refused is not None:
+            fail(KernmlopsError(refused))
         return
     from rich.console import Console
     from rich.table import Table
@@ -711,6 +717,8 @@ def perf_list(show_all: bool, tracepoints: bool, as_json: bool) -> None:
             cells.append("yes" if ok else "?" if ok is None else f"[red]no[/]: {row['reason']}")
         table.add_row(*cells)
     Console().print(table)
+    if refused is not None:  # --all showed each event's reason: the verdict last
+        fail(KernmlopsError(refused))
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ a guess from a listing.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 
 import polars as pl
 
@@ -40,6 +41,8 @@ SCHEMA: dict[str, pl.DataType | type[pl.DataType]] = {
     "supported": pl.Boolean,  # opened as a counter on CPU 0
     "reason": pl.String,  # why not, when not
 }
+
+PARANOID = Path("/proc/sys/kernel/perf_event_paranoid")
 
 _ALIASES: dict[str, list[str]] = {}
 for _alias, _name in {**HARDWARE_ALIASES, **SOFTWARE_ALIASES}.items():
@@ -104,3 +107,25 @@ def list_events(
             }
         )
     return pl.DataFrame(rows, schema=SCHEMA)
+
+
+def none_opened(frame: pl.DataFrame) -> str | None:
+    """Why no event of ``frame`` (list_events') could be opened, in one line; None
+    when one could, or none was probed."""
+    probed = frame.filter(pl.col("supported").is_not_null())
+    if probed.height == 0 or probed["supported"].any():
+        return None
+    # the most common reason: an unprivileged user's is "not permitted" for them all
+    common = str(probed["reason"].value_counts(sort=True)[0, "reason"])
+    if not common.startswith("not permitted"):
+        return f"no perf event could be opened on CPU 0: {common}"
+    try:
+        level = PARANOID.read_text().strip()
+    except OSError:
+        level = "unreadable"
+    # above 0, counting a whole CPU takes CAP_PERFMON (or CAP_SYS_ADMIN)
+    return (
+        f"no perf event could be opened on CPU 0: not permitted (kernel.perf_event_paranoid "
+        f"is {level}; above 0 counting a CPU needs root or CAP_PERFMON): run it as root, "
+        "or lower it with sysctl kernel.perf_event_paranoid=0"
+    )
