@@ -191,3 +191,17 @@ def test_defaults_writes_the_whole_file(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stderr == "wrote d.yaml\n"
     assert (tmp_path / "d.yaml").read_text() == defaults_yaml()
+
+
+@pytest.mark.bpf  # past the privilege check, where the room is checked
+def test_collect_refused_for_room_leaves_no_folder(tmp_path: Path) -> None:
+    (tmp_path / "big.yaml").write_text("collector:\n  min_free_mb: 1.0e+12\n")
+    out = tmp_path / "out"
+    done = kernmlops("collect", "-c", "big.yaml", "-o", str(out), "--", "true", cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("error: only ") and line.endswith(
+        f"free on {out} (the minimum is 1e+12 MiB, collector.min_free_mb): free some space "
+        "or choose another folder with -o"
+    )
+    assert not out.exists()  # no empty curated/benchmark=command/collection_id=... left

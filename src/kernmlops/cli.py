@@ -367,6 +367,7 @@ def collect(
             # the exporter binds only once the probes are attached: a busy port found
             # then would leave a collection folder and its spool behind
             check_listen(config.collector.export)
+        _check_room(config.collector)
         if publish_uri:  # a bad URI or an unreachable store is said before the run
             from kernmlops.fleet.cli import publish_target
 
@@ -459,6 +460,27 @@ def _check_export_web_config(collector: CollectorConfig) -> str:
     from kernmlops.exporter.webconfig import load_web_config
 
     return load_web_config(path).scheme
+
+
+def _check_room(collector: CollectorConfig) -> None:
+    """collector.min_free_mb, checked on the output's file system before any folder is
+    made: refused later, in the collection's own folder (the session checks again),
+    the run left empty curated/benchmark=<b>/collection_id=<id> folders behind.
+
+    Raises:
+        OutputError: less free than the minimum, in the session's words.
+    """
+    from kernmlops.collect.disk import free_bytes, human_bytes
+
+    out = Path(collector.output_dir).absolute()
+    existing = next((p for p in (out, *out.parents) if p.is_dir()), None)
+    free = free_bytes(existing) if existing is not None else None
+    if free is not None and free < collector.min_free_mb * 2**20:
+        raise OutputError(
+            f"only {human_bytes(free)} free on {out} (the minimum is "
+            f"{collector.min_free_mb:g} MiB, collector.min_free_mb): free some space or "
+            "choose another folder with -o"
+        )
 
 
 def _draw_graphs(path: Path) -> None:
