@@ -17,7 +17,13 @@ from kernmlops.clitools import (
     require_bpf_privileges,
     survive_closed_output,
 )
-from kernmlops.errors import CollectionError, ConfigError, KernmlopsError, OutputError
+from kernmlops.errors import (
+    CollectionError,
+    ConfigError,
+    KernmlopsError,
+    OutputError,
+    why_not_written,
+)
 
 #: the overrides file `kernmlops collect` reads from the current folder without -c
 OVERRIDES = "overrides.yaml"
@@ -530,25 +536,8 @@ def defaults(path: str) -> None:
     try:
         write_atomic(path, text)  # whole or not at all: no half file on a full disk
     except OSError as err:
-        fail(OutputError(f"cannot write {path}: {_cannot_write(err, Path(path))}"))
+        fail(OutputError(f"cannot write {path}: {why_not_written(err, Path(path))}"))
     _say(f"wrote {path}")
-
-
-def _cannot_write(err: OSError, path: Path) -> str:
-    """Why ``path`` could not be written, in words (not an errno's)."""
-    import errno
-
-    if err.errno == errno.ENOENT:
-        return f"there is no folder {path.parent}"
-    if err.errno == errno.ENOTDIR:
-        return "a part of the path is a file, not a folder"
-    if err.errno == errno.EROFS:
-        return "the file system is read-only"
-    if err.errno in (errno.EACCES, errno.EPERM):
-        return "permission denied"
-    if err.errno in (errno.ENOSPC, errno.EDQUOT):
-        return "the disk is full"
-    return err.strerror or str(err)
 
 
 def _owner_of(fd: int) -> Invoker | None:

@@ -1,5 +1,10 @@
 """Errors a user can cause; the CLI turns each into a message and an exit code."""
 
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
 
 class KernmlopsError(Exception):
     """Base class: the message is meant for the user, without a traceback."""
@@ -26,3 +31,19 @@ class CollectionError(KernmlopsError):
 class OutputError(CollectionError):
     """The output folder cannot take the collection (read-only, not a folder, no
     permission, full)."""
+
+
+def why_not_written(err: OSError, path: Path | None = None) -> str:
+    """Why a file or folder could not be made or written, in words rather than an
+    errno's (``path``: what was written, for a missing folder above it)."""
+    if err.errno == errno.ENOENT and path is not None:
+        return f"there is no folder {path.parent}"
+    if err.errno == errno.ENOTDIR:
+        return "a part of the path is a file, not a folder"
+    if err.errno == errno.EROFS:
+        return "the file system is read-only"
+    if err.errno in (errno.EACCES, errno.EPERM):
+        return "permission denied"
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "the disk is full"
+    return err.strerror or str(err)

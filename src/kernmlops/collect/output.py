@@ -10,7 +10,6 @@ during the run: it is removed just before the manifest is written for the last t
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import re
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from pathlib import Path
 
 from kernmlops.collect.disk import free_bytes, human_bytes
 from kernmlops.errors import OutputError
+from kernmlops.errors import why_not_written as _why
 from kernmlops.host.pinned import create_new
 
 __all__ = ["RESERVE_NAME", "OutputCheck", "filesystem", "prepare_output", "release_reserve"]
@@ -32,18 +32,6 @@ class OutputCheck:
     free_bytes: int | None
     #: a warning for the user (low space), or None
     warning: str | None = None
-
-
-def _why(err: OSError) -> str:
-    if err.errno == errno.EROFS:
-        return "the file system is read-only"
-    if err.errno in (errno.EACCES, errno.EPERM):
-        return "permission denied"
-    if err.errno == errno.ENOTDIR:
-        return "a part of the path is a file, not a folder"
-    if err.errno in (errno.ENOSPC, errno.EDQUOT):
-        return "the disk is full"
-    return err.strerror or str(err)
 
 
 def _first_file(path: Path) -> Path | None:

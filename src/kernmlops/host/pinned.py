@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kernmlops.errors import OutputError
+from kernmlops.errors import why_not_written as _why
 from kernmlops.host.invoker import _give, _inodes_held, _key, give_fd, invoker
 
 __all__ = [
@@ -428,16 +429,6 @@ def _open_dir(name: str, parent: int, here: Path, path: Path, action: str) -> in
         return os.open(name, _DIR | os.O_NOFOLLOW, dir_fd=parent)
     except NotADirectoryError:  # swapped for a link or a file right after it was made
         raise UnsafePath(f"cannot {action} {path}: {here} was replaced as it was made") from None
-
-
-def _why(err: OSError) -> str:
-    if err.errno == errno.EROFS:
-        return "the file system is read-only"
-    if err.errno in (errno.EACCES, errno.EPERM):
-        return "permission denied"
-    if err.errno in (errno.ENOSPC, errno.EDQUOT):
-        return "the disk is full"
-    return err.strerror or str(err)
 
 
 def subfolder(folder: Path, name: str, *, create: bool = True) -> int:
