@@ -205,3 +205,22 @@ def test_collect_refused_for_room_leaves_no_folder(tmp_path: Path) -> None:
         "or choose another folder with -o"
     )
     assert not out.exists()  # no empty curated/benchmark=command/collection_id=... left
+
+
+@pytest.mark.parametrize(
+    ("make", "said"),
+    [
+        (lambda p: p.symlink_to("/nonexistent/cfg.yaml"), "No such file or directory"),
+        (lambda p: p.mkdir(), "Is a directory"),
+    ],
+)
+def test_an_overrides_file_that_cannot_be_read_is_refused_not_passed_over(
+    tmp_path: Path, make, said: str
+) -> None:
+    # the defaults in its place would make a collection of settings the user did not ask for
+    make(tmp_path / "overrides.yaml")
+    done = subprocess.run([sys.executable, "-m", "kernmlops", "collect", "--", "true"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.endswith(f"error: cannot read config overrides.yaml: {said}\n"), done.stderr
+    assert not (tmp_path / "data").exists()

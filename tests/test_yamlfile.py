@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -146,3 +147,39 @@ def test_the_callers_error_class_is_raised(tmp_path: Path) -> None:
     path = _write(tmp_path, bomb(9))
     with pytest.raises(MetricSetError, match="alias bomb"):
         safe_yaml(path, what="metric set", error=MetricSetError)
+
+
+@pytest.mark.parametrize("loader", sorted({LOADER, LimitedLoader}, key=str))
+def test_a_key_given_twice_is_refused_and_a_merged_key_may_be_overridden(loader: type) -> None:
+    twice = "collector:\n  hooks: [process_trace]\ncollector:\n  hooks: [quanta_runtime]\n"
+    with pytest.raises(yaml.constructor.ConstructorError, match="given twice") as info:
+        yaml.load(twice, Loader=loader)
+    assert info.value.problem_mark.line == 2 and "first on line 1" in str(info.value)
+    nested = "a:\n  b: 1\n  c: 2\n  b: 3\n"
+    with pytest.raises(yaml.constructor.ConstructorError, match="'b' is given twice"):
+        yaml.load(nested, Loader=loader)
+    merged = "base: &x {b: 1, c: 2}\nd:\n  <<: *x\n  b: 3\n"
+    assert yaml.load(merged, Loader=loader)["d"] == {"b": 3, "c": 2}
+
+
+def test_a_config_that_gives_a_section_twice_is_one_error_line(tmp_path: Path) -> None:
+    path = tmp_path / "o.yaml"
+    path.write_text("collector:\n  hooks: [process_trace]\ncollector:\n  hooks: [quanta_runtime]\n")
+    with pytest.raises(ConfigError, match=r"line 3, column 1: the key 'collector' is given twice"):
+        safe_yaml(path)
+
+
+def test_a_fifo_without_a_writer_is_read_as_empty_not_waited_on(tmp_path: Path) -> None:
+    # open() of a FIFO blocks until a writer comes; `-c <(...)` has one, a stray FIFO none
+    fifo = tmp_path / "c.yaml"
+    os.mkfifo(fifo)
+    began = time.monotonic()
+    assert safe_yaml(fifo) is None
+    assert time.monotonic() - began < 5
+    r, w = os.pipe()
+    os.write(w, b"collector: {hooks: [system_info]}\n")
+    os.close(w)
+    try:
+        assert safe_yaml(f"/proc/self/fd/{r}") == {"collector": {"hooks": ["system_info"]}}
+    finally:
+        os.close(r)

@@ -355,7 +355,9 @@ def collect(
         export_web_config=str(Path(web_config_file).absolute()) if web_config_file else None,
         as_user=as_user,
     )
-    if config_file is None and Path(OVERRIDES).is_file():
+    # there, even as a dangling link or a folder: read (and refused in one line if it
+    # cannot be), never passed over for the defaults in silence
+    if config_file is None and os.path.lexists(OVERRIDES):
         config_file = Path(OVERRIDES)
         _say(f"using {OVERRIDES} (found in {Path.cwd()}; -c FILE picks another)")
     publish_to = None

@@ -82,6 +82,28 @@ class _Limits(yaml.composer.Composer):
             self._sizes[id(node)] = self._nodes - start
         return node
 
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> Any:
+        # YAML forbids a key twice in one mapping; PyYAML keeps the last in silence, so
+        # a section written twice lost the first one's settings. Merged keys (<<) may
+        # be overridden: only the mapping's own keys are compared.
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(
+                    key_node, yaml.ScalarNode
+                ):
+                    continue
+                key = self.construct_object(key_node)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None,
+                        f"the key {key!r} is given twice in one mapping (first on line "
+                        f"{seen[key] + 1}): the first would be ignored",
+                        key_node.start_mark,
+                    )  # fmt: skip
+                seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)  # type: ignore[misc]
+
     def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
         try:
             return super().construct_object(node, deep=deep)
@@ -171,7 +193,11 @@ def read_limited(path: Path, max_bytes: int) -> tuple[bytes, int | None]:
     """At most ``max_bytes + 1`` bytes of ``path`` (so the caller sees it is too
     big without reading a huge file or a device to its end), and the file's
     size when it is a regular file."""
-    with open(path, "rb") as f:
+    # O_NONBLOCK: a FIFO with no writer would block the open forever; reads block
+    # again (a pipe of `-c <(...)` has its writer, and one without gives EOF at once)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    os.set_blocking(fd, True)
+    with open(fd, "rb") as f:
         st = os.fstat(f.fileno())
         size = st.st_size if stat.S_ISREG(st.st_mode) else None
         if size is not None and size > max_bytes:
