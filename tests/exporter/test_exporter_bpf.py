@@ -328,3 +328,24 @@ def test_oncpu_counts_the_quanta_whose_switch_in_was_not_seen(
     # and the CPU a 2-vCPU machine gives it varies); the check is the equality below
     assert unseen.blanked > 10 and used_us >= 100_000
     assert got_us == pytest.approx(used_us, abs=2), (got_us, used_us)
+
+
+def test_a_hangup_stops_the_exporter_cleanly(tmp_path: Path) -> None:
+    # its terminal closed (an ssh session lost): detached, exit 0, as for SIGTERM; the
+    # default action ended it with its programs' links left to the kernel to drop
+    port = free_port()
+    log = tmp_path / "exporter.log"
+    args = [sys.executable, "-m", "kernmlops.exporter", "--listen", f"127.0.0.1:{port}",
+            "-c", "migrations"]  # fmt: skip
+    with log.open("w") as out:
+        exporter = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_serving(exporter, f"http://127.0.0.1:{port}/metrics", log)
+        assert exp_programs(), "the exporter's programs are not in the kernel"
+        exporter.send_signal(signal.SIGHUP)
+        assert exporter.wait(timeout=20) == 0, log.read_text()
+        assert "stopping (SIGHUP): detaching programs" in log.read_text()
+    finally:
+        if exporter.poll() is None:
+            exporter.kill()
+            exporter.wait()

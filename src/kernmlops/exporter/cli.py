@@ -163,7 +163,7 @@ def export_command(
       kernmlops export --config.dir=examples --config.names=biolatency,timers \\
           --web.listen-address=:9435 --capabilities.keep=none
 
-    SIGTERM or Ctrl+C stops it and detaches every program.
+    SIGTERM, Ctrl+C or a hangup (SIGHUP) stops it and detaches every program.
     """
     try:
         if list_sets:
@@ -271,8 +271,10 @@ def _run(
         caught.append(signum)
         stop.set()
 
-    # Installed before loading: a SIGTERM during the load still detaches cleanly.
-    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    # Installed before loading: a SIGTERM during the load still detaches cleanly. A
+    # hangup (its terminal closed) stops it as cleanly, not by the default action.
+    stops = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    old = {sig: signal.signal(sig, on_signal) for sig in stops}
     flt = _process_tree_filter(tgid) if tgid is not None else None
     exporter = Exporter(
         sets,
