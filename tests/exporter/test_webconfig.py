@@ -114,6 +114,12 @@ def test_a_file_without_tls_or_users_serves_plain_http(tmp_path: Path) -> None:
         ("tls_server_config:\n  min_version: TLS99\n", "min_version"),
         ("- a\n", "must be a mapping"),
         ("tls_server_config:\n  client_auth_type: RequestClientCert\n", "not supported"),
+        # a header the server could never send: every scrape failed with an empty reply
+        (
+            'http_server_config:\n  headers:\n    X-Foo: "a\\r\\nX-Injected: yes"\n',
+            r"headers.X-Foo: Illegal header value .* \(the server could not send it\)$",
+        ),
+        ("http_server_config:\n  headers:\n    X Foo: a\n", r"headers.X Foo: Illegal header name"),
     ],
 )
 def test_bad_files_are_one_clear_line(tmp_path: Path, text: str, message: str) -> None:

@@ -124,7 +124,23 @@ def load_web_config(path: str | Path) -> WebConfig:
             )
         users.append((str(user), raw))
     headers = tuple((cfg.http_server_config or HttpServerConfig()).headers.items())
+    _check_headers(headers, where)
     return WebConfig(ssl_context=ctx, users=tuple(users), headers=headers, source=str(path))
+
+
+def _check_headers(headers: tuple[tuple[str, str], ...], where: str) -> None:
+    """Refuse, at the start, a header the server could never send (a CR or LF in its
+    value, a space or colon in its name): the rule is the HTTP library's own, which
+    otherwise failed every scrape with an empty reply."""
+    import h11
+
+    for name, value in headers:
+        try:
+            h11.Response(status_code=200, headers=[(name, value)])
+        except h11.LocalProtocolError as err:
+            raise WebConfigError(
+                f"{where}: http_server_config.headers.{name}: {err} (the server could not send it)"
+            ) from None
 
 
 def _format(err: ValidationError, path: Path) -> str:
