@@ -121,6 +121,26 @@ def test_a_table_its_manifest_counts_rows_in_is_named_when_its_folder_is_gone(
     assert sorted(c.tables) == ["events"]
 
 
+@pytest.mark.parametrize("lazy", [False, True])
+def test_a_table_with_a_damaged_part_is_refused_or_left_out_and_named(
+    tmp_path: Path, lazy: bool
+) -> None:
+    from kernmlops.data import IncompleteCollectionWarning
+
+    folder = tmp_path / "benchmark=faux" / "collection_id=t"
+    make_collection(folder, "faux", "t", 2500)
+    part = sorted((folder / "events").glob("part-*.parquet"))[0]
+    os.truncate(part, 300)  # its footer gone (a scan reads the first part's)
+    with pytest.raises(CollectionError, match=r"events: cannot read table 'events'"):
+        read_collection(folder, lazy=lazy)
+    with pytest.warns(IncompleteCollectionWarning, match=r"events'.*: the table is left out"):
+        c = read_collection(folder, lazy=lazy, damaged="skip")
+    assert sorted(c.tables) == ["drops"] and list(c.damaged) == ["events"]
+    assert "events" not in c.files
+    drops = c["drops"].collect() if lazy else c["drops"]
+    assert drops["drops"].to_list() == [25]
+
+
 def test_rows_left_in_a_spool_are_named_with_the_command_that_adds_them(tmp_path: Path) -> None:
     from kernmlops.data import IncompleteCollectionWarning
 

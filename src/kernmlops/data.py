@@ -73,6 +73,9 @@ _COLLECTION_PREFIX = f"{COLLECTION_ID}="
 
 
 F = TypeVar("F", pl.DataFrame, pl.LazyFrame)
+#: what read_collection does with a table it cannot read: refuse the collection, or
+#: leave the table out (named)
+Damaged = Literal["raise", "skip"]
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -85,6 +88,9 @@ class _Tables(Mapping[str, F]):
     tables: dict[str, F]
     files: dict[str, tuple[Path, ...]] = field(default_factory=dict)
     incomplete: tuple[str, ...] = ()
+    #: tables left out because a part of theirs could not be read (``damaged="skip"``),
+    #: with the reason
+    damaged: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # A hand-built Collection (tests, notebooks) may pass the manifest as a dict.
@@ -191,10 +197,16 @@ class LazyCollection(_Tables[pl.LazyFrame]):
 
 
 @overload
-def read_collection(path: str | Path, *, lazy: Literal[False] = False) -> Collection: ...
+def read_collection(
+    path: str | Path, *, lazy: Literal[False] = False, damaged: Damaged = "raise"
+) -> Collection: ...
 @overload
-def read_collection(path: str | Path, *, lazy: Literal[True]) -> LazyCollection: ...
-def read_collection(path: str | Path, *, lazy: bool = False) -> Collection | LazyCollection:
+def read_collection(
+    path: str | Path, *, lazy: Literal[True], damaged: Damaged = "raise"
+) -> LazyCollection: ...
+def read_collection(
+    path: str | Path, *, lazy: bool = False, damaged: Damaged = "raise"
+) -> Collection | LazyCollection:
     """Read the collection in folder ``path`` (or the folder of a ``manifest.json``).
 
     ``lazy``: scan it instead (a :class:`LazyCollection`: each table a LazyFrame that
@@ -202,15 +214,19 @@ def read_collection(path: str | Path, *, lazy: bool = False) -> Collection | Laz
     ``read_collection(p, lazy=True)["quanta_runtime"].group_by("pid").agg(...)
     .collect(engine="streaming")``. Only the parts' footers are read here.
 
+    ``damaged="skip"``: a table with a part that cannot be read (lazy: its footer) is
+    left out, named in an IncompleteCollectionWarning and in ``damaged``, and the rest
+    is read (what `graph` and `report` do: one damaged table hides no other).
+
     Raises:
         CollectionError: the folder does not exist, has no valid manifest, has no finished
-            Parquet part, or a part cannot be read (lazy: a part's footer).
+            Parquet part, or a part cannot be read (lazy: a part's footer; unless skipped).
     """
     path = Path(path).expanduser()
     if os.geteuid() == 0:
         # as root, sudo or not (a cron job, a root shell): the collection may be a
         # user's, and no link of theirs is followed
-        return _read_held(path, lazy)
+        return _read_held(path, lazy, damaged)
     if path.is_file() and path.name == MANIFEST_NAME:
         path = path.parent
     if not path.exists():
@@ -221,8 +237,10 @@ def read_collection(path: str | Path, *, lazy: bool = False) -> Collection | Laz
     files, incomplete = _table_files(path)
     spooled = _spooled(path, path)
     _no_tables(path, files, incomplete, spooled)
-    tables = _tables(path, {name: _scan(parts) for name, parts in files.items()}, lazy)
-    return _collection(path, manifest, tables, files, incomplete, spooled, lazy=lazy, stacklevel=3)
+    scans = {name: _scan(parts) for name, parts in files.items()}
+    tables, bad = _tables(path, scans, lazy, damaged)
+    return _collection(path, manifest, tables, files, incomplete, spooled, lazy=lazy,
+                       stacklevel=3, damaged=bad)  # fmt: skip
 
 
 def _spooled(path: Path, folder: Path) -> str:
@@ -259,10 +277,15 @@ def _collection(
     *,
     lazy: bool,
     stacklevel: int,
+    damaged: Mapping[str, str] | None = None,
 ) -> Collection | LazyCollection:
     """The Collection read (``lazy``: the LazyCollection scanned), warning where its
-    collector did not finish or rows are still in its spool (``stacklevel``:
-    read_collection's caller's, from here)."""
+    collector did not finish, rows are still in its spool, a table is gone or was left
+    out as ``damaged`` (``stacklevel``: read_collection's caller's, from here)."""
+    damaged = dict(damaged or {})
+    for why in damaged.values():
+        warnings.warn(f"{why}: the table is left out", IncompleteCollectionWarning,
+                      stacklevel=stacklevel)  # fmt: skip
     if manifest.state == "running":
         warnings.warn(
             f"{path}: incomplete collection: its collector stopped without finishing "
@@ -273,7 +296,8 @@ def _collection(
     elif spooled:
         warnings.warn(f"{path}: {spooled[2:]}", IncompleteCollectionWarning, stacklevel=stacklevel)
     # a table the manifest counts rows in, with no part left (a folder deleted or moved)
-    gone = {t: r.rows for t, r in manifest.tables.items() if r.rows and t not in files}
+    gone = {t: r.rows for t, r in manifest.tables.items()
+            if r.rows and t not in files and t not in damaged}  # fmt: skip
     if gone:
         named = ", ".join(f"{t} ({n:,} rows)" for t, n in sorted(gone.items()))
         warnings.warn(
@@ -286,12 +310,13 @@ def _collection(
         path=path,
         manifest=manifest,
         tables=dict(tables),
-        files={name: tuple(parts) for name, parts in files.items()},
+        files={name: tuple(parts) for name, parts in files.items() if name not in damaged},
         incomplete=tuple(incomplete),
+        damaged=damaged,
     )
 
 
-def _read_held(path: Path, lazy: bool) -> Collection | LazyCollection:
+def _read_held(path: Path, lazy: bool, damaged: Damaged) -> Collection | LazyCollection:
     """read_collection as root (sudo or not), where the collection (or a folder above
     it) may be a user's: a user could link a part, a table folder or the manifest to a
     root-only file and have root draw it into their PNGs. The folder is held open
@@ -338,10 +363,12 @@ def _read_held(path: Path, lazy: bool) -> Collection | LazyCollection:
             files, opened, incomplete = _held_tables(held, path, uid, fds)
             spooled = _spooled(path, held.io)
             _no_tables(path, files, incomplete, spooled)
-            tables = _tables(path, {name: _held_scan(fds_) for name, fds_ in opened.items()}, lazy)
+            scans = {name: _held_scan(fds_) for name, fds_ in opened.items()}
+            tables, bad = _tables(path, scans, lazy, damaged)
     finally:
         held.close()
-    return _collection(path, manifest, tables, files, incomplete, spooled, lazy=lazy, stacklevel=4)
+    return _collection(path, manifest, tables, files, incomplete, spooled, lazy=lazy,
+                       stacklevel=4, damaged=bad)  # fmt: skip
 
 
 def _held_tables(
@@ -657,22 +684,28 @@ def _held_scan(fds: list[int]) -> pl.LazyFrame:
 
 
 def _tables(
-    path: Path, scans: dict[str, pl.LazyFrame], lazy: bool
-) -> dict[str, pl.LazyFrame] | dict[str, pl.DataFrame]:
+    path: Path, scans: dict[str, pl.LazyFrame], lazy: bool, damaged: Damaged = "raise"
+) -> tuple[dict[str, pl.LazyFrame] | dict[str, pl.DataFrame], dict[str, str]]:
     """The collection's tables: ``scans`` (``lazy``; each one's schema read, so a part
     that is not Parquet is refused here, not by polars later), or read into memory
-    where they fit."""
-    if lazy:
-        for name, scan in scans.items():
-            with reading(path / name, name):
-                scan.collect_schema()
-        return scans
-    _fits(path, scans)
-    tables = {}
+    where they fit; and those left out (``damaged="skip"``), with the reason."""
+    tables: dict = {}
+    bad: dict[str, str] = {}
+    if not lazy:
+        _fits(path, scans)
     for name, scan in scans.items():
-        with reading(path / name, name):
-            tables[name] = scan.collect()
-    return tables
+        try:
+            with reading(path / name, name):
+                if lazy:
+                    scan.collect_schema()
+                    tables[name] = scan
+                else:
+                    tables[name] = scan.collect()
+        except CollectionError as err:
+            if damaged == "raise":
+                raise
+            bad[name] = str(err)
+    return tables, bad
 
 
 def count_rows(scan: pl.LazyFrame) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -167,6 +168,29 @@ def test_a_table_whose_part_is_another_tables_fails_its_graphs_in_one_line_each(
     assert failed.error.startswith("ColumnNotFoundError: unable to find column ")
     assert failed.error.endswith("(a part of another table, or damaged?)")
     assert "valid columns" not in failed.error and len(failed.error) < 200
+
+
+def test_a_damaged_table_is_left_out_and_said_and_the_others_drawn_and_reported(
+    synthetic: Collection, tmp_path: Path
+) -> None:
+    col = tmp_path / "col"
+    shutil.copytree(synthetic.path, col)
+    for part in (col / "memory_usage").glob("part-*.parquet"):
+        os.truncate(part, 300)  # a disk's damage: no footer
+    runner = CliRunner()
+    out = tmp_path / "figs"
+    drawn = runner.invoke(graph_command, [str(col), "-o", str(out), "--dpi", "40",
+                                          "--only", "process_events,syscalls_top"])  # fmt: skip
+    assert drawn.exit_code == 1, drawn.output  # said, and not a clean run
+    said = [ln for ln in drawn.output.splitlines() if ln.startswith("warning:")]
+    assert len(said) == 1 and "memory_usage: cannot read table 'memory_usage'" in said[0]
+    assert said[0].endswith("the table is left out")
+    assert sorted(p.name for p in out.iterdir()) == ["process_events.png", "syscalls_top.png"]
+    page = tmp_path / "r.html"
+    reported = runner.invoke(report_command, [str(col), "-o", str(page), "--dpi", "40",
+                                              "--only", "process_events"])  # fmt: skip
+    assert reported.exit_code == 1, reported.output
+    assert "the table is left out" in reported.output and page.stat().st_size > 10_000
 
 
 def test_graph_command(synthetic: Collection, tmp_path: Path) -> None:

@@ -167,8 +167,9 @@ def graph_command(
             unknown_graphs(names)
         # scanned (and refused) before a folder is made; never read whole: each graph
         # collects what it draws, so a collection larger than memory is drawn too
-        with _incomplete_as_warning_lines():
-            data = load(read_collection(collection, lazy=True), tgid=tgid, comm=comm)
+        with _incomplete_as_warning_lines():  # a damaged table is said, the rest drawn
+            col = read_collection(collection, lazy=True, damaged="skip")
+            data = load(col, tgid=tgid, comm=comm)
         if names is not None:
             _missing_tables(names, data.tables)
         # render holds the folder open (no link planted on the way followed); under
@@ -185,7 +186,7 @@ def graph_command(
         console.print("no graphs: the collection has no table with rows that a graph draws")
     else:
         console.print(f"{len(written)} graph(s) written")
-    sys.exit(1 if failures else 0)
+    sys.exit(1 if failures or col.damaged else 0)
 
 
 @click.command("report")
@@ -233,8 +234,9 @@ def report_command(
         if names is not None:
             unknown_graphs(names)
         # scanned before a file is made, never read whole (as for `graph`)
-        with _incomplete_as_warning_lines():
-            cols = [load(read_collection(c, lazy=True), tgid=tgid, comm=comm) for c in collections]
+        with _incomplete_as_warning_lines():  # a damaged table is said, the rest reported
+            read = [read_collection(c, lazy=True, damaged="skip") for c in collections]
+            cols = [load(c, tgid=tgid, comm=comm) for c in read]
         # report holds the page's folder open (no planted link followed); under sudo
         # the page is the user's, handed over through it
         path = report(cols, output, tgid=tgid, comm=comm, graphs=names, dpi=dpi, errors=failures)
@@ -242,4 +244,4 @@ def report_command(
         fail(err)
     _report_failures(failures)
     click.echo(str(path))
-    sys.exit(1 if failures else 0)
+    sys.exit(1 if failures or any(c.damaged for c in read) else 0)
