@@ -414,8 +414,8 @@ def collect(
             on_progress=on_progress,
             on_attached=on_attached,
             on_message=_session_message,
+            on_folder=lambda path: _say(f"collecting into {path}"),
         )
-        _say(f"collecting into {session.path}")
         try:
             result = session.run()
         finally:

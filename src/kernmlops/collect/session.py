@@ -78,6 +78,7 @@ class Session:
         on_progress: Callable[[Progress], None] | None = None,
         on_attached: Callable[[dict[str, HookStatus]], None] | None = None,
         on_message: Callable[[str], None] | None = None,
+        on_folder: Callable[[Path], None] | None = None,
         sink: Sink | None = None,
         bpf_dir: Path | None = None,
         hooks: Sequence[Hook] = (),
@@ -93,6 +94,9 @@ class Session:
         self.on_attached = on_attached
         #: warnings for the user (low disk space ...)
         self.on_message = on_message
+        #: the collection's folder, once it is made (the benchmark and the output
+        #: checked): a refusal before that names no folder that will not exist
+        self.on_folder = on_folder
         self.bpf_dir = bpf_dir
         name = config.benchmark.name
         self.benchmark: Benchmark = get_benchmark(name)(config.benchmark_options(name))
@@ -157,6 +161,8 @@ class Session:
             except OutputError:
                 self._hand_over()
                 raise
+            if self.on_folder:
+                self.on_folder(self.path)
             if check.warning and self.on_message:
                 self.on_message(check.warning)
             self._running.begin(self.collection_id, self.config, started_at, check.free_bytes)
