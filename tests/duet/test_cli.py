@@ -93,6 +93,53 @@ d: {A: {run: "true"}, B: {run: "false"}}
     assert "B: failed (exit status 1)" in res.output and "1 trial(s) did not succeed" in res.output
 
 
+def test_analyze_names_a_side_that_failed_in_every_run(tmp_path: Path):
+    from kernmlops.duet.process import side_outcomes
+
+    cfg = write_config(
+        tmp_path / "duet.yml",
+        """
+duetbench: {suite: failb, duets: [d], duet_repetitions: 2, sequential_repetitions: 1,
+            harness: {iterations: 3}}
+d: {A: {run: "true"}, B: {run: "sh -c 'exit 3'"}}
+""",
+    )
+    out = tmp_path / "o"
+    runner = CliRunner()
+    assert runner.invoke(duet_group, ["run", str(cfg), "-o", str(out)]).exit_code == 1
+    res = runner.invoke(duet_group, ["process", str(out)])
+    assert res.exit_code == 0 and "d.0.duet.AB.B: side failed: exit status 3" in res.output
+    # how each side ended is what duet-run.json says
+    index = json.loads((out / "failb" / "duet-run.json").read_text())
+    want = sorted((t["runid"], t["kind"], p, s["status"], s["error"])
+                  for t in index["trials"] for p, s in t["sides"].items())  # fmt: skip
+    sides = side_outcomes(out)
+    assert sorted(sides.select("runid", "kind", "pair", "status", "error").rows()) == want
+    assert {(k, s, e) for _, k, p, s, e in want if p == "B"} == {
+        ("duet", "failed", "exit status 3"),
+        ("sequential", "failed", "exit status 3"),
+    }
+    for args in ([], ["--warmup", "1000"]):
+        res = runner.invoke(duet_group, ["analyze", str(out), "--no-mds", *args])
+        assert res.exit_code == 0, res.output
+        why = "B has no iteration in any run: failed (exit status 3) in all 2 runs"
+        assert f"failb d [duet]: no verdict: {why}" in res.output
+        assert "failb d [sequential]: no verdict: B has no iteration in any run: failed (exit " \
+            "status 3) in its only run" in res.output  # fmt: skip
+        md = (out / "report" / "report.md").read_text()
+        assert f"> {why}; its stderr is in the suite's logs/ folder" in md
+        assert "lower --min-overlap" not in md and "too little data" not in md
+        summary = json.loads((out / "report" / "analysis.json").read_text())
+        duet = summary["benchmarks"][0]["comparisons"]["duet"]
+        assert duet["verdict"] == f"no verdict: {why}" and duet["n_b_before_warmup"] == 0
+    # the table without its suite folders: the side is still named, and where to look
+    table = tmp_path / "t" / "duet-results.parquet"
+    table.parent.mkdir()
+    (out / "duet-results.parquet").rename(table)
+    res = runner.invoke(duet_group, ["analyze", str(table), "--no-mds"])
+    assert "[duet]: no verdict: B has no iteration in any run\n" in res.output
+
+
 def test_analyze_interval_option_is_used_and_recorded(tmp_path: Path):
     import numpy as np
 

@@ -169,3 +169,85 @@ def test_an_order_bias_cancels_and_does_not_widen_the_ci():
     assert c.ratio_ci.high - c.ratio_ci.low < 0.03
     _, five = _cmp(synthetic(42, effect=0.05, slot_bias=0.10), FAST)
     assert five.detected == "slower" and five.gm_ratio == pytest.approx(1.05, abs=0.01)
+
+
+# --- why there is no verdict ------------------------------------------------------
+def _sides(df: pl.DataFrame, **ended: tuple[str, str | None]) -> pl.DataFrame:
+    """duet-run.json's account of each trial's sides (process.side_outcomes), every
+    side "ok" but those in ``ended`` (pair: (status, error))."""
+    from kernmlops.duet.process import SIDE_SCHEMA
+
+    trials = df.select("suite", "benchmark", "runid", "kind", "order").unique()
+    rows = [(*t, pair, *ended.get(pair, ("ok", None))) for t in trials.iter_rows()
+            for pair in "AB"]  # fmt: skip
+    return pl.DataFrame(rows, schema=SIDE_SCHEMA, orient="row")
+
+
+@pytest.mark.parametrize("kind", ["duet", "sequential"])
+def test_a_side_failed_in_every_run_is_named_with_its_exit_status(kind: str):
+    whole = synthetic(51, runs=6, n=8, kind=kind)
+    df = whole.filter(pl.col("pair") == "A")  # B's command failed: no row of B at all
+    sides = _sides(whole, B=("failed", "exit status 1"))
+    runs = df["runid"].n_unique()
+    [b] = analyze(df, FAST, sides).benchmarks
+    c = b.comparisons[kind]
+    cause = f"B has no iteration in any run: failed (exit status 1) in all {runs} runs"
+    assert (c.n_a, c.n_b) == (df.height - runs, 0)  # warm-up 1: one per run and side
+    assert c.verdict == f"no verdict: {cause}"
+    assert c.notes == [f"{cause}; its stderr is in the suite's logs/ folder"]
+    # one run timed out, the others failed; and without duet-run.json at hand
+    first = (pl.col("pair") == "B") & (pl.col("runid") == 0)
+    sides = sides.with_columns(
+        pl.when(first).then(pl.lit("timeout")).otherwise(pl.col("status")).alias("status"),
+        pl.when(first).then(None).otherwise(pl.col("error")).alias("error"),
+    )
+    c = analyze(df, FAST, sides).benchmarks[0].comparisons[kind]
+    assert c.verdict == (
+        "no verdict: B has no iteration in any run: "
+        f"failed (exit status 1) in {runs - 1} of {runs} runs, timed out in 1 of {runs} runs"
+    )
+    c = analyze(df, FAST).benchmarks[0].comparisons[kind]
+    assert c.notes == ["B has no iteration in any run; `duet process` named why in its warnings"]
+    # A's file unreadable while its command ended ok
+    df = whole.filter(pl.col("pair") == "B")
+    c = analyze(df, FAST, _sides(whole)).benchmarks[0].comparisons[kind]
+    assert c.verdict == (
+        "no verdict: A has no iteration in any run: it ended ok, but its result files gave none"
+    )
+
+
+def test_a_warmup_that_drops_every_iteration_is_named_not_the_overlap():
+    df = synthetic(52, runs=4, n=8)
+    most = df.group_by("runid", "pair").len()["len"].max()
+    opts = Options(warmup=str(most), resamples=1000, mds=False)
+    [b] = analyze(df, opts, _sides(df)).benchmarks
+    c = b.comparisons["duet"]
+    assert (c.n_a, c.n_b, c.n_a_all, c.n_b_all) == (0, 0, df.height // 2, df.height // 2)
+    assert c.verdict == f"no verdict: the warm-up ({most}) drops every iteration of A and B"
+    assert c.notes == [
+        f"the warm-up ({most}) drops every iteration of A and B; lower --warmup below {most} "
+        "(the most iterations a side has in a run)"
+    ]
+    # one fewer keeps one per run and side: a comparison, with no such note
+    c = analyze(df, Options(warmup=str(most - 1), resamples=1000, mds=False)).benchmarks[0]
+    assert c.comparisons["duet"].n_pairs > 0
+    assert not any("warm-up" in n for n in c.comparisons["duet"].notes)
+
+
+def test_no_run_with_both_sides_and_no_overlap_are_told_apart():
+    df = synthetic(53, runs=4, n=8)
+    apart = df.filter((pl.col("pair") == "A") == (pl.col("runid") % 2 == 0))
+    c = analyze(apart, FAST).benchmarks[0].comparisons["duet"]
+    assert c.verdict == "no verdict: no run has iterations of both A and B"
+    assert c.notes == ["no run has iterations of both A and B; pairs come from one run "
+                       "(A's are in run(s) 0, 2, B's in 1, 3)"]  # fmt: skip
+    # B's iterations an hour later: both sides in every run, no overlap
+    hour = 3_600 * 10**9
+    late = df.with_columns(
+        pl.when(pl.col("pair") == "B").then(pl.col(c) + hour).otherwise(pl.col(c)).alias(c)
+        for c in ("iteration_start_ns", "iteration_end_ns")
+    )
+    c = analyze(late, FAST).benchmarks[0].comparisons["duet"]
+    assert c.n_pairs == 0 and c.verdict.startswith("no verdict: no A/B iterations overlap by 40%")
+    assert c.notes == ["no A/B iterations overlap by 40% of the longer one; lower "
+                       "--min-overlap, or make the iterations of similar length"]  # fmt: skip

@@ -159,8 +159,40 @@ def test_decoder_errors_are_counted_per_label_and_regexp_drops_are_not() -> None
     (family,) = text_string_to_metric_families(both_ways(metric)[0].decode())
     assert [dict(s.labels) for s in family.samples] == [{"nr": "ENOENT", "comm": "kw"}]
     assert metric.decoder_errors == {"nr": 1}
-    both_ways(metric)  # a failed key is tried again at every scrape (a cgroup may appear)
-    assert metric.decoder_errors == {"nr": 2}
+    both_ways(metric)  # tried again at this scrape, but the same key: not counted again
+    assert metric.decoder_errors == {"nr": 1}
+
+
+def _scrape(metric: MetricReader) -> dict[str, float]:
+    (family,) = text_string_to_metric_families(both_ways(metric)[0].decode())
+    return {s.labels["cgroup"]: s.value for s in family.samples}
+
+
+def test_an_undecodable_key_is_counted_once_until_it_decodes_or_leaves(tmp_path) -> None:
+    import os
+
+    from kernmlops.exporter.decoders import CgroupPaths
+
+    root, away = tmp_path / "cg", tmp_path / "away"
+    (away / "job").mkdir(parents=True)
+    root.mkdir()
+    job = struct.pack("<Q", os.stat(away / "job").st_ino)  # a cgroup not (yet) under the root
+    rows = {struct.pack("<Q", os.stat(root).st_ino): [1], job: [5]}
+    label = LabelSpec(name="cgroup", size=8, decoders=[DecoderSpec(name="cgroup")])
+    spec = CounterSpec(name="test_cg_total", help="h", map="m", labels=[label])
+    ctx = DecoderContext(cgroups=CgroupPaths(root, rescan_s=0))
+    metric = MetricReader("test", spec, FakeReader(rows), ctx, 100)
+    for _ in range(3):  # the same undecodable key at every scrape: one error, not three
+        assert _scrape(metric) == {"/": 1}
+        assert metric.decoder_errors == {"cgroup": 1}
+    del rows[job]  # its series is gone; when it comes back it is counted again
+    assert _scrape(metric) == {"/": 1} and metric.decoder_errors == {"cgroup": 1}
+    rows[job] = [6]
+    for _ in range(2):
+        assert _scrape(metric) == {"/": 1} and metric.decoder_errors == {"cgroup": 2}
+    (away / "job").rename(root / "job")  # the cgroup appears: retried, so it is served now
+    for _ in range(2):
+        assert _scrape(metric) == {"/": 1, "/job": 6} and metric.decoder_errors == {"cgroup": 2}
 
 
 def test_parse_listen() -> None:

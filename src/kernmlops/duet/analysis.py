@@ -446,6 +446,14 @@ class Run:
     b_all_end: np.ndarray | None = None
     b_all_time: np.ndarray | None = None
     b_kept: np.ndarray | None = None  # mask of kept iterations in the full series
+    #: A's iterations before warm-up removal (None: as many as kept)
+    n_a_all: int | None = None
+
+    def counts_before_warmup(self) -> tuple[int, int]:
+        """A's and B's iterations before warm-up removal."""
+        a = len(self.a_time) if self.n_a_all is None else self.n_a_all
+        b = len(self.b_time) if self.b_all_time is None else len(self.b_all_time)
+        return a, b
 
     def slowed(self, slowdown: float) -> Run:
         if slowdown == 0:
@@ -489,6 +497,9 @@ class Comparison:
     runs: pl.DataFrame | None = None
     pairs: pl.DataFrame | None = None
     original: Any = None  # kernmlops.duet.original.OriginalResult
+    #: iterations before warm-up removal (None: as many as n_a, n_b)
+    n_a_all: int | None = None
+    n_b_all: int | None = None
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -500,6 +511,8 @@ class Comparison:
             "n_pairs": self.n_pairs,
             "n_a": self.n_a,
             "n_b": self.n_b,
+            "n_a_before_warmup": self.n_a if self.n_a_all is None else self.n_a_all,
+            "n_b_before_warmup": self.n_b if self.n_b_all is None else self.n_b_all,
             "mean_a_ns": self.mean_a_ns,
             "mean_b_ns": self.mean_b_ns,
             "mean_diff_ns": self.mean_diff_ns,
@@ -649,8 +662,78 @@ def _seq_ci(
     return unit, len(both), mean_d, dci, math.exp(mean_g), rci, made
 
 
-def compare(runs: list[Run], kind: str, aa: bool, opts: Options) -> Comparison:
-    """Compare A and B over ``runs`` of one kind (duet, syncduet, sequential)."""
+#: how a side's status in duet-run.json reads in a sentence
+_ENDED = {"failed": "failed", "timeout": "timed out", "error": "could not run",
+          "not-started": "did not start"}  # fmt: skip
+
+
+def _no_iteration(side: str, sides: pl.DataFrame | None) -> tuple[str, str]:
+    """Why ``side`` has no iteration, from how its trials ended in duet-run.json
+    (kernmlops.duet.process.side_outcomes), and where to look."""
+    cause = f"{side} has no iteration in any run"
+    rows = None if sides is None else sides.filter(pl.col("pair") == side)
+    if rows is None or rows.height == 0:
+        return cause, "`duet process` named why in its warnings"
+    counts = rows.group_by("status", "error").len().sort("len", "status", descending=[True, False])
+    if counts.height == 1 and counts["status"][0] == "ok":
+        return (f"{cause}: it ended ok, but its result files gave none",
+                "`duet process` named why in its warnings")  # fmt: skip
+    parts = []
+    for status, error, n in counts.iter_rows():
+        what = _ENDED.get(status, status or "unknown")
+        if error and error != status:
+            what += f" ({error})"
+        where = f"{n} of {rows.height} runs"
+        if n == rows.height:
+            where = f"all {n} runs" if n > 1 else "its only run"
+        parts.append(f"{what} in {where}")
+    return f"{cause}: {', '.join(parts)}", "its stderr is in the suite's logs/ folder"
+
+
+def no_data_cause(
+    runs: list[Run], kind: str, opts: Options, n_pairs: int, sides: pl.DataFrame | None = None
+) -> tuple[str, str] | None:
+    """Why A and B of these runs cannot be compared: (the cause, what to do), or
+    None when nothing stops it. In this order: a side with no iteration in any
+    run (how it ended, from ``sides``: kernmlops.duet.process.side_outcomes), a
+    side whose every iteration the warm-up drops, no run with both sides, and
+    (duet and sync-duet runs) none of the ``n_pairs`` pairs overlapping by
+    --min-overlap."""
+    before = [r.counts_before_warmup() for r in runs]
+    kept = [(len(r.a_time), len(r.b_time)) for r in runs]
+    for i, side in enumerate("AB"):
+        if not sum(c[i] for c in before):
+            return _no_iteration(side, sides)
+    dropped = [side for i, side in enumerate("AB") if not sum(c[i] for c in kept)]
+    if dropped:
+        most = max(c[i] for c in before for i, side in enumerate("AB") if side in dropped)
+        return (
+            f"the warm-up ({opts.warmup}) drops every iteration of {' and '.join(dropped)}",
+            f"lower --warmup below {most} (the most iterations a side has in a run)",
+        )
+    if kind == "sequential":
+        return None  # no pairs: A's and B's iterations are compared as they are
+    if not any(a and b for a, b in kept):
+        a_runs = ", ".join(str(r.key[3]) for r, (a, _) in zip(runs, kept, strict=True) if a)
+        b_runs = ", ".join(str(r.key[3]) for r, (_, b) in zip(runs, kept, strict=True) if b)
+        return (
+            "no run has iterations of both A and B",
+            f"pairs come from one run (A's are in run(s) {a_runs}, B's in {b_runs})",
+        )
+    if n_pairs == 0:
+        return (
+            f"no A/B iterations overlap by {opts.min_overlap:.0%} of the longer one",
+            "lower --min-overlap, or make the iterations of similar length",
+        )
+    return None
+
+
+def compare(
+    runs: list[Run], kind: str, aa: bool, opts: Options, sides: pl.DataFrame | None = None
+) -> Comparison:
+    """Compare A and B over ``runs`` of one kind (duet, syncduet, sequential).
+    ``sides``: how each side of these runs ended (kernmlops.duet.process.
+    side_outcomes), named when a side has no iteration."""
     rng = np.random.default_rng(opts.seed)
     a_all = np.concatenate([r.a_time for r in runs]) if runs else np.zeros(0)
     b_all = np.concatenate([r.b_time for r in runs]) if runs else np.zeros(0)
@@ -662,11 +745,9 @@ def compare(runs: list[Run], kind: str, aa: bool, opts: Options) -> Comparison:
     else:
         unit, n_runs, n_pairs, mean_d, dci, ratio, rci, made = _duet_ci(runs, opts, rng)
         pairs_frame = _pairs_frame(runs, opts)
-        if n_pairs == 0:
-            notes.append(
-                f"no A/B iterations overlap by {opts.min_overlap:.0%} of the longer one: "
-                "lower --min-overlap, or make the iterations of similar length"
-            )
+    cause = no_data_cause(runs, kind, opts, n_pairs, sides)
+    if cause:
+        notes.append(f"{cause[0]}; {cause[1]}")
     if unit != "run" and (mean_d is not None):
         notes.append(
             f"only {n_runs} run(s) with data (< {opts.min_runs}): the CI is over "
@@ -701,12 +782,14 @@ def compare(runs: list[Run], kind: str, aa: bool, opts: Options) -> Comparison:
         gm_ratio=ratio,
         ratio_ci=rci,
         mwu_p=mwu_p,
-        verdict=_verdict(detected, ratio, rci, aa),
+        verdict=f"no verdict: {cause[0]}" if cause else _verdict(detected, ratio, rci, aa),
         detected=detected,
         interval=made,
         notes=notes,
         runs=_runs_frame(runs, opts, kind),
         pairs=pairs_frame,
+        n_a_all=sum(r.counts_before_warmup()[0] for r in runs),
+        n_b_all=sum(r.counts_before_warmup()[1] for r in runs),
     )
     if opts.mds and rci is not None:
         cmp.mds, cmp.mds_note = minimum_detectable_slowdown(runs, kind, opts)
@@ -814,6 +897,7 @@ def build_runs(df: pl.DataFrame, warmup: str) -> dict[tuple[str, str, str], list
             b_all_end=col(b_all, "iteration_end_ns"),
             b_all_time=col(b_all, "iteration_time_ns"),
             b_kept=b_all["_kept"].to_numpy().astype(bool),
+            n_a_all=grp.filter(pl.col("pair") == "A").height,
         )
         out.setdefault((str(key[0]), str(key[1]), str(key[2])), []).append(run)
     for runs in out.values():
@@ -851,9 +935,13 @@ class Analysis:
         }
 
 
-def analyze(df: pl.DataFrame, opts: Options | None = None) -> Analysis:
+def analyze(
+    df: pl.DataFrame, opts: Options | None = None, sides: pl.DataFrame | None = None
+) -> Analysis:
     """Every benchmark of a results table, each kind of run compared, by our
-    method and by the original tool's (``Comparison.original``)."""
+    method and by the original tool's (``Comparison.original``). ``sides``: how
+    each side of each trial ended (kernmlops.duet.process.side_outcomes), which
+    names why a side has no iteration (it has no row in the table)."""
     from kernmlops.duet.original import compare_original, original_warmup
 
     opts = opts or Options()
@@ -870,7 +958,14 @@ def analyze(df: pl.DataFrame, opts: Options | None = None) -> Analysis:
     for (suite, bench, kind), runs in sorted(grouped.items()):
         aa = aa_of.get((suite, bench), False)
         res = results.setdefault((suite, bench), BenchmarkResult(suite, bench, aa, {}))
-        res.comparisons[kind] = compare(runs, kind, aa, opts)
+        ends = None
+        if sides is not None:
+            ends = sides.filter(
+                (pl.col("suite") == suite)
+                & (pl.col("benchmark") == bench)
+                & (pl.col("kind") == kind)
+            )
+        res.comparisons[kind] = compare(runs, kind, aa, opts, ends)
     kept = original_warmup(df)
     for b in results.values():
         for kind, c in b.comparisons.items():

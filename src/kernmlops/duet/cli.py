@@ -444,7 +444,7 @@ def analyze_cmd(
     import polars as pl
 
     from kernmlops.duet.analysis import Options, analyze
-    from kernmlops.duet.process import read_results
+    from kernmlops.duet.process import read_results, side_outcomes
     from kernmlops.duet.report import write_report
 
     try:
@@ -470,7 +470,9 @@ def analyze_cmd(
                 pl.when(pl.col("benchmark").is_in(list(aa))).then(True).otherwise(pl.col("aa"))
                 .alias("aa")
             )  # fmt: skip
-        analysis = analyze(table, opts)
+        # a side with no iteration has no row: how it ended is in the suites' indexes
+        sides = side_outcomes(results if results.is_dir() else results.parent)
+        analysis = analyze(table, opts, sides)
         folder = out or (results if results.is_dir() else results.parent) / "report"
         from kernmlops.host.invoker import invoker
         from kernmlops.host.pinned import handed_over_held, pin

@@ -328,6 +328,46 @@ def process_dirs(
     return Processed(table, kernel, errors, files)
 
 
+#: how each side of each trial ended (side_outcomes)
+SIDE_SCHEMA: dict[str, pl.DataType] = {
+    "suite": pl.String(),
+    "benchmark": pl.String(),
+    "runid": pl.Int64(),
+    "kind": pl.String(),
+    "order": pl.String(),
+    "pair": pl.String(),
+    "status": pl.String(),
+    "error": pl.String(),
+}
+
+
+def side_outcomes(folder: Path) -> pl.DataFrame:
+    """How each side of each trial ended (``status``, ``error``: "exit status 1"),
+    from the ``duet-run.json`` of every suite in ``folder`` (the folder ``duet
+    process`` read, where it writes the table by default). A side with no
+    iteration has no row in the results table: this is where its reason is.
+    Empty for an original-named folder; a damaged or unsafe index is skipped
+    (``duet process`` names it)."""
+
+    def text(value: object) -> str | None:
+        return None if value is None else str(value)
+
+    rows: list[tuple[Any, ...]] = []
+    for suite in _suite_folders(Path(folder), []):
+        try:
+            index = read_index(suite)
+            rows += [
+                (str(trial["suite"]), str(trial["benchmark"]), int(trial["runid"]),
+                 str(trial["kind"]), text(trial.get("order")), str(pair),
+                 text(side.get("status")), text(side.get("error")))
+                for trial in index.get("trials", [])
+                for pair, side in trial.get("sides", {}).items()
+            ]  # fmt: skip
+        except (DuetError, KeyError, TypeError, AttributeError, ValueError):
+            continue
+    return pl.DataFrame(rows, schema=SIDE_SCHEMA, orient="row")
+
+
 #: the original's artifact columns (named by the artifact, no prefix)
 ORIGINAL_ARTIFACTS = ("date", "hostname", "lscpu", "meminfo", "uname")
 

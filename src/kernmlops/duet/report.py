@@ -190,6 +190,15 @@ def _interval_text(interval: str, bca: str, resamples: int) -> str:
     return bca
 
 
+def _iterations(c: Comparison) -> str:
+    """Kept / kept, and how many there were before the warm-up dropped some."""
+    text = f"{c.n_a} / {c.n_b}"
+    before = (c.n_a if c.n_a_all is None else c.n_a_all, c.n_b if c.n_b_all is None else c.n_b_all)
+    if before != (c.n_a, c.n_b):
+        text += f" after the warm-up, of {before[0]} / {before[1]}"
+    return text
+
+
 def _cmp_rows(c: Comparison) -> list[tuple[str, str]]:
     ci = c.ratio_ci
     dci = c.diff_ci
@@ -213,7 +222,7 @@ def _cmp_rows(c: Comparison) -> list[tuple[str, str]]:
         ("verdict", c.verdict),
         ("unit of the CI", f"{c.unit} (runs: {c.n_runs}, pairs: {c.n_pairs})"),
         ("interval", INTERVAL_NAMES.get(c.interval, c.interval)),
-        ("iterations A / B", f"{c.n_a} / {c.n_b}"),
+        ("iterations A / B", _iterations(c)),
         ("mean A / B (ms)", f"{_ms(c.mean_a_ns)} / {_ms(c.mean_b_ns)}"),
         (
             "difference B − A (ms): the ratio and its CI × mean A",

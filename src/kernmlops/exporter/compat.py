@@ -431,16 +431,15 @@ class BucketKeyHistogram(MetricReader):
         try:
             value = float(int(self._bucket(key), 0))
         except (DecodeError, ValueError) as err:
-            label = self._bucket.name
-            self.decoder_errors[label] = self.decoder_errors.get(label, 0) + 1
-            self.last_error = str(err)
-            return -1
+            return self._undecodable_key(key, self._bucket.name, err)
+        self._undecodable.discard(key)
         slot = self._bucket_cache[raw] = self._slots.get(value, -1)
         return slot
 
     def snapshot(self) -> tuple[list[int], np.ndarray]:
         keys, values = self.reader.read()
         n, prefix = len(keys), self._prefix
+        self._forget_gone([*keys, *(k[:prefix] for k in keys)])  # _slot's keys, _label_index's
         idx = np.fromiter((self._label_index(k[:prefix]) for k in keys), np.int64, count=n)
         slot = np.fromiter((self._slot(k) for k in keys), np.int64, count=n)
         keep = (idx >= 0) & (slot >= 0)
@@ -486,7 +485,8 @@ def builtin_metrics(loaded_sets: list[Any], stats_on: bool) -> list[Metric]:
     )
     errors = CounterMetricFamily(
         f"{ns}_decoder_errors",
-        "label values that could not be decoded, per metric set",
+        "map keys whose labels could not be decoded, per metric set, each counted once "
+        "until it decodes or leaves the map",
         labels=["config"],
     )
     for loaded in loaded_sets:

@@ -10,7 +10,7 @@ import operator
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -155,6 +155,8 @@ class MetricReader:
         self._positions: dict[tuple[str, ...], int] = {}
         self.dropped: set[tuple[str, ...]] = set()  # over the cardinality limit
         self.decoder_errors: dict[str, int] = {}
+        #: keys counted in decoder_errors: not counted again while they stay undecodable
+        self._undecodable: set[bytes] = set()
         self._text_labels: dict[int, tuple[str, str]] = {}
         self._text_prefixes: dict[int, list[str]] = {}
         self._last_positions: list[int] = []
@@ -173,9 +175,9 @@ class MetricReader:
             self._index[key] = -1
             return -1
         except LabelDecodeError as err:
-            self.decoder_errors[err.label] = self.decoder_errors.get(err.label, 0) + 1
-            self.last_error = str(err)
-            return -1  # not remembered: it may decode later (a new cgroup)
+            # not in _index: tried again at every scrape, it may decode later (a new cgroup)
+            return self._undecodable_key(key, err.label, err)
+        self._undecodable.discard(key)
         pos = self._positions.get(labels)
         if pos is None:
             if len(self._labelsets) >= self.max_label_sets:
@@ -187,10 +189,26 @@ class MetricReader:
         self._index[key] = pos
         return pos
 
+    def _undecodable_key(self, key: bytes, label: str, err: Exception) -> int:
+        """-1 for a key whose ``label`` does not decode, counted in decoder_errors
+        once: not again at each scrape (rate() would then follow the scrape
+        interval), again once it has decoded or left the map."""
+        if key not in self._undecodable:
+            self._undecodable.add(key)
+            self.decoder_errors[label] = self.decoder_errors.get(label, 0) + 1
+        self.last_error = str(err)
+        return -1
+
+    def _forget_gone(self, present: Iterable[bytes]) -> None:
+        """Undecodable keys no longer in the map: counted again if they come back."""
+        if self._undecodable:
+            self._undecodable.intersection_update(present)
+
     def snapshot(self) -> tuple[list[int], np.ndarray]:
         """Label sets present now (as indices) and their values, the keys of one
         label set summed."""
         keys, values = self.reader.read()
+        self._forget_gone(keys)
         found = list(map(self._index.get, keys))  # known keys: one dict lookup each, in C
         if None in found:
             found = [
@@ -626,7 +644,8 @@ class Exporter:
         )
         errors = CounterMetricFamily(
             f"{SELF}_decoder_errors",
-            "map keys whose labels could not be decoded (their values are left out)",
+            "map keys whose labels could not be decoded (their values are left out), each "
+            "counted once until it decodes or leaves the map (it is tried at every scrape)",
             labels=["set", "metric", "label"],
         )
         dropped = GaugeMetricFamily(
