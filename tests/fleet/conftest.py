@@ -143,9 +143,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def s3_server() -> Iterator[str]:
-    """``http://127.0.0.1:<port>``: moto's S3 server, for this session."""
+    """``http://127.0.0.1:<port>``: moto's S3 server, for the module's tests. Not for
+    the session: a module that runs beside the kernel lab (tests/conftest.py) would
+    start it early, and every later test that counts its children would find it."""
     pytest.importorskip("moto", reason="moto[server] is not installed (make setup installs it)")
     port = _free_port()
     proc = subprocess.Popen(
