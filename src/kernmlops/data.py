@@ -212,15 +212,16 @@ def read_collection(
     ``lazy``: scan it instead (a :class:`LazyCollection`: each table a LazyFrame that
     reads its parts only when collected), for collections larger than memory, e.g.
     ``read_collection(p, lazy=True)["quanta_runtime"].group_by("pid").agg(...)
-    .collect(engine="streaming")``. Only the parts' footers are read here.
+    .collect(engine="streaming")``. Only each table's first part's footer (its schema) is
+    read here: a later part's damage is found when the scan is collected.
 
-    ``damaged="skip"``: a table with a part that cannot be read (lazy: its footer) is
+    ``damaged="skip"``: a table with a part that cannot be read (lazy: the first) is
     left out, named in an IncompleteCollectionWarning and in ``damaged``, and the rest
     is read (what `graph` and `report` do: one damaged table hides no other).
 
     Raises:
         CollectionError: the folder does not exist, has no valid manifest, has no finished
-            Parquet part, or a part cannot be read (lazy: a part's footer; unless skipped).
+            Parquet part, or a part cannot be read (lazy: the first; unless skipped).
     """
     path = Path(path).expanduser()
     if os.geteuid() == 0:
