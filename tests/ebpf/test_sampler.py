@@ -113,3 +113,53 @@ def test_a_file_that_cannot_be_read_ends_the_sampler_with_its_error(tmp_path: Pa
         s.close()
         os.close(fd)
     assert s.result == errno.EISDIR
+
+
+def test_takes_while_a_1_khz_sampler_runs_end_and_lose_nothing(tmp_path: Path) -> None:
+    # At 1 kHz a sample came in during each pass of take() (it copied the whole 4-MiB
+    # buffer per pass): the loop never ended, and a collection with poll_hz 1000 hung at
+    # its stop. Here each pass is made to last 2 ms, so a sample always comes in during
+    # it: every take must still end, and the samples add up to the ticks.
+    import threading
+
+    path = tmp_path / "meminfo-like"
+    path.write_bytes(Path("/proc/meminfo").read_bytes())
+    fd = _open(path)
+    s = sampler.NativeSampler([fd], 1_000_000, 64 << 20, "test")  # 1 kHz
+
+    class Slow:
+        def __init__(self, lib: object) -> None:
+            self._lib = lib
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self._lib, name)
+
+        def kmo_sampler_take(self, *args: object) -> int:
+            time.sleep(0.002)  # a busy machine's pass: a sample comes in meanwhile
+            return self._lib.kmo_sampler_take(*args)
+
+    s._lib = Slow(s._lib)
+    got: list = []
+
+    def take() -> None:
+        got.extend(s.take())
+
+    try:
+        s.start(priority=0)
+        for _ in range(5):
+            time.sleep(0.05)
+            taker = threading.Thread(target=take, daemon=True)
+            taker.start()
+            taker.join(timeout=5)
+            assert not taker.is_alive(), "a take did not end while samples came in"
+        s.stop()
+        take()
+        missed = s.missed
+    finally:
+        s.close()
+        os.close(fd)
+    times = np.array([ns for ns, _ in got])
+    assert np.all(np.diff(times) > 0)  # each sample once, in order
+    ticks = round((times[-1] - times[0]) / 1_000_000) + 1
+    assert len(got) + missed >= ticks - 1  # every tick a sample or counted missed
+    assert len(got) >= 100  # ~250 ticks, the machine's load allowing

@@ -56,6 +56,9 @@ def available() -> bool:
 
 #: what :meth:`NativeSampler.take` copies out at a time
 TAKE_BYTES = 4 << 20
+#: the most a file's sample holds (sampler.c's READ_MAX): a take that leaves this much
+#: room (and a head's) unused took all there was
+READ_MAX = 1 << 20
 
 
 class NativeSampler:
@@ -100,12 +103,18 @@ class NativeSampler:
     def take(self) -> list[tuple[int, list[bytes]]]:
         """The samples read since the last take, each (time ns, every file's bytes)."""
         chunks = []
+        room = len(self._out)
         while True:
             n = int(self._lib.kmo_sampler_take(ctypes.byref(self._c), self._out,
-                                               ctypes.c_uint64(len(self._out))))  # fmt: skip
-            if not n:
+                                               ctypes.c_uint64(room)))  # fmt: skip
+            # string_at copies the n bytes only: .raw[:n] copied the whole 4 MiB buffer
+            # first, so that at 1 kHz a sample always came in during a pass and the
+            # loop never ended (the collector hung at its stop)
+            chunks.append(ctypes.string_at(self._out, n))
+            # room for another whole sample left unused: all there was is taken (a take
+            # returns whole samples only, so a full one may stop short of the room)
+            if n + HEAD.size + READ_MAX <= room:
                 break
-            chunks.append(self._out.raw[:n])
         data = b"".join(chunks)
         n = len(data)
         out: list[tuple[int, list[bytes]]] = []
