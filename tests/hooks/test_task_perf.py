@@ -62,6 +62,17 @@ def test_tables_are_named_as_kernmlops_names_them() -> None:
     assert set(KERNMLOPS_TABLES.values()) <= set(TaskPerfHook.tables)
 
 
+def test_the_tables_written_follow_the_events_configured() -> None:
+    # the manifest's and the summary's rows per table: the defaults' tables were listed
+    # whatever events were configured (0 rows for dtlb_misses, msr_tsc left out)
+    hook = TaskPerfHook(TaskPerfHook.Options(events=["msr/tsc/", "cgroup-switches"]))
+    assert hook.written_tables() == (
+        "task_clock", "context_switches", "cpu_migrations", "minor_faults", "major_faults",
+        "msr_tsc", "cgroup_switches",
+    )  # fmt: skip
+    assert TaskPerfHook().written_tables() == TaskPerfHook.tables
+
+
 def test_options_refuse_too_many_events_and_colliding_names() -> None:
     with pytest.raises(ValidationError, match="at most 3"):
         TaskPerfHook.Options(events=["cycles", "instructions", "cache-misses", "branch-misses"])

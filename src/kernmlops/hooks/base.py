@@ -135,6 +135,11 @@ class Hook(ABC, Generic[OptionsT]):
         self.options: OptionsT = cast(OptionsT, options_of(self.Options, options))
         self.status = HookStatus(name=self.name)
 
+    def written_tables(self) -> tuple[str, ...]:
+        """The tables this hook writes as configured (``tables`` are its defaults' when
+        its options choose them, as task_perf's events do)."""
+        return self.tables
+
     @abstractmethod
     def start(self, ctx: HookContext) -> None:
         """Load and attach. Raise HookUnavailable with the reason if the kernel refuses."""

@@ -130,6 +130,11 @@ class TaskPerfHook(BpfHook[TaskPerfOptions]):
         """The events being counted (empty before start)."""
         return list(self._counters.events) if self._counters else []
 
+    def written_tables(self) -> tuple[str, ...]:
+        # the events configured, not the defaults in ``tables`` (the manifest's rows)
+        events = (*SOFTWARE_EVENTS, *self.options.events)
+        return tuple(dict.fromkeys(table_name(e) for e in events))
+
     def _open_counters(self) -> CounterSet:
         specs, left_out = resolve_all([*SOFTWARE_EVENTS, *self.options.events])
         self.unsupported.update(left_out)
