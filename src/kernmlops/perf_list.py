@@ -65,9 +65,10 @@ def _tracepoint_specs() -> Iterable[EventSpec]:
         )
 
 
-#: Why tracepoint rows are not probed unless asked: each open and close of a
-#: tracepoint event waits for an RCU grace period (~50 ms; 2,300 took 2 minutes).
-TRACEPOINT_NOT_PROBED = "not probed (pass probe_tracepoints=True; ~50 ms each)"
+#: Why tracepoint rows are not probed unless asked (list_events(probe_tracepoints=True);
+#: the command line never does): each open and close of a tracepoint event waits for
+#: an RCU grace period (~50 ms; 2,300 took 2 minutes).
+TRACEPOINT_NOT_PROBED = "not opened to check (about 50 ms each)"
 
 
 def list_events(
