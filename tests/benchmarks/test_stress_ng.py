@@ -313,9 +313,20 @@ def test_parse_metrics_yaml() -> None:
     assert rows[("cpu", "bogo_ops_per_s_usr_sys")] == (2032.0778, "1/s")
     assert rows[("cpu", "wall_clock_s")] == (2.000704, "s")
     assert rows[("cpu", "max_rss_kib")] == (2996.0, "KiB")
-    assert rows[("seek", "nanosecs_per_seek")] == (2747.526536, "")
+    assert rows[("seek", "nanosecs_per_seek")] == (2747.526536, "ns")  # as its name says
     assert len(rows) == 8 + 9
     assert parse_metrics_yaml("---\nsystem-info:\n  cpus: 2\n...") == []
+
+
+def test_a_stressors_own_metrics_get_the_unit_their_names_say() -> None:
+    from kernmlops.benchmarks.stress_ng import _metric_unit
+
+    # names stress-ng 0.15 writes for switch and hdd
+    assert _metric_unit("nanosecs-per-context-switch-pipe-method") == "ns"
+    assert _metric_unit("mbsec-read-rate") == "MB/s"
+    assert _metric_unit("mbsec-readwrite-combined-rate") == "MB/s"
+    assert _metric_unit("context-switches-per-sec") == "1/s"
+    assert _metric_unit("average-pages-per-fault") == ""  # no unit in its name: none guessed
 
 
 @needs_stress_ng

@@ -76,6 +76,24 @@ _METRICS = {
     "max-rss": ("max_rss_kib", "KiB"),
 }
 
+#: The unit of a stressor's own metric, from the first word of its name (stress-ng
+#: names them "nanosecs-per-seek", "MB/sec read rate" -> mbsec-read-rate, ...).
+_UNIT_WORDS = {
+    "nanosecs": "ns", "microsecs": "us", "millisecs": "ms", "secs": "s", "seconds": "s",
+    "kbsec": "KB/s", "mbsec": "MB/s", "gbsec": "GB/s", "bytes": "B", "kb": "KB", "mb": "MB",
+}  # fmt: skip
+
+
+def _metric_unit(field: str) -> str:
+    """A unit for stress-ng's extra metric ``field``, as its name says ("" if it does
+    not): so far every one was written with no unit."""
+    words = field.lower().split("-")
+    if words[0] in _UNIT_WORDS:
+        return _UNIT_WORDS[words[0]]
+    if words[-2:] in (["per", "sec"], ["per", "second"]):
+        return "1/s"
+    return ""
+
 
 def numa_nodes(root: Path | None = None) -> dict[int, list[int]]:
     """{node: its online CPUs} for nodes that have CPUs; one node of all
@@ -283,6 +301,6 @@ def parse_metrics_yaml(text: str) -> list[tuple[str, str, float, str]]:
                 continue
             if not isinstance(value, int | float):
                 continue
-            metric, unit = _METRICS.get(field, (field.replace("-", "_"), ""))
+            metric, unit = _METRICS.get(field, (field.replace("-", "_"), _metric_unit(field)))
             rows.append((stressor, metric, float(value), unit))
     return rows
