@@ -289,3 +289,45 @@ def test_filter_and_leaders_only() -> None:
         flt.close()
         proc.kill()
         proc.wait()
+
+
+# --- in a collection: the benchmark's own command -------------------------------------
+@pytest.mark.parametrize(
+    ("argv", "comm"),
+    [
+        (["sleep", "0.3"], "sleep"),
+        # leaves a child running: the end snapshot sees it before the stop kills it
+        (["sh", "-c", "sleep 7.5 & sleep 0.3; exit 0"], "sh"),
+    ],
+)
+def test_start_sees_the_command_and_end_sees_it_before_the_reap(
+    tmp_path: Path, argv: list[str], comm: str
+) -> None:
+    """Not the gate shell (``/bin/sh -c read -r _ ...``) at start, nor nothing at the end."""
+    from kernmlops.collect.session import Session
+    from kernmlops.collect.sinks import MemorySink
+    from kernmlops.config import load_config
+
+    cfg = load_config(
+        {
+            "collector": {"output_dir": str(tmp_path), "progress": False,
+                          "hooks": ["process_metadata"]},
+            "benchmark": {"name": "command", "command": {"argv": argv}},
+        }
+    )  # fmt: skip
+    sink = MemorySink()
+    assert Session(cfg, sink=sink).run().exit_code == 0
+    rows = sink.table("process_metadata")
+    start = rows.filter(pl.col("snapshot") == "start")
+    end = rows.filter(pl.col("snapshot") == "end")
+    assert start["snapshot_seq"].unique().to_list() == [0]
+    # the tree filter: at start the command is all there is, exec'd, as we wrote it
+    assert start.select("comm", "cmdline").rows() == [(comm, " ".join(argv))]
+    pid = start["pid"].item()
+    # the main process exited, not yet reaped: a zombie keeps its comm, not its cmdline
+    main = end.filter(pl.col("pid") == pid)
+    assert main.select("comm", "cmdline").rows() == [(comm, None)]
+    if comm == "sh":
+        # reparented when its shell exited: its ppid is the reaper's now, not the shell's
+        child = end.filter(pl.col("cmdline") == "sleep 7.5")
+        assert child["comm"].to_list() == ["sleep"] and child["ppid"].item() != pid

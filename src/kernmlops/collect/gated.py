@@ -43,9 +43,10 @@ class GatedProcess:
             if user is not None
             else {}
         )
+        self._gate_argv = ["/bin/sh", "-c", _GATE, "kernmlops-gate", *launch.argv]
         try:
             self.proc = subprocess.Popen(
-                ["/bin/sh", "-c", _GATE, "kernmlops-gate", *launch.argv],
+                self._gate_argv,
                 stdin=read_fd,
                 cwd=launch.cwd,
                 env=env,
@@ -75,6 +76,36 @@ class GatedProcess:
             os.close(self._gate)
             self._gate = -1
             self.started_ns = time.monotonic_ns()
+
+    def wait_exec(self, timeout_s: float) -> bool:
+        """After release(): wait (at most ``timeout_s``) until the gate shell has exec'd
+        the command, seen as its /proc command line no longer being the gate's (its
+        exe may stay /bin/sh: the command can be a shell). False on a timeout or if
+        it died first."""
+        gate = b"".join(os.fsencode(a) + b"\0" for a in self._gate_argv)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                with open(f"/proc/{self.pid}/cmdline", "rb") as f:
+                    line = f.read()
+            except OSError:
+                return False
+            if line != gate:
+                return bool(line)  # empty: a zombie, it exited
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.0005)
+
+    def exited(self) -> bool:
+        """Whether the main process has exited, without reaping it (its /proc entry
+        stays, a zombie, until poll() or stop())."""
+        if self.proc.returncode is not None:
+            return True
+        try:
+            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return True  # reaped already
+        return info is not None
 
     def poll(self) -> int | None:
         code = self.proc.poll()

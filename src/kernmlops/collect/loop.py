@@ -195,6 +195,10 @@ class PollLoop:
                 if self.on_progress and tick >= next_progress:
                     self.on_progress(self._progress(tick - start))
                     next_progress = tick + 0.25
+                if proc is not None and proc.exited():
+                    # before it is reaped: its zombie and what it left are still there
+                    for hook in hooks:
+                        hook.benchmark_ending()
                 if proc is not None and proc.poll() is not None:
                     if watch is not None and watch.error is not None:
                         raise watch.error  # it was stopped for that

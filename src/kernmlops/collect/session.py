@@ -66,6 +66,9 @@ from kernmlops.tables import Sink
 #: and the spool is the buffer (a 32 MiB queue filled as a storm ended and the rows
 #: came at full speed: 23 MiB of the collector's peak RSS)
 SPOOLED_QUEUE_BYTES = 8 << 20
+#: the longest the session waits for the released command's exec (a dynamic binary
+#: takes a millisecond or so; a slow disk or a big binary more)
+EXEC_WAIT_S = 1.0
 
 
 class Session:
@@ -227,6 +230,7 @@ class Session:
             ctx = hook_context(
                 self.collection_id, cfg, flt, self.bpf_dir, spool_dir, sink, os.getpid()
             )
+            ctx.benchmark_pid = proc.pid if proc else None
             configured_hooks = [get_hook(n)(self.config.hook_options(n)) for n in cfg.hooks]
             start_hooks(hooks, [*configured_hooks, *self.extra_hooks], ctx, strict=cfg.strict)
             self.space.memory = ctx.spool_memory
@@ -243,6 +247,11 @@ class Session:
                 self._running.attached(hooks, attach_s, filter_record, bench.record(env))
             if proc:
                 proc.release()
+                # hooks that look at the command (process_metadata's start snapshot) are
+                # told once it runs, not while the gate shell still stands in its place
+                proc.wait_exec(EXEC_WAIT_S)
+                for hook in hooks:
+                    hook.benchmark_started(proc.pid)
             # The libraries that decode and write rows come in the background from here
             # on (not sooner: their import would hold up the lines above); until they
             # are in, the loop only keeps the rings from filling.

@@ -63,6 +63,8 @@ def stop_collection(
             errors.append(err)
 
     full = space.out_of_space()
+    for hook in hooks:  # before the stop kills what the benchmark left running
+        step(hook.benchmark_ending)
     bench_exit = bench.stop(
         step, SPACE_STOP_GRACE_S if full else BENCHMARK_STOP_GRACE_S, bench_exit
     )

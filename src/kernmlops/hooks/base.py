@@ -58,6 +58,9 @@ class HookContext:
     #: the collector's poll_interval_ms and poll_max_interval_ms (the copier's sleeps)
     poll_interval_ms: int = 10
     poll_max_interval_ms: int = 100
+    #: the benchmark's process, held at its gate while hooks start (None: no benchmark
+    #: process); Hook.benchmark_started follows once its command is exec'd
+    benchmark_pid: int | None = None
 
 
 @dataclass
@@ -179,6 +182,15 @@ class Hook(ABC, Generic[OptionsT]):
 
     def detach(self) -> None:
         """Stop producing events; what was produced stays readable for :meth:`stop`."""
+
+    def benchmark_started(self, pid: int) -> None:
+        """The gate opened and ``pid`` exec'd the benchmark's command (or a bounded
+        wait for that exec ran out: see GatedProcess.wait_exec)."""
+
+    def benchmark_ending(self) -> None:
+        """The benchmark is over, or about to be stopped: what it started is still
+        there, its main process at most a zombie not yet reaped. Called once or
+        twice (when the loop sees the exit, and before the stop), before detach()."""
 
     def spooled_bytes(self) -> int:
         """Bytes of records waiting in this hook's spool for rows to be made."""

@@ -2,20 +2,25 @@
 
 KernMLOps records its disks in the system information of a collection; this
 hook follows their space over the run. One row per filesystem per sample in
-``disk_usage``: ``mount_point``, ``device``, ``fs_type``, ``total_bytes``,
-``used_bytes`` (total - free, df's "Used"), ``free_bytes``,
-``available_bytes`` (what an unprivileged user may still write, df's
-"Avail"), ``inodes_total``, ``inodes_free``.
+``disk_usage``: ``mount_point``, ``device`` (the mount's source: ``/dev/vda``,
+``tmpfs``, ``server:/export``), ``fs_type``, ``total_bytes``, ``used_bytes``
+(total - free, df's "Used"), ``free_bytes``, ``available_bytes`` (what an
+unprivileged user may still write, df's "Avail"), ``inodes_total``,
+``inodes_free``.
 
 By default every mounted filesystem backed by a block device (/dev/...) is
-followed, each device once; ``paths`` names the mount points (or any path on
-them) to follow instead.
+followed, each device once. ``paths`` names the paths to follow instead, on any
+filesystem (tmpfs, NFS, overlay too): each is followed on the mount that holds
+it, found as df finds it, by the path's device number (``st_dev``) among the
+mounts of /proc/self/mountinfo. Paths on one filesystem give it one row per
+sample, under the mount point of the first of them.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -34,42 +39,80 @@ else:
     pa = lazy_import("pyarrow")
 
 TABLE = "disk_usage"
-MOUNTS = Path("/proc/self/mounts")
+MOUNTINFO = Path("/proc/self/mountinfo")
 
 
 def _unescape(field: str) -> str:
-    """/proc/mounts writes space, tab, newline and backslash as octal escapes."""
+    """/proc/self/mountinfo writes space, tab, newline and backslash as octal escapes."""
     for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
         field = field.replace(code, char)
     return field
 
 
-def block_mounts(text: str) -> list[tuple[str, str, str]]:
-    """(mount point, device, fs type) of each block-device filesystem in /proc/mounts
-    text, the first mount of each device (bind mounts repeat it)."""
-    seen: set[str] = set()
-    out: list[tuple[str, str, str]] = []
+@dataclass(frozen=True)
+class Mount:
+    """One line of /proc/self/mountinfo."""
+
+    point: str
+    dev: int  # the st_dev of every file on it (major:minor)
+    source: str
+    fs_type: str
+
+
+def parse_mountinfo(text: str) -> list[Mount]:
+    """Every mount of /proc/self/mountinfo text, in its order (a mount made over
+    another comes after it)."""
+    out: list[Mount] = []
     for line in text.splitlines():
-        parts = line.split()
-        if len(parts) < 3 or not parts[0].startswith("/dev/"):
+        left, sep, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if not sep or len(fields) < 5 or len(tail) < 2:
             continue
-        device, mount, fs_type = _unescape(parts[0]), _unescape(parts[1]), parts[2]
-        if device not in seen:
-            seen.add(device)
-            out.append((mount, device, fs_type))
+        major, _, minor = fields[2].partition(":")
+        out.append(
+            Mount(_unescape(fields[4]), os.makedev(int(major), int(minor)),
+                  _unescape(tail[1]), tail[0])
+        )  # fmt: skip
     return out
 
 
-def mount_of(path: str, mounts: list[tuple[str, str, str]]) -> tuple[str, str, str]:
-    """The mount (point, device, type) holding ``path``: the longest mount point above
-    it; a path on no block-device filesystem (tmpfs) is followed as itself."""
+def block_mounts(mounts: list[Mount]) -> list[Mount]:
+    """Each block-device filesystem once: its first mount (bind mounts repeat it)."""
+    seen: set[int] = set()
+    out: list[Mount] = []
+    for m in mounts:
+        if m.source.startswith("/dev/") and m.dev not in seen:
+            seen.add(m.dev)
+            out.append(m)
+    return out
+
+
+def _under(path: str, point: str) -> bool:
+    return path == point or path.startswith(point.rstrip("/") + "/")
+
+
+def mount_of(path: str, mounts: list[Mount], dev: int | None = None) -> Mount | None:
+    """The mount holding ``path``: among the mounts of its filesystem (``dev``, its
+    st_dev: stat'd when None) the one with the longest mount point above it.
+
+    The device number, not the path alone: a mount hidden under another at the
+    same point (/dev/shm mounted twice) or a bind mount of a subdirectory would
+    match by prefix and be the wrong filesystem. With no mount of that number
+    (a btrfs subvolume has its own), the longest mount point above the path,
+    the last made when two are at the same point."""
     real = os.path.realpath(path)
-    best: tuple[str, str, str] | None = None
-    for mount, device, fs_type in mounts:
-        inside = real == mount or real.startswith(mount.rstrip("/") + "/")
-        if inside and (best is None or len(mount) > len(best[0])):
-            best = (mount, device, fs_type)
-    return best or (real, "", "")
+    if dev is None:
+        dev = os.stat(real).st_dev
+    for pool in ([m for m in mounts if m.dev == dev], mounts):
+        best: Mount | None = None
+        for m in pool:
+            if _under(real, m.point) and (best is None or len(m.point) >= len(best.point)):
+                best = m
+        if best is not None:
+            return best
+        if pool:  # its filesystem, mounted only outside this path's tree (a bind mount)
+            return pool[-1]
+    return None
 
 
 class DiskUsageOptions(SampledHookOptions):
@@ -77,7 +120,8 @@ class DiskUsageOptions(SampledHookOptions):
     paths: list[str] = Field(
         default_factory=list,
         description=(
-            "mount points (or paths on them) to follow; empty: every filesystem on a block device"
+            "paths whose filesystems to follow (each once, any type); empty: every"
+            " filesystem on a block device"
         ),
     )
 
@@ -91,36 +135,49 @@ class DiskUsageHook(SampledHook[DiskUsageOptions]):
 
     def __init__(self, options: DiskUsageOptions | HookOptions | None = None) -> None:
         super().__init__(options)
-        self.filesystems: list[tuple[str, str, str]] = []
+        #: (path statvfs reads, its mount) per filesystem followed
+        self.filesystems: list[tuple[str, Mount]] = []
 
     def start(self, ctx: HookContext | None = None) -> None:
         try:
-            mounts = block_mounts(MOUNTS.read_text())
+            mounts = parse_mountinfo(MOUNTINFO.read_text())
         except OSError as e:
-            raise HookUnavailable(f"{self.name}: cannot read {MOUNTS}: {e.strerror}") from e
+            raise HookUnavailable(f"{self.name}: cannot read {MOUNTINFO}: {e.strerror}") from e
         if self.options.paths:
-            missing = [p for p in self.options.paths if not os.path.exists(p)]
-            if missing:
-                raise HookUnavailable(f"{self.name}: no such path: {missing[0]}")
-            self.filesystems = [mount_of(p, mounts) for p in self.options.paths]
+            self.filesystems = self._resolve(self.options.paths, mounts)
         else:
-            self.filesystems = mounts
+            self.filesystems = [(m.point, m) for m in block_mounts(mounts)]
         if not self.filesystems:
             raise HookUnavailable(f"{self.name}: no filesystem on a block device is mounted")
         self.status.attached = True
         self.status.variant = "statvfs"
-        self.status.programs = [m for m, _, _ in self.filesystems]
+        self.status.programs = [m.point for _, m in self.filesystems]
         self._start_sampling()
+
+    def _resolve(self, paths: list[str], mounts: list[Mount]) -> list[tuple[str, Mount]]:
+        """Each named filesystem once, read through the first path on it (the path
+        itself: its mount point may be hidden under a later mount)."""
+        by_dev: dict[int, tuple[str, Mount]] = {}
+        for path in paths:
+            try:
+                dev = os.stat(path).st_dev
+            except OSError as e:
+                raise HookUnavailable(f"{self.name}: no such path: {path} ({e.strerror})") from e
+            mount = mount_of(path, mounts, dev)
+            if mount is None:  # not in this namespace's mountinfo: named by the path
+                mount = Mount(os.path.realpath(path), dev, "", "")
+            by_dev.setdefault(dev, (path, mount))
+        return list(by_dev.values())
 
     def _sample(self, now_ns: int) -> None:
         ts = now_ns // 1000
-        for mount, device, fs_type in self.filesystems:
+        for path, m in self.filesystems:
             try:
-                st = os.statvfs(mount)
+                st = os.statvfs(path)
             except OSError:
                 continue  # unmounted during the run: a gap in its rows
             self._rows.append(
-                (ts, mount, device, fs_type, st.f_blocks * st.f_frsize,
+                (ts, m.point, m.source, m.fs_type, st.f_blocks * st.f_frsize,
                  (st.f_blocks - st.f_bfree) * st.f_frsize, st.f_bfree * st.f_frsize,
                  st.f_bavail * st.f_frsize, st.f_files, st.f_ffree)
             )  # fmt: skip

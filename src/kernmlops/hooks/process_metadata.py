@@ -1,7 +1,15 @@
 """process_metadata: snapshots of every task, from a BPF task iterator.
 
 One snapshot at start, one at the end, every ``interval_s`` if set, and one
-whenever :meth:`ProcessMetadataHook.snapshot` is called. One row per task
+whenever :meth:`ProcessMetadataHook.snapshot` is called. With a benchmark
+command, ``start`` is taken once the command has been exec'd (it is held at a
+gate, a shell, while hooks attach; after a bounded wait, 1 s, it is taken
+anyway), so it holds the command's own comm and cmdline. ``end`` is taken
+when the command has exited but before it is reaped, or before a command
+still running is stopped: what it left running is there with its cmdline; the
+main process, if it exited, is a zombie, whose row has its pid, comm and
+cgroup but a null cmdline (the kernel has freed its memory, where the command
+line lived). Without a benchmark process both are taken at attach and detach. One row per task
 (thread; with ``threads: false`` per process):
 
 * ``snapshot`` (``start``, ``end``, ``interval``, or the caller's label) and
@@ -158,6 +166,9 @@ class ProcessMetadataHook(BpfObjectHook[ProcessMetadataOptions]):
         self._pending: list[pl.DataFrame] = []
         self._seq = 0
         self._next_s = float("inf")
+        #: "start" waits for benchmark_started(); "end" is taken once
+        self._start_pending = False
+        self._ended = False
         # snapshot() may be called from another thread than the poll loop.
         self._lock = threading.Lock()
 
@@ -184,7 +195,10 @@ class ProcessMetadataHook(BpfObjectHook[ProcessMetadataOptions]):
             self.status.variant = "iter/task"
             self.status.programs = ["iter/task"]
             self.status.attached = True
-            self.snapshot("start")
+            if ctx.benchmark_pid is None:
+                self.snapshot("start")
+            else:
+                self._start_pending = True  # the gate shell stands in for the command
         except (KernmlopsError, OSError) as err:
             self.close()
             raise HookUnavailable(f"{self.name}: {err}") from err
@@ -248,10 +262,21 @@ class ProcessMetadataHook(BpfObjectHook[ProcessMetadataOptions]):
         if pending:
             yield TABLE, pl.concat(pending)
 
+    def benchmark_started(self, pid: int) -> None:
+        if self._start_pending and self._link is not None:
+            self._start_pending = False
+            self.snapshot("start")
+
+    def benchmark_ending(self) -> None:
+        if self._link is not None and not self._ended:
+            self.benchmark_started(0)  # never released (it died at the gate): still a start
+            self._ended = True
+            self.snapshot("end")
+
     def detach(self) -> None:
         # The end snapshot needs the iterator's link: taken just before it goes.
         if self._link is not None:
-            self.snapshot("end")
+            self.benchmark_ending()
             self._link = None
         super().detach()
 
