@@ -321,9 +321,12 @@ def test_start_sees_the_command_and_end_sees_it_before_the_reap(
     start = rows.filter(pl.col("snapshot") == "start")
     end = rows.filter(pl.col("snapshot") == "end")
     assert start["snapshot_seq"].unique().to_list() == [0]
-    # the tree filter: at start the command is all there is, exec'd, as we wrote it
-    assert start.select("comm", "cmdline").rows() == [(comm, " ".join(argv))]
-    pid = start["pid"].item()
+    # the tree filter: at start the command, exec'd, as we wrote it, and never the gate
+    # shell (the shell's child may be there too, caught between its fork and its exec)
+    mine = start.filter(pl.col("ppid") == os.getpid())  # the session started it
+    assert mine.select("comm", "cmdline").rows() == [(comm, " ".join(argv))]
+    assert not start["cmdline"].fill_null("").str.contains("read -r _").any()
+    pid = mine["pid"].item()
     # the main process exited, not yet reaped: a zombie keeps its comm, not its cmdline
     main = end.filter(pl.col("pid") == pid)
     assert main.select("comm", "cmdline").rows() == [(comm, None)]
