@@ -557,3 +557,12 @@ def test_collect_refuses_a_hostile_config_in_one_line(tmp_path, content, flags, 
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("error: ")
     assert str(path) in lines[0] and expected in lines[0]
+
+
+def test_a_longest_poll_wait_below_the_shortest_is_refused(tmp_path: Path) -> None:
+    # accepted before without a word
+    said = _error(_write(tmp_path, "collector:\n  poll_max_interval_ms: 1\n"))
+    assert "poll_max_interval_ms (1) is below poll_interval_ms (10)" in said
+    assert "\n" not in said
+    ok = "collector:\n  poll_interval_ms: 5\n  poll_max_interval_ms: 5\n"
+    assert load_config(_write(tmp_path, ok)).collector.poll_max_interval_ms == 5

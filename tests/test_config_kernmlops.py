@@ -74,6 +74,8 @@ def test_a_kernmlops_file_maps_onto_ours(tmp_path: Path) -> None:
     assert (b.gap.kernel, b.gap.scale, b.gap.trials) == ("pr", 18, 2)
     assert (b.memcached.operation_count, b.memcached.read_proportion) == (20000, 0.95)
     assert c.poll_interval_ms == 500 and c.output_graphs is True
+    # our longest wait between polls follows a KernMLOps interval longer than its default
+    assert c.poll_max_interval_ms == 500
     assert str(c.output_dir) == "data"
     assert c.hooks == ["memory_usage", "process_metadata", "quanta_runtime", "block_io",
                        "mm_rss_stat", "process_trace"]  # fmt: skip
@@ -82,6 +84,7 @@ def test_a_kernmlops_file_maps_onto_ours(tmp_path: Path) -> None:
 def test_keys_left_out_keep_our_defaults(tmp_path: Path) -> None:
     cfg = load_config(_file(tmp_path, "collector_config:\n  generic:\n    poll_rate: 0.02\n"))
     assert cfg.collector.poll_interval_ms == 20
+    assert cfg.collector.poll_max_interval_ms == 100  # the default: longer than 20 ms
     default = load_config({})
     assert cfg.benchmark == default.benchmark
     assert cfg.collector.hooks == default.collector.hooks

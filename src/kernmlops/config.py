@@ -247,6 +247,12 @@ class CollectorConfig(_Strict):
     def _check(self) -> CollectorConfig:
         if self.filter == "tgid" and self.tgid is None:
             raise ValueError("filter 'tgid' needs collector.tgid")
+        if self.poll_max_interval_ms < self.poll_interval_ms:
+            raise ValueError(
+                f"poll_max_interval_ms ({self.poll_max_interval_ms}) is below "
+                f"poll_interval_ms ({self.poll_interval_ms}): the longest wait between "
+                "two polls cannot be shorter than the shortest"
+            )
         return self
 
 
