@@ -566,3 +566,6 @@ def test_a_longest_poll_wait_below_the_shortest_is_refused(tmp_path: Path) -> No
     assert "\n" not in said
     ok = "collector:\n  poll_interval_ms: 5\n  poll_max_interval_ms: 5\n"
     assert load_config(_write(tmp_path, ok)).collector.poll_max_interval_ms == 5
+    # not given: the default longest wait follows a longer interval (a KernMLOps file's)
+    longer = load_config(_write(tmp_path, "collector:\n  poll_interval_ms: 500\n"))
+    assert longer.collector.poll_max_interval_ms == 500

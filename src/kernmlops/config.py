@@ -248,6 +248,10 @@ class CollectorConfig(_Strict):
         if self.filter == "tgid" and self.tgid is None:
             raise ValueError("filter 'tgid' needs collector.tgid")
         if self.poll_max_interval_ms < self.poll_interval_ms:
+            if "poll_max_interval_ms" not in self.model_fields_set:
+                # the default follows a longer interval (a KernMLOps file's poll_rate 0.5)
+                self.poll_max_interval_ms = self.poll_interval_ms
+                return self
             raise ValueError(
                 f"poll_max_interval_ms ({self.poll_max_interval_ms}) is below "
                 f"poll_interval_ms ({self.poll_interval_ms}): the longest wait between "

@@ -158,14 +158,7 @@ def _generic_collector(gen: dict[str, Any], t: _Translation) -> None:
     if "poll_rate" in gen:
         # KernMLOps polls its hooks every poll_rate seconds: our drain period
         seconds = _number(gen["poll_rate"], f"{path}.poll_rate", t, lo=0, hi=1)
-        interval = max(1, round(seconds * 1000))
-        t.put("collector.poll_interval_ms", interval, f"{path}.poll_rate")
-        # our longest wait between polls may not be shorter than the shortest
-        from kernmlops.config import CollectorConfig
-
-        longest = CollectorConfig.model_fields["poll_max_interval_ms"].default
-        if interval > longest:
-            t.put("collector.poll_max_interval_ms", interval, f"{path}.poll_rate")
+        t.put("collector.poll_interval_ms", max(1, round(seconds * 1000)), f"{path}.poll_rate")
     if "output_dir" in gen:
         t.put("collector.output_dir", gen["output_dir"], f"{path}.output_dir")
     if "output_graphs" in gen:
