@@ -176,13 +176,19 @@ def test_perf_list_without_privileges_says_why_and_fails() -> None:
     setpriv = shutil.which("setpriv")
     if setpriv is None or os.geteuid() != 0:
         skip_here("needs root and setpriv (util-linux) to drop every capability")
-    if PARANOID.read_text().strip() in ("-1", "0"):
-        pytest.skip("kernel.perf_event_paranoid lets anyone count a CPU: nothing is refused")
-    done = subprocess.run(
-        [setpriv, "--bounding-set=-all", "--inh-caps=-all",
-         sys.executable, "-m", "kernmlops", "perf-list"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    # a machine that lets anyone count a CPU refuses nothing: made to refuse, the while
+    level = PARANOID.read_text().strip()
+    if level in ("-1", "0"):
+        PARANOID.write_text("2\n")
+    try:
+        done = subprocess.run(
+            [setpriv, "--bounding-set=-all", "--inh-caps=-all",
+             sys.executable, "-m", "kernmlops", "perf-list"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        if PARANOID.read_text().strip() != level:
+            PARANOID.write_text(f"{level}\n")
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stdout == ""  # no empty "0 perf events" table
     assert done.stderr.startswith("error: no perf event could be opened on CPU 0: not permitted")
