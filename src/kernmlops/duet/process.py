@@ -50,13 +50,17 @@ from kernmlops.duet.runner import FILE_KIND, INDEX, DuetError, read_index
 
 RESULTS_NAME = "duet-results"
 KERNEL_NAME = "duet-kernel"
-RESULT_SCHEMA: dict[str, pl.DataType] = {
+#: what names one trial: its suite, benchmark, run and the duet's shape
+TRIAL_SCHEMA: dict[str, pl.DataType] = {
     "suite": pl.String(),
     "benchmark": pl.String(),
     "runid": pl.Int64(),
     "kind": pl.String(),
     "order": pl.String(),
     "pair": pl.String(),
+}
+RESULT_SCHEMA: dict[str, pl.DataType] = {
+    **TRIAL_SCHEMA,
     "aa": pl.Boolean(),
     **ITERATION_SCHEMA,  # what each parser gives, between the side and how it ended
     "side_status": pl.String(),
@@ -330,12 +334,7 @@ def process_dirs(
 
 #: how each side of each trial ended (side_outcomes)
 SIDE_SCHEMA: dict[str, pl.DataType] = {
-    "suite": pl.String(),
-    "benchmark": pl.String(),
-    "runid": pl.Int64(),
-    "kind": pl.String(),
-    "order": pl.String(),
-    "pair": pl.String(),
+    **TRIAL_SCHEMA,
     "status": pl.String(),
     "error": pl.String(),
 }
