@@ -248,9 +248,12 @@ class Session:
             if proc:
                 proc.release()
                 # hooks that look at the command (process_metadata's start snapshot) are
-                # told once it runs, not while the gate shell still stands in its place
-                proc.wait_exec(EXEC_WAIT_S)
-                for hook in hooks:
+                # told once it runs, not while the gate shell still stands in its place;
+                # without one, the run's start waits for nothing
+                told = [h for h in hooks if type(h).benchmark_started is not Hook.benchmark_started]
+                if told:
+                    proc.wait_exec(EXEC_WAIT_S)
+                for hook in told:
                     hook.benchmark_started(proc.pid)
             # The libraries that decode and write rows come in the background from here
             # on (not sooner: their import would hold up the lines above); until they
