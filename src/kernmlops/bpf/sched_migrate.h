@@ -8,8 +8,9 @@
 #define KMO_SCHED_MIGRATE_H
 
 enum sched_migrate_kind {
-	/* on_rq == 0: placed on a CPU as it wakes up. This includes a task that
-	 * changes its own affinity: it sleeps until the stopper moved it. */
+	/* on_rq == 0: placed on a CPU as it wakes up. This includes, mostly, a
+	 * task that changes its own affinity: it sleeps until the stopper moved
+	 * it (queued when the stopper preempted it before it slept). */
 	SCHED_MIGRATE_KIND_WAKEUP = 0,
 	/* on_rq != 0: moved while runnable (load balancing, NUMA, another
 	 * task changing its affinity) */

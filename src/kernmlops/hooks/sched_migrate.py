@@ -30,8 +30,8 @@ class SchedMigrateOptions(BpfHookOptions):
 
 class SchedMigrateHook(BpfHook[SchedMigrateOptions]):
     """Columns: pid, tgid, comm, orig_cpu, dest_cpu, cpu (where it was decided),
-    on_rq, kind (``wakeup``: placed as it wakes, on_rq == 0 — also a task that
-    changes its own affinity; ``queued``: moved while runnable — load
+    on_rq, kind (``wakeup``: placed as it wakes, on_rq == 0 — also, mostly, a
+    task that changes its own affinity; ``queued``: moved while runnable — load
     balancing, NUMA, another task changing its affinity), and
     ``{orig,dest}_{nr_running,load_avg,util_avg}`` from each runqueue (its
     root cfs_rq's PELT averages) where ``rq_valid``. The status variant ends in
