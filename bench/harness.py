@@ -100,9 +100,11 @@ def begin(name: str, argv: Sequence[str]) -> None:
 
 
 def child_env() -> dict[str, str]:
-    """The environment for a child that runs ``python -m bench ...`` again, from any folder."""
+    """The environment for a child that runs ``python -m bench ...`` again, from any folder.
+    A ``PYTHONPATH`` given comes first: a wheel installed with ``pip --target`` (a
+    machine without clang, bench/scale.sh) is the kernmlops its children run too."""
     env = dict(os.environ)
-    paths = [str(ROOT), str(ROOT / "src"), env.get("PYTHONPATH", "")]
+    paths = [env.get("PYTHONPATH", ""), str(ROOT), str(ROOT / "src")]
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     return env
 

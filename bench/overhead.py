@@ -28,6 +28,11 @@ the collector's (its /proc stat). Pairs where either side had others above
 
 Needs root, hackbench (``apt-get install rt-tests``), stress-ng and built BPF
 objects. Run: ``sudo python -m bench overhead --help``.
+
+Where stress-ng is missing or the machine is large, ``--storm PROGRAM`` runs the
+switch storm with a program of its own (``bench/switch_storm.c``, built static:
+``gcc -O2 -static -o storm bench/switch_storm.c``), one pair per CPU by default;
+``--deadline`` keeps a run to a budget (the results are saved after each round).
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -223,9 +229,13 @@ FLOOR_OBJECT = BENCH / "build" / "floor.bpf.o"
 
 
 def build_floor() -> Path:
-    """Compile bench/floor.bpf.c (kernmlops' own build) when it changed."""
+    """Compile bench/floor.bpf.c (kernmlops' own build) when it changed; where
+    there is no clang (a machine the wheel was installed on), the object built
+    elsewhere and carried along."""
     from kernmlops.ebpf.build import SOURCE_DIR, compile_object
 
+    if FLOOR_OBJECT.exists() and not shutil.which("clang"):
+        return FLOOR_OBJECT
     newest = max(f.stat().st_mtime for f in (FLOOR_SOURCE, *SOURCE_DIR.glob("*.h")))
     if not FLOOR_OBJECT.exists() or FLOOR_OBJECT.stat().st_mtime < newest:
         compile_object(FLOOR_SOURCE, FLOOR_OBJECT)
@@ -378,11 +388,26 @@ def stress_cpu(timeout_s: int) -> Workload:
     return Workload("stress-ng-cpu", argv, higher_is_better=True)
 
 
-def switch_storm(timeout_s: int) -> Workload:
-    """Two pairs of processes bouncing a pipe: the scheduler's hottest path
-    (every switch and wake-up runs the scheduler hooks). Score: switches/s."""
-    argv = ["stress-ng", "--switch", "2", "--timeout", f"{timeout_s}s", "--metrics-brief"]
+def switch_storm(timeout_s: int, program: str | None = None, pairs: int = 2) -> Workload:
+    """Pairs of processes bouncing a pipe: the scheduler's hottest path (every
+    switch and wake-up runs the scheduler hooks). stress-ng's score is its
+    switches/s; a storm program's (PAIRS SECONDS, one JSON line at its end) its
+    round trips/s: either way the slowdown is the time per unit of work."""
+    if program:
+        return StormProgram("switch-storm", [program, str(pairs), str(timeout_s)], True)
+    argv = ["stress-ng", "--switch", str(pairs), "--timeout", f"{timeout_s}s", "--metrics-brief"]
     return Workload("switch-storm", argv, higher_is_better=True)
+
+
+class StormProgram(Workload):
+    """A storm program's JSON line: ``round_trips_per_s`` and ``round_trips``."""
+
+    def score(self, stdout: str, stderr: str) -> tuple[float, float]:
+        for line in reversed(stdout.splitlines()):
+            if line.startswith("{"):
+                got = json.loads(line)
+                return float(got["round_trips_per_s"]), float(got["round_trips"])
+        raise RuntimeError(f"{self.argv[0]}: no result line:\n{(stdout + stderr)[-2000:]}")
 
 
 @dataclass
@@ -657,11 +682,22 @@ def ratio_interval(
     return {"mean_ratio": point, "mean_ratio_ci95": [lo, hi]}
 
 
-def measure_storm(rounds: int, seconds: int, args: argparse.Namespace) -> StormResult:
-    w = switch_storm(seconds)
-    states = ["off", "floor", "programs", "default"]
+STORM_STATES = ("off", "floor", "programs", "default")
+
+
+def measure_storm(
+    rounds: int, seconds: int, args: argparse.Namespace, save_round: Callable[[StormResult], None]
+) -> StormResult:
+    w = switch_storm(seconds, args.storm, args.storm_pairs)
+    states = [st for st in STORM_STATES if st in args.storm_states]
     out: list[dict[str, Run]] = []
+    slowest = 0.0
     for r in range(rounds):
+        # a round is one run of each state, each with its collector's start and stop
+        if args.deadline and out and time.time() + slowest > args.deadline:
+            print(f"  (deadline: {r} of {rounds} rounds run)", flush=True)
+            break
+        began = time.monotonic()
         order = states[r % len(states) :] + states[: r % len(states)]
         runs: dict[str, Run] = {}
         for state in order:
@@ -687,14 +723,20 @@ def measure_storm(rounds: int, seconds: int, args: argparse.Namespace) -> StormR
         print(
             f"  switch storm round {r + 1}/{rounds}: off {off:,.0f}/s  "
             f"floor {runs['floor'].score:,.0f}/s ({100 * (off / runs['floor'].score - 1):+.1f}%)  "
-            f"programs {runs['programs'].score:,.0f}/s "
-            f"({100 * (off / runs['programs'].score - 1):+.1f}%)  "
-            f"default {runs['default'].score:,.0f}/s "
+            + (
+                f"programs {runs['programs'].score:,.0f}/s "
+                f"({100 * (off / runs['programs'].score - 1):+.1f}%)  "
+                if "programs" in runs
+                else ""
+            )
+            + f"default {runs['default'].score:,.0f}/s "
             f"({100 * (off / runs['default'].score - 1):+.1f}%)  "
             f"collector {100 * runs['default'].collector_cpu_s / runs['default'].wall_s:.1f}%  "
             f"drops {sum(runs['default'].drops.values())}",
             flush=True,
         )
+        slowest = max(slowest, time.monotonic() - began)
+        save_round(StormResult(w.argv, out))
     return StormResult(w.argv, out)
 
 
@@ -777,6 +819,27 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--storm-rounds", type=int, default=5, help="switch storm rounds (0: skip)")
     parser.add_argument("--storm-s", type=int, default=5, help="switch storm seconds per run")
+    parser.add_argument(
+        "--storm",
+        help="a storm program taking PAIRS SECONDS and printing one JSON line with round_trips "
+        "and round_trips_per_s (bench/switch_storm.c) instead of stress-ng --switch",
+    )
+    parser.add_argument(
+        "--storm-pairs",
+        type=int,
+        help="storm pairs (default: 2 for stress-ng, one per CPU allowed for --storm)",
+    )
+    parser.add_argument(
+        "--storm-states",
+        type=lambda v: [x.strip() for x in v.split(",") if x.strip()],
+        default=list(STORM_STATES),
+        help="the storm's states, comma-separated: off, floor and default always run; "
+        "programs (quanta_runtime's programs, records unread) may be left out "
+        "(default: all four)",
+    )
+    parser.add_argument(
+        "--deadline", type=float, help="unix time: no storm round starts that would end after it"
+    )
     parser.add_argument("--out", type=Path, default=BENCH / "results" / "overhead.json")
     parser.add_argument("--floor-child", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--programs-child", type=Path, help=argparse.SUPPRESS)
@@ -788,7 +851,20 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("error: needs root (BPF)", file=sys.stderr)
         return 2
-    for tool, pkg in (("hackbench", "rt-tests"), ("stress-ng", "stress-ng")):
+    unknown = set(args.storm_states) - set(STORM_STATES)
+    if unknown or not {"off", "floor", "default"} <= set(args.storm_states):
+        print(f"error: --storm-states: off,floor,default and optionally programs, not "
+              f"{','.join(args.storm_states)}", file=sys.stderr)  # fmt: skip
+        return 2
+    if args.storm_pairs is None:
+        args.storm_pairs = len(os.sched_getaffinity(0)) if args.storm else 2
+    if args.storm and not shutil.which(args.storm):
+        print(f"error: {args.storm}: no such program", file=sys.stderr)
+        return 2
+    needed = [("stress-ng", "stress-ng")] if args.storm_rounds > 0 and not args.storm else []
+    if not args.skip_default or args.hooks_alone != "none":
+        needed = [("hackbench", "rt-tests"), ("stress-ng", "stress-ng")]
+    for tool, pkg in needed:
         if not shutil.which(tool):
             print(f"error: {tool} not found (apt-get install {pkg})", file=sys.stderr)
             return 2
@@ -813,41 +889,50 @@ def main(argv: list[str] | None = None) -> int:
     results: list[Result] = []
     t0 = time.monotonic()
     storm: StormResult | None = None
+
+    def body() -> dict:
+        return {
+            "machine": {"kernel": os.uname().release, "cpus": os.cpu_count()},
+            "default_hooks": list(DEFAULT_HOOKS),
+            "args": {k: str(v) for k, v in vars(args).items()},
+            "storm": (
+                {
+                    **storm.summary(),
+                    "workload_argv": storm.argv,
+                    "rounds": [{k: asdict(v) for k, v in r.items()} for r in storm.rounds],
+                }
+                if storm
+                else None
+            ),
+            "results": [
+                {
+                    **r.summary(),
+                    "workload_argv": r.argv,
+                    "collector_argv": r.collector_argv,
+                    "ratios": r.ratios,
+                    "runs": [[asdict(off), asdict(on)] for off, on in r.pairs],
+                }
+                for r in results
+            ],
+        }
+
+    def save_round(so_far: StormResult) -> None:
+        # a run cut short (a budget, a lost machine) keeps every round it finished
+        nonlocal storm
+        storm = so_far
+        save(args.out, body())
+
     if args.storm_rounds > 0:
         build_floor()
-        storm = measure_storm(args.storm_rounds, args.storm_s, args)
-        print_storm(storm)
+        storm = measure_storm(args.storm_rounds, args.storm_s, args, save_round)
+        if storm.rounds:
+            print_storm(storm)
     for config, hooks, rounds, stress_s in configs:
         for w in (hackbench(args.hackbench), stress_cpu(stress_s)):
             results.append(measure(config, hooks, w, rounds, args))
     print_table(results)
     print(f"\n{time.monotonic() - t0:.0f} s in all")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    body = {
-        "machine": {"kernel": os.uname().release, "cpus": os.cpu_count()},
-        "default_hooks": list(DEFAULT_HOOKS),
-        "args": {k: str(v) for k, v in vars(args).items()},
-        "storm": (
-            {
-                **storm.summary(),
-                "workload_argv": storm.argv,
-                "rounds": [{k: asdict(v) for k, v in r.items()} for r in storm.rounds],
-            }
-            if storm
-            else None
-        ),
-        "results": [
-            {
-                **r.summary(),
-                "workload_argv": r.argv,
-                "collector_argv": r.collector_argv,
-                "ratios": r.ratios,
-                "runs": [[asdict(off), asdict(on)] for off, on in r.pairs],
-            }
-            for r in results
-        ],
-    }
-    save(args.out, body)
+    save(args.out, body())
     print(f"wrote {args.out}")
     os.close(stats_fd)
     return 0

@@ -179,6 +179,35 @@ def test_a_baseline_runs_from_a_checkout_or_an_installed_folder(tmp_path: Path) 
         harness.tree_env(tmp_path / "empty")
 
 
+def test_children_run_the_kernmlops_a_pythonpath_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a wheel installed with pip --target (no clang there): its kernmlops, not src/'s
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    paths = harness.child_env()["PYTHONPATH"].split(os.pathsep)
+    assert paths == [str(tmp_path), str(REPO), str(REPO / "src")]
+    monkeypatch.delenv("PYTHONPATH")
+    assert harness.child_env()["PYTHONPATH"].split(os.pathsep) == [str(REPO), str(REPO / "src")]
+
+
+def test_the_static_storms_result_is_overheads_score(tmp_path: Path) -> None:
+    from bench.overhead import switch_storm
+
+    storm = tmp_path / "storm"
+    subprocess.run(["gcc", "-O2", "-o", str(storm), str(REPO / "bench" / "switch_storm.c")],
+                   check=True)  # fmt: skip
+    w = switch_storm(1, str(storm), pairs=2)
+    assert w.argv == [str(storm), "2", "1"] and w.higher_is_better
+    proc = subprocess.run([str(storm), "2", "0.3"], capture_output=True, text=True, check=True)
+    got = json.loads(proc.stdout)
+    assert got["pairs"] == 2 and got["failed_children"] == 0 and got["round_trips"] > 0
+    # round trips counted by the pairs themselves, over the storm's own clock
+    assert got["round_trips_per_s"] == pytest.approx(got["round_trips"] / got["seconds"], rel=1e-3)
+    assert w.score(proc.stdout, proc.stderr) == (got["round_trips_per_s"], got["round_trips"])
+    with pytest.raises(RuntimeError, match="no result line"):
+        w.score("", "killed")
+
+
 def test_a_killed_collectors_memory_spool_goes_with_its_output(tmp_path: Path, shm: Path) -> None:
     # bench kills a collector that does not stop in time: its collection folder and
     # its spool's folder on the tmpfs both go (kernmlops warns about a leftover one
