@@ -183,8 +183,11 @@ def present(root: Path, tables: tuple[str, ...] = TABLES) -> set[str]:
 
 
 def polars_summaries(root: Path, out: Path, tables: set[str]) -> None:
-    """The job's two summaries as one lazy polars plan, written as Parquet."""
+    """The job's two summaries as one lazy polars plan, written as Parquet (rows counted
+    in 64 bits, as Spark's count: a collection's quanta pass pl.len()'s 2^32 - 1)."""
     import polars as pl
+
+    from kernmlops.data import len64
 
     hive = {BENCH: pl.String, ID: pl.String}
     index = pl.scan_parquet(f"{root}/_index/*.parquet")
@@ -232,13 +235,13 @@ def polars_summaries(root: Path, out: Path, tables: set[str]) -> None:
         by_comm = (
             named(quanta)
             .group_by(ID, BENCH, "comm")
-            .agg(pl.len().alias("quanta"), *pcts("quanta_run_length_us", "runtime"))
+            .agg(len64().alias("quanta"), *pcts("quanta_run_length_us", "runtime"))
         )
         if queued is not None:
             waits = (
                 named(queued)
                 .group_by(ID, BENCH, "comm")
-                .agg(pl.len().alias("queued"), *pcts("quanta_queued_time_us", "queue"))
+                .agg(len64().alias("queued"), *pcts("quanta_queued_time_us", "queue"))
             )
             by_comm = by_comm.join(waits, on=[ID, BENCH, "comm"], how="full", coalesce=True)
         frames["quanta_by_comm"] = by_comm
@@ -249,7 +252,7 @@ def polars_summaries(root: Path, out: Path, tables: set[str]) -> None:
     )  # fmt: skip
     if quanta is not None:
         per = quanta.group_by(ID).agg(
-            pl.len().alias("quanta"),
+            len64().alias("quanta"),
             ((pl.col("ts_uptime_us").max() - pl.col("ts_uptime_us").min()) / 1e6).alias("_span_s"),
         )
         summary = summary.join(per, on=ID, how="left")
@@ -258,13 +261,13 @@ def polars_summaries(root: Path, out: Path, tables: set[str]) -> None:
     seconds = pl.coalesce("duration_s", "_span_s")
     summary = summary.with_columns(switches_per_s=pl.col("quanta") / seconds)
     if faults is not None:
-        summary = summary.join(faults.group_by(ID).agg(pl.len().alias("faults")), on=ID, how="left")
+        summary = summary.join(faults.group_by(ID).agg(len64().alias("faults")), on=ID, how="left")
     else:
         summary = summary.with_columns(faults=pl.lit(None, pl.Int64))
     summary = summary.with_columns(faults_per_s=pl.col("faults") / seconds)
     if block_io is not None:
         per = block_io.group_by(ID).agg(
-            pl.len().alias("block_ios"), *pcts("issue_to_complete_us", "block_io")
+            len64().alias("block_ios"), *pcts("issue_to_complete_us", "block_io")
         )
         summary = summary.join(per, on=ID, how="left")
     else:

@@ -237,17 +237,16 @@ def one(
 #: streaming (``lazy``)
 CHILD_READ = """
 import json, sys
-import polars as pl, polars.selectors as cs
-from kernmlops.data import read_collection
+import polars.selectors as cs
+from kernmlops.data import len64, read_collection
 if sys.argv[2] == "full":
     c = read_collection(sys.argv[1])
     rows = {name: c[name].height for name in c}
 else:
     c = read_collection(sys.argv[1], lazy=True)
     rows = {}
-    every = (pl.first().is_null() | pl.first().is_not_null()).cast(pl.UInt64).sum()
     for name in c:  # rows counted in 64 bits: pl.len() fails past 2^32 - 1
-        got = c[name].select(every.alias("__rows"), cs.numeric().sum())
+        got = c[name].select(len64().alias("__rows"), cs.numeric().sum())
         rows[name] = got.collect(engine="streaming")["__rows"][0]
 # VmHWM, this process's own peak: ru_maxrss keeps the parent's from before the exec
 hwm = next(ln for ln in open("/proc/self/status") if ln.startswith("VmHWM:"))

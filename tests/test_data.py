@@ -267,6 +267,25 @@ def test_rows_are_counted_whatever_the_first_column_holds(tmp_path: Path) -> Non
     assert count_rows(scan.head(0)) == 0
 
 
+def test_a_query_and_its_groups_count_rows_by_one_rule(tmp_path: Path) -> None:
+    """len64 is the one 64-bit count: count_rows counts a whole query with it, a
+    group_by (the fleet's per-collection summaries, a notebook's per-pid counts) each
+    group; both give pl.len()'s numbers where pl.len() works, whichever column is first
+    (a group's key or a column with nulls) and in a UInt64 that does not stop at 2^32."""
+    from kernmlops.data import count_rows, len64
+
+    frame = pl.DataFrame({"a": [None, 2, None, 4, 5], "b": ["x", None, "z", "w", None]})
+    pl.concat([frame] * 3).write_parquet(tmp_path / "one.parquet")
+    scan = pl.scan_parquet(tmp_path / "one.parquet")
+    whole = scan.select(len64()).collect(engine="streaming")
+    assert whole.schema == {"len": pl.UInt64} and whole.item() == count_rows(scan) == 15
+    for key in ("a", "b"):
+        got = scan.group_by(key).agg(len64(), n=pl.len()).collect(engine="streaming")
+        assert got["len"].dtype == pl.UInt64
+        assert got["len"].to_list() == got["n"].to_list(), key
+        assert got["len"].sum() == count_rows(scan)
+
+
 def test_the_memory_a_table_needs_is_at_most_what_polars_holds_once_read(curated: Path) -> None:
     from kernmlops.data import needed_bytes
 

@@ -8,7 +8,7 @@ table. Curated data lays collections out Hive-style, so whole fleets read at onc
 
 Examples (in a notebook)::
 
-    from kernmlops.data import read_collection, read_parquet_dir, list_collections
+    from kernmlops.data import count_rows, len64, read_collection, read_parquet_dir
 
     c = read_collection("data/curated/benchmark=faux/collection_id=4f0c")
     c["block_io"].describe()
@@ -18,7 +18,8 @@ Examples (in a notebook)::
     lazy = read_parquet_dir("data/curated", "block_io", lazy=True)
 
     big = read_collection("data/curated/benchmark=storm/collection_id=9a1e", lazy=True)
-    big["quanta_runtime"].group_by("pid").agg(pl.len()).collect(engine="streaming")
+    big["quanta_runtime"].group_by("pid").agg(len64()).collect(engine="streaming")
+    count_rows(big["quanta_runtime"])    # past 2^32 rows too, where pl.len() fails
 
 Only finished parts (``part-*.parquet``) are read; an interrupted writer's temporary files
 (``.part-*.parquet.tmp``) are never opened. A collection whose collector died (its manifest
@@ -54,6 +55,8 @@ __all__ = [
     "Collection",
     "IncompleteCollectionWarning",
     "LazyCollection",
+    "count_rows",
+    "len64",
     "list_collections",
     "read_collection",
     "read_parquet_dir",
@@ -709,13 +712,19 @@ def _tables(
     return tables, bad
 
 
-def count_rows(scan: pl.LazyFrame) -> int:
-    """``scan``'s rows, counted in 64 bits: polars' own count (``pl.len()``) fails past
-    2^32 - 1 rows in its default build, fewer than one quanta table of a ten-minute
-    16-core storm holds (each of its parts holds far fewer, which polars reads)."""
+def len64() -> pl.Expr:
+    """The rows of a query, or of each group in ``group_by(...).agg()``, counted in 64
+    bits (named ``len``, as ``pl.len()``): polars' own count fails past 2^32 - 1 rows in
+    its default build, fewer than one quanta table of a ten-minute 16-core storm holds
+    (each of its parts holds far fewer, which polars reads). Every count of a scanned
+    collection table's rows uses it (:func:`count_rows` for a whole query)."""
     first = pl.first()  # any column: null or not, each row counts once
-    every = (first.is_null() | first.is_not_null()).cast(pl.UInt64).sum()
-    return int(scan.select(every).collect(engine="streaming").item())
+    return (first.is_null() | first.is_not_null()).cast(pl.UInt64).sum().alias("len")
+
+
+def count_rows(scan: pl.LazyFrame) -> int:
+    """``scan``'s rows, counted in 64 bits (:func:`len64`), by a streaming query."""
+    return int(scan.select(len64()).collect(engine="streaming").item())
 
 
 def needed_bytes(scan: pl.LazyFrame) -> int:

@@ -9,10 +9,14 @@ import numpy as np
 import pytest
 
 from kernmlops.data import Collection
-from kernmlops.graphs import render, report
+from kernmlops.graphs import load, render, report
 from tests.graphs.conftest import assert_png, run_chromium
 from tests.graphs.test_render import EXPECTED
-from tests.graphs.test_report import assert_self_contained, browser_view
+from tests.graphs.test_report import (
+    assert_one_query_gives_the_two_queries_results,
+    assert_self_contained,
+    browser_view,
+)
 
 pytestmark = pytest.mark.bpf
 
@@ -34,6 +38,16 @@ def test_render_a_real_collection(real_collection: Collection, tmp_path: Path) -
     for path in written:
         width, height = assert_png(path.read_bytes())
         assert width >= 900 and height >= 380
+
+
+def test_table_summary_of_a_real_collection_is_one_query_with_the_two_queries_results(
+    real_collection: Collection,
+) -> None:
+    # the whole system, then its busiest process: syscalls' and perf_counters' own
+    # summaries and the default one, over the tables a real collector writes
+    assert_one_query_gives_the_two_queries_results(load(real_collection))
+    busiest = real_collection["quanta_runtime"]["tgid"].mode().sort()[0]
+    assert_one_query_gives_the_two_queries_results(load(real_collection, tgid=int(busiest)))
 
 
 def test_report_of_a_real_collection_renders_in_chromium(

@@ -6,15 +6,17 @@ from __future__ import annotations
 import html
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
 from kernmlops.data import Collection, read_collection
 from kernmlops.graphs import report
-from kernmlops.graphs._report import table_summary
+from kernmlops.graphs._report import table_facts, table_summary
+from kernmlops.graphs.base import US_PER_S, GraphData, TableView, collect
 from kernmlops.graphs.cli import report_command
-from kernmlops.graphs.context import load
+from kernmlops.graphs.context import _views, load, table_view
 from tests.graphs.conftest import (
     WORKER,
     assert_png,
@@ -103,6 +105,48 @@ def test_table_summary_matches_the_frames(synthetic: Collection) -> None:
     stats = dict(summary["block_io"]["stats"])
     assert set(stats) == {"issue_to_complete_us", "queue_to_issue_us", "bytes"}
     assert stats["bytes"].startswith("mean 1 MiB")
+
+
+def two_query_table_summary(data: GraphData) -> list[dict[str, Any]]:
+    """table_summary as it was made before its queries were one: a table's facts (span,
+    processes) by one query, then the view's figures by another (view.summary)."""
+    out = []
+    for name, frame in data.tables.items():
+        rows = data.count(name)
+        entry: dict[str, Any] = {"table": name, "rows": rows, "span_s": None, "processes": None}
+        view = table_view(name)
+        facts = table_facts(frame, view)
+        if rows and facts:
+            found = collect(frame.select(**facts)).row(0, named=True)
+            if "span_us" in found:
+                entry["span_s"] = found["span_us"] / US_PER_S
+            entry["processes"] = found.get("processes")
+        entry["stats"] = view.summary(frame) if rows else []
+        out.append(entry)
+    return out
+
+
+def assert_one_query_gives_the_two_queries_results(data: GraphData) -> None:
+    one = table_summary(data)
+    assert one == two_query_table_summary(data)
+    # every kind of entry was compared: facts, the default view's figures, its own
+    assert any(t["span_s"] is not None and t["processes"] is not None for t in one)
+    assert any(t["stats"] and t["rows"] for t in one)
+
+
+@pytest.mark.parametrize("select", [{}, {"tgid": WORKER}])
+def test_table_summary_is_one_query_with_the_two_queries_results(
+    synthetic: Collection, select: dict
+) -> None:
+    assert_one_query_gives_the_two_queries_results(load(synthetic, **select))
+
+
+def test_every_view_is_summarised_by_its_queries_and_words() -> None:
+    # the report runs summary_queries and words them with summarise: a view that
+    # overrode summary() alone would be summarised as the default view in the report
+    views = _views()
+    assert {"syscalls", "perf_counters", "quanta_runtime"} <= set(views)
+    assert all(type(view).summary is TableView.summary for view in views.values())
 
 
 def test_report_renders_in_chromium_side_by_side(side_by_side: Path, tmp_path: Path) -> None:

@@ -25,7 +25,10 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, mo
 
 from kernmlops.errors import CollectionError
 from kernmlops.fileio import write_atomic
-from kernmlops.spool.collection import MANIFEST_NAME  # below both: the spool reads it too
+from kernmlops.spool.collection import (  # below both: the spool reads these too
+    MANIFEST_NAME,
+    check_collection_id,
+)
 
 __all__ = [
     "FINAL_STATES",
@@ -45,17 +48,6 @@ __all__ = [
 
 FORMAT = "kernmlops-collection"
 FORMAT_VERSION = 2
-
-
-def check_collection_id(value: str) -> str:
-    """``value`` when it is one folder name; ValueError otherwise. The one rule for a
-    collection id: the manifest checks it, and writers check it before the folder named
-    after it is made."""
-    # it names the spool's memory folder (/dev/shm/kernmlops-spool-<id>), which
-    # recover deletes as root: a '/' or '..' in it would name another folder
-    if "/" in value or "\0" in value or value in (".", ".."):
-        raise ValueError("a collection id is one name: no '/', not '.' or '..'")
-    return value
 
 
 State = Literal["running", "completed", "failed", "duration", "interrupted", "disk_full", "error"]

@@ -29,7 +29,14 @@ from kernmlops.graphs._render import (
     png_bytes,
     write_atomic,
 )
-from kernmlops.graphs.base import US_PER_S, GraphData, collect, format_bytes
+from kernmlops.graphs.base import (
+    US_PER_S,
+    GraphData,
+    TableView,
+    collect,
+    collect_all,
+    format_bytes,
+)
 from kernmlops.graphs.context import graph_registry, load, table_view, unknown_graphs
 from kernmlops.tables import UPTIME_TIMESTAMP
 
@@ -232,27 +239,41 @@ def _hooks(col: _Column) -> str:
     return f"<table>{head}{''.join(rows)}</table>"
 
 
+def table_facts(frame: pl.LazyFrame, view: TableView) -> dict[str, pl.Expr]:
+    """What the report says of a table besides its rows and its view's figures: its
+    time span (``span_us``) and how many processes it holds (``processes``), where
+    it has the columns."""
+    columns = frame.collect_schema()
+    facts = {}
+    if UPTIME_TIMESTAMP in columns:
+        ts = pl.col(UPTIME_TIMESTAMP)
+        facts["span_us"] = (ts.max() - ts.min()).cast(pl.Int64)
+    if view.tgid_column and view.tgid_column in columns:
+        facts["processes"] = pl.col(view.tgid_column).n_unique()
+    return facts
+
+
 def table_summary(data: GraphData) -> list[dict[str, Any]]:
     """Per table: rows, time span, processes and the view's key statistics (each
-    from a query over the table: none is read)."""
+    table's from one query, its facts and its view's figures together: none is read;
+    the rows are those :func:`load` counted)."""
     out = []
     for name, frame in data.tables.items():
         rows = data.count(name)
         entry: dict[str, Any] = {"table": name, "rows": rows, "span_s": None, "processes": None}
         view = table_view(name)
-        columns = frame.collect_schema()
-        facts = {}
-        if UPTIME_TIMESTAMP in columns:
-            ts = pl.col(UPTIME_TIMESTAMP)
-            facts["span_us"] = (ts.max() - ts.min()).cast(pl.Int64)
-        if view.tgid_column and view.tgid_column in columns:
-            facts["processes"] = pl.col(view.tgid_column).n_unique()
-        if rows and facts:
-            found = collect(frame.select(**facts)).row(0, named=True)
-            if "span_us" in found:
-                entry["span_s"] = found["span_us"] / US_PER_S
-            entry["processes"] = found.get("processes")
-        entry["stats"] = view.summary(frame) if rows else []
+        facts = table_facts(frame, view)
+        entry["stats"] = []
+        if rows:
+            # one query: the facts and the view's figures, run side by side
+            asked = [frame.select(**facts)] if facts else []
+            found = collect_all([*asked, *view.summary_queries(frame)])
+            if facts:
+                got = found[0].row(0, named=True)
+                if "span_us" in got:
+                    entry["span_s"] = got["span_us"] / US_PER_S
+                entry["processes"] = got.get("processes")
+            entry["stats"] = view.summarise(found[len(asked) :])
         out.append(entry)
     return out
 

@@ -180,12 +180,24 @@ class TableView:
     def summary(self, frame: pl.DataFrame | pl.LazyFrame) -> list[tuple[str, str]]:
         """(label, value) pairs for the report: mean, p50, p99, max of each key
         column, formatted in its unit (from each column's value counts: the table
-        is not read)."""
-        keys = self.keys(frame)
+        is not read). The figures of :meth:`summary_queries`, as :meth:`summarise`
+        words them (the report runs the queries in one with its own): a view of its
+        own overrides those two, never this."""
+        return self.summarise(collect_all(self.summary_queries(frame)))
+
+    def summary_queries(self, frame: pl.DataFrame | pl.LazyFrame) -> list[pl.LazyFrame]:
+        """The queries over ``frame`` the summary is made from: each key column's value
+        counts (:func:`counted`)."""
+        return [counted(frame, c) for c in self.keys(frame)]
+
+    def summarise(self, results: Sequence[pl.DataFrame]) -> list[tuple[str, str]]:
+        """The summary's (label, value) pairs from the results of
+        :meth:`summary_queries`, in their order."""
         out = []
-        for col, counts in zip(keys, collect_all([counted(frame, c) for c in keys]), strict=True):
+        for counts in results:
             if counts.is_empty():
                 continue
+            col = counts.columns[0]  # counted without by: the column, then n
             dist = Distribution.from_counts(counts, col)
             q = dist.quantile
             fmt = unit_formatter(col)

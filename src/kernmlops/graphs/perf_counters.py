@@ -17,6 +17,8 @@ from kernmlops.graphs.base import US_PER_S, Graph, GraphData, NoData, TableView,
 from kernmlops.tables import UPTIME_TIMESTAMP
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from matplotlib.figure import Figure
 
 TABLE = "perf_counters"
@@ -27,9 +29,13 @@ class PerfCountersView(TableView):
     name = TABLE
     tgid_column = None
 
-    def summary(self, frame: pl.DataFrame | pl.LazyFrame) -> list[tuple[str, str]]:
+    def summary_queries(self, frame: pl.DataFrame | pl.LazyFrame) -> list[pl.LazyFrame]:
+        # one row per CPU per read (10 a second): small enough to read whole
+        return [frame.lazy()]
+
+    def summarise(self, results: Sequence[pl.DataFrame]) -> list[tuple[str, str]]:
         """Each event's total over the collection, summed over CPUs."""
-        totals = per_sample(frame, cumulative=True)
+        totals = per_sample(results[0], cumulative=True)
         if totals.is_empty():
             return []
         last = totals.tail(1)

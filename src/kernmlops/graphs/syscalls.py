@@ -20,6 +20,8 @@ from kernmlops.graphs.base import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from matplotlib.figure import Figure
 
 TOP_N = 15
@@ -31,10 +33,12 @@ HIST_LINES = 6
 class SyscallsView(TableView):
     name = "syscalls"
 
-    def summary(self, frame: pl.DataFrame | pl.LazyFrame) -> list[tuple[str, str]]:
+    def summary_queries(self, frame: pl.DataFrame | pl.LazyFrame) -> list[pl.LazyFrame]:
         sums = pl.col("count", "errors", "completed", "total_latency_ns").cast(pl.UInt64).sum()
-        found = collect(frame.lazy().select(sums, distinct=pl.col("syscall").n_unique()))
-        calls, errors, done, lat, distinct = found.row(0)
+        return [frame.lazy().select(sums, distinct=pl.col("syscall").n_unique())]
+
+    def summarise(self, results: Sequence[pl.DataFrame]) -> list[tuple[str, str]]:
+        calls, errors, done, lat, distinct = results[0].row(0)
         mean = format_duration_us(lat / done / 1000) if done else "-"
         return [
             ("calls", f"{calls:,} of {distinct} syscalls · {errors:,} failed"),

@@ -19,7 +19,6 @@ where every import is 20-28x slower.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import subprocess
@@ -29,15 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from kernmlops.errors import KernmlopsError
-from kernmlops.lb.names import FBITS, FEATURES, NR_FEATURES
+from kernmlops.lb.modelfile import FIXED_FORMAT, HIDDEN, check_model_doc, read_model_doc
 
 MODULE = "kmo_lb"
 SOURCE_DIR = Path(__file__).parent / "kmod"
 SOURCES = ("kmo_lb.c", "Kbuild")
 SYSFS = Path("/sys/module") / MODULE
 MODES = ("off", "shadow", "replace")
-NR_HIDDEN = 10
-INT32 = (-(1 << 31), (1 << 31) - 1)
+NR_HIDDEN = HIDDEN
 KPROBES_LIST = Path("/sys/kernel/debug/kprobes/list")
 HEADERS_HINT = "make lab installs them for the lab's kernel"
 
@@ -95,57 +93,30 @@ class Q11Model:
                 f"b2={self.b2}"]  # fmt: skip
 
 
-def _int_list(doc: dict, key: str, n: int, where: str) -> list[int]:
-    v = doc.get(key)
-    if not isinstance(v, list) or len(v) != n:
-        got = len(v) if isinstance(v, list) else type(v).__name__
-        raise KmodError(f"{where}: {key} must hold {n} values, has {got}")
-    if not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-        raise KmodError(f"{where}: {key} must hold integers (Q20.11)")
-    if min(v) < INT32[0] or max(v) > INT32[1]:
-        raise KmodError(f"{where}: a value of {key} does not fit an int32")
-    return v
-
-
 def load_q11(path: Path) -> Q11Model:
-    """Read and check ``lb export``'s ``*.q11.json``: Q20.11, MLLB's 15 features
-    in order, 15 -> 10 -> 1. Anything else is refused with one clear line."""
+    """Read and check ``lb export``'s ``*.q11.json`` as every reader of a model checks
+    it (:mod:`kernmlops.lb.modelfile`, without numpy): Q20.11, MLLB's 15 features in
+    order; and the network the module runs, 15 -> 10 -> 1. Anything else is refused
+    with one clear line."""
     where = str(path)
-    try:
-        doc = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        msg = f"model {where} not found (kernmlops lb export writes *.q11.json)"
-        raise KmodError(msg) from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise KmodError(f"cannot read model {where}: {getattr(err, 'strerror', err)}") from err
-    except json.JSONDecodeError as err:
-        raise KmodError(f"{where} is not JSON: {err}") from err
-    if not isinstance(doc, dict) or doc.get("format") != "kernmlops-lb-fixed":
+    doc = read_model_doc(path, KmodError)
+    if doc.get("format") != FIXED_FORMAT:
         raise KmodError(
             f"{where} is not a fixed-point model: export it first "
             "(kernmlops lb export MODEL -o DIR)"
         )
-    if doc.get("fbits") != FBITS:
-        fbits = doc.get("fbits")
-        raise KmodError(f"{where}: the module computes Q20.{FBITS}, the model Q20.{fbits}")
-    if list(doc.get("features") or []) != list(FEATURES):
-        raise KmodError(f"{where}: the features are not MLLB's 15 in kmo_lb's order")
-    if doc.get("hidden") != NR_HIDDEN:
+    checked = check_model_doc(doc, where, error=KmodError)
+    if checked.hidden != NR_HIDDEN:
         raise KmodError(f"{where}: the module runs 15 -> {NR_HIDDEN} -> 1, the model has "
-                        f"{doc.get('hidden')} hidden units")  # fmt: skip
-    rows = doc.get("w1")
-    if not isinstance(rows, list) or len(rows) != NR_FEATURES:
-        raise KmodError(f"{where}: w1 must be {NR_FEATURES} rows of {NR_HIDDEN}")
-    w1: list[int] = []
-    for i, row in enumerate(rows):
-        w1 += _int_list({"w1": row}, "w1", NR_HIDDEN, f"{where} row {i}")
-    b1 = _int_list(doc, "b1", NR_HIDDEN, where)
-    w2 = _int_list(doc, "w2", NR_HIDDEN, where)
-    b2 = doc.get("b2")
-    if not isinstance(b2, int) or isinstance(b2, bool) or not INT32[0] <= b2 <= INT32[1]:
-        raise KmodError(f"{where}: b2 must be one int32")
+                        f"{checked.hidden} hidden units")  # fmt: skip
     meta = doc.get("meta") if isinstance(doc.get("meta"), dict) else {}
-    return Q11Model(tuple(w1), tuple(b1), tuple(w2), b2, meta)
+    return Q11Model(
+        tuple(map(int, checked.w1)),
+        tuple(map(int, checked.b1)),
+        tuple(map(int, checked.w2)),
+        int(checked.b2),
+        meta,
+    )
 
 
 # --- the layout of the kernel's private structures ---------------------------------------

@@ -3,7 +3,8 @@ the spool reads of its manifest (the collection's id, its collector's pid).
 
 The manifest's model is kernmlops.collect.manifest, a layer above the spool: the
 spool reads these two fields as plain JSON, and the collection layer takes the
-folder's names from here.
+folder's names and the rule for a collection id (:func:`check_collection_id`)
+from here.
 """
 
 from __future__ import annotations
@@ -28,13 +29,30 @@ def _manifest(collection: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def check_collection_id(value: str) -> str:
+    """``value`` when it is one folder name; ValueError otherwise. The one rule for a
+    collection id: the manifest's model checks it, the spool reads no other id, and
+    writers check it before the folder named after it is made."""
+    # it names the spool's memory folder (/dev/shm/kernmlops-spool-<id>), which
+    # recover deletes as root: a '/' or '..' in it would name another folder
+    if not value:
+        raise ValueError("a collection id is one name: not empty")
+    if "/" in value or "\0" in value or value in (".", ".."):
+        raise ValueError("a collection id is one name: no '/', not '.' or '..'")
+    return value
+
+
 def collection_id_of(collection: Path) -> str | None:
-    """The collection's id, as its manifest says; None without one. An id that is
-    not one folder name is no id (it names the spool's folder on the tmpfs)."""
+    """The collection's id, as its manifest says; None without one. An id that
+    :func:`check_collection_id` refuses is no id (it names the spool's folder on the
+    tmpfs)."""
     found = _manifest(collection).get("collection_id")
-    if not isinstance(found, str) or not found or "/" in found or found in (".", ".."):
+    if not isinstance(found, str):
         return None
-    return found
+    try:
+        return check_collection_id(found)
+    except ValueError:
+        return None
 
 
 def collector_alive(collection: Path) -> int | None:
