@@ -127,7 +127,10 @@ d: {A: {run: "true"}, B: {run: "sh -c 'exit 3'"}}
         assert "failb d [sequential]: no verdict: B has no iteration in any run: failed (exit " \
             "status 3) in its only run" in res.output  # fmt: skip
         md = (out / "report" / "report.md").read_text()
-        assert f"> {why}; its stderr is in the suite's logs/ folder" in md
+        # the file of its first failed run, not the folder of every log
+        log = out / "failb" / "logs" / "failb.d.0.duet.AB.B.stderr"
+        assert log.is_file()
+        assert f"> {why}; its stderr: {log} (and 1 more beside it)" in md
         assert "lower --min-overlap" not in md and "too little data" not in md
         summary = json.loads((out / "report" / "analysis.json").read_text())
         duet = summary["benchmarks"][0]["comparisons"]["duet"]
@@ -138,6 +141,44 @@ d: {A: {run: "true"}, B: {run: "sh -c 'exit 3'"}}
     (out / "duet-results.parquet").rename(table)
     res = runner.invoke(duet_group, ["analyze", str(table), "--no-mds"])
     assert "[duet]: no verdict: B has no iteration in any run\n" in res.output
+
+
+def test_analyze_names_a_benchmark_whose_sides_both_failed(tmp_path: Path):
+    """Neither side of a benchmark has an iteration: it has no row in the results, and
+    analyze names it (each side's account and its stderr files), beside the others."""
+    cfg = write_config(
+        tmp_path / "duet.yml",
+        """
+duetbench: {suite: both, duets: [good, bad], duet_repetitions: 2, sequential_repetitions: 1,
+            harness: {iterations: 3}}
+good: {A: {run: "true"}, B: {run: "true"}}
+bad: {A: {run: "sh -c 'exit 3'"}, B: {run: "sh -c 'exit 4'"}}
+""",
+    )
+    out = tmp_path / "o"
+    runner = CliRunner()
+    assert runner.invoke(duet_group, ["run", str(cfg), "-o", str(out)]).exit_code == 1
+    assert runner.invoke(duet_group, ["process", str(out)]).exit_code == 0
+    res = runner.invoke(duet_group, ["analyze", str(out), "--no-mds"])
+    assert res.exit_code == 0, res.output
+    why = ("no iterations on either side (A: failed (exit status 3) in all 2 runs; "
+           "B: failed (exit status 4) in all 2 runs)")  # fmt: skip
+    assert f"both bad [duet]: no verdict: {why}\n" in res.output
+    alone = ("no iterations on either side (A: failed (exit status 3) in its only run; "
+             "B: failed (exit status 4) in its only run)")  # fmt: skip
+    assert f"both bad [sequential]: no verdict: {alone}\n" in res.output
+    assert "both good [duet]: " in res.output  # the others as before
+    logs = out / "both" / "logs"
+    a, b = logs / "both.bad.0.duet.AB.A.stderr", logs / "both.bad.0.duet.AB.B.stderr"
+    assert a.is_file() and b.is_file()
+    md = (out / "report" / "report.md").read_text()
+    assert (f"> {why}; A's stderr: {a} (and 1 more beside it); B's stderr: {b} (and 1 more "
+            "beside it)") in md  # fmt: skip
+    summary = json.loads((out / "report" / "analysis.json").read_text())
+    named = {b["benchmark"]: b["comparisons"] for b in summary["benchmarks"]}
+    assert sorted(named) == ["bad", "good"]
+    assert named["bad"]["duet"]["verdict"] == f"no verdict: {why}"
+    assert named["bad"]["duet"]["n_a"] == named["bad"]["duet"]["n_b"] == 0
 
 
 def test_analyze_interval_option_is_used_and_recorded(tmp_path: Path):

@@ -178,8 +178,8 @@ def _sides(df: pl.DataFrame, **ended: tuple[str, str | None]) -> pl.DataFrame:
     from kernmlops.duet.process import SIDE_SCHEMA
 
     trials = df.select("suite", "benchmark", "runid", "kind", "order").unique()
-    rows = [(*t, pair, *ended.get(pair, ("ok", None))) for t in trials.iter_rows()
-            for pair in "AB"]  # fmt: skip
+    rows = [(*t, pair, *ended.get(pair, ("ok", None)), f"logs/{t[2]}.{pair}.stderr")
+            for t in trials.iter_rows() for pair in "AB"]  # fmt: skip
     return pl.DataFrame(rows, schema=SIDE_SCHEMA, orient="row")
 
 
@@ -194,7 +194,8 @@ def test_a_side_failed_in_every_run_is_named_with_its_exit_status(kind: str):
     cause = f"B has no iteration in any run: failed (exit status 1) in all {runs} runs"
     assert (c.n_a, c.n_b) == (df.height - runs, 0)  # warm-up 1: one per run and side
     assert c.verdict == f"no verdict: {cause}"
-    assert c.notes == [f"{cause}; its stderr is in the suite's logs/ folder"]
+    # the first failed run's stderr, named (the others lie beside it)
+    assert c.notes == [f"{cause}; its stderr: logs/0.B.stderr (and {runs - 1} more beside it)"]
     # one run timed out, the others failed; and without duet-run.json at hand
     first = (pl.col("pair") == "B") & (pl.col("runid") == 0)
     sides = sides.with_columns(

@@ -122,3 +122,33 @@ def test_a_stop_makes_every_switch_of_both_rings_in_row_workers(
     col = run.collection()
     assert read_manifest(col).hooks["quanta_runtime"].drops == 0
     _check(col, counted(), tmp_path)
+
+
+def test_ring_groups_past_the_cpus_are_said_at_start_and_the_manifest_keeps_both(
+    tmp_path: Path, bpf_baseline
+) -> None:
+    """ring_groups above the CPUs: the collection runs (at most one ring per CPU), one
+    warning line says so before the probes attach, and the manifest keeps what was asked
+    (its config) and what ran (the hook's rings; a copier per ring)."""
+    online = Path("/sys/devices/system/cpu/online").read_text().strip()
+    cpus = max(int(r.split("-")[-1]) for r in online.split(",")) + 1
+    asked = cpus * 8
+    groups = f"hooks:\n  quanta_runtime:\n    ring_groups: {asked}\n"
+    args = ["-b", "faux", "-d", "1", "--hooks", "quanta_runtime"]
+    run = start_collect(tmp_path / "out", *args, more_config=groups)
+    code, err = run.finish(120)
+    assert code == 0, err
+    said = [ln for ln in err.splitlines() if ln.startswith("warning:")]
+    assert said == [
+        f"warning: hooks.quanta_runtime.ring_groups is {asked}, but this machine's {cpus} "
+        f"CPU(s) make {cpus} ring(s) per table (1 CPU(s) a ring; at most one ring per CPU): "
+        f"{cpus} run"
+    ], err
+    lines = err.splitlines()
+    assert lines.index(said[0]) < next(k for k, ln in enumerate(lines) if "probes attached" in ln)
+    manifest = read_manifest(run.collection())
+    assert manifest.config["hooks"]["quanta_runtime"]["ring_groups"] == asked
+    hook = manifest.hooks["quanta_runtime"]
+    assert hook.attached and hook.rings == cpus
+    if cpus > 1:
+        assert hook.copier.get("copiers") == cpus

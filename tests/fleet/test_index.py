@@ -102,13 +102,51 @@ def test_fleet_ls_and_reindex_of_what_is_not_a_dataset(fleet: Path, tmp_path: Pa
     assert listed.exit_code == 0 and "no collections published" in listed.stderr
     rebuilt = runner.invoke(cli, ["fleet", "reindex", str(empty)])
     assert rebuilt.exit_code == 0 and "0 collections indexed" in rebuilt.stderr
-    # a dataset copied without its index is one (reindex is for it)
+    # a dataset copied without its index is one (reindex is for it), and ls says so
     dest = tmp_path / "dest"
     assert runner.invoke(cli, ["push", str(fleet), str(dest)]).exit_code == 0
     shutil.rmtree(dest / "_index")
-    assert runner.invoke(cli, ["fleet", "ls", str(dest)]).exit_code == 0
+    listed = runner.invoke(cli, ["fleet", "ls", str(dest)])
+    assert listed.exit_code == 1 and "3 collection(s) with a manifest" in one_error_line(listed)
     rebuilt = runner.invoke(cli, ["fleet", "reindex", str(dest)])
     assert rebuilt.exit_code == 0 and "3 collections indexed" in rebuilt.stderr
+    assert runner.invoke(cli, ["fleet", "ls", str(dest)]).exit_code == 0
+
+
+def test_fleet_ls_of_collections_never_indexed_says_how_to_index_them(
+    fleet: Path, tmp_path: Path
+) -> None:
+    """benchmark=<b>/ folders and no _index/: a collector's own folder (data/curated) or
+    a dataset copied without its index. `fleet ls` says how many collections are there
+    and the commands that index or publish them, as a warning (they are not listed:
+    exit 1); folders a push is still filling (parts, no manifest yet) are no collection
+    and get no such hint."""
+    runner = CliRunner()
+    for args in (["ls", str(fleet)], ["ls", "--json", str(fleet)]):
+        listed = runner.invoke(cli, ["fleet", *args])
+        assert listed.exit_code == 1, listed.output
+        assert listed.stdout == ""
+        assert one_error_line(listed) == (
+            f"warning: {fleet}: no collections published (no index), but 3 collection(s) "
+            f"with a manifest are here: `kernmlops fleet reindex {fleet}` indexes them "
+            f"where they are, or `kernmlops push {fleet} DEST` publishes them to a "
+            "dataset (local collections)"
+        )
+    # a push under way: the first collection's parts copied, its manifest not yet
+    dest = tmp_path / "dest"
+    [c1] = fleet.glob("*/collection_id=c1")
+    shutil.copytree(c1, dest / c1.parent.name / c1.name,
+                    ignore=shutil.ignore_patterns("manifest.json"))  # fmt: skip
+    listed = runner.invoke(cli, ["fleet", "ls", str(dest)])
+    assert listed.exit_code == 0, listed.output
+    assert listed.stdout == "" and listed.stderr.strip() == (
+        f"no collections published at {dest} (1 collection folder(s) without a manifest: "
+        "a push under way, or an interrupted one, which running it again resumes)"
+    )
+    # the push done: listed
+    assert runner.invoke(cli, ["push", str(c1), str(dest)]).exit_code == 0
+    listed = runner.invoke(cli, ["fleet", "ls", "--json", str(dest)])
+    assert listed.exit_code == 0 and json.loads(listed.stdout)["collection_id"] == "c1"
 
 
 def test_fleet_ls_of_a_damaged_index_file(fleet: Path, tmp_path: Path) -> None:
@@ -258,7 +296,17 @@ def test_fleet_ls_and_reindex_over_s3_name_what_is_damaged(fleet: Path, s3) -> N
     runner = CliRunner()
     assert runner.invoke(cli, ["push", str(fleet), uri]).exit_code == 0
     missing = runner.invoke(cli, ["fleet", "ls", f"s3://{bucket}/lab/nope"])
-    assert missing.exit_code == 2 and "no such dataset" in one_error_line(missing)
+    assert missing.exit_code == 2 and one_error_line(missing) == (
+        f"error: s3://{bucket}/lab/nope: no such dataset: no object under this prefix "
+        "(nothing was published there, and an object store keeps no empty folder): "
+        "check the URI"
+    )
+    for where in (f"s3://{bucket}-nope/lab/fleet", f"s3://{bucket}-nope"):
+        no_bucket = runner.invoke(cli, ["fleet", "ls", where])
+        assert no_bucket.exit_code == 2 and one_error_line(no_bucket) == (
+            f"error: {where}: no such dataset: the bucket '{bucket}-nope' does not exist: "
+            "check the URI"
+        )
     client.put_object(Bucket=bucket, Key="lab/fleet/_index/c1.parquet", Body=b"PAR1 damaged")
     prefix = "lab/fleet/benchmark=faux/collection_id=c2"
     client.put_object(Bucket=bucket, Key=f"{prefix}/manifest.json", Body=b"{bad")

@@ -191,6 +191,16 @@ def test_a_damaged_table_is_left_out_and_said_and_the_others_drawn_and_reported(
                                               "--only", "process_events"])  # fmt: skip
     assert reported.exit_code == 1, reported.output
     assert "the table is left out" in reported.output and page.stat().st_size > 10_000
+    # a figure asked for whose table is the damaged one: said so, not "no table"
+    refused = runner.invoke(graph_command, [str(col), "-o", str(tmp_path / "m"),
+                                            "--only", "memory_usage"])  # fmt: skip
+    assert refused.exit_code == 2, refused.output
+    assert "memory_usage needs memory_usage (damaged: left out)" in refused.output
+    reported = runner.invoke(report_command, [str(col), "-o", str(page), "--dpi", "40",
+                                              "--only", "memory_usage"])  # fmt: skip
+    assert reported.exit_code == 1, reported.output
+    said = [ln for ln in reported.output.splitlines() if ln.startswith("warning:")]
+    assert len(said) == 2 and "memory_usage (damaged: left out)" in said[1]
 
 
 def test_graph_command(synthetic: Collection, tmp_path: Path) -> None:

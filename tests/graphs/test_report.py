@@ -196,6 +196,35 @@ def test_report_command_only(first: Collection, tmp_path: Path) -> None:
     assert "calls: 44 of 3 syscalls" in shown  # the tables are summarised still
 
 
+def test_report_command_only_says_a_figure_a_collection_cannot_have(
+    first: Collection, second: Collection, tmp_path: Path
+) -> None:
+    """--only naming a figure whose table a collection lacks: one warning line per such
+    collection, naming it and the table (as `graph --only` names it), exit 1; the page
+    is written still, with the figure of the collection that has the table."""
+    out = tmp_path / "both.html"
+    args = [str(first.path), str(second.path), "-o", str(out), "--dpi", "40"]
+    result = CliRunner().invoke(report_command, [*args, "--only", "syscalls_top,memory_usage"])
+    assert result.exit_code == 1, result.output
+    said = [ln for ln in result.output.splitlines() if ln.startswith("warning:")]
+    assert said == [
+        f"warning: {second.path}: the collection has no table for syscalls_top (syscalls_top "
+        "needs syscalls); its tables: memory_usage, quanta_runtime, system_info"
+    ]
+    assert "Traceback" not in result.output
+    assert result.stdout.strip().endswith(str(out))
+    # syscalls_top for the first, memory for both
+    assert len(assert_self_contained(out.read_text())) == 3
+
+    alone = tmp_path / "alone.html"
+    result = CliRunner().invoke(
+        report_command, [str(second.path), "-o", str(alone), "--only", "syscalls_top"]
+    )
+    assert result.exit_code == 1, result.output
+    assert "no table for syscalls_top (syscalls_top needs syscalls)" in result.output
+    assert alone.exists() and not assert_self_contained(alone.read_text())
+
+
 def test_report_command_only_refuses_an_unknown_graph(first: Collection, tmp_path: Path) -> None:
     out = tmp_path / "r.html"
     result = CliRunner().invoke(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -140,6 +141,31 @@ def test_a_rings_default_size_follows_its_groups_cpus(monkeypatch: pytest.Monkey
     assert Options(ring_groups=2, ring_kib=64).ring_bytes == 64 << 10
     monkeypatch.setattr(bpf, "online_cpu_count", lambda: 16)
     assert Options().groups == 1 and Options().ring_bytes == bpf.default_ring_kib(16) << 10
+
+
+def _cpu_span() -> int:
+    """One past the highest CPU online, as the kernel lists them (``0-3,8-11``)."""
+    text = Path("/sys/devices/system/cpu/online").read_text().strip()
+    return max(int(r.split("-")[-1]) for r in text.split(",")) + 1
+
+
+def test_ring_groups_past_the_cpus_is_said_with_the_rings_that_run() -> None:
+    """More ring groups than CPUs: not refused (a config moves between machines), one
+    note naming what was asked and what runs; none when what was asked runs."""
+    from kernmlops.hooks.quanta_runtime import QuantaRuntimeHook
+
+    cpus = _cpu_span()
+    Options = QuantaRuntimeHook.Options
+    hook = QuantaRuntimeHook(Options(ring_groups=cpus + 62))
+    assert hook.ring_plan() == (cpus, 1)
+    assert hook.notes() == [
+        f"hooks.quanta_runtime.ring_groups is {cpus + 62}, but this machine's {cpus} CPU(s) "
+        f"make {cpus} ring(s) per table (1 CPU(s) a ring; at most one ring per CPU): "
+        f"{cpus} run"
+    ]
+    assert QuantaRuntimeHook(Options(ring_groups=1)).notes() == []
+    assert QuantaRuntimeHook(Options(ring_groups=cpus)).notes() == []
+    assert QuantaRuntimeHook(Options()).notes() == []  # the default never asks past them
 
 
 def test_ring_groups_must_be_a_positive_count() -> None:

@@ -78,7 +78,9 @@ def _raw_with(tmp_path: Path, row: int, **cells: str) -> Path:
         (1, {"can_migrate": "-1"}, "column can_migrate, row 1 (line 2): -1 is not 0 or 1"),
         (3, {"buddy_hot": "300"}, "column buddy_hot, row 3 (line 4): 300 is not 0 or 1"),
         (2, {"pid": "abc"}, "column pid, row 2 (line 3): abc is not a number"),
-        (2, {"src_load": "1e30"}, "column src_load, row 2 (line 3): 1e+30 is out of range"),
+        (2, {"src_load": "1e30"}, "column src_load, row 2 (line 3): 1e30 is out of range"),
+        (3, {"can_migrate": ""}, "column can_migrate, row 3 (line 4): empty (a required column)"),
+        (1, {"delta": " "}, "column delta, row 1 (line 2): empty (a required column)"),
     ],
 )
 def test_import_refuses_values_mllb_cannot_have(
@@ -90,6 +92,76 @@ def test_import_refuses_values_mllb_cannot_have(
     assert r.exit_code == 2, r.output
     assert r.stderr.startswith(f"error: {raw}: {message}") and r.stderr.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+def _refused(tmp_path: Path, raw: Path) -> str:
+    """The one error line of importing ``raw`` (exit 2, nothing written)."""
+    r = _invoke("import-mllb", raw, "-o", tmp_path / "refused")
+    assert r.exit_code == 2, r.output
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.output, r.stderr
+    assert not (tmp_path / "refused").exists()
+    return r.stderr.removeprefix("error: ").rstrip("\n")
+
+
+def test_import_leaves_an_empty_optional_cell_null(tmp_path: Path) -> None:
+    raw = _raw_with(tmp_path, 2, pid="", imbalance="")
+    r = _invoke("import-mllb", raw, "-o", tmp_path / "out")
+    assert r.exit_code == 0, r.output
+    (folder,) = (tmp_path / "out" / "curated" / "benchmark=mllb-import").iterdir()
+    rows = read_collection(folder)["lb_decisions"]
+    assert rows["pid"].to_list() == [100, None, 102, 103, 104]
+    assert rows["imbalance"].to_list() == [512, None, 100, 100, 800]
+
+
+@pytest.mark.parametrize(
+    ("value", "why"), [("abc", "abc is not a number"), ("1.5", "1.5 is not a whole number")]
+)
+def test_import_says_a_bad_value_far_down_the_file_in_one_line(
+    tmp_path: Path, value: str, why: str
+) -> None:
+    """A bad value past the rows a CSV reader guesses types from (10,000): the same one
+    line as near the top, naming its row and line."""
+    header, *rows = RAW.read_text().splitlines()
+    many = [rows[k % len(rows)] for k in range(12_000)]
+    names = header.split(",")
+    cells = many[10_500].split(",")
+    cells[names.index("src_len")] = value
+    many[10_500] = ",".join(cells)
+    raw = tmp_path / "raw_long.csv"
+    raw.write_text("\n".join([header, *many]) + "\n")
+    assert _refused(tmp_path, raw) == f"{raw}: column src_len, row 10501 (line 10502): {why}"
+
+
+def test_import_skips_blank_lines_and_counts_them_in_line_numbers(tmp_path: Path) -> None:
+    header, *rows = RAW.read_text().splitlines()
+    # blank lines before the header, between rows (one of spaces, one with a CR) and at
+    # the end: none is a decision, each is a line
+    lines = ["", header, rows[0], "", rows[1], "   ", "\r", rows[2], rows[3], rows[4], "", ""]
+    raw = tmp_path / "raw_blank.csv"
+    raw.write_text("\n".join(lines) + "\n")
+    r = _invoke("import-mllb", raw, "-o", tmp_path / "out")
+    assert r.exit_code == 0, r.output
+    (folder,) = (tmp_path / "out" / "curated" / "benchmark=mllb-import").iterdir()
+    assert read_collection(folder)["lb_decisions"]["pid"].to_list() == [100, 101, 102, 103, 104]
+    # the fourth decision is on line 9 of the file (count them above)
+    bad = rows[3].split(",")
+    bad[header.split(",").index("can_migrate")] = "7"
+    lines[8] = ",".join(bad)
+    raw.write_text("\n".join(lines) + "\n")
+    assert _refused(tmp_path, raw) == f"{raw}: column can_migrate, row 4 (line 9): 7 is not 0 or 1"
+
+
+def test_import_names_a_line_whose_fields_are_not_the_headers(tmp_path: Path) -> None:
+    header, *rows = RAW.read_text().splitlines()
+    width = header.count(",") + 1
+    raw = tmp_path / "raw_ragged.csv"
+    for changed, fields in ((rows[2] + ",9", width + 1), (rows[2].rsplit(",", 1)[0], width - 1)):
+        lines = [header, "", *rows[:2], changed, *rows[3:]]
+        raw.write_text("\n".join(lines) + "\n")
+        assert _refused(tmp_path, raw) == f"{raw}: line 5 has {fields} fields, the header {width}"
+    empty = tmp_path / "raw_empty.csv"
+    empty.write_text("\n \n")
+    assert _refused(tmp_path, empty) == f"{empty} is empty: no header, no decisions"
 
 
 def test_import_keeps_mllb_signed_columns_negative(tmp_path: Path) -> None:

@@ -102,6 +102,9 @@ class HookRecord(_Record):
     drops_by_cpu: list[int] = []
     #: how the rings reached the spool ({"native": bool, "priority": n, "error": ...})
     copier: dict[str, Any] = {}
+    #: a BPF hook's rings per table that ran: its ring_groups as this machine's CPUs
+    #: split (at most one ring per CPU); config.hooks.<name>.ring_groups is what was asked
+    rings: int | None = None
 
 
 class TableRecord(_Record):

@@ -232,6 +232,11 @@ class Session:
             )
             ctx.benchmark_pid = proc.pid if proc else None
             configured_hooks = [get_hook(n)(self.config.hook_options(n)) for n in cfg.hooks]
+            if self.on_message:
+                # e.g. more ring groups than CPUs: said before the probes attach
+                for hook in [*configured_hooks, *self.extra_hooks]:
+                    for line in hook.notes():
+                        self.on_message(line)
             start_hooks(hooks, [*configured_hooks, *self.extra_hooks], ctx, strict=cfg.strict)
             self.space.memory = ctx.spool_memory
             for participant in self.participants:

@@ -667,17 +667,20 @@ _ENDED = {"failed": "failed", "timeout": "timed out", "error": "could not run",
           "not-started": "did not start"}  # fmt: skip
 
 
-def _no_iteration(side: str, sides: pl.DataFrame | None) -> tuple[str, str]:
-    """Why ``side`` has no iteration, from how its trials ended in duet-run.json
-    (kernmlops.duet.process.side_outcomes), and where to look."""
-    cause = f"{side} has no iteration in any run"
+#: where a side's reason is, when no stderr of it names it
+_PROCESS_SAID = "`duet process` named why in its warnings"
+
+
+def _ending(side: str, sides: pl.DataFrame | None) -> tuple[str | None, str]:
+    """How ``side``'s trials ended, from duet-run.json (kernmlops.duet.process.
+    side_outcomes): (the account, or None where it is not at hand; where to look: the
+    stderr file of its first run that did not end ok)."""
     rows = None if sides is None else sides.filter(pl.col("pair") == side)
     if rows is None or rows.height == 0:
-        return cause, "`duet process` named why in its warnings"
+        return None, _PROCESS_SAID
     counts = rows.group_by("status", "error").len().sort("len", "status", descending=[True, False])
     if counts.height == 1 and counts["status"][0] == "ok":
-        return (f"{cause}: it ended ok, but its result files gave none",
-                "`duet process` named why in its warnings")  # fmt: skip
+        return "it ended ok, but its result files gave none", _PROCESS_SAID
     parts = []
     for status, error, n in counts.iter_rows():
         what = _ENDED.get(status, status or "unknown")
@@ -687,7 +690,41 @@ def _no_iteration(side: str, sides: pl.DataFrame | None) -> tuple[str, str]:
         if n == rows.height:
             where = f"all {n} runs" if n > 1 else "its only run"
         parts.append(f"{what} in {where}")
-    return f"{cause}: {', '.join(parts)}", "its stderr is in the suite's logs/ folder"
+    failed = rows.filter(pl.col("status").fill_null("") != "ok").sort("runid", "order")
+    named = failed["stderr"] if "stderr" in failed.columns else ()
+    logs = list(dict.fromkeys(p for p in named if p))
+    if not logs:  # it never started: no file of its own
+        where = "duet-run.json has its error"
+    else:
+        more = len(logs) - 1
+        where = f"its stderr: {logs[0]}" + (f" (and {more} more beside it)" if more else "")
+    return ", ".join(parts), where
+
+
+def _no_iteration(side: str, sides: pl.DataFrame | None) -> tuple[str, str]:
+    """Why ``side`` has no iteration, from how its trials ended in duet-run.json
+    (kernmlops.duet.process.side_outcomes), and where to look."""
+    cause = f"{side} has no iteration in any run"
+    how, where = _ending(side, sides)
+    return (f"{cause}: {how}" if how else cause), where
+
+
+def _no_iteration_either(sides: pl.DataFrame | None) -> tuple[str, str]:
+    """Why neither side has an iteration (the benchmark has no row in the results),
+    each side's account, and where to look."""
+    (a_how, a_where), (b_how, b_where) = _ending("A", sides), _ending("B", sides)
+    cause = "no iterations on either side"
+    if a_how or b_how:
+        cause += f" (A: {a_how or 'gave none'}; B: {b_how or 'gave none'})"
+    if a_where == b_where:
+        return cause, a_where
+
+    def of(side: str, where: str) -> str:
+        if where.startswith("its "):
+            return f"{side}'s {where.removeprefix('its ')}"
+        return f"{side}: {where}"
+
+    return cause, f"{of('A', a_where)}; {of('B', b_where)}"
 
 
 def no_data_cause(
@@ -701,6 +738,8 @@ def no_data_cause(
     --min-overlap."""
     before = [r.counts_before_warmup() for r in runs]
     kept = [(len(r.a_time), len(r.b_time)) for r in runs]
+    if not any(a or b for a, b in before):  # no row: a benchmark whose every side failed
+        return _no_iteration_either(sides)
     for i, side in enumerate("AB"):
         if not sum(c[i] for c in before):
             return _no_iteration(side, sides)
@@ -966,6 +1005,20 @@ def analyze(
                 & (pl.col("kind") == kind)
             )
         res.comparisons[kind] = compare(runs, kind, aa, opts, ends)
+    if sides is not None:
+        # a benchmark (or a kind of its runs) whose sides gave no iteration has no row
+        # in the table: named from how its trials ended, not left out in silence
+        trials = sides.select("suite", "benchmark", "kind").unique().rows()
+        for suite, bench, kind in sorted(set(trials) - set(grouped)):
+            aa = aa_of.get((suite, bench), False)
+            res = results.setdefault((suite, bench), BenchmarkResult(suite, bench, aa, {}))
+            ends = sides.filter(
+                (pl.col("suite") == suite)
+                & (pl.col("benchmark") == bench)
+                & (pl.col("kind") == kind)
+            )
+            res.comparisons[kind] = compare([], kind, aa, opts, ends)
+        results = {key: results[key] for key in sorted(results)}
     kept = original_warmup(df)
     for b in results.values():
         for kind, c in b.comparisons.items():

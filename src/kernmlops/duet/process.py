@@ -337,6 +337,8 @@ SIDE_SCHEMA: dict[str, pl.DataType] = {
     **TRIAL_SCHEMA,
     "status": pl.String(),
     "error": pl.String(),
+    #: its stderr's file (the suite's folder joined), where it had one
+    "stderr": pl.String(),
 }
 
 
@@ -351,6 +353,10 @@ def side_outcomes(folder: Path) -> pl.DataFrame:
     def text(value: object) -> str | None:
         return None if value is None else str(value)
 
+    def log(suite: Path, value: object) -> str | None:
+        # named in a message only, never opened: as duet-run.json gives it
+        return None if not value else str(suite / str(value))
+
     rows: list[tuple[Any, ...]] = []
     for suite in _suite_folders(Path(folder), []):
         try:
@@ -358,7 +364,8 @@ def side_outcomes(folder: Path) -> pl.DataFrame:
             rows += [
                 (str(trial["suite"]), str(trial["benchmark"]), int(trial["runid"]),
                  str(trial["kind"]), text(trial.get("order")), str(pair),
-                 text(side.get("status")), text(side.get("error")))
+                 text(side.get("status")), text(side.get("error")),
+                 log(suite, side.get("stderr")))
                 for trial in index.get("trials", [])
                 for pair, side in trial.get("sides", {}).items()
             ]  # fmt: skip

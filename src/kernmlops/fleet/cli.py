@@ -109,7 +109,7 @@ def ls_command(uri: str, as_json: bool) -> None:
     host, kernel, CPU, benchmark, start, state and rows."""
     import json
 
-    from kernmlops.fleet.index import damaged_advice, index_rows, read_index
+    from kernmlops.fleet.index import damaged_advice, index_rows, read_index, unindexed
     from kernmlops.fleet.store import PublishError, describe_error, open_dataset
 
     # a damaged index file is one collection's row: the others are listed, the damaged
@@ -132,12 +132,45 @@ def ls_command(uri: str, as_json: bool) -> None:
     elif rows:
         click.echo(f"{len(rows)} collections at {dataset.uri}")
         click.echo("\n".join(_columns(LS_COLUMNS, [_ls_cells(row) for row in rows])))
-    elif not damaged:
-        _say(f"no collections published at {dataset.uri}")
+    if not rows and not damaged:
+        try:
+            found = unindexed(dataset)
+        except OSError as err:
+            fail(PublishError(f"cannot read {dataset.uri}: {describe_error(err)}"))
+        if found.collections:
+            # collections an index does not name (copied without it, or a collector's
+            # own folder): not listed, so said, with the commands that list them
+            _say(f"warning: {not_indexed(dataset, found.collections)}")
+            sys.exit(1)
+        partial = (
+            f" ({found.partial} collection folder(s) without a manifest: a push under way, "
+            "or an interrupted one, which running it again resumes)"
+            if found.partial
+            else ""
+        )
+        if not as_json:
+            _say(f"no collections published at {dataset.uri}{partial}")
     for where, why in damaged:
         _say(f"warning: {where}: {damaged_advice(dataset, why)}; its collection is not listed")
     if damaged:
         sys.exit(1)
+
+
+def not_indexed(dataset: Dataset, count: int) -> str:
+    """The line for ``count`` collections under a dataset's root with no index."""
+    import shlex
+
+    uri = shlex.quote(dataset.uri)
+    push = (
+        f", or `kernmlops push {uri} DEST` publishes them to a dataset (local collections)"
+        if dataset.local
+        else ""
+    )
+    return (
+        f"{dataset.uri}: no collections published (no index), but {count} collection(s) "
+        f"with a manifest are here: `kernmlops fleet reindex {uri}` indexes them where they "
+        f"are{push}"
+    )
 
 
 #: ``fleet ls``'s columns, and whether each is aligned right

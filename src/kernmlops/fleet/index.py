@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import unquote
 
-from kernmlops.fleet.store import Dataset, PublishError, describe_error, put
+from kernmlops.fleet.store import OBJECT_STORES, Dataset, PublishError, describe_error, put
 from kernmlops.tables import BENCHMARK, COLLECTION_ID
 
 if TYPE_CHECKING:
@@ -40,6 +40,7 @@ __all__ = [
     "index_rows",
     "index_schema",
     "read_index",
+    "unindexed",
     "write_index_row",
 ]
 
@@ -60,7 +61,7 @@ def check_dataset(dataset: Dataset) -> None:
 
     kind = dataset.fs.get_file_info(dataset.root).type
     if kind == pafs.FileType.NotFound:
-        raise PublishError(f"{dataset.uri}: no such dataset (nothing there): check the URI")
+        raise PublishError(f"{dataset.uri}: no such dataset: {_not_there(dataset)}")
     if kind != pafs.FileType.Directory:
         raise PublishError(f"{dataset.uri} is a file, not a dataset")
     names = [
@@ -78,6 +79,62 @@ def check_dataset(dataset: Dataset) -> None:
             f"{dataset.uri}: not a dataset: no {INDEX_DIR}/ or {BENCHMARK}=<b>/ folders in it"
             + hint
         )
+
+
+def _not_there(dataset: Dataset) -> str:
+    """Why nothing is at the root, as accurately as the filesystem tells it: an object
+    store has no empty folder, so a prefix nothing was pushed to (or a push that published
+    nothing) is not there either; its bucket may be missing too."""
+    import pyarrow.fs as pafs
+
+    if dataset.kind not in OBJECT_STORES:
+        return "nothing there: check the URI"
+    bucket = dataset.root.split("/", 1)[0]
+    # the root is the bucket: an empty bucket is a folder, so it is missing
+    if bucket == dataset.root or dataset.fs.get_file_info(bucket).type == pafs.FileType.NotFound:
+        return f"the bucket {bucket!r} does not exist: check the URI"
+    return (
+        "no object under this prefix (nothing was published there, and an object store "
+        "keeps no empty folder): check the URI"
+    )
+
+
+class Unindexed(NamedTuple):
+    """Collection folders under a dataset's root (``benchmark=<b>/collection_id=<id>/``)."""
+
+    #: those with a manifest: whole collections (copied by hand, a collector's own output)
+    #: or a push between its manifest and its index row
+    collections: int
+    #: those without one: a push under way (parts are copied before the manifest), or
+    #: one interrupted, which running it again resumes
+    partial: int
+
+
+def unindexed(dataset: Dataset) -> Unindexed:
+    """Count the collection folders under the root, with and without a manifest: what an
+    empty index may be hiding. Two levels are listed (not the parts within).
+
+    Raises:
+        OSError: the dataset cannot be read.
+    """
+    import pyarrow.fs as pafs
+
+    from kernmlops.spool.collection import MANIFEST_NAME
+
+    def folders(path: str, prefix: str) -> list[str]:
+        infos = dataset.fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+        return sorted(
+            i.path
+            for i in infos
+            if i.type == pafs.FileType.Directory and i.base_name.startswith(f"{prefix}=")
+        )
+
+    found = [c for b in folders(dataset.path(), BENCHMARK) for c in folders(b, COLLECTION_ID)]
+    if not found:
+        return Unindexed(0, 0)
+    manifests = dataset.fs.get_file_info([f"{c}/{MANIFEST_NAME}" for c in found])
+    whole = sum(i.type == pafs.FileType.File for i in manifests)
+    return Unindexed(whole, len(found) - whole)
 
 
 def index_schema() -> pa.Schema:

@@ -89,26 +89,40 @@ def _report_failures(failures: list) -> None:
         console.print(f"[red]graph {f.graph} failed:[/] {f.error}", markup=True, soft_wrap=True)
 
 
-def _missing_tables(names: list[str], tables: Iterable[str]) -> None:
+def _lacking(names: list[str], tables: Iterable[str], damaged: Iterable[str] = ()) -> str | None:
+    """What a collection with ``tables`` lacks for the graphs asked for by name (--only),
+    naming the tables it has (a table in ``damaged`` was left out, and is said so), or
+    None when it has every one's."""
+    from kernmlops.graphs.context import graph_registry
+
+    registry, have, left_out = graph_registry(), set(tables), set(damaged)
+    lacking = [n for n in names if not registry[n].applies(have)]
+    if not lacking:
+        return None
+
+    def need(t: str) -> str:
+        return f"{t} (damaged: left out)" if t in left_out else t
+
+    needs = "; ".join(
+        f"{n} needs {', '.join(need(t) for t in registry[n].tables if t not in have)}"
+        for n in lacking
+    )
+    return (
+        f"the collection has no table for {', '.join(lacking)} ({needs}); its tables: "
+        f"{', '.join(sorted(have)) or 'none'}"
+    )
+
+
+def _missing_tables(names: list[str], tables: Iterable[str], damaged: Iterable[str] = ()) -> None:
     """Refuse, before a folder is made, graphs asked for by name (--only) whose tables
     the collection lacks, naming the tables it has.
 
     Raises:
         CollectionError: one such graph or more.
     """
-    from kernmlops.graphs.context import graph_registry
-
-    registry, have = graph_registry(), set(tables)
-    lacking = [n for n in names if not registry[n].applies(have)]
-    if not lacking:
-        return
-    needs = "; ".join(
-        f"{n} needs {', '.join(t for t in registry[n].tables if t not in have)}" for n in lacking
-    )
-    raise CollectionError(
-        f"the collection has no table for {', '.join(lacking)} ({needs}); its tables: "
-        f"{', '.join(sorted(have)) or 'none'}"
-    )
+    lacking = _lacking(names, tables, damaged)
+    if lacking is not None:
+        raise CollectionError(lacking)
 
 
 @click.command("graph")
@@ -171,7 +185,7 @@ def graph_command(
             col = read_collection(collection, lazy=True, damaged="skip")
             data = load(col, tgid=tgid, comm=comm)
         if names is not None:
-            _missing_tables(names, data.tables)
+            _missing_tables(names, data.tables, col.damaged)
         # render holds the folder open (no link planted on the way followed); under
         # sudo the PNGs are the user's, handed over through the held folder
         written = render(
@@ -219,7 +233,8 @@ def report_command(
 
     The page holds the system, the configuration, each hook's status (events,
     drops), per-table statistics and every figure (inline PNGs: no other file
-    is needed to open it); --only draws the named figures alone.
+    is needed to open it); --only draws the named figures alone (a collection
+    without the tables of one is said in a warning, and the exit status is 1).
     """
     from kernmlops.graphs import report
 
@@ -237,11 +252,20 @@ def report_command(
         with _incomplete_as_warning_lines():  # a damaged table is said, the rest reported
             read = [read_collection(c, lazy=True, damaged="skip") for c in collections]
             cols = [load(c, tgid=tgid, comm=comm) for c in read]
+        # a figure asked for (--only) that a collection cannot have is said (as `graph`
+        # says it), not left to a note in the page: the page is written still, as the
+        # other collections (and the rest of this one's page) are worth it
+        lacking = [] if names is None else [
+            (given, why) for given, c, data in zip(collections, read, cols, strict=True)
+            if (why := _lacking(names, data.tables, c.damaged)) is not None
+        ]  # fmt: skip
         # report holds the page's folder open (no planted link followed); under sudo
         # the page is the user's, handed over through it
         path = report(cols, output, tgid=tgid, comm=comm, graphs=names, dpi=dpi, errors=failures)
     except KernmlopsError as err:
         fail(err)
+    for where, why in lacking:
+        console.print(f"[yellow]warning:[/] {escape(f'{where}: {why}')}", soft_wrap=True)
     _report_failures(failures)
     click.echo(str(path))
-    sys.exit(1 if failures or any(c.damaged for c in read) else 0)
+    sys.exit(1 if failures or lacking or any(c.damaged for c in read) else 0)

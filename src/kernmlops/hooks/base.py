@@ -92,6 +92,9 @@ class HookStatus:
     #: a sampled hook's files read by the native sampler: its thread's real-time
     #: priority or why it has none (empty: sampled in Python)
     sampler: dict[str, Any] = field(default_factory=dict)
+    #: a BPF hook's rings per table that ran (its ring_groups, as this machine's CPUs
+    #: split: the config keeps what was asked); None: no rings
+    rings: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -108,6 +111,7 @@ class HookStatus:
             "drops_by_cpu": self.drops_by_cpu,
             "copier": self.copier,
             **({"sampler": self.sampler} if self.sampler else {}),
+            **({"rings": self.rings} if self.rings is not None else {}),
         }
 
 
@@ -142,6 +146,11 @@ class Hook(ABC, Generic[OptionsT]):
         """The tables this hook writes as configured (``tables`` are its defaults' when
         its options choose them, as task_perf's events do)."""
         return self.tables
+
+    def notes(self) -> list[str]:
+        """What the hook has to say before it starts, one warning each: a setting this
+        machine cannot honour as asked, and what it does instead (none by default)."""
+        return []
 
     @abstractmethod
     def start(self, ctx: HookContext) -> None:

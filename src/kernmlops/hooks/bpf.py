@@ -123,7 +123,8 @@ class BpfHookOptions(HookOptions):
         "switch storm without a loss; up to 16 CPUs one ring). More "
         "rings split a storm's writes (each ring has its own reservation lock) and its "
         "copy over more cores; a table's rows keep each CPU's order, not the order across "
-        "rings. At most one ring per CPU",
+        "rings. At most one ring per CPU (more is said at start, and the manifest's "
+        "hooks.<hook>.rings says how many ran)",
     )
 
     batch_ms: int = Field(
@@ -302,6 +303,27 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         """Program variants to try, in order (see ``open_and_load``)."""
         return VARIANTS
 
+    def ring_plan(self) -> tuple[int, int]:
+        """(rings per table, CPUs per ring) on this machine: ring_groups (or its
+        default) as its CPUs split (ring_group_plan)."""
+        return ring_group_plan(self.options.groups, cpu_span())
+
+    def notes(self) -> list[str]:
+        """ring_groups asking for more rings than this machine's CPUs make: not refused
+        (a config moves between machines), said, with what runs instead."""
+        asked = self.options.ring_groups
+        if asked is None:
+            return []
+        rings, per = self.ring_plan()
+        if rings == asked:
+            return []
+        cpus = cpu_span()
+        return [
+            f"hooks.{self.name}.ring_groups is {asked}, but this machine's {cpus} CPU(s) "
+            f"make {rings} ring(s) per table ({per} CPU(s) a ring; at most one ring per "
+            f"CPU): {rings} run"
+        ]
+
     def start(self, ctx: HookContext) -> None:
         path = object_path(self.object_name, ctx.bpf_dir)
         size = self.options.ring_bytes
@@ -315,7 +337,7 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
             missing = sorted(set(self.rings.values()) - set(spec.btf.rings()))
             if missing:
                 raise HookUnavailable(f"{self.name}: {path.name} declares no ring {missing[0]!r}")
-            groups, per = ring_group_plan(self.options.groups, cpu_span())
+            groups, per = self.ring_plan()
             # each ring's array of group rings: as many slots as groups (1: unused)
             outer = {f"{ring}_groups": groups for ring in self.rings.values() if groups > 1}
             self.obj = open_and_load(
@@ -372,6 +394,7 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
             raise HookUnavailable(f"{self.name}: {err}") from err
         self._spec = spec
         self._last_drain = dict.fromkeys(self.rings, time.monotonic())
+        self.status.rings = groups
         self.status.attached = True
 
     def _group_globals(
