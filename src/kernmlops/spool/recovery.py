@@ -77,10 +77,10 @@ def pending_spools(collection: Path) -> list[Path]:
 
 def deleted_bytes(segment: Path) -> int:
     """The bytes a segment whose file is gone held at the collector's last flush, as
-    its json says, where the writer did not retire it (its rows are not all in
-    finished parts): someone deleted it. 0 where its json does not say so: never
-    marked (a spool of before the mark, whose writer deleted the file before its json
-    as it does now), marked retired, noted at no flush, or not readable."""
+    its json says, where the writer never retired it: someone else deleted the file.
+    0 where the json cannot say so: a spool of before the mark (its writer, too,
+    deleted a file before its json), one marked retired, one no flush noted a size
+    for (a kill between the json's write and the file's creation), or unreadable."""
     try:
         meta = json.loads(read_plain(segment.with_suffix(".json")))
     except (OSError, UnicodeDecodeError, ValueError):
