@@ -207,6 +207,47 @@ def test_a_segment_cut_short_after_a_flush_is_named_with_what_it_lost(
     assert 0 < _quanta(col).height < whole.height
 
 
+def test_the_active_segment_deleted_after_a_flush_is_named_with_what_it_held(
+    killed: Path, tmp_path: Path
+) -> None:
+    # Its json stays and was never marked retired (the writer marks it before it
+    # deletes a segment whose rows are in finished parts): the file went after the
+    # collection wrote it, with at least what the last flush noted in it.
+    col = _copy(killed, tmp_path)
+    seg = _quanta_segment(col)
+    noted = json.loads(seg.with_suffix(".json").read_text())["bytes"]
+    assert noted > 0
+    seg.unlink()
+    done = _recover(col)
+    assert done.returncode == 2
+    assert (f"lost: {seg}: {noted:,} bytes not recovered: the file is missing, deleted "
+            "after the collection wrote it") in done.stderr, done.stderr  # fmt: skip
+    assert done.stderr.count("lost: ") == 1
+    assert seg.with_suffix(".json").exists()  # the spool is kept, as for any loss
+
+
+def test_a_retired_segments_json_left_alone_is_no_loss(killed: Path, tmp_path: Path) -> None:
+    # A kill between the writer's two deletions of a retired segment (its rows are in
+    # finished parts): its json, marked retired, is left without its file.
+    col = _copy(killed, tmp_path)
+    seg = _quanta_segment(col)
+    meta = json.loads(seg.with_suffix(".json").read_text())
+    seg.with_suffix(".json").write_text(json.dumps({**meta, "retired": True}))
+    seg.unlink()
+    done = _recover(col)
+    assert done.returncode == 0, done.stderr
+    assert "lost: " not in done.stderr
+    # a spool of before the mark: a json without its file was never named, nor is it now
+    col = _copy(killed, tmp_path / "old")
+    seg = _quanta_segment(col)
+    assert meta.pop("retired") is False  # the writer marks every json it writes
+    seg.with_suffix(".json").write_text(json.dumps(meta))
+    seg.unlink()
+    done = _recover(col)
+    assert done.returncode == 0, done.stderr
+    assert "lost: " not in done.stderr
+
+
 # -- the memory spool: raw segments on the tmpfs, in CRC32C frames ---------------------
 
 
@@ -353,6 +394,26 @@ def test_a_damaged_raw_frame_header_loses_that_frame_and_reading_goes_on(
     assert got.join(whole_in_memory, on=got.columns, how="anti").height == 0
     assert bad.raw is not None
     assert got.height == whole_in_memory.height - _rows_of(col, bad.raw)
+
+
+def test_a_memory_segment_cut_at_a_frame_below_its_last_flush_is_named(
+    killed_in_memory: tuple[Path, Path], whole_in_memory: pl.DataFrame, tmp_path: Path
+) -> None:
+    # The active segment, on the tmpfs, cut where a frame ends: what is left reads as
+    # whole frames, as a kill leaves them; only the size its json noted at the last
+    # flush tells the cut from the run's end.
+    col, seg = _copy_in_memory(killed_in_memory, tmp_path)
+    noted = json.loads(seg.with_suffix(".json").read_text())["bytes"]
+    keep = _raw_frames(seg)[1].start
+    assert 0 < keep < noted <= seg.stat().st_size
+    os.truncate(seg, keep)
+    done = _recover(col)
+    assert done.returncode == 2
+    assert (f"lost: {seg}: {noted - keep:,} bytes not recovered: cut short: "
+            f"{noted - keep:,} bytes fewer than it held at the collector's last flush"
+            ) in done.stderr, done.stderr  # fmt: skip
+    assert done.stderr.count("lost: ") == 1
+    assert 0 < _quanta(col).height < whole_in_memory.height
 
 
 def test_a_raw_segment_of_before_the_frames_is_still_read(

@@ -87,6 +87,51 @@ def test_a_segment_read_to_its_end_is_retired_at_a_flush_and_deleted_once_finish
     assert sorted((tmp_path / ".spool").iterdir()) == []
 
 
+def test_a_retired_segment_says_so_before_its_file_goes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A kill between the two deletions leaves the json alone: it must say the segment
+    # was retired (its rows are in finished parts), or recover would name it lost.
+    spool = _spool(tmp_path)
+    spool.append(events(10))
+    spool.drained()
+    spool.checkpoint({})  # the flush notes its size: what a deleted file would lose
+    seg = tmp_path / ".spool" / "events.00000.json"
+    assert json.loads(seg.read_text())["bytes"] > 0
+    assert json.loads(seg.read_text())["retired"] is False
+    assert len(_read_all(spool)) == 10
+    spool.count("events", 10)
+    real = Path.unlink
+    monkeypatch.setattr(Path, "unlink", lambda p, **kw: None if p == seg else real(p, **kw))
+    spool.checkpoint({"events": 10})  # retired, and its rows finished: deleted
+    spool.drained()
+    assert not seg.with_suffix(".ring").exists()
+    assert json.loads(seg.read_text())["retired"] is True
+    assert [p.name for p in pending_spools(tmp_path)] == ["events.00001.ring"]
+    monkeypatch.undo()
+    spool.remove()
+
+
+def test_the_active_segments_file_deleted_after_a_flush_is_still_pending(
+    tmp_path: Path,
+) -> None:
+    # Its json stays, never marked retired, and says what a flush found in it:
+    # recover must see it (and name it lost), not take the spool for clean.
+    spool = _spool(tmp_path)
+    spool.append(events(10))
+    spool.drained()
+    spool.checkpoint({})
+    spool.close()
+    seg = tmp_path / ".spool" / "events.00000.ring"
+    seg.unlink()
+    assert pending_spools(tmp_path) == [seg]
+    # a spool of before the mark: its json alone is no loss (as before)
+    meta = json.loads(seg.with_suffix(".json").read_text())
+    del meta["retired"]
+    seg.with_suffix(".json").write_text(json.dumps(meta))
+    assert pending_spools(tmp_path) == []
+
+
 def test_the_spool_is_synced_at_each_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -27,6 +27,7 @@ from kernmlops.lazy import lazy_import
 from kernmlops.spool.collection import SPOOL_DIR
 from kernmlops.spool.frames import SegmentFormat, segment_format
 from kernmlops.spool.recovery import (
+    deleted_bytes,
     good_records,
     guess_format,
     pending_spools,
@@ -218,7 +219,7 @@ def recover(
                 reason = str(err) if isinstance(err, CollectionError) else f"its description "\
                     f"{key}.json is damaged ({type(err).__name__}: {err})"  # fmt: skip
                 for seg in segs:
-                    result.lost.append(Lost(seg, reason, _size(seg)))
+                    result.lost.append(Lost(seg, reason, _size(seg) or deleted_bytes(seg)))
                 continue
             _recover_key(key, segs, hook, layout, dtype, finished, sink, result)
         sink.close()
@@ -262,6 +263,7 @@ def _recover_key(key: str, segs: list[Path], hook, layout, dtype, finished: dict
 
     stride = record_stride(dtype.itemsize)
     made: dict[str, int] = {}
+    gone = False  # the segment before this one is named lost: its file is missing
     for i, seg in enumerate(segs):
         # the ring's last bytes (a kill may cut them): an empty standby after is no data
         last = not any(_size(later) for later in segs[i + 1 :])
@@ -277,12 +279,20 @@ def _recover_key(key: str, segs: list[Path], hook, layout, dtype, finished: dict
             # rows a damaged segment before this one did not give: lost
             short = {t: n - made.get(t, 0) for t, n in before.items()
                      if isinstance(n, int) and n > made.get(t, 0)}  # fmt: skip
-            if made and short:
+            if made and short and not gone:
                 rows = ", ".join(f"{t} {n:,}" for t, n in sorted(short.items()))
                 result.lost.append(
                     Lost(segs[i - 1], f"rows the next segment counts on are missing: {rows}")
                 )
             made = {t: n for t, n in before.items() if isinstance(n, int)}
+        if not os.path.lexists(seg):  # pending_spools gave it for its json
+            result.lost.append(Lost(
+                seg, "the file is missing, deleted after the collection wrote it (its size "
+                "at the collector's last flush, as its json noted it)", deleted_bytes(seg),
+            ))  # fmt: skip
+            gone = True  # one line for it: the next segment's rows_before is not checked
+            continue
+        gone = False
         try:
             data = read_plain(seg)
         except OSError as err:

@@ -94,7 +94,7 @@ def remove_spent_spool(
         return
     failed = any(not isinstance(e, KeyboardInterrupt) for e in errors)
     folder = spool.parent  # the collection, held open
-    if failed and any(seg.stat().st_size for seg in pending_spools(folder)):
+    if failed and any(seg.exists() and seg.stat().st_size for seg in pending_spools(folder)):
         return  # records a recovery can still turn into rows
     remove_spool(spool)
 

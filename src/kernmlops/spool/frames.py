@@ -3,9 +3,10 @@
 A spool folder holds ``<key>.json`` (what decodes the records: the hook, its options,
 the ring and the object whose BTF describes it), then segments ``<key>.<n>.ring`` each
 with ``<key>.<n>.json`` (the rows every table had before the segment's first record,
-its codec and format version). The writer of these files is
-:class:`kernmlops.spool.copy.RingSpool`; this module reads them (the collection while
-it runs, ``kernmlops recover`` after a kill).
+its codec and format version, its size at the last flush, and whether it is retired:
+marked before its file is deleted, so that recover names a file deleted otherwise).
+The writer of these files is :class:`kernmlops.spool.copy.RingSpool`; this module
+reads them (the collection while it runs, ``kernmlops recover`` after a kill).
 
 Every segment is a run of frames of whole records, each with a checksum, so that a
 flipped byte costs its frame and is named, never read as a wrong value; a kill may

@@ -7,6 +7,7 @@ of the collection made.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kernmlops.ebpf.ringbuf import BUSY_BIT, LEN_MASK
+from kernmlops.host.pinned import read_plain
 from kernmlops.spool.collection import SPOOL_DIR
 from kernmlops.spool.frames import (
     CODEC,
@@ -58,11 +60,35 @@ def remove_spool(spool_dir: Path) -> None:
 
 
 def pending_spools(collection: Path) -> list[Path]:
-    """The spool segments a collection still holds (after a kill), in order."""
+    """The spool segments a collection still holds (after a kill), in order; with them
+    those whose file is gone but whose json says it held records (:func:`deleted_bytes`:
+    a path that does not exist, for ``recover`` to name as lost)."""
     folder = collection / SPOOL_DIR
     if not folder.is_dir():
         return []
-    return sorted((p for f in spool_folders(folder) for p in f.glob("*.ring")), key=_order)
+    found = [p for f in spool_folders(folder) for p in f.glob("*.ring")]
+    for f in spool_folders(folder):
+        for meta in f.glob("*.json"):
+            seg = meta.with_suffix(".ring")
+            if _order(seg)[1] >= 0 and not os.path.lexists(seg) and deleted_bytes(seg):
+                found.append(seg)
+    return sorted(found, key=_order)
+
+
+def deleted_bytes(segment: Path) -> int:
+    """The bytes a segment whose file is gone held at the collector's last flush, as
+    its json says, where the writer never retired it: someone else deleted the file.
+    0 where the json cannot say so: a spool of before the mark (its writer, too,
+    deleted a file before its json), one marked retired, one no flush noted a size
+    for (a kill between the json's write and the file's creation), or unreadable."""
+    try:
+        meta = json.loads(read_plain(segment.with_suffix(".json")))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return 0
+    if not isinstance(meta, dict) or meta.get("retired") is not False:
+        return 0
+    size = meta.get("bytes")
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 0
 
 
 def _order(segment: Path) -> tuple[str, int]:

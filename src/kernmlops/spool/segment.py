@@ -4,6 +4,7 @@ frames (kernmlops.spool.frames) and read back a frame at a time. The ring copy
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterator
@@ -55,8 +56,11 @@ class Segment:
     #: bytes of a segment in memory, frame headers included: its share of the budget
     file_bytes: int = 0
     #: the file's size at the last flush, in its json: recover names a file found
-    #: shorter than that (cut) as a loss
+    #: shorter than that (cut), or gone while its json stays, as a loss
     meta_bytes: int = 0
+    #: its rows are in finished parts and it is being deleted: said in its json before
+    #: the file goes, so that a json a kill left alone is no loss (recover)
+    retired: bool = False
     #: in SpoolMemory's folder (its bytes count against the budget); written by the
     #: poll loop itself (a tmpfs write never waits for a disk), not by the writer
     in_memory: bool = False
@@ -97,6 +101,9 @@ class Segment:
             meta["codec"] = CODEC
         if self.meta_bytes:
             meta["bytes"] = self.meta_bytes
+        # always there: a json with it comes from a writer that marks a segment retired
+        # before deleting it (recover names no json of a writer before as a loss)
+        meta["retired"] = self.retired
         path = self.path.with_suffix(".json")
         if durable:
             write_json(path, meta)
@@ -143,7 +150,14 @@ class Segment:
         return raw
 
     def remove(self) -> None:
-        """Delete the segment file and its json."""
+        """Delete the segment file and its json. A json that notes the file's size is
+        first marked retired: one a kill leaves without its file is then told from one
+        whose file was deleted by someone else (a loss, which recover names)."""
+        if self.meta_bytes and not self.retired:
+            self.retired = True
+            # (a full disk) deleted all the same: only a kill just now would mislead
+            with contextlib.suppress(OSError):
+                self.write_meta(durable=False)
         self.path.unlink(missing_ok=True)
         self.path.with_suffix(".json").unlink(missing_ok=True)
 
