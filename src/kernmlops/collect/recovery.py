@@ -25,7 +25,7 @@ from kernmlops.errors import CollectionError
 from kernmlops.host.pinned import UnsafePath, read_plain, subfolder
 from kernmlops.lazy import lazy_import
 from kernmlops.spool.collection import SPOOL_DIR
-from kernmlops.spool.frames import SegmentFormat, segment_format
+from kernmlops.spool.frames import SegmentFormat, format_of
 from kernmlops.spool.recovery import (
     deleted_bytes,
     good_records,
@@ -270,7 +270,7 @@ def _recover_key(key: str, segs: list[Path], hook, layout, dtype, finished: dict
         try:
             meta = _meta(seg.with_suffix(".json"), "description")
             before = meta.get("rows_before")
-            fmt: SegmentFormat | None = segment_format(seg)
+            fmt: SegmentFormat | None = format_of(meta)
         except (CollectionError, ValueError, TypeError) as err:
             # its rows come after the previous segment's, as for rows_before: null
             result.lost.append(Lost(seg, f"{err}; read as its first bytes look", 0))

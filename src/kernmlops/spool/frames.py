@@ -314,8 +314,15 @@ class SegmentFormat:
 
 
 def segment_format(segment: Path) -> SegmentFormat:
-    """A segment file's format (from its json)."""
-    meta = json.loads(segment.with_suffix(".json").read_text())
+    """A segment file's format, from its json (read never through a link: a spool
+    may lie in a folder a user owns)."""
+    from kernmlops.host.pinned import read_plain
+
+    return format_of(json.loads(read_plain(segment.with_suffix(".json"))))
+
+
+def format_of(meta: dict[str, Any]) -> SegmentFormat:
+    """The format a segment's json (``meta``, already read) describes."""
     version = meta.get("version", 1)
     if not isinstance(version, int) or not 1 <= version <= VERSION:
         raise ValueError(f"a segment format this version cannot read ({version!r})")
