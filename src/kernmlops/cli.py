@@ -370,11 +370,12 @@ def collect(
         scheme = _check_export_web_config(config.collector)  # before any BPF work
         require_bpf_privileges("collect")
         if config.collector.export:
-            from kernmlops.exporter.server import check_listen
+            from kernmlops.exporter.server import hold_listen
 
-            # the exporter binds only once the probes are attached: a busy port found
-            # then would leave a collection folder and its spool behind
-            check_listen(config.collector.export)
+            # the exporter serves only once the probes are attached: a busy port found
+            # then would leave a collection folder and its spool behind. Bound now and
+            # kept for it, so that nobody takes the port meanwhile
+            hold_listen(config.collector.export)
         _check_room(config.collector)
         if publish_uri:  # a bad URI or an unreachable store is said before the run
             from kernmlops.fleet.cli import publish_target

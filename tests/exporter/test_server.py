@@ -6,6 +6,7 @@ running exporter are in test_attack_bpf.py."""
 
 from __future__ import annotations
 
+import errno
 import http.client
 import socket
 import struct
@@ -14,7 +15,7 @@ import time
 
 import pytest
 
-from kernmlops.exporter.server import ListenError, MetricsServer, check_listen
+from kernmlops.exporter.server import ListenError, MetricsServer, hold_listen
 
 #: deadlines of 1-2 s
 pytestmark = pytest.mark.quiet
@@ -204,12 +205,23 @@ def test_clients_that_hang_up_or_stop_reading_leave_no_traceback(
     assert err == ""
 
 
-def test_check_listen_refuses_a_busy_port_in_one_line_and_leaves_a_free_one_free() -> None:
+def test_hold_listen_refuses_a_busy_port_in_one_line_and_keeps_a_free_one_for_the_server() -> None:
     with socket.create_server(("127.0.0.1", 0)) as busy:
         port = busy.getsockname()[1]
         with pytest.raises(ListenError) as info:
-            check_listen(f"127.0.0.1:{port}")
+            hold_listen(f"127.0.0.1:{port}")
     # the reason alone: not create_server's "(while attempting to bind on address ...)"
     assert str(info.value) == f"cannot listen on 127.0.0.1:{port}: Address already in use"
-    check_listen(f"127.0.0.1:{port}")  # closed again: the server can bind it after
-    MetricsServer(lambda: BODY, "127.0.0.1", port).start().stop()
+
+    hold_listen(f"127.0.0.1:{port}")
+    # held: nobody else takes the port before the server starts
+    with pytest.raises(OSError) as taken:
+        socket.create_server(("127.0.0.1", port)).close()
+    assert taken.value.errno == errno.EADDRINUSE
+    server = MetricsServer(lambda: BODY, "127.0.0.1", port).start()
+    try:
+        assert server.port == port and _get(port)[0] == 200
+    finally:
+        server.stop()
+    # the held socket was the server's, and went with it: the port is free again
+    socket.create_server(("127.0.0.1", port)).close()

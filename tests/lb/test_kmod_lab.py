@@ -95,7 +95,7 @@ def test_deploy_replace_undeploy_in_the_lab(lab: LabRun) -> None:
     # refused, kernel untouched: by the module itself and by the CLI
     assert r["raw_insmod_rc"] != 0 and not r["loaded_after_raw"]
     assert r["bad_rc"] == 2 and not r["loaded_after_bad"]
-    assert "b1 must hold 10 values" in part.output
+    assert "b1 is 9 numbers, must be 10 numbers" in part.output
     # loaded: can_migrate_task carries a return probe, and only then
     assert r["probes_before"] == []
     assert len(r["probes_loaded"]) == 1 and " r " in f" {r['probes_loaded'][0]} "

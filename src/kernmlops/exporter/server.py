@@ -96,16 +96,31 @@ def _listening(host: str, port: int) -> socket.socket:
         raise ListenError(f"cannot listen on {host}:{port}: {reason}") from None
 
 
-def check_listen(text: str) -> None:
-    """Raise unless ``HOST:PORT`` can be listened on now: bound and closed at once, so
-    that a caller refuses a busy port before it sets anything up (``collect --export``
-    binds it for good only once its probes are attached).
+#: sockets bound ahead of their server (hold_listen), by the address asked for
+_held: dict[tuple[str, int], socket.socket] = {}
+_held_lock = threading.Lock()
+
+
+def hold_listen(text: str) -> None:
+    """Bind ``HOST:PORT`` now and keep it for the :class:`MetricsServer` that asks for
+    that address later in this process: ``collect --export`` refuses a busy port
+    before it sets anything up, and no other process can take the port while the
+    probes attach (connections wait in the backlog until the server serves them).
 
     Raises:
         ListenError: ``text`` is not HOST:PORT, or the address cannot be bound.
     """
     host, port = parse_listen(text)
-    _listening(host, port).close()
+    with _held_lock:
+        if (host, port) not in _held:
+            _held[(host, port)] = _listening(host, port)
+
+
+def _bound(host: str, port: int) -> socket.socket:
+    """The socket hold_listen keeps for this address, else a new one."""
+    with _held_lock:
+        held = _held.pop((host, port), None)
+    return held if held is not None else _listening(host, port)
 
 
 #: Seconds a request may take to arrive whole, and a response to be taken; also
@@ -261,8 +276,8 @@ class MetricsServer:
         self._auth = BasicAuth(self.web.users) if self.web.users else None
         self.scrapes = ScrapeLog()
         self.stats = ServerStats()
-        # bound here, while the caller may still be privileged
-        self._sock = _listening(host, port)
+        # bound here (or by hold_listen, earlier), while the caller may still be privileged
+        self._sock = _bound(host, port)
         self.host = host
         self.port = self._sock.getsockname()[1]
         self._thread: threading.Thread | None = None
