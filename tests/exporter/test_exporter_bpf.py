@@ -72,6 +72,19 @@ def exp_programs() -> set[int]:
     return {p["id"] for p in json.loads(out.stdout or "[]") if p.get("name", "").startswith("exp_")}
 
 
+def programs_of(pid: int) -> set[int]:
+    """The BPF programs a process holds a descriptor of (its fdinfo's prog_id): its own,
+    not another exporter's on the same machine."""
+    ids = set()
+    for info in Path(f"/proc/{pid}/fdinfo").iterdir():
+        try:
+            text = info.read_text()
+        except OSError:  # closed meanwhile
+            continue
+        ids |= {int(ln.split()[1]) for ln in text.splitlines() if ln.startswith("prog_id:")}
+    return ids
+
+
 def wait_serving(proc: subprocess.Popen, url: str, log: Path, timeout: float = 90) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -141,7 +154,7 @@ def test_exporter_counts_a_known_job_and_prometheus_scrapes_it(
             exporter = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
         started.append(exporter)
         wait_serving(exporter, url, log)
-        loaded = exp_programs()
+        loaded = exp_programs() & programs_of(exporter.pid)
         assert loaded, "the exporter's programs are not in the kernel"
 
         work = subprocess.Popen(
@@ -341,7 +354,7 @@ def test_a_hangup_stops_the_exporter_cleanly(tmp_path: Path) -> None:
         exporter = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
     try:
         wait_serving(exporter, f"http://127.0.0.1:{port}/metrics", log)
-        assert exp_programs(), "the exporter's programs are not in the kernel"
+        assert exp_programs() & programs_of(exporter.pid), "its programs are not in the kernel"
         exporter.send_signal(signal.SIGHUP)
         assert exporter.wait(timeout=20) == 0, log.read_text()
         assert "stopping (SIGHUP): detaching programs" in log.read_text()
