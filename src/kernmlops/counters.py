@@ -13,9 +13,32 @@ from typing import TYPE_CHECKING
 from kernmlops.lazy import lazy_import
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     import polars as pl
 else:
     pl = lazy_import("polars")
+
+
+#: task_perf's tables (one per event): the growth charged to a task over a quantum,
+#: and the counter's cumulative enabled and running times (multiplexing).
+TASK_PERF_COUNT = "count"
+TASK_PERF_TIMES: tuple[str, str] = ("pmu_enabled_time_us", "pmu_running_time_us")
+
+
+def is_counter_time(column: str) -> bool:
+    """A counter's enabled or running time (perf's ``<event>_enabled_ns``, task_perf's
+    ``pmu_*_time_us``): the scale of its count, not a figure of the workload."""
+    return column.endswith(("_enabled_ns", "_running_ns")) or column in TASK_PERF_TIMES
+
+
+def counter_value(columns: Iterable[str]) -> str | None:
+    """The column holding the counter's value where ``columns`` are a task_perf
+    table's (its count, with the counter's times), else None."""
+    names = set(columns)
+    if TASK_PERF_COUNT in names and names.issuperset(TASK_PERF_TIMES):
+        return TASK_PERF_COUNT
+    return None
 
 
 def event_column(name: str) -> str:
