@@ -182,6 +182,31 @@ def test_every_view_is_summarised_by_its_queries_and_words() -> None:
     assert all(type(view).summary is TableView.summary for view in views.values())
 
 
+def test_report_of_collections_of_one_benchmark_names_it_once(
+    first: Collection, second: Collection, tmp_path: Path
+) -> None:
+    # another run of the first's benchmark ("synthetic"): memory only, quick to draw
+    tables = synthetic_tables(seed=3)
+    again = write_collection(
+        tmp_path / "again",
+        {k: tables[k] for k in ("memory_usage", "system_info")},
+        cid="synthetic-3",
+    )
+    titles = {}
+    for name, paths in {
+        "one": [first.path],
+        "twice": [first.path, again],
+        "mixed": [first.path, second.path, again],
+    }.items():
+        page = report(paths, tmp_path / f"{name}.html", graphs=["memory_usage"]).read_text()
+        titles[name] = re.findall(r"<title>(.*?)</title>", page)
+    assert titles == {
+        "one": ["kernmlops report: synthetic"],
+        "twice": ["kernmlops report: synthetic (2 collections)"],
+        "mixed": ["kernmlops report: synthetic (2 collections), other"],
+    }
+
+
 def test_report_renders_in_chromium_side_by_side(side_by_side: Path, tmp_path: Path) -> None:
     seen = browser_view(side_by_side, tmp_path)
     assert seen["images"] == 11 and seen["decoded"] == 11
