@@ -207,6 +207,43 @@ def test_read_collection_errors(tmp_path: Path) -> None:
         read_collection(tmp_path / "notes.txt")
 
 
+def test_a_finished_collection_without_rows_is_empty_not_damaged(tmp_path: Path) -> None:
+    from kernmlops.errors import EmptyCollectionError
+
+    hooks = {
+        "block_io": {"attached": True, "events": 0, "rows": {"block_io": 0}},
+        "syscalls": {"attached": True, "events": 1, "rows": {"syscalls": 0}},
+        "cpu_profile": {"attached": False, "reason": "needs perf_event with stacks"},
+    }
+    finished = {"collection_id": "e", "state": "completed", "duration_s": 2.26, "hooks": hooks,
+                "tables": {"block_io": {"rows": 0}, "syscalls": {"rows": 0}}}  # fmt: skip
+    write_manifest(tmp_path, finished)
+    with pytest.raises(EmptyCollectionError) as info:
+        read_collection(tmp_path)
+    assert str(info.value) == (
+        f"{tmp_path}: the collection recorded no rows (completed after 2.3 s; "
+        "block_io: 0 events, syscalls: 1 event, cpu_profile: not attached "
+        "(needs perf_event with stacks))"
+    )
+    assert info.value.exit_code == 1
+    # Damage still reads as damage: a collector that died (rows unknown), a table the
+    # manifest counts rows in with no part, unfinished parts
+    for change in (
+        {"state": "running"},
+        {"tables": {"block_io": {"rows": 5}}},
+        {"hooks": {"block_io": {"attached": True, "events": 5, "rows": {"block_io": 5}}}},
+    ):
+        write_manifest(tmp_path, {**finished, **change})
+        with pytest.raises(CollectionError, match="no Parquet tables") as damaged:
+            read_collection(tmp_path)
+        assert not isinstance(damaged.value, EmptyCollectionError)
+    write_manifest(tmp_path, finished)
+    (tmp_path / "block_io").mkdir()
+    (tmp_path / "block_io" / ".part-00000.parquet.tmp").write_bytes(b"")
+    with pytest.raises(CollectionError, match="only unfinished temporary parts in block_io"):
+        read_collection(tmp_path)
+
+
 def test_unreadable_part_names_the_table(tmp_path: Path) -> None:
     write_manifest(tmp_path, {})
     (tmp_path / "events").mkdir()

@@ -44,8 +44,8 @@ from urllib.parse import unquote
 
 import polars as pl
 
-from kernmlops.collect.manifest import MANIFEST_NAME, Manifest, read_manifest
-from kernmlops.errors import CollectionError
+from kernmlops.collect.manifest import FINAL_STATES, MANIFEST_NAME, Manifest, read_manifest
+from kernmlops.errors import CollectionError, EmptyCollectionError
 from kernmlops.tables import BENCHMARK, COLLECTION_ID
 
 if TYPE_CHECKING:
@@ -225,6 +225,8 @@ def read_collection(
     Raises:
         CollectionError: the folder does not exist, has no valid manifest, has no finished
             Parquet part, or a part cannot be read (lazy: the first; unless skipped).
+            EmptyCollectionError (a CollectionError) where it has no part because it
+            recorded no row: its collector finished and its manifest counts none.
     """
     path = Path(path).expanduser()
     if os.geteuid() == 0:
@@ -240,7 +242,7 @@ def read_collection(
     manifest = read_manifest(path)
     files, incomplete = _table_files(path)
     spooled = _spooled(path, path)
-    _no_tables(path, files, incomplete, spooled)
+    _no_tables(path, manifest, files, incomplete, spooled)
     scans = {name: _scan(parts) for name, parts in files.items()}
     tables, bad = _tables(path, scans, lazy, damaged)
     return _collection(path, manifest, tables, files, incomplete, spooled, lazy=lazy,
@@ -258,17 +260,51 @@ def _spooled(path: Path, folder: Path) -> str:
 
 
 def _no_tables(
-    path: Path, files: Mapping[str, list[Path]], incomplete: list[str], spooled: str
+    path: Path,
+    manifest: Manifest,
+    files: Mapping[str, list[Path]],
+    incomplete: list[str],
+    spooled: str,
 ) -> None:
-    """CollectionError where the collection has no finished part."""
+    """CollectionError where the collection has no finished part:
+    EmptyCollectionError where it has none because it recorded none (its collector
+    finished, its manifest counts no row, nothing is left unfinished or spooled)."""
     if files:
         return
+    if not incomplete and not spooled and _recorded_nothing(manifest):
+        raise EmptyCollectionError(
+            f"{path}: the collection recorded no rows ({_how_it_went(manifest)})"
+        )
     why = (
         f"; only unfinished temporary parts in {', '.join(incomplete)} (the writer was interrupted)"
         if incomplete
         else ""
     )
     raise CollectionError(f"{path}: no Parquet tables (no <table>/part-*.parquet){why}{spooled}")
+
+
+def _recorded_nothing(manifest: Manifest) -> bool:
+    """Whether ``manifest`` is a finished collector's that counts no row in any table
+    (a collector that died keeps ``running``: what it recorded is unknown)."""
+    return (
+        manifest.state in FINAL_STATES
+        and not any(t.rows for t in manifest.tables.values())
+        and not any(n for h in manifest.hooks.values() for n in h.rows.values())
+    )
+
+
+def _how_it_went(manifest: Manifest) -> str:
+    """``completed after 0.18 s; block_io: 0 events, cpu_profile: not attached (why)``."""
+    ended = str(manifest.state)
+    if manifest.duration_s is not None:
+        ended += f" after {manifest.duration_s:.1f} s"  # as collect said it
+    hooks = [
+        f"{name}: {h.events:,} event{'' if h.events == 1 else 's'}"
+        if h.attached
+        else f"{name}: not attached" + (f" ({h.reason})" if h.reason else "")
+        for name, h in manifest.hooks.items()
+    ]
+    return f"{ended}; {', '.join(hooks) if hooks else 'no hook'}"
 
 
 def _collection(
@@ -366,7 +402,7 @@ def _read_held(path: Path, lazy: bool, damaged: Damaged) -> Collection | LazyCol
             manifest = parse_manifest(text, manifest_path)
             files, opened, incomplete = _held_tables(held, path, uid, fds)
             spooled = _spooled(path, held.io)
-            _no_tables(path, files, incomplete, spooled)
+            _no_tables(path, manifest, files, incomplete, spooled)
             scans = {name: _held_scan(fds_) for name, fds_ in opened.items()}
             tables, bad = _tables(path, scans, lazy, damaged)
     finally:

@@ -28,6 +28,13 @@ class CollectionError(KernmlopsError):
     """A collection folder or file is missing or unreadable."""
 
 
+class EmptyCollectionError(CollectionError):
+    """A collection that finished and recorded no row: nothing in it is damaged, there
+    is only nothing to read (exit 1: nothing done, as a command with nothing to draw)."""
+
+    exit_code = 1
+
+
 class OutputError(CollectionError):
     """The output folder cannot take the collection (read-only, not a folder, no
     permission, full)."""

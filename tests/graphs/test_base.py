@@ -204,6 +204,27 @@ def test_perf_counts_are_scaled_when_multiplexed() -> None:
     assert summary["context_switches"].startswith("3,000 ")
 
 
+def test_perf_rates_of_counters_past_32_bits_of_nanoseconds() -> None:
+    # The same reads, 3.1 s into the counters' lives (count * enabled > 2**63): the
+    # rates and totals are those of the table's own differences, not a wrapped product.
+    frame = synthetic_tables()["perf_counters"]
+    late = frame.with_columns(
+        pl.col(c).cast(pl.Int64) + 3_100_000_000  # as the hook writes them: Int64
+        for c in frame.columns
+        if c.startswith("task_clock") or c.startswith("context_switches_")
+    )
+    assert late["task_clock_ns"].max() * late["task_clock_enabled_ns"].max() > 2**63
+    # 1e9 ns of task-clock per s on each of the 2 CPUs: 2 CPU-s/s
+    assert per_sample(late, cumulative=False)["task_clock_ns_scaled"].to_list() == pytest.approx(
+        [2e9] * 10
+    )
+    total = per_sample(late, cumulative=True)["task_clock_ns_scaled"].to_list()[-1]
+    by_cpu = late.group_by("cpu").agg(pl.col("task_clock_ns").max() - pl.col("task_clock_ns").min())
+    assert total == by_cpu["task_clock_ns"].sum() == 4_000_000_000
+    summary = dict(PerfCountersView().summary(late))
+    assert summary["task_clock_ns"] == "4.000 s (2.00 CPU-s/s)"
+
+
 def test_rss_sums_the_members_carried_forward() -> None:
     rss = rss_series(synthetic_tables()["mm_rss_stat"])
     worker = rss.filter(pl.col("mm_tgid") == WORKER)["rss_bytes"].to_list()

@@ -3,13 +3,23 @@ looked at in headless Chromium."""
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 
-from kernmlops.data import Collection
+from kernmlops.counters import scaled
+from kernmlops.data import Collection, read_collection
 from kernmlops.graphs import load, render, report
+from kernmlops.graphs._report import table_summary
+from kernmlops.graphs.perf_counters import per_sample
+from kernmlops.tables import UPTIME_TIMESTAMP
 from tests.graphs.conftest import assert_png, run_chromium
 from tests.graphs.test_render import EXPECTED
 from tests.graphs.test_report import (
@@ -78,3 +88,62 @@ def test_report_of_a_real_collection_renders_in_chromium(
     assert ink > 0.03, f"{ink:.2%} of the screenshot is not white"
     print(f"ink {ink:.2%}, colour {colour:.2%}, {len(pngs)} figures")
     assert colour > 0.01, f"only {colour:.2%} of the screenshot is coloured"
+
+
+#: One CPU busy for 4 s (past 3.04 s, where count * enabled of a clock counter passes
+#: 2**63), then its own CPU time from the kernel's rusage and its wall time.
+BURN = textwrap.dedent(
+    """
+    import json, resource, time
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 4.0:
+        pass
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    print(json.dumps({"cpu_s": r.ru_utime + r.ru_stime, "wall_s": time.monotonic() - t0}))
+    """
+)
+
+
+def test_perf_clocks_of_a_collection_past_3_seconds_stay_exact(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "kernmlops", "collect", "--no-progress", "-o", str(tmp_path),
+           "--hooks", "perf", "--", sys.executable, "-c", BURN]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    burn = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
+    found = sorted((tmp_path / "curated").glob("benchmark=command/collection_id=*"))
+    frame = read_collection(found[0])["perf_counters"].sort("cpu", UPTIME_TIMESTAMP)
+    cpus = frame["cpu"].n_unique()
+
+    # The counters reached the range where the old Int64 product wrapped.
+    last = frame.group_by("cpu").agg(pl.col("task_clock_ns", "task_clock_enabled_ns").last())
+    assert max(int(a) * int(b) for a, b in last.select("task_clock_ns", "task_clock_enabled_ns")
+               .iter_rows()) > 2**63  # fmt: skip
+    # Software clocks are never multiplexed: the scaled count is the raw count, exactly.
+    assert (frame["task_clock_enabled_ns"] == frame["task_clock_running_ns"]).all()
+    out = scaled(frame)
+    assert (out["task_clock_ns_scaled"] == out["task_clock_ns"].cast(pl.Float64)).all()
+
+    # The total over the run is the sum of each CPU's own difference of the raw table.
+    raw = frame.group_by("cpu").agg(
+        delta=pl.col("task_clock_ns").last() - pl.col("task_clock_ns").first()
+    )
+    total = per_sample(frame, cumulative=True)["task_clock_ns_scaled"].to_list()[-1]
+    assert total == raw["delta"].sum()
+    # It holds the workload's CPU time (the kernel's rusage of it, an independent
+    # account) and no more than every CPU's whole span.
+    span_s = (frame[UPTIME_TIMESTAMP].max() - frame[UPTIME_TIMESTAMP].min()) / 1e6
+    assert burn["cpu_s"] >= 3.5
+    assert burn["cpu_s"] <= total / 1e9 <= cpus * span_s * 1.01 + 0.01
+
+    # Each read's rate: between 0 and the CPU count (the old code: 0, then 5.7 on 2 CPUs;
+    # a read delayed on a busy machine shifts a few percent between neighbours).
+    rates = per_sample(frame, cumulative=False)["task_clock_ns_scaled"] / 1e9
+    assert rates.min() >= 0 and rates.max() <= cpus * 1.25, rates.to_list()
+    # The report's line: the same total, in CPU-s/s at most the CPU count.
+    stats = {t["table"]: dict(t["stats"]) for t in table_summary(load(found[0]))}
+    line = stats["perf_counters"]["task_clock_ns"]
+    found_line = re.fullmatch(r"([\d,.]+) s \(([\d.]+) CPU-s/s\)", line)
+    assert found_line, line
+    seconds, per_s = (float(g.replace(",", "")) for g in found_line.groups())
+    assert seconds == pytest.approx(total / 1e9, abs=0.0005)
+    assert 0 < per_s <= cpus * 1.01

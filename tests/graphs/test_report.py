@@ -8,6 +8,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import polars as pl
 import pytest
 from click.testing import CliRunner
 
@@ -17,6 +19,7 @@ from kernmlops.graphs._report import table_facts, table_summary
 from kernmlops.graphs.base import US_PER_S, GraphData, TableView, collect
 from kernmlops.graphs.cli import report_command
 from kernmlops.graphs.context import _views, load, table_view
+from kernmlops.hooks.task_perf import split_events
 from tests.graphs.conftest import (
     WORKER,
     assert_png,
@@ -107,6 +110,36 @@ def test_table_summary_matches_the_frames(synthetic: Collection) -> None:
     assert stats["bytes"].startswith("mean 1 MiB")
 
 
+def test_task_perf_tables_are_summarised_by_their_counts(tmp_path: Path) -> None:
+    # task_perf's tables as its hook makes them from switch records: minor faults per
+    # quantum 10 (6 times), 20 (4 times) and 1000; dTLB misses 7 each. The counters'
+    # enabled and running times (seconds, in µs) are no statistic of the workload.
+    counts = [10] * 6 + [20] * 4 + [1000]
+    n = len(counts)
+    dt = np.dtype(
+        [("ts_uptime_us", "<u8"), ("count", "<u8", (8,)), ("cumulative", "<u8", (8,)),
+         ("enabled_ns", "<u8", (8,)), ("running_ns", "<u8", (8,)), ("cpu", "<u4"),
+         ("pid", "<u4"), ("tgid", "<u4"), ("out_pid", "<u4"), ("out_tgid", "<u4"),
+         ("charge_task", "u1"), ("charge_out", "u1")]
+    )  # fmt: skip
+    recs = np.zeros(n, dt)
+    recs["ts_uptime_us"] = 5_000_000_000 + np.arange(n) * 1000
+    recs["count"][:, 0], recs["count"][:, 1] = counts, 7
+    recs["cumulative"][:, 0], recs["cumulative"][:, 1] = np.cumsum(counts), 7 * np.arange(1, n + 1)
+    recs["enabled_ns"][:, :2] = recs["running_ns"][:, :2] = 4_000_000_000 + np.arange(n)[:, None]
+    recs["pid"] = recs["tgid"] = WORKER
+    recs["charge_task"] = 1
+    tables = {
+        name: pl.from_arrow(table)
+        for name, table in split_events(recs, ["minor-faults", "dTLB-load-misses"]).items()
+    }
+    folder = write_collection(tmp_path, tables)  # type: ignore[arg-type]
+    stats = {t["table"]: dict(t["stats"]) for t in table_summary(load(folder))}
+    # by hand: mean 1140 / 11 = 103.6; p50 the 6th of 11 (10); p99 the 11th (1000)
+    assert stats["minor_faults"] == {"count": "mean 104 · p50 10 · p99 1,000 · max 1,000"}
+    assert stats["dtlb_misses"] == {"count": "mean 7 · p50 7 · p99 7 · max 7"}
+
+
 def two_query_table_summary(data: GraphData) -> list[dict[str, Any]]:
     """table_summary as it was made before its queries were one: a table's facts (span,
     processes) by one query, then the view's figures by another (view.summary)."""
@@ -147,6 +180,31 @@ def test_every_view_is_summarised_by_its_queries_and_words() -> None:
     views = _views()
     assert {"syscalls", "perf_counters", "quanta_runtime"} <= set(views)
     assert all(type(view).summary is TableView.summary for view in views.values())
+
+
+def test_report_of_collections_of_one_benchmark_names_it_once(
+    first: Collection, second: Collection, tmp_path: Path
+) -> None:
+    # another run of the first's benchmark ("synthetic"): memory only, quick to draw
+    tables = synthetic_tables(seed=3)
+    again = write_collection(
+        tmp_path / "again",
+        {k: tables[k] for k in ("memory_usage", "system_info")},
+        cid="synthetic-3",
+    )
+    titles = {}
+    for name, paths in {
+        "one": [first.path],
+        "twice": [first.path, again],
+        "mixed": [first.path, second.path, again],
+    }.items():
+        page = report(paths, tmp_path / f"{name}.html", graphs=["memory_usage"]).read_text()
+        titles[name] = re.findall(r"<title>(.*?)</title>", page)
+    assert titles == {
+        "one": ["kernmlops report: synthetic"],
+        "twice": ["kernmlops report: synthetic (2 collections)"],
+        "mixed": ["kernmlops report: synthetic (2 collections), other"],
+    }
 
 
 def test_report_renders_in_chromium_side_by_side(side_by_side: Path, tmp_path: Path) -> None:

@@ -124,6 +124,33 @@ def test_scaled_estimates_multiplexed_counts() -> None:
     assert out["task_clock_ns_scaled"].to_list() == [7.0, 7.0]
 
 
+def test_scaled_counts_past_32_bits_of_nanoseconds_do_not_overflow() -> None:
+    # Cumulative values after a few seconds: count * enabled passes 2**63 (the old
+    # Int64 product wrapped to a negative count), the estimate must not.
+    assert 5_000_000_000 * 5_000_000_000 > 2**63
+    frame = pl.DataFrame(
+        {
+            # not multiplexed (running == enabled): the count itself, exactly
+            "task_clock_ns": [5_000_000_000, 2**53 - 1, 0],
+            "task_clock_enabled_ns": [5_000_000_000, 9_000_000_000, 0],
+            "task_clock_running_ns": [5_000_000_000, 9_000_000_000, 0],
+            # multiplexed: a quarter, a half, three sevenths of the enabled time
+            "cycles": [6_000_000_000, 4_000_000_007, 3_000_000_000],
+            "cycles_enabled_ns": [9_000_000_000, 5_000_000_000, 7_000_000_000],
+            "cycles_running_ns": [2_250_000_000, 2_500_000_000, 3_000_000_000],
+        }
+    )
+    out = scaled(frame)
+    assert out["task_clock_ns_scaled"].dtype == pl.Float64
+    # by hand: 5e9 * 5e9 / 5e9; 2**53 - 1 (the largest integer a Float64 holds exactly);
+    # never ran: no estimate
+    assert out["task_clock_ns_scaled"].to_list() == [5_000_000_000.0, 2.0**53 - 1, None]
+    # by hand: 6e9 * 4; 4,000,000,007 * 2; 3e9 * 7 / 3
+    cycles = out["cycles_scaled"].to_list()
+    assert cycles[:2] == [24_000_000_000.0, 8_000_000_014.0]
+    assert cycles[2] == pytest.approx(7_000_000_000, rel=1e-15)
+
+
 def test_unresolvable_names_are_reported_not_counted(monkeypatch: pytest.MonkeyPatch) -> None:
     hook = PerfHook(PerfHook.Options(events=["nosuchsys:nosuchevent", "cycles", "cpu-cycles"]))
     specs = hook._specs()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import html
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -381,6 +382,16 @@ def report(
     return shown
 
 
+def report_title(benchmarks: Sequence[str]) -> str:
+    """The page's title: each benchmark once, in order of first appearance, with how
+    many of the collections are of it where more than one is (``command (2
+    collections), stress-ng``)."""
+    counts = Counter(benchmarks)
+    return ", ".join(
+        name if counts[name] == 1 else f"{name} ({counts[name]} collections)" for name in counts
+    )
+
+
 def _page(
     collections: Sequence[Collection | LazyCollection | GraphData | str | Path],
     *,
@@ -407,13 +418,13 @@ def _page(
 
     names = [n for n in graph_registry() if any(n in c.figures or n in c.failed for c in columns)]
     n = len(columns)
-    benchmarks = [c.data.collection.benchmark or "?" for c in columns]
+    title = report_title([c.data.collection.benchmark or "?" for c in columns])
     page = "1200px" if n == 1 else f"{min(700 * n, 2400)}px"
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>kernmlops report: {_e(', '.join(benchmarks))}</title>",
+        f"<title>kernmlops report: {_e(title)}</title>",
         f"<style>:root {{ --cols: {n}; --page: {page}; }}{_CSS}</style>",
         "</head><body>",
         "<h1>kernmlops report</h1>",

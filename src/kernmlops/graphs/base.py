@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 import numpy as np
 import polars as pl
 
+from kernmlops.counters import counter_value, is_counter_time
 from kernmlops.errors import KernmlopsError
 from kernmlops.tables import UPTIME_TIMESTAMP
 
@@ -214,13 +215,18 @@ class TableView:
         schema = frame.collect_schema()
         if self.key_columns is not None:
             return [c for c in self.key_columns if c in schema]
+        # a counter's table (task_perf's, one per event): the counter's value, not the
+        # times it was enabled and running (µs columns, but no figure of the workload)
+        count = counter_value(schema.names())
+        if count is not None:
+            return [count]
         found = [
             c
             for c, dtype in schema.items()
             if c != UPTIME_TIMESTAMP
             and dtype.is_numeric()
             and c.endswith(("_us", "_ns", "_bytes"))
-            and not c.endswith(("_enabled_ns", "_running_ns"))
+            and not is_counter_time(c)
         ]
         return found[:6]
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import Field, field_validator
 
-from kernmlops.counters import event_column
+from kernmlops.counters import TASK_PERF_COUNT, TASK_PERF_TIMES, event_column
 from kernmlops.ebpf import libbpf
 from kernmlops.ebpf.objects import BpfObject
 from kernmlops.ebpf.perf_counters import CounterSet, EventSpec, resolve_all
@@ -222,10 +222,10 @@ def split_events(records: np.ndarray, events: list[str]) -> dict[str, pa.Table]:
             "pid": cols[pid][keep],
             "tgid": cols[tgid][keep],
             UPTIME_TIMESTAMP: cols["ts_uptime_us"][keep],
-            "count": records["count"][keep, i],
+            TASK_PERF_COUNT: records["count"][keep, i],
             "cumulative_count": records["cumulative"][keep, i],
-            "pmu_enabled_time_us": records["enabled_ns"][keep, i] // 1000,
-            "pmu_running_time_us": records["running_ns"][keep, i] // 1000,
+            TASK_PERF_TIMES[0]: records["enabled_ns"][keep, i] // 1000,
+            TASK_PERF_TIMES[1]: records["running_ns"][keep, i] // 1000,
         }
         out[table_name(event)] = pa.Table.from_arrays(
             [
