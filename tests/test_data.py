@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 import warnings
 from collections.abc import Iterator
@@ -101,6 +102,50 @@ def test_a_running_collection_is_read_with_a_warning(tmp_path: Path) -> None:
     assert not c.complete and c["events"].height == 300
     listed = list_collections(tmp_path)
     assert listed["state"].to_list() == ["running"]
+
+
+def test_a_collection_still_being_collected_is_said_so_not_stopped(tmp_path: Path) -> None:
+    """A collector that still runs (its process has kernmlops in its command line, as
+    push and recover tell one) is no dead one: the warning says it is still being
+    collected, with no `recover` to run, and list_collections names its pid; once
+    it is gone, the collection is one whose collector stopped."""
+    from kernmlops.data import IncompleteCollectionWarning
+
+    folder = tmp_path / "benchmark=faux" / "collection_id=live"
+    make_collection(folder, "faux", "live", 300)
+    (folder / ".spool").mkdir()  # rows still spooled: its collector will flush them
+    (folder / ".spool" / "quanta_switch.00000.ring").write_bytes(b"\0" * 64)
+    alive = subprocess.Popen(["sh", "-c", "sleep 60", "kernmlops"])
+    try:
+        write_manifest(folder, {"collection_id": "live", "state": "running",
+                                "collector_pid": alive.pid,
+                                "last_flush_at": "2026-01-01T00:00:05+00:00"})  # fmt: skip
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            c = read_collection(folder)
+        assert [str(w.message) for w in said] == [
+            f"{folder}: still being collected (collector pid {alive.pid}): reading what was "
+            "flushed so far (last flush 2026-01-01T00:00:05+00:00)"
+        ]
+        assert issubclass(said[0].category, IncompleteCollectionWarning)
+        assert not c.complete and c["events"].height == 300
+        listed = list_collections(tmp_path)
+        assert listed.select("state", "collector_pid").rows() == [("running", alive.pid)]
+        shutil.rmtree(folder / "events")
+        shutil.rmtree(folder / "drops")
+        with pytest.raises(CollectionError, match=rf"no Parquet tables yet: still being "
+                           rf"collected \(collector pid {alive.pid}\)"):  # fmt: skip
+            read_collection(folder)
+        make_collection(folder, "faux", "live", 300)
+        write_manifest(folder, {"collection_id": "live", "state": "running",
+                                "collector_pid": alive.pid})  # fmt: skip
+    finally:
+        alive.kill()
+        alive.wait()
+    with pytest.warns(IncompleteCollectionWarning, match="stopped without finishing.*recover"):
+        read_collection(folder)
+    listed = list_collections(tmp_path)
+    assert listed.select("state", "collector_pid").rows() == [("running", None)]
 
 
 def test_a_table_its_manifest_counts_rows_in_is_named_when_its_folder_is_gone(
@@ -403,7 +448,9 @@ def test_read_parquet_dir_errors(curated: Path, tmp_path: Path) -> None:
 
 def test_list_collections(curated: Path) -> None:
     df = list_collections(curated)
-    assert df.columns == ["benchmark", "collection_id", "path", "started_at", "state", "tables"]
+    assert df.columns == [
+        "benchmark", "collection_id", "path", "started_at", "state", "tables", "collector_pid",
+    ]  # fmt: skip
     assert df.select("benchmark", "collection_id").rows() == sorted(ROWS)
     assert df["started_at"].to_list() == ["2024-05-02T00:00:00+00:00"] * 4
     assert df["tables"].to_list() == [["drops", "events"]] * 2 + [["events"]] * 2

@@ -23,8 +23,8 @@ Examples (in a notebook)::
 
 Only finished parts (``part-*.parquet``) are read; an interrupted writer's temporary files
 (``.part-*.parquet.tmp``) are never opened. A collection whose collector died (its manifest
-still says ``state: running``) is read as far as it was flushed, with a warning; its
-``Collection.complete`` is False.
+still says ``state: running``), or one still being collected, is read as far as it was
+flushed, with a warning; its ``Collection.complete`` is False.
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ __all__ = [
 
 class IncompleteCollectionWarning(UserWarning):
     """Not all of the collection is read: its collector did not finish (killed,
-    crashed: read as far as flushed), rows are still in its spool, or a table its
-    manifest counts rows in has no part left."""
+    crashed: read as far as flushed) or is still collecting, rows are still in its spool,
+    or a table its manifest counts rows in has no part left."""
 
 
 _PART = re.compile(r"^part-(\d+)\.parquet$")
@@ -240,7 +240,7 @@ def read_collection(
     manifest = read_manifest(path)
     files, incomplete = _table_files(path)
     spooled = _spooled(path, path)
-    _no_tables(path, files, incomplete, spooled)
+    _no_tables(path, manifest, files, incomplete, spooled)
     scans = {name: _scan(parts) for name, parts in files.items()}
     tables, bad = _tables(path, scans, lazy, damaged)
     return _collection(path, manifest, tables, files, incomplete, spooled, lazy=lazy,
@@ -258,11 +258,21 @@ def _spooled(path: Path, folder: Path) -> str:
 
 
 def _no_tables(
-    path: Path, files: Mapping[str, list[Path]], incomplete: list[str], spooled: str
+    path: Path,
+    manifest: Manifest,
+    files: Mapping[str, list[Path]],
+    incomplete: list[str],
+    spooled: str,
 ) -> None:
     """CollectionError where the collection has no finished part."""
     if files:
         return
+    pid = manifest.live_collector()
+    if pid is not None:
+        raise CollectionError(
+            f"{path}: no Parquet tables yet: still being collected (collector pid {pid}), "
+            "its first flush is still to come"
+        )
     why = (
         f"; only unfinished temporary parts in {', '.join(incomplete)} (the writer was interrupted)"
         if incomplete
@@ -290,7 +300,15 @@ def _collection(
     for why in damaged.values():
         warnings.warn(f"{why}: the table is left out", IncompleteCollectionWarning,
                       stacklevel=stacklevel)  # fmt: skip
-    if manifest.state == "running":
+    pid = manifest.live_collector()
+    if pid is not None:
+        warnings.warn(
+            f"{path}: still being collected (collector pid {pid}): reading what was flushed "
+            f"so far (last flush {manifest.last_flush_at or 'none yet'})",
+            IncompleteCollectionWarning,
+            stacklevel=stacklevel,
+        )
+    elif manifest.state == "running":
         warnings.warn(
             f"{path}: incomplete collection: its collector stopped without finishing "
             f"(last flush {manifest.last_flush_at or 'never'}); reading what was flushed{spooled}",
@@ -366,7 +384,7 @@ def _read_held(path: Path, lazy: bool, damaged: Damaged) -> Collection | LazyCol
             manifest = parse_manifest(text, manifest_path)
             files, opened, incomplete = _held_tables(held, path, uid, fds)
             spooled = _spooled(path, held.io)
-            _no_tables(path, files, incomplete, spooled)
+            _no_tables(path, manifest, files, incomplete, spooled)
             scans = {name: _held_scan(fds_) for name, fds_ in opened.items()}
             tables, bad = _tables(path, scans, lazy, damaged)
     finally:
@@ -597,8 +615,11 @@ def list_collections(path: str | Path) -> pl.DataFrame:
 
     Columns: ``benchmark``, ``collection_id`` (from the folder names), ``path``,
     ``started_at`` and ``state`` (the manifest's, as written; null without a readable
-    manifest; ``running`` for a collection whose collector died) and ``tables`` (the tables
-    with finished parts).
+    manifest; ``running`` both while it is collected and after its collector died, as
+    the fleet index has it), ``tables`` (the tables with finished parts) and
+    ``collector_pid`` (the pid of the collector still writing it; null when none runs:
+    ``state == "running"`` with a null ``collector_pid`` is a collection whose collector
+    died).
     """
     root = Path(path).expanduser()
     rows: dict[str, list[Any]] = {
@@ -608,6 +629,7 @@ def list_collections(path: str | Path) -> pl.DataFrame:
         "started_at": [],
         "state": [],
         "tables": [],
+        "collector_pid": [],
     }
     for benchmark, collection_id, folder in _collections(root, required=False):
         manifest: Manifest | None = None
@@ -626,6 +648,7 @@ def list_collections(path: str | Path) -> pl.DataFrame:
         rows["started_at"].append(manifest.started_at if manifest else None)
         rows["state"].append(manifest.state if manifest else None)
         rows["tables"].append(tables)
+        rows["collector_pid"].append(manifest.live_collector() if manifest else None)
     return pl.DataFrame(
         rows,
         schema={
@@ -635,6 +658,7 @@ def list_collections(path: str | Path) -> pl.DataFrame:
             "started_at": pl.String,
             "state": pl.String,
             "tables": pl.List(pl.String),
+            "collector_pid": pl.Int64,
         },
     )
 

@@ -10,7 +10,8 @@ times, per-hook status) and says how far the collection got. Its life:
    ``duration``, ``interrupted``, ``disk_full``, ``error``) with the duration and exit code.
 
 A collection whose collector was killed keeps ``state: running``: readers report it as
-incomplete and read what was flushed. Every reader goes through :class:`Manifest`; it carries
+incomplete and read what was flushed (one still being written, :meth:`Manifest.live_collector`,
+is reported as such). Every reader goes through :class:`Manifest`; it carries
 ``format`` and ``version`` so a file from a newer kernmlops is refused, not misread.
 Version 1 (before the lifecycle) is read too: its ``ended_by`` becomes ``state``.
 """
@@ -28,6 +29,7 @@ from kernmlops.fileio import write_atomic
 from kernmlops.spool.collection import (  # below both: the spool reads these too
     MANIFEST_NAME,
     check_collection_id,
+    collector_running,
 )
 
 __all__ = [
@@ -197,6 +199,12 @@ class Manifest(_Record):
     def complete(self) -> bool:
         """The collector finished (whatever the benchmark did): nothing was cut short."""
         return self.state in FINAL_STATES
+
+    def live_collector(self) -> int | None:
+        """The pid of the collector still writing the collection: it is ``running``
+        and its ``collector_pid`` is a kernmlops process that runs (None: it finished,
+        or its collector is gone)."""
+        return collector_running(self.collector_pid) if self.state == "running" else None
 
     def as_json(self) -> dict[str, Any]:
         """The JSON object written to disk: format and version first, extras last."""
