@@ -446,6 +446,33 @@ def test_read_parquet_dir_errors(curated: Path, tmp_path: Path) -> None:
         read_parquet_dir(tmp_path / "missing", "events")
 
 
+@pytest.mark.parametrize("uri", ["s3://kdata/fleet", "gs://b/p/", "S3://k/f?region=x"])
+def test_a_uri_is_refused_in_one_line_as_given(uri: str) -> None:
+    """The readers read local folders (as documented); a dataset's URI is said so, as
+    the user wrote it (a Path made s3://kdata/fleet the folder s3:/kdata/fleet)."""
+    from kernmlops import data_import as di
+
+    calls = [
+        lambda: read_parquet_dir(uri, "events"),
+        lambda: list_collections(uri),
+        lambda: read_collection(uri),
+        lambda: di.read_parquet_dir(uri, "command"),
+    ]
+    for call in calls:
+        with pytest.raises(CollectionError) as refused:
+            call()
+        said = str(refused.value)
+        assert said.startswith(f"{uri}: a URI: collections are read from local folders only")
+        assert "\n" not in said
+
+
+def test_a_file_uri_is_refused_naming_its_folder(curated: Path) -> None:
+    uri = curated.as_uri()
+    with pytest.raises(CollectionError, match=rf"^{uri}: a URI: name its folder instead \("):
+        read_parquet_dir(uri, "events")
+    assert read_parquet_dir(curated, "events").height == sum(ROWS.values())
+
+
 def test_list_collections(curated: Path) -> None:
     df = list_collections(curated)
     assert df.columns == [

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Literal, TypeVar, overload
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 import polars as pl
 
@@ -226,7 +226,7 @@ def read_collection(
         CollectionError: the folder does not exist, has no valid manifest, has no finished
             Parquet part, or a part cannot be read (lazy: the first; unless skipped).
     """
-    path = Path(path).expanduser()
+    path = _local_folder(path)
     if os.geteuid() == 0:
         # as root, sudo or not (a cron job, a root shell): the collection may be a
         # user's, and no link of theirs is followed
@@ -245,6 +245,24 @@ def read_collection(
     tables, bad = _tables(path, scans, lazy, damaged)
     return _collection(path, manifest, tables, files, incomplete, spooled, lazy=lazy,
                        stacklevel=3, damaged=bad)  # fmt: skip
+
+
+def _local_folder(path: str | Path) -> Path:
+    """``path`` as the local folder it names (``~`` expanded). A URI (``scheme://...``,
+    as push takes a dataset's) is refused in one line that shows it as given: these
+    readers read local folders only (a Path would make ``s3://b/p`` the folder
+    ``s3:/b/p``)."""
+    text = os.fspath(path)
+    if isinstance(text, str) and "://" in text:
+        scheme = text.partition("://")[0]
+        if scheme.lower() == "file":
+            local = unquote(urlsplit(text).path) or "/"
+            raise CollectionError(f"{text}: a URI: name its folder instead ({local})")
+        raise CollectionError(
+            f"{text}: a URI: collections are read from local folders only (copy the "
+            "dataset here first, or query it where it is with DuckDB or Spark)"
+        )
+    return Path(text).expanduser()
 
 
 def _spooled(path: Path, folder: Path) -> str:
@@ -577,7 +595,7 @@ def read_parquet_dir(
     Raises:
         CollectionError: ``path`` holds no collections, or none has ``table``.
     """
-    root = Path(path).expanduser()
+    root = _local_folder(path)
     collections = _collections(root)
     scans = []
     as_root = os.geteuid() == 0
@@ -621,7 +639,7 @@ def list_collections(path: str | Path) -> pl.DataFrame:
     ``state == "running"`` with a null ``collector_pid`` is a collection whose collector
     died).
     """
-    root = Path(path).expanduser()
+    root = _local_folder(path)
     rows: dict[str, list[Any]] = {
         BENCHMARK: [],
         COLLECTION_ID: [],

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kernmlops.data import _collections, _table_files
+from kernmlops.data import _collections, _local_folder, _table_files
 from kernmlops.data import read_parquet_dir as read_table
 from kernmlops.errors import CollectionError
 
@@ -39,7 +39,7 @@ def read_parquet_dir(
     Raises:
         CollectionError: ``data_dir`` holds no collections (of ``benchmark_name``).
     """
-    root = Path(data_dir).expanduser()
+    root = _local_folder(data_dir)
     found = _collections(root)
     if benchmark_name is not None:
         wanted = benchmark_name.replace("_", "-")
