@@ -8,6 +8,7 @@ import subprocess
 import tempfile
 import warnings
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -479,9 +480,51 @@ def test_list_collections(curated: Path) -> None:
         "benchmark", "collection_id", "path", "started_at", "state", "tables", "collector_pid",
     ]  # fmt: skip
     assert df.select("benchmark", "collection_id").rows() == sorted(ROWS)
-    assert df["started_at"].to_list() == ["2024-05-02T00:00:00+00:00"] * 4
+    assert df.schema["started_at"] == pl.Datetime("us", "UTC")
+    assert df["started_at"].to_list() == [datetime(2024, 5, 2, tzinfo=UTC)] * 4
     assert df["tables"].to_list() == [["drops", "events"]] * 2 + [["events"]] * 2
     assert df["path"][0] == str(curated / "benchmark=faux" / "collection_id=f1")
+
+
+def test_list_collections_started_at_is_the_index_s_utc_timestamp(curated: Path) -> None:
+    """started_at is a UTC timestamp, as the fleet index types it (an offset is made
+    UTC, a time without one is UTC's, what is not a time is null): the same instant
+    as the index row a push of the collection writes."""
+    from kernmlops.collect.manifest import read_manifest
+    from kernmlops.fleet.index import index_row
+
+    written = {
+        "f1": "2024-05-01T12:30:00.250000+02:00",
+        "f2": "2024-05-01T12:30:00",
+        "g1": "not a time",
+    }
+    for (benchmark, cid), _ in ROWS.items():
+        folder = curated / f"benchmark={benchmark}" / f"collection_id={cid}"
+        manifest = read_manifest(folder).model_copy(update={"started_at": written.get(cid)})
+        write_manifest(folder, manifest)
+    df = list_collections(curated)
+    assert df.schema["started_at"] == pl.Datetime("us", "UTC")
+    assert dict(zip(df["collection_id"], df["started_at"], strict=True)) == {
+        "f1": datetime(2024, 5, 1, 10, 30, 0, 250000, tzinfo=UTC),
+        "f2": datetime(2024, 5, 1, 12, 30, tzinfo=UTC),
+        "g1": None,
+        "g2": None,
+    }
+    for cid, at in zip(df["collection_id"], df["started_at"], strict=True):
+        folder = Path(df.filter(pl.col("collection_id") == cid)["path"][0])
+        assert (
+            index_row(read_manifest(folder), "benchmark=x/collection_id=y", [])["started_at"] == at
+        )
+    # the index's own type: the column goes into it as it is
+    import pyarrow as pa
+
+    from kernmlops.fleet.index import index_schema
+
+    assert (
+        df.to_arrow()["started_at"].type
+        == index_schema().field("started_at").type
+        == (pa.timestamp("us", tz="UTC"))
+    )
 
 
 def test_list_collections_empty(tmp_path: Path) -> None:
@@ -676,7 +719,7 @@ def test_read_parquet_dir_and_list_collections_as_root_follow_no_link_a_user_pla
             read_parquet_dir(curated, "events", lazy=True)
         listed = {r["collection_id"]: r for r in list_collections(curated).iter_rows(named=True)}
         assert listed["a1"]["started_at"] is None and listed["a1"]["tables"] == []
-        assert listed["a2"]["started_at"] == "2024-05-02T00:00:00+00:00"
+        assert listed["a2"]["started_at"] == datetime(2024, 5, 2, tzinfo=UTC)
         assert listed["a2"]["tables"] == ["drops", "events"]
     # the links gone, root reads every collection again (lazily too)
     monkeypatch.delenv("SUDO_UID")

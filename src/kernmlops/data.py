@@ -44,7 +44,7 @@ from urllib.parse import unquote, urlsplit
 
 import polars as pl
 
-from kernmlops.collect.manifest import MANIFEST_NAME, Manifest, read_manifest
+from kernmlops.collect.manifest import MANIFEST_NAME, Manifest, manifest_time, read_manifest
 from kernmlops.errors import CollectionError
 from kernmlops.tables import BENCHMARK, COLLECTION_ID
 
@@ -632,9 +632,10 @@ def list_collections(path: str | Path) -> pl.DataFrame:
     ``curated/``, a ``benchmark=<b>`` folder, a collection folder: as read_parquet_dir).
 
     Columns: ``benchmark``, ``collection_id`` (from the folder names), ``path``,
-    ``started_at`` and ``state`` (the manifest's, as written; null without a readable
-    manifest; ``running`` both while it is collected and after its collector died, as
-    the fleet index has it), ``tables`` (the tables with finished parts) and
+    ``started_at`` (the manifest's, a UTC timestamp as the fleet index has it; null
+    without a readable manifest or time), ``state`` (the manifest's, as written; null
+    without a readable manifest; ``running`` both while it is collected and after its
+    collector died, as the fleet index has it), ``tables`` (the tables with finished parts) and
     ``collector_pid`` (the pid of the collector still writing it; null when none runs:
     ``state == "running"`` with a null ``collector_pid`` is a collection whose collector
     died).
@@ -663,7 +664,7 @@ def list_collections(path: str | Path) -> pl.DataFrame:
         rows[BENCHMARK].append(benchmark)
         rows[COLLECTION_ID].append(collection_id)
         rows["path"].append(str(folder))
-        rows["started_at"].append(manifest.started_at if manifest else None)
+        rows["started_at"].append(manifest_time(manifest.started_at) if manifest else None)
         rows["state"].append(manifest.state if manifest else None)
         rows["tables"].append(tables)
         rows["collector_pid"].append(manifest.live_collector() if manifest else None)
@@ -673,7 +674,7 @@ def list_collections(path: str | Path) -> pl.DataFrame:
             BENCHMARK: pl.String,
             COLLECTION_ID: pl.String,
             "path": pl.String,
-            "started_at": pl.String,
+            "started_at": pl.Datetime("us", "UTC"),
             "state": pl.String,
             "tables": pl.List(pl.String),
             "collector_pid": pl.Int64,

@@ -19,6 +19,7 @@ Version 1 (before the lifecycle) is read too: its ``ended_by`` becomes ``state``
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -43,6 +44,7 @@ __all__ = [
     "State",
     "TableRecord",
     "check_collection_id",
+    "manifest_time",
     "parse_manifest",
     "read_manifest",
     "write_manifest",
@@ -210,6 +212,20 @@ class Manifest(_Record):
         """The JSON object written to disk: format and version first, extras last."""
         body = self.model_dump(mode="json")
         return {"format": FORMAT, "version": FORMAT_VERSION, **body}
+
+
+def manifest_time(text: str | None) -> datetime | None:
+    """A time the manifest holds (``started_at``, ``stopped_at``, ...: ISO 8601 with
+    its offset) as an aware datetime; one without an offset (hand-made) is UTC's, and
+    one that is not a time is None. The one reading of them: the fleet's index and
+    list_collections type them alike."""
+    if not text:
+        return None
+    try:
+        value = datetime.fromisoformat(text)
+    except (TypeError, ValueError):
+        return None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def _coerce(manifest: Manifest | dict[str, Any]) -> Manifest:
