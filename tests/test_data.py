@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 import warnings
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -101,6 +103,50 @@ def test_a_running_collection_is_read_with_a_warning(tmp_path: Path) -> None:
     assert not c.complete and c["events"].height == 300
     listed = list_collections(tmp_path)
     assert listed["state"].to_list() == ["running"]
+
+
+def test_a_collection_still_being_collected_is_said_so_not_stopped(tmp_path: Path) -> None:
+    """A collector that still runs (its process has kernmlops in its command line, as
+    push and recover tell one) is no dead one: the warning says it is still being
+    collected, with no `recover` to run, and list_collections names its pid; once
+    it is gone, the collection is one whose collector stopped."""
+    from kernmlops.data import IncompleteCollectionWarning
+
+    folder = tmp_path / "benchmark=faux" / "collection_id=live"
+    make_collection(folder, "faux", "live", 300)
+    (folder / ".spool").mkdir()  # rows still spooled: its collector will flush them
+    (folder / ".spool" / "quanta_switch.00000.ring").write_bytes(b"\0" * 64)
+    alive = subprocess.Popen(["sh", "-c", "sleep 60", "kernmlops"])
+    try:
+        write_manifest(folder, {"collection_id": "live", "state": "running",
+                                "collector_pid": alive.pid,
+                                "last_flush_at": "2026-01-01T00:00:05+00:00"})  # fmt: skip
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            c = read_collection(folder)
+        assert [str(w.message) for w in said] == [
+            f"{folder}: still being collected (collector pid {alive.pid}): reading what was "
+            "flushed so far (last flush 2026-01-01T00:00:05+00:00)"
+        ]
+        assert issubclass(said[0].category, IncompleteCollectionWarning)
+        assert not c.complete and c["events"].height == 300
+        listed = list_collections(tmp_path)
+        assert listed.select("state", "collector_pid").rows() == [("running", alive.pid)]
+        shutil.rmtree(folder / "events")
+        shutil.rmtree(folder / "drops")
+        with pytest.raises(CollectionError, match=rf"no Parquet tables yet: still being "
+                           rf"collected \(collector pid {alive.pid}\)"):  # fmt: skip
+            read_collection(folder)
+        make_collection(folder, "faux", "live", 300)
+        write_manifest(folder, {"collection_id": "live", "state": "running",
+                                "collector_pid": alive.pid})  # fmt: skip
+    finally:
+        alive.kill()
+        alive.wait()
+    with pytest.warns(IncompleteCollectionWarning, match="stopped without finishing.*recover"):
+        read_collection(folder)
+    listed = list_collections(tmp_path)
+    assert listed.select("state", "collector_pid").rows() == [("running", None)]
 
 
 def test_a_table_its_manifest_counts_rows_in_is_named_when_its_folder_is_gone(
@@ -438,13 +484,84 @@ def test_read_parquet_dir_errors(curated: Path, tmp_path: Path) -> None:
         read_parquet_dir(tmp_path / "missing", "events")
 
 
+@pytest.mark.parametrize("uri", ["s3://kdata/fleet", "gs://b/p/", "S3://k/f?region=x"])
+def test_a_uri_is_refused_in_one_line_as_given(uri: str) -> None:
+    """The readers read local folders (as documented); a dataset's URI is said so, as
+    the user wrote it (a Path made s3://kdata/fleet the folder s3:/kdata/fleet)."""
+    from kernmlops import data_import as di
+
+    calls = [
+        lambda: read_parquet_dir(uri, "events"),
+        lambda: list_collections(uri),
+        lambda: read_collection(uri),
+        lambda: di.read_parquet_dir(uri, "command"),
+    ]
+    for call in calls:
+        with pytest.raises(CollectionError) as refused:
+            call()
+        said = str(refused.value)
+        assert said.startswith(f"{uri}: a URI: collections are read from local folders only")
+        assert "\n" not in said
+
+
+def test_a_file_uri_is_refused_naming_its_folder(curated: Path) -> None:
+    uri = curated.as_uri()
+    with pytest.raises(CollectionError, match=rf"^{uri}: a URI: name its folder instead \("):
+        read_parquet_dir(uri, "events")
+    assert read_parquet_dir(curated, "events").height == sum(ROWS.values())
+
+
 def test_list_collections(curated: Path) -> None:
     df = list_collections(curated)
-    assert df.columns == ["benchmark", "collection_id", "path", "started_at", "state", "tables"]
+    assert df.columns == [
+        "benchmark", "collection_id", "path", "started_at", "state", "tables", "collector_pid",
+    ]  # fmt: skip
     assert df.select("benchmark", "collection_id").rows() == sorted(ROWS)
-    assert df["started_at"].to_list() == ["2024-05-02T00:00:00+00:00"] * 4
+    assert df.schema["started_at"] == pl.Datetime("us", "UTC")
+    assert df["started_at"].to_list() == [datetime(2024, 5, 2, tzinfo=UTC)] * 4
     assert df["tables"].to_list() == [["drops", "events"]] * 2 + [["events"]] * 2
     assert df["path"][0] == str(curated / "benchmark=faux" / "collection_id=f1")
+
+
+def test_list_collections_started_at_is_the_index_s_utc_timestamp(curated: Path) -> None:
+    """started_at is a UTC timestamp, as the fleet index types it (an offset is made
+    UTC, a time without one is UTC's, what is not a time is null): the same instant
+    as the index row a push of the collection writes."""
+    from kernmlops.collect.manifest import read_manifest
+    from kernmlops.fleet.index import index_row
+
+    written = {
+        "f1": "2024-05-01T12:30:00.250000+02:00",
+        "f2": "2024-05-01T12:30:00",
+        "g1": "not a time",
+    }
+    for (benchmark, cid), _ in ROWS.items():
+        folder = curated / f"benchmark={benchmark}" / f"collection_id={cid}"
+        manifest = read_manifest(folder).model_copy(update={"started_at": written.get(cid)})
+        write_manifest(folder, manifest)
+    df = list_collections(curated)
+    assert df.schema["started_at"] == pl.Datetime("us", "UTC")
+    assert dict(zip(df["collection_id"], df["started_at"], strict=True)) == {
+        "f1": datetime(2024, 5, 1, 10, 30, 0, 250000, tzinfo=UTC),
+        "f2": datetime(2024, 5, 1, 12, 30, tzinfo=UTC),
+        "g1": None,
+        "g2": None,
+    }
+    for cid, at in zip(df["collection_id"], df["started_at"], strict=True):
+        folder = Path(df.filter(pl.col("collection_id") == cid)["path"][0])
+        assert (
+            index_row(read_manifest(folder), "benchmark=x/collection_id=y", [])["started_at"] == at
+        )
+    # the index's own type: the column goes into it as it is
+    import pyarrow as pa
+
+    from kernmlops.fleet.index import index_schema
+
+    assert (
+        df.to_arrow()["started_at"].type
+        == index_schema().field("started_at").type
+        == (pa.timestamp("us", tz="UTC"))
+    )
 
 
 def test_list_collections_empty(tmp_path: Path) -> None:
@@ -639,7 +756,7 @@ def test_read_parquet_dir_and_list_collections_as_root_follow_no_link_a_user_pla
             read_parquet_dir(curated, "events", lazy=True)
         listed = {r["collection_id"]: r for r in list_collections(curated).iter_rows(named=True)}
         assert listed["a1"]["started_at"] is None and listed["a1"]["tables"] == []
-        assert listed["a2"]["started_at"] == "2024-05-02T00:00:00+00:00"
+        assert listed["a2"]["started_at"] == datetime(2024, 5, 2, tzinfo=UTC)
         assert listed["a2"]["tables"] == ["drops", "events"]
     # the links gone, root reads every collection again (lazily too)
     monkeypatch.delenv("SUDO_UID")

@@ -63,6 +63,25 @@ def test_benchmark_name_keeps_one_benchmark(curated: Path) -> None:
         di.read_parquet_dir(curated / "benchmark=faux" / "collection_id=a" / "dtlb_misses")
 
 
+def test_benchmark_name_by_position_as_kernmlops_calls_it(curated: Path) -> None:
+    """KernMLOps' signature is read_parquet_dir(data_dir, benchmark_name): either
+    argument by position or by name, the same tables."""
+
+    def heights(r: dict[str, pl.DataFrame]) -> dict[str, int]:
+        return {table: frame.height for table, frame in r.items()}
+
+    by_name = di.read_parquet_dir(curated, benchmark_name="gap")
+    assert heights(by_name) == {"block_io": 1, "dtlb_misses": 2}
+    for r in (
+        di.read_parquet_dir(str(curated), "gap"),
+        di.read_parquet_dir(data_dir=curated, benchmark_name="gap"),
+    ):
+        assert heights(r) == heights(by_name)
+        assert r["dtlb_misses"]["tgid"].to_list() == [2, 3]
+    everything = di.read_parquet_dir(curated, None)
+    assert heights(everything) == {"block_io": 1, "dtlb_misses": 6}
+
+
 def test_the_data_folder_holding_curated_reads_as_curated(curated: Path) -> None:
     """data/ (as `collect -o data` writes it, and as push takes it) reads as data/curated."""
     r = di.read_parquet_dir(curated.parent)

@@ -636,7 +636,10 @@ def recover(collection: Path, bpf_dir: Path | None) -> None:
             return
         pid = collector_alive(io)
         if pid is not None:
-            raise CollectionError(f"collector {pid} still writes {collection}: stop it first")
+            raise CollectionError(
+                f"{collection}: still being collected (collector pid {pid}): nothing to "
+                "recover while it runs (it makes its spool's rows into parts as it stops)"
+            )
         try:
             done = recover(io, bpf_dir, shown=collection)
         finally:

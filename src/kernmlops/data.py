@@ -23,8 +23,8 @@ Examples (in a notebook)::
 
 Only finished parts (``part-*.parquet``) are read; an interrupted writer's temporary files
 (``.part-*.parquet.tmp``) are never opened. A collection whose collector died (its manifest
-still says ``state: running``) is read as far as it was flushed, with a warning; its
-``Collection.complete`` is False.
+still says ``state: running``), or one still being collected, is read as far as it was
+flushed, with a warning; its ``Collection.complete`` is False.
 """
 
 from __future__ import annotations
@@ -40,11 +40,17 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Literal, TypeVar, overload
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 import polars as pl
 
-from kernmlops.collect.manifest import FINAL_STATES, MANIFEST_NAME, Manifest, read_manifest
+from kernmlops.collect.manifest import (
+    FINAL_STATES,
+    MANIFEST_NAME,
+    Manifest,
+    manifest_time,
+    read_manifest,
+)
 from kernmlops.errors import CollectionError, EmptyCollectionError
 from kernmlops.tables import BENCHMARK, COLLECTION_ID
 
@@ -65,8 +71,8 @@ __all__ = [
 
 class IncompleteCollectionWarning(UserWarning):
     """Not all of the collection is read: its collector did not finish (killed,
-    crashed: read as far as flushed), rows are still in its spool, or a table its
-    manifest counts rows in has no part left."""
+    crashed: read as far as flushed) or is still collecting, rows are still in its spool,
+    or a table its manifest counts rows in has no part left."""
 
 
 _PART = re.compile(r"^part-(\d+)\.parquet$")
@@ -228,7 +234,7 @@ def read_collection(
             EmptyCollectionError (a CollectionError) where it has no part because it
             recorded no row: its collector finished and its manifest counts none.
     """
-    path = Path(path).expanduser()
+    path = _local_folder(path)
     if os.geteuid() == 0:
         # as root, sudo or not (a cron job, a root shell): the collection may be a
         # user's, and no link of theirs is followed
@@ -247,6 +253,24 @@ def read_collection(
     tables, bad = _tables(path, scans, lazy, damaged)
     return _collection(path, manifest, tables, files, incomplete, spooled, lazy=lazy,
                        stacklevel=3, damaged=bad)  # fmt: skip
+
+
+def _local_folder(path: str | Path) -> Path:
+    """``path`` as the local folder it names (``~`` expanded). A URI (``scheme://...``,
+    as push takes a dataset's) is refused in one line that shows it as given: these
+    readers read local folders only (a Path would make ``s3://b/p`` the folder
+    ``s3:/b/p``)."""
+    text = os.fspath(path)
+    if isinstance(text, str) and "://" in text:
+        scheme = text.partition("://")[0]
+        if scheme.lower() == "file":
+            local = unquote(urlsplit(text).path) or "/"
+            raise CollectionError(f"{text}: a URI: name its folder instead ({local})")
+        raise CollectionError(
+            f"{text}: a URI: collections are read from local folders only (copy the "
+            "dataset here first, or query it where it is with DuckDB or Spark)"
+        )
+    return Path(text).expanduser()
 
 
 def _spooled(path: Path, folder: Path) -> str:
@@ -271,6 +295,12 @@ def _no_tables(
     finished, its manifest counts no row, nothing is left unfinished or spooled)."""
     if files:
         return
+    pid = manifest.live_collector()
+    if pid is not None:
+        raise CollectionError(
+            f"{path}: no Parquet tables yet: still being collected (collector pid {pid}), "
+            "its first flush is still to come"
+        )
     if not incomplete and not spooled and _recorded_nothing(manifest):
         raise EmptyCollectionError(
             f"{path}: the collection recorded no rows ({_how_it_went(manifest)})"
@@ -326,7 +356,15 @@ def _collection(
     for why in damaged.values():
         warnings.warn(f"{why}: the table is left out", IncompleteCollectionWarning,
                       stacklevel=stacklevel)  # fmt: skip
-    if manifest.state == "running":
+    pid = manifest.live_collector()
+    if pid is not None:
+        warnings.warn(
+            f"{path}: still being collected (collector pid {pid}): reading what was flushed "
+            f"so far (last flush {manifest.last_flush_at or 'none yet'})",
+            IncompleteCollectionWarning,
+            stacklevel=stacklevel,
+        )
+    elif manifest.state == "running":
         warnings.warn(
             f"{path}: incomplete collection: its collector stopped without finishing "
             f"(last flush {manifest.last_flush_at or 'never'}); reading what was flushed{spooled}",
@@ -595,7 +633,7 @@ def read_parquet_dir(
     Raises:
         CollectionError: ``path`` holds no collections, or none has ``table``.
     """
-    root = Path(path).expanduser()
+    root = _local_folder(path)
     collections = _collections(root)
     scans = []
     as_root = os.geteuid() == 0
@@ -632,11 +670,15 @@ def list_collections(path: str | Path) -> pl.DataFrame:
     ``curated/``, a ``benchmark=<b>`` folder, a collection folder: as read_parquet_dir).
 
     Columns: ``benchmark``, ``collection_id`` (from the folder names), ``path``,
-    ``started_at`` and ``state`` (the manifest's, as written; null without a readable
-    manifest; ``running`` for a collection whose collector died) and ``tables`` (the tables
-    with finished parts).
+    ``started_at`` (the manifest's, a UTC timestamp as the fleet index has it; null
+    without a readable manifest or time), ``state`` (the manifest's, as written; null
+    without a readable manifest; ``running`` both while it is collected and after its
+    collector died, as the fleet index has it), ``tables`` (the tables with finished parts) and
+    ``collector_pid`` (the pid of the collector still writing it; null when none runs:
+    ``state == "running"`` with a null ``collector_pid`` is a collection whose collector
+    died).
     """
-    root = Path(path).expanduser()
+    root = _local_folder(path)
     rows: dict[str, list[Any]] = {
         BENCHMARK: [],
         COLLECTION_ID: [],
@@ -644,6 +686,7 @@ def list_collections(path: str | Path) -> pl.DataFrame:
         "started_at": [],
         "state": [],
         "tables": [],
+        "collector_pid": [],
     }
     for benchmark, collection_id, folder in _collections(root, required=False):
         manifest: Manifest | None = None
@@ -659,18 +702,20 @@ def list_collections(path: str | Path) -> pl.DataFrame:
         rows[BENCHMARK].append(benchmark)
         rows[COLLECTION_ID].append(collection_id)
         rows["path"].append(str(folder))
-        rows["started_at"].append(manifest.started_at if manifest else None)
+        rows["started_at"].append(manifest_time(manifest.started_at) if manifest else None)
         rows["state"].append(manifest.state if manifest else None)
         rows["tables"].append(tables)
+        rows["collector_pid"].append(manifest.live_collector() if manifest else None)
     return pl.DataFrame(
         rows,
         schema={
             BENCHMARK: pl.String,
             COLLECTION_ID: pl.String,
             "path": pl.String,
-            "started_at": pl.String,
+            "started_at": pl.Datetime("us", "UTC"),
             "state": pl.String,
             "tables": pl.List(pl.String),
+            "collector_pid": pl.Int64,
         },
     )
 

@@ -1,12 +1,14 @@
-"""KernMLOps' data call: ``read_parquet_dir(path)`` -> {table name: DataFrame}.
+"""KernMLOps' data call: ``read_parquet_dir(data_dir, benchmark_name=None)`` -> {table
+name: DataFrame}.
 
-Every table of every collection under ``path`` (a curated folder, the data folder
+Every table of every collection under ``data_dir`` (a curated folder, the data folder
 holding ``curated/``, one ``benchmark=<b>`` folder or one collection), each concatenated
 over the collections with ``benchmark`` and ``collection_id`` columns, as
 :func:`kernmlops.data.read_parquet_dir` reads one table::
 
     from kernmlops import data_import as di
     r = di.read_parquet_dir("data/curated")
+    r = di.read_parquet_dir("data/curated", "linux_build")   # one benchmark's collections
     r.keys()
     r["quanta_runtime"].filter(pl.col("tgid") == 1234)
 """
@@ -16,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kernmlops.data import _collections, _table_files
+from kernmlops.data import _collections, _local_folder, _table_files
 from kernmlops.data import read_parquet_dir as read_table
 from kernmlops.errors import CollectionError
 
@@ -27,15 +29,17 @@ __all__ = ["read_parquet_dir"]
 
 
 def read_parquet_dir(
-    path: str | Path, *, benchmark_name: str | None = None
+    data_dir: str | Path, benchmark_name: str | None = None
 ) -> dict[str, pl.DataFrame]:
-    """Every table under ``path``, by name; ``benchmark_name`` keeps only that
+    """Every table under ``data_dir``, by name; ``benchmark_name`` keeps only that
     benchmark's collections (a KernMLOps name such as ``linux_build`` works too).
+    Called as KernMLOps' own is: ``read_parquet_dir(data_dir, benchmark_name)``, each
+    argument by position or by name.
 
     Raises:
-        CollectionError: ``path`` holds no collections (of ``benchmark_name``).
+        CollectionError: ``data_dir`` holds no collections (of ``benchmark_name``).
     """
-    root = Path(path).expanduser()
+    root = _local_folder(data_dir)
     found = _collections(root)
     if benchmark_name is not None:
         wanted = benchmark_name.replace("_", "-")

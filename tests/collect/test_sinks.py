@@ -356,6 +356,57 @@ def test_threaded_sink_wakes_the_writer_for_a_flush_or_enough_bytes() -> None:
     assert sink.close() == {"t": 50 + 200_000}
 
 
+def test_the_manifest_a_flush_rewrites_describes_that_flush(tmp_path: Path) -> None:
+    """The poll loop's flush: the writer thread finishes the parts, then has the running
+    manifest rewritten (by the background writer) with them: each rewrite counts the
+    rows of every part on disk, and ``flushes`` and ``last_flush_at`` move with it. A
+    flush that failed rewrites nothing."""
+    import functools
+    import time
+
+    from kernmlops.collect.manifest import Manifest, read_manifest
+    from kernmlops.collect.running import RunningManifest
+    from kernmlops.collect.sinks import ThreadedSink
+    from kernmlops.collect.space import SpaceGuard
+
+    folder = tmp_path / "c"
+    parquet = ParquetSink(folder, CID)
+    sink = ThreadedSink(parquet)
+    running = RunningManifest(folder, SpaceGuard(folder, 1))
+    running.manifest = Manifest(collection_id=CID, state="running")
+    running.parquet = parquet
+    running.save()
+    running.write_in_background()
+
+    def rewritten(flushes: int) -> Manifest:
+        deadline = time.monotonic() + 10
+        while (m := read_manifest(folder)).flushes < flushes:
+            assert time.monotonic() < deadline, m
+            time.sleep(0.005)
+        return m
+
+    times = []
+    for n in (1, 2, 3):
+        sink.write("events", events(100, start=100 * (n - 1)))
+        sink.flush(durable=True, wait=False, then=functools.partial(running.flushed, {}))
+        m = rewritten(n)
+        on_disk = sorted(p.relative_to(folder).as_posix() for p in folder.glob("*/part-*"))
+        assert m.flushes == n and sorted(m.tables["events"].files) == on_disk
+        assert (
+            m.tables["events"].rows
+            == 100 * n
+            == sum(pq.read_metadata(folder / f).num_rows for f in on_disk)
+        )
+        times.append(m.last_flush_at)
+    assert times == sorted(set(times)) and None not in times
+    sink.write("events", pl.DataFrame({"ts_uptime_us": ["text"]}))  # drift: the flush fails
+    called = []
+    with pytest.raises(CollectionError):
+        sink.flush(durable=True, then=lambda: called.append(1))
+    assert called == [] and running.stop_background() is None
+    sink.close()
+
+
 # -- compaction at stop -------------------------------------------------------------------
 
 

@@ -5,13 +5,15 @@ exit (a pidfd), a stop signal (an eventfd the handler writes, :class:`StopSignal
 ring passing a quarter full (its map fd, see common.h), the space watch. Each round it
 drains the hooks into the sink (or, while the decoding libraries load or the sink is
 behind, spills their rings into memory), does a durable flush every
-``collector.flush_interval_s`` with a checkpoint of the manifest, asks the spools and the
-sink for a failed write, and reports progress. It returns how the collection ended.
+``collector.flush_interval_s`` with a checkpoint of the manifest once its parts are
+finished, asks the spools, the sink and the manifest's writer for a failed write, and
+reports progress. It returns how the collection ended.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import select
@@ -177,13 +179,18 @@ class PollLoop:
                 if tick >= next_flush:
                     for hook in hooks:  # what hooks hold back goes into this flush
                         self.space.spool_call(lambda h=hook: write_all(sink, h.flushing()))
-                    # Finish the open parts in the writer thread; the manifest says how far
-                    # the collection got (parts finished by the previous flush).
+                    # Finish the open parts in the writer thread (the loop goes on
+                    # draining); once they are finished, that thread has the manifest
+                    # rewritten with them (rows, files, the flush's time) and the hooks'
+                    # counts as they are now.
+                    checkpoint = functools.partial(
+                        self.running.flushed, self.running.hook_records(hooks)
+                    )
                     if isinstance(sink, ThreadedSink):
-                        sink.flush(durable=True, wait=False)
+                        sink.flush(durable=True, wait=False, then=checkpoint)
                     else:
                         sink.flush(durable=True)
-                    self.running.checkpoint(hooks)
+                        checkpoint()
                     if self.parquet is not None:
                         finished = self.parquet.checkpoint()[1]
                         for hook in hooks:
@@ -191,6 +198,7 @@ class PollLoop:
                     next_flush = tick + cfg.flush_interval_s
                 if tick >= next_check:
                     self.space.spool_call(lambda: check_writes(hooks, sink))
+                    self.running.check()  # the manifest's last rewrite
                     next_check = tick + SPACE_CHECK_S
                 if self.on_progress and tick >= next_progress:
                     self.on_progress(self._progress(tick - start))

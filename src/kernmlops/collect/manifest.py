@@ -10,7 +10,8 @@ times, per-hook status) and says how far the collection got. Its life:
    ``duration``, ``interrupted``, ``disk_full``, ``error``) with the duration and exit code.
 
 A collection whose collector was killed keeps ``state: running``: readers report it as
-incomplete and read what was flushed. Every reader goes through :class:`Manifest`; it carries
+incomplete and read what was flushed (one still being written, :meth:`Manifest.live_collector`,
+is reported as such). Every reader goes through :class:`Manifest`; it carries
 ``format`` and ``version`` so a file from a newer kernmlops is refused, not misread.
 Version 1 (before the lifecycle) is read too: its ``ended_by`` becomes ``state``.
 """
@@ -18,6 +19,7 @@ Version 1 (before the lifecycle) is read too: its ``ended_by`` becomes ``state``
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,6 +30,7 @@ from kernmlops.fileio import write_atomic
 from kernmlops.spool.collection import (  # below both: the spool reads these too
     MANIFEST_NAME,
     check_collection_id,
+    collector_running,
 )
 
 __all__ = [
@@ -41,6 +44,7 @@ __all__ = [
     "State",
     "TableRecord",
     "check_collection_id",
+    "manifest_time",
     "parse_manifest",
     "read_manifest",
     "write_manifest",
@@ -198,10 +202,30 @@ class Manifest(_Record):
         """The collector finished (whatever the benchmark did): nothing was cut short."""
         return self.state in FINAL_STATES
 
+    def live_collector(self) -> int | None:
+        """The pid of the collector still writing the collection: it is ``running``
+        and its ``collector_pid`` is a kernmlops process that runs (None: it finished,
+        or its collector is gone)."""
+        return collector_running(self.collector_pid) if self.state == "running" else None
+
     def as_json(self) -> dict[str, Any]:
         """The JSON object written to disk: format and version first, extras last."""
         body = self.model_dump(mode="json")
         return {"format": FORMAT, "version": FORMAT_VERSION, **body}
+
+
+def manifest_time(text: str | None) -> datetime | None:
+    """A time the manifest holds (``started_at``, ``stopped_at``, ...: ISO 8601 with
+    its offset) as an aware datetime; one without an offset (hand-made) is UTC's, and
+    one that is not a time is None. The one reading of them: the fleet's index and
+    list_collections type them alike."""
+    if not text:
+        return None
+    try:
+        value = datetime.fromisoformat(text)
+    except (TypeError, ValueError):
+        return None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def _coerce(manifest: Manifest | dict[str, Any]) -> Manifest:

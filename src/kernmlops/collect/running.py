@@ -2,8 +2,9 @@
 
 The manifest is written before anything starts (``state: running``), completed once the
 probes are attached (system, versions, the benchmark's pid and cgroup), rewritten at
-every flush with what attached, the events and drops so far and the rows in finished
-parts (by a thread of its own while the poll loop runs: :class:`BackgroundWriter`), and
+every flush with what attached, the events and drops so far and the rows in the parts
+that flush finished (once the sink's writer thread has finished them; written by a
+thread of its own while the poll loop runs: :class:`BackgroundWriter`), and
 finalised with how the collection ended (:class:`CollectionResult`). A full disk while
 writing it is the collection's end (:class:`~kernmlops.collect.space.SpaceGuard`).
 """
@@ -94,6 +95,9 @@ class RunningManifest:
         self.parquet: ParquetSink | None = None
         self.compaction: dict[str, str] = {}
         self._writer: BackgroundWriter | None = None
+        #: the background writer was stopped: only the final manifest is written now
+        self._stopped = False
+        self._lock = threading.Lock()
 
     def begin(
         self,
@@ -142,34 +146,62 @@ class RunningManifest:
         """Join the background writer (its last write may take its time now); the
         error of a write that failed, if one did."""
         writer, self._writer = self._writer, None
+        self._stopped = True
         return writer.close() if writer is not None else None
 
     def checkpoint(self, hooks: Sequence[Hook]) -> None:
-        """Rewrite the running manifest: what attached, events and drops so far, and the
-        rows in finished parts (by the background writer once there is one)."""
+        """Rewrite the running manifest now: what attached, events and drops so far, and
+        the rows in parts finished by the last durable flush."""
+        self.flushed(self.hook_records(hooks))
+
+    def hook_records(self, hooks: Sequence[Hook]) -> dict[str, HookRecord]:
+        """Each hook's record as it is now: what attached, events and drops so far (read
+        in the poll loop's thread when it asks for a flush; none with nothing on disk)."""
         if self.manifest is None or self.parquet is None:
-            return
-        m, parquet = self.manifest, self.parquet
+            return {}
+        records = {}
         for h in hooks:
             drops_fn = getattr(h, "drops", None)
             if drops_fn is not None and h.status.attached:
                 with contextlib.suppress(Exception):  # a closed map: keep the last count
                     h.status.drops = drops_fn()
-            m.hooks[h.name] = HookRecord.model_validate(h.status.as_dict())
-        files, rows = parquet.checkpoint()
-        m.tables = {
-            t: {"rows": n, "files": files.get(t, [])}  # type: ignore[misc]
-            for t, n in rows.items()
-        }
-        m.flushes = parquet.durable_flushes
-        if parquet.last_durable_flush is not None:
-            m.last_flush_at = datetime.fromtimestamp(parquet.last_durable_flush, UTC).isoformat()
-        m.updated_at = datetime.now(UTC).isoformat()
-        if self._writer is None:
-            self.save()
-        else:
-            body = manifest_text(m)  # as it is now: the loop goes on changing it
-            self._writer.submit(lambda: self.save(text=body))
+            records[h.name] = HookRecord.model_validate(h.status.as_dict())
+        return records
+
+    def flushed(self, hooks: dict[str, HookRecord]) -> None:
+        """Rewrite the running manifest as of the durable flush just done: its finished
+        parts' files and rows, ``flushes`` and ``last_flush_at``, with ``hooks`` (their
+        records when the flush was asked). The poll loop has the sink's writer thread
+        call it once that thread has finished the flush's parts, so the manifest
+        written at a flush describes that flush, not the one before. Once the loop
+        runs it is written by the background writer, whose error :meth:`check` raises;
+        after :meth:`stop_background` a late one is dropped (the final manifest follows)."""
+        if self.manifest is None or self.parquet is None:
+            return
+        parquet = self.parquet
+        with self._lock:  # the writer thread's flush and the loop's attach step
+            m = self.manifest
+            m.hooks.update(hooks)
+            files, rows = parquet.checkpoint()
+            m.tables = {
+                t: {"rows": n, "files": files.get(t, [])}  # type: ignore[misc]
+                for t, n in rows.items()
+            }
+            m.flushes = parquet.durable_flushes
+            if parquet.last_durable_flush is not None:
+                m.last_flush_at = _wall(parquet.last_durable_flush)
+            m.updated_at = datetime.now(UTC).isoformat()
+            body = manifest_text(m)  # as it is now: the next flush changes it
+        writer = self._writer
+        if writer is not None:
+            writer.submit(lambda: self.save(text=body))
+        elif not self._stopped:
+            self.save(text=body)
+
+    def check(self) -> None:
+        """Raise the background writer's error now (a full disk), not at the stop."""
+        if self._writer is not None:
+            self._writer.check()
 
     def save(self, *, final: bool = False, text: str | None = None) -> None:
         """Write the manifest. The final write first gives back the room reserved at the
@@ -227,6 +259,8 @@ class RunningManifest:
             for t, n in result.rows.items()
         }
         m.flushes = self.parquet.durable_flushes
+        if self.parquet.last_durable_flush is not None:  # the close's own flush
+            m.last_flush_at = _wall(self.parquet.last_durable_flush)
         if self.parquet.lost_rows:
             m.lost_rows = dict(self.parquet.lost_rows)  # type: ignore[attr-defined]
         m.output = {**(m.output or {}), "free_bytes_at_stop": free_bytes(self.path)}
@@ -242,10 +276,16 @@ class RunningManifest:
             raise failed
 
 
+def _wall(seconds: float) -> str:
+    """A time.time() as the manifest writes times."""
+    return datetime.fromtimestamp(seconds, UTC).isoformat()
+
+
 class BackgroundWriter:
     """One thread for writes the poll loop must not wait for. Only the latest job
     counts (a newer manifest makes an unwritten older one moot); a job's error is
-    raised by the next :meth:`submit`, or returned by :meth:`close`."""
+    raised by :meth:`check` (the poll loop's), or returned by :meth:`close`:
+    :meth:`submit` never raises, so any thread may hand it a job."""
 
     def __init__(self, name: str) -> None:
         self._cond = threading.Condition()
@@ -271,11 +311,15 @@ class BackgroundWriter:
 
     def submit(self, job: Callable[[], object]) -> None:
         with self._cond:
-            if self._error is not None:
-                err, self._error = self._error, None
-                raise err
             self._job = job
             self._cond.notify()
+
+    def check(self) -> None:
+        """Raise a job's error, once."""
+        with self._cond:
+            err, self._error = self._error, None
+        if err is not None:
+            raise err
 
     def close(self) -> BaseException | None:
         """Finish the pending job; the first error of any job, if one failed."""

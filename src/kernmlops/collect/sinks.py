@@ -8,6 +8,7 @@ in a thread of its own, so the poll loop hands rows over and goes back to the ri
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from kernmlops.lazy import lazy_import
@@ -82,8 +83,9 @@ class ThreadedSink:
         self.inner = inner
         self.max_queued_bytes = max_queued_bytes
         self.wake_bytes = min(wake_bytes, max_queued_bytes)
-        # (table, frame, bytes); table None is a flush marker (frame None: durable)
-        self._queue: list[tuple[str | None, Rows | None, int]] = []
+        # (table, frame, bytes); table None is a flush marker (bytes _DURABLE: durable),
+        # its frame what to call once the flush is done (or None)
+        self._queue: list[tuple[str | None, Rows | Callable[[], None] | None, int]] = []
         self._queued_bytes = 0
         self._cond = threading.Condition()
         self._busy = False
@@ -105,6 +107,8 @@ class ThreadedSink:
                 if self._error is None:
                     if table is None:
                         self.inner.flush(durable=size == _DURABLE)
+                        if callable(frame):
+                            frame()  # the flush is done: what it finished is on disk
                     else:
                         self.inner.write(table, frame)  # type: ignore[arg-type]
             except BaseException as err:  # handed to the caller
@@ -152,15 +156,24 @@ class ThreadedSink:
         stalled, e.g. in an fsync of a slow disk, or starved of CPU)."""
         return self._queued_bytes >= self.max_queued_bytes // 2
 
-    def flush(self, *, durable: bool = False, wait: bool | None = None) -> None:
+    def flush(
+        self,
+        *,
+        durable: bool = False,
+        wait: bool | None = None,
+        then: Callable[[], None] | None = None,
+    ) -> None:
         """Queue a flush after what is queued; ``durable`` finishes the open parts.
 
         ``wait`` (default: ``durable``) blocks until it is done; the poll loop passes
-        ``wait=False`` and goes on draining while the writer finishes the parts.
+        ``wait=False`` and goes on draining while the writer finishes the parts, and
+        ``then``, which the writer thread calls once the flush is done (not after a
+        write or the flush failed): the running manifest's rewrite, which describes
+        the parts this flush finished.
         """
         self._raise()
         with self._cond:
-            self._queue.append((None, None, _DURABLE if durable else 0))
+            self._queue.append((None, then, _DURABLE if durable else 0))
             self._cond.notify_all()
         if durable if wait is None else wait:
             self._wait_idle()

@@ -168,21 +168,13 @@ def index_schema() -> pa.Schema:
     )
 
 
-def _time(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    try:
-        value = datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
-
-
 def index_row(
     manifest: Manifest, path: str, files: Iterable[tuple[str, int, int | None]]
 ) -> dict[str, Any]:
     """The index row of a collection published at ``path`` with ``files`` (relative path,
     size, Parquet rows or None; see :func:`kernmlops.fleet.push.collection_files`)."""
+    from kernmlops.collect.manifest import manifest_time
+
     system = manifest.system or {}
     rows: dict[str, int] = {}
     count = size = 0
@@ -201,8 +193,8 @@ def index_row(
         "kernel": system.get("kernel_release"),
         "cpu_model": system.get("cpu_model"),
         "logical_cpus": cpus if isinstance(cpus, int) else None,
-        "started_at": _time(manifest.started_at),
-        "stopped_at": _time(manifest.stopped_at),
+        "started_at": manifest_time(manifest.started_at),
+        "stopped_at": manifest_time(manifest.stopped_at),
         "duration_s": manifest.duration_s,
         "state": manifest.state,
         "exit_code": manifest.exit_code,

@@ -87,11 +87,10 @@ def check_publishable(folder: Path, *, incomplete: bool = False) -> Manifest:
             left in its spool, its collector died and ``incomplete`` is False, a file the
             manifest lists is missing, a part is not readable Parquet).
     """
-    from kernmlops.spool.collection import collector_alive
     from kernmlops.spool.recovery import pending_spools
 
     manifest = read_manifest(folder)
-    pid = collector_alive(folder) if manifest.state == "running" else None
+    pid = manifest.live_collector()
     if pid is not None:
         raise CollectionError(
             f"{folder}: still being collected (collector pid {pid}): push it when it has "

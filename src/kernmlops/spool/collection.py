@@ -58,7 +58,13 @@ def collection_id_of(collection: Path) -> str | None:
 def collector_alive(collection: Path) -> int | None:
     """The pid of the collector still writing ``collection``, if it runs (None also
     when the manifest names none or cannot be read)."""
-    pid = _manifest(collection).get("collector_pid")
+    return collector_running(_manifest(collection).get("collector_pid"))
+
+
+def collector_running(pid: object) -> int | None:
+    """``pid`` (a manifest's ``collector_pid``) if it is a kernmlops process that still
+    runs: the one rule for a live collector (:func:`collector_alive` reads the pid from
+    the folder; a reader that parsed the manifest already passes it)."""
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         return None
     try:
