@@ -333,7 +333,10 @@ def test_a_stalled_writer_loses_nothing_when_the_rings_are_spooled(
 
 
 def test_a_collection_is_compacted_at_stop_and_the_manifest_says_so(tmp_path: Path) -> None:
-    cfg = _config(tmp_path, hooks=["quanta_runtime"], flush_interval_s=0.2)
+    # rows made during the run whatever the machine's load (spare CPU 0): parts at each
+    # flush, for compaction to join (on a busy machine all rows were made at the stop,
+    # in one part compact already)
+    cfg = _config(tmp_path, hooks=["quanta_runtime"], flush_interval_s=0.2, spool_spare_cpus=0)
     cfg.benchmark.duration_s = 1.5
     result = Session(cfg).run()
     c = read_collection(result.path)
@@ -344,7 +347,9 @@ def test_a_collection_is_compacted_at_stop_and_the_manifest_says_so(tmp_path: Pa
         "part-00000.parquet"
     ]
     assert c["quanta_runtime"].height == result.rows["quanta_runtime"] > 0
-    assert c.manifest.flushes >= 5  # it was flushed into that many parts first
+    # it was flushed into parts first, several (7 flushes due in the 1.5 s; a loaded
+    # machine's start takes some of them)
+    assert c.manifest.flushes >= 2
     assert not [p for p in result.path.iterdir() if p.name.startswith(".compact")]
     # The run's parts were plain (fast_parts); the compacted file is zstd.
     meta = pq.ParquetFile(result.path / "quanta_runtime" / "part-00000.parquet").metadata
