@@ -193,9 +193,13 @@ def test_fleet_ls_of_a_damaged_index_file(fleet: Path, tmp_path: Path) -> None:
     assert "3 collections" in listed.stdout
 
 
-def test_fleet_reindex_skips_a_damaged_collection(fleet: Path, tmp_path: Path) -> None:
+def test_fleet_reindex_takes_a_damaged_collection_out_of_the_index(
+    fleet: Path, tmp_path: Path
+) -> None:
     """A damaged manifest or part skips its collection, named in one warning each, and
-    the rest is indexed (exit 1); the skipped collection's row is left as it was."""
+    the rest is indexed (exit 1). The skipped collection's row is removed, so that every
+    reader of the index skips it, and `fleet ls` names it (exit 1) until a push copies
+    it whole again, or it is deleted and the dataset reindexed."""
     dest = tmp_path / "dest"
     runner = CliRunner()
     assert runner.invoke(cli, ["push", str(fleet), str(dest)]).exit_code == 0
@@ -206,23 +210,69 @@ def test_fleet_reindex_skips_a_damaged_collection(fleet: Path, tmp_path: Path) -
     data = bytearray(part.read_bytes())
     footer = int.from_bytes(data[-8:-4], "little")
     data[-8 - footer + 4 : -12] = b"\xff" * (footer - 8)  # the footer's thrift, overwritten
-    part.write_bytes(bytes(data))
+    part.write_bytes(bytes(data))  # the same size as the source's
 
-    def reindexed() -> list[str]:
+    def reindexed(*damaged: Path) -> None:
         result = runner.invoke(cli, ["fleet", "reindex", str(dest)])
-        assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+        assert result.exit_code == (1 if damaged else 0), result.output
+        assert "Traceback" not in result.output
         *warnings, summary = result.stderr.splitlines()
-        assert summary.startswith("1 collections indexed, 2 damaged and skipped"), summary
-        assert warnings[0].startswith(f"warning: {c2}: not indexed")
-        assert "manifest.json: the manifest is not valid JSON" in warnings[0]
-        assert warnings[1].startswith(f"warning: {c3}: not indexed")
-        assert f"quanta_runtime/{part.name}: not a readable Parquet file" in warnings[1]
-        listed = runner.invoke(cli, ["fleet", "ls", "--json", str(dest)])
-        return [json.loads(line)["collection_id"] for line in listed.stdout.splitlines()]
+        assert [w.split(": ", 2)[1] for w in warnings] == [str(d) for d in damaged]
+        assert all("not indexed, damaged (its row, if any, removed)" in w for w in warnings)
+        if c2 in damaged:
+            assert "manifest.json: the manifest is not valid JSON" in warnings[0]
+        if c3 in damaged:
+            assert f"quanta_runtime/{part.name}: not a readable Parquet file" in warnings[-1]
+        assert f"{len(damaged)} damaged and skipped" in summary or not damaged, summary
 
-    assert reindexed() == ["c1", "c2", "c3"]  # the rows the push wrote, kept
+    def listed() -> tuple[int, list[str], list[str]]:
+        """ls's exit code, the collections it lists, the folders it warns about."""
+        result = runner.invoke(cli, ["fleet", "ls", "--json", str(dest)])
+        assert "Traceback" not in result.output
+        ids = [json.loads(line)["collection_id"] for line in result.stdout.splitlines()]
+        return result.exit_code, ids, [w.split(": ", 2)[1] for w in result.stderr.splitlines()]
+
+    reindexed(c2, c3)
+    # the rows the push wrote are gone: the index is what a reader of it sees
+    assert listed() == (1, ["c1"], [str(c2), str(c3)])
+    index = duckdb.sql(f"select collection_id from read_parquet('{dest}/_index/*.parquet')")
+    assert index.fetchall() == [("c1",)]
+    shown = runner.invoke(cli, ["fleet", "ls", str(dest)])
+    assert shown.exit_code == 1 and [line.split()[1] for line in shown.stdout.splitlines()[2:]] == [
+        "c1"
+    ]
+    warning = shown.stderr.splitlines()[1]
+    assert warning.startswith(
+        f"warning: {c3}: damaged (quanta_runtime/{part.name}: not a readable Parquet file ("
+    )
+    assert warning.endswith(
+        "), left out of the index: push it again from its source, or delete it and run "
+        f"`kernmlops fleet reindex {dest}`"
+    )
+    # a push copies the damaged collection whole (its damaged part has the source's
+    # size: a push would otherwise take it for copied), and it is listed again
+    [source] = fleet.glob("*/collection_id=c3")
+    pushed = runner.invoke(cli, ["push", str(source), str(dest)])
+    copied = pushed.stderr.splitlines()[0]
+    assert pushed.exit_code == 0 and copied.startswith("c3: ") and "already" not in copied
+    assert part.read_bytes() == (source / part.relative_to(c3)).read_bytes()
+    assert listed() == (1, ["c1", "c3"], [str(c2)])
+    reindexed(c2)
+    assert listed() == (1, ["c1", "c3"], [str(c2)])
+    # with the index lost, the damaged collection still has no row
     shutil.rmtree(dest / "_index")
-    assert reindexed() == ["c1"]
+    reindexed(c2)
+    assert listed() == (1, ["c1", "c3"], [str(c2)])
+    # every collection left damaged: ls names it, not "collections never indexed"
+    shutil.rmtree(dest / "benchmark=faux" / "collection_id=c1")
+    shutil.rmtree(c3)
+    reindexed(c2)
+    assert listed() == (1, [], [str(c2)])
+    # deleted, and reindexed: nothing to warn about
+    shutil.rmtree(c2)
+    reindexed()
+    assert listed() == (0, [], [])
+    assert not list((dest / "_damaged").iterdir())
 
 
 def test_fleet_ls_table_lines_up_and_reads_an_older_index_file(fleet: Path, tmp_path: Path) -> None:
@@ -320,10 +370,13 @@ def test_fleet_ls_and_reindex_over_s3_name_what_is_damaged(fleet: Path, s3) -> N
     rebuilt = runner.invoke(cli, ["fleet", "reindex", uri])
     assert rebuilt.exit_code == 1, rebuilt.output
     [warning, summary] = rebuilt.stderr.splitlines()
-    assert f"{uri}/benchmark=faux/collection_id=c2: not indexed" in warning
+    assert f"{uri}/benchmark=faux/collection_id=c2: not indexed, damaged" in warning
     assert summary.startswith("2 collections indexed, 1 damaged and skipped")
+    # the damaged collection has no row, and is named
     listed = runner.invoke(cli, ["fleet", "ls", "--json", uri])
     rows = {r["collection_id"]: r for r in map(json.loads, listed.stdout.splitlines())}
-    assert listed.exit_code == 0 and sorted(rows) == ["c1", "c2", "c3"]
+    assert listed.exit_code == 1 and sorted(rows) == ["c1", "c3"]
+    [warning] = listed.stderr.splitlines()
+    assert warning.startswith(f"warning: {uri}/benchmark=faux/collection_id=c2: damaged (")
     [c1] = fleet.glob("*/collection_id=c1")
     assert rows["c1"]["rows"] == {t: r.rows for t, r in read_manifest(c1).tables.items()}

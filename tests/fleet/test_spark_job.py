@@ -6,13 +6,18 @@ polars and numpy."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
+from click.testing import CliRunner
 
+from kernmlops.cli import cli
 from kernmlops.data import read_parquet_dir
 from kernmlops.fleet import open_dataset
 from kernmlops.fleet.push import push
@@ -75,6 +80,16 @@ def test_the_job_on_a_standalone_cluster(spark, dataset: tuple[Path, Path], tmp_
     assert written == {name: frame.height for name, frame in out.items()}
     for name, frame in out.items():
         assert not [c for c, t in frame.schema.items() if isinstance(t, pl.Decimal)], name
+    # the start: the index's UTC instant, written as one (Spark's default, INT96, reads
+    # back as a time without its zone)
+    starts = pl.read_parquet(dest / "_index" / "*.parquet").select("collection_id", "started_at")
+    assert out["collections"].schema["started_at"] == pl.Datetime("us", "UTC")
+    assert (
+        out["collections"]
+        .select("collection_id", "started_at")
+        .sort("collection_id")
+        .equals(starts.sort("collection_id"))
+    )
 
     # per collection, against the source parts
     quanta = read_parquet_dir(src, "quanta_runtime")
@@ -127,3 +142,106 @@ def test_a_second_run_in_one_session_sees_what_was_published_since(spark, tmp_pa
     assert run(spark, dest, str(tmp_path / "out"))["collections"] == 1
     push([make_collection(src, "a2", seed=2, quanta=300)], open_dataset(dest))
     assert run(spark, dest, str(tmp_path / "out"))["collections"] == 2
+
+
+def _pushed(tmp_path: Path, *collections: tuple[str, dict]) -> Path:
+    src, dest = tmp_path / "curated", tmp_path / "dest"
+    folders = [make_collection(src, cid, **kw) for cid, kw in collections]
+    results, refused = push(folders, open_dataset(dest))
+    assert len(results) == len(collections) and not refused
+    return dest
+
+
+def _damage_a_page(part: Path) -> None:
+    """Overwrite the first column's first data page (its footer, and size, intact)."""
+    import pyarrow.parquet as pq
+
+    column = pq.read_metadata(part).row_group(0).column(0)
+    data = bytearray(part.read_bytes())
+    start = column.data_page_offset + 16
+    end = column.data_page_offset + column.total_compressed_size
+    data[start:end] = b"\xff" * (end - start)
+    part.write_bytes(bytes(data))
+
+
+def test_a_damaged_part_is_named_and_reindex_lets_the_job_skip_it(spark, tmp_path: Path) -> None:
+    """A part Spark cannot read stops the job before it writes anything, with one line
+    naming the file, its collection and what to do; after `fleet reindex` (which takes
+    the collection out of the index) the job summarises the others."""
+    from kernmlops.fleet.spark_job import JobError, run
+
+    dest = _pushed(tmp_path, ("c1", {"seed": 1, "quanta": 300}), ("c2", {"seed": 2, "quanta": 300}))
+    out = tmp_path / "out"
+    earlier = out / "collections" / "part-0.parquet"  # a run's results from before
+    earlier.parent.mkdir(parents=True)
+    earlier.write_bytes(b"earlier")
+    part = dest / "benchmark=faux" / "collection_id=c2" / "quanta_runtime" / "part-00000.parquet"
+    os.truncate(part, part.stat().st_size // 2)
+    with pytest.raises(JobError) as failed:
+        run(spark, str(dest), str(out))
+    assert str(failed.value) == (
+        f"{part}: not a readable Parquet file (its footer cannot be read): collection c2 is "
+        f"damaged: push it again from its source, or `kernmlops fleet reindex {dest}` takes "
+        f"it out of the index (the job then skips it) (nothing written to {out})"
+    )
+    assert [p.name for p in out.rglob("*")] == ["collections", "part-0.parquet"]
+    assert earlier.read_bytes() == b"earlier"
+
+    assert CliRunner().invoke(cli, ["fleet", "reindex", str(dest)]).exit_code == 1
+    assert run(spark, str(dest), str(out)) == {"collections": 1, "quanta_by_comm": 3}
+    got = pl.read_parquet(out / "collections" / "*.parquet")
+    assert got["collection_id"].to_list() == ["c1"] and got["quanta"].to_list() == [300]
+
+
+def test_a_write_that_fails_keeps_the_tables_before_it_and_no_earlier_ones(
+    spark, tmp_path: Path
+) -> None:
+    """A data page that cannot be read (the footer whole, so found only as the rows are
+    read) fails the table being written: the tables written before it are kept, and
+    OUT holds no table of an earlier run beside them."""
+    from kernmlops.fleet.spark_job import JobError, run
+
+    dest = _pushed(tmp_path, ("lb1", {"benchmark": "lb-stress", "quanta": 300, "lb": 200}))
+    out = tmp_path / "out"
+    earlier = out / "mllb" / "part-0.parquet"
+    earlier.parent.mkdir(parents=True)
+    earlier.write_bytes(b"earlier")
+    folder = dest / "benchmark=lb-stress" / "collection_id=lb1"
+    [part] = (folder / "lb_decisions").glob("part-*.parquet")
+    _damage_a_page(part)
+    with pytest.raises(JobError) as failed:
+        run(spark, str(dest), str(out))
+    line = str(failed.value)
+    assert line.startswith(f"{part}: not a readable Parquet file (") and "\n" not in line
+    assert line.endswith(
+        "collection lb1 is damaged: push it again from its source, or `kernmlops fleet "
+        f"reindex {dest}` takes it out of the index (the job then skips it) (written: "
+        f"{out}/collections, {out}/quanta_by_comm; not written: mllb, their folders "
+        "removed: mllb)"
+    )
+    assert sorted(p.name for p in out.iterdir()) == ["collections", "quanta_by_comm"]
+    assert pl.read_parquet(out / "collections" / "*.parquet")["collection_id"].to_list() == ["lb1"]
+
+
+def test_spark_job_command_says_what_is_damaged_in_one_line(tmp_path: Path) -> None:
+    """The command, as a user runs it: a damaged part is one error line (no Python or
+    Java stack, no progress bar in a log), exit 2; a master URL Spark would not take is
+    refused before Spark starts."""
+    dest = _pushed(tmp_path, ("c1", {"seed": 1, "quanta": 300}))
+    part = dest / "benchmark=faux" / "collection_id=c1" / "block_io" / "part-00000.parquet"
+    os.truncate(part, part.stat().st_size // 2)
+    out = tmp_path / "out"
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
+    command = [sys.executable, "-m", "kernmlops", "spark-job", str(dest), str(out)]
+    done = subprocess.run(
+        [*command, "--master", "local[1]"], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert [line for line in lines if line.startswith("error:")] == [lines[-1]]
+    assert lines[-1].startswith(f"error: {part}: not a readable Parquet file")
+    for noise in ("Traceback", "Py4J", "\tat ", "[Stage"):
+        assert noise not in done.stderr, done.stderr
+    assert not out.exists()
+    bad = CliRunner().invoke(cli, ["spark-job", str(dest), str(out), "--master", "local[0]"])
+    assert bad.exit_code == 2 and bad.stderr.startswith("error: --master local[0]: not a Spark")

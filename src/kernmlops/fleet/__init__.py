@@ -7,6 +7,7 @@ The dataset is the Hive layout of a local ``curated/`` folder, under any URI::
     <URI>/benchmark=<b>/collection_id=<id>/manifest.json
     <URI>/benchmark=<b>/collection_id=<id>/<table>/part-*.parquet
     <URI>/_index/<collection_id>.parquet        one row per published collection
+    <URI>/_damaged/<collection_id>.json         one that reindex found damaged (no row)
 
 A collection is published when its manifest and its index row are there: parts are
 copied first, the manifest and the index row last.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -109,16 +110,24 @@ def ls_command(uri: str, as_json: bool) -> None:
     host, kernel, CPU, benchmark, start, state and rows."""
     import json
 
-    from kernmlops.fleet.index import damaged_advice, index_rows, read_index, unindexed
+    from kernmlops.fleet.index import (
+        damaged_advice,
+        index_rows,
+        read_damaged,
+        read_index,
+        unindexed,
+    )
     from kernmlops.fleet.store import PublishError, describe_error, open_dataset
 
     # a damaged index file is one collection's row: the others are listed, the damaged
-    # named after them (where a terminal shows them last), and the exit code says so
+    # named after them (where a terminal shows them last), and the exit code says so;
+    # so are the collections reindex found damaged (no row: named in _damaged/)
     damaged: list[tuple[str, str]] = []
     try:
         dataset = open_dataset(uri)
         try:
             table = read_index(dataset, on_damaged=lambda where, why: damaged.append((where, why)))
+            broken = read_damaged(dataset)
         except OSError as err:
             raise PublishError(f"cannot read {dataset.uri}: {describe_error(err)}") from None
     except KernmlopsError as err:
@@ -134,7 +143,7 @@ def ls_command(uri: str, as_json: bool) -> None:
         click.echo("\n".join(_columns(LS_COLUMNS, [_ls_cells(row) for row in rows])))
     if not rows and not damaged:
         try:
-            found = unindexed(dataset)
+            found = unindexed(dataset, damaged=[b.path for b in broken])
         except OSError as err:
             fail(PublishError(f"cannot read {dataset.uri}: {describe_error(err)}"))
         if found.collections:
@@ -152,14 +161,19 @@ def ls_command(uri: str, as_json: bool) -> None:
             _say(f"no collections published at {dataset.uri}{partial}")
     for where, why in damaged:
         _say(f"warning: {where}: {damaged_advice(dataset, why)}; its collection is not listed")
-    if damaged:
+    for b in broken:
+        where = dataset.where(b.path) if b.path else b.collection_id
+        _say(
+            f"warning: {where}: damaged ({b.reason}), left out of the index: push it "
+            "again from its source, or delete it and run `kernmlops fleet reindex "
+            f"{shlex.quote(dataset.uri)}`"
+        )
+    if damaged or broken:
         sys.exit(1)
 
 
 def not_indexed(dataset: Dataset, count: int) -> str:
     """The line for ``count`` collections under a dataset's root with no index."""
-    import shlex
-
     uri = shlex.quote(dataset.uri)
     push = (
         f", or `kernmlops push {uri} DEST` publishes them to a dataset (local collections)"
@@ -217,8 +231,10 @@ def reindex_command(uri: str) -> None:
     """Rebuild the index of the dataset at URI from its collections' manifests and
     parts: for a dataset copied by other means, or after collections were deleted.
 
-    A collection whose manifest or a part is damaged is named and skipped (its row,
-    if any, is kept); the others are indexed and the exit code is 1."""
+    A collection whose manifest or a part is damaged is named and left out: its
+    row, if any, is removed (the index lists whole collections: its readers skip
+    it), and `fleet ls` names it until it is pushed again. The others are indexed
+    and the exit code is 1."""
     from kernmlops.fleet.index import reindex
     from kernmlops.fleet.store import PublishError, describe_error, open_dataset
 
@@ -231,7 +247,7 @@ def reindex_command(uri: str) -> None:
     except KernmlopsError as err:
         fail(err)
     for where, why in done.skipped:
-        _say(f"warning: {where}: not indexed (its row, if any, is kept): {why}")
+        _say(f"warning: {where}: not indexed, damaged (its row, if any, removed): {why}")
     _say(
         f"{done.written} collections indexed"
         + (f", {len(done.skipped)} damaged and skipped" if done.skipped else "")
@@ -287,6 +303,10 @@ def spark_job_command(dataset: str, out: str, master: str | None) -> None:
                       time (count, mean, p50, p99)
       mllb            MLLB's features and label from every lb collect collection
 
+    Only the collections DATASET's index lists are read (a collection that
+    `kernmlops fleet reindex` found damaged has no row). A file Spark cannot read
+    is one error line naming it and what to do.
+
     DATASET and OUT are paths Spark opens: a folder, file://, hdfs://, or s3a://
     (with hadoop-aws on Spark's class path). On a cluster without this command,
     submit the job itself: spark-submit --master URL
@@ -299,13 +319,18 @@ def spark_job_command(dataset: str, out: str, master: str | None) -> None:
 
     if importlib.util.find_spec("pyspark") is None:
         fail(ConfigError("spark-job needs pyspark (pip install 'kernmlops[interop]')"))
-    from kernmlops.fleet.spark_job import run, session
+    from kernmlops.fleet.spark_job import JobError, run, start
 
-    spark = session(master or "local[*]")
+    try:
+        spark = start(master or "local[*]")
+    except JobError as err:
+        fail(err)
     try:
         written = run(spark, dataset, out)
     except FileNotFoundError as err:
         fail(ConfigError(str(err)))
+    except JobError as err:
+        fail(err)
     finally:
         spark.stop()
     for name, n in written.items():

@@ -12,10 +12,17 @@ The folder is one table::
 ``rows`` is a map table -> rows, counted from the Parquet footers of the parts published
 (not copied from the manifest). ``kernmlops fleet reindex URI`` rebuilds the index from
 the manifests (a dataset copied by hand, or rows of collections deleted since).
+
+A collection that reindex finds damaged (its manifest or a part unreadable) has no row:
+the index lists whole collections only, so every reader of it skips the damaged one.
+It is named in ``<URI>/_damaged/<collection_id>.json`` (its folder and why) instead,
+outside ``_index/`` (whose readers take every file in it for an index row), for
+``fleet ls`` to warn about until a push copies the collection whole again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
@@ -33,18 +40,26 @@ if TYPE_CHECKING:
     from kernmlops.collect.manifest import Manifest
 
 __all__ = [
+    "DAMAGED_DIR",
     "INDEX_DIR",
+    "Damaged",
     "check_dataset",
+    "clear_damaged",
     "damaged_advice",
+    "damaged_marker",
     "index_row",
     "index_rows",
     "index_schema",
+    "is_damaged",
+    "read_damaged",
     "read_index",
     "unindexed",
     "write_index_row",
 ]
 
 INDEX_DIR = "_index"
+#: the collections reindex found damaged, one ``<collection_id>.json`` each (not rows)
+DAMAGED_DIR = "_damaged"
 
 
 def check_dataset(dataset: Dataset) -> None:
@@ -110,9 +125,10 @@ class Unindexed(NamedTuple):
     partial: int
 
 
-def unindexed(dataset: Dataset) -> Unindexed:
+def unindexed(dataset: Dataset, *, damaged: Iterable[str] = ()) -> Unindexed:
     """Count the collection folders under the root, with and without a manifest: what an
-    empty index may be hiding. Two levels are listed (not the parts within).
+    empty index may be hiding. Two levels are listed (not the parts within). The folders
+    ``damaged`` names (paths under the root: those reindex left out) are not counted.
 
     Raises:
         OSError: the dataset cannot be read.
@@ -129,7 +145,13 @@ def unindexed(dataset: Dataset) -> Unindexed:
             if i.type == pafs.FileType.Directory and i.base_name.startswith(f"{prefix}=")
         )
 
-    found = [c for b in folders(dataset.path(), BENCHMARK) for c in folders(b, COLLECTION_ID)]
+    skip = {dataset.path(p) for p in damaged}
+    found = [
+        c
+        for b in folders(dataset.path(), BENCHMARK)
+        for c in folders(b, COLLECTION_ID)
+        if c not in skip
+    ]
     if not found:
         return Unindexed(0, 0)
     manifests = dataset.fs.get_file_info([f"{c}/{MANIFEST_NAME}" for c in found])
@@ -355,6 +377,84 @@ def damaged_advice(dataset: Dataset, reason: str) -> str:
     )
 
 
+class Damaged(NamedTuple):
+    """A collection that reindex found damaged and left out of the index."""
+
+    collection_id: str
+    #: its folder under the root (``benchmark=<b>/collection_id=<id>``)
+    path: str
+    #: why: the damaged file and what is wrong with it
+    reason: str
+
+
+def _marker(prefix: str) -> str:
+    """The damaged marker of the collection folder ``prefix``, named by the folder's
+    ``collection_id`` (its manifest may be what is damaged)."""
+    return f"{DAMAGED_DIR}/{unquote(prefix.rsplit('=', 1)[-1])}.json"
+
+
+def damaged_marker(dataset: Dataset, prefix: str, reason: str) -> None:
+    """Name the collection folder ``prefix`` damaged, for ``reason``, in ``_damaged/``."""
+    import json
+
+    cid = unquote(prefix.rsplit("=", 1)[-1])
+    record = dict(Damaged(cid, prefix, reason)._asdict(), found_at=datetime.now(UTC).isoformat())
+    put(dataset, json.dumps(record).encode(), _marker(prefix))
+
+
+def is_damaged(dataset: Dataset, prefix: str) -> bool:
+    """Whether reindex named the collection folder ``prefix`` damaged (and no push has
+    copied it since).
+
+    Raises:
+        OSError: the dataset cannot be read.
+    """
+    import pyarrow.fs as pafs
+
+    return dataset.fs.get_file_info(dataset.path(_marker(prefix))).type == pafs.FileType.File
+
+
+def clear_damaged(dataset: Dataset, prefix: str) -> None:
+    """Remove the damaged marker of the collection folder ``prefix`` (a push copied it
+    whole again).
+
+    Raises:
+        OSError: the dataset cannot be written.
+    """
+    with contextlib.suppress(FileNotFoundError):
+        dataset.fs.delete_file(dataset.path(_marker(prefix)))
+
+
+def read_damaged(dataset: Dataset) -> list[Damaged]:
+    """The collections that the last reindex found damaged and that no push has copied
+    again since, by folder. A marker that is not readable JSON still names its collection.
+
+    Raises:
+        OSError: the dataset cannot be read.
+    """
+    import json
+
+    import pyarrow.fs as pafs
+
+    infos = dataset.fs.get_file_info(
+        pafs.FileSelector(dataset.path(DAMAGED_DIR), allow_not_found=True)
+    )
+    found = []
+    for info in sorted(infos, key=lambda i: i.path):
+        name = info.base_name
+        if info.type != pafs.FileType.File or not name.endswith(".json") or name[0] in "._":
+            continue
+        cid = name.removesuffix(".json")
+        with dataset.fs.open_input_stream(info.path) as f:
+            data = f.read()
+        try:
+            record = json.loads(data)
+            found.append(Damaged(cid, str(record["path"]), str(record["reason"])))
+        except (ValueError, TypeError, KeyError):
+            found.append(Damaged(cid, "", f"its marker {DAMAGED_DIR}/{name} is not readable"))
+    return found
+
+
 def index_rows(table: pa.Table) -> list[dict[str, Any]]:
     """The index's rows as dicts: timestamps as UTC datetimes, ``rows`` as (table, rows)
     pairs."""
@@ -379,9 +479,10 @@ class Reindexed(NamedTuple):
     """What :func:`reindex` did."""
 
     written: int
+    #: stale rows removed (collections no longer there); a damaged one's is not counted
     removed: int
     #: (collection folder's URI, why) for each collection left out: a damaged manifest
-    #: or part
+    #: or part (its row, if any, removed; named in ``_damaged/``)
     skipped: list[tuple[str, str]]
 
 
@@ -452,8 +553,10 @@ def _collection_row(dataset: Dataset, prefix: str, entries: list[Any]) -> dict[s
 def reindex(dataset: Dataset) -> Reindexed:
     """Rebuild the index from the collections' manifests and parts at the destination:
     a row for each collection with a manifest, none for others. A collection whose
-    manifest or a part is damaged is skipped (named in ``skipped``) and its row, if it
-    has one, left as it was: the rest is indexed.
+    manifest or a part is damaged is skipped (named in ``skipped``): its row, if it has
+    one, is removed (the index lists whole collections only) and it is named in
+    ``_damaged/`` instead; the rest is indexed. The ``_damaged/`` markers of collections
+    that are whole again, or gone, are removed.
 
     Raises:
         PublishError: the root is not a dataset (:func:`check_dataset`).
@@ -482,7 +585,9 @@ def reindex(dataset: Dataset) -> Reindexed:
             continue
         by_collection.setdefault("/".join(parts[:2]), []).append(("/".join(parts[2:]), info))
     written: set[str] = set()
-    kept: set[str] = set()
+    # the damaged collections' rows go as stale ones do: counted apart
+    damaged: set[str] = set()
+    markers: set[str] = set()
     skipped: list[tuple[str, str]] = []
     for prefix, entries in sorted(by_collection.items()):
         names = {rel for rel, _ in entries}
@@ -492,9 +597,10 @@ def reindex(dataset: Dataset) -> Reindexed:
             row = _collection_row(dataset, prefix, entries)
         except _Damaged as err:
             skipped.append((dataset.where(prefix), str(err)))
-            # its row is what reindex cannot rebuild: not removed as stale
             value = prefix.rsplit("=", 1)[-1]
-            kept.update((value, unquote(value)))
+            damaged.update((value, unquote(value)))
+            markers.add(_marker(prefix))
+            damaged_marker(dataset, prefix, str(err))
             continue
         write_index_row(dataset, row, row[COLLECTION_ID])
         written.add(row[COLLECTION_ID])
@@ -502,8 +608,16 @@ def reindex(dataset: Dataset) -> Reindexed:
     base = dataset.path(INDEX_DIR)
     for info in fs.get_file_info(pafs.FileSelector(base, allow_not_found=True)):
         stem = info.base_name.removesuffix(".parquet")
-        stale = stem not in written | kept and not stem.startswith((".", "_"))
+        stale = stem not in written and not stem.startswith((".", "_"))
         if info.type == pafs.FileType.File and info.base_name.endswith(".parquet") and stale:
             fs.delete_file(info.path)
-            removed += 1
+            removed += stem not in damaged
+    # markers of collections whole again (indexed now) or deleted since
+    for info in fs.get_file_info(
+        pafs.FileSelector(dataset.path(DAMAGED_DIR), allow_not_found=True)
+    ):
+        ours = info.base_name.endswith(".json") and not info.base_name.startswith((".", "_"))
+        marker = f"{DAMAGED_DIR}/{info.base_name}"
+        if info.type == pafs.FileType.File and ours and marker not in markers:
+            fs.delete_file(info.path)
     return Reindexed(len(written), removed, skipped)

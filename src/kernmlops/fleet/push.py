@@ -7,7 +7,8 @@ A push copies one collection folder to ``<URI>/benchmark=<b>/collection_id=<id>/
    the reason), every file the manifest lists present, every part a readable Parquet file;
 2. its files are copied, parts first; a file already there with the same size is not
    copied again, so a push that was interrupted resumes where it stopped and a push
-   repeated after it finished copies nothing;
+   repeated after it finished copies nothing (a collection that ``fleet reindex`` found
+   damaged is copied whole, and its ``_damaged/`` marker removed);
 3. the manifest is copied last, then the collection's row of the dataset's index.
 
 Each file appears whole: on an object store (S3, GCS, Azure) an upload appears when it
@@ -194,7 +195,7 @@ def push_collection(
         CollectionError: the collection may not be published (the reason).
         PublishError: the destination cannot be read or written (the reason).
     """
-    from kernmlops.fleet.index import index_row, write_index_row
+    from kernmlops.fleet.index import clear_damaged, index_row, is_damaged, write_index_row
 
     folder = Path(folder).expanduser().absolute()
     if not folder.is_dir():
@@ -218,6 +219,11 @@ def push_collection(
     )
     try:
         there = _existing(dataset, prefix)
+        # one that reindex found damaged is copied whole: a damaged file may have the
+        # size of the source's
+        damaged = is_damaged(dataset, prefix)
+        if damaged:
+            there = {}
         whole = there.get(MANIFEST_NAME) == len(manifest_bytes) and all(
             there.get(rel) == size for rel, size, _ in files
         )
@@ -239,6 +245,8 @@ def push_collection(
         put(dataset, manifest_bytes, f"{prefix}/{MANIFEST_NAME}")
         result.copied.append(MANIFEST_NAME)
         result.copied_bytes += len(manifest_bytes)
+        if damaged:
+            clear_damaged(dataset, prefix)
         write_index_row(dataset, index_row(manifest, prefix, files), cid)
     except KernmlopsError:
         raise

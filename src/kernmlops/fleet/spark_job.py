@@ -21,6 +21,13 @@ the values at or below it; exact below 10,000 values per group). Columns keep th
 natural types: 64-bit unsigned columns (kernel addresses), which Spark would read as
 ``decimal(20,0)``, become ``bigint`` with the same bits, as Java holds them.
 
+Only the collections in the dataset's index are read (their folders, named by the index):
+a push under way, or a collection ``kernmlops fleet reindex`` found damaged, has no row.
+Timestamps are written as UTC instants (Parquet ``TIMESTAMP_MICROS``, UTC-adjusted), the
+type of the index's. A failure Spark reports (a damaged file, a path not there, an output
+that cannot be written) is a :class:`JobError`, one line naming the file and what to do;
+the tables written before it are kept, those after it are not left from an earlier run.
+
 Run it with ``kernmlops spark-job DATASET OUT --master spark://host:7077``, or submit
 this file: ``spark-submit --master spark://host:7077 $(python -m kernmlops.fleet.spark_job
 --path) DATASET OUT`` (the executors need kernmlops installed for the MLLB features).
@@ -31,43 +38,92 @@ the hadoop-aws package on Spark's class path.
 from __future__ import annotations
 
 import argparse
+import re
+import shlex
 import sys
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit
 
+from kernmlops.errors import KernmlopsError
 from kernmlops.fleet.index import INDEX_DIR
 from kernmlops.tables import BENCHMARK, COLLECTION_ID
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterable, Iterator
 
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["OUTPUTS", "natural_types", "read_table", "run", "session"]
+__all__ = ["OUTPUTS", "JobError", "natural_types", "read_table", "run", "session", "start"]
 
 #: the job's output tables (sub-folders of OUT)
 OUTPUTS = ("collections", "quanta_by_comm", "mllb")
 _KEYS = [COLLECTION_ID, BENCHMARK]
 
 
+#: Parquet's UTC-adjusted timestamps: Spark's default, INT96, reads back without a zone
+_TIMESTAMPS = ("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+
+
+#: the master URLs spark-submit takes (its SparkSubmit and SparkContext)
+_MASTER = re.compile(
+    r"local(\[(\*|[1-9]\d*)(\s*,\s*\d+)?\])?|local-cluster\[[^]]+\]|yarn"
+    r"|(spark|k8s|mesos)://\S+"
+)
+
+
+class JobError(KernmlopsError):
+    """The job could not run to its end: why, in one line, and what to do."""
+
+
 def session(master: str | None = None, app: str = "kernmlops-fleet", **conf: str) -> SparkSession:
     """A Spark session whose partition values stay strings (a benchmark named ``123``
-    is not an integer) and whose timestamps are UTC; ``conf``: more settings."""
+    is not an integer) and whose timestamps are UTC, read and written; ``conf``: more
+    settings. Spark's own log shows fatal errors only: the job's failures are its
+    :class:`JobError`."""
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app)
     if master:
         builder = builder.master(master)
+    # the progress bar is for a terminal: in a log it is a line of stages per job
+    conf.setdefault("spark.ui.showConsoleProgress", str(sys.stderr.isatty()).lower())
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = (
         builder.config("spark.sql.sources.partitionColumnTypeInference.enabled", "false")
         .config("spark.sql.session.timeZone", "UTC")
+        .config(*_TIMESTAMPS)
         .config("spark.ui.enabled", "false")
         .getOrCreate()
     )
-    spark.sparkContext.setLogLevel("ERROR")
+    # a failed task's stack, logged as it fails (on the driver in local mode), would
+    # come before the job's one line saying what failed
+    spark.sparkContext.setLogLevel("FATAL")
     return spark
+
+
+def start(master: str | None = None, **conf: str) -> SparkSession:
+    """:func:`session`, or a JobError saying why Spark did not start (a master URL it
+    cannot parse or reach, no Java).
+
+    Raises:
+        JobError: Spark did not start.
+    """
+    from py4j.protocol import Py4JError
+    from pyspark.errors import PySparkException
+
+    if master is not None and not _MASTER.fullmatch(master):
+        # spark-submit would print its own stack and exit before Spark says anything
+        raise JobError(
+            f"--master {master}: not a Spark master URL (local, local[N], local[*], "
+            "spark://HOST:PORT, yarn, k8s://https://HOST:PORT)"
+        )
+    try:
+        return session(master, **conf)
+    except (Py4JError, PySparkException) as err:
+        where = f" (--master {master})" if master else ""
+        raise JobError(f"Spark did not start{where}: {_summary(err)}") from None
 
 
 def natural_types(frame: DataFrame) -> DataFrame:
@@ -92,32 +148,45 @@ def natural_types(frame: DataFrame) -> DataFrame:
     return frame
 
 
-def read_table(spark: SparkSession, root: str, table: str) -> DataFrame | None:
-    """Table ``table`` of every collection under ``root``, with the ``benchmark`` and
+def read_table(
+    spark: SparkSession, root: str, table: str, collections: Iterable[str] | None = None
+) -> DataFrame | None:
+    """Table ``table`` of the collections under ``root``, with the ``benchmark`` and
     ``collection_id`` columns of its folders and natural types; None where no collection
-    has it. Schemas of different kernmlops versions are merged."""
+    has it. Schemas of different kernmlops versions are merged.
+
+    Args:
+        collections: the collections' folders under ``root``
+            (``benchmark=<b>/collection_id=<id>``), each of which has the table; None:
+            every folder there (whether published or not).
+    """
     from pyspark.errors import AnalysisException
 
-    try:
-        frame = (
-            spark.read.option("basePath", root)
-            .option("mergeSchema", "true")
-            .parquet(f"{root}/{BENCHMARK}=*/{COLLECTION_ID}=*/{table}")
-        )
-    except AnalysisException as err:  # no such files: the table is in no collection
-        if "PATH_NOT_FOUND" in str(err) or "UNABLE_TO_INFER_SCHEMA" in str(err):
+    if collections is None:
+        paths = [f"{root}/{BENCHMARK}=*/{COLLECTION_ID}=*/{table}"]
+    else:
+        paths = [f"{root}/{folder}/{table}" for folder in collections]
+        if not paths:
             return None
-        raise
+    try:
+        frame = spark.read.option("basePath", root).option("mergeSchema", "true").parquet(*paths)
+    except AnalysisException as err:  # no such files: the table is in no collection
+        cause = str(err)
+        if collections is None and ("PATH_NOT_FOUND" in cause or "UNABLE_TO_INFER_SCHEMA" in cause):
+            return None
+        raise  # a folder the index names is not there
     return natural_types(frame)
 
 
-def _published(frame: DataFrame | None, index: DataFrame) -> DataFrame | None:
-    """Rows of published collections only (a push under way has parts, no index row)."""
-    if frame is None:
-        return None
-    ids = index.select(COLLECTION_ID)
-    # the table's own collection_id column and the folder's are one value
-    return frame.join(ids, on=COLLECTION_ID, how="left_semi")
+def _folders(index: DataFrame) -> dict[str, list[str]]:
+    """Table -> the folders of the indexed collections that have it (their index rows'
+    ``rows``: the tables whose parts were published)."""
+    by_table: dict[str, list[str]] = {}
+    for row in index.select(COLLECTION_ID, BENCHMARK, "path", "rows").collect():
+        folder = row["path"] or f"{BENCHMARK}={row[BENCHMARK]}/{COLLECTION_ID}={row[COLLECTION_ID]}"
+        for name in sorted(row["rows"] or {}):
+            by_table.setdefault(name, []).append(folder)
+    return by_table
 
 
 def _pcts(column: str, prefix: str) -> list[Any]:
@@ -269,28 +338,46 @@ def run(spark: SparkSession, dataset: str, out: str) -> dict[str, int]:
 
     Raises:
         FileNotFoundError: ``dataset`` has no index (nothing published there).
+        JobError: Spark could not read the dataset (a damaged file, a folder the index
+            names that is not there) or write ``out``: the file and what to do. Nothing
+            is written when reading fails (the tables' schemas are read first); when a
+            write fails, the tables written before it are kept and the others' folders
+            removed from ``out`` (an earlier run's, or half written).
     """
-    from pyspark.errors import AnalysisException
+    from py4j.protocol import Py4JError
+    from pyspark.errors import AnalysisException, PySparkException
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
     root = dataset.rstrip("/")
+    out = out.rstrip("/")
     try:
         index = spark.read.parquet(f"{root}/{INDEX_DIR}").cache()
-    except AnalysisException:
+    except AnalysisException as err:
+        if "PATH_NOT_FOUND" not in str(err) and "UNABLE_TO_INFER_SCHEMA" not in str(err):
+            raise JobError(_explain(err, root, f"reading {root}")) from None
         raise FileNotFoundError(
             f"{root}: no {INDEX_DIR}/ (is it a dataset that kernmlops push wrote?)"
         ) from None
+    except (Py4JError, PySparkException) as err:
+        raise JobError(_explain(err, root, f"reading {root}")) from None
 
     # the cache must go with this run: Spark matches a later read of the same folder to
     # it, and a second run in the session would see only the collections of the first
+    written: dict[str, int] = {}
+    doing = f"reading {root}"
+    before = spark.conf.get(_TIMESTAMPS[0], None)
     try:
+        spark.conf.set(*_TIMESTAMPS)
+        # the indexed collections only: a push under way has parts and no row, and a
+        # collection reindex found damaged no row either
+        folders = _folders(index)
         read: dict[str, DataFrame | None] = {}
 
         def table(name: str) -> DataFrame | None:
             # each table is read (its schema inferred, a Spark job) once
             if name not in read:
-                read[name] = _published(read_table(spark, root, name), index)
+                read[name] = read_table(spark, root, name, folders.get(name, []))
             return read[name]
 
         results = {
@@ -302,11 +389,11 @@ def run(spark: SparkSession, dataset: str, out: str) -> dict[str, int]:
             ),
             "mllb": mllb(table("lb_decisions")),
         }
-        written = {}
         for name, frame in results.items():
             if frame is None:
                 continue
-            target = f"{out.rstrip('/')}/{name}"
+            target = f"{out}/{name}"
+            doing = f"writing {target}"
             # The rows counted as the write passes them (an observed metric, merged once
             # per committed task): exact, with no job that reads the output back.
             rows = Observation(f"kmo-{name}")
@@ -314,9 +401,162 @@ def run(spark: SparkSession, dataset: str, out: str) -> dict[str, int]:
                 target
             )
             written[name] = int(rows.get["rows"])
+    except (Py4JError, PySparkException) as err:
+        line = _explain(err, root, doing)
+        if doing.startswith("writing"):
+            # the table half replaced, and those after it an earlier run's: gone, so that
+            # OUT holds this run's tables only
+            rest = [name for name in OUTPUTS if name not in written]
+            removed = [name for name in rest if _remove(spark, f"{out}/{name}")]
+            done = ", ".join(f"{out}/{name}" for name in written) or "nothing"
+            line += f" (written: {done}; not written: {', '.join(rest)}"
+            line += f", their folders removed: {', '.join(removed)})" if removed else ")"
+        else:
+            line += f" (nothing written to {out})"
+        raise JobError(line) from None
     finally:
         index.unpersist()
+        if before is None:
+            spark.conf.unset(_TIMESTAMPS[0])
+        else:
+            spark.conf.set(_TIMESTAMPS[0], before)
     return written
+
+
+def _remove(spark: SparkSession, path: str) -> bool:
+    """Remove ``path`` (a folder Spark writes), through Spark's own filesystem; True if
+    it was there. False where it cannot be (a Spark Connect session has no JVM here)."""
+    try:
+        jvm = spark.sparkContext._jvm
+        target = jvm.org.apache.hadoop.fs.Path(path)
+        fs = target.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+        return bool(fs.delete(target, True))
+    except Exception:  # best effort: the error being reported is the job's
+        return False
+
+
+def _java_chain(err: BaseException) -> list[Any]:
+    """The Java exceptions behind ``err``, outermost first (its causes)."""
+    java = getattr(err, "java_exception", None) or getattr(err, "_origin", None)
+    chain: list[Any] = []
+    while java is not None and len(chain) < 32:
+        chain.append(java)
+        try:
+            java = java.getCause()
+        except Exception:
+            break
+    return chain
+
+
+def _call(java: Any, *methods: str) -> Any:
+    """The first of ``methods`` that ``java`` has, called; None if none."""
+    for method in methods:
+        try:
+            return getattr(java, method)()
+        except Exception:
+            continue
+    return None
+
+
+def _classes(java: Any) -> set[str]:
+    """The names of ``java``'s class and those above it."""
+    names = set()
+    cls = _call(java, "getClass")
+    while cls is not None and len(names) < 16:
+        names.add(str(cls.getName()))
+        cls = cls.getSuperclass()
+    return names
+
+
+def _first_line(text: str | None) -> str:
+    lines = (text or "").strip().splitlines()
+    return lines[0].strip()[:300] if lines else ""
+
+
+def _summary(err: BaseException) -> str:
+    """What went wrong, in one line: the innermost Java message that says something, a
+    Python worker's last line, or the error's own first line."""
+    if type(err).__name__ == "PythonException":
+        lines = [line for line in str(err).splitlines() if line.strip()]
+        return lines[-1].strip() if lines else "a Python worker failed"
+    for java in reversed(_java_chain(err)):
+        text = _first_line(_call(java, "getMessage"))
+        if text and not text.startswith("["):  # Spark's own name their condition
+            cls = _call(java, "getClass")
+            name = str(cls.getSimpleName()) if cls is not None else ""
+            text = f"{name}: {text}" if name and not text.startswith(name) else text
+        if text:
+            return text
+    text = _first_line(str(err))
+    return text or type(err).__name__
+
+
+def _local(path: str) -> str:
+    """A ``file:`` URI as the local path it names; any other path as it is."""
+    return unquote(urlsplit(path).path) if path.startswith("file:") else path
+
+
+def _fleet_uri(root: str) -> str:
+    """The dataset's URI as ``kernmlops fleet`` opens it (pyarrow: s3://, not s3a://)."""
+    return re.sub(r"^s3[an]://", "s3://", root)
+
+
+_COLLECTION = re.compile(rf"^(.*/{BENCHMARK}=[^/]+/{COLLECTION_ID}=([^/]+))/")
+_READ_FILE = re.compile(r"Encountered error while reading file (\S+?)\.(\s|$)")
+
+
+def _explain(err: BaseException, root: str, doing: str) -> str:
+    """One line for a Spark failure while ``doing`` ("reading DATASET", "writing OUT/t"):
+    the file and what to do where it is known, else Spark's reason."""
+    chain = _java_chain(err)
+    reindex = f"`kernmlops fleet reindex {shlex.quote(_fleet_uri(root))}`"
+    for java in chain:
+        condition = str(_call(java, "getCondition", "getErrorClass") or "")
+        params = dict(_call(java, "getMessageParameters") or {})
+        message = str(_call(java, "getMessage") or "")
+        found = _READ_FILE.search(message)
+        path = params.get("path") or (found.group(1) if found else "")
+        if condition.startswith("FAILED_READ_FILE") or (found and not condition):
+            return _damaged(_local(path), condition, chain, reindex)
+        if condition == "PATH_NOT_FOUND" and path:
+            return (
+                f"{_local(path)}: not there, though the index names its collection (deleted "
+                f"since it was published?): {reindex} rebuilds the index from what is there"
+            )
+        if "org.apache.hadoop.fs.UnsupportedFileSystemException" in _classes(java) or (
+            "S3AFileSystem not found" in message
+        ):
+            where = doing.split(" ", 1)[1]
+            scheme = where.split("://", 1)[0] if "://" in where else "?"
+            return (
+                f"{where}: Spark has no filesystem for {scheme}:// here (for S3: s3a:// "
+                "with the hadoop-aws package on Spark's class path)"
+            )
+    if doing.startswith("writing") and any("java.io.IOException" in _classes(j) for j in chain):
+        return f"cannot write {doing.split(' ', 1)[1]}: {_summary(err)}"
+    return f"the job failed {doing}: {_summary(err)}"
+
+
+def _damaged(path: str, condition: str, chain: list[Any], reindex: str) -> str:
+    """The line for a dataset file Spark cannot read."""
+    kind = condition.partition(".")[2]
+    if kind == "FILE_NOT_EXIST":
+        return f"{path}: not there (deleted while the job ran?): {reindex} rebuilds the index"
+    inner = [_first_line(_call(j, "getMessage")) for j in chain[1:]]
+    detail = next((t.replace(f"file:{path}", "it").replace(path, "it") for t in inner if t), "")
+    why = {
+        "CANNOT_READ_FILE_FOOTER": "its footer cannot be read",
+    }.get(kind) or (detail[:200] if detail else "its data cannot be read")
+    if f"/{INDEX_DIR}/" in path:
+        return f"{path}: not a readable index file ({why}): {reindex} rewrites the index"
+    collection = _COLLECTION.match(path)
+    if collection is None:
+        return f"{path}: Spark cannot read it ({why})"
+    return (
+        f"{path}: not a readable Parquet file ({why}): collection {unquote(collection[2])} "
+        f"is damaged: push it again from its source, or {reindex} takes it out of the "
+        "index (the job then skips it)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -332,12 +572,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.dataset or not args.out:
         parser.error("DATASET and OUT are required")
-    spark = session(args.master)
+    try:
+        spark = start(args.master)
+    except JobError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
     try:
         written = run(spark, args.dataset, args.out)
     except FileNotFoundError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except JobError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
     finally:
         spark.stop()
     for name, n in written.items():
