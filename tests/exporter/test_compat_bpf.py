@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -159,6 +160,96 @@ def test_program_info_matches_bpftool(write_sizes: Exporter) -> None:
         ours["tag"] = info["tag"]
         assert got[("kernmlops_exporter_program_info", tuple(sorted(ours.items())))] == 1
     assert got[("ebpf_exporter_enabled_configs", (("name", "write-sizes"),))] == 1
+
+
+#: ebpf_exporter's own metrics as its source names them (exporter/exporter.go:
+#: prometheus.NewDesc and CounterOpts; the Go client serves a name as given,
+#: adding no _total): name -> (type, label names)
+EBPF_EXPORTER_SELF = {
+    "ebpf_exporter_enabled_configs": ("gauge", {"name"}),
+    "ebpf_exporter_ebpf_program_info": ("gauge", {"config", "program", "tag", "id"}),
+    "ebpf_exporter_ebpf_program_attached": ("gauge", {"id"}),
+    "ebpf_exporter_ebpf_program_run_time_seconds": ("counter", {"id"}),
+    "ebpf_exporter_ebpf_program_run_count_total": ("counter", {"id"}),
+    "ebpf_exporter_decoder_errors_total": ("counter", {"config"}),
+}
+
+
+def _types_and_series(text: str) -> tuple[dict[str, str], dict[str, list[dict[str, str]]]]:
+    """The text format read by hand (prometheus_client's parser renames a
+    counter's samples): each TYPE line's name and type, each sample's name and
+    labels."""
+    types: dict[str, str] = {}
+    series: dict[str, list[dict[str, str]]] = {}
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, typ = line.split(" ")
+            types[name] = typ
+        elif line and not line.startswith("#"):
+            name = re.match(r"[a-zA-Z_:][a-zA-Z0-9_:]*", line).group()  # type: ignore[union-attr]
+            head = line.rsplit(" ", 1)[0]
+            labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', head))
+            series.setdefault(name, []).append(labels)
+    return types, series
+
+
+def test_own_metrics_named_as_ebpf_exporter_names_them() -> None:
+    """--bpf-stats: every built-in metric of ebpf_exporter is served under its
+    exact name, type and labels; run time and count agree with bpftool."""
+    bpftool = shutil.which("bpftool") or shutil.which("bpftool", path="/usr/sbin:/sbin")
+    assert bpftool
+    exporter = Exporter(resolve_sets([str(CONFIGS / "write-sizes.yaml")]), bpf_stats=True)
+    try:
+        (status,) = exporter.start()
+        assert status.attached == 2, [(p.name, p.error) for p in status.programs]
+        _job("kmo-ee-stats", [1, 2, 3], 100)
+        text = exporter.render().decode()
+        shown = {}
+        for prog in status.programs:
+            pid = str(_prog_id(prog.fd))
+            out = subprocess.run(
+                [bpftool, "prog", "show", "id", pid, "--json"],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            shown[pid] = json.loads(out)
+    finally:
+        exporter.close()
+    types, series = _types_and_series(text)
+    for name, (typ, labels) in EBPF_EXPORTER_SELF.items():
+        assert types.get(name) == typ, (name, types.get(name))
+        assert series.get(name), name  # its samples carry the same name
+        assert all(set(ls) == labels for ls in series[name]), name
+    served = {n for n in types if n.startswith("ebpf_exporter_") and "test_" not in n}
+    served -= {n for n in types if n.startswith("ebpf_exporter_write_size")}
+    assert served == set(EBPF_EXPORTER_SELF)
+    run_time = {
+        ls["id"]: v for ls, v in _values(text, "ebpf_exporter_ebpf_program_run_time_seconds")
+    }
+    runs = {ls["id"]: v for ls, v in _values(text, "ebpf_exporter_ebpf_program_run_count_total")}
+    assert set(run_time) == set(runs) == set(shown)
+    for pid, info in shown.items():
+        # bpftool read them after the scrape: at least as much, and the job ran them
+        assert 0 < runs[pid] <= info["run_cnt"], pid
+        assert 0 < run_time[pid] <= info["run_time_ns"] / 1e9, pid
+    assert {"config": "write-sizes"} in series["ebpf_exporter_decoder_errors_total"]
+
+
+def _prog_id(fd: int) -> int:
+    from kernmlops.ebpf import libbpf
+
+    return libbpf.prog_info(fd).id
+
+
+def _values(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """``name``'s samples: labels and value (read by hand, as above)."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith((name + "{", name + " ")):
+            head, value = line.rsplit(" ", 1)
+            out.append((dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', head)), float(value)))
+    return out
 
 
 def test_perf_event_program_per_cpu() -> None:

@@ -24,6 +24,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import CollectorRegistry
+from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 from kernmlops.ebpf import libbpf
@@ -323,16 +324,36 @@ def float_texts(values: np.ndarray) -> list[str]:
     return texts
 
 
+class ExactCounterFamily(Metric):
+    """A counter served under exactly its name, as Go's Prometheus client
+    serves one: ``CounterMetricFamily`` strips a ``_total`` it is given and
+    writes one after every name, so it cannot serve a counter named without
+    it (ebpf_exporter's ``ebpf_exporter_ebpf_program_run_time_seconds``).
+    Written by :func:`plain_text` (``generate_latest`` would add ``_total``
+    to its TYPE line)."""
+
+    def __init__(self, name: str, documentation: str, labels: list[str]) -> None:
+        super().__init__(name, documentation, "counter")
+        self._labelnames = tuple(labels)
+
+    def add_metric(self, labels: list[str], value: float) -> None:
+        pairs = dict(zip(self._labelnames, labels, strict=True))
+        self.samples.append(Sample(self.name, pairs, value))
+
+
 def plain_text(families: list[Metric]) -> str:
     """What ``generate_latest`` writes for gauge and counter families whose
     names are valid as they are (the exporter's own metrics), without its
-    per-sample escaping machinery; other types go through it."""
+    per-sample escaping machinery; other types go through it. An
+    :class:`ExactCounterFamily` keeps its name (no ``_total`` added)."""
     out = []
     for family in families:
         if family.type not in ("gauge", "counter"):
             out.append(generate_latest(_Families([family])).decode())  # type: ignore[arg-type]
             continue
-        name = family.name + "_total" if family.type == "counter" else family.name
+        name = family.name
+        if family.type == "counter" and not isinstance(family, ExactCounterFamily):
+            name += "_total"
         doc = family.documentation.replace("\\", r"\\").replace("\n", r"\n")
         out.append(f"# HELP {name} {doc}\n# TYPE {name} {family.type}\n")
         for s in family.samples:
@@ -590,10 +611,12 @@ class Exporter:
         yield from families
 
     def render(self) -> bytes:
-        """The text exposition format of a scrape: the same bytes as
-        ``generate_latest(self.registry())``, written directly for the metric
-        sets (their series can number thousands) and by prometheus_client for
-        the exporter's own few metrics."""
+        """The text exposition format of a scrape (what /metrics serves): the
+        same bytes as ``generate_latest(self.registry())`` for kernmlops' own
+        sets, written directly for the metric sets (their series can number
+        thousands) and by :func:`plain_text` for the exporter's own few
+        metrics. ebpf_exporter's configs keep its names here (counters with no
+        ``_total`` added), which prometheus_client's registry cannot write."""
         with self._lock:
             t0 = time.perf_counter()
             out: list[str] = []
