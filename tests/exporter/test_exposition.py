@@ -129,15 +129,47 @@ def test_metric_without_labels() -> None:
     assert fast == reference == head + b"test_things_total 5.0\n"
 
 
-def test_cardinality_limit_keeps_the_first_label_sets_and_counts_the_rest() -> None:
+def _served(metric: MetricReader) -> dict[tuple[str, str], float]:
+    (family,) = text_string_to_metric_families(both_ways(metric)[0].decode())
+    return {(s.labels["comm"], s.labels["op"]): s.value for s in family.samples}
+
+
+def test_cardinality_limit_serves_the_recently_changed_and_counts_the_rest() -> None:
     rows = {key(f"c{i}".encode(), 0): [i] for i in range(10)}
     metric = reader(COUNTER, rows, limit=4)
-    (family,) = text_string_to_metric_families(both_ways(metric)[0].decode())
-    assert len(family.samples) == 4
-    assert len(metric.dropped) == 6
-    rows[key(b"c0", 1)] = [1]  # a new label set still finds no room
-    (family,) = text_string_to_metric_families(both_ways(metric)[0].decode())
-    assert len(family.samples) == 4 and len(metric.dropped) == 7
+    # all new (c0 too, at 0): the first seen are served
+    assert _served(metric) == {(f"c{i}", "read"): i / 2 for i in range(4)}
+    assert metric.dropped == 6
+    rows[key(b"c0", 1)] = [1]  # a new label set, and c7 and c8 count on: they are served
+    rows[key(b"c7", 0)] = [70]
+    rows[key(b"c8", 0)] = [80]
+    assert _served(metric) == {
+        ("c0", "write"): 0.5, ("c7", "read"): 35.0, ("c8", "read"): 40.0, ("c0", "read"): 0.0,
+    }  # fmt: skip
+    assert metric.dropped == 7
+    # nothing changes: the same ones stay
+    assert set(_served(metric)) == {("c0", "write"), ("c7", "read"), ("c8", "read"), ("c0", "read")}
+    # the limit is on what the map holds now: once keys leave it, all fit
+    for i in range(10):
+        if i not in (7, 8):
+            del rows[key(f"c{i}".encode(), 0)]
+    assert _served(metric) == {("c0", "write"): 0.5, ("c7", "read"): 35.0, ("c8", "read"): 40.0}
+    assert metric.dropped == 0
+
+
+def test_keys_that_churn_are_served_and_forgotten() -> None:
+    """An LRU map's keys come and go (comms, cgroups): every scrape serves what
+    the map holds now, however many label sets came before (the limit held
+    them forever), and those gone are forgotten (memory stays bounded)."""
+    metric = reader(COUNTER, {}, limit=1500)
+    rows = metric.reader.rows
+    for batch in range(12):
+        rows.clear()
+        rows.update({key(f"b{batch}-{i}".encode(), 1): [2 * i] for i in range(1000)})
+        assert _served(metric) == {(f"b{batch}-{i}", "write"): float(i) for i in range(1000)}
+        assert metric.dropped == 0
+        assert len(metric._labelsets) <= 4096 + 1000  # 12,000 seen in all
+        assert len(metric._index) <= len(metric._labelsets)
 
 
 def test_decoder_errors_are_counted_per_label_and_regexp_drops_are_not() -> None:

@@ -446,7 +446,7 @@ class BucketKeyHistogram(MetricReader):
         present, rows = np.unique(idx[keep], return_inverse=True)
         out = np.zeros((len(present), self._width), dtype=np.uint64)
         np.add.at(out, (rows, slot[keep]), values[keep, 0])
-        return present.tolist(), out
+        return self._served(present.astype(np.int64), out)
 
 
 # --- ebpf_exporter's own metrics ----------------------------------------------------

@@ -52,6 +52,9 @@ from kernmlops.exporter.spec import (
 )
 
 SELF = "kernmlops_exporter"
+#: label sets a metric remembers before those gone from its map are forgotten
+_COMPACT_FLOOR = 4096
+_UNSEEN = np.iinfo(np.uint64).max
 DEFAULT_MAX_LABEL_SETS = 10_000
 COMM_LEN = 15  # the kernel keeps 15 characters of a task's name
 BPF_STATS_RUN_TIME = 0
@@ -149,12 +152,21 @@ class MetricReader:
         self.decoders = label_decoders(spec.labels, ctx, flavor=flavor, offset=offset)
         self.label_names = [d.name for d in self.decoders]
         self.max_label_sets = spec.max_label_sets or max_label_sets
-        #: raw key -> index of its label set, or -1 (dropped: regexp or limit)
+        #: raw key -> index (position) of its label set, or -1 (dropped by a regexp)
         self._index: dict[bytes, int] = {}
         self._index_cap = max(65536, 4 * getattr(reader, "max_entries", 0))
+        #: label sets by position, in the order first seen; those long gone from
+        #: the map are forgotten (_compact), so keys that churn cost no memory
         self._labelsets: list[tuple[str, ...]] = []
         self._positions: dict[tuple[str, ...], int] = {}
-        self.dropped: set[tuple[str, ...]] = set()  # over the cardinality limit
+        #: per position: its value's total at the last scrape, and the scrape at
+        #: which that last changed (which label sets the limit keeps)
+        self._last_total = np.zeros(0, np.uint64)
+        self._changed_at = np.zeros(0, np.int64)
+        self._scrape_no = 0
+        #: label sets present in the map but left out of the latest scrape
+        #: (more than max_label_sets)
+        self.dropped = 0
         self.decoder_errors: dict[str, int] = {}
         #: keys counted in decoder_errors: not counted again while they stay undecodable
         self._undecodable: set[bytes] = set()
@@ -181,10 +193,6 @@ class MetricReader:
         self._undecodable.discard(key)
         pos = self._positions.get(labels)
         if pos is None:
-            if len(self._labelsets) >= self.max_label_sets:
-                self.dropped.add(labels)
-                self._index[key] = -1
-                return -1
             pos = self._positions[labels] = len(self._labelsets)
             self._labelsets.append(labels)
         self._index[key] = pos
@@ -221,9 +229,57 @@ class MetricReader:
         order = np.argsort(idx, kind="stable")
         idx, values = idx[order], values[order]
         if len(idx) < 2 or bool(np.all(idx[1:] != idx[:-1])):
-            return idx.tolist(), values  # one key per label set: no sums needed
+            return self._served(idx, values)  # one key per label set: no sums needed
         starts = np.flatnonzero(np.r_[True, idx[1:] != idx[:-1]])
-        return idx[starts].tolist(), np.add.reduceat(values, starts, axis=0)
+        return self._served(idx[starts], np.add.reduceat(values, starts, axis=0))
+
+    def _served(self, positions: np.ndarray, values: np.ndarray) -> tuple[list[int], np.ndarray]:
+        """The label sets present now (``positions``, ascending, one row of
+        ``values`` each) that this scrape serves: all of them, or, past
+        ``max_label_sets``, those whose values changed most recently (then the
+        first seen); the others are counted in ``dropped``. The limit is on the
+        label sets in the map now, not on all it ever held: keys that churn (a
+        comm, a cgroup, evicted from an LRU map) make room for new ones."""
+        self._scrape_no += 1
+        if len(self._last_total) < len(self._labelsets):
+            grow = max(len(self._labelsets), 2 * len(self._last_total)) - len(self._last_total)
+            # a label set seen for the first time counts as changed, whatever its value
+            self._last_total = np.r_[self._last_total, np.full(grow, _UNSEEN, np.uint64)]
+            self._changed_at = np.r_[self._changed_at, np.zeros(grow, np.int64)]
+        if len(self._labelsets) > max(_COMPACT_FLOOR, 2 * len(positions)):
+            positions = self._compact(positions)
+        totals = values.sum(axis=1, dtype=np.uint64)
+        changed = positions[totals != self._last_total[positions]]
+        self._changed_at[changed] = self._scrape_no
+        self._last_total[positions] = totals
+        self.dropped = max(0, len(positions) - self.max_label_sets)
+        if self.dropped:
+            recent = np.lexsort((positions, -self._changed_at[positions]))
+            keep = np.sort(recent[: self.max_label_sets])
+            positions, values = positions[keep], values[keep]
+        return positions.tolist(), values
+
+    def _compact(self, present: np.ndarray) -> np.ndarray:
+        """Forget the label sets not in the map now (their keys are gone):
+        the present ones keep their order, at new positions, which are returned."""
+        old_to_new = np.full(len(self._labelsets), -1, np.int64)
+        old_to_new[present] = np.arange(len(present))
+        self._labelsets = [self._labelsets[i] for i in present.tolist()]
+        self._positions = {labels: i for i, labels in enumerate(self._labelsets)}
+        remap = old_to_new.tolist()
+        index: dict[bytes, int] = {}
+        for key, i in self._index.items():
+            if i < 0:
+                index[key] = -1  # left out by a regexp: stays so
+            elif remap[i] >= 0:
+                index[key] = remap[i]
+        self._index = index
+        self._last_total = self._last_total[present]
+        self._changed_at = self._changed_at[present]
+        self._text_labels.clear()
+        self._text_prefixes.clear()
+        self._last_positions, self._last_prefixes = [], []
+        return np.arange(len(present), dtype=np.int64)
 
     def family(self, snap: tuple[list[int], np.ndarray]) -> Metric:
         """The snapshot as a prometheus_client metric family."""
@@ -673,7 +729,8 @@ class Exporter:
         )
         dropped = GaugeMetricFamily(
             f"{SELF}_label_sets_dropped",
-            "label sets left out because the metric reached its max_label_sets",
+            "label sets in the map left out of this scrape: more than the metric's "
+            "max_label_sets (those whose values changed least recently are left out)",
             labels=["set", "metric"],
         )
         program_info = GaugeMetricFamily(
@@ -705,7 +762,7 @@ class Exporter:
             for metric in loaded.metrics:
                 for label, n in sorted(metric.decoder_errors.items()):
                     errors.add_metric([st.name, metric.spec.name, label], float(n))
-                dropped.add_metric([st.name, metric.spec.name], float(len(metric.dropped)))
+                dropped.add_metric([st.name, metric.spec.name], float(metric.dropped))
         out: list[Metric] = [enabled, attached, missed, program_info, full, recursion, errors]
         out.append(dropped)
         if stats_on:
