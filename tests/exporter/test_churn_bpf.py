@@ -2,7 +2,9 @@
 node. The sets keyed by them (syscalls_comm, biojobs, oncpu) keep LRU maps, so
 once more keys came than a map holds, the newest are still counted, exactly
 what the test's own processes did; and the exporter serves what the map holds
-now, however many label sets it served before."""
+now, however many label sets it served before. A cgroup removed before a
+scrape keeps its CPU time, under the path a scrape saw or as
+unknown_cgroup_id:N."""
 
 from __future__ import annotations
 
@@ -261,3 +263,47 @@ def test_oncpu_counts_new_cgroups_after_more_than_the_map_holds(
     churned = {c for c in got if c.startswith(prefix)}
     assert f"{prefix}{churn - 1}" in churned and len(churned) < churn
     assert _map_full(text, "oncpu") == 0
+
+
+@pytest.mark.parametrize("exporter", ["oncpu"], indirect=True)
+def test_oncpu_keeps_the_cpu_time_of_a_removed_cgroup(exporter: Exporter, churn_root: Path) -> None:
+    """A job in a cgroup of its own, removed before the next scrape: a 0.5-s busy
+    loop in a cgroup made after the last scrape is served as
+    unknown_cgroup_id:<its id>, one in a cgroup a scrape saw under its path;
+    each is the CPU time the cgroup's cpu.stat had just before rmdir, and what
+    the loop burnt (its own thread CPU clock). It was dropped (a decoder error)."""
+    argv = [sys.executable, "-c", textwrap.dedent(CGROUPS), str(churn_root), "0"]
+    child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert child.stdin is not None and child.stdout is not None
+    used, ids = {}, {}
+    try:
+        assert child.stdout.readline() == b"churned\n"
+        for name in ("seen", "brief"):
+            cgroup = churn_root / name
+            cgroup.mkdir()
+            ids[name] = cgroup.stat().st_ino
+            _asleep(child.pid)
+            (cgroup / "cgroup.procs").write_text(str(child.pid))
+            child.stdin.write(b"500")
+            child.stdin.flush()
+            assert child.stdout.readline() == b"burnt\n"
+            _asleep(child.pid)
+            if name == "seen":
+                exporter.render()  # a scrape while it is there
+            used[name] = _usage_us(cgroup)
+            (churn_root / "cgroup.procs").write_text(str(child.pid))
+            cgroup.rmdir()
+    finally:
+        child.stdin.close()
+        assert child.wait(timeout=60) == 0
+    text = exporter.render().decode()
+    got = {
+        dict(k)["cgroup"]: v for k, v in _series(text, "kernmlops_cgroup_cpu_seconds_total").items()
+    }
+    seen = f"/{churn_root.name}/seen"
+    brief = f"unknown_cgroup_id:{ids['brief']}"
+    for label, name in ((seen, "seen"), (brief, "brief")):
+        assert got[label] * 1e6 == pytest.approx(used[name], abs=2), label
+        assert got[label] == pytest.approx(0.5, abs=0.01), label  # the loop's own clock
+    errors = _series(text, "kernmlops_exporter_decoder_errors_total")
+    assert not any(dict(k)["set"] == "oncpu" and v for k, v in errors.items())

@@ -437,7 +437,7 @@ class BucketKeyHistogram(MetricReader):
         return slot
 
     def snapshot(self) -> tuple[list[int], np.ndarray]:
-        keys, values = self.reader.read()
+        keys, values = self._read()
         n, prefix = len(keys), self._prefix
         self._forget_gone([*keys, *(k[:prefix] for k in keys)])  # _slot's keys, _label_index's
         idx = np.fromiter((self._label_index(k[:prefix]) for k in keys), np.int64, count=n)

@@ -150,6 +150,7 @@ class MetricReader:
         self.spec = spec
         self.reader = reader
         self.decoders = label_decoders(spec.labels, ctx, flavor=flavor, offset=offset)
+        self._cgroups = ctx.cgroups
         self.label_names = [d.name for d in self.decoders]
         self.max_label_sets = spec.max_label_sets or max_label_sets
         #: raw key -> index (position) of its label set, or -1 (dropped by a regexp)
@@ -213,10 +214,16 @@ class MetricReader:
         if self._undecodable:
             self._undecodable.intersection_update(present)
 
+    def _read(self) -> tuple[list[bytes], np.ndarray]:
+        """The map's keys and values; the cgroup decoder learns when they were
+        read (a cgroup a later walk does not find was removed)."""
+        self._cgroups.keys_read(time.monotonic())
+        return self.reader.read()
+
     def snapshot(self) -> tuple[list[int], np.ndarray]:
         """Label sets present now (as indices) and their values, the keys of one
         label set summed."""
-        keys, values = self.reader.read()
+        keys, values = self._read()
         self._forget_gone(keys)
         found = list(map(self._index.get, keys))  # known keys: one dict lookup each, in C
         if None in found:
