@@ -510,7 +510,7 @@ class Exporter:
         process_filter_fd: int | None = None,
         self_tgid: int | None = None,
         bpf_dir: Path | None = None,
-        max_label_sets: int = DEFAULT_MAX_LABEL_SETS,
+        max_label_sets: int | None = None,
         bpf_stats: bool = False,
         decoder_context: DecoderContext | None = None,
     ) -> None:
@@ -519,6 +519,8 @@ class Exporter:
         self.process_filter_fd = process_filter_fd
         self.self_tgid = os.getpid() if self_tgid is None else self_tgid
         self.bpf_dir = bpf_dir
+        #: a ceiling over every metric's own max_label_sets (--max-label-sets);
+        #: None: each metric's own, else DEFAULT_MAX_LABEL_SETS
         self.max_label_sets = max_label_sets
         self.want_bpf_stats = bpf_stats
         self.ctx = decoder_context or DecoderContext()
@@ -621,11 +623,14 @@ class Exporter:
                 st.error = str(err).splitlines()[0]
             loaded.status.programs.append(st)
         for spec in ms.metrics:
+            default = self.max_label_sets or DEFAULT_MAX_LABEL_SETS
             if runtime is not None:
-                metric = runtime.make_reader(ms.name, spec, obj, self.ctx, self.max_label_sets)
+                metric = runtime.make_reader(ms.name, spec, obj, self.ctx, default)
             else:
                 reader = MapReader(obj.map(spec.map))
-                metric = MetricReader(ms.name, spec, reader, self.ctx, self.max_label_sets)
+                metric = MetricReader(ms.name, spec, reader, self.ctx, default)
+            if self.max_label_sets is not None:  # a ceiling, over the set's own too
+                metric.max_label_sets = min(metric.max_label_sets, self.max_label_sets)
             loaded.metrics.append(metric)
 
     @property
