@@ -339,3 +339,80 @@ def test_capabilities_dropped_after_attach(keep: str, mask: int) -> None:
         out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
     assert "capabilities dropped" in out
+
+
+#: as the user ran it: capabilities for BPF and perf events only, no CAP_SYSLOG
+NO_SYSLOG = ["setpriv", "--bounding-set", "-all,+bpf,+perfmon", "--no-new-privs"]
+TIMERS = [sys.executable, "-m", "kernmlops.exporter", "--config.dir", str(CONFIGS),
+          "--config.names", "timers"]  # fmt: skip
+
+
+def _text_symbols() -> set[str]:
+    lines = Path("/proc/kallsyms").read_text().splitlines()
+    return {p[2] for p in map(str.split, lines) if len(p) >= 3 and p[1] in "tT"}
+
+
+def test_check_fails_when_ksym_labels_cannot_decode() -> None:
+    """Without CAP_SYSLOG /proc/kallsyms shows this process zeros: a set with ksym
+    labels would serve no series (each key a decoder error), so --check fails
+    with one line saying why; with it the check passes."""
+    assert shutil.which("setpriv"), "setpriv (util-linux) is needed"
+    shown = subprocess.run([*NO_SYSLOG, "head", "-3", "/proc/kallsyms"], capture_output=True,
+                           text=True, check=True).stdout  # fmt: skip
+    assert {line.split()[0] for line in shown.splitlines()} == {"0" * 16}  # the premise
+    done = subprocess.run([*NO_SYSLOG, *TIMERS, "--check"], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=300)  # fmt: skip
+    failed = [line for line in done.stdout.splitlines() if line.startswith("check failed")]
+    assert done.returncode == 1, done.stdout
+    assert failed == [
+        "check failed: set timers: its ksym labels cannot be decoded, so every series with "
+        "them would be left out: /proc/kallsyms shows this process no addresses; reading "
+        f"them needs CAP_SYSLOG (kernel.kptr_restrict is {_kptr_restrict()})"
+    ]
+    done = subprocess.run([*TIMERS, "--check"], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0 and "check passed" in done.stdout, done.stdout
+
+
+def _kptr_restrict() -> str:
+    return Path("/proc/sys/kernel/kptr_restrict").read_text().strip()
+
+
+def test_ksym_labels_served_or_warned() -> None:
+    """Serving with CAP_SYSLOG: timer functions by name, each a text symbol of
+    /proc/kallsyms. Without it the exporter serves on, with a warning line."""
+    exporter = Exporter(resolve_sets([str(CONFIGS / "timers.yaml")]))
+    try:
+        (status,) = exporter.start()
+        assert status.attached == 1 and not status.label_problems
+        time.sleep(0.5)
+        got = _samples(exporter.render().decode())
+    finally:
+        exporter.close()
+    functions = {
+        dict(labels)["function"]: v
+        for (name, labels), v in got.items()
+        if name == "ebpf_exporter_test_timer_expirations_total"
+    }
+    assert functions and set(functions) <= _text_symbols(), functions
+    port = _free_port()
+    listen = ["--web.listen-address", f"127.0.0.1:{port}"]
+    proc = subprocess.Popen([*NO_SYSLOG, *TIMERS, *listen], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        lines = []
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            if line.startswith("serving"):
+                break
+        assert lines and lines[-1].startswith("serving"), lines
+        warned = [line for line in lines if line.startswith("warning:")]
+        assert warned == [
+            "warning: set timers: its ksym labels cannot be decoded, so every series with them "
+            "would be left out: /proc/kallsyms shows this process no addresses; reading them "
+            f"needs CAP_SYSLOG (kernel.kptr_restrict is {_kptr_restrict()})"
+        ]
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=60)

@@ -262,7 +262,7 @@ def _run(
 ) -> None:  # fmt: skip
     from kernmlops.exporter.core import Exporter
     from kernmlops.exporter.server import MetricsServer
-    from kernmlops.exporter.service import failures
+    from kernmlops.exporter.service import failures, label_problems
 
     stop = threading.Event()
     caught: list[int] = []
@@ -288,6 +288,8 @@ def _run(
         statuses = exporter.start()
         # A check passes only when everything attached: "0 of 2 programs" is no pass.
         problems = failures(statuses, strict=strict or check)
+        for line in [] if strict or check else label_problems(statuses):
+            _console().print(f"warning: {line}", markup=False, soft_wrap=True)
         if check or problems:
             _report(statuses)
         if check:

@@ -5,6 +5,7 @@ their maps and turns them into Prometheus metric families (a
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import operator
 import os
@@ -55,6 +56,8 @@ SELF = "kernmlops_exporter"
 #: label sets a metric remembers before those gone from its map are forgotten
 _COMPACT_FLOOR = 4096
 _UNSEEN = np.iinfo(np.uint64).max
+#: decoders that read /proc/kallsyms
+_KALLSYMS_DECODERS = frozenset({"ksym", "kstack"})
 DEFAULT_MAX_LABEL_SETS = 10_000
 COMM_LEN = 15  # the kernel keeps 15 characters of a task's name
 BPF_STATS_RUN_TIME = 0
@@ -122,6 +125,9 @@ class SetStatus:
     error: str | None = None
     variant: str | None = None
     programs: list[ProgramStatus] = field(default_factory=list)
+    #: labels that can never decode here (ksym without kallsyms addresses): the
+    #: set loads, but its series would all be left out; --check fails on it
+    label_problems: list[str] = field(default_factory=list)
 
     @property
     def attached(self) -> int:
@@ -548,23 +554,35 @@ class Exporter:
         return self.statuses
 
     def _warm(self) -> None:
-        """Read the system tables the decoders need now, not in the first scrape."""
-        used = {
-            d.name
+        """Read the system tables the decoders need now, not in the first scrape
+        (and before capabilities are dropped); a set whose labels need kernel
+        symbols this process cannot see gets a label problem."""
+        used_by = {
+            loaded.status.name: {
+                d.name
+                for metric in loaded.metrics
+                for label in metric.spec.labels
+                for d in label.decoders
+            }
             for loaded in self.sets
-            for metric in loaded.metrics
-            for label in metric.spec.labels
-            for d in label.decoders
         }
+        used = set().union(*used_by.values())
         if "syscall" in used:
             _ = self.ctx.syscall_names
-        try:
-            if "cgroup" in used:
+        if "cgroup" in used:
+            with contextlib.suppress(DecodeError):  # reported per key when scraped
                 self.ctx.cgroups.scan()
-            if "ksym" in used:
+        if used & _KALLSYMS_DECODERS:
+            try:
                 self.ctx.kallsyms.load()
-        except DecodeError:
-            pass  # reported per key as decoder errors when scraped
+            except DecodeError as err:
+                for loaded in self.sets:
+                    needs = sorted(used_by[loaded.status.name] & _KALLSYMS_DECODERS)
+                    if needs:
+                        loaded.status.label_problems.append(
+                            f"its {' and '.join(needs)} labels cannot be decoded, so every "
+                            f"series with them would be left out: {err}"
+                        )
 
     def _load(self, loaded: _LoadedSet, job_globals: dict[str, int]) -> None:
         ms = loaded.set

@@ -85,6 +85,19 @@ def cgroup2_mount(mountinfo: Path = Path("/proc/self/mountinfo")) -> Path | None
     return None
 
 
+def _why_no_kallsyms() -> str:
+    """Why /proc/kallsyms shows zeros (the kernel's kallsyms_show_value:
+    kernel.kptr_restrict 2 hides them from all, 1 from those without
+    CAP_SYSLOG, 0 too unless kernel.perf_event_paranoid <= 1)."""
+    try:
+        level = Path("/proc/sys/kernel/kptr_restrict").read_text().strip()
+    except OSError:
+        level = "?"
+    if level == "2":
+        return "kernel.kptr_restrict is 2, which hides them from everyone"
+    return f"reading them needs CAP_SYSLOG (kernel.kptr_restrict is {level})"
+
+
 class Kallsyms:
     """Kernel symbols by address, from /proc/kallsyms (read once, on first use)."""
 
@@ -96,11 +109,13 @@ class Kallsyms:
     def load(self) -> None:
         with self._lock:
             if self._symbols is None:
-                symbols = KernelSymbols.load(self.path)  # text symbols (kernmlops.host)
+                try:
+                    symbols = KernelSymbols.load(self.path)  # text symbols (kernmlops.host)
+                except OSError as err:
+                    raise DecodeError(f"cannot read {self.path}: {err.strerror}") from None
                 if not len(symbols):
                     raise DecodeError(
-                        f"{self.path} shows no addresses (kptr_restrict): "
-                        "the exporter must run as root"
+                        f"{self.path} shows this process no addresses; {_why_no_kallsyms()}"
                     )
                 self._symbols = symbols
 
