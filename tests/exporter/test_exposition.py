@@ -373,3 +373,44 @@ def test_repeated_scrapes_follow_label_sets_that_come_and_go() -> None:
     del rows[key(b"a", 0)]
     text, reference = both_ways(metric)
     assert text == reference and b'comm="a"' not in text
+
+
+def test_scrapes_total_counts_renders_and_says_so() -> None:
+    """Eight concurrent scrapes of a slow render share it: the counter counts the
+    renders (the render function's own calls), fewer than the 200s answered, and
+    its HELP says renders, not scrapes served."""
+    import threading
+    import time
+
+    from kernmlops.exporter.core import Exporter
+
+    exporter = Exporter([])
+    exporter.start()
+    calls = []
+
+    def render() -> bytes:
+        calls.append(1)
+        time.sleep(0.3)  # slow: the concurrent scrapes arrive during it
+        return exporter.render()
+
+    bodies: list[str] = []
+    with MetricsServer(render, "127.0.0.1", 0) as server:
+        url = f"http://127.0.0.1:{server.port}/metrics"
+
+        def scrape() -> None:
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                assert resp.status == 200
+                bodies.append(resp.read().decode())
+
+        threads = [threading.Thread(target=scrape) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        scrape()  # one more, alone
+    families = {f.name: f for f in text_string_to_metric_families(bodies[-1])}
+    scrapes = families["kernmlops_exporter_scrapes"]
+    assert scrapes.documentation.startswith("renders of the metrics")
+    assert scrapes.samples[0].value == len(calls) < len(bodies) == 9
+    responses = families["kernmlops_exporter_http_responses"].samples
+    assert [s.value for s in responses if s.labels == {"code": "200"}] == [8]  # before this one

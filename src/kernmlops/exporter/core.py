@@ -804,7 +804,12 @@ class Exporter:
             f"{SELF}_bpf_stats_enabled", "1 if the kernel keeps BPF program run times"
         )
         stats.add_metric([], 1.0 if stats_on else 0.0)
-        scrapes = CounterMetricFamily(f"{SELF}_scrapes", "scrapes served")
+        scrapes = CounterMetricFamily(
+            f"{SELF}_scrapes",
+            "renders of the metrics, each reading every map once; scrapes that arrive "
+            "during one share it, so this can be below the scrapes answered "
+            "(kernmlops_exporter_http_responses_total)",
+        )
         scrapes.add_metric([], float(self.scrapes + 1))
         duration = GaugeMetricFamily(
             f"{SELF}_scrape_duration_seconds",
