@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -161,6 +162,96 @@ def test_program_info_matches_bpftool(write_sizes: Exporter) -> None:
     assert got[("ebpf_exporter_enabled_configs", (("name", "write-sizes"),))] == 1
 
 
+#: ebpf_exporter's own metrics as its source names them (exporter/exporter.go:
+#: prometheus.NewDesc and CounterOpts; the Go client serves a name as given,
+#: adding no _total): name -> (type, label names)
+EBPF_EXPORTER_SELF = {
+    "ebpf_exporter_enabled_configs": ("gauge", {"name"}),
+    "ebpf_exporter_ebpf_program_info": ("gauge", {"config", "program", "tag", "id"}),
+    "ebpf_exporter_ebpf_program_attached": ("gauge", {"id"}),
+    "ebpf_exporter_ebpf_program_run_time_seconds": ("counter", {"id"}),
+    "ebpf_exporter_ebpf_program_run_count_total": ("counter", {"id"}),
+    "ebpf_exporter_decoder_errors_total": ("counter", {"config"}),
+}
+
+
+def _types_and_series(text: str) -> tuple[dict[str, str], dict[str, list[dict[str, str]]]]:
+    """The text format read by hand (prometheus_client's parser renames a
+    counter's samples): each TYPE line's name and type, each sample's name and
+    labels."""
+    types: dict[str, str] = {}
+    series: dict[str, list[dict[str, str]]] = {}
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, typ = line.split(" ")
+            types[name] = typ
+        elif line and not line.startswith("#"):
+            name = re.match(r"[a-zA-Z_:][a-zA-Z0-9_:]*", line).group()  # type: ignore[union-attr]
+            head = line.rsplit(" ", 1)[0]
+            labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', head))
+            series.setdefault(name, []).append(labels)
+    return types, series
+
+
+def test_own_metrics_named_as_ebpf_exporter_names_them() -> None:
+    """--bpf-stats: every built-in metric of ebpf_exporter is served under its
+    exact name, type and labels; run time and count agree with bpftool."""
+    bpftool = shutil.which("bpftool") or shutil.which("bpftool", path="/usr/sbin:/sbin")
+    assert bpftool
+    exporter = Exporter(resolve_sets([str(CONFIGS / "write-sizes.yaml")]), bpf_stats=True)
+    try:
+        (status,) = exporter.start()
+        assert status.attached == 2, [(p.name, p.error) for p in status.programs]
+        _job("kmo-ee-stats", [1, 2, 3], 100)
+        text = exporter.render().decode()
+        shown = {}
+        for prog in status.programs:
+            pid = str(_prog_id(prog.fd))
+            out = subprocess.run(
+                [bpftool, "prog", "show", "id", pid, "--json"],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            shown[pid] = json.loads(out)
+    finally:
+        exporter.close()
+    types, series = _types_and_series(text)
+    for name, (typ, labels) in EBPF_EXPORTER_SELF.items():
+        assert types.get(name) == typ, (name, types.get(name))
+        assert series.get(name), name  # its samples carry the same name
+        assert all(set(ls) == labels for ls in series[name]), name
+    served = {n for n in types if n.startswith("ebpf_exporter_") and "test_" not in n}
+    served -= {n for n in types if n.startswith("ebpf_exporter_write_size")}
+    assert served == set(EBPF_EXPORTER_SELF)
+    run_time = {
+        ls["id"]: v for ls, v in _values(text, "ebpf_exporter_ebpf_program_run_time_seconds")
+    }
+    runs = {ls["id"]: v for ls, v in _values(text, "ebpf_exporter_ebpf_program_run_count_total")}
+    assert set(run_time) == set(runs) == set(shown)
+    for pid, info in shown.items():
+        # bpftool read them after the scrape: at least as much, and the job ran them
+        assert 0 < runs[pid] <= info["run_cnt"], pid
+        assert 0 < run_time[pid] <= info["run_time_ns"] / 1e9, pid
+    assert {"config": "write-sizes"} in series["ebpf_exporter_decoder_errors_total"]
+
+
+def _prog_id(fd: int) -> int:
+    from kernmlops.ebpf import libbpf
+
+    return libbpf.prog_info(fd).id
+
+
+def _values(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """``name``'s samples: labels and value (read by hand, as above)."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith((name + "{", name + " ")):
+            head, value = line.rsplit(" ", 1)
+            out.append((dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', head)), float(value)))
+    return out
+
+
 def test_perf_event_program_per_cpu() -> None:
     """SEC("perf_event/type=1,config=0,frequency=97"): cpu-clock on every CPU,
     a per-CPU array whose only label is cpu served per CPU."""
@@ -248,3 +339,80 @@ def test_capabilities_dropped_after_attach(keep: str, mask: int) -> None:
         out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
     assert "capabilities dropped" in out
+
+
+#: as the user ran it: capabilities for BPF and perf events only, no CAP_SYSLOG
+NO_SYSLOG = ["setpriv", "--bounding-set", "-all,+bpf,+perfmon", "--no-new-privs"]
+TIMERS = [sys.executable, "-m", "kernmlops.exporter", "--config.dir", str(CONFIGS),
+          "--config.names", "timers"]  # fmt: skip
+
+
+def _text_symbols() -> set[str]:
+    lines = Path("/proc/kallsyms").read_text().splitlines()
+    return {p[2] for p in map(str.split, lines) if len(p) >= 3 and p[1] in "tT"}
+
+
+def test_check_fails_when_ksym_labels_cannot_decode() -> None:
+    """Without CAP_SYSLOG /proc/kallsyms shows this process zeros: a set with ksym
+    labels would serve no series (each key a decoder error), so --check fails
+    with one line saying why; with it the check passes."""
+    assert shutil.which("setpriv"), "setpriv (util-linux) is needed"
+    shown = subprocess.run([*NO_SYSLOG, "head", "-3", "/proc/kallsyms"], capture_output=True,
+                           text=True, check=True).stdout  # fmt: skip
+    assert {line.split()[0] for line in shown.splitlines()} == {"0" * 16}  # the premise
+    done = subprocess.run([*NO_SYSLOG, *TIMERS, "--check"], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=300)  # fmt: skip
+    failed = [line for line in done.stdout.splitlines() if line.startswith("check failed")]
+    assert done.returncode == 1, done.stdout
+    assert failed == [
+        "check failed: set timers: its ksym labels cannot be decoded, so every series with "
+        "them would be left out: /proc/kallsyms shows this process no addresses; reading "
+        f"them needs CAP_SYSLOG (kernel.kptr_restrict is {_kptr_restrict()})"
+    ]
+    done = subprocess.run([*TIMERS, "--check"], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0 and "check passed" in done.stdout, done.stdout
+
+
+def _kptr_restrict() -> str:
+    return Path("/proc/sys/kernel/kptr_restrict").read_text().strip()
+
+
+def test_ksym_labels_served_or_warned() -> None:
+    """Serving with CAP_SYSLOG: timer functions by name, each a text symbol of
+    /proc/kallsyms. Without it the exporter serves on, with a warning line."""
+    exporter = Exporter(resolve_sets([str(CONFIGS / "timers.yaml")]))
+    try:
+        (status,) = exporter.start()
+        assert status.attached == 1 and not status.label_problems
+        time.sleep(0.5)
+        got = _samples(exporter.render().decode())
+    finally:
+        exporter.close()
+    functions = {
+        dict(labels)["function"]: v
+        for (name, labels), v in got.items()
+        if name == "ebpf_exporter_test_timer_expirations_total"
+    }
+    assert functions and set(functions) <= _text_symbols(), functions
+    port = _free_port()
+    listen = ["--web.listen-address", f"127.0.0.1:{port}"]
+    proc = subprocess.Popen([*NO_SYSLOG, *TIMERS, *listen], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        lines = []
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            if line.startswith("serving"):
+                break
+        assert lines and lines[-1].startswith("serving"), lines
+        warned = [line for line in lines if line.startswith("warning:")]
+        assert warned == [
+            "warning: set timers: its ksym labels cannot be decoded, so every series with them "
+            "would be left out: /proc/kallsyms shows this process no addresses; reading them "
+            f"needs CAP_SYSLOG (kernel.kptr_restrict is {_kptr_restrict()})"
+        ]
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=60)

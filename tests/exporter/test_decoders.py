@@ -7,6 +7,7 @@ import errno
 import os
 import platform
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -156,7 +157,7 @@ def test_cgroup_ids_are_directory_inodes(tmp_path: Path) -> None:
     root = tmp_path / "cg"
     (root / "system.slice" / "job.scope").mkdir(parents=True)
     (root / "user.slice").mkdir()
-    paths = CgroupPaths(root, rescan_s=0.0)
+    paths = CgroupPaths(root)
     ctx = DecoderContext(cgroups=paths)
     job = (root / "system.slice" / "job.scope").stat().st_ino
     chain = [{"name": "cgroup"}]
@@ -166,12 +167,42 @@ def test_cgroup_ids_are_directory_inodes(tmp_path: Path) -> None:
     (root / "user.slice" / "late").mkdir()
     late = (root / "user.slice" / "late").stat().st_ino
     assert decode([{"name": "uint"}, *chain], struct.pack("<Q", late), ctx) == "/user.slice/late"
-    with pytest.raises(LabelDecodeError, match="no cgroup with id 1234567"):
-        decode(chain, struct.pack("<Q", 1234567), ctx)
+    # an id no walk finds: a cgroup removed before any walk saw it (ebpf_exporter's label)
+    assert decode(chain, struct.pack("<Q", 1234567), ctx) == "unknown_cgroup_id:1234567"
     assert paths.id_of("/system.slice/job.scope") == (job, 2)
     assert paths.id_of(root / "user.slice") == ((root / "user.slice").stat().st_ino, 1)
     with pytest.raises(DecodeError, match="not found"):
         paths.id_of("/nope")
+
+
+def test_removed_cgroups_keep_their_path_or_are_unknown(tmp_path: Path) -> None:
+    """Values outlive their cgroup in the maps: a removed cgroup keeps the path a
+    walk saw; one no walk saw is unknown_cgroup_id:N; a walk begun before the
+    ids were read is no proof that one is gone. (A cgroup is "removed" here by
+    moving it out of the tree: an inode freed by rmdir could be reused by the
+    next mkdir, which cgroup ids never are.)"""
+    root, away = tmp_path / "cg", tmp_path / "away"
+    (root / "seen").mkdir(parents=True)
+    away.mkdir()
+    paths = CgroupPaths(root)
+    seen = (root / "seen").stat().st_ino
+    assert paths.label(seen) == "/seen"
+    (root / "brief").mkdir()
+    brief = (root / "brief").stat().st_ino
+    (root / "brief").rename(away / "brief")
+    (root / "seen").rename(away / "seen")
+    paths.keys_read(time.monotonic())  # a scrape reads both ids from a map
+    assert paths.label(brief) == f"unknown_cgroup_id:{brief}"  # walked: not there
+    assert paths.label(seen) == "/seen"  # the walk found it gone: its path is kept
+    # a cgroup made after that walk, its id read after it too: walked again, found
+    (root / "new").mkdir()
+    paths.keys_read(time.monotonic())
+    assert paths.label((root / "new").stat().st_ino) == "/new"
+    # an id known gone costs no walk; a newer cgroup's does
+    (root / "later").mkdir()
+    paths.keys_read(time.monotonic())
+    assert paths.label(brief) == f"unknown_cgroup_id:{brief}"
+    assert paths.label((root / "later").stat().st_ino) == "/later"
 
 
 def test_cgroup_of_this_process_on_the_real_hierarchy() -> None:

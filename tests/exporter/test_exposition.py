@@ -129,15 +129,47 @@ def test_metric_without_labels() -> None:
     assert fast == reference == head + b"test_things_total 5.0\n"
 
 
-def test_cardinality_limit_keeps_the_first_label_sets_and_counts_the_rest() -> None:
+def _served(metric: MetricReader) -> dict[tuple[str, str], float]:
+    (family,) = text_string_to_metric_families(both_ways(metric)[0].decode())
+    return {(s.labels["comm"], s.labels["op"]): s.value for s in family.samples}
+
+
+def test_cardinality_limit_serves_the_recently_changed_and_counts_the_rest() -> None:
     rows = {key(f"c{i}".encode(), 0): [i] for i in range(10)}
     metric = reader(COUNTER, rows, limit=4)
-    (family,) = text_string_to_metric_families(both_ways(metric)[0].decode())
-    assert len(family.samples) == 4
-    assert len(metric.dropped) == 6
-    rows[key(b"c0", 1)] = [1]  # a new label set still finds no room
-    (family,) = text_string_to_metric_families(both_ways(metric)[0].decode())
-    assert len(family.samples) == 4 and len(metric.dropped) == 7
+    # all new (c0 too, at 0): the first seen are served
+    assert _served(metric) == {(f"c{i}", "read"): i / 2 for i in range(4)}
+    assert metric.dropped == 6
+    rows[key(b"c0", 1)] = [1]  # a new label set, and c7 and c8 count on: they are served
+    rows[key(b"c7", 0)] = [70]
+    rows[key(b"c8", 0)] = [80]
+    assert _served(metric) == {
+        ("c0", "write"): 0.5, ("c7", "read"): 35.0, ("c8", "read"): 40.0, ("c0", "read"): 0.0,
+    }  # fmt: skip
+    assert metric.dropped == 7
+    # nothing changes: the same ones stay
+    assert set(_served(metric)) == {("c0", "write"), ("c7", "read"), ("c8", "read"), ("c0", "read")}
+    # the limit is on what the map holds now: once keys leave it, all fit
+    for i in range(10):
+        if i not in (7, 8):
+            del rows[key(f"c{i}".encode(), 0)]
+    assert _served(metric) == {("c0", "write"): 0.5, ("c7", "read"): 35.0, ("c8", "read"): 40.0}
+    assert metric.dropped == 0
+
+
+def test_keys_that_churn_are_served_and_forgotten() -> None:
+    """An LRU map's keys come and go (comms, cgroups): every scrape serves what
+    the map holds now, however many label sets came before (the limit held
+    them forever), and those gone are forgotten (memory stays bounded)."""
+    metric = reader(COUNTER, {}, limit=1500)
+    rows = metric.reader.rows
+    for batch in range(12):
+        rows.clear()
+        rows.update({key(f"b{batch}-{i}".encode(), 1): [2 * i] for i in range(1000)})
+        assert _served(metric) == {(f"b{batch}-{i}", "write"): float(i) for i in range(1000)}
+        assert metric.dropped == 0
+        assert len(metric._labelsets) <= 4096 + 1000  # 12,000 seen in all
+        assert len(metric._index) <= len(metric._labelsets)
 
 
 def test_decoder_errors_are_counted_per_label_and_regexp_drops_are_not() -> None:
@@ -163,36 +195,56 @@ def test_decoder_errors_are_counted_per_label_and_regexp_drops_are_not() -> None
     assert metric.decoder_errors == {"nr": 1}
 
 
-def _scrape(metric: MetricReader) -> dict[str, float]:
+def _scrape(metric: MetricReader, label: str) -> dict[str, float]:
     (family,) = text_string_to_metric_families(both_ways(metric)[0].decode())
-    return {s.labels["cgroup"]: s.value for s in family.samples}
+    return {s.labels[label]: s.value for s in family.samples}
 
 
-def test_an_undecodable_key_is_counted_once_until_it_decodes_or_leaves(tmp_path) -> None:
+def test_an_undecodable_key_is_counted_once_until_it_leaves() -> None:
+    label = LabelSpec(name="err", size=4, decoders=[DecoderSpec(name="errno")])
+    spec = CounterSpec(name="test_err_total", help="h", map="m", labels=[label])
+    bad = struct.pack("<I", 4000)  # no errno
+    rows = {struct.pack("<I", 2): [1], bad: [5]}
+    metric = MetricReader("test", spec, FakeReader(rows), DecoderContext(), 100)
+    for _ in range(3):  # the same undecodable key at every scrape: one error, not three
+        assert _scrape(metric, "err") == {"ENOENT": 1}
+        assert metric.decoder_errors == {"err": 1}
+    del rows[bad]  # it leaves the map; when it comes back it is counted again
+    assert _scrape(metric, "err") == {"ENOENT": 1} and metric.decoder_errors == {"err": 1}
+    rows[bad] = [6]
+    for _ in range(2):
+        assert _scrape(metric, "err") == {"ENOENT": 1} and metric.decoder_errors == {"err": 2}
+
+
+def test_a_removed_cgroups_value_is_kept(tmp_path) -> None:
+    """CPU time of a cgroup removed before a scrape: served as
+    unknown_cgroup_id:N (ebpf_exporter's label) when no walk saw it, under its
+    path when one did; no decoder error. (Removed: moved out of the tree, as an
+    inode freed by rmdir could come back, which a cgroup id never does.)"""
     import os
 
     from kernmlops.exporter.decoders import CgroupPaths
 
     root, away = tmp_path / "cg", tmp_path / "away"
-    (away / "job").mkdir(parents=True)
-    root.mkdir()
-    job = struct.pack("<Q", os.stat(away / "job").st_ino)  # a cgroup not (yet) under the root
-    rows = {struct.pack("<Q", os.stat(root).st_ino): [1], job: [5]}
+    (root / "seen").mkdir(parents=True)
+    away.mkdir()
+    seen = os.stat(root / "seen").st_ino
+    rows = {struct.pack("<Q", os.stat(root).st_ino): [1], struct.pack("<Q", seen): [2]}
     label = LabelSpec(name="cgroup", size=8, decoders=[DecoderSpec(name="cgroup")])
     spec = CounterSpec(name="test_cg_total", help="h", map="m", labels=[label])
-    ctx = DecoderContext(cgroups=CgroupPaths(root, rescan_s=0))
+    ctx = DecoderContext(cgroups=CgroupPaths(root))
     metric = MetricReader("test", spec, FakeReader(rows), ctx, 100)
-    for _ in range(3):  # the same undecodable key at every scrape: one error, not three
-        assert _scrape(metric) == {"/": 1}
-        assert metric.decoder_errors == {"cgroup": 1}
-    del rows[job]  # its series is gone; when it comes back it is counted again
-    assert _scrape(metric) == {"/": 1} and metric.decoder_errors == {"cgroup": 1}
-    rows[job] = [6]
+    assert _scrape(metric, "cgroup") == {"/": 1, "/seen": 2}
+    (root / "brief").mkdir()  # made and removed between two scrapes
+    brief = os.stat(root / "brief").st_ino
+    (root / "brief").rename(away / "brief")
+    (root / "seen").rename(away / "seen")
+    rows[struct.pack("<Q", brief)] = [7]
+    rows[struct.pack("<Q", seen)] = [3]
     for _ in range(2):
-        assert _scrape(metric) == {"/": 1} and metric.decoder_errors == {"cgroup": 2}
-    (away / "job").rename(root / "job")  # the cgroup appears: retried, so it is served now
-    for _ in range(2):
-        assert _scrape(metric) == {"/": 1, "/job": 6} and metric.decoder_errors == {"cgroup": 2}
+        got = _scrape(metric, "cgroup")
+        assert got == {"/": 1, "/seen": 3, f"unknown_cgroup_id:{brief}": 7}
+        assert metric.decoder_errors == {}
 
 
 def test_parse_listen() -> None:
@@ -321,3 +373,44 @@ def test_repeated_scrapes_follow_label_sets_that_come_and_go() -> None:
     del rows[key(b"a", 0)]
     text, reference = both_ways(metric)
     assert text == reference and b'comm="a"' not in text
+
+
+def test_scrapes_total_counts_renders_and_says_so() -> None:
+    """Eight concurrent scrapes of a slow render share it: the counter counts the
+    renders (the render function's own calls), fewer than the 200s answered, and
+    its HELP says renders, not scrapes served."""
+    import threading
+    import time
+
+    from kernmlops.exporter.core import Exporter
+
+    exporter = Exporter([])
+    exporter.start()
+    calls = []
+
+    def render() -> bytes:
+        calls.append(1)
+        time.sleep(0.3)  # slow: the concurrent scrapes arrive during it
+        return exporter.render()
+
+    bodies: list[str] = []
+    with MetricsServer(render, "127.0.0.1", 0) as server:
+        url = f"http://127.0.0.1:{server.port}/metrics"
+
+        def scrape() -> None:
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                assert resp.status == 200
+                bodies.append(resp.read().decode())
+
+        threads = [threading.Thread(target=scrape) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        scrape()  # one more, alone
+    families = {f.name: f for f in text_string_to_metric_families(bodies[-1])}
+    scrapes = families["kernmlops_exporter_scrapes"]
+    assert scrapes.documentation.startswith("renders of the metrics")
+    assert scrapes.samples[0].value == len(calls) < len(bodies) == 9
+    responses = families["kernmlops_exporter_http_responses"].samples
+    assert [s.value for s in responses if s.labels == {"code": "200"}] == [8]  # before this one

@@ -15,8 +15,14 @@
 
 #ifdef EXP_BIO_JOBS
 #define BIO_MAP(name) job_##name
+/* Jobs come and go (a cgroup and a name per container): when a metric map is
+ * full, a new key evicts the least recently used one (its series goes, and
+ * starts from 0 if it comes back: a counter reset), so new jobs are always
+ * counted. */
+#define BIO_METRIC_MAP BPF_MAP_TYPE_LRU_PERCPU_HASH
 #else
 #define BIO_MAP(name) name
+#define BIO_METRIC_MAP BPF_MAP_TYPE_PERCPU_HASH /* device x op: a few keys */
 #endif
 
 #define BIO_MAX_SLOT 26 /* 2^26 µs = 67 s */
@@ -55,7 +61,7 @@ struct {
 
 /* issue -> completion */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(type, BIO_METRIC_MAP);
 	__uint(max_entries, 1024);
 	__type(key, struct bio_key);
 	__type(value, struct bio_hist);
@@ -63,14 +69,14 @@ struct {
 
 /* insert -> issue (0 for a request issued without being queued) */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(type, BIO_METRIC_MAP);
 	__uint(max_entries, 1024);
 	__type(key, struct bio_key);
 	__type(value, struct bio_hist);
 } BIO_MAP(block_io_queue_latency) SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(type, BIO_METRIC_MAP);
 	__uint(max_entries, 1024);
 	__type(key, struct bio_key);
 	__type(value, u64);

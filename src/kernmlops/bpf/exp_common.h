@@ -7,7 +7,10 @@
  * bucket types of the YAML), the last slot counts those above the largest
  * bucket (they only show in +Inf), and sum is the exact sum of the raw values.
  * Maps are per-CPU, so the programs add without atomics; the exporter sums
- * the CPUs. Keys are never deleted: every value is cumulative. */
+ * the CPUs. Programs never delete keys: every value is cumulative. Maps whose
+ * keys churn (comms, cgroups) are LRU maps: the kernel evicts the least
+ * recently used key to make room, and the series starts again from 0 if the
+ * key comes back (a counter reset to Prometheus). */
 #pragma once
 
 #include "filter.h" /* kmo_self_tgid, kmo_filter_on, kmo_tracked (collect --export) */

@@ -21,11 +21,13 @@ struct {
 	__type(value, struct oncpu);
 } exp_oncpu_cur SEC(".maps");
 
-/* cgroup id -> ns on CPU */
+/* cgroup id -> ns on CPU. Cgroups come and go (a pod's, a job's): when the
+ * map is full, a new cgroup evicts the least recently used one (a removed
+ * cgroup's first), so new cgroups are always counted; a removed cgroup's
+ * series stays until then. */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(type, BPF_MAP_TYPE_LRU_PERCPU_HASH);
 	__uint(max_entries, 4096);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, u64);
 	__type(value, u64);
 } cgroup_cpu_ns SEC(".maps");

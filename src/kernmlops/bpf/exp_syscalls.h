@@ -22,18 +22,32 @@ struct sys_err_key {
 	u32 err; /* positive errno */
 };
 
+#ifdef EXP_SYSCALLS_BY_COMM
+/* Thread names churn (every container's, every worker's): when the map is
+ * full, a new key evicts the least recently used one (its series goes, and
+ * starts again from 0 if it comes back: a counter reset, which rate() takes),
+ * so new names are always counted. LRU maps are preallocated: 16384 keys x
+ * 8 bytes x possible CPUs each. */
+#define EXP_SYS_MAP_TYPE BPF_MAP_TYPE_LRU_PERCPU_HASH
+#define EXP_SYS_MAP_FLAGS 0
+#else
+/* By number only: at most a few hundred keys, never full. */
+#define EXP_SYS_MAP_TYPE BPF_MAP_TYPE_PERCPU_HASH
+#define EXP_SYS_MAP_FLAGS BPF_F_NO_PREALLOC
+#endif
+
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(type, EXP_SYS_MAP_TYPE);
 	__uint(max_entries, 16384);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(map_flags, EXP_SYS_MAP_FLAGS);
 	__type(key, struct sys_key);
 	__type(value, u64);
 } syscalls_total SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(type, EXP_SYS_MAP_TYPE);
 	__uint(max_entries, 16384);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(map_flags, EXP_SYS_MAP_FLAGS);
 	__type(key, struct sys_err_key);
 	__type(value, u64);
 } syscall_errors_total SEC(".maps");

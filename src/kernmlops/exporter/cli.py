@@ -122,9 +122,9 @@ def _console():
 @click.option(
     "--max-label-sets",
     type=click.IntRange(min=1),
-    default=10_000,
-    show_default=True,
-    help="label sets per metric (a set's file may say otherwise); more are dropped and counted.",
+    help="the most label sets a metric serves, a ceiling over every set's own max_label_sets "
+    "(default: each set's own, else 10000); past it, those changed least recently are left "
+    "out and counted.",
 )
 @click.option("--list", "list_sets", is_flag=True, help="list the built-in metric sets and exit.")
 def export_command(
@@ -142,7 +142,7 @@ def export_command(
     check: bool,
     strict: bool,
     bpf_stats: bool,
-    max_label_sets: int,
+    max_label_sets: int | None,
     list_sets: bool,
 ) -> None:
     """Serve kernel metrics (counters and histograms kept in BPF maps) to Prometheus.
@@ -262,7 +262,7 @@ def _run(
 ) -> None:  # fmt: skip
     from kernmlops.exporter.core import Exporter
     from kernmlops.exporter.server import MetricsServer
-    from kernmlops.exporter.service import failures
+    from kernmlops.exporter.service import failures, label_problems
 
     stop = threading.Event()
     caught: list[int] = []
@@ -288,6 +288,8 @@ def _run(
         statuses = exporter.start()
         # A check passes only when everything attached: "0 of 2 programs" is no pass.
         problems = failures(statuses, strict=strict or check)
+        for line in [] if strict or check else label_problems(statuses):
+            _console().print(f"warning: {line}", markup=False, soft_wrap=True)
         if check or problems:
             _report(statuses)
         if check:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pydantic import Field, ValidationError, field_validator
 
-from kernmlops.exporter.core import ExporterError, MetricReader
+from kernmlops.exporter.core import ExactCounterFamily, ExporterError, MetricReader
 from kernmlops.exporter.decoders import DecodeError, DecoderContext, label_decoders
 from kernmlops.exporter.histogram import Buckets
 from kernmlops.exporter.maps import MapReader
@@ -437,7 +437,7 @@ class BucketKeyHistogram(MetricReader):
         return slot
 
     def snapshot(self) -> tuple[list[int], np.ndarray]:
-        keys, values = self.reader.read()
+        keys, values = self._read()
         n, prefix = len(keys), self._prefix
         self._forget_gone([*keys, *(k[:prefix] for k in keys)])  # _slot's keys, _label_index's
         idx = np.fromiter((self._label_index(k[:prefix]) for k in keys), np.int64, count=n)
@@ -446,16 +446,19 @@ class BucketKeyHistogram(MetricReader):
         present, rows = np.unique(idx[keep], return_inverse=True)
         out = np.zeros((len(present), self._width), dtype=np.uint64)
         np.add.at(out, (rows, slot[keep]), values[keep, 0])
-        return present.tolist(), out
+        return self._served(present.astype(np.int64), out)
 
 
 # --- ebpf_exporter's own metrics ----------------------------------------------------
 def builtin_metrics(loaded_sets: list[Any], stats_on: bool) -> list[Metric]:
-    """ebpf_exporter's built-in metrics, by its names and labels (the help texts are
-    our own), for every loaded set:
-    enabled configs, program info (id, tag), attached, run time and count
-    (with BPF stats on), decoder errors."""
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    """ebpf_exporter's built-in metrics, by the names, types and labels its
+    exporter package gives them (``prometheus.NewDesc`` and ``CounterOpts``
+    in exporter/exporter.go; the help texts are our own), for every loaded
+    set: enabled configs, program info (id, tag), attached, run time and count
+    (with BPF stats on), decoder errors. Its counters are named in full there,
+    ``_total`` or not (``ebpf_program_run_time_seconds`` has none), and served
+    as named."""
+    from prometheus_client.core import GaugeMetricFamily
 
     from kernmlops.ebpf import libbpf
 
@@ -473,18 +476,18 @@ def builtin_metrics(loaded_sets: list[Any], stats_on: bool) -> list[Metric]:
         "1 when the program with this kernel id is attached",
         labels=["id"],
     )
-    run_time = CounterMetricFamily(
+    run_time = ExactCounterFamily(
         f"{ns}_ebpf_program_run_time_seconds",
         "time the kernel spent running this program (needs BPF stats on)",
         labels=["id"],
     )
-    run_count = CounterMetricFamily(
-        f"{ns}_ebpf_program_run_count",
+    run_count = ExactCounterFamily(
+        f"{ns}_ebpf_program_run_count_total",
         "runs of this program (needs BPF stats on)",
         labels=["id"],
     )
-    errors = CounterMetricFamily(
-        f"{ns}_decoder_errors",
+    errors = ExactCounterFamily(
+        f"{ns}_decoder_errors_total",
         "map keys whose labels could not be decoded, per metric set, each counted once "
         "until it decodes or leaves the map",
         labels=["config"],

@@ -5,6 +5,7 @@ their maps and turns them into Prometheus metric families (a
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import operator
 import os
@@ -24,6 +25,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import CollectorRegistry
+from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 from kernmlops.ebpf import libbpf
@@ -51,6 +53,11 @@ from kernmlops.exporter.spec import (
 )
 
 SELF = "kernmlops_exporter"
+#: label sets a metric remembers before those gone from its map are forgotten
+_COMPACT_FLOOR = 4096
+_UNSEEN = np.iinfo(np.uint64).max
+#: decoders that read /proc/kallsyms
+_KALLSYMS_DECODERS = frozenset({"ksym", "kstack"})
 DEFAULT_MAX_LABEL_SETS = 10_000
 COMM_LEN = 15  # the kernel keeps 15 characters of a task's name
 BPF_STATS_RUN_TIME = 0
@@ -118,6 +125,9 @@ class SetStatus:
     error: str | None = None
     variant: str | None = None
     programs: list[ProgramStatus] = field(default_factory=list)
+    #: labels that can never decode here (ksym without kallsyms addresses): the
+    #: set loads, but its series would all be left out; --check fails on it
+    label_problems: list[str] = field(default_factory=list)
 
     @property
     def attached(self) -> int:
@@ -146,14 +156,24 @@ class MetricReader:
         self.spec = spec
         self.reader = reader
         self.decoders = label_decoders(spec.labels, ctx, flavor=flavor, offset=offset)
+        self._cgroups = ctx.cgroups
         self.label_names = [d.name for d in self.decoders]
         self.max_label_sets = spec.max_label_sets or max_label_sets
-        #: raw key -> index of its label set, or -1 (dropped: regexp or limit)
+        #: raw key -> index (position) of its label set, or -1 (dropped by a regexp)
         self._index: dict[bytes, int] = {}
         self._index_cap = max(65536, 4 * getattr(reader, "max_entries", 0))
+        #: label sets by position, in the order first seen; those long gone from
+        #: the map are forgotten (_compact), so keys that churn cost no memory
         self._labelsets: list[tuple[str, ...]] = []
         self._positions: dict[tuple[str, ...], int] = {}
-        self.dropped: set[tuple[str, ...]] = set()  # over the cardinality limit
+        #: per position: its value's total at the last scrape, and the scrape at
+        #: which that last changed (which label sets the limit keeps)
+        self._last_total = np.zeros(0, np.uint64)
+        self._changed_at = np.zeros(0, np.int64)
+        self._scrape_no = 0
+        #: label sets present in the map but left out of the latest scrape
+        #: (more than max_label_sets)
+        self.dropped = 0
         self.decoder_errors: dict[str, int] = {}
         #: keys counted in decoder_errors: not counted again while they stay undecodable
         self._undecodable: set[bytes] = set()
@@ -180,10 +200,6 @@ class MetricReader:
         self._undecodable.discard(key)
         pos = self._positions.get(labels)
         if pos is None:
-            if len(self._labelsets) >= self.max_label_sets:
-                self.dropped.add(labels)
-                self._index[key] = -1
-                return -1
             pos = self._positions[labels] = len(self._labelsets)
             self._labelsets.append(labels)
         self._index[key] = pos
@@ -204,10 +220,16 @@ class MetricReader:
         if self._undecodable:
             self._undecodable.intersection_update(present)
 
+    def _read(self) -> tuple[list[bytes], np.ndarray]:
+        """The map's keys and values; the cgroup decoder learns when they were
+        read (a cgroup a later walk does not find was removed)."""
+        self._cgroups.keys_read(time.monotonic())
+        return self.reader.read()
+
     def snapshot(self) -> tuple[list[int], np.ndarray]:
         """Label sets present now (as indices) and their values, the keys of one
         label set summed."""
-        keys, values = self.reader.read()
+        keys, values = self._read()
         self._forget_gone(keys)
         found = list(map(self._index.get, keys))  # known keys: one dict lookup each, in C
         if None in found:
@@ -220,9 +242,57 @@ class MetricReader:
         order = np.argsort(idx, kind="stable")
         idx, values = idx[order], values[order]
         if len(idx) < 2 or bool(np.all(idx[1:] != idx[:-1])):
-            return idx.tolist(), values  # one key per label set: no sums needed
+            return self._served(idx, values)  # one key per label set: no sums needed
         starts = np.flatnonzero(np.r_[True, idx[1:] != idx[:-1]])
-        return idx[starts].tolist(), np.add.reduceat(values, starts, axis=0)
+        return self._served(idx[starts], np.add.reduceat(values, starts, axis=0))
+
+    def _served(self, positions: np.ndarray, values: np.ndarray) -> tuple[list[int], np.ndarray]:
+        """The label sets present now (``positions``, ascending, one row of
+        ``values`` each) that this scrape serves: all of them, or, past
+        ``max_label_sets``, those whose values changed most recently (then the
+        first seen); the others are counted in ``dropped``. The limit is on the
+        label sets in the map now, not on all it ever held: keys that churn (a
+        comm, a cgroup, evicted from an LRU map) make room for new ones."""
+        self._scrape_no += 1
+        if len(self._last_total) < len(self._labelsets):
+            grow = max(len(self._labelsets), 2 * len(self._last_total)) - len(self._last_total)
+            # a label set seen for the first time counts as changed, whatever its value
+            self._last_total = np.r_[self._last_total, np.full(grow, _UNSEEN, np.uint64)]
+            self._changed_at = np.r_[self._changed_at, np.zeros(grow, np.int64)]
+        if len(self._labelsets) > max(_COMPACT_FLOOR, 2 * len(positions)):
+            positions = self._compact(positions)
+        totals = values.sum(axis=1, dtype=np.uint64)
+        changed = positions[totals != self._last_total[positions]]
+        self._changed_at[changed] = self._scrape_no
+        self._last_total[positions] = totals
+        self.dropped = max(0, len(positions) - self.max_label_sets)
+        if self.dropped:
+            recent = np.lexsort((positions, -self._changed_at[positions]))
+            keep = np.sort(recent[: self.max_label_sets])
+            positions, values = positions[keep], values[keep]
+        return positions.tolist(), values
+
+    def _compact(self, present: np.ndarray) -> np.ndarray:
+        """Forget the label sets not in the map now (their keys are gone):
+        the present ones keep their order, at new positions, which are returned."""
+        old_to_new = np.full(len(self._labelsets), -1, np.int64)
+        old_to_new[present] = np.arange(len(present))
+        self._labelsets = [self._labelsets[i] for i in present.tolist()]
+        self._positions = {labels: i for i, labels in enumerate(self._labelsets)}
+        remap = old_to_new.tolist()
+        index: dict[bytes, int] = {}
+        for key, i in self._index.items():
+            if i < 0:
+                index[key] = -1  # left out by a regexp: stays so
+            elif remap[i] >= 0:
+                index[key] = remap[i]
+        self._index = index
+        self._last_total = self._last_total[present]
+        self._changed_at = self._changed_at[present]
+        self._text_labels.clear()
+        self._text_prefixes.clear()
+        self._last_positions, self._last_prefixes = [], []
+        return np.arange(len(present), dtype=np.int64)
 
     def family(self, snap: tuple[list[int], np.ndarray]) -> Metric:
         """The snapshot as a prometheus_client metric family."""
@@ -323,16 +393,36 @@ def float_texts(values: np.ndarray) -> list[str]:
     return texts
 
 
+class ExactCounterFamily(Metric):
+    """A counter served under exactly its name, as Go's Prometheus client
+    serves one: ``CounterMetricFamily`` strips a ``_total`` it is given and
+    writes one after every name, so it cannot serve a counter named without
+    it (ebpf_exporter's ``ebpf_exporter_ebpf_program_run_time_seconds``).
+    Written by :func:`plain_text` (``generate_latest`` would add ``_total``
+    to its TYPE line)."""
+
+    def __init__(self, name: str, documentation: str, labels: list[str]) -> None:
+        super().__init__(name, documentation, "counter")
+        self._labelnames = tuple(labels)
+
+    def add_metric(self, labels: list[str], value: float) -> None:
+        pairs = dict(zip(self._labelnames, labels, strict=True))
+        self.samples.append(Sample(self.name, pairs, value))
+
+
 def plain_text(families: list[Metric]) -> str:
     """What ``generate_latest`` writes for gauge and counter families whose
     names are valid as they are (the exporter's own metrics), without its
-    per-sample escaping machinery; other types go through it."""
+    per-sample escaping machinery; other types go through it. An
+    :class:`ExactCounterFamily` keeps its name (no ``_total`` added)."""
     out = []
     for family in families:
         if family.type not in ("gauge", "counter"):
             out.append(generate_latest(_Families([family])).decode())  # type: ignore[arg-type]
             continue
-        name = family.name + "_total" if family.type == "counter" else family.name
+        name = family.name
+        if family.type == "counter" and not isinstance(family, ExactCounterFamily):
+            name += "_total"
         doc = family.documentation.replace("\\", r"\\").replace("\n", r"\n")
         out.append(f"# HELP {name} {doc}\n# TYPE {name} {family.type}\n")
         for s in family.samples:
@@ -426,7 +516,7 @@ class Exporter:
         process_filter_fd: int | None = None,
         self_tgid: int | None = None,
         bpf_dir: Path | None = None,
-        max_label_sets: int = DEFAULT_MAX_LABEL_SETS,
+        max_label_sets: int | None = None,
         bpf_stats: bool = False,
         decoder_context: DecoderContext | None = None,
     ) -> None:
@@ -435,6 +525,8 @@ class Exporter:
         self.process_filter_fd = process_filter_fd
         self.self_tgid = os.getpid() if self_tgid is None else self_tgid
         self.bpf_dir = bpf_dir
+        #: a ceiling over every metric's own max_label_sets (--max-label-sets);
+        #: None: each metric's own, else DEFAULT_MAX_LABEL_SETS
         self.max_label_sets = max_label_sets
         self.want_bpf_stats = bpf_stats
         self.ctx = decoder_context or DecoderContext()
@@ -462,23 +554,35 @@ class Exporter:
         return self.statuses
 
     def _warm(self) -> None:
-        """Read the system tables the decoders need now, not in the first scrape."""
-        used = {
-            d.name
+        """Read the system tables the decoders need now, not in the first scrape
+        (and before capabilities are dropped); a set whose labels need kernel
+        symbols this process cannot see gets a label problem."""
+        used_by = {
+            loaded.status.name: {
+                d.name
+                for metric in loaded.metrics
+                for label in metric.spec.labels
+                for d in label.decoders
+            }
             for loaded in self.sets
-            for metric in loaded.metrics
-            for label in metric.spec.labels
-            for d in label.decoders
         }
+        used = set().union(*used_by.values())
         if "syscall" in used:
             _ = self.ctx.syscall_names
-        try:
-            if "cgroup" in used:
+        if "cgroup" in used:
+            with contextlib.suppress(DecodeError):  # reported per key when scraped
                 self.ctx.cgroups.scan()
-            if "ksym" in used:
+        if used & _KALLSYMS_DECODERS:
+            try:
                 self.ctx.kallsyms.load()
-        except DecodeError:
-            pass  # reported per key as decoder errors when scraped
+            except DecodeError as err:
+                for loaded in self.sets:
+                    needs = sorted(used_by[loaded.status.name] & _KALLSYMS_DECODERS)
+                    if needs:
+                        loaded.status.label_problems.append(
+                            f"its {' and '.join(needs)} labels cannot be decoded, so every "
+                            f"series with them would be left out: {err}"
+                        )
 
     def _load(self, loaded: _LoadedSet, job_globals: dict[str, int]) -> None:
         ms = loaded.set
@@ -537,11 +641,14 @@ class Exporter:
                 st.error = str(err).splitlines()[0]
             loaded.status.programs.append(st)
         for spec in ms.metrics:
+            default = self.max_label_sets or DEFAULT_MAX_LABEL_SETS
             if runtime is not None:
-                metric = runtime.make_reader(ms.name, spec, obj, self.ctx, self.max_label_sets)
+                metric = runtime.make_reader(ms.name, spec, obj, self.ctx, default)
             else:
                 reader = MapReader(obj.map(spec.map))
-                metric = MetricReader(ms.name, spec, reader, self.ctx, self.max_label_sets)
+                metric = MetricReader(ms.name, spec, reader, self.ctx, default)
+            if self.max_label_sets is not None:  # a ceiling, over the set's own too
+                metric.max_label_sets = min(metric.max_label_sets, self.max_label_sets)
             loaded.metrics.append(metric)
 
     @property
@@ -590,10 +697,12 @@ class Exporter:
         yield from families
 
     def render(self) -> bytes:
-        """The text exposition format of a scrape: the same bytes as
-        ``generate_latest(self.registry())``, written directly for the metric
-        sets (their series can number thousands) and by prometheus_client for
-        the exporter's own few metrics."""
+        """The text exposition format of a scrape (what /metrics serves): the
+        same bytes as ``generate_latest(self.registry())`` for kernmlops' own
+        sets, written directly for the metric sets (their series can number
+        thousands) and by :func:`plain_text` for the exporter's own few
+        metrics. ebpf_exporter's configs keep its names here (counters with no
+        ``_total`` added), which prometheus_client's registry cannot write."""
         with self._lock:
             t0 = time.perf_counter()
             out: list[str] = []
@@ -650,7 +759,8 @@ class Exporter:
         )
         dropped = GaugeMetricFamily(
             f"{SELF}_label_sets_dropped",
-            "label sets left out because the metric reached its max_label_sets",
+            "label sets in the map left out of this scrape: more than the metric's "
+            "max_label_sets (those whose values changed least recently are left out)",
             labels=["set", "metric"],
         )
         program_info = GaugeMetricFamily(
@@ -682,7 +792,7 @@ class Exporter:
             for metric in loaded.metrics:
                 for label, n in sorted(metric.decoder_errors.items()):
                     errors.add_metric([st.name, metric.spec.name, label], float(n))
-                dropped.add_metric([st.name, metric.spec.name], float(len(metric.dropped)))
+                dropped.add_metric([st.name, metric.spec.name], float(metric.dropped))
         out: list[Metric] = [enabled, attached, missed, program_info, full, recursion, errors]
         out.append(dropped)
         if stats_on:
@@ -694,7 +804,12 @@ class Exporter:
             f"{SELF}_bpf_stats_enabled", "1 if the kernel keeps BPF program run times"
         )
         stats.add_metric([], 1.0 if stats_on else 0.0)
-        scrapes = CounterMetricFamily(f"{SELF}_scrapes", "scrapes served")
+        scrapes = CounterMetricFamily(
+            f"{SELF}_scrapes",
+            "renders of the metrics, each reading every map once; scrapes that arrive "
+            "during one share it, so this can be below the scrapes answered "
+            "(kernmlops_exporter_http_responses_total)",
+        )
         scrapes.add_metric([], float(self.scrapes + 1))
         duration = GaugeMetricFamily(
             f"{SELF}_scrape_duration_seconds",

@@ -85,6 +85,19 @@ def cgroup2_mount(mountinfo: Path = Path("/proc/self/mountinfo")) -> Path | None
     return None
 
 
+def _why_no_kallsyms() -> str:
+    """Why /proc/kallsyms shows zeros (the kernel's kallsyms_show_value:
+    kernel.kptr_restrict 2 hides them from all, 1 from those without
+    CAP_SYSLOG, 0 too unless kernel.perf_event_paranoid <= 1)."""
+    try:
+        level = Path("/proc/sys/kernel/kptr_restrict").read_text().strip()
+    except OSError:
+        level = "?"
+    if level == "2":
+        return "kernel.kptr_restrict is 2, which hides them from everyone"
+    return f"reading them needs CAP_SYSLOG (kernel.kptr_restrict is {level})"
+
+
 class Kallsyms:
     """Kernel symbols by address, from /proc/kallsyms (read once, on first use)."""
 
@@ -96,11 +109,13 @@ class Kallsyms:
     def load(self) -> None:
         with self._lock:
             if self._symbols is None:
-                symbols = KernelSymbols.load(self.path)  # text symbols (kernmlops.host)
+                try:
+                    symbols = KernelSymbols.load(self.path)  # text symbols (kernmlops.host)
+                except OSError as err:
+                    raise DecodeError(f"cannot read {self.path}: {err.strerror}") from None
                 if not len(symbols):
                     raise DecodeError(
-                        f"{self.path} shows no addresses (kptr_restrict): "
-                        "the exporter must run as root"
+                        f"{self.path} shows this process no addresses; {_why_no_kallsyms()}"
                     )
                 self._symbols = symbols
 
@@ -183,14 +198,25 @@ class PciIds:
 
 class CgroupPaths:
     """cgroup v2 id (its directory's inode number) -> path below the mount, by
-    walking the hierarchy; walked again when an unknown id shows up, at most
-    once a second."""
+    walking the hierarchy; walked again when an id read from a map is not
+    known, unless a walk began after the map was read (:meth:`keys_read`).
 
-    def __init__(self, root: Path | None = None, *, rescan_s: float = 1.0) -> None:
+    A cgroup's values outlive it in the maps (oncpu's CPU time of a job that
+    ran in a cgroup of its own, then removed it): a removed cgroup keeps the
+    path an earlier walk saw it at, and one that no walk since the map was
+    read finds (removed before any walk saw it, or outside this mount) is
+    ``unknown_cgroup_id:N``, as ebpf_exporter labels it; its value is kept.
+    Cgroup ids are not reused (64-bit kernfs ids), so both labels are final."""
+
+    #: removed cgroups remembered (their label), the oldest forgotten first
+    KEEP_GONE = 65536
+
+    def __init__(self, root: Path | None = None) -> None:
         self._root = root
-        self.rescan_s = rescan_s
         self._paths: dict[int, str] = {}
-        self._scanned_at = float("-inf")
+        self._gone: dict[int, str] = {}
+        self._walk_started = float("-inf")
+        self._read_at: float | None = None
         self._lock = threading.Lock()
 
     @cached_property
@@ -200,7 +226,18 @@ class CgroupPaths:
             raise DecodeError("no cgroup v2 hierarchy is mounted")
         return root
 
+    def keys_read(self, at: float) -> None:
+        """The ids about to be labelled were read from a map at ``at``
+        (``time.monotonic()``): a walk begun since then knows every cgroup
+        still there."""
+        self._read_at = at
+
     def scan(self) -> None:
+        with self._lock:
+            self._scan()
+
+    def _scan(self) -> None:
+        started = time.monotonic()
         paths: dict[int, str] = {}
         stack = [(self.root, "/")]
         while stack:
@@ -214,18 +251,34 @@ class CgroupPaths:
                             stack.append((Path(entry.path), child))
             except OSError:
                 continue  # removed while we walked
+        for cg_id, path in self._paths.items():
+            if cg_id not in paths:
+                self._remember_gone(cg_id, path)
         self._paths = paths
-        self._scanned_at = time.monotonic()
+        self._walk_started = started
 
-    def path(self, cgroup_id: int) -> str:
+    def _remember_gone(self, cg_id: int, label: str) -> None:
+        self._gone[cg_id] = label
+        if len(self._gone) > self.KEEP_GONE:
+            del self._gone[next(iter(self._gone))]
+
+    def label(self, cgroup_id: int) -> str:
+        """The cgroup's path, or the one it had (removed), or
+        ``unknown_cgroup_id:N`` (never seen by a walk, and not there now)."""
         with self._lock:
-            found = self._paths.get(cgroup_id)
-            if found is None and time.monotonic() - self._scanned_at >= self.rescan_s:
-                self.scan()
-                found = self._paths.get(cgroup_id)
-        if found is None:
-            raise DecodeError(f"no cgroup with id {cgroup_id} under {self.root}")
-        return found
+            found = self._paths.get(cgroup_id) or self._gone.get(cgroup_id)
+            if found is not None:
+                return found
+            read_at = time.monotonic() if self._read_at is None else self._read_at
+            if self._walk_started < read_at:  # no walk since the id was read: walk
+                self._scan()
+                found = self._paths.get(cgroup_id) or self._gone.get(cgroup_id)
+                if found is not None:
+                    return found
+            # A walk begun after the id was read does not find it: removed.
+            found = f"unknown_cgroup_id:{cgroup_id}"
+            self._remember_gone(cgroup_id, found)
+            return found
 
     def id_of(self, path: str | Path) -> tuple[int, int]:
         """(id, depth below the root) of a cgroup given by its path below the
@@ -394,18 +447,8 @@ def build_decoder(spec: DecoderSpec, ctx: DecoderContext, *, flavor: str = "kern
             return f"unknown:{major}:{minor}" if ee else f"{major}:{minor}"
 
         return majorminor
-    if name == "cgroup":
-        if ee:
-
-            def cgroup(v: Value) -> str:
-                cg = as_int(v)
-                try:
-                    return ctx.cgroups.path(cg)
-                except DecodeError:
-                    return f"unknown_cgroup_id:{cg}"
-
-            return cgroup
-        return lambda v: ctx.cgroups.path(as_int(v))
+    if name == "cgroup":  # a removed cgroup: its last path, or unknown_cgroup_id:N
+        return lambda v: ctx.cgroups.label(as_int(v))
     if name == "errno":
         if ee:
 

@@ -121,7 +121,7 @@ def start_exporter(
 
 def failures(statuses: list[SetStatus], *, strict: bool) -> list[str]:
     """What makes a start (or --check) fail: sets that did not load, and with
-    ``strict`` programs that did not attach."""
+    ``strict`` programs that did not attach and labels that cannot decode."""
     out = [f"set {s.name}: {s.error}" for s in statuses if s.error]
     if strict:
         out += [
@@ -130,4 +130,11 @@ def failures(statuses: list[SetStatus], *, strict: bool) -> list[str]:
             if not s.error
             for p in s.missed
         ]
+        out += label_problems(statuses)
     return out
+
+
+def label_problems(statuses: list[SetStatus]) -> list[str]:
+    """Loaded sets whose labels can never decode here (a warning when serving,
+    a failure with --check or --strict)."""
+    return [f"set {s.name}: {p}" for s in statuses if not s.error for p in s.label_problems]

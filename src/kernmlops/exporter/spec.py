@@ -156,7 +156,10 @@ class _MetricSpec(_Strict):
     map: str = Field(min_length=1, description="the BPF map holding the values")
     labels: list[LabelSpec] = []
     max_label_sets: int | None = Field(
-        None, ge=1, description="label sets kept; more are dropped and counted"
+        None,
+        ge=1,
+        description="label sets served from what the map holds now; past it, those "
+        "changed least recently are left out and counted",
     )
 
     @field_validator("name")
