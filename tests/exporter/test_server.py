@@ -31,8 +31,8 @@ def _read_to_eof(sock: socket.socket, timeout: float) -> bytes:
     return data
 
 
-def _get(port: int, timeout: float = 5) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+def _get(port: int, timeout: float = 5, host: str = "127.0.0.1") -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
         conn.request("GET", "/metrics")
         resp = conn.getresponse()
@@ -225,3 +225,56 @@ def test_hold_listen_refuses_a_busy_port_in_one_line_and_keeps_a_free_one_for_th
         server.stop()
     # the held socket was the server's, and went with it: the port is free again
     socket.create_server(("127.0.0.1", port)).close()
+
+
+def _has_ipv6_loopback() -> bool:
+    try:
+        socket.create_server(("::1", 0), family=socket.AF_INET6).close()
+    except OSError:
+        return False
+    return True
+
+
+def _answers(host: str, port: int) -> bool:
+    try:
+        return _get(port, timeout=3, host=host)[0] == 200
+    except OSError:  # refused: nothing listens on that family
+        return False
+
+
+def test_every_interface_is_ipv4_and_ipv6_as_gos_listen_has_it() -> None:
+    """``:PORT`` (--web.listen-address, as Go's net.Listen reads it) and ``[::]:PORT``
+    serve IPv4 and IPv6 from one socket; ``0.0.0.0:PORT`` names IPv4 and serves it
+    alone."""
+    v6 = _has_ipv6_loopback()
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        port = probe.getsockname()[1]
+    host, got = hold_listen(f":{port}", flag="--web.listen-address", any_host=True)
+    assert (host, got) == ("", port)
+    with MetricsServer(lambda: BODY, host, port) as server:
+        assert server.port == port
+        assert _answers("127.0.0.1", port)
+        if v6:
+            assert server.url == f"http://[::]:{port}/metrics"
+            assert _answers("::1", port)
+    for host, ipv6 in (("::", True), ("0.0.0.0", False)):
+        if host == "::" and not v6:
+            continue
+        with MetricsServer(lambda: BODY, host, 0) as server:
+            assert _answers("127.0.0.1", server.port)
+            if v6:
+                assert _answers("::1", server.port) is ipv6, host
+    # the empty host is refused where the flag does not take it (--listen: say the host)
+    with pytest.raises(ListenError, match=r"^--listen ':9435': give the host"):
+        hold_listen(":9435")
+
+
+def test_every_interface_is_ipv4_alone_where_the_machine_has_no_ipv6(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(socket, "has_dualstack_ipv6", lambda: False)
+    with MetricsServer(lambda: BODY, "", 0) as server:
+        assert server.url == f"http://0.0.0.0:{server.port}/metrics"
+        assert _answers("127.0.0.1", server.port)
+        if _has_ipv6_loopback():
+            assert not _answers("::1", server.port)

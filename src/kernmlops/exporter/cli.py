@@ -53,13 +53,15 @@ def _console():
     default="127.0.0.1:9435",
     show_default=True,
     metavar="HOST:PORT",
-    help="where to serve /metrics; 0.0.0.0:PORT serves every interface.",
+    help="where to serve /metrics; [::]:PORT serves every interface (IPv4 and IPv6), "
+    "0.0.0.0:PORT every IPv4 one.",
 )
 @click.option(
     "--web.listen-address",
     "web_listen",
     metavar="[HOST]:PORT",
-    help="ebpf_exporter's name for --listen; as there, :PORT serves every interface.",
+    help="ebpf_exporter's name for --listen; as there, :PORT serves every interface "
+    "(IPv4 and IPv6, or IPv4 alone on a machine without IPv6).",
 )
 @click.option(
     "--web.config.file",
@@ -187,9 +189,10 @@ def export_command(
             configs = (*configs, *resolve_config_dir(config_dir, config_names))
         sets = resolve_sets(configs)
         if web_listen is not None:
-            # ebpf_exporter's default form ":9435" means every interface there too
-            listen = "0.0.0.0" + web_listen if web_listen.startswith(":") else web_listen
-        host, port = parse_listen(listen)
+            # ebpf_exporter's form: ":9435" is every interface, IPv4 and IPv6, as in Go
+            host, port = parse_listen(web_listen, flag="--web.listen-address", any_host=True)
+        else:
+            host, port = parse_listen(listen)
         web = None
         if web_config_file is not None:
             from kernmlops.exporter.webconfig import load_web_config

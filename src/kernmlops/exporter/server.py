@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import ipaddress
 import itertools
@@ -50,21 +51,25 @@ class ListenError(ConfigError):
     """--listen is not HOST:PORT, or the address cannot be bound."""
 
 
-def parse_listen(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) -> (host, port). The host must be
-    given: an empty one would mean every interface."""
+def parse_listen(text: str, *, flag: str = "--listen", any_host: bool = False) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) -> (host, port); errors name ``flag``.
+
+    The host must be given, unless ``any_host``: then ``:PORT`` is accepted, as Go's
+    ``net.Listen`` takes it (every interface, IPv4 and IPv6), and the host is ``""``.
+    """
     host, sep, port_text = text.rpartition(":")
     if not sep or not port_text.isdigit():
-        raise ListenError(f"--listen {text!r}: expected HOST:PORT, e.g. {DEFAULT_LISTEN}")
+        example = DEFAULT_LISTEN + (" or :9435" if any_host else "")
+        raise ListenError(f"{flag} {text!r}: expected HOST:PORT, e.g. {example}")
     port = int(port_text)
     if not 0 <= port <= 65535:
-        raise ListenError(f"--listen {text!r}: port {port} is out of range 0-65535")
+        raise ListenError(f"{flag} {text!r}: port {port} is out of range 0-65535")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    if not host:
+    if not host and not any_host:
         raise ListenError(
-            f"--listen {text!r}: give the host, 127.0.0.1:{port} (this machine only) or "
-            f"0.0.0.0:{port} (every interface)"
+            f"{flag} {text!r}: give the host, 127.0.0.1:{port} (this machine only) or "
+            f"[::]:{port} (every interface, IPv4 and IPv6)"
         )
     return host, port
 
@@ -76,24 +81,47 @@ def _family(host: str) -> socket.AddressFamily:
         try:
             infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
         except socket.gaierror as err:
-            raise ListenError(f"--listen: cannot resolve {host!r}: {err.strerror}") from None
+            why = f"cannot listen on {host}: cannot resolve it: {err.strerror}"
+            raise ListenError(why) from None
         return infos[0][0]
+
+
+def _shown(host: str, port: int) -> str:
+    if not host:
+        return f":{port}"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _listening(host: str, port: int) -> socket.socket:
     """A socket listening on ``host``:``port``, as the server binds it.
 
+    Every interface, as Go's ``net.Listen("tcp", ...)`` takes it: an empty host, or
+    ``::``, is one IPv6 socket that takes IPv4 too (IPV6_V6ONLY off), where the machine
+    has IPv6; an empty host falls back to IPv4 alone where it has not. ``0.0.0.0``
+    names IPv4 and is IPv4 alone (Go would serve IPv6 there too).
+
     Raises:
         ListenError: the address cannot be bound (in use, not this machine's, ...).
     """
     try:
+        if not host or host == "::":
+            if socket.has_dualstack_ipv6():
+                try:
+                    return socket.create_server(
+                        ("::", port), family=socket.AF_INET6, backlog=1024, dualstack_ipv6=True
+                    )
+                except OSError as err:
+                    if host or err.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
+                        raise
+            if not host:  # no IPv6 here: every IPv4 interface
+                return socket.create_server(("0.0.0.0", port), backlog=1024)
         return socket.create_server(
             (host, port), family=_family(host), backlog=1024, reuse_port=False
         )
     except OSError as err:
         # create_server adds "(while attempting to bind on address ...)": the line has it
         reason = (err.strerror or str(err)).split(" (while attempting")[0]
-        raise ListenError(f"cannot listen on {host}:{port}: {reason}") from None
+        raise ListenError(f"cannot listen on {_shown(host, port)}: {reason}") from None
 
 
 #: sockets bound ahead of their server (hold_listen), by the address asked for
@@ -101,19 +129,30 @@ _held: dict[tuple[str, int], socket.socket] = {}
 _held_lock = threading.Lock()
 
 
-def hold_listen(text: str) -> None:
+def hold_listen(text: str, *, flag: str = "--listen", any_host: bool = False) -> tuple[str, int]:
     """Bind ``HOST:PORT`` now and keep it for the :class:`MetricsServer` that asks for
-    that address later in this process: ``collect --export`` refuses a busy port
-    before it sets anything up, and no other process can take the port while the
-    probes attach (connections wait in the backlog until the server serves them).
+    that address later in this process: ``collect --export`` and ``export`` refuse a
+    busy port before they set anything up, and no other process can take the port
+    while the probes attach (connections wait in the backlog until the server serves
+    them). Returns the (host, port) to give the server; ``flag`` and ``any_host`` are
+    :func:`parse_listen`'s.
 
     Raises:
         ListenError: ``text`` is not HOST:PORT, or the address cannot be bound.
     """
-    host, port = parse_listen(text)
+    host, port = parse_listen(text, flag=flag, any_host=any_host)
     with _held_lock:
         if (host, port) not in _held:
             _held[(host, port)] = _listening(host, port)
+    return host, port
+
+
+def release_listen(host: str, port: int) -> None:
+    """Close the socket :func:`hold_listen` keeps for this address, if it still does."""
+    with _held_lock:
+        held = _held.pop((host, port), None)
+    if held is not None:
+        held.close()
 
 
 def _bound(host: str, port: int) -> socket.socket:
@@ -278,7 +317,8 @@ class MetricsServer:
         self.stats = ServerStats()
         # bound here (or by hold_listen, earlier), while the caller may still be privileged
         self._sock = _bound(host, port)
-        self.host = host
+        # every interface (an empty host): the address bound, "::" or "0.0.0.0"
+        self.host = host or self._sock.getsockname()[0]
         self.port = self._sock.getsockname()[1]
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
