@@ -278,3 +278,29 @@ def test_every_interface_is_ipv4_alone_where_the_machine_has_no_ipv6(
         assert _answers("127.0.0.1", server.port)
         if _has_ipv6_loopback():
             assert not _answers("::1", server.port)
+
+
+def test_an_idle_keep_alive_connection_is_closed_as_idle_not_as_a_missed_deadline() -> None:
+    """A scraper keeps its connection between scrapes (15 s apart, more than the
+    timeout): the close is ``idle``; ``deadline`` is kept for a request begun and not
+    complete in time, so that it still tells slow clients."""
+    timeout_s = 1.0
+    with MetricsServer(lambda: BODY, "127.0.0.1", 0, timeout_s=timeout_s) as server:
+        kept = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+        kept.request("GET", "/metrics")  # HTTP/1.1: kept alive after its response
+        assert kept.getresponse().read().startswith(BODY)
+        silent = socket.create_connection(("127.0.0.1", server.port))  # never asks
+        partial = socket.create_connection(("127.0.0.1", server.port))
+        partial.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # no blank line: unfinished
+        try:
+            for sock in (kept.sock, silent, partial):
+                assert _read_to_eof(sock, timeout_s + 3) == b""  # each closed by the server
+        finally:
+            kept.close()
+            silent.close()
+            partial.close()
+        assert server.stats.closed == {"idle": 2, "deadline": 1}
+        text = server.stats.text().decode()
+        assert 'kernmlops_exporter_http_connections_closed_total{reason="idle"} 2.0' in text
+        assert 'kernmlops_exporter_http_connections_closed_total{reason="deadline"} 1.0' in text
+        assert "idle (no request began within the timeout" in text

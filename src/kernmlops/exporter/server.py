@@ -9,7 +9,9 @@ bounded in time and in number:
 - **a whole-request deadline**: a request must arrive complete within
   ``timeout_s`` of the connection becoming ready for it (a client sending a
   byte a second is closed when the deadline passes, however many bytes it
-  sent); the response must be taken within ``timeout_s`` too;
+  sent); the response must be taken within ``timeout_s`` too. Both count as
+  closed by ``deadline``; a connection that sent no byte of a request in that
+  time (a kept-alive one between scrapes 15 s apart) is counted ``idle``;
 - **a bounded pool, idle ones closed first**: at ``max_connections`` a new
   connection closes the one that has waited longest for a request; only when
   every connection is busy answering is the new one refused (503);
@@ -233,8 +235,10 @@ class ServerStats:
 
     open: int = 0
     responses: dict[int, int] = field(default_factory=dict)
-    #: connections closed by the server: deadline, evicted (idle, to make room),
-    #: refused (full of busy ones), bad_request
+    #: connections closed by the server: deadline (a request begun and not complete in
+    #: time, or a response not taken), idle (no request within the timeout: a kept-alive
+    #: connection between scrapes), evicted (idle, to make room), refused (full of busy
+    #: ones), bad_request
     closed: dict[str, int] = field(default_factory=dict)
 
     def text(self) -> bytes:
@@ -257,13 +261,23 @@ class ServerStats:
             resp.add_metric([str(code)], float(n))
         closed = CounterMetricFamily(
             f"{prefix}_connections_closed",
-            "connections the server closed: deadline (request not complete in time), "
-            "evicted (idle, to make room), refused (every slot busy), bad_request",
+            "connections the server closed: deadline (a request begun and not complete in "
+            "time, or its response not taken in time), idle (no request began within the "
+            "timeout, e.g. a kept-alive connection between scrapes), evicted (idle, to make "
+            "room), refused (every slot busy), bad_request",
             labels=["reason"],
         )
-        for reason in ("deadline", "evicted", "refused", "bad_request"):
+        for reason in CLOSE_REASONS:
             closed.add_metric([reason], float(self.closed.get(reason, 0)))
         return [conns, resp, closed]
+
+
+#: why the server closes a connection (ServerStats.closed's keys)
+CLOSE_REASONS = ("deadline", "idle", "evicted", "refused", "bad_request")
+
+
+class _Idle(Exception):
+    """No byte of a request arrived within the timeout (not a slow request)."""
 
 
 #: A connection this young whose request waits unread is not evicted: a real
@@ -397,6 +411,8 @@ class MetricsServer:
         self.stats.open = len(self._conns)
         try:
             await self._serve(conn, reader, writer)
+        except _Idle:
+            self._count_closed("idle")
         except TimeoutError:
             self._count_closed("deadline")
         except asyncio.CancelledError:
@@ -467,6 +483,10 @@ class MetricsServer:
             try:
                 async with asyncio.timeout_at(deadline):  # the whole request, not per byte
                     request = await self._read_request(http, reader)
+            except TimeoutError:
+                if http.their_state is h11.IDLE and not http.trailing_data[0]:
+                    raise _Idle from None  # not a byte of a request: waiting, not slow
+                raise
             except h11.RemoteProtocolError as err:
                 self._count_closed("bad_request")
                 await self._send_error(http, writer, err.error_status_hint)
