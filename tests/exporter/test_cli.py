@@ -3,8 +3,10 @@ anything is loaded (no root needed for these)."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from kernmlops.exporter.cli import export_command
@@ -79,3 +81,40 @@ def test_a_bad_web_config_file_is_one_line_before_anything_loads(tmp_path: Path)
     assert lines[0] == f"error: --web.config.file {web}: tls_server_config: no file {no_cert}"
     result = run("--web.config.file", str(tmp_path / "missing.yml"))
     assert result.exit_code == 2 and "missing.yml" in result.output
+
+
+@pytest.fixture
+def no_bpf(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """No program loaded: the exporter's start is recorded (and loads nothing), so that
+    what comes before it is seen without root."""
+    from kernmlops.exporter.core import Exporter
+
+    started: list[str] = []
+    monkeypatch.setattr("kernmlops.exporter.cli.require_bpf_privileges", lambda _cmd: None)
+    monkeypatch.setattr("kernmlops.ebpf.build.build", lambda *a, **k: [])
+    monkeypatch.setattr(Exporter, "start", lambda self: started.append("start") or [])
+    return started
+
+
+def test_a_busy_port_is_refused_before_anything_is_loaded_and_check_tests_it(
+    no_bpf: list[str],
+) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        for check in ((), ("--check",)):
+            result = run("-c", "syscalls", "--listen", f"127.0.0.1:{port}", *check)
+            assert result.exit_code == 2, result.output
+            line = f"error: cannot listen on 127.0.0.1:{port}: Address already in use"
+            assert result.output.strip().splitlines() == [
+                line + (" (--check tests the port too; --listen 127.0.0.1:0 checks the sets alone)"
+                        if check else "")
+            ]  # fmt: skip
+        assert no_bpf == []  # said before any program was loaded
+    # a free port: the check passes, says so, and lets the port go
+    result = run("-c", "syscalls", "--web.listen-address", f"127.0.0.1:{port}", "--check")
+    assert result.exit_code == 0, result.output
+    assert f"check passed: 0 sets loaded, all 0 programs attached, 127.0.0.1:{port} free" in (
+        result.output
+    )
+    assert no_bpf == ["start"]
+    socket.create_server(("127.0.0.1", port)).close()

@@ -107,7 +107,8 @@ def _console():
     "check",
     is_flag=True,
     help="load and attach everything, report, and exit; fails (exit 1) when a set does not "
-    "load or a program does not attach.",
+    "load or a program does not attach, and (exit 2) when the listen address cannot be "
+    "bound (a busy port: give 127.0.0.1:0 to check the sets alone).",
 )
 @click.option(
     "--strict",
@@ -179,7 +180,7 @@ def export_command(
                 os.environ[var] = "1"
         from kernmlops.exporter.config import resolve_sets
         from kernmlops.exporter.core import JobFilter
-        from kernmlops.exporter.server import parse_listen
+        from kernmlops.exporter.server import ListenError, hold_listen, parse_listen, release_listen
 
         if bool(config_dir) != bool(config_names):
             raise click.UsageError("--config.dir and --config.names go together")
@@ -190,9 +191,10 @@ def export_command(
         sets = resolve_sets(configs)
         if web_listen is not None:
             # ebpf_exporter's form: ":9435" is every interface, IPv4 and IPv6, as in Go
-            host, port = parse_listen(web_listen, flag="--web.listen-address", any_host=True)
+            address, flag, any_host = web_listen, "--web.listen-address", True
         else:
-            host, port = parse_listen(listen)
+            address, flag, any_host = listen, "--listen", False
+        parse_listen(address, flag=flag, any_host=any_host)  # its form, with the flags
         web = None
         if web_config_file is not None:
             from kernmlops.exporter.webconfig import load_web_config
@@ -202,13 +204,26 @@ def export_command(
         # The tgid goes to the process filter (it follows forks), not to exp_tgid.
         job = JobFilter(comm=comm, cgroup=cgroup)
         require_bpf_privileges("export")
-        from kernmlops.ebpf.build import build
+        # The port before anything is loaded: a busy one is said at once, not after every
+        # program is attached; held for the server, or, for --check, tested and let go.
+        try:
+            host, port = hold_listen(address, flag=flag, any_host=any_host)
+        except ListenError as err:
+            if check:
+                raise ListenError(
+                    f"{err} (--check tests the port too; {flag} 127.0.0.1:0 checks the sets alone)"
+                ) from None
+            raise
+        try:
+            from kernmlops.ebpf.build import build
 
-        build()
-        _run(
-            sets, job, host, port, check, strict, bpf_stats, max_label_sets, keep, tgid=tgid,
-            web=web, max_connections=max_connections,
-        )  # fmt: skip
+            build()
+            _run(
+                sets, job, host, port, check, strict, bpf_stats, max_label_sets, keep,
+                tgid=tgid, web=web, max_connections=max_connections,
+            )  # fmt: skip
+        finally:
+            release_listen(host, port)  # --check, or no server started: the port goes
     except KernmlopsError as err:
         fail(err)
 
@@ -298,9 +313,14 @@ def _run(
                 lines = "\n".join(f"check failed: {p}" for p in problems)
                 _console().print(lines, markup=False, soft_wrap=True)
                 sys.exit(EXIT_CHECK_FAILED)
+            from kernmlops.exporter.server import shown
+
             programs = sum(s.attached for s in statuses)
             _console().print(
-                f"check passed: {len(statuses)} sets loaded, all {programs} programs attached"
+                f"check passed: {len(statuses)} sets loaded, all {programs} programs attached, "
+                f"{shown(host, port)} free to listen on",
+                markup=False,
+                soft_wrap=True,
             )
             return
         if problems:

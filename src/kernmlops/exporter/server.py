@@ -88,7 +88,8 @@ def _family(host: str) -> socket.AddressFamily:
         return infos[0][0]
 
 
-def _shown(host: str, port: int) -> str:
+def shown(host: str, port: int) -> str:
+    """``host``:``port`` as --listen takes it (``[v6]:PORT``, ``:PORT``)."""
     if not host:
         return f":{port}"
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -123,7 +124,7 @@ def _listening(host: str, port: int) -> socket.socket:
     except OSError as err:
         # create_server adds "(while attempting to bind on address ...)": the line has it
         reason = (err.strerror or str(err)).split(" (while attempting")[0]
-        raise ListenError(f"cannot listen on {_shown(host, port)}: {reason}") from None
+        raise ListenError(f"cannot listen on {shown(host, port)}: {reason}") from None
 
 
 #: sockets bound ahead of their server (hold_listen), by the address asked for
