@@ -118,3 +118,25 @@ def test_a_busy_port_is_refused_before_anything_is_loaded_and_check_tests_it(
     )
     assert no_bpf == ["start"]
     socket.create_server(("127.0.0.1", port)).close()
+
+
+def test_listen_errors_name_the_flag_given_and_both_flags_are_refused(no_bpf: list[str]) -> None:
+    result = run("--web.listen-address", "127.0.0.1:99999")
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        "error: --web.listen-address '127.0.0.1:99999': port 99999 is out of range 0-65535"
+    )
+    result = run("--web.listen-address", "localhost")
+    assert result.exit_code == 2
+    assert "error: --web.listen-address 'localhost': expected HOST:PORT" in result.output
+    # the same setting under two names: which one wins would be a guess (a busy port
+    # for the second: code that took it would stop there, not serve)
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        other = f"127.0.0.1:{busy.getsockname()[1]}"
+        result = run("--listen", "127.0.0.1:9435", "--web.listen-address", other)
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        f"error: --listen 127.0.0.1:9435 and --web.listen-address {other}: both name where "
+        "to serve; give one"
+    )
+    assert no_bpf == []

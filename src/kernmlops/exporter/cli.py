@@ -189,6 +189,15 @@ def export_command(
 
             configs = (*configs, *resolve_config_dir(config_dir, config_names))
         sets = resolve_sets(configs)
+        listen_given = click.get_current_context().get_parameter_source("listen") not in (
+            None,
+            click.core.ParameterSource.DEFAULT,
+        )
+        if web_listen is not None and listen_given:
+            raise ListenError(
+                f"--listen {listen} and --web.listen-address {web_listen}: both name where to "
+                "serve; give one"
+            )
         if web_listen is not None:
             # ebpf_exporter's form: ":9435" is every interface, IPv4 and IPv6, as in Go
             address, flag, any_host = web_listen, "--web.listen-address", True

@@ -475,6 +475,9 @@ class MetricsServer:
         # one deadline from accept: the TLS handshake and the first request within it
         deadline = loop.time() + self.timeout_s
         if self.web.ssl_context is not None:
+            if await self._plain_http(writer, deadline):
+                await self._tell_plain_http(reader, writer, deadline)
+                return
             async with asyncio.timeout_at(deadline):
                 await writer.start_tls(self.web.ssl_context)
         http = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_HEAD_BYTES)
@@ -500,6 +503,55 @@ class MetricsServer:
                 return
             http.start_next_cycle()
             deadline = loop.time() + self.timeout_s
+
+    async def _plain_http(self, writer: asyncio.StreamWriter, deadline: float) -> bool:
+        """Whether the client's first bytes, on the TLS port, are plain HTTP (a letter:
+        a TLS record begins with its type, 0x14-0x18, or 0x80 for SSLv2's hello). They
+        are peeked at, not read: the TLS layer reads them next. :class:`_Idle` when no
+        byte came within the deadline."""
+        loop = asyncio.get_running_loop()
+        sock = writer.get_extra_info("socket")
+        if sock is None:
+            return False
+        writer.transport.pause_reading()  # start_tls resumes it
+        # a descriptor of our own to wait on: asyncio keeps the transport's for itself
+        with sock.dup() as peek:
+            ready = loop.create_future()
+            loop.add_reader(peek.fileno(), lambda: ready.done() or ready.set_result(None))
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await ready
+            except TimeoutError:
+                raise _Idle from None
+            finally:
+                loop.remove_reader(peek.fileno())
+            try:
+                first = peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return False
+        return first.isalpha()
+
+    async def _tell_plain_http(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, deadline: float
+    ) -> None:
+        """Answer plain HTTP on the TLS port as Go's servers do (400, and why), after
+        reading the request's head: a close with unread bytes would reset the
+        connection, and the client lose the answer."""
+        writer.transport.resume_reading()
+        with contextlib.suppress(
+            TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError
+        ):
+            async with asyncio.timeout_at(deadline):
+                await reader.readuntil(b"\r\n\r\n")
+        body = b"Client sent an HTTP request to an HTTPS server.\n"
+        writer.write(
+            b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
+        )
+        self._count_response(400)
+        self._count_closed("bad_request")
+        async with asyncio.timeout(self.timeout_s):
+            await writer.drain()
 
     async def _read_request(
         self, http: h11.Connection, reader: asyncio.StreamReader
