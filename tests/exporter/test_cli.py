@@ -140,3 +140,34 @@ def test_listen_errors_name_the_flag_given_and_both_flags_are_refused(no_bpf: li
         "to serve; give one"
     )
     assert no_bpf == []
+
+
+def test_ebpf_exporters_flags_are_taken_or_refused_in_one_line(no_bpf: list[str]) -> None:
+    """Its flags that mean something here are taken (--web.telemetry-path,
+    --log.no-timestamps: kernmlops' lines carry no timestamps); the others are
+    refused with why, in one line each, never ignored in silence."""
+    result = run("-c", "syscalls", "--log.no-timestamps", "--web.telemetry-path", "/m",
+                 "--listen", "127.0.0.1:0", "--check")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert no_bpf == ["start"]
+    for args, line in [
+        (["--debug"], "error: --debug (ebpf_exporter's libbpf debug log and raw /maps page) is "
+                      "not supported by kernmlops export: remove it"),
+        (["--btf.path", "/b.btf"], "error: --btf.path /b.btf: not supported; programs load "
+                                   "against the running kernel's own BTF "
+                                   "(/sys/kernel/btf/vmlinux): remove it"),
+        (["--config.skip-cache-size", "64"], "error: --config.skip-cache-size 64: "
+                                             "ebpf_exporter's decoder skip cache is not "
+                                             "supported by kernmlops export: remove it"),
+        (["--web.listen-address", "fd://0"], "error: --web.listen-address fd://0: systemd "
+                                             "socket activation (fd://) is not supported: give "
+                                             "HOST:PORT (the unit in deploy/systemd binds the "
+                                             "port itself)"),
+        (["--web.telemetry-path", "metrics"], "error: --web.telemetry-path 'metrics': give a "
+                                              "path below / of letters, digits and /._~-, e.g. "
+                                              "/metrics"),
+    ]:  # fmt: skip
+        result = run("-c", "syscalls", *args)
+        assert result.exit_code == 2, result.output
+        assert result.output.strip() == line
+    assert no_bpf == ["start"]

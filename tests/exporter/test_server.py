@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import http.client
+import re
 import socket
 import struct
 import threading
@@ -15,6 +16,7 @@ import time
 
 import pytest
 
+from kernmlops.errors import ConfigError
 from kernmlops.exporter.server import ListenError, MetricsServer, hold_listen
 
 #: deadlines of 1-2 s
@@ -304,3 +306,26 @@ def test_an_idle_keep_alive_connection_is_closed_as_idle_not_as_a_missed_deadlin
         assert 'kernmlops_exporter_http_connections_closed_total{reason="idle"} 2.0' in text
         assert 'kernmlops_exporter_http_connections_closed_total{reason="deadline"} 1.0' in text
         assert "idle (no request began within the timeout" in text
+
+
+def test_the_metrics_are_served_at_the_telemetry_path_given() -> None:
+    """ebpf_exporter's --web.telemetry-path: the metrics there, / links to it, and
+    /metrics is then a 404 that says where to look."""
+    with MetricsServer(lambda: BODY, "127.0.0.1", 0, metrics_path="/ebpf/metrics") as server:
+        assert server.url.endswith(f":{server.port}/ebpf/metrics")
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+        try:
+            for path, code, body in (
+                ("/ebpf/metrics", 200, BODY),
+                ("/", 200, b'<a href="/ebpf/metrics">'),
+                ("/metrics", 404, b"not found: try /ebpf/metrics\n"),
+            ):
+                conn.request("GET", path)
+                resp = conn.getresponse()
+                got = resp.read()
+                assert resp.status == code and body in got, (path, resp.status, got)
+        finally:
+            conn.close()
+    for bad in ("/", "metrics", "/a b", "/m?x=1", "/%41"):
+        with pytest.raises(ConfigError, match=rf"^--web.telemetry-path {re.escape(repr(bad))}:"):
+            MetricsServer(lambda: BODY, "127.0.0.1", 0, metrics_path=bad)

@@ -29,6 +29,7 @@ import errno
 import fcntl
 import ipaddress
 import itertools
+import re
 import resource
 import socket
 import sys
@@ -51,6 +52,23 @@ DEFAULT_LISTEN = "127.0.0.1:9435"
 
 class ListenError(ConfigError):
     """--listen is not HOST:PORT, or the address cannot be bound."""
+
+
+#: a metrics path: characters that need no escaping in a URL or in HTML
+_PATH = re.compile(r"/[A-Za-z0-9._~/-]*")
+
+
+def check_metrics_path(path: str, flag: str = "--web.telemetry-path") -> str:
+    """``path`` if the metrics can be served there (not ``/``, the index page).
+
+    Raises:
+        ConfigError: it cannot.
+    """
+    if path == "/" or not _PATH.fullmatch(path):
+        raise ConfigError(
+            f"{flag} {path!r}: give a path below / of letters, digits and /._~-, e.g. /metrics"
+        )
+    return path
 
 
 def parse_listen(text: str, *, flag: str = "--listen", any_host: bool = False) -> tuple[str, int]:
@@ -307,7 +325,7 @@ class _Conn:
 
 
 class MetricsServer:
-    """Serves ``render()`` at /metrics (and a pointer to it at /).
+    """Serves ``render()`` at ``metrics_path`` (/metrics; and a pointer to it at /).
 
     ``timeout_s``: the whole-request deadline (and the response's);
     ``max_connections``: connections held at once, idle ones closed first;
@@ -322,8 +340,11 @@ class MetricsServer:
         timeout_s: float = REQUEST_TIMEOUT_S,
         max_connections: int = MAX_CONNECTIONS,
         web_config: WebConfig | None = None,
+        metrics_path: str = "/metrics",
     ):
         self._render_fn = render
+        self.metrics_path = check_metrics_path(metrics_path)
+        self._path = metrics_path.encode()
         self.timeout_s = timeout_s
         self.max_connections = max(1, min(max_connections, raise_fd_limit() - _FD_RESERVE))
         self.web = web_config or WebConfig()
@@ -348,7 +369,7 @@ class MetricsServer:
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{self.web.scheme}://{host}:{self.port}/metrics"
+        return f"{self.web.scheme}://{host}:{self.port}{self.metrics_path}"
 
     def start(self) -> MetricsServer:
         ready = threading.Event()
@@ -587,7 +608,7 @@ class MetricsServer:
             await self._send(http, writer, 401, b"Unauthorized\n", challenge)
             return
         head = request.method == b"HEAD"
-        if path == b"/metrics":
+        if path == self._path:
             started = time.monotonic()
             try:
                 body = await self._rendered()
@@ -600,10 +621,10 @@ class MetricsServer:
             await self._send(http, writer, 200, body, [(b"Content-Type", ctype)], head=head)
             self.scrapes.served(started)
         elif path == b"/":
-            page = b'<html><body><a href="/metrics">metrics</a></body></html>\n'
+            page = b'<html><body><a href="%s">metrics</a></body></html>\n' % self._path
             await self._send(http, writer, 200, page, [(b"Content-Type", b"text/html")], head=head)
         else:
-            await self._send(http, writer, 404, b"not found: try /metrics\n")
+            await self._send(http, writer, 404, b"not found: try %s\n" % self._path)
 
     async def _authorized(self, header: bytes | None) -> bool:
         assert self._auth is not None

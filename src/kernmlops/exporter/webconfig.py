@@ -1,5 +1,5 @@
 """``--web.config.file``: TLS and basic auth in the format of the Prometheus
-exporter-toolkit (the file node_exporter and ebpf_exporter take)::
+exporter-toolkit (the file node_exporter takes; ebpf_exporter has none)::
 
     tls_server_config:
       cert_file: server.crt          # relative to this file's folder
