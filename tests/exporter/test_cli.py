@@ -3,8 +3,10 @@ anything is loaded (no root needed for these)."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from kernmlops.exporter.cli import export_command
@@ -79,3 +81,93 @@ def test_a_bad_web_config_file_is_one_line_before_anything_loads(tmp_path: Path)
     assert lines[0] == f"error: --web.config.file {web}: tls_server_config: no file {no_cert}"
     result = run("--web.config.file", str(tmp_path / "missing.yml"))
     assert result.exit_code == 2 and "missing.yml" in result.output
+
+
+@pytest.fixture
+def no_bpf(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """No program loaded: the exporter's start is recorded (and loads nothing), so that
+    what comes before it is seen without root."""
+    from kernmlops.exporter.core import Exporter
+
+    started: list[str] = []
+    monkeypatch.setattr("kernmlops.exporter.cli.require_bpf_privileges", lambda _cmd: None)
+    monkeypatch.setattr("kernmlops.ebpf.build.build", lambda *a, **k: [])
+    monkeypatch.setattr(Exporter, "start", lambda self: started.append("start") or [])
+    return started
+
+
+def test_a_busy_port_is_refused_before_anything_is_loaded_and_check_tests_it(
+    no_bpf: list[str],
+) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        for check in ((), ("--check",)):
+            result = run("-c", "syscalls", "--listen", f"127.0.0.1:{port}", *check)
+            assert result.exit_code == 2, result.output
+            line = f"error: cannot listen on 127.0.0.1:{port}: Address already in use"
+            assert result.output.strip().splitlines() == [
+                line + (" (--check tests the port too; --listen 127.0.0.1:0 checks the sets alone)"
+                        if check else "")
+            ]  # fmt: skip
+        assert no_bpf == []  # said before any program was loaded
+    # a free port: the check passes, says so, and lets the port go
+    result = run("-c", "syscalls", "--web.listen-address", f"127.0.0.1:{port}", "--check")
+    assert result.exit_code == 0, result.output
+    assert f"check passed: 0 sets loaded, all 0 programs attached, 127.0.0.1:{port} free" in (
+        result.output
+    )
+    assert no_bpf == ["start"]
+    socket.create_server(("127.0.0.1", port)).close()
+
+
+def test_listen_errors_name_the_flag_given_and_both_flags_are_refused(no_bpf: list[str]) -> None:
+    result = run("--web.listen-address", "127.0.0.1:99999")
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        "error: --web.listen-address '127.0.0.1:99999': port 99999 is out of range 0-65535"
+    )
+    result = run("--web.listen-address", "localhost")
+    assert result.exit_code == 2
+    assert "error: --web.listen-address 'localhost': expected HOST:PORT" in result.output
+    # the same setting under two names: which one wins would be a guess (a busy port
+    # for the second: code that took it would stop there, not serve)
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        other = f"127.0.0.1:{busy.getsockname()[1]}"
+        result = run("--listen", "127.0.0.1:9435", "--web.listen-address", other)
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        f"error: --listen 127.0.0.1:9435 and --web.listen-address {other}: both name where "
+        "to serve; give one"
+    )
+    assert no_bpf == []
+
+
+def test_ebpf_exporters_flags_are_taken_or_refused_in_one_line(no_bpf: list[str]) -> None:
+    """Its flags that mean something here are taken (--web.telemetry-path,
+    --log.no-timestamps: kernmlops' lines carry no timestamps); the others are
+    refused with why, in one line each, never ignored in silence."""
+    result = run("-c", "syscalls", "--log.no-timestamps", "--web.telemetry-path", "/m",
+                 "--listen", "127.0.0.1:0", "--check")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert no_bpf == ["start"]
+    for args, line in [
+        (["--debug"], "error: --debug (ebpf_exporter's libbpf debug log and raw /maps page) is "
+                      "not supported by kernmlops export: remove it"),
+        (["--btf.path", "/b.btf"], "error: --btf.path /b.btf: not supported; programs load "
+                                   "against the running kernel's own BTF "
+                                   "(/sys/kernel/btf/vmlinux): remove it"),
+        (["--config.skip-cache-size", "64"], "error: --config.skip-cache-size 64: "
+                                             "ebpf_exporter's decoder skip cache is not "
+                                             "supported by kernmlops export: remove it"),
+        (["--web.listen-address", "fd://0"], "error: --web.listen-address fd://0: systemd "
+                                             "socket activation (fd://) is not supported: give "
+                                             "HOST:PORT (the unit in deploy/systemd binds the "
+                                             "port itself)"),
+        (["--web.telemetry-path", "metrics"], "error: --web.telemetry-path 'metrics': give a "
+                                              "path below / of letters, digits and /._~-, e.g. "
+                                              "/metrics"),
+    ]:  # fmt: skip
+        result = run("-c", "syscalls", *args)
+        assert result.exit_code == 2, result.output
+        assert result.output.strip() == line
+    assert no_bpf == ["start"]

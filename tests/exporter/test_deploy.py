@@ -60,6 +60,9 @@ def test_the_systemd_unit_verifies_and_is_hardened(tmp_path: Path) -> None:
     assert settings["CapabilityBoundingSet"].split() == ["CAP_BPF", "CAP_PERFMON"]
     assert settings["NoNewPrivileges"] == "yes"
     assert settings["ProtectSystem"] == "strict"
+    # what a .bpf.c config compiles into (KERNMLOPS_BPF_DIR, set to it), writable there
+    assert settings["CacheDirectory"] == "kernmlops-exporter"
+    assert "KERNMLOPS_BPF_DIR=/var/cache/kernmlops-exporter" in text
     assert "--capabilities.keep=none" in settings["ExecStart"]
     assert "--web.config.file=" in settings["ExecStart"]
     assert unit_sets(settings) == list(LIVE_SETS)  # what the dashboard test serves
@@ -81,6 +84,29 @@ def test_the_systemd_unit_verifies_and_is_hardened(tmp_path: Path) -> None:
     # and verify does find a problem there (the check above is no empty run)
     broken = text.replace("ProtectSystem=strict", "ProtectSystem=stricter")
     assert "stricter" in verify(broken, "broken.service")
+
+
+def test_the_unit_does_not_restart_on_a_user_error_and_the_exporter_exits_with_that_status(
+    tmp_path: Path,
+) -> None:
+    """A bad configuration restarted every 5 s forever filled the journal and never
+    mended itself: the unit's RestartPreventExitStatus is the status the exporter
+    gives user errors (its own command line, with a web.yml missing or a set misspelt)."""
+    settings = unit_settings(UNIT.read_text())
+    assert settings["Restart"] == "on-failure"
+    status = int(settings["RestartPreventExitStatus"])
+    env = settings["Environment"].strip('"').partition("=")[2]
+    args = shlex.split(settings["ExecStart"].replace("$KERNMLOPS_EXPORTER_ARGS", env))[1:]
+    assert args[0] == "export"
+    web = tmp_path / "web.yml"  # not there
+    cmd = [sys.executable, "-m", "kernmlops"]
+    cmd += [a.replace("/etc/kernmlops/web.yml", str(web)) for a in args]
+    for broken in (cmd, [*cmd, "-c", "nosuchset"]):  # no web.yml; a set misspelt
+        if broken is not cmd:
+            web.write_text("basic_auth_users: {}\n")
+        out = subprocess.run(broken, capture_output=True, text=True, timeout=60)
+        assert out.returncode == status, out.stdout + out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 
 @pytest.mark.bpf

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import http.client
+import re
 import socket
 import struct
 import threading
@@ -15,6 +16,7 @@ import time
 
 import pytest
 
+from kernmlops.errors import ConfigError
 from kernmlops.exporter.server import ListenError, MetricsServer, hold_listen
 
 #: deadlines of 1-2 s
@@ -31,8 +33,8 @@ def _read_to_eof(sock: socket.socket, timeout: float) -> bytes:
     return data
 
 
-def _get(port: int, timeout: float = 5) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+def _get(port: int, timeout: float = 5, host: str = "127.0.0.1") -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
         conn.request("GET", "/metrics")
         resp = conn.getresponse()
@@ -225,3 +227,105 @@ def test_hold_listen_refuses_a_busy_port_in_one_line_and_keeps_a_free_one_for_th
         server.stop()
     # the held socket was the server's, and went with it: the port is free again
     socket.create_server(("127.0.0.1", port)).close()
+
+
+def _has_ipv6_loopback() -> bool:
+    try:
+        socket.create_server(("::1", 0), family=socket.AF_INET6).close()
+    except OSError:
+        return False
+    return True
+
+
+def _answers(host: str, port: int) -> bool:
+    try:
+        return _get(port, timeout=3, host=host)[0] == 200
+    except OSError:  # refused: nothing listens on that family
+        return False
+
+
+def test_every_interface_is_ipv4_and_ipv6_as_gos_listen_has_it() -> None:
+    """``:PORT`` (--web.listen-address, as Go's net.Listen reads it) and ``[::]:PORT``
+    serve IPv4 and IPv6 from one socket; ``0.0.0.0:PORT`` names IPv4 and serves it
+    alone."""
+    v6 = _has_ipv6_loopback()
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        port = probe.getsockname()[1]
+    host, got = hold_listen(f":{port}", flag="--web.listen-address", any_host=True)
+    assert (host, got) == ("", port)
+    with MetricsServer(lambda: BODY, host, port) as server:
+        assert server.port == port
+        assert _answers("127.0.0.1", port)
+        if v6:
+            assert server.url == f"http://[::]:{port}/metrics"
+            assert _answers("::1", port)
+    for host, ipv6 in (("::", True), ("0.0.0.0", False)):
+        if host == "::" and not v6:
+            continue
+        with MetricsServer(lambda: BODY, host, 0) as server:
+            assert _answers("127.0.0.1", server.port)
+            if v6:
+                assert _answers("::1", server.port) is ipv6, host
+    # the empty host is refused where the flag does not take it (--listen: say the host)
+    with pytest.raises(ListenError, match=r"^--listen ':9435': give the host"):
+        hold_listen(":9435")
+
+
+def test_every_interface_is_ipv4_alone_where_the_machine_has_no_ipv6(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(socket, "has_dualstack_ipv6", lambda: False)
+    with MetricsServer(lambda: BODY, "", 0) as server:
+        assert server.url == f"http://0.0.0.0:{server.port}/metrics"
+        assert _answers("127.0.0.1", server.port)
+        if _has_ipv6_loopback():
+            assert not _answers("::1", server.port)
+
+
+def test_an_idle_keep_alive_connection_is_closed_as_idle_not_as_a_missed_deadline() -> None:
+    """A scraper keeps its connection between scrapes (15 s apart, more than the
+    timeout): the close is ``idle``; ``deadline`` is kept for a request begun and not
+    complete in time, so that it still tells slow clients."""
+    timeout_s = 1.0
+    with MetricsServer(lambda: BODY, "127.0.0.1", 0, timeout_s=timeout_s) as server:
+        kept = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+        kept.request("GET", "/metrics")  # HTTP/1.1: kept alive after its response
+        assert kept.getresponse().read().startswith(BODY)
+        silent = socket.create_connection(("127.0.0.1", server.port))  # never asks
+        partial = socket.create_connection(("127.0.0.1", server.port))
+        partial.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # no blank line: unfinished
+        try:
+            for sock in (kept.sock, silent, partial):
+                assert _read_to_eof(sock, timeout_s + 3) == b""  # each closed by the server
+        finally:
+            kept.close()
+            silent.close()
+            partial.close()
+        assert server.stats.closed == {"idle": 2, "deadline": 1}
+        text = server.stats.text().decode()
+        assert 'kernmlops_exporter_http_connections_closed_total{reason="idle"} 2.0' in text
+        assert 'kernmlops_exporter_http_connections_closed_total{reason="deadline"} 1.0' in text
+        assert "idle (no request began within the timeout" in text
+
+
+def test_the_metrics_are_served_at_the_telemetry_path_given() -> None:
+    """ebpf_exporter's --web.telemetry-path: the metrics there, / links to it, and
+    /metrics is then a 404 that says where to look."""
+    with MetricsServer(lambda: BODY, "127.0.0.1", 0, metrics_path="/ebpf/metrics") as server:
+        assert server.url.endswith(f":{server.port}/ebpf/metrics")
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+        try:
+            for path, code, body in (
+                ("/ebpf/metrics", 200, BODY),
+                ("/", 200, b'<a href="/ebpf/metrics">'),
+                ("/metrics", 404, b"not found: try /ebpf/metrics\n"),
+            ):
+                conn.request("GET", path)
+                resp = conn.getresponse()
+                got = resp.read()
+                assert resp.status == code and body in got, (path, resp.status, got)
+        finally:
+            conn.close()
+    for bad in ("/", "metrics", "/a b", "/m?x=1", "/%41"):
+        with pytest.raises(ConfigError, match=rf"^--web.telemetry-path {re.escape(repr(bad))}:"):
+            MetricsServer(lambda: BODY, "127.0.0.1", 0, metrics_path=bad)

@@ -8,7 +8,9 @@ from __future__ import annotations
 import base64
 import http.client
 import re
+import socket
 import ssl
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -140,10 +142,70 @@ def test_a_missing_key_is_named_when_the_certificate_is_there(pki: Path, tmp_pat
     assert str(info.value).endswith(f"tls_server_config: no file {tmp_path / 'gone.key'}")
 
 
-def test_a_certificate_that_does_not_fit_its_key_is_refused(pki: Path, tmp_path: Path) -> None:
+def test_a_pair_that_does_not_load_names_the_file_and_what_is_wrong(
+    pki: Path, tmp_path: Path
+) -> None:
+    """Not OpenSSL's "[SSL] PEM lib (_ssl.c:3905)": which file, and that the two are
+    no pair, or one is not PEM, or the key wants a passphrase."""
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not PEM at all\n")
+    encrypted = tmp_path / "enc.key"
+    subprocess.run(
+        ["openssl", "pkey", "-in", pki / "server.key", "-aes128", "-passout", "pass:x",
+         "-out", encrypted],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    unreadable = tmp_path / "unreadable.key"
+    unreadable.mkdir()  # a folder: open() fails, also for root
+    web = tmp_path / "web.yml"
+    where = f"--web.config.file {web}: tls_server_config"
+    crt, key = pki / "server.crt", pki / "server.key"
+    for cert_file, key_file, message in [
+        (crt, pki / "client.key",
+         f"{where}: {crt} and {pki / 'client.key'} do not form a pair: the key is not the "
+         "certificate's"),
+        (junk, key, f"{where}.cert_file {junk}: cannot be read as a PEM certificate "
+                    "(-----BEGIN CERTIFICATE-----)"),
+        (key, key, f"{where}.cert_file {key}: cannot be read as a PEM certificate "
+                   "(-----BEGIN CERTIFICATE-----)"),
+        (crt, junk, f"{where}.key_file {junk}: cannot be read as a PEM private key"),
+        (crt, crt, f"{where}.key_file {crt}: cannot be read as a PEM private key"),
+        (crt, encrypted,
+         f"{where}.key_file {encrypted}: the key is encrypted (it asks for a passphrase): give "
+         "it unencrypted (openssl pkey -in KEY -out KEY.plain)"),
+        (crt, unreadable, f"{where}.key_file {unreadable}: Is a directory"),
+    ]:  # fmt: skip
+        web.write_text(f"tls_server_config:\n  cert_file: {cert_file}\n  key_file: {key_file}\n")
+        with pytest.raises(WebConfigError) as info:
+            load_web_config(web)
+        assert str(info.value) == message
+    # and the pair that fits loads
+    web.write_text(f"tls_server_config:\n  cert_file: {crt}\n  key_file: {key}\n")
+    assert load_web_config(web).scheme == "https"
+
+
+def test_plain_http_to_the_tls_port_is_told_so_as_go_tells_it(pki: Path, tmp_path: Path) -> None:
+    """Go's servers answer 400 "Client sent an HTTP request to an HTTPS server."; an
+    empty reply left the operator guessing. TLS clients are served as before, and a
+    connection that sends nothing is closed as idle."""
     web = tmp_path / "web.yml"
     web.write_text(
-        f"tls_server_config:\n  cert_file: {pki / 'server.crt'}\n  key_file: {pki / 'client.key'}\n"
+        f"tls_server_config:\n  cert_file: {pki / 'server.crt'}\n  key_file: {pki / 'server.key'}\n"
     )
-    with pytest.raises(WebConfigError, match="cannot load"):
-        load_web_config(web)
+    config = load_web_config(web)
+    with MetricsServer(lambda: BODY, "127.0.0.1", 0, web_config=config, timeout_s=1.0) as server:
+        for _ in range(2):
+            status, body, headers = _get(server, None)
+            assert status == 400
+            assert body == b"Client sent an HTTP request to an HTTPS server.\n"
+            assert headers["Connection"] == "close"
+            status, body, _ = _get(server, _client_ctx(pki))
+            assert status == 200 and body.startswith(BODY)
+        silent = socket.create_connection(("127.0.0.1", server.port))
+        try:
+            silent.settimeout(4)
+            assert silent.recv(1) == b""  # closed by the server at the timeout
+        finally:
+            silent.close()
+        assert server.stats.responses == {400: 2, 200: 2}
+        assert server.stats.closed == {"bad_request": 2, "idle": 1}

@@ -53,14 +53,34 @@ def _console():
     default="127.0.0.1:9435",
     show_default=True,
     metavar="HOST:PORT",
-    help="where to serve /metrics; 0.0.0.0:PORT serves every interface.",
+    help="where to serve /metrics; [::]:PORT serves every interface (IPv4 and IPv6), "
+    "0.0.0.0:PORT every IPv4 one.",
 )
 @click.option(
     "--web.listen-address",
     "web_listen",
     metavar="[HOST]:PORT",
-    help="ebpf_exporter's name for --listen; as there, :PORT serves every interface.",
+    help="ebpf_exporter's name for --listen; as there, :PORT serves every interface "
+    "(IPv4 and IPv6, or IPv4 alone on a machine without IPv6).",
 )
+@click.option(
+    "--web.telemetry-path",
+    "metrics_path",
+    default="/metrics",
+    show_default=True,
+    metavar="PATH",
+    help="the path the metrics are served at (ebpf_exporter's flag); / links to it.",
+)
+@click.option(
+    "--log.no-timestamps",
+    "no_log_timestamps",
+    is_flag=True,
+    help="ebpf_exporter's flag, accepted as it is: kernmlops' log lines carry no timestamps "
+    "(the journal adds its own).",
+)
+@click.option("--debug", "unsupported_debug", is_flag=True, hidden=True)
+@click.option("--btf.path", "unsupported_btf_path", hidden=True)
+@click.option("--config.skip-cache-size", "unsupported_skip_cache_size", hidden=True)
 @click.option(
     "--web.config.file",
     "web_config_file",
@@ -105,7 +125,8 @@ def _console():
     "check",
     is_flag=True,
     help="load and attach everything, report, and exit; fails (exit 1) when a set does not "
-    "load or a program does not attach.",
+    "load or a program does not attach, and (exit 2) when the listen address cannot be "
+    "bound (a busy port: give 127.0.0.1:0 to check the sets alone).",
 )
 @click.option(
     "--strict",
@@ -133,6 +154,11 @@ def export_command(
     config_names: str | None,
     listen: str,
     web_listen: str | None,
+    metrics_path: str,
+    no_log_timestamps: bool,
+    unsupported_debug: bool,
+    unsupported_btf_path: str | None,
+    unsupported_skip_cache_size: str | None,
     web_config_file: str | None,
     max_connections: int,
     caps_keep: str,
@@ -159,9 +185,12 @@ def export_command(
       kernmlops export --listen 0.0.0.0:9435 --web.config.file web.yml   TLS, basic auth
 
     \b
-    ebpf_exporter's configs and flags work as they are:
+    ebpf_exporter's configs work as they are, and these of its flags: --config.dir,
+    --config.names, --config.check, --config.strict, --web.listen-address (not fd://),
+    --web.telemetry-path, --capabilities.keep, --log.no-timestamps:
       kernmlops export --config.dir=examples --config.names=biolatency,timers \\
           --web.listen-address=:9435 --capabilities.keep=none
+    (--debug, --btf.path and --config.skip-cache-size are refused, with why.)
 
     SIGTERM, Ctrl+C or a hangup (SIGHUP) stops it and detaches every program.
     """
@@ -175,9 +204,16 @@ def export_command(
         if keep is not None:
             for var in POOL_ENV:  # before numpy starts its thread pool: see caps.py
                 os.environ[var] = "1"
+        _refuse_unsupported(unsupported_debug, unsupported_btf_path, unsupported_skip_cache_size)
         from kernmlops.exporter.config import resolve_sets
         from kernmlops.exporter.core import JobFilter
-        from kernmlops.exporter.server import parse_listen
+        from kernmlops.exporter.server import (
+            ListenError,
+            check_metrics_path,
+            hold_listen,
+            parse_listen,
+            release_listen,
+        )
 
         if bool(config_dir) != bool(config_names):
             raise click.UsageError("--config.dir and --config.names go together")
@@ -186,10 +222,27 @@ def export_command(
 
             configs = (*configs, *resolve_config_dir(config_dir, config_names))
         sets = resolve_sets(configs)
+        listen_given = click.get_current_context().get_parameter_source("listen") not in (
+            None,
+            click.core.ParameterSource.DEFAULT,
+        )
+        if web_listen is not None and listen_given:
+            raise ListenError(
+                f"--listen {listen} and --web.listen-address {web_listen}: both name where to "
+                "serve; give one"
+            )
         if web_listen is not None:
-            # ebpf_exporter's default form ":9435" means every interface there too
-            listen = "0.0.0.0" + web_listen if web_listen.startswith(":") else web_listen
-        host, port = parse_listen(listen)
+            # ebpf_exporter's form: ":9435" is every interface, IPv4 and IPv6, as in Go
+            address, flag, any_host = web_listen, "--web.listen-address", True
+        else:
+            address, flag, any_host = listen, "--listen", False
+        if address.startswith("fd://"):
+            raise ListenError(
+                f"{flag} {address}: systemd socket activation (fd://) is not supported: give "
+                "HOST:PORT (the unit in deploy/systemd binds the port itself)"
+            )
+        parse_listen(address, flag=flag, any_host=any_host)  # its form, with the flags
+        check_metrics_path(metrics_path)
         web = None
         if web_config_file is not None:
             from kernmlops.exporter.webconfig import load_web_config
@@ -199,15 +252,50 @@ def export_command(
         # The tgid goes to the process filter (it follows forks), not to exp_tgid.
         job = JobFilter(comm=comm, cgroup=cgroup)
         require_bpf_privileges("export")
-        from kernmlops.ebpf.build import build
+        # The port before anything is loaded: a busy one is said at once, not after every
+        # program is attached; held for the server, or, for --check, tested and let go.
+        try:
+            host, port = hold_listen(address, flag=flag, any_host=any_host)
+        except ListenError as err:
+            if check:
+                raise ListenError(
+                    f"{err} (--check tests the port too; {flag} 127.0.0.1:0 checks the sets alone)"
+                ) from None
+            raise
+        try:
+            from kernmlops.ebpf.build import build
 
-        build()
-        _run(
-            sets, job, host, port, check, strict, bpf_stats, max_label_sets, keep, tgid=tgid,
-            web=web, max_connections=max_connections,
-        )  # fmt: skip
+            build()
+            _run(
+                sets, job, host, port, check, strict, bpf_stats, max_label_sets, keep,
+                tgid=tgid, web=web, max_connections=max_connections, metrics_path=metrics_path,
+            )  # fmt: skip
+        finally:
+            release_listen(host, port)  # --check, or no server started: the port goes
     except KernmlopsError as err:
         fail(err)
+
+
+def _refuse_unsupported(debug: bool, btf_path: str | None, skip_cache_size: str | None) -> None:
+    """ebpf_exporter's flags that kernmlops does not implement: one line each, not
+    click's "no such option", and never accepted in silence."""
+    from kernmlops.errors import ConfigError
+
+    if debug:
+        raise ConfigError(
+            "--debug (ebpf_exporter's libbpf debug log and raw /maps page) is not supported "
+            "by kernmlops export: remove it"
+        )
+    if btf_path is not None:
+        raise ConfigError(
+            f"--btf.path {btf_path}: not supported; programs load against the running "
+            "kernel's own BTF (/sys/kernel/btf/vmlinux): remove it"
+        )
+    if skip_cache_size is not None:
+        raise ConfigError(
+            f"--config.skip-cache-size {skip_cache_size}: ebpf_exporter's decoder skip cache "
+            "is not supported by kernmlops export: remove it"
+        )
 
 
 def _list() -> None:
@@ -258,7 +346,7 @@ def _process_tree_filter(tgid: int):
 
 def _run(
     sets, job, host, port, check, strict, bpf_stats, max_label_sets, keep=None, tgid=None,
-    web=None, max_connections=1024,
+    web=None, max_connections=1024, metrics_path="/metrics",
 ) -> None:  # fmt: skip
     from kernmlops.exporter.core import Exporter
     from kernmlops.exporter.server import MetricsServer
@@ -297,17 +385,23 @@ def _run(
                 lines = "\n".join(f"check failed: {p}" for p in problems)
                 _console().print(lines, markup=False, soft_wrap=True)
                 sys.exit(EXIT_CHECK_FAILED)
+            from kernmlops.exporter.server import shown
+
             programs = sum(s.attached for s in statuses)
             _console().print(
-                f"check passed: {len(statuses)} sets loaded, all {programs} programs attached"
+                f"check passed: {len(statuses)} sets loaded, all {programs} programs attached, "
+                f"{shown(host, port)} free to listen on",
+                markup=False,
+                soft_wrap=True,
             )
             return
         if problems:
             raise KernmlopsError("cannot serve:\n  " + "\n  ".join(problems))
         # bound while privileged
         server = MetricsServer(
-            exporter.render, host, port, web_config=web, max_connections=max_connections
-        )
+            exporter.render, host, port, web_config=web, max_connections=max_connections,
+            metrics_path=metrics_path,
+        )  # fmt: skip
         if keep is not None:
             from kernmlops.exporter.caps import drop_capabilities, names
 

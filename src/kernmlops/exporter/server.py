@@ -9,7 +9,9 @@ bounded in time and in number:
 - **a whole-request deadline**: a request must arrive complete within
   ``timeout_s`` of the connection becoming ready for it (a client sending a
   byte a second is closed when the deadline passes, however many bytes it
-  sent); the response must be taken within ``timeout_s`` too;
+  sent); the response must be taken within ``timeout_s`` too. Both count as
+  closed by ``deadline``; a connection that sent no byte of a request in that
+  time (a kept-alive one between scrapes 15 s apart) is counted ``idle``;
 - **a bounded pool, idle ones closed first**: at ``max_connections`` a new
   connection closes the one that has waited longest for a request; only when
   every connection is busy answering is the new one refused (503);
@@ -23,9 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import ipaddress
 import itertools
+import re
 import resource
 import socket
 import sys
@@ -50,21 +54,42 @@ class ListenError(ConfigError):
     """--listen is not HOST:PORT, or the address cannot be bound."""
 
 
-def parse_listen(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) -> (host, port). The host must be
-    given: an empty one would mean every interface."""
+#: a metrics path: characters that need no escaping in a URL or in HTML
+_PATH = re.compile(r"/[A-Za-z0-9._~/-]*")
+
+
+def check_metrics_path(path: str, flag: str = "--web.telemetry-path") -> str:
+    """``path`` if the metrics can be served there (not ``/``, the index page).
+
+    Raises:
+        ConfigError: it cannot.
+    """
+    if path == "/" or not _PATH.fullmatch(path):
+        raise ConfigError(
+            f"{flag} {path!r}: give a path below / of letters, digits and /._~-, e.g. /metrics"
+        )
+    return path
+
+
+def parse_listen(text: str, *, flag: str = "--listen", any_host: bool = False) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) -> (host, port); errors name ``flag``.
+
+    The host must be given, unless ``any_host``: then ``:PORT`` is accepted, as Go's
+    ``net.Listen`` takes it (every interface, IPv4 and IPv6), and the host is ``""``.
+    """
     host, sep, port_text = text.rpartition(":")
     if not sep or not port_text.isdigit():
-        raise ListenError(f"--listen {text!r}: expected HOST:PORT, e.g. {DEFAULT_LISTEN}")
+        example = DEFAULT_LISTEN + (" or :9435" if any_host else "")
+        raise ListenError(f"{flag} {text!r}: expected HOST:PORT, e.g. {example}")
     port = int(port_text)
     if not 0 <= port <= 65535:
-        raise ListenError(f"--listen {text!r}: port {port} is out of range 0-65535")
+        raise ListenError(f"{flag} {text!r}: port {port} is out of range 0-65535")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    if not host:
+    if not host and not any_host:
         raise ListenError(
-            f"--listen {text!r}: give the host, 127.0.0.1:{port} (this machine only) or "
-            f"0.0.0.0:{port} (every interface)"
+            f"{flag} {text!r}: give the host, 127.0.0.1:{port} (this machine only) or "
+            f"[::]:{port} (every interface, IPv4 and IPv6)"
         )
     return host, port
 
@@ -76,24 +101,48 @@ def _family(host: str) -> socket.AddressFamily:
         try:
             infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
         except socket.gaierror as err:
-            raise ListenError(f"--listen: cannot resolve {host!r}: {err.strerror}") from None
+            why = f"cannot listen on {host}: cannot resolve it: {err.strerror}"
+            raise ListenError(why) from None
         return infos[0][0]
+
+
+def shown(host: str, port: int) -> str:
+    """``host``:``port`` as --listen takes it (``[v6]:PORT``, ``:PORT``)."""
+    if not host:
+        return f":{port}"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _listening(host: str, port: int) -> socket.socket:
     """A socket listening on ``host``:``port``, as the server binds it.
 
+    Every interface, as Go's ``net.Listen("tcp", ...)`` takes it: an empty host, or
+    ``::``, is one IPv6 socket that takes IPv4 too (IPV6_V6ONLY off), where the machine
+    has IPv6; an empty host falls back to IPv4 alone where it has not. ``0.0.0.0``
+    names IPv4 and is IPv4 alone (Go would serve IPv6 there too).
+
     Raises:
         ListenError: the address cannot be bound (in use, not this machine's, ...).
     """
     try:
+        if not host or host == "::":
+            if socket.has_dualstack_ipv6():
+                try:
+                    return socket.create_server(
+                        ("::", port), family=socket.AF_INET6, backlog=1024, dualstack_ipv6=True
+                    )
+                except OSError as err:
+                    if host or err.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
+                        raise
+            if not host:  # no IPv6 here: every IPv4 interface
+                return socket.create_server(("0.0.0.0", port), backlog=1024)
         return socket.create_server(
             (host, port), family=_family(host), backlog=1024, reuse_port=False
         )
     except OSError as err:
         # create_server adds "(while attempting to bind on address ...)": the line has it
         reason = (err.strerror or str(err)).split(" (while attempting")[0]
-        raise ListenError(f"cannot listen on {host}:{port}: {reason}") from None
+        raise ListenError(f"cannot listen on {shown(host, port)}: {reason}") from None
 
 
 #: sockets bound ahead of their server (hold_listen), by the address asked for
@@ -101,19 +150,30 @@ _held: dict[tuple[str, int], socket.socket] = {}
 _held_lock = threading.Lock()
 
 
-def hold_listen(text: str) -> None:
+def hold_listen(text: str, *, flag: str = "--listen", any_host: bool = False) -> tuple[str, int]:
     """Bind ``HOST:PORT`` now and keep it for the :class:`MetricsServer` that asks for
-    that address later in this process: ``collect --export`` refuses a busy port
-    before it sets anything up, and no other process can take the port while the
-    probes attach (connections wait in the backlog until the server serves them).
+    that address later in this process: ``collect --export`` and ``export`` refuse a
+    busy port before they set anything up, and no other process can take the port
+    while the probes attach (connections wait in the backlog until the server serves
+    them). Returns the (host, port) to give the server; ``flag`` and ``any_host`` are
+    :func:`parse_listen`'s.
 
     Raises:
         ListenError: ``text`` is not HOST:PORT, or the address cannot be bound.
     """
-    host, port = parse_listen(text)
+    host, port = parse_listen(text, flag=flag, any_host=any_host)
     with _held_lock:
         if (host, port) not in _held:
             _held[(host, port)] = _listening(host, port)
+    return host, port
+
+
+def release_listen(host: str, port: int) -> None:
+    """Close the socket :func:`hold_listen` keeps for this address, if it still does."""
+    with _held_lock:
+        held = _held.pop((host, port), None)
+    if held is not None:
+        held.close()
 
 
 def _bound(host: str, port: int) -> socket.socket:
@@ -194,8 +254,10 @@ class ServerStats:
 
     open: int = 0
     responses: dict[int, int] = field(default_factory=dict)
-    #: connections closed by the server: deadline, evicted (idle, to make room),
-    #: refused (full of busy ones), bad_request
+    #: connections closed by the server: deadline (a request begun and not complete in
+    #: time, or a response not taken), idle (no request within the timeout: a kept-alive
+    #: connection between scrapes), evicted (idle, to make room), refused (full of busy
+    #: ones), bad_request
     closed: dict[str, int] = field(default_factory=dict)
 
     def text(self) -> bytes:
@@ -218,13 +280,23 @@ class ServerStats:
             resp.add_metric([str(code)], float(n))
         closed = CounterMetricFamily(
             f"{prefix}_connections_closed",
-            "connections the server closed: deadline (request not complete in time), "
-            "evicted (idle, to make room), refused (every slot busy), bad_request",
+            "connections the server closed: deadline (a request begun and not complete in "
+            "time, or its response not taken in time), idle (no request began within the "
+            "timeout, e.g. a kept-alive connection between scrapes), evicted (idle, to make "
+            "room), refused (every slot busy), bad_request",
             labels=["reason"],
         )
-        for reason in ("deadline", "evicted", "refused", "bad_request"):
+        for reason in CLOSE_REASONS:
             closed.add_metric([reason], float(self.closed.get(reason, 0)))
         return [conns, resp, closed]
+
+
+#: why the server closes a connection (ServerStats.closed's keys)
+CLOSE_REASONS = ("deadline", "idle", "evicted", "refused", "bad_request")
+
+
+class _Idle(Exception):
+    """No byte of a request arrived within the timeout (not a slow request)."""
 
 
 #: A connection this young whose request waits unread is not evicted: a real
@@ -253,7 +325,7 @@ class _Conn:
 
 
 class MetricsServer:
-    """Serves ``render()`` at /metrics (and a pointer to it at /).
+    """Serves ``render()`` at ``metrics_path`` (/metrics; and a pointer to it at /).
 
     ``timeout_s``: the whole-request deadline (and the response's);
     ``max_connections``: connections held at once, idle ones closed first;
@@ -268,8 +340,11 @@ class MetricsServer:
         timeout_s: float = REQUEST_TIMEOUT_S,
         max_connections: int = MAX_CONNECTIONS,
         web_config: WebConfig | None = None,
+        metrics_path: str = "/metrics",
     ):
         self._render_fn = render
+        self.metrics_path = check_metrics_path(metrics_path)
+        self._path = metrics_path.encode()
         self.timeout_s = timeout_s
         self.max_connections = max(1, min(max_connections, raise_fd_limit() - _FD_RESERVE))
         self.web = web_config or WebConfig()
@@ -278,7 +353,8 @@ class MetricsServer:
         self.stats = ServerStats()
         # bound here (or by hold_listen, earlier), while the caller may still be privileged
         self._sock = _bound(host, port)
-        self.host = host
+        # every interface (an empty host): the address bound, "::" or "0.0.0.0"
+        self.host = host or self._sock.getsockname()[0]
         self.port = self._sock.getsockname()[1]
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -293,7 +369,7 @@ class MetricsServer:
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{self.web.scheme}://{host}:{self.port}/metrics"
+        return f"{self.web.scheme}://{host}:{self.port}{self.metrics_path}"
 
     def start(self) -> MetricsServer:
         ready = threading.Event()
@@ -357,6 +433,8 @@ class MetricsServer:
         self.stats.open = len(self._conns)
         try:
             await self._serve(conn, reader, writer)
+        except _Idle:
+            self._count_closed("idle")
         except TimeoutError:
             self._count_closed("deadline")
         except asyncio.CancelledError:
@@ -418,6 +496,9 @@ class MetricsServer:
         # one deadline from accept: the TLS handshake and the first request within it
         deadline = loop.time() + self.timeout_s
         if self.web.ssl_context is not None:
+            if await self._plain_http(writer, deadline):
+                await self._tell_plain_http(reader, writer, deadline)
+                return
             async with asyncio.timeout_at(deadline):
                 await writer.start_tls(self.web.ssl_context)
         http = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_HEAD_BYTES)
@@ -427,6 +508,10 @@ class MetricsServer:
             try:
                 async with asyncio.timeout_at(deadline):  # the whole request, not per byte
                     request = await self._read_request(http, reader)
+            except TimeoutError:
+                if http.their_state is h11.IDLE and not http.trailing_data[0]:
+                    raise _Idle from None  # not a byte of a request: waiting, not slow
+                raise
             except h11.RemoteProtocolError as err:
                 self._count_closed("bad_request")
                 await self._send_error(http, writer, err.error_status_hint)
@@ -439,6 +524,55 @@ class MetricsServer:
                 return
             http.start_next_cycle()
             deadline = loop.time() + self.timeout_s
+
+    async def _plain_http(self, writer: asyncio.StreamWriter, deadline: float) -> bool:
+        """Whether the client's first bytes, on the TLS port, are plain HTTP (a letter:
+        a TLS record begins with its type, 0x14-0x18, or 0x80 for SSLv2's hello). They
+        are peeked at, not read: the TLS layer reads them next. :class:`_Idle` when no
+        byte came within the deadline."""
+        loop = asyncio.get_running_loop()
+        sock = writer.get_extra_info("socket")
+        if sock is None:
+            return False
+        writer.transport.pause_reading()  # start_tls resumes it
+        # a descriptor of our own to wait on: asyncio keeps the transport's for itself
+        with sock.dup() as peek:
+            ready = loop.create_future()
+            loop.add_reader(peek.fileno(), lambda: ready.done() or ready.set_result(None))
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await ready
+            except TimeoutError:
+                raise _Idle from None
+            finally:
+                loop.remove_reader(peek.fileno())
+            try:
+                first = peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return False
+        return first.isalpha()
+
+    async def _tell_plain_http(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, deadline: float
+    ) -> None:
+        """Answer plain HTTP on the TLS port as Go's servers do (400, and why), after
+        reading the request's head: a close with unread bytes would reset the
+        connection, and the client lose the answer."""
+        writer.transport.resume_reading()
+        with contextlib.suppress(
+            TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError
+        ):
+            async with asyncio.timeout_at(deadline):
+                await reader.readuntil(b"\r\n\r\n")
+        body = b"Client sent an HTTP request to an HTTPS server.\n"
+        writer.write(
+            b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
+        )
+        self._count_response(400)
+        self._count_closed("bad_request")
+        async with asyncio.timeout(self.timeout_s):
+            await writer.drain()
 
     async def _read_request(
         self, http: h11.Connection, reader: asyncio.StreamReader
@@ -474,7 +608,7 @@ class MetricsServer:
             await self._send(http, writer, 401, b"Unauthorized\n", challenge)
             return
         head = request.method == b"HEAD"
-        if path == b"/metrics":
+        if path == self._path:
             started = time.monotonic()
             try:
                 body = await self._rendered()
@@ -487,10 +621,10 @@ class MetricsServer:
             await self._send(http, writer, 200, body, [(b"Content-Type", ctype)], head=head)
             self.scrapes.served(started)
         elif path == b"/":
-            page = b'<html><body><a href="/metrics">metrics</a></body></html>\n'
+            page = b'<html><body><a href="%s">metrics</a></body></html>\n' % self._path
             await self._send(http, writer, 200, page, [(b"Content-Type", b"text/html")], head=head)
         else:
-            await self._send(http, writer, 404, b"not found: try /metrics\n")
+            await self._send(http, writer, 404, b"not found: try %s\n" % self._path)
 
     async def _authorized(self, header: bytes | None) -> bool:
         assert self._auth is not None

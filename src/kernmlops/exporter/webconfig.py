@@ -1,5 +1,5 @@
 """``--web.config.file``: TLS and basic auth in the format of the Prometheus
-exporter-toolkit (the file node_exporter and ebpf_exporter take)::
+exporter-toolkit (the file node_exporter takes; ebpf_exporter has none)::
 
     tls_server_config:
       cert_file: server.crt          # relative to this file's folder
@@ -183,17 +183,7 @@ def _ssl_context(tls: TlsServerConfig | None, base: Path, where: str) -> ssl.SSL
     if tls.max_version:
         ctx.maximum_version = _TLS_VERSIONS[tls.max_version]
     cert, key = (_resolve(base, f) for f in (tls.cert_file, tls.key_file))
-    try:
-        ctx.load_cert_chain(cert, key)
-    except FileNotFoundError as err:
-        # ssl's error names no file (filename None): the first one missing is the one
-        missing = next((p for p in (cert, key) if not p.exists()), err.filename or cert)
-        raise WebConfigError(f"{where}: tls_server_config: no file {missing}") from None
-    except (ssl.SSLError, OSError) as err:
-        reason = getattr(err, "reason", None) or err.strerror or str(err)
-        raise WebConfigError(
-            f"{where}: tls_server_config: cannot load {cert} with {key}: {reason}"
-        ) from None
+    _load_pair(ctx, cert, key, f"{where}: tls_server_config")
     mode = _CLIENT_AUTH[tls.client_auth_type]
     if tls.client_ca_file:
         ca = _resolve(base, tls.client_ca_file)
@@ -211,6 +201,52 @@ def _ssl_context(tls: TlsServerConfig | None, base: Path, where: str) -> ssl.SSL
         )
     ctx.verify_mode = mode
     return ctx
+
+
+class _Encrypted(Exception):
+    """The key asked for a passphrase."""
+
+
+def _no_passphrase() -> str:
+    raise _Encrypted
+
+
+def _load_pair(ctx: ssl.SSLContext, cert: Path, key: Path, where: str) -> None:
+    """Load ``cert`` and ``key`` into ``ctx``, or say which file is wrong and how:
+    OpenSSL's own error ("[SSL] PEM lib") names neither file nor what is wrong."""
+    for path, field in ((cert, "cert_file"), (key, "key_file")):
+        try:
+            path.open("rb").close()
+        except FileNotFoundError:
+            raise WebConfigError(f"{where}: no file {path}") from None
+        except OSError as err:
+            raise WebConfigError(f"{where}.{field} {path}: {err.strerror or err}") from None
+    try:  # the certificates alone, in a context of their own
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_verify_locations(cafile=cert)
+    except ssl.SSLError:
+        raise WebConfigError(
+            f"{where}.cert_file {cert}: cannot be read as a PEM certificate "
+            "(-----BEGIN CERTIFICATE-----)"
+        ) from None
+    try:
+        ctx.load_cert_chain(cert, key, password=_no_passphrase)
+    except _Encrypted:
+        raise WebConfigError(
+            f"{where}.key_file {key}: the key is encrypted (it asks for a passphrase): give "
+            "it unencrypted (openssl pkey -in KEY -out KEY.plain)"
+        ) from None
+    except ssl.SSLError as err:
+        if err.reason == "KEY_VALUES_MISMATCH":
+            raise WebConfigError(
+                f"{where}: {cert} and {key} do not form a pair: the key is not the certificate's"
+            ) from None
+        if err.reason is None:  # "PEM lib": the certificate was read above, the key not
+            raise WebConfigError(
+                f"{where}.key_file {key}: cannot be read as a PEM private key"
+            ) from None
+        raise WebConfigError(
+            f"{where}: cannot load {cert} with {key}: {err.reason.replace('_', ' ').lower()}"
+        ) from None
 
 
 def _resolve(base: Path, name: str) -> Path:
