@@ -209,3 +209,26 @@ def test_plain_http_to_the_tls_port_is_told_so_as_go_tells_it(pki: Path, tmp_pat
             silent.close()
         assert server.stats.responses == {400: 2, 200: 2}
         assert server.stats.closed == {"bad_request": 2, "idle": 1}
+
+
+def test_wrong_passwords_never_evict_a_header_that_passed() -> None:
+    # 300 distinct wrong passwords (more than the cache holds) once evicted the
+    # scraper's good header: its next scrape waited behind their bcrypt checks
+    from kernmlops.exporter.webconfig import BasicAuth
+
+    def header(password: str) -> str:
+        return "Basic " + base64.b64encode(f"prom:{password}".encode()).decode()
+
+    auth = BasicAuth((("prom", _hash("s3cret").encode()),), cache_size=8)
+    good = header("s3cret")
+    assert auth.cached(good) is None and auth.check(good) is True
+    calls = []
+    verify = auth._verify
+    auth._verify = lambda h: calls.append(h) or verify(h)  # type: ignore[method-assign]
+    for i in range(20):
+        assert auth.check(header(f"wrong-{i}")) is False
+    assert len(calls) == 20  # each checked by bcrypt once
+    assert auth.cached(good) is True and auth.check(good) is True
+    assert len(calls) == 20  # the good header: from the cache, no bcrypt
+    assert auth.check(header("wrong-19")) is False and len(calls) == 20  # a recent failure too
+    assert auth.cached(header("wrong-0")) is None  # the oldest failures make room

@@ -261,8 +261,11 @@ class BasicAuth:
     bcrypt costs tens of milliseconds by design; a scraper sends the same
     header every time, so each distinct header's verdict is remembered (keyed
     by a digest, never the password), bounded, as exporter-toolkit caches its
-    checks. Unknown users are checked against a dummy hash, so that a reply's
-    time does not tell which users exist."""
+    checks. Headers that passed and headers that failed are remembered apart:
+    a flood of distinct wrong passwords evicts only other failures, and a
+    scraper whose header passed once is answered without waiting for bcrypt.
+    Unknown users are checked against a dummy hash, so that a reply's time does
+    not tell which users exist."""
 
     def __init__(self, users: tuple[tuple[str, bytes], ...], cache_size: int = 256) -> None:
         import bcrypt  # only when a file configures users
@@ -270,7 +273,11 @@ class BasicAuth:
         self._bcrypt = bcrypt
         self._users = dict(users)
         self._dummy = bcrypt.hashpw(b"not a password", bcrypt.gensalt(rounds=10))
-        self._cache: OrderedDict[bytes, bool] = OrderedDict()
+        # passed, failed: each bounded, the oldest first
+        self._cache: dict[bool, OrderedDict[bytes, None]] = {
+            True: OrderedDict(),
+            False: OrderedDict(),
+        }
         self._size = cache_size
         self._lock = threading.Lock()
 
@@ -278,8 +285,12 @@ class BasicAuth:
         """The remembered verdict for this header, None when it must be checked."""
         if header is None:
             return False
+        key = self._digest(header)
         with self._lock:
-            return self._cache.get(self._digest(header))
+            for verdict, seen in self._cache.items():
+                if key in seen:
+                    return verdict
+        return None
 
     def check(self, header: str | None) -> bool:
         """Verify (slow: run it off the event loop) and remember the verdict."""
@@ -290,9 +301,10 @@ class BasicAuth:
             return found
         ok = self._verify(header)
         with self._lock:
-            self._cache[self._digest(header)] = ok
-            while len(self._cache) > self._size:
-                self._cache.popitem(last=False)
+            seen = self._cache[ok]
+            seen[self._digest(header)] = None
+            while len(seen) > self._size:
+                seen.popitem(last=False)
         return ok
 
     def _verify(self, header: str) -> bool:
