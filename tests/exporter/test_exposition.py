@@ -414,3 +414,22 @@ def test_scrapes_total_counts_renders_and_says_so() -> None:
     assert scrapes.samples[0].value == len(calls) < len(bodies) == 9
     responses = families["kernmlops_exporter_http_responses"].samples
     assert [s.value for s in responses if s.labels == {"code": "200"}] == [8]  # before this one
+
+
+def test_build_info_names_the_version_python_and_kernel() -> None:
+    import os
+    import platform
+    from importlib.metadata import version
+
+    from kernmlops.exporter.core import Exporter
+
+    exporter = Exporter([])
+    exporter.start()
+    families = {f.name: f for f in text_string_to_metric_families(exporter.render().decode())}
+    (sample,) = families["kernmlops_exporter_build_info"].samples
+    assert families["kernmlops_exporter_build_info"].type == "gauge" and sample.value == 1
+    assert sample.labels == {
+        "version": version("kernmlops"),
+        "pythonversion": platform.python_version(),
+        "kernel": os.uname().release,
+    }

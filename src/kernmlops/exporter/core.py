@@ -816,4 +816,20 @@ class Exporter:
             "time this scrape took to read and decode the maps",
         )
         duration.add_metric([], elapsed_s)
-        return [*out, stats, scrapes, duration]
+        return [*out, stats, scrapes, duration, _build_info()]
+
+
+def _build_info() -> GaugeMetricFamily:
+    """``kernmlops_exporter_build_info`` 1, labelled with what was built and where it
+    runs (Prometheus exporters' ``*_build_info``, with Python in Go's place)."""
+    import platform
+
+    import kernmlops
+
+    info = GaugeMetricFamily(
+        f"{SELF}_build_info",
+        "1, labelled with the kernmlops version, the Python version and the kernel release",
+        labels=["version", "pythonversion", "kernel"],
+    )
+    info.add_metric([kernmlops.__version__, platform.python_version(), platform.release()], 1.0)
+    return info
