@@ -329,3 +329,50 @@ def test_the_metrics_are_served_at_the_telemetry_path_given() -> None:
     for bad in ("/", "metrics", "/a b", "/m?x=1", "/%41"):
         with pytest.raises(ConfigError, match=rf"^--web.telemetry-path {re.escape(repr(bad))}:"):
             MetricsServer(lambda: BODY, "127.0.0.1", 0, metrics_path=bad)
+
+
+@pytest.mark.parametrize(
+    ("header", "gzipped"),
+    [
+        (b"gzip", True),
+        (b"deflate, GZIP;q=0.5", True),
+        (b"identity, *", True),
+        (b"gzip;q=0", False),
+        (b"*;q=0.1, gzip;q=0", False),
+        (b"deflate", False),
+        (b"", False),
+        (b"gzip;q=x", False),
+    ],
+)
+def test_accept_encoding_is_read_as_rfc_9110_says(header: bytes, gzipped: bool) -> None:
+    from kernmlops.exporter.server import accepts_gzip
+
+    assert accepts_gzip(header) is gzipped
+
+
+def test_a_scraper_that_takes_gzip_gets_the_same_page_gzipped() -> None:
+    import gzip
+
+    page = b"".join(b'x_total{n="%d"} %d\n' % (i, i) for i in range(20_000))
+
+    def get(port: int, encoding: str | None) -> tuple[dict[str, str], bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        try:
+            asked = {"Accept-Encoding": encoding} if encoding else {}
+            conn.request("GET", "/metrics", headers=asked)
+            resp = conn.getresponse()
+            return {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+        finally:
+            conn.close()
+
+    with MetricsServer(lambda: page, "127.0.0.1", 0) as server:
+        plain_headers, plain = get(server.port, None)
+        zipped_headers, zipped = get(server.port, "gzip")
+        refused_headers, refused = get(server.port, "gzip;q=0")
+    assert "content-encoding" not in plain_headers and plain.startswith(page)
+    assert zipped_headers["content-encoding"] == "gzip"
+    assert int(zipped_headers["content-length"]) == len(zipped) < len(page) // 3
+    # the server's own lines after the page differ from scrape to scrape
+    assert gzip.decompress(zipped).startswith(page)
+    assert "content-encoding" not in refused_headers and refused.startswith(page)
+    assert plain_headers["vary"] == zipped_headers["vary"] == "Accept-Encoding"

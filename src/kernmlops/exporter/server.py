@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import errno
 import fcntl
+import gzip
 import ipaddress
 import itertools
 import re
@@ -181,6 +182,27 @@ def _bound(host: str, port: int) -> socket.socket:
     with _held_lock:
         held = _held.pop((host, port), None)
     return held if held is not None else _listening(host, port)
+
+
+def accepts_gzip(value: bytes) -> bool:
+    """Whether an Accept-Encoding header value takes gzip: ``gzip`` (or ``x-gzip``)
+    with a q above 0, else ``*`` with a q above 0 (RFC 9110, case-insensitive)."""
+    qs: dict[str, float] = {}
+    for item in value.decode("latin-1").lower().split(","):
+        coding, _, params = item.strip().partition(";")
+        q = 1.0
+        for param in params.split(";"):
+            name, _, v = param.strip().partition("=")
+            if name.strip() == "q":
+                try:
+                    q = float(v)
+                except ValueError:
+                    q = 0.0
+        qs[coding.strip()] = q
+    for coding in ("gzip", "x-gzip", "*"):
+        if coding in qs:
+            return qs[coding] > 0
+    return False
 
 
 #: Seconds a request may take to arrive whole, and a response to be taken; also
@@ -617,8 +639,14 @@ class MetricsServer:
                 await self._send(http, writer, 500, f"scrape failed: {err}\n".encode())
                 return
             body += self.stats.text()
-            ctype = CONTENT_TYPE_PLAIN_0_0_4.encode()
-            await self._send(http, writer, 200, body, [(b"Content-Type", ctype)], head=head)
+            extra = [(b"Content-Type", CONTENT_TYPE_PLAIN_0_0_4.encode())]
+            extra.append((b"Vary", b"Accept-Encoding"))
+            if accepts_gzip(headers.get(b"accept-encoding", b"")):
+                # Prometheus asks for it: a page of many series shrinks several-fold
+                loop = asyncio.get_running_loop()
+                body = await loop.run_in_executor(None, gzip.compress, body, 1)
+                extra.append((b"Content-Encoding", b"gzip"))
+            await self._send(http, writer, 200, body, extra, head=head)
             self.scrapes.served(started)
         elif path == b"/":
             page = b'<html><body><a href="%s">metrics</a></body></html>\n' % self._path
