@@ -5,6 +5,8 @@ auth."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import socket
 import ssl
@@ -13,6 +15,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,35 +44,84 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def usage_us(cgroup: Path) -> int:
+    """A cgroup's CPU time, its cpu.stat's usage_usec: the scheduler's own account."""
+    stat = dict(line.split() for line in (cgroup / "cpu.stat").read_text().splitlines())
+    return int(stat["usage_usec"])
+
+
+@contextmanager
+def scratch_cgroup(name: str) -> Iterator[Path]:
+    """A cgroup v2 folder of the test's own (``name``-PID at the hierarchy's root),
+    removed at the end with any it holds."""
+    from kernmlops.exporter.decoders import cgroup2_mount
+
+    mount = cgroup2_mount()
+    assert mount is not None, "the test needs a cgroup v2 hierarchy"
+    root = mount / f"{name}-{os.getpid()}"
+    root.mkdir()
+    try:
+        yield root
+    finally:
+        for _ in range(50):  # a member's exit is reaped asynchronously
+            with contextlib.suppress(OSError):
+                for sub in root.iterdir():
+                    if sub.is_dir():
+                        sub.rmdir()
+                root.rmdir()
+                break
+            time.sleep(0.1)
+
+
+def wait_serving(proc: subprocess.Popen, url: str, log: Path, timeout: float = 90) -> bytes:
+    """The first page ``proc`` serves at ``url`` (an exporter's start takes seconds)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError(f"exporter exited {proc.returncode}: {log.read_text()}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                return resp.read()
+        except OSError:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"not serving at {url}: {log.read_text()}") from None
+            time.sleep(0.2)
+
+
+def stop(proc: subprocess.Popen, timeout: float = 20) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within ``timeout`` s; reaped."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextmanager
+def exporter_process(log: Path, *args: str) -> Iterator[subprocess.Popen]:
+    """``python -m kernmlops.exporter ARGS``, its output in ``log``; stopped at the end."""
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kernmlops.exporter", *args],
+            stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        yield proc
+    finally:
+        stop(proc)
+
+
 @pytest.fixture(scope="module")  # gone before another module counts the programs in the kernel
 def live_exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveExporter]:
     port = free_port()
     log = tmp_path_factory.mktemp("live-exporter") / "exporter.log"
-    args = [sys.executable, "-m", "kernmlops.exporter", "--listen", f"127.0.0.1:{port}"]
-    args += [x for s in LIVE_SETS for x in ("-c", s)]
-    with log.open("w") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
-    live = LiveExporter(proc, port)
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None:
-                raise AssertionError(f"exporter exited {proc.returncode}: {log.read_text()}")
-            try:
-                urllib.request.urlopen(live.url, timeout=2).read()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"exporter not serving: {log.read_text()}") from None
-                time.sleep(0.2)
+    args = ["--listen", f"127.0.0.1:{port}", *(x for s in LIVE_SETS for x in ("-c", s))]
+    with exporter_process(log, *args) as proc:
+        live = LiveExporter(proc, port)
+        wait_serving(proc, live.url, log)
         yield live
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _openssl(*args: str | Path) -> None:

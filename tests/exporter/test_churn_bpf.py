@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kernmlops.exporter.config import resolve_sets
 from kernmlops.exporter.core import Exporter
-from kernmlops.exporter.decoders import cgroup2_mount
+from tests.exporter.conftest import scratch_cgroup, usage_us
 
 pytestmark = pytest.mark.bpf
 
@@ -195,29 +195,10 @@ def _asleep(pid: int) -> None:
     time.sleep(0.02)
 
 
-def _usage_us(cgroup: Path) -> int:
-    stat = dict(line.split() for line in (cgroup / "cpu.stat").read_text().splitlines())
-    return int(stat["usage_usec"])
-
-
 @pytest.fixture
 def churn_root() -> Iterator[Path]:
-    mount = cgroup2_mount()
-    assert mount is not None, "the test needs a cgroup v2 hierarchy"
-    root = mount / f"kmo-churn-{os.getpid()}"
-    root.mkdir()
-    try:
+    with scratch_cgroup("kmo-churn") as root:
         yield root
-    finally:
-        for _ in range(50):  # the child's exit is reaped asynchronously
-            for sub in root.iterdir():
-                if sub.is_dir():
-                    sub.rmdir()
-            try:
-                root.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
 
 
 @pytest.mark.parametrize("exporter", ["oncpu"], indirect=True)
@@ -247,7 +228,7 @@ def test_oncpu_counts_new_cgroups_after_more_than_the_map_holds(
             child.stdin.flush()
             assert child.stdout.readline() == b"burnt\n"
             _asleep(child.pid)
-            used[f"/{churn_root.name}/{cgroup.name}"] = _usage_us(cgroup)
+            used[f"/{churn_root.name}/{cgroup.name}"] = usage_us(cgroup)
         (churn_root / "cgroup.procs").write_text(str(child.pid))
     finally:
         child.stdin.close()
@@ -256,9 +237,9 @@ def test_oncpu_counts_new_cgroups_after_more_than_the_map_holds(
     got = {
         dict(k)["cgroup"]: v for k, v in _series(text, "kernmlops_cgroup_cpu_seconds_total").items()
     }
-    for label, usage_us in used.items():
-        assert usage_us >= 5000
-        assert got[label] * 1e6 == pytest.approx(usage_us, abs=2), label
+    for label, cpu_us in used.items():
+        assert cpu_us >= 5000
+        assert got[label] * 1e6 == pytest.approx(cpu_us, abs=2), label
     prefix = f"/{churn_root.name}/c"
     churned = {c for c in got if c.startswith(prefix)}
     assert f"{prefix}{churn - 1}" in churned and len(churned) < churn
@@ -290,7 +271,7 @@ def test_oncpu_keeps_the_cpu_time_of_a_removed_cgroup(exporter: Exporter, churn_
             _asleep(child.pid)
             if name == "seen":
                 exporter.render()  # a scrape while it is there
-            used[name] = _usage_us(cgroup)
+            used[name] = usage_us(cgroup)
             (churn_root / "cgroup.procs").write_text(str(child.pid))
             cgroup.rmdir()
     finally:

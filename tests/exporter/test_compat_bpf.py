@@ -10,7 +10,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -27,6 +26,7 @@ from kernmlops.exporter.cli import export_command
 from kernmlops.exporter.config import resolve_sets
 from kernmlops.exporter.core import Exporter
 from kernmlops.host.cpus import online_cpus
+from tests.exporter.conftest import free_port
 
 pytestmark = pytest.mark.bpf
 
@@ -293,17 +293,11 @@ def test_hardware_perf_event_where_the_pmu_has_it() -> None:
     assert "PMU" in lines[0]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize(("keep", "mask"), [("none", 0), ("cap_syslog,cap_bpf", 1 << 34 | 1 << 39)])
 def test_capabilities_dropped_after_attach(keep: str, mask: int) -> None:
     """--capabilities.keep: every thread of the serving exporter holds only what
     was kept (/proc/PID/task/*/status CapEff and CapPrm), and it still serves."""
-    port = _free_port()
+    port = free_port()
     cmd = [
         sys.executable, "-m", "kernmlops.exporter", "--config.dir", str(CONFIGS),
         "--config.names", "write-sizes", "--web.listen-address", f"127.0.0.1:{port}",
@@ -395,7 +389,7 @@ def test_ksym_labels_served_or_warned() -> None:
         if name == "ebpf_exporter_test_timer_expirations_total"
     }
     assert functions and set(functions) <= _text_symbols(), functions
-    port = _free_port()
+    port = free_port()
     listen = ["--web.listen-address", f"127.0.0.1:{port}"]
     proc = subprocess.Popen([*NO_SYSLOG, *TIMERS, *listen], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)  # fmt: skip

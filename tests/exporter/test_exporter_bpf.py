@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kernmlops.exporter.decoders import cgroup2_mount
+from tests.exporter.conftest import free_port, scratch_cgroup, stop, usage_us, wait_serving
 
 pytestmark = pytest.mark.bpf
 
@@ -29,12 +28,6 @@ HERE = Path(__file__).resolve().parent
 JOB = "kmo-expjob"  # the workload's name, which the exporter filters on
 WRITES, SLEEPS, GETPPIDS, ENOENTS, PAGES, MOVES, BURN_MS = 64, 100, 777, 33, 300, 20, 300
 SETS = ["biolatency", "runqlat", "syscalls", "pagefaults", "migrations", "oncpu"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get(url: str, timeout: float = 10) -> str:
@@ -85,39 +78,14 @@ def programs_of(pid: int) -> set[int]:
     return ids
 
 
-def wait_serving(proc: subprocess.Popen, url: str, log: Path, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"exporter exited {proc.returncode}: {log.read_text()}")
-        try:
-            get(url, timeout=2)
-            return
-        except OSError:
-            time.sleep(0.2)
-    raise AssertionError(f"exporter did not serve within {timeout} s: {log.read_text()}")
-
-
 @pytest.fixture
 def job_cgroup() -> Iterator[Path]:
-    mount = cgroup2_mount()
-    assert mount is not None, "the test needs a cgroup v2 hierarchy"
-    path = mount / f"kmo-exporter-test-{os.getpid()}"
-    path.mkdir()
-    try:
+    with scratch_cgroup("kmo-exporter-test") as path:
         yield path
-    finally:
-        for _ in range(50):  # the workload's exit is reaped asynchronously
-            try:
-                path.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
 
 
 def usage_s(cgroup: Path) -> float:
-    stat = dict(line.split() for line in (cgroup / "cpu.stat").read_text().splitlines())
-    return int(stat["usage_usec"]) / 1e6
+    return usage_us(cgroup) / 1e6
 
 
 def query(prom: str, expr: str, timeout: float = 40) -> list[dict]:
@@ -270,13 +238,7 @@ def test_exporter_counts_a_known_job_and_prometheus_scrapes_it(
         assert not loaded & exp_programs()
     finally:
         for proc in started:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop(proc, timeout=10)
         shutil.rmtree(data_dir, ignore_errors=True)
         for fh in logs:
             fh.close()

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from kernmlops.exporter.decoders import cgroup2_mount
-from tests.exporter.test_exporter_bpf import free_port, get, parse, total, wait_serving
+from tests.exporter.conftest import free_port, wait_serving
+from tests.exporter.test_exporter_bpf import get, parse, total
 
 pytestmark = pytest.mark.bpf
 

@@ -28,6 +28,7 @@ from tests.graphs.conftest import (
     synthetic_tables,
     write_collection,
 )
+from tests.rows import TASK_PERF_RECORD
 
 
 @pytest.fixture(scope="module")
@@ -116,12 +117,7 @@ def test_task_perf_tables_are_summarised_by_their_counts(tmp_path: Path) -> None
     # enabled and running times (seconds, in µs) are no statistic of the workload.
     counts = [10] * 6 + [20] * 4 + [1000]
     n = len(counts)
-    dt = np.dtype(
-        [("ts_uptime_us", "<u8"), ("count", "<u8", (8,)), ("cumulative", "<u8", (8,)),
-         ("enabled_ns", "<u8", (8,)), ("running_ns", "<u8", (8,)), ("cpu", "<u4"),
-         ("pid", "<u4"), ("tgid", "<u4"), ("out_pid", "<u4"), ("out_tgid", "<u4"),
-         ("charge_task", "u1"), ("charge_out", "u1")]
-    )  # fmt: skip
+    dt = TASK_PERF_RECORD
     recs = np.zeros(n, dt)
     recs["ts_uptime_us"] = 5_000_000_000 + np.arange(n) * 1000
     recs["count"][:, 0], recs["count"][:, 1] = counts, 7

@@ -22,7 +22,7 @@ from kernmlops.hooks.task_perf import (
     table_name,
 )
 from tests.hooks.conftest import build_c
-from tests.rows import polled
+from tests.rows import TASK_PERF_RECORD, polled
 
 PAGES = 30_000
 
@@ -83,12 +83,7 @@ def test_options_refuse_too_many_events_and_colliding_names() -> None:
 
 
 def _records(rows: list[dict[str, object]]) -> np.ndarray:
-    dt = np.dtype(
-        [("ts_uptime_us", "<u8"), ("count", "<u8", (8,)), ("cumulative", "<u8", (8,)),
-         ("enabled_ns", "<u8", (8,)), ("running_ns", "<u8", (8,)), ("cpu", "<u4"),
-         ("pid", "<u4"), ("tgid", "<u4"), ("out_pid", "<u4"), ("out_tgid", "<u4"),
-         ("charge_task", "u1"), ("charge_out", "u1")]
-    )  # fmt: skip
+    dt = TASK_PERF_RECORD
     out = np.zeros(len(rows), dt)
     for i, row in enumerate(rows):
         for key, value in row.items():
