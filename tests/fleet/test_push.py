@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -198,10 +199,12 @@ def test_an_interrupted_push_resumes(
 
 def test_what_may_not_be_published_is_refused_with_the_reason(tmp_path: Path, fleet: Path) -> None:
     root = tmp_path / "other"
-    # a collector still running (its process has kernmlops in its command line)
+    # a collector still running (its process has kernmlops in its command line, and
+    # began before the collection did)
     alive = subprocess.Popen(["sh", "-c", "sleep 60", "kernmlops"])
     try:
-        make_collection(root, "live", state="running", collector_pid=alive.pid)
+        now = datetime.now(UTC).isoformat()
+        make_collection(root, "live", state="running", collector_pid=alive.pid, started_at=now)
         spooled = make_collection(root, "spooled", state="running", collector_pid=None)
         (spooled / ".spool").mkdir()
         (spooled / ".spool" / "quanta_switch.00000.ring").write_bytes(b"\0" * 64)

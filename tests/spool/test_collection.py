@@ -23,6 +23,43 @@ def test_the_id_and_pid_are_read_as_the_manifest_writes_them(tmp_path: Path) -> 
     assert pid is None or pid == os.getpid()
 
 
+def test_a_kernmlops_process_that_began_after_the_collection_is_not_its_collector(
+    tmp_path: Path,
+) -> None:
+    # a dead collector's pid taken by another kernmlops process (after a reboot, or
+    # pids wrapping) read as "still being collected": push and recover refused
+    import subprocess
+    import sys
+    import time
+    from datetime import UTC, datetime, timedelta
+
+    from kernmlops.spool.collection import process_start
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "kernmlops"])
+    try:
+        time.sleep(0.3)  # its command line is set
+        began = process_start(other.pid)
+        assert began is not None and abs(began - time.time()) < 5  # against the wall clock
+        now = datetime.now(UTC)
+        for started, alive in (
+            (now - timedelta(hours=1), False),
+            (now + timedelta(seconds=30), True),
+        ):
+            at = started.isoformat()
+            m = Manifest(
+                collection_id="c1", state="running", collector_pid=other.pid, started_at=at
+            )
+            write_manifest(tmp_path, m)
+            assert collector_alive(tmp_path) == (other.pid if alive else None), started
+            assert m.live_collector() == (other.pid if alive else None)
+        # without started_at (older manifests): the command line alone, as before
+        write_manifest(tmp_path, Manifest(collection_id="c1", collector_pid=other.pid))
+        assert collector_alive(tmp_path) == other.pid
+    finally:
+        other.kill()
+        other.wait()
+
+
 def test_a_missing_damaged_or_hostile_manifest_names_nothing(tmp_path: Path) -> None:
     assert collection_id_of(tmp_path) is None and collector_alive(tmp_path) is None
     path = tmp_path / MANIFEST_NAME

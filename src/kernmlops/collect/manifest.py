@@ -204,9 +204,11 @@ class Manifest(_Record):
 
     def live_collector(self) -> int | None:
         """The pid of the collector still writing the collection: it is ``running``
-        and its ``collector_pid`` is a kernmlops process that runs (None: it finished,
-        or its collector is gone)."""
-        return collector_running(self.collector_pid) if self.state == "running" else None
+        and its ``collector_pid`` is a kernmlops process that runs and began before
+        ``started_at`` (None: it finished, or its collector is gone)."""
+        if self.state != "running":
+            return None
+        return collector_running(self.collector_pid, self.started_at)
 
     def as_json(self) -> dict[str, Any]:
         """The JSON object written to disk: format and version first, extras last."""

@@ -58,17 +58,61 @@ def collection_id_of(collection: Path) -> str | None:
 def collector_alive(collection: Path) -> int | None:
     """The pid of the collector still writing ``collection``, if it runs (None also
     when the manifest names none or cannot be read)."""
-    return collector_running(_manifest(collection).get("collector_pid"))
+    manifest = _manifest(collection)
+    return collector_running(manifest.get("collector_pid"), manifest.get("started_at"))
 
 
-def collector_running(pid: object) -> int | None:
+#: seconds a collector's process start may seem to follow its manifest's started_at:
+#: the boot time /proc/stat gives is whole seconds
+_START_SLACK_S = 2.0
+
+
+def collector_running(pid: object, started_at: object = None) -> int | None:
     """``pid`` (a manifest's ``collector_pid``) if it is a kernmlops process that still
-    runs: the one rule for a live collector (:func:`collector_alive` reads the pid from
-    the folder; a reader that parsed the manifest already passes it)."""
+    runs and, given the manifest's ``started_at`` (ISO 8601), began before it: the one
+    rule for a live collector (:func:`collector_alive` reads both from the folder; a
+    reader that parsed the manifest already passes them). A process that began after
+    the collection did is another one that got the pid (a reboot, pids wrapping)."""
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         return None
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return None
-    return pid if b"kernmlops" in cmdline else None
+    if b"kernmlops" not in cmdline:
+        return None
+    began, since = process_start(pid), _unix_time(started_at)
+    if began is not None and since is not None and began > since + _START_SLACK_S:
+        return None
+    return pid
+
+
+def process_start(pid: int) -> float | None:
+    """When ``pid`` began, in Unix seconds (its /proc stat start time after the boot
+    time); None where /proc does not say."""
+    import os
+
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        boot = next(
+            int(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22: starttime
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _unix_time(text: object) -> float | None:
+    """An ISO 8601 time (a manifest's; without an offset: UTC) in Unix seconds."""
+    from datetime import UTC, datetime
+
+    if not isinstance(text, str):
+        return None
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
