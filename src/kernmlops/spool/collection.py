@@ -63,8 +63,10 @@ def collector_alive(collection: Path) -> int | None:
 
 
 #: seconds a collector's process start may seem to follow its manifest's started_at:
-#: the boot time /proc/stat gives is whole seconds
-_START_SLACK_S = 2.0
+#: the boot time /proc/stat gives is whole seconds, and the wall clock may be stepped
+#: (NTP) during a run; a process that took a dead collector's pid began minutes or
+#: more after it (a reboot, pids wrapping)
+_START_SLACK_S = 60.0
 
 
 def collector_running(pid: object, started_at: object = None) -> int | None:
