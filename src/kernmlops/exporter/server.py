@@ -169,18 +169,22 @@ def hold_listen(text: str, *, flag: str = "--listen", any_host: bool = False) ->
     return host, port
 
 
+def _take_held(host: str, port: int) -> socket.socket | None:
+    """The socket :func:`hold_listen` keeps for this address, no longer kept."""
+    with _held_lock:
+        return _held.pop((host, port), None)
+
+
 def release_listen(host: str, port: int) -> None:
     """Close the socket :func:`hold_listen` keeps for this address, if it still does."""
-    with _held_lock:
-        held = _held.pop((host, port), None)
+    held = _take_held(host, port)
     if held is not None:
         held.close()
 
 
 def _bound(host: str, port: int) -> socket.socket:
     """The socket hold_listen keeps for this address, else a new one."""
-    with _held_lock:
-        held = _held.pop((host, port), None)
+    held = _take_held(host, port)
     return held if held is not None else _listening(host, port)
 
 

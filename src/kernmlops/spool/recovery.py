@@ -66,12 +66,14 @@ def pending_spools(collection: Path) -> list[Path]:
     folder = collection / SPOOL_DIR
     if not folder.is_dir():
         return []
-    found = [p for f in spool_folders(folder) for p in f.glob("*.ring")]
+    found = []
     for f in spool_folders(folder):
-        for meta in f.glob("*.json"):
-            seg = meta.with_suffix(".ring")
-            if _order(seg)[1] >= 0 and not os.path.lexists(seg) and deleted_bytes(seg):
-                found.append(seg)
+        found += f.glob("*.ring")
+        found += (
+            seg
+            for seg in (meta.with_suffix(".ring") for meta in f.glob("*.json"))
+            if _order(seg)[1] >= 0 and not os.path.lexists(seg) and deleted_bytes(seg)
+        )
     return sorted(found, key=_order)
 
 
