@@ -8,15 +8,17 @@
 #
 # DIR gets run.log, facts.txt and one results file per phase:
 #   overhead.json       the storm (bench/switch_storm.c, a pair per CPU) untraced /
-#                       under the count-only floor / quanta_runtime's programs /
-#                       the default hooks, interleaved rounds until the phase's deadline
+#                       under the count-only floor / the default hooks, interleaved
+#                       rounds until the phase's deadline (the cost target wants
+#                       as many as fit; STATES adds quanta_runtime's programs alone)
 #   storm-tree.json     `collect -- storm` for STORM_TREE_S s: drops, RSS, end -> exit,
 #                       the copier's CPU and runway
 #   overhead-2cpu.json  the same storm rounds with everything on CPUs 0 and 1
 # Environment: BUDGET_S (default 540: the whole run; each phase starts nothing that
 # would end past its share), STORM_S (5), STORM_TREE_S (60), ROUNDS2 (2),
-# STATES (off,floor,programs,default), KMO_PY (the interpreter), LOCAL=1 (a
-# rehearsal here: this checkout's venv and short runs).
+# STATES (off,floor,default; `programs` is the fourth), KMO_PY (the interpreter),
+# LOCAL=1 (a rehearsal here: this checkout's venv and short runs; bench/rehearse.sh
+# rehearses the install path too, in an Ubuntu 24.04 chroot).
 set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DEV=${DEV:-$ROOT/.dev}
@@ -32,7 +34,7 @@ else
   PY=${KMO_PY:-$( [ -x /opt/torch/.venv/bin/python3 ] && echo /opt/torch/.venv/bin/python3 || command -v python3)}
 fi
 ROUNDS2=${ROUNDS2:-2}
-STATES=${STATES:-off,floor,programs,default}
+STATES=${STATES:-off,floor,default}
 SITE=/tmp/kmo-site
 
 elapsed() { echo $(( $(date +%s) - T0 )); }
