@@ -244,9 +244,17 @@ def test_collect_a_busy_export_port_is_refused_before_anything_is_set_up(tmp_pat
              "--export", f"127.0.0.1:{port}", "--", "true"],
             capture_output=True, text=True, timeout=120, cwd=tmp_path,
         )  # fmt: skip
-    assert done.returncode == 2, done.stderr
+    # the status of a condition that may pass (sysexits.h's EX_TEMPFAIL), as export's
+    assert done.returncode == 75, done.stderr
     assert (
         done.stderr.strip() == f"error: cannot listen on 127.0.0.1:{port}: Address already in use"
     )
     # no collection folder (so no .spool in it nor in /dev/shm: no collection id was made)
     assert not out.exists()
+    # and --help says so
+    from click.testing import CliRunner
+
+    from kernmlops.cli import cli
+
+    shown = CliRunner().invoke(cli, ["collect", "--help"]).output
+    assert "is refused before collecting, exit 75" in " ".join(shown.split())
