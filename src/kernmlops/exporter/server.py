@@ -246,20 +246,26 @@ def raise_fd_limit() -> int:
 
 
 class ScrapeLog:
-    """When /metrics responses began (monotonic seconds), for the interval a
-    scraper keeps and for waiting until one more scrape has been answered."""
+    """The scrapes served: GETs of the metrics answered 200 with the whole page
+    written to the client's socket (not a 401, a 404, a HEAD, a failed render or a
+    client gone before the page was written), counted, and when they began
+    (monotonic seconds), for the interval a scraper keeps and for waiting until one
+    more scrape has been answered."""
 
     def __init__(self, keep: int = 16) -> None:
         self._cond = threading.Condition()
         self._starts: list[float] = []
         self._keep = keep
         self.last_start = float("-inf")
+        #: scrapes served since the server started
+        self.count = 0
 
     def served(self, started: float) -> None:
-        """A /metrics response that began at ``started`` was sent in full."""
+        """A scrape that began at ``started`` was sent in full."""
         with self._cond:
             self._starts = [*self._starts[-(self._keep - 1) :], started]
             self.last_start = max(self.last_start, started)
+            self.count += 1
             self._cond.notify_all()
 
     def interval_s(self) -> float | None:
@@ -661,7 +667,8 @@ class MetricsServer:
                 body = await loop.run_in_executor(None, gzip.compress, body, 1)
                 extra.append((b"Content-Encoding", b"gzip"))
             await self._send(http, writer, 200, body, extra, head=head)
-            self.scrapes.served(started)
+            if not head:  # a HEAD took no values: neither a scrape nor the final ones
+                self.scrapes.served(started)
         elif path == b"/":
             page = b'<html><body><a href="%s">metrics</a></body></html>\n' % self._path
             await self._send(http, writer, 200, page, [(b"Content-Type", b"text/html")], head=head)
