@@ -252,7 +252,8 @@ def _summary(result) -> Table:
     "export_addr",
     metavar="HOST:PORT",
     help="also serve live Prometheus metrics of the traced processes (kernmlops export's "
-    "sets) at HOST:PORT, e.g. 127.0.0.1:9435.",
+    "sets) at HOST:PORT, e.g. 127.0.0.1:9435; an address that cannot be bound (a busy port) "
+    "is refused before collecting, exit 75.",
 )
 @click.option(
     "--export-grace",

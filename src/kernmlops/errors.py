@@ -5,6 +5,12 @@ from __future__ import annotations
 import errno
 from pathlib import Path
 
+#: The exit status of a condition that may pass by itself, as sysexits.h's EX_TEMPFAIL
+#: (75): a listen address that cannot be bound now (a port still held by an exiting
+#: process, an address not configured yet at boot). Not 2, a user error: a service
+#: manager may retry it (the systemd unit restarts on it, and not on 2).
+EXIT_TEMPORARY = 75
+
 
 class KernmlopsError(Exception):
     """Base class: the message is meant for the user, without a traceback."""

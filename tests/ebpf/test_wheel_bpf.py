@@ -21,6 +21,7 @@ import pytest
 
 from kernmlops.ebpf.build import sources
 from tests.conftest import REQUIRE_BPF
+from tests.exporter.conftest import LIVE_SETS
 
 pytestmark = pytest.mark.bpf
 
@@ -53,7 +54,8 @@ def test_the_wheel_carries_every_object_and_its_spec(wheel: Path) -> None:
     assert "kernmlops/bpf_objects/libkmo_ringcopy.so" in names  # the native ring copier
 
 
-def test_a_fresh_install_runs_without_a_compiler(wheel: Path, tmp_path: Path) -> None:
+def _install(wheel: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """The wheel installed in a fresh venv under ``tmp_path``: (venv, its site-packages)."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     site = Path(sysconfig.get_paths(vars={"base": str(venv), "platbase": str(venv)})["purelib"])
@@ -66,19 +68,38 @@ def test_a_fresh_install_runs_without_a_compiler(wheel: Path, tmp_path: Path) ->
     subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"),
                     "install", "-q", "--no-deps", "--no-index", str(wheel)],
                    check=True, capture_output=True, env=clean)  # fmt: skip
-    home, bin_dir, log = tmp_path / "home", tmp_path / "bin", tmp_path / "trap.log"
-    home.mkdir()
-    bin_dir.mkdir()
+    return venv, site
+
+
+def _no_compilers(tmp_path: Path) -> tuple[str, Path]:
+    """Shell commands that cover clang, bpftool and the C compiler with a trap that
+    records any call (run them in a private mount namespace), and the trap's log."""
+    log = tmp_path / "trap.log"
     trap = tmp_path / "trap"
     trap.write_text(TRAP.format(log=log))
     trap.chmod(0o755)
     covered = [p for p in (shutil.which("clang"), shutil.which("bpftool"),
                            shutil.which("bpftool", path="/usr/sbin:/sbin"),
                            shutil.which("cc"), shutil.which("gcc")) if p]  # fmt: skip
-    mount, unshare = shutil.which("mount"), shutil.which("unshare")
-    if mount is None or unshare is None:
+    mount = shutil.which("mount")
+    if mount is None or shutil.which("unshare") is None:
         (pytest.fail if REQUIRE_BPF else pytest.skip)("needs mount and unshare (util-linux)")
-    mounts = "".join(f"{mount} --bind {trap} {os.path.realpath(p)} && " for p in covered)
+    return "".join(f"{mount} --bind {trap} {os.path.realpath(p)} && " for p in covered), log
+
+
+def _in_private_mounts(script: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    unshare = shutil.which("unshare")
+    assert unshare is not None
+    argv = [unshare, "--mount", "--propagation", "private", "/bin/sh", "-c", script]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_a_fresh_install_runs_without_a_compiler(wheel: Path, tmp_path: Path) -> None:
+    venv, site = _install(wheel, tmp_path)
+    home, bin_dir = tmp_path / "home", tmp_path / "bin"
+    home.mkdir()
+    bin_dir.mkdir()
+    mounts, log = _no_compilers(tmp_path)
     kmo = venv / "bin" / "kernmlops"
     out = tmp_path / "out"
     script = (
@@ -93,8 +114,7 @@ def test_a_fresh_install_runs_without_a_compiler(wheel: Path, tmp_path: Path) ->
                             "import kernmlops; print(kernmlops.__file__)"],
                            env=env, capture_output=True, text=True, check=True)  # fmt: skip
     assert Path(where.stdout.strip()).is_relative_to(site / "kernmlops"), where.stdout
-    argv = [unshare, "--mount", "--propagation", "private", "/bin/sh", "-c", script]
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    done = _in_private_mounts(script, env)
     doctor = (tmp_path / "doctor.txt").read_text() if (tmp_path / "doctor.txt").exists() else ""
     assert done.returncode == 0, doctor[-3000:] + done.stdout[-3000:] + done.stderr[-3000:]
     assert not log.exists(), log.read_text()  # neither clang nor bpftool was run
@@ -109,3 +129,54 @@ def test_a_fresh_install_runs_without_a_compiler(wheel: Path, tmp_path: Path) ->
     assert manifest["hooks"]["process_trace"]["attached"]
     # the wheel's own copier library, built where the wheel was (no compiler here)
     assert manifest["hooks"]["process_trace"]["copier"]["native"] is True
+
+
+def test_a_bpf_dir_of_its_own_is_filled_with_the_wheels_objects_not_clang(
+    wheel: Path, tmp_path: Path
+) -> None:
+    """The systemd unit's KERNMLOPS_BPF_DIR (its CacheDirectory, empty at the first
+    start) on a machine without clang, bpftool or cc: `export --check` of the unit's
+    sets and of the default ones passes on the wheel's own objects, copied there byte
+    for byte with their specs and the ring copier. Then, where clang is, an
+    ebpf_exporter config given as its .bpf.c compiles into that folder, and the copies
+    stay as they are."""
+    venv, _ = _install(wheel, tmp_path)
+    home, bin_dir, cache = tmp_path / "home", tmp_path / "bin", tmp_path / "cache"
+    for folder in (home, bin_dir, cache):
+        folder.mkdir()
+    mounts, log = _no_compilers(tmp_path)
+    kmo = venv / "bin" / "kernmlops"
+    check = f"{kmo} export --check --listen 127.0.0.1:0"
+    unit_sets = " ".join(f"-c {name}" for name in LIVE_SETS)  # the unit's, as deployed
+    env = {"PATH": str(bin_dir), "HOME": str(home), "LANG": "C.UTF-8",
+           "KERNMLOPS_BPF_DIR": str(cache)}  # fmt: skip
+    done = _in_private_mounts(f"{mounts}{check} {unit_sets} && {check}", env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert not log.exists(), log.read_text()  # neither clang, bpftool nor cc was run
+    assert (done.stdout + done.stderr).count("check passed") == 2, done.stdout + done.stderr
+    # what clang is for there, in doctor's words (it asks the trapped tools' versions)
+    doctor = _in_private_mounts(f"{mounts}{kmo} doctor", env)
+    shown = " ".join((doctor.stdout + doctor.stderr).split())
+    assert "not needed for the built-in sets" in shown, shown
+    shipped = {
+        n.removeprefix("kernmlops/bpf_objects/"): zipfile.ZipFile(wheel).read(n)
+        for n in zipfile.ZipFile(wheel).namelist()
+        if n.startswith("kernmlops/bpf_objects/") and not n.endswith("shipped.json")
+    }
+    assert len(shipped) == 2 * len(sources()) + 1  # objects, their specs, the copier
+    copied = {p.name: p.read_bytes() for p in cache.iterdir()}
+    assert copied == shipped  # the wheel's own files, byte for byte; no vmlinux.h
+    times = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
+
+    # where clang is: an ebpf_exporter config as its .bpf.c, compiled into the folder
+    config = REPO / "tests" / "exporter" / "ebpf_exporter" / "cpu-clock.yaml"
+    env["PATH"] = os.environ["PATH"]
+    done = subprocess.run([str(kmo), "export", "--check", "--listen", "127.0.0.1:0", "-c",
+                           str(config)], env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "check passed: 1 sets loaded" in done.stdout + done.stderr
+    assert list(cache.glob("exporter-cpu-clock-*.bpf.o"))
+    assert times == {  # the copies stay as they are
+        p.name: p.stat().st_mtime_ns for p in cache.iterdir() if p.name in times
+    }

@@ -143,9 +143,11 @@ def test_final_values_are_served_until_scraped(tmp_path: Path) -> None:
     assert manifest.manifest["exporter"]["scrapes"] >= scrapes
 
 
-def _scrape(url: str, ctx: ssl.SSLContext | None, auth: tuple[str, str] | None) -> tuple[int, str]:
+def _scrape(
+    url: str, ctx: ssl.SSLContext | None, auth: tuple[str, str] | None, method: str = "GET"
+) -> tuple[int, str]:
     """GET ``url``: (status, body); an HTTP error's status with its body."""
-    request = urllib.request.Request(url)
+    request = urllib.request.Request(url, method=method)
     if auth is not None:
         token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
         request.add_header("Authorization", f"Basic {token}")
@@ -176,15 +178,23 @@ def test_collect_export_serves_tls_and_basic_auth(pki: Path, tmp_path: Path) -> 
     )  # fmt: skip
     ctx = client_context(pki)
     right = ("prometheus", PASSWORD)
+    index = url.removesuffix("/metrics") + "/"
+    scraped = 0  # pages of metrics this client received
     try:
-        seen, deadline = 0.0, time.monotonic() + 60
-        while seen < CALLS and time.monotonic() < deadline and collect.poll() is None:
+        # ready once / answers (not a scrape: a probe timed out while the probes attach
+        # is answered later, and must not count)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and collect.poll() is None:
             try:
-                status, text = _scrape(url, ctx, right)
+                if _scrape(index, ctx, right)[0] == 200:
+                    break
             except OSError:
                 time.sleep(0.2)
-                continue
+        seen = 0.0
+        while seen < CALLS and time.monotonic() < deadline and collect.poll() is None:
+            status, text = _scrape(url, ctx, right)
             assert status == 200, text
+            scraped += 1
             for family in text_string_to_metric_families(text):
                 for s in family.samples:
                     if s.name == "kernmlops_syscalls_total" and s.labels["syscall"] == "getppid":
@@ -195,6 +205,8 @@ def test_collect_export_serves_tls_and_basic_auth(pki: Path, tmp_path: Path) -> 
             status, text = _scrape(url, ctx, wrong)
             assert status == 401 and "kernmlops_syscalls_total" not in text
         assert _scrape(url, ctx, None)[0] == 401
+        assert _scrape(url.replace("/metrics", "/nothing"), ctx, right)[0] == 404
+        assert _scrape(url, ctx, right, method="HEAD") == (200, "")
         # a client that does not trust the certificate gets nothing
         with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
             _scrape(url, ssl.create_default_context(), right)
@@ -205,6 +217,11 @@ def test_collect_export_serves_tls_and_basic_auth(pki: Path, tmp_path: Path) -> 
     assert f"metrics at https://127.0.0.1:{port}/metrics" in out
     manifest = only_collection(tmp_path / "out")
     assert manifest is not None and manifest.manifest["exporter"]["url"] == url
+    # the scrapes this client made and received, not the 401s, the 404, / or the HEAD;
+    # the maps were read once more, for the HEAD
+    exported = manifest.manifest["exporter"]
+    assert scraped > 0 and exported["scrapes"] == scraped, (exported, scraped)
+    assert exported["renders"] == scraped + 1, exported
 
 
 @pytest.mark.parametrize(
@@ -244,9 +261,17 @@ def test_collect_a_busy_export_port_is_refused_before_anything_is_set_up(tmp_pat
              "--export", f"127.0.0.1:{port}", "--", "true"],
             capture_output=True, text=True, timeout=120, cwd=tmp_path,
         )  # fmt: skip
-    assert done.returncode == 2, done.stderr
+    # the status of a condition that may pass (sysexits.h's EX_TEMPFAIL), as export's
+    assert done.returncode == 75, done.stderr
     assert (
         done.stderr.strip() == f"error: cannot listen on 127.0.0.1:{port}: Address already in use"
     )
     # no collection folder (so no .spool in it nor in /dev/shm: no collection id was made)
     assert not out.exists()
+    # and --help says so
+    from click.testing import CliRunner
+
+    from kernmlops.cli import cli
+
+    shown = CliRunner().invoke(cli, ["collect", "--help"]).output
+    assert "is refused before collecting, exit 75" in " ".join(shown.split())

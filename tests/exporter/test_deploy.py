@@ -13,6 +13,7 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -35,20 +36,26 @@ DASHBOARD = DEPLOY / "grafana" / "dashboards" / "kernmlops-exporter.json"
 
 
 def unit_settings(text: str) -> dict[str, str]:
-    """``Key=value`` lines of a unit (continuation lines joined)."""
+    """``Key=value`` lines of a unit (continuation lines joined; a key given on
+    several lines, as Environment=, keeps them all, a space apart)."""
     text = text.replace("\\\n", " ")
-    out = {}
+    out: dict[str, str] = {}
     for line in text.splitlines():
         if "=" in line and not line.lstrip().startswith(("#", ";", "[")):
             key, _, value = line.partition("=")
-            out[key.strip()] = value.strip()
+            key = key.strip()
+            out[key] = f"{out[key]} {value.strip()}" if key in out else value.strip()
     return out
+
+
+def unit_environment(settings: dict[str, str]) -> dict[str, str]:
+    """The variables the unit's Environment= lines set (quoted as systemd reads them)."""
+    return dict(a.split("=", 1) for a in shlex.split(settings["Environment"]))
 
 
 def unit_sets(settings: dict[str, str]) -> list[str]:
     """The metric sets the unit serves (its default KERNMLOPS_EXPORTER_ARGS)."""
-    env = settings["Environment"].strip('"')
-    args = shlex.split(env.partition("=")[2])
+    args = shlex.split(unit_environment(settings)["KERNMLOPS_EXPORTER_ARGS"])
     return [args[i + 1] for i, a in enumerate(args) if a == "-c"]
 
 
@@ -60,9 +67,11 @@ def test_the_systemd_unit_verifies_and_is_hardened(tmp_path: Path) -> None:
     assert settings["CapabilityBoundingSet"].split() == ["CAP_BPF", "CAP_PERFMON"]
     assert settings["NoNewPrivileges"] == "yes"
     assert settings["ProtectSystem"] == "strict"
-    # what a .bpf.c config compiles into (KERNMLOPS_BPF_DIR, set to it), writable there
+    # the BPF folder, set by the unit itself and writable there: the built-in objects
+    # are copied into it, a .bpf.c config compiles into it
     assert settings["CacheDirectory"] == "kernmlops-exporter"
-    assert "KERNMLOPS_BPF_DIR=/var/cache/kernmlops-exporter" in text
+    bpf_dir = unit_environment(settings)["KERNMLOPS_BPF_DIR"]
+    assert bpf_dir == "/var/cache/kernmlops-exporter"
     assert "--capabilities.keep=none" in settings["ExecStart"]
     assert "--web.config.file=" in settings["ExecStart"]
     assert unit_sets(settings) == list(LIVE_SETS)  # what the dashboard test serves
@@ -95,7 +104,7 @@ def test_the_unit_does_not_restart_on_a_user_error_and_the_exporter_exits_with_t
     settings = unit_settings(UNIT.read_text())
     assert settings["Restart"] == "on-failure"
     status = int(settings["RestartPreventExitStatus"])
-    env = settings["Environment"].strip('"').partition("=")[2]
+    env = unit_environment(settings)["KERNMLOPS_EXPORTER_ARGS"]
     args = shlex.split(settings["ExecStart"].replace("$KERNMLOPS_EXPORTER_ARGS", env))[1:]
     assert args[0] == "export"
     web = tmp_path / "web.yml"  # not there
@@ -107,6 +116,51 @@ def test_the_unit_does_not_restart_on_a_user_error_and_the_exporter_exits_with_t
         out = subprocess.run(broken, capture_output=True, text=True, timeout=60)
         assert out.returncode == status, out.stdout + out.stderr
         assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def unit_command(settings: dict[str, str], web: Path, listen: str) -> list[str]:
+    """The unit's ExecStart as this Python runs it, its default arguments expanded,
+    ``web`` for its web.yml and ``listen`` for its --web.listen-address."""
+    env = unit_environment(settings)["KERNMLOPS_EXPORTER_ARGS"]
+    args = shlex.split(settings["ExecStart"].replace("$KERNMLOPS_EXPORTER_ARGS", env))[1:]
+    assert args[0] == "export" and "--web.listen-address=:9435" in args
+    args = [a.replace("/etc/kernmlops/web.yml", str(web)) for a in args]
+    args = [f"--web.listen-address={listen}" if a.startswith("--web.listen-") else a for a in args]
+    return [sys.executable, "-m", "kernmlops", *args]
+
+
+@pytest.mark.bpf  # root: the port is reached after the privilege check
+def test_the_unit_restarts_the_exporter_when_its_port_is_busy(tmp_path: Path) -> None:
+    """A port busy at boot (the previous instance still exiting, a restart race) may
+    be free 5 s later: the exporter's own command line, on a port really held, exits
+    with a status that Restart=on-failure restarts (not RestartPreventExitStatus's),
+    in one line, and the unit bounds the retries by a start limit."""
+    text = UNIT.read_text()
+    settings = unit_settings(text)
+    assert settings["Restart"] == "on-failure"
+    prevented = {int(s) for s in settings["RestartPreventExitStatus"].split()}
+    web = tmp_path / "web.yml"
+    web.write_text("basic_auth_users: {}\n")
+    # every interface, as the unit listens (":PORT"): held by another socket
+    with socket.create_server(("0.0.0.0", 0)) as busy:
+        port = busy.getsockname()[1]
+        out = subprocess.run(
+            unit_command(settings, web, f":{port}"), capture_output=True, text=True, timeout=60
+        )
+    assert out.returncode not in (0, *prevented), out.stdout + out.stderr
+    assert out.returncode == 75  # sysexits.h's EX_TEMPFAIL, as --help says
+    assert out.stderr.strip().splitlines() == [
+        f"error: cannot listen on :{port}: Address already in use"
+    ]
+    # retried, but not forever: a port held for good ends in the failed state
+    assert int(settings["StartLimitBurst"]) * 5 < _seconds(settings["StartLimitIntervalSec"])
+    assert settings["RestartSec"] == "5s"
+
+
+def _seconds(value: str) -> float:
+    """A systemd time span of one unit (``120s``, ``2min``) in seconds."""
+    number, unit = re.fullmatch(r"(\d+)\s*(s|min)?", value).groups()  # type: ignore[union-attr]
+    return float(number) * (60 if unit == "min" else 1)
 
 
 @pytest.mark.bpf

@@ -162,6 +162,8 @@ class Manifest(_Record):
     config: dict[str, Any] | None = None
     versions: dict[str, str] | None = None
     hooks: dict[str, HookRecord] = {}
+    #: collect --export: url, sets (each one's status), scrapes (pages of metrics sent
+    #: whole to a GET), renders (reads of the maps; see RunningExporter.summary)
     exporter: dict[str, Any] | None = None
     tables: dict[str, TableRecord] = {}
 

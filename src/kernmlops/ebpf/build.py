@@ -8,11 +8,20 @@ An installed wheel carries its objects (and their .spec.json) in
 :func:`ship`): CO-RE objects load on any kernel with BTF, so the machine that
 runs them needs libbpf, not clang, bpftool or a vmlinux.h. A source checkout
 builds into ``build/bpf`` and rebuilds what is older than its sources.
+
+An installed wheel given another folder (``KERNMLOPS_BPF_DIR``: the systemd
+unit's cache, which ``.bpf.c`` metric sets compile into) fills it with copies
+of its own objects where they are missing or older than the sources, not with
+clang: ``shipped.json`` records the digest of every shipped file and of the
+sources they were built from, and an object is copied only when both still
+match (else it is compiled, as before).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import platform
 import shutil
@@ -20,7 +29,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kernmlops.errors import KernmlopsError
+from kernmlops.errors import KernmlopsError, why_not_written
+from kernmlops.fileio import write_atomic
 
 SOURCE_DIR = Path(__file__).resolve().parent.parent / "bpf"
 #: The objects a wheel ships (absent in a source checkout).
@@ -32,6 +42,9 @@ NATIVE_SOURCES = tuple(
     SOURCE_DIR.parent / "native" / name for name in ("ringcopy.c", "runway.c", "sampler.c")
 )
 NATIVE_HEADERS = tuple(sorted((SOURCE_DIR.parent / "native").glob("*.h")))
+#: beside the shipped objects: the SHA-256 of each of them and of the sources they
+#: were built from (written by :func:`ship`)
+SHIPPED_RECORD = "shipped.json"
 VMLINUX_BTF = Path("/sys/kernel/btf/vmlinux")
 _ARCH = {"x86_64": "x86", "aarch64": "arm64", "arm64": "arm64", "riscv64": "riscv"}
 
@@ -141,11 +154,103 @@ def build(
         )
     from kernmlops.ebpf.spec import object_spec
 
+    record = None if force else _shipped_record(build_dir)
+    if record is not None and _headers_as_shipped(record, headers):
+        # an installed wheel's own objects, where they were built from these sources
+        todo = [
+            (src, obj)
+            for src, obj in todo
+            if not (
+                _built_from_these(record, [src])
+                and _copy_shipped(record, obj.name, obj, with_spec=True)
+            )
+        ]
     for src, obj in todo:
         compile_object(src, obj, vmlinux_dir=build_dir, verbose=verbose)
         object_spec(obj)  # parsed once here, read from <object>.spec.json when loaded
     build_native(build_dir, force=force, verbose=verbose)
     return objs
+
+
+def _sha256(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _source_key(path: Path) -> str:
+    """A source's name in :data:`SHIPPED_RECORD`: its path inside the package."""
+    return path.relative_to(SOURCE_DIR.parent).as_posix()
+
+
+def _shipped_record(build_dir: Path) -> dict | None:
+    """The record of the objects this installation ships, when ``build_dir`` is
+    another folder that may take copies of them; None where there is nothing to
+    copy (a source checkout, a wheel made before the record, a damaged record)."""
+    if build_dir.resolve() == PACKAGED_DIR.resolve() or not shipped():
+        return None
+    try:
+        record = json.loads((PACKAGED_DIR / SHIPPED_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    ok = (
+        isinstance(record, dict)
+        and isinstance(record.get("sources"), dict)
+        and isinstance(record.get("objects"), dict)
+    )
+    return record if ok else None
+
+
+def _built_from_these(record: dict, inputs: list[Path]) -> bool:
+    """Whether the shipped files were built from ``inputs`` as they are now: each
+    one's SHA-256 is the one recorded (a source edited after the install, or one
+    the build did not have, is not)."""
+    sources = record["sources"]
+    for path in inputs:
+        sha = _sha256(path)
+        if sha is None or sources.get(_source_key(path)) != sha:
+            return False
+    return True
+
+
+def _copy_shipped(record: dict, name: str, dest: Path, *, with_spec: bool) -> bool:
+    """Copy the shipped file ``name`` (and its spec) to ``dest`` when its content is
+    the one recorded; written whole under a new name and renamed, never through a
+    link planted at ``dest``."""
+    from kernmlops.ebpf.spec import spec_path
+
+    shipped_file = PACKAGED_DIR / name
+    try:
+        data = shipped_file.read_bytes()
+        spec = spec_path(shipped_file).read_bytes() if with_spec else b""
+    except OSError:
+        return False
+    sha = hashlib.sha256(data).hexdigest()
+    if record["objects"].get(name) != sha:
+        return False  # not the file the package was made with
+    if with_spec:
+        try:
+            if json.loads(spec).get("sha256") != sha:
+                return False
+        except (ValueError, AttributeError):
+            return False
+    try:
+        if with_spec:
+            write_atomic(spec_path(dest), spec)
+        write_atomic(dest, data)
+    except OSError as err:
+        raise BuildError(f"cannot write {dest}: {why_not_written(err, dest)}") from None
+    return True
+
+
+def _headers_as_shipped(record: dict, headers: list[Path]) -> bool:
+    """Whether the BPF headers are the ones the shipped objects were built with
+    (every object includes some): none added, removed or changed since."""
+    recorded = {k for k in record["sources"] if k.startswith("bpf/") and k.endswith(".h")}
+    if recorded != {_source_key(h) for h in headers}:
+        return False
+    return _built_from_these(record, headers)
 
 
 def build_native(build_dir: Path, *, force: bool = False, verbose: bool = False) -> Path | None:
@@ -156,6 +261,13 @@ def build_native(build_dir: Path, *, force: bool = False, verbose: bool = False)
     newest = max(src.stat().st_mtime for src in (*NATIVE_SOURCES, *NATIVE_HEADERS))
     if out.exists() and not force and out.stat().st_mtime >= newest:
         return out
+    record = None if force else _shipped_record(build_dir)
+    if (
+        record is not None
+        and _built_from_these(record, [*NATIVE_SOURCES, *NATIVE_HEADERS])
+        and _copy_shipped(record, NATIVE_LIBRARY, out, with_spec=False)
+    ):
+        return out  # the installation's own, as the objects are
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
         return None
@@ -220,6 +332,15 @@ def ship(dest: Path) -> list[Path]:
     if native is not None and native.exists():
         shutil.copyfile(native, dest / NATIVE_LIBRARY)
         out.append(dest / NATIVE_LIBRARY)
+    # what was shipped and from which sources: an installation copies its objects
+    # into another folder (KERNMLOPS_BPF_DIR) only where both still match
+    inputs = [*sources(), *SOURCE_DIR.glob("*.h"), *NATIVE_SOURCES, *NATIVE_HEADERS]
+    record = {
+        "format": 1,
+        "objects": {p.name: _sha256(p) for p in out},
+        "sources": {_source_key(p): _sha256(p) for p in sorted(inputs)},
+    }
+    (dest / SHIPPED_RECORD).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     return out
 
 

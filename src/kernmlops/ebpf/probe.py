@@ -12,7 +12,13 @@ from functools import cache
 from pathlib import Path
 
 from kernmlops.ebpf import libbpf
-from kernmlops.ebpf.build import PACKAGED_DIR, VMLINUX_BTF, default_build_dir, object_path
+from kernmlops.ebpf.build import (
+    PACKAGED_DIR,
+    VMLINUX_BTF,
+    default_build_dir,
+    object_path,
+    shipped,
+)
 from kernmlops.ebpf.libbpf import LibbpfError
 from kernmlops.ebpf.objects import BpfObject
 from kernmlops.ebpf.perf_open import (
@@ -164,6 +170,12 @@ def tool_versions() -> dict[str, str | None]:
             "clang": _tool_version(["clang", "--version"]),
             "bpftool": _tool_version(["bpftool", "version"]),
         }
+        if shipped():  # KERNMLOPS_BPF_DIR: filled with copies of the prebuilt objects
+            copied = (
+                f"not found; not needed for the built-in sets (copied from {PACKAGED_DIR}), "
+                "only for .bpf.c metric sets"
+            )
+            compilers = {tool: version or copied for tool, version in compilers.items()}
     return {"libbpf": libbpf.version(), **compilers, "kernel": os.uname().release}
 
 

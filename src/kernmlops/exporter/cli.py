@@ -125,7 +125,7 @@ def _console():
     "check",
     is_flag=True,
     help="load and attach everything, report, and exit; fails (exit 1) when a set does not "
-    "load or a program does not attach, and (exit 2) when the listen address cannot be "
+    "load or a program does not attach, and (exit 75) when the listen address cannot be "
     "bound (a busy port: give 127.0.0.1:0 to check the sets alone).",
 )
 @click.option(
@@ -193,6 +193,11 @@ def export_command(
     (--debug, --btf.path and --config.skip-cache-size are refused, with why.)
 
     SIGTERM, Ctrl+C or a hangup (SIGHUP) stops it and detaches every program.
+
+    \b
+    Exit status: 2 for a user error (a bad flag, set or web configuration file); 75
+    (EX_TEMPFAIL) when the listen address cannot be bound, e.g. a busy port, which may
+    pass (the systemd unit restarts on it); 1 for a --check that failed.
     """
     try:
         if list_sets:
@@ -257,8 +262,8 @@ def export_command(
         try:
             host, port = hold_listen(address, flag=flag, any_host=any_host)
         except ListenError as err:
-            if check:
-                raise ListenError(
+            if check:  # the same class: a busy port keeps its exit status
+                raise type(err)(
                     f"{err} (--check tests the port too; {flag} 127.0.0.1:0 checks the sets alone)"
                 ) from None
             raise

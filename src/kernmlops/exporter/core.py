@@ -532,7 +532,9 @@ class Exporter:
         self.ctx = decoder_context or DecoderContext()
         self._stats_fd: int | None = None
         self._lock = threading.Lock()
-        self.scrapes = 0
+        #: reads of every map (render() and collect() calls): scrapes arriving during
+        #: one share it, so this is not the scrapes served (MetricsServer.scrapes)
+        self.renders = 0
         self.last_scrape_s = 0.0
 
     # -- loading ------------------------------------------------------------------
@@ -692,7 +694,7 @@ class Exporter:
                 for metric in loaded.metrics:
                     families.append(metric.family(metric.snapshot()))
             families.extend(self._self_metrics(time.perf_counter() - t0))
-            self.scrapes += 1
+            self.renders += 1
             self.last_scrape_s = time.perf_counter() - t0
         yield from families
 
@@ -710,7 +712,7 @@ class Exporter:
                 for metric in loaded.metrics:
                     metric.text(metric.snapshot(), out)
             out.append(plain_text(self._self_metrics(time.perf_counter() - t0)))
-            self.scrapes += 1
+            self.renders += 1
             self.last_scrape_s = time.perf_counter() - t0
         return "".join(out).encode()
 
@@ -810,7 +812,7 @@ class Exporter:
             "during one share it, so this can be below the scrapes answered "
             "(kernmlops_exporter_http_responses_total)",
         )
-        scrapes.add_metric([], float(self.scrapes + 1))
+        scrapes.add_metric([], float(self.renders + 1))
         duration = GaugeMetricFamily(
             f"{SELF}_scrape_duration_seconds",
             "time this scrape took to read and decode the maps",

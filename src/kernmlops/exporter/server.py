@@ -45,14 +45,23 @@ from http import HTTPStatus
 import h11
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
-from kernmlops.errors import ConfigError
+from kernmlops.errors import EXIT_TEMPORARY, ConfigError
 from kernmlops.exporter.webconfig import BasicAuth, WebConfig
 
 DEFAULT_LISTEN = "127.0.0.1:9435"
 
 
 class ListenError(ConfigError):
-    """--listen is not HOST:PORT, or the address cannot be bound."""
+    """--listen is not HOST:PORT (a user error, exit 2), or the address cannot be
+    bound (:class:`CannotListen`)."""
+
+
+class CannotListen(ListenError):
+    """The address is well formed but cannot be bound now: busy, not (yet) this
+    machine's, its name not resolved. Often transient at boot, so not a user error's
+    status: :data:`~kernmlops.errors.EXIT_TEMPORARY`, which a service manager retries."""
+
+    exit_code = EXIT_TEMPORARY
 
 
 #: a metrics path: characters that need no escaping in a URL or in HTML
@@ -103,7 +112,7 @@ def _family(host: str) -> socket.AddressFamily:
             infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
         except socket.gaierror as err:
             why = f"cannot listen on {host}: cannot resolve it: {err.strerror}"
-            raise ListenError(why) from None
+            raise CannotListen(why) from None
         return infos[0][0]
 
 
@@ -123,7 +132,7 @@ def _listening(host: str, port: int) -> socket.socket:
     names IPv4 and is IPv4 alone (Go would serve IPv6 there too).
 
     Raises:
-        ListenError: the address cannot be bound (in use, not this machine's, ...).
+        CannotListen: the address cannot be bound (in use, not this machine's, ...).
     """
     try:
         if not host or host == "::":
@@ -143,7 +152,7 @@ def _listening(host: str, port: int) -> socket.socket:
     except OSError as err:
         # create_server adds "(while attempting to bind on address ...)": the line has it
         reason = (err.strerror or str(err)).split(" (while attempting")[0]
-        raise ListenError(f"cannot listen on {shown(host, port)}: {reason}") from None
+        raise CannotListen(f"cannot listen on {shown(host, port)}: {reason}") from None
 
 
 #: sockets bound ahead of their server (hold_listen), by the address asked for
@@ -160,7 +169,8 @@ def hold_listen(text: str, *, flag: str = "--listen", any_host: bool = False) ->
     :func:`parse_listen`'s.
 
     Raises:
-        ListenError: ``text`` is not HOST:PORT, or the address cannot be bound.
+        ListenError: ``text`` is not HOST:PORT.
+        CannotListen: the address cannot be bound.
     """
     host, port = parse_listen(text, flag=flag, any_host=any_host)
     with _held_lock:
@@ -236,20 +246,26 @@ def raise_fd_limit() -> int:
 
 
 class ScrapeLog:
-    """When /metrics responses began (monotonic seconds), for the interval a
-    scraper keeps and for waiting until one more scrape has been answered."""
+    """The scrapes served: GETs of the metrics answered 200 with the whole page
+    written to the client's socket (not a 401, a 404, a HEAD, a failed render or a
+    client gone before the page was written), counted, and when they began
+    (monotonic seconds), for the interval a scraper keeps and for waiting until one
+    more scrape has been answered."""
 
     def __init__(self, keep: int = 16) -> None:
         self._cond = threading.Condition()
         self._starts: list[float] = []
         self._keep = keep
         self.last_start = float("-inf")
+        #: scrapes served since the server started
+        self.count = 0
 
     def served(self, started: float) -> None:
-        """A /metrics response that began at ``started`` was sent in full."""
+        """A scrape that began at ``started`` was sent in full."""
         with self._cond:
             self._starts = [*self._starts[-(self._keep - 1) :], started]
             self.last_start = max(self.last_start, started)
+            self.count += 1
             self._cond.notify_all()
 
     def interval_s(self) -> float | None:
@@ -651,7 +667,8 @@ class MetricsServer:
                 body = await loop.run_in_executor(None, gzip.compress, body, 1)
                 extra.append((b"Content-Encoding", b"gzip"))
             await self._send(http, writer, 200, body, extra, head=head)
-            self.scrapes.served(started)
+            if not head:  # a HEAD took no values: neither a scrape nor the final ones
+                self.scrapes.served(started)
         elif path == b"/":
             page = b'<html><body><a href="%s">metrics</a></body></html>\n' % self._path
             await self._send(http, writer, 200, page, [(b"Content-Type", b"text/html")], head=head)

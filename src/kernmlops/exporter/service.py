@@ -33,7 +33,10 @@ class RunningExporter:
         return self.exporter.statuses
 
     def summary(self) -> dict:
-        """For a collection's manifest."""
+        """For a collection's manifest: ``scrapes`` are the pages of metrics served
+        in full to a GET (what a scraper received; not a 401, a 404, a HEAD, a failed
+        render), ``renders`` the reads of the maps, which concurrent scrapes share
+        (kernmlops_exporter_scrapes_total counts these)."""
         return {
             "url": self.url,
             "sets": {
@@ -46,7 +49,8 @@ class RunningExporter:
                 }
                 for s in self.statuses
             },
-            "scrapes": self.exporter.scrapes,
+            "scrapes": self.server.scrapes.count,
+            "renders": self.exporter.renders,
         }
 
     def hold_final(
