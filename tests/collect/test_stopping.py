@@ -160,3 +160,57 @@ def test_a_segment_deleted_by_anyone_else_is_still_named_lost(
     assert f"{noted:,} bytes not recovered: the file is missing" in said
     assert seg.with_suffix(".json").exists()
     remove_spool(spool)
+
+
+def test_a_disk_that_fills_during_the_stop_says_so_in_one_line_and_keeps_the_spool(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The benchmark ended with room left; a neighbour takes the disk as the stop begins
+    # (the hooks detached, every row still in the spool): the rows made from it cannot
+    # be written. One line says the disk filled during the stop (not that the benchmark
+    # was stopped), the spool stays whole, and recover makes every row once there is room.
+    from kernmlops.collect import attach
+    from kernmlops.collect.manifest import read_manifest
+    from kernmlops.collect.space import OutOfSpace
+    from tests.faults.test_output import tmpfs
+    from tests.faults.test_space import fill
+
+    build()
+    with tmpfs(tmp_path / "disk", "64m") as disk:
+        cfg = load_config(
+            {
+                "collector": {
+                    "output_dir": str(disk), "progress": False, "hooks": ["quanta_runtime"],
+                    "flush_interval_s": 0.2, "min_free_mb": 1, "spool_memory_mib": 0,
+                    "spool_spare_cpus": float((os.cpu_count() or 1) + 1),
+                    "spool_row_workers": 1,
+                },
+                "benchmark": {"name": "faux", "duration_s": 1.5},
+            }
+        )  # fmt: skip
+        real = attach.trim_as_usual
+        monkeypatch.setattr(attach, "trim_as_usual", lambda: (real(), fill(disk)))
+        storm = subprocess.Popen(["stress-ng", "--switch", "1", "-t", "2"],
+                                 stdout=subprocess.DEVNULL)  # fmt: skip
+        session = Session(cfg)
+        try:
+            time.sleep(0.2)
+            with pytest.raises(OutOfSpace) as raised:
+                session.run()
+        finally:
+            storm.wait(timeout=30)
+        said = str(raised.value)
+        assert "\n" not in said and "It filled during the stop, the benchmark ended" in said
+        assert "The benchmark was stopped" not in said and "kernmlops recover" in said
+        col = session.path
+        assert read_manifest(col).state == "disk_full"
+        assert any(p.stat().st_size for p in pending_spools(col))  # the spool, kept
+        (disk / "fill").unlink()  # room again
+        # its collector is gone (this process may carry the name in its command line)
+        monkeypatch.setattr("kernmlops.spool.collection.collector_running", lambda *a: None)
+        code, out = _recover_cli(col)
+        assert code == 0 and "lost" not in out, out
+        c = read_collection(col)
+        runtime, queued = c["quanta_runtime"].height, c["quanta_queued_time"].height
+        assert runtime > 10_000 and abs(runtime - queued) <= 100  # a row of each a switch
+        assert not (col / ".spool").exists()
