@@ -2,8 +2,11 @@
 user sees at scale.
 
 Per run: events and drops per hook, the collector's peak RSS (VmHWM, sampled every
-0.1 s), the peak growth of /dev/shm (the memory spool) and of the output folder (the
-disk spool's frames, staging, then the parts), CPU seconds per collector
+0.1 s), the peak growth of /dev/shm (the memory spool) and the output folder's disk
+use every 50 ms from a thread (apparent and allocated, by kind: the disk spool, its
+runway's blocks allocated ahead included; tables; the row workers' staging; the
+compaction's copy), its peak while the storm ran and during the stop, against the
+collection's final size, CPU seconds per collector
 thread by name (at the storm's end and at exit: ``kmo-copier`` is the ring copier
 and zstd's workers), the time from the storm's end to the collector's exit (rows
 made, parts compacted) and what ``read_collection`` then reads.
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -80,12 +84,77 @@ def shm_used() -> int:
 
 def tree_bytes(root: Path) -> int:
     """Bytes of the files under ``root`` (the collection, its disk spool and staging)."""
-    total = 0
+    return sum(disk_use(root)[0].values())
+
+
+#: what the files of a collection are, by their top folder (the rest: "tables")
+_KINDS = {".spool": "spool", ".rows-": "staging", ".compact-": "compact"}
+
+
+def disk_use(root: Path) -> tuple[dict[str, int], dict[str, int]]:
+    """Bytes of the files under ``root`` by kind (spool, tables, staging, compact),
+    apparent (st_size) and allocated (st_blocks: what the disk gives, the runway's
+    blocks allocated ahead of the spool's writes included)."""
+    size: dict[str, int] = {}
+    used: dict[str, int] = {}
     for folder, _, files in os.walk(root):
+        top = Path(folder).relative_to(root).parts[:1]
+        kind = next((k for p, k in _KINDS.items() if top and top[0].startswith(p)), "tables")
         for f in files:
             with contextlib.suppress(OSError):  # gone meanwhile (a frame read, a part moved)
-                total += os.lstat(os.path.join(folder, f)).st_size
-    return total
+                st = os.lstat(os.path.join(folder, f))
+                size[kind] = size.get(kind, 0) + st.st_size
+                used[kind] = used.get(kind, 0) + st.st_blocks * 512
+    return size, used
+
+
+class DiskSampler:
+    """The output folder's disk use every ``period_s`` from a thread of its own:
+    (seconds since ``t0``, apparent bytes by kind, allocated bytes by kind)."""
+
+    def __init__(self, root: Path, t0: float, period_s: float = 0.05) -> None:
+        self.samples: list[tuple[float, dict[str, int], dict[str, int]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(root, t0, period_s), daemon=True)
+        self._thread.start()
+
+    def _run(self, root: Path, t0: float, period_s: float) -> None:
+        while not self._stop.wait(period_s):
+            found = list(root.glob("curated/*/*"))
+            if found:
+                size, used = disk_use(found[0])
+                self.samples.append((time.monotonic() - t0, size, used))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def peaks(self, storm_end: float | None) -> dict:
+        """The allocated and the written (apparent) peak while the storm ran and during
+        the stop, each with its kinds; what was allocated at the storm's end: MiB."""
+
+        def mib(kinds: dict[str, int]) -> dict[str, float]:
+            return {k: round(v / 2**20, 1) for k, v in sorted(kinds.items())}
+
+        out: dict = {"disk_samples": len(self.samples)}
+        if self.samples:
+            out["output_peak_mb"] = max(sum(s.values()) for _, s, _ in self.samples) / 2**20
+        end = storm_end if storm_end is not None else math.inf
+        for phase, part in (
+            ("run", [x for x in self.samples if x[0] <= end]),
+            ("stop", [x for x in self.samples if x[0] > end]),
+        ):
+            if part:
+                t, _, used = max(part, key=lambda x: sum(x[2].values()))
+                out[f"disk_peak_{phase}_mb"] = round(sum(used.values()) / 2**20, 1)
+                out[f"disk_peak_{phase}"] = {"at_s": round(t, 2), **mib(used)}
+                # what was written (st_size): the runway's blocks ahead left out
+                t, size, _ = max(part, key=lambda x: sum(x[1].values()))
+                out[f"written_peak_{phase}"] = {"at_s": round(t, 2), **mib(size)}
+        before = [x for x in self.samples if x[0] <= end]
+        if before and storm_end is not None:
+            out["disk_at_storm_end"] = mib(before[-1][2])
+        return out
 
 
 def storm_argv(storm: str | None, pairs: int, seconds: float) -> list[str]:
@@ -147,8 +216,8 @@ def one(
 
     th = threading.Thread(target=log, daemon=True)
     th.start()
-    peak_rss = peak_shm = peak_children = peak_disk = 0
-    n = 0
+    disk = DiskSampler(out, t0)
+    peak_rss = peak_shm = peak_children = 0
     threads: dict[int, tuple[str, float]] = {}
     at_end: dict[str, float] | None = None
     progs: dict[str, list[int]] = {}
@@ -157,9 +226,6 @@ def one(
         peak_shm = max(peak_shm, shm_used() - shm0)
         peak_children = max(peak_children, children_rss_kb(p.pid))
         harness.thread_cpu(p.pid, threads)
-        if n % 5 == 0:  # the output folder every 0.5 s: the disk spool's frames, then parts
-            peak_disk = max(peak_disk, tree_bytes(out))
-        n += 1
         if stats and at_end is None:
             progs = program_ns(p.pid) or progs  # the last reading before the storm's end
         if at_end is None and any(_ended(ln) for _, ln in lines):
@@ -168,6 +234,7 @@ def one(
                 at_end[comm] = at_end.get(comm, 0.0) + cpu
         time.sleep(0.1)
     t_exit = time.monotonic() - t0
+    disk.stop()
     th.join(5)
     by_comm: dict[str, float] = {}
     for comm, cpu in threads.values():
@@ -185,7 +252,6 @@ def one(
         "collector_peak_rss_mb": peak_rss / 1024,
         "row_workers_peak_rss_mb": peak_children / 1024,
         "shm_peak_mb": peak_shm / 2**20,
-        "output_peak_mb": peak_disk / 2**20,
         "bpf_ns_per_run": {n: ns / cnt for n, (ns, cnt) in progs.items() if cnt},
         "bpf_runs": {n: cnt for n, (_, cnt) in progs.items()},
     }
@@ -195,6 +261,7 @@ def one(
     rec["attached_s"] = attached
     rec["storm_end_s"] = storm_end
     rec["end_to_exit_s"] = (t_exit - storm_end) if storm_end is not None else None
+    rec.update(disk.peaks(storm_end))
     rec["storm"] = next(
         (json.loads(ln) for _, ln in lines if ln.startswith("{") and "round_trips" in ln), None
     )
@@ -214,6 +281,7 @@ def one(
         rec["state"] = m.get("state")
         du = sum(f.stat().st_size for f in found[0].parent.rglob("*") if f.is_file())
         rec["collection_mb"] = du / 2**20
+        rec["collection_disk_mb"] = round(sum(disk_use(found[0].parent)[1].values()) / 2**20, 1)
         t = time.monotonic()
         try:
             if read == "footers":
@@ -347,7 +415,12 @@ def main(argv: list[str] | None = None) -> int:
               f"exit {rec['exit_s']:.1f} s, "
               f"end->exit {rec['end_to_exit_s']}, rss {rec['collector_peak_rss_mb']:.0f} MB "
               f"(row workers {rec['row_workers_peak_rss_mb']:.0f} MB), "
-              f"shm {rec['shm_peak_mb']:.0f} MB, output peak {rec['output_peak_mb']:.0f} MB, "
+              f"shm {rec['shm_peak_mb']:.0f} MB, "
+              f"output peak {rec.get('output_peak_mb', 0):.0f} MB, "
+              f"disk peak run {rec.get('disk_peak_run')} stop {rec.get('disk_peak_stop')} "
+              f"written peak stop {rec.get('written_peak_stop')} "
+              f"(at the storm's end {rec.get('disk_at_storm_end')}), collection on disk "
+              f"{rec.get('collection_disk_mb')} MB, "
               f"read ({rec.get('read')}) {rec.get('read_collection_s')} s, "
               f"reader rss {rec.get('read_max_rss_mb')} MB, "
               f"events {sum((h.get('events') or 0) for h in hooks.values())}, drops {drops}, "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -581,14 +582,14 @@ def recover(collection: Path, bpf_dir: Path | None) -> None:
     from kernmlops.collect.recovery import recover
     from kernmlops.host.invoker import hand_over, invoker
     from kernmlops.host.pinned import pin
-    from kernmlops.spool.collection import SPOOL_DIR, collector_alive
+    from kernmlops.spool.collection import SPOOL_DIR, collector_alive, spool_done
     from kernmlops.spool.memory import (
         foreign_memory,
         memory_folder,
         memory_lost,
         memory_owned_elsewhere,
     )
-    from kernmlops.spool.recovery import pending_spools
+    from kernmlops.spool.recovery import pending_spools, remove_spool
 
     try:
         who = invoker()
@@ -630,7 +631,15 @@ def recover(collection: Path, bpf_dir: Path | None) -> None:
                 f"own folder ({own}, yours, mode 0700): it is not read; if its segments are "
                 f"this collection's, move them into {collection / '.spool'} and recover again"
             )
+        if spool_done(io / SPOOL_DIR):
+            # its rows are all in parts: a kill cut the spool's removal, which ends here
+            remove_spool(io / SPOOL_DIR)
+            _say(f"nothing to recover in {collection}: every row of its spool was in "
+                 "parts; what a cut stop left of the spool is removed")  # fmt: skip
+            return
         if not pending_spools(io):
+            with contextlib.suppress(OSError):  # an empty one: a removal cut at its end
+                os.rmdir(io / SPOOL_DIR)
             _say(f"nothing to recover in {collection}: no spool")
             if foreign is not None:
                 fail(CollectionError(f"the spool's memory folder {foreign} was not read"))

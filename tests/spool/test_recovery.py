@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from kernmlops.spool.recovery import pending_spools
 from tests.spool.conftest import make_collection
 
@@ -102,3 +104,72 @@ def test_recover_on_what_is_not_a_collection_is_an_error_not_nothing_to_do(
         )  # fmt: skip
         assert done.returncode == 2, done.stderr
         assert said in done.stderr and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_a_spool_whose_removal_a_kill_cut_reads_as_done_and_a_deletion_as_a_loss(
+    tmp_path: Path, shm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # remove_spool marks the spool done (its rows are all in parts) before any file
+    # goes: whatever a kill leaves (a json without its segment, a dangling "mem") reads
+    # as nothing pending and nothing lost. Without the mark the same json is a loss.
+    import json
+    import shutil
+
+    from kernmlops.spool.memory import memory_lost, spool_memory
+    from kernmlops.spool.recovery import remove_spool
+
+    class Killed(BaseException):
+        pass
+
+    def lay() -> Path:
+        col = tmp_path / "c"
+        shutil.rmtree(col, ignore_errors=True)
+        spool = make_collection(col, "c1")
+        memory = spool_memory(spool, "c1", 8)
+        assert memory is not None
+        (spool / "events.json").write_text("{}")
+        for folder, n in ((memory.folder, 0), (spool, 1)):
+            (folder / f"events.{n:05d}.ring").write_bytes(b"x" * 64)
+            meta = {"version": 2, "rows_before": {}, "bytes": 64, "retired": False}
+            (folder / f"events.{n:05d}.json").write_text(json.dumps(meta))
+        return spool
+
+    deleted: list[str] = []
+
+    def cut_after(n: int | None):
+        real = os.unlink
+
+        def unlink(path, *args, **kwargs):
+            if n is not None and len(deleted) >= n:
+                raise Killed
+            real(path, *args, **kwargs)
+            deleted.append(os.fspath(path))
+
+        return unlink
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "unlink", cut_after(None))
+        remove_spool(lay())
+    assert not (tmp_path / "c" / ".spool").exists() and not list(shm.iterdir())
+    files = len(deleted)
+    assert files == 8  # 2 segments and 2 jsons, the owner file, the link, the description, the mark
+    for n in range(files):
+        deleted.clear()
+        spool = lay()
+        with monkeypatch.context() as m:
+            m.setattr(os, "unlink", cut_after(n))
+            with pytest.raises(Killed):
+                remove_spool(spool)
+        assert pending_spools(tmp_path / "c") == [], n
+        assert memory_lost(tmp_path / "c") is None, n
+    # deleted by anyone else: no mark, a json noting 64 bytes and no file
+    spool = lay()
+    (spool / "events.00001.ring").unlink()
+    assert pending_spools(tmp_path / "c")[-1] == spool / "events.00001.ring"
+    # a spool that is a link is never followed, its target never marked nor emptied
+    (tmp_path / "c" / ".spool").rename(tmp_path / "elsewhere")
+    (tmp_path / "c" / ".spool").symlink_to(tmp_path / "elsewhere")
+    remove_spool(tmp_path / "c" / ".spool")
+    assert sorted(p.name for p in (tmp_path / "elsewhere").iterdir()) == [
+        "events.00001.json", "events.json", "mem"
+    ]  # fmt: skip

@@ -24,7 +24,7 @@ from kernmlops.ebpf.ringbuf import decode, record_stride
 from kernmlops.errors import CollectionError
 from kernmlops.host.pinned import UnsafePath, read_plain, subfolder
 from kernmlops.lazy import lazy_import
-from kernmlops.spool.collection import SPOOL_DIR
+from kernmlops.spool.collection import SPOOL_DIR, spool_done
 from kernmlops.spool.frames import SegmentFormat, format_of
 from kernmlops.spool.recovery import (
     deleted_bytes,
@@ -159,6 +159,9 @@ def recover(
         # a stop killed while workers made rows: the spool still has all of them
         if staged.is_dir() and not staged.is_symlink():
             shutil.rmtree(staged, ignore_errors=True)
+    if spool_done(folder):  # every row in parts: a kill cut its removal, which ends here
+        remove_spool(folder)
+        return result
     segments = pending_spools(collection)
     if not segments:
         return result

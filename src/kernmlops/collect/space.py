@@ -55,6 +55,9 @@ class SpaceGuard:
         self.min_free_mb = min_free_mb
         #: the collection's disk or the spool's tmpfs filled: it ends as disk_full
         self.disk_full = False
+        #: the run ended with room left: a lack of it from now on is the stop's (the
+        #: rows made from the spool, the parts), not the benchmark's to be stopped for
+        self.stopping = False
         self.parquet: ParquetSink | None = None
         self.memory: SpoolMemory | None = None
 
@@ -97,8 +100,13 @@ class SpaceGuard:
 
     def kept(self) -> str:
         """What a collection stopped by its output says it kept, and how to get it."""
+        when = (
+            "It filled during the stop, the benchmark ended"
+            if self.stopping
+            else "The benchmark was stopped"
+        )
         return (
-            "The benchmark was stopped; finished parts and the spool are kept "
+            f"{when}; finished parts and the spool are kept "
             f"(kernmlops recover {self.path}, once there is room)."
         )
 

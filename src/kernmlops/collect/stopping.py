@@ -63,6 +63,7 @@ def stop_collection(
             errors.append(err)
 
     full = space.out_of_space()
+    space.stopping = not full
     for hook in hooks:  # before the stop kills what the benchmark left running
         step(hook.benchmark_ending)
     bench_exit = bench.stop(

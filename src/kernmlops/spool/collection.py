@@ -17,6 +17,20 @@ from typing import Any
 SPOOL_DIR = ".spool"
 #: a collection's manifest (kernmlops.collect.manifest)
 MANIFEST_NAME = "manifest.json"
+#: in a spool: every row of it is in finished parts, and it is being removed
+#: (kernmlops.spool.recovery.remove_spool); written first, deleted last
+DONE_MARK = "done"
+
+
+def spool_done(spool_dir: Path) -> bool:
+    """Whether the spool's rows are all in finished parts (its removal began): what a
+    kill left of it is no loss, and nothing to recover."""
+    import stat
+
+    try:
+        return stat.S_ISREG((spool_dir / DONE_MARK).lstat().st_mode)
+    except OSError:
+        return False
 
 
 def _manifest(collection: Path) -> dict[str, Any]:

@@ -20,7 +20,12 @@ from pathlib import Path
 
 from kernmlops.ebpf.copier import Budget
 from kernmlops.ebpf.copier import available as copier_available
-from kernmlops.spool.collection import SPOOL_DIR, collection_id_of, collector_alive
+from kernmlops.spool.collection import (
+    SPOOL_DIR,
+    collection_id_of,
+    collector_alive,
+    spool_done,
+)
 
 #: the spool's link to its folder on a tmpfs
 MEMORY_LINK = "mem"
@@ -246,6 +251,8 @@ def foreign_memory(collection: Path) -> Path | None:
 
 def memory_lost(collection: Path) -> Path | None:
     """The tmpfs folder a collection's spool links to, when it is gone (a reboot):
-    the rows of its segments cannot be recovered."""
+    the rows of its segments cannot be recovered. None for a spool marked done."""
     link = collection / SPOOL_DIR / MEMORY_LINK
+    if spool_done(collection / SPOOL_DIR):
+        return None  # its rows are in parts: the folder went first in its removal
     return Path(os.readlink(link)) if link.is_symlink() and not link.exists() else None

@@ -7,6 +7,7 @@ of the collection made.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from kernmlops.ebpf.ringbuf import BUSY_BIT, LEN_MASK
 from kernmlops.host.pinned import read_plain
-from kernmlops.spool.collection import SPOOL_DIR
+from kernmlops.spool.collection import DONE_MARK, SPOOL_DIR, spool_done
 from kernmlops.spool.frames import (
     CODEC,
     CUT,
@@ -52,19 +53,50 @@ def _copied_memory(mem: Path) -> bool:
 
 
 def remove_spool(spool_dir: Path) -> None:
-    """Delete a spool, its own memory folder included (never what else a link names)."""
+    """Delete a spool whose rows are all in finished parts, its own memory folder
+    included (never what else a link names). A mark (:data:`DONE_MARK`), made durable
+    first and deleted last, says so: a kill part-way (the files go one at a time) leaves
+    a spool that reads as done, not segments whose files are gone, a description
+    deleted before its segments or a memory folder gone before its link, each of which
+    ``recover`` would name as lost."""
     mem = own_memory(spool_dir)
-    if mem is not None:
-        shutil.rmtree(mem, ignore_errors=True)
-    shutil.rmtree(spool_dir, ignore_errors=True)
+    try:
+        # held open, never through a link: root removes spools in its users' folders
+        fd = os.open(spool_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return  # gone already, or a link
+    try:
+        try:
+            os.close(os.open(DONE_MARK, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             0o600, dir_fd=fd))  # fmt: skip
+            os.fsync(fd)  # the mark is on the disk before any file goes
+        except OSError:
+            pass  # (no room for an inode) deleted all the same: only a kill now misleads
+        if mem is not None:
+            shutil.rmtree(mem, ignore_errors=True)
+        for entry in list(os.scandir(fd)):
+            if entry.name == DONE_MARK:
+                continue
+            if entry.is_dir(follow_symlinks=False):  # a copied memory folder
+                shutil.rmtree(entry.name, ignore_errors=True, dir_fd=fd)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.name, dir_fd=fd)
+        with contextlib.suppress(OSError):
+            os.unlink(DONE_MARK, dir_fd=fd)
+    finally:
+        os.close(fd)
+    with contextlib.suppress(OSError):
+        os.rmdir(spool_dir)
 
 
 def pending_spools(collection: Path) -> list[Path]:
     """The spool segments a collection still holds (after a kill), in order; with them
     those whose file is gone but whose json says it held records (:func:`deleted_bytes`:
-    a path that does not exist, for ``recover`` to name as lost)."""
+    a path that does not exist, for ``recover`` to name as lost). None from a spool
+    marked done (what a kill left of its removal)."""
     folder = collection / SPOOL_DIR
-    if not folder.is_dir():
+    if not folder.is_dir() or spool_done(folder):
         return []
     found = []
     for f in spool_folders(folder):
