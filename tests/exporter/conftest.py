@@ -88,6 +88,15 @@ def wait_serving(proc: subprocess.Popen, url: str, log: Path, timeout: float = 9
             time.sleep(0.2)
 
 
+def wait_logged(log: Path, text: str, timeout: float = 20) -> str:
+    """``log``'s text once it holds ``text``: the exporter answers as soon as its
+    server starts, and says "serving ... at" a moment after."""
+    deadline = time.monotonic() + timeout
+    while text not in (got := log.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return got
+
+
 def stop(proc: subprocess.Popen, timeout: float = 20) -> None:
     """SIGTERM, then SIGKILL if it has not exited within ``timeout`` s; reaped."""
     if proc.poll() is None:

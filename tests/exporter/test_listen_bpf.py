@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.exporter.conftest import exporter_process, free_port, wait_serving
+from tests.exporter.conftest import exporter_process, free_port, wait_logged, wait_serving
 from tests.exporter.test_server import _has_ipv6_loopback
 
 pytestmark = pytest.mark.bpf
@@ -37,4 +37,5 @@ def test_web_listen_address_colon_port_serves_ipv4_and_ipv6(tmp_path: Path) -> N
         if _has_ipv6_loopback():
             with urllib.request.urlopen(f"http://[::1]:{port}/metrics", timeout=5) as resp:
                 assert resp.status == 200
-        assert f"at http://[::]:{port}/metrics" in log.read_text() or not _has_ipv6_loopback()
+        said = wait_logged(log, "serving ")
+        assert f"at http://[::]:{port}/metrics" in said or not _has_ipv6_loopback()
