@@ -138,6 +138,12 @@ class Distribution:
     def mean(self) -> float:
         return float(np.dot(self.values.astype(np.float64), self.counts) / self.size)
 
+    def share_at_most(self, x: np.ndarray) -> np.ndarray:
+        """The share of rows whose value is at most each of ``x`` (the CDF at ``x``),
+        exactly: a zero counts at 0, not at the first bin of a log axis."""
+        ends = np.concatenate([[0], np.cumsum(self.counts)])
+        return ends[np.searchsorted(self.values, x, side="right")] / max(self.size, 1)
+
     def histogram(self, bins: np.ndarray) -> np.ndarray:
         """Rows per bin, the values clipped to >= 1 (zeros belong to the first bin)."""
         counts, _ = np.histogram(np.clip(self.values, 1, None), bins=bins, weights=self.counts)
