@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import warnings
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ from kernmlops.data import (
     list_collections,
     read_collection,
     read_parquet_dir,
+    wall_clock,
 )
 from kernmlops.errors import CollectionError
 from tests.conftest import skip_here
@@ -796,3 +798,78 @@ def test_a_lazy_read_as_root_reads_the_files_it_opened(
     assert fleet.collect()["latency_ns"].to_list() == [3 * i for i in range(10)]
     with pytest.raises(CollectionError, match="a link"):
         read_collection(col, lazy=True)  # read again: the link is seen and refused
+
+
+#: Writes the wall clock (time.time_ns) to the file it is given, then exits at once:
+#: its process_trace exit row is made within moments of that time.
+STAMP = (
+    "import os, sys, time\n"
+    "t = time.time_ns()\n"
+    "fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT)\n"
+    "os.write(fd, str(t).encode())\n"
+    "os._exit(0)\n"
+)
+
+
+@pytest.mark.bpf
+def test_wall_clock_places_a_row_at_the_time_it_was_made(tmp_path: Path) -> None:
+    """The benchmark's exit, stamped by the kernel on CLOCK_MONOTONIC, converted with the
+    manifest's clock pairs, lands within a few ms after the wall-clock time the process
+    wrote just before exiting (boot_time_unix alone is off by up to a second)."""
+    stamp = tmp_path / "stamp"
+    cmd = [sys.executable, "-m", "kernmlops", "collect", "--no-progress", "-o",
+           str(tmp_path / "data"), "--hooks", "process_trace", "--",
+           sys.executable, "-c", STAMP, str(stamp)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        skip_here(proc.stderr)
+    [folder] = (tmp_path / "data").glob("curated/benchmark=command/collection_id=*")
+    col = read_collection(folder)
+    clock = col.manifest.clock
+    assert clock is not None and clock.start is not None and clock.stop is not None
+    for pair in (clock.start, clock.stop):
+        assert 0 < pair.uncertainty_ns < 1_000_000  # back to back: well under a ms
+    # the pairs are the collection's own: started_at and stopped_at are near them
+    started = datetime.fromisoformat(col.manifest.started_at)
+    assert abs(clock.start.realtime_ns / 1e9 - started.timestamp()) < 0.5
+    written = datetime.fromtimestamp(int(stamp.read_text()) / 1e9, UTC)
+    pid = col.manifest.benchmark.pid
+    rows = col["process_trace"].filter(pl.col("pid") == pid)
+    at = dict(rows.select("kind", col.wall_clock()).iter_rows())
+    assert at["exec"] < written < at["exit"]
+    assert (at["exit"] - written).total_seconds() < 0.02, (at["exit"], written)
+
+
+def test_wall_clock_from_the_pairs_or_the_boot_time() -> None:
+    from kernmlops.collect.manifest import Manifest
+
+    mono, real = 5_000_000_000_000, 1_800_000_000_000_000_000
+    frame = pl.DataFrame(
+        {"ts_uptime_us": [mono // 1000 - 10, mono // 1000 + 1, mono // 1000 + 3_000_001]}
+    )
+    one = Manifest(
+        clock={"start": {"monotonic_ns": mono, "realtime_ns": real, "uncertainty_ns": 80}}
+    )
+    got = frame.select(wall_clock(one))["ts_uptime_us"].dt.epoch("us").to_list()
+    assert got == [real // 1000 - 10, real // 1000 + 1, real // 1000 + 3_000_001]
+    # the wall clock stepped 2 ms ahead between start and stop (3 s apart): the offset
+    # moves with the time between them, and is the nearer pair's outside
+    stop = {"monotonic_ns": mono + 3 * 10**9, "realtime_ns": real + 3 * 10**9 + 2_000_000,
+            "uncertainty_ns": 90}  # fmt: skip
+    two = Manifest(clock={"start": one.clock.start.model_dump(), "stop": stop})
+    frame = pl.DataFrame(
+        {"ts_uptime_us": [mono // 1000 - 5, mono // 1000 + 1_500_000, mono // 1000 + 4_000_000]}
+    )
+    got = frame.select(wall_clock(two))["ts_uptime_us"].dt.epoch("us").to_list()
+    assert got == [
+        real // 1000 - 5,
+        real // 1000 + 1_500_000 + 1000,
+        real // 1000 + 4_000_000 + 2000,
+    ]
+    # an older manifest: the boot time, whole seconds
+    old = Manifest(system={"boot_time_unix": 1_700_000_000})
+    assert frame.select(wall_clock(old))["ts_uptime_us"].dt.epoch("us")[0] == (
+        1_700_000_000 * 10**6 + mono // 1000 - 5
+    )
+    with pytest.raises(CollectionError, match=r"no clock pair and no system\.boot_time_unix"):
+        wall_clock(Manifest())

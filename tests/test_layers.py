@@ -43,7 +43,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
         "kernmlops", "kernmlops.errors", "kernmlops.lazy", "kernmlops.fileio",
         "kernmlops.validation", "kernmlops.yamlfile", "kernmlops.syscall_names",
         "kernmlops.counters", "kernmlops.tables", "kernmlops.host", "kernmlops.registry",
-        "kernmlops.workloads", "kernmlops.confined",
+        "kernmlops.workloads", "kernmlops.confined", "kernmlops.stats",
     })),
     ("libbpf", frozenset({"kernmlops.ebpf"})),
     # ring records on disk: the hooks' RingSpool sits on it, the collection reads it back

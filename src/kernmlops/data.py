@@ -21,6 +21,8 @@ Examples (in a notebook)::
     big["quanta_runtime"].group_by("pid").agg(len64()).collect(engine="streaming")
     count_rows(big["quanta_runtime"])    # past 2^32 rows too, where pl.len() fails
 
+    c["block_io"].with_columns(at=c.wall_clock())   # ts_uptime_us as UTC datetimes
+
 Only finished parts (``part-*.parquet``) are read; an interrupted writer's temporary files
 (``.part-*.parquet.tmp``) are never opened. A collection whose collector died (its manifest
 still says ``state: running``), or one still being collected, is read as far as it was
@@ -66,6 +68,7 @@ __all__ = [
     "list_collections",
     "read_collection",
     "read_parquet_dir",
+    "wall_clock",
 ]
 
 
@@ -153,6 +156,50 @@ class _Tables(Mapping[str, F]):
         if parent.startswith(_BENCHMARK_PREFIX):
             return unquote(parent.removeprefix(_BENCHMARK_PREFIX))
         return None
+
+    def wall_clock(self, column: str = "ts_uptime_us") -> pl.Expr:
+        """``column`` (CLOCK_MONOTONIC µs) as wall-clock time: see :func:`wall_clock`."""
+        return wall_clock(self.manifest, column)
+
+
+def wall_clock(manifest: Manifest, column: str = "ts_uptime_us") -> pl.Expr:
+    """An expression turning ``column`` (CLOCK_MONOTONIC µs, as every table's
+    ``ts_uptime_us``) into wall-clock time (``Datetime("us", "UTC")``).
+
+    From the manifest's ``clock`` pairs: CLOCK_MONOTONIC and CLOCK_REALTIME read back to
+    back at the collection's start and stop (within ``uncertainty_ns``, a few µs). Between
+    them the two offsets are interpolated (they differ only where the wall clock was
+    stepped, or the machine suspended, during the collection); before the start and
+    after the stop the nearer one holds. A manifest written before the pairs were
+    recorded has only ``system.boot_time_unix``, whole seconds: its conversion is
+    that coarse (off by up to a second, more after a clock step since boot).
+
+    Raises:
+        CollectionError: the manifest has neither.
+    """
+    ts = pl.col(column).cast(pl.Int64) * 1000  # ns
+    clock = manifest.clock
+    pairs = [p for p in (clock.start, clock.stop) if p is not None] if clock else []
+    if pairs:
+        first, last = pairs[0], pairs[-1]
+        off0 = first.realtime_ns - first.monotonic_ns
+        off1 = last.realtime_ns - last.monotonic_ns
+        span = last.monotonic_ns - first.monotonic_ns
+        if span > 0 and off1 != off0:
+            share = ((ts - first.monotonic_ns) / span).clip(0, 1)
+            offset = pl.lit(off0) + (share * (off1 - off0)).round().cast(pl.Int64)
+        else:
+            offset = pl.lit(off0)
+        wall_ns = ts + offset
+    else:
+        boot = (manifest.system or {}).get("boot_time_unix")
+        if not isinstance(boot, int | float):
+            raise CollectionError(
+                "the manifest records no clock pair and no system.boot_time_unix: "
+                "its timestamps cannot be turned into wall-clock time"
+            )
+        wall_ns = ts + int(boot) * 1_000_000_000
+    return pl.from_epoch(wall_ns // 1000, time_unit="us").dt.replace_time_zone("UTC").alias(column)
 
 
 class Collection(_Tables[pl.DataFrame]):

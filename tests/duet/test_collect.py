@@ -52,7 +52,7 @@ def test_kernel_stats_per_side():
         "processes": 2,
         "cpu_time_ms": 6.0,
         "runq_latency_mean_us": 20.0,
-        "runq_latency_p99_us": pytest.approx(29.8),
+        "runq_latency_p99_us": 30.0,  # the larger of two waits: a value that occurred
         "migrations": 2,
         "context_switches": 3,
         "page_faults": 1,

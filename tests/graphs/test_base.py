@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 import polars as pl
 import pytest
@@ -27,6 +29,7 @@ from kernmlops.graphs.perf_counters import PerfCountersView, per_sample
 from kernmlops.graphs.quanta_runtime import busy_fraction
 from kernmlops.graphs.sched_migrate import pair_matrix
 from kernmlops.graphs.syscalls import totals
+from kernmlops.stats import quantile
 from tests.graphs.conftest import (
     BENCH_PID,
     BENCH_START,
@@ -60,16 +63,21 @@ def test_busy_fraction_splits_each_quantum_over_the_bins_it_ran_in() -> None:
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_quantiles_from_value_counts_are_those_of_the_rows(seed: int) -> None:
-    """Exactly numpy's default (linear) and polars' default (nearest), ties and all."""
+    """The smallest value with at least q of the rows at or below it, ties and all:
+    counted by brute force, and numpy's inverted_cdf where q n is exact in floating
+    point."""
     rng = np.random.default_rng(seed)
     values = rng.integers(0, rng.integers(2, 50), rng.integers(1, 400)).astype(np.uint64)
     dist = Distribution.of(pl.DataFrame({"v": values}), "v")
     assert dist.size == values.size and dist.max() == values.max()
     assert dist.mean() == pytest.approx(values.mean())
-    series = pl.Series(values).cast(pl.Float64)
     for q in [0, 0.01, 0.25, 0.5, 0.5 + 1e-9, 0.75, 0.9, 0.99, 1, *rng.random(20)]:
-        assert dist.quantile(q) == np.quantile(values, q), q
-        assert dist.quantile(q, "nearest") == series.quantile(q, "nearest"), q
+        at_most = (values[None, :] <= np.unique(values)[:, None]).sum(axis=1)
+        need = Fraction(str(q)) * values.size
+        expected = np.unique(values)[np.flatnonzero(at_most >= need)[0]]
+        assert dist.quantile(q) == expected == quantile(values, q), q
+        if q in (0.25, 0.5, 0.75, 0.99):
+            assert dist.quantile(q) == np.quantile(values, q, method="inverted_cdf"), q
 
 
 def test_log_bins_are_whole_numbers_that_cover_the_values() -> None:

@@ -4,6 +4,8 @@ before they scanned): counts per bin, quantiles, busy shares, CDFs, RSS."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import polars as pl
 import pytest
@@ -85,6 +87,12 @@ def _quantile_marks(ax) -> dict[str, float]:
     }
 
 
+def _q(values: np.ndarray | pl.Series, q: float) -> float:
+    """numpy's inverse of the empirical CDF (exact for q n whole, as 0.5 and 0.99 of
+    the tables here)."""
+    return float(np.quantile(np.asarray(values), q, method="inverted_cdf"))
+
+
 def test_the_tables_are_scanned_not_read(data: GraphData) -> None:
     assert all(isinstance(f, pl.LazyFrame) for f in data.tables.values())
 
@@ -97,7 +105,7 @@ def test_run_length_histogram_and_quantiles(data: GraphData, collection: Collect
     np.testing.assert_array_equal(edges, expected_edges)
     np.testing.assert_array_equal(counts, expected)
     marks = _quantile_marks(ax)
-    assert marks == {q: max(np.quantile(values, int(q[1:]) / 100), 1) for q in ("p50", "p99")}
+    assert marks == {q: max(_q(values, int(q[1:]) / 100), 1) for q in ("p50", "p99")}
     assert ax.get_title().startswith(
         f"{values.size:,} quanta · mean {format_duration_us(values.mean())} · "
     )
@@ -124,26 +132,72 @@ def test_busy_share_is_the_overlap_of_quanta_and_bins(
     np.testing.assert_allclose(image, expected * 100, atol=1e-6)
 
 
+def _cdf_at(values: np.ndarray, xs: np.ndarray) -> np.ndarray:
+    """The share of ``values`` at most each of ``xs``, by brute force."""
+    return (values[:, None] <= xs[None, :]).mean(axis=0)
+
+
 def test_queued_time_cdf_per_cpu_and_quantiles(data: GraphData, collection: Collection) -> None:
     frame = collection["quanta_queued_time"]
     values = frame["quanta_queued_time_us"].to_numpy()
-    bins = log_bins(values, per_decade=40)
-
-    def cdf(v: np.ndarray) -> np.ndarray:
-        counts, _ = np.histogram(np.clip(v, 1, None), bins=bins)
-        return np.concatenate([[0.0], np.cumsum(counts) / v.size])
-
     ax = figure(data, "quanta_queued_time_cdf").axes[0]
     lines = _lines(ax)
+    total = next(line for line in ax.lines if line.get_label() == "all CPUs")
+    xs = np.asarray(total.get_xdata(), float)
+    assert xs[0] == ax.get_xlim()[0] < 1  # the left edge: 0 µs
+    np.testing.assert_array_equal(xs[1:], log_bins(values, per_decade=40))
     cpus = frame["cpu"].to_numpy()
     assert {f"CPU {c}" for c in np.unique(cpus)} | {"all CPUs"} <= set(lines)
-    np.testing.assert_allclose(lines["all CPUs"], cdf(values))
+    np.testing.assert_allclose(lines["all CPUs"], _cdf_at(values, xs))
     for c in np.unique(cpus):
-        np.testing.assert_allclose(lines[f"CPU {c}"], cdf(values[cpus == c]))
-    assert _quantile_marks(ax) == {
-        "p50": max(np.quantile(values, 0.5), 1),
-        "p99": max(np.quantile(values, 0.99), 1),
-    }
+        np.testing.assert_allclose(lines[f"CPU {c}"], _cdf_at(values[cpus == c], xs))
+    assert _quantile_marks(ax) == {"p50": max(_q(values, 0.5), 1), "p99": max(_q(values, 0.99), 1)}
+
+
+def test_queued_time_cdf_starts_at_the_share_of_zero_waits(tmp_path: Path) -> None:
+    """Waits of 0 µs (a log axis has no 0) are the curve's start at the axis' left edge,
+    and the legend says their share: not drawn as waits between 1 and 2 µs."""
+    tables = synthetic_tables(seed=5)
+    n = tables["quanta_queued_time"].height
+    waits = np.tile(np.array([0, 0, 0, 1, 1, 2, 5, 40, 900, 7000], np.uint64), n // 10)
+    cpu = np.repeat(np.array([0, 1], np.uint32), n // 2)
+    waits[cpu == 1] = np.maximum(waits[cpu == 1], 3)  # CPU 1 never ran a task at once
+    tables["quanta_queued_time"] = tables["quanta_queued_time"].with_columns(
+        quanta_queued_time_us=pl.Series(waits), cpu=pl.Series(cpu)
+    )
+    ax = figure(load(write_collection(tmp_path, tables)), "quanta_queued_time_cdf").axes[0]
+    left = ax.get_xlim()[0]
+    lines = {line.get_label(): line for line in ax.lines}
+    zero_share = float((waits == 0).mean())  # 0.15: 3 in 10 on CPU 0, none on CPU 1
+    assert zero_share == 0.15
+    for label, mine in (
+        ("all CPUs", waits),
+        ("CPU 0", waits[cpu == 0]),
+        ("CPU 1", waits[cpu == 1]),
+    ):
+        x, y = (np.asarray(v, float) for v in lines[label].get_data())
+        assert (x[0], y[0]) == (left, (mine == 0).mean()), label
+        # at 1 µs: the waits of 0 and 1 µs, not only those of 1
+        assert y[np.flatnonzero(x == 1)[0]] == (mine <= 1).mean(), label
+        np.testing.assert_allclose(y, _cdf_at(mine, x))
+    marker = lines["15.0% waited 0 µs (at the left edge)"]
+    assert (tuple(marker.get_xdata()), tuple(marker.get_ydata())) == ((left,), (zero_share,))
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "15.0% waited 0 µs (at the left edge)" in legend
+
+
+def test_a_quantile_of_0_us_is_marked_at_the_left_edge(tmp_path: Path) -> None:
+    tables = synthetic_tables(seed=6)
+    n = tables["quanta_queued_time"].height
+    waits = np.zeros(n, np.uint64)
+    waits[: n // 4] = 50  # most runs waited 0 µs: the median is 0
+    tables["quanta_queued_time"] = tables["quanta_queued_time"].with_columns(
+        quanta_queued_time_us=pl.Series(waits)
+    )
+    ax = figure(load(write_collection(tmp_path, tables)), "quanta_queued_time_cdf").axes[0]
+    marks = {line.get_label(): float(line.get_xdata()[0]) for line in ax.lines}
+    assert marks["p50 = 0 µs"] == ax.get_xlim()[0]
+    assert "75.0% waited 0 µs (at the left edge)" in marks
 
 
 @pytest.mark.parametrize(
@@ -193,7 +247,7 @@ def test_block_io_rates_and_latency(data: GraphData, collection: Collection) -> 
         mine = mine["issue_to_complete_us"].to_numpy()
         counts, _ = np.histogram(np.clip(mine, 1, None), bins=bins)
         np.testing.assert_allclose(patch.get_data()[0], counts / mine.size)
-        p50, p99 = np.quantile(mine, [0.5, 0.99])
+        p50, p99 = _q(mine, 0.5), _q(mine, 0.99)
         assert patch.get_label() == (
             f"{op}: {mine.size:,} · p50 {format_duration_us(p50)} · p99 {format_duration_us(p99)}"
         )
@@ -253,8 +307,8 @@ def test_rss_of_the_largest_processes(
 
 
 def test_table_summaries_as_polars_gives_them(data: GraphData, collection: Collection) -> None:
-    """Rows, span, processes and each key column's mean, p50, p99 and max as polars
-    computes them on the rows in memory (its default quantile: nearest)."""
+    """Rows, span, processes and each key column's mean, p50, p99 and max as polars and
+    numpy compute them on the rows in memory (the percentiles numpy's inverted_cdf)."""
     for entry in table_summary(data):
         frame = collection[entry["table"]]
         assert entry["rows"] == frame.height
@@ -273,11 +327,36 @@ def test_table_summaries_as_polars_gives_them(data: GraphData, collection: Colle
             expected.append(
                 (
                     col,
-                    f"mean {fmt(values.mean())} · p50 {fmt(values.quantile(0.5))} · "
-                    f"p99 {fmt(values.quantile(0.99))} · max {fmt(values.max())}",
+                    f"mean {fmt(values.mean())} · p50 {fmt(_q(values, 0.5))} · "
+                    f"p99 {fmt(_q(values, 0.99))} · max {fmt(values.max())}",
                 )
             )
         assert entry["stats"] == expected, entry["table"]
+
+
+def test_the_graph_and_the_report_give_one_median(tmp_path: Path) -> None:
+    """Run lengths whose median by linear interpolation (1,501 µs), by polars' nearest
+    rank (3,000 µs) and as the value of rank ceil(n/2) (2 µs: the page's one
+    definition) all differ: the figure's p50 line and the report's summary agree on
+    the last."""
+    tables = synthetic_tables(seed=7)
+    n = tables["quanta_runtime"].height  # even: the median falls between two rows
+    runs = np.where(np.arange(n) < n // 2, 2, 3000).astype(np.uint64)
+    runs[0] = 1  # the lower half is not all one value: 2 is picked by rank
+    tables["quanta_runtime"] = tables["quanta_runtime"].with_columns(
+        quanta_run_length_us=pl.Series(runs)
+    )
+    data = load(write_collection(tmp_path, tables))
+    assert np.quantile(runs, 0.5) == 1501
+    assert pl.Series(runs).quantile(0.5, "nearest") == 3000
+    rank = np.sort(runs)[(n + 1) // 2 - 1]
+    assert rank == 2 == _q(runs, 0.5)
+    ax = figure(data, "quanta_run_length").axes[0]
+    assert _quantile_marks(ax)["p50"] == 2
+    assert "p50 = 2 µs" in [line.get_label() for line in ax.lines]
+    [runtime] = [t for t in table_summary(data) if t["table"] == "quanta_runtime"]
+    summary = dict(runtime["stats"])["quanta_run_length_us"]
+    assert " · p50 2 µs · " in summary
 
 
 def test_a_selection_is_drawn_from_its_rows_alone(collection: Collection) -> None:

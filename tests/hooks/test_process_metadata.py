@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import textwrap
 import time
 import uuid
 from collections.abc import Iterator
@@ -241,9 +242,13 @@ def test_snapshot_matches_proc(
     if cgroup_path is not None:
         assert w["cgroup_path"] == cgroup_path
         assert w["cgroup_id"] == os.stat(cgroup2_mount()[0] / Path(cgroup_path).name).st_ino
-    # start, the on-demand one, end: all written to the table, in order.
+    # start, the on-demand one, end: all written to the table, in order; between them
+    # the machine's forks and execs (system-wide), rows without a snapshot_seq
     table = pl.concat(frames)
-    labels = table.group_by("snapshot_seq", maintain_order=True).agg(pl.col("snapshot").first())
+    snaps = table.filter(pl.col("snapshot_seq").is_not_null())
+    labels = snaps.group_by("snapshot_seq", maintain_order=True).agg(pl.col("snapshot").first())
+    events = table.filter(pl.col("snapshot_seq").is_null())
+    assert set(events["snapshot"]) <= {"fork", "exec"}
     assert labels.sort("snapshot_seq")["snapshot"].to_list() == ["start", "check", "end"]
     assert hook.status.events == table.height
     assert hook.obj is None  # stopped: detached and closed
@@ -334,3 +339,82 @@ def test_start_sees_the_command_and_end_sees_it_before_the_reap(
         # reparented when its shell exited: its ppid is the reaper's now, not the shell's
         child = end.filter(pl.col("cmdline") == "sleep 7.5")
         assert child["comm"].to_list() == ["sleep"] and child["ppid"].item() != pid
+
+
+#: Forks short-lived children (some exec sleep, some only fork), waits for each, and
+#: writes their pids to the file it is given: the workload's own account of them.
+FORKER = textwrap.dedent(
+    """
+    import os, subprocess, sys, time
+    pids = []
+    for i in range(6):
+        child = subprocess.Popen(["sleep", "0.02"])
+        child.wait()
+        pids.append(child.pid)
+        pid = os.fork()
+        if pid == 0:
+            sum(range(200_000))  # runs a while on a CPU: quanta of its own
+            os._exit(0)
+        os.waitpid(pid, 0)
+        pids.append(pid)
+        time.sleep(0.03)
+    with open(sys.argv[1], "w") as f:
+        f.write(" ".join(map(str, pids)))
+    """
+)
+
+
+@pytest.mark.bpf
+def test_every_child_of_the_benchmark_is_recorded_at_its_default_interval(
+    tmp_path: Path,
+) -> None:
+    """interval_s 0 (the default): the start and end snapshots see the root alone (its
+    children start and end between them), and each child the benchmark ran has rows of
+    its own, from its fork (and its exec): joining quanta_runtime with
+    process_metadata names every child that ran."""
+    from kernmlops.collect.session import Session
+    from kernmlops.collect.sinks import MemorySink
+    from kernmlops.config import load_config
+
+    account = tmp_path / "children"
+    argv = [sys.executable, "-c", FORKER, str(account)]
+    cfg = load_config(
+        {
+            "collector": {"output_dir": str(tmp_path), "progress": False,
+                          "hooks": ["process_metadata", "quanta_runtime"]},
+            "benchmark": {"name": "command", "command": {"argv": argv}},
+        }
+    )  # fmt: skip
+    assert ProcessMetadataHook.Options().interval_s == 0
+    sink = MemorySink()
+    result = Session(cfg, sink=sink).run()
+    assert result.exit_code == 0
+    out = result.hooks["process_metadata"]
+    assert out.attached and out.drops == 0
+    meta = sink.table("process_metadata")
+    quanta = sink.table("quanta_runtime")
+    children = [int(p) for p in account.read_text().split()]
+    assert len(children) == 12
+    # the workload's own pids, each with rows of its own
+    recorded = meta.filter(pl.col("snapshot").is_in(["fork", "exec"]))
+    for pid in children:
+        mine = recorded.filter(pl.col("pid") == pid)
+        assert mine.height, f"child {pid} not in process_metadata"
+        assert mine["tgid"].unique().to_list() == [pid]
+        assert mine["snapshot_seq"].is_null().all()
+    root = meta.filter(pl.col("snapshot") == "start")["pid"].to_list()
+    assert [r for r in root if r in children] == []  # not there at start: born later
+    execs = recorded.filter((pl.col("snapshot") == "exec") & pl.col("pid").is_in(children))
+    assert sorted(execs["pid"].to_list()) == sorted(children[0::2])
+    assert set(execs["comm"]) == {"sleep"}
+    forks = recorded.filter((pl.col("snapshot") == "fork") & pl.col("pid").is_in(children))
+    assert sorted(forks["pid"].to_list()) == sorted(children)
+    parent = forks["ppid"].unique().to_list()
+    assert len(parent) == 1 and parent[0] not in children  # the python benchmark
+    # the join a user makes: every child that ran on a CPU is named
+    ran = quanta.filter(pl.col("tgid").is_in(children))["tgid"].unique()
+    assert ran.len() >= 6  # the forked ones each ran 200,000 additions at least
+    named = quanta.filter(pl.col("tgid").is_in(children)).join(
+        recorded.select("pid", "comm").unique("pid"), left_on="tgid", right_on="pid"
+    )
+    assert set(named["tgid"].unique()) == set(ran)

@@ -135,6 +135,22 @@ class BenchmarkRecord(_Record):
     environment: dict[str, Any] | None = None
 
 
+class ClockPairRecord(_Record):
+    """CLOCK_MONOTONIC and CLOCK_REALTIME read back to back (kernmlops.host.clock)."""
+
+    monotonic_ns: int
+    realtime_ns: int
+    uncertainty_ns: int
+
+
+class ClockRecord(_Record):
+    """The tables' clock tied to the wall clock at the collection's start and stop:
+    what converts ``ts_uptime_us`` to wall-clock time (kernmlops.data.wall_clock)."""
+
+    start: ClockPairRecord | None = None
+    stop: ClockPairRecord | None = None
+
+
 class Manifest(_Record):
     """The manifest of one collection. Unknown keys (e.g. ``lb``) are kept as they are."""
 
@@ -149,6 +165,8 @@ class Manifest(_Record):
     last_flush_at: str | None = None
     flushes: int = 0
     stopped_at: str | None = None
+    #: CLOCK_MONOTONIC and CLOCK_REALTIME pairs at start and stop (since 2026-11)
+    clock: ClockRecord | None = None
     duration_s: float | None = None
     attach_s: float | None = None
     exit_code: int | None = None

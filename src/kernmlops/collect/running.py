@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 from kernmlops.collect.disk import free_bytes, human_bytes, is_disk_full
 from kernmlops.collect.manifest import (
     BenchmarkRecord,
+    ClockPairRecord,
+    ClockRecord,
     HookRecord,
     Manifest,
     manifest_text,
@@ -31,6 +33,7 @@ from kernmlops.collect.manifest import (
 )
 from kernmlops.collect.output import release_reserve
 from kernmlops.errors import OutputError
+from kernmlops.host.clock import clock_pair
 from kernmlops.host.sysinfo import system_info
 
 if TYPE_CHECKING:
@@ -113,6 +116,7 @@ class RunningManifest:
             state="running",
             benchmark=BenchmarkRecord(name=config.benchmark.name),
             started_at=started_at.isoformat(),
+            clock=ClockRecord(start=ClockPairRecord(**clock_pair())),
             output={"path": str(self.path), "free_bytes_at_start": free_bytes_at_start},
             filter={"mode": cfg.filter, "tgid": cfg.tgid},
             collector_pid=os.getpid(),
@@ -240,6 +244,9 @@ class RunningManifest:
         m.benchmark.exit_code = result.benchmark_exit
         m.stopped_at = result.stopped_at.isoformat()
         m.updated_at = m.stopped_at
+        m.clock = ClockRecord(
+            start=m.clock.start if m.clock else None, stop=ClockPairRecord(**clock_pair())
+        )
         m.duration_s = round(result.duration_s, 6)
         m.attach_s = round(result.attach_s, 6)
         m.exit_code = result.exit_code

@@ -21,13 +21,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import polars as pl
 
 from kernmlops.clitools import require_bpf_privileges
 from kernmlops.duet.config import DuetSuite
 from kernmlops.duet.runner import DuetError, SideRecord, Trial, TrialRecord
 from kernmlops.errors import KernmlopsError
+from kernmlops.stats import quantile
 
 HOOKS = ("process_trace", "quanta_runtime", "sched_migrate", "page_faults")
 KERNEL_SCHEMA: dict[str, pl.DataType] = {
@@ -169,7 +169,7 @@ def kernel_stats(
             if waits is not None and len(waits)
             else None,
             "runq_latency_p99_us": (
-                float(np.percentile(waits, 99)) if waits is not None and len(waits) else None
+                quantile(waits, 0.99) if waits is not None and len(waits) else None
             ),
             "migrations": migr.height if migr is not None else None,
             "context_switches": quanta.height if quanta is not None else None,

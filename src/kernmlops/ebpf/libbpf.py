@@ -109,6 +109,7 @@ _fn("bpf_map_create", c_int, c_int, c_char_p, c_uint32, c_uint32, c_uint32, c_vo
 _fn("bpf_map_lookup_elem", c_int, c_int, c_void_p, c_void_p)
 _fn("bpf_map_update_elem", c_int, c_int, c_void_p, c_void_p, c_uint64)
 _fn("bpf_map_delete_elem", c_int, c_int, c_void_p)
+_fn("bpf_map_lookup_and_delete_elem", c_int, c_int, c_void_p, c_void_p)
 _fn("bpf_map_get_next_key", c_int, c_int, c_void_p, c_void_p)
 _fn("bpf_iter_create", c_int, c_int)
 _fn("bpf_enable_stats", c_int, c_int)

@@ -196,6 +196,14 @@ class Map:
     def delete(self, key: int | bytes) -> bool:
         return lib.bpf_map_delete_elem(self.fd, self._key(key)) == 0
 
+    def pop(self, key: int | bytes) -> bytes | None:
+        """Take the value out: read and delete it in one step (hash maps, kernel 5.14+),
+        so a program's update in between is not lost with the delete. None if absent."""
+        value = self._value_buffer()
+        if lib.bpf_map_lookup_and_delete_elem(self.fd, self._key(key), value) != 0:
+            return None
+        return value.raw
+
     def __iter__(self) -> Iterator[bytes]:
         """Every key (as bytes), in the kernel's order."""
         return self.keys()

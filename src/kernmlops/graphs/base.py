@@ -25,13 +25,14 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 import polars as pl
 
 from kernmlops.counters import counter_value, is_counter_time
 from kernmlops.errors import KernmlopsError
+from kernmlops.stats import quantile_of_counts
 from kernmlops.tables import UPTIME_TIMESTAMP
 
 if TYPE_CHECKING:
@@ -138,28 +139,22 @@ class Distribution:
     def mean(self) -> float:
         return float(np.dot(self.values.astype(np.float64), self.counts) / self.size)
 
+    def share_at_most(self, x: np.ndarray) -> np.ndarray:
+        """The share of rows whose value is at most each of ``x`` (the CDF at ``x``),
+        exactly: a zero counts at 0, not at the first bin of a log axis."""
+        ends = np.concatenate([[0], np.cumsum(self.counts)])
+        return ends[np.searchsorted(self.values, x, side="right")] / max(self.size, 1)
+
     def histogram(self, bins: np.ndarray) -> np.ndarray:
         """Rows per bin, the values clipped to >= 1 (zeros belong to the first bin)."""
         counts, _ = np.histogram(np.clip(self.values, 1, None), bins=bins, weights=self.counts)
         return counts
 
-    def quantile(self, q: float, method: Literal["linear", "nearest"] = "linear") -> float:
-        """The ``q`` quantile, exactly that of the rows themselves: ``linear`` as
-        numpy's default (np.quantile, the figures' p50 and p99), ``nearest`` as
-        polars' default (Series.quantile, the report's summaries). From the value
-        counts, because polars' own quantile in a query gathers the whole column."""
-        ends = np.cumsum(self.counts)
-
-        def nth(k: int) -> float:  # the k-th row (from 0) in value order
-            return float(self.values[np.searchsorted(ends, k, side="right")])
-
-        at = (self.size - 1) * q
-        if method == "nearest":
-            return nth(math.floor(at + 0.5))  # polars rounds the index half up
-        lo = math.floor(at)
-        a, b, t = nth(lo), nth(min(lo + 1, self.size - 1)), at - lo
-        # numpy's _lerp: from the nearer end, so t = 1 gives b exactly
-        return a + (b - a) * t if t < 0.5 else b - (b - a) * (1 - t)
+    def quantile(self, q: float) -> float:
+        """The ``q`` quantile of the rows, exactly (kernmlops.stats: the smallest value
+        with at least q of the rows at or below it), from the value counts, because
+        polars' own quantile in a query gathers the whole column."""
+        return quantile_of_counts(self.values, self.counts, q)
 
 
 # -- tables ------------------------------------------------------------------------------
@@ -205,8 +200,8 @@ class TableView:
             out.append(
                 (
                     col,
-                    f"mean {fmt(dist.mean())} · p50 {fmt(q(0.5, 'nearest'))} · "
-                    f"p99 {fmt(q(0.99, 'nearest'))} · max {fmt(dist.max())}",
+                    f"mean {fmt(dist.mean())} · p50 {fmt(q(0.5))} · "
+                    f"p99 {fmt(q(0.99))} · max {fmt(dist.max())}",
                 )
             )
         return out

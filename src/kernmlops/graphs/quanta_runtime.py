@@ -43,10 +43,15 @@ class QuantaQueuedView(TableView):
     key_columns = (QUEUED,)
 
 
+#: The left edge of the log duration axes. A log axis has no 0: what is drawn for 0 µs
+#: sits here, on the edge, where it is not taken for a value between 1 and 2 µs.
+ZERO_X = 0.8
+
+
 def _mark_quantiles(ax: Axes, dist: Distribution, color: str = "black") -> None:
     for q, style in ((0.5, ":"), (0.99, "--")):
         v = dist.quantile(q)
-        ax.axvline(max(v, 1), color=color, linestyle=style, linewidth=1,
+        ax.axvline(v if v >= 1 else ZERO_X, color=color, linestyle=style, linewidth=1,
                    label=f"p{int(q * 100)} = {format_duration_us(v)}")  # fmt: skip
 
 
@@ -66,7 +71,7 @@ class QuantaRunLength(Graph):
                   label="quanta")  # fmt: skip
         _mark_quantiles(ax, dist)
         duration_axis(ax)
-        ax.set_xlim(0.8, max(dist.max() * 1.5, 10))
+        ax.set_xlim(ZERO_X, max(dist.max() * 1.5, 10))
         ax.set_xlabel("run length per quantum (log scale)")
         ax.set_ylabel("quanta per bin")
         ax.set_title(
@@ -168,7 +173,12 @@ class QuantaTimeline(Graph):
 
 
 class QueuedTimeCdf(Graph):
-    """How long a runnable task waited before it ran (wake-up or preemption to running)."""
+    """How long a runnable task waited before it ran (wake-up or preemption to running).
+
+    Each curve is the exact share of runs that waited at most x, at the bin edges of a
+    log axis (whole µs) and at the axis' left edge, below 1 µs: there it is the share
+    that waited 0 µs, which a log axis cannot place anywhere else; the legend says it.
+    """
 
     name = "quanta_queued_time_cdf"
     title = "Run-queue wait (queued time) CDF"
@@ -179,22 +189,24 @@ class QueuedTimeCdf(Graph):
         counts = collect(counted(data.frame("quanta_queued_time"), QUEUED, "cpu"))
         total = Distribution.from_counts(counts, QUEUED)
         ax = fig.subplots()
-        bins = log_bins(total.values, per_decade=40)
-
-        def cdf(d: Distribution) -> np.ndarray:
-            return np.concatenate([[0.0], np.cumsum(d.histogram(bins)) / max(d.size, 1)])
+        xs = np.concatenate([[ZERO_X], log_bins(total.values, per_decade=40)])
 
         cpus = np.unique(counts["cpu"].to_numpy())
         if 1 < cpus.size <= MAX_CPU_LINES:
             for cpu, part in counts.sort("cpu").group_by("cpu", maintain_order=True):
-                ax.plot(bins, cdf(Distribution.from_counts(part, QUEUED)), linewidth=1,
-                        alpha=0.7, label=f"CPU {cpu[0]}")  # fmt: skip
-        ax.plot(bins, cdf(total), color="black", linewidth=2, label="all CPUs")
+                ax.plot(xs, Distribution.from_counts(part, QUEUED).share_at_most(xs),
+                        linewidth=1, alpha=0.7, label=f"CPU {cpu[0]}")  # fmt: skip
+        shares = total.share_at_most(xs)
+        ax.plot(xs, shares, color="black", linewidth=2, label="all CPUs")
+        if shares[0] > 0:
+            zero = f"{shares[0]:.1%} waited 0 µs (at the left edge)"
+            ax.plot([ZERO_X], [shares[0]], marker=">", markersize=7, color="black",
+                    linestyle="none", label=zero)  # fmt: skip
         _mark_quantiles(ax, total, color="#555555")
         duration_axis(ax)
-        ax.set_xlim(0.8, max(total.max() * 1.5, 10))
+        ax.set_xlim(ZERO_X, max(total.max() * 1.5, 10))
         ax.set_ylim(0, 1.01)
-        ax.set_xlabel("queued time before running (log scale)")
+        ax.set_xlabel("queued time before running (log scale; 0 µs at the left edge)")
         ax.set_ylabel("fraction of runs waiting ≤ x")
         ax.set_title(f"{total.size:,} runs", fontweight="normal")
         ax.legend(fontsize="small", loc="lower right")

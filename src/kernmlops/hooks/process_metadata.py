@@ -1,7 +1,15 @@
-"""process_metadata: snapshots of every task, from a BPF task iterator.
+"""process_metadata: snapshots of every task, from a BPF task iterator, and a row
+for each task forked or exec'd in between.
 
 One snapshot at start, one at the end, every ``interval_s`` if set, and one
-whenever :meth:`ProcessMetadataHook.snapshot` is called. With a benchmark
+whenever :meth:`ProcessMetadataHook.snapshot` is called. Between them, each task
+of the collection's scope that is forked (``fork``: as its parent made it, with
+the parent's comm) or exec'd (``exec``: with its new program's comm) gets a row
+of its own, from the sched_process_fork and sched_process_exec tracepoints: a
+process that starts and ends between two snapshots (a benchmark's children,
+whatever ``interval_s``) is recorded all the same. The kernel keeps those
+records in a map that each poll empties; a record that found it full is counted
+as a drop. With a benchmark
 command, ``start`` is taken once the command has been exec'd (it is held at a
 gate, a shell, while hooks attach; after a bounded wait, 1 s, it is taken
 anyway), so it holds the command's own comm and cmdline. ``end`` is taken
@@ -12,12 +20,15 @@ cgroup but a null cmdline (the kernel has freed its memory, where the command
 line lived). Without a benchmark process both are taken at attach and detach. One row per task
 (thread; with ``threads: false`` per process):
 
-* ``snapshot`` (``start``, ``end``, ``interval``, or the caller's label) and
-  ``snapshot_seq`` (0, 1, … in the order taken), ``ts_uptime_us`` (when the
-  iterator visited the task);
+* ``snapshot`` (``start``, ``end``, ``interval``, or the caller's label; ``fork``
+  or ``exec`` for the rows in between) and ``snapshot_seq`` (0, 1, … in the order
+  taken; null for ``fork`` and ``exec`` rows), ``ts_uptime_us`` (when the
+  iterator visited the task, or when it was forked or exec'd);
 * ``pid``, ``tgid``, ``ppid`` (the real parent's tgid), ``comm``, ``cmdline``
-  (``/proc/<tgid>/cmdline``, arguments joined by spaces; null where it is
-  empty — kernel threads, zombies — or unreadable);
+  (``/proc/<tgid>/cmdline``, arguments joined by spaces, read when the row is
+  made: for ``fork`` and ``exec`` rows at the poll after the event; null where it
+  is empty — kernel threads, zombies — or unreadable, as for a process gone by
+  then);
 * ``start_uptime_us`` (``task->start_time``: CLOCK_MONOTONIC µs, the clock of
   ``ts_uptime_us``) and ``start_boottime_ns`` (``task->start_boottime``:
   CLOCK_BOOTTIME, what ``/proc/<pid>/stat`` field 22 counts in clock ticks);
@@ -63,6 +74,11 @@ else:
 TABLE = "process_metadata"
 RECORD = "process_metadata_record"
 PROGRAM = "process_metadata"
+#: the map of records of tasks forked or exec'd since the last poll, keyed by
+#: (pid, event), and the per-CPU count of records that found it full
+SEEN, LOST = "process_metadata_seen", "process_metadata_lost"
+#: enum process_metadata_event -> the row's snapshot label
+EVENTS = ("fork", "exec")
 MOUNTINFO = Path("/proc/self/mountinfo")
 
 #: Column order of the table (every record field plus the derived ones).
@@ -144,7 +160,11 @@ class ProcessMetadataOptions(HookOptions):
     threads: bool = Field(True, description="a row per thread; false: per process only")
     cmdline: bool = Field(True, description="read each process's /proc/<pid>/cmdline")
     interval_s: float = Field(
-        0, ge=0, le=86400, description="also take a snapshot every N seconds (0: never)"
+        0,
+        ge=0,
+        le=86400,
+        description="also take a snapshot of every task every N seconds (0: never; each "
+        "task forked or exec'd in between gets a row of its own whatever this is)",
     )
 
 
@@ -156,7 +176,7 @@ class ProcessMetadataHook(BpfObjectHook[ProcessMetadataOptions]):
     name: ClassVar[str] = "process_metadata"
     object_name: ClassVar[str] = "process_metadata"
     tables: ClassVar[tuple[str, ...]] = (TABLE,)
-    needs: ClassVar[tuple[str, ...]] = ("iter/task",)
+    needs: ClassVar[tuple[str, ...]] = ("iter/task", "tp_btf|raw_tp")
 
     def __init__(self, options: ProcessMetadataOptions | HookOptions | None = None) -> None:
         super().__init__(options)
@@ -192,8 +212,8 @@ class ProcessMetadataHook(BpfObjectHook[ProcessMetadataOptions]):
                 reuse_maps={"kmo_tracked": flt.fd} if flt else {},
             )
             self.attach(self.obj)
-            self.status.variant = "iter/task"
-            self.status.programs = ["iter/task"]
+            self.status.variant = f"iter/task, {self.obj.variant}"
+            self.status.programs = [p.section for p in self.obj.programs.values() if p.autoload]
             self.status.attached = True
             if ctx.benchmark_pid is None:
                 self.snapshot("start")
@@ -209,6 +229,9 @@ class ProcessMetadataHook(BpfObjectHook[ProcessMetadataOptions]):
         # An iterator link runs nothing by itself: each read of a new iterator
         # fd made from it walks every task once.
         self._link = obj.programs[PROGRAM].attach_iter()
+        for prog in obj.programs.values():
+            if prog.autoload and prog.name != PROGRAM:
+                prog.attach()  # fork and exec, into the map of tasks seen
 
     def read_records(self) -> np.ndarray:
         """One iterator pass: a record per wanted task, decoded in one call."""
@@ -234,8 +257,39 @@ class ProcessMetadataHook(BpfObjectHook[ProcessMetadataOptions]):
             self._pending.append(frame)
         return frame
 
+    def take_seen(self) -> pl.DataFrame | None:
+        """The rows of the tasks forked or exec'd since the last call, taken out of the
+        kernel's map (in the order they happened); None when there are none."""
+        if self.obj is None or self._layout is None:
+            return None
+        seen = self.obj.map(SEEN)
+        raw: list[bytes] = []
+        events: list[str] = []
+        for key in list(seen.keys()):  # a key taken out ends the kernel's walk: listed first
+            value = seen.pop(key)
+            if value is not None:
+                raw.append(value)
+                events.append(EVENTS[int.from_bytes(key[4:8], "little")])
+        if not raw:
+            return None
+        records = np.frombuffer(b"".join(raw), self._layout.dtype)
+        labels = pl.Series("snapshot", events, pl.String)
+        frame = self._frame(records, self._layout, labels, None)
+        self.status.events += len(records)
+        return frame.sort(UPTIME_TIMESTAMP, maintain_order=True)
+
+    def drops(self) -> int:
+        """Fork and exec records that found the kernel's map full."""
+        if self.obj is None or LOST not in self.obj.maps:
+            return 0
+        return self.obj.map(LOST).percpu_total(0)
+
     def _frame(
-        self, records: np.ndarray, layout: RecordLayout, label: str, seq: int
+        self,
+        records: np.ndarray,
+        layout: RecordLayout,
+        label: str | pl.Series,
+        seq: int | None,
     ) -> pl.DataFrame:
         frame = records_to_frame(records, layout)
         tgids = records["tgid"]
@@ -247,7 +301,7 @@ class ProcessMetadataHook(BpfObjectHook[ProcessMetadataOptions]):
             cmdline = pl.Series("cmdline", [None] * len(records), pl.String)
         cgroup = pl.Series("cgroup_path", self._cgroups.resolve(records["cgroup_id"]), pl.String)
         return frame.with_columns(
-            pl.lit(label, pl.String).alias("snapshot"),
+            label if isinstance(label, pl.Series) else pl.lit(label, pl.String).alias("snapshot"),
             pl.lit(seq, pl.UInt32).alias("snapshot_seq"),
             cmdline,
             cgroup,
@@ -257,8 +311,11 @@ class ProcessMetadataHook(BpfObjectHook[ProcessMetadataOptions]):
         if self._link is not None and time.monotonic() >= self._next_s:
             self._next_s = time.monotonic() + self.options.interval_s
             self.snapshot("interval")
+        seen = self.take_seen()
         with self._lock:
             pending, self._pending = self._pending, []
+        if seen is not None:
+            pending.append(seen)
         if pending:
             yield TABLE, pl.concat(pending)
 

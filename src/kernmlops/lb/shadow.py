@@ -25,6 +25,7 @@ from kernmlops.ebpf.objects import open_and_load
 from kernmlops.ebpf.spec import object_spec
 from kernmlops.lb.features import FEATURE_INPUTS, LABEL, MIGRATION_COST_NS
 from kernmlops.lb.model import metrics
+from kernmlops.stats import quantile
 
 XDP_PASS = 2
 
@@ -163,8 +164,8 @@ def summarize(
     if ns is not None and len(ns):
         out["inference_ns"] = {
             "mean": float(ns.mean()),
-            "p50": float(ns.quantile(0.5)),
-            "p99": float(ns.quantile(0.99)),
+            "p50": quantile(ns.to_numpy(), 0.5),
+            "p99": quantile(ns.to_numpy(), 0.99),
             "max": float(ns.max()),
         }
     return out
