@@ -101,7 +101,7 @@ def test_run_length_histogram_and_quantiles(data: GraphData, collection: Collect
     values = collection["quanta_runtime"]["quanta_run_length_us"].to_numpy()
     ax = figure(data, "quanta_run_length").axes[0]
     counts, edges, _ = ax.patches[0].get_data()
-    expected, expected_edges = np.histogram(np.clip(values, 1, None), bins=log_bins(values))
+    expected_edges, expected = _histogram_with_zeros(values)
     np.testing.assert_array_equal(edges, expected_edges)
     np.testing.assert_array_equal(counts, expected)
     marks = _quantile_marks(ax)
@@ -109,6 +109,38 @@ def test_run_length_histogram_and_quantiles(data: GraphData, collection: Collect
     assert ax.get_title().startswith(
         f"{values.size:,} quanta · mean {format_duration_us(values.mean())} · "
     )
+
+
+def _histogram_with_zeros(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The edges and counts a duration histogram should have: the log bins of the
+    values from 1 µs up, and before them, where there are zeros, a bin [0.8, 1) of
+    the zeros alone."""
+    edges = log_bins(values)
+    counts, _ = np.histogram(values[values >= 1], bins=edges)
+    if (values == 0).any():
+        edges = np.concatenate([[0.8], edges])
+        counts = np.concatenate([[(values == 0).sum()], counts])
+    return edges, counts
+
+
+def test_run_length_zeros_have_a_bin_of_their_own(tmp_path: Path) -> None:
+    """Quanta of 0 µs (shorter than a µs) sit in a bin on the axis' left edge, not
+    with the quanta of 1 µs; the legend says their share."""
+    tables = synthetic_tables(seed=7)
+    n = tables["quanta_runtime"].height
+    runs = np.tile(np.array([0, 0, 1, 1, 1, 3, 20, 300, 4000, 50000], np.uint64), n // 10)
+    tables["quanta_runtime"] = tables["quanta_runtime"].with_columns(
+        quanta_run_length_us=pl.Series(runs)
+    )
+    ax = figure(load(write_collection(tmp_path, tables)), "quanta_run_length").axes[0]
+    counts, edges, _ = ax.patches[0].get_data()
+    assert (edges[0], edges[1], counts[0]) == (ax.get_xlim()[0], 1, (runs == 0).sum())
+    assert counts[1] == (runs == 1).sum()  # the 1-µs bin holds the ones only
+    expected_edges, expected = _histogram_with_zeros(runs)
+    np.testing.assert_array_equal(edges, expected_edges)
+    np.testing.assert_array_equal(counts, expected)
+    assert ax.patches[0].get_label() == "quanta (20.0% of 0 µs at the left edge)"
+    assert "0 µs at the left edge" in ax.get_xlabel()
 
 
 def test_busy_share_is_the_overlap_of_quanta_and_bins(
@@ -239,13 +271,13 @@ def test_block_io_rates_and_latency(data: GraphData, collection: Collection) -> 
 
     service_ax = figure(data, "block_io_latency").axes[0]
     values = frame["issue_to_complete_us"].to_numpy()
-    bins = log_bins(values)
+    bins = _histogram_with_zeros(values)[0]
     for patch in service_ax.patches:
         op = patch.get_label().split(":")[0]
         main = pl.col("op").is_in(["READ", "WRITE"])
         mine = frame.filter(~main if op == "other" else pl.col("op") == op)
         mine = mine["issue_to_complete_us"].to_numpy()
-        counts, _ = np.histogram(np.clip(mine, 1, None), bins=bins)
+        counts, _ = np.histogram(np.clip(mine, bins[0], None), bins=bins)
         np.testing.assert_allclose(patch.get_data()[0], counts / mine.size)
         p50, p99 = _q(mine, 0.5), _q(mine, 0.99)
         assert patch.get_label() == (

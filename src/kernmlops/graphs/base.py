@@ -146,9 +146,16 @@ class Distribution:
         return ends[np.searchsorted(self.values, x, side="right")] / max(self.size, 1)
 
     def histogram(self, bins: np.ndarray) -> np.ndarray:
-        """Rows per bin, the values clipped to >= 1 (zeros belong to the first bin)."""
-        counts, _ = np.histogram(np.clip(self.values, 1, None), bins=bins, weights=self.counts)
+        """Rows per bin. Zeros fall in the first bin: its own [ZERO_X, 1) where
+        :func:`histogram_bins` made one, else [1, 2) with the ones."""
+        counts, _ = np.histogram(
+            np.clip(self.values, bins[0], None), bins=bins, weights=self.counts
+        )
         return counts
+
+    def zeros(self) -> int:
+        """How many rows are 0."""
+        return int(self.counts[self.values == 0].sum())
 
     def quantile(self, q: float) -> float:
         """The ``q`` quantile of the rows, exactly (kernmlops.stats: the smallest value
@@ -296,6 +303,18 @@ def nice_bin_s(span_s: float, target: int = 150) -> float:
         if width >= raw:
             return width
     return 10.0 ** (exp + 1)
+
+
+#: The left edge of the log duration axes. A log axis has no 0: what is drawn for 0 µs
+#: sits here, on the edge, where it is not taken for a value between 1 and 2 µs.
+ZERO_X = 0.8
+
+
+def histogram_bins(values: np.ndarray) -> np.ndarray:
+    """:func:`log_bins`, with a bin of its own for zeros, [ZERO_X, 1), on the axis'
+    left edge, where ``values`` hold a 0: not counted with the values of 1 µs."""
+    bins = log_bins(values)
+    return np.concatenate([[ZERO_X], bins]) if values.size and values.min() < 1 else bins
 
 
 def log_bins(values: np.ndarray, per_decade: int = 12) -> np.ndarray:

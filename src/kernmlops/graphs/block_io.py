@@ -15,7 +15,7 @@ from kernmlops.graphs.base import (
     counted,
     duration_axis,
     format_duration_us,
-    log_bins,
+    histogram_bins,
 )
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ class BlockIoLatency(Graph):
         ):
             drawn = False
             present = Distribution.from_counts(counts, column)
-            bins = log_bins(present.values) if present.size else None
+            bins = histogram_bins(present.values) if present.size else None
             for op, part in _op_groups(counts):
                 dist = Distribution.from_counts(part, column)
                 if dist.size == 0 or bins is None:
@@ -85,7 +85,8 @@ class BlockIoLatency(Graph):
                 )
                 drawn = True
             duration_axis(ax)
-            ax.set_xlabel(f"{what} (log scale)")
+            zero_note = "; 0 µs at the left edge" if present.zeros() else ""
+            ax.set_xlabel(f"{what} (log scale{zero_note})")
             ax.set_ylabel("share of the op's requests")
             ax.set_title(what.split(" (")[0], fontweight="normal")
             if drawn:

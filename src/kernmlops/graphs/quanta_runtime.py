@@ -10,6 +10,7 @@ import polars as pl
 
 from kernmlops.graphs.base import (
     US_PER_S,
+    ZERO_X,
     Distribution,
     Graph,
     GraphData,
@@ -19,6 +20,7 @@ from kernmlops.graphs.base import (
     counted,
     duration_axis,
     format_duration_us,
+    histogram_bins,
     log_bins,
     row_count,
 )
@@ -43,11 +45,6 @@ class QuantaQueuedView(TableView):
     key_columns = (QUEUED,)
 
 
-#: The left edge of the log duration axes. A log axis has no 0: what is drawn for 0 µs
-#: sits here, on the edge, where it is not taken for a value between 1 and 2 µs.
-ZERO_X = 0.8
-
-
 def _mark_quantiles(ax: Axes, dist: Distribution, color: str = "black") -> None:
     for q, style in ((0.5, ":"), (0.99, "--")):
         v = dist.quantile(q)
@@ -66,13 +63,19 @@ class QuantaRunLength(Graph):
     def draw(self, data: GraphData, fig: Figure) -> None:
         dist = Distribution.of(data.frame("quanta_runtime"), RUN)
         ax = fig.subplots()
-        bins = log_bins(dist.values)
+        bins = histogram_bins(dist.values)
+        zeros = dist.zeros()
+        label = f"quanta ({zeros / dist.size:.1%} of 0 µs at the left edge)" if zeros else "quanta"
         ax.stairs(dist.histogram(bins), bins, fill=True, alpha=0.6, color="#1f77b4",
-                  label="quanta")  # fmt: skip
+                  label=label)  # fmt: skip
         _mark_quantiles(ax, dist)
         duration_axis(ax)
         ax.set_xlim(ZERO_X, max(dist.max() * 1.5, 10))
-        ax.set_xlabel("run length per quantum (log scale)")
+        ax.set_xlabel(
+            "run length per quantum (log scale; 0 µs at the left edge)"
+            if zeros
+            else "run length per quantum (log scale)"
+        )
         ax.set_ylabel("quanta per bin")
         ax.set_title(
             f"{dist.size:,} quanta · mean {format_duration_us(dist.mean())} · "
