@@ -348,7 +348,10 @@ def _print_metrics(title: str, section: dict[str, Any]) -> None:
     help="collection: test on runs never trained on; rows: a random share of rows",
 )  # fmt: skip
 @click.option("--test-collection", "tests", multiple=True, help="a test collection id (repeatable)")
-@click.option("--test-fraction", type=float, default=0.25, show_default=True)
+@click.option(
+    "--test-fraction", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.25,
+    show_default=True, help="share of the runs (or rows) tested on, 0 and 1 excluded",
+)  # fmt: skip
 @click.option("--epochs", type=click.IntRange(min=1), default=60, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--migration-cost-ns", type=click.IntRange(min=1), default=None,
@@ -365,8 +368,6 @@ def train_cmd(data, output, split, tests, test_fraction, epochs, seed, migration
     from kernmlops.lb.model import TrainConfig, check_writable
     from kernmlops.lb.pipeline import train_model
 
-    if not 0 < test_fraction < 1:
-        raise click.BadParameter("must be between 0 and 1", param_hint="--test-fraction")
     try:
         check_writable(output)  # before the training, not after it
         decisions = load_decisions(list(data))
@@ -500,7 +501,10 @@ def dump_weights_cmd(model_path: Path, layout: str) -> None:
 def report_cmd(data: tuple[Path, ...], model_path: Path | None, json_out: Path | None) -> None:
     """What DATA holds per collection (decisions, share migrated, agreement of
     the kernel's rule with the kernel) and, with --model, the model's metrics
-    per collection and its shadow results from the manifests."""
+    per collection and its shadow results from the manifests.
+
+    --model takes lb train's float model or lb export's *.q11.json; the latter
+    is evaluated in Q20.11 fixed point, as the kernel evaluates it."""
     from kernmlops.lb.report import build_report
 
     try:
@@ -519,13 +523,17 @@ def report_cmd(data: tuple[Path, ...], model_path: Path | None, json_out: Path |
             _pct(c["rule_accuracy"]), _pct(c.get("model_accuracy")),
             _pct(c.get("shadow_agreement")),
         )  # fmt: skip
-    Console(width=max(120, Console().width)).print(table)
+    # the table and the scores under it are one text on one stream: never interleaved
+    out = Console(width=max(120, Console().width), highlight=False, markup=False)
+    out.print(table)
     if rep.get("hand_rule"):
-        console.print("all filtered decisions (accuracy columns above; balanced here):")
+        out.print("all filtered decisions (accuracy columns above; balanced here):")
+        if rep.get("model_kind"):
+            out.print(f"  model: {model_path}, evaluated in {rep['model_kind']}", soft_wrap=True)
         for name, key in (("model", "model"), ("hand rule (15 features)", "hand_rule"),
                           ("always the commoner", "majority")):  # fmt: skip
             if rep.get(key):
-                console.print(_score_line(name, rep[key]))
+                out.print(_score_line(name, rep[key]), soft_wrap=True)
     if json_out:
         json_out.write_text(json.dumps(rep, indent=1, default=str) + "\n")
         console.print(f"report -> {json_out}")
