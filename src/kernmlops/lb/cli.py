@@ -212,21 +212,44 @@ def _print_run(out: Any) -> None:
     console.print(f"{out.result.ended_by} after {out.result.duration_s:.1f} s -> {out.path}")
 
 
+def _ns_line(ns: dict[str, Any] | None) -> str:
+    """The inference times of one population, named: p50, p99, mean and max all of it."""
+    if not ns:
+        return "  inference: no rows"
+    return (
+        f"  inference (features + MLP) over the {ns['decisions']:,} {ns['population']}: "
+        f"p50 {ns['p50']:.0f} ns, p99 {ns['p99']:.0f} ns, mean {ns['mean']:.0f} ns, "
+        f"max {ns['max']:.0f} ns"
+    )
+
+
 def _print_shadow(kind: str, s: dict[str, Any]) -> None:
     k = s.get("kernel") or {}
-    ns = s.get("inference_ns") or {}
     rows = s.get("rows") or {}
-    agree = k.get("agreement")
-    console.print(
-        f"shadow ({kind}): {k.get('decisions', 0):,} decisions seen in the kernel, "
-        f"{k.get('filtered', 0):,} after MLLB's filter; agreement with the kernel "
-        f"{_pct(agree)}; confusion [[tn, fp], [fn, tp]] = {k.get('confusion')}; "
-        f"inference mean {ns.get('mean', float('nan')):.0f} ns, "
-        f"p99 {ns.get('p99', float('nan')):.0f} ns"
-    )
-    if rows:
-        shown = {x: rows[x] for x in rows if x != "confusion"}
-        console.print(f"  from the rows: {json.dumps(shown)}")
+    if kind == "tracepoint":
+        # the program sees every pull while attached; the data set only those its
+        # scheduler tables saw: each figure says which it covers
+        line = (
+            f"shadow (tracepoint): {k.get('decisions', 0):,} pulls seen in the kernel while "
+            f"attached, the model agreeing (migrate) on {_pct(k.get('agreement'))}"
+        )
+        if rows.get("data_set_pulls") is not None:
+            line += (
+                f"; on the {rows['data_set_pulls']:,} pulls of the data set: "
+                f"{rows['pulls']:,} evaluated, {rows['model_migrates']:,} migrate, agreement "
+                f"{_pct(rows['agreement'])} ({rows['outside_data_set']:,} pulls outside it)"
+            )
+        console.print(line)
+    else:
+        console.print(
+            f"shadow ({kind}): {k.get('decisions', 0):,} decisions seen in the kernel, "
+            f"{k.get('filtered', 0):,} after MLLB's filter; agreement with the kernel on those: "
+            f"{_pct(k.get('agreement'))}; confusion [[tn, fp], [fn, tp]] = {k.get('confusion')}"
+        )
+        if rows:
+            shown = {x: rows[x] for x in rows if x != "confusion"}
+            console.print(f"  from the rows: {json.dumps(shown)}")
+    console.print(_ns_line(s.get("inference_ns")))
 
 
 @lb_group.command("collect", context_settings={"ignore_unknown_options": False})
@@ -266,7 +289,10 @@ def shadow_cmd(model_path, variant, config_files, repeat, attach, benchmark, dur
     agreement with the kernel's answer and its own time (MLLB's TEST mode,
     without a patch). kprobe variant: every can_migrate_task (the lab);
     tracepoint variant: the balancer's pulls, on any kernel. The summary is
-    printed and kept in the collection's manifest (lb.shadow); per-decision
+    printed and kept in the collection's manifest (lb.shadow): the in-kernel
+    counters over every decision seen while attached, and agreement and
+    inference times (p50, p99, mean) over the data set's own decisions (kprobe:
+    after MLLB's filter; tracepoint: the pulls of its data set). Per-decision
     rows are in lb_decisions (model_pred, model_out, infer_ns) or lb_tp_shadow.
     """
     _run_collect(variant, config_files, repeat, attach, benchmark, duration, output_dir,

@@ -108,6 +108,13 @@ def build_report(paths: list[Path], model_path: Path | None = None) -> dict[str,
         shadow = (lb.get(str(cid)) or {}).get("shadow") or {}
         for kind in ("kprobe", "tracepoint"):
             kernel = (shadow.get(kind) or {}).get("kernel") or {}
+            on_data = (shadow.get(kind) or {}).get("rows") or {}
+            if kind == "tracepoint" and on_data.get("data_set_pulls") is not None:
+                # the pulls this collection's data set holds, not every one the
+                # program saw while attached
+                row["shadow_agreement"] = on_data["agreement"]
+                row["shadow"] = shadow[kind]
+                break
             if kernel.get("agreement") is not None:
                 row["shadow_agreement"] = kernel["agreement"]
                 row["shadow"] = shadow[kind]
