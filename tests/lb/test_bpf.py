@@ -4,6 +4,8 @@ tracepoint variant end to end (collection, data set, shadow mode)."""
 from __future__ import annotations
 
 import json
+import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -118,8 +120,132 @@ def test_tracepoint_variant_end_to_end(model, tmp_path: Path) -> None:
     assert kernel["decisions"] >= shadow.height  # counted beyond the drained window
     assert lb["tracepoint"]["positives"] == pulls.height
     rows = lb["shadow"]["tracepoint"]["rows"]
-    assert rows["model_migrates"] == int((shadow["model_pred"] == 1).sum())
+    # the rows' figures are those of the data set's pulls (the program saw more)
+    assert rows["model_migrates"] == int((_same_pulls(shadow, pos)["model_pred"] == 1).sum())
     assert json.dumps(lb)  # the manifest section is plain JSON
+
+
+def _feature0_model() -> dict:
+    """A Q20.11 model file whose output turns on MLLB's feature 0 (src_non_pref_nr:
+    +1.46 on every hidden unit) and ignores feature 1 (delta_hot: the data set
+    measures delta from the task's last switch-out, the shadow program from
+    se.exec_start, a few µs apart, which may straddle the threshold)."""
+    from kernmlops.lb.fixed import fixed_json
+
+    rng = np.random.default_rng(5)
+    w1 = rng.integers(-1500, 1500, (15, 10))
+    w1[0], w1[1] = 3000, 0
+    fixed = FixedModel(w1=w1, b1=rng.integers(0, 1000, 10), w2=rng.integers(-3000, 3000, 10),
+                       b2=int(rng.integers(-500, 500)))  # fmt: skip
+    return fixed_json(fixed, {})
+
+
+@pytest.fixture(scope="module")
+def tp_shadow(tmp_path_factory) -> tuple[Path, dict, str]:
+    """One lb shadow --variant tracepoint run of an oversubscribed stress-ng:
+    its collection folder, the model file's document, and what it printed."""
+    top = tmp_path_factory.mktemp("tp-shadow")
+    doc = _feature0_model()
+    model = top / "m.q11.json"
+    model.write_text(json.dumps(doc))
+    cfg = top / "c.yaml"
+    cfg.write_text(
+        "benchmark:\n  name: stress-ng\n  stress_ng:\n    scenario: oversubscribe\n"
+        "    duration_s: 3\n"
+    )
+    proc = subprocess.run(
+        [*LB, "shadow", str(model), "--variant", "tracepoint", "-c", str(cfg), "-o",
+         str(top / "out"), "--no-progress"],
+        capture_output=True, text=True, timeout=180, env={**os.environ, "COLUMNS": "400"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (folder,) = (top / "out" / "curated" / "benchmark=stress-ng").iterdir()
+    return folder, doc, proc.stderr
+
+
+def _same_pulls(shadow: pl.DataFrame, pos: pl.DataFrame) -> pl.DataFrame:
+    """Shadow rows beside the data set's pull of the same event: the same task, CPUs
+    and (both programs run on one sched_migrate_task call) nearly the same time."""
+    key = ["pid", "src_cpu", "dst_cpu"]
+    s = shadow.with_columns(pl.col(c).cast(pl.Int64) for c in [*key, "ts_uptime_us"])
+    p = pos.with_columns(pl.col(c).cast(pl.Int64) for c in key).rename({"ts_uptime_us": "data_ts"})
+    j = s.join(p, on=key, suffix="_data")
+    return j.filter((pl.col("ts_uptime_us") - pl.col("data_ts")).abs() <= 1000)
+
+
+@needs_tools("stress-ng")
+def test_tracepoint_shadow_computes_what_the_data_set_holds(tp_shadow) -> None:
+    from kernmlops.lb.dataset import impute_missing
+    from tests.lb import q11
+
+    folder, doc, _ = tp_shadow
+    c = read_collection(folder)
+    cost = c.manifest["lb"]["migration_cost_ns"]
+    assert len(set(c.manifest["lb"]["cpu_node"])) == 1, "this test wants a one-node machine"
+    data = impute_missing(c["lb_decisions"])  # the data set as a model reads it
+    pairs = _same_pulls(c["lb_tp_shadow"], data.filter(pl.col("can_migrate") == 1))
+    assert pairs.height > 0
+    assert pairs.select("pid", "data_ts").is_unique().all()
+    # Two programs read the runqueues one after the other: the source's under its
+    # lock (the same values), the destination's not (a wake-up may land on it in
+    # between, the lb_tp program's run time apart)
+    assert (pairs["src_len"] == pairs["src_len_data"]).all()
+    assert (pairs["src_load"] == pairs["src_load_data"]).all()
+    same_reads = (pairs["dst_len"] == pairs["dst_len_data"]) & (
+        pairs["dst_load"] == pairs["dst_load_data"]
+    )
+    assert same_reads.mean() >= 0.9, pairs.filter(~same_reads)
+    checked = 0
+    for row in pairs.filter(same_reads).iter_rows(named=True):
+        data_row = {k.removesuffix("_data"): v for k, v in row.items() if k.endswith("_data")}
+        inputs = {**row, **data_row}  # the data set's values where both have a column
+        want = q11.logit(q11.features(inputs, cost), doc["w1"], doc["b1"], doc["w2"], doc["b2"])
+        assert row["model_out"] == want, inputs
+        checked += 1
+    assert checked > 0
+    # the kernel's own input on one node, which the data set now holds too
+    assert (pairs["src_preferred_len"] == 0).all() and (pairs["src_preferred_len_data"] == 0).all()
+
+
+@needs_tools("stress-ng")
+def test_tracepoint_shadow_figures_cover_the_data_sets_pulls(tp_shadow) -> None:
+    folder, _, printed = tp_shadow
+    c = read_collection(folder)
+    pos = c["lb_decisions"].filter(pl.col("can_migrate") == 1)
+    shadow = c["lb_tp_shadow"]
+    summary = c.manifest["lb"]["shadow"]["tracepoint"]
+    rows = summary["rows"]
+    assert rows["data_set_pulls"] == pos.height
+    pairs = _same_pulls(shadow, pos)
+    # the shadow program is attached before the scheduler tables' hooks and detached
+    # after them: it sees every pull of the data set, and maybe more
+    assert rows["pulls"] == pairs.height == pos.height
+    assert rows["outside_data_set"] == shadow.height - pos.height
+    migrate = int((pairs["model_pred"] == 1).sum())
+    assert rows["model_migrates"] == migrate
+    assert rows["agreement"] == pytest.approx(migrate / pos.height)
+    ns = summary["inference_ns"]
+    # one population for every figure: the data set's pulls
+    times = sorted(pairs["infer_ns"].to_list())
+    rank = lambda q: times[max(math.ceil(q * len(times)) - 1, 0)]  # noqa: E731
+    assert ns["population"] == "pulls of the data set" and ns["decisions"] == pos.height
+    assert (ns["p50"], ns["p99"], ns["max"]) == (rank(0.5), rank(0.99), times[-1])
+    assert ns["mean"] == pytest.approx(sum(times) / len(times))
+    assert (
+        f"; on the {pos.height:,} pulls of the data set: {pos.height:,} evaluated, "
+        f"{migrate:,} migrate, agreement {100 * migrate / pos.height:.2f}% "
+        f"({shadow.height - pos.height:,} pulls outside it)\n"
+    ) in printed
+    assert (
+        f"  inference (features + MLP) over the {pos.height:,} pulls of the data set: "
+        f"p50 {rank(0.5):.0f} ns, p99 {rank(0.99):.0f} ns, mean {ns['mean']:.0f} ns, "
+        f"max {times[-1]:.0f} ns\n"
+    ) in printed
+    # lb report's shadow column is the same population's
+    from kernmlops.lb.report import build_report
+
+    (col,) = build_report([folder])["collections"]
+    assert col["shadow_agreement"] == pytest.approx(migrate / pos.height)
 
 
 def test_kprobe_variant_says_why_it_cannot_run_here(tmp_path: Path) -> None:

@@ -398,3 +398,70 @@ def test_export_under_sudo_writes_through_no_planted_link(tmp_path: Path) -> Non
     assert r.exit_code == 0, r.output
     made = [user / "new", user / "new" / "x", *(user / "new" / "x").iterdir()]
     assert len(made) == 4 and {p.lstat().st_uid for p in made} == {NOBODY}, made
+
+
+@pytest.mark.parametrize("value", ["0", "1", "1.5"])
+def test_train_says_the_test_fraction_excludes_0_and_1(
+    data: Path, tmp_path: Path, value: str
+) -> None:
+    r = _invoke("train", data, "-o", tmp_path / "m.json", "--test-fraction", value)
+    assert r.exit_code == 2
+    assert r.stderr.splitlines()[-1] == (
+        f"Error: Invalid value for '--test-fraction': {float(value)} is not in the range 0<x<1."
+    )
+    assert not (tmp_path / "m.json").exists()
+
+
+def _q11_doc(seed: int) -> dict:
+    """A Q20.11 model file of lb export's format, with integers drawn here."""
+    import numpy as np
+
+    from kernmlops.lb.fixed import FixedModel, fixed_json
+
+    rng = np.random.default_rng(seed)
+    fixed = FixedModel(
+        w1=rng.integers(-3000, 3000, (15, 10)), b1=rng.integers(-1000, 1000, 10),
+        w2=rng.integers(-3000, 3000, 10), b2=int(rng.integers(-500, 500)),
+    )  # fmt: skip
+    return fixed_json(fixed, {"migration_cost_ns": 500_000})
+
+
+def test_report_scores_a_q11_model_in_fixed_point(data: Path, tmp_path: Path) -> None:
+    from kernmlops.lb.dataset import load_decisions
+    from kernmlops.lb.pipeline import prepare
+    from tests.lb import q11
+
+    doc = _q11_doc(7)
+    model = tmp_path / "m.q11.json"
+    model.write_text(json.dumps(doc))
+    rep = tmp_path / "rep.json"
+    r = _invoke("report", data, "--model", model, "--json", rep)
+    assert r.exit_code == 0, r.output  # was: "is not a kernmlops lb model"
+    body = json.loads(rep.read_text())
+    assert body["model_kind"] == "fixed point (Q20.11, as the kernel computes it)"
+    assert f"  model: {model}, evaluated in fixed point (Q20.11, as the kernel computes it)\n" in (
+        r.stdout
+    )
+    # the same rows scored here, one by one, with this file's integers
+    rows = prepare(load_decisions([data])).sort("collection_id")
+    confusion = [[0, 0], [0, 0]]
+    per_collection: dict[str, list[int]] = {}
+    for row in rows.iter_rows(named=True):
+        out = q11.logit(q11.features(row, 500_000), doc["w1"], doc["b1"], doc["w2"], doc["b2"])
+        pred, label = int(out > 0), row["can_migrate"]
+        confusion[label][pred] += 1
+        per_collection.setdefault(row["collection_id"], []).append(int(pred == label))
+    assert 0 < confusion[0][0] + confusion[1][1] < rows.height  # a model that errs, sometimes
+    assert body["model"]["confusion"] == confusion
+    for c in body["collections"]:
+        hits = per_collection[c["collection_id"]]
+        assert c["model_accuracy"] == pytest.approx(sum(hits) / len(hits))
+
+
+def test_report_table_and_scores_are_one_text(data: Path) -> None:
+    r = _invoke("report", data)
+    assert r.exit_code == 0, r.output
+    # the table's closing border, its line's end, then the scores under it
+    assert "┘\nall filtered decisions (accuracy columns above; balanced here):\n  hand rule" in (
+        r.stdout
+    )

@@ -10,6 +10,9 @@ import pytest
 
 from kernmlops.data import Collection
 from kernmlops.errors import CollectionError
+from kernmlops.lb.dataset import impute_missing
+from kernmlops.lb.features import float_features
+from kernmlops.lb.names import FEATURES
 from kernmlops.lb.tracepoint import NEVER_RAN_NS, compare_with_kprobe, tracepoint_decisions
 
 
@@ -94,6 +97,20 @@ def test_positives_and_negatives(collection: Collection) -> None:
 def test_single_node_knows_there_is_no_numa_data(collection: Collection) -> None:
     d = tracepoint_decisions(collection, cpu_node=[0, 0, 0, 0])
     assert set(d["prefer_src"]) == {0} and set(d["total_faults"]) == {0}
+    # no task prefers a node: the kernel's rq->nr_preferred_running and
+    # nr_numa_running are 0 (MLLB's src_preferred_len, src_numa_len)
+    assert set(d["src_preferred_len"]) == {0} and set(d["src_numa_len"]) == {0}
+
+
+def test_imputed_src_non_pref_nr_is_the_kernels(collection: Collection) -> None:
+    """MLLB's feature 0 is src_len > src_preferred_len, the latter the source's
+    nr_preferred_running: 0 without NUMA data, so the feature is 1 for every row
+    (the kernel's value, which the tracepoint shadow program computes too)."""
+    for nodes in ([0, 0, 0, 0], [0, 0, 1, 1]):
+        rows = impute_missing(tracepoint_decisions(collection, cpu_node=nodes))
+        assert set(rows["src_preferred_len"]) == {0}
+        x = float_features(rows)
+        assert (x[:, FEATURES.index("src_non_pref_nr")] == 1).all()
 
 
 def test_compare_with_kprobe(collection: Collection) -> None:

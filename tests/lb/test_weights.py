@@ -128,6 +128,9 @@ def _doc(tmp_path: Path, **change) -> Path:
         ({"b2": [0.1, 0.2]}, "b2 is 2 numbers, must be 1 number or a single number"),
         ({"b2": None}, "no b2 (a model holds w1, b1, w2, b2)"),
         ({"b1": [0.0] * 9 + ["x"]}, 'b1 holds "x", not a number'),
+        # a long string is cut inside its quotes, which stay balanced
+        ({"b1": [0.0] * 9 + ["-0.89641234567890123456"]}, 'b1 holds "-0.89641234567890…", not a'),
+        ({"w2": [{"w": "-0.89641234567890123456"}] * 10}, "w2 holds an object, not a number"),
         ({"b1": [0.0] * 9 + [True]}, "b1 holds true, not a number"),
         ({"format": "something"}, "is not a kernmlops lb model"),
     ],

@@ -212,21 +212,44 @@ def _print_run(out: Any) -> None:
     console.print(f"{out.result.ended_by} after {out.result.duration_s:.1f} s -> {out.path}")
 
 
+def _ns_line(ns: dict[str, Any] | None) -> str:
+    """The inference times of one population, named: p50, p99, mean and max all of it."""
+    if not ns:
+        return "  inference: no rows"
+    return (
+        f"  inference (features + MLP) over the {ns['decisions']:,} {ns['population']}: "
+        f"p50 {ns['p50']:.0f} ns, p99 {ns['p99']:.0f} ns, mean {ns['mean']:.0f} ns, "
+        f"max {ns['max']:.0f} ns"
+    )
+
+
 def _print_shadow(kind: str, s: dict[str, Any]) -> None:
     k = s.get("kernel") or {}
-    ns = s.get("inference_ns") or {}
     rows = s.get("rows") or {}
-    agree = k.get("agreement")
-    console.print(
-        f"shadow ({kind}): {k.get('decisions', 0):,} decisions seen in the kernel, "
-        f"{k.get('filtered', 0):,} after MLLB's filter; agreement with the kernel "
-        f"{_pct(agree)}; confusion [[tn, fp], [fn, tp]] = {k.get('confusion')}; "
-        f"inference mean {ns.get('mean', float('nan')):.0f} ns, "
-        f"p99 {ns.get('p99', float('nan')):.0f} ns"
-    )
-    if rows:
-        shown = {x: rows[x] for x in rows if x != "confusion"}
-        console.print(f"  from the rows: {json.dumps(shown)}")
+    if kind == "tracepoint":
+        # the program sees every pull while attached; the data set only those its
+        # scheduler tables saw: each figure says which it covers
+        line = (
+            f"shadow (tracepoint): {k.get('decisions', 0):,} pulls seen in the kernel while "
+            f"attached, the model agreeing (migrate) on {_pct(k.get('agreement'))}"
+        )
+        if rows.get("data_set_pulls") is not None:
+            line += (
+                f"; on the {rows['data_set_pulls']:,} pulls of the data set: "
+                f"{rows['pulls']:,} evaluated, {rows['model_migrates']:,} migrate, agreement "
+                f"{_pct(rows['agreement'])} ({rows['outside_data_set']:,} pulls outside it)"
+            )
+        console.print(line)
+    else:
+        console.print(
+            f"shadow ({kind}): {k.get('decisions', 0):,} decisions seen in the kernel, "
+            f"{k.get('filtered', 0):,} after MLLB's filter; agreement with the kernel on those: "
+            f"{_pct(k.get('agreement'))}; confusion [[tn, fp], [fn, tp]] = {k.get('confusion')}"
+        )
+        if rows:
+            shown = {x: rows[x] for x in rows if x != "confusion"}
+            console.print(f"  from the rows: {json.dumps(shown)}")
+    console.print(_ns_line(s.get("inference_ns")))
 
 
 @lb_group.command("collect", context_settings={"ignore_unknown_options": False})
@@ -266,7 +289,10 @@ def shadow_cmd(model_path, variant, config_files, repeat, attach, benchmark, dur
     agreement with the kernel's answer and its own time (MLLB's TEST mode,
     without a patch). kprobe variant: every can_migrate_task (the lab);
     tracepoint variant: the balancer's pulls, on any kernel. The summary is
-    printed and kept in the collection's manifest (lb.shadow); per-decision
+    printed and kept in the collection's manifest (lb.shadow): the in-kernel
+    counters over every decision seen while attached, and agreement and
+    inference times (p50, p99, mean) over the data set's own decisions (kprobe:
+    after MLLB's filter; tracepoint: the pulls of its data set). Per-decision
     rows are in lb_decisions (model_pred, model_out, infer_ns) or lb_tp_shadow.
     """
     _run_collect(variant, config_files, repeat, attach, benchmark, duration, output_dir,
@@ -348,7 +374,10 @@ def _print_metrics(title: str, section: dict[str, Any]) -> None:
     help="collection: test on runs never trained on; rows: a random share of rows",
 )  # fmt: skip
 @click.option("--test-collection", "tests", multiple=True, help="a test collection id (repeatable)")
-@click.option("--test-fraction", type=float, default=0.25, show_default=True)
+@click.option(
+    "--test-fraction", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.25,
+    show_default=True, help="share of the runs (or rows) tested on, 0 and 1 excluded",
+)  # fmt: skip
 @click.option("--epochs", type=click.IntRange(min=1), default=60, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--migration-cost-ns", type=click.IntRange(min=1), default=None,
@@ -365,8 +394,6 @@ def train_cmd(data, output, split, tests, test_fraction, epochs, seed, migration
     from kernmlops.lb.model import TrainConfig, check_writable
     from kernmlops.lb.pipeline import train_model
 
-    if not 0 < test_fraction < 1:
-        raise click.BadParameter("must be between 0 and 1", param_hint="--test-fraction")
     try:
         check_writable(output)  # before the training, not after it
         decisions = load_decisions(list(data))
@@ -500,7 +527,10 @@ def dump_weights_cmd(model_path: Path, layout: str) -> None:
 def report_cmd(data: tuple[Path, ...], model_path: Path | None, json_out: Path | None) -> None:
     """What DATA holds per collection (decisions, share migrated, agreement of
     the kernel's rule with the kernel) and, with --model, the model's metrics
-    per collection and its shadow results from the manifests."""
+    per collection and its shadow results from the manifests.
+
+    --model takes lb train's float model or lb export's *.q11.json; the latter
+    is evaluated in Q20.11 fixed point, as the kernel evaluates it."""
     from kernmlops.lb.report import build_report
 
     try:
@@ -519,13 +549,17 @@ def report_cmd(data: tuple[Path, ...], model_path: Path | None, json_out: Path |
             _pct(c["rule_accuracy"]), _pct(c.get("model_accuracy")),
             _pct(c.get("shadow_agreement")),
         )  # fmt: skip
-    Console(width=max(120, Console().width)).print(table)
+    # the table and the scores under it are one text on one stream: never interleaved
+    out = Console(width=max(120, Console().width), highlight=False, markup=False)
+    out.print(table)
     if rep.get("hand_rule"):
-        console.print("all filtered decisions (accuracy columns above; balanced here):")
+        out.print("all filtered decisions (accuracy columns above; balanced here):")
+        if rep.get("model_kind"):
+            out.print(f"  model: {model_path}, evaluated in {rep['model_kind']}", soft_wrap=True)
         for name, key in (("model", "model"), ("hand rule (15 features)", "hand_rule"),
                           ("always the commoner", "majority")):  # fmt: skip
             if rep.get(key):
-                console.print(_score_line(name, rep[key]))
+                out.print(_score_line(name, rep[key]), soft_wrap=True)
     if json_out:
         json_out.write_text(json.dumps(rep, indent=1, default=str) + "\n")
         console.print(f"report -> {json_out}")

@@ -85,6 +85,11 @@ class _LbManifest(Participant):
         out = self.out
         out.rows = {t: manifest.tables[t].rows for h in self.hooks for t in h.tables
                     if t in manifest.tables}  # fmt: skip
+        tp = None
+        if out.variant in ("tracepoint", "both"):
+            # first: the tracepoint shadow is scored on this data set's pulls
+            out.tracepoint, tp = _build_tracepoint(path, manifest, out)
+            self.section["tracepoint"] = out.tracepoint
         if out.model is not None:
             out.shadow = {}
             for hook in self.hooks:
@@ -92,11 +97,10 @@ class _LbManifest(Participant):
                 frame = _read_table(path, table)
                 kind = "kprobe" if isinstance(hook, LbKprobeHook) else "tracepoint"
                 stats = hook.stats.as_dict() if hook.stats else None
-                out.shadow[kind] = summarize(frame, stats, kind)
+                out.shadow[kind] = summarize(
+                    frame, stats, kind, tp if kind == "tracepoint" else None
+                )
         self.section["shadow"] = out.shadow
-        if out.variant in ("tracepoint", "both"):
-            out.tracepoint = _build_tracepoint(path, manifest, out)
-            self.section["tracepoint"] = out.tracepoint
         manifest.lb = self.section  # type: ignore[attr-defined]  # a section of its own
 
 
@@ -172,10 +176,12 @@ def _read_table(path: Path, table: str) -> pl.DataFrame | None:
     return pl.concat([pl.read_parquet(p) for p in parts], how="diagonal_relaxed")
 
 
-def _build_tracepoint(path: Path, manifest: Manifest, out: LbCollectResult) -> dict[str, Any]:
+def _build_tracepoint(
+    path: Path, manifest: Manifest, out: LbCollectResult
+) -> tuple[dict[str, Any], pl.DataFrame]:
     """Rebuild the tracepoint decisions of the finished collection (its tables are
     complete; its manifest is the one being finalised); with the kprobe variant
-    beside it, compare the two."""
+    beside it, compare the two. The summary and the decisions."""
     from kernmlops.data import IncompleteCollectionWarning, read_collection
     from kernmlops.lb.dataset import from_kprobe_records
     from kernmlops.lb.tracepoint import compare_with_kprobe, tracepoint_decisions
@@ -203,4 +209,4 @@ def _build_tracepoint(path: Path, manifest: Manifest, out: LbCollectResult) -> d
         if "src_nid" not in kp.columns:
             kp = from_kprobe_records(kp)
         info["vs_kprobe"] = compare_with_kprobe(tp, kp)
-    return info
+    return info, tp

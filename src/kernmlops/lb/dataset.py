@@ -156,7 +156,13 @@ def impute_missing(frame: pl.DataFrame) -> pl.DataFrame:
     """Fill what an approximate source could not know, the way the
     tracepoint shadow program does in the kernel: the idle type from the
     destination's length (an empty destination pulled: newly idle), no
-    extra balance failures, no buddy, no NUMA data."""
+    extra balance failures, no buddy, no NUMA data.
+
+    No NUMA data means no task with a preferred node: the source's
+    ``nr_preferred_running`` and ``nr_numa_running`` are 0, as the kernel
+    keeps them on one node (NUMA balancing never runs there) and as MLLB's
+    dump reads them, so ``src_non_pref_nr`` (src_len > src_preferred_len)
+    is 1, not 0."""
     empty_dst = pl.col("dst_len").fill_null(1) == 0
     return frame.with_columns(
         pl.col("cpu_newly_idle").fill_null(empty_dst.cast(pl.Int8)),
@@ -170,7 +176,7 @@ def impute_missing(frame: pl.DataFrame) -> pl.DataFrame:
         pl.col("prefer_dst").fill_null(0),
         pl.col("delta_faults").fill_null(0),
         pl.col("total_faults").fill_null(0),
-        pl.col("src_preferred_len").fill_null(pl.col("src_len")),
+        pl.col("src_preferred_len").fill_null(0),
         pl.col("src_numa_len").fill_null(0),
     )
 

@@ -87,6 +87,17 @@ def fits_q11(v: float) -> bool:
     return INT32[0] <= q <= INT32[1]
 
 
+def _shown(value: object, width: int = 20) -> str:
+    """``value`` as JSON, a long string cut inside its quotes (with an ellipsis);
+    an object too long to show is named, not cut open."""
+    text = json.dumps(value, ensure_ascii=False)
+    if len(text) <= width:
+        return text
+    if isinstance(value, str):
+        return json.dumps(value[: width - 3] + "…", ensure_ascii=False)
+    return "an object" if isinstance(value, dict) else f"a {type(value).__name__}"
+
+
 def _values(doc: dict, key: str, shapes: Sequence[tuple[int, ...]], where: str,
             integers: bool, error: type[KernmlopsError]) -> list[Number]:  # fmt: skip
     """doc[key]'s numbers, flat in row-major order, when it has one of ``shapes``:
@@ -101,7 +112,7 @@ def _values(doc: dict, key: str, shapes: Sequence[tuple[int, ...]], where: str,
         raise error(f"{where}: {key} must be {want}, its rows differ in length") from None
     for v in flat:  # what a value is says more than the shape it came in
         if isinstance(v, bool) or not isinstance(v, int | float):
-            raise error(f"{where}: {key} holds {json.dumps(v)[:20]}, not a number")
+            raise error(f"{where}: {key} holds {_shown(v)}, not a number")
         if integers and not (isinstance(v, int) and INT32[0] <= v <= INT32[1]):
             raise error(f"{where}: {key} holds {v}, not a Q20.{FBITS} int32")
         try:

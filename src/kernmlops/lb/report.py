@@ -12,7 +12,13 @@ import polars as pl
 from kernmlops.collect.manifest import MANIFEST_NAME, read_manifest
 from kernmlops.errors import CollectionError
 from kernmlops.lb.dataset import load_decisions, recorded_cost
-from kernmlops.lb.features import LABEL, MIGRATION_COST_NS, float_features, rule_decision
+from kernmlops.lb.features import (
+    LABEL,
+    MIGRATION_COST_NS,
+    fixed_features,
+    float_features,
+    rule_decision,
+)
 from kernmlops.lb.model import Model, metrics
 from kernmlops.lb.pipeline import prepare
 
@@ -38,8 +44,39 @@ def _manifests(paths: list[Path]) -> dict[str, dict[str, Any]]:
     return out
 
 
+class _Scored:
+    """The model a report scores: lb train's float model, or lb export's Q20.11
+    model evaluated in fixed point as the kernel evaluates it (the accuracy of
+    the model deployed, not of the float one it came from)."""
+
+    def __init__(self, path: Path) -> None:
+        from kernmlops.lb.fixed import FORMAT as FIXED_FORMAT
+        from kernmlops.lb.fixed import FixedModel, load_fixed_json
+        from kernmlops.lb.model import ModelError
+        from kernmlops.lb.weights import read_model_doc
+
+        self.fixed: FixedModel | None = None
+        self.float: Model | None = None
+        if read_model_doc(path, ModelError).get("format") == FIXED_FORMAT:
+            self.fixed, self.meta = load_fixed_json(path)
+            self.kind = "fixed point (Q20.11, as the kernel computes it)"
+        else:
+            self.float = Model.load(path)
+            self.meta = self.float.meta
+            self.kind = "floating point (lb train's weights)"
+
+    def predict(self, frame: pl.DataFrame, cost: int) -> np.ndarray:
+        if self.fixed is not None:
+            return self.fixed.predict(fixed_features(frame, cost))
+        assert self.float is not None
+        return self.float.predict(float_features(frame, cost))
+
+
 def build_report(paths: list[Path], model_path: Path | None = None) -> dict[str, Any]:
-    model = Model.load(model_path) if model_path else None  # checked before the data is read
+    """Per collection and over all filtered decisions: the kernel's rule, the two
+    baselines and, with ``model_path`` (lb train's model or lb export's
+    ``*.q11.json``), the model."""
+    model = _Scored(model_path) if model_path else None  # checked before the data is read
     decisions = load_decisions(paths)
     # the hot window the collections were recorded with, else the model's
     cost = recorded_cost(paths) or MIGRATION_COST_NS
@@ -65,12 +102,19 @@ def build_report(paths: list[Path], model_path: Path | None = None) -> dict[str,
             row["rule"] = metrics(y, rule_decision(x))
             row["rule_accuracy"] = row["rule"]["accuracy"]
             if model is not None:
-                m = metrics(y, model.predict(x))
+                m = metrics(y, model.predict(kept, cost))
                 row["model_accuracy"] = m["accuracy"]
                 row["model"] = m
         shadow = (lb.get(str(cid)) or {}).get("shadow") or {}
         for kind in ("kprobe", "tracepoint"):
             kernel = (shadow.get(kind) or {}).get("kernel") or {}
+            on_data = (shadow.get(kind) or {}).get("rows") or {}
+            if kind == "tracepoint" and on_data.get("data_set_pulls") is not None:
+                # the pulls this collection's data set holds, not every one the
+                # program saw while attached
+                row["shadow_agreement"] = on_data["agreement"]
+                row["shadow"] = shadow[kind]
+                break
             if kernel.get("agreement") is not None:
                 row["shadow_agreement"] = kernel["agreement"]
                 row["shadow"] = shadow[kind]
@@ -78,12 +122,14 @@ def build_report(paths: list[Path], model_path: Path | None = None) -> dict[str,
         rows.append(row)
     total = prepare(decisions)
     out: dict[str, Any] = {"collections": rows, "decisions": decisions.height}
+    if model is not None:
+        out["model_kind"] = model.kind
     if total.height:
         # every filtered row, the model beside the two baselines (balanced accuracy
         # and recall per class: "stay" is rare)
         x, y = float_features(total, cost), total[LABEL].to_numpy()
         if model is not None:
-            out["model"] = metrics(y, model.predict(x))
+            out["model"] = metrics(y, model.predict(total, cost))
         out["hand_rule"] = metrics(y, rule_decision(x))
         out["majority"] = metrics(y, np.full(len(y), int(y.mean() >= 0.5)))
     counts = total.group_by("variant").len() if total.height else pl.DataFrame()

@@ -138,11 +138,70 @@ class BpfStats:
             self.fd = -1
 
 
+#: a pull seen by lb_tp and by sched_migrate is one event: both programs run on
+#: the same sched_migrate_task call, one after the other (µs apart; the lab's
+#: emulated CPUs are 20-28x slower)
+MATCH_US = 1000
+
+
+def match_pulls(shadow: pl.DataFrame, dataset: pl.DataFrame, tolerance_us: int = MATCH_US
+                ) -> pl.DataFrame:  # fmt: skip
+    """The shadow rows (lb_tp_shadow) that are pulls of the tracepoint data set
+    (its rows answered 1): the same task, source and destination CPU, the
+    nearest time within ``tolerance_us``; each data set pull matched once.
+
+    The shadow program is attached before the scheduler tables' hooks and
+    detached after them, so it also sees pulls the data set cannot hold."""
+    key = ("pid", "src_cpu", "dst_cpu")
+    cast = [pl.col(c).cast(pl.Int64) for c in (*key, "ts_uptime_us")]
+    pos = (
+        dataset.filter(pl.col(LABEL) == 1)
+        .select(*cast)
+        .with_columns(pl.col("ts_uptime_us").alias("data_ts_us"))
+        .sort("ts_uptime_us")
+    )
+    rows = shadow.with_columns(*cast).with_row_index("shadow_row").sort("ts_uptime_us")
+    joined = rows.join_asof(
+        pos, on="ts_uptime_us", by=list(key), strategy="nearest", tolerance=tolerance_us,
+        check_sortedness=False,  # sorted on time above; polars cannot check it per group
+    ).filter(pl.col("data_ts_us").is_not_null())  # fmt: skip
+    # two shadow rows near one pull: the nearer is its event
+    gap = (pl.col("ts_uptime_us") - pl.col("data_ts_us")).abs()
+    return (
+        joined.sort(gap)
+        .unique(subset=[*key, "data_ts_us"], keep="first")
+        .sort("shadow_row")
+        .drop("shadow_row")
+    )
+
+
+def _inference(rows: pl.DataFrame, population: str) -> dict[str, Any] | None:
+    """Per-decision inference time (features + MLP) over ``rows``: every figure of
+    one population, named."""
+    if "infer_ns" not in rows.columns or rows.height == 0:
+        return None
+    ns = rows["infer_ns"].cast(pl.Float64).to_numpy()
+    return {
+        "population": population,
+        "decisions": len(ns),
+        "mean": float(ns.mean()),
+        "p50": quantile(ns, 0.5),
+        "p99": quantile(ns, 0.99),
+        "max": float(ns.max()),
+    }
+
+
 def summarize(
-    decisions: pl.DataFrame | None, stats: dict[str, Any] | None, variant: str
+    decisions: pl.DataFrame | None,
+    stats: dict[str, Any] | None,
+    variant: str,
+    dataset: pl.DataFrame | None = None,
 ) -> dict[str, Any]:
-    """What shadow mode found: in-kernel counters, and the same recomputed
-    from the rows (model_pred vs can_migrate) as a cross-check."""
+    """What shadow mode found: in-kernel counters (every decision the program
+    saw), and the same recomputed from the rows (model_pred vs can_migrate)
+    over the data set's population: for kprobe, its decisions after MLLB's
+    filter; for tracepoint, the shadow rows that are pulls of ``dataset`` (the
+    tracepoint data set of the same collection), when given."""
     out: dict[str, Any] = {"variant": variant, "kernel": stats}
     if decisions is None or decisions.height == 0 or "model_pred" not in decisions.columns:
         return out
@@ -152,20 +211,29 @@ def summarize(
 
         kept = mllb_filter(rows)
         out["rows"] = {
+            "population": "decisions after MLLB's filter",
             "decisions": rows.height,
             "filtered": kept.height,
             **metrics(kept[LABEL].to_numpy(), kept["model_pred"].to_numpy()),
         }
+        out["inference_ns"] = _inference(kept, "decisions after MLLB's filter")
+        return out
+    if dataset is not None:
+        kept = match_pulls(rows, dataset)
+        population = "pulls of the data set"
+        data_pulls = int((dataset[LABEL] == 1).sum()) if dataset.height else 0
     else:
-        n = rows.height
-        agree = int((rows["model_pred"] == 1).sum()) if n else 0
-        out["rows"] = {"pulls": n, "model_migrates": agree, "agreement": agree / n if n else None}
-    ns = rows["infer_ns"].cast(pl.Float64) if "infer_ns" in rows.columns else None
-    if ns is not None and len(ns):
-        out["inference_ns"] = {
-            "mean": float(ns.mean()),
-            "p50": quantile(ns.to_numpy(), 0.5),
-            "p99": quantile(ns.to_numpy(), 0.99),
-            "max": float(ns.max()),
-        }
+        kept, population, data_pulls = rows, "pulls the program saw", None
+    n = kept.height
+    agree = int((kept["model_pred"] == 1).sum()) if n else 0
+    out["rows"] = {
+        "population": population,
+        "data_set_pulls": data_pulls,
+        "pulls": n,
+        "model_migrates": agree,
+        "agreement": agree / n if n else None,
+        # seen while the shadow program was attached and the scheduler tables' hooks not
+        "outside_data_set": rows.height - n,
+    }
+    out["inference_ns"] = _inference(kept, population)
     return out

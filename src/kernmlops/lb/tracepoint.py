@@ -177,6 +177,9 @@ def tracepoint_decisions(
                 pl.lit(0, pl.Int8).alias("prefer_dst"),
                 pl.lit(0, pl.Int64).alias("delta_faults"),
                 pl.lit(0, pl.Int64).alias("total_faults"),
+                # no task prefers a node: the kernel's counts are 0 (MLLB's columns)
+                pl.lit(0, pl.Int64).alias("src_preferred_len"),
+                pl.lit(0, pl.Int64).alias("src_numa_len"),
             ]
             if single_node  # NUMA balancing never runs on one node
             else []
