@@ -224,3 +224,27 @@ def test_an_overrides_file_that_cannot_be_read_is_refused_not_passed_over(
     assert done.returncode == 2, done.stderr
     assert done.stderr.endswith(f"error: cannot read config overrides.yaml: {said}\n"), done.stderr
     assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "config", "where"),
+    [
+        (["--hooks", ""], "", "(set on the command line)"),  # before: the 4 default hooks
+        (["--hooks", " , "], "", "(set on the command line)"),  # before: none, 0/0 hooks
+        ([], "collector:\n  hooks: []\n", ""),  # before: none, 0/0 hooks
+        (["--hooks", ""], "collector:\n  hooks: [process_trace]\n", "(set on the command line)"),
+    ],
+)
+def test_collect_refuses_an_empty_hook_list_in_one_line(
+    tmp_path: Path, args: list[str], config: str, where: str
+) -> None:
+    (tmp_path / "c.yaml").write_text(config or "{}\n")
+    out = tmp_path / "out"
+    done = kernmlops("collect", "-c", "c.yaml", "-o", str(out), *args, "--", "true",
+                     cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("error: invalid configuration") and line.endswith(where), line
+    assert "collector.hooks: give at least one hook" in line
+    assert "`kernmlops collect --help`" in line and "`kernmlops doctor` lists them" in line
+    assert not out.exists()  # refused before anything is made

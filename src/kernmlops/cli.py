@@ -236,7 +236,8 @@ def _summary(result) -> Table:
 @click.option("-d", "--duration", type=float, help="stop after this many seconds.")
 @click.option(
     "--hooks",
-    help="comma-separated hooks (default: collector.hooks; `kernmlops doctor` lists them all).",
+    help="comma-separated hooks, at least one (default: collector.hooks; `kernmlops doctor` "
+    "lists them all).",
 )
 @click.option("--tgid", type=int, help="trace only this process (filter in the kernel).")
 @click.option("--system-wide", is_flag=True, help="trace every process, not only the benchmark's.")
@@ -347,7 +348,8 @@ def collect(
         strict=strict,
         benchmark=benchmark or None,
         argv=list(command) if command else None,
-        hooks=[h.strip() for h in hooks.split(",") if h.strip()] if hooks else None,
+        # --hooks "" is an empty list (refused by the config), not the default's
+        hooks=[h.strip() for h in hooks.split(",") if h.strip()] if hooks is not None else None,
         tgid=tgid,
         filter="tgid" if tgid is not None else "system" if system_wide else None,
         progress=False if no_progress else None,
@@ -570,8 +572,9 @@ def recover(collection: Path, bpf_dir: Path | None) -> None:
     COLLECTION/.spool/ and makes rows later (collector.spool). If it was killed
     (kill -9, the OOM killer) those records are still there: this decodes them,
     adds the rows not yet in finished parts as new parts, updates the manifest
-    and deletes the spool. Nothing is repeated, and a collection without a
-    spool is left as it is.
+    (rows per table and hook; state: recovered, with the state and error it had
+    before kept under recovery) and deletes the spool. Nothing is repeated, and
+    a collection without a spool is left as it is.
 
     A damaged spool (a file cut short, a frame failing its checksum, a lost
     description) gives every intact frame; each piece that could not be read

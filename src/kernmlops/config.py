@@ -77,7 +77,9 @@ class CollectorConfig(_Strict):
     output_dir: Path = Field(
         Path("data"), description="collections go to <output_dir>/curated/benchmark=<b>/..."
     )
-    hooks: list[str] = Field(list(DEFAULT_HOOKS), description="hooks to run, by name")
+    hooks: list[str] = Field(
+        list(DEFAULT_HOOKS), description="hooks to run, by name (at least one)"
+    )
     filter: Literal["auto", "system", "tgid", "tree"] = Field(
         "auto",
         description="auto: the benchmark's default; system: everything; "
@@ -227,6 +229,11 @@ class CollectorConfig(_Strict):
     @field_validator("hooks")
     @classmethod
     def _known_hooks(cls, hooks: list[str]) -> list[str]:
+        if not hooks:  # a collection of nothing: a slip (`--hooks ""`), not a wish
+            raise ValueError(
+                "give at least one hook (`kernmlops collect --help` says how; "
+                "`kernmlops doctor` lists them)"
+            )
         for name in hooks:
             _known("hook", name, HOOKS)
         return list(dict.fromkeys(hooks))

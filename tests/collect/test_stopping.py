@@ -18,6 +18,7 @@ from kernmlops.data import read_collection
 from kernmlops.ebpf.build import build
 from kernmlops.spool.memory import own_memory
 from kernmlops.spool.recovery import pending_spools, remove_spool
+from tests.faults.conftest import assert_recovered_manifest
 
 pytestmark = pytest.mark.bpf
 
@@ -203,7 +204,8 @@ def test_a_disk_that_fills_during_the_stop_says_so_in_one_line_and_keeps_the_spo
         assert "\n" not in said and "It filled during the stop, the benchmark ended" in said
         assert "The benchmark was stopped" not in said and "kernmlops recover" in said
         col = session.path
-        assert read_manifest(col).state == "disk_full"
+        before = read_manifest(col)
+        assert before.state == "disk_full" and before.error == said
         assert any(p.stat().st_size for p in pending_spools(col))  # the spool, kept
         (disk / "fill").unlink()  # room again
         # its collector is gone (this process may carry the name in its command line)
@@ -214,3 +216,15 @@ def test_a_disk_that_fills_during_the_stop_says_so_in_one_line_and_keeps_the_spo
         runtime, queued = c["quanta_runtime"].height, c["quanta_queued_time"].height
         assert runtime > 10_000 and abs(runtime - queued) <= 100  # a row of each a switch
         assert not (col / ".spool").exists()
+        # The manifest tells what is on disk now (before: its hooks counted 0 rows and
+        # the records made before the disk filled, its state still said to recover).
+        rows = assert_recovered_manifest(col, "disk_full")
+        assert rows["quanta_runtime"] == runtime and rows["quanta_queued_time"] == queued
+        after = read_manifest(col)
+        assert after.recovery is not None and after.recovery.error == said
+        hook = after.hooks["quanta_runtime"]
+        assert hook.rows == {"quanta_runtime": runtime, "quanta_queued_time": queued}
+        # each switch record gives a row to one table or to both: the spool held them all
+        assert max(runtime, queued) <= hook.events <= runtime + queued, hook.events
+        lost = getattr(after, "lost_rows", None) or {}
+        assert "quanta_runtime" not in lost and "quanta_queued_time" not in lost, lost

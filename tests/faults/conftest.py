@@ -246,6 +246,48 @@ def read_everything(collection: Path) -> dict[str, int]:
     return rows
 
 
+def parquet_rows(collection: Path) -> dict[str, int]:
+    """Rows per table of the part files on disk, from their footers (pyarrow alone:
+    nothing of kernmlops), for tables with at least one part."""
+    import pyarrow.parquet as pq
+
+    rows: dict[str, int] = {}
+    for part in sorted(collection.glob("*/part-*.parquet")):
+        table = part.parent.name
+        rows[table] = rows.get(table, 0) + pq.ParquetFile(part).metadata.num_rows
+    return rows
+
+
+def assert_recovered_manifest(collection: Path, recovered_from: str) -> dict[str, int]:
+    """After ``recover``: the manifest counts, per table and per hook, the rows the
+    parts hold; its state is ``recovered``, from ``recovered_from``, with nothing
+    telling the user to recover; every reader takes it as complete. The rows."""
+    from kernmlops.collect.manifest import read_manifest
+    from kernmlops.data import list_collections, read_collection
+    from kernmlops.fleet.push import check_publishable
+
+    on_disk = parquet_rows(collection)
+    manifest = read_manifest(collection)
+    assert manifest.state == "recovered" and manifest.complete, manifest.state
+    assert manifest.recovery is not None
+    assert manifest.recovery.recovered_from == recovered_from
+    assert manifest.recovery.recovered_at and manifest.recovery.kernmlops
+    assert not manifest.error  # the original one is kept in recovery.error
+    tables = {t: r.rows for t, r in manifest.tables.items() if r.rows or t in on_disk}
+    assert tables == on_disk
+    for name, hook in manifest.hooks.items():
+        for table, n in hook.rows.items():
+            assert n == on_disk.get(table, 0), (name, table, n, on_disk.get(table, 0))
+    assert all(n <= on_disk[t] for t, n in manifest.recovery.rows_added.items())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no IncompleteCollectionWarning
+        read_collection(collection)
+    listed = list_collections(collection)
+    assert listed["state"].to_list() == ["recovered"]
+    check_publishable(collection)  # push takes it as it is
+    return on_disk
+
+
 def recover(collection: Path) -> str:
     """``kernmlops recover COLLECTION`` (what a user runs after a kill); its output."""
     out = subprocess.run(

@@ -15,6 +15,7 @@ from tests.faults.conftest import (
     FLUSH_S,
     SLACK_S,
     assert_no_benchmark_left,
+    assert_recovered_manifest,
     kill_collector,
     now_us,
     read_everything,
@@ -174,10 +175,19 @@ def test_sigkill_with_every_row_in_the_spool_loses_at_most_one_flush_after_recov
     assert 0 <= lost_s <= FLUSH_S + SLACK_S, lost_s
     quanta = pl.read_parquet(sorted((col / "quanta_runtime").glob("part-*.parquet")))
     assert repeated_runs(quanta) == 0
+    # the manifest counts what the parts hold, per table and per hook, and says the
+    # collector was killed and recover made the rest (before: running, hooks at 0)
+    on_disk = assert_recovered_manifest(col, "running")
+    assert on_disk["quanta_runtime"] == rows["quanta_runtime"]
     manifest = read_manifest(col)
-    assert manifest.tables["quanta_runtime"].rows == rows["quanta_runtime"]
+    hook = manifest.hooks["quanta_runtime"]
+    assert hook.rows["quanta_runtime"] == rows["quanta_runtime"]
+    assert hook.rows["quanta_queued_time"] == rows["quanta_queued_time"]
+    assert manifest.recovery is not None
+    assert manifest.recovery.rows_added["quanta_runtime"] == rows["quanta_runtime"]
     assert "nothing to recover" in recover(col)  # a second time changes nothing
     assert read_everything(col) == rows
+    assert read_manifest(col) == manifest
 
 
 def test_sigkill_during_the_final_flush(tmp_path: Path, bpf_baseline) -> None:
@@ -196,7 +206,13 @@ def test_sigkill_during_the_final_flush(tmp_path: Path, bpf_baseline) -> None:
     lost_s = (killed_us - last_ts_us(col, "quanta_runtime")) / 1e6
     print(f"\n[loss] final flush: {lost_s:.3f} s")  # the figure bench/README reports (-s)
     assert lost_s <= FLUSH_S + SLACK_S, lost_s
-    assert read_manifest(col).state in ("running", "interrupted")
+    manifest = read_manifest(col)
+    # recovered: the stop's spool held rows; else the kill came after it was removed
+    assert manifest.state in ("running", "interrupted", "recovered")
+    if manifest.state == "recovered":
+        assert manifest.recovery is not None
+        assert manifest.recovery.recovered_from in ("running", "interrupted")
+        assert_recovered_manifest(col, manifest.recovery.recovered_from)
     assert rows["quanta_runtime"] > 0
 
 

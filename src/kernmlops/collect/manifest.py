@@ -7,12 +7,17 @@ times, per-hook status) and says how far the collection got. Its life:
 2. rewritten after attaching (system, versions, what attached) and at every flush
    (rows and parts so far, drops, ``last_flush_at``);
 3. finalised at stop: ``state`` becomes how it ended (``completed``, ``failed``,
-   ``duration``, ``interrupted``, ``disk_full``, ``error``) with the duration and exit code.
+   ``duration``, ``interrupted``, ``disk_full``, ``error``) with the duration and exit code;
+4. after ``kernmlops recover`` has made every row of the spool a collector left (a kill,
+   a full disk) into parts: ``state: recovered``, the rows per table and hook counted
+   again, and ``recovery`` saying what it was before (state, error) and when, with
+   which version, recover ran.
 
-A collection whose collector was killed keeps ``state: running``: readers report it as
-incomplete and read what was flushed (one still being written, :meth:`Manifest.live_collector`,
-is reported as such). Every reader goes through :class:`Manifest`; it carries
-``format`` and ``version`` so a file from a newer kernmlops is refused, not misread.
+A collection whose collector was killed keeps ``state: running`` until ``recover`` makes
+it whole: readers report it as incomplete and read what was flushed (one still being
+written, :meth:`Manifest.live_collector`, is reported as such). Every reader goes
+through :class:`Manifest`; it carries ``format`` and ``version`` so a file from a newer
+kernmlops is refused, not misread.
 Version 1 (before the lifecycle) is read too: its ``ended_by`` becomes ``state``.
 """
 
@@ -41,6 +46,7 @@ __all__ = [
     "BenchmarkRecord",
     "HookRecord",
     "Manifest",
+    "RecoveryRecord",
     "State",
     "TableRecord",
     "check_collection_id",
@@ -54,9 +60,14 @@ FORMAT = "kernmlops-collection"
 FORMAT_VERSION = 2
 
 
-State = Literal["running", "completed", "failed", "duration", "interrupted", "disk_full", "error"]
-#: states a finished collector writes; ``running`` after the run means the collector died
-FINAL_STATES = ("completed", "failed", "duration", "interrupted", "disk_full", "error")
+State = Literal[
+    "running", "completed", "failed", "duration", "interrupted", "disk_full", "error", "recovered"
+]
+#: states of a collection whose rows are all in parts: a finished collector's, or
+#: ``recovered`` (recover made the rest); ``running`` after the run means the collector died
+FINAL_STATES = (
+    "completed", "failed", "duration", "interrupted", "disk_full", "error", "recovered"
+)  # fmt: skip
 
 
 class _Record(BaseModel):
@@ -151,6 +162,24 @@ class ClockRecord(_Record):
     stop: ClockPairRecord | None = None
 
 
+class RecoveryRecord(_Record):
+    """What ``kernmlops recover`` found and did (the manifest's ``recovery``)."""
+
+    #: the state before the first recover (``running``: its collector was killed)
+    recovered_from: str | None = None
+    #: the manifest's error before the first recover (what went wrong, as collect said it)
+    error: str | None = None
+    #: when the last recover finished, and the kernmlops version it ran
+    recovered_at: str | None = None
+    kernmlops: str | None = None
+    #: rows recover added per table (every recover's, summed)
+    rows_added: dict[str, int] = {}
+    #: pieces of the spool recover could not read, and their bytes (the last one's:
+    #: none once it made every row; the spool stays while there are any)
+    lost_pieces: int = 0
+    lost_bytes: int = 0
+
+
 class Manifest(_Record):
     """The manifest of one collection. Unknown keys (e.g. ``lb``) are kept as they are."""
 
@@ -184,6 +213,8 @@ class Manifest(_Record):
     #: whole to a GET), renders (reads of the maps; see RunningExporter.summary)
     exporter: dict[str, Any] | None = None
     tables: dict[str, TableRecord] = {}
+    #: set by ``kernmlops recover`` (None: it never ran)
+    recovery: RecoveryRecord | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -219,7 +250,8 @@ class Manifest(_Record):
 
     @property
     def complete(self) -> bool:
-        """The collector finished (whatever the benchmark did): nothing was cut short."""
+        """The collector finished (whatever the benchmark did), or ``recover`` made the
+        rows it left in its spool into parts: no row waits anywhere."""
         return self.state in FINAL_STATES
 
     def live_collector(self) -> int | None:

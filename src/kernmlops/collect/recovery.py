@@ -10,12 +10,14 @@ kernmlops.spool.recovery; the spool itself is kernmlops.spool.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import shutil
 import stat
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,6 +40,7 @@ from kernmlops.spool.recovery import (
 if TYPE_CHECKING:
     import numpy as np
 
+    from kernmlops.collect.manifest import Manifest
     from kernmlops.ebpf.btf import RecordLayout
 else:
     np = lazy_import("numpy")
@@ -68,6 +71,11 @@ class Recovery:
 
     added: dict[str, int] = field(default_factory=dict)
     lost: list[Lost] = field(default_factory=list)
+    #: per hook, the records its spooled rings ever held (rows made before the spool's
+    #: first segment left, as its json counts them, and every record read here):
+    #: its events; a hook with a ring whose count is unknown (a spool of before, a
+    #: loss) is not in it
+    events: dict[str, int] = field(default_factory=dict)
 
 
 #: in the spool: held by the ``recover`` that works on it (its pid inside)
@@ -180,9 +188,13 @@ def recover(
                 finished_files[table_dir.name] = [f"{table_dir.name}/{p.name}" for p in parts]
                 sink.resume(table_dir.name, len(parts))
         by_key: dict[str, list[Path]] = {}
+        #: per hook, each of its rings' records (None: not known), and its tables
+        hook_keys: dict[str, list[int | None]] = {}
+        hook_tables: dict[str, set[str]] = {}
         for seg in segments:
             by_key.setdefault(seg.stem.rpartition(".")[0], []).append(seg)
         for key, segs in by_key.items():
+            info: object = None
             try:
                 info = _meta(folder / f"{key}.json", "description")
                 cls = get_hook(info["hook"])
@@ -219,22 +231,33 @@ def recover(
                         "version that collected, and pass their folder with --bpf-dir"
                     )
             except (CollectionError, KeyError, TypeError, ValueError) as err:
+                if isinstance(info, dict) and isinstance(info.get("hook"), str):
+                    hook_keys.setdefault(info["hook"], []).append(None)
                 reason = str(err) if isinstance(err, CollectionError) else f"its description "\
                     f"{key}.json is damaged ({type(err).__name__}: {err})"  # fmt: skip
                 for seg in segs:
                     result.lost.append(Lost(seg, reason, _size(seg) or deleted_bytes(seg)))
                 continue
-            _recover_key(key, segs, hook, layout, dtype, finished, sink, result)
+            lost_before = len(result.lost)
+            records = _recover_key(key, segs, hook, layout, dtype, finished, sink, result)
+            hook_keys.setdefault(cls.name, []).append(
+                records if len(result.lost) == lost_before else None
+            )
+            hook_tables.setdefault(cls.name, set()).update(hook.written_tables())
         sink.close()
-        # The manifest's tables say what is on disk now (its state stays: the run was cut):
-        # also where nothing was added, since parts may have been finished after the
-        # manifest's last checkpoint (a stop killed while it took row workers' parts in).
+        for name, counts in hook_keys.items():
+            if None not in counts:
+                result.events[name] = sum(c for c in counts if c is not None)
+        # The manifest's tables say what is on disk now: also where nothing was added,
+        # since parts may have been finished after the manifest's last checkpoint (a
+        # stop killed while it took row workers' parts in).
         files = sink.files_written()
         for table in {*finished, *result.added}:
             record = manifest.tables.get(table) or TableRecord()
             record.rows = finished.get(table, 0) + result.added.get(table, 0)
             record.files = sorted({*finished_files.get(table, []), *files.get(table, [])})
             manifest.tables[table] = record
+        _settle(manifest, result, hook_tables)
         write_manifest(collection, manifest)
     finally:
         os.close(lock)
@@ -244,6 +267,75 @@ def recover(
     if not result.lost:
         remove_spool(folder)
     return result
+
+
+def _settle(manifest: Manifest, result: Recovery, hook_tables: dict[str, set[str]]) -> None:
+    """The manifest brought to what recover leaves: each hook's rows (and events, where
+    the spool counts them) as its tables now hold them, the rows its spool kept no
+    longer counted lost, and, once no row is left in the spool, ``state: recovered``
+    with what the state and error were before (kept in ``recovery``, as are when and
+    with which version recover ran)."""
+    from kernmlops import __version__
+    from kernmlops.collect.manifest import RecoveryRecord
+
+    tables = _hook_tables(manifest, hook_tables)
+    for name, record in manifest.hooks.items():
+        rows = dict(record.rows)
+        for table in tables.get(name, ()):
+            rows[table] = manifest.tables[table].rows if table in manifest.tables else 0
+        record.rows = rows
+        if name in result.events:
+            record.events = result.events[name]
+    lost_rows = getattr(manifest, "lost_rows", None)
+    if isinstance(lost_rows, dict):
+        # rows a failed sink dropped: those of a spooled hook are made again from the
+        # spool; another's (a poller's) are lost for good and stay counted
+        remade = {t for name in hook_tables for t in tables.get(name, ())}
+        left = {t: n for t, n in lost_rows.items() if t not in remade}
+        if left:
+            manifest.lost_rows = left  # type: ignore[attr-defined]
+        else:
+            del manifest.lost_rows  # type: ignore[attr-defined]
+    before = manifest.recovery
+    if before is None:  # the first recover: what went wrong is kept as it was said
+        before = RecoveryRecord(recovered_from=manifest.state, error=manifest.error)
+    added = dict(before.rows_added)
+    for table, n in result.added.items():
+        added[table] = added.get(table, 0) + n
+    manifest.recovery = RecoveryRecord(
+        recovered_from=before.recovered_from,
+        error=before.error,
+        recovered_at=datetime.now(UTC).isoformat(),
+        kernmlops=__version__,
+        rows_added=added,
+        lost_pieces=len(result.lost),
+        lost_bytes=sum(lost.bytes for lost in result.lost),
+    )
+    if not result.lost:
+        # every row is in parts: no reader is to warn, nor the error to say "recover"
+        manifest.state = "recovered"
+        manifest.error = None
+
+
+def _hook_tables(manifest: Manifest, recovered: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Per hook of the manifest, the tables it writes: those its rows name, those
+    recover made for it, and those its options (the manifest's config) give it; a
+    killed collector's hooks name none yet (their rows are counted at the stop)."""
+    from kernmlops.hooks import REGISTRY
+
+    config = (manifest.config or {}).get("hooks")
+    out: dict[str, set[str]] = {}
+    for name, record in manifest.hooks.items():
+        tables = {*record.rows, *recovered.get(name, ())}
+        cls = REGISTRY.get(name)
+        options = config.get(name.replace("-", "_"), {}) if isinstance(config, dict) else {}
+        if cls is not None and isinstance(options, dict):
+            # the collection owner's file: options this version no longer takes leave
+            # the hook's tables as its rows and the spool name them
+            with contextlib.suppress(ValueError, TypeError):  # pydantic's errors are ValueErrors
+                tables.update(cls(cls.Options.model_validate(options)).written_tables())
+        out[name] = tables
+    return out
 
 
 def _part_rows(pq, part: Path) -> int:  # pq: pyarrow.parquet, imported late
@@ -260,12 +352,15 @@ def _size(path: Path) -> int:
 
 
 def _recover_key(key: str, segs: list[Path], hook, layout, dtype, finished: dict[str, int],
-                 sink, result: Recovery) -> None:  # fmt: skip
-    """Recover one ring's segments, in order, into ``sink``; losses into ``result``."""
+                 sink, result: Recovery) -> int | None:  # fmt: skip
+    """Recover one ring's segments, in order, into ``sink``; losses into ``result``.
+    The records the ring ever held (None: its first segment's json does not count
+    those before it: a spool of before)."""
     from kernmlops.ebpf.btf import unbatch
 
     stride = record_stride(dtype.itemsize)
     made: dict[str, int] = {}
+    held: int | None = None  # records before the first segment, then every one read
     gone = False  # the segment before this one is named lost: its file is missing
     for i, seg in enumerate(segs):
         # the ring's last bytes (a kill may cut them): an empty standby after is no data
@@ -278,6 +373,9 @@ def _recover_key(key: str, segs: list[Path], hook, layout, dtype, finished: dict
             # its rows come after the previous segment's, as for rows_before: null
             result.lost.append(Lost(seg, f"{err}; read as its first bytes look", 0))
             meta, before, fmt = {}, None, None
+        if i == 0:
+            counted = meta.get("records_before")
+            held = counted if isinstance(counted, int) and not isinstance(counted, bool) else None
         if isinstance(before, dict):
             # rows a damaged segment before this one did not give: lost
             short = {t: n - made.get(t, 0) for t, n in before.items()
@@ -320,6 +418,8 @@ def _recover_key(key: str, segs: list[Path], hook, layout, dtype, finished: dict
             records = decode(raw, 1, 0, len(raw), dtype).records
             if layout.batch is not None:
                 records = unbatch(records, layout)
+            if held is not None:
+                held += len(records)
             for table, rows in hook.rows_from(key, records, layout):
                 n = rows.num_rows if hasattr(rows, "num_rows") else rows.height
                 first = made.get(table, 0)
@@ -328,3 +428,4 @@ def _recover_key(key: str, segs: list[Path], hook, layout, dtype, finished: dict
                 if skip < n:
                     sink.write(table, rows.slice(skip))
                     result.added[table] = result.added.get(table, 0) + n - skip
+    return held

@@ -105,6 +105,34 @@ def _kv(rows: Sequence[tuple[str, Any]]) -> str:
     return f'<table class="kv">{body}</table>'
 
 
+def _ended_by(m: dict[str, Any]) -> Any:
+    """How the collector ended ("state" since version 2); for a recovered collection,
+    as it ended before ``kernmlops recover`` made its spool's rows."""
+    state = m.get("ended_by") or m.get("state")
+    recovery = m.get("recovery")
+    if state == "recovered" and isinstance(recovery, dict):
+        before = recovery.get("recovered_from")
+        return "its collector was killed" if before == "running" else before
+    return state
+
+
+def _recovered(m: dict[str, Any]) -> str | None:
+    """When ``kernmlops recover`` ran and what it added (None: it never ran)."""
+    recovery = m.get("recovery")
+    if not isinstance(recovery, dict):
+        return None
+    added = recovery.get("rows_added") or {}
+    rows = sum(n for n in added.values() if isinstance(n, int))
+    what = (
+        f"{_e(recovery.get('recovered_at'))} by kernmlops {_e(recovery.get('kernmlops'))}: "
+        f"{rows:,} rows from its spool"
+    )
+    if recovery.get("lost_pieces"):
+        lost = f"{recovery['lost_pieces']} piece(s) of the spool could not be read"
+        return f'{what}; <span class="bad">{_e(lost)}</span>'
+    return what
+
+
 def _overview(col: _Column) -> str:
     m = col.manifest
     bench = m.get("benchmark") if isinstance(m.get("benchmark"), dict) else {}
@@ -123,7 +151,8 @@ def _overview(col: _Column) -> str:
         ("started", _e(m.get("started_at"))),
         ("duration", f"{float(m.get('duration_s') or 0):.2f} s"),
         ("probes attached in", f"{float(m.get('attach_s') or 0) * 1000:.0f} ms"),
-        ("ended by", _e(m.get("ended_by") or m.get("state"))),  # "state" since version 2
+        ("ended by", _e(_ended_by(m))),
+        ("recovered", _recovered(m)),
         ("exit code", code),
         ("filter", filt_text),
         (

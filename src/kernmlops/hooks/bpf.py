@@ -654,6 +654,7 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
                 if not len(records):
                     continue
                 self.status.events += len(records)
+                spool.count_records(len(records))
                 for table, rows in self.rows_from(key, records, layout):
                     spool.count(table, rows.num_rows if hasattr(rows, "num_rows") else len(rows))
                     yield table, rows
@@ -708,7 +709,7 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
     def spool_made(self, key: str, rows: dict[str, int], events: int) -> None:
         """The rows of every record :meth:`spool_work` gave for ``key`` are in finished
         parts: its spool is read to its end."""
-        self._spools[key].read_to_end(rows)
+        self._spools[key].read_to_end(rows, events)
         self.status.events += events
 
     def spooled_bytes(self) -> int:

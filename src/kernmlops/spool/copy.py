@@ -77,6 +77,8 @@ class RingSpool(CopierSide):
     info: dict[str, Any]
     #: rows made from this spool so far, per table
     rows: dict[str, int] = field(default_factory=dict)
+    #: records made into rows so far (unbatched: the hook's events from this spool)
+    records_made: int = 0
     #: where the first bytes go (None: all on disk, in ``folder``)
     memory: SpoolMemory | None = None
     #: the stride compressed frames are byte-shuffled at (one record of a batched
@@ -131,7 +133,8 @@ class RingSpool(CopierSide):
         self._index += 1
         folder = self.memory.folder if in_memory and self.memory else self.folder
         exact = all(seg.read == seg.written for seg in self._live)
-        seg = Segment(folder / f"{self.key}.{self._index:05d}.ring", dict(self.rows))
+        path = folder / f"{self.key}.{self._index:05d}.ring"
+        seg = Segment(path, dict(self.rows), self.records_made)
         seg.rows_exact = exact
         seg.in_memory = in_memory
         seg.codec = codec
@@ -328,7 +331,8 @@ class RingSpool(CopierSide):
         for seg in list(self._live):
             if not seg.rows_exact:
                 # every segment before it is read, and its rows counted
-                seg.rows_before, seg.rows_exact = dict(self.rows), True
+                seg.rows_before, seg.records_before = dict(self.rows), self.records_made
+                seg.rows_exact = True
                 seg.write_meta()
             codec = seg.codec if seg.codec is not None else read_codec() if seg.framed else None
             while seg.on_disk > seg.read and (more is None or more()):
@@ -357,15 +361,16 @@ class RingSpool(CopierSide):
             out += pieces(seg.path, spans, CODEC if seg.framed else None)
         return out
 
-    def read_to_end(self, rows: dict[str, int]) -> None:
-        """Every record :meth:`unread` gave has its ``rows`` (per table) in finished
-        parts: the spool is read to its end."""
+    def read_to_end(self, rows: dict[str, int], records: int = 0) -> None:
+        """Every record :meth:`unread` gave (``records`` of them) has its ``rows``
+        (per table) in finished parts: the spool is read to its end."""
         with self._cond:
             for seg in self._live:
                 seg.read = seg.written
                 seg.file_read = os.fstat(seg.fd).st_size
         for table, n in rows.items():
             self.count(table, n)
+        self.records_made += records
 
     def _learn_rows(self) -> None:
         """(At a checkpoint, before segments are deleted) the first segment not read
@@ -376,12 +381,17 @@ class RingSpool(CopierSide):
             if finished:
                 continue
             if not seg.rows_exact and seg.read == 0:
-                seg.rows_before, seg.rows_exact = dict(self.rows), True
+                seg.rows_before, seg.records_before = dict(self.rows), self.records_made
+                seg.rows_exact = True
                 seg.write_meta()
             return
 
     def count(self, table: str, rows: int) -> None:
         self.rows[table] = self.rows.get(table, 0) + rows
+
+    def count_records(self, records: int) -> None:
+        """``records`` more were made into rows (as :meth:`count` counts their rows)."""
+        self.records_made += records
 
     def checkpoint(self, finished: dict[str, int]) -> None:
         """At a flush: have the writer sync the spool; retire the segments read to their

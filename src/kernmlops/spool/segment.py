@@ -48,6 +48,9 @@ class Segment:
     path: Path
     #: rows every table had before this segment's first record
     rows_before: dict[str, int]
+    #: records made into rows before this segment's first (unbatched: the hook's
+    #: events), exact when rows_before is; recover adds the records it reads to it
+    records_before: int = 0
     fd: int = -1
     #: bytes handed over / in the file / read back (raw: before compression)
     written: int = 0
@@ -96,6 +99,7 @@ class Segment:
         meta: dict[str, Any] = {
             "version": VERSION,
             "rows_before": self.rows_before if self.rows_exact else None,
+            "records_before": self.records_before if self.rows_exact else None,
         }
         if self.framed:
             meta["codec"] = CODEC
