@@ -19,9 +19,9 @@ from tests.duet.conftest import swapping_config, write_config
 CFG = """
 duetbench:
   suite: cli-{pid}
-  duet_repetitions: 2
-  sequential_repetitions: 1
-  harness: {{iterations: 12}}
+  duet_repetitions: 3
+  sequential_repetitions: 3
+  harness: {{iterations: 8}}
   artifacts: {{python: python3 --version}}
   duets: [sleepy]
 sleepy:
@@ -38,21 +38,23 @@ def test_run_process_analyze(tmp_path: Path):
     assert res.exit_code == 0, res.output
     suite = out / f"cli-{os.getpid()}"
     index = json.loads((suite / "duet-run.json").read_text())
-    assert index["seed"] == 3 and len(index["trials"]) == 4
+    assert index["seed"] == 3 and len(index["trials"]) == 9
     assert index["artifacts"]["python"]["error"] is None
     assert (suite / "artifacts" / "python").read_text().startswith("Python 3")
 
     res = runner.invoke(duet_group, ["process", str(out)])
     assert res.exit_code == 0, res.output
-    assert "72 iterations from 6 file(s), 1 benchmark(s)" in res.output
+    assert "96 iterations from 12 file(s), 1 benchmark(s)" in res.output
     assert (out / "duet-results.parquet").exists() and (out / "duet-results.csv").exists()
 
     res = runner.invoke(duet_group, ["analyze", str(out), "--warmup", "1", "--min-runs", "3"])
     assert res.exit_code == 0, res.output
     # B sleeps 5/3 as long (plus the same start-up cost): every comparison sees it, and
     # the iterations still overlap by 40% of the longer one (B 5x as long never pairs)
+    # 3 runs of each kind, --min-runs 3: a verdict, its CI's unit named beside it
     assert f"cli-{os.getpid()} sleepy [duet]: B is slower than A by" in res.output
     assert "[sequential]: B is slower than A by" in res.output
+    assert res.output.count("(95% CI over 3 runs, Welch's t)") == 2
     report = out / "report"
     md = (report / "report.md").read_text()
     assert "## Verdicts" in md and "plots/ci.png" in md and "timeline.png" in md

@@ -356,6 +356,17 @@ def process_cmd(
     )
 
 
+def _mds_text(c) -> str:
+    """The minimum detectable slowdown as the CLI line gives it, named as the report
+    names it, with its note; nothing where there is no interval to find it with."""
+    if c.ratio_ci is None:
+        return ""
+    if c.mds is None:
+        return f"; minimum detectable slowdown: {c.mds_note or 'not found'}"
+    note = f" ({c.mds_note})" if c.mds_note else ""
+    return f"; minimum detectable slowdown {c.mds * 100:.2f}%{note}"
+
+
 @duet_group.command("analyze")
 @click.argument("results", type=click.Path(exists=True, path_type=Path))
 @click.option(
@@ -420,7 +431,8 @@ def process_cmd(
     default=5,
     show_default=True,
     type=int,
-    help="below this many runs the CI is over pairs, not runs",
+    help="fewest runs for a verdict: below it no interval and the verdict is inconclusive "
+    "(the iterations of one run are not independent samples)",
 )
 @click.option("--no-mds", is_flag=True, help="skip the minimum detectable slowdown")
 @click.option("--seed", default=0, show_default=True, type=int, help="seed of the resamples")
@@ -497,8 +509,7 @@ def analyze_cmd(
                 verdict = c.original.verdict if c.original is not None else "no verdict"
                 click.echo(f"{b.suite} {b.benchmark} [{kind}] (original): {verdict}")
                 continue
-            mds = f"; MDS {c.mds * 100:.2f}%" if c.mds is not None else ""
-            click.echo(f"{b.suite} {b.benchmark} [{kind}]: {c.verdict}{mds}")
+            click.echo(f"{b.suite} {b.benchmark} [{kind}]: {c.verdict}{_mds_text(c)}")
     for w in analysis.warnings:
         console.print(f"[yellow]warning:[/] {w}", markup=True)
     console.print(f"report: {files['markdown']}, {files['html']}")
