@@ -65,6 +65,36 @@ def test_run_process_analyze(tmp_path: Path):
     assert 1.1 < duet["gm_ratio"] < 3 and duet["ratio_ci"][0] > 1
 
 
+SILENT = """
+duetbench:
+  suite: silent-{pid}
+  duet_repetitions: 2
+  duets: [nothing]
+nothing:
+  A: {{run: "true", results: [hyperfine.json]}}
+  B: {{run: "true", results: [hyperfine.json]}}
+"""
+
+
+def test_sides_that_leave_no_result_file_fail_the_run(tmp_path: Path):
+    cfg = write_config(tmp_path / "duet.yml", SILENT.format(pid=os.getpid()))
+    out = tmp_path / "out"
+    res = CliRunner().invoke(duet_group, ["run", str(cfg), "--outdir", str(out)])
+    assert res.exit_code == 1, res.output
+    why = (
+        "exit status 0, but it left none of its result files: "
+        "no hyperfine.json in its working folder"
+    )
+    assert res.output.count("FAILED in ") == 2
+    assert res.output.count(f"A: failed ({why})") == 2
+    assert res.output.count(f"B: failed ({why})") == 2
+    assert "2 trial(s) did not succeed (see duet-run.json)" in res.output
+    # what the folder holds says the same: no result file, every side failed
+    index = json.loads((out / f"silent-{os.getpid()}" / "duet-run.json").read_text())
+    assert [s["status"] for t in index["trials"] for s in t["sides"].values()] == ["failed"] * 4
+    assert list((out / f"silent-{os.getpid()}" / "results").iterdir()) == []
+
+
 def test_user_errors_exit_non_zero_with_a_message(tmp_path: Path):
     runner = CliRunner()
     bad = write_config(tmp_path / "bad.yml", "duetbench: {suite: s, dets: [x]}\n")

@@ -100,8 +100,9 @@ def run_cmd(
     not pinned, and the run says so). cpus: ["0", "1"] names the halves;
     cpu_swap_ms: 0 keeps each on its own; cpus: none lets the scheduler place them.
 
-    A side that fails or times out is reported and the next trial runs; the
-    exit status is 1 when any trial did not succeed.
+    A side that fails, times out, or exits 0 but leaves none of its result
+    files is reported and the next trial runs; the exit status is 1 when any
+    trial did not succeed.
     """
     from dataclasses import replace
 

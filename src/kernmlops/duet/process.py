@@ -46,7 +46,7 @@ from kernmlops.duet.parsers import (
     ParseError,
     parse_file,
 )
-from kernmlops.duet.runner import FILE_KIND, INDEX, DuetError, read_index
+from kernmlops.duet.runner import FILE_KIND, INDEX, DuetError, none_left, read_index
 
 RESULTS_NAME = "duet-results"
 KERNEL_NAME = "duet-kernel"
@@ -170,7 +170,10 @@ def _process_suite(folder: Path, index: dict[str, Any], max_bytes: int) -> Proce
             if side.get("status") not in ("ok", None):
                 why = side.get("error") or side.get("status")
                 errors.append(f"{trial['label']}.{pair}: side {side.get('status')}: {why}")
-            for name, why in (side.get("missing") or {}).items():
+            missing = side.get("missing") or {}
+            if side.get("status") == "failed" and side.get("error") == none_left(missing):
+                missing = {}  # the side's line above names them all
+            for name, why in missing.items():
                 errors.append(f"{trial['label']}.{pair}: result {name} missing: {why}")
             anchor = Anchor(side.get("release_ns"), side.get("release_epoch_ms"))
             for rel in side.get("results", []):
