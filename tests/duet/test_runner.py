@@ -532,3 +532,29 @@ def test_a_suite_folder_renamed_mid_run_is_still_the_one_written(tmp_path: Path)
         assert len(logs) == 2 * len(result.trials)  # each side's, every trial
     finally:
         shutil.rmtree(out, ignore_errors=True)
+
+
+def test_harness_null_runs_a_duet_without_the_suites_harness(tmp_path: Path):
+    cfg = write_config(tmp_path / "duet.yml", f"""
+duetbench:
+  suite: opt-{os.getpid()}
+  harness: {{iterations: 2}}
+  duets: [timed, silent]
+timed:
+  A: {{run: "true"}}
+silent:
+  harness: null
+  A: {{run: "true", results: [out.json]}}
+""")  # fmt: skip
+    result = run_suite(load_duet_config(cfg), tmp_path / "out")
+    _assert_clean(f"opt-{os.getpid()}")
+    timed, silent = result.trials
+    # on disk: the harness's files of the duet under it, none of the one that opts out
+    kept = sorted(p.name for p in (result.folder / "results").iterdir())
+    assert kept == [f"opt-{os.getpid()}.timed.0.duet.AB.{p}.harness.csv" for p in "AB"]
+    assert timed.ok and not silent.ok
+    for side in silent.sides.values():
+        assert side.command == "true" and side.status == "failed"
+        assert side.error.endswith("no out.json in its working folder")
+    table = process_dirs([result.folder]).results
+    assert table["benchmark"].unique().to_list() == ["timed"]
