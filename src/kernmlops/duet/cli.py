@@ -333,7 +333,8 @@ def process_cmd(
         for err in processed.errors:
             console.print(f"[yellow]warning:[/] {err}", markup=True)
         if processed.results.height == 0:
-            raise KernmlopsError(f"no iterations in {processed.files} result file(s)")
+            seen = " (see the warnings above)" if processed.errors else ""
+            raise KernmlopsError(f"no iterations in {processed.files} result file(s){seen}")
         from kernmlops.host.invoker import invoker
         from kernmlops.host.pinned import handed_over_held, pin
 
