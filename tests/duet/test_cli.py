@@ -19,9 +19,9 @@ from tests.duet.conftest import swapping_config, write_config
 CFG = """
 duetbench:
   suite: cli-{pid}
-  duet_repetitions: 2
-  sequential_repetitions: 1
-  harness: {{iterations: 12}}
+  duet_repetitions: 3
+  sequential_repetitions: 3
+  harness: {{iterations: 8}}
   artifacts: {{python: python3 --version}}
   duets: [sleepy]
 sleepy:
@@ -38,21 +38,28 @@ def test_run_process_analyze(tmp_path: Path):
     assert res.exit_code == 0, res.output
     suite = out / f"cli-{os.getpid()}"
     index = json.loads((suite / "duet-run.json").read_text())
-    assert index["seed"] == 3 and len(index["trials"]) == 4
+    assert index["seed"] == 3 and len(index["trials"]) == 9
     assert index["artifacts"]["python"]["error"] is None
     assert (suite / "artifacts" / "python").read_text().startswith("Python 3")
 
+    res = runner.invoke(duet_group, ["analyze", str(out)])  # before process: what it finds
+    assert res.exit_code == 2 and res.output == (
+        f"error: {out}: no duet-results.parquet: run `kernmlops duet process {out}` first "
+        "(it finds 96 iterations in 12 result file(s))\n"
+    )
     res = runner.invoke(duet_group, ["process", str(out)])
     assert res.exit_code == 0, res.output
-    assert "72 iterations from 6 file(s), 1 benchmark(s)" in res.output
+    assert "96 iterations from 12 file(s), 1 benchmark(s)" in res.output
     assert (out / "duet-results.parquet").exists() and (out / "duet-results.csv").exists()
 
     res = runner.invoke(duet_group, ["analyze", str(out), "--warmup", "1", "--min-runs", "3"])
     assert res.exit_code == 0, res.output
     # B sleeps 5/3 as long (plus the same start-up cost): every comparison sees it, and
     # the iterations still overlap by 40% of the longer one (B 5x as long never pairs)
+    # 3 runs of each kind, --min-runs 3: a verdict, its CI's unit named beside it
     assert f"cli-{os.getpid()} sleepy [duet]: B is slower than A by" in res.output
     assert "[sequential]: B is slower than A by" in res.output
+    assert res.output.count("(95% CI over 3 runs, Welch's t)") == 2
     report = out / "report"
     md = (report / "report.md").read_text()
     assert "## Verdicts" in md and "plots/ci.png" in md and "timeline.png" in md
@@ -61,6 +68,49 @@ def test_run_process_analyze(tmp_path: Path):
     summary = json.loads((report / "analysis.json").read_text())
     duet = summary["benchmarks"][0]["comparisons"]["duet"]
     assert 1.1 < duet["gm_ratio"] < 3 and duet["ratio_ci"][0] > 1
+
+
+SILENT = """
+duetbench:
+  suite: silent-{pid}
+  duet_repetitions: 2
+  duets: [nothing]
+nothing:
+  A: {{run: "true", results: [hyperfine.json]}}
+  B: {{run: "true", results: [hyperfine.json]}}
+"""
+
+
+def test_sides_that_leave_no_result_file_fail_the_run(tmp_path: Path):
+    cfg = write_config(tmp_path / "duet.yml", SILENT.format(pid=os.getpid()))
+    out = tmp_path / "out"
+    res = CliRunner().invoke(duet_group, ["run", str(cfg), "--outdir", str(out)])
+    assert res.exit_code == 1, res.output
+    why = (
+        "exit status 0, but it left none of its result files: "
+        "no hyperfine.json in its working folder"
+    )
+    assert res.output.count("FAILED in ") == 2
+    assert res.output.count(f"A: failed ({why})") == 2
+    assert res.output.count(f"B: failed ({why})") == 2
+    assert "2 trial(s) did not succeed (see duet-run.json)" in res.output
+    # what the folder holds says the same: no result file, every side failed
+    index = json.loads((out / f"silent-{os.getpid()}" / "duet-run.json").read_text())
+    assert [s["status"] for t in index["trials"] for s in t["sides"].values()] == ["failed"] * 4
+    assert list((out / f"silent-{os.getpid()}" / "results").iterdir()) == []
+    # process finds nothing, and analyze says what it found, not "process first"
+    res = CliRunner().invoke(duet_group, ["process", str(out)])
+    assert res.exit_code == 2
+    assert "error: no iterations in 0 result file(s) (see the warnings above)" in res.output
+    assert res.output.count("warning: ") == 4  # a line per side, the file named in it
+    res = CliRunner().invoke(duet_group, ["analyze", str(out)])
+    assert res.exit_code == 2 and "process` first" not in res.output
+    first = f"silent-{os.getpid()}.nothing.0.duet.AB.A: side failed: {why}"
+    assert res.output == (
+        f"error: {out}: no duet-results.parquet: `kernmlops duet process` finds no "
+        f"iterations there (0 result files; the first of its 4 warnings: {first})\n"
+    )
+    assert sorted(p.name for p in out.iterdir()) == [f"silent-{os.getpid()}"]  # nothing made
 
 
 def test_user_errors_exit_non_zero_with_a_message(tmp_path: Path):
@@ -72,7 +122,11 @@ def test_user_errors_exit_non_zero_with_a_message(tmp_path: Path):
     res = runner.invoke(duet_group, ["process", str(tmp_path)])
     assert res.exit_code == 2 and "no duet results" in res.output
     res = runner.invoke(duet_group, ["analyze", str(tmp_path)])
-    assert res.exit_code == 2 and "run `kernmlops duet process` first" in res.output
+    assert res.exit_code == 2 and res.output == (
+        f"error: {tmp_path}: no duet-results.parquet, and nothing `kernmlops duet process` "
+        f"could read: {tmp_path}: no duet results (duet-run.json of `duet run`, or result "
+        "files named <suite>.<benchmark>.<runid>.<type>.<order>.<pair>.<file>)\n"
+    )
     res = runner.invoke(duet_group, ["process", str(tmp_path), str(tmp_path)])
     assert res.exit_code == 2 and "--out" in res.output
     (tmp_path / "duet-results.csv").write_text("a,b\n1,2\n")
@@ -381,3 +435,26 @@ def test_run_errors_name_the_folder_as_given_not_the_held_descriptor(
         in " ".join(res.output.split())
     ), res.output
     assert "/proc/" not in res.output
+
+
+def test_analyze_names_the_minimum_detectable_slowdown(tmp_path: Path):
+    import numpy as np
+
+    from kernmlops.duet.analysis import Options, analyze
+    from tests.duet.test_original import _duet_table
+
+    for slow, note in ((1.2, " (B is already detected slower without an injected slowdown)"),
+                       (1.0, "")):  # fmt: skip
+        folder = tmp_path / str(slow)
+        folder.mkdir()
+        table = _duet_table(np.random.default_rng(5), runs=10, slow=slow)
+        table.write_parquet(folder / "duet-results.parquet")
+        res = CliRunner().invoke(duet_group, ["analyze", str(folder)])
+        assert res.exit_code == 0, res.output
+        [c] = analyze(table, Options()).benchmarks[0].comparisons.values()
+        line = f"loops mul [duet]: {c.verdict}; minimum detectable slowdown {c.mds * 100:.2f}%"
+        assert f"{line}{note}\n" in res.output
+        assert "MDS" not in res.output
+        md = (folder / "report" / "report.md").read_text()
+        assert f"| minimum detectable slowdown | {c.mds * 100:.2f}%" in md
+    assert c.mds > 0  # the A/A table: found by injecting a slowdown

@@ -264,3 +264,71 @@ def test_ready_made_configs_load_and_the_cpu_loop_runs(tmp_path: Path):
     result = run_suite(validate_duet_config(raw, "cpu-loop"), tmp_path)
     assert not result.failed and len(result.trials) == 2
     assert all(len(s.results) == 1 for t in result.trials for s in t.sides.values())
+
+
+NULLS = """
+duetbench:
+  suite: s
+  harness: {budget_s: 1}
+  image: "bench:1"
+  run_base: ./loop
+  timeout: 30
+  env: {SUITE: "1"}
+  cpus: none
+  nice: 5
+  duets: [local, plain]
+local:
+  # run here, not in the suite's image, and not under its harness
+  harness: null
+  image: null
+  timeout: null
+  env: null
+  cpus: null
+  nice: null
+  A: {run: "true", results: [out.json], env: {OWN: "1"}}
+  B: {run: "true", run_base: null, results: [out.json]}
+plain:
+  harness: null
+  A: {run: "20", harness: null}
+"""
+
+
+def test_an_explicit_null_stops_inheritance_and_means_the_default(monkeypatch):
+    monkeypatch.setattr("kernmlops.duet.config.auto_cpus", lambda: ["0", "1"])
+    suite = _load(NULLS.replace("  duets: [local, plain]", "  duets: [local]"))
+    [d] = suite.duets
+    for side in (d.a, d.b):
+        assert side.harness is None and side.image is None  # not the suite's
+        assert side.results == ("out.json",)  # no harness.csv added
+    assert d.a.command == "./loop true" and d.b.command == "true"  # run_base: null on B
+    assert d.a.env == {"OWN": "1"} and d.b.env == {}  # env: null drops the suite's
+    assert d.timeout_s is None  # no timeout, not the suite's 30 s
+    assert d.cpus_auto and d.nice == (-10 if os.geteuid() == 0 else None)  # the defaults
+    # without the nulls the duet inherits every one of them
+    text = NULLS.replace("  duets: [local, plain]", "  duets: [local]").replace("harness", "h")
+    for key in ("h", "image", "timeout", "env", "cpus", "nice"):
+        text = text.replace(f"  {key}: null\n", "")
+    inherited = _load(text.replace("  h: {budget_s: 1}\n", "").replace("run_base: null, ", ""))
+    d = inherited.duets[0]
+    assert d.a.image == d.b.image == "bench:1" and d.timeout_s == 30
+    assert d.a.env == {"SUITE": "1", "OWN": "1"} and d.b.env == {"SUITE": "1"}
+    assert d.cpus is None and d.nice == 5 and d.b.command == "./loop true"
+
+
+def test_a_side_without_harness_or_results_is_one_error():
+    # harness: null with nothing else to measure: said once, for the side that has it
+    msg = _error(NULLS.replace('  image: "bench:1"\n', ""))
+    assert msg.splitlines()[1:] == [
+        "  - plain.A.results: no result files and no harness: nothing to measure "
+        "(give results: [...] or harness: {iterations: N})"
+    ]
+
+
+def test_one_missing_command_is_one_error():
+    msg = _error("duetbench: {name: x, duets: [d]}\nd:\n  A: {}\n")
+    assert msg == (
+        "invalid duet configuration in duet.yml:\n  - d.A.run: no command (set run, or run_base)"
+    )
+    msg = _error("duetbench: {name: x, duets: [d], harness: {iterations: 2}}\n"
+                 "d: {A: {run: a}, B: {}}\n")  # fmt: skip
+    assert msg.splitlines()[1:] == ["  - d.B.run: no command (set run, or run_base)"]

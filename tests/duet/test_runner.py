@@ -145,11 +145,67 @@ fine:
     assert broken.sides["A"].status == "ok"
     assert broken.sides["B"].status == "failed" and broken.sides["B"].exit_code == 1
     assert fine.sides["A"].status == "ok" and fine.sides["B"].status == "ok"
-    assert fine.sides["A"].missing["missing.txt"].startswith("not found")
+    # named as the user can find it: in the side's working folder, not by the runner's
+    # /proc/<pid>/fd/<n> path to a folder removed after the trial
+    why = "the side left no missing.txt in its working folder"
+    assert fine.sides["A"].missing == {"missing.txt": why}
     assert len(result.failed) == 1
     processed = process_dirs([result.folder])
     assert any("broken.0.duet.AB.B: side failed: exit status 1" in e for e in processed.errors)
+    assert f"fail-{os.getpid()}.fine.0.duet.AB.A: result missing.txt missing: {why}" in (
+        processed.errors
+    )
+    assert not any("/proc/" in e for e in processed.errors)
     assert processed.results.filter(pl.col("benchmark") == "fine").height == 6
+
+
+def test_a_side_that_leaves_none_of_its_result_files_fails(tmp_path: Path):
+    cfg = write_config(tmp_path / "duet.yml", f"""
+duetbench:
+  suite: silent-{os.getpid()}
+  duet_repetitions: 2
+  duets: [nothing, some]
+nothing:
+  A: {{run: "true", results: [hyperfine.json]}}
+  B: {{run: "true", results: [hyperfine.json, sub/extra.csv]}}
+some:
+  A: {{run: "echo {{}} > one.json", results: [one.json, two.json]}}
+""")  # fmt: skip
+    suite = load_duet_config(cfg)
+    result = run_suite(suite, tmp_path / "out")
+    _assert_clean(suite.suite)
+    nothing = [t for t in result.trials if t.benchmark == "nothing"]
+    assert len(nothing) == 2 and not any(t.ok for t in nothing)
+    for trial in nothing:
+        a, b = trial.sides["A"], trial.sides["B"]
+        assert (a.status, a.exit_code, b.status, b.exit_code) == ("failed", 0, "failed", 0)
+        assert a.error == (
+            "exit status 0, but it left none of its result files: "
+            "no hyperfine.json in its working folder"
+        )
+        assert b.error == (
+            "exit status 0, but it left none of its result files: "
+            "no hyperfine.json, sub/extra.csv in its working folder"
+        )
+        assert b.missing["sub/extra.csv"] == "the side left no sub/extra.csv in its working folder"
+    # one of two files left: the side ran, its other file is named as missing
+    some = [t for t in result.trials if t.benchmark == "some"]
+    assert all(t.ok for t in some) and len(result.failed) == 2
+    assert some[0].sides["A"].missing == {
+        "two.json": "the side left no two.json in its working folder"
+    }
+    # the folder on disk: no result file of the silent sides, one per side of the other
+    kept = sorted(p.name for p in (result.folder / "results").iterdir())
+    assert not [n for n in kept if ".nothing." in n]
+    assert [n for n in kept if ".some." in n] == [
+        f"silent-{os.getpid()}.some.{i}.duet.{o}.{p}.one.json"
+        for i, o in ((0, "AB"), (1, "BA"))
+        for p in "AB"
+    ]
+    index = read_index(result.folder)
+    statuses = [s["status"] for t in index["trials"] if t["benchmark"] == "nothing"
+                for s in t["sides"].values()]  # fmt: skip
+    assert statuses == ["failed"] * 4
 
 
 def test_syncduet_barrier_aligns_iterations(tmp_path: Path):
@@ -476,3 +532,29 @@ def test_a_suite_folder_renamed_mid_run_is_still_the_one_written(tmp_path: Path)
         assert len(logs) == 2 * len(result.trials)  # each side's, every trial
     finally:
         shutil.rmtree(out, ignore_errors=True)
+
+
+def test_harness_null_runs_a_duet_without_the_suites_harness(tmp_path: Path):
+    cfg = write_config(tmp_path / "duet.yml", f"""
+duetbench:
+  suite: opt-{os.getpid()}
+  harness: {{iterations: 2}}
+  duets: [timed, silent]
+timed:
+  A: {{run: "true"}}
+silent:
+  harness: null
+  A: {{run: "true", results: [out.json]}}
+""")  # fmt: skip
+    result = run_suite(load_duet_config(cfg), tmp_path / "out")
+    _assert_clean(f"opt-{os.getpid()}")
+    timed, silent = result.trials
+    # on disk: the harness's files of the duet under it, none of the one that opts out
+    kept = sorted(p.name for p in (result.folder / "results").iterdir())
+    assert kept == [f"opt-{os.getpid()}.timed.0.duet.AB.{p}.harness.csv" for p in "AB"]
+    assert timed.ok and not silent.ok
+    for side in silent.sides.values():
+        assert side.command == "true" and side.status == "failed"
+        assert side.error.endswith("no out.json in its working folder")
+    table = process_dirs([result.folder]).results
+    assert table["benchmark"].unique().to_list() == ["timed"]

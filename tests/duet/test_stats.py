@@ -128,13 +128,20 @@ def test_sequential_runs_have_their_own_figures():
     assert c.kind == "sequential" and c.n_pairs == 0 and c.unit == "run"
     assert c.gm_ratio == pytest.approx(1.10, abs=0.04)
     _, few = _cmp(synthetic(22, effect=0.10, kind="sequential", runs=2), FAST, "sequential")
-    assert few.unit == "iteration" and any("run-to-run" in n for n in few.notes)
+    assert few.unit == "none" and few.ratio_ci is None and few.detected == "unknown"
+    assert few.verdict.startswith("inconclusive: 2 runs, need ≥ 5 for a verdict")
+    assert any("run-to-run variation out" in n for n in few.notes)
 
 
-def test_few_runs_fall_back_to_pairs_with_a_note():
-    _, c = _cmp(synthetic(5, runs=3), FAST)
-    assert c.unit == "pair" and c.n_runs == 3 and c.n_pairs > 100
-    assert any("does not cover run-to-run variation" in n for n in c.notes)
+def test_few_runs_give_the_estimate_without_an_interval_and_a_note():
+    opts = Options(warmup="1", resamples=1000)
+    _, c = _cmp(synthetic(5, runs=3), opts)
+    assert c.unit == "none" and c.n_runs == 3 and c.n_pairs > 100 and c.ratio_ci is None
+    assert c.mds is None and c.mds_note == "needs ≥ 5 runs (--min-runs)"
+    # the estimate is the mean over the runs of each run's (overlap-weighted) log ratio
+    per_run = np.log(c.runs["gm_ratio"].to_numpy())
+    assert c.gm_ratio == pytest.approx(np.exp(per_run.mean()), rel=1e-12)
+    assert any("are not independent samples" in n for n in c.notes)
 
 
 def test_warmup_removal():
@@ -252,3 +259,118 @@ def test_no_run_with_both_sides_and_no_overlap_are_told_apart():
     assert c.n_pairs == 0 and c.verdict.startswith("no verdict: no A/B iterations overlap by 40%")
     assert c.notes == ["no A/B iterations overlap by 40% of the longer one; lower "
                        "--min-overlap, or make the iterations of similar length"]  # fmt: skip
+
+
+# --- too few runs for a verdict ---------------------------------------------------
+def _runs_of_ratios(ratios, kind="sequential", n=40, noise_sd=0.01, seed=0):
+    """An A/A table whose run r has B/A = ratios[r] (what a run's own process layout,
+    CPUs and machine state give it) and iterations tightly spread within the run."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for r, ratio in enumerate(ratios):
+        order = None if kind == "sequential" else ("AB" if r % 2 == 0 else "BA")
+        for pair, scale in (("A", 1.0), ("B", ratio)):
+            t = 0
+            for i in range(n):
+                d = int(BASE_NS * scale * np.exp(rng.normal(0, noise_sd)))
+                out.append(("syn", "loop", r, kind, order, pair, True, i, t, t + d, d))
+                t += d + 100_000
+    cols = ["suite", "benchmark", "runid", "kind", "order", "pair", "aa", "iteration",
+            "iteration_start_ns", "iteration_end_ns", "iteration_time_ns"]  # fmt: skip
+    return pl.DataFrame(out, schema=cols, orient="row")
+
+
+def _run_log_ratios(df: pl.DataFrame) -> np.ndarray:
+    """Each run's mean log B - mean log A, straight from the table (numpy)."""
+    out = []
+    for r in sorted(df["runid"].unique()):
+        run = df.filter(pl.col("runid") == r)
+        a = np.log(run.filter(pl.col("pair") == "A")["iteration_time_ns"].to_numpy())
+        b = np.log(run.filter(pl.col("pair") == "B")["iteration_time_ns"].to_numpy())
+        out.append(b.mean() - a.mean())
+    return np.array(out)
+
+
+def _bootstrap(values: np.ndarray, seed: int = 0, n: int = 20_000) -> tuple[float, float]:
+    """Percentile bootstrap (numpy) of the mean of ``values``: 95% interval."""
+    rng = np.random.default_rng(seed)
+    means = rng.choice(values, (n, len(values))).mean(axis=1)
+    return tuple(np.percentile(means, [2.5, 97.5]))
+
+
+NONE = Options(warmup="0", resamples=1000, mds=False)
+
+
+def test_four_runs_of_an_aa_duet_are_inconclusive_not_failed():
+    # the four per-run B/A of a reported A/A duet (sequential, 4 runs of ./loop)
+    df = _runs_of_ratios([0.891, 0.992, 1.022, 0.955])
+    g = _run_log_ratios(df)
+    # over runs, the unit that repeats, nothing says A differs from itself ...
+    t = stats.ttest_1samp(g, 0).confidence_interval(0.95)
+    assert t.low < 0 < t.high
+    # ... while an interval over iterations, as if they were independent, excludes 1
+    a = np.log(df.filter(pl.col("pair") == "A")["iteration_time_ns"].to_numpy())
+    b = np.log(df.filter(pl.col("pair") == "B")["iteration_time_ns"].to_numpy())
+    rng = np.random.default_rng(0)
+    pooled = [rng.choice(b, len(b)).mean() - rng.choice(a, len(a)).mean() for _ in range(4000)]
+    assert np.percentile(pooled, 97.5) < 0
+    _, c = _cmp(df, NONE, "sequential")
+    assert "FAILED" not in c.verdict and c.detected == "unknown"
+    assert c.verdict == (
+        f"inconclusive: 4 runs, need ≥ 5 for a verdict (--min-runs): B/A "
+        f"{(np.exp(g.mean()) - 1) * 100:+.2f}% over them, no interval"
+    )
+    assert c.ratio_ci is None and c.unit == "none" and c.n_runs == 4
+    assert c.gm_ratio == pytest.approx(np.exp(g.mean()), rel=1e-12)
+    assert any("not independent" in n for n in c.notes)
+
+
+@pytest.mark.parametrize("kind", ["duet", "sequential"])
+def test_few_runs_with_run_to_run_variance_never_fail_an_aa_duet(kind: str):
+    # A/A duets whose runs differ (each side 3% off on its own, per run), 2-4 runs:
+    # none may be called biased, whatever the iterations within the runs say
+    for seed in range(30):
+        runs = 2 + seed % 3
+        df = synthetic(300 + seed, runs=runs, kind=kind, bias_sd=0.03)
+        _, c = _cmp(df, FAST, kind)
+        assert not c.verdict.startswith("A/A FAILED"), c.verdict
+        assert c.verdict.startswith(f"inconclusive: {runs} runs, need ≥ 5 for a verdict")
+
+
+def test_a_real_difference_over_enough_runs_is_found_as_numpy_finds_it():
+    rng = np.random.default_rng(7)
+    ratios = 1.10 * np.exp(rng.normal(0, 0.02, 10))
+    df = _runs_of_ratios(ratios).with_columns(pl.lit(False).alias("aa"))
+    g = _run_log_ratios(df)
+    _, c = _cmp(df, Options(warmup="0", resamples=1000, mds=False, interval="t"), "sequential")
+    t = stats.ttest_1samp(g, 0).confidence_interval(0.95)
+    assert c.unit == "run" and c.n_runs == 10
+    assert (c.ratio_ci.low, c.ratio_ci.high) == pytest.approx(
+        (np.exp(t.low), np.exp(t.high)), rel=1e-9
+    )
+    assert c.verdict.startswith("B is slower than A by")
+    assert c.verdict.endswith("(95% CI over 10 runs, Welch's t)")
+    # the default interval agrees with a numpy bootstrap over runs on the direction
+    _, d = _cmp(df, NONE, "sequential")
+    lo, hi = _bootstrap(g)
+    assert d.detected == "slower" and lo > 0 and d.ratio_ci.low > 1
+    sf_lo, sf_hi = np.log(d.ratio_ci.low), np.log(d.ratio_ci.high)
+    assert sf_lo < g.mean() < sf_hi and lo < g.mean() < hi
+    assert 0.5 < (sf_hi - sf_lo) / (hi - lo) < 2  # of one size: both over the 10 runs
+    assert d.verdict.endswith("(95% CI over 10 runs, sign-flip)")
+    # as few as --min-runs allows: 3 runs of a large difference still give a verdict
+    few = df.filter(pl.col("runid") < 3)
+    _, e = _cmp(few, Options(warmup="0", resamples=1000, mds=False, min_runs=3), "sequential")
+    assert e.detected == "slower" and e.verdict.endswith("(95% CI over 3 runs, Welch's t)")
+
+
+def test_every_verdict_names_its_interval():
+    _, aa = _cmp(synthetic(3), FAST)
+    assert aa.verdict.startswith("A/A consistent: no difference between A and itself (")
+    assert aa.verdict.endswith(", 95% CI over 10 runs, sign-flip)")
+    # B's times read twice as long: an A/A that fails
+    _, biased = _cmp(synthetic(9, effect=0.0, bias_sd=0.0).with_columns(
+        pl.when(pl.col("pair") == "B").then(pl.col("iteration_time_ns") * 2)
+        .otherwise(pl.col("iteration_time_ns")).alias("iteration_time_ns")), FAST)  # fmt: skip
+    assert biased.verdict.startswith("A/A FAILED: A differs from itself (+")
+    assert biased.verdict.endswith(", 95% CI over 10 runs, sign-flip): the setup is biased")

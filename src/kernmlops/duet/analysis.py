@@ -54,11 +54,16 @@ The method, step by step (every choice is an option of ``Options``):
    - ``t``: Welch's t over the orders' means (symmetric, not widened;
      conservative when a few runs are disturbed).
 
-   With fewer than ``min_runs`` runs the unit falls back to pairs
-   (sequential: iterations, two-sample), a BCa interval widened as above, and
-   the report says so: such an interval does not cover run-to-run variation.
+   With fewer than ``min_runs`` runs there is no interval and no verdict
+   ("inconclusive: 4 runs, need ≥ 5 for a verdict"), only the estimate over
+   the runs: the iterations of one run share its layout, CPUs and machine
+   state, so an interval over them (as if they were independent samples)
+   leaves out the run-to-run variation and calls A/A duets biased that are
+   not (2-4 runs of A/A duets whose runs differ by a few percent: 21 of 30
+   duet and 12 of 30 sequential ones "failed" that way).
 5. **Verdict**: B is slower (faster) when the CI of the geometric-mean ratio
-   lies above (below) 1. The difference B - A is reported as that ratio and
+   lies above (below) 1; the verdict names the CI's unit and kind ("95% CI
+   over 10 runs, sign-flip"). The difference B - A is reported as that ratio and
    its CI times A's mean iteration time, so its interval says what the verdict
    says (a difference interval bootstrapped on its own can contain 0 beside a
    ratio interval that excludes 1). Mann-Whitney U on all iterations is
@@ -239,10 +244,6 @@ def _mean_of_means(*samples: np.ndarray, axis: int = -1) -> np.ndarray:
     return np.mean([np.mean(s, axis=axis) for s in samples], axis=0)
 
 
-def _diff_of_means(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
-    return np.mean(b, axis=axis) - np.mean(a, axis=axis)
-
-
 def expansion(n: int, confidence: float, strata: int = 1) -> float:
     """Hesterberg's widening of bootstrap intervals for small samples: the
     bootstrap's variance has divisor n (not n - 1) and uses z, not t. With
@@ -259,16 +260,14 @@ def bootstrap_ci(
     samples: tuple[np.ndarray, ...],
     opts: Options,
     rng: np.random.Generator,
-    *,
-    difference: bool = False,
 ) -> Interval | None:
     """BCa CI of the mean of one sample; with several samples (strata, e.g.
     the runs of order AB and of order BA) of the mean of their means, each
-    resampled on its own; with ``difference``, of mean(b) - mean(a)."""
+    resampled on its own."""
     samples = tuple(np.asarray(s, float) for s in samples)
     if any(len(s) < 2 for s in samples):
         return None
-    statistic = _diff_of_means if difference else _mean_of_means
+    statistic = _mean_of_means
     estimate = float(statistic(*samples))
     if all(np.ptp(s) == 0 for s in samples):
         return Interval(estimate, estimate)
@@ -290,10 +289,7 @@ def bootstrap_ci(
     if not (math.isfinite(lo) and math.isfinite(hi)):
         return None
     if opts.expand:
-        if difference:
-            k = expansion(min(len(s) for s in samples), opts.confidence)
-        else:
-            k = expansion(sum(len(s) for s in samples), opts.confidence, len(samples))
+        k = expansion(sum(len(s) for s in samples), opts.confidence, len(samples))
         lo, hi = estimate - (estimate - lo) * k, estimate + (hi - estimate) * k
     return Interval(lo, hi)
 
@@ -475,7 +471,7 @@ class Comparison:
 
     kind: str
     aa: bool
-    unit: str  # run | pair | iteration
+    unit: str  # run: the CI is over runs | none: no CI (fewer runs than min_runs, or no data)
     n_runs: int
     n_pairs: int
     n_a: int
@@ -489,8 +485,8 @@ class Comparison:
     mwu_p: float | None
     verdict: str
     detected: str  # slower | faster | none | unknown
-    #: the interval made (see run_interval): signflip | t | bca; bca below min_runs
-    interval: str = "bca"
+    #: the interval made (see run_interval): signflip | t | bca; none below min_runs
+    interval: str = "none"
     mds: float | None = None  # fraction; None: not within max_slowdown
     mds_note: str = ""
     notes: list[str] = field(default_factory=list)
@@ -540,19 +536,37 @@ def _detected(ci: Interval | None) -> str:
     return "none"
 
 
-def _verdict(detected: str, ratio: float | None, ci: Interval | None, aa: bool) -> str:
+#: the intervals as a verdict names them
+INTERVAL_LABELS = {"signflip": "sign-flip", "t": "Welch's t", "bca": "BCa"}
+
+
+def ci_label(confidence: float, n_runs: int, interval: str) -> str:
+    """What a verdict's interval is: "95% CI over 10 runs, sign-flip"."""
+    return f"{confidence:.0%} CI over {n_runs} runs, {INTERVAL_LABELS.get(interval, interval)}"
+
+
+def inconclusive(n_runs: int, min_runs: int, ratio: float) -> str:
+    """The verdict of too few runs: the estimate over them, no interval."""
+    return (
+        f"inconclusive: {n_runs} run{'s' * (n_runs != 1)}, need ≥ {min_runs} for a verdict "
+        f"(--min-runs): B/A {(ratio - 1) * 100:+.2f}% over them, no interval"
+    )
+
+
+def _verdict(detected: str, ratio: float | None, ci: Interval | None, aa: bool, label: str) -> str:
+    """The verdict of an interval over runs, ``label`` (ci_label) saying which."""
     if ci is None or ratio is None:
         return "no verdict: too little data for a confidence interval"
     pct = f"{(ratio - 1) * 100:+.2f}% [{(ci.low - 1) * 100:+.2f}%, {(ci.high - 1) * 100:+.2f}%]"
     if aa:
         if detected == "none":
-            return f"A/A consistent: no difference between A and itself ({pct})"
-        return f"A/A FAILED: A differs from itself ({pct}): the setup is biased"
+            return f"A/A consistent: no difference between A and itself ({pct}, {label})"
+        return f"A/A FAILED: A differs from itself ({pct}, {label}): the setup is biased"
     if detected == "slower":
-        return f"B is slower than A by {pct}"
+        return f"B is slower than A by {pct} ({label})"
     if detected == "faster":
-        return f"B is faster than A: {pct}"
-    return f"no difference detected ({pct})"
+        return f"B is faster than A: {pct} ({label})"
+    return f"no difference detected ({pct}, {label})"
 
 
 def _duet_values(
@@ -577,38 +591,6 @@ def _weighted_mean(values: np.ndarray, weights: np.ndarray, axis: int = -1) -> n
     return np.sum(values * weights, axis=axis) / np.sum(weights, axis=axis)
 
 
-def weighted_ci(
-    values: np.ndarray, weights: np.ndarray, opts: Options, rng: np.random.Generator
-) -> Interval | None:
-    """BCa CI of a weighted mean (pairs resampled with their weights)."""
-    values, weights = np.asarray(values, float), np.asarray(weights, float)
-    if len(values) < 2:
-        return None
-    estimate = float(_weighted_mean(values, weights))
-    if np.ptp(values) == 0:
-        return Interval(estimate, estimate)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        res = stats.bootstrap(
-            (values, weights),
-            _weighted_mean,
-            n_resamples=opts.resamples,
-            confidence_level=opts.confidence,
-            method="BCa",
-            vectorized=True,
-            paired=True,
-            batch=max(1, 4_000_000 // len(values)),
-            rng=rng,
-        )
-    lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        return None
-    if opts.expand:
-        k = expansion(len(values), opts.confidence)
-        lo, hi = estimate - (estimate - lo) * k, estimate + (hi - estimate) * k
-    return Interval(lo, hi)
-
-
 def _duet_ci(
     runs: list[Run], opts: Options, rng: np.random.Generator
 ) -> tuple[str, int, int, float | None, Interval | None, float | None, Interval | None, str]:
@@ -625,15 +607,15 @@ def _duet_ci(
         gci, made = run_interval(g_strata, opts, rng)
         mean_d, mean_g = float(_mean_of_means(*d_strata)), float(_mean_of_means(*g_strata))
     elif used:
-        unit = "pair"
-        d = np.concatenate([diffs[i] for i in used])
-        g = np.concatenate([logs[i] for i in used])
-        w = np.concatenate([weights[i] for i in used])
-        dci = None
-        gci, made = weighted_ci(g, w, opts, rng), "bca"
-        mean_d, mean_g = float(_weighted_mean(d, w)), float(_weighted_mean(g, w))
+        # Too few runs for an interval over them: the estimate alone. The pairs of
+        # one run are not independent samples (see the module's step 4).
+        unit = "none"
+        d = np.array([_weighted_mean(diffs[i], weights[i]) for i in used])
+        g = np.array([_weighted_mean(logs[i], weights[i]) for i in used])
+        dci, gci, made = None, None, "none"
+        mean_d, mean_g = float(d.mean()), float(g.mean())
     else:
-        return "pair", 0, n_pairs, None, None, None, None, "bca"
+        return "none", 0, n_pairs, None, None, None, None, "none"
     rci = Interval(math.exp(gci.low), math.exp(gci.high)) if gci else None
     return unit, len(used), n_pairs, mean_d, dci, math.exp(mean_g), rci, made
 
@@ -650,14 +632,15 @@ def _seq_ci(
         gci, made = run_interval((g,), opts, rng)
         mean_d, mean_g = float(d.mean()), float(g.mean())
     else:
-        unit = "iteration"
-        a = np.concatenate([r.a_time for r in runs]).astype(float) if runs else np.zeros(0)
-        b = np.concatenate([r.b_time for r in runs]).astype(float) if runs else np.zeros(0)
-        if not len(a) or not len(b):
-            return unit, len(both), None, None, None, None, "bca"
-        dci = None
-        gci, made = bootstrap_ci((np.log(a), np.log(b)), opts, rng, difference=True), "bca"
-        mean_d, mean_g = float(b.mean() - a.mean()), float(np.log(b).mean() - np.log(a).mean())
+        # Too few runs for an interval over them: the estimate alone, over the runs
+        # with both sides. A run's iterations are not independent samples.
+        unit = "none"
+        if not both:
+            return unit, 0, None, None, None, None, "none"
+        d = np.array([r.b_time.mean() - r.a_time.mean() for r in both])
+        g = np.array([np.log(r.b_time).mean() - np.log(r.a_time).mean() for r in both])
+        dci, gci, made = None, None, "none"
+        mean_d, mean_g = float(d.mean()), float(g.mean())
     rci = Interval(math.exp(gci.low), math.exp(gci.high)) if gci else None
     return unit, len(both), mean_d, dci, math.exp(mean_g), rci, made
 
@@ -787,10 +770,14 @@ def compare(
     cause = no_data_cause(runs, kind, opts, n_pairs, sides)
     if cause:
         notes.append(f"{cause[0]}; {cause[1]}")
-    if unit != "run" and (mean_d is not None):
+    few = unit != "run" and ratio is not None and not cause
+    if few:
         notes.append(
-            f"only {n_runs} run(s) with data (< {opts.min_runs}): the CI is over "
-            f"{unit}s and does not cover run-to-run variation"
+            f"only {n_runs} run{'s' * (n_runs != 1)} with data (< --min-runs {opts.min_runs}): "
+            "no interval and no verdict. The iterations of one run are not independent "
+            "samples (they share its process layout, CPUs and machine state): an interval "
+            "over them leaves the run-to-run variation out and finds differences that "
+            "are not there; run more repetitions (duet_repetitions, sequential_repetitions)"
         )
     if unit == "run" and made != opts.interval:
         notes.append(
@@ -806,6 +793,12 @@ def compare(
         # B - A as the ratio times A's mean: its interval agrees with the verdict
         mean_d = mean_a * (ratio - 1)
         dci = Interval(mean_a * (rci.low - 1), mean_a * (rci.high - 1)) if rci else None
+    if cause:
+        verdict = f"no verdict: {cause[0]}"
+    elif few and ratio is not None:
+        verdict = inconclusive(n_runs, opts.min_runs, ratio)
+    else:
+        verdict = _verdict(detected, ratio, rci, aa, ci_label(opts.confidence, n_runs, made))
     cmp = Comparison(
         kind=kind,
         aa=aa,
@@ -821,7 +814,7 @@ def compare(
         gm_ratio=ratio,
         ratio_ci=rci,
         mwu_p=mwu_p,
-        verdict=f"no verdict: {cause[0]}" if cause else _verdict(detected, ratio, rci, aa),
+        verdict=verdict,
         detected=detected,
         interval=made,
         notes=notes,
@@ -832,6 +825,8 @@ def compare(
     )
     if opts.mds and rci is not None:
         cmp.mds, cmp.mds_note = minimum_detectable_slowdown(runs, kind, opts)
+    elif opts.mds and few:
+        cmp.mds_note = f"needs ≥ {opts.min_runs} runs (--min-runs)"
     return cmp
 
 

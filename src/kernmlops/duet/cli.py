@@ -100,8 +100,9 @@ def run_cmd(
     not pinned, and the run says so). cpus: ["0", "1"] names the halves;
     cpu_swap_ms: 0 keeps each on its own; cpus: none lets the scheduler place them.
 
-    A side that fails or times out is reported and the next trial runs; the
-    exit status is 1 when any trial did not succeed.
+    A side that fails, times out, or exits 0 but leaves none of its result
+    files is reported and the next trial runs; the exit status is 1 when any
+    trial did not succeed.
     """
     from dataclasses import replace
 
@@ -332,7 +333,8 @@ def process_cmd(
         for err in processed.errors:
             console.print(f"[yellow]warning:[/] {err}", markup=True)
         if processed.results.height == 0:
-            raise KernmlopsError(f"no iterations in {processed.files} result file(s)")
+            seen = " (see the warnings above)" if processed.errors else ""
+            raise KernmlopsError(f"no iterations in {processed.files} result file(s){seen}")
         from kernmlops.host.invoker import invoker
         from kernmlops.host.pinned import handed_over_held, pin
 
@@ -354,6 +356,17 @@ def process_cmd(
         f"{r.select('suite', 'benchmark').n_unique()} benchmark(s) -> "
         + ", ".join(str(p) for p in written)
     )
+
+
+def _mds_text(c) -> str:
+    """The minimum detectable slowdown as the CLI line gives it, named as the report
+    names it, with its note; nothing where there is no interval to find it with."""
+    if c.ratio_ci is None:
+        return ""
+    if c.mds is None:
+        return f"; minimum detectable slowdown: {c.mds_note or 'not found'}"
+    note = f" ({c.mds_note})" if c.mds_note else ""
+    return f"; minimum detectable slowdown {c.mds * 100:.2f}%{note}"
 
 
 @duet_group.command("analyze")
@@ -420,7 +433,8 @@ def process_cmd(
     default=5,
     show_default=True,
     type=int,
-    help="below this many runs the CI is over pairs, not runs",
+    help="fewest runs for a verdict: below it no interval and the verdict is inconclusive "
+    "(the iterations of one run are not independent samples)",
 )
 @click.option("--no-mds", is_flag=True, help="skip the minimum detectable slowdown")
 @click.option("--seed", default=0, show_default=True, type=int, help="seed of the resamples")
@@ -497,8 +511,7 @@ def analyze_cmd(
                 verdict = c.original.verdict if c.original is not None else "no verdict"
                 click.echo(f"{b.suite} {b.benchmark} [{kind}] (original): {verdict}")
                 continue
-            mds = f"; MDS {c.mds * 100:.2f}%" if c.mds is not None else ""
-            click.echo(f"{b.suite} {b.benchmark} [{kind}]: {c.verdict}{mds}")
+            click.echo(f"{b.suite} {b.benchmark} [{kind}]: {c.verdict}{_mds_text(c)}")
     for w in analysis.warnings:
         console.print(f"[yellow]warning:[/] {w}", markup=True)
     console.print(f"report: {files['markdown']}, {files['html']}")

@@ -21,7 +21,11 @@ A file has one ``duetbench:`` section and one section per duet::
       B: {run: "22000000"}          # missing B: an A/A duet (A against itself)
 
 Keys are inherited: a side (A/B) overrides its duet section, which overrides
-``duetbench``. Unknown keys are errors that name their path.
+``duetbench``. A key set to null is not inherited but switched off there: its
+default (``harness: null`` in a duet runs its sides without the suite's
+harness; ``image``, ``timeout``, ``run_base``: none; ``env: null`` drops the
+variables of the sections above; ``cpus``, ``nice``: auto). Unknown keys are
+errors that name their path.
 """
 
 from __future__ import annotations
@@ -95,7 +99,9 @@ class _SideKeys(_Strict):
     syncduet_run_base: str | None = Field(
         None, description="prefix of run in sync-duet trials (the side speaks the sync protocol)"
     )
-    harness: HarnessOptions | None = Field(None, description="time run with the built-in harness")
+    harness: HarnessOptions | None = Field(
+        None, description="time run with the built-in harness (null: none, not inherited)"
+    )
     env: dict[str, str] | None = Field(None, description="extra environment variables")
 
     @field_validator("results", mode="before")
@@ -299,11 +305,14 @@ def _describe(err: dict[str, Any], prefix: tuple[str, ...], model: type[BaseMode
 
 # --- loading --------------------------------------------------------------------
 def _inherit(key: str, *layers: BaseModel | None, default: Any = None) -> Any:
+    """``key`` from the first layer (side, duet, duetbench) that sets it. A null set
+    explicitly ends the search with the key's default: ``harness: null`` in a duet
+    runs its sides without the suite's harness, ``image: null`` runs them here (the
+    original tool's inheritance also takes a null it finds as the value)."""
     for layer in layers:
         if layer is not None and key in layer.model_fields_set:
             value = getattr(layer, key)
-            if value is not None:
-                return value
+            return default if value is None else value
     return default
 
 
@@ -321,7 +330,12 @@ def _side(pair: str, sec: SideSection, duet: DuetSection, bench: DuetBenchSectio
         results.append(harness.output)
     sync_base = _inherit("syncduet_run_base", *layers)
     env: dict[str, str] = {}
-    for layer in reversed(layers):
+    merged: list[BaseModel] = []
+    for layer in layers:  # a layer's env: null drops the layers' above it
+        if "env" in layer.model_fields_set and getattr(layer, "env", None) is None:
+            break
+        merged.append(layer)
+    for layer in reversed(merged):
         env.update(getattr(layer, "env", None) or {})
     return Side(
         pair=pair,
@@ -434,10 +448,13 @@ def validate_duet_config(data: Any, source: str | None = None) -> DuetSuite:
 
 def _check_duet(duet: Duet) -> list[str]:
     errors = []
-    for side in (duet.a, duet.b):
-        where = f"{duet.name}.{side.pair}" if not (duet.aa and side.pair == "B") else duet.name
+    # an A/A duet's B is A's section again: its mistakes are A's, said once
+    for side in (duet.a,) if duet.aa else (duet.a, duet.b):
+        where = f"{duet.name}.{side.pair}"
         if not side.command:
+            # one mistake, one error: what it would measure is moot without a command
             errors.append(f"{where}.run: no command (set run, or run_base)")
+            continue
         if not side.results:
             errors.append(
                 f"{where}.results: no result files and no harness: nothing to measure "

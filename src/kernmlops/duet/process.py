@@ -46,7 +46,7 @@ from kernmlops.duet.parsers import (
     ParseError,
     parse_file,
 )
-from kernmlops.duet.runner import FILE_KIND, INDEX, DuetError, read_index
+from kernmlops.duet.runner import FILE_KIND, INDEX, DuetError, none_left, read_index
 
 RESULTS_NAME = "duet-results"
 KERNEL_NAME = "duet-kernel"
@@ -170,7 +170,10 @@ def _process_suite(folder: Path, index: dict[str, Any], max_bytes: int) -> Proce
             if side.get("status") not in ("ok", None):
                 why = side.get("error") or side.get("status")
                 errors.append(f"{trial['label']}.{pair}: side {side.get('status')}: {why}")
-            for name, why in (side.get("missing") or {}).items():
+            missing = side.get("missing") or {}
+            if side.get("status") == "failed" and side.get("error") == none_left(missing):
+                missing = {}  # the side's line above names them all
+            for name, why in missing.items():
                 errors.append(f"{trial['label']}.{pair}: result {name} missing: {why}")
             anchor = Anchor(side.get("release_ns"), side.get("release_epoch_ms"))
             for rel in side.get("results", []):
@@ -557,6 +560,39 @@ def read_table(path: Path) -> pl.DataFrame:
         raise DuetError(f"{path}: not a duet results table ({why})") from None
 
 
+def nothing_found(processed: Processed) -> str:
+    """What `duet process` found where it found no iteration: the files, and the first
+    of its warnings (a side that failed, a file no parser reads) with their count."""
+    files = f"{processed.files} result file{'s' * (processed.files != 1)}"
+    if not processed.errors:
+        return files
+    n = len(processed.errors)
+    first = "its warning" if n == 1 else f"the first of its {n} warnings"
+    return f"{files}; {first}: {processed.errors[0]}"
+
+
+def no_table(path: Path) -> str:
+    """Why ``path`` has no results table, for ``duet analyze``: what ``duet process``
+    finds there (it is run again, writing nothing): no iterations and why, iterations
+    (then it was not run), or nothing it can read."""
+    missing = f"{path}: no {RESULTS_NAME}.parquet"
+    if not Path(path).is_dir():
+        return f"{missing} (run `kernmlops duet process` first)"
+    try:
+        found = process_dirs([Path(path)])
+    except DuetError as err:
+        return f"{missing}, and nothing `kernmlops duet process` could read: {err}"
+    if found.results.height == 0:
+        return (
+            f"{missing}: `kernmlops duet process` finds no iterations there "
+            f"({nothing_found(found)})"
+        )
+    return (
+        f"{missing}: run `kernmlops duet process {path}` first (it finds "
+        f"{found.results.height} iterations in {found.files} result file(s))"
+    )
+
+
 def read_results(path: Path) -> tuple[pl.DataFrame, pl.DataFrame | None]:
     """The tables ``duet process`` wrote (a folder, or its .parquet/.csv file)."""
     path = Path(path)
@@ -568,7 +604,7 @@ def read_results(path: Path) -> tuple[pl.DataFrame, pl.DataFrame | None]:
     else:
         folder, main = path.parent, path
     if not main.exists():
-        raise DuetError(f"{path}: no {RESULTS_NAME}.parquet (run `kernmlops duet process` first)")
+        raise DuetError(no_table(path))
     results = read_table(main)
     kernel_path = folder / f"{KERNEL_NAME}.parquet"
     kernel = pl.read_parquet(kernel_path) if kernel_path.exists() else None

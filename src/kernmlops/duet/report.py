@@ -176,6 +176,7 @@ INTERVAL_NAMES = {
     "signflip": "sign-flip randomization (exact, not widened)",
     "t": "Welch's t",
     "bca": "BCa bootstrap",
+    "none": "none (fewer runs than --min-runs: no verdict)",
 }
 
 
@@ -188,6 +189,11 @@ def _interval_text(interval: str, bca: str, resamples: int) -> str:
     if interval == "t":
         return "Welch's t"
     return bca
+
+
+def _unit(c: Comparison) -> str:
+    """The CI's unit as the report names it."""
+    return "runs" if c.unit == "run" else "none: no interval"
 
 
 def _iterations(c: Comparison) -> str:
@@ -220,7 +226,7 @@ def _cmp_rows(c: Comparison) -> list[tuple[str, str]]:
         ]
     return [
         ("verdict", c.verdict),
-        ("unit of the CI", f"{c.unit} (runs: {c.n_runs}, pairs: {c.n_pairs})"),
+        ("unit of the CI", f"{_unit(c)} (runs: {c.n_runs}, pairs: {c.n_pairs})"),
         ("interval", INTERVAL_NAMES.get(c.interval, c.interval)),
         ("iterations A / B", _iterations(c)),
         ("mean A / B (ms)", f"{_ms(c.mean_a_ns)} / {_ms(c.mean_b_ns)}"),
@@ -230,7 +236,11 @@ def _cmp_rows(c: Comparison) -> list[tuple[str, str]]:
         ),
         (
             "geometric-mean ratio B/A",
-            f"{c.gm_ratio:.4f} [{ci.low:.4f}, {ci.high:.4f}]" if ci and c.gm_ratio else "–",
+            f"{c.gm_ratio:.4f} [{ci.low:.4f}, {ci.high:.4f}]"
+            if ci and c.gm_ratio
+            else f"{c.gm_ratio:.4f} (no interval)"
+            if c.gm_ratio
+            else "–",
         ),
         ("Mann-Whitney U p", f"{c.mwu_p:.3g}" if c.mwu_p is not None else "–"),
         (
@@ -307,7 +317,8 @@ def _write_report(analysis: Analysis, results: pl.DataFrame, out: Path, plots: P
         f"≥ {opts.min_overlap:.0%} of the longer iteration (weighted by overlap) · "
         f"{opts.confidence:.0%} CIs over runs (unit: runs when ≥ {opts.min_runs}, "
         f"stratified by order): {_interval_text(opts.interval, bca, opts.resamples)}; "
-        f"over pairs or iterations below that: {bca}.",
+        "with fewer runs no interval and no verdict (inconclusive): the iterations of one "
+        "run are not independent samples.",
         "",
         "Beside it, the original asynchronous-duet analysis of the same iterations: its "
         "warm-up (first half of Java-suite runs), its two-pointer pairs (overlap > "

@@ -405,8 +405,15 @@ class _Running:
             rec.error = f"exit status {rec.exit_code}"
 
     def collect(self, dest: Path, prefix: str, rel: str) -> None:
+        """Copy the side's result files to ``dest`` (``rel``: its name in the suite's
+        folder). A file it did not leave is named in ``missing`` as the user knows it:
+        relative to the side's working folder, which is removed after the trial (the
+        runner reaches it through /proc/<pid>/fd/<n>, a name of no use to anyone). A
+        side that ended ok but left none of its declared files has failed: nothing of
+        it can be measured."""
         for name in self.side.results:
             target = dest / f"{prefix}.{self.side.pair}.{os.path.basename(name.rstrip('/'))}"
+            kept = f"{rel}{target.name}"
             if target.exists():
                 shutil.rmtree(target) if target.is_dir() else target.unlink()
             if self.container:
@@ -415,24 +422,53 @@ class _Running:
                     capture_output=True, text=True, timeout=300,
                 )  # fmt: skip
                 if proc.returncode != 0:
-                    self.rec.missing[name] = proc.stderr.strip() or f"exit {proc.returncode}"
+                    why = proc.stderr.strip() or f"exit {proc.returncode}"
+                    self.rec.missing[name] = f"not copied from container {self.container}: {why}"
                     continue
             else:
                 src = Path(name) if os.path.isabs(name) else self.work / name
                 if not src.exists():
-                    self.rec.missing[name] = f"not found: {src}"
+                    self.rec.missing[name] = (
+                        f"no such file {name}" if os.path.isabs(name) else left_no(name)
+                    )
                     continue
-                if src.is_dir():
-                    shutil.copytree(src, target)
-                else:
-                    shutil.copy2(src, target)
-            self.rec.results.append(f"{rel}{target.name}")
+                try:
+                    if src.is_dir():
+                        shutil.copytree(src, target)
+                    else:
+                        shutil.copy2(src, target)
+                except (OSError, shutil.Error) as err:
+                    part = f" (a part is kept as {kept})" if target.exists() else ""
+                    self.rec.missing[name] = f"copying it to {kept} failed{part}: {_why(err)}"
+                    continue
+            self.rec.results.append(kept)
+        if self.side.results and not self.rec.results and self.rec.status == "ok":
+            self.rec.status = "failed"
+            self.rec.error = none_left(self.rec.missing)
 
     def cleanup(self, remove: bool) -> None:
         if self.container:
             cmd = "rm" if remove else "stop"
             args = [self.engine, cmd, *(["-f"] if remove else []), self.container]
             _engine(args, f"{cmd} the container", check=False)
+
+
+def left_no(name: str) -> str:
+    """Why result file ``name`` (relative to the side's working folder) is missing."""
+    return f"the side left no {name} in its working folder"
+
+
+def none_left(missing: dict[str, str]) -> str:
+    """The error of a side that ended ok but left none of its result files."""
+    head = "exit status 0, but it left none of its result files: "
+    if all(why == left_no(name) for name, why in missing.items()):
+        return head + f"no {', '.join(missing)} in its working folder"
+    return head + "; ".join(f"{name}: {why}" for name, why in missing.items())
+
+
+def _why(err: BaseException) -> str:
+    """An OSError's reason without the paths it names (the runner's, not the user's)."""
+    return getattr(err, "strerror", None) or type(err).__name__
 
 
 def _engine(argv: list[str], what: str, check: bool = True) -> None:
@@ -722,7 +758,7 @@ def run_trial(
             try:
                 r.collect(results, label, rel)
             except (OSError, subprocess.SubprocessError) as err:
-                r.rec.missing["*"] = f"collecting results failed: {err}"
+                r.rec.missing["*"] = f"collecting results failed: {_why(err)}"
             r.cleanup(duet.remove_containers)
         rec.duration_s = round(time.monotonic() - t0, 6)
         shutil.rmtree(work, ignore_errors=True)
