@@ -186,12 +186,14 @@ def test_a_disk_that_fills_during_the_stop_says_so_in_one_line_and_keeps_the_spo
                     "spool_spare_cpus": float((os.cpu_count() or 1) + 1),
                     "spool_row_workers": 1,
                 },
-                "benchmark": {"name": "faux", "duration_s": 1.5},
+                "benchmark": {"name": "faux", "duration_s": 3},
             }
         )  # fmt: skip
         real = attach.trim_as_usual
         monkeypatch.setattr(attach, "trim_as_usual", lambda: (real(), fill(disk)))
-        storm = subprocess.Popen(["stress-ng", "--switch", "1", "-t", "2"],
+        # rows enough that their parts cannot fit in the room fill() leaves (256 KiB):
+        # a storm of 1.5 s on a busy machine made so few that the stop fitted
+        storm = subprocess.Popen(["stress-ng", "--switch", "1", "-t", "4"],
                                  stdout=subprocess.DEVNULL)  # fmt: skip
         session = Session(cfg)
         try:
