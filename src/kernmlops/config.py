@@ -129,8 +129,10 @@ class CollectorConfig(_Strict):
         le=3600,
         description="with spool: keep this many seconds of the spool's recent disk writes "
         "allocated ahead of them (fallocate, by a thread beside the copier), 1 MiB to 2 GiB a "
-        "spool: on ext4 a write that allocates waits for the journal, which a storm keeps "
-        "off the CPU, and the rings overflow meanwhile. Unused blocks are given back as each "
+        "spool (while the spool is in memory, 1 MiB, and 5 s of its writes once the memory "
+        "budget is about to end): on ext4 a write that allocates waits for the journal, "
+        "which a storm keeps off the CPU, and the rings overflow meanwhile. Unused blocks are "
+        "given back as each "
         "segment ends; it never leaves less than twice collector.min_free_mb plus 64 MiB free. "
         "0: off",
     )
