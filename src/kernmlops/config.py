@@ -105,7 +105,9 @@ class CollectorConfig(_Strict):
         True,
         description="at stop, rewrite each table's flushed parts as one compactly encoded "
         "file (an atomic swap: the parts stay if anything fails); the run's own parts are "
-        "then written plain, which costs the collector less CPU while the workload runs",
+        "then written with lz4 and deltas only (no dictionaries, no zstd): about two thirds "
+        "of the compact encoding's CPU per row while the workload runs, for ~2.7x the disk "
+        "space until the stop",
     )
     spool: bool = Field(
         True,
