@@ -41,17 +41,18 @@ TARGET = "none; the run's parts: the least bytes per row for the least collector
 
 BENCH = Path(__file__).resolve().parent
 
-#: the candidates for a run's parts (None: compact, as the parts are for good)
+#: the candidates for a run's parts (None: compact, as the parts are for good); pyarrow
+#: writes "lz4" as Parquet's LZ4_RAW
 CANDIDATES: dict[str, Encoding | None] = {
     "plain": Encoding("none", dictionaries=False, deltas=False),
-    "plain+lz4_raw": Encoding("lz4_raw", dictionaries=False, deltas=False),
+    "plain+lz4": Encoding("lz4", dictionaries=False, deltas=False),
     "plain+snappy": Encoding("snappy", dictionaries=False, deltas=False),
     "dict": Encoding("none", dictionaries=True, deltas=False),
-    "dict+lz4_raw": Encoding("lz4_raw", dictionaries=True, deltas=False),
+    "dict+lz4": Encoding("lz4", dictionaries=True, deltas=False),
     "delta": Encoding("none", dictionaries=False, deltas=True),
-    "delta+lz4_raw": Encoding("lz4_raw", dictionaries=False, deltas=True),
+    "delta+lz4": Encoding("lz4", dictionaries=False, deltas=True),
     "dict+delta": Encoding("none", dictionaries=True, deltas=True),
-    "dict+delta+lz4_raw": Encoding("lz4_raw", dictionaries=True, deltas=True),
+    "dict+delta+lz4": Encoding("lz4", dictionaries=True, deltas=True),
     "compact (zstd)": None,
 }
 
@@ -59,6 +60,8 @@ CANDIDATES: dict[str, Encoding | None] = {
 def collection_tables(folder: Path, min_rows: int, most: int) -> dict[str, pa.Table]:
     """Each table of the collection in ``folder`` with ``min_rows`` rows or more (its
     first ``most``), without collection_id, as a hook hands rows over."""
+    if not folder.is_dir():
+        raise SystemExit(f"--collection {folder}: not a folder")
     out = {}
     for table_dir in sorted(p for p in folder.iterdir() if p.is_dir() and p.name[0] != "."):
         files = sorted(table_dir.glob("part-*.parquet"))
