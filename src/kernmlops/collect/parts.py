@@ -191,9 +191,9 @@ class Encoding:
 COMPACT = Encoding(None, dictionaries=True, deltas=True)
 #: the parts written while the workload runs where compaction rewrites them at stop
 #: (collector.compact): growing columns as deltas and lz4 (Parquet's LZ4_RAW), no
-#: dictionaries. As cheap as writing them plain (48.3 against 47.9 ms of CPU per 1M
-#: quanta rows) and 22x smaller (1.28 against 28.0 bytes a row, compact: 0.48 at 74
-#: ms); dictionaries cost 13-16 ms more (``python -m bench parts``, 2-vCPU VM)
+#: dictionaries. As cheap as no encoding at all (46.6-48.3 against 46.6-47.9 ms of CPU
+#: per 1M quanta rows) and 22x smaller (1.28 against 28.0 bytes a row; compact: 0.48 at
+#: 70-74 ms); dictionaries cost 13-16 ms more (``python -m bench parts``, 2-vCPU VM)
 RUN = Encoding("lz4", dictionaries=False, deltas=True)
 
 
