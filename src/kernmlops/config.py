@@ -107,7 +107,9 @@ class CollectorConfig(_Strict):
         True,
         description="at stop, rewrite each table's flushed parts as one compactly encoded "
         "file (an atomic swap: the parts stay if anything fails); the run's own parts are "
-        "then written plain, which costs the collector less CPU while the workload runs",
+        "then written with lz4 and deltas only (no dictionaries, no zstd): about two thirds "
+        "of the compact encoding's CPU per row while the workload runs, for ~2.7x the disk "
+        "space until the stop",
     )
     spool: bool = Field(
         True,
@@ -131,8 +133,10 @@ class CollectorConfig(_Strict):
         le=3600,
         description="with spool: keep this many seconds of the spool's recent disk writes "
         "allocated ahead of them (fallocate, by a thread beside the copier), 1 MiB to 2 GiB a "
-        "spool: on ext4 a write that allocates waits for the journal, which a storm keeps "
-        "off the CPU, and the rings overflow meanwhile. Unused blocks are given back as each "
+        "spool (while the spool is in memory, 1 MiB, and 5 s of its writes once the memory "
+        "budget is about to end): on ext4 a write that allocates waits for the journal, "
+        "which a storm keeps off the CPU, and the rings overflow meanwhile. Unused blocks are "
+        "given back as each "
         "segment ends; it never leaves less than twice collector.min_free_mb plus 64 MiB free. "
         "0: off",
     )

@@ -1,13 +1,13 @@
 """Compaction: a finished table's parts rewritten as few full ones, safely.
 
-After a run, a table flushed every few seconds has one part per flush, written plain
-when ``collector.compact`` is on. :func:`compact_table` rewrites them compactly encoded
-(kernmlops.collect.parts), in full row groups and at most ``rows_per_file`` rows a
-part, in a hidden folder (``.compact-<table>``), then swaps that folder with the
-table's in one atomic step (:func:`kernmlops.fileio.exchange`). A reader, or a collector
-killed mid-way, sees either all the old parts or all the new ones; anything that stops
-it (too little space, a file system that cannot swap folders, an I/O error, Ctrl+C)
-leaves the parts as they were. :meth:`ParquetSink.compact
+After a run, a table flushed every few seconds has one part per flush, written cheaply
+(kernmlops.collect.parts.RUN) when ``collector.compact`` is on. :func:`compact_table`
+rewrites them compactly encoded (kernmlops.collect.parts), in full row groups and at
+most ``rows_per_file`` rows a part, in a hidden folder (``.compact-<table>``), then
+swaps that folder with the table's in one atomic step (:func:`kernmlops.fileio.exchange`).
+A reader, or a collector killed mid-way, sees either all the old parts or all the new
+ones; anything that stops it (too little space, a file system that cannot swap folders,
+an I/O error, Ctrl+C) leaves the parts as they were. :meth:`ParquetSink.compact
 <kernmlops.collect.parquet.ParquetSink.compact>` runs it for each table.
 """
 

@@ -65,13 +65,15 @@ class ParquetSink:
             and the next rows go to a new part.
         compression: a Parquet codec pyarrow knows (``zstd``, ``snappy``, ``gzip``,
             ``lz4``, ``brotli``, ``none``).
-        fast_parts: write the parts of the run plain (no compression, no dictionaries
-            but collection_id's, no delta encoding), for a collection that
-            :meth:`compact` rewrites at stop: that rewrite then encodes every such
-            table compactly, one part or many. Writing plain costs about 40% of the
-            CPU per row of the compact encoding (`python -m bench ingest`), while
-            the workload runs; the parts take 3-8 times the space until compacted,
-            and stay readable as they are after a crash.
+        fast_parts: write the parts of the run cheaply (:data:`~kernmlops.collect.
+            parts.RUN`: lz4 and deltas, no dictionaries but collection_id's), for a
+            collection that :meth:`compact` rewrites at stop: that rewrite then
+            encodes every such table compactly, one part or many. The run's parts
+            cost about two thirds of the CPU per row of the compact encoding and as
+            little as parts with no encoding at all (`python -m bench parts`), while
+            the workload runs; they take about 2.7 times the space of the compacted
+            file until then (parts with no encoding took 60 times), and stay
+            readable as they are after a crash.
     """
 
     def __init__(
@@ -124,7 +126,7 @@ class ParquetSink:
         self._checkpoint: tuple[dict[str, list[str]], dict[str, int]] = ({}, {})
         # The session may flush from a timer thread while hooks write.
         self._lock = threading.RLock()
-        #: the run's parts were written plain (fast_parts, even once it is switched off)
+        #: the run's parts were written cheaply (fast_parts, even once it is switched off)
         self._plain_run = fast_parts
         self._format = PartFormat(collection_id, compression, row_group_rows)
         #: the part files: folders held open, parts opened, finished, adopted
@@ -247,7 +249,7 @@ class ParquetSink:
         if not self._closed or self.failure is not None:
             return outcome
         for state in self._tables.values():
-            # parts written plain are rewritten compactly even when there is only one
+            # the run's parts are rewritten compactly even when there is only one
             least = 1 if self._plain_run else min_parts
             if len(state.files) < least or state.arrow_schema is None:
                 continue
@@ -261,7 +263,7 @@ class ParquetSink:
     def write_whole_parts(self) -> None:
         """From now on (the stop: no workload to leave the CPU to) write parts compactly
         encoded, which :meth:`compact` keeps as they are instead of reading them back;
-        the parts open now are finished first (they are plain)."""
+        the parts open now are finished first (they are the run's)."""
         with self._lock:
             if self._closed or self.failure is not None or not self.fast_parts:
                 return
@@ -310,7 +312,7 @@ class ParquetSink:
 
     @property
     def fast_parts(self) -> bool:
-        """Whether parts are written plain now (until :meth:`write_whole_parts`)."""
+        """Whether parts are written cheaply now (until :meth:`write_whole_parts`)."""
         return not self._parts.compact
 
     @property

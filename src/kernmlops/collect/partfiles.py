@@ -50,7 +50,7 @@ class PartFiles:
             descriptor's).
         part_format: how a part is encoded.
         rows_per_file: a part is finished at this many rows.
-        compact: parts are opened compactly encoded (False: plain, for a run whose
+        compact: parts are opened compactly encoded (False: cheaply, for a run whose
             parts compaction rewrites at stop).
     """
 

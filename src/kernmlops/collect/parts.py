@@ -5,7 +5,7 @@ hidden temporary name first. This module owns those names, what is known of each
 (:class:`TableState`: its schema, its buffered rows, its open and finished parts), the
 rule that every batch keeps the schema of the table's first one, and how a part is
 encoded (:class:`PartFormat`: which columns get dictionaries or deltas, collection_id as
-a dictionary of one value, plain during a run or compact for good). The sink that
+a dictionary of one value, cheaply during a run or compact for good). The sink that
 writes a run's parts (kernmlops.collect.parquet) and the compaction that rewrites them
 (kernmlops.collect.compaction) both take their parts from here.
 """
@@ -32,6 +32,9 @@ else:
     pq = lazy_import("pyarrow.parquet")
 
 __all__ = [
+    "COMPACT",
+    "RUN",
+    "Encoding",
     "PartFormat",
     "TableState",
     "check_table_name",
@@ -171,6 +174,29 @@ def part_schema(state: TableState) -> pa.Schema:
     return state.arrow_schema.set(at, cid)
 
 
+@dataclass(frozen=True)
+class Encoding:
+    """How a part's columns are encoded (collection_id is always a dictionary of one
+    value)."""
+
+    #: the Parquet codec; None: the collection's own (ParquetSink's ``compression``)
+    codec: str | None
+    #: the table's repeating columns as dictionaries (plan_encodings picks them)
+    dictionaries: bool
+    #: its mostly growing integer columns as DELTA_BINARY_PACKED
+    deltas: bool
+
+
+#: a collection's parts for good: the collection's codec, dictionaries and deltas
+COMPACT = Encoding(None, dictionaries=True, deltas=True)
+#: the parts written while the workload runs where compaction rewrites them at stop
+#: (collector.compact): growing columns as deltas and lz4 (Parquet's LZ4_RAW), no
+#: dictionaries. As cheap as no encoding at all (46.6-48.3 against 46.6-47.9 ms of CPU
+#: per 1M quanta rows) and 22x smaller (1.28 against 28.0 bytes a row; compact: 0.48 at
+#: 70-74 ms); dictionaries cost 13-16 ms more (``python -m bench parts``, 2-vCPU VM)
+RUN = Encoding("lz4", dictionaries=False, deltas=True)
+
+
 class PartFormat:
     """How one collection's parts are written: its collection_id column and its codec.
 
@@ -196,20 +222,22 @@ class PartFormat:
         cid = pa.DictionaryArray.from_arrays(self._zeros.slice(0, n), self._cid_values)
         return pa.Table.from_arrays([*table.columns, cid], schema=state.part_schema)
 
-    def writer(self, state: TableState, path: Path, *, compact: bool) -> pq.ParquetWriter:
-        """A part's writer: compactly encoded, or plain (a run's parts with
-        ``fast_parts``; only collection_id keeps its one-value dictionary)."""
+    def writer(
+        self, state: TableState, path: Path, *, compact: bool, encoding: Encoding | None = None
+    ) -> pq.ParquetWriter:
+        """A part's writer: compactly encoded (:data:`COMPACT`), or as a run's parts
+        are (:data:`RUN`: ``fast_parts``, rewritten at stop); ``encoding`` another."""
         assert state.arrow_schema is not None
         state.part_schema = part_schema(state)
+        how = encoding or (COMPACT if compact else RUN)
+        dictionaries = state.dictionary_columns if how.dictionaries else []
+        deltas = state.delta_columns if how.deltas else []
         writer = pq.ParquetWriter(
             path,
             state.part_schema,
-            compression=self.compression if compact else "none",
-            use_dictionary=state.dictionary_columns if compact else [COLLECTION_ID],
-            column_encoding=(
-                dict.fromkeys(state.delta_columns, "DELTA_BINARY_PACKED") if compact else None
-            )
-            or None,
+            compression=how.codec or self.compression,
+            use_dictionary=list(dict.fromkeys([*dictionaries, COLLECTION_ID])),
+            column_encoding=dict.fromkeys(deltas, "DELTA_BINARY_PACKED") or None,
             # Readers get the table's own schema (collection_id as text), not the
             # writer's.
             store_schema=False,

@@ -182,7 +182,7 @@ class Session:
                 self.collection_id,
                 shown=self.path,
                 row_group_rows=cfg.row_group_rows,
-                # compaction at stop encodes compactly: the run's parts are written plain
+                # compaction at stop encodes compactly: the run's parts are written cheaply
                 fast_parts=cfg.compact,
             )
         )

@@ -10,15 +10,20 @@
  * extents, fallocate's KEEP_SIZE) wait for none of that.
  *
  * So a thread of its own (at the copier's priority: it inherits it) keeps, for
- * every spool the copier owns, the active and the standby disk segment
- * allocated for `runway_ms` of the spool's recent write rate ahead of what was
- * written (between runway_min and runway_max bytes), and extends a segment once
- * less than half of that is left (the standby: runway_min while the copier
- * writes on disk; it is only taken up at the end of the memory budget). So at
- * most about runway_max a spool is allocated and not written, twice that while
- * the spool is still in memory. It looks every 100 ms, at once when Python hands
- * the copier a segment, and when the copier writes past the runway (a burst from
- * cold outruns a rate not yet measured). If fallocate waits, it waits here, but
+ * every spool the copier owns, the active disk segment allocated for `runway_ms`
+ * of the spool's recent write rate ahead of what was written (between runway_min
+ * and runway_max bytes), in the bytes its frames really take (the ratio seen so
+ * far, else today's frames' guess), and extends a segment once less than half of
+ * that is left. The standby is taken up only at the end of the memory budget:
+ * runway_min while the copier writes on disk or while the budget, at the rate it
+ * fills, lasts longer than LEAD_MS; then LEAD_MS of the spool's disk writes, so
+ * that the switch finds blocks ready, and the thread extends the new active
+ * segment to its full runway at its next look. So at most about runway_max a
+ * spool is allocated and not written, plus the lead just before the switch (a
+ * spool that stays in memory reserves 1 MiB of disk, not a minute of writes).
+ * It looks every 100 ms, at once when Python hands the copier a segment, and
+ * when the copier writes past the runway (a burst from cold outruns a rate not
+ * yet measured). If fallocate waits, it waits here, but
  * not alone: on ext4 it holds the inode's lock, which the copier's write(2) to
  * the same segment takes too (seen once: a 1.28-s fallocate and 448k records
  * lost in a 3-min 2-vCPU storm, while the 10-Hz sampler missed 5.5 s: a wider
@@ -57,12 +62,21 @@
 #define RUNWAY_PIECE (64 * MIB)
 #define TICK_MS 100
 /* the spool's write rate: over windows of at least a tick, the largest seen,
- * falling by 0.2% a window (a half-life of about 35 s) once the storm ends */
+ * falling by 0.2% a window (a half-life of about 35 s) once the storm ends; the
+ * memory budget's fill rate the same way */
 #define RATE_WINDOW_NS 100000000ULL
 #define RATE_DECAY 0.998
-/* disk bytes per raw byte before the spool wrote any to disk (zstd of shuffled
- * quanta records: 1/6.7, unshuffled 1/5.1) */
-#define RATIO_GUESS 0.25
+/* disk bytes per raw byte before the spool wrote RATIO_SEEN to disk: today's
+ * frames (quanta records shuffled, batches padded, switch times as gaps) are
+ * 11.8-12.8x smaller than their records (bench capacity), a 20-s storm's spool
+ * 14x; 1/10 leaves a margin for records that compress less */
+#define RATIO_GUESS 0.1
+/* raw bytes on disk past which the spool's own ratio is used (a few frames) */
+#define RATIO_SEEN (256 * 1024)
+/* the standby's lead before the switch: the seconds of the spool's disk writes
+ * it holds, once the memory budget would be spent within them at the rate it
+ * fills (the thread extends the new active segment at its next look, a tick) */
+#define LEAD_MS 5000
 
 struct rate {
 	uint64_t at_ns;
@@ -72,6 +86,8 @@ struct rate {
 
 struct runway {
 	pthread_t thread;
+	struct rate fill;    /* the memory budget's (all its copiers' writes, less what
+			      * Python gave back) */
 	struct rate rates[]; /* one per ring of the copier */
 };
 
@@ -83,30 +99,56 @@ static uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
 }
 
-/* Bytes to keep allocated ahead of a spool's disk writes now. */
-static uint64_t target(struct kmo_copier *c, struct kmo_ring *o, struct rate *rt)
+/* Move `rt` on to `count` (a running total, or a level that may fall): its rate
+ * is the largest seen over windows of at least RATE_WINDOW_NS, decaying. */
+static double rate_at(struct rate *rt, uint64_t count, uint64_t now)
 {
-	uint64_t now = now_ns(), spooled = __atomic_load_n(&o->spooled, __ATOMIC_RELAXED);
-	uint64_t raw = __atomic_load_n(&o->disk_raw, __ATOMIC_RELAXED);
-	uint64_t file = __atomic_load_n(&o->disk_file, __ATOMIC_RELAXED);
-	double ratio = raw >= MIB ? (double)file / (double)raw : RATIO_GUESS, want;
-	uint64_t bytes;
-
 	if (!rt->at_ns) {
 		rt->at_ns = now;
-		rt->spooled = spooled;
+		rt->spooled = count;
 	} else if (now - rt->at_ns >= RATE_WINDOW_NS) {
-		double seen = (double)(spooled - rt->spooled) * 1e9 / (double)(now - rt->at_ns);
+		double seen = count > rt->spooled ? (double)(count - rt->spooled) * 1e9 /
+							 (double)(now - rt->at_ns)
+						   : 0.0;
 
 		rt->bps = seen > rt->bps * RATE_DECAY ? seen : rt->bps * RATE_DECAY;
 		rt->at_ns = now;
-		rt->spooled = spooled;
+		rt->spooled = count;
 	}
-	want = rt->bps * ratio * (double)c->runway_ms / 1000.0;
-	bytes = want > (double)c->runway_max ? c->runway_max : (uint64_t)want;
+	return rt->bps;
+}
+
+static uint64_t clamp_mib(struct kmo_copier *c, double want, uint64_t most)
+{
+	uint64_t bytes = want > (double)most ? most : (uint64_t)want;
+
 	if (bytes < c->runway_min)
 		bytes = c->runway_min;
 	return (bytes + MIB - 1) & ~(MIB - 1);
+}
+
+/* The bytes a spool's frames take on disk a second, at its recent write rate. */
+static double disk_rate(struct kmo_ring *o, struct rate *rt, uint64_t now)
+{
+	uint64_t spooled = __atomic_load_n(&o->spooled, __ATOMIC_RELAXED);
+	uint64_t raw = __atomic_load_n(&o->disk_raw, __ATOMIC_RELAXED);
+	uint64_t file = __atomic_load_n(&o->disk_file, __ATOMIC_RELAXED);
+	double ratio = raw >= RATIO_SEEN ? (double)file / (double)raw : RATIO_GUESS;
+
+	return rate_at(rt, spooled, now) * ratio;
+}
+
+/* Whether the memory budget, at the rate it fills, is spent within LEAD_MS. */
+static int budget_ends_soon(struct kmo_copier *c, struct runway *w, uint64_t now)
+{
+	uint64_t used, bps;
+
+	if (!c->memory_limit || !c->memory_used)
+		return 1; /* no budget: every segment is on disk */
+	used = __atomic_load_n(c->memory_used, __ATOMIC_RELAXED);
+	bps = (uint64_t)rate_at(&w->fill, used, now);
+	return used >= c->memory_limit ||
+	       (double)(c->memory_limit - used) <= (double)bps * LEAD_MS / 1000.0;
 }
 
 /* Allocate ahead in the owner's active (or standby) disk segment, up to `want`
@@ -233,19 +275,27 @@ static void *runway_main(void *arg)
 		/* a filesystem that cannot allocate ahead: the copier writes as before,
 		 * and this thread only starts the writeback */
 		int can = c->runway_errno != EOPNOTSUPP;
+		uint64_t now = now_ns();
+		int soon = budget_ends_soon(c, w, now);
 
 		for (int i = 0; i < c->nrings; i++) {
 			struct kmo_ring *r = c->rings[i];
-			uint64_t want;
+			uint64_t want, lead;
+			double bps;
 
 			if (r->owner)
 				continue; /* its owner's copier allocates for its segments */
-			want = target(c, r, &w->rates[i]);
+			bps = disk_rate(r, &w->rates[i], now);
+			want = clamp_mib(c, bps * (double)c->runway_ms / 1000.0, c->runway_max);
 			if (can) {
 				extend(c, r, 0, want);
 				/* the standby is taken up only when a memory segment meets the
-				 * end of the budget: while the copier writes on disk, a token */
-				extend(c, r, 1, writes_on_disk(r) ? c->runway_min : want);
+				 * end of the budget: a token while the copier writes on disk or
+				 * the budget lasts, a lead once it is about to end */
+				lead = soon && !writes_on_disk(r)
+					       ? clamp_mib(c, bps * LEAD_MS / 1000.0, want)
+					       : c->runway_min;
+				extend(c, r, 1, lead);
 			}
 			write_back(c, r);
 		}
