@@ -592,7 +592,7 @@ def recover(collection: Path, bpf_dir: Path | None) -> None:
         memory_lost,
         memory_owned_elsewhere,
     )
-    from kernmlops.spool.recovery import pending_spools, remove_spool
+    from kernmlops.spool.recovery import pending_spools
 
     try:
         who = invoker()
@@ -635,10 +635,18 @@ def recover(collection: Path, bpf_dir: Path | None) -> None:
                 f"this collection's, move them into {collection / '.spool'} and recover again"
             )
         if spool_done(io / SPOOL_DIR):
-            # its rows are all in parts: a kill cut the spool's removal, which ends here
-            remove_spool(io / SPOOL_DIR)
+            # its rows are all in parts: a kill cut the spool's removal (a live
+            # collector is removing it now: its manifest is its own to finish)
+            pid = collector_alive(io)
+            if pid is not None:
+                raise CollectionError(
+                    f"{collection}: still being collected (collector pid {pid}): nothing "
+                    "to recover while it runs (it is removing its spool as it stops)"
+                )
+            recover(io, bpf_dir, shown=collection)
             _say(f"nothing to recover in {collection}: every row of its spool was in "
-                 "parts; what a cut stop left of the spool is removed")  # fmt: skip
+                 "parts; what a cut stop left of the spool is removed, and its manifest "
+                 "says so (state recovered)")  # fmt: skip
             return
         if not pending_spools(io):
             with contextlib.suppress(OSError):  # an empty one: a removal cut at its end

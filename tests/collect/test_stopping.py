@@ -141,6 +141,36 @@ def test_a_kill_anywhere_in_the_spools_removal_loses_nothing_and_names_no_loss(
     assert not problems, "\n".join(f"cut after {n}: {what}" for n, what in problems)
 
 
+def test_a_kill_in_the_spools_removal_leaves_a_manifest_recover_brings_to_the_parts(
+    stopped: tuple[Path, dict[str, int], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The stop removes the spool before it writes its last manifest: a kill there
+    # leaves the running one (state running, the rows of its last checkpoint). recover
+    # has nothing to make, and brings the manifest to the parts: recovered, from running.
+    from kernmlops.collect.manifest import MANIFEST_NAME, read_manifest, write_manifest
+
+    col, rows, saved = stopped
+    kept = (col / MANIFEST_NAME).read_bytes()
+    manifest = read_manifest(col)
+    manifest.state = "running"
+    for record in manifest.hooks.values():
+        record.rows = {}  # a killed collector's hooks count their rows at the stop
+    for record in manifest.tables.values():
+        record.rows = 0  # older than the last parts
+    write_manifest(col, manifest)
+    monkeypatch.setattr("kernmlops.spool.collection.collector_running", lambda *a: None)
+    try:
+        spool = _lay_spool(col, saved)
+        assert _remove_cut(monkeypatch, spool, 3) == 3
+        code, said = _recover_cli(col)
+        assert code == 0 and "nothing to recover" in said and "lost" not in said, said
+        on_disk = assert_recovered_manifest(col, "running")
+        assert {t: on_disk[t] for t in rows} == rows  # the collection's own count
+        assert not spool.exists()
+    finally:
+        (col / MANIFEST_NAME).write_bytes(kept)
+
+
 def test_a_segment_deleted_by_anyone_else_is_still_named_lost(
     stopped: tuple[Path, dict[str, int], Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -167,7 +167,19 @@ def recover(
         # a stop killed while workers made rows: the spool still has all of them
         if staged.is_dir() and not staged.is_symlink():
             shutil.rmtree(staged, ignore_errors=True)
-    if spool_done(folder):  # every row in parts: a kill cut its removal, which ends here
+    if spool_done(folder):
+        # every row in parts: a kill cut its removal, which ends here; the stop never
+        # wrote its last manifest (the removal comes before it), so the manifest is
+        # brought to the parts as after any recover
+        manifest = read_manifest(collection)
+        if manifest.state == "running":
+            finished, finished_files = _finished_parts(pq, collection)
+            for table, n in finished.items():
+                record = manifest.tables.get(table) or TableRecord()
+                record.rows, record.files = n, finished_files[table]
+                manifest.tables[table] = record
+            _settle(manifest, result, {})
+            write_manifest(collection, manifest)
         remove_spool(folder)
         return result
     segments = pending_spools(collection)
@@ -178,15 +190,9 @@ def recover(
     try:
         manifest = read_manifest(collection)
         sink = ParquetSink(collection, manifest.collection_id, shown=shown)
-        finished: dict[str, int] = {}
-        finished_files: dict[str, list[str]] = {}
-        for table_dir in collection.iterdir():
-            plain = table_dir.is_dir() and not table_dir.is_symlink()
-            parts = sorted(table_dir.glob("part-*.parquet")) if plain else []
-            if parts:
-                finished[table_dir.name] = sum(_part_rows(pq, p) for p in parts)
-                finished_files[table_dir.name] = [f"{table_dir.name}/{p.name}" for p in parts]
-                sink.resume(table_dir.name, len(parts))
+        finished, finished_files = _finished_parts(pq, collection)
+        for table, files in finished_files.items():
+            sink.resume(table, len(files))
         by_key: dict[str, list[Path]] = {}
         #: per hook, each of its rings' records (None: not known), and its tables
         hook_keys: dict[str, list[int | None]] = {}
@@ -336,6 +342,20 @@ def _hook_tables(manifest: Manifest, recovered: dict[str, set[str]]) -> dict[str
                 tables.update(cls(cls.Options.model_validate(options)).written_tables())
         out[name] = tables
     return out
+
+
+def _finished_parts(pq, collection: Path) -> tuple[dict[str, int], dict[str, list[str]]]:
+    """Per table folder of ``collection`` (links not followed): the rows of its
+    finished parts, and their names (``table/part-….parquet``, in order)."""
+    finished: dict[str, int] = {}
+    files: dict[str, list[str]] = {}
+    for table_dir in collection.iterdir():
+        plain = table_dir.is_dir() and not table_dir.is_symlink()
+        parts = sorted(table_dir.glob("part-*.parquet")) if plain else []
+        if parts:
+            finished[table_dir.name] = sum(_part_rows(pq, p) for p in parts)
+            files[table_dir.name] = [f"{table_dir.name}/{p.name}" for p in parts]
+    return finished, files
 
 
 def _part_rows(pq, part: Path) -> int:  # pq: pyarrow.parquet, imported late
