@@ -6,7 +6,7 @@ A file has one ``duetbench:`` section and one section per duet::
       suite: loops
       seed: 42
       duet_repetitions: 10          # A and B at the same time
-      sequential_repetitions: 4     # A alone, then B alone
+      sequential_repetitions: 5     # A alone, then B alone (≥ 5 runs for a verdict)
       syncduet_repetitions: 0       # A and B with a barrier before each iteration
       schedule: randomized_interleaving_trials   # or: sequential
       timeout: 120                  # seconds per trial (0 or missing: none)
