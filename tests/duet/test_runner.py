@@ -164,12 +164,14 @@ def test_a_side_that_leaves_none_of_its_result_files_fails(tmp_path: Path):
 duetbench:
   suite: silent-{os.getpid()}
   duet_repetitions: 2
-  duets: [nothing, some]
+  duets: [nothing, some, empty]
 nothing:
   A: {{run: "true", results: [hyperfine.json]}}
   B: {{run: "true", results: [hyperfine.json, sub/extra.csv]}}
 some:
   A: {{run: "echo {{}} > one.json", results: [one.json, two.json]}}
+empty:
+  A: {{run: ": > out.json", results: [out.json]}}
 """)  # fmt: skip
     suite = load_duet_config(cfg)
     result = run_suite(suite, tmp_path / "out")
@@ -188,15 +190,26 @@ some:
             "no hyperfine.json, sub/extra.csv in its working folder"
         )
         assert b.missing["sub/extra.csv"] == "the side left no sub/extra.csv in its working folder"
+    # an empty result file is no result: the side failed, the file is named
+    empty = [t for t in result.trials if t.benchmark == "empty"]
+    assert len(empty) == 2 and not any(t.ok for t in empty)
+    for trial in empty:
+        for side in trial.sides.values():
+            assert (side.status, side.exit_code) == ("failed", 0)
+            assert side.missing == {"out.json": "the side left out.json empty"}
+            assert side.error == (
+                "exit status 0, but it left none of its result files: "
+                "out.json: the side left out.json empty"
+            )
     # one of two files left: the side ran, its other file is named as missing
     some = [t for t in result.trials if t.benchmark == "some"]
-    assert all(t.ok for t in some) and len(result.failed) == 2
+    assert all(t.ok for t in some) and len(result.failed) == 4
     assert some[0].sides["A"].missing == {
         "two.json": "the side left no two.json in its working folder"
     }
     # the folder on disk: no result file of the silent sides, one per side of the other
     kept = sorted(p.name for p in (result.folder / "results").iterdir())
-    assert not [n for n in kept if ".nothing." in n]
+    assert not [n for n in kept if ".nothing." in n or ".empty." in n]
     assert [n for n in kept if ".some." in n] == [
         f"silent-{os.getpid()}.some.{i}.duet.{o}.{p}.one.json"
         for i, o in ((0, "AB"), (1, "BA"))

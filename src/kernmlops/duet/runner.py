@@ -409,8 +409,8 @@ class _Running:
         folder). A file it did not leave is named in ``missing`` as the user knows it:
         relative to the side's working folder, which is removed after the trial (the
         runner reaches it through /proc/<pid>/fd/<n>, a name of no use to anyone). A
-        side that ended ok but left none of its declared files has failed: nothing of
-        it can be measured."""
+        side that ended ok but left none of its declared files (or only empty ones)
+        has failed: nothing of it can be measured."""
         for name in self.side.results:
             target = dest / f"{prefix}.{self.side.pair}.{os.path.basename(name.rstrip('/'))}"
             kept = f"{rel}{target.name}"
@@ -441,6 +441,12 @@ class _Running:
                     part = f" (a part is kept as {kept})" if target.exists() else ""
                     self.rec.missing[name] = f"copying it to {kept} failed{part}: {_why(err)}"
                     continue
+            if target.is_file() and not target.is_symlink() and target.stat().st_size == 0:
+                # an empty file holds no iteration: as good as none (duet process
+                # would only warn about it later, the trial counted ok)
+                target.unlink()
+                self.rec.missing[name] = f"the side left {name} empty"
+                continue
             self.rec.results.append(kept)
         if self.side.results and not self.rec.results and self.rec.status == "ok":
             self.rec.status = "failed"
