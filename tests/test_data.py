@@ -873,3 +873,31 @@ def test_wall_clock_from_the_pairs_or_the_boot_time() -> None:
     )
     with pytest.raises(CollectionError, match=r"no clock pair and no system\.boot_time_unix"):
         wall_clock(Manifest())
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        # a hand-edited or damaged manifest: numbers past what a clock reads (int64 ns)
+        ({"clock": {"start": {"monotonic_ns": 10**30, "realtime_ns": 1, "uncertainty_ns": 1}}},
+         r"clock\.start"),
+        ({"clock": {"start": {"monotonic_ns": 1, "realtime_ns": 2**63 + 5, "uncertainty_ns": 1},
+                    "stop": {"monotonic_ns": 2, "realtime_ns": 2**62, "uncertainty_ns": 1}}},
+         r"clock\.start"),
+        ({"clock": {"start": {"monotonic_ns": -1, "realtime_ns": 1, "uncertainty_ns": 1}}},
+         r"clock\.start"),
+        ({"system": {"boot_time_unix": float("nan")}}, r"system\.boot_time_unix"),
+        ({"system": {"boot_time_unix": float("inf")}}, r"system\.boot_time_unix"),
+        ({"system": {"boot_time_unix": 10**20}}, r"system\.boot_time_unix"),
+        ({"system": {"boot_time_unix": True}}, r"system\.boot_time_unix"),
+    ],
+)  # fmt: skip
+def test_wall_clock_refuses_a_damaged_clock(fields: dict, named: str) -> None:
+    """A clock value no clock can read is named in one error, never turned into null
+    times, times wrapped past 2262, or a ValueError/OverflowError from int()."""
+    from kernmlops.collect.manifest import Manifest
+
+    manifest = Manifest(**fields)
+    frame = pl.DataFrame({"ts_uptime_us": [1_000_000, 2_000_000]})
+    with pytest.raises(CollectionError, match=named):
+        frame.select(wall_clock(manifest))

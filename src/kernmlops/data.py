@@ -162,6 +162,11 @@ class _Tables(Mapping[str, F]):
         return wall_clock(self.manifest, column)
 
 
+#: clock readings a manifest may hold: nanoseconds that fit polars' Int64 with a
+#: table's own times (about 146 years of uptime) added
+_CLOCK_NS_MAX = 2**62
+
+
 def wall_clock(manifest: Manifest, column: str = "ts_uptime_us") -> pl.Expr:
     """An expression turning ``column`` (CLOCK_MONOTONIC µs, as every table's
     ``ts_uptime_us``) into wall-clock time (``Datetime("us", "UTC")``).
@@ -175,11 +180,22 @@ def wall_clock(manifest: Manifest, column: str = "ts_uptime_us") -> pl.Expr:
     that coarse (off by up to a second, more after a clock step since boot).
 
     Raises:
-        CollectionError: the manifest has neither.
+        CollectionError: the manifest has neither, or a damaged one (a time no clock reads).
     """
     ts = pl.col(column).cast(pl.Int64) * 1000  # ns
     clock = manifest.clock
     pairs = [p for p in (clock.start, clock.stop) if p is not None] if clock else []
+    for name in ("start", "stop"):
+        pair = getattr(clock, name) if clock else None
+        if pair is not None and not all(
+            0 <= v < _CLOCK_NS_MAX for v in (pair.monotonic_ns, pair.realtime_ns)
+        ):
+            # damaged or hand-edited: polars would give nulls, or wrap past 2262
+            raise CollectionError(
+                f"the manifest's clock.{name} holds a time no clock reads (monotonic_ns "
+                f"and realtime_ns must be 0 to 2**62): its timestamps cannot be turned "
+                "into wall-clock time"
+            )
     if pairs:
         first, last = pairs[0], pairs[-1]
         off0 = first.realtime_ns - first.monotonic_ns
@@ -193,10 +209,19 @@ def wall_clock(manifest: Manifest, column: str = "ts_uptime_us") -> pl.Expr:
         wall_ns = ts + offset
     else:
         boot = (manifest.system or {}).get("boot_time_unix")
-        if not isinstance(boot, int | float):
+        if boot is None:
             raise CollectionError(
                 "the manifest records no clock pair and no system.boot_time_unix: "
                 "its timestamps cannot be turned into wall-clock time"
+            )
+        if (
+            isinstance(boot, bool)
+            or not isinstance(boot, int | float)
+            or not 0 <= boot < _CLOCK_NS_MAX // 1_000_000_000  # NaN fails this too
+        ):
+            raise CollectionError(
+                f"the manifest's system.boot_time_unix is {str(boot)[:40]!r}, not a time in "
+                "seconds since 1970: its timestamps cannot be turned into wall-clock time"
             )
         wall_ns = ts + int(boot) * 1_000_000_000
     return pl.from_epoch(wall_ns // 1000, time_unit="us").dt.replace_time_zone("UTC").alias(column)

@@ -113,6 +113,16 @@ def test_missing(tmp_path: Path) -> None:
     assert str(tmp_path / MANIFEST_NAME) in str(info.value)
 
 
+def test_a_number_too_long_to_read(tmp_path: Path) -> None:
+    """A damaged manifest with a 5000-digit number (past Python's int parsing limit) is
+    one clear error, not json's ValueError traceback."""
+    write_raw(tmp_path, '{"format": "kernmlops-collection", "version": 2, "flushes": '
+              + "9" * 5000 + "}")  # fmt: skip
+    with pytest.raises(CollectionError, match="not valid JSON") as info:
+        read_manifest(tmp_path)
+    assert str(tmp_path / MANIFEST_NAME) in str(info.value)
+
+
 def test_not_json(tmp_path: Path) -> None:
     write_raw(tmp_path, '{"format": ')
     with pytest.raises(CollectionError, match="not valid JSON") as info:

@@ -204,6 +204,17 @@ def test_the_index_itself_is_confined_and_limited(tmp_path: Path, secret: Path, 
         read_index(folder)
 
 
+def test_an_index_with_a_number_too_long_to_read(tmp_path: Path):
+    """A damaged duet-run.json holding a 5000-digit number (past Python's int parsing
+    limit) is one line and exit 2, not json's ValueError traceback."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / INDEX).write_text('{"trials": [], "runs": ' + "9" * 5000 + "}")
+    r = CliRunner().invoke(duet_group, ["process", str(folder)])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.output
+    assert "Traceback" not in r.output and "not valid JSON" in r.stderr, r.stderr
+
+
 def test_a_collection_path_outside_the_folder_is_refused(tmp_path: Path):
     from kernmlops.duet.collect import kernel_stats_for_suite
 

@@ -3,6 +3,8 @@ OSError traceback."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -228,3 +230,98 @@ def test_a_link_planted_in_the_folder_is_replaced_not_written_through(
     assert victim.read_bytes() == b"not yours"
     assert _same_as_shipped(cache, installed, "filter.bpf.o")
     assert b.compiled == []  # type: ignore[attr-defined]
+
+
+# --- as root, a build folder another user can change is refused -------------------------
+
+NOBODY = 65534
+_EVIL_C = """
+#include <stdio.h>
+__attribute__((constructor)) static void planted(void) {
+    FILE *f = fopen(MARK, "w");
+    if (f) { fputs("loaded as root", f); fclose(f); }
+}
+int kmo_abi(void) { return 8; }
+"""
+
+
+@pytest.fixture
+def neighbour(tmp_path: Path) -> Iterator[tuple[Path, Path, Path]]:
+    """(a folder any user may write in, one of nobody's, the file a planted library's
+    constructor writes when it is loaded) in a folder of root's any user may enter."""
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+
+    top = Path(tempfile.mkdtemp(prefix="kmo-bpfdir-"))
+    top.chmod(0o755)
+    mark = top / "loaded"
+    evil = tmp_path / "evil.so"
+    src = tmp_path / "evil.c"
+    src.write_text(_EVIL_C)
+    cc = subprocess.run(["cc", "-shared", "-fPIC", f'-DMARK="{mark}"', "-o", str(evil),
+                         str(src)], capture_output=True, text=True)  # fmt: skip
+    if cc.returncode != 0:
+        pytest.skip(f"no C compiler to make the planted library: {cc.stderr.strip()}")
+    from kernmlops.ebpf import build as b
+
+    shared, theirs = top / "shared", top / "theirs"
+    for folder in (shared, theirs):
+        folder.mkdir()
+    shared.chmod(0o777)  # an administrator's slip: anyone may add files
+    os.chown(theirs, NOBODY, NOBODY)
+    newest = max(p.stat().st_mtime for p in [*b.NATIVE_SOURCES, *b.NATIVE_HEADERS,
+                                             *b.sources(), *b.SOURCE_DIR.glob("*.h")])  # fmt: skip
+    for folder in (shared, theirs):
+        # planted by the user, newer than every source: nothing would rebuild them
+        for name in (b.NATIVE_LIBRARY, *(f"{s.name.removesuffix('.c')}.o" for s in b.sources())):
+            shutil.copyfile(evil if name == b.NATIVE_LIBRARY else tmp_path / "evil.c",
+                            folder / name)  # fmt: skip
+            os.chown(folder / name, NOBODY, NOBODY)
+            os.utime(folder / name, (newest + 60, newest + 60))
+    try:
+        yield shared, theirs, mark
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the neighbour's attack is on root")
+def test_root_refuses_a_build_folder_another_user_can_change(
+    neighbour: tuple[Path, Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """KERNMLOPS_BPF_DIR (or --out) that another user can write in or owns: root would
+    load their objects and dlopen their ring copier (the library's constructor runs as
+    root). build() refuses it in one line, the CLI exits 1, and the copier does not
+    load a library from it (the spool copies in Python)."""
+    from click.testing import CliRunner
+
+    from kernmlops.cli import cli
+    from kernmlops.ebpf import build as b
+    from kernmlops.ebpf import copier
+
+    shared, theirs, mark = neighbour
+    for folder, why in [(shared, "any user may write in it"),
+                        (theirs, "it belongs to nobody")]:  # fmt: skip
+        with pytest.raises(BuildError) as info:
+            b.build(folder)
+        assert str(info.value) == (
+            f"the BPF build folder {folder} can be changed by another user ({why}): as "
+            "root, kernmlops loads no object or library from it; use a folder only root "
+            "can change (KERNMLOPS_BPF_DIR)"
+        )
+        r = CliRunner().invoke(cli, ["build-bpf", "--out", str(folder)])
+        assert r.exit_code == 2 and r.output.count("\n") == 1, r.output
+        assert "can be changed by another user" in r.output and "Traceback" not in r.output
+        monkeypatch.setenv("KERNMLOPS_BPF_DIR", str(folder))
+        monkeypatch.setattr(copier, "_tried", False)
+        monkeypatch.setattr(copier, "_lib", None)
+        assert copier.load() is None
+        assert not mark.exists(), "root ran the planted library's constructor"
+    # a link to a root-only folder, planted in nobody's folder: nobody could point it
+    # elsewhere once checked
+    good = shared.parent / "good"
+    good.mkdir()
+    (theirs / "link").symlink_to(good)
+    with pytest.raises(BuildError, match="is a link in a folder nobody can change"):
+        b.build(theirs / "link")

@@ -153,10 +153,14 @@ def test_unreadable_and_non_finite_models(tmp_path: Path) -> None:
     q11.write_text(json.dumps({**doc, "b2": 0.5}))
     big = tmp_path / "big.q11.json"
     big.write_text(json.dumps({**doc, "b2": 1 << 40}))
+    # past Python's 4300-digit int parsing limit: json.loads raises a plain ValueError
+    digits = tmp_path / "digits.json"
+    digits.write_text('{"b2": ' + "9" * 5000 + "}")
     for path, message in [
         (nan, "b2 holds nan, not a finite number"),
         (missing, "not found"),
         (binary, "not JSON"),
+        (digits, "not JSON"),
         (tmp_path, "is a folder"),
         (q11, "b2 holds 0.5, not a Q20.11 int32"),
         (big, f"b2 holds {1 << 40}, not a Q20.11 int32"),

@@ -173,3 +173,47 @@ def test_a_spool_whose_removal_a_kill_cut_reads_as_done_and_a_deletion_as_a_loss
     assert sorted(p.name for p in (tmp_path / "elsewhere").iterdir()) == [
         "events.00001.json", "events.json", "mem"
     ]  # fmt: skip
+
+
+def test_a_planted_or_stray_done_mark_does_not_hide_a_spool(tmp_path: Path, shm: Path) -> None:
+    # "done" in a spool the stop never finished (a user's `touch`, a damaged or stale
+    # mark): its segments are still pending, and recover reads them (here they are no
+    # records: named lost, exit 2, the spool kept), never "nothing to recover" and the
+    # segments deleted. Only the mark remove_spool writes, naming each segment left
+    # and its size, reads as done.
+    import json
+    import subprocess
+    import sys
+
+    from kernmlops.spool.collection import DONE_MARK, spool_done
+    from kernmlops.spool.recovery import remove_spool
+
+    spool = make_collection(tmp_path / "c", "c1")
+    spool.mkdir()
+    (spool / "events.json").write_text("{}")
+    (spool / "events.00000.ring").write_bytes(b"x" * 64)
+    meta = {"version": 2, "rows_before": {}, "bytes": 64, "retired": False}
+    (spool / "events.00000.json").write_text(json.dumps(meta))
+    for mark in [b"", b"{}", b"not json", json.dumps({"segments": {"events.00000.ring": 63}})]:
+        (spool / DONE_MARK).write_bytes(mark if isinstance(mark, bytes) else mark.encode())
+        assert not spool_done(spool), mark
+        assert pending_spools(tmp_path / "c") == [spool / "events.00000.ring"], mark
+    done = subprocess.run(
+        [sys.executable, "-m", "kernmlops", "recover", str(tmp_path / "c")],
+        capture_output=True, text=True, env={**os.environ, "COLUMNS": "400"},
+    )  # fmt: skip
+    assert done.returncode == 2 and "nothing to recover" not in done.stderr, done.stderr
+    assert (spool / "events.00000.ring").read_bytes() == b"x" * 64
+    # the stop's own mark, cut right after it was written: done, nothing pending
+    real = os.unlink
+
+    def killed(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    os.unlink = killed  # type: ignore[assignment]
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            remove_spool(spool)
+    finally:
+        os.unlink = real
+    assert spool_done(spool) and pending_spools(tmp_path / "c") == []

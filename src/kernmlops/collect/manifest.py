@@ -338,7 +338,7 @@ def parse_manifest(text: str, path: Path) -> Manifest:
     """A manifest's text checked as :func:`read_manifest` checks it (``path`` names it)."""
     try:
         raw = json.loads(text)
-    except json.JSONDecodeError as e:
+    except ValueError as e:  # JSONDecodeError, or a number past Python's 4300 digits
         raise CollectionError(f"{path}: the manifest is not valid JSON: {e}") from e
     if not isinstance(raw, dict):
         kind = type(raw).__name__

@@ -25,6 +25,7 @@ import json
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -65,6 +66,73 @@ def default_build_dir() -> Path:
     if shipped():
         return PACKAGED_DIR
     return Path.home() / ".cache" / "kernmlops" / "bpf"
+
+
+def check_build_dir(build_dir: Path) -> None:
+    """As root, refuse a build folder another user can change: root loads its objects
+    into the kernel and dlopens its ring copier (whose constructor runs as root), so a
+    file planted there, or a folder swapped in above it, would be theirs to choose.
+    The folder (or, while it is missing, the one it will be made in) must be root's
+    and open to no one else; each folder above it root's and open to others only if
+    sticky (/tmp: no one renames root's entry); a link on the way is followed only
+    where no other user could have made it (kernmlops.host.pinned). Once checked,
+    only root can change what is loaded: no race between the check and the load.
+    Folders inside kernmlops' own tree (its checkout, its installed objects) are not
+    checked: who can change those changes kernmlops itself. Nothing without root.
+
+    Raises:
+        BuildError: naming the folder and who could change it.
+    """
+    if os.geteuid() != 0:
+        return
+    path = Path(os.path.abspath(build_dir))
+    real = Path(os.path.realpath(path))
+    if any(real.is_relative_to(os.path.realpath(own)) for own in _own_trees()):
+        return
+    from kernmlops.errors import OutputError
+    from kernmlops.host.pinned import UnsafePath, pin
+
+    existing = path
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    try:
+        pin(existing, action="read", what="the BPF build folder").close()
+    except UnsafePath as err:
+        raise BuildError(f"the BPF build folder {build_dir}: {err}") from None
+    except OutputError:
+        return  # a file in the way: the build's own step says so
+    real = Path(os.path.realpath(existing))
+    for i, folder in enumerate([real, *real.parents]):
+        st = os.stat(folder)
+        where = "it" if folder == real and existing == path else str(folder)
+        why = None
+        if st.st_uid != 0:
+            why = f"{where} belongs to {_user(st.st_uid)}"
+        elif st.st_mode & 0o022 and (i == 0 or not st.st_mode & stat.S_ISVTX):
+            # the folder itself: a sticky one still lets anyone add a file
+            who = "any user" if st.st_mode & 0o002 else "its group"
+            why = f"{who} may write in {where}"
+        if why:
+            raise BuildError(
+                f"the BPF build folder {build_dir} can be changed by another user ({why}): "
+                "as root, kernmlops loads no object or library from it; use a folder only "
+                "root can change (KERNMLOPS_BPF_DIR)"
+            )
+
+
+def _own_trees() -> list[Path]:
+    """kernmlops' own files: the installed objects and, in a checkout, the checkout."""
+    repo = SOURCE_DIR.parents[2]
+    return [PACKAGED_DIR, *([repo] if (repo / "pyproject.toml").exists() else [])]
+
+
+def _user(uid: int) -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
 
 
 def shipped() -> bool:
@@ -123,6 +191,7 @@ def build(
 ) -> list[Path]:
     """Compile every ``*.bpf.c`` that changed; return the objects' paths."""
     build_dir = build_dir or default_build_dir()
+    check_build_dir(build_dir)
     srcs = sources()
     headers = sorted(SOURCE_DIR.glob("*.h"))
     objs = [object_path(s.name.removesuffix(".bpf.c"), build_dir) for s in srcs]
@@ -296,8 +365,10 @@ def compile_object(
     generated in ``vmlinux_dir`` (default: the default build folder). ``cflags``
     come before the usual include folders (e.g. another -I searched first)."""
     clang = _tool("clang", "clang")
-    obj.parent.mkdir(parents=True, exist_ok=True)
     vmlinux_dir = vmlinux_dir or default_build_dir()
+    for folder in {obj.parent, vmlinux_dir}:  # both are loaded from (or included) as root
+        check_build_dir(folder)
+    obj.parent.mkdir(parents=True, exist_ok=True)
     vmlinux_dir.mkdir(parents=True, exist_ok=True)
     vmlinux = vmlinux_header(vmlinux_dir)
     arch = _ARCH.get(platform.machine(), platform.machine())

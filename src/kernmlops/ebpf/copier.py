@@ -152,14 +152,22 @@ def load() -> ctypes.CDLL | None:
     _tried = True
     if os.environ.get("KERNMLOPS_NATIVE_COPY", "1") == "0":
         return None
+    from kernmlops.ebpf.build import BuildError, check_build_dir
+
     path = library_path()
     if not path.exists():
         return None
     try:
-        lib = ctypes.CDLL(str(path))
-    except OSError:
+        # as root, never a library another user could have put there (build() says why)
+        check_build_dir(path.parent)
+    except BuildError:
         return None
-    if lib.kmo_abi() != ABI:
+    try:
+        lib = ctypes.CDLL(str(path))
+        if lib.kmo_abi() != ABI:
+            return None
+        lib.kmo_ring_map  # noqa: B018 (a library of another kind lacks it: not ours)
+    except (OSError, AttributeError):
         return None
     lib.kmo_ring_map.argtypes = [ctypes.POINTER(Ring), ctypes.c_int, ctypes.c_uint64]
     lib.kmo_ring_unmap.argtypes = [ctypes.POINTER(Ring)]

@@ -203,7 +203,7 @@ def read_model_doc(path: Path, error: type[KernmlopsError] = WeightsError) -> di
         raise error(f"{path} is a folder, not a model file") from None
     except OSError as err:
         raise error(f"cannot read model {path}: {err.strerror}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # not UTF-8, not JSON, a number past 4300 digits
         raise error(f"{path} is not a model: not JSON (lb train and lb export write "
                     "JSON)") from None  # fmt: skip
     if not isinstance(doc, dict):

@@ -9,7 +9,9 @@ from here.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +24,44 @@ MANIFEST_NAME = "manifest.json"
 DONE_MARK = "done"
 
 
+#: the largest mark read (it names a spool's segments: a few KiB)
+_DONE_MAX_BYTES = 1 << 20
+
+
 def spool_done(spool_dir: Path) -> bool:
     """Whether the spool's rows are all in finished parts (its removal began): what a
-    kill left of it is no loss, and nothing to recover."""
-    import stat
+    kill left of it is no loss, and nothing to recover. The mark must be the one the
+    removal writes: every segment still there (in the spool and its ``mem`` folder)
+    is named in it with its size then; an empty, damaged or planted mark, or one a
+    segment is not in, is no mark (the spool is pending, and recover reads it)."""
+    from kernmlops.host.pinned import read_plain
 
     try:
-        return stat.S_ISREG((spool_dir / DONE_MARK).lstat().st_mode)
-    except OSError:
+        raw = read_plain(spool_dir / DONE_MARK)
+        mark = json.loads(raw) if len(raw) <= _DONE_MAX_BYTES else None
+    except (OSError, ValueError, RecursionError):
         return False
+    named = mark.get("segments") if isinstance(mark, dict) else None
+    if not isinstance(named, dict):
+        return False
+    return all(named.get(key) == size for key, size in done_segments(spool_dir).items())
+
+
+def done_segments(spool_dir: Path) -> dict[str, int]:
+    """The segment files in a spool (``mem/`` ones too) and their sizes: what the done
+    mark names."""
+    found = {}
+    # "mem": kernmlops.spool.memory.MEMORY_LINK (which imports this module)
+    for folder, prefix in ((spool_dir, ""), (spool_dir / "mem", "mem/")):
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.name.endswith(".ring"):
+                with contextlib.suppress(OSError):
+                    found[prefix + entry.name] = entry.stat(follow_symlinks=False).st_size
+    return found
 
 
 def _manifest(collection: Path) -> dict[str, Any]:

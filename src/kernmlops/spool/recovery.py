@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import stat
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from kernmlops.ebpf.ringbuf import BUSY_BIT, LEN_MASK
 from kernmlops.host.pinned import read_plain
-from kernmlops.spool.collection import DONE_MARK, SPOOL_DIR, spool_done
+from kernmlops.spool.collection import DONE_MARK, SPOOL_DIR, done_segments, spool_done
 from kernmlops.spool.frames import (
     CODEC,
     CUT,
@@ -67,11 +68,20 @@ def remove_spool(spool_dir: Path) -> None:
         return  # gone already, or a link
     try:
         try:
-            os.close(os.open(DONE_MARK, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                             0o600, dir_fd=fd))  # fmt: skip
+            # names each segment left and its size: a mark that does not (planted,
+            # stale, damaged) is no mark (spool_done)
+            mark = json.dumps({"segments": done_segments(spool_dir)}).encode()
+            # a new file renamed over the name: never written through a link, nor into
+            # a file a hard link planted there names
+            tmp = f".{DONE_MARK}.{os.getpid()}.{secrets.token_hex(8)}"
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            with open(os.open(tmp, flags, 0o600, dir_fd=fd), "wb") as f:
+                f.write(mark)
+                os.fsync(f.fileno())
+            os.rename(tmp, DONE_MARK, src_dir_fd=fd, dst_dir_fd=fd)
             os.fsync(fd)  # the mark is on the disk before any file goes
         except OSError:
-            pass  # (no room for an inode) deleted all the same: only a kill now misleads
+            pass  # (no room) deleted all the same: only a kill now misleads
         if mem is not None:
             shutil.rmtree(mem, ignore_errors=True)
         for entry in list(os.scandir(fd)):
