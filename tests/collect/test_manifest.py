@@ -35,7 +35,7 @@ def test_round_trip(tmp_path: Path) -> None:
     assert path == tmp_path / MANIFEST_NAME
     raw = json.loads(path.read_text())
     assert list(raw)[:2] == ["format", "version"]  # format and version come first
-    assert raw["version"] == FORMAT_VERSION == 2
+    assert raw["version"] == 2 and FORMAT_VERSION == 3  # 3: recovered ones alone
     back = read_manifest(tmp_path)
     assert isinstance(back, Manifest)
     assert back.format == FORMAT and back.state == "completed" and back.complete
@@ -94,13 +94,31 @@ def test_rewrite_replaces_and_sets_format(tmp_path: Path) -> None:
     write_manifest(tmp_path, {"collection_id": "b", "format": "other", "version": 99})
     back = read_manifest(tmp_path)
     assert back.collection_id == "b" and back.format == FORMAT
-    assert back.version == FORMAT_VERSION
+    assert back.version == 2
     assert [p.name for p in tmp_path.iterdir()] == [MANIFEST_NAME]
 
 
 def test_creates_the_folder(tmp_path: Path) -> None:
     write_manifest(tmp_path / "a" / "b", {})
-    assert read_manifest(tmp_path / "a" / "b").version == FORMAT_VERSION
+    assert read_manifest(tmp_path / "a" / "b").version == 2
+
+
+def test_a_recovered_manifest_is_version_3_and_says_upgrade_to_a_version_2_reader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # an older kernmlops reads up to 2 and knows no state recovered: it is told to
+    # upgrade (the version check comes before the fields'), not that the file is invalid
+    from kernmlops.collect import manifest as mod
+
+    write_manifest(tmp_path / "r", {"collection_id": "r", "state": "recovered"})
+    write_manifest(tmp_path / "c", {"collection_id": "c", "state": "completed"})
+    raw = {n: json.loads((tmp_path / n / MANIFEST_NAME).read_text()) for n in ("r", "c")}
+    assert (raw["r"]["version"], raw["c"]["version"]) == (3, 2)
+    assert read_manifest(tmp_path / "r").state == "recovered"
+    monkeypatch.setattr(mod, "FORMAT_VERSION", 2)
+    with pytest.raises(CollectionError, match=r"format version 3, .*up to version 2; upgrade"):
+        read_manifest(tmp_path / "r")
+    assert read_manifest(tmp_path / "c").state == "completed"
 
 
 def write_raw(folder: Path, text: str) -> None:
@@ -152,7 +170,7 @@ def test_missing_format(tmp_path: Path) -> None:
 
 def test_newer_version(tmp_path: Path) -> None:
     write_raw(tmp_path, json.dumps({"format": FORMAT, "version": FORMAT_VERSION + 1}))
-    with pytest.raises(CollectionError, match=r"format version 3.*upgrade") as info:
+    with pytest.raises(CollectionError, match=r"format version 4.*upgrade") as info:
         read_manifest(tmp_path)
     assert str(tmp_path / MANIFEST_NAME) in str(info.value)
 

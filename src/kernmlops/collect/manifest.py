@@ -57,7 +57,13 @@ __all__ = [
 ]
 
 FORMAT = "kernmlops-collection"
-FORMAT_VERSION = 2
+#: the newest manifest version this kernmlops reads. Each manifest is written with the
+#: lowest version that can read it: 3 only for ``state: recovered`` (and its
+#: ``recovery`` record), which a kernmlops of version 2 would refuse as invalid; so
+#: that one says "upgrade", and reads every other collection as before.
+FORMAT_VERSION = 3
+#: the version of a manifest in any other state
+BASE_VERSION = 2
 
 
 State = Literal[
@@ -264,8 +270,9 @@ class Manifest(_Record):
 
     def as_json(self) -> dict[str, Any]:
         """The JSON object written to disk: format and version first, extras last."""
-        body = self.model_dump(mode="json")
-        return {"format": FORMAT, "version": FORMAT_VERSION, **body}
+        body = self.model_dump(mode="json", exclude={"format", "version"})
+        version = FORMAT_VERSION if self.state == "recovered" else BASE_VERSION
+        return {"format": FORMAT, "version": version, **body}
 
 
 def manifest_time(text: str | None) -> datetime | None:
