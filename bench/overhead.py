@@ -149,6 +149,17 @@ def quiet_wait(max_busy_pct: float, max_wait_s: float) -> float:
             return busy
 
 
+def quiet_cap(args: argparse.Namespace, states: int, now: float) -> float:
+    """The longest quiet wait a storm state may take: ``--quiet-wait``, less where
+    ``--deadline`` leaves no room for it beside the round's own runs (each about the
+    storm's seconds and 8 s of a collector's start and stop): on a busy machine the
+    waits took a short phase's whole budget before its first round ended."""
+    if not args.deadline:
+        return args.quiet_wait
+    room = args.deadline - now - states * (args.storm_s + 8)
+    return max(0.0, min(args.quiet_wait, room / states))
+
+
 # --- the collector ------------------------------------------------------------------
 def kernmlops_cmd() -> list[str]:
     script = Path(sys.executable).parent / "kernmlops"
@@ -561,7 +572,7 @@ def measure(
         order = ("off", "on") if r % 2 == 0 else ("on", "off")
         runs: dict[str, Run] = {}
         for state in order:
-            quiet_wait(args.quiet_busy, args.quiet_wait)
+            quiet_wait(args.quiet_busy, quiet_cap(args, len(order), time.time()))
             for attempt in range(3):
                 coll = Collector(hooks, args.settle) if state == "on" else None
                 try:
@@ -701,7 +712,7 @@ def measure_storm(
         order = states[r % len(states) :] + states[: r % len(states)]
         runs: dict[str, Run] = {}
         for state in order:
-            quiet_wait(args.quiet_busy, args.quiet_wait)
+            quiet_wait(args.quiet_busy, quiet_cap(args, len(order), time.time()))
             for attempt in range(3):
                 coll: Collector | None = None
                 if state == "floor":

@@ -247,3 +247,18 @@ def test_storm_trees_reads_count_every_row_in_their_own_process(tmp_path: Path, 
     got = child_read(tmp_path, how)
     assert got["rows"] == {"drops": 2, "events": 12_000}
     assert 10 < got["max_rss_mb"] < 1024  # its own, not this process's peak (GBs by now)
+
+
+def test_the_storms_quiet_wait_leaves_a_deadline_room_for_the_round() -> None:
+    from argparse import Namespace
+
+    from bench.overhead import quiet_cap
+
+    args = Namespace(quiet_wait=20.0, storm_s=5, deadline=None)
+    assert quiet_cap(args, 3, 1000.0) == 20.0  # no deadline: the full wait
+    args.deadline = 1000.0 + 3 * 13 + 3 * 20 + 30  # room for it all
+    assert quiet_cap(args, 3, 1000.0) == 20.0
+    args.deadline = 1000.0 + 3 * 13 + 15  # 15 s of room for three waits
+    assert quiet_cap(args, 3, 1000.0) == 5.0
+    args.deadline = 1000.0 + 10  # the round itself will not fit: no waiting
+    assert quiet_cap(args, 3, 1000.0) == 0.0
