@@ -19,12 +19,20 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 MIRROR=${MIRROR:-http://archive.ubuntu.com/ubuntu}
 [ "$(id -u)" = 0 ] || { echo "error: rehearse.sh needs root (debootstrap, chroot, BPF)" >&2; exit 2; }
 [ -d "$REPO/.dev/whl" ] || { echo "error: no .dev/whl: run bash bench/bundle.sh first" >&2; exit 2; }
+# root chroots into ROOT and runs what is there: it must be root's alone (the
+# default lies in a folder every user may write in)
+if [ -e "$ROOT" ] || [ -L "$ROOT" ]; then
+  if [ -L "$ROOT" ] || [ "$(stat -c %u "$ROOT")" != 0 ] || (( 0$(stat -c %a "$ROOT") & 022 )); then
+    echo "error: $ROOT is a link, another user's, or writable by others: give another ROOT" >&2
+    exit 2
+  fi
+fi
 
 if [ ! -x "$ROOT/usr/bin/python3.12" ]; then
   command -v debootstrap >/dev/null || apt-get install -y debootstrap zstd
   script=/usr/share/debootstrap/scripts/noble
   [ -e "$script" ] || script=/usr/share/debootstrap/scripts/gutsy # Ubuntu's common script
-  mkdir -p "$ROOT"
+  [ -d "$ROOT" ] || mkdir -m 0755 "$ROOT"
   debootstrap --no-check-gpg --variant=minbase --components=main,universe \
     --include=python3.12,python3-pip,python3.12-venv,xz-utils,procps noble "$ROOT" "$MIRROR" "$script"
 fi
