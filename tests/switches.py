@@ -289,3 +289,164 @@ def rq_quanta(compile_bpf: Callable[[str, str], Path], *, parent_tgid: int) -> I
     with open_and_load(path, globals_={"parent_tgid": parent_tgid}) as obj:
         obj.attach_all()
         yield RqQuanta(obj)
+
+
+#: the arrivals of the tasks named ``comm8`` whose switch in no program saw: found at
+#: the task's next switch out (always seen: it is the task's own), where the last
+#: switch this CPU showed the tracepoint did not bring the task in. Each with the
+#: kernel's own evidence (rq->nr_switches grew by more than the switches shown: how
+#: many were not), the wait the kernel added to its run_delay for it (run_delay's
+#: growth since its switch out before), and the task that the last switch shown
+#: brought in (the one that ran before it, as far as any program can tell); and the
+#: switches out shown per process, to say whose switches out are never shown
+UNSEEN_ARRIVALS = r"""
+#include "common.h"
+
+const volatile u64 comm8 = 0; /* the first 8 bytes of the followed tasks' name */
+
+struct cpu_last { u64 nr_switches; u32 next_pid; u32 next_tgid; char next_comm[16]; };
+struct task_last { u64 pcount; u64 run_delay; };
+struct unseen {
+	u64 pcount;	/* the task's pcount with this arrival */
+	u64 delay_ns;	/* run_delay's growth since its switch out before */
+	u64 arrivals;	/* pcount's growth since then: 1 */
+	u64 skipped;	/* switches the kernel counted on this CPU and did not show */
+	u32 pid;
+	u32 before_pid;
+	u32 before_tgid;
+	u32 pad;
+	char before_comm[16];
+};
+
+#define MAX_UNSEEN 1024
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__type(value, struct cpu_last);
+} cpu_last SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 256);
+	__type(key, u32);
+	__type(value, struct task_last);
+} tasks SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_UNSEEN);
+	__type(key, u32);
+	__type(value, struct unseen);
+} unseen SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__type(value, u64);
+} count SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1 << 14);
+	__type(key, u32);
+	__type(value, u64);
+} outs SEC(".maps");
+
+static __always_inline void count_out(u32 tgid)
+{
+	u64 one = 1, *n = bpf_map_lookup_elem(&outs, &tgid);
+
+	if (n)
+		__sync_fetch_and_add(n, 1);
+	else
+		bpf_map_update_elem(&outs, &tgid, &one, BPF_NOEXIST);
+}
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(arrivals, bool preempt, struct task_struct *prev, struct task_struct *next)
+{
+	u32 zero = 0, pid = prev->pid, i;
+	struct cpu_last *cpu = bpf_map_lookup_elem(&cpu_last, &zero);
+	/* this CPU's run queue, through a task on it that is not the idle task */
+	u64 nr = (next->pid ? next : prev)->se.cfs_rq->rq->nr_switches, head = 0, *n;
+	struct task_last now, *then;
+	struct unseen *u;
+
+	if (!cpu)
+		return 0;
+	count_out(prev->tgid); /* the idle task's too (tgid 0) */
+	bpf_probe_read_kernel(&head, sizeof(head), prev->comm);
+	if (pid && head == comm8) {
+		now.pcount = prev->sched_info.pcount;
+		now.run_delay = prev->sched_info.run_delay;
+		then = bpf_map_lookup_elem(&tasks, &pid);
+		n = bpf_map_lookup_elem(&count, &zero);
+		if (n && then && cpu->nr_switches && cpu->next_pid != pid) {
+			i = __sync_fetch_and_add(n, 1);
+			u = bpf_map_lookup_elem(&unseen, &i);
+			if (u) {
+				u->pcount = now.pcount;
+				u->delay_ns = now.run_delay - then->run_delay;
+				u->arrivals = now.pcount - then->pcount;
+				u->skipped = nr - cpu->nr_switches - 1;
+				u->pid = pid;
+				u->before_pid = cpu->next_pid;
+				u->before_tgid = cpu->next_tgid;
+				__builtin_memcpy(u->before_comm, cpu->next_comm, 16);
+			}
+		}
+		bpf_map_update_elem(&tasks, &pid, &now, BPF_ANY);
+	}
+	cpu->nr_switches = nr;
+	cpu->next_pid = next->pid;
+	cpu->next_tgid = next->tgid;
+	bpf_probe_read_kernel(cpu->next_comm, 16, next->comm);
+	return 0;
+}
+"""
+
+UNSEEN = np.dtype(
+    [("pcount", "<u8"), ("delay_ns", "<u8"), ("arrivals", "<u8"), ("skipped", "<u8"),
+     ("pid", "<u4"), ("before_pid", "<u4"), ("before_tgid", "<u4"), ("pad", "<u4"),
+     ("before_comm", "S16")]
+)  # fmt: skip
+
+
+class UnseenArrivals:
+    """The observer's findings while it is attached."""
+
+    def __init__(self, obj: Any) -> None:
+        self._obj = obj
+
+    def of(self, pid: int) -> np.ndarray:
+        """Task ``pid``'s arrivals that no program saw (:data:`UNSEEN`), in order."""
+        total = int(np.frombuffer(self._obj.map("count").lookup(0), "<u8")[0])
+        assert total <= 1024, f"{total} unseen arrivals: more than the observer keeps"
+        raw = b"".join(self._obj.map("unseen").lookup(i) for i in range(total))
+        rows = np.frombuffer(raw, UNSEEN)
+        return np.sort(rows[rows["pid"] == pid], order="pcount")
+
+    def outs_seen(self, tgid: int) -> int:
+        """The switches out of process ``tgid``'s threads that reached the tracepoint."""
+        raw = self._obj.map("outs").lookup(tgid)
+        return 0 if raw is None else int(np.frombuffer(raw, "<u8")[0])
+
+
+@contextlib.contextmanager
+def unseen_arrivals(
+    compile_bpf: Callable[[str, str], Path], *, comm: str
+) -> Iterator[UnseenArrivals]:
+    """The observer of :data:`UNSEEN_ARRIVALS` attached for the block, following the
+    tasks named ``comm`` (up to 8 bytes: it compares 8, the name's NULs included)."""
+    from kernmlops.ebpf.objects import open_and_load
+
+    name = comm.encode()
+    assert len(name) <= 8, "the observer compares 8 bytes of the name"
+    path = compile_bpf("unseen_arrivals", UNSEEN_ARRIVALS)
+    comm8 = int.from_bytes(name.ljust(8, b"\0"), "little")
+    with open_and_load(path, globals_={"comm8": comm8}) as obj:
+        obj.attach_all()
+        yield UnseenArrivals(obj)

@@ -20,7 +20,7 @@ import pytest
 from kernmlops.hooks.quanta_runtime import NO_TIME, QuantaRuntimeHook, split_switches
 from tests.hooks.conftest import build_c
 from tests.rows import as_frame, polled
-from tests.switches import counting_switches, rq_quanta
+from tests.switches import counting_switches, rq_quanta, unseen_arrivals
 from tests.unseen import BURN, Unseen, wait_asleep
 
 BOUNCE = r"""
@@ -375,9 +375,10 @@ def test_switch_times_are_the_kernels_clock_on_the_monotonic_one(
     # Every switch the tracepoint delivers is a row: as many as the observer saw.
     assert (ins.height, outs.height) == (switched_in, switched_out)
     # Each nap the task slept in holds its switch out and its switch back in, at the
-    # times given. The tracepoint misses a few switches in a thousand (seen here: a
-    # kworker preempted by the woken task), which the kernel counts but no program
-    # on sched_switch sees, bpftrace's neither: those naps have no row. A row given
+    # times given. The tracepoint misses a few switches in a thousand (on these VMs,
+    # each switch out of the guest agent's threads: tests/unseen.py), which the kernel
+    # counts but no program on sched_switch sees, perf's neither: those naps have no
+    # row. A row given
     # a wrong time leaves its nap empty too, with no missed switch to excuse it.
     # The time is the run queue's clock, which is µs off the task's own readings
     # at times on a loaded machine: its offset to the monotonic clock is read late
@@ -548,42 +549,61 @@ def napper(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.bpf
 def test_a_light_commands_waits_are_its_run_delay_from_its_exec_on(
-    tmp_path: Path, napper: Path
+    tmp_path: Path, napper: Path, compile_bpf: Callable[[str, str], Path]
 ) -> None:
     """The command's process is made before the programs attach (held at a gate, its
     pid in the filter), so its run_delay and pcount count waits no row has: its fork's
     first, its shell's start-up (the README's shortfall). From its exec on (pinned to
     one CPU: a wait cut by a migration loses its first part, see the README) the rows
-    follow its own account between two reads of /proc/self/schedstat: no row is made
-    up, and on a busy machine at most a few in a hundred waits have none."""
+    are its own account between two reads of /proc/self/schedstat, exactly: one row
+    for each arrival the kernel counts (pcount), the sum its run_delay's growth, but
+    for the arrivals whose switch in reached no program. Those are the switches the
+    kernel counts on the CPU (rq->nr_switches) and never shows the tracepoint: on the
+    VMs this project runs on, every switch out of the guest agent's threads (a second
+    program on the tracepoint finds each such arrival at the task's next switch out,
+    with the wait the kernel added for it, and sees no switch out of the process that
+    ran before it). Under load they were 0-6 waits in 300, long ones among them."""
     from kernmlops.data import read_collection
 
     n = 300
     out = tmp_path / "out"
-    done = subprocess.run(
-        [sys.executable, "-m", "kernmlops", "collect", "--no-progress", "-o", str(out),
-         "--hooks", "quanta_runtime", "--", "taskset", "-c", "0", str(napper), str(n)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    first, last = ([int(v) for v in line.split()] for line in done.stdout.splitlines()[-2:])
-    pid, delay0, pcount0, at0 = first
-    _, delay1, pcount1, at1 = last
+    with unseen_arrivals(compile_bpf, comm=napper.name) as observer:
+        done = subprocess.run(
+            [sys.executable, "-m", "kernmlops", "collect", "--no-progress", "-o", str(out),
+             "--hooks", "quanta_runtime", "--", "taskset", "-c", "0", str(napper), str(n)],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        first, last = ([int(v) for v in line.split()] for line in done.stdout.splitlines()[-2:])
+        pid, delay0, pcount0, at0 = first
+        _, delay1, pcount1, at1 = last
+        unseen = observer.of(pid)
+        unseen = unseen[(unseen["pcount"] > pcount0) & (unseen["pcount"] <= pcount1)]
+        hidden = {int(t): observer.outs_seen(int(t)) for t in unseen["before_tgid"]}
     (folder,) = out.glob("curated/benchmark=*/collection_id=*")
     life = read_collection(folder)["quanta_queued_time"].filter(pl.col("pid") == pid)
     waits = life.filter(pl.col("ts_uptime_us").is_between(at0, at1, closed="right"))
-    # what the README's shortfall is made of (-s shows it): its waits before its exec
+    # what the README's shortfall is made of (-s shows it): its waits before its exec,
+    # and those that arrived by a switch no program saw
     print(
         f"\n[waits] whole life: {life.height} of pcount {pcount1}, "
         f"{life['quanta_queued_time_us'].sum():,} of run_delay {delay1 / 1000:,.0f} us; "
-        f"at its exec pcount {pcount0}, run_delay {delay0 / 1000:,.0f} us"
+        f"at its exec pcount {pcount0}, run_delay {delay0 / 1000:,.0f} us; "
+        f"since: {waits.height} rows, {len(unseen)} arrivals unseen "
+        f"({unseen['delay_ns'].sum() / 1000:,.0f} us, after "
+        f"{sorted({c.decode() for c in unseen['before_comm']})})"
     )
     arrivals = pcount1 - pcount0
     assert arrivals >= n  # a wake-up from each nap at least
-    # quiet, every one (300 of 300, the sum to the us); under a load of 9 on 2 vCPUs,
-    # 1-6 of 300 had no row (no drop, no miss counted), long ones among them
-    assert arrivals * 0.97 - 1 <= waits.height <= arrivals, (waits.height, arrivals)
+    # Each unseen arrival is one: the kernel counted switches on that CPU that the
+    # tracepoint never got, right after it got one into a process none of whose
+    # switches out it ever got.
+    assert (unseen["arrivals"] == 1).all() and (unseen["skipped"] >= 1).all(), unseen
+    assert not any(hidden.values()), hidden
+    assert waits.height + len(unseen) == arrivals, (waits.height, len(unseen), arrivals)
     got_us, kernel_us = waits["quanta_queued_time_us"].sum(), (delay1 - delay0) / 1000
-    assert got_us <= kernel_us + waits.height * 0.5 + 1, (got_us, kernel_us)
-    if waits.height == arrivals:
-        assert got_us == pytest.approx(kernel_us, abs=waits.height * 0.5 + 1)
+    unseen_us = unseen["delay_ns"].sum() / 1000
+    # each row is rounded to the microsecond
+    assert got_us + unseen_us == pytest.approx(kernel_us, abs=waits.height * 0.5 + 1), (
+        got_us, unseen_us, kernel_us
+    )  # fmt: skip
