@@ -7,7 +7,10 @@
  * when the task is enqueued (a wake-up) or preempted while still runnable, and
  * cleared when it arrives, just after the sched_switch tracepoint. It is what
  * the kernel adds to the task's run_delay (/proc/<pid>/schedstat) for this
- * arrival. Kernels without CONFIG_SCHED_INFO have no sched_info.
+ * arrival. Kernels without CONFIG_SCHED_INFO have no sched_info. A switch in
+ * that reaches no program (on some VMs, every switch out of the guest agent's
+ * threads: kmo_quantum_of) ends a wait the kernel counts in run_delay and pcount
+ * and no program sees: last_queued is cleared at that arrival.
  *
  * Everything is __always_inline on the hot path: including this header adds
  * no instruction to the programs that use it. Needs common.h (KMO_READ). */
