@@ -147,8 +147,9 @@ def test_tracepoint_collect_without_a_model_reads_each_pull_once(tmp_path: Path)
     assert (pos["model_pred"] == -1).all()  # observed by the program, no model
     pairs = _program_rows(c["lb_tp_shadow"], pos)
     assert pairs.height == pos.height
-    for col in ("src_len", "dst_len", "src_load", "dst_load", "delta_ns"):
+    for col in ("src_len", "dst_len", "src_load", "dst_load"):
         assert (pairs[col] == pairs[f"{col}_tp"]).all(), (col, pairs)
+    assert (pairs["kernel_delta_ns"] == pairs["delta_ns_tp"]).all(), pairs
     assert c.manifest["lb"]["shadow"] is None and c.manifest["lb"]["model"] is None
 
 
@@ -217,16 +218,20 @@ def test_tracepoint_shadow_computes_what_the_data_set_holds(tp_shadow) -> None:
     # Every pull's row is the observation the kernel's model was given: its logit
     # is the Q20.11 evaluation of the row's own inputs, for every pull (one read of
     # the unlocked destination queue; two reads disagreed on ~1 pull in 300)
+    # (with the kernel's delta the program read: the data set's delta_ns is measured
+    # as the negatives' is, from quanta_runtime)
     for row in pos.iter_rows(named=True):
-        want = q11.logit(q11.features(row, cost), doc["w1"], doc["b1"], doc["w2"], doc["b2"])
+        given = {**row, "delta_ns": row["kernel_delta_ns"]}
+        want = q11.logit(q11.features(given, cost), doc["w1"], doc["b1"], doc["w2"], doc["b2"])
         assert row["model_out"] == want, row
         assert row["model_pred"] == (want > 0), row
     # ... and that logit is the program's own record of the pull, made from the
-    # queues it read there (the data set's delta is the kernel's, as it read it)
+    # queues it read there
     pairs = _program_rows(c["lb_tp_shadow"], pos)
     assert pairs.height == pos.height
-    for col in ("model_out", "src_len", "dst_len", "src_load", "dst_load", "delta_ns"):
+    for col in ("model_out", "src_len", "dst_len", "src_load", "dst_load"):
         assert (pairs[col] == pairs[f"{col}_tp"]).all(), (col, pairs)
+    assert (pairs["kernel_delta_ns"] == pairs["delta_ns_tp"]).all(), pairs
     # the kernel's own input on one node, which the data set holds too
     assert (pairs["src_preferred_len"] == 0).all() and (pairs["src_preferred_len_tp"] == 0).all()
 

@@ -172,12 +172,14 @@ def test_a_pull_is_the_lb_tp_programs_observation(collection: Collection) -> Non
     by_pid = {r["pid"]: r for r in d.iter_rows(named=True)}
     a, b, h = by_pid[1], by_pid[2], by_pid[8]
     assert (a["src_len"], a["dst_len"], a["src_load"], a["dst_load"]) == (4, 1, 2050, 700)
-    assert a["delta_ns"] == 123_000  # the kernel's delta, not the 500 µs since A last ran
+    # the delta every row has (since A last ran, as for the negatives), and the
+    # kernel's own read the program gave its model beside it
+    assert (a["delta_ns"], a["kernel_delta_ns"]) == (500_000, 123_000)
     assert (a["model_out"], a["model_pred"], a["infer_ns"], a["nr_migrations"]) == (77, 1, 300, 5)
     # B: sched_migrate's read, the quanta delta, no model answer of its own
     assert (b["src_len"], b["dst_len"], b["src_load"], b["dst_load"]) == (3, 1, 1024, 1024)
     assert b["delta_ns"] == NEVER_RAN_NS and b["model_out"] is None and b["model_pred"] is None
-    assert b["nr_migrations"] == 9
+    assert b["nr_migrations"] == 9 and b["kernel_delta_ns"] is None
     # H: the program evaluated it (on its fill values), the data set cannot know the queues
     assert h["src_len"] is None and h["dst_len"] is None and h["model_out"] == 12
     assert h["delta_ns"] == 1_000_000  # 5000 - 4000 µs
@@ -186,6 +188,7 @@ def test_a_pull_is_the_lb_tp_programs_observation(collection: Collection) -> Non
     assert set(negatives["pid"]) == {3, 7}
     assert set(negatives["dst_len"]) == {1} and set(negatives["src_len"]) == {4}
     assert negatives["model_out"].is_null().all() and negatives["nr_migrations"].is_null().all()
+    assert negatives["kernel_delta_ns"].is_null().all()
 
 
 def test_tables_without_the_key_keep_sched_migrates_read(collection: Collection) -> None:

@@ -30,15 +30,23 @@ Where the collection holds the ``lb_tp`` program's rows (``lb_tp_shadow``:
 ``lb collect``'s tracepoint variant always runs it), a pull's row is that
 program's observation instead, joined to sched_migrate's row of the same
 event by pid and ``nr_migrations`` (the task's count before the move, which
-both programs read): its runqueue lengths and loads, the kernel's own delta
-(``rq_clock_task(src) - se.exec_start``, as the kprobe variant reads it) and
+both programs read): its runqueue lengths and loads, and
 its model's answer (``model_pred``, ``model_out``, ``infer_ns``; -1, 0, 0
 without a model; null where the program has no row for the pull, whose
 inputs are then sched_migrate's). The shadow model's inputs and the data
 set's row are then one read: two programs read the unlocked destination
 queue µs apart, and a wake-up between them made them differ. A balance's
-negatives take their queues from its pulls' rows, their delta from
-quanta_runtime.
+negatives take their queues from its pulls' rows.
+
+Every row's ``delta_ns`` is the time since the task last left a CPU, from
+quanta_runtime, pulls and negatives alike: the program reads the kernel's own
+delta (``rq_clock_task(src) - se.exec_start``, as the kprobe variant does) for
+a pull only, and a data set whose positives were measured one way and its
+negatives another would let a model learn the label from the method (the two
+differ by a median of ~18 µs, and by the whole uptime for a task moved since
+it last ran, whose exec_start the kernel zeroes). The program's read is kept
+as ``kernel_delta_ns`` (null on negatives): with it, ``model_out`` is the
+Q20.11 evaluation of the row's inputs.
 """
 
 from __future__ import annotations
@@ -251,12 +259,14 @@ def tracepoint_decisions(
         pl.when(valid).then(pl.col("dest_nr_running")).alias("dst_len"),
         pl.when(valid).then(pl.col("orig_load_avg")).alias("src_load"),
         pl.when(valid).then(pl.col("dest_load_avg")).alias("dst_load"),
-        # a pull the lb_tp program observed: the kernel's delta it read
+        # every row's delta is measured one way (a negative has no kernel read):
+        # a class told apart by how its delta was measured would teach a model that
         pl.coalesce(
-            "obs_delta_ns",
             (pl.col("ts_uptime_us") - pl.col("last_ran_us")) * 1000,
             pl.lit(NEVER_RAN_NS),
         ).alias("delta_ns"),
+        # what the lb_tp program read and gave its model at the pull
+        pl.col("obs_delta_ns").alias("kernel_delta_ns"),
         (node("orig_cpu") == node("dest_cpu")).cast(pl.Int8).alias("same_node"),
         *(
             [
