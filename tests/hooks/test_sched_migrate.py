@@ -178,6 +178,11 @@ def test_migrations_match_nr_migrations(workload: str, kind: str | None) -> None
     # the filter) may be missed, and are allowed for.
     assert theirs - report["at_start"] <= moved.height <= theirs, (moved.height, report)
     assert theirs >= FLIPS - 1
+    # nr_migrations is the kernel's count before each move: one more per move,
+    # none skipped, ending below the count the workload read afterwards
+    counts = moved.sort("ts_uptime_us")["nr_migrations"].cast(pl.Int64)
+    assert (counts.diff().drop_nulls() == 1).all(), counts.to_list()
+    assert counts.min() <= report["at_start"] and counts.max() <= theirs - 1, (counts, report)
 
     # Every move the workload makes is of the kind it forces (the self-flip's is
     # the kernel's race: either). Those before its moves began (a child's balancing

@@ -6,7 +6,7 @@ import polars as pl
 import pytest
 
 from kernmlops.lb.dataset import synthetic_decisions
-from kernmlops.lb.shadow import match_pulls, summarize
+from kernmlops.lb.shadow import summarize
 
 
 def _kprobe_rows() -> pl.DataFrame:
@@ -58,7 +58,9 @@ def _pulls(rows: list[tuple[int, int, int, int]]) -> pl.DataFrame:
 
 def test_tracepoint_figures_cover_the_pulls_of_the_data_set() -> None:
     # the shadow program saw a pull before the scheduler tables' hooks were
-    # attached (pid 9) and one after (pid 8); the data set holds the 3 others
+    # attached (pid 9) and one after (pid 8); the data set holds the 3 others,
+    # each with the answer the program gave on its inputs, and one (pid 4) the
+    # program has no row for
     shadow = _pulls(
         [(100, 9, 0, 1), (1003, 1, 0, 1), (1004, 2, 0, 1), (2001, 1, 1, 0), (9000, 8, 0, 1)]
     ).with_columns(
@@ -67,24 +69,27 @@ def test_tracepoint_figures_cover_the_pulls_of_the_data_set() -> None:
     )
     data = pl.concat(
         [
-            _pulls([(1005, 1, 0, 1), (1006, 2, 0, 1), (2002, 1, 1, 0)]),
-            # a negative: not a pull, never matched
+            _pulls([(1005, 1, 0, 1), (1006, 2, 0, 1), (2002, 1, 1, 0), (3000, 4, 1, 0)]),
+            # a negative: not a pull, no answer of the program's
             _pulls([(1005, 3, 0, 1)]).with_columns(pl.lit(0, pl.Int8).alias("can_migrate")),
         ]
+    ).with_columns(
+        pl.Series("model_pred", [0, 1, 1, None, None], pl.Int8),
+        pl.Series("infer_ns", [300, 400, 500, None, None], pl.Int64),
     )
-    assert sorted(match_pulls(shadow, data)["pid"].to_list()) == [1, 1, 2]
     s = summarize(shadow, {"decisions": 5, "agreement": 0.6}, "tracepoint", data)
     assert s["rows"] == {
-        "population": "pulls of the data set", "data_set_pulls": 3, "pulls": 3,
+        "population": "pulls of the data set", "data_set_pulls": 4, "pulls": 3,
         "model_migrates": 2, "agreement": pytest.approx(2 / 3), "outside_data_set": 2,
     }  # fmt: skip
     assert s["inference_ns"]["max"] == 500 and s["inference_ns"]["decisions"] == 3
 
 
-def test_a_pull_is_matched_once_to_its_nearest_shadow_row() -> None:
-    shadow = _pulls([(1000, 1, 0, 1), (1400, 1, 0, 1)]).with_columns(
-        pl.lit(1, pl.Int8).alias("model_pred")
-    )
-    data = _pulls([(1398, 1, 0, 1)])
-    (row,) = match_pulls(shadow, data).iter_rows(named=True)
-    assert row["ts_uptime_us"] == 1400
+def test_without_the_programs_answers_no_pull_counts_as_evaluated() -> None:
+    """A data set without model columns (the program had no row for any pull):
+    nothing evaluated, nothing agreed, and every shadow row outside it."""
+    shadow = _pulls([(1003, 1, 0, 1)]).with_columns(pl.lit(1, pl.Int8).alias("model_pred"))
+    s = summarize(shadow, None, "tracepoint", _pulls([(1005, 1, 0, 1)]))
+    assert (s["rows"]["pulls"], s["rows"]["agreement"], s["rows"]["outside_data_set"]) == (
+        0, None, 1,
+    )  # fmt: skip

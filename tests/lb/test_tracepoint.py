@@ -136,3 +136,67 @@ def test_needs_the_scheduler_tables(collection: Collection) -> None:
                          {"sched_migrate": collection["sched_migrate"]})  # fmt: skip
     with pytest.raises(CollectionError, match="quanta_runtime"):
         tracepoint_decisions(partial)
+
+
+def _shadow(rows: list[tuple]) -> pl.DataFrame:
+    """lb_tp records: (ts, pid, nr_migrations, src, dst, src_len, dst_len, src_load,
+    dst_load, delta_ns, rq_valid, model_out)"""
+    cols = ("ts_uptime_us", "pid", "nr_migrations", "src_cpu", "dst_cpu", "src_len", "dst_len",
+            "src_load", "dst_load", "delta_ns", "rq_valid", "model_out")  # fmt: skip
+    frame = pl.DataFrame([dict(zip(cols, r, strict=True)) for r in rows])
+    return frame.with_columns(
+        (pl.col("model_out") > 0).cast(pl.Int8).alias("model_pred"),
+        pl.lit(300).alias("infer_ns"),
+    )
+
+
+def test_a_pull_is_the_lb_tp_programs_observation(collection: Collection) -> None:
+    """Where the lb_tp program recorded a pull, the data set's row holds what it read
+    and gave its model (one read of the unlocked destination queue, not two), matched
+    by the task and its migration count; elsewhere sched_migrate's read."""
+    migrate = collection["sched_migrate"].with_columns(pl.Series("nr_migrations", [5, 9, 0, 3, 2]))
+    shadow = _shadow(
+        [
+            # A (pid 1): a wake-up landed on CPU 1 between the two programs' reads
+            (1000, 1, 5, 0, 1, 4, 1, 2050, 700, 123_000, 1, 77),
+            # B (pid 2): same task and CPUs, another migration count: not this event
+            (1006, 2, 8, 0, 1, 9, 9, 9, 9, 1, 1, -5),
+            # H (pid 8): its queues unreadable: no lengths, the quanta delta
+            (5001, 8, 2, 0, 1, 1, 0, 0, 0, 0, 0, 12),
+            # a pid reused long after, with the same count: not this event either
+            (9000, 1, 5, 0, 1, 3, 3, 3, 3, 3, 1, 1),
+        ]
+    )
+    tables = {**collection.tables, "sched_migrate": migrate, "lb_tp_shadow": shadow}
+    d = tracepoint_decisions(Collection(collection.path, collection.manifest, tables), [0] * 4)
+    by_pid = {r["pid"]: r for r in d.iter_rows(named=True)}
+    a, b, h = by_pid[1], by_pid[2], by_pid[8]
+    assert (a["src_len"], a["dst_len"], a["src_load"], a["dst_load"]) == (4, 1, 2050, 700)
+    # the delta every row has (since A last ran, as for the negatives), and the
+    # kernel's own read the program gave its model beside it
+    assert (a["delta_ns"], a["kernel_delta_ns"]) == (500_000, 123_000)
+    assert (a["model_out"], a["model_pred"], a["infer_ns"], a["nr_migrations"]) == (77, 1, 300, 5)
+    # B: sched_migrate's read, the quanta delta, no model answer of its own
+    assert (b["src_len"], b["dst_len"], b["src_load"], b["dst_load"]) == (3, 1, 1024, 1024)
+    assert b["delta_ns"] == NEVER_RAN_NS and b["model_out"] is None and b["model_pred"] is None
+    assert b["nr_migrations"] == 9 and b["kernel_delta_ns"] is None
+    # H: the program evaluated it (on its fill values), the data set cannot know the queues
+    assert h["src_len"] is None and h["dst_len"] is None and h["model_out"] == 12
+    assert h["delta_ns"] == 1_000_000  # 5000 - 4000 µs
+    # the balance's negatives see its pulls' observed queues: A's destination held 1
+    negatives = d.filter(pl.col("can_migrate") == 0, pl.col("ts_uptime_us") == 1000)
+    assert set(negatives["pid"]) == {3, 7}
+    assert set(negatives["dst_len"]) == {1} and set(negatives["src_len"]) == {4}
+    assert negatives["model_out"].is_null().all() and negatives["nr_migrations"].is_null().all()
+    assert negatives["kernel_delta_ns"].is_null().all()
+
+
+def test_tables_without_the_key_keep_sched_migrates_read(collection: Collection) -> None:
+    """A collection recorded before nr_migrations: the pulls are sched_migrate's, as
+    they were (a time-only match could pair two moves of one task)."""
+    shadow = _shadow([(1000, 1, 5, 0, 1, 4, 1, 2050, 700, 123_000, 1, 77)])
+    tables = {**collection.tables, "lb_tp_shadow": shadow}
+    d = tracepoint_decisions(Collection(collection.path, collection.manifest, tables), [0] * 4)
+    a = d.filter(pl.col("pid") == 1, pl.col("can_migrate") == 1).row(0, named=True)
+    assert (a["dst_len"], a["delta_ns"]) == (0, 500_000)
+    assert "model_out" not in d.columns

@@ -10,7 +10,14 @@
  * dequeue cleared it), no extra balance failures, and the idle type from the
  * destination's length (empty: newly idle, else not idle). Every such pull
  * is a decision the kernel answered "migrate", so agreement is the share the
- * model also answers 1. */
+ * model also answers 1.
+ *
+ * Each runqueue is read once, here, and the record holds exactly what the
+ * model was given: the tracepoint data set takes its pulls' lengths, loads
+ * and delta from this record (joined to sched_migrate's row by pid and
+ * nr_migrations), so the data set's row and the shadow's decision are one
+ * observation. The destination is read without its lock: a second read, a
+ * few µs later, may see a wake-up land in between. */
 #include "filter.h"
 #include "lb_model.h"
 
@@ -22,6 +29,7 @@ struct lb_tp_decision {
 	u64 total_faults;
 	u64 src_faults;
 	u64 dst_faults;
+	u64 nr_migrations; /* se.nr_migrations before this move: the event's key with pid */
 	s64 model_out;
 	u64 infer_ns;
 	u32 pid;
@@ -97,6 +105,7 @@ static __always_inline int on_migrate(struct task_struct *p, int dest_cpu)
 	d->ts_uptime_us = kmo_uptime_us();
 	d->pid = BPF_CORE_READ(p, pid);
 	d->tgid = BPF_CORE_READ(p, tgid);
+	d->nr_migrations = BPF_CORE_READ(p, se.nr_migrations);
 	d->src_cpu = src;
 	d->dst_cpu = dst;
 	d->src_nid = lb_cpu_to_node(src);

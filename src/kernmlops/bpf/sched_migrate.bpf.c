@@ -14,6 +14,9 @@ struct sched_migrate_event {
 	u64 dest_load_avg;
 	u64 orig_util_avg;
 	u64 dest_util_avg;
+	/* the task's se.nr_migrations before this event (only a move counts): with
+	 * pid, a key other programs on this tracepoint can record too */
+	u64 nr_migrations;
 	u32 pid;
 	u32 tgid;
 	u32 orig_cpu;
@@ -80,6 +83,7 @@ static __always_inline int on_migrate(struct task_struct *p, int dest_cpu)
 	e->ts_uptime_us = kmo_uptime_us();
 	e->pid = BPF_CORE_READ(p, pid);
 	e->tgid = BPF_CORE_READ(p, tgid);
+	e->nr_migrations = BPF_CORE_READ(p, se.nr_migrations);
 	e->orig_cpu = kmo_task_cpu(p);
 	e->dest_cpu = dest_cpu;
 	e->cpu = bpf_get_smp_processor_id();

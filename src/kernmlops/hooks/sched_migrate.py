@@ -34,7 +34,10 @@ class SchedMigrateHook(BpfHook[SchedMigrateOptions]):
     task that changes its own affinity; ``queued``: moved while runnable — load
     balancing, NUMA, another task changing its affinity), and
     ``{orig,dest}_{nr_running,load_avg,util_avg}`` from each runqueue (its
-    root cfs_rq's PELT averages) where ``rq_valid``. The status variant ends in
+    root cfs_rq's PELT averages) where ``rq_valid``, and ``nr_migrations``
+    (the task's se.nr_migrations before this event; only a move to another
+    CPU counts, so with pid it names a move, for other programs on the
+    tracepoint to be joined to). The status variant ends in
     ``+runqueues`` when those fields are read, ``-runqueues`` when not."""
 
     name = "sched_migrate"

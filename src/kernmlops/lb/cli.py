@@ -293,7 +293,9 @@ def shadow_cmd(model_path, variant, config_files, repeat, attach, benchmark, dur
     counters over every decision seen while attached, and agreement and
     inference times (p50, p99, mean) over the data set's own decisions (kprobe:
     after MLLB's filter; tracepoint: the pulls of its data set). Per-decision
-    rows are in lb_decisions (model_pred, model_out, infer_ns) or lb_tp_shadow.
+    answers are in lb_decisions (model_pred, model_out, infer_ns; tracepoint:
+    on its pulls, each the very inputs the model was given) and, for every pull
+    the program saw, in lb_tp_shadow.
     """
     _run_collect(variant, config_files, repeat, attach, benchmark, duration, output_dir,
                  migration_cost_ns, no_progress, command, model_path)  # fmt: skip

@@ -9,8 +9,10 @@ CPU-to-node map, migration cost, model, shadow summary) to the final manifest; f
 the tracepoint variant it first rebuilds the decisions from the scheduler tables.
 
 Variants: ``kprobe`` (exact; fexit or kprobe + kretprobe), ``tracepoint``
-(approximate; any kernel with tracepoints) and ``both`` (to measure the
-approximation where kprobes work, i.e. in the kernel lab).
+(approximate; any kernel with tracepoints; the ``lb_tp`` program records each
+pull, with a model or without, and its records are the pulls' rows) and
+``both`` (to measure the approximation where kprobes work, i.e. in the kernel
+lab).
 """
 
 from __future__ import annotations
@@ -135,7 +137,9 @@ def collect(
     hooks: list[LbHook] = []
     if variant in ("kprobe", "both"):
         hooks.append(LbKprobeHook(attach=attach, **common))
-    if variant in ("tracepoint", "both") and model is not None:
+    if variant in ("tracepoint", "both"):
+        # with or without a model: its record of each pull is the data set's row
+        # (one read of the runqueues for the row and the model)
         hooks.append(LbTracepointHook(**common))
     out = LbCollectResult(path=session.path, variant=variant, model=model, nodes=nodes)
     section: dict[str, Any] = {
@@ -203,6 +207,12 @@ def _build_tracepoint(
         "table": table,
         "rows": tp.height,
         "positives": int((tp["can_migrate"] == 1).sum()) if tp.height else 0,
+        # pulls whose row is the lb_tp program's record (the rest: sched_migrate's read)
+        "positives_observed": (
+            int(tp.filter(pl.col("can_migrate") == 1)["model_pred"].is_not_null().sum())
+            if "model_pred" in tp.columns
+            else 0
+        ),
     }
     if out.variant == "both" and TABLE in collection:
         kp = collection[TABLE]

@@ -6,7 +6,8 @@
   extras).
 * :class:`LbTracepointHook` (``bpf/lb_tp.bpf.c``): load-balancer pulls seen
   on ``sched_migrate_task``, for kernels without kprobes. Table
-  ``lb_tp_shadow``.
+  ``lb_tp_shadow``: what the program read at each pull (and gave its model),
+  the tracepoint data set's pull rows (``kernmlops.lb.tracepoint``).
 
 Both can carry a fixed-point model (set before load) and evaluate it on
 every decision in the kernel: shadow mode. The shadow statistics (per-CPU

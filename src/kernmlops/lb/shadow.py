@@ -138,43 +138,6 @@ class BpfStats:
             self.fd = -1
 
 
-#: a pull seen by lb_tp and by sched_migrate is one event: both programs run on
-#: the same sched_migrate_task call, one after the other (µs apart; the lab's
-#: emulated CPUs are 20-28x slower)
-MATCH_US = 1000
-
-
-def match_pulls(shadow: pl.DataFrame, dataset: pl.DataFrame, tolerance_us: int = MATCH_US
-                ) -> pl.DataFrame:  # fmt: skip
-    """The shadow rows (lb_tp_shadow) that are pulls of the tracepoint data set
-    (its rows answered 1): the same task, source and destination CPU, the
-    nearest time within ``tolerance_us``; each data set pull matched once.
-
-    The shadow program is attached before the scheduler tables' hooks and
-    detached after them, so it also sees pulls the data set cannot hold."""
-    key = ("pid", "src_cpu", "dst_cpu")
-    cast = [pl.col(c).cast(pl.Int64) for c in (*key, "ts_uptime_us")]
-    pos = (
-        dataset.filter(pl.col(LABEL) == 1)
-        .select(*cast)
-        .with_columns(pl.col("ts_uptime_us").alias("data_ts_us"))
-        .sort("ts_uptime_us")
-    )
-    rows = shadow.with_columns(*cast).with_row_index("shadow_row").sort("ts_uptime_us")
-    joined = rows.join_asof(
-        pos, on="ts_uptime_us", by=list(key), strategy="nearest", tolerance=tolerance_us,
-        check_sortedness=False,  # sorted on time above; polars cannot check it per group
-    ).filter(pl.col("data_ts_us").is_not_null())  # fmt: skip
-    # two shadow rows near one pull: the nearer is its event
-    gap = (pl.col("ts_uptime_us") - pl.col("data_ts_us")).abs()
-    return (
-        joined.sort(gap)
-        .unique(subset=[*key, "data_ts_us"], keep="first")
-        .sort("shadow_row")
-        .drop("shadow_row")
-    )
-
-
 def _inference(rows: pl.DataFrame, population: str) -> dict[str, Any] | None:
     """Per-decision inference time (features + MLP) over ``rows``: every figure of
     one population, named."""
@@ -200,8 +163,12 @@ def summarize(
     """What shadow mode found: in-kernel counters (every decision the program
     saw), and the same recomputed from the rows (model_pred vs can_migrate)
     over the data set's population: for kprobe, its decisions after MLLB's
-    filter; for tracepoint, the shadow rows that are pulls of ``dataset`` (the
-    tracepoint data set of the same collection), when given."""
+    filter; for tracepoint, the pulls of ``dataset`` (the tracepoint data set
+    of the same collection), when given: each carries the answer the program
+    gave on the very inputs the row holds (:func:`kernmlops.lb.tracepoint.
+    observed_pulls`). The program is attached before the scheduler tables'
+    hooks and detached after them, so it also sees pulls the data set cannot
+    hold (``outside_data_set``)."""
     out: dict[str, Any] = {"variant": variant, "kernel": stats}
     if decisions is None or decisions.height == 0 or "model_pred" not in decisions.columns:
         return out
@@ -219,9 +186,12 @@ def summarize(
         out["inference_ns"] = _inference(kept, "decisions after MLLB's filter")
         return out
     if dataset is not None:
-        kept = match_pulls(rows, dataset)
+        pulls = dataset.filter(pl.col(LABEL) == 1)
+        # the pulls the program evaluated (a pull it has no row for: null)
+        has_model = "model_pred" in pulls.columns
+        kept = pulls.filter(pl.col("model_pred") >= 0) if has_model else pulls.clear()
         population = "pulls of the data set"
-        data_pulls = int((dataset[LABEL] == 1).sum()) if dataset.height else 0
+        data_pulls = pulls.height
     else:
         kept, population, data_pulls = rows, "pulls the program saw", None
     n = kept.height

@@ -17,6 +17,7 @@ and ``quanta_queued_time`` tables of one collection:
 What is known: lengths and loads of both runqueues (sched_migrate reads
 them; the source gets the pulled task back: +1), ``delta_ns`` (since the
 task last left a CPU, from quanta_runtime), NUMA nodes from the CPU map.
+
 What is not, and stays null (``impute_missing`` fills it for a model): the
 idle type, ``nr_balance_failed`` / ``cache_nice_tries``, buddies,
 throttling, the preferred node and the NUMA faults on machines with more
@@ -24,18 +25,49 @@ than one node, the hard constraints (a pinned task left behind reads as a
 negative). A negative may also be a task the balancer never examined
 (detach_tasks stops once the imbalance is met). :func:`compare_with_kprobe`
 measures all this against the exact variant where both ran (the lab).
+
+Where the collection holds the ``lb_tp`` program's rows (``lb_tp_shadow``:
+``lb collect``'s tracepoint variant always runs it), a pull's row is that
+program's observation instead, joined to sched_migrate's row of the same
+event by pid and ``nr_migrations`` (the task's count before the move, which
+both programs read): its runqueue lengths and loads, and
+its model's answer (``model_pred``, ``model_out``, ``infer_ns``; -1, 0, 0
+without a model; null where the program has no row for the pull, whose
+inputs are then sched_migrate's). The shadow model's inputs and the data
+set's row are then one read: two programs read the unlocked destination
+queue µs apart, and a wake-up between them made them differ. A balance's
+negatives take their queues from its pulls' rows.
+
+Every row's ``delta_ns`` is the time since the task last left a CPU, from
+quanta_runtime, pulls and negatives alike: the program reads the kernel's own
+delta (``rq_clock_task(src) - se.exec_start``, as the kprobe variant does) for
+a pull only, and a data set whose positives were measured one way and its
+negatives another would let a model learn the label from the method (the two
+differ by a median of ~18 µs, and by the whole uptime for a task moved since
+it last ran, whose exec_start the kernel zeroes). The program's read is kept
+as ``kernel_delta_ns`` (null on negatives): with it, ``model_out`` is the
+Q20.11 evaluation of the row's inputs.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import polars as pl
+import polars.selectors as cs
 
 from kernmlops.data import Collection
 from kernmlops.errors import CollectionError
 from kernmlops.lb.features import conform
 
 NEEDED = ("sched_migrate", "quanta_runtime", "quanta_queued_time")
+#: the lb_tp program's table: its rows are the pulls' observations where present
+SHADOW_TABLE = "lb_tp_shadow"
+#: what a pull's row takes from the lb_tp program's record (its model's answer)
+MODEL_COLUMNS = ("model_pred", "model_out", "infer_ns")
+#: the two programs' timestamps of one event are µs apart (tens in the lab's
+#: emulated CPUs); the key (pid, nr_migrations) decides, the time only guards
+#: against a pid reused within the collection
+OBSERVED_WITHIN_US = 1000
 #: pulls from one source CPU closer than this are one balance pass (µs)
 WINDOW_US = 1000
 #: delta_ns for a task never seen leaving a CPU: long ago, so cache cold
@@ -49,6 +81,62 @@ def pulls(migrations: pl.DataFrame) -> pl.DataFrame:
         & (pl.col("cpu") == pl.col("dest_cpu"))
         & (pl.col("orig_cpu") != pl.col("dest_cpu"))
     ).sort("ts_uptime_us")
+
+
+def observed_pulls(p: pl.DataFrame, shadow: pl.DataFrame | None) -> pl.DataFrame:
+    """The pulls with what the lb_tp program read and evaluated at the same
+    event, where it has a row: runqueue columns replaced by its (sched_migrate's
+    names), ``obs_delta_ns`` its delta (null where it has no row or could not
+    read the queues) and its model's columns. Unchanged (sched_migrate's read)
+    without the program's rows, or where either table predates the key."""
+    key = ["pid", "nr_migrations"]
+    if shadow is None or not all(k in c for k in key for c in (p.columns, shadow.columns)):
+        return p.with_columns(pl.lit(None, pl.Int64).alias("obs_delta_ns"))
+    by = [*key, "orig_cpu", "dest_cpu"]
+    as_int = [pl.col(c).cast(pl.Int64) for c in (*by, "ts_uptime_us")]
+    read = {  # sched_migrate's name <- the program's record (the source had the task: +1)
+        "obs_orig_nr_running": pl.col("src_len") - 1,
+        "obs_dest_nr_running": pl.col("dst_len"),
+        "obs_orig_load_avg": pl.col("src_load"),
+        "obs_dest_load_avg": pl.col("dst_load"),
+        "obs_delta_ns": pl.col("delta_ns"),
+    }
+    obs = shadow.rename({"src_cpu": "orig_cpu", "dst_cpu": "dest_cpu"}).select(
+        *as_int,
+        pl.col("ts_uptime_us").cast(pl.Int64).alias("obs_ts"),
+        pl.col("rq_valid").cast(pl.Boolean).alias("obs_valid"),
+        *(e.cast(pl.Int64).alias(name) for name, e in read.items()),
+        pl.col("model_pred").cast(pl.Int8),
+        pl.col("model_out").cast(pl.Int64),
+        pl.col("infer_ns").cast(pl.Int64),
+    )
+    # the key decides; the nearest time within the bound guards against a reused pid
+    # (both sides sorted on time here; polars cannot check that per group)
+    joined = (
+        p.with_columns(*as_int)
+        .with_row_index("_row")
+        .sort("ts_uptime_us")
+        .join_asof(
+            obs.sort("ts_uptime_us"),
+            on="ts_uptime_us",
+            by=by,
+            strategy="nearest",
+            tolerance=OBSERVED_WITHIN_US,
+            check_sortedness=False,
+        )
+        .sort("_row")
+        .drop("_row")
+    )
+    seen = pl.col("obs_valid").fill_null(False)
+    replaced = [name.removeprefix("obs_") for name in read if name != "obs_delta_ns"]
+    return joined.with_columns(
+        *(pl.when(seen).then(pl.col(f"obs_{c}")).otherwise(pl.col(c)).alias(c) for c in replaced),
+        pl.when(pl.col("obs_ts").is_not_null())
+        .then(seen)
+        .otherwise(pl.col("rq_valid"))
+        .alias("rq_valid"),
+        pl.when(seen).then(pl.col("obs_delta_ns")).alias("obs_delta_ns"),
+    ).drop(cs.starts_with("obs_").exclude("obs_delta_ns"))
 
 
 def _balances(p: pl.DataFrame, window_us: int) -> pl.DataFrame:
@@ -113,6 +201,9 @@ def tracepoint_decisions(
     p = pulls(collection["sched_migrate"])
     if p.height == 0:
         return conform(pl.DataFrame()).clear()
+    shadow = collection.get(SHADOW_TABLE)
+    p = observed_pulls(p, shadow)
+    extras = [c for c in ("nr_migrations", *MODEL_COLUMNS) if c in p.columns]
     nodes = cpu_node or []
     single_node = len(set(nodes)) <= 1
     node = lambda c: (  # noqa: E731
@@ -137,10 +228,11 @@ def tracepoint_decisions(
     pos = b.select(
         "balance", "ts_uptime_us", pl.col("pid").cast(pl.Int64), "orig_cpu", "dest_cpu",
         "orig_nr_running", "dest_nr_running", "orig_load_avg", "dest_load_avg", "rq_valid",
-        pl.lit(1, pl.Int8).alias("can_migrate"),
+        "obs_delta_ns", *extras, pl.lit(1, pl.Int8).alias("can_migrate"),
     )  # fmt: skip
     neg = stayed.join(context, on="balance").with_columns(pl.lit(0, pl.Int8).alias("can_migrate"))
-    rows = pl.concat([pos, neg.select(pos.columns)], how="vertical_relaxed")
+    # a negative was not observed by the program: no delta of its own, no model
+    rows = pl.concat([pos, neg], how="diagonal_relaxed")
     # delta: since the task last left a CPU (se.exec_start is stamped then)
     ran = (
         collection["quanta_runtime"]
@@ -167,9 +259,14 @@ def tracepoint_decisions(
         pl.when(valid).then(pl.col("dest_nr_running")).alias("dst_len"),
         pl.when(valid).then(pl.col("orig_load_avg")).alias("src_load"),
         pl.when(valid).then(pl.col("dest_load_avg")).alias("dst_load"),
-        ((pl.col("ts_uptime_us") - pl.col("last_ran_us")) * 1000)
-        .fill_null(NEVER_RAN_NS)
-        .alias("delta_ns"),
+        # every row's delta is measured one way (a negative has no kernel read):
+        # a class told apart by how its delta was measured would teach a model that
+        pl.coalesce(
+            (pl.col("ts_uptime_us") - pl.col("last_ran_us")) * 1000,
+            pl.lit(NEVER_RAN_NS),
+        ).alias("delta_ns"),
+        # what the lb_tp program read and gave its model at the pull
+        pl.col("obs_delta_ns").alias("kernel_delta_ns"),
         (node("orig_cpu") == node("dest_cpu")).cast(pl.Int8).alias("same_node"),
         *(
             [
@@ -188,6 +285,7 @@ def tracepoint_decisions(
         pl.lit(0, pl.Int8).alias("active_lb"),
         "can_migrate",
         pl.col("balance").cast(pl.Int64),
+        *extras,
     )
     return conform(frame).sort("ts_uptime_us")
 
