@@ -661,3 +661,41 @@ def test_a_poll_takes_fork_and_exec_rows_without_a_system_call_per_row() -> None
     (small, _, few), (large, _, many) = taken[10], taken[500]
     per_row = (many - few) / (large.height - small.height)
     assert per_row < 0.05, f"{few} system calls for {small.height} rows, {many} for {large.height}"
+
+
+@pytest.mark.bpf
+def test_rows_spilled_while_the_libraries_load_come_out_as_the_others() -> None:
+    """While the session imports its libraries it spills the rings (their records moved
+    out as bytes), and the next poll decodes those with what is in the ring since (one
+    array, whose dtype numpy packs): the rows of both, each exec's command line."""
+    from kernmlops.collect.filter import ProcessFilter
+    from kernmlops.hooks.base import HookContext
+
+    flt = ProcessFilter(follow_children=True)
+    # a quarter of 64 KiB: 26 records, so 20 children's 40 are spilled, 10's 20 not
+    hook = ProcessMetadataHook(ProcessMetadataHook.Options(ring_kib=64, batch_ms=0))
+    workloads = {}
+    try:
+        hook.start(HookContext("t", process_filter=flt, self_tgid=os.getpid()))
+        for n in (20, 10):
+            gate = subprocess.Popen(
+                ["sh", "-c", 'read _; exec "$@"', "sh", sys.executable, "-c", TRUES, str(n)],
+                stdin=subprocess.PIPE,
+            )
+            flt.add(gate.pid)
+            assert gate.stdin is not None
+            gate.stdin.close()
+            assert gate.wait() == 0
+            workloads[gate.pid] = n
+            hook.spill()
+        assert hook.spilled_bytes() > 0
+        rows = pl.concat([f for _, f in polled(hook.poll())])
+    finally:
+        list(hook.stop())
+        flt.close()
+    assert hook.status.drops == 0
+    for workload, n in workloads.items():
+        forks = rows.filter((pl.col("snapshot") == "fork") & (pl.col("ppid") == workload))
+        children = pl.col("pid").is_in(forks["pid"].to_list())
+        execs = rows.filter((pl.col("snapshot") == "exec") & children)
+        assert sorted(execs["cmdline"]) == sorted(f"/bin/true {i}" for i in range(n))
