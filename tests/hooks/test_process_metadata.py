@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -15,12 +16,19 @@ import numpy as np
 import polars as pl
 import pytest
 
+from kernmlops.errors import KernmlopsError
 from kernmlops.hooks.process_metadata import (
     CgroupPaths,
     ProcessMetadataHook,
+    args_limit,
+    args_to_cmdlines,
     cgroup2_mount,
+    event_dtype,
+    join_args,
     read_cmdline,
 )
+from kernmlops.tables import UPTIME_TIMESTAMP
+from tests.conftest import skip_here
 from tests.rows import polled
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -67,6 +75,90 @@ def test_read_cmdline_joins_arguments() -> None:
         proc.wait()
     assert read_cmdline(2) is None  # kthreadd: empty command line
     assert read_cmdline(1 << 30) is None  # no such process
+
+
+def test_argument_blocks_become_command_lines_as_proc_s_are_joined() -> None:
+    """Each block's first ``length`` bytes, as join_args makes /proc's cmdline a line:
+    trailing NULs dropped, the others spaces, null when nothing is left, a character
+    cut at the end replaced; bytes past the length (a ring record's stale ones) left."""
+    blocks = [
+        (b"/bin/true\0a b\0\xc3\xbc\0", 19),
+        (b"x\0\0\0", 4),
+        (b"abc\0de", 6),  # cut: no NUL at its end
+        (b"ab\0STALE", 3),
+        (b"STALE", 0),  # not read
+        (b"\0\0", 2),  # one empty argument: nothing
+        (b"caf\xc3", 4),  # cut inside a character
+    ]
+    width = 24
+    raw = np.zeros((len(blocks), width), np.uint8)
+    for i, (b, _) in enumerate(blocks):
+        raw[i, : len(b)] = np.frombuffer(b, np.uint8)
+    lengths = np.array([n for _, n in blocks], np.uint32)
+    want = ["/bin/true a b ü", "x", "abc de", "ab", None, None, "caf\ufffd"]
+    assert args_to_cmdlines(raw, lengths).to_pylist() == want
+    assert [join_args(b[:n]) for b, n in blocks] == want
+    # and any block, against join_args: ASCII only (the fast path) and not
+    rng = np.random.default_rng(7)
+    for alphabet in (np.array([0, 0, 0x20, 0x61, 0x7A], np.uint8), np.arange(256, dtype=np.uint8)):
+        raw = rng.choice(alphabet, size=(300, 16))
+        lengths = rng.integers(0, 17, 300).astype(np.uint32)
+        got = args_to_cmdlines(raw, lengths).to_pylist()
+        assert got == [join_args(r[:n].tobytes()) for r, n in zip(raw, lengths, strict=True)]
+
+
+def test_event_records_view_their_task_as_the_iterator_s_record() -> None:
+    """The ring record's ``task`` member, laid out as the iterator's record, is one
+    field of that record's dtype (offsets from the layouts); a drift is refused."""
+    from kernmlops.ebpf.btf import RecordLayout
+
+    task = RecordLayout(
+        "rec",
+        np.dtype(
+            {
+                "names": ["pid", "tgid", "comm"],
+                "formats": ["<u4", "<u4", "S16"],
+                "offsets": [0, 4, 8],
+                "itemsize": 24,
+            }
+        ),
+        {},
+        ("comm",),
+    )
+    flat = np.dtype({"names": ["task_pid", "task_tgid", "task_comm", "event", "args_len", "args"],
+                     "formats": ["<u4", "<u4", "S16", "<u4", "<u4", "S8"],
+                     "offsets": [0, 4, 8, 24, 28, 32], "itemsize": 40})  # fmt: skip
+    ring = RecordLayout("ev", flat, {"event": {0: "fork", 1: "exec"}}, ("task_comm", "args"))
+    dtype = event_dtype(ring, task)
+    records = np.zeros(2, flat)
+    records["task_pid"], records["task_tgid"], records["task_comm"] = [5, 6], [7, 8], b"sh"
+    records["event"], records["args"] = [0, 1], b"a\0b"
+    view = records.view(dtype)
+    assert view["task"].dtype == task.dtype
+    assert view["task"]["pid"].tolist() == [5, 6] and view["task"]["tgid"].tolist() == [7, 8]
+    assert view["task"]["comm"].tolist() == [b"sh", b"sh"] and view["event"].tolist() == [0, 1]
+    assert view["args"].tolist() == [b"a\0b", b"a\0b"]
+    moved = {**dict(flat.fields), "task_tgid": (np.dtype("<u4"), 8)}  # where comm is
+    drift = np.dtype({"names": list(moved), "formats": [v[0] for v in moved.values()],
+                      "offsets": [v[1] for v in moved.values()], "itemsize": 40})  # fmt: skip
+    with pytest.raises(KernmlopsError, match=r"ev.task.tgid is not laid out as rec.tgid"):
+        event_dtype(RecordLayout("ev", drift, {}, ()), task)
+
+
+def test_the_hook_sleeps_until_its_ring_or_its_next_snapshot_falls_due() -> None:
+    """Fork and exec rows wait in the ring until it falls due (BpfHook's time), an
+    interval snapshot until its time; a snapshot's rows already taken: every poll."""
+    from types import SimpleNamespace
+
+    hook = ProcessMetadataHook(ProcessMetadataHook.Options(batch_ms=250))
+    ring = SimpleNamespace(spilled=False, size=2 << 20, pending_bytes=lambda: 0)
+    hook._rings = {"process_metadata": (ring, 616)}  # type: ignore[assignment]
+    hook._last_drain = {"process_metadata": 100.0}
+    assert hook.next_poll(100.05) == pytest.approx(100.25)  # no interval snapshots
+    hook._next_s = 100.1
+    assert hook.next_poll(100.05) == pytest.approx(100.1)
+    hook._pending.append(pl.DataFrame())
+    assert hook.next_poll(100.05) is None
 
 
 # --- against /proc --------------------------------------------------------------------
@@ -418,3 +510,192 @@ def test_every_child_of_the_benchmark_is_recorded_at_its_default_interval(
         recorded.select("pid", "comm").unique("pid"), left_on="tgid", right_on="pid"
     )
     assert set(named["tgid"].unique()) == set(ran)
+
+
+# --- fork and exec rows: the command line captured at the event ----------------------
+#: Runs short-lived children with known argv, each waited for (gone long before the
+#: hook's next poll, but for the sleeper), and writes its own account of them: one
+#: JSON line per child, its pid and argv.
+CHILDREN = textwrap.dedent(
+    """
+    import json, subprocess, sys
+    LONG = "L" * 700
+    runs = [["/bin/true", f"kmo-{i}", "a b", "\\u00fc"] for i in range(20)]
+    runs += [
+        ["sh", "-c", "true; /bin/true a b"],  # sh, then a child of its own: /bin/true a b
+        ["sh", "-c", "exec /bin/true c d"],  # one pid exec'd twice
+        ["/bin/true", LONG],  # cut at the kernel's limit: gone by the poll
+        # still there at the poll: the whole line, from /proc
+        [sys.executable, "-c", "import time; time.sleep(1.5)", LONG],
+    ]
+    with open(sys.argv[1], "w") as f:
+        for argv in runs:
+            child = subprocess.Popen(argv)
+            child.wait()
+            f.write(json.dumps({"pid": child.pid, "argv": argv}) + "\\n")
+    """
+)
+
+
+@pytest.mark.bpf
+def test_fork_and_exec_rows_carry_the_command_line_of_children_already_gone(
+    tmp_path: Path,
+) -> None:
+    """Every child the workload ran, as its own account says (pid, argv), has an exec
+    row with its argv as cmdline, though each is gone before the hook's next poll;
+    each fork row has the command line the child had then (its parent's); a pid
+    exec'd twice has two exec rows; an argument block past the kernel's limit is cut
+    there, unless the process still runs it at the poll (then /proc has all of it)."""
+    from kernmlops.collect.session import Session
+    from kernmlops.collect.sinks import MemorySink
+    from kernmlops.config import load_config
+
+    script, account = tmp_path / "children.py", tmp_path / "children.jsonl"
+    script.write_text(CHILDREN)
+    argv = [sys.executable, str(script), str(account)]
+    cfg = load_config(
+        {
+            "collector": {"output_dir": str(tmp_path), "progress": False,
+                          "hooks": ["process_metadata"]},
+            "benchmark": {"name": "command", "command": {"argv": argv}},
+        }
+    )  # fmt: skip
+    sink = MemorySink()
+    result = Session(cfg, sink=sink).run()
+    assert result.exit_code == 0 and result.hooks["process_metadata"].drops == 0
+    meta = sink.table("process_metadata")
+    rows = meta.filter(pl.col("snapshot").is_in(["fork", "exec"])).sort(UPTIME_TIMESTAMP)
+    runs = [json.loads(line) for line in account.read_text().splitlines()]
+    assert len(runs) == 24
+    (workload,) = rows.filter(
+        (pl.col("snapshot") == "exec") & (pl.col("cmdline") == " ".join(argv))
+    )["pid"].to_list()
+    long = "L" * 700
+    cut = ("/bin/true " + long)[: args_limit()]
+    for run in runs:
+        pid, args = run["pid"], run["argv"]
+        mine = rows.filter(pl.col("pid") == pid)
+        fork = mine.filter(pl.col("snapshot") == "fork")
+        # forked by the workload: its command line then, the workload's own
+        assert fork.select("ppid", "comm", "cmdline").rows() == [
+            (workload, Path(sys.executable).name[:15], " ".join(argv))
+        ], f"fork of {args}"
+        execs = mine.filter(pl.col("snapshot") == "exec").select("comm", "cmdline").rows()
+        if args[:2] == ["sh", "-c"] and args[2].startswith("exec "):
+            want = [("sh", " ".join(args)), ("true", args[2].removeprefix("exec "))]
+        elif args[:2] == ["sh", "-c"]:
+            want = [("sh", " ".join(args))]
+            # its own child: forked with sh's command line, then /bin/true's
+            grand = rows.filter(pl.col("ppid") == pid)
+            assert grand.select("snapshot", "comm", "cmdline").rows() == [
+                ("fork", "sh", " ".join(args)),
+                ("exec", "true", "/bin/true a b"),
+            ]
+        elif args == ["/bin/true", long]:
+            want = [("true", cut)]
+        else:
+            want = [(Path(args[0]).name[:15], " ".join(args))]
+        assert execs == want, f"exec of {args}"
+
+
+#: Runs /bin/true N times (argv[1]), each waited for.
+TRUES = "import subprocess, sys\nfor i in range(int(sys.argv[1])):\n    subprocess.run(['/bin/true', str(i)])\n"  # noqa: E501
+
+
+@pytest.mark.bpf
+def test_a_poll_takes_fork_and_exec_rows_without_a_system_call_per_row() -> None:
+    """The rows of N children (a fork and an exec each), all waiting in the kernel,
+    taken by one poll, for N = 10 and 500: the polling thread's system calls in that
+    poll, counted by the raw_syscalls:sys_enter tracepoint (perf, this thread alone),
+    do not grow with the rows (the map popped key by key took 2.5-3.7 a row). A
+    batch's few (memory, waking polars' threads) do not depend on its size."""
+    from kernmlops.collect.filter import ProcessFilter
+    from kernmlops.ebpf.perf_counters import PerfEventError, open_counter, resolve
+    from kernmlops.hooks.base import HookContext
+
+    try:
+        counter = open_counter(resolve("raw_syscalls:sys_enter"), cpu=-1, pid=0)
+    except PerfEventError as err:
+        skip_here(f"cannot count this thread's system calls: {err}")
+
+    def syscalls() -> int:
+        return int.from_bytes(os.read(counter, 24)[:8], "little")
+
+    def run(children: int) -> int:
+        """The workload's pid, once it ran its children and exited, in the scope."""
+        gate = subprocess.Popen(
+            ["sh", "-c", 'read _; exec "$@"', "sh", sys.executable, "-c", TRUES, str(children)],
+            stdin=subprocess.PIPE,
+        )
+        flt.add(gate.pid)
+        assert gate.stdin is not None
+        gate.stdin.close()  # read returns: the workload runs
+        assert gate.wait() == 0
+        return gate.pid
+
+    def poll(children: int) -> tuple[pl.DataFrame, int, int]:
+        """(rows, the workload's pid, system calls of the poll that took them)."""
+        workload = run(children)
+        time.sleep(0.3)  # past the ring's batch_ms: the poll drains it
+        before = syscalls()
+        out = list(hook.poll())
+        calls = syscalls() - before - 1  # less the read of the count
+        return pl.concat([f for _, f in polled(out)]), workload, calls
+
+    flt = ProcessFilter(follow_children=True)
+    hook = ProcessMetadataHook()
+    try:
+        hook.start(HookContext("t", process_filter=flt, self_tgid=os.getpid()))
+        poll(3)  # the first rows: libraries imported, the cgroup's path known
+        taken = {n: poll(n) for n in (10, 500)}
+    finally:
+        list(hook.stop())
+        flt.close()
+        os.close(counter)
+    for n, (rows, workload, _) in taken.items():
+        # every child: its fork, then its exec
+        forks = rows.filter((pl.col("snapshot") == "fork") & (pl.col("ppid") == workload))
+        children = pl.col("pid").is_in(forks["pid"].to_list())
+        execs = rows.filter((pl.col("snapshot") == "exec") & children)
+        assert forks.height == execs.height == n and execs["comm"].unique().to_list() == ["true"]
+    (small, _, few), (large, _, many) = taken[10], taken[500]
+    per_row = (many - few) / (large.height - small.height)
+    assert per_row < 0.05, f"{few} system calls for {small.height} rows, {many} for {large.height}"
+
+
+@pytest.mark.bpf
+def test_rows_spilled_while_the_libraries_load_come_out_as_the_others() -> None:
+    """While the session imports its libraries it spills the rings (their records moved
+    out as bytes), and the next poll decodes those with what is in the ring since (one
+    array, whose dtype numpy packs): the rows of both, each exec's command line."""
+    from kernmlops.collect.filter import ProcessFilter
+    from kernmlops.hooks.base import HookContext
+
+    flt = ProcessFilter(follow_children=True)
+    # a quarter of 64 KiB: 26 records, so 20 children's 40 are spilled, 10's 20 not
+    hook = ProcessMetadataHook(ProcessMetadataHook.Options(ring_kib=64, batch_ms=0))
+    workloads = {}
+    try:
+        hook.start(HookContext("t", process_filter=flt, self_tgid=os.getpid()))
+        for n in (20, 10):
+            gate = subprocess.Popen(
+                ["sh", "-c", 'read _; exec "$@"', "sh", sys.executable, "-c", TRUES, str(n)],
+                stdin=subprocess.PIPE,
+            )
+            flt.add(gate.pid)
+            assert gate.stdin is not None
+            gate.stdin.close()
+            assert gate.wait() == 0
+            workloads[gate.pid] = n
+            hook.spill()
+        assert hook.spilled_bytes() > 0
+        rows = pl.concat([f for _, f in polled(hook.poll())])
+    finally:
+        list(hook.stop())
+        flt.close()
+    assert hook.status.drops == 0
+    for workload, n in workloads.items():
+        forks = rows.filter((pl.col("snapshot") == "fork") & (pl.col("ppid") == workload))
+        children = pl.col("pid").is_in(forks["pid"].to_list())
+        execs = rows.filter((pl.col("snapshot") == "exec") & children)
+        assert sorted(execs["cmdline"]) == sorted(f"/bin/true {i}" for i in range(n))

@@ -3,15 +3,18 @@
  * returns one fixed-size record per task; user space decodes the whole buffer
  * with the dtype derived from this struct's BTF.
  *
- * Between snapshots, each task of the scope that is forked or exec'd leaves the
- * same record in process_metadata_seen, keyed by (pid, event): a process that
- * starts and ends between two snapshots is recorded all the same. User space
- * takes the records out (lookup and delete) at each poll. */
+ * Between snapshots, each task of the scope that is forked or exec'd leaves a
+ * record in the ring process_metadata_rb: the same fields, the event, and the
+ * first bytes of the task's argument block (its argv, NUL-separated), read here
+ * because the task may be gone, and its memory with it, by the time user space
+ * reads the ring. User space drains the ring by mapping it (no system call per
+ * record), as every hook's ring. */
 #include "filter.h"
 
 #define PF_KTHREAD 0x00200000 /* include/linux/sched.h */
 
 const volatile bool kmo_leaders_only = false; /* one row per process, not thread */
+const volatile bool kmo_capture_args = true; /* false: no argument block is read */
 
 /* Scheduling policies (include/uapi/linux/sched.h), so the policy column also
  * comes out as a name. Values not listed here stay numeric only. */
@@ -49,33 +52,31 @@ struct process_metadata_record {
 struct process_metadata_record *__kmo_iter_record_process_metadata
 	__attribute__((section(".kmo.iter"), used));
 
-/* The event that left a record in process_metadata_seen. */
+/* The event that left a record in process_metadata_rb. */
 enum process_metadata_event {
 	PROCESS_METADATA_EVENT_FORK = 0, /* the new task, as its parent made it */
 	PROCESS_METADATA_EVENT_EXEC = 1, /* the task with its new program's comm */
 };
 
-struct process_metadata_seen_key {
-	u32 pid;
+/* Bytes of a task's argument block a ring record holds (a power of two: the
+ * read's size is bounded by a mask the verifier can follow). A longer block is
+ * cut here; user space completes it from /proc when the process still runs it. */
+#define PROCESS_METADATA_ARGS 512
+
+struct process_metadata_event_record {
+	struct process_metadata_record task;
 	enum process_metadata_event event;
+	/* mm->arg_end - mm->arg_start: what /proc/<pid>/cmdline returns, in bytes
+	 * (0: no memory of its own, a kernel thread) */
+	u32 args_size;
+	/* bytes of args read: min(args_size, PROCESS_METADATA_ARGS), 0 if the read
+	 * failed (a page not present, which a tracepoint cannot fault in) */
+	u32 args_len;
+	char args[PROCESS_METADATA_ARGS]; /* NUL-separated; bytes past args_len are stale */
 };
-
-/* Records of tasks forked or exec'd since user space last took them out. A
- * second exec of one pid before then replaces the first's record. */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 65536);
-	__type(key, struct process_metadata_seen_key);
-	__type(value, struct process_metadata_record);
-} process_metadata_seen SEC(".maps");
-
-/* Records that found the map full (user space had not emptied it in time). */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, u32);
-	__type(value, u64);
-} process_metadata_lost SEC(".maps");
+/* Records of tasks forked or exec'd, each one, in the order they happened on a
+ * CPU; one that finds the ring full is counted in drops (slot 0). */
+KMO_RING(process_metadata_rb, process_metadata_event_record);
 
 static __always_inline void fill(struct process_metadata_record *rec, struct task_struct *task)
 {
@@ -112,23 +113,51 @@ int process_metadata(struct bpf_iter__task *ctx)
 	return 0;
 }
 
-static __always_inline int seen(struct task_struct *task, enum process_metadata_event event)
+/* The argument block of `mm`, the memory of the current task (bpf_probe_read_user
+ * reads the current task's memory): at fork the parent's, which the child's is a
+ * copy of (or, sharing it, is); at exec the new program's, written by the exec. */
+static __always_inline void read_args(struct process_metadata_event_record *r,
+				      struct mm_struct *mm)
 {
-	struct process_metadata_seen_key key = {};
-	struct process_metadata_record rec;
-	u32 zero = 0;
-	u64 *lost;
+	unsigned long start, end;
+	u32 len;
+
+	r->args_size = 0;
+	r->args_len = 0;
+	if (!mm)
+		return;
+	start = BPF_CORE_READ(mm, arg_start);
+	end = BPF_CORE_READ(mm, arg_end);
+	if (end <= start)
+		return;
+	r->args_size = end - start > 0xffffffff ? 0xffffffff : end - start;
+	len = r->args_size < PROCESS_METADATA_ARGS ? r->args_size : PROCESS_METADATA_ARGS;
+	/* len - 1 masked: 1..PROCESS_METADATA_ARGS, a range the verifier can see */
+	if (!bpf_probe_read_user(r->args, ((len - 1) & (PROCESS_METADATA_ARGS - 1)) + 1,
+				 (void *)start))
+		r->args_len = len;
+}
+
+/* `args_of`: the task whose memory is the current one (the parent at fork). */
+static __always_inline int seen(struct task_struct *task, struct task_struct *args_of,
+				enum process_metadata_event event)
+{
+	struct process_metadata_event_record *r;
 
 	if (kmo_leaders_only && BPF_CORE_READ(task, pid) != BPF_CORE_READ(task, tgid))
 		return 0;
-	fill(&rec, task);
-	key.pid = rec.pid;
-	key.event = event;
-	if (bpf_map_update_elem(&process_metadata_seen, &key, &rec, BPF_ANY)) {
-		lost = bpf_map_lookup_elem(&process_metadata_lost, &zero);
-		if (lost)
-			*lost += 1;
+	r = KMO_RESERVE(process_metadata_rb, struct process_metadata_event_record, 0);
+	if (!r)
+		return 0;
+	fill(&r->task, task);
+	r->event = event;
+	if (kmo_capture_args) {
+		read_args(r, BPF_CORE_READ(args_of, mm));
+	} else {
+		r->args_size = 0;
+		r->args_len = 0;
 	}
+	KMO_SUBMIT(process_metadata_rb, r);
 	return 0;
 }
 
@@ -138,14 +167,15 @@ static __always_inline int on_fork(struct task_struct *parent, struct task_struc
 	 * tracked process is in the scope before the filter's map may say so. */
 	if (!kmo_task_wanted(parent) && !kmo_task_wanted(child))
 		return 0;
-	return seen(child, PROCESS_METADATA_EVENT_FORK);
+	/* the tracepoint runs in the parent: its memory is the current one */
+	return seen(child, parent, PROCESS_METADATA_EVENT_FORK);
 }
 
 static __always_inline int on_exec(struct task_struct *task)
 {
 	if (!kmo_task_wanted(task))
 		return 0;
-	return seen(task, PROCESS_METADATA_EVENT_EXEC);
+	return seen(task, task, PROCESS_METADATA_EVENT_EXEC);
 }
 
 SEC("tp_btf/sched_process_fork")

@@ -566,10 +566,17 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         return now - self._last_drain.get(table, 0.0) >= batch_s
 
     def next_poll(self, now: float) -> float | None:
+        """When the first ring falls due (see :meth:`rings_due`)."""
+        if type(self).poll is not BpfHook.poll:
+            return None  # a poll of its own: every interval (unless it says otherwise)
+        return self.rings_due(now)
+
+    def rings_due(self, now: float) -> float | None:
         """When the first ring falls due (see _due): its ``batch_ms``, or sooner
-        when the rate it filled at since its last drain makes it a quarter full."""
-        if type(self).poll is not BpfHook.poll or self._detached or not self._rings:
-            return None  # a poll of its own, or the final drain: every interval
+        when the rate it filled at since its last drain makes it a quarter full;
+        None: at every poll interval (the final drain, a spilled ring)."""
+        if self._detached or not self._rings:
+            return None
         spooling = self._spools and self._spare is not None and self.spooled_bytes()
         if spooling and self._spare.ask():
             return None  # rows wait in the spool and the CPU is spare: keep making them

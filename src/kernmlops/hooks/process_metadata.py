@@ -7,9 +7,11 @@ of the collection's scope that is forked (``fork``: as its parent made it, with
 the parent's comm) or exec'd (``exec``: with its new program's comm) gets a row
 of its own, from the sched_process_fork and sched_process_exec tracepoints: a
 process that starts and ends between two snapshots (a benchmark's children,
-whatever ``interval_s``) is recorded all the same. The kernel keeps those
-records in a map that each poll empties; a record that found it full is counted
-as a drop. With a benchmark
+whatever ``interval_s``) is recorded all the same, each exec of a pid (``sh -c
+'exec prog'`` execs one pid twice) with a row of its own. The programs write
+those records into a ring buffer, which user space reads by mapping it, as every
+ring of kernmlops (no system call per row); a record that found it full is
+counted as a drop. With a benchmark
 command, ``start`` is taken once the command has been exec'd (it is held at a
 gate, a shell, while hooks attach; after a bounded wait, 1 s, it is taken
 anyway), so it holds the command's own comm and cmdline. ``end`` is taken
@@ -25,10 +27,19 @@ line lived). Without a benchmark process both are taken at attach and detach. On
   taken; null for ``fork`` and ``exec`` rows), ``ts_uptime_us`` (when the
   iterator visited the task, or when it was forked or exec'd);
 * ``pid``, ``tgid``, ``ppid`` (the real parent's tgid), ``comm``, ``cmdline``
-  (``/proc/<tgid>/cmdline``, arguments joined by spaces, read when the row is
-  made: for ``fork`` and ``exec`` rows at the poll after the event; null where it
-  is empty — kernel threads, zombies — or unreadable, as for a process gone by
-  then);
+  (the arguments joined by spaces, as ``/proc/<tgid>/cmdline`` gives them; null
+  where there are none — kernel threads, zombies — or they could not be read).
+  Snapshot rows read ``/proc/<tgid>/cmdline`` when the snapshot is taken. Fork
+  and exec rows carry what the BPF program read at the event, from the task's
+  memory (``mm->arg_start`` to ``arg_end``), so a process gone before the poll
+  has its command line too: an exec row the new program's, a fork row the one
+  the child had when forked (its parent's, until it execs). The program reads
+  at most 512 bytes of it (:func:`args_limit`); a longer one is completed from
+  ``/proc/<tgid>/cmdline`` at the poll when the process still has it (it starts
+  with the bytes read), else it stays cut there (counted in the manifest as
+  ``cmdline_cut``). Where the program could not read it (a page not in memory,
+  which a tracepoint cannot fault in), the poll's ``/proc/<tgid>/cmdline`` is
+  taken, if any (``cmdline_unread`` counts those left null);
 * ``start_uptime_us`` (``task->start_time``: CLOCK_MONOTONIC µs, the clock of
   ``ts_uptime_us``) and ``start_boottime_ns`` (``task->start_boottime``:
   CLOCK_BOOTTIME, what ``/proc/<pid>/stat`` field 22 counts in clock ticks);
@@ -55,30 +66,32 @@ from pydantic import Field
 from kernmlops.ebpf.btf import Kind, RecordLayout, record_layout
 from kernmlops.ebpf.build import object_path
 from kernmlops.ebpf.frames import records_to_frame
-from kernmlops.ebpf.objects import BpfObject, Link, open_and_load
+from kernmlops.ebpf.objects import BpfObject, Link
 from kernmlops.ebpf.spec import object_spec
 from kernmlops.errors import HookUnavailable, KernmlopsError
-from kernmlops.hooks.base import HookContext, HookOptions
-from kernmlops.hooks.bpf import BpfObjectHook
+from kernmlops.hooks.base import HookContext
+from kernmlops.hooks.bpf import BpfHook, BpfHookOptions
 from kernmlops.lazy import lazy_import
 from kernmlops.tables import UPTIME_TIMESTAMP
 
 if TYPE_CHECKING:
     import numpy as np
     import polars as pl
+    import pyarrow as pa
 else:
     np = lazy_import("numpy")
     pl = lazy_import("polars")
+    pa = lazy_import("pyarrow")
 
 
 TABLE = "process_metadata"
 RECORD = "process_metadata_record"
 PROGRAM = "process_metadata"
-#: the map of records of tasks forked or exec'd since the last poll, keyed by
-#: (pid, event), and the per-CPU count of records that found it full
-SEEN, LOST = "process_metadata_seen", "process_metadata_lost"
-#: enum process_metadata_event -> the row's snapshot label
-EVENTS = ("fork", "exec")
+#: the ring of fork and exec records (struct process_metadata_event_record: the
+#: task's record as ``task``, the event, the argument block read at the event)
+RING = "process_metadata_rb"
+#: the ring record's member that holds the first bytes of a task's argument block
+ARGS = "args"
 MOUNTINFO = Path("/proc/self/mountinfo")
 
 #: Column order of the table (every record field plus the derived ones).
@@ -144,21 +157,91 @@ class CgroupPaths:
         return [self._paths.get(i) for i in ids.tolist()]
 
 
-def read_cmdline(tgid: int) -> str | None:
-    """Arguments joined by spaces; None for an empty (kernel thread, zombie) or
-    unreadable command line."""
+def proc_cmdline(tgid: int) -> bytes | None:
+    """``/proc/<tgid>/cmdline`` as the kernel gives it (NUL-separated), None if it
+    cannot be read."""
     try:
-        raw = Path(f"/proc/{tgid}/cmdline").read_bytes()
+        return Path(f"/proc/{tgid}/cmdline").read_bytes()
     except OSError:
         return None
-    args = raw.rstrip(b"\0").split(b"\0")
-    text = b" ".join(args).decode(errors="replace")
+
+
+def join_args(raw: bytes | None) -> str | None:
+    """NUL-separated arguments joined by spaces; None for none (empty, unreadable)."""
+    if raw is None:
+        return None
+    text = b" ".join(raw.rstrip(b"\0").split(b"\0")).decode(errors="replace")
     return text or None
 
 
-class ProcessMetadataOptions(HookOptions):
+def read_cmdline(tgid: int) -> str | None:
+    """Arguments joined by spaces; None for an empty (kernel thread, zombie) or
+    unreadable command line."""
+    return join_args(proc_cmdline(tgid))
+
+
+def args_limit(bpf_dir: Path | None = None) -> int:
+    """Bytes of a task's argument block a fork or exec record holds (the BPF
+    program's PROCESS_METADATA_ARGS), from the built object's BTF."""
+    btf = object_spec(object_path(PROGRAM, bpf_dir)).btf
+    return record_layout(btf, btf.ring_record(RING)).dtype[ARGS].itemsize
+
+
+def args_to_cmdlines(blocks: np.ndarray, lengths: np.ndarray) -> pa.Array:
+    """Argument blocks as :func:`join_args` joins them, without Python per row:
+    ``blocks`` is uint8 (rows, width), of which each row's first ``lengths`` bytes
+    are its block (NUL-separated arguments, maybe cut); trailing NULs are dropped,
+    the others become spaces; null where nothing is left. Bytes that are not UTF-8
+    (an argument cut inside a character) are replaced, as join_args does."""
+    n, width = blocks.shape
+    col = np.arange(width)
+    text = (blocks != 0) & (col < np.minimum(lengths, width)[:, None])
+    ends = np.where(text.any(axis=1), width - np.argmax(text[:, ::-1], axis=1), 0)
+    keep = col < ends[:, None]
+    data = np.where(blocks == 0, np.uint8(0x20), blocks)[keep]  # row after row
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(ends, out=offsets[1:])
+    valid = pa.py_buffer(np.packbits(ends > 0, bitorder="little"))
+    buffers = [valid, pa.py_buffer(offsets), pa.py_buffer(np.ascontiguousarray(data))]
+    if not (data >= 0x80).any():
+        return pa.Array.from_buffers(pa.large_string(), n, buffers)
+    raw = pa.Array.from_buffers(pa.large_binary(), n, buffers)
+    return pa.array(
+        [None if b is None else b.decode(errors="replace") for b in raw.to_pylist()],
+        pa.large_string(),
+    )
+
+
+def event_dtype(ring: RecordLayout, task: RecordLayout) -> np.dtype:
+    """The ring record's dtype with its ``task`` member as one field of the task
+    record's dtype (the iterator's), and the rest as they are: a drained batch is
+    viewed with it, and its tasks made into rows as a snapshot's are."""
+    fields = ring.dtype.fields or {}
+    task_fields = task.dtype.fields or {}
+    first = next(iter(task_fields))
+    base = fields[f"task_{first}"][1] - task_fields[first][1]
+    for name, (dt, off, *_) in task_fields.items():
+        if fields.get(f"task_{name}", (None, None))[:2] != (dt, base + off):
+            raise KernmlopsError(f"{ring.name}.task.{name} is not laid out as {task.name}.{name}")
+    rest = [n for n in ring.dtype.names or () if not n.startswith("task_")]
+    return np.dtype(
+        {
+            "names": ["task", *rest],
+            "formats": [task.dtype, *(fields[n][0] for n in rest)],
+            "offsets": [base, *(fields[n][1] for n in rest)],
+            "itemsize": ring.dtype.itemsize,
+        }
+    )
+
+
+class ProcessMetadataOptions(BpfHookOptions):
     threads: bool = Field(True, description="a row per thread; false: per process only")
-    cmdline: bool = Field(True, description="read each process's /proc/<pid>/cmdline")
+    cmdline: bool = Field(
+        True,
+        description="a cmdline column: /proc/<pid>/cmdline for snapshots, the argument "
+        "block read by the BPF program at each fork and exec (false: null, and nothing "
+        "is read)",
+    )
     interval_s: float = Field(
         0,
         ge=0,
@@ -166,21 +249,28 @@ class ProcessMetadataOptions(HookOptions):
         description="also take a snapshot of every task every N seconds (0: never; each "
         "task forked or exec'd in between gets a row of its own whatever this is)",
     )
+    # A 616-byte record per fork and exec (512 of them the argument block): 2 MiB hold
+    # 3,400, about a second of `stress-ng --fork 2` on 2 vCPUs, drained at a quarter.
+    ring_kib: int = Field(
+        2048, ge=4, le=1 << 20, description="size of each ring buffer in KiB (a power of two)"
+    )
 
 
-class ProcessMetadataHook(BpfObjectHook[ProcessMetadataOptions]):
+class ProcessMetadataHook(BpfHook[ProcessMetadataOptions]):
     """Snapshots of every task (see the module doc for the columns)."""
 
     libraries: ClassVar[tuple[str, ...]] = ("polars",)  # rows are built with polars
 
     name: ClassVar[str] = "process_metadata"
     object_name: ClassVar[str] = "process_metadata"
+    rings: ClassVar[dict[str, str]] = {TABLE: RING}
     tables: ClassVar[tuple[str, ...]] = (TABLE,)
-    needs: ClassVar[tuple[str, ...]] = ("iter/task", "tp_btf|raw_tp")
+    needs: ClassVar[tuple[str, ...]] = ("iter/task", "tp_btf|raw_tp", "ringbuf")
 
-    def __init__(self, options: ProcessMetadataOptions | HookOptions | None = None) -> None:
+    def __init__(self, options: ProcessMetadataOptions | BpfHookOptions | None = None) -> None:
         super().__init__(options)
         self._layout: RecordLayout | None = None
+        self._events: np.dtype | None = None
         self._link: Link | None = None
         self._cgroups = CgroupPaths()
         self._pending: list[pl.DataFrame] = []
@@ -189,32 +279,26 @@ class ProcessMetadataHook(BpfObjectHook[ProcessMetadataOptions]):
         #: "start" waits for benchmark_started(); "end" is taken once
         self._start_pending = False
         self._ended = False
+        #: fork and exec rows whose command line stayed cut (args_limit), and those
+        #: whose argument block could not be read nor found in /proc
+        self._cut = 0
+        self._unread = 0
         # snapshot() may be called from another thread than the poll loop.
         self._lock = threading.Lock()
 
+    def extra_globals(self) -> dict[str, int | bool]:
+        return {
+            "kmo_leaders_only": not self.options.threads,
+            "kmo_capture_args": self.options.cmdline,
+        }
+
     def start(self, ctx: HookContext) -> None:
-        path = object_path(self.object_name, ctx.bpf_dir)
-        if not path.exists():
-            raise HookUnavailable(
-                f"{self.name}: BPF object {path} not found (build it: kernmlops build-bpf)"
-            )
-        flt = ctx.process_filter
+        super().start(ctx)  # loads the object, maps the ring, attaches (attach below)
         try:
-            btf = object_spec(path).btf
+            assert self._spec is not None and self.obj is not None
+            btf = self._spec.btf
             self._layout = record_layout(btf, btf.find(Kind.STRUCT, RECORD))
-            self.obj = open_and_load(
-                path,
-                globals_={
-                    "kmo_self_tgid": ctx.self_tgid,
-                    "kmo_filter_on": flt is not None,
-                    "kmo_leaders_only": not self.options.threads,
-                },
-                reuse_maps={"kmo_tracked": flt.fd} if flt else {},
-            )
-            self.attach(self.obj)
             self.status.variant = f"iter/task, {self.obj.variant}"
-            self.status.programs = [p.section for p in self.obj.programs.values() if p.autoload]
-            self.status.attached = True
             if ctx.benchmark_pid is None:
                 self.snapshot("start")
             else:
@@ -231,7 +315,7 @@ class ProcessMetadataHook(BpfObjectHook[ProcessMetadataOptions]):
         self._link = obj.programs[PROGRAM].attach_iter()
         for prog in obj.programs.values():
             if prog.autoload and prog.name != PROGRAM:
-                prog.attach()  # fork and exec, into the map of tasks seen
+                prog.attach()  # fork and exec, into the ring
 
     def read_records(self) -> np.ndarray:
         """One iterator pass: a record per wanted task, decoded in one call."""
@@ -257,32 +341,52 @@ class ProcessMetadataHook(BpfObjectHook[ProcessMetadataOptions]):
             self._pending.append(frame)
         return frame
 
-    def take_seen(self) -> pl.DataFrame | None:
-        """The rows of the tasks forked or exec'd since the last call, taken out of the
-        kernel's map (in the order they happened); None when there are none."""
-        if self.obj is None or self._layout is None:
-            return None
-        seen = self.obj.map(SEEN)
-        raw: list[bytes] = []
-        events: list[str] = []
-        for key in list(seen.keys()):  # a key taken out ends the kernel's walk: listed first
-            value = seen.pop(key)
-            if value is not None:
-                raw.append(value)
-                events.append(EVENTS[int.from_bytes(key[4:8], "little")])
-        if not raw:
-            return None
-        records = np.frombuffer(b"".join(raw), self._layout.dtype)
-        labels = pl.Series("snapshot", events, pl.String)
-        frame = self._frame(records, self._layout, labels, None)
-        self.status.events += len(records)
+    def event_frame(self, records: np.ndarray, ring: RecordLayout) -> pl.DataFrame:
+        """The rows of fork and exec records drained from the ring (``ring``'s
+        layout), in the order they happened."""
+        assert self._layout is not None
+        if self._events is None:
+            self._events = event_dtype(ring, self._layout)
+        if records.dtype != ring.dtype:
+            # spilled records joined with the ring's: np.concatenate packs the dtype
+            # (its padding gone), and the view needs the record's own layout
+            records = records.astype(ring.dtype)
+        events = records.view(self._events)
+        labels = pl.Series("snapshot", events["event"]).replace_strict(
+            ring.enums["event"], default=None, return_dtype=pl.String
+        )
+        cmdline = self._event_cmdlines(events) if self.options.cmdline else None
+        frame = self._frame(events["task"], self._layout, labels, None, cmdline)
         return frame.sort(UPTIME_TIMESTAMP, maintain_order=True)
 
-    def drops(self) -> int:
-        """Fork and exec records that found the kernel's map full."""
-        if self.obj is None or LOST not in self.obj.maps:
-            return 0
-        return self.obj.map(LOST).percpu_total(0)
+    def _event_cmdlines(self, events: np.ndarray) -> pl.Series:
+        """The command lines of fork and exec records: their argument blocks, and
+        /proc's where a block was cut or not read (see the module doc)."""
+        width = events.dtype[ARGS].itemsize
+        blocks = np.ascontiguousarray(events[ARGS]).view(np.uint8).reshape(-1, width)
+        size, length = events["args_size"], events["args_len"]
+        lines = pl.Series("cmdline", args_to_cmdlines(blocks, length), pl.String)
+        tgids = events["task"]["tgid"]
+        procs: dict[int, bytes | None] = {}  # a process's threads: one read
+        whole: dict[int, str | None] = {}
+        for i in np.flatnonzero(length < size).tolist():
+            got = blocks[i, : length[i]].tobytes()
+            tgid = int(tgids[i])
+            if tgid not in procs:
+                procs[tgid] = proc_cmdline(tgid)
+            raw = procs[tgid]
+            if raw is not None and len(raw) > len(got) and raw.startswith(got):
+                whole[i] = join_args(raw)  # still running what was cut: all of it
+            elif got:
+                self._cut += 1
+            else:
+                self._unread += 1
+        if whole:
+            lines = lines.scatter(list(whole), list(whole.values()))
+        return lines
+
+    def counters(self) -> dict[str, int]:
+        return {"cmdline_cut": self._cut, "cmdline_unread": self._unread}
 
     def _frame(
         self,
@@ -290,14 +394,15 @@ class ProcessMetadataHook(BpfObjectHook[ProcessMetadataOptions]):
         layout: RecordLayout,
         label: str | pl.Series,
         seq: int | None,
+        cmdline: pl.Series | None = None,
     ) -> pl.DataFrame:
         frame = records_to_frame(records, layout)
-        tgids = records["tgid"]
-        if self.options.cmdline:
+        if cmdline is None and self.options.cmdline:  # a snapshot's: /proc's now
+            tgids = records["tgid"]
             uniq = np.unique(tgids)
             lines = {int(t): read_cmdline(int(t)) for t in uniq.tolist()}
             cmdline = pl.Series("cmdline", [lines[t] for t in tgids.tolist()], pl.String)
-        else:
+        elif cmdline is None:
             cmdline = pl.Series("cmdline", [None] * len(records), pl.String)
         cgroup = pl.Series("cgroup_path", self._cgroups.resolve(records["cgroup_id"]), pl.String)
         return frame.with_columns(
@@ -311,13 +416,20 @@ class ProcessMetadataHook(BpfObjectHook[ProcessMetadataOptions]):
         if self._link is not None and time.monotonic() >= self._next_s:
             self._next_s = time.monotonic() + self.options.interval_s
             self.snapshot("interval")
-        seen = self.take_seen()
+        seen = [self.event_frame(records, ring) for _, records, ring in self.drain_due()]
         with self._lock:
             pending, self._pending = self._pending, []
-        if seen is not None:
-            pending.append(seen)
+        pending += seen
         if pending:
             yield TABLE, pl.concat(pending)
+
+    def next_poll(self, now: float) -> float | None:
+        """The ring's time (BpfHook's), or the next interval snapshot's if sooner;
+        every poll interval while a snapshot's rows wait."""
+        due = self.rings_due(now)
+        if due is None or self._pending:
+            return None
+        return min(due, self._next_s)
 
     def benchmark_started(self, pid: int) -> None:
         if self._start_pending and self._link is not None:
