@@ -557,3 +557,32 @@ def test_a_module_another_thread_is_importing_is_not_used_yet(
     half.__spec__._initializing = False  # type: ignore[attr-defined]
     assert _imported("kmo_half")
     assert not _imported("kmo_never_imported")
+
+
+def test_spilled_and_drained_records_keep_the_records_layout() -> None:
+    # A C record with padding: joined by np.concatenate it came back packed (12
+    # bytes, not 16), and a reader of its raw bytes (a view) misread every field.
+    from kernmlops.ebpf.ringbuf import RingBuffer
+
+    padded = np.dtype({"names": ["pid", "ts"], "formats": ["<u4", "<u8"], "offsets": [0, 8],
+                       "itemsize": 16})  # fmt: skip
+    want = np.zeros(6, padded)
+    want["pid"], want["ts"] = range(1, 7), range(100, 106)
+    ring = MappedRing(4096)
+    ring.write_records(want[:3])
+    ring.sync()
+    reader = RingBuffer(ring.fd, 4096)
+    try:
+        assert reader.spill(padded.itemsize) == 3
+        ring.cons = ring.consumer()
+        ring.write_records(want[3:])
+        ring.sync()
+        reader.dtype = padded
+        got = reader.drain()
+        assert got.dtype == padded and got.dtype.itemsize == 16
+        assert np.array_equal(got["pid"], want["pid"]) and np.array_equal(got["ts"], want["ts"])
+        assert got.view(np.uint8).reshape(6, 16)[:, 8:].copy().view("<u8").ravel().tolist() == list(
+            range(100, 106)
+        )
+    finally:
+        reader.close()

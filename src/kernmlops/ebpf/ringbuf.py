@@ -49,6 +49,18 @@ def record_stride(itemsize: int) -> int:
     return (HEADER_SIZE + itemsize + 7) & ~7
 
 
+def join_records(parts: Sequence[np.ndarray]) -> np.ndarray:
+    """``parts`` (structured arrays of one dtype) end to end, in that dtype:
+    np.concatenate packs a dtype with padding or explicit offsets (the C record's
+    layout) into one without, which a reader of the record's raw bytes misreads."""
+    out = np.empty(sum(len(p) for p in parts), dtype=parts[0].dtype)
+    at = 0
+    for part in parts:
+        out[at : at + len(part)] = part
+        at += len(part)
+    return out
+
+
 @dataclass
 class Batch:
     """What one drain returned."""
@@ -283,7 +295,7 @@ class RingBuffer:
         if batch.consumed != cons:
             self._cons[0] = batch.consumed
         self.discarded += batch.discarded
-        records = np.concatenate([*parts, batch.records]) if parts else batch.records
+        records = join_records([*parts, batch.records]) if parts else batch.records
         self.records += len(records)
         return records
 
@@ -381,7 +393,7 @@ class RingGroup:
 
     def drain(self, max_records: int | None = None) -> np.ndarray:
         parts = [r.drain(max_records) for r in self.rings]
-        return np.concatenate(parts) if len(parts) > 1 else parts[0]
+        return join_records(parts) if len(parts) > 1 else parts[0]
 
     def close(self) -> None:
         for r in self.rings:

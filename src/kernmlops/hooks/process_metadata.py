@@ -347,10 +347,6 @@ class ProcessMetadataHook(BpfHook[ProcessMetadataOptions]):
         assert self._layout is not None
         if self._events is None:
             self._events = event_dtype(ring, self._layout)
-        if records.dtype != ring.dtype:
-            # spilled records joined with the ring's: np.concatenate packs the dtype
-            # (its padding gone), and the view needs the record's own layout
-            records = records.astype(ring.dtype)
         events = records.view(self._events)
         labels = pl.Series("snapshot", events["event"]).replace_strict(
             ring.enums["event"], default=None, return_dtype=pl.String
