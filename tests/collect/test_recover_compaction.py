@@ -91,6 +91,36 @@ def test_recover_compacts_the_parts_as_the_stop_does(tmp_path: Path) -> None:
     assert sorted(p.name for p in col.iterdir()) == ["manifest.json", "process_trace"]
 
 
+def test_a_stop_killed_while_removing_its_spool_is_compacted_by_recover(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every row in parts, the spool marked done, its files not yet deleted (the stop
+    was killed there, before its compaction): recover finishes the removal and
+    compacts the parts, the rows as they were."""
+    import os
+
+    from kernmlops.collect.recovery import recover
+    from kernmlops.spool import recovery as spool_recovery
+    from kernmlops.spool.collection import spool_done
+
+    col = killed_collection(tmp_path / "col")
+    before = _pids(col)
+
+    def killed(*args: object, **kwargs: object) -> None:
+        raise OSError("killed")  # the mark is made; no file goes
+
+    with monkeypatch.context() as m:
+        m.setattr(spool_recovery.os, "unlink", killed)
+        spool_recovery.remove_spool(col / ".spool")
+    assert spool_done(col / ".spool") and len(_parts(col)) == FLUSHES
+    assert recover(col).compaction == {"process_trace": "compacted"}
+    assert _pids(col) == before and len(_parts(col)) == 1
+    manifest = read_manifest(col)
+    assert manifest.state == "recovered"
+    assert manifest.tables["process_trace"].files == ["process_trace/part-00000.parquet"]
+    assert sorted(os.listdir(col)) == ["manifest.json", "process_trace"]  # the spool went
+
+
 CHILD = textwrap.dedent(
     """
     import os, signal, sys

@@ -178,10 +178,11 @@ def recover(
         # brought to the parts as after any recover
         manifest = read_manifest(collection)
         if manifest.state == "running":
-            sink = _sink(collection, manifest, shown or collection)
-            sink.close()
             on_disk = _finished_parts(pq, collection)
-            _compact(collection, manifest, sink, on_disk, set(), result)
+            if manifest.collection_id:  # its parts' collection_id column (none: as they are)
+                sink = _sink(collection, manifest, shown or collection)
+                sink.close()
+                _compact(collection, manifest, sink, on_disk, set(), result)
             for table, parts in on_disk.items():
                 record = manifest.tables.get(table) or TableRecord()
                 record.rows, record.files = sum(parts.values()), list(parts)
