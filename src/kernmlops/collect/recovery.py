@@ -162,7 +162,7 @@ def recover(
     import pyarrow.parquet as pq
 
     from kernmlops.collect.manifest import TableRecord, read_manifest, write_manifest
-    from kernmlops.ebpf.build import object_path
+    from kernmlops.ebpf.build import check_build_dir, default_build_dir, object_path
     from kernmlops.ebpf.spec import object_spec
     from kernmlops.hooks import get_hook
 
@@ -195,6 +195,9 @@ def recover(
     segments = pending_spools(collection)
     if not segments:
         return result
+    # root parses the objects (and caches their specs) there: a folder another user
+    # can change is refused in one line before anything is read or written
+    check_build_dir(bpf_dir or default_build_dir())
     shown = shown or collection
     lock = _lock(folder, shown)
     try:
