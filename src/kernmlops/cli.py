@@ -573,8 +573,9 @@ def recover(collection: Path, bpf_dir: Path | None) -> None:
     (kill -9, the OOM killer) those records are still there: this decodes them,
     adds the rows not yet in finished parts as new parts, updates the manifest
     (rows per table and hook; state: recovered, with the state and error it had
-    before kept under recovery) and deletes the spool. Nothing is repeated, and
-    a collection without a spool is left as it is.
+    before kept under recovery), compacts each table's parts as collect's stop
+    does (collector.compact) and deletes the spool. Nothing is repeated, and a
+    collection without a spool is left as it is.
 
     A damaged spool (a file cut short, a frame failing its checksum, a lost
     description) gives every intact frame; each piece that could not be read

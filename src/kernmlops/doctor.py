@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from kernmlops.ebpf.build import BuildError, build
+from kernmlops.ebpf.build import BuildError, UnsafeBuildFolder, build
 from kernmlops.ebpf.probe import PROGRAM_FEATURES, Feature, needs_met, probe_all, tool_versions
 from kernmlops.ebpf.variants import HookVariants, object_variants
 from kernmlops.hooks import REGISTRY
@@ -128,6 +128,8 @@ def run_doctor(console: Console) -> int:
     try:
         build()
         build_error = None
+    except UnsafeBuildFolder:
+        raise  # nothing is probed with objects another user could have put there
     except BuildError as err:  # objects already built elsewhere may still be probed
         build_error = str(err).split("\n", 1)[0]
     features = probe_all()

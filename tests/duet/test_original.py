@@ -164,3 +164,49 @@ def test_every_interval_agrees_with_its_verdict(slow: float):
     o = c.original
     o_lo, o_hi = -o.ci_ns[1], -o.ci_ns[0]  # as B - A
     assert {"slower": o_lo > 0, "faster": o_hi < 0, "none": o_lo <= 0 <= o_hi}[o.detected]
+
+
+def test_below_min_runs_the_original_verdict_keeps_its_numbers_and_says_it_is_not_reliable(
+    tmp_path,
+):
+    """4 runs: the original's BCa verdict as the original gives it (its numbers kept),
+    one line beneath saying it is not reliable, as analysis.json does; the exit status
+    is the default method's, which calls the same runs inconclusive. With --min-runs 4
+    the verdict stands alone."""
+    import json
+
+    from click.testing import CliRunner
+
+    from kernmlops.duet.cli import duet_group
+
+    df = _duet_table(np.random.default_rng(5), runs=4, slow=1.05)
+    df.write_parquet(tmp_path / "duet-results.parquet")
+    direct = analyze(df, Options(mds=False)).benchmarks[0].comparisons["duet"]
+    assert direct.verdict.startswith("inconclusive: 4 runs, need ≥ 5")
+    # an independent BCa over the runs' plain means: the original's numbers
+    means = np.array(_independent_duet_means(df, 0.4))
+    ref = stats.bootstrap((means,), np.mean, n_resamples=9999, method="BCa",
+                          rng=np.random.default_rng(0))  # fmt: skip
+    assert direct.original.ci_ns == pytest.approx(tuple(ref.confidence_interval), rel=1e-9)
+
+    def run(*args: str):
+        res = CliRunner().invoke(duet_group, ["analyze", str(tmp_path), "--no-mds", *args])
+        summary = json.loads((tmp_path / "report" / "analysis.json").read_text())
+        return res, summary["benchmarks"][0]["comparisons"]["duet"]["original"]
+
+    ours, _ = run()
+    res, original = run("--method", "original")
+    assert res.exit_code == ours.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    at = lines.index(f"loops mul [duet] (original): {direct.original.verdict}")
+    assert "B is slower than A: B - A +" in lines[at]
+    said = "not reliable: 4 runs, fewer than --min-runs 5"
+    assert lines[at + 1].startswith(f"warning: loops mul [duet] (original): {said}")
+    assert sum(said in line for line in lines) == 1
+    assert original["verdict"] == direct.original.verdict
+    assert original["ci_b_minus_a_ns"] == pytest.approx([-x for x in ref.confidence_interval][::-1])
+    assert original["reliable"] is False and original["note"].startswith(said)
+    assert said in (tmp_path / "report" / "report.md").read_text()
+    res, original = run("--method", "original", "--min-runs", "4")
+    assert res.exit_code == 0 and "not reliable" not in res.output
+    assert original["reliable"] is True and original["note"] is None

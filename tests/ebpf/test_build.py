@@ -324,3 +324,62 @@ def test_root_refuses_a_build_folder_another_user_can_change(
     (theirs / "link").symlink_to(good)
     with pytest.raises(BuildError, match="is a link in a folder nobody can change"):
         b.build(theirs / "link")
+
+
+def test_root_refuses_objects_from_such_a_folder_wherever_it_opens_them(
+    neighbour: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    """Objects opened straight from a folder without build(): `recover --bpf-dir`,
+    `doctor` under KERNMLOPS_BPF_DIR (whose build went on to probe after the refusal),
+    and every library call that opens one (BpfObject, object_spec, a probe). Working
+    objects are planted there, so any of them would load: each refuses the folder in
+    one line (the CLI exits 2), before an object is parsed or a spec cached there."""
+    import shutil
+    import subprocess
+    import sys
+
+    from kernmlops.ebpf.build import SOURCE_DIR, UnsafeBuildFolder, object_path
+    from kernmlops.ebpf.objects import BpfObject
+    from kernmlops.ebpf.probe import probe_program
+    from kernmlops.ebpf.spec import object_spec
+    from kernmlops.spool.recovery import pending_spools
+    from tests.collect.test_recover_compaction import killed_collection
+
+    shared, theirs, mark = neighbour
+    for folder, why in [(shared, "any user may write in it"),
+                        (theirs, "it belongs to nobody")]:  # fmt: skip
+        said = (
+            f"the BPF build folder {folder} can be changed by another user ({why}): as "
+            "root, kernmlops loads no object or library from it; use a folder only root "
+            "can change (KERNMLOPS_BPF_DIR)"
+        )
+        for name in ("probe", "process_trace"):
+            shutil.copyfile(object_path(name), folder / f"{name}.bpf.o")
+            os.chown(folder / f"{name}.bpf.o", NOBODY, NOBODY)
+        for call, arg in (
+            (BpfObject, folder / "probe.bpf.o"),
+            (object_spec, folder / "process_trace.bpf.o"),
+            (lambda where: probe_program("raw_tp", where), folder),
+        ):
+            with pytest.raises(UnsafeBuildFolder) as info:
+                call(arg)
+            assert str(info.value) == said
+        col = killed_collection(tmp_path / f"col-{folder.name}")
+        cmd = [sys.executable, "-m", "kernmlops"]
+        env = {**os.environ, "COLUMNS": "400"}
+        for args, where in (
+            (["recover", str(col), "--bpf-dir", str(folder)], env),
+            (["doctor"], {**env, "KERNMLOPS_BPF_DIR": str(folder)}),
+        ):
+            r = subprocess.run([*cmd, *args], capture_output=True, text=True, env=where,
+                               timeout=120)  # fmt: skip
+            assert (r.returncode, r.stdout, r.stderr) == (2, "", f"error: {said}\n"), args
+        assert pending_spools(col)  # recover read nothing: the spool stays for another try
+        # a metric set's own .bpf.o beside its YAML: that set fails to load (--check: 1)
+        shutil.copyfile(object_path("exp_migrations"), folder / "mig.bpf.o")
+        shutil.copyfile(SOURCE_DIR / "exp_migrations.yaml", folder / "mig.yaml")
+        args = ["export", "--check", "-c", str(folder / "mig.yaml"), "--listen", "127.0.0.1:0"]
+        r = subprocess.run([*cmd, *args], capture_output=True, text=True, env=env, timeout=120)
+        assert r.returncode == 1 and f"check failed: set mig: {said}\n" in r.stderr, r.stderr
+        assert not list(folder.glob("*.spec.json")), "root parsed a planted object"
+        assert not mark.exists(), "root ran the planted library's constructor"

@@ -432,3 +432,79 @@ def test_the_readme_duckdb_recipe_leaves_out_damaged_collections(
         assert sorted(first.fetchall()) == [("node-a", "6.1.0-node-a", 2)]
         got = dict(last.fetchall())
     assert got == expected
+
+
+#: the index's columns: fixed (see test_an_index_column_more_would_break_its_readers)
+INDEX_COLUMNS = [
+    "collection_id", "benchmark", "path", "host", "kernel", "cpu_model", "logical_cpus",
+    "started_at", "stopped_at", "duration_s", "state", "exit_code", "rows", "total_rows",
+    "files", "bytes", "kernmlops_version", "published_at",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("new_first", [False, True], ids=["old-first", "new-first"])
+def test_an_index_column_more_would_break_its_readers(
+    fleet: Path, tmp_path: Path, new_first: bool
+) -> None:
+    """Why the index has no recovered_from column (README): beside the rows older
+    versions pushed, a row with a column more fails polars' read_parquet over the
+    folder whichever file comes first, and DuckDB's read_parquet where it comes
+    first; rows of one schema read in both. The columns stay as they are."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from kernmlops.fleet.index import index_schema
+
+    assert index_schema().names == INDEX_COLUMNS
+    dest = tmp_path / "dest"
+    assert CliRunner().invoke(cli, ["push", str(fleet), str(dest)]).exit_code == 0
+    index = dest / "_index"
+    polars_reads = lambda: pl.read_parquet(f"{index}/").height  # noqa: E731
+    duckdb_reads = lambda: len(  # noqa: E731
+        duckdb.sql(f"select * from read_parquet('{index}/*.parquet')").fetchall()
+    )
+    assert polars_reads() == duckdb_reads() == 3
+    # a row as a version with the column would write it, named to sort first or last
+    row = pq.read_table(index / "c1.parquet")
+    newer = row.append_column("recovered_from", pa.array(["running"]))
+    pq.write_table(newer, index / ("a0.parquet" if new_first else "z9.parquet"))
+    with pytest.raises(pl.exceptions.PolarsError):
+        polars_reads()
+    if new_first:
+        with pytest.raises(duckdb.Error, match="schema mismatch"):
+            duckdb_reads()
+    else:  # read with the first file's columns: the new one is not there
+        assert duckdb_reads() == 4
+
+
+def test_the_readme_recipe_says_what_recovered_collections_were_recovered_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's second DuckDB recipe, as written: each recovered collection of the
+    index with its manifest's recovery (what it was recovered from, the error, the
+    rows recover added); the others are not listed."""
+    from tests.fleet.conftest import make_collection
+
+    root = tmp_path / "data" / "curated"
+    make_collection(root, "c1", seed=1)
+    recovered = {
+        "c2": {"recovered_from": "running", "error": None, "rows_added": {"quanta_runtime": 12}},
+        "c3": {"recovered_from": "disk_full", "error": "no space left on /data",
+               "rows_added": {"page_faults": 40}},
+    }  # fmt: skip
+    for seed, (cid, recovery) in enumerate(recovered.items(), 2):
+        make_collection(root, cid, seed=seed, state="recovered", recovery=recovery)
+    assert CliRunner().invoke(cli, ["push", str(root), str(tmp_path / "fleet")]).exit_code == 0
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = text[text.index("### Query a fleet's dataset") :]
+    at = section.index("what each recovered collection was recovered from")
+    block = section[at : section.index("\n```", at)]
+    code = "\n".join(line for line in block.splitlines()[1:] if not line.startswith("--"))
+    monkeypatch.chdir(tmp_path)  # the recipe names the dataset 'fleet/'
+    with duckdb.connect() as con:
+        *_, last = [con.sql(s) for s in code.split(";") if s.strip()]
+        got = last.fetchall()
+    assert [(cid, frm, err, {k: v for k, v in added.items() if v is not None})
+            for cid, frm, err, added in got] == [
+        (cid, r["recovered_from"], r["error"], r["rows_added"]) for cid, r in recovered.items()
+    ]  # fmt: skip

@@ -154,3 +154,41 @@ def test_nothing_loaded_is_one_line(args: list[str]) -> None:
     r = CliRunner().invoke(lb_group, args)
     assert r.exit_code == 2, r.output
     assert r.stderr.count("\n") == 1 and "kmo_lb is not loaded" in r.stderr
+
+
+def test_root_loads_no_module_from_a_folder_another_user_can_change(tmp_path: Path) -> None:
+    """--ko, --build-dir (or KERNMLOPS_KMOD_DIR) in a folder any user may write in:
+    root would insmod (or build with make) what they put there. Refused in one line,
+    exit 2, before the kernel's layout is read or anything built."""
+    import os
+    import shutil
+    import tempfile
+
+    from tests.conftest import skip_here
+
+    if os.geteuid() != 0:
+        skip_here("not root: the refusal is root's")
+    top = Path(tempfile.mkdtemp(prefix="kmo-kmod-"))
+    try:
+        top.chmod(0o755)
+        shared = top / "shared"
+        shared.mkdir()
+        shared.chmod(0o777)
+        (shared / "kmo_lb.ko").write_bytes(b"\x7fELF planted")
+        model = tmp_path / "m.q11.json"
+        model.write_text(json.dumps(fixed_json(_fixed(), {})))
+        for args in (["--ko", str(shared / "kmo_lb.ko")], ["--build-dir", str(shared)]):
+            r = CliRunner().invoke(lb_group, ["deploy", str(model), *args])
+            assert r.exit_code == 2, r.output
+            # the release's folder is not made yet: the one it would be made in is named
+            folder, where = (shared, "it") if args[0] == "--ko" else (
+                shared / os.uname().release, shared)  # fmt: skip
+            assert r.stderr == (
+                f"error: the kernel module folder {folder} can be changed by another user "
+                f"(any user may write in {where}): as root, kernmlops loads no module (nor "
+                "builds one) from it; use a folder only root can change (--build-dir or "
+                "KERNMLOPS_KMOD_DIR)\n"
+            )
+        assert sorted(p.name for p in shared.iterdir()) == ["kmo_lb.ko"]  # nothing built
+    finally:
+        shutil.rmtree(top, ignore_errors=True)

@@ -4,8 +4,11 @@ Each ring's segments are read back in order (raw ring records, or zstd frames wi
 their checksums), decoded with the BPF object that collected them, turned into the
 hook's rows and written after the collection's finished parts, skipping the rows those
 already hold. Damage never stops it: what cannot be read is listed (:class:`Lost`), and
-the spool then stays. Finding the spool, reading its segments and removing it are
-kernmlops.spool.recovery; the spool itself is kernmlops.spool.
+the spool then stays. Then, as the collector's stop does (collector.compact), each
+table's parts are compacted into few files (kernmlops.collect.compaction: an atomic
+swap, before the spool goes: a kill at any step leaves every row once). Finding the
+spool, reading its segments and removing it are kernmlops.spool.recovery; the spool
+itself is kernmlops.spool.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from kernmlops.collect.manifest import Manifest
+    from kernmlops.collect.parquet import ParquetSink
     from kernmlops.ebpf.btf import RecordLayout
 else:
     np = lazy_import("numpy")
@@ -76,6 +80,8 @@ class Recovery:
     #: its events; a hook with a ring whose count is unknown (a spool of before, a
     #: loss) is not in it
     events: dict[str, int] = field(default_factory=dict)
+    #: per table compacted or considered: "compacted" or why not (the manifest's)
+    compaction: dict[str, str] = field(default_factory=dict)
 
 
 #: in the spool: held by the ``recover`` that works on it (its pid inside)
@@ -156,8 +162,7 @@ def recover(
     import pyarrow.parquet as pq
 
     from kernmlops.collect.manifest import TableRecord, read_manifest, write_manifest
-    from kernmlops.collect.parquet import ParquetSink
-    from kernmlops.ebpf.build import object_path
+    from kernmlops.ebpf.build import check_build_dir, default_build_dir, object_path
     from kernmlops.ebpf.spec import object_spec
     from kernmlops.hooks import get_hook
 
@@ -173,10 +178,15 @@ def recover(
         # brought to the parts as after any recover
         manifest = read_manifest(collection)
         if manifest.state == "running":
-            finished, finished_files = _finished_parts(pq, collection)
-            for table, n in finished.items():
+            on_disk = _finished_parts(pq, collection)
+            if manifest.collection_id:  # its parts' collection_id column (none: as they are)
+                sink = _sink(collection, manifest, shown or collection)
+                sink.close()
+                _compact(collection, manifest, sink, on_disk, set(), result)
+            for table, parts in on_disk.items():
                 record = manifest.tables.get(table) or TableRecord()
-                record.rows, record.files = n, finished_files[table]
+                record.rows, record.files = sum(parts.values()), list(parts)
+                record.compaction = result.compaction.get(table, record.compaction)
                 manifest.tables[table] = record
             _settle(manifest, result, {})
             write_manifest(collection, manifest)
@@ -185,13 +195,17 @@ def recover(
     segments = pending_spools(collection)
     if not segments:
         return result
+    # root parses the objects (and caches their specs) there: a folder another user
+    # can change is refused in one line before anything is read or written
+    check_build_dir(bpf_dir or default_build_dir())
     shown = shown or collection
     lock = _lock(folder, shown)
     try:
         manifest = read_manifest(collection)
-        sink = ParquetSink(collection, manifest.collection_id, shown=shown)
-        finished, finished_files = _finished_parts(pq, collection)
-        for table, files in finished_files.items():
+        sink = _sink(collection, manifest, shown)
+        parts = _finished_parts(pq, collection)
+        finished = {table: sum(rows.values()) for table, rows in parts.items()}
+        for table, files in parts.items():
             sink.resume(table, len(files))
         by_key: dict[str, list[Path]] = {}
         #: per hook, each of its rings' records (None: not known), and its tables
@@ -254,14 +268,18 @@ def recover(
         for name, counts in hook_keys.items():
             if None not in counts:
                 result.events[name] = sum(c for c in counts if c is not None)
+        # the parts recover wrote are compactly encoded: compaction may keep them
+        made = {f for files in sink.files_written().values() for f in files}
+        on_disk = _finished_parts(pq, collection)
+        _compact(collection, manifest, sink, on_disk, made, result)
         # The manifest's tables say what is on disk now: also where nothing was added,
         # since parts may have been finished after the manifest's last checkpoint (a
         # stop killed while it took row workers' parts in).
-        files = sink.files_written()
         for table in {*finished, *result.added}:
             record = manifest.tables.get(table) or TableRecord()
             record.rows = finished.get(table, 0) + result.added.get(table, 0)
-            record.files = sorted({*finished_files.get(table, []), *files.get(table, [])})
+            record.files = list(on_disk.get(table, {}))
+            record.compaction = result.compaction.get(table, record.compaction)
             manifest.tables[table] = record
         _settle(manifest, result, hook_tables)
         write_manifest(collection, manifest)
@@ -344,18 +362,75 @@ def _hook_tables(manifest: Manifest, recovered: dict[str, set[str]]) -> dict[str
     return out
 
 
-def _finished_parts(pq, collection: Path) -> tuple[dict[str, int], dict[str, list[str]]]:
-    """Per table folder of ``collection`` (links not followed): the rows of its
-    finished parts, and their names (``table/part-….parquet``, in order)."""
-    finished: dict[str, int] = {}
-    files: dict[str, list[str]] = {}
+def _sink(collection: Path, manifest: Manifest, shown: Path) -> ParquetSink:
+    """The sink recover writes with: row groups as the collection's config had them."""
+    from kernmlops.collect.parquet import ParquetSink
+
+    cfg = (manifest.config or {}).get("collector")
+    rows = cfg.get("row_group_rows") if isinstance(cfg, dict) else None
+    # the collection owner's file: a value collect would not take is not taken
+    if not isinstance(rows, int) or isinstance(rows, bool) or not 1024 <= rows <= 16 << 20:
+        rows = 65536
+    cid = manifest.collection_id or ""  # none: ValueError, as always
+    return ParquetSink(collection, cid, row_group_rows=rows, shown=shown)
+
+
+def _compact(
+    collection: Path,
+    manifest: Manifest,
+    sink: ParquetSink,
+    parts: dict[str, dict[str, int]],
+    made: set[str],
+    result: Recovery,
+) -> None:
+    """Compact each table as the collector's stop does where its config asks for it
+    (collector.compact, on by default): ``parts`` (per table, its parts and their rows,
+    in order) are brought to what compaction leaves. Parts compacted already (``made``
+    by this recover, or listed under a table the manifest says was compacted: an
+    earlier recover's) are kept where big enough. A table that cannot be compacted
+    keeps its parts, and the manifest says why."""
+    import pyarrow as pa
+
+    from kernmlops.collect.compaction import compact_table, table_on_disk
+    from kernmlops.collect.parts import PartFormat
+
+    cfg = (manifest.config or {}).get("collector")
+    if isinstance(cfg, dict) and cfg.get("compact", True) is not True:
+        return
+    fmt = PartFormat(sink.collection_id, sink.compression, sink.row_group_rows)
+    for table, rows in parts.items():
+        record = manifest.tables.get(table)
+        compacted = set(record.files) if record and record.compaction == "compacted" else set()
+        try:
+            state = table_on_disk(collection, table, rows)
+            state.whole_parts = {f: n for f, n in rows.items() if f in made | compacted}
+            outcome = compact_table(state, collection, fmt, sink.rows_per_file)
+        except (OSError, ValueError, TypeError, pa.ArrowException, UnsafePath) as err:
+            # a part that cannot be read, or rows of two versions: the parts stay
+            outcome = f"skipped: {getattr(err, 'strerror', None) or err}"
+        else:
+            if outcome == "compacted":
+                parts[table] = dict(state.whole_parts)
+        result.compaction[table] = outcome
+
+
+def _finished_parts(pq, collection: Path) -> dict[str, dict[str, int]]:
+    """Per table folder of ``collection`` (links not followed; hidden folders, such as
+    what a kill left of a compaction, are no table): its finished parts
+    (``table/part-….parquet``, in order) and their rows."""
+    from kernmlops.collect.parts import check_table_name
+
+    found: dict[str, dict[str, int]] = {}
     for table_dir in collection.iterdir():
+        try:
+            check_table_name(table_dir.name)
+        except ValueError:
+            continue
         plain = table_dir.is_dir() and not table_dir.is_symlink()
         parts = sorted(table_dir.glob("part-*.parquet")) if plain else []
         if parts:
-            finished[table_dir.name] = sum(_part_rows(pq, p) for p in parts)
-            files[table_dir.name] = [f"{table_dir.name}/{p.name}" for p in parts]
-    return finished, files
+            found[table_dir.name] = {f"{table_dir.name}/{p.name}": _part_rows(pq, p) for p in parts}
+    return found
 
 
 def _part_rows(pq, part: Path) -> int:  # pq: pyarrow.parquet, imported late

@@ -1024,6 +1024,6 @@ def analyze(
             )
             c.original = compare_original(
                 rows, kind, b.aa, min_overlap=opts.min_overlap, confidence=opts.confidence,
-                seed=opts.seed,
+                seed=opts.seed, min_runs=opts.min_runs,
             )  # fmt: skip
     return Analysis(opts, list(results.values()), warns)

@@ -510,6 +510,10 @@ def analyze_cmd(
             if method == "original":
                 verdict = c.original.verdict if c.original is not None else "no verdict"
                 click.echo(f"{b.suite} {b.benchmark} [{kind}] (original): {verdict}")
+                if c.original is not None and c.original.note:
+                    # the original's numbers, for comparison; below --min-runs, said once
+                    click.echo(f"warning: {b.suite} {b.benchmark} [{kind}] (original): "
+                               f"{c.original.note}")  # fmt: skip
                 continue
             click.echo(f"{b.suite} {b.benchmark} [{kind}]: {c.verdict}{_mds_text(c)}")
     for w in analysis.warnings:

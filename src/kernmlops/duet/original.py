@@ -22,6 +22,11 @@ that the original tool's processing (``duet/process.py``: ``preprocess_data``,
 5. **Verdict**: a difference when the interval excludes 0. Mann-Whitney U
    (two-sided) over all iterations after warm-up, significant below 0.05.
 
+Its numbers are the original's whatever the runs (from 2 on), for comparison with
+its results; with fewer than ``--min-runs`` runs, where kernmlops' method gives no
+verdict, the result says it is not reliable (``reliable``, ``note``): an interval
+over so few runs leaves the run-to-run variation out.
+
 Nothing here is weighted, stratified, widened or on a log scale: that is
 kernmlops' own method (kernmlops.duet.analysis), the default.
 """
@@ -56,6 +61,10 @@ class OriginalResult:
     mwu_p: float | None
     detected: str  # slower | faster | none | unknown (B against A)
     verdict: str
+    #: False with fewer runs than --min-runs (the verdict is the original's all the
+    #: same); ``note`` says so in one line
+    reliable: bool = True
+    note: str | None = None
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -69,6 +78,8 @@ class OriginalResult:
             "mann_whitney_p": self.mwu_p,
             "detected": self.detected,
             "verdict": self.verdict,
+            "reliable": self.reliable,
+            "note": self.note,
         }
 
 
@@ -179,8 +190,10 @@ def compare_original(
     confidence: float = 0.95,
     seed: int | None = 0,
     resamples: int = RESAMPLES,
+    min_runs: int = 2,
 ) -> OriginalResult:
-    """One benchmark's rows of one kind (warm-up already dropped)."""
+    """One benchmark's rows of one kind (warm-up already dropped); a verdict from fewer
+    than ``min_runs`` runs (--min-runs) is not reliable, and says so."""
     means, n_pairs, _ = run_means(df, kind, min_overlap)
     ci = bca_interval(means, confidence, seed, resamples)
     a = df.filter(pl.col("pair") == "A")["iteration_time_ns"].to_numpy()
@@ -195,6 +208,7 @@ def compare_original(
         detected = "slower"
     else:
         detected = "none"
+    reliable = len(means) >= min_runs
     return OriginalResult(
         kind=kind,
         n_runs=len(means),
@@ -204,6 +218,16 @@ def compare_original(
         mwu_p=mwu,
         detected=detected,
         verdict=_verdict(detected, estimate, ci, aa),
+        reliable=reliable,
+        note=None if reliable or ci is None else unreliable(len(means), min_runs),
+    )
+
+
+def unreliable(n_runs: int, min_runs: int) -> str:
+    """The line that says a verdict of the original's from too few runs is not reliable."""
+    return (
+        f"not reliable: {n_runs} runs, fewer than --min-runs {min_runs}: its BCa interval "
+        "over so few runs leaves the run-to-run variation out (kernmlops' method: inconclusive)"
     )
 
 

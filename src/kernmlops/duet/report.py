@@ -171,6 +171,14 @@ def _orig_diff(c: Comparison) -> str:
     return text
 
 
+def _orig_verdict(c: Comparison) -> str:
+    """The original method's verdict, and below --min-runs that it is not reliable."""
+    o = c.original
+    if o is None:
+        return "–"
+    return f"{o.verdict} ({o.note})" if o.note else o.verdict
+
+
 #: how the report names the intervals of kernmlops.duet.analysis.INTERVALS
 INTERVAL_NAMES = {
     "signflip": "sign-flip randomization (exact, not widened)",
@@ -212,7 +220,7 @@ def _cmp_rows(c: Comparison) -> list[tuple[str, str]]:
     orig = []
     if o is not None:
         orig = [
-            ("original method: verdict", o.verdict),
+            ("original method: verdict", _orig_verdict(c)),
             ("original method: runs / pairs", f"{o.n_runs} / {o.n_pairs}"),
             ("original method: mean over runs of B − A (ms), 95% BCa", _orig_diff(c)),
             (
@@ -339,7 +347,7 @@ def _write_report(analysis: Analysis, results: pl.DataFrame, out: Path, plots: P
             ci = c.ratio_ci
             cis = f"[{_pct(ci.low)}, {_pct(ci.high)}]" if ci else "–"
             mds = f"{c.mds * 100:.2f}%" if c.mds is not None else "> max" if c.ratio_ci else "–"
-            ov = c.original.verdict if c.original is not None else "–"
+            ov = _orig_verdict(c)
             md.append(
                 f"| {b.suite} | {b.benchmark} | {k} | {_pct(c.gm_ratio)} | {cis} | "
                 f"{c.verdict} | {mds} | {_orig_diff(c)} | {ov} |"

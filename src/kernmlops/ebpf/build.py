@@ -25,17 +25,35 @@ import json
 import os
 import platform
 import shutil
-import stat
 import subprocess
 import sys
 from pathlib import Path
 
-from kernmlops.errors import KernmlopsError, why_not_written
+from kernmlops.ebpf.buildfolder import (
+    PACKAGED_DIR,
+    SOURCE_DIR,
+    BuildError,
+    UnsafeBuildFolder,
+    check_build_dir,
+)
+from kernmlops.errors import why_not_written
 from kernmlops.fileio import write_atomic
 
-SOURCE_DIR = Path(__file__).resolve().parent.parent / "bpf"
-#: The objects a wheel ships (absent in a source checkout).
-PACKAGED_DIR = SOURCE_DIR.parent / "bpf_objects"
+__all__ = [
+    "NATIVE_LIBRARY",
+    "PACKAGED_DIR",
+    "SOURCE_DIR",
+    "BuildError",
+    "UnsafeBuildFolder",
+    "build",
+    "check_build_dir",
+    "compile_object",
+    "default_build_dir",
+    "object_path",
+    "ship",
+    "shipped",
+    "sources",
+]
 #: the native ring copier (kernmlops.ebpf.copier) and file sampler
 #: (kernmlops.ebpf.sampler), one library built and shipped beside the objects
 NATIVE_LIBRARY = "libkmo_ringcopy.so"
@@ -50,10 +68,6 @@ VMLINUX_BTF = Path("/sys/kernel/btf/vmlinux")
 _ARCH = {"x86_64": "x86", "aarch64": "arm64", "arm64": "arm64", "riscv64": "riscv"}
 
 
-class BuildError(KernmlopsError):
-    """clang or bpftool is missing or failed."""
-
-
 def default_build_dir() -> Path:
     """$KERNMLOPS_BPF_DIR, else build/bpf in a source checkout, else the objects an
     installed wheel ships, else the user cache (built there on first use)."""
@@ -66,73 +80,6 @@ def default_build_dir() -> Path:
     if shipped():
         return PACKAGED_DIR
     return Path.home() / ".cache" / "kernmlops" / "bpf"
-
-
-def check_build_dir(build_dir: Path) -> None:
-    """As root, refuse a build folder another user can change: root loads its objects
-    into the kernel and dlopens its ring copier (whose constructor runs as root), so a
-    file planted there, or a folder swapped in above it, would be theirs to choose.
-    The folder (or, while it is missing, the one it will be made in) must be root's
-    and open to no one else; each folder above it root's and open to others only if
-    sticky (/tmp: no one renames root's entry); a link on the way is followed only
-    where no other user could have made it (kernmlops.host.pinned). Once checked,
-    only root can change what is loaded: no race between the check and the load.
-    Folders inside kernmlops' own tree (its checkout, its installed objects) are not
-    checked: who can change those changes kernmlops itself. Nothing without root.
-
-    Raises:
-        BuildError: naming the folder and who could change it.
-    """
-    if os.geteuid() != 0:
-        return
-    path = Path(os.path.abspath(build_dir))
-    real = Path(os.path.realpath(path))
-    if any(real.is_relative_to(os.path.realpath(own)) for own in _own_trees()):
-        return
-    from kernmlops.errors import OutputError
-    from kernmlops.host.pinned import UnsafePath, pin
-
-    existing = path
-    while not os.path.lexists(existing) and existing != existing.parent:
-        existing = existing.parent
-    try:
-        pin(existing, action="read", what="the BPF build folder").close()
-    except UnsafePath as err:
-        raise BuildError(f"the BPF build folder {build_dir}: {err}") from None
-    except OutputError:
-        return  # a file in the way: the build's own step says so
-    real = Path(os.path.realpath(existing))
-    for i, folder in enumerate([real, *real.parents]):
-        st = os.stat(folder)
-        where = "it" if folder == real and existing == path else str(folder)
-        why = None
-        if st.st_uid != 0:
-            why = f"{where} belongs to {_user(st.st_uid)}"
-        elif st.st_mode & 0o022 and (i == 0 or not st.st_mode & stat.S_ISVTX):
-            # the folder itself: a sticky one still lets anyone add a file
-            who = "any user" if st.st_mode & 0o002 else "its group"
-            why = f"{who} may write in {where}"
-        if why:
-            raise BuildError(
-                f"the BPF build folder {build_dir} can be changed by another user ({why}): "
-                "as root, kernmlops loads no object or library from it; use a folder only "
-                "root can change (KERNMLOPS_BPF_DIR)"
-            )
-
-
-def _own_trees() -> list[Path]:
-    """kernmlops' own files: the installed objects and, in a checkout, the checkout."""
-    repo = SOURCE_DIR.parents[2]
-    return [PACKAGED_DIR, *([repo] if (repo / "pyproject.toml").exists() else [])]
-
-
-def _user(uid: int) -> str:
-    import pwd
-
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
 
 
 def shipped() -> bool:

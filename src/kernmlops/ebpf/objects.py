@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kernmlops.ebpf import libbpf
+from kernmlops.ebpf.buildfolder import check_build_dir
 from kernmlops.ebpf.libbpf import LibbpfError, capture_log, check_int, check_ptr, lib
 from kernmlops.ebpf.spec import VARIANTS, ObjectSpec, object_spec
 from kernmlops.lazy import lazy_import
@@ -229,6 +230,9 @@ class BpfObject:
         self._ptr: int | None = None
         self._links: list[Link] = []
         self.path = Path(path)
+        # as root, never an object another user could have put there, however the
+        # folder was given (KERNMLOPS_BPF_DIR, --bpf-dir, a metric set's, a call's)
+        check_build_dir(self.path.parent)
         if not self.path.exists():
             raise LibbpfError(f"BPF object {self.path} not found (build it: make bpf)")
         self._spec = spec

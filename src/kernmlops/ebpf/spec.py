@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kernmlops.ebpf.btf import Btf, BtfError, BtfType, Kind, btf_ring_layouts
+from kernmlops.ebpf.buildfolder import check_build_dir
 from kernmlops.fileio import write_atomic
 
 if TYPE_CHECKING:
@@ -160,8 +161,11 @@ _lock = threading.Lock()
 def object_spec(obj: str | Path, *, write: bool = True) -> ObjectSpec:
     """The spec of a built object: from memory, else the cached JSON beside it
     (when its SHA-256 matches), else the ELF (then cached, if ``write`` and the
-    folder is writable). One parse per object per process at most."""
+    folder is writable). One parse per object per process at most. As root, an object
+    in a folder another user can change is neither parsed nor cached there
+    (:func:`~kernmlops.ebpf.buildfolder.check_build_dir`: UnsafeBuildFolder)."""
     obj = Path(obj)
+    check_build_dir(obj.parent)
     sha = digest(obj)
     with _lock:
         hit = _cache.get(obj)

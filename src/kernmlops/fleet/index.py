@@ -161,7 +161,11 @@ def unindexed(dataset: Dataset, *, damaged: Iterable[str] = ()) -> Unindexed:
 
 def index_schema() -> pa.Schema:
     """The index's columns, typed so that DuckDB and Spark read each naturally (signed
-    integers, UTC timestamps, a map of rows per table)."""
+    integers, UTC timestamps, a map of rows per table). Fixed: a dataset holds rows of
+    every version that pushes, and a file with a column more or less than the others
+    fails ``pl.read_parquet`` and DuckDB's plain ``read_parquet`` over the folder (what
+    a collection went through, such as its ``recovery``, is read from its manifest:
+    README, "Query a fleet's dataset")."""
     import pyarrow as pa
 
     ts = pa.timestamp("us", tz="UTC")

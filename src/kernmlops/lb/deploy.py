@@ -216,9 +216,19 @@ def is_current(ko: Path, release: str) -> bool:
         return False
 
 
+def _check_folder(folder: Path) -> None:
+    """As root, refuse a module folder another user can change: root builds there
+    (make runs its files) and insmods what is there (UnsafeBuildFolder, one line)."""
+    from kernmlops.ebpf.buildfolder import check_build_dir
+
+    check_build_dir(folder, what="the kernel module folder", loads="no module (nor builds one)",
+                    env="--build-dir or KERNMLOPS_KMOD_DIR")  # fmt: skip
+
+
 def build(release: str, build_dir: Path | None = None, *, force: bool = False) -> Path:
     """``kmo_lb.ko`` for ``release`` (kbuild against its headers); reused when current."""
     ko = module_path(release, build_dir)
+    _check_folder(ko.parent)
     if not force and is_current(ko, release):
         return ko
     headers = headers_dir(release)
@@ -306,6 +316,7 @@ def deploy(
             "`kernmlops lb mode MODE` or unload with `kernmlops lb undeploy`"
         )
     release = os.uname().release
+    _check_folder(ko.parent if ko is not None else module_path(release, build_dir).parent)
     offsets = kernel_layout()
     if ko is None:
         ko = find_or_build(release, build_dir)
