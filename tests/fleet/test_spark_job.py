@@ -40,7 +40,9 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     tmp = tmp_path_factory.mktemp("fleet")
     src = tmp / "curated"
     make_collection(src, "c1", host="node-a", seed=1)
-    make_collection(src, "c2", host="node-b", seed=2, quanta=1500)
+    # page faults sampled 1 in 4 (hooks.page_faults.sample_every): a row stands for 4
+    sampled = {"hooks": {"page_faults": {"sample_every": 4}}}
+    make_collection(src, "c2", host="node-b", seed=2, quanta=1500, config=sampled)
     make_collection(src, "lb1", benchmark="lb-stress", host="node-a", seed=3, quanta=800, lb=600)
     dest = tmp / "dest"
     results, refused = push(sorted(src.glob("*/collection_id=*")), open_dataset(str(dest)))
@@ -95,13 +97,20 @@ def test_the_job_on_a_standalone_cluster(spark, dataset: tuple[Path, Path], tmp_
     quanta = read_parquet_dir(src, "quanta_runtime")
     io = read_parquet_dir(src, "block_io")
     pf = read_parquet_dir(src, "page_faults")
+    # the faults the kernel saw: a row of c2, sampled 1 in 4, stands for 4
+    every = {"c1": 1, "c2": 4, "lb1": 1}
+    rows = pf.group_by("collection_id").len()
+    assert dict(out["collections"].select("collection_id", "faults").iter_rows()) == {
+        cid: n * every[cid] for cid, n in rows.iter_rows()
+    }
     for row in out["collections"].iter_rows(named=True):
         cid = row["collection_id"]
         q = quanta.filter(pl.col("collection_id") == cid)
         lat = io.filter(pl.col("collection_id") == cid)["issue_to_complete_us"].to_numpy()
         assert row["quanta"] == q.height
         assert row["switches_per_s"] == pytest.approx(q.height / 2.0)
-        assert row["faults"] == pf.filter(pl.col("collection_id") == cid).height
+        assert row["faults_per_s"] == pytest.approx(row["faults"] / 2.0)
+        assert row["fault_sample_every"] == every[cid]
         assert row["block_io_p50_us"] == np.quantile(lat, 0.5, method="inverted_cdf")
         assert row["block_io_p99_us"] == np.quantile(lat, 0.99, method="inverted_cdf")
         assert row["host"] == {"c1": "node-a", "c2": "node-b", "lb1": "node-a"}[cid]

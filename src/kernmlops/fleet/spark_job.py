@@ -6,7 +6,9 @@ collection being pushed is not in the index yet), and writes three Parquet table
 ``collections``
     one row per collection: host, kernel, CPU, benchmark, start, duration; quanta and
     context switches per second (each quantum ends in a switch); page faults and faults
-    per second; block I/Os and their issue -> complete latency (mean, p50, p99, µs).
+    per second (a row stands for N faults where the hook kept 1 in N: the manifest's
+    ``hooks.page_faults.sample_every``, in ``fault_sample_every``); block I/Os and
+    their issue -> complete latency (mean, p50, p99, µs).
 ``quanta_by_comm``
     per collection and command name: quanta, run time (mean, p50, p99 µs), queued
     wake-ups and queue time (mean, p50, p99 µs). A thread's name is the last one
@@ -178,15 +180,54 @@ def read_table(
     return natural_types(frame)
 
 
-def _folders(index: DataFrame) -> dict[str, list[str]]:
-    """Table -> the folders of the indexed collections that have it (their index rows'
-    ``rows``: the tables whose parts were published)."""
+def _folders(index: DataFrame) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """(table -> the folders of the indexed collections that have it (their index rows'
+    ``rows``: the tables whose parts were published), folder -> its collection_id)."""
     by_table: dict[str, list[str]] = {}
+    ids: dict[str, str] = {}
     for row in index.select(COLLECTION_ID, BENCHMARK, "path", "rows").collect():
         folder = row["path"] or f"{BENCHMARK}={row[BENCHMARK]}/{COLLECTION_ID}={row[COLLECTION_ID]}"
+        ids[folder] = row[COLLECTION_ID]
         for name in sorted(row["rows"] or {}):
             by_table.setdefault(name, []).append(folder)
-    return by_table
+    return by_table, ids
+
+
+#: where a manifest keeps the page_faults hook's sampling (1 fault in N kept as a row)
+_SAMPLE_EVERY = "$.config.hooks.page_faults.sample_every"
+
+
+def fault_sampling(
+    spark: SparkSession, root: str, folders: list[str], ids: dict[str, str]
+) -> DataFrame | None:
+    """(collection_id, fault_sample_every) of the collections in ``folders`` whose
+    manifest says page_faults kept 1 fault in N > 1 (``hooks.page_faults.sample_every``);
+    None when none did. Only this one value of each manifest reaches the driver."""
+    from pyspark.sql import functions as F
+
+    if not folders:
+        return None
+    paths = [f"{root}/{folder}/manifest.json" for folder in folders]
+    sampled = (
+        spark.read.text(paths, wholetext=True)
+        .select(
+            F.input_file_name().alias("file"),
+            F.get_json_object("value", _SAMPLE_EVERY).cast("bigint").alias("every"),
+        )
+        .where("every > 1")
+        .collect()
+    )
+    # Spark names a file by its URI (file:, percent-encoded): matched by its folder's tail
+    tails = {f"/{folder}/manifest.json": folder for folder in folders}
+    rows = []
+    for row in sampled:
+        path = unquote(urlsplit(row["file"]).path)
+        folder = next((f for tail, f in tails.items() if path.endswith(tail)), None)
+        if folder is not None:
+            rows.append((ids[folder], int(row["every"])))
+    if not rows:
+        return None
+    return spark.createDataFrame(rows, f"{COLLECTION_ID} string, fault_sample_every bigint")
 
 
 def _pcts(column: str, prefix: str) -> list[Any]:
@@ -246,7 +287,11 @@ def collections_summary(
     quanta: DataFrame | None,
     faults: DataFrame | None,
     block_io: DataFrame | None,
+    sampling: DataFrame | None = None,
 ) -> DataFrame:
+    """One row per indexed collection. ``sampling``: (collection_id,
+    fault_sample_every) of the collections whose page_faults rows are 1 fault in N
+    (:func:`fault_sampling`): their rows count N faults each."""
     from pyspark.sql import functions as F
 
     out = index.select(
@@ -267,10 +312,20 @@ def collections_summary(
     seconds = F.coalesce("duration_s", "_span_s")
     out = out.withColumn("switches_per_s", F.col("quanta") / seconds)
     if faults is not None:
-        per = faults.groupBy(COLLECTION_ID).agg(F.count("*").alias("faults"))
+        per = faults.groupBy(COLLECTION_ID).agg(F.count("*").alias("_fault_rows"))
         out = out.join(per, on=COLLECTION_ID, how="left")
+        if sampling is not None:
+            out = out.join(sampling, on=COLLECTION_ID, how="left")
+        else:
+            out = out.withColumn("fault_sample_every", F.lit(None).cast("bigint"))
+        # a row is one fault, or N of them where the hook kept 1 in N
+        every = F.when(F.col("_fault_rows").isNotNull(), F.coalesce("fault_sample_every", F.lit(1)))
+        out = out.withColumn("fault_sample_every", every).withColumn(
+            "faults", F.col("_fault_rows") * F.col("fault_sample_every")
+        )
     else:
         out = out.withColumn("faults", F.lit(None).cast("bigint"))
+        out = out.withColumn("fault_sample_every", F.lit(None).cast("bigint"))
     out = out.withColumn("faults_per_s", F.col("faults") / seconds)
     if block_io is not None:
         per = block_io.groupBy(COLLECTION_ID).agg(
@@ -282,7 +337,7 @@ def collections_summary(
                  "block_io_p50_us": "bigint", "block_io_p99_us": "bigint"}  # fmt: skip
         for name, kind in empty.items():
             out = out.withColumn(name, F.lit(None).cast(kind))
-    return out.drop("_span_s").orderBy("started_at", COLLECTION_ID)
+    return out.drop("_span_s", "_fault_rows").orderBy("started_at", COLLECTION_ID)
 
 
 def _mllb_schema() -> Any:
@@ -371,7 +426,7 @@ def run(spark: SparkSession, dataset: str, out: str) -> dict[str, int]:
         spark.conf.set(*_TIMESTAMPS)
         # the indexed collections only: a push under way has parts and no row, and a
         # collection reindex found damaged no row either
-        folders = _folders(index)
+        folders, ids = _folders(index)
         read: dict[str, DataFrame | None] = {}
 
         def table(name: str) -> DataFrame | None:
@@ -382,7 +437,11 @@ def run(spark: SparkSession, dataset: str, out: str) -> dict[str, int]:
 
         results = {
             "collections": collections_summary(
-                index, table("quanta_runtime"), table("page_faults"), table("block_io")
+                index,
+                table("quanta_runtime"),
+                table("page_faults"),
+                table("block_io"),
+                fault_sampling(spark, root, folders.get("page_faults", []), ids),
             ),
             "quanta_by_comm": quanta_by_comm(
                 table("quanta_runtime"), table("quanta_queued_time"), table("process_trace")
