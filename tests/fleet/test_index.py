@@ -508,3 +508,49 @@ def test_the_readme_recipe_says_what_recovered_collections_were_recovered_from(
             for cid, frm, err, added in got] == [
         (cid, r["recovered_from"], r["error"], r["rows_added"]) for cid, r in recovered.items()
     ]  # fmt: skip
+
+
+def help_fleet_sql(dataset: Path) -> list[str]:
+    """The DuckDB statements `kernmlops fleet --help` shows, URI replaced by ``dataset``."""
+    text = CliRunner().invoke(cli, ["fleet", "--help"]).stdout
+    block = text[text.index("duckdb:") + len("duckdb:") : text.index("spark:")]
+    statements: list[str] = []
+    for line in map(str.strip, block.splitlines()):
+        if line.startswith(("select ", "set ")) or not statements:
+            statements.append(line)
+        else:  # a statement's next line
+            statements[-1] += f" {line}"
+    return [s.rstrip(";").replace("URI", str(dataset)) for s in statements if s]
+
+
+def test_the_help_duckdb_recipe_reads_the_indexed_collections_only(
+    fleet: Path, tmp_path: Path
+) -> None:
+    """`fleet --help`'s DuckDB statements, as a reader copies them, over a dataset where a
+    push is under way (parts, no manifest, no index row) and `fleet reindex` took a
+    damaged collection out of the index: the table holds the indexed collections' rows
+    and nothing of the others (a glob over the dataset read the push under way and
+    failed on the damaged part)."""
+    from tests.fleet.conftest import make_collection
+
+    dest = tmp_path / "fleet"
+    runner = CliRunner()
+    assert runner.invoke(cli, ["push", str(fleet), str(dest)]).exit_code == 0
+    under_way = dest / "benchmark=faux" / "collection_id=c9"
+    shutil.copytree(make_collection(tmp_path / "src", "c9", seed=9, quanta=700), under_way)
+    (under_way / "manifest.json").unlink()
+    part = sorted((dest / "benchmark=faux/collection_id=c2/quanta_runtime").glob("*.parquet"))[0]
+    part.write_bytes(part.read_bytes()[: part.stat().st_size // 2])
+    assert runner.invoke(cli, ["fleet", "reindex", str(dest)]).exit_code == 1
+    expected = {
+        cid: pl.read_parquet(next(fleet.glob(f"*/collection_id={cid}")) / "quanta_runtime").height
+        for cid in ("c1", "c3")
+    }
+    statements = help_fleet_sql(dest)
+    assert any("quanta_runtime" in s for s in statements)
+    with duckdb.connect() as con:
+        results = [con.sql(s) for s in statements]
+        index = results[0].fetchall()
+        assert sorted(row[0] for row in index) == ["c1", "c3"]
+        got = dict(results[-1].aggregate("collection_id, count(*)").fetchall())
+    assert got == expected

@@ -94,11 +94,17 @@ def fleet_group() -> None:
 
     \b
     The dataset is Hive-partitioned Parquet plus an index, read by any engine:
-      duckdb: select * from read_parquet('URI/_index/*.parquet')
-              select * from read_parquet('URI/*/*/quanta_runtime/*.parquet',
-                                         hive_partitioning=true)
+      duckdb: select * from read_parquet('URI/_index/*.parquet');
+              set variable t = (select list('URI/' || path || '/quanta_runtime/*.parquet')
+                from read_parquet('URI/_index/*.parquet')
+                where list_contains(map_keys(rows), 'quanta_runtime'));
+              select * from read_parquet(getvariable('t'), hive_partitioning=true);
       spark:  spark.read.parquet('URI/_index')
       kernmlops spark-job URI OUT    per-collection summaries and the MLLB data set
+
+    A table is read from the folders the index names (its path), not from a glob over
+    URI: a glob also reads a push under way, and fails on a collection that
+    `kernmlops fleet reindex` found damaged.
     """
 
 
