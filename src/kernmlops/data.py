@@ -595,18 +595,51 @@ def _held_collection(path: Path) -> Iterator[tuple[Pinned, int | None]]:
         held.close()
 
 
-def _scan_table_held(folder: Path, table: str) -> pl.LazyFrame | None:
+def _scan_table_held(folder: Path, table: str) -> tuple[pl.LazyFrame | None, str | None]:
     """As root, ``table`` of the collection in ``folder`` scanned on its parts opened
     through held folders (None where it has no finished part): no link a user
-    planted is followed, now or when the scan is collected."""
+    planted is followed, now or when the scan is collected; and why the collection
+    is not whole (:func:`_not_whole`) where it has the table."""
+    from kernmlops.collect.manifest import parse_manifest
+    from kernmlops.host.pinned import read_plain
+
     with _held_collection(folder) as (held, uid), _closing_fds() as fds:
         _, opened, _ = _held_tables(held, folder, uid, fds, only=table)
         if table not in opened:
-            return None
+            return None, None
         scan = _held_scan(opened[table])
         with reading(folder / table, table):
             scan.collect_schema()
-        return scan
+        try:
+            text = read_plain(held.io / MANIFEST_NAME, owner=held.owner).decode("utf-8")
+            manifest: Manifest | None = parse_manifest(text, folder / MANIFEST_NAME)
+        except (OSError, UnicodeDecodeError, CollectionError):
+            manifest = None
+        return scan, _not_whole(manifest, held.io)
+
+
+def _manifest_or_none(folder: Path) -> Manifest | None:
+    """The manifest of the collection in ``folder``; None where it cannot be read."""
+    try:
+        return read_manifest(folder)
+    except CollectionError:
+        return None
+
+
+def _not_whole(manifest: Manifest | None, folder: Path) -> str | None:
+    """Why the collection in ``folder`` (its ``manifest``, None where it has none that
+    reads) is not whole, as read_collection warns of it; None where it is."""
+    from kernmlops.spool.recovery import pending_spools
+
+    if manifest is None:
+        return "no readable manifest: a copy or push under way?"
+    pid = manifest.live_collector()
+    if pid is not None:
+        return f"still being collected, collector pid {pid}"
+    why = ["its collector stopped without finishing"] if manifest.state == "running" else []
+    if pending_spools(folder):
+        why.append("rows still in its spool: `kernmlops recover` adds them")
+    return "; ".join(why) or None
 
 
 def _manifest_and_tables_held(folder: Path) -> tuple[Manifest | None, list[str]]:
@@ -695,7 +728,10 @@ def read_parquet_dir(
     starts with ``benchmark`` and ``collection_id`` columns, taken from the folder names (as
     Hive readers such as DuckDB and Spark do), followed by the table's columns. Collections
     whose schemas differ (an older kernmlops) are combined diagonally: missing columns are
-    null and numeric types widen.
+    null and numeric types widen. Collections read that are not whole (still collected,
+    their collector dead, rows left in their spool, no readable manifest: a copy or a
+    push under way) are read as far as they are and named in one
+    :class:`IncompleteCollectionWarning`.
 
     Args:
         path: the folder to read.
@@ -708,15 +744,19 @@ def read_parquet_dir(
     root = _local_folder(path)
     collections = _collections(root)
     scans = []
+    partial: list[str] = []  # the collections read that are not whole, and why
     as_root = os.geteuid() == 0
     for benchmark, collection_id, folder in collections:
         if as_root:
             # the collections may be users': their parts opened now, through held
             # folders (a scan by name would follow any link planted since)
-            scan = _scan_table_held(folder, table)
+            scan, why = _scan_table_held(folder, table)
         else:
             parts = _parts(folder / table)
             scan = _scan(parts) if parts else None
+            why = _not_whole(_manifest_or_none(folder), folder) if scan is not None else None
+        if why:
+            partial.append(f"{folder} ({why})")
         if scan is not None:
             scans.append(
                 scan.with_columns(
@@ -727,6 +767,13 @@ def read_parquet_dir(
     if not scans:
         raise CollectionError(
             f"{root}: no table {table!r} in any of its {len(collections)} collection(s)"
+        )
+    if partial:
+        warnings.warn(
+            f"{root}: {len(partial)} of the {len(scans)} collections read are not whole "
+            f"(read as far as they are): {', '.join(partial)}",
+            IncompleteCollectionWarning,
+            stacklevel=2,
         )
     frame = scans[0] if len(scans) == 1 else pl.concat(scans, how="diagonal_relaxed")
     frame = frame.select(BENCHMARK, COLLECTION_ID, pl.exclude(BENCHMARK, COLLECTION_ID))
