@@ -6,6 +6,7 @@ polars and numpy."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -18,11 +19,12 @@ import pytest
 from click.testing import CliRunner
 
 from kernmlops.cli import cli
+from kernmlops.collect.manifest import write_manifest
 from kernmlops.data import read_parquet_dir
 from kernmlops.fleet import open_dataset
 from kernmlops.fleet.push import push
 from tests.conftest import REQUIRE_BPF, needs_tools
-from tests.fleet.conftest import make_collection
+from tests.fleet.conftest import T0, make_collection
 
 pytestmark = [
     needs_tools("java"),
@@ -42,7 +44,12 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     make_collection(src, "c1", host="node-a", seed=1)
     # page faults sampled 1 in 4 (hooks.page_faults.sample_every): a row stands for 4
     sampled = {"hooks": {"page_faults": {"sample_every": 4}}}
-    make_collection(src, "c2", host="node-b", seed=2, quanta=1500, config=sampled)
+    c2 = make_collection(src, "c2", host="node-b", seed=2, quanta=1500, config=sampled)
+    # its benchmark ran 1.6 s of the collection's 2 s (the collector's start and its
+    # last flush around it): the rates are per second of the benchmark
+    manifest = json.loads((c2 / "manifest.json").read_text())
+    manifest["benchmark"].update(started_uptime_us=T0, stopped_uptime_us=T0 + 1_600_000)
+    write_manifest(c2, manifest)
     make_collection(src, "lb1", benchmark="lb-stress", host="node-a", seed=3, quanta=800, lb=600)
     dest = tmp / "dest"
     results, refused = push(sorted(src.glob("*/collection_id=*")), open_dataset(str(dest)))
@@ -103,13 +110,19 @@ def test_the_job_on_a_standalone_cluster(spark, dataset: tuple[Path, Path], tmp_
     assert dict(out["collections"].select("collection_id", "faults").iter_rows()) == {
         cid: n * every[cid] for cid, n in rows.iter_rows()
     }
+    # per second of c2's benchmark (its manifest's start and stop), else of the collection
+    seconds = {"c1": 2.0, "c2": 1.6, "lb1": 2.0}
+    counts = quanta.group_by("collection_id").len()
+    assert dict(out["collections"].select("collection_id", "switches_per_s").iter_rows()) == {
+        cid: pytest.approx(n / seconds[cid]) for cid, n in counts.iter_rows()
+    }
     for row in out["collections"].iter_rows(named=True):
         cid = row["collection_id"]
         q = quanta.filter(pl.col("collection_id") == cid)
         lat = io.filter(pl.col("collection_id") == cid)["issue_to_complete_us"].to_numpy()
         assert row["quanta"] == q.height
-        assert row["switches_per_s"] == pytest.approx(q.height / 2.0)
-        assert row["faults_per_s"] == pytest.approx(row["faults"] / 2.0)
+        assert row["benchmark_s"] == (1.6 if cid == "c2" else None)
+        assert row["faults_per_s"] == pytest.approx(row["faults"] / seconds[cid])
         assert row["fault_sample_every"] == every[cid]
         assert row["block_io_p50_us"] == np.quantile(lat, 0.5, method="inverted_cdf")
         assert row["block_io_p99_us"] == np.quantile(lat, 0.99, method="inverted_cdf")

@@ -8,7 +8,9 @@ collection being pushed is not in the index yet), and writes three Parquet table
     context switches per second (each quantum ends in a switch); page faults and faults
     per second (a row stands for N faults where the hook kept 1 in N: the manifest's
     ``hooks.page_faults.sample_every``, in ``fault_sample_every``); block I/Os and
-    their issue -> complete latency (mean, p50, p99, µs).
+    their issue -> complete latency (mean, p50, p99, µs). Rates are per second of the
+    benchmark's run (``benchmark_s``, from the manifest's benchmark start and stop),
+    else of the collection (``duration_s``), else of its quanta's span (killed).
 ``quanta_by_comm``
     per collection and command name: quanta, run time (mean, p50, p99 µs), queued
     wake-ups and queue time (mean, p50, p99 µs). A thread's name is the last one
@@ -193,41 +195,51 @@ def _folders(index: DataFrame) -> tuple[dict[str, list[str]], dict[str, str]]:
     return by_table, ids
 
 
-#: where a manifest keeps the page_faults hook's sampling (1 fault in N kept as a row)
-_SAMPLE_EVERY = "$.config.hooks.page_faults.sample_every"
+#: what the summary takes from each manifest: the page_faults hook's sampling (1 fault
+#: in N kept as a row) and the benchmark's start and stop (CLOCK_MONOTONIC µs)
+_FACTS = {
+    "every": "$.config.hooks.page_faults.sample_every",
+    "started": "$.benchmark.started_uptime_us",
+    "stopped": "$.benchmark.stopped_uptime_us",
+}
 
 
-def fault_sampling(
-    spark: SparkSession, root: str, folders: list[str], ids: dict[str, str]
-) -> DataFrame | None:
-    """(collection_id, fault_sample_every) of the collections in ``folders`` whose
-    manifest says page_faults kept 1 fault in N > 1 (``hooks.page_faults.sample_every``);
-    None when none did. Only this one value of each manifest reaches the driver."""
+def manifest_facts(spark: SparkSession, root: str, ids: dict[str, str]) -> DataFrame | None:
+    """(collection_id, fault_sample_every, benchmark_s) of the indexed collections
+    (``ids``: folder -> collection_id) whose manifest says either: page_faults kept 1
+    fault in N > 1 (``hooks.page_faults.sample_every``), or how long the benchmark ran
+    (``benchmark.started_uptime_us`` to ``stopped_uptime_us``); None when none does.
+    Only these values of each manifest reach the driver."""
     from pyspark.sql import functions as F
 
-    if not folders:
+    if not ids:
         return None
-    paths = [f"{root}/{folder}/manifest.json" for folder in folders]
-    sampled = (
+    paths = [f"{root}/{folder}/manifest.json" for folder in ids]
+    found = (
         spark.read.text(paths, wholetext=True)
         .select(
             F.input_file_name().alias("file"),
-            F.get_json_object("value", _SAMPLE_EVERY).cast("bigint").alias("every"),
+            *(F.get_json_object("value", at).cast("bigint").alias(k) for k, at in _FACTS.items()),
         )
-        .where("every > 1")
+        .where("every > 1 or (started is not null and stopped > started)")
         .collect()
     )
     # Spark names a file by its URI (file:, percent-encoded): matched by its folder's tail
-    tails = {f"/{folder}/manifest.json": folder for folder in folders}
+    tails = {f"/{folder}/manifest.json": folder for folder in ids}
     rows = []
-    for row in sampled:
+    for row in found:
         path = unquote(urlsplit(row["file"]).path)
         folder = next((f for tail, f in tails.items() if path.endswith(tail)), None)
-        if folder is not None:
-            rows.append((ids[folder], int(row["every"])))
+        if folder is None:
+            continue
+        every = row["every"] if row["every"] and row["every"] > 1 else None
+        ran = row["started"] is not None and row["stopped"] and row["stopped"] > row["started"]
+        seconds = (row["stopped"] - row["started"]) / 1e6 if ran else None
+        rows.append((ids[folder], every, seconds))
     if not rows:
         return None
-    return spark.createDataFrame(rows, f"{COLLECTION_ID} string, fault_sample_every bigint")
+    schema = f"{COLLECTION_ID} string, fault_sample_every bigint, benchmark_s double"
+    return spark.createDataFrame(rows, schema)
 
 
 def _pcts(column: str, prefix: str) -> list[Any]:
@@ -287,17 +299,24 @@ def collections_summary(
     quanta: DataFrame | None,
     faults: DataFrame | None,
     block_io: DataFrame | None,
-    sampling: DataFrame | None = None,
+    facts: DataFrame | None = None,
 ) -> DataFrame:
-    """One row per indexed collection. ``sampling``: (collection_id,
-    fault_sample_every) of the collections whose page_faults rows are 1 fault in N
-    (:func:`fault_sampling`): their rows count N faults each."""
+    """One row per indexed collection. ``facts``: (collection_id, fault_sample_every,
+    benchmark_s) from the manifests (:func:`manifest_facts`): a page_faults row of a
+    collection that kept 1 fault in N counts N faults, and rates are per second of the
+    benchmark's run where the manifest says how long it ran."""
     from pyspark.sql import functions as F
 
     out = index.select(
         COLLECTION_ID, BENCHMARK, "host", "kernel", "cpu_model", "logical_cpus", "started_at",
         "state", "duration_s",
     )  # fmt: skip
+    if facts is not None:
+        out = out.join(facts, on=COLLECTION_ID, how="left")
+    else:
+        out = out.withColumn("fault_sample_every", F.lit(None).cast("bigint")).withColumn(
+            "benchmark_s", F.lit(None).cast("double")
+        )
     if quanta is not None:
         per = quanta.groupBy(COLLECTION_ID).agg(
             F.count("*").alias("quanta"),
@@ -308,16 +327,14 @@ def collections_summary(
         out = out.withColumn("quanta", F.lit(None).cast("bigint")).withColumn(
             "_span_s", F.lit(None).cast("double")
         )
-    # the collection's duration; a collection without one (killed) spans its quanta
-    seconds = F.coalesce("duration_s", "_span_s")
+    # the benchmark's run (what the tables of a benchmark's processes span: the
+    # collection's own start and last flush around it are not), else the collection's
+    # duration (faux: no benchmark process), else (killed) the span of its quanta
+    seconds = F.coalesce("benchmark_s", "duration_s", "_span_s")
     out = out.withColumn("switches_per_s", F.col("quanta") / seconds)
     if faults is not None:
         per = faults.groupBy(COLLECTION_ID).agg(F.count("*").alias("_fault_rows"))
         out = out.join(per, on=COLLECTION_ID, how="left")
-        if sampling is not None:
-            out = out.join(sampling, on=COLLECTION_ID, how="left")
-        else:
-            out = out.withColumn("fault_sample_every", F.lit(None).cast("bigint"))
         # a row is one fault, or N of them where the hook kept 1 in N
         every = F.when(F.col("_fault_rows").isNotNull(), F.coalesce("fault_sample_every", F.lit(1)))
         out = out.withColumn("fault_sample_every", every).withColumn(
@@ -441,7 +458,7 @@ def run(spark: SparkSession, dataset: str, out: str) -> dict[str, int]:
                 table("quanta_runtime"),
                 table("page_faults"),
                 table("block_io"),
-                fault_sampling(spark, root, folders.get("page_faults", []), ids),
+                manifest_facts(spark, root, ids),
             ),
             "quanta_by_comm": quanta_by_comm(
                 table("quanta_runtime"), table("quanta_queued_time"), table("process_trace")
