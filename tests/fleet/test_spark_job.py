@@ -166,6 +166,22 @@ def test_a_second_run_in_one_session_sees_what_was_published_since(spark, tmp_pa
     assert run(spark, dest, str(tmp_path / "out"))["collections"] == 2
 
 
+def test_a_table_with_no_input_leaves_no_earlier_runs_table_in_out(spark, tmp_path: Path) -> None:
+    """OUT holds one run's tables: a run over a dataset without lb collections writes no
+    mllb table, and removes the one an earlier run wrote there (it was kept, read as
+    this run's MLLB data set beside this run's summaries)."""
+    from kernmlops.fleet.spark_job import run
+
+    out = tmp_path / "out"
+    with_lb = _pushed(tmp_path / "a", ("lb1", {"benchmark": "lb-stress", "quanta": 300, "lb": 200}))
+    assert set(run(spark, str(with_lb), str(out))) == {"collections", "quanta_by_comm", "mllb"}
+    assert (out / "mllb").is_dir()
+    without = _pushed(tmp_path / "b", ("c1", {"seed": 1, "quanta": 300}))
+    assert set(run(spark, str(without), str(out))) == {"collections", "quanta_by_comm"}
+    assert sorted(p.name for p in out.iterdir()) == ["collections", "quanta_by_comm"]
+    assert pl.read_parquet(out / "collections" / "*.parquet")["collection_id"].to_list() == ["c1"]
+
+
 def _pushed(tmp_path: Path, *collections: tuple[str, dict]) -> Path:
     src, dest = tmp_path / "curated", tmp_path / "dest"
     folders = [make_collection(src, cid, **kw) for cid, kw in collections]

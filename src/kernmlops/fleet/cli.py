@@ -325,7 +325,7 @@ def spark_job_command(dataset: str, out: str, master: str | None) -> None:
 
     if importlib.util.find_spec("pyspark") is None:
         fail(ConfigError("spark-job needs pyspark (pip install 'kernmlops[interop]')"))
-    from kernmlops.fleet.spark_job import JobError, run, start
+    from kernmlops.fleet.spark_job import OUTPUTS, JobError, run, start
 
     try:
         spark = start(master or "local[*]")
@@ -339,5 +339,7 @@ def spark_job_command(dataset: str, out: str, master: str | None) -> None:
         fail(err)
     finally:
         spark.stop()
-    for name, n in written.items():
-        _say(f"{name}: {n:,} rows -> {out.rstrip('/')}/{name}")
+    for name in OUTPUTS:
+        n = written.get(name)
+        done = f"{n:,} rows -> {out.rstrip('/')}/{name}" if n is not None else "no input"
+        _say(f"{name}: {done}")

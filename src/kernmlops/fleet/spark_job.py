@@ -406,7 +406,8 @@ def mllb(decisions: DataFrame | None) -> DataFrame | None:
 
 def run(spark: SparkSession, dataset: str, out: str) -> dict[str, int]:
     """Compute the job's tables over ``dataset`` and write them under ``out`` (Parquet,
-    replacing earlier results); rows per table written (absent tables: no input).
+    replacing earlier results); rows per table written (absent tables: no input, and
+    an earlier run's folder of that table removed from ``out``).
 
     Raises:
         FileNotFoundError: ``dataset`` has no index (nothing published there).
@@ -467,6 +468,9 @@ def run(spark: SparkSession, dataset: str, out: str) -> dict[str, int]:
         }
         for name, frame in results.items():
             if frame is None:
+                # no input this run: an earlier run's table left in OUT would read as this
+                # run's beside this run's others
+                _remove(spark, f"{out}/{name}")
                 continue
             target = f"{out}/{name}"
             doing = f"writing {target}"
@@ -663,8 +667,10 @@ def main(argv: list[str] | None = None) -> int:
         return err.exit_code
     finally:
         spark.stop()
-    for name, n in written.items():
-        print(f"{name}: {n:,} rows -> {args.out.rstrip('/')}/{name}", file=sys.stderr)
+    for name in OUTPUTS:
+        n = written.get(name)
+        done = f"{n:,} rows -> {args.out.rstrip('/')}/{name}" if n is not None else "no input"
+        print(f"{name}: {done}", file=sys.stderr)
     return 0
 
 
