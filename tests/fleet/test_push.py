@@ -380,3 +380,16 @@ def test_a_uri_that_is_empty_or_a_file_is_refused(
     assert "a part of the path is a file" in line and "Errno" not in line
     assert afile.read_text() == "x"
     assert run("push", folder, str(tmp_path / "ok")).exit_code == 0  # a folder beside it
+
+
+def test_a_push_line_gives_the_size_in_a_unit_that_shows_it() -> None:
+    """A small collection's push said "0.0 MiB": its size is given in the unit that
+    shows it, KiB to GiB, as the other sizes kernmlops prints."""
+    from kernmlops.fleet.push import PushResult
+
+    def line(size: int) -> str:
+        return PushResult("c1", "faux", "/d/c1", copied=["a", "b"], copied_bytes=size).line()
+
+    assert line(37_863) == "c1: 2 files, 37.0 KiB -> /d/c1"
+    assert line(3_555_938) == "c1: 2 files, 3.4 MiB -> /d/c1"
+    assert line(512) == "c1: 2 files, 512 B -> /d/c1"

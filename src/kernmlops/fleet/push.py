@@ -62,11 +62,12 @@ class PushResult:
         """One line for the user."""
         if self.already:
             return f"{self.collection_id}: already published at {self.where}"
+        from kernmlops.confined import human_size
+
         resumed = f" ({len(self.present)} already there)" if self.present else ""
-        mib = self.copied_bytes / 2**20
         return (
-            f"{self.collection_id}: {len(self.copied)} files, {mib:,.1f} MiB -> "
-            f"{self.where}{resumed}"
+            f"{self.collection_id}: {len(self.copied)} files, {human_size(self.copied_bytes)} "
+            f"-> {self.where}{resumed}"
         )
 
 
