@@ -33,10 +33,11 @@ TARGET = "the defaults' rings, copiers and zstd workers at each CPU count; 0 dro
 
 
 def guest_script(out: Path, pairs: int, seconds: int) -> str:
-    """What the guest runs: this interpreter's kernmlops, the storm's own tree."""
+    """What the guest runs: this interpreter's kernmlops, the storm's own tree, from the
+    folder it may write (the host's files are read-only there; stress-ng writes in its cwd)."""
     collect = [sys.executable, "-m", "kernmlops", "collect", "-o", str(out / "c"), "--no-progress"]
     storm = ["stress-ng", "--switch", str(pairs), "-t", str(seconds)]
-    return f"date +%s.%N > {out}/start; {' '.join(collect)} -- {' '.join(storm)}"
+    return f"cd {out} && date +%s.%N > start; {' '.join(collect)} -- {' '.join(storm)}"
 
 
 def expected(cpus: int) -> dict[str, int]:
@@ -85,7 +86,8 @@ def one(cpus: int, numa: int, pairs: int, seconds: int, timeout: float) -> dict[
             online=len(manifest["system"]["online_cpus"]),
             got={
                 "rings": hook.get("rings"),
-                "copiers": copier.get("copiers"),
+                # one copier is not counted in the manifest: its one cpu_s is
+                "copiers": copier.get("copiers") or len(copier.get("cpu_s") or []),
                 "zstd_workers": copier.get("zstd_workers"),
             },
             want=expected(cpus),
