@@ -17,6 +17,7 @@ from kernmlops.clitools import (
     fail,
     require_bpf_privileges,
     survive_closed_output,
+    warnings_as_lines,
 )
 from kernmlops.errors import (
     CollectionError,
@@ -120,6 +121,8 @@ def cli() -> None:
     Collections land in data/curated/benchmark=<b>/collection_id=<id>/ as
     Parquet plus manifest.json; read them with kernmlops.data.read_collection.
     """
+    # every command says the library's warnings as its own: one `warning:` line each
+    click.get_current_context().with_resource(warnings_as_lines())
 
 
 # --- collect -------------------------------------------------------------------
