@@ -61,17 +61,25 @@ def warnings_as_lines() -> Iterator[None]:
         yield
 
 
-def check_tgid(tgid: int | None, option: str = "--tgid") -> None:
-    """Refuse (click.BadParameter, a usage error) a ``tgid`` that is not a running
-    process's id, before anything is set up; None passes."""
+def check_tgid(
+    tgid: int | None, option: str = "--tgid", error: type[KernmlopsError] | None = None
+) -> None:
+    """Refuse a ``tgid`` that is not a running process's id, before anything is set up;
+    None passes. Raises ``error`` (``<option> <tgid>: why``, one line) where given, else
+    click.BadParameter (a usage error)."""
     import click
 
     if tgid is None:
         return
     if tgid <= 0:
-        raise click.BadParameter(f"{tgid}: a process id is positive", param_hint=option)
-    if not os.path.exists(f"/proc/{tgid}"):
-        raise click.BadParameter(f"no process {tgid}", param_hint=option)
+        why, said = "a process id is positive", f"{tgid}: a process id is positive"
+    elif not os.path.exists(f"/proc/{tgid}"):
+        why = said = f"no process {tgid}"
+    else:
+        return
+    if error is not None:
+        raise error(f"{option} {tgid}: {why}")
+    raise click.BadParameter(said, param_hint=option)
 
 
 def require_bpf_privileges(command: str, error: type[KernmlopsError] = KernmlopsError) -> None:
