@@ -25,6 +25,14 @@ def test_list_shows_every_builtin_set_and_its_metrics() -> None:
     assert "kernmlops_cgroup_cpu_seconds_total{cgroup}  counter" in result.output
 
 
+def test_list_writes_a_metric_without_labels_bare_as_prometheus_does() -> None:
+    result = run("--list")
+    assert result.exit_code == 0, result.output
+    # runqlat's histogram has no label: its name alone, as /metrics writes it
+    assert "    kernmlops_runqueue_latency_seconds  histogram\n" in result.output
+    assert "{}" not in result.output
+
+
 def test_bad_metric_file_names_file_key_and_reason(tmp_path: Path) -> None:
     bad = tmp_path / "io.yaml"
     bad.write_text(

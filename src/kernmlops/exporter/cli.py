@@ -317,7 +317,8 @@ def _list() -> None:
             metric = m.exposed_name if isinstance(m, CounterSpec) else m.name
             kind = "counter" if isinstance(m, CounterSpec) else "histogram"
             labels = ",".join(label.name for label in m.labels)
-            click.echo(f"    {metric}{{{labels}}}  {kind}")
+            # no label: the name alone, as Prometheus writes such a metric (not "{}")
+            click.echo(f"    {metric}{{{labels}}}  {kind}" if labels else f"    {metric}  {kind}")
 
 
 def _report(statuses) -> None:
