@@ -150,7 +150,7 @@ def test_collect_refuses_a_tgid_it_would_not_follow_before_anything_is_set_up(
     pid = str(_no_pid())
     done = kernmlops("collect", "-o", str(out), *(a.format(pid=pid) for a in args), cwd=tmp_path)
     assert done.returncode == 2, done.stderr
-    # click's usage error, as `export --tgid` gives it
+    # click's usage error, as collect's other flag errors (export says its own in one line)
     assert done.stderr.splitlines()[-1].startswith(f"Error: {message.format(pid=pid)}")
     assert not out.exists()
 

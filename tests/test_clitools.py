@@ -25,6 +25,29 @@ def test_fail_prints_one_literal_line_on_stderr_and_exits_with_the_code() -> Non
     assert out.stderr == f"error: bad [bold]key[/] in [hooks.perf] {long}\n"
 
 
+def test_warnings_as_lines_says_ours_in_one_line_and_others_as_python_does() -> None:
+    long = "y" * 150  # longer than a terminal line: must not wrap
+    code = (
+        "import warnings\n"
+        "from kernmlops.clitools import warnings_as_lines\n"
+        "from kernmlops.data import IncompleteCollectionWarning\n"
+        "with warnings_as_lines():\n"
+        f"    warnings.warn('a [b]partial[/] {long}', IncompleteCollectionWarning)\n"
+        "    warnings.warn('going away', DeprecationWarning)\n"
+        "warnings.warn('outside', IncompleteCollectionWarning)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-W", "always", "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stderr.splitlines()
+    assert lines[0] == f"warning: a [b]partial[/] {long}"
+    # not ours: where it came from, as Python says it; and Python's way again once out
+    assert lines[1] == "<string>:6: DeprecationWarning: going away"
+    assert lines[2] == "<string>:7: IncompleteCollectionWarning: outside"
+    assert len(lines) == 3
+
+
 def test_require_bpf_privileges(monkeypatch: pytest.MonkeyPatch) -> None:
     from kernmlops.ebpf import probe
 

@@ -17,6 +17,7 @@ from kernmlops.clitools import (
     fail,
     require_bpf_privileges,
     survive_closed_output,
+    warnings_as_lines,
 )
 from kernmlops.errors import (
     CollectionError,
@@ -120,6 +121,8 @@ def cli() -> None:
     Collections land in data/curated/benchmark=<b>/collection_id=<id>/ as
     Parquet plus manifest.json; read them with kernmlops.data.read_collection.
     """
+    # every command says the library's warnings as its own: one `warning:` line each
+    click.get_current_context().with_resource(warnings_as_lines())
 
 
 # --- collect -------------------------------------------------------------------
@@ -208,7 +211,11 @@ def _summary(result) -> Table:
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     for name, st in result.hooks.items():
         status = (
-            f"[green]{st.variant or 'attached'}[/]" if st.attached else f"[yellow]{st.reason}[/]"
+            "[red]failed[/] (detached)"
+            if st.failed
+            else f"[green]{st.variant or 'attached'}[/]"
+            if st.attached
+            else f"[yellow]{st.reason}[/]"
         )
         rows = ", ".join(f"{t}={n:,}" for t, n in st.rows.items()) or "-"
         lost = st.drops + st.missed
@@ -446,7 +453,9 @@ def collect(
     if config.collector.output_graphs and result.ended_by != "error":
         _draw_graphs(result.path)
     if result.exit_code:
-        _line(f"[yellow]exit code {result.exit_code}[/] ({result.ended_by})")
+        failed = [n for n, st in result.hooks.items() if st.failed]
+        why = f"; hook {', '.join(failed)} failed" if failed else ""
+        _line(f"[yellow]exit code {result.exit_code}[/] ({result.ended_by}{escape(why)})")
     if publish_to is not None:
         from kernmlops.fleet.cli import publish_collection
 

@@ -3,12 +3,15 @@ for the privileges that loading BPF programs needs."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import sys
-from typing import Any, NoReturn
+import warnings
+from collections.abc import Iterator
+from typing import Any, NoReturn, TextIO
 
-from kernmlops.errors import KernmlopsError
+from kernmlops.errors import KernmlopsError, KernmlopsWarning
 
 #: every command's help: -h as well as --help, lines up to 100 columns (the option
 #: help texts are written for that width)
@@ -26,17 +29,57 @@ def fail(err: KernmlopsError) -> NoReturn:
     sys.exit(err.exit_code)
 
 
-def check_tgid(tgid: int | None, option: str = "--tgid") -> None:
-    """Refuse (click.BadParameter, a usage error) a ``tgid`` that is not a running
-    process's id, before anything is set up; None passes."""
+@contextlib.contextmanager
+def warnings_as_lines() -> Iterator[None]:
+    """While inside, a KernmlopsWarning (a collection that is not whole, ...) is said as
+    one ``warning: <message>`` line on stderr, as the commands say their own warnings,
+    not as Python's two lines (the file and line that warned, then that source line).
+    Other warnings (a library's deprecation, a bug's) keep Python's form, which says
+    where they come from. The library's callers in Python still get the warning."""
+    with warnings.catch_warnings():  # showwarning and the filters are restored on the way out
+        python_way = warnings.showwarning
+
+        def show(
+            message: Warning | str,
+            category: type[Warning],
+            filename: str,
+            lineno: int,
+            file: TextIO | None = None,
+            line: str | None = None,
+        ) -> None:
+            if not issubclass(category, KernmlopsWarning):
+                python_way(message, category, filename, lineno, file, line)
+                return
+            from rich.console import Console
+            from rich.markup import escape
+
+            # soft_wrap: one line however long (paths), as fail() says an error
+            console = Console(stderr=True, highlight=False)
+            console.print(f"[yellow]warning:[/] {escape(str(message))}", soft_wrap=True)
+
+        warnings.showwarning = show
+        yield
+
+
+def check_tgid(
+    tgid: int | None, option: str = "--tgid", error: type[KernmlopsError] | None = None
+) -> None:
+    """Refuse a ``tgid`` that is not a running process's id, before anything is set up;
+    None passes. Raises ``error`` (``<option> <tgid>: why``, one line) where given, else
+    click.BadParameter (a usage error)."""
     import click
 
     if tgid is None:
         return
     if tgid <= 0:
-        raise click.BadParameter(f"{tgid}: a process id is positive", param_hint=option)
-    if not os.path.exists(f"/proc/{tgid}"):
-        raise click.BadParameter(f"no process {tgid}", param_hint=option)
+        why, said = "a process id is positive", f"{tgid}: a process id is positive"
+    elif not os.path.exists(f"/proc/{tgid}"):
+        why = said = f"no process {tgid}"
+    else:
+        return
+    if error is not None:
+        raise error(f"{option} {tgid}: {why}")
+    raise click.BadParameter(said, param_hint=option)
 
 
 def require_bpf_privileges(command: str, error: type[KernmlopsError] = KernmlopsError) -> None:

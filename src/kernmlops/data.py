@@ -53,7 +53,7 @@ from kernmlops.collect.manifest import (
     manifest_time,
     read_manifest,
 )
-from kernmlops.errors import CollectionError, EmptyCollectionError
+from kernmlops.errors import CollectionError, EmptyCollectionError, KernmlopsWarning
 from kernmlops.tables import BENCHMARK, COLLECTION_ID
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ __all__ = [
 ]
 
 
-class IncompleteCollectionWarning(UserWarning):
+class IncompleteCollectionWarning(KernmlopsWarning):
     """Not all of the collection is read: its collector did not finish (killed,
     crashed: read as far as flushed) or is still collecting, rows are still in its spool,
     or a table its manifest counts rows in has no part left."""

@@ -18,6 +18,11 @@ class KernmlopsError(Exception):
     exit_code = 2
 
 
+class KernmlopsWarning(UserWarning):
+    """Base class of the warnings a user should read (work goes on): a command says
+    each as one ``warning: <message>`` line, a library caller gets the warning."""
+
+
 class ConfigError(KernmlopsError):
     """Bad configuration (unknown key, wrong type, bad value)."""
 

@@ -428,6 +428,147 @@ def test_caller_hooks_and_participants_are_ordinary_participants(tmp_path: Path)
     assert col.manifest.state == "duration"
 
 
+class _FailingHook(_CountingHook):
+    """A hook with a bug: its poll raises once it has given ``after`` rows."""
+
+    name = "failing_hook"
+    tables = ("failing_rows",)
+
+    def __init__(self, after: int, other: _CountingHook) -> None:
+        super().__init__()
+        self.after = after
+        self.other = other
+        #: the other hook's polls when this one was closed
+        self.closed_at: int | None = None
+
+    def poll(self) -> Iterator[tuple[str, pl.DataFrame]]:
+        self.polls += 1
+        if self.polls > self.after:
+            raise RuntimeError("decoder bug")
+        self.status.events += 1
+        yield "failing_rows", pl.DataFrame({"poll": [self.polls]})
+
+    def close(self) -> None:
+        if self.closed_at is None:
+            self.closed_at = self.other.polls
+
+
+def test_a_hook_whose_poll_fails_is_detached_and_the_others_go_on(tmp_path: Path) -> None:
+    other = _CountingHook()
+    failing = _FailingHook(2, other)
+    said: list[str] = []
+    config = _config(tmp_path, hooks=["memory_usage"])
+    result = Session(config, hooks=[other, failing], on_message=said.append).run()
+    # the benchmark ran its course; the collection is not clean
+    assert result.ended_by == "duration" and result.exit_code == 1
+    assert failing.polls == 3  # never polled again
+    assert failing.closed_at is not None and other.polls > failing.closed_at  # closed at once
+    col = read_collection(result.path)
+    assert col["failing_rows"]["poll"].to_list() == [1, 2]  # its rows before the failure
+    assert col["caller_rows"]["poll"].to_list() == list(range(1, other.polls + 1))
+    assert col["memory_usage"].height >= 1
+    record = col.manifest.hooks["failing_hook"]
+    assert record.failed and record.events == 2
+    assert record.reason == (
+        "its poll raised RuntimeError: decoder bug; detached, the other hooks went on"
+    )
+    assert not col.manifest.hooks["caller_hook"].failed
+    assert col.manifest.state == "duration" and col.manifest.exit_code == 1
+    assert [m for m in said if "failing_hook" in m] == [
+        "hook failing_hook failed (its poll raised RuntimeError: decoder bug): detached; the "
+        "collection goes on without it and exits with 1"
+    ]
+
+
+def test_a_bpf_hook_whose_poll_fails_has_its_programs_detached_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kernmlops.collect import session as session_mod
+    from kernmlops.hooks.quanta_runtime import QuantaRuntimeHook
+    from tests.e2e.conftest import kernel_objects, wait_released
+
+    class Failing(QuantaRuntimeHook):
+        polls = 0
+
+        def poll(self):  # type: ignore[no-untyped-def]
+            self.polls += 1
+            if self.polls > 3:
+                raise RuntimeError("decoder bug")
+            yield from super().poll()
+
+    real = session_mod.get_hook
+    monkeypatch.setattr(
+        session_mod, "get_hook", lambda n: Failing if n == "quanta_runtime" else real(n)
+    )
+    before = kernel_objects()
+    left_when_said: list[dict[str, set[int]]] = []
+
+    def said(line: str) -> None:
+        if "quanta_runtime failed" in line:  # the collection still runs
+            left_when_said.append(wait_released(before))
+
+    config = _config(tmp_path, hooks=["quanta_runtime", "memory_usage"])
+    result = Session(config, on_message=said).run()
+    assert result.ended_by == "duration" and result.exit_code == 1
+    assert left_when_said == [{"prog": set(), "link": set()}]  # its programs gone then
+    col = read_collection(result.path)
+    assert col.manifest.hooks["quanta_runtime"].failed
+    assert col["memory_usage"].height >= 1
+    assert not any(wait_released(before).values())
+
+
+_FAILING_IN_THE_CLI = """
+import polars as pl
+from kernmlops.collect import session
+from kernmlops.hooks.base import Hook
+
+class Failing(Hook):
+    name = "memory_usage"
+    tables = ("memory_usage",)
+    polls = 0
+
+    def start(self, ctx):
+        self.status.attached = True
+
+    def poll(self):
+        self.polls += 1
+        if self.polls > 3:
+            raise RuntimeError("decoder bug")
+        yield "memory_usage", pl.DataFrame({"poll": [self.polls]})
+
+real = session.get_hook
+session.get_hook = lambda name: Failing if name == "memory_usage" else real(name)
+from kernmlops.cli import main
+main()
+"""
+
+
+def test_collect_says_a_failed_hook_in_one_line_and_exits_1(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-c", _FAILING_IN_THE_CLI, "collect", "--no-progress", "-o", str(out),
+         "-b", "faux", "-d", "1", "--hooks", "memory_usage,quanta_runtime"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    warned = [line for line in done.stderr.splitlines() if line.startswith("warning:")]
+    assert warned == [
+        "warning: hook memory_usage failed (its poll raised RuntimeError: decoder bug): "
+        "detached; the collection goes on without it and exits with 1"
+    ], done.stderr
+    assert done.stderr.splitlines()[-1] == "exit code 1 (duration; hook memory_usage failed)"
+    (folder,) = (out / "curated" / "benchmark=faux").iterdir()
+    col = read_collection(folder)
+    assert col["memory_usage"]["poll"].to_list() == [1, 2, 3]
+    assert col["quanta_runtime"].height > 0
+    assert col.manifest.hooks["memory_usage"].failed
+    assert col.manifest.state == "duration" and col.manifest.exit_code == 1
+
+
 @pytest.mark.parametrize("row_workers", [1, 3])
 def test_with_no_cpu_to_spare_rows_wait_in_the_spool_until_stop(
     tmp_path: Path, row_workers: int, monkeypatch: pytest.MonkeyPatch

@@ -25,6 +25,14 @@ def test_list_shows_every_builtin_set_and_its_metrics() -> None:
     assert "kernmlops_cgroup_cpu_seconds_total{cgroup}  counter" in result.output
 
 
+def test_list_writes_a_metric_without_labels_bare_as_prometheus_does() -> None:
+    result = run("--list")
+    assert result.exit_code == 0, result.output
+    # runqlat's histogram has no label: its name alone, as /metrics writes it
+    assert "    kernmlops_runqueue_latency_seconds  histogram\n" in result.output
+    assert "{}" not in result.output
+
+
 def test_bad_metric_file_names_file_key_and_reason(tmp_path: Path) -> None:
     bad = tmp_path / "io.yaml"
     bad.write_text(
@@ -64,9 +72,22 @@ def test_unknown_set_missing_file_and_bad_listen() -> None:
     assert result.exit_code == 2 and "--max-label-sets" in result.output
 
 
-def test_tgid_must_be_a_running_process() -> None:
-    result = run("--tgid", "999999999")
-    assert result.exit_code == 2 and "no process 999999999" in result.output
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--tgid", "999999999"], "--tgid 999999999: no process 999999999"),
+        (["--tgid", "0"], "--tgid 0: a process id is positive"),
+        (["--config.dir", "examples"],
+         "--config.dir examples needs --config.names (the configs in it to load)"),
+        (["--config.names", "biolatency,timers"],
+         "--config.names biolatency,timers needs --config.dir (the folder they are in)"),
+    ],
+)  # fmt: skip
+def test_a_flag_error_is_one_line(args: list[str], said: str) -> None:
+    result = run(*args)
+    assert result.exit_code == 2
+    # not click's usage form (Usage:, Try ..., a blank line, Error: ...)
+    assert result.output == f"error: {said}\n"
 
 
 def test_a_bad_web_config_file_is_one_line_before_anything_loads(tmp_path: Path) -> None:

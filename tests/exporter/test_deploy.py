@@ -3,7 +3,8 @@
 the DaemonSet passes the Kubernetes schema (kubernetes-validate, strict); the
 Prometheus config passes `promtool check config`; every PromQL expression of
 the Grafana dashboard parses (promtool) and returns data from a real
-Prometheus scraping a real exporter."""
+Prometheus scraping a real exporter, and is shown in a unit that fits what the
+exporter declares its metric to be (counter, gauge, histogram)."""
 
 from __future__ import annotations
 
@@ -250,6 +251,91 @@ def test_the_dashboard_is_provisioned_from_its_file() -> None:
         assert what in titles
     kinds = {p["type"] for p in dash["panels"]}
     assert "heatmap" in kinds
+
+
+def declared_kinds(monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple[str, str]]:
+    """Every series name the exporter serves -> (its family's type, the family's name),
+    from the exporter's own declarations: the built-in sets' metrics, its own metrics
+    (the BPF run-time ones included), its server's; and Prometheus's ``up``."""
+    from kernmlops.exporter.config import CounterSpec, builtin_sets
+    from kernmlops.exporter.core import Exporter
+    from kernmlops.exporter.server import ServerStats
+
+    families: dict[str, str] = {"up": "gauge"}
+    for metric_set in builtin_sets().values():
+        for m in metric_set.metrics:
+            if isinstance(m, CounterSpec):
+                families[m.exposed_name.removesuffix("_total")] = "counter"
+            else:
+                families[m.name] = "histogram"
+    monkeypatch.setattr(Exporter, "bpf_stats_on", property(lambda _self: True))
+    for family in [*Exporter([])._self_metrics(0.0), *ServerStats().collect()]:
+        families[family.name] = family.type
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+    return {
+        name + suffix: (kind, name) for name, kind in families.items() for suffix in suffixes[kind]
+    }
+
+
+#: Grafana's units of a rate of events per second, of a plain count, of bytes per second
+PER_SECOND = {"ops", "reqps", "cps", "iops", "rps", "wps"}
+COUNT = {"short", "none", None}
+BYTES_PER_SECOND = {"Bps", "binBps", "decbytes/s"}
+
+
+def _unit_wanted(expr: str, kinds: dict[str, tuple[str, str]]) -> set[str | None]:
+    """The units a panel may show ``expr``'s result in, from what the exporter declares
+    its one metric to be: a histogram's quantile has the histogram's unit; a rate of a
+    counter is per second (bytes per second for a count of bytes); a gauge has its own
+    unit (seconds, bytes), else it is a count."""
+    names = {n for n in re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", expr) if n in kinds}
+    assert len(names) == 1, f"{expr}: one metric the exporter declares, not {names}"
+    (series,) = names
+    kind, family = kinds[series]
+    rated = re.search(rf"\b(?:rate|irate|increase)\(\s*{series}\b", expr) is not None
+    if kind == "counter":
+        assert rated, f"{expr}: a counter shown raw (it only grows): rate() it"
+    else:
+        assert not rated or series.endswith("_bucket"), f"{expr}: rate() of a gauge"
+    if kind == "histogram":
+        assert "histogram_quantile(" in expr, f"{expr}: a histogram's buckets, not a quantile"
+        return {"s"} if family.endswith("_seconds") else {"bytes", "decbytes"}
+    if kind == "counter":
+        return BYTES_PER_SECOND if family.endswith("_bytes") else PER_SECOND
+    if family.endswith("_seconds"):
+        return {"s"}
+    return {"bytes", "decbytes"} if family.endswith("_bytes") else COUNT
+
+
+def test_every_dashboard_unit_fits_what_its_query_returns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    kinds = declared_kinds(monkeypatch)
+    dash = json.loads(DASHBOARD.read_text())
+    checked = 0
+    for panel in dash["panels"]:
+        if panel["type"] == "heatmap":  # the buckets' bounds are its y axis
+            (target,) = panel["targets"]
+            assert re.search(r"rate\(kernmlops_\w+_seconds_bucket\b", target["expr"])
+            assert panel["options"]["yAxis"]["unit"] == "s"
+            continue
+        config = panel.get("fieldConfig", {})
+        units = {
+            o["matcher"]["options"]: prop["value"]
+            for o in config.get("overrides", [])
+            if o["matcher"]["id"] == "byFrameRefID"
+            for prop in o["properties"]
+            if prop["id"] == "unit"
+        }
+        for target in panel.get("targets", []):
+            unit = units.get(target["refId"], config.get("defaults", {}).get("unit"))
+            wanted = _unit_wanted(target["expr"], kinds)
+            assert unit in wanted, (
+                f"panel {panel['title']!r}, {target['legendFormat']!r}: unit {unit!r}, "
+                f"not one of {sorted(map(str, wanted))}: {target['expr']}"
+            )
+            checked += 1
+    assert checked >= 15
 
 
 def _query(api: str, expr: str) -> list[dict]:

@@ -7,6 +7,8 @@ import json
 import shutil
 import subprocess
 import sys
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import polars as pl
@@ -35,7 +37,10 @@ def test_fleet_ls_duckdb_and_reindex(fleet: Path, tmp_path: Path) -> None:
             manifest.system["hostname"], manifest.system["kernel_release"],
             manifest.system["cpu_model"], "completed",
         )  # fmt: skip
-        assert row["started_at"].startswith(manifest.started_at[:19].replace("T", " "))
+        # ISO 8601 in UTC, whole seconds: the form jq's fromdateiso8601 reads
+        started = datetime.fromisoformat(manifest.started_at).astimezone(UTC)
+        assert row["started_at"] == started.strftime("%Y-%m-%dT%H:%M:%SZ")
+        assert time.strptime(row["started_at"], "%Y-%m-%dT%H:%M:%SZ")
     table = runner.invoke(cli, ["fleet", "ls", str(dest)])
     assert table.exit_code == 0 and "3 collections" in table.stdout and "node-b" in table.stdout
     types = dict(
@@ -318,7 +323,8 @@ def test_fleet_ls_table_lines_up_and_reads_an_older_index_file(fleet: Path, tmp_
     }
     assert rows["c2"]["kernmlops_version"] is None and rows["c2"]["logical_cpus"] == 2
     assert rows["c1"]["kernmlops_version"] == "0.1.0"
-    assert rows["c2"]["started_at"] == "2026-11-03 10:00:00+00:00"
+    assert rows["c2"]["started_at"] == "2026-11-03T10:00:00Z"
+    assert rows["c2"]["stopped_at"] == "2026-11-03T10:00:02Z"
 
 
 def test_fleet_ls_imports_neither_pandas_nor_pydantic(fleet: Path, tmp_path: Path) -> None:

@@ -465,3 +465,28 @@ def test_report_table_and_scores_are_one_text(data: Path) -> None:
     assert "┘\nall filtered decisions (accuracy columns above; balanced here):\n  hand rule" in (
         r.stdout
     )
+
+
+@pytest.mark.parametrize("command", ["train", "report"])
+def test_a_partial_collection_is_one_warning_line(data: Path, tmp_path: Path, command: str) -> None:
+    root = tmp_path / "data"
+    shutil.copytree(data, root)
+    folder = root / "curated" / "benchmark=synthetic" / "collection_id=syn-1"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["state"] = "running"  # its collector died: read as far as flushed
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    args = ["-o", str(tmp_path / "m.json"), "--test-collection", "syn-2", "--epochs", "1"]
+    done = subprocess.run(
+        [sys.executable, "-m", "kernmlops", "lb", command, str(root),
+         *(args if command == "train" else [])],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    # as `graph` says it: not Python's "<file>:<line>: IncompleteCollectionWarning: ..." and
+    # the source line that warned
+    assert "IncompleteCollectionWarning" not in done.stderr
+    warned = [line for line in done.stderr.splitlines() if "not whole" in line]
+    assert warned == [
+        f"warning: {root / 'curated'}: 1 of the 3 collections read are not whole (read as far "
+        f"as they are): {folder} (its collector stopped without finishing)"
+    ], done.stderr

@@ -8,6 +8,11 @@ behind, spills their rings into memory), does a durable flush every
 ``collector.flush_interval_s`` with a checkpoint of the manifest once its parts are
 finished, asks the spools, the sink and the manifest's writer for a failed write, and
 reports progress. It returns how the collection ended.
+
+A hook that raises what no hook should (a bug: not the output's OSError or a
+KernmlopsError) is detached there and then, named (its status, a message), and the
+loop goes on with the others: one broken hook costs its own rows from then on, not the
+benchmark's run or the other hooks' rows.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from kernmlops.collect.attach import check_writes, drain, spooled_bytes, write_a
 from kernmlops.collect.gated import exit_status
 from kernmlops.collect.sinks import ThreadedSink
 from kernmlops.collect.space import SPACE_CHECK_S, SpaceWatch
+from kernmlops.errors import KernmlopsError
 from kernmlops.hooks.base import Hook
 from kernmlops.tables import Sink
 
@@ -104,7 +110,8 @@ def _is_main_thread() -> bool:
 class PollLoop:
     """One collection's loop over its started ``hooks`` into ``sink``, while ``proc``
     (the benchmark, if it has a process) runs; ``parquet`` is the sink's Parquet writer
-    (None with a caller's sink)."""
+    (None with a caller's sink). A hook that fails is appended to ``failed`` (detached
+    and closed: the session's stop leaves it be) and said through ``on_message``."""
 
     def __init__(
         self,
@@ -119,6 +126,8 @@ class PollLoop:
         stop: StopSignals,
         describe: Callable[[], str],
         on_progress: Callable[[Progress], None] | None = None,
+        on_message: Callable[[str], None] | None = None,
+        failed: list[Hook] | None = None,
     ) -> None:
         self.config = config
         self.hooks = hooks
@@ -130,12 +139,14 @@ class PollLoop:
         self.stop = stop
         self.describe = describe
         self.on_progress = on_progress
+        self.on_message = on_message
+        self.failed: list[Hook] = [] if failed is None else failed
 
     def run(self, libraries: threading.Event | None = None) -> tuple[str, int | None]:
         """Poll until the benchmark exits, a signal comes or the duration passes: how
         it ended (completed, failed, interrupted, duration) and the benchmark's exit
         status. Until ``libraries`` is set, the rings are only kept from filling."""
-        hooks, sink, proc = self.hooks, self.sink, self.proc
+        sink, proc = self.sink, self.proc
         cfg = self.config.collector
         period = cfg.poll_interval_ms / 1000
         limit = self.config.benchmark.duration_s
@@ -157,12 +168,13 @@ class PollLoop:
         try:
             exited = _pidfd(proc.pid) if proc is not None else None
             self.stop.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-            waker, capped = _waker(hooks, exited, self.stop.fd)
+            waker, capped = _waker(self.hooks, exited, self.stop.fd)
             longest = max(period, cfg.poll_max_interval_ms / 1000) if capped else math.inf
             if self.parquet is not None:
                 watch = SpaceWatch(self.space.error, self.stop.wake, proc)
             while True:
                 tick = time.monotonic()
+                hooks = self.active()
                 if watch is not None and watch.error is not None:
                     raise watch.error  # the benchmark is stopped already
                 loading = libraries is not None and not libraries.is_set()
@@ -171,20 +183,21 @@ class PollLoop:
                 if (loading or behind) and spilled < MAX_SPILLED_BYTES:
                     # Rows cannot be built (libraries loading) or handed over (the sink's
                     # queue is full) without stalling: keep the rings from overflowing.
-                    for hook in hooks:
-                        hook.spill()
+                    self._each("spill", lambda h: h.spill())
                 else:
-                    for hook in hooks:
-                        drain(hook, sink, self.space)
+                    self._each("poll", lambda h: drain(h, sink, self.space))
                 if tick >= next_flush:
-                    for hook in hooks:  # what hooks hold back goes into this flush
-                        self.space.spool_call(lambda h=hook: write_all(sink, h.flushing()))
+                    # what hooks hold back goes into this flush
+                    self._each(
+                        "flush",
+                        lambda h: self.space.spool_call(lambda: write_all(sink, h.flushing())),
+                    )
                     # Finish the open parts in the writer thread (the loop goes on
                     # draining); once they are finished, that thread has the manifest
                     # rewritten with them (rows, files, the flush's time) and the hooks'
                     # counts as they are now.
                     checkpoint = functools.partial(
-                        self.running.flushed, self.running.hook_records(hooks)
+                        self.running.flushed, self.running.hook_records(self.hooks)
                     )
                     if isinstance(sink, ThreadedSink):
                         sink.flush(durable=True, wait=False, then=checkpoint)
@@ -193,11 +206,15 @@ class PollLoop:
                         checkpoint()
                     if self.parquet is not None:
                         finished = self.parquet.checkpoint()[1]
-                        for hook in hooks:
-                            self.space.spool_call(lambda h=hook, f=finished: h.checkpoint_spool(f))
+                        self._each(
+                            "spool checkpoint",
+                            lambda h, f=finished: self.space.spool_call(
+                                lambda: h.checkpoint_spool(f)
+                            ),
+                        )
                     next_flush = tick + cfg.flush_interval_s
                 if tick >= next_check:
-                    self.space.spool_call(lambda: check_writes(hooks, sink))
+                    self.space.spool_call(lambda: check_writes(self.active(), sink))
                     self.running.check()  # the manifest's last rewrite
                     next_check = tick + SPACE_CHECK_S
                 if self.on_progress and tick >= next_progress:
@@ -205,8 +222,7 @@ class PollLoop:
                     next_progress = tick + 0.25
                 if proc is not None and proc.exited():
                     # before it is reaped: its zombie and what it left are still there
-                    for hook in hooks:
-                        hook.benchmark_ending()
+                    self._each("benchmark_ending", lambda h: h.benchmark_ending())
                 if proc is not None and proc.poll() is not None:
                     if watch is not None and watch.error is not None:
                         raise watch.error  # it was stopped for that
@@ -217,7 +233,7 @@ class PollLoop:
                 if limit is not None and tick - start >= limit:
                     return "duration", None
                 now = time.monotonic()
-                wake = _next_wake(hooks, now, tick + period, now + longest)
+                wake = _next_wake(self.active(), now, tick + period, now + longest)
                 wake = min(wake, next_flush, start + limit if limit is not None else wake)
                 if self.on_progress:
                     wake = min(wake, next_progress)
@@ -233,14 +249,48 @@ class PollLoop:
             if exited is not None:
                 os.close(exited)
 
+    def active(self) -> list[Hook]:
+        """The hooks still collecting: all but those that failed."""
+        return [h for h in self.hooks if h not in self.failed]
+
+    def _each(self, what: str, fn: Callable[[Hook], object]) -> None:
+        """``fn`` on each hook still collecting. The output's errors (an OSError, a
+        KernmlopsError: a full disk, a failed write) end the collection as before; any
+        other error is a bug in that hook, which is detached (:meth:`_fail`)."""
+        for hook in self.active():
+            try:
+                fn(hook)
+            except (KernmlopsError, OSError):
+                raise
+            except Exception as err:
+                self._fail(hook, what, err)
+
+    def _fail(self, hook: Hook, what: str, err: Exception) -> None:
+        """Detach and close ``hook``, whose ``what`` raised ``err``; its rows so far
+        stay, its status and the manifest say what failed, the others go on."""
+        self.failed.append(hook)
+        why = f"its {what} raised {type(err).__name__}: {err}"
+        hook.status.failed = True
+        hook.status.reason = f"{why}; detached, the other hooks went on"
+        try:
+            hook.detach()
+            hook.close()
+        except Exception as again:  # named; the others go on all the same
+            hook.status.reason += f" (its close raised {type(again).__name__}: {again})"
+        if self.on_message:
+            self.on_message(
+                f"hook {hook.name} failed ({why}): detached; the collection goes on "
+                "without it and exits with 1"
+            )
+
     def _progress(self, elapsed: float) -> Progress:
         events: dict[str, int] = {}
         drops: dict[str, int] = {}
-        for h in self.hooks:
+        for h in self.active():
             events[h.name] = h.status.events
             drops_fn = getattr(h, "drops", None)
             drops[h.name] = drops_fn() if drops_fn else 0
-        spooled = {h.name: spooled_bytes(h) for h in self.hooks}  # errors: check_writes
+        spooled = {h.name: spooled_bytes(h) for h in self.active()}  # errors: check_writes
         return Progress(elapsed, events, drops, {}, self.describe(), spooled)
 
 

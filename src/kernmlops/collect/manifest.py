@@ -126,6 +126,9 @@ class HookRecord(_Record):
     #: a BPF hook's rings per table that ran: its ring_groups as this machine's CPUs
     #: split (at most one ring per CPU); config.hooks.<name>.ring_groups is what was asked
     rings: int | None = None
+    #: it failed while the collection ran (a bug in it): detached then, ``reason`` says
+    #: what failed; the other hooks went on, and the collection's exit code is 1
+    failed: bool = False
 
 
 class TableRecord(_Record):

@@ -166,7 +166,7 @@ class RunningManifest:
         records = {}
         for h in hooks:
             drops_fn = getattr(h, "drops", None)
-            if drops_fn is not None and h.status.attached:
+            if drops_fn is not None and h.status.attached and not h.status.failed:
                 with contextlib.suppress(Exception):  # a closed map: keep the last count
                     h.status.drops = drops_fn()
             records[h.name] = HookRecord.model_validate(h.status.as_dict())

@@ -6,8 +6,10 @@ Parquet parts are finished and the manifest is rewritten, so a collector killed 
 instant (SIGKILL, the OOM killer) leaves a readable collection that lost at most one
 interval; the benchmark, in a cgroup of its own, dies with it. Whatever else ends it (the
 benchmark exits, the duration passes, Ctrl+C, SIGTERM, a failing benchmark, an error in a
-hook, a full disk), every program is detached, every collected row that fits on the disk
-is flushed, and the manifest is finalised with how it ended.
+hook's start or stop, a full disk), every program is detached, every collected row that
+fits on the disk is flushed, and the manifest is finalised with how it ended. A hook that
+fails while the collection runs (a bug in its poll) is detached alone and named: the
+benchmark and the other hooks go on, and the exit code is 1 (kernmlops.collect.loop).
 
 :class:`Session` owns the order of all that and how the collection ended; the parts are
 beside it: the benchmark (kernmlops.collect.benchmark), the hooks' start and stop
@@ -173,6 +175,8 @@ class Session:
         priority.lower()  # before any thread starts: restored at the end
         t0 = time.monotonic()
         hooks: list[Hook] = []
+        #: hooks that failed while the loop ran (a bug): detached by it, left out of the stop
+        broken: list[Hook] = []
         flt: ProcessFilter | None = None
         parquet = (
             None
@@ -277,6 +281,8 @@ class Session:
                 stop=self._stop,
                 describe=self.benchmark.describe,
                 on_progress=self.on_progress,
+                on_message=self.on_message,
+                failed=broken,
             )
             ended_by, bench_exit = loop.run(libraries)
         except BaseException as err:  # always flush and detach below
@@ -286,7 +292,7 @@ class Session:
             ended_by = "interrupted" if isinstance(err, KeyboardInterrupt) else "error"
         finally:
             bench_exit = stop_collection(
-                hooks,
+                [h for h in hooks if h not in broken],
                 sink,
                 bench,
                 flt,
@@ -329,7 +335,7 @@ class Session:
             path=self.path,
             benchmark=self.config.benchmark.name,
             ended_by=ended_by,
-            exit_code=self._exit_code(ended_by, bench_exit, error),
+            exit_code=self._exit_code(ended_by, bench_exit, error, hook_failed=bool(broken)),
             benchmark_exit=bench_exit,
             started_at=started_at,
             stopped_at=stopped_at,
@@ -365,7 +371,12 @@ class Session:
                 pinned.close()
 
     def _exit_code(
-        self, ended_by: str, bench_exit: int | None, error: BaseException | None = None
+        self,
+        ended_by: str,
+        bench_exit: int | None,
+        error: BaseException | None = None,
+        *,
+        hook_failed: bool = False,
     ) -> int:
         if ended_by == "failed" and bench_exit is not None:
             return bench_exit
@@ -374,4 +385,5 @@ class Session:
         if ended_by in ("error", "disk_full"):
             # The process exits with the error's own code: the manifest must agree.
             return error.exit_code if isinstance(error, KernmlopsError) else 1
-        return 0
+        # a hook that failed (and was detached) leaves its table short: not a clean run
+        return 1 if hook_failed else 0

@@ -14,7 +14,7 @@ import threading
 import click
 
 from kernmlops.clitools import CONTEXT_SETTINGS, check_tgid, fail, require_bpf_privileges
-from kernmlops.errors import KernmlopsError
+from kernmlops.errors import ConfigError, KernmlopsError
 
 EXIT_CHECK_FAILED = 1
 
@@ -220,8 +220,14 @@ def export_command(
             release_listen,
         )
 
-        if bool(config_dir) != bool(config_names):
-            raise click.UsageError("--config.dir and --config.names go together")
+        if config_dir and not config_names:
+            raise ConfigError(
+                f"--config.dir {config_dir} needs --config.names (the configs in it to load)"
+            )
+        if config_names and not config_dir:
+            raise ConfigError(
+                f"--config.names {config_names} needs --config.dir (the folder they are in)"
+            )
         if config_dir and config_names:
             from kernmlops.exporter.compat import resolve_config_dir
 
@@ -253,7 +259,7 @@ def export_command(
             from kernmlops.exporter.webconfig import load_web_config
 
             web = load_web_config(web_config_file)  # before any BPF work: errors come first
-        check_tgid(tgid)
+        check_tgid(tgid, error=ConfigError)  # one line, as every other flag error here
         # The tgid goes to the process filter (it follows forks), not to exp_tgid.
         job = JobFilter(comm=comm, cgroup=cgroup)
         require_bpf_privileges("export")
@@ -284,8 +290,6 @@ def export_command(
 def _refuse_unsupported(debug: bool, btf_path: str | None, skip_cache_size: str | None) -> None:
     """ebpf_exporter's flags that kernmlops does not implement: one line each, not
     click's "no such option", and never accepted in silence."""
-    from kernmlops.errors import ConfigError
-
     if debug:
         raise ConfigError(
             "--debug (ebpf_exporter's libbpf debug log and raw /maps page) is not supported "
@@ -313,7 +317,8 @@ def _list() -> None:
             metric = m.exposed_name if isinstance(m, CounterSpec) else m.name
             kind = "counter" if isinstance(m, CounterSpec) else "histogram"
             labels = ",".join(label.name for label in m.labels)
-            click.echo(f"    {metric}{{{labels}}}  {kind}")
+            # no label: the name alone, as Prometheus writes such a metric (not "{}")
+            click.echo(f"    {metric}{{{labels}}}  {kind}" if labels else f"    {metric}  {kind}")
 
 
 def _report(statuses) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -141,7 +142,9 @@ def ls_command(uri: str, as_json: bool) -> None:
     rows = index_rows(table)
     if as_json:
         # one write: a thousand echo calls cost more than the rows' JSON
-        lines = [json.dumps(dict(row, rows=dict(row["rows"] or [])), default=str) for row in rows]
+        lines = [
+            json.dumps(dict(row, rows=dict(row["rows"] or [])), default=_json_value) for row in rows
+        ]
         if lines:
             click.echo("\n".join(lines))
     elif rows:
@@ -176,6 +179,15 @@ def ls_command(uri: str, as_json: bool) -> None:
         )
     if damaged or broken:
         sys.exit(1)
+
+
+def _json_value(value: object) -> str:
+    """A timestamp as ISO 8601 in UTC, to the second (2026-11-29T22:52:03Z: the form jq's
+    fromdateiso8601 and every ISO reader take); anything else as its str."""
+    if isinstance(value, datetime):
+        utc = value.astimezone(UTC) if value.tzinfo else value  # the index's are UTC
+        return utc.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return str(value)
 
 
 def not_indexed(dataset: Dataset, count: int) -> str:

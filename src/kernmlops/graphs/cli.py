@@ -6,18 +6,15 @@ Register them on the main group with ``cli.add_command(graph_command)`` and
 
 from __future__ import annotations
 
-import contextlib
 import sys
-import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TextIO
 
 import click
 from rich.console import Console
 from rich.markup import escape
 
-from kernmlops.clitools import fail
+from kernmlops.clitools import fail, warnings_as_lines
 from kernmlops.errors import CollectionError, KernmlopsError
 
 console = Console(stderr=True, highlight=False)
@@ -54,34 +51,6 @@ def _only_option(command):
 
 def _names(only: str | None) -> list[str] | None:
     return [n.strip() for n in only.split(",") if n.strip()] if only else None
-
-
-@contextlib.contextmanager
-def _incomplete_as_warning_lines() -> Iterator[None]:
-    """A collection whose collector did not finish (or with rows still in its spool) is
-    said as one ``warning: ...`` line, as `collect` says its warnings, not as Python's
-    warning (the file and line that warned, then that source line). read_collection's
-    callers in Python still get IncompleteCollectionWarning."""
-    from kernmlops.data import IncompleteCollectionWarning
-
-    with warnings.catch_warnings():  # showwarning is restored on the way out
-        python_way = warnings.showwarning
-
-        def show(
-            message: Warning | str,
-            category: type[Warning],
-            filename: str,
-            lineno: int,
-            file: TextIO | None = None,
-            line: str | None = None,
-        ) -> None:
-            if issubclass(category, IncompleteCollectionWarning):
-                console.print(f"[yellow]warning:[/] {escape(str(message))}", soft_wrap=True)
-            else:
-                python_way(message, category, filename, lineno, file, line)
-
-        warnings.showwarning = show
-        yield
 
 
 def _report_failures(failures: list) -> None:
@@ -181,7 +150,7 @@ def graph_command(
             unknown_graphs(names)
         # scanned (and refused) before a folder is made; never read whole: each graph
         # collects what it draws, so a collection larger than memory is drawn too
-        with _incomplete_as_warning_lines():  # a damaged table is said, the rest drawn
+        with warnings_as_lines():  # a damaged table is said, the rest drawn
             col = read_collection(collection, lazy=True, damaged="skip")
             data = load(col, tgid=tgid, comm=comm)
         if names is not None:
@@ -249,7 +218,7 @@ def report_command(
         if names is not None:
             unknown_graphs(names)
         # scanned before a file is made, never read whole (as for `graph`)
-        with _incomplete_as_warning_lines():  # a damaged table is said, the rest reported
+        with warnings_as_lines():  # a damaged table is said, the rest reported
             read = [read_collection(c, lazy=True, damaged="skip") for c in collections]
             cols = [load(c, tgid=tgid, comm=comm) for c in read]
         # a figure asked for (--only) that a collection cannot have is said (as `graph`

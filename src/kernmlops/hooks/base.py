@@ -95,6 +95,9 @@ class HookStatus:
     #: a BPF hook's rings per table that ran (its ring_groups, as this machine's CPUs
     #: split: the config keeps what was asked); None: no rings
     rings: int | None = None
+    #: it raised what no hook should (a bug) while the collection ran: detached then,
+    #: ``reason`` says what failed; the other hooks went on
+    failed: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -112,6 +115,7 @@ class HookStatus:
             "copier": self.copier,
             **({"sampler": self.sampler} if self.sampler else {}),
             **({"rings": self.rings} if self.rings is not None else {}),
+            **({"failed": True} if self.failed else {}),
         }
 
 
