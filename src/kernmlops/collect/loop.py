@@ -141,6 +141,8 @@ class PollLoop:
         self.on_progress = on_progress
         self.on_message = on_message
         self.failed: list[Hook] = [] if failed is None else failed
+        #: the hooks still collecting: a failed one leaves this list (_fail)
+        self.active: list[Hook] = [h for h in hooks if h not in self.failed]
 
     def run(self, libraries: threading.Event | None = None) -> tuple[str, int | None]:
         """Poll until the benchmark exits, a signal comes or the duration passes: how
@@ -174,7 +176,7 @@ class PollLoop:
                 watch = SpaceWatch(self.space.error, self.stop.wake, proc)
             while True:
                 tick = time.monotonic()
-                hooks = self.active()
+                hooks = self.active
                 if watch is not None and watch.error is not None:
                     raise watch.error  # the benchmark is stopped already
                 loading = libraries is not None and not libraries.is_set()
@@ -214,7 +216,7 @@ class PollLoop:
                         )
                     next_flush = tick + cfg.flush_interval_s
                 if tick >= next_check:
-                    self.space.spool_call(lambda: check_writes(self.active(), sink))
+                    self.space.spool_call(lambda: check_writes(self.active, sink))
                     self.running.check()  # the manifest's last rewrite
                     next_check = tick + SPACE_CHECK_S
                 if self.on_progress and tick >= next_progress:
@@ -233,7 +235,7 @@ class PollLoop:
                 if limit is not None and tick - start >= limit:
                     return "duration", None
                 now = time.monotonic()
-                wake = _next_wake(self.active(), now, tick + period, now + longest)
+                wake = _next_wake(self.active, now, tick + period, now + longest)
                 wake = min(wake, next_flush, start + limit if limit is not None else wake)
                 if self.on_progress:
                     wake = min(wake, next_progress)
@@ -249,15 +251,11 @@ class PollLoop:
             if exited is not None:
                 os.close(exited)
 
-    def active(self) -> list[Hook]:
-        """The hooks still collecting: all but those that failed."""
-        return [h for h in self.hooks if h not in self.failed]
-
     def _each(self, what: str, fn: Callable[[Hook], object]) -> None:
         """``fn`` on each hook still collecting. The output's errors (an OSError, a
         KernmlopsError: a full disk, a failed write) end the collection as before; any
         other error is a bug in that hook, which is detached (:meth:`_fail`)."""
-        for hook in self.active():
+        for hook in list(self.active):  # _fail takes a hook out of it
             try:
                 fn(hook)
             except (KernmlopsError, OSError):
@@ -269,6 +267,7 @@ class PollLoop:
         """Detach and close ``hook``, whose ``what`` raised ``err``; its rows so far
         stay, its status and the manifest say what failed, the others go on."""
         self.failed.append(hook)
+        self.active.remove(hook)
         why = f"its {what} raised {type(err).__name__}: {err}"
         hook.status.failed = True
         hook.status.reason = f"{why}; detached, the other hooks went on"
@@ -286,11 +285,11 @@ class PollLoop:
     def _progress(self, elapsed: float) -> Progress:
         events: dict[str, int] = {}
         drops: dict[str, int] = {}
-        for h in self.active():
+        for h in self.active:
             events[h.name] = h.status.events
             drops_fn = getattr(h, "drops", None)
             drops[h.name] = drops_fn() if drops_fn else 0
-        spooled = {h.name: spooled_bytes(h) for h in self.active()}  # errors: check_writes
+        spooled = {h.name: spooled_bytes(h) for h in self.active}  # errors: check_writes
         return Progress(elapsed, events, drops, {}, self.describe(), spooled)
 
 
