@@ -388,6 +388,19 @@ def test_filter_and_leaders_only() -> None:
         proc.wait()
 
 
+def _command_config(tmp_path: Path, argv: list[str]) -> object:
+    """A collection of ``argv`` with process_metadata alone."""
+    from kernmlops.config import load_config
+
+    return load_config(
+        {
+            "collector": {"output_dir": str(tmp_path), "progress": False,
+                          "hooks": ["process_metadata"]},
+            "benchmark": {"name": "command", "command": {"argv": argv}},
+        }
+    )  # fmt: skip
+
+
 # --- in a collection: the benchmark's own command -------------------------------------
 @pytest.mark.parametrize(
     ("argv", "comm"),
@@ -403,15 +416,8 @@ def test_start_sees_the_command_and_end_sees_it_before_the_reap(
     """Not the gate shell (``/bin/sh -c read -r _ ...``) at start, nor nothing at the end."""
     from kernmlops.collect.session import Session
     from kernmlops.collect.sinks import MemorySink
-    from kernmlops.config import load_config
 
-    cfg = load_config(
-        {
-            "collector": {"output_dir": str(tmp_path), "progress": False,
-                          "hooks": ["process_metadata"]},
-            "benchmark": {"name": "command", "command": {"argv": argv}},
-        }
-    )  # fmt: skip
+    cfg = _command_config(tmp_path, argv)
     sink = MemorySink()
     assert Session(cfg, sink=sink).run().exit_code == 0
     rows = sink.table("process_metadata")
@@ -548,18 +554,11 @@ def test_fork_and_exec_rows_carry_the_command_line_of_children_already_gone(
     there, unless the process still runs it at the poll (then /proc has all of it)."""
     from kernmlops.collect.session import Session
     from kernmlops.collect.sinks import MemorySink
-    from kernmlops.config import load_config
 
     script, account = tmp_path / "children.py", tmp_path / "children.jsonl"
     script.write_text(CHILDREN)
     argv = [sys.executable, str(script), str(account)]
-    cfg = load_config(
-        {
-            "collector": {"output_dir": str(tmp_path), "progress": False,
-                          "hooks": ["process_metadata"]},
-            "benchmark": {"name": "command", "command": {"argv": argv}},
-        }
-    )  # fmt: skip
+    cfg = _command_config(tmp_path, argv)
     sink = MemorySink()
     result = Session(cfg, sink=sink).run()
     assert result.exit_code == 0 and result.hooks["process_metadata"].drops == 0
