@@ -79,21 +79,38 @@ class GatedProcess:
 
     def wait_exec(self, timeout_s: float) -> bool:
         """After release(): wait (at most ``timeout_s``) until the gate shell has exec'd
-        the command, seen as its /proc command line no longer being the gate's (its
-        exe may stay /bin/sh: the command can be a shell). False on a timeout or if
-        it died first."""
+        the command, seen in /proc as a command line that is not the gate's and, unless
+        the command is named as the gate is ("sh"), the command's name (its exe may stay
+        /bin/sh: the command can be a shell). The kernel gives an exec's task its new
+        memory, its name and its argument block in steps, so a look at one alone saw the
+        command's arguments under "sh", or its name with no arguments yet (seen twice,
+        2 ms apart). False on a timeout before the command line changed, or if it died
+        first."""
         gate = b"".join(os.fsencode(a) + b"\0" for a in self._gate_argv)
+        gate_name = os.path.basename(self._gate_argv[0])[:15]
+        same_name = os.path.basename(self.argv[0])[:15] == gate_name
         deadline = time.monotonic() + timeout_s
+        seen = 0  # looks in a row that saw the exec whole
         while True:
             try:
                 with open(f"/proc/{self.pid}/cmdline", "rb") as f:
                     line = f.read()
+                with open(f"/proc/{self.pid}/comm", "rb") as f:
+                    named = same_name or f.read().rstrip(b"\n") != os.fsencode(gate_name)
             except OSError:
                 return False
-            if line != gate:
-                return bool(line)  # empty: a zombie, it exited
+            # twice, 2 ms apart: while the new stack is laid out, the argument block
+            # reads empty again after the name is set (a look then read no command line)
+            seen = seen + 1 if line and line != gate and named else 0
+            if seen == 2:
+                return True
+            if seen:
+                time.sleep(0.002)
+                continue
+            if not line and self.exited():
+                return False  # a zombie: it exited
             if time.monotonic() >= deadline:
-                return False
+                return bool(line) and line != gate
             time.sleep(0.0005)
 
     def exited(self) -> bool:
