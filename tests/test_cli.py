@@ -150,9 +150,38 @@ def test_collect_refuses_a_tgid_it_would_not_follow_before_anything_is_set_up(
     pid = str(_no_pid())
     done = kernmlops("collect", "-o", str(out), *(a.format(pid=pid) for a in args), cwd=tmp_path)
     assert done.returncode == 2, done.stderr
-    # click's usage error, as collect's other flag errors (export says its own in one line)
-    assert done.stderr.splitlines()[-1].startswith(f"Error: {message.format(pid=pid)}")
+    # one line, as every other error (not click's usage, hint and error)
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {message.format(pid=pid)}")
+    assert lines[0].endswith("(see kernmlops collect --help)")
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["collect", "--tgid", "abc"],
+         "error: Invalid value for '--tgid': 'abc' is not a valid integer "
+         "(see kernmlops collect --help)"),
+        (["collect", "--no-such-flag"],
+         "error: No such option '--no-such-flag' (see kernmlops collect --help)"),
+        (["graph"], "error: Missing argument 'COLLECTION' (see kernmlops graph --help)"),
+        (["fleet", "ls", "--json", "--bogus"],
+         "error: No such option '--bogus' (see kernmlops fleet ls --help)"),
+        (["no-such-command"], "error: No such command 'no-such-command' (see kernmlops --help)"),
+    ],
+)  # fmt: skip
+def test_a_usage_error_is_one_line_naming_the_help(
+    tmp_path: Path, args: list[str], said: str
+) -> None:
+    done = kernmlops(*args, cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr == said + "\n" and done.stdout == ""
+
+
+def test_a_group_given_no_command_shows_its_help(tmp_path: Path) -> None:
+    done = kernmlops("fleet", cwd=tmp_path)
+    assert done.returncode == 2 and "Usage: kernmlops fleet" in done.stdout + done.stderr
 
 
 def test_collect_refuses_a_files_tgid_of_no_process(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ from kernmlops.errors import (
 OVERRIDES = "overrides.yaml"
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Iterator, Mapping
 
     from rich.console import Console
     from rich.live import Live
@@ -74,9 +74,57 @@ def _session_message(text: str) -> None:
         _line(f"[yellow]warning:[/] {escape(text)}")
 
 
+class _UsageLine(click.ClickException):
+    """A usage error (a bad flag or value, click's or a command's own) said as every
+    other error: one ``error:`` line naming the command's help, exit 2 (click's own
+    form is three lines: the usage, a hint and the error)."""
+
+    exit_code = 2
+
+    def __init__(self, err: click.UsageError) -> None:
+        message = err.format_message()
+        # click's sentences end in a full stop; the hint follows in brackets
+        super().__init__(message[:-1] if message.endswith(".") else message)
+        self.command_path = err.ctx.command_path if err.ctx else "kernmlops"
+
+    def show(self, file: Any = None) -> None:
+        from rich.console import Console
+        from rich.markup import escape
+
+        Console(stderr=True, highlight=False).print(
+            f"[bold red]error:[/] {escape(self.message)} (see {self.command_path} --help)",
+            soft_wrap=True,
+        )
+
+
+@contextlib.contextmanager
+def _usage_in_one_line() -> Iterator[None]:
+    try:
+        yield
+    except click.exceptions.NoArgsIsHelpError:
+        raise  # a group given no command: its help, as asked
+    except click.UsageError as err:
+        raise _UsageLine(err) from None
+
+
 class _LazyGroup(click.Group):
     """Commands of other packages are imported only when asked for: `collect`
-    does not pay for the analysis side's imports before its probes attach."""
+    does not pay for the analysis side's imports before its probes attach. A usage
+    error in any command is one line (:class:`_UsageLine`)."""
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        with _usage_in_one_line():
+            return super().make_context(info_name, args, parent, **extra)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with _usage_in_one_line():
+            return super().invoke(ctx)
 
     #: command name -> "module:attribute"
     LAZY: ClassVar[dict[str, str]] = {
