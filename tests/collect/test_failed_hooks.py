@@ -35,16 +35,17 @@ def _built() -> None:
     build()
 
 
-def _spooled_switches(snapshot: Path) -> dict[str, int]:
-    """The rows quanta_runtime's spooled records give, read from a copy of its spool
-    (every frame decoded here, not by the collector): a record is a quanta_runtime
-    row where it has a run time, a quanta_queued_time row where it has a wait."""
+def _spooled_switches(snapshot: Path) -> tuple[int, dict[str, int]]:
+    """The records in a copy of quanta_runtime's spool and the rows they give (every
+    frame decoded here, not by the collector): a record is a quanta_runtime row where
+    it has a run time, a quanta_queued_time row where it has a wait."""
     layout = object_spec(object_path("quanta_runtime")).ring_layouts()["quanta_switch_rb"]
     dtype = layout.batch if layout.batch is not None else layout.dtype
     stride = record_stride(dtype.itemsize)
     segments = sorted(snapshot.rglob("quanta_switch.*.ring"), key=lambda p: p.name)
     assert segments, sorted(snapshot.rglob("*"))
     rows = {"quanta_runtime": 0, "quanta_queued_time": 0}
+    count = 0
     for seg in segments:
         meta = json.loads(seg.with_suffix(".json").read_text())
         for frame in iter_segment(seg.read_bytes(), format_of(meta)):
@@ -54,9 +55,10 @@ def _spooled_switches(snapshot: Path) -> dict[str, int]:
             records = decode(raw, 1, 0, len(raw), dtype).records
             if layout.batch is not None:
                 records = unbatch(records, layout)
+            count += len(records)
             rows["quanta_runtime"] += int((records["run_ns_hi"] != NO_TIME).sum())
             rows["quanta_queued_time"] += int((records["queued_ns_hi"] != NO_TIME).sum())
-    return rows
+    return count, rows
 
 
 def _failing_poll(again: bool) -> tuple[object, list[int]]:
@@ -107,7 +109,7 @@ def test_a_failed_ring_hooks_spooled_records_are_not_lost(
     finally:
         storm.wait(timeout=30)
     assert raised and raised[0] >= 1 << 20
-    expected = _spooled_switches(snapshot)
+    records, expected = _spooled_switches(snapshot)
     assert expected["quanta_runtime"] > 10_000  # the storm's switches, in the spool
     assert result.ended_by == "duration" and result.exit_code == 1
     status = result.hooks["quanta_runtime"]
@@ -124,6 +126,7 @@ def test_a_failed_ring_hooks_spooled_records_are_not_lost(
         rows = {t: col[t].height for t in expected}
         assert rows == expected
         assert status.rows == expected
+        assert status.events == records  # its own count: every record made into rows
         assert not (result.path / ".spool").exists()
         assert col["memory_usage"].height >= 1
         return
@@ -136,7 +139,12 @@ def test_a_failed_ring_hooks_spooled_records_are_not_lost(
     assert failed[1].endswith(
         f"of spooled records are kept: `kernmlops recover {result.path}` makes their rows"
     )
-    assert "kept" in status.reason and "kernmlops recover" in status.reason
+    assert status.reason.startswith(
+        "its poll raised RuntimeError: decoder bug; detached, the other hooks went on; at "
+        "the stop, its final drain raised RuntimeError: decoder bug; its "
+    )
+    assert status.reason.endswith("of spooled records are kept for `kernmlops recover`")
+    assert (result.path / ".spool").is_dir()
     manifest = json.loads((result.path / "manifest.json").read_text())
     assert manifest["hooks"]["quanta_runtime"]["reason"] == status.reason
     done = subprocess.run([sys.executable, "-m", "kernmlops", "recover", str(result.path)],
@@ -144,6 +152,7 @@ def test_a_failed_ring_hooks_spooled_records_are_not_lost(
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     col = read_collection(result.path)
     assert {t: col[t].height for t in expected} == expected
+    assert col.manifest.hooks["quanta_runtime"].events == records
     assert col["memory_usage"].height >= 1
     assert not (result.path / ".spool").exists()
 
