@@ -7,11 +7,14 @@ At the end every hook is stopped in the order that loses nothing: all programs d
 first, then what the spools hold made into rows on every core where it is much
 (kernmlops.collect.rowmaking), then each drained into the sink (or, with no room
 left, parked in its spool for ``kernmlops recover``) and closed. A spool's failed
-write is the output's error (kernmlops.collect.space).
+write is the output's error (kernmlops.collect.space); any other error a hook raises
+there is a bug in it, which costs that hook alone, as in the poll loop: it is named
+in one line and marked failed, and what it leaves in its spool stays for ``recover``.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,7 +43,9 @@ __all__ = [
     "detach_all",
     "drain",
     "hook_context",
+    "settle_failed",
     "spooled_bytes",
+    "spooling",
     "start_hooks",
     "write_all",
 ]
@@ -134,13 +139,65 @@ def spooled_bytes(hook: Hook) -> int:
         return 0
 
 
-def _spooling(hook: Hook) -> bool:
+def spooling(hook: Hook) -> bool:
     """Whether ``hook`` holds records in a spool (a failed spool counts: what it
     wrote stays)."""
     try:
         return hook.spooled_bytes() > 0
     except OSError:
         return True
+
+
+def settle_failed(hook: Hook) -> bool:
+    """(A hook whose poll failed, detached) every record it still holds moved into its
+    spool, its rings let go: whether it holds any there, to be made into rows at the
+    stop as every hook's are. Its bug was in its Python, not in what it spooled."""
+    settle = getattr(hook, "spool_work", None)  # a ring hook's: every record spooled
+    if settle is not None:
+        settle()
+    return spooling(hook)
+
+
+#: per hook (its id), the bugs it showed at the stop: "its <what> raised <error>"
+Faults = dict[int, list[str]]
+
+
+def guarded(hook: Hook, what: str, fn: Callable[[], object], faults: Faults) -> Callable[[], None]:
+    """``fn``, a call into ``hook`` at the stop: the output's errors (an OSError, a
+    KernmlopsError) are raised, as every step's; any other is a bug in the hook,
+    noted in ``faults`` and said once the hook is closed (:func:`_failed_at_stop`)."""
+
+    def call() -> None:
+        try:
+            fn()
+        except (KernmlopsError, OSError):
+            raise
+        except Exception as err:
+            faults.setdefault(id(hook), []).append(f"its {what} raised {type(err).__name__}: {err}")
+
+    return call
+
+
+def _failed_at_stop(
+    hook: Hook, whys: list[str], shown: Path, on_message: Callable[[str], None] | None
+) -> None:
+    """``hook`` raised ``whys`` at the stop: marked failed (the exit code is 1), named
+    in one line; records left in its spool stay there for ``kernmlops recover``."""
+    why = "; ".join(whys)
+    again = hook.status.failed  # its poll failed before: said then
+    hook.status.failed = True
+    reason = f"at the stop, {why}"
+    hook.status.reason = f"{hook.status.reason}; {reason}" if again else reason
+    line = f"hook {hook.name} failed{' again' if again else ''} at the stop ({why})"
+    if spooling(hook):
+        left = spooled_bytes(hook)
+        kept = f"its {human_bytes(left) + ' of ' if left else ''}spooled records are kept"
+        hook.status.reason += f"; {kept} for `kernmlops recover`"
+        line += f": {kept}: `kernmlops recover {shown}` makes their rows"
+    elif not again:
+        line += ": the other hooks' rows are kept; the collection exits with 1"
+    if on_message:
+        on_message(line)
 
 
 def _park(hook: Hook) -> None:
@@ -166,20 +223,24 @@ def detach_all(
     full: bool,
     on_message: Callable[[str], None] | None,
     row_workers: int | None = None,
+    faults: Faults | None = None,
 ) -> None:
     """Detach every hook, then drain each into ``sink`` and close it; ``full``: the
     output is out of room, and spooled records stay in the spool. ``row_workers``:
-    collector.spool_row_workers."""
+    collector.spool_row_workers. A hook's bug here (not the output's error) costs
+    that hook alone: it is named and marked failed (``faults``: what it raised before,
+    in the same stop)."""
+    faults = {} if faults is None else faults
     for hook in hooks:
         # every program stops before any final drain: a ring still being filled
         # while the others' rows are made would overflow
-        step(hook.detach)
+        step(guarded(hook, "detach", hook.detach, faults))
     if isinstance(sink, ThreadedSink):
         sink.max_queued_bytes = min(sink.max_queued_bytes, DRAIN_QUEUE_BYTES)
     trim_as_usual()  # no ring to keep up with: heaps trimmed again in the drain
     # Out of space, spooled records stay in the spool for `kernmlops recover`: their
     # rows would take the room the disk no longer has.
-    parked = [h for h in hooks if full and _spooling(h)]
+    parked = [h for h in hooks if full and spooling(h)]
     if isinstance(sink, ThreadedSink) and space.parquet is not None:
         # No workload runs now: the rows made from here on are encoded compactly at
         # once, and compaction keeps their parts instead of reading them back.
@@ -190,11 +251,18 @@ def detach_all(
     if spooled >= 64 << 20 and on_message:
         on_message(f"note: making rows from {human_bytes(spooled)} of spooled records")
     for hook in hooks:
-        if hook in parked:
-            step(lambda hook=hook: space.spool_call(lambda: _park(hook)))
-        else:
-            step(lambda hook=hook: drain(hook, sink, space, final=True))
-        step(hook.close)  # idempotent: detaches even if the final drain failed
+        last = functools.partial(_last_drain, hook, sink, space, park=hook in parked)
+        step(guarded(hook, "final drain", last, faults))
+        step(guarded(hook, "close", hook.close, faults))  # idempotent: detaches even so
+        if id(hook) in faults:
+            _failed_at_stop(hook, faults[id(hook)], space.path, on_message)
+
+
+def _last_drain(hook: Hook, sink: Sink, space: SpaceGuard, *, park: bool) -> None:
+    if park:
+        space.spool_call(lambda: _park(hook))
+    else:
+        drain(hook, sink, space, final=True)
 
 
 def _rows_on_all_cores(
@@ -228,7 +296,7 @@ def _rows_on_all_cores(
                 workers=count,
             )
         except CollectionError:
-            parked.extend(h for h in candidates if _spooling(h))
+            parked.extend(h for h in candidates if spooling(h))
             raise
 
     step(lambda: space.spool_call(run))

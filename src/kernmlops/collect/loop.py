@@ -12,7 +12,8 @@ reports progress. It returns how the collection ended.
 A hook that raises what no hook should (a bug: not the output's OSError or a
 KernmlopsError) is detached there and then, named (its status, a message), and the
 loop goes on with the others: one broken hook costs its own rows from then on, not the
-benchmark's run or the other hooks' rows.
+benchmark's run or the other hooks' rows. What it had spooled is no loss: its records
+are moved into its spool, and their rows are made at the stop as every hook's are.
 """
 
 from __future__ import annotations
@@ -30,7 +31,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kernmlops.collect.attach import check_writes, drain, spooled_bytes, write_all
+from kernmlops.collect.attach import (
+    check_writes,
+    drain,
+    settle_failed,
+    spooled_bytes,
+    spooling,
+    write_all,
+)
 from kernmlops.collect.gated import exit_status
 from kernmlops.collect.sinks import ThreadedSink
 from kernmlops.collect.space import SPACE_CHECK_S, SpaceWatch
@@ -111,7 +119,9 @@ class PollLoop:
     """One collection's loop over its started ``hooks`` into ``sink``, while ``proc``
     (the benchmark, if it has a process) runs; ``parquet`` is the sink's Parquet writer
     (None with a caller's sink). A hook that fails is appended to ``failed`` (detached
-    and closed: the session's stop leaves it be) and said through ``on_message``."""
+    and closed: the session's stop leaves it be) and said through ``on_message``; one
+    that holds spooled records is left open, in ``spooled`` too: the stop makes their
+    rows."""
 
     def __init__(
         self,
@@ -128,6 +138,7 @@ class PollLoop:
         on_progress: Callable[[Progress], None] | None = None,
         on_message: Callable[[str], None] | None = None,
         failed: list[Hook] | None = None,
+        spooled: list[Hook] | None = None,
     ) -> None:
         self.config = config
         self.hooks = hooks
@@ -141,6 +152,8 @@ class PollLoop:
         self.on_progress = on_progress
         self.on_message = on_message
         self.failed: list[Hook] = [] if failed is None else failed
+        #: of them, those whose spooled records wait for the stop (detached, not closed)
+        self.spooled: list[Hook] = [] if spooled is None else spooled
         #: the hooks still collecting: a failed one leaves this list (_fail)
         self.active: list[Hook] = [h for h in hooks if h not in self.failed]
 
@@ -265,7 +278,8 @@ class PollLoop:
 
     def _fail(self, hook: Hook, what: str, err: Exception) -> None:
         """Detach and close ``hook``, whose ``what`` raised ``err``; its rows so far
-        stay, its status and the manifest say what failed, the others go on."""
+        stay, its status and the manifest say what failed, the others go on. One with
+        records in its spool is closed at the stop, once their rows are made."""
         self.failed.append(hook)
         self.active.remove(hook)
         why = f"its {what} raised {type(err).__name__}: {err}"
@@ -273,9 +287,17 @@ class PollLoop:
         hook.status.reason = f"{why}; detached, the other hooks went on"
         try:
             hook.detach()
-            hook.close()
+            if settle_failed(hook):
+                self.spooled.append(hook)
+            else:
+                hook.close()
         except Exception as again:  # named; the others go on all the same
             hook.status.reason += f" (its close raised {type(again).__name__}: {again})"
+            if hook not in self.spooled and spooling(hook):
+                self.spooled.append(hook)  # the stop closes it and names what stays
+            elif hook not in self.spooled:
+                with contextlib.suppress(Exception):
+                    hook.close()
         if self.on_message:
             self.on_message(
                 f"hook {hook.name} failed ({why}): detached; the collection goes on "

@@ -9,7 +9,9 @@ benchmark exits, the duration passes, Ctrl+C, SIGTERM, a failing benchmark, an e
 hook's start or stop, a full disk), every program is detached, every collected row that
 fits on the disk is flushed, and the manifest is finalised with how it ended. A hook that
 fails while the collection runs (a bug in its poll) is detached alone and named: the
-benchmark and the other hooks go on, and the exit code is 1 (kernmlops.collect.loop).
+benchmark and the other hooks go on, its spooled records still become rows at the stop,
+and the exit code is 1 (kernmlops.collect.loop); a hook's bug in the stop itself is
+named the same way (kernmlops.collect.attach).
 
 :class:`Session` owns the order of all that and how the collection ended; the parts are
 beside it: the benchmark (kernmlops.collect.benchmark), the hooks' start and stop
@@ -175,8 +177,10 @@ class Session:
         priority.lower()  # before any thread starts: restored at the end
         t0 = time.monotonic()
         hooks: list[Hook] = []
-        #: hooks that failed while the loop ran (a bug): detached by it, left out of the stop
+        #: hooks that failed while the loop ran (a bug): detached by it, left out of the
+        #: stop but for those with records in their spool (``spooled``: rows made then)
         broken: list[Hook] = []
+        spooled: list[Hook] = []
         flt: ProcessFilter | None = None
         parquet = (
             None
@@ -283,6 +287,7 @@ class Session:
                 on_progress=self.on_progress,
                 on_message=self.on_message,
                 failed=broken,
+                spooled=spooled,
             )
             ended_by, bench_exit = loop.run(libraries)
         except BaseException as err:  # always flush and detach below
@@ -292,7 +297,7 @@ class Session:
             ended_by = "interrupted" if isinstance(err, KeyboardInterrupt) else "error"
         finally:
             bench_exit = stop_collection(
-                [h for h in hooks if h not in broken],
+                [h for h in hooks if h not in broken or h in spooled],
                 sink,
                 bench,
                 flt,
@@ -308,7 +313,7 @@ class Session:
             if failed is not None:
                 errors.append(failed)
             rows = close_sink(sink, errors)
-            remove_spent_spool(self._spool_dir, parquet, errors)
+            remove_spent_spool(self._spool_dir, parquet, errors, hooks)
             self._stop.restore(old_handlers)
             if parquet is not None and cfg.compact and not self.space.disk_full:
                 compact(parquet, self._running, self.on_message, errors)
@@ -335,7 +340,9 @@ class Session:
             path=self.path,
             benchmark=self.config.benchmark.name,
             ended_by=ended_by,
-            exit_code=self._exit_code(ended_by, bench_exit, error, hook_failed=bool(broken)),
+            exit_code=self._exit_code(
+                ended_by, bench_exit, error, hook_failed=any(h.status.failed for h in hooks)
+            ),
             benchmark_exit=bench_exit,
             started_at=started_at,
             stopped_at=stopped_at,

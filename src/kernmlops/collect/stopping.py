@@ -7,7 +7,9 @@ its rows are all in finished parts (:func:`remove_spent_spool`), the parts compa
 (:func:`compact`), and last the participants closed (:func:`close_participants`). A
 step that fails adds its error to the run's list instead of raising: one broken hook
 or a full disk must not lose the rows the other steps still save; the session
-reports the errors once everything is down.
+reports the errors once everything is down. A hook's own bug there (not the output's
+error) is no error of the run: that hook is named and marked failed, as in the poll
+loop (kernmlops.collect.attach).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kernmlops.collect.attach import detach_all
+from kernmlops.collect.attach import Faults, detach_all, guarded, spooling
 from kernmlops.collect.space import SPACE_STOP_GRACE_S
 from kernmlops.collect.tuning import release_free_memory
 from kernmlops.spool.recovery import pending_spools, remove_spool
@@ -54,6 +56,8 @@ def stop_collection(
     """Stop the benchmark, drain and detach every hook, keep the results, tear
     down; return the benchmark's exit status. Each step runs even if an earlier one
     failed (errors are collected): one broken hook must not lose the others' rows.
+    ``hooks`` may hold hooks that failed in the poll loop with records in their spool
+    (kernmlops.collect.loop): drained too, not told of the benchmark's end.
     ``row_workers``: collector.spool_row_workers."""
 
     def step(fn: Callable[[], object]) -> None:
@@ -64,12 +68,15 @@ def stop_collection(
 
     full = space.out_of_space()
     space.stopping = not full
+    faults: Faults = {}
     for hook in hooks:  # before the stop kills what the benchmark left running
-        step(hook.benchmark_ending)
+        if not hook.status.failed:
+            step(guarded(hook, "benchmark_ending", hook.benchmark_ending, faults))
     bench_exit = bench.stop(
         step, SPACE_STOP_GRACE_S if full else BENCHMARK_STOP_GRACE_S, bench_exit
     )
-    detach_all(hooks, sink, space, step, full=full, on_message=on_message, row_workers=row_workers)
+    detach_all(hooks, sink, space, step, full=full, on_message=on_message,
+               row_workers=row_workers, faults=faults)  # fmt: skip
     bench.finish(step, sink, bench_exit)
     if flt is not None:
         step(flt.close)
@@ -87,13 +94,19 @@ def close_sink(sink: Sink, errors: list[BaseException]) -> dict[str, int]:
 
 
 def remove_spent_spool(
-    spool: Path | None, parquet: ParquetSink | None, errors: Sequence[BaseException]
+    spool: Path | None,
+    parquet: ParquetSink | None,
+    errors: Sequence[BaseException],
+    hooks: Sequence[Hook] = (),
 ) -> None:
     """Once every spooled row is in finished parts, the spool goes; otherwise it
-    stays for ``kernmlops recover``."""
+    stays for ``kernmlops recover``: after an error, or where one of ``hooks`` failed
+    and left records in it (its bug raised again while their rows were made)."""
     if spool is None or not spool.exists() or parquet is None or parquet.failure:
         return
-    failed = any(not isinstance(e, KeyboardInterrupt) for e in errors)
+    failed = any(not isinstance(e, KeyboardInterrupt) for e in errors) or any(
+        h.status.failed and spooling(h) for h in hooks
+    )
     folder = spool.parent  # the collection, held open
     if failed and any(seg.exists() and seg.stat().st_size for seg in pending_spools(folder)):
         return  # records a recovery can still turn into rows

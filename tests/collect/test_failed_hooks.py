@@ -1,0 +1,232 @@
+"""A hook with a bug, in its poll or in its stop: named, the other hooks' rows kept,
+its own spooled records made into rows (or kept for ``kernmlops recover``), exit 1."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kernmlops.collect.session import Session
+from kernmlops.config import load_config
+from kernmlops.data import read_collection
+from kernmlops.ebpf.btf import unbatch
+from kernmlops.ebpf.build import build, object_path
+from kernmlops.ebpf.ringbuf import decode, record_stride
+from kernmlops.ebpf.spec import object_spec
+from kernmlops.hooks.bpf import BpfHook
+from kernmlops.hooks.quanta_runtime import NO_TIME, QuantaRuntimeHook
+from kernmlops.spool.frames import format_of, iter_segment
+
+pytestmark = pytest.mark.bpf
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _built() -> None:
+    build()
+
+
+def _spooled_switches(snapshot: Path) -> tuple[int, dict[str, int]]:
+    """The records in a copy of quanta_runtime's spool and the rows they give (every
+    frame decoded here, not by the collector): a record is a quanta_runtime row where
+    it has a run time, a quanta_queued_time row where it has a wait."""
+    layout = object_spec(object_path("quanta_runtime")).ring_layouts()["quanta_switch_rb"]
+    dtype = layout.batch if layout.batch is not None else layout.dtype
+    stride = record_stride(dtype.itemsize)
+    segments = sorted(snapshot.rglob("quanta_switch.*.ring"), key=lambda p: p.name)
+    assert segments, sorted(snapshot.rglob("*"))
+    rows = {"quanta_runtime": 0, "quanta_queued_time": 0}
+    count = 0
+    for seg in segments:
+        meta = json.loads(seg.with_suffix(".json").read_text())
+        for frame in iter_segment(seg.read_bytes(), format_of(meta)):
+            assert frame.reason is None and frame.raw is not None, frame.reason
+            raw = np.frombuffer(frame.raw, np.uint8)
+            assert len(raw) % stride == 0
+            records = decode(raw, 1, 0, len(raw), dtype).records
+            if layout.batch is not None:
+                records = unbatch(records, layout)
+            count += len(records)
+            rows["quanta_runtime"] += int((records["run_ns_hi"] != NO_TIME).sum())
+            rows["quanta_queued_time"] += int((records["queued_ns_hi"] != NO_TIME).sum())
+    return count, rows
+
+
+def _failing_poll(again: bool) -> tuple[object, list[int]]:
+    """quanta_runtime's poll with a bug: it raises once a MiB of records waits in the
+    spool (no row made of them yet), and with ``again`` at every poll after that."""
+    real = BpfHook.poll
+    raised: list[int] = []
+
+    def poll(self: BpfHook) -> Iterator[object]:
+        if (again and raised) or (not raised and self.spooled_bytes() >= 1 << 20):
+            raised.append(self.spooled_bytes())
+            raise RuntimeError("decoder bug")
+        yield from real(self)
+
+    return poll, raised
+
+
+@pytest.mark.parametrize("again", [False, True], ids=["made-at-stop", "kept-for-recover"])
+def test_a_failed_ring_hooks_spooled_records_are_not_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, again: bool
+) -> None:
+    # No CPU to spare (spool_spare_cpus past the machine's): the storm's switches only
+    # go to the spool. The poll that raises is a bug in the hook's Python, not in the
+    # spool: what was spooled when it failed becomes rows at the stop, or, where the
+    # bug is there again then, stays in the spool and `kernmlops recover` makes them.
+    poll, raised = _failing_poll(again)
+    monkeypatch.setattr(QuantaRuntimeHook, "poll", poll)
+    cfg = load_config({
+        "collector": {"output_dir": str(tmp_path), "progress": False,
+                      "hooks": ["quanta_runtime", "memory_usage"], "flush_interval_s": 0.5,
+                      "spool_spare_cpus": float((os.cpu_count() or 1) + 1)},
+        "benchmark": {"name": "faux", "duration_s": 2.0},
+    })  # fmt: skip
+    snapshot = tmp_path / "snapshot"
+    said: list[str] = []
+
+    def on_message(line: str) -> None:
+        said.append(line)
+        if "hook quanta_runtime failed" in line and not snapshot.exists():
+            # the hook is detached now: its spool holds every record it will ever have
+            shutil.copytree(session.path / ".spool", snapshot)  # follows `mem` (the tmpfs)
+
+    session = Session(cfg, on_message=on_message)
+    storm = subprocess.Popen(["stress-ng", "--switch", "1", "-t", "4"], stdout=subprocess.DEVNULL)
+    try:
+        time.sleep(0.3)
+        result = session.run()
+    finally:
+        storm.wait(timeout=30)
+    assert raised and raised[0] >= 1 << 20
+    records, expected = _spooled_switches(snapshot)
+    assert expected["quanta_runtime"] > 10_000  # the storm's switches, in the spool
+    assert result.ended_by == "duration" and result.exit_code == 1
+    status = result.hooks["quanta_runtime"]
+    assert status.failed and status.reason is not None
+    failed = [line for line in said if "quanta_runtime" in line]
+    if not again:
+        assert failed == [
+            "hook quanta_runtime failed (its poll raised RuntimeError: decoder bug): detached; "
+            "the collection goes on without it and exits with 1"
+        ]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no IncompleteCollectionWarning: no spool left
+            col = read_collection(result.path)
+        rows = {t: col[t].height for t in expected}
+        assert rows == expected
+        assert status.rows == expected
+        assert status.events == records  # its own count: every record made into rows
+        assert not (result.path / ".spool").exists()
+        assert col["memory_usage"].height >= 1
+        return
+    # the bug again at the stop: the records stay, and one line says how to get them
+    assert len(failed) == 2, said
+    assert failed[1].startswith(
+        "hook quanta_runtime failed again at the stop (its final drain "
+        "raised RuntimeError: decoder bug): its "
+    )
+    assert failed[1].endswith(
+        f"of spooled records are kept: `kernmlops recover {result.path}` makes their rows"
+    )
+    assert status.reason.startswith(
+        "its poll raised RuntimeError: decoder bug; detached, the other hooks went on; at "
+        "the stop, its final drain raised RuntimeError: decoder bug; its "
+    )
+    assert status.reason.endswith("of spooled records are kept for `kernmlops recover`")
+    assert (result.path / ".spool").is_dir()
+    manifest = json.loads((result.path / "manifest.json").read_text())
+    assert manifest["hooks"]["quanta_runtime"]["reason"] == status.reason
+    done = subprocess.run([sys.executable, "-m", "kernmlops", "recover", str(result.path)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    col = read_collection(result.path)
+    assert {t: col[t].height for t in expected} == expected
+    assert col.manifest.hooks["quanta_runtime"].events == records
+    assert col["memory_usage"].height >= 1
+    assert not (result.path / ".spool").exists()
+
+
+_FAILING_AT_THE_STOP = """
+import sys
+import polars as pl
+from kernmlops.collect import session
+from kernmlops.hooks.base import Hook
+
+WHERE = sys.argv.pop(1)  # drain or close: where the bug is
+
+class Failing(Hook):
+    name = "memory_usage"
+    tables = ("memory_usage",)
+
+    def start(self, ctx):
+        self.status.attached = True
+
+    def poll(self):
+        yield "memory_usage", pl.DataFrame({"x": [1]})
+
+    def stop(self):
+        if WHERE == "drain":
+            yield "memory_usage", pl.DataFrame({"x": [2]})
+            raise RuntimeError("decoder exploded")
+        yield from ()
+
+    def close(self):
+        if WHERE == "close":
+            raise ValueError("close exploded")
+
+real = session.get_hook
+session.get_hook = lambda name: Failing if name == "memory_usage" else real(name)
+from kernmlops.cli import main
+main()
+"""
+
+
+@pytest.mark.parametrize(
+    ("where", "why"),
+    [("drain", "its final drain raised RuntimeError: decoder exploded"),
+     ("close", "its close raised ValueError: close exploded")],
+)  # fmt: skip
+def test_collect_says_a_hook_failing_at_the_stop_in_one_line_and_exits_1(
+    tmp_path: Path, where: str, why: str
+) -> None:
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-c", _FAILING_AT_THE_STOP, where, "collect", "--no-progress",
+         "-o", str(out), "-b", "faux", "-d", "1", "--hooks", "memory_usage,quanta_runtime"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.splitlines()
+    named = [line for line in lines if line.startswith(("warning:", "exit code"))]
+    assert named == [
+        f"warning: hook memory_usage failed at the stop ({why}): the other hooks' rows are "
+        "kept; the collection exits with 1",
+        "exit code 1 (duration; hook memory_usage failed)",
+    ], done.stderr
+    (folder,) = (out / "curated" / "benchmark=faux").iterdir()
+    col = read_collection(folder)
+    assert col["quanta_runtime"].height > 0 and col["quanta_queued_time"].height > 0
+    assert col.manifest.hooks["quanta_runtime"].events > 0
+    assert not col.manifest.hooks["quanta_runtime"].failed
+    record = col.manifest.hooks["memory_usage"]
+    assert record.failed and record.reason == f"at the stop, {why}"
+    # its rows until then are kept: the final drain's too, up to its bug
+    assert col["memory_usage"]["x"].to_list()[-1] == (2 if where == "drain" else 1)
+    assert col.manifest.state == "duration" and col.manifest.exit_code == 1
+    assert col.manifest.error is None
+    # the collection was compacted as any (a table whose parts are compact already: kept)
+    outcomes = {t: r.compaction for t, r in col.manifest.tables.items()}
+    assert set(outcomes) == {"memory_usage", "quanta_runtime", "quanta_queued_time"}
+    assert set(outcomes.values()) <= {"compacted", "skipped: compact already"}, outcomes
