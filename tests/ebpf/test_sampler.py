@@ -116,19 +116,29 @@ def test_a_buffer_python_leaves_full_counts_each_tick_as_missed(tmp_path: Path) 
     s = sampler.NativeSampler([fd], 10_000_000, 5 * 120, "test")  # room for 5 samples
     try:
         s.start(priority=0)
-        time.sleep(0.2)  # ~20 ticks, nothing taken
+        # nothing taken until the buffer is full and ticks go missed (waited for, not
+        # slept: a busy machine may leave the thread off its CPU a while)
+        deadline = time.monotonic() + 10
+        while (s._c.taken < 5 or s._c.missed < 3) and time.monotonic() < deadline:
+            time.sleep(0.01)
         first = s.take()
-        missed = s.missed
-        time.sleep(0.035)  # room again: sampling goes on
+        # room again: sampling goes on
+        second = _until(s, lambda got: len(got) >= 2)
         s.stop()
-        second = s.take()
+        second += s.take()
+        missed = s.missed
     finally:
         s.close()
         os.close(fd)
     # five held (a sixth may land while take empties the buffer)
     assert 5 <= len(first) <= 6 and all(data == [b"x" * 100] for _, data in first)
-    assert 12 <= missed <= 18  # every tick past the fifth, none lost silently
-    assert 2 <= len(second) <= 5
+    assert len(second) >= 2 and missed >= 3
+    # every tick past the held ones counted missed, none lost silently: from the
+    # first sample to the last, each 10-ms tick is a sample or a miss
+    times = np.array([ns for ns, _ in first + second])
+    ticks = (times - times[0]) // 10_000_000
+    assert np.all(np.diff(ticks) > 0)
+    assert len(times) + missed == ticks[-1] + 1, (len(first), len(second), missed, ticks)
 
 
 def test_a_file_that_cannot_be_read_ends_the_sampler_with_its_error(tmp_path: Path) -> None:
