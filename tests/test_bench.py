@@ -16,6 +16,7 @@ from scipy import stats
 from bench import harness
 from bench.__main__ import benchmarks
 from bench.__main__ import main as bench_main
+from tests.conftest import needs_tools
 
 REPO = Path(__file__).resolve().parent.parent
 MODULES = sorted(
@@ -262,3 +263,27 @@ def test_the_storms_quiet_wait_leaves_a_deadline_room_for_the_round() -> None:
     assert quiet_cap(args, 3, 1000.0) == 5.0
     args.deadline = 1000.0 + 10  # the round itself will not fit: no waiting
     assert quiet_cap(args, 3, 1000.0) == 0.0
+
+
+@needs_tools("stress-ng")
+def test_fork_rows_reads_the_workloads_own_count(tmp_path: Path) -> None:
+    from bench.fork_rows import _workload, workload_argv
+
+    # stress-ng's metrics line against its own YAML report of the same run
+    argv = [*workload_argv("fork", 1, 1), "--yaml", str(tmp_path / "m.yaml")]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, cwd=tmp_path)
+    got = _workload(out.stdout + out.stderr, "fork", 0.25)
+    report = (tmp_path / "m.yaml").read_text()
+    assert f"bogo-ops: {got['ops']}\n" in report and got["ops"] > 0
+    assert got["workload_cpu_us_per_op"] == pytest.approx(0.25e6 / got["ops"])
+
+
+def test_fork_rows_pairs_each_programs_ns_by_round() -> None:
+    from bench.fork_rows import paired
+
+    def run(fork: float, cnt: int = 10) -> dict:
+        return {"programs": {"fork_btf": {"ns_per_run": fork, "run_cnt": cnt}}}
+
+    a = [run(1500), run(1300), run(1900)]
+    b = [run(1000), run(1100), run(1200, cnt=0)]  # a round without runs pairs nothing
+    assert paired(a, b) == {"fork_btf": (500 + 200) / 2}

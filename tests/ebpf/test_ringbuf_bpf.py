@@ -4,7 +4,9 @@ the ring look full to a program writing into it."""
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import pytest
 from kernmlops.ebpf.libbpf import ProgTestRunOpts, lib
 from kernmlops.ebpf.objects import open_and_load
 from kernmlops.ebpf.ringbuf import RingBuffer
+from tests.conftest import skip_here
 
 pytestmark = pytest.mark.bpf
 
@@ -21,8 +24,9 @@ RING_BYTES = 1 << 16
 RECORD = 56  # + the 8-byte header: 64 bytes a record
 
 # One test run is a loop of 2^22 steps. Each step reads the consumer position
-# (it must never go back) and, while the ring is under half full, writes a record:
-# a refusal then means the producer read a consumer position that was not there.
+# (it must never go back; each time it has moved on is a free the producer saw) and,
+# while the ring is under half full, writes a record: a refusal then means the
+# producer read a consumer position that was not there.
 SOURCE = r"""
 #include "common.h"
 
@@ -32,7 +36,7 @@ struct {
 } rb SEC(".maps");
 
 struct watch {
-	u64 last_cons, backwards, refused, written, steps;
+	u64 last_cons, backwards, advances, refused, written, steps;
 	u8 rec[56];
 };
 
@@ -55,6 +59,8 @@ static long step(u32 i, struct loop_ctx *c)
 	w->steps++;
 	if (cons < w->last_cons)
 		w->backwards++;
+	else if (cons > w->last_cons)
+		w->advances++;
 	w->last_cons = cons;
 	if (bpf_ringbuf_query(&rb, BPF_RB_AVAIL_DATA) < (1 << 15)) {
 		if (bpf_ringbuf_output(&rb, w->rec, sizeof(w->rec), BPF_RB_NO_WAKEUP))
@@ -76,7 +82,13 @@ int watch(void *ctx)
 	return 0;
 }
 """
-WATCH = np.dtype([(f, "<u8") for f in ("last_cons", "backwards", "refused", "written", "steps")])
+FIELDS = ("last_cons", "backwards", "advances", "refused", "written", "steps")
+WATCH = np.dtype([(f, "<u8") for f in FIELDS])
+#: frees the producer must have seen: runs repeat until then (a busy machine may
+#: leave the reader off its CPU for a whole run)
+ADVANCES = 1000
+#: how long runs may repeat to see them
+DEADLINE_S = 60
 
 
 @pytest.mark.parametrize("free", ["take_bytes", "spill", "drain"])
@@ -85,32 +97,57 @@ def test_freeing_space_never_shows_the_producer_a_full_ring(
 ) -> None:
     # struct.pack_into zeroes the position before writing it: the program saw the
     # consumer at 0 for a moment, a full ring, and refused the record.
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        skip_here("needs 2 CPUs: the reader frees the ring while the program runs")
     path = compile_bpf("ring_watch", SOURCE)
     with open_and_load(path, max_entries={"rb": RING_BYTES}) as obj:
         reader = RingBuffer(obj.map("rb").fd, RING_BYTES, np.dtype((np.void, RECORD)))
-        opts = ProgTestRunOpts(sz=ctypes.sizeof(ProgTestRunOpts))
         fd = obj.programs["watch"].fd
-        result: list[int] = []
-        runner = threading.Thread(
-            target=lambda: result.append(lib.bpf_prog_test_run_opts(fd, ctypes.byref(opts)))
-        )
-        freed = 0
+        freed = runs = 0
+        deadline = time.monotonic() + DEADLINE_S
         try:
-            runner.start()
-            while runner.is_alive():  # the loop runs in the kernel, the GIL is free
-                if free == "take_bytes":
-                    freed += sum(len(c) for c in reader.take_bytes(RECORD)) // 64
-                elif free == "spill":
-                    reader.spill(RECORD)  # kept as bytes: the drain below counts them
-                else:
-                    freed += len(reader.drain())
-            runner.join()
-            freed += len(reader.drain())
+            # The program and the reader on CPUs of their own: this kernel does not
+            # preempt the program's loop, so a reader queued behind it on its CPU
+            # would free nothing until the run ends (the producer then sees no free).
+            os.sched_setaffinity(0, {cpus[1]})
+            while True:
+                freed += _run_while_freeing(fd, reader, free, cpus[0])
+                runs += 1
+                watch = np.frombuffer(obj.map("seen").lookup(0)[: WATCH.itemsize], WATCH)[0]
+                if watch["advances"] >= ADVANCES or time.monotonic() > deadline:
+                    break
         finally:
+            os.sched_setaffinity(0, cpus)
             reader.close()
-        assert result == [0]
-        watch = np.frombuffer(obj.map("seen").lookup(0)[: WATCH.itemsize], WATCH)[0]
-    assert watch["steps"] == 1 << 22
-    assert freed == watch["written"] > 1000  # the reader freed space all along
+    assert watch["steps"] == runs << 22
+    assert freed == watch["written"]  # every record written was freed, counted once
+    # the reader freed space while the program watched: the test saw what it tests
+    assert watch["advances"] >= ADVANCES, (runs, watch)
     assert watch["backwards"] == 0
     assert watch["refused"] == 0
+
+
+def _run_while_freeing(fd: int, reader: RingBuffer, free: str, cpu: int) -> int:
+    """One run of the program on ``cpu`` while this thread frees the ring the ``free``
+    way; the records freed, the ring emptied after the run."""
+    opts = ProgTestRunOpts(sz=ctypes.sizeof(ProgTestRunOpts))
+    result: list[int] = []
+
+    def run() -> None:
+        os.sched_setaffinity(0, {cpu})  # this thread's own CPU
+        result.append(lib.bpf_prog_test_run_opts(fd, ctypes.byref(opts)))
+
+    runner = threading.Thread(target=run)
+    freed = 0
+    runner.start()
+    while runner.is_alive():  # the loop runs in the kernel, the GIL is free
+        if free == "take_bytes":
+            freed += sum(len(c) for c in reader.take_bytes(RECORD)) // 64
+        elif free == "spill":
+            reader.spill(RECORD)  # kept as bytes: the drain below counts them
+        else:
+            freed += len(reader.drain())
+    runner.join()
+    assert result == [0]
+    return freed + len(reader.drain())

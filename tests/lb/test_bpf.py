@@ -60,21 +60,31 @@ def _tp_inputs(shadow: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def _run_oversubscribed(
+    top: Path, args: list[str], duration_s: int, env: dict[str, str] | None = None
+) -> tuple[Path, str]:
+    """``python -m kernmlops.lb ARGS --variant tracepoint`` on stress-ng's oversubscribe
+    scenario for ``duration_s``, into ``top``/out: the collection's folder and what the
+    command printed on stderr."""
+    cfg = top / "c.yaml"
+    cfg.write_text(
+        "benchmark:\n  name: stress-ng\n  stress_ng:\n    scenario: oversubscribe\n"
+        f"    duration_s: {duration_s}\n"
+    )
+    proc = subprocess.run(
+        [*LB, *args, "--variant", "tracepoint", "-c", str(cfg), "-o", str(top / "out"),
+         "--no-progress"],
+        capture_output=True, text=True, timeout=180, env={**os.environ, **(env or {})},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (folder,) = (top / "out" / "curated" / "benchmark=stress-ng").iterdir()
+    return folder, proc.stderr
+
+
 @needs_tools("stress-ng")
 def test_tracepoint_variant_end_to_end(model, tmp_path: Path) -> None:
     path = model.save(tmp_path / "m.json")
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(
-        "benchmark:\n  name: stress-ng\n  stress_ng:\n    scenario: oversubscribe\n"
-        "    duration_s: 3\n"
-    )
-    proc = subprocess.run(
-        [*LB, "shadow", str(path), "--variant", "tracepoint", "-c", str(cfg), "-o",
-         str(tmp_path / "out"), "--no-progress"],
-        capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (folder,) = (tmp_path / "out" / "curated" / "benchmark=stress-ng").iterdir()
+    folder, _ = _run_oversubscribed(tmp_path, ["shadow", str(path)], 3)
     c = read_collection(folder)
 
     # positives are exactly the pulls in the sched_migrate table
@@ -129,18 +139,7 @@ def test_tracepoint_variant_end_to_end(model, tmp_path: Path) -> None:
 def test_tracepoint_collect_without_a_model_reads_each_pull_once(tmp_path: Path) -> None:
     """lb collect's tracepoint variant runs the lb_tp program without a model too: the
     data set's pulls are its records, as they are under lb shadow."""
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(
-        "benchmark:\n  name: stress-ng\n  stress_ng:\n    scenario: oversubscribe\n"
-        "    duration_s: 2\n"
-    )
-    proc = subprocess.run(
-        [*LB, "collect", "--variant", "tracepoint", "-c", str(cfg), "-o", str(tmp_path / "out"),
-         "--no-progress"],
-        capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (folder,) = (tmp_path / "out" / "curated" / "benchmark=stress-ng").iterdir()
+    folder, _ = _run_oversubscribed(tmp_path, ["collect"], 2)
     c = read_collection(folder)
     pos = c["lb_decisions"].filter(pl.col("can_migrate") == 1)
     assert pos.height > 0, "stress-ng oversubscribed and no load-balancer pull seen"
@@ -176,19 +175,8 @@ def tp_shadow(tmp_path_factory) -> tuple[Path, dict, str]:
     doc = _feature0_model()
     model = top / "m.q11.json"
     model.write_text(json.dumps(doc))
-    cfg = top / "c.yaml"
-    cfg.write_text(
-        "benchmark:\n  name: stress-ng\n  stress_ng:\n    scenario: oversubscribe\n"
-        "    duration_s: 3\n"
-    )
-    proc = subprocess.run(
-        [*LB, "shadow", str(model), "--variant", "tracepoint", "-c", str(cfg), "-o",
-         str(top / "out"), "--no-progress"],
-        capture_output=True, text=True, timeout=180, env={**os.environ, "COLUMNS": "400"},
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (folder,) = (top / "out" / "curated" / "benchmark=stress-ng").iterdir()
-    return folder, doc, proc.stderr
+    folder, printed = _run_oversubscribed(top, ["shadow", str(model)], 3, {"COLUMNS": "400"})
+    return folder, doc, printed
 
 
 def _program_rows(shadow: pl.DataFrame, pos: pl.DataFrame) -> pl.DataFrame:
