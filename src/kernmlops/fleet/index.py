@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 from kernmlops.fleet.store import OBJECT_STORES, Dataset, PublishError, describe_error, put
 from kernmlops.tables import BENCHMARK, COLLECTION_ID
@@ -393,15 +393,24 @@ class Damaged(NamedTuple):
 
 def _marker(prefix: str) -> str:
     """The damaged marker of the collection folder ``prefix``, named by the folder's
-    ``collection_id`` (its manifest may be what is damaged)."""
-    return f"{DAMAGED_DIR}/{unquote(prefix.rsplit('=', 1)[-1])}.json"
+    ``collection_id`` (its manifest may be what is damaged). A folder's name that
+    unquotes to more than one name (``..%2F..%2Fetc``, made by whoever writes in the
+    dataset) is kept quoted: the marker is one file in ``_damaged/``, never one the
+    ``/`` and ``..`` lead to."""
+    value = prefix.rsplit("=", 1)[-1]
+    cid = unquote(value)
+    if "/" in cid or "\0" in cid:
+        cid = quote(cid, safe="")  # no '/'; and not hidden, as readers skip those
+        if cid.startswith((".", "_")):
+            cid = f"%{ord(cid[0]):02X}{cid[1:]}"
+    return f"{DAMAGED_DIR}/{cid}.json"
 
 
 def damaged_marker(dataset: Dataset, prefix: str, reason: str) -> None:
     """Name the collection folder ``prefix`` damaged, for ``reason``, in ``_damaged/``."""
     import json
 
-    cid = unquote(prefix.rsplit("=", 1)[-1])
+    cid = _marker(prefix).removeprefix(f"{DAMAGED_DIR}/").removesuffix(".json")
     record = dict(Damaged(cid, prefix, reason)._asdict(), found_at=datetime.now(UTC).isoformat())
     put(dataset, json.dumps(record).encode(), _marker(prefix))
 

@@ -1,0 +1,92 @@
+"""A local dataset other users may write in (a fleet's folder on a shared mount, one
+folder for many machines), pushed to and reindexed as root: what a user (nobody, in a
+forked child) plants there makes root write nowhere else, through no link."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kernmlops.cli import cli
+from tests.fleet.conftest import make_collection
+
+NOBODY = 65534
+SECRET = b"root's own: never to be overwritten\n"
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="plants files as another user")
+
+
+def as_nobody(plant: Callable[[], None]) -> None:
+    """Run ``plant`` as nobody, in a forked child (what a local user does)."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            plant()
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the plant failed"
+
+
+@pytest.fixture
+def top() -> Iterator[Path]:
+    """A folder every user can reach (pytest's own is root's only)."""
+    folder = Path(tempfile.mkdtemp(prefix="kmo-hostile-fleet-"))
+    folder.chmod(0o755)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def shared(tmp_path: Path) -> tuple[Path, Path]:
+    """(a dataset folder any user may write in, sticky as /tmp; a folder of root's only
+    beside it, holding root's files)."""
+    dest = tmp_path / "fleet"
+    dest.mkdir()
+    dest.chmod(0o1777)
+    victim = tmp_path / "root-only"
+    victim.mkdir(mode=0o700)
+    (victim / "secret.json").write_bytes(SECRET)
+    return dest, victim
+
+
+def test_reindex_writes_no_marker_outside_the_dataset_for_a_name_with_slashes(top: Path) -> None:
+    """A damaged collection in a folder whose id unquotes to '../..': its _damaged/
+    marker is written in _damaged/, not where the '..'s lead (root's secret.json)."""
+    dest, victim = shared(top)
+    src = top / "src"
+    make_collection(src, "c1", quanta=300)
+    assert CliRunner().invoke(cli, ["push", str(src), str(dest)]).exit_code == 0
+
+    def plant() -> None:
+        folder = dest / "benchmark=mine" / "collection_id=..%2F..%2Froot-only%2Fsecret"
+        folder.mkdir(parents=True)
+        (folder / "manifest.json").write_text("{damaged\n")
+
+    as_nobody(plant)
+    result = CliRunner().invoke(cli, ["fleet", "reindex", str(dest)])
+    assert "Traceback" not in result.output
+    assert result.exit_code == 1, result.output  # one damaged collection, said
+    assert "not indexed, damaged" in result.stderr
+    assert (victim / "secret.json").read_bytes() == SECRET
+    assert sorted(p.name for p in victim.iterdir()) == ["secret.json"]
+    (marker,) = (dest / "_damaged").iterdir()
+    assert marker.name.endswith(".json") and "/" not in marker.name
+    # ls names it, from that marker
+    listed = CliRunner().invoke(cli, ["fleet", "ls", str(dest)])
+    assert "collection_id=..%2F..%2Froot-only%2Fsecret" in listed.stderr, listed.output
