@@ -90,3 +90,59 @@ def test_reindex_writes_no_marker_outside_the_dataset_for_a_name_with_slashes(to
     # ls names it, from that marker
     listed = CliRunner().invoke(cli, ["fleet", "ls", str(dest)])
     assert "collection_id=..%2F..%2Froot-only%2Fsecret" in listed.stderr, listed.output
+
+
+def test_push_writes_through_no_link_a_user_planted_in_the_dataset(top: Path) -> None:
+    """nobody makes the collection's folder in the shared dataset first and plants
+    links at the names push writes (the temporary ones, a table's folder): root's
+    files stay as they were, and the pushed collection is whole in the dataset."""
+    dest, victim = shared(top)
+    src = top / "src"
+    col = make_collection(src, "c1", quanta=300)
+    tables = sorted(p.name for p in col.iterdir() if p.is_dir())
+
+    def plant() -> None:
+        there = dest / "benchmark=faux" / "collection_id=c1"
+        there.mkdir(parents=True)
+        (there / ".manifest.json.push-tmp").symlink_to(victim / "secret.json")
+        (there / tables[0]).symlink_to(victim)  # a table's folder, a link to root's
+        index = dest / "_index"
+        index.mkdir()
+        (index / ".c1.parquet.push-tmp").symlink_to(victim / "secret.json")
+
+    as_nobody(plant)
+    result = CliRunner().invoke(cli, ["push", str(src), str(dest)])
+    assert "Traceback" not in result.output
+    assert (victim / "secret.json").read_bytes() == SECRET
+    assert sorted(p.name for p in victim.iterdir()) == ["secret.json"]
+    assert result.exit_code != 0, result.output  # the linked table folder is refused
+    assert "is a link" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_reindex_deletes_nothing_through_a_linked_index_folder(top: Path) -> None:
+    """nobody replaces _index and _damaged with links to a folder of root's: reindex
+    deletes no file of root's there (it took them for stale index rows and markers)."""
+    dest, victim = shared(top)
+    (victim / "stale.parquet").write_bytes(SECRET)
+    src = top / "src"
+    make_collection(src, "c1", quanta=300)
+    assert CliRunner().invoke(cli, ["push", str(src), str(dest)]).exit_code == 0
+    # the dataset's top folders, as a user who writes there may leave them
+    for name in ("_index", "_damaged"):
+        (dest / name).mkdir(exist_ok=True)
+        os.chown(dest / name, NOBODY, NOBODY)
+    (dest / "_index" / "c1.parquet").unlink()
+
+    def plant() -> None:
+        for name in ("_index", "_damaged"):
+            os.rename(dest / name, dest / f"{name}.old")
+            (dest / name).symlink_to(victim)
+
+    as_nobody(plant)
+    result = CliRunner().invoke(cli, ["fleet", "reindex", str(dest)])
+    assert "Traceback" not in result.output
+    assert sorted(p.name for p in victim.iterdir()) == ["secret.json", "stale.parquet"]
+    assert (victim / "stale.parquet").read_bytes() == SECRET
+    assert result.exit_code != 0, result.output
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr

@@ -30,7 +30,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import quote, unquote
 
-from kernmlops.fleet.store import OBJECT_STORES, Dataset, PublishError, describe_error, put
+from kernmlops.fleet.store import (
+    OBJECT_STORES,
+    Dataset,
+    PublishError,
+    delete,
+    describe_error,
+    put,
+)
 from kernmlops.tables import BENCHMARK, COLLECTION_ID
 
 if TYPE_CHECKING:
@@ -435,7 +442,7 @@ def clear_damaged(dataset: Dataset, prefix: str) -> None:
         OSError: the dataset cannot be written.
     """
     with contextlib.suppress(FileNotFoundError):
-        dataset.fs.delete_file(dataset.path(_marker(prefix)))
+        delete(dataset, _marker(prefix))
 
 
 def read_damaged(dataset: Dataset) -> list[Damaged]:
@@ -623,7 +630,7 @@ def reindex(dataset: Dataset) -> Reindexed:
         stem = info.base_name.removesuffix(".parquet")
         stale = stem not in written and not stem.startswith((".", "_"))
         if info.type == pafs.FileType.File and info.base_name.endswith(".parquet") and stale:
-            fs.delete_file(info.path)
+            delete(dataset, f"{INDEX_DIR}/{info.base_name}")  # no link followed
             removed += stem not in damaged
     # markers of collections whole again (indexed now) or deleted since
     for info in fs.get_file_info(
@@ -632,5 +639,5 @@ def reindex(dataset: Dataset) -> Reindexed:
         ours = info.base_name.endswith(".json") and not info.base_name.startswith((".", "_"))
         marker = f"{DAMAGED_DIR}/{info.base_name}"
         if info.type == pafs.FileType.File and ours and marker not in markers:
-            fs.delete_file(info.path)
+            delete(dataset, marker)
     return Reindexed(len(written), removed, skipped)
