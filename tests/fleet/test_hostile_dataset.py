@@ -15,12 +15,11 @@ import pytest
 from click.testing import CliRunner
 
 from kernmlops.cli import cli
+from tests.conftest import skip_here
 from tests.fleet.conftest import make_collection
 
 NOBODY = 65534
 SECRET = b"root's own: never to be overwritten\n"
-
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="plants files as another user")
 
 
 def as_nobody(plant: Callable[[], None]) -> None:
@@ -45,6 +44,8 @@ def as_nobody(plant: Callable[[], None]) -> None:
 @pytest.fixture
 def top() -> Iterator[Path]:
     """A folder every user can reach (pytest's own is root's only)."""
+    if os.geteuid() != 0:
+        skip_here("plants files as another user: needs root")
     folder = Path(tempfile.mkdtemp(prefix="kmo-hostile-fleet-"))
     folder.chmod(0o755)
     try:
