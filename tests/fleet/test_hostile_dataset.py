@@ -5,53 +5,23 @@ forked child) plants there makes root write nowhere else, through no link."""
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from kernmlops.cli import cli
-from tests.conftest import skip_here
 from tests.fleet.conftest import make_collection
+from tests.nobody import NOBODY, as_nobody, reachable_folder
 
-NOBODY = 65534
 SECRET = b"root's own: never to be overwritten\n"
-
-
-def as_nobody(plant: Callable[[], None]) -> None:
-    """Run ``plant`` as nobody, in a forked child (what a local user does)."""
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        code = 1
-        try:
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            plant()
-            code = 0
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, "the plant failed"
 
 
 @pytest.fixture
 def top() -> Iterator[Path]:
-    """A folder every user can reach (pytest's own is root's only)."""
-    if os.geteuid() != 0:
-        skip_here("plants files as another user: needs root")
-    folder = Path(tempfile.mkdtemp(prefix="kmo-hostile-fleet-"))
-    folder.chmod(0o755)
-    try:
+    with reachable_folder("kmo-hostile-fleet-") as folder:
         yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def shared(tmp_path: Path) -> tuple[Path, Path]:
