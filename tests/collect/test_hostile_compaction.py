@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -71,3 +73,24 @@ def test_a_compaction_folder_swapped_as_it_is_made_is_not_written_through(
     assert done.compaction["process_trace"].startswith("skipped: "), done.compaction
     assert _pids(col) == list(range(SPOOLED))
     shutil.rmtree(col / f"{swapped[0]}.roots", ignore_errors=True)
+
+
+def test_a_fifo_among_the_parts_is_one_error_line_not_a_hang(hostile: tuple[Path, Path]) -> None:
+    """A FIFO the user made at a part's name: root's recover would wait for a writer
+    forever when it opened it to count its rows; it is named in one line, exit 2, and
+    the spool stays."""
+    col, _ = hostile
+    fifo = col / "process_trace" / "part-00009.parquet"
+    as_nobody(lambda: os.mkfifo(fifo))
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "kernmlops", "recover", str(col)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.fail("recover hung on the FIFO")
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "part-00009.parquet" in line and "not a plain file" in line, line
+    assert list((col / ".spool").glob("*.ring")), "the spool stays"

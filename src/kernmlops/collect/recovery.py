@@ -434,8 +434,16 @@ def _finished_parts(pq, collection: Path) -> dict[str, dict[str, int]]:
 
 
 def _part_rows(pq, part: Path) -> int:  # pq: pyarrow.parquet, imported late
-    """A finished part's rows, read without following a link."""
-    with open(os.open(part, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as f:
+    """A finished part's rows, read without following a link, from a plain file only
+    (a FIFO its user made there would block the open, and the read, for ever).
+
+    Raises:
+        OSError: EINVAL for what is not a plain file (the error names it).
+    """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    with open(os.open(part, flags), "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise OSError(errno.EINVAL, f"{part.parent.name}/{part.name} is not a plain file")
         return pq.ParquetFile(f).metadata.num_rows
 
 
