@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import quote, unquote
 
+from kernmlops.confined import human_size
 from kernmlops.fleet.store import (
     OBJECT_STORES,
     Dataset,
@@ -37,6 +38,7 @@ from kernmlops.fleet.store import (
     delete,
     describe_error,
     put,
+    read_at_most,
 )
 from kernmlops.tables import BENCHMARK, COLLECTION_ID
 
@@ -65,6 +67,9 @@ __all__ = [
 ]
 
 INDEX_DIR = "_index"
+#: the largest index row read (one row: a few KiB) and _damaged/ marker (under 1 KiB)
+INDEX_ROW_MAX_BYTES = 16 << 20
+MARKER_MAX_BYTES = 1 << 20
 #: the collections reindex found damaged, one ``<collection_id>.json`` each (not rows)
 DAMAGED_DIR = "_damaged"
 
@@ -285,8 +290,9 @@ def _read_row_file(dataset: Dataset, path: str, schema: pa.Schema) -> pa.Table:
 
     # the whole file (a few KB) first: an error reading it is the filesystem's, one
     # parsing it is the file's (pyarrow raises OSError for both)
-    with dataset.fs.open_input_file(path) as f:
-        data = f.read_buffer()
+    data = read_at_most(dataset, path, INDEX_ROW_MAX_BYTES)
+    if len(data) > INDEX_ROW_MAX_BYTES:
+        raise _Damaged(f"over the {human_size(INDEX_ROW_MAX_BYTES)} limit of an index row")
     try:
         # ParquetFile, not pq.read_table: read_table goes through pyarrow.dataset, whose
         # import brings in pandas (half a second), and costs 3x more a file; one thread a
@@ -465,9 +471,10 @@ def read_damaged(dataset: Dataset) -> list[Damaged]:
         if info.type != pafs.FileType.File or not name.endswith(".json") or name[0] in "._":
             continue
         cid = name.removesuffix(".json")
-        with dataset.fs.open_input_stream(info.path) as f:
-            data = f.read()
+        data = read_at_most(dataset, info.path, MARKER_MAX_BYTES)
         try:
+            if len(data) > MARKER_MAX_BYTES:
+                raise ValueError("too large")
             record = json.loads(data)
             found.append(Damaged(cid, str(record["path"]), str(record["reason"])))
         except (ValueError, TypeError, KeyError):
@@ -545,9 +552,11 @@ def _collection_row(dataset: Dataset, prefix: str, entries: list[Any]) -> dict[s
     """
     from kernmlops.collect.manifest import MANIFEST_NAME, parse_manifest
     from kernmlops.errors import CollectionError
+    from kernmlops.spool.collection import MANIFEST_MAX_BYTES
 
-    with dataset.fs.open_input_stream(dataset.path(prefix, MANIFEST_NAME)) as f:
-        data = f.read()
+    data = read_at_most(dataset, dataset.path(prefix, MANIFEST_NAME), MANIFEST_MAX_BYTES)
+    if len(data) > MANIFEST_MAX_BYTES:
+        raise _Damaged(f"{MANIFEST_NAME}: over the {human_size(MANIFEST_MAX_BYTES)} limit")
     try:
         # as push reads one (read_manifest): a manifest it would refuse is not indexed
         manifest = parse_manifest(data.decode("utf-8"), Path(MANIFEST_NAME))

@@ -38,6 +38,7 @@ __all__ = [
     "open_source",
     "probe",
     "put",
+    "read_at_most",
 ]
 
 #: filesystems whose writes appear whole when the upload completes (no rename needed:
@@ -191,6 +192,15 @@ def _fsspec(uri: str, scheme: str, shown: str) -> tuple[pafs.FileSystem, str]:
     except (ValueError, OSError) as err:
         raise PublishError(f"cannot open {shown}: {describe_error(err)}") from None
     return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), root
+
+
+def read_at_most(dataset: Dataset, path: str, limit: int) -> bytes:
+    """The bytes of ``path`` (a full path in ``dataset.fs``), at most ``limit`` + 1: more
+    than ``limit`` is the caller's to refuse. Whoever writes in a dataset can make a
+    small file (a manifest, an index row) huge, even sparse, and reading it whole
+    would take its size in memory."""
+    with dataset.fs.open_input_stream(path) as f:
+        return bytes(f.read(limit + 1))
 
 
 def probe(dataset: Dataset) -> None:
