@@ -117,3 +117,39 @@ def test_reindex_deletes_nothing_through_a_linked_index_folder(top: Path) -> Non
     assert (victim / "stale.parquet").read_bytes() == SECRET
     assert result.exit_code != 0, result.output
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_reindex_and_ls_follow_no_link_a_user_put_in_the_dataset(top: Path) -> None:
+    """nobody links a collection folder, a manifest and an index row in the shared
+    dataset to root's own (a collection in a folder only root can read): reindex as root
+    indexes none of them, and ls lists none (both read them, and wrote the private
+    collection's row, where every user reads it)."""
+    dest, victim = shared(top)
+    src = top / "src"
+    make_collection(src, "c1", quanta=300)
+    private = make_collection(victim, "private-run", quanta=300)
+    assert CliRunner().invoke(cli, ["push", str(src), str(dest)]).exit_code == 0
+    elsewhere = top / "root-index"
+    elsewhere.mkdir(mode=0o700)
+    assert CliRunner().invoke(cli, ["push", str(victim), str(elsewhere)]).exit_code == 0
+    (dest / "_index").chmod(0o1777)  # as a shared mount may leave it: any user adds rows
+
+    def plant() -> None:
+        mine = dest / "benchmark=mine"
+        mine.mkdir()
+        (mine / "collection_id=stolen").symlink_to(private)
+        linked = mine / "collection_id=linked"
+        linked.mkdir()
+        (linked / "manifest.json").symlink_to(private / "manifest.json")
+        (dest / "_index" / "stolen.parquet").symlink_to(
+            elsewhere / "_index" / "private-run.parquet"
+        )
+
+    as_nobody(plant)
+    result = CliRunner().invoke(cli, ["fleet", "reindex", str(dest)])
+    assert "Traceback" not in result.output
+    rows = sorted(p.name for p in (dest / "_index").iterdir())
+    assert rows == ["c1.parquet", "stolen.parquet"], result.output  # no row of private-run
+    assert (dest / "_index" / "stolen.parquet").is_symlink()  # left as planted, not read
+    listed = CliRunner().invoke(cli, ["fleet", "ls", "--json", str(dest)])
+    assert "private-run" not in listed.output, listed.output

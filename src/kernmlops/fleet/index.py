@@ -37,6 +37,7 @@ from kernmlops.fleet.store import (
     PublishError,
     delete,
     describe_error,
+    listing,
     put,
     read_at_most,
 )
@@ -150,7 +151,7 @@ def unindexed(dataset: Dataset, *, damaged: Iterable[str] = ()) -> Unindexed:
     from kernmlops.spool.collection import MANIFEST_NAME
 
     def folders(path: str, prefix: str) -> list[str]:
-        infos = dataset.fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+        infos = listing(dataset, path)
         return sorted(
             i.path
             for i in infos
@@ -338,7 +339,7 @@ def read_index(
     import pyarrow.fs as pafs
 
     base = dataset.path(INDEX_DIR)
-    infos = dataset.fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
+    infos = listing(dataset, base)
     paths = sorted(
         i.path
         for i in infos
@@ -462,9 +463,7 @@ def read_damaged(dataset: Dataset) -> list[Damaged]:
 
     import pyarrow.fs as pafs
 
-    infos = dataset.fs.get_file_info(
-        pafs.FileSelector(dataset.path(DAMAGED_DIR), allow_not_found=True)
-    )
+    infos = listing(dataset, dataset.path(DAMAGED_DIR))
     found = []
     for info in sorted(infos, key=lambda i: i.path):
         name = info.base_name
@@ -596,9 +595,8 @@ def reindex(dataset: Dataset) -> Reindexed:
     from kernmlops.collect.manifest import MANIFEST_NAME
 
     check_dataset(dataset)  # before a recursive listing of whatever a typo names
-    fs = dataset.fs
     root = dataset.path()
-    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
+    infos = listing(dataset, root, recursive=True)  # no link followed (local, as root)
     by_collection: dict[str, list[Any]] = {}
     for info in infos:
         if info.type != pafs.FileType.File:
@@ -635,16 +633,14 @@ def reindex(dataset: Dataset) -> Reindexed:
         written.add(row[COLLECTION_ID])
     removed = 0
     base = dataset.path(INDEX_DIR)
-    for info in fs.get_file_info(pafs.FileSelector(base, allow_not_found=True)):
+    for info in listing(dataset, base):
         stem = info.base_name.removesuffix(".parquet")
         stale = stem not in written and not stem.startswith((".", "_"))
         if info.type == pafs.FileType.File and info.base_name.endswith(".parquet") and stale:
             delete(dataset, f"{INDEX_DIR}/{info.base_name}")  # no link followed
             removed += stem not in damaged
     # markers of collections whole again (indexed now) or deleted since
-    for info in fs.get_file_info(
-        pafs.FileSelector(dataset.path(DAMAGED_DIR), allow_not_found=True)
-    ):
+    for info in listing(dataset, dataset.path(DAMAGED_DIR)):
         ours = info.base_name.endswith(".json") and not info.base_name.startswith((".", "_"))
         marker = f"{DAMAGED_DIR}/{info.base_name}"
         if info.type == pafs.FileType.File and ours and marker not in markers:

@@ -27,7 +27,14 @@ from urllib.parse import quote
 
 from kernmlops.collect.manifest import MANIFEST_NAME, Manifest, read_manifest
 from kernmlops.errors import CollectionError, KernmlopsError
-from kernmlops.fleet.store import Dataset, PublishError, describe_error, put, read_at_most
+from kernmlops.fleet.store import (
+    Dataset,
+    PublishError,
+    describe_error,
+    listing,
+    put,
+    read_at_most,
+)
 from kernmlops.tables import BENCHMARK, COLLECTION_ID
 
 __all__ = [
@@ -161,7 +168,7 @@ def _existing(dataset: Dataset, prefix: str) -> dict[str, int]:
     import pyarrow.fs as pafs
 
     base = dataset.path(prefix)
-    infos = dataset.fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+    infos = listing(dataset, base, recursive=True)
     return {
         info.path[len(base) + 1 :]: int(info.size or 0)
         for info in infos

@@ -34,6 +34,7 @@ __all__ = [
     "PublishError",
     "delete",
     "describe_error",
+    "listing",
     "open_dataset",
     "open_source",
     "probe",
@@ -192,6 +193,34 @@ def _fsspec(uri: str, scheme: str, shown: str) -> tuple[pafs.FileSystem, str]:
     except (ValueError, OSError) as err:
         raise PublishError(f"cannot open {shown}: {describe_error(err)}") from None
     return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), root
+
+
+def listing(dataset: Dataset, base: str, *, recursive: bool = False) -> list[pafs.FileInfo]:
+    """What is under ``base`` (a full path in ``dataset.fs``; none when it is missing).
+    In a local dataset, as root, nothing reached through a link below the root (pyarrow
+    follows links to folders and files): a link a user put in a shared dataset would
+    have root read, index and list what it leads to (another's collection, root's
+    files) as the dataset's own.
+    """
+    import pyarrow.fs as pafs
+
+    infos = dataset.fs.get_file_info(
+        pafs.FileSelector(base, recursive=recursive, allow_not_found=True)
+    )
+    if not dataset.local or os.geteuid() != 0:
+        return infos
+    root = dataset.root.rstrip("/")
+    seen: dict[str, bool] = {}
+
+    def linked(path: str) -> bool:
+        if path in seen:
+            return seen[path]
+        parent = path.rpartition("/")[0]
+        found = os.path.islink(path) or (len(parent) > len(root) and linked(parent))
+        seen[path] = found
+        return found
+
+    return [i for i in infos if not (i.path.startswith(root + "/") and linked(i.path))]
 
 
 def read_at_most(dataset: Dataset, path: str, limit: int) -> bytes:
