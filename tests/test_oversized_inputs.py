@@ -102,3 +102,25 @@ def test_a_manifest_linked_elsewhere_is_not_read_as_root() -> None:
         as_nobody(plant)
         with pytest.raises(CollectionError, match="cannot read the manifest: a link"):
             read_manifest(col)
+
+
+def test_a_huge_spool_description_is_damaged_not_read(tmp_path: Path) -> None:
+    """A ring's description and a segment's json made 64 MiB: recover names each as
+    damaged, over its limit, keeps the spool, and never holds the bytes."""
+    from kernmlops.collect.recovery import recover
+    from tests.collect.test_recover_compaction import killed_collection
+
+    col = killed_collection(tmp_path / "col")
+    described = sorted((col / ".spool").glob("*.json"))
+    for path in described:
+        _huge(path, 64 << 20)
+    tracemalloc.start()
+    try:
+        done = recover(col)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 48 << 20, f"{peak:,} bytes held"  # each read whole before (134 MB)
+    assert done.lost and all("over the 1.0 MiB limit" in lost.reason for lost in done.lost)
+    assert [p.stat().st_size for p in described] == [64 << 20] * len(described)
+    assert list((col / ".spool").glob("*.ring")), "the spool stays"

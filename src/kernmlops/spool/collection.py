@@ -29,6 +29,8 @@ DONE_MARK = "done"
 
 #: the largest mark read (it names a spool's segments: a few KiB)
 _DONE_MAX_BYTES = 1 << 20
+#: the largest json of a spool read (a ring's description, a segment's: under 1 KiB)
+JSON_MAX_BYTES = 1 << 20
 
 
 def spool_done(spool_dir: Path) -> bool:
