@@ -286,6 +286,8 @@ def _held_folder(dataset: Dataset, rel: str, *, create: bool) -> int:
         PublishError: a name on the way is a link or a file.
         OSError: a folder is missing (without ``create``) or cannot be made or opened.
     """
+    if create:  # the root itself as named (probe makes it too)
+        Path(dataset.root or "/").mkdir(parents=True, exist_ok=True)
     fd = os.open(dataset.root or "/", _DIR)
     try:
         for name in [p for p in rel.split("/") if p]:
