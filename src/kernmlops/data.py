@@ -480,7 +480,8 @@ def _read_held(path: Path, lazy: bool, damaged: Damaged) -> Collection | LazyCol
     from kernmlops.collect.manifest import parse_manifest
     from kernmlops.errors import OutputError
     from kernmlops.host.invoker import invoker
-    from kernmlops.host.pinned import pin, read_plain
+    from kernmlops.host.pinned import pin
+    from kernmlops.spool.collection import read_manifest_bytes
 
     with contextlib.suppress(OSError):
         if path.name == MANIFEST_NAME and stat.S_ISREG(os.lstat(path).st_mode):
@@ -500,7 +501,7 @@ def _read_held(path: Path, lazy: bool, damaged: Damaged) -> Collection | LazyCol
         with _closing_fds() as fds:
             manifest_path = path / MANIFEST_NAME
             try:
-                text = read_plain(held.io / MANIFEST_NAME, owner=held.owner).decode("utf-8")
+                text = read_manifest_bytes(held.io, owner=held.owner).decode("utf-8")
             except FileNotFoundError:
                 raise CollectionError(
                     f"{manifest_path}: no manifest (is {path} a collection folder?)"
@@ -601,7 +602,7 @@ def _scan_table_held(folder: Path, table: str) -> tuple[pl.LazyFrame | None, str
     planted is followed, now or when the scan is collected; and why the collection
     is not whole (:func:`_not_whole`) where it has the table."""
     from kernmlops.collect.manifest import parse_manifest
-    from kernmlops.host.pinned import read_plain
+    from kernmlops.spool.collection import read_manifest_bytes
 
     with _held_collection(folder) as (held, uid), _closing_fds() as fds:
         _, opened, _ = _held_tables(held, folder, uid, fds, only=table)
@@ -611,7 +612,7 @@ def _scan_table_held(folder: Path, table: str) -> tuple[pl.LazyFrame | None, str
         with reading(folder / table, table):
             scan.collect_schema()
         try:
-            text = read_plain(held.io / MANIFEST_NAME, owner=held.owner).decode("utf-8")
+            text = read_manifest_bytes(held.io, owner=held.owner).decode("utf-8")
             manifest: Manifest | None = parse_manifest(text, folder / MANIFEST_NAME)
         except (OSError, UnicodeDecodeError, CollectionError):
             manifest = None
@@ -646,11 +647,11 @@ def _manifest_and_tables_held(folder: Path) -> tuple[Manifest | None, list[str]]
     """As root, the manifest of the collection in ``folder`` (None where it cannot be
     read or parsed) and its tables with finished parts, read through held folders."""
     from kernmlops.collect.manifest import parse_manifest
-    from kernmlops.host.pinned import read_plain
+    from kernmlops.spool.collection import read_manifest_bytes
 
     with _held_collection(folder) as (held, uid), _closing_fds() as fds:
         try:
-            text = read_plain(held.io / MANIFEST_NAME, owner=held.owner).decode("utf-8")
+            text = read_manifest_bytes(held.io, owner=held.owner).decode("utf-8")
             manifest: Manifest | None = parse_manifest(text, folder / MANIFEST_NAME)
         except (OSError, UnicodeDecodeError, CollectionError):
             manifest = None

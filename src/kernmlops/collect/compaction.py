@@ -38,7 +38,7 @@ from kernmlops.collect.parts import (
     temp_name,
 )
 from kernmlops.fileio import exchange, fsync_path
-from kernmlops.host.pinned import UnsafePath, fd_path, subfolder
+from kernmlops.host.pinned import UnsafePath, create_new, fd_path, subfolder
 from kernmlops.lazy import lazy_import
 
 if TYPE_CHECKING:
@@ -101,6 +101,7 @@ def _compact_held(state: TableState, collection_dir: Path, table: int, whole: se
         # written through while held: a folder swapped in under its name is not
         out = subfolder(collection_dir, scratch.name, create=False)
         try:
+            _check_made(out, scratch.name)
             names = _rewrite_all(state, plain, whole, table, out, fmt, rows_per_file)
             counts = [pq.ParquetFile(fd_path(out) / name).metadata.num_rows for name in names]
             rows = sum(counts)
@@ -112,6 +113,8 @@ def _compact_held(state: TableState, collection_dir: Path, table: int, whole: se
             os.close(out)
         exchange(scratch, collection_dir / state.name)
         fsync_path(collection_dir)
+    except UnsafePath as err:  # not ours: left as it is
+        return f"skipped: {err}"
     except OSError as err:
         shutil.rmtree(scratch, ignore_errors=True)
         return f"skipped: {err.strerror or err}"
@@ -123,6 +126,19 @@ def _compact_held(state: TableState, collection_dir: Path, table: int, whole: se
     state.files = [f"{state.name}/{name}" for name in names]
     state.whole_parts = dict(zip(state.files, counts, strict=True))
     return "compacted"
+
+
+def _check_made(out: int, name: str) -> None:
+    """The folder just made and opened (``out``) is the one made: root's and empty. In
+    a collection its user owns (a recover's), the user may swap a folder of theirs in
+    between the mkdir and the open, with links at the names the new parts take.
+
+    Raises:
+        UnsafePath: it is not.
+    """
+    st = os.fstat(out)
+    if st.st_uid != os.geteuid() or os.listdir(out):
+        raise UnsafePath(f"{name} was replaced as it was made: not written in")
 
 
 def _rewrite_all(state: TableState, plain: list[Path], whole: set[str], table: int, out: int,
@@ -214,24 +230,29 @@ def rewrite(
     group = fmt.row_group_rows
     names: list[str] = []
     writer: pq.ParquetWriter | None = None
+    temp_fd: int | None = None
     file_rows = 0
     pending: list[pa.RecordBatch] = []
     held = 0
 
     def finish() -> None:
-        nonlocal writer
-        assert writer is not None
+        nonlocal writer, temp_fd
+        assert writer is not None and temp_fd is not None
         writer.close()
         writer = None
+        os.fsync(temp_fd)  # the file held open, whatever its name now
+        os.close(temp_fd)
+        temp_fd = None
         temp, name = folder / temp_name(first + len(names)), part_name(first + len(names))
-        fsync_path(temp)
         os.replace(temp, folder / name)
         names.append(name)
 
     def write(batches: list[pa.RecordBatch], size: int | None = None) -> None:
-        nonlocal writer, file_rows
+        nonlocal writer, file_rows, temp_fd
         if writer is None:
-            writer = fmt.writer(state, folder / temp_name(first + len(names)), compact=True)
+            # a new file, never through a link; pyarrow writes it through its descriptor
+            temp_fd = create_new(folder / temp_name(first + len(names)))
+            writer = fmt.writer(state, fd_path(temp_fd), compact=True)
             file_rows = 0
         table = data_columns(state, pa.Table.from_batches(batches))
         writer.write_table(fmt.part_rows(state, table), row_group_size=size)
@@ -263,4 +284,6 @@ def rewrite(
     finally:
         if writer is not None:
             writer.close()
+        if temp_fd is not None:
+            os.close(temp_fd)
     return names

@@ -36,6 +36,7 @@ from kernmlops.spool.collection import (  # below both: the spool reads these to
     MANIFEST_NAME,
     check_collection_id,
     collector_running,
+    read_manifest_bytes,
 )
 
 __all__ = [
@@ -334,13 +335,23 @@ def read_manifest(collection_dir: Path) -> Manifest:
             kernmlops collection manifest, was written by a newer format version, or a
             field has the wrong type.
     """
+    import errno
+    import os
+
     path = Path(collection_dir) / MANIFEST_NAME
-    if not path.is_file():
-        raise CollectionError(f"{path}: no manifest (is {collection_dir} a collection folder?)")
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise CollectionError(f"{path}: cannot read the manifest: {e}") from e
+        owner = os.stat(collection_dir).st_uid
+        # never through a link, nor more than a manifest's size (read_manifest_bytes)
+        text = read_manifest_bytes(Path(collection_dir), owner=owner).decode("utf-8")
+    except FileNotFoundError:
+        raise CollectionError(
+            f"{path}: no manifest (is {collection_dir} a collection folder?)"
+        ) from None
+    except OSError as e:
+        why = "a link" if e.errno == errno.ELOOP else e.strerror or str(e)
+        raise CollectionError(f"{path}: cannot read the manifest: {why}") from None
+    except UnicodeDecodeError as e:
+        raise CollectionError(f"{path}: cannot read the manifest: {e}") from None
     return parse_manifest(text, path)
 
 

@@ -29,7 +29,7 @@ from kernmlops.ebpf.ringbuf import decode, record_stride
 from kernmlops.errors import CollectionError
 from kernmlops.host.pinned import UnsafePath, read_plain, subfolder
 from kernmlops.lazy import lazy_import
-from kernmlops.spool.collection import SPOOL_DIR, spool_done
+from kernmlops.spool.collection import JSON_MAX_BYTES, SPOOL_DIR, spool_done
 from kernmlops.spool.frames import SegmentFormat, format_of
 from kernmlops.spool.recovery import (
     deleted_bytes,
@@ -132,10 +132,13 @@ def _lock(folder: Path, shown: Path) -> int:
 def _meta(path: Path, what: str) -> dict:
     """A spool json, or CollectionError naming it (missing, unreadable, not an object)."""
     try:
-        data = json.loads(read_plain(path).decode())
+        data = json.loads(read_plain(path, limit=JSON_MAX_BYTES).decode())
     except FileNotFoundError:
         raise CollectionError(f"its {what} {path.name} is missing") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+    except OSError as err:
+        why = err.strerror or err
+        raise CollectionError(f"its {what} {path.name} is damaged ({why})") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:
         raise CollectionError(f"its {what} {path.name} is damaged ({err})") from None
     if not isinstance(data, dict):
         raise CollectionError(f"its {what} {path.name} is damaged (not an object)")
@@ -434,8 +437,16 @@ def _finished_parts(pq, collection: Path) -> dict[str, dict[str, int]]:
 
 
 def _part_rows(pq, part: Path) -> int:  # pq: pyarrow.parquet, imported late
-    """A finished part's rows, read without following a link."""
-    with open(os.open(part, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as f:
+    """A finished part's rows, read without following a link, from a plain file only
+    (a FIFO its user made there would block the open, and the read, for ever).
+
+    Raises:
+        OSError: EINVAL for what is not a plain file (the error names it).
+    """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    with open(os.open(part, flags), "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise OSError(errno.EINVAL, f"{part.parent.name}/{part.name} is not a plain file")
         return pq.ParquetFile(f).metadata.num_rows
 
 

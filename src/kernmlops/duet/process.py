@@ -31,6 +31,7 @@ anything else is named in the errors and left unread.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -518,7 +519,18 @@ def from_original(table: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def _plain(path: Path) -> None:
+    """OSError unless ``path`` is a plain file (a FIFO there would block a reader for
+    ever, waiting for a writer)."""
+    import errno
+    import stat
+
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise OSError(errno.EINVAL, "not a plain file", str(path))
+
+
 def _read_any(path: Path) -> pl.DataFrame:
+    _plain(path)
     if path.suffix == ".parquet":
         return pl.read_parquet(path)
     if path.suffix == ".json":
@@ -607,5 +619,12 @@ def read_results(path: Path) -> tuple[pl.DataFrame, pl.DataFrame | None]:
         raise DuetError(no_table(path))
     results = read_table(main)
     kernel_path = folder / f"{KERNEL_NAME}.parquet"
-    kernel = pl.read_parquet(kernel_path) if kernel_path.exists() else None
+    kernel = None
+    if kernel_path.exists():
+        try:
+            _plain(kernel_path)
+            kernel = pl.read_parquet(kernel_path)
+        except (pl.exceptions.PolarsError, OSError) as err:
+            why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise DuetError(f"{kernel_path}: not a duet kernel table ({why})") from None
     return results, kernel

@@ -28,9 +28,19 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
-from kernmlops.fleet.store import OBJECT_STORES, Dataset, PublishError, describe_error, put
+from kernmlops.confined import human_size
+from kernmlops.fleet.store import (
+    OBJECT_STORES,
+    Dataset,
+    PublishError,
+    delete,
+    describe_error,
+    listing,
+    put,
+    read_at_most,
+)
 from kernmlops.tables import BENCHMARK, COLLECTION_ID
 
 if TYPE_CHECKING:
@@ -58,6 +68,9 @@ __all__ = [
 ]
 
 INDEX_DIR = "_index"
+#: the largest index row read (one row: a few KiB) and _damaged/ marker (under 1 KiB)
+INDEX_ROW_MAX_BYTES = 16 << 20
+MARKER_MAX_BYTES = 1 << 20
 #: the collections reindex found damaged, one ``<collection_id>.json`` each (not rows)
 DAMAGED_DIR = "_damaged"
 
@@ -138,7 +151,7 @@ def unindexed(dataset: Dataset, *, damaged: Iterable[str] = ()) -> Unindexed:
     from kernmlops.spool.collection import MANIFEST_NAME
 
     def folders(path: str, prefix: str) -> list[str]:
-        infos = dataset.fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+        infos = listing(dataset, path)
         return sorted(
             i.path
             for i in infos
@@ -278,8 +291,9 @@ def _read_row_file(dataset: Dataset, path: str, schema: pa.Schema) -> pa.Table:
 
     # the whole file (a few KB) first: an error reading it is the filesystem's, one
     # parsing it is the file's (pyarrow raises OSError for both)
-    with dataset.fs.open_input_file(path) as f:
-        data = f.read_buffer()
+    data = read_at_most(dataset, path, INDEX_ROW_MAX_BYTES)
+    if len(data) > INDEX_ROW_MAX_BYTES:
+        raise _Damaged(f"over the {human_size(INDEX_ROW_MAX_BYTES)} limit of an index row")
     try:
         # ParquetFile, not pq.read_table: read_table goes through pyarrow.dataset, whose
         # import brings in pandas (half a second), and costs 3x more a file; one thread a
@@ -325,7 +339,7 @@ def read_index(
     import pyarrow.fs as pafs
 
     base = dataset.path(INDEX_DIR)
-    infos = dataset.fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
+    infos = listing(dataset, base)
     paths = sorted(
         i.path
         for i in infos
@@ -393,15 +407,24 @@ class Damaged(NamedTuple):
 
 def _marker(prefix: str) -> str:
     """The damaged marker of the collection folder ``prefix``, named by the folder's
-    ``collection_id`` (its manifest may be what is damaged)."""
-    return f"{DAMAGED_DIR}/{unquote(prefix.rsplit('=', 1)[-1])}.json"
+    ``collection_id`` (its manifest may be what is damaged). A folder's name that
+    unquotes to more than one name (``..%2F..%2Fetc``, made by whoever writes in the
+    dataset) is kept quoted: the marker is one file in ``_damaged/``, never one the
+    ``/`` and ``..`` lead to."""
+    value = prefix.rsplit("=", 1)[-1]
+    cid = unquote(value)
+    if "/" in cid or "\0" in cid:
+        cid = quote(cid, safe="")  # no '/'; and not hidden, as readers skip those
+        if cid.startswith((".", "_")):
+            cid = f"%{ord(cid[0]):02X}{cid[1:]}"
+    return f"{DAMAGED_DIR}/{cid}.json"
 
 
 def damaged_marker(dataset: Dataset, prefix: str, reason: str) -> None:
     """Name the collection folder ``prefix`` damaged, for ``reason``, in ``_damaged/``."""
     import json
 
-    cid = unquote(prefix.rsplit("=", 1)[-1])
+    cid = _marker(prefix).removeprefix(f"{DAMAGED_DIR}/").removesuffix(".json")
     record = dict(Damaged(cid, prefix, reason)._asdict(), found_at=datetime.now(UTC).isoformat())
     put(dataset, json.dumps(record).encode(), _marker(prefix))
 
@@ -426,7 +449,7 @@ def clear_damaged(dataset: Dataset, prefix: str) -> None:
         OSError: the dataset cannot be written.
     """
     with contextlib.suppress(FileNotFoundError):
-        dataset.fs.delete_file(dataset.path(_marker(prefix)))
+        delete(dataset, _marker(prefix))
 
 
 def read_damaged(dataset: Dataset) -> list[Damaged]:
@@ -440,18 +463,17 @@ def read_damaged(dataset: Dataset) -> list[Damaged]:
 
     import pyarrow.fs as pafs
 
-    infos = dataset.fs.get_file_info(
-        pafs.FileSelector(dataset.path(DAMAGED_DIR), allow_not_found=True)
-    )
+    infos = listing(dataset, dataset.path(DAMAGED_DIR))
     found = []
     for info in sorted(infos, key=lambda i: i.path):
         name = info.base_name
         if info.type != pafs.FileType.File or not name.endswith(".json") or name[0] in "._":
             continue
         cid = name.removesuffix(".json")
-        with dataset.fs.open_input_stream(info.path) as f:
-            data = f.read()
+        data = read_at_most(dataset, info.path, MARKER_MAX_BYTES)
         try:
+            if len(data) > MARKER_MAX_BYTES:
+                raise ValueError("too large")
             record = json.loads(data)
             found.append(Damaged(cid, str(record["path"]), str(record["reason"])))
         except (ValueError, TypeError, KeyError):
@@ -529,9 +551,11 @@ def _collection_row(dataset: Dataset, prefix: str, entries: list[Any]) -> dict[s
     """
     from kernmlops.collect.manifest import MANIFEST_NAME, parse_manifest
     from kernmlops.errors import CollectionError
+    from kernmlops.spool.collection import MANIFEST_MAX_BYTES
 
-    with dataset.fs.open_input_stream(dataset.path(prefix, MANIFEST_NAME)) as f:
-        data = f.read()
+    data = read_at_most(dataset, dataset.path(prefix, MANIFEST_NAME), MANIFEST_MAX_BYTES)
+    if len(data) > MANIFEST_MAX_BYTES:
+        raise _Damaged(f"{MANIFEST_NAME}: over the {human_size(MANIFEST_MAX_BYTES)} limit")
     try:
         # as push reads one (read_manifest): a manifest it would refuse is not indexed
         manifest = parse_manifest(data.decode("utf-8"), Path(MANIFEST_NAME))
@@ -571,9 +595,8 @@ def reindex(dataset: Dataset) -> Reindexed:
     from kernmlops.collect.manifest import MANIFEST_NAME
 
     check_dataset(dataset)  # before a recursive listing of whatever a typo names
-    fs = dataset.fs
     root = dataset.path()
-    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
+    infos = listing(dataset, root, recursive=True)  # no link followed (local, as root)
     by_collection: dict[str, list[Any]] = {}
     for info in infos:
         if info.type != pafs.FileType.File:
@@ -610,18 +633,16 @@ def reindex(dataset: Dataset) -> Reindexed:
         written.add(row[COLLECTION_ID])
     removed = 0
     base = dataset.path(INDEX_DIR)
-    for info in fs.get_file_info(pafs.FileSelector(base, allow_not_found=True)):
+    for info in listing(dataset, base):
         stem = info.base_name.removesuffix(".parquet")
         stale = stem not in written and not stem.startswith((".", "_"))
         if info.type == pafs.FileType.File and info.base_name.endswith(".parquet") and stale:
-            fs.delete_file(info.path)
+            delete(dataset, f"{INDEX_DIR}/{info.base_name}")  # no link followed
             removed += stem not in damaged
     # markers of collections whole again (indexed now) or deleted since
-    for info in fs.get_file_info(
-        pafs.FileSelector(dataset.path(DAMAGED_DIR), allow_not_found=True)
-    ):
+    for info in listing(dataset, dataset.path(DAMAGED_DIR)):
         ours = info.base_name.endswith(".json") and not info.base_name.startswith((".", "_"))
         marker = f"{DAMAGED_DIR}/{info.base_name}"
         if info.type == pafs.FileType.File and ours and marker not in markers:
-            fs.delete_file(info.path)
+            delete(dataset, marker)
     return Reindexed(len(written), removed, skipped)

@@ -27,7 +27,14 @@ from urllib.parse import quote
 
 from kernmlops.collect.manifest import MANIFEST_NAME, Manifest, read_manifest
 from kernmlops.errors import CollectionError, KernmlopsError
-from kernmlops.fleet.store import Dataset, PublishError, describe_error, put
+from kernmlops.fleet.store import (
+    Dataset,
+    PublishError,
+    describe_error,
+    listing,
+    put,
+    read_at_most,
+)
 from kernmlops.tables import BENCHMARK, COLLECTION_ID
 
 __all__ = [
@@ -161,7 +168,7 @@ def _existing(dataset: Dataset, prefix: str) -> dict[str, int]:
     import pyarrow.fs as pafs
 
     base = dataset.path(prefix)
-    infos = dataset.fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+    infos = listing(dataset, base, recursive=True)
     return {
         info.path[len(base) + 1 :]: int(info.size or 0)
         for info in infos
@@ -169,10 +176,10 @@ def _existing(dataset: Dataset, prefix: str) -> dict[str, int]:
     }
 
 
-def _read_remote(dataset: Dataset, rel: str) -> bytes | None:
+def _read_remote(dataset: Dataset, rel: str, limit: int) -> bytes | None:
+    """``rel`` at the destination, at most ``limit`` + 1 bytes (read_at_most)."""
     try:
-        with dataset.fs.open_input_stream(dataset.path(rel)) as f:
-            return bytes(f.read())
+        return read_at_most(dataset, dataset.path(rel), limit)
     except FileNotFoundError:
         return None
 
@@ -228,7 +235,8 @@ def push_collection(
         whole = there.get(MANIFEST_NAME) == len(manifest_bytes) and all(
             there.get(rel) == size for rel, size, _ in files
         )
-        if whole and _read_remote(dataset, f"{prefix}/{MANIFEST_NAME}") == manifest_bytes:
+        there_manifest = f"{prefix}/{MANIFEST_NAME}"
+        if whole and _read_remote(dataset, there_manifest, len(manifest_bytes)) == manifest_bytes:
             result.already = True
             # the index row may be what an interrupted push did not write
             row = index_row(manifest, prefix, files)

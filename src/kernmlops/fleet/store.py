@@ -17,18 +17,30 @@ import errno
 import os
 import re
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from kernmlops.errors import OutputError
-from kernmlops.fileio import fsync_path
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
 
-__all__ = ["OBJECT_STORES", "Dataset", "PublishError", "describe_error", "open_dataset", "probe"]
+__all__ = [
+    "OBJECT_STORES",
+    "Dataset",
+    "PublishError",
+    "delete",
+    "describe_error",
+    "listing",
+    "open_dataset",
+    "open_source",
+    "probe",
+    "put",
+    "read_at_most",
+]
 
 #: filesystems whose writes appear whole when the upload completes (no rename needed:
 #: a rename there is a copy)
@@ -183,6 +195,43 @@ def _fsspec(uri: str, scheme: str, shown: str) -> tuple[pafs.FileSystem, str]:
     return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), root
 
 
+def listing(dataset: Dataset, base: str, *, recursive: bool = False) -> list[pafs.FileInfo]:
+    """What is under ``base`` (a full path in ``dataset.fs``; none when it is missing).
+    In a local dataset, as root, nothing reached through a link below the root (pyarrow
+    follows links to folders and files): a link a user put in a shared dataset would
+    have root read, index and list what it leads to (another's collection, root's
+    files) as the dataset's own.
+    """
+    import pyarrow.fs as pafs
+
+    infos = dataset.fs.get_file_info(
+        pafs.FileSelector(base, recursive=recursive, allow_not_found=True)
+    )
+    if not dataset.local or os.geteuid() != 0:
+        return infos
+    root = dataset.root.rstrip("/")
+    seen: dict[str, bool] = {}
+
+    def linked(path: str) -> bool:
+        if path in seen:
+            return seen[path]
+        parent = path.rpartition("/")[0]
+        found = os.path.islink(path) or (len(parent) > len(root) and linked(parent))
+        seen[path] = found
+        return found
+
+    return [i for i in infos if not (i.path.startswith(root + "/") and linked(i.path))]
+
+
+def read_at_most(dataset: Dataset, path: str, limit: int) -> bytes:
+    """The bytes of ``path`` (a full path in ``dataset.fs``), at most ``limit`` + 1: more
+    than ``limit`` is the caller's to refuse. Whoever writes in a dataset can make a
+    small file (a manifest, an index row) huge, even sparse, and reading it whole
+    would take its size in memory."""
+    with dataset.fs.open_input_stream(path) as f:
+        return bytes(f.read(limit + 1))
+
+
 def probe(dataset: Dataset) -> None:
     """Check that the dataset can be reached before anything is copied (or collected):
     its root is listed, its bucket exists, a local root is created.
@@ -223,33 +272,122 @@ TEMP_SUFFIX = ".push-tmp"
 _CHUNK = 8 << 20
 
 
-def _put_local(source: Path | bytes, target: Path) -> None:
-    """Write to a hidden temporary name, sync, rename, sync the folder: a crash of the
-    machine leaves the old file or the new one."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}{TEMP_SUFFIX}")
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def _held_folder(dataset: Dataset, rel: str, *, create: bool) -> int:
+    """The folder ``rel`` (relative, "/"-separated) under a local dataset's root, opened
+    one name at a time without following a link (made where missing, with ``create``):
+    a dataset folder is often one many users write in (a shared mount), and a link one
+    of them put at a folder's name would lead root's writes and deletions elsewhere. The
+    root itself is opened as it was named.
+
+    Raises:
+        PublishError: a name on the way is a link or a file.
+        OSError: a folder is missing (without ``create``) or cannot be made or opened.
+    """
+    if create:  # the root itself as named (probe makes it too)
+        Path(dataset.root or "/").mkdir(parents=True, exist_ok=True)
+    fd = os.open(dataset.root or "/", _DIR)
     try:
-        with open(tmp, "wb") as out:
-            if isinstance(source, bytes):
-                out.write(source)
-            else:
-                with open(source, "rb") as src:
-                    shutil.copyfileobj(src, out, _CHUNK)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, target)
+        for name in [p for p in rel.split("/") if p]:
+            if name in (".", ".."):
+                raise PublishError(f"{dataset.where(rel)}: {name!r} in a path: not written")
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(name, 0o755, dir_fd=fd)
+            try:
+                inner = os.open(name, _DIR | os.O_NOFOLLOW, dir_fd=fd)
+            except NotADirectoryError:
+                raise PublishError(
+                    f"{dataset.where(rel)}: {name} is a link or a file, not a folder: "
+                    "nothing is written or deleted through it"
+                ) from None
+            os.close(fd)
+            fd = inner
     except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+        os.close(fd)
         raise
-    fsync_path(target.parent)
+    return fd
+
+
+def open_source(source: Path) -> int:
+    """A collection's file opened for copying: never through a link (one swapped in
+    after the collection was checked), only a plain file and, as root, not a second
+    name of a file of another owner than its folder's (a hard link to root's file).
+
+    Raises:
+        OSError: ELOOP for a link, EINVAL for what is not a plain file, EPERM for a
+            hard link to another's file.
+    """
+    fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a plain file", str(source))
+        owner = os.stat(source.parent).st_uid
+        if os.geteuid() == 0 and st.st_nlink != 1 and st.st_uid != owner:
+            raise OSError(errno.EPERM, "a hard link to another owner's file", str(source))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _put_local(source: Path | bytes, dataset: Dataset, rel: str) -> None:
+    """Write to a hidden temporary name, sync, rename, sync the folder: a crash of the
+    machine leaves the old file or the new one. The folders are walked and held
+    (:func:`_held_folder`), the temporary file made new, never through a link."""
+    head, _, name = rel.rpartition("/")
+    folder = _held_folder(dataset, head, create=True)
+    tmp = f".{name}{TEMP_SUFFIX}"
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=folder)  # a leftover, or a planted link: only the name goes
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            with open(os.open(tmp, flags, 0o644, dir_fd=folder), "wb") as out:
+                if isinstance(source, bytes):
+                    out.write(source)
+                else:
+                    with open(open_source(source), "rb") as src:
+                        shutil.copyfileobj(src, out, _CHUNK)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=folder)
+            raise
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+
+
+def delete(dataset: Dataset, rel: str) -> None:
+    """Delete the file ``rel`` under the root; in a local dataset through its folders
+    held (:func:`_held_folder`): a link at a folder's name is not followed.
+
+    Raises:
+        FileNotFoundError: there is no such file.
+        PublishError: a folder on the way is a link (local).
+    """
+    if not dataset.local:
+        dataset.fs.delete_file(dataset.path(rel))
+        return
+    head, _, name = rel.rpartition("/")
+    folder = _held_folder(dataset, head, create=False)
+    try:
+        os.unlink(name, dir_fd=folder)
+    finally:
+        os.close(folder)
 
 
 def put(dataset: Dataset, source: Path | bytes, rel: str) -> None:
     """Copy ``source`` (a file, or bytes) to ``rel`` under the root, appearing whole."""
     target = dataset.path(rel)
     if dataset.local:
-        _put_local(source, Path(target))
+        _put_local(source, dataset, rel)
         return
     direct = dataset.kind in OBJECT_STORES
     head, _, name = target.rpartition("/")
@@ -261,7 +399,7 @@ def put(dataset: Dataset, source: Path | bytes, rel: str) -> None:
             if isinstance(source, bytes):
                 out.write(source)
             else:
-                with open(source, "rb") as src:
+                with open(open_source(source), "rb") as src:
                     while chunk := src.read(_CHUNK):
                         out.write(chunk)
         if not direct:

@@ -457,14 +457,19 @@ def create_new(path: Path, mode: int = 0o644) -> int:
     return os.open(path, flags, mode)
 
 
-def read_plain(path: Path, *, owner: int = -1) -> bytes:
+def read_plain(path: Path, *, owner: int = -1, limit: int | None = None) -> bytes:
     """A file's bytes, read from a folder a user may own: never through a link, only a
     regular file and, as root, never a file with a second link unless it is ``owner``'s
-    (a hard link to a file of root's, where fs.protected_hardlinks is off).
+    (a hard link to a file of root's, where fs.protected_hardlinks is off). ``limit``:
+    at most that many bytes (a file of a few KB made huge, even sparse, would be read
+    whole into memory), growing past it while read or not.
 
     Raises:
-        OSError: ELOOP for a link, EINVAL for anything else that is not a plain file.
+        OSError: ELOOP for a link, EINVAL for anything else that is not a plain file,
+            EFBIG for a file over ``limit`` (its strerror names the limit).
     """
+    from kernmlops.confined import human_size
+
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(fd)
@@ -472,7 +477,15 @@ def read_plain(path: Path, *, owner: int = -1) -> bytes:
             raise OSError(errno.EINVAL, "not a plain file", str(path))
         if os.geteuid() == 0 and st.st_nlink != 1 and st.st_uid != owner:
             raise OSError(errno.EPERM, "a hard link to another file", str(path))
-        return f.read()
+        if limit is None:
+            return f.read()
+        data = f.read(limit + 1) if st.st_size <= limit else b""
+        if st.st_size > limit or len(data) > limit:
+            size = human_size(max(st.st_size, len(data)))
+            raise OSError(
+                errno.EFBIG, f"{size}, over the {human_size(limit)} limit: not read", str(path)
+            )
+        return data
 
 
 def pin_in(folder: int, name: str, shown: Path, *, invoker_uid: int | None = None,

@@ -32,6 +32,8 @@ here the way the kernel side computes them.
 from __future__ import annotations
 
 import io
+import os
+import stat
 from pathlib import Path
 
 import polars as pl
@@ -83,7 +85,12 @@ class _Layout:
         #: of a long one
         self.ragged: tuple[int, int, int] | None = None
         width = 0
-        with open(path, "rb") as f:
+        # not blocking: a FIFO with no writer would hang the open (and it could not be
+        # read twice, as the dump is)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise MllbFormatError(f"{path} is not a plain file: not an MLLB raw dump")
             for n, line in enumerate(f, 1):
                 if line.isspace():
                     if self.header:

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,7 +193,12 @@ def read_model_doc(path: Path, error: type[KernmlopsError] = WeightsError) -> di
     line when it is missing, a folder, too large or not a JSON object."""
     path = Path(path)
     try:
-        with open(path, "rb") as f:
+        # not blocking: a FIFO with no writer (one put at a model's name) would hang
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open(fd, "rb") as f:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):  # a folder: said below
+                raise error(f"{path} is not a plain file: not a model file")
             raw = f.read(MAX_MODEL_BYTES + 1)
         if len(raw) > MAX_MODEL_BYTES:
             raise error(f"{path} is over {MAX_MODEL_BYTES >> 20} MiB: not a model file "

@@ -19,6 +19,9 @@ from typing import Any
 SPOOL_DIR = ".spool"
 #: a collection's manifest (kernmlops.collect.manifest)
 MANIFEST_NAME = "manifest.json"
+#: the largest manifest read (a few KiB to a few hundred: one made huge, even sparse,
+#: would be read whole into memory by every reader)
+MANIFEST_MAX_BYTES = 16 << 20
 #: in a spool: every row of it is in finished parts, and it is being removed
 #: (kernmlops.spool.recovery.remove_spool); written first, deleted last
 DONE_MARK = "done"
@@ -26,6 +29,8 @@ DONE_MARK = "done"
 
 #: the largest mark read (it names a spool's segments: a few KiB)
 _DONE_MAX_BYTES = 1 << 20
+#: the largest json of a spool read (a ring's description, a segment's: under 1 KiB)
+JSON_MAX_BYTES = 1 << 20
 
 
 def spool_done(spool_dir: Path) -> bool:
@@ -37,8 +42,7 @@ def spool_done(spool_dir: Path) -> bool:
     from kernmlops.host.pinned import read_plain
 
     try:
-        raw = read_plain(spool_dir / DONE_MARK)
-        mark = json.loads(raw) if len(raw) <= _DONE_MAX_BYTES else None
+        mark = json.loads(read_plain(spool_dir / DONE_MARK, limit=_DONE_MAX_BYTES))
     except (OSError, ValueError, RecursionError):
         return False
     named = mark.get("segments") if isinstance(mark, dict) else None
@@ -64,14 +68,36 @@ def done_segments(spool_dir: Path) -> dict[str, int]:
     return found
 
 
+def read_manifest_bytes(collection: Path, *, owner: int = -1) -> bytes:
+    """The bytes of the collection's manifest, read as root reads a file in a folder a
+    user may own (kernmlops.host.pinned.read_plain: no link, a plain file, not a hard
+    link to another's file unless ``owner``'s), at most :data:`MANIFEST_MAX_BYTES`.
+
+    Raises:
+        OSError: FileNotFoundError, or why it is not read (ELOOP: a link; EFBIG: too
+            large, its strerror says so).
+    """
+    from kernmlops.host.pinned import read_plain
+
+    return read_plain(collection / MANIFEST_NAME, owner=owner, limit=MANIFEST_MAX_BYTES)
+
+
 def _manifest(collection: Path) -> dict[str, Any]:
     """The collection's manifest as JSON; empty when it is missing or unreadable (a
     reader that needs all of it goes through kernmlops.collect.manifest)."""
     try:
-        data = json.loads((collection / MANIFEST_NAME).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+        data = json.loads(read_manifest_bytes(collection, owner=_owner(collection)))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def _owner(folder: Path) -> int:
+    """The uid of ``folder``'s owner (-1 when it cannot be known)."""
+    try:
+        return os.stat(folder).st_uid
+    except OSError:
+        return -1
 
 
 def check_collection_id(value: str) -> str:

@@ -317,8 +317,9 @@ def segment_format(segment: Path) -> SegmentFormat:
     """A segment file's format, from its json (read never through a link: a spool
     may lie in a folder a user owns)."""
     from kernmlops.host.pinned import read_plain
+    from kernmlops.spool.collection import JSON_MAX_BYTES
 
-    return format_of(json.loads(read_plain(segment.with_suffix(".json"))))
+    return format_of(json.loads(read_plain(segment.with_suffix(".json"), limit=JSON_MAX_BYTES)))
 
 
 def format_of(meta: dict[str, Any]) -> SegmentFormat:

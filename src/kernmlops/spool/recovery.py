@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING
 
 from kernmlops.ebpf.ringbuf import BUSY_BIT, LEN_MASK
 from kernmlops.host.pinned import read_plain
-from kernmlops.spool.collection import DONE_MARK, SPOOL_DIR, done_segments, spool_done
+from kernmlops.spool.collection import (
+    DONE_MARK,
+    JSON_MAX_BYTES,
+    SPOOL_DIR,
+    done_segments,
+    spool_done,
+)
 from kernmlops.spool.frames import (
     CODEC,
     CUT,
@@ -126,8 +132,8 @@ def deleted_bytes(segment: Path) -> int:
     deleted a file before its json), one marked retired, one no flush noted a size
     for (a kill between the json's write and the file's creation), or unreadable."""
     try:
-        meta = json.loads(read_plain(segment.with_suffix(".json")))
-    except (OSError, UnicodeDecodeError, ValueError):
+        meta = json.loads(read_plain(segment.with_suffix(".json"), limit=JSON_MAX_BYTES))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
         return 0
     if not isinstance(meta, dict) or meta.get("retired") is not False:
         return 0

@@ -21,6 +21,7 @@ folder.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import polars as pl
@@ -46,7 +47,11 @@ def _registry() -> list[Parser]:
 def _head(path: Path) -> str:
     if path.is_dir():
         return ""
-    with path.open("rb") as f:
+    # not blocking, and a plain file only: a FIFO there would wait for a writer for ever
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UnsafePathError(f"{path}: result file is not a plain file: not read")
         return f.read(65536).decode("utf-8", errors="replace")
 
 
@@ -61,6 +66,8 @@ def _check_folder(path: Path, max_bytes: int) -> None:
                 confined(path, rel, what="entry")  # a link must stay inside
             if name in files and os.path.isfile(entry):
                 total += os.stat(entry).st_size
+            elif name in files and os.path.exists(entry):  # a FIFO, a device, a socket
+                raise UnsafePathError(f"{path}: {rel} is not a plain file: not read")
         if total > max_bytes:
             raise UnsafePathError(
                 f"{path}: result folder of over {human_size(max_bytes)}: not read{_LIMIT_HINT}"

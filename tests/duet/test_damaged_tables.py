@@ -1,0 +1,61 @@
+"""``duet process`` and ``duet analyze`` on a folder whose files are damaged or are no
+files: a result file or a results table that is a FIFO (no writer: a reader waits for
+ever), a kernel table that is not Parquet. Each is one line, never a hang nor a
+traceback, and the damaged file stays as it was."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.duet.test_process import GOOD, _suite
+
+
+def _duet(*args: str) -> subprocess.CompletedProcess:
+    try:
+        done = subprocess.run([sys.executable, "-m", "kernmlops", "duet", *args],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"duet {args[0]} hung")
+    assert "Traceback" not in done.stderr, done.stderr
+    return done
+
+
+@pytest.fixture
+def processed(tmp_path: Path) -> Path:
+    folder = _suite(tmp_path / "run", [GOOD], {})
+    assert _duet("process", str(folder)).returncode == 0
+    return folder
+
+
+def test_a_results_table_that_is_a_fifo_is_one_line(processed: Path) -> None:
+    table = processed / "duet-results.parquet"
+    table.unlink()
+    os.mkfifo(table)
+    done = _duet("analyze", str(processed))
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert f"{table}: not a duet results table (" in line and "not a plain file" in line, line
+
+
+def test_a_damaged_kernel_table_is_one_line(processed: Path) -> None:
+    kernel = processed / "duet-kernel.parquet"
+    kernel.write_bytes(b"not parquet at all, and short")
+    done = _duet("analyze", str(processed))
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert f"{kernel}: not a duet kernel table (" in line, line
+    assert kernel.read_bytes() == b"not parquet at all, and short"
+
+
+def test_a_result_file_that_is_a_fifo_is_named_not_waited_for(tmp_path: Path) -> None:
+    folder = _suite(tmp_path / "run", [GOOD], {})
+    (folder / GOOD).unlink()
+    os.mkfifo(folder / GOOD)
+    done = _duet("process", str(folder))
+    assert done.returncode == 2
+    assert f"{folder / GOOD}: result file is not a plain file: not read" in done.stderr
