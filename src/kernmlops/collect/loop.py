@@ -183,7 +183,7 @@ class PollLoop:
         try:
             exited = _pidfd(proc.pid) if proc is not None else None
             self.stop.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-            waker, capped = _waker(self.hooks, exited, self.stop.fd)
+            waker, capped = _waker(self.active, exited, self.stop.fd)
             longest = max(period, cfg.poll_max_interval_ms / 1000) if capped else math.inf
             if self.parquet is not None:
                 watch = SpaceWatch(self.space.error, self.stop.wake, proc)
@@ -305,14 +305,22 @@ class PollLoop:
             )
 
     def _progress(self, elapsed: float) -> Progress:
-        events: dict[str, int] = {}
+        # calls into the hooks as a poll is: a bug in one detaches it alone
         drops: dict[str, int] = {}
-        for h in self.active:
-            events[h.name] = h.status.events
-            drops_fn = getattr(h, "drops", None)
-            drops[h.name] = drops_fn() if drops_fn else 0
-        spooled = {h.name: spooled_bytes(h) for h in self.active}  # errors: check_writes
+        spooled: dict[str, int] = {}
+        self._each("drops", lambda h: drops.__setitem__(h.name, _drops(h)))
+        # a spool's failed write is said by check_writes: 0 here
+        self._each("spooled_bytes", lambda h: spooled.__setitem__(h.name, spooled_bytes(h)))
+        hooks = self.active  # without one that failed meanwhile
+        events = {h.name: h.status.events for h in hooks}
+        drops = {h.name: drops[h.name] for h in hooks}
+        spooled = {h.name: spooled[h.name] for h in hooks}
         return Progress(elapsed, events, drops, {}, self.describe(), spooled)
+
+
+def _drops(hook: Hook) -> int:
+    drops_fn = getattr(hook, "drops", None)
+    return drops_fn() if drops_fn else 0
 
 
 def _next_wake(hooks: Sequence[Hook], now: float, soonest: float, latest: float) -> float:
