@@ -243,19 +243,27 @@ WHERE = sys.argv.pop(1)  # which call has the bug
 def bug(*args, **kwargs):
     raise RuntimeError(f"{WHERE} bug")
 
-def start(self, ctx):
-    BpfHook.start(self, ctx)  # its programs attached and copiers started: then the bug
-    bug()
-
-def drops(self):
-    if not self._detached:  # while it runs: its last count, at its close, is read
-        bug()
-    return BpfHook.drops(self)
-
 if WHERE == "adopt":  # the collector's own bug, in no hook
     parquet.ParquetSink.adopt = lambda *a, **k: (_ for _ in ()).throw(TypeError("adopt bug"))
 else:
-    setattr(QuantaRuntimeHook, WHERE, {"start": start, "drops": drops}.get(WHERE, bug))
+    real = getattr(QuantaRuntimeHook, WHERE)
+
+    def start(self, ctx):
+        real(self, ctx)  # its programs attached and copiers started: then the bug
+        bug()
+
+    spooled = QuantaRuntimeHook.spooled_bytes
+
+    def while_running(self, *args):
+        # once 64 KiB wait in its spool (wake_fds: asked once, at the start); once
+        # detached (its close reads its drops) as it was
+        if not self._detached and (WHERE == "wake_fds" or spooled(self) >= 64 << 10):
+            bug()
+        return real(self, *args)
+
+    WHILE_RUNNING = ("drops", "spooled_bytes", "spilled_bytes", "next_poll", "wake_fds")
+    fault = start if WHERE == "start" else while_running if WHERE in WHILE_RUNNING else bug
+    setattr(QuantaRuntimeHook, WHERE, fault)
 from kernmlops.cli import main
 main()
 """
@@ -298,23 +306,32 @@ def _others_collected(folder: Path, *, incomplete: bool = False) -> None:
     assert not col.manifest.hooks["process_trace"].failed
 
 
-def test_a_hook_whose_drops_raise_while_it_runs_is_detached_alone(tmp_path: Path) -> None:
-    # the progress asks each hook for its drops and spooled bytes: a bug there is the
-    # hook's, as in its poll; what it spooled becomes rows at the stop
-    done, folder = _collect_with_a_bug(tmp_path, "drops")
+@pytest.mark.parametrize(
+    "where", ["drops", "spooled_bytes", "spilled_bytes", "next_poll", "wake_fds"]
+)
+def test_a_hook_whose_answer_to_the_loop_raises_is_detached_alone(
+    tmp_path: Path, where: str
+) -> None:
+    # the loop asks each hook for its drops and spooled bytes (the progress, a spool's
+    # failed write), what it holds in memory, when it is due, what wakes it: a bug
+    # there is the hook's, as in its poll; what it spooled becomes rows at the stop
+    done, folder = _collect_with_a_bug(tmp_path, where)
     assert "Traceback" not in done.stderr, done.stderr
     assert done.returncode == 1, done.stderr
+    # spooled_bytes is asked by the hook's own next_poll too: the bug is reached there
+    what = "next_poll" if where == "spooled_bytes" and "its next_poll" in done.stderr else where
     named = _named(done.stderr)
     assert named == [
-        "warning: hook quanta_runtime failed (its drops raised RuntimeError: drops bug): "
+        f"warning: hook quanta_runtime failed (its {what} raised RuntimeError: {where} bug): "
         "detached; the collection goes on without it and exits with 1",
         "exit code 1 (completed; hook quanta_runtime failed)",
     ], done.stderr
     _others_collected(folder)
     col = read_collection(folder)
     record = col.manifest.hooks["quanta_runtime"]
-    assert record.failed and record.reason.startswith("its drops raised RuntimeError")
-    assert col["quanta_runtime"].height == record.rows["quanta_runtime"] > 0
+    assert record.failed and record.reason.startswith(f"its {what} raised RuntimeError")
+    assert col["quanta_runtime"].height == record.rows["quanta_runtime"]
+    assert where == "wake_fds" or col["quanta_runtime"].height > 1000  # spooled: rows now
     assert not (folder / ".spool").exists()
 
 

@@ -174,11 +174,11 @@ def drain(hook: Hook, sink: Sink, space: SpaceGuard, final: bool = False) -> Non
     space.spool_call(lambda: write_all(sink, hook.stop() if final else hook.poll()))
 
 
-def check_writes(hooks: Sequence[Hook], sink: Sink) -> None:
+def check_writes(each: Callable[[str, Callable[[Hook], object]], None], sink: Sink) -> None:
     """Raise a spool's failed write (the ring copier's, as an OSError) and the sink
-    writer's error now, not when the run ends or rows are next written."""
-    for hook in hooks:
-        hook.spooled_bytes()
+    writer's error now, not when the run ends or rows are next written. ``each``:
+    calls into each hook still collecting (the poll loop's: a hook's bug detaches it)."""
+    each("spooled_bytes", lambda h: h.spooled_bytes())
     if isinstance(sink, ThreadedSink):
         sink.check()
 
