@@ -259,7 +259,7 @@ def _summary(result) -> Table:
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     for name, st in result.hooks.items():
         status = (
-            "[red]failed[/] (detached)"
+            f"[red]failed[/] ({'detached' if st.attached else 'not attached'})"
             if st.failed
             else f"[green]{st.variant or 'attached'}[/]"
             if st.attached

@@ -18,7 +18,7 @@ import pytest
 
 from kernmlops.collect.session import Session
 from kernmlops.config import load_config
-from kernmlops.data import read_collection
+from kernmlops.data import IncompleteCollectionWarning, read_collection
 from kernmlops.ebpf.btf import unbatch
 from kernmlops.ebpf.build import build, object_path
 from kernmlops.ebpf.ringbuf import decode, record_stride
@@ -230,3 +230,211 @@ def test_collect_says_a_hook_failing_at_the_stop_in_one_line_and_exits_1(
     outcomes = {t: r.compaction for t, r in col.manifest.tables.items()}
     assert set(outcomes) == {"memory_usage", "quanta_runtime", "quanta_queued_time"}
     assert set(outcomes.values()) <= {"compacted", "skipped: compact already"}, outcomes
+
+
+_FAULT = """
+import sys
+from kernmlops.collect import parquet
+from kernmlops.hooks.bpf import BpfHook
+from kernmlops.hooks.quanta_runtime import QuantaRuntimeHook
+
+WHERE = sys.argv.pop(1)  # which call has the bug
+
+def bug(*args, **kwargs):
+    raise RuntimeError(f"{WHERE} bug")
+
+if WHERE == "adopt":  # the collector's own bug, in no hook
+    parquet.ParquetSink.adopt = lambda *a, **k: (_ for _ in ()).throw(TypeError("adopt bug"))
+else:
+    real = getattr(QuantaRuntimeHook, WHERE)
+
+    def start(self, ctx):
+        real(self, ctx)  # its programs attached and copiers started: then the bug
+        bug()
+
+    spooled = QuantaRuntimeHook.spooled_bytes
+
+    def while_running(self, *args):
+        # once 64 KiB wait in its spool (wake_fds: asked once, at the start); once
+        # detached (its close reads its drops) as it was
+        if not self._detached and (WHERE == "wake_fds" or spooled(self) >= 64 << 10):
+            bug()
+        return real(self, *args)
+
+    WHILE_RUNNING = ("drops", "spooled_bytes", "spilled_bytes", "next_poll", "wake_fds")
+    fault = start if WHERE == "start" else while_running if WHERE in WHILE_RUNNING else bug
+    setattr(QuantaRuntimeHook, WHERE, fault)
+from kernmlops.cli import main
+main()
+"""
+
+
+def _collect_with_a_bug(tmp_path: Path, where: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """``collect`` of a switch storm with quanta_runtime's ``where`` raising a bug,
+    every record spooled and the rows made at the stop in two worker processes."""
+    config = tmp_path / "overrides.yaml"
+    config.write_text("collector:\n  spool_spare_cpus: 1000\n  spool_row_workers: 2\n"
+                      "  flush_interval_s: 0.5\n")  # fmt: skip
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-c", _FAULT, where, "collect", "--no-progress", "-c", str(config),
+         "-o", str(out), "--hooks", "quanta_runtime,process_trace,memory_usage",
+         "--", "stress-ng", "--switch", "1", "-t", "2"],
+        capture_output=True, text=True, timeout=180, cwd=tmp_path,
+    )  # fmt: skip
+    (folder,) = (out / "curated").glob("benchmark=*/*")
+    return done, folder
+
+
+def _named(stderr: str) -> list[str]:
+    """The lines that name quanta_runtime, but for the summary's table."""
+    lines = stderr.splitlines()
+    return [line for line in lines if "quanta_runtime" in line and not line.startswith("│")]
+
+
+def _others_collected(folder: Path, *, incomplete: bool = False) -> None:
+    """memory_usage's and process_trace's rows readable (``incomplete``: with the
+    warning that rows wait in a spool)."""
+    if incomplete:
+        with pytest.warns(IncompleteCollectionWarning, match="kernmlops recover"):
+            col = read_collection(folder)
+    else:
+        col = read_collection(folder)
+    assert col["memory_usage"].height >= 1
+    assert col["process_trace"].height > 0
+    assert col["process_trace"].height == col.manifest.hooks["process_trace"].rows["process_trace"]
+    assert not col.manifest.hooks["process_trace"].failed
+
+
+@pytest.mark.parametrize(
+    "where", ["drops", "spooled_bytes", "spilled_bytes", "next_poll", "wake_fds"]
+)
+def test_a_hook_whose_answer_to_the_loop_raises_is_detached_alone(
+    tmp_path: Path, where: str
+) -> None:
+    # the loop asks each hook for its drops and spooled bytes (the progress, a spool's
+    # failed write), what it holds in memory, when it is due, what wakes it: a bug
+    # there is the hook's, as in its poll; what it spooled becomes rows at the stop
+    done, folder = _collect_with_a_bug(tmp_path, where)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 1, done.stderr
+    # spooled_bytes is asked by the hook's own next_poll too: the bug is reached there
+    what = "next_poll" if where == "spooled_bytes" and "its next_poll" in done.stderr else where
+    named = _named(done.stderr)
+    assert named == [
+        f"warning: hook quanta_runtime failed (its {what} raised RuntimeError: {where} bug): "
+        "detached; the collection goes on without it and exits with 1",
+        "exit code 1 (completed; hook quanta_runtime failed)",
+    ], done.stderr
+    _others_collected(folder)
+    col = read_collection(folder)
+    record = col.manifest.hooks["quanta_runtime"]
+    assert record.failed and record.reason.startswith(f"its {what} raised RuntimeError")
+    assert col["quanta_runtime"].height == record.rows["quanta_runtime"]
+    assert where == "wake_fds" or col["quanta_runtime"].height > 1000  # spooled: rows now
+    assert not (folder / ".spool").exists()
+
+
+def test_a_hook_whose_start_raises_a_bug_is_not_attached_and_the_others_run(
+    tmp_path: Path,
+) -> None:
+    # not HookUnavailable (a kernel without what it needs: exit 0): a bug, exit 1
+    done, folder = _collect_with_a_bug(tmp_path, "start")
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 1, done.stderr
+    named = _named(done.stderr)
+    assert named == [
+        "warning: hook quanta_runtime failed (its start raised RuntimeError: start bug): "
+        "not attached; the collection goes on without it and exits with 1",
+        "exit code 1 (completed; hook quanta_runtime failed)",
+    ], done.stderr
+    assert "probes attached: 2/3 hooks" in done.stderr
+    _others_collected(folder)
+    col = read_collection(folder)
+    record = col.manifest.hooks["quanta_runtime"]
+    assert record.failed and not record.attached
+    assert record.reason == (
+        "its start raised RuntimeError: start bug; not attached, the other hooks went on"
+    )
+    assert record.rows.get("quanta_runtime", 0) == 0
+    assert col.manifest.state == "completed" and col.manifest.exit_code == 1
+
+
+@pytest.mark.parametrize("where", ["spool_work", "spool_made"])
+def test_a_hook_failing_while_the_rows_are_made_on_all_cores_keeps_its_spool(
+    tmp_path: Path, where: str
+) -> None:
+    # its bug, in the collector, is told apart from the others' rows made in the
+    # workers: its spooled records stay for `kernmlops recover`, the others' are made
+    done, folder = _collect_with_a_bug(tmp_path, where)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 1, done.stderr
+    assert "on 2 cores" in done.stderr  # the workers made rows
+    named = _named(done.stderr)
+    assert len(named) == 2, done.stderr
+    assert named[0].startswith(
+        f"warning: hook quanta_runtime failed at the stop (its {where} raised RuntimeError: "
+        f"{where} bug): its "
+    )
+    assert named[0].endswith(
+        f"of spooled records are kept: `kernmlops recover {folder}` makes their rows"
+    )
+    assert named[1] == "exit code 1 (completed; hook quanta_runtime failed)"
+    _others_collected(folder, incomplete=True)
+    snapshot = tmp_path / "snapshot"
+    shutil.copytree(folder / ".spool", snapshot)  # follows `mem` (the tmpfs)
+    expected = _spooled_switches(snapshot)[1]
+    assert expected["quanta_runtime"] > 1000
+    recovered = subprocess.run([sys.executable, "-m", "kernmlops", "recover", str(folder)],
+                               capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert recovered.returncode == 0 and "Traceback" not in recovered.stderr, recovered.stderr
+    col = read_collection(folder)
+    # every record's rows once: the parts the workers made for it are not made again
+    assert {t: col[t].height for t in expected} == expected
+    _others_collected(folder)
+
+
+def test_the_collectors_own_bug_while_the_rows_are_made_keeps_the_spool(tmp_path: Path) -> None:
+    # a bug in no hook: the spool stays whole for `kernmlops recover`, one line
+    done, folder = _collect_with_a_bug(tmp_path, "adopt")
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        "error: making the spooled rows failed (TypeError: adopt bug): the spool is kept; "
+        f"`kernmlops recover {folder}` makes their rows"
+    ), done.stderr
+    with pytest.warns(IncompleteCollectionWarning, match="kernmlops recover"):
+        assert read_collection(folder)["memory_usage"].height >= 1  # the spool's rows wait
+    snapshot = tmp_path / "snapshot"
+    shutil.copytree(folder / ".spool", snapshot)  # follows `mem` (the tmpfs)
+    expected = _spooled_switches(snapshot)[1]
+    assert expected["quanta_runtime"] > 1000
+    recovered = subprocess.run([sys.executable, "-m", "kernmlops", "recover", str(folder)],
+                               capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert recovered.returncode == 0 and "Traceback" not in recovered.stderr, recovered.stderr
+    col = read_collection(folder)
+    assert {t: col[t].height for t in expected} == expected
+    _others_collected(folder)
+
+
+def test_strict_makes_a_start_bug_the_collections_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # --strict: every hook attached or no collection, a bug as a missing feature
+    from kernmlops.collect.attach import StrictError
+
+    def start(self: QuantaRuntimeHook, ctx: object) -> None:
+        raise RuntimeError("start bug")
+
+    monkeypatch.setattr(QuantaRuntimeHook, "start", start)
+    cfg = load_config({
+        "collector": {"output_dir": str(tmp_path), "progress": False, "strict": True,
+                      "hooks": ["memory_usage", "quanta_runtime"]},
+        "benchmark": {"name": "faux", "duration_s": 0.5},
+    })  # fmt: skip
+    session = Session(cfg)
+    with pytest.raises(StrictError) as raised:
+        session.run()
+    assert str(raised.value) == (
+        "--strict: hook quanta_runtime failed (its start raised RuntimeError: start bug)"
+    )

@@ -3,6 +3,8 @@
 Each hook is started with the collection's context (the process filter, the spool and
 its memory, the pacer that says when spooled records may become rows); one that cannot
 attach is named with its reason, and with ``--strict`` that is the collection's error.
+One whose start raises a bug (not HookUnavailable: what this machine lacks) is closed,
+named in one line and marked failed (exit 1); the others are collected all the same.
 At the end every hook is stopped in the order that loses nothing: all programs detached
 first, then what the spools hold made into rows on every core where it is much
 (kernmlops.collect.rowmaking), then each drained into the sink (or, with no room
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DRAIN_QUEUE_BYTES",
+    "RowMakingError",
     "StrictError",
     "check_writes",
     "detach_all",
@@ -56,6 +59,13 @@ DRAIN_QUEUE_BYTES = 4 << 20
 
 class StrictError(KernmlopsError):
     """--strict and a hook could not attach."""
+
+
+class RowMakingError(CollectionError):
+    """The collector's own bug while the stop made the spooled rows on every core: the
+    spool is kept for ``kernmlops recover`` (exit 1: a bug, not the output's error)."""
+
+    exit_code = 1
 
 
 def hook_context(
@@ -97,9 +107,21 @@ def hook_context(
     )
 
 
-def start_hooks(hooks: list[Hook], new: Iterable[Hook], ctx: HookContext, *, strict: bool) -> None:
+def start_hooks(
+    hooks: list[Hook],
+    new: Iterable[Hook],
+    ctx: HookContext,
+    *,
+    strict: bool,
+    failed: list[Hook] | None = None,
+    on_message: Callable[[str], None] | None = None,
+) -> None:
     """Start each of ``new`` and add it to ``hooks`` (first, so that one whose start
-    fails is still detached). One started by the caller is not started again."""
+    fails is still detached). One started by the caller is not started again. A hook
+    that cannot run here (HookUnavailable) is not attached, with its reason; one whose
+    start raises what no hook should (a bug: not the output's OSError or a
+    KernmlopsError) is closed, marked failed (the exit code is 1), named in one line
+    and added to ``failed`` (left out of the loop and the stop); the others go on."""
     for hook in new:
         hooks.append(hook)
         if hook.status.attached:  # started by the caller
@@ -110,6 +132,36 @@ def start_hooks(hooks: list[Hook], new: Iterable[Hook], ctx: HookContext, *, str
             hook.status.reason = str(err).removeprefix(f"{hook.name}: ")
             if strict:
                 raise StrictError(f"--strict: hook {err}") from err
+        except (KernmlopsError, OSError):
+            raise
+        except Exception as err:
+            _failed_at_start(hook, err, strict, failed, on_message)
+
+
+def _failed_at_start(
+    hook: Hook,
+    err: Exception,
+    strict: bool,
+    failed: list[Hook] | None,
+    on_message: Callable[[str], None] | None,
+) -> None:
+    why = f"its start raised {type(err).__name__}: {err}"
+    hook.status.attached = False
+    hook.status.failed = True
+    hook.status.reason = f"{why}; not attached, the other hooks went on"
+    try:  # what it started before its bug: programs, copier threads
+        hook.close()
+    except Exception as again:  # named; the others go on all the same
+        hook.status.reason += f" (its close raised {type(again).__name__}: {again})"
+    if failed is not None:
+        failed.append(hook)
+    if strict:
+        raise StrictError(f"--strict: hook {hook.name} failed ({why})") from err
+    if on_message:
+        on_message(
+            f"hook {hook.name} failed ({why}): not attached; the collection goes on "
+            "without it and exits with 1"
+        )
 
 
 def write_all(sink: Sink, rows: Iterable[tuple[str, Rows]]) -> None:
@@ -122,11 +174,11 @@ def drain(hook: Hook, sink: Sink, space: SpaceGuard, final: bool = False) -> Non
     space.spool_call(lambda: write_all(sink, hook.stop() if final else hook.poll()))
 
 
-def check_writes(hooks: Sequence[Hook], sink: Sink) -> None:
+def check_writes(each: Callable[[str, Callable[[Hook], object]], None], sink: Sink) -> None:
     """Raise a spool's failed write (the ring copier's, as an OSError) and the sink
-    writer's error now, not when the run ends or rows are next written."""
-    for hook in hooks:
-        hook.spooled_bytes()
+    writer's error now, not when the run ends or rows are next written. ``each``:
+    calls into each hook still collecting (the poll loop's: a hook's bug detaches it)."""
+    each("spooled_bytes", lambda h: h.spooled_bytes())
     if isinstance(sink, ThreadedSink):
         sink.check()
 
@@ -173,9 +225,13 @@ def guarded(hook: Hook, what: str, fn: Callable[[], object], faults: Faults) -> 
         except (KernmlopsError, OSError):
             raise
         except Exception as err:
-            faults.setdefault(id(hook), []).append(f"its {what} raised {type(err).__name__}: {err}")
+            _note(faults, hook, what, err)
 
     return call
+
+
+def _note(faults: Faults, hook: Hook, what: str, err: Exception) -> None:
+    faults.setdefault(id(hook), []).append(f"its {what} raised {type(err).__name__}: {err}")
 
 
 def _failed_at_stop(
@@ -246,7 +302,7 @@ def detach_all(
         # once, and compaction keeps their parts instead of reading them back.
         step(lambda: sink.flush(durable=True))
         step(space.parquet.write_whole_parts)
-        _rows_on_all_cores(hooks, sink, space, parked, step, on_message, row_workers)
+        _rows_on_all_cores(hooks, sink, space, parked, step, on_message, row_workers, faults)
     spooled = sum(spooled_bytes(h) for h in hooks if h not in parked)
     if spooled >= 64 << 20 and on_message:
         on_message(f"note: making rows from {human_bytes(spooled)} of spooled records")
@@ -273,17 +329,24 @@ def _rows_on_all_cores(
     step: Step,
     on_message: Callable[[str], None] | None,
     count: int | None,
+    faults: Faults,
 ) -> None:
     """The spooled rows made on every core the collector may use, where there are
     enough of them (kernmlops.collect.rowmaking); if their parts could not all be
     taken in, the hooks are parked (the rest stays for ``kernmlops recover``).
     ``count``: collector.spool_row_workers (null: as many as the CPUs allow, from
-    MIN_PARALLEL_RAW of records; a number asked for has no minimum)."""
+    MIN_PARALLEL_RAW of records; a number asked for has no minimum). A hook's bug
+    there is noted in ``faults`` and parks that hook alone; any other error that is
+    not the output's (the collector's own bug) parks them all, said in one line."""
     candidates = [h for h in hooks if h not in parked and hasattr(h, "spool_work")]
     parquet = space.parquet
     if not candidates or count in (0, 1) or parquet is None:
         return
     min_raw = MIN_PARALLEL_RAW if count is None else 0
+
+    def faulty(hook: Hook, what: str, err: Exception) -> None:
+        _note(faults, hook, what, err)
+        parked.append(hook)  # what it spooled stays there, as the final drain finds it
 
     def run() -> None:
         try:
@@ -294,9 +357,15 @@ def _rows_on_all_cores(
                 on_message,
                 min_raw=min_raw,
                 workers=count,
+                faulty=faulty,
             )
-        except CollectionError:
-            parked.extend(h for h in candidates if spooling(h))
-            raise
+        except Exception as err:
+            parked.extend(h for h in candidates if h not in parked and spooling(h))
+            if isinstance(err, (KernmlopsError, OSError)):
+                raise
+            raise RowMakingError(
+                f"making the spooled rows failed ({type(err).__name__}: {err}): the spool "
+                f"is kept; `kernmlops recover {space.path}` makes their rows"
+            ) from err
 
     step(lambda: space.spool_call(run))

@@ -183,18 +183,19 @@ class PollLoop:
         try:
             exited = _pidfd(proc.pid) if proc is not None else None
             self.stop.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-            waker, capped = _waker(self.hooks, exited, self.stop.fd)
+            wakes: list[Sequence[int] | None] = []
+            self._each("wake_fds", lambda h: wakes.append(h.wake_fds()))
+            waker, capped = _waker(wakes, exited, self.stop.fd)
             longest = max(period, cfg.poll_max_interval_ms / 1000) if capped else math.inf
             if self.parquet is not None:
                 watch = SpaceWatch(self.space.error, self.stop.wake, proc)
             while True:
                 tick = time.monotonic()
-                hooks = self.active
                 if watch is not None and watch.error is not None:
                     raise watch.error  # the benchmark is stopped already
                 loading = libraries is not None and not libraries.is_set()
                 behind = isinstance(sink, ThreadedSink) and sink.behind
-                spilled = sum(h.spilled_bytes() for h in hooks)
+                spilled = self._total("spilled_bytes", lambda h: h.spilled_bytes())
                 if (loading or behind) and spilled < MAX_SPILLED_BYTES:
                     # Rows cannot be built (libraries loading) or handed over (the sink's
                     # queue is full) without stalling: keep the rings from overflowing.
@@ -229,7 +230,7 @@ class PollLoop:
                         )
                     next_flush = tick + cfg.flush_interval_s
                 if tick >= next_check:
-                    self.space.spool_call(lambda: check_writes(self.active, sink))
+                    self.space.spool_call(lambda: check_writes(self._each, sink))
                     self.running.check()  # the manifest's last rewrite
                     next_check = tick + SPACE_CHECK_S
                 if self.on_progress and tick >= next_progress:
@@ -248,7 +249,7 @@ class PollLoop:
                 if limit is not None and tick - start >= limit:
                     return "duration", None
                 now = time.monotonic()
-                wake = _next_wake(self.active, now, tick + period, now + longest)
+                wake = _next_wake(self._dues(now), tick + period, now + longest)
                 wake = min(wake, next_flush, start + limit if limit is not None else wake)
                 if self.on_progress:
                     wake = min(wake, next_progress)
@@ -304,23 +305,43 @@ class PollLoop:
                 "without it and exits with 1"
             )
 
+    def _dues(self, now: float) -> list[float | None]:
+        """Each hook's next_poll, as :meth:`_each` calls it."""
+        dues: list[float | None] = []
+        self._each("next_poll", lambda h: dues.append(h.next_poll(now)))
+        return dues
+
+    def _total(self, what: str, fn: Callable[[Hook], int]) -> int:
+        """The sum of ``fn`` over the hooks still collecting, as :meth:`_each` calls it."""
+        got: list[int] = []
+        self._each(what, lambda h: got.append(fn(h)))
+        return sum(got)
+
     def _progress(self, elapsed: float) -> Progress:
-        events: dict[str, int] = {}
+        # calls into the hooks as a poll is: a bug in one detaches it alone
         drops: dict[str, int] = {}
-        for h in self.active:
-            events[h.name] = h.status.events
-            drops_fn = getattr(h, "drops", None)
-            drops[h.name] = drops_fn() if drops_fn else 0
-        spooled = {h.name: spooled_bytes(h) for h in self.active}  # errors: check_writes
+        spooled: dict[str, int] = {}
+        self._each("drops", lambda h: drops.__setitem__(h.name, _drops(h)))
+        # a spool's failed write is said by check_writes: 0 here
+        self._each("spooled_bytes", lambda h: spooled.__setitem__(h.name, spooled_bytes(h)))
+        hooks = self.active  # without one that failed meanwhile
+        events = {h.name: h.status.events for h in hooks}
+        drops = {h.name: drops[h.name] for h in hooks}
+        spooled = {h.name: spooled[h.name] for h in hooks}
         return Progress(elapsed, events, drops, {}, self.describe(), spooled)
 
 
-def _next_wake(hooks: Sequence[Hook], now: float, soonest: float, latest: float) -> float:
-    """When the next poll is due: the earliest time a hook asks for, between
-    ``soonest`` (a hook that polls every interval) and ``latest``."""
+def _drops(hook: Hook) -> int:
+    drops_fn = getattr(hook, "drops", None)
+    return drops_fn() if drops_fn else 0
+
+
+def _next_wake(dues: Sequence[float | None], soonest: float, latest: float) -> float:
+    """When the next poll is due: the earliest time a hook asks for (``dues``: each
+    hook's next_poll), between ``soonest`` (a hook that polls every interval: None)
+    and ``latest``."""
     wake = latest
-    for hook in hooks:
-        due = hook.next_poll(now)
+    for due in dues:
         if due is None:
             return soonest
         wake = min(wake, due)
@@ -332,19 +353,18 @@ def _sleep(seconds: float, waker: select.epoll) -> None:
         waker.poll(seconds)
 
 
-def _waker(hooks: Sequence[Hook], *fds: int | None) -> tuple[select.epoll, bool]:
+def _waker(wakes: Sequence[Sequence[int] | None], *fds: int | None) -> tuple[select.epoll, bool]:
     """An epoll of what ends the poll loop's sleep: ``fds`` when readable, and each
-    hook's wake fds (edge-triggered: a ring that holds records is readable until it
-    is drained, but only a program's wake-up is news); whether some hook cannot
-    tell (None), so the sleep must be capped."""
+    hook's wake fds (``wakes``, edge-triggered: a ring that holds records is readable
+    until it is drained, but only a program's wake-up is news); whether some hook
+    cannot tell (None), so the sleep must be capped."""
     waker = select.epoll()
     capped = False
     try:
         for fd in fds:
             if fd is not None:
                 waker.register(fd, select.EPOLLIN)
-        for hook in hooks:
-            wake = hook.wake_fds()
+        for wake in wakes:
             if wake is None:
                 capped = True
                 continue

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kernmlops.collect.disk import human_bytes
-from kernmlops.errors import CollectionError
+from kernmlops.errors import CollectionError, KernmlopsError
 from kernmlops.lazy import lazy_import
 
 if TYPE_CHECKING:
@@ -186,23 +186,41 @@ def make_spooled_rows(
     *,
     min_raw: int = MIN_PARALLEL_RAW,
     workers: int | None = None,
+    faulty: Callable[[Hook, str, Exception], None] | None = None,
 ) -> list[Hook]:
     """(The hooks detached) make the rows of what the hooks' spools hold in worker
     processes and take their parts into ``parquet`` (``flush`` first finishes the
     run's parts); the hooks whose spools are then read to their end. Nothing is done
     (and [] returned) under ``min_raw`` bytes or with one usable CPU; a failure
     says so in one line, and the caller's final drain makes the rows instead.
+    ``faulty``: told of a hook's bug (``spool_work`` or ``spool_made`` raising what
+    no hook should), which leaves that hook out, its spool as it is; without it,
+    the bug is raised.
 
     Raises:
         CollectionError: parts were taken in and then one could not be: the rest
             stays in the spool for ``kernmlops recover``.
     """
     found: list[tuple[Hook, SpoolWork]] = []
+    bad: list[Hook] = []
+
+    def fault(hook: Hook, what: str, err: Exception) -> None:
+        if faulty is None or isinstance(err, (KernmlopsError, OSError)):
+            raise err
+        bad.append(hook)
+        faulty(hook, what, err)
+
     try:
         for hook in hooks:
             spool_work = getattr(hook, "spool_work", None)
-            if spool_work is not None:
+            if spool_work is None:
+                continue
+            try:
                 found += [(hook, w) for w in spool_work()]
+            except (OSError, ValueError):
+                raise
+            except Exception as err:  # that hook's bug: the others' rows are made
+                fault(hook, "spool_work", err)
     except (OSError, ValueError) as err:  # e.g. a spool file gone: said by the final drain
         if on_message:
             on_message(f"cannot cut the spool in jobs ({_why(err)}): making the rows here")
@@ -256,10 +274,16 @@ def make_spooled_rows(
         shutil.rmtree(staging, ignore_errors=True)
     done: list[Hook] = []
     for hook, w in found:
-        hook.spool_made(w.key, rows.get(id(w), {}), records.get(id(w), 0))  # type: ignore[attr-defined]
+        if hook in bad:
+            continue  # its spool stays: a recovery skips the rows taken in
+        try:
+            hook.spool_made(w.key, rows.get(id(w), {}), records.get(id(w), 0))  # type: ignore[attr-defined]
+        except Exception as err:  # that hook's bug: the others' spools are read
+            fault(hook, "spool_made", err)
+            continue
         if hook not in done:
             done.append(hook)
-    return done
+    return [h for h in done if h not in bad]
 
 
 def _run(jobs: list[Job], workers: int) -> list[Made]:

@@ -245,7 +245,14 @@ class Session:
                 for hook in [*configured_hooks, *self.extra_hooks]:
                     for line in hook.notes():
                         self.on_message(line)
-            start_hooks(hooks, [*configured_hooks, *self.extra_hooks], ctx, strict=cfg.strict)
+            start_hooks(
+                hooks,
+                [*configured_hooks, *self.extra_hooks],
+                ctx,
+                strict=cfg.strict,
+                failed=broken,
+                on_message=self.on_message,
+            )
             self.space.memory = ctx.spool_memory
             for participant in self.participants:
                 participant.start(ctx)  # e.g. the exporter: the same processes as the hooks
@@ -263,7 +270,11 @@ class Session:
                 # hooks that look at the command (process_metadata's start snapshot) are
                 # told once it runs, not while the gate shell still stands in its place;
                 # without one, the run's start waits for nothing
-                told = [h for h in hooks if type(h).benchmark_started is not Hook.benchmark_started]
+                told = [
+                    h
+                    for h in hooks
+                    if h not in broken and type(h).benchmark_started is not Hook.benchmark_started
+                ]
                 if told:
                     proc.wait_exec(EXEC_WAIT_S)
                 for hook in told:
