@@ -69,14 +69,16 @@ def test_attach_counts_events_and_close_detaches(objects: Path) -> None:
     layout = [("sum_exec_at_in", "<u8"), ("pid", "<u4"), ("seen", "<u2"), ("wanted", "<u2"),
               ("clock_offset", "<i8"), ("clock_least", "<i8"), ("clock_synced", "<u8"),
               ("clock_window", "<u8"), ("clock_last", "<u8"), ("clock_count", "<u4"),
-              ("clock_sure", "<u4"), ("wanted_tgids", "<u4", (8,))]  # fmt: skip
+              ("clock_sure", "<u4"), ("wanted_tgid", "<u4", (8,)),
+              ("wanted_leader", "<u8", (8,))]  # fmt: skip
     per_cpu = oncpu.lookup_percpu(0, dtype=layout)
     assert per_cpu.shape == (libbpf.num_possible_cpus(),)
     assert (per_cpu["seen"] == 1).any()
     assert (per_cpu["sum_exec_at_in"] > 0).any()
     assert (per_cpu["clock_synced"] > 0).any()  # a switch out of a task read the offset
-    assert (per_cpu["wanted_tgids"] == 0).all()  # system-wide: the filter is a compare
-    with pytest.raises(ValueError, match="96-byte"):
+    # system-wide: the filter is a compare
+    assert (per_cpu["wanted_tgid"] == 0).all() and (per_cpu["wanted_leader"] == 0).all()
+    with pytest.raises(ValueError, match="160-byte"):
         oncpu.lookup_percpu(0, dtype="<u8")
     obj.close()
     obj.close()  # idempotent

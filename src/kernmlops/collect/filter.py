@@ -1,7 +1,9 @@
 """The in-kernel process filter: a map of tracked tgids shared by every hook.
 
 The filter object owns the map and, in tree mode, adds each child process of
-a tracked process from the fork tracepoint, before the child first runs.
+a tracked process from the fork tracepoint, before the child first runs. A
+new process outside the tree that reuses a reaped tracked process's pid
+removes that tgid (in either mode): the pid is no longer the traced one's.
 Every hook object reuses the map's fd, so one seed steers all hooks.
 """
 
