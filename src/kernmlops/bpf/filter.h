@@ -13,7 +13,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 65536);
 	__type(key, u32);   /* tgid */
-	__type(value, u8);
+	__type(value, u64); /* the process's start_time (ns); 0: added by user space */
 } kmo_tracked SEC(".maps");
 
 static __always_inline bool kmo_tgid_wanted(u32 tgid)
@@ -26,13 +26,14 @@ static __always_inline bool kmo_tgid_wanted(u32 tgid)
 }
 
 /* kmo_task_wanted_cached: a CPU's memory of processes the filter wanted, in a
- * per-CPU value of the caller: KMO_WANTED_SLOTS of them, each in slot tgid % KMO_WANTED_SLOTS, kept as
- * the tgid and the process (its group leader's task_struct). While a process
- * lives the filter keeps its tgid (user space and the fork program add; only a
- * fork outside the tree that reuses a reaped process's tgid removes it), so a
- * remembered yes for that process needs no lookup; a new process with the
- * tgid is another leader, and asked again. A no is asked again each time (a new
- * process of the tree may take a tgid that was not). */
+ * per-CPU value of the caller: KMO_WANTED_SLOTS of them, each in slot
+ * tgid % KMO_WANTED_SLOTS, kept as the tgid and the process (its group
+ * leader's task_struct). While a process lives the filter keeps its tgid (user
+ * space and the fork program add; a tgid leaves once its process is reaped, or
+ * when a fork outside the tree reuses it), so a remembered yes for that
+ * process needs no lookup; a new process with the tgid is another leader, and
+ * asked again. A no is asked again each time (a new process of the tree may
+ * take a tgid that was not). */
 #define KMO_WANTED_SLOTS 8
 
 struct kmo_wanted_slots {
