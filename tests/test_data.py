@@ -530,6 +530,40 @@ def test_read_parquet_dir_says_which_collections_it_read_are_not_whole(
     ]
 
 
+@pytest.mark.parametrize("as_root", [True, False], ids=["held", "by-name"])
+def test_read_parquet_dir_names_why_a_manifest_does_not_read(
+    curated: Path, monkeypatch: pytest.MonkeyPatch, as_root: bool
+) -> None:
+    """A manifest there but not read (a newer kernmlops wrote it, or it is damaged) is
+    named with the reason, as read_collection gives it: not as a missing manifest (a
+    copy under way), which would send the user waiting for a copy that never ends."""
+    import json
+
+    from kernmlops.data import IncompleteCollectionWarning
+
+    if as_root and os.geteuid() != 0:
+        skip_here("the held read is root's: run as root (make test does)")
+    elif not as_root and os.geteuid() == 0:
+        monkeypatch.setattr("kernmlops.data.os.geteuid", lambda: 1000)
+    newer = curated / "benchmark=faux" / "collection_id=f1" / "manifest.json"
+    newer.write_text(json.dumps({**json.loads(newer.read_text()), "version": 9}))
+    damaged = curated / "benchmark=gap" / "collection_id=g1" / "manifest.json"
+    damaged.write_text('{"broken')
+    with pytest.raises(CollectionError, match="upgrade kernmlops"):
+        read_collection(newer.parent)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        read_parquet_dir(curated, "events")
+    [warning] = [str(w.message) for w in said]
+    assert issubclass(said[0].category, IncompleteCollectionWarning)
+    assert "copy or push" not in warning, warning
+    assert (
+        f"{newer.parent} (manifest not read: written with format version 9, this "
+        "kernmlops reads up to version 3; upgrade kernmlops to read it)" in warning
+    ), warning
+    assert f"{damaged.parent} (manifest not read: the manifest is not valid JSON" in warning
+
+
 def test_read_parquet_dir_errors(curated: Path, tmp_path: Path) -> None:
     with pytest.raises(CollectionError, match="no table 'nope' in any of its 4 collection"):
         read_parquet_dir(curated, "nope")

@@ -613,27 +613,40 @@ def _scan_table_held(folder: Path, table: str) -> tuple[pl.LazyFrame | None, str
             scan.collect_schema()
         try:
             text = read_manifest_bytes(held.io, owner=held.owner).decode("utf-8")
-            manifest: Manifest | None = parse_manifest(text, folder / MANIFEST_NAME)
-        except (OSError, UnicodeDecodeError, CollectionError):
-            manifest = None
+            manifest: Manifest | str = parse_manifest(text, folder / MANIFEST_NAME)
+        except (OSError, UnicodeDecodeError, CollectionError) as err:
+            manifest = _unread(err, folder)
         return scan, _not_whole(manifest, held.io)
 
 
-def _manifest_or_none(folder: Path) -> Manifest | None:
-    """The manifest of the collection in ``folder``; None where it cannot be read."""
+def _unread(err: Exception, folder: Path) -> str:
+    """Why the manifest of the collection in ``folder`` did not read: none there (a
+    copy or push under way, as it lands last), or the reader's reason."""
+    if isinstance(err, FileNotFoundError):
+        return "no readable manifest: a copy or push under way?"
+    why = str(err)
+    for prefix in (f"{folder / MANIFEST_NAME}: ", f"{folder}: "):
+        why = why.removeprefix(prefix)
+    return f"manifest not read: {why}"
+
+
+def _manifest_or_why(folder: Path) -> Manifest | str:
+    """The manifest of the collection in ``folder``, or why it cannot be read."""
     try:
         return read_manifest(folder)
-    except CollectionError:
-        return None
+    except CollectionError as err:
+        if not (folder / MANIFEST_NAME).exists():
+            return _unread(FileNotFoundError(), folder)
+        return _unread(err, folder)
 
 
-def _not_whole(manifest: Manifest | None, folder: Path) -> str | None:
-    """Why the collection in ``folder`` (its ``manifest``, None where it has none that
+def _not_whole(manifest: Manifest | str, folder: Path) -> str | None:
+    """Why the collection in ``folder`` (its ``manifest``, or why it has none that
     reads) is not whole, as read_collection warns of it; None where it is."""
     from kernmlops.spool.recovery import pending_spools
 
-    if manifest is None:
-        return "no readable manifest: a copy or push under way?"
+    if isinstance(manifest, str):
+        return manifest
     pid = manifest.live_collector()
     if pid is not None:
         return f"still being collected, collector pid {pid}"
@@ -755,7 +768,7 @@ def read_parquet_dir(
         else:
             parts = _parts(folder / table)
             scan = _scan(parts) if parts else None
-            why = _not_whole(_manifest_or_none(folder), folder) if scan is not None else None
+            why = _not_whole(_manifest_or_why(folder), folder) if scan is not None else None
         if why:
             partial.append(f"{folder} ({why})")
         if scan is not None:

@@ -31,16 +31,16 @@ def _open_fds() -> int:
 def test_hash_map_update_lookup_delete_iterate(objects: Path) -> None:
     with open_and_load(object_path("filter")) as obj:
         tracked = obj.map("kmo_tracked")
-        assert (tracked.key_size, tracked.value_size) == (4, 1)
+        assert (tracked.key_size, tracked.value_size) == (4, 8)
         for tgid in (11, 22, 33):
-            tracked.update(tgid, b"\x01")
-        assert tracked.lookup(22) == b"\x01"
+            tracked.update(tgid, tgid.to_bytes(8, "little"))
+        assert tracked.lookup(22) == (22).to_bytes(8, "little")
         assert tracked.lookup(44) is None
         assert sorted(int.from_bytes(k, "little") for k in tracked) == [11, 22, 33]
         assert tracked.delete(22) and not tracked.delete(22)
         assert dict(tracked.items()) == {
-            (11).to_bytes(4, "little"): b"\x01",
-            (33).to_bytes(4, "little"): b"\x01",
+            (11).to_bytes(4, "little"): (11).to_bytes(8, "little"),
+            (33).to_bytes(4, "little"): (33).to_bytes(8, "little"),
         }
 
 
@@ -69,14 +69,16 @@ def test_attach_counts_events_and_close_detaches(objects: Path) -> None:
     layout = [("sum_exec_at_in", "<u8"), ("pid", "<u4"), ("seen", "<u2"), ("wanted", "<u2"),
               ("clock_offset", "<i8"), ("clock_least", "<i8"), ("clock_synced", "<u8"),
               ("clock_window", "<u8"), ("clock_last", "<u8"), ("clock_count", "<u4"),
-              ("clock_sure", "<u4"), ("wanted_tgids", "<u4", (8,))]  # fmt: skip
+              ("clock_sure", "<u4"), ("wanted_tgid", "<u4", (8,)),
+              ("wanted_leader", "<u8", (8,))]  # fmt: skip
     per_cpu = oncpu.lookup_percpu(0, dtype=layout)
     assert per_cpu.shape == (libbpf.num_possible_cpus(),)
     assert (per_cpu["seen"] == 1).any()
     assert (per_cpu["sum_exec_at_in"] > 0).any()
     assert (per_cpu["clock_synced"] > 0).any()  # a switch out of a task read the offset
-    assert (per_cpu["wanted_tgids"] == 0).all()  # system-wide: the filter is a compare
-    with pytest.raises(ValueError, match="96-byte"):
+    # system-wide: the filter is a compare
+    assert (per_cpu["wanted_tgid"] == 0).all() and (per_cpu["wanted_leader"] == 0).all()
+    with pytest.raises(ValueError, match="160-byte"):
         oncpu.lookup_percpu(0, dtype="<u8")
     obj.close()
     obj.close()  # idempotent
@@ -116,25 +118,33 @@ def test_verifier_rejection_carries_the_log(tmp_path: Path, objects: Path) -> No
 
 def test_set_globals_reaches_the_kernel(objects: Path) -> None:
     """A const volatile set before load is what the program sees: here the
-    filter follows no children, so a fork from a tracked tgid adds nothing."""
+    filter follows no children, so a fork from a tracked tgid adds nothing (with
+    children followed, it adds the child while it lives, with its start time)."""
+
+    def fork_and_look(tracked) -> bytes | None:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(write)
+            os.read(read, 1)  # until the parent has looked
+            os._exit(0)
+        os.close(read)
+        value = tracked.lookup(pid)
+        os.close(write)
+        os.waitpid(pid, 0)
+        return value
+
     with open_and_load(object_path("filter"), globals_={"kmo_follow_children": False}) as obj:
         obj.attach_all()
         tracked = obj.map("kmo_tracked")
-        tracked.update(os.getpid(), b"\x01")
-        pid = os.fork()
-        if pid == 0:
-            os._exit(0)
-        os.waitpid(pid, 0)
-        assert tracked.lookup(pid) is None
+        tracked.update(os.getpid(), bytes(8))
+        assert fork_and_look(tracked) is None
     with open_and_load(object_path("filter"), globals_={"kmo_follow_children": True}) as obj:
         obj.attach_all()
         tracked = obj.map("kmo_tracked")
-        tracked.update(os.getpid(), b"\x01")
-        pid = os.fork()
-        if pid == 0:
-            os._exit(0)
-        os.waitpid(pid, 0)
-        assert tracked.lookup(pid) == b"\x01"
+        tracked.update(os.getpid(), bytes(8))
+        value = fork_and_look(tracked)
+        assert value is not None and 0 < int.from_bytes(value, "little") <= time.monotonic_ns()
 
 
 def test_no_fd_leaks_over_load_attach_close_cycles(tmp_path: Path, objects: Path) -> None:

@@ -154,3 +154,113 @@ def test_last_values_match_proc_status(workload: tuple[Path, Path]) -> None:
     final = after.sort("ts_uptime_us").group_by("member").agg(pl.col("size_bytes").last())
     assert final["size_bytes"].to_list() == [0] * len(final)
     assert hook.status.drops == 0
+
+
+FORKER = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/wait.h>
+
+/* After a line on stdin: fork N children one after the other, each touching
+ * 1 MiB of anonymous memory before it exits; print each child's pid. With
+ * "exec", first touch 1 MiB and exec itself (the forks then follow the
+ * teardown of the old mm). */
+int main(int argc, char **argv)
+{
+	int n = atoi(argv[1]);
+	char line[16];
+
+	if (argc < 3 || strcmp(argv[2], "run")) {
+		if (!fgets(line, sizeof(line), stdin))
+			return 2;
+	}
+	if (argc > 2 && !strcmp(argv[2], "exec")) {
+		char *p = malloc(1 << 20);
+
+		memset(p, 1, 1 << 20);
+		execl(argv[0], argv[0], argv[1], "run", (char *)NULL);
+		return 4;
+	}
+	for (int i = 0; i < n; i++) {
+		pid_t pid = fork();
+
+		if (pid == 0) {
+			char *p = malloc(1 << 20);
+
+			memset(p, 1, 1 << 20);
+			_exit(p[4096] - 1);
+		}
+		if (pid < 0 || waitpid(pid, NULL, 0) != pid)
+			return 3;
+		printf("%d\n", pid);
+	}
+	return 0;
+}
+"""
+
+
+def test_an_mm_freed_and_reused_is_not_the_old_owners(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The tracepoint names an mm by a hash of its address, and a freed mm_struct
+    is soon another process's: the traced process execs and forks children that
+    exit, then a process outside the filter forks as many on the same CPU (the
+    slab hands their mm the freed addresses). None of that process's rows (its
+    fork copies, its children's own and their teardown) is the traced
+    process's, nor collected; nor is the traced process's fork copy into the
+    address its mm had before the exec."""
+    from kernmlops.collect.filter import ProcessFilter
+    from kernmlops.hooks.base import HookContext
+    from tests.hooks.conftest import build_c
+
+    build()
+    forker = build_c(tmp_path_factory, "forker", FORKER)
+    cpu = min(os.sched_getaffinity(0))
+
+    def pinned() -> None:
+        os.sched_setaffinity(0, {cpu})
+
+    def run(flt: ProcessFilter | None) -> tuple[int, set[int]]:
+        args = [str(forker), "200"] + (["exec"] if flt is not None else [])
+        proc = subprocess.Popen(args, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True, preexec_fn=pinned)  # fmt: skip
+        if flt is not None:
+            flt.add(proc.pid)
+        out, _ = proc.communicate("go\n")
+        assert proc.returncode == 0, out
+        return proc.pid, {int(p) for p in out.split()}
+
+    flt = ProcessFilter(follow_children=True)
+    hook = MmRssStatHook(MmRssStatHook.Options())
+    frames: list[pl.DataFrame] = []
+    try:
+        hook.start(HookContext("t", process_filter=flt, self_tgid=os.getpid()))
+        traced, traced_children = run(flt)
+        outsider, outsider_children = run(None)
+        frames += [f for _, f in polled(hook.poll())]
+        frames += [f for _, f in polled(hook.stop())]
+    finally:
+        hook.close()
+        flt.close()
+
+    df = pl.concat(frames)
+    # the traced tree was collected (every child's own mm, attributed to it)
+    assert set(df.filter(pl.col("curr"))["mm_tgid"].unique()) >= traced_children
+    outside = df.filter(pl.col("tgid").is_in([outsider, *outsider_children]))
+    assert outside.is_empty(), (
+        f"{len(outside)} rows of untraced tasks, attributed to "
+        f"{sorted(set(outside['mm_tgid']))[:5]}: {outside.head(5)}"
+    )
+    # The traced process's own rows without curr are its teardowns (its exec's,
+    # its exit's), which only lower counters: not the fork copies it fills in
+    # its children's new mms (at the address its old mm had).
+    own = (
+        df.filter(pl.col("mm_tgid") == traced)
+        .sort("ts_uptime_us", maintain_order=True)
+        .with_columns(before=pl.col("size_bytes").shift(1).over("mm_id", "member"))
+        .filter(~pl.col("curr") & (pl.col("size_bytes") > pl.col("before")))
+    )
+    assert own.is_empty(), own
+    assert hook.status.drops == 0

@@ -18,6 +18,7 @@ import polars as pl
 import pytest
 
 from kernmlops.hooks.quanta_runtime import NO_TIME, QuantaRuntimeHook, split_switches
+from tests.conftest import skip_here
 from tests.hooks.conftest import build_c
 from tests.rows import as_frame, polled
 from tests.switches import counting_switches, rq_quanta, unseen_arrivals
@@ -441,8 +442,8 @@ def test_switch_times_are_the_kernels_clock_on_the_monotonic_one(
 @pytest.mark.bpf
 def test_a_tree_filter_remembers_a_yes_only(naps: Path) -> None:
     """Following a tree, the program keeps the filter's answers per CPU (filter.h's
-    kmo_tgid_wanted_cached, and prev's answer from its switch in): a yes for good,
-    since the filter's map only grows, but never a no. A process the filter did not
+    kmo_task_wanted_cached, and prev's answer from its switch in): a yes for the
+    process's life, but never a no. A process the filter did not
     want, switched in and out hundreds of times, is traced from its first switch
     after it is added; one never added has no row at all."""
     from kernmlops.collect.filter import ProcessFilter
@@ -487,6 +488,68 @@ def test_a_tree_filter_remembers_a_yes_only(naps: Path) -> None:
         # misses a few switches in a thousand: see the clock test above)
         held = _holds(ts, lo - NEAR_US, hi + NEAR_US)[after]
         assert held.sum() >= after.sum() - n // 50, (table, int((~held).sum()))
+
+
+def _fork_at(pid: int, args: list[str], **popen) -> subprocess.Popen | None:
+    """A child of this (untraced) process with pid ``pid``, freed before: the kernel's
+    next pid set through ns_last_pid (other processes may take it first: retried)."""
+    last = Path("/proc/sys/kernel/ns_last_pid")
+    if not last.exists():
+        skip_here("no /proc/sys/kernel/ns_last_pid (CONFIG_CHECKPOINT_RESTORE)")
+    for _ in range(100):
+        last.write_text(str(pid - 1))
+        proc = subprocess.Popen(args, **popen)
+        if proc.pid == pid:
+            return proc
+        proc.kill()
+        proc.wait()
+    return None
+
+
+@pytest.mark.bpf
+def test_a_tgid_reused_outside_the_tree_is_not_traced(naps: Path) -> None:
+    """A pid is free for another process once its process is reaped. A traced process
+    naps on one CPU and exits; a process outside the tree then gets its pid, on the
+    same CPU: neither the filter nor a CPU's memory of a yes takes it for the traced
+    one, and it has no row."""
+    from kernmlops.collect.filter import ProcessFilter
+    from kernmlops.hooks.base import HookContext
+
+    cpu = min(os.sched_getaffinity(0))
+    popen = {"stdout": subprocess.PIPE, "text": True,
+             "preexec_fn": lambda: os.sched_setaffinity(0, {cpu})}  # fmt: skip
+    flt = ProcessFilter(follow_children=True)
+    hook = QuantaRuntimeHook(QuantaRuntimeHook.Options())
+    frames: dict[str, list[pl.DataFrame]] = {"quanta_runtime": [], "quanta_queued_time": []}
+    newcomer = None
+    try:
+        hook.start(HookContext("t", process_filter=flt, self_tgid=os.getpid()))
+        traced = subprocess.Popen([str(naps), "1", "1"], stdin=subprocess.PIPE, **popen)
+        flt.add(traced.pid)
+        traced.communicate()  # reaped: its pid is free
+        traced_alive = flt.tracked() >= {traced.pid}
+        reused_us = time.monotonic_ns() // 1000
+        newcomer = _fork_at(traced.pid, [str(naps), "300", "200"], **popen)
+        if newcomer is None:
+            pytest.fail(f"pid {traced.pid} was taken by other processes 100 times")
+        newcomer.communicate()
+        tracked = flt.tracked()
+        for table, frame in polled(hook.stop()):
+            frames[table].append(frame)
+    finally:
+        hook.close()
+        flt.close()
+        if newcomer is not None and newcomer.poll() is None:
+            newcomer.kill()
+            newcomer.wait()
+    assert traced.returncode == 0 and newcomer.returncode == 0 and hook.status.drops == 0
+    assert traced_alive
+    assert traced.pid not in tracked
+    for table in frames:
+        rows = pl.concat(frames[table]).filter(pl.col("tgid") == traced.pid)
+        assert rows.filter(pl.col("ts_uptime_us") < reused_us).height, table  # it was traced
+        after = rows.filter(pl.col("ts_uptime_us") >= reused_us)
+        assert after.is_empty(), (table, after.height)
 
 
 NAPPER = r"""

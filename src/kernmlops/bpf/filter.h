@@ -13,7 +13,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 65536);
 	__type(key, u32);   /* tgid */
-	__type(value, u8);
+	__type(value, u64); /* the process's start_time (ns); 0: added by user space */
 } kmo_tracked SEC(".maps");
 
 static __always_inline bool kmo_tgid_wanted(u32 tgid)
@@ -25,24 +25,37 @@ static __always_inline bool kmo_tgid_wanted(u32 tgid)
 	return bpf_map_lookup_elem(&kmo_tracked, &tgid) != NULL;
 }
 
-/* A CPU's memory of tgids the filter wanted, in a per-CPU value of the caller:
- * KMO_WANTED_SLOTS of them, each tgid in slot tgid % KMO_WANTED_SLOTS. The map
- * only grows (user space and the fork program add; nothing removes), so a tgid
- * once wanted stays wanted and a remembered yes needs no lookup; a no is asked
- * again each time (a new process of the tree may take a tgid that was not). */
+/* kmo_task_wanted_cached: a CPU's memory of processes the filter wanted, in a
+ * per-CPU value of the caller: KMO_WANTED_SLOTS of them, each in slot
+ * tgid % KMO_WANTED_SLOTS, kept as the tgid and the process (its group
+ * leader's task_struct). While a process lives the filter keeps its tgid (user
+ * space and the fork program add; a tgid leaves once its process is reaped, or
+ * when a fork outside the tree reuses it), so a remembered yes for that
+ * process needs no lookup; a new process with the tgid is another leader, and
+ * asked again. A no is asked again each time (a new process of the tree may
+ * take a tgid that was not). */
 #define KMO_WANTED_SLOTS 8
 
-static __always_inline bool kmo_tgid_wanted_cached(u32 *slots, u32 tgid)
+struct kmo_wanted_slots {
+	u32 tgid[KMO_WANTED_SLOTS];
+	u64 leader[KMO_WANTED_SLOTS];
+};
+
+static __always_inline bool kmo_task_wanted_cached(bool btf, struct kmo_wanted_slots *slots,
+						   struct task_struct *task, u32 tgid)
 {
-	u32 *slot = &slots[tgid & (KMO_WANTED_SLOTS - 1)];
+	u32 at = tgid & (KMO_WANTED_SLOTS - 1);
 
 	if (!kmo_filter_on)
 		return kmo_tgid_wanted(tgid); /* a compare: nothing to remember */
-	if (tgid && *slot == tgid)
-		return true; /* never the collector's: it is never wanted, never kept */
+	/* never the collector's: it is never wanted, never kept */
+	if (tgid && slots->tgid[at] == tgid &&
+	    slots->leader[at] == (u64)KMO_READ(btf, task, group_leader))
+		return true;
 	if (!kmo_tgid_wanted(tgid))
 		return false;
-	*slot = tgid;
+	slots->tgid[at] = tgid;
+	slots->leader[at] = (u64)KMO_READ(btf, task, group_leader);
 	return true;
 }
 

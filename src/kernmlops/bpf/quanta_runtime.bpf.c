@@ -62,7 +62,7 @@ struct oncpu {
 	u16 seen;
 	u16 wanted;	    /* kmo_tgid_wanted(next's tgid) at the switch in */
 	struct kmo_switch_clock clock;
-	u32 wanted_tgids[KMO_WANTED_SLOTS]; /* kmo_tgid_wanted_cached */
+	struct kmo_wanted_slots wanted_tasks; /* kmo_task_wanted_cached */
 };
 
 struct {
@@ -94,18 +94,18 @@ static __always_inline int on_switch(bool btf, struct task_struct *prev,
 	if (!cur)
 		return 0;
 
-	/* Following a tree, the filter is a map lookup. The map only grows (a tgid
-	 * enters before it first runs, or before the programs attach), so prev's
-	 * answer is the one it got when it came in on this CPU, and next's is a
-	 * remembered yes for the tree's processes: no lookup a switch within the
-	 * tree, one for a task outside it. System-wide the filter is a compare, and
+	/* Following a tree, the filter is a map lookup. A tgid enters before it
+	 * first runs (or before the programs attach) and leaves only once its
+	 * process is reaped, so prev's answer is the one it got when it came in on
+	 * this CPU, and next's is a remembered yes for the tree's processes: no
+	 * lookup a switch within the tree, one for a task outside it. System-wide the filter is a compare, and
 	 * these branches are gone (kmo_filter_on is read-only: the verifier drops
 	 * what it rules out). */
 	if (kmo_filter_on && cur->seen && cur->pid == prev_pid)
 		prev_wanted = cur->wanted;
 	else
-		prev_wanted = kmo_tgid_wanted_cached(cur->wanted_tgids, prev_tgid);
-	next_wanted = next_pid && kmo_tgid_wanted_cached(cur->wanted_tgids, next_tgid);
+		prev_wanted = kmo_task_wanted_cached(btf, &cur->wanted_tasks, prev, prev_tgid);
+	next_wanted = next_pid && kmo_task_wanted_cached(btf, &cur->wanted_tasks, next, next_tgid);
 
 	/* The quantum that just ended (pid 0 is the idle task): from the task's
 	 * own account where it has one (sched_wait.h: a switch in may never reach

@@ -1,7 +1,10 @@
 """The in-kernel process filter: a map of tracked tgids shared by every hook.
 
 The filter object owns the map and, in tree mode, adds each child process of
-a tracked process from the fork tracepoint, before the child first runs.
+a tracked process from the fork tracepoint, before the child first runs, and
+removes it when the process is freed after it was reaped. A new process
+outside the tree that reuses a reaped tracked process's pid removes that tgid
+(in either mode): the pid is no longer the traced one's.
 Every hook object reuses the map's fd, so one seed steers all hooks.
 """
 
@@ -35,7 +38,9 @@ class ProcessFilter:
         return "tree" if self.follow_children else "tgid"
 
     def add(self, tgid: int) -> None:
-        self._map.update(tgid, b"\x01")
+        # 0 for the start time: kept while the collection runs (the kernel's
+        # entries leave when their process is freed)
+        self._map.update(tgid, bytes(8))
 
     def tracked(self) -> set[int]:
         return {int.from_bytes(k, "little") for k in self._map}

@@ -6,7 +6,10 @@ Columns: ``member`` (file, anon, swap, shmem: the kernel's MM_* counters),
 process whose mm it is. The tracepoint names the mm only by a hash (``mm_id``)
 and whether it is current's (``curr``); events on an mm from another context
 (reclaim, khugepaged, the teardown at exit) get ``mm_tgid`` from an earlier
-event of the same mm with ``curr`` set, or 0 when there was none.
+event of the same mm with ``curr`` set, or 0 when there was none. The hash is
+of the mm's address, which a freed mm passes on to a new one: once its owner
+tears it down, the next event that is not its teardown (another process's, or
+one raising a counter) starts a new mm, owner unknown.
 RSS as /proc/<pid>/status counts it is file + anon + shmem.
 """
 
