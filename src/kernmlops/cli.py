@@ -538,12 +538,20 @@ def _check_room(collector: CollectorConfig) -> None:
     the run left empty curated/benchmark=<b>/collection_id=<id> folders behind.
 
     Raises:
-        OutputError: less free than the minimum, in the session's words.
+        OutputError: less free than the minimum, in the session's words; or the folder
+            is on a pseudo filesystem (/proc, /sys), whose 0 B free is not the reason.
     """
     from kernmlops.collect.disk import free_bytes, human_bytes
+    from kernmlops.collect.output import pseudo_filesystem
 
     out = Path(collector.output_dir).absolute()
     existing = next((p for p in (out, *out.parents) if p.is_dir()), None)
+    pseudo = pseudo_filesystem(existing) if existing is not None else None
+    if pseudo is not None:  # its free space (0 B) would be the wrong reason
+        raise OutputError(
+            f"cannot create the output folder {out}: {pseudo} is a pseudo filesystem of "
+            "the kernel, not a place for collections: choose another folder with -o"
+        )
     free = free_bytes(existing) if existing is not None else None
     if free is not None and free < collector.min_free_mb * 2**20:
         raise OutputError(

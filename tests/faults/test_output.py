@@ -56,6 +56,21 @@ def test_output_is_a_file(tmp_path: Path) -> None:
     assert_refused(run, marker, "is a file, not a folder")
 
 
+@pytest.mark.parametrize("out", ["/proc/kmo-test", "/sys/kmo-test", "/sys/kernel/kmo-test/a"])
+def test_a_pseudo_filesystem_is_refused_for_what_it_is(tmp_path: Path, out: str) -> None:
+    """/proc and /sys hold the kernel's files, not ours: said so, not "only 0 B free"."""
+    marker = tmp_path / "ran"
+    run = start_collect(Path(out), "--", "touch", str(marker))
+    kind = "proc" if out.startswith("/proc") else "sysfs"
+    code, err = run.finish()
+    assert code == 2 and "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"error: cannot create the output folder {out}: "), err
+    assert f"({kind}) is a pseudo filesystem" in lines[0] and "free" not in lines[0], err
+    assert not marker.exists() and not Path(out).exists()
+
+
 def test_no_permission(tmp_path: Path) -> None:
     """A user who may not write the folder gets the reason in one line."""
     import os

@@ -20,7 +20,15 @@ from kernmlops.errors import OutputError
 from kernmlops.errors import why_not_written as _why
 from kernmlops.host.pinned import create_new
 
-__all__ = ["RESERVE_NAME", "OutputCheck", "filesystem", "prepare_output", "release_reserve"]
+__all__ = [
+    "PSEUDO_FILESYSTEMS",
+    "RESERVE_NAME",
+    "OutputCheck",
+    "filesystem",
+    "prepare_output",
+    "pseudo_filesystem",
+    "release_reserve",
+]
 
 RESERVE_NAME = ".manifest.reserve"
 RESERVE_BYTES = 1 << 20  # a manifest with a large system section is ~50 KiB
@@ -116,14 +124,37 @@ def _unescape(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
+#: filesystems the kernel makes of its own state (no place for a file of ours): a
+#: folder made there fails with a confusing reason, or they say 0 bytes free
+PSEUDO_FILESYSTEMS = frozenset({
+    "proc", "sysfs", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs", "pstore",
+    "bpf", "configfs", "efivarfs", "devpts", "mqueue", "fusectl", "binfmt_misc", "nsfs",
+    "autofs", "rpc_pipefs", "selinuxfs",
+})  # fmt: skip
+
+
+def pseudo_filesystem(path: Path) -> str | None:
+    """Where ``path`` (or the folder above it that exists) is on a pseudo filesystem
+    (:data:`PSEUDO_FILESYSTEMS`): its mount point and type, e.g. ``/proc (proc)``."""
+    mount = _mount_of(path)
+    return f"{mount[0]} ({mount[1]})" if mount and mount[1] in PSEUDO_FILESYSTEMS else None
+
+
 def filesystem(path: Path) -> str:
     """The filesystem that holds ``path``, for a message: its mount point and type,
     e.g. ``/dev/shm (tmpfs)``; the path itself where /proc says nothing."""
+    best = _mount_of(path)
+    return f"{best[0]} ({best[1]})" if best else str(path)
+
+
+def _mount_of(path: Path) -> tuple[Path, str] | None:
+    """The mount point that holds ``path`` and its filesystem type (None: /proc says
+    nothing)."""
     try:
         target = Path(os.path.realpath(path))
         lines = Path("/proc/self/mountinfo").read_text().splitlines()
     except OSError:
-        return str(path)
+        return None
     best: tuple[Path, str] | None = None
     for line in lines:
         # id parent major:minor root mount-point options [optional...] - type source ...
@@ -136,4 +167,4 @@ def filesystem(path: Path) -> str:
         deeper = best is None or len(mount.parts) >= len(best[0].parts)
         if deeper and target.is_relative_to(mount):
             best = (mount, kind)
-    return f"{best[0]} ({best[1]})" if best else str(path)
+    return best
