@@ -698,3 +698,57 @@ def test_rows_spilled_while_the_libraries_load_come_out_as_the_others() -> None:
         children = pl.col("pid").is_in(forks["pid"].to_list())
         execs = rows.filter((pl.col("snapshot") == "exec") & children)
         assert sorted(execs["cmdline"]) == sorted(f"/bin/true {i}" for i in range(n))
+
+
+def _start_boottime_ns(pid: int) -> int:
+    """A process's start (CLOCK_BOOTTIME ns, as a record's task has it) from /proc's
+    field 22 (clock ticks): within the tick, as the kernel rounds it down."""
+    ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    return ticks * (1_000_000_000 // CLK_TCK) + 1
+
+
+def _fork_at(pid: int, argv: list[str], **popen) -> subprocess.Popen | None:
+    """A process running ``argv`` with pid ``pid`` (freed before): the kernel's next
+    pid set through ns_last_pid (another process may take it first: retried)."""
+    last = Path("/proc/sys/kernel/ns_last_pid")
+    if not last.exists():
+        skip_here("no /proc/sys/kernel/ns_last_pid (CONFIG_CHECKPOINT_RESTORE)")
+    for _ in range(100):
+        last.write_text(str(pid - 1))
+        proc = subprocess.Popen(argv, **popen)
+        if proc.pid == pid:
+            return proc
+        proc.kill()
+        proc.wait()
+    return None
+
+
+def test_an_unread_command_line_is_not_taken_from_a_process_that_reused_the_pid() -> None:
+    """A record whose arguments the program could not read falls back to
+    /proc/<tgid>/cmdline at the poll, but only where that is still the record's
+    process (its start time): a pid reused by another process since leaves it null
+    (counted unread), never the newcomer's argv; the newcomer's own record takes it."""
+    nap = [sys.executable, "-c", "import time; time.sleep(30)"]
+    gone = subprocess.Popen([*nap, "the-first-process"])
+    started = _start_boottime_ns(gone.pid)
+    gone.kill()
+    gone.wait()  # reaped: its pid is free
+    time.sleep(0.02)  # the newcomer starts a tick or more later
+    newcomer = _fork_at(gone.pid, [*nap, "the-newcomer"])
+    if newcomer is None:
+        pytest.fail(f"pid {gone.pid} was always taken by another process first")
+    try:
+        task = np.dtype([("pid", "<u4"), ("tgid", "<u4"), ("start_boottime_ns", "<u8")])
+        dtype = np.dtype([("task", task), ("args_size", "<u4"), ("args_len", "<u4"),
+                          ("args", "S32")])  # fmt: skip
+        events = np.zeros(2, dtype)
+        events["task"]["pid"] = events["task"]["tgid"] = gone.pid
+        events["task"]["start_boottime_ns"] = [started, _start_boottime_ns(newcomer.pid)]
+        events["args_size"], events["args_len"] = 40, 0  # arguments there, none read
+        hook = ProcessMetadataHook(ProcessMetadataHook.Options())
+        lines = hook._event_cmdlines(events).to_list()
+        assert lines == [None, " ".join([*nap, "the-newcomer"])], lines
+        assert hook.counters()["cmdline_unread"] == 1
+    finally:
+        newcomer.kill()
+        newcomer.wait()

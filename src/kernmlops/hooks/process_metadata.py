@@ -39,7 +39,10 @@ line lived). Without a benchmark process both are taken at attach and detach. On
   with the bytes read), else it stays cut there (counted in the manifest as
   ``cmdline_cut``). Where the program could not read it (a page not in memory,
   which a tracepoint cannot fault in), the poll's ``/proc/<tgid>/cmdline`` is
-  taken, if any (``cmdline_unread`` counts those left null);
+  taken, if any (``cmdline_unread`` counts those left null). /proc is read only
+  while the pid is still the record's task (its start time, /proc/<pid>/stat's
+  field 22): a pid reused since is another process, whose command line is never
+  taken;
 * ``start_uptime_us`` (``task->start_time``: CLOCK_MONOTONIC µs, the clock of
   ``ts_uptime_us``) and ``start_boottime_ns`` (``task->start_boottime``:
   CLOCK_BOOTTIME, what ``/proc/<pid>/stat`` field 22 counts in clock ticks);
@@ -164,6 +167,45 @@ def proc_cmdline(tgid: int) -> bytes | None:
         return Path(f"/proc/{tgid}/cmdline").read_bytes()
     except OSError:
         return None
+
+
+#: nanoseconds per clock tick of /proc/<pid>/stat's times (USER_HZ)
+_TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def task_cmdline(tgid: int, pid: int, start_boottime_ns: int) -> bytes | None:
+    """``/proc/<tgid>/cmdline`` as :func:`proc_cmdline` gives it, only while task
+    ``pid`` of it is still the one that started at ``start_boottime_ns``
+    (``task->start_boottime``, which /proc/<pid>/stat's field 22 says in clock
+    ticks): a pid reused by another process since gives None, never its command line.
+    The task's folder is held open for both reads: a task that exits in between
+    leaves the folder dead, never another's."""
+    try:
+        fd = os.open(f"/proc/{tgid}/task/{pid}", _DIR_FLAGS)
+    except OSError:
+        return None
+    try:
+        stat = _read_at(fd, "stat")
+        fields = stat.rsplit(b")", 1)[-1].split()  # the comm may hold anything
+        if len(fields) < 20 or int(fields[19]) != start_boottime_ns // _TICK_NS:
+            return None  # field 22 (the 20th after the comm): another process
+        return _read_at(fd, "cmdline")
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def _read_at(folder: int, name: str) -> bytes:
+    fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=folder)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def join_args(raw: bytes | None) -> str | None:
@@ -362,15 +404,16 @@ class ProcessMetadataHook(BpfHook[ProcessMetadataOptions]):
         blocks = np.ascontiguousarray(events[ARGS]).view(np.uint8).reshape(-1, width)
         size, length = events["args_size"], events["args_len"]
         lines = pl.Series("cmdline", args_to_cmdlines(blocks, length), pl.String)
-        tgids = events["task"]["tgid"]
-        procs: dict[int, bytes | None] = {}  # a process's threads: one read
+        task = events["task"]
+        tgids, pids, starts = task["tgid"], task["pid"], task["start_boottime_ns"]
+        procs: dict[tuple[int, int, int], bytes | None] = {}  # a task's records: one read
         whole: dict[int, str | None] = {}
         for i in np.flatnonzero(length < size).tolist():
             got = blocks[i, : length[i]].tobytes()
-            tgid = int(tgids[i])
-            if tgid not in procs:
-                procs[tgid] = proc_cmdline(tgid)
-            raw = procs[tgid]
+            key = (int(tgids[i]), int(pids[i]), int(starts[i]))
+            if key not in procs:
+                procs[key] = task_cmdline(*key)  # still the record's process, or None
+            raw = procs[key]
             if raw is not None and len(raw) > len(got) and raw.startswith(got):
                 whole[i] = join_args(raw)  # still running what was cut: all of it
             elif got:
