@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DRAIN_QUEUE_BYTES",
+    "LeftInSpool",
     "RowMakingError",
     "StrictError",
     "check_writes",
@@ -256,6 +257,59 @@ def _failed_at_stop(
         on_message(line)
 
 
+class LeftInSpool(KeyboardInterrupt):
+    """Ctrl+C asked again while the stop made rows from the spool: what the spools
+    still held stays there for ``kernmlops recover`` (an interrupt, not an error);
+    its text says so in the manifest."""
+
+
+class _Interrupt:
+    """Ctrl+C while the stop makes rows from the spool (``asked``: the stop signals
+    since the stop began, kernmlops.collect.loop.StopSignals): the first one says what
+    goes on and what another does; from the second on, :meth:`__call__` is True and
+    what the spools hold stays there. Checked between the rows' batches: the hooks'
+    and the sink's state is never cut in the middle, as an exception raised from the
+    signal handler would."""
+
+    def __init__(
+        self,
+        hooks: Sequence[Hook],
+        asked: Callable[[], int] | None,
+        shown: Path,
+        on_message: Callable[[str], None] | None,
+    ) -> None:
+        self.hooks = hooks
+        self.asked = asked
+        self.shown = shown
+        self.on_message = on_message
+        self.noted = False
+        #: set once the rest was left in the spool: its line, for the manifest
+        self.left: LeftInSpool | None = None
+
+    def __call__(self) -> bool:
+        if self.left is not None:
+            return True
+        n = self.asked() if self.asked is not None else 0
+        if not n:
+            return False
+        held = sum(spooled_bytes(h) for h in self.hooks)
+        if not held and not any(spooling(h) for h in self.hooks):
+            return False  # nothing to leave: the stop goes on, it is short
+        say = self.on_message or (lambda _line: None)
+        if n >= 2:
+            self.left = LeftInSpool(
+                f"interrupted while making rows: {human_bytes(held)} of spooled records "
+                f"left in the spool; `kernmlops recover {self.shown}` makes their rows"
+            )
+            say(str(self.left))
+            return True
+        if not self.noted:
+            self.noted = True
+            say(f"note: making rows from {human_bytes(held)} of spooled records; Ctrl+C "
+                "again leaves the rest in the spool for `kernmlops recover`")  # fmt: skip
+        return False
+
+
 def _park(hook: Hook) -> None:
     """Stop a spooling hook without making rows from its spool: they stay for
     ``kernmlops recover``. The final drain's first step moves what the rings and the
@@ -280,13 +334,16 @@ def detach_all(
     on_message: Callable[[str], None] | None,
     row_workers: int | None = None,
     faults: Faults | None = None,
-) -> None:
+    asked: Callable[[], int] | None = None,
+) -> LeftInSpool | None:
     """Detach every hook, then drain each into ``sink`` and close it; ``full``: the
     output is out of room, and spooled records stay in the spool. ``row_workers``:
     collector.spool_row_workers. A hook's bug here (not the output's error) costs
     that hook alone: it is named and marked failed (``faults``: what it raised before,
-    in the same stop)."""
+    in the same stop). ``asked``: the stop signals since the stop began; from the
+    second, the rows not yet made stay in the spool (returned: what says so)."""
     faults = {} if faults is None else faults
+    interrupt = _Interrupt(hooks, asked, space.path, on_message)
     for hook in hooks:
         # every program stops before any final drain: a ring still being filled
         # while the others' rows are made would overflow
@@ -302,23 +359,45 @@ def detach_all(
         # once, and compaction keeps their parts instead of reading them back.
         step(lambda: sink.flush(durable=True))
         step(space.parquet.write_whole_parts)
-        _rows_on_all_cores(hooks, sink, space, parked, step, on_message, row_workers, faults)
+        _rows_on_all_cores(hooks, sink, space, parked, step, on_message, row_workers, faults,
+                           interrupt)  # fmt: skip
     spooled = sum(spooled_bytes(h) for h in hooks if h not in parked)
-    if spooled >= 64 << 20 and on_message:
+    if spooled >= 64 << 20 and on_message and not interrupt():
         on_message(f"note: making rows from {human_bytes(spooled)} of spooled records")
     for hook in hooks:
-        last = functools.partial(_last_drain, hook, sink, space, park=hook in parked)
+        park = hook in parked or (interrupt() and spooling(hook))
+        last = functools.partial(_last_drain, hook, sink, space, park=park, until=interrupt)
         step(guarded(hook, "final drain", last, faults))
         step(guarded(hook, "close", hook.close, faults))  # idempotent: detaches even so
         if id(hook) in faults:
             _failed_at_stop(hook, faults[id(hook)], space.path, on_message)
+    return interrupt.left
 
 
-def _last_drain(hook: Hook, sink: Sink, space: SpaceGuard, *, park: bool) -> None:
+def _last_drain(
+    hook: Hook, sink: Sink, space: SpaceGuard, *, park: bool, until: Callable[[], bool]
+) -> None:
     if park:
         space.spool_call(lambda: _park(hook))
-    else:
-        drain(hook, sink, space, final=True)
+        return
+    # Only a spooling hook's drain may end early: the rest of its rows stay in the
+    # spool (every record is there before its first rows come). Another's are in
+    # memory alone.
+    stoppable = spooling(hook)
+
+    def run() -> None:
+        final = iter(hook.stop())
+        try:
+            for table, frame in final:
+                sink.write(table, frame)
+                if stoppable and until():
+                    break
+        finally:
+            close = getattr(final, "close", None)
+            if close is not None:
+                close()  # an early end closes the hook, as a whole drain does
+
+    space.spool_call(run)
 
 
 def _rows_on_all_cores(
@@ -330,6 +409,7 @@ def _rows_on_all_cores(
     on_message: Callable[[str], None] | None,
     count: int | None,
     faults: Faults,
+    interrupt: Callable[[], bool] | None = None,
 ) -> None:
     """The spooled rows made on every core the collector may use, where there are
     enough of them (kernmlops.collect.rowmaking); if their parts could not all be
@@ -358,6 +438,7 @@ def _rows_on_all_cores(
                 min_raw=min_raw,
                 workers=count,
                 faulty=faulty,
+                interrupt=interrupt,
             )
         except Exception as err:
             parked.extend(h for h in candidates if h not in parked and spooling(h))

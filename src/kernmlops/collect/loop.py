@@ -83,11 +83,18 @@ class StopSignals:
     def __init__(self) -> None:
         self.signal: int | None = None
         self.fd: int | None = None
+        #: set once the stop began (:meth:`stopping`): what came since counts here
+        #: instead, 1 per Ctrl+C or hangup, 2 for a SIGTERM (nobody asks it twice)
+        self.in_stop: int | None = None
 
     def install(self) -> dict[int, Any]:
         """Take the signals (from the main thread only); the handlers they had."""
 
         def handler(signum: int, _frame: object) -> None:
+            if self.in_stop is not None:  # the stop decides what it does (asked_in_stop)
+                self.in_stop += 2 if signum == signal.SIGTERM else 1
+                self.signal = self.signal or signum
+                return
             self.signal = signum
             if self.fd is not None:
                 with contextlib.suppress(OSError):
@@ -98,6 +105,15 @@ class StopSignals:
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 old[sig] = signal.signal(sig, handler)
         return old
+
+    def stopping(self) -> None:
+        """The stop began: a signal from now on is counted (:meth:`asked_in_stop`), the
+        stop's steps go on."""
+        self.in_stop = 0
+
+    def asked_in_stop(self) -> int:
+        """Stop signals since :meth:`stopping` (a SIGTERM counts 2)."""
+        return self.in_stop or 0
 
     @staticmethod
     def restore(old: dict[int, Any]) -> None:

@@ -187,6 +187,7 @@ def make_spooled_rows(
     min_raw: int = MIN_PARALLEL_RAW,
     workers: int | None = None,
     faulty: Callable[[Hook, str, Exception], None] | None = None,
+    interrupt: Callable[[], bool] | None = None,
 ) -> list[Hook]:
     """(The hooks detached) make the rows of what the hooks' spools hold in worker
     processes and take their parts into ``parquet`` (``flush`` first finishes the
@@ -195,7 +196,8 @@ def make_spooled_rows(
     says so in one line, and the caller's final drain makes the rows instead.
     ``faulty``: told of a hook's bug (``spool_work`` or ``spool_made`` raising what
     no hook should), which leaves that hook out, its spool as it is; without it,
-    the bug is raised.
+    the bug is raised. ``interrupt``: True once the user asked to leave the rest in
+    the spool (a second Ctrl+C): the workers are stopped, nothing is taken in.
 
     Raises:
         CollectionError: parts were taken in and then one could not be: the rest
@@ -247,7 +249,10 @@ def make_spooled_rows(
         for i, (w, pieces) in enumerate(planned)
     ]
     try:
-        made = _run(jobs, n)
+        made = _run(jobs, n, interrupt)
+    except _Interrupted:  # the final drain finds it asked too: the spool stays
+        shutil.rmtree(staging, ignore_errors=True)
+        return []
     except Exception as err:  # any failure costs time only: the rows are made here
         shutil.rmtree(staging, ignore_errors=True)
         if on_message:
@@ -286,7 +291,7 @@ def make_spooled_rows(
     return [h for h in done if h not in bad]
 
 
-def _run(jobs: list[Job], workers: int) -> list[Made]:
+def _run(jobs: list[Job], workers: int, interrupt: Callable[[], bool] | None = None) -> list[Made]:
     """The jobs' results in order, each from a fresh process (``python -m
     kernmlops.collect.rowmaking``, the job on its stdin, what it made on its stdout),
     at most ``workers`` at a time. Plain processes, not multiprocessing's: a fork would
@@ -317,7 +322,7 @@ def _run(jobs: list[Job], workers: int) -> list[Made]:
                 proc.stdin = None  # communicate() then only reads
                 running[i] = proc
             i, proc = next(iter(running.items()))
-            out, err = proc.communicate()
+            out, err = _wait(proc, interrupt)
             del running[i]
             if proc.returncode != 0:
                 lines = err.decode(errors="replace").strip().splitlines()
@@ -328,6 +333,29 @@ def _run(jobs: list[Job], workers: int) -> list[Made]:
             proc.kill()
             proc.wait()
     return [r for r in results if r is not None]
+
+
+#: how often a wait for a worker looks whether the user asked to leave the rest (s)
+INTERRUPT_CHECK_S = 0.2
+
+
+def _wait(proc: Any, interrupt: Callable[[], bool] | None) -> tuple[bytes, bytes]:
+    """A worker's stdout and stderr once it exits; raises _Interrupted as soon as
+    ``interrupt`` says so (the caller kills the workers)."""
+    import subprocess
+
+    if interrupt is None:
+        return proc.communicate()
+    while True:
+        try:
+            return proc.communicate(timeout=INTERRUPT_CHECK_S)
+        except subprocess.TimeoutExpired:
+            if interrupt():
+                raise _Interrupted from None
+
+
+class _Interrupted(Exception):
+    """The user asked to leave the rest of the spool while workers made rows."""
 
 
 class _WorkerError(Exception):

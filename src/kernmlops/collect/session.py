@@ -32,7 +32,7 @@ from pathlib import Path
 
 from kernmlops.benchmarks import get_benchmark
 from kernmlops.benchmarks.base import Benchmark
-from kernmlops.collect.attach import hook_context, start_hooks
+from kernmlops.collect.attach import LeftInSpool, hook_context, start_hooks
 from kernmlops.collect.benchmark import RunningBenchmark
 from kernmlops.collect.disk import is_disk_full
 from kernmlops.collect.filter import ProcessFilter
@@ -307,6 +307,7 @@ class Session:
             errors.append(self.space.spool_error(err) if full else err)  # type: ignore[arg-type]
             ended_by = "interrupted" if isinstance(err, KeyboardInterrupt) else "error"
         finally:
+            self._stop.stopping()  # a Ctrl+C from here on: said, then (again) obeyed
             bench_exit = stop_collection(
                 [h for h in hooks if h not in broken or h in spooled],
                 sink,
@@ -318,6 +319,7 @@ class Session:
                 environment=self.environment,
                 on_message=self.on_message,
                 row_workers=cfg.spool_row_workers,
+                asked=self._stop.asked_in_stop,
             )
             # detached: now the running manifest's last write may take its time
             failed = self._running.stop_background()
@@ -326,7 +328,10 @@ class Session:
             rows = close_sink(sink, errors)
             remove_spent_spool(self._spool_dir, parquet, errors, hooks)
             self._stop.restore(old_handlers)
-            if parquet is not None and cfg.compact and not self.space.disk_full:
+            left = next((e for e in errors if isinstance(e, LeftInSpool)), None)
+            if left is not None:
+                ended_by = "interrupted"  # the user stopped the rows: the rest waits
+            elif parquet is not None and cfg.compact and not self.space.disk_full:
                 compact(parquet, self._running, self.on_message, errors)
             priority.restore_nice()
             priority.restore_oom()
@@ -366,7 +371,7 @@ class Session:
                 self._running.finalise(
                     result,
                     bench.record(self.environment),
-                    error,
+                    error or left,  # the manifest says where the rest is (not raised)
                     bench.results_error,
                     self.participants,
                 )

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kernmlops.collect.attach import Faults, detach_all, guarded, spooling
+from kernmlops.collect.attach import Faults, LeftInSpool, detach_all, guarded, spooling
 from kernmlops.collect.space import SPACE_STOP_GRACE_S
 from kernmlops.collect.tuning import release_free_memory
 from kernmlops.spool.recovery import pending_spools, remove_spool
@@ -52,13 +52,16 @@ def stop_collection(
     environment: Environment,
     on_message: Callable[[str], None] | None,
     row_workers: int | None,
+    asked: Callable[[], int] | None = None,
 ) -> int | None:
     """Stop the benchmark, drain and detach every hook, keep the results, tear
     down; return the benchmark's exit status. Each step runs even if an earlier one
     failed (errors are collected): one broken hook must not lose the others' rows.
     ``hooks`` may hold hooks that failed in the poll loop with records in their spool
     (kernmlops.collect.loop): drained too, not told of the benchmark's end.
-    ``row_workers``: collector.spool_row_workers."""
+    ``row_workers``: collector.spool_row_workers. ``asked``: the stop signals since
+    the stop began (kernmlops.collect.loop.StopSignals): from the second, the rows not
+    yet made stay in the spool, and a LeftInSpool in ``errors`` says so."""
 
     def step(fn: Callable[[], object]) -> None:
         try:
@@ -75,8 +78,10 @@ def stop_collection(
     bench_exit = bench.stop(
         step, SPACE_STOP_GRACE_S if full else BENCHMARK_STOP_GRACE_S, bench_exit
     )
-    detach_all(hooks, sink, space, step, full=full, on_message=on_message,
-               row_workers=row_workers, faults=faults)  # fmt: skip
+    left = detach_all(hooks, sink, space, step, full=full, on_message=on_message,
+                      row_workers=row_workers, faults=faults, asked=asked)  # fmt: skip
+    if left is not None:
+        errors.append(left)
     bench.finish(step, sink, bench_exit)
     if flt is not None:
         step(flt.close)
@@ -104,9 +109,9 @@ def remove_spent_spool(
     and left records in it (its bug raised again while their rows were made)."""
     if spool is None or not spool.exists() or parquet is None or parquet.failure:
         return
-    failed = any(not isinstance(e, KeyboardInterrupt) for e in errors) or any(
-        h.status.failed and spooling(h) for h in hooks
-    )
+    failed = any(
+        isinstance(e, LeftInSpool) or not isinstance(e, KeyboardInterrupt) for e in errors
+    ) or any(h.status.failed and spooling(h) for h in hooks)
     folder = spool.parent  # the collection, held open
     if failed and any(seg.exists() and seg.stat().st_size for seg in pending_spools(folder)):
         return  # records a recovery can still turn into rows

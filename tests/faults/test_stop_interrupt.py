@@ -1,0 +1,84 @@
+"""Ctrl+C while the stop makes rows from the spool: the first says what goes on and
+what another does; the second leaves the rest in the spool for ``kernmlops recover``."""
+
+from __future__ import annotations
+
+import signal
+import time
+import warnings
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from kernmlops.collect.manifest import read_manifest
+from kernmlops.data import IncompleteCollectionWarning, read_collection
+from kernmlops.errors import CollectionError
+from kernmlops.spool.recovery import pending_spools
+from tests.conftest import needs_tools
+from tests.faults.conftest import (
+    parquet_rows,
+    recover,
+    start_collect,
+    wait_until,
+)
+from tests.faults.test_kill import repeated_runs
+
+pytestmark = [pytest.mark.bpf, needs_tools("stress-ng")]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_second_ctrl_c_while_rows_are_made_leaves_the_rest_for_recover(
+    tmp_path: Path, bpf_baseline, workers: int
+) -> None:
+    """No CPU to spare: every record waits in the spool for the stop, whose rows are
+    made in the collector (1) or in worker processes (2)."""
+    ended = tmp_path / "ended"
+    storm = f"stress-ng --switch 2 -t 4 --quiet; touch {ended}"
+    run = start_collect(
+        tmp_path / "out",
+        "--", "sh", "-c", storm,
+        more_config="  hooks: [quanta_runtime]\n  spool_spare_cpus: 1000\n"
+        f"  spool_row_workers: {workers}\n  compact: false\n",
+    )  # fmt: skip
+    run.wait_for("probes attached")
+    # the storm is over: the stop makes the rows of a few million records (seconds;
+    # a spool of 64 MiB or more also says so, which a busy machine may not reach)
+    assert wait_until(ended.exists, 60)
+    time.sleep(0.3)  # the collector saw the benchmark's exit: its stop began
+    run.proc.send_signal(signal.SIGINT)
+    run.wait_for("Ctrl+C again", timeout_s=10)  # said at once, in one line
+    run.proc.send_signal(signal.SIGINT)
+    code, err = run.finish(timeout_s=20)  # promptly: the rest stays in the spool
+    assert "Traceback" not in err, err
+    assert code == 128 + signal.SIGINT, err
+    assert "kernmlops recover" in err
+    col = run.collection()
+    manifest = read_manifest(col)
+    assert manifest.state == "interrupted", manifest.state
+    assert manifest.exit_code == 128 + signal.SIGINT
+    assert pending_spools(col), "the rest of the spool was not kept"
+    # a reader is told the rest waits in the spool: a warning beside the rows made
+    # before the Ctrl+C, or the refusal where none were
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        try:
+            read_collection(col)
+            said = [str(w.message) for w in seen
+                    if issubclass(w.category, IncompleteCollectionWarning)]  # fmt: skip
+        except CollectionError as err:
+            said = [str(err)]
+    assert any("spool" in s and "kernmlops recover" in s for s in said), said
+    before = parquet_rows(col).get("quanta_runtime", 0)
+    assert "quanta_runtime" in recover(col)
+    after = parquet_rows(col)["quanta_runtime"]
+    assert after > before, (before, after)
+    print(f"\n[stop] rows before recover {before:,}, after {after:,}")
+    # every record once: none made twice (the rows before the Ctrl+C and recover's
+    # meet without overlap) and none missing: a row per switch record the ring gave
+    # (the manifest's count), but for the few without a run time, which make no row
+    # (a few hundred in a storm's millions; a lost frame of the spool is thousands)
+    quanta = pl.read_parquet(sorted((col / "quanta_runtime").glob("part-*.parquet")))
+    assert repeated_runs(quanta) == 0
+    events = read_manifest(col).hooks["quanta_runtime"].events
+    assert 0 <= events - after <= events // 1000, (after, events)
