@@ -2,7 +2,7 @@
 before): a collection's manifest, a spool's done mark, a fleet's index row, _damaged/
 marker and published manifest. Each reader refuses one past its limit in one line,
 exit non-zero, and leaves it as it was; and, as root, a manifest that is a link a user
-planted is not read."""
+planted is not read. A spool segment, which may be large, is read a frame at a time."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ from kernmlops.cli import cli
 from kernmlops.collect.manifest import read_manifest
 from kernmlops.errors import CollectionError
 from kernmlops.spool.collection import MANIFEST_MAX_BYTES, spool_done
+from kernmlops.spool.frames import FRAME, ZSTD_MAGIC
 from tests.fleet.conftest import make_collection
-from tests.nobody import as_nobody, reachable_folder
+from tests.nobody import NOBODY, as_nobody, reachable_folder
 
 OVER = MANIFEST_MAX_BYTES + (1 << 20)
 
@@ -124,3 +125,71 @@ def test_a_huge_spool_description_is_damaged_not_read(tmp_path: Path) -> None:
     assert done.lost and all("over the 1.0 MiB limit" in lost.reason for lost in done.lost)
     assert [p.stat().st_size for p in described] == [64 << 20] * len(described)
     assert list((col / ".spool").glob("*.ring")), "the spool stays"
+
+
+#: a spool segment its user made this long (a sparse tail: no disk taken)
+PLANTED = 6 << 30
+#: the address space the recover of it runs in: about 5 times what it takes (0.4 GiB),
+#: far under the planted segment, which it read whole before (MemoryError)
+RECOVER_AS = 2 << 30
+
+
+@pytest.mark.parametrize("claim", [False, True], ids=["sparse-tail", "frame-claiming-3GiB"])
+def test_a_huge_segment_its_user_planted_is_read_a_frame_at_a_time(claim: bool) -> None:
+    """nobody makes the spool segment of their killed collection 6 GiB (a sparse tail;
+    or first a frame header that claims 3 GiB, which the file then holds): root's
+    recover, in 2 GiB of address space, makes every row the real frames hold, as from
+    the spool as it was, names the rest in one line, keeps the spool, and its memory
+    does not grow with the file."""
+    from tests.collect.test_recover_compaction import SPOOLED, _pids, killed_collection
+
+    with reachable_folder("kmo-huge-segment-") as top:
+        col = killed_collection(top / "alice" / "col")
+        for path in [top / "alice", *(top / "alice").rglob("*")]:
+            os.chown(path, NOBODY, NOBODY, follow_symlinks=False)
+        (seg,) = (col / ".spool").glob("*.ring")
+        end = seg.stat().st_size
+
+        def plant() -> None:
+            if claim:
+                with open(seg, "ab") as f:
+                    f.write(FRAME.pack(3 << 30, 1 << 20) + ZSTD_MAGIC)
+            os.truncate(seg, PLANTED)
+
+        as_nobody(plant)
+        code, stderr, peak = _recover_bounded(col)
+        assert "Traceback" not in stderr and "MemoryError" not in stderr, stderr
+        assert code == 2, stderr
+        why = "a damaged frame header"
+        if claim:
+            why += f" (it claims {3 << 30:,} bytes, over the {256 << 20:,} a frame holds at most)"
+        lost = [line for line in stderr.splitlines() if line.startswith("lost: ")]
+        said = f"lost: {seg}: {PLANTED - end:,} bytes not recovered: {why} at byte {end:,}"
+        assert lost == [said], stderr
+        assert _pids(col) == list(range(SPOOLED))  # every row, once, in order: as unplanted
+        assert seg.stat().st_size == PLANTED  # the spool is kept
+        assert peak < 512 << 20, f"{peak:,} bytes resident"
+
+
+def _recover_bounded(col: Path) -> tuple[int, str, int]:
+    """``kernmlops recover col`` as root for nobody (sudo's variables), in RECOVER_AS
+    of address space: its exit code, its stderr, and its peak resident bytes."""
+    import resource
+    import subprocess
+    import sys
+    import tempfile
+
+    def limits() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (RECOVER_AS, RECOVER_AS))
+        resource.setrlimit(resource.RLIMIT_CPU, (120, 120))  # never a hung test
+
+    env = {**os.environ, "COLUMNS": "400", "SUDO_UID": str(NOBODY), "SUDO_GID": str(NOBODY),
+           "SUDO_USER": "nobody"}  # fmt: skip
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "kernmlops", "recover", str(col)],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=err, env=env, preexec_fn=limits)  # fmt: skip
+        _, status, usage = os.wait4(proc.pid, 0)  # its own peak, not other children's
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        return proc.returncode, err.read(), usage.ru_maxrss * 1024

@@ -102,3 +102,160 @@ def test_shuffled_frames_come_back_as_the_records_were(tmp_path: Path) -> None:
     assert word & SHUFFLED and word > 1 << 31 and raw_word(word) == (len(raw), 24)
     assert both - plain < plain  # the shuffled frame is the smaller
     assert [fr.raw for fr in iter_frames(data, read_codec())] == [raw, raw]
+
+
+def _zstd_frame(raw: bytes) -> bytes:
+    from kernmlops.spool.frames import frame_head, read_codec
+
+    packed = read_codec().compress(raw, asbytes=True)
+    return frame_head(len(packed), len(raw)) + packed
+
+
+def _planted(path: Path, head: bytes, tail: bytes, far: int) -> int:
+    """``path``: ``head``, a sparse hole, then ``tail`` at ``far``; where the tail is."""
+    with path.open("wb") as f:
+        f.write(head)
+        f.seek(far)
+        f.write(tail)
+    return far
+
+
+#: what a frame header that claims more than any frame held (256 MiB) is named
+CLAIMS = "a damaged frame header (it claims {:,} bytes, over the 268,435,456 a frame holds at most)"
+
+
+def test_a_frame_header_claiming_a_gib_of_records_is_damage() -> None:
+    # A header is believed only up to what a frame ever held: zstd was handed the
+    # size one claims (a buffer of 1 GiB here), now the frame is a damaged header,
+    # and reading goes on at the next.
+    from kernmlops.spool.frames import frame_head, iter_frames, read_codec
+
+    rng = np.random.default_rng(11)
+    a, b = rng.bytes(4000), rng.bytes(3000)
+    small = read_codec().compress(b"x" * 50, asbytes=True)
+    lying = frame_head(len(small), 1 << 30) + small  # 50 bytes' zstd data
+    data = _zstd_frame(a) + lying + _zstd_frame(b)
+    at = len(_zstd_frame(a))
+    found = [(f.start, f.end, f.raw, f.reason) for f in iter_frames(data, read_codec())]
+    assert found == [
+        (0, at, a, None),
+        (at, at + len(lying), None, CLAIMS.format(1 << 30)),
+        (at + len(lying), len(data), b, None),
+    ]
+
+
+def test_a_frame_header_claiming_gibs_the_file_holds_is_never_read(tmp_path: Path) -> None:
+    # A segment file of 4 GiB (sparse) with a header that claims 3 GiB, which the file
+    # holds: zstd's (its size), a raw frame's (its CRCs right: only a hand makes
+    # that). What it claims is never read, and reading goes on at the next intact
+    # frame, however far: its reader holds a frame, never the file.
+    import os
+    import struct
+    import tracemalloc
+
+    from kernmlops.ebpf.crc32c import crc32c
+    from kernmlops.spool.frames import (
+        FRAME,
+        RAW_MAGIC,
+        ZSTD_MAGIC,
+        SegmentFile,
+        iter_frames,
+        iter_raw_frames,
+        raw_head,
+        read_codec,
+    )
+
+    rng = np.random.default_rng(12)
+    a, b = rng.bytes(4000), rng.bytes(3000)
+    zstd_head = _zstd_frame(a) + FRAME.pack(3 << 30, 1 << 20) + ZSTD_MAGIC
+    raw_lie = struct.pack("<III", RAW_MAGIC, 3 << 30, 0)
+    raw_lie += crc32c(raw_lie).to_bytes(4, "little")
+    files = {
+        "zstd": (zstd_head, _zstd_frame(b), len(_zstd_frame(a))),
+        "raw": (raw_head(a) + a + raw_lie, raw_head(b) + b, len(raw_head(a) + a)),
+    }
+    for name, (head, tail, lie_at) in files.items():
+        path = tmp_path / f"{name}.ring"
+        far = _planted(path, head, tail, 4 << 30)
+        fd = os.open(path, os.O_RDONLY)
+        tracemalloc.start()
+        try:
+            src = SegmentFile(fd)
+            frames = iter_frames(src, read_codec()) if name == "zstd" else iter_raw_frames(src)
+            found = [(f.start, f.end, f.raw, f.reason) for f in frames]
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+            os.close(fd)
+        assert found == [
+            (0, lie_at, a, None),
+            (lie_at, far, None, CLAIMS.format(3 << 30)),
+            (far, far + len(tail), b, None),
+        ], name
+        assert peak < 8 << 20, f"{name}: {peak:,} bytes held"
+
+
+def test_a_segment_file_reads_as_its_bytes_do(tmp_path: Path) -> None:
+    # Read from its file a window at a time, a segment gives the frames, damage and
+    # cuts its bytes give; a search finds a magic across the windows' edges.
+    import os
+
+    from kernmlops.spool.frames import (
+        RAW_MAGIC_BYTES,
+        SCAN_BYTES,
+        ZSTD_MAGIC,
+        SegmentFile,
+        iter_frames,
+        iter_raw_frames,
+        raw_head,
+        read_codec,
+    )
+
+    rng = np.random.default_rng(13)
+    recs = [rng.bytes(int(n)) for n in rng.integers(100_000, 400_000, 12)]
+    zstd = [_zstd_frame(r) for r in recs]
+    raw = [raw_head(r) + r for r in recs]
+    for name, frames in (("zstd", zstd), ("raw", raw)):
+        data = bytearray(b"".join(frames))
+        ends = np.cumsum([len(f) for f in frames])
+        data[ends[0] + 2] ^= 0x10  # a header (frame 1): reading goes on at the next
+        data[ends[2] + 30] ^= 0x10  # records (frame 3): a raw frame's CRC fails
+        data[ends[4] + 9] ^= 0x10  # a header again (frame 5)
+        data[ends[5] : ends[7]] = bytes(ends[7] - ends[5])  # zeros (frames 6-7)
+        for cut in (len(data), len(data) - 7):  # whole, and cut by a kill
+            path = tmp_path / f"{name}.ring"
+            path.write_bytes(data[:cut])
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                src = SegmentFile(fd)
+                if name == "zstd":
+                    pair = (
+                        list(iter_frames(src, read_codec())),
+                        list(iter_frames(bytes(data[:cut]), read_codec())),
+                    )
+                else:
+                    pair = list(iter_raw_frames(src)), list(iter_raw_frames(bytes(data[:cut])))
+            finally:
+                os.close(fd)
+            assert pair[0] == pair[1], (name, cut)
+            assert [f.reason is None for f in pair[0]].count(False) >= 2
+
+    # a magic across the edge of a window, from every start near it
+    body = bytearray(rng.bytes(3 * SCAN_BYTES))
+    for needle in (ZSTD_MAGIC, RAW_MAGIC_BYTES):
+        for i in range(len(body) - 3):  # none but the planted ones
+            if body[i : i + 4] == needle:
+                body[i] ^= 0xFF
+    for needle in (ZSTD_MAGIC, RAW_MAGIC_BYTES):
+        data = bytearray(body)
+        for at in (SCAN_BYTES - 2, 2 * SCAN_BYTES + 5, len(data) - 4):
+            data[at : at + 4] = needle
+        path = tmp_path / "find"
+        path.write_bytes(data)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            src = SegmentFile(fd)
+            for start in (0, 1, 7, SCAN_BYTES - 2, SCAN_BYTES - 1, 2 * SCAN_BYTES, len(data) - 4):
+                assert src.find(needle, start) == bytes(data).find(needle, start), start
+        finally:
+            os.close(fd)

@@ -217,3 +217,33 @@ def test_a_planted_or_stray_done_mark_does_not_hide_a_spool(tmp_path: Path, shm:
     finally:
         os.unlink = real
     assert spool_done(spool) and pending_spools(tmp_path / "c") == []
+
+
+def test_a_segment_that_shrinks_while_read_is_named_and_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Read a frame at a time, a segment file its user cuts meanwhile (or an I/O
+    error) costs what was not read yet: named in one line, the spool kept."""
+    from kernmlops.collect.recovery import recover
+    from kernmlops.spool.frames import SegmentFile
+    from tests.collect.test_recover_compaction import killed_collection
+
+    col = killed_collection(tmp_path / "col")
+    (seg,) = (col / ".spool").glob("*.ring")
+    size = seg.stat().st_size
+    reads: list[int] = []
+    read = SegmentFile.read
+
+    def cut_after_a_header(self: SegmentFile, at: int, n: int) -> bytes:
+        reads.append(at)
+        if len(reads) == 2:  # the first frame's records, after its header
+            os.truncate(seg, 10)
+        return read(self, at, n)
+
+    monkeypatch.setattr(SegmentFile, "read", cut_after_a_header)
+    done = recover(col)
+    assert [(lost.file, lost.reason) for lost in done.lost] == [
+        (seg, "cannot be read to its end (the file shrank while it was read)")
+    ]
+    assert done.added == {} and reads[:2] == [0, 8] and size > 10
+    assert seg.exists()  # the spool stays

@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING
 from kernmlops.collect.rowmaking import STAGING_PREFIX
 from kernmlops.ebpf.ringbuf import decode, record_stride
 from kernmlops.errors import CollectionError
-from kernmlops.host.pinned import UnsafePath, read_plain, subfolder
+from kernmlops.host.pinned import UnsafePath, open_plain_file, read_plain, subfolder
 from kernmlops.lazy import lazy_import
 from kernmlops.spool.collection import JSON_MAX_BYTES, SPOOL_DIR, spool_done
-from kernmlops.spool.frames import SegmentFormat, format_of
+from kernmlops.spool.frames import FRAME, SegmentFile, SegmentFormat, format_of
 from kernmlops.spool.recovery import (
     deleted_bytes,
     good_records,
@@ -501,37 +501,47 @@ def _recover_key(key: str, segs: list[Path], hook, layout, dtype, finished: dict
             continue
         gone = False
         try:
-            data = read_plain(seg)
+            # read a frame at a time: a segment may be huge, or sparse (its user's)
+            fd = open_plain_file(seg)
         except OSError as err:
             result.lost.append(Lost(seg, f"cannot be read ({err.strerror or err})", _size(seg)))
             continue
-        if fmt is None:
-            fmt = guess_format(data)
-        flushed = meta.get("bytes")
-        if isinstance(flushed, int) and len(data) < flushed:
-            missing = flushed - len(data)
-            result.lost.append(Lost(
-                seg, f"cut short: {missing:,} bytes fewer than it held at the collector's "
-                "last flush", missing, None if fmt.framed else missing // stride,
-            ))  # fmt: skip
-        pieces, bad = segment_pieces(data, fmt, stride, last)
+        bad: list[tuple[str, int, int | None]] = []
+        damaged: list[Lost] = []  # records with a damaged header, named after the frames
+        try:
+            data = SegmentFile(fd)
+            if fmt is None:
+                fmt = guess_format(data.read(0, FRAME.size + 4))
+            flushed = meta.get("bytes")
+            if isinstance(flushed, int) and len(data) < flushed:
+                missing = flushed - len(data)
+                result.lost.append(Lost(
+                    seg, f"cut short: {missing:,} bytes fewer than it held at the collector's "
+                    "last flush", missing, None if fmt.framed else missing // stride,
+                ))  # fmt: skip
+            pieces, bad = segment_pieces(data, fmt, stride, last)
+            for at, piece in pieces:
+                raw, n_bad = good_records(np.frombuffer(piece, np.uint8), stride, dtype.itemsize)
+                if n_bad:
+                    damaged.append(Lost(seg, f"records with a damaged header in the piece at "
+                                        f"byte {at:,}", n_bad * stride, n_bad))  # fmt: skip
+                records = decode(raw, 1, 0, len(raw), dtype).records
+                if layout.batch is not None:
+                    records = unbatch(records, layout)
+                if held is not None:
+                    held += len(records)
+                for table, rows in hook.rows_from(key, records, layout):
+                    n = rows.num_rows if hasattr(rows, "num_rows") else rows.height
+                    first = made.get(table, 0)
+                    made[table] = first + n
+                    skip = min(n, max(0, finished.get(table, 0) - first))
+                    if skip < n:
+                        sink.write(table, rows.slice(skip))
+                        result.added[table] = result.added.get(table, 0) + n - skip
+        except OSError as err:  # an I/O error, or a file that shrank while read
+            bad.append((f"cannot be read to its end ({err.strerror or err})", 0, None))
+        finally:
+            os.close(fd)
         result.lost.extend(Lost(seg, reason, size, records) for reason, size, records in bad)
-        for at, piece in pieces:
-            raw, damaged = good_records(np.frombuffer(piece, np.uint8), stride, dtype.itemsize)
-            if damaged:
-                result.lost.append(Lost(seg, f"records with a damaged header in the piece at "
-                                        f"byte {at:,}", damaged * stride, damaged))  # fmt: skip
-            records = decode(raw, 1, 0, len(raw), dtype).records
-            if layout.batch is not None:
-                records = unbatch(records, layout)
-            if held is not None:
-                held += len(records)
-            for table, rows in hook.rows_from(key, records, layout):
-                n = rows.num_rows if hasattr(rows, "num_rows") else rows.height
-                first = made.get(table, 0)
-                made[table] = first + n
-                skip = min(n, max(0, finished.get(table, 0) - first))
-                if skip < n:
-                    sink.write(table, rows.slice(skip))
-                    result.added[table] = result.added.get(table, 0) + n - skip
+        result.lost.extend(damaged)
     return held

@@ -470,13 +470,9 @@ def read_plain(path: Path, *, owner: int = -1, limit: int | None = None) -> byte
     """
     from kernmlops.confined import human_size
 
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd = open_plain_file(path, owner=owner)
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a plain file", str(path))
-        if os.geteuid() == 0 and st.st_nlink != 1 and st.st_uid != owner:
-            raise OSError(errno.EPERM, "a hard link to another file", str(path))
         if limit is None:
             return f.read()
         data = f.read(limit + 1) if st.st_size <= limit else b""
@@ -486,6 +482,27 @@ def read_plain(path: Path, *, owner: int = -1, limit: int | None = None) -> byte
                 errno.EFBIG, f"{size}, over the {human_size(limit)} limit: not read", str(path)
             )
         return data
+
+
+def open_plain_file(path: Path, *, owner: int = -1) -> int:
+    """A descriptor of ``path`` (read-only), checked as :func:`read_plain` checks it,
+    for a file to be read a piece at a time.
+
+    Raises:
+        OSError: ELOOP for a link, EINVAL for anything else that is not a plain file,
+            EPERM for a hard link to another file (as root).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a plain file", str(path))
+        if os.geteuid() == 0 and st.st_nlink != 1 and st.st_uid != owner:
+            raise OSError(errno.EPERM, "a hard link to another file", str(path))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def pin_in(folder: int, name: str, shown: Path, *, invoker_uid: int | None = None,

@@ -35,11 +35,18 @@ it (a size it cannot match) rather than reading shuffled bytes as records.
 
 A segment's json says ``"version": 3`` (2: no shuffled frames; raw segments of an
 older collection, no version, are records back to back): all are still read.
+
+A segment is read a frame at a time (:class:`SegmentFile`: ``kernmlops recover`` holds
+one frame, never the file), and a header that claims more than a frame ever held
+(:data:`FRAME_LIMIT`) is damage, its bytes never asked for: a segment may be huge or
+sparse (a user who owns the collection can plant one for root's ``recover``).
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -65,6 +72,12 @@ FRAME_RAW = READ_BYTES
 #: raw bytes of a native copier's frame at most (its zstd workers' jobs side by side):
 #: what a shuffled frame's header can name
 FRAME_RAW_MAX = 8 << 20
+#: record bytes a frame holds at most: the most any copier wrote (a raw frame was a
+#: quarter ring before FRAME_RAW_MAX, and a ring is 1 GiB at most). A header that
+#: claims more is damaged: a reader holds one frame, so this bounds its memory
+FRAME_LIMIT = 256 << 20
+#: a compressed frame's bytes at most: zstd's bound for FRAME_LIMIT record bytes
+PACKED_LIMIT = FRAME_LIMIT + (FRAME_LIMIT >> 8) + (64 << 10)
 #: the raw-size word of a frame whose records were shuffled: this bit, the stride in
 #: 8-byte units in bits 24-30, the raw bytes in bits 0-23 (a frame under 16 MiB)
 SHUFFLED = 1 << 31
@@ -173,6 +186,9 @@ def decode_frame(packed: bytes | memoryview, word: int, codec: Any) -> bytes:
     word of its header): decompressed (zstd checks the frame's checksum), checked
     against the size the header says, unshuffled where they were shuffled."""
     raw_size, stride = raw_word(word)
+    if raw_size > FRAME_LIMIT:  # never allocated: zstd would be handed that size
+        raise FrameError(f"claims {raw_size:,} record bytes, over the {FRAME_LIMIT:,} a frame "
+                         "holds at most")  # fmt: skip
     try:
         raw = codec.decompress(packed, decompressed_size=raw_size, asbytes=True)
     except Exception as err:  # the codec raises its own error types
@@ -182,7 +198,103 @@ def decode_frame(packed: bytes | memoryview, word: int, codec: Any) -> bytes:
     return unshuffle(raw, stride) if stride else raw
 
 
-def frames(data: bytes | memoryview, codec: Any) -> Iterator[bytes]:
+#: bytes a search for the next intact frame reads from a segment file at a time
+SCAN_BYTES = 1 << 20
+
+
+class SegmentBytes:
+    """A segment's bytes in memory, read as :class:`SegmentFile` reads a file."""
+
+    def __init__(self, data: bytes | bytearray | memoryview) -> None:
+        self._data = data if isinstance(data, bytes) else bytes(data)
+        self._view = memoryview(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def read(self, at: int, n: int) -> memoryview:
+        """``n`` bytes from ``at`` (fewer at the end)."""
+        return self._view[at : at + n]
+
+    def find(self, needle: bytes, start: int) -> int:
+        return self._data.find(needle, start)
+
+
+class SegmentFile:
+    """A segment file (an open descriptor of a regular file) read a piece at a time:
+    its reader holds a frame, or a window of SCAN_BYTES while it searches, never the
+    file. Its size is the file's when opened; a file that shrinks while read fails
+    with an OSError."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.size = os.fstat(fd).st_size
+        #: the last window a search read (its offset, its bytes): a search goes on from
+        #: a hit, and reads a header there, without reading the file again
+        self._window: tuple[int, bytes] = (0, b"")
+
+    def __len__(self) -> int:
+        return self.size
+
+    def read(self, at: int, n: int) -> bytes:
+        """``n`` bytes from ``at`` (fewer at the end of the size it was opened with):
+        the caller bounds ``n`` (a frame's header says it, checked against
+        FRAME_LIMIT), never the file."""
+        n = max(0, min(n, self.size - at))
+        win_at, win = self._window
+        if win_at <= at and at + n <= win_at + len(win):
+            return win[at - win_at : at - win_at + n]
+        data = os.pread(self.fd, n, at)
+        while len(data) < n:
+            more = os.pread(self.fd, n - len(data), at + len(data))
+            if not more:
+                raise OSError(errno.EIO, "the file shrank while it was read")
+            data += more
+        return data
+
+    def find(self, needle: bytes, start: int) -> int:
+        """Where ``needle`` is first at or after ``start``, -1 if nowhere. The file's
+        holes are skipped (SEEK_DATA): they read as zeros, and no needle holds one
+        (a sparse file of terabytes is searched in the time its data takes)."""
+        assert 0 not in needle
+        at = start
+        while at + len(needle) <= self.size:
+            win_at, win = self._window
+            if not win_at <= at <= win_at + len(win) - len(needle):
+                try:
+                    at = max(at, os.lseek(self.fd, at, os.SEEK_DATA))
+                except OSError as err:
+                    if err.errno == errno.ENXIO:  # only a hole up to the end
+                        return -1
+                    raise
+                if at + len(needle) > self.size:
+                    return -1
+                self._window = (0, b"")  # read() goes to the file
+                win_at, win = at, self.read(at, SCAN_BYTES)
+                self._window = (win_at, win)
+            i = win.find(needle, at - win_at)
+            if i != -1:
+                return win_at + i
+            at = win_at + len(win) - len(needle) + 1
+        return -1
+
+
+#: what the frame readers read: a segment's bytes, in memory or in its file
+Readable = bytes | bytearray | memoryview | SegmentBytes | SegmentFile
+
+
+def readable(data: Readable) -> SegmentBytes | SegmentFile:
+    """``data`` as the frame readers read it (a SegmentFile as it is)."""
+    return data if isinstance(data, SegmentBytes | SegmentFile) else SegmentBytes(data)
+
+
+def _claims_too_much(size: int) -> str:
+    """A header's reason for a frame that claims ``size`` bytes, more than any holds."""
+    return (f"a damaged frame header (it claims {size:,} bytes, over the {FRAME_LIMIT:,} a "
+            "frame holds at most)")  # fmt: skip
+
+
+def frames(data: Readable, codec: Any) -> Iterator[bytes]:
     """The raw bytes of each whole frame in ``data`` (a compressed segment's bytes, or
     a piece starting at a frame) up to the first that cannot be read."""
     for frame in iter_frames(data, codec):
@@ -191,33 +303,38 @@ def frames(data: bytes | memoryview, codec: Any) -> Iterator[bytes]:
         yield frame.raw  # type: ignore[misc]
 
 
-def iter_frames(data: bytes | memoryview, codec: Any) -> Iterator[Frame]:
+def iter_frames(data: Readable, codec: Any) -> Iterator[Frame]:
     """Every frame of a compressed segment: intact ones with their raw bytes, and each
     stretch that cannot be read with its reason (a damaged header, a frame failing
     zstd's checksum, cut short). After damage, reading goes on at the next intact
-    frame, so one bad byte loses one frame, not the rest."""
-    view, at, n = memoryview(data), 0, len(data)
+    frame, so one bad byte loses one frame, not the rest. One frame is read at a
+    time, and one whose header claims more than any holds is damaged, never read."""
+    src = readable(data)
+    at, n = 0, len(src)
     while at < n:
         end, raw, reason = n, None, None
         if at + FRAME.size > n:
             reason = CUT
         else:
-            size, word = FRAME.unpack_from(view, at)
+            head = bytes(src.read(at, FRAME.size + 4))
+            size, word = FRAME.unpack_from(head)
             end = at + FRAME.size + size
             if end > n:
                 reason, end = CUT, n
-            elif bytes(view[at + FRAME.size : at + FRAME.size + 4]) != ZSTD_MAGIC:
+            elif head[FRAME.size :] != ZSTD_MAGIC:
                 reason, end = "a damaged frame header", n
+            elif size > PACKED_LIMIT or raw_word(word)[0] > FRAME_LIMIT:
+                reason, end = _claims_too_much(max(size, raw_word(word)[0])), n
             else:
                 try:
-                    raw = decode_frame(view[at + FRAME.size : end], word, codec)
+                    raw = decode_frame(src.read(at + FRAME.size, size), word, codec)
                 except FrameError as err:
                     reason = f"a frame that {err}"
         if reason is None:
             yield Frame(at, end, raw, None)
             at = end
             continue
-        nxt = _next_frame(view, at + 1, end if reason not in (CUT,) and end < n else None)
+        nxt = _next_frame(src, at + 1, end if reason not in (CUT,) and end < n else None)
         if reason == CUT and nxt is not None:
             reason = "a damaged frame header"  # frames follow: not the end a kill makes
         stop = nxt if nxt is not None else n
@@ -227,25 +344,25 @@ def iter_frames(data: bytes | memoryview, codec: Any) -> Iterator[Frame]:
         at = nxt
 
 
-def _next_frame(view: memoryview, start: int, hint: int | None) -> int | None:
+def _next_frame(src: SegmentBytes | SegmentFile, start: int, hint: int | None) -> int | None:
     """Where the next plausible frame header starts at or after ``start`` (the end the
     damaged frame's header claims first, when it is plausible)."""
-    data = view.obj if isinstance(view.obj, bytes) else bytes(view)
-    n = len(data)
+    n = len(src)
 
     def plausible(p: int) -> bool:
         if p < start or p + FRAME.size + 4 > n:
             return False
-        size, _ = FRAME.unpack_from(data, p)
-        return data[p + FRAME.size : p + FRAME.size + 4] == ZSTD_MAGIC and p + 8 + size <= n
+        head = bytes(src.read(p, FRAME.size + 4))
+        size, _ = FRAME.unpack_from(head)
+        return head[FRAME.size :] == ZSTD_MAGIC and p + 8 + size <= n
 
     if hint is not None and plausible(hint):
         return hint
-    i = data.find(ZSTD_MAGIC, start + FRAME.size)
+    i = src.find(ZSTD_MAGIC, start + FRAME.size)
     while i != -1:
         if plausible(i - FRAME.size):
             return i - FRAME.size
-        i = data.find(ZSTD_MAGIC, i + 1)
+        i = src.find(ZSTD_MAGIC, i + 1)
     return None
 
 
@@ -255,7 +372,7 @@ def raw_head(records: bytes | memoryview) -> bytes:
     return head + crc32c(head).to_bytes(4, "little")
 
 
-def raw_header_at(data: bytes, at: int) -> tuple[int, int] | None:
+def raw_header_at(data: bytes | memoryview, at: int) -> tuple[int, int] | None:
     """(record bytes, their CRC32C) of an intact raw frame header at ``at``, else None."""
     if at + RAW_FRAME.size > len(data):
         return None
@@ -265,14 +382,17 @@ def raw_header_at(data: bytes, at: int) -> tuple[int, int] | None:
     return size, crc
 
 
-def iter_raw_frames(data: bytes) -> Iterator[Frame]:
+def iter_raw_frames(data: Readable) -> Iterator[Frame]:
     """Every frame of a raw segment (version 2), as :func:`iter_frames` gives a
     compressed one's: a frame failing its CRC32C costs its own bytes (its header says
-    where the next begins); after a damaged header, reading goes on at the next
-    intact header (its magic and its own CRC)."""
-    at, n = 0, len(data)
+    where the next begins); after a damaged header, or one that claims more than a
+    frame holds, reading goes on at the next intact header (its magic and its own
+    CRC)."""
+    src = readable(data)
+    at, n = 0, len(src)
     while at < n:
-        head = raw_header_at(data, at)
+        head = raw_header_at(src.read(at, RAW_FRAME.size), 0)
+        reason = "a damaged frame header"
         if head is not None:
             size, crc = head
             end = at + RAW_FRAME.size + size
@@ -280,20 +400,22 @@ def iter_raw_frames(data: bytes) -> Iterator[Frame]:
                 # Only a kill's cut: a damaged length fails the header's CRC.
                 yield Frame(at, n, None, CUT, size)
                 return
-            raw = data[at + RAW_FRAME.size : end]
-            if crc32c(raw) == crc:
-                yield Frame(at, end, raw, None)
-            else:
-                yield Frame(at, end, None, "a frame that fails its CRC32C", size)
-            at = end
-            continue
-        nxt = data.find(RAW_MAGIC_BYTES, at + 1)
-        while nxt != -1 and raw_header_at(data, nxt) is None:
-            nxt = data.find(RAW_MAGIC_BYTES, nxt + 1)
+            if size <= FRAME_LIMIT:
+                raw = bytes(src.read(at + RAW_FRAME.size, size))
+                if crc32c(raw) == crc:
+                    yield Frame(at, end, raw, None)
+                else:
+                    yield Frame(at, end, None, "a frame that fails its CRC32C", size)
+                at = end
+                continue
+            reason = _claims_too_much(size)  # its CRCs may be right: a planted header
+        nxt = src.find(RAW_MAGIC_BYTES, at + 1)
+        while nxt != -1 and raw_header_at(src.read(nxt, RAW_FRAME.size), 0) is None:
+            nxt = src.find(RAW_MAGIC_BYTES, nxt + 1)
         if nxt == -1 and n - at < RAW_FRAME.size:
             yield Frame(at, n, None, CUT)  # a header the kill cut
             return
-        yield Frame(at, n if nxt == -1 else nxt, None, "a damaged frame header")
+        yield Frame(at, n if nxt == -1 else nxt, None, reason)
         if nxt == -1:
             return
         at = nxt
@@ -339,11 +461,13 @@ def segment_codec(segment: Path) -> Any:
     return segment_format(segment).codec
 
 
-def iter_segment(data: bytes, fmt: SegmentFormat) -> Iterator[Frame]:
-    """Every frame of a segment's bytes (an old raw segment's records are one)."""
+def iter_segment(data: Readable, fmt: SegmentFormat) -> Iterator[Frame]:
+    """Every frame of a segment's bytes (an old raw segment's records are one: read
+    whole, so ``recover`` cuts a file of those in whole records itself)."""
     if fmt.codec is not None:
         yield from iter_frames(data, fmt.codec)
     elif fmt.framed:
         yield from iter_raw_frames(data)
-    elif data:
-        yield Frame(0, len(data), data, None)
+    elif len(data):
+        whole = data.read(0, len(data)) if isinstance(data, SegmentBytes | SegmentFile) else data
+        yield Frame(0, len(data), bytes(whole), None)

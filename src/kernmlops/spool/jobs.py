@@ -11,7 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from kernmlops.spool.frames import FRAME, RAW_FRAME, raw_header_at, raw_word
+from kernmlops.spool.frames import (
+    FRAME,
+    FRAME_LIMIT,
+    PACKED_LIMIT,
+    RAW_FRAME,
+    raw_header_at,
+    raw_word,
+)
 
 __all__ = ["PIECE_RAW", "SpoolPiece", "SpoolWork", "frame_spans", "pieces"]
 
@@ -67,7 +74,7 @@ def frame_spans(
                 return None
             size = raw = found[0]
         nxt = at + head.size + size
-        if nxt > end:
+        if nxt > end or size > PACKED_LIMIT or raw > FRAME_LIMIT:  # the collector names it
             return None
         spans.append((at, nxt, raw))
         at = nxt

@@ -13,6 +13,7 @@ import os
 import secrets
 import shutil
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,9 +31,14 @@ from kernmlops.spool.frames import (
     CUT,
     FRAME,
     RAW_MAGIC_BYTES,
+    READ_BYTES,
     ZSTD_MAGIC,
+    Readable,
+    SegmentBytes,
+    SegmentFile,
     SegmentFormat,
     iter_segment,
+    readable,
 )
 from kernmlops.spool.memory import MEMORY_LINK, own_memory
 
@@ -146,8 +152,9 @@ def _order(segment: Path) -> tuple[str, int]:
     return key, int(index) if index.isdigit() else -1
 
 
-def guess_format(data: bytes) -> SegmentFormat:
-    """The format a segment whose json is lost seems to have, from its first frame."""
+def guess_format(data: bytes | memoryview) -> SegmentFormat:
+    """The format a segment whose json is lost seems to have, from its first frame
+    (its first 12 bytes are enough)."""
     if data[:4] == RAW_MAGIC_BYTES:
         return SegmentFormat(None)
     if data[FRAME.size : FRAME.size + 4] == ZSTD_MAGIC:
@@ -157,31 +164,43 @@ def guess_format(data: bytes) -> SegmentFormat:
     return SegmentFormat(None, version=1)
 
 
-def segment_pieces(data: bytes, fmt: SegmentFormat, stride: int, last: bool
-            ) -> tuple[list[tuple[int, bytes]], list[tuple[str, int, int | None]]]:  # fmt: skip
-    """A segment's bytes as (offset, whole records) pieces, and what could not be read
-    ((reason, bytes, records where known) each). A kill may cut the last record or
+#: what could not be read of a segment: (reason, bytes, records where known)
+Bad = tuple[str, int, int | None]
+
+
+def segment_pieces(data: Readable, fmt: SegmentFormat, stride: int, last: bool
+                   ) -> tuple[Iterator[tuple[int, bytes | memoryview]], list[Bad]]:  # fmt: skip
+    """A segment's bytes (in memory, or its file read a frame at a time: a SegmentFile)
+    as (offset, whole records) pieces, read as they are asked for, and what could not
+    be read: complete once every piece is read. A kill may cut the last record or
     frame of the ring's last segment: that is the run's end, not a loss."""
+    bad: list[Bad] = []
+    return _pieces(readable(data), fmt, stride, last, bad), bad
+
+
+def _pieces(src: SegmentBytes | SegmentFile, fmt: SegmentFormat, stride: int, last: bool,
+            bad: list[Bad]) -> Iterator[tuple[int, bytes | memoryview]]:  # fmt: skip
+    n = len(src)
     if not fmt.framed:  # an old raw segment: records back to back, no checksum
-        whole = len(data) // stride * stride
-        pieces = [(0, data[:whole])] if whole else []
-        if whole < len(data) and not last:
-            return pieces, [("cut short in a record", len(data) - whole, None)]
-        return pieces, []
-    pieces, bad = [], []
-    for frame in iter_segment(data, fmt):
+        whole = n // stride * stride
+        step = max(stride, READ_BYTES // stride * stride)  # never the whole file at once
+        for at in range(0, whole, step):
+            yield at, src.read(at, min(step, whole - at))
+        if whole < n and not last:
+            bad.append(("cut short in a record", n - whole, None))
+        return
+    for frame in iter_segment(src, fmt):
         records = frame.raw_bytes // stride if frame.raw_bytes is not None else None
         if frame.raw is not None and len(frame.raw) % stride:
             bad.append((f"a frame at byte {frame.start:,} of {len(frame.raw):,} bytes, not "
                         f"whole records of {stride}", frame.end - frame.start, None))  # fmt: skip
         elif frame.reason is None:
-            pieces.append((frame.start, frame.raw))
+            yield frame.start, frame.raw  # type: ignore[misc]
         elif not (frame.reason == CUT and last):
-            more = frame.end < len(data) and frame.reason != CUT
+            more = frame.end < n and frame.reason != CUT
             what = "; reading went on at the next intact frame" if more else ""
             bad.append((f"{frame.reason} at byte {frame.start:,}{what}",
                         frame.end - frame.start, records))  # fmt: skip
-    return pieces, bad
 
 
 def good_records(raw: np.ndarray, stride: int, itemsize: int) -> tuple[np.ndarray, int]:

@@ -19,6 +19,8 @@ from kernmlops.fileio import write_atomic
 from kernmlops.spool.frames import (
     CODEC,
     FRAME,
+    FRAME_LIMIT,
+    PACKED_LIMIT,
     RAW_FRAME,
     VERSION,
     FrameError,
@@ -136,6 +138,10 @@ class Segment:
                                       f"{at:,}{_KEPT}")  # fmt: skip
             size, crc = found
             raw_size = size
+        if size > PACKED_LIMIT or raw_size > FRAME_LIMIT:  # never asked for
+            raise CollectionError(f"spool {self.path}: a damaged frame header at byte {at:,} "
+                                  f"(it claims {max(size, raw_size):,} bytes, over the "
+                                  f"{FRAME_LIMIT:,} a frame holds at most){_KEPT}")  # fmt: skip
         body = os.pread(self.fd, size, at + head_size)
         if len(body) != size:
             raise CollectionError(f"spool {self.path} is shorter than written")
