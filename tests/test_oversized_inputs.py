@@ -171,6 +171,23 @@ def test_a_huge_segment_its_user_planted_is_read_a_frame_at_a_time(claim: bool) 
         assert peak < 512 << 20, f"{peak:,} bytes resident"
 
 
+# `kernmlops recover` run in a process that says its own peak resident memory at exit:
+# VmHWM of the memory it exec'd into (the rusage's ru_maxrss also holds the memory of
+# the pytest process it was forked from, hundreds of MB late in a suite)
+_RECOVER_SAYING_ITS_PEAK = """
+import atexit, re, runpy, sys
+told = sys.argv[2]
+def said():
+    with open("/proc/self/status") as f:
+        kib = re.search(r"^VmHWM:\\s+(\\d+) kB", f.read(), re.M).group(1)
+    with open(told, "w") as out:
+        out.write(kib)
+atexit.register(said)
+sys.argv = ["kernmlops", "recover", sys.argv[1]]
+runpy.run_module("kernmlops", run_name="__main__", alter_sys=True)
+"""
+
+
 def _recover_bounded(col: Path) -> tuple[int, str, int]:
     """``kernmlops recover col`` as root for nobody (sudo's variables), in RECOVER_AS
     of address space: its exit code, its stderr, and its peak resident bytes."""
@@ -185,11 +202,11 @@ def _recover_bounded(col: Path) -> tuple[int, str, int]:
 
     env = {**os.environ, "COLUMNS": "400", "SUDO_UID": str(NOBODY), "SUDO_GID": str(NOBODY),
            "SUDO_USER": "nobody"}  # fmt: skip
-    with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "kernmlops", "recover", str(col)],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=err, env=env, preexec_fn=limits)  # fmt: skip
-        _, status, usage = os.wait4(proc.pid, 0)  # its own peak, not other children's
-        proc.returncode = os.waitstatus_to_exitcode(status)
+    with tempfile.TemporaryFile("w+") as err, tempfile.NamedTemporaryFile("r") as peak:
+        proc = subprocess.run(
+            [sys.executable, "-c", _RECOVER_SAYING_ITS_PEAK, str(col), peak.name],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env,
+            preexec_fn=limits, check=False,
+        )  # fmt: skip
         err.seek(0)
-        return proc.returncode, err.read(), usage.ru_maxrss * 1024
+        return proc.returncode, err.read(), int(peak.read()) * 1024
