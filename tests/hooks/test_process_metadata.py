@@ -29,6 +29,7 @@ from kernmlops.hooks.process_metadata import (
 )
 from kernmlops.tables import UPTIME_TIMESTAMP
 from tests.conftest import skip_here
+from tests.pids import fork_at
 from tests.rows import polled
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -707,22 +708,6 @@ def _start_boottime_ns(pid: int) -> int:
     return ticks * (1_000_000_000 // CLK_TCK) + 1
 
 
-def _fork_at(pid: int, argv: list[str], **popen) -> subprocess.Popen | None:
-    """A process running ``argv`` with pid ``pid`` (freed before): the kernel's next
-    pid set through ns_last_pid (another process may take it first: retried)."""
-    last = Path("/proc/sys/kernel/ns_last_pid")
-    if not last.exists():
-        skip_here("no /proc/sys/kernel/ns_last_pid (CONFIG_CHECKPOINT_RESTORE)")
-    for _ in range(100):
-        last.write_text(str(pid - 1))
-        proc = subprocess.Popen(argv, **popen)
-        if proc.pid == pid:
-            return proc
-        proc.kill()
-        proc.wait()
-    return None
-
-
 def test_an_unread_command_line_is_not_taken_from_a_process_that_reused_the_pid() -> None:
     """A record whose arguments the program could not read falls back to
     /proc/<tgid>/cmdline at the poll, but only where that is still the record's
@@ -734,7 +719,7 @@ def test_an_unread_command_line_is_not_taken_from_a_process_that_reused_the_pid(
     gone.kill()
     gone.wait()  # reaped: its pid is free
     time.sleep(0.02)  # the newcomer starts a tick or more later
-    newcomer = _fork_at(gone.pid, [*nap, "the-newcomer"])
+    newcomer = fork_at(gone.pid, [*nap, "the-newcomer"])
     if newcomer is None:
         pytest.fail(f"pid {gone.pid} was always taken by another process first")
     try:

@@ -18,8 +18,8 @@ import polars as pl
 import pytest
 
 from kernmlops.hooks.quanta_runtime import NO_TIME, QuantaRuntimeHook, split_switches
-from tests.conftest import skip_here
 from tests.hooks.conftest import build_c
+from tests.pids import fork_at
 from tests.rows import as_frame, polled
 from tests.switches import counting_switches, rq_quanta, unseen_arrivals
 from tests.unseen import BURN, Unseen, wait_asleep
@@ -490,22 +490,6 @@ def test_a_tree_filter_remembers_a_yes_only(naps: Path) -> None:
         assert held.sum() >= after.sum() - n // 50, (table, int((~held).sum()))
 
 
-def _fork_at(pid: int, args: list[str], **popen) -> subprocess.Popen | None:
-    """A child of this (untraced) process with pid ``pid``, freed before: the kernel's
-    next pid set through ns_last_pid (other processes may take it first: retried)."""
-    last = Path("/proc/sys/kernel/ns_last_pid")
-    if not last.exists():
-        skip_here("no /proc/sys/kernel/ns_last_pid (CONFIG_CHECKPOINT_RESTORE)")
-    for _ in range(100):
-        last.write_text(str(pid - 1))
-        proc = subprocess.Popen(args, **popen)
-        if proc.pid == pid:
-            return proc
-        proc.kill()
-        proc.wait()
-    return None
-
-
 @pytest.mark.bpf
 def test_a_tgid_reused_outside_the_tree_is_not_traced(naps: Path) -> None:
     """A pid is free for another process once its process is reaped. A traced process
@@ -529,7 +513,7 @@ def test_a_tgid_reused_outside_the_tree_is_not_traced(naps: Path) -> None:
         traced.communicate()  # reaped: its pid is free
         traced_alive = flt.tracked() >= {traced.pid}
         reused_us = time.monotonic_ns() // 1000
-        newcomer = _fork_at(traced.pid, [str(naps), "300", "200"], **popen)
+        newcomer = fork_at(traced.pid, [str(naps), "300", "200"], **popen)
         if newcomer is None:
             pytest.fail(f"pid {traced.pid} was taken by other processes 100 times")
         newcomer.communicate()

@@ -17,7 +17,6 @@ import errno
 import os
 import re
 import shutil
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -320,18 +319,9 @@ def open_source(source: Path) -> int:
         OSError: ELOOP for a link, EINVAL for what is not a plain file, EPERM for a
             hard link to another's file.
     """
-    fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a plain file", str(source))
-        owner = os.stat(source.parent).st_uid
-        if os.geteuid() == 0 and st.st_nlink != 1 and st.st_uid != owner:
-            raise OSError(errno.EPERM, "a hard link to another owner's file", str(source))
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    from kernmlops.host.pinned import open_plain_file
+
+    return open_plain_file(source, owner=os.stat(source.parent).st_uid)
 
 
 def _put_local(source: Path | bytes, dataset: Dataset, rel: str) -> None:
