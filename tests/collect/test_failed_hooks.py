@@ -381,17 +381,7 @@ def test_a_hook_failing_while_the_rows_are_made_on_all_cores_keeps_its_spool(
     )
     assert named[1] == "exit code 1 (completed; hook quanta_runtime failed)"
     _others_collected(folder, incomplete=True)
-    snapshot = tmp_path / "snapshot"
-    shutil.copytree(folder / ".spool", snapshot)  # follows `mem` (the tmpfs)
-    expected = _spooled_switches(snapshot)[1]
-    assert expected["quanta_runtime"] > 1000
-    recovered = subprocess.run([sys.executable, "-m", "kernmlops", "recover", str(folder)],
-                               capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert recovered.returncode == 0 and "Traceback" not in recovered.stderr, recovered.stderr
-    col = read_collection(folder)
-    # every record's rows once: the parts the workers made for it are not made again
-    assert {t: col[t].height for t in expected} == expected
-    _others_collected(folder)
+    _recover_makes_each_spooled_record_once(tmp_path, folder)
 
 
 def test_the_collectors_own_bug_while_the_rows_are_made_keeps_the_spool(tmp_path: Path) -> None:
@@ -405,6 +395,13 @@ def test_the_collectors_own_bug_while_the_rows_are_made_keeps_the_spool(tmp_path
     ), done.stderr
     with pytest.warns(IncompleteCollectionWarning, match="kernmlops recover"):
         assert read_collection(folder)["memory_usage"].height >= 1  # the spool's rows wait
+    _recover_makes_each_spooled_record_once(tmp_path, folder)
+
+
+def _recover_makes_each_spooled_record_once(tmp_path: Path, folder: Path) -> None:
+    """The kept spool, decoded apart from the collector (a copy), against what
+    `kernmlops recover` then makes: every record's rows once (the parts the workers
+    made for some are not made again), the other hooks' tables whole."""
     snapshot = tmp_path / "snapshot"
     shutil.copytree(folder / ".spool", snapshot)  # follows `mem` (the tmpfs)
     expected = _spooled_switches(snapshot)[1]
