@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from kernmlops.spool.recovery import pending_spools
 from tests.spool.conftest import make_collection
 
@@ -71,10 +73,38 @@ def test_a_moved_collections_memory_is_kept_and_named_at_the_next_start(
     (left,) = leftover_memory()
     assert left.folder == memory.folder and not left.found
     assert "moved or deleted since" in left.describe()
+    assert left.describe().startswith("a collection's unrecovered spool holds")  # no manifest
     assert (memory.folder / "events.00000.ring").exists()
     moved = tmp_path / "moved" / ".spool"
     assert spool_folders(moved) == [moved, moved / "mem"]
     assert [p.name for p in pending_spools(tmp_path / "moved")] == ["events.00000.ring"]
+
+
+@pytest.mark.parametrize(
+    ("state", "whose"),
+    [("running", "a killed collection's spool"),  # its collector died: never finalised
+     ("interrupted", "an interrupted collection's spool"),  # Ctrl+C again at the stop
+     ("disk_full", "the spool of a collection stopped by a full disk"),
+     ("completed", "a collection's unrecovered spool")],  # e.g. a hook's bug at the stop
+)  # fmt: skip
+def test_the_memory_left_is_named_by_how_its_collection_ended(
+    tmp_path: Path, shm: Path, state: str, whose: str
+) -> None:
+    # a spool parked at the stop keeps its memory too: the warning says what the
+    # collection's manifest knows, not that it was killed
+    from kernmlops.collect.manifest import Manifest, write_manifest
+    from kernmlops.spool.memory import leftover_memory, spool_memory
+
+    spool_dir = make_collection(tmp_path / "a", "ida")
+    write_manifest(tmp_path / "a", Manifest(collection_id="ida", state=state))
+    memory = spool_memory(spool_dir, "ida", 8)
+    assert memory is not None
+    os.utime(memory.folder, (0, 0))
+    (left,) = leftover_memory()
+    assert left.describe() == (
+        f"{whose} holds 0 MiB of memory in {memory.folder}: "
+        f"`kernmlops recover {tmp_path / 'a'}` makes its rows and frees it"
+    )
 
 
 def test_memory_gone_after_a_reboot_is_named(tmp_path: Path) -> None:

@@ -118,14 +118,29 @@ def start_hooks(
     on_message: Callable[[str], None] | None = None,
 ) -> None:
     """Start each of ``new`` and add it to ``hooks`` (first, so that one whose start
-    fails is still detached). One started by the caller is not started again. A hook
-    that cannot run here (HookUnavailable) is not attached, with its reason; one whose
-    start raises what no hook should (a bug: not the output's OSError or a
-    KernmlopsError) is closed, marked failed (the exit code is 1), named in one line
+    fails is still detached). One started by the caller is not started again. Each
+    one's notes are said through ``on_message`` first, before any probe attaches. A
+    hook that cannot run here (HookUnavailable) is not attached, with its reason; one
+    whose notes or start raise what no hook should (a bug: not the output's OSError or
+    a KernmlopsError) is closed, marked failed (the exit code is 1), named in one line
     and added to ``failed`` (left out of the loop and the stop); the others go on."""
+    new = list(new)
+    broken: list[Hook] = []
+    if on_message is not None:
+        for hook in new:  # e.g. more ring groups than CPUs
+            try:
+                lines = hook.notes()
+            except (KernmlopsError, OSError):
+                raise
+            except Exception as err:
+                broken.append(hook)  # never started
+                _failed_at_start(hook, "notes", err, strict, failed, on_message)
+                continue
+            for line in lines:
+                on_message(line)
     for hook in new:
         hooks.append(hook)
-        if hook.status.attached:  # started by the caller
+        if hook.status.attached or hook in broken:  # started by the caller, or its bug
             continue
         try:
             hook.start(ctx)
@@ -136,17 +151,18 @@ def start_hooks(
         except (KernmlopsError, OSError):
             raise
         except Exception as err:
-            _failed_at_start(hook, err, strict, failed, on_message)
+            _failed_at_start(hook, "start", err, strict, failed, on_message)
 
 
 def _failed_at_start(
     hook: Hook,
+    what: str,
     err: Exception,
     strict: bool,
     failed: list[Hook] | None,
     on_message: Callable[[str], None] | None,
 ) -> None:
-    why = f"its start raised {type(err).__name__}: {err}"
+    why = f"its {what} raised {type(err).__name__}: {err}"
     hook.status.attached = False
     hook.status.failed = True
     hook.status.reason = f"{why}; not attached, the other hooks went on"

@@ -281,6 +281,11 @@ class PollLoop:
             if exited is not None:
                 os.close(exited)
 
+    def benchmark_started(self, pid: int) -> None:
+        """Tell each hook still collecting that ``pid`` runs the benchmark's command
+        (before :meth:`run`); a bug there detaches that hook alone."""
+        self._each("benchmark_started", lambda h: h.benchmark_started(pid))
+
     def _each(self, what: str, fn: Callable[[Hook], object]) -> None:
         """``fn`` on each hook still collecting. The output's errors (an OSError, a
         KernmlopsError: a full disk, a failed write) end the collection as before; any

@@ -240,11 +240,6 @@ class Session:
             )
             ctx.benchmark_pid = proc.pid if proc else None
             configured_hooks = [get_hook(n)(self.config.hook_options(n)) for n in cfg.hooks]
-            if self.on_message:
-                # e.g. more ring groups than CPUs: said before the probes attach
-                for hook in [*configured_hooks, *self.extra_hooks]:
-                    for line in hook.notes():
-                        self.on_message(line)
             start_hooks(
                 hooks,
                 [*configured_hooks, *self.extra_hooks],
@@ -265,26 +260,6 @@ class Session:
             if self.manifest is not None:
                 filter_record = {"mode": mode, "tgid": cfg.tgid}
                 self._running.attached(hooks, attach_s, filter_record, bench.record(env))
-            if proc:
-                proc.release()
-                # hooks that look at the command (process_metadata's start snapshot) are
-                # told once it runs, not while the gate shell still stands in its place;
-                # without one, the run's start waits for nothing
-                told = [
-                    h
-                    for h in hooks
-                    if h not in broken and type(h).benchmark_started is not Hook.benchmark_started
-                ]
-                if told:
-                    proc.wait_exec(EXEC_WAIT_S)
-                for hook in told:
-                    hook.benchmark_started(proc.pid)
-            # The libraries that decode and write rows come in the background from here
-            # on (not sooner: their import would hold up the lines above); until they
-            # are in, the loop only keeps the rings from filling.
-            libraries = preload(
-                *DECODING_LIBRARIES, *sorted({lib for hook in hooks for lib in hook.libraries})
-            )
             loop = PollLoop(
                 self.config,
                 hooks,
@@ -299,6 +274,23 @@ class Session:
                 on_message=self.on_message,
                 failed=broken,
                 spooled=spooled,
+            )
+            if proc:
+                proc.release()
+                # hooks that look at the command (process_metadata's start snapshot) are
+                # told once it runs, not while the gate shell still stands in its place;
+                # without one, the run's start waits for nothing. A bug there detaches
+                # that hook alone, as in the loop.
+                if any(
+                    type(h).benchmark_started is not Hook.benchmark_started for h in loop.active
+                ):
+                    proc.wait_exec(EXEC_WAIT_S)
+                loop.benchmark_started(proc.pid)
+            # The libraries that decode and write rows come in the background from here
+            # on (not sooner: their import would hold up the lines above); until they
+            # are in, the loop only keeps the rings from filling.
+            libraries = preload(
+                *DECODING_LIBRARIES, *sorted({lib for hook in hooks for lib in hook.libraries})
             )
             ended_by, bench_exit = loop.run(libraries)
         except BaseException as err:  # always flush and detach below

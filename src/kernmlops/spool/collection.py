@@ -126,6 +126,12 @@ def collection_id_of(collection: Path) -> str | None:
         return None
 
 
+def collection_state(collection: Path) -> str | None:
+    """The collection's ``state``, as its manifest says; None without one."""
+    found = _manifest(collection).get("state")
+    return found if isinstance(found, str) else None
+
+
 def collector_alive(collection: Path) -> int | None:
     """The pid of the collector still writing ``collection``, if it runs (None also
     when the manifest names none or cannot be read)."""

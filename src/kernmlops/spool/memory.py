@@ -5,8 +5,9 @@ Segments in memory cost no disk write and outlive a killed collector (a kill -9,
 OOM killer), not a reboot. A collection's folder is ``/dev/shm/kernmlops-spool-<its
 collection id>``, private to its user, linked from the spool as ``mem``; it is found
 again through the collection's id only, so a planted link is never read nor deleted.
-What a killed collector left there is named at the next start
-(:func:`leftover_memory`) and freed by ``kernmlops recover``.
+What a killed collector left there, or a stop that parked the spool (Ctrl+C again, a
+full disk), is named at the next start (:func:`leftover_memory`, by how its collection
+ended) and freed by ``kernmlops recover``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from kernmlops.ebpf.copier import available as copier_available
 from kernmlops.spool.collection import (
     SPOOL_DIR,
     collection_id_of,
+    collection_state,
     collector_alive,
     spool_done,
 )
@@ -131,32 +133,45 @@ def memory_folder(collection_id: str) -> Path:
     return SHM / f"{MEMORY_PREFIX}{collection_id}"
 
 
+#: how a leftover's collection ended (its manifest's state), as its warning names it;
+#: any other state (a hook's bug at the stop, say), or none known: neutral
+_WHOSE = {
+    "running": "a killed collection's spool",  # never finalised: its collector died
+    "interrupted": "an interrupted collection's spool",  # Ctrl+C again at the stop
+    "disk_full": "the spool of a collection stopped by a full disk",
+}
+
+
 @dataclass(frozen=True)
 class Leftover:
-    """A tmpfs folder a killed collector left: RAM held until it is recovered or deleted."""
+    """A tmpfs folder a killed or stopped collection left (its spool parked for
+    ``recover``): RAM held until it is recovered or deleted."""
 
     folder: Path
     bytes: int
     #: the collection it was made for (its path then), and whether it is still there
     collection: Path | None
     found: bool
+    #: that collection's state, as its manifest says (None: not found)
+    state: str | None = None
 
     def describe(self) -> str:
         size = f"{self.bytes / 2**20:,.0f} MiB"
+        whose = _WHOSE.get(self.state or "", "a collection's unrecovered spool")
         if self.collection is not None and self.found:
             return (
-                f"a killed collection's spool holds {size} of memory in {self.folder}: "
+                f"{whose} holds {size} of memory in {self.folder}: "
                 f"`kernmlops recover {self.collection}` makes its rows and frees it"
             )
         where = f"its collection was at {self.collection}" if self.collection else "unknown"
-        return (f"a killed collection's spool holds {size} of memory in {self.folder} "
+        return (f"{whose} holds {size} of memory in {self.folder} "
                 f"({where}, moved or deleted since): run `kernmlops recover` on the "
                 "collection where it is now, or delete the folder to free the memory")  # fmt: skip
 
 
 def leftover_memory(min_age_s: float = 60.0) -> list[Leftover]:
-    """The tmpfs folders of spools this user's killed collectors left, for a warning at
-    the next start. Nothing is deleted here: a folder holds the only copy of its rows
+    """The tmpfs folders of spools this user's killed or stopped collectors left, for a
+    warning at the next start. Nothing is deleted here: a folder holds the only copy of its rows
     (a moved collection still finds it through its id), and only ``recover`` or its
     own collection removes it. Folders younger than ``min_age_s`` (a collector may be
     creating one) and those of a collector still running are left out."""
@@ -179,7 +194,8 @@ def leftover_memory(min_age_s: float = 60.0) -> list[Leftover]:
         back = owner is not None and _links_to(owner / MEMORY_LINK, folder)
         if back and collection is not None and collector_alive(collection) is not None:
             continue
-        found.append(Leftover(folder, size, collection, back))
+        state = collection_state(collection) if back and collection is not None else None
+        found.append(Leftover(folder, size, collection, back, state))
     return found
 
 
