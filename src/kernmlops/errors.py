@@ -51,6 +51,12 @@ class OutputError(CollectionError):
     permission, full)."""
 
 
+#: what a hook may raise that is the collection's error (a full disk, a failed write,
+#: a kernel that refuses), not a bug in the hook. Anything else a hook raises is its
+#: bug, which costs that hook alone (kernmlops.collect.loop, kernmlops.collect.attach).
+NOT_A_HOOKS_BUG: tuple[type[Exception], ...] = (KernmlopsError, OSError)
+
+
 def why_not_written(err: OSError, path: Path | None = None) -> str:
     """Why a file or folder could not be made or written, in words rather than an
     errno's (``path``: what was written, for a missing folder above it)."""

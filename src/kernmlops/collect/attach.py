@@ -25,7 +25,7 @@ from kernmlops.collect.disk import human_bytes
 from kernmlops.collect.rowmaking import MIN_PARALLEL_RAW, make_spooled_rows
 from kernmlops.collect.sinks import ThreadedSink
 from kernmlops.collect.tuning import trim_as_usual
-from kernmlops.errors import CollectionError, HookUnavailable, KernmlopsError
+from kernmlops.errors import NOT_A_HOOKS_BUG, CollectionError, HookUnavailable, KernmlopsError
 from kernmlops.hooks.base import Hook, HookContext
 from kernmlops.host.cpus import SpareCpu
 from kernmlops.spool.memory import spool_memory
@@ -130,7 +130,7 @@ def start_hooks(
         for hook in new:  # e.g. more ring groups than CPUs
             try:
                 lines = hook.notes()
-            except (KernmlopsError, OSError):
+            except NOT_A_HOOKS_BUG:
                 raise
             except Exception as err:
                 broken.append(hook)  # never started
@@ -148,7 +148,7 @@ def start_hooks(
             hook.status.reason = str(err).removeprefix(f"{hook.name}: ")
             if strict:
                 raise StrictError(f"--strict: hook {err}") from err
-        except (KernmlopsError, OSError):
+        except NOT_A_HOOKS_BUG:
             raise
         except Exception as err:
             _failed_at_start(hook, "start", err, strict, failed, on_message)
@@ -239,7 +239,7 @@ def guarded(hook: Hook, what: str, fn: Callable[[], object], faults: Faults) -> 
     def call() -> None:
         try:
             fn()
-        except (KernmlopsError, OSError):
+        except NOT_A_HOOKS_BUG:
             raise
         except Exception as err:
             _note(faults, hook, what, err)
@@ -458,7 +458,7 @@ def _rows_on_all_cores(
             )
         except Exception as err:
             parked.extend(h for h in candidates if h not in parked and spooling(h))
-            if isinstance(err, (KernmlopsError, OSError)):
+            if isinstance(err, NOT_A_HOOKS_BUG):
                 raise
             raise RowMakingError(
                 f"making the spooled rows failed ({type(err).__name__}: {err}): the spool "

@@ -42,7 +42,7 @@ from kernmlops.collect.attach import (
 from kernmlops.collect.gated import exit_status
 from kernmlops.collect.sinks import ThreadedSink
 from kernmlops.collect.space import SPACE_CHECK_S, SpaceWatch
-from kernmlops.errors import KernmlopsError
+from kernmlops.errors import NOT_A_HOOKS_BUG
 from kernmlops.hooks.base import Hook
 from kernmlops.tables import Sink
 
@@ -293,7 +293,7 @@ class PollLoop:
         for hook in list(self.active):  # _fail takes a hook out of it
             try:
                 fn(hook)
-            except (KernmlopsError, OSError):
+            except NOT_A_HOOKS_BUG:
                 raise
             except Exception as err:
                 self._fail(hook, what, err)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kernmlops.collect.disk import human_bytes
-from kernmlops.errors import CollectionError, KernmlopsError
+from kernmlops.errors import NOT_A_HOOKS_BUG, CollectionError
 from kernmlops.lazy import lazy_import
 
 if TYPE_CHECKING:
@@ -207,7 +207,7 @@ def make_spooled_rows(
     bad: list[Hook] = []
 
     def fault(hook: Hook, what: str, err: Exception) -> None:
-        if faulty is None or isinstance(err, (KernmlopsError, OSError)):
+        if faulty is None or isinstance(err, NOT_A_HOOKS_BUG):
             raise err
         bad.append(hook)
         faulty(hook, what, err)
