@@ -14,6 +14,7 @@ import click
 from kernmlops.clitools import (
     CONTEXT_SETTINGS,
     check_tgid,
+    error_line,
     fail,
     require_bpf_privileges,
     survive_closed_output,
@@ -88,13 +89,7 @@ class _UsageLine(click.ClickException):
         self.command_path = err.ctx.command_path if err.ctx else "kernmlops"
 
     def show(self, file: Any = None) -> None:
-        from rich.console import Console
-        from rich.markup import escape
-
-        Console(stderr=True, highlight=False).print(
-            f"[bold red]error:[/] {escape(self.message)} (see {self.command_path} --help)",
-            soft_wrap=True,
-        )
+        error_line(f"{self.message} (see {self.command_path} --help)")
 
 
 @contextlib.contextmanager

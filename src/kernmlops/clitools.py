@@ -20,13 +20,18 @@ CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"], "max_
 
 def fail(err: KernmlopsError) -> NoReturn:
     """Print ``error: <message>`` on stderr, one line, and exit with the error's code."""
+    error_line(str(err))
+    sys.exit(err.exit_code)
+
+
+def error_line(message: str) -> None:
+    """``error: <message>`` on stderr, one line (every command's errors look alike)."""
     from rich.console import Console  # rich only when there is something to print
     from rich.markup import escape
 
     # escape: a message may hold [brackets]; soft_wrap: it stays one line (no wrap at 80)
     console = Console(stderr=True, highlight=False)
-    console.print(f"[bold red]error:[/] {escape(str(err))}", markup=True, soft_wrap=True)
-    sys.exit(err.exit_code)
+    console.print(f"[bold red]error:[/] {escape(message)}", markup=True, soft_wrap=True)
 
 
 @contextlib.contextmanager
