@@ -328,15 +328,15 @@ def _put_local(source: Path | bytes, dataset: Dataset, rel: str) -> None:
     """Write to a hidden temporary name, sync, rename, sync the folder: a crash of the
     machine leaves the old file or the new one. The folders are walked and held
     (:func:`_held_folder`), the temporary file made new, never through a link."""
+    from kernmlops.host.pinned import create_new, fd_path
+
     head, _, name = rel.rpartition("/")
     folder = _held_folder(dataset, head, create=True)
     tmp = f".{name}{TEMP_SUFFIX}"
     try:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp, dir_fd=folder)  # a leftover, or a planted link: only the name goes
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            with open(os.open(tmp, flags, 0o644, dir_fd=folder), "wb") as out:
+            # a leftover, or a planted link, at its name: only the name goes
+            with open(create_new(fd_path(folder) / tmp), "wb") as out:
                 if isinstance(source, bytes):
                     out.write(source)
                 else:
