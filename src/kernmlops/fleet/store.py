@@ -285,6 +285,8 @@ def _held_folder(dataset: Dataset, rel: str, *, create: bool) -> int:
         PublishError: a name on the way is a link or a file.
         OSError: a folder is missing (without ``create``) or cannot be made or opened.
     """
+    from kernmlops.host.pinned import UnsafePath, fd_path, subfolder
+
     if create:  # the root itself as named (probe makes it too)
         Path(dataset.root or "/").mkdir(parents=True, exist_ok=True)
     fd = os.open(dataset.root or "/", _DIR)
@@ -292,12 +294,9 @@ def _held_folder(dataset: Dataset, rel: str, *, create: bool) -> int:
         for name in [p for p in rel.split("/") if p]:
             if name in (".", ".."):
                 raise PublishError(f"{dataset.where(rel)}: {name!r} in a path: not written")
-            if create:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(name, 0o755, dir_fd=fd)
             try:
-                inner = os.open(name, _DIR | os.O_NOFOLLOW, dir_fd=fd)
-            except NotADirectoryError:
+                inner = subfolder(fd_path(fd), name, create=create)
+            except UnsafePath:
                 raise PublishError(
                     f"{dataset.where(rel)}: {name} is a link or a file, not a folder: "
                     "nothing is written or deleted through it"
