@@ -406,8 +406,13 @@ class Damaged(NamedTuple):
 
 
 def _marker(prefix: str) -> str:
-    """The damaged marker of the collection folder ``prefix``, named by the folder's
-    ``collection_id`` (its manifest may be what is damaged). A folder's name that
+    """The damaged marker of the collection folder ``prefix`` (:func:`_marker_id`)."""
+    return f"{DAMAGED_DIR}/{_marker_id(prefix)}.json"
+
+
+def _marker_id(prefix: str) -> str:
+    """The id a damaged marker of the collection folder ``prefix`` is named by: the
+    folder's ``collection_id`` (its manifest may be what is damaged). A folder's name that
     unquotes to more than one name (``..%2F..%2Fetc``, made by whoever writes in the
     dataset) is kept quoted: the marker is one file in ``_damaged/``, never one the
     ``/`` and ``..`` lead to."""
@@ -417,14 +422,14 @@ def _marker(prefix: str) -> str:
         cid = quote(cid, safe="")  # no '/'; and not hidden, as readers skip those
         if cid.startswith((".", "_")):
             cid = f"%{ord(cid[0]):02X}{cid[1:]}"
-    return f"{DAMAGED_DIR}/{cid}.json"
+    return cid
 
 
 def damaged_marker(dataset: Dataset, prefix: str, reason: str) -> None:
     """Name the collection folder ``prefix`` damaged, for ``reason``, in ``_damaged/``."""
     import json
 
-    cid = _marker(prefix).removeprefix(f"{DAMAGED_DIR}/").removesuffix(".json")
+    cid = _marker_id(prefix)
     record = dict(Damaged(cid, prefix, reason)._asdict(), found_at=datetime.now(UTC).isoformat())
     put(dataset, json.dumps(record).encode(), _marker(prefix))
 

@@ -285,6 +285,8 @@ def _held_folder(dataset: Dataset, rel: str, *, create: bool) -> int:
         PublishError: a name on the way is a link or a file.
         OSError: a folder is missing (without ``create``) or cannot be made or opened.
     """
+    from kernmlops.host.pinned import UnsafePath, fd_path, subfolder
+
     if create:  # the root itself as named (probe makes it too)
         Path(dataset.root or "/").mkdir(parents=True, exist_ok=True)
     fd = os.open(dataset.root or "/", _DIR)
@@ -292,12 +294,9 @@ def _held_folder(dataset: Dataset, rel: str, *, create: bool) -> int:
         for name in [p for p in rel.split("/") if p]:
             if name in (".", ".."):
                 raise PublishError(f"{dataset.where(rel)}: {name!r} in a path: not written")
-            if create:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(name, 0o755, dir_fd=fd)
             try:
-                inner = os.open(name, _DIR | os.O_NOFOLLOW, dir_fd=fd)
-            except NotADirectoryError:
+                inner = subfolder(fd_path(fd), name, create=create)
+            except UnsafePath:
                 raise PublishError(
                     f"{dataset.where(rel)}: {name} is a link or a file, not a folder: "
                     "nothing is written or deleted through it"
@@ -328,15 +327,15 @@ def _put_local(source: Path | bytes, dataset: Dataset, rel: str) -> None:
     """Write to a hidden temporary name, sync, rename, sync the folder: a crash of the
     machine leaves the old file or the new one. The folders are walked and held
     (:func:`_held_folder`), the temporary file made new, never through a link."""
+    from kernmlops.host.pinned import create_new, fd_path
+
     head, _, name = rel.rpartition("/")
     folder = _held_folder(dataset, head, create=True)
     tmp = f".{name}{TEMP_SUFFIX}"
     try:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp, dir_fd=folder)  # a leftover, or a planted link: only the name goes
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            with open(os.open(tmp, flags, 0o644, dir_fd=folder), "wb") as out:
+            # a leftover, or a planted link, at its name: only the name goes
+            with open(create_new(fd_path(folder) / tmp), "wb") as out:
                 if isinstance(source, bytes):
                     out.write(source)
                 else:

@@ -41,6 +41,8 @@ __all__ = [
     "handed_over_held",
     "may_follow",
     "open_plain",
+    "open_plain_file",
+    "open_regular",
     "pin",
     "pin_in",
     "read_plain",
@@ -484,6 +486,22 @@ def read_plain(path: Path, *, owner: int = -1, limit: int | None = None) -> byte
         return data
 
 
+def open_regular(path: Path, *, follow: bool = True) -> int:
+    """A descriptor of ``path`` (read-only), a plain file only, opened without blocking:
+    a FIFO put at its name would wait for a writer for ever. ``follow``: a link to one
+    is followed (else ELOOP).
+
+    Raises:
+        OSError: EINVAL for what is not a plain file (a folder, a FIFO, a device).
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a plain file", str(path))
+    return fd
+
+
 def open_plain_file(path: Path, *, owner: int = -1) -> int:
     """A descriptor of ``path`` (read-only), checked as :func:`read_plain` checks it,
     for a file to be read a piece at a time.
@@ -492,11 +510,9 @@ def open_plain_file(path: Path, *, owner: int = -1) -> int:
         OSError: ELOOP for a link, EINVAL for anything else that is not a plain file,
             EPERM for a hard link to another file (as root).
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd = open_regular(path, follow=False)
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a plain file", str(path))
         if os.geteuid() == 0 and st.st_nlink != 1 and st.st_uid != owner:
             raise OSError(errno.EPERM, "a hard link to another file", str(path))
     except BaseException:

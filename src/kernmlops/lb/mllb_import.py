@@ -31,14 +31,14 @@ here the way the kernel side computes them.
 
 from __future__ import annotations
 
+import errno
 import io
-import os
-import stat
 from pathlib import Path
 
 import polars as pl
 
 from kernmlops.errors import KernmlopsError
+from kernmlops.host.pinned import open_regular
 from kernmlops.lb.features import FEATURES, conform
 
 #: MLLB name -> canonical name, where they differ
@@ -85,12 +85,15 @@ class _Layout:
         #: of a long one
         self.ragged: tuple[int, int, int] | None = None
         width = 0
-        # not blocking: a FIFO with no writer would hang the open (and it could not be
-        # read twice, as the dump is)
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        # a plain file only: a FIFO with no writer would hang the open (and it could
+        # not be read twice, as the dump is)
+        try:
+            fd = open_regular(path)
+        except OSError as err:
+            if err.errno != errno.EINVAL:
+                raise
+            raise MllbFormatError(f"{path} is not a plain file: not an MLLB raw dump") from None
         with open(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise MllbFormatError(f"{path} is not a plain file: not an MLLB raw dump")
             for n, line in enumerate(f, 1):
                 if line.isspace():
                     if self.header:

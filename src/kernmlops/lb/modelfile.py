@@ -16,16 +16,16 @@ score as "always stay".
 
 from __future__ import annotations
 
+import errno
 import json
 import math
-import os
-import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kernmlops.errors import KernmlopsError
+from kernmlops.host.pinned import open_regular
 from kernmlops.lb.names import FBITS, FEATURES, NR_FEATURES
 
 HIDDEN = 10
@@ -193,12 +193,8 @@ def read_model_doc(path: Path, error: type[KernmlopsError] = WeightsError) -> di
     line when it is missing, a folder, too large or not a JSON object."""
     path = Path(path)
     try:
-        # not blocking: a FIFO with no writer (one put at a model's name) would hang
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        with open(fd, "rb") as f:
-            mode = os.fstat(fd).st_mode
-            if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):  # a folder: said below
-                raise error(f"{path} is not a plain file: not a model file")
+        # a plain file only: a FIFO put at a model's name would hang the read
+        with open(open_regular(path), "rb") as f:
             raw = f.read(MAX_MODEL_BYTES + 1)
         if len(raw) > MAX_MODEL_BYTES:
             raise error(f"{path} is over {MAX_MODEL_BYTES >> 20} MiB: not a model file "
@@ -206,10 +202,12 @@ def read_model_doc(path: Path, error: type[KernmlopsError] = WeightsError) -> di
         doc = json.loads(raw)
     except FileNotFoundError:
         raise error(f"model {path} not found") from None
-    except IsADirectoryError:
-        raise error(f"{path} is a folder, not a model file") from None
     except OSError as err:
-        raise error(f"cannot read model {path}: {err.strerror}") from None
+        if err.errno != errno.EINVAL:
+            raise error(f"cannot read model {path}: {err.strerror}") from None
+        if path.is_dir():
+            raise error(f"{path} is a folder, not a model file") from None
+        raise error(f"{path} is not a plain file: not a model file") from None
     except (ValueError, RecursionError):  # not UTF-8, not JSON, a number past 4300 digits
         raise error(f"{path} is not a model: not JSON (lb train and lb export write "
                     "JSON)") from None  # fmt: skip

@@ -126,17 +126,19 @@ def collection_id_of(collection: Path) -> str | None:
         return None
 
 
-def collection_state(collection: Path) -> str | None:
-    """The collection's ``state``, as its manifest says; None without one."""
-    found = _manifest(collection).get("state")
-    return found if isinstance(found, str) else None
-
-
 def collector_alive(collection: Path) -> int | None:
     """The pid of the collector still writing ``collection``, if it runs (None also
     when the manifest names none or cannot be read)."""
+    return collector_and_state(collection)[0]
+
+
+def collector_and_state(collection: Path) -> tuple[int | None, str | None]:
+    """:func:`collector_alive` and the collection's ``state`` (None without one), from
+    one read of its manifest."""
     manifest = _manifest(collection)
-    return collector_running(manifest.get("collector_pid"), manifest.get("started_at"))
+    pid = collector_running(manifest.get("collector_pid"), manifest.get("started_at"))
+    state = manifest.get("state")
+    return pid, state if isinstance(state, str) else None
 
 
 #: seconds a collector's process start may seem to follow its manifest's started_at:

@@ -24,8 +24,7 @@ from kernmlops.ebpf.copier import available as copier_available
 from kernmlops.spool.collection import (
     SPOOL_DIR,
     collection_id_of,
-    collection_state,
-    collector_alive,
+    collector_and_state,
     spool_done,
 )
 
@@ -192,9 +191,11 @@ def leftover_memory(min_age_s: float = 60.0) -> list[Leftover]:
             continue
         collection = owner.parent if owner is not None else None
         back = owner is not None and _links_to(owner / MEMORY_LINK, folder)
-        if back and collection is not None and collector_alive(collection) is not None:
-            continue
-        state = collection_state(collection) if back and collection is not None else None
+        state = None
+        if back and collection is not None:
+            pid, state = collector_and_state(collection)  # one read of its manifest
+            if pid is not None:
+                continue
         found.append(Leftover(folder, size, collection, back, state))
     return found
 

@@ -20,18 +20,19 @@ folder.
 
 from __future__ import annotations
 
+import errno
 import os
-import stat
 from pathlib import Path
 
 import polars as pl
 
 from kernmlops.confined import MIB, UnsafePathError, check_size, confined, human_size
-
-# defined below the parsers, which import them from base, not from here
 from kernmlops.duet.parsers.base import ITERATION_SCHEMA, Anchor, ParseError, Parser
 from kernmlops.duet.parsers.base import derived as derived
 from kernmlops.duet.parsers.base import frame as frame
+
+# defined below the parsers, which import them from base, not from here
+from kernmlops.host.pinned import open_regular
 
 #: the largest result file read by default: a parser holds it whole in memory
 MAX_FILE_BYTES = 256 * MIB
@@ -47,11 +48,14 @@ def _registry() -> list[Parser]:
 def _head(path: Path) -> str:
     if path.is_dir():
         return ""
-    # not blocking, and a plain file only: a FIFO there would wait for a writer for ever
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    # a plain file only: a FIFO there would wait for a writer for ever
+    try:
+        fd = open_regular(path)
+    except OSError as err:
+        if err.errno != errno.EINVAL:
+            raise
+        raise UnsafePathError(f"{path}: result file is not a plain file: not read") from None
     with open(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UnsafePathError(f"{path}: result file is not a plain file: not read")
         return f.read(65536).decode("utf-8", errors="replace")
 
 
