@@ -508,7 +508,8 @@ def test_a_tgid_reused_outside_the_tree_is_not_traced(naps: Path) -> None:
     newcomer = None
     try:
         hook.start(HookContext("t", process_filter=flt, self_tgid=os.getpid()))
-        traced = subprocess.Popen([str(naps), "1", "1"], stdin=subprocess.PIPE, **popen)
+        # 20 naps of 1 ms: switches and waits after the filter has it, whenever it runs
+        traced = subprocess.Popen([str(naps), "20", "1000"], stdin=subprocess.PIPE, **popen)
         flt.add(traced.pid)
         traced.communicate()  # reaped: its pid is free
         traced_alive = flt.tracked() >= {traced.pid}
@@ -530,6 +531,7 @@ def test_a_tgid_reused_outside_the_tree_is_not_traced(naps: Path) -> None:
     assert traced_alive
     assert traced.pid not in tracked
     for table in frames:
+        assert frames[table], table  # rows of the traced process at least
         rows = pl.concat(frames[table]).filter(pl.col("tgid") == traced.pid)
         assert rows.filter(pl.col("ts_uptime_us") < reused_us).height, table  # it was traced
         after = rows.filter(pl.col("ts_uptime_us") >= reused_us)
