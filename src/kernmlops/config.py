@@ -153,8 +153,9 @@ class CollectorConfig(_Strict):
         None,
         ge=0,
         description="with spool: processes that make the rows of what the spool still "
-        "holds once the benchmark ended, one per CPU (one core makes 1.5-2M records' rows a "
-        "second, and a 16-core storm spools 6M a second). null: one per CPU the collector may "
+        "holds once the benchmark ended, one per CPU (one core made 2.3-3.1M records' rows a "
+        "second on a 2-vCPU VM, and a 16-core storm spools about 8M a second: "
+        "bench/README.md). null: one per CPU the collector may "
         "use, where it may use 4 or more and at least 96 MiB of records wait (a worker's "
         "start costs 1-2 s of CPU); 0 or 1: in the collector alone",
     )
