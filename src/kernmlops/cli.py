@@ -313,7 +313,8 @@ def _summary(result) -> Table:
     type=click.FloatRange(min=0),
     metavar="SECONDS",
     help="with --export: after the benchmark ends, serve the final values until a scrape "
-    "took them or SECONDS passed (default: two scrape intervals; 0: stop at once).",
+    "took them or SECONDS passed (default: two scrape intervals as seen, plus 1 s; 30 s "
+    "when no scrape came; 0: stop at once).",
 )
 @click.option(
     "--web.config.file",
@@ -592,6 +593,11 @@ def defaults(path: str) -> None:
 
     Copy the keys you want to change into an overrides file and pass it with
     `kernmlops collect -c FILE`.
+
+    \b
+    Examples:
+      kernmlops defaults                      write ./defaults.yaml
+      kernmlops defaults - | grep -A3 stress_ng
     """
     from kernmlops.config import defaults_yaml
     from kernmlops.fileio import write_atomic
@@ -627,6 +633,10 @@ def _owner_of(fd: int) -> Invoker | None:
 )
 def recover(collection: Path, bpf_dir: Path | None) -> None:
     """Turn the spool a killed collector left in COLLECTION into Parquet parts.
+
+    \b
+    Example:
+      kernmlops recover data/curated/benchmark=faux/collection_id=<id>
 
     While a machine has no CPU to spare, the collector copies its rings to
     COLLECTION/.spool/ and makes rows later (collector.spool). If it was killed
@@ -752,7 +762,17 @@ def recover(collection: Path, bpf_dir: Path | None) -> None:
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="build folder")
 @click.option("--force", is_flag=True, help="rebuild every object")
 def build_bpf(out: Path | None, force: bool) -> None:
-    """Compile the BPF objects (clang, vmlinux.h from this kernel's BTF)."""
+    """Compile the BPF objects (clang, vmlinux.h from this kernel's BTF).
+
+    Objects older than their sources are rebuilt by any command that loads them;
+    this builds them now (--out, else $KERNMLOPS_BPF_DIR, else build/bpf of a source
+    checkout; an installed wheel ships its objects prebuilt).
+
+    \b
+    Examples:
+      kernmlops build-bpf
+      kernmlops build-bpf --out build/bpf --force
+    """
     from kernmlops.ebpf.build import build
 
     try:
@@ -765,7 +785,15 @@ def build_bpf(out: Path | None, force: bool) -> None:
 @cli.command()
 def doctor() -> None:
     """What this machine allows (capabilities, BTF, program types, counters) and
-    which hooks can run, with reasons."""
+    which hooks can run, with reasons.
+
+    Its last table says what a collection here gets by default (rings, memory
+    spool, row workers, free space). Any user may run it; as root it probes more.
+
+    \b
+    Example:
+      sudo kernmlops doctor
+    """
     from kernmlops.doctor import run_doctor
 
     try:
@@ -783,6 +811,12 @@ def perf_list(show_all: bool, tracepoints: bool, as_json: bool) -> None:
 
     Put a NAME in hooks.perf.events of a config to count it, e.g.
     `events: [dTLB-load-misses, tlb:tlb_flush, msr/tsc/]`.
+
+    \b
+    Examples:
+      sudo kernmlops perf-list
+      sudo kernmlops perf-list --tracepoints | grep tlb
+      sudo kernmlops perf-list --all --json | jq -r '.[] | select(.supported) | .name'
     """
     import polars as pl
 

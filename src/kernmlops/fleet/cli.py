@@ -114,7 +114,14 @@ def fleet_group() -> None:
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per collection on stdout.")
 def ls_command(uri: str, as_json: bool) -> None:
     """List the collections published at URI, from its index: one line each with
-    host, kernel, CPU, benchmark, start, state and rows."""
+    benchmark, id, host, kernel, CPU, start, state, rows and tables (--json: every
+    column of the index).
+
+    \b
+    Examples:
+      kernmlops fleet ls s3://lab-kernel-data/fleet
+      kernmlops fleet ls /mnt/share/fleet --json | jq -r 'select(.state != "completed") | .path'
+    """
     import json
 
     from kernmlops.fleet.index import (
@@ -252,7 +259,12 @@ def reindex_command(uri: str) -> None:
     A collection whose manifest or a part is damaged is named and left out: its
     row, if any, is removed (the index lists whole collections: its readers skip
     it), and `fleet ls` names it until it is pushed again. The others are indexed
-    and the exit code is 1."""
+    and the exit code is 1.
+
+    \b
+    Example:
+      kernmlops fleet reindex /mnt/share/fleet
+    """
     from kernmlops.fleet.index import reindex
     from kernmlops.fleet.store import PublishError, describe_error, open_dataset
 
@@ -330,6 +342,12 @@ def spark_job_command(dataset: str, out: str, master: str | None) -> None:
     submit the job itself: spark-submit --master URL
     $(python -m kernmlops.fleet.spark_job --path) DATASET OUT.
     Needs pyspark and Java 17 (make interop).
+
+    \b
+    Examples:
+      kernmlops spark-job /mnt/share/fleet summaries/
+      kernmlops spark-job s3a://lab-kernel-data/fleet s3a://lab-kernel-data/summaries \\
+          --master spark://head:7077
     """
     import importlib.util
 

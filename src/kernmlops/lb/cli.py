@@ -296,6 +296,11 @@ def shadow_cmd(model_path, variant, config_files, repeat, attach, benchmark, dur
     answers are in lb_decisions (model_pred, model_out, infer_ns; tracepoint:
     on its pulls, each the very inputs the model was given) and, for every pull
     the program saw, in lb_tp_shadow.
+
+    \b
+    Examples:
+      kernmlops lb shadow lb-model.json --variant tracepoint -b stress-ng
+      kernmlops vm -o lab -- kernmlops lb shadow out/kmo_lb_model.q11.json -o lab -b stress-ng
     """
     _run_collect(variant, config_files, repeat, attach, benchmark, duration, output_dir,
                  migration_cost_ns, no_progress, command, model_path)  # fmt: skip
@@ -313,7 +318,13 @@ def shadow_cmd(model_path, variant, config_files, repeat, attach, benchmark, dur
 @click.option("--collection-id", help="collection id (one file only; default: mllb-<file stem>)")
 def import_cmd(files: tuple[Path, ...], output_dir: Path, collection_id: str | None) -> None:
     """Import decisions dumped in MLLB's CSV format (raw_<tag>.csv of its
-    dump_lb.py), one collection per file, as table lb_decisions."""
+    dump_lb.py), one collection per file, as table lb_decisions.
+
+    \b
+    Examples:
+      kernmlops lb import-mllb raw_ng.csv raw_fft.csv       -> data/curated/...
+      kernmlops lb import-mllb raw_ng.csv --collection-id ng-run1 -o mllb-data
+    """
     from kernmlops.lb.dataset import write_decisions
     from kernmlops.lb.mllb_import import read_mllb_csv
 
@@ -390,7 +401,13 @@ def train_cmd(data, output, split, tests, test_fraction, epochs, seed, migration
               balanced) -> None:  # fmt: skip
     """Train MLLB's MLP (15 -> 10 ReLU -> 1, numpy) on the lb_decisions of DATA
     (collection folders or roots) after MLLB's filter; report accuracy,
-    precision, recall, F1 and the confusion matrix on the test runs."""
+    precision, recall, F1 and the confusion matrix on the test runs.
+
+    \b
+    Examples:
+      kernmlops lb train lab -o lb-model.json
+      kernmlops lb train data --balanced --test-fraction 0.3 --seed 1
+    """
     from kernmlops.lb.dataset import load_decisions, recorded_cost
     from kernmlops.lb.features import MIGRATION_COST_NS
     from kernmlops.lb.model import TrainConfig, check_writable
@@ -433,7 +450,12 @@ def train_cmd(data, output, split, tests, test_fraction, epochs, seed, migration
 def export_cmd(model_path: Path, output_dir: Path, name: str, data: tuple[Path, ...]) -> None:
     """Export MODEL in Q20.11 fixed point: NAME.h (C, also a drop-in for the
     weight arrays of MLLB's kernel patch) and NAME.q11.json (lb shadow's input),
-    with float vs fixed agreement."""
+    with float vs fixed agreement.
+
+    \b
+    Example:
+      kernmlops lb export lb-model.json -o out/   -> out/kmo_lb_model.h, .q11.json
+    """
     from kernmlops.lb.dataset import load_decisions
     from kernmlops.lb.fixed import FixedModel, c_header, fixed_json
     from kernmlops.lb.model import Model
@@ -532,7 +554,13 @@ def report_cmd(data: tuple[Path, ...], model_path: Path | None, json_out: Path |
     per collection and its shadow results from the manifests.
 
     --model takes lb train's float model or lb export's *.q11.json; the latter
-    is evaluated in Q20.11 fixed point, as the kernel evaluates it."""
+    is evaluated in Q20.11 fixed point, as the kernel evaluates it.
+
+    \b
+    Examples:
+      kernmlops lb report lab
+      kernmlops lb report lab --model out/kmo_lb_model.q11.json --json report.json
+    """
     from kernmlops.lb.report import build_report
 
     try:
@@ -590,7 +618,13 @@ def build_kmod_cmd(release: str | None, build_dir: Path | None, force: bool) -> 
     """Build the kmo_lb kernel module (kbuild, against linux-headers-RELEASE).
 
     Built on the host for the lab's kernel, `lb deploy` in the lab finds it
-    (building there works too, 20-30x slower under QEMU without KVM)."""
+    (building there works too, 20-30x slower under QEMU without KVM).
+
+    \b
+    Examples:
+      kernmlops lb build-kmod                       the lab's kernel, into build/kmod
+      kernmlops lb build-kmod --release "$(uname -r)"   the running kernel (its headers)
+    """
     from kernmlops.lb import deploy
 
     release = release or _lab_release()
@@ -640,7 +674,12 @@ def deploy_cmd(model_path: Path, mode: str, ko: Path | None, build_dir: Path | N
 @lb_group.command("mode")
 @click.argument("mode", type=click.Choice(["off", "shadow", "replace"]))
 def mode_cmd(mode: str) -> None:
-    """Switch the deployed model's MODE at run time (counters keep counting)."""
+    """Switch the deployed model's MODE at run time (counters keep counting).
+
+    \b
+    Example (in the lab, after lb deploy):
+      kernmlops lb mode replace
+    """
     from kernmlops.lb import deploy
 
     try:
@@ -654,7 +693,12 @@ def mode_cmd(mode: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="print the counters as JSON")
 def status_cmd(as_json: bool) -> None:
     """The deployed model's counters: calls seen, decisions the model took,
-    agreement with the kernel, answers overridden, ns per decision."""
+    agreement with the kernel, answers overridden, ns per decision.
+
+    \b
+    Example (in the lab, after lb deploy):
+      kernmlops lb status --json
+    """
     from kernmlops.lb import deploy
 
     try:
@@ -676,7 +720,12 @@ def status_cmd(as_json: bool) -> None:
 
 @lb_group.command("undeploy")
 def undeploy_cmd() -> None:
-    """Unload the kmo_lb module: can_migrate_task is the kernel's alone again."""
+    """Unload the kmo_lb module: can_migrate_task is the kernel's alone again.
+
+    \b
+    Example (in the lab):
+      kernmlops lb undeploy
+    """
     from kernmlops.lb import deploy
 
     try:
