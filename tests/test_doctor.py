@@ -138,6 +138,25 @@ def test_the_sizing_table_of_a_192_cpu_machine(monkeypatch) -> None:
     rows = dict(collection_sizing())
     assert rows["CPUs"] == "192 online; 192 this process may use"
     assert rows["rings per table"] == "12, each written by 16 CPUs, 32.0 MiB"
-    assert rows["zstd threads per copier"] == "24"
+    # 24 in all (one per 8 CPUs), shared by the table's 12 copiers: 2 beside each
+    assert rows["zstd threads per copier"] == "2 (24 in all, beside 12 copiers)"
     ram_gib = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**30
     assert rows["row workers at stop"].startswith(f"{min(64, ram_gib)} processes")
+
+
+def test_the_sizing_table_of_24_cpus_says_what_the_copiers_got(monkeypatch) -> None:
+    """On 24 CPUs two rings of 12: the kernel lab's manifests (`python -m bench many-cpus`,
+    bench/README.md) gave 2 copiers and 4 zstd workers, 2 beside each, not 3."""
+    import kernmlops.config
+    import kernmlops.hooks.bpf
+    from kernmlops.doctor import collection_sizing
+
+    cpus = list(range(24))
+    for module in (kernmlops.config, kernmlops.hooks.bpf):
+        monkeypatch.setattr(module, "online_cpu_count", lambda: 24)
+    monkeypatch.setattr("kernmlops.host.cpus.online_cpu_count", lambda: 24)
+    monkeypatch.setattr(kernmlops.hooks.bpf, "online_cpus", lambda: cpus)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(cpus))
+    rows = dict(collection_sizing())
+    assert rows["rings per table"].startswith("2, each written by 12 CPUs")
+    assert rows["zstd threads per copier"] == "2 (4 in all, beside 2 copiers)"

@@ -84,14 +84,19 @@ def collection_sizing(output_dir: Path = Path("data")) -> list[tuple[str, str]]:
         workers_for,
     )
     from kernmlops.ebpf.copier import default_workers
-    from kernmlops.hooks.bpf import BpfHookOptions, cpu_span, ring_group_plan
+    from kernmlops.hooks.bpf import (
+        BpfHookOptions,
+        cpu_span,
+        ring_group_plan,
+        zstd_workers_per_copier,
+    )
     from kernmlops.host.cpus import online_cpu_count
 
     online, usable = online_cpu_count(), len(os.sched_getaffinity(0))
     opts = BpfHookOptions()
     rings, per = ring_group_plan(opts.groups, cpu_span())
     memory = _memory_row()
-    zstd = default_workers()
+    zstd = zstd_workers_per_copier(default_workers(), rings, opts.ring_bytes)
     workers = workers_for(1 << 62)
     if workers > 1:
         rows = f"{workers} processes, from {human_bytes(MIN_PARALLEL_RAW)} of spooled records"
@@ -111,7 +116,12 @@ def collection_sizing(output_dir: Path = Path("data")) -> list[tuple[str, str]]:
         ("CPUs", f"{online} online; {usable} this process may use"),
         ("rings per table", f"{rings}, each written by {per} CPUs, {human_bytes(opts.ring_bytes)}"),
         ("memory spool", memory),
-        ("zstd threads per copier", f"{zstd}" if zstd else "none (4 CPUs or fewer)"),
+        (
+            "zstd threads per copier",
+            f"{zstd} ({zstd * rings} in all, beside {rings} copiers)"
+            if zstd
+            else "none (4 CPUs or fewer)",
+        ),
         ("row workers at stop", rows),
         (
             "output disk",

@@ -57,6 +57,15 @@ def default_ring_groups(cpus: int | None = None) -> int:
     return max(1, -(-n // CPUS_PER_RING_GROUP))
 
 
+def zstd_workers_per_copier(workers: int, groups: int, ring_bytes: int) -> int:
+    """The zstd workers beside each copier of a table with ``groups`` rings of
+    ``ring_bytes``, ``workers`` being the table's in all (collector.copier_workers)."""
+    if groups > 1:  # the compression workers shared by the groups' copiers
+        workers = -(-workers // groups)
+    # a frame is cut in jobs of 512 KiB, one per worker, and must fit a quarter ring
+    return min(workers, ring_bytes // 4 // (512 << 10))
+
+
 def ring_group_plan(groups: int, possible: int) -> tuple[int, int]:
     """(rings, CPUs per ring) for ``groups`` asked on a machine whose CPUs are numbered
     below ``possible`` (online ones: cpu_span): CPU c writes into ring c // per. No ring is
@@ -443,11 +452,8 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         if workers is None:
             workers = copier_workers()
         groups = max(len(_ring_list(r)) for r, _ in self._rings.values())
-        if groups > 1:  # the compression workers shared by the groups' copiers
-            workers = -(-workers // groups)
-        # a frame is cut in jobs of 512 KiB, one per worker, and must fit a quarter ring
+        workers = zstd_workers_per_copier(workers, groups, self.options.ring_bytes)
         quarter = self.options.ring_bytes // 4
-        workers = min(workers, quarter // (512 << 10))
         copiers: list[Copier] = []
         try:
             # One copier thread per ring group, each moving its group's ring of every
