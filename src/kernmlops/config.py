@@ -172,10 +172,10 @@ class CollectorConfig(_Strict):
         None,
         ge=0,
         le=64,
-        description="threads that compress the spool's disk frames beside the copier "
-        "(zstd's own, at the copier's priority); one compresses ~6M quanta records/s on the "
-        "2-vCPU VM, a 16-core storm makes 8M/s. null: one per 8 CPUs above 4 CPUs, 0: the "
-        "copier alone",
+        description="threads that compress the spool's disk frames beside the copiers "
+        "(zstd's own, at the copier's priority), shared by a table's copiers (each gets its "
+        "share, rounded up); one compresses ~6M quanta records/s on the 2-vCPU VM, a 16-core "
+        "storm makes 8M/s. null: one per 8 CPUs above 4 CPUs, 0: the copier alone",
     )
     min_free_mb: float = Field(
         64,
