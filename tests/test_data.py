@@ -549,6 +549,9 @@ def test_read_parquet_dir_names_why_a_manifest_does_not_read(
     newer.write_text(json.dumps({**json.loads(newer.read_text()), "version": 9}))
     damaged = curated / "benchmark=gap" / "collection_id=g1" / "manifest.json"
     damaged.write_text('{"broken')
+    fifo = curated / "benchmark=faux" / "collection_id=f2" / "manifest.json"
+    fifo.unlink()
+    os.mkfifo(fifo)  # read through the held folder or by name, worded alike
     with pytest.raises(CollectionError, match="upgrade kernmlops"):
         read_collection(newer.parent)
     with warnings.catch_warnings(record=True) as said:
@@ -562,6 +565,8 @@ def test_read_parquet_dir_names_why_a_manifest_does_not_read(
         "kernmlops reads up to version 3; upgrade kernmlops to read it)" in warning
     ), warning
     assert f"{damaged.parent} (manifest not read: the manifest is not valid JSON" in warning
+    said_of_fifo = f"{fifo.parent} (manifest not read: cannot read the manifest: not a plain file)"
+    assert said_of_fifo in warning, warning
 
 
 def test_read_parquet_dir_errors(curated: Path, tmp_path: Path) -> None:

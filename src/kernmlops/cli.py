@@ -656,7 +656,7 @@ def recover(collection: Path, bpf_dir: Path | None) -> None:
     from kernmlops.collect.recovery import recover
     from kernmlops.host.invoker import hand_over, invoker
     from kernmlops.host.pinned import pin
-    from kernmlops.spool.collection import SPOOL_DIR, collector_alive, spool_done
+    from kernmlops.spool.collection import SPOOL_DIR, collector_running, spool_done
     from kernmlops.spool.memory import (
         foreign_memory,
         memory_folder,
@@ -675,16 +675,22 @@ def recover(collection: Path, bpf_dir: Path | None) -> None:
     io = pinned.io
     try:
         # a folder that is no collection (or whose manifest is damaged) is said, even
-        # with nothing to recover: a typo must not look like a clean collection
-        if not (io / MANIFEST_NAME).is_file():
-            raise CollectionError(f"{collection} is not a collection: it has no {MANIFEST_NAME}")
+        # with nothing to recover: a typo must not look like a clean collection. Read
+        # once: every check below sees the same manifest, whatever a collector writes
         try:
-            read_manifest(io)
+            manifest = read_manifest(io)
         except CollectionError as err:  # its message names the pinned path: not shown
+            if not os.path.lexists(io / MANIFEST_NAME):
+                raise CollectionError(
+                    f"{collection} is not a collection: it has no {MANIFEST_NAME}"
+                ) from None
             raise CollectionError(
                 f"{collection} is not a readable collection: {str(err).split(': ', 1)[-1]}"
             ) from None
-        elsewhere = memory_owned_elsewhere(io / SPOOL_DIR)
+        own_id = manifest.collection_id
+        # any state: a collector that is stopping may not have said so yet
+        pid = collector_running(manifest.collector_pid, manifest.started_at)
+        elsewhere = memory_owned_elsewhere(io / SPOOL_DIR, own_id)
         if elsewhere is not None:
             raise CollectionError(
                 f"{collection} is a copy: its spool's rows in memory belong to "
@@ -697,9 +703,9 @@ def recover(collection: Path, bpf_dir: Path | None) -> None:
                 f"warning: the spool's first part was in memory ({lost}) and is gone "
                 "(a reboot?): its rows are lost; recovering what is on disk"
             )
-        foreign = foreign_memory(io)
+        foreign = foreign_memory(io, own_id)
         if foreign is not None:
-            own = memory_folder(read_manifest(io).collection_id)
+            own = memory_folder(own_id or "")
             _say(
                 f"warning: the spool's memory link names {foreign}, not this collection's "
                 f"own folder ({own}, yours, mode 0700): it is not read; if its segments are "
@@ -708,7 +714,6 @@ def recover(collection: Path, bpf_dir: Path | None) -> None:
         if spool_done(io / SPOOL_DIR):
             # its rows are all in parts: a kill cut the spool's removal (a live
             # collector is removing it now: its manifest is its own to finish)
-            pid = collector_alive(io)
             if pid is not None:
                 raise CollectionError(
                     f"{collection}: still being collected (collector pid {pid}): nothing "
@@ -726,7 +731,6 @@ def recover(collection: Path, bpf_dir: Path | None) -> None:
             if foreign is not None:
                 fail(CollectionError(f"the spool's memory folder {foreign} was not read"))
             return
-        pid = collector_alive(io)
         if pid is not None:
             raise CollectionError(
                 f"{collection}: still being collected (collector pid {pid}): nothing to "

@@ -477,11 +477,9 @@ def _read_held(path: Path, lazy: bool, damaged: Damaged) -> Collection | LazyCol
     file of another owner, is refused in one line naming it. Each table is scanned on
     the files opened (polars holds its own descriptor of each): ``lazy`` or not, no
     part is opened by name again."""
-    from kernmlops.collect.manifest import parse_manifest
     from kernmlops.errors import OutputError
     from kernmlops.host.invoker import invoker
     from kernmlops.host.pinned import pin
-    from kernmlops.spool.collection import read_manifest_bytes
 
     with contextlib.suppress(OSError):
         if path.name == MANIFEST_NAME and stat.S_ISREG(os.lstat(path).st_mode):
@@ -499,18 +497,7 @@ def _read_held(path: Path, lazy: bool, damaged: Damaged) -> Collection | LazyCol
         raise CollectionError(str(err)) from None
     try:
         with _closing_fds() as fds:
-            manifest_path = path / MANIFEST_NAME
-            try:
-                text = read_manifest_bytes(held.io, owner=held.owner).decode("utf-8")
-            except FileNotFoundError:
-                raise CollectionError(
-                    f"{manifest_path}: no manifest (is {path} a collection folder?)"
-                ) from None
-            except (OSError, UnicodeDecodeError) as err:
-                raise CollectionError(
-                    f"{manifest_path}: cannot read the manifest: {_why(err)}"
-                ) from None
-            manifest = parse_manifest(text, manifest_path)
+            manifest = _held_manifest(held, path)
             files, opened, incomplete = _held_tables(held, path, uid, fds)
             spooled = _spooled(path, held.io)
             _no_tables(path, manifest, files, incomplete, spooled)
@@ -520,6 +507,28 @@ def _read_held(path: Path, lazy: bool, damaged: Damaged) -> Collection | LazyCol
         held.close()
     return _collection(path, manifest, tables, files, incomplete, spooled, lazy=lazy,
                        stacklevel=4, damaged=bad)  # fmt: skip
+
+
+def _held_manifest(held: Pinned, path: Path) -> Manifest:
+    """The manifest of the held collection folder ``held`` (``path`` names it), read
+    through it and checked as read_manifest reads and checks one.
+
+    Raises:
+        CollectionError: worded as read_manifest words it, naming ``path``.
+    """
+    from kernmlops.collect.manifest import parse_manifest
+    from kernmlops.spool.collection import read_manifest_bytes
+
+    manifest_path = path / MANIFEST_NAME
+    try:
+        text = read_manifest_bytes(held.io, owner=held.owner).decode("utf-8")
+    except FileNotFoundError:
+        raise CollectionError(
+            f"{manifest_path}: no manifest (is {path} a collection folder?)"
+        ) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise CollectionError(f"{manifest_path}: cannot read the manifest: {_why(err)}") from None
+    return parse_manifest(text, manifest_path)
 
 
 def _held_tables(
@@ -601,9 +610,6 @@ def _scan_table_held(folder: Path, table: str) -> tuple[pl.LazyFrame | None, str
     through held folders (None where it has no finished part): no link a user
     planted is followed, now or when the scan is collected; and why the collection
     is not whole (:func:`_not_whole`) where it has the table."""
-    from kernmlops.collect.manifest import parse_manifest
-    from kernmlops.spool.collection import read_manifest_bytes
-
     with _held_collection(folder) as (held, uid), _closing_fds() as fds:
         _, opened, _ = _held_tables(held, folder, uid, fds, only=table)
         if table not in opened:
@@ -611,12 +617,7 @@ def _scan_table_held(folder: Path, table: str) -> tuple[pl.LazyFrame | None, str
         scan = _held_scan(opened[table])
         with reading(folder / table, table):
             scan.collect_schema()
-        try:
-            text = read_manifest_bytes(held.io, owner=held.owner).decode("utf-8")
-            manifest: Manifest | str = parse_manifest(text, folder / MANIFEST_NAME)
-        except (OSError, UnicodeDecodeError, CollectionError) as err:
-            manifest = _unread(err, folder)
-        return scan, _not_whole(manifest, held.io)
+        return scan, _not_whole(_manifest_or_why(folder, held), held.io)
 
 
 def _unread(err: Exception, folder: Path) -> str:
@@ -630,12 +631,13 @@ def _unread(err: Exception, folder: Path) -> str:
     return f"manifest not read: {why}"
 
 
-def _manifest_or_why(folder: Path) -> Manifest | str:
-    """The manifest of the collection in ``folder``, or why it cannot be read."""
+def _manifest_or_why(folder: Path, held: Pinned | None = None) -> Manifest | str:
+    """The manifest of the collection in ``folder`` (read through ``held``, its folder
+    held open, where given), or why it cannot be read."""
     try:
-        return read_manifest(folder)
+        return read_manifest(folder) if held is None else _held_manifest(held, folder)
     except CollectionError as err:
-        if not (folder / MANIFEST_NAME).exists():
+        if not ((folder if held is None else held.io) / MANIFEST_NAME).exists():
             return _unread(FileNotFoundError(), folder)
         return _unread(err, folder)
 
@@ -659,14 +661,10 @@ def _not_whole(manifest: Manifest | str, folder: Path) -> str | None:
 def _manifest_and_tables_held(folder: Path) -> tuple[Manifest | None, list[str]]:
     """As root, the manifest of the collection in ``folder`` (None where it cannot be
     read or parsed) and its tables with finished parts, read through held folders."""
-    from kernmlops.collect.manifest import parse_manifest
-    from kernmlops.spool.collection import read_manifest_bytes
-
     with _held_collection(folder) as (held, uid), _closing_fds() as fds:
         try:
-            text = read_manifest_bytes(held.io, owner=held.owner).decode("utf-8")
-            manifest: Manifest | None = parse_manifest(text, folder / MANIFEST_NAME)
-        except (OSError, UnicodeDecodeError, CollectionError):
+            manifest: Manifest | None = _held_manifest(held, folder)
+        except CollectionError:
             manifest = None
         files, _, _ = _held_tables(held, folder, uid, fds)
         return manifest, sorted(files)

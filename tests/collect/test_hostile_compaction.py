@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from kernmlops.collect import compaction
 from tests.collect.test_recover_compaction import SPOOLED, _pids, killed_collection
 from tests.nobody import NOBODY, as_nobody, reachable_folder
 
@@ -42,12 +41,15 @@ def test_a_compaction_folder_swapped_as_it_is_made_is_not_written_through(
     from kernmlops.host.pinned import pin
 
     col, victim = hostile
-    opened = compaction.subfolder
+    made = os.mkdir
     swapped = []
 
-    def swap_first(folder: Path, name: str, *, create: bool = True) -> int:
+    def swap_first(path: str | Path, *args: object, **kw: object) -> None:
+        made(path, *args, **kw)  # type: ignore[arg-type]
+        name = Path(path).name
         if name.startswith(".compact-") and not swapped:
             # between root's mkdir and its open: the user's folder in its place
+            swapped.append(name)
 
             def plant() -> None:
                 os.rename(col / name, col / f"{name}.roots")
@@ -56,10 +58,8 @@ def test_a_compaction_folder_swapped_as_it_is_made_is_not_written_through(
                     (col / name / f".part-{i:05d}.parquet.tmp").symlink_to(victim / "secret")
 
             as_nobody(plant)
-            swapped.append(name)
-        return opened(folder, name, create=create)
 
-    monkeypatch.setattr(compaction, "subfolder", swap_first)
+    monkeypatch.setattr(os, "mkdir", swap_first)
     pinned = pin(col, what="the collection")
     try:
         done = recover(pinned.io, shown=col)

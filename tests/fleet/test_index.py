@@ -281,6 +281,49 @@ def test_fleet_reindex_takes_a_damaged_collection_out_of_the_index(
     assert not list((dest / "_damaged").iterdir())
 
 
+def test_fleet_reindex_names_a_manifest_that_is_no_plain_file_or_too_large(
+    fleet: Path, tmp_path: Path
+) -> None:
+    """A FIFO at a collection's manifest.json (anyone who writes in the dataset can put
+    one there) is a damaged collection, named as one, never "no manifest" nor a read
+    that waits for a writer for ever; a manifest (sparse) or an index row made huge is
+    named by its limit, never read whole."""
+    import os
+
+    dest = tmp_path / "dest"
+    runner = CliRunner()
+    assert runner.invoke(cli, ["push", str(fleet), str(dest)]).exit_code == 0
+    c2 = dest / "benchmark=faux" / "collection_id=c2"
+    (c2 / "manifest.json").unlink()
+    os.mkfifo(c2 / "manifest.json")
+    c3 = dest / "benchmark=stress-ng" / "collection_id=c3"
+    os.truncate(c3 / "manifest.json", (16 << 20) + 1)
+    done = subprocess.run(
+        [sys.executable, "-m", "kernmlops", "fleet", "reindex", str(dest)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    *warnings, summary = done.stderr.splitlines()
+    assert warnings == [
+        f"warning: {c}: not indexed, damaged (its row, if any, removed): manifest.json: {why}"
+        for c, why in [(c2, "not a plain file"), (c3, "over the 16.0 MiB limit")]
+    ], done.stderr
+    assert "1 collections indexed" in summary and "2 damaged and skipped" in summary, summary
+    os.truncate(dest / "_index" / "c1.parquet", (16 << 20) + 1)
+    listed = runner.invoke(cli, ["fleet", "ls", str(dest)])
+    assert listed.exit_code == 1 and "Traceback" not in listed.output
+    warning = listed.stderr.splitlines()[0]
+    c1 = dest / "_index" / "c1.parquet"
+    assert "c3: damaged (manifest.json: over the 16.0 MiB limit)" in listed.stderr
+    os.truncate(dest / "_damaged" / "c3.json", (1 << 20) + 1)  # its marker: not read whole
+    listed = runner.invoke(cli, ["fleet", "ls", str(dest)])
+    assert "c3: damaged (its marker _damaged/c3.json is not readable)" in listed.stderr
+    warning = listed.stderr.splitlines()[0]
+    assert warning.startswith(
+        f"warning: {c1}: not a readable index file (over the 16.0 MiB limit of an index row)"
+    ), listed.stderr
+
+
 def test_fleet_ls_table_lines_up_and_reads_an_older_index_file(fleet: Path, tmp_path: Path) -> None:
     """The listing is plain aligned columns; an index file written before a column existed
     (or with another integer type) is read with the missing column as null."""

@@ -167,3 +167,19 @@ def test_a_held_folder_is_followed_by_its_descriptor_not_its_name(user: Path) ->
         assert list(decoy.iterdir()) == []
     finally:
         os.close(fd)
+
+
+def test_a_fresh_subfolder_is_made_now_and_is_the_one_made(tmp_path: Path) -> None:
+    # made and opened: the folder made; one there already is refused and left as it is
+    # (one swapped in as it is made: tests/collect/test_hostile_compaction.py)
+    held = pin(tmp_path, what="the collection")
+    try:
+        fd = pinned.subfolder(held.io, "new", fresh=True)
+        assert os.path.samestat(os.fstat(fd), os.stat(tmp_path / "new"))
+        os.close(fd)
+        (tmp_path / "new" / "kept").write_bytes(b"x")
+        with pytest.raises(FileExistsError):
+            pinned.subfolder(held.io, "new", fresh=True)
+        assert (tmp_path / "new" / "kept").read_bytes() == b"x"
+    finally:
+        held.close()

@@ -259,3 +259,56 @@ def test_a_segment_file_reads_as_its_bytes_do(tmp_path: Path) -> None:
                 assert src.find(needle, start) == bytes(data).find(needle, start), start
         finally:
             os.close(fd)
+
+
+def test_every_reader_of_a_spool_refuses_a_header_claiming_more_than_a_frame_holds(
+    tmp_path: Path,
+) -> None:
+    # One rule (256 MiB of records, zstd's bound of that packed): the collector's
+    # read back (Segment.read_frame) and its hand-over to row workers (frame_spans)
+    # refuse the claim as recover's readers do, before a byte of it is asked for.
+    import os
+    import struct
+
+    import pytest
+
+    from kernmlops.ebpf.crc32c import crc32c
+    from kernmlops.errors import CollectionError
+    from kernmlops.spool.frames import (
+        FRAME_LIMIT,
+        PACKED_LIMIT,
+        RAW_MAGIC,
+        claims_too_much,
+        frame_head,
+        raw_head,
+        read_codec,
+    )
+    from kernmlops.spool.jobs import frame_spans
+    from kernmlops.spool.segment import Segment
+
+    assert claims_too_much(PACKED_LIMIT, FRAME_LIMIT) is None
+    assert claims_too_much(PACKED_LIMIT + 1, 0) == CLAIMS.format(PACKED_LIMIT + 1)
+    assert claims_too_much(0, FRAME_LIMIT + 1) == CLAIMS.format(FRAME_LIMIT + 1)
+    a = np.random.default_rng(13).bytes(4000)
+    small = read_codec().compress(b"x" * 50, asbytes=True)
+    raw_lie = struct.pack("<III", RAW_MAGIC, 1 << 30, 0)  # its own CRC right
+    raw_lie += crc32c(raw_lie).to_bytes(4, "little")
+    for codec, first, lie in [
+        (read_codec(), _zstd_frame(a), frame_head(len(small), 1 << 30) + small),
+        (None, raw_head(a) + a, raw_lie + b"\0" * 64),
+    ]:
+        path = tmp_path / f"{codec is not None}.ring"
+        path.write_bytes(first + lie)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            compressed = codec is not None
+            assert frame_spans(fd, 0, len(first), compressed) == [(0, len(first), len(a))]
+            assert frame_spans(fd, 0, len(first + lie), compressed) is None
+            seg = Segment(path, {}, fd=fd, codec=codec)
+            assert seg.read_frame(codec, 8) == a
+            with pytest.raises(CollectionError) as err:
+                seg.read_frame(codec, 8)
+            said = f"spool {path}: {CLAIMS.format(1 << 30)} at byte {len(first):,}"
+            assert str(err.value).startswith(said), err.value
+        finally:
+            os.close(fd)

@@ -36,7 +36,7 @@ def test_recover_says_when_the_memory_link_is_not_the_spools_own(tmp_path: Path,
     spool_dir = make_collection(tmp_path / "c", "c1")
     spool_dir.mkdir()
     (spool_dir / MEMORY_LINK).symlink_to(elsewhere)
-    assert foreign_memory(tmp_path / "c") == elsewhere
+    assert foreign_memory(tmp_path / "c", "c1") == elsewhere
     out = subprocess.run(
         [sys.executable, "-m", "kernmlops", "recover", str(tmp_path / "c")],
         capture_output=True, text=True, env={**os.environ, "COLUMNS": "400"},
@@ -45,7 +45,7 @@ def test_recover_says_when_the_memory_link_is_not_the_spools_own(tmp_path: Path,
     assert f"the spool's memory link names {elsewhere}" in out.stderr
     assert "Traceback" not in out.stderr
     assert (elsewhere / "quanta_runtime.00000.ring").read_bytes() == b"x" * 64  # untouched
-    assert foreign_memory(tmp_path / "c2") is None  # no collection, no link: nothing
+    assert foreign_memory(tmp_path / "c2", None) is None  # no collection, no link: nothing
 
 
 def test_a_moved_collections_memory_is_kept_and_named_at_the_next_start(

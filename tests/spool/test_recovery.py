@@ -94,13 +94,17 @@ def test_recover_on_what_is_not_a_collection_is_an_error_not_nothing_to_do(
     damaged = tmp_path / "damaged"
     damaged.mkdir()
     (damaged / "manifest.json").write_text("{bad")
+    fifo = tmp_path / "fifo"  # a FIFO at its manifest's name: damage, never a wait
+    fifo.mkdir()
+    os.mkfifo(fifo / "manifest.json")
     for folder, said in [
         (empty, f"{empty} is not a collection: it has no manifest.json"),
         (damaged, f"{damaged} is not a readable collection: the manifest is not valid JSON"),
+        (fifo, f"{fifo} is not a readable collection: cannot read the manifest: not a plain"),
     ]:
         done = subprocess.run(
             [sys.executable, "-m", "kernmlops", "recover", str(folder)],
-            capture_output=True, text=True, env={**os.environ, "COLUMNS": "400"},
+            capture_output=True, text=True, env={**os.environ, "COLUMNS": "400"}, timeout=60,
         )  # fmt: skip
         assert done.returncode == 2, done.stderr
         assert said in done.stderr and done.stderr.count("\n") == 1, done.stderr

@@ -97,11 +97,9 @@ def _compact_held(state: TableState, collection_dir: Path, table: int, whole: se
             os.unlink(scratch)
         elif scratch.exists():  # left by a collector killed while compacting
             shutil.rmtree(scratch)
-        scratch.mkdir(0o755)
         # written through while held: a folder swapped in under its name is not
-        out = subfolder(collection_dir, scratch.name, create=False)
+        out = subfolder(collection_dir, scratch.name, fresh=True)
         try:
-            _check_made(out, scratch.name)
             names = _rewrite_all(state, plain, whole, table, out, fmt, rows_per_file)
             counts = [pq.ParquetFile(fd_path(out) / name).metadata.num_rows for name in names]
             rows = sum(counts)
@@ -126,19 +124,6 @@ def _compact_held(state: TableState, collection_dir: Path, table: int, whole: se
     state.files = [f"{state.name}/{name}" for name in names]
     state.whole_parts = dict(zip(state.files, counts, strict=True))
     return "compacted"
-
-
-def _check_made(out: int, name: str) -> None:
-    """The folder just made and opened (``out``) is the one made: root's and empty. In
-    a collection its user owns (a recover's), the user may swap a folder of theirs in
-    between the mkdir and the open, with links at the names the new parts take.
-
-    Raises:
-        UnsafePath: it is not.
-    """
-    st = os.fstat(out)
-    if st.st_uid != os.geteuid() or os.listdir(out):
-        raise UnsafePath(f"{name} was replaced as it was made: not written in")
 
 
 def _rewrite_all(state: TableState, plain: list[Path], whole: set[str], table: int, out: int,

@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import quote, unquote
 
-from kernmlops.confined import human_size
 from kernmlops.fleet.store import (
     OBJECT_STORES,
     Dataset,
     PublishError,
+    Unreadable,
     delete,
     describe_error,
     listing,
@@ -291,9 +291,10 @@ def _read_row_file(dataset: Dataset, path: str, schema: pa.Schema) -> pa.Table:
 
     # the whole file (a few KB) first: an error reading it is the filesystem's, one
     # parsing it is the file's (pyarrow raises OSError for both)
-    data = read_at_most(dataset, path, INDEX_ROW_MAX_BYTES)
-    if len(data) > INDEX_ROW_MAX_BYTES:
-        raise _Damaged(f"over the {human_size(INDEX_ROW_MAX_BYTES)} limit of an index row")
+    try:
+        data = read_at_most(dataset, path, INDEX_ROW_MAX_BYTES)
+    except Unreadable as err:
+        raise _Damaged(f"{err} of an index row") from None
     try:
         # ParquetFile, not pq.read_table: read_table goes through pyarrow.dataset, whose
         # import brings in pandas (half a second), and costs 3x more a file; one thread a
@@ -475,11 +476,8 @@ def read_damaged(dataset: Dataset) -> list[Damaged]:
         if info.type != pafs.FileType.File or not name.endswith(".json") or name[0] in "._":
             continue
         cid = name.removesuffix(".json")
-        data = read_at_most(dataset, info.path, MARKER_MAX_BYTES)
         try:
-            if len(data) > MARKER_MAX_BYTES:
-                raise ValueError("too large")
-            record = json.loads(data)
+            record = json.loads(read_at_most(dataset, info.path, MARKER_MAX_BYTES))
             found.append(Damaged(cid, str(record["path"]), str(record["reason"])))
         except (ValueError, TypeError, KeyError):
             found.append(Damaged(cid, "", f"its marker {DAMAGED_DIR}/{name} is not readable"))
@@ -554,23 +552,25 @@ def _collection_row(dataset: Dataset, prefix: str, entries: list[Any]) -> dict[s
         _Damaged: its manifest or a part is damaged ("<relative path>: why").
         OSError: a file cannot be read.
     """
+    import pyarrow.fs as pafs
+
     from kernmlops.collect.manifest import MANIFEST_NAME, parse_manifest
     from kernmlops.errors import CollectionError
     from kernmlops.spool.collection import MANIFEST_MAX_BYTES
 
-    data = read_at_most(dataset, dataset.path(prefix, MANIFEST_NAME), MANIFEST_MAX_BYTES)
-    if len(data) > MANIFEST_MAX_BYTES:
-        raise _Damaged(f"{MANIFEST_NAME}: over the {human_size(MANIFEST_MAX_BYTES)} limit")
     try:
+        data = read_at_most(dataset, dataset.path(prefix, MANIFEST_NAME), MANIFEST_MAX_BYTES)
         # as push reads one (read_manifest): a manifest it would refuse is not indexed
         manifest = parse_manifest(data.decode("utf-8"), Path(MANIFEST_NAME))
+    except Unreadable as err:  # a FIFO at its name, one made huge
+        raise _Damaged(f"{MANIFEST_NAME}: {err}") from None
     except UnicodeDecodeError:
         raise _Damaged(f"{MANIFEST_NAME}: not UTF-8 text") from None
     except CollectionError as err:
         raise _Damaged(str(err)) from None
     files = []
     for rel, info in entries:
-        if rel == MANIFEST_NAME:
+        if rel == MANIFEST_NAME or info.type != pafs.FileType.File:
             continue
         size = int(info.size or 0)
         nrows = None
@@ -604,7 +604,9 @@ def reindex(dataset: Dataset) -> Reindexed:
     infos = listing(dataset, root, recursive=True)  # no link followed (local, as root)
     by_collection: dict[str, list[Any]] = {}
     for info in infos:
-        if info.type != pafs.FileType.File:
+        # a FIFO (any other kind) is listed too: at a manifest's name it is damage, not
+        # "no manifest" (_collection_row reads only plain files)
+        if info.type == pafs.FileType.Directory:
             continue
         rel = info.path[len(root) + 1 :] if root else info.path
         parts = rel.split("/")

@@ -30,6 +30,7 @@ from kernmlops.errors import CollectionError, KernmlopsError
 from kernmlops.fleet.store import (
     Dataset,
     PublishError,
+    Unreadable,
     describe_error,
     listing,
     put,
@@ -177,10 +178,11 @@ def _existing(dataset: Dataset, prefix: str) -> dict[str, int]:
 
 
 def _read_remote(dataset: Dataset, rel: str, limit: int) -> bytes | None:
-    """``rel`` at the destination, at most ``limit`` + 1 bytes (read_at_most)."""
+    """``rel`` at the destination, at most ``limit`` bytes (read_at_most); None where it
+    is not there, or holds more (or is no plain file)."""
     try:
         return read_at_most(dataset, dataset.path(rel), limit)
-    except FileNotFoundError:
+    except (FileNotFoundError, Unreadable):
         return None
 
 

@@ -31,6 +31,7 @@ __all__ = [
     "OBJECT_STORES",
     "Dataset",
     "PublishError",
+    "Unreadable",
     "delete",
     "describe_error",
     "listing",
@@ -51,6 +52,12 @@ _AWS_ERROR = re.compile(r"AWS Error (\w+) during (\w+) operation: ([^(]*)")
 
 class PublishError(OutputError):
     """The dataset cannot be opened or written, or a collection cannot be published."""
+
+
+class Unreadable(ValueError):
+    """A file of the dataset that :func:`read_at_most` refuses for what it is (too
+    large, not a plain file): damage, not a failure of the filesystem. The message
+    says why ("over the 16.0 MiB limit")."""
 
 
 def redact(uri: str) -> str:
@@ -223,12 +230,35 @@ def listing(dataset: Dataset, base: str, *, recursive: bool = False) -> list[paf
 
 
 def read_at_most(dataset: Dataset, path: str, limit: int) -> bytes:
-    """The bytes of ``path`` (a full path in ``dataset.fs``), at most ``limit`` + 1: more
-    than ``limit`` is the caller's to refuse. Whoever writes in a dataset can make a
-    small file (a manifest, an index row) huge, even sparse, and reading it whole
-    would take its size in memory."""
-    with dataset.fs.open_input_stream(path) as f:
-        return bytes(f.read(limit + 1))
+    """The bytes of ``path`` (a full path in ``dataset.fs``), at most ``limit``. Whoever
+    writes in a dataset can make a small file (a manifest, an index row) huge, even
+    sparse, which read whole would take its size in memory, or put a FIFO at its name,
+    which a local open would wait on for ever.
+
+    Raises:
+        Unreadable: the file holds more than ``limit`` bytes, or (local) is not a
+            plain file.
+        OSError: it cannot be read (FileNotFoundError: it is not there).
+    """
+    from kernmlops.confined import human_size
+
+    if dataset.local:
+        from kernmlops.host.pinned import open_regular
+
+        try:
+            fd = open_regular(Path(path))  # never blocks: a FIFO is refused
+        except OSError as err:
+            if err.errno == errno.EINVAL:
+                raise Unreadable("not a plain file") from None
+            raise
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(limit + 1)
+    else:
+        with dataset.fs.open_input_stream(path) as stream:
+            data = bytes(stream.read(limit + 1))
+    if len(data) > limit:
+        raise Unreadable(f"over the {human_size(limit)} limit")
+    return data
 
 
 def probe(dataset: Dataset) -> None:

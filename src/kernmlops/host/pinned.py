@@ -433,20 +433,32 @@ def _open_dir(name: str, parent: int, here: Path, path: Path, action: str) -> in
         raise UnsafePath(f"cannot {action} {path}: {here} was replaced as it was made") from None
 
 
-def subfolder(folder: Path, name: str, *, create: bool = True) -> int:
+def subfolder(folder: Path, name: str, *, create: bool = True, fresh: bool = False) -> int:
     """A folder in the held ``folder`` (an :attr:`Pinned.io` path), made if missing,
-    opened without following a link; its descriptor.
+    opened without following a link; its descriptor. ``fresh``: made now, and the
+    folder opened is the one made (ours and empty): in a folder a user may write in,
+    they may swap one of theirs in between the mkdir and the open, with links at the
+    names to be written.
 
     Raises:
-        UnsafePath: ``name`` is a link or a file there.
+        UnsafePath: ``name`` is a link or a file there, or (``fresh``) was replaced as
+            it was made.
+        FileExistsError: (``fresh``) it was there already.
     """
-    if create:
-        with contextlib.suppress(FileExistsError):
+    if create or fresh:
+        try:
             os.mkdir(folder / name, 0o755)
+        except FileExistsError:
+            if fresh:
+                raise
     try:
-        return os.open(folder / name, _DIR | os.O_NOFOLLOW)
+        fd = os.open(folder / name, _DIR | os.O_NOFOLLOW)
     except NotADirectoryError:
         raise UnsafePath(f"{name} is a link or a file, not a folder: not written through") from None
+    if fresh and (os.fstat(fd).st_uid != os.geteuid() or os.listdir(fd)):
+        os.close(fd)
+        raise UnsafePath(f"{name} was replaced as it was made: not written in")
+    return fd
 
 
 def create_new(path: Path, mode: int = 0o644) -> int:

@@ -186,9 +186,9 @@ def decode_frame(packed: bytes | memoryview, word: int, codec: Any) -> bytes:
     word of its header): decompressed (zstd checks the frame's checksum), checked
     against the size the header says, unshuffled where they were shuffled."""
     raw_size, stride = raw_word(word)
-    if raw_size > FRAME_LIMIT:  # never allocated: zstd would be handed that size
-        raise FrameError(f"claims {raw_size:,} record bytes, over the {FRAME_LIMIT:,} a frame "
-                         "holds at most")  # fmt: skip
+    too_much = claims_too_much(len(packed), raw_size)
+    if too_much is not None:  # never allocated: zstd would be handed that size
+        raise FrameError(f"has {too_much}")
     try:
         raw = codec.decompress(packed, decompressed_size=raw_size, asbytes=True)
     except Exception as err:  # the codec raises its own error types
@@ -288,10 +288,29 @@ def readable(data: Readable) -> SegmentBytes | SegmentFile:
     return data if isinstance(data, SegmentBytes | SegmentFile) else SegmentBytes(data)
 
 
-def _claims_too_much(size: int) -> str:
-    """A header's reason for a frame that claims ``size`` bytes, more than any holds."""
-    return (f"a damaged frame header (it claims {size:,} bytes, over the {FRAME_LIMIT:,} a "
-            "frame holds at most)")  # fmt: skip
+def claims_too_much(size: int, raw: int) -> str | None:
+    """Why a frame header that claims ``size`` bytes after it and ``raw`` bytes of
+    records (a raw frame's: both its size) is damage, when it claims more than any
+    frame holds: the one rule, before any of those bytes is asked for or allocated.
+    None: the claim may be believed."""
+    if size <= PACKED_LIMIT and raw <= FRAME_LIMIT:
+        return None
+    return (f"a damaged frame header (it claims {max(size, raw):,} bytes, over the "
+            f"{FRAME_LIMIT:,} a frame holds at most)")  # fmt: skip
+
+
+def header_sizes(head: bytes | memoryview, compressed: bool) -> tuple[int, int, int] | None:
+    """(bytes after it, record bytes, check) of the frame header ``head`` starts with:
+    a compressed frame's (:data:`FRAME`; check: its raw-size word) or a raw one's
+    (:data:`RAW_FRAME`; check: its records' CRC32C). None: ``head`` is short, or a raw
+    header fails its own CRC32C. What it claims is :func:`claims_too_much`'s to judge."""
+    if not compressed:
+        found = raw_header_at(head, 0)
+        return None if found is None else (found[0], found[0], found[1])
+    if len(head) < FRAME.size:
+        return None
+    size, word = FRAME.unpack_from(head)
+    return size, raw_word(word)[0], word
 
 
 def frames(data: Readable, codec: Any) -> Iterator[bytes]:
@@ -323,8 +342,8 @@ def iter_frames(data: Readable, codec: Any) -> Iterator[Frame]:
                 reason, end = CUT, n
             elif head[FRAME.size :] != ZSTD_MAGIC:
                 reason, end = "a damaged frame header", n
-            elif size > PACKED_LIMIT or raw_word(word)[0] > FRAME_LIMIT:
-                reason, end = _claims_too_much(max(size, raw_word(word)[0])), n
+            elif (too_much := claims_too_much(size, raw_word(word)[0])) is not None:
+                reason, end = too_much, n
             else:
                 try:
                     raw = decode_frame(src.read(at + FRAME.size, size), word, codec)
@@ -400,7 +419,8 @@ def iter_raw_frames(data: Readable) -> Iterator[Frame]:
                 # Only a kill's cut: a damaged length fails the header's CRC.
                 yield Frame(at, n, None, CUT, size)
                 return
-            if size <= FRAME_LIMIT:
+            too_much = claims_too_much(size, size)
+            if too_much is None:
                 raw = bytes(src.read(at + RAW_FRAME.size, size))
                 if crc32c(raw) == crc:
                     yield Frame(at, end, raw, None)
@@ -408,7 +428,7 @@ def iter_raw_frames(data: Readable) -> Iterator[Frame]:
                     yield Frame(at, end, None, "a frame that fails its CRC32C", size)
                 at = end
                 continue
-            reason = _claims_too_much(size)  # its CRCs may be right: a planted header
+            reason = too_much  # its CRCs may be right: a planted header
         nxt = src.find(RAW_MAGIC_BYTES, at + 1)
         while nxt != -1 and raw_header_at(src.read(nxt, RAW_FRAME.size), 0) is None:
             nxt = src.find(RAW_MAGIC_BYTES, nxt + 1)

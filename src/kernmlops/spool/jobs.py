@@ -11,14 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from kernmlops.spool.frames import (
-    FRAME,
-    FRAME_LIMIT,
-    PACKED_LIMIT,
-    RAW_FRAME,
-    raw_header_at,
-    raw_word,
-)
+from kernmlops.spool.frames import FRAME, RAW_FRAME, claims_too_much, header_sizes
 
 __all__ = ["PIECE_RAW", "SpoolPiece", "SpoolWork", "frame_spans", "pieces"]
 
@@ -59,22 +52,15 @@ def frame_spans(
     """(start, end, record bytes) of each frame of a segment file from ``start`` to
     ``end``, from their headers; None where a header is not sound."""
     spans = []
-    head = FRAME if compressed else RAW_FRAME
+    head_size = FRAME.size if compressed else RAW_FRAME.size
     at = start
     while at < end:
-        data = os.pread(fd, head.size, at)
-        if compressed:
-            if len(data) < head.size:
-                return None
-            size, word = FRAME.unpack(data)
-            raw = raw_word(word)[0]
-        else:
-            found = raw_header_at(data, 0)
-            if found is None:
-                return None
-            size = raw = found[0]
-        nxt = at + head.size + size
-        if nxt > end or size > PACKED_LIMIT or raw > FRAME_LIMIT:  # the collector names it
+        found = header_sizes(os.pread(fd, head_size, at), compressed)
+        if found is None:
+            return None
+        size, raw, _ = found
+        nxt = at + head_size + size
+        if nxt > end or claims_too_much(size, raw) is not None:  # the collector names it
             return None
         spans.append((at, nxt, raw))
         at = nxt

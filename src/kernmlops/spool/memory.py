@@ -216,18 +216,21 @@ def _is_tmpfs(path: Path) -> bool:
 
 
 def own_memory(spool_dir: Path) -> Path | None:
-    """The spool's tmpfs folder, found through its collection's id only: the link
-    ``mem`` must name ``memory_folder(<the manifest's collection id>)``, a folder of
-    ours that no one else can write. A link to anywhere else (planted, or a folder
-    someone else made) is never read nor deleted."""
+    """The spool's tmpfs folder, found through its collection's id only
+    (:func:`memory_of`, with the id its manifest says now)."""
+    return memory_of(spool_dir, collection_id_of(spool_dir.parent))
+
+
+def memory_of(spool_dir: Path, collection_id: str | None) -> Path | None:
+    """The spool's tmpfs folder, for a reader that has its collection's manifest: the
+    link ``mem`` must name ``memory_folder(collection_id)``, a folder of ours that no
+    one else can write. A link to anywhere else (planted, or a folder someone else
+    made), or none without an id, is never read nor deleted."""
     link = spool_dir / MEMORY_LINK
-    if not link.is_symlink():
-        return None
-    own_id = collection_id_of(spool_dir.parent)
-    if own_id is None:
+    if collection_id is None or not link.is_symlink():
         return None
     try:
-        folder = memory_folder(own_id)
+        folder = memory_folder(collection_id)
         st = folder.lstat()
     except OSError:
         return None
@@ -238,12 +241,13 @@ def own_memory(spool_dir: Path) -> Path | None:
     return folder
 
 
-def memory_owned_elsewhere(spool_dir: Path) -> Path | None:
-    """The spool, other than ``spool_dir``, that the spool's tmpfs folder was made for,
+def memory_owned_elsewhere(spool_dir: Path, collection_id: str | None) -> Path | None:
+    """The spool, other than ``spool_dir``, that the spool's tmpfs folder (that of
+    ``collection_id``, its manifest's id: :func:`memory_of`) was made for,
     when that spool is still there and links to the folder: ``spool_dir`` is then a
     copy's (``cp -a`` keeps the link), and recovering it would take the original's
     rows away from it. A moved collection's old spool is gone: None."""
-    folder = own_memory(spool_dir)
+    folder = memory_of(spool_dir, collection_id)
     if folder is None:
         return None
     try:
@@ -255,13 +259,14 @@ def memory_owned_elsewhere(spool_dir: Path) -> Path | None:
     return owner if _links_to(owner / MEMORY_LINK, folder) else None
 
 
-def foreign_memory(collection: Path) -> Path | None:
+def foreign_memory(collection: Path, collection_id: str | None) -> Path | None:
     """What a collection's ``mem`` link names when that is not its spool's own folder
-    (a planted link, a folder someone else made): never read, but said, since rows
-    of this collection may be there."""
+    (that of ``collection_id``, its manifest's id: a planted link, a folder someone
+    else made): never read, but said, since rows of this collection may be there."""
     spool_dir = collection / SPOOL_DIR
     link = spool_dir / MEMORY_LINK
-    if not link.is_symlink() or not link.exists() or own_memory(spool_dir) is not None:
+    if (not link.is_symlink() or not link.exists()
+            or memory_of(spool_dir, collection_id) is not None):  # fmt: skip
         return None
     return Path(os.readlink(link))
 

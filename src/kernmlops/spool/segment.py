@@ -19,16 +19,14 @@ from kernmlops.fileio import write_atomic
 from kernmlops.spool.frames import (
     CODEC,
     FRAME,
-    FRAME_LIMIT,
-    PACKED_LIMIT,
     RAW_FRAME,
     VERSION,
     FrameError,
+    claims_too_much,
     decode_frame,
     frame_head,
+    header_sizes,
     raw_head,
-    raw_header_at,
-    raw_word,
     shuffle,
     shuffle_stride,
 )
@@ -128,31 +126,23 @@ class Segment:
         head = os.pread(self.fd, head_size, at)
         if len(head) != head_size:
             raise CollectionError(f"spool {self.path} is shorter than written")
-        if codec is not None:
-            size, word = FRAME.unpack(head)
-            raw_size, _ = raw_word(word)
-        else:
-            found = raw_header_at(head, 0)
-            if found is None:
-                raise CollectionError(f"spool {self.path}: a damaged frame header at byte "
-                                      f"{at:,}{_KEPT}")  # fmt: skip
-            size, crc = found
-            raw_size = size
-        if size > PACKED_LIMIT or raw_size > FRAME_LIMIT:  # never asked for
-            raise CollectionError(f"spool {self.path}: a damaged frame header at byte {at:,} "
-                                  f"(it claims {max(size, raw_size):,} bytes, over the "
-                                  f"{FRAME_LIMIT:,} a frame holds at most){_KEPT}")  # fmt: skip
+        found = header_sizes(head, codec is not None)
+        # a claim of more than any frame holds: damaged, never asked for
+        why = "a damaged frame header" if found is None else claims_too_much(*found[:2])
+        if found is None or why is not None:
+            raise CollectionError(f"spool {self.path}: {why} at byte {at:,}{_KEPT}")
+        size, raw_size, check = found
         body = os.pread(self.fd, size, at + head_size)
         if len(body) != size:
             raise CollectionError(f"spool {self.path} is shorter than written")
         what = f"the frame at byte {at:,} ({raw_size:,} bytes, {raw_size // stride:,} records)"
         if codec is None:
-            if crc32c(body) != crc:
+            if crc32c(body) != check:
                 raise CollectionError(f"spool {self.path}: {what} fails its CRC32C{_KEPT}")
             raw = body
         else:
             try:
-                raw = decode_frame(body, word, codec)
+                raw = decode_frame(body, check, codec)
             except FrameError as err:
                 raise CollectionError(f"spool {self.path}: {what} {err}{_KEPT}") from None
         self.file_read = at + head_size + size
