@@ -183,3 +183,35 @@ def test_a_fresh_subfolder_is_made_now_and_is_the_one_made(tmp_path: Path) -> No
         assert (tmp_path / "new" / "kept").read_bytes() == b"x"
     finally:
         held.close()
+
+
+@pytest.mark.parametrize("theirs", ["a user's empty folder", "a folder with a link in it"])
+def test_a_fresh_folder_swapped_as_it_is_made_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, theirs: str
+) -> None:
+    # a user who may write in the parent renames the folder pin made and puts theirs
+    # at its name between the mkdir and the open: nothing is written in theirs
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"root's")
+    real = os.mkdir
+
+    def mkdir_then_swap(name: str, mode: int = 0o777, *, dir_fd: int | None = None) -> None:
+        real(name, mode, dir_fd=dir_fd)
+        if name == "out":
+            os.rename("out", "made", src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            real("out", 0o777, dir_fd=dir_fd)
+            fd = os.open("out", os.O_RDONLY | os.O_DIRECTORY, dir_fd=dir_fd)
+            try:
+                if theirs == "a user's empty folder":
+                    os.fchown(fd, NOBODY, NOBODY)
+                else:
+                    os.symlink(victim, "manifest.json", dir_fd=fd)
+            finally:
+                os.close(fd)
+
+    monkeypatch.setattr(os, "mkdir", mkdir_then_swap)
+    with pytest.raises(UnsafePath, match="was replaced as it was made"):
+        pin(tmp_path / "out", create=True, fresh=True)
+    monkeypatch.undo()
+    assert victim.read_bytes() == b"root's"
+    assert (tmp_path / "made").is_dir()  # pin's own folder, left where the user put it

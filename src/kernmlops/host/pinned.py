@@ -338,6 +338,10 @@ def _walk(path: Path, todo: list[str], start: int, start_path: Path, *, create: 
                 except OSError as err:
                     raise _err(f"cannot create {what} {path}: {_why(err)}", err.strerror) from None
                 fd = _open_dir(name, parent, here, path, action)
+                if made and fresh and not todo and _not_the_one_made(fd):
+                    os.close(fd)
+                    swapped = f"cannot {action} {path}: {here} was replaced as it was made"
+                    raise UnsafePath(swapped) from None
             except NotADirectoryError:
                 st = os.stat(name, dir_fd=parent, follow_symlinks=False)
                 if not stat.S_ISLNK(st.st_mode):
@@ -433,6 +437,13 @@ def _open_dir(name: str, parent: int, here: Path, path: Path, action: str) -> in
         raise UnsafePath(f"cannot {action} {path}: {here} was replaced as it was made") from None
 
 
+def _not_the_one_made(fd: int) -> bool:
+    """Whether a folder opened just after its mkdir is not ours and empty: where a user
+    may write in its parent, they may rename theirs in between, with links at the
+    names to be written."""
+    return os.fstat(fd).st_uid != os.geteuid() or bool(os.listdir(fd))
+
+
 def subfolder(folder: Path, name: str, *, create: bool = True, fresh: bool = False) -> int:
     """A folder in the held ``folder`` (an :attr:`Pinned.io` path), made if missing,
     opened without following a link; its descriptor. ``fresh``: made now, and the
@@ -455,7 +466,7 @@ def subfolder(folder: Path, name: str, *, create: bool = True, fresh: bool = Fal
         fd = os.open(folder / name, _DIR | os.O_NOFOLLOW)
     except NotADirectoryError:
         raise UnsafePath(f"{name} is a link or a file, not a folder: not written through") from None
-    if fresh and (os.fstat(fd).st_uid != os.geteuid() or os.listdir(fd)):
+    if fresh and _not_the_one_made(fd):
         os.close(fd)
         raise UnsafePath(f"{name} was replaced as it was made: not written in")
     return fd
