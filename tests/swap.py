@@ -38,8 +38,9 @@ class Swap:
         os.rename(fifo, self.path)  # at once: no moment without the name
 
 
-def swap_after_look(monkeypatch: pytest.MonkeyPatch, path: Path, *, stats: int = 1) -> Swap:
-    """After the ``stats``-th ``os.stat`` of ``path``, or its first ``os.open``."""
+def swap_after_look(monkeypatch: pytest.MonkeyPatch, path: Path, *, stats: int | None = 1) -> Swap:
+    """After the ``stats``-th ``os.stat`` of ``path`` (None: none counts), or its first
+    ``os.open``."""
     swap = Swap(path)
     real_stat, real_open = os.stat, os.open
     seen = [0]
@@ -48,7 +49,7 @@ def swap_after_look(monkeypatch: pytest.MonkeyPatch, path: Path, *, stats: int =
         st = real_stat(p, *args, **kwargs)
         if swap.is_ours(p) and kwargs.get("dir_fd") is None:
             seen[0] += 1
-            if seen[0] >= stats:
+            if stats is not None and seen[0] >= stats:
                 swap.now()
         return st
 

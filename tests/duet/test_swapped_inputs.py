@@ -11,8 +11,10 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
+from kernmlops.confined import UnsafePathError
+from kernmlops.duet.parsers import parse_file
 from kernmlops.duet.process import process_dirs, read_results, read_table, write_processed
-from tests.duet.test_process import GOOD, _suite
+from tests.duet.test_process import GOOD, _harness_csv, _suite
 from tests.swap import swap_after_look, within
 
 
@@ -47,3 +49,29 @@ def test_a_kernel_table_swapped_after_its_check_is_read_as_checked(
     _, got = within(lambda: read_results(processed), kernel)
     assert swap.swapped
     assert_frame_equal(got, written)
+
+
+def test_a_result_file_swapped_after_it_was_opened_is_parsed_from_that_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result = tmp_path / "s.d.0.duet.AB.A.out.csv"
+    result.write_text(_harness_csv(5))
+    # parse_file looked at it (size, first bytes) before its parser read it by name
+    swap = swap_after_look(monkeypatch, result, stats=None)
+    name, rows = within(lambda: parse_file(result), result)
+    assert swap.swapped
+    assert name == "harness" and rows["iteration"].to_list() == [0, 1, 2, 3, 4]
+
+
+def test_a_spec_log_swapped_after_the_folder_check_is_named_not_waited_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "result"
+    folder.mkdir()
+    log = folder / "CPU2017.001.log"
+    log.write_text("  Rate Start: x (1654092292.5)\n  Rate End: x (1654092757.25)\n")
+    # the folder's check looks at the log twice (a plain file? its size), listing it once
+    swap = swap_after_look(monkeypatch, log, stats=3)
+    with pytest.raises(UnsafePathError, match=f"^{log}: log is not a plain file: not read$"):
+        within(lambda: parse_file(folder), log)
+    assert swap.swapped
