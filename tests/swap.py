@@ -83,7 +83,7 @@ def within(call: Callable[[], Any], fifo: Path, timeout: float = 10) -> Any:
         with contextlib.suppress(OSError):
             os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
         thread.join(5)
-        pytest.fail(f"waited over {timeout:g} s on a FIFO put at {fifo} after it was looked at")
+        pytest.fail(f"waited over {timeout:g} s on the FIFO at {fifo}")
     if "error" in out:
         raise out["error"]
     return out["value"]

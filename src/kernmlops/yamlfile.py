@@ -206,19 +206,59 @@ def read_limited(path: Path, max_bytes: int, *, plain: bool = False) -> tuple[by
     big without reading a huge file or a device to its end), and the file's
     size when it is a regular file. ``plain``: a plain file only (OSError EINVAL,
     naming what it is, for anything else: a FIFO whose writer never writes would
-    be waited on for ever, one without a writer read as empty)."""
-    # O_NONBLOCK: a FIFO with no writer would block the open forever; reads block
-    # again (a pipe of `-c <(...)` has its writer, and one without gives EOF at once)
+    be waited on for ever, one without a writer read as empty).
+
+    A pipe (``-c <(...)``) or another file that is not plain is read for at most
+    :data:`PIPE_WAIT_S` seconds: a FIFO planted at the name whose writer stays and
+    sends nothing (or a byte a minute) is refused (OSError ETIMEDOUT), not waited on
+    for ever."""
+    # O_NONBLOCK: a FIFO with no writer would block the open forever; one without a
+    # writer gives EOF at once (a pipe of `-c <(...)` has its writer)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    with open(fd, "rb") as f:
+    with open(fd, "rb", buffering=0) as f:
         st = os.fstat(f.fileno())
-        if plain and not stat.S_ISREG(st.st_mode):
+        if stat.S_ISREG(st.st_mode):
+            if st.st_size > max_bytes:
+                return b"", st.st_size
+            return f.read(max_bytes + 1), st.st_size
+        if plain:
             raise OSError(errno.EINVAL, f"{not_plain(st.st_mode)}, not a plain file", str(path))
-        os.set_blocking(fd, True)
-        size = st.st_size if stat.S_ISREG(st.st_mode) else None
-        if size is not None and size > max_bytes:
-            return b"", size
-        return f.read(max_bytes + 1), size
+        return _read_for_a_while(fd, path, max_bytes + 1, PIPE_WAIT_S), None
+
+
+#: how long a pipe (or a device) given as a YAML file may take to send all of it
+PIPE_WAIT_S = 30.0
+
+
+def _read_for_a_while(fd: int, path: Path, limit: int, wait_s: float) -> bytes:
+    """Up to ``limit`` bytes of the non-blocking ``fd``, up to its end, within
+    ``wait_s`` seconds."""
+    import select
+    import time
+
+    deadline = time.monotonic() + wait_s
+    chunks: list[bytes] = []
+    got = 0
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    while got < limit:
+        try:
+            chunk = os.read(fd, min(limit - got, 1 << 16))
+        except BlockingIOError:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise OSError(
+                    errno.ETIMEDOUT,
+                    f"{not_plain(os.fstat(fd).st_mode)} that sent no end in {wait_s:g} s",
+                    str(path),
+                ) from None
+            poller.poll(left * 1000)
+            continue
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
 
 
 def safe_yaml(
