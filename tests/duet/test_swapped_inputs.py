@@ -75,3 +75,31 @@ def test_a_spec_log_swapped_after_the_folder_check_is_named_not_waited_for(
     with pytest.raises(UnsafePathError, match=f"^{log}: log is not a plain file: not read$"):
         within(lambda: parse_file(folder), log)
     assert swap.swapped
+
+
+def test_a_side_result_swapped_after_its_check_is_copied_as_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """duet run copies a side's result files out of its working folder: the copy
+    looked at the file by name (there? a folder? the same file? a FIFO?), then opened
+    that name again."""
+    from types import SimpleNamespace
+
+    from kernmlops.duet.runner import SideRecord, _Running
+
+    work, dest = tmp_path / "work", tmp_path / "results"
+    work.mkdir()
+    dest.mkdir()
+    (work / "out.csv").write_text(_harness_csv(2))
+    side = object.__new__(_Running)  # its copy alone: no process started
+    side.rec = SideRecord("A", "true", None, status="ok")
+    side.side = SimpleNamespace(pair="A", results=("out.csv",))
+    side.container = None
+    side.work = work
+    # looked at four times by name before shutil.copy2 opened it (exists, is_dir, and
+    # copy2's own samefile and special-file checks)
+    swap = swap_after_look(monkeypatch, work / "out.csv", stats=4)
+    within(lambda: side.collect(dest, "s.d.0.duet.AB", "results/"), work / "out.csv")
+    assert swap.swapped
+    assert side.rec.results == ["results/s.d.0.duet.AB.A.out.csv"], side.rec.missing
+    assert (dest / "s.d.0.duet.AB.A.out.csv").read_text() == _harness_csv(2)
