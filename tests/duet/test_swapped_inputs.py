@@ -5,6 +5,7 @@ open_regular), so the swap can neither hang it nor be read."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import polars as pl
@@ -103,3 +104,47 @@ def test_a_side_result_swapped_after_its_check_is_copied_as_checked(
     assert swap.swapped
     assert side.rec.results == ["results/s.d.0.duet.AB.A.out.csv"], side.rec.missing
     assert (dest / "s.d.0.duet.AB.A.out.csv").read_text() == _harness_csv(2)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the user plays the attacker: needs root")
+def test_a_plot_swapped_for_a_link_is_not_embedded_in_the_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sudo kernmlops duet analyze -o ~/report`` with ~/report/plots the user's: a
+    plot, once written, swapped for a link to a file of root's before the page
+    embedded it (read back by name, following the link)."""
+    import base64
+
+    from click.testing import CliRunner
+
+    import kernmlops.duet.report as report
+    from kernmlops.duet.cli import duet_group
+    from tests.duet.conftest import write_config
+    from tests.duet.test_cli import CFG, NOBODY, SECRET, SUDO, _home, _plant
+
+    user, victim = _home(tmp_path)
+    cfg = write_config(tmp_path / "duet.yml", CFG.format(pid=os.getpid()))
+    runs = tmp_path / "runs"
+    assert CliRunner().invoke(duet_group, ["run", str(cfg), "-o", str(runs)]).exit_code == 0
+    assert CliRunner().invoke(duet_group, ["process", str(runs)]).exit_code == 0
+    out = user / "report"
+    (out / "plots").mkdir(parents=True)
+    for folder in (out, out / "plots"):
+        os.chown(folder, NOBODY, NOBODY)
+    html = report._html
+
+    def swapped_first(md_text: str, title: str, plots: Path) -> str:
+        (out / "plots" / "ci.png").unlink()
+        _plant(out / "plots" / "ci.png", victim / "secret")
+        return html(md_text, title, plots)
+
+    monkeypatch.setattr(report, "_html", swapped_first)
+    args = ["analyze", str(runs), "--out", str(out), "--warmup", "1", "--min-runs", "3"]
+    res = CliRunner(env=SUDO).invoke(duet_group, args)
+    page = (out / "report.html").read_text() if (out / "report.html").exists() else ""
+    assert base64.b64encode(SECRET.encode()).decode() not in page
+    assert res.exit_code == 2, res.output
+    assert res.output.strip().splitlines()[-1] == (
+        "error: ci.png in the report's plots/ changed as it was written (a link): not "
+        "embedded; report.html not written"
+    )
