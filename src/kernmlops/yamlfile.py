@@ -215,7 +215,7 @@ def read_limited(path: Path, max_bytes: int, *, plain: bool = False) -> tuple[by
     # O_NONBLOCK: a FIFO with no writer would block the open forever; one without a
     # writer gives EOF at once (a pipe of `-c <(...)` has its writer)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    with open(fd, "rb", buffering=0) as f:
+    with open(fd, "rb") as f:
         st = os.fstat(f.fileno())
         if stat.S_ISREG(st.st_mode):
             if st.st_size > max_bytes:
