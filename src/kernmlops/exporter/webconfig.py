@@ -45,8 +45,6 @@ from kernmlops.errors import ConfigError
 from kernmlops.validation import keys_at, unknown_key
 from kernmlops.yamlfile import not_plain, safe_yaml
 
-#: the largest web configuration read: node_exporter's are a few hundred bytes
-WEB_CONFIG_MAX_BYTES = 64 << 10
 #: the largest certificate, key or CA file read: PEM is a few KiB a certificate (a
 #: system's whole CA bundle ~200 KiB); one far over it is no certificate file
 PEM_MAX_BYTES = 1 << 20
@@ -119,13 +117,8 @@ class WebConfig:
 def load_web_config(path: str | Path) -> WebConfig:
     """Read and check ``path``; every problem is a :class:`WebConfigError`."""
     path = Path(path)
-    data = safe_yaml(
-        path,
-        what="web configuration",
-        error=WebConfigError,
-        max_bytes=WEB_CONFIG_MAX_BYTES,
-        plain=True,
-    )
+    # a plain file, of at most yamlfile.MAX_BYTES (1 MiB: a thousand users' hashes fit)
+    data = safe_yaml(path, what="web configuration", error=WebConfigError, plain=True)
     if data is None:
         data = {}
     if not isinstance(data, dict):
