@@ -13,6 +13,7 @@ stops at a limit while composing.
 from __future__ import annotations
 
 import codecs
+import errno
 import os
 import stat
 from pathlib import Path
@@ -189,20 +190,75 @@ def _size(n: int) -> str:
     return f"{n >> 20} MiB" if n % (1 << 20) == 0 else f"{n / (1 << 20):.1f} MiB"
 
 
-def read_limited(path: Path, max_bytes: int) -> tuple[bytes, int | None]:
+def not_plain(mode: int) -> str:
+    """What a file of ``mode`` (not a plain one) is, for a message."""
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a folder" if stat.S_ISDIR(mode) else "not a file"
+
+
+def read_limited(path: Path, max_bytes: int, *, plain: bool = False) -> tuple[bytes, int | None]:
     """At most ``max_bytes + 1`` bytes of ``path`` (so the caller sees it is too
     big without reading a huge file or a device to its end), and the file's
-    size when it is a regular file."""
-    # O_NONBLOCK: a FIFO with no writer would block the open forever; reads block
-    # again (a pipe of `-c <(...)` has its writer, and one without gives EOF at once)
+    size when it is a regular file. ``plain``: a plain file only (OSError EINVAL,
+    naming what it is, for anything else: a FIFO whose writer never writes would
+    be waited on for ever, one without a writer read as empty).
+
+    A pipe (``-c <(...)``) or another file that is not plain is read for at most
+    :data:`PIPE_WAIT_S` seconds: a FIFO planted at the name whose writer stays and
+    sends nothing (or a byte a minute) is refused (OSError ETIMEDOUT), not waited on
+    for ever."""
+    # O_NONBLOCK: a FIFO with no writer would block the open forever; one without a
+    # writer gives EOF at once (a pipe of `-c <(...)` has its writer)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    os.set_blocking(fd, True)
     with open(fd, "rb") as f:
         st = os.fstat(f.fileno())
-        size = st.st_size if stat.S_ISREG(st.st_mode) else None
-        if size is not None and size > max_bytes:
-            return b"", size
-        return f.read(max_bytes + 1), size
+        if stat.S_ISREG(st.st_mode):
+            if st.st_size > max_bytes:
+                return b"", st.st_size
+            return f.read(max_bytes + 1), st.st_size
+        if plain:
+            raise OSError(errno.EINVAL, f"{not_plain(st.st_mode)}, not a plain file", str(path))
+        return _read_for_a_while(fd, path, max_bytes + 1, PIPE_WAIT_S), None
+
+
+#: how long a pipe (or a device) given as a YAML file may take to send all of it
+PIPE_WAIT_S = 30.0
+
+
+def _read_for_a_while(fd: int, path: Path, limit: int, wait_s: float) -> bytes:
+    """Up to ``limit`` bytes of the non-blocking ``fd``, up to its end, within
+    ``wait_s`` seconds."""
+    import select
+    import time
+
+    deadline = time.monotonic() + wait_s
+    chunks: list[bytes] = []
+    got = 0
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    while got < limit:
+        try:
+            chunk = os.read(fd, min(limit - got, 1 << 16))
+        except BlockingIOError:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise OSError(
+                    errno.ETIMEDOUT,
+                    f"{not_plain(os.fstat(fd).st_mode)} that sent no end in {wait_s:g} s",
+                    str(path),
+                ) from None
+            poller.poll(left * 1000)
+            continue
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
 
 
 def safe_yaml(
@@ -211,13 +267,15 @@ def safe_yaml(
     what: str = "config",
     error: type[ConfigError] = ConfigError,
     max_bytes: int = MAX_BYTES,
+    plain: bool = False,
 ) -> Any:
     """The parsed YAML of ``path``. Every problem raises ``error`` with one line
     that names the file: unreadable, over ``max_bytes``, not UTF-8 text, not
-    YAML, or over the loader's limits. ``what`` names the file's kind."""
+    YAML, or over the loader's limits. ``what`` names the file's kind; ``plain``:
+    a plain file only (no FIFO, no device)."""
     path = Path(path)
     try:
-        raw, size = read_limited(path, max_bytes)
+        raw, size = read_limited(path, max_bytes, plain=plain)
     except OSError as err:
         raise error(f"cannot read {what} {path}: {err.strerror}") from None
     if (size is not None and size > max_bytes) or len(raw) > max_bytes:

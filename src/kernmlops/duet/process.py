@@ -48,6 +48,7 @@ from kernmlops.duet.parsers import (
     parse_file,
 )
 from kernmlops.duet.runner import FILE_KIND, INDEX, DuetError, none_left, read_index
+from kernmlops.host.pinned import open_regular
 
 RESULTS_NAME = "duet-results"
 KERNEL_NAME = "duet-kernel"
@@ -519,29 +520,27 @@ def from_original(table: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _plain(path: Path) -> None:
-    """OSError unless ``path`` is a plain file (a FIFO there would block a reader for
-    ever, waiting for a writer)."""
-    import errno
-    import stat
-
-    if not stat.S_ISREG(os.stat(path).st_mode):
-        raise OSError(errno.EINVAL, "not a plain file", str(path))
+def _opened(path: Path) -> Any:
+    """``path`` opened once, a plain file only (kernmlops.host.pinned.open_regular:
+    without blocking, then checked by its descriptor): a FIFO put at its name, even
+    right after a look at it, would block a reader for ever, waiting for a writer.
+    Whatever reads it reads this open file, never the name again."""
+    return os.fdopen(open_regular(path), "rb")
 
 
 def _read_any(path: Path) -> pl.DataFrame:
-    _plain(path)
-    if path.suffix == ".parquet":
-        return pl.read_parquet(path)
-    if path.suffix == ".json":
-        import json
+    with _opened(path) as f:
+        if path.suffix == ".parquet":
+            return pl.read_parquet(f)
+        if path.suffix == ".json":
+            import json
 
-        doc = json.loads(path.read_text())
-        if isinstance(doc, dict):  # pandas' orientation: {column: {row: value}}
-            rows = sorted({k for col in doc.values() for k in col}, key=int)
-            return pl.DataFrame({c: [doc[c].get(r) for r in rows] for c in doc}, strict=False)
-        return pl.DataFrame(doc, infer_schema_length=None)
-    return pl.read_csv(path, infer_schema_length=None)
+            doc = json.load(f)
+            if isinstance(doc, dict):  # pandas' orientation: {column: {row: value}}
+                rows = sorted({k for col in doc.values() for k in col}, key=int)
+                return pl.DataFrame({c: [doc[c].get(r) for r in rows] for c in doc}, strict=False)
+            return pl.DataFrame(doc, infer_schema_length=None)
+        return pl.read_csv(f, infer_schema_length=None)
 
 
 def read_table(path: Path) -> pl.DataFrame:
@@ -622,8 +621,8 @@ def read_results(path: Path) -> tuple[pl.DataFrame, pl.DataFrame | None]:
     kernel = None
     if kernel_path.exists():
         try:
-            _plain(kernel_path)
-            kernel = pl.read_parquet(kernel_path)
+            with _opened(kernel_path) as f:
+                kernel = pl.read_parquet(f)
         except (pl.exceptions.PolarsError, OSError) as err:
             why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise DuetError(f"{kernel_path}: not a duet kernel table ({why})") from None

@@ -14,6 +14,7 @@ B), and one figure with the ratio CI of every benchmark and kind of run.
 from __future__ import annotations
 
 import base64
+import errno
 import html
 import json
 import math
@@ -395,6 +396,27 @@ def _json_default(obj: Any) -> Any:
     return str(obj)
 
 
+#: the largest plot embedded: ours are a few hundred KiB
+PLOT_MAX_BYTES = 16 << 20
+
+
+def _plot_bytes(path: Path) -> bytes:
+    """A plot just written, read back for the page: plots/ may be the user's folder
+    (``sudo ... -o ~/report``), where its user can put a link to a file of root's at
+    the plot's name (embedded, root's file would be theirs to read) or a FIFO (waited
+    on for ever): a plain file only, never through a link, bounded
+    (kernmlops.host.pinned.read_plain)."""
+    from kernmlops.duet.runner import DuetError
+    from kernmlops.host.pinned import read_plain
+
+    try:
+        return read_plain(path, limit=PLOT_MAX_BYTES)
+    except OSError as err:
+        why = "a link" if err.errno == errno.ELOOP else err.strerror or str(err)
+        raise DuetError(f"{path.name} in the report's plots/ changed as it was written "
+                        f"({why}): not embedded; report.html not written") from None  # fmt: skip
+
+
 def _html(md_text: str, title: str, plots: Path) -> str:
     """The markdown as HTML (markdown-it-py, with tables), plots embedded."""
     from markdown_it import MarkdownIt
@@ -405,7 +427,7 @@ def _html(md_text: str, title: str, plots: Path) -> str:
         for child in token.children or []:
             src = child.attrGet("src") if child.type == "image" else None
             if src and not str(src).startswith(("data:", "http:", "https:", "/")):
-                data = base64.b64encode((plots / Path(str(src)).name).read_bytes()).decode()
+                data = base64.b64encode(_plot_bytes(plots / Path(str(src)).name)).decode()
                 child.attrSet("src", f"data:image/png;base64,{data}")
     body = md.renderer.render(tokens, md.options, {})
     style = (

@@ -434,9 +434,9 @@ class _Running:
                     continue
                 try:
                     if src.is_dir():
-                        shutil.copytree(src, target)
+                        shutil.copytree(src, target, copy_function=_copy_plain)
                     else:
-                        shutil.copy2(src, target)
+                        _copy_plain(src, target)
                 except (OSError, shutil.Error) as err:
                     part = f" (a part is kept as {kept})" if target.exists() else ""
                     self.rec.missing[name] = f"copying it to {kept} failed{part}: {_why(err)}"
@@ -457,6 +457,22 @@ class _Running:
             cmd = "rm" if remove else "stop"
             args = [self.engine, cmd, *(["-f"] if remove else []), self.container]
             _engine(args, f"{cmd} the container", check=False)
+
+
+def _copy_plain(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> str:
+    """``shutil.copy2`` of a plain file, from one descriptor (kernmlops.host.pinned.
+    open_regular): copy2 looks at ``src`` by name, then opens that name again, so a
+    FIFO put there in between would keep the runner waiting for a writer for ever.
+    OSError (EINVAL) for what is not a plain file."""
+    from kernmlops.host.pinned import open_regular
+
+    fd = open_regular(Path(src))
+    with open(fd, "rb") as f, open(dst, "wb") as out:
+        shutil.copyfileobj(f, out)
+        st = os.fstat(fd)
+        os.fchmod(out.fileno(), st.st_mode & 0o777)  # never a set-id bit on root's copy
+    os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+    return os.fspath(dst)
 
 
 def left_no(name: str) -> str:

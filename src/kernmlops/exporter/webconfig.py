@@ -13,16 +13,28 @@ exporter-toolkit (the file node_exporter takes; ebpf_exporter has none)::
 Everything is checked before serving: keys, the certificate and key (loaded
 into the context once), each hash. A file with neither section serves plain
 HTTP, as exporter-toolkit does.
+
+The exporter starts as root, and any of these files may sit where another user
+can put something else at its name: each is a plain file (a FIFO would be
+waited on for ever, or read as an empty file that serves plain HTTP) of a
+bounded size (a device or a huge sparse file would be read to its end), read
+once from one descriptor. The TLS library, which takes file names only, reads
+the certificates and the key from a private in-memory copy of those bytes.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
+import errno
 import hashlib
+import os
 import ssl
+import stat
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -31,7 +43,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kernmlops.errors import ConfigError
 from kernmlops.validation import keys_at, unknown_key
-from kernmlops.yamlfile import safe_yaml
+from kernmlops.yamlfile import not_plain, safe_yaml
+
+#: the largest certificate, key or CA file read: PEM is a few KiB a certificate (a
+#: system's whole CA bundle ~200 KiB); one far over it is no certificate file
+PEM_MAX_BYTES = 1 << 20
 
 
 class WebConfigError(ConfigError):
@@ -101,7 +117,8 @@ class WebConfig:
 def load_web_config(path: str | Path) -> WebConfig:
     """Read and check ``path``; every problem is a :class:`WebConfigError`."""
     path = Path(path)
-    data = safe_yaml(path, what="web configuration", error=WebConfigError)
+    # a plain file, of at most yamlfile.MAX_BYTES (1 MiB: a thousand users' hashes fit)
+    data = safe_yaml(path, what="web configuration", error=WebConfigError, plain=True)
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -183,17 +200,21 @@ def _ssl_context(tls: TlsServerConfig | None, base: Path, where: str) -> ssl.SSL
     if tls.max_version:
         ctx.maximum_version = _TLS_VERSIONS[tls.max_version]
     cert, key = (_resolve(base, f) for f in (tls.cert_file, tls.key_file))
-    _load_pair(ctx, cert, key, f"{where}: tls_server_config")
+    section = f"{where}: tls_server_config"
+    cert_pem = _read_pem(cert, "cert_file", section)
+    key_pem = _read_pem(key, "key_file", section)
+    with _in_memory(cert_pem) as cert_at, _in_memory(key_pem) as key_at:
+        _load_pair(ctx, (cert, cert_at), (key, key_at), section)
     mode = _CLIENT_AUTH[tls.client_auth_type]
     if tls.client_ca_file:
         ca = _resolve(base, tls.client_ca_file)
+        ca_pem = _read_pem(ca, "client_ca_file", section)
         try:
-            ctx.load_verify_locations(cafile=ca)
+            with _in_memory(ca_pem) as ca_at:
+                ctx.load_verify_locations(cafile=ca_at)
         except (ssl.SSLError, OSError) as err:
             reason = getattr(err, "reason", None) or err.strerror or str(err)
-            raise WebConfigError(
-                f"{where}: tls_server_config.client_ca_file {ca}: {reason}"
-            ) from None
+            raise WebConfigError(f"{section}.client_ca_file {ca}: {reason}") from None
     elif mode != ssl.CERT_NONE:
         raise WebConfigError(
             f"{where}: tls_server_config: client_auth_type {tls.client_auth_type} needs "
@@ -211,25 +232,70 @@ def _no_passphrase() -> str:
     raise _Encrypted
 
 
-def _load_pair(ctx: ssl.SSLContext, cert: Path, key: Path, where: str) -> None:
-    """Load ``cert`` and ``key`` into ``ctx``, or say which file is wrong and how:
-    OpenSSL's own error ("[SSL] PEM lib") names neither file nor what is wrong."""
-    for path, field in ((cert, "cert_file"), (key, "key_file")):
+def _read_pem(path: Path, field: str, where: str) -> bytes:
+    """The bytes of ``path`` (``field`` of the config), read once from one descriptor:
+    a plain file of at most PEM_MAX_BYTES, else one line that names the field, the
+    file and what it is."""
+    try:  # O_NONBLOCK: a FIFO with no writer would block the open for ever
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise WebConfigError(f"{where}: no file {path}") from None
+    except OSError as err:
+        raise WebConfigError(f"{where}.{field} {path}: {err.strerror or err}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise WebConfigError(f"{where}.{field} {path}: {os.strerror(errno.EISDIR)}")
+        raise WebConfigError(
+            f"{where}.{field} {path}: {not_plain(st.st_mode)}, not a plain file: not read"
+        )
+    with open(fd, "rb") as f:
         try:
-            path.open("rb").close()
-        except FileNotFoundError:
-            raise WebConfigError(f"{where}: no file {path}") from None
+            data = f.read(PEM_MAX_BYTES + 1) if st.st_size <= PEM_MAX_BYTES else b""
         except OSError as err:
             raise WebConfigError(f"{where}.{field} {path}: {err.strerror or err}") from None
+    if st.st_size > PEM_MAX_BYTES or len(data) > PEM_MAX_BYTES:
+        from kernmlops.confined import human_size
+
+        size = human_size(max(st.st_size, len(data)))
+        raise WebConfigError(
+            f"{where}.{field} {path}: {size}, over the {human_size(PEM_MAX_BYTES)} a "
+            "certificate or key file may hold: not read"
+        )
+    return data
+
+
+@contextlib.contextmanager
+def _in_memory(data: bytes) -> Iterator[str]:
+    """A name for ``data`` that the TLS library can open (it takes file names only): a
+    file in memory, this process's alone, so what it reads is what was checked."""
+    fd = os.memfd_create("kernmlops-web-config", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        yield f"/proc/self/fd/{fd}"
+    finally:
+        os.close(fd)
+
+
+def _load_pair(
+    ctx: ssl.SSLContext, cert_file: tuple[Path, str], key_file: tuple[Path, str], where: str
+) -> None:
+    """Load the certificate and key into ``ctx`` (each: its path as given, the name its
+    checked bytes are read from), or say which file is wrong and how: OpenSSL's own
+    error ("[SSL] PEM lib") names neither file nor what is wrong."""
+    (cert, cert_at), (key, key_at) = cert_file, key_file
     try:  # the certificates alone, in a context of their own
-        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_verify_locations(cafile=cert)
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_verify_locations(cafile=cert_at)
     except ssl.SSLError:
         raise WebConfigError(
             f"{where}.cert_file {cert}: cannot be read as a PEM certificate "
             "(-----BEGIN CERTIFICATE-----)"
         ) from None
     try:
-        ctx.load_cert_chain(cert, key, password=_no_passphrase)
+        ctx.load_cert_chain(cert_at, key_at, password=_no_passphrase)
     except _Encrypted:
         raise WebConfigError(
             f"{where}.key_file {key}: the key is encrypted (it asks for a passphrase): give "

@@ -34,7 +34,7 @@ from kernmlops.collect.session import Session
 from kernmlops.config import Config, Flags
 from kernmlops.errors import KernmlopsError
 from kernmlops.hooks.base import HookContext, HookStatus
-from kernmlops.lb.dataset import TABLE
+from kernmlops.lb.dataset import TABLE, read_parts
 from kernmlops.lb.features import MIGRATION_COST_NS, kernel_migration_cost_ns
 from kernmlops.lb.hook import LbHook, LbKprobeHook, LbTracepointHook, cpu_nodes
 
@@ -177,7 +177,7 @@ def _read_table(path: Path, table: str) -> pl.DataFrame | None:
     parts = sorted((path / table).glob("part-*.parquet"))
     if not parts:
         return None
-    return pl.concat([pl.read_parquet(p) for p in parts], how="diagonal_relaxed")
+    return read_parts(parts)  # each from one descriptor: no FIFO put at a part's name
 
 
 def _build_tracepoint(

@@ -19,6 +19,7 @@ Sources:
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
@@ -65,6 +66,25 @@ def from_kprobe_records(frame: pl.DataFrame, collection_id: str = "") -> pl.Data
     return out.select(*DECISION_SCHEMA, *keep)
 
 
+def read_parts(parts: list[Path]) -> pl.DataFrame:
+    """The Parquet ``parts`` of one table as one frame, each opened once and read from
+    that descriptor, a plain file only (kernmlops.host.pinned.open_regular): a FIFO at
+    a part's name, there before or put there after it was listed, would keep the
+    reader waiting for a writer for ever. CollectionError, naming the part, else."""
+    from kernmlops.host.pinned import open_regular
+
+    frames = []
+    for part in parts:
+        try:
+            fd = open_regular(part)
+        except OSError as err:
+            why = "not a plain file" if err.errno == errno.EINVAL else err.strerror or str(err)
+            raise CollectionError(f"{part}: {why}: not read") from None
+        with open(fd, "rb") as f:
+            frames.append(pl.read_parquet(f))
+    return pl.concat(frames, how="diagonal_relaxed")
+
+
 def load_decisions(paths: list[Path] | list[str]) -> pl.DataFrame:
     """Every ``lb_decisions`` row under the given collection folders or roots
     (a root holds ``curated/`` or ``benchmark=*/collection_id=*/`` folders)."""
@@ -79,8 +99,7 @@ def load_decisions(paths: list[Path] | list[str]) -> pl.DataFrame:
             # that table alone; no link a user planted followed
             frame = read_collection(root, lazy=True).read(TABLE)
         elif (root / TABLE).is_dir():  # one collection folder
-            parts = sorted((root / TABLE).glob("part-*.parquet"))
-            frame = pl.concat([pl.read_parquet(f) for f in parts], how="diagonal_relaxed")
+            frame = read_parts(sorted((root / TABLE).glob("part-*.parquet")))
         else:
             from kernmlops.data import read_parquet_dir
 
@@ -99,14 +118,16 @@ def recorded_cost(paths: list[Path] | list[str]) -> int | None:
     """The migration cost the collections under ``paths`` were recorded with
     (their manifests' lb section), when they agree on one; None when none says."""
     from kernmlops.collect.manifest import MANIFEST_NAME
+    from kernmlops.spool.collection import read_manifest_bytes
 
     costs: set[int] = set()
     for p in map(Path, paths):
         for m in [p / MANIFEST_NAME, *p.glob(f"**/collection_id=*/{MANIFEST_NAME}")]:
             if m.is_file():
-                try:
-                    lb = json.loads(m.read_text()).get("lb") or {}
-                except (OSError, ValueError, AttributeError):
+                try:  # read once, as every manifest is: a plain file, bounded, no link
+                    raw = read_manifest_bytes(m.parent, owner=os.stat(m.parent).st_uid)
+                    lb = json.loads(raw).get("lb") or {}
+                except (OSError, ValueError, AttributeError, RecursionError):
                     continue
                 if isinstance(lb, dict) and isinstance(lb.get("migration_cost_ns"), int):
                     costs.add(lb["migration_cost_ns"])

@@ -34,11 +34,12 @@ from __future__ import annotations
 import errno
 import io
 from pathlib import Path
+from typing import BinaryIO
 
 import polars as pl
 
 from kernmlops.errors import KernmlopsError
-from kernmlops.host.pinned import open_regular
+from kernmlops.host.pinned import fd_path, open_regular
 from kernmlops.lb.features import FEATURES, conform
 
 #: MLLB name -> canonical name, where they differ
@@ -77,7 +78,7 @@ class _Layout:
     file's, whatever blank lines come before it. MLLB's dumps quote nothing: a line
     is a row."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, f: BinaryIO) -> None:
         self.header = 0
         self.blank: list[int] = []
         #: the first line whose fields are not the header's: (line, its fields, the
@@ -85,23 +86,15 @@ class _Layout:
         #: of a long one
         self.ragged: tuple[int, int, int] | None = None
         width = 0
-        # a plain file only: a FIFO with no writer would hang the open (and it could
-        # not be read twice, as the dump is)
-        try:
-            fd = open_regular(path)
-        except OSError as err:
-            if err.errno != errno.EINVAL:
-                raise
-            raise MllbFormatError(f"{path} is not a plain file: not an MLLB raw dump") from None
-        with open(fd, "rb") as f:
-            for n, line in enumerate(f, 1):
-                if line.isspace():
-                    if self.header:
-                        self.blank.append(n)
-                elif not self.header:
-                    self.header, width = n, line.count(b",") + 1
-                elif self.ragged is None and line.count(b",") + 1 != width:
-                    self.ragged = (n, line.count(b",") + 1, width)
+        f.seek(0)
+        for n, line in enumerate(f, 1):
+            if line.isspace():
+                if self.header:
+                    self.blank.append(n)
+            elif not self.header:
+                self.header, width = n, line.count(b",") + 1
+            elif self.ragged is None and line.count(b",") + 1 != width:
+                self.ragged = (n, line.count(b",") + 1, width)
 
     @property
     def plain(self) -> bool:
@@ -118,26 +111,41 @@ class _Layout:
         return n
 
 
-def _source(path: Path, layout: _Layout) -> Path | io.BytesIO:
-    """What polars reads: the file, or its lines without the blank ones (polars
+def _source(f: BinaryIO, layout: _Layout) -> Path | io.BytesIO:
+    """What polars reads: the open file (by its descriptor's name: the file already
+    opened, whatever is at its path now), or its lines without the blank ones (polars
     makes a blank line a row of nulls, and skips those before the header)."""
     if layout.plain:
-        return path
-    with open(path, "rb") as f:
-        return io.BytesIO(b"".join(line for line in f if not line.isspace()))
+        return fd_path(f.fileno())
+    f.seek(0)
+    return io.BytesIO(b"".join(line for line in f if not line.isspace()))
 
 
 def read_mllb_csv(path: Path, collection_id: str | None = None) -> pl.DataFrame:
     """An MLLB raw dump as canonical decisions (``variant`` = mllb)."""
     path = Path(path)
+    # opened once, a plain file only: a FIFO would hang the open (and it could not be
+    # read twice, as the dump is), and every read goes through this descriptor: one put
+    # at the name after the check is never read
     try:
-        layout = _Layout(path)
+        fd = open_regular(path)
+    except OSError as err:
+        if err.errno != errno.EINVAL:
+            raise MllbFormatError(f"cannot read {path}: {err.strerror or err}") from None
+        raise MllbFormatError(f"{path} is not a plain file: not an MLLB raw dump") from None
+    with open(fd, "rb") as f:
+        return _read_dump(path, f, collection_id)
+
+
+def _read_dump(path: Path, f: BinaryIO, collection_id: str | None) -> pl.DataFrame:
+    try:
+        layout = _Layout(f)
         if not layout.header:
             raise MllbFormatError(f"{path} is empty: no header, no decisions")
         if layout.ragged:
             n, fields, width = layout.ragged
             raise MllbFormatError(f"{path}: line {n} has {fields} fields, the header {width}")
-        source = _source(path, layout)
+        source = _source(f, layout)
         # the header alone first: the columns kept are read, as what they must be
         raw = pl.read_csv(source, n_rows=0, infer_schema=False)
     except OSError as err:

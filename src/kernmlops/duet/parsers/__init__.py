@@ -20,43 +20,29 @@ folder.
 
 from __future__ import annotations
 
-import errno
 import os
 from pathlib import Path
 
 import polars as pl
 
-from kernmlops.confined import MIB, UnsafePathError, check_size, confined, human_size
-from kernmlops.duet.parsers.base import ITERATION_SCHEMA, Anchor, ParseError, Parser
+from kernmlops.confined import UnsafePathError, confined, human_size
+from kernmlops.duet.parsers.base import (
+    ITERATION_SCHEMA,
+    LIMIT_HINT,
+    MAX_FILE_BYTES,
+    Anchor,
+    ParseError,
+    Parser,
+    read_result,
+)
 from kernmlops.duet.parsers.base import derived as derived
 from kernmlops.duet.parsers.base import frame as frame
-
-# defined below the parsers, which import them from base, not from here
-from kernmlops.host.pinned import open_regular
-
-#: the largest result file read by default: a parser holds it whole in memory
-MAX_FILE_BYTES = 256 * MIB
-_LIMIT_HINT = " (duet process --max-file-mb raises the limit)"
 
 
 def _registry() -> list[Parser]:
     from kernmlops.duet.parsers import dacapo, harness, hyperfine, pyperf, renaissance, spec
 
     return [m.PARSER for m in (harness, renaissance, pyperf, hyperfine, dacapo, spec)]
-
-
-def _head(path: Path) -> str:
-    if path.is_dir():
-        return ""
-    # a plain file only: a FIFO there would wait for a writer for ever
-    try:
-        fd = open_regular(path)
-    except OSError as err:
-        if err.errno != errno.EINVAL:
-            raise
-        raise UnsafePathError(f"{path}: result file is not a plain file: not read") from None
-    with open(fd, "rb") as f:
-        return f.read(65536).decode("utf-8", errors="replace")
 
 
 def _check_folder(path: Path, max_bytes: int) -> None:
@@ -74,7 +60,7 @@ def _check_folder(path: Path, max_bytes: int) -> None:
                 raise UnsafePathError(f"{path}: {rel} is not a plain file: not read")
         if total > max_bytes:
             raise UnsafePathError(
-                f"{path}: result folder of over {human_size(max_bytes)}: not read{_LIMIT_HINT}"
+                f"{path}: result folder of over {human_size(max_bytes)}: not read{LIMIT_HINT}"
             )
 
 
@@ -92,15 +78,20 @@ def parse_file(
     try:
         if path.is_dir():
             _check_folder(path, max_bytes)
-        else:
-            check_size(path, max_bytes, what="result file", hint=_LIMIT_HINT)
-        head = _head(path)
+            data = b""
+        else:  # read once, from one descriptor: the parser gets these bytes, not the name
+            data = read_result(path, max_bytes)
     except OSError as err:
         raise ParseError(f"{path}: cannot read: {err.strerror}") from err
+    head = data[:65536].decode("utf-8", errors="replace")
     for parser in _registry():
-        if parser.sniff(path, head):
+        try:  # a folder's parser reads its files here: one may be gone since
+            fits = parser.sniff(path, head)
+        except OSError as err:
+            raise ParseError(f"{path}: cannot read: {err.strerror}") from err
+        if fits:
             try:
-                rows = parser.parse(path, anchor or Anchor())
+                rows = parser.parse(path, data, anchor or Anchor())
             except ParseError as err:
                 raise ParseError(f"{path.name}: {parser.name}: {err}") from None
             except (ValueError, KeyError, TypeError, IndexError, OSError) as err:

@@ -4,13 +4,21 @@ package, which imports them (``parse_file`` tries each)."""
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
 
+from kernmlops.confined import MIB, UnsafePathError, human_size
 from kernmlops.errors import KernmlopsError
+from kernmlops.host.pinned import open_regular
+
+#: the largest result file read by default: a parser holds it whole in memory
+MAX_FILE_BYTES = 256 * MIB
+LIMIT_HINT = " (duet process --max-file-mb raises the limit)"
 
 ITERATION_SCHEMA: dict[str, pl.DataType] = {
     "iteration": pl.Int64(),
@@ -35,6 +43,29 @@ class Anchor:
     #: the run's ``artifacts/date`` (Unix ns): the original tool's anchor for
     #: result files that carry times relative to an unknown start
     date_ns: int | None = None
+
+
+def read_result(path: Path, limit: int = MAX_FILE_BYTES, *, what: str = "result file") -> bytes:
+    """The bytes of the plain file ``path``, at most ``limit``, from one descriptor
+    (kernmlops.host.pinned.open_regular: a FIFO put at its name, even after a look at
+    it, would wait for a writer for ever); UnsafePathError, naming it, for anything else
+    or a file over the limit (also one that grows past it while read); OSError when it
+    cannot be opened."""
+    try:
+        fd = open_regular(path)
+    except OSError as err:
+        if err.errno != errno.EINVAL:
+            raise
+        raise UnsafePathError(f"{path}: {what} is not a plain file: not read") from None
+    with open(fd, "rb") as f:
+        size = os.fstat(fd).st_size
+        data = f.read(limit + 1) if size <= limit else b""
+    if size > limit or len(data) > limit:
+        shown = human_size(max(size, len(data)))
+        raise UnsafePathError(
+            f"{path}: {what} of {shown}, over the {human_size(limit)} limit: not read{LIMIT_HINT}"
+        )
+    return data
 
 
 def frame(rows: dict[str, list]) -> pl.DataFrame:
@@ -74,4 +105,6 @@ class Parser:
     name: str
     #: whether the file looks like this tool's (cheap: the first 64 KiB)
     sniff: Callable[[Path, str], bool]
-    parse: Callable[[Path, Anchor], pl.DataFrame]
+    #: the iterations of ``path``, given its bytes as parse_file read them (from one
+    #: descriptor, never the name again: b"" for a folder, which its parser reads)
+    parse: Callable[[Path, bytes, Anchor], pl.DataFrame]

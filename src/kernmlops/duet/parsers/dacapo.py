@@ -34,8 +34,8 @@ def _sniff(path: Path, head: str) -> bool:
     return "iteration_time_ns" in cols and "exit_code" not in cols
 
 
-def _parse(path: Path, anchor: Anchor) -> pl.DataFrame:
-    reader = csv.reader(io.StringIO(path.read_text()))
+def _parse(path: Path, data: bytes, anchor: Anchor) -> pl.DataFrame:
+    reader = csv.reader(io.StringIO(data.decode()))
     header = [c.strip() for c in next(reader)]
     col = {name: i for i, name in enumerate(header)}
     durs: list[int] = []

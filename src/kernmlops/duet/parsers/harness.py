@@ -25,8 +25,8 @@ def _sniff(path: Path, head: str) -> bool:
     return False
 
 
-def _parse(path: Path, _anchor: Anchor) -> pl.DataFrame:
-    text = path.read_text()
+def _parse(path: Path, data: bytes, _anchor: Anchor) -> pl.DataFrame:
+    text = data.decode()
     rows: dict[str, list] = {c: [] for c in COLUMNS}
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if lines and lines[0].strip() == _HEADER:

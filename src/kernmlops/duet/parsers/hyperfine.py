@@ -20,8 +20,8 @@ def _sniff(path: Path, head: str) -> bool:
     return s.startswith("{") and '"results"' in head and '"times"' in head
 
 
-def _parse(path: Path, anchor: Anchor) -> pl.DataFrame:
-    doc = json.loads(path.read_text())
+def _parse(path: Path, data: bytes, anchor: Anchor) -> pl.DataFrame:
+    doc = json.loads(data.decode())
     results = doc.get("results")
     if not isinstance(results, list) or not results:
         raise ParseError("no results")

@@ -32,8 +32,8 @@ def _loops(*metas: dict) -> int:
     return loops * inner
 
 
-def _parse(path: Path, anchor: Anchor) -> pl.DataFrame:
-    doc = json.loads(path.read_text())
+def _parse(path: Path, data: bytes, anchor: Anchor) -> pl.DataFrame:
+    doc = json.loads(data.decode())
     benches = doc.get("benchmarks")
     if not isinstance(benches, list) or not benches:
         raise ParseError("no benchmarks")

@@ -20,8 +20,8 @@ def _sniff(path: Path, head: str) -> bool:
     return s.startswith("{") and '"data"' in head and '"environment"' in head
 
 
-def _parse(path: Path, _anchor: Anchor) -> pl.DataFrame:
-    doc = json.loads(path.read_text())
+def _parse(path: Path, data: bytes, _anchor: Anchor) -> pl.DataFrame:
+    doc = json.loads(data.decode())
     try:
         vm_start_ms = int(doc["environment"]["vm"]["start_unix_ms"])
     except (KeyError, TypeError):

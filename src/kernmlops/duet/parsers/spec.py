@@ -20,7 +20,7 @@ from pathlib import Path
 
 import polars as pl
 
-from kernmlops.duet.parsers.base import Anchor, ParseError, Parser, frame
+from kernmlops.duet.parsers.base import Anchor, ParseError, Parser, frame, read_result
 
 _LINE = re.compile(r"^\s*(Rate|Speed) (Start|End):.*\((\d+(?:\.\d+)?)\)\s*$", re.M)
 
@@ -31,18 +31,30 @@ def _logs(path: Path) -> list[Path]:
     return sorted(p for p in path.rglob("*.log") if p.is_file())
 
 
+def _text(log: Path) -> str:
+    # a folder's log read by one descriptor, never by its name after the look at it:
+    # one made a FIFO since would wait for a writer for ever
+    return read_result(log, what="log").decode(errors="replace")
+
+
+def _texts(path: Path, data: bytes) -> list[str]:
+    if path.is_dir():
+        return [_text(p) for p in _logs(path)]
+    return [data.decode(errors="replace")]
+
+
 def _sniff(path: Path, head: str) -> bool:
     if path.is_dir():
-        return any(_LINE.search(p.read_text(errors="replace")) for p in _logs(path))
+        return any(_LINE.search(_text(p)) for p in _logs(path))
     return bool(_LINE.search(head))
 
 
-def _parse(path: Path, _anchor: Anchor) -> pl.DataFrame:
+def _parse(path: Path, data: bytes, _anchor: Anchor) -> pl.DataFrame:
     starts: list[int] = []
     ends: list[int] = []
-    for log in _logs(path):
+    for text in _texts(path, data):
         open_start: int | None = None
-        for m in _LINE.finditer(log.read_text(errors="replace")):
+        for m in _LINE.finditer(text):
             t = int(Decimal(m.group(3)) * 1_000_000_000)  # exact: floats lose ns
             if m.group(2) == "Start":
                 open_start = t
