@@ -40,7 +40,7 @@ class Swap:
 
 def swap_after_look(monkeypatch: pytest.MonkeyPatch, path: Path, *, stats: int | None = 1) -> Swap:
     """After the ``stats``-th ``os.stat`` of ``path`` (None: none counts), or its first
-    ``os.open``."""
+    ``os.open`` (by its name, or by its folder's descriptor and its name)."""
     swap = Swap(path)
     real_stat, real_open = os.stat, os.open
     seen = [0]
@@ -55,7 +55,8 @@ def swap_after_look(monkeypatch: pytest.MonkeyPatch, path: Path, *, stats: int |
 
     def open_(p: Any, flags: int, *args: Any, **kwargs: Any) -> int:
         fd = real_open(p, flags, *args, **kwargs)
-        if swap.is_ours(p) and kwargs.get("dir_fd") is None:
+        at = kwargs.get("dir_fd")
+        if swap.is_ours(p if at is None else os.path.join(os.readlink(f"/proc/self/fd/{at}"), p)):
             swap.now()
         return fd
 

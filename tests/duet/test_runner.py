@@ -571,3 +571,43 @@ silent:
         assert side.error.endswith("no out.json in its working folder")
     table = process_dirs([result.folder]).results
     assert table["benchmark"].unique().to_list() == ["timed"]
+
+
+def test_a_result_named_by_a_link_another_user_planted_is_not_copied(tmp_path: Path):
+    # a result named by an absolute path in a folder every user may write in: a link
+    # there of another user's, to a file only root may read, is not followed (the
+    # suite's folder is the invoker's under sudo); a plain file there is copied
+    nobody = 65534
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # not sticky: anyone may plant and rename here
+    secret = tmp_path / "secret"
+    secret.write_text("root's secret\n")
+    secret.chmod(0o600)
+    (shared / "planted.json").symlink_to(secret)
+    os.lchown(shared / "planted.json", nobody, nobody)
+    (shared / "plain.json").write_text('{"ok": 1}\n')
+    cfg = write_config(tmp_path / "duet.yml", f"""
+duetbench:
+  suite: planted-{os.getpid()}
+  duet_repetitions: 1
+  duets: [planted, plain]
+planted:
+  A: {{run: "true", results: [{shared}/planted.json]}}
+plain:
+  A: {{run: "true", results: [{shared}/plain.json]}}
+""")  # fmt: skip
+    suite = load_duet_config(cfg)
+    result = run_suite(suite, tmp_path / "out")
+    _assert_clean(suite.suite)
+    planted = [t for t in result.trials if t.benchmark == "planted"]
+    assert planted and not any(t.ok for t in planted)
+    for trial in planted:
+        for side in trial.sides.values():
+            why = side.missing[f"{shared}/planted.json"]
+            assert "a link root does not follow" in why, why
+    plain = [t for t in result.trials if t.benchmark == "plain"]
+    assert plain and all(t.ok for t in plain)
+    copied = [p for p in result.folder.rglob("*") if p.is_file() and not p.is_symlink()]
+    assert not any("root's secret" in p.read_text(errors="replace") for p in copied)
+    assert [p.read_text() for p in copied if p.name.endswith(".plain.json")] == ['{"ok": 1}\n'] * 2

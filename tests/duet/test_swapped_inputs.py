@@ -98,7 +98,7 @@ def test_a_side_result_swapped_after_its_check_is_copied_as_checked(
     side.container = None
     side.work = work
     # looked at four times by name before shutil.copy2 opened it (exists, is_dir, and
-    # copy2's own samefile and special-file checks)
+    # copy2's own samefile and special-file checks); now twice, then opened once
     swap = swap_after_look(monkeypatch, work / "out.csv", stats=4)
     within(lambda: side.collect(dest, "s.d.0.duet.AB", "results/"), work / "out.csv")
     assert swap.swapped

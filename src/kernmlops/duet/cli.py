@@ -212,25 +212,19 @@ def run_cmd(
 def _tail(path: Path, limit: int = 1 << 16) -> bytes:
     """The last ``limit`` bytes of a side's log. Named through the suite's folder, whose
     user may have moved it and planted a link under its name: read as root only as
-    the held folders read (kernmlops.host.pinned: no link of another user's followed,
-    under sudo the invoker's own with their rights), and only a plain file."""
-    import stat
+    the held folders read (kernmlops.host.pinned.open_named), and only a plain file."""
+    import errno
 
-    from kernmlops.host.invoker import invoker
-    from kernmlops.host.pinned import open_plain, pin
+    from kernmlops.host.pinned import open_named
 
-    who = invoker()
-    uid = who.uid if who else None
-    held = pin(path.parent, invoker_uid=uid, what="the logs", action="read")
     try:
-        fd = open_plain(held.fd, path.name, path, invoker_uid=uid)
-    finally:
-        held.close()
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
+        fd = open_named(path, what="the logs")
+    except OSError as err:
+        if err.errno == errno.EINVAL:  # not a plain file: nothing to show
             return b""
-        f.seek(max(0, st.st_size - limit))
+        raise
+    with os.fdopen(fd, "rb") as f:
+        f.seek(max(0, os.fstat(fd).st_size - limit))
         return f.read(limit)
 
 

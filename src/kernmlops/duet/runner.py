@@ -33,6 +33,7 @@ runner's own made by mkdtemp (0700), removed after the trial.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import random
@@ -433,11 +434,11 @@ class _Running:
                     )
                     continue
                 try:
-                    if src.is_dir():
-                        shutil.copytree(src, target, copy_function=_copy_plain)
+                    if src.is_dir():  # a link in it is copied as a link, never its target
+                        shutil.copytree(src, target, symlinks=True, copy_function=_copy_plain)
                     else:
                         _copy_plain(src, target)
-                except (OSError, shutil.Error) as err:
+                except (OSError, shutil.Error, KernmlopsError) as err:
                     part = f" (a part is kept as {kept})" if target.exists() else ""
                     self.rec.missing[name] = f"copying it to {kept} failed{part}: {_why(err)}"
                     continue
@@ -460,18 +461,21 @@ class _Running:
 
 
 def _copy_plain(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> str:
-    """``shutil.copy2`` of a plain file, from one descriptor (kernmlops.host.pinned.
-    open_regular): copy2 looks at ``src`` by name, then opens that name again, so a
-    FIFO put there in between would keep the runner waiting for a writer for ever.
-    OSError (EINVAL) for what is not a plain file."""
-    from kernmlops.host.pinned import open_regular
+    """``shutil.copy2`` of a plain file, from one descriptor: copy2 looks at ``src`` by
+    name, then opens that name again, so a FIFO put there in between would keep the
+    runner waiting for a writer for ever. A result may be named anywhere (an absolute
+    path in a folder other users can change): it is opened as root reads what a user
+    may have planted (kernmlops.host.pinned.open_named), so a link of theirs to a
+    file of root's is not copied into the suite's folder. OSError (EINVAL) for what
+    is not a plain file, ELOOP for a link not followed."""
+    from kernmlops.host.pinned import create_new, open_named
 
-    fd = open_regular(Path(src))
-    with open(fd, "rb") as f, open(dst, "wb") as out:
+    fd = open_named(Path(src), what="the result's folder")
+    with open(fd, "rb") as f, open(create_new(Path(dst)), "wb") as out:
         shutil.copyfileobj(f, out)
         st = os.fstat(fd)
         os.fchmod(out.fileno(), st.st_mode & 0o777)  # never a set-id bit on root's copy
-    os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
     return os.fspath(dst)
 
 
@@ -490,6 +494,10 @@ def none_left(missing: dict[str, str]) -> str:
 
 def _why(err: BaseException) -> str:
     """An OSError's reason without the paths it names (the runner's, not the user's)."""
+    if isinstance(err, KernmlopsError):  # a refused folder: its message says which
+        return str(err)
+    if getattr(err, "errno", None) == errno.ELOOP:
+        return "a link root does not follow (another user's, or in a folder others can change)"
     return getattr(err, "strerror", None) or type(err).__name__
 
 

@@ -602,6 +602,30 @@ def open_plain(folder: int, name: str, shown: Path, *, invoker_uid: int | None =
     return fd
 
 
+def open_named(path: Path, *, what: str = "the file") -> int:
+    """A descriptor of the plain file ``path`` (read-only), read as the held folders
+    read it: its folders walked as :func:`pin` walks them for reading, a link followed
+    only as :func:`open_plain` follows one (under sudo, the invoker's own with their
+    rights; never another user's where they can change the folder). For a file named
+    in a place a user may change, read as root.
+
+    Raises:
+        OSError: ELOOP for a link not followed, EINVAL for what is not a plain file.
+        OutputError: a folder on the way is refused (see :func:`pin`).
+    """
+    who = invoker()
+    uid = who.uid if who else None
+    held = pin(path.parent, invoker_uid=uid, what=what, action="read")
+    try:
+        fd = open_plain(held.fd, path.name, path, invoker_uid=uid)
+    finally:
+        held.close()
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a plain file", str(path))
+    return fd
+
+
 @contextlib.contextmanager
 def handed_over_held(folder: Pinned) -> Iterator[None]:
     """Under sudo, what the block writes in the held ``folder`` (kernmlops.host.pinned)
