@@ -177,8 +177,9 @@ class Session:
         priority.lower()  # before any thread starts: restored at the end
         t0 = time.monotonic()
         hooks: list[Hook] = []
-        #: hooks that failed while the loop ran (a bug): detached by it, left out of the
-        #: stop but for those with records in their spool (``spooled``: rows made then)
+        #: hooks that failed at their start or while the loop ran (a bug): detached
+        #: there, left out of the stop but for those with records in their spool
+        #: (``spooled``: rows made then)
         broken: list[Hook] = []
         spooled: list[Hook] = []
         flt: ProcessFilter | None = None
@@ -246,6 +247,7 @@ class Session:
                 ctx,
                 strict=cfg.strict,
                 failed=broken,
+                spooled=spooled,
                 on_message=self.on_message,
             )
             self.space.memory = ctx.spool_memory
