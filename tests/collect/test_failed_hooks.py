@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -422,15 +423,20 @@ def test_a_hook_failing_while_the_rows_are_made_on_all_cores_keeps_its_spool(
     done, folder = _collect_with_a_bug(tmp_path, where)
     named = _exits_1(done)
     assert "on 2 cores" in done.stderr  # the workers made rows
-    assert len(named) == 2, done.stderr
-    assert named[0].startswith(
-        f"warning: hook quanta_runtime failed at the stop (its {where} raised RuntimeError: "
-        f"{where} bug): its "
+    assert len(named) == 3, done.stderr
+    kept = re.fullmatch(
+        f"warning: hook quanta_runtime failed at the stop \\(its {where} raised RuntimeError: "
+        f"{where} bug\\): its (.+) of spooled records are kept: `kernmlops recover "
+        f"{re.escape(str(folder))}` makes their rows",
+        named[0],
     )
-    assert named[0].endswith(
-        f"of spooled records are kept: `kernmlops recover {folder}` makes their rows"
+    assert kept is not None, named[0]
+    # after the summary, whose events for it are only those made into rows
+    assert named[1] == (
+        f"quanta_runtime: {kept[1]} of spooled records wait in the spool, not counted in its "
+        f"events nor rows: `kernmlops recover {folder}` makes their rows"
     )
-    assert named[1] == "exit code 1 (completed; hook quanta_runtime failed)"
+    assert named[2] == "exit code 1 (completed; hook quanta_runtime failed)"
     _others_collected(folder, incomplete=True)
     _recover_makes_each_spooled_record_once(tmp_path, folder)
 
