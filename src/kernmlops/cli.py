@@ -263,8 +263,22 @@ def _summary(result) -> Table:
         rows = ", ".join(f"{t}={n:,}" for t, n in st.rows.items()) or "-"
         lost = st.drops + st.missed
         drops = f"[red]{st.drops:,} + {st.missed:,} missed[/]" if lost else "0"
-        table.add_row(name, status, f"{st.events:,}", drops, rows)
+        # records left in its spool are not counted yet (a line below says so)
+        events = f"{st.events:,}" + (" [yellow]+ spool[/]" if name in result.waiting else "")
+        table.add_row(name, status, events, drops, rows)
     return table
+
+
+def _waiting_lines(result) -> list[str]:
+    """A line per hook whose spool still holds records: the summary's events and rows
+    do not count them yet."""
+    from kernmlops.collect.disk import human_bytes
+
+    return [
+        f"{name}: {human_bytes(n)} of spooled records wait in the spool, not counted in its "
+        f"events nor rows: `kernmlops recover {result.path}` makes their rows"
+        for name, n in result.waiting.items()
+    ]
 
 
 @cli.command(context_settings={"ignore_unknown_options": False})
@@ -482,6 +496,8 @@ def collect(
     from rich.markup import escape
 
     _console().print(_summary(result))
+    for line in _waiting_lines(result):
+        _line(f"[yellow]{escape(line)}[/]")
     _line(
         f"{result.ended_by} after {result.duration_s:.1f} s "
         f"(probes attached in {result.attach_s * 1000:.0f} ms) -> {escape(str(result.path))}"

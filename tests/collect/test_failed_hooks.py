@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -90,7 +91,7 @@ def test_a_failed_ring_hooks_spooled_records_are_not_lost(
         "collector": {"output_dir": str(tmp_path), "progress": False,
                       "hooks": ["quanta_runtime", "memory_usage"], "flush_interval_s": 0.5,
                       "spool_spare_cpus": float((os.cpu_count() or 1) + 1)},
-        "benchmark": {"name": "faux", "duration_s": 2.0},
+        "benchmark": {"name": "faux", "duration_s": 1.0},
     })  # fmt: skip
     snapshot = tmp_path / "snapshot"
     said: list[str] = []
@@ -107,6 +108,7 @@ def test_a_failed_ring_hooks_spooled_records_are_not_lost(
         time.sleep(0.3)
         result = session.run()
     finally:
+        storm.terminate()  # its switches are no longer traced
         storm.wait(timeout=30)
     assert raised and raised[0] >= 1 << 20
     records, expected = _spooled_switches(snapshot)
@@ -206,15 +208,13 @@ def test_collect_says_a_hook_failing_at_the_stop_in_one_line_and_exits_1(
          "-o", str(out), "-b", "faux", "-d", "1", "--hooks", "memory_usage,quanta_runtime"],
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
     )  # fmt: skip
-    assert "Traceback" not in done.stderr, done.stderr
-    assert done.returncode == 1, done.stderr
-    lines = done.stderr.splitlines()
-    named = [line for line in lines if line.startswith(("warning:", "exit code"))]
-    assert named == [
+    _exits_1(
+        done,
         f"warning: hook memory_usage failed at the stop ({why}): the other hooks' rows are "
         "kept; the collection exits with 1",
         "exit code 1 (duration; hook memory_usage failed)",
-    ], done.stderr
+        pick=lambda line: line.startswith(("warning: hook", "exit code")),
+    )
     (folder,) = (out / "curated" / "benchmark=faux").iterdir()
     col = read_collection(folder)
     assert col["quanta_runtime"].height > 0 and col["quanta_queued_time"].height > 0
@@ -233,7 +233,11 @@ def test_collect_says_a_hook_failing_at_the_stop_in_one_line_and_exits_1(
 
 
 _FAULT = """
+import shutil
+import subprocess
 import sys
+import time
+from pathlib import Path
 from kernmlops.collect import parquet
 from kernmlops.hooks.bpf import BpfHook
 from kernmlops.hooks.quanta_runtime import QuantaRuntimeHook
@@ -243,15 +247,36 @@ WHERE = sys.argv.pop(1)  # which call has the bug
 def bug(*args, **kwargs):
     raise RuntimeError(f"{WHERE} bug")
 
+def wait_for(done):
+    deadline = time.monotonic() + 20
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
 if WHERE == "adopt":  # the collector's own bug, in no hook
     parquet.ParquetSink.adopt = lambda *a, **k: (_ for _ in ()).throw(TypeError("adopt bug"))
 else:
     real = getattr(QuantaRuntimeHook, WHERE)
 
     def start(self, ctx):
-        real(self, ctx)  # its programs attached and copiers started: then the bug
+        real(self, ctx)  # its programs attached and copiers started
+        # (the whole system traced) a storm's switches spooled: then the bug
+        subprocess.run(["stress-ng", "--switch", "1", "--switch-ops", "50000", "-t", "2",
+                        "--quiet"])
+        wait_for(lambda: spooled(self) >= 64 << 10)
+        self.spool_from = ctx.spool_dir
         bug()
 
+    settle = QuantaRuntimeHook.spool_work
+
+    def spool_work(self):
+        # once detached, every record it will ever have in its spool: copied then
+        work = settle(self)
+        if not Path("snapshot").exists():
+            shutil.copytree(self.spool_from, "snapshot")  # follows `mem` (the tmpfs)
+        return work
+
+    if WHERE == "start":
+        QuantaRuntimeHook.spool_work = spool_work
     spooled = QuantaRuntimeHook.spooled_bytes
 
     def while_running(self, *args):
@@ -269,27 +294,42 @@ main()
 """
 
 
-def _collect_with_a_bug(tmp_path: Path, where: str) -> tuple[subprocess.CompletedProcess, Path]:
-    """``collect`` of a switch storm with quanta_runtime's ``where`` raising a bug,
-    every record spooled and the rows made at the stop in two worker processes."""
+def _collect_with_a_bug(
+    tmp_path: Path, where: str, *more: str
+) -> tuple[subprocess.CompletedProcess, Path]:
+    """``collect`` (with ``more`` options) of a switch storm with quanta_runtime's
+    ``where`` raising a bug, every record spooled and the rows made at the stop in two
+    worker processes."""
     config = tmp_path / "overrides.yaml"
     config.write_text("collector:\n  spool_spare_cpus: 1000\n  spool_row_workers: 2\n"
                       "  flush_interval_s: 0.5\n")  # fmt: skip
     out = tmp_path / "out"
     done = subprocess.run(
         [sys.executable, "-c", _FAULT, where, "collect", "--no-progress", "-c", str(config),
-         "-o", str(out), "--hooks", "quanta_runtime,process_trace,memory_usage",
-         "--", "stress-ng", "--switch", "1", "-t", "2"],
+         "-o", str(out), "--hooks", "quanta_runtime,process_trace,memory_usage", *more,
+         "--", "stress-ng", "--switch", "1", "-t", "1"],
         capture_output=True, text=True, timeout=180, cwd=tmp_path,
     )  # fmt: skip
     (folder,) = (out / "curated").glob("benchmark=*/*")
     return done, folder
 
 
-def _named(stderr: str) -> list[str]:
-    """The lines that name quanta_runtime, but for the summary's table."""
-    lines = stderr.splitlines()
-    return [line for line in lines if "quanta_runtime" in line and not line.startswith("│")]
+def _named(line: str) -> bool:
+    """A line that names quanta_runtime, but for the summary's table."""
+    return "quanta_runtime" in line and not line.startswith("│")
+
+
+def _exits_1(
+    done: subprocess.CompletedProcess, *expected: str, pick: Callable[[str], bool] = _named
+) -> list[str]:
+    """No traceback, exit 1, and the lines of its stderr that ``pick`` takes: returned,
+    and where ``expected`` is given, those lines."""
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 1, done.stderr
+    lines = [line for line in done.stderr.splitlines() if pick(line)]
+    if expected:
+        assert lines == list(expected), done.stderr
+    return lines
 
 
 def _others_collected(folder: Path, *, incomplete: bool = False) -> None:
@@ -318,16 +358,14 @@ def test_a_hook_whose_answer_to_the_loop_raises_is_detached_alone(
     # each is told the benchmark runs: a bug there is the hook's, as in its poll; what
     # it spooled becomes rows at the stop
     done, folder = _collect_with_a_bug(tmp_path, where)
-    assert "Traceback" not in done.stderr, done.stderr
-    assert done.returncode == 1, done.stderr
     # spooled_bytes is asked by the hook's own next_poll too: the bug is reached there
     what = "next_poll" if where == "spooled_bytes" and "its next_poll" in done.stderr else where
-    named = _named(done.stderr)
-    assert named == [
+    _exits_1(
+        done,
         f"warning: hook quanta_runtime failed (its {what} raised RuntimeError: {where} bug): "
         "detached; the collection goes on without it and exits with 1",
         "exit code 1 (completed; hook quanta_runtime failed)",
-    ], done.stderr
+    )
     _others_collected(folder)
     col = read_collection(folder)
     record = col.manifest.hooks["quanta_runtime"]
@@ -344,25 +382,36 @@ def test_a_hook_whose_start_raises_a_bug_is_not_attached_and_the_others_run(
     tmp_path: Path, where: str
 ) -> None:
     # not HookUnavailable (a kernel without what it needs: exit 0): a bug, exit 1; its
-    # notes (asked before any hook starts) are part of its start
-    done, folder = _collect_with_a_bug(tmp_path, where)
-    assert "Traceback" not in done.stderr, done.stderr
-    assert done.returncode == 1, done.stderr
-    named = _named(done.stderr)
-    assert named == [
+    # notes (asked before any hook starts) are part of its start. Its start raises once
+    # a storm's switches wait in its spool (the whole system traced): they are no loss,
+    # as a hook's whose poll fails: their rows are made at the stop
+    done, folder = _collect_with_a_bug(tmp_path, where, "--system-wide")
+    _exits_1(
+        done,
         f"warning: hook quanta_runtime failed (its {where} raised RuntimeError: {where} bug): "
         "not attached; the collection goes on without it and exits with 1",
         "exit code 1 (completed; hook quanta_runtime failed)",
-    ], done.stderr
+    )
     assert "probes attached: 2/3 hooks" in done.stderr
     _others_collected(folder)
-    col = read_collection(folder)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no IncompleteCollectionWarning: no spool left
+        col = read_collection(folder)
     record = col.manifest.hooks["quanta_runtime"]
     assert record.failed and not record.attached
     assert record.reason == (
         f"its {where} raised RuntimeError: {where} bug; not attached, the other hooks went on"
     )
-    assert record.rows.get("quanta_runtime", 0) == 0
+    made = {t: col[t].height if t in col else 0 for t in ("quanta_runtime", "quanta_queued_time")}
+    if where == "notes":  # never started
+        assert made["quanta_runtime"] == 0 and record.events == 0
+    else:  # every record it spooled before its bug, decoded apart from the collector
+        records, expected = _spooled_switches(tmp_path / "snapshot")
+        assert made["quanta_runtime"] > 1000
+        assert made == expected == record.rows
+        assert record.events == records
+    assert record.rows == made
+    assert not (folder / ".spool").exists()
     assert col.manifest.state == "completed" and col.manifest.exit_code == 1
 
 
@@ -373,19 +422,22 @@ def test_a_hook_failing_while_the_rows_are_made_on_all_cores_keeps_its_spool(
     # its bug, in the collector, is told apart from the others' rows made in the
     # workers: its spooled records stay for `kernmlops recover`, the others' are made
     done, folder = _collect_with_a_bug(tmp_path, where)
-    assert "Traceback" not in done.stderr, done.stderr
-    assert done.returncode == 1, done.stderr
+    named = _exits_1(done)
     assert "on 2 cores" in done.stderr  # the workers made rows
-    named = _named(done.stderr)
-    assert len(named) == 2, done.stderr
-    assert named[0].startswith(
-        f"warning: hook quanta_runtime failed at the stop (its {where} raised RuntimeError: "
-        f"{where} bug): its "
+    assert len(named) == 3, done.stderr
+    kept = re.fullmatch(
+        f"warning: hook quanta_runtime failed at the stop \\(its {where} raised RuntimeError: "
+        f"{where} bug\\): its (.+) of spooled records are kept: `kernmlops recover "
+        f"{re.escape(str(folder))}` makes their rows",
+        named[0],
     )
-    assert named[0].endswith(
-        f"of spooled records are kept: `kernmlops recover {folder}` makes their rows"
+    assert kept is not None, named[0]
+    # after the summary, whose events for it are only those made into rows
+    assert named[1] == (
+        f"quanta_runtime: {kept[1]} of spooled records wait in the spool, not counted in its "
+        f"events nor rows: `kernmlops recover {folder}` makes their rows"
     )
-    assert named[1] == "exit code 1 (completed; hook quanta_runtime failed)"
+    assert named[2] == "exit code 1 (completed; hook quanta_runtime failed)"
     _others_collected(folder, incomplete=True)
     _recover_makes_each_spooled_record_once(tmp_path, folder)
 
@@ -393,9 +445,7 @@ def test_a_hook_failing_while_the_rows_are_made_on_all_cores_keeps_its_spool(
 def test_the_collectors_own_bug_while_the_rows_are_made_keeps_the_spool(tmp_path: Path) -> None:
     # a bug in no hook: the spool stays whole for `kernmlops recover`, one line
     done, folder = _collect_with_a_bug(tmp_path, "adopt")
-    assert "Traceback" not in done.stderr, done.stderr
-    assert done.returncode == 1, done.stderr
-    assert done.stderr.splitlines()[-1] == (
+    assert _exits_1(done, pick=lambda _line: True)[-1] == (
         "error: making the spooled rows failed (TypeError: adopt bug): the spool is kept; "
         f"`kernmlops recover {folder}` makes their rows"
     ), done.stderr

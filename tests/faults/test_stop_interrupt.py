@@ -3,6 +3,7 @@ what another does; the second leaves the rest in the spool for ``kernmlops recov
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 import warnings
@@ -13,6 +14,9 @@ import pytest
 
 from kernmlops.collect.manifest import read_manifest
 from kernmlops.data import IncompleteCollectionWarning, read_collection
+from kernmlops.ebpf.build import object_path
+from kernmlops.ebpf.ringbuf import record_stride
+from kernmlops.ebpf.spec import object_spec
 from kernmlops.errors import CollectionError
 from kernmlops.spool.recovery import pending_spools
 from tests.conftest import needs_tools
@@ -58,6 +62,16 @@ def test_a_second_ctrl_c_while_rows_are_made_leaves_the_rest_for_recover(
     assert manifest.state == "interrupted", manifest.state
     assert manifest.exit_code == 128 + signal.SIGINT
     assert pending_spools(col), "the rest of the spool was not kept"
+    # the summary's events count only the rows made: said, with what waits in the spool
+    assert "+ spool" in err, err
+    (waits,) = [line for line in err.splitlines() if line.startswith("quanta_runtime: ")]
+    shown = re.fullmatch(
+        r"quanta_runtime: ([\d.]+) (KiB|MiB|GiB) of spooled records wait in the spool, not "
+        r"counted in its events nor rows: `kernmlops recover (.+)` makes their rows",
+        waits,
+    )
+    assert shown is not None and Path(shown[3]) == col, waits
+    held = float(shown[1]) * {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}[shown[2]]
     # a reader is told the rest waits in the spool: a warning beside the rows made
     # before the Ctrl+C, or the refusal where none were
     with warnings.catch_warnings(record=True) as seen:
@@ -69,11 +83,23 @@ def test_a_second_ctrl_c_while_rows_are_made_leaves_the_rest_for_recover(
         except CollectionError as err:
             said = [str(err)]
     assert any("spool" in s and "kernmlops recover" in s for s in said), said
+    counted = read_manifest(col).hooks["quanta_runtime"].events  # the summary's
     before = parquet_rows(col).get("quanta_runtime", 0)
     assert "quanta_runtime" in recover(col)
+    # what recover made (its records: each a switch) fits the bytes said: ring records
+    # of a batch of switches each, one switch at least, ``recs`` at most
+    layout = object_spec(object_path("quanta_runtime")).ring_layouts()["quanta_switch_rb"]
+    assert layout.batch is not None
+    batches = held / record_stride(layout.batch.itemsize)
+    made = read_manifest(col).hooks["quanta_runtime"].events - counted
+    most = layout.batch["recs"].shape[0]
+    assert batches * 0.99 <= made <= batches * most * 1.01, (batches, made)
     after = parquet_rows(col)["quanta_runtime"]
     assert after > before, (before, after)
-    print(f"\n[stop] rows before recover {before:,}, after {after:,}")
+    print(
+        f"\n[stop] rows before recover {before:,}, after {after:,}; recover made {made:,} "
+        f"switches of the {shown[1]} {shown[2]} said ({batches:,.0f} batches)"
+    )
     # every record once: none made twice (the rows before the Ctrl+C and recover's
     # meet without overlap) and none missing: a row per switch record the ring gave
     # (the manifest's count), but for the few without a run time, which make no row

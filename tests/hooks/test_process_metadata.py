@@ -737,3 +737,56 @@ def test_an_unread_command_line_is_not_taken_from_a_process_that_reused_the_pid(
     finally:
         newcomer.kill()
         newcomer.wait()
+
+
+@pytest.mark.bpf
+def test_a_snapshot_takes_no_command_line_from_a_process_that_reused_the_pid() -> None:
+    """A snapshot's rows read /proc/<tgid>/cmdline after the iterator's pass, only
+    where that is still the row's process (its start time): a pid freed and taken by
+    another process in between leaves the row's cmdline null, never the newcomer's;
+    a process still running has its own."""
+    from kernmlops.collect.filter import ProcessFilter
+    from kernmlops.ebpf.build import build
+    from kernmlops.hooks.base import HookContext
+
+    build()
+    nap = [sys.executable, "-c", "import time; time.sleep(30)"]
+    gone = subprocess.Popen([*nap, "the-first-process"])
+    kept = subprocess.Popen([*nap, "still-running"])
+    started = _start_boottime_ns(gone.pid)
+    flt = ProcessFilter(follow_children=False)
+    hook = ProcessMetadataHook(ProcessMetadataHook.Options(threads=False))
+    newcomer: list[subprocess.Popen] = []
+    real = hook.read_records
+
+    def read_records() -> np.ndarray:
+        records = real()
+        if not newcomer:  # the start snapshot: its pid reused before /proc is read
+            gone.kill()
+            gone.wait()
+            time.sleep(0.02)  # the newcomer starts a tick or more later
+            taken = fork_at(gone.pid, [*nap, "the-newcomer"])
+            if taken is None:
+                pytest.fail(f"pid {gone.pid} was always taken by another process first")
+            newcomer.append(taken)
+        return records
+
+    hook.read_records = read_records  # type: ignore[method-assign]
+    try:
+        flt.add(gone.pid)
+        flt.add(kept.pid)
+        hook.start(HookContext("t", process_filter=flt, self_tgid=os.getpid()))  # "start"
+        (frame,) = [f for _, f in polled(hook.poll())]
+    finally:
+        list(hook.stop())
+        flt.close()
+        for proc in (kept, *newcomer):
+            proc.kill()
+            proc.wait()
+    start = frame.filter(pl.col("snapshot") == "start").sort("tgid")
+    rows = {r["tgid"]: r for r in start.iter_rows(named=True)}
+    assert set(rows) == {gone.pid, kept.pid}, rows
+    first = rows[gone.pid]
+    assert first["start_boottime_ns"] // (10**9 // CLK_TCK) == started // (10**9 // CLK_TCK)
+    assert first["cmdline"] is None, first["cmdline"]
+    assert rows[kept.pid]["cmdline"] == " ".join([*nap, "still-running"])

@@ -3,8 +3,10 @@
 Each hook is started with the collection's context (the process filter, the spool and
 its memory, the pacer that says when spooled records may become rows); one that cannot
 attach is named with its reason, and with ``--strict`` that is the collection's error.
-One whose start raises a bug (not HookUnavailable: what this machine lacks) is closed,
-named in one line and marked failed (exit 1); the others are collected all the same.
+One whose start raises a bug (not HookUnavailable: what this machine lacks) is detached,
+named in one line and marked failed (exit 1); the others are collected all the same,
+and what it spooled before its bug becomes rows at the stop, as a hook's whose poll
+fails (kernmlops.collect.loop). Wherever a hook fails, :func:`mark_failed` marks it.
 At the end every hook is stopped in the order that loses nothing: all programs detached
 first, then what the spools hold made into rows on every core where it is much
 (kernmlops.collect.rowmaking), then each drained into the sink (or, with no room
@@ -16,6 +18,7 @@ in one line and marked failed, and what it leaves in its spool stays for ``recov
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -47,6 +50,8 @@ __all__ = [
     "detach_all",
     "drain",
     "hook_context",
+    "let_go",
+    "mark_failed",
     "settle_failed",
     "spooled_bytes",
     "spooling",
@@ -115,6 +120,7 @@ def start_hooks(
     *,
     strict: bool,
     failed: list[Hook] | None = None,
+    spooled: list[Hook] | None = None,
     on_message: Callable[[str], None] | None = None,
 ) -> None:
     """Start each of ``new`` and add it to ``hooks`` (first, so that one whose start
@@ -122,8 +128,11 @@ def start_hooks(
     one's notes are said through ``on_message`` first, before any probe attaches. A
     hook that cannot run here (HookUnavailable) is not attached, with its reason; one
     whose notes or start raise what no hook should (a bug: not the output's OSError or
-    a KernmlopsError) is closed, marked failed (the exit code is 1), named in one line
-    and added to ``failed`` (left out of the loop and the stop); the others go on."""
+    a KernmlopsError) is detached, marked failed (the exit code is 1), named in one
+    line and added to ``failed`` (left out of the loop); the others go on. What it
+    spooled before its bug is no loss, as for a hook whose poll fails: every record it
+    holds is moved into its spool, and one that holds any there is left open and added
+    to ``spooled`` too (the stop makes their rows and closes it), else it is closed."""
     new = list(new)
     broken: list[Hook] = []
     if on_message is not None:
@@ -134,7 +143,7 @@ def start_hooks(
                 raise
             except Exception as err:
                 broken.append(hook)  # never started
-                _failed_at_start(hook, "notes", err, strict, failed, on_message)
+                _failed_at_start(hook, "notes", err, strict, failed, spooled, on_message)
                 continue
             for line in lines:
                 on_message(line)
@@ -151,7 +160,48 @@ def start_hooks(
         except NOT_A_HOOKS_BUG:
             raise
         except Exception as err:
-            _failed_at_start(hook, "start", err, strict, failed, on_message)
+            _failed_at_start(hook, "start", err, strict, failed, spooled, on_message)
+
+
+def mark_failed(
+    hook: Hook,
+    reason: str,
+    line: str | None,
+    on_message: Callable[[str], None] | None,
+    *,
+    attached: bool | None = None,
+) -> None:
+    """Mark ``hook`` failed, wherever it failed (its start, the poll loop, the stop):
+    its status (what the manifest and the exit code read: failed, ``attached`` where
+    given) says ``reason``, and ``line`` (None: none, the error says it) is said
+    through ``on_message``. The callers word what failed and what became of it."""
+    hook.status.failed = True
+    hook.status.reason = reason
+    if attached is not None:
+        hook.status.attached = attached
+    if line is not None and on_message:
+        on_message(line)
+
+
+def let_go(hook: Hook) -> tuple[bool, str]:
+    """(A hook whose bug was just caught, at its start or in the poll loop) detach it
+    and move every record it still holds into its spool (:func:`settle_failed`):
+    whether records wait there (the hook is left open: the stop makes their rows and
+    closes it; else it is closed now), and what its detach or close raised, as a note
+    for its reason ('' where nothing did)."""
+    try:
+        hook.detach()
+        if settle_failed(hook):
+            return True, ""
+        hook.close()
+        return False, ""
+    except Exception as again:  # named; the others go on all the same
+        note = f" (its close raised {type(again).__name__}: {again})"
+        if spooling(hook):
+            return True, note  # the stop closes it and names what stays
+        with contextlib.suppress(Exception):
+            hook.close()
+        return False, note
 
 
 def _failed_at_start(
@@ -160,25 +210,23 @@ def _failed_at_start(
     err: Exception,
     strict: bool,
     failed: list[Hook] | None,
+    spooled: list[Hook] | None,
     on_message: Callable[[str], None] | None,
 ) -> None:
     why = f"its {what} raised {type(err).__name__}: {err}"
-    hook.status.attached = False
-    hook.status.failed = True
-    hook.status.reason = f"{why}; not attached, the other hooks went on"
-    try:  # what it started before its bug: programs, copier threads
-        hook.close()
-    except Exception as again:  # named; the others go on all the same
-        hook.status.reason += f" (its close raised {type(again).__name__}: {again})"
+    held, note = let_go(hook)  # what it started before its bug: programs, copier threads
     if failed is not None:
         failed.append(hook)
+    if held and spooled is not None:
+        spooled.append(hook)
+    line = (
+        f"hook {hook.name} failed ({why}): not attached; the collection goes on "
+        "without it and exits with 1"
+    )
+    reason = f"{why}; not attached, the other hooks went on{note}"
+    mark_failed(hook, reason, None if strict else line, on_message, attached=False)
     if strict:
         raise StrictError(f"--strict: hook {hook.name} failed ({why})") from err
-    if on_message:
-        on_message(
-            f"hook {hook.name} failed ({why}): not attached; the collection goes on "
-            "without it and exits with 1"
-        )
 
 
 def write_all(sink: Sink, rows: Iterable[tuple[str, Rows]]) -> None:
@@ -258,19 +306,18 @@ def _failed_at_stop(
     in one line; records left in its spool stay there for ``kernmlops recover``."""
     why = "; ".join(whys)
     again = hook.status.failed  # its poll failed before: said then
-    hook.status.failed = True
     reason = f"at the stop, {why}"
-    hook.status.reason = f"{hook.status.reason}; {reason}" if again else reason
+    if again:
+        reason = f"{hook.status.reason}; {reason}"
     line = f"hook {hook.name} failed{' again' if again else ''} at the stop ({why})"
     if spooling(hook):
         left = spooled_bytes(hook)
         kept = f"its {human_bytes(left) + ' of ' if left else ''}spooled records are kept"
-        hook.status.reason += f"; {kept} for `kernmlops recover`"
+        reason += f"; {kept} for `kernmlops recover`"
         line += f": {kept}: `kernmlops recover {shown}` makes their rows"
     elif not again:
         line += ": the other hooks' rows are kept; the collection exits with 1"
-    if on_message:
-        on_message(line)
+    mark_failed(hook, reason, line, on_message)
 
 
 class LeftInSpool(KeyboardInterrupt):

@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any
 from kernmlops.collect.attach import (
     check_writes,
     drain,
-    settle_failed,
+    let_go,
+    mark_failed,
     spooled_bytes,
-    spooling,
     write_all,
 )
 from kernmlops.collect.gated import exit_status
@@ -305,26 +305,16 @@ class PollLoop:
         self.failed.append(hook)
         self.active.remove(hook)
         why = f"its {what} raised {type(err).__name__}: {err}"
-        hook.status.failed = True
-        hook.status.reason = f"{why}; detached, the other hooks went on"
-        try:
-            hook.detach()
-            if settle_failed(hook):
-                self.spooled.append(hook)
-            else:
-                hook.close()
-        except Exception as again:  # named; the others go on all the same
-            hook.status.reason += f" (its close raised {type(again).__name__}: {again})"
-            if hook not in self.spooled and spooling(hook):
-                self.spooled.append(hook)  # the stop closes it and names what stays
-            elif hook not in self.spooled:
-                with contextlib.suppress(Exception):
-                    hook.close()
-        if self.on_message:
-            self.on_message(
-                f"hook {hook.name} failed ({why}): detached; the collection goes on "
-                "without it and exits with 1"
-            )
+        held, note = let_go(hook)
+        if held:
+            self.spooled.append(hook)
+        mark_failed(
+            hook,
+            f"{why}; detached, the other hooks went on{note}",
+            f"hook {hook.name} failed ({why}): detached; the collection goes on without it "
+            "and exits with 1",
+            self.on_message,
+        )
 
     def _dues(self, now: float) -> list[float | None]:
         """Each hook's next_poll, as :meth:`_each` calls it."""

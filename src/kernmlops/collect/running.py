@@ -61,6 +61,10 @@ class CollectionResult:
     attach_s: float
     hooks: dict[str, HookStatus] = field(default_factory=dict)
     rows: dict[str, int] = field(default_factory=dict)
+    #: per hook, bytes of records the collection left in its spool (a second Ctrl+C in
+    #: the stop, no room left, a hook's bug there): no row made of them yet, and not
+    #: counted in its events; ``kernmlops recover`` makes their rows and counts them
+    waiting: dict[str, int] = field(default_factory=dict)
 
     @property
     def duration_s(self) -> float:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from kernmlops.benchmarks import get_benchmark
 from kernmlops.benchmarks.base import Benchmark
-from kernmlops.collect.attach import LeftInSpool, hook_context, start_hooks
+from kernmlops.collect.attach import LeftInSpool, hook_context, spooled_bytes, start_hooks
 from kernmlops.collect.benchmark import RunningBenchmark
 from kernmlops.collect.disk import is_disk_full
 from kernmlops.collect.filter import ProcessFilter
@@ -177,8 +177,9 @@ class Session:
         priority.lower()  # before any thread starts: restored at the end
         t0 = time.monotonic()
         hooks: list[Hook] = []
-        #: hooks that failed while the loop ran (a bug): detached by it, left out of the
-        #: stop but for those with records in their spool (``spooled``: rows made then)
+        #: hooks that failed at their start or while the loop ran (a bug): detached
+        #: there, left out of the stop but for those with records in their spool
+        #: (``spooled``: rows made then)
         broken: list[Hook] = []
         spooled: list[Hook] = []
         flt: ProcessFilter | None = None
@@ -246,6 +247,7 @@ class Session:
                 ctx,
                 strict=cfg.strict,
                 failed=broken,
+                spooled=spooled,
                 on_message=self.on_message,
             )
             self.space.memory = ctx.spool_memory
@@ -319,6 +321,7 @@ class Session:
                 errors.append(failed)
             rows = close_sink(sink, errors)
             remove_spent_spool(self._spool_dir, parquet, errors, hooks)
+            waiting = self._left_in_spool(hooks)
             self._stop.restore(old_handlers)
             left = next((e for e in errors if isinstance(e, LeftInSpool)), None)
             if left is not None:
@@ -357,6 +360,7 @@ class Session:
             attach_s=attach_s,
             hooks={h.name: h.status for h in hooks},
             rows=rows,
+            waiting=waiting,
         )
         if self.manifest is not None:
             try:
@@ -373,6 +377,14 @@ class Session:
         if error is not None:
             raise error
         return result
+
+    def _left_in_spool(self, hooks: Sequence[Hook]) -> dict[str, int]:
+        """(Once the spool is removed if it could be) per hook, the bytes of records
+        its spool still holds: their rows and events wait for ``kernmlops recover``."""
+        if self._spool_dir is None or not self._spool_dir.exists():
+            return {}
+        held = {h.name: spooled_bytes(h) for h in hooks}
+        return {name: n for name, n in held.items() if n}
 
     def _hand_over(self) -> None:
         """Under sudo, the collection and the folders this run created are the user's

@@ -41,8 +41,8 @@ line lived). Without a benchmark process both are taken at attach and detach. On
   which a tracepoint cannot fault in), the poll's ``/proc/<tgid>/cmdline`` is
   taken, if any (``cmdline_unread`` counts those left null). /proc is read only
   while the pid is still the record's task (its start time, /proc/<pid>/stat's
-  field 22): a pid reused since is another process, whose command line is never
-  taken;
+  field 22), for a snapshot's rows as for these: a pid reused since is another
+  process, whose command line is never taken;
 * ``start_uptime_us`` (``task->start_time``: CLOCK_MONOTONIC µs, the clock of
   ``ts_uptime_us``) and ``start_boottime_ns`` (``task->start_boottime``:
   CLOCK_BOOTTIME, what ``/proc/<pid>/stat`` field 22 counts in clock ticks);
@@ -195,6 +195,25 @@ def task_cmdline(tgid: int, pid: int, start_boottime_ns: int) -> bytes | None:
         return None
     finally:
         os.close(fd)
+
+
+def snapshot_cmdlines(tasks: np.ndarray) -> pl.Series:
+    """The command lines of a snapshot's task records (their ``tgid``, ``pid`` and
+    ``start_boottime_ns``): ``/proc/<tgid>/cmdline`` read now, once a process, and
+    only while it is still the one the iterator saw (:func:`task_cmdline`, with its
+    main thread's record where it has one: another may have ended since); null for
+    a process gone or whose pid was reused since the snapshot."""
+    seen: dict[int, tuple[int, int]] = {}  # tgid -> (pid, start) of the task checked
+    for tgid, pid, start in zip(
+        tasks["tgid"].tolist(),
+        tasks["pid"].tolist(),
+        tasks["start_boottime_ns"].tolist(),
+        strict=True,
+    ):
+        if tgid not in seen or pid == tgid:
+            seen[tgid] = (pid, start)
+    lines = {tgid: join_args(task_cmdline(tgid, *task)) for tgid, task in seen.items()}
+    return pl.Series("cmdline", [lines[t] for t in tasks["tgid"].tolist()], pl.String)
 
 
 def _read_at(folder: int, name: str) -> bytes:
@@ -437,10 +456,7 @@ class ProcessMetadataHook(BpfHook[ProcessMetadataOptions]):
     ) -> pl.DataFrame:
         frame = records_to_frame(records, layout)
         if cmdline is None and self.options.cmdline:  # a snapshot's: /proc's now
-            tgids = records["tgid"]
-            uniq = np.unique(tgids)
-            lines = {int(t): read_cmdline(int(t)) for t in uniq.tolist()}
-            cmdline = pl.Series("cmdline", [lines[t] for t in tgids.tolist()], pl.String)
+            cmdline = snapshot_cmdlines(records)
         elif cmdline is None:
             cmdline = pl.Series("cmdline", [None] * len(records), pl.String)
         cgroup = pl.Series("cgroup_path", self._cgroups.resolve(records["cgroup_id"]), pl.String)
