@@ -2,8 +2,9 @@
 
 Under a storm the collector only copies records into the spool (kernmlops.spool)
 while the workload has the CPUs; their rows are made once it ends. One core makes
-about 1.5-2M records' rows a second, so a 16-core storm of 6M records a second kept
-the collection unreadable for several times its own length. Once the hooks are
+about 2.3-3.1M records' rows a second (bench/README.md, `capacity`), so one core
+alone would keep a 16-core storm's collection (~8M records a second) unreadable for
+about three times the storm's length. Once the hooks are
 detached, what the spools still hold is cut in jobs of whole frames, in order, and
 processes of their own (one per CPU the collector may use) each turn one job into
 compactly encoded Parquet parts in a hidden folder of the collection. The session
