@@ -102,9 +102,17 @@ def test_a_second_ctrl_c_while_rows_are_made_leaves_the_rest_for_recover(
     )
     # every record once: none made twice (the rows before the Ctrl+C and recover's
     # meet without overlap) and none missing: a row per switch record the ring gave
-    # (the manifest's count), but for the few without a run time, which make no row
-    # (a few hundred in a storm's millions; a lost frame of the spool is thousands)
+    # (the manifest's count), but for those without a run time (prev not followed:
+    # the more, the busier the machine), each of which made a wait row alone, at a
+    # switch (CPU, time) with no quantum row. A lost record lost both.
     quanta = pl.read_parquet(sorted((col / "quanta_runtime").glob("part-*.parquet")))
     assert repeated_runs(quanta) == 0
+    waits = pl.read_parquet(sorted((col / "quanta_queued_time").glob("part-*.parquet")))
+    key = ["cpu", "ts_uptime_us"]
+    at = waits.group_by(key).len("waits").join(quanta.group_by(key).len("runs"), on=key, how="left")
+    alone = (pl.col("waits") - pl.col("runs").fill_null(0)).clip(0).sum()
+    waits_alone = int(at.select(alone).item())
     events = read_manifest(col).hooks["quanta_runtime"].events
-    assert 0 <= events - after <= events // 1000, (after, events)
+    print(f"[stop] {events - after:,} records made no quantum row; {waits_alone:,} waits alone")
+    # (two switches of a CPU within one microsecond may hide one such record)
+    assert 0 <= events - after <= waits_alone + events // 100_000, (after, waits_alone, events)
