@@ -224,7 +224,6 @@ def make_spooled_rows(
                 raise
             except Exception as err:  # that hook's bug: the others' rows are made
                 fault(hook, "spool_work", err)
-        import traceback; traceback.print_exc()
     except (OSError, ValueError) as err:  # e.g. a spool file gone: said by the final drain
         if on_message:
             on_message(f"cannot cut the spool in jobs ({_why(err)}): making the rows here")
