@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -149,6 +150,14 @@ def test_fleet_ls_of_collections_never_indexed_says_how_to_index_them(
         f"no collections published at {dest} (1 collection folder(s) without a manifest: "
         "a push under way, or an interrupted one, which running it again resumes)"
     )
+    # something else at the manifest's name is no push under way: reindex names it
+    odd = tmp_path / "odd"
+    shutil.copytree(c1, odd / c1.parent.name / c1.name,
+                    ignore=shutil.ignore_patterns("manifest.json"))  # fmt: skip
+    os.mkfifo(odd / c1.parent.name / c1.name / "manifest.json")
+    listed = runner.invoke(cli, ["fleet", "ls", str(odd)])
+    assert listed.exit_code == 1, listed.output
+    assert "1 collection(s) with a manifest are here: `kernmlops fleet reindex" in listed.stderr
     # the push done: listed
     assert runner.invoke(cli, ["push", str(c1), str(dest)]).exit_code == 0
     listed = runner.invoke(cli, ["fleet", "ls", "--json", str(dest)])

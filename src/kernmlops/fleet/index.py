@@ -168,7 +168,8 @@ def unindexed(dataset: Dataset, *, damaged: Iterable[str] = ()) -> Unindexed:
     if not found:
         return Unindexed(0, 0)
     manifests = dataset.fs.get_file_info([f"{c}/{MANIFEST_NAME}" for c in found])
-    whole = sum(i.type == pafs.FileType.File for i in manifests)
+    # anything at the name (a FIFO, a folder: damage) is reindex's to judge and name
+    whole = sum(i.type != pafs.FileType.NotFound for i in manifests)
     return Unindexed(whole, len(found) - whole)
 
 
