@@ -42,8 +42,9 @@ def refuse_what_cannot_work(
 
 
 def lesser_ways(containment: Containment | None, oom_refused: str | None) -> list[str]:
-    """One line per step that took a lesser way: the benchmark (``containment``, None
-    without one) has no cgroup of its own; the collector's OOM score was not lowered."""
+    """One line per step that took a lesser way (``note: `` first where it is only a
+    note): the benchmark (``containment``, None without one) has no cgroup of its own;
+    the collector's OOM score was not lowered."""
     lines = []
     if containment is not None and containment.cgroup is None and containment.why_not:
         lines.append(
@@ -53,7 +54,9 @@ def lesser_ways(containment: Containment | None, oom_refused: str | None) -> lis
         )
     if oom_refused:
         lines.append(
-            f"the collector's OOM score is not lowered ({oom_refused}): the OOM killer "
+            # a note, not a warning: the rows are the same (and root in some VMs and
+            # containers lacks CAP_SYS_RESOURCE too)
+            f"note: the collector's OOM score is not lowered ({oom_refused}): the OOM killer "
             "may take the collector before the benchmark (`kernmlops recover` then)"
         )
     return lines
@@ -62,4 +65,5 @@ def lesser_ways(containment: Containment | None, oom_refused: str | None) -> lis
 def privileges_record(lesser: list[str], mask: int | None = None) -> dict[str, Any]:
     """The manifest's ``privileges``: the effective uid, the capabilities held that a
     collection's steps use, and each lesser way taken (as said at start)."""
-    return {"euid": os.geteuid(), "capabilities": held(mask), "lesser": lesser}
+    lines = [line.removeprefix("note: ") for line in lesser]
+    return {"euid": os.geteuid(), "capabilities": held(mask), "lesser": lines}
