@@ -220,3 +220,19 @@ def test_a_tracepoint_hook_refused_by_tracefs_says_why_in_one_line(tmp_path: Pat
             "cannot be read (tracefs is root's alone: it takes uid 0 or CAP_DAC_READ_SEARCH)"
         )
         assert col.manifest["hooks"]["quanta_runtime"]["attached"]
+
+
+def test_uid0_without_dac_override_is_told_why_a_folder_is_refused() -> None:
+    # uid 0 under the two capabilities alone writes by the mode bits, as any user:
+    # a folder of another user's is refused, and the line says why root was.
+    with reachable_folder("kernmlops-privileges-") as base:
+        theirs = base / "theirs"
+        theirs.mkdir(mode=0o755)
+        os.chown(theirs, NOBODY, NOBODY)
+        proc = collect("uid0", theirs / "out", ["-b", "faux", "-d", "1"])
+        assert proc.returncode == 2, proc.stderr
+        (line,) = proc.stderr.strip().splitlines()
+        assert line.startswith(f"error: cannot create the output folder {theirs / 'out'}/")
+        assert line.endswith(": permission denied (uid 0 without CAP_DAC_OVERRIDE writes only "
+                             "where the folder's mode lets root write)")  # fmt: skip
+        assert list(theirs.iterdir()) == []

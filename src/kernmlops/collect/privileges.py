@@ -13,12 +13,24 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from kernmlops.errors import CollectionError
-from kernmlops.host.capabilities import CAP_CHOWN, CAP_SETGID, CAP_SETUID, held, holds
+from kernmlops.errors import CollectionError, OutputError
+from kernmlops.host.capabilities import (
+    CAP_CHOWN,
+    CAP_DAC_OVERRIDE,
+    CAP_SETGID,
+    CAP_SETUID,
+    held,
+    holds,
+)
 from kernmlops.host.cgroup import Containment
 from kernmlops.host.invoker import Invoker
 
-__all__ = ["lesser_ways", "privileges_record", "refuse_what_cannot_work"]
+__all__ = [
+    "lesser_ways",
+    "privileges_record",
+    "refuse_what_cannot_work",
+    "without_dac_override",
+]
 
 
 def refuse_what_cannot_work(
@@ -67,3 +79,14 @@ def privileges_record(lesser: list[str], mask: int | None = None) -> dict[str, A
     collection's steps use, and each lesser way taken (as said at start)."""
     lines = [line.removeprefix("note: ") for line in lesser]
     return {"euid": os.geteuid(), "capabilities": held(mask), "lesser": lines}
+
+
+def without_dac_override(err: OutputError, mask: int | None = None) -> OutputError:
+    """``err`` (the output folder refused), saying why where uid 0 was refused for want
+    of CAP_DAC_OVERRIDE: such a root writes only where a folder's mode lets uid 0."""
+    if "permission denied" not in str(err) or os.geteuid() != 0 or holds(CAP_DAC_OVERRIDE, mask):
+        return err
+    said = OutputError(f"{err} (uid 0 without CAP_DAC_OVERRIDE writes only where the "
+                       "folder's mode lets root write)")  # fmt: skip
+    said.__dict__.update(err.__dict__)  # its reason (kernmlops.host.pinned)
+    return said

@@ -45,6 +45,7 @@ from kernmlops.collect.privileges import (
     lesser_ways,
     privileges_record,
     refuse_what_cannot_work,
+    without_dac_override,
 )
 from kernmlops.collect.running import CollectionResult, RunningManifest
 from kernmlops.collect.sinks import ThreadedSink
@@ -166,9 +167,12 @@ class Session:
             # the benchmark runs; the manifest exists from now on. The folder is made
             # new and held open: a user who can change a folder above it (their home)
             # cannot swap it for a link while root writes (kernmlops.host.pinned).
-            self._pinned = pin(
-                self.path, create=True, fresh=True, invoker_uid=who.uid if who else None
-            )
+            try:
+                self._pinned = pin(
+                    self.path, create=True, fresh=True, invoker_uid=who.uid if who else None
+                )
+            except OutputError as err:
+                raise without_dac_override(err) from None
             self._running.io = io = self._pinned.io
             try:
                 check = prepare_output(
