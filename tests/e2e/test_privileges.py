@@ -236,3 +236,20 @@ def test_uid0_without_dac_override_is_told_why_a_folder_is_refused() -> None:
         assert line.endswith(": permission denied (uid 0 without CAP_DAC_OVERRIDE writes only "
                              "where the folder's mode lets root write)")  # fmt: skip
         assert list(theirs.iterdir()) == []
+
+
+def test_uid0_without_the_two_capabilities_is_refused_in_one_line(tmp_path: Path) -> None:
+    # Issue: uid 0 passed the check whatever its capabilities; each hook then failed
+    # to load and a collection of nothing was written.
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        ["setpriv", "--bounding-set=-all", "--inh-caps=-all", sys.executable, "-m", "kernmlops",
+         "collect", "--no-progress", "-o", str(out), "-b", "faux", "-d", "1"],
+        capture_output=True, text=True, timeout=120, cwd="/", env=_path_env(),
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines() == [
+        "error: collect needs CAP_BPF + CAP_PERFMON (or CAP_SYS_ADMIN) to load BPF programs, "
+        "and this uid 0 lacks them (its capability bounding set)"
+    ]
+    assert not out.exists()
