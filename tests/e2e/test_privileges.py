@@ -144,12 +144,13 @@ def test_bpf_and_perfmon_alone_collect_and_say_what_root_would_add(
         assert any(ln.startswith(NO_CGROUP) for ln in lesser) == has_tree, lesser
         if has_tree:
             assert m["benchmark"]["cgroup"] is None
-        # every default hook attached and wrote rows; no record lost from a ring (the
-        # /proc sampler at normal priority may miss ticks on a busy machine: counted)
+        # every default hook attached and wrote rows; a command's tree lost no record
+        # from a ring (the whole system on a busy machine may, with the copier at normal
+        # priority: the lesser way said above; the /proc sampler may miss ticks)
         assert m["filter"]["mode"] == mode
         for hook in ("process_trace", "quanta_runtime", "memory_usage", "system_info"):
             assert m["hooks"][hook]["attached"], m["hooks"][hook]
-        for hook in ("process_trace", "quanta_runtime"):
+        for hook in ("process_trace", "quanta_runtime") if run == "command" else ():
             assert m["hooks"][hook]["drops"] == 0, m["hooks"][hook]
         assert col["quanta_runtime"].height > 0 and col["memory_usage"].height > 0
         if run == "command":
