@@ -52,7 +52,11 @@ def test_require_bpf_privileges(monkeypatch: pytest.MonkeyPatch) -> None:
     from kernmlops.ebpf import probe
 
     monkeypatch.setattr("os.geteuid", lambda: 0)
+    monkeypatch.setattr(probe, "has_bpf_capabilities", lambda: True)
     require_bpf_privileges("collect")  # root: fine
+    monkeypatch.setattr(probe, "has_bpf_capabilities", lambda: False)
+    with pytest.raises(KernmlopsError, match=r"^collect needs CAP_BPF \+ CAP_PERFMON .* uid 0"):
+        require_bpf_privileges("collect")  # uid 0 whose bounding set left them out
     monkeypatch.setattr("os.geteuid", lambda: 1000)
     monkeypatch.setattr(probe, "has_bpf_capabilities", lambda: True)
     require_bpf_privileges("collect")  # CAP_BPF + CAP_PERFMON: fine

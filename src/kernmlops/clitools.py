@@ -88,16 +88,22 @@ def check_tgid(
 
 
 def require_bpf_privileges(command: str, error: type[KernmlopsError] = KernmlopsError) -> None:
-    """Raise ``error`` unless this process may load BPF programs (root, or CAP_BPF +
-    CAP_PERFMON); ``command`` names what the user ran, for the message."""
+    """Raise ``error`` unless this process may load BPF programs (CAP_BPF + CAP_PERFMON
+    or CAP_SYS_ADMIN in its effective set: uid 0 alone is not enough); ``command``
+    names what the user ran, for the message."""
     # imported here, not at the top: importing kernmlops.cli stays light
     from kernmlops.ebpf.probe import has_bpf_capabilities
 
-    if os.geteuid() != 0 and not has_bpf_capabilities():
+    if has_bpf_capabilities():
+        return
+    if os.geteuid() == 0:  # root whose bounding set (setpriv, capsh, a unit) left them out
         raise error(
-            f"{command} needs root (or CAP_BPF + CAP_PERFMON) to load BPF programs: "
-            "run it with sudo"
+            f"{command} needs CAP_BPF + CAP_PERFMON (or CAP_SYS_ADMIN) to load BPF "
+            "programs, and this uid 0 lacks them (its capability bounding set)"
         )
+    raise error(
+        f"{command} needs root (or CAP_BPF + CAP_PERFMON) to load BPF programs: run it with sudo"
+    )
 
 
 class _Unbroken(io.RawIOBase):

@@ -383,3 +383,27 @@ def test_root_refuses_objects_from_such_a_folder_wherever_it_opens_them(
         assert r.returncode == 1 and f"check failed: set mig: {said}\n" in r.stderr, r.stderr
         assert not list(folder.glob("*.spec.json")), "root parsed a planted object"
         assert not mark.exists(), "root ran the planted library's constructor"
+
+
+def test_a_user_who_cannot_reach_the_objects_folder_is_told_in_one_line() -> None:
+    # Issue: another user with root's HOME (setpriv, su without -l) found the objects'
+    # default folder under /root/.cache: os.stat raised PermissionError, a traceback.
+    from tests.nobody import as_nobody, reachable_folder
+
+    with reachable_folder("kernmlops-bpf-dir-") as base:
+        private = base / "roots"
+        (private / "bpf").mkdir(parents=True)
+        private.chmod(0o700)
+        said: list[str] = []
+
+        def step() -> None:
+            try:
+                build(private / "bpf")
+            except BuildError as err:
+                said.append(str(err))
+            assert said == [
+                f"cannot read the BPF objects' folder {private / 'bpf'}: permission denied "
+                "(set KERNMLOPS_BPF_DIR to a folder this user may read, or HOME to its own)"
+            ], said
+
+        as_nobody(step)

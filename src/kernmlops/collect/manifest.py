@@ -218,6 +218,9 @@ class Manifest(_Record):
     system: dict[str, Any] | None = None
     config: dict[str, Any] | None = None
     versions: dict[str, str] | None = None
+    #: euid, the capabilities held that the collector's steps use, and each lesser way
+    #: taken for want of one (kernmlops.collect.privileges; since 2026-11)
+    privileges: dict[str, Any] | None = None
     hooks: dict[str, HookRecord] = {}
     #: collect --export: url, sets (each one's status), scrapes (pages of metrics sent
     #: whole to a GET), renders (reads of the maps; see RunningExporter.summary)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kernmlops.collect.disk import free_bytes, human_bytes, is_disk_full
 from kernmlops.collect.manifest import (
@@ -134,11 +134,13 @@ class RunningManifest:
         attach_s: float,
         filter_record: dict[str, object],
         benchmark: BenchmarkRecord,
+        privileges: dict[str, Any] | None = None,
     ) -> None:
         """What the attach step settled: the filter, the benchmark's process, the
-        system and the versions; written at once."""
+        system, the versions and the privileges; written at once."""
         assert self.manifest is not None
         self.manifest.attach_s = round(attach_s, 6)
+        self.manifest.privileges = privileges
         self.manifest.filter = filter_record
         self.manifest.benchmark = benchmark
         self.manifest.system = system_info()

@@ -41,6 +41,12 @@ from kernmlops.collect.manifest import Manifest
 from kernmlops.collect.output import prepare_output
 from kernmlops.collect.parquet import ParquetSink
 from kernmlops.collect.participants import Participant, configured
+from kernmlops.collect.privileges import (
+    lesser_ways,
+    privileges_record,
+    refuse_what_cannot_work,
+    without_dac_override,
+)
 from kernmlops.collect.running import CollectionResult, RunningManifest
 from kernmlops.collect.sinks import ThreadedSink
 from kernmlops.collect.space import OutOfSpace, SpaceGuard
@@ -149,6 +155,10 @@ class Session:
                 "benchmark.as_user (--as-user): no user to run the benchmark as "
                 "(SUDO_UID is not set): run kernmlops through sudo, or leave it off"
             )
+        # what needs a capability this process lacks: refused before any folder is made
+        refuse_what_cannot_work(who if self._sink is None else None, who if as_user else None)
+        priority = OwnPriority(cfg.nice)
+        priority.check()
         self.environment = env = Environment.from_options(self.config.benchmark)
         started_at = datetime.now(UTC)
         io = self.path  # where the collection is written: its folder held open, below
@@ -157,9 +167,12 @@ class Session:
             # the benchmark runs; the manifest exists from now on. The folder is made
             # new and held open: a user who can change a folder above it (their home)
             # cannot swap it for a link while root writes (kernmlops.host.pinned).
-            self._pinned = pin(
-                self.path, create=True, fresh=True, invoker_uid=who.uid if who else None
-            )
+            try:
+                self._pinned = pin(
+                    self.path, create=True, fresh=True, invoker_uid=who.uid if who else None
+                )
+            except OutputError as err:
+                raise without_dac_override(err) from None
             self._running.io = io = self._pinned.io
             try:
                 check = prepare_output(
@@ -173,7 +186,6 @@ class Session:
             if check.warning and self.on_message:
                 self.on_message(check.warning)
             self._running.begin(self.collection_id, self.config, started_at, check.free_bytes)
-        priority = OwnPriority(cfg.nice)
         priority.lower()  # before any thread starts: restored at the end
         t0 = time.monotonic()
         hooks: list[Hook] = []
@@ -254,14 +266,23 @@ class Session:
             for participant in self.participants:
                 participant.start(ctx)  # e.g. the exporter: the same processes as the hooks
             attach_s = time.monotonic() - t0
+            # each lesser way taken for want of a privilege, said once (and kept)
+            copier_notes = priority_notes([h.status.copier for h in hooks])
+            lesser = lesser_ways(proc.containment if proc else None, priority.oom_refused)
             if self.on_message:
-                for line in priority_notes([h.status.copier for h in hooks]):
+                for line in [*copier_notes, *lesser]:
                     self.on_message(line)
             if self.on_attached:
                 self.on_attached({h.name: h.status for h in hooks})
             if self.manifest is not None:
                 filter_record = {"mode": mode, "tgid": cfg.tgid}
-                self._running.attached(hooks, attach_s, filter_record, bench.record(env))
+                self._running.attached(
+                    hooks,
+                    attach_s,
+                    filter_record,
+                    bench.record(env),
+                    privileges_record([*lesser, *copier_notes]),
+                )
             loop = PollLoop(
                 self.config,
                 hooks,

@@ -15,10 +15,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import resource
 import sys
 from pathlib import Path
 
 from kernmlops.errors import CollectionError
+from kernmlops.host.capabilities import CAP_SYS_NICE, CAP_SYS_RESOURCE, holds
 from kernmlops.host.cgroup import set_oom_score_adj
 from kernmlops.host.cpus import autogroup_nice, set_autogroup_nice
 
@@ -110,8 +112,9 @@ def release_free_memory() -> None:
 
 
 def _read_oom_score_adj() -> int | None:
-    """The collector's OOM score adjustment, where it may lower it (root), else None."""
-    if os.geteuid() != 0:
+    """The collector's OOM score adjustment, where it may lower it (CAP_SYS_RESOURCE:
+    uid 0 without it may not either), else None."""
+    if not holds(CAP_SYS_RESOURCE):
         return None
     try:
         return int(Path("/proc/self/oom_score_adj").read_text())
@@ -128,6 +131,18 @@ class OwnPriority:
         self.own_nice = os.getpriority(os.PRIO_PROCESS, 0)
         self.own_group = autogroup_nice() if nice is not None else None
         self.own_oom: int | None = None
+        #: why the collector's OOM score could not be lowered (None: it was, or not yet)
+        self.oom_refused: str | None = None
+
+    def check(self) -> None:
+        """Refuse (one line) a ``nice`` this process may not take, before anything is
+        made: below its own nice it takes CAP_SYS_NICE or an RLIMIT_NICE that allows it."""
+        if self.nice is None or self.nice >= self.own_nice or holds(CAP_SYS_NICE):
+            return
+        soft = resource.getrlimit(resource.RLIMIT_NICE)[0]
+        if soft == resource.RLIM_INFINITY or self.nice >= 20 - soft:
+            return
+        raise CollectionError(f"collector.nice {self.nice} needs root or CAP_SYS_NICE")
 
     def lower(self) -> None:
         """Take ``nice``. Before any thread starts: on Linux the nice value is per
@@ -149,6 +164,8 @@ class OwnPriority:
     def read_oom(self) -> None:
         """Note the OOM score adjustment to restore (where it may be lowered)."""
         self.own_oom = _read_oom_score_adj()
+        if self.own_oom is None and not holds(CAP_SYS_RESOURCE):
+            self.oom_refused = "lowering it needs CAP_SYS_RESOURCE"
 
     def give_usual(self, pid: int) -> None:
         """The benchmark, held at its gate, gets the usual nice: its children inherit it."""
@@ -158,8 +175,11 @@ class OwnPriority:
     def shield(self) -> None:
         """After the benchmark was forked (it keeps the usual score): the OOM killer
         takes it long before the collector."""
-        if self.own_oom is not None:
-            set_oom_score_adj("self", min(self.own_oom, COLLECTOR_OOM_SCORE_ADJ))
+        if self.own_oom is not None and not set_oom_score_adj(
+            "self", min(self.own_oom, COLLECTOR_OOM_SCORE_ADJ)
+        ):
+            self.oom_refused = "the kernel refused to lower it"
+            self.own_oom = None  # nothing to restore
 
     def restore_nice(self) -> None:
         if self.nice is not None:

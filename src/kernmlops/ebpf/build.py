@@ -127,9 +127,15 @@ def vmlinux_header(build_dir: Path) -> Path:
 
 
 def _needs_build(src: Path, obj: Path, headers: list[Path]) -> bool:
-    if not obj.exists():
-        return True
-    built = obj.stat().st_mtime
+    try:
+        if not obj.exists():
+            return True
+        built = obj.stat().st_mtime
+    except PermissionError:  # e.g. another user with root's HOME (setpriv, su without -l)
+        raise BuildError(
+            f"cannot read the BPF objects' folder {obj.parent}: permission denied (set "
+            "KERNMLOPS_BPF_DIR to a folder this user may read, or HOME to its own)"
+        ) from None
     return any(p.stat().st_mtime > built for p in [src, *headers])
 
 

@@ -8,6 +8,7 @@ raw_tp), the way libbpf-tools picks program flavours at load time.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import struct
 from collections.abc import Iterator, Mapping, Sequence
@@ -64,6 +65,19 @@ class Link:
         self.destroy()
 
 
+#: where libbpf looks for a tracepoint's id (the second: tracefs under debugfs)
+_TRACEFS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
+
+
+def _tracefs_id_unreadable(section: str) -> bool:
+    """A ``tracepoint/<category>/<event>`` (or ``tp/``) program whose event id this
+    process may not read in any tracefs mount."""
+    kind, _, event = section.partition("/")
+    if kind not in ("tracepoint", "tp") or event.count("/") != 1:
+        return False
+    return not any(os.access(f"{root}/events/{event}/id", os.R_OK) for root in _TRACEFS)
+
+
 class Program:
     def __init__(self, ptr: int, obj: BpfObject) -> None:
         self._ptr = ptr
@@ -97,6 +111,14 @@ class Program:
         """Attach by section name (tracepoint, raw_tp, tp_btf, ...)."""
         with capture_log() as log:
             ptr = lib.bpf_program__attach(self._ptr)
+        if not ptr and ctypes.get_errno() == errno.EACCES and _tracefs_id_unreadable(self.section):
+            # libbpf reads the event's id in tracefs, whose folder is root's alone (0700):
+            # CAP_BPF and CAP_PERFMON do not open it. One line, not libbpf's log.
+            raise LibbpfError(
+                f"attach {self.name} ({self.section}): the tracepoint's id in tracefs "
+                "cannot be read (tracefs is root's alone: it takes uid 0 or "
+                "CAP_DAC_READ_SEARCH)"
+            )
         return self._link(ptr, self.section, "".join(log.lines))
 
     def attach_perf_event(self, perf_fd: int) -> Link:

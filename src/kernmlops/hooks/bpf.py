@@ -709,8 +709,8 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         in it: for rows made on other cores (kernmlops.collect.rowmaking), which then
         report them with :meth:`spool_made`. Nothing is marked read here: rows not
         reported are made by the final drain as usual."""
-        if not self._spools or not self._detached:
-            return []
+        if not self._spools or not self._detached or not self.status.attached:
+            return []  # a hook that never attached: closed, its spool too (EBADF)
         self._settle_spools()
         work = []
         for spool in self._spools.values():

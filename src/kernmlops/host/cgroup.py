@@ -12,6 +12,7 @@ v2 could be made, the benchmark's process group). A collector that finishes norm
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import os
 import signal
@@ -83,23 +84,28 @@ def set_oom_score_adj(pid: int | str, value: int) -> bool:
     return True
 
 
-def _make_cgroup(name: str) -> Path | None:
+def _make_cgroup(name: str) -> tuple[Path | None, str | None]:
+    """The new cgroup, or None and why not (for the manifest and the user)."""
     mount, own = cgroup2_mount(), own_cgroup()
     if mount is None or own is None:
-        return None
+        return None, "no cgroup v2 hierarchy is mounted"
     # The collector's own cgroup is the parent: limits set on it (a memory limit around
     # the whole collection) hold for the benchmark too. No controller is enabled in the
     # child, so the parent may keep its processes.
     path = mount / own.lstrip("/") / name
     try:
         path.mkdir()
-    except OSError:
-        return None  # not root, no delegation, read-only: a process group only
+    except OSError as err:  # not root, no delegation, read-only: a process group only
+        why = f"cannot create a cgroup in {path.parent}: {err.strerror or err}"
+        if err.errno in (errno.EACCES, errno.EPERM):
+            # uid 0 without CAP_DAC_OVERRIDE too: the hierarchy's root is 0555
+            why += "; that takes CAP_DAC_OVERRIDE or a cgroup delegated to this user"
+        return None, why
     if not (path / "cgroup.kill").exists():  # before Linux 5.14
         with contextlib.suppress(OSError):
             path.rmdir()
-        return None
-    return path
+        return None, "the kernel has no cgroup.kill (before Linux 5.14)"
+    return path, None
 
 
 class Containment:
@@ -107,7 +113,10 @@ class Containment:
 
     def __init__(self, label: str = "bench") -> None:
         name = f"kernmlops-{os.getpid()}-{label}-{next(_counter)}"
-        self.path: Path | None = _make_cgroup(name)
+        made = _make_cgroup(name)
+        self.path: Path | None = made[0]
+        #: why the benchmark has no cgroup of its own (None: it has one)
+        self.why_not: str | None = made[1]
         mount = cgroup2_mount()
         #: the cgroup's path in the hierarchy (as /proc/<pid>/cgroup shows it), kept
         #: after it is removed (for the manifest); None: a process group only
@@ -128,9 +137,10 @@ class Containment:
         if self.path is not None:
             try:
                 (self.path / "cgroup.procs").write_text(f"{pid}\n")
-            except OSError:
+            except OSError as err:
                 self._remove()
                 self.cgroup = None
+                self.why_not = f"cannot move the benchmark into its cgroup: {err.strerror or err}"
         self.pgid = pid
         self._tell(f"{pid}\n")
 
