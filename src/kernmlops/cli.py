@@ -16,7 +16,9 @@ from kernmlops.clitools import (
     check_tgid,
     error_line,
     fail,
+    progress,
     require_bpf_privileges,
+    shows_live,
     survive_closed_output,
     warnings_as_lines,
 )
@@ -468,7 +470,7 @@ def collect(
         def on_progress(p) -> None:
             nonlocal live, show
             if show is None:
-                show = _console().is_terminal
+                show = shows_live(console=_console())
             if not show:
                 return
             if live is None:
@@ -753,7 +755,8 @@ def recover(collection: Path, bpf_dir: Path | None) -> None:
                 "recover while it runs (it makes its spool's rows into parts as it stops)"
             )
         try:
-            done = recover(io, bpf_dir, shown=collection)
+            with progress("recovering the spool", "bytes") as steps:
+                done = recover(io, bpf_dir, shown=collection, progress=steps)
         finally:
             # the new parts are the collection's owner's, as collect's were (under sudo
             # a killed collection's folder is still root's: then the invoker's)
