@@ -521,7 +521,9 @@ def collect(
     if publish_to is not None:
         from kernmlops.fleet.cli import publish_collection
 
-        published = publish_collection(result.path, publish_to)
+        published = publish_collection(
+            result.path, publish_to, show=None if config.collector.progress else False
+        )
         sys.exit(result.exit_code or published)
     sys.exit(result.exit_code)
 
