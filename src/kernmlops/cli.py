@@ -513,7 +513,7 @@ def collect(
             "(another BPF program was running on the same CPU)"
         )
     if config.collector.output_graphs and result.ended_by != "error":
-        _draw_graphs(result.path)
+        _draw_graphs(result.path, show=None if config.collector.progress else False)
     if result.exit_code:
         failed = [n for n, st in result.hooks.items() if st.failed]
         why = f"; hook {', '.join(failed)} failed" if failed else ""
@@ -577,9 +577,10 @@ def _check_room(collector: CollectorConfig) -> None:
         )
 
 
-def _draw_graphs(path: Path) -> None:
+def _draw_graphs(path: Path, show: bool | None = None) -> None:
     """collector.output_graphs: the collection's graphs, as `kernmlops graph` draws them;
-    a graph that fails is named and the collection is kept."""
+    a graph that fails is named and the collection is kept. ``show`` False: no
+    progress (--no-progress)."""
     from rich.markup import escape
 
     from kernmlops.graphs import render
@@ -593,7 +594,8 @@ def _draw_graphs(path: Path) -> None:
         # new and held open (no link of theirs written through), then handed over
         graphs = pin(path / "graphs", create=True, fresh=True, invoker_uid=who and who.uid)
         try:
-            written = render(path, graphs.io, errors=failures)
+            with progress("drawing", "graphs", enabled=show) as steps:
+                written = render(path, graphs.io, errors=failures, progress=steps)
         finally:
             hand_over(graphs.fd, who)
             graphs.close()
