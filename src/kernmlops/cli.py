@@ -653,7 +653,8 @@ def _owner_of(fd: int) -> Invoker | None:
     help="the BPF objects the collecting version built (default: the folder collect uses; "
     "never a path the spool names)",
 )
-def recover(collection: Path, bpf_dir: Path | None) -> None:
+@click.option("--no-progress", is_flag=True, help="no progress bar on a terminal.")
+def recover(collection: Path, bpf_dir: Path | None, no_progress: bool) -> None:
     """Turn the spool a killed collector left in COLLECTION into Parquet parts.
 
     \b
@@ -759,7 +760,7 @@ def recover(collection: Path, bpf_dir: Path | None) -> None:
                 "recover while it runs (it makes its spool's rows into parts as it stops)"
             )
         try:
-            with progress("recovering the spool", "bytes") as steps:
+            with progress("recovering the spool", "bytes", enabled=not no_progress) as steps:
                 done = recover(io, bpf_dir, shown=collection, progress=steps)
         finally:
             # the new parts are the collection's owner's, as collect's were (under sudo

@@ -80,3 +80,5 @@ def test_recover_command_shows_the_spools_bytes_on_a_terminal_only(
     done, total = last_count(shown.stderr, "recovering the spool", "kB")
     assert done == total == f"{size / 1000:.1f}"
     assert shown.stderr.endswith(f"{said} {col}\n")
+    off = CliRunner().invoke(cli, ["recover", "--no-progress", str(spooled(tmp_path / "c"))])
+    assert (off.exit_code, off.stderr) == (0, f"{said} {tmp_path / 'c'}\n")
