@@ -1,15 +1,19 @@
-"""The one way every command fails, the one BPF privilege check, output without a reader."""
+"""The one way every command fails, the one BPF privilege check, output without a reader,
+the one progress of long work."""
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from kernmlops.clitools import require_bpf_privileges
+from kernmlops.clitools import progress, require_bpf_privileges, shows_live
 from kernmlops.errors import ConfigError, KernmlopsError
+from tests.progress import force_terminal, last_count
 
 
 def test_fail_prints_one_literal_line_on_stderr_and_exits_with_the_code() -> None:
@@ -128,3 +132,83 @@ def test_output_whose_reader_is_gone_goes_to_dev_null_and_the_command_goes_on(
     proc.stdin.close()
     assert proc.wait(timeout=60) == 0
     assert done.read_text() == "/dev/null /dev/null"  # both, once each found the pipe gone
+
+
+def _terminal() -> tuple[Any, io.StringIO]:
+    from rich.console import Console
+
+    out = io.StringIO()
+    return Console(file=out, force_terminal=True, width=120), out
+
+
+def test_progress_on_a_terminal_is_shown_and_reaches_its_total() -> None:
+    console, out = _terminal()
+    with progress("sorting", "widgets", total=3, console=console) as steps:
+        for _ in range(3):
+            steps.advance()
+    assert steps.done == steps.total == 3
+    assert last_count(out.getvalue(), "sorting", "widgets") == ("3", "3")
+    # transient: the bar is erased at its end (the cursor goes up and the line is cleared)
+    assert out.getvalue().endswith("\x1b[2K")
+
+
+def test_progress_never_advanced_does_not_show_its_total() -> None:
+    console, out = _terminal()
+    with progress("sorting", "widgets", total=3, console=console):
+        pass
+    assert last_count(out.getvalue(), "sorting", "widgets") == ("0", "3")
+
+
+def test_progress_in_bytes_and_a_total_learnt_on_the_way() -> None:
+    console, out = _terminal()
+    with progress("copying", "bytes", console=console) as steps:
+        steps(0, 2_000_000)
+        steps.advance(2_000_000)
+    assert last_count(out.getvalue(), "copying", "MB") == ("2.0", "2.0")
+    assert steps.line() == "copying: 2.0 MB/2.0 MB"
+
+
+def test_progress_without_a_terminal_or_turned_off_says_nothing(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    from rich.console import Console
+
+    console, out = _terminal()
+    with progress("sorting", "widgets", total=2, enabled=False, console=console) as steps:
+        steps.advance(2)
+    assert out.getvalue() == ""
+    plain = io.StringIO()
+    with progress("sorting", "widgets", total=2, console=Console(file=plain)) as steps:
+        steps.advance(2)
+    assert plain.getvalue() == ""
+    assert capfd.readouterr() == ("", "")
+
+
+def test_long_work_without_a_terminal_says_a_plain_line_now_and_then(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rich.console import Console
+
+    from kernmlops import clitools
+
+    monkeypatch.setattr(clitools, "PLAIN_EVERY_S", 0.0)  # every step is "10 s later"
+    plain = Console(file=io.StringIO())
+    with progress("sorting", "widgets", total=2, console=plain) as steps:
+        steps.advance()
+        steps.advance()
+    assert capsys.readouterr().err == "sorting: 1/2 widgets\nsorting: 2/2 widgets\n"
+    with progress("sorting", "widgets", total=2, enabled=False, console=plain) as steps:
+        steps.advance(2)  # --no-progress: not even that
+    assert capsys.readouterr().err == ""
+
+
+def test_shows_live_follows_the_terminal_and_the_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rich.console import Console
+
+    monkeypatch.delenv("TTY_COMPATIBLE", raising=False)
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    assert shows_live(console=Console(file=io.StringIO())) is False
+    assert shows_live(console=Console(file=io.StringIO(), force_terminal=True)) is True
+    assert shows_live(False, Console(file=io.StringIO(), force_terminal=True)) is False
+    force_terminal(monkeypatch)  # what the commands' tests use: rich's own variable
+    assert shows_live(console=Console(file=io.StringIO())) is True

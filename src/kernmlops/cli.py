@@ -16,7 +16,9 @@ from kernmlops.clitools import (
     check_tgid,
     error_line,
     fail,
+    progress,
     require_bpf_privileges,
+    shows_live,
     survive_closed_output,
     warnings_as_lines,
 )
@@ -468,7 +470,7 @@ def collect(
         def on_progress(p) -> None:
             nonlocal live, show
             if show is None:
-                show = _console().is_terminal
+                show = shows_live(console=_console())
             if not show:
                 return
             if live is None:
@@ -511,7 +513,7 @@ def collect(
             "(another BPF program was running on the same CPU)"
         )
     if config.collector.output_graphs and result.ended_by != "error":
-        _draw_graphs(result.path)
+        _draw_graphs(result.path, show=None if config.collector.progress else False)
     if result.exit_code:
         failed = [n for n, st in result.hooks.items() if st.failed]
         why = f"; hook {', '.join(failed)} failed" if failed else ""
@@ -519,7 +521,9 @@ def collect(
     if publish_to is not None:
         from kernmlops.fleet.cli import publish_collection
 
-        published = publish_collection(result.path, publish_to)
+        published = publish_collection(
+            result.path, publish_to, show=None if config.collector.progress else False
+        )
         sys.exit(result.exit_code or published)
     sys.exit(result.exit_code)
 
@@ -573,9 +577,10 @@ def _check_room(collector: CollectorConfig) -> None:
         )
 
 
-def _draw_graphs(path: Path) -> None:
+def _draw_graphs(path: Path, show: bool | None = None) -> None:
     """collector.output_graphs: the collection's graphs, as `kernmlops graph` draws them;
-    a graph that fails is named and the collection is kept."""
+    a graph that fails is named and the collection is kept. ``show`` False: no
+    progress (--no-progress)."""
     from rich.markup import escape
 
     from kernmlops.graphs import render
@@ -589,7 +594,8 @@ def _draw_graphs(path: Path) -> None:
         # new and held open (no link of theirs written through), then handed over
         graphs = pin(path / "graphs", create=True, fresh=True, invoker_uid=who and who.uid)
         try:
-            written = render(path, graphs.io, errors=failures)
+            with progress("drawing", "graphs", enabled=show) as steps:
+                written = render(path, graphs.io, errors=failures, progress=steps)
         finally:
             hand_over(graphs.fd, who)
             graphs.close()
@@ -647,7 +653,8 @@ def _owner_of(fd: int) -> Invoker | None:
     help="the BPF objects the collecting version built (default: the folder collect uses; "
     "never a path the spool names)",
 )
-def recover(collection: Path, bpf_dir: Path | None) -> None:
+@click.option("--no-progress", is_flag=True, help="no progress bar on a terminal.")
+def recover(collection: Path, bpf_dir: Path | None, no_progress: bool) -> None:
     """Turn the spool a killed collector left in COLLECTION into Parquet parts.
 
     \b
@@ -753,7 +760,8 @@ def recover(collection: Path, bpf_dir: Path | None) -> None:
                 "recover while it runs (it makes its spool's rows into parts as it stops)"
             )
         try:
-            done = recover(io, bpf_dir, shown=collection)
+            with progress("recovering the spool", "bytes", enabled=not no_progress) as steps:
+                done = recover(io, bpf_dir, shown=collection, progress=steps)
         finally:
             # the new parts are the collection's owner's, as collect's were (under sudo
             # a killed collection's folder is still root's: then the invoker's)

@@ -1,5 +1,6 @@
-"""What every command does the same way: fail with one clear line, and check
-for the privileges that loading BPF programs needs."""
+"""What every command does the same way: fail with one clear line, show progress
+on long work only where someone watches, and check for the privileges that
+loading BPF programs needs."""
 
 from __future__ import annotations
 
@@ -7,11 +8,15 @@ import contextlib
 import io
 import os
 import sys
+import time
 import warnings
 from collections.abc import Iterator
-from typing import Any, NoReturn, TextIO
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from kernmlops.errors import KernmlopsError, KernmlopsWarning
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 #: every command's help: -h as well as --help, lines up to 100 columns (the option
 #: help texts are written for that width)
@@ -64,6 +69,115 @@ def warnings_as_lines() -> Iterator[None]:
 
         warnings.showwarning = show
         yield
+
+
+def shows_live(enabled: bool | None = None, console: Console | None = None) -> bool:
+    """Whether a live display (collect's table, a long command's progress) is drawn:
+    never where turned off (``--no-progress``: ``enabled`` False), else only when
+    stderr is a terminal, as rich judges it (a TTY; ``TTY_COMPATIBLE=1`` or
+    ``FORCE_COLOR`` force it). Logs, pipes and CI get no display: what scripts parse
+    stays as it is."""
+    if enabled is False:
+        return False
+    if console is None:
+        from rich.console import Console
+
+        console = Console(stderr=True)
+    return console.is_terminal
+
+
+#: without a terminal, long work says how far it got at most this often (seconds)
+PLAIN_EVERY_S = 10.0
+
+
+class Steps:
+    """How far one piece of work got, in ``unit`` (frames, bytes, collections, ...);
+    what :func:`progress` yields. A library function takes its ``__call__`` (or
+    ``advance``) as a plain callback, and never knows whether anything is drawn."""
+
+    def __init__(self, what: str, unit: str, total: int | None, show: Any, plain: bool) -> None:
+        self.what, self.unit = what, unit
+        self.done = 0
+        self.total = total
+        self._show = show  # (rich Progress, its task) on a terminal, else None
+        self._plain = plain
+        self._said = time.monotonic()
+
+    def __call__(self, done: int, total: int | None = None) -> None:
+        """``done`` units of ``total`` (None: the total as it was)."""
+        self.done = done
+        if total is not None:
+            self.total = total
+        if self._show is not None:
+            bar, task = self._show
+            bar.update(task, completed=done, total=self.total)
+        elif self._plain and time.monotonic() - self._said >= PLAIN_EVERY_S:
+            self._said = time.monotonic()
+            print(self.line(), file=sys.stderr, flush=True)
+
+    def advance(self, n: int = 1) -> None:
+        """``n`` more units done."""
+        self(self.done + n)
+
+    def line(self) -> str:
+        """``<what>: <done>/<total> <unit>`` (bytes in KB, MB, ...)."""
+
+        def amount(n: int) -> str:
+            if self.unit != "bytes":
+                return f"{n:,}"
+            from rich.filesize import decimal
+
+            return decimal(n)
+
+        of = f"/{amount(self.total)}" if self.total is not None else ""
+        unit = "" if self.unit == "bytes" else f" {self.unit}"
+        return f"{self.what}: {amount(self.done)}{of}{unit}"
+
+
+@contextlib.contextmanager
+def progress(
+    what: str,
+    unit: str,
+    *,
+    total: int | None = None,
+    enabled: bool | None = None,
+    console: Console | None = None,
+) -> Iterator[Steps]:
+    """Progress of long work, shared by every command: on a terminal (:func:`shows_live`)
+    a transient rich bar (``what``, done/total in ``unit``, elapsed and remaining time)
+    that leaves nothing behind; elsewhere (a log, a pipe, CI) nothing, except one plain
+    ``what: done/total unit`` line every PLAIN_EVERY_S seconds while it lasts longer.
+    ``enabled`` False (``--no-progress``) says nothing at all."""
+    if console is None:
+        from rich.console import Console
+
+        console = Console(stderr=True)
+    if not shows_live(enabled, console):
+        yield Steps(what, unit, total, None, plain=enabled is not False)
+        return
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    counted = [DownloadColumn()] if unit == "bytes" else [MofNCompleteColumn(), TextColumn(unit)]
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        *counted,
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+    )
+    task = bar.add_task(what, total=total)
+    with bar:
+        yield Steps(what, unit, total, (bar, task), plain=False)
 
 
 def check_tgid(

@@ -41,6 +41,8 @@ from kernmlops.spool.recovery import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import numpy as np
 
     from kernmlops.collect.manifest import Manifest
@@ -146,7 +148,11 @@ def _meta(path: Path, what: str) -> dict:
 
 
 def recover(
-    collection: Path, bpf_dir: Path | None = None, *, shown: Path | None = None
+    collection: Path,
+    bpf_dir: Path | None = None,
+    *,
+    shown: Path | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Recovery:
     """Turn what a killed collector left in ``collection``'s spool into Parquet parts
     after the finished ones. Rows already in finished parts are not repeated: each
@@ -161,7 +167,8 @@ def recover(
 
     Run as root the collection may be a user's: ``collection`` is then its folder
     held open (kernmlops.host.pinned; ``shown`` names it for messages), and nothing in
-    it is read or written through a link its user planted."""
+    it is read or written through a link its user planted. ``progress`` is told
+    (bytes of the spool read, its bytes in all) as the frames are made into rows."""
     import pyarrow.parquet as pq
 
     from kernmlops.collect.manifest import TableRecord, read_manifest, write_manifest
@@ -203,6 +210,7 @@ def recover(
     check_build_dir(bpf_dir or default_build_dir())
     shown = shown or collection
     lock = _lock(folder, shown)
+    read = _Read(sum(map(_size, segments)), progress)
     try:
         manifest = read_manifest(collection)
         sink = _sink(collection, manifest, shown)
@@ -260,9 +268,10 @@ def recover(
                     f"{key}.json is damaged ({type(err).__name__}: {err})"  # fmt: skip
                 for seg in segs:
                     result.lost.append(Lost(seg, reason, _size(seg) or deleted_bytes(seg)))
+                    read.segment_done(seg)
                 continue
             lost_before = len(result.lost)
-            records = _recover_key(key, segs, hook, layout, dtype, finished, sink, result)
+            records = _recover_key(key, segs, hook, layout, dtype, finished, sink, result, read)
             hook_keys.setdefault(cls.name, []).append(
                 records if len(result.lost) == lost_before else None
             )
@@ -457,8 +466,25 @@ def _size(path: Path) -> int:
         return 0
 
 
+class _Read:
+    """How many of the spool's bytes were read, for a progress callback."""
+
+    def __init__(self, total: int, progress: Callable[[int, int], None] | None) -> None:
+        self.total, self.progress = total, progress
+        self.before = 0  # the bytes of the segments read to their end
+
+    def at(self, offset: int, seg: Path) -> None:
+        if self.progress is not None:
+            self.progress(self.before + min(offset, _size(seg)), self.total)
+
+    def segment_done(self, seg: Path) -> None:
+        self.before += _size(seg)
+        if self.progress is not None:
+            self.progress(min(self.before, self.total), self.total)
+
+
 def _recover_key(key: str, segs: list[Path], hook, layout, dtype, finished: dict[str, int],
-                 sink, result: Recovery) -> int | None:  # fmt: skip
+                 sink, result: Recovery, read: _Read) -> int | None:  # fmt: skip
     """Recover one ring's segments, in order, into ``sink``; losses into ``result``.
     The records the ring ever held (None: its first segment's json does not count
     those before it: a spool of before)."""
@@ -505,6 +531,7 @@ def _recover_key(key: str, segs: list[Path], hook, layout, dtype, finished: dict
             fd = open_plain_file(seg)
         except OSError as err:
             result.lost.append(Lost(seg, f"cannot be read ({err.strerror or err})", _size(seg)))
+            read.segment_done(seg)
             continue
         bad: list[tuple[str, int, int | None]] = []
         damaged: list[Lost] = []  # records with a damaged header, named after the frames
@@ -521,6 +548,7 @@ def _recover_key(key: str, segs: list[Path], hook, layout, dtype, finished: dict
                 ))  # fmt: skip
             pieces, bad = segment_pieces(data, fmt, stride, last)
             for at, piece in pieces:
+                read.at(at, seg)
                 raw, n_bad = good_records(np.frombuffer(piece, np.uint8), stride, dtype.itemsize)
                 if n_bad:
                     damaged.append(Lost(seg, f"records with a damaged header in the piece at "
@@ -542,6 +570,7 @@ def _recover_key(key: str, segs: list[Path], hook, layout, dtype, finished: dict
             bad.append((f"cannot be read to its end ({err.strerror or err})", 0, None))
         finally:
             os.close(fd)
+            read.segment_done(seg)
         result.lost.extend(Lost(seg, reason, size, records) for reason, size, records in bad)
         result.lost.extend(damaged)
     return held

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from kernmlops.clitools import CONTEXT_SETTINGS, fail
+from kernmlops.clitools import CONTEXT_SETTINGS, fail, progress
 from kernmlops.errors import KernmlopsError
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -295,6 +295,7 @@ def _details(rec, folder: Path) -> None:
     show_default=True,
     help="the largest result file (or result folder) read, in MiB: a parser holds it in memory",
 )
+@click.option("--no-progress", is_flag=True, help="no progress bar on a terminal.")
 def process_cmd(
     folders: tuple[Path, ...],
     out: Path | None,
@@ -303,6 +304,7 @@ def process_cmd(
     aa: tuple[str, ...],
     configs: tuple[Path, ...],
     max_file_mb: int,
+    no_progress: bool,
 ) -> None:
     """Parse every result file under FOLDERS into one table (Parquet and CSV).
 
@@ -333,7 +335,10 @@ def process_cmd(
         names = set(aa)
         for cfg in configs:
             names |= {d.name for d in load_duet_config(cfg).duets if d.aa}
-        processed = process_dirs(list(folders), frozenset(names), max_file_mb << 20)
+        with progress("processing", "result files", enabled=not no_progress) as steps:
+            processed = process_dirs(
+                list(folders), frozenset(names), max_file_mb << 20, progress=steps
+            )
         for err in processed.errors:
             console.print(f"[yellow]warning:[/] {err}", markup=True)
         if processed.results.height == 0:

@@ -31,8 +31,10 @@ anything else is named in the errors and left unread.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -152,17 +154,32 @@ def _tag(
     return rows.with_columns(cols)
 
 
-def process_suite(folder: Path, max_bytes: int = MAX_FILE_BYTES) -> Processed:
-    """One ``duet run`` suite folder; DuetError when its index is damaged."""
+def process_suite(
+    folder: Path, max_bytes: int = MAX_FILE_BYTES, on_file: Callable[[], None] | None = None
+) -> Processed:
+    """One ``duet run`` suite folder; DuetError when its index is damaged. ``on_file``
+    is called after each result file."""
     index = read_index(folder)
     try:
-        return _process_suite(folder, index, max_bytes)
+        return _process_suite(folder, index, max_bytes, on_file)
     except (KeyError, TypeError, AttributeError, ValueError) as err:
         # a hand-edited or damaged index: one line, not a traceback
         raise DuetError(f"{folder / INDEX}: damaged ({type(err).__name__}: {err})") from None
 
 
-def _process_suite(folder: Path, index: dict[str, Any], max_bytes: int) -> Processed:
+def _result_names(index: dict[str, Any]) -> list[Any]:
+    """The result files a ``duet run`` index names, in the order they are read."""
+    return [
+        rel
+        for trial in index.get("trials", [])
+        for side in trial.get("sides", {}).values()
+        for rel in side.get("results", [])
+    ]
+
+
+def _process_suite(
+    folder: Path, index: dict[str, Any], max_bytes: int, on_file: Callable[[], None] | None = None
+) -> Processed:
     errors: list[str] = []
     artifacts = _artifacts(folder, index, errors)
     frames: list[pl.DataFrame] = []
@@ -180,6 +197,8 @@ def _process_suite(folder: Path, index: dict[str, Any], max_bytes: int) -> Proce
             anchor = Anchor(side.get("release_ns"), side.get("release_epoch_ms"))
             for rel in side.get("results", []):
                 files += 1
+                if on_file is not None and files > 1:
+                    on_file()  # the one before is done
                 try:
                     path = confined(folder, rel, what="result")
                     parser, rows = parse_file(path, anchor, max_bytes=max_bytes)
@@ -202,6 +221,8 @@ def _process_suite(folder: Path, index: dict[str, Any], max_bytes: int) -> Proce
                     "source_file": rel,
                 }
                 frames.append(_tag(rows, meta, artifacts))
+    if on_file is not None and files:
+        on_file()
     kernel = None
     if index.get("collect"):
         from kernmlops.duet.collect import kernel_stats_for_suite
@@ -230,9 +251,13 @@ def date_ns(text: str) -> int | None:
 
 
 def process_original(
-    folder: Path, aa: frozenset[str] = frozenset(), max_bytes: int = MAX_FILE_BYTES
+    folder: Path,
+    aa: frozenset[str] = frozenset(),
+    max_bytes: int = MAX_FILE_BYTES,
+    on_file: Callable[[], None] | None = None,
 ) -> Processed:
-    """A folder of result files named by the original asynchronous-duet tool."""
+    """A folder of result files named by the original asynchronous-duet tool;
+    ``on_file`` is called after each."""
     frames: list[pl.DataFrame] = []
     errors: list[str] = []
     files = 0
@@ -258,6 +283,8 @@ def process_original(
         if not m:
             continue
         files += 1
+        if on_file is not None and files > 1:
+            on_file()  # the one before is done
         try:
             path = confined(folder, entry.name, what="result")
             parser, rows = parse_file(path, anchor, max_bytes=max_bytes)
@@ -281,6 +308,8 @@ def process_original(
             "source_file": entry.name,
         }
         frames.append(_tag(rows, meta, artifacts))
+    if on_file is not None and files:
+        on_file()
     return Processed(_concat(frames), None, errors, files)
 
 
@@ -292,27 +321,57 @@ def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
     return out.select(*front, pl.exclude(front))
 
 
+def _count_files(folder: Path) -> int:
+    """The result files under ``folder`` that :func:`process_dirs` reads (a progress's
+    total: what cannot be read counts 0, and is named when it is processed)."""
+    if not folder.is_dir():
+        return 0
+    suites = _suite_folders(folder, [])
+    if not suites:
+        try:
+            return sum(bool(_ORIGINAL_NAME.match(e.name)) for e in folder.iterdir())
+        except OSError:
+            return 0
+    total = 0
+    for suite in suites:
+        with contextlib.suppress(DuetError, AttributeError, TypeError):
+            total += len(_result_names(read_index(suite)))
+    return total
+
+
 def process_dirs(
-    folders: list[Path], aa: frozenset[str] = frozenset(), max_bytes: int = MAX_FILE_BYTES
+    folders: list[Path],
+    aa: frozenset[str] = frozenset(),
+    max_bytes: int = MAX_FILE_BYTES,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Processed:
     """Every suite under ``folders``; raises DuetError when nothing is there.
 
     ``aa``: benchmarks that are A/A duets (for original-named folders, whose
     names do not say; a ``duet run`` folder's index does). ``max_bytes``: the
     largest result file (or result folder) read; larger ones are named in the
-    errors."""
+    errors. ``progress`` is told (result files read, result files in all)."""
     results: list[pl.DataFrame] = []
     kernels: list[pl.DataFrame] = []
     errors: list[str] = []
     files = 0
+    read = [0, sum(_count_files(Path(f)) for f in folders) if progress is not None else 0]
+
+    def one_read() -> None:
+        read[0] += 1
+        if progress is not None:
+            progress(read[0], max(read))
+
+    if progress is not None:
+        progress(*read)
     for folder in folders:
         folder = Path(folder)
         if not folder.is_dir():
             raise DuetError(f"{folder}: no such folder")
         suites = _suite_folders(folder, errors)
-        parts = [process_suite(s, max_bytes) for s in suites]
+        parts = [process_suite(s, max_bytes, one_read) for s in suites]
         if not suites:
-            original = process_original(folder, aa, max_bytes)
+            original = process_original(folder, aa, max_bytes, one_read)
             if original.files == 0:
                 raise DuetError(
                     f"{folder}: no duet results ({INDEX} of `duet run`, or result files named "

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from kernmlops.clitools import CONTEXT_SETTINGS, fail
+from kernmlops.clitools import CONTEXT_SETTINGS, fail, progress
 from kernmlops.errors import KernmlopsError
 
 if TYPE_CHECKING:
@@ -43,7 +43,8 @@ def _say(text: str) -> None:
     help="also publish collections whose collector died (state running, no spool left): "
     "what was flushed, marked running in the index.",
 )
-def push_command(paths: tuple[Path, ...], uri: str, incomplete: bool) -> None:
+@click.option("--no-progress", is_flag=True, help="no progress bar on a terminal.")
+def push_command(paths: tuple[Path, ...], uri: str, incomplete: bool, no_progress: bool) -> None:
     """Publish finished collections (PATHS) to the dataset at URI.
 
     A PATH is a collection folder, or a folder of them (data, data/curated,
@@ -63,20 +64,35 @@ def push_command(paths: tuple[Path, ...], uri: str, incomplete: bool) -> None:
       kernmlops push data/curated/benchmark=gap/collection_id=4f0c file:///mnt/share/fleet
       kernmlops fleet ls s3://lab-kernel-data/fleet
     """
-    from kernmlops.fleet.push import PushResult, expand, push
+    from kernmlops.fleet.push import PushResult, collection_bytes, expand, push
     from kernmlops.fleet.store import open_dataset, probe
-
-    def report(outcome) -> None:
-        if isinstance(outcome, PushResult):
-            _say(outcome.line())
-        else:
-            _say(f"refused: {outcome.reason}")
 
     try:
         folders = expand(paths)
         dataset = open_dataset(uri)
         probe(dataset)
-        results, refused = push(folders, dataset, incomplete=incomplete, on_result=report)
+        # bytes: a collection may be one large table; its files already there count
+        # as done once the collection is
+        sizes = [collection_bytes(f) for f in folders]
+        finished = 0
+        with progress("pushing", "bytes", total=sum(sizes), enabled=not no_progress) as steps:
+
+            def report(outcome) -> None:
+                nonlocal finished
+                if isinstance(outcome, PushResult):
+                    _say(outcome.line())
+                else:
+                    _say(f"refused: {outcome.reason}")
+                finished += 1
+                steps(sum(sizes[:finished]))
+
+            results, refused = push(
+                folders,
+                dataset,
+                incomplete=incomplete,
+                on_result=report,
+                on_file=lambda _, size: steps.advance(size),
+            )
     except KernmlopsError as err:
         fail(err)
     done = sum(not r.already for r in results)
@@ -252,7 +268,8 @@ def _columns(heads: tuple[tuple[str, bool], ...], cells: list[list[str]]) -> lis
 
 @fleet_group.command("reindex", epilog=URI_HELP)
 @click.argument("uri")
-def reindex_command(uri: str) -> None:
+@click.option("--no-progress", is_flag=True, help="no progress bar on a terminal.")
+def reindex_command(uri: str, no_progress: bool) -> None:
     """Rebuild the index of the dataset at URI from its collections' manifests and
     parts: for a dataset copied by other means, or after collections were deleted.
 
@@ -271,7 +288,8 @@ def reindex_command(uri: str) -> None:
     try:
         dataset = open_dataset(uri)
         try:
-            done = reindex(dataset)
+            with progress("reindexing", "collections", enabled=not no_progress) as steps:
+                done = reindex(dataset, progress=steps)
         except OSError as err:
             raise PublishError(f"cannot reindex {dataset.uri}: {describe_error(err)}") from None
     except KernmlopsError as err:
@@ -300,13 +318,16 @@ def publish_target(uri: str) -> Dataset:
     return dataset
 
 
-def publish_collection(path: Path, dataset: Dataset) -> int:
+def publish_collection(path: Path, dataset: Dataset, *, show: bool | None = None) -> int:
     """``collect --publish``: push the finished collection; 0, or the error's exit code
-    (the error is printed; the collection stays where it was written)."""
-    from kernmlops.fleet.push import push_collection
+    (the error is printed; the collection stays where it was written). ``show`` False:
+    no progress (``--no-progress``)."""
+    from kernmlops.fleet.push import collection_bytes, push_collection
 
     try:
-        result = push_collection(path, dataset)
+        total = collection_bytes(path)
+        with progress("publishing", "bytes", total=total, enabled=show) as steps:
+            result = push_collection(path, dataset, on_file=lambda _, size: steps.advance(size))
     except KernmlopsError as err:
         click.echo(f"error: not published: {err} (the collection is kept in {path})", err=True)
         return err.exit_code

@@ -584,13 +584,15 @@ def _collection_row(dataset: Dataset, prefix: str, entries: list[Any]) -> dict[s
     return index_row(manifest, prefix, files)
 
 
-def reindex(dataset: Dataset) -> Reindexed:
+def reindex(dataset: Dataset, *, progress: Callable[[int, int], None] | None = None) -> Reindexed:
     """Rebuild the index from the collections' manifests and parts at the destination:
     a row for each collection with a manifest, none for others. A collection whose
     manifest or a part is damaged is skipped (named in ``skipped``): its row, if it has
     one, is removed (the index lists whole collections only) and it is named in
     ``_damaged/`` instead; the rest is indexed. The ``_damaged/`` markers of collections
     that are whole again, or gone, are removed.
+
+    ``progress`` is told (collections done, collections in all) as each is read.
 
     Raises:
         PublishError: the root is not a dataset (:func:`check_dataset`).
@@ -624,7 +626,9 @@ def reindex(dataset: Dataset) -> Reindexed:
     damaged: set[str] = set()
     markers: set[str] = set()
     skipped: list[tuple[str, str]] = []
-    for prefix, entries in sorted(by_collection.items()):
+    for done, (prefix, entries) in enumerate(sorted(by_collection.items()), 1):
+        if progress is not None:
+            progress(done - 1, len(by_collection))
         names = {rel for rel, _ in entries}
         if MANIFEST_NAME not in names:
             continue  # a push under way, or a failed one: not published
@@ -639,6 +643,8 @@ def reindex(dataset: Dataset) -> Reindexed:
             continue
         write_index_row(dataset, row, row[COLLECTION_ID])
         written.add(row[COLLECTION_ID])
+    if progress is not None:
+        progress(len(by_collection), len(by_collection))
     removed = 0
     base = dataset.path(INDEX_DIR)
     for info in listing(dataset, base):

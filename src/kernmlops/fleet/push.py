@@ -19,6 +19,7 @@ half a collection. The source is only read: a failed push loses nothing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -124,6 +125,22 @@ def check_publishable(folder: Path, *, incomplete: bool = False) -> Manifest:
                     f"{folder}: the manifest lists {name} (table {table}) but it is missing"
                 )
     return manifest
+
+
+def collection_bytes(folder: str | Path) -> int:
+    """The bytes a push of ``folder`` copies at most, the files that
+    :func:`collection_files` names, by their sizes alone (nothing opened, nothing
+    checked: a progress's total)."""
+    folder = Path(folder)
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = [d for d in dirnames if not d.startswith((".", "_"))]
+        for name in filenames:
+            if name.startswith((".", "_")) or (dirpath == str(folder) and name == MANIFEST_NAME):
+                continue
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
 
 
 def collection_files(folder: Path) -> list[tuple[str, int, int | None]]:
@@ -283,9 +300,13 @@ def push(
     *,
     incomplete: bool = False,
     on_result: Callable[[PushResult | Refused], None] | None = None,
+    on_file: Callable[[str, int], None] | None = None,
 ) -> tuple[list[PushResult], list[Refused]]:
     """Publish each collection in turn (:func:`push_collection`); a collection that may
     not be published is refused with its reason and the others are published.
+
+    ``on_result`` is called with each collection's outcome, ``on_file`` with each file
+    copied (:func:`push_collection`).
 
     Raises:
         PublishError: the destination cannot be read or written: the push stops there
@@ -296,7 +317,7 @@ def push(
     for folder in folders:
         outcome: PushResult | Refused
         try:
-            outcome = push_collection(folder, dataset, incomplete=incomplete)
+            outcome = push_collection(folder, dataset, incomplete=incomplete, on_file=on_file)
         except PublishError:
             raise
         except CollectionError as err:

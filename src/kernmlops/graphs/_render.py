@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -147,10 +147,12 @@ def figures(
     *,
     dpi: int = 100,
     errors: list[GraphFailure] | None = None,
+    progress: Callable[[], None] | None = None,
 ) -> Iterator[tuple[Graph, Figure]]:
     """(graph, figure) for each graph whose tables the collection has and whose
     selection is not empty. A graph that raises is appended to ``errors`` when a
-    list is given, else raised as GraphError."""
+    list is given, else raised as GraphError. ``progress`` is called as each of the
+    :func:`applicable` graphs is done with (drawn, empty or failed)."""
     registry = graph_registry()
     wanted = list(names) if names is not None else list(registry)
     unknown_graphs(wanted)
@@ -161,13 +163,24 @@ def figures(
         try:
             fig = draw(graph, data, dpi)
         except NoData:
-            continue
+            fig = None
         except Exception as err:  # a bug in one graph must not hide the others
             if errors is None:
                 raise GraphError(f"graph {name!r} failed: {_one_line(err)}") from err
             errors.append(GraphFailure(name, _one_line(err)))
-            continue
-        yield graph, fig
+            fig = None
+        if fig is not None:
+            yield graph, fig
+        if progress is not None:
+            progress()
+
+
+def applicable(data: GraphData, names: Iterable[str] | None = None) -> list[str]:
+    """The graphs (of ``names``, default all) whose tables ``data`` has: those that
+    :func:`figures` tries, in its order."""
+    registry = graph_registry()
+    wanted = list(names) if names is not None else list(registry)
+    return [n for n in wanted if n in registry and registry[n].applies(data.tables)]
 
 
 def _one_line(err: Exception) -> str:
@@ -221,6 +234,7 @@ def render(
     graphs: Iterable[str] | None = None,
     dpi: int = 100,
     errors: list[GraphFailure] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[Path]:
     """Write each graph of ``collection`` as ``<outdir>/<graph>.png``; return the paths.
 
@@ -233,14 +247,24 @@ def render(
         graphs: graph names to draw (default: all whose tables exist).
         dpi: resolution (the figures are about 10 x 5 inches).
         errors: collect graphs that fail here instead of raising.
+        progress: told (graphs done, graphs to try) as each is done with.
     """
     data = (
         collection if isinstance(collection, GraphData) else load(collection, tgid=tgid, comm=comm)
     )
     out = Path(outdir) if outdir is not None else data.collection.path / "graphs"
+    tried = [0, len(applicable(data, graphs))]
+
+    def one_more() -> None:
+        tried[0] += 1
+        if progress is not None:
+            progress(*tried)
+
+    if progress is not None:
+        progress(*tried)
     with held_output(out.absolute(), "graphs") as folder:
         written = []
-        for graph, fig in figures(data, graphs, dpi=dpi, errors=errors):
+        for graph, fig in figures(data, graphs, dpi=dpi, errors=errors, progress=one_more):
             write_atomic(folder / f"{graph.name}.png", png_bytes(fig))
             written.append(out / f"{graph.name}.png")
     return written

@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import html
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,6 +25,7 @@ from kernmlops.data import Collection, LazyCollection
 from kernmlops.graphs._render import (
     GraphFailure,
     GraphOutputError,
+    applicable,
     figures,
     held_output,
     png_bytes,
@@ -94,6 +95,8 @@ class _Column:
     data: GraphData
     figures: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (title, b64)
     failed: dict[str, str] = field(default_factory=dict)
+    #: called as each of its tables is summarised (the report's progress)
+    progress: Callable[[], None] | None = None
 
     @property
     def manifest(self) -> dict[str, Any]:
@@ -283,10 +286,12 @@ def table_facts(frame: pl.LazyFrame, view: TableView) -> dict[str, pl.Expr]:
     return facts
 
 
-def table_summary(data: GraphData) -> list[dict[str, Any]]:
+def table_summary(
+    data: GraphData, progress: Callable[[], None] | None = None
+) -> list[dict[str, Any]]:
     """Per table: rows, time span, processes and the view's key statistics (each
     table's from one query, its facts and its view's figures together: none is read;
-    the rows are those :func:`load` counted)."""
+    the rows are those :func:`load` counted). ``progress`` is called after each table."""
     out = []
     for name, frame in data.tables.items():
         rows = data.count(name)
@@ -305,12 +310,14 @@ def table_summary(data: GraphData) -> list[dict[str, Any]]:
                 entry["processes"] = got.get("processes")
             entry["stats"] = view.summarise(found[len(asked) :])
         out.append(entry)
+        if progress is not None:
+            progress()
     return out
 
 
 def _tables(col: _Column) -> str:
     rows = []
-    for t in table_summary(col.data):
+    for t in table_summary(col.data, col.progress):
         span = f"{t['span_s']:.2f} s" if t["span_s"] is not None else "-"
         procs = f"{t['processes']:,}" if t["processes"] is not None else "-"
         stats = "".join(f"<li><b>{_e(k)}</b>: {_e(v)}</li>" for k, v in t["stats"])
@@ -379,6 +386,7 @@ def report(
     graphs: Iterable[str] | None = None,
     dpi: int = 100,
     errors: list[GraphFailure] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Path:
     """Write one self-contained HTML page about ``collections``; return its path.
 
@@ -389,6 +397,8 @@ def report(
         graphs: graph names to draw (default: all whose tables exist).
         dpi: resolution of the embedded figures.
         errors: collect graphs that fail here (shown in the page) instead of raising.
+        progress: told (steps done, steps in all) as each figure is drawn and each
+            table summarised.
     """
     if isinstance(collections, str | Path | Collection | LazyCollection | GraphData):
         collections = [collections]
@@ -406,7 +416,15 @@ def report(
         target = folder / path.name
         if target.is_dir() and not target.is_symlink():
             raise GraphOutputError(f"cannot write the report {shown}: it is a folder")
-        page = _page(collections, tgid=tgid, comm=comm, graphs=names, dpi=dpi, errors=errors)
+        page = _page(
+            collections,
+            tgid=tgid,
+            comm=comm,
+            graphs=names,
+            dpi=dpi,
+            errors=errors,
+            progress=progress,
+        )
         write_atomic(target, page.encode("utf-8"))
     return shown
 
@@ -429,14 +447,27 @@ def _page(
     graphs: list[str] | None,
     dpi: int,
     errors: list[GraphFailure] | None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> str:
     """The report's HTML."""
+    loaded = [c if isinstance(c, GraphData) else load(c, tgid=tgid, comm=comm) for c in collections]
+    # the steps: each graph tried and each table summarised, of every collection
+    steps = [0, sum(len(applicable(d, graphs)) + len(d.tables) for d in loaded)]
+
+    def step() -> None:
+        steps[0] += 1
+        if progress is not None:
+            progress(*steps)
+
+    if progress is not None:
+        progress(*steps)
     columns = []
-    for c in collections:
-        data = c if isinstance(c, GraphData) else load(c, tgid=tgid, comm=comm)
-        col = _Column(data)
+    for data in loaded:
+        col = _Column(data, progress=step)
         failures: list[GraphFailure] = []
-        drawn = figures(data, graphs, dpi=dpi, errors=failures if errors is not None else None)
+        drawn = figures(
+            data, graphs, dpi=dpi, errors=failures if errors is not None else None, progress=step
+        )
         for graph, fig in drawn:
             b64 = base64.b64encode(png_bytes(fig)).decode("ascii")
             col.figures[graph.name] = (graph.title, b64)

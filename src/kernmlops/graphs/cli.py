@@ -14,7 +14,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from kernmlops.clitools import fail, warnings_as_lines
+from kernmlops.clitools import fail, progress, warnings_as_lines
 from kernmlops.errors import CollectionError, KernmlopsError
 
 console = Console(stderr=True, highlight=False)
@@ -31,6 +31,9 @@ def _selection_options(command):
     command = click.option(
         "--tgid", type=click.IntRange(min=0), help="draw only this process (its tgid)."
     )(command)
+    command = click.option("--no-progress", is_flag=True, help="no progress bar on a terminal.")(
+        command
+    )
     return click.option(
         "--dpi",
         type=click.IntRange(40, 400),
@@ -114,6 +117,7 @@ def graph_command(
     tgid: int | None,
     comm: str | None,
     dpi: int,
+    no_progress: bool,
 ) -> None:
     """Draw a collection's tables as PNG files (one per graph) and list them.
 
@@ -157,9 +161,17 @@ def graph_command(
             _missing_tables(names, data.tables, col.damaged)
         # render holds the folder open (no link planted on the way followed); under
         # sudo the PNGs are the user's, handed over through the held folder
-        written = render(
-            data, output_dir, tgid=tgid, comm=comm, graphs=names, dpi=dpi, errors=failures
-        )
+        with progress("drawing", "graphs", enabled=not no_progress) as steps:
+            written = render(
+                data,
+                output_dir,
+                tgid=tgid,
+                comm=comm,
+                graphs=names,
+                dpi=dpi,
+                errors=failures,
+                progress=steps,
+            )
     except KernmlopsError as err:
         fail(err)
     for path in written:
@@ -191,6 +203,7 @@ def report_command(
     tgid: int | None,
     comm: str | None,
     dpi: int,
+    no_progress: bool,
 ) -> None:
     """Write one self-contained HTML page about one or more collections.
 
@@ -230,7 +243,17 @@ def report_command(
         ]  # fmt: skip
         # report holds the page's folder open (no planted link followed); under sudo
         # the page is the user's, handed over through it
-        path = report(cols, output, tgid=tgid, comm=comm, graphs=names, dpi=dpi, errors=failures)
+        with progress("reporting", "graphs and tables", enabled=not no_progress) as steps:
+            path = report(
+                cols,
+                output,
+                tgid=tgid,
+                comm=comm,
+                graphs=names,
+                dpi=dpi,
+                errors=failures,
+                progress=steps,
+            )
     except KernmlopsError as err:
         fail(err)
     for where, why in lacking:
