@@ -311,6 +311,7 @@ def _stalled_writer_run(
         time.sleep(0.3)
         result = Session(cfg).run()
     finally:
+        storm.terminate()  # what it was for is over: no waiting out its -t
         storm.wait(timeout=30)
     assert stalled, "the writer never synced a part"
     status = result.hooks["quanta_runtime"]
@@ -612,6 +613,7 @@ def test_with_no_cpu_to_spare_rows_wait_in_the_spool_until_stop(
         time.sleep(0.2)
         result = session.run()
     finally:
+        storm.terminate()  # what it was for is over: no waiting out its -t
         storm.wait(timeout=30)
     assert max(seen[:-1] or [0]) == 0  # no record became a row while the run went on
     status = result.hooks["quanta_runtime"]

@@ -87,6 +87,7 @@ def stopped(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, i
         result = Session(cfg).run()
     finally:
         mp.undo()
+        storm.terminate()  # what it was for is over: no waiting out its -t
         storm.wait(timeout=30)
     spool = result.path / ".spool"
     assert len(kept) == 1 and spool.is_dir()  # (kept names it through the held folder)
@@ -231,6 +232,7 @@ def test_a_disk_that_fills_during_the_stop_says_so_in_one_line_and_keeps_the_spo
             with pytest.raises(OutOfSpace) as raised:
                 session.run()
         finally:
+            storm.terminate()  # what it was for is over: no waiting out its -t
             storm.wait(timeout=30)
         said = str(raised.value)
         assert "\n" not in said and "It filled during the stop, the benchmark ended" in said

@@ -30,12 +30,30 @@ sleepy:
 """
 
 
-def test_run_process_analyze(tmp_path: Path):
-    runner = CliRunner()
-    cfg = write_config(tmp_path / "duet.yml", CFG.format(pid=os.getpid()))
-    out = tmp_path / "out"
-    res = runner.invoke(duet_group, ["run", str(cfg), "--outdir", str(out), "--seed", "3"])
+@pytest.fixture(scope="module")
+def _ran(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The outdir of one ``duet run`` of CFG (seed 3), unprocessed: a run of its nine
+    trials costs seconds, and the tests that only read one share it (see ``ran``)."""
+    tmp = tmp_path_factory.mktemp("duet-cli-run")
+    cfg = write_config(tmp / "duet.yml", CFG.format(pid=os.getpid()))
+    out = tmp / "out"
+    res = CliRunner().invoke(duet_group, ["run", str(cfg), "--outdir", str(out), "--seed", "3"])
     assert res.exit_code == 0, res.output
+    return out
+
+
+@pytest.fixture
+def ran(_ran: Path, tmp_path: Path) -> Path:
+    """This test's own copy of the shared run's outdir (what it writes there, it alone
+    sees), in a folder of its own beside ``tmp_path``'s other files."""
+    copy = tmp_path / "ran" / "out"
+    shutil.copytree(_ran, copy, symlinks=True)
+    return copy
+
+
+def test_run_process_analyze(ran: Path):
+    runner = CliRunner()
+    out = ran
     suite = out / f"cli-{os.getpid()}"
     index = json.loads((suite / "duet-run.json").read_text())
     assert index["seed"] == 3 and len(index["trials"]) == 9
@@ -312,12 +330,9 @@ def test_run_under_sudo_writes_through_no_planted_link(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="plays sudo: needs root")
-def test_process_under_sudo_writes_through_no_planted_link(tmp_path: Path) -> None:
+def test_process_under_sudo_writes_through_no_planted_link(tmp_path: Path, ran: Path) -> None:
     user, victim = _home(tmp_path)
-    cfg = write_config(tmp_path / "duet.yml", CFG.format(pid=os.getpid()))
-    runs = tmp_path / "runs"
-    res = CliRunner().invoke(duet_group, ["run", str(cfg), "-o", str(runs), "--seed", "3"])
-    assert res.exit_code == 0, res.output
+    runs = ran
     runner = CliRunner(env=SUDO)
     _plant(user / "t", victim)
     res = runner.invoke(duet_group, ["process", str(runs), "-o", str(user / "t")])
@@ -339,14 +354,12 @@ def test_process_under_sudo_writes_through_no_planted_link(tmp_path: Path) -> No
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="plays sudo: needs root")
-def test_analyze_under_sudo_writes_through_no_planted_link(tmp_path: Path) -> None:
+def test_analyze_under_sudo_writes_through_no_planted_link(tmp_path: Path, ran: Path) -> None:
     """The report folder a link to root's folder: refused; in the user's own report
     folder, plots/ a link: refused, report.md a link to root's file: the link goes,
     the file stays; what is written is the user's."""
     user, victim = _home(tmp_path)
-    cfg = write_config(tmp_path / "duet.yml", CFG.format(pid=os.getpid()))
-    runs = tmp_path / "runs"
-    assert CliRunner().invoke(duet_group, ["run", str(cfg), "-o", str(runs)]).exit_code == 0
+    runs = ran
     assert CliRunner().invoke(duet_group, ["process", str(runs)]).exit_code == 0
     runner = CliRunner(env=SUDO)
 

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.bpf
     ],
 )
 def test_escapees_are_stopped(tmp_path: Path, bpf_baseline, script: str) -> None:
-    run = start_collect(tmp_path / "out", "-d", "2", "--", "sh", "-c", script)
+    run = start_collect(tmp_path / "out", "-d", "1", "--", "sh", "-c", script)
     code, err = run.finish(timeout_s=60)
     assert code == 0, err
     assert_no_benchmark_left(run.marker)
