@@ -160,3 +160,50 @@ def test_the_sizing_table_of_24_cpus_says_what_the_copiers_got(monkeypatch) -> N
     rows = dict(collection_sizing())
     assert rows["rings per table"].startswith("2, each written by 12 CPUs")
     assert rows["zstd threads per copier"] == "2 (4 in all, beside 2 copiers)"
+
+
+def test_doctor_says_the_copier_priority_the_kernel_gives_uid0_without_cap_sys_nice() -> None:
+    """uid 0 under a bounding set of CAP_BPF and CAP_PERFMON (as a systemd unit may
+    run the collector): the kernel refuses the copier SCHED_FIFO and a lower nice, and
+    doctor must say normal priority, not real-time "as root"."""
+    from kernmlops.ebpf import copier
+    from tests.conftest import skip_here
+
+    if os.geteuid() != 0 or not (shutil.which("setpriv") and shutil.which("prlimit")):
+        skip_here("drops root's capabilities itself: needs root, setpriv and prlimit")
+    if not copier.available():
+        skip_here(f"{copier.LIBRARY} is not built (`make`)")
+    # no rlimit that would let a thread take either without the capability
+    drop = ["prlimit", "--rtprio=0", "--nice=0", "setpriv", "--bounding-set=-all,+bpf,+perfmon",
+            "--inh-caps=-all", sys.executable]  # fmt: skip
+    env = {**os.environ, "COLUMNS": "400"}  # the row on one line
+    check = "from kernmlops.ebpf.copier import realtime; print(realtime(1))"
+    kernel = subprocess.run([*drop, "-c", check], capture_output=True, text=True, timeout=60,
+                            env=env, check=True).stdout.strip()  # fmt: skip
+    assert kernel == "(0, 'SCHED_FIFO 1: Operation not permitted', None)"  # refused, no nice
+    proc = subprocess.run([*drop, "-m", "kernmlops", "doctor"], capture_output=True, text=True,
+                          timeout=180, cwd="/", env=env)  # fmt: skip
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    row = next(line for line in (proc.stdout + proc.stderr).splitlines() if "ring copier" in line)
+    assert "normal priority: SCHED_FIFO and a lower nice need CAP_SYS_NICE" in row, row
+    assert "SCHED_FIFO as root" not in row
+
+
+def test_doctor_copier_priority_follows_the_effective_set() -> None:
+    """The same decision with a CapEff mask: CAP_SYS_NICE (bit 23) decides, not uid 0."""
+    import resource
+
+    from kernmlops.doctor import _copier_row
+    from kernmlops.ebpf import copier
+    from kernmlops.host.capabilities import effective
+    from tests.conftest import skip_here
+
+    if not copier.available():
+        skip_here(f"{copier.LIBRARY} is not built (`make`)")
+    if resource.getrlimit(resource.RLIMIT_RTPRIO)[0] or resource.getrlimit(resource.RLIMIT_NICE)[0]:
+        skip_here("RLIMIT_RTPRIO or RLIMIT_NICE grants priority without CAP_SYS_NICE here")
+    bpf_only = effective("Name:\tx\nCapEff:\t000000c000000000\n")  # CAP_PERFMON, CAP_BPF
+    normal = "normal priority: SCHED_FIFO and a lower nice need CAP_SYS_NICE"
+    assert normal in _copier_row(bpf_only)[1]
+    nice = effective("CapEff:\t000000c000800000\n")
+    assert "SCHED_FIFO 1 (CAP_SYS_NICE)" in _copier_row(nice)[1]

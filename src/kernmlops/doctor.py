@@ -41,15 +41,18 @@ def privilege_notes(features: dict[str, Feature]) -> list[str]:
     return notes
 
 
-def _copier_row() -> tuple[bool, str]:
-    """Whether rings reach the spool through the native copier, and at what priority."""
+def _copier_row(mask: int | None = None) -> tuple[bool, str]:
+    """Whether rings reach the spool through the native copier, and at what priority
+    (``mask``: the effective capabilities, default this process's)."""
+    from kernmlops.config import CollectorConfig
     from kernmlops.ebpf import copier
 
     if not copier.available():
         why = "turned off" if os.environ.get("KERNMLOPS_NATIVE_COPY") == "0" else "not built"
         return False, f"{copier.LIBRARY} {why}: rings are copied in Python (storms may overflow)"
     zstd = "zstd on disk" if copier.zstd() is not None else "no libzstd: raw on disk"
-    prio = "SCHED_FIFO as root" if os.geteuid() == 0 else "SCHED_FIFO needs root or CAP_SYS_NICE"
+    # the default configuration's priority, decided as the copier's thread will be
+    prio = copier.expected_priority(CollectorConfig().copier_priority, mask)
     return True, f"{copier.library_path()} ({zstd}; {prio})"
 
 

@@ -21,6 +21,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import os
+import resource
 import select
 import threading
 from collections.abc import Mapping, Sequence
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from kernmlops.ebpf.build import NATIVE_LIBRARY, default_build_dir
+from kernmlops.host.capabilities import CAP_SYS_NICE, holds
 
 LIBRARY = NATIVE_LIBRARY
 ABI = 8
@@ -285,6 +287,24 @@ def realtime(priority: int) -> tuple[int, str | None, int | None]:
     except OSError as err:
         return 0, f"SCHED_FIFO {priority}: {err.strerror or err}", _lower_nice(FALLBACK_NICE)
     return priority, None, None
+
+
+def expected_priority(priority: int, mask: int | None = None) -> str:
+    """What :func:`realtime` will give a copier asked for SCHED_FIFO ``priority``, in
+    words, as the kernel decides it (``mask``: the effective capabilities, default this
+    process's): uid 0 alone counts for nothing, CAP_SYS_NICE or RLIMIT_RTPRIO does. A
+    cgroup without a real-time budget may still refuse; the manifest says so then."""
+    if priority <= 0:
+        return "normal priority (copier_priority 0)"
+    if holds(CAP_SYS_NICE, mask):
+        return f"SCHED_FIFO {priority} (CAP_SYS_NICE)"
+    rtprio = resource.getrlimit(resource.RLIMIT_RTPRIO)[0]
+    if rtprio == resource.RLIM_INFINITY or rtprio >= priority:
+        return f"SCHED_FIFO {priority} (RLIMIT_RTPRIO {rtprio})"
+    nice = resource.getrlimit(resource.RLIMIT_NICE)[0]  # a nice of n needs 20 - n
+    if nice == resource.RLIM_INFINITY or 20 - nice <= FALLBACK_NICE:
+        return f"nice {FALLBACK_NICE}, not real-time (no CAP_SYS_NICE; RLIMIT_NICE {nice})"
+    return "normal priority: SCHED_FIFO and a lower nice need CAP_SYS_NICE"
 
 
 def priority_notes(statuses: Sequence[Mapping[str, Any]]) -> list[str]:
