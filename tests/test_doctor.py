@@ -176,7 +176,8 @@ def test_doctor_says_the_copier_priority_the_kernel_gives_uid0_without_cap_sys_n
     # no rlimit that would let a thread take either without the capability
     drop = ["prlimit", "--rtprio=0", "--nice=0", "setpriv", "--bounding-set=-all,+bpf,+perfmon",
             "--inh-caps=-all", sys.executable]  # fmt: skip
-    env = {**os.environ, "COLUMNS": "400"}  # the row on one line
+    # this kernmlops (cwd is /, so a relative PYTHONPATH would find another); the row on one line
+    env = {**os.environ, "PYTHONPATH": str(Path(copier.__file__).parents[2]), "COLUMNS": "400"}
     check = "from kernmlops.ebpf.copier import realtime; print(realtime(1))"
     kernel = subprocess.run([*drop, "-c", check], capture_output=True, text=True, timeout=60,
                             env=env, check=True).stdout.strip()  # fmt: skip
