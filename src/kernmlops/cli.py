@@ -224,7 +224,7 @@ def drop_advice(hooks: Mapping[str, HookStatus], options: Callable[[str], Any]) 
                 # neither SCHED_FIFO nor a lower nice: no CAP_SYS_NICE
                 remedy = (f"give the collector CAP_SYS_NICE (the copier's priority was "
                           f"refused: {copier['error']}), or raise ")  # fmt: skip
-            elif copier.get("busy_peak", 0) >= BUSY_COPIER:
+            elif (copier.get("busy_peak") or 0) >= BUSY_COPIER:  # None: no copier ran
                 # one thread moving the ring was the limit: split the ring's CPUs
                 remedy = (f"raise hooks.{name}.ring_groups (a copier thread was busy "
                           f"{copier['busy_peak']:.0%} of a second), or raise ")  # fmt: skip

@@ -227,3 +227,35 @@ def test_a_copiers_busiest_second_is_watched_beside_its_average() -> None:
     a.cpu_s = 0.5  # then 0.4 s in 2 s
     hook._watch_copiers(100.0 + COPIER_WINDOW_S + 2.0)
     assert hook._copier_peak == pytest.approx(0.9)  # the peak stays
+
+
+@pytest.mark.bpf
+def test_a_copier_of_a_hook_refused_at_attach_is_busy_a_share_of_its_own_life(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hook whose tracepoint is refused started its copier and stopped it a few ms
+    later: busy (CPU seconds over the seconds the thread existed) is at most 1, a
+    thread's CPU clock never outrunning its life (2.5 was seen, the span measured from
+    after the thread's start)."""
+    from kernmlops.ebpf import copier
+    from kernmlops.errors import HookUnavailable
+    from kernmlops.hooks.process_trace import ProcessTraceHook
+    from tests.conftest import skip_here
+
+    if not copier.available():
+        skip_here(f"{copier.LIBRARY} is not built (`make`)")
+
+    def refused(obj: object) -> None:
+        raise OSError(22, "tracepoint refused")
+
+    for run in range(5):  # the old span was short by the thread's start every time
+        hook = ProcessTraceHook()
+        monkeypatch.setattr(hook, "attach", refused)
+        ctx = HookContext("t", process_filter=None, self_tgid=os.getpid(),
+                          spool_dir=tmp_path / str(run), copier_priority=1)  # fmt: skip
+        (tmp_path / str(run)).mkdir()
+        with pytest.raises(HookUnavailable, match="tracepoint refused"):
+            hook.start(ctx)
+        status = hook.status.copier
+        assert status["native"] is True and not hook.status.attached
+        assert 0 <= status["busy"] <= status["busy_peak"] <= 1, status

@@ -24,6 +24,7 @@ import os
 import resource
 import select
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -422,6 +423,10 @@ class Copier:
         self._c.runway_wake = self._wake_fd
         self._array: ctypes.Array | None = None
         self._thread: threading.Thread | None = None
+        # (monotonic) from before the thread was made to after it ended: its CPU time
+        # (cpu_s, the thread's own clock) falls within
+        self._started: float | None = None
+        self._ended: float | None = None
         self.result: int | None = None
         #: the real-time priority the thread runs at (0: normal), or why not
         self.priority = 0
@@ -539,6 +544,13 @@ class Copier:
         return int(self._c.workers) if self._c.workers_ok else 0
 
     @property
+    def ran_s(self) -> float | None:
+        """Seconds the thread has existed (till now while it runs); None: never started."""
+        if self._started is None:
+            return None
+        return (self._ended if self._ended is not None else time.monotonic()) - self._started
+
+    @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
@@ -562,6 +574,7 @@ class Copier:
             self.result = self._lib.kmo_copier_run(ctypes.byref(self._c))
 
         self._thread = threading.Thread(target=run, name="kernmlops-copier", daemon=True)
+        self._started, self._ended = time.monotonic(), None
         self._thread.start()
         ready.wait()
 
@@ -580,6 +593,7 @@ class Copier:
             os.eventfd_write(self._stop_fd, 1)
             self._thread.join()
             self._thread = None
+            self._ended = time.monotonic()
 
     def copy_now(self) -> int:
         """One copy of every ring from this thread (only while the thread is stopped)."""

@@ -484,7 +484,8 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         for c in copiers:
             c.start(ctx.copier_priority)
         self._copiers = copiers
-        self._copiers_since = time.monotonic()
+        # the first window from the first thread's start: its CPU counts from there
+        self._copiers_since = time.monotonic() - max(c.ran_s or 0.0 for c in copiers)
         self._copier_seen = (self._copiers_since, [0.0] * len(copiers))
         copier = copiers[0]
         self.status.copier = {
@@ -505,15 +506,18 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         copiers, self._copiers = self._copiers, []
         for copier in copiers:  # every thread stopped before a spool goes on in Python
             copier.stop()
-        ran_s = time.monotonic() - self._copiers_since
         self.status.copier["zstd_workers"] = sum(c.workers for c in copiers)
         # each copier thread's own CPU (zstd's workers are threads of their own): one
         # busy most of the time is its ring's limit, whatever its size (more groups)
         self.status.copier["cpu_s"] = [round(c.cpu_s, 3) for c in copiers]
-        if ran_s > 0:
-            busy = max(c.cpu_s for c in copiers) / ran_s
-            self.status.copier["busy"] = round(busy, 3)
-            self.status.copier["busy_peak"] = round(max(self._copier_peak, busy), 3)
+        # each over the span its own thread existed (its CPU clock's), not since the
+        # copiers were all started: a hook refused at attach runs them for a few ms,
+        # mostly the threads' own start, which that shorter span left out (busy 2.5)
+        shares = [c.cpu_s / ran for c in copiers if (ran := c.ran_s)]
+        busy = round(max(shares), 3) if shares else None
+        self.status.copier["busy"] = busy  # None: no copier thread ran
+        self.status.copier["busy_peak"] = (None if busy is None
+                                           else round(max(self._copier_peak, busy), 3))  # fmt: skip
         if copiers[0].runway_s:
             self.status.copier["runway"] = _runway_status(copiers)
         if len(copiers) > 1:
