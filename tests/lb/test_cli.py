@@ -15,8 +15,9 @@ import pytest
 from click.testing import CliRunner
 
 from kernmlops.data import read_collection
+from kernmlops.errors import KernmlopsWarning
 from kernmlops.lb.cli import lb_group
-from kernmlops.lb.dataset import synthetic_decisions, write_decisions
+from kernmlops.lb.dataset import recorded_cost, synthetic_decisions, write_decisions
 
 RAW = Path(__file__).parent / "mllb_raw.csv"
 
@@ -490,3 +491,30 @@ def test_a_partial_collection_is_one_warning_line(data: Path, tmp_path: Path, co
         f"warning: {root / 'curated'}: 1 of the 3 collections read are not whole (read as far "
         f"as they are): {folder} (its collector stopped without finishing)"
     ], done.stderr
+
+
+def test_a_manifest_the_recorded_cost_cannot_read_is_named_in_one_line(tmp_path: Path) -> None:
+    """The cost the readable manifests agree on is used; each one not read (not JSON,
+    a link) is named in one warning line, as `kernmlops lb report` says it."""
+    from kernmlops.cli import cli
+
+    frame = synthetic_decisions(100, "c-0", seed=5)
+    write_decisions(frame, tmp_path, "c-0", "synthetic",
+                    {"lb": {"variant": "kprobe", "migration_cost_ns": 250_000}})  # fmt: skip
+    broken = tmp_path / "curated" / "benchmark=x" / "collection_id=c-1" / "manifest.json"
+    broken.parent.mkdir(parents=True)
+    broken.write_text('{"lb": {"migration_cost_ns": 5')  # cut short
+    linked = tmp_path / "curated" / "benchmark=x" / "collection_id=c-2" / "manifest.json"
+    linked.parent.mkdir(parents=True)
+    linked.symlink_to(broken)
+    with pytest.warns(KernmlopsWarning) as said:
+        assert recorded_cost([tmp_path]) == 250_000
+    assert sorted(str(w.message) for w in said) == [
+        f"{broken}: not read (not a JSON object): its recorded migration cost is left out",
+        f"{linked}: not read (Too many levels of symbolic links): its recorded migration "
+        "cost is left out",
+    ]
+    r = CliRunner().invoke(cli, ["lb", "report", str(tmp_path), "--json", str(tmp_path / "r.json")])
+    assert r.exit_code == 0, r.output
+    lines = sorted(line for line in r.output.splitlines() if line.startswith("warning:"))
+    assert lines == [f"warning: {m}" for m in sorted(str(w.message) for w in said)], r.output

@@ -22,12 +22,13 @@ from __future__ import annotations
 import errno
 import json
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
-from kernmlops.errors import CollectionError
+from kernmlops.errors import CollectionError, KernmlopsWarning
 from kernmlops.lb.features import (
     DECISION_SCHEMA,
     LABEL,
@@ -114,6 +115,13 @@ def load_decisions(paths: list[Path] | list[str]) -> pl.DataFrame:
     return out
 
 
+def _unread(manifest: Path, why: str) -> None:
+    """Say (one warning line) a manifest ``recorded_cost`` leaves out: the cost it may
+    hold is not weighed, and the default may be used where it was the only one."""
+    warnings.warn(f"{manifest}: not read ({why}): its recorded migration cost is left out",
+                  KernmlopsWarning, stacklevel=3)  # fmt: skip
+
+
 def recorded_cost(paths: list[Path] | list[str]) -> int | None:
     """The migration cost the collections under ``paths`` were recorded with
     (their manifests' lb section), when they agree on one; None when none says."""
@@ -127,7 +135,11 @@ def recorded_cost(paths: list[Path] | list[str]) -> int | None:
                 try:  # read once, as every manifest is: a plain file, bounded, no link
                     raw = read_manifest_bytes(m.parent, owner=os.stat(m.parent).st_uid)
                     lb = json.loads(raw).get("lb") or {}
-                except (OSError, ValueError, AttributeError, RecursionError):
+                except OSError as err:
+                    _unread(m, err.strerror or str(err))
+                    continue
+                except (ValueError, AttributeError, RecursionError):  # not JSON, not an object
+                    _unread(m, "not a JSON object")
                     continue
                 if isinstance(lb, dict) and isinstance(lb.get("migration_cost_ns"), int):
                     costs.add(lb["migration_cost_ns"])
