@@ -59,3 +59,23 @@ def test_a_result_file_that_is_a_fifo_is_named_not_waited_for(tmp_path: Path) ->
     done = _duet("process", str(folder))
     assert done.returncode == 2
     assert f"{folder / GOOD}: result file is not a plain file: not read" in done.stderr
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".json"])
+def test_a_huge_results_table_is_one_line_not_read(processed: Path, suffix: str) -> None:
+    """A results table in CSV or JSON is read whole into memory: one past the limit
+    (sparse here: no disk taken) is refused in one line, before any byte is read, and
+    left as it was."""
+    from kernmlops.duet.process import RESULTS_MAX_BYTES
+
+    assert _duet("process", str(processed), "--json").returncode == 0
+    table = processed / f"duet-results{suffix}"
+    start = table.read_bytes()
+    os.truncate(table, RESULTS_MAX_BYTES + (100 << 20))
+    done = _duet("analyze", str(table))
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert line.endswith(f"{table}: results table of 1.1 GiB, over the 1.0 GiB limit: not read")
+    assert table.stat().st_size == RESULTS_MAX_BYTES + (100 << 20)
+    with table.open("rb") as f:
+        assert f.read(len(start)) == start

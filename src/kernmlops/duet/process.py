@@ -48,6 +48,7 @@ from kernmlops.duet.parsers import (
     Anchor,
     ParseError,
     parse_file,
+    read_open,
 )
 from kernmlops.duet.runner import FILE_KIND, INDEX, DuetError, none_left, read_index
 from kernmlops.host.pinned import open_regular
@@ -587,19 +588,27 @@ def _opened(path: Path) -> Any:
     return os.fdopen(open_regular(path), "rb")
 
 
+#: a results table in CSV or JSON, read whole into memory before it is parsed (a few
+#: times its size again): 1 GiB is some 3M rows in JSON, 6M in CSV (about 330 and 170
+#: bytes a row), far more iterations than a duet suite runs, and still parses on a
+#: machine of a few GiB
+RESULTS_MAX_BYTES = 1 << 30
+
+
 def _read_any(path: Path) -> pl.DataFrame:
     with _opened(path) as f:
         if path.suffix == ".parquet":
             return pl.read_parquet(f)
+        data = read_open(f, path, RESULTS_MAX_BYTES, what="results table", hint="")
         if path.suffix == ".json":
             import json
 
-            doc = json.load(f)
+            doc = json.loads(data)
             if isinstance(doc, dict):  # pandas' orientation: {column: {row: value}}
                 rows = sorted({k for col in doc.values() for k in col}, key=int)
                 return pl.DataFrame({c: [doc[c].get(r) for r in rows] for c in doc}, strict=False)
             return pl.DataFrame(doc, infer_schema_length=None)
-        return pl.read_csv(f, infer_schema_length=None)
+        return pl.read_csv(data, infer_schema_length=None)
 
 
 def read_table(path: Path) -> pl.DataFrame:

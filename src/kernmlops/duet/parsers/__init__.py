@@ -33,6 +33,7 @@ from kernmlops.duet.parsers.base import (
     Anchor,
     ParseError,
     Parser,
+    read_open,
     read_result,
 )
 from kernmlops.duet.parsers.base import derived as derived
@@ -112,4 +113,5 @@ __all__ = [
     "Anchor",
     "ParseError",
     "parse_file",
+    "read_open",
 ]

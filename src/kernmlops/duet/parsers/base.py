@@ -9,6 +9,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import polars as pl
 
@@ -58,12 +59,19 @@ def read_result(path: Path, limit: int = MAX_FILE_BYTES, *, what: str = "result 
             raise
         raise UnsafePathError(f"{path}: {what} is not a plain file: not read") from None
     with open(fd, "rb") as f:
-        size = os.fstat(fd).st_size
-        data = f.read(limit + 1) if size <= limit else b""
+        return read_open(f, path, limit, what=what)
+
+
+def read_open(f: BinaryIO, path: Path, limit: int, *, what: str, hint: str = LIMIT_HINT) -> bytes:
+    """The bytes of ``f`` (the plain file ``path``, already opened once), at most
+    ``limit``; UnsafePathError in one line (``hint``: how to raise it) for a file over
+    the limit, also one that grows past it while read."""
+    size = os.fstat(f.fileno()).st_size
+    data = f.read(limit + 1) if size <= limit else b""
     if size > limit or len(data) > limit:
         shown = human_size(max(size, len(data)))
         raise UnsafePathError(
-            f"{path}: {what} of {shown}, over the {human_size(limit)} limit: not read{LIMIT_HINT}"
+            f"{path}: {what} of {shown}, over the {human_size(limit)} limit: not read{hint}"
         )
     return data
 
