@@ -4,6 +4,7 @@ reused pid does to the filter and to what is read from /proc."""
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,22 @@ def fork_at(pid: int, argv: list[str], **popen: Any) -> subprocess.Popen | None:
         last.write_text(str(pid - 1))
         proc = subprocess.Popen(argv, **popen)
         if proc.pid == pid:
+            _exec_done(proc)
             return proc
         proc.kill()
         proc.wait()
     return None
+
+
+def _exec_done(proc: subprocess.Popen, timeout_s: float = 10) -> None:
+    """Wait until ``proc``'s command line is there: Popen returns once the exec closed
+    its close-on-exec pipe, before the new program's arguments are set up, and a
+    loaded machine may hold the child in between (/proc/<pid>/cmdline reads empty)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if Path(f"/proc/{proc.pid}/cmdline").read_bytes():
+                return
+        except OSError:
+            return
+        time.sleep(0.001)
