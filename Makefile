@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 BUILD := build
-APT_PACKAGES := gcc clang llvm libbpf-dev libbpf1 bpftool stress-ng fio rt-tests redis-server redis-tools prometheus chromium python3-venv openssl systemd
+APT_PACKAGES := gcc clang llvm libbpf-dev libbpf1 bpftool stress-ng fio rt-tests redis-server redis-tools prometheus chromium python3-venv openssl systemd libcap2-bin util-linux
 BPF_INPUTS := $(wildcard src/kernmlops/bpf/*.c src/kernmlops/bpf/*.h src/kernmlops/native/*.c)
 # Extra arguments: make collect ARGS="-b faux -d 30"; make test PYTEST_ARGS="-k ringbuf"
 ARGS ?=
