@@ -236,34 +236,32 @@ def _read_pem(path: Path, field: str, where: str) -> bytes:
     """The bytes of ``path`` (``field`` of the config), read once from one descriptor:
     a plain file of at most PEM_MAX_BYTES, else one line that names the field, the
     file and what it is."""
-    try:  # O_NONBLOCK: a FIFO with no writer would block the open for ever
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    from kernmlops.host.pinned import open_regular, read_bounded
+
+    try:
+        fd = open_regular(path)
     except FileNotFoundError:
         raise WebConfigError(f"{where}: no file {path}") from None
     except OSError as err:
-        raise WebConfigError(f"{where}.{field} {path}: {err.strerror or err}") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise WebConfigError(f"{where}.{field} {path}: {os.strerror(errno.EISDIR)}")
-        raise WebConfigError(
-            f"{where}.{field} {path}: {not_plain(st.st_mode)}, not a plain file: not read"
-        )
+        if err.errno != errno.EINVAL:
+            raise WebConfigError(f"{where}.{field} {path}: {err.strerror or err}") from None
+        with contextlib.suppress(OSError):  # what it is, for the line (opened: refused)
+            mode = os.stat(path).st_mode
+            if stat.S_ISDIR(mode):
+                raise WebConfigError(
+                    f"{where}.{field} {path}: {os.strerror(errno.EISDIR)}"
+                ) from None
+            raise WebConfigError(
+                f"{where}.{field} {path}: {not_plain(mode)}, not a plain file: not read"
+            ) from None
+        raise WebConfigError(f"{where}.{field} {path}: not a plain file: not read") from None
     with open(fd, "rb") as f:
         try:
-            data = f.read(PEM_MAX_BYTES + 1) if st.st_size <= PEM_MAX_BYTES else b""
+            return read_bounded(
+                f, PEM_MAX_BYTES, path, of_limit="a certificate or key file may hold"
+            )
         except OSError as err:
             raise WebConfigError(f"{where}.{field} {path}: {err.strerror or err}") from None
-    if st.st_size > PEM_MAX_BYTES or len(data) > PEM_MAX_BYTES:
-        from kernmlops.confined import human_size
-
-        size = human_size(max(st.st_size, len(data)))
-        raise WebConfigError(
-            f"{where}.{field} {path}: {size}, over the {human_size(PEM_MAX_BYTES)} a "
-            "certificate or key file may hold: not read"
-        )
-    return data
 
 
 @contextlib.contextmanager

@@ -28,6 +28,7 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from kernmlops.errors import OutputError
 from kernmlops.errors import why_not_written as _why
@@ -493,20 +494,28 @@ def read_plain(path: Path, *, owner: int = -1, limit: int | None = None) -> byte
         OSError: ELOOP for a link, EINVAL for anything else that is not a plain file,
             EFBIG for a file over ``limit`` (its strerror names the limit).
     """
-    from kernmlops.confined import human_size
-
     fd = open_plain_file(path, owner=owner)
     with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if limit is None:
-            return f.read()
-        data = f.read(limit + 1) if st.st_size <= limit else b""
-        if st.st_size > limit or len(data) > limit:
-            size = human_size(max(st.st_size, len(data)))
-            raise OSError(
-                errno.EFBIG, f"{size}, over the {human_size(limit)} limit: not read", str(path)
-            )
-        return data
+        return f.read() if limit is None else read_bounded(f, limit, path)
+
+
+def read_bounded(f: BinaryIO, limit: int, path: Path, *, of_limit: str = "limit") -> bytes:
+    """The bytes of the open plain file ``f`` (``path``, for the error), at most
+    ``limit``: one over it is never read (a small file made huge, even sparse), nor
+    one that grows past it while read.
+
+    Raises:
+        OSError: EFBIG, its strerror "<size>, over the <limit> <of_limit>: not read".
+    """
+    from kernmlops.confined import human_size
+
+    size = os.fstat(f.fileno()).st_size
+    data = f.read(limit + 1) if size <= limit else b""
+    if size > limit or len(data) > limit:
+        shown = human_size(max(size, len(data)))
+        why = f"{shown}, over the {human_size(limit)} {of_limit}: not read"
+        raise OSError(errno.EFBIG, why, str(path))
+    return data
 
 
 def open_regular(path: Path, *, follow: bool = True) -> int:

@@ -5,7 +5,6 @@ package, which imports them (``parse_file`` tries each)."""
 from __future__ import annotations
 
 import errno
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,9 +12,9 @@ from typing import BinaryIO
 
 import polars as pl
 
-from kernmlops.confined import MIB, UnsafePathError, human_size
+from kernmlops.confined import MIB, UnsafePathError
 from kernmlops.errors import KernmlopsError
-from kernmlops.host.pinned import open_regular
+from kernmlops.host.pinned import open_regular, read_bounded
 
 #: the largest result file read by default: a parser holds it whole in memory
 MAX_FILE_BYTES = 256 * MIB
@@ -64,16 +63,15 @@ def read_result(path: Path, limit: int = MAX_FILE_BYTES, *, what: str = "result 
 
 def read_open(f: BinaryIO, path: Path, limit: int, *, what: str, hint: str = LIMIT_HINT) -> bytes:
     """The bytes of ``f`` (the plain file ``path``, already opened once), at most
-    ``limit``; UnsafePathError in one line (``hint``: how to raise it) for a file over
-    the limit, also one that grows past it while read."""
-    size = os.fstat(f.fileno()).st_size
-    data = f.read(limit + 1) if size <= limit else b""
-    if size > limit or len(data) > limit:
-        shown = human_size(max(size, len(data)))
-        raise UnsafePathError(
-            f"{path}: {what} of {shown}, over the {human_size(limit)} limit: not read{hint}"
-        )
-    return data
+    ``limit`` (kernmlops.host.pinned.read_bounded); UnsafePathError in one line
+    (``hint``: how to raise it) for a file over the limit, also one that grows past it
+    while read."""
+    try:
+        return read_bounded(f, limit, path)
+    except OSError as err:
+        if err.errno != errno.EFBIG:
+            raise
+        raise UnsafePathError(f"{path}: {what} of {err.strerror}{hint}") from None
 
 
 def frame(rows: dict[str, list]) -> pl.DataFrame:
