@@ -36,6 +36,7 @@ from kernmlops.host.invoker import _give, _inodes_held, _key, give_fd, invoker
 
 __all__ = [
     "Pinned",
+    "TooBig",
     "UnsafePath",
     "create_new",
     "fd_path",
@@ -499,13 +500,22 @@ def read_plain(path: Path, *, owner: int = -1, limit: int | None = None) -> byte
         return f.read() if limit is None else read_bounded(f, limit, path)
 
 
+class TooBig(OSError):
+    """EFBIG: a file over a read's limit, not read. ``size``: its size as it was found
+    (None: not known, one that grew past the limit while it was read), for a caller
+    that words its own message."""
+
+    size: int | None = None
+
+
 def read_bounded(f: BinaryIO, limit: int, path: Path, *, of_limit: str = "limit") -> bytes:
     """The bytes of the open plain file ``f`` (``path``, for the error), at most
     ``limit``: one over it is never read (a small file made huge, even sparse), nor
     one that grows past it while read.
 
     Raises:
-        OSError: EFBIG, its strerror "<size>, over the <limit> <of_limit>: not read".
+        TooBig: (an OSError, EFBIG) its strerror "<size>, over the <limit> <of_limit>:
+            not read".
     """
     from kernmlops.confined import human_size
 
@@ -514,7 +524,9 @@ def read_bounded(f: BinaryIO, limit: int, path: Path, *, of_limit: str = "limit"
     if size > limit or len(data) > limit:
         shown = human_size(max(size, len(data)))
         why = f"{shown}, over the {human_size(limit)} {of_limit}: not read"
-        raise OSError(errno.EFBIG, why, str(path))
+        err = TooBig(errno.EFBIG, why, str(path))
+        err.size = size if size > limit else None
+        raise err
     return data
 
 
