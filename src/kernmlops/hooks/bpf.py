@@ -343,6 +343,9 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
             )
         try:
             spec = object_spec(path)
+            # the records' layouts are known before anything is spooled: a start that
+            # fails past here (a bug in attach) still makes rows of what it spooled
+            self._spec = spec
             missing = sorted(set(self.rings.values()) - set(spec.btf.rings()))
             if missing:
                 raise HookUnavailable(f"{self.name}: {path.name} declares no ring {missing[0]!r}")
@@ -401,7 +404,6 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
             if isinstance(err, HookUnavailable):
                 raise
             raise HookUnavailable(f"{self.name}: {err}") from err
-        self._spec = spec
         self._last_drain = dict.fromkeys(self.rings, time.monotonic())
         self.status.rings = groups
         self.status.attached = True
@@ -713,8 +715,8 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         in it: for rows made on other cores (kernmlops.collect.rowmaking), which then
         report them with :meth:`spool_made`. Nothing is marked read here: rows not
         reported are made by the final drain as usual."""
-        if not self._spools or not self._detached or not self.status.attached:
-            return []  # a hook that never attached: closed, its spool too (EBADF)
+        if not self._spools or not self._detached or self.obj is None:
+            return []  # a closed hook (one refused at its start): its spool too (EBADF)
         self._settle_spools()
         work = []
         for spool in self._spools.values():
