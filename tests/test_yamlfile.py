@@ -111,6 +111,13 @@ def test_size_limit(tmp_path: Path) -> None:
     assert _refused(Path("/dev/zero")) == (
         "/dev/zero is more than 1 MiB: a config file may be at most 1 MiB"
     )
+    # a plain file whose size says less than it holds (procfs says 0, as one that
+    # grows while read): over the limit, its size unknown (it said "is 0 bytes")
+    status = Path("/proc/self/status")
+    assert status.stat().st_size == 0 and len(status.read_bytes()) > 100
+    assert _refused(status, max_bytes=100, plain=True) == (
+        "/proc/self/status is more than 100 bytes: a config file may be at most 100 bytes"
+    )
 
 
 def test_binary_and_not_utf8(tmp_path: Path) -> None:

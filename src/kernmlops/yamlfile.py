@@ -24,6 +24,7 @@ from yaml.constructor import SafeConstructor
 from yaml.resolver import Resolver
 
 from kernmlops.errors import ConfigError
+from kernmlops.host.pinned import TooBig, read_bounded
 
 #: Largest file read. The defaults are ~4 KiB; a real config is far below this.
 MAX_BYTES = 1 << 20
@@ -201,29 +202,34 @@ def not_plain(mode: int) -> str:
     return "a folder" if stat.S_ISDIR(mode) else "not a file"
 
 
-def read_limited(path: Path, max_bytes: int, *, plain: bool = False) -> tuple[bytes, int | None]:
-    """At most ``max_bytes + 1`` bytes of ``path`` (so the caller sees it is too
-    big without reading a huge file or a device to its end), and the file's
-    size when it is a regular file. ``plain``: a plain file only (OSError EINVAL,
-    naming what it is, for anything else: a FIFO whose writer never writes would
-    be waited on for ever, one without a writer read as empty).
+def read_limited(path: Path, max_bytes: int, *, plain: bool = False) -> bytes:
+    """The bytes of ``path``, at most ``max_bytes``: a plain file over it is not read
+    (pinned.read_bounded), a pipe or a device no further than one byte past it.
+    ``plain``: a plain file only (OSError EINVAL, naming what it is, for anything
+    else: a FIFO whose writer never writes would be waited on for ever, one without
+    a writer read as empty).
 
     A pipe (``-c <(...)``) or another file that is not plain is read for at most
     :data:`PIPE_WAIT_S` seconds: a FIFO planted at the name whose writer stays and
     sends nothing (or a byte a minute) is refused (OSError ETIMEDOUT), not waited on
-    for ever."""
+    for ever.
+
+    Raises:
+        TooBig: over ``max_bytes``; its ``size`` where the file's is known.
+    """
     # O_NONBLOCK: a FIFO with no writer would block the open forever; one without a
     # writer gives EOF at once (a pipe of `-c <(...)` has its writer)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     with open(fd, "rb") as f:
         st = os.fstat(f.fileno())
         if stat.S_ISREG(st.st_mode):
-            if st.st_size > max_bytes:
-                return b"", st.st_size
-            return f.read(max_bytes + 1), st.st_size
+            return read_bounded(f, max_bytes, path)
         if plain:
             raise OSError(errno.EINVAL, f"{not_plain(st.st_mode)}, not a plain file", str(path))
-        return _read_for_a_while(fd, path, max_bytes + 1, PIPE_WAIT_S), None
+        data = _read_for_a_while(fd, path, max_bytes + 1, PIPE_WAIT_S)
+        if len(data) > max_bytes:
+            raise TooBig(errno.EFBIG, f"more than {_size(max_bytes)}", str(path))
+        return data
 
 
 #: how long a pipe (or a device) given as a YAML file may take to send all of it
@@ -275,12 +281,12 @@ def safe_yaml(
     a plain file only (no FIFO, no device)."""
     path = Path(path)
     try:
-        raw, size = read_limited(path, max_bytes, plain=plain)
+        raw = read_limited(path, max_bytes, plain=plain)
+    except TooBig as err:
+        shown = _size(err.size) if err.size is not None else f"more than {_size(max_bytes)}"
+        raise error(f"{path} is {shown}: a {what} file may be at most {_size(max_bytes)}") from None
     except OSError as err:
         raise error(f"cannot read {what} {path}: {err.strerror}") from None
-    if (size is not None and size > max_bytes) or len(raw) > max_bytes:
-        shown = _size(size) if size is not None else f"more than {_size(max_bytes)}"
-        raise error(f"{path} is {shown}: a {what} file may be at most {_size(max_bytes)}")
     nul = raw.find(b"\0")
     if nul >= 0:
         raise error(f"{path} is not a text file (a NUL byte at offset {nul}): expected YAML")

@@ -256,14 +256,17 @@ if WHERE == "adopt":  # the collector's own bug, in no hook
     parquet.ParquetSink.adopt = lambda *a, **k: (_ for _ in ()).throw(TypeError("adopt bug"))
 else:
     real = getattr(QuantaRuntimeHook, WHERE)
+    IN_START = ("start", "attach")  # attach: BpfHook.start's last step
 
-    def start(self, ctx):
-        real(self, ctx)  # its programs attached and copiers started
-        # (the whole system traced) a storm's switches spooled: then the bug
+    def start(self, arg):
+        # its programs attached and copiers started (attach: inside its start, before
+        # the start is done); (the whole system traced) a storm's switches spooled:
+        # then the bug
+        real(self, arg)
         subprocess.run(["stress-ng", "--switch", "1", "--switch-ops", "50000", "-t", "2",
                         "--quiet"])
         wait_for(lambda: spooled(self) >= 64 << 10)
-        self.spool_from = ctx.spool_dir
+        self.spool_from = next(iter(self._spools.values())).folder
         bug()
 
     settle = QuantaRuntimeHook.spool_work
@@ -275,7 +278,7 @@ else:
             shutil.copytree(self.spool_from, "snapshot")  # follows `mem` (the tmpfs)
         return work
 
-    if WHERE == "start":
+    if WHERE in IN_START:
         QuantaRuntimeHook.spool_work = spool_work
     spooled = QuantaRuntimeHook.spooled_bytes
 
@@ -287,7 +290,7 @@ else:
         return real(self, *args)
 
     WHILE_RUNNING = ("drops", "spooled_bytes", "spilled_bytes", "next_poll", "wake_fds")
-    fault = start if WHERE == "start" else while_running if WHERE in WHILE_RUNNING else bug
+    fault = start if WHERE in IN_START else while_running if WHERE in WHILE_RUNNING else bug
     setattr(QuantaRuntimeHook, WHERE, fault)
 from kernmlops.cli import main
 main()
@@ -377,18 +380,21 @@ def test_a_hook_whose_answer_to_the_loop_raises_is_detached_alone(
     assert not (folder / ".spool").exists()
 
 
-@pytest.mark.parametrize("where", ["start", "notes"])
+@pytest.mark.parametrize("where", ["start", "attach", "notes"])
 def test_a_hook_whose_start_raises_a_bug_is_not_attached_and_the_others_run(
     tmp_path: Path, where: str
 ) -> None:
     # not HookUnavailable (a kernel without what it needs: exit 0): a bug, exit 1; its
     # notes (asked before any hook starts) are part of its start. Its start raises once
     # a storm's switches wait in its spool (the whole system traced): they are no loss,
-    # as a hook's whose poll fails: their rows are made at the stop
+    # as a hook's whose poll fails: their rows are made at the stop. attach: the bug is
+    # in its start's last step (its programs attached, its copier running), before
+    # the start is done: its records' layout is known all the same
     done, folder = _collect_with_a_bug(tmp_path, where, "--system-wide")
+    said = "notes" if where == "notes" else "start"
     _exits_1(
         done,
-        f"warning: hook quanta_runtime failed (its {where} raised RuntimeError: {where} bug): "
+        f"warning: hook quanta_runtime failed (its {said} raised RuntimeError: {where} bug): "
         "not attached; the collection goes on without it and exits with 1",
         "exit code 1 (completed; hook quanta_runtime failed)",
     )
@@ -400,7 +406,7 @@ def test_a_hook_whose_start_raises_a_bug_is_not_attached_and_the_others_run(
     record = col.manifest.hooks["quanta_runtime"]
     assert record.failed and not record.attached
     assert record.reason == (
-        f"its {where} raised RuntimeError: {where} bug; not attached, the other hooks went on"
+        f"its {said} raised RuntimeError: {where} bug; not attached, the other hooks went on"
     )
     made = {t: col[t].height if t in col else 0 for t in ("quanta_runtime", "quanta_queued_time")}
     if where == "notes":  # never started

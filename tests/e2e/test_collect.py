@@ -301,7 +301,7 @@ def test_a_storm_of_more_runnable_tasks_than_cpus_loses_no_event(tmp_path: Path)
     # the copier thread worked (it moved a storm's records and compressed them), and
     # never more than a core: its busiest second is no less than its average
     assert len(copier["cpu_s"]) == 1 and copier["cpu_s"][0] > 0.05, copier
-    assert 0 < copier["busy"] <= copier["busy_peak"] <= 1.05, copier
+    assert 0 < copier["busy"] <= copier["busy_peak"] <= 1, copier
     # every record that reached the spool became rows (one switch: one row each)
     assert quanta["rows"]["quanta_runtime"] == col["quanta_runtime"].height
     assert col["quanta_runtime"].height > 500_000  # a storm, not a quiet machine

@@ -575,3 +575,67 @@ def test_rings_of_two_groups_each_with_its_copier_fill_one_spool(tmp_path: Path)
     assert list((tmp_path / "mem").glob("events.*.ring"))  # the budget's, then disk
     disk = [p for p in (tmp_path / "spool").glob("events.*.ring") if p.stat().st_size]
     assert disk and all(segment_codec(p) is not None for p in disk)
+
+
+def _full_ring(size: int) -> tuple[MappedRing, int]:
+    """A ring of ``size`` full of EVENT records (written at once, not one by one), and
+    where its producer stands."""
+    ring = _mapped(size)
+    slot = np.dtype([("len", "<u4"), ("pg_off", "<u4"), ("body", EVENT)])  # header, body
+    stride = record_stride(EVENT.itemsize)
+    assert slot.itemsize == stride
+    n = size // stride - 1
+    recs = np.zeros(n, slot)
+    recs["len"] = EVENT.itemsize
+    body = events(n)
+    body["kind"] = np.random.default_rng(2).integers(0, 1 << 20, n)  # for zstd to work on
+    recs["body"] = body
+    data = np.zeros(size, np.uint8)
+    data[: n * stride] = recs.view(np.uint8)
+    ring.prod = n * stride
+    os.pwrite(ring.fd, np.uint64(ring.prod).tobytes(), ring.page)
+    os.pwrite(ring.fd, np.concatenate([data, data]).tobytes(), 2 * ring.page)
+    return ring, ring.prod
+
+
+def test_the_copier_threads_cpu_time_is_read_when_asked_not_as_of_its_last_pass(
+    tmp_path: Path,
+) -> None:
+    """cpu_s while the thread runs is its CPU time at that moment, as the kernel counts
+    it (/proc's schedstat, read just before and after): not the count the thread keeps
+    after each pass, which leaves out all of a long pass while it runs and what the
+    thread did since (a copier's share of a second, status.copier.busy_peak, took a
+    pass that ended in one window but began in the one before: above 1 under a storm).
+    Here the thread starts, waits, then compresses a full 32-MiB ring in one pass."""
+    ring, prod = _full_ring(32 << 20)
+    copier = _copier(interval_ms=50)
+    out = os.open(tmp_path / "seg", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+    samples: list[tuple[float, float, float]] = []
+    try:
+        if not copier.compresses:
+            skip_here("libzstd is missing")
+        seg = copier.segment(out, zstd=True, memory=False)
+        copier.rotate(copier.add("events", ring.fd, ring.size, wakes=False), seg)
+        copier.start()
+        assert copier._thread is not None
+        schedstat = Path(f"/proc/self/task/{copier._thread.native_id}/schedstat")
+
+        def ran_s() -> float:
+            return int(schedstat.read_text().split()[0]) / 1e9
+
+        while ring.consumer() != prod or len(samples) < 10:
+            samples.append((ran_s(), copier.cpu_s, ran_s()))
+        copier.stop()
+        final = copier.cpu_s
+    finally:
+        copier.close()
+        os.close(out)
+        os.close(ring.fd)
+    # the kernel's count of a running thread is brought up to date at each tick: up
+    # to one behind the thread's own clock (HZ 100 at the least)
+    tick = 0.01
+    wrong = [s for s in samples if not s[0] <= s[1] <= s[2] + tick]
+    assert not wrong, (len(wrong), len(samples), wrong[:3])
+    assert samples[-1][1] <= final  # the count it kept after its last copy: final
+    # the pass was long enough to be seen while it ran (its CPU between two samples)
+    assert final - samples[0][1] > 0.02, (samples[0], final)

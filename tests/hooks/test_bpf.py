@@ -210,6 +210,7 @@ def test_a_ring_group_reads_each_ring_in_its_own_order() -> None:
 def test_a_copiers_busiest_second_is_watched_beside_its_average() -> None:
     """busy_peak: the busiest copier's share of a core over windows of a second or
     more, as often as the loop looks; a burst the run's average hides."""
+    from collections.abc import Callable
     from types import SimpleNamespace
 
     from kernmlops.hooks.bpf import COPIER_WINDOW_S
@@ -219,14 +220,38 @@ def test_a_copiers_busiest_second_is_watched_beside_its_average() -> None:
     a, b = SimpleNamespace(cpu_s=0.0), SimpleNamespace(cpu_s=0.0)
     hook._copiers = [a, b]  # type: ignore[list-item]
     hook._copier_seen = (100.0, [0.0, 0.0])
+
+    def clock(*readings: float) -> Callable[[], float]:
+        """The wall clock as a look reads it: before the CPU clocks, then after."""
+        return iter(readings).__next__
+
     a.cpu_s, b.cpu_s = 0.1, 0.9  # b: 90% of the second
-    hook._watch_copiers(100.0 + COPIER_WINDOW_S / 2)  # too soon: nothing measured
+    hook._watch_copiers(clock(100.0 + COPIER_WINDOW_S / 2))  # too soon: nothing measured
     assert hook._copier_peak == 0
-    hook._watch_copiers(100.0 + COPIER_WINDOW_S)
+    hook._watch_copiers(clock(100.0 + COPIER_WINDOW_S, 100.0 + COPIER_WINDOW_S))
     assert hook._copier_peak == pytest.approx(0.9)
-    a.cpu_s = 0.5  # then 0.4 s in 2 s
-    hook._watch_copiers(100.0 + COPIER_WINDOW_S + 2.0)
+    # the next window, from before this look read the CPU to after the next one
+    # did: 0.5 s of b's CPU in 2 s
+    a.cpu_s, b.cpu_s = 0.5, 1.4
+    hook._watch_copiers(clock(103.0, 103.0))
     assert hook._copier_peak == pytest.approx(0.9)  # the peak stays
+    # a look that waited between its readings (the loop taken off its CPU): its window
+    # runs to after the CPU was read, so the CPU in it is never more than the window
+    b.cpu_s = 3.4  # 2 s more, read at some time between 104 and 105
+    hook._watch_copiers(clock(104.0, 105.0))
+    assert hook._copier_peak == pytest.approx(2.0 / 2.0)
+    assert hook._copier_seen == (104.0, [0.5, 3.4])
+
+
+def test_a_share_of_a_core_is_at_most_one() -> None:
+    """What the clocks' rates add (the scheduler's clock against CLOCK_MONOTONIC) is
+    cut off at a whole core; a clock read as less than before counts as none."""
+    from kernmlops.hooks.bpf import core_share
+
+    assert core_share([0.0, 1.0], [0.25, 1.5], 1.0) == 0.5
+    assert core_share([0.0], [1.0004], 1.0) == 1.0
+    assert core_share([0.5], [0.4], 1.0) == 0.0
+    assert core_share([], [], 1.0) == 0.0
 
 
 @pytest.mark.bpf
@@ -259,3 +284,125 @@ def test_a_copier_of_a_hook_refused_at_attach_is_busy_a_share_of_its_own_life(
         status = hook.status.copier
         assert status["native"] is True and not hook.status.attached
         assert 0 <= status["busy"] <= status["busy_peak"] <= 1, status
+
+
+class _ThreadCpu:
+    """The CPU time of a process's threads named ``comm``, as the kernel counts it
+    (/proc/<pid>/task/<tid>/schedstat), read every few ms while it runs: per thread,
+    (wall before, CPU s, wall after) of each reading, and when it was first seen gone."""
+
+    def __init__(self, pid: int, comm: str) -> None:
+        import threading
+
+        self.pid, self.comm = pid, comm
+        self.seen: dict[int, list[tuple[float, float, float]]] = {}
+        self.gone: dict[int, float] = {}
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _read(self, tid: int) -> float | None:
+        try:
+            task = Path(f"/proc/{self.pid}/task/{tid}")
+            if task.joinpath("comm").read_text().strip() != self.comm:
+                return None
+            return int(task.joinpath("schedstat").read_text().split()[0]) / 1e9
+        except (OSError, ValueError):
+            return None
+
+    def _run(self) -> None:
+        import time
+
+        while not self._done.is_set():
+            try:
+                tids = [int(t) for t in os.listdir(f"/proc/{self.pid}/task")]
+            except OSError:
+                tids = []
+            for tid in set(tids) | set(self.seen):
+                before = time.monotonic()
+                cpu = self._read(tid)
+                after = time.monotonic()
+                if cpu is not None:
+                    self.seen.setdefault(tid, []).append((before, cpu, after))
+                elif tid in self.seen and tid not in self.gone:
+                    self.gone[tid] = before
+            time.sleep(0.005)
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+
+def _peak_bound(readings: list[tuple[float, float, float]], began: float,
+                final: tuple[float, float], window: float, tick: float) -> float:  # fmt: skip
+    """The most a thread's share of a core can have been over any window of ``window``
+    seconds or more, from the kernel's readings of its CPU (``began``: a time before
+    the thread was made, its CPU 0 then; ``final``: when it was seen gone, and its CPU
+    time at its end). A window [x, y] lies within [after_i, before_j] of the last
+    reading done before x and the first begun after y: its CPU is at most
+    cpu_j - cpu_i, and a tick more (the kernel's count of a running thread is up to a
+    tick behind); its length is at least ``window``, and at least that span less the
+    gaps to the readings next to those two."""
+    points = [(began, 0.0, began), *readings, (final[0], final[1], final[0])]
+    best = 0.0
+    for i in range(len(points) - 1):
+        _, cpu_i, after_i = points[i]
+        for j in range(i + 1, len(points)):
+            before_j, cpu_j, _ = points[j]
+            if before_j - after_i < window:
+                continue
+            slack = (points[i + 1][2] - after_i) + (before_j - points[j - 1][0])
+            span = max(window, before_j - after_i - slack)
+            best = max(best, (cpu_j - cpu_i + tick) / span)
+    return best
+
+
+@pytest.mark.bpf
+def test_a_copiers_busiest_second_is_a_share_of_a_core_the_kernel_agrees_with(
+    tmp_path: Path,
+) -> None:
+    """A short switch storm collected (quanta_runtime spooled by the native copier):
+    busy and busy_peak are shares of one core (0 to 1), and no more than the copier
+    thread's CPU as the kernel counted it over any second allows; its cpu_s is the
+    kernel's count at its end. A window used to count the CPU of the copier's pass in
+    progress at its start (its own count lagged by a pass): above 1 in a storm."""
+    import sys
+    import time
+
+    from kernmlops.data import read_collection
+    from kernmlops.ebpf import copier
+    from kernmlops.hooks.bpf import COPIER_WINDOW_S
+    from tests.conftest import skip_here
+
+    if not copier.available():
+        skip_here(f"{copier.LIBRARY} is not built (`make`)")
+    out = tmp_path / "out"
+    began = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kernmlops", "collect", "--no-progress", "-o", str(out),
+         "--hooks", "quanta_runtime", "--", "stress-ng", "--switch", "2", "-t", "3", "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    watch = _ThreadCpu(proc.pid, "kmo-copier")
+    try:
+        _, err = proc.communicate(timeout=120)
+    finally:
+        watch.stop()
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    (folder,) = (out / "curated").glob("benchmark=*/*")
+    status = read_collection(folder).manifest.hooks["quanta_runtime"].copier
+    assert status["native"] is True and len(status["cpu_s"]) == 1, status
+    assert 0 <= status["busy"] <= status["busy_peak"] <= 1, status
+    # the copier thread: the first named so (zstd's workers and the runway thread are
+    # started by it, and take its name)
+    assert watch.seen, err
+    tid = min(watch.seen)
+    readings = watch.seen[tid]
+    cpu_s = status["cpu_s"][0]
+    tick = 0.01
+    assert readings[-1][1] <= cpu_s + tick and cpu_s > 0, (readings[-1], cpu_s)
+    end = watch.gone.get(tid, time.monotonic())
+    bound = _peak_bound(readings, began, (end, cpu_s), COPIER_WINDOW_S, tick)
+    assert status["busy_peak"] <= bound + 0.001, (status, bound)

@@ -89,7 +89,7 @@ def test_two_rings_bring_every_switch_once(
         # each copier thread's CPU, and the busiest one's share of the run (a second
         # at most here: the naps keep both threads nearly idle)
         assert len(copier["cpu_s"]) == 2 and all(s >= 0 for s in copier["cpu_s"])
-        assert 0 <= copier["busy"] <= copier["busy_peak"] <= 1.05, copier
+        assert 0 <= copier["busy"] <= copier["busy_peak"] <= 1, copier
     queued = pl.concat(frames["quanta_queued_time"])
     quanta = pl.concat(frames["quanta_runtime"])
     for cpu, child in enumerate(children):

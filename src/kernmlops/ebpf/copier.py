@@ -427,6 +427,8 @@ class Copier:
         # (cpu_s, the thread's own clock) falls within
         self._started: float | None = None
         self._ended: float | None = None
+        #: the thread's own CPU clock (time.pthread_getcpuclockid), while it runs
+        self._clock: int | None = None
         self.result: int | None = None
         #: the real-time priority the thread runs at (0: normal), or why not
         self.priority = 0
@@ -534,7 +536,13 @@ class Copier:
 
     @property
     def cpu_s(self) -> float:
-        """The copier thread's CPU time (as of its last wake-up; final once stopped)."""
+        """The copier thread's CPU time now, read from its own clock while it runs: the
+        count the thread keeps is as of the end of its last pass (a pass under way
+        is not in it, however long); once it has stopped, that count, final."""
+        clock, thread = self._clock, self._thread
+        if clock is not None and thread is not None and thread.is_alive():
+            with contextlib.suppress(OSError):  # it has just ended: its own count is final
+                return time.clock_gettime_ns(clock) / 1e9
         return int(self._c.cpu_ns) / 1e9
 
     @property
@@ -568,6 +576,7 @@ class Copier:
 
         def run() -> None:
             _name_thread(b"kmo-copier")  # top -H, ps -L: the copier and zstd's workers
+            self._clock = time.pthread_getcpuclockid(threading.get_ident())
             self.priority, self.priority_error, self.nice = realtime(priority)
             ready.set()
             # ctypes lets go of the GIL for the whole call
@@ -593,6 +602,7 @@ class Copier:
             os.eventfd_write(self._stop_fd, 1)
             self._thread.join()
             self._thread = None
+            self._clock = None  # the thread is gone: its clock names no one
             self._ended = time.monotonic()
 
     def copy_now(self) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from pydantic import Field, field_validator
@@ -105,6 +105,16 @@ def _runway_status(copiers: list[Copier]) -> dict[str, Any]:
     if errors:
         out["error"] = ", ".join(errors)
     return out
+
+
+def core_share(before: Sequence[float], after: Sequence[float], seconds: float) -> float:
+    """The busiest thread's share of a core over ``seconds`` of wall time, from each
+    one's CPU seconds at its start (``before``) and end (``after``), both read within
+    those seconds. A thread's CPU clock cannot outrun the wall clock but by the two
+    clocks' rates (the scheduler's clock against CLOCK_MONOTONIC, which NTP slews by
+    up to 0.05%): that much is cut off at 1."""
+    busiest = max((b - a for a, b in zip(before, after, strict=True)), default=0.0)
+    return min(1.0, max(0.0, busiest) / seconds)
 
 
 def _ring_list(reader: RingBuffer | RingGroup) -> list[RingBuffer]:
@@ -284,7 +294,8 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         #: copier thread per ring group
         self._copiers: list[Copier] = []
         self._copiers_since = 0.0  # when they started (monotonic)
-        # (time, each copier's CPU s) of the last look; the busiest window since
+        # (the time just before the last look read them, each copier's CPU s then);
+        # the busiest window since
         self._copier_seen: tuple[float, list[float]] = (0.0, [])
         self._copier_peak = 0.0
 
@@ -343,6 +354,9 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
             )
         try:
             spec = object_spec(path)
+            # the records' layouts are known before anything is spooled: a start that
+            # fails past here (a bug in attach) still makes rows of what it spooled
+            self._spec = spec
             missing = sorted(set(self.rings.values()) - set(spec.btf.rings()))
             if missing:
                 raise HookUnavailable(f"{self.name}: {path.name} declares no ring {missing[0]!r}")
@@ -401,7 +415,6 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
             if isinstance(err, HookUnavailable):
                 raise
             raise HookUnavailable(f"{self.name}: {err}") from err
-        self._spec = spec
         self._last_drain = dict.fromkeys(self.rings, time.monotonic())
         self.status.rings = groups
         self.status.attached = True
@@ -502,7 +515,7 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         Python (a CPU's last batch is appended by the poll loop)."""
         if not self._copiers:
             return
-        self._watch_copiers(time.monotonic())  # the seconds since the loop last looked
+        self._watch_copiers()  # the seconds since the loop last looked
         copiers, self._copiers = self._copiers, []
         for copier in copiers:  # every thread stopped before a spool goes on in Python
             copier.stop()
@@ -513,7 +526,7 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         # each over the span its own thread existed (its CPU clock's), not since the
         # copiers were all started: a hook refused at attach runs them for a few ms,
         # mostly the threads' own start, which that shorter span left out (busy 2.5)
-        shares = [c.cpu_s / ran for c in copiers if (ran := c.ran_s)]
+        shares = [core_share([0.0], [c.cpu_s], ran) for c in copiers if (ran := c.ran_s)]
         busy = round(max(shares), 3) if shares else None
         self.status.copier["busy"] = busy  # None: no copier thread ran
         self.status.copier["busy_peak"] = (None if busy is None
@@ -643,7 +656,7 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         """Copy due rings into their spools; make rows from the spools when the
         machine has CPU to spare, and all of them once detached."""
         now = time.monotonic()
-        self._watch_copiers(now)
+        self._watch_copiers()
         readers = self.readers()
         if self._detached:
             self._settle_spools()
@@ -676,17 +689,20 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
                     spool.count(table, rows.num_rows if hasattr(rows, "num_rows") else len(rows))
                     yield table, rows
 
-    def _watch_copiers(self, now: float) -> None:
+    def _watch_copiers(self, clock: Callable[[], float] = time.monotonic) -> None:
         """The busiest copier's share of a core over windows of COPIER_WINDOW_S or
         more (as often as the loop polls): a storm's seconds, which the run's
-        average hides."""
+        average hides. Each thread's CPU clock is read between two readings of
+        ``clock``: a window runs from the reading before the last look's CPU to the
+        one after this look's, so it holds all the CPU counted in it."""
         at, cpu = self._copier_seen
-        if not self._copiers or now - at < COPIER_WINDOW_S:
+        before = clock()
+        if not self._copiers or before - at < COPIER_WINDOW_S:
             return
         spent = [c.cpu_s for c in self._copiers]
-        busy = max(b - a for a, b in zip(cpu, spent, strict=True)) / (now - at)
-        self._copier_peak = max(self._copier_peak, busy)
-        self._copier_seen = (now, spent)
+        after = clock()
+        self._copier_peak = max(self._copier_peak, core_share(cpu, spent, after - at))
+        self._copier_seen = (before, spent)
 
     def _settle_spools(self) -> None:
         """(Detached) everything the rings and the CPUs' batches still hold moved into
@@ -713,8 +729,8 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         in it: for rows made on other cores (kernmlops.collect.rowmaking), which then
         report them with :meth:`spool_made`. Nothing is marked read here: rows not
         reported are made by the final drain as usual."""
-        if not self._spools or not self._detached or not self.status.attached:
-            return []  # a hook that never attached: closed, its spool too (EBADF)
+        if not self._spools or not self._detached or self.obj is None:
+            return []  # a closed hook (one refused at its start): its spool too (EBADF)
         self._settle_spools()
         work = []
         for spool in self._spools.values():

@@ -1,21 +1,54 @@
-"""Folders held open: what root writes below a folder another user can change.
+"""Files and folders root reads and writes where another user could change them.
 
 ``sudo kernmlops collect -o ~/data`` writes, as root, below folders the user owns: the
 user could rename one of them away and put a link in its place between two of root's
-steps, and root's next write would land where the link points (``/etc`` ...). So a
-folder root writes in is reached once, one component at a time from ``/`` with
-``O_NOFOLLOW`` (a link is followed only where no one but root could have made it, or,
-under sudo, where it is the invoker's own: then with their rights, see
-:func:`may_follow`), made by root where missing, and held open: every later write goes
-through that descriptor (:attr:`Pinned.io`, ``/proc/self/fd/N``, which :func:`pin`
-itself follows to the open folder, never by its name), whatever is done to the path
-meanwhile. Under sudo a folder of a user other than the invoker is refused (that user
-could swap it, and the files would not be theirs). Files root creates in a folder a
-user owns are new ones (:func:`create_new`: ``O_EXCL|O_NOFOLLOW``), and what root
-reads there is read without following a link another user made (:func:`read_plain`,
-:func:`open_plain`), with sudo or without (a root cron job reading a user's folder).
+steps, and root's next write would land where the link points (``/etc`` ...). A root
+cron job reading a user's folder meets the same links. Without root there is no one to
+guard against: links are followed as usual. Which function to reach for:
 
-Without root there is no one to guard against: links are followed as usual.
+Holding a folder (to write in it, or to read a tree a user may change)
+    :func:`pin` opens a path one component at a time from ``/`` with ``O_NOFOLLOW`` and
+    holds the last folder open (:class:`Pinned`): every later read and write goes
+    through that descriptor (:attr:`Pinned.io`, a ``/proc/self/fd/N`` path, see
+    :func:`fd_path`), whatever is done to the path meanwhile. ``create=True`` makes
+    what is missing (as root's, 0755). Under sudo (``invoker_uid``) a folder of a third
+    user is refused: they could swap it, and the files would not be the invoker's.
+    :func:`pin_in` holds a folder found inside a held one, by the same rules.
+    :func:`handed_over_held` gives what a block wrote in a held folder (and the folders
+    ``pin`` made for it) to the sudo user, once written.
+
+Making a fresh output folder or file
+    ``pin(path, create=True, fresh=True)``: the last folder is made now, and is the one
+    made (ours and empty), never one planted there. Inside a held folder,
+    :func:`subfolder` (``fresh=True``: the same check) and :func:`create_new` (a new
+    file, ``O_EXCL|O_NOFOLLOW``: a leftover or a planted link at the name is removed,
+    never written through).
+
+Reading a plain file another user may control
+    :func:`read_plain` (all of it, or at most ``limit`` bytes) and
+    :func:`open_plain_file` (a descriptor, to read a piece at a time): never through a
+    link, a regular file only, and as root no hard link to another user's file.
+    :func:`read_bounded` is the bounded read itself, of a plain file already open: a
+    file over the limit is not read, one that grows past it is refused
+    (:class:`TooBig`, with its size for callers that word their own message).
+    :func:`open_regular` is for a path the user named themselves: links followed as
+    they ask, but a plain file only, opened without blocking (a FIFO at the name would
+    wait for a writer for ever).
+
+Following links a user planted
+    Where a link in a user's folder must be followed (a collection folder of theirs
+    linked to where its user keeps it), :func:`may_follow` is the rule (the kernel's
+    fs.protected_symlinks, sharpened): a link of root's where only root can change the
+    folder, or under sudo one of root's or the invoker's in a folder no third user
+    can change, followed with the invoker's rights (every folder past it one they
+    could enter, the file one they could read). :func:`pin` applies it to each
+    component; :func:`open_plain` to a name in a held folder; :func:`open_named` to a
+    path named in a place a user may change (its folders walked as ``pin`` walks
+    them, then ``open_plain``).
+
+All of them share one walk (``_walk``, with ``_InvokerChecks`` for the sudo user's
+rights): a refusal is :class:`UnsafePath`, another failure an OutputError or an
+OSError, each worded for one line.
 """
 
 from __future__ import annotations
@@ -36,6 +69,7 @@ from kernmlops.host.invoker import _give, _inodes_held, _key, give_fd, invoker
 
 __all__ = [
     "Pinned",
+    "TooBig",
     "UnsafePath",
     "create_new",
     "fd_path",
@@ -64,6 +98,9 @@ def fd_path(fd: int) -> Path:
     resolves ``/proc/self/fd/N`` to the open file itself (for any library that takes
     a path, such as pyarrow's writer)."""
     return Path(f"/proc/self/fd/{fd}")
+
+
+# -- who may be followed, and the invoker's rights past a link of theirs ---------------
 
 
 def _user(uid: int) -> str:
@@ -220,6 +257,9 @@ class _InvokerChecks:
         want = 3 if self._write else 5  # write in it, or read it (and enter it, both)
         if rights is not None and not made and not rights.may(os.fstat(fd), want):
             raise self._refuse(here, "write in" if self._write else "read")
+
+
+# -- holding a folder: the walk --------------------------------------------------------
 
 
 @dataclass
@@ -445,6 +485,9 @@ def _not_the_one_made(fd: int) -> bool:
     return os.fstat(fd).st_uid != os.geteuid() or bool(os.listdir(fd))
 
 
+# -- making new folders and files in a held folder -------------------------------------
+
+
 def subfolder(folder: Path, name: str, *, create: bool = True, fresh: bool = False) -> int:
     """A folder in the held ``folder`` (an :attr:`Pinned.io` path), made if missing,
     opened without following a link; its descriptor. ``fresh``: made now, and the
@@ -483,6 +526,9 @@ def create_new(path: Path, mode: int = 0o644) -> int:
     return os.open(path, flags, mode)
 
 
+# -- reading a plain file another user may control -------------------------------------
+
+
 def read_plain(path: Path, *, owner: int = -1, limit: int | None = None) -> bytes:
     """A file's bytes, read from a folder a user may own: never through a link, only a
     regular file and, as root, never a file with a second link unless it is ``owner``'s
@@ -499,13 +545,22 @@ def read_plain(path: Path, *, owner: int = -1, limit: int | None = None) -> byte
         return f.read() if limit is None else read_bounded(f, limit, path)
 
 
+class TooBig(OSError):
+    """EFBIG: a file over a read's limit, not read. ``size``: its size as it was found
+    (None: not known, one that grew past the limit while it was read), for a caller
+    that words its own message."""
+
+    size: int | None = None
+
+
 def read_bounded(f: BinaryIO, limit: int, path: Path, *, of_limit: str = "limit") -> bytes:
     """The bytes of the open plain file ``f`` (``path``, for the error), at most
     ``limit``: one over it is never read (a small file made huge, even sparse), nor
     one that grows past it while read.
 
     Raises:
-        OSError: EFBIG, its strerror "<size>, over the <limit> <of_limit>: not read".
+        TooBig: (an OSError, EFBIG) its strerror "<size>, over the <limit> <of_limit>:
+            not read".
     """
     from kernmlops.confined import human_size
 
@@ -514,7 +569,9 @@ def read_bounded(f: BinaryIO, limit: int, path: Path, *, of_limit: str = "limit"
     if size > limit or len(data) > limit:
         shown = human_size(max(size, len(data)))
         why = f"{shown}, over the {human_size(limit)} {of_limit}: not read"
-        raise OSError(errno.EFBIG, why, str(path))
+        err = TooBig(errno.EFBIG, why, str(path))
+        err.size = size if size > limit else None
+        raise err
     return data
 
 
@@ -551,6 +608,9 @@ def open_plain_file(path: Path, *, owner: int = -1) -> int:
         os.close(fd)
         raise
     return fd
+
+
+# -- following a link in a held folder, or in a path named in a user's place -----------
 
 
 def pin_in(folder: int, name: str, shown: Path, *, invoker_uid: int | None = None,
@@ -633,6 +693,9 @@ def open_named(path: Path, *, what: str = "the file") -> int:
         os.close(fd)
         raise OSError(errno.EINVAL, "not a plain file", str(path))
     return fd
+
+
+# -- under sudo, what was written is the invoker's -------------------------------------
 
 
 @contextlib.contextmanager
