@@ -783,6 +783,14 @@ def test_a_filling_ring_falls_due_before_its_batch_ms() -> None:
     assert hook.next_poll(100.05) == pytest.approx(100.05)
     ring.spilled = True
     assert hook.next_poll(100.05) is None
+    # A ring its native copier moves (woken by the ring at each quarter): the loop only
+    # looks at what the copier did, every batch_ms, however full the ring is. It once
+    # took the fill since its own look for a ring about to overflow and polled every
+    # 10 ms until the copier's next quarter: ~30 polls a second under a storm.
+    ring.spilled = False
+    hook._copiers = [object()]  # type: ignore[list-item]
+    ring.pending = 4 << 20
+    assert hook.next_poll(100.05) == pytest.approx(100.25)
 
 
 class _BadWakeHook(_CountingHook):

@@ -596,8 +596,9 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
 
     def rings_due(self, now: float) -> float | None:
         """When the first ring falls due (see _due): its ``batch_ms``, or sooner
-        when the rate it filled at since its last drain makes it a quarter full;
-        None: at every poll interval (the final drain, a spilled ring)."""
+        when the rate it filled at since its last drain makes it a quarter full (a
+        ring the loop drains itself, not a native copier); None: at every poll
+        interval (the final drain, a spilled ring)."""
         if self._detached or not self._rings:
             return None
         spooling = self._spools and self._spare is not None and self.spooled_bytes()
@@ -610,6 +611,12 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
                 return None
             last = self._last_drain.get(table, now)
             due = min(due, last + batch_s)
+            if self._copiers:
+                # Its copier drains it, woken by the ring: the loop's "drain" only looks
+                # at what the copier did, and the ring's fill since that look is no reason
+                # to look again (it woke the loop every 10 ms until the copier's next
+                # quarter: 30 wake-ups a second under a storm, for nothing).
+                continue
             pending = reader.pending_bytes()
             if pending and now > last:
                 rate = pending / (now - last)
