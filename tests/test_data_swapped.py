@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -71,7 +72,7 @@ def _as_nobody(how: str, when: str, folder: Path, part: Path) -> dict:
 
 
 @pytest.fixture
-def theirs() -> Path:
+def theirs() -> Iterator[Path]:
     """A collection of nobody's (so that nobody can swap its parts) where nobody reads."""
     with reachable_folder("kmo-swapped-") as top:
         folder = top / "curated" / "benchmark=faux" / "collection_id=s1"
