@@ -302,8 +302,8 @@ def test_unreadable_part_names_the_table(tmp_path: Path) -> None:
 
 @pytest.fixture(params=["root", "user"])
 def reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """read_collection as root (parts opened through held folders) and as a user
-    (parts scanned by name)."""
+    """read_collection as root and as a user (parts opened through held folders by
+    both; as root no link another user made is followed)."""
     if request.param == "user":
         monkeypatch.setattr("os.geteuid", lambda: 1000)
     elif os.geteuid() != 0:
@@ -475,19 +475,19 @@ def test_read_parquet_dir_combines_schemas(curated: Path) -> None:
     assert df.filter(collection_id="g3")["cpu"].to_list() == [0, 1]
 
 
-@pytest.mark.parametrize("as_root", [True, False], ids=["held", "by-name"])
+@pytest.mark.parametrize("as_root", [True, False], ids=["root", "user"])
 def test_read_parquet_dir_says_which_collections_it_read_are_not_whole(
     curated: Path, monkeypatch: pytest.MonkeyPatch, as_root: bool
 ) -> None:
     """A collection whose collector died, one with rows still in its spool and one with
     no manifest (a copy or a push under way) are read as far as they are, and named in
     one warning, as read_collection names each: rows of every collection are there,
-    and no whole one is named. As root (folders held) and as a user (by name)."""
+    and no whole one is named. As root and as a user."""
     from kernmlops.data import IncompleteCollectionWarning
 
     if as_root and os.geteuid() != 0:
-        skip_here("the held read is root's: run as root (make test does)")
-    elif not as_root and os.geteuid() == 0:  # root reads by name as any user would
+        skip_here("reads as root: run as root (make test does)")
+    elif not as_root and os.geteuid() == 0:  # root reads as any user would
         monkeypatch.setattr("kernmlops.data.os.geteuid", lambda: 1000)
 
     def folder(benchmark: str, cid: str) -> Path:
@@ -530,7 +530,7 @@ def test_read_parquet_dir_says_which_collections_it_read_are_not_whole(
     ]
 
 
-@pytest.mark.parametrize("as_root", [True, False], ids=["held", "by-name"])
+@pytest.mark.parametrize("as_root", [True, False], ids=["root", "user"])
 def test_read_parquet_dir_names_why_a_manifest_does_not_read(
     curated: Path, monkeypatch: pytest.MonkeyPatch, as_root: bool
 ) -> None:
@@ -542,7 +542,7 @@ def test_read_parquet_dir_names_why_a_manifest_does_not_read(
     from kernmlops.data import IncompleteCollectionWarning
 
     if as_root and os.geteuid() != 0:
-        skip_here("the held read is root's: run as root (make test does)")
+        skip_here("reads as root: run as root (make test does)")
     elif not as_root and os.geteuid() == 0:
         monkeypatch.setattr("kernmlops.data.os.geteuid", lambda: 1000)
     newer = curated / "benchmark=faux" / "collection_id=f1" / "manifest.json"
@@ -551,7 +551,7 @@ def test_read_parquet_dir_names_why_a_manifest_does_not_read(
     damaged.write_text('{"broken')
     fifo = curated / "benchmark=faux" / "collection_id=f2" / "manifest.json"
     fifo.unlink()
-    os.mkfifo(fifo)  # read through the held folder or by name, worded alike
+    os.mkfifo(fifo)  # read as root and as a user, worded alike
     with pytest.raises(CollectionError, match="upgrade kernmlops"):
         read_collection(newer.parent)
     with warnings.catch_warnings(record=True) as said:

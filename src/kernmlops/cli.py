@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from kernmlops.config import CollectorConfig
+    from kernmlops.exporter.webconfig import WebConfig
     from kernmlops.hooks.base import HookStatus
     from kernmlops.host.invoker import Invoker
 
@@ -422,7 +423,7 @@ def collect(
         progress=False if no_progress else None,
         export=export_addr or None,
         export_grace_s=export_grace,
-        # absolute: the exporter reads it again when it starts
+        # absolute, as the manifest's config records it
         export_web_config=str(Path(web_config_file).absolute()) if web_config_file else None,
         as_user=as_user,
     )
@@ -438,7 +439,10 @@ def collect(
         if config.collector.filter == "tgid" and traced and not Path(f"/proc/{traced}").exists():
             # a file's collector.tgid (--tgid was checked above)
             raise ConfigError(f"collector.tgid {traced}: no process {traced}")
-        scheme = _check_export_web_config(config.collector)  # before any BPF work
+        # before any BPF work; loaded once: the exporter serves what was checked,
+        # whatever is put at the file's name meanwhile
+        web = _check_export_web_config(config.collector)
+        scheme = web.scheme if web is not None else "http"
         require_bpf_privileges("collect")
         if config.collector.export:
             from kernmlops.exporter.server import hold_listen
@@ -487,6 +491,7 @@ def collect(
             on_attached=on_attached,
             on_message=_session_message,
             on_folder=lambda path: _say(f"collecting into {path}"),
+            web_config=web,
         )
         try:
             result = session.run()
@@ -528,16 +533,17 @@ def collect(
     sys.exit(result.exit_code)
 
 
-def _check_export_web_config(collector: CollectorConfig) -> str:
+def _check_export_web_config(collector: CollectorConfig) -> WebConfig | None:
     """``--web.config.file`` (collector.export_web_config) read and checked as ``kernmlops
-    export`` checks it, before anything loads; the scheme the metrics are served with.
+    export`` checks it, before anything loads: what the exporter serves with (None:
+    no file, plain HTTP).
 
     Raises:
         ConfigError: the file without ``--export``, or a problem in the file (one line).
     """
     path = collector.export_web_config
     if not path:
-        return "http"
+        return None
     if not collector.export:
         raise ConfigError(
             f"--web.config.file {path}: serves --export's metrics, and there is no --export "
@@ -545,7 +551,7 @@ def _check_export_web_config(collector: CollectorConfig) -> str:
         )
     from kernmlops.exporter.webconfig import load_web_config
 
-    return load_web_config(path).scheme
+    return load_web_config(path)
 
 
 def _check_room(collector: CollectorConfig) -> None:

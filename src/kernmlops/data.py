@@ -24,9 +24,13 @@ Examples (in a notebook)::
     c["block_io"].with_columns(at=c.wall_clock())   # ts_uptime_us as UTC datetimes
 
 Only finished parts (``part-*.parquet``) are read; an interrupted writer's temporary files
-(``.part-*.parquet.tmp``) are never opened. A collection whose collector died (its manifest
-still says ``state: running``), or one still being collected, is read as far as it was
-flushed, with a warning; its ``Collection.complete`` is False.
+(``.part-*.parquet.tmp``) are never opened. Each part is opened once, without waiting (a
+FIFO put at a part's name, even right after it was listed, is refused, never waited on),
+a plain file only, and read through that descriptor: a table is what was opened.
+
+A collection whose collector died (its manifest still says ``state: running``), or one
+still being collected, is read as far as it was flushed, with a warning; its
+``Collection.complete`` is False.
 """
 
 from __future__ import annotations
@@ -241,13 +245,9 @@ class Collection(_Tables[pl.DataFrame]):
     """
 
     def scan(self, name: str) -> pl.LazyFrame:
-        """Table ``name`` as a LazyFrame (the table read, as root; else a scan of its
-        part files)."""
-        if name not in self.files:
-            self[name]  # raises the KeyError that lists the tables
-        if os.geteuid() == 0:
-            return self[name].lazy()  # read as read_collection read it: no path again
-        return _scan(self.files[name])
+        """Table ``name`` as a LazyFrame (the table read: no part is opened by its
+        name again)."""
+        return self[name].lazy()
 
     def __repr__(self) -> str:
         shapes = ", ".join(f"{name}: {frame.height} rows" for name, frame in self.tables.items())
@@ -257,8 +257,8 @@ class Collection(_Tables[pl.DataFrame]):
 class LazyCollection(_Tables[pl.LazyFrame]):
     """One collection scanned, not read: a mapping of table name -> LazyFrame over its
     part files, read only when collected (``engine="streaming"`` for tables larger
-    than memory). As root each LazyFrame holds the part files it was opened on: a
-    file swapped or linked since is not read. Attributes as :class:`Collection`'s."""
+    than memory). Each LazyFrame holds the part files it was opened on: a file
+    swapped or linked since is not read. Attributes as :class:`Collection`'s."""
 
     def scan(self, name: str) -> pl.LazyFrame:
         """Table ``name`` (``c.scan(name)`` is ``c[name]``, as for a Collection)."""
@@ -306,25 +306,7 @@ def read_collection(
             EmptyCollectionError (a CollectionError) where it has no part because it
             recorded no row: its collector finished and its manifest counts none.
     """
-    path = _local_folder(path)
-    if os.geteuid() == 0:
-        # as root, sudo or not (a cron job, a root shell): the collection may be a
-        # user's, and no link of theirs is followed
-        return _read_held(path, lazy, damaged)
-    if path.is_file() and path.name == MANIFEST_NAME:
-        path = path.parent
-    if not path.exists():
-        raise CollectionError(f"{path}: no such collection folder")
-    if not path.is_dir():
-        raise CollectionError(f"{path}: not a folder (a collection is a folder)")
-    manifest = read_manifest(path)
-    files, incomplete = _table_files(path)
-    spooled = _spooled(path, path)
-    _no_tables(path, manifest, files, incomplete, spooled)
-    scans = {name: _scan(parts) for name, parts in files.items()}
-    tables, bad = _tables(path, scans, lazy, damaged)
-    return _collection(path, manifest, tables, files, incomplete, spooled, lazy=lazy,
-                       stacklevel=3, damaged=bad)  # fmt: skip
+    return _read_held(_local_folder(path), lazy, damaged)
 
 
 def _local_folder(path: str | Path) -> Path:
@@ -467,22 +449,30 @@ def _collection(
 
 
 def _read_held(path: Path, lazy: bool, damaged: Damaged) -> Collection | LazyCollection:
-    """read_collection as root (sudo or not), where the collection (or a folder above
-    it) may be a user's: a user could link a part, a table folder or the manifest to a
-    root-only file and have root draw it into their PNGs. The folder is held open
-    (kernmlops.host.pinned: a link in a folder a user can change refuses it) and
-    every file in it opened without following a link another user made (root's own
-    in a folder only root changes, or under sudo the invoker's, followed with their
-    rights: kernmlops.host.pinned.may_follow); a link refused, or a hard link to a
-    file of another owner, is refused in one line naming it. Each table is scanned on
-    the files opened (polars holds its own descriptor of each): ``lazy`` or not, no
-    part is opened by name again."""
+    """read_collection, for every user: the folder is held open and each part opened
+    once, without waiting, a plain file only (a FIFO another user put at a part's
+    name, even right after it was listed, is refused in one line: scanned by name, it
+    hung the reader), and each table scanned on the files opened (polars holds its
+    own descriptor of each): ``lazy`` or not, no part is opened by name again.
+
+    As root (sudo or not), the collection (or a folder above it) may be a user's: a
+    user could link a part, a table folder or the manifest to a root-only file and
+    have root draw it into their PNGs. The folder is held as kernmlops.host.pinned
+    holds one (a link in a folder a user can change refuses it) and every file in it
+    opened without following a link another user made (root's own in a folder only
+    root changes, or under sudo the invoker's, followed with their rights:
+    kernmlops.host.pinned.may_follow); a link refused, or a hard link to a file of
+    another owner, is refused in one line naming it. Without root links are followed
+    as usual."""
     from kernmlops.errors import OutputError
     from kernmlops.host.invoker import invoker
     from kernmlops.host.pinned import pin
 
+    as_root = os.geteuid() == 0
     with contextlib.suppress(OSError):
-        if path.name == MANIFEST_NAME and stat.S_ISREG(os.lstat(path).st_mode):
+        # as root a linked manifest.json is no collection's (pin refuses the link)
+        st = os.stat(path, follow_symlinks=not as_root)
+        if path.name == MANIFEST_NAME and stat.S_ISREG(st.st_mode):
             path = path.parent
     who = invoker()
     uid = who.uid if who else None
@@ -490,9 +480,10 @@ def _read_held(path: Path, lazy: bool, damaged: Damaged) -> Collection | LazyCol
         held = pin(path, invoker_uid=uid, what="the collection", action="read")
     except OutputError as err:  # worded as read_collection words them without sudo
         reason = getattr(err, "reason", "")
-        if reason == "no such folder" and not path.is_symlink():
+        named = not as_root or not path.is_symlink()  # as root, a link's refusal says why
+        if reason == "no such folder" and named:
             raise CollectionError(f"{path}: no such collection folder") from None
-        if reason.startswith("a file is in the way") and not path.is_symlink():
+        if reason.startswith("a file is in the way") and named:
             raise CollectionError(f"{path}: not a folder (a collection is a folder)") from None
         raise CollectionError(str(err)) from None
     try:
@@ -587,7 +578,7 @@ def _held_tables(
 
 @contextlib.contextmanager
 def _held_collection(path: Path) -> Iterator[tuple[Pinned, int | None]]:
-    """As root, ``path`` held open for reading (kernmlops.host.pinned.pin, the
+    """``path`` held open for reading (kernmlops.host.pinned.pin, the
     invoker's uid under sudo); its refusals as CollectionError."""
     from kernmlops.errors import OutputError
     from kernmlops.host.invoker import invoker
@@ -606,10 +597,11 @@ def _held_collection(path: Path) -> Iterator[tuple[Pinned, int | None]]:
 
 
 def _scan_table_held(folder: Path, table: str) -> tuple[pl.LazyFrame | None, str | None]:
-    """As root, ``table`` of the collection in ``folder`` scanned on its parts opened
-    through held folders (None where it has no finished part): no link a user
-    planted is followed, now or when the scan is collected; and why the collection
-    is not whole (:func:`_not_whole`) where it has the table."""
+    """``table`` of the collection in ``folder`` scanned on its parts opened through
+    held folders (None where it has no finished part): no part is opened by name
+    again, and as root no link a user planted is followed, now or when the scan is
+    collected; and why the collection is not whole (:func:`_not_whole`) where it
+    has the table."""
     with _held_collection(folder) as (held, uid), _closing_fds() as fds:
         _, opened, _ = _held_tables(held, folder, uid, fds, only=table)
         if table not in opened:
@@ -631,13 +623,13 @@ def _unread(err: Exception, folder: Path) -> str:
     return f"manifest not read: {why}"
 
 
-def _manifest_or_why(folder: Path, held: Pinned | None = None) -> Manifest | str:
+def _manifest_or_why(folder: Path, held: Pinned) -> Manifest | str:
     """The manifest of the collection in ``folder`` (read through ``held``, its folder
-    held open, where given), or why it cannot be read."""
+    held open), or why it cannot be read."""
     try:
-        return read_manifest(folder) if held is None else _held_manifest(held, folder)
+        return _held_manifest(held, folder)
     except CollectionError as err:
-        if not ((folder if held is None else held.io) / MANIFEST_NAME).exists():
+        if not (held.io / MANIFEST_NAME).exists():
             return _unread(FileNotFoundError(), folder)
         return _unread(err, folder)
 
@@ -687,10 +679,11 @@ _HELD_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def _open_part(name: str, table: int, owner: int, shown: Path, uid: int | None) -> int | None:
-    """A part opened without following a link another user made (kernmlops.host.pinned
-    .open_plain; ``uid``: the invoker under sudo): a plain file, and not a second name
-    of a file of another owner than the table folder's (``owner``: a hard link the user
-    made to root's file); else CollectionError."""
+    """A part opened once, without waiting (kernmlops.host.pinned.open_plain), a plain
+    file only (a FIFO would wait for a writer for ever); as root without following a
+    link another user made (``uid``: the invoker under sudo), and not a second name of
+    a file of another owner than the table folder's (``owner``: a hard link the user
+    made to root's file). Else CollectionError."""
     from kernmlops.errors import OutputError
     from kernmlops.host.pinned import open_plain
 
@@ -705,18 +698,18 @@ def _open_part(name: str, table: int, owner: int, shown: Path, uid: int | None) 
             _refused(shown, "a link" if err.errno == errno.ELOOP else _why(err))
         ) from None
     st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or (st.st_nlink != 1 and st.st_uid != owner):
+    if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        kind = (
-            "not a plain file"
-            if not stat.S_ISREG(st.st_mode)
-            else "a hard link to a file of another owner"
-        )
-        raise CollectionError(_refused(shown, kind))
+        raise CollectionError(f"{shown}: not a plain file: not read")
+    if st.st_nlink != 1 and st.st_uid != owner and os.geteuid() == 0:
+        os.close(fd)
+        raise CollectionError(_refused(shown, "a hard link to a file of another owner"))
     return fd
 
 
 def _refused(shown: Path, kind: str) -> str:
+    if os.geteuid() != 0:  # no link refused: the file's own reason
+        return f"{shown}: {kind}: not read"
     return (
         f"{shown}: {kind}: as root, kernmlops reads no link in a collection a user can "
         "change (name the file itself, or read it as its owner, not as root)"
@@ -757,16 +750,10 @@ def read_parquet_dir(
     collections = _collections(root)
     scans = []
     partial: list[str] = []  # the collections read that are not whole, and why
-    as_root = os.geteuid() == 0
     for benchmark, collection_id, folder in collections:
-        if as_root:
-            # the collections may be users': their parts opened now, through held
-            # folders (a scan by name would follow any link planted since)
-            scan, why = _scan_table_held(folder, table)
-        else:
-            parts = _parts(folder / table)
-            scan = _scan(parts) if parts else None
-            why = _not_whole(_manifest_or_why(folder), folder) if scan is not None else None
+        # their parts opened now, through held folders: a scan by name would follow
+        # any link planted since (as root), or wait on a FIFO put at a part's name
+        scan, why = _scan_table_held(folder, table)
         if why:
             partial.append(f"{folder} ({why})")
         if scan is not None:
@@ -882,7 +869,7 @@ def _table_files(collection_dir: Path) -> tuple[dict[str, list[Path]], list[str]
     return files, incomplete
 
 
-def _scan(parts: Sequence[Path] | Sequence[BinaryIO]) -> pl.LazyFrame:
+def _scan(parts: Sequence[BinaryIO]) -> pl.LazyFrame:
     # Explicit files: no globbing (paths may hold '[' or '*') and no Hive inference from
     # the folder names; read_parquet_dir adds the partition columns itself.
     return pl.scan_parquet(list(parts), hive_partitioning=False, glob=False)

@@ -61,11 +61,11 @@ def test_a_result_file_that_is_a_fifo_is_named_not_waited_for(tmp_path: Path) ->
     assert f"{folder / GOOD}: result file is not a plain file: not read" in done.stderr
 
 
-@pytest.mark.parametrize("suffix", [".csv", ".json"])
+@pytest.mark.parametrize("suffix", [".csv", ".json", ".parquet"])
 def test_a_huge_results_table_is_one_line_not_read(processed: Path, suffix: str) -> None:
-    """A results table in CSV or JSON is read whole into memory: one past the limit
-    (sparse here: no disk taken) is refused in one line, before any byte is read, and
-    left as it was."""
+    """A results table (CSV, JSON or Parquet) is read whole into memory: one past the
+    limit (sparse here: no disk taken) is refused in one line, before any byte is read,
+    and left as it was."""
     from kernmlops.duet.process import RESULTS_MAX_BYTES
 
     assert _duet("process", str(processed), "--json").returncode == 0
@@ -79,3 +79,18 @@ def test_a_huge_results_table_is_one_line_not_read(processed: Path, suffix: str)
     assert table.stat().st_size == RESULTS_MAX_BYTES + (100 << 20)
     with table.open("rb") as f:
         assert f.read(len(start)) == start
+
+
+def test_a_huge_kernel_table_is_one_line_not_read(processed: Path) -> None:
+    """The kernel table beside the results, read whole as they are: one past their
+    limit is refused in one line, left as it was."""
+    from kernmlops.duet.process import RESULTS_MAX_BYTES
+
+    kernel = processed / "duet-kernel.parquet"
+    with open(kernel, "ab") as f:  # made if missing; sparse: no disk taken
+        f.truncate(RESULTS_MAX_BYTES + (100 << 20))
+    done = _duet("analyze", str(processed))
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert line.endswith(f"{kernel}: kernel table of 1.1 GiB, over the 1.0 GiB limit: not read")
+    assert kernel.stat().st_size == RESULTS_MAX_BYTES + (100 << 20)

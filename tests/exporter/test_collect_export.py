@@ -4,6 +4,7 @@ restricted to the benchmark's process tree like the hooks."""
 from __future__ import annotations
 
 import base64
+import http.client
 import socket
 import ssl
 import subprocess
@@ -222,6 +223,74 @@ def test_collect_export_serves_tls_and_basic_auth(pki: Path, tmp_path: Path) -> 
     exported = manifest.manifest["exporter"]
     assert scraped > 0 and exported["scrapes"] == scraped, (exported, scraped)
     assert exported["renders"] == scraped + 1, exported
+
+
+#: `kernmlops collect ARGS` where, once the web config was read, another user's plain
+#: one (no TLS, no auth) is put at its name at once: what a user who may write in its
+#: folder can do between collect's check of the file and the exporter's start
+SWAP_AFTER_READ = r"""
+import os, sys
+from pathlib import Path
+import kernmlops.exporter.webconfig as webconfig
+web = Path(sys.argv[1])
+read = webconfig.safe_yaml
+def read_then_swap(path, **kwargs):
+    data = read(path, **kwargs)
+    if Path(path) == web:
+        plain = web.with_name("plain.yml")
+        plain.write_text("{}\n")
+        os.replace(plain, web)
+    return data
+webconfig.safe_yaml = read_then_swap
+sys.argv = ["kernmlops", *sys.argv[2:]]
+from kernmlops.cli import main
+main()
+"""
+
+
+def test_collect_export_serves_the_web_config_it_checked(pki: Path, tmp_path: Path) -> None:
+    """The web config is read once, checked before any BPF work, and served as read: a
+    plain one put at its name after that read leaves TLS and basic auth on."""
+    web = tmp_path / "web.yml"
+    web.write_text(
+        "tls_server_config:\n"
+        f"  cert_file: {pki / 'server.crt'}\n"
+        f"  key_file: {pki / 'server.key'}\n"
+        f"basic_auth_users:\n  prometheus: '{hash_password(PASSWORD, b'$2b$')}'\n"
+    )
+    port = free_port()
+    url = f"https://127.0.0.1:{port}/metrics"
+    collect = subprocess.Popen(
+        [sys.executable, "-c", SWAP_AFTER_READ, str(web), "collect", "--no-progress",
+         "-o", str(tmp_path / "out"), "--hooks", "process_trace", "--export",
+         f"127.0.0.1:{port}", "--export-grace", "0", "--web.config.file", str(web), "-d", "30",
+         "--", sys.executable, "-c", CHILD],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    ctx = client_context(pki)
+    right = ("prometheus", PASSWORD)
+    served = None
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and collect.poll() is None:
+            try:
+                served = _scrape(url, ctx, right)
+                break
+            except OSError:  # not listening yet (or, swapped, no TLS)
+                time.sleep(0.2)
+        assert web.read_text() == "{}\n"  # swapped after collect read it
+        assert served is not None and served[0] == 200, served
+        assert "kernmlops_syscalls_total" in served[1]
+        assert _scrape(url, ctx, None)[0] == 401  # basic auth stays on too
+        try:  # plain HTTP gets no metrics
+            plain = _scrape(url.replace("https:", "http:"), None, right)
+        except (http.client.HTTPException, OSError):
+            plain = None
+        assert plain is None or "kernmlops_syscalls_total" not in plain[1]
+    finally:
+        collect.terminate()
+        out, _ = collect.communicate(timeout=60)
+    assert collect.returncode == 128 + 15, out
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
+from kernmlops.collect.manifest import write_manifest
 from kernmlops.errors import CollectionError, KernmlopsWarning
 from kernmlops.lb.collect import _read_table
 from kernmlops.lb.dataset import TABLE, load_decisions, recorded_cost
@@ -54,6 +55,8 @@ def test_a_manifest_swapped_after_its_check_is_not_waited_on(
 
 def _part(folder: Path, n: int) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
+    if not (folder.parent / "manifest.json").exists():
+        write_manifest(folder.parent, {})
     return folder / f"part-{n:05d}.parquet"
 
 
@@ -68,8 +71,8 @@ def test_a_fifo_part_is_named_not_waited_on_by_lb_collect(tmp_path: Path) -> Non
 def test_a_fifo_part_is_named_not_waited_on_by_lb_train_without_root(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Without root, a collection folder's parts are read directly (with root, through
-    kernmlops.data's checked reader)."""
+    """Without root as with it, a collection folder's parts are read as
+    read_collection reads them: each opened once, a plain file only."""
     pl.DataFrame({"a": [1, 2]}).write_parquet(_part(tmp_path / TABLE, 0))
     fifo = _part(tmp_path / TABLE, 1)
     os.mkfifo(fifo)

@@ -20,6 +20,7 @@ from kernmlops.hooks.base import HookContext
 if TYPE_CHECKING:
     from kernmlops.collect.manifest import Manifest
     from kernmlops.config import CollectorConfig
+    from kernmlops.exporter.webconfig import WebConfig
 
 
 class Participant:
@@ -41,17 +42,22 @@ class Participant:
 class ExporterParticipant(Participant):
     """``collector.export``: the collection's programs served as live Prometheus
     metrics, counting the same processes as the hooks; what was served goes into the
-    manifest's ``exporter``."""
+    manifest's ``exporter``. ``web_config``: ``collector.export_web_config`` as the
+    caller loaded and checked it (``collect`` does, before any BPF work): served as it
+    was checked, whatever is put at the file's name since; None: loaded when the
+    exporter starts."""
 
     def __init__(
         self,
         collector: CollectorConfig,
         bpf_dir: Path | None = None,
         on_message: Callable[[str], None] | None = None,
+        web_config: WebConfig | None = None,
     ) -> None:
         self.collector = collector
         self.bpf_dir = bpf_dir
         self.on_message = on_message
+        self.web_config = web_config
         self._running: Any = None  # kernmlops.exporter.RunningExporter
         self.summary: dict[str, Any] | None = None
 
@@ -60,9 +66,9 @@ class ExporterParticipant(Participant):
 
         assert self.collector.export is not None
         flt = ctx.process_filter
-        # `collect` checked the file before any BPF work; read here again: the
-        # certificate and the key are loaded into this exporter's own TLS context
-        web = self.collector.export_web_config
+        web = self.web_config
+        if web is None and self.collector.export_web_config:  # not loaded by the caller
+            web = load_web_config(self.collector.export_web_config)
         self._running = start_exporter(
             self.collector.export,
             configs=self.collector.export_sets,
@@ -70,7 +76,7 @@ class ExporterParticipant(Participant):
             self_tgid=ctx.self_tgid,
             bpf_dir=self.bpf_dir,
             strict=self.collector.strict,
-            web_config=load_web_config(web) if web else None,
+            web_config=web,
         )
 
     def close(self) -> None:
@@ -93,6 +99,10 @@ def configured(
     collector: CollectorConfig,
     bpf_dir: Path | None = None,
     on_message: Callable[[str], None] | None = None,
+    web_config: WebConfig | None = None,
 ) -> list[Participant]:
-    """The participants the configuration asks for."""
-    return [ExporterParticipant(collector, bpf_dir, on_message)] if collector.export else []
+    """The participants the configuration asks for (``web_config``: the exporter's,
+    loaded: see :class:`ExporterParticipant`)."""
+    if not collector.export:
+        return []
+    return [ExporterParticipant(collector, bpf_dir, on_message, web_config)]

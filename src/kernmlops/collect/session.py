@@ -29,6 +29,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kernmlops.benchmarks import get_benchmark
 from kernmlops.benchmarks.base import Benchmark
@@ -71,6 +72,9 @@ from kernmlops.spool.collection import SPOOL_DIR
 from kernmlops.spool.memory import leftover_memory
 from kernmlops.tables import Sink
 
+if TYPE_CHECKING:
+    from kernmlops.exporter.webconfig import WebConfig
+
 #: the sink's queue when the rings go through a spool: their rows are made only while
 #: the sink is not behind (half of this), so the queue has only to keep the writer busy,
 #: and the spool is the buffer (a 32 MiB queue filled as a storm ended and the rows
@@ -96,12 +100,15 @@ class Session:
         bpf_dir: Path | None = None,
         hooks: Sequence[Hook] = (),
         participants: Sequence[Participant] = (),
+        web_config: WebConfig | None = None,
     ) -> None:
         """``hooks``: hook instances run after the configured ones, like them (a
         caller may start them first: attached ones are not started again).
         ``participants``: what else runs beside the hooks and adds to the manifest
         (see kernmlops.collect.participants); the configured ones (the exporter of
-        ``collector.export``) come first. Both lists may be extended before run()."""
+        ``collector.export``) come first. Both lists may be extended before run().
+        ``web_config``: ``collector.export_web_config`` as the caller loaded and
+        checked it, served as it is (None: the exporter loads the file itself)."""
         self.config = config
         self.on_progress = on_progress
         self.on_attached = on_attached
@@ -124,7 +131,7 @@ class Session:
         self._stop = StopSignals()
         self.extra_hooks: list[Hook] = list(hooks)
         self.participants: list[Participant] = [
-            *configured(config.collector, bpf_dir, on_message),
+            *configured(config.collector, bpf_dir, on_message, web_config),
             *participants,
         ]
         #: whether the output has room left, and what it says when it has none

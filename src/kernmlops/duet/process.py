@@ -588,17 +588,25 @@ def _opened(path: Path) -> Any:
     return os.fdopen(open_regular(path), "rb")
 
 
-#: a results table in CSV or JSON, read whole into memory before it is parsed (a few
-#: times its size again): 1 GiB is some 3M rows in JSON, 6M in CSV (about 330 and 170
-#: bytes a row), far more iterations than a duet suite runs, and still parses on a
-#: machine of a few GiB
+#: a results table (CSV, JSON, or Parquet and the kernel table beside it), read whole
+#: into memory before it is parsed (a few times its size again): 1 GiB is some 3M rows
+#: in JSON, 6M in CSV (about 330 and 170 bytes a row), more in Parquet, far more
+#: iterations than a duet suite runs, and still parses on a machine of a few GiB
 RESULTS_MAX_BYTES = 1 << 30
 
 
-def _read_any(path: Path) -> pl.DataFrame:
+def _read_parquet(path: Path, what: str) -> pl.DataFrame:
+    """The Parquet file ``path`` (``what`` names it in the refusal), opened once and
+    read whole, at most :data:`RESULTS_MAX_BYTES` (one larger, even sparse, is refused
+    in one line before a byte is read)."""
     with _opened(path) as f:
-        if path.suffix == ".parquet":
-            return pl.read_parquet(f)
+        return pl.read_parquet(read_open(f, path, RESULTS_MAX_BYTES, what=what, hint=""))
+
+
+def _read_any(path: Path) -> pl.DataFrame:
+    if path.suffix == ".parquet":
+        return _read_parquet(path, "results table")
+    with _opened(path) as f:
         data = read_open(f, path, RESULTS_MAX_BYTES, what="results table", hint="")
         if path.suffix == ".json":
             import json
@@ -689,8 +697,7 @@ def read_results(path: Path) -> tuple[pl.DataFrame, pl.DataFrame | None]:
     kernel = None
     if kernel_path.exists():
         try:
-            with _opened(kernel_path) as f:
-                kernel = pl.read_parquet(f)
+            kernel = _read_parquet(kernel_path, "kernel table")
         except (pl.exceptions.PolarsError, OSError) as err:
             why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise DuetError(f"{kernel_path}: not a duet kernel table ({why})") from None

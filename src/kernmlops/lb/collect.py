@@ -34,7 +34,7 @@ from kernmlops.collect.session import Session
 from kernmlops.config import Config, Flags
 from kernmlops.errors import KernmlopsError
 from kernmlops.hooks.base import HookContext, HookStatus
-from kernmlops.lb.dataset import TABLE, read_parts
+from kernmlops.lb.dataset import TABLE
 from kernmlops.lb.features import MIGRATION_COST_NS, kernel_migration_cost_ns
 from kernmlops.lb.hook import LbHook, LbKprobeHook, LbTracepointHook, cpu_nodes
 
@@ -174,10 +174,16 @@ def collect(
 
 
 def _read_table(path: Path, table: str) -> pl.DataFrame | None:
-    parts = sorted((path / table).glob("part-*.parquet"))
-    if not parts:
-        return None
-    return read_parts(parts)  # each from one descriptor: no FIFO put at a part's name
+    """``table`` of the collection being finished in ``path`` (None: no part), each
+    part opened once as read_collection opens it: no FIFO put at a part's name is
+    waited on."""
+    from kernmlops.data import IncompleteCollectionWarning, read_collection
+
+    with warnings.catch_warnings():
+        # on disk the manifest still says running: this is part of its final write
+        warnings.simplefilter("ignore", IncompleteCollectionWarning)
+        collection = read_collection(path, lazy=True)
+    return collection.read(table) if table in collection else None
 
 
 def _build_tracepoint(

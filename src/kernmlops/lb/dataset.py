@@ -19,7 +19,6 @@ Sources:
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import warnings
@@ -67,25 +66,6 @@ def from_kprobe_records(frame: pl.DataFrame, collection_id: str = "") -> pl.Data
     return out.select(*DECISION_SCHEMA, *keep)
 
 
-def read_parts(parts: list[Path]) -> pl.DataFrame:
-    """The Parquet ``parts`` of one table as one frame, each opened once and read from
-    that descriptor, a plain file only (kernmlops.host.pinned.open_regular): a FIFO at
-    a part's name, there before or put there after it was listed, would keep the
-    reader waiting for a writer for ever. CollectionError, naming the part, else."""
-    from kernmlops.host.pinned import open_regular
-
-    frames = []
-    for part in parts:
-        try:
-            fd = open_regular(part)
-        except OSError as err:
-            why = "not a plain file" if err.errno == errno.EINVAL else err.strerror or str(err)
-            raise CollectionError(f"{part}: {why}: not read") from None
-        with open(fd, "rb") as f:
-            frames.append(pl.read_parquet(f))
-    return pl.concat(frames, how="diagonal_relaxed")
-
-
 def load_decisions(paths: list[Path] | list[str]) -> pl.DataFrame:
     """Every ``lb_decisions`` row under the given collection folders or roots
     (a root holds ``curated/`` or ``benchmark=*/collection_id=*/`` folders)."""
@@ -94,13 +74,12 @@ def load_decisions(paths: list[Path] | list[str]) -> pl.DataFrame:
         if not p.exists():
             raise CollectionError(f"{p}: no such folder")
         root = p / "curated" if (p / "curated").is_dir() else p
-        if (root / TABLE).is_dir() and os.geteuid() == 0:  # one collection folder, a user's?
+        if (root / TABLE).is_dir():  # one collection folder
             from kernmlops.data import read_collection
 
-            # that table alone; no link a user planted followed
+            # that table alone, each part opened once (a FIFO at its name refused, not
+            # waited on); as root no link a user planted followed
             frame = read_collection(root, lazy=True).read(TABLE)
-        elif (root / TABLE).is_dir():  # one collection folder
-            frame = read_parts(sorted((root / TABLE).glob("part-*.parquet")))
         else:
             from kernmlops.data import read_parquet_dir
 
