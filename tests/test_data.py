@@ -429,6 +429,42 @@ def test_read_parquet_dir_over_all_collections(curated: Path) -> None:
     assert f2["ts_uptime_us"].to_list() == list(range(2500))
 
 
+def test_a_table_of_more_parts_than_the_soft_fd_limit_is_read(tmp_path: Path) -> None:
+    # Each part is opened once and scanned through its descriptor, which a lazy table
+    # holds until collected: a fleet's read_parquet_dir holds one per part at once.
+    # Debian's soft limit (1,024) refused it ("Too many open files"); the readers
+    # raise it to the hard limit, as the exporter does. Here a soft limit of 64
+    # against 120 parts.
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 256:
+        skip_here(f"the hard RLIMIT_NOFILE is {hard}: no room above a soft limit of 64")
+    folder = tmp_path / "curated" / "benchmark=faux" / "collection_id=many"
+    with ParquetSink(folder, "many", row_group_rows=10, rows_per_file=10) as sink:
+        for i in range(120):
+            sink.write("events", events(10, offset=10 * i))
+    write_manifest(folder, {"collection_id": "many", "benchmark": "faux",
+                            "started_at": "2024-05-01T00:00:00+00:00",
+                            "tables": sink.files_written()})  # fmt: skip
+    assert len(list((folder / "events").glob("part-*.parquet"))) == 120
+    script = (
+        "import resource, sys\n"
+        "from kernmlops.data import read_collection, read_parquet_dir, count_rows\n"
+        "hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))\n"
+        "lazy = read_parquet_dir(sys.argv[1], 'events', lazy=True)\n"
+        "c = read_collection(sys.argv[2], lazy=True)\n"
+        "print(count_rows(lazy), count_rows(c['events']))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "curated"), str(folder)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["1200", "1200"]
+
+
 def test_read_parquet_dir_table_in_some_collections(curated: Path) -> None:
     drops = read_parquet_dir(curated, "drops")
     assert drops.sort("collection_id").rows() == [

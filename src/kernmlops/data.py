@@ -58,6 +58,7 @@ from kernmlops.collect.manifest import (
     read_manifest,
 )
 from kernmlops.errors import CollectionError, EmptyCollectionError, KernmlopsWarning
+from kernmlops.host.fdlimit import raise_fd_limit
 from kernmlops.tables import BENCHMARK, COLLECTION_ID
 
 if TYPE_CHECKING:
@@ -468,6 +469,7 @@ def _read_held(path: Path, lazy: bool, damaged: Damaged) -> Collection | LazyCol
     from kernmlops.host.invoker import invoker
     from kernmlops.host.pinned import pin
 
+    raise_fd_limit()  # a lazy table holds a descriptor per part until collected
     as_root = os.geteuid() == 0
     with contextlib.suppress(OSError):
         # as root a linked manifest.json is no collection's (pin refuses the link)
@@ -694,9 +696,11 @@ def _open_part(name: str, table: int, owner: int, shown: Path, uid: int | None) 
     except OutputError as err:  # the folders a link leads through, refused
         raise CollectionError(str(err)) from None
     except OSError as err:
-        raise CollectionError(
-            _refused(shown, "a link" if err.errno == errno.ELOOP else _why(err))
-        ) from None
+        if err.errno == errno.ELOOP:
+            raise CollectionError(_refused(shown, "a link")) from None
+        # not a link: the file's own reason (EMFILE once said "as root ... no link")
+        hint = " (raise the open-file limit: ulimit -n)" if err.errno == errno.EMFILE else ""
+        raise CollectionError(f"{shown}: {_why(err)}: not read{hint}") from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
@@ -748,6 +752,7 @@ def read_parquet_dir(
     """
     root = _local_folder(path)
     collections = _collections(root)
+    raise_fd_limit()  # each collection's scan holds a descriptor per part until collected
     scans = []
     partial: list[str] = []  # the collections read that are not whole, and why
     for benchmark, collection_id, folder in collections:

@@ -31,7 +31,6 @@ import gzip
 import ipaddress
 import itertools
 import re
-import resource
 import socket
 import sys
 import termios
@@ -47,6 +46,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from kernmlops.errors import EXIT_TEMPORARY, ConfigError
 from kernmlops.exporter.webconfig import BasicAuth, WebConfig
+from kernmlops.host.fdlimit import raise_fd_limit
 
 DEFAULT_LISTEN = "127.0.0.1:9435"
 
@@ -232,17 +232,6 @@ _FD_RESERVE = 128
 _MAX_HEAD_BYTES = 16 * 1024
 #: Responses are written in pieces this large: what a slow reader makes us buffer.
 _CHUNK = 256 * 1024
-
-
-def raise_fd_limit() -> int:
-    """Raise the soft RLIMIT_NOFILE to the hard one (as Go programs do at start,
-    node_exporter among them); returns the soft limit now in force."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and soft < hard:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-    return soft
 
 
 class ScrapeLog:
