@@ -190,6 +190,45 @@ def test_doctor_says_the_copier_priority_the_kernel_gives_uid0_without_cap_sys_n
     assert "SCHED_FIFO as root" not in row
 
 
+def test_doctor_says_a_cgroup_without_a_real_time_budget_refuses_the_copier() -> None:
+    """Root (CAP_SYS_NICE) in a cgroup v1 cpu group whose cpu.rt_runtime_us is 0 (every
+    new group's; containers run so): the kernel refuses SCHED_FIFO (chrt, the
+    independent reading), and doctor says so and why, where it predicted real-time
+    from the capability; the copier falls back to nice -20."""
+    import uuid
+
+    from kernmlops.ebpf import copier
+    from tests.conftest import skip_here
+
+    cpu = Path("/sys/fs/cgroup/cpu")
+    if os.geteuid() != 0 or not (cpu / "cpu.rt_runtime_us").exists() or not shutil.which("chrt"):
+        skip_here("needs root, cgroup v1's cpu controller with real-time groups, and chrt")
+    if not copier.available():
+        skip_here(f"{copier.LIBRARY} is not built (`make`)")
+    group = cpu / f"kmo-test-{uuid.uuid4().hex[:8]}"
+    group.mkdir()
+    try:
+        assert (group / "cpu.rt_runtime_us").read_text().strip() == "0"
+        env = {**os.environ, "PYTHONPATH": str(Path(copier.__file__).parents[2]),
+               "COLUMNS": "400"}  # fmt: skip
+
+        def inside(*argv: str) -> subprocess.CompletedProcess:
+            enter = f'echo $$ > "{group}/cgroup.procs" && exec "$@"'
+            return subprocess.run(["sh", "-c", enter, "sh", *argv], capture_output=True,
+                                  text=True, timeout=180, cwd="/", env=env)  # fmt: skip
+
+        kernel = inside("chrt", "-f", "1", "true")
+        assert kernel.returncode != 0 and "Operation not permitted" in kernel.stderr
+        proc = inside(sys.executable, "-m", "kernmlops", "doctor")
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        out = proc.stdout + proc.stderr
+        row = next(line for line in out.splitlines() if "ring copier" in line)
+        assert "nice -20, not real-time (SCHED_FIFO 1: Operation not permitted despite " in row
+        assert "a cgroup without a real-time budget (cpu.rt_runtime_us)" in row, row
+    finally:
+        group.rmdir()
+
+
 def test_doctor_copier_priority_follows_the_effective_set() -> None:
     """The same decision with a CapEff mask: CAP_SYS_NICE (bit 23) decides, not uid 0."""
     import resource

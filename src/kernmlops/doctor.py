@@ -51,8 +51,13 @@ def _copier_row(mask: int | None = None) -> tuple[bool, str]:
         why = "turned off" if os.environ.get("KERNMLOPS_NATIVE_COPY") == "0" else "not built"
         return False, f"{copier.LIBRARY} {why}: rings are copied in Python (storms may overflow)"
     zstd = "zstd on disk" if copier.zstd() is not None else "no libzstd: raw on disk"
-    # the default configuration's priority, decided as the copier's thread will be
-    prio = copier.expected_priority(CollectorConfig().copier_priority, mask)
+    # the default configuration's priority: as the kernel answers a thread that asks
+    # (a cgroup's real-time budget included), or for a given effective set, predicted
+    priority = CollectorConfig().copier_priority
+    if mask is None:
+        prio = copier.probed_priority(priority)
+    else:
+        prio = copier.expected_priority(priority, mask)
     return True, f"{copier.library_path()} ({zstd}; {prio})"
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import os
 import resource
 import select
@@ -286,7 +287,14 @@ def realtime(priority: int) -> tuple[int, str | None, int | None]:
     try:  # pid 0: this thread alone
         os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
     except OSError as err:
-        return 0, f"SCHED_FIFO {priority}: {err.strerror or err}", _lower_nice(FALLBACK_NICE)
+        why = f"SCHED_FIFO {priority}: {err.strerror or err}"
+        allowed = expected_priority(priority)
+        if err.errno == errno.EPERM and allowed.startswith("SCHED_FIFO"):
+            # allowed by a capability or rlimit, refused all the same: cgroup v1's
+            # real-time budget, 0 in every new group (containers, some services)
+            held = allowed.partition("(")[2].rstrip(")")
+            why += f" despite {held}: a cgroup without a real-time budget (cpu.rt_runtime_us)"
+        return 0, why, _lower_nice(FALLBACK_NICE)
     return priority, None, None
 
 
@@ -306,6 +314,26 @@ def expected_priority(priority: int, mask: int | None = None) -> str:
     if nice == resource.RLIM_INFINITY or 20 - nice <= FALLBACK_NICE:
         return f"nice {FALLBACK_NICE}, not real-time (no CAP_SYS_NICE; RLIMIT_NICE {nice})"
     return "normal priority: SCHED_FIFO and a lower nice need CAP_SYS_NICE"
+
+
+def probed_priority(priority: int) -> str:
+    """What a copier asked for SCHED_FIFO ``priority`` gets here, in words: tried by
+    :func:`realtime` in a thread of its own that ends at once (a thread's policy and
+    nice are its own), so the kernel decides, a cgroup's real-time budget included,
+    which :func:`expected_priority` cannot see."""
+    expected = expected_priority(priority)
+    if priority <= 0:
+        return expected
+    got: list[tuple[int, str | None, int | None]] = []
+    probe = threading.Thread(target=lambda: got.append(realtime(priority)), name="kmo-prio-probe")
+    probe.start()
+    probe.join()
+    prio, why, nice = got[0] if got else (0, "the probe did not run", None)
+    if prio:
+        return expected if expected.startswith("SCHED_FIFO") else f"SCHED_FIFO {prio}"
+    if "despite" not in (why or ""):
+        return expected  # refused as predicted: the prediction says why
+    return f"nice {nice}, not real-time ({why})" if nice is not None else f"normal priority ({why})"
 
 
 def priority_notes(statuses: Sequence[Mapping[str, Any]]) -> list[str]:
