@@ -1,4 +1,4 @@
-"""The shipped Spark job on a real standalone cluster (a master and two workers on this
+"""The shipped Spark job on a real standalone cluster (a master and a worker on this
 machine: the test run's ``spark``, tests/spark.py): summaries and the MLLB data set over
 a pushed dataset, compared with the same numbers computed from the source parts with
 polars and numpy."""
