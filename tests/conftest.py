@@ -230,8 +230,8 @@ def _stop_spark() -> None:
 
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A SparkSession on a real standalone cluster (tests/spark.py: a master and two
-    workers on this machine), started once for every test that uses Spark: its JVMs
+    """A SparkSession on a real standalone cluster (tests/spark.py: a master and a
+    worker on this machine), started once for every test that uses Spark: its JVMs
     cost more than most such tests."""
     from tests.spark import start_cluster
 

@@ -1,7 +1,10 @@
 """One Spark for the whole test run (the ``spark`` fixture of tests/conftest.py): a real
-standalone cluster on this machine, spark://127.0.0.1:<port>, a master and two workers
-of one core each, and a session on it. Its JVMs take most of a Spark test's time, so
-the tests that use Spark (the fleet's job, the faults' killed collection) share them.
+standalone cluster on this machine, spark://127.0.0.1:<port>, a master and a worker of
+two cores, and a session on it: one executor, whose two tasks at a time each run in a
+Python worker of their own. Its JVMs take most of a Spark test's time, so the tests
+that use Spark (the fleet's job, the faults' killed collection) share them; two
+workers of a core each (an executor each) cost ~14 s more of CPU on a 2-vCPU machine,
+most of it where the tests wait for the cluster.
 
 The daemons are kernmlops.fleet.local_cluster's (java directly, the master first);
 the session's JVM starts while the workers do."""
@@ -30,7 +33,9 @@ def start_cluster(folder: Path) -> tuple[Any, Callable[[], None]]:
     stack = ExitStack()
     try:
         # the session's JVM starts while the workers do
-        master = stack.enter_context(standalone_cluster(folder, wait_workers=False))
+        master = stack.enter_context(
+            standalone_cluster(folder, workers=1, cores=2, wait_workers=False)
+        )
         os.environ["PYSPARK_PYTHON"] = sys.executable
         os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
         options = " ".join(FAST_JVM)
@@ -50,12 +55,12 @@ def start_cluster(folder: Path) -> tuple[Any, Callable[[], None]]:
         )
         stack.callback(spark.stop)
         master_log = folder / "master.log"
-        wait_for_log(master_log, "Registering worker", 2, [], START_S)
-        # Each worker's executor up (the driver counts itself too): their JVMs start
+        wait_for_log(master_log, "Registering worker", 1, [], START_S)
+        # The worker's executor up (the driver counts itself too): its JVM starts
         # here, not in the first test's own timing (a collection's spare CPU, say).
         memory_status = spark.sparkContext._jsc.sc().getExecutorMemoryStatus
         deadline = time.monotonic() + START_S
-        while memory_status().size() < 3:
+        while memory_status().size() < 2:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no executors: {master_log.read_text()[-2000:]}")
             time.sleep(0.05)
