@@ -25,11 +25,9 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import pkgutil
 import subprocess
 import sys
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -360,32 +358,14 @@ def figures(src: Path) -> str:
 
 def _loaded_after(modules: list[str]) -> set[str]:
     """kernmlops modules loaded by importing ``modules`` in a fresh interpreter."""
-    started = _started()
-    query = tuple(modules)
-    return started[query].result() if query in started else _fresh_import(query)
-
-
-def _fresh_import(modules: tuple[str, ...]) -> set[str]:
     code = (
         "import importlib, json, sys\n"
-        f"for m in {list(modules)!r}: importlib.import_module(m)\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.startswith('kernmlops'))))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return set(json.loads(out.stdout))
-
-
-@cache
-def _started() -> dict[tuple[str, ...], Future[set[str]]]:
-    """The fresh interpreters of every test below, started at the first one's ask and
-    run side by side, one per CPU: each is a CPU's work for ~0.25 s (its imports), ~9 s
-    one after another. Each is still an interpreter of its own."""
-    pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
-    queries = [(m,) for m in ANALYSIS] + [tuple(q) for q in FRESH]
-    started = {q: pool.submit(_fresh_import, q) for q in queries}
-    pool.shutdown(wait=False)
-    return started
 
 
 def _package(name: str) -> list[str]:
@@ -420,15 +400,6 @@ SESSION = tuple(
 )
 
 
-#: what the tests below other than the analysis side's import together
-FRESH = {
-    "kernel side": _package("ebpf"),
-    "host readers": _package("host"),
-    "hooks and benchmarks": ["kernmlops.hooks", "kernmlops.benchmarks"],
-    "registry": ["kernmlops.registry", "kernmlops.workloads.mllb"],
-}
-
-
 @pytest.mark.parametrize("module", ANALYSIS)
 def test_the_analysis_side_never_loads_the_kernel_side(module: str) -> None:
     loaded = _loaded_after([module])
@@ -436,23 +407,23 @@ def test_the_analysis_side_never_loads_the_kernel_side(module: str) -> None:
 
 
 def test_the_kernel_side_knows_no_hooks_collections_or_benchmarks() -> None:
-    loaded = _loaded_after(FRESH["kernel side"])
+    loaded = _loaded_after(_package("ebpf"))
     assert not _under(loaded, "kernmlops.hooks", "kernmlops.collect", "kernmlops.benchmarks")
 
 
 def test_host_readers_are_the_bottom_layer() -> None:
-    loaded = _loaded_after(FRESH["host readers"])
+    loaded = _loaded_after(_package("host"))
     assert loaded <= {"kernmlops", "kernmlops.errors", "kernmlops.lazy", *_package("host"),
                       "kernmlops.host"}  # fmt: skip
 
 
 def test_hooks_and_benchmarks_do_not_load_the_session() -> None:
-    loaded = _loaded_after(FRESH["hooks and benchmarks"])
+    loaded = _loaded_after(["kernmlops.hooks", "kernmlops.benchmarks"])
     assert not _under(loaded, "kernmlops.collect", "kernmlops.graphs", "kernmlops.data")
 
 
 def test_the_registry_and_the_shared_scenarios_load_no_plug_in() -> None:
-    loaded = _loaded_after(FRESH["registry"])
+    loaded = _loaded_after(["kernmlops.registry", "kernmlops.workloads.mllb"])
     assert not _under(loaded, "kernmlops.hooks", "kernmlops.benchmarks", "kernmlops.lb")
 
 
