@@ -71,7 +71,11 @@ def parts_on_disk(collection: Path) -> dict[str, int] | None:
     import pyarrow.parquet as pq
 
     found = {}
-    for part in sorted(collection.glob("*/part-*.parquet")):
+    try:
+        listed = sorted(collection.glob("*/part-*.parquet"))
+    except FileNotFoundError:  # a folder (the stop's .spool) went while it was listed
+        return None
+    for part in listed:
         try:
             found[part.relative_to(collection).as_posix()] = pq.read_metadata(part).num_rows
         except (OSError, ValueError):
