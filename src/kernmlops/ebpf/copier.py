@@ -331,7 +331,7 @@ def probed_priority(priority: int) -> str:
     prio, why, nice = got[0] if got else (0, "the probe did not run", None)
     if prio:
         return expected if expected.startswith("SCHED_FIFO") else f"SCHED_FIFO {prio}"
-    if "despite" not in (why or ""):
+    if not expected.startswith("SCHED_FIFO"):
         return expected  # refused as predicted: the prediction says why
     return f"nice {nice}, not real-time ({why})" if nice is not None else f"normal priority ({why})"
 
