@@ -10,6 +10,7 @@ import ctypes
 import errno
 import json
 import os
+import resource
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -525,6 +526,104 @@ def test_where_real_time_is_refused_the_copier_asks_for_the_highest_nice(
     # the kernel's view: one thread (the copier's) at -20, this one as it was
     assert [n for n in nices.values() if n == native.FALLBACK_NICE] == [native.FALLBACK_NICE]
     assert nices[threading.get_native_id()] == mine != native.FALLBACK_NICE
+
+
+#: effective sets as /proc/<pid>/status writes them: CAP_SYS_NICE is bit 23
+WITH_SYS_NICE = 1 << 23 | 1 << 38 | 1 << 39  # and CAP_PERFMON, CAP_BPF
+WITHOUT_SYS_NICE = 1 << 38 | 1 << 39
+
+
+def _soft_limits(monkeypatch: pytest.MonkeyPatch, rtprio: int, nice: int) -> None:
+    """resource.getrlimit answers these soft RLIMIT_RTPRIO and RLIMIT_NICE for the
+    test: raising a hard limit to set them takes CAP_SYS_RESOURCE, which a container's
+    root may lack (both hard limits are 0 by default)."""
+    real = resource.getrlimit
+    limits = {resource.RLIMIT_RTPRIO: rtprio, resource.RLIMIT_NICE: nice}
+
+    def getrlimit(which: int) -> tuple[int, int]:
+        return (limits[which], limits[which]) if which in limits else real(which)
+
+    monkeypatch.setattr(resource, "getrlimit", getrlimit)
+
+
+def test_expected_priority_is_the_capability_where_it_is_held(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # CAP_SYS_NICE grants SCHED_FIFO though neither rlimit would
+    _soft_limits(monkeypatch, rtprio=0, nice=0)
+    got = native.expected_priority(3, WITH_SYS_NICE)
+    assert got == native.Priority(asked=3, kind="real-time", level=3, grant="CAP_SYS_NICE")
+    assert str(got) == "SCHED_FIFO 3 (CAP_SYS_NICE)"
+    # no priority asked: nothing to grant
+    assert native.expected_priority(0, WITH_SYS_NICE) == native.Priority(0, "normal", 0)
+    assert str(native.expected_priority(0)) == "normal priority (copier_priority 0)"
+
+
+def test_expected_priority_without_the_capability_follows_rlimit_rtprio(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # no CAP_SYS_NICE: an RLIMIT_RTPRIO at or above the priority grants it, below does not
+    _soft_limits(monkeypatch, rtprio=5, nice=0)
+    at, above = (native.expected_priority(p, WITHOUT_SYS_NICE) for p in (5, 6))
+    assert at == native.Priority(5, "real-time", 5, grant="RLIMIT_RTPRIO 5")
+    assert str(at) == "SCHED_FIFO 5 (RLIMIT_RTPRIO 5)"
+    assert above == native.Priority(6, "normal", 0)
+    _soft_limits(monkeypatch, rtprio=resource.RLIM_INFINITY, nice=0)
+    unlimited = native.expected_priority(99, WITHOUT_SYS_NICE)
+    assert unlimited == native.Priority(
+        99, "real-time", 99, f"RLIMIT_RTPRIO {resource.RLIM_INFINITY}"
+    )
+
+
+def test_expected_priority_without_either_is_what_rlimit_nice_allows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # neither grants SCHED_FIFO: RLIMIT_NICE 40 allows nice -20 (20 - 40), 39 does not
+    _soft_limits(monkeypatch, rtprio=0, nice=40)
+    niced = native.expected_priority(1, WITHOUT_SYS_NICE)
+    assert niced == native.Priority(1, "nice", -20, grant="RLIMIT_NICE 40")
+    assert str(niced) == "nice -20, not real-time (no CAP_SYS_NICE; RLIMIT_NICE 40)"
+    _soft_limits(monkeypatch, rtprio=0, nice=39)
+    assert native.expected_priority(1, WITHOUT_SYS_NICE) == native.Priority(1, "normal", 0)
+
+
+def test_expected_priority_with_neither_is_normal_as_this_process_limits_say() -> None:
+    """This process's own soft limits lowered to 0 (always allowed), read back by
+    resource.getrlimit: without CAP_SYS_NICE the copier gets normal priority."""
+    saved = {w: resource.getrlimit(w) for w in (resource.RLIMIT_RTPRIO, resource.RLIMIT_NICE)}
+    try:
+        for which, (_, hard) in saved.items():
+            resource.setrlimit(which, (0, hard))
+        assert [resource.getrlimit(w)[0] for w in saved] == [0, 0]
+        plain = native.expected_priority(1, WITHOUT_SYS_NICE)
+    finally:
+        for which, limits in saved.items():
+            resource.setrlimit(which, limits)
+    assert plain == native.Priority(1, "normal", 0)
+    assert str(plain) == "normal priority: SCHED_FIFO and a lower nice need CAP_SYS_NICE"
+
+
+def test_a_refusal_despite_rlimit_rtprio_names_the_rlimit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without CAP_SYS_NICE, RLIMIT_RTPRIO grants SCHED_FIFO and the kernel refuses it
+    all the same (a cgroup without a real-time budget): the probe says what the
+    prediction expected to grant it."""
+    from kernmlops.host import capabilities
+
+    def refused(*_: object) -> None:
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(native.os, "sched_setscheduler", refused)
+    # this process as if without CAP_SYS_NICE (bit 23)
+    monkeypatch.setattr(capabilities, "effective", lambda: WITH_SYS_NICE & ~(1 << 23))
+    _soft_limits(monkeypatch, rtprio=5, nice=0)
+    got = native.probed_priority(1)  # tried in a thread of its own: this one keeps its nice
+    why = ("SCHED_FIFO 1: Operation not permitted despite RLIMIT_RTPRIO 5: a cgroup "
+           "without a real-time budget (cpu.rt_runtime_us)")  # fmt: skip
+    assert got.refusal == why and got.grant is None
+    # the lower nice is the kernel's to give: root's real CAP_SYS_NICE does
+    if os.geteuid() == 0:
+        assert (got.kind, got.level) == ("nice", native.FALLBACK_NICE)
+        assert str(got) == f"nice -20, not real-time ({why})"
 
 
 def test_priority_notes_say_what_the_copier_got() -> None:

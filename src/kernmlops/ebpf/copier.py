@@ -29,7 +29,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from kernmlops.ebpf.build import NATIVE_LIBRARY, default_build_dir
 from kernmlops.host.capabilities import CAP_SYS_NICE, holds
@@ -289,35 +289,62 @@ def realtime(priority: int) -> tuple[int, str | None, int | None]:
     except OSError as err:
         why = f"SCHED_FIFO {priority}: {err.strerror or err}"
         allowed = expected_priority(priority)
-        if err.errno == errno.EPERM and allowed.startswith("SCHED_FIFO"):
+        if err.errno == errno.EPERM and allowed.kind == "real-time":
             # allowed by a capability or rlimit, refused all the same: cgroup v1's
             # real-time budget, 0 in every new group (containers, some services)
-            held = allowed.partition("(")[2].rstrip(")")
-            why += f" despite {held}: a cgroup without a real-time budget (cpu.rt_runtime_us)"
+            budget = "a cgroup without a real-time budget (cpu.rt_runtime_us)"
+            why += f" despite {allowed.grant}: {budget}"
         return 0, why, _lower_nice(FALLBACK_NICE)
     return priority, None, None
 
 
-def expected_priority(priority: int, mask: int | None = None) -> str:
-    """What :func:`realtime` will give a copier asked for SCHED_FIFO ``priority``, in
-    words, as the kernel decides it (``mask``: the effective capabilities, default this
+@dataclass(frozen=True)
+class Priority:
+    """What a copier's thread, asked for SCHED_FIFO ``asked``, runs at (predicted or
+    probed) and what grants it; ``str()`` says it in words, as doctor's row does."""
+
+    asked: int  # the SCHED_FIFO priority asked for (0: none)
+    kind: Literal["real-time", "nice", "normal"]  # SCHED_FIFO, FALLBACK_NICE, neither
+    level: int  # the SCHED_FIFO priority (real-time), the nice (nice), 0 (normal)
+    #: what allows it: "CAP_SYS_NICE", "RLIMIT_RTPRIO 5", "RLIMIT_NICE 40"; None when
+    #: nothing does, or a probe found it where the prediction did not
+    grant: str | None = None
+    #: the kernel's refusal (realtime()'s why) where a probe met one not predicted
+    refusal: str | None = None
+
+    def __str__(self) -> str:
+        if self.kind == "real-time":
+            return f"SCHED_FIFO {self.level}" + (f" ({self.grant})" if self.grant else "")
+        if self.kind == "nice":
+            why = self.refusal or f"no CAP_SYS_NICE; {self.grant}"
+            return f"nice {self.level}, not real-time ({why})"
+        if self.refusal:
+            return f"normal priority ({self.refusal})"
+        if self.asked <= 0:
+            return "normal priority (copier_priority 0)"
+        return "normal priority: SCHED_FIFO and a lower nice need CAP_SYS_NICE"
+
+
+def expected_priority(priority: int, mask: int | None = None) -> Priority:
+    """What :func:`realtime` will give a copier asked for SCHED_FIFO ``priority``, as
+    the kernel decides it (``mask``: the effective capabilities, default this
     process's): uid 0 alone counts for nothing, CAP_SYS_NICE or RLIMIT_RTPRIO does. A
     cgroup without a real-time budget may still refuse; the manifest says so then."""
     if priority <= 0:
-        return "normal priority (copier_priority 0)"
+        return Priority(priority, "normal", 0)
     if holds(CAP_SYS_NICE, mask):
-        return f"SCHED_FIFO {priority} (CAP_SYS_NICE)"
+        return Priority(priority, "real-time", priority, "CAP_SYS_NICE")
     rtprio = resource.getrlimit(resource.RLIMIT_RTPRIO)[0]
     if rtprio == resource.RLIM_INFINITY or rtprio >= priority:
-        return f"SCHED_FIFO {priority} (RLIMIT_RTPRIO {rtprio})"
+        return Priority(priority, "real-time", priority, f"RLIMIT_RTPRIO {rtprio}")
     nice = resource.getrlimit(resource.RLIMIT_NICE)[0]  # a nice of n needs 20 - n
     if nice == resource.RLIM_INFINITY or 20 - nice <= FALLBACK_NICE:
-        return f"nice {FALLBACK_NICE}, not real-time (no CAP_SYS_NICE; RLIMIT_NICE {nice})"
-    return "normal priority: SCHED_FIFO and a lower nice need CAP_SYS_NICE"
+        return Priority(priority, "nice", FALLBACK_NICE, f"RLIMIT_NICE {nice}")
+    return Priority(priority, "normal", 0)
 
 
-def probed_priority(priority: int) -> str:
-    """What a copier asked for SCHED_FIFO ``priority`` gets here, in words: tried by
+def probed_priority(priority: int) -> Priority:
+    """What a copier asked for SCHED_FIFO ``priority`` gets here: tried by
     :func:`realtime` in a thread of its own that ends at once (a thread's policy and
     nice are its own), so the kernel decides, a cgroup's real-time budget included,
     which :func:`expected_priority` cannot see."""
@@ -330,10 +357,12 @@ def probed_priority(priority: int) -> str:
     probe.join()
     prio, why, nice = got[0] if got else (0, "the probe did not run", None)
     if prio:
-        return expected if expected.startswith("SCHED_FIFO") else f"SCHED_FIFO {prio}"
-    if not expected.startswith("SCHED_FIFO"):
+        return expected if expected.kind == "real-time" else Priority(priority, "real-time", prio)
+    if expected.kind != "real-time":
         return expected  # refused as predicted: the prediction says why
-    return f"nice {nice}, not real-time ({why})" if nice is not None else f"normal priority ({why})"
+    if nice is not None:
+        return Priority(priority, "nice", nice, refusal=why)
+    return Priority(priority, "normal", 0, refusal=why)
 
 
 def priority_notes(statuses: Sequence[Mapping[str, Any]]) -> list[str]:
