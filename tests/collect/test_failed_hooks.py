@@ -3,6 +3,7 @@ its own spooled records made into rows (or kept for ``kernmlops recover``), exit
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 
 from kernmlops.collect.session import Session
+from kernmlops.collect.tuning import DECODING_LIBRARIES
 from kernmlops.config import load_config
 from kernmlops.data import IncompleteCollectionWarning, read_collection
 from kernmlops.ebpf.btf import unbatch
@@ -62,17 +64,30 @@ def _spooled_switches(snapshot: Path) -> tuple[int, dict[str, int]]:
     return count, rows
 
 
+#: how long quanta_runtime's failing poll waits for its MiB of spooled records
+SPOOL_WAIT_S = 60.0
+
+
 def _failing_poll(again: bool) -> tuple[object, list[int]]:
-    """quanta_runtime's poll with a bug: it raises once a MiB of records waits in the
-    spool (no row made of them yet), and with ``again`` at every poll after that."""
+    """quanta_runtime's poll with a bug: its first call polls as usual until a MiB of
+    records waits in the spool (no row made of them yet; at most SPOOL_WAIT_S), then
+    raises, and with ``again`` at every poll after that. The first call waits for that
+    MiB within the run's poll loop: a storm slowed by a loaded machine may spool it
+    only after the run's second had passed, and the loop's last poll would then find
+    less (the bug came at the stop, or never)."""
     real = BpfHook.poll
     raised: list[int] = []
 
     def poll(self: BpfHook) -> Iterator[object]:
-        if (again and raised) or (not raised and self.spooled_bytes() >= 1 << 20):
-            raised.append(self.spooled_bytes())
-            raise RuntimeError("decoder bug")
-        yield from real(self)
+        if raised and not again:
+            yield from real(self)
+            return
+        deadline = time.monotonic() + SPOOL_WAIT_S
+        while not raised and self.spooled_bytes() < 1 << 20 and time.monotonic() < deadline:
+            yield from real(self)  # copies the rings into the spool; no CPU spare: no rows
+            time.sleep(0.01)
+        raised.append(self.spooled_bytes())
+        raise RuntimeError("decoder bug")
 
     return poll, raised
 
@@ -103,7 +118,13 @@ def test_a_failed_ring_hooks_spooled_records_are_not_lost(
             shutil.copytree(session.path / ".spool", snapshot)  # follows `mem` (the tmpfs)
 
     session = Session(cfg, on_message=on_message)
-    storm = subprocess.Popen(["stress-ng", "--switch", "1", "-t", "4"], stdout=subprocess.DEVNULL)
+    # The decoding libraries in before the run (as an earlier collection in this process
+    # leaves them): while they load, the loop only spills the rings, and on a loaded
+    # machine that may take the whole run, with no poll to fail in.
+    for name in DECODING_LIBRARIES:
+        importlib.import_module(name)
+    # The storm lasts as long as the run may (it is stopped below): its MiB may come late.
+    storm = subprocess.Popen(["stress-ng", "--switch", "1", "-t", "120"], stdout=subprocess.DEVNULL)
     try:
         time.sleep(0.3)
         result = session.run()

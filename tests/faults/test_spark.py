@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
-import time
+import signal
 import warnings
 from pathlib import Path
 
@@ -15,8 +15,17 @@ import pytest
 
 from kernmlops.data import read_collection
 from tests.conftest import REQUIRE_BPF, needs_tools
-from tests.faults.conftest import kill_collector, read_everything, start_collect
+from tests.faults.conftest import (
+    kill_collector,
+    parquet_rows,
+    read_everything,
+    start_collect,
+    wait_until,
+)
 from tests.faults.test_kill import STORM
+
+#: how long the storm's rows may take to reach finished parts (less than its 60 s)
+PARTS_WAIT_S = 45.0
 
 pytestmark = [
     pytest.mark.bpf,
@@ -33,12 +42,24 @@ def test_spark_reads_a_killed_collection(tmp_path: Path, bpf_baseline, spark) ->
     # none, and every row would wait in the spool): the kill leaves finished parts.
     run = start_collect(tmp_path / "out", *STORM, more_config="  spool_spare_cpus: 0\n")
     run.wait_for("probes attached")
-    time.sleep(2.3)  # two flushes, and into the third interval
+    collection = run.collection()  # its manifest is written before the probes attach
+
+    def flushed() -> bool:
+        # parts of the storm's rows, finished by the flushes (one a second); the
+        # collector's end (its benchmark's 60 s) would end the wait too
+        ended = run.proc.poll() is not None
+        return ended or parquet_rows(collection).get("quanta_runtime", 0) > 1000
+
+    # Killed once flushes have finished parts of the storm's rows, however long that
+    # takes: the first flush waits for the decoding libraries' import, and a loaded
+    # machine once had no part 2.3 s after the probes attached.
+    wait_until(flushed, PARTS_WAIT_S, 0.1)
     kill_collector(run)
-    collection = run.collection()
+    assert run.proc.returncode == -signal.SIGKILL, run.stderr_lines
     # What a kill may also leave: a part cut mid-write (no footer), and a compaction
     # cut short after its swap (the old parts in a hidden folder).
     first = collection / "quanta_runtime" / "part-00000.parquet"
+    assert first.exists(), f"no finished part in {PARTS_WAIT_S} s: {run.stderr_lines}"
     cut = first.with_name(".part-00099.parquet.tmp")
     cut.write_bytes(first.read_bytes()[: first.stat().st_size // 2])
     shutil.copytree(collection / "quanta_runtime", collection / ".compact-quanta_runtime")
