@@ -13,9 +13,12 @@
 #                       as many as fit; STATES adds quanta_runtime's programs alone)
 #   storm-tree.json     `collect -- storm` for STORM_TREE_S s: drops, RSS, end -> exit,
 #                       the copier's CPU and runway
+#   switch-cost.json    one storm, the floor and quanta_runtime's programs attached in
+#                       turn, COST_ROUNDS rounds: the storm tasks' CPU per switch-in
+#                       each adds (schedstat), the cost target's precise form
 #   overhead-2cpu.json  the same storm rounds with everything on CPUs 0 and 1
 # Environment: BUDGET_S (default 540: the whole run; each phase starts nothing that
-# would end past its share), STORM_S (5), STORM_TREE_S (60), ROUNDS2 (2),
+# would end past its share), STORM_S (5), STORM_TREE_S (60), ROUNDS2 (2), COST_ROUNDS (20),
 # STATES (off,floor,default; `programs` is the fourth), KMO_PY (the interpreter),
 # LOCAL=1 (a rehearsal here: this checkout's venv and short runs; bench/rehearse.sh
 # rehearses the install path too, in an Ubuntu 24.04 chroot).
@@ -34,6 +37,7 @@ else
   PY=${KMO_PY:-$( [ -x /opt/torch/.venv/bin/python3 ] && echo /opt/torch/.venv/bin/python3 || command -v python3)}
 fi
 ROUNDS2=${ROUNDS2:-2}
+COST_ROUNDS=${COST_ROUNDS:-$( [ "$LOCAL" = 1 ] && echo 4 || echo 20 )}
 STATES=${STATES:-off,floor,default}
 SITE=/tmp/kmo-site
 
@@ -74,14 +78,17 @@ main() {
     "$PY" -c 'import kernmlops, sys; print("kernmlops from", kernmlops.__file__)'
   } 2>&1 | tee "$OUT/facts.txt"
 
-  # the phases' deadlines: the 2-CPU rounds last, the tree storm before them,
-  # the all-CPU rounds get what is left
+  # the phases' deadlines: the 2-CPU rounds last, the switch cost and the tree
+  # storm before them, the all-CPU rounds get what is left
   local need2=$(( ROUNDS2 * 3 * (STORM_S + 8) + 20 ))
+  local need_cost=$(( COST_ROUNDS * 3 * 12 / 10 + 20 ))
   local need_tree=$(( 2 * STORM_TREE_S + 40 ))
   local d_end=$(( T0 + BUDGET_S - 5 ))
-  local d_tree=$(( d_end - need2 ))
+  local d_cost=$(( d_end - need2 ))
+  local d_tree=$(( d_cost - need_cost ))
   local d_all=$(( d_tree - need_tree ))
-  echo "deadlines: all CPUs +$(( d_all - T0 )) s, tree storm +$(( d_tree - T0 )) s, 2 CPUs +$(( d_end - T0 )) s"
+  echo "deadlines: all CPUs +$(( d_all - T0 )) s, tree storm +$(( d_tree - T0 )) s," \
+    "switch cost +$(( d_cost - T0 )) s, 2 CPUs +$(( d_end - T0 )) s"
 
   step "storm, every CPU" "$(left $(( d_all + 40 )))" "$PY" -m bench overhead --skip-default \
     --hooks-alone none --storm "$STORM" --storm-s "$STORM_S" --storm-rounds 100 \
@@ -89,6 +96,8 @@ main() {
   step "storm on its own tree" "$(left $(( d_tree + 20 )))" "$PY" -m bench storm-tree \
     --storm "$STORM" --seconds "$STORM_TREE_S" --rounds 1 --deadline "$d_tree" \
     --out "$OUT/storm-tree.json"
+  step "switch cost" "$(left "$d_cost")" "$PY" -m bench switch-cost --storm "$STORM" \
+    --pairs "$(nproc)" --rounds "$COST_ROUNDS" --out "$OUT/switch-cost.json"
   step "storm, CPUs 0 and 1" "$(left $(( d_end + 10 )))" taskset -c 0,1 "$PY" -m bench overhead \
     --skip-default --hooks-alone none --storm "$STORM" --storm-s "$STORM_S" \
     --storm-rounds "$ROUNDS2" --storm-states off,floor,default --deadline "$d_end" \

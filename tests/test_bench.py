@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -287,3 +289,67 @@ def test_fork_rows_pairs_each_programs_ns_by_round() -> None:
     a = [run(1500), run(1300), run(1900)]
     b = [run(1000), run(1100), run(1200, cnt=0)]  # a round without runs pairs nothing
     assert paired(a, b) == {"fork_btf": (500 + 200) / 2}
+
+
+def test_the_storm_times_no_program_unless_asked() -> None:
+    """A storm run without --bpf-stats (the kernel counted no run) says its programs
+    were not timed, rather than 0 ns a run; a timed one divides the kernel's counts."""
+    from bench.overhead import Run, StormResult, ns_per_run
+
+    def run(state: str, score: float, progs: dict[str, list[int]]) -> Run:
+        return Run(state, score, score, 1.0, 1.0, 0.0, 0.0, bpf_progs=progs)
+
+    def rounds(timed: bool) -> StormResult:
+        n = 1000 if timed else 0
+        return StormResult(["storm"], [{
+            "off": run("off", 100.0, {}),
+            "floor": run("floor", 90.0, {"floor_switch": [50 * n, n]}),
+            "programs": run("programs", 85.0, {"switch_btf": [90 * n, n]}),
+            "default": run("default", 80.0, {"switch_btf": [95 * n, n]}),
+        }])  # fmt: skip
+
+    untimed, timed = rounds(False).summary(), rounds(True).summary()
+    assert untimed["floor_ns_per_run"] is None and untimed["programs_ns_per_run"] is None
+    assert untimed["default_ns_per_run"] == {}
+    assert ns_per_run(untimed["floor_ns_per_run"]) == "ns/run not timed (--bpf-stats)"
+    assert (timed["floor_ns_per_run"], timed["programs_ns_per_run"]) == (50.0, 90.0)
+    assert timed["default_ns_per_run"] == {"switch_btf": 95.0}
+    # the slowdowns are the runs' own scores either way
+    assert (
+        untimed["default_over_floor"]
+        == timed["default_over_floor"]
+        == pytest.approx((100 / 80 - 1) / (100 / 90 - 1))
+    )
+
+
+def test_switch_cost_reads_every_task_of_the_storms_tree() -> None:
+    """switch-cost's tasks are the storm's whole tree (stress-ng forks its workers),
+    as ps lists it, and their schedstat counts grow as they run."""
+    from bench.switch_cost import cpu_and_arrivals, storm_tasks
+
+    tree = subprocess.Popen(
+        ["sh", "-c", "sh -c 'sleep 5 & wait' & sh -c 'while :; do :; done' & wait"],
+        start_new_session=True,  # one group: the whole tree goes at the end
+    )
+    try:
+        time.sleep(0.5)
+        ps = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True)
+        parent = {int(p): int(pp) for p, pp in (ln.split() for ln in ps.stdout.splitlines())}
+
+        def below(pid: int) -> bool:
+            while pid > 1:
+                if pid == tree.pid:
+                    return True
+                pid = parent.get(pid, 0)
+            return False
+
+        expected = {p for p in parent if below(p)}
+        assert len(expected) >= 4  # the root, two shells, sleep (the busy loop is a shell)
+        assert set(storm_tasks(tree.pid)) == expected
+        cpu0, n0 = cpu_and_arrivals(sorted(expected))
+        time.sleep(0.3)
+        cpu1, n1 = cpu_and_arrivals(sorted(expected))
+        assert cpu1 - cpu0 > 0.1e9 and n1 >= n0  # the busy loop ran ~0.3 s
+    finally:
+        os.killpg(tree.pid, signal.SIGKILL)
+        tree.wait()

@@ -1,0 +1,227 @@
+"""What each state adds to a context switch: the storm tasks' own CPU per switch-in.
+
+One switch storm (``stress-ng --switch``, or ``--storm PROGRAM``) runs for the whole
+benchmark; the states are attached to ``sched_switch`` in turn, in an order that turns
+every round (``harness.rotations``), each for ``--dwell`` seconds: untraced (``off``),
+the count-only floor (``bench/floor.bpf.c``), quanta_runtime's programs with their
+records thrown away unread (``programs``, as ``overhead``'s state of that name), and any
+``--object NAME=PATH`` (a variant of a program built by hand, its ring emptied the same
+way). For each state the storm tasks' CPU time and arrivals on a CPU are read from
+their ``/proc/<tid>/schedstat`` before and after: CPU ns per switch-in. What a state
+adds is its figure less the round's ``off``, paired by round.
+
+``overhead``'s storm measures the same cost as throughput, a fresh storm a state;
+where its pairs land on the two CPUs moves a run by ±5-10 points, several times the
+floor's slowdown. Here one storm carries every state and the measure is CPU per unit
+of work, which a busy machine disturbs less: a state's cost comes out within about
+±10-20 ns a switch in 50 rounds. The program's time in the tracepoint is charged to
+the task switched in, so it is in the figure, as are its indirect costs (caches, the
+ring's memory).
+
+``--bpf-stats`` adds ``floor+stats`` and ``programs+stats``: the same with the kernel
+timing every program run (``kernel.bpf_stats_enabled``, as ``hotpath`` and
+``overhead --bpf-stats`` time them), to price that timing itself.
+
+Run (root; built BPF objects, stress-ng):
+
+    sudo nice -n -10 python -m bench switch-cost --rounds 50
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from bench import harness
+from bench.harness import save
+
+BENCH = Path(__file__).resolve().parent
+
+#: what this benchmark is held to (python -m bench list shows it)
+TARGET = "none: prices each state per switch (explains overhead's storm ratio)"
+
+
+def storm_tasks(root: int) -> list[int]:
+    """The thread ids of ``root`` and every process below it."""
+    tids, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            threads = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in threads:
+            tids.append(int(tid))
+            with contextlib.suppress(OSError):  # gone meanwhile
+                kids = Path(f"/proc/{pid}/task/{tid}/children").read_text().split()
+                todo += [int(c) for c in kids]
+    return tids
+
+
+def cpu_and_arrivals(tids: list[int]) -> tuple[int, int]:
+    """The tasks' CPU ns and arrivals on a CPU (schedstat's first and third fields)."""
+    cpu = arrivals = 0
+    for tid in tids:
+        try:
+            fields = Path(f"/proc/{tid}/schedstat").read_text().split()
+        except OSError:
+            continue  # gone: its counts leave both readings alike
+        cpu += int(fields[0])
+        arrivals += int(fields[2])
+    return cpu, arrivals
+
+
+def empty_rings(objs: list, ring: str, stop: threading.Event) -> None:
+    """Throw each object's ring records away every 10 ms (consumer := producer)."""
+    views, maps = [], []
+    for obj in objs:
+        fd, page = obj.map(ring).fd, mmap.PAGESIZE
+        cons = mmap.mmap(fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
+        prod = mmap.mmap(fd, page, mmap.MAP_SHARED, mmap.PROT_READ, offset=page)
+        maps += [cons, prod]
+        # one 8-byte store each (struct.pack_into zeroes the position first)
+        views.append((memoryview(cons)[:8].cast("Q"), memoryview(prod)[:8].cast("Q")))
+    while not stop.wait(0.01):
+        for tail, head in views:
+            tail[0] = head[0]
+    for tail, head in views:
+        tail.release()
+        head.release()
+    for m in maps:
+        m.close()
+
+
+def interval(m: dict) -> str:
+    return f"{m['median']:+7.1f} ns  [{m['median_low']:+.1f}, {m['median_high']:+.1f}]"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = harness.parser(__name__, __doc__)
+    parser.add_argument("--rounds", type=int, default=50)
+    parser.add_argument("--dwell", type=float, default=1.0, help="seconds a state, a round")
+    parser.add_argument("--pairs", type=int, default=2, help="storm pairs (stress-ng --switch)")
+    parser.add_argument(
+        "--storm", help="a storm program taking PAIRS SECONDS (bench/switch_storm.c) instead"
+    )
+    parser.add_argument(
+        "--object",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="another state: a BPF object whose programs attach to sched_switch and whose "
+        "ring (quanta_runtime's) is emptied unread; repeatable",
+    )
+    parser.add_argument("--bpf-stats", action="store_true", help="also floor+stats, programs+stats")
+    parser.add_argument("--out", type=Path, default=BENCH / "results" / "switch-cost.json")
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        sys.exit("needs root (BPF)")
+    from bench.overhead import (
+        PROGRAMS_HOOK,
+        PROGRAMS_RING,
+        PROGRAMS_RING_BYTES,
+        build_floor,
+        enable_bpf_stats,
+    )
+    from kernmlops.ebpf.build import object_path
+    from kernmlops.ebpf.objects import open_and_load
+
+    def ring_object(path: Path):
+        return open_and_load(
+            path,
+            globals_={"kmo_self_tgid": os.getpid()},
+            max_entries={PROGRAMS_RING: PROGRAMS_RING_BYTES},
+        )
+
+    objs = {
+        "floor": open_and_load(build_floor()),
+        "programs": ring_object(object_path(PROGRAMS_HOOK)),
+    }
+    for spec in args.object:
+        name, _, path = spec.partition("=")
+        if not name or not path or name in objs or name == "off":
+            sys.exit(f"--object wants NAME=PATH with a new name: {spec!r}")
+        objs[name] = ring_object(Path(path))
+    states = ["off", *objs]
+    if args.bpf_stats:
+        states += ["floor+stats", "programs+stats"]
+    stop = threading.Event()
+    drain = threading.Thread(
+        target=empty_rings, args=([o for n, o in objs.items() if n != "floor"], PROGRAMS_RING, stop)
+    )
+    drain.start()
+    storm_argv = (
+        [args.storm, str(args.pairs), "86400"]
+        if args.storm
+        else ["stress-ng", "--switch", str(args.pairs), "--timeout", "86400"]
+    )
+    storm = subprocess.Popen(storm_argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rounds: list[dict[str, float]] = []
+    try:
+        time.sleep(2)  # every storm process forked and switching
+        tids = storm_tasks(storm.pid)
+        print(f"storm: {' '.join(storm_argv)}, {len(tids)} tasks", flush=True)
+        for r, order in harness.rotations(states, args.rounds):
+            row = {}
+            for state in order:
+                name, _, stats = state.partition("+")
+                stats_fd = enable_bpf_stats() if stats else None
+                if name != "off":
+                    objs[name].attach_all()
+                time.sleep(0.1)  # attached on every CPU before the reading
+                cpu0, n0 = cpu_and_arrivals(tids)
+                time.sleep(args.dwell)
+                cpu1, n1 = cpu_and_arrivals(tids)
+                if name != "off":
+                    objs[name].detach()
+                if stats_fd is not None:
+                    os.close(stats_fd)
+                row[state] = (cpu1 - cpu0) / max(1, n1 - n0)
+            rounds.append(row)
+            if (r + 1) % 10 == 0 or r + 1 == args.rounds:
+                print(f"round {r + 1}/{args.rounds}: " + "  ".join(
+                    f"{s} {row[s] - row['off']:+.0f}" for s in states[1:]), flush=True)  # fmt: skip
+    finally:
+        storm.terminate()
+        storm.wait()
+        stop.set()
+        drain.join()
+        for obj in objs.values():
+            obj.close()
+    added = {s: [row[s] - row["off"] for row in rounds] for s in states[1:]}
+    summary = {s: harness.summarize(v).as_dict(1) for s, v in added.items()}
+    floor = statistics.median(added["floor"])
+    print(f"\nstorm tasks' CPU per switch-in, untraced: "
+          f"{statistics.median(r['off'] for r in rounds):.0f} ns; added by each state "
+          f"(median of {len(rounds)} rounds, 95% interval):")  # fmt: skip
+    for s in states[1:]:
+        m = summary[s]
+        ratio = f"  {m['median'] / floor:.2f}x the floor" if floor > 0 else ""
+        print(f"  {s:16s} {interval(m)}{ratio}")
+    # a variant against the real programs, paired by round
+    versus = {}
+    for s in [n for n in objs if n not in ("floor", "programs")]:
+        d = [a - b for a, b in zip(added[s], added["programs"], strict=True)]
+        versus[s] = harness.summarize(d).as_dict(1)
+        m = versus[s]
+        print(f"  {s} - programs: {interval(m)}")
+    result = {
+        "machine": {"kernel": os.uname().release, "cpus": os.cpu_count()},
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "storm_argv": storm_argv,
+        "tasks": len(tids),
+        "untraced_ns_per_switch_in": statistics.median(r["off"] for r in rounds),
+        "added_ns_per_switch_in": summary,
+        "less_programs_ns": versus,
+        "rounds": rounds,
+    }
+    save(args.out, result, indent=1)
+    print(f"-> {args.out}")
+    return 0
