@@ -299,6 +299,26 @@ def recover(collection: Path) -> str:
     return out.stdout + out.stderr  # its messages go to stderr, as every command's
 
 
+#: how long a test waits for what it checks once the probes are attached (flushes
+#: counted, records spooled), less than a storm's 60 s: the first flush waits for the
+#: decoding libraries' import, and a loaded machine makes that and the storm slow
+EVENT_WAIT_S = 45.0
+
+
+def wait_for_flushes(run: Run, count: int, timeout_s: float = EVENT_WAIT_S) -> int:
+    """Wait until the running manifest counts ``count`` flushes (or the collector
+    ended, or ``timeout_s`` passed); the flushes it counts then. A flush's count is
+    written once its parts are finished; the loop notes the spool's sizes just after
+    asking for a flush, so every flush before the last counted one has noted them."""
+    manifest = run.collection() / "manifest.json"  # written before the probes attach
+
+    def counted() -> int:
+        return json.loads(manifest.read_text()).get("flushes", 0)  # replaced whole
+
+    wait_until(lambda: run.proc.poll() is not None or counted() >= count, timeout_s, 0.05)
+    return counted()
+
+
 def kill_collector(run: Run) -> int:
     """SIGKILL the collector; the kill time on CLOCK_MONOTONIC (µs)."""
     at = now_us()

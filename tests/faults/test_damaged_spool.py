@@ -20,7 +20,7 @@ import polars as pl
 import pytest
 
 from kernmlops.spool.frames import FRAME, RAW_FRAME, VERSION, ZSTD_MAGIC, Frame, iter_raw_frames
-from tests.faults.conftest import kill_collector, read_everything, start_collect
+from tests.faults.conftest import kill_collector, read_everything, start_collect, wait_for_flushes
 
 pytestmark = pytest.mark.bpf
 
@@ -36,6 +36,10 @@ def killed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run = start_collect(out, *STORM, more_config=config)
     run.wait_for("probes attached")
     time.sleep(2.5)
+    # and two flushes, however long the first takes (it waits for the decoding
+    # libraries' import, slow on a loaded machine): the segment's json then notes the
+    # size of a second of storm at least, which the cut tests compare with
+    wait_for_flushes(run, 2)
     kill_collector(run)
     subprocess.run(["pkill", "-f", "stress-ng --switch 1 --switch-freq 50000"], check=False)
     return run.collection()
@@ -262,6 +266,7 @@ def killed_in_memory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple
     run = start_collect(out, *STORM, more_config=config)
     run.wait_for("probes attached")
     time.sleep(2.5)
+    wait_for_flushes(run, 2)  # its size noted in the json, as the disk spool's (killed)
     kill_collector(run)
     subprocess.run(["pkill", "-f", "stress-ng --switch 1 --switch-freq 50000"], check=False)
     col = run.collection()

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from kernmlops.collect.manifest import read_manifest
-from tests.faults.conftest import kill_collector, start_collect
+from tests.faults.conftest import EVENT_WAIT_S, kill_collector, start_collect, wait_until
 
 pytestmark = pytest.mark.bpf
 
@@ -37,10 +37,15 @@ def killed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run = start_collect(out, "--hooks", "process_trace", "--", "sh", "-c", loop,
                         more_config=config)  # fmt: skip
     run.wait_for("probes attached")
-    time.sleep(2.5)
-    kill_collector(run)
     col = run.collection()
-    assert list((col / ".spool").glob("*.ring"))
+    time.sleep(2.5)
+
+    def spooled() -> bool:  # the execs' records the tests recover, copied to disk
+        return any(p.stat().st_size for p in (col / ".spool").glob("process_trace.*.ring"))
+
+    wait_until(lambda: run.proc.poll() is not None or spooled(), EVENT_WAIT_S, 0.1)
+    kill_collector(run)
+    assert spooled()
     return col
 
 

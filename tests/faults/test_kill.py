@@ -12,6 +12,7 @@ import pytest
 
 from kernmlops.collect.manifest import read_manifest
 from tests.faults.conftest import (
+    EVENT_WAIT_S,
     FLUSH_S,
     SLACK_S,
     assert_no_benchmark_left,
@@ -21,6 +22,7 @@ from tests.faults.conftest import (
     read_everything,
     recover,
     start_collect,
+    wait_for_flushes,
     wait_until,
 )
 
@@ -103,7 +105,10 @@ def test_sigkill_during_attach(tmp_path: Path, bpf_baseline, after_s: float) -> 
 def test_sigkill_mid_run_loses_at_most_one_flush(tmp_path: Path, bpf_baseline) -> None:
     run = start_collect(tmp_path / "out", *STORM)
     run.wait_for("probes attached")
-    time.sleep(2.3)  # two flushes, and a little into the third interval
+    # two flushes, however long they take (the first waits for the decoding libraries'
+    # import, which a loaded machine makes slow), and a little into the third interval
+    wait_for_flushes(run, 2)
+    time.sleep(0.3)
     killed_us = kill_collector(run)
     assert_no_benchmark_left(run.marker)
     col = run.collection()
@@ -166,13 +171,26 @@ def test_sigkill_with_every_row_in_the_spool_loses_at_most_one_flush_after_recov
         more_config=f"  spool_spare_cpus: 1000\n  spool_memory_mib: {memory_mib}\n",
     )
     run.wait_for("probes attached")
-    # once in CI nothing had reached the disk segment after 3.3 s (fewer than 4 MiB of
-    # records: the storm is rate-limited, and slower on a loaded machine): 4.3 s; all
-    # on the tmpfs, two flushes' worth
-    time.sleep(4.3 if memory_mib == 4 else 2.3)
+    col = run.collection()
+
+    def spooled(folder: Path) -> int:
+        # the storm's record bytes in folder's segments (the tmpfs's, or the disk's)
+        return sum(p.stat().st_size for p in folder.glob("quanta_switch.*.ring"))
+
+    def enough() -> bool:
+        if memory_mib == 4:  # past the tmpfs's 4 MiB: records on disk
+            return spooled(col / ".spool") > 0
+        # all on the tmpfs: as many, 4 MiB (~130k switches of 32 bytes; over 10,000
+        # rows are asserted)
+        return spooled(col / ".spool" / "mem") >= 4 << 20
+
+    # Killed once the spool holds what the checks below need, however long the storm
+    # (rate-limited, and slower on a loaded machine) takes: once in CI nothing had
+    # reached the disk segment 3.3 s after the probes attached. Its end (60 s) would
+    # end the wait too.
+    wait_until(lambda: run.proc.poll() is not None or enough(), EVENT_WAIT_S, 0.1)
     killed_us = kill_collector(run)
     assert_no_benchmark_left(run.marker)
-    col = run.collection()
     # never read to its end: segment 0 on the tmpfs, and past 4 MiB one on disk
     # (the copier's standby on disk, never taken up, is empty)
     segments = [p for p in pending_spools(col)
@@ -215,7 +233,10 @@ def test_sigkill_during_the_final_flush(tmp_path: Path, bpf_baseline) -> None:
     """SIGTERM starts the stop (drain, detach, final flush); SIGKILL lands in it."""
     run = start_collect(tmp_path / "out", *STORM)
     run.wait_for("probes attached")
-    time.sleep(2.5)
+    # two flushes, however long the first takes (see the mid-run kill), and half an
+    # interval: the stop then drains a running collection's rings
+    wait_for_flushes(run, 2)
+    time.sleep(0.5)
     run.proc.send_signal(signal.SIGTERM)
     time.sleep(0.05)
     killed_us = kill_collector(run)
@@ -272,7 +293,10 @@ def test_sigkill_under_memory_pressure(tmp_path: Path, bpf_baseline) -> None:
             preexec=enter,
         )  # fmt: skip
         run.wait_for("probes attached")
-        time.sleep(2.3)  # two flushes, and into the third interval
+        # two flushes (the libraries' import is slow under this pressure), and into the
+        # third interval
+        wait_for_flushes(run, 2)
+        time.sleep(0.3)
         killed_us = kill_collector(run)
         assert_no_benchmark_left(run.marker)
     col = run.collection()
