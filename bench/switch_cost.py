@@ -14,9 +14,10 @@ adds is its figure less the round's ``off``, paired by round.
 where its pairs land on the two CPUs moves a run by ±5-10 points, several times the
 floor's slowdown. Here one storm carries every state and the measure is CPU per unit
 of work, which a busy machine disturbs less: a state's cost comes out within about
-±10-20 ns a switch in 50 rounds. The program's time in the tracepoint is charged to
-the task switched in, so it is in the figure, as are its indirect costs (caches, the
-ring's memory).
+±10-20 ns a switch in 50 rounds on a quiet VM (±50-90 ns in a busy hour of the shared
+2-vCPU VM: compare states within one run, and rerun when the floor's interval is
+wide). The program's time in the tracepoint is charged to the task switched in, so
+it is in the figure, as are its indirect costs (caches, the ring's memory).
 
 ``--bpf-stats`` adds ``floor+stats`` and ``programs+stats``: the same with the kernel
 timing every program run (``kernel.bpf_stats_enabled``, as ``hotpath`` and
