@@ -19,7 +19,6 @@ Run (root, built objects not needed; clang and bpftool as for ``make bpf``):
 
 from __future__ import annotations
 
-import mmap
 import os
 import statistics
 import subprocess
@@ -29,7 +28,7 @@ from pathlib import Path
 
 from bench import harness
 from bench.harness import save
-from bench.overhead import enable_bpf_stats
+from bench.overhead import discard_rings, enable_bpf_stats
 
 BENCH = Path(__file__).resolve().parent
 
@@ -63,21 +62,6 @@ def build(step: int, out: Path) -> Path:
     return obj
 
 
-def empty_ring(obj, stop: threading.Event) -> None:
-    """Throw the ring's records away every 10 ms (the consumer jumps to the producer)."""
-    fd, page = obj.map(RING).fd, mmap.PAGESIZE
-    cons = mmap.mmap(fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
-    prod = mmap.mmap(fd, page, mmap.MAP_SHARED, mmap.PROT_READ, offset=page)
-    # One 8-byte store (struct.pack_into zeroes the position first: refused batches).
-    tail, head = memoryview(cons)[:8].cast("Q"), memoryview(prod)[:8].cast("Q")
-    while not stop.wait(0.01):
-        tail[0] = head[0]
-    tail.release()
-    head.release()
-    cons.close()
-    prod.close()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = harness.parser(__name__, __doc__)
     parser.add_argument("--rounds", type=int, default=6)
@@ -109,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             max_entries={RING: RING_BYTES},
         )
     stop = threading.Event()
-    drains = [threading.Thread(target=empty_ring, args=(objs[s], stop), daemon=True)
+    drains = [threading.Thread(target=discard_rings, args=([objs[s]], RING, stop), daemon=True)
               for s in steps if s >= 6]  # fmt: skip
     for drain in drains:
         drain.start()

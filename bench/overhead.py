@@ -282,43 +282,60 @@ def floor_child(obj_path: Path) -> int:
 PROGRAMS_HOOK, PROGRAMS_RING, PROGRAMS_RING_BYTES = "quanta_runtime", "quanta_switch_rb", 8 << 20
 
 
-def programs_child(obj_path: Path) -> int:
-    """Run by the Programs collector: the default scheduler hook's own programs
-    (quanta_runtime, every record streamed into its ring as in a collection) with
-    the cheapest reader there is: every 10 ms the consumer position jumps to the
-    producer's, so the records are thrown away unread. What this costs beyond the
-    floor is the programs' and the ring's share; what the full collector costs
-    beyond this is user space's (decoding, Arrow, Parquet)."""
-    import mmap
-
+def open_programs(obj_path: Path):
+    """quanta_runtime's object (or a build of it) loaded as ``programs`` runs it: not
+    following this process, its ring at the default size."""
     from kernmlops.ebpf.objects import open_and_load
 
-    obj = open_and_load(
+    return open_and_load(
         obj_path,
         globals_={"kmo_self_tgid": os.getpid()},
         max_entries={PROGRAMS_RING: PROGRAMS_RING_BYTES},
     )
+
+
+def discard_rings(objs: list, ring: str, stop: threading.Event) -> int:
+    """The cheapest reader there is: every 10 ms each object's ring consumer position
+    jumps to its producer's, so the records are thrown away unread, until ``stop``.
+    The bytes thrown away, in all."""
+    import mmap
+
+    views, maps, discarded = [], [], 0
+    for obj in objs:
+        fd, page = obj.map(ring).fd, mmap.PAGESIZE
+        cons = mmap.mmap(fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
+        prod = mmap.mmap(fd, page, mmap.MAP_SHARED, mmap.PROT_READ, offset=page)
+        maps += [cons, prod]
+        # one 8-byte store each (struct.pack_into zeroes the position first: refused batches)
+        views.append((memoryview(cons)[:8].cast("Q"), memoryview(prod)[:8].cast("Q")))
+    while not stop.wait(0.01):
+        for tail, head in views:
+            now = head[0]
+            discarded += now - tail[0]
+            tail[0] = now
+    for tail, head in views:
+        tail.release()
+        head.release()
+    for m in maps:
+        m.close()
+    return discarded
+
+
+def programs_child(obj_path: Path) -> int:
+    """Run by the Programs collector: the default scheduler hook's own programs
+    (quanta_runtime, every record streamed into its ring as in a collection) with
+    the cheapest reader there is (discard_rings). What this costs beyond the
+    floor is the programs' and the ring's share; what the full collector costs
+    beyond this is user space's (decoding, Arrow, Parquet)."""
+    obj = open_programs(obj_path)
     obj.attach_all()
-    fd, page = obj.map(PROGRAMS_RING).fd, mmap.PAGESIZE
-    cons = mmap.mmap(fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
-    prod = mmap.mmap(fd, page, mmap.MAP_SHARED, mmap.PROT_READ, offset=page)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     print(f"programs: {MARK}", file=sys.stderr, flush=True)
-    discarded = 0
-    # One 8-byte store (struct.pack_into zeroes the position first: refused batches).
-    tail, head = memoryview(cons)[:8].cast("Q"), memoryview(prod)[:8].cast("Q")
-    while not stop.wait(0.01):
-        now = head[0]
-        discarded += now - tail[0]
-        tail[0] = now
+    discarded = discard_rings([obj], PROGRAMS_RING, stop)
     obj.detach()
     drops = int(obj.map("drops").lookup_percpu(0).sum())
-    tail.release()
-    head.release()
-    cons.close()
-    prod.close()
     obj.close()
     # "events" here are ring bytes (batches of records), not rows
     print(json.dumps({"hooks": {PROGRAMS_HOOK: {"events": discarded, "drops": drops}}}), flush=True)

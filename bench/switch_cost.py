@@ -31,7 +31,6 @@ Run (root; built BPF objects, stress-ng):
 from __future__ import annotations
 
 import contextlib
-import mmap
 import os
 import statistics
 import subprocess
@@ -79,26 +78,6 @@ def cpu_and_arrivals(tids: list[int]) -> tuple[int, int]:
     return cpu, arrivals
 
 
-def empty_rings(objs: list, ring: str, stop: threading.Event) -> None:
-    """Throw each object's ring records away every 10 ms (consumer := producer)."""
-    views, maps = [], []
-    for obj in objs:
-        fd, page = obj.map(ring).fd, mmap.PAGESIZE
-        cons = mmap.mmap(fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
-        prod = mmap.mmap(fd, page, mmap.MAP_SHARED, mmap.PROT_READ, offset=page)
-        maps += [cons, prod]
-        # one 8-byte store each (struct.pack_into zeroes the position first)
-        views.append((memoryview(cons)[:8].cast("Q"), memoryview(prod)[:8].cast("Q")))
-    while not stop.wait(0.01):
-        for tail, head in views:
-            tail[0] = head[0]
-    for tail, head in views:
-        tail.release()
-        head.release()
-    for m in maps:
-        m.close()
-
-
 def interval(m: dict) -> str:
     return f"{m['median']:+7.1f} ns  [{m['median_low']:+.1f}, {m['median_high']:+.1f}]"
 
@@ -127,35 +106,30 @@ def main(argv: list[str] | None = None) -> int:
     from bench.overhead import (
         PROGRAMS_HOOK,
         PROGRAMS_RING,
-        PROGRAMS_RING_BYTES,
         build_floor,
+        discard_rings,
         enable_bpf_stats,
+        open_programs,
     )
     from kernmlops.ebpf.build import object_path
     from kernmlops.ebpf.objects import open_and_load
 
-    def ring_object(path: Path):
-        return open_and_load(
-            path,
-            globals_={"kmo_self_tgid": os.getpid()},
-            max_entries={PROGRAMS_RING: PROGRAMS_RING_BYTES},
-        )
-
     objs = {
         "floor": open_and_load(build_floor()),
-        "programs": ring_object(object_path(PROGRAMS_HOOK)),
+        "programs": open_programs(object_path(PROGRAMS_HOOK)),
     }
     for spec in args.object:
         name, _, path = spec.partition("=")
         if not name or not path or name in objs or name == "off":
             sys.exit(f"--object wants NAME=PATH with a new name: {spec!r}")
-        objs[name] = ring_object(Path(path))
+        objs[name] = open_programs(Path(path))
     states = ["off", *objs]
     if args.bpf_stats:
         states += ["floor+stats", "programs+stats"]
     stop = threading.Event()
     drain = threading.Thread(
-        target=empty_rings, args=([o for n, o in objs.items() if n != "floor"], PROGRAMS_RING, stop)
+        target=discard_rings,
+        args=([o for n, o in objs.items() if n != "floor"], PROGRAMS_RING, stop),
     )
     drain.start()
     storm_argv = (
