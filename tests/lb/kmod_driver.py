@@ -101,8 +101,8 @@ res["never_undeploy_rc"] = cli("undeploy")
 res["loaded_after"] = deploy.loaded()
 res["modules_after"] = Path("/proc/modules").read_text()
 res["probes_after"] = deploy.probed_functions()
-# stock again: the balancer pulls tasks, given the chance (3 runs at most, as the
-# phases above get): hogs that happen to start two per CPU leave it nothing to pull
+# stock again: the balancer pulls tasks, given the chance (3 runs at most; no module
+# here, so not phase()): hogs that happen to start two per CPU leave it nothing to pull
 before = balance()
 for _ in range(3):
     subprocess.run(STRESS, check=True)
