@@ -15,7 +15,7 @@ modules belong to the top layer, the command line.
 
 Imports by name at run time (importlib: the plug-in registries, graphs'
 lazy names) are not in the graph; the tests at the bottom import parts of the
-package in a fresh interpreter and check what actually got loaded.
+package in a process that has loaded none of it and check what actually got loaded.
 
 ``python tests/test_layers.py [SRC]`` prints the figures: circles, upward
 imports and the largest files.
@@ -25,9 +25,13 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import pkgutil
+import select
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -354,10 +358,111 @@ def figures(src: Path) -> str:
 
 
 # -- what a fresh interpreter loads ---------------------------------------------------
+#
+# Each check imports its modules in a process that has loaded no kernmlops module.
+# Starting an interpreter per check paid, every time, for the third-party
+# libraries the modules import (numpy, scipy, pydantic: most of its time). One
+# server process imports those once and forks a child per check instead; the
+# child imports the modules and reports the kernmlops ones in sys.modules.
+#
+# What the server may load first, and why that changes no answer:
+#  - no kernmlops module: those are what the check counts;
+#  - third-party libraries whose presence no kernmlops import depends on:
+#    kernmlops asks sys.modules whether a library is loaded (lazy.imported,
+#    collect.tuning) only inside functions that run later, never while a module
+#    is imported (test_the_fork_server_loads_what_a_fresh_interpreter_loads
+#    compares the two ways on the module that uses most of PRELOAD);
+#  - only libraries that leave the server single-threaded: a child forked from a
+#    process with other threads can hang on a lock one of them held. polars and
+#    pyarrow start threads at import (jemalloc's, polars' spill cleaner) and
+#    stay out; OpenBLAS (under numpy and scipy) starts its pool unless told to
+#    use one thread, and the server is. The server counts its threads before
+#    every fork and refuses to fork with more than one.
+
+#: imported once by the fork server; see above before adding one
+PRELOAD = ("numpy", "scipy.stats", "pydantic", "yaml", "click", "rich")
+
+_SERVER = """
+import importlib, json, os, sys, traceback
+for name in json.loads(sys.argv[1]):
+    importlib.import_module(name)
+early = sorted(m for m in sys.modules if m.split(".")[0] == "kernmlops")
+while line := sys.stdin.readline():
+    threads = len(os.listdir("/proc/self/task"))
+    if early or threads != 1:
+        why = f"kernmlops loaded before the fork: {early}" if early else (
+            f"{threads} threads at fork: a PRELOAD library started threads")
+        print(json.dumps({"error": why}), flush=True)
+        continue
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # an import's print stays off the replies
+        try:
+            for m in json.loads(line):
+                importlib.import_module(m)
+            out = {"loaded": sorted(m for m in sys.modules if m.split(".")[0] == "kernmlops")}
+        except BaseException:
+            out = {"error": traceback.format_exc()}
+        with os.fdopen(write, "w") as f:
+            f.write(json.dumps(out))
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        text = f.read()
+    _, status = os.waitpid(pid, 0)
+    if not text:
+        text = json.dumps({"error": f"the child ended with wait status {status} and no answer"})
+    print(text, flush=True)
+"""
 
 
-def _loaded_after(modules: list[str]) -> set[str]:
-    """kernmlops modules loaded by importing ``modules`` in a fresh interpreter."""
+class ForkServer:
+    """A process that has imported PRELOAD and nothing of kernmlops; each
+    ``loaded_after`` forks it once."""
+
+    def __init__(self, preload: tuple[str, ...] = PRELOAD) -> None:
+        env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}  # no BLAS pool: one thread to fork
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _SERVER, json.dumps(preload)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            text=True, env=env, start_new_session=True,
+        )  # fmt: skip
+
+    def loaded_after(self, modules: list[str], timeout: float = 120) -> set[str]:
+        """kernmlops modules loaded by importing ``modules`` in a child that had
+        none loaded."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(json.dumps(modules) + "\n")
+        self.process.stdin.flush()
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        assert ready, f"no answer in {timeout} s importing {modules}"
+        line = self.process.stdout.readline()
+        assert line, f"the fork server ended (status {self.process.poll()})"
+        answer = json.loads(line)
+        assert "error" not in answer, answer["error"]
+        return set(answer["loaded"])
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)  # with a child stuck in an import
+            self.process.wait()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ForkServer]:
+    forks = ForkServer()
+    yield forks
+    forks.close()
+
+
+def _fresh_interpreter(modules: list[str]) -> set[str]:
+    """kernmlops modules loaded by importing ``modules`` in a new interpreter."""
     code = (
         "import importlib, json, sys\n"
         f"for m in {modules!r}: importlib.import_module(m)\n"
@@ -400,30 +505,48 @@ SESSION = tuple(
 )
 
 
+def test_the_fork_server_loads_what_a_fresh_interpreter_loads(server: ForkServer) -> None:
+    # the module importing most of PRELOAD (numpy, scipy.stats): loaded first or
+    # not, the same kernmlops modules come in
+    modules = ["kernmlops.duet.report"]
+    loaded = server.loaded_after(modules)
+    assert loaded == _fresh_interpreter(modules)
+    assert {"kernmlops.duet.report", "kernmlops.duet.analysis"} <= loaded
+
+
+def test_the_fork_server_will_not_fork_beside_other_threads() -> None:
+    forks = ForkServer(("polars",))  # its spill cleaner (and jemalloc's) start at import
+    try:
+        with pytest.raises(AssertionError, match="threads at fork"):
+            forks.loaded_after(["kernmlops.errors"])
+    finally:
+        forks.close()
+
+
 @pytest.mark.parametrize("module", ANALYSIS)
-def test_the_analysis_side_never_loads_the_kernel_side(module: str) -> None:
-    loaded = _loaded_after([module])
+def test_the_analysis_side_never_loads_the_kernel_side(server: ForkServer, module: str) -> None:
+    loaded = server.loaded_after([module])
     assert not _under(loaded, "kernmlops.ebpf", "kernmlops.hooks", *SESSION)
 
 
-def test_the_kernel_side_knows_no_hooks_collections_or_benchmarks() -> None:
-    loaded = _loaded_after(_package("ebpf"))
+def test_the_kernel_side_knows_no_hooks_collections_or_benchmarks(server: ForkServer) -> None:
+    loaded = server.loaded_after(_package("ebpf"))
     assert not _under(loaded, "kernmlops.hooks", "kernmlops.collect", "kernmlops.benchmarks")
 
 
-def test_host_readers_are_the_bottom_layer() -> None:
-    loaded = _loaded_after(_package("host"))
+def test_host_readers_are_the_bottom_layer(server: ForkServer) -> None:
+    loaded = server.loaded_after(_package("host"))
     assert loaded <= {"kernmlops", "kernmlops.errors", "kernmlops.lazy", *_package("host"),
                       "kernmlops.host"}  # fmt: skip
 
 
-def test_hooks_and_benchmarks_do_not_load_the_session() -> None:
-    loaded = _loaded_after(["kernmlops.hooks", "kernmlops.benchmarks"])
+def test_hooks_and_benchmarks_do_not_load_the_session(server: ForkServer) -> None:
+    loaded = server.loaded_after(["kernmlops.hooks", "kernmlops.benchmarks"])
     assert not _under(loaded, "kernmlops.collect", "kernmlops.graphs", "kernmlops.data")
 
 
-def test_the_registry_and_the_shared_scenarios_load_no_plug_in() -> None:
-    loaded = _loaded_after(["kernmlops.registry", "kernmlops.workloads.mllb"])
+def test_the_registry_and_the_shared_scenarios_load_no_plug_in(server: ForkServer) -> None:
+    loaded = server.loaded_after(["kernmlops.registry", "kernmlops.workloads.mllb"])
     assert not _under(loaded, "kernmlops.hooks", "kernmlops.benchmarks", "kernmlops.lb")
 
 
