@@ -48,20 +48,23 @@ def _assert_clean(suite: str) -> None:
 # whole run; with 12 runs such a run widens the CI past a 10 % effect about half
 # the time, so the runner is checked on an effect no run can hide, and the power
 # of the statistics on small effects in tests/duet/test_stats.py (synthetic
-# runs) and bench/duet.py (this machine). The 2x duet's runs are 0.5 s: ~20 pairs a
-# run after warm-up (> 200 in all, under a load of 10-13 too) and a CI of about
-# +-0.06 around 1.8; the A/A duet keeps its 1 s runs, whose CI says how small a bias
-# it catches.
+# runs) and bench/duet.py (this machine). The 2x duet's runs are 0.3 s: 12-15 pairs a
+# run after warm-up (142-178 in all over six runs, the test wants > 60) and a 95 % CI
+# of +-2-5 % around +86-92 % (0.5 s runs gave +-2-3 %: the margin was never the run's
+# length); B's 7 iterations a run leave pairs after the warm-up of 2 unless a
+# neighbour slows it 2.5x for the whole run. The A/A duet's 0.6 s runs: its 99.9 %
+# CI was as wide with 1 s runs (+-2 to +-7 % both), the spread between runs, not
+# within them, sets how small a bias it catches.
 DETECT = """
 duetbench:
   suite: detect-{tag}
   duet_repetitions: 6
   schedule: sequential
-  harness: {{budget_s: 1.0}}
+  harness: {{budget_s: 0.6}}
   duets: [more, same]
 more:
   duet_repetitions: 12
-  harness: {{budget_s: 0.5}}
+  harness: {{budget_s: 0.3}}
   A: {{run: {loop} 20000000}}
   B: {{run: {loop} 40000000}}
 same:
