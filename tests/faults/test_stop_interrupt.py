@@ -3,9 +3,10 @@ what another does; the second leaves the rest in the spool for ``kernmlops recov
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import signal
-import time
 import warnings
 from pathlib import Path
 
@@ -31,6 +32,15 @@ from tests.faults.test_kill import repeated_runs
 pytestmark = [pytest.mark.bpf, needs_tools("stress-ng")]
 
 
+def _links(pid: int) -> int:
+    """The BPF links process ``pid`` holds (its attached programs)."""
+    count = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):  # an fd closed while listed
+            count += os.readlink(fd) == "anon_inode:bpf_link"
+    return count
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_second_ctrl_c_while_rows_are_made_leaves_the_rest_for_recover(
     tmp_path: Path, bpf_baseline, workers: int
@@ -38,7 +48,7 @@ def test_a_second_ctrl_c_while_rows_are_made_leaves_the_rest_for_recover(
     """No CPU to spare: every record waits in the spool for the stop, whose rows are
     made in the collector (1) or in worker processes (2)."""
     ended = tmp_path / "ended"
-    storm = f"stress-ng --switch 2 -t 4 --quiet; touch {ended}"
+    storm = f"stress-ng --switch 2 -t 2 --quiet; touch {ended}"
     run = start_collect(
         tmp_path / "out",
         "--", "sh", "-c", storm,
@@ -46,10 +56,15 @@ def test_a_second_ctrl_c_while_rows_are_made_leaves_the_rest_for_recover(
         f"  spool_row_workers: {workers}\n  compact: false\n",
     )  # fmt: skip
     run.wait_for("probes attached")
-    # the storm is over: the stop makes the rows of a few million records (seconds;
-    # a spool of 64 MiB or more also says so, which a busy machine may not reach)
-    assert wait_until(ended.exists, 60)
-    time.sleep(0.3)  # the collector saw the benchmark's exit: its stop began
+    attached = _links(run.proc.pid)
+    assert attached, "the collector holds no BPF link"
+    # The storm is over and the stop began: it detached the programs first (fewer
+    # links), and makes the rows of a million records or more (half a second here,
+    # more on a busy machine; with workers, their start takes a second more). A
+    # Ctrl+C before the stop began would stop the run instead, and none would be
+    # said at the stop.
+    assert wait_until(lambda: _links(run.proc.pid) < attached, 60)
+    assert ended.exists()  # the storm ran its course
     run.proc.send_signal(signal.SIGINT)
     run.wait_for("Ctrl+C again", timeout_s=10)  # said at once, in one line
     run.proc.send_signal(signal.SIGINT)
