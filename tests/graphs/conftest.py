@@ -348,12 +348,17 @@ window.addEventListener('load', () => {
 </script>"""
 
 
-def browser_view(page: Path, tmp: Path, width: int = 1600) -> dict:
-    """Open a copy of ``page`` with PROBE in Chromium; what PROBE wrote."""
+def browser_view(
+    page: Path, tmp: Path, width: int = 1600, height: int = 1200, screenshot: Path | None = None
+) -> dict:
+    """Open a copy of ``page`` with PROBE in Chromium; what PROBE wrote. ``screenshot``:
+    the same window also saved there as a PNG (one browser started, not two; PROBE's
+    line is the last thing on the page)."""
     probe = tmp / f"probe-{page.name}"
     probe.write_text(page.read_text().replace("</body>", PROBE + "</body>"))
+    shot = [] if screenshot is None else ["--hide-scrollbars", f"--screenshot={screenshot}"]
     dom = run_chromium(
-        [f"--window-size={width},1200", "--virtual-time-budget=5000", "--dump-dom",
+        [f"--window-size={width},{height}", "--virtual-time-budget=5000", *shot, "--dump-dom",
          probe.as_uri()],
         tmp / "profile",
     )  # fmt: skip

@@ -20,7 +20,7 @@ from kernmlops.graphs import load, render, report
 from kernmlops.graphs._report import table_summary
 from kernmlops.graphs.perf_counters import per_sample
 from kernmlops.tables import UPTIME_TIMESTAMP
-from tests.graphs.conftest import assert_png, run_chromium
+from tests.graphs.conftest import assert_png
 from tests.graphs.test_render import EXPECTED
 from tests.graphs.test_report import (
     assert_one_query_gives_the_two_queries_results,
@@ -67,14 +67,10 @@ def test_report_of_a_real_collection_renders_in_chromium(
     pngs = assert_self_contained(page.read_text())
     assert len(pngs) == len(expected_graphs(real_collection))
 
-    seen = browser_view(page, tmp_path)
+    shot = tmp_path / "report.png"
+    seen = browser_view(page, tmp_path, width=1400, height=9000, screenshot=shot)
     assert seen["images"] == len(pngs) and seen["decoded"] == len(pngs)
 
-    shot = tmp_path / "report.png"
-    run_chromium(
-        ["--window-size=1400,9000", "--hide-scrollbars", f"--screenshot={shot}", page.as_uri()],
-        tmp_path / "profile",
-    )
     from PIL import Image
 
     with Image.open(shot) as image:
