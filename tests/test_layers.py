@@ -415,6 +415,7 @@ while line := sys.stdin.readline():
     if not text:
         text = json.dumps({"error": f"the child ended with wait status {status} and no answer"})
     print(text, flush=True)
+os._exit(0)  # no teardown of what it loaded: nothing of it is kept
 """
 
 
@@ -422,8 +423,10 @@ class ForkServer:
     """A process that has imported PRELOAD and nothing of kernmlops; each
     ``loaded_after`` forks it once."""
 
-    def __init__(self, preload: tuple[str, ...] = PRELOAD) -> None:
+    def __init__(self, preload: tuple[str, ...] = PRELOAD, path: Path | None = None) -> None:
         env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}  # no BLAS pool: one thread to fork
+        if path is not None:  # where more of ``preload`` is found
+            env["PYTHONPATH"] = os.pathsep.join([str(path), env.get("PYTHONPATH", "")])
         self.process = subprocess.Popen(
             [sys.executable, "-c", _SERVER, json.dumps(preload)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -514,11 +517,24 @@ def test_the_fork_server_loads_what_a_fresh_interpreter_loads(server: ForkServer
     assert {"kernmlops.duet.report", "kernmlops.duet.analysis"} <= loaded
 
 
-def test_the_fork_server_will_not_fork_beside_other_threads() -> None:
-    forks = ForkServer(("polars",))  # its spill cleaner (and jemalloc's) start at import
+def test_the_fork_server_will_not_fork_beside_other_threads(tmp_path: Path) -> None:
+    # a library that starts a thread at import, as polars and pyarrow do
+    (tmp_path / "starts_a_thread.py").write_text(
+        "import threading\nthreading.Thread(target=threading.Event().wait, daemon=True).start()\n"
+    )
+    forks = ForkServer(("starts_a_thread",), tmp_path)
     try:
         with pytest.raises(AssertionError, match="threads at fork"):
             forks.loaded_after(["kernmlops.errors"])
+    finally:
+        forks.close()
+
+
+def test_the_fork_server_will_not_fork_with_kernmlops_loaded() -> None:
+    forks = ForkServer(("kernmlops.errors",))  # the check would count what it loaded
+    try:
+        with pytest.raises(AssertionError, match=r"kernmlops loaded before the fork: \['kernm"):
+            forks.loaded_after(["kernmlops.counters"])
     finally:
         forks.close()
 
