@@ -50,8 +50,8 @@ def _assert_clean(suite: str) -> None:
 # of the statistics on small effects in tests/duet/test_stats.py (synthetic
 # runs) and bench/duet.py (this machine). The 2x duet's runs are 0.3 s: 12-15 pairs a
 # run after warm-up (142-178 in all over six runs, the test wants > 60) and a 95 % CI
-# of +-2-5 % around +86-92 % (0.5 s runs gave +-2-3 %: the margin was never the run's
-# length); B's 7 iterations a run leave pairs after the warm-up of 2 unless a
+# of +-2-5 % around +86-92 % (0.5 s runs: +-2-6 %, the spread between runs sets it);
+# B's 7 iterations a run leave pairs after the warm-up of 2 unless a
 # neighbour slows it 2.5x for the whole run. The A/A duet's 0.6 s runs: its 99.9 %
 # CI was as wide with 1 s runs (+-2 to +-7 % both), the spread between runs, not
 # within them, sets how small a bias it catches.
