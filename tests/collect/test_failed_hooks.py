@@ -15,20 +15,16 @@ import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from kernmlops.collect.session import Session
 from kernmlops.collect.tuning import DECODING_LIBRARIES
 from kernmlops.config import load_config
 from kernmlops.data import IncompleteCollectionWarning, read_collection
-from kernmlops.ebpf.btf import unbatch
-from kernmlops.ebpf.build import build, object_path
-from kernmlops.ebpf.ringbuf import decode, record_stride
-from kernmlops.ebpf.spec import object_spec
+from kernmlops.ebpf.build import build
 from kernmlops.hooks.bpf import BpfHook
-from kernmlops.hooks.quanta_runtime import NO_TIME, QuantaRuntimeHook
-from kernmlops.spool.frames import format_of, iter_segment
+from kernmlops.hooks.quanta_runtime import QuantaRuntimeHook
+from tests.switches import spooled_switches
 
 pytestmark = pytest.mark.bpf
 
@@ -36,32 +32,6 @@ pytestmark = pytest.mark.bpf
 @pytest.fixture(scope="module", autouse=True)
 def _built() -> None:
     build()
-
-
-def _spooled_switches(snapshot: Path) -> tuple[int, dict[str, int]]:
-    """The records in a copy of quanta_runtime's spool and the rows they give (every
-    frame decoded here, not by the collector): a record is a quanta_runtime row where
-    it has a run time, a quanta_queued_time row where it has a wait."""
-    layout = object_spec(object_path("quanta_runtime")).ring_layouts()["quanta_switch_rb"]
-    dtype = layout.batch if layout.batch is not None else layout.dtype
-    stride = record_stride(dtype.itemsize)
-    segments = sorted(snapshot.rglob("quanta_switch.*.ring"), key=lambda p: p.name)
-    assert segments, sorted(snapshot.rglob("*"))
-    rows = {"quanta_runtime": 0, "quanta_queued_time": 0}
-    count = 0
-    for seg in segments:
-        meta = json.loads(seg.with_suffix(".json").read_text())
-        for frame in iter_segment(seg.read_bytes(), format_of(meta)):
-            assert frame.reason is None and frame.raw is not None, frame.reason
-            raw = np.frombuffer(frame.raw, np.uint8)
-            assert len(raw) % stride == 0
-            records = decode(raw, 1, 0, len(raw), dtype).records
-            if layout.batch is not None:
-                records = unbatch(records, layout)
-            count += len(records)
-            rows["quanta_runtime"] += int((records["run_ns_hi"] != NO_TIME).sum())
-            rows["quanta_queued_time"] += int((records["queued_ns_hi"] != NO_TIME).sum())
-    return count, rows
 
 
 #: how long quanta_runtime's failing poll waits for its MiB of spooled records
@@ -132,7 +102,8 @@ def test_a_failed_ring_hooks_spooled_records_are_not_lost(
         storm.terminate()  # its switches are no longer traced
         storm.wait(timeout=30)
     assert raised and raised[0] >= 1 << 20
-    records, expected = _spooled_switches(snapshot)
+    spooled = spooled_switches(snapshot)
+    records, expected = spooled.records, spooled.rows
     assert expected["quanta_runtime"] > 10_000  # the storm's switches, in the spool
     assert result.ended_by == "duration" and result.exit_code == 1
     status = result.hooks["quanta_runtime"]
@@ -433,7 +404,8 @@ def test_a_hook_whose_start_raises_a_bug_is_not_attached_and_the_others_run(
     if where == "notes":  # never started
         assert made["quanta_runtime"] == 0 and record.events == 0
     else:  # every record it spooled before its bug, decoded apart from the collector
-        records, expected = _spooled_switches(tmp_path / "snapshot")
+        spooled = spooled_switches(tmp_path / "snapshot")
+        records, expected = spooled.records, spooled.rows
         assert made["quanta_runtime"] > 1000
         assert made == expected == record.rows
         assert record.events == records
@@ -487,7 +459,7 @@ def _recover_makes_each_spooled_record_once(tmp_path: Path, folder: Path) -> Non
     made for some are not made again), the other hooks' tables whole."""
     snapshot = tmp_path / "snapshot"
     shutil.copytree(folder / ".spool", snapshot)  # follows `mem` (the tmpfs)
-    expected = _spooled_switches(snapshot)[1]
+    expected = spooled_switches(snapshot).rows
     assert expected["quanta_runtime"] > 1000
     recovered = subprocess.run([sys.executable, "-m", "kernmlops", "recover", str(folder)],
                                capture_output=True, text=True, timeout=300)  # fmt: skip
