@@ -7,6 +7,7 @@ import importlib
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -195,9 +196,10 @@ def test_collect_says_a_hook_failing_at_the_stop_in_one_line_and_exits_1(
     tmp_path: Path, where: str, why: str
 ) -> None:
     out = tmp_path / "out"
+    # a few tenths of a second of the whole system: switches enough for the rows checked
     done = subprocess.run(
         [sys.executable, "-c", _FAILING_AT_THE_STOP, where, "collect", "--no-progress",
-         "-o", str(out), "-b", "faux", "-d", "1", "--hooks", "memory_usage,quanta_runtime"],
+         "-o", str(out), "-b", "faux", "-d", "0.3", "--hooks", "memory_usage,quanta_runtime"],
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
     )  # fmt: skip
     _exits_1(
@@ -235,8 +237,11 @@ from kernmlops.hooks.bpf import BpfHook
 from kernmlops.hooks.quanta_runtime import QuantaRuntimeHook
 
 WHERE = sys.argv.pop(1)  # which call has the bug
+#: the benchmark's storm goes on until this file is there (_collect_with_a_bug)
+ENOUGH = Path("enough")
 
 def bug(*args, **kwargs):
+    ENOUGH.touch()  # what the test checks happened: the storm may end
     raise RuntimeError(f"{WHERE} bug")
 
 def wait_for(done):
@@ -244,6 +249,17 @@ def wait_for(done):
     while not done() and time.monotonic() < deadline:
         time.sleep(0.01)
 
+spooled = QuantaRuntimeHook.spooled_bytes
+if WHERE in ("adopt", "spool_work", "spool_made"):  # bugs at the stop
+    def spooled_enough(self):
+        # 256 KiB of the storm's switches wait in its spool (~8000, for the 1000 rows
+        # checked): the storm may end
+        held = spooled(self)
+        if held >= 256 << 10:
+            ENOUGH.touch()
+        return held
+
+    QuantaRuntimeHook.spooled_bytes = spooled_enough
 if WHERE == "adopt":  # the collector's own bug, in no hook
     parquet.ParquetSink.adopt = lambda *a, **k: (_ for _ in ()).throw(TypeError("adopt bug"))
 else:
@@ -255,9 +271,10 @@ else:
         # the start is done); (the whole system traced) a storm's switches spooled:
         # then the bug
         real(self, arg)
-        subprocess.run(["stress-ng", "--switch", "1", "--switch-ops", "50000", "-t", "2",
-                        "--quiet"])
+        storm = subprocess.Popen(["stress-ng", "--switch", "1", "-t", "20", "--quiet"])
         wait_for(lambda: spooled(self) >= 64 << 10)
+        storm.terminate()
+        storm.wait()
         self.spool_from = next(iter(self._spools.values())).folder
         bug()
 
@@ -272,7 +289,6 @@ else:
 
     if WHERE in IN_START:
         QuantaRuntimeHook.spool_work = spool_work
-    spooled = QuantaRuntimeHook.spooled_bytes
 
     def while_running(self, *args):
         # once 64 KiB wait in its spool (wake_fds: asked once, at the start); once
@@ -289,20 +305,32 @@ main()
 """
 
 
+#: the longest the storm of :func:`_collect_with_a_bug` runs (it ends sooner, once the
+#: test has what it checks)
+STORM_S = 30
+
+
 def _collect_with_a_bug(
     tmp_path: Path, where: str, *more: str
 ) -> tuple[subprocess.CompletedProcess, Path]:
     """``collect`` (with ``more`` options) of a switch storm with quanta_runtime's
     ``where`` raising a bug, every record spooled and the rows made at the stop in two
-    worker processes."""
+    worker processes. The storm runs until the bug came (or, for a bug at the stop,
+    until 256 KiB of its switches are spooled), at most STORM_S."""
     config = tmp_path / "overrides.yaml"
     config.write_text("collector:\n  spool_spare_cpus: 1000\n  spool_row_workers: 2\n"
                       "  flush_interval_s: 0.5\n")  # fmt: skip
     out = tmp_path / "out"
+    enough = shlex.quote(str(tmp_path / "enough"))  # the collector's cwd: see _FAULT
+    storm = (
+        f"stress-ng --switch 1 -t {STORM_S} --quiet & s=$!; "
+        f"while [ ! -e {enough} ] && kill -0 $s 2>/dev/null; do sleep 0.02; done; "
+        "kill $s 2>/dev/null; wait $s; exit 0"
+    )
     done = subprocess.run(
         [sys.executable, "-c", _FAULT, where, "collect", "--no-progress", "-c", str(config),
          "-o", str(out), "--hooks", "quanta_runtime,process_trace,memory_usage", *more,
-         "--", "stress-ng", "--switch", "1", "-t", "1"],
+         "--", "sh", "-c", storm],
         capture_output=True, text=True, timeout=180, cwd=tmp_path,
     )  # fmt: skip
     (folder,) = (out / "curated").glob("benchmark=*/*")
