@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -739,18 +740,36 @@ def test_a_burst_wakes_the_loop_before_a_small_ring_overflows(
     # 0.3 s. The hook asks for no poll before 10 s (its forecast from the fill rate
     # is switched off, so that only the wake-ups are tested): the programs' wake-ups
     # at each quarter of the ring must get it drained in time.
+    from kernmlops.collect import loop
     from kernmlops.hooks.bpf import BpfHook
 
     monkeypatch.setattr(BpfHook, "next_poll", lambda self, now: now + 10.0)
+    # The burst comes once the loop has gone to sleep for a second or more (until the
+    # first flush, 5 s): before, a poll of its own could drain the ring in the middle
+    # of the burst. Not a fixed time: however long the start took.
+    asleep: list[Path] = []
+    real_sleep = loop._sleep
+
+    def sleep(seconds: float, waker: object) -> None:
+        if seconds >= 1.0:
+            asleep[-1].touch()
+        real_sleep(seconds, waker)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(loop, "_sleep", sleep)
 
     def run(out: Path) -> Session:
+        asleep.append(out.with_name(out.name + ".asleep"))
+        flag = shlex.quote(str(asleep[-1]))
+        burst = (
+            f"i=0; while [ ! -e {flag} ] && [ $i -lt 1000 ]; do sleep 0.01; i=$((i+1)); done; "
+            "for i in $(seq 600); do /bin/true; done"
+        )  # at most ~10 s for the loop to fall asleep
         cfg = load_config(
             {
                 "collector": {"output_dir": str(out), "progress": False,
                               "hooks": ["process_trace"], "poll_max_interval_ms": 10000},
                 "hooks": {"process_trace": {"ring_kib": 64, "batch_ms": 10000}},
-                "benchmark": {"name": "command", "command": {"argv": [
-                    "sh", "-c", "sleep 1.5; for i in $(seq 600); do /bin/true; done"]}},
+                "benchmark": {"name": "command", "command": {"argv": ["sh", "-c", burst]}},
             }
         )  # fmt: skip
         return Session(cfg).run()
