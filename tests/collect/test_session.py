@@ -703,8 +703,23 @@ def test_a_quiet_collection_polls_a_few_times_a_second(
     monkeypatch.setattr(ProcessTraceHook, "wakes_at_fill", False)
     Session(cfg).run()
     assert 18 <= len(polls) <= 40
-    # Every poll interval again when a hook asks for it (batch_ms 0: every poll).
+    # Every poll interval again when a hook asks for it (batch_ms 0: every poll): 50
+    # polls within the run's second. The run ends at the 50th (Ctrl+C), not after it.
+    import os
+    import signal
+
+    from kernmlops.collect import loop
+
     polls.clear()
+    counted = loop._next_wake
+
+    def stop_at_50(*args: object) -> float:
+        wake = counted(*args)  # type: ignore[arg-type]
+        if len(polls) == 50:
+            os.kill(os.getpid(), signal.SIGINT)
+        return wake
+
+    monkeypatch.setattr(loop, "_next_wake", stop_at_50)
     cfg = load_config(
         {
             "collector": {"output_dir": str(tmp_path), "progress": False,
