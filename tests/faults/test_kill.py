@@ -367,13 +367,13 @@ def test_sigkill_while_taking_in_the_row_workers_parts_loses_nothing_after_recov
         return spooled_switches(col / ".spool", col / ".spool" / "mem", live=True)
 
     def enough(seen: SpooledSwitches) -> bool:
-        # twice the rows asserted below, and the storm half a second past the first
-        # second that the gap checks leave out
-        return seen.rows["quanta_runtime"] >= 100_000 and seen.span_s >= 1.5
+        # twice the rows asserted below, and the storm 1.5 s past the first second that
+        # the gap checks leave out: more than the 1 s a CPU may go without a row
+        return seen.rows["quanta_runtime"] >= 100_000 and seen.span_s >= 2.5
 
-    # Stopped once the spool holds what the checks need, however fast the storm runs
-    # (a fixed 3 s gave six times the rows, and fewer on a loaded machine).
-    wait_until(lambda: run.proc.poll() is not None or enough(stormed()), EVENT_WAIT_S, 0.1)
+    # Stopped once the spool holds what the checks need, however the storm and the
+    # copy run (a fixed 3 s after the attach: less of it where the copy lags).
+    wait_until(lambda: run.proc.poll() is not None or enough(stormed()), EVENT_WAIT_S, 0.25)
     seen = stormed()
     if not enough(seen):
         kill_collector(run)  # nothing of it left for the next test
@@ -399,7 +399,7 @@ def test_sigkill_while_taking_in_the_row_workers_parts_loses_nothing_after_recov
     rows = read_everything(col)
     if where == "adopt-0":
         assert rows["quanta_runtime"] > before  # no worker's part was taken in
-    assert rows["quanta_runtime"] > 50_000, said  # ~100k switches/s for 1.5 s and more
+    assert rows["quanta_runtime"] > 50_000, said  # ~100k switches/s for 2.5 s
     # each spooled record's rows once: none lost, none made twice
     assert {t: rows[t] for t in spooled.rows} == spooled.rows, said
     quanta = pl.read_parquet(sorted((col / "quanta_runtime").glob("part-*.parquet")))
