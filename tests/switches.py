@@ -7,7 +7,10 @@ against."""
 from __future__ import annotations
 
 import contextlib
+import json
+from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -450,3 +453,79 @@ def unseen_arrivals(
     with open_and_load(path, globals_={"comm8": comm8}) as obj:
         obj.attach_all()
         yield UnseenArrivals(obj)
+
+
+@dataclass
+class SpooledSwitches:
+    """The switch records in quanta_runtime's spool, decoded here (not by the
+    collector), and the rows they give: a quanta_runtime row (its ``pid`` prev's)
+    where a record has a run time, a quanta_queued_time row (its ``pid`` next's) where
+    it has a wait."""
+
+    records: int = 0
+    rows: dict[str, int] = field(
+        default_factory=lambda: {"quanta_runtime": 0, "quanta_queued_time": 0}
+    )
+    #: pid -> its quanta_runtime rows (switches out), and its quanta_queued_time rows
+    #: (switches in)
+    outs: Counter[int] = field(default_factory=Counter)
+    ins: Counter[int] = field(default_factory=Counter)
+    #: the first and last switch (CLOCK_MONOTONIC ns; 0: no record)
+    first_ns: int = 0
+    last_ns: int = 0
+
+    @property
+    def span_s(self) -> float:
+        """Seconds from the first switch to the last."""
+        return (self.last_ns - self.first_ns) / 1e9
+
+
+def spooled_switches(*folders: Path, live: bool = False) -> SpooledSwitches:
+    """Every quanta_switch record of the spool segments in ``folders`` (and below them)
+    and the rows they give. A stopped spool (a copy, or one a killed collector left)
+    has whole frames only; ``live``: the collector still writes it, so a segment whose
+    file or json is not there (yet, or any more) is passed over, and so is a frame cut
+    short at a segment's end (read once it is whole)."""
+    from kernmlops.ebpf.btf import unbatch
+    from kernmlops.ebpf.build import object_path
+    from kernmlops.ebpf.ringbuf import decode, record_stride
+    from kernmlops.ebpf.spec import object_spec
+    from kernmlops.hooks.quanta_runtime import NO_TIME
+    from kernmlops.spool.frames import format_of, iter_segment
+
+    layout = object_spec(object_path("quanta_runtime")).ring_layouts()["quanta_switch_rb"]
+    dtype = layout.batch if layout.batch is not None else layout.dtype
+    stride = record_stride(dtype.itemsize)
+    found = SpooledSwitches()
+    segments = {p for folder in folders for p in folder.rglob("quanta_switch.*.ring")}
+    for seg in sorted(segments, key=lambda p: p.name):
+        try:
+            meta = json.loads(seg.with_suffix(".json").read_text())
+            data = seg.read_bytes()
+        except (OSError, ValueError):
+            if live:
+                continue
+            raise
+        for frame in iter_segment(data, format_of(meta)):
+            if live and frame.reason is not None:
+                break  # the writer's frame, not whole yet
+            assert frame.reason is None and frame.raw is not None, (seg, frame.reason)
+            raw = np.frombuffer(frame.raw, np.uint8)
+            assert len(raw) % stride == 0
+            records = decode(raw, 1, 0, len(raw), dtype).records
+            if layout.batch is not None:
+                records = unbatch(records, layout)
+            if not len(records):
+                continue
+            found.records += len(records)
+            at = records["at_ns"]
+            low, high = int(at.min()), int(at.max())
+            found.first_ns = min(found.first_ns or low, low)
+            found.last_ns = max(found.last_ns, high)
+            ran = records["run_ns_hi"] != NO_TIME
+            waited = records["queued_ns_hi"] != NO_TIME
+            found.rows["quanta_runtime"] += int(ran.sum())
+            found.rows["quanta_queued_time"] += int(waited.sum())
+            found.outs.update(records["prev_pid"][ran].tolist())
+            found.ins.update(records["next_pid"][waited].tolist())
+    return found

@@ -7,6 +7,7 @@ import importlib
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -15,20 +16,16 @@ import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from kernmlops.collect.session import Session
 from kernmlops.collect.tuning import DECODING_LIBRARIES
 from kernmlops.config import load_config
 from kernmlops.data import IncompleteCollectionWarning, read_collection
-from kernmlops.ebpf.btf import unbatch
-from kernmlops.ebpf.build import build, object_path
-from kernmlops.ebpf.ringbuf import decode, record_stride
-from kernmlops.ebpf.spec import object_spec
+from kernmlops.ebpf.build import build
 from kernmlops.hooks.bpf import BpfHook
-from kernmlops.hooks.quanta_runtime import NO_TIME, QuantaRuntimeHook
-from kernmlops.spool.frames import format_of, iter_segment
+from kernmlops.hooks.quanta_runtime import QuantaRuntimeHook
+from tests.switches import spooled_switches
 
 pytestmark = pytest.mark.bpf
 
@@ -36,32 +33,6 @@ pytestmark = pytest.mark.bpf
 @pytest.fixture(scope="module", autouse=True)
 def _built() -> None:
     build()
-
-
-def _spooled_switches(snapshot: Path) -> tuple[int, dict[str, int]]:
-    """The records in a copy of quanta_runtime's spool and the rows they give (every
-    frame decoded here, not by the collector): a record is a quanta_runtime row where
-    it has a run time, a quanta_queued_time row where it has a wait."""
-    layout = object_spec(object_path("quanta_runtime")).ring_layouts()["quanta_switch_rb"]
-    dtype = layout.batch if layout.batch is not None else layout.dtype
-    stride = record_stride(dtype.itemsize)
-    segments = sorted(snapshot.rglob("quanta_switch.*.ring"), key=lambda p: p.name)
-    assert segments, sorted(snapshot.rglob("*"))
-    rows = {"quanta_runtime": 0, "quanta_queued_time": 0}
-    count = 0
-    for seg in segments:
-        meta = json.loads(seg.with_suffix(".json").read_text())
-        for frame in iter_segment(seg.read_bytes(), format_of(meta)):
-            assert frame.reason is None and frame.raw is not None, frame.reason
-            raw = np.frombuffer(frame.raw, np.uint8)
-            assert len(raw) % stride == 0
-            records = decode(raw, 1, 0, len(raw), dtype).records
-            if layout.batch is not None:
-                records = unbatch(records, layout)
-            count += len(records)
-            rows["quanta_runtime"] += int((records["run_ns_hi"] != NO_TIME).sum())
-            rows["quanta_queued_time"] += int((records["queued_ns_hi"] != NO_TIME).sum())
-    return count, rows
 
 
 #: how long quanta_runtime's failing poll waits for its MiB of spooled records
@@ -132,7 +103,8 @@ def test_a_failed_ring_hooks_spooled_records_are_not_lost(
         storm.terminate()  # its switches are no longer traced
         storm.wait(timeout=30)
     assert raised and raised[0] >= 1 << 20
-    records, expected = _spooled_switches(snapshot)
+    spooled = spooled_switches(snapshot)
+    records, expected = spooled.records, spooled.rows
     assert expected["quanta_runtime"] > 10_000  # the storm's switches, in the spool
     assert result.ended_by == "duration" and result.exit_code == 1
     status = result.hooks["quanta_runtime"]
@@ -224,9 +196,10 @@ def test_collect_says_a_hook_failing_at_the_stop_in_one_line_and_exits_1(
     tmp_path: Path, where: str, why: str
 ) -> None:
     out = tmp_path / "out"
+    # a few tenths of a second of the whole system: switches enough for the rows checked
     done = subprocess.run(
         [sys.executable, "-c", _FAILING_AT_THE_STOP, where, "collect", "--no-progress",
-         "-o", str(out), "-b", "faux", "-d", "1", "--hooks", "memory_usage,quanta_runtime"],
+         "-o", str(out), "-b", "faux", "-d", "0.3", "--hooks", "memory_usage,quanta_runtime"],
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
     )  # fmt: skip
     _exits_1(
@@ -264,8 +237,11 @@ from kernmlops.hooks.bpf import BpfHook
 from kernmlops.hooks.quanta_runtime import QuantaRuntimeHook
 
 WHERE = sys.argv.pop(1)  # which call has the bug
+#: the benchmark's storm goes on until this file is there (_collect_with_a_bug)
+ENOUGH = Path("enough")
 
 def bug(*args, **kwargs):
+    ENOUGH.touch()  # what the test checks happened: the storm may end
     raise RuntimeError(f"{WHERE} bug")
 
 def wait_for(done):
@@ -273,6 +249,17 @@ def wait_for(done):
     while not done() and time.monotonic() < deadline:
         time.sleep(0.01)
 
+spooled = QuantaRuntimeHook.spooled_bytes
+if WHERE in ("adopt", "spool_work", "spool_made"):  # bugs at the stop
+    def spooled_enough(self):
+        # 256 KiB of the storm's switches wait in its spool (~8000, for the 1000 rows
+        # checked): the storm may end
+        held = spooled(self)
+        if held >= 256 << 10:
+            ENOUGH.touch()
+        return held
+
+    QuantaRuntimeHook.spooled_bytes = spooled_enough
 if WHERE == "adopt":  # the collector's own bug, in no hook
     parquet.ParquetSink.adopt = lambda *a, **k: (_ for _ in ()).throw(TypeError("adopt bug"))
 else:
@@ -284,9 +271,10 @@ else:
         # the start is done); (the whole system traced) a storm's switches spooled:
         # then the bug
         real(self, arg)
-        subprocess.run(["stress-ng", "--switch", "1", "--switch-ops", "50000", "-t", "2",
-                        "--quiet"])
+        storm = subprocess.Popen(["stress-ng", "--switch", "1", "-t", "20", "--quiet"])
         wait_for(lambda: spooled(self) >= 64 << 10)
+        storm.terminate()
+        storm.wait()
         self.spool_from = next(iter(self._spools.values())).folder
         bug()
 
@@ -301,7 +289,6 @@ else:
 
     if WHERE in IN_START:
         QuantaRuntimeHook.spool_work = spool_work
-    spooled = QuantaRuntimeHook.spooled_bytes
 
     def while_running(self, *args):
         # once 64 KiB wait in its spool (wake_fds: asked once, at the start); once
@@ -318,20 +305,32 @@ main()
 """
 
 
+#: the longest the storm of :func:`_collect_with_a_bug` runs (it ends sooner, once the
+#: test has what it checks)
+STORM_S = 30
+
+
 def _collect_with_a_bug(
     tmp_path: Path, where: str, *more: str
 ) -> tuple[subprocess.CompletedProcess, Path]:
     """``collect`` (with ``more`` options) of a switch storm with quanta_runtime's
     ``where`` raising a bug, every record spooled and the rows made at the stop in two
-    worker processes."""
+    worker processes. The storm runs until the bug came (or, for a bug at the stop,
+    until 256 KiB of its switches are spooled), at most STORM_S."""
     config = tmp_path / "overrides.yaml"
     config.write_text("collector:\n  spool_spare_cpus: 1000\n  spool_row_workers: 2\n"
                       "  flush_interval_s: 0.5\n")  # fmt: skip
     out = tmp_path / "out"
+    enough = shlex.quote(str(tmp_path / "enough"))  # the collector's cwd: see _FAULT
+    storm = (
+        f"stress-ng --switch 1 -t {STORM_S} --quiet & s=$!; "
+        f"while [ ! -e {enough} ] && kill -0 $s 2>/dev/null; do sleep 0.02; done; "
+        "kill $s 2>/dev/null; wait $s; exit 0"
+    )
     done = subprocess.run(
         [sys.executable, "-c", _FAULT, where, "collect", "--no-progress", "-c", str(config),
          "-o", str(out), "--hooks", "quanta_runtime,process_trace,memory_usage", *more,
-         "--", "stress-ng", "--switch", "1", "-t", "1"],
+         "--", "sh", "-c", storm],
         capture_output=True, text=True, timeout=180, cwd=tmp_path,
     )  # fmt: skip
     (folder,) = (out / "curated").glob("benchmark=*/*")
@@ -433,7 +432,8 @@ def test_a_hook_whose_start_raises_a_bug_is_not_attached_and_the_others_run(
     if where == "notes":  # never started
         assert made["quanta_runtime"] == 0 and record.events == 0
     else:  # every record it spooled before its bug, decoded apart from the collector
-        records, expected = _spooled_switches(tmp_path / "snapshot")
+        spooled = spooled_switches(tmp_path / "snapshot")
+        records, expected = spooled.records, spooled.rows
         assert made["quanta_runtime"] > 1000
         assert made == expected == record.rows
         assert record.events == records
@@ -487,7 +487,7 @@ def _recover_makes_each_spooled_record_once(tmp_path: Path, folder: Path) -> Non
     made for some are not made again), the other hooks' tables whole."""
     snapshot = tmp_path / "snapshot"
     shutil.copytree(folder / ".spool", snapshot)  # follows `mem` (the tmpfs)
-    expected = _spooled_switches(snapshot)[1]
+    expected = spooled_switches(snapshot).rows
     assert expected["quanta_runtime"] > 1000
     recovered = subprocess.run([sys.executable, "-m", "kernmlops", "recover", str(folder)],
                                capture_output=True, text=True, timeout=300)  # fmt: skip

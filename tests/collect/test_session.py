@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -256,13 +257,27 @@ print(json.dumps(seen))
     assert seen["rows"] > 0
 
 
+#: the longest the writer of :func:`_stalled_writer_run` stalls (it waits for less)
+STALL_MAX_S = 10.0
+#: ... where the loop spills: the 3 s it always stalled. A poll whose rows pass the sink
+#: queue's room still waits for the writer (the loop spills only from its next
+#: iteration on): seen in 2 runs of 3 here, the loop then waited out the whole stall,
+#: which its 64 MiB ring outlasts for 3 s of storm, not for 10
+SPILL_STALL_MAX_S = 3.0
+
+
 def _stalled_writer_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spill: bool, spool: bool = False
 ) -> dict:
     """A system-wide quanta_runtime collection under a switch storm whose writer
-    stalls 3 s in its first fsync, with a 64 MiB ring when the loop spills (a 4 MiB
-    one overflowed on a loaded 2-vCPU runner while the loop waited for CPU, not for
-    the writer), a 1 MiB one when it blocks; a 4 MiB sink queue, 256 KiB when it blocks."""
+    stalls in its first fsync, with a 64 MiB ring when the loop spills (a 4 MiB one
+    overflowed on a loaded 2-vCPU runner while the loop waited for CPU, not for the
+    writer), a 1 MiB one when it blocks; a 4 MiB sink queue, 256 KiB when it blocks.
+    The stall lasts until what each test checks has come about (at most STALL_MAX_S,
+    SPILL_STALL_MAX_S where it spills; a fixed 3 s before): when it blocks, the ring
+    dropped records; else the hook took over 100,000 records and, with the sink's
+    queue full, kept more than the blocked run's 1 MiB ring in memory (spill) or in
+    its spool (spool) instead of waiting. The collection ends with the stall."""
     import shutil
     import subprocess
     import time
@@ -270,14 +285,36 @@ def _stalled_writer_run(
     import kernmlops.collect.loop as loop
     import kernmlops.collect.partfiles as partfiles
     import kernmlops.collect.sinks as sinks
+    from kernmlops.hooks.quanta_runtime import QuantaRuntimeHook
 
     assert shutil.which("stress-ng"), "stress-ng missing: apt-get install stress-ng"
+    hooks: list[QuantaRuntimeHook] = []
+    real_start = QuantaRuntimeHook.start
+
+    def start(self: QuantaRuntimeHook, ctx: HookContext) -> None:
+        hooks.append(self)
+        real_start(self, ctx)
+
+    monkeypatch.setattr(QuantaRuntimeHook, "start", start)
+
+    def stalled_enough() -> bool:
+        (hook,) = hooks
+        if not (spill or spool):
+            return hook.drops() > 0
+        held = hook.spilled_bytes() if spill else hook.spooled_bytes()
+        return hook.status.events > 100_000 and held > 1 << 20
+
+    over = tmp_path.with_name(f"{tmp_path.name}.stall-over")  # the benchmark ends then
     real_fsync, stalled = partfiles.fsync_path, []
 
     def slow_fsync(path: Path) -> None:
         if not stalled:
             stalled.append(path)
-            time.sleep(3.0)  # a slow disk under load: seen 0.2-1.0 s on this VM
+            # a slow disk under load (seen 0.2-1.0 s on this VM), as long as it takes
+            deadline = time.monotonic() + (SPILL_STALL_MAX_S if spill else STALL_MAX_S)
+            while not stalled_enough() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            over.touch()
         real_fsync(path)
 
     monkeypatch.setattr(partfiles, "fsync_path", slow_fsync)
@@ -292,21 +329,23 @@ def _stalled_writer_run(
     )
     if not spill:
         monkeypatch.setattr(loop, "MAX_SPILLED_BYTES", 0)
+    flag = shlex.quote(str(over))
+    waits = f"i=0; while [ ! -e {flag} ] && [ $i -lt 1500 ]; do sleep 0.01; i=$((i+1)); done"
     cfg = load_config(
         {
             "collector": {"output_dir": str(tmp_path), "progress": False,
                           "hooks": ["quanta_runtime"], "flush_interval_s": 0.5,
-                          "spool": spool},
+                          "spool": spool, "filter": "system"},  # the storm runs apart
             # spilling: a ring that also rides out the storm's other stalls (the loop
-            # waits for CPU under the storm); blocked: one the 3 s stall overflows
+            # waits for CPU under the storm); blocked: one the stall overflows
             # (16 MiB, then 4 MiB held the whole stall on hosts where the storm ran
             # at ~100k switches/s: no drops to see; 1 MiB is ~0.3 s of that)
             "hooks": {"quanta_runtime": {"ring_kib": 65536 if spill else 1024,
                                          "batch_ms": 0}},
-            "benchmark": {"name": "faux", "duration_s": 3},
+            "benchmark": {"name": "command", "command": {"argv": ["sh", "-c", waits]}},
         }
     )  # fmt: skip
-    storm = subprocess.Popen(["stress-ng", "--switch", "1", "-t", "5"], stdout=subprocess.DEVNULL)
+    storm = subprocess.Popen(["stress-ng", "--switch", "1", "-t", "30"], stdout=subprocess.DEVNULL)
     try:
         time.sleep(0.3)
         result = Session(cfg).run()
@@ -664,8 +703,23 @@ def test_a_quiet_collection_polls_a_few_times_a_second(
     monkeypatch.setattr(ProcessTraceHook, "wakes_at_fill", False)
     Session(cfg).run()
     assert 18 <= len(polls) <= 40
-    # Every poll interval again when a hook asks for it (batch_ms 0: every poll).
+    # Every poll interval again when a hook asks for it (batch_ms 0: every poll): 50
+    # polls within the run's second. The run ends at the 50th (Ctrl+C), not after it.
+    import os
+    import signal
+
+    from kernmlops.collect import loop
+
     polls.clear()
+    counted = loop._next_wake
+
+    def stop_at_50(*args: object) -> float:
+        wake = counted(*args)  # type: ignore[arg-type]
+        if len(polls) == 50:
+            os.kill(os.getpid(), signal.SIGINT)
+        return wake
+
+    monkeypatch.setattr(loop, "_next_wake", stop_at_50)
     cfg = load_config(
         {
             "collector": {"output_dir": str(tmp_path), "progress": False,
@@ -739,18 +793,36 @@ def test_a_burst_wakes_the_loop_before_a_small_ring_overflows(
     # 0.3 s. The hook asks for no poll before 10 s (its forecast from the fill rate
     # is switched off, so that only the wake-ups are tested): the programs' wake-ups
     # at each quarter of the ring must get it drained in time.
+    from kernmlops.collect import loop
     from kernmlops.hooks.bpf import BpfHook
 
     monkeypatch.setattr(BpfHook, "next_poll", lambda self, now: now + 10.0)
+    # The burst comes once the loop has gone to sleep for a second or more (until the
+    # first flush, 5 s): before, a poll of its own could drain the ring in the middle
+    # of the burst. Not a fixed time: however long the start took.
+    asleep: list[Path] = []
+    real_sleep = loop._sleep
+
+    def sleep(seconds: float, waker: object) -> None:
+        if seconds >= 1.0:
+            asleep[-1].touch()
+        real_sleep(seconds, waker)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(loop, "_sleep", sleep)
 
     def run(out: Path) -> Session:
+        asleep.append(out.with_name(out.name + ".asleep"))
+        flag = shlex.quote(str(asleep[-1]))
+        burst = (
+            f"i=0; while [ ! -e {flag} ] && [ $i -lt 1000 ]; do sleep 0.01; i=$((i+1)); done; "
+            "for i in $(seq 600); do /bin/true; done"
+        )  # at most ~10 s for the loop to fall asleep
         cfg = load_config(
             {
                 "collector": {"output_dir": str(out), "progress": False,
                               "hooks": ["process_trace"], "poll_max_interval_ms": 10000},
                 "hooks": {"process_trace": {"ring_kib": 64, "batch_ms": 10000}},
-                "benchmark": {"name": "command", "command": {"argv": [
-                    "sh", "-c", "sleep 1.5; for i in $(seq 600); do /bin/true; done"]}},
+                "benchmark": {"name": "command", "command": {"argv": ["sh", "-c", burst]}},
             }
         )  # fmt: skip
         return Session(cfg).run()

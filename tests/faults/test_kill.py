@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ from tests.faults.conftest import (
     wait_for_flushes,
     wait_until,
 )
+from tests.switches import SpooledSwitches, spooled_switches
 
 pytestmark = pytest.mark.bpf
 
@@ -331,6 +333,10 @@ if where:
         return made(self, *args, **kwargs)
 
     ParquetSink.adopt, BpfHook.spool_made = adopt_then_kill, kill_before_made
+    # pieces of a MiB: the storm's few MiB make two jobs of its ring, as a long one's
+    from kernmlops.spool import jobs
+
+    jobs.PIECE_RAW = 1 << 20
 """
 
 
@@ -355,23 +361,47 @@ def test_sigkill_while_taking_in_the_row_workers_parts_loses_nothing_after_recov
         more_config="  spool_spare_cpus: 1000\n  spool_row_workers: 2\n",
     )
     run.wait_for("probes attached")
-    time.sleep(3.0)
+    col = run.collection()
+
+    def stormed() -> SpooledSwitches:
+        return spooled_switches(col / ".spool", col / ".spool" / "mem", live=True)
+
+    def enough(seen: SpooledSwitches) -> bool:
+        # twice the rows asserted below, and the storm 1.5 s past the first second that
+        # the gap checks leave out: more than the 1 s a CPU may go without a row
+        return seen.rows["quanta_runtime"] >= 100_000 and seen.span_s >= 2.5
+
+    # Stopped once the spool holds what the checks need, however the storm and the
+    # copy run (a fixed 3 s after the attach: less of it where the copy lags).
+    wait_until(lambda: run.proc.poll() is not None or enough(stormed()), EVENT_WAIT_S, 0.25)
+    seen = stormed()
+    if not enough(seen):
+        kill_collector(run)  # nothing of it left for the next test
+    assert enough(seen), seen
     stopped_us = now_us()
     run.proc.send_signal(signal.SIGTERM)
     run.wait_for("making rows from")
     assert run.proc.wait(timeout=120) == -signal.SIGKILL, run.finish()
     assert_no_benchmark_left(run.marker)
-    col = run.collection()
+    # every record the storm left, decoded apart from the collector (the stop drained
+    # the rings into the spool before the workers started)
+    shutil.copytree(col / ".spool", tmp_path / "snapshot")  # follows `mem` (the tmpfs)
+    spooled = spooled_switches(tmp_path / "snapshot")
     # taken in or not, the workers' parts were staged (their folder is removed once all
-    # are taken in, before the spool is marked read)
-    assert bool(list(col.glob(".rows-*/*/*/part-*"))) == (where != "made")
+    # are taken in, before the spool is marked read): the ring's in two jobs at least
+    staged = list(col.glob(".rows-*/*/*/part-*"))
+    assert bool(staged) == (where != "made")
+    if staged:
+        assert len([p for p in staged if p.parent.name == "quanta_runtime"]) >= 2, staged
     before = read_everything(col).get("quanta_runtime", 0)
     said = recover(col)
     assert not list(col.glob(".rows-*")) and not (col / ".spool").exists()
     rows = read_everything(col)
     if where == "adopt-0":
         assert rows["quanta_runtime"] > before  # no worker's part was taken in
-    assert rows["quanta_runtime"] > 50_000, said  # ~100k switches/s for 3 s
+    assert rows["quanta_runtime"] > 50_000, said  # ~100k switches/s for 2.5 s
+    # each spooled record's rows once: none lost, none made twice
+    assert {t: rows[t] for t in spooled.rows} == spooled.rows, said
     quanta = pl.read_parquet(sorted((col / "quanta_runtime").glob("part-*.parquet")))
     assert repeated_runs(quanta) == 0
     # no stretch of the storm without rows: a part lost or skipped would leave one (each

@@ -7,7 +7,6 @@ workload's switches by its name."""
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -16,15 +15,17 @@ import pytest
 
 from kernmlops.collect.manifest import read_manifest
 from tests.faults.conftest import (
+    EVENT_WAIT_S,
     assert_no_benchmark_left,
     kill_collector,
     read_everything,
     recover,
     start_collect,
+    wait_for_flushes,
     wait_until,
 )
 from tests.hooks.conftest import build_c
-from tests.switches import NAPS, counting_switches
+from tests.switches import NAPS, counting_switches, spooled_switches
 
 pytestmark = pytest.mark.bpf
 
@@ -97,10 +98,24 @@ def test_killed_after_its_workload_recover_brings_every_switch_of_both_rings(
                         more_config=SPOOL + GROUPS)  # fmt: skip
     run.wait_for("probes attached")
     assert wait_until(done.exists, 60)
-    time.sleep(1.0)  # the copiers' interval (batch_ms 250) and then some
+    col = run.collection()
+
+    def copied() -> bool:
+        # every switch of the nap loops that the counter saw is in the spool (the
+        # copiers take their rings every batch_ms, 250): decoded from its segments
+        seen = spooled_switches(col / ".spool", col / ".spool" / "mem", live=True)
+        return all(
+            seen.ins[pid] >= ins and seen.outs[pid] >= outs
+            for pid, (ins, outs) in counted().items()
+        )
+
+    # not a fixed second after the workload: as long as the copy takes (the checks
+    # below then fail where a switch never came), and a flush (the other tables' parts,
+    # read below as the collection is)
+    wait_until(lambda: run.proc.poll() is not None or copied(), EVENT_WAIT_S)
+    wait_for_flushes(run, 1)
     kill_collector(run)
     assert_no_benchmark_left(run.marker)
-    col = run.collection()
     hook = read_manifest(col).hooks["quanta_runtime"]
     assert hook.copier.get("copiers") == 2  # a copier per ring
     assert read_everything(col).get("quanta_runtime", 0) == 0  # all in the spool
@@ -134,7 +149,7 @@ def test_ring_groups_past_the_cpus_are_said_at_start_and_the_manifest_keeps_both
     cpus = max(int(r.split("-")[-1]) for r in online.split(",")) + 1
     asked = cpus * 8
     groups = f"hooks:\n  quanta_runtime:\n    ring_groups: {asked}\n"
-    args = ["-b", "faux", "-d", "1", "--hooks", "quanta_runtime"]
+    args = ["-b", "faux", "-d", "0.2", "--hooks", "quanta_runtime"]  # its checks need no rows
     run = start_collect(tmp_path / "out", *args, more_config=groups)
     code, err = run.finish(120)
     assert code == 0, err

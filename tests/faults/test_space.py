@@ -17,13 +17,16 @@ from kernmlops.collect.manifest import read_manifest
 from kernmlops.collect.output import filesystem
 from kernmlops.spool import memory as memory_module
 from tests.faults.conftest import (
+    EVENT_WAIT_S,
     assert_no_benchmark_left,
+    parquet_rows,
     read_everything,
     recover,
     start_collect,
     wait_until,
 )
 from tests.faults.test_output import tmpfs
+from tests.switches import spooled_switches
 
 #: the promise: the benchmark is stopped this soon after its filesystem filled
 STOP_WITHIN_S = 2.0
@@ -31,6 +34,20 @@ STOP_WITHIN_S = 2.0
 LEFT_BYTES = 256 << 10
 #: a storm light enough that its spool is made into rows in a second or two
 STORM = ["stress-ng", "--switch", "1", "--switch-freq", "50000", "-t", "60", "--quiet"]
+
+
+#: the storm's rows each test asserts, once recovered (it fills the disk once they are
+#: copied)
+ROWS = 1000
+
+
+def copied(collection: Path, *memory: Path) -> int:
+    """The storm's quanta_runtime rows the collector has so far, at least: of the
+    switches in its spool (on disk, and in ``memory``, the spool's tmpfs folders), or
+    in the collection's finished parts (a segment goes once its rows are in them)."""
+    spool = collection / ".spool"
+    live = spooled_switches(spool, spool / "mem", *memory, live=True)
+    return max(live.rows["quanta_runtime"], parquet_rows(collection).get("quanta_runtime", 0))
 
 
 def fill(folder: Path) -> int:
@@ -62,7 +79,10 @@ def test_the_output_filling_mid_run_stops_the_benchmark_and_recover_keeps_the_ro
     with tmpfs(tmp_path / "full", "32m") as full:
         run = start_collect(full / "out", "--hooks", "quanta_runtime", "--", *STORM)
         run.wait_for("probes attached")
-        time.sleep(1.0)  # a second of storm in the spool
+        col = run.collection()
+        # the rows asserted below copied (not a fixed second of storm: fewer on a busy
+        # machine), however long that takes; the collector's end would end the wait
+        wait_until(lambda: run.proc.poll() is not None or copied(col) > ROWS, EVENT_WAIT_S)
         filled_at = fill(full)
         code, err = run.finish(timeout_s=60)
         assert code == 2, err
@@ -88,7 +108,7 @@ def test_the_output_filling_mid_run_stops_the_benchmark_and_recover_keeps_the_ro
         (full / "fill").unlink()  # room again
         recover(col)
         rows = read_everything(col)
-    assert rows["quanta_runtime"] > 1000  # the storm's second
+    assert rows["quanta_runtime"] > ROWS
 
 
 @pytest.mark.bpf
@@ -114,18 +134,21 @@ def test_a_neighbour_filling_the_spools_tmpfs_stops_the_benchmark_and_names_it(
         )  # fmt: skip
         filled: list[int] = []
 
+        session = Session(config)
+
         def neighbour() -> None:
-            # once the spool writes in the tmpfs, and a second of storm is in it
+            # once the spool writes in the tmpfs, and the rows asserted below are copied
             def spooled() -> bool:
                 return any(f.stat().st_size for f in shm.glob("kernmlops-spool-*/*.ring"))
 
-            if wait_until(spooled, 30):
-                time.sleep(1.0)
+            if wait_until(spooled, 30) and wait_until(
+                lambda: copied(session.path, *shm.glob("kernmlops-spool-*")) > ROWS,
+                EVENT_WAIT_S,
+            ):
                 filled.append(fill(shm))
 
         filler = threading.Thread(target=neighbour)
         filler.start()
-        session = Session(config)
         try:
             with pytest.raises(OutputError) as caught:
                 session.run()
@@ -150,4 +173,4 @@ def test_a_neighbour_filling_the_spools_tmpfs_stops_the_benchmark_and_names_it(
         result = recover_here(session.path)
         assert not result.lost, result.lost
         rows = read_everything(session.path)
-    assert rows["quanta_runtime"] > 1000
+    assert rows["quanta_runtime"] > ROWS
