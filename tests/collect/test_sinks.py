@@ -317,6 +317,44 @@ def test_threaded_sink_bounds_what_waits(tmp_path: Path) -> None:
     assert sink.close() == {"t": 100_000}
 
 
+def test_threaded_sink_queues_past_its_bound_when_told_not_to_wait() -> None:
+    """The poll loop's rows in hand while it can still spill: queued past the bound at
+    once, with a stalled writer; waiting again once it cannot."""
+    import threading
+
+    from kernmlops.collect.sinks import MemorySink, ThreadedSink
+
+    gate = threading.Event()
+
+    class Stalled(MemorySink):
+        def write(self, table: str, frame: pl.DataFrame) -> None:
+            gate.wait()
+            super().write(table, frame)
+
+    frame = pl.DataFrame({"x": np.zeros(10_000, np.int64)})  # 80 kB
+    bound = 3 * frame.estimated_size()
+    sink = ThreadedSink(Stalled(), max_queued_bytes=bound)
+    sink.wait_when_full = False
+    done = threading.Event()
+
+    def writes() -> None:
+        for _ in range(10):
+            sink.write("t", frame)
+        done.set()
+
+    threading.Thread(target=writes).start()
+    assert done.wait(10), "a write waited for the stalled writer"
+    assert sink.queued_bytes > bound and sink.behind
+    sink.wait_when_full = True
+    blocked = threading.Thread(target=sink.write, args=("t", frame))
+    blocked.start()
+    blocked.join(0.3)
+    assert blocked.is_alive()  # over its bound, waiting again
+    gate.set()
+    blocked.join(10)
+    assert sink.close() == {"t": 110_000}
+
+
 def test_threaded_sink_reports_the_writer_error(tmp_path: Path) -> None:
     from kernmlops.collect.sinks import ThreadedSink
 

@@ -212,11 +212,17 @@ class PollLoop:
                 loading = libraries is not None and not libraries.is_set()
                 behind = isinstance(sink, ThreadedSink) and sink.behind
                 spilled = self._total("spilled_bytes", lambda h: h.spilled_bytes())
-                if (loading or behind) and spilled < MAX_SPILLED_BYTES:
+                can_spill = spilled < MAX_SPILLED_BYTES
+                if (loading or behind) and can_spill:
                     # Rows cannot be built (libraries loading) or handed over (the sink's
                     # queue is full) without stalling: keep the rings from overflowing.
                     self._each("spill", lambda h: h.spill())
                 else:
+                    if isinstance(sink, ThreadedSink):
+                        # A round's rows that pass the queue's room go in anyway while
+                        # the next round can spill: waiting here for a stalled writer
+                        # (its fsync, a slow disk) let the rings overflow for as long.
+                        sink.wait_when_full = not can_spill
                     self._each("poll", lambda h: drain(h, sink, self.space))
                 if tick >= next_flush:
                     # what hooks hold back goes into this flush
@@ -271,6 +277,8 @@ class PollLoop:
                     wake = min(wake, next_progress)
                 _sleep(max(tick + period, wake) - now, waker)
         finally:
+            if isinstance(sink, ThreadedSink):
+                sink.wait_when_full = True  # the stop's drain waits: no ring to keep up with
             if watch is not None:
                 watch.close()  # before the eventfd it writes is closed
             if waker is not None:

@@ -67,6 +67,11 @@ class ThreadedSink:
     while Parquet encodes (pyarrow and polars release the GIL). Frames waiting
     are bounded in bytes: when ``max_queued_bytes`` is reached, ``write``
     blocks, and the rings, not memory, absorb the backlog (and count drops).
+    Unless ``wait_when_full`` is off: the poll loop turns it off while it can
+    still spill the rings into memory, so that rows it already holds are queued
+    past the bound (``behind`` then makes it spill from its next round) instead
+    of waiting out a stalled writer while the rings overflow. The queue then
+    passes its bound by at most one round's rows, which the loop held anyway.
     An error in the writer is raised by the next call.
 
     The writer is woken only by a flush, or by ``wake_bytes`` queued: small
@@ -83,6 +88,8 @@ class ThreadedSink:
         self.inner = inner
         self.max_queued_bytes = max_queued_bytes
         self.wake_bytes = min(wake_bytes, max_queued_bytes)
+        #: whether a write past ``max_queued_bytes`` waits for the writer (see above)
+        self.wait_when_full = True
         # (table, frame, bytes); table None is a flush marker (bytes _DURABLE: durable),
         # its frame what to call once the flush is done (or None)
         self._queue: list[tuple[str | None, Rows | Callable[[], None] | None, int]] = []
@@ -132,7 +139,11 @@ class ThreadedSink:
         self._raise()
         size = rows_nbytes(frame)
         with self._cond:
-            while self._queued_bytes and self._queued_bytes + size > self.max_queued_bytes:
+            while (
+                self.wait_when_full
+                and self._queued_bytes
+                and self._queued_bytes + size > self.max_queued_bytes
+            ):
                 self._cond.notify_all()  # the writer may be waiting for wake_bytes
                 self._cond.wait()
             self._queue.append((table, frame, size))
