@@ -184,11 +184,11 @@ CGROUPS = """
     import os, sys, time
     root, churn = sys.argv[1], int(sys.argv[2])
     me = str(os.getpid())
-    for i in range(churn):  # a moment on the CPU in each, then off it
-        time.sleep(0.0002)
+    for i in range(churn):  # a moment on the CPU in each, then off it (any sleep)
+        time.sleep(0.00001)
         with open(f"{root}/c{i}/cgroup.procs", "w") as f:
             f.write(me)
-        time.sleep(0.0002)
+        time.sleep(0.00001)
     print("churned", flush=True)
     while (ms := os.read(0, 8)):  # moved meanwhile (asleep): burn, say so, sleep
         end = time.thread_time() + int(ms) / 1000
