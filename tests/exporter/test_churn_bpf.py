@@ -199,12 +199,14 @@ CGROUPS = """
 
 
 def _asleep(pid: int) -> None:
-    """Until ``pid`` sleeps, and a moment more: its switch off the CPU is done."""
+    """Until ``pid`` sleeps with its switch off the CPU done (so counted, by the BPF
+    program and by cpu.stat): /proc/PID/syscall names the call it blocks in only once
+    the kernel saw it off the CPU (it says "running" before)."""
+    stat, syscall = Path(f"/proc/{pid}/stat"), Path(f"/proc/{pid}/syscall")
     deadline = time.monotonic() + 10
-    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "S":
+    while stat.read_text().rsplit(")", 1)[1].split()[0] != "S" or "running" in syscall.read_text():
         assert time.monotonic() < deadline, f"{pid} never went to sleep"
-        time.sleep(0.005)
-    time.sleep(0.02)
+        time.sleep(0.001)
 
 
 @pytest.fixture
