@@ -6,6 +6,7 @@ traceback, and the damaged file stays as it was."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,11 +26,22 @@ def _duet(*args: str) -> subprocess.CompletedProcess:
     return done
 
 
-@pytest.fixture
-def processed(tmp_path: Path) -> Path:
-    folder = _suite(tmp_path / "run", [GOOD], {})
-    assert _duet("process", str(folder)).returncode == 0
+@pytest.fixture(scope="module")
+def _processed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A suite as ``duet process --json`` leaves it (its results table in Parquet, CSV
+    and JSON): processed once, each test damaging its own copy (see ``processed``)."""
+    folder = _suite(tmp_path_factory.mktemp("duet-processed") / "run", [GOOD], {})
+    assert _duet("process", str(folder), "--json").returncode == 0
+    assert {p.name for p in folder.glob("duet-results.*")} == {
+        f"duet-results{suffix}" for suffix in (".csv", ".json", ".parquet")
+    }
     return folder
+
+
+@pytest.fixture
+def processed(_processed: Path, tmp_path: Path) -> Path:
+    """This test's own copy of the processed suite."""
+    return Path(shutil.copytree(_processed, tmp_path / "run", symlinks=True))
 
 
 def test_a_results_table_that_is_a_fifo_is_one_line(processed: Path) -> None:
@@ -68,7 +80,6 @@ def test_a_huge_results_table_is_one_line_not_read(processed: Path, suffix: str)
     and left as it was."""
     from kernmlops.duet.process import RESULTS_MAX_BYTES
 
-    assert _duet("process", str(processed), "--json").returncode == 0
     table = processed / f"duet-results{suffix}"
     start = table.read_bytes()
     os.truncate(table, RESULTS_MAX_BYTES + (100 << 20))

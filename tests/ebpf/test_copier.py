@@ -422,9 +422,12 @@ int generate(void *ctx)
 }
 """
 # The generator writes only while the ring is below half full, so a faster copier means
-# more records and a longer run (4-54 s for 20 runs on one 2-vCPU VM): 8 runs suffice
-# for the copier to wake many times between them and for the spool to go to disk.
-RUNS = 8
+# more records and a longer run (4-54 s for 20 runs on one 2-vCPU VM, ~0.8 s a run in
+# CI): 4 runs suffice for the copier to wake many times between them and for the spool
+# to go to disk. The least they write, a half-full ring each (the copier emptying it
+# only between runs), is 8,192 records, 2 MiB: twice the ring and the memory budget
+# (8,192 measured in 2 of 12 runs here, up to 1.8M in the others).
+RUNS = 4
 GEN = np.dtype([("written", "<u8"), ("refused", "<u8"), ("steps", "<u8")])
 RECORD = np.dtype([("seq", "<u8"), ("pad", "<u8", (30,))])  # 248 bytes: stride 256
 

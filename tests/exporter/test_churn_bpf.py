@@ -8,6 +8,7 @@ unknown_cgroup_id:N."""
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -29,13 +30,19 @@ pytestmark = pytest.mark.bpf
 NEWEST = 12  # the last names/cgroups of a churn, checked one by one
 
 
+@functools.lru_cache(maxsize=2)
+def _samples(text: str) -> dict[str, dict[frozenset, float]]:
+    """Every sample of a page, by name: parsed once, as a churned set's page is
+    megabytes (biojobs': 7 MB), which the parser takes seconds over."""
+    found: dict[str, dict[frozenset, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            found.setdefault(s.name, {})[frozenset(s.labels.items())] = s.value
+    return found
+
+
 def _series(text: str, name: str) -> dict[frozenset, float]:
-    return {
-        frozenset(s.labels.items()): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == name
-    }
+    return dict(_samples(text).get(name, {}))
 
 
 def _map_full(text: str, set_name: str) -> float:
@@ -152,10 +159,15 @@ def test_biojobs_counts_new_jobs_after_more_than_the_map_holds(
     churn = 1100
     assert churn > bytes_metric.reader.max_entries
     _run(BIO, loop_device, str(churn), str(NEWEST))
-    time.sleep(0.2)  # the last completion
-    text = exporter.render().decode()
     disk = Path(loop_device).name
-    reads = _series(text, "kernmlops_job_block_io_latency_seconds_count")
+    last = frozenset({("comm", f"kmo-bn{NEWEST - 1}"), ("device", disk), ("op", "read")})
+    deadline = time.monotonic() + 10
+    while True:  # until the last name's last completion is counted (or 10 s)
+        text = exporter.render().decode()
+        reads = _series(text, "kernmlops_job_block_io_latency_seconds_count")
+        if NEWEST in (v for k, v in reads.items() if last <= k) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     size = _series(text, "kernmlops_job_block_io_bytes_total")
     for j in range(NEWEST):
         key = frozenset({("comm", f"kmo-bn{j}"), ("device", disk), ("op", "read")})
@@ -172,11 +184,11 @@ CGROUPS = """
     import os, sys, time
     root, churn = sys.argv[1], int(sys.argv[2])
     me = str(os.getpid())
-    for i in range(churn):  # a moment on the CPU in each, then off it
-        time.sleep(0.0002)
+    for i in range(churn):  # a moment on the CPU in each, then off it (any sleep)
+        time.sleep(0.00001)
         with open(f"{root}/c{i}/cgroup.procs", "w") as f:
             f.write(me)
-        time.sleep(0.0002)
+        time.sleep(0.00001)
     print("churned", flush=True)
     while (ms := os.read(0, 8)):  # moved meanwhile (asleep): burn, say so, sleep
         end = time.thread_time() + int(ms) / 1000
@@ -187,12 +199,14 @@ CGROUPS = """
 
 
 def _asleep(pid: int) -> None:
-    """Until ``pid`` sleeps, and a moment more: its switch off the CPU is done."""
+    """Until ``pid`` sleeps with its switch off the CPU done (so counted, by the BPF
+    program and by cpu.stat): /proc/PID/syscall names the call it blocks in only once
+    the kernel saw it off the CPU (it says "running" before)."""
+    stat, syscall = Path(f"/proc/{pid}/stat"), Path(f"/proc/{pid}/syscall")
     deadline = time.monotonic() + 10
-    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "S":
+    while stat.read_text().rsplit(")", 1)[1].split()[0] != "S" or "running" in syscall.read_text():
         assert time.monotonic() < deadline, f"{pid} never went to sleep"
-        time.sleep(0.005)
-    time.sleep(0.02)
+        time.sleep(0.001)
 
 
 @pytest.fixture

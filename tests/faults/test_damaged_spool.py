@@ -11,7 +11,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +19,15 @@ import polars as pl
 import pytest
 
 from kernmlops.spool.frames import FRAME, RAW_FRAME, VERSION, ZSTD_MAGIC, Frame, iter_raw_frames
-from tests.faults.conftest import kill_collector, read_everything, start_collect, wait_for_flushes
+from tests.faults.conftest import (
+    EVENT_WAIT_S,
+    Run,
+    kill_collector,
+    read_everything,
+    start_collect,
+    wait_for_flushes,
+    wait_until,
+)
 
 pytestmark = pytest.mark.bpf
 
@@ -35,14 +42,37 @@ def killed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     config = "  spool_spare_cpus: 1000\n  spool_memory_mib: 0\n"
     run = start_collect(out, *STORM, more_config=config)
     run.wait_for("probes attached")
-    time.sleep(2.5)
-    # and two flushes, however long the first takes (it waits for the decoding
-    # libraries' import, slow on a loaded machine): the segment's json then notes the
-    # size of a second of storm at least, which the cut tests compare with
-    wait_for_flushes(run, 2)
+    # two flushes, however long the first takes (it waits for the decoding libraries'
+    # import, slow on a loaded machine): the segment's json then notes the size of a
+    # second of storm at least, which the cut tests compare with
+    _storm_past_two_flushes(run, run.collection() / ".spool")
     kill_collector(run)
     subprocess.run(["pkill", "-f", "stress-ng --switch 1 --switch-freq 50000"], check=False)
     return run.collection()
+
+
+def _past_its_last_flush(folder: Path) -> bool:
+    """A quanta segment in ``folder`` holds bytes that its json, written at the last
+    flush, does not count yet."""
+    for seg in folder.glob("quanta_switch.*.ring"):
+        try:
+            noted = json.loads(seg.with_suffix(".json").read_text())["bytes"]
+            if seg.stat().st_size > noted:
+                return True
+        except (OSError, ValueError, KeyError):  # not written yet, or being replaced
+            continue
+    return False
+
+
+def _storm_past_two_flushes(run: Run, folder: Path) -> None:
+    """Until the collector counted two flushes and then spooled more than the last one
+    noted: a kill then leaves what a kill between two flushes does, a tail no flush
+    counted (its last frame maybe cut)."""
+    flushes = wait_for_flushes(run, 2)
+    assert flushes >= 2, (flushes, run.stderr_lines)
+    assert wait_until(lambda: _past_its_last_flush(folder), EVENT_WAIT_S), (
+        f"nothing spooled in {folder} past the last flush in {EVENT_WAIT_S} s"
+    )
 
 
 def _copy(killed: Path, tmp_path: Path) -> Path:
@@ -265,8 +295,8 @@ def killed_in_memory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple
     config = "  spool_spare_cpus: 1000\n  spool_memory_mib: 256\n"
     run = start_collect(out, *STORM, more_config=config)
     run.wait_for("probes attached")
-    time.sleep(2.5)
-    wait_for_flushes(run, 2)  # its size noted in the json, as the disk spool's (killed)
+    # its size noted in the json, as the disk spool's (killed)
+    _storm_past_two_flushes(run, run.collection() / ".spool" / "mem")
     kill_collector(run)
     subprocess.run(["pkill", "-f", "stress-ng --switch 1 --switch-freq 50000"], check=False)
     col = run.collection()
