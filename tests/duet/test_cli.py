@@ -16,10 +16,6 @@ from kernmlops.duet.cli import duet_group
 from kernmlops.duet.config import load_duet_config
 from tests.duet.conftest import swapping_config, write_config
 
-#: B sleeps 5/3 as long as A: 15 and 25 ms (half of what they were) still give every
-#: comparison its verdict, over eight runs duet's ratio 1.54-1.60 with its CI's low end
-#: 1.43-1.59, sequential's CI's low end 1.54-1.60 (1.52-1.59 for duet at 30 and 50 ms),
-#: the run in 2.6 s instead of 4.2
 CFG = """
 duetbench:
   suite: cli-{pid}
@@ -29,8 +25,8 @@ duetbench:
   artifacts: {{python: python3 --version}}
   duets: [sleepy]
 sleepy:
-  A: {{run: sleep 0.015}}
-  B: {{run: sleep 0.025}}
+  A: {{run: sleep 0.03}}
+  B: {{run: sleep 0.05}}
 """
 
 
