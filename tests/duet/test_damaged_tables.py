@@ -105,3 +105,19 @@ def test_a_huge_kernel_table_is_one_line_not_read(processed: Path) -> None:
     (line,) = done.stderr.strip().splitlines()
     assert line.endswith(f"{kernel}: kernel table of 1.1 GiB, over the 1.0 GiB limit: not read")
     assert kernel.stat().st_size == RESULTS_MAX_BYTES + (100 << 20)
+
+
+def test_a_damaged_table_is_refused_before_the_statistics_load(processed: Path) -> None:
+    """scipy.stats (most of `duet analyze`'s start) is imported at the first interval,
+    not before the table is read: a table that is no results table is refused at once."""
+    table = processed / "duet-results.parquet"
+    table.write_bytes(b"not parquet at all, and short")
+    code = (
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "from kernmlops.cli import cli\n"
+        f"done = CliRunner().invoke(cli, ['duet', 'analyze', {str(processed)!r}])\n"
+        "print(done.exit_code, 'scipy' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["2", "False"], (out.stdout, out.stderr)

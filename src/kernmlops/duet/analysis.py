@@ -85,11 +85,18 @@ import math
 import re
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
-from scipy import stats
+
+from kernmlops.lazy import lazy_import
+
+if TYPE_CHECKING:
+    from scipy import stats
+else:
+    # imported at the first interval (0.7 s): `duet analyze` refuses a bad table first
+    stats = lazy_import("scipy.stats")
 
 RUN_KEYS = ("suite", "benchmark", "kind", "runid", "order")
 
