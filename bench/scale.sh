@@ -81,7 +81,7 @@ main() {
   # the phases' deadlines: the 2-CPU rounds last, the switch cost and the tree
   # storm before them, the all-CPU rounds get what is left
   local need2=$(( ROUNDS2 * 3 * (STORM_S + 8) + 20 ))
-  local need_cost=$(( COST_ROUNDS * 3 * 12 / 10 + 20 ))
+  local need_cost=$(( COST_ROUNDS * 3 * 14 / 10 + 20 ))
   local need_tree=$(( 2 * STORM_TREE_S + 40 ))
   local d_end=$(( T0 + BUDGET_S - 5 ))
   local d_cost=$(( d_end - need2 ))
@@ -96,8 +96,8 @@ main() {
   step "storm on its own tree" "$(left $(( d_tree + 20 )))" "$PY" -m bench storm-tree \
     --storm "$STORM" --seconds "$STORM_TREE_S" --rounds 1 --deadline "$d_tree" \
     --out "$OUT/storm-tree.json"
-  step "switch cost" "$(left "$d_cost")" "$PY" -m bench switch-cost --storm "$STORM" \
-    --pairs "$(nproc)" --rounds "$COST_ROUNDS" --out "$OUT/switch-cost.json"
+  step "switch cost" "$(left $(( d_cost + 20 )))" "$PY" -m bench switch-cost --storm "$STORM" \
+    --pairs "$(nproc)" --rounds "$COST_ROUNDS" --deadline "$d_cost" --out "$OUT/switch-cost.json"
   step "storm, CPUs 0 and 1" "$(left $(( d_end + 10 )))" taskset -c 0,1 "$PY" -m bench overhead \
     --skip-default --hooks-alone none --storm "$STORM" --storm-s "$STORM_S" \
     --storm-rounds "$ROUNDS2" --storm-states off,floor,default --deadline "$d_end" \

@@ -99,6 +99,11 @@ def main(argv: list[str] | None = None) -> int:
         "ring (quanta_runtime's) is emptied unread; repeatable",
     )
     parser.add_argument("--bpf-stats", action="store_true", help="also floor+stats, programs+stats")
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        help="unix time: no round starts that would end after it (the rounds run are kept)",
+    )
     parser.add_argument("--out", type=Path, default=BENCH / "results" / "switch-cost.json")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
@@ -143,7 +148,12 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(2)  # every storm process forked and switching
         tids = storm_tasks(storm.pid)
         print(f"storm: {' '.join(storm_argv)}, {len(tids)} tasks", flush=True)
+        slowest = len(states) * (args.dwell + 0.5)  # a guess until a round is timed
         for r, order in harness.rotations(states, args.rounds):
+            if args.deadline and time.time() + slowest > args.deadline:
+                print(f"(deadline: {r} of {args.rounds} rounds run)", flush=True)
+                break
+            began = time.monotonic()
             row = {}
             for state in order:
                 name, _, stats = state.partition("+")
@@ -160,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                     os.close(stats_fd)
                 row[state] = (cpu1 - cpu0) / max(1, n1 - n0)
             rounds.append(row)
+            slowest = max(slowest if r else 0, time.monotonic() - began)
             if (r + 1) % 10 == 0 or r + 1 == args.rounds:
                 print(f"round {r + 1}/{args.rounds}: " + "  ".join(
                     f"{s} {row[s] - row['off']:+.0f}" for s in states[1:]), flush=True)  # fmt: skip
@@ -170,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         drain.join()
         for obj in objs.values():
             obj.close()
+    if not rounds:
+        sys.exit("switch-cost: no round fits before --deadline")
     added = {s: [row[s] - row["off"] for row in rounds] for s in states[1:]}
     summary = {s: harness.summarize(v).as_dict(1) for s, v in added.items()}
     floor = statistics.median(added["floor"])
