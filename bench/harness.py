@@ -241,14 +241,18 @@ class Summary:
     #: the median interval's exact coverage (order statistics give only some levels)
     median_coverage: float
     mean: float
-    mean_low: float
-    mean_high: float
+    #: None where scipy is missing (mean_interval)
+    mean_low: float | None
+    mean_high: float | None
     confidence: float
 
-    def as_dict(self, digits: int | None = None) -> dict[str, float]:
+    def as_dict(self, digits: int | None = None) -> dict[str, float | None]:
         out = asdict(self)
         if digits is not None:
-            out = {k: v if isinstance(v, int) else round(v, digits) for k, v in out.items()}
+            out = {
+                k: v if v is None or isinstance(v, int) else round(v, digits)
+                for k, v in out.items()
+            }
         return out
 
 
@@ -277,10 +281,18 @@ def median_interval(
     return best
 
 
-def mean_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
-    """Student's t interval of the mean (the duet analysis' t interval, one stratum)."""
+def mean_interval(
+    values: Sequence[float], confidence: float = 0.95
+) -> tuple[float, float] | tuple[None, None]:
+    """Student's t interval of the mean (the duet analysis' t interval, one stratum);
+    (None, None) where scipy is missing: a bundle run on a machine whose Python lacks
+    it (the 16-core machine's, bench/bundle.sh) still gets the medians' intervals."""
     import numpy as np
 
+    try:
+        import scipy.stats  # noqa: F401  (t_interval's quantiles)
+    except ImportError:
+        return None, None
     from kernmlops.duet.analysis import t_interval
 
     xs = np.asarray(values, float)

@@ -82,6 +82,17 @@ def test_summary_on_known_values() -> None:
     assert (s.mean, s.mean_low, s.mean_high) == pytest.approx((5.5, lo, hi))
 
 
+def test_summary_without_scipy_keeps_the_medians(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bundle on a machine whose Python lacks scipy (the 16-core machine's): the
+    medians and their intervals, no mean interval, and a results file still written."""
+    monkeypatch.setitem(sys.modules, "scipy", None)  # import scipy... raises ImportError
+    monkeypatch.setitem(sys.modules, "scipy.stats", None)
+    s = harness.summarize([1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
+    assert (s.median, s.median_low, s.median_high, s.mean) == (5.5, 2, 9, 5.5)
+    assert (s.mean_low, s.mean_high) == (None, None)
+    assert s.as_dict(1)["mean_low"] is None and s.as_dict(1)["median_high"] == 9
+
+
 def test_rotations_turn_the_order_each_round() -> None:
     got = [order for _, order in harness.rotations(["a", "b", "c"], 4)]
     assert got == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
