@@ -247,12 +247,12 @@ class Summary:
     confidence: float
 
     def as_dict(self, digits: int | None = None) -> dict[str, float | None]:
+        """The fields; ``digits`` rounds the measured values (not the confidence and
+        the coverage, which rounding to a digit made 0.9 and 1.0)."""
         out = asdict(self)
         if digits is not None:
-            out = {
-                k: v if v is None or isinstance(v, int) else round(v, digits)
-                for k, v in out.items()
-            }
+            kept = ("n", "median_coverage", "confidence")
+            out = {k: v if v is None or k in kept else round(v, digits) for k, v in out.items()}
         return out
 
 

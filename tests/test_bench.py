@@ -93,6 +93,12 @@ def test_summary_without_scipy_keeps_the_medians(monkeypatch: pytest.MonkeyPatch
     assert s.as_dict(1)["mean_low"] is None and s.as_dict(1)["median_high"] == 9
 
 
+def test_a_rounded_summary_keeps_its_confidence_and_coverage() -> None:
+    s = harness.summarize([1.04, 2, 3, 4, 5, 6, 7, 8, 9, 10]).as_dict(1)
+    assert s["median_low"] == 2.0 and s["mean"] == 5.5  # rounded to a digit
+    assert s["confidence"] == 0.95 and s["median_coverage"] == pytest.approx(1 - 2 * 11 / 1024)
+
+
 def test_rotations_turn_the_order_each_round() -> None:
     got = [order for _, order in harness.rotations(["a", "b", "c"], 4)]
     assert got == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
