@@ -688,6 +688,7 @@ def recover(collection: Path, bpf_dir: Path | None, no_progress: bool) -> None:
     from kernmlops.spool.collection import SPOOL_DIR, collector_running, spool_done
     from kernmlops.spool.memory import (
         foreign_memory,
+        free_empty_memory,
         memory_folder,
         memory_lost,
         memory_owned_elsewhere,
@@ -756,7 +757,10 @@ def recover(collection: Path, bpf_dir: Path | None, no_progress: bool) -> None:
         if not pending_spools(io):
             with contextlib.suppress(OSError):  # an empty one: a removal cut at its end
                 os.rmdir(io / SPOOL_DIR)
-            _say(f"nothing to recover in {collection}: no spool")
+            # a collector killed while it set up its spool: its tmpfs folder, empty
+            freed = free_empty_memory(own_id) if pid is None else None
+            also = f" (its empty memory folder {freed} is removed)" if freed else ""
+            _say(f"nothing to recover in {collection}: no spool{also}")
             if foreign is not None:
                 fail(CollectionError(f"the spool's memory folder {foreign} was not read"))
             return

@@ -12,6 +12,7 @@ import polars as pl
 import pytest
 
 from kernmlops.collect.manifest import read_manifest
+from kernmlops.spool.memory import memory_folder
 from tests.faults.conftest import (
     EVENT_WAIT_S,
     FLUSH_S,
@@ -102,6 +103,10 @@ def test_sigkill_during_attach(tmp_path: Path, bpf_baseline, after_s: float) -> 
     # nothing was flushed this early; what is there (if anything) reads
     if list(run.collection().glob("*/part-*.parquet")):
         read_everything(run.collection())
+    # recover leaves nothing of it in /dev/shm (a kill as the spool was set up left
+    # its folder there, which no spool linked to)
+    recover(run.collection())
+    assert not memory_folder(manifest.collection_id).exists()
 
 
 def test_sigkill_mid_run_loses_at_most_one_flush(tmp_path: Path, bpf_baseline) -> None:

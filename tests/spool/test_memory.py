@@ -48,6 +48,40 @@ def test_recover_says_when_the_memory_link_is_not_the_spools_own(tmp_path: Path,
     assert foreign_memory(tmp_path / "c2", None) is None  # no collection, no link: nothing
 
 
+def test_recover_frees_the_empty_memory_folder_a_kill_during_set_up_left(
+    tmp_path: Path, shm: Path
+) -> None:
+    """Killed between making its tmpfs folder and linking it from the spool: no spool
+    leads back to the folder, which holds no row. ``recover`` removes it (found by
+    the collection's id); a folder with segments, or not ours alone, stays."""
+    from click.testing import CliRunner
+
+    from kernmlops.cli import cli
+    from kernmlops.spool import memory as spool_mod
+
+    make_collection(tmp_path / "c", "c1")
+    empty = spool_mod.memory_folder("c1")
+    empty.mkdir(mode=0o700)
+    done = CliRunner().invoke(cli, ["recover", str(tmp_path / "c")])
+    assert done.exit_code == 0, done.output
+    assert f"no spool (its empty memory folder {empty} is removed)" in done.output
+    assert not empty.exists()
+    owner_only = spool_mod.memory_folder("c2")
+    owner_only.mkdir(mode=0o700)
+    (owner_only / spool_mod.OWNER_FILE).write_text(str(tmp_path / "c2" / ".spool"))
+    assert spool_mod.free_empty_memory("c2") == owner_only and not owner_only.exists()
+    held = spool_mod.memory_folder("c3")
+    held.mkdir(mode=0o700)
+    (held / "quanta_runtime.00000.ring").write_bytes(b"x" * 64)
+    shared = spool_mod.memory_folder("c4")
+    shared.mkdir()
+    os.chmod(shared, 0o755)  # others may read it: not the collector's own
+    for cid, folder in (("c3", held), ("c4", shared)):
+        assert spool_mod.free_empty_memory(cid) is None and folder.exists()
+    assert (held / "quanta_runtime.00000.ring").read_bytes() == b"x" * 64
+    assert spool_mod.free_empty_memory("c5") is None and spool_mod.free_empty_memory(None) is None
+
+
 def test_a_moved_collections_memory_is_kept_and_named_at_the_next_start(
     tmp_path: Path, shm: Path
 ) -> None:

@@ -12,6 +12,7 @@ ended) and freed by ``kernmlops recover``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import threading
@@ -198,6 +199,29 @@ def leftover_memory(min_age_s: float = 60.0) -> list[Leftover]:
                 continue
         found.append(Leftover(folder, size, collection, back, state))
     return found
+
+
+def free_empty_memory(collection_id: str | None) -> Path | None:
+    """Remove a collection's own tmpfs folder (found by its id only, ours, mode 0700)
+    where it holds no segment: what a collector killed while it set up its spool
+    leaves (the folder made, the spool's link not yet), which no spool leads back to.
+    Call only where no collector of that collection runs. The folder removed, or None
+    (none, not ours, or holding segments: kept)."""
+    if not collection_id:
+        return None
+    folder = memory_folder(collection_id)
+    try:
+        st = folder.lstat()
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            return None
+        if set(os.listdir(folder)) - {OWNER_FILE}:
+            return None  # segments: rows, for a spool that links to them
+        with contextlib.suppress(FileNotFoundError):
+            (folder / OWNER_FILE).unlink()
+        folder.rmdir()
+    except OSError:
+        return None
+    return folder
 
 
 def _links_to(link: Path, folder: Path) -> bool:
