@@ -3,6 +3,7 @@ files themselves: test_partfiles)."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -291,22 +292,27 @@ def test_threaded_sink_writes_everything_in_order(tmp_path: Path) -> None:
     assert set(got["collection_id"].to_list()) == {"cid"}
 
 
-def test_threaded_sink_bounds_what_waits(tmp_path: Path) -> None:
-    """A slow writer makes write() wait instead of queueing without limit."""
-    import threading
-    import time
-
-    from kernmlops.collect.sinks import MemorySink, ThreadedSink
-
+def _stalled_writer() -> tuple[MemorySink, threading.Event]:
+    """A MemorySink whose writes wait until the event returned is set."""
     gate = threading.Event()
 
-    class Slow(MemorySink):
+    class Stalled(MemorySink):
         def write(self, table: str, frame: pl.DataFrame) -> None:
             gate.wait()
             super().write(table, frame)
 
+    return Stalled(), gate
+
+
+def test_threaded_sink_bounds_what_waits(tmp_path: Path) -> None:
+    """A slow writer makes write() wait instead of queueing without limit."""
+    import time
+
+    from kernmlops.collect.sinks import ThreadedSink
+
+    inner, gate = _stalled_writer()
     frame = pl.DataFrame({"x": np.zeros(10_000, np.int64)})  # 80 kB
-    sink = ThreadedSink(Slow(), max_queued_bytes=3 * frame.estimated_size())
+    sink = ThreadedSink(inner, max_queued_bytes=3 * frame.estimated_size())
     writer = threading.Thread(target=lambda: [sink.write("t", frame) for _ in range(10)])
     writer.start()
     time.sleep(0.3)
@@ -320,20 +326,12 @@ def test_threaded_sink_bounds_what_waits(tmp_path: Path) -> None:
 def test_threaded_sink_queues_past_its_bound_when_told_not_to_wait() -> None:
     """The poll loop's rows in hand while it can still spill: queued past the bound at
     once, with a stalled writer; waiting again once it cannot."""
-    import threading
+    from kernmlops.collect.sinks import ThreadedSink
 
-    from kernmlops.collect.sinks import MemorySink, ThreadedSink
-
-    gate = threading.Event()
-
-    class Stalled(MemorySink):
-        def write(self, table: str, frame: pl.DataFrame) -> None:
-            gate.wait()
-            super().write(table, frame)
-
+    inner, gate = _stalled_writer()
     frame = pl.DataFrame({"x": np.zeros(10_000, np.int64)})  # 80 kB
     bound = 3 * frame.estimated_size()
-    sink = ThreadedSink(Stalled(), max_queued_bytes=bound)
+    sink = ThreadedSink(inner, max_queued_bytes=bound)
     sink.wait_when_full = False
     done = threading.Event()
 

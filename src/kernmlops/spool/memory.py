@@ -112,8 +112,7 @@ def spool_memory(spool_dir: Path, collection_id: str, limit_mib: float) -> Spool
         limit = room[0]
         folder = memory_folder(collection_id)
         folder.mkdir(mode=0o700, exist_ok=True)
-        st = folder.lstat()
-        if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        if not _ours_alone(folder.lstat()):
             return None  # someone else's (or a link): the spool stays on the disk
         # the way back, for leftover_memory: which collection a folder left by a
         # killed collector belongs to
@@ -126,6 +125,12 @@ def spool_memory(spool_dir: Path, collection_id: str, limit_mib: float) -> Spool
         return None
     # a quarter bridges a disk that stalls later in the run (kernmlops.spool.copy.STALL_QUEUED)
     return SpoolMemory(folder, limit, for_stalls=limit // 4)
+
+
+def _ours_alone(st: os.stat_result) -> bool:
+    """Whether a tmpfs folder's lstat is a folder (no link) of this user's that no one
+    else may read or write: the only kind of memory folder used, read or deleted."""
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077
 
 
 def memory_folder(collection_id: str) -> Path:
@@ -211,8 +216,7 @@ def free_empty_memory(collection_id: str | None) -> Path | None:
         return None
     folder = memory_folder(collection_id)
     try:
-        st = folder.lstat()
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        if not _ours_alone(folder.lstat()):
             return None
         if set(os.listdir(folder)) - {OWNER_FILE}:
             return None  # segments: rows, for a spool that links to them
@@ -258,9 +262,7 @@ def memory_of(spool_dir: Path, collection_id: str | None) -> Path | None:
         st = folder.lstat()
     except OSError:
         return None
-    if Path(os.readlink(link)) != folder or not stat.S_ISDIR(st.st_mode):
-        return None
-    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+    if Path(os.readlink(link)) != folder or not _ours_alone(st):
         return None
     return folder
 
