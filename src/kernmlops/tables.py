@@ -30,8 +30,8 @@ class Sink(Protocol):
     def write(self, table: str, frame: Rows) -> None:
         """Accept rows of ``table``; may buffer."""
 
-    def flush(self) -> None:
-        """Push every buffered row to durable storage."""
+    def flush(self, *, durable: bool = False) -> None:
+        """Hand every buffered row on; ``durable``: to storage that survives a crash."""
 
     def close(self) -> dict[str, int]:
         """Flush, release resources and return rows written per table."""

@@ -80,7 +80,7 @@ def hook_context(
     flt: ProcessFilter | None,
     bpf_dir: Path | None,
     spool_dir: Path | None,
-    sink: Sink,
+    sink: ThreadedSink,
     self_tgid: int,
 ) -> HookContext:
     """What every hook of the collection is started with."""
@@ -105,7 +105,7 @@ def hook_context(
         spare=(
             Pacer(
                 SpareCpu(need=cfg.spool_spare_cpus),
-                lambda: isinstance(sink, ThreadedSink) and sink.behind,
+                lambda: sink.behind,
             )
             if spool_dir is not None
             else None
@@ -239,13 +239,12 @@ def drain(hook: Hook, sink: Sink, space: SpaceGuard, final: bool = False) -> Non
     space.spool_call(lambda: write_all(sink, hook.stop() if final else hook.poll()))
 
 
-def check_writes(each: Callable[[str, Callable[[Hook], object]], None], sink: Sink) -> None:
+def check_writes(each: Callable[[str, Callable[[Hook], object]], None], sink: ThreadedSink) -> None:
     """Raise a spool's failed write (the ring copier's, as an OSError) and the sink
     writer's error now, not when the run ends or rows are next written. ``each``:
     calls into each hook still collecting (the poll loop's: a hook's bug detaches it)."""
     each("spooled_bytes", lambda h: h.spooled_bytes())
-    if isinstance(sink, ThreadedSink):
-        sink.check()
+    sink.check()
 
 
 def spooled_bytes(hook: Hook) -> int:
@@ -389,7 +388,7 @@ def _park(hook: Hook) -> None:
 
 def detach_all(
     hooks: Sequence[Hook],
-    sink: Sink,
+    sink: ThreadedSink,
     space: SpaceGuard,
     step: Step,
     *,
@@ -411,13 +410,12 @@ def detach_all(
         # every program stops before any final drain: a ring still being filled
         # while the others' rows are made would overflow
         step(guarded(hook, "detach", hook.detach, faults))
-    if isinstance(sink, ThreadedSink):
-        sink.max_queued_bytes = min(sink.max_queued_bytes, DRAIN_QUEUE_BYTES)
+    sink.max_queued_bytes = min(sink.max_queued_bytes, DRAIN_QUEUE_BYTES)
     trim_as_usual()  # no ring to keep up with: heaps trimmed again in the drain
     # Out of space, spooled records stay in the spool for `kernmlops recover`: their
     # rows would take the room the disk no longer has.
     parked = [h for h in hooks if full and spooling(h)]
-    if isinstance(sink, ThreadedSink) and space.parquet is not None:
+    if space.parquet is not None:
         # No workload runs now: the rows made from here on are encoded compactly at
         # once, and compaction keeps their parts instead of reading them back.
         step(lambda: sink.flush(durable=True))

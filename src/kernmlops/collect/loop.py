@@ -40,16 +40,15 @@ from kernmlops.collect.attach import (
     write_all,
 )
 from kernmlops.collect.gated import exit_status
-from kernmlops.collect.sinks import ThreadedSink
 from kernmlops.collect.space import SPACE_CHECK_S, SpaceWatch
 from kernmlops.errors import NOT_A_HOOKS_BUG
 from kernmlops.hooks.base import Hook
-from kernmlops.tables import Sink
 
 if TYPE_CHECKING:
     from kernmlops.collect.gated import GatedProcess
     from kernmlops.collect.parquet import ParquetSink
     from kernmlops.collect.running import RunningManifest
+    from kernmlops.collect.sinks import ThreadedSink
     from kernmlops.collect.space import SpaceGuard
     from kernmlops.config import Config
 
@@ -132,18 +131,18 @@ def _is_main_thread() -> bool:
 
 
 class PollLoop:
-    """One collection's loop over its started ``hooks`` into ``sink``, while ``proc``
-    (the benchmark, if it has a process) runs; ``parquet`` is the sink's Parquet writer
-    (None with a caller's sink). A hook that fails is appended to ``failed`` (detached
-    and closed: the session's stop leaves it be) and said through ``on_message``; one
-    that holds spooled records is left open, in ``spooled`` too: the stop makes their
-    rows."""
+    """One collection's loop over its started ``hooks`` into ``sink`` (the writer
+    thread), while ``proc`` (the benchmark, if it has a process) runs; ``parquet`` is
+    the sink's Parquet writer (None with a caller's sink). A hook that fails is
+    appended to ``failed`` (detached and closed: the session's stop leaves it be) and
+    said through ``on_message``; one that holds spooled records is left open, in
+    ``spooled`` too: the stop makes their rows."""
 
     def __init__(
         self,
         config: Config,
         hooks: list[Hook],
-        sink: Sink,
+        sink: ThreadedSink,
         proc: GatedProcess | None,
         *,
         parquet: ParquetSink | None,
@@ -210,7 +209,7 @@ class PollLoop:
                 if watch is not None and watch.error is not None:
                     raise watch.error  # the benchmark is stopped already
                 loading = libraries is not None and not libraries.is_set()
-                behind = isinstance(sink, ThreadedSink) and sink.behind
+                behind = sink.behind
                 spilled = self._total("spilled_bytes", lambda h: h.spilled_bytes())
                 can_spill = spilled < MAX_SPILLED_BYTES
                 if (loading or behind) and can_spill:
@@ -218,11 +217,10 @@ class PollLoop:
                     # queue is full) without stalling: keep the rings from overflowing.
                     self._each("spill", lambda h: h.spill())
                 else:
-                    if isinstance(sink, ThreadedSink):
-                        # A round's rows that pass the queue's room go in anyway while
-                        # the next round can spill: waiting here for a stalled writer
-                        # (its fsync, a slow disk) let the rings overflow for as long.
-                        sink.wait_when_full = not can_spill
+                    # A round's rows that pass the queue's room go in anyway while the
+                    # next round can spill: waiting here for a stalled writer (its
+                    # fsync, a slow disk) let the rings overflow for as long.
+                    sink.wait_when_full = not can_spill
                     self._each("poll", lambda h: drain(h, sink, self.space))
                 if tick >= next_flush:
                     # what hooks hold back goes into this flush
@@ -237,11 +235,7 @@ class PollLoop:
                     checkpoint = functools.partial(
                         self.running.flushed, self.running.hook_records(self.hooks)
                     )
-                    if isinstance(sink, ThreadedSink):
-                        sink.flush(durable=True, wait=False, then=checkpoint)
-                    else:
-                        sink.flush(durable=True)
-                        checkpoint()
+                    sink.flush(durable=True, wait=False, then=checkpoint)
                     if self.parquet is not None:
                         finished = self.parquet.checkpoint()[1]
                         self._each(
@@ -277,8 +271,7 @@ class PollLoop:
                     wake = min(wake, next_progress)
                 _sleep(max(tick + period, wake) - now, waker)
         finally:
-            if isinstance(sink, ThreadedSink):
-                sink.wait_when_full = True  # the stop's drain waits: no ring to keep up with
+            sink.wait_when_full = True  # the stop's drain waits: no ring to keep up with
             if watch is not None:
                 watch.close()  # before the eventfd it writes is closed
             if waker is not None:

@@ -215,8 +215,10 @@ class Session:
             )
         )
         self.space.parquet = self._running.parquet = parquet
-        sink: Sink = self._sink or ThreadedSink(
-            parquet,  # type: ignore[arg-type]
+        # A caller's sink (tests) goes through the writer thread too: the loop and the
+        # stop run as they do over Parquet.
+        sink = ThreadedSink(
+            self._sink or parquet,  # type: ignore[arg-type]
             max_queued_bytes=SPOOLED_QUEUE_BYTES if cfg.spool else 32 << 20,
         )
         priority.read_oom()

@@ -12,12 +12,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from kernmlops.lazy import lazy_import
-from kernmlops.tables import Rows, row_count, rows_nbytes
+from kernmlops.tables import Rows, Sink, row_count, rows_nbytes
 
 if TYPE_CHECKING:
     import polars as pl
-
-    from kernmlops.collect.parquet import ParquetSink
 else:
     pl = lazy_import("polars")
 
@@ -81,7 +79,7 @@ class ThreadedSink:
 
     def __init__(
         self,
-        inner: ParquetSink | MemorySink,
+        inner: Sink,
         max_queued_bytes: int = 32 * 2**20,
         wake_bytes: int = 2**20,
     ) -> None:

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from kernmlops.collect.parquet import ParquetSink
     from kernmlops.collect.participants import Participant
     from kernmlops.collect.running import RunningManifest
+    from kernmlops.collect.sinks import ThreadedSink
     from kernmlops.collect.space import SpaceGuard
     from kernmlops.hooks.base import Hook
     from kernmlops.host.environment import Environment
@@ -42,7 +43,7 @@ BENCHMARK_STOP_GRACE_S = 5.0
 
 def stop_collection(
     hooks: list[Hook],
-    sink: Sink,
+    sink: ThreadedSink,
     bench: RunningBenchmark,
     flt: ProcessFilter | None,
     bench_exit: int | None,
