@@ -19,9 +19,14 @@ of work, which a busy machine disturbs less: a state's cost comes out within abo
 wide). The program's time in the tracepoint is charged to the task switched in, so
 it is in the figure, as are its indirect costs (caches, the ring's memory).
 
-``--bpf-stats`` adds ``floor+stats`` and ``programs+stats``: the same with the kernel
-timing every program run (``kernel.bpf_stats_enabled``, as ``hotpath`` and
-``overhead --bpf-stats`` time them), to price that timing itself.
+``--bpf-stats`` adds a ``+stats`` state for every program state (``floor+stats``,
+``programs+stats``, each ``--object``'s): the same with the kernel timing every program
+run (``kernel.bpf_stats_enabled``, as ``hotpath`` and ``overhead --bpf-stats`` time
+them), to price that timing itself, and the state's own run time in ns a run
+(``run_time_ns / run_cnt`` over its dwell). The own run times price an A/B of two
+builds within a few ns (the timing's two clock reads are in every state alike) where
+the CPU per switch-in only within ±20-45 ns; the difference between the two is what a
+program costs outside its own run (caches, the ring's memory).
 
 Run (root; built BPF objects, stress-ng):
 
@@ -78,6 +83,21 @@ def cpu_and_arrivals(tids: list[int]) -> tuple[int, int]:
     return cpu, arrivals
 
 
+def prog_runs(obj) -> tuple[int, int]:
+    """(run_time_ns, run_cnt) of all the object's programs together (only the attached
+    one runs; the counts grow only while the kernel's timing is on)."""
+    from kernmlops.ebpf.libbpf import prog_info
+
+    ns = count = 0
+    for prog in obj.programs.values():
+        if prog.fd < 0:
+            continue  # not loaded (the raw_tp twin where tp_btf works)
+        info = prog_info(prog.fd)
+        ns += info.run_time_ns
+        count += info.run_cnt
+    return ns, count
+
+
 def interval(m: dict) -> str:
     return f"{m['median']:+7.1f} ns  [{m['median_low']:+.1f}, {m['median_high']:+.1f}]"
 
@@ -98,7 +118,12 @@ def main(argv: list[str] | None = None) -> int:
         help="another state: a BPF object whose programs attach to sched_switch and whose "
         "ring (quanta_runtime's) is emptied unread; repeatable",
     )
-    parser.add_argument("--bpf-stats", action="store_true", help="also floor+stats, programs+stats")
+    parser.add_argument(
+        "--bpf-stats",
+        action="store_true",
+        help="also each program state timed by the kernel (STATE+stats): its cost with the "
+        "timing, and its own ns a run",
+    )
     parser.add_argument(
         "--deadline",
         type=float,
@@ -130,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         objs[name] = open_programs(Path(path))
     states = ["off", *objs]
     if args.bpf_stats:
-        states += ["floor+stats", "programs+stats"]
+        states += [f"{name}+stats" for name in objs]
     stop = threading.Event()
     drain = threading.Thread(
         target=discard_rings,
@@ -144,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     storm = subprocess.Popen(storm_argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     rounds: list[dict[str, float]] = []
+    #: STATE+stats -> its programs' own ns a run, a round
+    own: dict[str, list[float]] = {s: [] for s in states if s.endswith("+stats")}
     try:
         time.sleep(2)  # every storm process forked and switching
         tids = storm_tasks(storm.pid)
@@ -161,9 +188,13 @@ def main(argv: list[str] | None = None) -> int:
                 if name != "off":
                     objs[name].attach_all()
                 time.sleep(0.1)  # attached on every CPU before the reading
+                runs0 = prog_runs(objs[name]) if stats else (0, 0)
                 cpu0, n0 = cpu_and_arrivals(tids)
                 time.sleep(args.dwell)
                 cpu1, n1 = cpu_and_arrivals(tids)
+                if stats:
+                    ns, count = (b - a for a, b in zip(runs0, prog_runs(objs[name]), strict=True))
+                    own[state].append(ns / max(1, count))
                 if name != "off":
                     objs[name].detach()
                 if stats_fd is not None:
@@ -200,6 +231,21 @@ def main(argv: list[str] | None = None) -> int:
         versus[s] = harness.summarize(d).as_dict(1)
         m = versus[s]
         print(f"  {s} - programs: {interval(m)}")
+    own_summary, own_versus = {}, {}
+    if own:
+        print("own run time (kernel's timing, ns a run), against the floor's:")
+        for s, v in own.items():
+            own_summary[s] = harness.summarize(v).as_dict(1)
+            line = f"  {s:16s} {own_summary[s]['median']:7.1f} ns"
+            if s != "floor+stats":
+                d = [a - b for a, b in zip(v, own["floor+stats"], strict=True)]
+                own_versus[s] = harness.summarize(d).as_dict(1)
+                line += f"  less the floor's {interval(own_versus[s])}"
+            print(line)
+        for s in [f"{n}+stats" for n in objs if n not in ("floor", "programs")]:
+            d = [a - b for a, b in zip(own[s], own["programs+stats"], strict=True)]
+            own_versus[f"{s} - programs+stats"] = m = harness.summarize(d).as_dict(1)
+            print(f"  {s} - programs+stats: {interval(m)}")
     result = {
         "machine": {"kernel": os.uname().release, "cpus": os.cpu_count()},
         "args": {k: str(v) for k, v in vars(args).items()},
@@ -208,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         "untraced_ns_per_switch_in": statistics.median(r["off"] for r in rounds),
         "added_ns_per_switch_in": summary,
         "less_programs_ns": versus,
+        "own_ns_per_run": own_summary,
+        "own_less_floor_ns_per_run": own_versus,
         "rounds": rounds,
     }
     save(args.out, result, indent=1)
