@@ -56,6 +56,25 @@ def test_faux_session_into_memory(tmp_path: Path) -> None:
     assert not session.path.exists()  # memory sink: nothing on disk
 
 
+def test_a_callers_sink_is_written_by_the_writer_thread(tmp_path: Path) -> None:
+    """The loop and the stop hand rows to the writer thread whatever the sink, so a
+    caller's sink (these tests') sees the path a collection to disk takes."""
+    import threading
+
+    writers: set[str] = set()
+
+    class Watched(MemorySink):
+        def write(self, table: str, frame: object) -> None:
+            writers.add(threading.current_thread().name)
+            super().write(table, frame)  # type: ignore[arg-type]
+
+    sink = Watched()
+    result = Session(_config(tmp_path), sink=sink).run()
+    assert result.exit_code == 0 and sink.table("quanta_runtime").height > 0
+    assert writers == {"kernmlops-sink"}
+    assert sink.closed
+
+
 def test_a_benchmarks_output_is_parsed_into_memory_and_left_nowhere(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
