@@ -37,10 +37,12 @@ def _perf() -> str:
     return perf
 
 
-def _perf_stat(events: list[str]) -> dict[str, str]:
-    """event -> perf stat's count field (a number, or <not supported>)."""
+def _perf_stat(events: list[str], *, system_wide: bool = False) -> dict[str, str]:
+    """event -> perf stat's count field (a number, or <not supported>); ``system_wide``:
+    every CPU (-a), as list_events opens a counter (on a CPU, not a task): a PMU that
+    counts a package (RAPL's power/, the uncore) opens no other way."""
     out = subprocess.run(
-        [_perf(), "stat", "-x,", "-e", ",".join(events), "true"],
+        [_perf(), "stat", "-x,", *(["-a"] * system_wide), "-e", ",".join(events), "true"],
         capture_output=True,
         text=True,
         timeout=30,
@@ -141,11 +143,12 @@ def test_sysfs_pmu_events_match_perf_list() -> None:
         assert row["type"] == int((PMU_DIR / pmu / "type").read_text())
         assert row["encoding"] == (PMU_DIR / pmu / "events" / event).read_text().strip()
         assert row["description"] == "sysfs"
-    # perf counts what we call supported (e.g. msr/tsc/ here)
+    # perf counts what we call supported (e.g. msr/tsc/ here; a scaled count such as
+    # power/'s Joules is a decimal)
     supported = pmu_rows.filter(pl.col("supported"))["name"].to_list()
-    counted = _perf_stat(supported)
+    counted = _perf_stat(supported, system_wide=True)
     for name in supported:
-        assert counted[name].isdigit(), (name, counted.get(name))
+        assert re.fullmatch(r"\d+(\.\d+)?", counted.get(name, "")), (name, counted.get(name))
 
 
 def _probed(*rows: tuple[bool | None, str | None]) -> pl.DataFrame:

@@ -850,6 +850,11 @@ def perf_list(show_all: bool, tracepoints: bool, as_json: bool) -> None:
     Put a NAME in hooks.perf.events of a config to count it, e.g.
     `events: [dTLB-load-misses, tlb:tlb_flush, msr/tsc/]`.
 
+    Where a PMU counts on some CPUs only, the cpus column says which: `package
+    0,24` for a package's count (RAPL's power/, the uncore PMUs), which the perf
+    hook reads on those CPUs alone (null on the others, as perf stat -a counts
+    it), or a hybrid core type's CPUs.
+
     \b
     Examples:
       sudo kernmlops perf-list
@@ -876,13 +881,17 @@ def perf_list(show_all: bool, tracepoints: bool, as_json: bool) -> None:
     from rich.table import Table
 
     table = Table(title=f"{frame.height} perf events", title_justify="left")
-    for col in ("name", "kind", "type", "encoding", "description"):
+    # where a PMU counts on some CPUs only (a package's reader, a core type)
+    scoped = frame["cpus"].is_not_null().any()
+    for col in ("name", "kind", "type", "encoding", "description", *(["cpus"] * scoped)):
         table.add_column(col)
     if show_all:
         table.add_column("supported")
     for row in frame.iter_rows(named=True):
         name = " OR ".join([row["name"], *row["aliases"]])
         cells = [name, row["kind"], str(row["type"]), row["encoding"], row["description"]]
+        if scoped:
+            cells.append(row["cpus"] or "all")
         if show_all:
             ok = row["supported"]
             cells.append("yes" if ok else "?" if ok is None else f"[red]no[/]: {row['reason']}")

@@ -20,6 +20,7 @@ from kernmlops.ebpf.perf_counters import (
     PerfEventError,
     generic_events,
     pmu_events,
+    pmu_scope,
     probe,
     tracepoint_id,
     tracepoints,
@@ -38,7 +39,10 @@ SCHEMA: dict[str, pl.DataType | type[pl.DataType]] = {
     "unit": pl.String,
     "scale": pl.Float64,
     "aliases": pl.List(pl.String),
-    "supported": pl.Boolean,  # opened as a counter on CPU 0
+    # where its PMU counts, if not on every CPU: "package 0,24" (one reader CPU a
+    # package: the count is the package's) or a hybrid core type's "8-15"
+    "cpus": pl.String,
+    "supported": pl.Boolean,  # opened as a counter on CPU 0 (or its PMU's first CPU)
     "reason": pl.String,  # why not, when not
 }
 
@@ -86,7 +90,11 @@ def list_events(
     rows = []
     for spec in specs:
         probed = probe_cpu is not None and (spec.kind != "tracepoint" or probe_tracepoints)
-        why = probe(spec, probe_cpu) if probed and probe_cpu is not None else None
+        scope = pmu_scope(spec.pmu)
+        on = probe_cpu
+        if scope is not None and on is not None and on not in scope.cpus:
+            on = scope.cpus[0]  # a core type CPU 0 is not of, or a package's reader
+        why = probe(spec, on) if probed and on is not None else None
         if probe_cpu is not None and not probed:
             why = TRACEPOINT_NOT_PROBED
         rows.append(
@@ -103,6 +111,7 @@ def list_events(
                 "unit": spec.unit,
                 "scale": spec.scale,
                 "aliases": _ALIASES.get(spec.name, []),
+                "cpus": None if scope is None else scope.short(),
                 "supported": why is None if probed else None,
                 "reason": why,
             }

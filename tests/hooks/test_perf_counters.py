@@ -374,3 +374,93 @@ def test_unsupported_events_are_named_with_their_reason() -> None:
     assert set(hook.status.programs) == {
         resolve(n).name for n in [*SOFTWARE_EVENTS, *wanted] if n not in by_perf
     }
+
+
+# --- PMUs that count on some CPUs only ----------------------------------------------
+def _perf_stat_cpus(events: list[str]) -> dict[str, set[int]]:
+    """event -> the CPUs ``perf stat -a -A`` (system-wide, per CPU) reads it on: perf
+    reads a package's event on its PMU's cpumask alone."""
+    out = subprocess.run(
+        [shutil.which("perf") or "perf", "stat", "-a", "-A", "-x,", "-e", ",".join(events),
+         "true"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    seen: dict[str, set[int]] = {}
+    for line in out.stderr.splitlines():
+        parts = line.split(",")
+        if len(parts) > 4 and parts[0].startswith("CPU") and parts[3] in events:
+            seen.setdefault(parts[3], set()).add(int(parts[0][3:]))
+    return seen
+
+
+@needs_root
+def test_each_pmu_event_is_read_on_the_cpus_perf_reads_it_on() -> None:
+    """Every PMU event this machine lists, opened as the perf hook opens it, is read on
+    exactly the CPUs ``perf stat -a -A`` reads it on: all of them for a core PMU
+    (msr/), the cpumask's for one that counts a package (power/, uncore): where
+    every CPU read it, a sum over CPUs counted each package once a CPU."""
+    from kernmlops.perf_list import list_events
+
+    frame = list_events().filter((pl.col("kind") == "pmu") & pl.col("supported"))
+    names = frame["name"].to_list()
+    assert names, "no PMU event to count on this machine (msr/ at least is expected)"
+    specs = [resolve(n) for n in names]
+    with perf_counters.CounterSet(specs, online_cpus()) as counters:
+        ours = {
+            spec.name: {cpu for cpu, on in zip(counters.cpus, row, strict=True) if on}
+            for spec, row in zip(counters.events, counters.opened, strict=True)
+        }
+    perfs = _perf_stat_cpus(names)
+    assert ours == perfs, (ours, perfs)
+    for row in frame.iter_rows(named=True):
+        scope = perf_counters.pmu_scope(row["pmu"])
+        expected = None if scope is None else scope.short()
+        assert row["cpus"] == expected
+
+
+def test_an_event_of_a_package_is_null_on_the_cpus_that_do_not_read_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A PMU whose sysfs cpumask names one CPU (a package's reader): its columns hold
+    that CPU's counts and null on the others, never zeros; task_perf, whose counts are
+    a task's, leaves it out with the reason. (The software PMU, which counts on every
+    machine, stands in for it.)"""
+    cpus = online_cpus()
+    if len(cpus) < 2:
+        pytest.skip("one CPU: no CPU without the reader")
+    reader = cpus[-1]
+    scope = perf_counters.PmuScope((reader,), per_package=True)
+    real = perf_counters.pmu_scope
+    monkeypatch.setattr(
+        perf_counters, "pmu_scope", lambda pmu: scope if pmu == "software" else real(pmu)
+    )
+    spec = EventSpec("software/cpu-clock/", "pmu", 1, 0, pmu="software", encoding="config=0x0")
+    monkeypatch.setattr(perf_counters, "resolve", lambda n: spec if n == spec.name else resolve(n))
+    hook = PerfHook(PerfHook.Options(events=[spec.name], poll_hz=20))
+    hook.start()
+    try:
+        time.sleep(0.2)
+        frames = [f for _, f in polled(hook.stop())]
+    finally:
+        hook.close()
+    frame = pl.concat(frames)
+    column = event_column(spec.name)
+    mine = frame.filter(pl.col("cpu") == reader)
+    others = frame.filter(pl.col("cpu") != reader)
+    assert mine[column].null_count() == 0 and int(mine[column].max()) > 0
+    for name in (column, f"{column}_enabled_ns", f"{column}_running_ns"):
+        assert others[name].null_count() == others.height > 0, name
+    # the software set beside it is read on every CPU
+    assert frame["cpu_clock_ns"].null_count() == 0
+
+    from kernmlops.hooks.task_perf import TaskPerfHook
+
+    task = TaskPerfHook(TaskPerfHook.Options(events=[spec.name]))
+    counters = task._open_counters()
+    try:
+        assert spec.name not in [e.name for e in counters.events]
+        assert task.unsupported[spec.name] == (
+            f"a package's count, read on CPU {reader} (PMU software), not on every CPU"
+        )
+    finally:
+        counters.close()

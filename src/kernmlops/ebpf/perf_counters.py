@@ -4,6 +4,13 @@ with enabled / running times (for multiplexing) and read in one pass.
 
 Names follow ``perf list``: ``cycles``, ``dTLB-load-misses``, ``context-switches``,
 ``tlb:tlb_flush``, ``msr/tsc/``, ``cpu/event=0x3c,umask=0x00/``, ``r01c2``.
+
+A PMU may count on some CPUs only (:func:`pmu_scope`): one whose sysfs folder has a
+``cpumask`` counts a whole package or die (RAPL's ``power``, the uncore PMUs), and the
+kernel reads it on the CPU that file names whatever CPU it is opened on, so its events
+are opened there alone, as ``perf stat -a`` does: opened on every CPU, each CPU would
+repeat its package's count. One with a ``cpus`` file (a hybrid machine's ``cpu_core``
+and ``cpu_atom``) exists on those CPUs only.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from kernmlops.ebpf.perf_open import (
     PERF_TYPE_SOFTWARE,
     PerfEventAttr,
 )
+from kernmlops.host.cpus import format_cpu_list, parse_cpu_list
 from kernmlops.lazy import lazy_import
 
 if TYPE_CHECKING:
@@ -213,6 +221,38 @@ def pmu_type(pmu: str) -> int:
 
 def pmus() -> list[str]:
     return sorted(p.name for p in PMU_DIR.iterdir()) if PMU_DIR.is_dir() else []
+
+
+@dataclass(frozen=True)
+class PmuScope:
+    """The CPUs a PMU counts on, where it does not count on every CPU."""
+
+    cpus: tuple[int, ...]
+    #: the count is a package's or die's (sysfs ``cpumask``), read on ``cpus`` alone;
+    #: else (``cpus``: a hybrid core type) each of ``cpus`` counts its own
+    per_package: bool
+
+    def short(self) -> str:
+        """``package 0,24`` or ``8-15``: perf-list's column."""
+        cpus = format_cpu_list(list(self.cpus))
+        return f"package {cpus}" if self.per_package else cpus
+
+    def describe(self, pmu: str) -> str:
+        what = "a package's count, read on" if self.per_package else "counts on"
+        return f"{what} CPU {format_cpu_list(list(self.cpus))} (PMU {pmu})"
+
+
+@cache
+def pmu_scope(pmu: str | None) -> PmuScope | None:
+    """Where ``pmu``'s events count (see the module's note); None: on every CPU (the
+    core PMU, software, tracepoints, or a PMU sysfs says nothing of)."""
+    if not pmu:
+        return None
+    for name, per_package in (("cpumask", True), ("cpus", False)):
+        cpus = parse_cpu_list(_read_optional(PMU_DIR / pmu / name))
+        if cpus:
+            return PmuScope(tuple(cpus), per_package)
+    return None
 
 
 @cache
@@ -432,23 +472,50 @@ class CounterSet:
     Each fd is its own event (no groups): a group is scheduled all or nothing,
     so one hardware event too many would leave the whole group unread. The
     kernel multiplexes independent events; enabled / running say by how much.
+    An event whose PMU counts on some CPUs only (:func:`pmu_scope`) is opened on
+    those of ``cpus`` alone: ``opened`` says where.
     """
 
     def __init__(
-        self, events: Sequence[EventSpec], cpus: Sequence[int], *, skip_unsupported: bool = False
+        self,
+        events: Sequence[EventSpec],
+        cpus: Sequence[int],
+        *,
+        skip_unsupported: bool = False,
+        everywhere: bool = False,
     ) -> None:
-        """Open every event on every CPU. With ``skip_unsupported``, an event that
-        fails on any CPU is left out and its reason kept in ``unsupported``;
-        otherwise the first failure is raised."""
+        """Open every event on each of ``cpus`` its PMU counts on. With
+        ``skip_unsupported``, an event that fails on any of them, or that counts on
+        none of them, is left out and its reason kept in ``unsupported``; otherwise
+        the first failure is raised. ``everywhere``: leave out the events whose PMU
+        does not count on every CPU (a per-task count reads whichever CPU it runs on,
+        and a package's count is no task's)."""
         self.events: list[EventSpec] = []
         self.cpus = list(cpus)
         self.unsupported: dict[str, str] = {}
+        #: [event, cpu]: whether the event is opened on that CPU (read() gives 0 where not)
+        self.opened = np.zeros((0, len(self.cpus)), dtype=bool)
         self._fds: list[int] = []
+        self._cells: list[int] = []  # each fd's cell: event index * len(cpus) + cpu index
+        rows: list[np.ndarray] = []
         try:
             for spec in events:
+                scope = pmu_scope(spec.pmu)
+                where = [i for i, cpu in enumerate(self.cpus) if scope is None or cpu in scope.cpus]
+                refused = None
+                if scope is not None and everywhere:
+                    refused = f"{scope.describe(spec.pmu or '')}, not on every CPU"
+                elif not where:
+                    refused = f"not counted on these CPUs: {scope.describe(spec.pmu or '')}"
+                if refused is not None:
+                    if not skip_unsupported:
+                        raise PerfEventError(f"{spec.name}: {refused}", errno.EOPNOTSUPP)
+                    self.unsupported[spec.name] = refused
+                    continue
                 fds: list[int] = []
                 try:
-                    for cpu in self.cpus:
+                    for i in where:
+                        cpu = self.cpus[i]
                         fds.append(open_counter(spec, cpu))
                 except PerfEventError as err:
                     for fd in fds:
@@ -459,27 +526,38 @@ class CounterSet:
                     # Naming the CPU matters only where CPUs differ (hybrid PMUs).
                     self.unsupported[spec.name] = why if not fds else f"{why} on cpu {cpu}"
                     continue
+                base = len(self.events) * len(self.cpus)
                 self.events.append(spec)
                 self._fds.extend(fds)
+                self._cells.extend(base + i for i in where)
+                row = np.zeros(len(self.cpus), dtype=bool)
+                row[where] = True
+                rows.append(row)
         except BaseException:
             self.close()
             raise
+        if rows:
+            self.opened = np.stack(rows)
         self._buf = bytearray(READ_SIZE * len(self._fds))
         view = memoryview(self._buf)
         self._slices = [view[i * READ_SIZE : (i + 1) * READ_SIZE] for i in range(len(self._fds))]
 
-    def fd(self, event: int, cpu: int) -> int:
-        """The fd of ``events[event]`` on ``cpus[cpu]`` (indexes, not ids): for BPF
-        programs that read the counters themselves (a perf event array)."""
-        return self._fds[event * len(self.cpus) + cpu]
+    def fd(self, event: int, cpu: int) -> int | None:
+        """The fd of ``events[event]`` on ``cpus[cpu]`` (indexes, not ids), None where
+        it is not opened: for BPF programs that read the counters themselves (a perf
+        event array)."""
+        at = dict(zip(self._cells, self._fds, strict=True))
+        return at.get(event * len(self.cpus) + cpu)
 
     def read(self) -> np.ndarray:
-        """uint64 array [event, cpu, (value, enabled_ns, running_ns)], cumulative."""
+        """uint64 array [event, cpu, (value, enabled_ns, running_ns)], cumulative; 0
+        where the event is not opened (``opened``)."""
         for fd, part in zip(self._fds, self._slices, strict=True):
             if os.readv(fd, [part]) != READ_SIZE:
                 raise PerfEventError(f"short read from perf event fd {fd}")
-        shape = (len(self.events), len(self.cpus), 3)
-        return np.frombuffer(self._buf, dtype=np.uint64).reshape(shape).copy()
+        out = np.zeros((len(self.events) * len(self.cpus), 3), dtype=np.uint64)
+        out[self._cells] = np.frombuffer(self._buf, dtype=np.uint64).reshape(-1, 3)
+        return out.reshape(len(self.events), len(self.cpus), 3)
 
     def close(self) -> None:
         for fd in self._fds:

@@ -13,7 +13,11 @@ deltas are one ``diff`` per column over rows grouped by cpu.
 Counters are system-wide per CPU (pid -1): the process filter does not apply.
 Events the machine cannot count (hardware events in most VMs) get no column;
 they are named with the reason in the hook status (``unsupported``), never
-written as zeros.
+written as zeros. An event whose PMU counts a whole package or die (RAPL's
+``power/energy-pkg/``, the uncore PMUs: a ``cpumask`` in sysfs) is read on the CPU
+the kernel names for each package and is null on the others, so a column's sum over
+CPUs counts each package once (as ``perf stat -a``); an event of one core type of a
+hybrid machine is null on the other type's CPUs.
 """
 
 from __future__ import annotations
@@ -183,11 +187,18 @@ class PerfHook(SampledHook[PerfOptions]):
             # Counts and times as signed int64, as the BPF tables' u64 fields (a
             # 64-bit counter does not pass 2**63 in a collection's lifetime).
             values = values.view(np.int64)
+            opened = self._counters.opened
             for i, spec in enumerate(self._counters.events):
                 base = event_column(spec.name)
-                columns[spec.column] = values[i, :, 0]
-                columns[f"{base}_enabled_ns"] = values[i, :, 1]
-                columns[f"{base}_running_ns"] = values[i, :, 2]
+                for name, k in ((spec.column, 0), (f"{base}_enabled_ns", 1),
+                                (f"{base}_running_ns", 2)):  # fmt: skip
+                    column = values[i, :, k]
+                    # null where the event is not read (another CPU reads its package)
+                    columns[name] = (
+                        column
+                        if opened[i].all()
+                        else pl.Series(name, column).set(pl.Series(~opened[i]), None)
+                    )
             frames.append(pl.DataFrame(columns))
         yield TABLE, pl.concat(frames)
 

@@ -138,7 +138,7 @@ class TaskPerfHook(BpfHook[TaskPerfOptions]):
     def _open_counters(self) -> CounterSet:
         specs, left_out = resolve_all([*SOFTWARE_EVENTS, *self.options.events])
         self.unsupported.update(left_out)
-        counters = CounterSet(specs, online_cpus(), skip_unsupported=True)
+        counters = CounterSet(specs, online_cpus(), skip_unsupported=True, everywhere=True)
         self.unsupported.update(counters.unsupported)
         return counters
 
@@ -175,7 +175,9 @@ class TaskPerfHook(BpfHook[TaskPerfOptions]):
         slots = obj.map("task_perf_counters")
         for e in range(len(self._counters.events)):
             for i, cpu in enumerate(self._counters.cpus):
-                slots.update(cpu * MAX_EVENTS + e, self._counters.fd(e, i).to_bytes(4, "little"))
+                fd = self._counters.fd(e, i)
+                assert fd is not None  # every event is opened on every CPU (everywhere)
+                slots.update(cpu * MAX_EVENTS + e, fd.to_bytes(4, "little"))
         obj.attach_all()
 
     def poll(self) -> Iterator[tuple[str, Rows]]:
