@@ -138,7 +138,8 @@ int BPF_PROG(hot_switch, bool preempt, struct task_struct *prev, struct task_str
 			has_run = true;
 		} else
 #elif STEP >= 10
-		if (kmo_quantum_of(true, &task_cpu, &task_cpu_slots, prev, prev_pid, sum, &run_ns)) {
+		if (kmo_quantum_of(true, &task_cpu, &task_cpu_slots, &task_cpu_owners, prev,
+				   prev_pid, sum, &run_ns)) {
 			has_run = true;
 		} else
 #endif
@@ -152,7 +153,7 @@ int BPF_PROG(hot_switch, bool preempt, struct task_struct *prev, struct task_str
 	}
 #if STEP >= 10
 	else if (prev_pid) {
-		kmo_task_slot_free(true, &task_cpu_slots, prev);
+		kmo_task_slot_free(true, &task_cpu_slots, &task_cpu_owners, prev);
 	}
 #endif
 	cur->pid = next_pid;

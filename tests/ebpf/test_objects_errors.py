@@ -288,3 +288,34 @@ def test_no_fd_leak(variants_obj, bpf_build_dir, tmp_path):
             BpfObject(bad)
     gc.collect()
     assert _open_fds() == before
+
+
+def test_without_task_storage_an_object_that_needs_it_is_refused_in_one_line(
+    bpf_build_dir, monkeypatch
+):
+    """On a kernel without task storage (before Linux 5.11): an object whose programs
+    keep their state there (syscalls') is refused before load, in one line; one that
+    can do without (quanta_runtime's ``kmo_task_storage``) has the global cleared and
+    its storage map made a one-entry hash, which a kernel without storage makes. The
+    load itself needs root (tests/hooks/test_quanta_runtime.py loads it)."""
+    real = libbpf.has_map_type
+    monkeypatch.setattr(
+        libbpf, "has_map_type", lambda t: t != libbpf.MAP_TYPE_TASK_STORAGE and real(t)
+    )
+    with (
+        BpfObject(object_path("syscalls", bpf_build_dir)) as obj,
+        pytest.raises(LibbpfError) as err,
+    ):
+        obj.load()
+    assert str(err.value) == (
+        "syscalls.bpf.o needs BPF task storage (Linux 5.11 or later), which this kernel "
+        "does not have"
+    )
+    path = object_path("quanta_runtime", bpf_build_dir)
+    off, size = _rodata_offsets(path)["kmo_task_storage"]
+    with BpfObject(path) as obj:
+        assert _rodata(obj)[off : off + size] == b"\x01"
+        obj._without_task_storage()  # load() but the kernel's part
+        store = obj.map("quanta_task_cpu")
+        assert (store.type, store.max_entries) == (libbpf.MAP_TYPE_HASH, 1)
+        assert _rodata(obj)[off : off + size] == b"\x00"

@@ -47,8 +47,8 @@ static __always_inline int on_switch(bool btf, struct task_struct *prev, struct 
 	 * started is counted from its next quantum. */
 	if (prev_pid && exp_task_wanted(prev)) {
 		sum = BPF_CORE_READ(prev, se.sum_exec_runtime);
-		if (!kmo_quantum_of(btf, &exp_oncpu_task, &exp_oncpu_task_slots, prev, prev_pid, sum,
-				    &ns) &&
+		if (!kmo_quantum_of(btf, &exp_oncpu_task, &exp_oncpu_task_slots,
+				    &exp_oncpu_task_owners, prev, prev_pid, sum, &ns) &&
 		    cur->pid == prev_pid && sum > cur->sum_exec_at_in)
 			ns = sum - cur->sum_exec_at_in;
 		if (ns) {
@@ -56,7 +56,7 @@ static __always_inline int on_switch(bool btf, struct task_struct *prev, struct 
 			exp_count(&cgroup_cpu_ns, &cgid, ns);
 		}
 	} else if (prev_pid) {
-		kmo_task_slot_free(btf, &exp_oncpu_task_slots, prev);
+		kmo_task_slot_free(btf, &exp_oncpu_task_slots, &exp_oncpu_task_owners, prev);
 	}
 	cur->pid = BPF_CORE_READ(next, pid);
 	cur->sum_exec_at_in = BPF_CORE_READ(next, se.sum_exec_runtime);

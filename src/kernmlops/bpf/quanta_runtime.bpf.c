@@ -121,8 +121,8 @@ static __always_inline int on_switch(bool btf, struct task_struct *prev,
 		/* Read before the branches: clang would otherwise load through one
 		 * register holding either `cur` or `prev`, which the verifier refuses. */
 		barrier_var(slice_start);
-		if (kmo_quantum_of(btf, &quanta_task_cpu, &quanta_task_cpu_slots, prev, prev_pid,
-				   sum, &run_ns)) {
+		if (kmo_quantum_of(btf, &quanta_task_cpu, &quanta_task_cpu_slots,
+				   &quanta_task_cpu_owners, prev, prev_pid, sum, &run_ns)) {
 			has_run = true;
 		} else if (cur->pid == prev_pid && cur->seen) {
 			run_ns = sum - cur->sum_exec_at_in;
@@ -132,7 +132,7 @@ static __always_inline int on_switch(bool btf, struct task_struct *prev,
 			has_run = true;
 		}
 	} else if (prev_pid) {
-		kmo_task_slot_free(btf, &quanta_task_cpu_slots, prev);
+		kmo_task_slot_free(btf, &quanta_task_cpu_slots, &quanta_task_cpu_owners, prev);
 	}
 	cur->pid = next_pid;
 	cur->seen = 1;

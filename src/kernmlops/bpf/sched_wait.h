@@ -198,7 +198,12 @@ static __always_inline u64 kmo_switch_time(struct kmo_switch_clock *c, u64 rq_cl
  * task at a time (its task_struct's address, compared as it is: asking for it
  * as a number, bpf_get_current_task(), is a helper call that costs as much as
  * the storage): taken, when free, at a switch out of the task, and freed at
- * its last switch out (TASK_DEAD: do_task_dead), followed or not. A task whose
+ * its last switch out (TASK_DEAD: do_task_dead), followed or not. Two CPUs may
+ * reach for one free slot at once: the one whose insert of the slot's number
+ * into <name>_owners succeeds takes it (an insert refused where the key is, a
+ * compare-and-swap that kernels before 5.12 also run: their BPF has no cmpxchg
+ * instruction, and a program that holds one does not load there, dead or not).
+ * Only a task holding the key writes the slot's owner; once per task's life. A task whose
  * slot another owns keeps its record in task storage. So a task's latest
  * record is in its slot while it owns it, else in its storage, where the
  * switch out that takes the slot finds it: exact either way. A slot never
@@ -222,6 +227,12 @@ struct kmo_task_slot {
 #define KMO_TASK_SLOTS (1U << KMO_TASK_SLOT_BITS)
 /* A smaller mask puts more tasks on one slot (tests: 0, one slot for all). */
 const volatile u32 kmo_task_slot_mask = KMO_TASK_SLOTS - 1;
+/* Whether the kernel has task storage (Linux 5.11). Where it has none, user space
+ * clears this and makes the storage map an unused hash (kernmlops.ebpf.objects): a
+ * task whose slot another holds then has no record, and its quantum is the
+ * caller's per-CPU account of its switch in (exact where that was seen). The
+ * verifier drops the storage's calls as dead code. */
+const volatile bool kmo_task_storage = true;
 
 #define KMO_TASK_DEAD 0x80 /* __state at a task's last switch out */
 
@@ -237,18 +248,31 @@ const volatile u32 kmo_task_slot_mask = KMO_TASK_SLOTS - 1;
 		__uint(max_entries, KMO_TASK_SLOTS);                           \
 		__type(key, u32);                                              \
 		__type(value, struct kmo_task_slot);                           \
-	} name##_slots SEC(".maps")
+	} name##_slots SEC(".maps");                                           \
+	struct {                                                               \
+		__uint(type, BPF_MAP_TYPE_HASH);                               \
+		__uint(max_entries, KMO_TASK_SLOTS);                           \
+		__type(key, u32);                                              \
+		__type(value, u64);                                            \
+	} name##_owners SEC(".maps")
 
-/* At sched_switch: prev's slot, and its owner's mark for prev (*me). */
+/* At sched_switch: prev's slot, its number (*at) and its owner's mark for prev (*me). */
 static __always_inline struct kmo_task_slot *kmo_task_slot(bool btf, struct task_struct *prev,
-							   void *slots, u64 *me)
+							   void *slots, u32 *at, u64 *me)
 {
 	u64 stack = (u64)KMO_READ(btf, prev, stack);
-	u32 at = (u32)((stack * 0x9E3779B97F4A7C15ULL) >> (64 - KMO_TASK_SLOT_BITS));
 
+	*at = (u32)((stack * 0x9E3779B97F4A7C15ULL) >> (64 - KMO_TASK_SLOT_BITS));
 	*me = (u64)prev;
-	at &= kmo_task_slot_mask;
-	return bpf_map_lookup_elem(slots, &at);
+	*at &= kmo_task_slot_mask;
+	return bpf_map_lookup_elem(slots, at);
+}
+
+/* Its owner gives slot `at` up: the mark first, then the key (see above). */
+static __always_inline void kmo_task_slot_release(struct kmo_task_slot *s, void *owners, u32 at)
+{
+	s->task = 0;
+	bpf_map_delete_elem(owners, &at);
 }
 
 /* Whether this is prev's last switch out. Kernels before 5.14 name the field
@@ -262,16 +286,18 @@ static __always_inline bool kmo_task_dead(bool btf, struct task_struct *prev)
 
 /* At sched_switch, for a `prev` whose switch out is not recorded (not
  * followed): frees its slot at its last switch out, if it owns one. */
-static __always_inline void kmo_task_slot_free(bool btf, void *slots, struct task_struct *prev)
+static __always_inline void kmo_task_slot_free(bool btf, void *slots, void *owners,
+					       struct task_struct *prev)
 {
 	struct kmo_task_slot *s;
 	u64 me;
+	u32 at;
 
 	if (!kmo_task_dead(btf, prev))
 		return;
-	s = kmo_task_slot(btf, prev, slots, &me);
+	s = kmo_task_slot(btf, prev, slots, &at, &me);
 	if (s && s->task == me)
-		s->task = 0;
+		kmo_task_slot_release(s, owners, at);
 }
 
 /* Whether a record of CPU time `sum_then` makes `sum` the next quantum's end:
@@ -290,15 +316,17 @@ static __always_inline bool kmo_quantum_since(bool info, bool once, u64 sum, u64
  * out is recorded either way. False where no record can be had (then the
  * caller's own estimate). `btf`: prev is a tp_btf argument, which the storage
  * takes; a raw_tp's is a number, so there the storage is the current task's,
- * which prev still is. Use with KMO_TASK_CPU_MAP's two maps. */
-static __always_inline bool kmo_quantum_of(bool btf, void *storage, void *slots,
+ * which prev still is. Use with KMO_TASK_CPU_MAP's three maps. */
+static __always_inline bool kmo_quantum_of(bool btf, void *storage, void *slots, void *owners,
 					   struct task_struct *prev, u32 pid, u64 sum, u64 *ns)
 {
 	bool info = bpf_core_field_exists(prev->sched_info), dead, take, known;
 	u64 me, arrivals = 0, arrivals_then = 0, sum_then = 0;
-	struct kmo_task_slot *s = kmo_task_slot(btf, prev, slots, &me);
+	struct kmo_task_slot *s;
 	struct kmo_task_cpu *t;
+	u32 at;
 
+	s = kmo_task_slot(btf, prev, slots, &at, &me);
 	if (!s)
 		return false;
 	if (info)
@@ -312,15 +340,19 @@ static __always_inline bool kmo_quantum_of(bool btf, void *storage, void *slots,
 		s->arrivals = arrivals;
 		s->pid = pid;
 		if (dead)
-			s->task = 0;
+			kmo_task_slot_release(s, owners, at);
 		return known;
 	}
 	/* Another's, or free (taken here, but not at the last switch out): the
 	 * latest record is in the storage, and none there is a new task's. The
 	 * storage is made only where it is to hold this switch out. */
-	take = !dead && !s->task && __sync_val_compare_and_swap(&s->task, 0, me) == 0;
-	t = bpf_task_storage_get(storage, btf ? prev : bpf_get_current_task_btf(), 0,
-				 take || dead ? 0 : BPF_LOCAL_STORAGE_GET_F_CREATE);
+	take = !dead && !s->task && bpf_map_update_elem(owners, &at, &me, BPF_NOEXIST) == 0;
+	if (take)
+		s->task = me;
+	t = NULL;
+	if (kmo_task_storage)
+		t = bpf_task_storage_get(storage, btf ? prev : bpf_get_current_task_btf(), 0,
+					 take || dead ? 0 : BPF_LOCAL_STORAGE_GET_F_CREATE);
 	if (t) {
 		sum_then = t->sum_at_out;
 		arrivals_then = t->arrivals;

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import threading
 from ctypes import (
@@ -103,6 +104,7 @@ _fn("bpf_map__key_size", c_uint32, map_p)
 _fn("bpf_map__value_size", c_uint32, map_p)
 _fn("bpf_map__max_entries", c_uint32, map_p)
 _fn("bpf_map__set_max_entries", c_int, map_p, c_uint32)
+_fn("bpf_map__set_type", c_int, map_p, c_int)
 _fn("bpf_map__reuse_fd", c_int, map_p, c_int)
 _fn("bpf_map__initial_value", c_void_p, map_p, POINTER(c_size_t))
 _fn("bpf_map_create", c_int, c_int, c_char_p, c_uint32, c_uint32, c_uint32, c_void_p)
@@ -225,7 +227,16 @@ def version() -> str:
 
 
 #: enum bpf_map_type
+MAP_TYPE_HASH = 1
 MAP_TYPE_RINGBUF = 27
+MAP_TYPE_TASK_STORAGE = 29
+
+
+@functools.cache
+def has_map_type(map_type: int) -> bool:
+    """Whether this kernel makes maps of ``map_type`` (libbpf's probe: one map made
+    and closed, once per process)."""
+    return lib.libbpf_probe_bpf_map_type(map_type, None) == 1
 
 
 def create_ringbuf(name: str, size: int) -> int:

@@ -142,6 +142,10 @@ class Map:
     def type(self) -> int:
         return lib.bpf_map__type(self._ptr)
 
+    @type.setter
+    def type(self, value: int) -> None:
+        check_int(lib.bpf_map__set_type(self._ptr, value), f"set type of map {self.name}")
+
     @property
     def key_size(self) -> int:
         return lib.bpf_map__key_size(self._ptr)
@@ -309,7 +313,29 @@ class BpfObject:
             prog.autoload = prog.variant is None or prog.variant == variant
         self.variant = variant
 
+    def _without_task_storage(self) -> None:
+        """On a kernel without task storage (before Linux 5.11), an object whose
+        programs can do without it (a ``kmo_task_storage`` global: sched_wait.h) gets
+        the global cleared and each task storage map made an unused one-entry hash
+        (its references are dead code then); any other is refused in one line
+        instead of libbpf's log."""
+        stores = [m for m in self.maps.values() if m.type == libbpf.MAP_TYPE_TASK_STORAGE]
+        if not stores or libbpf.has_map_type(libbpf.MAP_TYPE_TASK_STORAGE):
+            return
+        if self._spec is None:
+            self._spec = object_spec(self.path)
+        if "kmo_task_storage" not in self._spec.globals:
+            raise LibbpfError(
+                f"{self.path.name} needs BPF task storage (Linux 5.11 or later), which this "
+                "kernel does not have"
+            )
+        self.set_globals({"kmo_task_storage": False})
+        for store in stores:
+            store.type = libbpf.MAP_TYPE_HASH
+            store.max_entries = 1
+
     def load(self) -> None:
+        self._without_task_storage()
         with capture_log() as log:
             rc = lib.bpf_object__load(self._ptr)
         check_int(rc, f"load {self.path.name}", "".join(log.lines))

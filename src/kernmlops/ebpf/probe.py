@@ -141,6 +141,15 @@ def probe_all(bpf_dir: Path | None = None) -> dict[str, Feature]:
     out["tracefs"] = tracefs_feature()
     ring = libbpf.lib.libbpf_probe_bpf_map_type(MAP_TYPE_RINGBUF, None) == 1
     out["ringbuf"] = Feature("ringbuf", ring, "BPF_MAP_TYPE_RINGBUF")
+    storage = libbpf.has_map_type(libbpf.MAP_TYPE_TASK_STORAGE)
+    out["task_storage"] = Feature(
+        "task_storage",
+        storage,
+        "BPF_MAP_TYPE_TASK_STORAGE"
+        if storage
+        else "none (before Linux 5.11): quanta_runtime and the exporter's oncpu do "
+        "without it; syscalls and collapse_huge_pages cannot",
+    )
     if caps:
         for feature in PROGRAM_FEATURES:
             out[feature] = probe_program(feature, bpf_dir)

@@ -89,7 +89,7 @@ class CollapseHugePagesHook(BpfHook[CollapseHugePagesOptions]):
         COLLAPSE_TABLE: "collapse_huge_pages_rb",
         RANGES_TABLE: "madvise_munmap_rb",
     }
-    needs: ClassVar[tuple[str, ...]] = ("tracepoint", "tp_btf|raw_tp", "ringbuf")
+    needs: ClassVar[tuple[str, ...]] = ("tracepoint", "tp_btf|raw_tp", "ringbuf", "task_storage")
 
     def _use_tracepoints(self) -> bool:
         return self.options.syscall_tracepoints and syscall_tracepoints_exist()

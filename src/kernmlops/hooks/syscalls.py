@@ -82,7 +82,7 @@ class SyscallsHook(BpfHook[SyscallsOptions]):
     object_name: ClassVar[str] = "syscalls"
     rings: ClassVar[dict[str, str]] = {}  # a map-based table: see poll()
     tables: ClassVar[tuple[str, ...]] = (TABLE,)
-    needs: ClassVar[tuple[str, ...]] = ("tp_btf|raw_tp",)
+    needs: ClassVar[tuple[str, ...]] = ("tp_btf|raw_tp", "task_storage")
 
     def __init__(self, options: SyscallsOptions | HookOptions | None = None) -> None:
         super().__init__(options)
