@@ -204,3 +204,30 @@ def test_takes_while_a_1_khz_sampler_runs_end_and_lose_nothing(tmp_path: Path) -
     ticks = round((times[-1] - times[0]) / 1_000_000) + 1
     assert len(got) + missed >= ticks - 1  # every tick a sample or counted missed
     assert len(got) >= 100  # ~250 ticks, the machine's load allowing
+
+
+def test_the_first_sample_is_in_when_start_returns(tmp_path: Path) -> None:
+    """start() returns once the thread took its first sample, however late the thread
+    runs (here 0.2 s late): a hook's first poll has the start's sample."""
+    f = tmp_path / "f"
+    f.write_bytes(b"x")
+    fd = _open(f)
+    s = sampler.NativeSampler([fd], 10 * PERIOD_NS, 1 << 20, "test")
+    real = s._lib
+
+    class Late:
+        def __getattr__(self, name: str) -> object:
+            return getattr(real, name)
+
+        def kmo_sampler_run(self, c: object) -> int:
+            time.sleep(0.2)  # the thread kept off its CPU
+            return real.kmo_sampler_run(c)
+
+    s._lib = Late()  # type: ignore[assignment]
+    try:
+        s.start(priority=0)
+        assert [body for _, body in s.take()] == [[b"x"]]
+    finally:
+        s.stop()
+        s.close()
+        os.close(fd)

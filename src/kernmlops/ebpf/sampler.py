@@ -18,6 +18,7 @@ import ctypes
 import os
 import struct
 import threading
+import time
 from collections.abc import Sequence
 
 from kernmlops.ebpf.copier import _name_thread, load, realtime
@@ -61,6 +62,10 @@ TAKE_BYTES = 4 << 20
 READ_MAX = 1 << 20
 
 
+#: how long start() waits for the thread's first sample (a read of a /proc file)
+FIRST_SAMPLE_S = 1.0
+
+
 class NativeSampler:
     """A thread that reads ``fds`` whole every ``period_ns`` (the first time at once)
     into a buffer that grows up to ``buffer_bytes``; :meth:`take` gives what it read
@@ -99,6 +104,11 @@ class NativeSampler:
         self._thread = threading.Thread(target=run, name=f"kernmlops-{self._name}", daemon=True)
         self._thread.start()
         ready.wait()
+        # "The first time at once": the start's sample is in before the first take (a
+        # poll at once found none where the thread had not run yet: a busy machine).
+        deadline = time.monotonic() + FIRST_SAMPLE_S
+        while not self._c.taken and self._thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.0002)
 
     def take(self) -> list[tuple[int, list[bytes]]]:
         """The samples read since the last take, each (time ns, every file's bytes)."""
