@@ -31,18 +31,6 @@ struct {
 	__type(value, u64);
 } exp_runq_since SEC(".maps");
 
-/* Kernels before 5.14 call it `state`. */
-struct task_struct___pre514 {
-	long state;
-} __attribute__((preserve_access_index));
-
-static __always_inline long task_state(struct task_struct *t)
-{
-	if (bpf_core_field_exists(t->__state))
-		return BPF_CORE_READ(t, __state);
-	return BPF_CORE_READ((struct task_struct___pre514 *)t, state);
-}
-
 static __always_inline void enqueued(struct task_struct *p)
 {
 	u32 pid;
@@ -69,7 +57,7 @@ static __always_inline int on_switch(bool btf, struct task_struct *prev,
 			return 0;
 	} else {
 		/* A preempted task is still runnable: it waits on the queue from now. */
-		if (task_state(prev) == 0)
+		if (kmo_task_state(false, prev) == 0)
 			enqueued(prev);
 		if (!pid)
 			return 0;

@@ -275,13 +275,23 @@ static __always_inline void kmo_task_slot_release(struct kmo_task_slot *s, void 
 	bpf_map_delete_elem(owners, &at);
 }
 
-/* Whether this is prev's last switch out. Kernels before 5.14 name the field
- * `state`: there no slot is freed (its tasks use the storage). */
+/* Kernels before 5.14 call the task's state `state`. */
+struct task_struct___pre514 {
+	long state;
+} __attribute__((preserve_access_index));
+
+/* A task's state: __state, or `state` before 5.14 (CO-RE: the other read is dead). */
+static __always_inline long kmo_task_state(bool btf, struct task_struct *t)
+{
+	if (bpf_core_field_exists(t->__state))
+		return KMO_READ(btf, t, __state);
+	return BPF_CORE_READ((struct task_struct___pre514 *)t, state);
+}
+
+/* Whether this is prev's last switch out. */
 static __always_inline bool kmo_task_dead(bool btf, struct task_struct *prev)
 {
-	if (!bpf_core_field_exists(prev->__state))
-		return false;
-	return KMO_READ(btf, prev, __state) & KMO_TASK_DEAD;
+	return kmo_task_state(btf, prev) & KMO_TASK_DEAD;
 }
 
 /* At sched_switch, for a `prev` whose switch out is not recorded (not
