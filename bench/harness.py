@@ -184,6 +184,21 @@ def record(name: str | None = None, argv: Sequence[str] | None = None) -> dict[s
 
 
 # --- results files ------------------------------------------------------------------------
+def prog_runs(obj) -> tuple[int, int]:
+    """(run_time_ns, run_cnt) of all the object's programs together (only the attached
+    one runs; the counts grow only while the kernel's timing is on)."""
+    from kernmlops.ebpf.libbpf import prog_info
+
+    ns = count = 0
+    for prog in obj.programs.values():
+        if prog.fd < 0:
+            continue  # not loaded (the raw_tp twin where tp_btf works)
+        info = prog_info(prog.fd)
+        ns += info.run_time_ns
+        count += info.run_cnt
+    return ns, count
+
+
 def portable(text: str) -> str:
     """Paths under the checkout become relative to it, so results read the same anywhere."""
     return text.replace(str(ROOT) + "/", "").replace(str(ROOT), ".")  # "found in <root>;"

@@ -138,13 +138,13 @@ def _storm(objs: dict, group: list[int], seconds: int) -> dict[int, float]:
     """Attach ``group``'s steps (in that order), run one storm, detach: ns per run."""
     for step in group:
         objs[step].attach_all()
-    before = {step: _runs(objs[step]) for step in group}
+    before = {step: harness.prog_runs(objs[step]) for step in group}
     storm = subprocess.run(
         ["stress-ng", "--switch", "2", "--timeout", f"{seconds}s"],
         capture_output=True,
         text=True,
     )
-    after = {step: _runs(objs[step]) for step in group}
+    after = {step: harness.prog_runs(objs[step]) for step in group}
     for step in group:
         objs[step].detach()
     if storm.returncode != 0:
@@ -175,12 +175,3 @@ def _apart(obj) -> dict:
         "quantiles_ns": quantiles,
         "within_1us": within / total if total else 0.0,
     }
-
-
-def _runs(obj) -> tuple[int, int]:
-    """(run_time_ns, run_cnt) of the object's one program."""
-    from kernmlops.ebpf.libbpf import prog_info
-
-    [prog] = obj.programs.values()
-    info = prog_info(prog.fd)
-    return info.run_time_ns, info.run_cnt

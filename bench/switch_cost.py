@@ -83,21 +83,6 @@ def cpu_and_arrivals(tids: list[int]) -> tuple[int, int]:
     return cpu, arrivals
 
 
-def prog_runs(obj) -> tuple[int, int]:
-    """(run_time_ns, run_cnt) of all the object's programs together (only the attached
-    one runs; the counts grow only while the kernel's timing is on)."""
-    from kernmlops.ebpf.libbpf import prog_info
-
-    ns = count = 0
-    for prog in obj.programs.values():
-        if prog.fd < 0:
-            continue  # not loaded (the raw_tp twin where tp_btf works)
-        info = prog_info(prog.fd)
-        ns += info.run_time_ns
-        count += info.run_cnt
-    return ns, count
-
-
 def interval(m: dict) -> str:
     return f"{m['median']:+7.1f} ns  [{m['median_low']:+.1f}, {m['median_high']:+.1f}]"
 
@@ -188,12 +173,13 @@ def main(argv: list[str] | None = None) -> int:
                 if name != "off":
                     objs[name].attach_all()
                 time.sleep(0.1)  # attached on every CPU before the reading
-                runs0 = prog_runs(objs[name]) if stats else (0, 0)
+                runs0 = harness.prog_runs(objs[name]) if stats else (0, 0)
                 cpu0, n0 = cpu_and_arrivals(tids)
                 time.sleep(args.dwell)
                 cpu1, n1 = cpu_and_arrivals(tids)
                 if stats:
-                    ns, count = (b - a for a, b in zip(runs0, prog_runs(objs[name]), strict=True))
+                    runs1 = harness.prog_runs(objs[name])
+                    ns, count = (b - a for a, b in zip(runs0, runs1, strict=True))
                     own[state].append(ns / max(1, count))
                 if name != "off":
                     objs[name].detach()

@@ -538,6 +538,7 @@ class CounterSet:
             raise
         if rows:
             self.opened = np.stack(rows)
+        self._fd_at = dict(zip(self._cells, self._fds, strict=True))
         self._buf = bytearray(READ_SIZE * len(self._fds))
         view = memoryview(self._buf)
         self._slices = [view[i * READ_SIZE : (i + 1) * READ_SIZE] for i in range(len(self._fds))]
@@ -546,8 +547,7 @@ class CounterSet:
         """The fd of ``events[event]`` on ``cpus[cpu]`` (indexes, not ids), None where
         it is not opened: for BPF programs that read the counters themselves (a perf
         event array)."""
-        at = dict(zip(self._cells, self._fds, strict=True))
-        return at.get(event * len(self.cpus) + cpu)
+        return self._fd_at.get(event * len(self.cpus) + cpu)
 
     def read(self) -> np.ndarray:
         """uint64 array [event, cpu, (value, enabled_ns, running_ns)], cumulative; 0

@@ -34,7 +34,6 @@ from kernmlops.host.zswap import zswap_state
 
 CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF = 21, 38, 39
 TRACEFS = Path("/sys/kernel/tracing")
-MAP_TYPE_RINGBUF = 27
 
 #: feature -> program in probe.bpf.c
 PROGRAM_FEATURES = {
@@ -139,7 +138,7 @@ def probe_all(bpf_dir: Path | None = None) -> dict[str, Feature]:
         "btf", VMLINUX_BTF.exists(), str(VMLINUX_BTF) if VMLINUX_BTF.exists() else "no kernel BTF"
     )
     out["tracefs"] = tracefs_feature()
-    ring = libbpf.lib.libbpf_probe_bpf_map_type(MAP_TYPE_RINGBUF, None) == 1
+    ring = libbpf.has_map_type(libbpf.MAP_TYPE_RINGBUF)
     out["ringbuf"] = Feature("ringbuf", ring, "BPF_MAP_TYPE_RINGBUF")
     storage = libbpf.has_map_type(libbpf.MAP_TYPE_TASK_STORAGE)
     out["task_storage"] = Feature(
