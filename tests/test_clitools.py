@@ -6,14 +6,15 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from kernmlops.clitools import progress, require_bpf_privileges, shows_live
+from kernmlops.clitools import progress, require_bpf_privileges, shows_live, waiting
 from kernmlops.errors import ConfigError, KernmlopsError
-from tests.progress import force_terminal, last_count
+from tests.progress import force_terminal, frames, last_count
 
 
 def test_fail_prints_one_literal_line_on_stderr_and_exits_with_the_code() -> None:
@@ -200,6 +201,36 @@ def test_long_work_without_a_terminal_says_a_plain_line_now_and_then(
     with progress("sorting", "widgets", total=2, enabled=False, console=plain) as steps:
         steps.advance(2)  # --no-progress: not even that
     assert capsys.readouterr().err == ""
+
+
+def test_a_wait_on_a_terminal_spins_with_its_time_and_leaves_nothing() -> None:
+    console, out = _terminal()
+    with waiting("reaching s3://b/x", console=console):
+        time.sleep(0.3)  # a few of the spinner's frames
+    shown = frames(out.getvalue())
+    assert shown and all(f.strip().endswith(("0:00:00", "0:00:01")) for f in shown), shown
+    assert all("reaching s3://b/x" in f for f in shown), shown
+    assert out.getvalue().endswith("\x1b[2K")  # transient: erased at its end
+
+
+def test_a_wait_without_a_terminal_is_said_once_only_when_it_lasts(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rich.console import Console
+
+    from kernmlops import clitools
+
+    plain = Console(file=io.StringIO())
+    monkeypatch.setattr(clitools, "WAIT_SAY_AFTER_S", 0.1)
+    with waiting("reaching s3://b/x", console=plain):
+        time.sleep(0.5)
+    assert capsys.readouterr().err == "reaching s3://b/x ...\n"
+    with waiting("reaching s3://b/x", console=plain):
+        pass  # quick: nothing said, and nothing later either
+    with waiting("reaching s3://b/x", enabled=False, console=plain):
+        time.sleep(0.3)  # --no-progress: never
+    time.sleep(0.3)
+    assert capsys.readouterr().err == "" and plain.file.getvalue() == ""
 
 
 def test_shows_live_follows_the_terminal_and_the_flag(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -180,6 +180,53 @@ def progress(
         yield Steps(what, unit, total, (bar, task), plain=False)
 
 
+#: a wait of unknown length says so once it has lasted this long (seconds), off a terminal
+WAIT_SAY_AFTER_S = 2.0
+
+
+@contextlib.contextmanager
+def waiting(
+    what: str, *, enabled: bool | None = None, console: Console | None = None
+) -> Iterator[None]:
+    """A wait of unknown length that may last seconds (reaching a server whose client
+    retries): on a terminal a transient spinner (``what`` and the time so far); elsewhere
+    one plain ``what ...`` line once it has lasted WAIT_SAY_AFTER_S, so a slow step is
+    never silent. ``enabled`` False (``--no-progress``) says nothing."""
+    if console is None:
+        from rich.console import Console
+
+        console = Console(stderr=True)
+    if shows_live(enabled, console):
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        spinner = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        )
+        spinner.add_task(what, total=None)
+        with spinner:
+            yield
+        return
+    if enabled is False:
+        yield
+        return
+    import threading
+
+    # a timer thread: the wait itself is a blocking call that cannot report
+    said = threading.Timer(
+        WAIT_SAY_AFTER_S, lambda: print(f"{what} ...", file=sys.stderr, flush=True)
+    )
+    said.daemon = True
+    said.start()
+    try:
+        yield
+    finally:
+        said.cancel()
+
+
 def check_tgid(
     tgid: int | None, option: str = "--tgid", error: type[KernmlopsError] | None = None
 ) -> None:

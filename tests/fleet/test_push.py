@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,6 +21,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from kernmlops.cli import cli
+from kernmlops.clitools import WAIT_SAY_AFTER_S
 from kernmlops.collect.manifest import read_manifest
 from tests.conftest import REQUIRE_BPF, skip_here
 from tests.fleet.conftest import SECRET, make_collection
@@ -275,8 +277,15 @@ def test_user_errors_are_one_line(
     assert "not a collection" in one_error_line(run("push", str(tmp_path), f"s3://{bucket}/x"))
     with socket_closed_port() as port:
         monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
-        line = one_error_line(run("push", folder, f"s3://{bucket}/x"))
-    assert "cannot reach" in line and "no answer from the endpoint" in line
+        started = time.monotonic()
+        refused = run("push", folder, f"s3://{bucket}/x")
+        took = time.monotonic() - started
+    # the client retries for seconds: the wait is said (off a terminal, once it has
+    # lasted WAIT_SAY_AFTER_S), then the error
+    said, *rest = [line for line in refused.stderr.splitlines() if line.strip()]
+    assert took > WAIT_SAY_AFTER_S and said == f"reaching s3://{bucket}/x ..."
+    assert "cannot reach" in rest[-1] and "no answer from the endpoint" in rest[-1]
+    assert len(rest) == 1 and refused.exit_code != 0 and "Traceback" not in refused.output
     monkeypatch.setenv("AWS_ENDPOINT_URL", denying_server)
     line = one_error_line(run("push", folder, f"s3://{bucket}/x"))
     assert "access denied" in line and SECRET not in line

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from kernmlops.clitools import CONTEXT_SETTINGS, fail, progress
+from kernmlops.clitools import CONTEXT_SETTINGS, fail, progress, waiting
 from kernmlops.errors import KernmlopsError
 
 if TYPE_CHECKING:
@@ -70,7 +70,9 @@ def push_command(paths: tuple[Path, ...], uri: str, incomplete: bool, no_progres
     try:
         folders = expand(paths)
         dataset = open_dataset(uri)
-        probe(dataset)
+        # a remote store's client retries a refused connection for seconds
+        with waiting(f"reaching {dataset.uri}", enabled=False if no_progress else None):
+            probe(dataset)
         # bytes: a collection may be one large table; its files already there count
         # as done once the collection is
         sizes = [collection_bytes(f) for f in folders]
@@ -314,7 +316,8 @@ def publish_target(uri: str) -> Dataset:
     from kernmlops.fleet.store import open_dataset, probe
 
     dataset = open_dataset(uri)
-    probe(dataset)
+    with waiting(f"reaching {dataset.uri}"):
+        probe(dataset)
     return dataset
 
 
