@@ -826,7 +826,9 @@ def doctor() -> None:
     which hooks can run, with reasons.
 
     Its last table says what a collection here gets by default (rings, memory
-    spool, row workers, free space). Any user may run it; as root it probes more.
+    spool, row workers, free space). Any user may run it; as root it probes more
+    and loads each hook's BPF object into the kernel (nothing attached), so a hook
+    whose object the kernel refuses is "runs: no" with the verifier's reason.
 
     \b
     Example:

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from kernmlops.ebpf.build import BuildError, UnsafeBuildFolder, build
 from kernmlops.ebpf.probe import PROGRAM_FEATURES, Feature, needs_met, probe_all, tool_versions
-from kernmlops.ebpf.variants import HookVariants, object_variants
+from kernmlops.ebpf.variants import GROUP_NAMES, HookVariants, object_loads, object_variants
 from kernmlops.hooks import REGISTRY
 
 PARANOID = Path("/proc/sys/kernel/perf_event_paranoid")
@@ -168,8 +168,11 @@ def run_doctor(console: Console) -> int:
     hooks.add_column("runs")
     hooks.add_column("needs / reason")
     runnable = 0
+    loaded = objects_loaded(features)
     for name, cls in REGISTRY.items():
         ok, why = needs_met(cls.needs, features)
+        if ok and name in loaded and loaded[name][1]:
+            ok, why = False, f"its object does not load: {loaded[name][1]}"
         # a BPF hook: one that needs a program type or ring buffers (not zswap, perf)
         bpf = any(o in PROGRAM_FEATURES or o == "ringbuf" for n in cls.needs for o in n.split("|"))
         runnable += ok and bpf
@@ -185,10 +188,18 @@ def run_doctor(console: Console) -> int:
         if hv.error:
             variants.add_row(hv.hook, "-", "[red]no[/]", hv.error)
             continue
+        # where the object was loaded, what the kernel took; else the prediction
+        variant, error = loaded.get(hv.hook, (hv.selected, None))
         for kind in hv.kinds:
-            mark = " (used)" if kind.selected else ""
+            used = kind.selected
+            if hv.hook in loaded:
+                used = error is None and kind.group in (None, variant)
             ok = "[green]yes[/]" if kind.loads else "[red]no[/]"
-            variants.add_row(hv.hook, kind.kind + mark, ok, kind.detail)
+            variants.add_row(hv.hook, kind.kind + (" (used)" if used else ""), ok, kind.detail)
+        if hv.hook in loaded:
+            ok = "[red]no[/]" if error else "[green]yes[/]"
+            said = f" ({GROUP_NAMES[variant]})" if variant else ""
+            variants.add_row(hv.hook, "whole object", ok, error or f"the kernel loaded it{said}")
     console.print(variants)
 
     sizing = Table(title="a collection here (default configuration)", title_justify="left")
@@ -205,6 +216,22 @@ def run_doctor(console: Console) -> int:
             notes.append("run `sudo kernmlops doctor` for the full matrix")
         console.print("; ".join(notes), markup=False, highlight=False, soft_wrap=True)
     return 0 if runnable else 1
+
+
+def objects_loaded(features: Mapping[str, Feature]) -> dict[str, tuple[str | None, str | None]]:
+    """Hook -> (variant, why not) of its object loaded into this kernel
+    (variants.object_loads), for every BPF hook whose needs are met; none where
+    this process may not load BPF programs (the table then stays a prediction)."""
+    from kernmlops.ebpf.probe import has_bpf_capabilities
+    from kernmlops.hooks.bpf import BpfHook
+
+    if not has_bpf_capabilities():
+        return {}
+    return {
+        name: object_loads(cls.object_name)
+        for name, cls in REGISTRY.items()
+        if issubclass(cls, BpfHook) and needs_met(cls.needs, features)[0]
+    }
 
 
 def hook_variants(

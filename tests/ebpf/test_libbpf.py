@@ -31,3 +31,34 @@ def test_strerror_knows_libbpf_codes() -> None:
 def test_version_is_at_least_one() -> None:
     major, minor = (int(x) for x in version().split("."))
     assert (major, minor) >= (1, 0)
+
+
+def test_a_load_errors_reason_is_one_line_with_the_cause_from_the_log() -> None:
+    """The log of a real refusal (a map the 5.10 kernel lab would not create, and a
+    program the verifier refused): the cause, not only the errno."""
+    from kernmlops.ebpf.libbpf import LibbpfError
+
+    refused = (
+        "libbpf: prog 'a': BPF program load failed: Permission denied\n"
+        "libbpf: prog 'a': -- BEGIN PROG LOAD LOG --\n"
+        "0: R1=ctx() R10=fp0\n"
+        "0: (79) r0 = *(u64 *)(r1 +512)\n"
+        "invalid bpf_context access off=512 size=8\n"
+        "processed 1 insns (limit 1000000) max_states_per_insn 0 total_states 0\n"
+        "-- END PROG LOAD LOG --\n"
+        "libbpf: prog 'a': failed to load: -13\n"
+    )
+    err = LibbpfError("load a.bpf.o", 13, refused)
+    assert err.reason() == (
+        "load a.bpf.o: Permission denied (errno 13) "
+        "(the verifier: invalid bpf_context access off=512 size=8)"
+    )
+    no_map = "libbpf: map 'quanta_task_cpu': failed to create: Invalid argument(-22)\n"
+    assert LibbpfError("load q.bpf.o", 22, no_map).reason() == (
+        "load q.bpf.o: Invalid argument (errno 22) "
+        "(map 'quanta_task_cpu': failed to create: Invalid argument(-22))"
+    )
+    assert (
+        LibbpfError("open x.bpf.o", 2).reason()
+        == "open x.bpf.o: No such file or directory (errno 2)"
+    )

@@ -43,6 +43,20 @@ class LibbpfError(KernmlopsError):
             text += "\n" + log
         super().__init__(text)
 
+    def reason(self) -> str:
+        """One line: the message and why, from libbpf's log: the verifier's complaint
+        (its last line before the ``processed N insns`` summary) where a program was
+        refused, else libbpf's last line that says what failed."""
+        line = str(self).split("\n", 1)[0]
+        lines = [x.strip().removeprefix("libbpf: ") for x in self.log.splitlines()]
+        for i, x in enumerate(lines):
+            if x.startswith("processed ") and " insns" in x and i and lines[i - 1]:
+                return f"{line} (the verifier: {lines[i - 1]})"
+        for hint in lines[::-1]:
+            if "failed" in hint or "Invalid" in hint or "not" in hint:
+                return f"{line} ({hint})"
+        return line
+
 
 def _load() -> ctypes.CDLL:
     name = ctypes.util.find_library("bpf") or "libbpf.so.1"

@@ -66,16 +66,6 @@ def has_bpf_capabilities() -> bool:
     return bool(caps >> CAP_SYS_ADMIN & 1) or bool(caps >> CAP_BPF & 1 and caps >> CAP_PERFMON & 1)
 
 
-def _first_line(err: Exception) -> str:
-    text = str(err)
-    log = getattr(err, "log", "")
-    line = text.split("\n", 1)[0]
-    for hint in log.splitlines()[::-1]:
-        if "failed" in hint or "Invalid" in hint or "not" in hint:
-            return f"{line} ({hint.strip().removeprefix('libbpf: ')})"
-    return line
-
-
 def probe_program(feature: str, bpf_dir: Path | None = None) -> Feature:
     prog_name = PROGRAM_FEATURES[feature]
     perf_fd = -1
@@ -94,7 +84,7 @@ def probe_program(feature: str, bpf_dir: Path | None = None) -> Feature:
             else:
                 prog.attach()
     except LibbpfError as err:
-        return Feature(feature, False, _first_line(err))
+        return Feature(feature, False, err.reason())
     finally:
         if perf_fd >= 0:
             os.close(perf_fd)

@@ -176,3 +176,26 @@ def object_variants(
         )
     )
     return HookVariants(hook, object_name, rows, selected)
+
+
+def object_loads(object_name: str, bpf_dir: Path | None = None) -> tuple[str | None, str | None]:
+    """An object loaded into this kernel and closed again, nothing attached (root, or
+    CAP_BPF + CAP_PERFMON): (the variant the loader took, None for an object without
+    variants; None) or (None, why it does not load: the first line of the error).
+    Where the prediction above goes by program types and events, this runs the
+    verifier on the object's own programs and creates its maps, so a map type or an
+    instruction the kernel lacks (task storage before 5.11, atomics before 5.12) shows."""
+    from kernmlops.ebpf.libbpf import LibbpfError
+    from kernmlops.ebpf.objects import open_and_load
+
+    path = object_path(object_name, bpf_dir)
+    try:
+        obj = open_and_load(path)
+    except LibbpfError as err:
+        return None, err.reason()
+    except OSError as err:
+        return None, str(err)
+    try:
+        return obj.variant, None
+    finally:
+        obj.close()
