@@ -261,3 +261,14 @@ def shm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setattr(spool_mod, "SHM", folder)
     monkeypatch.setattr(spool_mod, "_is_tmpfs", lambda path: True)
     return folder
+
+
+def without_task_storage(monkeypatch: pytest.MonkeyPatch) -> None:
+    """libbpf's probe says this kernel has no BPF task storage (before Linux 5.11); the
+    other map types as the kernel has them."""
+    from kernmlops.ebpf import libbpf
+
+    real = libbpf.has_map_type
+    monkeypatch.setattr(
+        libbpf, "has_map_type", lambda t: t != libbpf.MAP_TYPE_TASK_STORAGE and real(t)
+    )

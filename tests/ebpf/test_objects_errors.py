@@ -19,6 +19,7 @@ from kernmlops.ebpf import libbpf
 from kernmlops.ebpf.build import object_path
 from kernmlops.ebpf.libbpf import LibbpfError
 from kernmlops.ebpf.objects import VARIANTS, BpfObject, object_info
+from tests.conftest import without_task_storage
 
 RINGBUF = 27  # BPF_MAP_TYPE_RINGBUF
 
@@ -298,10 +299,7 @@ def test_without_task_storage_an_object_that_needs_it_is_refused_in_one_line(
     can do without (quanta_runtime's ``kmo_task_storage``) has the global cleared and
     its storage map made a one-entry hash, which a kernel without storage makes. The
     load itself needs root (tests/hooks/test_quanta_runtime.py loads it)."""
-    real = libbpf.has_map_type
-    monkeypatch.setattr(
-        libbpf, "has_map_type", lambda t: t != libbpf.MAP_TYPE_TASK_STORAGE and real(t)
-    )
+    without_task_storage(monkeypatch)
     with (
         BpfObject(object_path("syscalls", bpf_build_dir)) as obj,
         pytest.raises(LibbpfError) as err,

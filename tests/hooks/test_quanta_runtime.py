@@ -18,6 +18,7 @@ import polars as pl
 import pytest
 
 from kernmlops.hooks.quanta_runtime import NO_TIME, QuantaRuntimeHook, split_switches
+from tests.conftest import without_task_storage
 from tests.hooks.conftest import build_c
 from tests.pids import fork_at
 from tests.rows import as_frame, polled
@@ -136,10 +137,7 @@ def test_waits_and_quanta_match_the_kernels_accounts(
     taskset = shutil.which("taskset")
     assert taskset, "taskset (util-linux) is needed"
     if not storage:
-        real = libbpf.has_map_type
-        monkeypatch.setattr(
-            libbpf, "has_map_type", lambda t: t != libbpf.MAP_TYPE_TASK_STORAGE and real(t)
-        )
+        without_task_storage(monkeypatch)
     hook = (QuantaRuntimeHook if storage else _OneSlot)(QuantaRuntimeHook.Options())
     frames: dict[str, list[pl.DataFrame]] = {"quanta_runtime": [], "quanta_queued_time": []}
     n = 20_000
