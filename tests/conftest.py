@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
@@ -161,6 +162,25 @@ def _free_spool_memory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
             continue
         if owner.startswith(base):
             shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _free_killed_benchmark_folders() -> Iterator[None]:
+    """A collector a test kills leaves its benchmark's temporary folder, which the next
+    collect sweeps once it is 10 minutes old (collect.benchmark.sweep_stale): the
+    ones this run's killed collectors left go at its end, not a later user's run."""
+    from kernmlops.collect.benchmark import WORK_PREFIX, _lock
+
+    tmp = Path(tempfile.gettempdir())
+    before = set(tmp.glob(f"{WORK_PREFIX}*"))
+    yield
+    for folder in set(tmp.glob(f"{WORK_PREFIX}*")) - before:
+        held = _lock(folder)  # None: a live collector's (or not a folder)
+        if held is not None:
+            try:
+                shutil.rmtree(folder, ignore_errors=True)
+            finally:
+                os.close(held)
 
 
 @pytest.fixture(scope="session")

@@ -220,18 +220,21 @@ def run_doctor(console: Console) -> int:
 
 def objects_loaded(features: Mapping[str, Feature]) -> dict[str, tuple[str | None, str | None]]:
     """Hook -> (variant, why not) of its object loaded into this kernel
-    (variants.object_loads), for every BPF hook whose needs are met; none where
-    this process may not load BPF programs (the table then stays a prediction)."""
+    (variants.object_loads), for every BPF hook; one whose needs are not met is not
+    tried (why: what it lacks). None where this process may not load BPF programs
+    (the table then stays a prediction)."""
     from kernmlops.ebpf.probe import has_bpf_capabilities
     from kernmlops.hooks.bpf import BpfHook
 
     if not has_bpf_capabilities():
         return {}
-    return {
-        name: object_loads(cls.object_name)
-        for name, cls in REGISTRY.items()
-        if issubclass(cls, BpfHook) and needs_met(cls.needs, features)[0]
-    }
+    loaded: dict[str, tuple[str | None, str | None]] = {}
+    for name, cls in REGISTRY.items():
+        if not issubclass(cls, BpfHook):
+            continue
+        ok, why = needs_met(cls.needs, features)
+        loaded[name] = object_loads(cls.object_name) if ok else (None, f"not tried: {why}")
+    return loaded
 
 
 def hook_variants(
