@@ -17,34 +17,43 @@ from pathlib import Path
 from typing import Any
 
 #: burn MS: a C workload (tests.hooks.conftest.build_c) that waits for a byte on stdin,
-#: then runs until it has used MS ms of CPU time, renicing itself halfway (the kernel
-#: re-sets the running task there, as it does at exit in an autogroup), and exits
+#: then runs until it has used MS ms more of CPU time, renicing itself halfway (the
+#: kernel re-sets the running task there, as it does at exit in an autogroup), and
+#: exits. More than its CPU time when the byte came: that counts its start too (the
+#: shell and chrt exec'd in the same thread), which on a slow machine (the kernel lab)
+#: took all of MS, so the burn ended as it began
 BURN = r"""
 #include <stdlib.h>
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
-static void burn_until(long ms)
+static long cpu_ms(void)
 {
 	struct timespec t;
 
-	do
-		clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-	while (t.tv_sec * 1000 + t.tv_nsec / 1000000 < ms);
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+	return t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+static void burn_until(long ms)
+{
+	while (cpu_ms() < ms)
+		;
 }
 
 int main(int argc, char **argv)
 {
-	long ms = atol(argv[1]);
+	long ms = atol(argv[1]), start;
 	char c;
 
 	if (read(0, &c, 1) != 1)
 		return 1;
-	burn_until(ms / 2);
+	start = cpu_ms();
+	burn_until(start + ms / 2);
 	if (setpriority(PRIO_PROCESS, 0, 1))
 		return 2;
-	burn_until(ms);
+	burn_until(start + ms);
 	return 0;
 }
 """
