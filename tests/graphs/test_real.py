@@ -137,10 +137,11 @@ def test_perf_clocks_of_a_collection_past_3_seconds_stay_exact(tmp_path: Path) -
     assert burn["cpu_s"] >= 3.5
     assert burn["cpu_s"] <= total / 1e9 <= cpus * span_s * 1.01 + 0.01
 
-    # Each read's rate: between 0 and the CPU count (the old code: 0, then 5.7 on 2 CPUs;
-    # a read delayed on a busy machine shifts a few percent between neighbours).
+    # Each read's rate: between 0 and the CPU count (the old code: 0, then 5.7 on 2 CPUs),
+    # per second of each counter's enabled time: a read delayed on a busy machine (2.68
+    # on 2 CPUs, when the rows' timestamps were the time base) shifts nothing.
     rates = per_sample(frame, cumulative=False)["task_clock_ns_scaled"] / 1e9
-    assert rates.min() >= 0 and rates.max() <= cpus * 1.25, rates.to_list()
+    assert rates.min() >= 0 and rates.max() <= cpus * 1.001, rates.to_list()
     # The report's line: the same total, in CPU-s/s at most the CPU count.
     stats = {t["table"]: dict(t["stats"]) for t in table_summary(load(found[0]))}
     line = stats["perf_counters"]["task_clock_ns"]
