@@ -71,3 +71,39 @@ def test_a_command_runs_inside_another_kernel(lab: LabRun) -> None:
     assert default_kernel().name == f"vmlinuz-{release}"
     assert (part.folder / "nodes").read_text().strip() == "0-1"
     assert int((part.folder / "probe").read_text()) == 1  # kprobe-able there, unlike here
+
+
+def test_a_sigterm_stops_the_vm_too(tmp_path: Path) -> None:
+    """QEMU runs in a session of its own: a `kernmlops vm` that a SIGTERM ends (`timeout`,
+    a job scheduler) must take it down, not leave it running at a full CPU. A shell
+    stands in for QEMU (the process group the VM's command runs in)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pid_file = tmp_path / "guest.pid"
+    script = (
+        "import sys; from pathlib import Path; import kernmlops.vm.qemu as q\n"
+        "q.vm_command = lambda *a, **k: ['sh', '-c', "
+        f"'sleep 60 & echo $! > {pid_file}; wait']\n"
+        "q.shutil.which = lambda name: '/bin/' + name\n"
+        f"q.run_in_vm(['x'], kernel=Path('/bin/sh'), outdir=Path({str(tmp_path)!r}))\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not pid_file.exists() or not pid_file.read_text().strip():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    guest = int(pid_file.read_text())
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0
+    assert "stopped by SIGTERM" in err, err
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{guest}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)  # killed; reaped by init
+    assert (
+        not Path(f"/proc/{guest}").exists()
+        or "Z" in Path(f"/proc/{guest}/stat").read_text().split()[2]
+    )

@@ -15,8 +15,10 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,6 +116,18 @@ def vm_command(
     ]  # fmt: skip
 
 
+def _stop_on_signals() -> dict[int, object]:
+    """Make SIGTERM and SIGHUP raise LabError here (so the caller's cleanup runs); the
+    handlers they had, to put back. Nothing outside the main thread (Python's rule)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def stop(signum: int, _frame: object) -> None:
+        raise LabError(f"stopped by {signal.Signals(signum).name}: the VM was stopped too")
+
+    return {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+
+
 def run_in_vm(
     command: list[str],
     *,
@@ -161,6 +175,9 @@ def run_in_vm(
         start_new_session=True,
     )
     lines: list[str] = []
+    # QEMU runs in a session of its own (no terminal signal reaches it): a SIGTERM or
+    # SIGHUP to this process must stop it too, not leave it running at a full CPU
+    stoppers = _stop_on_signals()
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -174,6 +191,8 @@ def run_in_vm(
         if proc.poll() is None:
             os.killpg(proc.pid, 9)
             proc.wait()
+        for signum, handler in stoppers.items():
+            signal.signal(signum, handler)
     output = "".join(lines)
     if "busybox" in output and "could not be found" in output:
         raise LabError(f"busybox-static is missing; {SETUP_HINT}")
