@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from kernmlops.lazy import lazy_import
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Sequence
 
     import polars as pl
 else:
@@ -44,6 +44,16 @@ def counter_value(columns: Iterable[str]) -> str | None:
 def event_column(name: str) -> str:
     """``dTLB-load-misses`` -> ``dtlb_load_misses``; ``tlb:tlb_flush`` -> ``tlb_tlb_flush``."""
     return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+
+
+def enabled_column(count: str, columns: Sequence[str]) -> str | None:
+    """The ``<event>_enabled_ns`` column of count column ``count`` (``task_clock_ns``:
+    ``task_clock_enabled_ns``; scaled()'s pairing the other way), None where there is
+    none."""
+    for base in (count, count.removesuffix("_ns")):
+        if f"{base}_enabled_ns" in columns:
+            return f"{base}_enabled_ns"
+    return None
 
 
 def scaled(frame: pl.DataFrame) -> pl.DataFrame:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import polars as pl
 
-from kernmlops.counters import event_column, scaled
+from kernmlops.counters import enabled_column, event_column, scaled
 from kernmlops.graphs.base import US_PER_S, Graph, GraphData, NoData, TableView, collect
 from kernmlops.tables import UPTIME_TIMESTAMP
 
@@ -81,7 +81,7 @@ def per_sample(frame: pl.DataFrame | pl.LazyFrame, *, cumulative: bool) -> pl.Da
         dt_row_s = ts.diff().over("cpu") / US_PER_S
         values = []
         for c in events:
-            enabled = _enabled_column(c.removesuffix(SUFFIX), frame.columns)
+            enabled = enabled_column(c.removesuffix(SUFFIX), frame.columns)
             dt_s = (
                 pl.col(enabled).cast(pl.Float64).diff().over("cpu") / 1e9 if enabled else dt_row_s
             )
@@ -95,15 +95,6 @@ def per_sample(frame: pl.DataFrame | pl.LazyFrame, *, cumulative: bool) -> pl.Da
         .agg(pl.col("t_us").mean(), *(pl.col(c).sum() for c in events))
         .sort("sample")
     )
-
-
-def _enabled_column(count: str, columns: Sequence[str]) -> str | None:
-    """The ``<event>_enabled_ns`` column of count column ``count`` (``task_clock_ns``:
-    ``task_clock_enabled_ns``), None where the table has none."""
-    for base in (count, count.removesuffix("_ns")):
-        if f"{base}_enabled_ns" in columns:
-            return f"{base}_enabled_ns"
-    return None
 
 
 def display_names(data: GraphData, columns: list[str]) -> dict[str, str]:
