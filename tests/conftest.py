@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from tests import lanes
+
 if TYPE_CHECKING:
     from tests.lab import LabRun, LabStart
 
@@ -62,8 +64,14 @@ def bpf_unavailable() -> str | None:
 @pytest.hookimpl(trylast=True)  # after -k/-m deselected what they do
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     _skip_bpf(items)
-    if lab_parts(items):
-        items[:] = beside_the_lab(items)
+    if lanes.in_idle_lane():
+        return
+    beside, alone = run_order(items)
+    if beside and alone and lanes.wanted(config):
+        items[:] = alone
+        _idle_lane_items[:] = beside
+    else:
+        items[:] = beside + alone
 
 
 def _skip_bpf(items: list[pytest.Item]) -> None:
@@ -77,7 +85,7 @@ def _skip_bpf(items: list[pytest.Item]) -> None:
                 item.add_marker(marker)
 
 
-# -- the kernel lab's boot, beside the tests that do not mind ---------------------------------
+# -- the run's order and its two lanes (tests/lanes.py) ---------------------------------------
 
 
 def lab_parts(items: list[pytest.Item]) -> dict[str, Any]:
@@ -94,33 +102,72 @@ def lab_parts(items: list[pytest.Item]) -> dict[str, Any]:
     return parts
 
 
-def beside_the_lab(items: list[pytest.Item]) -> list[pytest.Item]:
-    """The run's order when the kernel lab boots: modules whose tests may run beside
-    its VM (it keeps a CPU busy for minutes) first, then the lab's tests, then the
-    rest. A module runs beside the VM only if none of its tests is marked ``bpf``
-    (drops and costs under load) or ``quiet`` (asserts something of time), or uses
-    Spark: its JVMs live from the first test that uses them to the last, and tests
-    between them that count their children must not see them (the order among its
-    modules stays the one they had). Whole modules move, so their module-scoped
-    fixtures are made once."""
+def run_order(items: list[pytest.Item]) -> tuple[list[pytest.Item], list[pytest.Item]]:
+    """(the modules that may run beside the others, those that run one at a time in
+    order). A module runs beside the others (the idle lane) only if none of its tests
+    is marked ``bpf`` (drops and costs under load) or ``quiet`` (asserts something of
+    time), uses Spark (its JVMs live from the first test that uses them to the last,
+    and tests between them that count their children must not see them: the order
+    among these modules stays the one they had) or the kernel lab. The others: the
+    ``bpf`` and Spark modules, the lab's (its boot runs beside those), the ``quiet``
+    ones. Whole modules move, so their module-scoped fixtures are made once."""
     modules: dict[str, list[pytest.Item]] = {}
     for item in items:
         modules.setdefault(item.nodeid.split("::")[0], []).append(item)
-    groups: tuple[list[pytest.Item], ...] = ([], [], [])
+    beside: list[pytest.Item] = []
+    loud: list[pytest.Item] = []
+    lab: list[pytest.Item] = []
+    quiet: list[pytest.Item] = []
     for tests in modules.values():
         if any("lab" in getattr(i, "fixturenames", ()) for i in tests):
-            groups[1].extend(tests)
+            lab.extend(tests)
+        elif any(i.get_closest_marker("quiet") for i in tests):
+            quiet.extend(tests)
         elif any(
-            i.get_closest_marker("bpf")
-            or i.get_closest_marker("quiet")
-            or "spark" in getattr(i, "fixturenames", ())
-            for i in tests
+            i.get_closest_marker("bpf") or "spark" in getattr(i, "fixturenames", ()) for i in tests
         ):
-            groups[2].extend(tests)
+            loud.extend(tests)
         else:
-            groups[0].extend(tests)
-    return [*groups[0], *groups[1], *groups[2]]
+            beside.extend(tests)
+    return beside, [*loud, *lab, *quiet]
 
+
+#: the tests the idle lane runs, chosen at collection; the lane once started
+_idle_lane_items: list[pytest.Item] = []
+_idle_lane: list[lanes.IdleLane] = []
+
+
+def _start_idle_lane(session: pytest.Session) -> None:
+    if _idle_lane_items:
+        base = session.config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
+        lane = lanes.IdleLane([i.nodeid for i in _idle_lane_items], session.config.rootpath, base)
+        _idle_lane.append(lane)
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(
+                f"{lane.count} tests run beside these at the idle CPU policy "
+                f"(tests/lanes.py; log {lane.log})"
+            )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """A quiet test runs alone: the idle lane waits between two of its tests."""
+    prefix = os.environ.get(lanes.LANE_ENV)
+    if prefix:  # a test of the idle lane
+        if lanes.main_gone():
+            pytest.exit("the main test run is gone (killed?): the idle lane stops too", 2)
+        with lanes.hold(Path(prefix), alone=False):
+            yield
+    elif _idle_lane and _idle_lane[0].running() and item.get_closest_marker("quiet"):
+        with lanes.hold(_idle_lane[0].lock, alone=True):
+            yield
+    else:
+        yield
+
+
+#: a main run that ended so stops the idle lane, not waits for it
+_ENDED_EARLY = (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR)
 
 #: the lab's boot, started once the run's tests are known
 _lab_started: list[LabStart] = []
@@ -129,6 +176,25 @@ _lab_started: list[LabStart] = []
 def pytest_sessionfinish(session: pytest.Session) -> None:
     for started in _lab_started:
         started.stop()
+    for lane in _idle_lane:
+        if session.shouldstop or session.shouldfail or session.exitstatus in _ENDED_EARLY:
+            lane.stop()
+            continue
+        if lane.running():
+            reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+            if reporter is not None:
+                reporter.ensure_newline()
+                reporter.write_line(f"waiting for the idle lane ({lane.log})")
+        if lane.wait() != 0 and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    for lane in _idle_lane:
+        lines = lane.report()
+        terminalreporter.section("idle lane", sep="=", red=lane.failed, green=not lane.failed)
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 def _start_lab(session: pytest.Session) -> None:
@@ -232,6 +298,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     users = [i.nodeid for i in session.items if "spark" in getattr(i, "fixturenames", ())]
     _last_spark_test[:] = users[-1:]
     _start_lab(session)
+    _start_idle_lane(session)
 
 
 @pytest.hookimpl(hookwrapper=True)

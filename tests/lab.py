@@ -12,8 +12,9 @@ Python runs in it, as runpy runs it. There, a Python start that imports the
 collector's stack costs 25-60 s, every time (nothing of the host's files is cached
 between processes).
 
-The boot starts as soon as the run's tests are collected, in the background: the
-modules that do not mind a busy CPU run meanwhile (tests/conftest.py orders them first).
+The boot starts as soon as the run's tests are collected, in the background, at the
+idle CPU policy (tests/lanes.py): it takes only CPU time the run's tests leave, while
+the ``bpf`` modules run; the lab's tests come after them and wait for it.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.lanes import idle_policy
 
 #: ``kernmlops vm``'s machine for every part: two CPUs on two NUMA nodes (TCG runs one
 #: host thread per guest CPU)
@@ -154,10 +157,10 @@ def _failed(run: LabRun, commands: Iterable[str], err: BaseException) -> LabRun:
 
 
 class LabStart:
-    """Every part prepared here, then the lab's one boot started in the background:
-    the run's other tests go on meanwhile; :meth:`result` waits for it. The VM is
-    started in a session of its own and is no child of the test run (tests check that
-    the code they run leaves no child behind)."""
+    """Every part prepared here, then the lab's one boot started in the background, at
+    the idle CPU policy: the run's other tests go on meanwhile; :meth:`result` waits
+    for it. The VM is started in a session of its own and is no child of the test run
+    (tests check that the code they run leaves no child behind)."""
 
     def __init__(self, parts: Iterable[Part], out: Path) -> None:
         self.run, self.commands = _prepare(parts, out)
@@ -175,7 +178,7 @@ class LabStart:
             ["setsid", "--fork", "sh", "-c",
              f"echo $$ >{q(str(out / 'vm.pid'))}; {argv} >/dev/null 2>{q(str(said))}; "
              f"echo $? >{q(f'{code}.tmp')}; mv {q(f'{code}.tmp')} {q(str(code))}"],
-            stdin=subprocess.DEVNULL, check=True,
+            stdin=subprocess.DEVNULL, check=True, preexec_fn=idle_policy,
         )  # fmt: skip
 
     def result(self) -> LabRun:

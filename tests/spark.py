@@ -53,6 +53,7 @@ def start_cluster(folder: Path) -> tuple[Any, Callable[[], None]]:
                 "spark.executor.extraJavaOptions": options,
             },
         )
+        stack.callback(_end_gateway)  # after spark.stop (an exit stack's are last first)
         stack.callback(spark.stop)
         master_log = folder / "master.log"
         wait_for_log(master_log, "Registering worker", 1, [], START_S)
@@ -68,3 +69,28 @@ def start_cluster(folder: Path) -> tuple[Any, Callable[[], None]]:
         stack.close()
         raise
     return spark, stack.close
+
+
+def _end_gateway() -> None:
+    """The session's JVM (PySpark's gateway) ends with the session: stopping the
+    session leaves it running, a child of the test run, until the run exits. It ends
+    when its stdin closes."""
+    import subprocess
+
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    gateway.shutdown()
+    proc = getattr(gateway, "proc", None)
+    if proc is not None:
+        if proc.stdin is not None:
+            proc.stdin.close()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    SparkContext._gateway = None
+    SparkContext._jvm = None

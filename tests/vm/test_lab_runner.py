@@ -67,32 +67,3 @@ def test_parts_share_one_interpreter_and_keep_their_own_output_and_codes(tmp_pat
     assert re.search(r"/proc/self/task/\d+: \S+ S \(sleeping\) wchan=\w*nanosleep\n"
                      r"    \[<0>\] \w*nanosleep", stuck), stuck  # fmt: skip
     assert "-- the busiest tasks over 1 s" in stuck
-
-
-class _Item:
-    """What beside_the_lab looks at of a pytest item."""
-
-    def __init__(
-        self, nodeid: str, *, fixtures: tuple[str, ...] = (), marks: tuple[str, ...] = ()
-    ) -> None:
-        self.nodeid, self.marks = nodeid, marks
-        self.fixturenames = list(fixtures)
-
-    def get_closest_marker(self, name: str) -> object:
-        return name if name in self.marks else None
-
-
-def test_modules_that_do_not_mind_a_busy_cpu_run_beside_the_labs_boot() -> None:
-    from tests.conftest import beside_the_lab
-
-    items = [
-        _Item("t/a.py::x", marks=("bpf",)), _Item("t/a.py::y"),  # one bpf test: all of a.py after
-        _Item("t/b.py::x"), _Item("t/b.py::y"),
-        _Item("t/lab.py::x", fixtures=("lab",)), _Item("t/lab.py::y"),
-        _Item("t/q.py::x", marks=("quiet",)),
-        _Item("t/c.py::x"),
-        _Item("t/s.py::x", fixtures=("spark",)),  # its JVMs: from its first test to its last
-    ]  # fmt: skip
-    order = [i.nodeid for i in beside_the_lab(items)]  # type: ignore[arg-type]
-    assert order == ["t/b.py::x", "t/b.py::y", "t/c.py::x", "t/lab.py::x", "t/lab.py::y",
-                     "t/a.py::x", "t/a.py::y", "t/q.py::x", "t/s.py::x"]  # fmt: skip

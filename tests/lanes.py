@@ -1,0 +1,181 @@
+"""Two lanes for one test run on a small machine (tests/conftest.py starts them).
+
+The tests that load BPF or assert something of time or CPU (``bpf``, ``quiet``, Spark's,
+the kernel lab's) run one at a time in the run's own process, in this order: the
+``bpf`` and Spark modules, the lab's (they wait for its boot), the ``quiet`` modules.
+They leave the machine about half idle: they wait on daemons, on collections, on one
+Python thread. The modules with none of those marks, which tolerate a busy CPU, run
+meanwhile in a second pytest, the idle lane, at the scheduler's idle policy
+(SCHED_IDLE): it runs only where a CPU would otherwise idle, and any task of the main
+run preempts it at once, so a collector's reader is not delayed by it. The kernel
+lab's QEMU boots at that policy too, beside the ``bpf`` modules.
+
+A ``quiet`` test takes the lanes' lock alone (:func:`hold`): the idle lane finishes
+the test it is running and starts no other until the quiet test ends; the lab's boot
+has ended by then (its tests come before the quiet modules).
+
+The idle lane's output goes to a log in the run's temporary folder; its summary, and
+its failures in full, follow the main run's. A failure there fails the run.
+``KERNMLOPS_TEST_LANES=1`` runs everything in one lane, in the same order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+#: set in the idle lane's own run: the lanes' lock files, without their suffixes
+LANE_ENV = "KERNMLOPS_TEST_LANE"
+#: "1": no idle lane, everything in the run's own process
+ONE_LANE_ENV = "KERNMLOPS_TEST_LANES"
+#: the main run's pid, in the idle lane: it stops once that run is gone (killed)
+MAIN_ENV = "KERNMLOPS_TEST_MAIN"
+#: the idle lane's code when the main run stopped it
+STOPPED = -1
+
+
+def in_idle_lane() -> bool:
+    return bool(os.environ.get(LANE_ENV))
+
+
+def main_gone() -> bool:
+    """In the idle lane: the main run that started it has ended."""
+    try:
+        os.kill(int(os.environ[MAIN_ENV]), 0)
+    except (KeyError, ValueError):
+        return False
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def idle_policy() -> None:
+    """This process (and what it starts) runs only where a CPU would otherwise idle.
+    For ``preexec_fn``."""
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+
+
+def wanted(config: pytest.Config) -> bool:
+    """Whether this run may start an idle lane: not in one, not asked for one lane, and
+    not where the user steps through failures or stops at the first (-x, --pdb, -s)."""
+    option = config.option
+    return not (
+        in_idle_lane()
+        or os.environ.get(ONE_LANE_ENV) == "1"
+        or option.collectonly
+        or getattr(option, "exitfirst", False)
+        or getattr(option, "usepdb", False)
+        or getattr(option, "trace", False)
+        or getattr(option, "capture", "fd") == "no"
+    )
+
+
+def _lock(path: Path, how: int) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, how)
+    return fd
+
+
+@contextlib.contextmanager
+def hold(prefix: Path, alone: bool) -> Iterator[None]:
+    """The lanes' lock, shared by the idle lane's tests, taken alone by a quiet test.
+    A turnstile first: a quiet test that waits keeps the idle lane from starting
+    another test meanwhile."""
+    turn = _lock(prefix.with_suffix(".turn"), fcntl.LOCK_EX)
+    held = None
+    try:
+        held = _lock(prefix.with_suffix(".lock"), fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        if not alone:
+            os.close(turn)
+            turn = None
+        yield
+    finally:
+        for fd in (held, turn):
+            if fd is not None:
+                os.close(fd)
+
+
+class IdleLane:
+    """A second pytest of ``nodeids`` at the idle policy, started at once; its log,
+    lock files and temporary folder are in ``base``. Like the lab's VM, it runs in a
+    session of its own and is no child of the run (tests check that the code they run
+    leaves no child behind)."""
+
+    def __init__(self, nodeids: Sequence[str], rootdir: Path, base: Path) -> None:
+        self.count = len(nodeids)
+        self.lock = base / "lanes"
+        self.log = base / "idle-lane.log"
+        self._code = base / "idle-lane.exit_code"
+        self._pid = base / "idle-lane.pid"
+        args = base / "idle-lane.args"
+        args.write_text("".join(f"{n}\n" for n in nodeids))
+        argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--color=no",
+                f"--basetemp={base / 'idle-lane'}", f"@{args}"]  # fmt: skip
+        q, code, main = shlex.quote, str(self._code), str(os.getpid())
+        # setsid --fork: the shell is reparented away from this process at once; it
+        # leads a process group of its own (its pid, for stop())
+        subprocess.run(
+            ["setsid", "--fork", "sh", "-c",
+             f"echo $$ >{q(str(self._pid))}; {shlex.join(argv)} >{q(str(self.log))} 2>&1; "
+             f"echo $? >{q(code + '.tmp')}; mv {q(code + '.tmp')} {q(code)}"],
+            cwd=rootdir, env=dict(os.environ, **{LANE_ENV: str(self.lock), MAIN_ENV: main}),
+            stdin=subprocess.DEVNULL, check=True, preexec_fn=idle_policy,
+        )  # fmt: skip
+        self.code: int | None = None
+
+    def running(self) -> bool:
+        return self.code is None and not self._code.exists()
+
+    def wait(self) -> int:
+        while not self._code.exists():
+            time.sleep(0.2)
+        self.code = int(self._code.read_text())
+        return self.code
+
+    def stop(self) -> None:
+        """The run ends early (Ctrl+C, -x): the lane too, its whole process group."""
+        if not self.running():
+            return
+        deadline = time.monotonic() + 5
+        while not self._pid.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with contextlib.suppress(OSError, ValueError):
+            group = int(self._pid.read_text())
+            os.killpg(group, signal.SIGTERM)
+            deadline = time.monotonic() + 20
+            while not self._code.exists() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            os.killpg(group, signal.SIGKILL)
+        self.code = STOPPED
+
+    @property
+    def failed(self) -> bool:
+        return self.code != 0
+
+    def report(self) -> list[str]:
+        """What the main run's summary shows of the lane: its last line, and where it
+        failed everything from its failures on (its short summary otherwise)."""
+        if self.code == STOPPED:
+            return [f"{self.count} tests, log {self.log}: stopped with the main run"]
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        lines = text.splitlines()
+        last = next((ln for ln in reversed(lines) if ln.startswith("=")), "(no summary)")
+        said = [f"{self.count} tests, log {self.log}: {last.strip('= ')}"]
+        start = r"^=+ (FAILURES|ERRORS) =+$" if self.failed else r"^=+ short test summary"
+        match = re.search(start, text, re.MULTILINE)
+        if match is not None:
+            said += text[match.start() :].splitlines()[:-1]
+        elif self.failed:
+            said += lines[-60:]
+        return said
