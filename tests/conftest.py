@@ -140,7 +140,13 @@ _idle_lane: list[lanes.IdleLane] = []
 def _start_idle_lane(session: pytest.Session) -> None:
     if _idle_lane_items:
         base = session.config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
-        lane = lanes.IdleLane([i.nodeid for i in _idle_lane_items], session.config.rootpath, base)
+        extra = []
+        xml = getattr(session.config.option, "xmlpath", None)
+        if xml:  # the lane's own JUnit report beside the run's
+            extra.append(f"--junitxml={Path(xml).with_suffix('.idle-lane.xml').absolute()}")
+        lane = lanes.IdleLane(
+            [i.nodeid for i in _idle_lane_items], session.config.rootpath, base, extra
+        )
         _idle_lane.append(lane)
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:

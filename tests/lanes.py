@@ -112,7 +112,9 @@ class IdleLane:
     session of its own and is no child of the run (tests check that the code they run
     leaves no child behind)."""
 
-    def __init__(self, nodeids: Sequence[str], rootdir: Path, base: Path) -> None:
+    def __init__(
+        self, nodeids: Sequence[str], rootdir: Path, base: Path, extra: Sequence[str] = ()
+    ) -> None:
         self.count = len(nodeids)
         self.lock = base / "lanes"
         self.log = base / "idle-lane.log"
@@ -121,7 +123,7 @@ class IdleLane:
         args = base / "idle-lane.args"
         args.write_text("".join(f"{n}\n" for n in nodeids))
         argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--color=no",
-                f"--basetemp={base / 'idle-lane'}", f"@{args}"]  # fmt: skip
+                f"--basetemp={base / 'idle-lane'}", *extra, f"@{args}"]  # fmt: skip
         q, code, main = shlex.quote, str(self._code), str(os.getpid())
         # setsid --fork: the shell is reparented away from this process at once; it
         # leads a process group of its own (its pid, for stop())

@@ -273,6 +273,9 @@ def test_unprivileged_user_gets_a_clear_error(tmp_path: Path) -> None:
     assert "root" in proc.stderr, proc.stderr
 
 
+# quiet: the README's promise, kept where it was measured, on a machine the storm alone
+# keeps busy (after the kernel lab's boot, the idle lane paused: tests/lanes.py)
+@pytest.mark.quiet
 def test_a_storm_of_more_runnable_tasks_than_cpus_loses_no_event(tmp_path: Path) -> None:
     # Issue: `collect -- stress-ng --switch 4` on 2 vCPUs (8 storm processes) lost
     # 0.6-4.6M quanta records: the collector's threads waited for the GIL behind the
