@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.lanes import idle_policy
+from tests.lanes import IDLE_SESSION, idle_policy
 
 #: ``kernmlops vm``'s machine for every part: two CPUs on two NUMA nodes (TCG runs one
 #: host thread per guest CPU)
@@ -176,7 +176,8 @@ class LabStart:
         # leads a process group of its own (its pid, for stop())
         subprocess.run(
             ["setsid", "--fork", "sh", "-c",
-             f"echo $$ >{q(str(out / 'vm.pid'))}; {argv} >/dev/null 2>{q(str(said))}; "
+             f"{IDLE_SESSION}echo $$ >{q(str(out / 'vm.pid'))}; "
+             f"{argv} >/dev/null 2>{q(str(said))}; "
              f"echo $? >{q(f'{code}.tmp')}; mv {q(f'{code}.tmp')} {q(str(code))}"],
             stdin=subprocess.DEVNULL, check=True, preexec_fn=idle_policy,
         )  # fmt: skip

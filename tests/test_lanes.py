@@ -113,3 +113,18 @@ def test_the_idle_policy_is_the_kernels_and_children_keep_it() -> None:
     ).stdout
     # field 41, the policy, after the command's parenthesised name: 5 is SCHED_IDLE
     assert int(stat.rpartition(")")[2].split()[38]) == os.SCHED_IDLE == 5
+
+
+@pytest.mark.skipif(not Path("/proc/self/autogroup").exists(), reason="no autogroups")
+def test_a_lanes_session_weighs_as_nice_19() -> None:
+    import subprocess
+
+    from tests.lanes import IDLE_SESSION
+
+    said = subprocess.run(
+        ["setsid", "--wait", "sh", "-c", f"{IDLE_SESSION}cat /proc/self/autogroup"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert said.split()[-2:] == ["nice", "19"], said
+    # the test run's own session is left as it was
+    assert Path("/proc/self/autogroup").read_text().split()[-1] != "19"
