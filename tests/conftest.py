@@ -203,6 +203,16 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             terminalreporter.write_line(line)
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # the last line of the run is the idle lane's too: the main run's "N passed" above
+    # it is half the run
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    for lane in _idle_lane:
+        if reporter is not None:
+            said = f"idle lane: {lane.summary()}"
+            reporter.write_sep("=", said, red=lane.failed, green=not lane.failed)
+
+
 def _start_lab(session: pytest.Session) -> None:
     parts = lab_parts(session.items)
     if parts and not session.config.option.collectonly:

@@ -176,15 +176,22 @@ class IdleLane:
     def failed(self) -> bool:
         return self.code != 0
 
+    def summary(self) -> str:
+        """The lane's own last line ("1314 passed in 325.59s (0:05:25)")."""
+        if self.code == STOPPED:
+            return "stopped with the main run"
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        last = next((ln for ln in reversed(text.splitlines()) if ln.startswith("=")), "")
+        return last.strip("= ") or f"no summary (exit code {self.code})"
+
     def report(self) -> list[str]:
         """What the main run's summary shows of the lane: its last line, and where it
         failed everything from its failures on (its short summary otherwise)."""
+        said = [f"{self.count} tests, log {self.log}: {self.summary()}"]
         if self.code == STOPPED:
-            return [f"{self.count} tests, log {self.log}: stopped with the main run"]
+            return said
         text = self.log.read_text(errors="replace") if self.log.exists() else ""
         lines = text.splitlines()
-        last = next((ln for ln in reversed(lines) if ln.startswith("=")), "(no summary)")
-        said = [f"{self.count} tests, log {self.log}: {last.strip('= ')}"]
         start = r"^=+ (FAILURES|ERRORS) =+$" if self.failed else r"^=+ short test summary"
         match = re.search(start, text, re.MULTILINE)
         if match is not None:
