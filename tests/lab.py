@@ -24,14 +24,13 @@ import json
 import os
 import shlex
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.lanes import IDLE_SESSION, idle_policy
+from tests.lanes import start_idle_session
 
 #: ``kernmlops vm``'s machine for every part: two CPUs on two NUMA nodes (TCG runs one
 #: host thread per guest CPU)
@@ -170,17 +169,8 @@ class LabStart:
         if not self.commands:
             return
         said, code = out / "vm.stderr", out / "vm.exit_code"
-        argv = shlex.join(_vm_argv(self.run, self.commands, out))
-        q = shlex.quote
-        # setsid --fork: the shell is reparented away from this process at once; it
-        # leads a process group of its own (its pid, for stop())
-        subprocess.run(
-            ["setsid", "--fork", "sh", "-c",
-             f"{IDLE_SESSION}echo $$ >{q(str(out / 'vm.pid'))}; "
-             f"{argv} >/dev/null 2>{q(str(said))}; "
-             f"echo $? >{q(f'{code}.tmp')}; mv {q(f'{code}.tmp')} {q(str(code))}"],
-            stdin=subprocess.DEVNULL, check=True, preexec_fn=idle_policy,
-        )  # fmt: skip
+        argv = _vm_argv(self.run, self.commands, out)
+        start_idle_session(argv, out / "vm.pid", code, stdout=None, stderr=said)
 
     def result(self) -> LabRun:
         """What each part did, once the VM exited (at most the lab's time limit)."""

@@ -116,6 +116,32 @@ def hold(prefix: Path, alone: bool) -> Iterator[None]:
                 os.close(fd)
 
 
+def start_idle_session(
+    argv: Sequence[str],
+    pid: Path,
+    code: Path,
+    *,
+    stdout: Path | None,
+    stderr: Path,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> None:
+    """``argv`` started at the idle policy in a session of its own, no child of this
+    process (``setsid --fork``: its shell is reparented away at once): the session's
+    pid (its process group's, for a stop) in ``pid``, its output in ``stdout`` (None:
+    dropped) and ``stderr`` (may be the same file), its exit code in ``code`` once it
+    ended (written whole)."""
+    q, done = shlex.quote, str(code)
+    out = "/dev/null" if stdout is None else q(str(stdout))
+    err = "&1" if stdout == stderr else q(str(stderr))
+    subprocess.run(
+        ["setsid", "--fork", "sh", "-c",
+         f"{IDLE_SESSION}echo $$ >{q(str(pid))}; {shlex.join(argv)} >{out} 2>{err}; "
+         f"echo $? >{q(done + '.tmp')}; mv {q(done + '.tmp')} {q(done)}"],
+        cwd=cwd, env=env, stdin=subprocess.DEVNULL, check=True, preexec_fn=idle_policy,
+    )  # fmt: skip
+
+
 class IdleLane:
     """A second pytest of ``nodeids`` at the idle policy, started at once; its log,
     lock files and temporary folder are in ``base``. Like the lab's VM, it runs in a
@@ -134,17 +160,10 @@ class IdleLane:
         args.write_text("".join(f"{n}\n" for n in nodeids))
         argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--color=no",
                 f"--basetemp={base / 'idle-lane'}", *extra, f"@{args}"]  # fmt: skip
-        q, code, main = shlex.quote, str(self._code), str(os.getpid())
-        # setsid --fork: the shell is reparented away from this process at once; it
-        # leads a process group of its own (its pid, for stop())
-        subprocess.run(
-            ["setsid", "--fork", "sh", "-c",
-             f"{IDLE_SESSION}echo $$ >{q(str(self._pid))}; "
-             f"{shlex.join(argv)} >{q(str(self.log))} 2>&1; "
-             f"echo $? >{q(code + '.tmp')}; mv {q(code + '.tmp')} {q(code)}"],
-            cwd=rootdir, env=dict(os.environ, **{LANE_ENV: str(self.lock), MAIN_ENV: main}),
-            stdin=subprocess.DEVNULL, check=True, preexec_fn=idle_policy,
-        )  # fmt: skip
+        env = dict(os.environ, **{LANE_ENV: str(self.lock), MAIN_ENV: str(os.getpid())})
+        start_idle_session(
+            argv, self._pid, self._code, stdout=self.log, stderr=self.log, cwd=rootdir, env=env
+        )
         self.code: int | None = None
 
     def running(self) -> bool:
