@@ -102,8 +102,8 @@ def hold(prefix: Path, alone: bool) -> Iterator[None]:
     """The lanes' lock, shared by the idle lane's tests, taken alone by a quiet test.
     A turnstile first: a quiet test that waits keeps the idle lane from starting
     another test meanwhile."""
-    turn = _lock(prefix.with_suffix(".turn"), fcntl.LOCK_EX)
-    held = None
+    turn: int | None = _lock(prefix.with_suffix(".turn"), fcntl.LOCK_EX)
+    held: int | None = None
     try:
         held = _lock(prefix.with_suffix(".lock"), fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         if not alone:
