@@ -159,11 +159,11 @@ def _start_idle_lane(session: pytest.Session) -> None:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """A quiet test runs alone: the idle lane waits between two of its tests."""
-    prefix = os.environ.get(lanes.LANE_ENV)
-    if prefix:  # a test of the idle lane
+    lock = lanes.idle_lane_lock()
+    if lock is not None:  # a test of the idle lane
         if lanes.main_gone():
             pytest.exit("the main test run is gone (killed?): the idle lane stops too", 2)
-        with lanes.hold(Path(prefix), alone=False):
+        with lanes.hold(lock, alone=False):
             yield
     elif _idle_lane and _idle_lane[0].running() and item.get_closest_marker("quiet"):
         with lanes.hold(_idle_lane[0].lock, alone=True):
@@ -189,7 +189,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         if lane.running():
             reporter = session.config.pluginmanager.get_plugin("terminalreporter")
             if reporter is not None:
-                reporter.ensure_newline()
+                # after the progress line, which ensure_newline does not know of
+                reporter.write("\n")
                 reporter.write_line(f"waiting for the idle lane ({lane.log})")
         if lane.wait() != 0 and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED

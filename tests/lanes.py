@@ -49,8 +49,14 @@ MAIN_ENV = "KERNMLOPS_TEST_MAIN"
 STOPPED = -1
 
 
+def idle_lane_lock() -> Path | None:
+    """In the idle lane's run: the lanes' lock files, without their suffixes."""
+    prefix = os.environ.get(LANE_ENV)
+    return Path(prefix) if prefix else None
+
+
 def in_idle_lane() -> bool:
-    return bool(os.environ.get(LANE_ENV))
+    return idle_lane_lock() is not None
 
 
 def main_gone() -> bool:
@@ -165,6 +171,7 @@ class IdleLane:
             argv, self._pid, self._code, stdout=self.log, stderr=self.log, cwd=rootdir, env=env
         )
         self.code: int | None = None
+        self._said: str | None = None
 
     def running(self) -> bool:
         return self.code is None and not self._code.exists()
@@ -195,12 +202,18 @@ class IdleLane:
     def failed(self) -> bool:
         return self.code != 0
 
+    def _output(self) -> str:
+        """The lane's log, read once it ended (the summary and the report share it)."""
+        if self._said is None:
+            self._said = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return self._said
+
     def summary(self) -> str:
         """The lane's own last line ("1314 passed in 325.59s (0:05:25)")."""
         if self.code == STOPPED:
             return "stopped with the main run"
-        text = self.log.read_text(errors="replace") if self.log.exists() else ""
-        last = next((ln for ln in reversed(text.splitlines()) if ln.startswith("=")), "")
+        lines = reversed(self._output().splitlines())
+        last = next((ln for ln in lines if ln.startswith("=")), "")
         return last.strip("= ") or f"no summary (exit code {self.code})"
 
     def report(self) -> list[str]:
@@ -209,7 +222,7 @@ class IdleLane:
         said = [f"{self.count} tests, log {self.log}: {self.summary()}"]
         if self.code == STOPPED:
             return said
-        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        text = self._output()
         lines = text.splitlines()
         start = r"^=+ (FAILURES|ERRORS) =+$" if self.failed else r"^=+ short test summary"
         match = re.search(start, text, re.MULTILINE)
