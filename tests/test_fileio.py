@@ -42,6 +42,26 @@ def test_a_missing_folder_is_an_os_error(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_fifo_or_a_link_to_a_device_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+    """As root, ``kernmlops defaults /dev/null`` would have renamed a file over the
+    device; a FIFO and a link to /dev/null stand in for it (nothing in /dev touched)."""
+    fifo, link = tmp_path / "fifo", tmp_path / "null"
+    os.mkfifo(fifo)
+    link.symlink_to(os.devnull)
+    with pytest.raises(OSError, match="not a file"):
+        write_atomic(fifo, "x")
+    with pytest.raises(OSError, match="a device"):
+        write_atomic(link, "x")
+    assert fifo.is_fifo() and os.readlink(link) == os.devnull
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "null"]
+    # a link to a file is replaced by the new file, its target untouched (as before)
+    (tmp_path / "real").write_text("old")
+    (tmp_path / "to-real").symlink_to(tmp_path / "real")
+    write_atomic(tmp_path / "to-real", "new")
+    assert (tmp_path / "real").read_text() == "old"
+    assert (tmp_path / "to-real").read_text() == "new" and not (tmp_path / "to-real").is_symlink()
+
+
 def test_the_temporary_is_hidden_beside_the_target(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

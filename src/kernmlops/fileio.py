@@ -7,6 +7,7 @@ import contextlib
 import ctypes
 import errno
 import os
+import stat
 from pathlib import Path
 
 _AT_FDCWD = -100
@@ -19,6 +20,7 @@ def write_atomic(path: str | Path, data: bytes | str, *, durable: bool = False) 
     rename, so the new content survives a crash of the machine. The temporary file is
     removed if anything fails; the error (an OSError) is the caller's to report."""
     path = Path(path)
+    _not_special(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # one per writing process
     raw = data.encode("utf-8") if isinstance(data, str) else data
     # new, never through a link: root writes manifests in folders their user owns
@@ -38,6 +40,20 @@ def write_atomic(path: str | Path, data: bytes | str, *, durable: bool = False) 
     if durable:
         fsync_path(path.parent)  # the rename itself
     return path
+
+
+def _not_special(path: Path) -> None:
+    """OSError (EINVAL) where ``path`` is a device, a FIFO or a socket, or a link to
+    one: the rename would put a file in its place (as root, ``-o /dev/null`` would take
+    /dev/null from every other program; ``/dev/stdout`` is a link to a pipe)."""
+    for follow in (False, True):
+        try:
+            mode = os.stat(path, follow_symlinks=follow).st_mode
+        except OSError:
+            return  # nothing there, or a dangling link: the file is new
+        if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode) or stat.S_ISDIR(mode)):
+            kind = "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a file"
+            raise OSError(errno.EINVAL, f"it is {kind}: name a file of its own", str(path))
 
 
 def fsync_path(path: str | Path) -> None:
