@@ -525,13 +525,19 @@ def _held_manifest(held: Pinned, path: Path) -> Manifest:
 
 
 def _held_tables(
-    held: Pinned, path: Path, uid: int | None, fds: list[int], only: str | None = None
+    held: Pinned,
+    path: Path,
+    uid: int | None,
+    fds: list[int],
+    only: str | None = None,
+    names: re.Pattern[str] = _PART,
 ) -> tuple[dict[str, list[Path]], dict[str, list[int]], list[str]]:
     """The tables of the held collection folder ``held`` (``path`` names it), each
     table folder and part opened as _read_held says (their descriptors appended to
     ``fds``, for the caller to close once scanned): per table the parts as named and
     their descriptors, and the tables with unfinished parts. ``only``: that
-    table alone."""
+    table alone. ``names``: what a part is called (a pattern without a part number
+    orders them by name: KernMLOps' own layout, kernmlops.data_import)."""
     from kernmlops.errors import OutputError
     from kernmlops.host.pinned import may_follow, pin_in
 
@@ -562,13 +568,14 @@ def _held_tables(
         parts = []
         owner = os.fstat(table).st_uid
         for part in os.scandir(f"/proc/self/fd/{table}"):
-            match = _PART.match(part.name)
+            match = names.match(part.name)
             if match:
                 shown = path / entry.name / part.name
                 fd = _open_part(part.name, table, owner, shown, uid)
                 if fd is not None:
                     fds.append(fd)
-                    parts.append((int(match.group(1)), part.name, fd))
+                    number = int(match.group(1)) if names.groups else 0
+                    parts.append((number, part.name, fd))
             elif fnmatch(part.name, _TEMP_GLOB) and entry.name not in incomplete:
                 incomplete.append(entry.name)
         if parts:
