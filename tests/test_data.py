@@ -255,6 +255,28 @@ def test_read_collection_errors(tmp_path: Path) -> None:
         read_collection(tmp_path / "notes.txt")
 
 
+def test_a_folder_of_collections_or_a_table_folder_names_the_collection_to_read(
+    curated: Path,
+) -> None:
+    """`kernmlops graph data` (or a benchmark= folder, or a table's folder) said only
+    'no manifest (is data a collection folder?)': it says which collection to name."""
+    one = curated / "benchmark=faux" / "collection_id=f1"
+    assert (one / "manifest.json").is_file()  # the fixture's first collection
+    for given, said in (
+        (curated, f"{curated} holds 4 collections: name one, e.g. {one}"),
+        (curated.parent, f"{curated.parent} holds 4 collections: name one, e.g. {one}"),
+        (curated / "benchmark=faux", f"holds 2 collections: name one, e.g. {one}"),
+        (one / "events", f"{one / 'events'} is a table of the collection {one}: name the"),
+    ):
+        with pytest.raises(CollectionError, match="no manifest") as info:
+            read_collection(given)
+        assert said in str(info.value)
+    empty = curated.parent / "empty"
+    empty.mkdir()
+    with pytest.raises(CollectionError, match=r"is .*empty a collection folder\?"):
+        read_collection(empty)
+
+
 def test_a_finished_collection_without_rows_is_empty_not_damaged(tmp_path: Path) -> None:
     from kernmlops.errors import EmptyCollectionError
 

@@ -517,11 +517,28 @@ def _held_manifest(held: Pinned, path: Path) -> Manifest:
         text = read_manifest_bytes(held.io, owner=held.owner).decode("utf-8")
     except FileNotFoundError:
         raise CollectionError(
-            f"{manifest_path}: no manifest (is {path} a collection folder?)"
+            f"{manifest_path}: no manifest ({_where_collections_are(path)})"
         ) from None
     except (OSError, UnicodeDecodeError) as err:
         raise CollectionError(f"{manifest_path}: cannot read the manifest: {_why(err)}") from None
     return parse_manifest(text, manifest_path)
+
+
+def _where_collections_are(path: Path) -> str:
+    """What a message says of ``path``, a folder without a manifest: the collection it
+    is a table folder of, or the collections it holds (a curated root, a data folder,
+    a ``benchmark=<b>`` folder), to name one of; else the question whether it is one."""
+    with contextlib.suppress(OSError):
+        if (path.parent / MANIFEST_NAME).is_file():
+            return f"{path} is a table of the collection {path.parent}: name the collection"
+    try:
+        found = _collections(path, required=False)
+    except (CollectionError, OSError):
+        found = []
+    if found:
+        many = f"{len(found)} collections" if len(found) > 1 else "a collection"
+        return f"{path} holds {many}: name one, e.g. {found[0][2]}"
+    return f"is {path} a collection folder?"
 
 
 def _held_tables(
