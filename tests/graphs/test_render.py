@@ -296,6 +296,25 @@ def test_a_report_on_a_table_with_one_damaged_column_is_written_and_says_it(
         report(col, tmp_path / "lib.html", graphs=["process_events"], dpi=40)
 
 
+def test_only_names_each_graph_once_and_at_least_one(synthetic: Collection, tmp_path: Path) -> None:
+    """--only a,a drew and listed a twice ('2 graph(s) written'); --only , drew none
+    and said the collection had no table to draw, exit 0 (and --only "" drew all)."""
+    runner = CliRunner()
+    out = tmp_path / "figs"
+    twice = runner.invoke(graph_command, [str(synthetic.path), "-o", str(out), "--dpi", "40",
+                                          "--only", "syscalls_top, syscalls_top"])  # fmt: skip
+    assert twice.exit_code == 0, twice.output
+    assert twice.stdout.splitlines() == [str(out / "syscalls_top.png")]
+    assert "1 graph(s) written" in twice.output
+    for command in (graph_command, report_command):
+        for empty in ("", ",", " , "):
+            result = runner.invoke(command, [str(synthetic.path), "-o", str(tmp_path / "x"),
+                                             "--only", empty])  # fmt: skip
+            assert result.exit_code == 2, result.output
+            assert f"--only {empty!r} names no graph" in result.output
+    assert not (tmp_path / "x").exists()
+
+
 def test_graph_command(synthetic: Collection, tmp_path: Path) -> None:
     runner = CliRunner()
     out = tmp_path / "figs"

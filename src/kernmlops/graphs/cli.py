@@ -53,7 +53,18 @@ def _only_option(command):
 
 
 def _names(only: str | None) -> list[str] | None:
-    return [n.strip() for n in only.split(",") if n.strip()] if only else None
+    """The graphs --only names, each once, in order; None without --only.
+
+    Raises:
+        click.UsageError: --only given, naming no graph (``--only ""`` drew every graph,
+            ``--only ,`` none, saying the collection had no table to draw).
+    """
+    if only is None:
+        return None
+    names = list(dict.fromkeys(n.strip() for n in only.split(",") if n.strip()))
+    if not names:
+        raise click.UsageError(f"--only {only!r} names no graph (`kernmlops graph --list`)")
+    return names
 
 
 def _report_failures(failures: list) -> None:
