@@ -17,7 +17,7 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from kernmlops.collect.manifest import write_manifest
+from kernmlops.collect.manifest import read_manifest, write_manifest
 from kernmlops.collect.parquet import ParquetSink
 from kernmlops.data import (
     Collection,
@@ -719,6 +719,20 @@ def test_list_collections_started_at_is_the_index_s_utc_timestamp(curated: Path)
     )
 
 
+def test_a_part_that_is_no_plain_file_leaves_out_its_table_not_the_collection(
+    curated: Path,
+) -> None:
+    """A FIFO at a part's name (as root, refused unread): list_collections still gives
+    the manifest's start (and state), and the collection's other tables (as root they
+    were null and [], as if it had no readable manifest)."""
+    folder = curated / "benchmark=faux" / "collection_id=f1"
+    os.mkfifo(folder / "events" / "part-09999.parquet")
+    row = list_collections(curated).filter(pl.col("collection_id") == "f1").row(0, named=True)
+    assert read_manifest(folder).started_at is not None
+    assert row["started_at"] == datetime(2024, 5, 2, tzinfo=UTC)
+    assert "drops" in row["tables"]
+
+
 def test_list_collections_empty(tmp_path: Path) -> None:
     assert list_collections(tmp_path).height == 0
 
@@ -910,7 +924,8 @@ def test_read_parquet_dir_and_list_collections_as_root_follow_no_link_a_user_pla
         with pytest.raises(CollectionError, match="link"):
             read_parquet_dir(curated, "events", lazy=True)
         listed = {r["collection_id"]: r for r in list_collections(curated).iter_rows(named=True)}
-        assert listed["a1"]["started_at"] is None and listed["a1"]["tables"] == []
+        # its own drops part is its own: listed; the linked events part is not
+        assert listed["a1"]["started_at"] is None and listed["a1"]["tables"] == ["drops"]
         assert listed["a2"]["started_at"] == datetime(2024, 5, 2, tzinfo=UTC)
         assert listed["a2"]["tables"] == ["drops", "events"]
     # the links gone, root reads every collection again (lazily too)

@@ -678,14 +678,21 @@ def _not_whole(manifest: Manifest | str, folder: Path) -> str | None:
 
 def _manifest_and_tables_held(folder: Path) -> tuple[Manifest | None, list[str]]:
     """As root, the manifest of the collection in ``folder`` (None where it cannot be
-    read or parsed) and its tables with finished parts, read through held folders."""
-    with _held_collection(folder) as (held, uid), _closing_fds() as fds:
+    read or parsed) and its tables with finished parts, read through held folders (a
+    table with a part refused is not one of them)."""
+    with _held_collection(folder) as (held, uid):
         try:
             manifest: Manifest | None = _held_manifest(held, folder)
         except CollectionError:
             manifest = None
-        files, _, _ = _held_tables(held, folder, uid, fds)
-        return manifest, sorted(files)
+        tables: list[str] = []
+        names = sorted(e.name for e in os.scandir(held.io) if not e.name.startswith((".", "_")))
+        for name in names:
+            # one table at a time: a part refused (a link, a FIFO) leaves out its table,
+            # not the manifest and every other table (state and tables were null and [])
+            with _closing_fds() as fds, contextlib.suppress(CollectionError):
+                tables += _held_tables(held, folder, uid, fds, only=name)[0]
+        return manifest, sorted(tables)
 
 
 @contextlib.contextmanager
