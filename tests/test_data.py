@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -637,6 +638,11 @@ def test_read_parquet_dir_errors(curated: Path, tmp_path: Path) -> None:
     assert "events" in str(info.value)
     with pytest.raises(CollectionError, match="no such folder"):
         read_parquet_dir(tmp_path / "missing", "events")
+    # a file is there: not 'no such folder'
+    manifest = curated / "benchmark=faux" / "collection_id=f1" / "manifest.json"
+    for reader in (lambda p: read_parquet_dir(p, "events"), list_collections):
+        with pytest.raises(CollectionError, match=f"^{re.escape(str(manifest))}: not a folder$"):
+            reader(manifest)
 
 
 @pytest.mark.parametrize("uri", ["s3://kdata/fleet", "gs://b/p/", "S3://k/f?region=x"])

@@ -1023,7 +1023,8 @@ def _collections(root: Path, *, required: bool = True) -> list[tuple[str, str, P
     collection folder, a ``benchmark=<b>`` folder, a curated root, or the data folder
     holding ``curated/`` (the roots ``kernmlops push`` and ``lb train`` take)."""
     if not root.is_dir():
-        raise CollectionError(f"{root}: no such folder")
+        why = "not a folder" if root.exists() else "no such folder"  # a file was 'no such'
+        raise CollectionError(f"{root}: {why}")
 
     def in_benchmark(folder: Path) -> list[tuple[str, str, Path]]:
         benchmark = _hive_value(folder, _BENCHMARK_PREFIX)
