@@ -48,8 +48,9 @@ def _say(text: str) -> None:
 def push_command(paths: tuple[Path, ...], uri: str, incomplete: bool, no_progress: bool) -> None:
     """Publish finished collections (PATHS) to the dataset at URI.
 
-    A PATH is a collection folder, or a folder of them (data, data/curated,
-    data/curated/benchmark=faux). Each lands in URI/benchmark=<b>/collection_id=<id>/:
+    A PATH is a collection folder (or its manifest.json), or a folder of them (data,
+    data/curated, data/curated/benchmark=faux). Each lands in
+    URI/benchmark=<b>/collection_id=<id>/:
     its parts first, then its manifest, then its row of the dataset's index
     (URI/_index/), so a reader that goes by manifests or the index never sees half
     a collection. A file already there with the same size is not copied again: a
