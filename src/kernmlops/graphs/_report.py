@@ -97,10 +97,8 @@ class _Column:
     data: GraphData
     figures: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (title, b64)
     failed: dict[str, str] = field(default_factory=dict)
-    #: its tables' rows of the page (table_summary)
+    #: its tables' rows of the page (table_summary, run as the report's progress counts)
     summary: list[dict[str, Any]] = field(default_factory=list)
-    #: called as each of its tables is summarised (the report's progress)
-    progress: Callable[[], None] | None = None
 
     @property
     def manifest(self) -> dict[str, Any]:
@@ -497,7 +495,7 @@ def _page(
         progress(*steps)
     columns = []
     for data in loaded:
-        col = _Column(data, progress=step)
+        col = _Column(data)
         failures: list[GraphFailure] = []
         drawn = figures(
             data, graphs, dpi=dpi, errors=failures if errors is not None else None, progress=step
