@@ -3,6 +3,7 @@ every collection, its README's use (filter a table by tgid), and Collection as a
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import polars as pl
@@ -136,4 +137,23 @@ def test_kernmlops_own_layout_is_read_by_its_own_call(tmp_path: Path) -> None:
     # a file that is not Parquet: one line naming the table
     (curated / "dtlb_misses" / "c3.faux.parquet").write_bytes(b"not parquet")
     with pytest.raises(CollectionError, match="cannot read table 'dtlb_misses'"):
+        di.read_parquet_dir(curated)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="plays a user's folder read by root")
+def test_kernmlops_own_layout_of_a_user_is_read_by_root_through_no_link_of_theirs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user's KernMLOps data with a file linked to a root-only file: refused in one
+    line naming it, as a part of a collection is, not read into root's frames."""
+    monkeypatch.delenv("SUDO_UID", raising=False)
+    secret = tmp_path / "root-only"
+    secret.mkdir(mode=0o700)
+    pl.DataFrame({"tgid": [666], "collection_id": ["s"]}).write_parquet(secret / "s.parquet")
+    curated = _original(tmp_path / "alice" / "data")
+    linked = curated / "dtlb_misses" / "s.faux.parquet"
+    linked.symlink_to(secret / "s.parquet")
+    for path in [curated.parent.parent, *curated.parent.parent.rglob("*")]:
+        os.chown(path, 65534, 65534, follow_symlinks=False)
+    with pytest.raises(CollectionError, match=f"{linked}: a link: as root"):
         di.read_parquet_dir(curated)
