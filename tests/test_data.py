@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from kernmlops.collect.manifest import write_manifest
+from kernmlops.collect.manifest import read_manifest, write_manifest
 from kernmlops.collect.parquet import ParquetSink
 from kernmlops.data import (
     Collection,
@@ -253,6 +254,28 @@ def test_read_collection_errors(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("x")
     with pytest.raises(CollectionError, match="not a folder"):
         read_collection(tmp_path / "notes.txt")
+
+
+def test_a_folder_of_collections_or_a_table_folder_names_the_collection_to_read(
+    curated: Path,
+) -> None:
+    """`kernmlops graph data` (or a benchmark= folder, or a table's folder) said only
+    'no manifest (is data a collection folder?)': it says which collection to name."""
+    one = curated / "benchmark=faux" / "collection_id=f1"
+    assert (one / "manifest.json").is_file()  # the fixture's first collection
+    for given, said in (
+        (curated, f"{curated} holds 4 collections: name one, e.g. {one}"),
+        (curated.parent, f"{curated.parent} holds 4 collections: name one, e.g. {one}"),
+        (curated / "benchmark=faux", f"holds 2 collections: name one, e.g. {one}"),
+        (one / "events", f"{one / 'events'} is a table of the collection {one}: name the"),
+    ):
+        with pytest.raises(CollectionError, match="no manifest") as info:
+            read_collection(given)
+        assert said in str(info.value)
+    empty = curated.parent / "empty"
+    empty.mkdir()
+    with pytest.raises(CollectionError, match=r"is .*empty a collection folder\?"):
+        read_collection(empty)
 
 
 def test_a_finished_collection_without_rows_is_empty_not_damaged(tmp_path: Path) -> None:
@@ -615,6 +638,11 @@ def test_read_parquet_dir_errors(curated: Path, tmp_path: Path) -> None:
     assert "events" in str(info.value)
     with pytest.raises(CollectionError, match="no such folder"):
         read_parquet_dir(tmp_path / "missing", "events")
+    # a file is there: not 'no such folder'
+    manifest = curated / "benchmark=faux" / "collection_id=f1" / "manifest.json"
+    for reader in (lambda p: read_parquet_dir(p, "events"), list_collections):
+        with pytest.raises(CollectionError, match=f"^{re.escape(str(manifest))}: not a folder$"):
+            reader(manifest)
 
 
 @pytest.mark.parametrize("uri", ["s3://kdata/fleet", "gs://b/p/", "S3://k/f?region=x"])
@@ -695,6 +723,20 @@ def test_list_collections_started_at_is_the_index_s_utc_timestamp(curated: Path)
         == index_schema().field("started_at").type
         == (pa.timestamp("us", tz="UTC"))
     )
+
+
+def test_a_part_that_is_no_plain_file_leaves_out_its_table_not_the_collection(
+    curated: Path,
+) -> None:
+    """A FIFO at a part's name (as root, refused unread): list_collections still gives
+    the manifest's start (and state), and the collection's other tables (as root they
+    were null and [], as if it had no readable manifest)."""
+    folder = curated / "benchmark=faux" / "collection_id=f1"
+    os.mkfifo(folder / "events" / "part-09999.parquet")
+    row = list_collections(curated).filter(pl.col("collection_id") == "f1").row(0, named=True)
+    assert read_manifest(folder).started_at is not None
+    assert row["started_at"] == datetime(2024, 5, 2, tzinfo=UTC)
+    assert "drops" in row["tables"]
 
 
 def test_list_collections_empty(tmp_path: Path) -> None:
@@ -888,7 +930,8 @@ def test_read_parquet_dir_and_list_collections_as_root_follow_no_link_a_user_pla
         with pytest.raises(CollectionError, match="link"):
             read_parquet_dir(curated, "events", lazy=True)
         listed = {r["collection_id"]: r for r in list_collections(curated).iter_rows(named=True)}
-        assert listed["a1"]["started_at"] is None and listed["a1"]["tables"] == []
+        # its own drops part is its own: listed; the linked events part is not
+        assert listed["a1"]["started_at"] is None and listed["a1"]["tables"] == ["drops"]
         assert listed["a2"]["started_at"] == datetime(2024, 5, 2, tzinfo=UTC)
         assert listed["a2"]["tables"] == ["drops", "events"]
     # the links gone, root reads every collection again (lazily too)

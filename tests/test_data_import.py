@@ -3,6 +3,7 @@ every collection, its README's use (filter a table by tgid), and Collection as a
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import polars as pl
@@ -99,3 +100,60 @@ def test_a_collection_is_a_mapping(curated: Path) -> None:
     assert col.get("nope") is None
     assert col == col and col != read_collection(col.path)
     assert len({col}) == 1
+
+
+def _original(data: Path) -> Path:
+    """A data folder as KernMLOps' own collect wrote it: data/curated/<table>/
+    <collection_id>.<benchmark>.parquet, each table carrying its collection_id."""
+    curated = data / "curated"
+    for table, cid, bench, tgids in (
+        ("dtlb_misses", "c1", "faux", [1, 2]),
+        ("dtlb_misses", "c2", "linux_build", [3]),
+        ("system_info", "c1", "faux", [0]),
+    ):
+        (curated / table).mkdir(parents=True, exist_ok=True)
+        pl.DataFrame({"tgid": tgids, "collection_id": [cid] * len(tgids)}).write_parquet(
+            curated / table / f"{cid}.{bench}.parquet"
+        )
+    return curated
+
+
+def test_kernmlops_own_layout_is_read_by_its_own_call(tmp_path: Path) -> None:
+    """A KernMLOps user's data, in KernMLOps' layout, read by KernMLOps' call (it was
+    'no collections (expected benchmark=<b>/collection_id=<id>/ folders ...)')."""
+    curated = _original(tmp_path / "data")
+    for root in (curated, curated.parent, str(curated)):
+        r = di.read_parquet_dir(root)
+        assert sorted(r) == ["dtlb_misses", "system_info"]
+        dtlb = r["dtlb_misses"].sort("tgid")
+        assert dtlb.columns[:2] == ["benchmark", "collection_id"]
+        assert dtlb.rows() == [("faux", "c1", 1), ("faux", "c1", 2), ("linux_build", "c2", 3)]
+    # the benchmark as KernMLOps names it in the files, or as kernmlops does
+    for name in ("linux_build", "linux-build"):
+        r = di.read_parquet_dir(curated, name)
+        assert list(r) == ["dtlb_misses"] and r["dtlb_misses"]["tgid"].to_list() == [3]
+    with pytest.raises(CollectionError, match="no collections of benchmark 'redis'"):
+        di.read_parquet_dir(curated, "redis")
+    # a file that is not Parquet: one line naming the table
+    (curated / "dtlb_misses" / "c3.faux.parquet").write_bytes(b"not parquet")
+    with pytest.raises(CollectionError, match="cannot read table 'dtlb_misses'"):
+        di.read_parquet_dir(curated)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="plays a user's folder read by root")
+def test_kernmlops_own_layout_of_a_user_is_read_by_root_through_no_link_of_theirs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user's KernMLOps data with a file linked to a root-only file: refused in one
+    line naming it, as a part of a collection is, not read into root's frames."""
+    monkeypatch.delenv("SUDO_UID", raising=False)
+    secret = tmp_path / "root-only"
+    secret.mkdir(mode=0o700)
+    pl.DataFrame({"tgid": [666], "collection_id": ["s"]}).write_parquet(secret / "s.parquet")
+    curated = _original(tmp_path / "alice" / "data")
+    linked = curated / "dtlb_misses" / "s.faux.parquet"
+    linked.symlink_to(secret / "s.parquet")
+    for path in [curated.parent.parent, *curated.parent.parent.rglob("*")]:
+        os.chown(path, 65534, 65534, follow_symlinks=False)
+    with pytest.raises(CollectionError, match=f"{linked}: a link: as root"):
+        di.read_parquet_dir(curated)

@@ -517,21 +517,44 @@ def _held_manifest(held: Pinned, path: Path) -> Manifest:
         text = read_manifest_bytes(held.io, owner=held.owner).decode("utf-8")
     except FileNotFoundError:
         raise CollectionError(
-            f"{manifest_path}: no manifest (is {path} a collection folder?)"
+            f"{manifest_path}: no manifest ({_where_collections_are(path)})"
         ) from None
     except (OSError, UnicodeDecodeError) as err:
         raise CollectionError(f"{manifest_path}: cannot read the manifest: {_why(err)}") from None
     return parse_manifest(text, manifest_path)
 
 
+def _where_collections_are(path: Path) -> str:
+    """What a message says of ``path``, a folder without a manifest: the collection it
+    is a table folder of, or the collections it holds (a curated root, a data folder,
+    a ``benchmark=<b>`` folder), to name one of; else the question whether it is one."""
+    with contextlib.suppress(OSError):
+        if (path.parent / MANIFEST_NAME).is_file():
+            return f"{path} is a table of the collection {path.parent}: name the collection"
+    try:
+        found = _collections(path, required=False)
+    except (CollectionError, OSError):
+        found = []
+    if found:
+        many = f"{len(found)} collections" if len(found) > 1 else "a collection"
+        return f"{path} holds {many}: name one, e.g. {found[0][2]}"
+    return f"is {path} a collection folder?"
+
+
 def _held_tables(
-    held: Pinned, path: Path, uid: int | None, fds: list[int], only: str | None = None
+    held: Pinned,
+    path: Path,
+    uid: int | None,
+    fds: list[int],
+    only: str | None = None,
+    names: re.Pattern[str] = _PART,
 ) -> tuple[dict[str, list[Path]], dict[str, list[int]], list[str]]:
     """The tables of the held collection folder ``held`` (``path`` names it), each
     table folder and part opened as _read_held says (their descriptors appended to
     ``fds``, for the caller to close once scanned): per table the parts as named and
     their descriptors, and the tables with unfinished parts. ``only``: that
-    table alone."""
+    table alone. ``names``: what a part is called (a pattern without a part number
+    orders them by name: KernMLOps' own layout, kernmlops.data_import)."""
     from kernmlops.errors import OutputError
     from kernmlops.host.pinned import may_follow, pin_in
 
@@ -562,13 +585,14 @@ def _held_tables(
         parts = []
         owner = os.fstat(table).st_uid
         for part in os.scandir(f"/proc/self/fd/{table}"):
-            match = _PART.match(part.name)
+            match = names.match(part.name)
             if match:
                 shown = path / entry.name / part.name
                 fd = _open_part(part.name, table, owner, shown, uid)
                 if fd is not None:
                     fds.append(fd)
-                    parts.append((int(match.group(1)), part.name, fd))
+                    number = int(match.group(1)) if names.groups else 0
+                    parts.append((number, part.name, fd))
             elif fnmatch(part.name, _TEMP_GLOB) and entry.name not in incomplete:
                 incomplete.append(entry.name)
         if parts:
@@ -654,14 +678,21 @@ def _not_whole(manifest: Manifest | str, folder: Path) -> str | None:
 
 def _manifest_and_tables_held(folder: Path) -> tuple[Manifest | None, list[str]]:
     """As root, the manifest of the collection in ``folder`` (None where it cannot be
-    read or parsed) and its tables with finished parts, read through held folders."""
-    with _held_collection(folder) as (held, uid), _closing_fds() as fds:
+    read or parsed) and its tables with finished parts, read through held folders (a
+    table with a part refused is not one of them)."""
+    with _held_collection(folder) as (held, uid):
         try:
             manifest: Manifest | None = _held_manifest(held, folder)
         except CollectionError:
             manifest = None
-        files, _, _ = _held_tables(held, folder, uid, fds)
-        return manifest, sorted(files)
+        tables: list[str] = []
+        names = sorted(e.name for e in os.scandir(held.io) if not e.name.startswith((".", "_")))
+        for name in names:
+            # one table at a time: a part refused (a link, a FIFO) leaves out its table,
+            # not the manifest and every other table (state and tables were null and [])
+            with _closing_fds() as fds, contextlib.suppress(CollectionError):
+                tables += _held_tables(held, folder, uid, fds, only=name)[0]
+        return manifest, sorted(tables)
 
 
 @contextlib.contextmanager
@@ -992,7 +1023,8 @@ def _collections(root: Path, *, required: bool = True) -> list[tuple[str, str, P
     collection folder, a ``benchmark=<b>`` folder, a curated root, or the data folder
     holding ``curated/`` (the roots ``kernmlops push`` and ``lb train`` take)."""
     if not root.is_dir():
-        raise CollectionError(f"{root}: no such folder")
+        why = "not a folder" if root.exists() else "no such folder"  # a file was 'no such'
+        raise CollectionError(f"{root}: {why}")
 
     def in_benchmark(folder: Path) -> list[tuple[str, str, Path]]:
         benchmark = _hive_value(folder, _BENCHMARK_PREFIX)

@@ -402,3 +402,22 @@ def test_a_push_line_gives_the_size_in_a_unit_that_shows_it() -> None:
     assert line(37_863) == "c1: 2 files, 37.0 KiB -> /d/c1"
     assert line(3_555_938) == "c1: 2 files, 3.4 MiB -> /d/c1"
     assert line(512) == "c1: 2 files, 512 B -> /d/c1"
+
+
+def test_a_collection_named_by_its_manifest_is_pushed_and_a_file_is_not_a_folder(
+    tmp_path: Path,
+) -> None:
+    """read_collection and graph take a collection's manifest.json for the collection;
+    push said 'no such folder' of it (of any file), which is there."""
+    folder = make_collection(tmp_path / "data", "m1", quanta=50)
+    dest = tmp_path / "fleet"
+    pushed = run("push", str(folder / "manifest.json"), str(dest), "--no-progress")
+    assert pushed.exit_code == 0, pushed.output
+    copied = dest / "benchmark=faux" / "collection_id=m1"
+    assert source_rows(copied) == source_rows(folder) and (copied / "manifest.json").is_file()
+    notes = tmp_path / "notes.txt"
+    notes.write_text("x")
+    line = one_error_line(run("push", str(notes), str(dest), "--no-progress"))
+    assert line == f"error: {notes}: not a folder (a collection is a folder)"
+    line = one_error_line(run("push", str(tmp_path / "gone"), str(dest), "--no-progress"))
+    assert line == f"error: {tmp_path / 'gone'}: no such folder"

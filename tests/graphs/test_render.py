@@ -9,12 +9,21 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
 from kernmlops.data import Collection, IncompleteCollectionWarning, read_collection
 from kernmlops.errors import CollectionError
-from kernmlops.graphs import GraphFailure, SelectionError, figure, graph_registry, load, render
+from kernmlops.graphs import (
+    GraphFailure,
+    SelectionError,
+    figure,
+    graph_registry,
+    load,
+    render,
+    report,
+)
 from kernmlops.graphs._render import GraphError, figures
 from kernmlops.graphs._report import table_summary
 from kernmlops.graphs.cli import graph_command, report_command
@@ -201,6 +210,109 @@ def test_a_damaged_table_is_left_out_and_said_and_the_others_drawn_and_reported(
     assert reported.exit_code == 1, reported.output
     said = [ln for ln in reported.output.splitlines() if ln.startswith("warning:")]
     assert len(said) == 2 and "memory_usage (damaged: left out)" in said[1]
+
+
+def _damage_pages(part: Path) -> None:
+    """Every byte between the magic and the footer overwritten: the footer (the schema,
+    what a scan checks first) reads, the data does not."""
+    data = bytearray(part.read_bytes())
+    footer = int.from_bytes(data[-8:-4], "little")
+    end = len(data) - 8 - footer
+    data[4:end] = b"\xff" * (end - 4)
+    part.write_bytes(bytes(data))
+
+
+def test_a_table_damaged_past_its_first_footer_is_left_out_and_the_others_drawn(
+    synthetic: Collection, tmp_path: Path
+) -> None:
+    # A scan checks only a table's first part's footer: a damaged page, or a later part
+    # of another table, was found by the first query over the tables, and refused the
+    # whole collection (exit 2, nothing drawn) where a table is to be left out.
+    col = tmp_path / "col"
+    shutil.copytree(synthetic.path, col)
+    for part in (col / "quanta_runtime").glob("part-*.parquet"):
+        _damage_pages(part)
+    (first,) = sorted((col / "syscalls").glob("part-*.parquet"))[:1]
+    shutil.copyfile(first, col / "memory_usage" / "part-09999.parquet")
+    runner = CliRunner()
+    out = tmp_path / "figs"
+    drawn = runner.invoke(graph_command, [str(col), "-o", str(out), "--dpi", "40",
+                                          "--only", "process_events,syscalls_top"])  # fmt: skip
+    assert drawn.exit_code == 1, drawn.output
+    said = sorted(ln for ln in drawn.output.splitlines() if ln.startswith("warning:"))
+    assert len(said) == 2, drawn.output
+    assert "memory_usage: cannot read table 'memory_usage'" in said[0]
+    assert "quanta_runtime: cannot read table 'quanta_runtime'" in said[1]
+    assert all(ln.endswith("the table is left out") for ln in said)
+    assert sorted(p.name for p in out.iterdir()) == ["process_events.png", "syscalls_top.png"]
+    page = tmp_path / "r.html"
+    reported = runner.invoke(report_command, [str(col), "-o", str(page), "--dpi", "40",
+                                              "--only", "process_events"])  # fmt: skip
+    assert reported.exit_code == 1, reported.output
+    assert reported.output.count("the table is left out") == 2
+    assert page.stat().st_size > 10_000
+    # a library caller that asked for no skipping still gets the refusal
+    with pytest.raises(CollectionError, match="cannot read the collection"):
+        load(read_collection(col, lazy=True))
+    scanned = read_collection(col, lazy=True, damaged="skip")
+    with pytest.warns(IncompleteCollectionWarning):
+        data = load(scanned, damaged="skip")
+    assert sorted(scanned.damaged) == ["memory_usage", "quanta_runtime"]
+    assert "quanta_runtime" not in data.tables and "quanta_runtime" not in scanned
+    assert data.count("syscalls") == synthetic["syscalls"].height
+
+
+def test_a_report_on_a_table_with_one_damaged_column_is_written_and_says_it(
+    synthetic: Collection, tmp_path: Path
+) -> None:
+    # The damaged column is one that load's queries (timestamps, process names) never
+    # read: the table's statistics raised a Python traceback and no page was written.
+    col = tmp_path / "col"
+    shutil.copytree(synthetic.path, col)
+    for part in (col / "quanta_runtime").glob("part-*.parquet"):
+        meta = pq.ParquetFile(part).metadata
+        data = bytearray(part.read_bytes())
+        for group in range(meta.num_row_groups):
+            for i in range(meta.num_columns):
+                chunk = meta.row_group(group).column(i)
+                if chunk.path_in_schema == "quanta_run_length_us":
+                    start = chunk.dictionary_page_offset or chunk.data_page_offset
+                    data[start : start + chunk.total_compressed_size] = (
+                        b"\xff" * chunk.total_compressed_size
+                    )
+        part.write_bytes(bytes(data))
+    page = tmp_path / "r.html"
+    reported = CliRunner().invoke(report_command, [str(col), "-o", str(page), "--dpi", "40",
+                                                   "--only", "process_events"])  # fmt: skip
+    assert reported.exit_code == 1, reported.output
+    assert reported.exception is None or isinstance(reported.exception, SystemExit)
+    said = [ln for ln in reported.output.splitlines() if ln.startswith("not summarised:")]
+    assert len(said) == 1 and "cannot read table 'quanta_runtime'" in said[0], reported.output
+    text = page.read_text()
+    assert "cannot be read: " in text and "process_events.png" in text
+    # the other tables' statistics are there
+    assert text.count("<li><b>") > 3
+    with pytest.raises(CollectionError, match="cannot read table 'quanta_runtime'"):
+        report(col, tmp_path / "lib.html", graphs=["process_events"], dpi=40)
+
+
+def test_only_names_each_graph_once_and_at_least_one(synthetic: Collection, tmp_path: Path) -> None:
+    """--only a,a drew and listed a twice ('2 graph(s) written'); --only , drew none
+    and said the collection had no table to draw, exit 0 (and --only "" drew all)."""
+    runner = CliRunner()
+    out = tmp_path / "figs"
+    twice = runner.invoke(graph_command, [str(synthetic.path), "-o", str(out), "--dpi", "40",
+                                          "--only", "syscalls_top, syscalls_top"])  # fmt: skip
+    assert twice.exit_code == 0, twice.output
+    assert twice.stdout.splitlines() == [str(out / "syscalls_top.png")]
+    assert "1 graph(s) written" in twice.output
+    for command in (graph_command, report_command):
+        for empty in ("", ",", " , "):
+            result = runner.invoke(command, [str(synthetic.path), "-o", str(tmp_path / "x"),
+                                             "--only", empty])  # fmt: skip
+            assert result.exit_code == 2, result.output
+            assert f"--only {empty!r} names no graph" in result.output
+    assert not (tmp_path / "x").exists()
 
 
 def test_graph_command(synthetic: Collection, tmp_path: Path) -> None:

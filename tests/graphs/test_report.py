@@ -4,7 +4,9 @@ headless Chromium (no root needed)."""
 from __future__ import annotations
 
 import html
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -233,6 +235,32 @@ def test_report_command_errors(tmp_path: Path) -> None:
     )
     assert not_a_collection.exit_code == 2 and "no manifest" in not_a_collection.output
     assert not (tmp_path / "r.html").exists()
+
+
+def test_report_onto_a_device_or_a_fifo_is_refused_and_leaves_it(
+    first: Collection, tmp_path: Path
+) -> None:
+    """The page is renamed over its path: `-o /dev/null` as root put an HTML file in the
+    place of /dev/null (exit 0). A FIFO, and a link to a device (as /dev/stdout is),
+    stand in for it here: refused in one line before anything is drawn, left as they
+    were."""
+    fifo = tmp_path / "fifo.html"
+    os.mkfifo(fifo)
+    link = tmp_path / "null.html"
+    link.symlink_to(os.devnull)
+    for out, kind in ((fifo, "not a file"), (link, "a device")):
+        result = CliRunner().invoke(report_command, [str(first.path), "-o", str(out),
+                                                     "--only", "syscalls_top"])  # fmt: skip
+        assert result.exit_code == 2, result.output
+        (line,) = result.output.strip().splitlines()
+        assert line == (
+            f"error: cannot write the report {out}: it is {kind} (the page is a file of its "
+            "own: name one with -o)"
+        )
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    assert link.is_symlink() and os.readlink(link) == os.devnull
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo.html", "null.html"]
 
 
 def test_report_command_only(first: Collection, tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from datetime import UTC, datetime
@@ -47,8 +48,9 @@ def _say(text: str) -> None:
 def push_command(paths: tuple[Path, ...], uri: str, incomplete: bool, no_progress: bool) -> None:
     """Publish finished collections (PATHS) to the dataset at URI.
 
-    A PATH is a collection folder, or a folder of them (data, data/curated,
-    data/curated/benchmark=faux). Each lands in URI/benchmark=<b>/collection_id=<id>/:
+    A PATH is a collection folder (or its manifest.json), or a folder of them (data,
+    data/curated, data/curated/benchmark=faux). Each lands in
+    URI/benchmark=<b>/collection_id=<id>/:
     its parts first, then its manifest, then its row of the dataset's index
     (URI/_index/), so a reader that goes by manifests or the index never sees half
     a collection. A file already there with the same size is not copied again: a
@@ -338,6 +340,31 @@ def publish_collection(path: Path, dataset: Dataset, *, show: bool | None = None
     return 0
 
 
+def _local_dataset_checked(dataset: str) -> None:
+    """Fail, in one line, where ``dataset`` is a local folder (a path, or ``file://``)
+    that is not there or holds no index: said at once, not after Spark started (a
+    missing folder was 'no _index/ (is it a dataset ...)', 15 s of JVM log later).
+    Other schemes are Spark's to open."""
+    from urllib.parse import unquote, urlsplit
+
+    from kernmlops.errors import ConfigError
+    from kernmlops.fleet.index import INDEX_DIR
+
+    scheme = urlsplit(dataset).scheme.lower()
+    if scheme not in ("", "file"):
+        return
+    if not scheme and (os.environ.get("HADOOP_CONF_DIR") or os.environ.get("YARN_CONF_DIR")):
+        return  # a bare path is on Hadoop's default filesystem (HDFS), not here
+    folder = Path(unquote(urlsplit(dataset).path) if scheme else dataset)
+    if not folder.is_dir():
+        why = "not a folder" if folder.exists() else "no such folder"
+        fail(ConfigError(f"{dataset}: {why} (DATASET is the folder kernmlops push wrote)"))
+    if not (folder / INDEX_DIR).is_dir():
+        fail(
+            ConfigError(f"{dataset}: no {INDEX_DIR}/ (is it a dataset that kernmlops push wrote?)")
+        )
+
+
 @click.command("spark-job", context_settings=CONTEXT_SETTINGS)
 @click.argument("dataset")
 @click.argument("out")
@@ -377,6 +404,7 @@ def spark_job_command(dataset: str, out: str, master: str | None) -> None:
 
     from kernmlops.errors import ConfigError
 
+    _local_dataset_checked(dataset)  # before Spark takes its 15 s to start
     if importlib.util.find_spec("pyspark") is None:
         fail(ConfigError("spark-job needs pyspark (pip install 'kernmlops[interop]')"))
     from kernmlops.fleet.spark_job import OUTPUTS, JobError, run, start

@@ -332,16 +332,20 @@ def push(
 
 def expand(paths: Iterable[str | Path]) -> list[Path]:
     """Collection folders named by ``paths``: a collection folder (it has a manifest), or
-    a folder holding ``benchmark=*/collection_id=*`` (a root such as ``data/curated``, or
-    ``data``), or one ``benchmark=*`` folder.
+    its manifest, or a folder holding ``benchmark=*/collection_id=*`` (a root such as
+    ``data/curated``, or ``data``), or one ``benchmark=*`` folder.
 
     Raises:
         CollectionError: a path does not exist or holds no collection.
     """
     found: list[Path] = []
     for p in map(lambda x: Path(x).expanduser(), paths):
+        if p.name == MANIFEST_NAME and p.is_file():
+            p = p.parent  # its collection, as read_collection and graph take it
         if not p.is_dir():
-            raise CollectionError(f"{p}: no such folder")
+            # a file was 'no such folder'
+            why = "not a folder (a collection is a folder)" if p.exists() else "no such folder"
+            raise CollectionError(f"{p}: {why}")
         if (p / MANIFEST_NAME).is_file():
             found.append(p)
             continue

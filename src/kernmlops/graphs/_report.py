@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import html
+import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +22,8 @@ import polars as pl
 import yaml
 
 from kernmlops import __version__
-from kernmlops.data import Collection, LazyCollection
+from kernmlops.data import Collection, LazyCollection, reading
+from kernmlops.errors import CollectionError
 from kernmlops.graphs._render import (
     GraphFailure,
     GraphOutputError,
@@ -95,8 +97,8 @@ class _Column:
     data: GraphData
     figures: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (title, b64)
     failed: dict[str, str] = field(default_factory=dict)
-    #: called as each of its tables is summarised (the report's progress)
-    progress: Callable[[], None] | None = None
+    #: its tables' rows of the page (table_summary, run as the report's progress counts)
+    summary: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def manifest(self) -> dict[str, Any]:
@@ -302,13 +304,20 @@ def table_summary(
         if rows:
             # one query: the facts and the view's figures, run side by side
             asked = [frame.select(**facts)] if facts else []
-            found = collect_all([*asked, *view.summary_queries(frame)])
-            if facts:
-                got = found[0].row(0, named=True)
-                if "span_us" in got:
-                    entry["span_s"] = got["span_us"] / US_PER_S
-                entry["processes"] = got.get("processes")
-            entry["stats"] = view.summarise(found[len(asked) :])
+            try:
+                with reading(data.collection.path / name, name):
+                    found = collect_all([*asked, *view.summary_queries(frame)])
+            except CollectionError as err:
+                # a column damaged that load's queries did not read: said in its row
+                entry["error"] = str(err)
+                found = []
+            if found:
+                if facts:
+                    got = found[0].row(0, named=True)
+                    if "span_us" in got:
+                        entry["span_s"] = got["span_us"] / US_PER_S
+                    entry["processes"] = got.get("processes")
+                entry["stats"] = view.summarise(found[len(asked) :])
         out.append(entry)
         if progress is not None:
             progress()
@@ -317,10 +326,12 @@ def table_summary(
 
 def _tables(col: _Column) -> str:
     rows = []
-    for t in table_summary(col.data, col.progress):
+    for t in col.summary:
         span = f"{t['span_s']:.2f} s" if t["span_s"] is not None else "-"
         procs = f"{t['processes']:,}" if t["processes"] is not None else "-"
         stats = "".join(f"<li><b>{_e(k)}</b>: {_e(v)}</li>" for k, v in t["stats"])
+        if "error" in t:
+            stats = f'<li class="bad">cannot be read: {_e(t["error"])}</li>'
         scope = col.data.scope(t["table"])
         rows.append(
             f"<tr><td>{_e(t['table'])}{_e(scope)}</td><td class='num'>{t['rows']:,}</td>"
@@ -416,6 +427,7 @@ def report(
         target = folder / path.name
         if target.is_dir() and not target.is_symlink():
             raise GraphOutputError(f"cannot write the report {shown}: it is a folder")
+        _not_a_special_file(target, shown)
         page = _page(
             collections,
             tgid=tgid,
@@ -427,6 +439,26 @@ def report(
         )
         write_atomic(target, page.encode("utf-8"))
     return shown
+
+
+def _not_a_special_file(target: Path, shown: Path) -> None:
+    """GraphOutputError where ``target`` is a device, a FIFO or a socket, or a link to
+    one (``-o /dev/null``, ``-o /dev/stdout``): the page is written to a temporary name
+    renamed over it, which would put a file in the place of the device (as root, in
+    /dev: every other program's /dev/null gone)."""
+    import stat
+
+    for follow in (False, True):
+        try:
+            mode = os.stat(target, follow_symlinks=follow).st_mode
+        except OSError:
+            return  # nothing there (or a dangling link): the page is a new file
+        if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+            kind = "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a file"
+            raise GraphOutputError(
+                f"cannot write the report {shown}: it is {kind} (the page is a file of "
+                "its own: name one with -o)"
+            )
 
 
 def report_title(benchmarks: Sequence[str]) -> str:
@@ -463,7 +495,7 @@ def _page(
         progress(*steps)
     columns = []
     for data in loaded:
-        col = _Column(data, progress=step)
+        col = _Column(data)
         failures: list[GraphFailure] = []
         drawn = figures(
             data, graphs, dpi=dpi, errors=failures if errors is not None else None, progress=step
@@ -472,6 +504,12 @@ def _page(
             b64 = base64.b64encode(png_bytes(fig)).decode("ascii")
             col.figures[graph.name] = (graph.title, b64)
         col.failed = {f.graph: f.error for f in failures}
+        col.summary = table_summary(data, step)
+        unread = [t["error"] for t in col.summary if "error" in t]
+        if unread and errors is None:
+            raise CollectionError(unread[0])
+        failures += [GraphFailure(f"table {t['table']}", t["error"])
+                     for t in col.summary if "error" in t]  # fmt: skip
         if errors is not None:
             errors.extend(failures)
         columns.append(col)

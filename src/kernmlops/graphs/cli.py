@@ -53,12 +53,25 @@ def _only_option(command):
 
 
 def _names(only: str | None) -> list[str] | None:
-    return [n.strip() for n in only.split(",") if n.strip()] if only else None
+    """The graphs --only names, each once, in order; None without --only.
+
+    Raises:
+        click.UsageError: --only given, naming no graph (``--only ""`` drew every graph,
+            ``--only ,`` none, saying the collection had no table to draw).
+    """
+    if only is None:
+        return None
+    names = list(dict.fromkeys(n.strip() for n in only.split(",") if n.strip()))
+    if not names:
+        raise click.UsageError(f"--only {only!r} names no graph (`kernmlops graph --list`)")
+    return names
 
 
 def _report_failures(failures: list) -> None:
     for f in failures:
-        console.print(f"[red]graph {f.graph} failed:[/] {f.error}", markup=True, soft_wrap=True)
+        # a report's table it could not summarise: its error names the table
+        what = "not summarised" if f.graph.startswith("table ") else f"graph {f.graph} failed"
+        console.print(f"[red]{what}:[/] {escape(f.error)}", markup=True, soft_wrap=True)
 
 
 def _lacking(names: list[str], tables: Iterable[str], damaged: Iterable[str] = ()) -> str | None:
@@ -156,7 +169,7 @@ def graph_command(
         # collects what it draws, so a collection larger than memory is drawn too
         with warnings_as_lines():  # a damaged table is said, the rest drawn
             col = read_collection(collection, lazy=True, damaged="skip")
-            data = load(col, tgid=tgid, comm=comm)
+            data = load(col, tgid=tgid, comm=comm, damaged="skip")
         if names is not None:
             _missing_tables(names, data.tables, col.damaged)
         # render holds the folder open (no link planted on the way followed); under
@@ -233,7 +246,7 @@ def report_command(
         # scanned before a file is made, never read whole (as for `graph`)
         with warnings_as_lines():  # a damaged table is said, the rest reported
             read = [read_collection(c, lazy=True, damaged="skip") for c in collections]
-            cols = [load(c, tgid=tgid, comm=comm) for c in read]
+            cols = [load(c, tgid=tgid, comm=comm, damaged="skip") for c in read]
         # a figure asked for (--only) that a collection cannot have is said (as `graph`
         # says it), not left to a note in the page: the page is written still, as the
         # other collections (and the rest of this one's page) are worth it

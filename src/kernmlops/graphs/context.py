@@ -20,6 +20,7 @@ axes start at its first event.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from datetime import datetime
 from functools import cache
@@ -28,8 +29,16 @@ from typing import Any
 
 import polars as pl
 
-from kernmlops.data import Collection, LazyCollection, count_rows, read_collection, reading
-from kernmlops.errors import KernmlopsError
+from kernmlops.data import (
+    Collection,
+    Damaged,
+    IncompleteCollectionWarning,
+    LazyCollection,
+    count_rows,
+    read_collection,
+    reading,
+)
+from kernmlops.errors import CollectionError, KernmlopsError
 from kernmlops.graphs._manifest import checked_manifest
 from kernmlops.graphs.base import (
     US_PER_S,
@@ -272,6 +281,7 @@ def load(
     *,
     tgid: int | None = None,
     comm: str | None = None,
+    damaged: Damaged = "raise",
 ) -> GraphData:
     """Scan ``collection`` and prepare what its graphs share (names, markers, the
     time span, the selection: small queries over its tables, none read whole).
@@ -281,6 +291,12 @@ def load(
         tgid: keep only this process's rows (tables without a process column stay whole
             and are marked system-wide).
         comm: keep only processes of this name (see :func:`tgids_named`).
+        damaged: ``"skip"``: a table that these queries find cannot be read (a later
+            part damaged past its footer, or of another schema: a lazy scan checks
+            only its first part's) is left out, named in an
+            IncompleteCollectionWarning and added to the collection's ``damaged``
+            (taken out of its ``tables`` and ``files``), as
+            ``read_collection(damaged="skip")`` leaves out a table it cannot read.
 
     Raises:
         SelectionError: both tgid and comm, or a selection that matches no row.
@@ -289,8 +305,40 @@ def load(
     if tgid is not None and comm is not None:
         raise SelectionError("select by tgid or by comm, not both")
     col = as_collection(collection)
-    with reading(col.path):
-        return _load(col, _lazy(col.tables), tgid, comm)
+    tables = _lazy(col.tables)
+    while True:
+        try:
+            with reading(col.path):
+                return _load(col, tables, tgid, comm)
+        except CollectionError as err:
+            # only a read that failed, not a refusal of _load's own (a selection)
+            if damaged == "raise" or not isinstance(
+                err.__cause__, pl.exceptions.PolarsError | OSError
+            ):
+                raise
+            bad = _unreadable(col.path, tables)
+            if not bad:
+                raise
+            for name, why in bad.items():
+                del tables[name]
+                col.tables.pop(name, None)
+                col.files.pop(name, None)
+                col.damaged[name] = why
+                warnings.warn(f"{why}: the table is left out", IncompleteCollectionWarning,
+                              stacklevel=2)  # fmt: skip
+
+
+def _unreadable(path: Path, tables: Mapping[str, pl.LazyFrame]) -> dict[str, str]:
+    """The tables of which a part cannot be read whole, with the reason (each read in
+    full, every column: only once a query over them all has failed, to name which)."""
+    bad = {}
+    for name, frame in tables.items():
+        try:
+            with reading(path / name, name):
+                collect(frame.select(pl.all().hash().max()))  # every value decoded
+        except CollectionError as err:
+            bad[name] = str(err)
+    return bad
 
 
 def _load(
