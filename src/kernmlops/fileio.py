@@ -20,7 +20,7 @@ def write_atomic(path: str | Path, data: bytes | str, *, durable: bool = False) 
     rename, so the new content survives a crash of the machine. The temporary file is
     removed if anything fails; the error (an OSError) is the caller's to report."""
     path = Path(path)
-    _not_special(path)
+    refuse_special(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # one per writing process
     raw = data.encode("utf-8") if isinstance(data, str) else data
     # new, never through a link: root writes manifests in folders their user owns
@@ -42,7 +42,7 @@ def write_atomic(path: str | Path, data: bytes | str, *, durable: bool = False) 
     return path
 
 
-def _not_special(path: Path) -> None:
+def refuse_special(path: str | Path) -> None:
     """OSError (EINVAL) where ``path`` is a device, a FIFO or a socket, or a link to
     one: the rename would put a file in its place (as root, ``-o /dev/null`` would take
     /dev/null from every other program; ``/dev/stdout`` is a link to a pipe)."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import html
-import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ import yaml
 from kernmlops import __version__
 from kernmlops.data import Collection, LazyCollection, reading
 from kernmlops.errors import CollectionError
+from kernmlops.fileio import refuse_special
 from kernmlops.graphs._render import (
     GraphFailure,
     GraphOutputError,
@@ -427,7 +427,10 @@ def report(
         target = folder / path.name
         if target.is_dir() and not target.is_symlink():
             raise GraphOutputError(f"cannot write the report {shown}: it is a folder")
-        _not_a_special_file(target, shown)
+        try:  # before the work of drawing, as write_atomic would refuse it after
+            refuse_special(target)
+        except OSError as err:
+            raise GraphOutputError(f"cannot write the report {shown}: {err.strerror}") from None
         page = _page(
             collections,
             tgid=tgid,
@@ -439,26 +442,6 @@ def report(
         )
         write_atomic(target, page.encode("utf-8"))
     return shown
-
-
-def _not_a_special_file(target: Path, shown: Path) -> None:
-    """GraphOutputError where ``target`` is a device, a FIFO or a socket, or a link to
-    one (``-o /dev/null``, ``-o /dev/stdout``): the page is written to a temporary name
-    renamed over it, which would put a file in the place of the device (as root, in
-    /dev: every other program's /dev/null gone)."""
-    import stat
-
-    for follow in (False, True):
-        try:
-            mode = os.stat(target, follow_symlinks=follow).st_mode
-        except OSError:
-            return  # nothing there (or a dangling link): the page is a new file
-        if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
-            kind = "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a file"
-            raise GraphOutputError(
-                f"cannot write the report {shown}: it is {kind} (the page is a file of "
-                "its own: name one with -o)"
-            )
 
 
 def report_title(benchmarks: Sequence[str]) -> str:
