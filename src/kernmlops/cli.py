@@ -718,6 +718,13 @@ def recover(collection: Path, bpf_dir: Path | None, no_progress: bool) -> None:
                 f"{collection} is not a readable collection: {str(err).split(': ', 1)[-1]}"
             ) from None
         own_id = manifest.collection_id
+        if not own_id and pending_spools(io):
+            # the spool's rows carry it, and its memory folder is named after it
+            raise CollectionError(
+                f"{collection}: its manifest names no collection_id, which every "
+                "recovered row carries: put it back in manifest.json (the folder's name "
+                "says it, collection_id=<id>) and recover again; the spool is kept"
+            )
         # any state: a collector that is stopping may not have said so yet
         pid = collector_running(manifest.collector_pid, manifest.started_at)
         elsewhere = memory_owned_elsewhere(io / SPOOL_DIR, own_id)
