@@ -229,6 +229,13 @@ def test_benchmark_section_uses_underscores():
     assert "did you mean 'benchmark.stress_ng'?" in msg
 
 
+def test_unknown_key_in_a_section_of_no_keys_says_so():
+    msg = _error({"benchmark": {"name": "faux", "faux": {"x": 1}}})
+    assert msg.endswith("benchmark.faux.x: unknown key (this section takes no keys)"), msg
+    msg = _error({"hooks": {"system_info": {"poll_hz": 1}}})
+    assert "hooks.system_info.poll_hz: unknown key (this section takes no keys)" in msg, msg
+
+
 def test_unknown_key_far_from_any_gets_no_suggestion():
     msg = _error({"collector": {"zzzzzz": 1}})
     assert "collector.zzzzzz: unknown key" in msg
