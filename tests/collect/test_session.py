@@ -816,6 +816,43 @@ def test_a_stop_signal_wakes_a_sleeping_loop(tmp_path: Path) -> None:
     assert 0.5 <= result.duration_s < 2.0
 
 
+def test_ctrl_c_once_the_folder_is_made_stops_it_before_the_command_runs(
+    tmp_path: Path,
+) -> None:
+    """A Ctrl+C right after "collecting into <folder>" (before the probes are attached)
+    is a stop like any other: the collection is kept, interrupted, exit 130, and the
+    command never runs. It was a KeyboardInterrupt: click's "Aborted!", exit 1, and a
+    folder with no manifest."""
+    import os
+    import signal
+
+    from kernmlops.collect.manifest import read_manifest
+
+    ran = tmp_path / "ran"
+    cfg = load_config(
+        {
+            "collector": {"output_dir": str(tmp_path / "out"), "progress": False,
+                          "hooks": ["system_info"]},
+            "benchmark": {"name": "command", "command": {"argv": ["touch", str(ran)]}},
+        }
+    )  # fmt: skip
+
+    def ctrl_c(_folder: Path) -> None:
+        os.kill(os.getpid(), signal.SIGINT)  # handled before kill returns (this thread)
+
+    session = Session(cfg, on_folder=ctrl_c)
+    try:
+        result = session.run()
+    except KeyboardInterrupt:
+        pytest.fail("the Ctrl+C escaped the collection")
+    assert (result.ended_by, result.exit_code) == ("interrupted", 128 + signal.SIGINT)
+    manifest = read_manifest(session.path)
+    assert manifest.state == "interrupted"
+    assert manifest.tables["system_info"].rows == 1
+    assert not ran.exists()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # given back
+
+
 def test_a_burst_wakes_the_loop_before_a_small_ring_overflows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
