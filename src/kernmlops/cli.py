@@ -306,7 +306,12 @@ def _waiting_lines(result) -> list[str]:
     help="comma-separated hooks, at least one (default: collector.hooks; `kernmlops doctor` "
     "lists them all).",
 )
-@click.option("--tgid", type=int, help="trace only this process (filter in the kernel).")
+@click.option(
+    "--tgid",
+    type=int,
+    help="trace only this process (filter in the kernel); with -b faux the collection "
+    "ends when it exits.",
+)
 @click.option("--system-wide", is_flag=True, help="trace every process, not only the benchmark's.")
 @click.option(
     "-o",

@@ -853,6 +853,30 @@ def test_ctrl_c_once_the_folder_is_made_stops_it_before_the_command_runs(
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # given back
 
 
+def test_a_faux_collection_of_one_tgid_ends_when_that_process_exits(tmp_path: Path) -> None:
+    """--tgid N -b faux: once N exits nothing is left to trace, and the collection ends
+    (it went on until Ctrl+C or -d, tracing nothing)."""
+    import subprocess
+
+    traced = subprocess.Popen(["sleep", "1"])
+    try:
+        cfg = load_config(
+            {
+                "collector": {"output_dir": str(tmp_path), "progress": False,
+                              "hooks": ["system_info"], "filter": "tgid", "tgid": traced.pid},
+                "benchmark": {"name": "faux", "duration_s": 20},
+            }
+        )  # fmt: skip
+        said: list[str] = []
+        result = Session(cfg, on_message=said.append).run()
+        assert traced.poll() is not None  # it ended because the process did
+    finally:
+        traced.kill()
+        traced.wait()
+    assert (result.ended_by, result.exit_code) == ("completed", 0)
+    assert f"note: process {traced.pid} (--tgid) exited: the collection ends" in said
+
+
 def test_a_burst_wakes_the_loop_before_a_small_ring_overflows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
