@@ -576,3 +576,32 @@ def test_a_longest_poll_wait_below_the_shortest_is_refused(tmp_path: Path) -> No
     # not given: the default longest wait follows a longer interval (a KernMLOps file's)
     longer = load_config(_write(tmp_path, "collector:\n  poll_interval_ms: 500\n"))
     assert longer.collector.poll_max_interval_ms == 500
+
+
+# --- output_dir -----------------------------------------------------------------
+def test_a_files_output_dir_in_the_home_folder_is_expanded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``output_dir: ~/runs`` made a folder named '~' in the current one."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("SUDO_UID", raising=False)
+    assert load_config({"collector": {"output_dir": "~/runs"}}).collector.output_dir == (
+        tmp_path / "runs"
+    )
+    assert load_config({"collector": {"output_dir": "~"}}).collector.output_dir == tmp_path
+    assert load_config({"collector": {"output_dir": "a~/b"}}).collector.output_dir == Path("a~/b")
+
+
+def test_under_sudo_the_home_folder_is_the_invoking_users(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pwd
+
+    if os.geteuid() != 0:
+        pytest.skip("sudo's environment counts only for root")
+    monkeypatch.setenv("HOME", str(tmp_path))  # root's, as sudo may leave it
+    monkeypatch.setenv("SUDO_UID", "65534")
+    monkeypatch.setenv("SUDO_GID", "65534")
+    home = Path(pwd.getpwuid(65534).pw_dir)
+    cfg = load_config({"collector": {"output_dir": "~/runs"}})
+    assert cfg.collector.output_dir == home / "runs"
