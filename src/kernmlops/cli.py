@@ -440,10 +440,9 @@ def collect(
     publish_to = None
     try:
         config = load_config(config_file, flags)
-        traced = config.collector.tgid
-        if config.collector.filter == "tgid" and traced and not Path(f"/proc/{traced}").exists():
+        if config.collector.filter == "tgid":
             # a file's collector.tgid (--tgid was checked above)
-            raise ConfigError(f"collector.tgid {traced}: no process {traced}")
+            check_tgid(config.collector.tgid, "collector.tgid", ConfigError)
         # before any BPF work; loaded once: the exporter serves what was checked,
         # whatever is put at the file's name meanwhile
         web = _check_export_web_config(config.collector)
