@@ -243,8 +243,12 @@ class Session:
             self._stop.restore(old_handlers)
             raise
         try:
+            setting_up = time.monotonic()
             env.apply()  # THP and the page cache; restored in _finish
             launched = bench.launch(env, who if as_user else None)
+            # the benchmark's setup (linux-build's make defconfig: 9 s) is not the probes'
+            # attach, which attach_s ("probes attached in") says
+            t0 += time.monotonic() - setting_up
             proc = bench.proc
             if mode == "auto":
                 mode = self.benchmark.default_filter
