@@ -201,6 +201,7 @@ def test_collect_refuses_a_files_tgid_of_no_process(tmp_path: Path) -> None:
         ("afile/d.yaml", "a part of the path is a file, not a folder"),
         ("nonexist/d.yaml", "there is no folder nonexist"),
         ("/sys/d.yaml", "permission denied"),  # even root's: sysfs makes no files
+        ("/proc/d.yaml", "no file can be made in /proc"),  # not 'there is no folder /proc'
     ],
 )
 def test_defaults_that_cannot_be_written_is_one_line(

@@ -243,3 +243,41 @@ def test_shows_live_follows_the_terminal_and_the_flag(monkeypatch: pytest.Monkey
     assert shows_live(False, Console(file=io.StringIO(), force_terminal=True)) is False
     force_terminal(monkeypatch)  # what the commands' tests use: rich's own variable
     assert shows_live(console=Console(file=io.StringIO())) is True
+
+
+def test_check_tgid_refuses_a_threads_id_naming_its_process() -> None:
+    """A thread's id (top -H, ps -L) is in /proc but the filter matches processes:
+    --tgid of it would collect nothing. Refused, naming the process to give."""
+    import os
+    import threading
+
+    import click
+
+    from kernmlops.clitools import check_tgid
+
+    started, done = threading.Event(), threading.Event()
+    tids: list[int] = []
+
+    def idle() -> None:
+        tids.append(threading.get_native_id())
+        started.set()
+        done.wait()
+
+    thread = threading.Thread(target=idle)
+    thread.start()
+    try:
+        started.wait()
+        (tid,) = tids
+        assert tid != os.getpid()
+        with pytest.raises(click.BadParameter, match=f"{tid} is a thread of process {os.getpid()}"):
+            check_tgid(tid)
+        with pytest.raises(ConfigError) as raised:
+            check_tgid(tid, "collector.tgid", ConfigError)
+        assert str(raised.value) == (
+            f"collector.tgid {tid}: {tid} is a thread of process {os.getpid()}: "
+            f"give the process id, {os.getpid()}"
+        )
+        check_tgid(os.getpid())  # the process itself passes
+    finally:
+        done.set()
+        thread.join()

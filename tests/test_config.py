@@ -229,6 +229,13 @@ def test_benchmark_section_uses_underscores():
     assert "did you mean 'benchmark.stress_ng'?" in msg
 
 
+def test_unknown_key_in_a_section_of_no_keys_says_so():
+    msg = _error({"benchmark": {"name": "faux", "faux": {"x": 1}}})
+    assert msg.endswith("benchmark.faux.x: unknown key (this section takes no keys)"), msg
+    msg = _error({"hooks": {"system_info": {"poll_hz": 1}}})
+    assert "hooks.system_info.poll_hz: unknown key (this section takes no keys)" in msg, msg
+
+
 def test_unknown_key_far_from_any_gets_no_suggestion():
     msg = _error({"collector": {"zzzzzz": 1}})
     assert "collector.zzzzzz: unknown key" in msg
@@ -569,3 +576,32 @@ def test_a_longest_poll_wait_below_the_shortest_is_refused(tmp_path: Path) -> No
     # not given: the default longest wait follows a longer interval (a KernMLOps file's)
     longer = load_config(_write(tmp_path, "collector:\n  poll_interval_ms: 500\n"))
     assert longer.collector.poll_max_interval_ms == 500
+
+
+# --- output_dir -----------------------------------------------------------------
+def test_a_files_output_dir_in_the_home_folder_is_expanded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``output_dir: ~/runs`` made a folder named '~' in the current one."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("SUDO_UID", raising=False)
+    assert load_config({"collector": {"output_dir": "~/runs"}}).collector.output_dir == (
+        tmp_path / "runs"
+    )
+    assert load_config({"collector": {"output_dir": "~"}}).collector.output_dir == tmp_path
+    assert load_config({"collector": {"output_dir": "a~/b"}}).collector.output_dir == Path("a~/b")
+
+
+def test_under_sudo_the_home_folder_is_the_invoking_users(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pwd
+
+    if os.geteuid() != 0:
+        pytest.skip("sudo's environment counts only for root")
+    monkeypatch.setenv("HOME", str(tmp_path))  # root's, as sudo may leave it
+    monkeypatch.setenv("SUDO_UID", "65534")
+    monkeypatch.setenv("SUDO_GID", "65534")
+    home = Path(pwd.getpwuid(65534).pw_dir)
+    cfg = load_config({"collector": {"output_dir": "~/runs"}})
+    assert cfg.collector.output_dir == home / "runs"

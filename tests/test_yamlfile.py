@@ -139,6 +139,7 @@ def test_unreadable_and_invalid(tmp_path: Path) -> None:
     bad = _write(tmp_path, "collector:\n\tpoll: 1\n")
     assert _refused(bad) == (
         f"{bad} is not valid YAML: line 2, column 1: found character that cannot start any token"
+        " (a tab: YAML indents with spaces)"
     )
     huge_int = _write(tmp_path, "tgid: " + "1" * 5000 + "\n", "int.yaml")
     assert _refused(huge_int).startswith(

@@ -306,7 +306,12 @@ def _waiting_lines(result) -> list[str]:
     help="comma-separated hooks, at least one (default: collector.hooks; `kernmlops doctor` "
     "lists them all).",
 )
-@click.option("--tgid", type=int, help="trace only this process (filter in the kernel).")
+@click.option(
+    "--tgid",
+    type=int,
+    help="trace only this process (filter in the kernel); with -b faux the collection "
+    "ends when it exits.",
+)
 @click.option("--system-wide", is_flag=True, help="trace every process, not only the benchmark's.")
 @click.option(
     "-o",
@@ -435,10 +440,9 @@ def collect(
     publish_to = None
     try:
         config = load_config(config_file, flags)
-        traced = config.collector.tgid
-        if config.collector.filter == "tgid" and traced and not Path(f"/proc/{traced}").exists():
+        if config.collector.filter == "tgid":
             # a file's collector.tgid (--tgid was checked above)
-            raise ConfigError(f"collector.tgid {traced}: no process {traced}")
+            check_tgid(config.collector.tgid, "collector.tgid", ConfigError)
         # before any BPF work; loaded once: the exporter serves what was checked,
         # whatever is put at the file's name meanwhile
         web = _check_export_web_config(config.collector)
@@ -718,6 +722,13 @@ def recover(collection: Path, bpf_dir: Path | None, no_progress: bool) -> None:
                 f"{collection} is not a readable collection: {str(err).split(': ', 1)[-1]}"
             ) from None
         own_id = manifest.collection_id
+        if not own_id and pending_spools(io):
+            # the spool's rows carry it, and its memory folder is named after it
+            raise CollectionError(
+                f"{collection}: its manifest names no collection_id, which every "
+                "recovered row carries: put it back in manifest.json (the folder's name "
+                "says it, collection_id=<id>) and recover again; the spool is kept"
+            )
         # any state: a collector that is stopping may not have said so yet
         pid = collector_running(manifest.collector_pid, manifest.started_at)
         elsewhere = memory_owned_elsewhere(io / SPOOL_DIR, own_id)

@@ -241,11 +241,27 @@ def check_tgid(
         why, said = "a process id is positive", f"{tgid}: a process id is positive"
     elif not os.path.exists(f"/proc/{tgid}"):
         why = said = f"no process {tgid}"
+    elif (leader := _thread_group_of(tgid)) not in (None, tgid):
+        # a thread's id (top -H, ps -L): the filter matches processes, so nothing would be
+        why = said = f"{tgid} is a thread of process {leader}: give the process id, {leader}"
     else:
         return
     if error is not None:
         raise error(f"{option} {tgid}: {why}")
     raise click.BadParameter(said, param_hint=option)
+
+
+def _thread_group_of(pid: int) -> int | None:
+    """The process (thread group) ``pid`` is a thread of, as /proc says (None: it
+    cannot tell, e.g. the thread exited meanwhile)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("Tgid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def require_bpf_privileges(command: str, error: type[KernmlopsError] = KernmlopsError) -> None:

@@ -243,6 +243,21 @@ class CollectorConfig(_Strict):
             _known("hook", name, HOOKS)
         return list(dict.fromkeys(hooks))
 
+    @field_validator("output_dir")
+    @classmethod
+    def _home_expanded(cls, value: Path) -> Path:
+        """``~/data`` in a file is the home folder's, as the shell makes it of ``-o``
+        (it made a folder named ``~`` in the current one); under sudo, the invoking
+        user's, as the shell expanded it before sudo ran."""
+        text = str(value)
+        if text == "~" or text.startswith("~/"):
+            from kernmlops.host.invoker import invoker
+
+            who = invoker()
+            if who is not None:
+                return Path(who.home, text[2:])
+        return value.expanduser()
+
     @field_validator("export")
     @classmethod
     def _listen_address(cls, value: str | None) -> str | None:

@@ -61,6 +61,8 @@ def why_not_written(err: OSError, path: Path | None = None) -> str:
     """Why a file or folder could not be made or written, in words rather than an
     errno's (``path``: what was written, for a missing folder above it)."""
     if err.errno == errno.ENOENT and path is not None:
+        if path.parent.is_dir():  # /proc answers ENOENT to a new file in a folder it has
+            return f"no file can be made in {path.parent}"
         return f"there is no folder {path.parent}"
     if err.errno == errno.ENOTDIR:
         return "a part of the path is a file, not a folder"

@@ -34,6 +34,8 @@ def keys_at(model: type[BaseModel], loc: Sequence[Any]) -> list[str]:
 def unknown_key(key: str, valid: Sequence[str], *, prefix: Sequence[str] = ()) -> str:
     """``unknown key; did you mean 'a.b'? (valid here: ...)``: the suggestion is named
     after ``prefix`` (the path of its section), as the user would write it."""
+    if not valid:  # e.g. benchmark.faux, hooks.system_info: not "(valid here: )"
+        return "unknown key (this section takes no keys)"
     near = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
     hint = f"; did you mean {'.'.join([*prefix, near[0]])!r}?" if near else ""
     return f"unknown key{hint} (valid here: {', '.join(valid)})"

@@ -176,11 +176,16 @@ else:  # pragma: no cover - PyYAML built without libyaml
     LOADER = LimitedLoader
 
 
-def _describe_yaml_error(err: yaml.YAMLError) -> str:
-    """One line: where and what, without PyYAML's multi-line excerpt."""
+def _describe_yaml_error(err: yaml.YAMLError, text: str = "") -> str:
+    """One line: where and what, without PyYAML's multi-line excerpt (``text``: the
+    document, to name a tab where the error is)."""
     if isinstance(err, yaml.MarkedYAMLError) and err.problem_mark is not None:
         mark = err.problem_mark
         what = err.problem or err.context or "syntax error"
+        lines = text.split("\n")
+        line = lines[mark.line] if 0 <= mark.line < len(lines) else ""
+        if 0 <= mark.column < len(line) and line[mark.column] == "\t" and "tab" not in what:
+            what += " (a tab: YAML indents with spaces)"  # PyYAML's words do not say so
         return f"line {mark.line + 1}, column {mark.column + 1}: {what}"
     return str(err).splitlines()[0] if str(err) else type(err).__name__
 
@@ -303,4 +308,4 @@ def safe_yaml(
     except _Refused as err:
         raise error(f"{path}: refused: {err}") from None
     except yaml.YAMLError as err:
-        raise error(f"{path} is not valid YAML: {_describe_yaml_error(err)}") from None
+        raise error(f"{path} is not valid YAML: {_describe_yaml_error(err, text)}") from None

@@ -263,6 +263,40 @@ def test_bad_settings_are_refused(tmp_path: Path, kwargs: dict[str, int]) -> Non
         ParquetSink(tmp_path, CID, **kwargs)
 
 
+def test_rows_a_failed_write_costs_are_all_counted_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that fails (the disk full) discards the tables' buffered rows and their
+    unfinished parts: each row is counted in lost_rows (the manifest's), so the rows
+    on disk and those counted lost add up to the rows handed to the sink. Only the rows
+    handed after the failure were counted: a full disk's memory_usage lost 15 rows and
+    its manifest said 5, system_info's row was not counted at all."""
+    import errno
+
+    from kernmlops.collect import partfiles
+    from kernmlops.errors import OutputError
+
+    sink = ParquetSink(tmp_path, CID, row_group_rows=1024)
+    sink.write("events", events(3000))  # two row groups in the open part, the rest buffered
+    sink.write("other", events(10))
+    sink.flush(durable=True)  # on disk from here: 3000 events, 10 other
+    sink.write("events", events(2500, start=3000))  # an unfinished part, 452 buffered
+    sink.write("other", events(5, start=10))  # buffered
+
+    def full(self: object, state: object, piece: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(partfiles.PartFiles, "_write_row_group", full)
+    with pytest.raises(OutputError, match="the disk is full"):
+        sink.write("events", events(1024, start=5500))
+    sink.write("other", events(7, start=15))  # after the failure
+    sink.close()
+    handed = {"events": 3000 + 2500 + 1024, "other": 10 + 5 + 7}
+    on_disk = {t: pl.read_parquet(tmp_path / t / "*.parquet").height for t in handed}
+    assert on_disk == {"events": 3000, "other": 10}
+    assert sink.lost_rows == {t: handed[t] - on_disk[t] for t in handed}
+
+
 def test_memory_sink() -> None:
     sink = MemorySink()
     assert sink.table("events").shape == (0, 0)

@@ -193,14 +193,19 @@ class PollLoop:
         # joined once the hooks are detached (run), before the final manifest.
         self.running.write_in_background()
         exited: int | None = None
+        # --tgid N with a benchmark of no process (faux): nothing is left to trace once
+        # N exits, so the collection ends then (as `perf record -p N` does)
+        target = cfg.tgid if proc is None and cfg.filter == "tgid" else None
+        target_fd: int | None = None
         waker: select.epoll | None = None
         watch: SpaceWatch | None = None
         try:
             exited = _pidfd(proc.pid) if proc is not None else None
+            target_fd = _pidfd(target) if target is not None else None
             self.stop.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
             wakes: list[Sequence[int] | None] = []
             self._each("wake_fds", lambda h: wakes.append(h.wake_fds()))
-            waker, capped = _waker(wakes, exited, self.stop.fd)
+            waker, capped = _waker(wakes, exited, self.stop.fd, target_fd)
             longest = max(period, cfg.poll_max_interval_ms / 1000) if capped else math.inf
             if self.parquet is not None:
                 watch = SpaceWatch(self.space.error, self.stop.wake, proc)
@@ -262,6 +267,12 @@ class PollLoop:
                     return ("completed" if code == 0 else "failed"), code
                 if self.stop.signal is not None:
                     return "interrupted", None
+                if target is not None and _gone(target, target_fd):
+                    if self.on_message:
+                        self.on_message(
+                            f"note: process {target} (--tgid) exited: the collection ends"
+                        )
+                    return "completed", None
                 if limit is not None and tick - start >= limit:
                     return "duration", None
                 now = time.monotonic()
@@ -281,6 +292,8 @@ class PollLoop:
                 os.close(interrupt)
             if exited is not None:
                 os.close(exited)
+            if target_fd is not None:
+                os.close(target_fd)
 
     def benchmark_started(self, pid: int) -> None:
         """Tell each hook still collecting that ``pid`` runs the benchmark's command
@@ -387,6 +400,16 @@ def _waker(wakes: Sequence[Sequence[int] | None], *fds: int | None) -> tuple[sel
         waker.close()
         raise
     return waker, capped
+
+
+def _gone(pid: int, pidfd: int | None) -> bool:
+    """Whether process ``pid`` (held by ``pidfd``, readable once it exits) has exited;
+    without a pidfd (it had exited already, or no pidfd_open), whether /proc lacks it."""
+    if pidfd is None:
+        return not os.path.exists(f"/proc/{pid}")
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def _pidfd(pid: int) -> int | None:

@@ -118,8 +118,13 @@ class ParquetSink:
         self._result: dict[str, int] | None = None
         #: the write error that failed the sink (a full disk ...); None while healthy
         self.failure: OSError | None = None
-        #: rows handed to the sink after it failed, per table
+        #: rows the sink lost, per table: those buffered or in an unfinished part when
+        #: a write failed, and those handed to it after
         self.lost_rows: dict[str, int] = {}
+        #: per table, rows handed to write() and rows of adopted parts: what a failure
+        #: leaves outside the finished parts is the difference (see _fail)
+        self._handed: dict[str, int] = {}
+        self._adopted: dict[str, int] = {}
         #: durable flushes done, and the wall-clock time (time.time()) of the last one
         self.durable_flushes = 0
         self.last_durable_flush: float | None = None
@@ -160,6 +165,7 @@ class ParquetSink:
             rows = conform(state, rows)
             if rows.num_rows == 0:
                 return
+            self._handed[table] = self._handed.get(table, 0) + rows.num_rows
             size = rows.nbytes
             state.buffer.append(rows)
             state.buffered_rows += rows.num_rows
@@ -294,6 +300,7 @@ class ParquetSink:
                 raise CollectionError(drift_message(table, state.schema, schema))
             with self._guard():
                 self._parts.adopt(state, part, rows)
+            self._adopted[table] = self._adopted.get(table, 0) + rows
 
     # -- inspection ----------------------------------------------------------------------
 
@@ -374,6 +381,11 @@ class ParquetSink:
     def _fail(self, err: OSError) -> None:
         self.failure = err
         for state in self._tables.values():
+            # buffered, in the unfinished part or in the write that failed: all lost
+            written = state.finished_rows - self._adopted.get(state.name, 0)
+            lost = self._handed.get(state.name, 0) - written
+            if lost > 0:
+                self.lost_rows[state.name] = self.lost_rows.get(state.name, 0) + lost
             self._parts.discard(state)  # unfinished parts go; finished ones stay
             state.buffer, state.buffered_rows, state.buffered_bytes = [], 0, 0
         self._buffered_bytes = 0

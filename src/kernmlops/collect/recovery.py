@@ -383,8 +383,14 @@ def _sink(collection: Path, manifest: Manifest, shown: Path) -> ParquetSink:
     # the collection owner's file: a value collect would not take is not taken
     if not isinstance(rows, int) or isinstance(rows, bool) or not 1024 <= rows <= 16 << 20:
         rows = 65536
-    cid = manifest.collection_id or ""  # none: ValueError, as always
-    return ParquetSink(collection, cid, row_group_rows=rows, shown=shown)
+    if not manifest.collection_id:
+        # every row written carries it: refused before any is, the spool kept
+        raise CollectionError(
+            f"{shown}: its manifest names no collection_id, which every recovered row "
+            "carries: put it back in manifest.json (the folder's name says it, "
+            "collection_id=<id>) and recover again; the spool is kept"
+        )
+    return ParquetSink(collection, manifest.collection_id, row_group_rows=rows, shown=shown)
 
 
 def _compact(

@@ -169,72 +169,86 @@ class Session:
         self.environment = env = Environment.from_options(self.config.benchmark)
         started_at = datetime.now(UTC)
         io = self.path  # where the collection is written: its folder held open, below
-        if self._sink is None:
-            # Pre-flight: a folder that cannot take the collection fails here, before
-            # the benchmark runs; the manifest exists from now on. The folder is made
-            # new and held open: a user who can change a folder above it (their home)
-            # cannot swap it for a link while root writes (kernmlops.host.pinned).
-            try:
-                self._pinned = pin(
-                    self.path, create=True, fresh=True, invoker_uid=who.uid if who else None
-                )
-            except OutputError as err:
-                raise without_dac_override(err) from None
-            self._running.io = io = self._pinned.io
-            try:
-                check = prepare_output(
-                    io, min_free_mb=cfg.min_free_mb, warn_free_mb=cfg.warn_free_mb, shown=self.path
-                )
-            except OutputError:
-                self._hand_over()
-                raise
-            if self.on_folder:
-                self.on_folder(self.path)
-            if check.warning and self.on_message:
-                self.on_message(check.warning)
-            self._running.begin(self.collection_id, self.config, started_at, check.free_bytes)
-        priority.lower()  # before any thread starts: restored at the end
-        t0 = time.monotonic()
-        hooks: list[Hook] = []
-        #: hooks that failed at their start or while the loop ran (a bug): detached
-        #: there, left out of the stop but for those with records in their spool
-        #: (``spooled``: rows made then)
-        broken: list[Hook] = []
-        spooled: list[Hook] = []
-        flt: ProcessFilter | None = None
-        parquet = (
-            None
-            if self._sink
-            else ParquetSink(
-                io,
-                self.collection_id,
-                shown=self.path,
-                row_group_rows=cfg.row_group_rows,
-                # compaction at stop encodes compactly: the run's parts are written cheaply
-                fast_parts=cfg.compact,
-            )
-        )
-        self.space.parquet = self._running.parquet = parquet
-        # A caller's sink (tests) goes through the writer thread too: the loop and the
-        # stop run as they do over Parquet.
-        sink = ThreadedSink(
-            self._sink or parquet,  # type: ignore[arg-type]
-            max_queued_bytes=SPOOLED_QUEUE_BYTES if cfg.spool else 32 << 20,
-        )
-        priority.read_oom()
-        mode = cfg.filter
-        ended_by, bench_exit, attach_s = "error", None, 0.0
-        errors: list[BaseException] = []
-        bench = RunningBenchmark(
-            self.benchmark,
-            self.config.benchmark.name,
-            self._pinned.io if self._pinned else self.path,
-            keep_output=self._sink is None,
-        )
+        # Ctrl+C from the moment the collection's folder is made stops the collection
+        # as it does in the loop: a KeyboardInterrupt before the handlers were in left
+        # the folder without a manifest and said only "Aborted!"
         old_handlers = self._stop.install()
         try:
+            if self._sink is None:
+                # Pre-flight: a folder that cannot take the collection fails here, before
+                # the benchmark runs; the manifest exists from now on. The folder is made
+                # new and held open: a user who can change a folder above it (their home)
+                # cannot swap it for a link while root writes (kernmlops.host.pinned).
+                try:
+                    self._pinned = pin(
+                        self.path, create=True, fresh=True, invoker_uid=who.uid if who else None
+                    )
+                except OutputError as err:
+                    raise without_dac_override(err) from None
+                self._running.io = io = self._pinned.io
+                try:
+                    check = prepare_output(
+                        io,
+                        min_free_mb=cfg.min_free_mb,
+                        warn_free_mb=cfg.warn_free_mb,
+                        shown=self.path,
+                    )
+                except OutputError:
+                    self._hand_over()
+                    raise
+                if self.on_folder:
+                    self.on_folder(self.path)
+                if check.warning and self.on_message:
+                    self.on_message(check.warning)
+                self._running.begin(self.collection_id, self.config, started_at, check.free_bytes)
+            priority.lower()  # before any thread starts: restored at the end
+            t0 = time.monotonic()
+            hooks: list[Hook] = []
+            #: hooks that failed at their start or while the loop ran (a bug): detached
+            #: there, left out of the stop but for those with records in their spool
+            #: (``spooled``: rows made then)
+            broken: list[Hook] = []
+            spooled: list[Hook] = []
+            flt: ProcessFilter | None = None
+            parquet = (
+                None
+                if self._sink
+                else ParquetSink(
+                    io,
+                    self.collection_id,
+                    shown=self.path,
+                    row_group_rows=cfg.row_group_rows,
+                    # compaction at stop encodes compactly: the run's parts are written cheaply
+                    fast_parts=cfg.compact,
+                )
+            )
+            self.space.parquet = self._running.parquet = parquet
+            # A caller's sink (tests) goes through the writer thread too: the loop and the
+            # stop run as they do over Parquet.
+            sink = ThreadedSink(
+                self._sink or parquet,  # type: ignore[arg-type]
+                max_queued_bytes=SPOOLED_QUEUE_BYTES if cfg.spool else 32 << 20,
+            )
+            priority.read_oom()
+            mode = cfg.filter
+            ended_by, bench_exit, attach_s = "error", None, 0.0
+            errors: list[BaseException] = []
+            bench = RunningBenchmark(
+                self.benchmark,
+                self.config.benchmark.name,
+                self._pinned.io if self._pinned else self.path,
+                keep_output=self._sink is None,
+            )
+        except BaseException:
+            self._stop.restore(old_handlers)
+            raise
+        try:
+            setting_up = time.monotonic()
             env.apply()  # THP and the page cache; restored in _finish
             launched = bench.launch(env, who if as_user else None)
+            # the benchmark's setup (linux-build's make defconfig: 9 s) is not the probes'
+            # attach, which attach_s ("probes attached in") says
+            t0 += time.monotonic() - setting_up
             proc = bench.proc
             if mode == "auto":
                 mode = self.benchmark.default_filter
@@ -307,7 +321,7 @@ class Session:
                 failed=broken,
                 spooled=spooled,
             )
-            if proc:
+            if proc and self._stop.signal is None:  # Ctrl+C before it ran: it never does
                 proc.release()
                 # hooks that look at the command (process_metadata's start snapshot) are
                 # told once it runs, not while the gate shell still stands in its place;
