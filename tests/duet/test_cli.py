@@ -480,3 +480,23 @@ def test_analyze_names_the_minimum_detectable_slowdown(tmp_path: Path):
         md = (folder / "report" / "report.md").read_text()
         assert f"| minimum detectable slowdown | {c.mds * 100:.2f}%" in md
     assert c.mds > 0  # the A/A table: found by injecting a slowdown
+
+
+def test_analyze_refuses_a_negative_seed_in_one_line(tmp_path: Path):
+    """numpy's generators take no negative seed: a user's --seed -1 is one error
+    line and exit 2, not a traceback from deep in the analysis."""
+    import numpy as np
+
+    from tests.duet.test_original import _duet_table
+
+    _duet_table(np.random.default_rng(3), runs=6, slow=1.01).write_parquet(
+        tmp_path / "duet-results.parquet"
+    )
+    for method in ("kernmlops", "original"):
+        res = CliRunner().invoke(
+            duet_group, ["analyze", str(tmp_path), "--no-mds", "--method", method, "--seed", "-1"]
+        )
+        assert res.exit_code == 2, res.output
+        assert res.exception is None or isinstance(res.exception, SystemExit)
+        assert "seed must be 0 or more (got -1)" in res.output
+        assert not (tmp_path / "report").exists()

@@ -138,6 +138,8 @@ class Options:
             raise ValueError("resamples must be at least 100")
         if self.min_runs < 2:
             raise ValueError("min_runs must be at least 2")
+        if self.seed < 0:  # numpy's generators take no negative seed
+            raise ValueError(f"seed must be 0 or more (got {self.seed})")
 
 
 def parse_warmup(text: str | int) -> tuple[int, float]:
