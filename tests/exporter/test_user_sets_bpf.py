@@ -16,6 +16,7 @@ from kernmlops.ebpf.build import build
 from kernmlops.exporter.cli import export_command
 from kernmlops.exporter.config import MetricSet, load_metric_set
 from kernmlops.exporter.core import Exporter
+from tests.exporter.conftest import exporter_process, free_port, wait_logged, wait_serving
 
 pytestmark = pytest.mark.bpf
 
@@ -169,3 +170,19 @@ def test_user_set_is_served(user_set: MetricSet) -> None:
     assert hist[("user_switch_cpu_count", None)] > 0
     attached = families["kernmlops_exporter_programs_not_attached"].samples
     assert [(s.labels, s.value) for s in attached] == [({"set": "user_switch"}, 1.0)]
+
+
+def test_serving_names_a_program_that_does_not_attach(user_set: MetricSet, tmp_path: Path) -> None:
+    """Without --strict the set is served without the program, and the log says
+    which one and why (its metrics would stay empty with no word of it)."""
+    port = free_port()
+    log = tmp_path / "exporter.log"
+    with exporter_process(log, "-c", str(user_set.path), "--listen", f"127.0.0.1:{port}") as proc:
+        wait_serving(proc, f"http://127.0.0.1:{port}/metrics", log)
+        text = wait_logged(log, "serving 1 metric sets")
+    assert (
+        "warning: set user_switch: program user_never (tracepoint/kmo_nonexistent/nothing) "
+        "not attached: attach user_never (tracepoint/kmo_nonexistent/nothing): No such file "
+        "or directory (errno 2)\n" in text
+    ), text
+    assert "serving 1 metric sets (1 programs)" in text
