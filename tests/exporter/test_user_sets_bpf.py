@@ -186,3 +186,61 @@ def test_serving_names_a_program_that_does_not_attach(user_set: MetricSet, tmp_p
         "or directory (errno 2)\n" in text
     ), text
     assert "serving 1 metric sets (1 programs)" in text
+
+
+FENTRY_SOURCE = r"""
+#include "exp_common.h"
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__type(value, u64);
+} reads SEC(".maps");
+
+SEC("fentry/vfs_read")
+int user_read(void *ctx)
+{
+	u32 zero = 0;
+
+	exp_count(&reads, &zero, 1);
+	return 0;
+}
+"""
+
+FENTRY_YAML = """\
+description: vfs_read calls (a test set)
+metrics:
+  counters:
+    - name: user_reads_total
+      help: vfs_read calls
+      map: reads
+      labels:
+        - {name: slot, size: 4, decoders: [{name: uint}]}
+"""
+
+
+def test_a_set_of_a_program_type_the_kernel_refuses_says_which(tmp_path: Path) -> None:
+    """Where the kernel loads no fentry program (what doctor probes), a set with one
+    fails to load with EPERM and libbpf's hint at 'ulimit -l': the error names the
+    program type and the set's programs of it. Where it does, the set loads."""
+    from kernmlops.ebpf.probe import probe_program
+
+    (tmp_path / "exp_user_read.bpf.c").write_text(FENTRY_SOURCE)
+    path = tmp_path / "exp_user_read.yaml"
+    path.write_text(FENTRY_YAML)
+    user_set = load_metric_set(path)
+    try:
+        with Exporter([user_set]) as exporter:
+            (status,) = exporter.start()
+    finally:
+        user_set.object_path().unlink(missing_ok=True)
+    if probe_program("fentry").ok:
+        assert status.error is None and status.attached == 1, status.error
+        return
+    assert status.error is not None
+    assert status.error.endswith(
+        ": this kernel does not load fentry programs, and it has 1 (fentry/vfs_read); "
+        "kernmlops doctor shows the program types it loads"
+    ), status.error
+    assert "\n" not in status.error
