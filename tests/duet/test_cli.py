@@ -500,3 +500,55 @@ def test_analyze_refuses_a_negative_seed_in_one_line(tmp_path: Path):
         assert res.exception is None or isinstance(res.exception, SystemExit)
         assert "seed must be 0 or more (got -1)" in res.output
         assert not (tmp_path / "report").exists()
+
+
+def test_aa_names_no_benchmark_is_an_error(tmp_path: Path):
+    """--aa with a name no benchmark has (a typo) is one error line and exit 2, in
+    analyze and in process, not a benchmark left as A/B in silence."""
+    import numpy as np
+
+    from tests.duet.test_original import _duet_table
+
+    _duet_table(np.random.default_rng(3), runs=6, slow=1.0).write_parquet(
+        tmp_path / "duet-results.parquet"
+    )
+    runner = CliRunner()
+    res = runner.invoke(duet_group, ["analyze", str(tmp_path), "--no-mds", "--aa", "mull"])
+    assert res.exit_code == 2, res.output
+    assert f"error: --aa mull: no such benchmark in {tmp_path} (benchmarks: mul)" in res.output
+    res = runner.invoke(duet_group, ["analyze", str(tmp_path), "--no-mds", "--aa", "mul"])
+    assert res.exit_code == 0, res.output
+    assert "loops mul [duet]: A/A " in res.output
+
+    folder = tmp_path / "original"
+    folder.mkdir()
+    rows = "0,0,10,10,1,0\n1,10,22,12,1,0\n"
+    header = "iteration,iteration_start_ns,iteration_end_ns,iteration_time_ns,epoch_start_ms,"
+    for pair in "AB":
+        (folder / f"s.b.0.duet.AB.{pair}.harness.csv").write_text(header + "exit_code\n" + rows)
+    res = runner.invoke(duet_group, ["process", str(folder), "--aa", "bb", "--no-progress"])
+    assert res.exit_code == 2, res.output
+    assert "error: --aa bb: no such benchmark in the results (benchmarks: b)" in res.output
+    assert not (folder / "duet-results.parquet").exists()
+
+
+def test_no_mds_says_it_was_not_computed(tmp_path: Path):
+    """With --no-mds the minimum detectable slowdown is not looked for: neither the
+    command's lines nor the report may say it was not found up to the maximum."""
+    import numpy as np
+
+    from tests.duet.test_original import _duet_table
+
+    _duet_table(np.random.default_rng(3), runs=10, slow=1.0).write_parquet(
+        tmp_path / "duet-results.parquet"
+    )
+    res = CliRunner().invoke(duet_group, ["analyze", str(tmp_path), "--no-mds"])
+    assert res.exit_code == 0, res.output
+    assert "minimum detectable slowdown" not in res.output
+    duet = json.loads((tmp_path / "report" / "analysis.json").read_text())["benchmarks"][0]
+    duet = duet["comparisons"]["duet"]
+    assert duet["ratio_ci"] is not None  # an interval, so the MDS could have been searched
+    assert duet["mds"] is None and duet["mds_note"] == "not computed (--no-mds)"
+    md = (tmp_path / "report" / "report.md").read_text()
+    (row,) = [line for line in md.splitlines() if line.startswith("| loops | mul | duet |")]
+    assert row.split(" | ")[6] == "–", row  # the MDS column: not "> max"

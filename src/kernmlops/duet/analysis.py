@@ -832,9 +832,11 @@ def compare(
         n_a_all=sum(r.counts_before_warmup()[0] for r in runs),
         n_b_all=sum(r.counts_before_warmup()[1] for r in runs),
     )
-    if opts.mds and rci is not None:
+    if not opts.mds:
+        cmp.mds_note = MDS_SKIPPED  # not "not found": nothing was searched
+    elif rci is not None:
         cmp.mds, cmp.mds_note = minimum_detectable_slowdown(runs, kind, opts)
-    elif opts.mds and few:
+    elif few:
         cmp.mds_note = f"needs ≥ {opts.min_runs} runs (--min-runs)"
     return cmp
 
@@ -845,6 +847,10 @@ def detects(runs: list[Run], kind: str, opts: Options, slowdown: float) -> bool:
     slowed = [r.slowed(slowdown) for r in runs]
     rci = _seq_ci(slowed, opts, rng)[5] if kind == "sequential" else _duet_ci(slowed, opts, rng)[6]
     return _detected(rci) == "slower"
+
+
+#: the note of a minimum detectable slowdown that was not looked for (--no-mds)
+MDS_SKIPPED = "not computed (--no-mds)"
 
 
 def minimum_detectable_slowdown(

@@ -344,6 +344,7 @@ def process_cmd(
         if processed.results.height == 0:
             seen = " (see the warnings above)" if processed.errors else ""
             raise KernmlopsError(f"no iterations in {processed.files} result file(s){seen}")
+        _check_aa(aa, processed.results["benchmark"].unique().to_list(), "the results")
         from kernmlops.host.invoker import invoker
         from kernmlops.host.pinned import handed_over_held, pin
 
@@ -367,10 +368,23 @@ def process_cmd(
     )
 
 
+def _check_aa(aa: tuple[str, ...], benchmarks: list[str], where: str) -> None:
+    """A name given to --aa that no benchmark has (a typo) is an error, not a
+    benchmark left as A/B in silence."""
+    unknown = sorted(set(aa) - set(benchmarks))
+    if unknown:
+        raise KernmlopsError(
+            f"--aa {', '.join(unknown)}: no such benchmark in {where} "
+            f"(benchmarks: {', '.join(sorted(benchmarks)) or 'none'})"
+        )
+
+
 def _mds_text(c) -> str:
     """The minimum detectable slowdown as the CLI line gives it, named as the report
     names it, with its note; nothing where there is no interval to find it with."""
-    if c.ratio_ci is None:
+    from kernmlops.duet.analysis import MDS_SKIPPED
+
+    if c.ratio_ci is None or c.mds_note == MDS_SKIPPED:
         return ""
     if c.mds is None:
         return f"; minimum detectable slowdown: {c.mds_note or 'not found'}"
@@ -496,6 +510,7 @@ def analyze_cmd(
         table, kernel = read_results(results)
         if table.height == 0:
             raise KernmlopsError(f"{results}: the results table is empty")
+        _check_aa(aa, table["benchmark"].unique().to_list(), str(results))
         if aa:
             table = table.with_columns(
                 pl.when(pl.col("benchmark").is_in(list(aa))).then(True).otherwise(pl.col("aa"))
