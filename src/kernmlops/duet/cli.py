@@ -369,13 +369,15 @@ def process_cmd(
 
 
 def _check_aa(aa: tuple[str, ...], benchmarks: list[str], where: str) -> None:
-    """A name given to --aa that no benchmark has (a typo) is an error, not a
-    benchmark left as A/B in silence."""
+    """A name given to --aa that no benchmark has is said (a typo would leave the
+    benchmark meant as A/B in silence); a warning, as one --aa list may serve
+    several folders."""
     unknown = sorted(set(aa) - set(benchmarks))
     if unknown:
-        raise KernmlopsError(
-            f"--aa {', '.join(unknown)}: no such benchmark in {where} "
-            f"(benchmarks: {', '.join(sorted(benchmarks)) or 'none'})"
+        console.print(
+            f"[yellow]warning:[/] --aa {', '.join(unknown)}: no such benchmark in {where} "
+            f"(benchmarks: {', '.join(sorted(benchmarks)) or 'none'})",
+            markup=True,
         )
 
 
