@@ -551,3 +551,36 @@ def test_no_mds_says_it_was_not_computed(tmp_path: Path):
     md = (tmp_path / "report" / "report.md").read_text()
     (row,) = [line for line in md.splitlines() if line.startswith("| loops | mul | duet |")]
     assert row.split(" | ")[6] == "–", row  # the MDS column: not "> max"
+
+
+def test_run_on_a_full_disk_is_one_error_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The index cannot be written after the first trial (ENOSPC): one line naming
+    it and exit 2, not a traceback; the index written before it still stands."""
+    from kernmlops.duet import runner
+
+    cfg = write_config(
+        tmp_path / "duet.yml",
+        """
+duetbench: {suite: full, duets: [d], duet_repetitions: 2, sequential_repetitions: 0,
+            harness: {iterations: 2}}
+d: {A: {run: "true"}, B: {run: "true"}}
+""",
+    )
+    real, calls = runner.write_atomic, []
+
+    def fills_up(path: Path, data: str | bytes) -> None:
+        calls.append(path)
+        if len(calls) > 2:  # the index before the trials, and after the first one
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(path, data)
+
+    monkeypatch.setattr(runner, "write_atomic", fills_up)
+    out = tmp_path / "o"
+    res = CliRunner().invoke(duet_group, ["run", str(cfg), "-o", str(out)])
+    assert res.exit_code == 2, res.output
+    assert isinstance(res.exception, SystemExit), res.exception
+    assert res.output.endswith(
+        f"error: cannot write {out / 'full' / 'duet-run.json'}: the disk is full\n"
+    ), res.output
+    index = json.loads((out / "full" / "duet-run.json").read_text())
+    assert len(index["trials"]) == 1 and index["trials"][0]["sides"]["A"]["status"] == "ok"
