@@ -584,3 +584,26 @@ d: {A: {run: "true"}, B: {run: "true"}}
     ), res.output
     index = json.loads((out / "full" / "duet-run.json").read_text())
     assert len(index["trials"]) == 1 and index["trials"][0]["sides"]["A"]["status"] == "ok"
+
+
+def test_process_on_a_full_disk_is_one_error_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """polars' write fails with the disk full: one line and exit 2, not a traceback,
+    and no half-written temporary table left in the folder."""
+    import polars as pl
+
+    rows = "0,0,10,10,1,0\n1,10,22,12,1,0\n"
+    header = "iteration,iteration_start_ns,iteration_end_ns,iteration_time_ns,epoch_start_ms,"
+    for pair in "AB":
+        (tmp_path / f"s.b.0.duet.AB.{pair}.harness.csv").write_text(header + "exit_code\n" + rows)
+
+    def full(self: pl.DataFrame, f: object = None, **kw: object) -> None:
+        raise OSError("No space left on device (os error 28)")  # as polars raises it
+
+    monkeypatch.setattr(pl.DataFrame, "write_csv", full)
+    res = CliRunner().invoke(duet_group, ["process", str(tmp_path), "--no-progress"])
+    assert res.exit_code == 2, res.output
+    assert isinstance(res.exception, SystemExit), res.exception
+    assert res.output.endswith(
+        f"error: cannot write the tables in {tmp_path}: No space left on device (os error 28)\n"
+    ), res.output
+    assert not list(tmp_path.glob(".*.tmp"))

@@ -12,7 +12,7 @@ import click
 from rich.console import Console
 
 from kernmlops.clitools import CONTEXT_SETTINGS, fail, progress
-from kernmlops.errors import KernmlopsError
+from kernmlops.errors import KernmlopsError, why_not_written
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -355,6 +355,9 @@ def process_cmd(
         try:
             with handed_over_held(held):
                 made = write_processed(processed, held.io, json=as_json, original=original)
+        except OSError as err:  # a full disk: one line, as analyze says it
+            why = why_not_written(err)
+            raise KernmlopsError(f"cannot write the tables in {out}: {why}") from None
         finally:
             held.close()
         written = [out / p.name for p in made]

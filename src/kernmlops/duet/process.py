@@ -500,14 +500,18 @@ def write_processed(
             path = out / f"{name}.{ext}"
             tmp = out / f".{name}.{ext}.tmp"
             # a new file, never through a link planted under the temporary name
-            with open(create_new(tmp), "wb") as f:
-                if ext == "parquet":
-                    table.write_parquet(f)
-                elif ext == "csv":
-                    table.write_csv(f)
-                else:
-                    table.write_json(f)
-            tmp.replace(path)
+            try:
+                with open(create_new(tmp), "wb") as f:
+                    if ext == "parquet":
+                        table.write_parquet(f)
+                    elif ext == "csv":
+                        table.write_csv(f)
+                    else:
+                        table.write_json(f)
+                tmp.replace(path)
+            except BaseException:
+                tmp.unlink(missing_ok=True)  # no half-written table left behind
+                raise
             written.append(path)
     if original:
         table = to_original(processed.results)
