@@ -244,3 +244,28 @@ def test_a_set_of_a_program_type_the_kernel_refuses_says_which(tmp_path: Path) -
         "kernmlops doctor shows the program types it loads"
     ), status.error
     assert "\n" not in status.error
+
+
+def test_collect_export_names_a_program_that_does_not_attach(user_set: MetricSet) -> None:
+    """collect --export serves a set without its program that did not attach (no
+    --strict), and says which and why, as kernmlops export does."""
+    import os
+
+    from kernmlops.collect.participants import ExporterParticipant
+    from kernmlops.config import CollectorConfig
+    from kernmlops.hooks.base import HookContext
+
+    said: list[str] = []
+    collector = CollectorConfig(
+        export="127.0.0.1:0", export_sets=[str(user_set.path)], export_grace_s=0
+    )
+    part = ExporterParticipant(collector, on_message=said.append)
+    part.start(HookContext(collection_id="t", process_filter=None, self_tgid=os.getpid()))
+    part.close()
+    assert said == [
+        "exporter: set user_switch: program user_never (tracepoint/kmo_nonexistent/nothing) "
+        "not attached: attach user_never (tracepoint/kmo_nonexistent/nothing): No such file "
+        "or directory (errno 2)"
+    ]
+    assert part.summary is not None
+    assert part.summary["sets"]["user_switch"]["attached"] == 1
