@@ -99,6 +99,16 @@ else:
     stats = lazy_import("scipy.stats")
 
 RUN_KEYS = ("suite", "benchmark", "kind", "runid", "order")
+#: what tells apart two sessions of one suite processed together (two `duet run`
+#: folders, whose run ids are alike): the artifacts the original groups its runs
+#: by too (its ARTIFACT_COL); without them run 0 of each would be one run
+SESSION_KEYS = tuple(f"artifact_{n}" for n in ("date", "hostname", "lscpu", "meminfo", "uname"))
+
+
+def run_keys(columns: list[str] | tuple[str, ...]) -> list[str]:
+    """The columns that name one run in a table with ``columns``: RUN_KEYS, then
+    the session artifacts it has."""
+    return [*RUN_KEYS, *(c for c in SESSION_KEYS if c in columns)]
 
 
 METHODS = ("kernmlops", "original")
@@ -168,14 +178,14 @@ def after_warmup(warmup: str | int, columns: list[str] | None = None) -> pl.Expr
     """True for the iterations kept: each side's first ones in each run are not.
     ``auto``: half of each side's iterations for the Java suites, none else."""
     if str(warmup).strip() == "auto":
-        keys = [*RUN_KEYS, "pair"]
+        keys = [*run_keys(columns or []), "pair"]
         rank = pl.col("iteration").rank("ordinal").over(keys) - 1
         half = (pl.len().over(keys) * 0.5).floor()
         return ~java_rows(columns or []) | (rank >= half)
     count, frac = parse_warmup(warmup)
     if not count and not frac:
         return pl.lit(True)
-    keys = [*RUN_KEYS, "pair"]
+    keys = [*run_keys(columns or []), "pair"]
     rank = pl.col("iteration").rank("ordinal").over(keys) - 1
     cut = pl.lit(count) if count else (pl.len().over(keys) * frac).floor()
     return rank >= cut
@@ -925,7 +935,7 @@ def build_runs(df: pl.DataFrame, warmup: str) -> dict[tuple[str, str, str], list
         return out
     # Sequential runs of A and B are separate trials: runid pairs them, order is null.
     for key, grp in full.sort("iteration_start_ns", nulls_last=True).group_by(
-        list(RUN_KEYS), maintain_order=True
+        run_keys(full.columns), maintain_order=True
     ):
         a = grp.filter((pl.col("pair") == "A") & pl.col("_kept"))
         b_all = grp.filter(pl.col("pair") == "B")
@@ -1029,7 +1039,9 @@ def analyze(
             )
             res.comparisons[kind] = compare([], kind, aa, opts, ends)
         results = {key: results[key] for key in sorted(results)}
-    kept = original_warmup(df)
+    # the original's run: ours without the order (its RUN_ID_COL), with the artifacts
+    keys = [c for c in run_keys(df.columns) if c != "order"]
+    kept = original_warmup(df, keys)
     for b in results.values():
         for kind, c in b.comparisons.items():
             rows = kept.filter(
@@ -1039,6 +1051,6 @@ def analyze(
             )
             c.original = compare_original(
                 rows, kind, b.aa, min_overlap=opts.min_overlap, confidence=opts.confidence,
-                seed=opts.seed, min_runs=opts.min_runs,
+                seed=opts.seed, min_runs=opts.min_runs, run=keys,
             )  # fmt: skip
     return Analysis(opts, list(results.values()), warns)
