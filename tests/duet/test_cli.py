@@ -607,3 +607,49 @@ def test_process_on_a_full_disk_is_one_error_line(tmp_path: Path, monkeypatch: p
         f"error: cannot write the tables in {tmp_path}: No space left on device (os error 28)\n"
     ), res.output
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+@pytest.mark.parametrize(("sig", "code"), [("SIGHUP", 129), ("SIGTERM", 143)])
+def test_run_stopped_by_a_hangup_or_sigterm_ends_cleanly(tmp_path: Path, sig: str, code: int):
+    """A hangup (the ssh session lost) stops `duet run` as SIGTERM does: the running
+    sides stopped, the index finished, the trial's work folder removed, exit 128 + the
+    signal's number (as collect). A hangup used to end the runner at once."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.duet.test_runner import _leftovers
+
+    suite = f"hup-{os.getpid()}-{sig}"
+    cfg = write_config(
+        tmp_path / "duet.yml",
+        f"""
+duetbench: {{suite: {suite}, duets: [d], duet_repetitions: 2, sequential_repetitions: 0,
+            harness: {{iterations: 1}}, timeout: 120}}
+d: {{A: {{run: sleep 60}}, B: {{run: sleep 60}}}}
+""",
+    )
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kernmlops", "duet", "run", str(cfg), "-o", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        logs = out / suite / "logs"
+        deadline = time.monotonic() + 60
+        while not (logs.is_dir() and any(logs.iterdir())):  # the first trial's sides run
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout
+            time.sleep(0.1)
+        proc.send_signal(getattr(signal, sig))
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == code, output
+    assert "interrupted: the trials run so far are kept" in output
+    index = json.loads((out / suite / "duet-run.json").read_text())
+    assert index["finished_at"] is not None
+    assert not (out / suite / "work").exists()
+    assert _leftovers(suite) == []

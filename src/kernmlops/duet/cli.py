@@ -102,7 +102,8 @@ def run_cmd(
 
     A side that fails, times out, or exits 0 but leaves none of its result
     files is reported and the next trial runs; the exit status is 1 when any
-    trial did not succeed.
+    trial did not succeed. Ctrl+C, SIGTERM or a hangup stops the running sides
+    and keeps the trials run so far (exit 130, 143, 129).
 
     \b
     Examples (cpu-loop.duet.yml ships in src/kernmlops/duet/configs/):
@@ -120,10 +121,16 @@ def run_cmd(
     def result_folder(suite) -> Path:
         return suite_folder(held_out if held is not None else outdir, suite)
 
-    def on_term(_signum: int, _frame: object) -> None:
+    caught: list[int] = []
+
+    def on_term(signum: int, _frame: object) -> None:
+        caught.append(signum)
         raise KeyboardInterrupt  # stop the running sides, keep what was run
 
-    old_term = signal.signal(signal.SIGTERM, on_term)
+    # a hangup (the ssh session lost) too: by default it ended the runner at once,
+    # its index left unfinished and the trial's work folder behind
+    stops = (signal.SIGTERM, signal.SIGHUP)
+    old = {sig: signal.signal(sig, on_term) for sig in stops}
     try:
         suites = [load_duet_config(c) for c in configs]  # every config checked before any run
         if seed is not None:
@@ -197,9 +204,10 @@ def run_cmd(
         fail(err)
     except KeyboardInterrupt:
         console.print("interrupted: the trials run so far are kept")
-        sys.exit(130)
+        sys.exit(128 + caught[0] if caught else 130)  # 143 SIGTERM, 129 SIGHUP, as collect
     finally:
-        signal.signal(signal.SIGTERM, old_term)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
         if held is not None:
             held.close()
     if failed:
