@@ -653,3 +653,20 @@ d: {{A: {{run: sleep 60}}, B: {{run: sleep 60}}}}
     assert index["finished_at"] is not None
     assert not (out / suite / "work").exists()
     assert _leftovers(suite) == []
+
+
+def test_process_names_a_result_file_no_trial_lists(ran: Path):
+    """The trial a run was stopped in leaves its sides' files in results/ and no
+    record in duet-run.json: process reads the trials the index has, and names
+    that file rather than leaving it out in silence."""
+    (suite,) = [p for p in ran.iterdir() if (p / "duet-run.json").is_file()]
+    listed = sorted((suite / "results").iterdir())
+    stopped = suite / "results" / listed[0].name.replace(".0.", ".9.", 1)
+    shutil.copyfile(listed[0], stopped)
+    res = CliRunner().invoke(duet_group, ["process", str(ran), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert (
+        f"warning: {stopped}: no trial in duet-run.json names it (the run was stopped "
+        "during its trial?): not read" in " ".join(res.output.split())
+    ), res.output
+    assert f"from {len(listed)} file(s)" in res.output
