@@ -480,3 +480,193 @@ def test_analyze_names_the_minimum_detectable_slowdown(tmp_path: Path):
         md = (folder / "report" / "report.md").read_text()
         assert f"| minimum detectable slowdown | {c.mds * 100:.2f}%" in md
     assert c.mds > 0  # the A/A table: found by injecting a slowdown
+
+
+def test_analyze_refuses_a_negative_seed_in_one_line(tmp_path: Path):
+    """numpy's generators take no negative seed: a user's --seed -1 is one error
+    line and exit 2, not a traceback from deep in the analysis."""
+    import numpy as np
+
+    from tests.duet.test_original import _duet_table
+
+    _duet_table(np.random.default_rng(3), runs=6, slow=1.01).write_parquet(
+        tmp_path / "duet-results.parquet"
+    )
+    for method in ("kernmlops", "original"):
+        res = CliRunner().invoke(
+            duet_group, ["analyze", str(tmp_path), "--no-mds", "--method", method, "--seed", "-1"]
+        )
+        assert res.exit_code == 2, res.output
+        assert res.exception is None or isinstance(res.exception, SystemExit)
+        assert "seed must be 0 or more (got -1)" in res.output
+        assert not (tmp_path / "report").exists()
+
+
+def test_aa_naming_no_benchmark_is_said(tmp_path: Path):
+    """--aa with a name no benchmark has (a typo) is a warning line, in analyze
+    and in process, not a benchmark left as A/B in silence."""
+    import numpy as np
+
+    from tests.duet.test_original import _duet_table
+
+    _duet_table(np.random.default_rng(3), runs=6, slow=1.0).write_parquet(
+        tmp_path / "duet-results.parquet"
+    )
+    runner = CliRunner()
+    res = runner.invoke(duet_group, ["analyze", str(tmp_path), "--no-mds", "--aa", "mull"])
+    assert res.exit_code == 0, res.output
+    assert f"warning: --aa mull: no such benchmark in {tmp_path} (benchmarks: mul)" in res.output
+    res = runner.invoke(duet_group, ["analyze", str(tmp_path), "--no-mds", "--aa", "mul"])
+    assert res.exit_code == 0, res.output
+    assert "loops mul [duet]: A/A " in res.output and "warning: --aa" not in res.output
+
+    folder = tmp_path / "original"
+    folder.mkdir()
+    rows = "0,0,10,10,1,0\n1,10,22,12,1,0\n"
+    header = "iteration,iteration_start_ns,iteration_end_ns,iteration_time_ns,epoch_start_ms,"
+    for pair in "AB":
+        (folder / f"s.b.0.duet.AB.{pair}.harness.csv").write_text(header + "exit_code\n" + rows)
+    res = runner.invoke(duet_group, ["process", str(folder), "--aa", "bb", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert "warning: --aa bb: no such benchmark in the results (benchmarks: b)" in res.output
+
+
+def test_no_mds_says_it_was_not_computed(tmp_path: Path):
+    """With --no-mds the minimum detectable slowdown is not looked for: neither the
+    command's lines nor the report may say it was not found up to the maximum."""
+    import numpy as np
+
+    from tests.duet.test_original import _duet_table
+
+    _duet_table(np.random.default_rng(3), runs=10, slow=1.0).write_parquet(
+        tmp_path / "duet-results.parquet"
+    )
+    res = CliRunner().invoke(duet_group, ["analyze", str(tmp_path), "--no-mds"])
+    assert res.exit_code == 0, res.output
+    assert "minimum detectable slowdown" not in res.output
+    duet = json.loads((tmp_path / "report" / "analysis.json").read_text())["benchmarks"][0]
+    duet = duet["comparisons"]["duet"]
+    assert duet["ratio_ci"] is not None  # an interval, so the MDS could have been searched
+    assert duet["mds"] is None and duet["mds_note"] == "not computed (--no-mds)"
+    md = (tmp_path / "report" / "report.md").read_text()
+    (row,) = [line for line in md.splitlines() if line.startswith("| loops | mul | duet |")]
+    assert row.split(" | ")[6] == "–", row  # the MDS column: not "> max"
+
+
+def test_run_on_a_full_disk_is_one_error_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The index cannot be written after the first trial (ENOSPC): one line naming
+    it and exit 2, not a traceback; the index written before it still stands."""
+    from kernmlops.duet import runner
+
+    cfg = write_config(
+        tmp_path / "duet.yml",
+        """
+duetbench: {suite: full, duets: [d], duet_repetitions: 2, sequential_repetitions: 0,
+            harness: {iterations: 2}}
+d: {A: {run: "true"}, B: {run: "true"}}
+""",
+    )
+    real, calls = runner.write_atomic, []
+
+    def fills_up(path: Path, data: str | bytes) -> None:
+        calls.append(path)
+        if len(calls) > 2:  # the index before the trials, and after the first one
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(path, data)
+
+    monkeypatch.setattr(runner, "write_atomic", fills_up)
+    out = tmp_path / "o"
+    res = CliRunner().invoke(duet_group, ["run", str(cfg), "-o", str(out)])
+    assert res.exit_code == 2, res.output
+    assert isinstance(res.exception, SystemExit), res.exception
+    assert res.output.endswith(
+        f"error: cannot write {out / 'full' / 'duet-run.json'}: the disk is full\n"
+    ), res.output
+    index = json.loads((out / "full" / "duet-run.json").read_text())
+    assert len(index["trials"]) == 1 and index["trials"][0]["sides"]["A"]["status"] == "ok"
+
+
+def test_process_on_a_full_disk_is_one_error_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """polars' write fails with the disk full: one line and exit 2, not a traceback,
+    and no half-written temporary table left in the folder."""
+    import polars as pl
+
+    rows = "0,0,10,10,1,0\n1,10,22,12,1,0\n"
+    header = "iteration,iteration_start_ns,iteration_end_ns,iteration_time_ns,epoch_start_ms,"
+    for pair in "AB":
+        (tmp_path / f"s.b.0.duet.AB.{pair}.harness.csv").write_text(header + "exit_code\n" + rows)
+
+    def full(self: pl.DataFrame, f: object = None, **kw: object) -> None:
+        raise OSError("No space left on device (os error 28)")  # as polars raises it
+
+    monkeypatch.setattr(pl.DataFrame, "write_csv", full)
+    res = CliRunner().invoke(duet_group, ["process", str(tmp_path), "--no-progress"])
+    assert res.exit_code == 2, res.output
+    assert isinstance(res.exception, SystemExit), res.exception
+    assert res.output.endswith(
+        f"error: cannot write the tables in {tmp_path}: No space left on device (os error 28)\n"
+    ), res.output
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+@pytest.mark.parametrize(("sig", "code"), [("SIGHUP", 129), ("SIGTERM", 143)])
+def test_run_stopped_by_a_hangup_or_sigterm_ends_cleanly(tmp_path: Path, sig: str, code: int):
+    """A hangup (the ssh session lost) stops `duet run` as SIGTERM does: the running
+    sides stopped, the index finished, the trial's work folder removed, exit 128 + the
+    signal's number (as collect). A hangup used to end the runner at once."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.duet.test_runner import _leftovers
+
+    suite = f"hup-{os.getpid()}-{sig}"
+    cfg = write_config(
+        tmp_path / "duet.yml",
+        f"""
+duetbench: {{suite: {suite}, duets: [d], duet_repetitions: 2, sequential_repetitions: 0,
+            harness: {{iterations: 1}}, timeout: 120}}
+d: {{A: {{run: sleep 60}}, B: {{run: sleep 60}}}}
+""",
+    )
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kernmlops", "duet", "run", str(cfg), "-o", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        logs = out / suite / "logs"
+        deadline = time.monotonic() + 60
+        while not (logs.is_dir() and any(logs.iterdir())):  # the first trial's sides run
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout
+            time.sleep(0.1)
+        proc.send_signal(getattr(signal, sig))
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == code, output
+    assert "interrupted: the trials run so far are kept" in output
+    index = json.loads((out / suite / "duet-run.json").read_text())
+    assert index["finished_at"] is not None
+    assert not (out / suite / "work").exists()
+    assert _leftovers(suite) == []
+
+
+def test_process_names_a_result_file_no_trial_lists(ran: Path):
+    """The trial a run was stopped in leaves its sides' files in results/ and no
+    record in duet-run.json: process reads the trials the index has, and names
+    that file rather than leaving it out in silence."""
+    (suite,) = [p for p in ran.iterdir() if (p / "duet-run.json").is_file()]
+    listed = sorted((suite / "results").iterdir())
+    stopped = suite / "results" / listed[0].name.replace(".0.", ".9.", 1)
+    shutil.copyfile(listed[0], stopped)
+    res = CliRunner().invoke(duet_group, ["process", str(ran), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert (
+        f"warning: {stopped}: no trial in duet-run.json names it (the run was stopped "
+        "during its trial?): not read" in " ".join(res.output.split())
+    ), res.output
+    assert f"from {len(listed)} file(s)" in res.output

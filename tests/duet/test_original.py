@@ -210,3 +210,28 @@ def test_below_min_runs_the_original_verdict_keeps_its_numbers_and_says_it_is_no
     res, original = run("--method", "original", "--min-runs", "4")
     assert res.exit_code == 0 and "not reliable" not in res.output
     assert original["reliable"] is True and original["note"] is None
+
+
+def test_two_sessions_of_one_suite_keep_their_runs_apart():
+    """Two `duet run` folders of one config processed together: their run ids are
+    alike (0..5 each), their artifacts (date, host) are not, and 12 runs are 12
+    runs, by our method and the original's (which groups by its artifacts too),
+    not 6 runs each pooling two sessions' iterations."""
+    first = _duet_table(np.random.default_rng(1), runs=6).with_columns(
+        pl.lit("Mon Nov 30 10:00:00 UTC 2026").alias("artifact_date"),
+        pl.lit("host").alias("artifact_hostname"),
+    )
+    second = _duet_table(np.random.default_rng(2), runs=6).with_columns(
+        pl.lit("Tue Dec  1 10:00:00 UTC 2026").alias("artifact_date"),
+        pl.lit("host").alias("artifact_hostname"),
+    )
+    opts = Options(mds=False)
+    alone = [analyze(t, opts).benchmarks[0].comparisons["duet"] for t in (first, second)]
+    both = analyze(pl.concat([first, second]), opts).benchmarks[0].comparisons["duet"]
+    assert both.n_runs == 12 and both.original.n_runs == 12
+    assert both.n_pairs == sum(c.n_pairs for c in alone)
+    assert both.original.n_pairs == sum(c.original.n_pairs for c in alone)
+    # the original's estimate is the plain mean over runs: of the two sessions' alike
+    assert both.original.estimate_ns == pytest.approx(
+        np.mean([c.original.estimate_ns for c in alone])
+    )

@@ -149,6 +149,21 @@ def test_hyperfine_json(tmp_path: Path):
         parse_file(path)
 
 
+def test_hyperfine_failed_run_delays_the_runs_after_it(tmp_path: Path):
+    """hyperfine --ignore-failure keeps a failed run's time and exit code: it is
+    no iteration, but the runs after it started that much later (back to back
+    from the release at 5 s: 0.1 s ok, 0.3 s failed, 0.2 s ok)."""
+    doc = {"results": [{"command": "flaky", "times": [0.1, 0.3, 0.2],
+                        "exit_codes": [0, 1, 0]}]}  # fmt: skip
+    path = tmp_path / "hf.json"
+    path.write_text(json.dumps(doc))
+    _, rows = parse_file(path, ANCHOR)
+    assert rows["iteration_time_ns"].to_list() == [100_000_000, 200_000_000]
+    assert rows["iteration_start_ns"].to_list() == [5_000_000_000, 5_400_000_000]
+    assert rows["iteration_end_ns"].to_list() == [5_100_000_000, 5_600_000_000]
+    assert rows["epoch_start_ms"].to_list() == [1_700_000_000_000, 1_700_000_000_400]
+
+
 def test_unparseable_files_are_named_with_the_reason(tmp_path: Path):
     junk = tmp_path / "junk.txt"
     junk.write_text("hello\n")

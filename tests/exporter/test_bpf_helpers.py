@@ -93,3 +93,58 @@ def test_kernel_slots_match_the_exported_bounds(compile_bpf: Callable[[str, str]
     assert words.tolist() == expected.tolist()
     cumulative = b.cumulative(words[: b.nslots]).tolist()
     assert cumulative == [sum(v <= bound for v in VALUES) for bound in b.bounds] + [len(VALUES)]
+
+
+NS_SOURCE = r"""
+#include "exp_common.h"
+
+struct hist {
+	u64 slots[12 + 2]; /* exp2 in µs, bucket_max 12 (4.096 ms) and the overflow */
+	u64 sum;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__type(value, struct hist);
+} hist SEC(".maps");
+
+/* args[0]: a duration in ns, observed as runqlat and biolatency observe theirs */
+SEC("raw_tp")
+int observe(struct bpf_raw_tracepoint_args *ctx)
+{
+	u32 zero = 0;
+	struct hist *h = bpf_map_lookup_elem(&hist, &zero);
+
+	if (h)
+		EXP_OBSERVE_NS_AS_US(h, ctx->args[0]);
+	return 0;
+}
+"""
+
+#: durations in ns around the µs bounds: 1,500 ns is above le=1e-06, 4,999 ns above 4e-06
+NS_VALUES = [0, 1, 999, 1000, 1001, 1500, 1999, 2000, 2001, 3999, 4000, 4001, 4999]
+NS_VALUES += [8_000, 8_900, 1_000_000, 4_096_000, 4_096_001, 10_000_000]
+
+
+def test_a_duration_in_ns_lands_in_the_bucket_whose_le_holds_it(
+    compile_bpf: Callable[[str, str], Path],
+) -> None:
+    """Each wait is counted in the first bucket whose ``le`` (µs times 1e-6, as
+    runqlat's and biolatency's are served) is at least the wait, and the sum is
+    the waits' total to the nearest µs each."""
+    path = compile_bpf("exp_ns_as_us", NS_SOURCE)
+    with open_and_load(path) as obj:
+        fd = obj.programs["observe"].fd
+        for ns in NS_VALUES:
+            run(fd, ns, 0)
+        raw = obj.map("hist").lookup(0)
+        assert raw is not None
+        words = np.frombuffer(raw, dtype="<u8")
+    b = Buckets(bucket_bounds("exp2", 12), multiplier=1e-6)
+    seconds = [ns / 1e9 for ns in NS_VALUES]
+    # Prometheus' le: the count of observations at most the bound
+    want = [sum(s <= bound * 1e-6 for s in seconds) for bound in b.bounds] + [len(seconds)]
+    assert b.cumulative(words[: b.nslots]).tolist() == want
+    assert abs(float(b.sums(words)[()]) - sum(seconds)) <= len(seconds) * 0.5e-6

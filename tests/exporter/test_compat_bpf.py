@@ -137,6 +137,28 @@ def test_counts_and_histograms_as_ebpf_exporter_serves_them(write_sizes: Exporte
         assert les == {*cum, "+Inf"}, kind
 
 
+def test_a_program_that_includes_only_bpf_core_read_h_builds() -> None:
+    """Some of ebpf_exporter's examples (biolatency, raw-tracepoints) include
+    libbpf's bpf_core_read.h for SEC and __kconfig, which libbpf 1.4 and later
+    pull in from there; on an older libbpf (Debian 12's 1.1) they built with a
+    wall of clang errors. The set loads and counts the job's calls."""
+    exporter = Exporter(resolve_sets([str(CONFIGS / "core-read.yaml")]))
+    try:
+        (status,) = exporter.start()
+        assert status.error is None, status.error
+        assert status.attached == 1, [(p.name, p.error) for p in status.programs]
+        comm = f"kmo-cr-{os.getpid() % 10000}"
+        _job(comm, [], GETPPIDS)
+        got = _samples(exporter.render().decode())
+        key = (
+            "ebpf_exporter_test_core_read_syscalls_total",
+            (("comm", comm), ("syscall", "getppid")),
+        )
+        assert got[key] == GETPPIDS
+    finally:
+        exporter.close()
+
+
 def test_program_info_matches_bpftool(write_sizes: Exporter) -> None:
     bpftool = shutil.which("bpftool") or shutil.which("bpftool", path="/usr/sbin:/sbin")
     assert bpftool

@@ -16,6 +16,7 @@ from kernmlops.ebpf.build import build
 from kernmlops.exporter.cli import export_command
 from kernmlops.exporter.config import MetricSet, load_metric_set
 from kernmlops.exporter.core import Exporter
+from tests.exporter.conftest import exporter_process, free_port, wait_logged, wait_serving
 
 pytestmark = pytest.mark.bpf
 
@@ -169,3 +170,102 @@ def test_user_set_is_served(user_set: MetricSet) -> None:
     assert hist[("user_switch_cpu_count", None)] > 0
     attached = families["kernmlops_exporter_programs_not_attached"].samples
     assert [(s.labels, s.value) for s in attached] == [({"set": "user_switch"}, 1.0)]
+
+
+def test_serving_names_a_program_that_does_not_attach(user_set: MetricSet, tmp_path: Path) -> None:
+    """Without --strict the set is served without the program, and the log says
+    which one and why (its metrics would stay empty with no word of it)."""
+    port = free_port()
+    log = tmp_path / "exporter.log"
+    with exporter_process(log, "-c", str(user_set.path), "--listen", f"127.0.0.1:{port}") as proc:
+        wait_serving(proc, f"http://127.0.0.1:{port}/metrics", log)
+        text = wait_logged(log, "serving 1 metric sets")
+    assert (
+        "warning: set user_switch: program user_never (tracepoint/kmo_nonexistent/nothing) "
+        "not attached: attach user_never (tracepoint/kmo_nonexistent/nothing): No such file "
+        "or directory (errno 2)\n" in text
+    ), text
+    assert "serving 1 metric sets (1 programs)" in text
+
+
+FENTRY_SOURCE = r"""
+#include "exp_common.h"
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__type(value, u64);
+} reads SEC(".maps");
+
+SEC("fentry/vfs_read")
+int user_read(void *ctx)
+{
+	u32 zero = 0;
+
+	exp_count(&reads, &zero, 1);
+	return 0;
+}
+"""
+
+FENTRY_YAML = """\
+description: vfs_read calls (a test set)
+metrics:
+  counters:
+    - name: user_reads_total
+      help: vfs_read calls
+      map: reads
+      labels:
+        - {name: slot, size: 4, decoders: [{name: uint}]}
+"""
+
+
+def test_a_set_of_a_program_type_the_kernel_refuses_says_which(tmp_path: Path) -> None:
+    """Where the kernel loads no fentry program (what doctor probes), a set with one
+    fails to load with EPERM and libbpf's hint at 'ulimit -l': the error names the
+    program type and the set's programs of it. Where it does, the set loads."""
+    from kernmlops.ebpf.probe import probe_program
+
+    (tmp_path / "exp_user_read.bpf.c").write_text(FENTRY_SOURCE)
+    path = tmp_path / "exp_user_read.yaml"
+    path.write_text(FENTRY_YAML)
+    user_set = load_metric_set(path)
+    try:
+        with Exporter([user_set]) as exporter:
+            (status,) = exporter.start()
+    finally:
+        user_set.object_path().unlink(missing_ok=True)
+    if probe_program("fentry").ok:
+        assert status.error is None and status.attached == 1, status.error
+        return
+    assert status.error is not None
+    assert status.error.endswith(
+        ": this kernel does not load fentry programs, and it has 1 (fentry/vfs_read); "
+        "kernmlops doctor shows the program types it loads"
+    ), status.error
+    assert "\n" not in status.error
+
+
+def test_collect_export_names_a_program_that_does_not_attach(user_set: MetricSet) -> None:
+    """collect --export serves a set without its program that did not attach (no
+    --strict), and says which and why, as kernmlops export does."""
+    import os
+
+    from kernmlops.collect.participants import ExporterParticipant
+    from kernmlops.config import CollectorConfig
+    from kernmlops.hooks.base import HookContext
+
+    said: list[str] = []
+    collector = CollectorConfig(
+        export="127.0.0.1:0", export_sets=[str(user_set.path)], export_grace_s=0
+    )
+    part = ExporterParticipant(collector, on_message=said.append)
+    part.start(HookContext(collection_id="t", process_filter=None, self_tgid=os.getpid()))
+    part.close()
+    assert said == [
+        "exporter: set user_switch: program user_never (tracepoint/kmo_nonexistent/nothing) "
+        "not attached: attach user_never (tracepoint/kmo_nonexistent/nothing): No such file "
+        "or directory (errno 2)"
+    ]
+    assert part.summary is not None
+    assert part.summary["sets"]["user_switch"]["attached"] == 1

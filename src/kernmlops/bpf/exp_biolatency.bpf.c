@@ -165,7 +165,7 @@ static __always_inline int on_merge(struct request *rq)
 
 static __always_inline int on_complete(struct request *rq, u32 nr_bytes)
 {
-	u64 now = bpf_ktime_get_ns(), key = (u64)rq, us;
+	u64 now = bpf_ktime_get_ns(), key = (u64)rq;
 	struct bio_start *st = bpf_map_lookup_elem(&BIO_MAP(exp_bio_start), &key);
 	struct bio_key bkey;
 	struct bio_hist zero, *h;
@@ -185,14 +185,12 @@ static __always_inline int on_complete(struct request *rq, u32 nr_bytes)
 		return 0;
 	if (st->t.issued) {
 		__builtin_memset(&zero, 0, sizeof(zero));
-		us = kmo_rq_service_ns(&st->t, now) / 1000;
 		h = exp_value(&BIO_MAP(block_io_latency), &bkey, &zero);
 		if (h)
-			EXP_OBSERVE(h, exp_slot_exp2(us), us);
-		us = kmo_rq_queue_ns(&st->t) / 1000;
+			EXP_OBSERVE_NS_AS_US(h, kmo_rq_service_ns(&st->t, now));
 		h = exp_value(&BIO_MAP(block_io_queue_latency), &bkey, &zero);
 		if (h)
-			EXP_OBSERVE(h, exp_slot_exp2(us), us);
+			EXP_OBSERVE_NS_AS_US(h, kmo_rq_queue_ns(&st->t));
 	}
 	bpf_map_delete_elem(&BIO_MAP(exp_bio_start), &key);
 	return 0;

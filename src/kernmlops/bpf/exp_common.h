@@ -184,3 +184,14 @@ static __always_inline u32 exp_slot_linear(u64 v)
 		(h)->slots[__s] += 1;                                          \
 		(h)->sum += (v);                                               \
 	} while (0)
+
+/* Observe a duration read in ns in an exp2 histogram kept in µs. The slot is
+ * the µs rounded up: le = 2^i µs holds no wait longer than 2^i µs (truncated,
+ * a 1.9 µs wait counted as <= 1 µs, a 4.9 µs one as <= 4 µs). The sum is the
+ * µs rounded to the nearest: truncated, each observation lost half a µs. */
+#define EXP_OBSERVE_NS_AS_US(h, ns)                                            \
+	do {                                                                   \
+		u64 __ns = (ns);                                               \
+		EXP_OBSERVE(h, exp_slot_exp2((__ns + 999) / 1000),             \
+			    (__ns + 500) / 1000);                              \
+	} while (0)

@@ -50,7 +50,7 @@ static __always_inline int on_switch(bool btf, struct task_struct *prev,
 {
 	u32 zero = 0, pid = BPF_CORE_READ(next, pid);
 	struct runq_hist *h;
-	u64 *since, ns, us;
+	u64 *since, ns;
 
 	if (kmo_has_sched_info(next)) {
 		if (!pid || !exp_task_wanted(next) || !kmo_queued_ns(btf, next, &ns))
@@ -67,10 +67,9 @@ static __always_inline int on_switch(bool btf, struct task_struct *prev,
 		ns = bpf_ktime_get_ns() - *since;
 		bpf_map_delete_elem(&exp_runq_since, &pid);
 	}
-	us = ns / 1000;
 	h = bpf_map_lookup_elem(&runqueue_latency, &zero);
 	if (h)
-		EXP_OBSERVE(h, exp_slot_exp2(us), us);
+		EXP_OBSERVE_NS_AS_US(h, ns);
 	return 0;
 }
 

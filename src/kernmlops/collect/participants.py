@@ -78,6 +78,13 @@ class ExporterParticipant(Participant):
             strict=self.collector.strict,
             web_config=web,
         )
+        if self.on_message is not None:
+            # served without them (not --strict): their metrics stay empty, said here
+            from kernmlops.exporter.service import label_problems, not_attached
+
+            statuses = self._running.statuses
+            for line in [*not_attached(statuses), *label_problems(statuses)]:
+                self.on_message(f"exporter: {line}")  # said as a warning
 
     def close(self) -> None:
         # The job's final values are served until a scrape took them (or

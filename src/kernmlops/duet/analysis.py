@@ -99,6 +99,16 @@ else:
     stats = lazy_import("scipy.stats")
 
 RUN_KEYS = ("suite", "benchmark", "kind", "runid", "order")
+#: what tells apart two sessions of one suite processed together (two `duet run`
+#: folders, whose run ids are alike): the artifacts the original groups its runs
+#: by too (its ARTIFACT_COL); without them run 0 of each would be one run
+SESSION_KEYS = tuple(f"artifact_{n}" for n in ("date", "hostname", "lscpu", "meminfo", "uname"))
+
+
+def run_keys(columns: list[str] | tuple[str, ...]) -> list[str]:
+    """The columns that name one run in a table with ``columns``: RUN_KEYS, then
+    the session artifacts it has."""
+    return [*RUN_KEYS, *(c for c in SESSION_KEYS if c in columns)]
 
 
 METHODS = ("kernmlops", "original")
@@ -138,6 +148,8 @@ class Options:
             raise ValueError("resamples must be at least 100")
         if self.min_runs < 2:
             raise ValueError("min_runs must be at least 2")
+        if self.seed < 0:  # numpy's generators take no negative seed
+            raise ValueError(f"seed must be 0 or more (got {self.seed})")
 
 
 def parse_warmup(text: str | int) -> tuple[int, float]:
@@ -166,14 +178,14 @@ def after_warmup(warmup: str | int, columns: list[str] | None = None) -> pl.Expr
     """True for the iterations kept: each side's first ones in each run are not.
     ``auto``: half of each side's iterations for the Java suites, none else."""
     if str(warmup).strip() == "auto":
-        keys = [*RUN_KEYS, "pair"]
+        keys = [*run_keys(columns or []), "pair"]
         rank = pl.col("iteration").rank("ordinal").over(keys) - 1
         half = (pl.len().over(keys) * 0.5).floor()
         return ~java_rows(columns or []) | (rank >= half)
     count, frac = parse_warmup(warmup)
     if not count and not frac:
         return pl.lit(True)
-    keys = [*RUN_KEYS, "pair"]
+    keys = [*run_keys(columns or []), "pair"]
     rank = pl.col("iteration").rank("ordinal").over(keys) - 1
     cut = pl.lit(count) if count else (pl.len().over(keys) * frac).floor()
     return rank >= cut
@@ -830,9 +842,11 @@ def compare(
         n_a_all=sum(r.counts_before_warmup()[0] for r in runs),
         n_b_all=sum(r.counts_before_warmup()[1] for r in runs),
     )
-    if opts.mds and rci is not None:
+    if not opts.mds:
+        cmp.mds_note = MDS_SKIPPED  # not "not found": nothing was searched
+    elif rci is not None:
         cmp.mds, cmp.mds_note = minimum_detectable_slowdown(runs, kind, opts)
-    elif opts.mds and few:
+    elif few:
         cmp.mds_note = f"needs ≥ {opts.min_runs} runs (--min-runs)"
     return cmp
 
@@ -843,6 +857,10 @@ def detects(runs: list[Run], kind: str, opts: Options, slowdown: float) -> bool:
     slowed = [r.slowed(slowdown) for r in runs]
     rci = _seq_ci(slowed, opts, rng)[5] if kind == "sequential" else _duet_ci(slowed, opts, rng)[6]
     return _detected(rci) == "slower"
+
+
+#: the note of a minimum detectable slowdown that was not looked for (--no-mds)
+MDS_SKIPPED = "not computed (--no-mds)"
 
 
 def minimum_detectable_slowdown(
@@ -917,7 +935,7 @@ def build_runs(df: pl.DataFrame, warmup: str) -> dict[tuple[str, str, str], list
         return out
     # Sequential runs of A and B are separate trials: runid pairs them, order is null.
     for key, grp in full.sort("iteration_start_ns", nulls_last=True).group_by(
-        list(RUN_KEYS), maintain_order=True
+        run_keys(full.columns), maintain_order=True
     ):
         a = grp.filter((pl.col("pair") == "A") & pl.col("_kept"))
         b_all = grp.filter(pl.col("pair") == "B")
@@ -1021,7 +1039,9 @@ def analyze(
             )
             res.comparisons[kind] = compare([], kind, aa, opts, ends)
         results = {key: results[key] for key in sorted(results)}
-    kept = original_warmup(df)
+    # the original's run: ours without the order (its RUN_ID_COL), with the artifacts
+    keys = [c for c in run_keys(df.columns) if c != "order"]
+    kept = original_warmup(df, keys)
     for b in results.values():
         for kind, c in b.comparisons.items():
             rows = kept.filter(
@@ -1031,6 +1051,6 @@ def analyze(
             )
             c.original = compare_original(
                 rows, kind, b.aa, min_overlap=opts.min_overlap, confidence=opts.confidence,
-                seed=opts.seed, min_runs=opts.min_runs,
+                seed=opts.seed, min_runs=opts.min_runs, run=keys,
             )  # fmt: skip
     return Analysis(opts, list(results.values()), warns)

@@ -12,7 +12,7 @@ import click
 from rich.console import Console
 
 from kernmlops.clitools import CONTEXT_SETTINGS, fail, progress
-from kernmlops.errors import KernmlopsError
+from kernmlops.errors import KernmlopsError, why_not_written
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -102,7 +102,8 @@ def run_cmd(
 
     A side that fails, times out, or exits 0 but leaves none of its result
     files is reported and the next trial runs; the exit status is 1 when any
-    trial did not succeed.
+    trial did not succeed. Ctrl+C, SIGTERM or a hangup stops the running sides
+    and keeps the trials run so far (exit 130, 143, 129).
 
     \b
     Examples (cpu-loop.duet.yml ships in src/kernmlops/duet/configs/):
@@ -120,10 +121,16 @@ def run_cmd(
     def result_folder(suite) -> Path:
         return suite_folder(held_out if held is not None else outdir, suite)
 
-    def on_term(_signum: int, _frame: object) -> None:
+    caught: list[int] = []
+
+    def on_term(signum: int, _frame: object) -> None:
+        caught.append(signum)
         raise KeyboardInterrupt  # stop the running sides, keep what was run
 
-    old_term = signal.signal(signal.SIGTERM, on_term)
+    # a hangup (the ssh session lost) too: by default it ended the runner at once,
+    # its index left unfinished and the trial's work folder behind
+    stops = (signal.SIGTERM, signal.SIGHUP)
+    old = {sig: signal.signal(sig, on_term) for sig in stops}
     try:
         suites = [load_duet_config(c) for c in configs]  # every config checked before any run
         if seed is not None:
@@ -197,9 +204,10 @@ def run_cmd(
         fail(err)
     except KeyboardInterrupt:
         console.print("interrupted: the trials run so far are kept")
-        sys.exit(130)
+        sys.exit(128 + caught[0] if caught else 130)  # 143 SIGTERM, 129 SIGHUP, as collect
     finally:
-        signal.signal(signal.SIGTERM, old_term)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
         if held is not None:
             held.close()
     if failed:
@@ -344,6 +352,7 @@ def process_cmd(
         if processed.results.height == 0:
             seen = " (see the warnings above)" if processed.errors else ""
             raise KernmlopsError(f"no iterations in {processed.files} result file(s){seen}")
+        _check_aa(aa, processed.results["benchmark"].unique().to_list(), "the results")
         from kernmlops.host.invoker import invoker
         from kernmlops.host.pinned import handed_over_held, pin
 
@@ -354,6 +363,9 @@ def process_cmd(
         try:
             with handed_over_held(held):
                 made = write_processed(processed, held.io, json=as_json, original=original)
+        except OSError as err:  # a full disk: one line, as analyze says it
+            why = why_not_written(err)
+            raise KernmlopsError(f"cannot write the tables in {out}: {why}") from None
         finally:
             held.close()
         written = [out / p.name for p in made]
@@ -367,10 +379,25 @@ def process_cmd(
     )
 
 
+def _check_aa(aa: tuple[str, ...], benchmarks: list[str], where: str) -> None:
+    """A name given to --aa that no benchmark has is said (a typo would leave the
+    benchmark meant as A/B in silence); a warning, as one --aa list may serve
+    several folders."""
+    unknown = sorted(set(aa) - set(benchmarks))
+    if unknown:
+        console.print(
+            f"[yellow]warning:[/] --aa {', '.join(unknown)}: no such benchmark in {where} "
+            f"(benchmarks: {', '.join(sorted(benchmarks)) or 'none'})",
+            markup=True,
+        )
+
+
 def _mds_text(c) -> str:
     """The minimum detectable slowdown as the CLI line gives it, named as the report
     names it, with its note; nothing where there is no interval to find it with."""
-    if c.ratio_ci is None:
+    from kernmlops.duet.analysis import MDS_SKIPPED
+
+    if c.ratio_ci is None or c.mds_note == MDS_SKIPPED:
         return ""
     if c.mds is None:
         return f"; minimum detectable slowdown: {c.mds_note or 'not found'}"
@@ -496,6 +523,7 @@ def analyze_cmd(
         table, kernel = read_results(results)
         if table.height == 0:
             raise KernmlopsError(f"{results}: the results table is empty")
+        _check_aa(aa, table["benchmark"].unique().to_list(), str(results))
         if aa:
             table = table.with_columns(
                 pl.when(pl.col("benchmark").is_in(list(aa))).then(True).otherwise(pl.col("aa"))

@@ -83,14 +83,15 @@ class OriginalResult:
         }
 
 
-def original_warmup(df: pl.DataFrame) -> pl.DataFrame:
-    """Drop the first half of each Java-suite run as the original does."""
+def original_warmup(df: pl.DataFrame, run: list[str] | tuple[str, ...] = RUN) -> pl.DataFrame:
+    """Drop the first half of each Java-suite run as the original does (``run``: the
+    columns that name a run, RUN and the session's artifacts as the caller has them)."""
     if df.height == 0:
         return df
     parser = pl.col("parser").fill_null("") if "parser" in df.columns else pl.lit("")
     number = pl.col("iteration") + pl.when(parser == "dacapo").then(1).otherwise(0)
     java = pl.col("suite").is_in(list(JAVA_SUITES))
-    highest = number.max().over(list(RUN))
+    highest = number.max().over(list(run))
     return df.filter(~java | (number >= highest / 2))
 
 
@@ -145,12 +146,15 @@ def _numbered_run_diffs(run: pl.DataFrame) -> np.ndarray:
 
 
 def run_means(
-    df: pl.DataFrame, kind: str, min_overlap: float = 0.4
+    df: pl.DataFrame,
+    kind: str,
+    min_overlap: float = 0.4,
+    run_keys: list[str] | tuple[str, ...] = RUN,
 ) -> tuple[np.ndarray, int, list[Any]]:
     """Per run of one benchmark and kind: the mean pair difference A - B;
     also the number of pairs and the run ids (runs without pairs are left out)."""
     means, n_pairs, ids = [], 0, []
-    for key, run in df.sort("runid").group_by(list(RUN), maintain_order=True):
+    for key, run in df.sort("runid").group_by(list(run_keys), maintain_order=True):
         d = _duet_run_diffs(run, min_overlap) if kind == "duet" else _numbered_run_diffs(run)
         if len(d):
             means.append(float(d.mean()))
@@ -191,10 +195,11 @@ def compare_original(
     seed: int | None = 0,
     resamples: int = RESAMPLES,
     min_runs: int = 2,
+    run: list[str] | tuple[str, ...] = RUN,
 ) -> OriginalResult:
     """One benchmark's rows of one kind (warm-up already dropped); a verdict from fewer
     than ``min_runs`` runs (--min-runs) is not reliable, and says so."""
-    means, n_pairs, _ = run_means(df, kind, min_overlap)
+    means, n_pairs, _ = run_means(df, kind, min_overlap, run)
     ci = bca_interval(means, confidence, seed, resamples)
     a = df.filter(pl.col("pair") == "A")["iteration_time_ns"].to_numpy()
     b = df.filter(pl.col("pair") == "B")["iteration_time_ns"].to_numpy()

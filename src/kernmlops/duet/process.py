@@ -224,6 +224,7 @@ def _process_suite(
                 frames.append(_tag(rows, meta, artifacts))
     if on_file is not None and files:
         on_file()
+    errors += _unlisted(folder, index)
     kernel = None
     if index.get("collect"):
         from kernmlops.duet.collect import kernel_stats_for_suite
@@ -233,6 +234,30 @@ def _process_suite(
         except Exception as err:  # reported; the iteration table still stands
             errors.append(f"{folder}: kernel data: {err}")
     return Processed(_concat(frames), kernel, errors, files)
+
+
+def _unlisted(folder: Path, index: dict[str, Any]) -> list[str]:
+    """Result files in the suite's folder that no trial of its index names: those
+    of the trial a stopped run (Ctrl+C, SIGTERM, a hangup) was in. Not read (that
+    trial is not in the index), but named, not left out in silence."""
+    listed = {str(rel) for rel in _result_names(index)}
+    # a listed name may be a link to a file of another name, which is read then
+    read = {os.path.realpath(folder / rel) for rel in listed}
+    out = []
+    for sub in ("results", ""):
+        where = folder / sub if sub else folder
+        if not where.is_dir():
+            continue
+        for entry in sorted(where.iterdir()):
+            rel = f"{sub}/{entry.name}" if sub else entry.name
+            if not _ORIGINAL_NAME.match(entry.name) or rel in listed:
+                continue
+            if os.path.realpath(entry) not in read:
+                out.append(
+                    f"{folder / rel}: no trial in {INDEX} names it (the run was stopped "
+                    "during its trial?): not read"
+                )
+    return out
 
 
 def date_ns(text: str) -> int | None:
@@ -500,14 +525,18 @@ def write_processed(
             path = out / f"{name}.{ext}"
             tmp = out / f".{name}.{ext}.tmp"
             # a new file, never through a link planted under the temporary name
-            with open(create_new(tmp), "wb") as f:
-                if ext == "parquet":
-                    table.write_parquet(f)
-                elif ext == "csv":
-                    table.write_csv(f)
-                else:
-                    table.write_json(f)
-            tmp.replace(path)
+            try:
+                with open(create_new(tmp), "wb") as f:
+                    if ext == "parquet":
+                        table.write_parquet(f)
+                    elif ext == "csv":
+                        table.write_csv(f)
+                    else:
+                        table.write_json(f)
+                tmp.replace(path)
+            except BaseException:
+                tmp.unlink(missing_ok=True)  # no half-written table left behind
+                raise
             written.append(path)
     if original:
         table = to_original(processed.results)

@@ -23,7 +23,7 @@ from typing import Any
 
 import polars as pl
 
-from kernmlops.duet.analysis import Analysis, BenchmarkResult, Comparison
+from kernmlops.duet.analysis import MDS_SKIPPED, Analysis, BenchmarkResult, Comparison
 
 KERNEL_COLUMNS = {
     "cpu_time_ms": "CPU time (ms)",
@@ -347,7 +347,8 @@ def _write_report(analysis: Analysis, results: pl.DataFrame, out: Path, plots: P
         for k, c in sorted(b.comparisons.items()):
             ci = c.ratio_ci
             cis = f"[{_pct(ci.low)}, {_pct(ci.high)}]" if ci else "–"
-            mds = f"{c.mds * 100:.2f}%" if c.mds is not None else "> max" if c.ratio_ci else "–"
+            searched = c.ratio_ci is not None and c.mds_note != MDS_SKIPPED
+            mds = f"{c.mds * 100:.2f}%" if c.mds is not None else "> max" if searched else "–"
             ov = _orig_verdict(c)
             md.append(
                 f"| {b.suite} | {b.benchmark} | {k} | {_pct(c.gm_ratio)} | {cis} | "

@@ -57,7 +57,7 @@ from kernmlops.benchmarks.base import Launch
 from kernmlops.collect.gated import GatedProcess, exit_status
 from kernmlops.duet.config import Duet, DuetSuite, Side
 from kernmlops.duet.harness import SYNC_ENV
-from kernmlops.errors import BenchmarkError, KernmlopsError
+from kernmlops.errors import BenchmarkError, KernmlopsError, why_not_written
 from kernmlops.fileio import write_atomic
 from kernmlops.host.cpus import autogroup_nice, format_cpu_list, set_autogroup_nice
 from kernmlops.host.environment import CpuLimit
@@ -861,8 +861,15 @@ def prepare_folder(folder: Path, force: bool) -> None:
         shutil.rmtree(folder)
 
 
-def write_index(folder: Path, index: dict[str, Any]) -> None:
-    write_atomic(folder / INDEX, json.dumps(index, indent=1, default=str))
+def write_index(folder: Path, index: dict[str, Any], shown: Path | None = None) -> None:
+    """The suite's duet-run.json; DuetError, one line naming it as ``shown`` (the
+    folder's name, where ``folder`` is its /proc/self/fd path), when it cannot be
+    written (a full disk)."""
+    try:
+        write_atomic(folder / INDEX, json.dumps(index, indent=1, default=str))
+    except OSError as err:
+        where = (shown or folder) / INDEX
+        raise DuetError(f"cannot write {where}: {why_not_written(err, where)}") from None
 
 
 def run_suite(
@@ -930,7 +937,7 @@ def _run_held(suite: DuetSuite, named: Path, folder: Path, *, collect: Any,
         "artifacts": capture_artifacts(suite.artifacts, folder / "artifacts"),
         "trials": [],
     }
-    write_index(folder, index)
+    write_index(folder, index, named)
     records: list[TrialRecord] = []
     try:
         for n, trial in enumerate(plan):
@@ -942,12 +949,12 @@ def _run_held(suite: DuetSuite, named: Path, folder: Path, *, collect: Any,
                 rec = run_trial(trial, suite, folder, layout=layout)
             records.append(rec)
             index["trials"].append(rec.as_dict())
-            write_index(folder, index)
+            write_index(folder, index, named)
             if on_trial:
                 on_trial(n, len(plan), trial, rec)
     finally:
         index["finished_at"] = datetime.now(UTC).isoformat()
-        write_index(folder, index)
+        write_index(folder, index, named)
         shutil.rmtree(folder / "work", ignore_errors=True)
     return SuiteResult(suite.suite, named, records)
 

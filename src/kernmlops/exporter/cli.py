@@ -360,7 +360,7 @@ def _run(
 ) -> None:  # fmt: skip
     from kernmlops.exporter.core import Exporter
     from kernmlops.exporter.server import MetricsServer
-    from kernmlops.exporter.service import failures, label_problems
+    from kernmlops.exporter.service import failures, label_problems, not_attached
 
     stop = threading.Event()
     caught: list[int] = []
@@ -386,7 +386,9 @@ def _run(
         statuses = exporter.start()
         # A check passes only when everything attached: "0 of 2 programs" is no pass.
         problems = failures(statuses, strict=strict or check)
-        for line in [] if strict or check else label_problems(statuses):
+        # Served without them, their metrics stay empty: said, not left to a gauge
+        warnings = [] if strict or check else [*not_attached(statuses), *label_problems(statuses)]
+        for line in warnings:
             _console().print(f"warning: {line}", markup=False, soft_wrap=True)
         if check or problems:
             _report(statuses)

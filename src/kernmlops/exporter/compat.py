@@ -18,8 +18,10 @@ The ``.bpf.c`` is compiled as ebpf_exporter builds its examples (``-target
 bpf -mcpu=v3``, ``<vmlinux.h>`` from this kernel, libbpf's ``<bpf/...>``
 headers) with our own ``maps.bpf.h``, ``bits.bpf.h`` and ``regs-ip.bpf.h``
 (bpf/ebpf_exporter/) on the include path, which give the helpers its examples
-call by the same names. A file is in this format when none of its metrics has
-a ``map:`` key (:func:`is_ebpf_exporter_config`).
+call by the same names, and a ``bpf/bpf_core_read.h`` there that includes
+``bpf_helpers.h`` first, as libbpf 1.4 and later do (some examples rely on it).
+A file is in this format when none of its metrics has a ``map:`` key
+(:func:`is_ebpf_exporter_config`).
 """
 
 from __future__ import annotations

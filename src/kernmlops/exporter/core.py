@@ -501,6 +501,33 @@ def check_fit(metric_set: MetricSet, spec: CounterSpec | HistogramSpec, obj: Bpf
         )
 
 
+#: section prefixes of program types that fail at load, not at attach, where the
+#: kernel lacks them (a VM without fentry: EPERM, with libbpf's hint at 'ulimit -l')
+_LOAD_TIME_TYPES = {"fentry": ("fentry/", "fexit/", "fmod_ret/", "fentry.s/", "fexit.s/")}
+
+
+def _missing_program_type(path: Path, bpf_dir: Path | None) -> str | None:
+    """Why an object that did not load cannot load here, when it has programs of a
+    type this kernel refuses (what ``kernmlops doctor`` probes); None otherwise."""
+    from kernmlops.ebpf.probe import probe_program
+
+    try:
+        sections = object_spec(path).programs.values()
+    except (KernmlopsError, OSError):
+        return None
+    for feature, prefixes in _LOAD_TIME_TYPES.items():
+        used = sorted(sec for sec in sections if sec.startswith(prefixes))
+        if not used:
+            continue
+        found = probe_program(feature, bpf_dir)
+        if not found.ok and "not found" not in found.detail:
+            return (
+                f"this kernel does not load {feature} programs, and it has {len(used)} "
+                f"({', '.join(used)}); kernmlops doctor shows the program types it loads"
+            )
+    return None
+
+
 class Exporter:
     """Loads metric sets and serves them as a ``prometheus_client`` collector.
 
@@ -624,7 +651,14 @@ class Exporter:
             values.update(runtime.load_globals(ms))
         reuse = {"kmo_tracked": self.process_filter_fd} if self.process_filter_fd else {}
         register_section_handler()
-        obj = loaded.obj = open_and_load(path, globals_=values, reuse_maps=reuse)
+        try:
+            obj = loaded.obj = open_and_load(path, globals_=values, reuse_maps=reuse)
+        except LibbpfError as err:
+            hint = _missing_program_type(path, self.bpf_dir)
+            if hint is None:
+                raise
+            why = libbpf.strerror(err.errno) if err.errno else "refused"
+            raise ExporterError(f"load {path.name}: {why}: {hint}") from None
         loaded.status.loaded = True
         loaded.status.variant = obj.variant
         for spec in ms.metrics:

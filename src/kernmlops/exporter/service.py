@@ -128,14 +128,20 @@ def failures(statuses: list[SetStatus], *, strict: bool) -> list[str]:
     ``strict`` programs that did not attach and labels that cannot decode."""
     out = [f"set {s.name}: {s.error}" for s in statuses if s.error]
     if strict:
-        out += [
-            f"set {s.name}: program {p.name} ({p.section}) not attached: {p.error}"
-            for s in statuses
-            if not s.error
-            for p in s.missed
-        ]
+        out += not_attached(statuses)
         out += label_problems(statuses)
     return out
+
+
+def not_attached(statuses: list[SetStatus]) -> list[str]:
+    """Programs of loaded sets that did not attach (a warning when serving, a
+    failure with --check or --strict)."""
+    return [
+        f"set {s.name}: program {p.name} ({p.section}) not attached: {p.error}"
+        for s in statuses
+        if not s.error
+        for p in s.missed
+    ]
 
 
 def label_problems(statuses: list[SetStatus]) -> list[str]:
