@@ -152,6 +152,22 @@ def test_real_run_stopped_by_sigterm(tmp_path: Path) -> None:
     assert set(frame["metric"]) == {"time_s", "tasks"}
 
 
+@needs_hackbench
+def test_counts_are_hackbench_own_when_extra_args_repeat_them(tmp_path: Path) -> None:
+    """extra_args' -g and -l win over the options (hackbench takes the last): the
+    results count what ran, 2 groups x 2 senders x 2 receivers x 7 loops, not the
+    options' 1 x 2 x 2 x 100."""
+    bench = _bench(groups=1, loops=100, fds=2, ipc="pipe", extra_args=["-g", "2", "-l", "7"])
+    out = tmp_path / "stdout.txt"
+    with out.open("wb") as f:
+        done = subprocess.run(bench.launch().argv, stdout=f, stderr=subprocess.PIPE, timeout=60)
+    assert done.returncode == 0, done.stderr
+    frame = bench.results(BenchmarkRun(tmp_path, 0, stdout_path=out))
+    assert frame is not None
+    got = {m: v for m, v in frame.select("metric", "value").iter_rows()}
+    assert (got["messages"], got["tasks"]) == (2 * 2 * 2 * 7, 2 * 2 * 2)
+
+
 def _children(pid: int) -> list[int]:
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):

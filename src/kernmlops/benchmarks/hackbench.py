@@ -35,6 +35,10 @@ else:
 
 HACKBENCH = "hackbench"
 _TIME = re.compile(r"^Time:\s*([0-9.]+)\s*$", re.MULTILINE)
+#: hackbench's own counts: "... with G groups using F file descriptors each (== T tasks)"
+#: (F is the senders plus the receivers of a group) and "Each sender will pass N messages"
+_GROUPS = re.compile(r"with (\d+) groups using (\d+) file descriptors each", re.MULTILINE)
+_LOOPS = re.compile(r"^Each sender will pass (\d+) messages", re.MULTILINE)
 #: what hackbench prints (to stderr) when a signal ends it before its messages are passed
 _STOPPED = re.compile(r"^Signal \d+ caught", re.MULTILINE)
 #: hackbench reads its counts into a C int: a larger one wraps (10**22 is -1: endless)
@@ -98,20 +102,24 @@ class HackbenchBenchmark(Benchmark[HackbenchOptions]):
     def results(self, run: BenchmarkRun) -> pl.DataFrame | None:
         if run.stdout_path is None:
             return None
-        seconds = parse_time(run.stdout_path.read_text(errors="replace"))
+        text = run.stdout_path.read_text(errors="replace")
+        seconds = parse_time(text)
         if seconds is None:
             if run.exit_code == 0:
                 raise BenchmarkError("hackbench: exited 0 but printed no 'Time:' line")
             return None
+        # hackbench's own counts: extra_args may repeat -g, -f or -l (the last one wins)
+        counts = parse_counts(text)
+        tasks, messages = counts if counts else (self.tasks(), self.messages())
         rows = [
             ("hackbench", "time_s", seconds, "s"),
-            ("hackbench", "tasks", float(self.tasks()), "tasks"),
+            ("hackbench", "tasks", float(tasks), "tasks"),
         ]
         if stopped(run):
             return result_frame(rows)  # fewer messages than asked: no count, no rate
-        rows.append(("hackbench", "messages", float(self.messages()), "messages"))
+        rows.append(("hackbench", "messages", float(messages), "messages"))
         if seconds > 0:
-            rows.append(("hackbench", "messages_per_s", self.messages() / seconds, "1/s"))
+            rows.append(("hackbench", "messages_per_s", messages / seconds, "1/s"))
         return result_frame(rows)
 
 
@@ -122,6 +130,16 @@ def stopped(run: BenchmarkRun) -> bool:
         if path is not None and path.exists() and _STOPPED.search(path.read_text(errors="replace")):
             return True
     return False
+
+
+def parse_counts(text: str) -> tuple[int, int] | None:
+    """(tasks, messages) of the run as hackbench announced it, or None: a group of F
+    descriptors is F/2 senders, each passing N messages to each of F/2 receivers."""
+    groups, loops = _GROUPS.search(text), _LOOPS.search(text)
+    if groups is None or loops is None:
+        return None
+    g, f, n = int(groups.group(1)), int(groups.group(2)), int(loops.group(1))
+    return g * f, g * (f // 2) * (f // 2) * n
 
 
 def parse_time(text: str) -> float | None:
