@@ -368,6 +368,33 @@ SUDO = {"SUDO_UID": str(NOBODY), "SUDO_GID": str(NOBODY), "SUDO_USER": "nobody"}
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="plays sudo: needs root")
+def test_export_says_when_a_sum_outgrows_int32(tmp_path: Path) -> None:
+    """A sum past 2^31 was printed as "largest int32 sum 107,374,050,000 (< 2^31)"."""
+    import numpy as np
+    import polars as pl
+
+    from kernmlops.lb.model import Model
+
+    w1 = np.zeros((15, 10))
+    w1[9] = 5000.0  # src_load
+    model = tmp_path / "m.json"
+    Model(w1=w1, b1=np.zeros(10), w2=np.ones(10), b2=0.0, meta={}).save(model)
+    frame = synthetic_decisions(4, "big-load", seed=1).with_columns(
+        pl.lit(10**9, pl.Int64).alias("src_load"),
+        pl.lit(0, pl.Int8).alias("p_running"),
+        pl.lit(1, pl.Int8).alias("test_aggressive"),
+    )
+    write_decisions(frame, tmp_path / "data", "big-load", "synthetic", {})
+    r = _invoke("export", model, "-o", tmp_path / "out", "--data", tmp_path / "data")
+    assert r.exit_code == 0, r.output
+    # src_load saturates at 2^20 - 1: Q20.11 (2^20 - 1) * 2048 // 1000 = 2,147,481; each
+    # hidden unit 2,147,481 * 5000, the output ten of them (w2 = 1)
+    assert 2_147_481 == (2**20 - 1) * 2048 // 1000
+    assert f"largest int32 sum {10 * 2_147_481 * 5000:,} >= 2^31" in r.output
+    assert "(< 2^31)" not in r.output
+    assert "warning: a sum on these decisions does not fit an int32" in r.output
+
+
 def test_export_under_sudo_writes_through_no_planted_link(tmp_path: Path) -> None:
     """``sudo kernmlops lb export M -o ~/out`` with ~/out a link of the user's to a
     folder of root's: refused in one line, root's file as it was; into a new folder

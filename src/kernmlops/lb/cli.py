@@ -505,11 +505,19 @@ def export_cmd(model_path: Path, output_dir: Path, name: str, data: tuple[Path, 
     console.print(f"wrote {header} and {js}")
     if check:
         a = check["float_vs_fixed"]
+        fits = a["max_abs_sum"] < 1 << 31
         console.print(
             f"float vs fixed on {a['rows']:,} decisions: {_pct(a['agreement'])} agree; max |logit "
             f"diff| {a['max_abs_logit_diff']:.4f} (bound {a['max_bound']:.4f}, within: "
-            f"{a['within_bound']}); largest int32 sum {a['max_abs_sum']:,} (< 2^31)"
+            f"{a['within_bound']}); largest int32 sum {a['max_abs_sum']:,} "
+            + ("(< 2^31)" if fits else ">= 2^31")
         )
+        if not fits:  # the header's own sums are 64-bit, as lb shadow's and kmo_lb's
+            console.print(
+                "warning: a sum on these decisions does not fit an int32: in MLLB's patch "
+                "(int32 sums) the model would wrap; its 64-bit sums here, in lb shadow "
+                "and in kmo_lb do not"
+            )
     else:
         console.print("no decisions to compare float and fixed on (pass --data)")
 
