@@ -368,6 +368,26 @@ SUDO = {"SUDO_UID": str(NOBODY), "SUDO_GID": str(NOBODY), "SUDO_USER": "nobody"}
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="plays sudo: needs root")
+def test_report_json_that_cannot_be_written_is_one_line(data: Path, tmp_path: Path) -> None:
+    """--json into a folder that is not there was a FileNotFoundError traceback."""
+    r = CliRunner().invoke(
+        lb_group, ["report", str(data), "--json", str(tmp_path / "no" / "r.json")]
+    )
+    assert r.exit_code == 2, r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+    assert "lb decisions" in r.stdout  # the report itself was said
+    assert r.stderr.strip() == f"error: cannot write the report to {tmp_path}/no/r.json: " + (
+        f"there is no folder {tmp_path}/no"
+    )
+    # a link planted at the name is replaced, not written through
+    target, link = tmp_path / "victim", tmp_path / "r.json"
+    target.write_text("keep\n")
+    link.symlink_to(target)
+    assert _invoke("report", data, "--json", link).exit_code == 0
+    assert target.read_text() == "keep\n"
+    assert json.loads(link.read_text())["collections"]
+
+
 def test_export_says_when_a_sum_outgrows_int32(tmp_path: Path) -> None:
     """A sum past 2^31 was printed as "largest int32 sum 107,374,050,000 (< 2^31)"."""
     import numpy as np

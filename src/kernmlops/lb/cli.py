@@ -599,7 +599,14 @@ def report_cmd(data: tuple[Path, ...], model_path: Path | None, json_out: Path |
             if rep.get(key):
                 out.print(_score_line(name, rep[key]), soft_wrap=True)
     if json_out:
-        json_out.write_text(json.dumps(rep, indent=1, default=str) + "\n")
+        from kernmlops.errors import OutputError, why_not_written
+        from kernmlops.fileio import write_atomic
+
+        try:  # whole or not at all (a full disk), never through a link planted there
+            write_atomic(json_out, json.dumps(rep, indent=1, default=str) + "\n")
+        except OSError as err:
+            fail(OutputError(f"cannot write the report to {json_out}: "
+                             f"{why_not_written(err, json_out)}"))  # fmt: skip
         console.print(f"report -> {json_out}")
 
 
