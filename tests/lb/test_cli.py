@@ -368,6 +368,19 @@ SUDO = {"SUDO_UID": str(NOBODY), "SUDO_GID": str(NOBODY), "SUDO_USER": "nobody"}
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="plays sudo: needs root")
+def test_train_names_the_collection_whose_column_is_missing(tmp_path: Path) -> None:
+    """A part without src_load read as nulls, and the error pointed a command-line user
+    at a Python function without saying which collection it was."""
+    for i in range(2):
+        frame = synthetic_decisions(50, f"c-{i}", seed=i)
+        write_decisions(frame.drop("src_load") if i else frame, tmp_path, f"c-{i}", "s", {})
+    r = CliRunner().invoke(lb_group, ["train", str(tmp_path), "-o", str(tmp_path / "m.json")])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith("error: 50 decisions in collection c-1 have no src_load"), r.stderr
+    assert "their lb_decisions lack it or leave it empty" in r.stderr
+    assert not (tmp_path / "m.json").exists()
+
+
 def test_report_json_that_cannot_be_written_is_one_line(data: Path, tmp_path: Path) -> None:
     """--json into a folder that is not there was a FileNotFoundError traceback."""
     r = CliRunner().invoke(
