@@ -381,6 +381,26 @@ def test_train_names_the_collection_whose_column_is_missing(tmp_path: Path) -> N
     assert not (tmp_path / "m.json").exists()
 
 
+def test_export_data_that_is_not_there_is_an_error(data: Path, tmp_path: Path) -> None:
+    """--data with a typo was skipped in silence: exit 0, no check, and '(pass --data)'."""
+    model = tmp_path / "m.json"
+    assert _invoke("train", data, "-o", model, "--epochs", "2").exit_code == 0
+    out = tmp_path / "out"
+    r = CliRunner().invoke(
+        lb_group, ["export", str(model), "-o", str(out), "--data", str(data) + "x"]
+    )
+    assert r.exit_code == 2, r.output
+    assert r.stderr == f"error: --data {data}x: no such file or folder\n"
+    assert not out.exists()  # refused before anything was written
+    # the model's own data moved away: exported, and the reason the check is missing said
+    doc = json.loads(model.read_text())
+    doc["meta"]["report"]["sources"] = [str(tmp_path / "moved")]
+    model.write_text(json.dumps(doc))
+    r = _invoke("export", model, "-o", out)
+    assert r.exit_code == 0, r.output
+    assert f"the model's training data ({tmp_path}/moved) is not all here" in r.output
+
+
 def test_report_json_that_cannot_be_written_is_one_line(data: Path, tmp_path: Path) -> None:
     """--json into a folder that is not there was a FileNotFoundError traceback."""
     r = CliRunner().invoke(

@@ -463,6 +463,9 @@ def export_cmd(model_path: Path, output_dir: Path, name: str, data: tuple[Path, 
 
     if not name or "/" in name or name.startswith("."):  # a file name in -o, nothing else
         fail(KernmlopsError(f"--name {name!r}: a file name (no '/', not starting with '.')"))
+    for p in data:  # named by the user: a typo is an error, not a check skipped
+        if not Path(p).exists():
+            fail(KernmlopsError(f"--data {p}: no such file or folder"))
     try:
         model = Model.load(model_path)
         fixed = FixedModel.from_model(model)
@@ -518,6 +521,11 @@ def export_cmd(model_path: Path, output_dir: Path, name: str, data: tuple[Path, 
                 "(int32 sums) the model would wrap; its 64-bit sums here, in lb shadow "
                 "and in kmo_lb do not"
             )
+    elif sources and not data:
+        console.print(
+            f"no decisions to compare float and fixed on: the model's training data "
+            f"({', '.join(map(str, sources))}) is not all here (pass --data)"
+        )
     else:
         console.print("no decisions to compare float and fixed on (pass --data)")
 
