@@ -402,15 +402,20 @@ def test_export_data_that_is_not_there_is_an_error(data: Path, tmp_path: Path) -
 
 
 def test_report_json_that_cannot_be_written_is_one_line(data: Path, tmp_path: Path) -> None:
-    """--json into a folder that is not there was a FileNotFoundError traceback."""
-    r = CliRunner().invoke(
-        lb_group, ["report", str(data), "--json", str(tmp_path / "no" / "r.json")]
-    )
+    """--json into a folder that was not there was a FileNotFoundError traceback: the
+    folder is made now (as lb train -o and lb export -o make theirs); a file in the way
+    is one error line."""
+    r = _invoke("report", data, "--json", tmp_path / "no" / "r.json")
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "no" / "r.json").read_text())["collections"]
+    (tmp_path / "file").write_text("")
+    bad = tmp_path / "file" / "r.json"
+    r = CliRunner().invoke(lb_group, ["report", str(data), "--json", str(bad)])
     assert r.exit_code == 2, r.output
     assert r.exception is None or isinstance(r.exception, SystemExit)
     assert "lb decisions" in r.stdout  # the report itself was said
-    assert r.stderr.strip() == f"error: cannot write the report to {tmp_path}/no/r.json: " + (
-        f"there is no folder {tmp_path}/no"
+    assert r.stderr == (
+        f"error: cannot write to {tmp_path}/file: {tmp_path}/file is a file, not a folder\n"
     )
     # a link planted at the name is replaced, not written through
     target, link = tmp_path / "victim", tmp_path / "r.json"
@@ -479,6 +484,29 @@ def test_export_under_sudo_writes_through_no_planted_link(tmp_path: Path) -> Non
     assert r.exit_code == 0, r.output
     made = [user / "new", user / "new" / "x", *(user / "new" / "x").iterdir()]
     assert len(made) == 4 and {p.lstat().st_uid for p in made} == {NOBODY}, made
+
+
+def test_train_report_and_import_under_sudo_are_the_users(data: Path, tmp_path: Path) -> None:
+    """Under sudo the model, the report and the imported collection (and the folders
+    made for them) were root's in the user's folder: the user's next import there
+    without sudo could not make its collection under root's benchmark=mllb-import."""
+    tmp_path.chmod(0o755)
+    user = tmp_path / "alice"
+    user.mkdir()
+    os.chown(user, NOBODY, NOBODY)
+    runner = CliRunner(env=SUDO)
+    for args in (
+        ["train", str(data), "-o", str(user / "models" / "m.json"), "--epochs", "2"],
+        ["report", str(data), "--json", str(user / "r.json")],
+        ["import-mllb", str(RAW), "-o", str(user / "mllb")],
+    ):
+        r = runner.invoke(lb_group, args)
+        assert r.exit_code == 0, r.output
+    assert "-> " + str(user / "mllb" / "curated") in r.output  # the path as named
+    made = list(user.rglob("*"))
+    # models/, m.json, r.json; mllb/curated/benchmark=/collection_id=/lb_decisions/ + 2 files
+    assert len(made) == 10
+    assert {p: p.lstat().st_uid for p in made} == {p: NOBODY for p in made}
 
 
 @pytest.mark.parametrize("value", ["0", "1", "1.5"])

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -325,7 +327,7 @@ def import_cmd(files: tuple[Path, ...], output_dir: Path, collection_id: str | N
       kernmlops lb import-mllb raw_ng.csv raw_fft.csv       -> data/curated/...
       kernmlops lb import-mllb raw_ng.csv --collection-id ng-run1 -o mllb-data
     """
-    from kernmlops.lb.dataset import write_decisions
+    from kernmlops.lb.dataset import check_id, write_decisions
     from kernmlops.lb.mllb_import import read_mllb_csv
 
     if collection_id and len(files) > 1:
@@ -334,13 +336,34 @@ def import_cmd(files: tuple[Path, ...], output_dir: Path, collection_id: str | N
         for path in files:
             frame = read_mllb_csv(path, collection_id)
             cid = frame["collection_id"][0]
-            out = write_decisions(
-                frame, output_dir, cid, "mllb-import",
-                {"lb": {"variant": "mllb", "source": str(path)}},
-            )  # fmt: skip
+            check_id(cid)  # before any folder is made for it
+            with _users_folder(output_dir) as root:
+                out = write_decisions(
+                    frame, root, cid, "mllb-import",
+                    {"lb": {"variant": "mllb", "source": str(path)}},
+                )  # fmt: skip
+            out = output_dir / out.relative_to(root)
             console.print(f"{path}: {frame.height:,} decisions -> {out}")
     except KernmlopsError as err:
         fail(err)
+
+
+@contextlib.contextmanager
+def _users_folder(folder: Path) -> Iterator[Path]:
+    """``folder`` (made if missing) held open; the path to write in it through. Under
+    sudo, what the block writes there is the invoking user's, as ``lb export``'s
+    files are: a model, a report or a collection of theirs that only root may change
+    would stop their next run without sudo."""
+    from kernmlops.host.invoker import invoker
+    from kernmlops.host.pinned import handed_over_held, pin
+
+    who = invoker()
+    held = pin(folder, create=True, invoker_uid=who.uid if who else None)
+    try:
+        with handed_over_held(held):
+            yield held.io
+    finally:
+        held.close()
 
 
 # --- train / export -------------------------------------------------------------------
@@ -423,7 +446,8 @@ def train_cmd(data, output, split, tests, test_fraction, epochs, seed, migration
             migration_cost_ns=migration_cost_ns or recorded_cost(list(data)) or MIGRATION_COST_NS,
             sources=[str(p) for p in data],
         )  # fmt: skip
-        result.model.save(output)
+        with _users_folder(output.parent) as folder:
+            result.model.save(folder / output.name, shown=output)
     except KernmlopsError as err:
         fail(err)
     rep = result.report
@@ -611,7 +635,10 @@ def report_cmd(data: tuple[Path, ...], model_path: Path | None, json_out: Path |
         from kernmlops.fileio import write_atomic
 
         try:  # whole or not at all (a full disk), never through a link planted there
-            write_atomic(json_out, json.dumps(rep, indent=1, default=str) + "\n")
+            with _users_folder(json_out.parent) as folder:
+                write_atomic(folder / json_out.name, json.dumps(rep, indent=1, default=str) + "\n")
+        except KernmlopsError as err:
+            fail(err)
         except OSError as err:
             fail(OutputError(f"cannot write the report to {json_out}: "
                              f"{why_not_written(err, json_out)}"))  # fmt: skip

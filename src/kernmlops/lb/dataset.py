@@ -131,21 +131,28 @@ def recorded_cost(paths: list[Path] | list[str]) -> int | None:
     return costs.pop() if costs else None
 
 
+def check_id(collection_id: str) -> None:
+    """CollectionError unless ``collection_id`` is one name: the manifest's rule, checked
+    before the id becomes a folder ('../x' would write outside the layout and leave the
+    part behind when the manifest refuses it)."""
+    from kernmlops.collect.manifest import check_collection_id
+
+    try:
+        check_collection_id(collection_id)
+    except ValueError as err:
+        raise CollectionError(f"bad collection id {collection_id!r}: {err}") from None
+
+
 def write_decisions(
     frame: pl.DataFrame, out_root: Path, collection_id: str, benchmark: str, manifest: dict
 ) -> Path:
     """Write decisions as a collection of their own (``lb_decisions`` table and
     a manifest) under ``out_root/curated/benchmark=<b>/collection_id=<id>/``.
     CollectionError, nothing written, when ``collection_id`` is not one name."""
-    from kernmlops.collect.manifest import check_collection_id, write_manifest
+    from kernmlops.collect.manifest import write_manifest
     from kernmlops.collect.parquet import ParquetSink
 
-    # the manifest's rule, checked before the id becomes a folder: '../x' would
-    # write outside the layout and leave the part behind when the manifest refuses it
-    try:
-        check_collection_id(collection_id)
-    except ValueError as err:
-        raise CollectionError(f"bad collection id {collection_id!r}: {err}") from None
+    check_id(collection_id)
     path = Path(out_root) / "curated" / f"benchmark={benchmark}" / f"collection_id={collection_id}"
     sink = ParquetSink(path, collection_id)
     sink.write(TABLE, frame.drop("collection_id"))

@@ -96,15 +96,18 @@ class Model:
             "meta": self.meta,
         }
 
-    def save(self, path: Path) -> Path:
+    def save(self, path: Path, *, shown: Path | None = None) -> Path:
         """Write the model to ``path`` whole (folders made); ModelError with one line
-        when it cannot be written."""
+        when it cannot be written, naming ``shown`` (the path as the user named it,
+        where ``path`` goes through a held folder) or ``path``."""
         path = Path(path)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(path, json.dumps(self.to_json(), indent=1) + "\n")
         except OSError as err:
-            raise ModelError(f"cannot write the model to {path}: {err.strerror or err}") from None
+            raise ModelError(
+                f"cannot write the model to {shown or path}: {err.strerror or err}"
+            ) from None
         return path
 
     @classmethod
