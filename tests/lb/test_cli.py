@@ -486,6 +486,20 @@ def test_export_under_sudo_writes_through_no_planted_link(tmp_path: Path) -> Non
     assert len(made) == 4 and {p.lstat().st_uid for p in made} == {NOBODY}, made
 
 
+def test_train_prints_what_its_help_promises(data: Path, tmp_path: Path) -> None:
+    """Its help promised "accuracy, precision, recall, F1" on the test runs: neither
+    precision nor F1 was printed (they are in the model file)."""
+    helped = _invoke("train", "--help").output.split("Examples:")[0]
+    out = _invoke("train", data, "-o", tmp_path / "m.json", "--epochs", "2").output
+    shown = {"balanced accuracy": "balanced", "recall": "recall", "precision": "precision",
+             "F1": "F1", "confusion matrix": "[[tn, fp], [fn, tp]]"}  # fmt: skip
+    promised = [w for w in shown if w in " ".join(helped.split()).split("(precision")[0]]
+    assert "balanced accuracy" in promised
+    assert [w for w in promised if shown[w] not in out] == []
+    meta = json.loads((tmp_path / "m.json").read_text())["meta"]["report"]["test"]["float"]
+    assert {"precision", "f1"} <= meta.keys()  # where the help says they are
+
+
 def test_train_report_and_import_under_sudo_are_the_users(data: Path, tmp_path: Path) -> None:
     """Under sudo the model, the report and the imported collection (and the folders
     made for them) were root's in the user's folder: the user's next import there

@@ -423,8 +423,10 @@ def _print_metrics(title: str, section: dict[str, Any]) -> None:
 def train_cmd(data, output, split, tests, test_fraction, epochs, seed, migration_cost_ns,
               balanced) -> None:  # fmt: skip
     """Train MLLB's MLP (15 -> 10 ReLU -> 1, numpy) on the lb_decisions of DATA
-    (collection folders or roots) after MLLB's filter; report accuracy,
-    precision, recall, F1 and the confusion matrix on the test runs.
+    (collection folders or roots) after MLLB's filter; print, on the training and
+    the test runs, the model (float and Q20.11), the hand rule and always the
+    commoner answer: balanced accuracy, the recall of each answer, accuracy and
+    the confusion matrix (precision and F1 too in the model's meta.report).
 
     \b
     Examples:
