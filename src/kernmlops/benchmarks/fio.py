@@ -78,6 +78,11 @@ class FioOptions(BenchmarkOptions):
         False,
         description="let write profiles write to a block device target (destroys its data)",
     )
+    allow_write_file: bool = Field(
+        False,
+        description="let write profiles overwrite a file target you name that already "
+        "holds data (destroys its content)",
+    )
     size: int | str = Field(
         "64M", description="bytes each profile covers (fio sizes: 4096, 4k, 64M, 1G)"
     )
@@ -189,6 +194,15 @@ class FioBenchmark(Benchmark[FioOptions]):
         if st is not None and not stat.S_ISREG(st.st_mode):
             raise BenchmarkError(
                 f"fio: target {str(path)!r} is neither a regular file, a folder nor a block device"
+            )
+        # a file of the user's with data in it: fio's writes replace that data, as
+        # they would a device's
+        if st is not None and st.st_size and writes and not self.options.allow_write_file:
+            raise BenchmarkError(
+                f"fio: target {str(path)!r} is a file of {st.st_size:,} bytes and profile(s) "
+                f"{', '.join(writes)} would overwrite its content; set "
+                "benchmark.fio.allow_write_file: true if that is what you want, name a "
+                "folder (fio writes a file of its own there) or use read profiles only"
             )
         folder = path.parent
         if not folder.is_dir():
