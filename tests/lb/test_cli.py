@@ -356,6 +356,30 @@ def test_train_uses_the_recorded_migration_cost(tmp_path: Path) -> None:
     assert rep["test"]["rule"]["balanced_accuracy"] == 1.0
     r = _invoke("report", tmp_path / "a", "--json", tmp_path / "r.json")  # no model: recorded cost
     assert json.loads((tmp_path / "r.json").read_text())["hand_rule"]["balanced_accuracy"] == 1.0
+    # a model trained at another cost changes neither the rule's score on these data nor
+    # the hot window its own features use: the kernel's, recorded (it took the model's,
+    # and the rule's column moved with --model)
+    doc = json.loads((tmp_path / "m.json").read_text())
+    doc["meta"]["migration_cost_ns"] = 500_000
+    (tmp_path / "m500.json").write_text(json.dumps(doc))
+    r = _invoke(
+        "report", tmp_path / "a", "--model", tmp_path / "m500.json", "--json", tmp_path / "r.json"
+    )
+    assert r.exit_code == 0, r.output
+    with_model = json.loads((tmp_path / "r.json").read_text())
+    assert with_model["hand_rule"]["balanced_accuracy"] == 1.0
+    assert [c["rule_accuracy"] for c in with_model["collections"]] == [1.0, 1.0]
+    import polars as pl
+
+    from kernmlops.lb.features import LABEL, float_features
+    from kernmlops.lb.model import Model
+    from kernmlops.lb.pipeline import prepare
+
+    folders = sorted((tmp_path / "a").rglob("collection_id=*"))
+    rows = pl.concat([read_collection(f)["lb_decisions"] for f in folders], how="diagonal_relaxed")
+    kept = prepare(rows)
+    pred = Model.load(tmp_path / "m.json").predict(float_features(kept, 10_000_000))
+    assert with_model["model"]["accuracy"] == float((pred == kept[LABEL].to_numpy()).mean())
     other = {"variant": "kprobe", "migration_cost_ns": 500_000}
     frame = synthetic_decisions(100, "c-9", seed=9)
     write_decisions(frame, tmp_path / "a", "c-9", "synthetic", {"lb": other})

@@ -78,10 +78,13 @@ def build_report(paths: list[Path], model_path: Path | None = None) -> dict[str,
     ``*.q11.json``), the model."""
     model = _Scored(model_path) if model_path else None  # checked before the data is read
     decisions = load_decisions(paths)
-    # the hot window the collections were recorded with, else the model's
-    cost = recorded_cost(paths) or MIGRATION_COST_NS
-    if model is not None:
-        cost = int(model.meta.get("migration_cost_ns", cost))
+    # the hot window the collections were recorded with (the kernel's answers and so
+    # the rule follow it, with a model or without), else the model's for the model
+    recorded = recorded_cost(paths)
+    cost = recorded or MIGRATION_COST_NS
+    model_cost = cost
+    if model is not None and recorded is None:
+        model_cost = int(model.meta.get("migration_cost_ns", cost))
     lb = _manifests(paths)
     rows = []
     for (cid,), group in sorted(decisions.group_by("collection_id"), key=lambda kv: str(kv[0])):
@@ -102,7 +105,7 @@ def build_report(paths: list[Path], model_path: Path | None = None) -> dict[str,
             row["rule"] = metrics(y, rule_decision(x))
             row["rule_accuracy"] = row["rule"]["accuracy"]
             if model is not None:
-                m = metrics(y, model.predict(kept, cost))
+                m = metrics(y, model.predict(kept, model_cost))
                 row["model_accuracy"] = m["accuracy"]
                 row["model"] = m
         shadow = (lb.get(str(cid)) or {}).get("shadow") or {}
@@ -129,7 +132,7 @@ def build_report(paths: list[Path], model_path: Path | None = None) -> dict[str,
         # and recall per class: "stay" is rare)
         x, y = float_features(total, cost), total[LABEL].to_numpy()
         if model is not None:
-            out["model"] = metrics(y, model.predict(total, cost))
+            out["model"] = metrics(y, model.predict(total, model_cost))
         out["hand_rule"] = metrics(y, rule_decision(x))
         out["majority"] = metrics(y, np.full(len(y), int(y.mean() >= 0.5)))
     counts = total.group_by("variant").len() if total.height else pl.DataFrame()
