@@ -639,6 +639,25 @@ def test_a_partial_collection_is_one_warning_line(data: Path, tmp_path: Path, co
     ], done.stderr
 
 
+def test_report_scores_each_collection_at_its_own_recorded_cost(tmp_path: Path) -> None:
+    """A lab folder with runs at 10 ms and at 500 us: lb report refused it, telling
+    to "pass --migration-cost-ns", an option it does not have."""
+    for cid, cost in (("c-10ms", 10_000_000), ("c-500us", 500_000)):
+        frame = synthetic_decisions(400, cid, seed=len(cid), migration_cost_ns=cost)
+        lb = {"variant": "kprobe", "migration_cost_ns": cost}
+        write_decisions(frame, tmp_path, cid, "synthetic", {"lb": lb})
+    r = _invoke("report", tmp_path, "--json", tmp_path / "r.json")
+    assert r.exit_code == 0, r.output
+    rep = json.loads((tmp_path / "r.json").read_text())
+    # labelled by the kernel's rule at each one's own cost: the rule agrees everywhere
+    assert [(c["collection_id"], c["rule_accuracy"]) for c in rep["collections"]] == [
+        ("c-10ms", 1.0), ("c-500us", 1.0),
+    ]  # fmt: skip
+    assert rep["hand_rule"]["accuracy"] == 1.0 and rep["hand_rule"]["rows"] == sum(
+        c["filtered"] for c in rep["collections"]
+    )
+
+
 def test_a_manifest_the_recorded_cost_cannot_read_is_named_in_one_line(tmp_path: Path) -> None:
     """The cost the readable manifests agree on is used; each one not read (not JSON,
     a link) is named in one warning line, as `kernmlops lb report` says it."""

@@ -101,19 +101,21 @@ def _unread(manifest: Path, why: str) -> None:
                   KernmlopsWarning, stacklevel=3)  # fmt: skip
 
 
-def recorded_cost(paths: list[Path] | list[str]) -> int | None:
-    """The migration cost the collections under ``paths`` were recorded with
-    (their manifests' lb section), when they agree on one; None when none says."""
+def recorded_costs(paths: list[Path] | list[str]) -> dict[str, int]:
+    """collection id -> the migration cost its manifest's lb section records, for the
+    collections under ``paths`` that record one; each manifest not read is named in
+    one warning line."""
     from kernmlops.collect.manifest import MANIFEST_NAME
     from kernmlops.spool.collection import read_manifest_bytes
 
-    costs: set[int] = set()
+    costs: dict[str, int] = {}
     for p in map(Path, paths):
         for m in [p / MANIFEST_NAME, *p.glob(f"**/collection_id=*/{MANIFEST_NAME}")]:
             if m.is_file():
                 try:  # read once, as every manifest is: a plain file, bounded, no link
                     raw = read_manifest_bytes(m.parent, owner=os.stat(m.parent).st_uid)
-                    lb = json.loads(raw).get("lb") or {}
+                    doc = json.loads(raw)
+                    lb = doc.get("lb") or {}
                 except OSError as err:
                     _unread(m, err.strerror or str(err))
                     continue
@@ -121,7 +123,16 @@ def recorded_cost(paths: list[Path] | list[str]) -> int | None:
                     _unread(m, "not a JSON object")
                     continue
                 if isinstance(lb, dict) and isinstance(lb.get("migration_cost_ns"), int):
-                    costs.add(lb["migration_cost_ns"])
+                    cid = doc.get("collection_id")
+                    name = cid if isinstance(cid, str) else m.parent.name
+                    costs[name.removeprefix("collection_id=")] = lb["migration_cost_ns"]
+    return costs
+
+
+def recorded_cost(paths: list[Path] | list[str]) -> int | None:
+    """The migration cost the collections under ``paths`` were recorded with
+    (their manifests' lb section), when they agree on one; None when none says."""
+    costs = set(recorded_costs(paths).values())
     if len(costs) > 1:
         raise CollectionError(
             f"the collections were recorded with different migration costs "
