@@ -342,6 +342,24 @@ def test_shadow_needs_a_readable_model(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "is not a model: not JSON" in r.output
 
 
+@pytest.mark.parametrize("command", ["shadow", "collect"])
+def test_a_model_of_12_hidden_units_is_refused_before_anything_runs(
+    tmp_path: Path, command: str
+) -> None:
+    """A valid float model of 12 hidden units got as far as "lb collect 1/1 ..." and the
+    BPF hook's refusal; the kernel's arrays hold 10."""
+    import numpy as np
+
+    from kernmlops.lb.model import Model
+
+    model = Model(np.zeros((15, 12)), np.zeros(12), np.zeros(12), 0.0).save(tmp_path / "m.json")
+    args = [model] if command == "shadow" else ["--model", model]
+    r = _invoke(command, *args, "-o", tmp_path / "d", "--no-progress", "--", "true")
+    assert r.exit_code == 2, r.output
+    assert r.output == f"error: {model}: 12 hidden units; the model in the kernel has MLLB's 10\n"
+    assert not (tmp_path / "d").exists()
+
+
 def test_train_uses_the_recorded_migration_cost(tmp_path: Path) -> None:
     # rows labelled by the rule with a 10 ms hot window: trained at the recorded
     # 10 ms the hand rule is exact; two costs in one data set are refused

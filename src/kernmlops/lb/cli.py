@@ -118,6 +118,10 @@ def _load_any_model(path: Path) -> tuple[Any, dict[str, Any]]:
     else:
         model = Model.load(path)
         fixed, meta = FixedModel.from_model(model), dict(model.meta)
+    if fixed.w1.shape[1] != 10:  # a valid file, not one the kernel's arrays can hold
+        raise ModelError(
+            f"{path}: {fixed.w1.shape[1]} hidden units; the model in the kernel has MLLB's 10"
+        )
     meta = {k: v for k, v in meta.items() if k != "report"}
     return fixed, {"path": str(path), **meta}
 
