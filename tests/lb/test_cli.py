@@ -35,6 +35,14 @@ def data(tmp_path_factory) -> Path:
     return root
 
 
+def test_group_help_says_how_to_know_whether_kprobes_are_there() -> None:
+    """It said "Where kprobes are off (like here)" on every machine: a claim about the
+    machine it was written on."""
+    out = _invoke("--help").output
+    assert "like here" not in out
+    assert "neither kprobes nor fentry (kernmlops doctor says)" in " ".join(out.split())
+
+
 def test_import_mllb_writes_a_collection(tmp_path: Path) -> None:
     r = _invoke("import-mllb", RAW, "-o", tmp_path)
     assert r.exit_code == 0, r.output

@@ -38,7 +38,8 @@ def lb_group() -> None:
       kernmlops lb deploy out/m.q11.json           the model decides (kernel module)
       kernmlops lb shadow lb-model.json -b ...     the model in the kernel, beside CFS
       kernmlops lb report data --model m.json      what the data and the model say
-    Where kprobes are off (like here), run the kprobe variant in the kernel lab:
+    Where the kernel has neither kprobes nor fentry (kernmlops doctor says), run
+    the kprobe variant in the kernel lab:
       kernmlops vm -o lab -- kernmlops lb collect -o lab -b stress-ng
     """
 
