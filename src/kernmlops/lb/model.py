@@ -356,7 +356,7 @@ def train(x: np.ndarray, y: np.ndarray, cfg: TrainConfig | None = None) -> Model
     w1_raw = w1 / sigma[:, None]
     b1_raw = b1 - (mu / sigma) @ w1
     _check_fits_q11(w1_raw, b1_raw, w1, mu, sigma)
-    return Model(
+    model = Model(
         w1=w1_raw,
         b1=b1_raw,
         w2=w2.copy(),
@@ -367,3 +367,7 @@ def train(x: np.ndarray, y: np.ndarray, cfg: TrainConfig | None = None) -> Model
             "train_config": cfg.__dict__,
         },
     )
+    # every reader's check (the fixed-point sums included): no model is saved that
+    # lb export, lb shadow or kmo_lb would refuse
+    check_model(model.to_json(), "the trained model", error=ModelError)
+    return model
