@@ -169,6 +169,38 @@ def test_check_refuses_real_tmpfs_if_present() -> None:
 
 
 @needs_fio
+def test_a_named_file_with_data_is_not_overwritten_unasked(tmp_path: Path) -> None:
+    """target: a file of the user's, with a write profile, or smaller than size: fio
+    replaced its content (an /etc/passwd named by mistake passed check() as well)."""
+    mine = tmp_path / "results.csv"
+    mine.write_text("a,b\n1,2\n")
+    for profile in ("seqwrite", "randwrite", "randrw"):
+        with pytest.raises(BenchmarkError, match=rf"file of 8 bytes and profile\(s\) {profile}"):
+            _bench(target=str(mine), profiles=["seqread", profile]).check()
+    big = tmp_path / "big.dat"
+    big.write_bytes(b"x" * 8192)
+    _bench(target=str(big), profiles=["seqread", "randread"], size="8k").check()  # reads only
+    # smaller than size: fio lays it out first, from its start (a read profile as well)
+    with pytest.raises(BenchmarkError, match=r"8 bytes, less than size \(4k\): fio would lay"):
+        _bench(target=str(mine), profiles=["randread"], size="4k", bs="4k").check()
+    laid = _bench(target=str(mine), profiles=["randread"], size="4k", bs="4k", direct=False,
+                  ioengine="psync", allow_write_file=True)  # fmt: skip
+    laid.check()
+    done = subprocess.run(laid.launch().argv, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert mine.stat().st_size == 4096 and not mine.read_bytes().startswith(b"a,b\n1,2\n")
+    mine.write_text("a,b\n1,2\n")
+    (tmp_path / "empty.dat").write_bytes(b"")
+    _bench(target=str(tmp_path / "empty.dat"), profiles=["seqwrite"]).check()  # nothing to lose
+    asked = _bench(target=str(mine), profiles=["seqwrite"], allow_write_file=True, direct=False,
+                   ioengine="psync", size="4k", bs="4k")  # fmt: skip
+    asked.check()
+    done = subprocess.run(asked.launch().argv, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert mine.read_bytes()[:8] != b"a,b\n1,2\n"[:8]  # what the guard is for: fio wrote over it
+
+
+@needs_fio
 def test_check_target_errors(tmp_path: Path) -> None:
     with pytest.raises(BenchmarkError, match="does not exist"):
         _bench(target=str(tmp_path / "no" / "f.dat")).check()

@@ -3,7 +3,9 @@ the CLI checked against the kernel's syscall and process counts, and Ctrl+C."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import polars as pl
@@ -90,6 +92,92 @@ def test_results_without_time(tmp_path: Path) -> None:
     assert _bench().results(BenchmarkRun(tmp_path, 1, stdout_path=out)) is None
     with pytest.raises(BenchmarkError, match="printed no 'Time:' line"):
         _bench().results(BenchmarkRun(tmp_path, 0, stdout_path=out))
+
+
+#: what hackbench 2.4 printed when SIGTERM stopped it a second into a run of 10**8 loops
+STOPPED_OUT = (
+    "Running in process mode with 1 groups using 4 file descriptors each (== 4 tasks)\n"
+    "Each sender will pass 100000000 messages of 100 bytes\n"
+    "signaling 4 worker threads to terminate\n"
+    "Time: 0.997\n"
+)
+STOPPED_ERR = (
+    "Signal 15 caught, longjmp'ing out!\n"
+    "longjmp'ed out, reaping children\n"
+    "sending SIGTERM to all child processes\n"
+)
+
+
+def test_stopped_run_claims_no_messages(tmp_path: Path) -> None:
+    """Stopped by the collection's duration, hackbench exits 0 with a Time: the
+    4 * 10**8 messages asked for were not passed, nor at 4 * 10**8 / 0.997 per s."""
+    out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    out.write_text(STOPPED_OUT)
+    err.write_text(STOPPED_ERR)
+    bench = _bench(groups=1, loops=100_000_000, fds=2)
+    frame = bench.results(BenchmarkRun(tmp_path, 0, stdout_path=out, stderr_path=err))
+    assert frame is not None
+    got = {m: v for m, v in frame.select("metric", "value").iter_rows()}
+    assert got == {"time_s": 0.997, "tasks": 4.0}
+
+
+def test_loops_fit_hackbench_int() -> None:
+    """hackbench reads -l into a C int: 10**22 became -1 ("Each sender will pass -1
+    messages"), an endless run whose results claimed 4e25 messages."""
+    with pytest.raises(ValidationError, match="less than or equal to 2147483647"):
+        HackbenchBenchmark.Options(loops=10**22)
+    assert _bench(loops=2**31 - 1).launch().argv[4] == "2147483647"
+
+
+@needs_hackbench
+def test_real_run_stopped_by_sigterm(tmp_path: Path) -> None:
+    bench = _bench(groups=1, loops=100_000_000, fds=2, ipc="pipe")
+    out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    with out.open("wb") as o, err.open("wb") as e:
+        proc = subprocess.Popen(bench.launch().argv, stdout=o, stderr=e)
+        try:
+            # its 4 workers forked (its handler is set by then): a SIGTERM is caught
+            while len(_children(proc.pid)) < bench.tasks():
+                assert proc.poll() is None, err.read_text()
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0  # hackbench's own status: all well
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert "Time:" in out.read_text()
+    frame = bench.results(BenchmarkRun(tmp_path, 0, stdout_path=out, stderr_path=err))
+    assert frame is not None
+    assert set(frame["metric"]) == {"time_s", "tasks"}
+
+
+@needs_hackbench
+def test_counts_are_hackbench_own_when_extra_args_repeat_them(tmp_path: Path) -> None:
+    """extra_args' -g and -l win over the options (hackbench takes the last): the
+    results count what ran, 2 groups x 2 senders x 2 receivers x 7 loops, not the
+    options' 1 x 2 x 2 x 100."""
+    bench = _bench(groups=1, loops=100, fds=2, ipc="pipe", extra_args=["-g", "2", "-l", "7"])
+    out = tmp_path / "stdout.txt"
+    with out.open("wb") as f:
+        done = subprocess.run(bench.launch().argv, stdout=f, stderr=subprocess.PIPE, timeout=60)
+    assert done.returncode == 0, done.stderr
+    frame = bench.results(BenchmarkRun(tmp_path, 0, stdout_path=out))
+    assert frame is not None
+    got = {m: v for m, v in frame.select("metric", "value").iter_rows()}
+    assert (got["messages"], got["tasks"]) == (2 * 2 * 2 * 7, 2 * 2 * 2)
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
 
 
 def test_check_missing_hackbench(monkeypatch: pytest.MonkeyPatch) -> None:

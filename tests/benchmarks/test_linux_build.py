@@ -62,6 +62,19 @@ def test_results_count_kbuild_compiles(tmp_path: Path) -> None:
     assert got == {"jobs": 2.0, "build_time_s": 2.5, "compiled_files": 3.0}
 
 
+@pytest.mark.parametrize("exit_code", [143, 2, None])
+def test_a_build_not_done_has_no_build_time(tmp_path: Path, exit_code: int | None) -> None:
+    """Stopped by -d 2 (make's status 143: SIGTERM), the run was written up as
+    build_time_s 2.03, the time of a build that did not happen; a failed one too."""
+    out = tmp_path / "stdout.txt"
+    out.write_text(KBUILD)
+    frame = _bench(jobs=2).results(
+        BenchmarkRun(tmp_path, exit_code, stdout_path=out, started_us=1_000_000, ended_us=3_500_000)
+    )
+    got = {m: v for _, m, v in frame.select("key", "metric", "value").iter_rows()}
+    assert got == {"jobs": 2.0, "compiled_files": 3.0}  # what it did compile, still
+
+
 @pytest.fixture(scope="module")
 def build_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One build folder for the module: the first run prepares it (kconfig, headers)."""

@@ -256,3 +256,24 @@ def test_pytorch_without_torch_is_one_clear_error(monkeypatch: pytest.MonkeyPatc
     expected = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
     assert job_python() == expected
     assert job_python("/opt/py") == "/opt/py"
+
+
+@pytest.mark.parametrize("cls", [MlTrainingBenchmark, PytorchBenchmark])
+def test_an_interpreter_that_is_not_there_is_refused_by_check(
+    cls: type[MlTrainingBenchmark] | type[PytorchBenchmark], tmp_path: Path
+) -> None:
+    """It was found missing only once the probes were attached: exit 127, and the
+    reason in the collection's benchmark_output/stderr.txt alone."""
+    from kernmlops.errors import BenchmarkError
+
+    missing = str(tmp_path / "python3")
+    section = cls.name.replace("-", "_")
+    with pytest.raises(BenchmarkError, match=rf"interpreter '{missing}' \(benchmark\.{section}"):
+        cls(cls.Options(python=missing)).check()
+    plain = tmp_path / "plain"  # there, but not a program
+    plain.write_text("")
+    with pytest.raises(BenchmarkError, match="not an executable program"):
+        cls(cls.Options(python=str(plain))).check()
+    MlTrainingBenchmark(
+        MlTrainingBenchmark.Options(python=sys.executable, framework="numpy")
+    ).check()

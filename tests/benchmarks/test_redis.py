@@ -78,6 +78,9 @@ def test_class_facts() -> None:
         ({"clients": 0}, "greater than or equal to 1"),
         ({"pipeline": 0}, "greater than or equal to 1"),
         ({"requests": 0}, "greater than or equal to 1"),
+        # redis-benchmark's atoi: 2**32 + 1 requests ran one ("rps" inf)
+        ({"requests": 2**32 + 1}, "less than or equal to 2147483647"),
+        ({"keyspace": 2**31}, "less than or equal to 2147483647"),
         ({"port": 6379}, "Extra inputs"),
     ],
 )

@@ -35,6 +35,14 @@ def data(tmp_path_factory) -> Path:
     return root
 
 
+def test_group_help_says_how_to_know_whether_kprobes_are_there() -> None:
+    """It said "Where kprobes are off (like here)" on every machine: a claim about the
+    machine it was written on."""
+    out = _invoke("--help").output
+    assert "like here" not in out
+    assert "neither kprobes nor fentry (kernmlops doctor says)" in " ".join(out.split())
+
+
 def test_import_mllb_writes_a_collection(tmp_path: Path) -> None:
     r = _invoke("import-mllb", RAW, "-o", tmp_path)
     assert r.exit_code == 0, r.output
@@ -342,6 +350,24 @@ def test_shadow_needs_a_readable_model(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "is not a model: not JSON" in r.output
 
 
+@pytest.mark.parametrize("command", ["shadow", "collect"])
+def test_a_model_of_12_hidden_units_is_refused_before_anything_runs(
+    tmp_path: Path, command: str
+) -> None:
+    """A valid float model of 12 hidden units got as far as "lb collect 1/1 ..." and the
+    BPF hook's refusal; the kernel's arrays hold 10."""
+    import numpy as np
+
+    from kernmlops.lb.model import Model
+
+    model = Model(np.zeros((15, 12)), np.zeros(12), np.zeros(12), 0.0).save(tmp_path / "m.json")
+    args = [model] if command == "shadow" else ["--model", model]
+    r = _invoke(command, *args, "-o", tmp_path / "d", "--no-progress", "--", "true")
+    assert r.exit_code == 2, r.output
+    assert r.output == f"error: {model}: 12 hidden units; the model in the kernel has MLLB's 10\n"
+    assert not (tmp_path / "d").exists()
+
+
 def test_train_uses_the_recorded_migration_cost(tmp_path: Path) -> None:
     # rows labelled by the rule with a 10 ms hot window: trained at the recorded
     # 10 ms the hand rule is exact; two costs in one data set are refused
@@ -356,6 +382,30 @@ def test_train_uses_the_recorded_migration_cost(tmp_path: Path) -> None:
     assert rep["test"]["rule"]["balanced_accuracy"] == 1.0
     r = _invoke("report", tmp_path / "a", "--json", tmp_path / "r.json")  # no model: recorded cost
     assert json.loads((tmp_path / "r.json").read_text())["hand_rule"]["balanced_accuracy"] == 1.0
+    # a model trained at another cost changes neither the rule's score on these data nor
+    # the hot window its own features use: the kernel's, recorded (it took the model's,
+    # and the rule's column moved with --model)
+    doc = json.loads((tmp_path / "m.json").read_text())
+    doc["meta"]["migration_cost_ns"] = 500_000
+    (tmp_path / "m500.json").write_text(json.dumps(doc))
+    r = _invoke(
+        "report", tmp_path / "a", "--model", tmp_path / "m500.json", "--json", tmp_path / "r.json"
+    )
+    assert r.exit_code == 0, r.output
+    with_model = json.loads((tmp_path / "r.json").read_text())
+    assert with_model["hand_rule"]["balanced_accuracy"] == 1.0
+    assert [c["rule_accuracy"] for c in with_model["collections"]] == [1.0, 1.0]
+    import polars as pl
+
+    from kernmlops.lb.features import LABEL, float_features
+    from kernmlops.lb.model import Model
+    from kernmlops.lb.pipeline import prepare
+
+    folders = sorted((tmp_path / "a").rglob("collection_id=*"))
+    rows = pl.concat([read_collection(f)["lb_decisions"] for f in folders], how="diagonal_relaxed")
+    kept = prepare(rows)
+    pred = Model.load(tmp_path / "m.json").predict(float_features(kept, 10_000_000))
+    assert with_model["model"]["accuracy"] == float((pred == kept[LABEL].to_numpy()).mean())
     other = {"variant": "kprobe", "migration_cost_ns": 500_000}
     frame = synthetic_decisions(100, "c-9", seed=9)
     write_decisions(frame, tmp_path / "a", "c-9", "synthetic", {"lb": other})
@@ -368,6 +418,91 @@ SUDO = {"SUDO_UID": str(NOBODY), "SUDO_GID": str(NOBODY), "SUDO_USER": "nobody"}
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="plays sudo: needs root")
+def test_train_names_the_collection_whose_column_is_missing(tmp_path: Path) -> None:
+    """A part without src_load read as nulls, and the error pointed a command-line user
+    at a Python function without saying which collection it was."""
+    for i in range(2):
+        frame = synthetic_decisions(50, f"c-{i}", seed=i)
+        write_decisions(frame.drop("src_load") if i else frame, tmp_path, f"c-{i}", "s", {})
+    r = CliRunner().invoke(lb_group, ["train", str(tmp_path), "-o", str(tmp_path / "m.json")])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith("error: 50 decisions in collection c-1 have no src_load"), r.stderr
+    assert "their lb_decisions lack it or leave it empty" in r.stderr
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_export_data_that_is_not_there_is_an_error(data: Path, tmp_path: Path) -> None:
+    """--data with a typo was skipped in silence: exit 0, no check, and '(pass --data)'."""
+    model = tmp_path / "m.json"
+    assert _invoke("train", data, "-o", model, "--epochs", "2").exit_code == 0
+    out = tmp_path / "out"
+    r = CliRunner().invoke(
+        lb_group, ["export", str(model), "-o", str(out), "--data", str(data) + "x"]
+    )
+    assert r.exit_code == 2, r.output
+    assert r.stderr == f"error: --data {data}x: no such file or folder\n"
+    assert not out.exists()  # refused before anything was written
+    # the model's own data moved away: exported, and the reason the check is missing said
+    doc = json.loads(model.read_text())
+    doc["meta"]["report"]["sources"] = [str(tmp_path / "moved")]
+    model.write_text(json.dumps(doc))
+    r = _invoke("export", model, "-o", out)
+    assert r.exit_code == 0, r.output
+    assert f"the model's training data ({tmp_path}/moved) is not all here" in r.output
+
+
+def test_report_json_that_cannot_be_written_is_one_line(data: Path, tmp_path: Path) -> None:
+    """--json into a folder that was not there was a FileNotFoundError traceback: the
+    folder is made now (as lb train -o and lb export -o make theirs); a file in the way
+    is one error line."""
+    r = _invoke("report", data, "--json", tmp_path / "no" / "r.json")
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "no" / "r.json").read_text())["collections"]
+    (tmp_path / "file").write_text("")
+    bad = tmp_path / "file" / "r.json"
+    r = CliRunner().invoke(lb_group, ["report", str(data), "--json", str(bad)])
+    assert r.exit_code == 2, r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+    assert "lb decisions" in r.stdout  # the report itself was said
+    assert r.stderr == (
+        f"error: cannot write to {tmp_path}/file: {tmp_path}/file is a file, not a folder\n"
+    )
+    # a link planted at the name is replaced, not written through
+    target, link = tmp_path / "victim", tmp_path / "r.json"
+    target.write_text("keep\n")
+    link.symlink_to(target)
+    assert _invoke("report", data, "--json", link).exit_code == 0
+    assert target.read_text() == "keep\n"
+    assert json.loads(link.read_text())["collections"]
+
+
+def test_export_says_when_a_sum_outgrows_int32(tmp_path: Path) -> None:
+    """A sum past 2^31 was printed as "largest int32 sum 107,374,050,000 (< 2^31)"."""
+    import numpy as np
+    import polars as pl
+
+    from kernmlops.lb.model import Model
+
+    w1 = np.zeros((15, 10))
+    w1[9] = 5000.0  # src_load
+    model = tmp_path / "m.json"
+    Model(w1=w1, b1=np.zeros(10), w2=np.ones(10), b2=0.0, meta={}).save(model)
+    frame = synthetic_decisions(4, "big-load", seed=1).with_columns(
+        pl.lit(10**9, pl.Int64).alias("src_load"),
+        pl.lit(0, pl.Int8).alias("p_running"),
+        pl.lit(1, pl.Int8).alias("test_aggressive"),
+    )
+    write_decisions(frame, tmp_path / "data", "big-load", "synthetic", {})
+    r = _invoke("export", model, "-o", tmp_path / "out", "--data", tmp_path / "data")
+    assert r.exit_code == 0, r.output
+    # src_load saturates at 2^20 - 1: Q20.11 (2^20 - 1) * 2048 // 1000 = 2,147,481; each
+    # hidden unit 2,147,481 * 5000, the output ten of them (w2 = 1)
+    assert 2_147_481 == (2**20 - 1) * 2048 // 1000
+    assert f"largest int32 sum {10 * 2_147_481 * 5000:,} >= 2^31" in r.output
+    assert "(< 2^31)" not in r.output
+    assert "warning: a sum on these decisions does not fit an int32" in r.output
+
+
 def test_export_under_sudo_writes_through_no_planted_link(tmp_path: Path) -> None:
     """``sudo kernmlops lb export M -o ~/out`` with ~/out a link of the user's to a
     folder of root's: refused in one line, root's file as it was; into a new folder
@@ -399,6 +534,43 @@ def test_export_under_sudo_writes_through_no_planted_link(tmp_path: Path) -> Non
     assert r.exit_code == 0, r.output
     made = [user / "new", user / "new" / "x", *(user / "new" / "x").iterdir()]
     assert len(made) == 4 and {p.lstat().st_uid for p in made} == {NOBODY}, made
+
+
+def test_train_prints_what_its_help_promises(data: Path, tmp_path: Path) -> None:
+    """Its help promised "accuracy, precision, recall, F1" on the test runs: neither
+    precision nor F1 was printed (they are in the model file)."""
+    helped = _invoke("train", "--help").output.split("Examples:")[0]
+    out = _invoke("train", data, "-o", tmp_path / "m.json", "--epochs", "2").output
+    shown = {"balanced accuracy": "balanced", "recall": "recall", "precision": "precision",
+             "F1": "F1", "confusion matrix": "[[tn, fp], [fn, tp]]"}  # fmt: skip
+    promised = [w for w in shown if w in " ".join(helped.split()).split("(precision")[0]]
+    assert "balanced accuracy" in promised
+    assert [w for w in promised if shown[w] not in out] == []
+    meta = json.loads((tmp_path / "m.json").read_text())["meta"]["report"]["test"]["float"]
+    assert {"precision", "f1"} <= meta.keys()  # where the help says they are
+
+
+def test_train_report_and_import_under_sudo_are_the_users(data: Path, tmp_path: Path) -> None:
+    """Under sudo the model, the report and the imported collection (and the folders
+    made for them) were root's in the user's folder: the user's next import there
+    without sudo could not make its collection under root's benchmark=mllb-import."""
+    tmp_path.chmod(0o755)
+    user = tmp_path / "alice"
+    user.mkdir()
+    os.chown(user, NOBODY, NOBODY)
+    runner = CliRunner(env=SUDO)
+    for args in (
+        ["train", str(data), "-o", str(user / "models" / "m.json"), "--epochs", "2"],
+        ["report", str(data), "--json", str(user / "r.json")],
+        ["import-mllb", str(RAW), "-o", str(user / "mllb")],
+    ):
+        r = runner.invoke(lb_group, args)
+        assert r.exit_code == 0, r.output
+    assert "-> " + str(user / "mllb" / "curated") in r.output  # the path as named
+    made = list(user.rglob("*"))
+    # models/, m.json, r.json; mllb/curated/benchmark=/collection_id=/lb_decisions/ + 2 files
+    assert len(made) == 10
+    assert {p: p.lstat().st_uid for p in made} == {p: NOBODY for p in made}
 
 
 @pytest.mark.parametrize("value", ["0", "1", "1.5"])
@@ -491,6 +663,25 @@ def test_a_partial_collection_is_one_warning_line(data: Path, tmp_path: Path, co
         f"warning: {root / 'curated'}: 1 of the 3 collections read are not whole (read as far "
         f"as they are): {folder} (its collector stopped without finishing)"
     ], done.stderr
+
+
+def test_report_scores_each_collection_at_its_own_recorded_cost(tmp_path: Path) -> None:
+    """A lab folder with runs at 10 ms and at 500 us: lb report refused it, telling
+    to "pass --migration-cost-ns", an option it does not have."""
+    for cid, cost in (("c-10ms", 10_000_000), ("c-500us", 500_000)):
+        frame = synthetic_decisions(400, cid, seed=len(cid), migration_cost_ns=cost)
+        lb = {"variant": "kprobe", "migration_cost_ns": cost}
+        write_decisions(frame, tmp_path, cid, "synthetic", {"lb": lb})
+    r = _invoke("report", tmp_path, "--json", tmp_path / "r.json")
+    assert r.exit_code == 0, r.output
+    rep = json.loads((tmp_path / "r.json").read_text())
+    # labelled by the kernel's rule at each one's own cost: the rule agrees everywhere
+    assert [(c["collection_id"], c["rule_accuracy"]) for c in rep["collections"]] == [
+        ("c-10ms", 1.0), ("c-500us", 1.0),
+    ]  # fmt: skip
+    assert rep["hand_rule"]["accuracy"] == 1.0 and rep["hand_rule"]["rows"] == sum(
+        c["filtered"] for c in rep["collections"]
+    )
 
 
 def test_a_manifest_the_recorded_cost_cannot_read_is_named_in_one_line(tmp_path: Path) -> None:

@@ -162,3 +162,43 @@ def test_balanced_training_raises_the_rare_class_recall() -> None:
     weighted = metrics(y, train(x, y, TrainConfig(epochs=20, balanced=True)).predict(x))
     assert weighted["recall_per_class"]["stay"] > plain["recall_per_class"]["stay"] + 0.1
     assert weighted["balanced_accuracy"] > plain["balanced_accuracy"]
+
+
+def test_a_model_q11_cannot_hold_is_a_model_error(runs: pl.DataFrame) -> None:
+    """src_load 500,000 in every row but one (500,001): std 5.8e-5 of a feature of
+    mean 500, so the standardization folded into layer 1 needs a bias near
+    500 / 5.8e-5 = 8.7e6 > 2^20. That ended in a ValueError traceback from the
+    quantizer; now one line naming the feature."""
+    one = runs.filter(pl.col("collection_id").is_in(["run-0", "run-1"]))
+    load = np.full(one.height, 500_000)
+    load[5] = 500_001
+    one = one.with_columns(pl.Series("src_load", load))
+    x = float_features(one)
+    assert x[:, 9].std() == pytest.approx(1e-3 * np.sqrt(1 / one.height), rel=1e-3)
+    with pytest.raises(ModelError, match=r"feature src_load barely varies .*mean 500,"):
+        train(x, one[LABEL].to_numpy(), FAST)
+    with pytest.raises(ModelError, match=r"does not fit Q20\.11"):
+        train_model(one, test_collections=["run-1"], config=FAST)
+
+
+def test_no_model_is_returned_that_its_readers_refuse(
+    runs: pl.DataFrame, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fit whose weights each fit Q20.11 but whose 64-bit forward pass overflows was
+    saved by lb train and refused afterwards by lb export, lb shadow and kmo_lb."""
+    import kernmlops.lb.model as model_module
+
+    one = runs.filter(pl.col("collection_id") == "run-0")
+    x = float_features(one)
+    sigma = x[:, 8].std()  # src_len, standardized: the fold divides its weight by sigma
+
+    def huge(xs, y, xv, yv, cfg, seed):  # a fit that ran away
+        w1 = np.zeros((15, cfg.hidden))
+        w1[8, 0] = 2000.0 * sigma  # 2000 once folded
+        w2 = np.zeros(cfg.hidden)
+        w2[0] = 1e5
+        return [w1, np.zeros(cfg.hidden), w2, np.zeros(1)], 0.1
+
+    monkeypatch.setattr(model_module, "_fit_one", huge)
+    with pytest.raises(ModelError, match="the trained model: weights this large overflow"):
+        train(x, one[LABEL].to_numpy(), FAST)

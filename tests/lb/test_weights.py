@@ -328,3 +328,38 @@ def test_a_huge_model_file_is_refused_unread(tmp_path: Path) -> None:
         f.truncate(1 << 30)  # sparse
     r = _invoke("dump-weights", big)
     assert r.exit_code == 2 and "is over 16 MiB: not a model file" in r.stderr
+
+
+def _wide_model(w1_src_len: float, w2_0: float) -> Model:
+    """Zeros but for the src_len input of hidden unit 0 and that unit's output weight."""
+    w1, w2 = np.zeros((15, 10)), np.zeros(10)
+    w1[8, 0], w2[0] = w1_src_len, w2_0
+    return Model(w1=w1, b1=np.zeros(10), w2=w2, b2=0.0, meta={})
+
+
+def test_weights_whose_sums_overflow_64_bits_are_refused(tmp_path: Path) -> None:
+    """Each weight fits Q20.11 (|w| < 2^20), yet on a runqueue of 10 tasks unit 0 is
+    (10 - 2) * (2^31 - 1) in Q20.11 and its product with w2 passes 2^63: the int64
+    forward pass (fixed.py, the header, BPF, kmo_lb) wrapped to -16,777,216, "stay",
+    where the model says "migrate"."""
+    big = (2**31 - 1) / 2048  # the largest Q20.11 weight
+    fixed = FixedModel.from_model(_wide_model(big, big))
+    x = np.zeros((1, 15), dtype=np.int64)
+    x[0, 8] = (10 - 2) << 11
+    h = ((10 - 2) << 11) * (2**31 - 1) >> 11  # Python's ints do not wrap
+    assert (h * (2**31 - 1)) >> 11 > 0  # the model's answer: migrate
+    with np.errstate(over="ignore"):
+        assert int(fixed.output(x)[0]) == -16_777_216  # what 64 bits made of it
+    for doc, name in ((_wide_model(big, big).to_json(), "m.json"),
+                      (fixed_json(fixed, {}), "m.q11.json")):  # fmt: skip
+        path = tmp_path / name
+        path.write_text(json.dumps(doc))
+        for args in (["dump-weights", path], ["export", path, "-o", tmp_path / "out"]):
+            if name.endswith("q11.json") and args[0] == "export":
+                continue  # export takes lb train's model
+            _refused_in_one_line(args, "overflow the 64-bit sums of the forward pass")
+    # large weights that stay below 2^63 on every input are kept: 2000 x 1000 ...
+    ok = _wide_model(2000.0, 1000.0).save(tmp_path / "ok.json")
+    assert _invoke("dump-weights", ok).exit_code == 0
+    # ... the bound: (2^20 - 1) << 11 inputs times w1 shifted, times w2, within 2^63
+    assert ((2**20 - 1) << 11) * (2000 * 2048) >> 11 < 2**63 // (1000 * 2048)

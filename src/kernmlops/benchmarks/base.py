@@ -23,9 +23,10 @@ else:
 
 
 class BenchmarkOptions(BaseModel):
-    """Base of each benchmark's config section; unknown keys are errors."""
+    """Base of each benchmark's config section; unknown keys are errors, and so are
+    inf and nan (a ``gt=0`` duration takes ``.inf``, which no tool can run for)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 #: a benchmark's options model: ``class FioBenchmark(Benchmark[FioOptions])`` types

@@ -78,6 +78,11 @@ class FioOptions(BenchmarkOptions):
         False,
         description="let write profiles write to a block device target (destroys its data)",
     )
+    allow_write_file: bool = Field(
+        False,
+        description="let fio overwrite a file target you name that already holds data: "
+        "write profiles, or its lay-out of a file smaller than size (destroys its content)",
+    )
     size: int | str = Field(
         "64M", description="bytes each profile covers (fio sizes: 4096, 4k, 64M, 1G)"
     )
@@ -190,6 +195,25 @@ class FioBenchmark(Benchmark[FioOptions]):
             raise BenchmarkError(
                 f"fio: target {str(path)!r} is neither a regular file, a folder nor a block device"
             )
+        # a file of the user's with data in it: fio's writes replace that data, as
+        # they would a device's; so does its lay-out of a file smaller than size, which
+        # rewrites the file from its start before a read profile reads it
+        if st is not None and st.st_size and not self.options.allow_write_file:
+            size = parse_size(self.options.size)
+            if writes:
+                raise BenchmarkError(
+                    f"fio: target {str(path)!r} is a file of {st.st_size:,} bytes and "
+                    f"profile(s) {', '.join(writes)} would overwrite its content; set "
+                    "benchmark.fio.allow_write_file: true if that is what you want, name a "
+                    "folder (fio writes a file of its own there) or use read profiles only"
+                )
+            if st.st_size < size:
+                raise BenchmarkError(
+                    f"fio: target {str(path)!r} is a file of {st.st_size:,} bytes, less than "
+                    f"size ({self.options.size}): fio would lay it out to size first, "
+                    "overwriting its content; set benchmark.fio.size to at most its size, "
+                    "name a folder, or set benchmark.fio.allow_write_file: true"
+                )
         folder = path.parent
         if not folder.is_dir():
             raise BenchmarkError(f"fio: folder {str(folder)!r} of the target does not exist")

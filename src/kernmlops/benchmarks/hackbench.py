@@ -4,7 +4,9 @@ sockets or pipes, as processes or threads: a scheduler and wake-up storm.
 Each group has ``fds`` senders and ``fds`` receivers; every sender writes
 ``loops`` messages to every receiver of its group, so a run passes
 groups x fds x fds x loops messages. hackbench's "Time: X" becomes the
-benchmark_result table, with the message rate derived from it.
+benchmark_result table, with the message rate derived from it. A run stopped
+before it was done (the collection's duration, Ctrl+C) still prints a Time and
+exits 0, having passed fewer messages: its results are the time alone.
 """
 
 from __future__ import annotations
@@ -33,6 +35,14 @@ else:
 
 HACKBENCH = "hackbench"
 _TIME = re.compile(r"^Time:\s*([0-9.]+)\s*$", re.MULTILINE)
+#: hackbench's own counts: "... with G groups using F file descriptors each (== T tasks)"
+#: (F is the senders plus the receivers of a group) and "Each sender will pass N messages"
+_GROUPS = re.compile(r"with (\d+) groups using (\d+) file descriptors each", re.MULTILINE)
+_LOOPS = re.compile(r"^Each sender will pass (\d+) messages", re.MULTILINE)
+#: what hackbench prints (to stderr) when a signal ends it before its messages are passed
+_STOPPED = re.compile(r"^Signal \d+ caught", re.MULTILINE)
+#: hackbench reads its counts into a C int: a larger one wraps (10**22 is -1: endless)
+INT_MAX = (1 << 31) - 1
 # Short options only: hackbench 2.4 misparses some mixes of long ones
 # ("--loops=1 --datasize=100 --process" says --loops needs an integer).
 IPC_FLAGS = {"socket": [], "pipe": ["-p"], "inet": ["-i"]}
@@ -41,7 +51,9 @@ MODE_FLAGS = {"process": ["-P"], "thread": ["-T"]}
 
 class HackbenchOptions(BenchmarkOptions):
     groups: int = Field(10, ge=1, le=1000, description="groups of senders and receivers")
-    loops: int = Field(100, ge=1, description="messages each sender sends each receiver")
+    loops: int = Field(
+        100, ge=1, le=INT_MAX, description="messages each sender sends each receiver"
+    )
     fds: int = Field(20, ge=1, le=1000, description="senders (and receivers) per group")
     datasize: int = Field(100, ge=1, le=1 << 20, description="bytes per message")
     ipc: Literal["socket", "pipe", "inet"] = Field(
@@ -90,19 +102,44 @@ class HackbenchBenchmark(Benchmark[HackbenchOptions]):
     def results(self, run: BenchmarkRun) -> pl.DataFrame | None:
         if run.stdout_path is None:
             return None
-        seconds = parse_time(run.stdout_path.read_text(errors="replace"))
+        text = run.stdout_path.read_text(errors="replace")
+        seconds = parse_time(text)
         if seconds is None:
             if run.exit_code == 0:
                 raise BenchmarkError("hackbench: exited 0 but printed no 'Time:' line")
             return None
+        # hackbench's own counts: extra_args may repeat -g, -f or -l (the last one wins)
+        counts = parse_counts(text)
+        tasks, messages = counts if counts else (self.tasks(), self.messages())
         rows = [
             ("hackbench", "time_s", seconds, "s"),
-            ("hackbench", "messages", float(self.messages()), "messages"),
-            ("hackbench", "tasks", float(self.tasks()), "tasks"),
+            ("hackbench", "tasks", float(tasks), "tasks"),
         ]
+        if stopped(run):
+            return result_frame(rows)  # fewer messages than asked: no count, no rate
+        rows.append(("hackbench", "messages", float(messages), "messages"))
         if seconds > 0:
-            rows.append(("hackbench", "messages_per_s", self.messages() / seconds, "1/s"))
+            rows.append(("hackbench", "messages_per_s", messages / seconds, "1/s"))
         return result_frame(rows)
+
+
+def stopped(run: BenchmarkRun) -> bool:
+    """Whether a signal ended hackbench before it passed all its messages (it says so
+    on stderr, and exits 0 all the same)."""
+    for path in (run.stderr_path, run.stdout_path):
+        if path is not None and path.exists() and _STOPPED.search(path.read_text(errors="replace")):
+            return True
+    return False
+
+
+def parse_counts(text: str) -> tuple[int, int] | None:
+    """(tasks, messages) of the run as hackbench announced it, or None: a group of F
+    descriptors is F/2 senders, each passing N messages to each of F/2 receivers."""
+    groups, loops = _GROUPS.search(text), _LOOPS.search(text)
+    if groups is None or loops is None:
+        return None
+    g, f, n = int(groups.group(1)), int(groups.group(2)), int(loops.group(1))
+    return g * f, g * (f // 2) * (f // 2) * n
 
 
 def parse_time(text: str) -> float | None:

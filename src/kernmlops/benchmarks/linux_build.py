@@ -137,7 +137,8 @@ class LinuxBuildBenchmark(Benchmark[LinuxBuildOptions]):
 
     def results(self, run: BenchmarkRun) -> pl.DataFrame | None:
         rows: list[tuple[str, str, float, str]] = [("build", "jobs", float(self.jobs()), "1")]
-        if run.started_us is not None and run.ended_us is not None:
+        # a build stopped (-d, Ctrl+C: make exits 143) or failed took no build's time
+        if run.exit_code == 0 and run.started_us is not None and run.ended_us is not None:
             rows.append(("build", "build_time_s", (run.ended_us - run.started_us) / 1e6, "s"))
         if run.stdout_path is not None:
             text = run.stdout_path.read_text(errors="replace")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -208,6 +209,14 @@ class _JobBenchmark(Benchmark[JobOptionsT]):
         return "torch"
 
     def check(self) -> None:
+        chosen = self.options.python
+        # before the probes attach: else the run fails after them with exit 127
+        if chosen and shutil.which(chosen) is None:
+            raise BenchmarkError(
+                f"{self.name}: the job's interpreter {chosen!r} (benchmark."
+                f"{self.name.replace('-', '_')}.python) is not an executable program; "
+                "'' picks one"
+            )
         if self.framework() == "torch" and not has_torch(job_python(self.options.python)):
             raise BenchmarkError(
                 f"{self.name}: torch is not installed for {job_python(self.options.python)} "

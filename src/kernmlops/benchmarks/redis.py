@@ -47,6 +47,8 @@ KNOWN_TESTS = (
     "rpop", "sadd", "hset", "spop", "zadd", "zpopmin", "lrange", "lrange_100", "lrange_300",
     "lrange_500", "lrange_600", "mset",
 )  # fmt: skip
+#: the largest count redis-benchmark reads (a C int; a larger one wraps)
+INT_MAX = (1 << 31) - 1
 #: CSV column -> (metric, unit)
 _COLUMNS = {
     "rps": ("requests_per_s", "1/s"),
@@ -66,11 +68,15 @@ class RedisOptions(BenchmarkOptions):
         description=f"redis-benchmark tests (-t): {', '.join(KNOWN_TESTS)}",
     )
     clients: int = Field(50, ge=1, le=10000, description="parallel connections (-c)")
-    requests: int = Field(100000, ge=1, description="requests per test (-n)")
+    # redis-benchmark reads -n and -r with atoi: 2**32 + 1 ran one request
+    requests: int = Field(100000, ge=1, le=INT_MAX, description="requests per test (-n)")
     pipeline: int = Field(1, ge=1, le=10000, description="requests pipelined per round (-P)")
     data_size: int = Field(3, ge=1, le=1 << 26, description="SET/GET value bytes (-d)")
     keyspace: int | None = Field(
-        None, ge=1, description="random keys from this many (-r); null: one key per test"
+        None,
+        ge=1,
+        le=INT_MAX,
+        description="random keys from this many (-r); null: one key per test",
     )
     threads: int | None = Field(
         None, ge=1, le=256, description="client threads (--threads); null: one"

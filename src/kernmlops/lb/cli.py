@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +38,8 @@ def lb_group() -> None:
       kernmlops lb deploy out/m.q11.json           the model decides (kernel module)
       kernmlops lb shadow lb-model.json -b ...     the model in the kernel, beside CFS
       kernmlops lb report data --model m.json      what the data and the model say
-    Where kprobes are off (like here), run the kprobe variant in the kernel lab:
+    Where the kernel has neither kprobes nor fentry (kernmlops doctor says), run
+    the kprobe variant in the kernel lab:
       kernmlops vm -o lab -- kernmlops lb collect -o lab -b stress-ng
     """
 
@@ -116,6 +119,10 @@ def _load_any_model(path: Path) -> tuple[Any, dict[str, Any]]:
     else:
         model = Model.load(path)
         fixed, meta = FixedModel.from_model(model), dict(model.meta)
+    if fixed.w1.shape[1] != 10:  # a valid file, not one the kernel's arrays can hold
+        raise ModelError(
+            f"{path}: {fixed.w1.shape[1]} hidden units; the model in the kernel has MLLB's 10"
+        )
     meta = {k: v for k, v in meta.items() if k != "report"}
     return fixed, {"path": str(path), **meta}
 
@@ -325,7 +332,7 @@ def import_cmd(files: tuple[Path, ...], output_dir: Path, collection_id: str | N
       kernmlops lb import-mllb raw_ng.csv raw_fft.csv       -> data/curated/...
       kernmlops lb import-mllb raw_ng.csv --collection-id ng-run1 -o mllb-data
     """
-    from kernmlops.lb.dataset import write_decisions
+    from kernmlops.lb.dataset import check_id, write_decisions
     from kernmlops.lb.mllb_import import read_mllb_csv
 
     if collection_id and len(files) > 1:
@@ -334,13 +341,34 @@ def import_cmd(files: tuple[Path, ...], output_dir: Path, collection_id: str | N
         for path in files:
             frame = read_mllb_csv(path, collection_id)
             cid = frame["collection_id"][0]
-            out = write_decisions(
-                frame, output_dir, cid, "mllb-import",
-                {"lb": {"variant": "mllb", "source": str(path)}},
-            )  # fmt: skip
+            check_id(cid)  # before any folder is made for it
+            with _users_folder(output_dir) as root:
+                out = write_decisions(
+                    frame, root, cid, "mllb-import",
+                    {"lb": {"variant": "mllb", "source": str(path)}},
+                )  # fmt: skip
+            out = output_dir / out.relative_to(root)
             console.print(f"{path}: {frame.height:,} decisions -> {out}")
     except KernmlopsError as err:
         fail(err)
+
+
+@contextlib.contextmanager
+def _users_folder(folder: Path) -> Iterator[Path]:
+    """``folder`` (made if missing) held open; the path to write in it through. Under
+    sudo, what the block writes there is the invoking user's, as ``lb export``'s
+    files are: a model, a report or a collection of theirs that only root may change
+    would stop their next run without sudo."""
+    from kernmlops.host.invoker import invoker
+    from kernmlops.host.pinned import handed_over_held, pin
+
+    who = invoker()
+    held = pin(folder, create=True, invoker_uid=who.uid if who else None)
+    try:
+        with handed_over_held(held):
+            yield held.io
+    finally:
+        held.close()
 
 
 # --- train / export -------------------------------------------------------------------
@@ -400,8 +428,10 @@ def _print_metrics(title: str, section: dict[str, Any]) -> None:
 def train_cmd(data, output, split, tests, test_fraction, epochs, seed, migration_cost_ns,
               balanced) -> None:  # fmt: skip
     """Train MLLB's MLP (15 -> 10 ReLU -> 1, numpy) on the lb_decisions of DATA
-    (collection folders or roots) after MLLB's filter; report accuracy,
-    precision, recall, F1 and the confusion matrix on the test runs.
+    (collection folders or roots) after MLLB's filter; print, on the training and
+    the test runs, the model (float and Q20.11), the hand rule and always the
+    commoner answer: balanced accuracy, the recall of each answer, accuracy and
+    the confusion matrix (precision and F1 too in the model's meta.report).
 
     \b
     Examples:
@@ -423,7 +453,8 @@ def train_cmd(data, output, split, tests, test_fraction, epochs, seed, migration
             migration_cost_ns=migration_cost_ns or recorded_cost(list(data)) or MIGRATION_COST_NS,
             sources=[str(p) for p in data],
         )  # fmt: skip
-        result.model.save(output)
+        with _users_folder(output.parent) as folder:
+            result.model.save(folder / output.name, shown=output)
     except KernmlopsError as err:
         fail(err)
     rep = result.report
@@ -463,6 +494,9 @@ def export_cmd(model_path: Path, output_dir: Path, name: str, data: tuple[Path, 
 
     if not name or "/" in name or name.startswith("."):  # a file name in -o, nothing else
         fail(KernmlopsError(f"--name {name!r}: a file name (no '/', not starting with '.')"))
+    for p in data:  # named by the user: a typo is an error, not a check skipped
+        if not Path(p).exists():
+            fail(KernmlopsError(f"--data {p}: no such file or folder"))
     try:
         model = Model.load(model_path)
         fixed = FixedModel.from_model(model)
@@ -505,10 +539,23 @@ def export_cmd(model_path: Path, output_dir: Path, name: str, data: tuple[Path, 
     console.print(f"wrote {header} and {js}")
     if check:
         a = check["float_vs_fixed"]
+        fits = a["max_abs_sum"] < 1 << 31
         console.print(
             f"float vs fixed on {a['rows']:,} decisions: {_pct(a['agreement'])} agree; max |logit "
             f"diff| {a['max_abs_logit_diff']:.4f} (bound {a['max_bound']:.4f}, within: "
-            f"{a['within_bound']}); largest int32 sum {a['max_abs_sum']:,} (< 2^31)"
+            f"{a['within_bound']}); largest int32 sum {a['max_abs_sum']:,} "
+            + ("(< 2^31)" if fits else ">= 2^31")
+        )
+        if not fits:  # the header's own sums are 64-bit, as lb shadow's and kmo_lb's
+            console.print(
+                "warning: a sum on these decisions does not fit an int32: in MLLB's patch "
+                "(int32 sums) the model would wrap; its 64-bit sums here, in lb shadow "
+                "and in kmo_lb do not"
+            )
+    elif sources and not data:
+        console.print(
+            f"no decisions to compare float and fixed on: the model's training data "
+            f"({', '.join(map(str, sources))}) is not all here (pass --data)"
         )
     else:
         console.print("no decisions to compare float and fixed on (pass --data)")
@@ -591,7 +638,17 @@ def report_cmd(data: tuple[Path, ...], model_path: Path | None, json_out: Path |
             if rep.get(key):
                 out.print(_score_line(name, rep[key]), soft_wrap=True)
     if json_out:
-        json_out.write_text(json.dumps(rep, indent=1, default=str) + "\n")
+        from kernmlops.errors import OutputError, why_not_written
+        from kernmlops.fileio import write_atomic
+
+        try:  # whole or not at all (a full disk), never through a link planted there
+            with _users_folder(json_out.parent) as folder:
+                write_atomic(folder / json_out.name, json.dumps(rep, indent=1, default=str) + "\n")
+        except KernmlopsError as err:
+            fail(err)
+        except OSError as err:
+            fail(OutputError(f"cannot write the report to {json_out}: "
+                             f"{why_not_written(err, json_out)}"))  # fmt: skip
         console.print(f"report -> {json_out}")
 
 

@@ -101,19 +101,21 @@ def _unread(manifest: Path, why: str) -> None:
                   KernmlopsWarning, stacklevel=3)  # fmt: skip
 
 
-def recorded_cost(paths: list[Path] | list[str]) -> int | None:
-    """The migration cost the collections under ``paths`` were recorded with
-    (their manifests' lb section), when they agree on one; None when none says."""
+def recorded_costs(paths: list[Path] | list[str]) -> dict[str, int]:
+    """collection id -> the migration cost its manifest's lb section records, for the
+    collections under ``paths`` that record one; each manifest not read is named in
+    one warning line."""
     from kernmlops.collect.manifest import MANIFEST_NAME
     from kernmlops.spool.collection import read_manifest_bytes
 
-    costs: set[int] = set()
+    costs: dict[str, int] = {}
     for p in map(Path, paths):
         for m in [p / MANIFEST_NAME, *p.glob(f"**/collection_id=*/{MANIFEST_NAME}")]:
             if m.is_file():
                 try:  # read once, as every manifest is: a plain file, bounded, no link
                     raw = read_manifest_bytes(m.parent, owner=os.stat(m.parent).st_uid)
-                    lb = json.loads(raw).get("lb") or {}
+                    doc = json.loads(raw)
+                    lb = doc.get("lb") or {}
                 except OSError as err:
                     _unread(m, err.strerror or str(err))
                     continue
@@ -121,7 +123,16 @@ def recorded_cost(paths: list[Path] | list[str]) -> int | None:
                     _unread(m, "not a JSON object")
                     continue
                 if isinstance(lb, dict) and isinstance(lb.get("migration_cost_ns"), int):
-                    costs.add(lb["migration_cost_ns"])
+                    cid = doc.get("collection_id")
+                    name = cid if isinstance(cid, str) else m.parent.name
+                    costs[name.removeprefix("collection_id=")] = lb["migration_cost_ns"]
+    return costs
+
+
+def recorded_cost(paths: list[Path] | list[str]) -> int | None:
+    """The migration cost the collections under ``paths`` were recorded with
+    (their manifests' lb section), when they agree on one; None when none says."""
+    costs = set(recorded_costs(paths).values())
     if len(costs) > 1:
         raise CollectionError(
             f"the collections were recorded with different migration costs "
@@ -131,21 +142,28 @@ def recorded_cost(paths: list[Path] | list[str]) -> int | None:
     return costs.pop() if costs else None
 
 
+def check_id(collection_id: str) -> None:
+    """CollectionError unless ``collection_id`` is one name: the manifest's rule, checked
+    before the id becomes a folder ('../x' would write outside the layout and leave the
+    part behind when the manifest refuses it)."""
+    from kernmlops.collect.manifest import check_collection_id
+
+    try:
+        check_collection_id(collection_id)
+    except ValueError as err:
+        raise CollectionError(f"bad collection id {collection_id!r}: {err}") from None
+
+
 def write_decisions(
     frame: pl.DataFrame, out_root: Path, collection_id: str, benchmark: str, manifest: dict
 ) -> Path:
     """Write decisions as a collection of their own (``lb_decisions`` table and
     a manifest) under ``out_root/curated/benchmark=<b>/collection_id=<id>/``.
     CollectionError, nothing written, when ``collection_id`` is not one name."""
-    from kernmlops.collect.manifest import check_collection_id, write_manifest
+    from kernmlops.collect.manifest import write_manifest
     from kernmlops.collect.parquet import ParquetSink
 
-    # the manifest's rule, checked before the id becomes a folder: '../x' would
-    # write outside the layout and leave the part behind when the manifest refuses it
-    try:
-        check_collection_id(collection_id)
-    except ValueError as err:
-        raise CollectionError(f"bad collection id {collection_id!r}: {err}") from None
+    check_id(collection_id)
     path = Path(out_root) / "curated" / f"benchmark={benchmark}" / f"collection_id={collection_id}"
     sink = ParquetSink(path, collection_id)
     sink.write(TABLE, frame.drop("collection_id"))

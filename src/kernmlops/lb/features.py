@@ -143,9 +143,20 @@ def _require(frame: pl.DataFrame) -> None:
         raise FeatureError(f"decisions lack the columns {', '.join(missing)}")
     nulls = [c for c in FEATURE_INPUTS if frame[c].null_count()]
     if nulls:
+        # which collections: a file that lacks the column reads as nulls (conform)
+        where = ""
+        if "collection_id" in frame.columns:
+            ids = frame.filter(pl.col(nulls[0]).is_null())["collection_id"].unique(
+                maintain_order=True
+            )
+            shown = ", ".join(str(i) for i in ids.head(3))
+            where = f" in collection {shown}" + (
+                f" and {len(ids) - 3} more" if len(ids) > 3 else ""
+            )
         raise FeatureError(
-            f"{frame[nulls[0]].null_count()} decisions have no {nulls[0]} "
-            f"(null in {', '.join(nulls)}): fill them first (dataset.impute_missing)"
+            f"{frame[nulls[0]].null_count()} decisions{where} have no {nulls[0]} "
+            f"(null in {', '.join(nulls)}): their lb_decisions lack it or leave it empty "
+            "(in Python, dataset.impute_missing fills what the tracepoint variant cannot know)"
         )
 
 

@@ -26,6 +26,7 @@ import numpy as np
 from kernmlops.errors import KernmlopsError
 from kernmlops.fileio import write_atomic
 from kernmlops.lb.features import FEATURES, NR_FEATURES
+from kernmlops.lb.modelfile import fits_q11
 from kernmlops.lb.weights import FLOAT_FORMAT, VERSIONS, check_model, read_model_doc
 
 FORMAT = FLOAT_FORMAT
@@ -95,15 +96,18 @@ class Model:
             "meta": self.meta,
         }
 
-    def save(self, path: Path) -> Path:
+    def save(self, path: Path, *, shown: Path | None = None) -> Path:
         """Write the model to ``path`` whole (folders made); ModelError with one line
-        when it cannot be written."""
+        when it cannot be written, naming ``shown`` (the path as the user named it,
+        where ``path`` goes through a held folder) or ``path``."""
         path = Path(path)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(path, json.dumps(self.to_json(), indent=1) + "\n")
         except OSError as err:
-            raise ModelError(f"cannot write the model to {path}: {err.strerror or err}") from None
+            raise ModelError(
+                f"cannot write the model to {shown or path}: {err.strerror or err}"
+            ) from None
         return path
 
     @classmethod
@@ -299,6 +303,25 @@ def _fit_one(
     return best[1], best[0]
 
 
+def _check_fits_q11(
+    w1_raw: np.ndarray, b1_raw: np.ndarray, w1: np.ndarray, mu: np.ndarray, sigma: np.ndarray
+) -> None:
+    """ModelError naming the feature whose folded standardization gives layer 1 a
+    weight or bias Q20.11 cannot hold (a feature almost constant at a large value:
+    mean / std is huge), instead of a model no reader or kernel takes."""
+    rows = [i for i in range(NR_FEATURES) if not all(fits_q11(v) for v in w1_raw[i])]
+    if not rows and all(fits_q11(v) for v in b1_raw):
+        return
+    # a bias out of range: the feature whose mean / std adds the most to it
+    i = rows[0] if rows else int(np.argmax(np.abs(mu / sigma) * np.abs(w1).max(axis=1)))
+    raise ModelError(
+        f"the trained model does not fit Q20.11 fixed point (|w| < 2^20): feature "
+        f"{FEATURES[i]} barely varies in the training rows (mean {mu[i]:g}, std "
+        f"{sigma[i]:.3g}), and its standardization folded into layer 1 outgrows it; "
+        "train on data where it varies more, or without the few rows that differ"
+    )
+
+
 def train(x: np.ndarray, y: np.ndarray, cfg: TrainConfig | None = None) -> Model:
     """Fit the MLP on raw features ``x`` (rows, 15) and labels ``y`` (0/1)."""
     cfg = cfg or TrainConfig()
@@ -332,7 +355,8 @@ def train(x: np.ndarray, y: np.ndarray, cfg: TrainConfig | None = None) -> Model
     # Fold the standardization into layer 1: the kernel feeds raw features.
     w1_raw = w1 / sigma[:, None]
     b1_raw = b1 - (mu / sigma) @ w1
-    return Model(
+    _check_fits_q11(w1_raw, b1_raw, w1, mu, sigma)
+    model = Model(
         w1=w1_raw,
         b1=b1_raw,
         w2=w2.copy(),
@@ -343,3 +367,7 @@ def train(x: np.ndarray, y: np.ndarray, cfg: TrainConfig | None = None) -> Model
             "train_config": cfg.__dict__,
         },
     )
+    # every reader's check (the fixed-point sums included): no model is saved that
+    # lb export, lb shadow or kmo_lb would refuse
+    check_model(model.to_json(), "the trained model", error=ModelError)
+    return model

@@ -26,7 +26,7 @@ from typing import Any
 
 from kernmlops.errors import KernmlopsError
 from kernmlops.host.pinned import open_regular
-from kernmlops.lb.names import FBITS, FEATURES, NR_FEATURES
+from kernmlops.lb.names import FBITS, FEATURES, NR_FEATURES, Q_LIMIT
 
 HIDDEN = 10
 #: 15*10 + 10 + 10*1 + 1
@@ -60,6 +60,42 @@ class CheckedModel:
     b1: list[Number]
     w2: list[Number]
     b2: Number
+
+
+#: the largest |Q20.11 input| of each feature (features.fixed_features clamps the raw
+#: values to Q_LIMIT): flags are 1, lengths and fault shares up to Q_LIMIT, loads / 1000
+_FLAG = ONE
+_WIDE = Q_LIMIT << FBITS
+X_MAX = (*[_FLAG] * 8, _WIDE, Q_LIMIT * ONE // 1000, Q_LIMIT * ONE // 1000, _WIDE, _WIDE,
+         _FLAG, _FLAG)  # fmt: skip
+INT64_MAX = (1 << 63) - 1
+
+
+def _q(v: Number) -> int:
+    """``round(v * 2048)`` half away from zero (fixed.quantize), for a checked weight."""
+    if isinstance(v, int):
+        return v
+    x = v * ONE
+    return math.floor(x + 0.5) if x >= 0 else math.ceil(x - 0.5)
+
+
+def _sums_fit(w1: list[Number], b1: list[Number], w2: list[Number], b2: Number,
+              fixed: bool, hidden: int) -> bool:  # fmt: skip
+    """Whether the forward pass's 64-bit products and sums (fixed.py, the header,
+    ``bpf/lb_model.h``, kmo_lb) stay below 2^63 on every input the features can
+    take: weights that each fit Q20.11 may still multiply past it, and the sum wraps,
+    turning the decision over with no sign of it."""
+    q = (lambda v: v) if fixed else _q
+    out = abs(q(b2))
+    for j in range(hidden):
+        h = abs(q(b1[j])) + sum(
+            (X_MAX[k] * abs(q(w1[k * hidden + j])) >> FBITS) + 1 for k in range(NR_FEATURES)
+        )
+        prod = h * abs(q(w2[j]))
+        if h > INT64_MAX or prod > INT64_MAX:
+            return False
+        out += (prod >> FBITS) + 1
+    return out <= INT64_MAX
 
 
 def _shape(value: object) -> tuple[tuple[int, ...], list[object]]:
@@ -154,6 +190,10 @@ def check_weights_doc(
     b1 = _values(doc, "b1", [(hidden,)], where, fixed, error)
     w2 = _values(doc, "w2", [(hidden, 1), (hidden,)], where, fixed, error)
     (b2,) = _values(doc, "b2", [(1,), ()], where, fixed, error)
+    if not _sums_fit(w1, b1, w2, b2, fixed, hidden):
+        raise error(f"{where}: weights this large overflow the 64-bit sums of the forward "
+                    "pass on some inputs (up to a runqueue of 2^20 tasks), which would turn "
+                    "its decision over unseen; no trained model comes near")  # fmt: skip
     return CheckedModel(fixed, hidden, w1, b1, w2, int(b2) if fixed else float(b2))
 
 

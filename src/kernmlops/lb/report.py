@@ -11,7 +11,7 @@ import polars as pl
 
 from kernmlops.collect.manifest import MANIFEST_NAME, read_manifest
 from kernmlops.errors import CollectionError
-from kernmlops.lb.dataset import load_decisions, recorded_cost
+from kernmlops.lb.dataset import load_decisions, recorded_costs
 from kernmlops.lb.features import (
     LABEL,
     MIGRATION_COST_NS,
@@ -78,14 +78,21 @@ def build_report(paths: list[Path], model_path: Path | None = None) -> dict[str,
     ``*.q11.json``), the model."""
     model = _Scored(model_path) if model_path else None  # checked before the data is read
     decisions = load_decisions(paths)
-    # the hot window the collections were recorded with, else the model's
-    cost = recorded_cost(paths) or MIGRATION_COST_NS
-    if model is not None:
-        cost = int(model.meta.get("migration_cost_ns", cost))
     lb = _manifests(paths)
+    recorded_by_id = recorded_costs(paths)  # each collection's own: a lab mixes them
+    model_default = MIGRATION_COST_NS
+    if model is not None:
+        model_default = int(model.meta.get("migration_cost_ns", MIGRATION_COST_NS))
     rows = []
+    ys: list[np.ndarray] = []
+    rules: list[np.ndarray] = []
+    preds: list[np.ndarray] = []
     for (cid,), group in sorted(decisions.group_by("collection_id"), key=lambda kv: str(kv[0])):
         kept = prepare(group)
+        # the hot window this collection was recorded with: the kernel's answers and so
+        # the rule follow it, with a model or without; the model's own where none is
+        recorded = recorded_by_id.get(str(cid))
+        cost = recorded or MIGRATION_COST_NS
         row: dict[str, Any] = {
             "collection_id": str(cid),
             "variant": ",".join(sorted({str(v) for v in group["variant"].drop_nulls().unique()})),
@@ -97,14 +104,18 @@ def build_report(paths: list[Path], model_path: Path | None = None) -> dict[str,
             "rule_accuracy": None,
         }
         if kept.height:
-            x = float_features(kept, cost)
             y = kept[LABEL].to_numpy()
-            row["rule"] = metrics(y, rule_decision(x))
+            rule = rule_decision(float_features(kept, cost))
+            row["rule"] = metrics(y, rule)
             row["rule_accuracy"] = row["rule"]["accuracy"]
+            ys.append(y)
+            rules.append(rule)
             if model is not None:
-                m = metrics(y, model.predict(kept, cost))
+                pred = model.predict(kept, recorded or model_default)
+                m = metrics(y, pred)
                 row["model_accuracy"] = m["accuracy"]
                 row["model"] = m
+                preds.append(pred)
         shadow = (lb.get(str(cid)) or {}).get("shadow") or {}
         for kind in ("kprobe", "tracepoint"):
             kernel = (shadow.get(kind) or {}).get("kernel") or {}
@@ -124,13 +135,13 @@ def build_report(paths: list[Path], model_path: Path | None = None) -> dict[str,
     out: dict[str, Any] = {"collections": rows, "decisions": decisions.height}
     if model is not None:
         out["model_kind"] = model.kind
-    if total.height:
+    if ys:
         # every filtered row, the model beside the two baselines (balanced accuracy
-        # and recall per class: "stay" is rare)
-        x, y = float_features(total, cost), total[LABEL].to_numpy()
+        # and recall per class: "stay" is rare), each collection at its own cost
+        y = np.concatenate(ys)
         if model is not None:
-            out["model"] = metrics(y, model.predict(total, cost))
-        out["hand_rule"] = metrics(y, rule_decision(x))
+            out["model"] = metrics(y, np.concatenate(preds))
+        out["hand_rule"] = metrics(y, np.concatenate(rules))
         out["majority"] = metrics(y, np.full(len(y), int(y.mean() >= 0.5)))
     counts = total.group_by("variant").len() if total.height else pl.DataFrame()
     out["filtered_by_variant"] = {str(r["variant"]): r["len"] for r in counts.iter_rows(named=True)}
