@@ -527,6 +527,10 @@ def collect(
         failed = [n for n, st in result.hooks.items() if st.failed]
         why = f"; hook {', '.join(failed)} failed" if failed else ""
         _line(f"[yellow]exit code {result.exit_code}[/] ({result.ended_by}{escape(why)})")
+        if result.benchmark_stderr:
+            _line("the benchmark's stderr ended (benchmark_output/stderr.txt where kept):")
+            for line in result.benchmark_stderr:
+                _line(f"  [dim]|[/] {escape(line)}")
     if publish_to is not None:
         from kernmlops.fleet.cli import publish_collection
 

@@ -102,3 +102,19 @@ def test_another_users_folder_stays(tmp_path: Path) -> None:
     os.chown(theirs, 65534, 65534)  # nobody
     assert sweep_stale(tmp_path, now=later()) == []
     assert theirs.is_dir()
+
+
+def test_tail_lines_keeps_the_last_lines_cut_and_without_escapes(tmp_path: Path) -> None:
+    from kernmlops.collect.benchmark import tail_lines
+
+    out = tmp_path / "stderr.txt"
+    body = [f"line {i}" for i in range(3000)]  # past the 8 KiB read
+    out.write_text("\n".join(body) + "\n\n  \n\x1b[2J\x1b]0;owned\x07red\n" + "x" * 500 + "\n")
+    kept = tail_lines(out, lines=4, width=40)
+    # the escapes' printable rest stays (harmless), their control bytes go
+    assert kept == ["line 2998", "line 2999", "[2J]0;ownedred", "x" * 39 + "…"]
+    assert all(c.isprintable() for line in kept for c in line)
+    link = tmp_path / "link"
+    link.symlink_to(out)
+    assert tail_lines(link) == []  # a link is not followed
+    assert tail_lines(tmp_path / "absent") == [] and tail_lines(None) == []

@@ -652,6 +652,31 @@ def test_collect_says_a_failed_hook_in_one_line_and_exits_1(tmp_path: Path) -> N
     assert col.manifest.state == "duration" and col.manifest.exit_code == 1
 
 
+def test_collect_says_the_last_lines_a_failed_benchmark_wrote_to_stderr(tmp_path: Path) -> None:
+    # stress-ng refuses an option it does not know: its own words, kept in the
+    # collection's benchmark_output/stderr.txt, are what collect says below the exit code
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("benchmark:\n  stress_ng:\n    extra_args: ['--no-such-option']\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "kernmlops", "collect", "--no-progress", "-o", str(out),
+         "-c", str(cfg), "-b", "stress-ng", "--hooks", "system_info"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    (folder,) = (out / "curated" / "benchmark=stress-ng").iterdir()
+    said = (folder / "benchmark_output" / "stderr.txt").read_text().split("\n")
+    said = [line.rstrip() for line in said if line.strip()][-5:]
+    assert any("--no-such-option" in line for line in said), said
+    lines = done.stderr.splitlines()
+    at = lines.index("exit code 1 (failed)")
+    assert lines[at + 1].startswith("the benchmark's stderr ended")
+    assert [line.removeprefix("  | ") for line in lines[at + 2 :]] == said
+
+
 @pytest.mark.parametrize("row_workers", [1, 3])
 def test_with_no_cpu_to_spare_rows_wait_in_the_spool_until_stop(
     tmp_path: Path, row_workers: int, monkeypatch: pytest.MonkeyPatch

@@ -49,6 +49,28 @@ STALE_AFTER_S = 600.0
 TOP_MODE = 0o711
 
 
+def tail_lines(path: Path | None, lines: int = 5, width: int = 300) -> list[str]:
+    """The last ``lines`` non-blank lines of a captured output file (its last 8 KiB),
+    each cut at ``width`` characters and with control characters (a terminal's escape
+    sequences) left out: what a failed benchmark last said, for one glance."""
+    if path is None:
+        return []
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return []
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(fd).st_size
+        f.seek(max(0, size - 8192))
+        text = f.read(8192).decode("utf-8", errors="replace")
+    kept = []
+    for line in text.splitlines()[-lines * 4 :]:
+        line = "".join(c for c in line if c.isprintable() or c == "\t").rstrip()
+        if line:
+            kept.append(line if len(line) <= width else line[: width - 1] + "…")
+    return kept[-lines:]
+
+
 def sweep_stale(tmp: Path | None = None, *, now: float | None = None) -> list[Path]:
     """Remove the benchmark folders that killed collectors left in ``tmp`` (the
     temporary directory): this user's, of this layout, unlocked, unchanged for
@@ -130,6 +152,8 @@ class RunningBenchmark:
         self.captured: dict[str, Path] = {}
         self.proc: GatedProcess | None = None
         self.results_error: str | None = None
+        #: the last lines of a failed benchmark's captured stderr (``collect`` says them)
+        self.stderr_tail: list[str] = []
 
     def launch(self, env: Environment, runs_as: Invoker | None) -> bool:
         """Set the benchmark up and start its process held at the gate, in ``env``'s
@@ -197,6 +221,8 @@ class RunningBenchmark:
         """Once the hooks are drained: keep the results, tear down, stop the services
         of setup() (and all they started), remove the folder."""
         step(lambda: self._results(sink, exit_code))
+        if exit_code:  # before its folder goes: the output may be kept nowhere else
+            self.stderr_tail = tail_lines(self.captured.get("stderr.txt"))
         try:
             self.benchmark.teardown()
         except Exception as err:  # reported; never loses the collection

@@ -65,6 +65,8 @@ class CollectionResult:
     #: the stop, no room left, a hook's bug there): no row made of them yet, and not
     #: counted in its events; ``kernmlops recover`` makes their rows and counts them
     waiting: dict[str, int] = field(default_factory=dict)
+    #: the last lines of the benchmark's captured stderr where it failed
+    benchmark_stderr: list[str] = field(default_factory=list)
 
     @property
     def duration_s(self) -> float:

@@ -405,6 +405,7 @@ class Session:
             hooks={h.name: h.status for h in hooks},
             rows=rows,
             waiting=waiting,
+            benchmark_stderr=bench.stderr_tail,
         )
         if self.manifest is not None:
             try:
