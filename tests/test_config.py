@@ -190,6 +190,13 @@ def test_a_section_of_a_plugin_the_run_does_not_use_is_still_validated():
     assert msg == "invalid configuration: benchmark.gap: expected a mapping of keys (got 5)"
 
 
+def test_a_value_the_validator_names_already_is_not_named_twice():
+    # fio's size validator says "(got '4x')" itself: the error said it twice
+    msg = _error({"benchmark": {"fio": {"bs": "4x"}}})
+    assert msg.endswith("benchmark.fio.bs: expected a size like 4096, 4k, 64M or 1G (got '4x')")
+    assert msg.count("4x") == 1
+
+
 # --- unknown keys -------------------------------------------------------------
 def test_unknown_top_level_key():
     msg = _error({"colector": {}})

@@ -533,7 +533,8 @@ def _describe(
     if kind in ("model_type", "dict_type"):  # a section that is not a mapping
         return f"{path}: expected a mapping of keys (got {_shown(got)}){origin}"
     msg = err["msg"].removeprefix("Value error, ")
-    shown = "" if isinstance(got, dict) or f"got {got}" in msg else f" (got {_shown(got)})"
+    said = isinstance(got, dict) or any(f"got {g}" in msg for g in {str(got), _shown(got)})
+    shown = "" if said else f" (got {_shown(got)})"  # a validator that names it already
     return f"{path}: {msg}{shown}{origin}"
 
 
