@@ -465,7 +465,16 @@ def _check_duet(duet: Duet) -> list[str]:
                 f"{where}.harness: the built-in harness runs local commands only, not in image "
                 f"{side.image!r} (put a harness in the image and list its results instead)"
             )
-        if duet.syncduet_repetitions and not (side.harness or side.sync_command):
+        if duet.syncduet_repetitions and side.harness and side.sync_command:
+            # sync-duet trials run syncduet_run_base + run in place of the harness, so
+            # its file would be missing; the harness needs no base (it speaks the sync
+            # protocol itself), and a base that is a harness of its own needs no harness
+            errors.append(
+                f"{where}: harness and syncduet_run_base are both set, but a sync-duet trial "
+                "runs syncduet_run_base in place of the harness (the harness synchronizes by "
+                "itself: drop syncduet_run_base, or set harness: null)"
+            )
+        elif duet.syncduet_repetitions and not (side.harness or side.sync_command):
             errors.append(
                 f"{where}: syncduet_repetitions needs a side that speaks the sync protocol: "
                 "harness: {...} or syncduet_run_base"
