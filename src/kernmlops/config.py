@@ -40,7 +40,7 @@ from kernmlops.hooks import REGISTRY as HOOKS
 from kernmlops.host.cpus import online_cpu_count
 from kernmlops.host.environment import ENVIRONMENT_FIELDS
 from kernmlops.registry import Plugins
-from kernmlops.validation import keys_at, unknown_key
+from kernmlops.validation import key_path, keys_at, not_a_config, shown_key, unknown_key
 
 
 def _key(name: str) -> str:
@@ -506,12 +506,14 @@ def _from_flag(err: dict[str, Any], flags: frozenset[tuple[str, ...]]) -> bool:
 
 def _dotted(loc: tuple[Any, ...], renames: dict[str, str]) -> str:
     """A key path as the user wrote it: ``renames`` maps our paths (or prefixes) to
-    the file's own (a KernMLOps file's ``benchmark_config.gap`` for ``benchmark.gap``)."""
-    path = ".".join(str(p) for p in loc)
+    the file's own (a KernMLOps file's ``benchmark_config.gap`` for ``benchmark.gap``).
+    A part that is not a key (a line of some other file) is cut (validation.shown_key)."""
+    parts = [str(p) for p in loc]
     for ours in sorted(renames, key=len, reverse=True):
-        if path == ours or path.startswith(ours + "."):
-            return renames[ours] + path[len(ours) :]
-    return path
+        head = ours.split(".")
+        if parts[: len(head)] == head:
+            return ".".join([renames[ours], *map(shown_key, parts[len(head) :])])
+    return key_path(parts)
 
 
 def _describe(
@@ -642,6 +644,11 @@ def read_overrides(path: str | Path) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    if not_a_config(data):  # e.g. -c /etc/shadow: its lines are not echoed as keys
+        raise ConfigError(
+            f"{path} is not a kernmlops configuration: no key of its top level looks like "
+            "one (its lines are not shown)"
+        )
     return data
 
 

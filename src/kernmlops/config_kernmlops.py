@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kernmlops.errors import ConfigError
-from kernmlops.validation import unknown_key
+from kernmlops.validation import key_path, unknown_key
 
 #: top-level keys of each form
 KERNMLOPS_SECTIONS = ("benchmark_config", "collector_config")
@@ -68,7 +68,7 @@ class _Translation:
         prefix = path.split(".") if path else ()
         for key in section:
             if key not in valid:
-                where = ".".join([*prefix, str(key)])
+                where = key_path([*prefix, key])
                 raise self.fail(f"{where}: {unknown_key(str(key), valid, prefix=prefix)}")
 
     def put(self, ours: str, value: Any, theirs: str) -> None:

@@ -6,6 +6,8 @@ import errno
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -150,6 +152,34 @@ def test_user_errors_exit_non_zero_with_a_message(tmp_path: Path):
     (tmp_path / "duet-results.csv").write_text("a,b\n1,2\n")
     res = runner.invoke(duet_group, ["analyze", str(tmp_path), "--warmup", "x"])
     assert res.exit_code == 2 and "warm-up 'x'" in res.output
+
+
+def test_analyze_resamples_are_bounded(tmp_path: Path):
+    # an unbounded count let --interval bca --resamples <huge> exhaust memory
+    from kernmlops.duet.analysis import MAX_RESAMPLES, MIN_RESAMPLES
+    from kernmlops.duet.cli import analyze_cmd
+
+    (tmp_path / "duet-results.csv").write_text("a,b\n1,2\n")
+    for n in (MAX_RESAMPLES + 1, MIN_RESAMPLES - 1):
+        args = ["analyze", str(tmp_path), "--interval", "bca", "--resamples", str(n)]
+        res = CliRunner().invoke(duet_group, args)
+        assert res.exit_code == 2
+        assert f"resamples must be 100 to 100000 (got {n})" in res.output
+    # as the command says it: one line, exit 2
+    args = ["duet", "analyze", str(tmp_path), "--interval", "bca", "--resamples", str(10**12)]
+    done = subprocess.run(
+        [sys.executable, "-m", "kernmlops", *args], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == (
+        f"error: Invalid value: resamples must be 100 to 100000 (got {10**12}) "
+        "(see kernmlops duet analyze --help)\n"
+    )
+    help_text = next(p for p in analyze_cmd.params if p.name == "resamples").help
+    assert f"{MIN_RESAMPLES} to {MAX_RESAMPLES}" in help_text
+    # the bounds themselves are accepted: the table is read (and refused) next
+    res = CliRunner().invoke(duet_group, ["analyze", str(tmp_path), "--resamples", "100000"])
+    assert res.exit_code == 2 and "not a duet results table" in res.output
 
 
 def test_failed_trial_makes_run_exit_1(tmp_path: Path):

@@ -142,6 +142,30 @@ def test_cpus_and_protocol_checks():
     assert "the built-in harness runs local commands only" in _error(img)
 
 
+def test_harness_with_syncduet_run_base_is_refused_for_sync_trials():
+    # sync-duet trials used to run syncduet_run_base in place of the harness: the
+    # side then failed for want of harness.csv, with a "no $$" warning
+    both = (
+        "duetbench: {suite: s, duets: [d], syncduet_repetitions: %d, duet_repetitions: 1,\n"
+        "            harness: {iterations: 2}}\n"
+        "d: {results: [out.csv], A: {run: 'true', syncduet_run_base: nice}}\n"
+    )
+    message = _error(both % 2)
+    [line] = [m for m in message.splitlines() if "syncduet_run_base" in m]
+    assert line == (
+        "  - d.A: harness and syncduet_run_base are both set, but a sync-duet trial runs "
+        "syncduet_run_base in place of the harness (the harness synchronizes by itself: "
+        "drop syncduet_run_base, or set harness: null)"
+    )
+    # without sync-duet trials the base is never run: the harness alone is used
+    side = validate_duet_config(yaml.safe_load(both % 0)).duets[0].a
+    assert side.harness is not None and side.results == ("out.csv", "harness.csv")
+    # each alone still speaks the sync protocol
+    for alone in ("syncduet_run_base: nice, harness: null", "syncduet_run_base: null"):
+        fixed = (both % 2).replace("syncduet_run_base: nice", alone)
+        assert validate_duet_config(yaml.safe_load(fixed)).duets[0].syncduet_repetitions == 2
+
+
 def test_pinned_sides_trade_cpus_every_10_ms_unless_told():
     base = (
         "duetbench: {suite: s, duets: [d, e], results: [r]%s}\n"

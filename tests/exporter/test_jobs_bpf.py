@@ -199,3 +199,43 @@ def test_biojobs_tells_two_concurrent_jobs_apart(
         assert served == queued
         assert total(after, "kernmlops_job_block_io_queue_seconds_count", comm="fio",
                      **labels) == queued  # fmt: skip
+
+
+def helps(text: str) -> dict[str, str]:
+    """Each family's HELP text as served (``# HELP name text`` lines)."""
+    lines = [line.split(" ", 3)[2:] for line in text.splitlines() if line.startswith("# HELP ")]
+    return {name: doc for name, doc in lines}
+
+
+def test_help_says_which_job_is_counted_and_only_then(tmp_path: Path) -> None:
+    """Without --tgid, --comm or --cgroup the sets count every task on the machine,
+    and their HELP must not claim a job; with them, HELP names what is counted (the
+    YAML's own words said "of the job" either way)."""
+    from kernmlops.exporter.config import resolve_sets
+
+    sets = ["pagefaults", "oncpu", "runqlat"]
+    loaded = resolve_sets(sets)
+    ours = {getattr(m, "exposed_name", m.name): m.help for ms in loaded for m in ms.metrics}
+    assert len(ours) == 3 and not any("job" in h for h in ours.values())
+    args = [a for s in sets for a in ("-c", s)]
+    proc, url = start_exporter(tmp_path, *args)
+    try:
+        served = helps(get(url))
+    finally:
+        stop(proc)
+    assert {name: served[name] for name in ours} == ours
+    assert loaded[sets.index("runqlat")].spec.description == "run-queue latency of tasks"
+
+    job = subprocess.Popen(["sleep", "120"])
+    try:
+        proc, url = start_exporter(tmp_path, *args, "--tgid", str(job.pid), "--comm", "sleep")
+        try:
+            served = helps(get(url))
+        finally:
+            stop(proc)
+    finally:
+        job.kill()
+        job.wait()
+    scope = (f" (counted only for tasks that match each of: process {job.pid} and its "
+             "descendants; threads named sleep)")  # fmt: skip
+    assert {name: served[name] for name in ours} == {n: h + scope for n, h in ours.items()}

@@ -1,6 +1,6 @@
-/* exporter set migrations: tasks of the job moved to another CPU, by kind:
- * placed elsewhere as it woke up, or moved while runnable (load balancing,
- * affinity changes of a queued task, NUMA). */
+/* exporter set migrations: tasks (the job's, when filtered) moved to another
+ * CPU, by kind: placed elsewhere as it woke up, or moved while runnable (load
+ * balancing, affinity changes of a queued task, NUMA). */
 #include "exp_common.h"
 #include "sched_migrate.h" /* the CPU it leaves, the kind: as the collector's sched_migrate */
 

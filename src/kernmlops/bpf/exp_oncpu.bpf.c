@@ -1,6 +1,6 @@
-/* exporter set oncpu: CPU time of the job's tasks by cgroup (v2), in the
- * scheduler's own account (se.sum_exec_runtime, as cgroup cpu.stat keeps it),
- * added when a task leaves the CPU. */
+/* exporter set oncpu: CPU time of tasks (the job's, when filtered) by cgroup
+ * (v2), in the scheduler's own account (se.sum_exec_runtime, as cgroup cpu.stat
+ * keeps it), added when a task leaves the CPU. */
 #include "exp_common.h"
 #include "sched_wait.h"
 

@@ -1,5 +1,5 @@
-/* exporter set pagefaults: page faults of the job, by where they hit (user or
- * kernel mode), from the x86 exceptions tracepoints. */
+/* exporter set pagefaults: page faults (the job's, when filtered), by where
+ * they hit (user or kernel mode), from the x86 exceptions tracepoints. */
 #include "exp_common.h"
 
 /* key: 0 user, 1 kernel */

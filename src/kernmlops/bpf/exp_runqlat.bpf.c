@@ -1,5 +1,6 @@
 /* exporter set runqlat: run-queue latency, from wake-up (or preemption) to
- * running, of the job's tasks; one histogram for the whole job.
+ * running, of every task (only the job's with --tgid, --comm or --cgroup); one
+ * histogram for them all.
  *
  * The wait is the scheduler's own account, read at the switch in (sched_wait.h,
  * as the collector's quanta_queued_time). Kernels without it (no

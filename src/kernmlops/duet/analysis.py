@@ -118,6 +118,13 @@ JAVA_SUITES = ("renaissance", "dacapo", "scalabench")
 JAVA_PARSERS = ("renaissance", "dacapo")
 
 
+#: bounds of Options.resamples. The sign-flip group is an array of resamples x runs
+#: and the bootstrap keeps one statistic per resample, so memory grows with it;
+#: 100,000 (10x the original's 9,999) keeps that to a few hundred MB at most
+MIN_RESAMPLES = 100
+MAX_RESAMPLES = 100_000
+
+
 @dataclass(frozen=True)
 class Options:
     warmup: str = "auto"
@@ -144,8 +151,10 @@ class Options:
             raise ValueError("min_overlap must be in (0, 1]")
         if not 0.5 < self.confidence < 1:
             raise ValueError("confidence must be between 0.5 and 1")
-        if self.resamples < 100:
-            raise ValueError("resamples must be at least 100")
+        if not MIN_RESAMPLES <= self.resamples <= MAX_RESAMPLES:
+            raise ValueError(
+                f"resamples must be {MIN_RESAMPLES} to {MAX_RESAMPLES} (got {self.resamples})"
+            )
         if self.min_runs < 2:
             raise ValueError("min_runs must be at least 2")
         if self.seed < 0:  # numpy's generators take no negative seed

@@ -463,7 +463,7 @@ def _mds_text(c) -> str:
     show_default=True,
     type=int,
     help="bootstrap resamples (bca), or random sign patterns (signflip: all of them when "
-    "there are at most this many)",
+    "there are at most this many); 100 to 100000 (memory grows with it)",
 )
 @click.option(
     "--min-runs",

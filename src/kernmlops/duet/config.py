@@ -48,7 +48,7 @@ from pydantic import (
 
 from kernmlops.errors import ConfigError
 from kernmlops.host.cpus import format_cpu_list, parse_cpu_list
-from kernmlops.validation import keys_at, unknown_key
+from kernmlops.validation import key_path, keys_at, not_a_config, unknown_key
 from kernmlops.yamlfile import safe_yaml
 
 #: Artifacts always captured once per suite (name -> what is recorded).
@@ -293,7 +293,7 @@ def parse_cpus(text: str) -> frozenset[int]:
 # --- errors ---------------------------------------------------------------------
 def _describe(err: dict[str, Any], prefix: tuple[str, ...], model: type[BaseModel]) -> str:
     loc = tuple(str(p) for p in err["loc"])
-    path = ".".join((*prefix, *loc)) or "(top level)"
+    path = key_path((*prefix, *loc)) or "(top level)"
     if err["type"] == "extra_forbidden":
         unknown = unknown_key(loc[-1], keys_at(model, loc[:-1]), prefix=(*prefix, *loc[:-1]))
         return f"{path}: {unknown}"
@@ -354,6 +354,11 @@ def validate_duet_config(data: Any, source: str | None = None) -> DuetSuite:
     if not isinstance(data, dict):
         raise ConfigError(f"invalid duet configuration{where}: the top level must be a mapping")
     errors: list[str] = []
+    if not_a_config(data):  # e.g. /etc/shadow: its lines are not echoed as sections
+        raise ConfigError(
+            f"invalid duet configuration{where}: not a duet configuration (no key of its top "
+            "level looks like one; its lines are not shown)"
+        )
     if "duetbench" not in data:
         raise ConfigError(
             f"invalid duet configuration{where}:\n  - duetbench: missing section "
@@ -465,7 +470,16 @@ def _check_duet(duet: Duet) -> list[str]:
                 f"{where}.harness: the built-in harness runs local commands only, not in image "
                 f"{side.image!r} (put a harness in the image and list its results instead)"
             )
-        if duet.syncduet_repetitions and not (side.harness or side.sync_command):
+        if duet.syncduet_repetitions and side.harness and side.sync_command:
+            # sync-duet trials run syncduet_run_base + run in place of the harness, so
+            # its file would be missing; the harness needs no base (it speaks the sync
+            # protocol itself), and a base that is a harness of its own needs no harness
+            errors.append(
+                f"{where}: harness and syncduet_run_base are both set, but a sync-duet trial "
+                "runs syncduet_run_base in place of the harness (the harness synchronizes by "
+                "itself: drop syncduet_run_base, or set harness: null)"
+            )
+        elif duet.syncduet_repetitions and not (side.harness or side.sync_command):
             errors.append(
                 f"{where}: syncduet_repetitions needs a side that speaks the sync protocol: "
                 "harness: {...} or syncduet_run_base"

@@ -378,6 +378,7 @@ def _run(
         sets,
         job=job,
         process_filter_fd=flt.fd if flt is not None else None,
+        tracked=f"process {tgid} and its descendants",
         bpf_stats=bpf_stats,
         max_label_sets=max_label_sets,
     )

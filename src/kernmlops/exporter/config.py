@@ -55,6 +55,7 @@ from kernmlops.exporter.spec import (
     MetricsSpec,
     format_errors,
 )
+from kernmlops.validation import not_a_config
 from kernmlops.yamlfile import safe_yaml
 
 # The models live in spec.py (below the loaders, the decoders and the core);
@@ -89,6 +90,11 @@ def parse_metric_set(data: Any, path: Path, *, builtin: bool = False) -> MetricS
     (told apart by :func:`kernmlops.exporter.compat.is_ebpf_exporter_config`)."""
     if not isinstance(data, dict):
         raise MetricSetError(f"invalid metric set {path}: the top level must be a mapping")
+    if not_a_config(data):  # e.g. -c /etc/shadow: its lines are not echoed as keys
+        raise MetricSetError(
+            f"invalid metric set {path}: not a metric set (no key of its top level looks like "
+            "one; its lines are not shown)"
+        )
     if compat.is_ebpf_exporter_config(data):
         return compat.parse_ebpf_exporter_config(data, path)
     try:

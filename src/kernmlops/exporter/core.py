@@ -83,6 +83,17 @@ class JobFilter:
     def active(self) -> bool:
         return bool(self.tgid or self.comm or self.cgroup)
 
+    def scope(self) -> list[str]:
+        """What the filter keeps, in words (every part must hold); [] when inactive."""
+        parts = []
+        if self.tgid:
+            parts.append(f"process {self.tgid}")
+        if self.comm:
+            parts.append(f"threads named {self.comm[:COMM_LEN]}")
+        if self.cgroup:
+            parts.append(f"tasks in cgroup {self.cgroup} and below")
+        return parts
+
     def globals(self, cgroups: CgroupPaths | None = None) -> dict[str, int]:
         """Values of the ``const volatile`` settings in bpf/exp_common.h."""
         out: dict[str, int] = {}
@@ -154,6 +165,9 @@ class MetricReader:
     ) -> None:
         self.set_name = set_name
         self.spec = spec
+        #: the HELP served: the spec's, and, when the exporter counts only a job
+        #: (Exporter.scope), which one, so no reader takes it for the whole machine
+        self.help = spec.help
         self.reader = reader
         self.decoders = label_decoders(spec.labels, ctx, flavor=flavor, offset=offset)
         self._cgroups = ctx.cgroups
@@ -300,13 +314,13 @@ class MetricReader:
         labelsets = [self._labelsets[i] for i in positions]
         spec = self.spec
         if isinstance(spec, CounterSpec):
-            counter = CounterMetricFamily(spec.name, spec.help, labels=self.label_names)
+            counter = CounterMetricFamily(spec.name, self.help, labels=self.label_names)
             scaled = values[:, 0].astype(np.float64) * spec.value_multiplier
             for labels, value in zip(labelsets, scaled.tolist(), strict=True):
                 counter.add_metric(labels, value)
             return counter
         buckets = self.buckets
-        hist = HistogramMetricFamily(spec.name, spec.help, labels=self.label_names)
+        hist = HistogramMetricFamily(spec.name, self.help, labels=self.label_names)
         cumulative = buckets.cumulative(values[:, : buckets.nslots]).astype(np.float64).tolist()
         sums = buckets.sums(values).tolist()
         le = buckets.le
@@ -358,7 +372,7 @@ class MetricReader:
         series stays in milliseconds)."""
         positions, values = snap
         spec = self.spec
-        doc = spec.help.replace("\\", r"\\").replace("\n", r"\n")
+        doc = self.help.replace("\\", r"\\").replace("\n", r"\n")
         if isinstance(spec, CounterSpec):
             name = spec.exposed_name
             out.append(f"# HELP {name} {doc}\n# TYPE {name} counter\n")
@@ -532,7 +546,8 @@ class Exporter:
     """Loads metric sets and serves them as a ``prometheus_client`` collector.
 
     ``process_filter_fd`` is the fd of a ``kmo_tracked`` map (a collection's
-    process filter): the sets then count only the processes it tracks.
+    process filter): the sets then count only the processes it tracks, which
+    ``tracked`` names in the served HELP texts (as the job filter's are).
     """
 
     def __init__(
@@ -546,10 +561,17 @@ class Exporter:
         max_label_sets: int | None = None,
         bpf_stats: bool = False,
         decoder_context: DecoderContext | None = None,
+        tracked: str = "the processes of the collection",
     ) -> None:
         self.sets = [_LoadedSet(ms) for ms in sets]
         self.job = job or JobFilter()
         self.process_filter_fd = process_filter_fd
+        #: what the sets count, when not the whole machine: added to every HELP
+        #: text, whose own words (a set's YAML) cannot know the flags it runs with
+        parts = [*([tracked] if process_filter_fd is not None else []), *self.job.scope()]
+        self.scope = (
+            parts[0] if len(parts) == 1 else f"tasks that match each of: {'; '.join(parts)}"
+        ) if parts else ""  # fmt: skip
         self.self_tgid = os.getpid() if self_tgid is None else self_tgid
         self.bpf_dir = bpf_dir
         #: a ceiling over every metric's own max_label_sets (--max-label-sets);
@@ -685,6 +707,8 @@ class Exporter:
                 metric = MetricReader(ms.name, spec, reader, self.ctx, default)
             if self.max_label_sets is not None:  # a ceiling, over the set's own too
                 metric.max_label_sets = min(metric.max_label_sets, self.max_label_sets)
+            if self.scope:
+                metric.help = f"{metric.spec.help} (counted only for {self.scope})"
             loaded.metrics.append(metric)
 
     @property

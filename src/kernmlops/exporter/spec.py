@@ -20,7 +20,7 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kernmlops.errors import ConfigError
-from kernmlops.validation import keys_at, unknown_key
+from kernmlops.validation import keys_at, shown_key, unknown_key
 
 #: Where the built-in metric sets live: bpf/exp_<name>.bpf.c + exp_<name>.yaml.
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "bpf"
@@ -356,7 +356,7 @@ def _where(loc: tuple[Any, ...], data: Any) -> str:
             if isinstance(node, dict) and isinstance(node.get("name"), str):
                 out += f" ({node['name']})"
         else:
-            out += f".{part}" if out else str(part)
+            out += f".{shown_key(part)}" if out else shown_key(part)
             node = node.get(part) if isinstance(node, dict) else None
     return out or "(top level)"
 

@@ -42,7 +42,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kernmlops.errors import ConfigError
-from kernmlops.validation import keys_at, unknown_key
+from kernmlops.validation import key_path, keys_at, not_a_config, unknown_key
 from kernmlops.yamlfile import not_plain, safe_yaml
 
 #: the largest certificate, key or CA file read: PEM is a few KiB a certificate (a
@@ -123,6 +123,11 @@ def load_web_config(path: str | Path) -> WebConfig:
         data = {}
     if not isinstance(data, dict):
         raise WebConfigError(f"--web.config.file {path}: the top level must be a mapping")
+    if not_a_config(data):  # a password file given by mistake: its lines are not echoed
+        raise WebConfigError(
+            f"--web.config.file {path}: not a web configuration (no key of its top level "
+            "looks like one; its lines are not shown)"
+        )
     try:
         cfg = WebConfigFile.model_validate(data)
     except ValidationError as err:
@@ -164,7 +169,7 @@ def _format(err: ValidationError, path: Path) -> str:
     problems = []
     for e in err.errors():
         loc = tuple(e["loc"])
-        where = ".".join(str(p) for p in loc) or "(top level)"
+        where = key_path(loc) or "(top level)"
         if e["type"] == "extra_forbidden":
             problems.append(
                 f"{where}: {unknown_key(str(loc[-1]), keys_at(WebConfigFile, loc[:-1]))}"
