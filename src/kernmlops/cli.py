@@ -390,8 +390,10 @@ def collect(
       kernmlops collect -c overrides.yaml --hooks quanta_runtime
 
     The exit code is the benchmark's. Ctrl+C, SIGTERM or a hangup (SIGHUP) stops
-    the collection and keeps what was collected. Under sudo the collection's folders and files
-    belong to the user who ran sudo; the benchmark runs as root unless --as-user.
+    the collection and keeps what was collected (exit 130 for Ctrl+C, also before the
+    collection's folder is made: then nothing was collected). Under sudo the
+    collection's folders and files belong to the user who ran sudo; the benchmark runs
+    as root unless --as-user.
     """
     from kernmlops.collect.session import Session
     from kernmlops.collect.tuning import UNUSED_LIBRARIES
@@ -438,6 +440,7 @@ def collect(
         config_file = Path(OVERRIDES)
         _say(f"using {OVERRIDES} (found in {Path.cwd()}; -c FILE picks another)")
     publish_to = None
+    folder_made = False
     try:
         config = load_config(config_file, flags)
         if config.collector.filter == "tgid":
@@ -489,12 +492,17 @@ def collect(
             else:
                 live.update(_progress_table(p, attached))
 
+        def on_folder(path: Path) -> None:
+            nonlocal folder_made
+            folder_made = True
+            _say(f"collecting into {path}")
+
         session = Session(
             config,
             on_progress=on_progress,
             on_attached=on_attached,
             on_message=_session_message,
-            on_folder=lambda path: _say(f"collecting into {path}"),
+            on_folder=on_folder,
             web_config=web,
         )
         try:
@@ -504,6 +512,13 @@ def collect(
                 live.stop()
     except KernmlopsError as err:
         fail(err)
+    except KeyboardInterrupt:
+        if folder_made:  # the session's own stop handles Ctrl+C from then on
+            raise
+        # Ctrl+C while the config is read or the BPF objects are built: one line and
+        # the status of a stop later in the run (128 + SIGINT), not click's "Aborted!"
+        _say("interrupted: nothing was collected (stopped before the collection's folder was made)")
+        sys.exit(130)
     from rich.markup import escape
 
     _console().print(_summary(result))
