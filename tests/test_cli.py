@@ -323,3 +323,27 @@ def test_ctrl_c_while_the_config_is_read_is_one_line_and_exit_130(tmp_path: Path
         "interrupted: nothing was collected (stopped before the collection's folder was made)\n"
     )
     assert not out.exists()
+
+
+def test_c_dash_reads_the_config_from_stdin(tmp_path: Path) -> None:
+    """`-c -` said "No such file or directory"; it is stdin, read with a file's limits
+    and named "stdin" in errors."""
+    read = subprocess.run(
+        [sys.executable, "-c", "from kernmlops.config import load_config as c; "
+         "print(c('-').collector.poll_interval_ms)"],
+        input="collector: {poll_interval_ms: 37}\n", capture_output=True, text=True,
+        cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert (read.returncode, read.stdout) == (0, "37\n"), read.stderr
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "kernmlops", "collect", "-c", "-", "-o", str(out), "--", "true"]
+    bad = subprocess.run(argv, input="collector:\n  poll_interval_ms: many\n",
+                         capture_output=True, text=True, cwd=tmp_path, timeout=120)  # fmt: skip
+    assert bad.returncode == 2, bad.stderr
+    assert bad.stderr.startswith("error: invalid configuration in stdin"), bad.stderr
+    assert "poll_interval_ms" in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr
+    big = subprocess.run(argv, input="# " + "x" * (1 << 20) + "\n",
+                         capture_output=True, text=True, cwd=tmp_path, timeout=120)  # fmt: skip
+    assert big.returncode == 2, big.stderr
+    assert big.stderr == "error: stdin is more than 1 MiB: a config file may be at most 1 MiB\n"
+    assert not out.exists()

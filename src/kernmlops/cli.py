@@ -289,10 +289,10 @@ def _waiting_lines(result) -> list[str]:
     "-c",
     "--config",
     "config_file",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
     help="YAML overrides merged on the defaults (see `kernmlops defaults`); kernmlops' form "
-    "or KernMLOps' (benchmark_config/collector_config). Without -c: ./overrides.yaml if "
-    "there is one.",
+    "or KernMLOps' (benchmark_config/collector_config); `-c -` reads them from stdin. "
+    "Without -c: ./overrides.yaml if there is one.",
 )
 @click.option(
     "-b",
