@@ -59,6 +59,12 @@ class CollectionResult:
     started_at: datetime
     stopped_at: datetime
     attach_s: float
+    #: the benchmark's setup before the probes attach (linux-build's make defconfig)
+    setup_s: float = 0.0
+    #: the time the duration limit (-d, benchmark.duration_s) counts: from the
+    #: benchmark's start (after setup and attach) to the end of the polling loop;
+    #: None when the run did not get that far
+    run_s: float | None = None
     hooks: dict[str, HookStatus] = field(default_factory=dict)
     rows: dict[str, int] = field(default_factory=dict)
     #: per hook, bytes of records the collection left in its spool (a second Ctrl+C in
@@ -68,6 +74,7 @@ class CollectionResult:
 
     @property
     def duration_s(self) -> float:
+        """The whole collection: setup, attach, the run and the stop (the manifest's)."""
         return (self.stopped_at - self.started_at).total_seconds()
 
 
