@@ -40,7 +40,6 @@ if TYPE_CHECKING:
     from rich.live import Live
     from rich.table import Table
 
-    from kernmlops.collect.running import CollectionResult
     from kernmlops.config import CollectorConfig
     from kernmlops.exporter.webconfig import WebConfig
     from kernmlops.hooks.base import HookStatus
@@ -525,7 +524,7 @@ def collect(
     _console().print(_summary(result))
     for line in _waiting_lines(result):
         _line(f"[yellow]{escape(line)}[/]")
-    _line(end_line(result, escape(str(result.path))))
+    _line(result.end_line(escape(str(result.path))))
     for line in drop_advice(result.hooks, config.hook_options):
         _line(f"[red]{escape(line)}[/]")
     total_missed = sum(s.missed for s in result.hooks.values())
@@ -548,19 +547,6 @@ def collect(
         )
         sys.exit(result.exit_code or published)
     sys.exit(result.exit_code)
-
-
-def end_line(result: CollectionResult, shown_path: str) -> str:
-    """The collection's last line: how it ended after the time the duration limit
-    counts (from the benchmark's start), then the benchmark's setup and the probes'
-    attach before it, and the whole collection where they add to it."""
-    ran = result.run_s if result.run_s is not None else result.duration_s
-    before = []
-    if result.setup_s >= 0.05:  # linux-build's make defconfig: seconds before the start
-        before.append(f"benchmark setup {result.setup_s:.1f} s")
-    before.append(f"probes attached in {result.attach_s * 1000:.0f} ms")
-    whole = f"; {result.duration_s:.1f} s in all" if result.run_s is not None else ""
-    return f"{result.ended_by} after {ran:.1f} s ({', '.join(before)}{whole}) -> {shown_path}"
 
 
 def _check_export_web_config(collector: CollectorConfig) -> WebConfig | None:

@@ -893,7 +893,6 @@ def test_the_end_line_counts_the_run_from_the_benchmarks_start_not_its_setup(
     import time
 
     from kernmlops.benchmarks.faux import FauxBenchmark
-    from kernmlops.cli import end_line
 
     spans: list[float] = []
 
@@ -917,7 +916,7 @@ def test_the_end_line_counts_the_run_from_the_benchmarks_start_not_its_setup(
     assert result.run_s is not None
     assert result.run_s <= finished - attached[0]  # after the attach: no setup in it
     assert result.run_s + result.setup_s <= result.duration_s
-    line = end_line(result, "PATH")
+    line = result.end_line("PATH")
     assert line.startswith(f"duration after {result.run_s:.1f} s (benchmark setup "), line
     assert f"benchmark setup {result.setup_s:.1f} s, probes attached in " in line, line
     assert line.endswith(f"; {result.duration_s:.1f} s in all) -> PATH"), line

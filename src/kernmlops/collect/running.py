@@ -77,6 +77,18 @@ class CollectionResult:
         """The whole collection: setup, attach, the run and the stop (the manifest's)."""
         return (self.stopped_at - self.started_at).total_seconds()
 
+    def end_line(self, shown_path: str) -> str:
+        """The collection's last line: how it ended after the time the duration limit
+        counts (from the benchmark's start), then the benchmark's setup and the probes'
+        attach before it, and the whole collection."""
+        ran = self.run_s if self.run_s is not None else self.duration_s
+        before = []
+        if self.setup_s >= 0.05:  # linux-build's make defconfig: seconds before the start
+            before.append(f"benchmark setup {self.setup_s:.1f} s")
+        before.append(f"probes attached in {self.attach_s * 1000:.0f} ms")
+        whole = f"; {self.duration_s:.1f} s in all" if self.run_s is not None else ""
+        return f"{self.ended_by} after {ran:.1f} s ({', '.join(before)}{whole}) -> {shown_path}"
+
 
 def _versions() -> dict[str, str]:
     from importlib.metadata import version
