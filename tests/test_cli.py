@@ -3,8 +3,11 @@ a collection lost, the lines a log keeps whole, the runs refused before they sta
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -278,3 +281,69 @@ def test_collect_refuses_an_empty_hook_list_in_one_line(
     assert "collector.hooks: give at least one hook" in line
     assert "`kernmlops collect --help`" in line and "`kernmlops doctor` lists them" in line
     assert not out.exists()  # refused before anything is made
+
+
+def _has_open(pid: int, path: Path) -> bool:
+    """Whether process ``pid`` holds ``path`` open."""
+    fds = Path(f"/proc/{pid}/fd")
+    try:
+        return any(os.readlink(fd) == str(path) for fd in fds.iterdir())
+    except FileNotFoundError:  # an fd closed while listed, or the process gone
+        return False
+
+
+def test_ctrl_c_while_the_config_is_read_is_one_line_and_exit_130(tmp_path: Path) -> None:
+    """Ctrl+C before the collection's folder exists (here: while the config is read)
+    was click's "Aborted!" and exit 1; a stop later in the run exits 130. The config
+    is a FIFO whose writer (this test) sends nothing, so collect is held reading it
+    until the signal, whatever the machine's speed."""
+    fifo = tmp_path / "held.yaml"
+    os.mkfifo(fifo)
+    writer = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)  # a writer that never writes
+    out = tmp_path / "out"
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kernmlops", "collect", "-c", str(fifo), "-o", str(out),
+             "--no-progress", "--", "true"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        )  # fmt: skip
+        try:
+            while not _has_open(proc.pid, fifo):  # until it reads the config
+                assert proc.poll() is None, proc.communicate()
+                time.sleep(0.01)
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+            proc.wait()
+    finally:
+        os.close(writer)
+    assert proc.returncode == 128 + signal.SIGINT, err
+    assert err == (
+        "interrupted: nothing was collected (stopped before the collection's folder was made)\n"
+    )
+    assert not out.exists()
+
+
+def test_c_dash_reads_the_config_from_stdin(tmp_path: Path) -> None:
+    """`-c -` said "No such file or directory"; it is stdin, read with a file's limits
+    and named "stdin" in errors."""
+    read = subprocess.run(
+        [sys.executable, "-c", "from kernmlops.config import load_config as c; "
+         "print(c('-').collector.poll_interval_ms)"],
+        input="collector: {poll_interval_ms: 37}\n", capture_output=True, text=True,
+        cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert (read.returncode, read.stdout) == (0, "37\n"), read.stderr
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "kernmlops", "collect", "-c", "-", "-o", str(out), "--", "true"]
+    bad = subprocess.run(argv, input="collector:\n  poll_interval_ms: many\n",
+                         capture_output=True, text=True, cwd=tmp_path, timeout=120)  # fmt: skip
+    assert bad.returncode == 2, bad.stderr
+    assert bad.stderr.startswith("error: invalid configuration in stdin"), bad.stderr
+    assert "poll_interval_ms" in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr
+    big = subprocess.run(argv, input="# " + "x" * (1 << 20) + "\n",
+                         capture_output=True, text=True, cwd=tmp_path, timeout=120)  # fmt: skip
+    assert big.returncode == 2, big.stderr
+    assert big.stderr == "error: stdin is more than 1 MiB: a config file may be at most 1 MiB\n"
+    assert not out.exists()

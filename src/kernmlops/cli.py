@@ -289,10 +289,10 @@ def _waiting_lines(result) -> list[str]:
     "-c",
     "--config",
     "config_file",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
     help="YAML overrides merged on the defaults (see `kernmlops defaults`); kernmlops' form "
-    "or KernMLOps' (benchmark_config/collector_config). Without -c: ./overrides.yaml if "
-    "there is one.",
+    "or KernMLOps' (benchmark_config/collector_config); `-c -` reads them from stdin. "
+    "Without -c: ./overrides.yaml if there is one.",
 )
 @click.option(
     "-b",
@@ -390,8 +390,10 @@ def collect(
       kernmlops collect -c overrides.yaml --hooks quanta_runtime
 
     The exit code is the benchmark's. Ctrl+C, SIGTERM or a hangup (SIGHUP) stops
-    the collection and keeps what was collected. Under sudo the collection's folders and files
-    belong to the user who ran sudo; the benchmark runs as root unless --as-user.
+    the collection and keeps what was collected (exit 130 for Ctrl+C, also before the
+    collection's folder is made: then nothing was collected). Under sudo the
+    collection's folders and files belong to the user who ran sudo; the benchmark runs
+    as root unless --as-user.
     """
     from kernmlops.collect.session import Session
     from kernmlops.collect.tuning import UNUSED_LIBRARIES
@@ -438,6 +440,7 @@ def collect(
         config_file = Path(OVERRIDES)
         _say(f"using {OVERRIDES} (found in {Path.cwd()}; -c FILE picks another)")
     publish_to = None
+    folder_made = False
     try:
         config = load_config(config_file, flags)
         if config.collector.filter == "tgid":
@@ -489,12 +492,17 @@ def collect(
             else:
                 live.update(_progress_table(p, attached))
 
+        def on_folder(path: Path) -> None:
+            nonlocal folder_made
+            folder_made = True
+            _say(f"collecting into {path}")
+
         session = Session(
             config,
             on_progress=on_progress,
             on_attached=on_attached,
             on_message=_session_message,
-            on_folder=lambda path: _say(f"collecting into {path}"),
+            on_folder=on_folder,
             web_config=web,
         )
         try:
@@ -504,15 +512,19 @@ def collect(
                 live.stop()
     except KernmlopsError as err:
         fail(err)
+    except KeyboardInterrupt:
+        if folder_made:  # the session's own stop handles Ctrl+C from then on
+            raise
+        # Ctrl+C while the config is read or the BPF objects are built: one line and
+        # the status of a stop later in the run (128 + SIGINT), not click's "Aborted!"
+        _say("interrupted: nothing was collected (stopped before the collection's folder was made)")
+        sys.exit(130)
     from rich.markup import escape
 
     _console().print(_summary(result))
     for line in _waiting_lines(result):
         _line(f"[yellow]{escape(line)}[/]")
-    _line(
-        f"{result.ended_by} after {result.duration_s:.1f} s "
-        f"(probes attached in {result.attach_s * 1000:.0f} ms) -> {escape(str(result.path))}"
-    )
+    _line(result.end_line(escape(str(result.path))))
     for line in drop_advice(result.hooks, config.hook_options):
         _line(f"[red]{escape(line)}[/]")
     total_missed = sum(s.missed for s in result.hooks.values())

@@ -639,17 +639,22 @@ def read_overrides(path: str | Path) -> dict[str, Any]:
     from kernmlops.yamlfile import safe_yaml  # PyYAML only when there is a file
 
     path = Path(path)
-    data = safe_yaml(path, what="config")
+    data = safe_yaml(path, what="config", dash_is_stdin=True)
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+        raise ConfigError(f"{_shown_path(path)}: the top level must be a mapping of sections")
     if not_a_config(data):  # e.g. -c /etc/shadow: its lines are not echoed as keys
         raise ConfigError(
-            f"{path} is not a kernmlops configuration: no key of its top level looks like "
-            "one (its lines are not shown)"
+            f"{_shown_path(path)} is not a kernmlops configuration: no key of its top level "
+            "looks like one (its lines are not shown)"
         )
     return data
+
+
+def _shown_path(path: str | Path) -> str:
+    """How errors name the overrides file: ``-`` (``-c -``) is stdin."""
+    return "stdin" if str(path) == "-" else str(path)
 
 
 def load_config(
@@ -666,7 +671,7 @@ def load_config(
 
     source = None
     if isinstance(overrides, (str, Path)):
-        source = str(overrides)
+        source = _shown_path(overrides)
         data = read_overrides(overrides)
     else:
         data = copy.deepcopy(overrides or {})  # flags must not change the caller's dict

@@ -272,6 +272,10 @@ def _read_for_a_while(fd: int, path: Path, limit: int, wait_s: float) -> bytes:
     return b"".join(chunks)
 
 
+#: the path that names standard input where a caller allows it (``-c -``)
+STDIN = "-"
+
+
 def safe_yaml(
     path: str | Path,
     *,
@@ -279,14 +283,21 @@ def safe_yaml(
     error: type[ConfigError] = ConfigError,
     max_bytes: int = MAX_BYTES,
     plain: bool = False,
+    dash_is_stdin: bool = False,
 ) -> Any:
     """The parsed YAML of ``path``. Every problem raises ``error`` with one line
     that names the file: unreadable, over ``max_bytes``, not UTF-8 text, not
     YAML, or over the loader's limits. ``what`` names the file's kind; ``plain``:
-    a plain file only (no FIFO, no device)."""
-    path = Path(path)
+    a plain file only (no FIFO, no device). ``dash_is_stdin``: ``-`` is standard
+    input (named ``stdin`` in errors), read with the same limits as a file."""
+    if dash_is_stdin and str(path) == STDIN:
+        # opened anew, not read through fd 0: O_NONBLOCK on a new open file leaves the
+        # shell's terminal or pipe as it was; a plain file (< file) is read from its start
+        opened, path = Path("/dev/stdin"), Path("stdin")
+    else:
+        opened = path = Path(path)
     try:
-        raw = read_limited(path, max_bytes, plain=plain)
+        raw = read_limited(opened, max_bytes, plain=plain)
     except TooBig as err:
         shown = _size(err.size) if err.size is not None else f"more than {_size(max_bytes)}"
         raise error(f"{path} is {shown}: a {what} file may be at most {_size(max_bytes)}") from None

@@ -908,6 +908,45 @@ def test_the_benchmarks_setup_is_not_counted_as_the_probes_attach(
     assert 0 <= result.attach_s <= (attached[0] - began) - setup
 
 
+def test_the_end_line_counts_the_run_from_the_benchmarks_start_not_its_setup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`collect -b linux-build -d 1` said "duration after 8.3 s": the collection's whole
+    time, make defconfig included. The line now says the time the limit counts (run_s),
+    and the setup beside it. Ordering, not a threshold: the setup lies before the
+    attach, the run after it."""
+    import time
+
+    from kernmlops.benchmarks.faux import FauxBenchmark
+
+    spans: list[float] = []
+
+    def slow_setup(self: object, workdir: Path) -> None:
+        began = time.monotonic()
+        time.sleep(1.0)  # the slow setup itself (a build's configure step)
+        spans.append(time.monotonic() - began)
+
+    monkeypatch.setattr(FauxBenchmark, "setup", slow_setup)
+    attached: list[float] = []
+    began = time.monotonic()
+    session = Session(
+        _config(tmp_path, hooks=["system_info"]),  # faux, duration_s 0.5
+        on_attached=lambda _: attached.append(time.monotonic()),
+    )
+    result = session.run()
+    finished = time.monotonic()
+    (setup,) = spans
+    assert result.ended_by == "duration"
+    assert setup <= result.setup_s <= attached[0] - began
+    assert result.run_s is not None
+    assert result.run_s <= finished - attached[0]  # after the attach: no setup in it
+    assert result.run_s + result.setup_s <= result.duration_s
+    line = result.end_line("PATH")
+    assert line.startswith(f"duration after {result.run_s:.1f} s (benchmark setup "), line
+    assert f"benchmark setup {result.setup_s:.1f} s, probes attached in " in line, line
+    assert line.endswith(f"; {result.duration_s:.1f} s in all) -> PATH"), line
+
+
 def test_a_faux_collection_of_one_tgid_ends_when_that_process_exits(tmp_path: Path) -> None:
     """--tgid N -b faux: once N exits nothing is left to trace, and the collection ends
     (it went on until Ctrl+C or -d, tracing nothing)."""

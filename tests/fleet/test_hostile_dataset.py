@@ -153,3 +153,31 @@ def test_reindex_and_ls_follow_no_link_a_user_put_in_the_dataset(top: Path) -> N
     assert (dest / "_index" / "stolen.parquet").is_symlink()  # left as planted, not read
     listed = CliRunner().invoke(cli, ["fleet", "ls", "--json", str(dest)])
     assert "private-run" not in listed.output, listed.output
+
+
+def test_ls_names_a_link_and_a_fifo_in_the_index_folder(top: Path) -> None:
+    """A link (never followed as root) and a FIFO at row names in _index/ were left out
+    of `fleet ls` without a word. Now one warning line names both, the other rows are
+    listed, and the exit code says so; reindex leaves both, so the line does not send
+    the user to it (it says so after a reindex too)."""
+    dest = top / "fleet"
+    src = top / "src"
+    make_collection(src, "c1", quanta=300)
+    assert CliRunner().invoke(cli, ["push", str(src), str(dest)]).exit_code == 0
+    index = dest / "_index"
+    os.mkfifo(index / "piped.parquet")
+    (index / "linked.parquet").symlink_to(index / "c1.parquet")
+    for _ in range(2):
+        listed = CliRunner().invoke(cli, ["fleet", "ls", str(dest)])
+        assert "Traceback" not in listed.output
+        assert listed.exit_code == 1, listed.output
+        assert "c1" in listed.stdout and "1 collections at" in listed.stdout, listed.output
+        (line,) = [x for x in listed.stderr.splitlines() if "linked.parquet" in x]
+        assert line == (
+            f"warning: {dest}/_index: not read, not a plain file: linked.parquet (a symbolic "
+            "link), piped.parquet (a FIFO); their rows, if any, are not listed (reindex "
+            "leaves them: remove them)"
+        )
+        assert "reindex`" not in listed.stderr
+        CliRunner().invoke(cli, ["fleet", "reindex", str(dest)])
+    assert (index / "linked.parquet").is_symlink() and (index / "piped.parquet").exists()

@@ -25,7 +25,7 @@ from kernmlops.graphs.base import (
 )
 from kernmlops.graphs.context import table_view
 from kernmlops.graphs.mm_rss_stat import TOP_PROCESSES, rss_series
-from tests.graphs.conftest import WORKER, synthetic_tables, write_collection
+from tests.graphs.conftest import WORKER, _ts, synthetic_tables, write_collection
 
 CPUS = 4
 
@@ -401,3 +401,20 @@ def test_a_selection_is_drawn_from_its_rows_alone(collection: Collection) -> Non
     np.testing.assert_array_equal(ax.patches[0].get_data()[0], expected)
     assert data.count("quanta_runtime") == frame.height
     assert data.count("memory_usage") == collection["memory_usage"].height  # system-wide
+
+
+def test_block_io_rate_sums_bytes_past_4_gib(tmp_path: Path) -> None:
+    # block_io.bytes is UInt32 in the files, and polars sums a UInt32 column in 32
+    # bits: three 2-GiB requests in one bin (off its edges) summed to 2 GiB, not 6.
+    sizes = [1 << 31] * 3
+    tables = synthetic_tables()
+    block = tables["block_io"].head(3)
+    tables["block_io"] = block.with_columns(
+        pl.Series("bytes", sizes, pl.UInt32),
+        pl.lit("READ").alias("op"),
+        pl.lit(int(_ts(np.array([1.005]))[0]), pl.UInt64).alias("ts_uptime_us"),
+    )
+    data = load(write_collection(tmp_path, tables))
+    tl = data.timeline()
+    moved = _lines(figure(data, "block_io_rate").axes[1])["READ"]
+    assert moved.max() == pytest.approx(sum(sizes) / tl.width / (1 << 20))

@@ -180,7 +180,8 @@ class PollLoop:
         cfg = self.config.collector
         period = cfg.poll_interval_ms / 1000
         limit = self.config.benchmark.duration_s
-        start = time.monotonic()
+        #: when the time the duration limit counts began (the session's run_s)
+        self.started = start = time.monotonic()
         next_flush = start + cfg.flush_interval_s
         next_progress = start
         next_check = start

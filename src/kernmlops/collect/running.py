@@ -59,6 +59,12 @@ class CollectionResult:
     started_at: datetime
     stopped_at: datetime
     attach_s: float
+    #: the benchmark's setup before the probes attach (linux-build's make defconfig)
+    setup_s: float = 0.0
+    #: the time the duration limit (-d, benchmark.duration_s) counts: from the
+    #: benchmark's start (after setup and attach) to the end of the polling loop;
+    #: None when the run did not get that far
+    run_s: float | None = None
     hooks: dict[str, HookStatus] = field(default_factory=dict)
     rows: dict[str, int] = field(default_factory=dict)
     #: per hook, bytes of records the collection left in its spool (a second Ctrl+C in
@@ -70,7 +76,20 @@ class CollectionResult:
 
     @property
     def duration_s(self) -> float:
+        """The whole collection: setup, attach, the run and the stop (the manifest's)."""
         return (self.stopped_at - self.started_at).total_seconds()
+
+    def end_line(self, shown_path: str) -> str:
+        """The collection's last line: how it ended after the time the duration limit
+        counts (from the benchmark's start), then the benchmark's setup and the probes'
+        attach before it, and the whole collection."""
+        ran = self.run_s if self.run_s is not None else self.duration_s
+        before = []
+        if self.setup_s >= 0.05:  # linux-build's make defconfig: seconds before the start
+            before.append(f"benchmark setup {self.setup_s:.1f} s")
+        before.append(f"probes attached in {self.attach_s * 1000:.0f} ms")
+        whole = f"; {self.duration_s:.1f} s in all" if self.run_s is not None else ""
+        return f"{self.ended_by} after {ran:.1f} s ({', '.join(before)}{whole}) -> {shown_path}"
 
 
 def _versions() -> dict[str, str]:

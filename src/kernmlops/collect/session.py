@@ -232,6 +232,8 @@ class Session:
             priority.read_oom()
             mode = cfg.filter
             ended_by, bench_exit, attach_s = "error", None, 0.0
+            setup_s: float = 0.0
+            run_s: float | None = None
             errors: list[BaseException] = []
             bench = RunningBenchmark(
                 self.benchmark,
@@ -248,7 +250,8 @@ class Session:
             launched = bench.launch(env, who if as_user else None)
             # the benchmark's setup (linux-build's make defconfig: 9 s) is not the probes'
             # attach, which attach_s ("probes attached in") says
-            t0 += time.monotonic() - setting_up
+            setup_s = time.monotonic() - setting_up
+            t0 += setup_s
             proc = bench.proc
             if mode == "auto":
                 mode = self.benchmark.default_filter
@@ -339,6 +342,7 @@ class Session:
                 *DECODING_LIBRARIES, *sorted({lib for hook in hooks for lib in hook.libraries})
             )
             ended_by, bench_exit = loop.run(libraries)
+            run_s = time.monotonic() - loop.started
         except BaseException as err:  # always flush and detach below
             # a spool's write that failed outside spool_call (a spill, a hook's poll)
             full = isinstance(err, OSError) and is_disk_full(err)
@@ -402,6 +406,8 @@ class Session:
             started_at=started_at,
             stopped_at=stopped_at,
             attach_s=attach_s,
+            setup_s=setup_s,
+            run_s=run_s,
             hooks={h.name: h.status for h in hooks},
             rows=rows,
             waiting=waiting,

@@ -145,6 +145,7 @@ def ls_command(uri: str, as_json: bool) -> None:
     import json
 
     from kernmlops.fleet.index import (
+        INDEX_DIR,
         damaged_advice,
         index_rows,
         read_damaged,
@@ -157,10 +158,15 @@ def ls_command(uri: str, as_json: bool) -> None:
     # named after them (where a terminal shows them last), and the exit code says so;
     # so are the collections reindex found damaged (no row: named in _damaged/)
     damaged: list[tuple[str, str]] = []
+    not_read: list[tuple[str, str]] = []
     try:
         dataset = open_dataset(uri)
         try:
-            table = read_index(dataset, on_damaged=lambda where, why: damaged.append((where, why)))
+            table = read_index(
+                dataset,
+                on_damaged=lambda where, why: damaged.append((where, why)),
+                on_not_read=not_read.extend,
+            )
             broken = read_damaged(dataset)
         except OSError as err:
             raise PublishError(f"cannot read {dataset.uri}: {describe_error(err)}") from None
@@ -204,7 +210,14 @@ def ls_command(uri: str, as_json: bool) -> None:
             "again from its source, or delete it and run `kernmlops fleet reindex "
             f"{shlex.quote(dataset.uri)}`"
         )
-    if damaged or broken:
+    if not_read:
+        # reindex reads and removes plain files only: these stay until someone removes them
+        names = ", ".join(f"{name} ({what})" for name, what in not_read)
+        _say(
+            f"warning: {dataset.where(INDEX_DIR)}: not read, not a plain file: {names}; "
+            "their rows, if any, are not listed (reindex leaves them: remove them)"
+        )
+    if damaged or broken or not_read:
         sys.exit(1)
 
 

@@ -320,8 +320,44 @@ def _read_row_file(dataset: Dataset, path: str, schema: pa.Schema) -> pa.Table:
         raise _Damaged(describe_error(err).split(". ", 1)[0].rstrip(".")) from None
 
 
+def _not_read(dataset: Dataset, base: str, read: set[str]) -> list[tuple[str, str]]:
+    """(name, what it is) of each entry of a local index folder named as a row file that
+    is not read: a link (never followed as root, see :func:`listing`; a dangling one,
+    which pyarrow does not list), a FIFO, a folder. Reindex neither reads nor removes
+    them; an object store has none."""
+    import os
+    import stat
+
+    from kernmlops.yamlfile import not_plain
+
+    if not dataset.local:
+        return []
+    found = []
+    try:
+        with os.scandir(base) as entries:
+            for e in entries:
+                if (
+                    not e.name.endswith(".parquet")
+                    or e.name.startswith((".", "_"))
+                    or e.name in read
+                ):
+                    continue
+                with contextlib.suppress(FileNotFoundError):  # gone meanwhile
+                    mode = e.stat(follow_symlinks=False).st_mode
+                    if stat.S_ISLNK(mode):
+                        found.append((e.name, "a symbolic link"))
+                    elif not stat.S_ISREG(mode):  # a plain file: written since listed
+                        found.append((e.name, not_plain(mode)))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(found)
+
+
 def read_index(
-    dataset: Dataset, *, on_damaged: Callable[[str, str], None] | None = None
+    dataset: Dataset,
+    *,
+    on_damaged: Callable[[str, str], None] | None = None,
+    on_not_read: Callable[[list[tuple[str, str]]], None] | None = None,
 ) -> pa.Table:
     """Every row of the dataset's index (an empty table when nothing is published),
     ordered by start time.
@@ -331,6 +367,9 @@ def read_index(
         on_damaged: called with (the file's URI, the reason) for each index file that is
             not a readable index row (truncated, overwritten), which is then left out;
             without it, such a file raises PublishError.
+        on_not_read: called once, with (name, what it is) of each entry of a local
+            ``_index/`` named as a row file that was not read at all (a link as root, a
+            dangling link, a FIFO, a folder), when there are any.
 
     Raises:
         PublishError: the root is not a dataset (:func:`check_dataset`), or an index file
@@ -349,6 +388,10 @@ def read_index(
         and i.base_name.endswith(".parquet")
         and not i.base_name.startswith((".", "_"))
     )
+    if on_not_read is not None:
+        skipped = _not_read(dataset, base, {p.rsplit("/", 1)[-1] for p in paths})
+        if skipped:
+            on_not_read(skipped)
     schema = index_schema()
     if not paths:
         # checked only here, where it costs no round trip to a dataset with rows: a typo

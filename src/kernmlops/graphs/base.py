@@ -98,6 +98,21 @@ def row_count(column: str) -> pl.Expr:
     return pl.col(column).is_not_null().cast(pl.UInt64).sum()
 
 
+#: integer types polars sums in their own width (narrower ones it sums as Int64)
+_WRAPPING = {pl.Int32: pl.Int64, pl.UInt32: pl.UInt64}
+
+
+def wide_sums(frame: pl.DataFrame | pl.LazyFrame, exprs: dict[str, pl.Expr]) -> dict[str, pl.Expr]:
+    """Each of ``exprs`` summed, a 32-bit integer one cast to 64 bits first: polars
+    sums an ``Int32``/``UInt32`` column in 32 bits, so ``block_io.bytes`` (UInt32 in
+    the Parquet files) would wrap past 4 GiB without a word."""
+    dtypes = frame.lazy().select(**exprs).collect_schema()
+    return {
+        k: (e.cast(_WRAPPING[dtypes[k]]) if dtypes[k] in _WRAPPING else e).sum()
+        for k, e in exprs.items()
+    }
+
+
 def counted(frame: pl.DataFrame | pl.LazyFrame, column: str, *by: str) -> pl.LazyFrame:
     """How many rows have each value of ``column`` (per ``by``), nulls left out:
     columns ``by``..., ``column``, ``n``. What a histogram, a mean and exact
@@ -465,10 +480,11 @@ class GraphData:
         self, frame: pl.LazyFrame, timeline: Timeline, *by: str, **sums: pl.Expr
     ) -> pl.DataFrame:
         """Rows per timeline bin (``n``) of ``frame``, per ``by``, with each of ``sums``
-        summed: the few hundred rows a rate over time is drawn from."""
+        summed: the few hundred rows a rate over time is drawn from. A sum of a
+        32-bit integer column is taken in 64 bits (:func:`wide_sums`)."""
         return collect(
             frame.group_by(*by, self.time_bin(timeline)).agg(
-                n=row_count(UPTIME_TIMESTAMP), **{k: e.sum() for k, e in sums.items()}
+                n=row_count(UPTIME_TIMESTAMP), **wide_sums(frame, sums)
             )
         )
 

@@ -108,7 +108,8 @@ class BlockIoRate(Graph):
     def draw(self, data: GraphData, fig: Figure) -> None:
         frame = data.frame("block_io")
         tl = data.timeline([frame])
-        counts = data.per_bin(_tagged(frame), tl, "op_group", bytes=pl.col("bytes").cast(pl.UInt64))
+        # bytes is UInt32: per_bin sums it in 64 bits
+        counts = data.per_bin(_tagged(frame), tl, "op_group", bytes=pl.col("bytes"))
         iops_ax, mib_ax = fig.subplots(2, 1, sharex=True)
         for op, part in _op_groups(counts):
             bins = part["bin"].to_numpy()

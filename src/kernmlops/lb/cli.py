@@ -216,7 +216,7 @@ def _print_run(out: Any) -> None:
     if out.shadow:
         for kind, s in out.shadow.items():
             _print_shadow(kind, s)
-    console.print(f"{out.result.ended_by} after {out.result.duration_s:.1f} s -> {out.path}")
+    console.print(out.result.end_line(str(out.path)))
 
 
 def _ns_line(ns: dict[str, Any] | None) -> str:
