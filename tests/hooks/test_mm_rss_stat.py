@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import time
 from pathlib import Path
 
 import polars as pl
@@ -14,6 +13,7 @@ import pytest
 from kernmlops.ebpf.build import build, object_path
 from kernmlops.ebpf.spec import ring_layouts
 from kernmlops.hooks.mm_rss_stat import MmRssStatHook
+from tests.hooks.conftest import run_gated
 from tests.rows import polled
 
 MIB = 1 << 20
@@ -108,22 +108,14 @@ def test_last_values_match_proc_status(workload: tuple[Path, Path]) -> None:
     try:
         hook.start(HookContext("t", process_filter=flt, self_tgid=os.getpid()))
         args = [str(program), str(ANON_MIB), str(FILE_MIB), str(SHMEM_MIB), str(data)]
-        proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        assert proc.stdin is not None and proc.stdout is not None
-        flt.add(proc.pid)
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-        while proc.poll() is None:
-            frames += [f for _, f in polled(hook.poll())]
-            time.sleep(0.01)
-        assert proc.wait() == 0
-        status = dict(re.findall(r"^(\w+):\s+(\d+)", proc.stdout.read(), re.MULTILINE))
+        frames, said, pid = run_gated(hook, flt, args)
+        status = dict(re.findall(r"^(\w+):\s+(\d+)", said, re.MULTILINE))
         frames += [f for _, f in polled(hook.stop())]
     finally:
         hook.close()
         flt.close()
 
-    df = pl.concat(frames).filter(pl.col("mm_tgid") == proc.pid)
+    df = pl.concat(frames).filter(pl.col("mm_tgid") == pid)
     assert (df["size_pages"] * os.sysconf("SC_PAGE_SIZE") == df["size_bytes"]).all()
     t_us = int(status["t_us"])
     # The counters as the workload read its status: the last value of each.
@@ -146,11 +138,11 @@ def test_last_values_match_proc_status(workload: tuple[Path, Path]) -> None:
     # still attributed through mm_id, and every counter ends at 0.
     t = pl.col("ts_uptime_us")
     before, after = df.filter(t <= t_us), df.filter(t > t_us)
-    assert before["curr"].all() and (before["tgid"] == proc.pid).all()
+    assert before["curr"].all() and (before["tgid"] == pid).all()
     teardown = after.filter(~pl.col("curr"))
     # The last mmput may run in another task (e.g. a /proc reader holding a
     # reference): the mm's owner is mm_tgid, not the task that happened to run.
-    assert len(teardown) and (teardown["mm_tgid"] == proc.pid).all()
+    assert len(teardown) and (teardown["mm_tgid"] == pid).all()
     final = after.sort("ts_uptime_us").group_by("member").agg(pl.col("size_bytes").last())
     assert final["size_bytes"].to_list() == [0] * len(final)
     assert hook.status.drops == 0

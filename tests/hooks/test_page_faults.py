@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import time
 from pathlib import Path
 
 import polars as pl
 import pytest
 
 from kernmlops.hooks.page_faults import PageFaultsHook
-from tests.hooks.conftest import build_c
+from tests.hooks.conftest import build_c, run_gated
 from tests.rows import polled
 
 pytestmark = pytest.mark.bpf
@@ -94,28 +92,15 @@ def _run(hook: PageFaultsHook, workload: Path) -> tuple[pl.DataFrame, int, int, 
     frames: list[pl.DataFrame] = []
     try:
         hook.start(HookContext("t", process_filter=flt, self_tgid=os.getpid()))
-        proc = subprocess.Popen(
-            [str(workload), str(PAGES), str(KERNEL_PAGES)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert proc.stdin is not None and proc.stdout is not None
-        flt.add(proc.pid)
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-        while proc.poll() is None:
-            frames += [f for _, f in polled(hook.poll())]
-            time.sleep(0.01)
-        assert proc.wait() == 0
-        rusage, t0, t1 = map(int, proc.stdout.read().split())
+        frames, said, pid = run_gated(hook, flt, [str(workload), str(PAGES), str(KERNEL_PAGES)])
+        rusage, t0, t1 = map(int, said.split())
         seen = hook.faults_seen()
         frames += [f for _, f in polled(hook.stop())]
     finally:
         hook.close()
         flt.close()
     df = pl.concat(frames)
-    assert set(df["tgid"].unique()) == {proc.pid}  # the filter held
+    assert set(df["tgid"].unique()) == {pid}  # the filter held
     return df, rusage, t0, t1, seen
 
 

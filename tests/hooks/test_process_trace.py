@@ -4,15 +4,13 @@ thread ids it reports itself (children by fork's return, threads by gettid)."""
 from __future__ import annotations
 
 import os
-import subprocess
-import time
 from pathlib import Path
 
 import polars as pl
 import pytest
 
 from kernmlops.hooks.process_trace import ProcessTraceHook
-from tests.hooks.conftest import build_c
+from tests.hooks.conftest import build_c, run_gated
 from tests.rows import polled
 
 pytestmark = pytest.mark.bpf
@@ -98,21 +96,10 @@ def test_rows_match_the_workloads_own_pids_and_tids(workload: Path) -> None:
     frames: list[pl.DataFrame] = []
     try:
         hook.start(HookContext("t", process_filter=flt, self_tgid=os.getpid()))
-        proc = subprocess.Popen(
-            [str(workload), str(CHILDREN), str(EXECS), str(THREADS)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
+        frames, said, pid = run_gated(
+            hook, flt, [str(workload), str(CHILDREN), str(EXECS), str(THREADS)]
         )
-        assert proc.stdin is not None and proc.stdout is not None
-        flt.add(proc.pid)
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-        while proc.poll() is None:
-            frames += [f for _, f in polled(hook.poll())]
-            time.sleep(0.01)
-        assert proc.wait() == 0
-        report = [line.split() for line in proc.stdout.read().splitlines()]
+        report = [line.split() for line in said.splitlines()]
         frames += [f for _, f in polled(hook.stop())]
     finally:
         hook.close()
@@ -121,7 +108,7 @@ def test_rows_match_the_workloads_own_pids_and_tids(workload: Path) -> None:
     ids = {kind: [int(x) for k, x, *_ in report if k == kind] for kind in ("child", "exec")}
     tids = [int(x) for k, x, *_ in report if k == "thread"]
     t0, t1 = next(map(int, rest) for k, *rest in report if k == "window")
-    main = proc.pid
+    main = pid
     assert len(ids["child"]) == CHILDREN and len(ids["exec"]) == EXECS and len(tids) == THREADS
 
     forks = df.filter(pl.col("kind") == "fork")
