@@ -74,6 +74,38 @@ def test_doctor_as_a_user_who_is_not_root_explains_and_prints_what_it_can() -> N
         assert f"; tracefs {TRACEFS} not readable (root only);" in last
     if int(Path("/proc/sys/kernel/perf_event_paranoid").read_text()) >= 2:
         assert "; perf events refused (kernel.perf_event_paranoid=" in last
+    # a map the kernel refuses this user is not a map type the kernel lacks
+    if int(Path("/proc/sys/kernel/unprivileged_bpf_disabled").read_text()) != 0:
+        for feature in ("ringbuf", "task_storage"):
+            line = next(x for x in err.splitlines() if x.startswith(f"│ {feature} "))
+            assert " no " in line and "needs root to probe" in line, line
+    release = tuple(int(x) for x in os.uname().release.split(".")[:2])
+    if release >= (5, 11):
+        assert "before Linux 5.11" not in err
+
+
+def test_doctor_as_a_user_who_cannot_read_the_bpf_folder_says_so_without_a_traceback() -> None:
+    # Issue: KERNMLOPS_BPF_DIR (or root's HOME, kept by setpriv and su) naming a folder
+    # this user may not search: the copier's and the variants' os.stat raised.
+    from tests.nobody import reachable_folder
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make a folder nobody may not search")
+    with reachable_folder("kernmlops-doctor-") as base:
+        private = base / "roots"
+        (private / "bpf").mkdir(parents=True)
+        (private / "bpf" / "probe.bpf.o").write_bytes(b"")
+        private.chmod(0o700)
+        argv, _ = _as_unprivileged([sys.executable, "-m", "kernmlops", "doctor"])
+        env = {**os.environ, "KERNMLOPS_BPF_DIR": str(private / "bpf")}
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd="/",
+                              env=env)  # fmt: skip
+    err = proc.stderr
+    assert "Traceback" not in err, err[-3000:]
+    assert proc.returncode == 1, err[-3000:]
+    assert "program variants" in err
+    last = err.rstrip("\n").splitlines()[-1]
+    assert f"cannot read the BPF objects' folder {private / 'bpf'}: permission denied" in last
 
 
 def _df_avail(path: Path) -> int:

@@ -128,8 +128,12 @@ def probe_all(bpf_dir: Path | None = None) -> dict[str, Feature]:
         "btf", VMLINUX_BTF.exists(), str(VMLINUX_BTF) if VMLINUX_BTF.exists() else "no kernel BTF"
     )
     out["tracefs"] = tracefs_feature()
+    # libbpf's map probe answers 0 for a refused map as for an unknown type: without
+    # the capabilities a "no" says nothing of the kernel (unprivileged_bpf_disabled)
     ring = libbpf.has_map_type(libbpf.MAP_TYPE_RINGBUF)
-    out["ringbuf"] = Feature("ringbuf", ring, "BPF_MAP_TYPE_RINGBUF")
+    out["ringbuf"] = Feature(
+        "ringbuf", ring, "BPF_MAP_TYPE_RINGBUF" if ring or caps else "needs root to probe"
+    )
     storage = libbpf.has_map_type(libbpf.MAP_TYPE_TASK_STORAGE)
     out["task_storage"] = Feature(
         "task_storage",
@@ -137,7 +141,9 @@ def probe_all(bpf_dir: Path | None = None) -> dict[str, Feature]:
         "BPF_MAP_TYPE_TASK_STORAGE"
         if storage
         else "none (before Linux 5.11): quanta_runtime and the exporter's oncpu do "
-        "without it; syscalls and collapse_huge_pages cannot",
+        "without it; syscalls and collapse_huge_pages cannot"
+        if caps
+        else "needs root to probe",
     )
     if caps:
         for feature in PROGRAM_FEATURES:
