@@ -203,6 +203,27 @@ def test_the_daemonset_passes_the_kubernetes_schema() -> None:
         kubernetes_validate.validate(ds, version, strict=True)
 
 
+def test_the_daemonset_names_the_scrape_config_that_finds_its_pods() -> None:
+    # Issue: its header sent the reader to prometheus.yml, the static targets of the
+    # systemd unit's machines, which finds no pod.
+    named = re.findall(r"\.\./prometheus/[\w.-]+\.yml", DAEMONSET.read_text())
+    assert named, "the DaemonSet names no scrape config"
+    docs = [d for d in yaml.safe_load_all(DAEMONSET.read_text()) if d]
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    annotations = ds["spec"]["template"]["metadata"]["annotations"]
+    for ref in named:
+        config = yaml.safe_load((DAEMONSET.parent / ref).read_text())
+        (job,) = config["scrape_configs"]
+        sd = job["kubernetes_sd_configs"][0]
+        assert sd["namespaces"]["names"] == [ds["metadata"]["namespace"]], ref
+        keep = next(r for r in job["relabel_configs"] if r.get("action") == "keep")
+        (label,) = keep["source_labels"]
+        # Prometheus' name of the pod's prometheus.io/scrape annotation
+        key = next(k for k in annotations
+                   if label.endswith(re.sub(r"\W", "_", k)))  # fmt: skip
+        assert re.fullmatch(keep["regex"], annotations[key]), (ref, key)
+
+
 # --- Prometheus and Grafana ------------------------------------------------------------
 @needs_tools("promtool")
 def test_the_prometheus_scrape_config_passes_promtool() -> None:
