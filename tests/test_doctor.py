@@ -108,6 +108,37 @@ def test_doctor_as_a_user_who_cannot_read_the_bpf_folder_says_so_without_a_trace
     assert f"cannot read the BPF objects' folder {private / 'bpf'}: permission denied" in last
 
 
+def test_the_hardware_counter_rows_say_whether_the_pmu_counts_them_for_any_user() -> None:
+    # Issue: on a VM without a PMU, root read "No such file or directory" and any
+    # other user "Permission denied" (the CPU-wide open perf_event_paranoid refuses).
+    from kernmlops.ebpf.perf_open import (
+        HW_CPU_CYCLES,
+        HW_INSTRUCTIONS,
+        PERF_TYPE_HARDWARE,
+        supported,
+    )
+    from tests.nobody import as_nobody
+
+    perf = shutil.which("perf")
+    if perf is None or os.geteuid() != 0:
+        pytest.skip("needs perf (linux-perf) and root, to compare as root and as nobody")
+    for event, config in (("cycles", HW_CPU_CYCLES), ("instructions", HW_INSTRUCTIONS)):
+        # perf's own answer, user space only: what any user may count
+        out = subprocess.run([perf, "stat", "-x,", "-e", f"{event}:u", "true"],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        counted = not out.stderr.startswith("<not supported>")
+
+        def step(config: int = config, counted: bool = counted, root: bool = True) -> None:
+            ok, why = supported(PERF_TYPE_HARDWARE, config)
+            if counted:
+                assert ok or (not root and why == "Permission denied"), why
+            else:
+                assert not ok and "this machine's PMU does not count it" in why, why
+
+        step()
+        as_nobody(lambda step=step: step(root=False))
+
+
 def _df_avail(path: Path) -> int:
     out = subprocess.run(["df", "-B1", "--output=avail", str(path)], capture_output=True,
                          text=True, check=True).stdout  # fmt: skip
