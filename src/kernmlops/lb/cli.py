@@ -686,7 +686,9 @@ def build_kmod_cmd(release: str | None, build_dir: Path | None, force: bool) -> 
 
     release = release or _lab_release()
     if not release:
-        fail(deploy.KmodError("no lab kernel in /boot: pass --release (make lab installs one)"))
+        fail(deploy.KmodError(
+            "no lab kernel in /boot: pass --release, or apt-get install linux-image-amd64"
+        ))  # fmt: skip
     try:
         ko = deploy.build(release, build_dir, force=force)
     except KernmlopsError as err:
