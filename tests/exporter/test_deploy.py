@@ -436,3 +436,21 @@ def test_every_dashboard_query_parses_and_returns_data_from_a_real_prometheus(
         prom.wait(timeout=20)
         log.close()
         shutil.rmtree(io_dir, ignore_errors=True)
+
+
+def test_the_web_config_examples_hash_command_runs_with_the_exporters_python() -> None:
+    # Issue: it said `python3 -c 'import bcrypt ...'`: Debian's python3 has no bcrypt
+    # (python3-bcrypt is not a dependency of anything deployed); the exporter's venv has
+    import bcrypt
+
+    text = (DEPLOY / "web.yml.example").read_text()
+    (line,) = [x for x in text.splitlines() if "bcrypt.hashpw" in x]
+    argv = shlex.split(line.strip().lstrip("#").strip())
+    # the interpreter of the venv the unit runs (its ExecStart's folder)
+    exec_start = unit_settings(UNIT.read_text())["ExecStart"].split()[0]
+    assert Path(argv[0]).parent == Path(exec_start).parent, argv[0]
+    # the command itself, with this venv's Python in its place: a hash the server takes
+    out = subprocess.run([sys.executable, *argv[1:]], input="s3cret\n", capture_output=True,
+                         text=True, timeout=60, check=True)  # fmt: skip
+    hashed = out.stdout.strip().splitlines()[-1]
+    assert bcrypt.checkpw(b"s3cret", hashed.encode())
