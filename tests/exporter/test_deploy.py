@@ -96,6 +96,43 @@ def test_the_systemd_unit_verifies_and_is_hardened(tmp_path: Path) -> None:
     assert "stricter" in verify(broken, "broken.service")
 
 
+def _bounding_set_removals() -> dict[str, set[str]]:
+    """option -> the capabilities systemd.exec(5), as installed, says it removes from
+    the bounding set when on (ProtectKernelLogs: CAP_SYSLOG, ...)."""
+    import gzip
+
+    pages = sorted(Path("/usr/share/man/man5").glob("systemd.exec.5*"))
+    if not pages:
+        pytest.skip("systemd.exec(5) is not installed (man-db's systemd pages)")
+    raw = pages[0].read_bytes()
+    text = (gzip.decompress(raw) if pages[0].suffix == ".gz" else raw).decode()
+    text = re.sub(r"\\f[BIRP]|\\&", "", text).replace("\\-", "-")
+    out: dict[str, set[str]] = {}
+    for section in re.split(r"\n\.PP\n", text):
+        head = re.match(r"(\w+)=\n", section)
+        removed = re.findall(r"remove[sd]?\s+(.*?)\s+from the capability bounding set", section,
+                             re.S)  # fmt: skip
+        if head and removed:
+            out[head[1]] = {c for r in removed for c in re.findall(r"CAP_[A-Z_]+", r)}
+    return out
+
+
+def test_a_capability_the_unit_says_to_add_is_not_removed_by_its_hardening() -> None:
+    # Issue: it said to add CAP_SYSLOG for ksym/kstack labels, and ProtectKernelLogs=yes
+    # takes CAP_SYSLOG out of the bounding set whatever CapabilityBoundingSet= holds
+    text = UNIT.read_text()
+    settings = unit_settings(text)
+    comments = " ".join(x.lstrip("# ") for x in text.splitlines() if x.startswith("#"))
+    bounded = set(settings["CapabilityBoundingSet"].split())
+    to_add = set(re.findall(r"CAP_[A-Z_]+", comments)) - bounded
+    assert "CAP_SYSLOG" in to_add
+    removals = _bounding_set_removals()
+    assert "CAP_SYSLOG" in removals.get("ProtectKernelLogs", set()), sorted(removals)
+    for option, caps in removals.items():
+        if settings.get(option) == "yes" and caps & to_add:
+            assert f"{option}=no" in comments, (option, sorted(caps & to_add))
+
+
 def test_the_unit_does_not_restart_on_a_user_error_and_the_exporter_exits_with_that_status(
     tmp_path: Path,
 ) -> None:
