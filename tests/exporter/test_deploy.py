@@ -98,7 +98,8 @@ def test_the_systemd_unit_verifies_and_is_hardened(tmp_path: Path) -> None:
 
 def _bounding_set_removals() -> dict[str, set[str]]:
     """option -> the capabilities systemd.exec(5), as installed, says it removes from
-    the bounding set when on (ProtectKernelLogs: CAP_SYSLOG, ...)."""
+    the bounding set when on (ProtectKernelLogs: CAP_SYSLOG, ...), and "/proc/kallsyms"
+    for an option it says makes that file inaccessible."""
     import gzip
 
     pages = sorted(Path("/usr/share/man/man5").glob("systemd.exec.5*"))
@@ -114,6 +115,8 @@ def _bounding_set_removals() -> dict[str, set[str]]:
                              re.S)  # fmt: skip
         if head and removed:
             out[head[1]] = {c for r in removed for c in re.findall(r"CAP_[A-Z_]+", r)}
+        if head and re.search(r"/proc/kallsyms\s.*?inaccessible", section, re.S):
+            out.setdefault(head[1], set()).add("/proc/kallsyms")
     return out
 
 
@@ -128,6 +131,9 @@ def test_a_capability_the_unit_says_to_add_is_not_removed_by_its_hardening() -> 
     assert "CAP_SYSLOG" in to_add
     removals = _bounding_set_removals()
     assert "CAP_SYSLOG" in removals.get("ProtectKernelLogs", set()), sorted(removals)
+    # ksym and kstack labels read /proc/kallsyms (with CAP_SYSLOG, its addresses)
+    assert "ksym" in comments
+    to_add.add("/proc/kallsyms")
     for option, caps in removals.items():
         if settings.get(option) == "yes" and caps & to_add:
             assert f"{option}=no" in comments, (option, sorted(caps & to_add))
