@@ -360,3 +360,32 @@ def test_doctor_as_root_loads_each_hooks_object_and_says_which_does_not(
     assert not row("quanta_runtime", "(used)")
     assert row("block_io", " yes ", "tp_btf|raw_tp")
     assert row("block_io", "tp_btf (used)") and row("block_io", "whole object", "(btf)")
+
+
+def _kernel_config() -> str | None:
+    """This kernel's build configuration (/proc/config.gz or Debian's /boot copy)."""
+    import gzip
+
+    proc = Path("/proc/config.gz")
+    if proc.exists():
+        return gzip.decompress(proc.read_bytes()).decode()
+    boot = Path(f"/boot/config-{os.uname().release}")
+    return boot.read_text() if boot.exists() else None
+
+
+def test_the_kprobe_row_says_the_kernel_has_none_where_its_config_says_so() -> None:
+    # Issue: on a kernel without kprobe events the row read libbpf's "failed to create
+    # kprobe 'vfs_read+0x0' perf event: No such file or directory"
+    from kernmlops.ebpf.probe import has_bpf_capabilities, probe_program
+
+    config = _kernel_config()
+    if config is None or not has_bpf_capabilities():
+        pytest.skip("needs the kernel's config and root, to probe kprobes")
+    built = "CONFIG_KPROBE_EVENTS=y" in config.splitlines()
+    row = probe_program("kprobe")
+    if built:
+        assert "has no kprobe events" not in row.detail, row
+    else:
+        assert not row.ok
+        assert row.detail.startswith("this kernel has no kprobe events (built without "
+                                     "CONFIG_KPROBE_EVENTS"), row  # fmt: skip

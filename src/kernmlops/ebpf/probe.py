@@ -84,11 +84,30 @@ def probe_program(feature: str, bpf_dir: Path | None = None) -> Feature:
             else:
                 prog.attach()
     except LibbpfError as err:
+        if feature == "kprobe" and not kprobes_in_kernel():
+            # libbpf's "failed to create kprobe ... No such file or directory" hides it
+            return Feature(feature, False, NO_KPROBES)
         return Feature(feature, False, err.reason())
     finally:
         if perf_fd >= 0:
             os.close(perf_fd)
     return Feature(feature, True, "loads and attaches")
+
+
+KPROBE_PMU = Path("/sys/bus/event_source/devices/kprobe")
+NO_KPROBES = (
+    f"this kernel has no kprobe events (built without CONFIG_KPROBE_EVENTS: no "
+    f"{KPROBE_PMU}, no {TRACEFS}/kprobe_events)"
+)
+
+
+def kprobes_in_kernel() -> bool:
+    """Whether the kernel can make kprobes at all: the two ways libbpf attaches
+    one, the kprobe PMU (4.17+) and tracefs' kprobe_events."""
+    try:
+        return KPROBE_PMU.exists() or (TRACEFS / "kprobe_events").exists()
+    except PermissionError:  # tracefs is root's: then the PMU alone answers
+        return KPROBE_PMU.exists()
 
 
 def _tool_version(cmd: list[str]) -> str | None:
