@@ -97,7 +97,8 @@ def test_doctor_as_a_user_who_cannot_read_the_bpf_folder_says_so_without_a_trace
         (private / "bpf" / "probe.bpf.o").write_bytes(b"")
         private.chmod(0o700)
         argv, _ = _as_unprivileged([sys.executable, "-m", "kernmlops", "doctor"])
-        env = {**os.environ, "KERNMLOPS_BPF_DIR": str(private / "bpf")}
+        # wide: a table row's detail on one line
+        env = {**os.environ, "KERNMLOPS_BPF_DIR": str(private / "bpf"), "COLUMNS": "400"}
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd="/",
                               env=env)  # fmt: skip
     err = proc.stderr
@@ -106,6 +107,9 @@ def test_doctor_as_a_user_who_cannot_read_the_bpf_folder_says_so_without_a_trace
     assert "program variants" in err
     last = err.rstrip("\n").splitlines()[-1]
     assert f"cannot read the BPF objects' folder {private / 'bpf'}: permission denied" in last
+    # the copier is there, not readable: not "not built"
+    said = " ".join(err.split())
+    assert "libkmo_ringcopy.so not readable by this user" in said, said[:3000]
 
 
 def test_the_hardware_counter_rows_say_whether_the_pmu_counts_them_for_any_user() -> None:
