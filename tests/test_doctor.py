@@ -393,3 +393,22 @@ def test_the_kprobe_row_says_the_kernel_has_none_where_its_config_says_so() -> N
         assert not row.ok
         assert row.detail.startswith("this kernel has no kprobe events (built without "
                                      "CONFIG_KPROBE_EVENTS"), row  # fmt: skip
+
+
+def test_doctors_exit_status_is_the_one_its_help_says() -> None:
+    # its help said nothing of it; as root here (kprobes, fentry and the hardware
+    # counters missing, BPF hooks able to run) it exits 0, as nobody 1
+    from click.testing import CliRunner
+
+    from kernmlops.cli import cli
+
+    said = " ".join(CliRunner().invoke(cli, ["doctor", "--help"]).output.split())
+    assert "Exit status 1 when no BPF hook can run here" in said
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the other half of the status")
+    proc = subprocess.run([sys.executable, "-m", "kernmlops", "doctor"], capture_output=True,
+                          text=True, timeout=120, cwd="/")  # fmt: skip
+    # the hooks table's row of block_io, a BPF hook (tp_btf or raw_tp)
+    row = next(x for x in proc.stderr.splitlines() if x.startswith("│ block_io "))
+    runs = row.split("│")[2].strip() == "yes"
+    assert proc.returncode == (0 if runs else 1), proc.stderr[-2000:]
