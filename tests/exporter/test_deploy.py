@@ -497,3 +497,17 @@ def test_the_web_config_examples_hash_command_runs_with_the_exporters_python() -
                          text=True, timeout=60, check=True)  # fmt: skip
     hashed = out.stdout.strip().splitlines()[-1]
     assert bcrypt.checkpw(b"s3cret", hashed.encode())
+
+
+def test_every_install_instruction_makes_the_web_config_folder_roots_only() -> None:
+    # Issue: the unit's header made /etc/kernmlops with install's default mode (0755
+    # under umask 022), deploy/README 0700: web.yml names the TLS key beside it
+    found = []
+    for path in (UNIT, DEPLOY / "README.md"):
+        for line in path.read_text().splitlines():
+            for cmd in line.lstrip("# ").split("&&"):
+                argv = shlex.split(cmd.split("#", 1)[0]) if "install -d" in cmd else []
+                if argv and argv[-1] == "/etc/kernmlops":
+                    found.append(path.name)
+                    assert "-m" in argv and argv[argv.index("-m") + 1] == "0700", (path, line)
+    assert sorted(found) == ["README.md", UNIT.name]
