@@ -412,3 +412,23 @@ def test_doctors_exit_status_is_the_one_its_help_says() -> None:
     row = next(x for x in proc.stderr.splitlines() if x.startswith("│ block_io "))
     runs = row.split("│")[2].strip() == "yes"
     assert proc.returncode == (0 if runs else 1), proc.stderr[-2000:]
+
+
+def test_a_program_type_the_kernel_refuses_root_is_not_told_as_a_permission() -> None:
+    # Issue: as root the fentry row read "Operation not permitted" alone, and libbpf's
+    # log beside it suggested raising `ulimit -l`: the kernel refuses the type
+    from kernmlops.ebpf.probe import has_bpf_capabilities, probe_program
+
+    bpftool = shutil.which("bpftool") or shutil.which("bpftool", path="/usr/sbin:/sbin")
+    if bpftool is None or not has_bpf_capabilities():
+        pytest.skip("needs bpftool and root, to probe program types")
+    listing = subprocess.run([bpftool, "feature", "probe", "kernel"], capture_output=True,
+                             text=True, timeout=120).stdout  # fmt: skip
+    if "program_type tracing is NOT available" not in listing:
+        pytest.skip("this kernel loads tracing (fentry) programs, says bpftool")
+    row = probe_program("fentry")
+    assert not row.ok
+    if "Operation not permitted" in row.detail:
+        assert row.detail.startswith(
+            "the kernel refuses fentry programs even with the BPF capabilities: "
+        ), row

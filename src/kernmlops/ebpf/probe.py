@@ -4,6 +4,7 @@ program, not by asking a feature listing."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import subprocess
@@ -87,6 +88,11 @@ def probe_program(feature: str, bpf_dir: Path | None = None) -> Feature:
         if feature == "kprobe" and not kprobes_in_kernel():
             # libbpf's "failed to create kprobe ... No such file or directory" hides it
             return Feature(feature, False, NO_KPROBES)
+        if err.errno == errno.EPERM and has_bpf_capabilities():
+            # with the capabilities EPERM is the kernel's no to the program type, not
+            # a privilege the user lacks (libbpf's own hint, ulimit -l, is for old kernels)
+            why = f"the kernel refuses {feature} programs even with the BPF capabilities"
+            return Feature(feature, False, f"{why}: {err.reason()}")
         return Feature(feature, False, err.reason())
     finally:
         if perf_fd >= 0:
