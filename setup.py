@@ -3,6 +3,7 @@ machine's kernel BTF), so the machine that installs the wheel needs only libbpf.
 Everything else about the package is in pyproject.toml."""
 
 import platform
+import shutil
 import sys
 from pathlib import Path
 
@@ -13,6 +14,10 @@ from setuptools.command.build_py import build_py
 
 class BuildPyWithBpf(build_py):
     def run(self) -> None:
+        if not getattr(self, "editable_mode", False):
+            # build/lib outlives a build: a file since removed or no longer in
+            # package-data (an old hook module, an object) would ship again
+            shutil.rmtree(Path(self.build_lib) / "kernmlops", ignore_errors=True)
         super().run()
         if getattr(self, "editable_mode", False):
             return  # a development tree builds into build/bpf (make bpf)

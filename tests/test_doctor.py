@@ -74,6 +74,73 @@ def test_doctor_as_a_user_who_is_not_root_explains_and_prints_what_it_can() -> N
         assert f"; tracefs {TRACEFS} not readable (root only);" in last
     if int(Path("/proc/sys/kernel/perf_event_paranoid").read_text()) >= 2:
         assert "; perf events refused (kernel.perf_event_paranoid=" in last
+    # a map the kernel refuses this user is not a map type the kernel lacks
+    if int(Path("/proc/sys/kernel/unprivileged_bpf_disabled").read_text()) != 0:
+        for feature in ("ringbuf", "task_storage"):
+            line = next(x for x in err.splitlines() if x.startswith(f"│ {feature} "))
+            assert " no " in line and "needs root to probe" in line, line
+    release = tuple(int(x) for x in os.uname().release.split(".")[:2])
+    if release >= (5, 11):
+        assert "before Linux 5.11" not in err
+
+
+def test_doctor_as_a_user_who_cannot_read_the_bpf_folder_says_so_without_a_traceback() -> None:
+    # Issue: KERNMLOPS_BPF_DIR (or root's HOME, kept by setpriv and su) naming a folder
+    # this user may not search: the copier's and the variants' os.stat raised.
+    from tests.nobody import reachable_folder
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make a folder nobody may not search")
+    with reachable_folder("kernmlops-doctor-") as base:
+        private = base / "roots"
+        (private / "bpf").mkdir(parents=True)
+        (private / "bpf" / "probe.bpf.o").write_bytes(b"")
+        private.chmod(0o700)
+        argv, _ = _as_unprivileged([sys.executable, "-m", "kernmlops", "doctor"])
+        # wide: a table row's detail on one line
+        env = {**os.environ, "KERNMLOPS_BPF_DIR": str(private / "bpf"), "COLUMNS": "400"}
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd="/",
+                              env=env)  # fmt: skip
+    err = proc.stderr
+    assert "Traceback" not in err, err[-3000:]
+    assert proc.returncode == 1, err[-3000:]
+    assert "program variants" in err
+    last = err.rstrip("\n").splitlines()[-1]
+    assert f"cannot read the BPF objects' folder {private / 'bpf'}: permission denied" in last
+    # the copier is there, not readable: not "not built"
+    said = " ".join(err.split())
+    assert "libkmo_ringcopy.so not readable by this user" in said, said[:3000]
+
+
+def test_the_hardware_counter_rows_say_whether_the_pmu_counts_them_for_any_user() -> None:
+    # Issue: on a VM without a PMU, root read "No such file or directory" and any
+    # other user "Permission denied" (the CPU-wide open perf_event_paranoid refuses).
+    from kernmlops.ebpf.perf_open import (
+        HW_CPU_CYCLES,
+        HW_INSTRUCTIONS,
+        PERF_TYPE_HARDWARE,
+        supported,
+    )
+    from tests.nobody import as_nobody
+
+    perf = shutil.which("perf")
+    if perf is None or os.geteuid() != 0:
+        pytest.skip("needs perf (linux-perf) and root, to compare as root and as nobody")
+    for event, config in (("cycles", HW_CPU_CYCLES), ("instructions", HW_INSTRUCTIONS)):
+        # perf's own answer, user space only: what any user may count
+        out = subprocess.run([perf, "stat", "-x,", "-e", f"{event}:u", "true"],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        counted = not out.stderr.startswith("<not supported>")
+
+        def step(config: int = config, counted: bool = counted, root: bool = True) -> None:
+            ok, why = supported(PERF_TYPE_HARDWARE, config)
+            if counted:
+                assert ok or (not root and why == "Permission denied"), why
+            else:
+                assert not ok and "this machine's PMU does not count it" in why, why
+
+        step()
+        as_nobody(lambda step=step: step(root=False))
 
 
 def _df_avail(path: Path) -> int:
@@ -297,3 +364,71 @@ def test_doctor_as_root_loads_each_hooks_object_and_says_which_does_not(
     assert not row("quanta_runtime", "(used)")
     assert row("block_io", " yes ", "tp_btf|raw_tp")
     assert row("block_io", "tp_btf (used)") and row("block_io", "whole object", "(btf)")
+
+
+def _kernel_config() -> str | None:
+    """This kernel's build configuration (/proc/config.gz or Debian's /boot copy)."""
+    import gzip
+
+    proc = Path("/proc/config.gz")
+    if proc.exists():
+        return gzip.decompress(proc.read_bytes()).decode()
+    boot = Path(f"/boot/config-{os.uname().release}")
+    return boot.read_text() if boot.exists() else None
+
+
+def test_the_kprobe_row_says_the_kernel_has_none_where_its_config_says_so() -> None:
+    # Issue: on a kernel without kprobe events the row read libbpf's "failed to create
+    # kprobe 'vfs_read+0x0' perf event: No such file or directory"
+    from kernmlops.ebpf.probe import has_bpf_capabilities, probe_program
+
+    config = _kernel_config()
+    if config is None or not has_bpf_capabilities():
+        pytest.skip("needs the kernel's config and root, to probe kprobes")
+    built = "CONFIG_KPROBE_EVENTS=y" in config.splitlines()
+    row = probe_program("kprobe")
+    if built:
+        assert "has no kprobe events" not in row.detail, row
+    else:
+        assert not row.ok
+        assert row.detail.startswith("this kernel has no kprobe events (built without "
+                                     "CONFIG_KPROBE_EVENTS"), row  # fmt: skip
+
+
+def test_doctors_exit_status_is_the_one_its_help_says() -> None:
+    # its help said nothing of it; as root here (kprobes, fentry and the hardware
+    # counters missing, BPF hooks able to run) it exits 0, as nobody 1
+    from click.testing import CliRunner
+
+    from kernmlops.cli import cli
+
+    said = " ".join(CliRunner().invoke(cli, ["doctor", "--help"]).output.split())
+    assert "Exit status 1 when no BPF hook can run here" in said
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the other half of the status")
+    proc = subprocess.run([sys.executable, "-m", "kernmlops", "doctor"], capture_output=True,
+                          text=True, timeout=120, cwd="/")  # fmt: skip
+    # the hooks table's row of block_io, a BPF hook (tp_btf or raw_tp)
+    row = next(x for x in proc.stderr.splitlines() if x.startswith("│ block_io "))
+    runs = row.split("│")[2].strip() == "yes"
+    assert proc.returncode == (0 if runs else 1), proc.stderr[-2000:]
+
+
+def test_a_program_type_the_kernel_refuses_root_is_not_told_as_a_permission() -> None:
+    # Issue: as root the fentry row read "Operation not permitted" alone, and libbpf's
+    # log beside it suggested raising `ulimit -l`: the kernel refuses the type
+    from kernmlops.ebpf.probe import has_bpf_capabilities, probe_program
+
+    bpftool = shutil.which("bpftool") or shutil.which("bpftool", path="/usr/sbin:/sbin")
+    if bpftool is None or not has_bpf_capabilities():
+        pytest.skip("needs bpftool and root, to probe program types")
+    listing = subprocess.run([bpftool, "feature", "probe", "kernel"], capture_output=True,
+                             text=True, timeout=120).stdout  # fmt: skip
+    if "program_type tracing is NOT available" not in listing:
+        pytest.skip("this kernel loads tracing (fentry) programs, says bpftool")
+    row = probe_program("fentry")
+    assert not row.ok
+    if "Operation not permitted" in row.detail:
+        assert row.detail.startswith(
+            "the kernel refuses fentry programs even with the BPF capabilities: "
+        ), row

@@ -856,6 +856,8 @@ def doctor() -> None:
     spool, row workers, free space). Any user may run it; as root it probes more
     and loads each hook's BPF object into the kernel (nothing attached), so a hook
     whose object the kernel refuses is "runs: no" with the verifier's reason.
+    Exit status 1 when no BPF hook can run here (a user without the BPF
+    capabilities, a kernel without BPF), else 0, kprobes or counters missing or not.
 
     \b
     Example:

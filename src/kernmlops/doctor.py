@@ -41,6 +41,14 @@ def privilege_notes(features: dict[str, Feature]) -> list[str]:
     return notes
 
 
+def _unreadable(folder: Path) -> bool:
+    """A folder this user may not search (another user's BPF folder)."""
+    try:
+        return folder.is_dir() and not os.access(folder, os.R_OK | os.X_OK)
+    except PermissionError:  # nor the folder above it
+        return True
+
+
 def _copier_row(mask: int | None = None) -> tuple[bool, str]:
     """Whether rings reach the spool through the native copier, and at what priority
     (``mask``: the effective capabilities, default this process's)."""
@@ -48,7 +56,13 @@ def _copier_row(mask: int | None = None) -> tuple[bool, str]:
     from kernmlops.ebpf import copier
 
     if not copier.available():
-        why = "turned off" if os.environ.get("KERNMLOPS_NATIVE_COPY") == "0" else "not built"
+        folder = copier.library_path().parent
+        if os.environ.get("KERNMLOPS_NATIVE_COPY") == "0":
+            why = "turned off"
+        elif _unreadable(folder):
+            why = f"not readable by this user (in {folder})"
+        else:
+            why = "not built"
         return False, f"{copier.LIBRARY} {why}: rings are copied in Python (storms may overflow)"
     zstd = "zstd on disk" if copier.zstd() is not None else "no libzstd: raw on disk"
     # the default configuration's priority: as the kernel answers a thread that asks

@@ -83,6 +83,7 @@ def test_missing_gap_is_a_clear_error(tmp_path: Path) -> None:
     assert proc.returncode == 2
     said = " ".join(proc.stderr.split())  # the console wraps long lines
     assert "GAP benchmark suite was not found" in said
-    assert "make setup-gap" in said and "benchmark.gap.source_dir" in said
+    assert "git clone --depth 1" in said and "benchmark.gap.source_dir" in said
+    assert "setup-gap" not in said
     assert "probes attached" not in proc.stderr
     assert col is None

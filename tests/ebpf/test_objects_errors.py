@@ -93,6 +93,15 @@ def test_missing_path_names_the_path(tmp_path):
     with pytest.raises(LibbpfError, match=r"absent\.bpf\.o") as excinfo:
         BpfObject(path)
     assert str(path) in str(excinfo.value)
+    # Issue: it said "make bpf", a target an installed wheel's user does not have; the
+    # command it names is one the CLI has
+    assert "make bpf" not in str(excinfo.value)
+    assert "(build it: kernmlops build-bpf)" in str(excinfo.value)
+    from click.testing import CliRunner
+
+    from kernmlops.cli import cli
+
+    assert CliRunner().invoke(cli, ["build-bpf", "--help"]).exit_code == 0
 
 
 @pytest.mark.parametrize("exists", [False, True])

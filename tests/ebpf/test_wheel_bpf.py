@@ -52,6 +52,21 @@ def test_the_wheel_carries_every_object_and_its_spec(wheel: Path) -> None:
         assert obj in names and f"{obj}.spec.json" in names
     assert not any(n.endswith("vmlinux.h") for n in names)  # a build input only
     assert "kernmlops/bpf_objects/libkmo_ringcopy.so" in names  # the native ring copier
+    # every file of the package as git has it (pyproject's package-data is a list of
+    # globs: a new kind of file, as bpf/ebpf_exporter/bpf/*.h, is easily left out);
+    # documentation only stays in the checkout
+    git = shutil.which("git")
+    if git and (REPO / ".git").exists():
+        listed = subprocess.run([git, "-C", str(REPO), "ls-files", "src/kernmlops"],
+                                capture_output=True, text=True, check=True)  # fmt: skip
+        tracked = listed.stdout.split()
+        wanted = {t.removeprefix("src/") for t in tracked if not t.endswith(".md")}
+        assert len(wanted) > 200
+        assert sorted(wanted - names) == []
+        # and nothing else: a file left in build/lib by an earlier build is not shipped
+        made = {n for n in names if n.startswith("kernmlops/bpf_objects/")}
+        made |= {n for n in names if n.startswith("kernmlops-")}  # the .dist-info
+        assert sorted(names - made - wanted) == []
 
 
 def _install(wheel: Path, tmp_path: Path) -> tuple[Path, Path]:

@@ -96,6 +96,49 @@ def test_the_systemd_unit_verifies_and_is_hardened(tmp_path: Path) -> None:
     assert "stricter" in verify(broken, "broken.service")
 
 
+def _bounding_set_removals() -> dict[str, set[str]]:
+    """option -> the capabilities systemd.exec(5), as installed, says it removes from
+    the bounding set when on (ProtectKernelLogs: CAP_SYSLOG, ...), and "/proc/kallsyms"
+    for an option it says makes that file inaccessible."""
+    import gzip
+
+    pages = sorted(Path("/usr/share/man/man5").glob("systemd.exec.5*"))
+    if not pages:
+        pytest.skip("systemd.exec(5) is not installed (man-db's systemd pages)")
+    raw = pages[0].read_bytes()
+    text = (gzip.decompress(raw) if pages[0].suffix == ".gz" else raw).decode()
+    text = re.sub(r"\\f[BIRP]|\\&", "", text).replace("\\-", "-")
+    out: dict[str, set[str]] = {}
+    for section in re.split(r"\n\.PP\n", text):
+        head = re.match(r"(\w+)=\n", section)
+        removed = re.findall(r"remove[sd]?\s+(.*?)\s+from the capability bounding set", section,
+                             re.S)  # fmt: skip
+        if head and removed:
+            out[head[1]] = {c for r in removed for c in re.findall(r"CAP_[A-Z_]+", r)}
+        if head and re.search(r"/proc/kallsyms\s.*?inaccessible", section, re.S):
+            out.setdefault(head[1], set()).add("/proc/kallsyms")
+    return out
+
+
+def test_a_capability_the_unit_says_to_add_is_not_removed_by_its_hardening() -> None:
+    # Issue: it said to add CAP_SYSLOG for ksym/kstack labels, and ProtectKernelLogs=yes
+    # takes CAP_SYSLOG out of the bounding set whatever CapabilityBoundingSet= holds
+    text = UNIT.read_text()
+    settings = unit_settings(text)
+    comments = " ".join(x.lstrip("# ") for x in text.splitlines() if x.startswith("#"))
+    bounded = set(settings["CapabilityBoundingSet"].split())
+    to_add = set(re.findall(r"CAP_[A-Z_]+", comments)) - bounded
+    assert "CAP_SYSLOG" in to_add
+    removals = _bounding_set_removals()
+    assert "CAP_SYSLOG" in removals.get("ProtectKernelLogs", set()), sorted(removals)
+    # ksym and kstack labels read /proc/kallsyms (with CAP_SYSLOG, its addresses)
+    assert "ksym" in comments
+    to_add.add("/proc/kallsyms")
+    for option, caps in removals.items():
+        if settings.get(option) == "yes" and caps & to_add:
+            assert f"{option}=no" in comments, (option, sorted(caps & to_add))
+
+
 def test_the_unit_does_not_restart_on_a_user_error_and_the_exporter_exits_with_that_status(
     tmp_path: Path,
 ) -> None:
@@ -201,6 +244,27 @@ def test_the_daemonset_passes_the_kubernetes_schema() -> None:
     c["readinessProb"] = c.pop("readinessProbe")
     with pytest.raises(kubernetes_validate.ValidationError, match="readinessProb"):
         kubernetes_validate.validate(ds, version, strict=True)
+
+
+def test_the_daemonset_names_the_scrape_config_that_finds_its_pods() -> None:
+    # Issue: its header sent the reader to prometheus.yml, the static targets of the
+    # systemd unit's machines, which finds no pod.
+    named = re.findall(r"\.\./prometheus/[\w.-]+\.yml", DAEMONSET.read_text())
+    assert named, "the DaemonSet names no scrape config"
+    docs = [d for d in yaml.safe_load_all(DAEMONSET.read_text()) if d]
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    annotations = ds["spec"]["template"]["metadata"]["annotations"]
+    for ref in named:
+        config = yaml.safe_load((DAEMONSET.parent / ref).read_text())
+        (job,) = config["scrape_configs"]
+        sd = job["kubernetes_sd_configs"][0]
+        assert sd["namespaces"]["names"] == [ds["metadata"]["namespace"]], ref
+        keep = next(r for r in job["relabel_configs"] if r.get("action") == "keep")
+        (label,) = keep["source_labels"]
+        # Prometheus' name of the pod's prometheus.io/scrape annotation
+        key = next(k for k in annotations
+                   if label.endswith(re.sub(r"\W", "_", k)))  # fmt: skip
+        assert re.fullmatch(keep["regex"], annotations[key]), (ref, key)
 
 
 # --- Prometheus and Grafana ------------------------------------------------------------
@@ -415,3 +479,35 @@ def test_every_dashboard_query_parses_and_returns_data_from_a_real_prometheus(
         prom.wait(timeout=20)
         log.close()
         shutil.rmtree(io_dir, ignore_errors=True)
+
+
+def test_the_web_config_examples_hash_command_runs_with_the_exporters_python() -> None:
+    # Issue: it said `python3 -c 'import bcrypt ...'`: Debian's python3 has no bcrypt
+    # (python3-bcrypt is not a dependency of anything deployed); the exporter's venv has
+    import bcrypt
+
+    text = (DEPLOY / "web.yml.example").read_text()
+    (line,) = [x for x in text.splitlines() if "bcrypt.hashpw" in x]
+    argv = shlex.split(line.strip().lstrip("#").strip())
+    # the interpreter of the venv the unit runs (its ExecStart's folder)
+    exec_start = unit_settings(UNIT.read_text())["ExecStart"].split()[0]
+    assert Path(argv[0]).parent == Path(exec_start).parent, argv[0]
+    # the command itself, with this venv's Python in its place: a hash the server takes
+    out = subprocess.run([sys.executable, *argv[1:]], input="s3cret\n", capture_output=True,
+                         text=True, timeout=60, check=True)  # fmt: skip
+    hashed = out.stdout.strip().splitlines()[-1]
+    assert bcrypt.checkpw(b"s3cret", hashed.encode())
+
+
+def test_every_install_instruction_makes_the_web_config_folder_roots_only() -> None:
+    # Issue: the unit's header made /etc/kernmlops with install's default mode (0755
+    # under umask 022), deploy/README 0700: web.yml names the TLS key beside it
+    found = []
+    for path in (UNIT, DEPLOY / "README.md"):
+        for line in path.read_text().splitlines():
+            for cmd in line.lstrip("# ").split("&&"):
+                argv = shlex.split(cmd.split("#", 1)[0]) if "install -d" in cmd else []
+                if argv and argv[-1] == "/etc/kernmlops":
+                    found.append(path.name)
+                    assert "-m" in argv and argv[argv.index("-m") + 1] == "0700", (path, line)
+    assert sorted(found) == ["README.md", UNIT.name]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -709,3 +710,22 @@ def test_a_manifest_the_recorded_cost_cannot_read_is_named_in_one_line(tmp_path:
     assert r.exit_code == 0, r.output
     lines = sorted(line for line in r.output.splitlines() if line.startswith("warning:"))
     assert lines == [f"warning: {m}" for m in sorted(str(w.message) for w in said)], r.output
+
+
+def test_the_kmod_folder_default_the_help_names_is_the_one_used_outside_a_checkout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue: --help said "default: build/kmod", a folder of the source checkout; an
+    # installed wheel builds in the user's cache
+    from kernmlops.lb import deploy
+
+    monkeypatch.delenv("KERNMLOPS_KMOD_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    # the module as an installed wheel places it: no pyproject.toml three folders up
+    monkeypatch.setattr(deploy, "__file__", str(tmp_path / "a" / "b" / "c" / "deploy.py"))
+    used = deploy.default_build_dir()
+    for argv in (["build-kmod", "--help"], ["deploy", "--help"]):
+        said = " ".join(CliRunner().invoke(lb_group, argv, terminal_width=200).output.split())
+        named = re.findall(r"else (~/\S+?)\)", said)
+        assert [Path(os.path.expanduser(n)) for n in named] == [used], said
+        assert "$KERNMLOPS_KMOD_DIR" in said

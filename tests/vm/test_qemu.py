@@ -107,3 +107,32 @@ def test_a_sigterm_stops_the_vm_too(tmp_path: Path) -> None:
         not Path(f"/proc/{guest}").exists()
         or "Z" in Path(f"/proc/{guest}/stat").read_text().split()[2]
     )
+
+
+def test_a_lab_not_set_up_is_told_commands_an_installed_wheel_has(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue: the hint began "make lab", a target of the source checkout's Makefile
+    # that a user of the installed wheel does not have.
+    import shutil
+    import subprocess
+
+    from kernmlops.vm.qemu import run_in_vm
+
+    kernel = tmp_path / "vmlinuz-9.9.9"
+    kernel.write_bytes(b"")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no qemu there
+    with pytest.raises(LabError) as err:
+        run_in_vm(["true"], kernel=kernel, outdir=tmp_path / "out")
+    said = str(err.value)
+    assert said.startswith("qemu-system-x86_64 not found; set up the kernel lab: apt-get install ")
+    assert "in kernmlops' source checkout: make lab" in said
+    packages = said.split("apt-get install ", 1)[1].split(";", 1)[0].split()
+    assert "qemu-system-x86" in packages
+    monkeypatch.undo()
+    if shutil.which("apt-cache"):  # Debian knows each package the hint names
+        out = subprocess.run(["apt-cache", "show", "--no-all-versions", *packages],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        names = {x.split(": ", 1)[1] for x in out.stdout.splitlines() if x.startswith("Package: ")}
+        assert names == set(packages)

@@ -46,10 +46,17 @@ Kernel = Literal["pr", "bfs", "cc", "bc", "sssp", "tc"]
 #: sssp needs edge weights: its graph is the weighted serialized form (.wsg).
 WEIGHTED_KERNELS = frozenset({"sssp"})
 
-_HOW_TO_GET = (
-    "run `make setup-gap` (clones {repo} and builds it), or build GAP yourself "
-    "and set benchmark.gap.source_dir to its folder"
-)
+#: said to an installed wheel's user too: commands of their own, not the checkout's
+#: Makefile (`make setup-gap` runs the same two)
+_ELSEWHERE = "or build GAP elsewhere and set benchmark.gap.source_dir to its folder"
+
+
+def _how_to_get(src: Path) -> str:
+    q = shlex.quote(str(src))
+    return (
+        f"clone and build it there (needs git, g++ and make): `git clone --depth 1 "
+        f"{GAP_REPO} {q} && make -C {q} -j`, {_ELSEWHERE}"
+    )
 
 
 @dataclass
@@ -171,9 +178,10 @@ class GapBenchmark(Benchmark[GapOptions]):
     # -- lifecycle --------------------------------------------------------------
     def check(self) -> None:
         src = self.source_dir
-        how = _HOW_TO_GET.format(repo=GAP_REPO)
         if not src.is_dir():
-            raise BenchmarkError(f"gap: the GAP benchmark suite was not found in {src}; {how}")
+            raise BenchmarkError(
+                f"gap: the GAP benchmark suite was not found in {src}; {_how_to_get(src)}"
+            )
         needed = [self.options.kernel]
         if not self.graph_path.is_file():
             needed.append(CONVERTER)  # only to generate the graph the first time
@@ -182,7 +190,7 @@ class GapBenchmark(Benchmark[GapOptions]):
             if not (prog.is_file() and os.access(prog, os.X_OK)):
                 raise BenchmarkError(
                     f"gap: {src} has no built {name!r} program; build it with "
-                    f"`make -C {shlex.quote(str(src))}`, or {how}"
+                    f"`make -C {shlex.quote(str(src))}`, {_ELSEWHERE}"
                 )
 
     def converter_argv(self, out: Path) -> list[str]:

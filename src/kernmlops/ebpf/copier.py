@@ -159,7 +159,10 @@ def load() -> ctypes.CDLL | None:
     from kernmlops.ebpf.build import BuildError, check_build_dir
 
     path = library_path()
-    if not path.exists():
+    try:
+        if not path.exists():
+            return None
+    except OSError:  # a folder this user may not search (another user's BPF folder)
         return None
     try:
         # as root, never a library another user could have put there (build() says why)

@@ -260,7 +260,7 @@ class BpfObject:
         # folder was given (KERNMLOPS_BPF_DIR, --bpf-dir, a metric set's, a call's)
         check_build_dir(self.path.parent)
         if not self.path.exists():
-            raise LibbpfError(f"BPF object {self.path} not found (build it: make bpf)")
+            raise LibbpfError(f"BPF object {self.path} not found (build it: kernmlops build-bpf)")
         self._spec = spec
         self.variant: str | None = None
         with capture_log() as log:
@@ -400,7 +400,7 @@ def open_and_load(
 
     if spec is None:
         if not Path(path).exists():
-            raise LibbpfError(f"BPF object {path} not found (build it: make bpf)")
+            raise LibbpfError(f"BPF object {path} not found (build it: kernmlops build-bpf)")
         spec = object_spec(path)
 
     def attempt(variant: str | None) -> BpfObject:

@@ -4,6 +4,7 @@ program, not by asking a feature listing."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import subprocess
@@ -84,11 +85,35 @@ def probe_program(feature: str, bpf_dir: Path | None = None) -> Feature:
             else:
                 prog.attach()
     except LibbpfError as err:
+        if feature == "kprobe" and not kprobes_in_kernel():
+            # libbpf's "failed to create kprobe ... No such file or directory" hides it
+            return Feature(feature, False, NO_KPROBES)
+        if err.errno == errno.EPERM and has_bpf_capabilities():
+            # with the capabilities EPERM is the kernel's no to the program type, not
+            # a privilege the user lacks (libbpf's own hint, ulimit -l, is for old kernels)
+            why = f"the kernel refuses {feature} programs even with the BPF capabilities"
+            return Feature(feature, False, f"{why}: {err.reason()}")
         return Feature(feature, False, err.reason())
     finally:
         if perf_fd >= 0:
             os.close(perf_fd)
     return Feature(feature, True, "loads and attaches")
+
+
+KPROBE_PMU = Path("/sys/bus/event_source/devices/kprobe")
+NO_KPROBES = (
+    f"this kernel has no kprobe events (built without CONFIG_KPROBE_EVENTS: no "
+    f"{KPROBE_PMU}, no {TRACEFS}/kprobe_events)"
+)
+
+
+def kprobes_in_kernel() -> bool:
+    """Whether the kernel can make kprobes at all: the two ways libbpf attaches
+    one, the kprobe PMU (4.17+) and tracefs' kprobe_events."""
+    try:
+        return KPROBE_PMU.exists() or (TRACEFS / "kprobe_events").exists()
+    except PermissionError:  # tracefs is root's: then the PMU alone answers
+        return KPROBE_PMU.exists()
 
 
 def _tool_version(cmd: list[str]) -> str | None:
@@ -128,8 +153,12 @@ def probe_all(bpf_dir: Path | None = None) -> dict[str, Feature]:
         "btf", VMLINUX_BTF.exists(), str(VMLINUX_BTF) if VMLINUX_BTF.exists() else "no kernel BTF"
     )
     out["tracefs"] = tracefs_feature()
+    # libbpf's map probe answers 0 for a refused map as for an unknown type: without
+    # the capabilities a "no" says nothing of the kernel (unprivileged_bpf_disabled)
     ring = libbpf.has_map_type(libbpf.MAP_TYPE_RINGBUF)
-    out["ringbuf"] = Feature("ringbuf", ring, "BPF_MAP_TYPE_RINGBUF")
+    out["ringbuf"] = Feature(
+        "ringbuf", ring, "BPF_MAP_TYPE_RINGBUF" if ring or caps else "needs root to probe"
+    )
     storage = libbpf.has_map_type(libbpf.MAP_TYPE_TASK_STORAGE)
     out["task_storage"] = Feature(
         "task_storage",
@@ -137,7 +166,9 @@ def probe_all(bpf_dir: Path | None = None) -> dict[str, Feature]:
         "BPF_MAP_TYPE_TASK_STORAGE"
         if storage
         else "none (before Linux 5.11): quanta_runtime and the exporter's oncpu do "
-        "without it; syscalls and collapse_huge_pages cannot",
+        "without it; syscalls and collapse_huge_pages cannot"
+        if caps
+        else "needs root to probe",
     )
     if caps:
         for feature in PROGRAM_FEATURES:

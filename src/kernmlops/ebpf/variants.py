@@ -142,9 +142,10 @@ def object_variants(
     from kernmlops.ebpf.objects import VARIANTS, BpfObject
 
     path = object_path(object_name, bpf_dir)
-    if not path.exists():
-        return HookVariants(hook, object_name, error=f"{path} not built")
     try:
+        # exists() raises too: a BPF folder this user may not search
+        if not path.exists():
+            return HookVariants(hook, object_name, error=f"{path} not built")
         with BpfObject(path) as obj:
             progs = [(p.variant, p.section) for p in obj.programs.values()]
     except (LibbpfError, OSError) as err:

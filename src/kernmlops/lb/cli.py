@@ -669,7 +669,8 @@ def _lab_release() -> str | None:
 @click.option("--release", help="kernel release to build for (default: the lab's kernel, "
               "the newest non-running /boot/vmlinuz-*)")  # fmt: skip
 @click.option("-o", "--out", "build_dir", type=click.Path(file_okay=False, path_type=Path),
-              help="build folder (default: build/kmod, or $KERNMLOPS_KMOD_DIR)")  # fmt: skip
+              help="build folder (default: $KERNMLOPS_KMOD_DIR, else build/kmod of a source "
+              "checkout, else ~/.cache/kernmlops/kmod)")  # fmt: skip
 @click.option("--force", is_flag=True, help="rebuild even when current")
 def build_kmod_cmd(release: str | None, build_dir: Path | None, force: bool) -> None:
     """Build the kmo_lb kernel module (kbuild, against linux-headers-RELEASE).
@@ -679,14 +680,16 @@ def build_kmod_cmd(release: str | None, build_dir: Path | None, force: bool) -> 
 
     \b
     Examples:
-      kernmlops lb build-kmod                       the lab's kernel, into build/kmod
+      kernmlops lb build-kmod                       the lab's kernel, into --out's default
       kernmlops lb build-kmod --release "$(uname -r)"   the running kernel (its headers)
     """
     from kernmlops.lb import deploy
 
     release = release or _lab_release()
     if not release:
-        fail(deploy.KmodError("no lab kernel in /boot: pass --release (make lab installs one)"))
+        fail(deploy.KmodError(
+            "no lab kernel in /boot: pass --release, or apt-get install linux-image-amd64"
+        ))  # fmt: skip
     try:
         ko = deploy.build(release, build_dir, force=force)
     except KernmlopsError as err:
@@ -699,10 +702,14 @@ def build_kmod_cmd(release: str | None, build_dir: Path | None, force: bool) -> 
 @click.option("--mode", type=click.Choice(["off", "shadow", "replace"]), default="shadow",
               show_default=True, help="off: the kernel decides alone; shadow: count agreement, "
               "decide nothing; replace: the model decides")  # fmt: skip
-@click.option("--ko", type=click.Path(dir_okay=False, exists=True, path_type=Path),
-              help="a built kmo_lb.ko (default: build/kmod/RELEASE, built if missing)")  # fmt: skip
+@click.option(
+    "--ko",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="a built kmo_lb.ko (default: RELEASE/ in --build-dir, built if missing)",
+)
 @click.option("--build-dir", type=click.Path(file_okay=False, path_type=Path),
-              help="where modules are built and looked for (default: build/kmod)")  # fmt: skip
+              help="where modules are built and looked for (default: $KERNMLOPS_KMOD_DIR, "
+              "else build/kmod of a source checkout, else ~/.cache/kernmlops/kmod)")  # fmt: skip
 @click.option("--migration-cost-ns", type=click.IntRange(min=1),
               help="sysctl_sched_migration_cost for the features (default: model)")  # fmt: skip
 def deploy_cmd(model_path: Path, mode: str, ko: Path | None, build_dir: Path | None,

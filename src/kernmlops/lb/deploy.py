@@ -37,7 +37,7 @@ SYSFS = Path("/sys/module") / MODULE
 MODES = ("off", "shadow", "replace")
 NR_HIDDEN = HIDDEN
 KPROBES_LIST = Path("/sys/kernel/debug/kprobes/list")
-HEADERS_HINT = "make lab installs them for the lab's kernel"
+HEADERS_HINT = "in kernmlops' source checkout, make lab installs them for the lab's kernel"
 
 #: (struct, member, byte size or None for an embedded struct), in the order
 #: of enum kmo_layout in kmod/kmo_lb.c.

@@ -25,9 +25,10 @@ from pathlib import Path
 
 from kernmlops.errors import KernmlopsError
 
+#: commands an installed wheel's user has too; the checkout's `make lab` runs the same
 SETUP_HINT = (
-    "set up the kernel lab: make lab "
-    "(apt-get install qemu-system-x86 linux-image-amd64 busybox-static; pip install virtme-ng)"
+    "set up the kernel lab: apt-get install qemu-system-x86 linux-image-amd64 "
+    "busybox-static; pip install virtme-ng (in kernmlops' source checkout: make lab)"
 )
 
 
