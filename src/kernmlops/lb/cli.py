@@ -568,7 +568,8 @@ def export_cmd(model_path: Path, output_dir: Path, name: str, data: tuple[Path, 
               "array on one line; 0 W1 and W2 row by row, biases one value a line")  # fmt: skip
 def dump_weights_cmd(model_path: Path, layout: str) -> None:
     """Print MODEL's W1, b1, W2, b2 as MLLB's dump_weights.py prints them (for
-    the weight arrays of its kernel patch).
+    the weight arrays of its kernel patch; b2 + 0.5, since the patch migrates
+    when its output is above 0.5 and the model when its logit is above 0).
 
     \b
     MODEL is lb train's float model or lb export's *.q11.json (printed as the
