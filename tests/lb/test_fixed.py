@@ -247,3 +247,19 @@ def test_fixed_features_are_mllbs_patch_features(tmp_path: Path) -> None:
     assert (
         (cols["delta_faults"] < 0) & (cols["delta_faults"] * 2048 % np.maximum(total, 1) != 0)
     ).any()
+
+
+def test_max_abs_sum_counts_mllbs_output_with_its_threshold() -> None:
+    """MLLB's patch ends with b2 + 0.5 (our b2 + 1024) in an int32: an output
+    within 1024 of 2^31 fits ours but wraps there, and turns "migrate" into
+    "stay". max_abs_sum must say it does not fit."""
+    b2 = (1 << 31) - 1 - 500
+    fixed = FixedModel(
+        w1=np.zeros((15, 10), dtype=np.int64), b1=np.zeros(10, dtype=np.int64),
+        w2=np.zeros(10, dtype=np.int64), b2=b2,
+    )  # fmt: skip
+    xq = np.zeros((1, 15), dtype=np.int64)
+    mllb = (b2 + 1024 + (1 << 31)) % (1 << 32) - (1 << 31)  # its int32 sum, wrapped
+    assert mllb < 0 and not mllb > 1024  # MLLB: stay
+    assert fixed.predict(xq).tolist() == [1]  # ours: migrate
+    assert fixed.max_abs_sum(xq) >= 1 << 31
