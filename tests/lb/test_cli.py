@@ -497,9 +497,10 @@ def test_export_says_when_a_sum_outgrows_int32(tmp_path: Path) -> None:
     r = _invoke("export", model, "-o", tmp_path / "out", "--data", tmp_path / "data")
     assert r.exit_code == 0, r.output
     # src_load saturates at 2^20 - 1: Q20.11 (2^20 - 1) * 2048 // 1000 = 2,147,481; each
-    # hidden unit 2,147,481 * 5000, the output ten of them (w2 = 1)
+    # hidden unit 2,147,481 * 5000, the output ten of them (w2 = 1) and, in MLLB's
+    # patch, its b2 (ours + 0.5: 1024)
     assert 2_147_481 == (2**20 - 1) * 2048 // 1000
-    assert f"largest int32 sum {10 * 2_147_481 * 5000:,} >= 2^31" in r.output
+    assert f"largest int32 sum {10 * 2_147_481 * 5000 + 1024:,} >= 2^31" in r.output
     assert "(< 2^31)" not in r.output
     assert "warning: a sum on these decisions does not fit an int32" in r.output
 

@@ -56,7 +56,7 @@ def test_layout_2_is_mllbs_text(tmp_path: Path) -> None:
                          "0.700000, 0.800000, 0.900000, 1.000000, ")  # fmt: skip
     assert lines[17] == ("-0.125000, -0.250000, -0.375000, -0.500000, -0.625000, -0.750000, "
                          "-0.875000, -1.000000, -1.125000, -1.250000, ")  # fmt: skip
-    assert lines[18] == "0.250000, "
+    assert lines[18] == "0.750000, "  # b2 0.25 + MLLB's threshold 0.5
     assert lines[19:] == [""]  # ends with its newline
     assert "float model, 171 parameters" in r.stderr
 
@@ -73,7 +73,7 @@ def test_float_model_reads_back_as_its_arrays(tmp_path: Path) -> None:
     np.testing.assert_allclose(w1, m.w1, atol=5e-7, rtol=0)
     np.testing.assert_allclose(_numbers(lines[16]), m.b1, atol=5e-7, rtol=0)
     np.testing.assert_allclose(_numbers(lines[17]), m.w2, atol=5e-7, rtol=0)
-    np.testing.assert_allclose(_numbers(lines[18]), [m.b2], atol=5e-7, rtol=0)
+    np.testing.assert_allclose(_numbers(lines[18]), [m.b2 + 0.5], atol=5e-7, rtol=0)
     assert sum(len(_numbers(x)) for x in lines[:15] + lines[16:19]) == 171
 
 
@@ -90,7 +90,7 @@ def test_q11_json_prints_the_floats_of_its_integers(tmp_path: Path) -> None:
     np.testing.assert_array_equal(q[0], fixed.w1.reshape(-1))  # row-major: feature by feature
     np.testing.assert_array_equal(q[1], fixed.b1)
     np.testing.assert_array_equal(q[2], fixed.w2)
-    assert q[3].tolist() == [fixed.b2]
+    assert q[3].tolist() == [fixed.b2 + 1024]  # + 0.5, MLLB's threshold
     assert "q20.11 model, 171 parameters" in r.stderr
 
 
@@ -104,7 +104,27 @@ def test_layout_0_one_bias_a_line(tmp_path: Path) -> None:
     assert lines[15] == lines[26] == lines[37] == lines[39] == ""
     assert [float(x) for x in lines[16:26]] == m.b1.tolist()
     assert lines[27:37] == [f"{-k / 8:.6f}," for k in range(1, 11)]
-    assert lines[38] == "0.25"
+    assert lines[38] == "0.75"  # b2 + 0.5
+
+
+def test_pasted_arrays_decide_as_the_model(tmp_path: Path) -> None:
+    """The printed arrays, evaluated as MLLB's patch evaluates its w1..b2 (float
+    mode of jc_mlp.c, kmod/jc_kmod.c: relu(x W1 + b1) W2 + b2, migrate when
+    output > 0.5), decide as the model does (logit > 0). With b2 printed as it
+    is, every row whose logit lies in (0, 0.5] turned to "stay"."""
+    m = _random_model(11)
+    r = _invoke("dump-weights", m.save(tmp_path / "m.json"))
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.split("\n")
+    w1 = np.array([_numbers(x) for x in lines[:15]])
+    b1, w2, b2 = (np.array(_numbers(lines[i])) for i in (16, 17, 18))
+    rng = np.random.default_rng(4)
+    x = rng.normal(0, 1, (4000, 15))
+    logit = np.maximum(x @ m.w1 + m.b1, 0) @ m.w2 + m.b2
+    mllb_out = np.maximum(x @ w1 + b1, 0) @ w2 + b2[0]
+    clear = np.abs(logit) > 1e-3  # six printed decimals move the output by < 1e-3
+    assert ((logit > 0) & (logit <= 0.5) & clear).sum() > 100  # rows the threshold decides
+    np.testing.assert_array_equal((mllb_out > 0.5)[clear], (logit > 0)[clear])
 
 
 def _doc(tmp_path: Path, **change) -> Path:

@@ -217,9 +217,11 @@ static __always_inline void lb_fill(struct lb_decision *d, struct task_struct *p
 	if (bpf_core_field_exists(src_rq->nr_numa_running)) {
 		d->src_numa_len = BPF_CORE_READ(src_rq, nr_numa_running);
 		d->src_preferred_len = BPF_CORE_READ(src_rq, nr_preferred_running);
-	} else { /* no NUMA balancing: nothing is preferred */
+	} else { /* no NUMA balancing: no task prefers a node, the counts are 0 as
+		  * on one node (MLLB's src_non_pref_nr: src_len > 0), as the
+		  * offline data set fills them (dataset.impute_missing) */
 		d->src_numa_len = 0;
-		d->src_preferred_len = d->src_len;
+		d->src_preferred_len = 0;
 	}
 	d->src_load = BPF_CORE_READ(src_rq, cfs.avg.load_avg);
 	d->dst_load = BPF_CORE_READ(dst_rq, cfs.avg.load_avg);

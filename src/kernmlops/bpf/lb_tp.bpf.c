@@ -129,7 +129,9 @@ static __always_inline int on_migrate(struct task_struct *p, int dest_cpu)
 	}
 	if (src_rq) {
 		d->src_len = BPF_CORE_READ(src_rq, nr_running) + 1;
-		d->src_preferred_len = d->src_len;
+		/* no NUMA balancing: no task prefers a node (0, as the data set's
+		 * rows and the kprobe program have it) */
+		d->src_preferred_len = 0;
 		if (bpf_core_field_exists(src_rq->nr_preferred_running))
 			d->src_preferred_len = BPF_CORE_READ(src_rq, nr_preferred_running) +
 					       (d->numa_preferred_nid == d->src_nid);

@@ -35,6 +35,7 @@ def lb_group() -> None:
       kernmlops lb train data -o lb-model.json     15 -> 10 -> 1 MLP, split by run
       kernmlops lb export lb-model.json -o out/    Q20.11 C header + JSON
       kernmlops lb dump-weights lb-model.json      W1, b1, W2, b2 as MLLB prints them
+      kernmlops lb import-weights jc_mlp.c         MLLB's own model, as ours
       kernmlops lb deploy out/m.q11.json           the model decides (kernel module)
       kernmlops lb shadow lb-model.json -b ...     the model in the kernel, beside CFS
       kernmlops lb report data --model m.json      what the data and the model say
@@ -568,7 +569,8 @@ def export_cmd(model_path: Path, output_dir: Path, name: str, data: tuple[Path, 
               "array on one line; 0 W1 and W2 row by row, biases one value a line")  # fmt: skip
 def dump_weights_cmd(model_path: Path, layout: str) -> None:
     """Print MODEL's W1, b1, W2, b2 as MLLB's dump_weights.py prints them (for
-    the weight arrays of its kernel patch).
+    the weight arrays of its kernel patch; b2 + 0.5, since the patch migrates
+    when its output is above 0.5 and the model when its logit is above 0).
 
     \b
     MODEL is lb train's float model or lb export's *.q11.json (printed as the
@@ -585,6 +587,32 @@ def dump_weights_cmd(model_path: Path, layout: str) -> None:
     click.echo(dump(weights, int(layout)), nl=False)
     console.print(f"{model_path}: {weights.kind} model, {NR_PARAMS} parameters "
                   "(W1 15x10, b1 10, W2 10x1, b2 1)")  # fmt: skip
+
+
+@lb_group.command("import-weights")
+@click.argument("weights_path", metavar="FILE", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              default=Path("mllb-model.json"), show_default=True,
+              help="the model, as lb train writes one")  # fmt: skip
+def import_weights_cmd(weights_path: Path, output: Path) -> None:
+    """Read MLLB's own trained model: the w1, b1, w2, b2 arrays of its patch
+    (kernel/sched/jc_mlp.c) or module (kmod/c_mlp.h), or the text of its
+    dump_weights.py; write it as lb train's model (for lb export, shadow,
+    report, deploy).
+
+    \b
+    b2 is MLLB's minus 0.5: its patch migrates when the output is above 0.5,
+    our models when it is above 0 (the same decisions).
+      kernmlops lb import-weights jc_mlp.c -o mllb-model.json"""
+    from kernmlops.lb.mllb_weights import read
+
+    try:
+        model = read(weights_path)
+        with _users_folder(output.parent) as folder:  # the user's file under sudo
+            model.save(folder / output.name, shown=output)
+    except KernmlopsError as err:
+        fail(err)
+    console.print(f"{weights_path}: MLLB's 15 -> 10 -> 1 model -> {output}")
 
 
 # --- report ---------------------------------------------------------------------------

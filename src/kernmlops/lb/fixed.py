@@ -80,14 +80,16 @@ class FixedModel:
 
     def max_abs_sum(self, xq: np.ndarray) -> int:
         """The largest |partial sum| the forward pass reaches on ``xq``: below
-        2^31 means MLLB's int32 accumulators give the same results."""
+        2^31 means MLLB's int32 accumulators give the same results. Its output
+        counts with MLLB's b2, ours + 0.5 (1024), as the header writes it."""
         if not len(xq):
             return 0
         prod = (xq[:, :, None].astype(np.int64) * self.w1[None, :, :]) >> FBITS
         partial = np.cumsum(prod, axis=1) + self.b1[None, None, :]
         h = np.maximum(prod.sum(axis=1) + self.b1[None, :], 0)
         out = np.cumsum((h * self.w2[None, :]) >> FBITS, axis=1) + self.b2
-        return int(max(np.abs(partial).max(), np.abs(out).max(), np.abs(xq).max()))
+        mllb_out = np.abs(out[:, -1] + ONE // 2).max()
+        return int(max(np.abs(partial).max(), np.abs(out).max(), mllb_out, np.abs(xq).max()))
 
 
 def error_bound(model: Model, fixed: FixedModel, x: np.ndarray, xq: np.ndarray) -> np.ndarray:

@@ -17,6 +17,12 @@ export``'s Q20.11 JSON (printed as the floats its integers stand for,
 ``q / 2048``). Anything that is not exactly 15 x 10 + 10 + 10 x 1 + 1 = 171
 finite numbers is refused with one line.
 
+b2 is printed raised by 0.5, as the exported header's ``b2[]``: MLLB's network
+ends in a linear unit trained as a probability, and its patch (``jc_mlp.c``,
+like ``kmod/c_mlp.h``) migrates when ``output > 0.5``; ours ends in a logit and
+migrates when it is above 0. With b2 as it is, the pasted arrays would move
+the threshold to a logit of 0.5 and turn over every decision in between.
+
 Every reader of a model file checks it the same way, with
 :mod:`kernmlops.lb.modelfile` (``read_model_doc``, ``check_model_doc``: plain
 lists, no numpy, so ``lb deploy``'s loader makes the same check in the lab);
@@ -52,6 +58,7 @@ __all__ = [
     "FLOAT_FORMAT",
     "HIDDEN",
     "LAYOUTS",
+    "MLLB_THRESHOLD",
     "NR_PARAMS",
     "VERSIONS",
     "Weights",
@@ -59,6 +66,7 @@ __all__ = [
     "check_model",
     "check_weights",
     "dump",
+    "mllb_arrays",
     "read_model_doc",
     "read_weights",
 ]
@@ -139,12 +147,24 @@ def _row(values: np.ndarray) -> str:
     return ", ".join(f"{float(v): 8f}" for v in values) + ","
 
 
+#: MLLB's patch migrates when its network's output is above this (``jc_mlp.c``:
+#: ``output > ftod(0.5)``); ours when the logit is above 0.
+MLLB_THRESHOLD = 0.5
+
+
+def mllb_arrays(weights: Weights) -> tuple[np.ndarray, ...]:
+    """W1, b1, W2, b2 as MLLB's arrays hold them: b2 + 0.5, the same decisions
+    under its ``output > 0.5``."""
+    return (weights.w1, weights.b1, weights.w2, weights.b2 + MLLB_THRESHOLD)
+
+
 def dump(weights: Weights, layout: int = 2) -> str:
-    """The text MLLB's ``dump_weights.py TAG LAYOUT`` prints for these weights."""
+    """The text MLLB's ``dump_weights.py TAG LAYOUT`` prints for these weights
+    (:func:`mllb_arrays`: b2 raised to MLLB's threshold)."""
     if layout not in LAYOUTS:
         raise WeightsError(f"layout {layout}: one of {', '.join(map(str, LAYOUTS))}")
     lines: list[str] = []
-    for arr in weights.arrays:
+    for arr in mllb_arrays(weights):
         if layout == 1:
             lines.append(_row(arr.reshape(-1)))
         elif layout == 0:
