@@ -6,6 +6,7 @@ workload did (its own counts) and against bpftool and /proc."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -155,6 +156,30 @@ def test_a_program_that_includes_only_bpf_core_read_h_builds() -> None:
             (("comm", comm), ("syscall", "getppid")),
         )
         assert got[key] == GETPPIDS
+    finally:
+        exporter.close()
+
+
+def test_a_program_that_includes_linux_errno_h_builds() -> None:
+    """ebpf_exporter's cgroup-rstat-flushing and usdt examples include
+    <linux/errno.h>, whose <asm/errno.h> is in Debian's architecture folder,
+    which ebpf_exporter's Makefile adds for -target bpf; without it they did not
+    build ('asm/errno.h' file not found). The errno is taken from that header and
+    compared with Python's."""
+    exporter = Exporter(resolve_sets([str(CONFIGS / "errno-include.yaml")]))
+    try:
+        (status,) = exporter.start()
+        assert status.error is None, status.error
+        assert status.attached == 1, [(p.name, p.error) for p in status.programs]
+        comm = f"kmo-en-{os.getpid() % 10000}"
+        sizes = [1, 2, 3, 4, 5]
+        _job(comm, sizes, 0)  # each write(2) on fd 999 fails with EBADF
+        got = _samples(exporter.render().decode())
+        key = (
+            "ebpf_exporter_test_errno_include_bad_fd_total",
+            (("comm", comm), ("errno", str(errno.EBADF))),
+        )
+        assert got[key] == len(sizes)
     finally:
         exporter.close()
 
