@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import textwrap
@@ -22,6 +23,7 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
+from kernmlops.ebpf.libbpf import LibbpfError
 from kernmlops.ebpf.perf_open import supported
 from kernmlops.exporter.cli import export_command
 from kernmlops.exporter.config import resolve_sets
@@ -182,6 +184,51 @@ def test_a_program_that_includes_linux_errno_h_builds() -> None:
         assert got[key] == len(sizes)
     finally:
         exporter.close()
+
+
+def test_xdp_program_on_the_interface_its_section_names() -> None:
+    """ebpf_exporter attaches SEC("xdp/<interface>") (its xdp example: lo) to
+    that interface; libbpf alone does not know the section, and the set did not
+    load. The UDP datagrams this test sends to lo are counted by port."""
+    exporter = Exporter(resolve_sets([str(CONFIGS / "xdp-udp.yaml")]))
+    try:
+        (status,) = exporter.start()
+        assert status.error is None, status.error
+        assert status.attached == 1, [(p.name, p.error) for p in status.programs]
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as rx:
+            rx.bind(("127.0.0.1", 0))
+            port = rx.getsockname()[1]
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as tx:
+                for _ in range(11):
+                    tx.sendto(b"kmo", ("127.0.0.1", port))
+            rx.settimeout(10)
+            got_back = [rx.recv(16) for _ in range(11)]  # XDP_PASS: each arrives
+        assert got_back == [b"kmo"] * 11
+        got = _samples(exporter.render().decode())
+        assert got[("ebpf_exporter_test_xdp_udp_packets_total", (("dst_port", str(port)),))] == 11
+        # lo runs one XDP program: a second exporter's is not attached, and says why
+        second = Exporter(resolve_sets([str(CONFIGS / "xdp-udp.yaml")]))
+        try:
+            (other,) = second.start()
+            assert other.attached == 0
+            assert "lo already runs an XDP program" in (other.programs[0].error or "")
+        finally:
+            second.close()
+    finally:
+        exporter.close()
+
+
+def test_xdp_section_naming_no_interface_is_one_line() -> None:
+    """An interface that is not there leaves the program unattached with one
+    line naming it, as a kprobe on a missing function is."""
+    from kernmlops.exporter.xdp import attach_xdp
+
+    class _Prog:
+        name = "count_udp_on_lo"
+        section = "xdp/kmo-no-such0"
+
+    with pytest.raises(LibbpfError, match="no network interface 'kmo-no-such0'"):
+        attach_xdp(_Prog())  # type: ignore[arg-type]
 
 
 def test_program_info_matches_bpftool(write_sizes: Exporter) -> None:

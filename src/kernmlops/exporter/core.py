@@ -51,6 +51,8 @@ from kernmlops.exporter.spec import (
     HistogramSpec,
     MetricSet,
 )
+from kernmlops.exporter.xdp import attach_xdp, is_xdp_interface
+from kernmlops.exporter.xdp import register_section_handler as register_xdp_handler
 
 SELF = "kernmlops_exporter"
 #: label sets a metric remembers before those gone from its map are forgotten
@@ -673,6 +675,7 @@ class Exporter:
             values.update(runtime.load_globals(ms))
         reuse = {"kmo_tracked": self.process_filter_fd} if self.process_filter_fd else {}
         register_section_handler()
+        register_xdp_handler()
         try:
             obj = loaded.obj = open_and_load(path, globals_=values, reuse_maps=reuse)
         except LibbpfError as err:
@@ -692,6 +695,8 @@ class Exporter:
             try:
                 if is_perf_event(prog.section):
                     attach_perf_event(prog)
+                elif is_xdp_interface(prog.section):
+                    attach_xdp(prog)
                 else:
                     prog.attach()
                 st.attached = True
