@@ -32,6 +32,7 @@ from kernmlops.exporter.config import (
 )
 from kernmlops.exporter.decoders import (
     DecoderContext,
+    DropLabelSet,
     Kallsyms,
     PciIds,
     build_decoder,
@@ -240,6 +241,26 @@ def test_static_map_allow_unknown_and_regexp_group() -> None:
     assert ee("kswapd0") == "kswapd"  # ebpf_exporter: the group is the label
     assert ee("bash") == "bash"
     assert build_decoder(spec, DecoderContext())("kswapd0") == "kswapd0"  # ours: the text
+
+
+def test_regexp_label_is_what_matched_as_ebpf_exporter_gives_it() -> None:
+    """ebpf_exporter's label is the match (its group, else the matched part),
+    not the whole text; a pattern with two groups matches nothing there. The
+    text was served whole, so ^systemd under it split per unit name."""
+    spec = DecoderSpec(
+        name="regexp", regexps=["^systemd", "^(a)(b)", "^x(y)?z", "^(kworker)/", "[0-9]+$"]
+    )
+    ee = build_decoder(spec, DecoderContext(), flavor=EBPF_EXPORTER_FORMAT)
+    assert ee("systemd-journal") == "systemd"
+    assert ee("ab1") == "1"  # ^(a)(b) has two groups: passed over for the next
+    assert ee("xz") == ""  # its group took no part: Go gives an empty slice
+    assert ee("python3") == "3"
+    assert ee("kworker/0:1") == "kworker"
+    for text in ("bash", "ab-job"):
+        with pytest.raises(DropLabelSet):
+            ee(text)
+    ours = build_decoder(spec, DecoderContext())
+    assert ours("systemd-journal") == "systemd-journal"  # ours keeps the text
 
 
 def test_counter_served_under_its_own_name(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ this module maps each onto the exporter's machinery:
   bucket ``bucket_max + 1`` (``fixed``: the last bucket key + 1) holds the sum.
   Buckets outside that range are not shown, as ebpf_exporter does not show them.
 - **Decoders return a label where ours raise**: an address without a symbol is
-  ``unknown_addr:0x...``, a regexp's single group is the label, device numbers
+  ``unknown_addr:0x...``, a regexp's label is what matched, device numbers
   are glibc's encoding (see ``decoders.build_decoder(flavor=...)``).
 
 The ``.bpf.c`` is compiled as ebpf_exporter builds its examples (``-target
