@@ -38,6 +38,7 @@ from kernmlops.exporter.decoders import (
     build_decoder,
     dname,
     inet_ip,
+    label_decoders,
 )
 
 CONFIGS = Path(__file__).parent / "ebpf_exporter"
@@ -241,6 +242,23 @@ def test_static_map_allow_unknown_and_regexp_group() -> None:
     assert ee("kswapd0") == "kswapd"  # ebpf_exporter: the group is the label
     assert ee("bash") == "bash"
     assert build_decoder(spec, DecoderContext())("kswapd0") == "kswapd0"  # ours: the text
+
+
+def test_dname_as_ebpf_exporter_decodes_it() -> None:
+    """Its dname makes every length byte a dot (a zero one too) and gives a name
+    whose label runs past the end as it is; ours raised (the series was dropped
+    as a decoder error) and stopped at the root."""
+    spec = DecoderSpec(name="dname")
+    ee = build_decoder(spec, DecoderContext(), flavor=EBPF_EXPORTER_FORMAT)
+    assert ee(b"") == "."
+    assert ee(b"\x07example\x03com") == "example.com"
+    assert ee(b"\x05com") == "\x05com"
+    assert ee(b"\x03www\x07example\x03com\x00") == "www.example.com."
+    string_first = LabelSpec(
+        name="q", size=12, decoders=[DecoderSpec(name="string"), DecoderSpec(name="dname")]
+    )
+    (label,) = label_decoders([string_first], DecoderContext(), flavor=EBPF_EXPORTER_FORMAT)
+    assert label(b"\x03www\x03com\x00\x00\x00\x00") == "www.com"
 
 
 def test_regexp_label_is_what_matched_as_ebpf_exporter_gives_it() -> None:

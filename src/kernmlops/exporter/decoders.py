@@ -379,6 +379,25 @@ def dname(raw: bytes) -> str:
     return ".".join(labels) or "."
 
 
+def dname_ee(raw: bytes) -> str:
+    """:func:`dname` as ebpf_exporter decodes it: each length byte becomes a dot,
+    a zero one too (``\\x03com\\x00`` is ``com.``: give it ``string`` first to
+    end at the root), and a name whose label runs past the end is its bytes as
+    they are, not an error."""
+    if not raw:
+        return "."
+    out, off = bytearray(len(raw)), 0
+    while off < len(raw):
+        n = raw[off]
+        out[off] = ord(".")
+        off += 1
+        if off + n > len(raw):
+            return raw.decode("utf-8", errors="replace")
+        out[off : off + n] = raw[off : off + n]
+        off += n
+    return bytes(out[1:]).decode("utf-8", errors="replace")
+
+
 def kstack(raw: bytes, kallsyms: Kallsyms, unknown: str = "??") -> str:
     """An array of kernel addresses (u64, ended by 0) as symbols, one per line."""
     if len(raw) % 8:
@@ -488,6 +507,8 @@ def build_decoder(spec: DecoderSpec, ctx: DecoderContext, *, flavor: str = "kern
     if name == "inet_ip":
         return lambda v: inet_ip(as_bytes(v))
     if name == "dname":
+        if ee:
+            return lambda v: dname_ee(as_bytes(v))
         return lambda v: dname(as_bytes(v))
     if name == "hex":
         return lambda v: as_bytes(v).hex()
