@@ -281,6 +281,16 @@ def test_regexp_label_is_what_matched_as_ebpf_exporter_gives_it() -> None:
     assert ours("systemd-journal") == "systemd-journal"  # ours keeps the text
 
 
+def test_a_name_key_is_taken_and_the_file_names_the_set(tmp_path: Path) -> None:
+    """ebpf_exporter's schema has a top-level ``name`` (the file's name replaces
+    it): a config with one was read as our format and refused (``map`` missing)."""
+    data = {"name": "other", "metrics": {"counters": [{"name": "timer_starts", "help": "h"}]}}
+    ms = load_metric_set(write(tmp_path, "timers", data))
+    assert ms.format == EBPF_EXPORTER_FORMAT and ms.name == "timers"
+    (spec,) = ms.metrics
+    assert spec.exposed_name == "ebpf_exporter_timer_starts"
+
+
 def test_counter_served_under_its_own_name(tmp_path: Path) -> None:
     data = {"metrics": {"counters": [{"name": "timer_starts", "help": "h"}]}}
     (spec,) = load_metric_set(write(tmp_path, "t", data)).metrics
