@@ -231,6 +231,55 @@ def test_xdp_section_naming_no_interface_is_one_line() -> None:
         attach_xdp(_Prog())  # type: ignore[arg-type]
 
 
+def test_usdt_on_a_script_says_why_it_is_not_attached(tmp_path: Path) -> None:
+    """ebpf_exporter's usdt example names ``python3``, which may be a script (a
+    pyenv shim): libbpf refuses it with EBADF, which alone says nothing; the
+    line carries libbpf's reason."""
+    script = tmp_path / "python3"
+    script.write_text("#!/bin/sh\nexec true\n")
+    script.chmod(0o755)
+    (tmp_path / "usdt-script.yaml").write_text(
+        "metrics:\n  counters:\n    - name: test_usdt_calls_total\n      help: h\n"
+    )
+    (tmp_path / "usdt-script.bpf.c").write_text(
+        textwrap.dedent(f"""
+        #include <vmlinux.h>
+        #include <bpf/bpf_helpers.h>
+        #include <bpf/usdt.bpf.h>
+
+        struct {{
+            __uint(type, BPF_MAP_TYPE_ARRAY);
+            __uint(max_entries, 1);
+            __type(key, u32);
+            __type(value, u64);
+        }} test_usdt_calls_total SEC(".maps");
+
+        SEC("usdt/{script}:python:import__find__load__start")
+        int BPF_USDT(do_count)
+        {{
+            u32 zero = 0;
+            u64 *value = bpf_map_lookup_elem(&test_usdt_calls_total, &zero);
+
+            if (value)
+                __sync_fetch_and_add(value, 1);
+            return 0;
+        }}
+
+        char LICENSE[] SEC("license") = "GPL";
+        """)
+    )
+    exporter = Exporter(resolve_sets([str(tmp_path / "usdt-script.yaml")]))
+    try:
+        (status,) = exporter.start()
+        assert status.error is None, status.error
+        (prog,) = status.programs
+        assert not prog.attached
+        assert prog.error is not None and "\n" not in prog.error
+        assert prog.error.endswith(f"(usdt: unrecognized ELF kind 0 for '{script}')"), prog.error
+    finally:
+        exporter.close()
+
+
 def test_program_info_matches_bpftool(write_sizes: Exporter) -> None:
     bpftool = shutil.which("bpftool") or shutil.which("bpftool", path="/usr/sbin:/sbin")
     assert bpftool
