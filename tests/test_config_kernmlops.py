@@ -4,6 +4,8 @@ nearest valid one, mixing refused, and `kernmlops collect` finding ./overrides.y
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -273,6 +275,28 @@ def test_collect_runs_a_kernmlops_file_from_overrides_yaml(tmp_path: Path) -> No
     # output_graphs: the graphs `kernmlops graph` draws, beside the collection
     drawn = sorted(p.name for p in (found[0] / "graphs").glob("*.png"))
     assert drawn and f"{len(drawn)} graphs in" in proc.stderr
+
+
+def _make_collect(cwd: Path, **env: str) -> str:
+    """The command `make collect-data` would run in ``cwd`` (the Makefile's COLLECT)."""
+    makefile = Path(__file__).resolve().parents[1] / "Makefile"
+    proc = subprocess.run(
+        ["make", "-s", "-f", str(makefile), "--eval", "kmo-print: ; @echo $(COLLECT)", "kmo-print"],
+        cwd=cwd, capture_output=True, text=True, check=True,
+        env={"PATH": os.environ["PATH"], **env},
+    )  # fmt: skip
+    return proc.stdout.strip()
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+def test_make_collect_data_takes_defaults_yaml_without_overrides_yaml(tmp_path: Path) -> None:
+    """KernMLOps' Makefile runs with overrides.yaml where there is one, else
+    defaults.yaml; ours named overrides.yaml always, which then did not exist."""
+    assert _make_collect(tmp_path).endswith("kernmlops collect -c defaults.yaml")
+    (tmp_path / "overrides.yaml").write_text("benchmark_config: {}\n")
+    assert _make_collect(tmp_path).endswith("kernmlops collect -c overrides.yaml")
+    mine = _make_collect(tmp_path, KERNMLOPS_CONFIG_FILE="mine.yaml")
+    assert mine.endswith("kernmlops collect -c mine.yaml")
 
 
 def test_benchmark_names_with_underscores_on_the_command_line(tmp_path: Path) -> None:
