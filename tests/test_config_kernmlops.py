@@ -206,6 +206,9 @@ def test_flags_beat_a_kernmlops_file(tmp_path: Path) -> None:
          "benchmark_config.gap.gap_benchmark: Input should be 'pr'"),
         ("benchmark_config: {memcached: {read_proportion: 0.5}}",
          "read_proportion + update_proportion must be 1"),
+        ("collector_config: {generic: {hooks: [memory_usage, cbmm]}}",
+         "collector_config.generic.hooks: KernMLOps' cbmm hook is not in kernmlops (it traces "
+         "the CBMM kernel patches' own functions"),
         ("collector_config: {generic: {hooks: [quanta_runtim]}}",
          "collector_config.generic.hooks: unknown hook 'quanta_runtim'; did you mean "
          "'quanta_runtime'?"),

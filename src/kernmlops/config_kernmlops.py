@@ -32,6 +32,11 @@ MISSING_BENCHMARKS = {
     "mongodb": "mongodb is not in Debian",
     "linnos": "LinnOS needs its own kernel patches and NVMe traces",
 }
+#: KernMLOps hooks that kernmlops does not have, and why
+MISSING_HOOKS = {
+    "cbmm": "it traces the CBMM kernel patches' own functions (mm_decide, "
+    "mm_estimate_changes) with kprobes",
+}
 #: their sections' keys in KernMLOps: its defaults.yaml (which `make collect-data`
 #: reads when there is no overrides.yaml) fills them in, so a file naming another
 #: benchmark carries them; they are checked for typos and otherwise not used
@@ -188,7 +193,14 @@ def _generic_collector(gen: dict[str, Any], t: _Translation) -> None:
     if "output_graphs" in gen:
         t.put("collector.output_graphs", gen["output_graphs"], f"{path}.output_graphs")
     if "hooks" in gen:
-        t.put("collector.hooks", gen["hooks"], f"{path}.hooks")
+        hooks = gen["hooks"]
+        for name in hooks if isinstance(hooks, list) else ():
+            if isinstance(name, str) and name in MISSING_HOOKS:
+                raise t.fail(
+                    f"{path}.hooks: KernMLOps' {name} hook is not in kernmlops "
+                    f"({MISSING_HOOKS[name]})"
+                )
+        t.put("collector.hooks", hooks, f"{path}.hooks")
 
 
 def translate(
