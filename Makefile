@@ -11,8 +11,9 @@ BPF_INPUTS := $(wildcard src/kernmlops/bpf/*.c src/kernmlops/bpf/*.h src/kernmlo
 ARGS ?=
 PYTEST_ARGS ?=
 # The settings `make collect` and the benchmark-* targets run with (kernmlops' form or
-# KernMLOps'): make collect KERNMLOPS_CONFIG_FILE=my.yaml
-KERNMLOPS_CONFIG_FILE ?= overrides.yaml
+# KernMLOps'): make collect KERNMLOPS_CONFIG_FILE=my.yaml. As in KernMLOps,
+# overrides.yaml where there is one, else defaults.yaml.
+KERNMLOPS_CONFIG_FILE ?= $(if $(wildcard overrides.yaml),overrides.yaml,defaults.yaml)
 COLLECT := $(BIN)/kernmlops collect -c $(KERNMLOPS_CONFIG_FILE)
 # What the memcached and linux-build benchmarks run (`make test` installs them too)
 BENCHMARK_PACKAGES := memcached libmemcached-tools linux-source-6.1 make gcc flex bison bc libelf-dev libssl-dev

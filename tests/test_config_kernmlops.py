@@ -4,6 +4,8 @@ nearest valid one, mixing refused, and `kernmlops collect` finding ./overrides.y
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -81,6 +83,79 @@ def test_a_kernmlops_file_maps_onto_ours(tmp_path: Path) -> None:
                        "mm_rss_stat", "process_trace"]  # fmt: skip
 
 
+#: KernMLOps' own defaults.yaml as its newer versions write it: `make collect-data`
+#: reads it when there is no overrides.yaml, so it is a config as users run it. It
+#: fills in sections of benchmarks kernmlops lacks (mongodb, linnos) and has
+#: stress_ng run `stress-ng <args>`.
+KERNMLOPS_DEFAULTS = """\
+---
+benchmark_config:
+  generic:
+    benchmark: faux
+    benchmark_dir: ''
+    cpus: 0
+    skip_clear_page_cache: false
+    transparent_hugepages: always
+  faux: {}
+  linux_build: {}
+  gap:
+    gap_benchmark: pr
+    gap_benchmark_size: 25
+    trials: 2
+  mongodb:
+    operation_count: 1000000
+    read_proportion: 0.25
+    update_proportion: 0.75
+  linnos:
+    use_root: false
+    shuffle_traces: false
+    type: baseline
+    devices:
+      - /dev/nvme0n1
+      - /dev/nvme1n1
+  memcached:
+    operation_count: 1000000
+    read_proportion: 0.99
+    update_proportion: 0.01
+  stress_ng:
+    stress_ng_benchmark: stress-ng
+    args:
+      - --vm
+      - "1"
+      - --vm-ops
+      - "1000000"
+      - --timeout
+      - 10s
+collector_config:
+  generic:
+    poll_rate: 0.5
+    output_dir: data
+    output_graphs: false
+    hooks:
+      - memory_usage
+      - process_trace
+"""
+
+
+def test_kernmlops_defaults_yaml_loads_as_it_is(tmp_path: Path) -> None:
+    """Its mongodb and linnos sections were refused, so `kernmlops collect -c
+    defaults.yaml` with KernMLOps' own file failed before collecting."""
+    cfg = load_config(_file(tmp_path, KERNMLOPS_DEFAULTS))
+    b = cfg.benchmark
+    assert b.name == "faux"
+    assert (b.gap.kernel, b.gap.scale, b.gap.trials) == ("pr", 25, 2)
+    assert (b.memcached.operation_count, b.memcached.update_proportion) == (1_000_000, 0.01)
+    # stress-ng runs with KernMLOps' arguments, last, so its --timeout 10s wins
+    assert b.stress_ng.scenario == "custom"
+    assert b.stress_ng.extra_args == ["--vm", "1", "--vm-ops", "1000000", "--timeout", "10s"]
+    from kernmlops.benchmarks.stress_ng import StressNgBenchmark
+
+    argv = StressNgBenchmark(b.stress_ng).describe().split()
+    assert argv[0].endswith("stress-ng")
+    assert argv[-6:] == ["--vm", "1", "--vm-ops", "1000000", "--timeout", "10s"]
+    assert "--cpu" not in argv and "--vm-bytes" not in argv  # no stressor of ours
+
+
 def test_keys_left_out_keep_our_defaults(tmp_path: Path) -> None:
     cfg = load_config(_file(tmp_path, "collector_config:\n  generic:\n    poll_rate: 0.02\n"))
     assert cfg.collector.poll_interval_ms == 20
@@ -117,8 +192,13 @@ def test_flags_beat_a_kernmlops_file(tmp_path: Path) -> None:
          "benchmark_config.generic.benchmark: unknown benchmark 'redsi'; did you mean 'redis'?"),
         ("benchmark_config: {generic: {benchmark: mongodb}}",
          "KernMLOps' mongodb benchmark is not in kernmlops (mongodb is not in Debian)"),
-        ("benchmark_config: {mongodb: {operation_count: 5}}",
-         "benchmark_config.mongodb: KernMLOps' mongodb benchmark is not in kernmlops"),
+        ("benchmark_config: {mongodb: {operation_cont: 5}}",
+         "benchmark_config.mongodb.operation_cont: unknown key; did you mean "
+         "'benchmark_config.mongodb.operation_count'?"),
+        ("benchmark_config: {stress_ng: {stress_ng_benchmark: stress}}",
+         "benchmark_config.stress_ng.stress_ng_benchmark: expected 'stress-ng'"),
+        ("benchmark_config: {stress_ng: {args: --cpu 1}}",
+         "benchmark_config.stress_ng.args: expected a list of arguments"),
         ("benchmark_config: {generic: {transparent_hugepages: sometimes}}",
          "benchmark_config.generic.transparent_hugepages: Input should be 'always', "
          "'madvise' or 'never'"),
@@ -126,6 +206,9 @@ def test_flags_beat_a_kernmlops_file(tmp_path: Path) -> None:
          "benchmark_config.gap.gap_benchmark: Input should be 'pr'"),
         ("benchmark_config: {memcached: {read_proportion: 0.5}}",
          "read_proportion + update_proportion must be 1"),
+        ("collector_config: {generic: {hooks: [memory_usage, cbmm]}}",
+         "collector_config.generic.hooks: KernMLOps' cbmm hook is not in kernmlops (it traces "
+         "the CBMM kernel patches' own functions"),
         ("collector_config: {generic: {hooks: [quanta_runtim]}}",
          "collector_config.generic.hooks: unknown hook 'quanta_runtim'; did you mean "
          "'quanta_runtime'?"),
@@ -195,6 +278,28 @@ def test_collect_runs_a_kernmlops_file_from_overrides_yaml(tmp_path: Path) -> No
     # output_graphs: the graphs `kernmlops graph` draws, beside the collection
     drawn = sorted(p.name for p in (found[0] / "graphs").glob("*.png"))
     assert drawn and f"{len(drawn)} graphs in" in proc.stderr
+
+
+def _make_collect(cwd: Path, **env: str) -> str:
+    """The command `make collect-data` would run in ``cwd`` (the Makefile's COLLECT)."""
+    makefile = Path(__file__).resolve().parents[1] / "Makefile"
+    proc = subprocess.run(
+        ["make", "-s", "-f", str(makefile), "--eval", "kmo-print: ; @echo $(COLLECT)", "kmo-print"],
+        cwd=cwd, capture_output=True, text=True, check=True,
+        env={"PATH": os.environ["PATH"], **env},
+    )  # fmt: skip
+    return proc.stdout.strip()
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+def test_make_collect_data_takes_defaults_yaml_without_overrides_yaml(tmp_path: Path) -> None:
+    """KernMLOps' Makefile runs with overrides.yaml where there is one, else
+    defaults.yaml; ours named overrides.yaml always, which then did not exist."""
+    assert _make_collect(tmp_path).endswith("kernmlops collect -c defaults.yaml")
+    (tmp_path / "overrides.yaml").write_text("benchmark_config: {}\n")
+    assert _make_collect(tmp_path).endswith("kernmlops collect -c overrides.yaml")
+    mine = _make_collect(tmp_path, KERNMLOPS_CONFIG_FILE="mine.yaml")
+    assert mine.endswith("kernmlops collect -c mine.yaml")
 
 
 def test_benchmark_names_with_underscores_on_the_command_line(tmp_path: Path) -> None:

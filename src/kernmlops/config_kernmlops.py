@@ -32,6 +32,18 @@ MISSING_BENCHMARKS = {
     "mongodb": "mongodb is not in Debian",
     "linnos": "LinnOS needs its own kernel patches and NVMe traces",
 }
+#: KernMLOps hooks that kernmlops does not have, and why
+MISSING_HOOKS = {
+    "cbmm": "it traces the CBMM kernel patches' own functions (mm_decide, "
+    "mm_estimate_changes) with kprobes",
+}
+#: their sections' keys in KernMLOps: its defaults.yaml (which `make collect-data`
+#: reads when there is no overrides.yaml) fills them in, so a file naming another
+#: benchmark carries them; they are checked for typos and otherwise not used
+_MISSING_BENCHMARK_KEYS = {
+    "mongodb": ["operation_count", "read_proportion", "update_proportion"],
+    "linnos": ["use_root", "shuffle_traces", "type", "devices"],
+}
 
 
 def is_kernmlops(data: dict[str, Any], source: str | None = None) -> bool:
@@ -124,6 +136,23 @@ _BENCHMARK_KEYS: dict[str, dict[str, tuple[str, Callable[[Any], Any]]]] = {
 }
 
 
+def _stress_ng(section: dict[str, Any], path: str, t: _Translation) -> dict[str, Any]:
+    """KernMLOps runs ``stress-ng <args>``, ``args`` being the whole command line
+    (its stressors and usually ``--timeout``): our ``custom`` scenario with those
+    as ``extra_args``, which come last, so a ``--timeout`` among them wins."""
+    section = dict(section)
+    binary = section.pop("stress_ng_benchmark", "stress-ng")
+    if binary != "stress-ng":
+        raise t.fail(f"{path}.stress_ng_benchmark: expected 'stress-ng' (got {binary!r:.60})")
+    if "args" in section:
+        args = section.pop("args")
+        if not isinstance(args, list):
+            raise t.fail(f"{path}.args: expected a list of arguments (got {args!r:.60})")
+        t.put("benchmark.stress_ng.scenario", "custom", f"{path}.args")
+        t.put("benchmark.stress_ng.extra_args", [str(a) for a in args], f"{path}.args")
+    return section
+
+
 def _generic_benchmark(gen: dict[str, Any], t: _Translation) -> None:
     path = "benchmark_config.generic"
     t.keys(
@@ -164,7 +193,14 @@ def _generic_collector(gen: dict[str, Any], t: _Translation) -> None:
     if "output_graphs" in gen:
         t.put("collector.output_graphs", gen["output_graphs"], f"{path}.output_graphs")
     if "hooks" in gen:
-        t.put("collector.hooks", gen["hooks"], f"{path}.hooks")
+        hooks = gen["hooks"]
+        for name in hooks if isinstance(hooks, list) else ():
+            if isinstance(name, str) and name in MISSING_HOOKS:
+                raise t.fail(
+                    f"{path}.hooks: KernMLOps' {name} hook is not in kernmlops "
+                    f"({MISSING_HOOKS[name]})"
+                )
+        t.put("collector.hooks", hooks, f"{path}.hooks")
 
 
 def translate(
@@ -188,10 +224,12 @@ def translate(
             continue
         path = f"benchmark_config.{key}"
         if key in MISSING_BENCHMARKS:
-            if section:  # an empty section, as KernMLOps' defaults.yaml has, is harmless
-                _benchmark_name(key, path, t)
+            # settings of a benchmark this run does not use (choosing it fails above)
+            t.keys(t.mapping(section, path), path, _MISSING_BENCHMARK_KEYS[key])
             continue
         section = t.mapping(section, path)
+        if key == "stress_ng":
+            section = _stress_ng(section, path, t)
         renamed = _BENCHMARK_KEYS.get(key, {})
         for name, value in section.items():
             ours, convert = renamed.get(name, (name, lambda v: v))

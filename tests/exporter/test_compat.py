@@ -32,11 +32,13 @@ from kernmlops.exporter.config import (
 )
 from kernmlops.exporter.decoders import (
     DecoderContext,
+    DropLabelSet,
     Kallsyms,
     PciIds,
     build_decoder,
     dname,
     inet_ip,
+    label_decoders,
 )
 
 CONFIGS = Path(__file__).parent / "ebpf_exporter"
@@ -240,6 +242,53 @@ def test_static_map_allow_unknown_and_regexp_group() -> None:
     assert ee("kswapd0") == "kswapd"  # ebpf_exporter: the group is the label
     assert ee("bash") == "bash"
     assert build_decoder(spec, DecoderContext())("kswapd0") == "kswapd0"  # ours: the text
+
+
+def test_dname_as_ebpf_exporter_decodes_it() -> None:
+    """Its dname makes every length byte a dot (a zero one too) and gives a name
+    whose label runs past the end as it is; ours raised (the series was dropped
+    as a decoder error) and stopped at the root."""
+    spec = DecoderSpec(name="dname")
+    ee = build_decoder(spec, DecoderContext(), flavor=EBPF_EXPORTER_FORMAT)
+    assert ee(b"") == "."
+    assert ee(b"\x07example\x03com") == "example.com"
+    assert ee(b"\x05com") == "\x05com"
+    assert ee(b"\x03www\x07example\x03com\x00") == "www.example.com."
+    string_first = LabelSpec(
+        name="q", size=12, decoders=[DecoderSpec(name="string"), DecoderSpec(name="dname")]
+    )
+    (label,) = label_decoders([string_first], DecoderContext(), flavor=EBPF_EXPORTER_FORMAT)
+    assert label(b"\x03www\x03com\x00\x00\x00\x00") == "www.com"
+
+
+def test_regexp_label_is_what_matched_as_ebpf_exporter_gives_it() -> None:
+    """ebpf_exporter's label is the match (its group, else the matched part),
+    not the whole text; a pattern with two groups matches nothing there. The
+    text was served whole, so ^systemd under it split per unit name."""
+    spec = DecoderSpec(
+        name="regexp", regexps=["^systemd", "^(a)(b)", "^x(y)?z", "^(kworker)/", "[0-9]+$"]
+    )
+    ee = build_decoder(spec, DecoderContext(), flavor=EBPF_EXPORTER_FORMAT)
+    assert ee("systemd-journal") == "systemd"
+    assert ee("ab1") == "1"  # ^(a)(b) has two groups: passed over for the next
+    assert ee("xz") == ""  # its group took no part: Go gives an empty slice
+    assert ee("python3") == "3"
+    assert ee("kworker/0:1") == "kworker"
+    for text in ("bash", "ab-job"):
+        with pytest.raises(DropLabelSet):
+            ee(text)
+    ours = build_decoder(spec, DecoderContext())
+    assert ours("systemd-journal") == "systemd-journal"  # ours keeps the text
+
+
+def test_a_name_key_is_taken_and_the_file_names_the_set(tmp_path: Path) -> None:
+    """ebpf_exporter's schema has a top-level ``name`` (the file's name replaces
+    it): a config with one was read as our format and refused (``map`` missing)."""
+    data = {"name": "other", "metrics": {"counters": [{"name": "timer_starts", "help": "h"}]}}
+    ms = load_metric_set(write(tmp_path, "timers", data))
+    assert ms.format == EBPF_EXPORTER_FORMAT and ms.name == "timers"
+    (spec,) = ms.metrics
+    assert spec.exposed_name == "ebpf_exporter_timer_starts"
 
 
 def test_counter_served_under_its_own_name(tmp_path: Path) -> None:

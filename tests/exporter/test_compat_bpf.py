@@ -6,10 +6,12 @@ workload did (its own counts) and against bpftool and /proc."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import textwrap
@@ -21,6 +23,7 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
+from kernmlops.ebpf.libbpf import LibbpfError
 from kernmlops.ebpf.perf_open import supported
 from kernmlops.exporter.cli import export_command
 from kernmlops.exporter.config import resolve_sets
@@ -155,6 +158,124 @@ def test_a_program_that_includes_only_bpf_core_read_h_builds() -> None:
             (("comm", comm), ("syscall", "getppid")),
         )
         assert got[key] == GETPPIDS
+    finally:
+        exporter.close()
+
+
+def test_a_program_that_includes_linux_errno_h_builds() -> None:
+    """ebpf_exporter's cgroup-rstat-flushing and usdt examples include
+    <linux/errno.h>, whose <asm/errno.h> is in Debian's architecture folder,
+    which ebpf_exporter's Makefile adds for -target bpf; without it they did not
+    build ('asm/errno.h' file not found). The errno is taken from that header and
+    compared with Python's."""
+    exporter = Exporter(resolve_sets([str(CONFIGS / "errno-include.yaml")]))
+    try:
+        (status,) = exporter.start()
+        assert status.error is None, status.error
+        assert status.attached == 1, [(p.name, p.error) for p in status.programs]
+        comm = f"kmo-en-{os.getpid() % 10000}"
+        sizes = [1, 2, 3, 4, 5]
+        _job(comm, sizes, 0)  # each write(2) on fd 999 fails with EBADF
+        got = _samples(exporter.render().decode())
+        key = (
+            "ebpf_exporter_test_errno_include_bad_fd_total",
+            (("comm", comm), ("errno", str(errno.EBADF))),
+        )
+        assert got[key] == len(sizes)
+    finally:
+        exporter.close()
+
+
+def test_xdp_program_on_the_interface_its_section_names() -> None:
+    """ebpf_exporter attaches SEC("xdp/<interface>") (its xdp example: lo) to
+    that interface; libbpf alone does not know the section, and the set did not
+    load. The UDP datagrams this test sends to lo are counted by port."""
+    exporter = Exporter(resolve_sets([str(CONFIGS / "xdp-udp.yaml")]))
+    try:
+        (status,) = exporter.start()
+        assert status.error is None, status.error
+        assert status.attached == 1, [(p.name, p.error) for p in status.programs]
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as rx:
+            rx.bind(("127.0.0.1", 0))
+            port = rx.getsockname()[1]
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as tx:
+                for _ in range(11):
+                    tx.sendto(b"kmo", ("127.0.0.1", port))
+            rx.settimeout(10)
+            got_back = [rx.recv(16) for _ in range(11)]  # XDP_PASS: each arrives
+        assert got_back == [b"kmo"] * 11
+        got = _samples(exporter.render().decode())
+        assert got[("ebpf_exporter_test_xdp_udp_packets_total", (("dst_port", str(port)),))] == 11
+        # lo runs one XDP program: a second exporter's is not attached, and says why
+        second = Exporter(resolve_sets([str(CONFIGS / "xdp-udp.yaml")]))
+        try:
+            (other,) = second.start()
+            assert other.attached == 0
+            assert "lo already runs an XDP program" in (other.programs[0].error or "")
+        finally:
+            second.close()
+    finally:
+        exporter.close()
+
+
+def test_xdp_section_naming_no_interface_is_one_line() -> None:
+    """An interface that is not there leaves the program unattached with one
+    line naming it, as a kprobe on a missing function is."""
+    from kernmlops.exporter.xdp import attach_xdp
+
+    class _Prog:
+        name = "count_udp_on_lo"
+        section = "xdp/kmo-no-such0"
+
+    with pytest.raises(LibbpfError, match="no network interface 'kmo-no-such0'"):
+        attach_xdp(_Prog())  # type: ignore[arg-type]
+
+
+def test_usdt_on_a_script_says_why_it_is_not_attached(tmp_path: Path) -> None:
+    """ebpf_exporter's usdt example names ``python3``, which may be a script (a
+    pyenv shim): libbpf refuses it with EBADF, which alone says nothing; the
+    line carries libbpf's reason."""
+    script = tmp_path / "python3"
+    script.write_text("#!/bin/sh\nexec true\n")
+    script.chmod(0o755)
+    (tmp_path / "usdt-script.yaml").write_text(
+        "metrics:\n  counters:\n    - name: test_usdt_calls_total\n      help: h\n"
+    )
+    (tmp_path / "usdt-script.bpf.c").write_text(
+        textwrap.dedent(f"""
+        #include <vmlinux.h>
+        #include <bpf/bpf_helpers.h>
+        #include <bpf/usdt.bpf.h>
+
+        struct {{
+            __uint(type, BPF_MAP_TYPE_ARRAY);
+            __uint(max_entries, 1);
+            __type(key, u32);
+            __type(value, u64);
+        }} test_usdt_calls_total SEC(".maps");
+
+        SEC("usdt/{script}:python:import__find__load__start")
+        int BPF_USDT(do_count)
+        {{
+            u32 zero = 0;
+            u64 *value = bpf_map_lookup_elem(&test_usdt_calls_total, &zero);
+
+            if (value)
+                __sync_fetch_and_add(value, 1);
+            return 0;
+        }}
+
+        char LICENSE[] SEC("license") = "GPL";
+        """)
+    )
+    exporter = Exporter(resolve_sets([str(tmp_path / "usdt-script.yaml")]))
+    try:
+        (status,) = exporter.start()
+        assert status.error is None, status.error
+        (prog,) = status.programs
+        assert not prog.attached
+        assert prog.error is not None and "\n" not in prog.error
+        assert prog.error.endswith(f"(usdt: unrecognized ELF kind 0 for '{script}')"), prog.error
     finally:
         exporter.close()
 

@@ -13,7 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from kernmlops.hooks.base import HookOptions
-from kernmlops.hooks.memory_usage import MemoryUsageHook
+from kernmlops.hooks.memory_usage import MemoryUsageHook, meminfo_row
 from kernmlops.host.meminfo import meminfo_column, parse_meminfo
 from kernmlops.tables import UPTIME_TIMESTAMP
 from tests.conftest import skip_here
@@ -65,6 +65,35 @@ def test_parse_meminfo_sample_exact() -> None:
         "direct_map_2m_bytes": 2070528 * 1024,
         "direct_map_1g_bytes": 25165824 * 1024,
     }
+
+
+#: KernMLOps' memory_usage schema (its data_schema), in its order
+KERNMLOPS_MEMORY_USAGE = [
+    "ts_uptime_us", "mem_total_bytes", "mem_free_bytes", "mem_available_bytes",
+    "buffers_bytes", "cached_bytes", "swap_total_bytes", "swap_free_bytes", "dirty_bytes",
+    "writeback_bytes", "anon_pages_total_bytes", "anon_hugepages_total_bytes",
+    "mapped_total_bytes", "shmem_total_bytes", "hugepages_total", "hugepages_free",
+    "hugepages_reserved", "hugepage_size_bytes", "hardware_corrupted_bytes",
+]  # fmt: skip
+
+
+def test_kernmlops_column_names_beside_ours() -> None:
+    """KernMLOps names five meminfo fields otherwise (anon_pages_total_bytes, ...);
+    its code read our table and found none of them. A field this kernel lacks
+    (HardwareCorrupted without CONFIG_MEMORY_FAILURE) is null, not 0."""
+    text = (
+        "MemTotal:        2000000 kB\nAnonPages:         51200 kB\nMapped:            20480 kB\n"
+        "Shmem:              4096 kB\nAnonHugePages:      6144 kB\nHugePages_Total:       8\n"
+        "HugePages_Rsvd:        2\nHardwareCorrupted:     12 kB\n"
+    )
+    row = meminfo_row(text)
+    assert row["anon_pages_total_bytes"] == row["anon_pages_bytes"] == 51200 * 1024
+    assert row["mapped_total_bytes"] == 20480 * 1024
+    assert row["shmem_total_bytes"] == 4096 * 1024
+    assert row["anon_hugepages_total_bytes"] == 6144 * 1024
+    assert row["hugepages_reserved"] == 2  # a count, as hugepages_total is
+    assert row["hardware_corrupted_bytes"] == 12 * 1024
+    assert meminfo_row("MemTotal: 2000000 kB\n")["hardware_corrupted_bytes"] is None
 
 
 @pytest.mark.parametrize(
@@ -145,6 +174,10 @@ def test_sample_rate_and_rows() -> None:
     assert 40_000 <= mean_gap_us <= 60_000
     assert rows.columns[0] == UPTIME_TIMESTAMP
     assert {"mem_total_bytes", "mem_free_bytes", "hugepages_total"} <= set(rows.columns)
+    # KernMLOps' users read it by its schema's names
+    assert set(KERNMLOPS_MEMORY_USAGE) <= set(rows.columns), set(KERNMLOPS_MEMORY_USAGE) - set(
+        rows.columns
+    )
     assert all(dtype == pl.Int64 for dtype in rows.schema.values())
     assert hook.status.attached and hook.status.events == rows.height
 

@@ -20,6 +20,7 @@ match (else it is compiled, as before).
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -306,6 +307,29 @@ def build_native(build_dir: Path, *, force: bool = False, verbose: bool = False)
     return out
 
 
+@functools.cache
+def clang_system_includes(clang: str) -> tuple[str, ...]:
+    """The folders ``clang`` searches for ``<...>`` when compiling for the host,
+    as ``-idirafter`` flags: ``-target bpf`` leaves out the architecture's own
+    (Debian's /usr/include/x86_64-linux-gnu, where ``<asm/errno.h>`` is), so a
+    program including ``<linux/errno.h>`` would not build. ebpf_exporter's and
+    libbpf-bootstrap's Makefiles add them the same way; searched last, they
+    change nothing that built without them."""
+    proc = subprocess.run([clang, "-v", "-E", "-"], input="", capture_output=True, text=True)
+    lines = proc.stderr.splitlines()
+    try:
+        start = lines.index("#include <...> search starts here:") + 1
+        end = lines.index("End of search list.", start)
+    except ValueError:
+        return ()
+    flags: list[str] = []
+    for line in lines[start:end]:
+        folder = line.strip().split(" (")[0]  # macOS adds "(framework directory)"
+        if folder:
+            flags += ["-idirafter", folder]
+    return tuple(flags)
+
+
 def compile_object(
     src: Path,
     obj: Path,
@@ -328,7 +352,7 @@ def compile_object(
     cmd = [
         clang, "-target", "bpf", "-g", "-O2", "-Wall", "-Wno-unused-function",
         f"-D__TARGET_ARCH_{arch}", *cflags, "-I", str(vmlinux.parent), "-I", str(SOURCE_DIR),
-        "-c", str(src), "-o", str(obj.with_suffix(".tmp")),
+        *clang_system_includes(clang), "-c", str(src), "-o", str(obj.with_suffix(".tmp")),
     ]  # fmt: skip
     if verbose:
         print(" ".join(cmd), file=sys.stderr)

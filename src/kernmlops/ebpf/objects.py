@@ -125,6 +125,9 @@ class Program:
         """The link takes ownership of ``perf_fd`` and closes it when destroyed."""
         return self._link(lib.bpf_program__attach_perf_event(self._ptr, perf_fd), "perf event")
 
+    def attach_xdp(self, ifindex: int) -> Link:
+        return self._link(lib.bpf_program__attach_xdp(self._ptr, ifindex), self.section)
+
     def attach_iter(self) -> Link:
         return self._link(lib.bpf_program__attach_iter(self._ptr, None), self.section)
 

@@ -11,7 +11,7 @@ this module maps each onto the exporter's machinery:
   bucket ``bucket_max + 1`` (``fixed``: the last bucket key + 1) holds the sum.
   Buckets outside that range are not shown, as ebpf_exporter does not show them.
 - **Decoders return a label where ours raise**: an address without a symbol is
-  ``unknown_addr:0x...``, a regexp's single group is the label, device numbers
+  ``unknown_addr:0x...``, a regexp's label is what matched, device numbers
   are glibc's encoding (see ``decoders.build_decoder(flavor=...)``).
 
 The ``.bpf.c`` is compiled as ebpf_exporter builds its examples (``-target
@@ -63,7 +63,8 @@ NAMESPACE = "ebpf_exporter"
 INCLUDE_DIR = BUILTIN_DIR / "ebpf_exporter"
 #: as ebpf_exporter's examples are compiled (its examples/Makefile)
 CFLAGS = ("-mcpu=v3", "-I", str(INCLUDE_DIR))
-_TOP_KEYS = frozenset({"metrics", "kaddrs", "tracing", "cgroup_id_map"})
+#: "name" is in its schema too, though the file's name overrides it
+_TOP_KEYS = frozenset({"name", "metrics", "kaddrs", "tracing", "cgroup_id_map"})
 _CPU_LABEL = "cpu"
 
 
@@ -100,6 +101,7 @@ class _EeMetrics(_Strict):
 
 
 class _EeConfig(_Strict):
+    name: Any = None  # ebpf_exporter names a config after its file, whatever this says
     metrics: _EeMetrics | None = None
     kaddrs: list[str] = Field(default_factory=list)
     tracing: dict[str, Any] | None = None

@@ -51,6 +51,8 @@ from kernmlops.exporter.spec import (
     HistogramSpec,
     MetricSet,
 )
+from kernmlops.exporter.xdp import attach_xdp, is_xdp_interface
+from kernmlops.exporter.xdp import register_section_handler as register_xdp_handler
 
 SELF = "kernmlops_exporter"
 #: label sets a metric remembers before those gone from its map are forgotten
@@ -520,6 +522,16 @@ def check_fit(metric_set: MetricSet, spec: CounterSpec | HistogramSpec, obj: Bpf
 _LOAD_TIME_TYPES = {"fentry": ("fentry/", "fexit/", "fmod_ret/", "fentry.s/", "fexit.s/")}
 
 
+def _attach_error(section: str, err: LibbpfError) -> str:
+    """One line. A uprobe or USDT fails for a reason only libbpf's log gives (the
+    binary is a script, it has no such probe) and an errno that does not say it
+    (EBADF): its last line is added."""
+    first, *rest = str(err).splitlines()
+    if rest and section.startswith(("usdt", "uprobe", "uretprobe")):
+        return f"{first} ({rest[-1].strip().removeprefix('libbpf: ')})"
+    return first
+
+
 def _missing_program_type(path: Path, bpf_dir: Path | None) -> str | None:
     """Why an object that did not load cannot load here, when it has programs of a
     type this kernel refuses (what ``kernmlops doctor`` probes); None otherwise."""
@@ -673,6 +685,7 @@ class Exporter:
             values.update(runtime.load_globals(ms))
         reuse = {"kmo_tracked": self.process_filter_fd} if self.process_filter_fd else {}
         register_section_handler()
+        register_xdp_handler()
         try:
             obj = loaded.obj = open_and_load(path, globals_=values, reuse_maps=reuse)
         except LibbpfError as err:
@@ -692,11 +705,13 @@ class Exporter:
             try:
                 if is_perf_event(prog.section):
                     attach_perf_event(prog)
+                elif is_xdp_interface(prog.section):
+                    attach_xdp(prog)
                 else:
                     prog.attach()
                 st.attached = True
             except LibbpfError as err:
-                st.error = str(err).splitlines()[0]
+                st.error = _attach_error(prog.section, err)
             loaded.status.programs.append(st)
         for spec in ms.metrics:
             default = self.max_label_sets or DEFAULT_MAX_LABEL_SETS

@@ -379,6 +379,25 @@ def dname(raw: bytes) -> str:
     return ".".join(labels) or "."
 
 
+def dname_ee(raw: bytes) -> str:
+    """:func:`dname` as ebpf_exporter decodes it: each length byte becomes a dot,
+    a zero one too (``\\x03com\\x00`` is ``com.``: give it ``string`` first to
+    end at the root), and a name whose label runs past the end is its bytes as
+    they are, not an error."""
+    if not raw:
+        return "."
+    out, off = bytearray(len(raw)), 0
+    while off < len(raw):
+        n = raw[off]
+        out[off] = ord(".")
+        off += 1
+        if off + n > len(raw):
+            return raw.decode("utf-8", errors="replace")
+        out[off : off + n] = raw[off : off + n]
+        off += n
+    return bytes(out[1:]).decode("utf-8", errors="replace")
+
+
 def kstack(raw: bytes, kallsyms: Kallsyms, unknown: str = "??") -> str:
     """An array of kernel addresses (u64, ended by 0) as symbols, one per line."""
     if len(raw) % 8:
@@ -395,7 +414,7 @@ def build_decoder(spec: DecoderSpec, ctx: DecoderContext, *, flavor: str = "kern
     """The function of one step of a chain. ``flavor="ebpf_exporter"`` gives
     what ebpf_exporter gives where the two differ: a value it cannot resolve is
     a label (``unknown_addr:0x...``, ``unknown_syscall:N``, ...) rather than a
-    decoder error, a regexp's first group is the label, device numbers are
+    decoder error, a regexp's label is what matched (its group), device numbers are
     glibc's encoding."""
     name = spec.name
     ee = flavor == "ebpf_exporter"
@@ -469,14 +488,27 @@ def build_decoder(spec: DecoderSpec, ctx: DecoderContext, *, flavor: str = "kern
             for p in patterns:
                 m = p.search(text)
                 if m:
-                    # ebpf_exporter: a pattern with one group gives the group
-                    return m.group(1) if ee and p.groups == 1 and m.group(1) is not None else text
+                    return text
             raise DropLabelSet
 
-        return regexp
+        def regexp_ee(v: Value) -> str:
+            # ebpf_exporter's label is what matched: the one group (empty if it took
+            # no part), else the whole match, not the text; a pattern with more groups
+            # gives neither, so the next one is tried
+            text = as_text(v)
+            for p in patterns:
+                m = p.search(text)
+                if m is None or p.groups > 1:
+                    continue
+                return (m.group(1) or "") if p.groups == 1 else m.group(0)
+            raise DropLabelSet
+
+        return regexp_ee if ee else regexp
     if name == "inet_ip":
         return lambda v: inet_ip(as_bytes(v))
     if name == "dname":
+        if ee:
+            return lambda v: dname_ee(as_bytes(v))
         return lambda v: dname(as_bytes(v))
     if name == "hex":
         return lambda v: as_bytes(v).hex()

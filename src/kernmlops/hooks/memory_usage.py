@@ -22,6 +22,25 @@ else:
 
 MEMINFO = "/proc/meminfo"
 TABLE = "memory_usage"
+#: KernMLOps' memory_usage columns that ours name otherwise -> ours: the same
+#: meminfo field, also under its name, so its users' code reads our table
+KERNMLOPS_COLUMNS = {
+    "anon_pages_total_bytes": "anon_pages_bytes",
+    "anon_hugepages_total_bytes": "anon_huge_pages_bytes",
+    "mapped_total_bytes": "mapped_bytes",
+    "shmem_total_bytes": "shmem_bytes",
+    "hugepages_reserved": "hugepages_rsvd",
+    # a kernel without CONFIG_MEMORY_FAILURE has no such field: null, not 0
+    "hardware_corrupted_bytes": "hardware_corrupted_bytes",
+}
+
+
+def meminfo_row(text: str) -> dict[str, int | None]:
+    """One sample's columns: every meminfo field, then KernMLOps' names."""
+    row: dict[str, int | None] = dict(parse_meminfo(text))
+    for theirs, ours in KERNMLOPS_COLUMNS.items():
+        row[theirs] = row.get(ours)
+    return row
 
 
 class MemoryUsageOptions(SampledHookOptions):
@@ -75,7 +94,7 @@ class MemoryUsageHook(SampledHook[MemoryUsageOptions]):
     def _frames(self, taken: list[tuple[int, bytes]]) -> Iterator[tuple[str, Rows]]:
         if taken:
             rows = [
-                {UPTIME_TIMESTAMP: now_ns // 1000, **parse_meminfo(text.decode("ascii", "replace"))}
+                {UPTIME_TIMESTAMP: now_ns // 1000, **meminfo_row(text.decode("ascii", "replace"))}
                 for now_ns, text in taken
             ]
             schema = pa.schema([(key, pa.int64()) for key in rows[0]])
