@@ -25,7 +25,14 @@ from kernmlops.graphs.base import (
 )
 from kernmlops.graphs.context import table_view
 from kernmlops.graphs.mm_rss_stat import TOP_PROCESSES, rss_series
-from tests.graphs.conftest import WORKER, _ts, synthetic_tables, write_collection
+from tests.graphs.conftest import (
+    BENCH_PID,
+    BENCH_START,
+    WORKER,
+    _ts,
+    synthetic_tables,
+    write_collection,
+)
 
 CPUS = 4
 
@@ -69,9 +76,10 @@ def data(collection: Collection) -> GraphData:
 
 
 def _bins(data: GraphData, frame: pl.DataFrame, tl: Timeline) -> np.ndarray:
-    """Each row's time bin, in numpy."""
-    seconds = (frame["ts_uptime_us"].cast(pl.Int64).to_numpy() - data.origin_us) / US_PER_S
-    return np.clip(np.floor((seconds - tl.start) / tl.width).astype(np.int64), 0, tl.nbins - 1)
+    """Each row's time bin, in numpy, in whole µs: [edge, next edge)."""
+    since = frame["ts_uptime_us"].cast(pl.Int64).to_numpy() - data.origin_us
+    start, width = round(tl.start * US_PER_S), round(tl.width * US_PER_S)
+    return np.clip((since - start) // width, 0, tl.nbins - 1)
 
 
 def _lines(ax) -> dict[str, np.ndarray]:
@@ -418,3 +426,56 @@ def test_block_io_rate_sums_bytes_past_4_gib(tmp_path: Path) -> None:
     tl = data.timeline()
     moved = _lines(figure(data, "block_io_rate").axes[1])["READ"]
     assert moved.max() == pytest.approx(sum(sizes) / tl.width / (1 << 20))
+
+
+def test_rows_on_bin_edges_fall_in_the_bin_the_edge_opens(tmp_path: Path) -> None:
+    """A row exactly on an edge is the first of the bin after it. The bins were
+    computed in floating-point seconds, where (0.015 + 0.145) / 0.005 is 31.999...:
+    some edge rows were counted in the bin before (two forks there, none in their
+    own), and the RSS line lost the bin's point (a collection of 1.16 s whose first
+    event is 0.143076 s before the benchmark's start, as a real one was)."""
+    origin = BENCH_START
+    lo, hi = origin - 143_076, origin + 1_016_886
+    forks = np.arange(-140_000, 1_010_001, 10_000)  # every 10 ms edge within the span
+    ts = np.concatenate([[lo], origin + forks, [origin, hi]])
+    kinds = ["exit"] + ["fork"] * forks.size + ["exec", "exit"]
+    pids = [WORKER] * (forks.size + 1) + [BENCH_PID, BENCH_PID]
+    trace = pl.DataFrame(
+        {
+            "ts_uptime_us": ts.astype(np.uint64),
+            "pid": np.array(pids, np.uint32),
+            "tgid": np.array(pids, np.uint32),
+            "ppid": np.ones(ts.size, np.uint32),
+            "kind": kinds,
+            "comm": ["worker"] * ts.size,
+        }
+    )
+    changes = np.arange(-140_000, 1_015_001, 5_000)  # every 5 ms edge (RSS: 400 bins)
+    rss = pl.DataFrame(
+        {
+            "ts_uptime_us": (origin + changes).astype(np.uint64),
+            "size_bytes": (np.arange(changes.size) + 1) * 4096,
+            "pid": np.full(changes.size, WORKER, np.uint32),
+            "tgid": np.full(changes.size, WORKER, np.uint32),
+            "mm_tgid": np.full(changes.size, WORKER, np.uint32),
+            "member": ["anon"] * changes.size,
+        }
+    )
+    data = load(write_collection(tmp_path, {"process_trace": trace, "mm_rss_stat": rss}))
+    assert data.origin_us == origin and data.span_us == (lo, hi)
+
+    tl = data.timeline()
+    assert (tl.start, tl.width) == (-0.15, 0.01)
+    lines = _lines(figure(data, "process_events").axes[0])
+    [forks_line] = [v for k, v in lines.items() if k.startswith("fork: ")]
+    # bin 0 is [-150, -140) ms: the first fork opens bin 1, one fork in each bin after
+    expected = np.zeros(tl.nbins)
+    expected[1 : 1 + forks.size] = 1 / tl.width
+    np.testing.assert_allclose(forks_line, expected)
+
+    # one change per 5 ms bin, each on its bin's left edge: every one is its bin's last
+    ax = figure(data, "rss_over_time").axes[0]
+    [line] = [li for li in ax.lines if " · peak " in li.get_label()]
+    np.testing.assert_allclose(line.get_xdata(), changes / US_PER_S)
+    _, div = bytes_unit(float(rss["size_bytes"].max()))
+    np.testing.assert_allclose(line.get_ydata(), rss["size_bytes"].to_numpy() / div)

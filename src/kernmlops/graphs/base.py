@@ -363,6 +363,16 @@ class Timeline:
     nbins: int
 
     @property
+    def start_us(self) -> int:
+        """``start`` in whole µs from the origin (a multiple of :attr:`width_us`)."""
+        return round(self.start * US_PER_S)
+
+    @property
+    def width_us(self) -> int:
+        """``width`` in whole µs (a round width of at least 1 ms: exact)."""
+        return round(self.width * US_PER_S)
+
+    @property
     def edges(self) -> np.ndarray:
         return self.start + self.width * np.arange(self.nbins + 1)
 
@@ -464,16 +474,21 @@ class GraphData:
                 )
             )
             lo, hi = int(bounds["lo"].item()), int(bounds["hi"].item())
+        lo, hi = int(lo), int(hi)
         width = nice_bin_s((hi - lo) / US_PER_S, target)
-        start = math.floor((lo - self.origin_us) / US_PER_S / width) * width
-        end = (hi - self.origin_us) / US_PER_S
-        return Timeline(start, width, max(math.floor((end - start) / width) + 1, 1))
+        width_us = round(width * US_PER_S)
+        # in whole µs, as time_bin bins the rows: the first and the last row fall in
+        # the first and the last bin, whatever edge they are on
+        start_us = (lo - self.origin_us) // width_us * width_us
+        nbins = (hi - self.origin_us - start_us) // width_us + 1
+        return Timeline(start_us / US_PER_S, width, max(nbins, 1))
 
     def time_bin(self, timeline: Timeline) -> pl.Expr:
-        """The timeline bin of each row (column ``bin``), in the arithmetic of
-        :meth:`seconds`, so a row on a bin's edge falls where numpy put it."""
-        seconds = (pl.col(UPTIME_TIMESTAMP).cast(pl.Int64) - self.origin_us) / US_PER_S
-        index = ((seconds - timeline.start) / timeline.width).floor().cast(pl.Int64)
+        """The timeline bin of each row (column ``bin``): [edge, next edge), in whole
+        µs. In seconds (floating point) a row exactly on an edge fell in the bin
+        before it or in its own as the rounding went (0.16 / 0.005 is 31.999...)."""
+        since_start = pl.col(UPTIME_TIMESTAMP).cast(pl.Int64) - (self.origin_us + timeline.start_us)
+        index = since_start // timeline.width_us
         return index.clip(0, timeline.nbins - 1).alias("bin")
 
     def per_bin(

@@ -9,7 +9,6 @@ import numpy as np
 import polars as pl
 
 from kernmlops.graphs.base import (
-    US_PER_S,
     ZERO_X,
     Distribution,
     Graph,
@@ -97,8 +96,9 @@ def busy_fraction(
     one its part in its first bin, its part in its last, and whole bins between
     (each quantum's offsets in its first and last bin are summed to get the parts).
     """
-    width = timeline.width * US_PER_S
-    first_edge = origin_us + timeline.start * US_PER_S
+    # the edges in whole µs, as GraphData.time_bin has them
+    width = float(timeline.width_us)
+    first_edge = float(origin_us + timeline.start_us)
     # what ran before the first edge or after the last is in no bin
     ts = pl.col(UPTIME_TIMESTAMP).cast(pl.Float64)
     end = ts.clip(first_edge, first_edge + timeline.nbins * width)
