@@ -479,3 +479,20 @@ def test_rows_on_bin_edges_fall_in_the_bin_the_edge_opens(tmp_path: Path) -> Non
     np.testing.assert_allclose(line.get_xdata(), changes / US_PER_S)
     _, div = bytes_unit(float(rss["size_bytes"].max()))
     np.testing.assert_allclose(line.get_ydata(), rss["size_bytes"].to_numpy() / div)
+
+
+def test_rss_changes_of_an_unknown_owner_are_no_process(tmp_path: Path) -> None:
+    """mm_tgid 0 is an mm whose owner is not known (an exec's new mm, changed before
+    it is current): rss_over_time leaves it out, and the report counted it as one
+    more process than the graph's title names."""
+    tables = synthetic_tables()
+    rss = tables["mm_rss_stat"]
+    unknown = rss.head(2).with_columns(pl.lit(0, pl.UInt32).alias("mm_tgid"))
+    tables["mm_rss_stat"] = pl.concat([rss, unknown])
+    data = load(write_collection(tmp_path, {"mm_rss_stat": tables["mm_rss_stat"]}))
+    owners = set(tables["mm_rss_stat"]["mm_tgid"].to_list()) - {0}
+    assert owners == {WORKER, BENCH_PID}
+    [entry] = table_summary(data)
+    assert entry["processes"] == len(owners)
+    title = figure(data, "rss_over_time").axes[0].get_title()
+    assert title.startswith(f"{len(owners)} of {len(owners)} processes")

@@ -191,6 +191,9 @@ class TableView:
     #: the column naming the process a row belongs to, for --tgid/--comm; None for a
     #: system-wide table (the selection does not apply to it)
     tgid_column: ClassVar[str | None] = "tgid"
+    #: a value of ``tgid_column`` that names no process (mm_rss_stat's 0: the mm's
+    #: owner unknown), not counted as one
+    unknown_tgid: ClassVar[int | None] = None
     #: columns whose distribution the report summarises (default: every numeric
     #: column with a unit suffix, at most six)
     key_columns: ClassVar[tuple[str, ...] | None] = None
