@@ -82,6 +82,19 @@ def _bins(data: GraphData, frame: pl.DataFrame, tl: Timeline) -> np.ndarray:
     return np.clip((since - start) // width, 0, tl.nbins - 1)
 
 
+def _seen(data: GraphData, tl: Timeline) -> np.ndarray:
+    """Seconds of each bin within the collection (its first µs to the end of its
+    last), in numpy: the first bin also holds the rows before its edge and the last
+    those after its end, so they count from the first µs and up to the last."""
+    assert data.span_us is not None
+    first, last = (t - data.origin_us for t in data.span_us)
+    start, width = round(tl.start * US_PER_S), round(tl.width * US_PER_S)
+    left = start + width * np.arange(tl.nbins)
+    right = left + width
+    left[0], right[-1] = min(left[0], first), max(right[-1], last + 1)
+    return (np.minimum(right, last + 1) - np.maximum(left, first)) / US_PER_S
+
+
 def _lines(ax) -> dict[str, np.ndarray]:
     return {line.get_label(): np.asarray(line.get_ydata(), float) for line in ax.lines}
 
@@ -255,7 +268,7 @@ def test_event_rates_per_bin(
     lines = _lines(figure(data, graph).axes[0])
     for kind in kinds:
         part = frame.filter(pl.col("kind") == kind)
-        expected = np.bincount(_bins(data, part, tl), minlength=tl.nbins) / tl.width
+        expected = np.bincount(_bins(data, part, tl), minlength=tl.nbins) / _seen(data, tl)
         (label,) = [k for k in lines if k.startswith(f"{kind}: ")]
         assert label.split(": ")[1].split()[0] == f"{part.height:,}"
         np.testing.assert_allclose(lines[label], expected)
@@ -264,17 +277,18 @@ def test_event_rates_per_bin(
 def test_block_io_rates_and_latency(data: GraphData, collection: Collection) -> None:
     frame = collection["block_io"]
     tl = data.timeline()
+    seen = _seen(data, tl)
     iops, mib = figure(data, "block_io_rate").axes[:2]
     rates, moved = _lines(iops), _lines(mib)
     for op in ("READ", "WRITE"):
         part = frame.filter(pl.col("op") == op)
         bins = _bins(data, part, tl)
-        np.testing.assert_allclose(rates[op], np.bincount(bins, minlength=tl.nbins) / tl.width)
+        np.testing.assert_allclose(rates[op], np.bincount(bins, minlength=tl.nbins) / seen)
         weights = part["bytes"].cast(pl.Float64).to_numpy()
-        expected = np.bincount(bins, weights, minlength=tl.nbins) / tl.width / (1 << 20)
+        expected = np.bincount(bins, weights, minlength=tl.nbins) / seen / (1 << 20)
         np.testing.assert_allclose(moved[op], expected)
     other = frame.filter(~pl.col("op").is_in(["READ", "WRITE"]))
-    expected = np.bincount(_bins(data, other, tl), minlength=tl.nbins) / tl.width
+    expected = np.bincount(_bins(data, other, tl), minlength=tl.nbins) / seen
     np.testing.assert_allclose(rates["other"], expected)
 
     service_ax = figure(data, "block_io_latency").axes[0]
@@ -450,7 +464,7 @@ def test_rows_on_bin_edges_fall_in_the_bin_the_edge_opens(tmp_path: Path) -> Non
             "comm": ["worker"] * ts.size,
         }
     )
-    changes = np.arange(-140_000, 1_015_001, 5_000)  # every 5 ms edge (RSS: 400 bins)
+    changes = np.arange(-140_000, 1_010_001, 5_000)  # every 5 ms edge (RSS: 400 bins)
     rss = pl.DataFrame(
         {
             "ts_uptime_us": (origin + changes).astype(np.uint64),
@@ -465,13 +479,17 @@ def test_rows_on_bin_edges_fall_in_the_bin_the_edge_opens(tmp_path: Path) -> Non
     assert data.origin_us == origin and data.span_us == (lo, hi)
 
     tl = data.timeline()
-    assert (tl.start, tl.width) == (-0.15, 0.01)
+    # [-150, -140) ms, 3.076 ms of it in the collection, is merged into [-140, -130)
+    assert (tl.start, tl.width, tl.nbins) == (-0.14, 0.01, forks.size)
     lines = _lines(figure(data, "process_events").axes[0])
     [forks_line] = [v for k, v in lines.items() if k.startswith("fork: ")]
-    # bin 0 is [-150, -140) ms: the first fork opens bin 1, one fork in each bin after
-    expected = np.zeros(tl.nbins)
-    expected[1 : 1 + forks.size] = 1 / tl.width
-    np.testing.assert_allclose(forks_line, expected)
+    # one fork in each bin, the first and the last over the part the collection saw
+    seen = np.full(tl.nbins, 0.01)
+    seen[0], seen[-1] = (
+        (-130_000 - (lo - origin)) / US_PER_S,
+        (hi + 1 - origin - 1_010_000) / US_PER_S,
+    )
+    np.testing.assert_allclose(forks_line, 1 / seen)
 
     # one change per 5 ms bin, each on its bin's left edge: every one is its bin's last
     ax = figure(data, "rss_over_time").axes[0]
@@ -496,3 +514,34 @@ def test_rss_changes_of_an_unknown_owner_are_no_process(tmp_path: Path) -> None:
     assert entry["processes"] == len(owners)
     title = figure(data, "rss_over_time").axes[0].get_title()
     assert title.startswith(f"{len(owners)} of {len(owners)} processes")
+
+
+def test_a_steady_rate_is_steady_in_the_bins_the_collection_began_and_ended_in(
+    tmp_path: Path,
+) -> None:
+    """Page faults every 100 µs (10,000/s) from 7.3 ms before the start of a 20 ms bin
+    to 6.3 ms into one: divided by the bin's width, the first bin showed 3,650/s and
+    the last 3,200/s; over the time the collection saw, about 10,000/s as the rest."""
+    origin = BENCH_START
+    lo, hi = origin - 7_300, origin + 1_986_300
+    ts = np.arange(lo, hi + 1, 100)
+    faults = pl.DataFrame(
+        {
+            "ts_uptime_us": ts.astype(np.uint64),
+            "pid": np.full(ts.size, WORKER, np.uint32),
+            "tgid": np.full(ts.size, WORKER, np.uint32),
+            "cpu": np.zeros(ts.size, np.uint32),
+            "kind": ["user"] * ts.size,
+        }
+    )
+    trace = synthetic_tables()["process_trace"].filter(pl.col("pid") == BENCH_PID)
+    trace = trace.with_columns(pl.Series("ts_uptime_us", [origin, origin + 1_000_000], pl.UInt64))
+    data = load(write_collection(tmp_path, {"process_trace": trace, "page_faults": faults}))
+    assert data.origin_us == origin and data.span_us == (lo, hi)
+    tl = data.timeline()
+    assert tl.width == 0.02
+    lines = _lines(figure(data, "page_fault_rate").axes[0])
+    [(label, rate)] = [(k, v) for k, v in lines.items() if k.startswith("user: ")]
+    assert label == f"user: {ts.size:,} faults"
+    np.testing.assert_allclose(rate, np.bincount(_bins(data, faults, tl)) / _seen(data, tl))
+    np.testing.assert_allclose(rate, 10_000, rtol=0.04)
