@@ -169,7 +169,10 @@ def test_busy_share_is_the_overlap_of_quanta_and_bins(
 ) -> None:
     frame = collection["quanta_runtime"]
     tl = data.timeline()
-    edges = data.origin_us + tl.edges * US_PER_S
+    assert data.span_us is not None
+    # the bins within the collection: the one it ended in is a share of its part
+    first, last = data.span_us
+    edges = np.clip(data.origin_us + tl.edges * US_PER_S, first, last + 1)
     ends = frame["ts_uptime_us"].to_numpy().astype(np.float64)
     starts = ends - frame["quanta_run_length_us"].to_numpy()
     cpu = frame["cpu"].to_numpy()
@@ -180,7 +183,7 @@ def test_busy_share_is_the_overlap_of_quanta_and_bins(
         None,
     )
     expected = np.stack([overlap[cpu == c].sum(axis=0) for c in range(CPUS)])
-    expected /= tl.width * US_PER_S
+    expected /= np.diff(edges)
     image = figure(data, "quanta_timeline").axes[0].images[0].get_array()
     np.testing.assert_allclose(image, expected * 100, atol=1e-6)
 
@@ -545,3 +548,37 @@ def test_a_steady_rate_is_steady_in_the_bins_the_collection_began_and_ended_in(
     assert label == f"user: {ts.size:,} faults"
     np.testing.assert_allclose(rate, np.bincount(_bins(data, faults, tl)) / _seen(data, tl))
     np.testing.assert_allclose(rate, 10_000, rtol=0.04)
+
+
+def test_a_cpu_busy_all_the_time_is_busy_in_the_bins_the_collection_began_and_ended_in(
+    tmp_path: Path,
+) -> None:
+    """1 ms quanta back to back on CPU 0 through a collection that begins 13 ms before
+    a 20 ms edge and ends 13 ms after one: the CPU ran all the time the collection
+    saw. Shares of the whole bins, the first and the last were 70% and 65%."""
+    origin = BENCH_START
+    lo, hi = origin - 13_000, origin + 1_993_000
+    ends = np.arange(lo, hi + 1, 1000)
+    quanta = pl.DataFrame(
+        {
+            "ts_uptime_us": ends.astype(np.uint64),
+            "quanta_run_length_us": np.full(ends.size, 1000, np.uint64),
+            "cpu": np.zeros(ends.size, np.uint32),
+            "pid": np.full(ends.size, WORKER, np.uint32),
+            "tgid": np.full(ends.size, WORKER, np.uint32),
+        }
+    )
+    trace = synthetic_tables()["process_trace"].filter(pl.col("pid") == BENCH_PID)
+    trace = trace.with_columns(pl.Series("ts_uptime_us", [origin, origin + 1_000_000], pl.UInt64))
+    data = load(write_collection(tmp_path, {"process_trace": trace, "quanta_runtime": quanta}))
+    assert data.span_us == (lo, hi)
+    tl = data.timeline()
+    assert (tl.start, tl.width, tl.nbins) == (-0.02, 0.02, 101)
+    busy = figure(data, "quanta_timeline").axes[0].images[0].get_array()[0] / 100
+    # each bin's part within [lo, hi + 1 µs), all of it run
+    edges = np.clip(origin + round(tl.start * US_PER_S) + 20_000 * np.arange(102), lo, hi + 1)
+    ran = np.clip(
+        np.minimum(ends[:, None], edges[1:]) - np.maximum(ends[:, None] - 1000, edges[:-1]), 0, None
+    )
+    np.testing.assert_allclose(busy, ran.sum(axis=0) / np.diff(edges))
+    np.testing.assert_allclose(busy, 1, atol=1e-4)
