@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from kernmlops.data import Collection, read_collection
-from kernmlops.graphs import figure, load
+from kernmlops.graphs import SelectionError, figure, load
 from kernmlops.graphs._report import table_summary
 from kernmlops.graphs.base import (
     US_PER_S,
@@ -517,6 +517,13 @@ def test_rss_changes_of_an_unknown_owner_are_no_process(tmp_path: Path) -> None:
     assert entry["processes"] == len(owners)
     title = figure(data, "rss_over_time").axes[0].get_title()
     assert title.startswith(f"{len(owners)} of {len(owners)} processes")
+    # nor is it named among the busiest processes when a selection finds nothing
+    many = pl.concat([unknown] * 10)
+    folder = write_collection(tmp_path / "many", {"mm_rss_stat": pl.concat([rss, many])})
+    with pytest.raises(SelectionError, match="busiest processes") as info:
+        load(folder, tgid=424242)
+    busiest = str(info.value).split("busiest processes: ")[1]
+    assert busiest == f"{WORKER}, {BENCH_PID})"  # most rows first; no 0 however many
 
 
 def test_a_steady_rate_is_steady_in_the_bins_the_collection_began_and_ended_in(
