@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from kernmlops.data import Collection, read_collection
-from kernmlops.graphs import figure, load
+from kernmlops.graphs import SelectionError, figure, load
 from kernmlops.graphs._report import table_summary
 from kernmlops.graphs.base import (
     US_PER_S,
@@ -25,7 +25,14 @@ from kernmlops.graphs.base import (
 )
 from kernmlops.graphs.context import table_view
 from kernmlops.graphs.mm_rss_stat import TOP_PROCESSES, rss_series
-from tests.graphs.conftest import WORKER, _ts, synthetic_tables, write_collection
+from tests.graphs.conftest import (
+    BENCH_PID,
+    BENCH_START,
+    WORKER,
+    _ts,
+    synthetic_tables,
+    write_collection,
+)
 
 CPUS = 4
 
@@ -69,9 +76,23 @@ def data(collection: Collection) -> GraphData:
 
 
 def _bins(data: GraphData, frame: pl.DataFrame, tl: Timeline) -> np.ndarray:
-    """Each row's time bin, in numpy."""
-    seconds = (frame["ts_uptime_us"].cast(pl.Int64).to_numpy() - data.origin_us) / US_PER_S
-    return np.clip(np.floor((seconds - tl.start) / tl.width).astype(np.int64), 0, tl.nbins - 1)
+    """Each row's time bin, in numpy, in whole µs: [edge, next edge)."""
+    since = frame["ts_uptime_us"].cast(pl.Int64).to_numpy() - data.origin_us
+    start, width = round(tl.start * US_PER_S), round(tl.width * US_PER_S)
+    return np.clip((since - start) // width, 0, tl.nbins - 1)
+
+
+def _seen(data: GraphData, tl: Timeline) -> np.ndarray:
+    """Seconds of each bin within the collection (its first µs to the end of its
+    last), in numpy: the first bin also holds the rows before its edge and the last
+    those after its end, so they count from the first µs and up to the last."""
+    assert data.span_us is not None
+    first, last = (t - data.origin_us for t in data.span_us)
+    start, width = round(tl.start * US_PER_S), round(tl.width * US_PER_S)
+    left = start + width * np.arange(tl.nbins)
+    right = left + width
+    left[0], right[-1] = min(left[0], first), max(right[-1], last + 1)
+    return (np.minimum(right, last + 1) - np.maximum(left, first)) / US_PER_S
 
 
 def _lines(ax) -> dict[str, np.ndarray]:
@@ -148,7 +169,10 @@ def test_busy_share_is_the_overlap_of_quanta_and_bins(
 ) -> None:
     frame = collection["quanta_runtime"]
     tl = data.timeline()
-    edges = data.origin_us + tl.edges * US_PER_S
+    assert data.span_us is not None
+    # the bins within the collection: the one it ended in is a share of its part
+    first, last = data.span_us
+    edges = np.clip(data.origin_us + tl.edges * US_PER_S, first, last + 1)
     ends = frame["ts_uptime_us"].to_numpy().astype(np.float64)
     starts = ends - frame["quanta_run_length_us"].to_numpy()
     cpu = frame["cpu"].to_numpy()
@@ -159,7 +183,7 @@ def test_busy_share_is_the_overlap_of_quanta_and_bins(
         None,
     )
     expected = np.stack([overlap[cpu == c].sum(axis=0) for c in range(CPUS)])
-    expected /= tl.width * US_PER_S
+    expected /= np.diff(edges)
     image = figure(data, "quanta_timeline").axes[0].images[0].get_array()
     np.testing.assert_allclose(image, expected * 100, atol=1e-6)
 
@@ -247,7 +271,7 @@ def test_event_rates_per_bin(
     lines = _lines(figure(data, graph).axes[0])
     for kind in kinds:
         part = frame.filter(pl.col("kind") == kind)
-        expected = np.bincount(_bins(data, part, tl), minlength=tl.nbins) / tl.width
+        expected = np.bincount(_bins(data, part, tl), minlength=tl.nbins) / _seen(data, tl)
         (label,) = [k for k in lines if k.startswith(f"{kind}: ")]
         assert label.split(": ")[1].split()[0] == f"{part.height:,}"
         np.testing.assert_allclose(lines[label], expected)
@@ -256,17 +280,18 @@ def test_event_rates_per_bin(
 def test_block_io_rates_and_latency(data: GraphData, collection: Collection) -> None:
     frame = collection["block_io"]
     tl = data.timeline()
+    seen = _seen(data, tl)
     iops, mib = figure(data, "block_io_rate").axes[:2]
     rates, moved = _lines(iops), _lines(mib)
     for op in ("READ", "WRITE"):
         part = frame.filter(pl.col("op") == op)
         bins = _bins(data, part, tl)
-        np.testing.assert_allclose(rates[op], np.bincount(bins, minlength=tl.nbins) / tl.width)
+        np.testing.assert_allclose(rates[op], np.bincount(bins, minlength=tl.nbins) / seen)
         weights = part["bytes"].cast(pl.Float64).to_numpy()
-        expected = np.bincount(bins, weights, minlength=tl.nbins) / tl.width / (1 << 20)
+        expected = np.bincount(bins, weights, minlength=tl.nbins) / seen / (1 << 20)
         np.testing.assert_allclose(moved[op], expected)
     other = frame.filter(~pl.col("op").is_in(["READ", "WRITE"]))
-    expected = np.bincount(_bins(data, other, tl), minlength=tl.nbins) / tl.width
+    expected = np.bincount(_bins(data, other, tl), minlength=tl.nbins) / seen
     np.testing.assert_allclose(rates["other"], expected)
 
     service_ax = figure(data, "block_io_latency").axes[0]
@@ -418,3 +443,149 @@ def test_block_io_rate_sums_bytes_past_4_gib(tmp_path: Path) -> None:
     tl = data.timeline()
     moved = _lines(figure(data, "block_io_rate").axes[1])["READ"]
     assert moved.max() == pytest.approx(sum(sizes) / tl.width / (1 << 20))
+
+
+def test_rows_on_bin_edges_fall_in_the_bin_the_edge_opens(tmp_path: Path) -> None:
+    """A row exactly on an edge is the first of the bin after it. The bins were
+    computed in floating-point seconds, where (0.015 + 0.145) / 0.005 is 31.999...:
+    some edge rows were counted in the bin before (two forks there, none in their
+    own), and the RSS line lost the bin's point (a collection of 1.16 s whose first
+    event is 0.143076 s before the benchmark's start, as a real one was)."""
+    origin = BENCH_START
+    lo, hi = origin - 143_076, origin + 1_016_886
+    forks = np.arange(-140_000, 1_010_001, 10_000)  # every 10 ms edge within the span
+    ts = np.concatenate([[lo], origin + forks, [origin, hi]])
+    kinds = ["exit"] + ["fork"] * forks.size + ["exec", "exit"]
+    pids = [WORKER] * (forks.size + 1) + [BENCH_PID, BENCH_PID]
+    trace = pl.DataFrame(
+        {
+            "ts_uptime_us": ts.astype(np.uint64),
+            "pid": np.array(pids, np.uint32),
+            "tgid": np.array(pids, np.uint32),
+            "ppid": np.ones(ts.size, np.uint32),
+            "kind": kinds,
+            "comm": ["worker"] * ts.size,
+        }
+    )
+    changes = np.arange(-140_000, 1_010_001, 5_000)  # every 5 ms edge (RSS: 400 bins)
+    rss = pl.DataFrame(
+        {
+            "ts_uptime_us": (origin + changes).astype(np.uint64),
+            "size_bytes": (np.arange(changes.size) + 1) * 4096,
+            "pid": np.full(changes.size, WORKER, np.uint32),
+            "tgid": np.full(changes.size, WORKER, np.uint32),
+            "mm_tgid": np.full(changes.size, WORKER, np.uint32),
+            "member": ["anon"] * changes.size,
+        }
+    )
+    data = load(write_collection(tmp_path, {"process_trace": trace, "mm_rss_stat": rss}))
+    assert data.origin_us == origin and data.span_us == (lo, hi)
+
+    tl = data.timeline()
+    # [-150, -140) ms, 3.076 ms of it in the collection, is merged into [-140, -130)
+    assert (tl.start, tl.width, tl.nbins) == (-0.14, 0.01, forks.size)
+    lines = _lines(figure(data, "process_events").axes[0])
+    [forks_line] = [v for k, v in lines.items() if k.startswith("fork: ")]
+    # one fork in each bin, the first and the last over the part the collection saw
+    seen = np.full(tl.nbins, 0.01)
+    seen[0], seen[-1] = (
+        (-130_000 - (lo - origin)) / US_PER_S,
+        (hi + 1 - origin - 1_010_000) / US_PER_S,
+    )
+    np.testing.assert_allclose(forks_line, 1 / seen)
+
+    # one change per 5 ms bin, each on its bin's left edge: every one is its bin's last
+    ax = figure(data, "rss_over_time").axes[0]
+    [line] = [li for li in ax.lines if " · peak " in li.get_label()]
+    np.testing.assert_allclose(line.get_xdata(), changes / US_PER_S)
+    _, div = bytes_unit(float(rss["size_bytes"].max()))
+    np.testing.assert_allclose(line.get_ydata(), rss["size_bytes"].to_numpy() / div)
+
+
+def test_rss_changes_of_an_unknown_owner_are_no_process(tmp_path: Path) -> None:
+    """mm_tgid 0 is an mm whose owner is not known (an exec's new mm, changed before
+    it is current): rss_over_time leaves it out, and the report counted it as one
+    more process than the graph's title names."""
+    tables = synthetic_tables()
+    rss = tables["mm_rss_stat"]
+    unknown = rss.head(2).with_columns(pl.lit(0, pl.UInt32).alias("mm_tgid"))
+    tables["mm_rss_stat"] = pl.concat([rss, unknown])
+    data = load(write_collection(tmp_path, {"mm_rss_stat": tables["mm_rss_stat"]}))
+    owners = set(tables["mm_rss_stat"]["mm_tgid"].to_list()) - {0}
+    assert owners == {WORKER, BENCH_PID}
+    [entry] = table_summary(data)
+    assert entry["processes"] == len(owners)
+    title = figure(data, "rss_over_time").axes[0].get_title()
+    assert title.startswith(f"{len(owners)} of {len(owners)} processes")
+    # nor is it named among the busiest processes when a selection finds nothing
+    many = pl.concat([unknown] * 10)
+    folder = write_collection(tmp_path / "many", {"mm_rss_stat": pl.concat([rss, many])})
+    with pytest.raises(SelectionError, match="busiest processes") as info:
+        load(folder, tgid=424242)
+    busiest = str(info.value).split("busiest processes: ")[1]
+    assert busiest == f"{WORKER}, {BENCH_PID})"  # most rows first; no 0 however many
+
+
+def test_a_steady_rate_is_steady_in_the_bins_the_collection_began_and_ended_in(
+    tmp_path: Path,
+) -> None:
+    """Page faults every 100 µs (10,000/s) from 7.3 ms before the start of a 20 ms bin
+    to 6.3 ms into one: divided by the bin's width, the first bin showed 3,650/s and
+    the last 3,200/s; over the time the collection saw, about 10,000/s as the rest."""
+    origin = BENCH_START
+    lo, hi = origin - 7_300, origin + 1_986_300
+    ts = np.arange(lo, hi + 1, 100)
+    faults = pl.DataFrame(
+        {
+            "ts_uptime_us": ts.astype(np.uint64),
+            "pid": np.full(ts.size, WORKER, np.uint32),
+            "tgid": np.full(ts.size, WORKER, np.uint32),
+            "cpu": np.zeros(ts.size, np.uint32),
+            "kind": ["user"] * ts.size,
+        }
+    )
+    trace = synthetic_tables()["process_trace"].filter(pl.col("pid") == BENCH_PID)
+    trace = trace.with_columns(pl.Series("ts_uptime_us", [origin, origin + 1_000_000], pl.UInt64))
+    data = load(write_collection(tmp_path, {"process_trace": trace, "page_faults": faults}))
+    assert data.origin_us == origin and data.span_us == (lo, hi)
+    tl = data.timeline()
+    assert tl.width == 0.02
+    lines = _lines(figure(data, "page_fault_rate").axes[0])
+    [(label, rate)] = [(k, v) for k, v in lines.items() if k.startswith("user: ")]
+    assert label == f"user: {ts.size:,} faults"
+    np.testing.assert_allclose(rate, np.bincount(_bins(data, faults, tl)) / _seen(data, tl))
+    np.testing.assert_allclose(rate, 10_000, rtol=0.04)
+
+
+def test_a_cpu_busy_all_the_time_is_busy_in_the_bins_the_collection_began_and_ended_in(
+    tmp_path: Path,
+) -> None:
+    """1 ms quanta back to back on CPU 0 through a collection that begins 13 ms before
+    a 20 ms edge and ends 13 ms after one: the CPU ran all the time the collection
+    saw. Shares of the whole bins, the first and the last were 70% and 65%."""
+    origin = BENCH_START
+    lo, hi = origin - 13_000, origin + 1_993_000
+    ends = np.arange(lo, hi + 1, 1000)
+    quanta = pl.DataFrame(
+        {
+            "ts_uptime_us": ends.astype(np.uint64),
+            "quanta_run_length_us": np.full(ends.size, 1000, np.uint64),
+            "cpu": np.zeros(ends.size, np.uint32),
+            "pid": np.full(ends.size, WORKER, np.uint32),
+            "tgid": np.full(ends.size, WORKER, np.uint32),
+        }
+    )
+    trace = synthetic_tables()["process_trace"].filter(pl.col("pid") == BENCH_PID)
+    trace = trace.with_columns(pl.Series("ts_uptime_us", [origin, origin + 1_000_000], pl.UInt64))
+    data = load(write_collection(tmp_path, {"process_trace": trace, "quanta_runtime": quanta}))
+    assert data.span_us == (lo, hi)
+    tl = data.timeline()
+    assert (tl.start, tl.width, tl.nbins) == (-0.02, 0.02, 101)
+    busy = figure(data, "quanta_timeline").axes[0].images[0].get_array()[0] / 100
+    # each bin's part within [lo, hi + 1 µs), all of it run
+    edges = np.clip(origin + round(tl.start * US_PER_S) + 20_000 * np.arange(102), lo, hi + 1)
+    ran = np.clip(
+        np.minimum(ends[:, None], edges[1:]) - np.maximum(ends[:, None] - 1000, edges[:-1]), 0, None
+    )
+    np.testing.assert_allclose(busy, ran.sum(axis=0) / np.diff(edges))
+    np.testing.assert_allclose(busy, 1, atol=1e-4)

@@ -284,7 +284,10 @@ def table_facts(frame: pl.LazyFrame, view: TableView) -> dict[str, pl.Expr]:
         ts = pl.col(UPTIME_TIMESTAMP)
         facts["span_us"] = (ts.max() - ts.min()).cast(pl.Int64)
     if view.tgid_column and view.tgid_column in columns:
-        facts["processes"] = pl.col(view.tgid_column).n_unique()
+        tgid = pl.col(view.tgid_column)
+        if view.unknown_tgid is not None:
+            tgid = tgid.filter(tgid != view.unknown_tgid)
+        facts["processes"] = tgid.n_unique()
     return facts
 
 

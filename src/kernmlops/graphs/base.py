@@ -191,6 +191,9 @@ class TableView:
     #: the column naming the process a row belongs to, for --tgid/--comm; None for a
     #: system-wide table (the selection does not apply to it)
     tgid_column: ClassVar[str | None] = "tgid"
+    #: a value of ``tgid_column`` that names no process (mm_rss_stat's 0: the mm's
+    #: owner unknown), not counted as one
+    unknown_tgid: ClassVar[int | None] = None
     #: columns whose distribution the report summarises (default: every numeric
     #: column with a unit suffix, at most six)
     key_columns: ClassVar[tuple[str, ...] | None] = None
@@ -356,11 +359,28 @@ def duration_axis(ax: Axes, which: str = "x") -> None:
 
 @dataclass(frozen=True)
 class Timeline:
-    """``nbins`` bins of ``width`` seconds from ``start`` (seconds since the origin)."""
+    """``nbins`` bins of ``width`` seconds from ``start`` (seconds since the origin).
+
+    ``observed_us``: the first and the last µs of the collection (from the origin),
+    where known. Rows before the first edge count in the first bin and rows past the
+    last edge in the last (:meth:`GraphData.time_bin` clips), so the bins at the ends
+    are observed from the first µs and up to the last, not over their width.
+    """
 
     start: float
     width: float
     nbins: int
+    observed_us: tuple[int, int] | None = None
+
+    @property
+    def start_us(self) -> int:
+        """``start`` in whole µs from the origin (a multiple of :attr:`width_us`)."""
+        return round(self.start * US_PER_S)
+
+    @property
+    def width_us(self) -> int:
+        """``width`` in whole µs (a round width of at least 1 ms: exact)."""
+        return round(self.width * US_PER_S)
 
     @property
     def edges(self) -> np.ndarray:
@@ -370,11 +390,28 @@ class Timeline:
     def centers(self) -> np.ndarray:
         return self.start + self.width * (np.arange(self.nbins) + 0.5)
 
+    @property
+    def observed_s(self) -> np.ndarray:
+        """Seconds of each bin within the collection: the width, but at the ends."""
+        if self.observed_us is None:
+            return np.full(self.nbins, self.width)
+        lo, hi = self.observed_us
+        hi += 1  # a row's µs is observed to its end
+        width = self.width_us
+        lefts = self.start_us + width * np.arange(self.nbins, dtype=np.int64)
+        rights = lefts + width
+        lefts[0], rights[-1] = lo, hi  # the clipped rows' bins
+        seen = np.minimum(rights, hi) - np.maximum(lefts, lo)
+        # timeline() makes each at least half a bin; not a collection of one instant
+        return np.maximum(seen, width / 2) / US_PER_S
+
     def per_second(self, bins: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
         """Rows per bin (``bins``: each row's bin, or each count's in ``weights``, as
-        :meth:`GraphData.per_bin` gives them), divided by the bin width: a rate per
-        second."""
-        return np.bincount(bins, weights=weights, minlength=self.nbins) / self.width
+        :meth:`GraphData.per_bin` gives them), divided by the seconds the collection
+        observed in the bin (:attr:`observed_s`): a rate per second. Divided by the
+        width, a bin the collection began or ended in showed a lower rate than the
+        rows in it had."""
+        return np.bincount(bins, weights=weights, minlength=self.nbins) / self.observed_s
 
 
 @dataclass(frozen=True)
@@ -464,16 +501,29 @@ class GraphData:
                 )
             )
             lo, hi = int(bounds["lo"].item()), int(bounds["hi"].item())
+        lo, hi = int(lo), int(hi)
         width = nice_bin_s((hi - lo) / US_PER_S, target)
-        start = math.floor((lo - self.origin_us) / US_PER_S / width) * width
-        end = (hi - self.origin_us) / US_PER_S
-        return Timeline(start, width, max(math.floor((end - start) / width) + 1, 1))
+        width_us = round(width * US_PER_S)
+        # in whole µs, as time_bin bins the rows: the first and the last row fall in
+        # the first and the last bin, whatever edge they are on
+        first, last = lo - self.origin_us, hi - self.origin_us
+        start_us = first // width_us * width_us
+        nbins = (last - start_us) // width_us + 1
+        # a bin at either end that the collection saw less than half of is merged
+        # into its neighbour (time_bin clips its rows there): a rate over a sliver
+        # of time is mostly noise
+        if nbins > 1 and start_us + width_us - first < width_us / 2:
+            start_us, nbins = start_us + width_us, nbins - 1
+        if nbins > 1 and last + 1 - (start_us + (nbins - 1) * width_us) < width_us / 2:
+            nbins -= 1
+        return Timeline(start_us / US_PER_S, width, max(nbins, 1), (first, last))
 
     def time_bin(self, timeline: Timeline) -> pl.Expr:
-        """The timeline bin of each row (column ``bin``), in the arithmetic of
-        :meth:`seconds`, so a row on a bin's edge falls where numpy put it."""
-        seconds = (pl.col(UPTIME_TIMESTAMP).cast(pl.Int64) - self.origin_us) / US_PER_S
-        index = ((seconds - timeline.start) / timeline.width).floor().cast(pl.Int64)
+        """The timeline bin of each row (column ``bin``): [edge, next edge), in whole
+        µs. In seconds (floating point) a row exactly on an edge fell in the bin
+        before it or in its own as the rounding went (0.16 / 0.005 is 31.999...)."""
+        since_start = pl.col(UPTIME_TIMESTAMP).cast(pl.Int64) - (self.origin_us + timeline.start_us)
+        index = since_start // timeline.width_us
         return index.clip(0, timeline.nbins - 1).alias("bin")
 
     def per_bin(

@@ -229,8 +229,11 @@ def benchmark_markers(
 def _busiest(tables: Mapping[str, pl.LazyFrame], names: dict[int, str], n: int = 8) -> str:
     queries = []
     for table, frame in tables.items():
-        col = table_view(table).tgid_column
+        view = table_view(table)
+        col = view.tgid_column
         if col and col in frame.collect_schema():
+            if view.unknown_tgid is not None:  # no process (mm_rss_stat's owner unknown)
+                frame = frame.filter(pl.col(col) != view.unknown_tgid)
             queries.append(frame.group_by(pl.col(col).alias("tgid")).agg(n=row_count(col)))
     counts: dict[int, int] = {}
     for found in collect_all(queries):

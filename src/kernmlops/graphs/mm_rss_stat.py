@@ -37,6 +37,7 @@ class MmRssStatView(TableView):
     name = "mm_rss_stat"
     # The process whose memory it is, not the task that happened to change it.
     tgid_column = "mm_tgid"
+    unknown_tgid = 0
     key_columns = ("size_bytes",)
 
 

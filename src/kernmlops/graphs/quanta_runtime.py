@@ -9,7 +9,6 @@ import numpy as np
 import polars as pl
 
 from kernmlops.graphs.base import (
-    US_PER_S,
     ZERO_X,
     Distribution,
     Graph,
@@ -88,8 +87,9 @@ class QuantaRunLength(Graph):
 def busy_fraction(
     frame: pl.DataFrame | pl.LazyFrame, origin_us: int, timeline: Timeline
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(cpus, busy[cpu, bin]): the share of each time bin each CPU spent running the
-    quanta of ``frame``. A quantum ending at ts ran over [ts - length, ts] and is
+    """(cpus, busy[cpu, bin]): the share of each time bin (of the part of it the
+    collection saw, where ``timeline`` knows it) each CPU spent running the quanta of
+    ``frame``. A quantum ending at ts ran over [ts - length, ts] and is
     split across the bins it overlaps (quanta on one CPU do not overlap).
 
     polars sums the quanta per (CPU, first bin, last bin), so memory grows with the
@@ -97,12 +97,19 @@ def busy_fraction(
     one its part in its first bin, its part in its last, and whole bins between
     (each quantum's offsets in its first and last bin are summed to get the parts).
     """
-    width = timeline.width * US_PER_S
-    first_edge = origin_us + timeline.start * US_PER_S
-    # what ran before the first edge or after the last is in no bin
+    # the edges in whole µs, as GraphData.time_bin has them
+    width = float(timeline.width_us)
+    first_edge = float(origin_us + timeline.start_us)
+    # what ran before the first edge or after the last is in no bin; nor what ran
+    # outside the collection (timeline.observed_us): a bin it began or ended in is
+    # the share of the part of it the collection saw
+    seen_lo, seen_hi = first_edge, first_edge + timeline.nbins * width
+    if timeline.observed_us is not None:
+        seen_lo = max(seen_lo, float(origin_us + timeline.observed_us[0]))
+        seen_hi = min(seen_hi, float(origin_us + timeline.observed_us[1] + 1))
     ts = pl.col(UPTIME_TIMESTAMP).cast(pl.Float64)
-    end = ts.clip(first_edge, first_edge + timeline.nbins * width)
-    start = (ts - pl.col(RUN).cast(pl.Float64)).clip(first_edge, end)
+    end = ts.clip(seen_lo, seen_hi)
+    start = (ts - pl.col(RUN).cast(pl.Float64)).clip(seen_lo, end)
     first = ((start - first_edge) / width).floor()
     last = ((end - first_edge) / width).floor()
     spans = collect(
@@ -135,7 +142,9 @@ def busy_fraction(
     np.add.at(between, (row[long], lo[long] + 1), n[long])
     np.add.at(between, (row[long], hi[long]), -n[long])
     busy += np.cumsum(between, axis=1) * width
-    return cpus, np.clip(busy[:, : timeline.nbins] / width, 0, 1)
+    edges = first_edge + width * np.arange(timeline.nbins + 1)
+    seen = np.diff(np.clip(edges, seen_lo, seen_hi))
+    return cpus, np.clip(busy[:, : timeline.nbins] / np.maximum(seen, 1.0), 0, 1)
 
 
 class QuantaTimeline(Graph):
