@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from kernmlops.benchmarks import _tools
 from kernmlops.benchmarks.base import BenchmarkRun
-from kernmlops.benchmarks.hackbench import HackbenchBenchmark, parse_time
+from kernmlops.benchmarks.hackbench import HackbenchBenchmark, parse_time, stopped
 from kernmlops.errors import BenchmarkError
 from tests.benchmarks.collect_util import (
     collect,
@@ -121,6 +121,20 @@ def test_stopped_run_claims_no_messages(tmp_path: Path) -> None:
     assert got == {"time_s": 0.997, "tasks": 4.0}
 
 
+def test_run_stopped_before_its_start_has_no_results_and_no_error(tmp_path: Path) -> None:
+    """A signal between the workers' fork and the kick-off: hackbench says it was
+    caught and exits 0 with no Time line. No result, and no 'exited 0 but printed no
+    Time' error (that is for a run that finished)."""
+    out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    out.write_text(STOPPED_OUT.replace("Time: 0.997\n", ""))
+    err.write_text(STOPPED_ERR)
+    bench = _bench(groups=1, loops=100_000_000, fds=2)
+    assert bench.results(BenchmarkRun(tmp_path, 0, stdout_path=out, stderr_path=err)) is None
+    err.write_text("")  # not stopped: a finished run with no Time is an error
+    with pytest.raises(BenchmarkError, match="printed no 'Time:' line"):
+        bench.results(BenchmarkRun(tmp_path, 0, stdout_path=out, stderr_path=err))
+
+
 def test_loops_fit_hackbench_int() -> None:
     """hackbench reads -l into a C int: 10**22 became -1 ("Each sender will pass -1
     messages"), an endless run whose results claimed 4e25 messages."""
@@ -146,10 +160,15 @@ def test_real_run_stopped_by_sigterm(tmp_path: Path) -> None:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    assert "Time:" in out.read_text()
-    frame = bench.results(BenchmarkRun(tmp_path, 0, stdout_path=out, stderr_path=err))
-    assert frame is not None
-    assert set(frame["metric"]) == {"time_s", "tasks"}
+    run = BenchmarkRun(tmp_path, 0, stdout_path=out, stderr_path=err)
+    assert stopped(run), err.read_text()
+    frame = bench.results(run)
+    # a SIGTERM before the kick-off ends it with no Time (no result); after it, with
+    # the Time of the messages passed so far: never a count of messages
+    if "Time:" in out.read_text():
+        assert frame is not None and set(frame["metric"]) == {"time_s", "tasks"}
+    else:
+        assert frame is None
 
 
 @needs_hackbench

@@ -53,6 +53,7 @@ def ran(_ran: Path, tmp_path: Path) -> Path:
     return copy
 
 
+@pytest.mark.quiet  # its verdicts compare the sleeps' measured times (the run is made here)
 def test_run_process_analyze(ran: Path):
     runner = CliRunner()
     out = ran
