@@ -359,10 +359,10 @@ def test_project_ring_layouts(bpf_build_dir):
     assert layout.name == "process_trace_event"
     assert layout.dtype == np.dtype(
         {
-            "names": ["ts_uptime_us", "pid", "tgid", "ppid", "kind", "comm"],
-            "formats": ["<i8", "<u4", "<u4", "<u4", "<u4", "S16"],
-            "offsets": [0, 8, 12, 16, 20, 24],
-            "itemsize": 40,
+            "names": ["ts_uptime_us", "pid", "tgid", "ppid", "kind", "comm", "old_pid"],
+            "formats": ["<i8", "<u4", "<u4", "<u4", "<u4", "S16", "<u4"],
+            "offsets": [0, 8, 12, 16, 20, 24, 40],
+            "itemsize": 48,
         }
     )
     assert layout.enums == {"kind": {0: "fork", 1: "exec", 2: "exit"}}

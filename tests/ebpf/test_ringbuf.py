@@ -327,13 +327,14 @@ def test_ring_to_frame_with_btf_layout(process_layout):
     rec["ppid"] = [1, 1, 100, 103]
     rec["kind"] = [0, 1, 2, 99]  # 99: a value the enum does not name
     rec["comm"] = [b"bash", b"kworker/0:1H-kb", b"\xe4\xb8\xad\xe6", b"abcdefghijklmnop"]
+    rec["old_pid"] = [101, 105, 103, 104]
     ring = FakeRing(4096, start=4096 - 40)
     ring.write_records(rec)
     batch = ring.decode(dtype)
     assert len(batch.records) == 4
 
     frame = records_to_frame(batch.records, process_layout)
-    assert frame.columns == ["ts_uptime_us", "pid", "tgid", "ppid", "kind", "comm"]
+    assert frame.columns == ["ts_uptime_us", "pid", "tgid", "ppid", "kind", "comm", "old_pid"]
     assert frame.schema == {
         "ts_uptime_us": pl.Int64,
         "pid": pl.UInt32,
@@ -341,6 +342,7 @@ def test_ring_to_frame_with_btf_layout(process_layout):
         "ppid": pl.UInt32,
         "kind": pl.String,
         "comm": pl.String,
+        "old_pid": pl.UInt32,
     }
     assert frame.height == 4
     assert frame["ts_uptime_us"].to_list() == [10, 20, 30, 40]
@@ -348,6 +350,7 @@ def test_ring_to_frame_with_btf_layout(process_layout):
     assert frame["tgid"].to_list() == [100, 100, 103, 104]
     assert frame["ppid"].to_list() == [1, 1, 100, 103]
     assert frame["kind"].to_list() == ["fork", "exec", "exit", None]
+    assert frame["old_pid"].to_list() == [101, 105, 103, 104]
     # a comm cut inside a UTF-8 sequence decodes with a replacement character
     assert frame["comm"].to_list() == ["bash", "kworker/0:1H-kb", "中\ufffd", "abcdefghijklmnop"]
 

@@ -132,9 +132,74 @@ def test_rows_match_the_workloads_own_pids_and_tids(workload: Path) -> None:
     new = execs.filter(pl.col("pid").is_in(ids["exec"]))
     assert sorted(new["pid"]) == sorted(ids["exec"]) and set(new["comm"]) == {"true"}
     assert set(execs["pid"]) <= {*ids["exec"], main}
-    for pid in ids["exec"]:
-        ts = {k: df.filter((pl.col("pid") == pid) & (pl.col("kind") == k))["ts_uptime_us"][0]
+    for child in ids["exec"]:
+        ts = {k: df.filter((pl.col("pid") == child) & (pl.col("kind") == k))["ts_uptime_us"][0]
               for k in ("fork", "exec", "exit")}  # fmt: skip
         assert ts["fork"] <= ts["exec"] <= ts["exit"], ts
-        assert df.filter((pl.col("pid") == pid) & (pl.col("kind") == "exit"))["comm"][0] == "true"
+        assert df.filter((pl.col("pid") == child) & (pl.col("kind") == "exit"))["comm"][0] == "true"
+    # Every task here execs (if at all) from its own first thread: old_pid is the pid.
+    assert (df["old_pid"] == df["pid"]).all()
+    assert hook.status.drops == 0
+
+
+THREAD_EXEC = r"""
+#include <pthread.h>
+#include <stdio.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+
+static void *thread(void *arg)
+{
+	printf("thread %ld\n", (long)syscall(SYS_gettid));
+	fflush(stdout);
+	execl("/bin/true", "true", (char *)NULL);
+	return NULL;
+}
+
+/* After a line on stdin: a thread other than the leader execs /bin/true (the
+ * leader waits; exec ends it); print the leader's pid and the thread's id. */
+int main(void)
+{
+	pthread_t t;
+	char line[8];
+
+	if (!fgets(line, sizeof(line), stdin))
+		return 2;
+	printf("leader %d\n", getpid());
+	fflush(stdout);
+	pthread_create(&t, NULL, thread, NULL);
+	pthread_join(t, NULL);
+	return 3;
+}
+"""
+
+
+def test_a_thread_that_execs_is_named_by_old_pid(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The thread that calls execve takes the leader's pid: the exec row's pid is the
+    leader's, its old_pid the thread's own id (from gettid), which no exit row ends."""
+    from kernmlops.collect.filter import ProcessFilter
+    from kernmlops.ebpf.build import build
+    from kernmlops.hooks.base import HookContext
+
+    build()
+    workload = build_c(tmp_path_factory, "ptx", THREAD_EXEC)
+    flt = ProcessFilter(follow_children=True)
+    hook = ProcessTraceHook()
+    try:
+        hook.start(HookContext("t", process_filter=flt, self_tgid=os.getpid()))
+        frames, said, pid = run_gated(hook, flt, [str(workload)])
+        frames += [f for _, f in polled(hook.stop())]
+    finally:
+        hook.close()
+        flt.close()
+    told = dict(line.split() for line in said.splitlines())
+    leader, tid = int(told["leader"]), int(told["thread"])
+    assert leader == pid and tid != pid
+    df = pl.concat(frames)
+    (row,) = df.filter(pl.col("kind") == "exec").iter_rows(named=True)
+    assert (row["pid"], row["tgid"], row["old_pid"], row["comm"]) == (pid, pid, tid, "true")
+    assert df.filter((pl.col("kind") == "fork") & (pl.col("pid") == tid)).height == 1
+    assert df.filter((pl.col("kind") == "exit") & (pl.col("pid") == tid)).height == 0
     assert hook.status.drops == 0

@@ -14,10 +14,15 @@ struct process_trace_event {
 	u32 ppid; /* tgid of the parent process */
 	enum process_trace_kind kind;
 	char comm[16];
+	/* exec: the thread that called execve. A thread other than the leader that
+	 * execs takes the leader's pid (the row's pid), and its own id ends here:
+	 * no exit row follows for it. Otherwise the row's pid. */
+	u32 old_pid;
 };
 KMO_RING(process_trace_rb, process_trace_event);
 
-static __always_inline int emit(struct task_struct *task, enum process_trace_kind kind)
+static __always_inline int emit(struct task_struct *task, enum process_trace_kind kind,
+				u32 old_pid)
 {
 	struct process_trace_event *e;
 
@@ -26,6 +31,7 @@ static __always_inline int emit(struct task_struct *task, enum process_trace_kin
 		return 0;
 	e->ts_uptime_us = kmo_uptime_us();
 	e->pid = BPF_CORE_READ(task, pid);
+	e->old_pid = old_pid ? old_pid : e->pid;
 	e->tgid = BPF_CORE_READ(task, tgid);
 	e->ppid = BPF_CORE_READ(task, real_parent, tgid);
 	e->kind = kind;
@@ -39,14 +45,15 @@ static __always_inline int on_fork(struct task_struct *parent, struct task_struc
 	/* The parent decides: a tracked parent's child is tracked from now on. */
 	if (!kmo_task_wanted(parent) && !kmo_task_wanted(child))
 		return 0;
-	return emit(child, PROCESS_TRACE_KIND_FORK);
+	return emit(child, PROCESS_TRACE_KIND_FORK, 0);
 }
 
-static __always_inline int on_task(struct task_struct *task, enum process_trace_kind kind)
+static __always_inline int on_task(struct task_struct *task, enum process_trace_kind kind,
+				   u32 old_pid)
 {
 	if (!kmo_task_wanted(task))
 		return 0;
-	return emit(task, kind);
+	return emit(task, kind, old_pid);
 }
 
 SEC("tp_btf/sched_process_fork")
@@ -56,15 +63,15 @@ int BPF_PROG(fork_btf, struct task_struct *parent, struct task_struct *child)
 }
 
 SEC("tp_btf/sched_process_exec")
-int BPF_PROG(exec_btf, struct task_struct *p)
+int BPF_PROG(exec_btf, struct task_struct *p, pid_t old_pid)
 {
-	return on_task(p, PROCESS_TRACE_KIND_EXEC);
+	return on_task(p, PROCESS_TRACE_KIND_EXEC, old_pid);
 }
 
 SEC("tp_btf/sched_process_exit")
 int BPF_PROG(exit_btf, struct task_struct *p)
 {
-	return on_task(p, PROCESS_TRACE_KIND_EXIT);
+	return on_task(p, PROCESS_TRACE_KIND_EXIT, 0);
 }
 
 /* raw_tp variants for kernels without tp_btf (the arguments are the same). */
@@ -75,13 +82,13 @@ int BPF_PROG(fork_raw, struct task_struct *parent, struct task_struct *child)
 }
 
 SEC("raw_tp/sched_process_exec")
-int BPF_PROG(exec_raw, struct task_struct *p)
+int BPF_PROG(exec_raw, struct task_struct *p, pid_t old_pid)
 {
-	return on_task(p, PROCESS_TRACE_KIND_EXEC);
+	return on_task(p, PROCESS_TRACE_KIND_EXEC, old_pid);
 }
 
 SEC("raw_tp/sched_process_exit")
 int BPF_PROG(exit_raw, struct task_struct *p)
 {
-	return on_task(p, PROCESS_TRACE_KIND_EXIT);
+	return on_task(p, PROCESS_TRACE_KIND_EXIT, 0);
 }
