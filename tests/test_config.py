@@ -604,8 +604,10 @@ def test_under_sudo_the_home_folder_is_the_invoking_users(
 ) -> None:
     import pwd
 
+    from tests.conftest import skip_here
+
     if os.geteuid() != 0:
-        pytest.skip("sudo's environment counts only for root")
+        skip_here("sudo's environment counts only for root")
     monkeypatch.setenv("HOME", str(tmp_path))  # root's, as sudo may leave it
     monkeypatch.setenv("SUDO_UID", "65534")
     monkeypatch.setenv("SUDO_GID", "65534")

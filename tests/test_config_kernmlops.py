@@ -5,7 +5,6 @@ nearest valid one, mixing refused, and `kernmlops collect` finding ./overrides.y
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 
 from kernmlops.config import load_config
 from kernmlops.errors import ConfigError
+from tests.conftest import needs_tools
 
 #: written as a KernMLOps user writes an overrides.yaml (its defaults.yaml's shape)
 KERNMLOPS_OVERRIDES = """\
@@ -291,7 +291,7 @@ def _make_collect(cwd: Path, **env: str) -> str:
     return proc.stdout.strip()
 
 
-@pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+@needs_tools("make")
 def test_make_collect_data_takes_defaults_yaml_without_overrides_yaml(tmp_path: Path) -> None:
     """KernMLOps' Makefile runs with overrides.yaml where there is one, else
     defaults.yaml; ours named overrides.yaml always, which then did not exist."""

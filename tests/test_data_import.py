@@ -140,12 +140,15 @@ def test_kernmlops_own_layout_is_read_by_its_own_call(tmp_path: Path) -> None:
         di.read_parquet_dir(curated)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="plays a user's folder read by root")
 def test_kernmlops_own_layout_of_a_user_is_read_by_root_through_no_link_of_theirs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A user's KernMLOps data with a file linked to a root-only file: refused in one
     line naming it, as a part of a collection is, not read into root's frames."""
+    from tests.conftest import skip_here
+
+    if os.geteuid() != 0:
+        skip_here("plays a user's folder read by root: needs root")
     monkeypatch.delenv("SUDO_UID", raising=False)
     secret = tmp_path / "root-only"
     secret.mkdir(mode=0o700)

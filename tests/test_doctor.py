@@ -15,6 +15,7 @@ import pytest
 
 from kernmlops.doctor import privilege_notes
 from kernmlops.ebpf.probe import TRACEFS, Feature
+from tests.conftest import skip_here
 
 NOBODY = 65534
 
@@ -90,7 +91,7 @@ def test_doctor_as_a_user_who_cannot_read_the_bpf_folder_says_so_without_a_trace
     from tests.nobody import reachable_folder
 
     if os.geteuid() != 0:
-        pytest.skip("needs root to make a folder nobody may not search")
+        skip_here("needs root to make a folder nobody may not search")
     with reachable_folder("kernmlops-doctor-") as base:
         private = base / "roots"
         (private / "bpf").mkdir(parents=True)
@@ -125,7 +126,7 @@ def test_the_hardware_counter_rows_say_whether_the_pmu_counts_them_for_any_user(
 
     perf = shutil.which("perf")
     if perf is None or os.geteuid() != 0:
-        pytest.skip("needs perf (linux-perf) and root, to compare as root and as nobody")
+        skip_here("needs perf (linux-perf) and root, to compare as root and as nobody")
     for event, config in (("cycles", HW_CPU_CYCLES), ("instructions", HW_INSTRUCTIONS)):
         # perf's own answer, user space only: what any user may count
         out = subprocess.run([perf, "stat", "-x,", "-e", f"{event}:u", "true"],
@@ -236,7 +237,6 @@ def test_doctor_says_the_copier_priority_the_kernel_gives_uid0_without_cap_sys_n
     run the collector): the kernel refuses the copier SCHED_FIFO and a lower nice, and
     doctor must say normal priority, not real-time "as root"."""
     from kernmlops.ebpf import copier
-    from tests.conftest import skip_here
 
     if os.geteuid() != 0 or not (shutil.which("setpriv") and shutil.which("prlimit")):
         skip_here("drops root's capabilities itself: needs root, setpriv and prlimit")
@@ -267,7 +267,6 @@ def test_doctor_says_a_cgroup_without_a_real_time_budget_refuses_the_copier() ->
     import uuid
 
     from kernmlops.ebpf import copier
-    from tests.conftest import skip_here
 
     cpu = Path("/sys/fs/cgroup/cpu")
     if os.geteuid() != 0 or not (cpu / "cpu.rt_runtime_us").exists() or not shutil.which("chrt"):
@@ -305,7 +304,6 @@ def test_doctor_copier_priority_follows_the_effective_set() -> None:
     from kernmlops.doctor import _copier_row
     from kernmlops.ebpf import copier
     from kernmlops.host.capabilities import effective
-    from tests.conftest import skip_here
 
     if not copier.available():
         skip_here(f"{copier.LIBRARY} is not built (`make`)")
@@ -384,7 +382,7 @@ def test_the_kprobe_row_says_the_kernel_has_none_where_its_config_says_so() -> N
 
     config = _kernel_config()
     if config is None or not has_bpf_capabilities():
-        pytest.skip("needs the kernel's config and root, to probe kprobes")
+        skip_here("needs the kernel's config and root, to probe kprobes")
     built = "CONFIG_KPROBE_EVENTS=y" in config.splitlines()
     row = probe_program("kprobe")
     if built:
@@ -405,7 +403,7 @@ def test_doctors_exit_status_is_the_one_its_help_says() -> None:
     said = " ".join(CliRunner().invoke(cli, ["doctor", "--help"]).output.split())
     assert "Exit status 1 when no BPF hook can run here" in said
     if os.geteuid() != 0:
-        pytest.skip("needs root: the other half of the status")
+        skip_here("needs root: the other half of the status")
     proc = subprocess.run([sys.executable, "-m", "kernmlops", "doctor"], capture_output=True,
                           text=True, timeout=120, cwd="/")  # fmt: skip
     # the hooks table's row of block_io, a BPF hook (tp_btf or raw_tp)
@@ -421,12 +419,14 @@ def test_a_program_type_the_kernel_refuses_root_is_not_told_as_a_permission() ->
 
     bpftool = shutil.which("bpftool") or shutil.which("bpftool", path="/usr/sbin:/sbin")
     if bpftool is None or not has_bpf_capabilities():
-        pytest.skip("needs bpftool and root, to probe program types")
+        skip_here("needs bpftool and root, to probe program types")
     listing = subprocess.run([bpftool, "feature", "probe", "kernel"], capture_output=True,
                              text=True, timeout=120).stdout  # fmt: skip
-    if "program_type tracing is NOT available" not in listing:
-        pytest.skip("this kernel loads tracing (fentry) programs, says bpftool")
     row = probe_program("fentry")
+    if "program_type tracing is NOT available" not in listing:
+        # a kernel that loads them: whatever else stops a probe, not this refusal
+        assert "the kernel refuses fentry programs" not in row.detail, row
+        return
     assert not row.ok
     if "Operation not permitted" in row.detail:
         assert row.detail.startswith(

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO, needs_tools
+from tests.conftest import REPO, needs_tools, skip_here
 from tests.exporter.conftest import LIVE_SETS, LiveExporter, free_port
 
 DEPLOY = REPO / "deploy"
@@ -104,7 +104,7 @@ def _bounding_set_removals() -> dict[str, set[str]]:
 
     pages = sorted(Path("/usr/share/man/man5").glob("systemd.exec.5*"))
     if not pages:
-        pytest.skip("systemd.exec(5) is not installed (man-db's systemd pages)")
+        skip_here("systemd.exec(5) is not installed (the systemd package's man pages)")
     raw = pages[0].read_bytes()
     text = (gzip.decompress(raw) if pages[0].suffix == ".gz" else raw).decode()
     text = re.sub(r"\\f[BIRP]|\\&", "", text).replace("\\-", "-")

@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from kernmlops.cli import cli
 from kernmlops.fleet import spark_job
+from tests.conftest import REQUIRE_BPF
 
 
 @pytest.fixture
@@ -46,7 +47,10 @@ def test_spark_job_on_a_local_folder_that_is_no_dataset_fails_before_spark(
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("pyspark") is None, reason="needs pyspark")
+@pytest.mark.skipif(
+    importlib.util.find_spec("pyspark") is None and not REQUIRE_BPF,
+    reason="needs pyspark (make setup installs it)",
+)
 def test_a_dataset_on_another_filesystem_is_left_to_spark(
     no_spark: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
