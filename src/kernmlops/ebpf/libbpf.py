@@ -241,6 +241,44 @@ def version() -> str:
     return f"{lib.libbpf_major_version()}.{lib.libbpf_minor_version()}"
 
 
+class _HandlerOpts(ctypes.Structure):
+    """struct libbpf_prog_handler_opts: no callbacks, the caller attaches itself."""
+
+    _fields_ = [
+        ("sz", ctypes.c_size_t),
+        ("cookie", ctypes.c_long),
+        ("prog_setup_fn", ctypes.c_void_p),
+        ("prog_prepare_load_fn", ctypes.c_void_p),
+        ("prog_attach_fn", ctypes.c_void_p),
+    ]
+
+
+_handlers: dict[str, int] = {}
+_handlers_lock = threading.Lock()
+
+
+def register_prog_handler(prefix: str, prog_type: int, attach_type: int) -> None:
+    """Teach libbpf (once per process and ``prefix``) that sections starting with
+    ``prefix`` are programs of ``prog_type``: sections libbpf does not know (an
+    ebpf_exporter program's ``perf_event/...``, ``xdp/<interface>``) would fail to
+    open. Nothing attaches them: the caller does.
+
+    Raises:
+        LibbpfError: libbpf refused the handler.
+    """
+    with _handlers_lock:
+        if prefix in _handlers:
+            return
+        opts = _HandlerOpts(sz=ctypes.sizeof(_HandlerOpts))
+        fn = lib.libbpf_register_prog_handler
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+        rc = fn(prefix.encode(), prog_type, attach_type, ctypes.byref(opts))
+        if rc < 0:
+            raise LibbpfError(f"register the {prefix} section handler", -rc)
+        _handlers[prefix] = rc
+
+
 #: enum bpf_map_type
 MAP_TYPE_HASH = 1
 MAP_TYPE_RINGBUF = 27

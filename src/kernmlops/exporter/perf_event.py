@@ -11,13 +11,11 @@ type 0 = hardware, e.g. config 0 cycles); ``frequency`` samples per second, or
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
-import threading
 from dataclasses import dataclass
 
-from kernmlops.ebpf.libbpf import LibbpfError, lib
+from kernmlops.ebpf.libbpf import LibbpfError, register_prog_handler
 from kernmlops.ebpf.objects import Link, Program
 from kernmlops.ebpf.perf_counters import HARDWARE, SOFTWARE
 from kernmlops.ebpf.perf_open import (
@@ -38,38 +36,10 @@ _NAMES = {
 }
 
 
-class _HandlerOpts(ctypes.Structure):
-    """struct libbpf_prog_handler_opts: no callbacks, we attach ourselves."""
-
-    _fields_ = [
-        ("sz", ctypes.c_size_t),
-        ("cookie", ctypes.c_long),
-        ("prog_setup_fn", ctypes.c_void_p),
-        ("prog_prepare_load_fn", ctypes.c_void_p),
-        ("prog_attach_fn", ctypes.c_void_p),
-    ]
-
-
-_registered: list[int] = []
-_lock = threading.Lock()
-
-
 def register_section_handler() -> None:
     """Teach libbpf (once per process) that ``perf_event/...`` sections are
     perf_event programs; without it, opening such an object fails."""
-    with _lock:
-        if _registered:
-            return
-        opts = _HandlerOpts(sz=ctypes.sizeof(_HandlerOpts))
-        fn = lib.libbpf_register_prog_handler
-        fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
-        rc = fn(
-            f"{SECTION}/".encode(), BPF_PROG_TYPE_PERF_EVENT, BPF_PERF_EVENT, ctypes.byref(opts)
-        )
-        if rc < 0:
-            raise LibbpfError("register the perf_event/ section handler", -rc)
-        _registered.append(rc)
+    register_prog_handler(f"{SECTION}/", BPF_PROG_TYPE_PERF_EVENT, BPF_PERF_EVENT)
 
 
 def is_perf_event(section: str) -> bool:

@@ -10,14 +10,11 @@ ebpf_exporter does, and attach it to the interface the section names
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import socket
-import threading
 
-from kernmlops.ebpf.libbpf import LibbpfError, lib
+from kernmlops.ebpf.libbpf import LibbpfError, register_prog_handler
 from kernmlops.ebpf.objects import Link, Program
-from kernmlops.exporter.perf_event import _HandlerOpts
 
 PREFIX = "xdp/"
 BPF_PROG_TYPE_XDP = 6
@@ -25,24 +22,11 @@ BPF_XDP = 37  # enum bpf_attach_type
 #: libbpf's own xdp/ sections (map programs), left to libbpf
 _LIBBPF_OWN = ("xdp/devmap", "xdp/cpumap")
 
-_registered: list[int] = []
-_lock = threading.Lock()
-
 
 def register_section_handler() -> None:
     """Teach libbpf (once per process) that ``xdp/<interface>`` sections are
     XDP programs; without it, loading such an object fails."""
-    with _lock:
-        if _registered:
-            return
-        opts = _HandlerOpts(sz=ctypes.sizeof(_HandlerOpts))
-        fn = lib.libbpf_register_prog_handler
-        fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
-        rc = fn(PREFIX.encode(), BPF_PROG_TYPE_XDP, BPF_XDP, ctypes.byref(opts))
-        if rc < 0:
-            raise LibbpfError("register the xdp/ section handler", -rc)
-        _registered.append(rc)
+    register_prog_handler(PREFIX, BPF_PROG_TYPE_XDP, BPF_XDP)
 
 
 def is_xdp_interface(section: str) -> bool:
