@@ -381,6 +381,7 @@ def _run(
         tracked=f"process {tgid} and its descendants",
         bpf_stats=bpf_stats,
         max_label_sets=max_label_sets,
+        services_later=True,  # their threads start after the capability drop
     )
     server: MetricsServer | None = None
     try:
@@ -420,6 +421,7 @@ def _run(
 
             kept = drop_capabilities(keep)
             _console().print(f"capabilities dropped; kept: {', '.join(names(kept)) or 'none'}")
+        exporter.start_services()
         server.start()
         attached = sum(s.attached for s in statuses)
         _console().print(

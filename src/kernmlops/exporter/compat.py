@@ -27,6 +27,7 @@ A file is in this format when none of its metrics has a ``map:`` key
 from __future__ import annotations
 
 import math
+import re
 from decimal import Decimal
 from functools import cached_property
 from pathlib import Path
@@ -35,10 +36,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pydantic import Field, ValidationError, field_validator
 
+from kernmlops.ebpf.perfbuf import MAP_TYPE_PERF_EVENT_ARRAY
+from kernmlops.exporter.cgroup_id_map import HASH, CgroupIdMap
+from kernmlops.exporter.cgroup_id_map import TYPES as CGROUP_ID_MAP_TYPES
 from kernmlops.exporter.core import ExactCounterFamily, ExporterError, MetricReader
-from kernmlops.exporter.decoders import DecodeError, DecoderContext, label_decoders
+from kernmlops.exporter.decoders import DecodeError, DecoderContext, cgroup2_mount, label_decoders
 from kernmlops.exporter.histogram import Buckets
 from kernmlops.exporter.maps import MapReader
+from kernmlops.exporter.perf_event_array import DEFAULT_FLUSH_S, PerfEventCounts, go_duration_s
 from kernmlops.exporter.spec import (
     BUILTIN_DIR,
     EBPF_EXPORTER_FORMAT,
@@ -73,8 +78,47 @@ class _EeCounter(_Strict):
     name: str
     help: str = Field(min_length=1)
     perf_event_array: bool = False
-    flush_interval: Any = None
+    flush_interval: Any = Field(
+        None, description="a Go duration (30s, 1h); a perf_event_array counter's reset"
+    )
     labels: list[LabelSpec] = Field(default_factory=list)
+
+    @field_validator("flush_interval")
+    @classmethod
+    def _duration(cls, value: Any) -> Any:
+        if value is not None:
+            go_duration_s(value)  # ValueError: said as the field's error
+        return value
+
+
+class CgroupIdMapSpec(_Strict):
+    """``cgroup_id_map``: the map the exporter fills with the ids of the
+    cgroups whose paths match a regexp (see exporter/cgroup_id_map.py)."""
+
+    name: str = Field(min_length=1, description="the BPF map to fill")
+    type: str = Field("hash", description="hash (the default) or cgrp_storage")
+    regexps: list[str] = Field(default_factory=list)
+
+    @field_validator("type")
+    @classmethod
+    def _type(cls, value: str) -> str:
+        value = value or HASH  # ebpf_exporter: empty means hash
+        if value not in CGROUP_ID_MAP_TYPES:
+            raise ValueError(f"{value!r} is not one of {', '.join(CGROUP_ID_MAP_TYPES)}")
+        return value
+
+    @field_validator("regexps")
+    @classmethod
+    def _regexps(cls, values: list[str]) -> list[str]:
+        for i, text in enumerate(values):
+            try:
+                re.compile(text)
+            except re.error as err:
+                raise ValueError(f"regexps[{i}] {text!r} is not a valid regexp: {err}") from None
+        return values
+
+    def patterns(self) -> list[re.Pattern[str]]:
+        return [re.compile(text) for text in self.regexps]
 
 
 class _EeHistogram(_Strict):
@@ -105,13 +149,17 @@ class _EeConfig(_Strict):
     metrics: _EeMetrics | None = None
     kaddrs: list[str] = Field(default_factory=list)
     tracing: dict[str, Any] | None = None
-    cgroup_id_map: dict[str, Any] | None = None
+    cgroup_id_map: CgroupIdMapSpec | None = None
 
 
 class EeCounterSpec(CounterSpec):
     """A counter of an ebpf_exporter config: served under its own name."""
 
     tail_padding: int = Field(0, ge=0, description="padding after the last label")
+    #: counted from the samples of a perf event array named ``map``, not read from a map
+    perf_event_array: bool = False
+    #: seconds between resets of a perf_event_array counter (ebpf_exporter's flush_interval)
+    flush_interval_s: float = DEFAULT_FLUSH_S
 
     @property
     def exposed_name(self) -> str:
@@ -229,8 +277,6 @@ def parse_ebpf_exporter_config(data: Any, path: Path) -> MetricSet:
             f"{where}: tracing spans (ebpf_exporter's OpenTelemetry output) are not "
             "supported; only metrics are"
         )
-    if cfg.cgroup_id_map:
-        raise MetricSetError(f"{where}: cgroup_id_map is not supported (use --cgroup)")
     if cfg.metrics is None or not (cfg.metrics.counters or cfg.metrics.histograms):
         raise MetricSetError(f"{where}: neither counters nor histograms are defined")
     stem = path.name.removesuffix(".yaml").removesuffix(".yml")
@@ -238,11 +284,7 @@ def parse_ebpf_exporter_config(data: Any, path: Path) -> MetricSet:
     try:
         for i, c in enumerate(cfg.metrics.counters):
             loc = f"metrics.counters[{i}] ({c.name})"
-            if c.perf_event_array:
-                raise MetricSetError(
-                    f"{where}: {loc}: perf_event_array counters are not supported "
-                    "(keep the count in a map)"
-                )
+            flush_s = go_duration_s(c.flush_interval) if c.flush_interval is not None else 0.0
             labels, tail = _padding_before(c.labels)
             counters.append(
                 _spec(
@@ -254,6 +296,9 @@ def parse_ebpf_exporter_config(data: Any, path: Path) -> MetricSet:
                     map=c.name,
                     labels=labels,
                     tail_padding=tail,
+                    perf_event_array=c.perf_event_array,
+                    # as Go's ticker there: none or not above zero is an hour
+                    flush_interval_s=flush_s if flush_s > 0 else DEFAULT_FLUSH_S,
                 )
             )
         for i, h in enumerate(cfg.metrics.histograms):
@@ -293,6 +338,7 @@ def parse_ebpf_exporter_config(data: Any, path: Path) -> MetricSet:
         cflags=CFLAGS,
         kaddrs=tuple(cfg.kaddrs),
         runtime=RUNTIME,
+        cgroup_id_map=cfg.cgroup_id_map,
     )
 
 
@@ -360,6 +406,19 @@ def check_fit(metric_set: MetricSet, spec: CounterSpec | HistogramSpec, obj: Bpf
     if bpf_map is None:
         maps = ", ".join(sorted(m for m in obj.maps if not m.startswith("."))) or "none"
         raise ExporterError(f"{where}: the object has no map {spec.map!r} (maps: {maps})")
+    perf = bpf_map.type == MAP_TYPE_PERF_EVENT_ARRAY
+    if isinstance(spec, EeCounterSpec) and spec.perf_event_array:
+        if not perf:
+            raise ExporterError(
+                f"{where}: the counter has perf_event_array: true, but map {spec.map} is "
+                "not a BPF_MAP_TYPE_PERF_EVENT_ARRAY"
+            )
+        return  # its samples are the keys: any length, cut to the labels' span
+    if perf:
+        raise ExporterError(
+            f"{where}: map {spec.map} is a perf event array: give its counter "
+            "perf_event_array: true"
+        )
     if bpf_map.value_size != 8:
         raise ExporterError(
             f"{where}: values of map {spec.map} are {bpf_map.value_size} bytes, not one u64"
@@ -385,6 +444,16 @@ def make_reader(
     max_label_sets: int,
 ) -> MetricReader:
     bpf_map = obj.map(spec.map)
+    if isinstance(spec, EeCounterSpec) and spec.perf_event_array:
+        counts = PerfEventCounts(
+            bpf_map,
+            spec.total_key_bytes,
+            flush_interval_s=spec.flush_interval_s,
+            where=f"set {set_name}: perf event array {spec.map}",
+        )
+        return MetricReader(
+            set_name, spec, counts, ctx, max_label_sets, flavor=EBPF_EXPORTER_FORMAT
+        )
     split = split_cpus(spec, bpf_map.percpu)
     reader = MapReader(bpf_map, split_cpus=split)
     if isinstance(spec, EeHistogramSpec):
@@ -517,6 +586,46 @@ def builtin_metrics(loaded_sets: list[Any], stats_on: bool) -> list[Metric]:
     out: list[Metric] = [enabled, info, attached, errors]
     if stats_on:
         out += [run_time, run_count]
+    return out + perf_lost_metrics(loaded_sets)
+
+
+def perf_lost_metrics(loaded_sets: list[Any]) -> list[Metric]:
+    """Per perf_event_array counter, the samples the kernel dropped because a
+    CPU's ring was full, by the name ebpf_exporter gives that count
+    (``dropped_perf_event_map_events_<counter>``; it keeps the count but does
+    not serve it)."""
+    out: list[Metric] = []
+    for loaded in loaded_sets:
+        for metric in loaded.metrics:
+            if isinstance(metric.reader, PerfEventCounts):
+                lost = ExactCounterFamily(
+                    f"dropped_perf_event_map_events_{metric.reader.name}",
+                    "samples of this perf_event_array counter the kernel dropped "
+                    "(a CPU's perf ring was full)",
+                    labels=[],
+                )
+                lost.add_metric([], float(metric.reader.lost))
+                out.append(lost)
+    return out
+
+
+def services(metric_set: MetricSet, metrics: list[MetricReader], obj: BpfObject) -> list[Any]:
+    """What runs beside the set while it is served: a poller per
+    perf_event_array counter, and the keeper of its cgroup_id_map (filled now,
+    before the programs attach)."""
+    out: list[Any] = [m.reader for m in metrics if isinstance(m.reader, PerfEventCounts)]
+    spec = metric_set.cgroup_id_map
+    if spec is None:
+        return out
+    where = f"ebpf_exporter config {metric_set.path}: cgroup_id_map"
+    bpf_map = obj.maps.get(spec.name)
+    if bpf_map is None:
+        maps = ", ".join(sorted(m for m in obj.maps if not m.startswith("."))) or "none"
+        raise ExporterError(f"{where}: the object has no map {spec.name!r} (maps: {maps})")
+    root = cgroup2_mount()
+    if root is None:
+        raise ExporterError(f"{where}: no cgroup v2 hierarchy is mounted")
+    out.append(CgroupIdMap(bpf_map, spec.type, spec.patterns(), root, where=where))
     return out
 
 
@@ -543,6 +652,11 @@ class _EbpfExporterRuntime:
 
     def self_metrics(self, loaded_sets: list[Any], stats_on: bool) -> list[Metric]:
         return builtin_metrics(loaded_sets, stats_on)
+
+    def services(
+        self, metric_set: MetricSet, metrics: list[MetricReader], obj: BpfObject
+    ) -> list[Any]:
+        return services(metric_set, metrics, obj)
 
 
 RUNTIME = _EbpfExporterRuntime()

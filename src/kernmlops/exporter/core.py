@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from prometheus_client.core import (
@@ -43,7 +44,7 @@ from kernmlops.exporter.decoders import (
     label_decoders,
 )
 from kernmlops.exporter.histogram import Buckets
-from kernmlops.exporter.maps import MapReader
+from kernmlops.exporter.maps import KeyValueReader, MapReader
 from kernmlops.exporter.perf_event import attach_perf_event, is_perf_event, register_section_handler
 from kernmlops.exporter.spec import (
     KERNMLOPS_FORMAT,
@@ -158,7 +159,7 @@ class MetricReader:
         self,
         set_name: str,
         spec: CounterSpec | HistogramSpec,
-        reader: MapReader,
+        reader: KeyValueReader,
         ctx: DecoderContext,
         max_label_sets: int,
         *,
@@ -473,8 +474,24 @@ class _LoadedSet:
         self.status = SetStatus(metric_set.name, metric_set.path)
         self.obj: BpfObject | None = None
         self.metrics: list[MetricReader] = []
+        #: what runs beside the set (SetRuntime.services): stopped before the
+        #: object closes, as they use its maps
+        self.services: list[Any] = []
+        self.services_started = False
+
+    def start_services(self) -> None:
+        if not self.services_started:
+            self.services_started = True
+            for service in self.services:
+                service.start()
 
     def close(self) -> None:
+        while self.services:
+            self.services.pop().close()
+        for metric in self.metrics:  # a perf event array's poller, if services were not made
+            close = getattr(metric.reader, "close", None)
+            if close is not None:
+                close()
         if self.obj is not None:
             self.obj.close()
             self.obj = None
@@ -574,6 +591,7 @@ class Exporter:
         bpf_stats: bool = False,
         decoder_context: DecoderContext | None = None,
         tracked: str = "the processes of the collection",
+        services_later: bool = False,
     ) -> None:
         self.sets = [_LoadedSet(ms) for ms in sets]
         self.job = job or JobFilter()
@@ -590,6 +608,8 @@ class Exporter:
         #: None: each metric's own, else DEFAULT_MAX_LABEL_SETS
         self.max_label_sets = max_label_sets
         self.want_bpf_stats = bpf_stats
+        #: start() leaves the sets' services (threads) to start_services()
+        self.services_later = services_later
         self.ctx = decoder_context or DecoderContext()
         self._stats_fd: int | None = None
         self._lock = threading.Lock()
@@ -614,6 +634,8 @@ class Exporter:
                 loaded.status.error = str(err)
                 loaded.close()
         self._warm()
+        if not self.services_later:
+            self.start_services()
         return self.statuses
 
     def _warm(self) -> None:
@@ -698,6 +720,20 @@ class Exporter:
         loaded.status.variant = obj.variant
         for spec in ms.metrics:
             (runtime.check_fit if runtime is not None else check_fit)(ms, spec, obj)
+        for spec in ms.metrics:
+            default = self.max_label_sets or DEFAULT_MAX_LABEL_SETS
+            if runtime is not None:
+                metric = runtime.make_reader(ms.name, spec, obj, self.ctx, default)
+            else:
+                reader = MapReader(obj.map(spec.map))
+                metric = MetricReader(ms.name, spec, reader, self.ctx, default)
+            if self.max_label_sets is not None:  # a ceiling, over the set's own too
+                metric.max_label_sets = min(metric.max_label_sets, self.max_label_sets)
+            if self.scope:
+                metric.help = f"{metric.spec.help} (counted only for {self.scope})"
+            loaded.metrics.append(metric)
+        if runtime is not None:  # before attaching: a program's first events find them
+            loaded.services = runtime.services(ms, loaded.metrics, obj)
         for prog in obj.programs.values():
             if not prog.autoload:
                 continue
@@ -713,18 +749,15 @@ class Exporter:
             except LibbpfError as err:
                 st.error = _attach_error(prog.section, err)
             loaded.status.programs.append(st)
-        for spec in ms.metrics:
-            default = self.max_label_sets or DEFAULT_MAX_LABEL_SETS
-            if runtime is not None:
-                metric = runtime.make_reader(ms.name, spec, obj, self.ctx, default)
-            else:
-                reader = MapReader(obj.map(spec.map))
-                metric = MetricReader(ms.name, spec, reader, self.ctx, default)
-            if self.max_label_sets is not None:  # a ceiling, over the set's own too
-                metric.max_label_sets = min(metric.max_label_sets, self.max_label_sets)
-            if self.scope:
-                metric.help = f"{metric.spec.help} (counted only for {self.scope})"
-            loaded.metrics.append(metric)
+
+    def start_services(self) -> None:
+        """Start what runs beside the loaded sets (threads: perf event array
+        pollers, cgroup id map keepers). Separate from :meth:`start` so that
+        ``--capabilities.keep`` drops capabilities first, as the threads then
+        inherit the drop; :meth:`start` calls it unless ``services_later``."""
+        for loaded in self.sets:
+            if loaded.obj is not None:
+                loaded.start_services()
 
     @property
     def statuses(self) -> list[SetStatus]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import errno
 from ctypes import POINTER, c_int, c_uint32, c_void_p
+from typing import Protocol
 
 import numpy as np
 
@@ -32,6 +33,15 @@ _NO_BATCH = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, 524, errno.EPERM, er
 #: bytes of values one batch call may return (a chunk holds fewer entries on
 #: machines with many CPUs)
 _CHUNK_BYTES = 1 << 20
+
+
+class KeyValueReader(Protocol):
+    """What a metric reads at each scrape: keys as bytes and ``(n, words)`` u64
+    values (a :class:`MapReader`, or perf_event_array.PerfEventCounts)."""
+
+    name: str
+
+    def read(self) -> tuple[list[bytes], np.ndarray]: ...
 
 
 class MapReader:

@@ -296,6 +296,12 @@ class SetRuntime(Protocol):
         """The format's own metrics about the loaded sets (metric families)."""
         ...
 
+    def services(self, metric_set: MetricSet, metrics: list[Any], obj: Any) -> list[Any]:
+        """What runs beside the loaded set until it is closed (each with
+        ``start()``, called once capabilities are dropped, and ``close()``);
+        made before its programs attach."""
+        ...
+
 
 @dataclass(frozen=True)
 class MetricSet:
@@ -313,6 +319,9 @@ class MetricSet:
     kaddrs: tuple[str, ...] = ()
     #: how a set of another format loads and reads; None: kernmlops' own way
     runtime: SetRuntime | None = None
+    #: ebpf_exporter's cgroup_id_map (compat.CgroupIdMapSpec): a map the exporter
+    #: keeps filled with the matching cgroups' ids
+    cgroup_id_map: Any = None
 
     @property
     def stem(self) -> str:
