@@ -202,3 +202,21 @@ def test_ebpf_exporters_flags_are_taken_or_refused_in_one_line(no_bpf: list[str]
         assert result.exit_code == 2, result.output
         assert result.output.strip() == line
     assert no_bpf == ["start"]
+
+
+def test_a_bad_cgroup_id_map_is_refused_before_loading(tmp_path: Path) -> None:
+    bad = tmp_path / "filter.yaml"
+    bad.write_text(
+        "metrics:\n"
+        "  counters:\n"
+        "    - {name: calls_total, help: calls, labels: []}\n"
+        "cgroup_id_map:\n"
+        "  name: ids\n"
+        "  regexps: ['^(system.slice']\n"
+    )
+    result = run("--config", str(bad), "--check")
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output
+    assert (
+        "cgroup_id_map.regexps: regexps[0] '^(system.slice' is not a valid regexp" in result.output
+    )

@@ -40,8 +40,17 @@ from kernmlops.exporter.decoders import (
     inet_ip,
     label_decoders,
 )
+from kernmlops.exporter.perf_event_array import go_duration_s
 
 CONFIGS = Path(__file__).parent / "ebpf_exporter"
+#: ebpf_exporter's oomkill counter's form: a perf event array, one u64 label
+PERF = {
+    "name": "oom_kills_total",
+    "help": "h",
+    "perf_event_array": True,
+    "labels": [{"name": "cgroup_path", "size": 8, "decoders": [{"name": "uint"}]}],
+}
+COUNTED = {"metrics": {"counters": [{"name": "a", "help": "h"}]}}
 
 
 def write(tmp_path: Path, name: str, data: dict) -> Path:
@@ -136,11 +145,51 @@ def test_go_float_as_go_writes_it() -> None:
     assert {v: go_float(v) for v in cases} == cases
 
 
+def test_perf_event_array_and_cgroup_id_map_are_read(tmp_path: Path) -> None:
+    """ebpf_exporter's oomkill-like counter and a cgroup id map load as written;
+    flush_interval is a Go duration (a string, or nanoseconds), an hour by default."""
+    data = {
+        "metrics": {"counters": [PERF, {**PERF, "name": "b", "flush_interval": "1m30s"}]},
+        "cgroup_id_map": {"name": "ids", "type": "", "regexps": ["^.*(system.slice/.*)$"]},
+    }
+    ms = load_metric_set(write(tmp_path, "oom", data))
+    first, second = ms.metrics
+    assert isinstance(first, EeCounterSpec) and first.perf_event_array
+    assert (first.flush_interval_s, second.flush_interval_s) == (3600.0, 90.0)
+    assert first.total_key_bytes == 8
+    assert ms.cgroup_id_map.type == "hash"  # empty: hash, as there
+    (pattern,) = ms.cgroup_id_map.patterns()
+    assert pattern.search("/sys/fs/cgroup/system.slice/cron.service")
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [("30s", 30.0), ("1m30s", 90.0), ("1.5h", 5400.0), ("250ms", 0.25), ("2us", 2e-6),
+     ("0", 0.0), ("-1s", -1.0), (5_000_000_000, 5.0)],
+)  # fmt: skip
+def test_go_durations(value: object, seconds: float) -> None:
+    assert go_duration_s(value) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("value", ["", "1", "1d", "s", "1h 2m", True, 1.5, None])
+def test_not_go_durations(value: object) -> None:
+    with pytest.raises(ValueError, match="is not a duration"):
+        go_duration_s(value)
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        ({"metrics": {"counters": [{"name": "a", "help": "h", "perf_event_array": True}]}},
-         "perf_event_array counters are not supported"),
+        ({"metrics": {"counters": [{**PERF, "flush_interval": "an hour"}]}},
+         "flush_interval: 'an hour' is not a duration (e.g. 30s, 5m, 1h)"),
+        ({**COUNTED, "cgroup_id_map": {"name": "ids", "type": "lru_hash"}},
+         "cgroup_id_map.type: 'lru_hash' is not one of hash, cgrp_storage"),
+        ({**COUNTED, "cgroup_id_map": {"name": "ids", "regexps": ["^(unclosed"]}},
+         "regexps[0] '^(unclosed' is not a valid regexp"),
+        ({**COUNTED, "cgroup_id_map": {"type": "hash", "regexps": []}},
+         "cgroup_id_map.name"),
+        ({**COUNTED, "cgroup_id_map": {"name": "ids", "regexp": ["x"]}},
+         "did you mean 'regexps'"),
         ({"metrics": {"counters": [{"name": "a", "help": "h"}]}, "tracing": {"spans": [{}]}},
          "tracing spans"),
         ({"metrics": {"counters": [{"name": "a", "hlep": "h"}]}}, "did you mean 'help'"),

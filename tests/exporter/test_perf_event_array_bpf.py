@@ -1,0 +1,199 @@
+"""ebpf_exporter's ``perf_event_array: true`` counters against the kernel: the
+test program (ebpf_exporter/perf-events.bpf.c) sends a perf event array sample
+per getppid(2) of a ``kmo-pea`` thread; the served counter must equal the
+calls the workload made, and samples the kernel drops must be counted."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kernmlops.exporter.config import resolve_sets
+from kernmlops.exporter.core import Exporter
+from kernmlops.exporter.perf_event_array import PerfEventCounts
+from tests.exporter.conftest import scratch_cgroup
+
+pytestmark = pytest.mark.bpf
+
+CONFIGS = Path(__file__).parent / "ebpf_exporter"
+METRIC = "ebpf_exporter_test_getppid_events_total"
+LOST = "dropped_perf_event_map_events_test_getppid_events_total"
+
+
+def _workload(comm: str, calls: int, cgroup: Path | None = None) -> int:
+    """A process named ``comm`` (in ``cgroup``, if given) calls getppid ``calls``
+    times; its process id."""
+    code = textwrap.dedent(f"""
+        import os, sys
+        if {str(cgroup) if cgroup else ""!r}:
+            open({str(cgroup)!r} + "/cgroup.procs", "w").write(str(os.getpid()))
+        open("/proc/self/comm", "w").write({comm!r})
+        for _ in range({calls}):
+            os.getppid()
+        print(os.getpid())
+    """)
+    done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    return int(done.stdout)
+
+
+def _samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    return {
+        tuple(sorted(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name
+    }
+
+
+def _served(exporter: Exporter, tgid: int, want: float, timeout: float = 10) -> dict:
+    """The counter's series of process ``tgid`` once it shows ``want`` (the
+    poller runs every 300 ms), or as it is at the timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = {
+            labels: v
+            for labels, v in _samples(exporter.render().decode(), METRIC).items()
+            if dict(labels)["tgid"] == str(tgid)
+        }
+        if sum(got.values()) >= want or time.monotonic() > deadline:
+            return got
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def perf_events() -> Iterator[Exporter]:
+    exporter = Exporter(resolve_sets([str(CONFIGS / "perf-events.yaml")]))
+    try:
+        (status,) = exporter.start()
+        assert status.error is None, status.error
+        assert status.attached == 1, [(p.name, p.error) for p in status.programs]
+        yield exporter
+    finally:
+        exporter.close()
+
+
+def test_each_sample_counts_once_under_its_labels(perf_events: Exporter) -> None:
+    calls = 5000
+    with scratch_cgroup("kmo-pea-cg") as cgroup:
+        tgid = _workload("kmo-pea-count", calls, cgroup)
+        got = _served(perf_events, tgid, calls)
+        # one series: the trailing per-sample field is not part of the key
+        ((labels, value),) = got.items()
+        assert value == calls
+        assert dict(labels)["cgroup"].endswith("/" + cgroup.name), labels
+        text = perf_events.render().decode()
+    assert f"# TYPE {METRIC} counter" in text
+    assert _samples(text, LOST) == {(): 0.0}  # nothing dropped at this rate
+    (reader,) = (m.reader for m in perf_events.sets[0].metrics)
+    assert isinstance(reader, PerfEventCounts)
+    keys, _ = reader.read()
+    assert all(len(k) == 16 for k in keys)  # cut to the labels' span (4 + 4 + 8)
+
+
+def test_a_second_process_is_a_series_of_its_own(perf_events: Exporter) -> None:
+    first = _workload("kmo-pea-a", 300)
+    second = _workload("kmo-pea-b", 700)
+    assert sum(_served(perf_events, first, 300).values()) == 300
+    assert sum(_served(perf_events, second, 700).values()) == 700
+
+
+def test_dropped_samples_are_counted(tmp_path: Path) -> None:
+    """A one-page ring, not read while the workload runs: most samples are
+    dropped, and those received plus those reported lost are the calls made."""
+    exporter = Exporter(resolve_sets([str(CONFIGS / "perf-events.yaml")]), services_later=True)
+    try:
+        (status,) = exporter.start()
+        assert status.error is None, status.error
+        (metric,) = exporter.sets[0].metrics
+        default = metric.reader
+        assert isinstance(default, PerfEventCounts)
+        obj = exporter.sets[0].obj
+        assert obj is not None
+        default.close()  # its ring replaced by a one-page one
+        small = metric.reader = PerfEventCounts(obj.map("test_getppid_events_total"), 16, pages=1)
+        exporter.sets[0].services = [small]
+        calls = 20_000
+        tgid = _workload("kmo-pea-flood", calls)
+        small.poll_now()
+        # the kernel reports a loss with the next sample it can write
+        _workload("kmo-pea-flood", 1)
+        small.poll_now()
+        mine = {
+            k: v for k, v in zip(*small.read(), strict=True) if k[:4] == tgid.to_bytes(4, "little")
+        }
+        received = int(sum(int(v[0]) for v in mine.values()))
+        assert small.lost > 0
+        assert received < calls
+        # the second workload's sample is received, under its own process id
+        assert received + small.lost == calls
+        served = _samples(exporter.render().decode(), LOST)
+        assert served == {(): float(small.lost)}
+    finally:
+        exporter.close()
+
+
+OOM_LIKE_C = """
+#include <vmlinux.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+
+struct {
+    __uint(type, BPF_MAP_TYPE_PERF_EVENT_ARRAY);
+    __uint(key_size, sizeof(u32));
+    __uint(value_size, sizeof(u32));
+} test_ooms_total SEC(".maps");
+
+SEC("kprobe/oom_kill_process")
+int BPF_KPROBE(on_oom_kill, struct oom_control *oc)
+{
+    struct mem_cgroup *memcg = BPF_CORE_READ(oc, memcg);
+    u64 id = memcg ? BPF_CORE_READ(memcg, css.cgroup, kn, id) : 0;
+
+    bpf_perf_event_output(ctx, &test_ooms_total, BPF_F_CURRENT_CPU, &id, sizeof(id));
+    return 0;
+}
+
+char LICENSE[] SEC("license") = "GPL";
+"""
+
+OOM_LIKE_YAML = """
+metrics:
+  counters:
+    - name: test_ooms_total
+      help: OOM kills by the memory cgroup that ran out
+      perf_event_array: true
+      labels:
+        - name: cgroup_path
+          size: 8
+          decoders:
+            - name: uint
+            - name: cgroup
+"""
+
+
+def test_a_kprobe_config_like_ebpf_exporters_oomkill_loads(tmp_path: Path) -> None:
+    """The shape of ebpf_exporter's oomkill example (a kprobe on
+    oom_kill_process feeding a perf event array) loads; on a kernel without
+    kprobes its program is reported not attached, and the counter is served
+    empty with its drop count."""
+    (tmp_path / "oom-like.bpf.c").write_text(OOM_LIKE_C)
+    (tmp_path / "oom-like.yaml").write_text(OOM_LIKE_YAML)
+    exporter = Exporter(resolve_sets([str(tmp_path / "oom-like.yaml")]))
+    try:
+        (status,) = exporter.start()
+        assert status.error is None, status.error
+        (prog,) = status.programs
+        kprobes = Path("/sys/kernel/tracing/kprobe_events").exists()
+        assert prog.attached or not kprobes, prog.error
+        text = exporter.render().decode()
+        assert "# TYPE ebpf_exporter_test_ooms_total counter" in text
+        assert _samples(text, "dropped_perf_event_map_events_test_ooms_total") == {(): 0.0}
+    finally:
+        exporter.close()
