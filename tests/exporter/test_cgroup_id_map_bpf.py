@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,7 +19,13 @@ from kernmlops.exporter.cgroup_id_map import CgroupIdMap
 from kernmlops.exporter.cli import export_command
 from kernmlops.exporter.config import resolve_sets
 from kernmlops.exporter.core import Exporter
-from tests.exporter.conftest import scratch_cgroup
+from tests.exporter.conftest import (
+    exporter_process,
+    free_port,
+    scratch_cgroup,
+    wait_logged,
+    wait_serving,
+)
 from tests.exporter.test_perf_event_array_bpf import _samples, _workload
 
 pytestmark = pytest.mark.bpf
@@ -169,3 +176,50 @@ def test_a_map_that_does_not_fit_is_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in result.output
     (line,) = [x for x in result.output.splitlines() if x.startswith("check failed:")]
     assert "test_cgroup_storage has 4-byte keys; type hash needs 8" in line
+
+
+def test_served_with_capabilities_dropped(tmp_path: Path) -> None:
+    """With --capabilities.keep=none, every thread (the perf event array's
+    poller and the id map's keeper among them) holds no capability, and both
+    still work: samples are counted, and a cgroup made after the drop is put
+    in the map (its calls count as matched)."""
+    port = free_port()
+    log = tmp_path / "exporter.log"
+    args = [
+        "--config.dir", str(CONFIGS), "--config.names", "perf-events,cgroup-filter",
+        "--web.listen-address", f"127.0.0.1:{port}", "--capabilities.keep=none",
+    ]  # fmt: skip
+    url = f"http://127.0.0.1:{port}/metrics"
+    with exporter_process(log, *args) as proc:
+        wait_serving(proc, url, log)
+        assert "capabilities dropped" in wait_logged(log, "serving")
+        threads = {t.name: t for t in Path(f"/proc/{proc.pid}/task").iterdir()}
+        assert len(threads) > 1
+        for task in threads.values():
+            lines = (task / "status").read_text().splitlines()
+            status = dict(line.split(":\t", 1) for line in lines if ":\t" in line)
+            assert int(status["CapEff"], 16) == 0, (task.name, status["CapEff"])
+        with scratch_cgroup("kmo-cgm-in") as inside:
+            tgid = _workload("kmo-pea-caps", 120)
+
+            def served() -> tuple[dict, dict]:
+                with urllib.request.urlopen(url, timeout=5) as resp:
+                    text = resp.read().decode()
+                return (
+                    _samples(text, "ebpf_exporter_test_getppid_events_total"),
+                    _samples(text, "ebpf_exporter_test_cgroup_matched_total"),
+                )
+
+            # one call at a time until the keeper has put the new cgroup in the map
+            key = (("cgroup", f"/{inside.name}"),)
+            probes = 0
+            while key not in served()[1] and probes < 100:
+                _workload("kmo-cgm-probe", 1, inside)
+                probes += 1
+            assert key in served()[1], "the cgroup made after the drop is never matched"
+            _workload("kmo-cgm-caps", 80, inside)
+            assert _until(lambda: served()[1][key] == 80 + 1)
+            perf, matched = served()
+            assert matched[key] == 80 + 1  # the probe that first matched, and the 80
+            mine = [v for labels, v in perf.items() if dict(labels)["tgid"] == str(tgid)]
+            assert mine == [120.0]

@@ -197,3 +197,30 @@ def test_a_kprobe_config_like_ebpf_exporters_oomkill_loads(tmp_path: Path) -> No
         assert _samples(text, "dropped_perf_event_map_events_test_ooms_total") == {(): 0.0}
     finally:
         exporter.close()
+
+
+def test_counts_start_again_every_flush_interval(tmp_path: Path) -> None:
+    """flush_interval: 3s: a series counted before a flush is gone after it,
+    and counting goes on from zero, as ebpf_exporter resets its counters."""
+    (tmp_path / "flushed.bpf.c").write_text((CONFIGS / "perf-events.bpf.c").read_text())
+    config = (CONFIGS / "perf-events.yaml").read_text()
+    flushed = config.replace(
+        "perf_event_array: true", "perf_event_array: true\n      flush_interval: 3s"
+    )
+    assert flushed != config
+    (tmp_path / "flushed.yaml").write_text(flushed)
+    exporter = Exporter(resolve_sets([str(tmp_path / "flushed.yaml")]))
+    try:
+        (status,) = exporter.start()
+        assert status.error is None, status.error
+        first = _workload("kmo-pea-f1", 50)
+        # well within the first 3 s (a flush there would forget it first)
+        assert sum(_served(exporter, first, 50, timeout=2).values()) == 50
+        deadline = time.monotonic() + 6
+        while _served(exporter, first, 1, timeout=0) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _served(exporter, first, 1, timeout=0), "the flush forgot the series"
+        second = _workload("kmo-pea-f2", 30)
+        assert sum(_served(exporter, second, 30, timeout=2).values()) == 30
+    finally:
+        exporter.close()
