@@ -22,6 +22,11 @@ call by the same names, and a ``bpf/bpf_core_read.h`` there that includes
 ``bpf_helpers.h`` first, as libbpf 1.4 and later do (some examples rely on it).
 A file is in this format when none of its metrics has a ``map:`` key
 (:func:`is_ebpf_exporter_config`).
+
+Two of its features run beside the set while it is served (:func:`services`):
+``perf_event_array: true`` counters, counted from a perf event array's
+samples (perf_event_array.py), and ``cgroup_id_map``, a map kept filled with
+the matching cgroups' ids (cgroup_id_map.py).
 """
 
 from __future__ import annotations
