@@ -947,11 +947,31 @@ def test_the_end_line_counts_the_run_from_the_benchmarks_start_not_its_setup(
     assert line.endswith(f"; {result.duration_s:.1f} s in all) -> PATH"), line
 
 
-def test_a_faux_collection_of_one_tgid_ends_when_that_process_exits(tmp_path: Path) -> None:
+def test_a_faux_collection_of_one_tgid_ends_when_that_process_exits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """--tgid N -b faux: once N exits nothing is left to trace, and the collection ends
     (it went on until Ctrl+C or -d, tracing nothing)."""
+    import select
     import subprocess
 
+    # the loop asks N's pidfd each tick through one poll object, made once
+    made, asked = [], []
+    real_poll = select.poll
+
+    class CountedPoll:
+        def __init__(self) -> None:
+            made.append(self)
+            self._poll = real_poll()
+
+        def register(self, fd: int, mask: int) -> None:
+            self._poll.register(fd, mask)
+
+        def poll(self, timeout: float | None = None) -> list[tuple[int, int]]:
+            asked.append(timeout)
+            return self._poll.poll(timeout)
+
+    monkeypatch.setattr(select, "poll", CountedPoll)
     traced = subprocess.Popen(["sleep", "1"])
     try:
         cfg = load_config(
@@ -969,6 +989,7 @@ def test_a_faux_collection_of_one_tgid_ends_when_that_process_exits(tmp_path: Pa
         traced.wait()
     assert (result.ended_by, result.exit_code) == ("completed", 0)
     assert f"note: process {traced.pid} (--tgid) exited: the collection ends" in said
+    assert len(made) == 1 and len(asked) > 1, (len(made), len(asked))
 
 
 def test_a_burst_wakes_the_loop_before_a_small_ring_overflows(

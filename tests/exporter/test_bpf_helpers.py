@@ -16,11 +16,13 @@ from kernmlops.exporter.histogram import Buckets, bucket_bounds, slot_of
 
 pytestmark = pytest.mark.bpf
 
-SOURCE = r"""
+#: The one-entry histogram map both programs observe into, as the exporter's
+#: objects declare theirs: ``slots`` (the buckets, the overflow) then the sum.
+HIST_MAP = r"""
 #include "exp_common.h"
 
 struct hist {
-	u64 slots[4 + 2]; /* exp2, bucket_max 4: slots 0..4 and the overflow */
+	u64 slots[%(slots)s]; /* %(why)s */
 	u64 sum;
 };
 
@@ -30,7 +32,10 @@ struct {
 	__type(key, u32);
 	__type(value, struct hist);
 } hist SEC(".maps");
+"""
 
+SOURCE = HIST_MAP % {"slots": "4 + 2", "why": "exp2, bucket_max 4: slots 0..4 and the overflow"}
+SOURCE += r"""
 static const u64 fixed_bounds[3] = { 3, 10, 250 };
 
 /* args[0]: the value, args[1]: 0 exp2 (and observe it), 1 exp2zero, 2 linear,
@@ -95,21 +100,11 @@ def test_kernel_slots_match_the_exported_bounds(compile_bpf: Callable[[str, str]
     assert cumulative == [sum(v <= bound for v in VALUES) for bound in b.bounds] + [len(VALUES)]
 
 
-NS_SOURCE = r"""
-#include "exp_common.h"
-
-struct hist {
-	u64 slots[12 + 2]; /* exp2 in µs, bucket_max 12 (4.096 ms) and the overflow */
-	u64 sum;
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, u32);
-	__type(value, struct hist);
-} hist SEC(".maps");
-
+NS_SOURCE = HIST_MAP % {
+    "slots": "12 + 2",
+    "why": "exp2 in µs, bucket_max 12 (4.096 ms) and the overflow",
+}
+NS_SOURCE += r"""
 /* args[0]: a duration in ns, observed as runqlat and biolatency observe theirs */
 SEC("raw_tp")
 int observe(struct bpf_raw_tracepoint_args *ctx)

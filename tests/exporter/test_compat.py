@@ -222,6 +222,29 @@ def test_kaddrs_from_kallsyms(tmp_path: Path) -> None:
         kaddr_globals(("nothere",), table)
 
 
+#: /proc/kallsyms lines as this kernel (6.18) lists them: static functions of one
+#: name in several files, then a module's (after a tab, its name in brackets)
+DUPLICATED = (
+    "ffffffff81000000 T _stext\n"
+    "ffffffff81200ca0 t __cpuid\n"
+    "ffffffff812edd10 t __cpuid\n"
+    "ffffffff813227d0 t __cpuid\n"
+    "ffffffffc0a01000 t __cpuid\t[kvm]\n"
+)
+
+
+def test_kaddrs_take_the_kernels_last_symbol_of_a_name(tmp_path: Path) -> None:
+    # ebpf_exporter (exporter.go, populateKaddrs) keeps the last address a name has
+    # in the kernel's own lines; a module's line is no match (its name field holds
+    # the tab and "[kvm]"): the same config gets the same address from both.
+    table = tmp_path / "kallsyms"
+    table.write_text(DUPLICATED)
+    assert kaddr_globals(("__cpuid",), table) == {"kaddr___cpuid": 0xFFFFFFFF813227D0}
+    table.write_text("ffffffffc0a01000 t kvm_only\t[kvm]\n" + DUPLICATED)
+    with pytest.raises(MetricSetError, match="no symbol kvm_only"):
+        kaddr_globals(("kvm_only",), table)
+
+
 # --- decoders ---------------------------------------------------------------------
 def decode(name: str, value: bytes | str, ctx: DecoderContext | None = None, **opts) -> str:
     fn = build_decoder(DecoderSpec(name=name, **opts), ctx or DecoderContext())

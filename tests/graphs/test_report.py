@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from kernmlops.data import Collection, read_collection
 from kernmlops.graphs import report
 from kernmlops.graphs._report import table_facts, table_summary
-from kernmlops.graphs.base import US_PER_S, GraphData, TableView, collect
+from kernmlops.graphs.base import US_PER_S, GraphData, TableView, collect, format_bytes
 from kernmlops.graphs.cli import report_command
 from kernmlops.graphs.context import _views, load, table_view
 from kernmlops.hooks.task_perf import split_events
@@ -109,8 +109,39 @@ def test_table_summary_matches_the_frames(synthetic: Collection) -> None:
     assert summary["block_io"]["span_s"] == pytest.approx(1.8)
     assert summary["memory_usage"]["processes"] is None  # system-wide
     stats = dict(summary["block_io"]["stats"])
-    assert set(stats) == {"issue_to_complete_us", "queue_to_issue_us", "bytes"}
+    assert set(stats) == {"issue_to_complete_us", "queue_to_issue_us", "bytes", "other requests"}
     assert stats["bytes"].startswith("mean 1 MiB")
+    assert stats["other requests"] == "FLUSH 2 (2 MiB)"  # the synthetic flushes carry 1 MiB
+
+
+def test_block_io_bytes_are_those_read_and_written(tmp_path: Path) -> None:
+    # A DISCARD of a whole 4 GiB device (mkfs, fstrim) moves no data: the bytes
+    # figure is the reads' and writes' alone, discards and flushes said apart.
+    rw = np.array([4096, 8192, 4096, 65536, 512 << 10, 4096, 131072, 4096], np.uint32)
+    ops = ["READ", "WRITE"] * 4 + ["DISCARD", "DISCARD", "FLUSH"]
+    sizes = np.concatenate([rw, np.array([2**32 - 1, 1 << 30, 0], np.uint32)])
+    n = sizes.size
+    block = pl.DataFrame(
+        {
+            "ts_uptime_us": np.arange(n, dtype=np.uint64) * 1000 + 5_000_000_000,
+            "bytes": sizes,
+            "op": ops,
+            "queue_to_issue_us": np.full(n, 3, np.uint64),
+            "issue_to_complete_us": np.full(n, 100, np.uint64),
+            "tgid": np.full(n, WORKER, np.uint32),
+        }
+    )
+    folder = write_collection(tmp_path, {"block_io": block})
+    (entry,) = [t for t in table_summary(load(folder)) if t["table"] == "block_io"]
+    stats = dict(entry["stats"])
+    # by hand, from the reads' and writes' sizes alone
+    q = {p: np.quantile(rw, p, method="inverted_cdf") for p in (0.5, 0.99)}
+    assert stats["bytes"] == (
+        f"mean {format_bytes(rw.mean())} · p50 {format_bytes(q[0.5])} · "
+        f"p99 {format_bytes(q[0.99])} · max {format_bytes(rw.max())}"
+    )
+    discarded = format_bytes(2**32 - 1 + (1 << 30))
+    assert stats["other requests"] == f"DISCARD 2 ({discarded}) · FLUSH 1"
 
 
 def test_task_perf_tables_are_summarised_by_their_counts(tmp_path: Path) -> None:

@@ -198,11 +198,16 @@ class PollLoop:
         # N exits, so the collection ends then (as `perf record -p N` does)
         target = cfg.tgid if proc is None and cfg.filter == "tgid" else None
         target_fd: int | None = None
+        #: asks target_fd each tick without waiting (made once, not per tick)
+        target_exit: select.poll | None = None
         waker: select.epoll | None = None
         watch: SpaceWatch | None = None
         try:
             exited = _pidfd(proc.pid) if proc is not None else None
             target_fd = _pidfd(target) if target is not None else None
+            if target_fd is not None:
+                target_exit = select.poll()
+                target_exit.register(target_fd, select.POLLIN)
             self.stop.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
             wakes: list[Sequence[int] | None] = []
             self._each("wake_fds", lambda h: wakes.append(h.wake_fds()))
@@ -268,7 +273,7 @@ class PollLoop:
                     return ("completed" if code == 0 else "failed"), code
                 if self.stop.signal is not None:
                     return "interrupted", None
-                if target is not None and _gone(target, target_fd):
+                if target is not None and _gone(target, target_exit):
                     if self.on_message:
                         self.on_message(
                             f"note: process {target} (--tgid) exited: the collection ends"
@@ -403,14 +408,13 @@ def _waker(wakes: Sequence[Sequence[int] | None], *fds: int | None) -> tuple[sel
     return waker, capped
 
 
-def _gone(pid: int, pidfd: int | None) -> bool:
-    """Whether process ``pid`` (held by ``pidfd``, readable once it exits) has exited;
-    without a pidfd (it had exited already, or no pidfd_open), whether /proc lacks it."""
-    if pidfd is None:
+def _gone(pid: int, exits: select.poll | None) -> bool:
+    """Whether process ``pid`` has exited: ``exits`` polls its pidfd (readable once it
+    exits); without one (it had exited already, or no pidfd_open), whether /proc
+    lacks it."""
+    if exits is None:
         return not os.path.exists(f"/proc/{pid}")
-    poller = select.poll()
-    poller.register(pidfd, select.POLLIN)
-    return bool(poller.poll(0))
+    return bool(exits.poll(0))
 
 
 def _pidfd(pid: int) -> int | None:

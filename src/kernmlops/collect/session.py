@@ -183,19 +183,16 @@ class Session:
                     self._pinned = pin(
                         self.path, create=True, fresh=True, invoker_uid=who.uid if who else None
                     )
-                except OutputError as err:
-                    raise without_dac_override(err) from None
-                self._running.io = io = self._pinned.io
-                try:
+                    self._running.io = io = self._pinned.io
                     check = prepare_output(
                         io,
                         min_free_mb=cfg.min_free_mb,
                         warn_free_mb=cfg.warn_free_mb,
                         shown=self.path,
                     )
-                except OutputError:
-                    self._hand_over()
-                    raise
+                except OutputError as err:
+                    self._hand_over()  # what pin made is the user's (none if pin failed)
+                    raise without_dac_override(err) from None
                 if self.on_folder:
                     self.on_folder(self.path)
                 if check.warning and self.on_message:

@@ -382,15 +382,17 @@ def resolve_config_dir(config_dir: str, names: str) -> list[str]:
 
 # --- loading ----------------------------------------------------------------------
 def kaddr_globals(symbols: tuple[str, ...], kallsyms: Path = Path("/proc/kallsyms")) -> dict:
-    """``kaddr_<symbol>`` values for a config's ``kaddrs``."""
+    """``kaddr_<symbol>`` values for a config's ``kaddrs``: as ebpf_exporter reads
+    them, the last address the kernel's own lines give a name (static functions
+    share names), a module's lines (a fourth field, ``[module]``) left out."""
     if not symbols:
         return {}
     wanted, found = set(symbols), {}
     with kallsyms.open() as fh:
         for line in fh:
             parts = line.split()
-            if len(parts) >= 3 and parts[2] in wanted and parts[2] not in found:
-                found[parts[2]] = int(parts[0], 16)
+            if len(parts) == 3 and parts[2] in wanted:
+                found[parts[2]] = int(parts[0], 16)  # a later line replaces an earlier
     missing = sorted(wanted - set(found))
     if missing:
         raise MetricSetError(f"kaddrs: no symbol {', '.join(missing)} in {kallsyms}")

@@ -14,11 +14,14 @@ from kernmlops.graphs.base import (
     collect_all,
     counted,
     duration_axis,
+    format_bytes,
     format_duration_us,
     histogram_bins,
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from matplotlib.figure import Figure
 
 SERVICE, QUEUE = "issue_to_complete_us", "queue_to_issue_us"
@@ -28,8 +31,36 @@ OP_COLORS = {"READ": "#1f77b4", "WRITE": "#d62728", "other": "#7f7f7f"}
 
 
 class BlockIoView(TableView):
+    """The report's figures: latencies of every request; bytes of reads and writes
+    alone, as the rate graph draws them (a DISCARD's size is the range discarded,
+    a whole device's at mkfs: no data moved); the other ops counted apart."""
+
     name = "block_io"
     key_columns = (SERVICE, QUEUE, "bytes")
+
+    def summary_queries(self, frame: pl.DataFrame | pl.LazyFrame) -> list[pl.LazyFrame]:
+        if not {"op", "bytes"} <= set(frame.collect_schema().names()):
+            return super().summary_queries(frame)
+        moved = frame.lazy().filter(pl.col("op").is_in(list(MAIN_OPS)))
+        queries = [counted(moved if c == "bytes" else frame, c) for c in self.keys(frame)]
+        others = (
+            frame.lazy()
+            .filter(~pl.col("op").is_in(list(MAIN_OPS)))
+            .group_by("op")
+            .agg(requests=pl.len(), bytes=pl.col("bytes").cast(pl.UInt64).sum())
+            .sort("requests", "op", descending=[True, False])
+        )
+        return [*queries, others]
+
+    def summarise(self, results: Sequence[pl.DataFrame]) -> list[tuple[str, str]]:
+        out = super().summarise([r for r in results if "requests" not in r.columns])
+        others = [r for r in results if "requests" in r.columns]
+        if others and not others[0].is_empty():
+            said = []
+            for op, requests, size in others[0].iter_rows():
+                said.append(f"{op} {requests:,}" + (f" ({format_bytes(size)})" if size else ""))
+            out.append(("other requests", " · ".join(said)))
+        return out
 
 
 def _op_groups(counts: pl.DataFrame) -> list[tuple[str, pl.DataFrame]]:
