@@ -5,6 +5,7 @@ calls the workload made, and samples the kernel drops must be counted."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -27,11 +28,13 @@ METRIC = "ebpf_exporter_test_getppid_events_total"
 LOST = "dropped_perf_event_map_events_test_getppid_events_total"
 
 
-def _workload(comm: str, calls: int, cgroup: Path | None = None) -> int:
-    """A process named ``comm`` (in ``cgroup``, if given) calls getppid ``calls``
-    times; its process id."""
+def _workload(comm: str, calls: int, cgroup: Path | None = None, cpu: int | None = None) -> int:
+    """A process named ``comm`` (in ``cgroup``, if given; on CPU ``cpu``, if given)
+    calls getppid ``calls`` times; its process id."""
     code = textwrap.dedent(f"""
         import os, sys
+        if {cpu!r} is not None:
+            os.sched_setaffinity(0, {{{cpu!r}}})
         if {str(cgroup) if cgroup else ""!r}:
             open({str(cgroup)!r} + "/cgroup.procs", "w").write(str(os.getpid()))
         open("/proc/self/comm", "w").write({comm!r})
@@ -120,10 +123,12 @@ def test_dropped_samples_are_counted(tmp_path: Path) -> None:
         small = metric.reader = PerfEventCounts(obj.map("test_getppid_events_total"), 16, pages=1)
         exporter.sets[0].services = [small]
         calls = 20_000
-        tgid = _workload("kmo-pea-flood", calls)
+        # one CPU's ring: the kernel reports a ring's loss with the next sample
+        # written to that ring, so the flood and the sample after it share a CPU
+        cpu = min(os.sched_getaffinity(0))
+        tgid = _workload("kmo-pea-flood", calls, cpu=cpu)
         small.poll_now()
-        # the kernel reports a loss with the next sample it can write
-        _workload("kmo-pea-flood", 1)
+        _workload("kmo-pea-flood", 1, cpu=cpu)
         small.poll_now()
         mine = {
             k: v for k, v in zip(*small.read(), strict=True) if k[:4] == tgid.to_bytes(4, "little")
