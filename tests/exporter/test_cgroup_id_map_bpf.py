@@ -84,8 +84,10 @@ def test_the_map_follows_matching_cgroups(hash_set: Exporter) -> None:
         text = hash_set.render().decode()
         matched = _samples(text, "ebpf_exporter_test_cgroup_matched_total")
         unmatched = _samples(text, "ebpf_exporter_test_cgroup_unmatched_total")
-        assert matched == {(("cgroup", f"/{inside.name}"),): 400.0}
-        assert unmatched[(("cgroup", f"/{outside.name}"),)] == 300.0
+        # ebpf_exporter's cgroup label: the cgroup's full path, mount point and all
+        # (here below the cgroup v2 mount, /sys/fs/cgroup or .../unified)
+        assert matched == {(("cgroup", str(inside)),): 400.0}
+        assert unmatched[(("cgroup", str(outside)),)] == 300.0
         assert not any(inside.name in dict(k)["cgroup"] for k in unmatched)
     # scratch_cgroup removed both: the matching one's key goes
     assert _until(lambda: ids.lookup(in_id) is None), "a removed cgroup's key is deleted"
@@ -211,7 +213,7 @@ def test_served_with_capabilities_dropped(tmp_path: Path) -> None:
                 )
 
             # one call at a time until the keeper has put the new cgroup in the map
-            key = (("cgroup", f"/{inside.name}"),)
+            key = (("cgroup", str(inside)),)  # ebpf_exporter's label: the full path
             probes = 0
             while key not in served()[1] and probes < 100:
                 _workload("kmo-cgm-probe", 1, inside)

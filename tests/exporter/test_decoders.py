@@ -27,9 +27,11 @@ from kernmlops.exporter.decoders import (
 )
 
 
-def decode(chain: list[dict], raw: bytes, ctx: DecoderContext | None = None) -> str:
+def decode(
+    chain: list[dict], raw: bytes, ctx: DecoderContext | None = None, *, flavor: str = "kernmlops"
+) -> str:
     spec = LabelSpec(name="x", size=len(raw), decoders=[DecoderSpec(**d) for d in chain])
-    (label,) = label_decoders([spec], ctx or DecoderContext())
+    (label,) = label_decoders([spec], ctx or DecoderContext(), flavor=flavor)
     return label(raw)
 
 
@@ -175,6 +177,28 @@ def test_cgroup_ids_are_directory_inodes(tmp_path: Path) -> None:
         paths.id_of("/nope")
 
 
+def test_ebpf_exporter_configs_get_its_full_cgroup_paths(tmp_path: Path) -> None:
+    """ebpf_exporter walks /sys/fs/cgroup and labels a cgroup with the path it
+    walked: the mount point and below; ours is the path below the mount."""
+    root = tmp_path / "cg"
+    (root / "system.slice" / "job.scope").mkdir(parents=True)
+    ctx = DecoderContext(cgroups=CgroupPaths(root))
+    chain = [{"name": "cgroup"}]
+    job = struct.pack("<Q", (root / "system.slice" / "job.scope").stat().st_ino)
+    top = struct.pack("<Q", root.stat().st_ino)
+    assert decode(chain, job, ctx, flavor="ebpf_exporter") == f"{root}/system.slice/job.scope"
+    assert decode(chain, top, ctx, flavor="ebpf_exporter") == str(root)
+    assert decode(chain, job, ctx) == "/system.slice/job.scope"
+    assert decode(chain, top, ctx) == "/"
+    # an id no walk finds is labelled the same in both
+    unknown = struct.pack("<Q", 1234567)
+    assert decode(chain, unknown, ctx, flavor="ebpf_exporter") == "unknown_cgroup_id:1234567"
+    # a removed cgroup keeps its full path too
+    (root / "system.slice" / "job.scope").rename(tmp_path / "away")
+    ctx.cgroups.keys_read(time.monotonic())
+    assert decode(chain, job, ctx, flavor="ebpf_exporter") == f"{root}/system.slice/job.scope"
+
+
 def test_removed_cgroups_keep_their_path_or_are_unknown(tmp_path: Path) -> None:
     """Values outlive their cgroup in the maps: a removed cgroup keeps the path a
     walk saw; one no walk saw is unknown_cgroup_id:N; a walk begun before the
@@ -215,6 +239,10 @@ def test_cgroup_of_this_process_on_the_real_hierarchy() -> None:
     )
     ino = (mount / own.lstrip("/")).stat().st_ino
     assert decode([{"name": "cgroup"}], struct.pack("<Q", ino)) == own
+    # ebpf_exporter's: the directory's own path (on a hybrid layout below .../unified)
+    full = decode([{"name": "cgroup"}], struct.pack("<Q", ino), flavor="ebpf_exporter")
+    assert full == (str(mount / own.lstrip("/")) if own != "/" else str(mount))
+    assert Path(full).stat().st_ino == ino
 
 
 def test_errno_names_from_pythons_table_and_the_kernels() -> None:

@@ -90,7 +90,7 @@ def test_each_sample_counts_once_under_its_labels(perf_events: Exporter) -> None
         # one series: the trailing per-sample field is not part of the key
         ((labels, value),) = got.items()
         assert value == calls
-        assert dict(labels)["cgroup"].endswith("/" + cgroup.name), labels
+        assert dict(labels)["cgroup"] == str(cgroup), labels  # the full path, as there
         text = perf_events.render().decode()
     assert f"# TYPE {METRIC} counter" in text
     assert _samples(text, LOST) == {(): 0.0}  # nothing dropped at this rate

@@ -589,3 +589,76 @@ def test_a_cpu_busy_all_the_time_is_busy_in_the_bins_the_collection_began_and_en
     )
     np.testing.assert_allclose(busy, ran.sum(axis=0) / np.diff(edges))
     np.testing.assert_allclose(busy, 1, atol=1e-4)
+
+
+def _sampled_faults(tmp_path: Path, counters: dict[str, int] | None) -> Path:
+    """A collection whose page_faults kept 1 fault in 10: 30 user rows of WORKER and
+    10 kernel rows of BENCH_PID over 1.95 s; the manifest's exact counts where given."""
+    ts = BENCH_START + np.arange(40, dtype=np.int64) * 50_000
+    faults = pl.DataFrame(
+        {
+            "ts_uptime_us": ts.astype(np.uint64),
+            "pid": np.array([WORKER] * 30 + [BENCH_PID] * 10, np.uint32),
+            "tgid": np.array([WORKER] * 30 + [BENCH_PID] * 10, np.uint32),
+            "cpu": np.zeros(40, np.uint32),
+            "kind": ["user"] * 30 + ["kernel"] * 10,
+        }
+    )
+    trace = synthetic_tables()["process_trace"]
+    hooks: dict[str, dict] = {"page_faults": {"attached": True, "rows": {"page_faults": 40}}}
+    if counters is not None:
+        hooks["page_faults"]["counters"] = counters
+    extra = {"config": {"hooks": {"page_faults": {"sample_every": 10}}}, "hooks": hooks}
+    tables = {"process_trace": trace, "page_faults": faults}
+    return write_collection(tmp_path, tables, extra=extra)
+
+
+def _fault_figures(data) -> tuple[set[str], str, dict[str, str]]:
+    ax = figure(data, "page_fault_rate").axes[0]
+    labels = {ln.get_label() for ln in ax.lines if ln.get_label().endswith(" faults")}
+    (entry,) = [t for t in table_summary(data) if t["table"] == "page_faults"]
+    return labels, ax.get_title(), dict(entry["stats"])
+
+
+def test_sampled_page_faults_are_counted_from_the_manifest_where_it_has_them(
+    tmp_path: Path,
+) -> None:
+    # exact counts that rows × 10 (300 user, 100 kernel) would miss
+    exact = {"faults": 407, "faults_user": 303, "faults_kernel": 104}
+    labels, title, stats = _fault_figures(load(_sampled_faults(tmp_path, exact)))
+    assert labels == {"user: 303 faults", "kernel: 104 faults"}
+    assert title.endswith("(1 in 10 sampled; totals exact)")
+    assert stats["faults"] == "407 (exact, counted in the kernel)"
+    assert stats["by kind"] == "user 303 · kernel 104"
+    assert stats["rate"] == "209 faults/s over 1.95 s"  # 407 / 1.95 s: first to last row
+
+
+def test_sampled_page_faults_of_an_older_collection_are_an_estimate_said_so(
+    tmp_path: Path,
+) -> None:
+    # a manifest from before the hook kept its counts: rows × 10, marked as such
+    labels, title, stats = _fault_figures(load(_sampled_faults(tmp_path, None)))
+    assert labels == {"user: ≈300 faults", "kernel: ≈100 faults"}
+    assert title.endswith("(1 in 10 sampled; totals ≈ rows × N)")
+    assert stats["faults"] == "≈400 (estimate: rows × 10, 1 in 10 sampled)"
+    assert stats["by kind"] == "user ≈300 · kernel ≈100"
+    assert stats["rate"] == "≈205 faults/s over 1.95 s"
+
+
+def test_a_selection_of_sampled_page_faults_is_an_estimate(tmp_path: Path) -> None:
+    # the manifest's counts are every traced task's: one process's rows are fewer
+    exact = {"faults": 407, "faults_user": 303, "faults_kernel": 104}
+    labels, _, stats = _fault_figures(load(_sampled_faults(tmp_path, exact), tgid=WORKER))
+    assert labels == {"user: ≈300 faults"}
+    assert stats["faults"] == "≈300 (estimate: rows × 10, 1 in 10 sampled)"
+
+
+def test_the_graphs_read_the_counters_the_hook_writes() -> None:
+    from kernmlops.graphs import page_faults as graph
+    from kernmlops.hooks import page_faults as hook
+
+    assert graph.COUNTER_ALL == hook.COUNTER_ALL
+    assert {f"{graph.COUNTER_ALL}_{k}" for k in hook.KINDS} == {
+        hook.kind_counter(k) for k in hook.KINDS
+    }
+    assert set(graph.COLORS) == set(hook.KINDS)

@@ -176,7 +176,7 @@ def two_query_table_summary(data: GraphData) -> list[dict[str, Any]]:
     for name, frame in data.tables.items():
         rows = data.count(name)
         entry: dict[str, Any] = {"table": name, "rows": rows, "span_s": None, "processes": None}
-        view = table_view(name)
+        view = table_view(name).for_data(data)
         facts = table_facts(frame, view)
         if rows and facts:
             found = collect(frame.select(**facts)).row(0, named=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from kernmlops.hooks.page_faults import PageFaultsHook
+from kernmlops.hooks.page_faults import COUNTER_ALL, KINDS, PageFaultsHook, kind_counter
 from tests.hooks.conftest import build_c, run_gated
 from tests.rows import polled
 
@@ -43,8 +43,8 @@ static long long now_us(void)
 }
 
 /* After a line on stdin: write to N fresh pages, then have the kernel fill K
- * more (read from /dev/zero); print the faults getrusage counted meanwhile and
- * the CLOCK_MONOTONIC window (us) around the work. */
+ * more (read from /dev/zero); print the faults getrusage counted meanwhile, the
+ * CLOCK_MONOTONIC window (us) around the work, and its faults since it began. */
 int main(int argc, char **argv)
 {
 	long n = atol(argv[1]), k = atol(argv[2]), page = sysconf(_SC_PAGESIZE), f0, f1;
@@ -52,7 +52,7 @@ int main(int argc, char **argv)
 	char line[8], *p, *q;
 	int zero = open("/dev/zero", O_RDONLY);
 
-	if (!fgets(line, sizeof(line), stdin))
+	if (argc < 4 && !fgets(line, sizeof(line), stdin)) /* a 3rd argument: no gate */
 		return 2;
 	t0 = now_us();
 	f0 = faults();
@@ -70,7 +70,7 @@ int main(int argc, char **argv)
 		return 4;
 	f1 = faults();
 	t1 = now_us();
-	printf("%ld %lld %lld\n", f1 - f0, t0, t1);
+	printf("%ld %lld %lld %ld\n", f1 - f0, t0, t1, f1);
 	return 0;
 }
 """
@@ -81,8 +81,17 @@ def workload(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_c(tmp_path_factory, "w", WORKLOAD)
 
 
+#: faults the workload makes after its last getrusage: printf to a pipe and exit
+#: (a few pages of stdio and the exit path; measured 0-3)
+AFTER_LAST = 64
+
+
 def _run(hook: PageFaultsHook, workload: Path) -> tuple[pl.DataFrame, int, int, int, int]:
-    """Trace the workload; return its rows, rusage faults, window, faults seen."""
+    """Trace the workload; return its rows, rusage faults, window, faults seen. The
+    manifest's counters (status.counters, read at close) are checked against the
+    workload's own getrusage on the way: at least the faults of its window (traced
+    from the gate), at most all it made since it began (it joined the filter
+    before the gate, maybe after its first faults) and AFTER_LAST more."""
     from kernmlops.collect.filter import ProcessFilter
     from kernmlops.ebpf.build import build
     from kernmlops.hooks.base import HookContext
@@ -93,7 +102,7 @@ def _run(hook: PageFaultsHook, workload: Path) -> tuple[pl.DataFrame, int, int, 
     try:
         hook.start(HookContext("t", process_filter=flt, self_tgid=os.getpid()))
         frames, said, pid = run_gated(hook, flt, [str(workload), str(PAGES), str(KERNEL_PAGES)])
-        rusage, t0, t1 = map(int, said.split())
+        rusage, t0, t1, lifetime = map(int, said.split())
         seen = hook.faults_seen()
         frames += [f for _, f in polled(hook.stop())]
     finally:
@@ -101,6 +110,11 @@ def _run(hook: PageFaultsHook, workload: Path) -> tuple[pl.DataFrame, int, int, 
         flt.close()
     df = pl.concat(frames)
     assert set(df["tgid"].unique()) == {pid}  # the filter held
+    counters = hook.status.counters
+    assert counters[COUNTER_ALL] == sum(counters[kind_counter(k)] for k in KINDS) == seen
+    assert rusage <= counters[COUNTER_ALL] <= lifetime + AFTER_LAST, (counters, rusage, lifetime)
+    assert PAGES <= counters[kind_counter("user")] <= lifetime + AFTER_LAST - KERNEL_PAGES
+    assert KERNEL_PAGES <= counters[kind_counter("kernel")] <= 1.05 * KERNEL_PAGES
     return df, rusage, t0, t1, seen
 
 

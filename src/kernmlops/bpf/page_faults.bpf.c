@@ -22,12 +22,17 @@ struct page_fault_event {
 };
 KMO_BATCHED_RING(page_faults_rb, page_fault_event);
 
-/* Faults of traced tasks seen on this CPU, sampled or not. */
+/* Faults of traced tasks seen on this CPU, sampled or not, by kind: the exact
+ * counts the manifest keeps (rows are 1 in sample_every of them). */
+struct page_faults_seen_value {
+	u64 by_kind[2]; /* [enum page_fault_kind] */
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, u32);
-	__type(value, u64);
+	__type(value, struct page_faults_seen_value);
 } page_faults_seen SEC(".maps");
 
 static __always_inline int on_fault(bool btf, unsigned long address, struct pt_regs *regs,
@@ -36,16 +41,19 @@ static __always_inline int on_fault(bool btf, unsigned long address, struct pt_r
 	u64 pid_tgid = bpf_get_current_pid_tgid();
 	struct page_fault_event_batch *batch;
 	struct page_fault_event *e;
+	struct page_faults_seen_value *seen;
 	u32 zero = 0;
-	u64 *seen, now;
+	u64 now, n;
 
 	if (!kmo_tgid_wanted(pid_tgid >> 32))
 		return 0;
 	seen = bpf_map_lookup_elem(&page_faults_seen, &zero);
 	if (!seen)
 		return 0;
-	*seen += 1; /* per-CPU: no atomics needed */
-	if (sample_every > 1 && *seen % sample_every)
+	seen->by_kind[kind & 1] += 1; /* per-CPU: no atomics needed */
+	/* one fault in N of both kinds together is kept */
+	n = seen->by_kind[0] + seen->by_kind[1];
+	if (sample_every > 1 && n % sample_every)
 		return 0;
 	e = KMO_BATCH_SLOT(page_faults_rb, batch);
 	if (!e)

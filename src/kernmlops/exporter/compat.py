@@ -12,7 +12,9 @@ this module maps each onto the exporter's machinery:
   Buckets outside that range are not shown, as ebpf_exporter does not show them.
 - **Decoders return a label where ours raise**: an address without a symbol is
   ``unknown_addr:0x...``, a regexp's label is what matched, device numbers
-  are glibc's encoding (see ``decoders.build_decoder(flavor=...)``).
+  are glibc's encoding, a cgroup is its full path (``/sys/fs/cgroup/...``, not
+  the path below the mount our own format gives; see
+  ``decoders.build_decoder(flavor=...)``).
 
 The ``.bpf.c`` is compiled as ebpf_exporter builds its examples (``-target
 bpf -mcpu=v3``, ``<vmlinux.h>`` from this kernel, libbpf's ``<bpf/...>``

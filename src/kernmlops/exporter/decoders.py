@@ -262,9 +262,22 @@ class CgroupPaths:
         if len(self._gone) > self.KEEP_GONE:
             del self._gone[next(iter(self._gone))]
 
-    def label(self, cgroup_id: int) -> str:
+    def label(self, cgroup_id: int, *, full: bool = False) -> str:
         """The cgroup's path, or the one it had (removed), or
-        ``unknown_cgroup_id:N`` (never seen by a walk, and not there now)."""
+        ``unknown_cgroup_id:N`` (never seen by a walk, and not there now). The
+        path is below the mount (``/system.slice/x.service``, as the ``0::`` line
+        of /proc/<pid>/cgroup), or with ``full`` the directory's own path, the
+        mount point and below (``/sys/fs/cgroup/system.slice/x.service``, or
+        ``/sys/fs/cgroup/unified/...`` on a hybrid layout), as ebpf_exporter's
+        cgroup decoder labels it: it walks /sys/fs/cgroup and keeps the paths
+        it walked."""
+        found = self._label(cgroup_id)
+        if full and found.startswith("/"):  # not unknown_cgroup_id:N
+            root = str(self.root)
+            return root if found == "/" else root.rstrip("/") + found
+        return found
+
+    def _label(self, cgroup_id: int) -> str:
         with self._lock:
             found = self._paths.get(cgroup_id) or self._gone.get(cgroup_id)
             if found is not None:
@@ -415,7 +428,7 @@ def build_decoder(spec: DecoderSpec, ctx: DecoderContext, *, flavor: str = "kern
     what ebpf_exporter gives where the two differ: a value it cannot resolve is
     a label (``unknown_addr:0x...``, ``unknown_syscall:N``, ...) rather than a
     decoder error, a regexp's label is what matched (its group), device numbers are
-    glibc's encoding."""
+    glibc's encoding, a cgroup is its full path (the mount point and below)."""
     name = spec.name
     ee = flavor == "ebpf_exporter"
     if name == "uint":
@@ -467,7 +480,10 @@ def build_decoder(spec: DecoderSpec, ctx: DecoderContext, *, flavor: str = "kern
 
         return majorminor
     if name == "cgroup":  # a removed cgroup: its last path, or unknown_cgroup_id:N
-        return lambda v: ctx.cgroups.label(as_int(v))
+        # ebpf_exporter's configs get its full paths (their users' regexps,
+        # dashboards and rules match /sys/fs/cgroup/...); ours the path below
+        # the mount, the same on every host whatever its layout
+        return lambda v: ctx.cgroups.label(as_int(v), full=ee)
     if name == "errno":
         if ee:
 

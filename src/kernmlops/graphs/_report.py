@@ -301,7 +301,7 @@ def table_summary(
     for name, frame in data.tables.items():
         rows = data.count(name)
         entry: dict[str, Any] = {"table": name, "rows": rows, "span_s": None, "processes": None}
-        view = table_view(name)
+        view = table_view(name).for_data(data)
         facts = table_facts(frame, view)
         entry["stats"] = []
         if rows:

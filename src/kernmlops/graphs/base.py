@@ -198,6 +198,12 @@ class TableView:
     #: column with a unit suffix, at most six)
     key_columns: ClassVar[tuple[str, ...] | None] = None
 
+    def for_data(self, data: GraphData) -> TableView:
+        """The view as it summarises ``data``'s table: itself, where the rows alone make
+        its figures; a view that needs the manifest or the selection too (page_faults'
+        exact counts) returns a copy that holds them."""
+        return self
+
     def summary(self, frame: pl.DataFrame | pl.LazyFrame) -> list[tuple[str, str]]:
         """(label, value) pairs for the report: mean, p50, p99, max of each key
         column, formatted in its unit (from each column's value counts: the table
