@@ -231,6 +231,28 @@ class RingBuffer:
             self._cons[0] = cons + length
         return chunks
 
+    def take_records(self) -> list[bytes]:
+        """Every committed record, each as its own bytes and of whatever length
+        its program gave it (a ring whose programs submit records of several
+        sizes: ebpf_exporter's span rings); discarded ones are skipped. Their
+        space is freed. One Python step per record: for rings of rare events."""
+        cons, prod = self._positions()
+        mask, out, pos = self.size - 1, [], cons
+        while pos < prod:
+            header = self._words[(self._page + (pos & mask)) // 4]
+            if header & BUSY_BIT:
+                break  # still being written: it and all after wait for the next take
+            length = header & LEN_MASK
+            if header & DISCARD_BIT:
+                self.discarded += 1
+            else:
+                out.append(self._bytes(pos + HEADER_SIZE, length))
+            pos += record_stride(length)
+        if pos != cons:
+            self._cons[0] = pos
+        self.records += len(out)
+        return out
+
     def _committed_py(self, cons: int, n: int, stride: int) -> int:
         """Committed records from ``cons`` (of ``n``): up to the first one still being
         written (a header never straddles the ring's end)."""

@@ -25,10 +25,11 @@ call by the same names, and a ``bpf/bpf_core_read.h`` there that includes
 A file is in this format when none of its metrics has a ``map:`` key
 (:func:`is_ebpf_exporter_config`).
 
-Two of its features run beside the set while it is served (:func:`services`):
+Three of its features run beside the set while it is served (:func:`services`):
 ``perf_event_array: true`` counters, counted from a perf event array's
-samples (perf_event_array.py), and ``cgroup_id_map``, a map kept filled with
-the matching cgroups' ids (cgroup_id_map.py).
+samples (perf_event_array.py), ``tracing: spans:``, ring buffer records sent
+as OpenTelemetry spans (tracing.py), and ``cgroup_id_map``, a map kept filled
+with the matching cgroups' ids (cgroup_id_map.py).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pydantic import Field, ValidationError, field_validator
 
+from kernmlops.ebpf.libbpf import MAP_TYPE_RINGBUF
 from kernmlops.ebpf.perfbuf import MAP_TYPE_PERF_EVENT_ARRAY
 from kernmlops.exporter.cgroup_id_map import HASH, CgroupIdMap
 from kernmlops.exporter.cgroup_id_map import TYPES as CGROUP_ID_MAP_TYPES
@@ -64,6 +66,7 @@ from kernmlops.exporter.spec import (
     _Strict,
     format_errors,
 )
+from kernmlops.exporter.tracing import SpanLabelSpec, SpanRing, SpanSpec, check_available
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
@@ -151,11 +154,22 @@ class _EeMetrics(_Strict):
     histograms: list[_EeHistogram] = Field(default_factory=list)
 
 
+class _EeSpan(_Strict):
+    ringbuf: str = Field(min_length=1, description="the BPF_MAP_TYPE_RINGBUF to read")
+    name: str = ""
+    service: str = ""
+    labels: list[SpanLabelSpec] = Field(default_factory=list)
+
+
+class _EeTracing(_Strict):
+    spans: list[_EeSpan] = Field(default_factory=list)
+
+
 class _EeConfig(_Strict):
     name: Any = None  # ebpf_exporter names a config after its file, whatever this says
     metrics: _EeMetrics | None = None
     kaddrs: list[str] = Field(default_factory=list)
-    tracing: dict[str, Any] | None = None
+    tracing: _EeTracing | None = None
     cgroup_id_map: CgroupIdMapSpec | None = None
 
 
@@ -279,17 +293,38 @@ def parse_ebpf_exporter_config(data: Any, path: Path) -> MetricSet:
     except ValidationError as err:
         source = f"{path} (ebpf_exporter's format)"
         raise MetricSetError(format_errors(err, source, data, _EeConfig)) from None
-    if cfg.tracing and cfg.tracing.get("spans"):
-        raise MetricSetError(
-            f"{where}: tracing spans (ebpf_exporter's OpenTelemetry output) are not "
-            "supported; only metrics are"
-        )
-    if cfg.metrics is None or not (cfg.metrics.counters or cfg.metrics.histograms):
-        raise MetricSetError(f"{where}: neither counters nor histograms are defined")
+    span_specs = cfg.tracing.spans if cfg.tracing else []
+    has_metrics = cfg.metrics is not None and bool(cfg.metrics.counters or cfg.metrics.histograms)
+    if not has_metrics and not span_specs:
+        raise MetricSetError(f"{where}: neither metrics nor tracing are defined")
     stem = path.name.removesuffix(".yaml").removesuffix(".yml")
-    counters, histograms = [], []
+    counters, histograms, spans = [], [], []
     try:
-        for i, c in enumerate(cfg.metrics.counters):
+        for i, sp in enumerate(span_specs):
+            labels, tail = _padding_before(sp.labels)
+            loc = f"tracing.spans[{i}] ({sp.name or sp.ringbuf})"
+            spans.append(
+                _spec(
+                    SpanSpec,
+                    where,
+                    loc,
+                    ringbuf=sp.ringbuf,
+                    name=sp.name,
+                    service=sp.service,
+                    labels=labels,
+                    tail_padding=tail,
+                )
+            )
+        rings = [sp.ringbuf for sp in spans]
+        twice = sorted({r for r in rings if rings.count(r) > 1})
+        if twice:  # two readers of one ring would each get some of its records
+            raise MetricSetError(f"{where}: tracing spans read ring {', '.join(twice)} twice")
+        if spans:
+            try:
+                check_available()
+            except MetricSetError as err:
+                raise MetricSetError(f"{where}: {err}") from None
+        for i, c in enumerate(cfg.metrics.counters if cfg.metrics else []):
             loc = f"metrics.counters[{i}] ({c.name})"
             flush_s = go_duration_s(c.flush_interval) if c.flush_interval is not None else 0.0
             labels, tail = _padding_before(c.labels)
@@ -308,7 +343,7 @@ def parse_ebpf_exporter_config(data: Any, path: Path) -> MetricSet:
                     flush_interval_s=flush_s if flush_s > 0 else DEFAULT_FLUSH_S,
                 )
             )
-        for i, h in enumerate(cfg.metrics.histograms):
+        for i, h in enumerate(cfg.metrics.histograms if cfg.metrics else []):
             loc = f"metrics.histograms[{i}] ({h.name})"
             fixed = h.bucket_type == "fixed"
             labels, tail = _padding_before(h.labels)
@@ -330,10 +365,13 @@ def parse_ebpf_exporter_config(data: Any, path: Path) -> MetricSet:
                     bucket_multiplier=h.bucket_multiplier or 1.0,
                 )
             )
-        spec = MetricSetSpec(
-            description=f"ebpf_exporter config {stem}",
-            metrics=MetricsSpec(counters=counters, histograms=histograms),
-        )
+        description = f"ebpf_exporter config {stem}"
+        if has_metrics:
+            metrics = MetricsSpec(counters=counters, histograms=histograms)
+            spec = MetricSetSpec(description=description, metrics=metrics)
+        else:  # spans only: no metrics, which our own format refuses
+            metrics = MetricsSpec.model_construct(counters=[], histograms=[])
+            spec = MetricSetSpec.model_construct(description=description, metrics=metrics)
     except ValidationError as err:
         raise MetricSetError(format_errors(err, f"{path} (ebpf_exporter's format)", data)) from None
     return MetricSet(
@@ -346,6 +384,7 @@ def parse_ebpf_exporter_config(data: Any, path: Path) -> MetricSet:
         kaddrs=tuple(cfg.kaddrs),
         runtime=RUNTIME,
         cgroup_id_map=cfg.cgroup_id_map,
+        spans=tuple(spans),
     )
 
 
@@ -579,8 +618,10 @@ def builtin_metrics(loaded_sets: list[Any], stats_on: bool) -> list[Metric]:
             continue
         name = loaded.status.name
         enabled.add_metric([name], 1.0)
+        span_errors = sum(s.errors for s in loaded.services if isinstance(s, SpanRing))
         errors.add_metric(
-            [name], float(sum(sum(m.decoder_errors.values()) for m in loaded.metrics))
+            [name],
+            float(sum(sum(m.decoder_errors.values()) for m in loaded.metrics) + span_errors),
         )
         for prog in loaded.status.programs:
             if prog.fd < 0:
@@ -618,11 +659,22 @@ def perf_lost_metrics(loaded_sets: list[Any]) -> list[Metric]:
     return out
 
 
-def services(metric_set: MetricSet, metrics: list[MetricReader], obj: BpfObject) -> list[Any]:
+def services(
+    metric_set: MetricSet, metrics: list[MetricReader], obj: BpfObject, ctx: DecoderContext
+) -> list[Any]:
     """What runs beside the set while it is served: a poller per
-    perf_event_array counter, and the keeper of its cgroup_id_map (filled now,
-    before the programs attach)."""
+    perf_event_array counter, a reader per ring of tracing spans, and the keeper
+    of its cgroup_id_map (filled now, before the programs attach)."""
     out: list[Any] = [m.reader for m in metrics if isinstance(m.reader, PerfEventCounts)]
+    for span in metric_set.spans:
+        where = f"ebpf_exporter config {metric_set.path}: tracing span {span.span_name}"
+        bpf_map = obj.maps.get(span.ringbuf)
+        if bpf_map is None:
+            maps = ", ".join(sorted(m for m in obj.maps if not m.startswith("."))) or "none"
+            raise ExporterError(f"{where}: the object has no map {span.ringbuf!r} (maps: {maps})")
+        if bpf_map.type != MAP_TYPE_RINGBUF:
+            raise ExporterError(f"{where}: map {span.ringbuf} is not a BPF_MAP_TYPE_RINGBUF")
+        out.append(SpanRing(metric_set.name, span, bpf_map, ctx, where=where))
     spec = metric_set.cgroup_id_map
     if spec is None:
         return out
@@ -663,9 +715,13 @@ class _EbpfExporterRuntime:
         return builtin_metrics(loaded_sets, stats_on)
 
     def services(
-        self, metric_set: MetricSet, metrics: list[MetricReader], obj: BpfObject
+        self,
+        metric_set: MetricSet,
+        metrics: list[MetricReader],
+        obj: BpfObject,
+        ctx: DecoderContext,
     ) -> list[Any]:
-        return services(metric_set, metrics, obj)
+        return services(metric_set, metrics, obj, ctx)
 
 
 RUNTIME = _EbpfExporterRuntime()

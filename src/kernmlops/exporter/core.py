@@ -733,7 +733,7 @@ class Exporter:
                 metric.help = f"{metric.spec.help} (counted only for {self.scope})"
             loaded.metrics.append(metric)
         if runtime is not None:  # before attaching: a program's first events find them
-            loaded.services = runtime.services(ms, loaded.metrics, obj)
+            loaded.services = runtime.services(ms, loaded.metrics, obj, self.ctx)
         for prog in obj.programs.values():
             if not prog.autoload:
                 continue

@@ -296,7 +296,7 @@ class SetRuntime(Protocol):
         """The format's own metrics about the loaded sets (metric families)."""
         ...
 
-    def services(self, metric_set: MetricSet, metrics: list[Any], obj: Any) -> list[Any]:
+    def services(self, metric_set: MetricSet, metrics: list[Any], obj: Any, ctx: Any) -> list[Any]:
         """What runs beside the loaded set until it is closed (each with
         ``start()``, called once capabilities are dropped, and ``close()``);
         made before its programs attach."""
@@ -322,6 +322,8 @@ class MetricSet:
     #: ebpf_exporter's cgroup_id_map (compat.CgroupIdMapSpec): a map the exporter
     #: keeps filled with the matching cgroups' ids
     cgroup_id_map: Any = None
+    #: ebpf_exporter's tracing spans (tracing.SpanSpec): ring buffers read beside the set
+    spans: tuple[Any, ...] = ()
 
     @property
     def stem(self) -> str:

@@ -1,0 +1,492 @@
+"""ebpf_exporter's tracing spans: records a program submits to a ring buffer,
+decoded with the label decoders of its metrics and sent as OpenTelemetry spans.
+
+A config's ``tracing: spans:`` names, per kind of span, the ring buffer to read
+(``ringbuf``), the span's name (``name``, else the ring's), its service
+(``service``, else ``OTEL_SERVICE_NAME``, else ``ebpf_exporter``) and the
+labels that lay out the record, decoded as a map key's are. Labels with these
+names make the span rather than an attribute, as in ebpf_exporter:
+
+- ``trace_id`` (32 hex digits), ``span_id`` and ``parent_span_id`` (16 each;
+  ``0000000000000000``: none, a span id is then made up, a span without a
+  parent is a trace's root);
+- ``span_monotonic_timestamp_ns`` (``bpf_ktime_get_ns()``) and
+  ``span_duration_ns``, decimal;
+- ``span_name``, which replaces the configured name.
+
+Every other label becomes a string attribute, and ``ebpf_exporter.config``
+names the config. A record longer than the labels is cut to them; a record
+that cannot be decoded counts in ``ebpf_exporter_decoder_errors_total`` and
+is logged; one a decoder drops (a regexp that does not match) is skipped.
+
+The spans are sent as ebpf_exporter's ``autoexport`` sends them, set by the
+standard environment: ``OTEL_TRACES_EXPORTER`` (``otlp``, the default,
+``console`` or ``none``), ``OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL``
+(``http/protobuf``, the default, or ``grpc``), ``OTEL_EXPORTER_OTLP_ENDPOINT``
+and the other ``OTEL_EXPORTER_OTLP_*`` and ``OTEL_BSP_*`` settings, which the
+OpenTelemetry SDK reads itself. The SDK is an optional dependency
+(``pip install 'kernmlops[tracing]'``), imported only when a config has spans.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import random
+import re
+import select
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pydantic import Field, field_validator
+
+from kernmlops.ebpf.ringbuf import RingBuffer
+from kernmlops.exporter.decoders import (
+    DecodeError,
+    DecoderContext,
+    DropLabelSet,
+    LabelDecodeError,
+    label_decoders,
+)
+from kernmlops.exporter.spec import EBPF_EXPORTER_FORMAT, LabelSpec, MetricSetError, _Strict
+
+if TYPE_CHECKING:
+    from kernmlops.ebpf.objects import Map
+
+#: ebpf_exporter's instrumentation scope (its tracing package's import path)
+SCOPE = "github.com/cloudflare/ebpf_exporter/v2/tracing"
+#: the attribute naming the config a span came from
+CONFIG_ATTRIBUTE = "ebpf_exporter.config"
+#: the service of spans whose config names none, when OTEL_SERVICE_NAME is unset
+DEFAULT_SERVICE = "ebpf_exporter"
+NIL_SPAN_ID = "0" * 16
+#: how long a poll of a ring waits (ebpf_exporter polls its rings with 325 ms)
+POLL_MS = 325
+#: at most one line about undecodable spans per this many seconds
+ERROR_LOG_EVERY_S = 60.0
+#: the SDK and OTLP exporter, as pyproject.toml's ``tracing`` extra names them
+INSTALL_HINT = (
+    "install the OpenTelemetry SDK: pip install 'kernmlops[tracing]' "
+    "(opentelemetry-sdk and opentelemetry-exporter-otlp-proto-http)"
+)
+GRPC_HINT = "pip install opentelemetry-exporter-otlp-proto-grpc"
+EXPORTERS = ("otlp", "console", "none")
+PROTOCOLS = ("http/protobuf", "grpc")
+_PACKAGE = {"http/protobuf": "http.trace_exporter", "grpc": "grpc.trace_exporter"}
+_HEX = re.compile(r"[0-9a-f]*")
+_DECIMAL = re.compile(r"[0-9]+")
+_KALLSYMS_DECODERS = frozenset({"ksym", "kstack"})
+
+
+class SpanError(ValueError):
+    """A span's labels do not make a span (a trace id that is not 32 hex digits...)."""
+
+
+# --- the config -------------------------------------------------------------------
+class SpanLabelSpec(LabelSpec):
+    """A span's label: its name is an attribute's, not a Prometheus label's
+    (``cpu.orig`` in ebpf_exporter's sched-trace)."""
+
+    @field_validator("name")
+    @classmethod
+    def _label_name(cls, name: str) -> str:
+        if not name:
+            raise ValueError("a span label needs a name")
+        return name
+
+
+class SpanSpec(_Strict):
+    """One ``tracing.spans`` entry (its labels' padding moved before the next
+    label, as for metrics: see compat._padding_before)."""
+
+    ringbuf: str = Field(min_length=1, description="the BPF_MAP_TYPE_RINGBUF to read")
+    name: str = ""
+    service: str = ""
+    labels: list[SpanLabelSpec] = Field(default_factory=list)
+    tail_padding: int = Field(0, ge=0, description="padding after the last label")
+
+    @property
+    def span_name(self) -> str:
+        return self.name or self.ringbuf
+
+    @property
+    def record_bytes(self) -> int:
+        """The bytes the labels span: a longer record is cut to them."""
+        return sum(label.padding + label.size for label in self.labels) + self.tail_padding
+
+
+def check_available(env: dict[str, str] | None = None) -> None:
+    """Raise MetricSetError (one line) unless spans can be sent as the
+    environment asks: the SDK and the chosen exporter installed, known names."""
+    env = dict(os.environ) if env is None else env
+    try:
+        importlib.import_module("opentelemetry.sdk.trace.export")
+    except ImportError:
+        raise MetricSetError(f"tracing spans: {INSTALL_HINT}") from None
+    kind, protocol = _exporter_choice(env)
+    if kind != "otlp":
+        return
+    try:
+        importlib.import_module(f"opentelemetry.exporter.otlp.proto.{_PACKAGE[protocol]}")
+    except ImportError:
+        hint = GRPC_HINT if protocol == "grpc" else INSTALL_HINT
+        raise MetricSetError(f"tracing spans over OTLP/{protocol}: {hint}") from None
+
+
+def _exporter_choice(env: dict[str, str]) -> tuple[str, str]:
+    kind = env.get("OTEL_TRACES_EXPORTER", "").strip() or "otlp"
+    if kind not in EXPORTERS:
+        raise MetricSetError(
+            f"tracing spans: OTEL_TRACES_EXPORTER={kind!r} is not one of {', '.join(EXPORTERS)}"
+        )
+    var = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+    if not env.get(var, "").strip():
+        var = "OTEL_EXPORTER_OTLP_PROTOCOL"
+    protocol = env.get(var, "").strip() or "http/protobuf"
+    if kind == "otlp" and protocol not in PROTOCOLS:
+        raise MetricSetError(
+            f"tracing spans: {var}={protocol!r} is not one of {', '.join(PROTOCOLS)}"
+        )
+    return kind, protocol
+
+
+# --- one span, from its labels ------------------------------------------------------
+@dataclass
+class SpanRecord:
+    """A span as its labels give it; ids as integers (0: none)."""
+
+    name: str
+    trace_id: int
+    span_id: int
+    parent_span_id: int
+    start_ns: int  # Unix time
+    end_ns: int
+    attributes: dict[str, str] = field(default_factory=dict)
+
+
+def _span_id(label: str, value: str) -> int:
+    # As Go's trace.SpanIDFromHex: 16 lower-case hex digits, not all zero.
+    if len(value) != 16 or not _HEX.fullmatch(value):
+        raise SpanError(f"{label} {value!r} is not 16 lower-case hex digits")
+    number = int(value, 16)
+    if not number:
+        raise SpanError(f"{label} {value!r} is zero")
+    return number
+
+
+def _uint64(label: str, value: str) -> int:
+    # As Go's strconv.ParseUint(value, 10, 64): digits only, below 2**64.
+    if not _DECIMAL.fullmatch(value) or int(value) >= 1 << 64:
+        raise SpanError(f"{label} {value!r} is not an unsigned 64-bit decimal")
+    return int(value)
+
+
+def _as_int64(value: int) -> int:
+    """Go's conversion of a uint64 to time.Duration (int64): wraps."""
+    value &= (1 << 64) - 1
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def span_from_labels(
+    names: list[str],
+    values: list[str],
+    spec: SpanSpec,
+    config: str,
+    *,
+    wall_ns: int | None = None,
+    monotonic_ns: int | None = None,
+    rng: random.Random | None = None,
+) -> SpanRecord:
+    """The span the decoded labels ``values`` (named ``names``) describe, as
+    ebpf_exporter makes it: an absent or zero parent span id makes a root span;
+    an absent span id is made up; without a trace id, the trace id and span id
+    are both made up (the SDK starts a new trace). ``wall_ns`` and
+    ``monotonic_ns`` (now, by default) turn the kernel's monotonic time into
+    Unix time. Raises SpanError for a value that is not an id or a number."""
+    wall = time.time_ns() if wall_ns is None else wall_ns
+    mono = time.clock_gettime_ns(time.CLOCK_MONOTONIC) if monotonic_ns is None else monotonic_ns
+    rng = rng or _RNG
+    name, start, duration = spec.span_name, wall, 0
+    trace_id = span_id = parent = 0
+    attributes: dict[str, str] = {}
+    for label, value in zip(names, values, strict=True):
+        if label == "span_id":
+            if value != NIL_SPAN_ID:
+                span_id = _span_id(label, value)
+        elif label == "parent_span_id":
+            if value != NIL_SPAN_ID:
+                parent = _span_id(label, value)
+        elif label == "trace_id":
+            if len(value) != 32 or not _HEX.fullmatch(value):
+                raise SpanError(f"trace_id {value!r} is not 32 lower-case hex digits")
+            trace_id = int(value, 16)
+            if not trace_id:
+                raise SpanError(f"trace_id {value!r} is zero")
+        elif label == "span_monotonic_timestamp_ns":
+            start = wall + _as_int64(_uint64(label, value) - mono)
+        elif label == "span_duration_ns":
+            duration = _as_int64(_uint64(label, value))
+        elif label == "span_name":
+            name = value
+        else:
+            attributes[label] = value
+    if not trace_id:  # a new trace: both ids made up, whatever span_id said
+        trace_id, span_id = _random_id(rng, 128), _random_id(rng, 64)
+    elif not span_id:
+        span_id = _random_id(rng, 64)
+    attributes[CONFIG_ATTRIBUTE] = config
+    return SpanRecord(name, trace_id, span_id, parent, start, start + duration, attributes)
+
+
+_RNG = random.Random()
+_RNG_LOCK = threading.Lock()
+
+
+def _random_id(rng: random.Random, bits: int) -> int:
+    with _RNG_LOCK:
+        while True:
+            number = rng.getrandbits(bits)
+            if number:
+                return number
+
+
+# --- sending -------------------------------------------------------------------------
+def span_exporter(env: dict[str, str] | None = None) -> Any:
+    """The SDK's span exporter the environment asks for (None: ``none``)."""
+    env = dict(os.environ) if env is None else env
+    kind, protocol = _exporter_choice(env)
+    if kind == "none":
+        return None
+    if kind == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        return ConsoleSpanExporter()
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+            OTLPSpanExporter as GrpcExporter,
+        )
+
+        return GrpcExporter()
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter()  # endpoint, headers, timeout...: from OTEL_EXPORTER_OTLP_*
+
+
+class SpanPipeline:
+    """One batch span processor and exporter for every span ring of the
+    process (ebpf_exporter has one), and a resource per service."""
+
+    def __init__(self, exporter: Any) -> None:
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+        self.processor = BatchSpanProcessor(exporter) if exporter is not None else None
+        self._scope = InstrumentationScope(SCOPE)
+        self._resources: dict[str, Any] = {}
+        self.users = 0
+
+    def resource(self, service: str) -> Any:
+        """``service.name`` over OTEL_RESOURCE_ATTRIBUTES, as Go's
+        ``sdk.WithResource`` merges a resource with the environment's."""
+        from opentelemetry.sdk.resources import OTELResourceDetector, Resource
+
+        service = service or os.environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE
+        found = self._resources.get(service)
+        if found is None:
+            env = OTELResourceDetector().detect()
+            found = self._resources[service] = env.merge(Resource({"service.name": service}))
+        return found
+
+    def emit(self, record: SpanRecord, service: str) -> None:
+        """Hand one finished span to the batch processor."""
+        if self.processor is None:
+            return
+        from opentelemetry.sdk.trace import ReadableSpan
+        from opentelemetry.trace import SpanContext, TraceFlags
+
+        sampled = TraceFlags(TraceFlags.SAMPLED)
+        context = SpanContext(record.trace_id, record.span_id, False, sampled)
+        parent = (
+            SpanContext(record.trace_id, record.parent_span_id, False, sampled)
+            if record.parent_span_id
+            else None
+        )
+        span = ReadableSpan(
+            record.name,
+            context=context,
+            parent=parent,
+            resource=self.resource(service),
+            attributes=record.attributes,
+            instrumentation_scope=self._scope,
+            start_time=record.start_ns,
+            end_time=record.end_ns,
+        )
+        self.processor.on_end(span)
+
+    def shutdown(self) -> None:
+        """Send what is queued (as ebpf_exporter flushes at exit), then stop."""
+        if self.processor is not None:
+            self.processor.force_flush()
+            self.processor.shutdown()
+
+
+_pipeline: SpanPipeline | None = None
+_pipeline_lock = threading.Lock()
+
+
+def acquire_pipeline() -> SpanPipeline:
+    """The process's pipeline, made on first use (its thread starts then:
+    after the capability drop, when span rings start)."""
+    global _pipeline
+    with _pipeline_lock:
+        if _pipeline is None:
+            _pipeline = SpanPipeline(span_exporter())
+        _pipeline.users += 1
+        return _pipeline
+
+
+def release_pipeline(pipeline: SpanPipeline) -> None:
+    """The last user flushes and stops the pipeline."""
+    global _pipeline
+    with _pipeline_lock:
+        pipeline.users -= 1
+        if pipeline.users > 0:
+            return
+        if _pipeline is pipeline:
+            _pipeline = None
+    pipeline.shutdown()
+
+
+# --- a ring of spans ---------------------------------------------------------------
+class SpanRing:
+    """Reads one span ring from a thread of its own (:meth:`start`) until
+    :meth:`close`, and sends each record as a span."""
+
+    def __init__(
+        self, config: str, spec: SpanSpec, bpf_map: Map, ctx: DecoderContext, *, where: str = ""
+    ) -> None:
+        self.config = config
+        self.spec = spec
+        self.where = where or f"span ring {spec.ringbuf}"
+        self._names = [label.name for label in spec.labels]
+        self._decoders = label_decoders(spec.labels, ctx, flavor=EBPF_EXPORTER_FORMAT)
+        self._size = spec.record_bytes
+        _warm(spec, ctx)  # kernel symbols are read now, while privileged
+        self.ring = RingBuffer(bpf_map.fd, bpf_map.max_entries, name=spec.ringbuf)
+        #: records read, spans sent, records that could not be decoded
+        self.received = 0
+        self.sent = 0
+        self.errors = 0
+        self._logged_errors = 0
+        self._logged_at = float("-inf")
+        self._last_error = ""
+        self._pipeline: SpanPipeline | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def start(self) -> None:
+        """Poll from a thread of its own until :meth:`close`."""
+        if self._thread is None:
+            self._pipeline = acquire_pipeline()
+            self._thread = threading.Thread(
+                target=self._run, name=f"spans-{self.spec.ringbuf}", daemon=True
+            )
+            self._thread.start()
+
+    def _run(self) -> None:
+        poller = select.epoll()
+        try:
+            poller.register(self.ring.fd, select.EPOLLIN)
+            while not self._stop.is_set():
+                poller.poll(POLL_MS / 1000)
+                self.poll_now()
+                self._report_errors(time.monotonic())
+        finally:
+            poller.close()
+
+    def poll_now(self) -> None:
+        """Send what the ring holds now."""
+        with self._lock:
+            for raw in self.ring.take_records():
+                self.received += 1
+                record = self.decode(raw)
+                if record is not None and self._pipeline is not None:
+                    self._pipeline.emit(record, self.spec.service)
+                    self.sent += 1
+
+    def decode(self, raw: bytes) -> SpanRecord | None:
+        """The span of one record; None when a decoder drops it or it cannot
+        be decoded (counted in :attr:`errors`)."""
+        try:
+            if len(raw) < self._size:
+                raise SpanError(f"the record has {len(raw)} bytes but the labels span {self._size}")
+            key = raw[: self._size]
+            values = [decode(key) for decode in self._decoders]
+            return span_from_labels(self._names, values, self.spec, self.config)
+        except DropLabelSet:
+            return None
+        except (LabelDecodeError, SpanError) as err:
+            self.errors += 1
+            self._last_error = str(err)
+            return None
+
+    def _report_errors(self, now: float) -> None:
+        """One line on stderr when spans could not be decoded, at most once a minute."""
+        errors = self.errors
+        if errors > self._logged_errors and now - self._logged_at >= ERROR_LOG_EVERY_S:
+            print(
+                f"kernmlops export: {self.where}: {errors - self._logged_errors} spans could "
+                f"not be decoded ({errors} in all); the last: {self._last_error}",
+                file=sys.stderr,
+            )
+            self._logged_errors, self._logged_at = errors, now
+
+    def close(self) -> None:
+        """Stop polling, send what is left, flush the spans (idempotent)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+            self.poll_now()
+            self._report_errors(float("inf"))
+        if self._pipeline is not None:
+            pipeline, self._pipeline = self._pipeline, None
+            release_pipeline(pipeline)
+        if not self._closed:
+            self._closed = True
+            self.ring.close()
+
+
+def _warm(spec: SpanSpec, ctx: DecoderContext) -> None:
+    """Read the system tables the span's decoders need now (as the exporter
+    core does for metrics), not in the first span after privileges are dropped."""
+    used = {d.name for label in spec.labels for d in label.decoders}
+    if "syscall" in used:
+        _ = ctx.syscall_names
+    # Failures are not raised here: each span they spoil counts as an error.
+    if "cgroup" in used:
+        with contextlib.suppress(DecodeError):
+            ctx.cgroups.scan()
+    if used & _KALLSYMS_DECODERS:
+        with contextlib.suppress(DecodeError):
+            ctx.kallsyms.load()
+
+
+__all__ = [
+    "CONFIG_ATTRIBUTE",
+    "SpanError",
+    "SpanLabelSpec",
+    "SpanPipeline",
+    "SpanRecord",
+    "SpanRing",
+    "SpanSpec",
+    "check_available",
+    "span_exporter",
+    "span_from_labels",
+]

@@ -1,0 +1,253 @@
+"""ebpf_exporter's tracing spans against the kernel and a collector: the test
+program (ebpf_exporter/span-trace.bpf.c) makes a trace per ``kmo-spn``
+process, a root span for its life and a child span per getppid(2) call; the
+exporter sends them over OTLP/HTTP (the SDK's own exporter, as configured by
+OTEL_* variables) to a receiver on localhost, which decodes them with the
+OTLP protobuf classes. What arrives must be the workload's own calls, linked
+to its root span and timed within its own run."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from prometheus_client.parser import text_string_to_metric_families
+
+from kernmlops.exporter.config import resolve_sets
+from kernmlops.exporter.core import Exporter
+from tests.exporter.conftest import exporter_process, free_port, wait_serving
+
+pytestmark = pytest.mark.bpf
+
+CONFIG = Path(__file__).parent / "ebpf_exporter" / "span-trace.yaml"
+ERRORS = "ebpf_exporter_decoder_errors_total"
+
+
+@dataclass
+class Span:
+    """One received span, with its resource's service and its attributes."""
+
+    service: str
+    scope: str
+    name: str
+    trace_id: str
+    span_id: str
+    parent_span_id: str
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, str]
+
+
+class OtlpReceiver:
+    """An OTLP/HTTP trace receiver on localhost: POST /v1/traces, protobuf."""
+
+    def __init__(self) -> None:
+        self.spans: list[Span] = []
+        self.requests = 0
+        self._lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if self.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+                ok = self.path == "/v1/traces"
+                if ok:
+                    receiver._add(ExportTraceServiceRequest.FromString(body))
+                reply = ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200 if ok else 404)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, *_args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def _add(self, request: ExportTraceServiceRequest) -> None:
+        with self._lock:
+            self.requests += 1
+            for rs in request.resource_spans:
+                res = {a.key: a.value.string_value for a in rs.resource.attributes}
+                for ss in rs.scope_spans:
+                    for s in ss.spans:
+                        self.spans.append(
+                            Span(
+                                service=res.get("service.name", ""),
+                                scope=ss.scope.name,
+                                name=s.name,
+                                trace_id=s.trace_id.hex(),
+                                span_id=s.span_id.hex(),
+                                parent_span_id=s.parent_span_id.hex(),
+                                start_ns=s.start_time_unix_nano,
+                                end_ns=s.end_time_unix_nano,
+                                attributes={a.key: a.value.string_value for a in s.attributes},
+                            )
+                        )
+
+    def wait_for(self, pred, timeout: float = 20) -> list[Span]:
+        """The spans received once ``pred(spans)`` holds, or at the timeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                spans = list(self.spans)
+            if pred(spans) or time.monotonic() > deadline:
+                return spans
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[OtlpReceiver]:
+    r = OtlpReceiver()
+    try:
+        yield r
+    finally:
+        r.close()
+
+
+def _otel_env(endpoint: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
+    env["OTEL_BSP_SCHEDULE_DELAY"] = "100"  # batches sent every 100 ms, not 5 s
+    return env
+
+
+def _workload(comm: str, calls: int) -> tuple[int, int, int]:
+    """A process named ``comm`` calls getppid ``calls`` times and exits; its
+    process id and the Unix times (ns) just before it started and after it ended."""
+    code = textwrap.dedent(f"""
+        import os
+        open("/proc/self/comm", "w").write({comm!r})
+        for _ in range({calls}):
+            os.getppid()
+        print(os.getpid())
+    """)
+    before = time.time_ns()
+    done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    after = time.time_ns()
+    return int(done.stdout), before, after
+
+
+def _check_trace(spans: list[Span], tgid: int, calls: int, before: int, after: int) -> None:
+    """The workload's trace: one root span for the process, ``calls`` child
+    spans under it, all inside the run's own times."""
+    (root,) = [s for s in spans if s.name == "kmo-spn-work" and s.attributes["tgid"] == str(tgid)]
+    children = [s for s in spans if s.name == "getppid" and s.trace_id == root.trace_id]
+    assert len(children) == calls
+    # the trace id is the record's 16 bytes in hex: trace_id_hi (tgid), then trace_id_lo
+    assert root.trace_id[:16] == tgid.to_bytes(8, "little").hex()
+    assert root.parent_span_id == ""  # a zero parent: the trace's root
+    assert root.service == "span-test"  # the config's service
+    assert root.attributes == {
+        "tgid": str(tgid),
+        "calls": str(calls),
+        "ebpf_exporter.config": "span-trace",
+    }
+    assert root.scope == "github.com/cloudflare/ebpf_exporter/v2/tracing"
+    # within the run, as the test's clock saw it (the kernel's monotonic time
+    # turned into Unix time: 2 ms for the two clocks' reads and NTP's slewing)
+    slack = 2_000_000
+    assert before - slack <= root.start_ns < root.end_ns <= after + slack
+    ids = set()
+    for child in children:
+        assert child.service == "ebpf_exporter"  # none configured: the default
+        assert child.parent_span_id == root.span_id
+        assert child.span_id not in ("", "0" * 16, root.span_id)  # made up: none was sent
+        ids.add(child.span_id)
+        assert child.attributes == {
+            "thread.id": str(tgid),  # the single-threaded workload's only thread
+            "syscall": "getppid",
+            "ebpf_exporter.config": "span-trace",
+        }
+        assert root.start_ns - slack <= child.start_ns <= child.end_ns <= root.end_ns + slack
+    assert len(ids) == calls
+    # the calls do not overlap (one thread): their time adds up within the root's
+    assert sum(c.end_ns - c.start_ns for c in children) <= root.end_ns - root.start_ns
+
+
+def _decoder_errors(text: str) -> float:
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == ERRORS and s.labels.get("config") == "span-trace"
+    )
+
+
+def test_spans_reach_a_collector_over_otlp_http(tmp_path: Path, receiver: OtlpReceiver) -> None:
+    """``kernmlops export`` as ebpf_exporter runs: the collector named by
+    OTEL_EXPORTER_OTLP_ENDPOINT gets each process's trace; the record with a
+    zero trace id is counted as a decoder error, not sent."""
+    port = free_port()
+    log = tmp_path / "exporter.log"
+    url = f"http://127.0.0.1:{port}/metrics"
+    args = ["export", "--config", str(CONFIG), "--web.listen-address", f"127.0.0.1:{port}"]
+    env = _otel_env(receiver.endpoint)
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kernmlops", *args], stdout=out, stderr=subprocess.STDOUT,
+            env=env,
+        )  # fmt: skip
+    try:
+        wait_serving(proc, url, log)
+        runs = [(_workload("kmo-spn-work", calls), calls) for calls in (40, 75)]
+        want = sum(calls + 1 for _, calls in runs)
+        spans = receiver.wait_for(lambda s: len(s) >= want)
+        for (tgid, before, after), calls in runs:
+            _check_trace(spans, tgid, calls, before, after)
+        assert len(spans) == want, log.read_text()  # nothing else: the bad records were not sent
+        deadline = time.monotonic() + 10
+        while _decoder_errors(page := wait_serving(proc, url, log).decode()) < 2:
+            assert time.monotonic() < deadline, page
+            time.sleep(0.2)
+        assert _decoder_errors(page) == 2  # one zero-trace-id record per process
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert proc.returncode == 0, log.read_text()
+
+
+def test_spans_queued_at_exit_are_flushed(receiver: OtlpReceiver, monkeypatch) -> None:
+    """Spans still in the batch processor's queue when the exporter closes are
+    sent before it ends (as ebpf_exporter flushes on SIGTERM): a 1-hour batch
+    delay, so only the close sends them."""
+    for key in [k for k in os.environ if k.startswith("OTEL_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "3600000")
+    exporter = Exporter(resolve_sets([str(CONFIG)]))
+    try:
+        (status,) = exporter.start()
+        assert status.error is None, status.error
+        assert status.attached == 3, [(p.name, p.error) for p in status.programs]
+        tgid, before, after = _workload("kmo-spn-work", 25)
+        time.sleep(1.0)  # several polls of the rings: read, queued, not yet sent
+        assert receiver.spans == []
+    finally:
+        exporter.close()
+    _check_trace(receiver.spans, tgid, 25, before, after)
+    assert receiver.requests >= 1
