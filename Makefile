@@ -35,7 +35,7 @@ packages:
 $(VENV)/.installed: pyproject.toml | packages
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev,lab]'
+	$(BIN)/python -m pip install -q -e '.[dev,lab,tracing]'
 	@touch $@
 
 # Rebuilt when a BPF source or header changes (the Python side checks mtimes too).

@@ -191,7 +191,7 @@ def test_not_go_durations(value: object) -> None:
         ({**COUNTED, "cgroup_id_map": {"name": "ids", "regexp": ["x"]}},
          "did you mean 'regexps'"),
         ({"metrics": {"counters": [{"name": "a", "help": "h"}]}, "tracing": {"spans": [{}]}},
-         "tracing spans"),
+         "tracing.spans[0].ringbuf: Field required"),
         ({"metrics": {"counters": [{"name": "a", "hlep": "h"}]}}, "did you mean 'help'"),
         ({"metrics": {"histograms": [{**HIST, "bucket_type": "exp3"}]}}, "bucket_type"),
         ({"metrics": {"histograms": [{**HIST, "labels": []}]}}, "last label is the bucket"),

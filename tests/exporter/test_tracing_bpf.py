@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kernmlops.exporter.config import resolve_sets
 from kernmlops.exporter.core import Exporter
-from tests.exporter.conftest import exporter_process, free_port, wait_serving
+from tests.exporter.conftest import free_port, wait_serving
 
 pytestmark = pytest.mark.bpf
 
@@ -62,7 +62,7 @@ class OtlpReceiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)

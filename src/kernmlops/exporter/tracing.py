@@ -50,6 +50,7 @@ from kernmlops.exporter.decoders import (
     DecoderContext,
     DropLabelSet,
     LabelDecodeError,
+    LabelDecoder,
     label_decoders,
 )
 from kernmlops.exporter.spec import EBPF_EXPORTER_FORMAT, LabelSpec, MetricSetError, _Strict
@@ -254,6 +255,20 @@ def _random_id(rng: random.Random, bits: int) -> int:
                 return number
 
 
+def decode_record(
+    raw: bytes, spec: SpanSpec, decoders: list[LabelDecoder], config: str
+) -> SpanRecord:
+    """The span of one ring record: cut to the labels' span (a longer record
+    keeps fields no label names), decoded, made a span. Raises SpanError,
+    LabelDecodeError, or DropLabelSet (a decoder does not want the span)."""
+    size = spec.record_bytes
+    if len(raw) < size:
+        raise SpanError(f"the record has {len(raw)} bytes but the labels span {size}")
+    key = raw[:size]
+    values = [decode(key) for decode in decoders]
+    return span_from_labels([label.name for label in spec.labels], values, spec, config)
+
+
 # --- sending -------------------------------------------------------------------------
 def span_exporter(env: dict[str, str] | None = None) -> Any:
     """The SDK's span exporter the environment asks for (None: ``none``)."""
@@ -372,9 +387,7 @@ class SpanRing:
         self.config = config
         self.spec = spec
         self.where = where or f"span ring {spec.ringbuf}"
-        self._names = [label.name for label in spec.labels]
         self._decoders = label_decoders(spec.labels, ctx, flavor=EBPF_EXPORTER_FORMAT)
-        self._size = spec.record_bytes
         _warm(spec, ctx)  # kernel symbols are read now, while privileged
         self.ring = RingBuffer(bpf_map.fd, bpf_map.max_entries, name=spec.ringbuf)
         #: records read, spans sent, records that could not be decoded
@@ -424,11 +437,7 @@ class SpanRing:
         """The span of one record; None when a decoder drops it or it cannot
         be decoded (counted in :attr:`errors`)."""
         try:
-            if len(raw) < self._size:
-                raise SpanError(f"the record has {len(raw)} bytes but the labels span {self._size}")
-            key = raw[: self._size]
-            values = [decode(key) for decode in self._decoders]
-            return span_from_labels(self._names, values, self.spec, self.config)
+            return decode_record(raw, self.spec, self._decoders, self.config)
         except DropLabelSet:
             return None
         except (LabelDecodeError, SpanError) as err:
@@ -487,6 +496,7 @@ __all__ = [
     "SpanRing",
     "SpanSpec",
     "check_available",
+    "decode_record",
     "span_exporter",
     "span_from_labels",
 ]
