@@ -479,6 +479,34 @@ def test_drain_joins_a_batch_that_wraps_the_end_of_the_ring() -> None:
         reader.close()
 
 
+def test_take_records_gives_each_record_of_its_own_length() -> None:
+    """Records of several sizes (a span ring's), one that wraps the end, a
+    discarded one skipped, a busy one ending the run until it is committed."""
+    from kernmlops.ebpf.ringbuf import RingBuffer
+
+    ring = MappedRing(4096, start=4096 - 48)  # the second record wraps the end
+    bodies = [b"a" * 20, bytes(range(56)), b"ccc"]
+    for body in bodies:
+        ring.write(body)
+    ring.write(b"gone" * 3, discard=True)
+    busy = ring.write(b"late" * 5, busy=True)
+    ring.write(b"after")
+    ring.sync()
+    reader = RingBuffer(ring.fd, 4096)
+    try:
+        assert reader.take_records() == bodies
+        assert ring.consumer() == busy  # the discarded record's space freed too
+        assert reader.discarded == 1 and reader.records == 3
+        assert reader.take_records() == []  # still busy
+        ring.cons = ring.consumer()
+        ring.commit(busy)
+        ring.sync()
+        assert reader.take_records() == [b"late" * 5, b"after"]
+        assert ring.consumer() == ring.prod
+    finally:
+        reader.close()
+
+
 def test_records_to_table_is_arrow_with_the_frames_rows(process_layout):
     # What the collector's hooks hand over: Arrow, no polars; the same rows and types
     # polars reads (texts as large_string, enums as their labels, null if unnamed).
