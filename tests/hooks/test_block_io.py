@@ -221,6 +221,15 @@ def test_block_io_matches_fio(target: tuple[str, tuple[int, int]]) -> None:
     assert data["issue_to_complete_us"].null_count() == 0
     assert data["issue_to_complete_us"].median() > 0  # type: ignore[operator]
     assert data["inflight"].min() >= 1  # type: ignore[operator]
+    assert (data["alloc_to_complete_us"] >= data["issue_to_complete_us"]).all()
+    assert data["cpu"].is_between(0, os.cpu_count() - 1).all()  # type: ignore[operator]
+    assert data["issue_cpu"].is_between(0, os.cpu_count() - 1).all()  # type: ignore[operator]
+    if filename.startswith("/dev/loop"):
+        # fio's alone on its loop device, 4 KiB each (one segment, one 4 KiB unit):
+        # the queue's three counts are one, up to fio's depth
+        assert (data["inflight_segments"] == data["inflight"]).all()
+        assert (data["inflight_4k_ios"] == data["inflight"]).all()
+        assert 1 < data["inflight"].max() <= 8  # type: ignore[operator]
     assert data["sector"].n_unique() > data.height // 4  # random offsets
 
     # Requests in flight while the ring was drained (all recorded, as the
@@ -295,8 +304,10 @@ def test_request_in_flight_across_drains(frozen_loop: tuple[str, Path]) -> None:
             assert time.monotonic() < deadline, "the write never got in flight"
             time.sleep(0.005)
         key = (major << 20 | minor).to_bytes(4, "little")
-        ours = int.from_bytes(hook.obj.map("dev_inflight").lookup(key) or b"", "little")
-        assert ours == 1  # the kernel's own count says one write in flight
+        queue = np.frombuffer(hook.obj.map("dev_inflight").lookup(key) or b"", "<i8")
+        # the kernel's own count says one write in flight: one request, one segment,
+        # one 4 KiB unit
+        assert queue.tolist() == [1, 1, 1]
         drains_us = []
         for _ in range(3):
             drains_us.append(time.monotonic_ns() // 1000)
@@ -320,7 +331,8 @@ def test_request_in_flight_across_drains(frozen_loop: tuple[str, Path]) -> None:
     print(row)
     assert row["op"] == "WRITE" and row["bytes"] == 4096 and row["segments"] == 1
     assert row["comm"] == "dd" and row["tgid"] == dd.pid
-    assert row["inflight"] == 1 and row["error"] == 0
+    assert row["inflight"] == row["inflight_segments"] == row["inflight_4k_ios"] == 1
+    assert row["error"] == 0 and row["alloc_to_complete_us"] >= row["issue_to_complete_us"]
     issued_us = row["ts_uptime_us"] - row["issue_to_complete_us"]
     assert issued_us < drains_us[0] and row["ts_uptime_us"] > drains_us[-1]
     assert row["issue_to_complete_us"] >= 40_000  # held over the drains 20 ms apart
