@@ -133,8 +133,16 @@ KERNMLOPS_BLOCK_IO = (
     "block_io_flags", "block_io_flags_string", "queue_length_segment_ios",
     "queue_length_4k_ios",
 )  # fmt: skip
-#: our columns a collection before them lacks (null there)
-_ADDED = ("alloc_to_complete_us", "inflight_segments", "inflight_4k_ios", "cpu", "issue_cpu")
+#: our columns the view reads, with their types: null where a table lacks one (a
+#: collection from before alloc_to_complete_us, the queue's size and the CPUs; a frame
+#: made by hand)
+_READS = {
+    "ts_uptime_us": "Int64", "major": "UInt32", "minor": "UInt32", "sector": "Int64",
+    "bytes": "UInt32", "segments": "UInt16", "cmd_flags": "UInt32", "op_flags": "String",
+    "issue_to_complete_us": "Int64", "alloc_to_complete_us": "Int64",
+    "inflight_segments": "UInt32", "inflight_4k_ios": "UInt32", "cpu": "UInt32",
+    "issue_cpu": "UInt32",
+}  # fmt: skip
 
 
 def block_io_tables(block_io: pl.DataFrame) -> dict[str, pl.DataFrame]:
@@ -158,7 +166,9 @@ def block_io_tables(block_io: pl.DataFrame) -> dict[str, pl.DataFrame]:
     import polars as pl
 
     df = block_io.with_columns(
-        pl.lit(None, pl.Int64).alias(c) for c in _ADDED if c not in block_io.columns
+        pl.lit(None, getattr(pl, t)).alias(c)
+        for c, t in _READS.items()
+        if c not in block_io.columns
     )
     i64 = pl.Int64
     common = (
