@@ -259,6 +259,24 @@ def test_block_io_of_an_older_collection() -> None:
     assert di.block_io_tables(_block_io_rows().clear())["block_io"].height == 0
 
 
+def test_block_io_of_older_and_newer_collections_in_one_folder(tmp_path: Path) -> None:
+    """A folder holding a collection from before the added columns and one after: one
+    table, the older one's rows null there."""
+    added = {"alloc_to_complete_us": [50], "inflight_segments": [1], "inflight_4k_ios": [1],
+             "cpu": [0], "issue_cpu": [1]}  # fmt: skip
+    for cid, rows in (("old", _block_io_rows()), ("new", _block_io_rows(**added))):
+        folder = tmp_path / "benchmark=faux" / f"collection_id={cid}"
+        with ParquetSink(folder, cid) as sink:
+            sink.write("block_io", rows)
+        write_manifest(folder, {"collection_id": cid, "benchmark": "faux",
+                                "tables": sink.files_written()})  # fmt: skip
+    io = di.read_parquet_dir(tmp_path)["block_io"].sort("collection_id")
+    assert io.select("collection_id", "block_latency_us", "queue_length_4k_ios", "cpu").rows() == [
+        ("new", 50, 1, 1),
+        ("old", None, None, None),
+    ]
+
+
 @pytest.mark.parametrize(
     ("op_flags", "expected"),
     [
