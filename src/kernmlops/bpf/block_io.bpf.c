@@ -94,8 +94,11 @@ struct {
  * hook started are not counted. */
 struct dev_queue {
 	s64 requests; /* first: a reader of the map may take it alone */
-	s64 segments;
-	s64 ios_4k;
+	/* segments << 32 | 4 KiB units: one atomic add moves both, so a reading is a
+	 * pair that was true at one instant (three adds let another CPU's issue land
+	 * between them). Neither goes below 0 (every take matches an add of the same
+	 * request), so no borrow crosses the halves. */
+	u64 size;
 };
 
 /* (major << 20 | minor) -> its queue. */
@@ -120,19 +123,21 @@ static __always_inline u32 dev_key(u32 major, u32 minor)
 }
 
 /* A request's size in 4 KiB units, rounded up (KernMLOps' 4k I/Os). */
-static __always_inline s64 ios_4k(u32 bytes)
+static __always_inline u32 ios_4k(u32 bytes)
 {
-	return ((s64)bytes + 4095) >> 12;
+	return (u32)(((u64)bytes + 4095) >> 12);
 }
 
 /* Add the request (sign 1, at its issue) to its device's queue or take it out
- * (sign -1); at issue, store the queue after it in info. Each counter is exact
- * at its own add; under concurrent issues the three are not one snapshot. */
+ * (sign -1); at issue, store the queue after it in info. The request count and
+ * the size pair are two adds: another CPU's issue or completion can land
+ * between them. */
 static __always_inline void inflight_add(struct rq_info *info, s64 sign)
 {
 	u32 key = dev_key(info->major, info->minor);
 	struct dev_queue zero = {}, *q = bpf_map_lookup_elem(&dev_inflight, &key);
-	s64 segs = sign * info->segments, ios = sign * ios_4k(info->bytes), n, s, k;
+	u64 size = (u64)info->segments << 32 | (u64)ios_4k(info->bytes), after;
+	s64 n;
 
 	if (!q) {
 		bpf_map_update_elem(&dev_inflight, &key, &zero, BPF_NOEXIST);
@@ -141,12 +146,13 @@ static __always_inline void inflight_add(struct rq_info *info, s64 sign)
 			return;
 	}
 	n = __sync_fetch_and_add(&q->requests, sign) + sign;
-	s = __sync_fetch_and_add(&q->segments, segs) + segs;
-	k = __sync_fetch_and_add(&q->ios_4k, ios) + ios;
+	if (sign < 0)
+		size = -size;
+	after = __sync_fetch_and_add(&q->size, size) + size;
 	if (sign > 0) {
 		info->inflight = n;
-		info->inflight_segments = s;
-		info->inflight_4k_ios = k;
+		info->inflight_segments = after >> 32;
+		info->inflight_4k_ios = (u32)after;
 	}
 }
 
