@@ -25,7 +25,7 @@ INTEROP_PACKAGES := openjdk-17-jre-headless
 
 .PHONY: all setup ml lab kmod interop packages tracefs bpf wheel collect collect-raw collect-data \
 	test defaults lint format hooks pre-commit doctor bench clean setup-gap benchmark-packages \
-	benchmark-gap benchmark-memcached benchmark-linux-build benchmark-redis
+	benchmark-gap benchmark-memcached benchmark-linux-build benchmark-redis dump
 
 all: setup
 
@@ -97,6 +97,10 @@ collect-data: collect
 
 collect-raw: setup
 	$(COLLECT) -b faux $(ARGS)
+
+# KernMLOps' dump: every table under data/curated, as its data call reads them
+dump: $(VENV)/.installed
+	$(BIN)/kernmlops collect dump $(ARGS)
 
 benchmark-packages:
 	@scripts/ensure-packages.sh $(BENCHMARK_PACKAGES)

@@ -1,9 +1,15 @@
 """kernmlops.data_import: KernMLOps' read_parquet_dir(path) -> {table: DataFrame} over
-every collection, its README's use (filter a table by tgid), and Collection as a mapping."""
+every collection, its README's use (filter a table by tgid), Collection as a mapping,
+and our block_io in KernMLOps' shape (pure, and a real collection against
+/sys/block/<dev>/stat)."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import polars as pl
@@ -15,6 +21,28 @@ from kernmlops.collect.parquet import ParquetSink
 from kernmlops.data import read_collection
 from kernmlops.errors import CollectionError
 
+#: what KernMLOps' call gives for a collection with block_io rows
+BLOCK_IO_TABLES = ["block_io", "block_io_latency", "block_io_queue_length"]
+
+
+def _block_io_rows(**columns: list) -> pl.DataFrame:
+    """Rows of our block_io table as its hook makes them (the columns of a collection
+    before alloc_to_complete_us, inflight_segments, ... unless given)."""
+    n = len(next(iter(columns.values()))) if columns else 1
+    base: dict[str, list] = {
+        "ts_uptime_us": [1_000] * n, "device": ["7:3"] * n, "major": [7] * n,
+        "minor": [3] * n, "sector": [8] * n, "bytes": [4096] * n, "segments": [1] * n,
+        "op": ["WRITE"] * n, "op_flags": ["WRITE|SYNC|IDLE"] * n,
+        "cmd_flags": [1 | 1 << 11 | 1 << 15] * n, "queue_to_issue_us": [2] * n,
+        "issue_to_complete_us": [40] * n, "inflight": [1] * n, "error": [0] * n,
+        "pid": [7] * n, "tgid": [7] * n, "comm": ["dd"] * n,
+    }  # fmt: skip
+    base.update(columns)
+    return pl.DataFrame(base).cast(
+        {"major": pl.UInt32, "minor": pl.UInt32, "bytes": pl.UInt32, "segments": pl.UInt16,
+         "cmd_flags": pl.UInt32, "pid": pl.UInt32, "tgid": pl.UInt32, "error": pl.UInt8}
+    )  # fmt: skip
+
 
 def _collection(root: Path, benchmark: str, cid: str, tgids: list[int]) -> None:
     folder = root / f"benchmark={benchmark}" / f"collection_id={cid}"
@@ -24,7 +52,7 @@ def _collection(root: Path, benchmark: str, cid: str, tgids: list[int]) -> None:
             pl.DataFrame({"tgid": tgids, "cumulative_count": [10 * t for t in tgids]}),
         )
         if benchmark == "gap":
-            sink.write("block_io", pl.DataFrame({"tgid": [7], "bytes": [4096]}))
+            sink.write("block_io", _block_io_rows())
     write_manifest(folder, {"collection_id": cid, "benchmark": benchmark,
                             "tables": sink.files_written()})  # fmt: skip
 
@@ -40,7 +68,7 @@ def curated(tmp_path: Path) -> Path:
 
 def test_every_table_of_every_collection(curated: Path) -> None:
     r = di.read_parquet_dir(curated)
-    assert sorted(r.keys()) == ["block_io", "dtlb_misses"]
+    assert sorted(r.keys()) == [*BLOCK_IO_TABLES, "dtlb_misses"]
     dtlb = r["dtlb_misses"]
     assert dtlb.height == 6
     assert sorted(dtlb["collection_id"].unique()) == ["a", "b", "c"]
@@ -53,7 +81,7 @@ def test_every_table_of_every_collection(curated: Path) -> None:
 
 def test_benchmark_name_keeps_one_benchmark(curated: Path) -> None:
     r = di.read_parquet_dir(curated, benchmark_name="gap")
-    assert set(r) == {"block_io", "dtlb_misses"}
+    assert set(r) == {*BLOCK_IO_TABLES, "dtlb_misses"}
     assert r["dtlb_misses"]["tgid"].to_list() == [2, 3]
     # KernMLOps spells it linux_build
     r = di.read_parquet_dir(str(curated), benchmark_name="linux_build")
@@ -69,10 +97,10 @@ def test_benchmark_name_by_position_as_kernmlops_calls_it(curated: Path) -> None
     argument by position or by name, the same tables."""
 
     def heights(r: dict[str, pl.DataFrame]) -> dict[str, int]:
-        return {table: frame.height for table, frame in r.items()}
+        return {table: frame.height for table, frame in r.items() if table != "block_io_latency"}
 
     by_name = di.read_parquet_dir(curated, benchmark_name="gap")
-    assert heights(by_name) == {"block_io": 1, "dtlb_misses": 2}
+    assert heights(by_name) == {"block_io": 1, "block_io_queue_length": 1, "dtlb_misses": 2}
     for r in (
         di.read_parquet_dir(str(curated), "gap"),
         di.read_parquet_dir(data_dir=curated, benchmark_name="gap"),
@@ -80,13 +108,15 @@ def test_benchmark_name_by_position_as_kernmlops_calls_it(curated: Path) -> None
         assert heights(r) == heights(by_name)
         assert r["dtlb_misses"]["tgid"].to_list() == [2, 3]
     everything = di.read_parquet_dir(curated, None)
-    assert heights(everything) == {"block_io": 1, "dtlb_misses": 6}
+    assert heights(everything) == {"block_io": 1, "block_io_queue_length": 1, "dtlb_misses": 6}
 
 
 def test_the_data_folder_holding_curated_reads_as_curated(curated: Path) -> None:
     """data/ (as `collect -o data` writes it, and as push takes it) reads as data/curated."""
     r = di.read_parquet_dir(curated.parent)
-    assert {k: v.height for k, v in r.items()} == {"block_io": 1, "dtlb_misses": 6}
+    assert {k: v.height for k, v in r.items()} == dict.fromkeys(BLOCK_IO_TABLES, 1) | {
+        "dtlb_misses": 6
+    }
     r = di.read_parquet_dir(curated.parent, benchmark_name="gap")
     assert r["dtlb_misses"]["tgid"].to_list() == [2, 3]
 
@@ -160,3 +190,198 @@ def test_kernmlops_own_layout_of_a_user_is_read_by_root_through_no_link_of_their
         os.chown(path, 65534, 65534, follow_symlinks=False)
     with pytest.raises(CollectionError, match=f"{linked}: a link: as root"):
         di.read_parquet_dir(curated)
+
+
+# -- block_io in KernMLOps' shape ------------------------------------------------------
+
+
+def test_block_io_in_kernmlops_shape() -> None:
+    """Each KernMLOps column from ours: the issue is the completion less the service
+    time, device its dev_t, the flags string in its words; a completion never issued
+    (a flush's parent) is in its latency table only, as its join kept none."""
+    rows = _block_io_rows(
+        ts_uptime_us=[5_000, 2_000, 3_000],
+        op=["WRITE", "FLUSH", "READ"],
+        op_flags=["WRITE|SYNC|IDLE|FUA", "FLUSH|PREFLUSH", "READ"],
+        cmd_flags=[1 | 1 << 11 | 1 << 15 | 1 << 17, 2 | 1 << 18, 0],
+        sector=[8, -1, 64],
+        bytes=[16384, 0, 4097],
+        segments=[3, 0, 2],
+        issue_to_complete_us=[4_500, None, 100],
+        alloc_to_complete_us=[4_600, None, 130],
+        inflight=[2, None, 1],
+        inflight_segments=[5, None, 2],
+        inflight_4k_ios=[6, None, 2],
+        cpu=[1, 0, 0],
+        issue_cpu=[0, None, 1],
+    ).with_columns(collection_id=pl.lit("c"))
+    t = di.block_io_tables(rows)
+    assert sorted(t) == BLOCK_IO_TABLES
+    merged = t["block_io"]
+    assert merged.columns[: len(di.KERNMLOPS_BLOCK_IO)] == list(di.KERNMLOPS_BLOCK_IO)
+    kml = merged.select(di.KERNMLOPS_BLOCK_IO)
+    assert all(
+        dtype == (pl.String if c == "block_io_flags_string" else pl.Int64)
+        for c, dtype in kml.schema.items()
+    )
+    # sorted by issue: the write (issued at 500) before the read (at 2,900)
+    assert kml.rows() == [
+        (0, 7 << 20 | 3, 8, 3, 16384, 500, 5_000, 4_600, 4_500, 4_500,
+         1 | 1 << 11 | 1 << 15 | 1 << 17, "Idle-ForcedUnitAccess-Sync-Write", 5, 6),
+        (1, 7 << 20 | 3, 64, 2, 4097, 2_900, 3_000, 130, 100, 100, 0, "Read", 2, 2),
+    ]  # fmt: skip
+    # ours beside, under our names
+    assert merged["comm"].to_list() == ["dd", "dd"]
+    assert merged["collection_id"].to_list() == ["c", "c"]
+    assert merged["queue_to_issue_us"].to_list() == [2, 2]
+    queue = t["block_io_queue_length"]
+    assert queue["ts_uptime_us"].to_list() == [500, 2_900]
+    assert queue["queue_length_4k_ios"].to_list() == [6, 2]
+    assert queue["cpu"].to_list() == [0, 1]
+    latency = t["block_io_latency"].sort("ts_uptime_us")
+    # every completion, at its own time and CPU
+    assert latency["ts_uptime_us"].to_list() == [2_000, 3_000, 5_000]
+    assert latency["cpu"].to_list() == [0, 0, 1]
+    assert latency["sector"].to_list() == [-1, 64, 8]  # KernMLOps' -1 for no sector
+    assert latency["block_io_latency_us"].to_list() == [None, 100, 4_500]
+    assert latency["block_latency_us"].to_list() == [None, 130, 4_600]
+
+
+def test_block_io_of_an_older_collection() -> None:
+    """A collection from before the allocation time, the queue's size and the CPUs
+    reads too: those columns null, the rest as before."""
+    t = di.block_io_tables(_block_io_rows())
+    row = t["block_io"].row(0, named=True)
+    assert (row["ts_uptime_us"], row["finish_ts_uptime_us"]) == (960, 1_000)
+    assert row["block_io_latency_us"] == row["measured_latency_us"] == 40
+    assert row["block_latency_us"] is None and row["queue_length_4k_ios"] is None
+    assert row["cpu"] is None and row["inflight"] == 1
+    assert di.block_io_tables(_block_io_rows().clear())["block_io"].height == 0
+
+
+def test_block_io_of_older_and_newer_collections_in_one_folder(tmp_path: Path) -> None:
+    """A folder holding a collection from before the added columns and one after: one
+    table, the older one's rows null there."""
+    added = {"alloc_to_complete_us": [50], "inflight_segments": [1], "inflight_4k_ios": [1],
+             "cpu": [0], "issue_cpu": [1]}  # fmt: skip
+    for cid, rows in (("old", _block_io_rows()), ("new", _block_io_rows(**added))):
+        folder = tmp_path / "benchmark=faux" / f"collection_id={cid}"
+        with ParquetSink(folder, cid) as sink:
+            sink.write("block_io", rows)
+        write_manifest(folder, {"collection_id": cid, "benchmark": "faux",
+                                "tables": sink.files_written()})  # fmt: skip
+    io = di.read_parquet_dir(tmp_path)["block_io"].sort("collection_id")
+    assert io.select("collection_id", "block_latency_us", "queue_length_4k_ios", "cpu").rows() == [
+        ("new", 50, 1, 1),
+        ("old", None, None, None),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("op_flags", "expected"),
+    [
+        ("READ", "Read"),
+        ("WRITE|SYNC|IDLE", "Idle-Sync-Write"),
+        ("WRITE|SYNC|META|PRIO|NOMERGE|FUA|RAHEAD|BACKGROUND|NOWAIT",
+         "NoWait-Background-ReadAhead-NoMerge-Priority-ForcedUnitAccess-Metadata-Sync-Write"),
+        ("WRITE_ZEROES|NOUNMAP", "WriteZeros"),  # flags it had no word for: left out
+        ("ZONE_APPEND", "Unknown"),
+        ("OP4", "Unknown"),
+        # a collector without BTF wrote cmd_flags in hex: KernMLOps' own numbers
+        (hex(1 | 1 << 11 | 1 << 15), "Idle-Sync-Write"),
+        (hex(9 | 1 << 19), "ReadAhead-WriteZeros"),
+    ],
+)  # fmt: skip
+def test_kernmlops_flags_string(op_flags: str, expected: str) -> None:
+    assert di.kernmlops_flags_string(op_flags) == expected
+
+
+# -- a real collection against the kernel's disk statistics (root + BPF) ---------------
+
+READS, READ_BYTES = 96, 32 << 10
+WRITES, WRITE_BYTES = 64, 8 << 10
+
+
+def _sh(*cmd: str) -> str:
+    return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.fixture
+def loop_disk(tmp_path: Path) -> Iterator[tuple[Path, Path, int, int]]:
+    """A loop device of our own on a file with data (nothing else does I/O on it), and
+    a second node of it: writes through that node end with no udev probe (udev
+    watches /dev/loopN's inode), so the disk's statistics count only our requests.
+    Yields the device's stat file, the node, major and minor."""
+    for tool in ("losetup", "dd", "udevadm"):
+        if not shutil.which(tool):
+            pytest.fail(f"{tool} not found (util-linux / coreutils / udev)")
+    image = tmp_path / "image"
+    image.write_bytes(os.urandom(4 << 20))
+    loop = _sh("losetup", "--find", "--show", str(image))
+    try:
+        rdev = os.stat(loop).st_rdev
+        major, minor = os.major(rdev), os.minor(rdev)
+        node = tmp_path / "disk"
+        os.mknod(node, 0o600 | 0o060000, rdev)  # S_IFBLK
+        subprocess.run(["udevadm", "settle", "-t", "10"], check=False)
+        stat = Path(f"/sys/dev/block/{major}:{minor}/stat")
+        deadline = time.monotonic() + 10
+        while stat.read_text().split()[8] != "0":  # in flight: udev's probe of the attach
+            assert time.monotonic() < deadline, "the loop device never went idle"
+            time.sleep(0.01)
+        yield stat, node, major, minor
+    finally:
+        subprocess.run(["losetup", "-d", loop], check=False)
+
+
+@pytest.mark.bpf
+def test_kernmlops_block_io_of_a_collection_against_diskstats(
+    tmp_path: Path, loop_disk: tuple[Path, Path, int, int]
+) -> None:
+    """`collect --hooks block_io -- dd ...` (direct I/O, one request at a time), read by
+    KernMLOps' call: its tables hold every request the kernel counted in
+    /sys/block/<dev>/stat, the bytes, and the time it counted reading and writing;
+    each request was alone in flight, so the queue lengths are its own size."""
+    from tests.e2e.conftest import run_collect
+
+    stat, node, major, minor = loop_disk
+    script = (
+        f"dd if={node} of=/dev/null bs={READ_BYTES} count={READS} iflag=direct status=none"
+        f" && dd if=/dev/zero of={node} bs={WRITE_BYTES} count={WRITES} oflag=direct"
+        " conv=notrunc status=none"
+    )
+    before = [int(v) for v in stat.read_text().split()]
+    proc, _ = run_collect(tmp_path / "out", "--hooks", "block_io", "--", "sh", "-c", script)
+    after = [int(v) for v in stat.read_text().split()]
+    assert proc.returncode == 0, proc.stderr
+    delta = [a - b for a, b in zip(after, before, strict=False)]
+    r = di.read_parquet_dir(tmp_path / "out")
+    io = r["block_io"].filter(pl.col("device") == (major << 20 | minor))
+    for op, n, size, (count, sectors, ms) in (
+        # completed, sectors, ms: the stat file's fields 1, 3, 4 and 5, 7, 8
+        ("Read", READS, READ_BYTES, (delta[0], delta[2], delta[3])),
+        ("Write", WRITES, WRITE_BYTES, (delta[4], delta[6], delta[7])),
+    ):
+        rows = io.filter(pl.col("block_io_flags_string").str.ends_with(op))
+        total_ms = int(rows["block_latency_us"].sum()) / 1000
+        issue_ms = int(rows["block_io_latency_us"].sum()) / 1000
+        print(f"{op}: {rows.height} rows, kernel {count}; {total_ms:.2f} ms from the")
+        print(f"  allocation ({issue_ms:.2f} from the issue), kernel {ms} ms")
+        assert rows.height == count == n
+        assert int(rows["block_io_bytes"].sum()) == sectors * 512 == n * size
+        assert (rows["block_io_bytes"] == size).all()
+        # alone in flight: the device's queue is the request itself
+        assert (rows["queue_length_4k_ios"] == size // 4096).all()
+        assert (rows["queue_length_segment_ios"] == rows["segments"]).all()
+        assert (rows["inflight"] == 1).all()
+        # the kernel counts from the same start (in ms, its sum in ns truncated), to
+        # its own clock reading just after the tracepoint's
+        assert ms - 1 - n * 0.02 <= total_ms <= ms + 1, (total_ms, ms)
+        assert (rows["block_latency_us"] >= rows["block_io_latency_us"]).all()
+    assert io.height == READS + WRITES
+    assert (io["measured_latency_us"] == io["finish_ts_uptime_us"] - io["ts_uptime_us"]).all()
+    assert io["ts_uptime_us"].is_sorted()
+    assert io["cpu"].is_between(0, os.cpu_count() - 1).all()  # type: ignore[operator]
+    for table in ("block_io_queue_length", "block_io_latency"):
+        mine = r[table].filter(pl.col("device") == (major << 20 | minor))
+        assert mine.height == io.height, table

@@ -137,6 +137,28 @@ class _LazyGroup(click.Group):
         "spark-job": "kernmlops.fleet.cli:spark_job_command",
     }
 
+    #: KernMLOps' `collect <sub>` commands -> ours (after `collect --` a program of that
+    #: name runs, as any command does)
+    KERNMLOPS_COLLECT: ClassVar[dict[str, str]] = {
+        "data": "collect",
+        "dump": "kernmlops.graphs.cli:kernmlops_dump_command",
+        "graph": "kernmlops.graphs.cli:kernmlops_graph_command",
+    }
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        if len(args) > 1 and args[0] == "collect" and args[1] in self.KERNMLOPS_COLLECT:
+            target = self.KERNMLOPS_COLLECT[args[1]]
+            if target == "collect":
+                return super().resolve_command(ctx, [target, *args[2:]])
+            import importlib
+
+            module, attr = target.split(":")
+            command: click.Command = getattr(importlib.import_module(module), attr)
+            return f"collect {args[1]}", command, args[2:]
+        return super().resolve_command(ctx, args)
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return [*super().list_commands(ctx), *self.LAZY]
 
@@ -388,6 +410,9 @@ def collect(
       kernmlops collect -b faux -d 30          the whole system for 30 s
       kernmlops collect --tgid 1234 -b faux    one running process
       kernmlops collect -c overrides.yaml --hooks quanta_runtime
+
+    KernMLOps' `collect data`, `collect dump` and `collect graph` work too (see
+    `kernmlops collect dump --help`); `collect -- dump` runs a program named dump.
 
     The exit code is the benchmark's. Ctrl+C, SIGTERM or a hangup (SIGHUP) stops
     the collection and keeps what was collected (exit 130 for Ctrl+C, also before the

@@ -14,6 +14,10 @@ names::
     r = di.read_parquet_dir("data/curated", "linux_build")   # one benchmark's collections
     r.keys()
     r["quanta_runtime"].filter(pl.col("tgid") == 1234)
+
+Our ``block_io`` rows (one per completed request) are given in KernMLOps' shape
+(:func:`block_io_tables`): its ``block_io`` table, our columns beside it, and the two
+tables its schema declared it from, ``block_io_queue_length`` and ``block_io_latency``.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from kernmlops.tables import BENCHMARK, COLLECTION_ID
 if TYPE_CHECKING:
     import polars as pl
 
-__all__ = ["read_parquet_dir"]
+__all__ = ["block_io_tables", "kernmlops_flags_string", "read_parquet_dir"]
 
 #: a file of KernMLOps' own layout: <table>/[<...>.]<collection_id>.<benchmark>.parquet
 _ORIGINAL_FILE = re.compile(r"^[^.]+(?:\.[^.]+)*\.[^.]+\.parquet$")
@@ -80,7 +84,136 @@ def read_parquet_dir(
         import polars as pl
 
         out[table] = frames[0] if len(frames) == 1 else pl.concat(frames, how="diagonal_relaxed")  # type: ignore[assignment,arg-type]
+    if "block_io" in out:
+        out.update(block_io_tables(out["block_io"]))
     return out
+
+
+#: KernMLOps' op names (its reader's table, from bcc's biolatency) by the kernel's
+_KML_OPS = {
+    "READ": "Read", "WRITE": "Write", "FLUSH": "Flush", "DISCARD": "Discard",
+    "SECURE_ERASE": "SecureErase", "ZONE_RESET": "ZoneReset", "WRITE_SAME": "WriteSame",
+    "WRITE_ZEROES": "WriteZeros",
+}  # fmt: skip
+#: the flags it names, in the order it prefixes them (the last one ends up first)
+_KML_FLAGS = (
+    ("SYNC", "Sync"), ("META", "Metadata"), ("FUA", "ForcedUnitAccess"),
+    ("PRIO", "Priority"), ("NOMERGE", "NoMerge"), ("IDLE", "Idle"),
+    ("RAHEAD", "ReadAhead"), ("BACKGROUND", "Background"), ("NOWAIT", "NoWait"),
+)  # fmt: skip
+#: the numbers its reader decoded with, for rows whose collector had no BTF to name
+#: them (op_flags then holds cmd_flags in hex)
+_KML_OP_NUMBERS = {0: "READ", 1: "WRITE", 2: "FLUSH", 3: "DISCARD", 5: "SECURE_ERASE",
+                   6: "ZONE_RESET", 7: "WRITE_SAME", 9: "WRITE_ZEROES"}  # fmt: skip
+_KML_FLAG_BITS = {"SYNC": 11, "META": 12, "PRIO": 13, "NOMERGE": 14, "IDLE": 15, "FUA": 17,
+                  "RAHEAD": 19, "BACKGROUND": 20, "NOWAIT": 21}  # fmt: skip
+
+
+def kernmlops_flags_string(op_flags: str) -> str:
+    """Our ``op_flags`` ("WRITE|SYNC|IDLE", the collector kernel's names) as KernMLOps'
+    ``block_io_flags_string`` ("Idle-Sync-Write"): its nine flags, its op names, else
+    "Unknown"."""
+    if op_flags.startswith("0x"):
+        raw = int(op_flags, 16)
+        names = [_KML_OP_NUMBERS.get(raw & 0xFF, "")]
+        names += [name for name, bit in _KML_FLAG_BITS.items() if raw >> bit & 1]
+    else:
+        names = op_flags.split("|")
+    desc, present = _KML_OPS.get(names[0], "Unknown"), set(names[1:])
+    for name, word in _KML_FLAGS:
+        if name in present:
+            desc = f"{word}-{desc}"
+    return desc
+
+
+#: KernMLOps' block_io columns, in its order (all Int64 but the flags string)
+KERNMLOPS_BLOCK_IO = (
+    "cpu", "device", "sector", "segments", "block_io_bytes", "ts_uptime_us",
+    "finish_ts_uptime_us", "block_latency_us", "block_io_latency_us", "measured_latency_us",
+    "block_io_flags", "block_io_flags_string", "queue_length_segment_ios",
+    "queue_length_4k_ios",
+)  # fmt: skip
+#: our columns the view reads, with their types: null where a table lacks one (a
+#: collection from before alloc_to_complete_us, the queue's size and the CPUs; a frame
+#: made by hand)
+_READS = {
+    "ts_uptime_us": "Int64", "major": "UInt32", "minor": "UInt32", "sector": "Int64",
+    "bytes": "UInt32", "segments": "UInt16", "cmd_flags": "UInt32", "op_flags": "String",
+    "issue_to_complete_us": "Int64", "alloc_to_complete_us": "Int64",
+    "inflight_segments": "UInt32", "inflight_4k_ios": "UInt32", "cpu": "UInt32",
+    "issue_cpu": "UInt32",
+}  # fmt: skip
+
+
+def block_io_tables(block_io: pl.DataFrame) -> dict[str, pl.DataFrame]:
+    """Our ``block_io`` rows as KernMLOps' tables, by name.
+
+    ``block_io``: a request issued and completed, as KernMLOps' merged table: ``cpu``
+    the CPU that issued it, ``device`` the kernel's dev_t (major << 20 | minor),
+    ``ts_uptime_us`` the issue (the completion less the service time, so within 1 µs of
+    the issue's own clock reading) and ``finish_ts_uptime_us`` the completion,
+    ``block_latency_us`` from the request's allocation (``start_time_ns``, what
+    /proc/diskstats counts; null where the kernel took no stamp),
+    ``block_io_latency_us`` and ``measured_latency_us`` from its issue, queue lengths
+    the device's requests in flight at the issue, this one included, in segments and
+    in 4 KiB units; sorted by issue. Our other columns follow. Rows are joined in
+    the kernel by the request itself, not by device and sector as KernMLOps' reader
+    joined them, so none is paired with another request's completion.
+    ``block_io_queue_length``: the same requests at their issue (its columns only).
+    ``block_io_latency``: every completion (``cpu`` and ``ts_uptime_us`` the
+    completion's), with ``block_io_latency_us`` null where it was never issued.
+    """
+    import polars as pl
+
+    df = block_io.with_columns(
+        pl.lit(None, getattr(pl, t)).alias(c)
+        for c, t in _READS.items()
+        if c not in block_io.columns
+    )
+    i64 = pl.Int64
+    common = (
+        ((pl.col("major").cast(i64) * (1 << 20)) + pl.col("minor").cast(i64)).alias("device"),
+        pl.col("sector").cast(i64),
+        pl.col("segments").cast(i64),
+        pl.col("bytes").cast(i64).alias("block_io_bytes"),
+    )
+    flags = pl.col("cmd_flags").cast(i64).alias("block_io_flags")
+    issued = df.filter(pl.col("issue_to_complete_us").is_not_null())
+    issue_ts = (pl.col("ts_uptime_us") - pl.col("issue_to_complete_us")).cast(i64)
+    ours = [c for c in df.columns if c in (BENCHMARK, COLLECTION_ID)]
+    distinct = df["op_flags"].unique().to_list()
+    strings = {v: kernmlops_flags_string(v) for v in distinct if v is not None}
+    merged = issued.select(
+        pl.col("issue_cpu").cast(i64).alias("cpu"),
+        *common,
+        issue_ts.alias("ts_uptime_us"),
+        pl.col("ts_uptime_us").cast(i64).alias("finish_ts_uptime_us"),
+        pl.col("alloc_to_complete_us").cast(i64).alias("block_latency_us"),
+        pl.col("issue_to_complete_us").cast(i64).alias("block_io_latency_us"),
+        pl.col("issue_to_complete_us").cast(i64).alias("measured_latency_us"),
+        flags,
+        pl.col("op_flags").replace_strict(strings, return_dtype=pl.String)
+        .alias("block_io_flags_string"),
+        pl.col("inflight_segments").cast(i64).alias("queue_length_segment_ios"),
+        pl.col("inflight_4k_ios").cast(i64).alias("queue_length_4k_ios"),
+        *ours,
+        # ours beside: every column KernMLOps' do not replace
+        pl.exclude("ts_uptime_us", "device", "sector", "segments", "cpu", *ours),
+    ).sort("ts_uptime_us", maintain_order=True)  # fmt: skip
+    queue = merged.select(
+        "cpu", "device", "sector", "segments", "block_io_bytes", "ts_uptime_us",
+        "block_io_flags", "queue_length_segment_ios", "queue_length_4k_ios", *ours,
+    )  # fmt: skip
+    latency = df.select(
+        pl.col("cpu").cast(i64),
+        *common,
+        pl.col("ts_uptime_us").cast(i64),
+        pl.col("alloc_to_complete_us").cast(i64).alias("block_latency_us"),
+        pl.col("issue_to_complete_us").cast(i64).alias("block_io_latency_us"),
+        flags,
+        *ours,
+    )
+    return {"block_io": merged, "block_io_queue_length": queue, "block_io_latency": latency}
 
 
 def _same_benchmark(a: str, b: str) -> bool:

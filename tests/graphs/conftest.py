@@ -44,6 +44,7 @@ EXPECTED = {
     "page_fault_rate": {"page_faults"},
     "block_io_rate": {"block_io"},
     "block_io_latency": {"block_io"},
+    "block_io_queue": {"block_io"},
     "perf_rate": {"perf_counters"},
     "perf_cumulative": {"perf_counters"},
 }
@@ -173,6 +174,10 @@ def synthetic_tables(seed: int = 1) -> dict[str, pl.DataFrame]:
             "op": ["READ"] * 40 + ["WRITE"] * 18 + ["FLUSH"] * 2,
             "queue_to_issue_us": [3, 5, None] * (m // 3),  # None: issued without a queue
             "issue_to_complete_us": rng.integers(50, 5000, m).astype(np.uint64),
+            # two disks; the queue at each issue (a flush's parent: never issued)
+            "device": ["254:0", "7:1"] * (m // 2),
+            "inflight": [*rng.integers(1, 9, m - 2).tolist(), None, None],
+            "inflight_4k_ios": [*rng.integers(1, 300, m - 2).tolist(), None, None],
             "pid": np.full(m, WORKER, np.uint32),
             "tgid": np.full(m, WORKER, np.uint32),
             "comm": ["worker"] * m,

@@ -428,6 +428,47 @@ def test_a_selection_is_drawn_from_its_rows_alone(collection: Collection) -> Non
     assert data.count("memory_usage") == collection["memory_usage"].height  # system-wide
 
 
+def _device_lines(ax) -> dict[str, np.ndarray]:
+    """The lines of devices ("254:0"), not the time axis' markers."""
+    return {k: v for k, v in _lines(ax).items() if not k.startswith("benchmark ")}
+
+
+def test_block_io_queue_is_the_mean_queue_at_issue_per_device(
+    data: GraphData, collection: Collection
+) -> None:
+    """Per device and bin of the issue (completion less service time), the mean of
+    the queue read at each issue; a bin without an issue is a gap, not 0."""
+    frame = collection["block_io"].filter(pl.col("inflight").is_not_null())
+    issued = frame.with_columns(
+        ts_uptime_us=pl.col("ts_uptime_us").cast(pl.Int64)
+        - pl.col("issue_to_complete_us").cast(pl.Int64)
+    )
+    tl = data.timeline()
+    req_ax, size_ax = figure(data, "block_io_queue").axes[:2]
+    requests, sizes = _device_lines(req_ax), _device_lines(size_ax)
+    assert sorted(requests) == sorted(sizes) == ["254:0", "7:1"]
+    for device in ("254:0", "7:1"):
+        mine = issued.filter(pl.col("device") == device)
+        bins = _bins(data, mine, tl)
+        n = np.bincount(bins, minlength=tl.nbins).astype(float)
+        with np.errstate(invalid="ignore"):
+            for lines, column in ((requests, "inflight"), (sizes, "inflight_4k_ios")):
+                total = np.bincount(bins, mine[column].cast(pl.Float64).to_numpy(), tl.nbins)
+                np.testing.assert_allclose(lines[device], total / n)  # nan where n is 0
+        assert np.isnan(requests[device]).any() and not np.isnan(requests[device]).all()
+
+
+def test_block_io_queue_of_a_collection_before_the_queue_size(tmp_path: Path) -> None:
+    tables = synthetic_tables()
+    tables["block_io"] = tables["block_io"].drop("inflight_4k_ios")
+    data = load(write_collection(tmp_path, tables))
+    req_ax, size_ax = figure(data, "block_io_queue").axes[:2]
+    assert sorted(_device_lines(req_ax)) == ["254:0", "7:1"] and not _device_lines(size_ax)
+    assert [t.get_text() for t in size_ax.texts] == [
+        "collected before kernmlops recorded the queue's size"
+    ]
+
+
 def test_block_io_rate_sums_bytes_past_4_gib(tmp_path: Path) -> None:
     # block_io.bytes is UInt32 in the files, and polars sums a UInt32 column in 32
     # bits: three 2-GiB requests in one bin (off its edges) summed to 2 GiB, not 6.

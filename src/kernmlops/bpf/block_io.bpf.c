@@ -18,17 +18,28 @@ struct block_io_event {
 	u64 sector; /* first sector, at issue */
 	u64 queue_to_issue_us; /* insert -> issue; valid if inserted && issued */
 	u64 issue_to_complete_us; /* valid if issued */
+	/* rq->start_time_ns -> complete: from the request's allocation for the I/O,
+	 * the span /proc/diskstats adds to its time reading / writing (KernMLOps'
+	 * block_latency_us); valid if alloc_timed */
+	u64 alloc_to_complete_us;
 	u32 major;
 	u32 minor;
 	u32 bytes; /* bytes completed (the sum over partial completions) */
 	u32 cmd_flags; /* raw: REQ_OP in the low bits, enum req_flag_bits above */
 	u32 inflight; /* requests in flight on the device at issue, this one included */
+	/* their segments and their size in 4 KiB units (bytes rounded up), this
+	 * one's included: KernMLOps' queue lengths */
+	u32 inflight_segments;
+	u32 inflight_4k_ios;
 	u32 pid; /* the inserting task, else the issuing one */
 	u32 tgid;
+	u32 cpu; /* the CPU the completion ran on */
+	u32 issue_cpu; /* the CPU that issued it to the driver */
 	u16 segments; /* nr_phys_segments at issue */
 	u8 error; /* blk_status_t of the completion */
 	bool inserted; /* went through an I/O scheduler / queue (insert seen) */
 	bool issued; /* issue seen (a flush's parent request completes without) */
+	bool alloc_timed; /* the request has a start_time_ns (iostats or a scheduler) */
 	char comm[16];
 };
 /* Completions leave in per-CPU batches (one ring output per batch). */
@@ -58,8 +69,11 @@ struct rq_info {
 	u32 major;
 	u32 minor;
 	u32 inflight;
+	u32 inflight_segments;
+	u32 inflight_4k_ios;
 	u32 pid;
 	u32 tgid;
+	u32 issue_cpu;
 	u16 segments;
 	bool wanted;
 	char comm[16];
@@ -76,13 +90,23 @@ struct {
 	__type(value, struct rq_info);
 } rq_start SEC(".maps");
 
-/* (major << 20 | minor) -> requests issued and not yet completed. Requests
- * issued before the hook started are not counted. */
+/* What a device has issued and not yet completed. Requests issued before the
+ * hook started are not counted. */
+struct dev_queue {
+	s64 requests; /* first: a reader of the map may take it alone */
+	/* segments << 32 | 4 KiB units: one atomic add moves both, so a reading is a
+	 * pair that was true at one instant (three adds let another CPU's issue land
+	 * between them). Neither goes below 0 (every take matches an add of the same
+	 * request), so no borrow crosses the halves. */
+	u64 size;
+};
+
+/* (major << 20 | minor) -> its queue. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 4096);
 	__type(key, u32);
-	__type(value, s64);
+	__type(value, struct dev_queue);
 } dev_inflight SEC(".maps");
 
 static __always_inline void count(u32 slot)
@@ -98,19 +122,38 @@ static __always_inline u32 dev_key(u32 major, u32 minor)
 	return major << 20 | (minor & 0xfffff);
 }
 
-/* Add delta to a device's in-flight count; returns the count after. */
-static __always_inline s64 inflight_add(u32 major, u32 minor, s64 delta)
+/* A request's size in 4 KiB units, rounded up (KernMLOps' 4k I/Os). */
+static __always_inline u32 ios_4k(u32 bytes)
 {
-	u32 key = dev_key(major, minor);
-	s64 zero = 0, *n = bpf_map_lookup_elem(&dev_inflight, &key);
+	return (u32)(((u64)bytes + 4095) >> 12);
+}
 
-	if (!n) {
+/* Add the request (sign 1, at its issue) to its device's queue or take it out
+ * (sign -1); at issue, store the queue after it in info. The request count and
+ * the size pair are two adds: another CPU's issue or completion can land
+ * between them. */
+static __always_inline void inflight_add(struct rq_info *info, s64 sign)
+{
+	u32 key = dev_key(info->major, info->minor);
+	struct dev_queue zero = {}, *q = bpf_map_lookup_elem(&dev_inflight, &key);
+	u64 size = (u64)info->segments << 32 | (u64)ios_4k(info->bytes), after;
+	s64 n;
+
+	if (!q) {
 		bpf_map_update_elem(&dev_inflight, &key, &zero, BPF_NOEXIST);
-		n = bpf_map_lookup_elem(&dev_inflight, &key);
-		if (!n)
-			return 0;
+		q = bpf_map_lookup_elem(&dev_inflight, &key);
+		if (!q)
+			return;
 	}
-	return __sync_fetch_and_add(n, delta) + delta;
+	n = __sync_fetch_and_add(&q->requests, sign) + sign;
+	if (sign < 0)
+		size = -size;
+	after = __sync_fetch_and_add(&q->size, size) + size;
+	if (sign > 0) {
+		info->inflight = n;
+		info->inflight_segments = after >> 32;
+		info->inflight_4k_ios = (u32)after;
+	}
 }
 
 /* What the request is at issue (merges are over by then). */
@@ -142,7 +185,7 @@ static __always_inline void set_owner(struct rq_info *info)
 static __always_inline void forget_issue(struct rq_info *info)
 {
 	if (info->t.issued) {
-		inflight_add(info->major, info->minor, -1);
+		inflight_add(info, -1);
 		info->t.issued = false;
 	}
 }
@@ -190,8 +233,9 @@ static __always_inline int on_issue(struct request *rq)
 	snapshot(rq, info);
 	kmo_rq_issued(&info->t, bpf_ktime_get_ns());
 	info->done_bytes = 0;
+	info->issue_cpu = bpf_get_smp_processor_id();
 	/* Every request counts toward its device's queue, wanted or not. */
-	info->inflight = inflight_add(info->major, info->minor, 1);
+	inflight_add(info, 1);
 	return 0;
 }
 
@@ -223,7 +267,7 @@ static __always_inline int on_merge(struct request *rq)
 
 static __always_inline int on_complete(struct request *rq, u8 error, u32 nr_bytes)
 {
-	u64 now = bpf_ktime_get_ns(), key = (u64)rq;
+	u64 now = bpf_ktime_get_ns(), key = (u64)rq, start = 0;
 	struct rq_info *info = bpf_map_lookup_elem(&rq_start, &key);
 	struct block_io_event_batch *batch;
 	struct block_io_event *e;
@@ -253,13 +297,23 @@ static __always_inline int on_complete(struct request *rq, u8 error, u32 nr_byte
 			e->issue_to_complete_us = info->t.issued
 							  ? (kmo_rq_service_ns(&info->t, now) + 500) / 1000
 							  : 0;
+			/* 0 where the kernel took no time stamp (no iostats, no scheduler);
+			 * on the clock of bpf_ktime_get_ns (blk_time_get_ns) */
+			if (bpf_core_field_exists(rq->start_time_ns))
+				start = BPF_CORE_READ(rq, start_time_ns);
+			e->alloc_timed = start && start <= now;
+			e->alloc_to_complete_us = e->alloc_timed ? (now - start + 500) / 1000 : 0;
 			e->major = info->major;
 			e->minor = info->minor;
 			e->bytes = info->done_bytes + nr_bytes;
 			e->cmd_flags = info->cmd_flags;
 			e->inflight = info->t.issued ? info->inflight : 0;
+			e->inflight_segments = info->t.issued ? info->inflight_segments : 0;
+			e->inflight_4k_ios = info->t.issued ? info->inflight_4k_ios : 0;
 			e->pid = info->pid;
 			e->tgid = info->tgid;
+			e->cpu = bpf_get_smp_processor_id();
+			e->issue_cpu = info->t.issued ? info->issue_cpu : 0;
 			e->segments = info->segments;
 			e->error = error;
 			__builtin_memcpy(e->comm, info->comm, sizeof(e->comm));
@@ -267,7 +321,7 @@ static __always_inline int on_complete(struct request *rq, u8 error, u32 nr_byte
 		}
 	}
 	if (info->t.issued)
-		inflight_add(info->major, info->minor, -1);
+		inflight_add(info, -1);
 	bpf_map_delete_elem(&rq_start, &key);
 	return 0;
 }

@@ -1,9 +1,11 @@
-"""Graphs of block_io: request latency distributions and I/O rates by operation."""
+"""Graphs of block_io: request latency distributions, I/O rates by operation and the
+devices' queues (KernMLOps' block I/O queue graph)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
+import numpy as np
 import polars as pl
 
 from kernmlops.graphs.base import (
@@ -18,6 +20,7 @@ from kernmlops.graphs.base import (
     format_duration_us,
     histogram_bins,
 )
+from kernmlops.tables import UPTIME_TIMESTAMP
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -159,3 +162,66 @@ class BlockIoRate(Graph):
         data.time_axis(iops_ax)
         data.time_axis(mib_ax, legend=False)
         iops_ax.set_xlabel("")
+
+
+#: devices drawn in the queue graph, the busiest first
+QUEUE_DEVICES = 6
+
+
+class BlockIoQueue(Graph):
+    """Each device's queue at a request's issue (requests in flight, and their size in
+    4 KiB units: KernMLOps' queue lengths), the mean over the requests issued in a bin."""
+
+    name = "block_io_queue"
+    title = "Block I/O queue"
+    order = 52
+    tables: ClassVar[tuple[str, ...]] = ("block_io",)
+    figsize: ClassVar[tuple[float, float]] = (10.0, 6.0)
+
+    def draw(self, data: GraphData, fig: Figure) -> None:
+        frame = data.frame("block_io")
+        # a collection from before inflight_4k_ios has the request counts only
+        sized = "inflight_4k_ios" in frame.collect_schema().names()
+        tl = data.timeline([frame])
+        issued = frame.filter(pl.col("inflight").is_not_null()).with_columns(
+            (pl.col(UPTIME_TIMESTAMP).cast(pl.Int64) - pl.col(SERVICE).cast(pl.Int64)).alias(
+                UPTIME_TIMESTAMP
+            )  # binned at the issue, when the queue was read
+        )
+        sums = {"requests": pl.col("inflight")}
+        if sized:
+            sums["ios_4k"] = pl.col("inflight_4k_ios")
+        counts = data.per_bin(issued, tl, "device", **sums)
+        busiest = (
+            counts.group_by("device")
+            .agg(pl.col("n").sum())
+            .sort(["n", "device"], descending=[True, False])
+        )["device"].to_list()[:QUEUE_DEVICES]
+        req_ax, size_ax = fig.subplots(2, 1, sharex=True)
+        for device in busiest:
+            part = counts.filter(pl.col("device") == device)
+            bins, n = part["bin"].to_numpy(), part["n"].to_numpy().astype(float)
+            for ax, column in ((req_ax, "requests"), (size_ax, "ios_4k")):
+                if column not in part.columns:
+                    continue
+                mean = np.full(tl.nbins, np.nan)  # no issue in a bin: no reading of the queue
+                mean[bins] = part[column].cast(pl.Float64).to_numpy() / n
+                ax.step(tl.centers, mean, where="mid", linewidth=1.3, label=device)
+        req_ax.set_ylabel("requests in flight")
+        size_ax.set_ylabel("in flight (4 KiB units)")
+        req_ax.set_title(
+            f"the device's queue at each issue, mean per {format_duration_us(tl.width * 1e6)} bin",
+            fontweight="normal",
+        )
+        for ax in (req_ax, size_ax):
+            ax.set_ylim(bottom=0)
+        if not busiest:
+            req_ax.text(0.5, 0.5, "no request was seen issued", ha="center", va="center",
+                        transform=req_ax.transAxes, color="#777777")  # fmt: skip
+        elif not sized:
+            size_ax.text(0.5, 0.5, "collected before kernmlops recorded the queue's size",
+                         ha="center", va="center", transform=size_ax.transAxes,
+                         color="#777777")  # fmt: skip
+        data.time_axis(req_ax)
+        data.time_axis(size_ax, legend=False)
+        req_ax.set_xlabel("")

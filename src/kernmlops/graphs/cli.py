@@ -274,3 +274,87 @@ def report_command(
     _report_failures(failures)
     click.echo(str(path))
     sys.exit(1 if failures or lacking or any(c.damaged for c in read) else 0)
+
+
+# --- KernMLOps' `collect dump` and `collect graph` --------------------------------------
+
+#: where KernMLOps' commands look without -d (its collect wrote there)
+_KML_INPUT = Path("data/curated")
+_KML_INPUT_OPTION = click.option(
+    "-d",
+    "--input-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=_KML_INPUT,
+    show_default=True,
+    help="the collections' folder (or the data folder holding curated/).",
+)
+
+
+@click.command("collect dump")
+@_KML_INPUT_OPTION
+@click.option(
+    "-b",
+    "--benchmark",
+    "benchmark_name",
+    help="only this benchmark's collections (linux_build or linux-build).",
+)
+def kernmlops_dump_command(input_dir: Path, benchmark_name: str | None) -> None:
+    """KernMLOps' `collect dump`: print every table of the collections under INPUT_DIR,
+    as its data call reads them (kernmlops.data_import)."""
+    from kernmlops import data_import
+
+    try:
+        tables = data_import.read_parquet_dir(input_dir, benchmark_name)
+    except KernmlopsError as err:
+        fail(err)
+    for name, frame in tables.items():
+        click.echo(f"{name}: {frame}")
+
+
+@click.command("collect graph")
+@_KML_INPUT_OPTION
+@click.option(
+    "-o",
+    "--output-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="where the PNGs go (default: the collection's graphs/).",
+)
+@click.option(
+    "-c",
+    "--collection-id",
+    required=True,
+    help="the collection's id, or a prefix of it that no other collection's has.",
+)
+@click.option("--no-trends", is_flag=True, help="taken as KernMLOps took it: these draw no trends.")
+@click.option("-m", "--matplot", is_flag=True, help="taken as KernMLOps took it: these are PNGs.")
+@click.pass_context
+def kernmlops_graph_command(
+    ctx: click.Context,
+    input_dir: Path,
+    output_dir: Path | None,
+    collection_id: str,
+    no_trends: bool,
+    matplot: bool,
+) -> None:
+    """KernMLOps' `collect graph`: `kernmlops graph` of the collection under INPUT_DIR
+    whose id starts with COLLECTION_ID."""
+    del no_trends, matplot  # its scripts pass them; our graphs have one form
+    from kernmlops.data import list_collections
+
+    try:
+        found = list_collections(input_dir)
+        ids = [
+            (cid, path)
+            for cid, path in zip(found["collection_id"], found["path"], strict=True)
+            if cid.startswith(collection_id)
+        ]
+        if not ids:
+            raise CollectionError(f"{input_dir}: no collection's id starts with {collection_id!r}")
+        if len(ids) > 1:
+            raise CollectionError(
+                f"{input_dir}: {len(ids)} collections' ids start with {collection_id!r} "
+                f"({', '.join(sorted(c for c, _ in ids))}): give more of the id"
+            )
+    except KernmlopsError as err:
+        fail(err)
+    ctx.invoke(graph_command, collection=Path(ids[0][1]), output_dir=output_dir)

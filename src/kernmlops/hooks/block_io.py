@@ -1,5 +1,7 @@
 """block_io: one row per completed block request (device, sector, size, op and
-flags, queue and service latency, device queue depth at issue).
+flags, queue, service and whole latency, the device's queue at issue in requests,
+segments and 4 KiB units, the completing and issuing CPUs). KernMLOps' block_io
+tables are made from these rows as they are read (kernmlops.data_import).
 
 The op and flag names come from the running kernel's own ``enum req_op`` and
 ``enum req_flag_bits`` (read from /sys/kernel/btf/vmlinux), so they follow the
@@ -31,7 +33,8 @@ STAT_MAP_FULL, STAT_UNKNOWN, STAT_REQUEUED = 0, 1, 2
 COLUMNS = (
     "ts_uptime_us", "device", "major", "minor", "sector", "bytes", "segments",
     "op", "op_flags", "cmd_flags", "queue_to_issue_us", "issue_to_complete_us",
-    "inflight", "error", "pid", "tgid", "comm",
+    "alloc_to_complete_us", "inflight", "inflight_segments", "inflight_4k_ios",
+    "error", "pid", "tgid", "comm", "cpu", "issue_cpu",
 )  # fmt: skip
 
 
@@ -118,7 +121,11 @@ class BlockIoHook(BpfHook[BpfHookOptions]):
             # never inserted (issued directly) or never issued: no such interval
             queue_to_issue_us=pl.when(issued & inserted).then("queue_to_issue_us"),
             issue_to_complete_us=pl.when(issued).then("issue_to_complete_us"),
+            alloc_to_complete_us=pl.when("alloc_timed").then("alloc_to_complete_us"),
             inflight=pl.when(issued).then("inflight"),
+            inflight_segments=pl.when(issued).then("inflight_segments"),
+            inflight_4k_ios=pl.when(issued).then("inflight_4k_ios"),
+            issue_cpu=pl.when(issued).then("issue_cpu"),
         ).select(COLUMNS)
 
     def stats(self) -> dict[str, int]:
