@@ -348,3 +348,41 @@ def test_request_in_flight_across_drains(frozen_loop: tuple[str, Path]) -> None:
     issued_us = row["ts_uptime_us"] - row["issue_to_complete_us"]
     assert issued_us < drains_us[0] and row["ts_uptime_us"] > drains_us[-1]
     assert row["issue_to_complete_us"] >= 40_000  # held over the drains 20 ms apart
+
+
+class _PerCpuMap:
+    """A per-CPU array's values by key, as ``Map.lookup_percpu`` gives them."""
+
+    def __init__(self, values: dict[int, list[int]]) -> None:
+        self.values = values
+
+    def lookup_percpu(self, key: int) -> np.ndarray:
+        return np.array(self.values.get(key, [0, 0]), np.uint64)
+
+    def percpu_total(self, key: int) -> int:
+        return int(self.lookup_percpu(key).sum())
+
+
+class _Object:
+    def __init__(self, maps: dict[str, _PerCpuMap]) -> None:
+        self.maps = maps
+
+    def map(self, name: str) -> _PerCpuMap:
+        return self.maps[name]
+
+
+def test_drops_by_cpu_count_requests_the_map_had_no_room_for() -> None:
+    """drops() counts the ring's losses and the requests not tracked for want of
+    map room; per CPU they must sum to it (the ring's alone did not)."""
+    from kernmlops.hooks.block_io import STAT_MAP_FULL, BlockIoHook
+
+    hook = BlockIoHook(BlockIoHook.Options())
+    full = {STAT_MAP_FULL: [2, 5]}
+    hook.obj = _Object({"drops": _PerCpuMap({0: [1, 0]}), "block_io_stats": _PerCpuMap(full)})
+    assert hook.drops() == 8
+    assert hook.drops_by_cpu() == [3, 5]
+    hook.obj = _Object({"drops": _PerCpuMap({}), "block_io_stats": _PerCpuMap(full)})
+    assert hook.drops() == 7 and hook.drops_by_cpu() == [2, 5]
+    hook.obj = _Object({"drops": _PerCpuMap({}), "block_io_stats": _PerCpuMap({})})
+    assert hook.drops() == 0 and hook.drops_by_cpu() == []
+    hook.obj = None

@@ -149,3 +149,56 @@ def test_counts_errors_and_latency_are_exact(workload: Path) -> None:
     exit_group = by_id.filter(pl.col("syscall") == "exit_group")
     assert exit_group["count"].sum() == 1 and exit_group["completed"].sum() == 0
     assert hook.status.drops == 0
+
+
+@pytest.mark.bpf
+def test_calls_lost_to_a_full_map_are_drops_per_cpu(
+    workload: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full (tgid, syscall) map: each of the workload's calls is one drop, counted
+    per CPU at close (close once raised on them: the hook has no ring, so its
+    per-CPU sum was over no slot; and a call lost at entry was lost again at exit)."""
+    from kernmlops.collect.filter import ProcessFilter
+    from kernmlops.ebpf import libbpf
+    from kernmlops.ebpf.build import build
+    from kernmlops.ebpf.objects import BpfObject
+    from kernmlops.hooks.base import HookContext
+
+    build()
+    load = BpfObject.load
+
+    def small_map(obj: BpfObject) -> None:  # 16 keys: filled here before the calls
+        if "syscall_stats" in obj.maps:
+            obj.map("syscall_stats").max_entries = 16
+        load(obj)
+
+    monkeypatch.setattr(BpfObject, "load", small_map)
+    flt = ProcessFilter(follow_children=True)
+    hook = SyscallsHook(SyscallsHook.Options(interval_s=3600))
+    calls = 300
+    try:
+        hook.start(HookContext("t", process_filter=flt, self_tgid=os.getpid()))
+        assert hook.obj is not None and hook._key is not None and hook._value is not None
+        stats = hook.obj.map("syscall_stats")
+        zero = bytes(hook._value.itemsize * libbpf.num_possible_cpus())
+        key = np.zeros(1, hook._key.dtype)
+        for i in range(16):  # keys of no process (tgids above pid_max's ceiling)
+            key["tgid"], key["syscall_id"] = 1 << 30 | i, 0
+            stats.update(key.tobytes(), zero)
+        proc = subprocess.Popen(
+            [str(workload), str(calls), "0", "0"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        assert proc.stdout is not None and proc.stdin is not None
+        proc.stdout.readline()
+        flt.add(proc.pid)
+        proc.stdin.write(b"go\n")
+        proc.stdin.close()
+        assert proc.wait() == 0
+    finally:
+        hook.close()
+        flt.close()
+    # the getppid calls, then the few the workload makes to end (nanosleep, exit):
+    # each once; at entry and exit both, they would be twice the calls
+    assert calls <= hook.status.drops <= calls + 10, hook.status.drops
+    assert len(hook.status.drops_by_cpu) == libbpf.num_possible_cpus()
+    assert sum(hook.status.drops_by_cpu) == hook.status.drops

@@ -115,7 +115,10 @@ static __always_inline int on_exit(long ret)
 	st->ts_ns = 0;
 	key.tgid = st->tgid;
 	key.syscall_id = st->syscall_id;
-	s = stats_of(&key);
+	/* The entry made the key, or found no room and counted the call as a drop
+	 * (a key leaves the map only once its process is gone): a lookup, so a lost
+	 * call is one drop, not two. */
+	s = bpf_map_lookup_elem(&syscall_stats, &key);
 	if (!s)
 		return 0;
 	if (ret < 0 && ret >= -SYSCALL_MAX_ERRNO)

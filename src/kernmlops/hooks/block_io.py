@@ -146,3 +146,12 @@ class BlockIoHook(BpfHook[BpfHookOptions]):
     def drops(self) -> int:
         # A request the map had no room for is a row lost: count it as a drop.
         return super().drops() + self.stats().get("map_full", 0)
+
+    def drops_by_cpu(self) -> list[int]:
+        """The rings' losses and the requests the map had no room for, per CPU
+        (they sum to drops())."""
+        if self.obj is None or not self.drops():
+            return []
+        full = self.obj.map("block_io_stats").lookup_percpu(STAT_MAP_FULL)
+        rings = super().drops_by_cpu()
+        return [int(n) for n in (full + rings if rings else full)]

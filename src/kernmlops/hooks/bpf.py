@@ -764,18 +764,24 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         no DataFrame library in a collection that does not transform rows)."""
         return records_to_table(records, layout)
 
+    def drop_slots(self) -> range:
+        """The slots of the object's ``drops`` map this hook counts into: one per
+        ring (KMO_RESERVE's slot); a map-based hook names its own."""
+        return range(len(self.rings))
+
     def drops(self) -> int:
         if self.obj is None or "drops" not in self.obj.maps:
             return 0
         drops = self.obj.map("drops")
-        return sum(drops.percpu_total(slot) for slot in range(len(self.rings)))
+        return sum(drops.percpu_total(slot) for slot in self.drop_slots())
 
     def drops_by_cpu(self) -> list[int]:
-        """Records lost per CPU (all of the hook's rings), [] where none were."""
-        if self.obj is None or "drops" not in self.obj.maps or not self.drops():
+        """Records lost per CPU (all of the hook's drop slots), [] where none were."""
+        slots = self.drop_slots()
+        if self.obj is None or "drops" not in self.obj.maps or not slots or not self.drops():
             return []
         drops = self.obj.map("drops")
-        per_cpu = sum(drops.lookup_percpu(slot) for slot in range(len(self.rings)))
+        per_cpu = sum(drops.lookup_percpu(slot) for slot in slots)
         return [int(n) for n in per_cpu]
 
     def close(self) -> None:

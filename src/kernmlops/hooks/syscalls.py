@@ -192,11 +192,10 @@ class SyscallsHook(BpfHook[SyscallsOptions]):
     def final_rows(self) -> Iterator[tuple[str, pl.DataFrame]]:
         return self._flush()  # what changed since the last interval
 
-    def drops(self) -> int:
-        """Calls not counted because the map was full (drop slot 0)."""
-        if self.obj is None or "drops" not in self.obj.maps:
-            return 0
-        return self.obj.map("drops").percpu_total(0)
+    def drop_slots(self) -> range:
+        """Calls not counted because the map was full: drop slot 0 (no ring has
+        one), so drops() and drops_by_cpu() count them."""
+        return range(1)
 
 
 # BpfHook names the tables after the rings; this table comes from a map.
