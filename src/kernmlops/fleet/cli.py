@@ -286,9 +286,17 @@ def _columns(heads: tuple[tuple[str, bool], ...], cells: list[list[str]]) -> lis
 @fleet_group.command("reindex", epilog=URI_HELP)
 @click.argument("uri")
 @click.option("--no-progress", is_flag=True, help="no progress bar on a terminal.")
-def reindex_command(uri: str, no_progress: bool) -> None:
+@click.option(
+    "--footers-only",
+    is_flag=True,
+    help="read each part's footer only, not every page against its checksum: a quick "
+    "rebuild that does not see a part damaged inside.",
+)
+def reindex_command(uri: str, no_progress: bool, footers_only: bool) -> None:
     """Rebuild the index of the dataset at URI from its collections' manifests and
     parts: for a dataset copied by other means, or after collections were deleted.
+    Every page of every part is read and checked against its checksum (the whole
+    dataset is read; --footers-only reads the footers alone).
 
     A collection whose manifest or a part is damaged is named and left out: its
     row, if any, is removed (the index lists whole collections: its readers skip
@@ -306,7 +314,7 @@ def reindex_command(uri: str, no_progress: bool) -> None:
         dataset = open_dataset(uri)
         try:
             with progress("reindexing", "collections", enabled=not no_progress) as steps:
-                done = reindex(dataset, progress=steps)
+                done = reindex(dataset, progress=steps, pages=not footers_only)
         except OSError as err:
             raise PublishError(f"cannot reindex {dataset.uri}: {describe_error(err)}") from None
     except KernmlopsError as err:
