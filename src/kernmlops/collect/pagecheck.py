@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    import pyarrow.parquet as pq
 
 __all__ = ["READ", "WRITE", "page_damage"]
 
@@ -35,8 +36,8 @@ def page_damage(source: str | pa.NativeFile | Any) -> str | None:
     """Why the Parquet file ``source`` (a path, a pyarrow file, a Python file) is
     damaged, in a few words (``a page fails its checksum (row group 0, column 'pid')``,
     ``not a readable Parquet file (...)``); None where every page of it reads and
-    matches its checksum. Reads every page, a column chunk at a time (memory: one
-    column of one row group decoded), on this thread.
+    matches its checksum. Reads every page, a row group at a time (memory: one row
+    group decoded), on this thread.
 
     An error reading ``source`` is returned as damage too: a caller reading over a
     network tells the two apart by its own file's errors (kernmlops.fleet.index).
@@ -48,17 +49,30 @@ def page_damage(source: str | pa.NativeFile | Any) -> str | None:
         parquet = pq.ParquetFile(source, pre_buffer=False, **READ)
     except (OSError, ValueError, pa.ArrowException) as err:
         return f"not a readable Parquet file ({_first_line(err)})"
-    names = parquet.schema_arrow.names
     for group in range(parquet.metadata.num_row_groups):
-        for name in names:
-            try:
-                parquet.read_row_group(group, columns=[name], use_threads=False)
-            except (OSError, ValueError, pa.ArrowException) as err:
-                where = f"row group {group}, column {name!r}"
-                if _CRC_FAILED in str(err):
-                    return f"a page fails its checksum ({where})"
-                return f"a page does not decode ({where}: {_first_line(err)})"
+        try:
+            # a row group a call: a call a column costs ~0.1 ms each, 0.5 s for a
+            # 52-column table of 100 small groups
+            parquet.read_row_group(group, use_threads=False)
+        except (OSError, ValueError, pa.ArrowException):
+            return _which_column(parquet, group)
     return None
+
+
+def _which_column(parquet: pq.ParquetFile, group: int) -> str:
+    """Why row group ``group`` of ``parquet`` does not read, naming its first column
+    that does not."""
+    import pyarrow as pa
+
+    for name in parquet.schema_arrow.names:
+        try:
+            parquet.read_row_group(group, columns=[name], use_threads=False)
+        except (OSError, ValueError, pa.ArrowException) as err:
+            where = f"row group {group}, column {name!r}"
+            if _CRC_FAILED in str(err):
+                return f"a page fails its checksum ({where})"
+            return f"a page does not decode ({where}: {_first_line(err)})"
+    return f"a page does not decode (row group {group})"  # only all columns together
 
 
 def _first_line(err: BaseException) -> str:
