@@ -31,6 +31,12 @@ a plain file only, and read through that descriptor: a table is what was opened.
 A collection whose collector died (its manifest still says ``state: running``), or one
 still being collected, is read as far as it was flushed, with a warning; its
 ``Collection.complete`` is False.
+
+``read_collection`` and ``read_parquet_dir`` reading into memory check every page of
+every part against its checksum before polars reads it (kernmlops.collect.pagecheck;
+polars checks none): a byte damaged inside a page, the footer whole, is a part refused
+by name, never wrong values. A lazy read (``LazyCollection.read`` too: its parts are
+held by the scan, not reopened) checks the footers only.
 """
 
 from __future__ import annotations
@@ -295,7 +301,10 @@ def read_collection(
     reads its parts only when collected), for collections larger than memory, e.g.
     ``read_collection(p, lazy=True)["quanta_runtime"].group_by("pid").agg(...)
     .collect(engine="streaming")``. Only each table's first part's footer (its schema) is
-    read here: a later part's damage is found when the scan is collected.
+    read here: a later part's damage is found when the scan is collected, and a page's
+    checksum never (polars checks none). Read into memory (not lazy), every page of
+    every part is checked against its checksum first (a byte damaged inside a page
+    leaves the footer whole): a part that fails is refused, named.
 
     ``damaged="skip"``: a table with a part that cannot be read (lazy: the first) is
     left out, named in an IncompleteCollectionWarning and in ``damaged``, and the rest
@@ -303,7 +312,8 @@ def read_collection(
 
     Raises:
         CollectionError: the folder does not exist, has no valid manifest, has no finished
-            Parquet part, or a part cannot be read (lazy: the first; unless skipped).
+            Parquet part, or a part cannot be read or (not lazy) has a page that fails its
+            checksum or does not decode (lazy: the first part's footer; unless skipped).
             EmptyCollectionError (a CollectionError) where it has no part because it
             recorded no row: its collector finished and its manifest counts none.
     """
