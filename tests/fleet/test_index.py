@@ -329,15 +329,22 @@ def test_a_read_error_while_checking_pages_is_no_damage(
     fleet: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """pyarrow raises OSError for a page failing its checksum and for a lost connection
-    alike: the connection's error stops the reindex (no collection named damaged)."""
+    alike: the connection's error stops the reindex (no collection named damaged).
+    Parts larger than read whole in one request, as here every part."""
     from kernmlops.fleet import index
     from kernmlops.fleet.store import open_dataset
+    from tests.parquet_damage import flip_page_byte
 
+    monkeypatch.setattr(index, "_WHOLE_PART", 0)
     dest = tmp_path / "dest"
     assert CliRunner().invoke(cli, ["push", str(fleet), str(dest)]).exit_code == 0
     dataset = open_dataset(str(dest))
     [part] = dest.glob("*/collection_id=c1/quanta_runtime/part-00000.parquet")
-    index._part_pages(dataset, dataset.path(str(part.relative_to(dest))))  # whole: passes
+    path, size = dataset.path(str(part.relative_to(dest))), part.stat().st_size
+    index._part_pages(dataset, path, size)  # whole: passes
+    flip_page_byte(part, "pid", row_group=3)
+    with pytest.raises(index._Damaged, match=r"fails its checksum \(row group 3, column 'pid'\)"):
+        index._part_pages(dataset, path, size)
 
     class Lost:
         """The remote file, its connection lost after the footer was read."""
@@ -354,7 +361,7 @@ def test_a_read_error_while_checking_pages_is_no_damage(
     made = index._Recorded.__init__
     monkeypatch.setattr(index._Recorded, "__init__", lambda self, f: made(self, Lost(f)))
     with pytest.raises(ConnectionResetError):
-        index._part_pages(dataset, dataset.path(str(part.relative_to(dest))))
+        index._part_pages(dataset, path, size)
     result = CliRunner().invoke(cli, ["fleet", "reindex", str(dest)])
     assert result.exit_code == 2 and "Traceback" not in result.output
     [line] = result.stderr.splitlines()

@@ -32,12 +32,13 @@ READ: dict[str, Any] = {"page_checksum_verification": True}
 _CRC_FAILED = "CRC checksum verification failed"
 
 
-def page_damage(source: str | pa.NativeFile | Any) -> str | None:
+def page_damage(source: str | pa.NativeFile | Any, *, pre_buffer: bool = False) -> str | None:
     """Why the Parquet file ``source`` (a path, a pyarrow file, a Python file) is
     damaged, in a few words (``a page fails its checksum (row group 0, column 'pid')``,
     ``not a readable Parquet file (...)``); None where every page of it reads and
     matches its checksum. Reads every page, a row group at a time (memory: one row
-    group decoded), on this thread.
+    group decoded), on this thread; ``pre_buffer``: each row group's column chunks in
+    as few reads as pyarrow can merge them into (a remote file: a request each).
 
     An error reading ``source`` is returned as damage too: a caller reading over a
     network tells the two apart by its own file's errors (kernmlops.fleet.index).
@@ -46,7 +47,7 @@ def page_damage(source: str | pa.NativeFile | Any) -> str | None:
     import pyarrow.parquet as pq
 
     try:
-        parquet = pq.ParquetFile(source, pre_buffer=False, **READ)
+        parquet = pq.ParquetFile(source, pre_buffer=pre_buffer, **READ)
     except (OSError, ValueError, pa.ArrowException) as err:
         return f"not a readable Parquet file ({_first_line(err)})"
     for group in range(parquet.metadata.num_row_groups):
