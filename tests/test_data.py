@@ -464,6 +464,12 @@ def test_a_collection_larger_than_the_memory_left_is_refused_and_scans(
     line that says how much and names the lazy read, which works."""
     folder = curated / "benchmark=faux" / "collection_id=f2"
     monkeypatch.setattr("kernmlops.host.meminfo.available_bytes", lambda: 40_000)
+
+    def never(fd: int) -> None:
+        raise AssertionError("a page read for a read refused for its memory")
+
+    # the pages are checked once the read is known to fit, never before
+    monkeypatch.setattr("kernmlops.data._part_damage", never)
     with pytest.raises(CollectionError) as info:
         read_collection(folder)
     assert str(info.value).startswith(f"{folder}: reading it needs at least 39.")
@@ -477,6 +483,7 @@ def test_a_collection_larger_than_the_memory_left_is_refused_and_scans(
     with pytest.raises(CollectionError, match=r"read_parquet_dir\(path, 'events', lazy=True\)"):
         read_parquet_dir(curated, "events")
     assert read_parquet_dir(curated, "events", lazy=True).collect().height == sum(ROWS.values())
+    monkeypatch.undo()
     monkeypatch.setattr("kernmlops.host.meminfo.available_bytes", lambda: 80_000)
     assert read_collection(folder)["events"].height == 2500  # 2,500 rows x 16 bytes fit
 
@@ -663,13 +670,15 @@ def test_read_parquet_dir_refuses_or_skips_a_damaged_collection(
     flip_page_byte(folder("faux", "f1") / "events" / "part-00000.parquet", "latency_ns")
     f2 = folder("faux", "f2") / "events" / "part-00001.parquet"
     flip_page_byte(f2, "latency_ns", header=True)
-    os.truncate(folder("gap", "g1") / "events" / "part-00000.parquet", 300)
     with pytest.raises(CollectionError) as err:
         read_parquet_dir(curated, "events")
     assert str(err.value) == (
         f"{folder('faux', 'f1') / 'events'}: cannot read table 'events': part-00000.parquet "
         "is damaged: a page fails its checksum (row group 0, column 'latency_ns')"
     )
+    os.truncate(folder("gap", "g1") / "events" / "part-00000.parquet", 300)
+    with pytest.raises(CollectionError, match=r"collection_id=g1/events: cannot read table"):
+        read_parquet_dir(curated, "events")  # the footers read before any page
     with pytest.warns(IncompleteCollectionWarning) as said:
         read = read_parquet_dir(curated, "events", damaged="skip")
     assert_frame_equal(read, whole.filter(pl.col("collection_id") == "g2"))

@@ -504,10 +504,15 @@ def _read_held(path: Path, lazy: bool, damaged: Damaged) -> Collection | LazyCol
             files, opened, incomplete = _held_tables(held, path, uid, fds)
             spooled = _spooled(path, held.io)
             _no_tables(path, manifest, files, incomplete, spooled)
-            # read whole: every page checked first (polars checks no page checksum)
-            bad = {} if lazy else _damaged_pages(path, files, opened, damaged)
-            scans = {name: _held_scan(fds_) for name, fds_ in opened.items() if name not in bad}
-            tables, unread = _tables(path, scans, lazy, damaged)
+            scans = {name: _held_scan(fds_) for name, fds_ in opened.items()}
+            bad: dict[str, str] = {}
+            if not lazy:
+                # what cannot fit is refused before a page is read; then every page
+                # checked (polars checks no page checksum)
+                _fits(path, scans)
+                bad = _damaged_pages(path, files, opened, damaged)
+                scans = {name: scan for name, scan in scans.items() if name not in bad}
+            tables, unread = _tables(path, scans, lazy, damaged, fitted=True)
             bad |= unread
     finally:
         held.close()
@@ -852,31 +857,14 @@ def read_parquet_dir(
     root = _local_folder(path)
     collections = _collections(root)
     raise_fd_limit()  # each collection's scan holds a descriptor per part until collected
-    scans = []
-    partial: list[str] = []  # the collections read that are not whole, and why
-    skipped: list[str] = []  # the damaged collections left out (damaged="skip")
-    for benchmark, collection_id, folder in collections:
-        # their parts opened now, through held folders: a scan by name would follow
-        # any link planted since (as root), or wait on a FIFO put at a part's name
-        try:
-            scan, why = _scan_table_held(folder, table, pages=not lazy)
-        except CollectionError as err:
-            if damaged == "raise":
-                raise
-            skipped.append(_skip(folder, str(err)))
-            continue
-        if why:
-            partial.append(f"{folder} ({why})")
-        if scan is not None:
-            scans.append(
-                (
-                    folder,
-                    scan.with_columns(
-                        pl.lit(benchmark, pl.String).alias(BENCHMARK),
-                        pl.lit(collection_id, pl.String).alias(COLLECTION_ID),
-                    ),
-                )
-            )
+    scans, partial, skipped = _scan_collections(collections, table, damaged)
+    if not lazy and scans:
+        # what cannot fit is refused before a page is read; then the parts opened
+        # again, every page checked (polars checks no page checksum), and those read
+        whole = {table: _combined([scan for _, scan in scans])}
+        _fits(root, whole, lazy_call=f"read_parquet_dir(path, {table!r}, lazy=True)")
+        whole, scans = {}, []  # their descriptors closed before the parts are opened again
+        scans, partial, skipped = _scan_collections(collections, table, damaged, pages=True)
     for line in skipped:  # each named as it is left out
         warnings.warn(line, IncompleteCollectionWarning, stacklevel=2)
     if not scans:
@@ -895,7 +883,6 @@ def read_parquet_dir(
     frame = _combined([scan for _, scan in scans])
     if lazy:
         return frame
-    _fits(root, {table: frame}, lazy_call=f"read_parquet_dir(path, {table!r}, lazy=True)")
     if damaged == "raise":
         with reading(root, table):
             return frame.collect()
@@ -922,6 +909,41 @@ def _combined(frames: Sequence[F]) -> F:
     ``collection_id`` first."""
     frame = frames[0] if len(frames) == 1 else pl.concat(frames, how="diagonal_relaxed")
     return frame.select(BENCHMARK, COLLECTION_ID, pl.exclude(BENCHMARK, COLLECTION_ID))
+
+
+def _scan_collections(
+    collections: list[tuple[str, str, Path]], table: str, damaged: Damaged, *, pages: bool = False
+) -> tuple[list[tuple[Path, pl.LazyFrame]], list[str], list[str]]:
+    """``table`` of each of ``collections`` scanned (_scan_table_held; ``pages``: every
+    page checked), with its ``benchmark`` and ``collection_id`` columns; the collections
+    read that are not whole, and why; and (``damaged="skip"``) the warnings naming the
+    damaged ones left out.
+
+    Raises:
+        CollectionError: ``damaged="raise"``, and a collection's table cannot be read.
+    """
+    scans: list[tuple[Path, pl.LazyFrame]] = []
+    partial: list[str] = []
+    skipped: list[str] = []
+    for benchmark, collection_id, folder in collections:
+        # their parts opened now, through held folders: a scan by name would follow
+        # any link planted since (as root), or wait on a FIFO put at a part's name
+        try:
+            scan, why = _scan_table_held(folder, table, pages=pages)
+        except CollectionError as err:
+            if damaged == "raise":
+                raise
+            skipped.append(_skip(folder, str(err)))
+            continue
+        if why:
+            partial.append(f"{folder} ({why})")
+        if scan is not None:
+            columns = (
+                pl.lit(benchmark, pl.String).alias(BENCHMARK),
+                pl.lit(collection_id, pl.String).alias(COLLECTION_ID),
+            )
+            scans.append((folder, scan.with_columns(*columns)))
+    return scans, partial, skipped
 
 
 def _skip(folder: Path, why: str) -> str:
@@ -1034,14 +1056,20 @@ def _held_scan(fds: list[int]) -> pl.LazyFrame:
 
 
 def _tables(
-    path: Path, scans: dict[str, pl.LazyFrame], lazy: bool, damaged: Damaged = "raise"
+    path: Path,
+    scans: dict[str, pl.LazyFrame],
+    lazy: bool,
+    damaged: Damaged = "raise",
+    *,
+    fitted: bool = False,
 ) -> tuple[dict[str, pl.LazyFrame] | dict[str, pl.DataFrame], dict[str, str]]:
     """The collection's tables: ``scans`` (``lazy``; each one's schema read, so a part
     that is not Parquet is refused here, not by polars later), or read into memory
-    where they fit; and those left out (``damaged="skip"``), with the reason."""
+    where they fit (``fitted``: the caller found they do); and those left out
+    (``damaged="skip"``), with the reason."""
     tables: dict = {}
     bad: dict[str, str] = {}
-    if not lazy:
+    if not lazy and not fitted:
         _fits(path, scans)
     for name, scan in scans.items():
         try:
