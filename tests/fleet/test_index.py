@@ -294,9 +294,9 @@ def test_fleet_reindex_finds_a_part_damaged_inside_a_page(
     fleet: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A byte flipped inside a page of a published part (the footer whole, the size the
-    source's): reindex reads every page against its checksum and leaves the collection
-    out, naming the part; --footers-only does not read the pages. A collection written
-    without checksums (an older kernmlops) is indexed."""
+    source's): reindex --pages reads every page against its checksum and leaves the
+    collection out, naming the part; a reindex without it reads the footers only. A
+    collection written without checksums (an older kernmlops) is indexed."""
     from kernmlops.collect import pagecheck
     from tests.fleet.conftest import make_collection
     from tests.parquet_damage import flip_page_byte
@@ -310,7 +310,7 @@ def test_fleet_reindex_finds_a_part_damaged_inside_a_page(
     c3 = dest / "benchmark=stress-ng" / "collection_id=c3"
     part = c3 / "page_faults" / "part-00000.parquet"
     flip_page_byte(part, "address", row_group=1)
-    result = runner.invoke(cli, ["fleet", "reindex", str(dest)])
+    result = runner.invoke(cli, ["fleet", "reindex", "--pages", str(dest)])
     assert result.exit_code == 1 and "Traceback" not in result.output, result.output
     assert result.stderr.splitlines() == [
         f"warning: {c3}: not indexed, damaged (its row, if any, removed): page_faults/"
@@ -320,7 +320,7 @@ def test_fleet_reindex_finds_a_part_damaged_inside_a_page(
     assert sorted(p.name for p in (dest / "_index").iterdir()) == [
         "c1.parquet", "c2.parquet", "old.parquet"
     ]  # fmt: skip
-    quick = runner.invoke(cli, ["fleet", "reindex", "--footers-only", str(dest)])
+    quick = runner.invoke(cli, ["fleet", "reindex", str(dest)])
     assert quick.exit_code == 0, quick.output
     assert quick.stderr.splitlines() == [f"4 collections indexed, 0 stale rows removed ({dest})"]
 
@@ -362,7 +362,7 @@ def test_a_read_error_while_checking_pages_is_no_damage(
     monkeypatch.setattr(index._Recorded, "__init__", lambda self, f: made(self, Lost(f)))
     with pytest.raises(ConnectionResetError):
         index._part_pages(dataset, path, size)
-    result = CliRunner().invoke(cli, ["fleet", "reindex", str(dest)])
+    result = CliRunner().invoke(cli, ["fleet", "reindex", "--pages", str(dest)])
     assert result.exit_code == 2 and "Traceback" not in result.output
     [line] = result.stderr.splitlines()
     assert line.startswith(f"error: cannot reindex {dest}: ") and "reset by peer" in line, line

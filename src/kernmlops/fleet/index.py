@@ -698,7 +698,7 @@ def reindex(
     dataset: Dataset,
     *,
     progress: Callable[[int, int], None] | None = None,
-    pages: bool = True,
+    pages: bool = False,
 ) -> Reindexed:
     """Rebuild the index from the collections' manifests and parts at the destination:
     a row for each collection with a manifest, none for others. A collection whose
@@ -709,7 +709,9 @@ def reindex(
 
     ``pages``: every page of every part is read and checked against its checksum (a
     byte damaged inside a page leaves the footer whole): the whole dataset is read.
-    False: the parts' footers only (a quick rebuild: damage inside a page is not seen).
+    False (the default): the parts' footers only, a rebuild that reads a few KiB a
+    part (push checked every page before publishing; damage inside a page since is
+    not seen).
 
     ``progress`` is told (collections done, collections in all) as each is read.
 
