@@ -7,7 +7,9 @@ collection with the real ParquetSink (durable flushes, synthetic rows shaped lik
 quanta_runtime, memory_usage and process_trace), the same collection compacted (and the
 time compaction takes), and the same rows written with one flush at the end, then times
 the readers users have: read_collection, a lazy polars scan with a filter, and DuckDB
-over the Hive folder.
+over the Hive folder. read_collection checks every page's checksum before polars reads
+it (kernmlops.collect.pagecheck): ``lazy_collected_s`` is the same read without that
+check (each table scanned and collected), ``page_check_s`` the check alone.
 
     python -m bench read                 # 1 h at 5 s flushes, 2k quanta rows/s
     python -m bench read --rate 20000    # a busier hour
@@ -29,6 +31,7 @@ import polars as pl
 from bench import harness
 from bench.harness import save
 from kernmlops.collect.manifest import write_manifest
+from kernmlops.collect.pagecheck import page_damage
 from kernmlops.collect.parquet import ParquetSink
 from kernmlops.data import read_collection
 
@@ -119,6 +122,18 @@ def main(argv: list[str] | None = None) -> None:
                     warnings.simplefilter("ignore")
                     read_collection(folder)
 
+            def read_lazily(folder: Path = folder) -> None:
+                # the same read without the page check: polars alone, as before it
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    lazy = read_collection(folder, lazy=True)
+                    for name in lazy:
+                        lazy[name].collect()
+
+            def check_pages(folder: Path = folder) -> None:
+                for part in sorted(folder.glob("*/part-*.parquet")):
+                    assert page_damage(str(part)) is None
+
             def scan_filter(folder: Path = folder) -> None:
                 files = sorted((folder / "quanta_runtime").glob("part-*.parquet"))
                 pl.scan_parquet(files).filter(pl.col("tgid") == 1007).group_by("pid").agg(
@@ -140,6 +155,8 @@ def main(argv: list[str] | None = None) -> None:
                 "write_s": round(write_s, 3),
                 "compact_s": round(compact_s, 3),
                 "read_collection_s": round(timed(read_all, args.repeat), 4),
+                "lazy_collected_s": round(timed(read_lazily, args.repeat), 4),
+                "page_check_s": round(timed(check_pages, args.repeat), 4),
                 "polars_scan_filter_s": round(timed(scan_filter, args.repeat), 4),
                 "duckdb_group_by_s": round(timed(duck, args.repeat), 4),
             }

@@ -190,6 +190,57 @@ def test_a_table_with_a_damaged_part_is_refused_or_left_out_and_named(
     assert drops["drops"].to_list() == [25]
 
 
+@pytest.mark.parametrize("column", ["latency_ns", "ts_uptime_us"])
+def test_a_part_damaged_inside_a_page_is_refused_or_left_out_naming_the_part(
+    tmp_path: Path, column: str
+) -> None:
+    """A byte damaged inside a data page, the footer whole (polars may decode it into
+    wrong values: tests/collect/test_pagecheck.py): read_collection checks every
+    page's checksum and refuses the table, naming the part (skip: leaves it out, as a
+    torn footer is); an undamaged part reads as before."""
+    from kernmlops.data import IncompleteCollectionWarning
+    from tests.parquet_damage import flip_page_byte
+
+    folder = tmp_path / "benchmark=faux" / "collection_id=t"
+    make_collection(folder, "faux", "t", 2500)
+    assert read_collection(folder)["events"].height == 2500
+    part = sorted((folder / "events").glob("part-*.parquet"))[1]
+    flip_page_byte(part, column, row_group=1)
+    why = (
+        f"{folder / 'events'}: cannot read table 'events': part-00001.parquet is damaged: "
+        f"a page fails its checksum (row group 1, column {column!r})"
+    )
+    with pytest.raises(CollectionError) as err:
+        read_collection(folder)
+    assert str(err.value) == why
+    with pytest.warns(IncompleteCollectionWarning) as said:
+        c = read_collection(folder, damaged="skip")
+    assert [str(w.message) for w in said] == [f"{why}: the table is left out"]
+    assert sorted(c.tables) == ["drops"] and c.damaged == {"events": why}
+    assert c["drops"]["drops"].to_list() == [25]
+
+
+def test_parts_written_without_page_checksums_read_as_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A collection of an older kernmlops (no page checksums) reads, its values equal
+    to the same rows written with them."""
+    from kernmlops.collect import pagecheck
+
+    new = tmp_path / "benchmark=faux" / "collection_id=new"
+    make_collection(new, "faux", "new", 2500)
+    monkeypatch.setitem(pagecheck.WRITE, "write_page_checksum", False)
+    old = tmp_path / "benchmark=faux" / "collection_id=old"
+    make_collection(old, "faux", "new", 2500)  # the same id: the same rows, to compare
+    # the writer's switch took: the old parts are smaller by their pages' checksums
+    sizes = [sum(p.stat().st_size for p in c.rglob("*.parquet")) for c in (old, new)]
+    assert sizes[0] < sizes[1]
+    for table in ("events", "drops"):
+        assert_frame_equal(read_collection(old)[table], read_collection(new)[table])
+    both = read_parquet_dir(tmp_path, "events").partition_by("collection_id", as_dict=True)
+    assert_frame_equal(both["old",].drop("collection_id"), both["new",].drop("collection_id"))
+
+
 def test_rows_left_in_a_spool_are_named_with_the_command_that_adds_them(tmp_path: Path) -> None:
     from kernmlops.data import IncompleteCollectionWarning
 
@@ -413,6 +464,12 @@ def test_a_collection_larger_than_the_memory_left_is_refused_and_scans(
     line that says how much and names the lazy read, which works."""
     folder = curated / "benchmark=faux" / "collection_id=f2"
     monkeypatch.setattr("kernmlops.host.meminfo.available_bytes", lambda: 40_000)
+
+    def never(fd: int) -> None:
+        raise AssertionError("a page read for a read refused for its memory")
+
+    # the pages are checked once the read is known to fit, never before
+    monkeypatch.setattr("kernmlops.data._part_damage", never)
     with pytest.raises(CollectionError) as info:
         read_collection(folder)
     assert str(info.value).startswith(f"{folder}: reading it needs at least 39.")
@@ -426,6 +483,7 @@ def test_a_collection_larger_than_the_memory_left_is_refused_and_scans(
     with pytest.raises(CollectionError, match=r"read_parquet_dir\(path, 'events', lazy=True\)"):
         read_parquet_dir(curated, "events")
     assert read_parquet_dir(curated, "events", lazy=True).collect().height == sum(ROWS.values())
+    monkeypatch.undo()
     monkeypatch.setattr("kernmlops.host.meminfo.available_bytes", lambda: 80_000)
     assert read_collection(folder)["events"].height == 2500  # 2,500 rows x 16 bytes fit
 
@@ -587,6 +645,66 @@ def test_read_parquet_dir_says_which_collections_it_read_are_not_whole(
         f"{folder('faux', 'f1')} (its collector stopped without finishing), "
         f"{folder('faux', 'f2')} (rows still in its spool: `kernmlops recover` adds them)"
     ]
+
+
+def test_read_parquet_dir_refuses_or_skips_a_damaged_collection(
+    curated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A collection damaged inside a page (found by its checksum), one whose footer is
+    torn and one written without checksums whose damaged page header does not parse: by
+    default the read fails, naming the part; ``damaged="skip"`` leaves each out,
+    named in a warning of its own, and reads the others (the same rows as without
+    them)."""
+    from kernmlops.collect import pagecheck
+    from kernmlops.data import IncompleteCollectionWarning
+    from tests.parquet_damage import flip_page_byte
+
+    def folder(benchmark: str, cid: str) -> Path:
+        return curated / f"benchmark={benchmark}" / f"collection_id={cid}"
+
+    # f2 written again as an older kernmlops wrote it: no page checksum
+    shutil.rmtree(folder("faux", "f2"))
+    monkeypatch.setitem(pagecheck.WRITE, "write_page_checksum", False)
+    make_collection(folder("faux", "f2"), "faux", "f2", ROWS["faux", "f2"])
+    whole = read_parquet_dir(curated, "events")
+    flip_page_byte(folder("faux", "f1") / "events" / "part-00000.parquet", "latency_ns")
+    f2 = folder("faux", "f2") / "events" / "part-00001.parquet"
+    flip_page_byte(f2, "latency_ns", header=True)
+    with pytest.raises(CollectionError) as err:
+        read_parquet_dir(curated, "events")
+    assert str(err.value) == (
+        f"{folder('faux', 'f1') / 'events'}: cannot read table 'events': part-00000.parquet "
+        "is damaged: a page fails its checksum (row group 0, column 'latency_ns')"
+    )
+    os.truncate(folder("gap", "g1") / "events" / "part-00000.parquet", 300)
+    with pytest.raises(CollectionError, match=r"collection_id=g1/events: cannot read table"):
+        read_parquet_dir(curated, "events")  # the footers read before any page
+    with pytest.warns(IncompleteCollectionWarning) as said:
+        read = read_parquet_dir(curated, "events", damaged="skip")
+    assert_frame_equal(read, whole.filter(pl.col("collection_id") == "g2"))
+    lines = [str(w.message) for w in said]
+    assert [line.split(": ", 1)[0] for line in lines] == [
+        str(folder("faux", "f1")), str(folder("faux", "f2")), str(folder("gap", "g1"))
+    ]  # fmt: skip
+    assert all(": damaged, skipped (not read): events: cannot read table" in x for x in lines)
+    assert "part-00000.parquet is damaged: a page fails its checksum" in lines[0]
+    assert "part-00001.parquet is damaged: a page does not decode (row group 0" in lines[1]
+    # damage only polars finds as it reads (no page check saw it): left out as read
+    monkeypatch.setattr("kernmlops.data._part_damage", lambda fd: None)
+    with pytest.warns(IncompleteCollectionWarning) as said:
+        read = read_parquet_dir(curated, "events", damaged="skip")
+    assert_frame_equal(read, whole.filter(pl.col("collection_id") == "g2"))
+    assert [str(w.message).split(": ", 1)[0] for w in said][-1] == str(folder("faux", "f2"))
+    monkeypatch.undo()
+    # lazy: what its footers show (g1's), the pages not read
+    with pytest.warns(IncompleteCollectionWarning, match="collection_id=g1: damaged, skipped"):
+        lazy = read_parquet_dir(curated, "events", lazy=True, damaged="skip")
+    assert sorted(lazy.select("collection_id").unique().collect().to_series()) == ["f1", "f2", "g2"]
+    # every collection that has the table damaged: one line, each named above
+    os.truncate(folder("gap", "g2") / "events" / "part-00000.parquet", 300)
+    with pytest.warns(IncompleteCollectionWarning), pytest.raises(CollectionError) as err:
+        read_parquet_dir(curated, "events", damaged="skip")
+    assert "damaged" in str(err.value) and "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize("as_root", [True, False], ids=["root", "user"])

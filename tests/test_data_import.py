@@ -385,3 +385,33 @@ def test_kernmlops_block_io_of_a_collection_against_diskstats(
     for table in ("block_io_queue_length", "block_io_latency"):
         mine = r[table].filter(pl.col("device") == (major << 20 | minor))
         assert mine.height == io.height, table
+
+
+def test_a_damaged_collection_fails_the_read_or_is_skipped(curated: Path) -> None:
+    """As KernMLOps' own call (one unreadable file fails the read), unless
+    ``damaged="skip"``: the damaged collection is left out of its table, named in a
+    warning, and the rest is read; its table gone where it was the only one."""
+    from kernmlops.data import IncompleteCollectionWarning
+    from tests.parquet_damage import flip_page_byte
+
+    a = curated / "benchmark=faux" / "collection_id=a"
+    flip_page_byte(a / "dtlb_misses" / "part-00000.parquet", "cumulative_count")
+    with pytest.raises(CollectionError, match=r"part-00000.parquet is damaged: a page fails"):
+        di.read_parquet_dir(curated)
+    with pytest.warns(IncompleteCollectionWarning, match=f"^{a}: damaged, skipped"):
+        r = di.read_parquet_dir(curated, damaged="skip")
+    assert sorted(r) == ["block_io", "block_io_latency", "block_io_queue_length", "dtlb_misses"]
+    assert sorted(r["dtlb_misses"]["collection_id"].unique()) == ["b", "c"]
+    with pytest.warns(IncompleteCollectionWarning, match=f"^{a}: damaged, skipped"):
+        assert di.read_parquet_dir(curated, "faux", damaged="skip") == {}
+
+
+def test_a_damaged_file_of_kernmlops_own_layout_is_skipped(tmp_path: Path) -> None:
+    from kernmlops.data import IncompleteCollectionWarning
+
+    curated = _original(tmp_path / "data")
+    bad = curated / "dtlb_misses" / "c3.faux.parquet"
+    bad.write_bytes(b"not parquet")
+    with pytest.warns(IncompleteCollectionWarning, match=f"^{bad}: damaged, skipped"):
+        r = di.read_parquet_dir(curated, damaged="skip")
+    assert sorted(r["dtlb_misses"]["collection_id"]) == ["c1", "c1", "c2"]

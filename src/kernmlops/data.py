@@ -31,6 +31,12 @@ a plain file only, and read through that descriptor: a table is what was opened.
 A collection whose collector died (its manifest still says ``state: running``), or one
 still being collected, is read as far as it was flushed, with a warning; its
 ``Collection.complete`` is False.
+
+``read_collection`` and ``read_parquet_dir`` reading into memory check every page of
+every part against its checksum before polars reads it (kernmlops.collect.pagecheck;
+polars checks none): a byte damaged inside a page, the footer whole, is a part refused
+by name, never wrong values. A lazy read (``LazyCollection.read`` too: its parts are
+held by the scan, not reopened) checks the footers only.
 """
 
 from __future__ import annotations
@@ -295,7 +301,10 @@ def read_collection(
     reads its parts only when collected), for collections larger than memory, e.g.
     ``read_collection(p, lazy=True)["quanta_runtime"].group_by("pid").agg(...)
     .collect(engine="streaming")``. Only each table's first part's footer (its schema) is
-    read here: a later part's damage is found when the scan is collected.
+    read here: a later part's damage is found when the scan is collected, and a page's
+    checksum never (polars checks none). Read into memory (not lazy), every page of
+    every part is checked against its checksum first (a byte damaged inside a page
+    leaves the footer whole): a part that fails is refused, named.
 
     ``damaged="skip"``: a table with a part that cannot be read (lazy: the first) is
     left out, named in an IncompleteCollectionWarning and in ``damaged``, and the rest
@@ -303,7 +312,8 @@ def read_collection(
 
     Raises:
         CollectionError: the folder does not exist, has no valid manifest, has no finished
-            Parquet part, or a part cannot be read (lazy: the first; unless skipped).
+            Parquet part, or a part cannot be read or (not lazy) has a page that fails its
+            checksum or does not decode (lazy: the first part's footer; unless skipped).
             EmptyCollectionError (a CollectionError) where it has no part because it
             recorded no row: its collector finished and its manifest counts none.
     """
@@ -495,11 +505,59 @@ def _read_held(path: Path, lazy: bool, damaged: Damaged) -> Collection | LazyCol
             spooled = _spooled(path, held.io)
             _no_tables(path, manifest, files, incomplete, spooled)
             scans = {name: _held_scan(fds_) for name, fds_ in opened.items()}
-            tables, bad = _tables(path, scans, lazy, damaged)
+            bad: dict[str, str] = {}
+            if not lazy:
+                # what cannot fit is refused before a page is read; then every page
+                # checked (polars checks no page checksum)
+                _fits(path, scans)
+                bad = _damaged_pages(path, files, opened, damaged)
+                scans = {name: scan for name, scan in scans.items() if name not in bad}
+            tables, unread = _tables(path, scans, lazy, damaged, fitted=True)
+            bad |= unread
     finally:
         held.close()
     return _collection(path, manifest, tables, files, incomplete, spooled, lazy=lazy,
                        stacklevel=4, damaged=bad)  # fmt: skip
+
+
+def _damaged_pages(
+    path: Path,
+    files: Mapping[str, list[Path]],
+    opened: Mapping[str, list[int]],
+    damaged: Damaged = "raise",
+) -> dict[str, str]:
+    """The tables of the collection in ``path`` with a part whose pages fail their
+    checksums or do not decode (kernmlops.collect.pagecheck), each with the first such
+    part named; ``files`` and ``opened``: each table's parts and their descriptors
+    (_held_tables). ``damaged="raise"``: the first one's CollectionError instead.
+    """
+    bad: dict[str, str] = {}
+    for name, parts in files.items():
+        for part, fd in zip(parts, opened[name], strict=True):
+            why = _part_damage(fd)
+            if why is not None:
+                err = f"{path / name}: cannot read table {name!r}: {part.name} is damaged: {why}"
+                if damaged == "raise":
+                    raise CollectionError(err)
+                bad[name] = err
+                break
+    return bad
+
+
+def _part_damage(fd: int) -> str | None:
+    """pagecheck.page_damage of the part open on ``fd``, read through a descriptor of
+    its own (the file opened, not its name: nothing swapped in since is read; and no
+    offset shared with the scans made on ``fd``)."""
+    import pyarrow as pa
+
+    from kernmlops.collect.pagecheck import page_damage
+
+    try:
+        source = pa.OSFile(f"/proc/self/fd/{fd}")
+    except OSError as err:
+        return f"not read ({_why(err)})"
+    with source:
+        return page_damage(source)
 
 
 def _held_manifest(held: Pinned, path: Path) -> Manifest:
@@ -622,16 +680,21 @@ def _held_collection(path: Path) -> Iterator[tuple[Pinned, int | None]]:
         held.close()
 
 
-def _scan_table_held(folder: Path, table: str) -> tuple[pl.LazyFrame | None, str | None]:
+def _scan_table_held(
+    folder: Path, table: str, *, pages: bool = False
+) -> tuple[pl.LazyFrame | None, str | None]:
     """``table`` of the collection in ``folder`` scanned on its parts opened through
     held folders (None where it has no finished part): no part is opened by name
     again, and as root no link a user planted is followed, now or when the scan is
     collected; and why the collection is not whole (:func:`_not_whole`) where it
-    has the table."""
+    has the table. ``pages``: every page of its parts checked first (CollectionError
+    naming the first damaged part)."""
     with _held_collection(folder) as (held, uid), _closing_fds() as fds:
-        _, opened, _ = _held_tables(held, folder, uid, fds, only=table)
+        files, opened, _ = _held_tables(held, folder, uid, fds, only=table)
         if table not in opened:
             return None, None
+        if pages:
+            _damaged_pages(folder, files, opened)
         scan = _held_scan(opened[table])
         with reading(folder / table, table):
             scan.collect_schema()
@@ -758,7 +821,7 @@ def _why(err: OSError | UnicodeDecodeError) -> str:
 
 
 def read_parquet_dir(
-    path: str | Path, table: str, *, lazy: bool = False
+    path: str | Path, table: str, *, lazy: bool = False, damaged: Damaged = "raise"
 ) -> pl.DataFrame | pl.LazyFrame:
     """Read ``table`` from every collection under a curated folder.
 
@@ -773,35 +836,42 @@ def read_parquet_dir(
     push under way) are read as far as they are and named in one
     :class:`IncompleteCollectionWarning`.
 
+    Read whole (not ``lazy``), every page of every part is checked against its
+    checksum first (a byte damaged inside a page, which the footer cannot show); a
+    lazy read checks each collection's first footer only (polars checks no page
+    checksum when it is collected).
+
     Args:
         path: the folder to read.
         table: the table name (its sub-folder in each collection).
         lazy: return a ``LazyFrame`` that reads nothing until collected.
+        damaged: ``"raise"``: a collection whose table cannot be read (a part damaged)
+            fails the read, naming the part. ``"skip"``: it is left out, named in an
+            :class:`IncompleteCollectionWarning` of its own, and the others are read.
 
     Raises:
-        CollectionError: ``path`` holds no collections, or none has ``table``.
+        CollectionError: ``path`` holds no collections, or none has ``table`` (or,
+            ``damaged="skip"``, every one that has it is damaged); ``damaged="raise"``:
+            a part of it cannot be read.
     """
     root = _local_folder(path)
     collections = _collections(root)
     raise_fd_limit()  # each collection's scan holds a descriptor per part until collected
-    scans = []
-    partial: list[str] = []  # the collections read that are not whole, and why
-    for benchmark, collection_id, folder in collections:
-        # their parts opened now, through held folders: a scan by name would follow
-        # any link planted since (as root), or wait on a FIFO put at a part's name
-        scan, why = _scan_table_held(folder, table)
-        if why:
-            partial.append(f"{folder} ({why})")
-        if scan is not None:
-            scans.append(
-                scan.with_columns(
-                    pl.lit(benchmark, pl.String).alias(BENCHMARK),
-                    pl.lit(collection_id, pl.String).alias(COLLECTION_ID),
-                )
-            )
+    scans, partial, skipped = _scan_collections(collections, table, damaged)
+    if not lazy and scans:
+        # what cannot fit is refused before a page is read; then the parts opened
+        # again, every page checked (polars checks no page checksum), and those read
+        whole = {table: _combined([scan for _, scan in scans])}
+        _fits(root, whole, lazy_call=f"read_parquet_dir(path, {table!r}, lazy=True)")
+        whole, scans = {}, []  # their descriptors closed before the parts are opened again
+        scans, partial, skipped = _scan_collections(collections, table, damaged, pages=True)
+    for line in skipped:  # each named as it is left out
+        warnings.warn(line, IncompleteCollectionWarning, stacklevel=2)
     if not scans:
+        damaged_too = f" ({len(skipped)} damaged, skipped)" if skipped else ""
         raise CollectionError(
             f"{root}: no table {table!r} in any of its {len(collections)} collection(s)"
+            f"{damaged_too}"
         )
     if partial:
         warnings.warn(
@@ -810,13 +880,76 @@ def read_parquet_dir(
             IncompleteCollectionWarning,
             stacklevel=2,
         )
-    frame = scans[0] if len(scans) == 1 else pl.concat(scans, how="diagonal_relaxed")
-    frame = frame.select(BENCHMARK, COLLECTION_ID, pl.exclude(BENCHMARK, COLLECTION_ID))
+    frame = _combined([scan for _, scan in scans])
     if lazy:
         return frame
-    _fits(root, {table: frame}, lazy_call=f"read_parquet_dir(path, {table!r}, lazy=True)")
-    with reading(root, table):
-        return frame.collect()
+    if damaged == "raise":
+        with reading(root, table):
+            return frame.collect()
+    # each collection collected alone: one whose damage only decoding finds (a part
+    # written without checksums) is left out, not the read
+    read = []
+    for folder, scan in scans:
+        try:
+            with reading(folder / table, table):
+                read.append(scan.collect())
+        except CollectionError as err:
+            skipped.append(_skip(folder, str(err)))
+            warnings.warn(skipped[-1], IncompleteCollectionWarning, stacklevel=2)
+    if not read:
+        raise CollectionError(
+            f"{root}: no table {table!r} read: each of the {len(skipped)} collection(s) "
+            "that have it is damaged (skipped)"
+        )
+    return _combined(read)
+
+
+def _combined(frames: Sequence[F]) -> F:
+    """``frames`` (one table's, a frame per collection) as one, ``benchmark`` and
+    ``collection_id`` first."""
+    frame = frames[0] if len(frames) == 1 else pl.concat(frames, how="diagonal_relaxed")
+    return frame.select(BENCHMARK, COLLECTION_ID, pl.exclude(BENCHMARK, COLLECTION_ID))
+
+
+def _scan_collections(
+    collections: list[tuple[str, str, Path]], table: str, damaged: Damaged, *, pages: bool = False
+) -> tuple[list[tuple[Path, pl.LazyFrame]], list[str], list[str]]:
+    """``table`` of each of ``collections`` scanned (_scan_table_held; ``pages``: every
+    page checked), with its ``benchmark`` and ``collection_id`` columns; the collections
+    read that are not whole, and why; and (``damaged="skip"``) the warnings naming the
+    damaged ones left out.
+
+    Raises:
+        CollectionError: ``damaged="raise"``, and a collection's table cannot be read.
+    """
+    scans: list[tuple[Path, pl.LazyFrame]] = []
+    partial: list[str] = []
+    skipped: list[str] = []
+    for benchmark, collection_id, folder in collections:
+        # their parts opened now, through held folders: a scan by name would follow
+        # any link planted since (as root), or wait on a FIFO put at a part's name
+        try:
+            scan, why = _scan_table_held(folder, table, pages=pages)
+        except CollectionError as err:
+            if damaged == "raise":
+                raise
+            skipped.append(_skip(folder, str(err)))
+            continue
+        if why:
+            partial.append(f"{folder} ({why})")
+        if scan is not None:
+            columns = (
+                pl.lit(benchmark, pl.String).alias(BENCHMARK),
+                pl.lit(collection_id, pl.String).alias(COLLECTION_ID),
+            )
+            scans.append((folder, scan.with_columns(*columns)))
+    return scans, partial, skipped
+
+
+def _skip(folder: Path, why: str) -> str:
+    """The warning that the collection in ``folder`` was left out as damaged (``why``:
+    its CollectionError, the folder named once)."""
+    return f"{folder}: damaged, skipped (not read): {why.removeprefix(f'{folder}/')}"
 
 
 def list_collections(path: str | Path) -> pl.DataFrame:
@@ -923,14 +1056,20 @@ def _held_scan(fds: list[int]) -> pl.LazyFrame:
 
 
 def _tables(
-    path: Path, scans: dict[str, pl.LazyFrame], lazy: bool, damaged: Damaged = "raise"
+    path: Path,
+    scans: dict[str, pl.LazyFrame],
+    lazy: bool,
+    damaged: Damaged = "raise",
+    *,
+    fitted: bool = False,
 ) -> tuple[dict[str, pl.LazyFrame] | dict[str, pl.DataFrame], dict[str, str]]:
     """The collection's tables: ``scans`` (``lazy``; each one's schema read, so a part
     that is not Parquet is refused here, not by polars later), or read into memory
-    where they fit; and those left out (``damaged="skip"``), with the reason."""
+    where they fit (``fitted``: the caller found they do); and those left out
+    (``damaged="skip"``), with the reason."""
     tables: dict = {}
     bad: dict[str, str] = {}
-    if not lazy:
+    if not lazy and not fitted:
         _fits(path, scans)
     for name, scan in scans.items():
         try:

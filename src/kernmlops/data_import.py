@@ -24,15 +24,19 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kernmlops.data import (
+    Damaged,
+    IncompleteCollectionWarning,
     _closing_fds,
     _collections,
     _held_collection,
     _held_tables,
     _local_folder,
+    _part_damage,
     _table_files,
     reading,
 )
@@ -50,20 +54,27 @@ _ORIGINAL_FILE = re.compile(r"^[^.]+(?:\.[^.]+)*\.[^.]+\.parquet$")
 
 
 def read_parquet_dir(
-    data_dir: str | Path, benchmark_name: str | None = None
+    data_dir: str | Path, benchmark_name: str | None = None, *, damaged: Damaged = "raise"
 ) -> dict[str, pl.DataFrame]:
     """Every table under ``data_dir``, by name; ``benchmark_name`` keeps only that
     benchmark's collections (a KernMLOps name such as ``linux_build`` works too).
     Called as KernMLOps' own is: ``read_parquet_dir(data_dir, benchmark_name)``, each
-    argument by position or by name.
+    argument by position or by name. Every page of every part is checked against its
+    checksum as it is read (kernmlops.data.read_parquet_dir).
+
+    ``damaged``: ``"raise"`` (KernMLOps' own behaviour: one unreadable file fails the
+    read), or ``"skip"``: a collection whose table cannot be read (a file of
+    KernMLOps' layout) is left out of that table, named in an
+    IncompleteCollectionWarning, and the rest is read.
 
     Raises:
-        CollectionError: ``data_dir`` holds no collections (of ``benchmark_name``).
+        CollectionError: ``data_dir`` holds no collections (of ``benchmark_name``), or
+            (``damaged="raise"``) a part cannot be read, or is damaged.
     """
     root = _local_folder(data_dir)
     found = _collections(root, required=False)
     if not found:
-        original = _original_layout(root, benchmark_name)
+        original = _original_layout(root, benchmark_name, damaged)
         if original is not None:
             return original
         _collections(root)  # no collections: its error
@@ -76,11 +87,25 @@ def read_parquet_dir(
     out: dict[str, pl.DataFrame] = {}
     for table in tables:
         if benchmark_name is None:
-            out[table] = read_table(root, table)  # type: ignore[assignment]
+            try:
+                out[table] = read_table(root, table, damaged=damaged)  # type: ignore[assignment]
+            except CollectionError:
+                if damaged == "raise":
+                    raise
+                # every collection with the table damaged: each named in its warning
             continue
-        frames = [
-            read_table(folder, table) for _, _, folder in found if table in _table_files(folder)[0]
-        ]
+        frames = []
+        for _, _, folder in found:
+            if table not in _table_files(folder)[0]:
+                continue
+            try:
+                frames.append(read_table(folder, table, damaged=damaged))
+            except CollectionError:
+                if damaged == "raise":
+                    raise
+                # its one collection damaged: named in its warning
+        if not frames:
+            continue
         import polars as pl
 
         out[table] = frames[0] if len(frames) == 1 else pl.concat(frames, how="diagonal_relaxed")  # type: ignore[assignment,arg-type]
@@ -221,13 +246,17 @@ def _same_benchmark(a: str, b: str) -> bool:
     return a.replace("_", "-") == b.replace("_", "-")
 
 
-def _original_layout(root: Path, benchmark_name: str | None) -> dict[str, pl.DataFrame] | None:
+def _original_layout(
+    root: Path, benchmark_name: str | None, damaged: Damaged = "raise"
+) -> dict[str, pl.DataFrame] | None:
     """The tables of ``root`` (or ``root/curated``) in KernMLOps' own layout, each file
     opened through the held folder as read_collection opens a part (as root, no link a
-    user planted is followed); None where it holds no such file.
+    user planted is followed) and its pages checked; None where it holds no such file.
+    ``damaged="skip"``: a file that cannot be read is left out, named in a warning.
 
     Raises:
-        CollectionError: a file cannot be read, or none is of ``benchmark_name``.
+        CollectionError: a file cannot be read (``damaged="raise"``), or none is of
+            ``benchmark_name``.
     """
     import polars as pl
 
@@ -244,8 +273,24 @@ def _original_layout(root: Path, benchmark_name: str | None) -> dict[str, pl.Dat
                 collection_id, benchmark = path.name.removesuffix(".parquet").split(".")[-2:]
                 if benchmark_name is not None and not _same_benchmark(benchmark, benchmark_name):
                     continue
-                with os.fdopen(fd, "rb", closefd=False) as f, reading(path.parent, table):
-                    frame = pl.read_parquet(f)
+                try:
+                    why = _part_damage(fd)
+                    if why is not None:
+                        raise CollectionError(
+                            f"{path.parent}: cannot read table {table!r}: {path.name} is "
+                            f"damaged: {why}"
+                        )
+                    with os.fdopen(fd, "rb", closefd=False) as f, reading(path.parent, table):
+                        frame = pl.read_parquet(f)
+                except CollectionError as err:
+                    if damaged == "raise":
+                        raise
+                    warnings.warn(
+                        f"{path}: damaged, skipped (not read): {err}",
+                        IncompleteCollectionWarning,
+                        stacklevel=3,
+                    )
+                    continue
                 if COLLECTION_ID not in frame.columns:  # KernMLOps' tables carry it
                     frame = frame.with_columns(pl.lit(collection_id).alias(COLLECTION_ID))
                 frames.append(frame.with_columns(pl.lit(benchmark).alias(BENCHMARK)))

@@ -290,6 +290,85 @@ def test_fleet_reindex_takes_a_damaged_collection_out_of_the_index(
     assert not list((dest / "_damaged").iterdir())
 
 
+def test_fleet_reindex_finds_a_part_damaged_inside_a_page(
+    fleet: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A byte flipped inside a page of a published part (the footer whole, the size the
+    source's): reindex --pages reads every page against its checksum and leaves the
+    collection out, naming the part; a reindex without it reads the footers only. A
+    collection written without checksums (an older kernmlops) is indexed."""
+    from kernmlops.collect import pagecheck
+    from tests.fleet.conftest import make_collection
+    from tests.parquet_damage import flip_page_byte
+
+    monkeypatch.setitem(pagecheck.WRITE, "write_page_checksum", False)
+    make_collection(fleet, "old", seed=5)
+    monkeypatch.undo()
+    dest = tmp_path / "dest"
+    runner = CliRunner()
+    assert runner.invoke(cli, ["push", str(fleet), str(dest)]).exit_code == 0
+    c3 = dest / "benchmark=stress-ng" / "collection_id=c3"
+    part = c3 / "page_faults" / "part-00000.parquet"
+    flip_page_byte(part, "address", row_group=1)
+    result = runner.invoke(cli, ["fleet", "reindex", "--pages", str(dest)])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert result.stderr.splitlines() == [
+        f"warning: {c3}: not indexed, damaged (its row, if any, removed): page_faults/"
+        f"{part.name}: a page fails its checksum (row group 1, column 'address')",
+        f"3 collections indexed, 1 damaged and skipped, 0 stale rows removed ({dest})",
+    ]
+    assert sorted(p.name for p in (dest / "_index").iterdir()) == [
+        "c1.parquet", "c2.parquet", "old.parquet"
+    ]  # fmt: skip
+    quick = runner.invoke(cli, ["fleet", "reindex", str(dest)])
+    assert quick.exit_code == 0, quick.output
+    assert quick.stderr.splitlines() == [f"4 collections indexed, 0 stale rows removed ({dest})"]
+
+
+def test_a_read_error_while_checking_pages_is_no_damage(
+    fleet: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pyarrow raises OSError for a page failing its checksum and for a lost connection
+    alike: the connection's error stops the reindex (no collection named damaged).
+    Parts larger than read whole in one request, as here every part."""
+    from kernmlops.fleet import index
+    from kernmlops.fleet.store import open_dataset
+    from tests.parquet_damage import flip_page_byte
+
+    monkeypatch.setattr(index, "_WHOLE_PART", 0)
+    dest = tmp_path / "dest"
+    assert CliRunner().invoke(cli, ["push", str(fleet), str(dest)]).exit_code == 0
+    dataset = open_dataset(str(dest))
+    [part] = dest.glob("*/collection_id=c1/quanta_runtime/part-00000.parquet")
+    path, size = dataset.path(str(part.relative_to(dest))), part.stat().st_size
+    index._part_pages(dataset, path, size)  # whole: passes
+    flip_page_byte(part, "pid", row_group=3)
+    with pytest.raises(index._Damaged, match=r"fails its checksum \(row group 3, column 'pid'\)"):
+        index._part_pages(dataset, path, size)
+
+    class Lost:
+        """The remote file, its connection lost after the footer was read."""
+
+        def __init__(self, file: object) -> None:
+            self.file = file
+
+        def read(self, n: int = -1) -> bytes:
+            raise ConnectionResetError(104, "Connection reset by peer")
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.file, name)
+
+    made = index._Recorded.__init__
+    monkeypatch.setattr(index._Recorded, "__init__", lambda self, f: made(self, Lost(f)))
+    with pytest.raises(ConnectionResetError):
+        index._part_pages(dataset, path, size)
+    result = CliRunner().invoke(cli, ["fleet", "reindex", "--pages", str(dest)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"error: cannot reindex {dest}: ") and "reset by peer" in line, line
+    assert not (dest / "_damaged").exists()
+
+
 def test_fleet_reindex_names_a_manifest_that_is_no_plain_file_or_too_large(
     fleet: Path, tmp_path: Path
 ) -> None:

@@ -234,6 +234,34 @@ def test_what_may_not_be_published_is_refused_with_the_reason(tmp_path: Path, fl
     assert state == [("running",)]
 
 
+def test_a_part_damaged_inside_a_page_is_never_published(tmp_path: Path, fleet: Path) -> None:
+    """A byte flipped inside a data page leaves the footer whole and the size the
+    source's: push reads every page against its checksum and refuses the collection,
+    naming the part, in one line; the others are published."""
+    from tests.parquet_damage import flip_page_byte
+
+    c2 = fleet / "benchmark=faux" / "collection_id=c2"
+    part = c2 / "quanta_runtime" / "part-00001.parquet"
+    flip_page_byte(part, "quanta_run_length_us", row_group=2)
+    dest = tmp_path / "dest"
+    result = run("push", str(fleet), str(dest))
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    refused = [line for line in result.stderr.splitlines() if line.startswith("refused:")]
+    assert refused == [
+        f"refused: {part}: damaged, not published: a page fails its checksum (row group 2, "
+        "column 'quanta_run_length_us')"
+    ]
+    assert not (dest / "benchmark=faux" / "collection_id=c2").exists()
+    assert sorted(p.name for p in (dest / "_index").iterdir()) == ["c1.parquet", "c3.parquet"]
+    # alone: the refusal and the summary, exit 1
+    alone = run("push", "--no-progress", str(c2), str(dest))
+    assert alone.exit_code == 1 and "Traceback" not in alone.output
+    assert alone.stderr.splitlines() == [
+        refused[0],
+        f"0 published, 0 already there, 1 refused ({dest})",
+    ]
+
+
 @pytest.fixture
 def denying_server() -> Iterator[str]:
     """An HTTP server that answers every S3 request with 403 AccessDenied."""

@@ -28,6 +28,7 @@ from itertools import groupby
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kernmlops.collect import pagecheck
 from kernmlops.collect.disk import free_bytes, human_bytes
 from kernmlops.collect.parts import (
     PartFormat,
@@ -252,7 +253,9 @@ def rewrite(
             # 64k-row batch held three times the decoded pages of a 16k-row one
             # (compaction's added RSS 36 -> 21 MiB on 30M rows).
             with open(_open_part(part), "rb") as file:
-                source = pq.ParquetFile(file, pre_buffer=False)
+                # pages checked: a damaged run part is refused, never rewritten into a
+                # part with fresh checksums over its wrong values
+                source = pq.ParquetFile(file, pre_buffer=False, **pagecheck.READ)
                 for batch in source.iter_batches(batch_size=_READ_BATCH_ROWS, use_threads=False):
                     pending.append(batch)
                     held += batch.num_rows

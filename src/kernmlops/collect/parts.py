@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kernmlops.collect import pagecheck
 from kernmlops.errors import CollectionError
 from kernmlops.lazy import lazy_import
 from kernmlops.tables import COLLECTION_ID
@@ -241,6 +242,9 @@ class PartFormat:
             # Readers get the table's own schema (collection_id as text), not the
             # writer's.
             store_schema=False,
+            # a CRC32 per page: a byte damaged inside a page is found, not decoded
+            # (kernmlops.collect.pagecheck)
+            **pagecheck.WRITE,
         )
         writer.add_key_value_metadata({"ARROW:schema": _schema_metadata(state.arrow_schema)})
         return writer

@@ -286,9 +286,18 @@ def _columns(heads: tuple[tuple[str, bool], ...], cells: list[list[str]]) -> lis
 @fleet_group.command("reindex", epilog=URI_HELP)
 @click.argument("uri")
 @click.option("--no-progress", is_flag=True, help="no progress bar on a terminal.")
-def reindex_command(uri: str, no_progress: bool) -> None:
+@click.option(
+    "--pages",
+    is_flag=True,
+    help="read every page of every part and check it against its checksum (the whole "
+    "dataset is read), not each part's footer alone: finds a part damaged inside.",
+)
+def reindex_command(uri: str, no_progress: bool, pages: bool) -> None:
     """Rebuild the index of the dataset at URI from its collections' manifests and
     parts: for a dataset copied by other means, or after collections were deleted.
+    Each part's footer is read (push already checked every page on the way in);
+    --pages reads every page of every part against its checksum too, which reads
+    the whole dataset.
 
     A collection whose manifest or a part is damaged is named and left out: its
     row, if any, is removed (the index lists whole collections: its readers skip
@@ -298,6 +307,7 @@ def reindex_command(uri: str, no_progress: bool) -> None:
     \b
     Example:
       kernmlops fleet reindex /mnt/share/fleet
+      kernmlops fleet reindex --pages s3://bucket/fleet
     """
     from kernmlops.fleet.index import reindex
     from kernmlops.fleet.store import PublishError, describe_error, open_dataset
@@ -306,7 +316,7 @@ def reindex_command(uri: str, no_progress: bool) -> None:
         dataset = open_dataset(uri)
         try:
             with progress("reindexing", "collections", enabled=not no_progress) as steps:
-                done = reindex(dataset, progress=steps)
+                done = reindex(dataset, progress=steps, pages=pages)
         except OSError as err:
             raise PublishError(f"cannot reindex {dataset.uri}: {describe_error(err)}") from None
     except KernmlopsError as err:

@@ -4,7 +4,9 @@ A push copies one collection folder to ``<URI>/benchmark=<b>/collection_id=<id>/
 
 1. the collection is checked first: a manifest that says it finished (a collection still
    being collected, or one whose collector died with rows in its spool, is refused with
-   the reason), every file the manifest lists present, every part a readable Parquet file;
+   the reason), every file the manifest lists present, every part a readable Parquet file
+   whose every page matches its checksum (kernmlops.collect.pagecheck: a damaged part is
+   never published as good);
 2. its files are copied, parts first; a file already there with the same size is not
    copied again, so a push that was interrupted resumes where it stopped and a push
    repeated after it finished copies nothing (a collection that ``fleet reindex`` found
@@ -150,10 +152,13 @@ def collection_files(folder: Path) -> list[tuple[str, int, int | None]]:
     compaction's leftovers), in path order.
 
     Raises:
-        CollectionError: a part is not readable Parquet, or a link or special file is in
-            the folder (a collection holds none; its target is not published blindly).
+        CollectionError: a part is not readable Parquet or is damaged (a page fails its
+            checksum or does not decode), or a link or special file is in the folder
+            (a collection holds none; its target is not published blindly).
     """
     import pyarrow.parquet as pq
+
+    from kernmlops.collect.pagecheck import page_damage
 
     found: list[tuple[str, int, int | None]] = []
     for dirpath, dirnames, filenames in os.walk(folder):
@@ -174,6 +179,11 @@ def collection_files(folder: Path) -> list[tuple[str, int, int | None]]:
                     raise CollectionError(
                         f"{path}: not a readable Parquet file ({describe_error(err)})"
                     ) from None
+                # every page against its checksum: a byte damaged inside a page leaves
+                # the footer whole, and would be published as good
+                damage = page_damage(str(path))
+                if damage is not None:
+                    raise CollectionError(f"{path}: damaged, not published: {damage}")
             found.append((rel, path.stat().st_size, rows))
         for d in list(dirnames):
             if (here / d).is_symlink():
