@@ -26,6 +26,7 @@ from kernmlops.fleet.local_cluster import FAST_JVM
 from kernmlops.fleet.push import push
 from tests.conftest import REQUIRE_BPF, needs_tools
 from tests.fleet.conftest import T0, make_collection
+from tests.parquet_damage import flip_page_byte
 
 pytestmark = [
     needs_tools("java"),
@@ -191,18 +192,6 @@ def _pushed(tmp_path: Path, *collections: tuple[str, dict]) -> Path:
     return dest
 
 
-def _damage_a_page(part: Path) -> None:
-    """Overwrite the first column's first data page (its footer, and size, intact)."""
-    import pyarrow.parquet as pq
-
-    column = pq.read_metadata(part).row_group(0).column(0)
-    data = bytearray(part.read_bytes())
-    start = column.data_page_offset + 16
-    end = column.data_page_offset + column.total_compressed_size
-    data[start:end] = b"\xff" * (end - start)
-    part.write_bytes(bytes(data))
-
-
 def test_a_damaged_part_is_named_and_reindex_lets_the_job_skip_it(spark, tmp_path: Path) -> None:
     """A part Spark cannot read stops the job before it writes anything, with one line
     naming the file, its collection and what to do; after `fleet reindex` (which takes
@@ -235,9 +224,11 @@ def test_a_damaged_part_is_named_and_reindex_lets_the_job_skip_it(spark, tmp_pat
 def test_a_write_that_fails_keeps_the_tables_before_it_and_no_earlier_ones(
     spark, tmp_path: Path
 ) -> None:
-    """A data page that cannot be read (the footer whole, so found only as the rows are
-    read) fails the table being written: the tables written before it are kept, and
-    OUT holds no table of an earlier run beside them."""
+    """A data page damaged by one byte (the footer whole, so found only as the rows are
+    read, by its checksum: parquet-mr checks none unless told) fails the table being
+    written: the tables written before it are kept, and OUT holds no table of an
+    earlier run beside them. The line's advice is a reindex that reads the pages
+    (a footers-only one would keep the collection); after it the job runs."""
     from kernmlops.fleet.spark_job import JobError, run
 
     dest = _pushed(tmp_path, ("lb1", {"benchmark": "lb-stress", "quanta": 300, "lb": 200}))
@@ -247,19 +238,20 @@ def test_a_write_that_fails_keeps_the_tables_before_it_and_no_earlier_ones(
     earlier.write_bytes(b"earlier")
     folder = dest / "benchmark=lb-stress" / "collection_id=lb1"
     [part] = (folder / "lb_decisions").glob("part-*.parquet")
-    _damage_a_page(part)
+    flip_page_byte(part, next(iter(pl.read_parquet_schema(part))))
     with pytest.raises(JobError) as failed:
         run(spark, str(dest), str(out))
-    line = str(failed.value)
-    assert line.startswith(f"{part}: not a readable Parquet file (") and "\n" not in line
-    assert line.endswith(
-        "collection lb1 is damaged: push it again from its source, or `kernmlops fleet "
-        f"reindex {dest}` takes it out of the index (the job then skips it) (written: "
+    assert str(failed.value) == (
+        f"{part}: not a readable Parquet file (a page fails its checksum): collection lb1 "
+        "is damaged: push it again from its source, or `kernmlops fleet reindex --pages "
+        f"{dest}` takes it out of the index (the job then skips it) (written: "
         f"{out}/collections, {out}/quanta_by_comm; not written: mllb, their folders "
         "removed: mllb)"
     )
     assert sorted(p.name for p in out.iterdir()) == ["collections", "quanta_by_comm"]
     assert pl.read_parquet(out / "collections" / "*.parquet")["collection_id"].to_list() == ["lb1"]
+    assert CliRunner().invoke(cli, ["fleet", "reindex", "--pages", str(dest)]).exit_code == 1
+    assert not (dest / "_index" / "lb1.parquet").exists()  # the job's next run skips it
 
 
 def test_spark_job_command_says_what_is_damaged_in_one_line(tmp_path: Path) -> None:

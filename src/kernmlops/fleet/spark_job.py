@@ -99,6 +99,9 @@ def session(master: str | None = None, app: str = "kernmlops-fleet", **conf: str
         .config("spark.sql.session.timeZone", "UTC")
         .config(*_TIMESTAMPS)
         .config("spark.ui.enabled", "false")
+        # parquet-mr checks no page checksum unless told: a byte damaged inside a page
+        # (the footer whole) would be read as wrong values, or as a decoding error
+        .config("spark.hadoop.parquet.page.verify-checksum.enabled", "true")
         .getOrCreate()
     )
     # a failed task's stack, logged as it fails (on the driver in local mode), would
@@ -582,6 +585,8 @@ def _fleet_uri(root: str) -> str:
 
 
 _COLLECTION = re.compile(rf"^(.*/{BENCHMARK}=[^/]+/{COLLECTION_ID}=([^/]+))/")
+#: parquet-mr's words for a page whose CRC does not match (ParquetDecodingException)
+_CRC_FAILED = "CRC checksum verification failed"
 _READ_FILE = re.compile(r"Encountered error while reading file (\S+?)\.(\s|$)")
 
 
@@ -627,6 +632,11 @@ def _damaged(path: str, condition: str, chain: list[Any], reindex: str) -> str:
     why = {
         "CANNOT_READ_FILE_FOOTER": "its footer cannot be read",
     }.get(kind) or (detail[:200] if detail else "its data cannot be read")
+    if any(_CRC_FAILED in t for t in inner):
+        why = "a page fails its checksum"
+    if kind != "CANNOT_READ_FILE_FOOTER":
+        # damage inside a page: only a reindex that reads every page sees it
+        reindex = reindex.replace("fleet reindex ", "fleet reindex --pages ", 1)
     if f"/{INDEX_DIR}/" in path:
         return f"{path}: not a readable index file ({why}): {reindex} rewrites the index"
     collection = _COLLECTION.match(path)
