@@ -33,7 +33,7 @@ def _built(bpf_build_dir: Path) -> None:
     assert native.available(), f"no {native.LIBRARY} in {bpf_build_dir}"
 
 
-def _wait(cond: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+def _wait(cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:
