@@ -4,6 +4,7 @@ server that dies, never answers or answers says, and that stopping it ends it.""
 from __future__ import annotations
 
 import socket
+import time
 from pathlib import Path
 
 import psutil
@@ -60,6 +61,12 @@ def test_a_server_is_up_once_it_answers_on_its_port_and_polite_stop_comes_first(
         said.append("bye")
         with socket.create_connection((HOST, served.port), timeout=0.5) as c:
             c.sendall(b"bye")
+        # until it said so: stop() waits 5 s for the exit, which a starved server (in
+        # CI's idle lane) may need for the line alone
+        deadline = time.monotonic() + 60
+        while "told to stop" not in (tmp_path / "log").read_text():
+            assert time.monotonic() < deadline, "the server never took the bye"
+            time.sleep(0.02)
 
     served.start(["python3", "-c", server], cwd=tmp_path, log=tmp_path / "log",
                  answers=answers, question="a connection", timeout_s=60)  # fmt: skip
