@@ -349,7 +349,12 @@ def test_threaded_sink_bounds_what_waits(tmp_path: Path) -> None:
     sink = ThreadedSink(inner, max_queued_bytes=3 * frame.estimated_size())
     writer = threading.Thread(target=lambda: [sink.write("t", frame) for _ in range(10)])
     writer.start()
-    time.sleep(0.3)
+    # until the queue is full, not a fixed 0.3 s (a starved writer thread in CI's idle
+    # lane may not have filled it by then)
+    deadline = time.monotonic() + 60
+    while sink.queued_bytes < 3 * frame.estimated_size():
+        assert time.monotonic() < deadline, f"{sink.queued_bytes} bytes queued in 60 s"
+        time.sleep(0.01)
     assert writer.is_alive()  # blocked: the queue is full
     assert sink.queued_bytes <= 3 * frame.estimated_size()
     gate.set()
