@@ -52,10 +52,10 @@ def test_modules_run_beside_only_without_bpf_quiet_spark_or_lab() -> None:
 
 
 def _flocks(path: Path) -> list[str]:
-    """/proc/locks' lines of the flocks on ``path``: held, or waited for ("->")."""
-    st = path.stat()
-    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino} "
-    return [ln for ln in Path("/proc/locks").read_text().splitlines() if inode in ln]
+    """/proc/locks' lines of this process's flocks on ``path``: held, or waited for
+    ("->"). By inode number alone: on overlayfs the device shown is the layer's."""
+    inode, pid = f":{path.stat().st_ino} ", f" {os.getpid()} "
+    return [ln for ln in Path("/proc/locks").read_text().splitlines() if inode in ln and pid in ln]
 
 
 def _until(check: Callable[[], bool], what: str) -> None:
