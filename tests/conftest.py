@@ -85,6 +85,18 @@ def _skip_bpf(items: list[pytest.Item]) -> None:
                 item.add_marker(marker)
 
 
+@pytest.fixture
+def unhurried(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For a test of what a command says without a terminal: the plain line a long
+    step says every PLAIN_EVERY_S (10 s) and a long wait's after WAIT_SAY_AFTER_S
+    (2 s) put off for good (tests/test_clitools.py tests them). A starved run in the
+    idle lane can make a quick command's step last that long, and say one more line."""
+    from kernmlops import clitools
+
+    monkeypatch.setattr(clitools, "PLAIN_EVERY_S", 1e6)
+    monkeypatch.setattr(clitools, "WAIT_SAY_AFTER_S", 1e6)
+
+
 # -- the run's order and its two lanes (tests/lanes.py) ---------------------------------------
 
 

@@ -65,9 +65,10 @@ def swap_after_look(monkeypatch: pytest.MonkeyPatch, path: Path, *, stats: int |
     return swap
 
 
-def within(call: Callable[[], Any], fifo: Path, timeout: float = 10) -> Any:
+def within(call: Callable[[], Any], fifo: Path, timeout: float = 60) -> Any:
     """``call()``'s value (or its exception, raised here), failing the test when it is
-    still waiting on ``fifo`` after ``timeout`` seconds."""
+    still waiting on ``fifo`` after ``timeout`` seconds (long: a reader that does not
+    wait may still take seconds in CI's idle lane)."""
     out: dict[str, Any] = {}
 
     def run() -> None:

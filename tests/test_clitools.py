@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -205,10 +206,14 @@ def test_long_work_without_a_terminal_says_a_plain_line_now_and_then(
 
 def test_a_wait_on_a_terminal_spins_with_its_time_and_leaves_nothing() -> None:
     console, out = _terminal()
+    began = time.monotonic()
     with waiting("reaching s3://b/x", console=console):
         time.sleep(0.3)  # a few of the spinner's frames
+    lasted = time.monotonic() - began
     shown = frames(out.getvalue())
-    assert shown and all(f.strip().endswith(("0:00:00", "0:00:01")) for f in shown), shown
+    # the time so far, at most as long as the wait lasted (seconds when starved)
+    times = {f"0:00:{s:02d}" for s in range(int(lasted) + 2)}
+    assert shown and all(f.strip()[-7:] in times for f in shown), (shown, lasted)
     assert all("reaching s3://b/x" in f for f in shown), shown
     assert out.getvalue().endswith("\x1b[2K")  # transient: erased at its end
 
@@ -222,11 +227,28 @@ def test_a_wait_without_a_terminal_is_said_once_only_when_it_lasts(
 
     plain = Console(file=io.StringIO())
     monkeypatch.setattr(clitools, "WAIT_SAY_AFTER_S", 0.1)
+    said = ""
     with waiting("reaching s3://b/x", console=plain):
-        time.sleep(0.5)
-    assert capsys.readouterr().err == "reaching s3://b/x ...\n"
-    with waiting("reaching s3://b/x", console=plain):
-        pass  # quick: nothing said, and nothing later either
+        # until the timer's thread said it: a starved one takes more than 0.1 s
+        deadline = time.monotonic() + 60
+        while not said and time.monotonic() < deadline:
+            time.sleep(0.05)
+            said += capsys.readouterr().err
+    assert said + capsys.readouterr().err == "reaching s3://b/x ...\n"
+    # quick: nothing said, and nothing later either (its timer's thread is waited for).
+    # Only a wait that lasted under 0.1 s counts: a starved test's may not have.
+    for _ in range(100):
+        began = time.monotonic()
+        with waiting("reaching s3://b/x", console=plain):
+            pass
+        quick = time.monotonic() - began < 0.1
+        for timer in [t for t in threading.enumerate() if isinstance(t, threading.Timer)]:
+            timer.join(60)
+        said = capsys.readouterr().err
+        if quick:
+            assert said == ""
+            break
+    assert quick, "no wait lasted under 0.1 s in 100 tries"
     with waiting("reaching s3://b/x", enabled=False, console=plain):
         time.sleep(0.3)  # --no-progress: never
     time.sleep(0.3)

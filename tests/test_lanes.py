@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,18 +51,35 @@ def test_modules_run_beside_only_without_bpf_quiet_spark_or_lab() -> None:
     ]  # fmt: skip
 
 
+def _flocks(path: Path) -> list[str]:
+    """/proc/locks' lines of this process's flocks on ``path``: held, or waited for
+    ("->"). By inode number alone: on overlayfs the device shown is the layer's."""
+    inode, pid = f":{path.stat().st_ino} ", f" {os.getpid()} "
+    return [ln for ln in Path("/proc/locks").read_text().splitlines() if inode in ln and pid in ln]
+
+
+def _until(check: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 60
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
 def test_a_quiet_test_waits_for_the_running_one_and_no_other_starts_meanwhile(
     tmp_path: Path,
 ) -> None:
+    # Each step waits for the one before as the kernel shows it (/proc/locks), not for
+    # a fixed time: in CI's idle lane a thread may get no CPU for seconds.
     prefix = tmp_path / "lanes"
     events: list[str] = []
-    first_in = threading.Event()
+    first_in, let_go = threading.Event(), threading.Event()
 
-    def idle(name: str, hold_s: float) -> None:
+    def idle(name: str, release: threading.Event | None) -> None:
         with hold(prefix, alone=False):
             events.append(f"{name} in")
             first_in.set()
-            time.sleep(hold_s)
+            if release is not None:
+                assert release.wait(60)
             events.append(f"{name} out")
 
     def quiet() -> None:
@@ -70,16 +88,21 @@ def test_a_quiet_test_waits_for_the_running_one_and_no_other_starts_meanwhile(
             time.sleep(0.2)
             events.append("quiet out")
 
-    running = threading.Thread(target=idle, args=("idle-1", 0.5))
+    running = threading.Thread(target=idle, args=("idle-1", let_go))
     running.start()
-    assert first_in.wait(5)
+    assert first_in.wait(60)
+    turn, lock = prefix.with_suffix(".turn"), prefix.with_suffix(".lock")
     waiting = threading.Thread(target=quiet)
     waiting.start()
-    time.sleep(0.1)  # the quiet test waits for idle-1, at the turnstile's far side
-    later = threading.Thread(target=idle, args=("idle-2", 0.0))
+    # the quiet test holds the turnstile and waits for idle-1's shared lock
+    _until(lambda: any("->" in ln for ln in _flocks(lock)), "the quiet test waiting")
+    assert [ln for ln in _flocks(turn) if "->" not in ln]
+    later = threading.Thread(target=idle, args=("idle-2", None))
     later.start()
+    _until(lambda: any("->" in ln for ln in _flocks(turn)), "idle-2 at the turnstile")
+    let_go.set()
     for thread in (running, waiting, later):
-        thread.join(10)
+        thread.join(60)
     assert events == ["idle-1 in", "idle-1 out", "quiet in", "quiet out", "idle-2 in", "idle-2 out"]
 
 
@@ -94,7 +117,7 @@ def test_idle_tests_share_the_lock(tmp_path: Path) -> None:
 
         thread = threading.Thread(target=other)
         thread.start()
-        assert done.wait(5), "a second idle test waited for the first"
+        assert done.wait(60), "a second idle test waited for the first"
         thread.join()
 
 

@@ -207,7 +207,7 @@ def test_fake_suite_runs_the_launched_argv(tmp_path: Path) -> None:
     bench.setup(tmp_path)
     launch = bench.launch()
     assert launch is not None
-    done = subprocess.run(launch.argv, capture_output=True, text=True, timeout=30, check=True)
+    done = subprocess.run(launch.argv, capture_output=True, text=True, timeout=120, check=True)
     (tmp_path / "stdout.txt").write_text(done.stdout)
     frame = bench.results(BenchmarkRun(tmp_path, 0, stdout_path=tmp_path / "stdout.txt"))
     assert frame is not None

@@ -120,7 +120,7 @@ def test_pytorch_benchmark_stops_at_a_failing_run() -> None:
     launch = bench.launch()
     assert launch is not None
     loop = [*launch.argv[:6], "sh", "-c", "echo run; exit 3"]
-    done = subprocess.run(loop, capture_output=True, text=True, timeout=30)
+    done = subprocess.run(loop, capture_output=True, text=True, timeout=120)
     assert done.returncode == 3 and done.stdout.count("run") == 1
 
 

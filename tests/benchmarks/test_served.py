@@ -4,6 +4,7 @@ server that dies, never answers or answers says, and that stopping it ends it.""
 from __future__ import annotations
 
 import socket
+import time
 from pathlib import Path
 
 import psutil
@@ -19,7 +20,7 @@ def test_a_server_that_exits_is_named_with_its_status_and_its_last_words(tmp_pat
     argv = ["sh", "-c", "echo starting; echo 'cannot bind: in use' >&2; exit 3"]
     with pytest.raises(BenchmarkError) as err:
         served.start(argv, cwd=tmp_path, log=tmp_path / "log", answers=lambda: False,
-                     question="hello", timeout_s=10)  # fmt: skip
+                     question="hello", timeout_s=60)  # fmt: skip
     assert str(err.value) == (
         "faux: sh exited with status 3 before answering: starting | cannot bind: in use"
     )
@@ -60,9 +61,15 @@ def test_a_server_is_up_once_it_answers_on_its_port_and_polite_stop_comes_first(
         said.append("bye")
         with socket.create_connection((HOST, served.port), timeout=0.5) as c:
             c.sendall(b"bye")
+        # until it said so: stop() waits 5 s for the exit, which a starved server (in
+        # CI's idle lane) may need for the line alone
+        deadline = time.monotonic() + 60
+        while "told to stop" not in (tmp_path / "log").read_text():
+            assert time.monotonic() < deadline, "the server never took the bye"
+            time.sleep(0.02)
 
     served.start(["python3", "-c", server], cwd=tmp_path, log=tmp_path / "log",
-                 answers=answers, question="a connection", timeout_s=10)  # fmt: skip
+                 answers=answers, question="a connection", timeout_s=60)  # fmt: skip
     pid = served.proc.pid if served.proc else -1
     assert served.pids() == [pid]
     served.stop(polite)

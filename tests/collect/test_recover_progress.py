@@ -16,6 +16,9 @@ from tests.collect.test_recover_compaction import OBJECT, _records
 from tests.conftest import skip_here
 from tests.progress import force_terminal, last_count
 
+# what a quick run says, however long a starved one takes (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("unhurried")
+
 FRAMES, FRAME_ROWS = 6, 700
 
 

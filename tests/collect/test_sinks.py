@@ -349,11 +349,16 @@ def test_threaded_sink_bounds_what_waits(tmp_path: Path) -> None:
     sink = ThreadedSink(inner, max_queued_bytes=3 * frame.estimated_size())
     writer = threading.Thread(target=lambda: [sink.write("t", frame) for _ in range(10)])
     writer.start()
-    time.sleep(0.3)
+    # until the queue is full, not a fixed 0.3 s (a starved writer thread in CI's idle
+    # lane may not have filled it by then)
+    deadline = time.monotonic() + 60
+    while sink.queued_bytes < 3 * frame.estimated_size():
+        assert time.monotonic() < deadline, f"{sink.queued_bytes} bytes queued in 60 s"
+        time.sleep(0.01)
     assert writer.is_alive()  # blocked: the queue is full
     assert sink.queued_bytes <= 3 * frame.estimated_size()
     gate.set()
-    writer.join(timeout=10)
+    writer.join(timeout=60)
     assert sink.close() == {"t": 100_000}
 
 
@@ -375,7 +380,7 @@ def test_threaded_sink_queues_past_its_bound_when_told_not_to_wait() -> None:
         done.set()
 
     threading.Thread(target=writes).start()
-    assert done.wait(10), "a write waited for the stalled writer"
+    assert done.wait(60), "a write waited for the stalled writer"
     assert sink.queued_bytes > bound and sink.behind
     sink.wait_when_full = True
     blocked = threading.Thread(target=sink.write, args=("t", frame))
@@ -383,7 +388,7 @@ def test_threaded_sink_queues_past_its_bound_when_told_not_to_wait() -> None:
     blocked.join(0.3)
     assert blocked.is_alive()  # over its bound, waiting again
     gate.set()
-    blocked.join(10)
+    blocked.join(60)
     assert sink.close() == {"t": 110_000}
 
 
@@ -407,7 +412,7 @@ def test_threaded_sink_wakes_the_writer_for_a_flush_or_enough_bytes() -> None:
         return len(inner.frames.get("t", []))
 
     def wait_for(n: int) -> None:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while written() < n:
             assert time.monotonic() < deadline, f"{written()} of {n} frames written"
             time.sleep(0.005)
@@ -449,7 +454,7 @@ def test_the_manifest_a_flush_rewrites_describes_that_flush(tmp_path: Path) -> N
     running.write_in_background()
 
     def rewritten(flushes: int) -> Manifest:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while (m := read_manifest(folder)).flushes < flushes:
             assert time.monotonic() < deadline, m
             time.sleep(0.005)

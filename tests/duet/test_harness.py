@@ -38,12 +38,19 @@ def test_iterations_csv(tmp_path: Path):
 
 def test_budget_jsonl(tmp_path: Path):
     out = tmp_path / "h.jsonl"
+    before = time.monotonic_ns()
     code = run_harness(["sleep", "0.05"], budget_s=0.3, output=str(out))
+    after = time.monotonic_ns()
     assert code == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    # a new iteration starts only while the budget lasts: 0.3 s of 0.05+ s iterations
-    assert 3 <= len(rows) <= 7
     assert set(rows[0]) == set(COLUMNS)
+    # What the budget guarantees, however little CPU the run got (CI's idle lane saw
+    # fewer iterations than a busy-free machine): a new iteration starts only while
+    # the budget lasts, so at most 0.3 s / 0.05 s of them, and the run ends only once
+    # it is spent, not after a few.
+    assert all(r["iteration_time_ns"] >= 50_000_000 for r in rows)
+    assert 1 <= len(rows) <= 6
+    assert after - before >= 300_000_000
 
 
 def test_failing_command_is_recorded_and_ends_the_run(tmp_path: Path):
@@ -80,7 +87,7 @@ def test_sigterm_keeps_finished_iterations(tmp_path: Path):
         seen = len(out.read_text().splitlines()) - 1 if out.exists() else 0
     assert seen >= 3, "the harness flushed fewer than 3 iterations in 30 s"
     proc.terminate()
-    assert proc.wait(timeout=10) == 128 + 15
+    assert proc.wait(timeout=60) == 128 + 15
     rows = pl.read_csv(out)
     # each finished iteration was flushed as it ended, and the stop kept them
     assert rows.height >= seen

@@ -15,6 +15,9 @@ from kernmlops.duet.runner import INDEX
 from tests.duet.test_process import _harness_csv
 from tests.progress import force_terminal, last_count
 
+# what a quick run says, however long a starved one takes (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("unhurried")
+
 RUNS = 4
 
 

@@ -271,7 +271,7 @@ def test_server_serves_metrics_on_loopback_and_stops() -> None:
     server = MetricsServer(render, "127.0.0.1", 0).start()
     try:
         assert server.url.startswith("http://127.0.0.1:") and server.port > 0
-        with urllib.request.urlopen(server.url, timeout=5) as resp:
+        with urllib.request.urlopen(server.url, timeout=60) as resp:
             assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
             family, *server_own = text_string_to_metric_families(resp.read().decode())
         assert family.samples[0].value == 1.0 and calls == [1]
@@ -282,7 +282,7 @@ def test_server_serves_metrics_on_loopback_and_stops() -> None:
             "kernmlops_exporter_http_connections_closed",
         }
         with pytest.raises(urllib.error.HTTPError) as info:
-            urllib.request.urlopen(server.url.replace("/metrics", "/nope"), timeout=5)
+            urllib.request.urlopen(server.url.replace("/metrics", "/nope"), timeout=60)
         assert info.value.code == 404
         with pytest.raises(ListenError, match="cannot listen"):
             MetricsServer(render, "127.0.0.1", server.port)  # taken
@@ -302,10 +302,10 @@ def test_a_failing_scrape_answers_500_and_the_server_lives_on() -> None:
 
     with MetricsServer(render, "127.0.0.1", 0) as server:
         with pytest.raises(urllib.error.HTTPError) as info:
-            urllib.request.urlopen(server.url, timeout=5)
+            urllib.request.urlopen(server.url, timeout=60)
         assert info.value.code == 500 and b"map gone" in info.value.read()
         state["fail"] = False
-        with urllib.request.urlopen(server.url, timeout=5) as resp:
+        with urllib.request.urlopen(server.url, timeout=60) as resp:
             assert resp.read().startswith(b"ok 1.0\n# HELP kernmlops_exporter_http")
 
 
@@ -390,7 +390,13 @@ def test_scrapes_total_counts_renders_and_says_so() -> None:
 
     def render() -> bytes:
         calls.append(1)
-        time.sleep(0.3)  # slow: the concurrent scrapes arrive during it
+        if len(calls) == 1:
+            # slow until every scrape arrived (their requests read and waiting on it),
+            # not for a fixed 0.3 s: in CI's idle lane their threads may take longer
+            deadline = time.monotonic() + 60
+            while sum(c.busy for c in list(server._conns.values())) < 8:
+                assert time.monotonic() < deadline, "the 8 scrapes never all arrived"
+                time.sleep(0.01)
         return exporter.render()
 
     bodies: list[str] = []
@@ -398,7 +404,7 @@ def test_scrapes_total_counts_renders_and_says_so() -> None:
         url = f"http://127.0.0.1:{server.port}/metrics"
 
         def scrape() -> None:
-            with urllib.request.urlopen(url, timeout=10) as resp:
+            with urllib.request.urlopen(url, timeout=60) as resp:
                 assert resp.status == 200
                 bodies.append(resp.read().decode())
 

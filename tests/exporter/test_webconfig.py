@@ -29,10 +29,10 @@ def _get(
 ) -> tuple[int, bytes, http.client.HTTPMessage]:
     if ctx is not None:
         conn: http.client.HTTPConnection = http.client.HTTPSConnection(
-            "127.0.0.1", server.port, timeout=5, context=ctx
+            "127.0.0.1", server.port, timeout=60, context=ctx
         )
     else:
-        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
     headers = {}
     if auth is not None:
         token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
@@ -193,7 +193,9 @@ def test_plain_http_to_the_tls_port_is_told_so_as_go_tells_it(pki: Path, tmp_pat
         f"tls_server_config:\n  cert_file: {pki / 'server.crt'}\n  key_file: {pki / 'server.key'}\n"
     )
     config = load_web_config(web)
-    with MetricsServer(lambda: BODY, "127.0.0.1", 0, web_config=config, timeout_s=1.0) as server:
+    # the default deadline (10 s) for the handshakes: 1 s from accept may pass before
+    # a starved test's client (in CI's idle lane) has answered the server
+    with MetricsServer(lambda: BODY, "127.0.0.1", 0, web_config=config) as server:
         for _ in range(2):
             status, body, headers = _get(server, None)
             assert status == 400
@@ -201,14 +203,17 @@ def test_plain_http_to_the_tls_port_is_told_so_as_go_tells_it(pki: Path, tmp_pat
             assert headers["Connection"] == "close"
             status, body, _ = _get(server, _client_ctx(pki))
             assert status == 200 and body.startswith(BODY)
+        assert server.stats.responses == {400: 2, 200: 2}
+        assert server.stats.closed == {"bad_request": 2}
+    with MetricsServer(lambda: BODY, "127.0.0.1", 0, web_config=config, timeout_s=1.0) as server:
         silent = socket.create_connection(("127.0.0.1", server.port))
         try:
-            silent.settimeout(4)
+            silent.settimeout(60)
             assert silent.recv(1) == b""  # closed by the server at the timeout
         finally:
             silent.close()
-        assert server.stats.responses == {400: 2, 200: 2}
-        assert server.stats.closed == {"bad_request": 2, "idle": 1}
+        assert server.stats.responses == {}
+        assert server.stats.closed == {"idle": 1}
 
 
 def test_wrong_passwords_never_evict_a_header_that_passed() -> None:

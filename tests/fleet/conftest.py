@@ -156,7 +156,7 @@ def s3_server() -> Iterator[str]:
         stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120  # its imports take long at the idle lane's policy
     while True:
         try:
             urllib.request.urlopen(f"{url}/moto-api/", timeout=1).close()

@@ -19,6 +19,9 @@ from click.testing import CliRunner
 from kernmlops.cli import cli
 from kernmlops.collect.manifest import read_manifest
 
+# what a quick run says, however long a starved one takes (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("unhurried")
+
 duckdb = pytest.importorskip("duckdb")
 
 

@@ -13,6 +13,9 @@ from kernmlops.fleet.index import reindex
 from kernmlops.fleet.store import open_dataset
 from tests.progress import force_terminal, frames, last_count, shown_bytes
 
+# what a quick run says, however long a starved one takes (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("unhurried")
+
 
 def _published_bytes(root: Path) -> int:
     """What a push copies: every file of the collections but their manifests and

@@ -12,6 +12,9 @@ from kernmlops.data import Collection
 from kernmlops.graphs.cli import graph_command, report_command
 from tests.progress import force_terminal, frames, last_count
 
+# what a quick run says, however long a starved one takes (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("unhurried")
+
 TWO = "syscalls_top,perf_rate"
 
 

@@ -71,7 +71,12 @@ def test_rows_agree_with_df(tmp_path: Path) -> None:
     hook = DiskUsageHook(DiskUsageHook.Options(poll_hz=20, paths=[str(tmp_path)]))
     hook.start()
     try:
-        time.sleep(0.2)
+        # three samples taken, as its thread counts them: waited for, not 0.2 s (at
+        # 20 Hz, a starved thread in CI's idle lane may take fewer in that time)
+        deadline = time.monotonic() + 60
+        while hook.status.events < 3:
+            assert time.monotonic() < deadline, f"{hook.status.events} samples in 60 s"
+            time.sleep(0.02)
         df = _df(str(tmp_path))
         out = polled(hook.stop())
         assert {t for t, _ in out} == {TABLE}

@@ -85,7 +85,7 @@ def test_stress_ng_accepts_every_scenario():
         argv = command(s, one, 1, Sizes(vm_bytes="1M", hdd_bytes="1M", matrix_size=16))
         if s.name == "numa":
             argv[argv.index("--mbind") + 1] = "0"
-        proc = subprocess.run([*argv, "--dry-run"], capture_output=True, text=True, timeout=30)
+        proc = subprocess.run([*argv, "--dry-run"], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, (s.name, proc.stdout + proc.stderr)
 
 

@@ -206,7 +206,7 @@ def test_a_disk_that_stalls_is_bridged_in_memory_in_order(
 
     def write_all(fd: int, data: bytes) -> int:
         if threading.current_thread().name.startswith("spool-"):
-            disk.wait(10)  # the disk stalls until the test lets it go
+            disk.wait(60)  # the disk stalls until the test lets it go
         return real_write_all(fd, data)
 
     def runs(chunks: list) -> object:  # what the writer took at once
