@@ -531,10 +531,18 @@ def _damaged_pages(
     part named; ``files`` and ``opened``: each table's parts and their descriptors
     (_held_tables). ``damaged="raise"``: the first one's CollectionError instead.
     """
+    from concurrent.futures import ThreadPoolExecutor
+
     bad: dict[str, str] = {}
+    fds = [fd for name in files for fd in opened[name]]
+    # the parts checked side by side: pyarrow decodes without the GIL, and a collection
+    # never compacted has thousands of small parts; each check holds one row group
+    workers = max(1, min(8, len(fds), len(os.sched_getaffinity(0))))
+    with ThreadPoolExecutor(workers) as pool:
+        found = dict(zip(fds, pool.map(_part_damage, fds), strict=True))
     for name, parts in files.items():
         for part, fd in zip(parts, opened[name], strict=True):
-            why = _part_damage(fd)
+            why = found[fd]
             if why is not None:
                 err = f"{path / name}: cannot read table {name!r}: {part.name} is damaged: {why}"
                 if damaged == "raise":
