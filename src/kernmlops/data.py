@@ -688,24 +688,31 @@ def _held_collection(path: Path) -> Iterator[tuple[Pinned, int | None]]:
         held.close()
 
 
+#: a collection's table parts kept open for their page check (_scan_table_held):
+#: its folder, the parts' paths and descriptors by table
+_Kept = tuple[Path, dict[str, list[Path]], dict[str, list[int]]]
+
+
 def _scan_table_held(
-    folder: Path, table: str, *, pages: bool = False
+    folder: Path, table: str, *, keep: list[_Kept] | None = None
 ) -> tuple[pl.LazyFrame | None, str | None]:
     """``table`` of the collection in ``folder`` scanned on its parts opened through
     held folders (None where it has no finished part): no part is opened by name
     again, and as root no link a user planted is followed, now or when the scan is
     collected; and why the collection is not whole (:func:`_not_whole`) where it
-    has the table. ``pages``: every page of its parts checked first (CollectionError
-    naming the first damaged part)."""
+    has the table. ``keep``: a descriptor of each part, the one the scan was made on,
+    is appended to it for a page check later (:func:`_damaged_pages`; the caller
+    closes them), so the pages checked are those read."""
     with _held_collection(folder) as (held, uid), _closing_fds() as fds:
         files, opened, _ = _held_tables(held, folder, uid, fds, only=table)
         if table not in opened:
             return None, None
-        if pages:
-            _damaged_pages(folder, files, opened)
         scan = _held_scan(opened[table])
         with reading(folder / table, table):
             scan.collect_schema()
+        if keep is not None:  # a table whose footer reads
+            kept = [os.dup(fd) for fd in opened[table]]
+            keep.append((folder, {table: files[table]}, {table: kept}))
         return scan, _not_whole(_manifest_or_why(folder, held), held.io)
 
 
@@ -865,14 +872,32 @@ def read_parquet_dir(
     root = _local_folder(path)
     collections = _collections(root)
     raise_fd_limit()  # each collection's scan holds a descriptor per part until collected
-    scans, partial, skipped = _scan_collections(collections, table, damaged)
-    if not lazy and scans:
-        # what cannot fit is refused before a page is read; then the parts opened
-        # again, every page checked (polars checks no page checksum), and those read
-        whole = {table: _combined([scan for _, scan in scans])}
-        _fits(root, whole, lazy_call=f"read_parquet_dir(path, {table!r}, lazy=True)")
-        whole, scans = {}, []  # their descriptors closed before the parts are opened again
-        scans, partial, skipped = _scan_collections(collections, table, damaged, pages=True)
+    kept: list[_Kept] = []  # each part opened once: its pages are checked as opened
+    try:
+        scans, partial, skipped = _scan_collections(
+            collections, table, damaged, keep=None if lazy else kept
+        )
+        if not lazy and scans:
+            # what cannot fit is refused before a page is read (every footer was);
+            # then every page checked (polars checks no page checksum)
+            whole = {table: _combined([scan for _, scan in scans])}
+            _fits(root, whole, lazy_call=f"read_parquet_dir(path, {table!r}, lazy=True)")
+            del whole
+            bad: set[Path] = set()
+            for folder, files, opened in kept:
+                try:
+                    _damaged_pages(folder, files, opened)
+                except CollectionError as err:
+                    if damaged == "raise":
+                        raise
+                    skipped.append(_skip(folder, str(err)))
+                    bad.add(folder)
+            scans = [(folder, scan) for folder, scan in scans if folder not in bad]
+    finally:
+        for _, _, opened in kept:
+            for fds in opened.values():
+                for fd in fds:
+                    os.close(fd)
     for line in skipped:  # each named as it is left out
         warnings.warn(line, IncompleteCollectionWarning, stacklevel=2)
     if not scans:
@@ -920,12 +945,16 @@ def _combined(frames: Sequence[F]) -> F:
 
 
 def _scan_collections(
-    collections: list[tuple[str, str, Path]], table: str, damaged: Damaged, *, pages: bool = False
+    collections: list[tuple[str, str, Path]],
+    table: str,
+    damaged: Damaged,
+    *,
+    keep: list[_Kept] | None = None,
 ) -> tuple[list[tuple[Path, pl.LazyFrame]], list[str], list[str]]:
-    """``table`` of each of ``collections`` scanned (_scan_table_held; ``pages``: every
-    page checked), with its ``benchmark`` and ``collection_id`` columns; the collections
-    read that are not whole, and why; and (``damaged="skip"``) the warnings naming the
-    damaged ones left out.
+    """``table`` of each of ``collections`` scanned (_scan_table_held; ``keep``: its
+    parts' descriptors kept for a page check), with its ``benchmark`` and
+    ``collection_id`` columns; the collections read that are not whole, and why; and
+    (``damaged="skip"``) the warnings naming the damaged ones left out.
 
     Raises:
         CollectionError: ``damaged="raise"``, and a collection's table cannot be read.
@@ -937,7 +966,7 @@ def _scan_collections(
         # their parts opened now, through held folders: a scan by name would follow
         # any link planted since (as root), or wait on a FIFO put at a part's name
         try:
-            scan, why = _scan_table_held(folder, table, pages=pages)
+            scan, why = _scan_table_held(folder, table, keep=keep)
         except CollectionError as err:
             if damaged == "raise":
                 raise
