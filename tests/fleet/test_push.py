@@ -8,7 +8,6 @@ import errno
 import http.server
 import json
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -357,39 +356,6 @@ def test_a_full_disk_stops_the_push_and_keeps_the_source(tmp_path: Path) -> None
         assert not list(small.rglob(".*")), "a temporary file was left"
     finally:
         subprocess.run(["umount", str(small)], check=False)
-
-
-@pytest.mark.bpf
-def test_collect_publish(tmp_path: Path) -> None:
-    """A real collection, published when it ends; a bad URI is refused before it starts."""
-    from kernmlops.data import read_collection
-
-    dest = tmp_path / "dest"
-    base = [sys.executable, "-m", "kernmlops", "collect", "--no-progress", "-o"]
-    bad = subprocess.run(
-        [*base, str(tmp_path / "bad"), "--publish", "nope://x", "--", "true"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert bad.returncode == 2 and "nope://" in bad.stderr, bad.stderr
-    assert not (tmp_path / "bad").exists()
-    proc = subprocess.run(
-        [*base, str(tmp_path / "out"), "--hooks", "quanta_runtime,process_trace", "--publish",
-         dest.as_uri(), "--", "sh", "-c", "ls / > /dev/null; sleep 0.3"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "published " in proc.stderr
-    [local] = (tmp_path / "out" / "curated").glob("benchmark=command/collection_id=*")
-    collection = read_collection(local)
-    got = duckdb_rows(dest)
-    assert got == {(collection.collection_id, t): f.height for t, f in collection.items()}
-    index = f"read_parquet('{dest}/_index/*.parquet')"
-    [row] = duckdb.sql(f"select state, host from {index}").fetchall()
-    assert row == ("completed", collection.manifest.system["hostname"])
-    assert (
-        json.loads((dest / local.parent.name / local.name / "manifest.json").read_text())["state"]
-        == "completed"
-    )
 
 
 if REQUIRE_BPF:  # CI installs moto with the dev extras: the S3 tests must run there

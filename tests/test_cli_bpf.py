@@ -1,0 +1,36 @@
+"""The tests of test_cli.py that need root and BPF (the main lane), apart from the
+others so that those run beside it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.test_cli import kernmlops
+
+
+@pytest.mark.bpf
+def test_collect_never_breaks_the_collections_path_across_lines(tmp_path: Path) -> None:
+    out = tmp_path / ("x" * 90)  # the path alone is wider than rich's 80 columns
+    done = kernmlops("collect", "--no-progress", "-o", str(out), "-b", "faux", "-d", "0.3",
+                     "--hooks", "process_trace", cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (collection,) = (out / "curated" / "benchmark=faux").iterdir()
+    last = [line for line in done.stderr.splitlines() if " -> " in line]
+    assert len(last) == 1 and last[0].startswith("duration after "), done.stderr
+    assert last[0].endswith(f" -> {collection}")
+
+
+@pytest.mark.bpf  # past the privilege check, where the room is checked
+def test_collect_refused_for_room_leaves_no_folder(tmp_path: Path) -> None:
+    (tmp_path / "big.yaml").write_text("collector:\n  min_free_mb: 1.0e+12\n")
+    out = tmp_path / "out"
+    done = kernmlops("collect", "-c", "big.yaml", "-o", str(out), "--", "true", cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("error: only ") and line.endswith(
+        f"free on {out} (the minimum is 1e+12 MiB, collector.min_free_mb): free some space "
+        "or choose another folder with -o"
+    )
+    assert not out.exists()  # no empty curated/benchmark=command/collection_id=... left
