@@ -36,7 +36,8 @@ still being collected, is read as far as it was flushed, with a warning; its
 every part against its checksum before polars reads it (kernmlops.collect.pagecheck;
 polars checks none): a byte damaged inside a page, the footer whole, is a part refused
 by name, never wrong values. A lazy read (``LazyCollection.read`` too: its parts are
-held by the scan, not reopened) checks the footers only.
+held by the scan, not reopened) checks the footers only, unless ``pages=True`` (what
+`graph` and `report` ask).
 """
 
 from __future__ import annotations
@@ -286,14 +287,18 @@ class LazyCollection(_Tables[pl.LazyFrame]):
 
 @overload
 def read_collection(
-    path: str | Path, *, lazy: Literal[False] = False, damaged: Damaged = "raise"
+    path: str | Path,
+    *,
+    lazy: Literal[False] = False,
+    damaged: Damaged = "raise",
+    pages: bool | None = None,
 ) -> Collection: ...
 @overload
 def read_collection(
-    path: str | Path, *, lazy: Literal[True], damaged: Damaged = "raise"
+    path: str | Path, *, lazy: Literal[True], damaged: Damaged = "raise", pages: bool | None = None
 ) -> LazyCollection: ...
 def read_collection(
-    path: str | Path, *, lazy: bool = False, damaged: Damaged = "raise"
+    path: str | Path, *, lazy: bool = False, damaged: Damaged = "raise", pages: bool | None = None
 ) -> Collection | LazyCollection:
     """Read the collection in folder ``path`` (or the folder of a ``manifest.json``).
 
@@ -310,6 +315,11 @@ def read_collection(
     left out, named in an IncompleteCollectionWarning and in ``damaged``, and the rest
     is read (what `graph` and `report` do: one damaged table hides no other).
 
+    ``pages``: check every page of every part against its checksum (None: when read
+    into memory, not when lazy). ``lazy=True, pages=True`` checks them on the parts the
+    scans hold, a row group at a time (what `graph` and `report` do: a page damaged
+    inside is a table refused, not a figure drawn from wrong values).
+
     Raises:
         CollectionError: the folder does not exist, has no valid manifest, has no finished
             Parquet part, or a part cannot be read or (not lazy) has a page that fails its
@@ -317,7 +327,7 @@ def read_collection(
             EmptyCollectionError (a CollectionError) where it has no part because it
             recorded no row: its collector finished and its manifest counts none.
     """
-    return _read_held(_local_folder(path), lazy, damaged)
+    return _read_held(_local_folder(path), lazy, damaged, not lazy if pages is None else pages)
 
 
 def _local_folder(path: str | Path) -> Path:
@@ -459,7 +469,9 @@ def _collection(
     )
 
 
-def _read_held(path: Path, lazy: bool, damaged: Damaged) -> Collection | LazyCollection:
+def _read_held(
+    path: Path, lazy: bool, damaged: Damaged, pages: bool
+) -> Collection | LazyCollection:
     """read_collection, for every user: the folder is held open and each part opened
     once, without waiting, a plain file only (a FIFO another user put at a part's
     name, even right after it was listed, is refused in one line: scanned by name, it
@@ -506,10 +518,9 @@ def _read_held(path: Path, lazy: bool, damaged: Damaged) -> Collection | LazyCol
             _no_tables(path, manifest, files, incomplete, spooled)
             scans = {name: _held_scan(fds_) for name, fds_ in opened.items()}
             bad: dict[str, str] = {}
-            if not lazy:
-                # what cannot fit is refused before a page is read; then every page
-                # checked (polars checks no page checksum)
+            if not lazy:  # what cannot fit is refused before a page is read
                 _fits(path, scans)
+            if pages:  # every page checked (polars checks no page checksum)
                 bad = _damaged_pages(path, files, opened, damaged)
                 scans = {name: scan for name, scan in scans.items() if name not in bad}
             tables, unread = _tables(path, scans, lazy, damaged, fitted=True)

@@ -222,6 +222,39 @@ def _damage_pages(part: Path) -> None:
     part.write_bytes(bytes(data))
 
 
+def test_a_page_that_fails_its_checksum_leaves_its_table_out_of_graph_and_report(
+    synthetic: Collection, tmp_path: Path
+) -> None:
+    """One byte flipped inside a page (the footer whole: a lazy scan sees nothing):
+    graph and report check every page, so the table is left out and said, never
+    drawn from what the page now holds."""
+    from kernmlops.collect import pagecheck
+    from tests.parquet_damage import flip_page_byte
+
+    col = tmp_path / "col"
+    shutil.copytree(synthetic.path, col)
+    part = sorted((col / "quanta_runtime").glob("part-*.parquet"))[-1]
+    # written as the collector writes parts: a checksum on each page (the fixture's
+    # frames are written without), then one byte inside a page flipped
+    pq.write_table(pq.read_table(part), part, compression="zstd", **pagecheck.WRITE)
+    flip_page_byte(part, "quanta_run_length_us")
+    runner = CliRunner()
+    drawn = runner.invoke(graph_command, [str(col), "-o", str(tmp_path / "figs"), "--dpi",
+                                          "40", "--only", "process_events"])  # fmt: skip
+    assert drawn.exit_code == 1, drawn.output
+    said = [ln for ln in drawn.output.splitlines() if ln.startswith("warning:")]
+    assert len(said) == 1, drawn.output
+    assert f"{part.name} is damaged: a page fails its checksum" in said[0]
+    assert said[0].endswith("the table is left out")
+    page = tmp_path / "r.html"
+    reported = runner.invoke(report_command, [str(col), "-o", str(page), "--dpi", "40",
+                                              "--only", "process_events"])  # fmt: skip
+    assert reported.exit_code == 1, reported.output
+    assert "a page fails its checksum" in reported.output and page.stat().st_size > 10_000
+    # a lazy read that does not ask for the pages does not see it
+    assert "quanta_runtime" in read_collection(col, lazy=True, damaged="skip")
+
+
 def test_a_table_damaged_past_its_first_footer_is_left_out_and_the_others_drawn(
     synthetic: Collection, tmp_path: Path
 ) -> None:
@@ -263,10 +296,12 @@ def test_a_table_damaged_past_its_first_footer_is_left_out_and_the_others_drawn(
 
 
 def test_a_report_on_a_table_with_one_damaged_column_is_written_and_says_it(
-    synthetic: Collection, tmp_path: Path
+    synthetic: Collection, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The damaged column is one that load's queries (timestamps, process names) never
     # read: the table's statistics raised a Python traceback and no page was written.
+    # The report checks every page first now, so the table is left out and said; where
+    # that check sees nothing (here made so), the statistics say it instead.
     col = tmp_path / "col"
     shutil.copytree(synthetic.path, col)
     for part in (col / "quanta_runtime").glob("part-*.parquet"):
@@ -282,6 +317,14 @@ def test_a_report_on_a_table_with_one_damaged_column_is_written_and_says_it(
                     )
         part.write_bytes(bytes(data))
     page = tmp_path / "r.html"
+    checked = CliRunner().invoke(report_command, [str(col), "-o", str(page), "--dpi", "40",
+                                                  "--only", "process_events"])  # fmt: skip
+    assert checked.exit_code == 1, checked.output
+    said = [ln for ln in checked.output.splitlines() if ln.startswith("warning:")]
+    assert len(said) == 1 and "cannot read table 'quanta_runtime'" in said[0], checked.output
+    assert "a page does not decode" in said[0] and said[0].endswith("the table is left out")
+    assert page.read_text().count("<li><b>") > 3  # the other tables' statistics
+    monkeypatch.setattr("kernmlops.data._part_damage", lambda fd: None)
     reported = CliRunner().invoke(report_command, [str(col), "-o", str(page), "--dpi", "40",
                                                    "--only", "process_events"])  # fmt: skip
     assert reported.exit_code == 1, reported.output

@@ -168,7 +168,7 @@ def graph_command(
         # scanned (and refused) before a folder is made; never read whole: each graph
         # collects what it draws, so a collection larger than memory is drawn too
         with warnings_as_lines():  # a damaged table is said, the rest drawn
-            col = read_collection(collection, lazy=True, damaged="skip")
+            col = read_collection(collection, lazy=True, damaged="skip", pages=True)
             data = load(col, tgid=tgid, comm=comm, damaged="skip")
         if names is not None:
             _missing_tables(names, data.tables, col.damaged)
@@ -245,7 +245,7 @@ def report_command(
             unknown_graphs(names)
         # scanned before a file is made, never read whole (as for `graph`)
         with warnings_as_lines():  # a damaged table is said, the rest reported
-            read = [read_collection(c, lazy=True, damaged="skip") for c in collections]
+            read = [read_collection(c, lazy=True, damaged="skip", pages=True) for c in collections]
             cols = [load(c, tgid=tgid, comm=comm, damaged="skip") for c in read]
         # a figure asked for (--only) that a collection cannot have is said (as `graph`
         # says it), not left to a note in the page: the page is written still, as the
