@@ -410,17 +410,16 @@ def test_sigkill_while_taking_in_the_row_workers_parts_loses_nothing_after_recov
     quanta = pl.read_parquet(sorted((col / "quanta_runtime").glob("part-*.parquet")))
     assert repeated_runs(quanta) == 0
     # no stretch of the storm without rows: a part lost or skipped would leave one (each
-    # job is a run of whole frames of the one ring, a stretch of time on every CPU that
-    # switched); the storm's start (its processes spawning, a CPU idle for a few hundred
-    # ms) left out. One CPU alone may go without the storm's switches for a few hundred
-    # ms, its pair run together on the other at twice the rate (seen here, 0.21-0.36 s):
-    # a longer stretch on one CPU is still a loss.
+    # job is a run of whole frames of the table's ring, one ring per 16 CPUs: a stretch
+    # of time on every CPU that switched); the storm's start (its processes spawning, a
+    # CPU idle for a few hundred ms) left out. No bound on one CPU alone: with one ring
+    # a lost job is a gap on every CPU, and one CPU may go without the storm's switches
+    # for long, its pairs moved to the other (1.16 s in a CI run, while the lab's QEMU,
+    # booting beside the loud tests, held that CPU).
     storm = pl.col("ts_uptime_us").is_between(quanta["ts_uptime_us"].min() + 1_000_000, stopped_us)
     ts = quanta.filter(storm).sort("ts_uptime_us")
     gap = ts.select(gap=pl.col("ts_uptime_us").diff()).max().item()
     assert gap < 200_000, f"{gap / 1e6:.3f} s without a row on any CPU"
-    per_cpu = ts.sort("cpu", "ts_uptime_us").select(gap=pl.col("ts_uptime_us").diff().over("cpu"))
-    assert per_cpu.max().item() < 1_000_000, f"{per_cpu.max().item() / 1e6:.3f} s on a CPU"
     lost_s = (stopped_us - last_ts_us(col, "quanta_runtime")) / 1e6
     assert lost_s <= SLACK_S, lost_s
     assert read_manifest(col).tables["quanta_runtime"].rows == rows["quanta_runtime"]
