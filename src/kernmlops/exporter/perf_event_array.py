@@ -13,7 +13,6 @@ forgets label sets no longer seen (a removed cgroup's).
 from __future__ import annotations
 
 import re
-import sys
 import threading
 import time
 
@@ -21,6 +20,7 @@ import numpy as np
 
 from kernmlops.ebpf.objects import Map
 from kernmlops.ebpf.perfbuf import DEFAULT_PAGES, PerfBuffer
+from kernmlops.exporter.throttled import ThrottledCount
 
 #: ebpf_exporter's default flush interval
 DEFAULT_FLUSH_S = 3600.0
@@ -80,8 +80,7 @@ class PerfEventCounts:
         self.lost = 0
         #: samples counted, since the start (flushes do not reset it)
         self.received = 0
-        self._logged_lost = 0
-        self._logged_at = float("-inf")
+        self._said_lost = ThrottledCount(LOST_LOG_EVERY_S)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._buffer = PerfBuffer(
@@ -116,14 +115,14 @@ class PerfEventCounts:
 
     def _report_lost(self, now: float) -> None:
         """One line on stderr when samples were lost, at most once a minute."""
-        lost = self.lost
-        if lost > self._logged_lost and now - self._logged_at >= LOST_LOG_EVERY_S:
-            print(
-                f"kernmlops export: {self.where}: {lost - self._logged_lost} events lost "
-                f"(a CPU's perf ring was full), {lost} in all",
-                file=sys.stderr,
-            )
-            self._logged_lost, self._logged_at = lost, now
+        self._said_lost.say(
+            self.lost,
+            now,
+            lambda n: (
+                f"kernmlops export: {self.where}: {n} events lost (a CPU's perf ring "
+                f"was full), {self.lost} in all"
+            ),
+        )
 
     def poll_now(self) -> None:
         """Count what the rings hold now (without the thread: tests, --check)."""

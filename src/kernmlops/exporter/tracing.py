@@ -36,7 +36,6 @@ import os
 import random
 import re
 import select
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -54,6 +53,7 @@ from kernmlops.exporter.decoders import (
     label_decoders,
 )
 from kernmlops.exporter.spec import EBPF_EXPORTER_FORMAT, LabelSpec, MetricSetError, _Strict
+from kernmlops.exporter.throttled import ThrottledCount
 
 if TYPE_CHECKING:
     from kernmlops.ebpf.objects import Map
@@ -394,8 +394,7 @@ class SpanRing:
         self.received = 0
         self.sent = 0
         self.errors = 0
-        self._logged_errors = 0
-        self._logged_at = float("-inf")
+        self._said_errors = ThrottledCount(ERROR_LOG_EVERY_S)
         self._last_error = ""
         self._pipeline: SpanPipeline | None = None
         self._stop = threading.Event()
@@ -447,14 +446,14 @@ class SpanRing:
 
     def _report_errors(self, now: float) -> None:
         """One line on stderr when spans could not be decoded, at most once a minute."""
-        errors = self.errors
-        if errors > self._logged_errors and now - self._logged_at >= ERROR_LOG_EVERY_S:
-            print(
-                f"kernmlops export: {self.where}: {errors - self._logged_errors} spans could "
-                f"not be decoded ({errors} in all); the last: {self._last_error}",
-                file=sys.stderr,
-            )
-            self._logged_errors, self._logged_at = errors, now
+        self._said_errors.say(
+            self.errors,
+            now,
+            lambda n: (
+                f"kernmlops export: {self.where}: {n} spans could not be decoded "
+                f"({self.errors} in all); the last: {self._last_error}"
+            ),
+        )
 
     def close(self) -> None:
         """Stop polling, send what is left, flush the spans (idempotent)."""
