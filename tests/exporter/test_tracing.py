@@ -10,6 +10,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -19,12 +20,16 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from kernmlops.exporter.config import MetricSetError, load_metric_set
 from kernmlops.exporter.decoders import DecoderContext, DropLabelSet, label_decoders
 from kernmlops.exporter.tracing import (
+    AT_EXIT,
     CONFIG_ATTRIBUTE,
+    EXPORT_FAILED,
+    QUEUE_FULL,
     SCOPE,
     SpanError,
     SpanPipeline,
     SpanRecord,
     SpanSpec,
+    batch_sizes,
     check_available,
     decode_record,
     span_exporter,
@@ -260,3 +265,88 @@ def test_a_tracing_config_that_cannot_send_says_so_in_one_line(
     assert len(lines) == 1, lines
     assert message in lines[0] and "span-trace.yaml" in lines[0], lines
     assert "Traceback" not in done.stderr
+
+
+class _HeldExporter:
+    """A span exporter whose exports wait until ``release`` is set, then end
+    as ``outcome`` says: "ok", "fail" (a FAILURE result) or "raise"."""
+
+    def __init__(self, outcome: str = "ok") -> None:
+        self.outcome = outcome
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        self.got: list[str] = []
+
+    def export(self, spans):
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        self.entered.set()
+        self.release.wait()
+        if self.outcome == "raise":
+            raise ConnectionError("collector gone")
+        if self.outcome == "fail":
+            return SpanExportResult.FAILURE
+        self.got += [s.name for s in spans]
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+def _records(n: int) -> list[SpanRecord]:
+    return [SpanRecord(f"s{i}", 0xAB, i + 1, 0, 1, 2) for i in range(n)]
+
+
+def test_the_hand_off_never_lets_the_sdk_queue_drop_a_span() -> None:
+    """While the exporter is held, the pipeline hands over as many spans as
+    the queue holds and counts each later one as queue_full (the newest, as
+    Go's processor drops): the exporter then gets exactly those handed over,
+    the SDK having dropped none of them unseen."""
+    held = _HeldExporter()
+    env = {"OTEL_BSP_MAX_QUEUE_SIZE": "8", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "4"}
+    pipeline = SpanPipeline(held, env)
+    source = ("cfg", "ring")
+    handed = [pipeline.emit(r, "", source) for r in _records(30)]
+    assert handed == [True] * 8 + [False] * 22
+    assert pipeline.dropped_of(source) == {QUEUE_FULL: 22, EXPORT_FAILED: 0, AT_EXIT: 0}
+    held.release.set()
+    pipeline.shutdown()
+    assert sorted(held.got) == sorted(f"s{i}" for i in range(8))
+    assert pipeline.exported == {source: 8}
+    assert pipeline.dropped_of(source) == {QUEUE_FULL: 22, EXPORT_FAILED: 0, AT_EXIT: 0}
+
+
+@pytest.mark.parametrize("outcome", ["fail", "raise"])
+def test_a_failed_export_counts_its_spans(outcome: str, capfd: pytest.CaptureFixture[str]) -> None:
+    """A batch the exporter fails (a FAILURE result, or an exception the SDK
+    would log with a traceback) counts each of its spans as export_failed,
+    under its own source, and says so in one line at the end."""
+    held = _HeldExporter(outcome)
+    held.release.set()
+    pipeline = SpanPipeline(held, {})
+    for r in _records(5):
+        assert pipeline.emit(r, "", ("a", "r1"))
+    for r in _records(3):
+        assert pipeline.emit(r, "", ("b", "r2"))
+    pipeline.shutdown()
+    assert pipeline.dropped_of(("a", "r1"))[EXPORT_FAILED] == 5
+    assert pipeline.dropped_of(("b", "r2"))[EXPORT_FAILED] == 3
+    assert pipeline.exported == {}
+    err = capfd.readouterr().err
+    assert "8 spans not sent (8 in all: 8 failed to export" in err, err
+    assert "Traceback" not in err
+    if outcome == "raise":
+        assert "ConnectionError: collector gone" in err
+
+
+def test_batch_sizes_come_from_the_environment() -> None:
+    assert batch_sizes({}) == (2048, 512)  # the specification's defaults
+    assert batch_sizes({"OTEL_BSP_MAX_QUEUE_SIZE": "64"}) == (64, 64)  # clamped, as in Go
+    both = {"OTEL_BSP_MAX_QUEUE_SIZE": "100", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "10"}
+    assert batch_sizes(both) == (100, 10)
+    for bad in ("0", "-3", "lots", "1.5"):
+        with pytest.raises(MetricSetError, match=f"OTEL_BSP_MAX_QUEUE_SIZE='{bad}' is not a"):
+            check_available({"OTEL_BSP_MAX_QUEUE_SIZE": bad})

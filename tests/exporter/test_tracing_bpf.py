@@ -29,12 +29,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kernmlops.exporter.config import resolve_sets
 from kernmlops.exporter.core import Exporter
+from kernmlops.exporter.tracing import AT_EXIT, EXPORT_FAILED, QUEUE_FULL, SpanRing
 from tests.exporter.conftest import free_port, wait_serving
 
 pytestmark = pytest.mark.bpf
 
 CONFIG = Path(__file__).parent / "ebpf_exporter" / "span-trace.yaml"
 ERRORS = "ebpf_exporter_decoder_errors_total"
+DROPPED = "dropped_tracing_spans_total"
 
 
 @dataclass
@@ -53,9 +55,11 @@ class Span:
 
 
 class OtlpReceiver:
-    """An OTLP/HTTP trace receiver on localhost: POST /v1/traces, protobuf."""
+    """An OTLP/HTTP trace receiver on localhost: POST /v1/traces, protobuf.
+    With a ``gate``, a request is held (not read as received, not answered)
+    until the gate is set: a collector as slow as the test wants."""
 
-    def __init__(self) -> None:
+    def __init__(self, gate: threading.Event | None = None) -> None:
         self.spans: list[Span] = []
         self.requests = 0
         self._lock = threading.Lock()
@@ -64,6 +68,8 @@ class OtlpReceiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
+                if gate is not None:
+                    gate.wait()
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)
                 ok = self.path == "/v1/traces"
@@ -251,3 +257,122 @@ def test_spans_queued_at_exit_are_flushed(receiver: OtlpReceiver, monkeypatch) -
         exporter.close()
     _check_trace(receiver.spans, tgid, 25, before, after)
     assert receiver.requests >= 1
+
+
+def _dropped(exporter: Exporter) -> dict[tuple[str, str], float]:
+    """dropped_tracing_spans_total of the span-trace config, by (ringbuf, reason)."""
+    return {
+        (s.labels["ringbuf"], s.labels["reason"]): s.value
+        for family in text_string_to_metric_families(exporter.render().decode())
+        for s in family.samples
+        if s.name == DROPPED and s.labels["config"] == "span-trace"
+    }
+
+
+def _by_reason(dropped: dict[tuple[str, str], float], reason: str) -> float:
+    return sum(n for (_ring, r), n in dropped.items() if r == reason)
+
+
+def _wait(pred, what: str, timeout: float = 60):
+    """``pred()``'s value once it is true; fails with ``what`` at the timeout
+    (reached only when the code is wrong)."""
+    deadline = time.monotonic() + timeout
+    while not (value := pred()):
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+    return value
+
+
+def _only_otel(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
+    for key in [k for k in os.environ if k.startswith("OTEL_")]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+
+
+def test_spans_past_the_queue_are_counted_while_the_collector_is_slow(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A collector that answers nothing until the test lets it: the exporter
+    hands the SDK as many spans as its queue holds (OTEL_BSP_MAX_QUEUE_SIZE)
+    and counts every later one as queue_full, so what the collector finally
+    gets plus what is counted is the workload's spans, exactly: one per
+    getppid call and one for the process."""
+    gate = threading.Event()
+    receiver = OtlpReceiver(gate)
+    queue, calls = 256, 2000
+    _only_otel(
+        monkeypatch,
+        OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
+        OTEL_EXPORTER_OTLP_TIMEOUT="120",  # the held request must not time out
+        OTEL_BSP_SCHEDULE_DELAY="100",
+        OTEL_BSP_MAX_QUEUE_SIZE=str(queue),
+        OTEL_BSP_MAX_EXPORT_BATCH_SIZE="64",
+    )
+    exporter = Exporter(resolve_sets([str(CONFIG)]))
+    try:
+        (status,) = exporter.start()
+        assert status.error is None, status.error
+        assert status.attached == 3, [(p.name, p.error) for p in status.programs]
+        rings = [s for s in exporter.sets[0].services if isinstance(s, SpanRing)]
+        made = calls + 1
+        tgid, _before, _after = _workload("kmo-spn-work", calls)
+        # the collector holds the first batch: the queue fills, the rest is counted
+        full = _wait(
+            lambda: (n := _by_reason(_dropped(exporter), QUEUE_FULL)) >= made - queue and n,
+            "the spans past the queue were not counted",
+        )
+        assert full == made - queue
+        gate.set()
+        spans = receiver.wait_for(lambda s: len(s) >= queue, timeout=60)
+        assert len(spans) == queue
+        mine = [
+            s for s in spans if s.attributes.get("thread.id") == str(tgid)
+            or s.attributes.get("tgid") == str(tgid)
+        ]  # fmt: skip
+        assert len(mine) == queue  # every span sent is the workload's
+    finally:
+        gate.set()
+        exporter.close()
+        receiver.close()
+    # at exit: nothing more sent, nothing more counted
+    assert len(receiver.spans) == queue
+    final = {(r.spec.ringbuf, reason): n for r in rings for reason, n in r.dropped().items()}
+    assert _by_reason(final, QUEUE_FULL) == made - queue
+    assert _by_reason(final, EXPORT_FAILED) == _by_reason(final, AT_EXIT) == 0
+    err = capfd.readouterr().err
+    assert f"({made - queue} in all: " in err, err  # the last line says the whole
+    assert f"over the queue of {queue}" in err, err
+
+
+def test_spans_the_collector_never_gets_are_counted_as_failed(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """No collector listening: every span made is counted as export_failed
+    once the exporter gives up on its batch; none as anything else."""
+    port = free_port()  # nothing listens there
+    _only_otel(
+        monkeypatch,
+        OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}",
+        OTEL_EXPORTER_OTLP_TIMEOUT="1",  # each batch given up after 1 s of retries
+        OTEL_BSP_SCHEDULE_DELAY="100",
+    )
+    calls = 150
+    exporter = Exporter(resolve_sets([str(CONFIG)]))
+    try:
+        (status,) = exporter.start()
+        assert status.error is None, status.error
+        _workload("kmo-spn-work", calls)
+        failed = _wait(
+            lambda: (n := _by_reason(_dropped(exporter), EXPORT_FAILED)) >= calls + 1 and n,
+            "the spans that failed to export were not counted",
+        )
+        assert failed == calls + 1
+        dropped = _dropped(exporter)
+        assert dropped[("call_spans", EXPORT_FAILED)] == calls
+        assert dropped[("process_spans", EXPORT_FAILED)] == 1
+        assert _by_reason(dropped, QUEUE_FULL) == _by_reason(dropped, AT_EXIT) == 0
+    finally:
+        exporter.close()
+    err = capfd.readouterr().err
+    assert f"{calls + 1} failed to export" in err, err

@@ -74,6 +74,8 @@ if TYPE_CHECKING:
     from kernmlops.ebpf.objects import BpfObject
 
 NAMESPACE = "ebpf_exporter"
+#: tracing spans not exported (span_drop_metrics)
+SPANS_DROPPED = "dropped_tracing_spans_total"
 #: our helpers for ebpf_exporter-style programs (maps.bpf.h, bits.bpf.h, regs-ip.bpf.h)
 INCLUDE_DIR = BUILTIN_DIR / "ebpf_exporter"
 #: as ebpf_exporter's examples are compiled (its examples/Makefile)
@@ -636,7 +638,7 @@ def builtin_metrics(loaded_sets: list[Any], stats_on: bool) -> list[Metric]:
     out: list[Metric] = [enabled, info, attached, errors]
     if stats_on:
         out += [run_time, run_count]
-    return out + perf_lost_metrics(loaded_sets)
+    return out + perf_lost_metrics(loaded_sets) + span_drop_metrics(loaded_sets)
 
 
 def perf_lost_metrics(loaded_sets: list[Any]) -> list[Metric]:
@@ -657,6 +659,27 @@ def perf_lost_metrics(loaded_sets: list[Any]) -> list[Metric]:
                 lost.add_metric([], float(metric.reader.lost))
                 out.append(lost)
     return out
+
+
+def span_drop_metrics(loaded_sets: list[Any]) -> list[Metric]:
+    """Tracing spans made but not exported, per config, ring and reason
+    (``queue_full``, ``export_failed``, ``at_exit``; see tracing.SpanPipeline),
+    in the style of ``dropped_perf_event_map_events_<counter>``: ebpf_exporter's
+    Go SDK counts the spans its batch processor drops only inside itself.
+    Served (zeros included) when a config has spans."""
+    rings = [s for loaded in loaded_sets for s in loaded.services if isinstance(s, SpanRing)]
+    if not rings:
+        return []
+    dropped = ExactCounterFamily(
+        SPANS_DROPPED,
+        "tracing spans made but not exported: over the span queue (OTEL_BSP_MAX_QUEUE_SIZE), "
+        "a failed export (the collector down or refusing), or unsent at exit",
+        labels=["config", "ringbuf", "reason"],
+    )
+    for ring in rings:
+        for reason, n in ring.dropped().items():
+            dropped.add_metric([ring.config, ring.spec.ringbuf, reason], float(n))
+    return [dropped]
 
 
 def services(

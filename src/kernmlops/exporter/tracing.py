@@ -26,11 +26,25 @@ standard environment: ``OTEL_TRACES_EXPORTER`` (``otlp``, the default,
 and the other ``OTEL_EXPORTER_OTLP_*`` and ``OTEL_BSP_*`` settings, which the
 OpenTelemetry SDK reads itself. The SDK is an optional dependency
 (``pip install 'kernmlops[tracing]'``), imported only when a config has spans.
+
+Every span made but not exported is counted, by config, ring and reason, and
+served as ``dropped_tracing_spans_total`` (ebpf_exporter's Go SDK counts the
+spans its batch processor drops only inside itself): the SDK's own queue drops
+the oldest span when full and counts it nowhere we can read, so the pipeline
+never lets it fill. It hands a span to the SDK only while fewer than
+``OTEL_BSP_MAX_QUEUE_SIZE`` spans are between the hand-off and the end of their
+export (which an exporter wrapper sees); past that the new span is dropped here
+(``queue_full``, as Go's processor drops the newest), a batch the exporter
+fails to send (the collector down, refusing, too slow) counts as
+``export_failed``, and what is still unsent when the exporter ends (the final
+flush failed or timed out) as ``at_exit``. Spans made = spans exported + spans
+counted there, exactly.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import os
 import random
@@ -75,6 +89,16 @@ INSTALL_HINT = (
     "(opentelemetry-sdk and opentelemetry-exporter-otlp-proto-http)"
 )
 GRPC_HINT = "pip install opentelemetry-exporter-otlp-proto-grpc"
+#: the OpenTelemetry specification's defaults for the batch span processor
+DEFAULT_QUEUE_SIZE = 2048
+DEFAULT_BATCH_SIZE = 512
+#: why a span was not exported: the ``reason`` of dropped_tracing_spans_total
+QUEUE_FULL = "queue_full"
+EXPORT_FAILED = "export_failed"
+AT_EXIT = "at_exit"
+REASONS = (QUEUE_FULL, EXPORT_FAILED, AT_EXIT)
+#: at most one line about spans not sent per this many seconds
+DROP_LOG_EVERY_S = 60.0
 EXPORTERS = ("otlp", "console", "none")
 PROTOCOLS = ("http/protobuf", "grpc")
 _PACKAGE = {"http/protobuf": "http.trace_exporter", "grpc": "grpc.trace_exporter"}
@@ -128,6 +152,7 @@ def check_available(env: dict[str, str] | None = None) -> None:
         importlib.import_module("opentelemetry.sdk.trace.export")
     except ImportError:
         raise MetricSetError(f"tracing spans: {INSTALL_HINT}") from None
+    batch_sizes(env)
     kind, protocol = _exporter_choice(env)
     if kind != "otlp":
         return
@@ -136,6 +161,33 @@ def check_available(env: dict[str, str] | None = None) -> None:
     except ImportError:
         hint = GRPC_HINT if protocol == "grpc" else INSTALL_HINT
         raise MetricSetError(f"tracing spans over OTLP/{protocol}: {hint}") from None
+
+
+def batch_sizes(env: dict[str, str] | None = None) -> tuple[int, int]:
+    """The batch processor's queue and batch sizes (``OTEL_BSP_MAX_QUEUE_SIZE``,
+    ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``), a batch at most the queue's size, as
+    Go's SDK clamps it (Python's refuses a larger one). Raises MetricSetError
+    for a value that is not a positive integer (the SDK would log and go on
+    with its default)."""
+    env = dict(os.environ) if env is None else env
+    sizes = []
+    for var, default in (
+        ("OTEL_BSP_MAX_QUEUE_SIZE", DEFAULT_QUEUE_SIZE),
+        ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", DEFAULT_BATCH_SIZE),
+    ):
+        text = env.get(var, "").strip()
+        if not text:
+            sizes.append(default)
+            continue
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value <= 0:
+            raise MetricSetError(f"tracing spans: {var}={text!r} is not a positive integer")
+        sizes.append(value)
+    queue, batch = sizes
+    return queue, min(batch, queue)
 
 
 def _exporter_choice(env: dict[str, str]) -> tuple[str, str]:
@@ -291,18 +343,74 @@ def span_exporter(env: dict[str, str] | None = None) -> Any:
     return OTLPSpanExporter()  # endpoint, headers, timeout...: from OTEL_EXPORTER_OTLP_*
 
 
+#: where a span comes from: (config, ring); START_UP for the exporter's own trace
+Source = tuple[str, str]
+START_UP: Source = ("", "")
+
+
+class _CountingExporter:
+    """The SDK's exporter as the batch processor sees it, telling the pipeline
+    how each batch ended: sent, or not (a failure result or an exception)."""
+
+    def __init__(self, inner: Any, pipeline: SpanPipeline) -> None:
+        self.inner = inner
+        self._pipeline = pipeline
+
+    def export(self, spans: Any) -> Any:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        try:
+            result = self.inner.export(spans)
+        except Exception as err:  # the SDK would log a traceback and forget the batch
+            self._pipeline.done(spans, f"{type(err).__name__}: {err}")
+            return SpanExportResult.FAILURE
+        failure = None if result == SpanExportResult.SUCCESS else f"the exporter said {result.name}"
+        self._pipeline.done(spans, failure)
+        return result
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return bool(self.inner.force_flush(timeout_millis))
+
+
 class SpanPipeline:
     """One batch span processor and exporter for every span ring of the
-    process (ebpf_exporter has one), and a resource per service."""
+    process (ebpf_exporter has one), and a resource per service.
 
-    def __init__(self, exporter: Any) -> None:
+    The hand-off to the SDK is bounded by the processor's queue size
+    (``OTEL_BSP_MAX_QUEUE_SIZE``): spans handed over and not yet through the
+    exporter never exceed it, so the SDK's queue (which would drop the oldest
+    span unseen) never fills; what is not sent is counted in :attr:`dropped`."""
+
+    def __init__(self, exporter: Any, env: dict[str, str] | None = None) -> None:
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
         from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-        self.processor = BatchSpanProcessor(exporter) if exporter is not None else None
+        self.queue_size, batch = batch_sizes(env)
+        self.processor = (
+            BatchSpanProcessor(
+                _CountingExporter(exporter, self),
+                max_queue_size=self.queue_size,
+                max_export_batch_size=batch,
+            )
+            if exporter is not None
+            else None
+        )
         self._scope = InstrumentationScope(SCOPE)
         self._resources: dict[str, Any] = {}
         self.users = 0
+        self._lock = threading.Lock()
+        #: spans handed to the SDK and not yet through its exporter, per source
+        self._in_flight: dict[Source, int] = {}
+        self._in_flight_all = 0
+        #: spans sent, per source; spans not sent, per (source, reason)
+        self.exported: dict[Source, int] = {}
+        self.dropped: dict[tuple[Source, str], int] = {}
+        self.last_failure = ""
+        self._closed = False
+        self._said = ThrottledCount(DROP_LOG_EVERY_S)
 
     def resource(self, service: str) -> Any:
         """``service.name`` over OTEL_RESOURCE_ATTRIBUTES, as Go's
@@ -316,11 +424,21 @@ class SpanPipeline:
             found = self._resources[service] = env.merge(Resource({"service.name": service}))
         return found
 
-    def emit(self, record: SpanRecord, service: str) -> None:
-        """Hand one finished span to the batch processor."""
+    def emit(self, record: SpanRecord, service: str, source: Source = START_UP) -> bool:
+        """Hand one finished span to the batch processor; False when it was
+        not (``queue_full``, counted; or the ``none`` exporter)."""
         if self.processor is None:
-            return
-        from opentelemetry.sdk.trace import ReadableSpan
+            return False
+        with self._lock:
+            if self._closed or self._in_flight_all >= self.queue_size:
+                self._count_drop(source, QUEUE_FULL, 1)
+                return False
+            self._in_flight_all += 1
+            self._in_flight[source] = self._in_flight.get(source, 0) + 1
+        self.processor.on_end(self._readable(record, service, source))
+        return True
+
+    def _readable(self, record: SpanRecord, service: str, source: Source) -> Any:
         from opentelemetry.trace import SpanContext, TraceFlags
 
         sampled = TraceFlags(TraceFlags.SAMPLED)
@@ -330,7 +448,8 @@ class SpanPipeline:
             if record.parent_span_id
             else None
         )
-        span = ReadableSpan(
+        return _sourced_span_class()(
+            source,
             record.name,
             context=context,
             parent=parent,
@@ -340,13 +459,91 @@ class SpanPipeline:
             start_time=record.start_ns,
             end_time=record.end_ns,
         )
-        self.processor.on_end(span)
+
+    def done(self, spans: Any, failure: str | None) -> None:
+        """A batch is through the exporter: sent (``failure`` None) or not."""
+        with self._lock:
+            if self._closed and not self._in_flight_all:
+                return  # counted at exit already (shutdown gave up waiting for it)
+            for span in spans:
+                source = getattr(span, "kernmlops_source", START_UP)
+                left = self._in_flight.get(source, 0)
+                if left <= 0:
+                    continue  # not one of ours
+                self._in_flight[source] = left - 1
+                self._in_flight_all -= 1
+                if failure is None:
+                    self.exported[source] = self.exported.get(source, 0) + 1
+                else:
+                    self._count_drop(source, EXPORT_FAILED, 1)
+            if failure is not None:
+                self.last_failure = failure
+
+    def _count_drop(self, source: Source, reason: str, n: int) -> None:
+        key = (source, reason)
+        self.dropped[key] = self.dropped.get(key, 0) + n
+
+    def dropped_of(self, source: Source) -> dict[str, int]:
+        """Spans of ``source`` not sent, per reason (every reason, 0 included)."""
+        with self._lock:
+            return {reason: self.dropped.get((source, reason), 0) for reason in REASONS}
+
+    def report(self, now: float) -> None:
+        """One line on stderr when spans were not sent, at most once a minute."""
+        with self._lock:
+            by_reason = {r: 0 for r in REASONS}
+            for (_source, reason), n in self.dropped.items():
+                by_reason[reason] += n
+            total = sum(by_reason.values())
+
+            def line(grown: int) -> str:
+                parts = []
+                if by_reason[QUEUE_FULL]:
+                    parts.append(
+                        f"{by_reason[QUEUE_FULL]} over the queue of {self.queue_size} "
+                        "(OTEL_BSP_MAX_QUEUE_SIZE)"
+                    )
+                if by_reason[EXPORT_FAILED]:
+                    last = f": {self.last_failure}" if self.last_failure else ""
+                    parts.append(f"{by_reason[EXPORT_FAILED]} failed to export{last}")
+                if by_reason[AT_EXIT]:
+                    parts.append(f"{by_reason[AT_EXIT]} unsent at exit")
+                return (
+                    f"kernmlops export: tracing: {grown} spans not sent "
+                    f"({total} in all: {'; '.join(parts)})"
+                )
+
+            self._said.say(total, now, line)
 
     def shutdown(self) -> None:
-        """Send what is queued (as ebpf_exporter flushes at exit), then stop."""
-        if self.processor is not None:
-            self.processor.force_flush()
-            self.processor.shutdown()
+        """Send what is queued (as ebpf_exporter flushes at exit), then stop;
+        what could not be sent by then counts as ``at_exit``."""
+        if self.processor is None:
+            return
+        with self._lock:
+            self._closed = True
+        self.processor.force_flush()
+        self.processor.shutdown()
+        with self._lock:
+            for source, n in self._in_flight.items():
+                if n:
+                    self._count_drop(source, AT_EXIT, n)
+            self._in_flight.clear()
+            self._in_flight_all = 0
+        self.report(float("inf"))
+
+
+@functools.cache
+def _sourced_span_class() -> type:
+    """The SDK's ReadableSpan, knowing the source the pipeline counts it under."""
+    from opentelemetry.sdk.trace import ReadableSpan
+
+    class SourcedSpan(ReadableSpan):
+        def __init__(self, source: Source, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.kernmlops_source = source
+
+    return SourcedSpan
 
 
 _pipeline: SpanPipeline | None = None
@@ -390,13 +587,16 @@ class SpanRing:
         self._decoders = label_decoders(spec.labels, ctx, flavor=EBPF_EXPORTER_FORMAT)
         _warm(spec, ctx)  # kernel symbols are read now, while privileged
         self.ring = RingBuffer(bpf_map.fd, bpf_map.max_entries, name=spec.ringbuf)
-        #: records read, spans sent, records that could not be decoded
+        #: records read, spans handed to the SDK, records that could not be decoded
         self.received = 0
         self.sent = 0
         self.errors = 0
+        #: the pipeline counts this ring's spans under this (dropped_tracing_spans_total)
+        self.source: Source = (config, spec.ringbuf)
         self._said_errors = ThrottledCount(ERROR_LOG_EVERY_S)
         self._last_error = ""
         self._pipeline: SpanPipeline | None = None
+        self._released: SpanPipeline | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -418,7 +618,10 @@ class SpanRing:
             while not self._stop.is_set():
                 poller.poll(POLL_MS / 1000)
                 self.poll_now()
-                self._report_errors(time.monotonic())
+                now = time.monotonic()
+                self._report_errors(now)
+                if self._pipeline is not None:
+                    self._pipeline.report(now)
         finally:
             poller.close()
 
@@ -429,8 +632,14 @@ class SpanRing:
                 self.received += 1
                 record = self.decode(raw)
                 if record is not None and self._pipeline is not None:
-                    self._pipeline.emit(record, self.spec.service)
-                    self.sent += 1
+                    self.sent += self._pipeline.emit(record, self.spec.service, self.source)
+
+    def dropped(self) -> dict[str, int]:
+        """This ring's spans not sent, per reason (zeros before :meth:`start`)."""
+        pipeline = self._pipeline or self._released
+        if pipeline is None:
+            return {reason: 0 for reason in REASONS}
+        return pipeline.dropped_of(self.source)
 
     def decode(self, raw: bytes) -> SpanRecord | None:
         """The span of one record; None when a decoder drops it or it cannot
@@ -465,6 +674,7 @@ class SpanRing:
             self._report_errors(float("inf"))
         if self._pipeline is not None:
             pipeline, self._pipeline = self._pipeline, None
+            self._released = pipeline  # its counts stay readable (dropped())
             release_pipeline(pipeline)
         if not self._closed:
             self._closed = True
@@ -487,13 +697,18 @@ def _warm(spec: SpanSpec, ctx: DecoderContext) -> None:
 
 
 __all__ = [
+    "AT_EXIT",
     "CONFIG_ATTRIBUTE",
+    "EXPORT_FAILED",
+    "QUEUE_FULL",
+    "REASONS",
     "SpanError",
     "SpanLabelSpec",
     "SpanPipeline",
     "SpanRecord",
     "SpanRing",
     "SpanSpec",
+    "batch_sizes",
     "check_available",
     "decode_record",
     "span_exporter",
