@@ -216,6 +216,57 @@ def test_an_undecodable_key_is_counted_once_until_it_leaves() -> None:
         assert _scrape(metric, "err") == {"ENOENT": 1} and metric.decoder_errors == {"err": 2}
 
 
+class FakeEvents(FakeReader):
+    """Stands in for a perf event array's counts (maps.EventCounts): samples
+    counted per key, those of keys not settled also kept apart until taken."""
+
+    def __init__(self) -> None:
+        super().__init__({})
+        self.name = "events"
+        self.settled = lambda _key: False
+        self.unsettled: dict[bytes, int] = {}
+
+    def sample(self, key: bytes, n: int = 1) -> None:
+        self.rows[key] = [self.rows.get(key, [0])[0] + n]
+        if not self.settled(key):
+            self.unsettled[key] = self.unsettled.get(key, 0) + n
+
+    def read(self) -> tuple[list[bytes], np.ndarray]:
+        if not self.rows:  # flushed
+            return [], np.zeros((0, 1), np.uint64)
+        return super().read()
+
+    def take_unsettled(self) -> dict[bytes, int]:
+        taken, self.unsettled = self.unsettled, {}
+        return taken
+
+
+def test_an_event_readers_undecodable_samples_count_each() -> None:
+    """Samples of a perf event array whose key does not decode count once per
+    sample, as ebpf_exporter counts them, those of a key seen at every scrape
+    included, and those a flush forgot before any scrape saw them too; the
+    samples of keys that decode are not kept apart once the key is known."""
+    label = LabelSpec(name="err", size=4, decoders=[DecoderSpec(name="errno")])
+    spec = CounterSpec(name="test_err_total", help="h", map="m", labels=[label])
+    events = FakeEvents()
+    metric = MetricReader("test", spec, events, DecoderContext(), 100)
+    good, bad, other_bad = (struct.pack("<I", n) for n in (2, 4000, 4001))
+    events.sample(good, 3)
+    events.sample(bad, 5)
+    assert _scrape(metric, "err") == {"ENOENT": 3}
+    assert metric.decoder_errors == {"err": 5}
+    events.sample(good, 2)
+    assert events.unsettled == {}  # a key known to decode is not kept apart
+    events.sample(bad, 4)
+    assert _scrape(metric, "err") == {"ENOENT": 5}
+    assert metric.decoder_errors == {"err": 9}  # the same key again: each sample counts
+    events.sample(other_bad, 7)
+    events.rows.clear()  # a flush before the next scrape
+    assert _scrape(metric, "err") == {}
+    assert metric.decoder_errors == {"err": 16}
+    assert _scrape(metric, "err") == {} and metric.decoder_errors == {"err": 16}
+
+
 def test_a_removed_cgroups_value_is_kept(tmp_path) -> None:
     """CPU time of a cgroup removed before a scrape: served as
     unknown_cgroup_id:N (ebpf_exporter's label) when no walk saw it, under its

@@ -229,3 +229,57 @@ def test_counts_start_again_every_flush_interval(tmp_path: Path) -> None:
         assert sum(_served(exporter, second, 30, timeout=2).values()) == 30
     finally:
         exporter.close()
+
+
+def _errors(text: str, config: str) -> tuple[float, float]:
+    """ebpf_exporter_decoder_errors_total of ``config``, and kernmlops' own
+    count of the counter's undecodable cgroup label."""
+    ours = _samples(text, "kernmlops_exporter_decoder_errors_total")
+    theirs = _samples(text, "ebpf_exporter_decoder_errors_total")
+    (mine,) = [v for labels, v in ours.items() if dict(labels)["set"] == config]
+    assert {dict(labels)["label"] for labels in ours} == {"cgroup"}
+    return theirs.get((("config", config),), -1.0), mine
+
+
+def test_an_undecodable_sample_is_a_decoder_error_each_time(tmp_path: Path) -> None:
+    """The real program's samples with a label planted not to decode (the
+    8-byte cgroup id read as an IP address, which takes 4 or 16 bytes): each
+    sample is one decoder error, as ebpf_exporter counts them (not one per
+    distinct label set), those a flush forgot before any scrape saw them too."""
+    (tmp_path / "planted.bpf.c").write_text((CONFIGS / "perf-events.bpf.c").read_text())
+    config = (CONFIGS / "perf-events.yaml").read_text()
+    planted = config.replace(
+        "            - name: uint\n            - name: cgroup", "            - name: inet_ip"
+    ).replace("perf_event_array: true", "perf_event_array: true\n      flush_interval: 1s")
+    assert planted.count("inet_ip") == 1 and "flush_interval" in planted
+    (tmp_path / "planted.yaml").write_text(planted)
+    exporter = Exporter(resolve_sets([str(tmp_path / "planted.yaml")]))
+    try:
+        (status,) = exporter.start()
+        assert status.error is None, status.error
+        (metric,) = exporter.sets[0].metrics
+        reader = metric.reader
+        assert isinstance(reader, PerfEventCounts)
+        first, second = 300, 200
+        _workload("kmo-pea-bad1", first)
+        _workload("kmo-pea-bad2", second)
+        deadline = time.monotonic() + 30
+        while reader.received < first + second or reader.read()[0]:
+            # every sample in, then forgotten by a flush: no scrape saw them
+            assert time.monotonic() < deadline, (reader.received, len(reader.read()[0]))
+            time.sleep(0.1)
+        assert reader.received == first + second
+        text = exporter.render().decode()
+        assert _errors(text, "planted") == (first + second, first + second)
+        assert _samples(text, METRIC) == {}  # no series: none decoded
+        third = 50
+        _workload("kmo-pea-bad3", third)
+        while reader.received < first + second + third:
+            assert time.monotonic() < deadline, reader.received
+            time.sleep(0.1)
+        text = exporter.render().decode()
+        assert _errors(text, "planted") == (first + second + third,) * 2
+        text = exporter.render().decode()  # a scrape with no new samples adds none
+        assert _errors(text, "planted") == (first + second + third,) * 2
+    finally:
+        exporter.close()

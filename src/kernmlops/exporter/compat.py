@@ -612,7 +612,8 @@ def builtin_metrics(loaded_sets: list[Any], stats_on: bool) -> list[Metric]:
     errors = ExactCounterFamily(
         f"{ns}_decoder_errors_total",
         "map keys whose labels could not be decoded, per metric set, each counted once "
-        "until it decodes or leaves the map",
+        "until it decodes or leaves the map; perf event array samples and tracing span "
+        "records, each one counted",
         labels=["config"],
     )
     for loaded in loaded_sets:

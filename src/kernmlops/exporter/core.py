@@ -44,7 +44,7 @@ from kernmlops.exporter.decoders import (
     label_decoders,
 )
 from kernmlops.exporter.histogram import Buckets
-from kernmlops.exporter.maps import KeyValueReader, MapReader
+from kernmlops.exporter.maps import EventCounts, KeyValueReader, MapReader
 from kernmlops.exporter.perf_event import attach_perf_event, is_perf_event, register_section_handler
 from kernmlops.exporter.spec import (
     KERNMLOPS_FORMAT,
@@ -194,6 +194,8 @@ class MetricReader:
         self.decoder_errors: dict[str, int] = {}
         #: keys counted in decoder_errors: not counted again while they stay undecodable
         self._undecodable: set[bytes] = set()
+        #: the label that failed in the last _label_index (events' errors, _count_events)
+        self._failed_label: str | None = None
         self._text_labels: dict[int, tuple[str, str]] = {}
         self._text_prefixes: dict[int, list[str]] = {}
         self._last_positions: list[int] = []
@@ -225,12 +227,30 @@ class MetricReader:
     def _undecodable_key(self, key: bytes, label: str, err: Exception) -> int:
         """-1 for a key whose ``label`` does not decode, counted in decoder_errors
         once: not again at each scrape (rate() would then follow the scrape
-        interval), again once it has decoded or left the map."""
+        interval), again once it has decoded or left the map. A reader of
+        events (maps.EventCounts) has each event counted by _count_events."""
+        self._failed_label = label
+        self.last_error = str(err)
+        if isinstance(self.reader, EventCounts):
+            return -1
         if key not in self._undecodable:
             self._undecodable.add(key)
             self.decoder_errors[label] = self.decoder_errors.get(label, 0) + 1
-        self.last_error = str(err)
         return -1
+
+    def _settled(self, key: bytes) -> bool:
+        return key in self._index
+
+    def _count_events(self, reader: EventCounts) -> None:
+        """Each event since the last scrape whose key does not decode, counted
+        under the label that failed (ebpf_exporter counts per event); the
+        reader keeps apart only the events of keys not known to decode."""
+        reader.settled = self._settled
+        for key, n in reader.take_unsettled().items():
+            self._failed_label = None
+            if self._label_index(key) < 0 and self._failed_label is not None:
+                label = self._failed_label
+                self.decoder_errors[label] = self.decoder_errors.get(label, 0) + n
 
     def _forget_gone(self, present: Iterable[bytes]) -> None:
         """Undecodable keys no longer in the map: counted again if they come back."""
@@ -253,6 +273,8 @@ class MetricReader:
             found = [
                 self._label_index(k) if i is None else i for k, i in zip(keys, found, strict=True)
             ]
+        if isinstance(self.reader, EventCounts):
+            self._count_events(self.reader)
         idx = np.array(found, dtype=np.int64) if found else np.zeros(0, np.int64)
         keep = idx >= 0
         idx, values = idx[keep], values[keep]
@@ -862,7 +884,8 @@ class Exporter:
         errors = CounterMetricFamily(
             f"{SELF}_decoder_errors",
             "map keys whose labels could not be decoded (their values are left out), each "
-            "counted once until it decodes or leaves the map (it is tried at every scrape)",
+            "counted once until it decodes or leaves the map (it is tried at every scrape); "
+            "a perf event array's samples, each one counted",
             labels=["set", "metric", "label"],
         )
         dropped = GaugeMetricFamily(

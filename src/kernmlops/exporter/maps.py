@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import ctypes
 import errno
+from collections.abc import Callable
 from ctypes import POINTER, c_int, c_uint32, c_void_p
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -42,6 +43,20 @@ class KeyValueReader(Protocol):
     name: str
 
     def read(self) -> tuple[list[bytes], np.ndarray]: ...
+
+
+@runtime_checkable
+class EventCounts(KeyValueReader, Protocol):
+    """A reader that counts events per key (perf_event_array.PerfEventCounts):
+    its metric counts a key that does not decode once per event, as
+    ebpf_exporter does, not once per key as for a map. ``settled(key)`` says
+    the metric knows the key's fate (it decodes, or a regexp drops it);
+    ``take_unsettled()`` gives the events of every other key since its last
+    call, flushes or not."""
+
+    settled: Callable[[bytes], bool]
+
+    def take_unsettled(self) -> dict[bytes, int]: ...
 
 
 class MapReader:

@@ -7,7 +7,11 @@ those labels.
 it reads a map (``MapReader.read``) and the label decoders, their caches and
 ``max_label_sets`` work unchanged. As in ebpf_exporter, the counts start again
 from zero every ``flush_interval`` (an hour unless the config says), which
-forgets label sets no longer seen (a removed cgroup's).
+forgets label sets no longer seen (a removed cgroup's). A sample whose labels
+do not decode is a decoder error each time, as ebpf_exporter counts it (a map's
+key counts once): the samples of keys the metric has not yet decoded are kept
+apart until its next scrape takes them (``maps.EventCounts``), so a flush
+between two scrapes loses none of them.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -28,6 +33,11 @@ DEFAULT_FLUSH_S = 3600.0
 POLL_MS = 300
 #: at most one line about lost samples per this many seconds
 LOST_LOG_EVERY_S = 60.0
+
+
+def _never(_key: bytes) -> bool:
+    return False
+
 
 _GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0}
 _GO_UNITS |= {"m": 60.0, "h": 3600.0}
@@ -80,6 +90,10 @@ class PerfEventCounts:
         self.lost = 0
         #: samples counted, since the start (flushes do not reset it)
         self.received = 0
+        #: set by the metric (maps.EventCounts): keys whose fate it knows
+        self.settled: Callable[[bytes], bool] = _never
+        #: samples per key not settled, since the metric last took them
+        self._unsettled: dict[bytes, int] = {}
         self._said_lost = ThrottledCount(LOST_LOG_EVERY_S)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -91,6 +105,15 @@ class PerfEventCounts:
         with self._lock:
             self._counts[data] = self._counts.get(data, 0) + 1
             self.received += 1
+            if not self.settled(data):  # new or undecodable: the metric checks each event
+                self._unsettled[data] = self._unsettled.get(data, 0) + 1
+
+    def take_unsettled(self) -> dict[bytes, int]:
+        """The samples of keys not settled since the last call, per key: those
+        of a key that does not decode are decoder errors, one per sample."""
+        with self._lock:
+            taken, self._unsettled = self._unsettled, {}
+        return taken
 
     def _on_lost(self, _cpu: int, count: int) -> None:
         with self._lock:
