@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -281,5 +282,112 @@ def test_an_undecodable_sample_is_a_decoder_error_each_time(tmp_path: Path) -> N
         assert _errors(text, "planted") == (first + second + third,) * 2
         text = exporter.render().decode()  # a scrape with no new samples adds none
         assert _errors(text, "planted") == (first + second + third,) * 2
+    finally:
+        exporter.close()
+
+
+HOTPLUG_CPU = 1
+ONLINE = Path(f"/sys/devices/system/cpu/cpu{HOTPLUG_CPU}/online")
+
+
+@contextmanager
+def cpu_offline() -> Iterator[None]:
+    """CPU 1 offline for the block (other tests run beside: keep it short), and
+    online again whatever happens."""
+    if not ONLINE.exists() or ONLINE.read_text().strip() != "1":
+        pytest.skip(f"CPU {HOTPLUG_CPU} is not online and hot-pluggable on this machine")
+    try:
+        ONLINE.write_text("0")
+    except OSError as err:
+        pytest.skip(f"this machine refuses to take CPU {HOTPLUG_CPU} offline: {err.strerror}")
+    try:
+        yield
+    finally:
+        ONLINE.write_text("1")
+
+
+def _wait_ring(reader: PerfEventCounts, want: bool) -> None:
+    """Until the reader's poller has seen CPU 1 online with a ring (``want``) or
+    offline (its poll runs every 300 ms)."""
+    deadline = time.monotonic() + 20
+    while (HOTPLUG_CPU in reader._buffer.cpus) != want:
+        assert time.monotonic() < deadline, (reader._buffer.cpus, reader.unread_cpus)
+        time.sleep(0.02)
+
+
+def _start(config: str = "perf-events.yaml") -> tuple[Exporter, PerfEventCounts]:
+    exporter = Exporter(resolve_sets([str(CONFIGS / config)]))
+    (status,) = exporter.start()
+    assert status.error is None, status.error
+    (metric,) = exporter.sets[0].metrics
+    assert isinstance(metric.reader, PerfEventCounts)
+    return exporter, metric.reader
+
+
+def test_a_cpu_brought_online_after_the_start_gets_a_ring() -> None:
+    """The exporter starts with CPU 1 offline (libbpf opens no ring there);
+    once it is online, the samples of a workload pinned to it are all counted."""
+    with cpu_offline():
+        exporter, reader = _start()
+    try:
+        _wait_ring(reader, True)
+        calls = 400
+        tgid = _workload("kmo-pea-hot1", calls, cpu=HOTPLUG_CPU)
+        assert sum(_served(exporter, tgid, calls).values()) == calls
+        assert reader.unread_cpus == {}
+        text = exporter.render().decode()
+        assert _samples(text, "kernmlops_exporter_perf_event_array_cpus_unread") == {
+            (("counter", "test_getppid_events_total"),): 0.0
+        }
+    finally:
+        exporter.close()
+
+
+def test_a_cpu_offline_and_back_gets_a_new_ring() -> None:
+    """A CPU's perf event dies with the CPU going offline: once back, the
+    exporter reads it through a new ring, and a workload pinned there is
+    counted in full."""
+    exporter, reader = _start()
+    try:
+        assert HOTPLUG_CPU in reader._buffer.cpus
+        with cpu_offline():
+            _wait_ring(reader, False)  # the poller saw it go
+        _wait_ring(reader, True)
+        calls = 300
+        tgid = _workload("kmo-pea-hot2", calls, cpu=HOTPLUG_CPU)
+        assert sum(_served(exporter, tgid, calls).values()) == calls
+    finally:
+        exporter.close()
+
+
+def test_a_cpu_without_a_ring_is_said_once_and_served(capfd: pytest.CaptureFixture[str]) -> None:
+    """A CPU that comes online but cannot have a ring (here one past the map's
+    slots, as the online list the test gives the reader says; its poller is not
+    started, so only these looks happen) is said on stderr once, however many
+    looks see it, and served as a gauge; once gone it is no longer counted."""
+    exporter = Exporter(resolve_sets([str(CONFIGS / "perf-events.yaml")]), services_later=True)
+    try:
+        (status,) = exporter.start()
+        assert status.error is None, status.error
+        (metric,) = exporter.sets[0].metrics
+        reader = metric.reader
+        assert isinstance(reader, PerfEventCounts)
+        obj = exporter.sets[0].obj
+        assert obj is not None
+        slots = obj.map("test_getppid_events_total").max_entries
+        online = sorted(reader._buffer.cpus)
+        for _ in range(3):
+            reader.refresh_cpus([*online, slots])
+        assert reader.unread_cpus == {slots: f"map test_getppid_events_total has {slots} "
+                                      f"slots, none for CPU {slots}"}  # fmt: skip
+        text = exporter.render().decode()
+        assert _samples(text, "kernmlops_exporter_perf_event_array_cpus_unread") == {
+            (("counter", "test_getppid_events_total"),): 1.0
+        }
+        lines = [line for line in capfd.readouterr().err.splitlines() if f"CPU {slots}" in line]
+        assert len(lines) == 1, lines
+        assert "its events are not seen" in lines[0]
+        reader.refresh_cpus(online)  # the CPU goes offline again
+        assert reader.unread_cpus == {}
     finally:
         exporter.close()

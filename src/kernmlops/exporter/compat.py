@@ -646,11 +646,21 @@ def perf_lost_metrics(loaded_sets: list[Any]) -> list[Metric]:
     """Per perf_event_array counter, the samples the kernel dropped because a
     CPU's ring was full, by the name ebpf_exporter gives that count
     (``dropped_perf_event_map_events_<counter>``; it keeps the count but does
-    not serve it)."""
+    not serve it), and the online CPUs it cannot read (brought online after the
+    start, no ring opened for them: ebpf_exporter does not see such CPUs either)."""
+    from prometheus_client.core import GaugeMetricFamily
+
     out: list[Metric] = []
+    unread = GaugeMetricFamily(
+        "kernmlops_exporter_perf_event_array_cpus_unread",
+        "online CPUs whose samples this perf_event_array counter does not see: "
+        "brought online after the start, and no ring could be opened for them",
+        labels=["counter"],
+    )
     for loaded in loaded_sets:
         for metric in loaded.metrics:
             if isinstance(metric.reader, PerfEventCounts):
+                unread.add_metric([metric.reader.name], float(len(metric.reader.unread_cpus)))
                 lost = ExactCounterFamily(
                     f"dropped_perf_event_map_events_{metric.reader.name}",
                     "samples of this perf_event_array counter the kernel dropped "
@@ -659,7 +669,7 @@ def perf_lost_metrics(loaded_sets: list[Any]) -> list[Metric]:
                 )
                 lost.add_metric([], float(metric.reader.lost))
                 out.append(lost)
-    return out
+    return [*out, unread] if unread.samples else out
 
 
 def span_drop_metrics(loaded_sets: list[Any]) -> list[Metric]:

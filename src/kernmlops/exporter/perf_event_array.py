@@ -7,7 +7,9 @@ those labels.
 it reads a map (``MapReader.read``) and the label decoders, their caches and
 ``max_label_sets`` work unchanged. As in ebpf_exporter, the counts start again
 from zero every ``flush_interval`` (an hour unless the config says), which
-forgets label sets no longer seen (a removed cgroup's). A sample whose labels
+forgets label sets no longer seen (a removed cgroup's). A CPU brought online
+after the start gets a ring of its own at the next poll (PerfBuffer.refresh);
+one that cannot is said on stderr once and served as a gauge. A sample whose labels
 do not decode is a decoder error each time, as ebpf_exporter counts it (a map's
 key counts once): the samples of keys the metric has not yet decoded are kept
 apart until its next scrape takes them (``maps.EventCounts``), so a flush
@@ -17,6 +19,7 @@ between two scrapes loses none of them.
 from __future__ import annotations
 
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -95,6 +98,7 @@ class PerfEventCounts:
         #: samples per key not settled, since the metric last took them
         self._unsettled: dict[bytes, int] = {}
         self._said_lost = ThrottledCount(LOST_LOG_EVERY_S)
+        self._said_cpus: set[int] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._buffer = PerfBuffer(
@@ -129,12 +133,32 @@ class PerfEventCounts:
         flush_at = time.monotonic() + self.flush_interval_s
         while not self._stop.is_set():
             self._buffer.poll(POLL_MS)  # -EINTR: a signal came; poll again
+            self.refresh_cpus()
             now = time.monotonic()
             if now >= flush_at:
                 with self._lock:
                     self._counts.clear()
                 flush_at = now + self.flush_interval_s
             self._report_lost(now)
+
+    @property
+    def unread_cpus(self) -> dict[int, str]:
+        """Online CPUs whose samples are not seen (no ring could be opened), and why."""
+        return dict(self._buffer.unread_cpus)
+
+    def refresh_cpus(self, online: list[int] | None = None) -> None:
+        """Give a CPU brought online since the last look a ring of its own
+        (PerfBuffer.refresh); say each CPU that cannot have one, once."""
+        self._buffer.refresh(online)
+        for cpu, why in self._buffer.unread_cpus.items():
+            if cpu not in self._said_cpus:
+                self._said_cpus.add(cpu)
+                print(
+                    f"kernmlops export: {self.where}: CPU {cpu} came online after the start "
+                    f"and its ring cannot be opened ({why}): its events are not seen",
+                    file=sys.stderr,
+                )
+        self._said_cpus &= set(self._buffer.unread_cpus)  # said again if it happens again
 
     def _report_lost(self, now: float) -> None:
         """One line on stderr when samples were lost, at most once a minute."""
