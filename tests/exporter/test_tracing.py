@@ -25,6 +25,7 @@ from kernmlops.exporter.tracing import (
     EXPORT_FAILED,
     QUEUE_FULL,
     SCOPE,
+    START_UP,
     SpanError,
     SpanPipeline,
     SpanRecord,
@@ -32,6 +33,7 @@ from kernmlops.exporter.tracing import (
     batch_sizes,
     check_available,
     decode_record,
+    send_startup,
     span_exporter,
     span_from_labels,
 )
@@ -350,3 +352,37 @@ def test_batch_sizes_come_from_the_environment() -> None:
     for bad in ("0", "-3", "lots", "1.5"):
         with pytest.raises(MetricSetError, match=f"OTEL_BSP_MAX_QUEUE_SIZE='{bad}' is not a"):
             check_available({"OTEL_BSP_MAX_QUEUE_SIZE": bad})
+
+
+def test_a_failed_start_up_step_is_an_error_span() -> None:
+    """The start-up's phases become one trace, parents by index; a step that
+    failed has an error status (its message) and keeps its events, as
+    ebpf_exporter records a program that did not attach."""
+    from opentelemetry.trace.status import StatusCode
+
+    from kernmlops.exporter.core import StartupTrace
+
+    trace = StartupTrace()
+    root = trace.begin("attach")
+    step = trace.begin("attach_module", root)
+    trace.event(step, "prog_attach", SEC="kprobe/x")
+    trace.event(step, "exception", **{"exception.message": "no kprobes"})
+    trace.fail(step, "no kprobes")
+    trace.end(step)
+    trace.end(root)
+    memory = InMemorySpanExporter()
+    pipeline = SpanPipeline(memory, {})
+    assert send_startup(pipeline, trace.phases) == 2
+    pipeline.shutdown()
+    got = {s.name: s for s in memory.get_finished_spans()}
+    attach, module = got["attach"], got["attach_module"]
+    assert module.parent is not None and module.parent.span_id == attach.context.span_id
+    assert module.context.trace_id == attach.context.trace_id and attach.parent is None
+    assert module.status.status_code == StatusCode.ERROR
+    assert module.status.description == "no kprobes"
+    assert attach.status.status_code == StatusCode.UNSET
+    assert [(e.name, dict(e.attributes)) for e in module.events] == [
+        ("prog_attach", {"SEC": "kprobe/x"}),
+        ("exception", {"exception.message": "no kprobes"}),
+    ]
+    assert pipeline.exported == {START_UP: 2}

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import subprocess
 import sys
 import textwrap
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -29,14 +30,28 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kernmlops.exporter.config import resolve_sets
 from kernmlops.exporter.core import Exporter
-from kernmlops.exporter.tracing import AT_EXIT, EXPORT_FAILED, QUEUE_FULL, SpanRing
+from kernmlops.exporter.tracing import (
+    AT_EXIT,
+    CONFIG_ATTRIBUTE,
+    EXPORT_FAILED,
+    QUEUE_FULL,
+    SCOPE,
+    START_UP,
+    SpanRing,
+)
 from tests.exporter.conftest import free_port, wait_serving
 
 pytestmark = pytest.mark.bpf
 
 CONFIG = Path(__file__).parent / "ebpf_exporter" / "span-trace.yaml"
+SOURCE = CONFIG.with_suffix(".bpf.c")
 ERRORS = "ebpf_exporter_decoder_errors_total"
 DROPPED = "dropped_tracing_spans_total"
+#: the spans of ebpf_exporter's start-up trace for one config without kaddrs
+STARTUP_NAMES = (
+    "attach", "register_handlers", "attach_configs", "attach_config", "new_module",
+    "bpf_load_object", "attach_module",
+)  # fmt: skip
 
 
 @dataclass
@@ -52,6 +67,9 @@ class Span:
     start_ns: int
     end_ns: int
     attributes: dict[str, str]
+    #: (name, Unix ns, attributes) of each event; the status code (2: error) and message
+    events: list[tuple[str, int, dict[str, str]]] = field(default_factory=list)
+    status: tuple[int, str] = (0, "")
 
 
 class OtlpReceiver:
@@ -108,6 +126,15 @@ class OtlpReceiver:
                                 start_ns=s.start_time_unix_nano,
                                 end_ns=s.end_time_unix_nano,
                                 attributes={a.key: a.value.string_value for a in s.attributes},
+                                events=[
+                                    (
+                                        e.name,
+                                        e.time_unix_nano,
+                                        {a.key: a.value.string_value for a in e.attributes},
+                                    )
+                                    for e in s.events
+                                ],
+                                status=(s.status.code, s.status.message),
                             )
                         )
 
@@ -195,6 +222,43 @@ def _check_trace(spans: list[Span], tgid: int, calls: int, before: int, after: i
     assert sum(c.end_ns - c.start_ns for c in children) <= root.end_ns - root.start_ns
 
 
+def _sections(source: Path) -> list[str]:
+    """The program sections of a .bpf.c, as its SEC("...") lines name them."""
+    found = re.findall(r'SEC\("([^"]+)"\)', source.read_text())
+    return [sec for sec in found if sec not in (".maps", "license")]
+
+
+def _check_startup(spans: list[Span], config: str) -> None:
+    """ebpf_exporter's start-up trace: ``attach`` (the root) > ``register_handlers``
+    and ``attach_configs`` > ``attach_config`` {config} > ``new_module``,
+    ``bpf_load_object`` and ``attach_module`` (a ``prog_attach`` {SEC} event
+    per program of the .bpf.c), one trace, each span within its parent,
+    the service ebpf_exporter's, the scope its tracing package's."""
+    assert sorted(s.name for s in spans) == sorted(STARTUP_NAMES), [s.name for s in spans]
+    by_name = {s.name: s for s in spans}
+    parent_of = {
+        "register_handlers": "attach", "attach_configs": "attach",
+        "attach_config": "attach_configs", "new_module": "attach_config",
+        "bpf_load_object": "attach_config", "attach_module": "attach_config",
+    }  # fmt: skip
+    root = by_name["attach"]
+    assert root.parent_span_id == ""
+    for name, parent in parent_of.items():
+        span, up = by_name[name], by_name[parent]
+        assert span.parent_span_id == up.span_id, name
+        assert up.start_ns <= span.start_ns <= span.end_ns <= up.end_ns, name
+    assert {s.trace_id for s in spans} == {root.trace_id}
+    assert len({s.span_id for s in spans}) == len(spans)
+    assert {s.service for s in spans} == {"ebpf_exporter"}
+    assert {s.scope for s in spans} == {SCOPE}
+    assert by_name["attach_config"].attributes == {"config": config}
+    attach = by_name["attach_module"]
+    assert [e[0] for e in attach.events] == ["prog_attach"] * len(attach.events)
+    assert sorted(e[2]["SEC"] for e in attach.events) == sorted(_sections(SOURCE))
+    assert all(attach.start_ns <= e[1] <= attach.end_ns for e in attach.events)
+    assert all(s.status[0] != 2 for s in spans)  # every step went well
+
+
 def _decoder_errors(text: str) -> float:
     return sum(
         s.value
@@ -221,11 +285,13 @@ def test_spans_reach_a_collector_over_otlp_http(tmp_path: Path, receiver: OtlpRe
     try:
         wait_serving(proc, url, log)
         runs = [(_workload("kmo-spn-work", calls), calls) for calls in (40, 75)]
-        want = sum(calls + 1 for _, calls in runs)
+        want = sum(calls + 1 for _, calls in runs) + len(STARTUP_NAMES)
         spans = receiver.wait_for(lambda s: len(s) >= want)
         for (tgid, before, after), calls in runs:
             _check_trace(spans, tgid, calls, before, after)
-        assert len(spans) == want, log.read_text()  # nothing else: the bad records were not sent
+        # nothing else: the bad records were not sent; the start-up trace was
+        assert len(spans) == want, log.read_text()
+        _check_startup([s for s in spans if CONFIG_ATTRIBUTE not in s.attributes], "span-trace")
         deadline = time.monotonic() + 10
         while _decoder_errors(page := wait_serving(proc, url, log).decode()) < 2:
             assert time.monotonic() < deadline, page
@@ -260,12 +326,13 @@ def test_spans_queued_at_exit_are_flushed(receiver: OtlpReceiver, monkeypatch) -
 
 
 def _dropped(exporter: Exporter) -> dict[tuple[str, str], float]:
-    """dropped_tracing_spans_total of the span-trace config, by (ringbuf, reason)."""
+    """dropped_tracing_spans_total of the span-trace config and of the start-up
+    trace (ringbuf ""), by (ringbuf, reason)."""
     return {
         (s.labels["ringbuf"], s.labels["reason"]): s.value
         for family in text_string_to_metric_families(exporter.render().decode())
         for s in family.samples
-        if s.name == DROPPED and s.labels["config"] == "span-trace"
+        if s.name == DROPPED and s.labels["config"] in ("span-trace", "")
     }
 
 
@@ -296,8 +363,9 @@ def test_spans_past_the_queue_are_counted_while_the_collector_is_slow(
     """A collector that answers nothing until the test lets it: the exporter
     hands the SDK as many spans as its queue holds (OTEL_BSP_MAX_QUEUE_SIZE)
     and counts every later one as queue_full, so what the collector finally
-    gets plus what is counted is the workload's spans, exactly: one per
-    getppid call and one for the process."""
+    gets plus what is counted is the spans made, exactly: one per getppid
+    call, one for the process, and the exporter's own start-up trace (sent
+    first, so in the batch the collector holds)."""
     gate = threading.Event()
     receiver = OtlpReceiver(gate)
     queue, calls = 256, 2000
@@ -315,7 +383,8 @@ def test_spans_past_the_queue_are_counted_while_the_collector_is_slow(
         assert status.error is None, status.error
         assert status.attached == 3, [(p.name, p.error) for p in status.programs]
         rings = [s for s in exporter.sets[0].services if isinstance(s, SpanRing)]
-        made = calls + 1
+        startup = len(exporter.startup.phases)
+        made = calls + 1 + startup
         tgid, _before, _after = _workload("kmo-spn-work", calls)
         # the collector holds the first batch: the queue fills, the rest is counted
         full = _wait(
@@ -330,7 +399,8 @@ def test_spans_past_the_queue_are_counted_while_the_collector_is_slow(
             s for s in spans if s.attributes.get("thread.id") == str(tgid)
             or s.attributes.get("tgid") == str(tgid)
         ]  # fmt: skip
-        assert len(mine) == queue  # every span sent is the workload's
+        assert len(mine) == queue - startup  # every other span sent is the workload's
+        assert sorted(s.name for s in spans if s not in mine) == sorted(STARTUP_NAMES)
     finally:
         gate.set()
         exporter.close()
@@ -338,6 +408,7 @@ def test_spans_past_the_queue_are_counted_while_the_collector_is_slow(
     # at exit: nothing more sent, nothing more counted
     assert len(receiver.spans) == queue
     final = {(r.spec.ringbuf, reason): n for r in rings for reason, n in r.dropped().items()}
+    final |= {("", reason): n for reason, n in rings[0].dropped(START_UP).items()}
     assert _by_reason(final, QUEUE_FULL) == made - queue
     assert _by_reason(final, EXPORT_FAILED) == _by_reason(final, AT_EXIT) == 0
     err = capfd.readouterr().err
@@ -363,16 +434,49 @@ def test_spans_the_collector_never_gets_are_counted_as_failed(
         (status,) = exporter.start()
         assert status.error is None, status.error
         _workload("kmo-spn-work", calls)
+        made = calls + 1 + len(STARTUP_NAMES)  # the start-up trace fails too
         failed = _wait(
-            lambda: (n := _by_reason(_dropped(exporter), EXPORT_FAILED)) >= calls + 1 and n,
+            lambda: (n := _by_reason(_dropped(exporter), EXPORT_FAILED)) >= made and n,
             "the spans that failed to export were not counted",
         )
-        assert failed == calls + 1
+        assert failed == made
         dropped = _dropped(exporter)
         assert dropped[("call_spans", EXPORT_FAILED)] == calls
         assert dropped[("process_spans", EXPORT_FAILED)] == 1
+        assert dropped[("", EXPORT_FAILED)] == len(STARTUP_NAMES)
         assert _by_reason(dropped, QUEUE_FULL) == _by_reason(dropped, AT_EXIT) == 0
     finally:
         exporter.close()
     err = capfd.readouterr().err
-    assert f"{calls + 1} failed to export" in err, err
+    assert f"{made} failed to export" in err, err
+
+
+def test_the_start_up_trace_is_sent_with_spans_configured(
+    receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a tracing config, the exporter's start-up is one trace, as
+    ebpf_exporter sends its own; without spans configured nothing is sent (no
+    pipeline is made)."""
+    from kernmlops.exporter import tracing
+
+    _only_otel(
+        monkeypatch, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_BSP_SCHEDULE_DELAY="100"
+    )
+    exporter = Exporter(resolve_sets([str(CONFIG)]))
+    try:
+        (status,) = exporter.start()
+        assert status.error is None, status.error
+        spans = receiver.wait_for(lambda s: len(s) >= len(STARTUP_NAMES))
+        _check_startup(spans, "span-trace")
+    finally:
+        exporter.close()
+    plain = Exporter(
+        resolve_sets([str(Path(__file__).parent / "ebpf_exporter" / "perf-events.yaml")])
+    )
+    try:
+        (status,) = plain.start()
+        assert status.error is None, status.error
+        assert plain.startup.phases  # timed, but not sent: no tracing config
+        assert tracing._pipeline is None
+    finally:
+        plain.close()

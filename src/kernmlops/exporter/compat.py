@@ -66,7 +66,14 @@ from kernmlops.exporter.spec import (
     _Strict,
     format_errors,
 )
-from kernmlops.exporter.tracing import SpanLabelSpec, SpanRing, SpanSpec, check_available
+from kernmlops.exporter.tracing import (
+    START_UP,
+    SpanLabelSpec,
+    SpanRing,
+    SpanSpec,
+    check_available,
+    send_startup,
+)
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
@@ -677,7 +684,8 @@ def span_drop_metrics(loaded_sets: list[Any]) -> list[Metric]:
     (``queue_full``, ``export_failed``, ``at_exit``; see tracing.SpanPipeline),
     in the style of ``dropped_perf_event_map_events_<counter>``: ebpf_exporter's
     Go SDK counts the spans its batch processor drops only inside itself.
-    Served (zeros included) when a config has spans."""
+    Served (zeros included) when a config has spans; the exporter's own
+    start-up trace under config and ringbuf ``""``."""
     rings = [s for loaded in loaded_sets for s in loaded.services if isinstance(s, SpanRing)]
     if not rings:
         return []
@@ -690,6 +698,8 @@ def span_drop_metrics(loaded_sets: list[Any]) -> list[Metric]:
     for ring in rings:
         for reason, n in ring.dropped().items():
             dropped.add_metric([ring.config, ring.spec.ringbuf, reason], float(n))
+    for reason, n in rings[0].dropped(START_UP).items():  # the start-up trace's own
+        dropped.add_metric(["", "", reason], float(n))
     return [dropped]
 
 
@@ -756,6 +766,14 @@ class _EbpfExporterRuntime:
         ctx: DecoderContext,
     ) -> list[Any]:
         return services(metric_set, metrics, obj, ctx)
+
+    def services_started(self, loaded_sets: list[Any], phases: list[Any]) -> None:
+        """With tracing spans configured (and only then), the start-up trace
+        ebpf_exporter sends about itself, through the rings' pipeline."""
+        rings = [s for loaded in loaded_sets for s in loaded.services if isinstance(s, SpanRing)]
+        pipeline = next((r.pipeline for r in rings if r.pipeline is not None), None)
+        if pipeline is not None and phases:
+            send_startup(pipeline, phases)
 
 
 RUNTIME = _EbpfExporterRuntime()

@@ -121,6 +121,49 @@ class JobFilter:
 
 
 @dataclass
+class Phase:
+    """One step of the exporter's start-up, timed (Unix ns) for the trace
+    ebpf_exporter sends about its own start when tracing is configured (the
+    runtime sends it: SetRuntime.services_started): its name, parent (an index
+    in the list), attributes, events ``(name, ns, attributes)`` and error."""
+
+    name: str
+    parent: int | None = None
+    attributes: dict[str, str] = field(default_factory=dict)
+    start_ns: int = field(default_factory=time.time_ns)
+    end_ns: int = 0
+    events: list[tuple[str, int, dict[str, str]]] = field(default_factory=list)
+    error: str | None = None
+
+
+class StartupTrace:
+    """The phases of :meth:`Exporter.start`, named as ebpf_exporter names its
+    own (``attach`` > ``register_handlers``, ``attach_configs`` >
+    ``attach_config`` {config} > ``new_module``, ``pass_kaddrs``,
+    ``bpf_load_object``, ``attach_module``)."""
+
+    def __init__(self) -> None:
+        self.phases: list[Phase] = []
+
+    def begin(self, name: str, parent: int | None = None, **attributes: str) -> int:
+        self.phases.append(Phase(name, parent, dict(attributes)))
+        return len(self.phases) - 1
+
+    def end(self, index: int, error: str | None = None) -> None:
+        phase = self.phases[index]
+        if not phase.end_ns:
+            phase.end_ns = time.time_ns()
+        if error is not None:
+            phase.error = error
+
+    def fail(self, index: int, error: str) -> None:
+        self.phases[index].error = error
+
+    def event(self, index: int, name: str, **attributes: str) -> None:
+        self.phases[index].events.append((name, time.time_ns(), dict(attributes)))
+
+
+@dataclass
 class ProgramStatus:
     name: str
     section: str
@@ -639,22 +682,37 @@ class Exporter:
         #: one share it, so this is not the scrapes served (MetricsServer.scrapes)
         self.renders = 0
         self.last_scrape_s = 0.0
+        #: the phases of the last start(), for the start-up trace
+        self.startup = StartupTrace()
 
     # -- loading ------------------------------------------------------------------
     def start(self) -> list[SetStatus]:
         """Load and attach every set; a set that fails is reported, not raised."""
+        trace = self.startup = StartupTrace()
+        root = trace.begin("attach")
         job_globals = self.job.globals(self.ctx.cgroups)
         if self.want_bpf_stats and self._stats_fd is None:
             fd = libbpf.lib.bpf_enable_stats(BPF_STATS_RUN_TIME)
             if fd < 0:
                 raise ExporterError(f"cannot enable BPF stats: {libbpf.strerror(-fd)}")
             self._stats_fd = fd  # stats stay on while this fd is open
+        handlers = trace.begin("register_handlers", root)
+        register_section_handler()
+        register_xdp_handler()
+        trace.end(handlers)
+        configs = trace.begin("attach_configs", root)
         for loaded in self.sets:
+            step = trace.begin("attach_config", configs, config=loaded.status.name)
             try:
-                self._load(loaded, job_globals)
+                self._load(loaded, job_globals, step)
             except (KernmlopsError, OSError) as err:
                 loaded.status.error = str(err)
                 loaded.close()
+            trace.end(step, loaded.status.error)
+            for left in range(step + 1, len(trace.phases)):  # the step an error cut short
+                trace.end(left)
+        trace.end(configs)
+        trace.end(root)
         self._warm()
         if not self.services_later:
             self.start_services()
@@ -691,7 +749,9 @@ class Exporter:
                             f"series with them would be left out: {err}"
                         )
 
-    def _load(self, loaded: _LoadedSet, job_globals: dict[str, int]) -> None:
+    def _load(self, loaded: _LoadedSet, job_globals: dict[str, int], step: int) -> None:
+        trace = self.startup
+        trace.begin("new_module", step)  # the object found (built), its globals read
         ms = loaded.set
         path = ms.object_path(self.bpf_dir)
         src = ms.source
@@ -724,20 +784,34 @@ class Exporter:
                 f"(no {', '.join(missing)}: include exp_common.h and call exp_*_wanted())"
             )
         values.update(job_globals)
+        trace.end(len(trace.phases) - 1)
         runtime = ms.runtime  # another format's way (compat.py), or None: ours
         if runtime is not None:
-            values.update(runtime.load_globals(ms))
+            kaddrs = trace.begin("pass_kaddrs", step) if ms.kaddrs else None
+            for symbol in ms.kaddrs if kaddrs is not None else ():
+                trace.event(kaddrs, "kaddr", symbol=symbol)
+            try:
+                values.update(runtime.load_globals(ms))
+            except KernmlopsError as err:
+                if kaddrs is not None:
+                    trace.end(kaddrs, str(err))
+                raise
+            if kaddrs is not None:
+                trace.end(kaddrs)
         reuse = {"kmo_tracked": self.process_filter_fd} if self.process_filter_fd else {}
         register_section_handler()
         register_xdp_handler()
+        loading = trace.begin("bpf_load_object", step)
         try:
             obj = loaded.obj = open_and_load(path, globals_=values, reuse_maps=reuse)
         except LibbpfError as err:
+            trace.end(loading, str(err))
             hint = _missing_program_type(path, self.bpf_dir)
             if hint is None:
                 raise
             why = libbpf.strerror(err.errno) if err.errno else "refused"
             raise ExporterError(f"load {path.name}: {why}: {hint}") from None
+        trace.end(loading)
         loaded.status.loaded = True
         loaded.status.variant = obj.variant
         for spec in ms.metrics:
@@ -756,10 +830,12 @@ class Exporter:
             loaded.metrics.append(metric)
         if runtime is not None:  # before attaching: a program's first events find them
             loaded.services = runtime.services(ms, loaded.metrics, obj, self.ctx)
+        attaching = trace.begin("attach_module", step)
         for prog in obj.programs.values():
             if not prog.autoload:
                 continue
             st = ProgramStatus(prog.name, prog.section, fd=prog.fd)
+            trace.event(attaching, "prog_attach", SEC=prog.section)
             try:
                 if is_perf_event(prog.section):
                     attach_perf_event(prog)
@@ -770,7 +846,11 @@ class Exporter:
                 st.attached = True
             except LibbpfError as err:
                 st.error = _attach_error(prog.section, err)
+                # as ebpf_exporter records a failed attach: an exception event, an error status
+                trace.event(attaching, "exception", **{"exception.message": st.error})
+                trace.fail(attaching, st.error)
             loaded.status.programs.append(st)
+        trace.end(attaching)
 
     def start_services(self) -> None:
         """Start what runs beside the loaded sets (threads: perf event array
@@ -780,6 +860,9 @@ class Exporter:
         for loaded in self.sets:
             if loaded.obj is not None:
                 loaded.start_services()
+        runtimes = {id(s.set.runtime): s.set.runtime for s in self.sets if s.set.runtime}
+        for runtime in runtimes.values():
+            runtime.services_started(self.sets, self.startup.phases)
 
     @property
     def statuses(self) -> list[SetStatus]:

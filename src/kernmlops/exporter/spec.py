@@ -302,6 +302,11 @@ class SetRuntime(Protocol):
         made before its programs attach."""
         ...
 
+    def services_started(self, loaded_sets: list[Any], phases: list[Any]) -> None:
+        """The services run (capabilities dropped): the format may now report
+        the start-up's ``phases`` (``core.Phase``; ebpf_exporter's start-up trace)."""
+        ...
+
 
 @dataclass(frozen=True)
 class MetricSet:

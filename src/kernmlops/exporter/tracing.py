@@ -27,6 +27,11 @@ and the other ``OTEL_EXPORTER_OTLP_*`` and ``OTEL_BSP_*`` settings, which the
 OpenTelemetry SDK reads itself. The SDK is an optional dependency
 (``pip install 'kernmlops[tracing]'``), imported only when a config has spans.
 
+With spans configured, the exporter's own start-up is sent as one trace too,
+as ebpf_exporter sends its own (``send_startup``): ``attach`` >
+``register_handlers``, ``attach_configs`` > ``attach_config`` {config} >
+``new_module``, ``pass_kaddrs``, ``bpf_load_object``, ``attach_module``.
+
 Every span made but not exported is counted, by config, ring and reason, and
 served as ``dropped_tracing_spans_total`` (ebpf_exporter's Go SDK counts the
 spans its batch processor drops only inside itself): the SDK's own queue drops
@@ -219,6 +224,9 @@ class SpanRecord:
     start_ns: int  # Unix time
     end_ns: int
     attributes: dict[str, str] = field(default_factory=dict)
+    #: ``(name, Unix ns, attributes)``; an error makes the span's status Error
+    events: list[tuple[str, int, dict[str, str]]] = field(default_factory=list)
+    error: str | None = None
 
 
 def _span_id(label: str, value: str) -> int:
@@ -439,7 +447,9 @@ class SpanPipeline:
         return True
 
     def _readable(self, record: SpanRecord, service: str, source: Source) -> Any:
+        from opentelemetry.sdk.trace import Event
         from opentelemetry.trace import SpanContext, TraceFlags
+        from opentelemetry.trace.status import Status, StatusCode
 
         sampled = TraceFlags(TraceFlags.SAMPLED)
         context = SpanContext(record.trace_id, record.span_id, False, sampled)
@@ -458,6 +468,8 @@ class SpanPipeline:
             instrumentation_scope=self._scope,
             start_time=record.start_ns,
             end_time=record.end_ns,
+            events=[Event(name, attrs, ns) for name, ns, attrs in record.events],
+            status=Status(StatusCode.ERROR, record.error) if record.error else Status(),
         )
 
     def done(self, spans: Any, failure: str | None) -> None:
@@ -544,6 +556,36 @@ def _sourced_span_class() -> type:
             self.kernmlops_source = source
 
     return SourcedSpan
+
+
+def startup_records(phases: list[Any], rng: random.Random | None = None) -> list[SpanRecord]:
+    """The spans of the exporter's start-up (``core.Phase`` each, parents by
+    index), one trace, as ebpf_exporter sends its own: names, ``config`` of
+    each ``attach_config``, ``prog_attach`` {SEC} and ``kaddr`` {symbol}
+    events, an error status where a step failed."""
+    rng = rng or _RNG
+    trace_id = _random_id(rng, 128)
+    ids = [_random_id(rng, 64) for _ in phases]
+    return [
+        SpanRecord(
+            phase.name,
+            trace_id,
+            ids[i],
+            ids[phase.parent] if phase.parent is not None else 0,
+            phase.start_ns,
+            max(phase.end_ns, phase.start_ns),
+            dict(phase.attributes),
+            list(phase.events),
+            phase.error,
+        )
+        for i, phase in enumerate(phases)
+    ]
+
+
+def send_startup(pipeline: SpanPipeline, phases: list[Any]) -> int:
+    """Send the start-up trace (the service: OTEL_SERVICE_NAME, else
+    ebpf_exporter, as its own tracer's); the spans handed over."""
+    return sum(pipeline.emit(record, "", START_UP) for record in startup_records(phases))
 
 
 _pipeline: SpanPipeline | None = None
@@ -634,12 +676,18 @@ class SpanRing:
                 if record is not None and self._pipeline is not None:
                     self.sent += self._pipeline.emit(record, self.spec.service, self.source)
 
-    def dropped(self) -> dict[str, int]:
-        """This ring's spans not sent, per reason (zeros before :meth:`start`)."""
+    def dropped(self, source: Source | None = None) -> dict[str, int]:
+        """This ring's spans not sent (or ``source``'s, in the same pipeline),
+        per reason (zeros before :meth:`start`)."""
         pipeline = self._pipeline or self._released
         if pipeline is None:
             return {reason: 0 for reason in REASONS}
-        return pipeline.dropped_of(self.source)
+        return pipeline.dropped_of(self.source if source is None else source)
+
+    @property
+    def pipeline(self) -> SpanPipeline | None:
+        """The pipeline this ring sends to, once started."""
+        return self._pipeline
 
     def decode(self, raw: bytes) -> SpanRecord | None:
         """The span of one record; None when a decoder drops it or it cannot
@@ -702,6 +750,7 @@ __all__ = [
     "EXPORT_FAILED",
     "QUEUE_FULL",
     "REASONS",
+    "START_UP",
     "SpanError",
     "SpanLabelSpec",
     "SpanPipeline",
@@ -711,6 +760,8 @@ __all__ = [
     "batch_sizes",
     "check_available",
     "decode_record",
+    "send_startup",
     "span_exporter",
     "span_from_labels",
+    "startup_records",
 ]
