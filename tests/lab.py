@@ -33,8 +33,9 @@ from pathlib import Path
 from tests.lanes import start_idle_session
 
 #: ``kernmlops vm``'s machine for every part: two CPUs on two NUMA nodes (TCG runs one
-#: host thread per guest CPU)
-VM_ARGS = ["--cpus", "2", "--numa", "2", "--memory", "2G"]
+#: host thread per guest CPU); --idle: QEMU's own session (setsid) would otherwise be a
+#: new autogroup at nice 0, beside the loud tests, whatever the lab's session weighs
+VM_ARGS = ["--cpus", "2", "--numa", "2", "--memory", "2G", "--idle"]
 #: the boot and the guest's shutdown, beside the parts' own time limits
 BOOT_S = 300
 

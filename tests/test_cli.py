@@ -10,9 +10,10 @@ import sys
 import time
 from pathlib import Path
 
+import click
 import pytest
 
-from kernmlops.cli import drop_advice
+from kernmlops.cli import cli, drop_advice
 from kernmlops.config import load_config
 from kernmlops.hooks.base import HookStatus
 
@@ -321,3 +322,59 @@ def test_c_dash_reads_the_config_from_stdin(tmp_path: Path) -> None:
     assert big.returncode == 2, big.stderr
     assert big.stderr == "error: stdin is more than 1 MiB: a config file may be at most 1 MiB\n"
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("typed", "ours"),
+    [
+        (["collect", "defaults", "-"], ["defaults", "-"]),
+        (["collect", "perf-list", "--json"], ["perf-list", "--json"]),
+        (["collect", "perf-list", "--help"], ["perf-list", "--help"]),
+    ],
+)
+def test_kernmlops_collect_perf_list_and_defaults_are_ours(
+    tmp_path: Path, typed: list[str], ours: list[str]
+) -> None:
+    """KernMLOps' `collect defaults` and `collect perf-list` print what `kernmlops
+    defaults` and `kernmlops perf-list` print (as root: the events' support; else both
+    refuse alike); the help names them as typed."""
+    as_typed, as_ours = kernmlops(*typed, cwd=tmp_path), kernmlops(*ours, cwd=tmp_path)
+    assert (as_typed.returncode, as_typed.stderr) == (as_ours.returncode, as_ours.stderr)
+    if "--help" in typed:
+        assert as_typed.stdout == as_ours.stdout.replace(
+            "Usage: kernmlops perf-list", "Usage: kernmlops collect perf-list"
+        )
+    else:
+        assert as_typed.stdout == as_ours.stdout
+        assert as_typed.stdout  # something to compare
+
+
+def test_kernmlops_collect_defaults_writes_defaults_yaml(tmp_path: Path) -> None:
+    """Without a path, as KernMLOps' does: ./defaults.yaml, the same as ours writes."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    assert kernmlops("collect", "defaults", cwd=tmp_path / "a").returncode == 0
+    assert kernmlops("defaults", cwd=tmp_path / "b").returncode == 0
+    written = (tmp_path / "a" / "defaults.yaml").read_text()
+    assert written == (tmp_path / "b" / "defaults.yaml").read_text()
+    assert written == kernmlops("defaults", "-", cwd=tmp_path).stdout
+
+
+@pytest.mark.parametrize("word", ["perf-list", "defaults"])
+def test_collect_dashdash_runs_a_program_of_that_name(word: str) -> None:
+    """After `--` the word is a command to run, not KernMLOps' subcommand."""
+    assert isinstance(cli, click.Group)
+    with click.Context(cli) as ctx:
+        name, found, left = cli.resolve_command(ctx, ["collect", "--", word])
+    assert found is not None and found.name == "collect"
+    assert (name, left) == ("collect", ["--", word])
+    with click.Context(cli) as ctx:
+        name, found, left = cli.resolve_command(ctx, ["collect", word, "-x"])
+    assert found is cli.get_command(ctx, word) and (name, left) == (f"collect {word}", ["-x"])
+
+
+def test_kernmlops_collect_data_poll_rate_out_of_range_is_one_line(tmp_path: Path) -> None:
+    done = kernmlops("collect", "data", "-p", "2", "-b", "faux", cwd=tmp_path)
+    assert done.returncode == 2
+    (line,) = done.stderr.splitlines()
+    assert "-p" in line and "2" in line, line

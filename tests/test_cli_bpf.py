@@ -34,3 +34,24 @@ def test_collect_refused_for_room_leaves_no_folder(tmp_path: Path) -> None:
         "or choose another folder with -o"
     )
     assert not out.exists()  # no empty curated/benchmark=command/collection_id=... left
+
+
+@pytest.mark.bpf
+def test_kernmlops_collect_data_verbose_and_poll_rate(tmp_path: Path) -> None:
+    """KernMLOps' `collect data -v -p SECONDS`: progress shown (over a file's
+    progress: false) and the rings drained every SECONDS, as its collector polled;
+    the collection's manifest says both."""
+    import json
+
+    (tmp_path / "quiet.yaml").write_text("collector:\n  progress: false\n")
+    runs = {}
+    for name, extra in (("typed", ["data", "-v", "-p", "0.25"]), ("plain", [])):
+        out = tmp_path / name
+        done = kernmlops("collect", *extra, "-c", "quiet.yaml", "-o", str(out), "-b", "faux",
+                         "-d", "0.3", "--hooks", "process_trace", cwd=tmp_path)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        (collection,) = (out / "curated" / "benchmark=faux").iterdir()
+        runs[name] = json.loads((collection / "manifest.json").read_text())["config"]["collector"]
+    assert (runs["typed"]["progress"], runs["plain"]["progress"]) == (True, False)
+    assert runs["typed"]["poll_interval_ms"] == 250  # 0.25 s
+    assert runs["plain"]["poll_interval_ms"] != 250  # the default: -p changed it

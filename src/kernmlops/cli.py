@@ -137,12 +137,15 @@ class _LazyGroup(click.Group):
         "spark-job": "kernmlops.fleet.cli:spark_job_command",
     }
 
-    #: KernMLOps' `collect <sub>` commands -> ours (after `collect --` a program of that
-    #: name runs, as any command does)
+    #: KernMLOps' `collect <sub>` commands -> ours: "module:attribute", or the name of
+    #: one of this group's commands (after `collect --` a program of that name runs, as
+    #: any command does)
     KERNMLOPS_COLLECT: ClassVar[dict[str, str]] = {
         "data": "collect",
         "dump": "kernmlops.graphs.cli:kernmlops_dump_command",
         "graph": "kernmlops.graphs.cli:kernmlops_graph_command",
+        "perf-list": "perf-list",
+        "defaults": "defaults",
     }
 
     def resolve_command(
@@ -152,6 +155,8 @@ class _LazyGroup(click.Group):
             target = self.KERNMLOPS_COLLECT[args[1]]
             if target == "collect":
                 return super().resolve_command(ctx, [target, *args[2:]])
+            if ":" not in target:  # ours under its own name, named as typed
+                return f"collect {args[1]}", self.get_command(ctx, target), args[2:]
             import importlib
 
             module, attr = target.split(":")
@@ -383,6 +388,21 @@ def _waiting_lines(result) -> list[str]:
     "(benchmark.as_user). Off by default, as `perf record` and `bpftrace -c` run their "
     "command as root. The collection belongs to that user either way.",
 )
+@click.option(
+    "-v",
+    "--verbose",
+    is_flag=True,
+    hidden=True,
+    help="KernMLOps' `collect data -v`: say what is loaded and run (collector.progress on).",
+)
+@click.option(
+    "-p",
+    "--poll-rate",
+    type=click.FloatRange(0, 1),
+    hidden=True,
+    help="KernMLOps' `collect data -p SECONDS`: drain the rings this often "
+    "(collector.poll_interval_ms).",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def collect(
     config_file: Path | None,
@@ -399,6 +419,8 @@ def collect(
     web_config_file: str | None,
     publish_uri: str | None,
     as_user: bool | None,
+    verbose: bool,
+    poll_rate: float | None,
     command: tuple[str, ...],
 ) -> None:
     """Run a benchmark (or COMMAND) while the hooks collect; write one collection.
@@ -411,8 +433,11 @@ def collect(
       kernmlops collect --tgid 1234 -b faux    one running process
       kernmlops collect -c overrides.yaml --hooks quanta_runtime
 
-    KernMLOps' `collect data`, `collect dump` and `collect graph` work too (see
-    `kernmlops collect dump --help`); `collect -- dump` runs a program named dump.
+    KernMLOps' `collect data` (with its -v, the progress shown, and -p SECONDS, the
+    rings drained that often), `collect dump`, `collect graph`, `collect perf-list` and
+    `collect defaults` work too (see `kernmlops collect dump --help`; the last two are
+    `kernmlops perf-list` and `kernmlops defaults`); `collect -- dump` runs a program
+    named dump.
 
     The exit code is the benchmark's. Ctrl+C, SIGTERM or a hangup (SIGHUP) stops
     the collection and keeps what was collected (exit 130 for Ctrl+C, also before the
@@ -452,12 +477,14 @@ def collect(
         hooks=[h.strip() for h in hooks.split(",") if h.strip()] if hooks is not None else None,
         tgid=tgid,
         filter="tgid" if tgid is not None else "system" if system_wide else None,
-        progress=False if no_progress else None,
+        progress=False if no_progress else True if verbose else None,
         export=export_addr or None,
         export_grace_s=export_grace,
         # absolute, as the manifest's config records it
         export_web_config=str(Path(web_config_file).absolute()) if web_config_file else None,
         as_user=as_user,
+        # as KernMLOps' collector_config poll_rate translates (kernmlops.config_kernmlops)
+        poll_interval_ms=max(1, round(poll_rate * 1000)) if poll_rate is not None else None,
     )
     # there, even as a dangling link or a folder: read (and refused in one line if it
     # cannot be), never passed over for the defaults in silence

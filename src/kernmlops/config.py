@@ -593,6 +593,8 @@ class Flags:
     export_web_config: str | None = None
     #: --as-user: benchmark.as_user
     as_user: bool | None = None
+    #: -p/--poll-rate (KernMLOps' seconds): collector.poll_interval_ms
+    poll_interval_ms: int | None = None
 
     def paths(self) -> dict[str, Any]:
         """``{"section.key": value}`` of every flag that is set."""
@@ -610,6 +612,7 @@ class Flags:
             "collector.export_grace_s": self.export_grace_s,
             "collector.export_web_config": self.export_web_config,
             "benchmark.as_user": self.as_user,
+            "collector.poll_interval_ms": self.poll_interval_ms,
         }
         return {k: v for k, v in paths.items() if v is not None}
 

@@ -12,8 +12,10 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from kernmlops.duet.collect import descendants, kernel_stats
+from kernmlops.duet.collect import descendants, kernel_stats, kernel_stats_for_suite
 from kernmlops.duet.config import load_duet_config
+from kernmlops.duet.report import _kernel_value, kernel_summary
+from kernmlops.hooks.page_faults import COUNTER_ALL
 from tests.duet.conftest import swapping_config, write_config
 
 
@@ -56,9 +58,90 @@ def test_kernel_stats_per_side():
         "migrations": 2,
         "context_switches": 3,
         "page_faults": 1,
+        "page_faults_estimated": False,
     }
     assert st["B"]["cpu_time_ms"] == 0.5 and st["B"]["page_faults"] == 3
     assert st["B"]["migrations"] == 1 and st["B"]["processes"] == 1
+
+
+def test_page_faults_counted_per_process_or_rows_times_n():
+    """A side's faults: its processes' counts in page_fault_counts (exact, whatever
+    the rows), else its rows × the hook's sample_every, then marked an estimate."""
+    pt = _trace([(10, 10, 1, "fork"), (11, 11, 10, "fork"), (20, 20, 1, "fork")])
+    rows = pl.DataFrame({"tgid": [10, 11, 20, 99], "address": [1, 2, 3, 4]})
+    counts = pl.DataFrame(
+        {"tgid": [10, 11, 20, 99], "faults_user": [95, 7, 12, 1000], "faults_kernel": [5, 0, 3, 1]}
+    )
+    tables = {"process_trace": pt, "page_faults": rows, "page_fault_counts": counts}
+    st = kernel_stats(tables, {"A": 10, "B": 20}, fault_every=10)
+    assert (st["A"]["page_faults"], st["B"]["page_faults"]) == (95 + 7 + 5, 12 + 3)
+    assert not st["A"]["page_faults_estimated"] and not st["B"]["page_faults_estimated"]
+    del tables["page_fault_counts"]  # a collection made before: rows x N
+    st = kernel_stats(tables, {"A": 10, "B": 20}, fault_every=10)
+    assert (st["A"]["page_faults"], st["B"]["page_faults"]) == (20, 10)
+    assert st["A"]["page_faults_estimated"] and st["B"]["page_faults_estimated"]
+    assert not kernel_stats(tables, {"A": 10})["A"]["page_faults_estimated"]  # 1 in 1
+
+
+def test_the_report_marks_estimated_page_faults():
+    kernel = pl.DataFrame({
+        "suite": ["s"] * 4, "benchmark": ["b"] * 4, "kind": ["duet"] * 4,
+        "pair": ["A", "A", "B", "B"], "page_faults": [100, 300, 50, 70],
+        "page_faults_estimated": [False, True, False, False],
+    })  # fmt: skip
+    rows = {r["pair"]: r for r in kernel_summary(kernel).iter_rows(named=True)}
+    assert _kernel_value(rows["A"], "page_faults") == "≈200.0"  # one run estimated
+    assert _kernel_value(rows["B"], "page_faults") == "60.0"
+
+
+@pytest.mark.bpf
+@pytest.mark.parametrize("by_tgid", [True, False])
+def test_a_sampled_collections_side_faults(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, by_tgid: bool
+) -> None:
+    """A real collection that kept 1 fault in 10, the workload as one side: with the
+    per-process counts (as duet run --collect makes them) the side's faults are the
+    kernel's count (within the workload's own getrusage); without (a collection made
+    before) its rows × 10, marked an estimate."""
+    from tests.e2e.conftest import run_collect
+    from tests.e2e.test_page_fault_counts import BEFORE_TRACED
+    from tests.hooks.conftest import build_c
+    from tests.hooks.test_page_faults import AFTER_LAST, KERNEL_PAGES, PAGES, WORKLOAD
+
+    every = 10
+    workload = build_c(tmp_path_factory, "pfw", WORKLOAD)
+    overrides = tmp_path / "o.yaml"
+    overrides.write_text(
+        f"hooks:\n  page_faults:\n    sample_every: {every}\n"
+        f"    count_by_tgid: {str(by_tgid).lower()}\n"
+    )
+    argv = [str(workload), str(PAGES), str(KERNEL_PAGES), "ungated"]
+    folder = tmp_path / "suite"
+    proc, col = run_collect(
+        folder, "-c", str(overrides), "--hooks", "page_faults,process_trace", "--", *argv
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert col is not None
+    lifetime = int(proc.stdout.split()[-1])
+    trace = col["process_trace"]
+    [pid] = trace.filter(pl.col("comm") == "pfw")["tgid"].unique().to_list()
+    index = {"trials": [{
+        "suite": "s", "benchmark": "b", "kind": "duet", "runid": 0, "order": "AB",
+        "sides": {"A": {"pid": pid}},
+        "collection": {"path": str(col.path.relative_to(folder)),
+                       "collection_id": col.collection_id,
+                       "hooks": {"page_faults": "attached", "process_trace": "attached"}},
+    }]}  # fmt: skip
+    [side] = kernel_stats_for_suite(folder, index).iter_rows(named=True)
+    rows = col["page_faults"].filter(pl.col("tgid") == pid).height
+    if by_tgid:
+        counted = col.manifest["hooks"]["page_faults"]["counters"][COUNTER_ALL]
+        assert lifetime - BEFORE_TRACED <= side["page_faults"] <= lifetime + AFTER_LAST
+        assert side["page_faults"] <= counted  # the workload's part of what was traced
+        assert side["page_faults_estimated"] is False
+    else:
+        assert side["page_faults"] == rows * every
+        assert side["page_faults_estimated"] is True
 
 
 @pytest.mark.bpf
@@ -101,6 +184,7 @@ d:
         assert b["cpu_time_ms"] > 1.5 * a["cpu_time_ms"]  # B's loop does 5x the work
         for side in (a, b):
             assert side["context_switches"] >= 11 and side["page_faults"] > 11
+            assert side["page_faults_estimated"] is False  # counted per process
             assert side["runq_latency_mean_us"] is not None and side["migrations"] is not None
 
 

@@ -8,7 +8,15 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from kernmlops.hooks.page_faults import COUNTER_ALL, KINDS, PageFaultsHook, kind_counter
+from kernmlops.hooks.page_faults import (
+    COUNTER_ALL,
+    COUNTER_NOT_BY_TGID,
+    COUNTS_TABLE,
+    KINDS,
+    TABLE,
+    PageFaultsHook,
+    kind_counter,
+)
 from tests.hooks.conftest import build_c, run_gated
 from tests.rows import polled
 
@@ -86,12 +94,15 @@ def workload(tmp_path_factory: pytest.TempPathFactory) -> Path:
 AFTER_LAST = 64
 
 
-def _run(hook: PageFaultsHook, workload: Path) -> tuple[pl.DataFrame, int, int, int, int]:
+def _run(
+    hook: PageFaultsHook, workload: Path, final: dict[str, pl.DataFrame] | None = None
+) -> tuple[pl.DataFrame, int, int, int, int]:
     """Trace the workload; return its rows, rusage faults, window, faults seen. The
     manifest's counters (status.counters, read at close) are checked against the
     workload's own getrusage on the way: at least the faults of its window (traced
     from the gate), at most all it made since it began (it joined the filter
-    before the gate, maybe after its first faults) and AFTER_LAST more."""
+    before the gate, maybe after its first faults) and AFTER_LAST more. Tables other
+    than page_faults made at the stop go into ``final``."""
     from kernmlops.collect.filter import ProcessFilter
     from kernmlops.ebpf.build import build
     from kernmlops.hooks.base import HookContext
@@ -104,12 +115,18 @@ def _run(hook: PageFaultsHook, workload: Path) -> tuple[pl.DataFrame, int, int, 
         frames, said, pid = run_gated(hook, flt, [str(workload), str(PAGES), str(KERNEL_PAGES)])
         rusage, t0, t1, lifetime = map(int, said.split())
         seen = hook.faults_seen()
-        frames += [f for _, f in polled(hook.stop())]
+        for table, f in polled(hook.stop()):
+            if table == TABLE:
+                frames.append(f)
+            elif final is not None:
+                final[table] = f
     finally:
         hook.close()
         flt.close()
     df = pl.concat(frames)
     assert set(df["tgid"].unique()) == {pid}  # the filter held
+    if final is not None:
+        final["pid"] = pl.DataFrame({"pid": [pid]})
     counters = hook.status.counters
     assert counters[COUNTER_ALL] == sum(counters[kind_counter(k)] for k in KINDS) == seen
     assert rusage <= counters[COUNTER_ALL] <= lifetime + AFTER_LAST, (counters, rusage, lifetime)
@@ -147,3 +164,22 @@ def test_sampling_keeps_one_in_n(workload: Path) -> None:
     ncpu = os.cpu_count() or 1
     assert seen // n - ncpu <= len(df) <= seen // n + ncpu
     assert abs(len(df) * n - rusage) <= 0.05 * rusage + n * ncpu, (len(df), rusage)
+
+
+def test_count_by_tgid_is_exact_however_sampled(workload: Path) -> None:
+    """The workload's own faults in page_fault_counts, 1 in 10 rows kept: its
+    process's count is what the manifest counted (it is the only traced process)
+    and so what getrusage saw (the _run bounds), whatever rows x 10 says."""
+    n = 10
+    hook = PageFaultsHook(PageFaultsHook.Options(sample_every=n, count_by_tgid=True))
+    final: dict[str, pl.DataFrame] = {}
+    df, _, _, _, seen = _run(hook, workload, final)
+    counts = final[COUNTS_TABLE]
+    assert counts["tgid"].to_list() == final["pid"]["pid"].to_list()
+    counters = hook.status.counters
+    assert counters[COUNTER_NOT_BY_TGID] == 0
+    for kind in KINDS:
+        assert counts[kind_counter(kind)].to_list() == [counters[kind_counter(kind)]]
+    assert sum(counts[kind_counter(k)].item() for k in KINDS) == seen
+    ncpu = os.cpu_count() or 1
+    assert seen // n - ncpu <= len(df) <= seen // n + ncpu  # the rows still 1 in n

@@ -136,3 +136,40 @@ def test_a_lab_not_set_up_is_told_commands_an_installed_wheel_has(
         assert out.returncode == 0, out.stderr
         names = {x.split(": ", 1)[1] for x in out.stdout.splitlines() if x.startswith("Package: ")}
         assert names == set(packages)
+
+
+def test_vm_idle_runs_qemu_at_the_idle_policy_in_a_nice_19_session(tmp_path: Path) -> None:
+    """`kernmlops vm --idle` (as the test run's lab starts it): QEMU's process, read
+    while it runs, has SCHED_IDLE and its session's autogroup nice 19. A shell stands
+    in for QEMU (the process `kernmlops vm` starts, in its own session)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pid_file = tmp_path / "guest.pid"
+    script = (
+        "import kernmlops.vm.qemu as q\n"
+        "from kernmlops.vm.cli import vm_command\n"
+        "q.vm_command = lambda *a, **k: ['sh', '-c', "
+        f"'sleep 60 & echo $$ > {pid_file}; wait']\n"
+        "q.shutil.which = lambda name: '/bin/' + name\n"
+        f"vm_command(['--idle', '--kernel', '/bin/sh', '-o', {str(tmp_path)!r}, '--', 'x'])\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() or not pid_file.read_text().strip():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        guest = int(pid_file.read_text())
+        # field 41 of /proc/<pid>/stat (after the command's parenthesised name)
+        stat = Path(f"/proc/{guest}/stat").read_text().rsplit(")", 1)[1].split()
+        assert int(stat[41 - 3]) == os.SCHED_IDLE == os.sched_getscheduler(guest)
+        assert os.getsid(guest) == guest != os.getsid(0)  # a session of its own
+        group = Path(f"/proc/{guest}/autogroup")
+        if group.exists():  # a kernel with autogroups
+            assert group.read_text().split()[-2:] == ["nice", "19"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)

@@ -4,6 +4,8 @@
 
 /* Set before load: keep 1 fault in N (1: all). */
 const volatile u32 sample_every = 1;
+/* Set before load: count every fault of each process too (page_faults_by_tgid). */
+const volatile bool count_by_tgid = false;
 
 enum page_fault_kind {
 	PAGE_FAULT_KIND_USER = 0,   /* the fault hit user mode code */
@@ -26,6 +28,7 @@ KMO_BATCHED_RING(page_faults_rb, page_fault_event);
  * counts the manifest keeps (rows are 1 in sample_every of them). */
 struct page_faults_seen_value {
 	u64 by_kind[2]; /* [enum page_fault_kind] */
+	u64 not_by_tgid; /* faults page_faults_by_tgid had no room for */
 };
 
 struct {
@@ -34,6 +37,37 @@ struct {
 	__type(key, u32);
 	__type(value, struct page_faults_seen_value);
 } page_faults_seen SEC(".maps");
+
+/* With count_by_tgid: every fault of each traced process, by kind (exact, as
+ * page_faults_seen, for a part of the traced tasks: duet's sides). Shared by
+ * the CPUs (atomic adds): a per-CPU hash would take max_entries x CPUs. */
+struct page_faults_tgid_value {
+	u64 by_kind[2]; /* [enum page_fault_kind] */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1); /* sized before load (1 unless count_by_tgid) */
+	__type(key, u32);
+	__type(value, struct page_faults_tgid_value);
+} page_faults_by_tgid SEC(".maps");
+
+static __always_inline void count_tgid(u32 tgid, enum page_fault_kind kind,
+				       struct page_faults_seen_value *seen)
+{
+	struct page_faults_tgid_value *t, zero = {};
+
+	t = bpf_map_lookup_elem(&page_faults_by_tgid, &tgid);
+	if (!t) {
+		/* NOEXIST: another CPU may have made it in between */
+		bpf_map_update_elem(&page_faults_by_tgid, &tgid, &zero, BPF_NOEXIST);
+		t = bpf_map_lookup_elem(&page_faults_by_tgid, &tgid);
+	}
+	if (t)
+		__sync_fetch_and_add(&t->by_kind[kind & 1], 1);
+	else
+		seen->not_by_tgid += 1; /* the map is full: said in the manifest */
+}
 
 static __always_inline int on_fault(bool btf, unsigned long address, struct pt_regs *regs,
 				    unsigned long error_code, enum page_fault_kind kind)
@@ -51,6 +85,8 @@ static __always_inline int on_fault(bool btf, unsigned long address, struct pt_r
 	if (!seen)
 		return 0;
 	seen->by_kind[kind & 1] += 1; /* per-CPU: no atomics needed */
+	if (count_by_tgid)
+		count_tgid(pid_tgid >> 32, kind, seen);
 	/* one fault in N of both kinds together is kept */
 	n = seen->by_kind[0] + seen->by_kind[1];
 	if (sample_every > 1 && n % sample_every)

@@ -51,7 +51,10 @@ def duet_group() -> None:
 @click.option(
     "--collect",
     is_flag=True,
-    help="run the kernel collector during each trial (root): kernel figures per side",
+    help=(
+        "run the kernel collector during each trial (root): kernel figures per side "
+        "(CPU time, run-queue latency, migrations, switches, page faults counted per process)"
+    ),
 )
 @click.option("--seed", type=int, help="override duetbench.seed (randomized schedule)")
 @click.option(

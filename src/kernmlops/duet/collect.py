@@ -10,7 +10,11 @@ runner records it), rebuilt from process_trace's fork events.
 
 Per side and trial (``kernel_stats``): CPU time (sum of on-CPU quanta),
 run-queue latency (mean and p99 of the waits from wake-up to running),
-migrations, context switches (quanta that ended), page faults.
+migrations, context switches (quanta that ended), page faults. A side is a part of
+the collection's traced tasks, so its page faults are the kernel's exact count of
+each of its processes (``hooks.page_faults.count_by_tgid``, on in these collections:
+the table ``page_fault_counts``); a collection without it (made before) gives the
+side's rows × the hook's ``sample_every``, ``page_faults_estimated`` where that is > 1.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ KERNEL_SCHEMA: dict[str, pl.DataType] = {
     "migrations": pl.Int64(),
     "context_switches": pl.Int64(),
     "page_faults": pl.Int64(),
+    "page_faults_estimated": pl.Boolean(),
     "collection_id": pl.String(),
 }
 
@@ -90,6 +95,9 @@ class Collector:
                     "filter": "tree",
                     "progress": False,
                 },
+                # each side's faults exactly, whatever the rows (a side is a part of
+                # the traced tasks: the manifest's counters are of them all)
+                "hooks": {"page_faults": {"count_by_tgid": True}},
                 "benchmark": {
                     "name": "command",
                     "command": {
@@ -144,10 +152,16 @@ def descendants(process_trace: pl.DataFrame, root: int) -> set[int]:
 
 
 def kernel_stats(
-    tables: dict[str, pl.DataFrame], roots: dict[str, int]
+    tables: dict[str, pl.DataFrame], roots: dict[str, int], fault_every: int = 1
 ) -> dict[str, dict[str, Any]]:
-    """Per side (pair -> its root pid): what the kernel did for its process tree."""
+    """Per side (pair -> its root pid): what the kernel did for its process tree. Page
+    faults: the sum of the tree's processes' counts in ``page_fault_counts`` where
+    given, else its ``page_faults`` rows × ``fault_every`` (the hook's sample_every),
+    ``page_faults_estimated`` where that is > 1."""
+    from kernmlops.hooks.page_faults import COUNTS_TABLE  # the hook's libraries: not at import
+
     pt = tables.get("process_trace")
+    counts = tables.get(COUNTS_TABLE)
     out: dict[str, dict[str, Any]] = {}
     for pair, root in roots.items():
         tgids = descendants(pt, root) if pt is not None else {root}
@@ -173,9 +187,24 @@ def kernel_stats(
             ),
             "migrations": migr.height if migr is not None else None,
             "context_switches": quanta.height if quanta is not None else None,
-            "page_faults": faults.height if faults is not None else None,
+            **_faults(counts, faults, mine, fault_every),
         }
     return out
+
+
+def _faults(
+    counts: pl.DataFrame | None, rows: pl.DataFrame | None, mine: pl.Expr, every: int
+) -> dict[str, Any]:
+    """A side's page faults: counted by the kernel, or its rows × every."""
+    from kernmlops.hooks.page_faults import KINDS, kind_counter
+
+    if counts is not None:
+        mine_counted = counts.filter(mine).select(kind_counter(k) for k in KINDS)
+        return {"page_faults": int(mine_counted.sum().sum_horizontal().item()),
+                "page_faults_estimated": False}  # fmt: skip
+    if rows is None:
+        return {"page_faults": None, "page_faults_estimated": None}
+    return {"page_faults": rows.height * every, "page_faults_estimated": every > 1}
 
 
 _EMPTY = {
@@ -190,6 +219,7 @@ def kernel_stats_for_suite(folder: Path, index: dict[str, Any]) -> pl.DataFrame:
     """One row per trial and side, from the collections ``--collect`` left."""
     from kernmlops.confined import confined
     from kernmlops.data import read_collection
+    from kernmlops.hooks.page_faults import COUNTER_NOT_BY_TGID, COUNTS_TABLE, KINDS, kind_counter
 
     rows = []
     for trial in index.get("trials", []):
@@ -198,19 +228,25 @@ def kernel_stats_for_suite(folder: Path, index: dict[str, Any]) -> pl.DataFrame:
             continue
         # the index names the collection: it must be one of this folder's
         c = read_collection(confined(folder, coll["path"], what="collection"))
-        sample = ((c.manifest.get("config") or {}).get("hooks", {}).get("page_faults", {})).get(
-            "sample_every", 1
-        )
+        pf_config = ((c.manifest.get("config") or {}).get("hooks") or {}).get("page_faults") or {}
         roots = {p: s["pid"] for p, s in trial["sides"].items() if s.get("pid")}
         tables = dict(c.tables)
         attached = {n for n, st in (coll.get("hooks") or {}).items() if st == "attached"}
         for table, (hook, value) in _EMPTY.items():
             if hook in attached and table not in tables:  # attached, saw nothing: zero rows
                 tables[table] = pl.DataFrame(schema={"tgid": pl.UInt32, value: pl.UInt64})
-        stats = kernel_stats(tables, roots)
+        pf_counters = ((c.manifest.get("hooks") or {}).get("page_faults") or {}).get("counters")
+        if "page_faults" in attached and pf_config.get("count_by_tgid") and pf_counters:
+            if pf_counters.get(COUNTER_NOT_BY_TGID):  # some processes not counted: the rows
+                tables.pop(COUNTS_TABLE, None)
+            elif COUNTS_TABLE not in tables:  # no process faulted
+                tables[COUNTS_TABLE] = pl.DataFrame(
+                    schema={"tgid": pl.UInt32, **{kind_counter(k): pl.UInt64 for k in KINDS}}
+                )
+        else:  # not asked for, or the collection ended before its counts: the rows
+            tables.pop(COUNTS_TABLE, None)
+        stats = kernel_stats(tables, roots, int(pf_config.get("sample_every") or 1))
         for pair, st in stats.items():
-            if st["page_faults"] is not None:
-                st["page_faults"] *= int(sample or 1)
             rows.append({
                 "suite": trial["suite"], "benchmark": trial["benchmark"], "kind": trial["kind"],
                 "runid": trial["runid"], "order": trial["order"], "pair": pair, **st,

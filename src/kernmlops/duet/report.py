@@ -33,6 +33,17 @@ KERNEL_COLUMNS = {
     "context_switches": "context switches",
     "page_faults": "page faults",
 }
+#: a side's page faults are rows × the hook's sample_every, not the kernel's count
+#: (kernmlops.duet.collect): written "≈" as the graphs do
+ESTIMATED = "page_faults_estimated"
+
+
+def _kernel_value(row: dict[str, Any], column: str) -> str:
+    value = row[column]
+    if value is None:
+        return "–"
+    said = f"{value:,.1f}"
+    return f"≈{said}" if column == "page_faults" and row.get(ESTIMATED) else said
 
 
 def _pct(x: float | None) -> str:
@@ -153,11 +164,13 @@ def plot_cis(analysis: Analysis, path: Path) -> Path | None:
 
 
 def kernel_summary(kernel: pl.DataFrame) -> pl.DataFrame:
-    """Per benchmark, kind and side: the mean over runs of each kernel figure."""
+    """Per benchmark, kind and side: the mean over runs of each kernel figure, and
+    whether any run's page faults were estimated (rows × N, not counted)."""
     cols = [c for c in KERNEL_COLUMNS if c in kernel.columns]
+    flags = [pl.col(ESTIMATED).any()] if ESTIMATED in kernel.columns else []
     return (
         kernel.group_by("suite", "benchmark", "kind", "pair")
-        .agg(pl.len().alias("runs"), *[pl.col(c).mean() for c in cols])
+        .agg(pl.len().alias("runs"), *[pl.col(c).mean() for c in cols], *flags)
         .sort("suite", "benchmark", "kind", "pair")
     )
 
@@ -376,7 +389,7 @@ def _write_report(analysis: Analysis, results: pl.DataFrame, out: Path, plots: P
                 )
                 md.append("|---" * (3 + len(cols)) + "|")
                 for row in part.iter_rows(named=True):
-                    vals = " | ".join("–" if row[c] is None else f"{row[c]:,.1f}" for c in cols)
+                    vals = " | ".join(_kernel_value(row, c) for c in cols)
                     md.append(f"| {row['kind']} | {row['pair']} | {row['runs']} | {vals} |")
                 md.append("")
     md_text = "\n".join(md) + "\n"

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from kernmlops.ebpf import libbpf
 from kernmlops.ebpf.buildfolder import check_build_dir
 from kernmlops.ebpf.libbpf import LibbpfError, capture_log, check_int, check_ptr, lib
-from kernmlops.ebpf.spec import VARIANTS, ObjectSpec, object_spec
+from kernmlops.ebpf.spec import VARIANTS, ObjectSpec, object_spec, program_variant
 from kernmlops.lazy import lazy_import
 
 if TYPE_CHECKING:
@@ -95,8 +95,7 @@ class Program:
 
     @property
     def variant(self) -> str | None:
-        suffix = self.name.rsplit("_", 1)[-1]
-        return suffix if suffix in VARIANTS else None
+        return program_variant(self.name)
 
     @property
     def fd(self) -> int:

@@ -34,6 +34,12 @@ SUFFIX = ".spec.json"
 VARIANTS: tuple[str, ...] = ("btf", "raw")
 
 
+def program_variant(name: str) -> str | None:
+    """The variant a program belongs to, by its name's suffix; None: every variant's."""
+    suffix = name.rsplit("_", 1)[-1]
+    return suffix if suffix in VARIANTS else None
+
+
 @dataclass(frozen=True)
 class GlobalVar:
     """A global variable: the ELF section it lives in and where."""
@@ -59,7 +65,7 @@ class ObjectSpec:
     @property
     def has_variants(self) -> bool:
         """Whether some program belongs to a variant (name ends in _btf or _raw)."""
-        return any(name.rsplit("_", 1)[-1] in VARIANTS for name in self.programs)
+        return any(program_variant(name) for name in self.programs)
 
     def ring_layouts(self) -> dict[str, RecordLayout]:
         """Layouts of every ring declared with KMO_RING (numpy dtypes, built once)."""

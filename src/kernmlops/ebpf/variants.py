@@ -137,19 +137,24 @@ def object_variants(
     features: Mapping[str, Feature],
     bpf_dir: Path | None = None,
 ) -> HookVariants:
-    """The program kinds of one object, grouped by variant, and what loads here."""
-    from kernmlops.ebpf.libbpf import LibbpfError
-    from kernmlops.ebpf.objects import VARIANTS, BpfObject
+    """The program kinds of one object, grouped by variant, and what loads here.
+
+    The programs come from the object's spec (its ELF, parsed once per process and
+    cached), not from libbpf: doctor opens each object once, to load it
+    (:func:`object_loads`)."""
+    from kernmlops.ebpf.btf import BtfError
+    from kernmlops.ebpf.objects import VARIANTS
+    from kernmlops.ebpf.spec import object_spec, program_variant
 
     path = object_path(object_name, bpf_dir)
     try:
         # exists() raises too: a BPF folder this user may not search
         if not path.exists():
             return HookVariants(hook, object_name, error=f"{path} not built")
-        with BpfObject(path) as obj:
-            progs = [(p.variant, p.section) for p in obj.programs.values()]
-    except (LibbpfError, OSError) as err:
+        spec = object_spec(path)
+    except (BtfError, OSError) as err:
         return HookVariants(hook, object_name, error=str(err).split("\n", 1)[0])
+    progs = [(program_variant(name), section) for name, section in spec.programs.items()]
     groups: dict[tuple[str | None, str], list[str]] = {}
     for variant, section in progs:
         groups.setdefault((variant, section_kind(section)), []).append(section)

@@ -6,8 +6,11 @@ collection being pushed is not in the index yet), and writes three Parquet table
 ``collections``
     one row per collection: host, kernel, CPU, benchmark, start, duration; quanta and
     context switches per second (each quantum ends in a switch); page faults and faults
-    per second (a row stands for N faults where the hook kept 1 in N: the manifest's
-    ``hooks.page_faults.sample_every``, in ``fault_sample_every``); block I/Os and
+    per second: the exact count the hook kept in the manifest
+    (``hooks.page_faults.counters.faults``), else (a collection made before it kept
+    one) the rows, each standing for N faults where the hook kept 1 in N (the
+    manifest's ``hooks.page_faults.sample_every``, in ``fault_sample_every``), and
+    ``faults_estimated`` true where N > 1; block I/Os and
     their issue -> complete latency (mean, p50, p99, µs). Rates are per second of the
     benchmark's run (``benchmark_s``, from the manifest's benchmark start and stop),
     else of the collection (``duration_s``), else of its quanta's span (killed).
@@ -199,20 +202,23 @@ def _folders(index: DataFrame) -> tuple[dict[str, list[str]], dict[str, str]]:
 
 
 #: what the summary takes from each manifest: the page_faults hook's sampling (1 fault
-#: in N kept as a row) and the benchmark's start and stop (CLOCK_MONOTONIC µs)
+#: in N kept as a row) and exact count, and the benchmark's start and stop
+#: (CLOCK_MONOTONIC µs)
 _FACTS = {
     "every": "$.config.hooks.page_faults.sample_every",
+    "counted": "$.hooks.page_faults.counters.faults",
     "started": "$.benchmark.started_uptime_us",
     "stopped": "$.benchmark.stopped_uptime_us",
 }
 
 
 def manifest_facts(spark: SparkSession, root: str, ids: dict[str, str]) -> DataFrame | None:
-    """(collection_id, fault_sample_every, benchmark_s) of the indexed collections
-    (``ids``: folder -> collection_id) whose manifest says either: page_faults kept 1
-    fault in N > 1 (``hooks.page_faults.sample_every``), or how long the benchmark ran
-    (``benchmark.started_uptime_us`` to ``stopped_uptime_us``); None when none does.
-    Only these values of each manifest reach the driver."""
+    """(collection_id, fault_sample_every, faults_counted, benchmark_s) of the indexed
+    collections (``ids``: folder -> collection_id) whose manifest says any of: page_faults
+    kept 1 fault in N > 1 (``hooks.page_faults.sample_every``), how many faults it
+    counted in the kernel (``hooks.page_faults.counters.faults``), or how long the
+    benchmark ran (``benchmark.started_uptime_us`` to ``stopped_uptime_us``); None when
+    none does. Only these values of each manifest reach the driver."""
     from pyspark.sql import functions as F
 
     if not ids:
@@ -224,7 +230,7 @@ def manifest_facts(spark: SparkSession, root: str, ids: dict[str, str]) -> DataF
             F.input_file_name().alias("file"),
             *(F.get_json_object("value", at).cast("bigint").alias(k) for k, at in _FACTS.items()),
         )
-        .where("every > 1 or (started is not null and stopped > started)")
+        .where("every > 1 or counted is not null or (started is not null and stopped > started)")
         .collect()
     )
     # Spark names a file by its URI (file:, percent-encoded): matched by its folder's tail
@@ -238,10 +244,13 @@ def manifest_facts(spark: SparkSession, root: str, ids: dict[str, str]) -> DataF
         every = row["every"] if row["every"] and row["every"] > 1 else None
         ran = row["started"] is not None and row["stopped"] and row["stopped"] > row["started"]
         seconds = (row["stopped"] - row["started"]) / 1e6 if ran else None
-        rows.append((ids[folder], every, seconds))
+        rows.append((ids[folder], every, row["counted"], seconds))
     if not rows:
         return None
-    schema = f"{COLLECTION_ID} string, fault_sample_every bigint, benchmark_s double"
+    schema = (
+        f"{COLLECTION_ID} string, fault_sample_every bigint, faults_counted bigint, "
+        "benchmark_s double"
+    )
     return spark.createDataFrame(rows, schema)
 
 
@@ -305,9 +314,10 @@ def collections_summary(
     facts: DataFrame | None = None,
 ) -> DataFrame:
     """One row per indexed collection. ``facts``: (collection_id, fault_sample_every,
-    benchmark_s) from the manifests (:func:`manifest_facts`): a page_faults row of a
-    collection that kept 1 fault in N counts N faults, and rates are per second of the
-    benchmark's run where the manifest says how long it ran."""
+    faults_counted, benchmark_s) from the manifests (:func:`manifest_facts`): the faults
+    are the hook's exact count where the manifest has it, else its rows, a row of a
+    collection that kept 1 fault in N counting N (``faults_estimated``); rates are per
+    second of the benchmark's run where the manifest says how long it ran."""
     from pyspark.sql import functions as F
 
     out = index.select(
@@ -317,9 +327,11 @@ def collections_summary(
     if facts is not None:
         out = out.join(facts, on=COLLECTION_ID, how="left")
     else:
-        out = out.withColumn("fault_sample_every", F.lit(None).cast("bigint")).withColumn(
-            "benchmark_s", F.lit(None).cast("double")
-        )
+        for name, kind in (
+            ("fault_sample_every", "bigint"), ("faults_counted", "bigint"),
+            ("benchmark_s", "double"),
+        ):  # fmt: skip
+            out = out.withColumn(name, F.lit(None).cast(kind))
     if quanta is not None:
         per = quanta.groupBy(COLLECTION_ID).agg(
             F.count("*").alias("quanta"),
@@ -338,14 +350,18 @@ def collections_summary(
     if faults is not None:
         per = faults.groupBy(COLLECTION_ID).agg(F.count("*").alias("_fault_rows"))
         out = out.join(per, on=COLLECTION_ID, how="left")
-        # a row is one fault, or N of them where the hook kept 1 in N
-        every = F.when(F.col("_fault_rows").isNotNull(), F.coalesce("fault_sample_every", F.lit(1)))
-        out = out.withColumn("fault_sample_every", every).withColumn(
-            "faults", F.col("_fault_rows") * F.col("fault_sample_every")
-        )
     else:
-        out = out.withColumn("faults", F.lit(None).cast("bigint"))
-        out = out.withColumn("fault_sample_every", F.lit(None).cast("bigint"))
+        out = out.withColumn("_fault_rows", F.lit(None).cast("bigint"))
+    seen = F.col("_fault_rows").isNotNull() | F.col("faults_counted").isNotNull()
+    every = F.when(seen, F.coalesce("fault_sample_every", F.lit(1)))
+    out = out.withColumn("fault_sample_every", every)
+    # the kernel's count of every fault, else a row is one fault, or N where 1 in N kept
+    out = out.withColumn(
+        "faults", F.coalesce("faults_counted", F.col("_fault_rows") * F.col("fault_sample_every"))
+    ).withColumn(
+        "faults_estimated",
+        F.when(seen, F.col("faults_counted").isNull() & (F.col("fault_sample_every") > 1)),
+    )
     out = out.withColumn("faults_per_s", F.col("faults") / seconds)
     if block_io is not None:
         per = block_io.groupBy(COLLECTION_ID).agg(
@@ -357,7 +373,7 @@ def collections_summary(
                  "block_io_p50_us": "bigint", "block_io_p99_us": "bigint"}  # fmt: skip
         for name, kind in empty.items():
             out = out.withColumn(name, F.lit(None).cast(kind))
-    return out.drop("_span_s", "_fault_rows").orderBy("started_at", COLLECTION_ID)
+    return out.drop("_span_s", "_fault_rows", "faults_counted").orderBy("started_at", COLLECTION_ID)
 
 
 def _mllb_schema() -> Any:

@@ -31,6 +31,12 @@ from kernmlops.errors import KernmlopsError
     help="folder the guest can write (same path inside); comes back with the results",
 )
 @click.option("--timeout", "timeout_s", type=float, help="give up after this many seconds")
+@click.option(
+    "--idle",
+    is_flag=True,
+    help="run QEMU only on CPU time nothing else wants (SCHED_IDLE, its session at nice 19): "
+    "beside benchmarks the VM must not disturb",
+)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def vm_command(
     kernel: Path | None,
@@ -39,6 +45,7 @@ def vm_command(
     memory: str,
     outdir: Path,
     timeout_s: float | None,
+    idle: bool,
     command: tuple[str, ...],
 ) -> None:
     """Run COMMAND inside another kernel under QEMU (virtme-ng, no KVM).
@@ -50,6 +57,7 @@ def vm_command(
       kernmlops vm -- uname -r
       kernmlops vm --cpus 4 --numa 2 -- kernmlops doctor
       kernmlops vm -o lab -- kernmlops collect -o lab -b stress-ng
+      kernmlops vm --idle -- make check      beside a benchmark, on idle CPU only
     Booting takes about 20-40 s; the guest CPU is 20-28x slower than the host.
     """
     from kernmlops.vm.qemu import run_in_vm
@@ -57,7 +65,7 @@ def vm_command(
     try:
         result = run_in_vm(
             list(command), kernel=kernel, cpus=cpus, numa=numa, memory=memory,
-            outdir=outdir, timeout_s=timeout_s,
+            outdir=outdir, timeout_s=timeout_s, idle=idle,
         )  # fmt: skip
     except KernmlopsError as err:
         click.echo(f"error: {err}", err=True)

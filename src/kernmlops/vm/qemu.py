@@ -129,6 +129,20 @@ def _stop_on_signals() -> dict[int, object]:
     return {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
 
 
+def idle_vm() -> None:
+    """In QEMU's process, after its setsid: the SCHED_IDLE policy, and its session's
+    autogroup at nice 19. With autogroups (a scheduling group per session) a policy
+    only orders tasks inside their group, and a new session's group weighs as much as
+    any other at nice 0: the policy alone would still take a CPU from the others.
+    (For ``preexec_fn``: nothing that can fail loudly; no autogroups, no file.)"""
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    try:
+        with open("/proc/self/autogroup", "w") as group:
+            group.write("19")
+    except OSError:
+        pass  # a kernel without autogroups: the policy is all there is
+
+
 def run_in_vm(
     command: list[str],
     *,
@@ -139,12 +153,14 @@ def run_in_vm(
     outdir: Path = Path("vm-out"),
     timeout_s: float | None = None,
     echo: bool = True,
+    idle: bool = False,
 ) -> VmResult:
     """Boot ``kernel`` with ``cpus`` CPUs over ``numa`` nodes and run ``command``.
 
     ``outdir`` is the guest's writable folder (created; same path inside).
     Output is captured through pipes (QEMU reopens its stdout, so a shared log
-    file could be overwritten) and echoed line by line when ``echo``.
+    file could be overwritten) and echoed line by line when ``echo``. With ``idle``
+    QEMU runs only on CPU time nothing else wants (:func:`idle_vm`).
     """
     if not command:
         raise LabError("no command to run in the VM: kernmlops vm -- CMD ...")
@@ -174,6 +190,7 @@ def run_in_vm(
         errors="replace",
         env=env,
         start_new_session=True,
+        preexec_fn=idle_vm if idle else None,
     )
     lines: list[str] = []
     # QEMU runs in a session of its own (no terminal signal reaches it): a SIGTERM or
