@@ -8,7 +8,9 @@ Python thread. The modules with none of those marks, which tolerate a busy CPU, 
 meanwhile in a second pytest, the idle lane, at the scheduler's idle policy
 (SCHED_IDLE): it runs only where a CPU would otherwise idle, and any task of the main
 run preempts it at once, so a collector's reader is not delayed by it. The kernel
-lab's QEMU boots at that policy too, beside the ``bpf`` modules. (Not for free: on the
+lab's QEMU boots at that policy too, beside the ``bpf`` modules, but in a session of its
+own, which is an autogroup of its own at nice 0: it shares the CPUs with the run's
+group rather than waiting for the idle lane (tests/lab.py). (Not for free: on the
 2-vCPU VMs here, QEMU's emulation costs the VM ~30% of its CPU time in steal, at any
 policy, and the main run's tests took ~20% longer beside it. Still, the run took 14:41
 with the other modules beside the lab's boot first and the ``bpf`` modules after both,

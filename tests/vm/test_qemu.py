@@ -139,7 +139,7 @@ def test_a_lab_not_set_up_is_told_commands_an_installed_wheel_has(
 
 
 def test_vm_idle_runs_qemu_at_the_idle_policy_in_a_nice_19_session(tmp_path: Path) -> None:
-    """`kernmlops vm --idle` (as the test run's lab starts it): QEMU's process, read
+    """`kernmlops vm --idle`: QEMU's process, read
     while it runs, has SCHED_IDLE and its session's autogroup nice 19. A shell stands
     in for QEMU (the process `kernmlops vm` starts, in its own session)."""
     import signal
