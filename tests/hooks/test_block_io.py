@@ -207,7 +207,12 @@ def test_block_io_matches_fio(target: tuple[str, tuple[int, int]]) -> None:
     df = pl.concat(frames)
     assert hook.status.drops == 0 and stats["map_full"] == 0
     # the kernel's counters, final at stop, go to the manifest
-    assert set(hook.status.counters) == {"map_full", "unknown_completions", "requeued"}
+    assert set(hook.status.counters) == {
+        "map_full",
+        "unknown_completions",
+        "requeued",
+        "missed_completions",
+    }
     assert hook.status.counters["unknown_completions"] >= stats["unknown_completions"]
     mine = df.filter((pl.col("major") == major) & (pl.col("minor") == minor))
     assert (mine["device"] == f"{major}:{minor}").all()
@@ -386,3 +391,71 @@ def test_drops_by_cpu_count_requests_the_map_had_no_room_for() -> None:
     hook.obj = _Object({"drops": _PerCpuMap({}), "block_io_stats": _PerCpuMap({})})
     assert hook.drops() == 0 and hook.drops_by_cpu() == []
     hook.obj = None
+
+
+def _completed(disk: tuple[int, int]) -> int:
+    """The disk's completed requests so far (/proc/diskstats: reads, writes,
+    discards, flushes)."""
+    for line in Path("/proc/diskstats").read_text().splitlines():
+        f = line.split()
+        if (int(f[0]), int(f[1])) == disk:
+            return sum(int(f[i]) for i in (3, 7, 14, 18) if i < len(f))
+    raise AssertionError(f"{disk} not in /proc/diskstats")
+
+
+@pytest.mark.bpf
+def test_every_completion_of_the_disk_is_a_row_or_counted() -> None:
+    """Under fio's tens of thousands of I/Os a second on the real disk, the disk's
+    rows and the hook's counted losses add up to /proc/diskstats' completed
+    requests over the collection. On 6.18 the kernel skips every BPF program on
+    the block tracepoints for bursts of a few ms (about once a second under this
+    load, no recursion miss counted): before missed_completions, the rows fell
+    short by hundreds with nothing counted."""
+    from kernmlops.hooks.block_io import BlockIoHook
+
+    dirs = ["/var/tmp", tempfile.gettempdir()]
+    home = next((d for d in dirs if os.access(d, os.W_OK) and _disk_of(d)), None)
+    if home is None:
+        pytest.skip("no writable folder on a block device")
+    disk = _disk_of(home)
+    assert disk is not None
+    work = Path(tempfile.mkdtemp(prefix="kmo-block-loss-", dir=home))
+    fio = shutil.which("fio")
+    if not fio:
+        pytest.fail("fio not found: apt-get install -y fio")
+    cmd = [
+        fio, "--name=kmo", f"--filename={work / 'data'}", "--size=256M", "--bs=4k",
+        "--rw=randrw", "--direct=1", "--ioengine=libaio", "--iodepth=32", "--numjobs=2",
+        "--time_based", "--runtime=6", "--group_reporting", "--output-format=json",
+    ]  # fmt: skip
+    hook = BlockIoHook(BlockIoHook.Options())
+    frames: list[pl.DataFrame] = []
+    try:
+        # lay the file out first: direct reads of unwritten extents never reach the disk
+        subprocess.run([*cmd[:5], "--rw=write", "--bs=1M", "--output=/dev/null"], check=True)
+        hook.start(HookContext("t", process_filter=None, self_tgid=os.getpid()))
+        before = _completed(disk)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        while proc.poll() is None:
+            frames.extend(f for _, f in polled(hook.poll()))
+            time.sleep(0.01)
+        out = proc.stdout.read() if proc.stdout else ""
+        assert proc.returncode == 0
+        time.sleep(0.2)  # the disk's last completions
+        after = _completed(disk)
+        stats = hook.stats()
+        frames.extend(f for _, f in polled(hook.stop()))
+    finally:
+        hook.close()
+        shutil.rmtree(work, ignore_errors=True)
+    job = json.loads(out[out.index("{") :])["jobs"][0]
+    assert job["read"]["total_ios"] + job["write"]["total_ios"] > 20_000
+    rows = pl.concat(frames).filter((pl.col("major") == disk[0]) & (pl.col("minor") == disk[1]))
+    completed = after - before
+    counted = rows.height + stats["missed_completions"] + stats["unknown_completions"]
+    print(f"{completed} completed, {rows.height} rows, {stats}")
+    assert hook.status.drops == 0 and stats["map_full"] == 0
+    # What no count can hold: requests whose insert, issue and completion all fell
+    # in one skipped burst (a few in 100k here), and the disk's requests at the
+    # window's edges. Uncounted, the loss was hundreds.
+    assert abs(completed - counted) <= max(50, completed // 5000), (completed, counted, stats)

@@ -50,7 +50,14 @@ enum block_io_stat {
 	STAT_MAP_FULL = 0, /* a request could not be tracked: counted as a drop */
 	STAT_UNKNOWN = 1, /* completions of requests issued before the hook started */
 	STAT_REQUEUED = 2,
-	STAT_NR = 3,
+	/* Requests whose completion the complete program never saw: found still
+	 * tracked when their address starts a new request. On kernel 6.18 every BPF
+	 * program on the block tracepoints (tp_btf, raw_tp and classic alike, in any
+	 * process) is skipped for bursts of a few ms, about once a second under
+	 * load, with no recursion miss counted (block_io loses completions,
+	 * bench/README.md): the kernel does not run us, so we count what it left. */
+	STAT_MISSED = 3,
+	STAT_NR = 4,
 };
 
 struct {
@@ -190,6 +197,15 @@ static __always_inline void forget_issue(struct rq_info *info)
 	}
 }
 
+/* A tracked request's address starts a new request (insert), or is issued
+ * again without a requeue: the old one completed unseen. */
+static __always_inline void missed(struct rq_info *info)
+{
+	if (!info->t.requeued)
+		count(STAT_MISSED);
+	forget_issue(info);
+}
+
 static __always_inline int on_insert(struct request *rq)
 {
 	u64 key = (u64)rq;
@@ -202,7 +218,7 @@ static __always_inline int on_insert(struct request *rq)
 		return 0;
 	}
 	if (info)
-		forget_issue(info); /* stale: this address is a new request */
+		missed(info); /* stale: this address is a new request */
 	kmo_rq_inserted(&fresh.t, bpf_ktime_get_ns());
 	set_owner(&fresh);
 	if (bpf_map_update_elem(&rq_start, &key, &fresh, BPF_ANY))
@@ -227,8 +243,8 @@ static __always_inline int on_issue(struct request *rq)
 		info = bpf_map_lookup_elem(&rq_start, &key);
 		if (!info)
 			return 0;
-	} else {
-		forget_issue(info);
+	} else if (info->t.issued) {
+		missed(info); /* issued twice with no requeue between */
 	}
 	snapshot(rq, info);
 	kmo_rq_issued(&info->t, bpf_ktime_get_ns());

@@ -28,7 +28,7 @@ else:
 
 
 #: Slots of the object's ``block_io_stats`` map (enum block_io_stat in C).
-STAT_MAP_FULL, STAT_UNKNOWN, STAT_REQUEUED = 0, 1, 2
+STAT_MAP_FULL, STAT_UNKNOWN, STAT_REQUEUED, STAT_MISSED = 0, 1, 2, 3
 
 COLUMNS = (
     "ts_uptime_us", "device", "major", "minor", "sector", "bytes", "segments",
@@ -130,7 +130,10 @@ class BlockIoHook(BpfHook[BpfHookOptions]):
 
     def stats(self) -> dict[str, int]:
         """In-kernel counters: requests not tracked for want of map room,
-        completions of requests issued before the start, requeues."""
+        completions of requests whose start was not seen (issued before the start,
+        or while the kernel skipped the programs), requeues, and completions the
+        kernel never ran the program for (``missed_completions``: each found when
+        its request's address starts a new one; no row was written for them)."""
         if self.obj is None:
             return {}
         m = self.obj.map("block_io_stats")
@@ -138,6 +141,7 @@ class BlockIoHook(BpfHook[BpfHookOptions]):
             "map_full": m.percpu_total(STAT_MAP_FULL),
             "unknown_completions": m.percpu_total(STAT_UNKNOWN),
             "requeued": m.percpu_total(STAT_REQUEUED),
+            "missed_completions": m.percpu_total(STAT_MISSED),
         }
 
     def counters(self) -> dict[str, int]:
