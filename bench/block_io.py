@@ -268,6 +268,8 @@ class Run:
     #: program name -> [run_time_ns, run_cnt] over fio's run (--bpf-stats)
     bpf: dict = field(default_factory=dict)
     others_cpu_s: float = 0.0
+    #: block_io's own counts of requests without a row (the manifest's counters)
+    counters: dict = field(default_factory=dict)
 
 
 def manifest_drops(manifest: dict) -> int:
@@ -323,6 +325,7 @@ def one_run(
         run.drops = manifest_drops(coll.manifest)
         run.rows = coll.rows
         run.bpf = prog_delta(progs0, progs1)
+        run.counters = coll.manifest.get("hooks", {}).get(TABLE, {}).get("counters", {})
     run.others_cpu_s = run.machine_busy_s - run.fio_cpu_s - run.collector_cpu_s
     return run
 
@@ -354,6 +357,16 @@ def summarize_state(runs: list[Run], offs: list[Run]) -> dict:
         out["rows_in_window_minus_diskstats"] = [
             sum(r.rows["rows_in_window"].values()) - sum(r.diskstats.values()) for r in counted
         ]
+        # rows + the hook's counted losses (missed and unknown completions, over
+        # the whole collection: a few more than the window's) against diskstats
+        out["rows_and_counted_minus_diskstats"] = [
+            sum(r.rows["rows_in_window"].values())
+            + r.counters.get("missed_completions", 0)
+            + r.counters.get("unknown_completions", 0)
+            - sum(r.diskstats.values())
+            for r in counted
+        ]
+        out["missed_completions"] = [r.counters.get("missed_completions", 0) for r in counted]
         out["bytes_per_row"] = summ([r.rows["bytes"] / r.rows["rows"] for r in counted])
     timed = [r for r in runs if r.bpf]
     if timed:
@@ -396,6 +409,8 @@ def print_summary(summary: dict) -> None:
             print(
                 f"{'':9s} rows in the file - fio's I/Os: {s['rows_in_file_minus_total_ios']}; "
                 f"rows of the disk - diskstats: {s['rows_in_window_minus_diskstats']}; "
+                f"missed: {s['missed_completions']}; rows + counted - diskstats: "
+                f"{s['rows_and_counted_minus_diskstats']}; "
                 f"{s['bytes_per_row']['median']:.2f} bytes a row"
             )
         if "bpf_ns_per_io" in s:
