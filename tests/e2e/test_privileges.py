@@ -44,8 +44,8 @@ NO_FIFO = "the ring copier runs at normal priority"
 #: the benchmark, its filter and whether it has a process tree of its own
 RUNS = {
     "command": (["--"], "tree"),
-    "system-wide": (["--system-wide", "-b", "faux", "-d", "1.5"], "system"),
-    "default": (["-d", "2"], "tree"),  # stress-ng, the default hooks
+    "system-wide": (["--system-wide", "-b", "faux", "-d", "1"], "system"),
+    "default": (["-d", "1"], "tree"),  # stress-ng, the default hooks
 }
 
 
