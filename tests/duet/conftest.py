@@ -1,4 +1,5 @@
-"""Helpers for the duet tests: a CPU-bound C loop and a config writer."""
+"""Helpers for the duet tests: a CPU-bound C loop, a config writer, and a run of a
+small duet that the tests of ``kernmlops duet`` read (``ran``)."""
 
 from __future__ import annotations
 
@@ -69,3 +70,45 @@ def swapping_config(tmp_path: Path, out: Path, plant: Path | None = None) -> Pat
     swap.write_text(SWAP.format(out=out, suite=suite, plant=plant or ""))
     swap.chmod(0o755)
     return write_config(tmp_path / "duet.yml", SWAPPED.format(suite=suite, swap=swap))
+
+
+#: the duet of ``kernmlops duet run`` that test_cli.py and test_cli_quiet.py share
+CFG = """
+duetbench:
+  suite: cli-{pid}
+  duet_repetitions: 3
+  sequential_repetitions: 3
+  harness: {{iterations: 8}}
+  artifacts: {{python: python3 --version}}
+  duets: [sleepy]
+sleepy:
+  A: {{run: sleep 0.03}}
+  B: {{run: sleep 0.05}}
+"""
+
+
+@pytest.fixture(scope="module")
+def _ran(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The outdir of one ``duet run`` of CFG (seed 3), unprocessed: a run of its nine
+    trials costs seconds, and the tests of a module that only read one share it (see
+    ``ran``). One a module: test_cli_quiet.py's, whose verdicts compare the sleeps'
+    measured times, is made in that module, in the main lane's quiet part."""
+    from click.testing import CliRunner
+
+    from kernmlops.duet.cli import duet_group
+
+    tmp = tmp_path_factory.mktemp("duet-cli-run")
+    cfg = write_config(tmp / "duet.yml", CFG.format(pid=os.getpid()))
+    out = tmp / "out"
+    res = CliRunner().invoke(duet_group, ["run", str(cfg), "--outdir", str(out), "--seed", "3"])
+    assert res.exit_code == 0, res.output
+    return out
+
+
+@pytest.fixture
+def ran(_ran: Path, tmp_path: Path) -> Path:
+    """This test's own copy of the shared run's outdir (what it writes there, it alone
+    sees), in a folder of its own beside ``tmp_path``'s other files."""
+    copy = tmp_path / "ran" / "out"
+    shutil.copytree(_ran, copy, symlinks=True)
+    return copy

@@ -244,7 +244,7 @@ def test_collector_does_not_trace_itself_system_wide(tmp_path: Path) -> None:
 
 def test_stress_ng_default_benchmark(tmp_path: Path) -> None:
     proc, col = run_collect(
-        tmp_path, "-c", _write(tmp_path / "o.yaml", "benchmark:\n  stress_ng:\n    duration_s: 2\n")
+        tmp_path, "-c", _write(tmp_path / "o.yaml", "benchmark:\n  stress_ng:\n    duration_s: 1\n")
     )
     assert proc.returncode == 0, proc.stderr
     assert col is not None

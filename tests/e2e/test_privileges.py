@@ -44,8 +44,8 @@ NO_FIFO = "the ring copier runs at normal priority"
 #: the benchmark, its filter and whether it has a process tree of its own
 RUNS = {
     "command": (["--"], "tree"),
-    "system-wide": (["--system-wide", "-b", "faux", "-d", "1.5"], "system"),
-    "default": (["-d", "2"], "tree"),  # stress-ng, the default hooks
+    "system-wide": (["--system-wide", "-b", "faux", "-d", "1"], "system"),
+    "default": (["-d", "1"], "tree"),  # stress-ng, the default hooks
 }
 
 
@@ -171,34 +171,6 @@ def test_bpf_and_perfmon_alone_collect_and_say_what_root_would_add(
     assert not any(wait_released(before).values())
 
 
-def test_under_sudo_without_cap_chown_is_refused_before_any_folder(tmp_path: Path) -> None:
-    # Issue: the collection ran, then handing it to the sudo user raised
-    # PermissionError (a traceback) and left it root's.
-    out = tmp_path / "out"
-    sudo = {"SUDO_UID": str(NOBODY), "SUDO_GID": str(NOBODY), "SUDO_USER": "nobody"}
-    proc = collect("uid0", out, ["-b", "faux", "-d", "1"], env=sudo)
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip().splitlines() == [
-        "error: under sudo the collection is given to nobody (SUDO_UID 65534), which needs "
-        "CAP_CHOWN and this process lacks it: add CAP_CHOWN, or unset SUDO_UID to keep the "
-        "collection root's"
-    ]
-    assert not out.exists()
-
-
-def test_a_collector_nice_it_may_not_take_is_refused_before_any_folder(tmp_path: Path) -> None:
-    # Issue: the folder and a manifest saying "running" were made first, and stayed.
-    config = tmp_path / "nice.yaml"
-    config.write_text("collector:\n  nice: -10\n")
-    out = tmp_path / "out"
-    proc = collect("uid0", out, ["-c", str(config), "-b", "faux", "-d", "1"])
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip().splitlines() == [
-        "error: collector.nice -10 needs root or CAP_SYS_NICE"
-    ]
-    assert not out.exists()
-
-
 def test_a_tracepoint_hook_refused_by_tracefs_says_why_in_one_line(tmp_path: Path) -> None:
     tracefs = Path("/sys/kernel/tracing")
     if not (tracefs / "events").is_dir():
@@ -224,36 +196,3 @@ def test_a_tracepoint_hook_refused_by_tracefs_says_why_in_one_line(tmp_path: Pat
         # the hook that never attached (its spool closed) is not asked for its records:
         # that raised EBADF, and the others' rows were made on one core
         assert "cannot cut the spool" not in proc.stderr, proc.stderr
-
-
-def test_uid0_without_dac_override_is_told_why_a_folder_is_refused() -> None:
-    # uid 0 under the two capabilities alone writes by the mode bits, as any user:
-    # a folder of another user's is refused, and the line says why root was.
-    with reachable_folder("kernmlops-privileges-") as base:
-        theirs = base / "theirs"
-        theirs.mkdir(mode=0o755)
-        os.chown(theirs, NOBODY, NOBODY)
-        proc = collect("uid0", theirs / "out", ["-b", "faux", "-d", "1"])
-        assert proc.returncode == 2, proc.stderr
-        (line,) = proc.stderr.strip().splitlines()
-        assert line.startswith(f"error: cannot create the output folder {theirs / 'out'}/")
-        assert line.endswith(": permission denied (uid 0 without CAP_DAC_OVERRIDE writes only "
-                             "where the folder's mode lets root write)")  # fmt: skip
-        assert list(theirs.iterdir()) == []
-
-
-def test_uid0_without_the_two_capabilities_is_refused_in_one_line(tmp_path: Path) -> None:
-    # Issue: uid 0 passed the check whatever its capabilities; each hook then failed
-    # to load and a collection of nothing was written.
-    out = tmp_path / "out"
-    proc = subprocess.run(
-        ["setpriv", "--bounding-set=-all", "--inh-caps=-all", sys.executable, "-m", "kernmlops",
-         "collect", "--no-progress", "-o", str(out), "-b", "faux", "-d", "1"],
-        capture_output=True, text=True, timeout=120, cwd="/", env=_path_env(),
-    )  # fmt: skip
-    assert proc.returncode != 0
-    assert proc.stderr.strip().splitlines() == [
-        "error: collect needs CAP_BPF + CAP_PERFMON (or CAP_SYS_ADMIN) to load BPF programs, "
-        "and this uid 0 lacks them (its capability bounding set)"
-    ]
-    assert not out.exists()

@@ -9,8 +9,6 @@ import importlib.util
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +20,6 @@ from kernmlops.cli import cli
 from kernmlops.collect.manifest import write_manifest
 from kernmlops.data import read_parquet_dir
 from kernmlops.fleet import open_dataset
-from kernmlops.fleet.local_cluster import FAST_JVM
 from kernmlops.fleet.push import push
 from tests.conftest import REQUIRE_BPF, needs_tools
 from tests.fleet.conftest import T0, make_collection
@@ -255,32 +252,3 @@ def test_a_write_that_fails_keeps_the_tables_before_it_and_no_earlier_ones(
     assert pl.read_parquet(out / "collections" / "*.parquet")["collection_id"].to_list() == ["lb1"]
     assert CliRunner().invoke(cli, ["fleet", "reindex", "--pages", str(dest)]).exit_code == 1
     assert not (dest / "_index" / "lb1.parquet").exists()  # the job's next run skips it
-
-
-def test_spark_job_command_says_what_is_damaged_in_one_line(tmp_path: Path) -> None:
-    """The command, as a user runs it: a damaged part is one error line (no Python or
-    Java stack, no progress bar in a log), exit 2; a master URL Spark would not take is
-    refused before Spark starts."""
-    dest = _pushed(tmp_path, ("c1", {"seed": 1, "quanta": 300}))
-    part = dest / "benchmark=faux" / "collection_id=c1" / "block_io" / "part-00000.parquet"
-    os.truncate(part, part.stat().st_size // 2)
-    out = tmp_path / "out"
-    # the JVMs (spark-submit's launcher, the driver) start as the test run's Spark does
-    # (tests/spark.py: the client compiler, a serial GC), which a small machine starts
-    # fastest; what the command prints is Spark's and ours either way
-    fast = " ".join(FAST_JVM)
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", SPARK_LAUNCHER_OPTS=fast,
-               PYSPARK_SUBMIT_ARGS=f"--driver-java-options '{fast}' pyspark-shell")  # fmt: skip
-    command = [sys.executable, "-m", "kernmlops", "spark-job", str(dest), str(out)]
-    done = subprocess.run(
-        [*command, "--master", "local[1]"], capture_output=True, text=True, timeout=300, env=env
-    )
-    assert done.returncode == 2, done.stderr
-    lines = done.stderr.splitlines()
-    assert [line for line in lines if line.startswith("error:")] == [lines[-1]]
-    assert lines[-1].startswith(f"error: {part}: not a readable Parquet file")
-    for noise in ("Traceback", "Py4J", "\tat ", "[Stage"):
-        assert noise not in done.stderr, done.stderr
-    assert not out.exists()
-    bad = CliRunner().invoke(cli, ["spark-job", str(dest), str(out), "--master", "local[0]"])
-    assert bad.exit_code == 2 and bad.stderr.startswith("error: --master local[0]: not a Spark")

@@ -1,15 +1,14 @@
 """The benchmark's environment: THP set for the run and restored (after a failure and
 Ctrl+C too), the page cache dropped first, the benchmark kept on benchmark.cpus; each
 checked from inside the benchmark (/sys, /proc/meminfo, /proc/self/status) and in the
-manifest."""
+manifest (those collections: test_environment_bpf.py); here the CPU list, the readers,
+bad CPUs refused before anything runs and a cpuset made for running processes."""
 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ from kernmlops.host.environment import (
     read_thp_mode,
     resolve_cpus,
 )
-from tests.e2e.conftest import KERNMLOPS, only_collection
+from tests.e2e.conftest import KERNMLOPS
 
 needs_thp = pytest.mark.skipif(read_thp_mode() is None, reason="no transparent huge pages")
 
@@ -75,59 +74,6 @@ _REPORT = (
 
 def _seen(stdout: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in stdout.splitlines() if "=" in line)
-
-
-@pytest.mark.bpf
-@needs_thp
-@pytest.mark.skipif(len(online_cpus()) < 2, reason="needs 2 CPUs")
-def test_thp_cpus_and_page_cache_during_and_after_a_failing_run(tmp_path: Path) -> None:
-    before, mode = read_thp_mode(), _other_mode()
-    # 64 MiB of cached file pages that the drop must take away
-    data = tmp_path / "warm.bin"
-    data.write_bytes(os.urandom(64 << 20))
-    data.read_bytes()
-    cached_before = cached_bytes()
-    cpu = online_cpus()[-1]
-    proc = _collect(
-        tmp_path,
-        {"transparent_hugepages": mode, "cpus": str(cpu), "drop_page_cache": True},
-        "sh", "-c", _REPORT + "; exit 3",
-    )  # fmt: skip
-    out, err = proc.communicate(timeout=180)
-    assert proc.returncode == 3, err  # the benchmark's failure is the command's
-    seen = _seen(out)
-    assert f"[{mode}]" in seen["thp"]  # during the run
-    assert seen["cpus"] == str(cpu)
-    assert read_thp_mode() == before  # after it, although it failed
-    assert cached_before is not None
-    assert int(seen["cached_kib"]) * 1024 < cached_before - (32 << 20)
-    env = only_collection(tmp_path / "out").manifest.benchmark.environment
-    assert env["transparent_hugepages"] == {"set": mode, "was": before, "restored": before}
-    page = env["page_cache"]
-    assert page["dropped"] and page["cached_bytes_after"] < page["cached_bytes_before"] - (32 << 20)
-    assert env["cpus"]["cpus"] == str(cpu) and env["cpus"]["method"] in ("cpuset", "affinity")
-
-
-@pytest.mark.bpf
-@needs_thp
-def test_thp_is_restored_after_ctrl_c_and_a_count_of_cpus(tmp_path: Path) -> None:
-    before, mode = read_thp_mode(), _other_mode()
-    proc = _collect(
-        tmp_path, {"transparent_hugepages": mode, "cpus": 1},
-        "sh", "-c", _REPORT + "; exec sleep 60",
-    )  # fmt: skip
-    assert proc.stdout is not None
-    lines = [proc.stdout.readline() for _ in range(3)]  # the benchmark is running
-    assert read_thp_mode() == mode
-    time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
-    assert read_thp_mode() == before
-    seen = _seen("".join(lines) + out)
-    assert seen["cpus"] == str(online_cpus()[0])
-    env = only_collection(tmp_path / "out").manifest.benchmark.environment
-    assert env["transparent_hugepages"]["restored"] == before and "page_cache" not in env
 
 
 def test_bad_cpus_fail_before_anything_runs(tmp_path: Path) -> None:

@@ -84,7 +84,7 @@ def _run_oversubscribed(
 @needs_tools("stress-ng")
 def test_tracepoint_variant_end_to_end(model, tmp_path: Path) -> None:
     path = model.save(tmp_path / "m.json")
-    folder, _ = _run_oversubscribed(tmp_path, ["shadow", str(path)], 3)
+    folder, _ = _run_oversubscribed(tmp_path, ["shadow", str(path)], 2)
     c = read_collection(folder)
 
     # positives are exactly the pulls in the sched_migrate table
@@ -175,7 +175,7 @@ def tp_shadow(tmp_path_factory) -> tuple[Path, dict, str]:
     doc = _feature0_model()
     model = top / "m.q11.json"
     model.write_text(json.dumps(doc))
-    folder, printed = _run_oversubscribed(top, ["shadow", str(model)], 3, {"COLUMNS": "400"})
+    folder, printed = _run_oversubscribed(top, ["shadow", str(model)], 2, {"COLUMNS": "400"})
     return folder, doc, printed
 
 

@@ -1,5 +1,5 @@
-"""The kernel lab: command lines (pure) and a command in another kernel (the test run's
-one lab boot, tests/lab.py)."""
+"""The kernel lab: command lines (pure), a SIGTERM's stop and the hint where it is not
+set up; its command in another kernel is test_qemu_lab.py's (the main lane's)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from kernmlops.vm.qemu import LabError, default_kernel, numa_args, parse_memory, vm_command
-from tests.lab import LabRun, Part
 
 
 def test_numa_split_is_even() -> None:
@@ -44,33 +43,6 @@ def test_default_kernel_is_not_the_running_one() -> None:
     kernel = default_kernel()
     assert kernel.exists()
     assert kernel.name != f"vmlinuz-{os.uname().release}"
-
-
-def _guest_command(folder: Path) -> list[str]:
-    script = (
-        f"uname -r > {folder}/release; cat /sys/devices/system/node/online > {folder}/nodes; "
-        f"grep -c ' can_migrate_task$' /proc/kallsyms > {folder}/probe; exit 7"
-    )
-    return ["sh", "-c", script]
-
-
-#: this module's share of the test run's one lab boot (tests/lab.py): last, so that its
-#: exit code is the guest's, and so kernmlops vm's
-LAB_PART = Part("qemu", _guest_command, timeout_s=120, order=9)
-
-
-@pytest.mark.bpf
-def test_a_command_runs_inside_another_kernel(lab: LabRun) -> None:
-    """Boot Debian's kernel with 2 NUMA nodes; the guest writes a file we read
-    back, and its exit code is the command's."""
-    part = lab.parts["qemu"].check()
-    assert part.exit_code == 7, part.output[-2000:]
-    assert lab.exit_code == 7, lab.output[-2000:]
-    release = (part.folder / "release").read_text().strip()
-    assert release != os.uname().release
-    assert default_kernel().name == f"vmlinuz-{release}"
-    assert (part.folder / "nodes").read_text().strip() == "0-1"
-    assert int((part.folder / "probe").read_text()) == 1  # kprobe-able there, unlike here
 
 
 def test_a_sigterm_stops_the_vm_too(tmp_path: Path) -> None:
