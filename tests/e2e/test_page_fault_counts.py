@@ -4,10 +4,12 @@ legend and the report's figures against the manifest."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from kernmlops.data import Collection
 from kernmlops.graphs import figure, load
 from kernmlops.graphs._report import table_summary
 from kernmlops.hooks.page_faults import COUNTER_ALL, KINDS, kind_counter
@@ -23,6 +25,22 @@ pytestmark = pytest.mark.bpf
 BEFORE_TRACED = 200
 
 
+def collect_workload(
+    tmp_path: Path, workload: Path, every: int
+) -> tuple[subprocess.CompletedProcess[str], Collection]:
+    """`kernmlops collect` of the fault workload (tests/hooks/test_page_faults.py), the
+    page_faults hook keeping 1 fault in ``every``; the run must succeed."""
+    overrides = tmp_path / "o.yaml"
+    overrides.write_text(f"hooks:\n  page_faults:\n    sample_every: {every}\n")
+    argv = [str(workload), str(PAGES), str(KERNEL_PAGES), "ungated"]
+    proc, col = run_collect(
+        tmp_path / "out", "-c", str(overrides), "--hooks", "page_faults,process_trace", "--", *argv
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert col is not None
+    return proc, col
+
+
 @pytest.fixture(scope="module")
 def workload(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_c(tmp_path_factory, "pfw", WORKLOAD)
@@ -32,14 +50,7 @@ def workload(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_manifest_counts_every_fault_sampled_or_not(
     tmp_path: Path, workload: Path, every: int
 ) -> None:
-    overrides = tmp_path / "o.yaml"
-    overrides.write_text(f"hooks:\n  page_faults:\n    sample_every: {every}\n")
-    argv = [str(workload), str(PAGES), str(KERNEL_PAGES), "ungated"]
-    proc, col = run_collect(
-        tmp_path / "out", "-c", str(overrides), "--hooks", "page_faults,process_trace", "--", *argv
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert col is not None
+    proc, col = collect_workload(tmp_path, workload, every)
     window, _, _, lifetime = map(int, proc.stdout.split()[-4:])
     hook = col.manifest["hooks"]["page_faults"]
     counters = hook["counters"]

@@ -12,7 +12,9 @@ import textwrap
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -20,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kernmlops.exporter.config import resolve_sets
 from kernmlops.exporter.core import Exporter
 from kernmlops.exporter.perf_event_array import PerfEventCounts
+from tests.conftest import skip_here
 from tests.exporter.conftest import scratch_cgroup
 
 pytestmark = pytest.mark.bpf
@@ -83,6 +86,31 @@ def perf_events() -> Iterator[Exporter]:
         exporter.close()
 
 
+@dataclass
+class Unpolled:
+    """perf-events.yaml's exporter started with its services (the ring's poller) not
+    running: the test polls, or replaces the reader."""
+
+    exporter: Exporter
+    metric: Any
+    reader: PerfEventCounts
+    obj: Any
+
+
+@pytest.fixture
+def unpolled() -> Iterator[Unpolled]:
+    exporter = Exporter(resolve_sets([str(CONFIGS / "perf-events.yaml")]), services_later=True)
+    try:
+        (status,) = exporter.start()
+        assert status.error is None, status.error
+        (metric,) = exporter.sets[0].metrics
+        assert isinstance(metric.reader, PerfEventCounts)
+        assert exporter.sets[0].obj is not None
+        yield Unpolled(exporter, metric, metric.reader, exporter.sets[0].obj)
+    finally:
+        exporter.close()
+
+
 def test_each_sample_counts_once_under_its_labels(perf_events: Exporter) -> None:
     calls = 5000
     with scratch_cgroup("kmo-pea-cg") as cgroup:
@@ -108,41 +136,30 @@ def test_a_second_process_is_a_series_of_its_own(perf_events: Exporter) -> None:
     assert sum(_served(perf_events, second, 700).values()) == 700
 
 
-def test_dropped_samples_are_counted(tmp_path: Path) -> None:
+def test_dropped_samples_are_counted(unpolled: Unpolled) -> None:
     """A one-page ring, not read while the workload runs: most samples are
     dropped, and those received plus those reported lost are the calls made."""
-    exporter = Exporter(resolve_sets([str(CONFIGS / "perf-events.yaml")]), services_later=True)
-    try:
-        (status,) = exporter.start()
-        assert status.error is None, status.error
-        (metric,) = exporter.sets[0].metrics
-        default = metric.reader
-        assert isinstance(default, PerfEventCounts)
-        obj = exporter.sets[0].obj
-        assert obj is not None
-        default.close()  # its ring replaced by a one-page one
-        small = metric.reader = PerfEventCounts(obj.map("test_getppid_events_total"), 16, pages=1)
-        exporter.sets[0].services = [small]
-        calls = 20_000
-        # one CPU's ring: the kernel reports a ring's loss with the next sample
-        # written to that ring, so the flood and the sample after it share a CPU
-        cpu = min(os.sched_getaffinity(0))
-        tgid = _workload("kmo-pea-flood", calls, cpu=cpu)
-        small.poll_now()
-        _workload("kmo-pea-flood", 1, cpu=cpu)
-        small.poll_now()
-        mine = {
-            k: v for k, v in zip(*small.read(), strict=True) if k[:4] == tgid.to_bytes(4, "little")
-        }
-        received = int(sum(int(v[0]) for v in mine.values()))
-        assert small.lost > 0
-        assert received < calls
-        # the second workload's sample is received, under its own process id
-        assert received + small.lost == calls
-        served = _samples(exporter.render().decode(), LOST)
-        assert served == {(): float(small.lost)}
-    finally:
-        exporter.close()
+    exporter = unpolled.exporter
+    unpolled.reader.close()  # its ring replaced by a one-page one
+    small = PerfEventCounts(unpolled.obj.map("test_getppid_events_total"), 16, pages=1)
+    unpolled.metric.reader = small
+    exporter.sets[0].services = [small]
+    calls = 20_000
+    # one CPU's ring: the kernel reports a ring's loss with the next sample
+    # written to that ring, so the flood and the sample after it share a CPU
+    cpu = min(os.sched_getaffinity(0))
+    tgid = _workload("kmo-pea-flood", calls, cpu=cpu)
+    small.poll_now()
+    _workload("kmo-pea-flood", 1, cpu=cpu)
+    small.poll_now()
+    mine = {k: v for k, v in zip(*small.read(), strict=True) if k[:4] == tgid.to_bytes(4, "little")}
+    received = int(sum(int(v[0]) for v in mine.values()))
+    assert small.lost > 0
+    assert received < calls
+    # the second workload's sample is received, under its own process id
+    assert received + small.lost == calls
+    served = _samples(exporter.render().decode(), LOST)
+    assert served == {(): float(small.lost)}
 
 
 OOM_LIKE_C = """
@@ -295,11 +312,11 @@ def cpu_offline() -> Iterator[None]:
     """CPU 1 offline for the block (other tests run beside: keep it short), and
     online again whatever happens."""
     if not ONLINE.exists() or ONLINE.read_text().strip() != "1":
-        pytest.skip(f"CPU {HOTPLUG_CPU} is not online and hot-pluggable on this machine")
+        skip_here(f"CPU {HOTPLUG_CPU} is not online and hot-pluggable on this machine")
     try:
         ONLINE.write_text("0")
     except OSError as err:
-        pytest.skip(f"this machine refuses to take CPU {HOTPLUG_CPU} offline: {err.strerror}")
+        skip_here(f"this machine refuses to take CPU {HOTPLUG_CPU} offline: {err.strerror}")
     try:
         yield
     finally:
@@ -360,34 +377,26 @@ def test_a_cpu_offline_and_back_gets_a_new_ring() -> None:
         exporter.close()
 
 
-def test_a_cpu_without_a_ring_is_said_once_and_served(capfd: pytest.CaptureFixture[str]) -> None:
+def test_a_cpu_without_a_ring_is_said_once_and_served(
+    unpolled: Unpolled, capfd: pytest.CaptureFixture[str]
+) -> None:
     """A CPU that comes online but cannot have a ring (here one past the map's
     slots, as the online list the test gives the reader says; its poller is not
     started, so only these looks happen) is said on stderr once, however many
     looks see it, and served as a gauge; once gone it is no longer counted."""
-    exporter = Exporter(resolve_sets([str(CONFIGS / "perf-events.yaml")]), services_later=True)
-    try:
-        (status,) = exporter.start()
-        assert status.error is None, status.error
-        (metric,) = exporter.sets[0].metrics
-        reader = metric.reader
-        assert isinstance(reader, PerfEventCounts)
-        obj = exporter.sets[0].obj
-        assert obj is not None
-        slots = obj.map("test_getppid_events_total").max_entries
-        online = sorted(reader._buffer.cpus)
-        for _ in range(3):
-            reader.refresh_cpus([*online, slots])
-        assert reader.unread_cpus == {slots: f"map test_getppid_events_total has {slots} "
-                                      f"slots, none for CPU {slots}"}  # fmt: skip
-        text = exporter.render().decode()
-        assert _samples(text, "kernmlops_exporter_perf_event_array_cpus_unread") == {
-            (("counter", "test_getppid_events_total"),): 1.0
-        }
-        lines = [line for line in capfd.readouterr().err.splitlines() if f"CPU {slots}" in line]
-        assert len(lines) == 1, lines
-        assert "its events are not seen" in lines[0]
-        reader.refresh_cpus(online)  # the CPU goes offline again
-        assert reader.unread_cpus == {}
-    finally:
-        exporter.close()
+    exporter, reader, obj = unpolled.exporter, unpolled.reader, unpolled.obj
+    slots = obj.map("test_getppid_events_total").max_entries
+    online = sorted(reader._buffer.cpus)
+    for _ in range(3):
+        reader.refresh_cpus([*online, slots])
+    assert reader.unread_cpus == {slots: f"map test_getppid_events_total has {slots} "
+                                  f"slots, none for CPU {slots}"}  # fmt: skip
+    text = exporter.render().decode()
+    assert _samples(text, "kernmlops_exporter_perf_event_array_cpus_unread") == {
+        (("counter", "test_getppid_events_total"),): 1.0
+    }
+    lines = [line for line in capfd.readouterr().err.splitlines() if f"CPU {slots}" in line]
+    assert len(lines) == 1, lines
+    assert "its events are not seen" in lines[0]
+    reader.refresh_cpus(online)  # the CPU goes offline again
+    assert reader.unread_cpus == {}

@@ -14,10 +14,9 @@ from kernmlops.fleet import open_dataset
 from kernmlops.fleet.push import push
 from kernmlops.hooks.page_faults import COUNTER_ALL
 from tests.conftest import REQUIRE_BPF, needs_tools
-from tests.e2e.conftest import run_collect
-from tests.e2e.test_page_fault_counts import BEFORE_TRACED
+from tests.e2e.test_page_fault_counts import BEFORE_TRACED, collect_workload
 from tests.hooks.conftest import build_c
-from tests.hooks.test_page_faults import AFTER_LAST, KERNEL_PAGES, PAGES, WORKLOAD
+from tests.hooks.test_page_faults import AFTER_LAST, WORKLOAD
 
 pytestmark = [
     pytest.mark.bpf,
@@ -38,14 +37,7 @@ def test_a_sampled_collections_faults_are_the_kernels_count(
 
     every = 10
     workload = build_c(tmp_path_factory, "pfw", WORKLOAD)
-    overrides = tmp_path / "o.yaml"
-    overrides.write_text(f"hooks:\n  page_faults:\n    sample_every: {every}\n")
-    argv = [str(workload), str(PAGES), str(KERNEL_PAGES), "ungated"]
-    proc, col = run_collect(
-        tmp_path / "out", "-c", str(overrides), "--hooks", "page_faults,process_trace", "--", *argv
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert col is not None
+    proc, col = collect_workload(tmp_path, workload, every)
     lifetime = int(proc.stdout.split()[-1])
     counted = col.manifest["hooks"]["page_faults"]["counters"][COUNTER_ALL]
     assert lifetime - BEFORE_TRACED <= counted <= lifetime + AFTER_LAST

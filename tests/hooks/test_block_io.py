@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 from kernmlops.hooks.base import HookContext
 from kernmlops.hooks.block_io import CmdFlagsDecoder, decode_cmd_flags
+from tests.conftest import skip_here
 from tests.rows import polled
 
 FILE_BYTES = 16 << 20
@@ -416,7 +417,7 @@ def test_every_completion_of_the_disk_is_a_row_or_counted() -> None:
     dirs = ["/var/tmp", tempfile.gettempdir()]
     home = next((d for d in dirs if os.access(d, os.W_OK) and _disk_of(d)), None)
     if home is None:
-        pytest.skip("no writable folder on a block device")
+        skip_here("no writable folder on a block device")
     disk = _disk_of(home)
     assert disk is not None
     work = Path(tempfile.mkdtemp(prefix="kmo-block-loss-", dir=home))
