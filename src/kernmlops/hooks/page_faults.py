@@ -135,11 +135,12 @@ class PageFaultsHook(BpfHook[PageFaultsOptions]):
 
     def counters(self) -> dict[str, int]:
         # exact where the rows are 1 in sample_every (or fewer, where some dropped)
-        by_kind = self.faults_by_kind()
+        seen = self._seen()  # one read of the map for every counter
+        by_kind = dict(zip(KINDS, seen[: len(KINDS)], strict=True))
         out = {
             COUNTER_ALL: sum(by_kind.values()),
             **{kind_counter(k): n for k, n in by_kind.items()},
         }
         if self.options.count_by_tgid:
-            out[COUNTER_NOT_BY_TGID] = self._seen()[len(KINDS)]
+            out[COUNTER_NOT_BY_TGID] = seen[len(KINDS)]
         return out
