@@ -11,6 +11,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,27 @@ def skip_here(reason: str) -> None:
     """Skip on a developer's machine that lacks something; in CI
     (KERNMLOPS_REQUIRE_BPF=1), where `make test` provides it, fail instead."""
     (pytest.fail if REQUIRE_BPF else pytest.skip)(reason)
+
+
+#: the CPU the hot-plug tests take offline and bring back
+HOTPLUG_CPU = 1
+_HOTPLUG_ONLINE = Path(f"/sys/devices/system/cpu/cpu{HOTPLUG_CPU}/online")
+
+
+@contextmanager
+def cpu_offline() -> Iterator[None]:
+    """CPU 1 offline for the block (other tests run beside: keep it short), and
+    online again whatever happens."""
+    if not _HOTPLUG_ONLINE.exists() or _HOTPLUG_ONLINE.read_text().strip() != "1":
+        skip_here(f"CPU {HOTPLUG_CPU} is not online and hot-pluggable on this machine")
+    try:
+        _HOTPLUG_ONLINE.write_text("0")
+    except OSError as err:
+        skip_here(f"this machine refuses to take CPU {HOTPLUG_CPU} offline: {err.strerror}")
+    try:
+        yield
+    finally:
+        _HOTPLUG_ONLINE.write_text("1")
 
 
 def needs_tools(*tools: str) -> pytest.MarkDecorator:

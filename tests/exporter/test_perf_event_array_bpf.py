@@ -11,7 +11,6 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kernmlops.exporter.config import resolve_sets
 from kernmlops.exporter.core import Exporter
 from kernmlops.exporter.perf_event_array import PerfEventCounts
-from tests.conftest import skip_here
+from tests.conftest import HOTPLUG_CPU, cpu_offline
 from tests.exporter.conftest import scratch_cgroup
 
 pytestmark = pytest.mark.bpf
@@ -303,26 +302,6 @@ def test_an_undecodable_sample_is_a_decoder_error_each_time(tmp_path: Path) -> N
         exporter.close()
 
 
-HOTPLUG_CPU = 1
-ONLINE = Path(f"/sys/devices/system/cpu/cpu{HOTPLUG_CPU}/online")
-
-
-@contextmanager
-def cpu_offline() -> Iterator[None]:
-    """CPU 1 offline for the block (other tests run beside: keep it short), and
-    online again whatever happens."""
-    if not ONLINE.exists() or ONLINE.read_text().strip() != "1":
-        skip_here(f"CPU {HOTPLUG_CPU} is not online and hot-pluggable on this machine")
-    try:
-        ONLINE.write_text("0")
-    except OSError as err:
-        skip_here(f"this machine refuses to take CPU {HOTPLUG_CPU} offline: {err.strerror}")
-    try:
-        yield
-    finally:
-        ONLINE.write_text("1")
-
-
 def _wait_ring(reader: PerfEventCounts, want: bool) -> None:
     """Until the reader's poller has seen CPU 1 online with a ring (``want``) or
     offline (its poll runs every 300 ms)."""
@@ -375,6 +354,33 @@ def test_a_cpu_offline_and_back_gets_a_new_ring() -> None:
         assert sum(_served(exporter, tgid, calls).values()) == calls
     finally:
         exporter.close()
+
+
+def test_a_cpu_offline_and_back_between_two_looks_gets_a_new_ring(unpolled: Unpolled) -> None:
+    """A CPU taken offline and brought back between two looks at the online list
+    (here with no look at all in between: the poller is not started) looks as if
+    nothing happened, but its perf event is gone: the kernel's uevents, queued
+    between looks, say it went, and the next look gives it a new ring. Without
+    them, the samples of a workload pinned there are lost unseen."""
+    exporter, reader = unpolled.exporter, unpolled.reader
+    assert HOTPLUG_CPU in reader._buffer.cpus
+    if not reader._buffer._watch.available:
+        pytest.fail("no uevent socket on this machine (a network namespace of its own?)")
+    with cpu_offline():
+        pass
+    reader.refresh_cpus()
+    calls = 300
+    tgid = _workload("kmo-pea-hot3", calls, cpu=HOTPLUG_CPU)
+    reader.poll_now()
+    assert sum(_served(exporter, tgid, calls, timeout=0).values()) == calls
+    # the same without the uevents: the CPU keeps its dead ring
+    reader._buffer._watch.close()
+    with cpu_offline():
+        pass
+    reader.refresh_cpus()
+    tgid = _workload("kmo-pea-hot4", calls, cpu=HOTPLUG_CPU)
+    reader.poll_now()
+    assert _served(exporter, tgid, calls, timeout=0) == {}
 
 
 def test_a_cpu_without_a_ring_is_said_once_and_served(

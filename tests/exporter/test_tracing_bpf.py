@@ -405,8 +405,8 @@ def test_spans_past_the_queue_are_counted_while_the_collector_is_slow(
         gate.set()
         exporter.close()
         receiver.close()
-    # at exit: nothing more sent, nothing more counted
-    assert len(receiver.spans) == queue
+    # at exit: the detach trace sent (the queue is empty again), nothing more counted
+    assert sorted(s.name for s in receiver.spans[queue:]) == ["close_module", "detach"]
     final = {(r.spec.ringbuf, reason): n for r in rings for reason, n in r.dropped().items()}
     final |= {("", reason): n for reason, n in rings[0].dropped(START_UP).items()}
     assert _by_reason(final, QUEUE_FULL) == made - queue
@@ -480,3 +480,39 @@ def test_the_start_up_trace_is_sent_with_spans_configured(
         assert tracing._pipeline is None
     finally:
         plain.close()
+
+
+def test_the_detach_trace_is_sent_at_exit(
+    receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Closing, the exporter sends its detach as one trace, as ebpf_exporter
+    does at exit: ``detach`` > ``close_module`` {config}, a ``prog_detach``
+    {SEC} event per attached program, then ``close``; flushed before close
+    returns, though the span rings that held the pipeline closed first."""
+    _only_otel(
+        monkeypatch, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_BSP_SCHEDULE_DELAY="100"
+    )
+    exporter = Exporter(resolve_sets([str(CONFIG)]))
+    try:
+        (status,) = exporter.start()
+        assert status.error is None, status.error
+        attached = sorted(p.section for p in status.programs if p.attached)
+        receiver.wait_for(lambda s: len(s) >= len(STARTUP_NAMES))
+    finally:
+        exporter.close()
+    with receiver._lock:  # no wait: close() flushed it
+        spans = [s for s in receiver.spans if s.name in ("detach", "close_module")]
+    assert sorted(s.name for s in spans) == ["close_module", "detach"], spans
+    root, module = sorted(spans, key=lambda s: s.name != "detach")
+    assert root.parent_span_id == "" and module.parent_span_id == root.span_id
+    assert module.trace_id == root.trace_id
+    assert root.start_ns <= module.start_ns <= module.end_ns <= root.end_ns
+    assert module.attributes == {"config": "span-trace"}
+    names = [e[0] for e in module.events]
+    assert names == ["prog_detach"] * len(attached) + ["close"], names
+    assert sorted(e[2]["SEC"] for e in module.events[:-1]) == attached == sorted(_sections(SOURCE))
+    assert {s.service for s in spans} == {"ebpf_exporter"}
+    assert all(s.status[0] != 2 for s in spans)
+    from kernmlops.exporter import tracing
+
+    assert tracing._pipeline is None  # released: nothing holds it after close

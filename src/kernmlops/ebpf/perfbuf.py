@@ -11,8 +11,10 @@ event does not survive the CPU going offline: a CPU brought online later has
 no working ring, and the program's samples there fail unseen (ebpf_exporter,
 through libbpfgo, has the same gap). :meth:`PerfBuffer.refresh`, called at each
 poll, reads the online CPUs and opens a ring (``perf_buffer__new_raw``, for
-that CPU alone) on each that came online, or came back, since the last look;
-a CPU offline and back between two looks keeps its dead ring. What cannot be
+that CPU alone) on each that came online, or came back, since the last look; a
+CPU offline and back between two looks is known by the kernel's uevents
+(host.cpus.CpuHotplugWatch), which queue between looks (where there are none,
+in a container's network namespace, such a CPU keeps its dead ring). What cannot be
 opened (no map slot for the CPU, no privilege left after a capability drop) is
 kept in :attr:`PerfBuffer.unread_cpus` with the reason.
 """
@@ -28,7 +30,7 @@ from ctypes import CFUNCTYPE, POINTER, c_int, c_size_t, c_uint32, c_uint64, c_vo
 from kernmlops.ebpf.libbpf import LibbpfError, lib
 from kernmlops.ebpf.objects import Map
 from kernmlops.ebpf.perf_open import PERF_TYPE_SOFTWARE, PerfEventAttr
-from kernmlops.host.cpus import online_cpus
+from kernmlops.host.cpus import CpuHotplugWatch, online_cpus
 
 MAP_TYPE_PERF_EVENT_ARRAY = 4
 #: pages per CPU (a power of two): 256 KiB holds some 16k small samples between
@@ -119,10 +121,14 @@ class PerfBuffer:
         self._map_fd = bpf_map.fd
         self._slots = bpf_map.max_entries
         self._pages = pages
+        # listening before libbpf opens its rings: a CPU that goes and comes back
+        # after it read the online list is in the queue
+        self._watch = CpuHotplugWatch()
         ctypes.set_errno(0)
         start = set(online_cpus())  # libbpf reads the same list now
         ptr = _new(bpf_map.fd, pages, self._sample_fn, self._lost_fn, None, None)
         if not ptr:
+            self._watch.close()
             raise LibbpfError(f"open perf buffer of map {self.name}", ctypes.get_errno())
         self._ptr: int | None = ptr
         #: CPUs whose ring works, as far as the last look saw
@@ -138,11 +144,16 @@ class PerfBuffer:
     def refresh(self, online: list[int] | None = None) -> list[int]:
         """Open a ring on each CPU online now (``online``: read from sysfs when
         None) that has none that works: online since the buffer was made, or
-        back online since a look saw it offline. The CPUs given a ring."""
+        back online since a look saw it offline or the kernel said it went (its
+        uevents: gone and back between two looks). The CPUs given a ring."""
         if self._ptr is None:
             return []
+        went, _came, overflowed = self._watch.take()
         now = set(online_cpus() if online is None else online)
         gone = (self.cpus | set(self.unread_cpus)) - now
+        # offline since the last look, whether or not back: its event died with it;
+        # uevents lost to an overflowing queue: any CPU may have gone, every ring anew
+        gone |= (self.cpus | set(self.unread_cpus)) if overflowed else went
         self._gone |= gone
         self.cpus -= gone
         for cpu in gone:
@@ -215,6 +226,7 @@ class PerfBuffer:
                 _free(self._extra.popitem()[1])
             _free(self._ptr)
             self._ptr = None
+            self._watch.close()
 
     def __enter__(self) -> PerfBuffer:
         return self

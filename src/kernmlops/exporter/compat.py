@@ -72,10 +72,14 @@ from kernmlops.exporter.tracing import (
     SpanRing,
     SpanSpec,
     check_available,
+    hold_pipeline,
+    release_pipeline,
     send_startup,
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from prometheus_client.core import Metric
 
     from kernmlops.ebpf.objects import BpfObject
@@ -774,6 +778,24 @@ class _EbpfExporterRuntime:
         pipeline = next((r.pipeline for r in rings if r.pipeline is not None), None)
         if pipeline is not None and phases:
             send_startup(pipeline, phases)
+
+    def closing(self, loaded_sets: list[Any]) -> Callable[[list[Any]], None] | None:
+        """With tracing spans configured, the ``detach`` trace ebpf_exporter sends
+        at exit: the rings' pipeline is held past the rings' own close, and
+        flushed once the trace is in it."""
+        rings = [s for loaded in loaded_sets for s in loaded.services if isinstance(s, SpanRing)]
+        pipeline = next((r.pipeline for r in rings if r.pipeline is not None), None)
+        if pipeline is None:
+            return None
+        held = hold_pipeline(pipeline)
+
+        def report(phases: list[Any]) -> None:
+            try:
+                send_startup(held, phases)
+            finally:
+                release_pipeline(held)
+
+        return report
 
 
 RUNTIME = _EbpfExporterRuntime()

@@ -45,7 +45,7 @@ from kernmlops.exporter.decoders import (
 )
 from kernmlops.exporter.histogram import Buckets
 from kernmlops.exporter.maps import EventCounts, KeyValueReader, MapReader
-from kernmlops.exporter.perf_event import attach_perf_event, is_perf_event, register_section_handler
+from kernmlops.exporter.perf_event import PerfEventLinks, is_perf_event, register_section_handler
 from kernmlops.exporter.spec import (
     KERNMLOPS_FORMAT,
     CounterSpec,
@@ -140,7 +140,9 @@ class StartupTrace:
     """The phases of :meth:`Exporter.start`, named as ebpf_exporter names its
     own (``attach`` > ``register_handlers``, ``attach_configs`` >
     ``attach_config`` {config} > ``new_module``, ``pass_kaddrs``,
-    ``bpf_load_object``, ``attach_module``)."""
+    ``bpf_load_object``, ``attach_module``); and of :meth:`Exporter.close`
+    (``detach`` > ``close_module`` {config}, with a ``prog_detach`` {SEC} event
+    per attached program and a ``close`` event)."""
 
     def __init__(self) -> None:
         self.phases: list[Phase] = []
@@ -838,7 +840,8 @@ class Exporter:
             trace.event(attaching, "prog_attach", SEC=prog.section)
             try:
                 if is_perf_event(prog.section):
-                    attach_perf_event(prog)
+                    where = f"metric set {ms.name}: program {prog.name}"
+                    loaded.services.append(PerfEventLinks(prog, where=where))
                 elif is_xdp_interface(prog.section):
                     attach_xdp(prog)
                 else:
@@ -878,9 +881,27 @@ class Exporter:
             return False
 
     def close(self) -> None:
-        """Detach and unload everything (idempotent)."""
+        """Detach and unload everything (idempotent). A format that reports it
+        (ebpf_exporter's, with spans configured) is handed the close's phases."""
+        runtimes = {id(s.set.runtime): s.set.runtime for s in self.sets if s.set.runtime}
+        # asked before the sets close: their span rings hold what would send it
+        reporters = [r for r in (rt.closing(self.sets) for rt in runtimes.values()) if r]
+        trace = StartupTrace()
+        root = trace.begin("detach")
         for loaded in self.sets:
+            step = None
+            if loaded.obj is not None:
+                step = trace.begin("close_module", root, config=loaded.set.name)
+                for prog in loaded.status.programs:
+                    if prog.attached:
+                        trace.event(step, "prog_detach", SEC=prog.section)
+                trace.event(step, "close")
             loaded.close()
+            if step is not None:
+                trace.end(step)
+        trace.end(root)
+        for report in reporters:
+            report(trace.phases)
         if self._stats_fd is not None:
             os.close(self._stats_fd)
             self._stats_fd = None
@@ -982,9 +1003,19 @@ class Exporter:
             "a loaded BPF program: its kernel id and tag (bpftool prog show id ID)",
             labels=["set", "program", "id", "tag"],
         )
+        unattached = GaugeMetricFamily(
+            f"{SELF}_perf_event_cpus_unattached",
+            "online CPUs a perf_event program does not run on: brought online after the "
+            "start, and its event could not be opened there",
+            labels=["set", "program"],
+        )
         stats_on = self.bpf_stats_on
         for loaded in self.sets:
             st = loaded.status
+            for service in loaded.services:
+                if isinstance(service, PerfEventLinks):
+                    n = float(len(service.unattached))
+                    unattached.add_metric([st.name, service.program], n)
             enabled.add_metric([st.name], 1.0 if loaded.obj is not None else 0.0)
             if loaded.obj is None:
                 continue
@@ -1009,6 +1040,8 @@ class Exporter:
                 dropped.add_metric([st.name, metric.spec.name], float(metric.dropped))
         out: list[Metric] = [enabled, attached, missed, program_info, full, recursion, errors]
         out.append(dropped)
+        if unattached.samples:
+            out.append(unattached)
         if stats_on:
             out += [run_time, run_count]
         runtimes = {id(s.set.runtime): s.set.runtime for s in self.sets if s.set.runtime}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -305,6 +306,12 @@ class SetRuntime(Protocol):
     def services_started(self, loaded_sets: list[Any], phases: list[Any]) -> None:
         """The services run (capabilities dropped): the format may now report
         the start-up's ``phases`` (``core.Phase``; ebpf_exporter's start-up trace)."""
+        ...
+
+    def closing(self, loaded_sets: list[Any]) -> Callable[[list[Any]], None] | None:
+        """The sets are about to be closed: a function to hand the close's
+        ``phases`` to once they are (ebpf_exporter's ``detach`` trace), or None
+        where nothing is reported."""
         ...
 
 

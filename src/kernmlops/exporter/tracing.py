@@ -30,7 +30,9 @@ OpenTelemetry SDK reads itself. The SDK is an optional dependency
 With spans configured, the exporter's own start-up is sent as one trace too,
 as ebpf_exporter sends its own (``send_startup``): ``attach`` >
 ``register_handlers``, ``attach_configs`` > ``attach_config`` {config} >
-``new_module``, ``pass_kaddrs``, ``bpf_load_object``, ``attach_module``.
+``new_module``, ``pass_kaddrs``, ``bpf_load_object``, ``attach_module``; and
+its close at exit (``detach`` > ``close_module`` {config}), as ebpf_exporter's
+``Detach`` sends it.
 
 Every span made but not exported is counted, by config, ring and reason, and
 served as ``dropped_tracing_spans_total`` (ebpf_exporter's Go SDK counts the
@@ -603,6 +605,13 @@ def acquire_pipeline() -> SpanPipeline:
         return _pipeline
 
 
+def hold_pipeline(pipeline: SpanPipeline) -> SpanPipeline:
+    """One more user of ``pipeline`` (released with :func:`release_pipeline`)."""
+    with _pipeline_lock:
+        pipeline.users += 1
+        return pipeline
+
+
 def release_pipeline(pipeline: SpanPipeline) -> None:
     """The last user flushes and stops the pipeline."""
     global _pipeline
@@ -760,6 +769,7 @@ __all__ = [
     "batch_sizes",
     "check_available",
     "decode_record",
+    "hold_pipeline",
     "send_startup",
     "span_exporter",
     "span_from_labels",

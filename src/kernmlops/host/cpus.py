@@ -3,6 +3,7 @@ machine has CPU to spare (/proc/stat)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from pathlib import Path
@@ -146,3 +147,95 @@ def set_autogroup_nice(nice: int, pid: int | str = "self") -> None:
     """Set the nice of a process's autogroup (its whole session); OSError if refused
     (below the current value needs root or CAP_SYS_NICE)."""
     Path(f"/proc/{pid}/autogroup").write_text(str(nice))
+
+
+#: NETLINK_KOBJECT_UEVENT, and its multicast group of the kernel's own events (udev
+#: re-sends them, rewritten, on group 2)
+_NETLINK_KOBJECT_UEVENT = 15
+_KERNEL_GROUP = 1
+_CPU_DEVPATH = b"/devices/system/cpu/cpu"
+
+
+class CpuHotplugWatch:
+    """The CPUs the kernel took offline or brought online since the last look, from
+    its uevents (``offline@/devices/system/cpu/cpu1``), which queue on a socket
+    between looks: a CPU offline and back between two looks of /sys's online list
+    looks as if nothing happened, though every perf event it had is gone.
+
+    Unprivileged and cheap (a non-blocking socket: one recv a look when nothing
+    happened). Where the socket cannot be had (another network namespace gets no
+    uevents: a container), :attr:`available` is False and callers read the online
+    list every look, as before. A message not from the kernel (only it may send on
+    this group) is ignored.
+    """
+
+    def __init__(self) -> None:
+        import socket
+
+        self._sock: socket.socket | None = None
+        try:
+            sock = socket.socket(
+                socket.AF_NETLINK,
+                socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC,
+                _NETLINK_KOBJECT_UEVENT,
+            )
+        except (OSError, AttributeError):
+            return
+        try:
+            sock.bind((0, _KERNEL_GROUP))
+        except OSError:
+            sock.close()
+            return
+        self._sock = sock
+
+    @property
+    def available(self) -> bool:
+        return self._sock is not None
+
+    def fileno(self) -> int | None:
+        """The socket's descriptor, readable when an event (any device's) waits."""
+        return self._sock.fileno() if self._sock is not None else None
+
+    def take(self) -> tuple[set[int], set[int], bool]:
+        """``(went_offline, came_online, overflowed)`` since the last call;
+        ``overflowed``: the socket's queue ran over (a storm of other devices' events)
+        and some events are lost, so any CPU may have gone and come back."""
+        offline: set[int] = set()
+        online: set[int] = set()
+        if self._sock is None:
+            return offline, online, False
+        while True:
+            try:
+                data, (sender, _groups) = self._sock.recvfrom(16384)
+            except BlockingIOError:
+                return offline, online, False
+            except OSError:  # ENOBUFS: the queue ran over; the socket goes on
+                self._drain()
+                return offline, online, True
+            if sender != 0:
+                continue
+            head = data.split(b"\0", 1)[0]
+            action, _, path = head.partition(b"@")
+            number = path[len(_CPU_DEVPATH) :] if path.startswith(_CPU_DEVPATH) else b""
+            if not number.isdigit():
+                continue
+            if action == b"offline":
+                offline.add(int(number))
+            elif action == b"online":
+                online.add(int(number))
+
+    def _drain(self) -> None:
+        assert self._sock is not None
+        while True:
+            try:
+                self._sock.recv(16384)
+            except BlockingIOError:
+                return
+            except OSError as err:
+                if err.errno != errno.ENOBUFS:  # it overflowed again meanwhile
+                    return
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
