@@ -378,3 +378,66 @@ def test_kernmlops_collect_data_poll_rate_out_of_range_is_one_line(tmp_path: Pat
     assert done.returncode == 2
     (line,) = done.stderr.splitlines()
     assert "-p" in line and "2" in line, line
+
+
+def test_collect_data_d_is_kernmlops_benchmark_folder_and_collect_d_a_duration(
+    tmp_path: Path,
+) -> None:
+    """`collect data -d DIR` is KernMLOps' benchmark folder (its --duration is ours);
+    kernmlops' own `collect -d 2` stays a duration in seconds."""
+    from kernmlops.cli import collect, collect_data
+
+    ours = collect.make_context("collect", ["-d", "2", "-b", "faux"])
+    assert ours.params["duration"] == 2.0 and "benchmark_dir" not in ours.params
+    theirs = collect_data.make_context(
+        "collect data", ["-d", str(tmp_path), "--duration", "2", "--cpus", "1", "--no-hooks"]
+    )
+    assert theirs.params["benchmark_dir"] == tmp_path and theirs.params["duration"] == 2.0
+    assert (theirs.params["cpus"], theirs.params["no_hooks"]) == (1, True)
+    assert collect_data.make_context("collect data", ["--cpus", "0-1,3"]).params["cpus"] == "0-1,3"
+    # typed as a KernMLOps user types it, it reaches `collect data`
+    with click.Context(cli) as ctx:
+        assert cli.resolve_command(ctx, ["collect", "data", "-d", "x"])[1] is collect_data
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["data", "-d", "2", "-b", "faux"],
+         "-d 2: no such folder (in `collect data`, -d is KernMLOps' benchmark folder; a "
+         "duration in seconds is --duration)"),
+        (["data", "--no-hooks", "--hooks", "process_trace"],
+         "--no-hooks and --hooks exclude each other (--no-hooks runs the benchmark untraced)"),
+        (["--no-hooks", "--tgid", "1"], "--no-hooks and --tgid exclude each other"),
+        (["--no-hooks", "--system-wide"], "--no-hooks and --system-wide exclude each other"),
+    ],
+)  # fmt: skip
+def test_kernmlops_collect_data_options_refused_in_one_line(
+    tmp_path: Path, args: list[str], said: str
+) -> None:
+    done = kernmlops("collect", *args, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"error: {said}"), line
+    assert not (tmp_path / "data").exists()
+
+
+def test_kernmlops_collect_data_help_says_each_option_in_kernmlops_terms() -> None:
+    from click.testing import CliRunner
+
+    from kernmlops.cli import collect, collect_data
+
+    runner = CliRunner()
+    shown = runner.invoke(cli, ["collect", "data", "--help"], prog_name="kernmlops")
+    assert shown.exit_code == 0, shown.output
+    assert shown.output.startswith("Usage: kernmlops collect data [OPTIONS]")
+    assert "kernmlops collect data -b linux_build -d " in shown.output  # an example
+    helps = {p.name: p for p in collect_data.params if isinstance(p, click.Option)}
+    for name in ("benchmark_dir", "output_dir", "verbose", "poll_rate", "no_hooks", "cpus"):
+        assert not helps[name].hidden and "KernMLOps'" in (helps[name].help or ""), name
+    assert helps["benchmark_dir"].opts == ["-d", "--benchmark-dir"]
+    assert helps["duration"].opts == ["--duration"]
+    # kernmlops' own collect: -d is the duration; -v and -p hidden as before
+    ours = {p.name: p for p in collect.params if isinstance(p, click.Option)}
+    assert ours["duration"].opts == ["-d", "--duration"] and "benchmark_dir" not in ours
+    assert ours["verbose"].hidden and ours["poll_rate"].hidden and not ours["no_hooks"].hidden

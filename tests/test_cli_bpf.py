@@ -47,11 +47,57 @@ def test_kernmlops_collect_data_verbose_and_poll_rate(tmp_path: Path) -> None:
     runs = {}
     for name, extra in (("typed", ["data", "-v", "-p", "0.25"]), ("plain", [])):
         out = tmp_path / name
+        # --duration: in `collect data`, -d is KernMLOps' benchmark folder
         done = kernmlops("collect", *extra, "-c", "quiet.yaml", "-o", str(out), "-b", "faux",
-                         "-d", "0.3", "--hooks", "process_trace", cwd=tmp_path)  # fmt: skip
+                         "--duration", "0.3", "--hooks", "process_trace", cwd=tmp_path)  # fmt: skip
         assert done.returncode == 0, done.stderr
         (collection,) = (out / "curated" / "benchmark=faux").iterdir()
         runs[name] = json.loads((collection / "manifest.json").read_text())["config"]["collector"]
     assert (runs["typed"]["progress"], runs["plain"]["progress"]) == (True, False)
     assert runs["typed"]["poll_interval_ms"] == 250  # 0.25 s
     assert runs["plain"]["poll_interval_ms"] != 250  # the default: -p changed it
+
+
+@pytest.mark.bpf
+def test_kernmlops_collect_data_no_hooks_cpus_and_benchmark_dir(tmp_path: Path) -> None:
+    """KernMLOps' `collect data --no-hooks --cpus 1 -d DIR`: the benchmark runs, timed,
+    on one CPU, with no hook loaded; the collection's folder holds its manifest alone,
+    which says no hook ran, and the benchmark folder reaches the benchmarks' keys."""
+    import json
+
+    benchmarks = tmp_path / "kernmlops-benchmark"
+    benchmarks.mkdir()
+    out = tmp_path / "out"
+    done = kernmlops("collect", "data", "--no-hooks", "--cpus", "1", "-d", str(benchmarks),
+                     "-o", str(out), "--no-progress", "--",
+                     "sh", "-c", "nproc > nproc.txt; sleep 0.4", cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "no hooks (--no-hooks): the benchmark runs untraced" in done.stderr
+    assert (tmp_path / "nproc.txt").read_text() == "1\n"  # it ran, on one CPU
+    (collection,) = (out / "curated" / "benchmark=command").iterdir()
+    assert [p.name for p in collection.iterdir()] == ["manifest.json"]
+    m = json.loads((collection / "manifest.json").read_text())
+    assert (m["state"], m["exit_code"], m["hooks"], m["tables"]) == ("completed", 0, {}, {})
+    assert m["config"]["collector"]["hooks"] == []
+    assert m["filter"]["mode"] == "none"  # not even the process filter was loaded
+    bench = m["benchmark"]
+    assert bench["exit_code"] == 0
+    assert bench["stopped_uptime_us"] - bench["started_uptime_us"] >= 400_000
+    assert m["config"]["benchmark"]["cpus"] == 1
+    assert m["config"]["benchmark"]["gap"]["source_dir"] == f"{benchmarks}/gap"
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith("completed after ") and "(no hooks;" in last
+    assert last.endswith(str(collection))
+
+
+@pytest.mark.bpf
+def test_kernmlops_own_collect_d_is_still_a_duration(tmp_path: Path) -> None:
+    import json
+
+    done = kernmlops("collect", "-d", "0.3", "-o", "out", "-b", "faux", "--no-progress",
+                     "--hooks", "process_trace", cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (collection,) = (tmp_path / "out" / "curated" / "benchmark=faux").iterdir()
+    m = json.loads((collection / "manifest.json").read_text())
+    assert (m["state"], m["config"]["benchmark"]["duration_s"]) == ("duration", 0.3)
+    assert list(m["hooks"]) == ["process_trace"]

@@ -283,3 +283,24 @@ def test_benchmark_names_with_underscores_on_the_command_line(tmp_path: Path) ->
     proc = _collect(tmp_path, "-b", "linux_build", "-c", "o.yaml")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert f"linux-build: {tmp_path} is not a Linux source tree" in proc.stderr
+
+
+def test_kernmlops_collect_data_flags_map_as_its_config_keys(tmp_path: Path) -> None:
+    """`collect data -d DIR --cpus N --no-hooks` reach the keys that a KernMLOps file's
+    benchmark_dir and cpus reach, and an empty hooks list that only --no-hooks may give."""
+    from kernmlops.config import Flags
+
+    as_file = load_config(_file(tmp_path, KERNMLOPS_OVERRIDES))
+    cfg = load_config({}, Flags(benchmark_dir="/srv/kernmlops-benchmark/", cpus=2, no_hooks=True))
+    assert cfg.benchmark.gap.source_dir == as_file.benchmark.gap.source_dir
+    assert cfg.benchmark.linux_build.source_dir == as_file.benchmark.linux_build.source_dir
+    assert cfg.benchmark.linux_build.source_dir == "/srv/kernmlops-benchmark/linux_kernel"
+    assert cfg.benchmark.cpus == as_file.benchmark.cpus == 2
+    assert cfg.collector.hooks == []
+    # the file's hooks give way to --no-hooks; an empty list without it is a slip
+    assert load_config({"collector": {"hooks": ["process_trace"]}}, Flags(no_hooks=True)) \
+        .collector.hooks == []  # fmt: skip
+    with pytest.raises(ConfigError, match="--no-hooks runs the benchmark with none"):
+        load_config({"collector": {"hooks": []}})
+    with pytest.raises(ConfigError, match="give at least one hook"):
+        load_config({}, Flags(hooks=[]))

@@ -141,7 +141,8 @@ class _LazyGroup(click.Group):
     #: one of this group's commands (after `collect --` a program of that name runs, as
     #: any command does)
     KERNMLOPS_COLLECT: ClassVar[dict[str, str]] = {
-        "data": "collect",
+        # `collect` with KernMLOps' -d (its benchmarks' folder, not our duration)
+        "data": "kernmlops.cli:collect_data",
         "dump": "kernmlops.graphs.cli:kernmlops_dump_command",
         "graph": "kernmlops.graphs.cli:kernmlops_graph_command",
         "perf-list": "perf-list",
@@ -153,8 +154,6 @@ class _LazyGroup(click.Group):
     ) -> tuple[str | None, click.Command | None, list[str]]:
         if len(args) > 1 and args[0] == "collect" and args[1] in self.KERNMLOPS_COLLECT:
             target = self.KERNMLOPS_COLLECT[args[1]]
-            if target == "collect":
-                return super().resolve_command(ctx, [target, *args[2:]])
             if ":" not in target:  # ours under its own name, named as typed
                 return f"collect {args[1]}", self.get_command(ctx, target), args[2:]
             import importlib
@@ -311,6 +310,15 @@ def _waiting_lines(result) -> list[str]:
     ]
 
 
+def _cpus_value(value: str | None) -> int | str | None:
+    """--cpus as benchmark.cpus takes it: digits are a count (KernMLOps' --cpus N), else
+    a list such as "0-3,8" (checked, with the CPUs online, before the run)."""
+    if value is None:
+        return None
+    text = value.strip()
+    return int(text) if text.isdigit() else text
+
+
 @cli.command(context_settings={"ignore_unknown_options": False})
 @click.option(
     "-c",
@@ -332,6 +340,21 @@ def _waiting_lines(result) -> list[str]:
     "--hooks",
     help="comma-separated hooks, at least one (default: collector.hooks; `kernmlops doctor` "
     "lists them all).",
+)
+@click.option(
+    "--no-hooks",
+    is_flag=True,
+    help="run the benchmark with no hooks, untraced: its time is the baseline of the hooks' "
+    "overhead (KernMLOps' `collect data --no-hooks`). The collection holds the manifest "
+    "(no hooks in it) and the benchmark's results.",
+)
+@click.option(
+    "--cpus",
+    metavar="N|LIST",
+    callback=lambda _ctx, _param, value: _cpus_value(value),
+    help="CPUs the benchmark may use: N (the first N online; benchmarks that size their "
+    "work, such as linux-build's make -j, size it to them) or a list such as 0-3,8; 0: "
+    "all (benchmark.cpus; KernMLOps' `collect data --cpus N`).",
 )
 @click.option(
     "--tgid",
@@ -421,7 +444,10 @@ def collect(
     as_user: bool | None,
     verbose: bool,
     poll_rate: float | None,
+    no_hooks: bool,
+    cpus: int | str | None,
     command: tuple[str, ...],
+    benchmark_dir: Path | None = None,
 ) -> None:
     """Run a benchmark (or COMMAND) while the hooks collect; write one collection.
 
@@ -433,11 +459,11 @@ def collect(
       kernmlops collect --tgid 1234 -b faux    one running process
       kernmlops collect -c overrides.yaml --hooks quanta_runtime
 
-    KernMLOps' `collect data` (with its -v, the progress shown, and -p SECONDS, the
-    rings drained that often), `collect dump`, `collect graph`, `collect perf-list` and
-    `collect defaults` work too (see `kernmlops collect dump --help`; the last two are
-    `kernmlops perf-list` and `kernmlops defaults`); `collect -- dump` runs a program
-    named dump.
+    KernMLOps' `collect data` (this command with KernMLOps' options: its -d is the
+    benchmarks' folder, not a duration; see `kernmlops collect data --help`), `collect
+    dump`, `collect graph`, `collect perf-list` and `collect defaults` work too (see
+    `kernmlops collect dump --help`; the last two are `kernmlops perf-list` and
+    `kernmlops defaults`); `collect -- dump` runs a program named dump.
 
     The exit code is the benchmark's. Ctrl+C, SIGTERM or a hangup (SIGHUP) stops
     the collection and keeps what was collected (exit 130 for Ctrl+C, also before the
@@ -459,6 +485,21 @@ def collect(
         raise click.UsageError(
             "--tgid and a COMMAND exclude each other (a command is traced with its process "
             "tree; --tgid N follows a running process, e.g. with -b faux)"
+        )
+    if no_hooks:
+        # what only says whom the hooks trace has nothing to do without hooks
+        given = [n for n, v in (("--hooks", hooks is not None), ("--tgid", tgid is not None),
+                                ("--system-wide", system_wide)) if v]  # fmt: skip
+        if given:
+            raise click.UsageError(
+                f"--no-hooks and {given[0]} exclude each other (--no-hooks runs the "
+                "benchmark untraced)"
+            )
+    if benchmark_dir is not None and not benchmark_dir.is_dir():
+        why = "not a folder" if benchmark_dir.exists() else "no such folder"
+        raise click.UsageError(
+            f"-d {benchmark_dir}: {why} (in `collect data`, -d is KernMLOps' benchmark "
+            "folder; a duration in seconds is --duration)"
         )
     check_tgid(tgid)  # before anything is set up, as `export --tgid` does
     if benchmark and not command:
@@ -485,6 +526,9 @@ def collect(
         as_user=as_user,
         # as KernMLOps' collector_config poll_rate translates (kernmlops.config_kernmlops)
         poll_interval_ms=max(1, round(poll_rate * 1000)) if poll_rate is not None else None,
+        no_hooks=no_hooks,
+        cpus=cpus,
+        benchmark_dir=benchmark_dir.absolute() if benchmark_dir is not None else None,
     )
     # there, even as a dangling link or a folder: read (and refused in one line if it
     # cannot be), never passed over for the defaults in silence
@@ -495,6 +539,12 @@ def collect(
     folder_made = False
     try:
         config = load_config(config_file, flags)
+        if no_hooks and config.collector.export:
+            # the exporter traces the benchmark's processes: the run would not be untraced
+            raise ConfigError(
+                "--no-hooks: the benchmark runs untraced, and --export (collector.export) "
+                "would trace it: leave one out"
+            )
         if config.collector.filter == "tgid":
             # a file's collector.tgid (--tgid was checked above)
             check_tgid(config.collector.tgid, "collector.tgid", ConfigError)
@@ -525,6 +575,9 @@ def collect(
 
         def on_attached(statuses: dict) -> None:
             attached.update(statuses)
+            if not statuses and not config.collector.hooks:
+                _say("no hooks (--no-hooks): the benchmark runs untraced")
+                return
             ok = sum(s.attached for s in statuses.values())
             _say(f"probes attached: {ok}/{len(statuses)} hooks")
             if config.collector.export:
@@ -573,7 +626,10 @@ def collect(
         sys.exit(130)
     from rich.markup import escape
 
-    _console().print(_summary(result))
+    if result.hooks:
+        _console().print(_summary(result))
+    else:  # --no-hooks: a table without a row says less than this
+        _line(f"collection {result.collection_id}: no hooks, the benchmark ran untraced")
     for line in _waiting_lines(result):
         _line(f"[yellow]{escape(line)}[/]")
     _line(result.end_line(escape(str(result.path))))
@@ -603,6 +659,112 @@ def collect(
         )
         sys.exit(result.exit_code or published)
     sys.exit(result.exit_code)
+
+
+def _kernmlops_form(option: click.Parameter, **changes: Any) -> click.Parameter:
+    """A copy of one of `collect`'s options as `collect data` shows it (its help in
+    KernMLOps' terms, shown where `collect` hides it)."""
+    import copy
+
+    shown = copy.copy(option)
+    for name, value in changes.items():
+        setattr(shown, name, value)
+    return shown
+
+
+def _collect_data_params() -> list[click.Parameter]:
+    """`collect`'s options with KernMLOps' `collect data` meaning: -d is its benchmark
+    folder (ours, the duration, is --duration alone there); -v and -p are shown."""
+    params: list[click.Parameter] = []
+    for param in collect.params:
+        if param.name == "duration":
+            params.append(
+                click.Option(
+                    ["-d", "--benchmark-dir", "benchmark_dir"],
+                    type=click.Path(file_okay=False, path_type=Path),
+                    help="KernMLOps' -d/--benchmark-dir: the folder its benchmarks are "
+                    "installed in, DIR/gap and DIR/linux_kernel (benchmark.gap.source_dir, "
+                    "benchmark.linux_build.source_dir). Not a duration: that is --duration.",
+                )
+            )
+            params.append(
+                click.Option(
+                    ["--duration", "duration"],
+                    type=float,
+                    metavar="SECONDS",
+                    help="stop after this many seconds (`kernmlops collect -d SECONDS`; "
+                    "KernMLOps' collect data has no such option).",
+                )
+            )
+        elif param.name == "no_hooks":
+            params.append(
+                _kernmlops_form(
+                    param,
+                    help="KernMLOps' --no-hooks: run the benchmark with no hooks, to time it "
+                    "untraced (the baseline of the hooks' overhead); its collection holds "
+                    "the manifest, which names no hook, and the benchmark's results.",
+                )
+            )
+        elif param.name == "cpus":
+            params.append(
+                _kernmlops_form(
+                    param,
+                    help="KernMLOps' --cpus N: the CPUs the benchmark uses, its work sized "
+                    "to them (linux-build's make -j); here it runs on the first N CPUs "
+                    "online, or on a list such as 0-3,8 (benchmark.cpus; 0: all).",
+                )
+            )
+        elif param.name == "output_dir":
+            params.append(
+                _kernmlops_form(
+                    param,
+                    help="KernMLOps' -o/--output-dir: the root of the collections, which "
+                    "go to DIR/curated/benchmark=<b>/collection_id=<id>/ (default: data).",
+                )
+            )
+        elif param.name == "verbose":
+            params.append(
+                _kernmlops_form(
+                    param,
+                    hidden=False,
+                    help="KernMLOps' -v/--verbose: say what is loaded and run, with the "
+                    "live progress (collector.progress on).",
+                )
+            )
+        elif param.name == "poll_rate":
+            params.append(
+                _kernmlops_form(
+                    param,
+                    hidden=False,
+                    help="KernMLOps' -p/--poll-rate SECONDS (0 to 1): drain the rings this "
+                    "often (collector.poll_interval_ms).",
+                )
+            )
+        else:
+            params.append(param)
+    return params
+
+
+collect_data = click.Command(
+    "collect data",
+    callback=collect.callback,
+    params=_collect_data_params(),
+    context_settings=collect.context_settings,
+    help="""KernMLOps' `collect data`: `kernmlops collect` with KernMLOps' options.
+
+    \b
+    Examples:
+      kernmlops collect data -b linux_build -d ~/kernmlops-benchmark --cpus 2 -v
+      kernmlops collect data -b faux --no-hooks --duration 10 -o data
+
+    As in KernMLOps, -d is the folder the benchmarks are installed in and -o the
+    collections' root; -v shows what is loaded and run, -p SECONDS drains the rings
+    that often, --cpus N gives the benchmark N CPUs, and --no-hooks runs it untraced
+    (the baseline of the hooks' overhead: its collection holds no hook). kernmlops'
+    own `collect -d SECONDS` is --duration SECONDS here. The other options are
+    `kernmlops collect`'s (see its --help).
+    """,
+)
 
 
 def _check_export_web_config(collector: CollectorConfig) -> WebConfig | None:

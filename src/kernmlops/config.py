@@ -27,6 +27,7 @@ from pydantic import (
     Field,
     SerializeAsAny,
     ValidationError,
+    ValidationInfo,
     ValidatorFunctionWrapHandler,
     create_model,
     field_validator,
@@ -41,6 +42,9 @@ from kernmlops.host.cpus import online_cpu_count
 from kernmlops.host.environment import ENVIRONMENT_FIELDS
 from kernmlops.registry import Plugins
 from kernmlops.validation import key_path, keys_at, not_a_config, shown_key, unknown_key
+
+#: the validation context's key that lets collector.hooks be empty (Flags.no_hooks)
+NO_HOOKS = "no_hooks"
 
 
 def _key(name: str) -> str:
@@ -233,11 +237,13 @@ class CollectorConfig(_Strict):
 
     @field_validator("hooks")
     @classmethod
-    def _known_hooks(cls, hooks: list[str]) -> list[str]:
-        if not hooks:  # a collection of nothing: a slip (`--hooks ""`), not a wish
+    def _known_hooks(cls, hooks: list[str], info: ValidationInfo) -> list[str]:
+        # a collection of nothing: a slip (`--hooks ""`), not a wish, unless asked for
+        # by name (--no-hooks: the benchmark timed untraced, load_config's NO_HOOKS)
+        if not hooks and not (info.context or {}).get(NO_HOOKS):
             raise ValueError(
                 "give at least one hook (`kernmlops collect --help` says how; "
-                "`kernmlops doctor` lists them)"
+                "`kernmlops doctor` lists them; --no-hooks runs the benchmark with none)"
             )
         for name in hooks:
             _known("hook", name, HOOKS)
@@ -595,6 +601,12 @@ class Flags:
     as_user: bool | None = None
     #: -p/--poll-rate (KernMLOps' seconds): collector.poll_interval_ms
     poll_interval_ms: int | None = None
+    #: --no-hooks: collector.hooks empty (the one way it may be: the benchmark alone)
+    no_hooks: bool = False
+    #: --cpus: benchmark.cpus (a count, or a list such as "0-3,8")
+    cpus: int | str | None = None
+    #: KernMLOps' `collect data -d`: its benchmark folder, as its config's benchmark_dir
+    benchmark_dir: Path | str | None = None
 
     def paths(self) -> dict[str, Any]:
         """``{"section.key": value}`` of every flag that is set."""
@@ -613,7 +625,14 @@ class Flags:
             "collector.export_web_config": self.export_web_config,
             "benchmark.as_user": self.as_user,
             "collector.poll_interval_ms": self.poll_interval_ms,
+            "benchmark.cpus": self.cpus,
         }
+        if self.no_hooks:
+            paths["collector.hooks"] = []
+        if self.benchmark_dir is not None:
+            from kernmlops.config_kernmlops import benchmark_dir_keys
+
+            paths.update(benchmark_dir_keys(self.benchmark_dir))
         return {k: v for k, v in paths.items() if v is not None}
 
 
@@ -687,8 +706,9 @@ def load_config(
         if value is not None:
             _set_path(data, dotted, value, source)
             set_by_flags.add(tuple(dotted.split(".")))
+    no_hooks = isinstance(flags, Flags) and flags.no_hooks
     try:
-        return Config.model_validate(data)
+        return Config.model_validate(data, context={NO_HOOKS: no_hooks})
     except ValidationError as err:
         raise ConfigError(format_errors(err, source, frozenset(set_by_flags), renames)) from None
 

@@ -153,6 +153,17 @@ def _stress_ng(section: dict[str, Any], path: str, t: _Translation) -> dict[str,
     return section
 
 
+def benchmark_dir_keys(benchmark_dir: object) -> dict[str, str]:
+    """Our keys of KernMLOps' benchmark folder (its config's ``benchmark_dir``, its
+    ``collect data -d``): KernMLOps keeps each benchmark's install under
+    ``<benchmark_dir>/<name>``, where ours name each benchmark's own folder."""
+    base = str(benchmark_dir).rstrip("/")  # "/" is "": /gap
+    return {
+        "benchmark.gap.source_dir": f"{base}/gap",
+        "benchmark.linux_build.source_dir": f"{base}/linux_kernel",
+    }
+
+
 def _generic_benchmark(gen: dict[str, Any], t: _Translation) -> None:
     path = "benchmark_config.generic"
     t.keys(
@@ -164,10 +175,8 @@ def _generic_benchmark(gen: dict[str, Any], t: _Translation) -> None:
         name = _benchmark_name(gen["benchmark"], f"{path}.benchmark", t)
         t.put("benchmark.name", name, f"{path}.benchmark")
     if gen.get("benchmark_dir"):
-        # KernMLOps keeps each benchmark's install under <benchmark_dir>/<name>
-        base = str(gen["benchmark_dir"]).rstrip("/")
-        t.put("benchmark.gap.source_dir", f"{base}/gap", f"{path}.benchmark_dir")
-        t.put("benchmark.linux_build.source_dir", f"{base}/linux_kernel", f"{path}.benchmark_dir")
+        for key, folder in benchmark_dir_keys(gen["benchmark_dir"]).items():
+            t.put(key, folder, f"{path}.benchmark_dir")
     if "cpus" in gen:
         t.put("benchmark.cpus", gen["cpus"], f"{path}.cpus")
     if "skip_clear_page_cache" in gen:

@@ -261,6 +261,32 @@ def test_a_part_damaged_inside_a_page_is_never_published(tmp_path: Path, fleet: 
     ]
 
 
+def test_a_push_that_publishes_nothing_makes_no_folder(tmp_path: Path, fleet: Path) -> None:
+    """Every collection refused (a part damaged inside a page, another not Parquet at
+    all): no dataset folder is made, nor the folders above it; a folder that was there
+    before is kept as it was."""
+    from tests.parquet_damage import flip_page_byte
+
+    c1 = fleet / "benchmark=faux" / "collection_id=c1"
+    c2 = fleet / "benchmark=faux" / "collection_id=c2"
+    flip_page_byte(c2 / "quanta_runtime" / "part-00001.parquet", "quanta_run_length_us")
+    (c1 / "quanta_runtime" / "part-00000.parquet").write_bytes(b"not parquet")
+    dest = tmp_path / "new" / "deeper" / "dest"
+    for uri in (str(dest), f"file://{dest}"):
+        result = run("push", "--no-progress", str(c1), str(c2), uri)
+        assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+        assert result.stderr.splitlines()[-1].startswith("0 published, 0 already there, 2 refused")
+        assert not (tmp_path / "new").exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    assert run("push", "--no-progress", str(c1), str(c2), str(kept)).exit_code == 1
+    assert kept.is_dir() and not list(kept.iterdir())
+    # the first collection accepted makes the folder
+    c3 = fleet / "benchmark=stress-ng" / "collection_id=c3"
+    assert run("push", "--no-progress", str(c1), str(c3), str(dest)).exit_code == 1
+    assert sorted(p.name for p in dest.iterdir()) == ["_index", "benchmark=stress-ng"]
+
+
 @pytest.fixture
 def denying_server() -> Iterator[str]:
     """An HTTP server that answers every S3 request with 403 AccessDenied."""

@@ -79,7 +79,7 @@ def test_collect_graph_draws_the_collection_its_id_prefix_names(
     [
         (["collect", "dump", "-d", "x"], "collect dump", ["-d", "x"]),
         (["collect", "graph", "-c", "a"], "collect graph", ["-c", "a"]),
-        (["collect", "data", "-b", "faux"], "collect", ["-b", "faux"]),
+        (["collect", "data", "-b", "faux"], "collect data", ["-b", "faux"]),
         # after `--` the words are a command to run, whatever they are
         (["collect", "--", "dump"], "collect", ["--", "dump"]),
         (["collect", "-b", "gap"], "collect", ["-b", "gap"]),

@@ -87,7 +87,10 @@ class CollectionResult:
         before = []
         if self.setup_s >= 0.05:  # linux-build's make defconfig: seconds before the start
             before.append(f"benchmark setup {self.setup_s:.1f} s")
-        before.append(f"probes attached in {self.attach_s * 1000:.0f} ms")
+        # --no-hooks: nothing was attached, the benchmark ran untraced
+        before.append(
+            f"probes attached in {self.attach_s * 1000:.0f} ms" if self.hooks else "no hooks"
+        )
         whole = f"; {self.duration_s:.1f} s in all" if self.run_s is not None else ""
         return f"{self.ended_by} after {ran:.1f} s ({', '.join(before)}{whole}) -> {shown_path}"
 

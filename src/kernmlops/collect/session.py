@@ -227,7 +227,7 @@ class Session:
                 max_queued_bytes=SPOOLED_QUEUE_BYTES if cfg.spool else 32 << 20,
             )
             priority.read_oom()
-            mode = cfg.filter
+            mode: str = cfg.filter
             ended_by, bench_exit, attach_s = "error", None, 0.0
             setup_s: float = 0.0
             run_s: float | None = None
@@ -257,6 +257,11 @@ class Session:
             if proc is not None:
                 priority.give_usual(proc.pid)  # held at the gate: its children inherit it
             priority.shield()
+            # collector.hooks empty (--no-hooks): the benchmark is timed untraced, so
+            # not even the filter's fork program is loaded (nothing would read its map)
+            traced = bool(cfg.hooks or self.extra_hooks or self.participants)
+            if not traced:
+                mode = "none"
             if mode in ("tgid", "tree"):
                 flt = ProcessFilter(follow_children=mode == "tree", bpf_dir=self.bpf_dir)
                 seed = cfg.tgid if mode == "tgid" else proc.pid if proc else None
@@ -335,8 +340,13 @@ class Session:
             # The libraries that decode and write rows come in the background from here
             # on (not sooner: their import would hold up the lines above); until they
             # are in, the loop only keeps the rings from filling.
-            libraries = preload(
-                *DECODING_LIBRARIES, *sorted({lib for hook in hooks for lib in hook.libraries})
+            # none without hooks: an import beside the benchmark would be timed with it
+            libraries = (
+                preload(
+                    *DECODING_LIBRARIES, *sorted({lib for hook in hooks for lib in hook.libraries})
+                )
+                if traced
+                else None
             )
             ended_by, bench_exit = loop.run(libraries)
             run_s = time.monotonic() - loop.started

@@ -263,7 +263,10 @@ def read_at_most(dataset: Dataset, path: str, limit: int) -> bytes:
 
 def probe(dataset: Dataset) -> None:
     """Check that the dataset can be reached before anything is copied (or collected):
-    its root is listed, its bucket exists, a local root is created.
+    its root is listed, its bucket exists, a local root is there or can be made.
+
+    A local root is not made here but by the first file written (:func:`put`): a push
+    whose every collection is refused leaves no empty dataset folder behind.
 
     Raises:
         PublishError: the reason it cannot be reached (one line).
@@ -272,11 +275,17 @@ def probe(dataset: Dataset) -> None:
 
     try:
         if dataset.local:
-            if Path(dataset.root).exists() and not Path(dataset.root).is_dir():
-                raise PublishError(_a_file(dataset))
-            Path(dataset.root).mkdir(parents=True, exist_ok=True)
-            if not os.access(dataset.root, os.W_OK | os.X_OK):
-                raise PermissionError(errno.EACCES, "permission denied", dataset.root)
+            root = Path(dataset.root)
+            # the nearest name that is there: the root, or the folder it would be made in
+            there = root
+            while not os.path.lexists(there) and there != there.parent:
+                there = there.parent
+            if not there.is_dir():
+                if there == root:
+                    raise PublishError(_a_file(dataset))
+                raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(there))
+            if not os.access(there, os.W_OK | os.X_OK):
+                raise PermissionError(errno.EACCES, "permission denied", str(there))
             return
         if dataset.kind in OBJECT_STORES:
             bucket = dataset.root.split("/", 1)[0]
@@ -317,7 +326,7 @@ def _held_folder(dataset: Dataset, rel: str, *, create: bool) -> int:
     """
     from kernmlops.host.pinned import UnsafePath, fd_path, subfolder
 
-    if create:  # the root itself as named (probe makes it too)
+    if create:  # the root itself as named: made by the first file a push writes
         Path(dataset.root or "/").mkdir(parents=True, exist_ok=True)
     fd = os.open(dataset.root or "/", _DIR)
     try:
