@@ -69,6 +69,7 @@ from kernmlops.exporter.spec import (
 from kernmlops.exporter.tracing import (
     START_UP,
     SpanLabelSpec,
+    SpanPipeline,
     SpanRing,
     SpanSpec,
     check_available,
@@ -774,8 +775,7 @@ class _EbpfExporterRuntime:
     def services_started(self, loaded_sets: list[Any], phases: list[Any]) -> None:
         """With tracing spans configured (and only then), the start-up trace
         ebpf_exporter sends about itself, through the rings' pipeline."""
-        rings = [s for loaded in loaded_sets for s in loaded.services if isinstance(s, SpanRing)]
-        pipeline = next((r.pipeline for r in rings if r.pipeline is not None), None)
+        pipeline = _rings_pipeline(loaded_sets)
         if pipeline is not None and phases:
             send_startup(pipeline, phases)
 
@@ -783,8 +783,7 @@ class _EbpfExporterRuntime:
         """With tracing spans configured, the ``detach`` trace ebpf_exporter sends
         at exit: the rings' pipeline is held past the rings' own close, and
         flushed once the trace is in it."""
-        rings = [s for loaded in loaded_sets for s in loaded.services if isinstance(s, SpanRing)]
-        pipeline = next((r.pipeline for r in rings if r.pipeline is not None), None)
+        pipeline = _rings_pipeline(loaded_sets)
         if pipeline is None:
             return None
         held = hold_pipeline(pipeline)
@@ -796,6 +795,13 @@ class _EbpfExporterRuntime:
                 release_pipeline(held)
 
         return report
+
+
+def _rings_pipeline(loaded_sets: list[Any]) -> SpanPipeline | None:
+    """The span pipeline the sets' span rings send through (None: no spans, or
+    the rings not started)."""
+    rings = [s for loaded in loaded_sets for s in loaded.services if isinstance(s, SpanRing)]
+    return next((r.pipeline for r in rings if r.pipeline is not None), None)
 
 
 RUNTIME = _EbpfExporterRuntime()
