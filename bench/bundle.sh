@@ -26,7 +26,7 @@ cp "$(ls -t dist/kernmlops-*.whl | head -1)" "$DIR/whl/"
 # psutil and prometheus-client): at the versions this venv runs the tests with
 specs=()
 for name in polars polars-runtime-32 pydantic pydantic-core annotated-types \
-  typing-inspection typing-extensions pyelftools h11; do
+  typing-inspection typing-extensions pyelftools h11 thrift; do
   ver=$("$PY" -c 'import sys; from importlib.metadata import version; print(version(sys.argv[1]))' "$name")
   specs+=("$name==$ver")
 done

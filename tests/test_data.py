@@ -220,6 +220,30 @@ def test_a_part_damaged_inside_a_page_is_refused_or_left_out_naming_the_part(
     assert c["drops"]["drops"].to_list() == [25]
 
 
+def test_a_lazy_read_checks_the_pages_unless_told_not_to(tmp_path: Path) -> None:
+    """A lazy read checks every page too (its footers whole, a scan would read the
+    damaged page's wrong values): it refuses the table, or leaves it out with
+    ``damaged="skip"``; ``pages=False`` scans it unchecked."""
+    from kernmlops.data import IncompleteCollectionWarning
+    from tests.parquet_damage import flip_page_byte
+
+    folder = tmp_path / "benchmark=faux" / "collection_id=t"
+    make_collection(folder, "faux", "t", 2500)
+    flip_page_byte(sorted((folder / "events").glob("part-*.parquet"))[1], "latency_ns", 1)
+    why = (
+        f"{folder / 'events'}: cannot read table 'events': part-00001.parquet is damaged: "
+        "a page fails its checksum (row group 1, column 'latency_ns')"
+    )
+    with pytest.raises(CollectionError) as err:
+        read_collection(folder, lazy=True)
+    assert str(err.value) == why
+    with pytest.warns(IncompleteCollectionWarning) as said:
+        lazy = read_collection(folder, lazy=True, damaged="skip")
+    assert [str(w.message) for w in said] == [f"{why}: the table is left out"]
+    assert sorted(lazy.tables) == ["drops"] and lazy.damaged == {"events": why}
+    assert "events" in read_collection(folder, lazy=True, pages=False)  # scanned unchecked
+
+
 def test_parts_written_without_page_checksums_read_as_before(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -465,6 +489,8 @@ def test_a_collection_larger_than_the_memory_left_is_refused_and_scans(
     folder = curated / "benchmark=faux" / "collection_id=f2"
     monkeypatch.setattr("kernmlops.host.meminfo.available_bytes", lambda: 40_000)
 
+    from kernmlops.data import _part_damage as part_damage
+
     def never(fd: int) -> None:
         raise AssertionError("a page read for a read refused for its memory")
 
@@ -475,13 +501,15 @@ def test_a_collection_larger_than_the_memory_left_is_refused_and_scans(
     assert str(info.value).startswith(f"{folder}: reading it needs at least 39.")
     assert " KiB of memory and 39.1 KiB is available: scan it instead" in str(info.value)
     assert "read_collection(path, lazy=True)" in str(info.value)
+    with pytest.raises(CollectionError, match=r"read_parquet_dir\(path, 'events', lazy=True\)"):
+        read_parquet_dir(curated, "events")
+    # the lazy reads check the pages (nothing of the pages is held in memory)
+    monkeypatch.setattr("kernmlops.data._part_damage", part_damage)
     lazy = read_collection(folder, lazy=True)
     assert lazy["events"].collect().height == 2500
     assert lazy.read("drops").height == 1  # one table read: it fits
     with pytest.raises(CollectionError, match=r"lazy=True\)\['events'\], then collect"):
         lazy.read("events")
-    with pytest.raises(CollectionError, match=r"read_parquet_dir\(path, 'events', lazy=True\)"):
-        read_parquet_dir(curated, "events")
     assert read_parquet_dir(curated, "events", lazy=True).collect().height == sum(ROWS.values())
     monkeypatch.undo()
     monkeypatch.setattr("kernmlops.host.meminfo.available_bytes", lambda: 80_000)
@@ -697,9 +725,14 @@ def test_read_parquet_dir_refuses_or_skips_a_damaged_collection(
     assert_frame_equal(read, whole.filter(pl.col("collection_id") == "g2"))
     assert [str(w.message).split(": ", 1)[0] for w in said][-1] == str(folder("faux", "f2"))
     monkeypatch.undo()
-    # lazy: what its footers show (g1's), the pages not read
-    with pytest.warns(IncompleteCollectionWarning, match="collection_id=g1: damaged, skipped"):
+    # lazy: every page checked as well, each damaged collection named
+    with pytest.warns(IncompleteCollectionWarning) as said:
         lazy = read_parquet_dir(curated, "events", lazy=True, damaged="skip")
+    assert [str(w.message) for w in said] == lines
+    assert_frame_equal(lazy.collect(), whole.filter(pl.col("collection_id") == "g2"))
+    # pages=False: what its footers show (g1's), the pages not read
+    with pytest.warns(IncompleteCollectionWarning, match="collection_id=g1: damaged, skipped"):
+        lazy = read_parquet_dir(curated, "events", lazy=True, damaged="skip", pages=False)
     assert sorted(lazy.select("collection_id").unique().collect().to_series()) == ["f1", "f2", "g2"]
     # every collection that has the table damaged: one line, each named above
     os.truncate(folder("gap", "g2") / "events" / "part-00000.parquet", 300)

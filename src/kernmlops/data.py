@@ -32,12 +32,12 @@ A collection whose collector died (its manifest still says ``state: running``), 
 still being collected, is read as far as it was flushed, with a warning; its
 ``Collection.complete`` is False.
 
-``read_collection`` and ``read_parquet_dir`` reading into memory check every page of
+``read_collection`` and ``read_parquet_dir``, into memory or lazy, check every page of
 every part against its checksum before polars reads it (kernmlops.collect.pagecheck;
 polars checks none): a byte damaged inside a page, the footer whole, is a part refused
-by name, never wrong values. A lazy read (``LazyCollection.read`` too: its parts are
-held by the scan, not reopened) checks the footers only, unless ``pages=True`` (what
-`graph` and `report` ask).
+by name, never wrong values. The check reads each part's column chunks and decodes
+nothing (a tenth of a decode's cost); ``pages=False`` leaves it out (a lazy read's
+footers only: ``LazyCollection.read`` too, its parts held by the scan, not reopened).
 """
 
 from __future__ import annotations
@@ -305,29 +305,30 @@ def read_collection(
     ``lazy``: scan it instead (a :class:`LazyCollection`: each table a LazyFrame that
     reads its parts only when collected), for collections larger than memory, e.g.
     ``read_collection(p, lazy=True)["quanta_runtime"].group_by("pid").agg(...)
-    .collect(engine="streaming")``. Only each table's first part's footer (its schema) is
-    read here: a later part's damage is found when the scan is collected, and a page's
-    checksum never (polars checks none). Read into memory (not lazy), every page of
-    every part is checked against its checksum first (a byte damaged inside a page
-    leaves the footer whole): a part that fails is refused, named.
+    .collect(engine="streaming")``. Every page of every part is checked against its
+    checksum first, lazy or not (a byte damaged inside a page leaves the footer whole,
+    and polars checks no checksum): a part that fails is refused, named. The check reads
+    the parts' column chunks and decodes no value.
 
     ``damaged="skip"``: a table with a part that cannot be read (lazy: the first) is
     left out, named in an IncompleteCollectionWarning and in ``damaged``, and the rest
     is read (what `graph` and `report` do: one damaged table hides no other).
 
-    ``pages``: check every page of every part against its checksum (None: when read
-    into memory, not when lazy). ``lazy=True, pages=True`` checks them on the parts the
-    scans hold, a row group at a time (what `graph` and `report` do: a page damaged
-    inside is a table refused, not a figure drawn from wrong values).
+    ``pages``: check every page of every part against its checksum (None, the default,
+    or True: always; lazy, on the parts the scans hold: `graph` and `report` draw no
+    figure from wrong values). ``pages=False``: no page checked; a lazy read then reads
+    each table's first part's footer (its schema) only, a later part's damage found
+    when the scan is collected, and a page's checksum never.
 
     Raises:
         CollectionError: the folder does not exist, has no valid manifest, has no finished
-            Parquet part, or a part cannot be read or (not lazy) has a page that fails its
-            checksum or does not decode (lazy: the first part's footer; unless skipped).
+            Parquet part, or a part cannot be read or has a page that fails its checksum or
+            does not decode (``pages=False``, lazy: the first part's footer; unless
+            skipped).
             EmptyCollectionError (a CollectionError) where it has no part because it
             recorded no row: its collector finished and its manifest counts none.
     """
-    return _read_held(_local_folder(path), lazy, damaged, not lazy if pages is None else pages)
+    return _read_held(_local_folder(path), lazy, damaged, pages is not False)
 
 
 def _local_folder(path: str | Path) -> Path:
@@ -546,8 +547,9 @@ def _damaged_pages(
 
     bad: dict[str, str] = {}
     fds = [fd for name in files for fd in opened[name]]
-    # the parts checked side by side: pyarrow decodes without the GIL, and a collection
-    # never compacted has thousands of small parts; each check holds one row group
+    # the parts checked side by side: their reads and CRC32s run without the GIL, and a
+    # collection never compacted has thousands of small parts; each check holds one
+    # column chunk
     workers = max(1, min(8, len(fds), len(os.sched_getaffinity(0))))
     with ThreadPoolExecutor(workers) as pool:
         found = dict(zip(fds, pool.map(_part_damage, fds), strict=True))
@@ -847,7 +849,12 @@ def _why(err: OSError | UnicodeDecodeError) -> str:
 
 
 def read_parquet_dir(
-    path: str | Path, table: str, *, lazy: bool = False, damaged: Damaged = "raise"
+    path: str | Path,
+    table: str,
+    *,
+    lazy: bool = False,
+    damaged: Damaged = "raise",
+    pages: bool | None = None,
 ) -> pl.DataFrame | pl.LazyFrame:
     """Read ``table`` from every collection under a curated folder.
 
@@ -862,10 +869,9 @@ def read_parquet_dir(
     push under way) are read as far as they are and named in one
     :class:`IncompleteCollectionWarning`.
 
-    Read whole (not ``lazy``), every page of every part is checked against its
-    checksum first (a byte damaged inside a page, which the footer cannot show); a
-    lazy read checks each collection's first footer only (polars checks no page
-    checksum when it is collected).
+    Every page of every part is checked against its checksum first, lazy or not (a
+    byte damaged inside a page, which the footer cannot show; polars checks none),
+    unless ``pages=False``: then a lazy read checks each collection's first footer only.
 
     Args:
         path: the folder to read.
@@ -874,6 +880,8 @@ def read_parquet_dir(
         damaged: ``"raise"``: a collection whose table cannot be read (a part damaged)
             fails the read, naming the part. ``"skip"``: it is left out, named in an
             :class:`IncompleteCollectionWarning` of its own, and the others are read.
+        pages: check every page against its checksum (None, the default, or True);
+            ``False``: no page checked.
 
     Raises:
         CollectionError: ``path`` holds no collections, or none has ``table`` (or,
@@ -884,16 +892,17 @@ def read_parquet_dir(
     collections = _collections(root)
     raise_fd_limit()  # each collection's scan holds a descriptor per part until collected
     kept: list[_Kept] = []  # each part opened once: its pages are checked as opened
+    check = pages is not False
     try:
         scans, partial, skipped = _scan_collections(
-            collections, table, damaged, keep=None if lazy else kept
+            collections, table, damaged, keep=kept if check else None
         )
         if not lazy and scans:
-            # what cannot fit is refused before a page is read (every footer was);
-            # then every page checked (polars checks no page checksum)
+            # what cannot fit is refused before a page is read (every footer was)
             whole = {table: _combined([scan for _, scan in scans])}
             _fits(root, whole, lazy_call=f"read_parquet_dir(path, {table!r}, lazy=True)")
             del whole
+        if check and scans:  # every page checked (polars checks no page checksum)
             bad: set[Path] = set()
             for folder, files, opened in kept:
                 try:

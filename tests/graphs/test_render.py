@@ -251,8 +251,9 @@ def test_a_page_that_fails_its_checksum_leaves_its_table_out_of_graph_and_report
                                               "--only", "process_events"])  # fmt: skip
     assert reported.exit_code == 1, reported.output
     assert "a page fails its checksum" in reported.output and page.stat().st_size > 10_000
-    # a lazy read that does not ask for the pages does not see it
-    assert "quanta_runtime" in read_collection(col, lazy=True, damaged="skip")
+    # a lazy read checks the pages too, unless told not to
+    assert "quanta_runtime" not in read_collection(col, lazy=True, damaged="skip")
+    assert "quanta_runtime" in read_collection(col, lazy=True, damaged="skip", pages=False)
 
 
 def test_a_table_damaged_past_its_first_footer_is_left_out_and_the_others_drawn(
@@ -284,9 +285,10 @@ def test_a_table_damaged_past_its_first_footer_is_left_out_and_the_others_drawn(
     assert reported.exit_code == 1, reported.output
     assert reported.output.count("the table is left out") == 2
     assert page.stat().st_size > 10_000
-    # a library caller that asked for no skipping still gets the refusal
+    # a library caller that asked for no skipping (and no page check) still gets the
+    # refusal
     with pytest.raises(CollectionError, match="cannot read the collection"):
-        load(read_collection(col, lazy=True))
+        load(read_collection(col, lazy=True, pages=False))
     scanned = read_collection(col, lazy=True, damaged="skip")
     with pytest.warns(IncompleteCollectionWarning):
         data = load(scanned, damaged="skip")
