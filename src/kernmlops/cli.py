@@ -17,6 +17,7 @@ from kernmlops.clitools import (
     error_line,
     fail,
     progress,
+    reachable_path,
     require_bpf_privileges,
     shows_live,
     survive_closed_output,
@@ -316,7 +317,7 @@ def _waiting_lines(result) -> list[str]:
     "-c",
     "--config",
     "config_file",
-    type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
+    type=reachable_path(dir_okay=False, allow_dash=True, path_type=Path),
     help="YAML overrides merged on the defaults (see `kernmlops defaults`); kernmlops' form "
     "or KernMLOps' (benchmark_config/collector_config); `-c -` reads them from stdin. "
     "Without -c: ./overrides.yaml if there is one.",
@@ -343,7 +344,7 @@ def _waiting_lines(result) -> list[str]:
 @click.option(
     "-o",
     "--output-dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=reachable_path(file_okay=False, path_type=Path),
     help="root of the collections (default: data).",
 )
 @click.option("--strict", is_flag=True, default=None, help="fail if any hook cannot attach.")
@@ -687,7 +688,9 @@ def _draw_graphs(path: Path, show: bool | None = None) -> None:
 
 # --- defaults, build ---------------------------------------------------------------
 @cli.command()
-@click.argument("path", default="defaults.yaml", type=click.Path(dir_okay=False, allow_dash=True))
+@click.argument(
+    "path", default="defaults.yaml", type=reachable_path(dir_okay=False, allow_dash=True)
+)
 def defaults(path: str) -> None:
     """Write the full default configuration (PATH, default defaults.yaml; - for stdout).
 
@@ -724,10 +727,10 @@ def _owner_of(fd: int) -> Invoker | None:
 
 
 @cli.command()
-@click.argument("collection", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("collection", type=reachable_path(exists=True, file_okay=False, path_type=Path))
 @click.option(
     "--bpf-dir",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    type=reachable_path(exists=True, file_okay=False, path_type=Path),
     help="the BPF objects the collecting version built (default: the folder collect uses; "
     "never a path the spool names)",
 )
@@ -876,7 +879,7 @@ def recover(collection: Path, bpf_dir: Path | None, no_progress: bool) -> None:
 
 
 @cli.command("build-bpf")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="build folder")
+@click.option("--out", type=reachable_path(file_okay=False, path_type=Path), help="build folder")
 @click.option("--force", is_flag=True, help="rebuild every object")
 def build_bpf(out: Path | None, force: bool) -> None:
     """Compile the BPF objects (clang, vmlinux.h from this kernel's BTF).
