@@ -405,9 +405,8 @@ def _spec(cls: type, where: str, loc: str, **fields: Any) -> Any:
         first = err.errors()[0]
         field = ".".join(str(p) for p in first["loc"])
         msg = first["msg"].removeprefix("Value error, ")
-        raise MetricSetError(
-            f"invalid {where}:\n  - {loc}{'.' + field if field else ''}: {msg}"
-        ) from None
+        at = f"{loc}.{field}" if field else loc
+        raise MetricSetError(f"invalid {where}: {at}: {msg}") from None  # one line, as all
 
 
 def resolve_config_dir(config_dir: str, names: str) -> list[str]:
