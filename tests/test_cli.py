@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 import pytest
+from click.testing import CliRunner
 
 from kernmlops.cli import cli, drop_advice
 from kernmlops.config import load_config
@@ -378,3 +379,24 @@ def test_kernmlops_collect_data_poll_rate_out_of_range_is_one_line(tmp_path: Pat
     assert done.returncode == 2
     (line,) = done.stderr.splitlines()
     assert "-p" in line and "2" in line, line
+
+
+def test_ctrl_c_in_any_command_is_one_line_and_exit_130(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A command without a stop of its own (graph, report, push, ...) said click's blank
+    line and "Aborted!", exit 1; collect's stop is 130 and one line: so is theirs. Here
+    Ctrl+C comes while `defaults` makes its text (a KeyboardInterrupt, as the signal's)."""
+    import kernmlops.config
+
+    def interrupted() -> str:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(kernmlops.config, "defaults_yaml", interrupted)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["defaults", "d.yaml"], prog_name="kernmlops")
+    assert result.exit_code == 128 + signal.SIGINT, result.output
+    assert result.output == (
+        "interrupted: stopped before it finished (what it had written whole is kept)\n"
+    )
+    assert not list(tmp_path.iterdir())

@@ -96,6 +96,21 @@ class _UsageLine(click.ClickException):
         error_line(f"{self.message} (see {self.command_path} --help)")
 
 
+class _Interrupted(click.ClickException):
+    """Ctrl+C in a command without a stop of its own (graph, report, push, lb train, ...):
+    one line and the status of a stop by SIGINT, 130, as collect's (click's own form is
+    a blank line, "Aborted!" and exit 1). What the command wrote whole is kept: every
+    file is written through a temporary name."""
+
+    exit_code = 130
+
+    def __init__(self) -> None:
+        super().__init__("interrupted")
+
+    def show(self, file: Any = None) -> None:
+        _say("interrupted: stopped before it finished (what it had written whole is kept)")
+
+
 @contextlib.contextmanager
 def _usage_in_one_line() -> Iterator[None]:
     try:
@@ -104,12 +119,15 @@ def _usage_in_one_line() -> Iterator[None]:
         raise  # a group given no command: its help, as asked
     except click.UsageError as err:
         raise _UsageLine(err) from None
+    except KeyboardInterrupt:
+        raise _Interrupted() from None
 
 
 class _LazyGroup(click.Group):
     """Commands of other packages are imported only when asked for: `collect`
     does not pay for the analysis side's imports before its probes attach. A usage
-    error in any command is one line (:class:`_UsageLine`)."""
+    error in any command is one line (:class:`_UsageLine`), and so is Ctrl+C
+    (:class:`_Interrupted`)."""
 
     def make_context(
         self,
