@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 import pytest
+from click.testing import CliRunner
 
 from kernmlops.cli import cli, drop_advice
 from kernmlops.config import load_config
@@ -441,3 +442,24 @@ def test_kernmlops_collect_data_help_says_each_option_in_kernmlops_terms() -> No
     ours = {p.name: p for p in collect.params if isinstance(p, click.Option)}
     assert ours["duration"].opts == ["-d", "--duration"] and "benchmark_dir" not in ours
     assert ours["verbose"].hidden and ours["poll_rate"].hidden and not ours["no_hooks"].hidden
+
+
+def test_ctrl_c_in_any_command_is_one_line_and_exit_130(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A command without a stop of its own (graph, report, push, ...) said click's blank
+    line and "Aborted!", exit 1; collect's stop is 130 and one line: so is theirs. Here
+    Ctrl+C comes while `defaults` makes its text (a KeyboardInterrupt, as the signal's)."""
+    import kernmlops.config
+
+    def interrupted() -> str:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(kernmlops.config, "defaults_yaml", interrupted)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["defaults", "d.yaml"], prog_name="kernmlops")
+    assert result.exit_code == 128 + signal.SIGINT, result.output
+    assert result.output == (
+        "interrupted: stopped before it finished (what it had written whole is kept)\n"
+    )
+    assert not list(tmp_path.iterdir())

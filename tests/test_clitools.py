@@ -303,3 +303,55 @@ def test_check_tgid_refuses_a_threads_id_naming_its_process() -> None:
     finally:
         done.set()
         thread.join()
+
+
+#: (command line, where "{p}" is a path in a folder nobody may not search; the command
+#: whose help is named; the words naming the argument): each said "does not exist" of a
+#: path that is there, or went on to a PermissionError's traceback
+UNREACHABLE = [
+    (["graph", "{p}"], "graph", "Invalid value for 'COLLECTION': Path '{p}'"),
+    (["recover", "{p}"], "recover", "Invalid value for 'COLLECTION': Directory '{p}'"),
+    (["push", "{p}", "{p}-dataset"], "push", "Invalid value for 'PATHS...': Path '{p}'"),
+    (["collect", "dump", "-d", "{p}"], "collect dump",
+     "Invalid value for '-d' / '--input-dir': Directory '{p}'"),
+    (["lb", "train", "{p}"], "lb train",
+     "Invalid value for 'DATA...': Path '{p}'"),
+    (["duet", "process", "{p}"], "duet process",
+     "Invalid value for 'FOLDERS...': Directory '{p}'"),
+]  # fmt: skip
+
+
+def test_a_path_the_user_may_not_reach_is_said_so_in_one_line() -> None:
+    from click.testing import CliRunner
+
+    from kernmlops.cli import cli
+    from kernmlops.exporter.compat import resolve_config_dir
+    from tests.nobody import as_nobody, reachable_folder
+
+    with reachable_folder("kmo-unreachable-") as top:
+        locked = top / "locked"
+        (locked / "inside").mkdir(parents=True)
+        locked.chmod(0o700)  # root's: nobody may not search it
+        p = str(locked / "inside")
+
+        def step() -> None:
+            for args, command, said in UNREACHABLE:
+                argv = [a.format(p=p) for a in args]
+                result = CliRunner().invoke(cli, argv, prog_name="kernmlops")
+                assert result.exit_code == 2, (argv, result.output)
+                assert "Traceback" not in result.output
+                assert result.output == (
+                    f"error: {said.format(p=p)} cannot be reached: permission denied "
+                    f"(see kernmlops {command} --help)\n"
+                ), argv
+            # one that is missing is still said to be missing
+            missing = CliRunner().invoke(cli, ["graph", str(top / "nothing")])
+            assert missing.exit_code == 2 and "does not exist" in missing.output
+            # export's --config.dir is ebpf_exporter's plain option: its own words (the
+            # command's lazy imports are not tried here: as nobody the interpreter's
+            # files may not be readable where it is installed in root's home)
+            with pytest.raises(KernmlopsError) as err:
+                resolve_config_dir(p, "x")
+            assert str(err.value) == f"--config.dir {p}: cannot be read: permission denied"
+
+        as_nobody(step)

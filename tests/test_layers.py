@@ -45,7 +45,8 @@ import kernmlops
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("foundation", frozenset({
         "kernmlops", "kernmlops.errors", "kernmlops.lazy", "kernmlops.fileio",
-        "kernmlops.validation", "kernmlops.yamlfile", "kernmlops.syscall_names",
+        "kernmlops.validation", "kernmlops.yamlfile", "kernmlops.jsonfile",
+        "kernmlops.syscall_names",
         "kernmlops.counters", "kernmlops.tables", "kernmlops.host", "kernmlops.registry",
         "kernmlops.workloads", "kernmlops.confined", "kernmlops.stats",
     })),

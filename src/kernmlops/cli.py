@@ -17,6 +17,7 @@ from kernmlops.clitools import (
     error_line,
     fail,
     progress,
+    reachable_path,
     require_bpf_privileges,
     shows_live,
     survive_closed_output,
@@ -95,6 +96,21 @@ class _UsageLine(click.ClickException):
         error_line(f"{self.message} (see {self.command_path} --help)")
 
 
+class _Interrupted(click.ClickException):
+    """Ctrl+C in a command without a stop of its own (graph, report, push, lb train, ...):
+    one line and the status of a stop by SIGINT, 130, as collect's (click's own form is
+    a blank line, "Aborted!" and exit 1). What the command wrote whole is kept: every
+    file is written through a temporary name."""
+
+    exit_code = 130
+
+    def __init__(self) -> None:
+        super().__init__("interrupted")
+
+    def show(self, file: Any = None) -> None:
+        _say("interrupted: stopped before it finished (what it had written whole is kept)")
+
+
 @contextlib.contextmanager
 def _usage_in_one_line() -> Iterator[None]:
     try:
@@ -103,12 +119,15 @@ def _usage_in_one_line() -> Iterator[None]:
         raise  # a group given no command: its help, as asked
     except click.UsageError as err:
         raise _UsageLine(err) from None
+    except KeyboardInterrupt:
+        raise _Interrupted() from None
 
 
 class _LazyGroup(click.Group):
     """Commands of other packages are imported only when asked for: `collect`
     does not pay for the analysis side's imports before its probes attach. A usage
-    error in any command is one line (:class:`_UsageLine`)."""
+    error in any command is one line (:class:`_UsageLine`), and so is Ctrl+C
+    (:class:`_Interrupted`)."""
 
     def make_context(
         self,
@@ -324,7 +343,7 @@ def _cpus_value(value: str | None) -> int | str | None:
     "-c",
     "--config",
     "config_file",
-    type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
+    type=reachable_path(dir_okay=False, allow_dash=True, path_type=Path),
     help="YAML overrides merged on the defaults (see `kernmlops defaults`); kernmlops' form "
     "or KernMLOps' (benchmark_config/collector_config); `-c -` reads them from stdin. "
     "Without -c: ./overrides.yaml if there is one.",
@@ -366,7 +385,7 @@ def _cpus_value(value: str | None) -> int | str | None:
 @click.option(
     "-o",
     "--output-dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=reachable_path(file_okay=False, path_type=Path),
     help="root of the collections (default: data).",
 )
 @click.option("--strict", is_flag=True, default=None, help="fail if any hook cannot attach.")
@@ -681,7 +700,7 @@ def _collect_data_params() -> list[click.Parameter]:
             params.append(
                 click.Option(
                     ["-d", "--benchmark-dir", "benchmark_dir"],
-                    type=click.Path(file_okay=False, path_type=Path),
+                    type=reachable_path(file_okay=False, path_type=Path),
                     help="KernMLOps' -d/--benchmark-dir: the folder its benchmarks are "
                     "installed in, DIR/gap and DIR/linux_kernel (benchmark.gap.source_dir, "
                     "benchmark.linux_build.source_dir). Not a duration: that is --duration.",
@@ -849,7 +868,9 @@ def _draw_graphs(path: Path, show: bool | None = None) -> None:
 
 # --- defaults, build ---------------------------------------------------------------
 @cli.command()
-@click.argument("path", default="defaults.yaml", type=click.Path(dir_okay=False, allow_dash=True))
+@click.argument(
+    "path", default="defaults.yaml", type=reachable_path(dir_okay=False, allow_dash=True)
+)
 def defaults(path: str) -> None:
     """Write the full default configuration (PATH, default defaults.yaml; - for stdout).
 
@@ -886,10 +907,10 @@ def _owner_of(fd: int) -> Invoker | None:
 
 
 @cli.command()
-@click.argument("collection", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("collection", type=reachable_path(exists=True, file_okay=False, path_type=Path))
 @click.option(
     "--bpf-dir",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    type=reachable_path(exists=True, file_okay=False, path_type=Path),
     help="the BPF objects the collecting version built (default: the folder collect uses; "
     "never a path the spool names)",
 )
@@ -1038,7 +1059,7 @@ def recover(collection: Path, bpf_dir: Path | None, no_progress: bool) -> None:
 
 
 @cli.command("build-bpf")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="build folder")
+@click.option("--out", type=reachable_path(file_okay=False, path_type=Path), help="build folder")
 @click.option("--force", is_flag=True, help="rebuild every object")
 def build_bpf(out: Path | None, force: bool) -> None:
     """Compile the BPF objects (clang, vmlinux.h from this kernel's BTF).

@@ -5,6 +5,8 @@ loading BPF programs needs."""
 from __future__ import annotations
 
 import contextlib
+import errno
+import functools
 import io
 import os
 import sys
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 from kernmlops.errors import KernmlopsError, KernmlopsWarning
 
 if TYPE_CHECKING:
+    import click
     from rich.console import Console
 
 #: every command's help: -h as well as --help, lines up to 100 columns (the option
@@ -225,6 +228,40 @@ def waiting(
         yield
     finally:
         said.cancel()
+
+
+@functools.cache
+def _reachable_path() -> type[click.Path]:
+    import click
+
+    class ReachablePath(click.Path):
+        """click.Path that tells a path the user may not reach (a folder above it they may
+        not search) from a missing one: click's own check stats it and takes any error
+        for a missing path, so it said "does not exist" (exists=True), or let it through
+        to the command, where the first stat of it ended in a PermissionError's traceback."""
+
+        def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+            if not (self.allow_dash and value in ("-", b"-")):
+                try:
+                    os.stat(value)
+                except OSError as err:
+                    # missing (or under a file): click's own words for it, as before
+                    if err.errno not in (errno.ENOENT, errno.ENOTDIR):
+                        denied = err.errno in (errno.EACCES, errno.EPERM)
+                        why = "permission denied" if denied else (err.strerror or str(err))
+                        shown = click.format_filename(value)
+                        self.fail(f"{self.name.title()} {shown!r} cannot be reached: {why}",
+                                  param, ctx)  # fmt: skip
+            return super().convert(value, param, ctx)
+
+    return ReachablePath
+
+
+def reachable_path(**options: Any) -> click.Path:
+    """``click.Path(**options)`` for a path a user gives: one they may not reach is
+    refused as such (``Path 'x' cannot be reached: permission denied``), not said to be
+    missing, nor passed on to fail later. click is imported on first use."""
+    return _reachable_path()(**options)
 
 
 def check_tgid(

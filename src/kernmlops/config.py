@@ -41,7 +41,15 @@ from kernmlops.hooks import REGISTRY as HOOKS
 from kernmlops.host.cpus import online_cpu_count
 from kernmlops.host.environment import ENVIRONMENT_FIELDS
 from kernmlops.registry import Plugins
-from kernmlops.validation import key_path, keys_at, not_a_config, shown_key, unknown_key
+from kernmlops.validation import (
+    MAX_PROBLEMS_SHOWN,
+    key_path,
+    keys_at,
+    not_a_config,
+    problems,
+    shown_key,
+    unknown_key,
+)
 
 #: the validation context's key that lets collector.hooks be empty (Flags.no_hooks)
 NO_HOOKS = "no_hooks"
@@ -497,9 +505,6 @@ def _keys_at(loc: tuple[Any, ...]) -> list[str]:
 
 # --- errors ------------------------------------------------------------------
 #: Most problems listed in one message; a hostile file can have thousands.
-MAX_ERRORS_SHOWN = 20
-
-
 def _shown(value: Any) -> str:
     """A value as the user wrote it, cut short (a hostile one may be huge)."""
     return reprlib.repr(value)
@@ -558,13 +563,8 @@ def format_errors(
     errors = error.errors()
     only_flags = all(_from_flag(e, flags) for e in errors)
     where = f" in {source}" if source and not only_flags else ""
-    if len(errors) == 1:
-        return f"invalid configuration{where}: {_describe(errors[0], flags, renames)}"
-    lines = [f"invalid configuration{where}:"]
-    lines += [f"  - {_describe(e, flags, renames)}" for e in errors[:MAX_ERRORS_SHOWN]]
-    if len(errors) > MAX_ERRORS_SHOWN:
-        lines.append(f"  ... and {len(errors) - MAX_ERRORS_SHOWN:,} more")
-    return "\n".join(lines)
+    shown = [_describe(e, flags, renames) for e in errors[:MAX_PROBLEMS_SHOWN]]
+    return problems(f"invalid configuration{where}", shown, len(errors))
 
 
 # --- loading -------------------------------------------------------------------

@@ -839,7 +839,7 @@ def _refused(shown: Path, kind: str) -> str:
 def _why(err: OSError | UnicodeDecodeError) -> str:
     if isinstance(err, OSError):
         return "a link" if err.errno == errno.ELOOP else (err.strerror or str(err))
-    return str(err)
+    return "not UTF-8 text"  # the codec's byte and position say nothing to a user
 
 
 def read_parquet_dir(

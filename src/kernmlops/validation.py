@@ -83,3 +83,22 @@ def unknown_key(key: str, valid: Sequence[str], *, prefix: Sequence[str] = ()) -
     near = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
     hint = f"; did you mean {'.'.join([*prefix, near[0]])!r}?" if near else ""
     return f"unknown key{hint} (valid here: {', '.join(valid)})"
+
+
+#: most problems of one file listed; the rest are counted (a file of thousands of bad
+#: keys is not echoed back whole)
+MAX_PROBLEMS_SHOWN = 20
+
+
+def problems(head: str, found: Sequence[str], total: int | None = None) -> str:
+    """The error of a file with ``found`` problems: ``head: problem`` for one, as every
+    other error is one line; else ``head:`` and one ``  - problem`` line each, the first
+    :data:`MAX_PROBLEMS_SHOWN`. ``total``: how many there are, where ``found`` holds only
+    those to show."""
+    total = len(found) if total is None else total
+    if total == 1:
+        return f"{head}: {found[0]}"
+    lines = [f"{head}:", *(f"  - {p}" for p in found[:MAX_PROBLEMS_SHOWN])]
+    if total > MAX_PROBLEMS_SHOWN:
+        lines.append(f"  ... and {total - MAX_PROBLEMS_SHOWN:,} more")
+    return "\n".join(lines)

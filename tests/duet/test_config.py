@@ -151,9 +151,9 @@ def test_harness_with_syncduet_run_base_is_refused_for_sync_trials():
         "d: {results: [out.csv], A: {run: 'true', syncduet_run_base: nice}}\n"
     )
     message = _error(both % 2)
-    [line] = [m for m in message.splitlines() if "syncduet_run_base" in m]
-    assert line == (
-        "  - d.A: harness and syncduet_run_base are both set, but a sync-duet trial runs "
+    assert message == (
+        "invalid duet configuration in duet.yml: "
+        "d.A: harness and syncduet_run_base are both set, but a sync-duet trial runs "
         "syncduet_run_base in place of the harness (the harness synchronizes by itself: "
         "drop syncduet_run_base, or set harness: null)"
     )
@@ -342,17 +342,24 @@ def test_an_explicit_null_stops_inheritance_and_means_the_default(monkeypatch):
 def test_a_side_without_harness_or_results_is_one_error():
     # harness: null with nothing else to measure: said once, for the side that has it
     msg = _error(NULLS.replace('  image: "bench:1"\n', ""))
-    assert msg.splitlines()[1:] == [
-        "  - plain.A.results: no result files and no harness: nothing to measure "
+    assert msg.split(": ", 1)[1] == (
+        "plain.A.results: no result files and no harness: nothing to measure "
         "(give results: [...] or harness: {iterations: N})"
-    ]
+    )
 
 
 def test_one_missing_command_is_one_error():
     msg = _error("duetbench: {name: x, duets: [d]}\nd:\n  A: {}\n")
+    # one line, as every other error (a list only for more than one)
     assert msg == (
-        "invalid duet configuration in duet.yml:\n  - d.A.run: no command (set run, or run_base)"
+        "invalid duet configuration in duet.yml: d.A.run: no command (set run, or run_base)"
     )
     msg = _error("duetbench: {name: x, duets: [d], harness: {iterations: 2}}\n"
                  "d: {A: {run: a}, B: {}}\n")  # fmt: skip
-    assert msg.splitlines()[1:] == ["  - d.B.run: no command (set run, or run_base)"]
+    assert msg.endswith("duet.yml: d.B.run: no command (set run, or run_base)")
+    two = _error("duetbench: {name: x, duets: [d]}\nd:\n  A: {}\n  B: {}\n")
+    assert two.splitlines() == [
+        "invalid duet configuration in duet.yml:",
+        "  - d.A.run: no command (set run, or run_base)",
+        "  - d.B.run: no command (set run, or run_base)",
+    ]

@@ -61,6 +61,29 @@ def test_bad_metric_file_names_file_key_and_reason(tmp_path: Path) -> None:
     )
 
 
+def test_a_metric_set_with_one_problem_is_one_line_and_many_are_listed(
+    tmp_path: Path,
+) -> None:
+    bad = tmp_path / "m.yaml"
+    bad.write_text("metrics: 5\n")
+    result = run("--config", str(bad), "--check")
+    assert result.exit_code == 2
+    # one line, as every other error (before: the file's name, then its one problem
+    # on a second line)
+    assert result.output == (
+        f"error: invalid metric set {bad}: metrics: Input should be a valid dictionary or "
+        "instance of MetricsSpec (got 5)\n"
+    )
+    # thousands of unknown keys are not echoed back whole
+    bad.write_text("metrics: {}\n" + "".join(f"k{i}: 1\n" for i in range(500)))
+    result = run("--config", str(bad), "--check")
+    assert result.exit_code == 2
+    lines = result.output.splitlines()
+    assert lines[0] == f"error: invalid metric set {bad}:"
+    assert "  - k0: unknown key" in result.output and lines[-1] == "  ... and 481 more"
+    assert len(lines) == 22
+
+
 def test_unknown_set_missing_file_and_bad_listen() -> None:
     result = run("-c", "biolatncy")
     assert result.exit_code == 2 and "did you mean 'biolatency'" in result.output

@@ -195,6 +195,8 @@ def test_not_go_durations(value: object) -> None:
         ({"metrics": {"counters": [{"name": "a", "hlep": "h"}]}}, "did you mean 'help'"),
         ({"metrics": {"histograms": [{**HIST, "bucket_type": "exp3"}]}}, "bucket_type"),
         ({"metrics": {"histograms": [{**HIST, "labels": []}]}}, "last label is the bucket"),
+        ({"metrics": {"counters": [{"name": "a b", "help": "h"}]}},
+         "metrics.counters[0] (a b).name: 'ebpf_exporter_a b' is not a Prometheus metric name"),
     ],
 )  # fmt: skip
 def test_bad_configs_get_one_clear_error(tmp_path: Path, data: dict, message: str) -> None:
@@ -203,6 +205,9 @@ def test_bad_configs_get_one_clear_error(tmp_path: Path, data: dict, message: st
     assert message in str(err.value), str(err.value)
     assert "ebpf_exporter" in str(err.value)
     assert "Traceback" not in str(err.value)
+    # one problem is one line, as every other error (the name's was a header and a line);
+    # a list only for more than one
+    assert len(str(err.value).splitlines()) != 2, str(err.value)
 
 
 def test_config_dir_and_names(tmp_path: Path) -> None:
@@ -212,6 +217,9 @@ def test_config_dir_and_names(tmp_path: Path) -> None:
         resolve_config_dir(str(CONFIGS), "nope")
     with pytest.raises(MetricSetError, match="no such folder"):
         resolve_config_dir(str(tmp_path / "missing"), "a")
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(MetricSetError, match=r"afile: not a folder$"):  # was 'no such folder'
+        resolve_config_dir(str(tmp_path / "afile"), "a")
 
 
 def test_kaddrs_from_kallsyms(tmp_path: Path) -> None:

@@ -411,6 +411,15 @@ def test_a_uri_that_is_empty_or_a_file_is_refused(
     assert run("push", folder, str(tmp_path / "ok")).exit_code == 0  # a folder beside it
 
 
+def test_a_dataset_folder_that_cannot_be_made_is_said_in_words(fleet: Path) -> None:
+    """A folder under /proc (the kernel's: nothing can be made there) said "[Errno 2] No
+    such file or directory: '/proc/kmo-fleet'": Python's repr of the error, the path
+    twice and no reason a user can act on."""
+    folder = str(fleet / "benchmark=faux" / "collection_id=c1")
+    line = one_error_line(run("push", folder, "/proc/kmo-fleet"))
+    assert line == "error: cannot reach /proc/kmo-fleet: no file can be made in /proc", line
+
+
 def test_a_push_line_gives_the_size_in_a_unit_that_shows_it() -> None:
     """A small collection's push said "0.0 MiB": its size is given in the unit that
     shows it, KiB to GiB, as the other sizes kernmlops prints."""

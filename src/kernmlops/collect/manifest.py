@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, mo
 
 from kernmlops.errors import CollectionError
 from kernmlops.fileio import write_atomic
+from kernmlops.jsonfile import loads
 from kernmlops.spool.collection import (  # below both: the spool reads these too
     MANIFEST_NAME,
     check_collection_id,
@@ -353,16 +354,16 @@ def read_manifest(collection_dir: Path) -> Manifest:
     except OSError as e:
         why = "a link" if e.errno == errno.ELOOP else e.strerror or str(e)
         raise CollectionError(f"{path}: cannot read the manifest: {why}") from None
-    except UnicodeDecodeError as e:
-        raise CollectionError(f"{path}: cannot read the manifest: {e}") from None
+    except UnicodeDecodeError:  # the codec's byte and position say nothing to a user
+        raise CollectionError(f"{path}: cannot read the manifest: not UTF-8 text") from None
     return parse_manifest(text, path)
 
 
 def parse_manifest(text: str, path: Path) -> Manifest:
     """A manifest's text checked as :func:`read_manifest` checks it (``path`` names it)."""
     try:
-        raw = json.loads(text)
-    except ValueError as e:  # JSONDecodeError, or a number past Python's 4300 digits
+        raw = loads(text)
+    except ValueError as e:  # malformed, nested too deep, or a number past 4300 digits
         raise CollectionError(f"{path}: the manifest is not valid JSON: {e}") from e
     if not isinstance(raw, dict):
         kind = type(raw).__name__

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from kernmlops.clitools import CONTEXT_SETTINGS, fail, progress
+from kernmlops.clitools import CONTEXT_SETTINGS, fail, progress, reachable_path
 from kernmlops.errors import KernmlopsError, why_not_written
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -39,12 +39,14 @@ def duet_group() -> None:
 
 
 @duet_group.command("run")
-@click.argument("configs", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.argument(
+    "configs", nargs=-1, required=True, type=reachable_path(dir_okay=False, path_type=Path)
+)
 @click.option(
     "--outdir",
     "-o",
     required=True,
-    type=click.Path(file_okay=False, path_type=Path),
+    type=reachable_path(file_okay=False, path_type=Path),
     help="each suite goes to OUTDIR/<suite>/",
 )
 @click.option("--force", is_flag=True, help="replace a suite folder left by an earlier run")
@@ -268,12 +270,12 @@ def _details(rec, folder: Path) -> None:
 
 @duet_group.command("process")
 @click.argument(
-    "folders", nargs=-1, required=True, type=click.Path(file_okay=False, path_type=Path)
+    "folders", nargs=-1, required=True, type=reachable_path(file_okay=False, path_type=Path)
 )
 @click.option(
     "--out",
     "-o",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=reachable_path(file_okay=False, path_type=Path),
     help="where duet-results.parquet/.csv go (default: the one FOLDER)",
 )
 @click.option(
@@ -296,7 +298,7 @@ def _details(rec, folder: Path) -> None:
     "--config",
     "configs",
     multiple=True,
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=reachable_path(dir_okay=False, path_type=Path),
     help="the duet.yml the results came from: its duets without B are A/A (repeatable)",
 )
 @click.option(
@@ -409,11 +411,11 @@ def _mds_text(c) -> str:
 
 
 @duet_group.command("analyze")
-@click.argument("results", type=click.Path(exists=True, path_type=Path))
+@click.argument("results", type=reachable_path(exists=True, path_type=Path))
 @click.option(
     "--out",
     "-o",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=reachable_path(file_okay=False, path_type=Path),
     help="report folder (default: RESULTS/report)",
 )
 @click.option(

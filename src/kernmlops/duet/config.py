@@ -48,7 +48,7 @@ from pydantic import (
 
 from kernmlops.errors import ConfigError
 from kernmlops.host.cpus import format_cpu_list, parse_cpu_list
-from kernmlops.validation import key_path, keys_at, not_a_config, unknown_key
+from kernmlops.validation import key_path, keys_at, not_a_config, problems, unknown_key
 from kernmlops.yamlfile import safe_yaml
 
 #: Artifacts always captured once per suite (name -> what is recorded).
@@ -361,8 +361,7 @@ def validate_duet_config(data: Any, source: str | None = None) -> DuetSuite:
         )
     if "duetbench" not in data:
         raise ConfigError(
-            f"invalid duet configuration{where}:\n  - duetbench: missing section "
-            "(suite, duets, ...)"
+            f"invalid duet configuration{where}: duetbench: missing section (suite, duets, ...)"
         )
     bench: DuetBenchSection | None = None
     try:
@@ -396,9 +395,7 @@ def validate_duet_config(data: Any, source: str | None = None) -> DuetSuite:
         if bench.suite is None and bench.name is None and not own:
             errors.append("duetbench.name: required (the suite's name; or give suite)")
     if errors or bench is None:
-        raise ConfigError(
-            f"invalid duet configuration{where}:\n" + "\n".join(f"  - {e}" for e in errors)
-        )
+        raise ConfigError(problems(f"invalid duet configuration{where}", errors))
     # The run's folder is named by the suite (or the config's name); a duet's
     # own suite names its result files and its rows, as in the original.
     suite = bench.suite or bench.name or (Path(source).name.split(".")[0] if source else "duet")
@@ -434,9 +431,7 @@ def validate_duet_config(data: Any, source: str | None = None) -> DuetSuite:
         errors += _check_duet(duet)
         duets.append(duet)
     if errors:
-        raise ConfigError(
-            f"invalid duet configuration{where}:\n" + "\n".join(f"  - {e}" for e in errors)
-        )
+        raise ConfigError(problems(f"invalid duet configuration{where}", errors))
     engine = bench.engine or bench.docker_command or "docker"
     return DuetSuite(
         suite=suite,

@@ -638,9 +638,9 @@ def _read_any(path: Path) -> pl.DataFrame:
     with _opened(path) as f:
         data = read_open(f, path, RESULTS_MAX_BYTES, what="results table", hint="")
         if path.suffix == ".json":
-            import json
+            from kernmlops.jsonfile import loads
 
-            doc = json.loads(data)
+            doc = loads(data)
             if isinstance(doc, dict):  # pandas' orientation: {column: {row: value}}
                 rows = sorted({k for col in doc.values() for k in col}, key=int)
                 return pl.DataFrame({c: [doc[c].get(r) for r in rows] for c in doc}, strict=False)

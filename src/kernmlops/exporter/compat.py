@@ -34,6 +34,7 @@ with the matching cgroups' ids (cgroup_id_map.py).
 
 from __future__ import annotations
 
+import errno
 import math
 import re
 from decimal import Decimal
@@ -409,27 +410,30 @@ def _spec(cls: type, where: str, loc: str, **fields: Any) -> Any:
         first = err.errors()[0]
         field = ".".join(str(p) for p in first["loc"])
         msg = first["msg"].removeprefix("Value error, ")
-        raise MetricSetError(
-            f"invalid {where}:\n  - {loc}{'.' + field if field else ''}: {msg}"
-        ) from None
+        at = f"{loc}.{field}" if field else loc
+        raise MetricSetError(f"invalid {where}: {at}: {msg}") from None  # one line, as all
 
 
 def resolve_config_dir(config_dir: str, names: str) -> list[str]:
     """ebpf_exporter's ``--config.dir DIR --config.names a,b``: DIR/a.yaml, DIR/b.yaml."""
     folder = Path(config_dir)
-    if not folder.is_dir():
-        raise MetricSetError(f"--config.dir {config_dir}: no such folder")
-    out = []
-    for name in (n.strip() for n in names.split(",")):
-        if not name:
-            continue
-        path = folder / f"{name}.yaml"
-        if not path.exists():
-            known = sorted(p.stem for p in folder.glob("*.yaml"))
-            raise MetricSetError(
-                f"--config.names {name}: no {path} (configs there: {', '.join(known) or 'none'})"
-            )
-        out.append(str(path))
+    try:  # is_dir() and exists() raise where a folder on the way may not be searched
+        if not folder.is_dir():
+            why = "not a folder" if folder.exists() else "no such folder"  # a file: 'no such'
+            raise MetricSetError(f"--config.dir {config_dir}: {why}")
+        out = []
+        for name in (n.strip() for n in names.split(",")):
+            if not name:
+                continue
+            path = folder / f"{name}.yaml"
+            if not path.exists():
+                known = ", ".join(sorted(p.stem for p in folder.glob("*.yaml"))) or "none"
+                raise MetricSetError(f"--config.names {name}: no {path} (configs there: {known})")
+            out.append(str(path))
+    except OSError as err:
+        denied = err.errno in (errno.EACCES, errno.EPERM)
+        why = "permission denied" if denied else (err.strerror or str(err))
+        raise MetricSetError(f"--config.dir {config_dir}: cannot be read: {why}") from None
     if not out:
         raise MetricSetError("--config.names: give at least one config name")
     return out

@@ -21,7 +21,7 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kernmlops.errors import ConfigError
-from kernmlops.validation import keys_at, shown_key, unknown_key
+from kernmlops.validation import keys_at, problems, shown_key, unknown_key
 
 #: Where the built-in metric sets live: bpf/exp_<name>.bpf.c + exp_<name>.yaml.
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "bpf"
@@ -387,17 +387,18 @@ def _where(loc: tuple[Any, ...], data: Any) -> str:
 def format_errors(
     error: ValidationError, source: str, data: Any, model: type[BaseModel] | None = None
 ) -> str:
-    """One line per problem; ``model``: the file's top-level model (ours by default)."""
-    lines = [f"invalid metric set {source}:"]
+    """One line for one problem, else a line per problem; ``model``: the file's
+    top-level model (ours by default)."""
+    found = []
     for err in error.errors():
         loc = tuple(err["loc"])
         where = _where(loc, data)
         if err["type"] == "extra_forbidden":
             valid = keys_at(model or MetricSetSpec, loc[:-1])
-            lines.append(f"  - {where}: {unknown_key(str(loc[-1]), valid)}")
+            found.append(f"{where}: {unknown_key(str(loc[-1]), valid)}")
             continue
         msg = err["msg"].removeprefix("Value error, ")
         got = err.get("input")
         shown = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
-        lines.append(f"  - {where}: {msg}{shown}")
-    return "\n".join(lines)
+        found.append(f"{where}: {msg}{shown}")
+    return problems(f"invalid metric set {source}", found)

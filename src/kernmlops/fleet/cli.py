@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from kernmlops.clitools import CONTEXT_SETTINGS, fail, progress, waiting
+from kernmlops.clitools import CONTEXT_SETTINGS, fail, progress, reachable_path, waiting
 from kernmlops.errors import KernmlopsError
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ def _say(text: str) -> None:
     epilog=URI_HELP,
     context_settings=CONTEXT_SETTINGS,
 )
-@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("paths", nargs=-1, required=True, type=reachable_path(path_type=Path))
 @click.argument("uri")
 @click.option(
     "--incomplete",

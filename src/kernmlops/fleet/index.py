@@ -510,9 +510,9 @@ def read_damaged(dataset: Dataset) -> list[Damaged]:
     Raises:
         OSError: the dataset cannot be read.
     """
-    import json
-
     import pyarrow.fs as pafs
+
+    from kernmlops.jsonfile import loads
 
     infos = listing(dataset, dataset.path(DAMAGED_DIR))
     found = []
@@ -522,7 +522,7 @@ def read_damaged(dataset: Dataset) -> list[Damaged]:
             continue
         cid = name.removesuffix(".json")
         try:
-            record = json.loads(read_at_most(dataset, info.path, MARKER_MAX_BYTES))
+            record = loads(read_at_most(dataset, info.path, MARKER_MAX_BYTES))
             found.append(Damaged(cid, str(record["path"]), str(record["reason"])))
         except (ValueError, TypeError, KeyError):
             found.append(Damaged(cid, "", f"its marker {DAMAGED_DIR}/{name} is not readable"))

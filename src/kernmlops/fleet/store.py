@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from kernmlops.errors import OutputError
+from kernmlops.errors import OutputError, why_not_written
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
@@ -109,6 +109,11 @@ def describe_error(err: BaseException) -> str:
         text = "the destination is read-only"
     elif isinstance(err, OSError) and err.errno == errno.ENOTDIR:
         text = "a part of the path is a file, not a folder"
+    elif isinstance(err, OSError) and err.errno == errno.ENOENT and err.filename:
+        # a folder that cannot be made where it was named (/proc), or one gone meanwhile
+        text = why_not_written(err, Path(err.filename))
+    elif isinstance(err, OSError) and err.strerror:
+        text = err.strerror  # not "[Errno -2] ...: 'path'": the caller names the path
     for secret in _secrets():
         text = text.replace(secret, "***")
     return text

@@ -14,12 +14,12 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from kernmlops.clitools import fail, progress, warnings_as_lines
+from kernmlops.clitools import fail, progress, reachable_path, warnings_as_lines
 from kernmlops.errors import CollectionError, KernmlopsError
 
 console = Console(stderr=True, highlight=False)
 
-_COLLECTION = click.Path(exists=True, file_okay=True, dir_okay=True, path_type=Path)
+_COLLECTION = reachable_path(exists=True, file_okay=True, dir_okay=True, path_type=Path)
 
 
 def _selection_options(command):
@@ -116,7 +116,7 @@ def _missing_tables(names: list[str], tables: Iterable[str], damaged: Iterable[s
 @click.option(
     "-o",
     "--output-dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=reachable_path(file_okay=False, path_type=Path),
     help="where the PNGs go (default: COLLECTION/graphs).",
 )
 @_only_option
@@ -202,7 +202,7 @@ def graph_command(
 @click.option(
     "-o",
     "--output",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=reachable_path(dir_okay=False, path_type=Path),
     default=Path("report.html"),
     show_default=True,
     help="the HTML file to write.",
@@ -283,7 +283,7 @@ _KML_INPUT = Path("data/curated")
 _KML_INPUT_OPTION = click.option(
     "-d",
     "--input-dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=reachable_path(file_okay=False, path_type=Path),
     default=_KML_INPUT,
     show_default=True,
     help="the collections' folder (or the data folder holding curated/).",
@@ -316,7 +316,7 @@ def kernmlops_dump_command(input_dir: Path, benchmark_name: str | None) -> None:
 @click.option(
     "-o",
     "--output-dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=reachable_path(file_okay=False, path_type=Path),
     help="where the PNGs go (default: the collection's graphs/).",
 )
 @click.option(

@@ -13,7 +13,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from kernmlops.clitools import fail, require_bpf_privileges
+from kernmlops.clitools import fail, reachable_path, require_bpf_privileges
 from kernmlops.errors import KernmlopsError
 
 console = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
@@ -65,7 +65,7 @@ def _collect_options(fn):
                 "--config",
                 "config_files",
                 multiple=True,
-                type=click.Path(dir_okay=False, path_type=Path),
+                type=reachable_path(dir_okay=False, path_type=Path),
                 help="YAML overrides (benchmark, scenario, ...); repeat it for one "
                 "collection per file in one process (the lab pays the start-up once)",
             ),
@@ -88,7 +88,7 @@ def _collect_options(fn):
             click.option(
                 "-o",
                 "--output-dir",
-                type=click.Path(file_okay=False, path_type=Path),
+                type=reachable_path(file_okay=False, path_type=Path),
                 help="root of the collections (default: data)",
             ),
             click.option(
@@ -263,7 +263,7 @@ def _print_shadow(kind: str, s: dict[str, Any]) -> None:
 @lb_group.command("collect", context_settings={"ignore_unknown_options": False})
 @_collect_options
 @click.option(
-    "--model", "model_path", type=click.Path(dir_okay=False, path_type=Path),
+    "--model", "model_path", type=reachable_path(dir_okay=False, path_type=Path),
     help="also evaluate this model in the kernel on every decision (shadow mode)",
 )  # fmt: skip
 def collect_cmd(variant, config_files, repeat, attach, benchmark, duration, output_dir,
@@ -284,7 +284,7 @@ def collect_cmd(variant, config_files, repeat, attach, benchmark, duration, outp
 
 
 @lb_group.command("shadow", context_settings={"ignore_unknown_options": False})
-@click.argument("model_path", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("model_path", type=reachable_path(dir_okay=False, path_type=Path))
 @_collect_options
 def shadow_cmd(model_path, variant, config_files, repeat, attach, benchmark, duration,
                output_dir, migration_cost_ns, no_progress, command) -> None:  # fmt: skip
@@ -318,10 +318,12 @@ def shadow_cmd(model_path, variant, config_files, repeat, attach, benchmark, dur
 
 
 @lb_group.command("import-mllb")
-@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.argument(
+    "files", nargs=-1, required=True, type=reachable_path(dir_okay=False, path_type=Path)
+)
 @click.option(
-    "-o", "--output-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("data"),
-    show_default=True, help="root of the collections",
+    "-o", "--output-dir", type=reachable_path(file_okay=False, path_type=Path),
+    default=Path("data"), show_default=True, help="root of the collections",
 )  # fmt: skip
 @click.option("--collection-id", help="collection id (one file only; default: mllb-<file stem>)")
 def import_cmd(files: tuple[Path, ...], output_dir: Path, collection_id: str | None) -> None:
@@ -405,9 +407,9 @@ def _print_metrics(title: str, section: dict[str, Any]) -> None:
 
 
 @lb_group.command("train")
-@click.argument("data", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("data", nargs=-1, required=True, type=reachable_path(path_type=Path))
 @click.option(
-    "-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+    "-o", "--output", type=reachable_path(dir_okay=False, path_type=Path),
     default=Path("lb-model.json"), show_default=True,
     help="model file (JSON, float weights and metadata)",
 )  # fmt: skip
@@ -466,9 +468,9 @@ def train_cmd(data, output, split, tests, test_fraction, epochs, seed, migration
 
 
 @lb_group.command("export")
-@click.argument("model_path", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("model_path", type=reachable_path(dir_okay=False, path_type=Path))
 @click.option(
-    "-o", "--output-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("."),
+    "-o", "--output-dir", type=reachable_path(file_okay=False, path_type=Path), default=Path("."),
     show_default=True,
 )  # fmt: skip
 @click.option("--name", default="kmo_lb_model", show_default=True, help="file stem of the outputs")
@@ -476,7 +478,7 @@ def train_cmd(data, output, split, tests, test_fraction, epochs, seed, migration
     "--data",
     "data",
     multiple=True,
-    type=click.Path(path_type=Path),
+    type=reachable_path(path_type=Path),
     help="decisions to measure float vs fixed on (default: the model's test runs)",
 )
 def export_cmd(model_path: Path, output_dir: Path, name: str, data: tuple[Path, ...]) -> None:
@@ -563,7 +565,7 @@ def export_cmd(model_path: Path, output_dir: Path, name: str, data: tuple[Path, 
 
 
 @lb_group.command("dump-weights")
-@click.argument("model_path", metavar="MODEL", type=click.Path(path_type=Path))
+@click.argument("model_path", metavar="MODEL", type=reachable_path(path_type=Path))
 @click.option("--layout", type=click.Choice(["0", "1", "2"]), default="2", show_default=True,
               help="MLLB's layouts: 2 W1 row by row, each other array on one line; 1 every "
               "array on one line; 0 W1 and W2 row by row, biases one value a line")  # fmt: skip
@@ -590,8 +592,8 @@ def dump_weights_cmd(model_path: Path, layout: str) -> None:
 
 
 @lb_group.command("import-weights")
-@click.argument("weights_path", metavar="FILE", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+@click.argument("weights_path", metavar="FILE", type=reachable_path(dir_okay=False, path_type=Path))
+@click.option("-o", "--output", type=reachable_path(dir_okay=False, path_type=Path),
               default=Path("mllb-model.json"), show_default=True,
               help="the model, as lb train writes one")  # fmt: skip
 def import_weights_cmd(weights_path: Path, output: Path) -> None:
@@ -619,9 +621,9 @@ def import_weights_cmd(weights_path: Path, output: Path) -> None:
 
 
 @lb_group.command("report")
-@click.argument("data", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--model", "model_path", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path),
+@click.argument("data", nargs=-1, required=True, type=reachable_path(path_type=Path))
+@click.option("--model", "model_path", type=reachable_path(dir_okay=False, path_type=Path))
+@click.option("--json", "json_out", type=reachable_path(dir_okay=False, path_type=Path),
               help="also write the report as JSON")  # fmt: skip
 def report_cmd(data: tuple[Path, ...], model_path: Path | None, json_out: Path | None) -> None:
     """What DATA holds per collection (decisions, share migrated, agreement of
@@ -696,7 +698,7 @@ def _lab_release() -> str | None:
 @lb_group.command("build-kmod")
 @click.option("--release", help="kernel release to build for (default: the lab's kernel, "
               "the newest non-running /boot/vmlinuz-*)")  # fmt: skip
-@click.option("-o", "--out", "build_dir", type=click.Path(file_okay=False, path_type=Path),
+@click.option("-o", "--out", "build_dir", type=reachable_path(file_okay=False, path_type=Path),
               help="build folder (default: $KERNMLOPS_KMOD_DIR, else build/kmod of a source "
               "checkout, else ~/.cache/kernmlops/kmod)")  # fmt: skip
 @click.option("--force", is_flag=True, help="rebuild even when current")
@@ -726,16 +728,16 @@ def build_kmod_cmd(release: str | None, build_dir: Path | None, force: bool) -> 
 
 
 @lb_group.command("deploy")
-@click.argument("model_path", metavar="MODEL", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("model_path", metavar="MODEL", type=reachable_path(dir_okay=False, path_type=Path))
 @click.option("--mode", type=click.Choice(["off", "shadow", "replace"]), default="shadow",
               show_default=True, help="off: the kernel decides alone; shadow: count agreement, "
               "decide nothing; replace: the model decides")  # fmt: skip
 @click.option(
     "--ko",
-    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    type=reachable_path(dir_okay=False, exists=True, path_type=Path),
     help="a built kmo_lb.ko (default: RELEASE/ in --build-dir, built if missing)",
 )
-@click.option("--build-dir", type=click.Path(file_okay=False, path_type=Path),
+@click.option("--build-dir", type=reachable_path(file_okay=False, path_type=Path),
               help="where modules are built and looked for (default: $KERNMLOPS_KMOD_DIR, "
               "else build/kmod of a source checkout, else ~/.cache/kernmlops/kmod)")  # fmt: skip
 @click.option("--migration-cost-ns", type=click.IntRange(min=1),

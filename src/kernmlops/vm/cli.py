@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from kernmlops.clitools import reachable_path
 from kernmlops.errors import KernmlopsError
 
 
@@ -15,7 +16,7 @@ from kernmlops.errors import KernmlopsError
 )
 @click.option(
     "--kernel",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=reachable_path(dir_okay=False, path_type=Path),
     help="kernel image (default: the newest non-running /boot/vmlinuz-*)",
 )
 @click.option("--cpus", default=4, show_default=True, help="virtual CPUs")
@@ -27,7 +28,7 @@ from kernmlops.errors import KernmlopsError
     "outdir",
     default="vm-out",
     show_default=True,
-    type=click.Path(file_okay=False, path_type=Path),
+    type=reachable_path(file_okay=False, path_type=Path),
     help="folder the guest can write (same path inside); comes back with the results",
 )
 @click.option("--timeout", "timeout_s", type=float, help="give up after this many seconds")

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import polars as pl
 
 from kernmlops.duet.harness import COLUMNS
 from kernmlops.duet.parsers.base import Anchor, ParseError, Parser, frame
+from kernmlops.jsonfile import loads
 
 _HEADER = ",".join(COLUMNS)
 
@@ -19,7 +19,7 @@ def _sniff(path: Path, head: str) -> bool:
         return True
     if first.startswith("{"):
         try:
-            return set(COLUMNS) <= set(json.loads(first))
+            return set(COLUMNS) <= set(loads(first))
         except ValueError:
             return False
     return False
@@ -42,7 +42,7 @@ def _parse(path: Path, data: bytes, _anchor: Anchor) -> pl.DataFrame:
     else:
         for n, line in enumerate(lines, start=1):
             try:
-                obj = json.loads(line)
+                obj = loads(line)
             except ValueError:
                 if n == len(lines):
                     break

@@ -9,12 +9,12 @@ next run starts after its time.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import polars as pl
 
 from kernmlops.duet.parsers.base import Anchor, ParseError, Parser, derived
+from kernmlops.jsonfile import loads
 
 
 def _sniff(path: Path, head: str) -> bool:
@@ -23,7 +23,7 @@ def _sniff(path: Path, head: str) -> bool:
 
 
 def _parse(path: Path, data: bytes, anchor: Anchor) -> pl.DataFrame:
-    doc = json.loads(data.decode())
+    doc = loads(data.decode())
     results = doc.get("results")
     if not isinstance(results, list) or not results:
         raise ParseError("no results")

@@ -10,13 +10,13 @@ derived, Unix-epoch nanoseconds).
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from pathlib import Path
 
 import polars as pl
 
 from kernmlops.duet.parsers.base import Anchor, ParseError, Parser, frame
+from kernmlops.jsonfile import loads
 
 
 def _sniff(path: Path, head: str) -> bool:
@@ -33,7 +33,7 @@ def _loops(*metas: dict) -> int:
 
 
 def _parse(path: Path, data: bytes, anchor: Anchor) -> pl.DataFrame:
-    doc = json.loads(data.decode())
+    doc = loads(data.decode())
     benches = doc.get("benchmarks")
     if not isinstance(benches, list) or not benches:
         raise ParseError("no benchmarks")

@@ -7,12 +7,12 @@ repetition) and ``duration_ns``. Starts are Unix-epoch nanoseconds.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import polars as pl
 
 from kernmlops.duet.parsers.base import Anchor, ParseError, Parser, frame
+from kernmlops.jsonfile import loads
 
 
 def _sniff(path: Path, head: str) -> bool:
@@ -21,7 +21,7 @@ def _sniff(path: Path, head: str) -> bool:
 
 
 def _parse(path: Path, data: bytes, _anchor: Anchor) -> pl.DataFrame:
-    doc = json.loads(data.decode())
+    doc = loads(data.decode())
     try:
         vm_start_ms = int(doc["environment"]["vm"]["start_unix_ms"])
     except (KeyError, TypeError):
