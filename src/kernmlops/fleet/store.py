@@ -282,8 +282,9 @@ def probe(dataset: Dataset) -> None:
         if dataset.local:
             root = Path(dataset.root)
             # the nearest name that is there: the root, or the folder it would be made in
-            there = root
+            there, missing = root, []
             while not os.path.lexists(there) and there != there.parent:
+                missing.append(there)
                 there = there.parent
             if not there.is_dir():
                 if there == root:
@@ -291,6 +292,7 @@ def probe(dataset: Dataset) -> None:
                 raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(there))
             if not os.access(there, os.W_OK | os.X_OK):
                 raise PermissionError(errno.EACCES, "permission denied", str(there))
+            _can_make(missing)
             return
         if dataset.kind in OBJECT_STORES:
             bucket = dataset.root.split("/", 1)[0]
@@ -304,6 +306,21 @@ def probe(dataset: Dataset) -> None:
         raise
     except (OSError, ValueError) as err:
         raise PublishError(f"cannot reach {dataset.uri}: {describe_error(err)}") from None
+
+
+def _can_make(missing: list[Path]) -> None:
+    """Make the folders ``missing`` (the deepest first in the list) and take them away
+    again: whether they can be made at all (root may write where nothing can be made,
+    e.g. under /proc) is known before a push starts, and nothing is left behind."""
+    made: list[Path] = []
+    try:
+        for folder in reversed(missing):
+            folder.mkdir()
+            made.append(folder)
+    finally:
+        for folder in reversed(made):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 def _a_file(dataset: Dataset) -> str:
