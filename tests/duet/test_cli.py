@@ -79,7 +79,12 @@ def test_user_errors_exit_non_zero_with_a_message(tmp_path: Path):
     assert res.exit_code == 2 and "--out" in res.output
     (tmp_path / "duet-results.csv").write_text("a,b\n1,2\n")
     res = runner.invoke(duet_group, ["analyze", str(tmp_path), "--warmup", "x"])
-    assert res.exit_code == 2 and "warm-up 'x'" in res.output
+    assert res.exit_code == 2 and "--warmup: warm-up 'x'" in res.output
+    for option, value, said in (("--confidence", "2", "must be between 0.5 and 1 (got 2.0)"),
+                                ("--min-overlap", "0", "must be in (0, 1] (got 0.0)"),
+                                ("--min-runs", "1", "must be at least 2 (got 1)")):  # fmt: skip
+        res = runner.invoke(duet_group, ["analyze", str(tmp_path), option, value])
+        assert res.exit_code == 2 and f"{option}: {said}" in res.output, res.output
 
 
 def test_analyze_resamples_are_bounded(tmp_path: Path):
@@ -92,7 +97,7 @@ def test_analyze_resamples_are_bounded(tmp_path: Path):
         args = ["analyze", str(tmp_path), "--interval", "bca", "--resamples", str(n)]
         res = CliRunner().invoke(duet_group, args)
         assert res.exit_code == 2
-        assert f"resamples must be 100 to 100000 (got {n})" in res.output
+        assert f"--resamples: must be 100 to 100000 (got {n})" in res.output
     # as the command says it: one line, exit 2
     args = ["duet", "analyze", str(tmp_path), "--interval", "bca", "--resamples", str(10**12)]
     done = subprocess.run(
@@ -100,7 +105,7 @@ def test_analyze_resamples_are_bounded(tmp_path: Path):
     )
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr == (
-        f"error: Invalid value: resamples must be 100 to 100000 (got {10**12}) "
+        f"error: Invalid value for --resamples: must be 100 to 100000 (got {10**12}) "
         "(see kernmlops duet analyze --help)\n"
     )
     help_text = next(p for p in analyze_cmd.params if p.name == "resamples").help
@@ -456,7 +461,7 @@ def test_analyze_refuses_a_negative_seed_in_one_line(tmp_path: Path):
         )
         assert res.exit_code == 2, res.output
         assert res.exception is None or isinstance(res.exception, SystemExit)
-        assert "seed must be 0 or more (got -1)" in res.output
+        assert "--seed: must be 0 or more (got -1)" in res.output
         assert not (tmp_path / "report").exists()
 
 

@@ -207,3 +207,23 @@ def test_artifact_columns_are_one_line():
     assert artifact_value("meminfo", "MemTotal:  24576000 kB\nMemFree: 1 kB\n") == "24576000 kB"
     assert artifact_value("uname", "\nLinux host 6.18 x86_64\n") == "Linux host 6.18 x86_64"
     assert artifact_value("gcc", "") is None
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ('{"results": [{"times": ["fast"]}]}', "could not convert string to float: 'fast'"),
+        ('{"results": [{"times": [1.0]}], "x": 1}'.replace("[{", "[[{").replace("}]", "}]]"),
+         "'list' object has no attribute 'get'"),
+    ],
+)  # fmt: skip
+def test_a_malformed_file_is_said_in_words_not_a_python_repr(
+    tmp_path: Path, text: str, said: str
+) -> None:
+    """A file that sniffs as hyperfine's but holds the wrong types said
+    "malformed (ValueError(...))": Python's repr of the error."""
+    path = tmp_path / "s.b.1.hyperfine.AB.0.json"
+    path.write_text(text)
+    with pytest.raises(ParseError) as err:
+        parse_file(path)
+    assert str(err.value) == f"{path.name}: hyperfine: malformed ({said})"

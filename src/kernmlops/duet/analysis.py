@@ -142,23 +142,36 @@ class Options:
 
     def __post_init__(self) -> None:
         if self.interval not in INTERVALS:
-            raise ValueError(f"interval {self.interval!r}: one of {', '.join(INTERVALS)}")
+            raise OptionError("interval", f"{self.interval!r}: one of {', '.join(INTERVALS)}")
         if self.method not in METHODS:
-            raise ValueError(f"method {self.method!r}: one of {', '.join(METHODS)}")
+            raise OptionError("method", f"{self.method!r}: one of {', '.join(METHODS)}")
         if str(self.warmup).strip() != "auto":
-            parse_warmup(self.warmup)
+            try:
+                parse_warmup(self.warmup)
+            except ValueError as err:
+                raise OptionError("warmup", str(err)) from None
         if not 0 < self.min_overlap <= 1:
-            raise ValueError("min_overlap must be in (0, 1]")
+            raise OptionError("min_overlap", f"must be in (0, 1] (got {self.min_overlap})")
         if not 0.5 < self.confidence < 1:
-            raise ValueError("confidence must be between 0.5 and 1")
+            raise OptionError("confidence", f"must be between 0.5 and 1 (got {self.confidence})")
         if not MIN_RESAMPLES <= self.resamples <= MAX_RESAMPLES:
-            raise ValueError(
-                f"resamples must be {MIN_RESAMPLES} to {MAX_RESAMPLES} (got {self.resamples})"
+            raise OptionError(
+                "resamples", f"must be {MIN_RESAMPLES} to {MAX_RESAMPLES} (got {self.resamples})"
             )
         if self.min_runs < 2:
-            raise ValueError("min_runs must be at least 2")
+            raise OptionError("min_runs", f"must be at least 2 (got {self.min_runs})")
         if self.seed < 0:  # numpy's generators take no negative seed
-            raise ValueError(f"seed must be 0 or more (got {self.seed})")
+            raise OptionError("seed", f"must be 0 or more (got {self.seed})")
+
+
+class OptionError(ValueError):
+    """An Options field that cannot be: ``field`` names it (the CLI's option is
+    ``--`` and the field with ``-`` for ``_``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field} {message}")
+        self.field = field
+        self.message = message
 
 
 def parse_warmup(text: str | int) -> tuple[int, float]:

@@ -506,7 +506,7 @@ def analyze_cmd(
     """
     import polars as pl
 
-    from kernmlops.duet.analysis import Options, analyze
+    from kernmlops.duet.analysis import OptionError, Options, analyze
     from kernmlops.duet.process import read_results, side_outcomes
     from kernmlops.duet.report import write_report
 
@@ -523,8 +523,9 @@ def analyze_cmd(
                 method=method,
                 interval=interval,
             )
-        except ValueError as err:
-            raise click.BadParameter(str(err)) from None
+        except OptionError as err:
+            hint = f"--{err.field.replace('_', '-')}"
+            raise click.BadParameter(err.message, param_hint=hint) from None
         table, kernel = read_results(results)
         if table.height == 0:
             raise KernmlopsError(f"{results}: the results table is empty")

@@ -95,8 +95,8 @@ def parse_file(
                 rows = parser.parse(path, data, anchor or Anchor())
             except ParseError as err:
                 raise ParseError(f"{path.name}: {parser.name}: {err}") from None
-            except (ValueError, KeyError, TypeError, IndexError, OSError) as err:
-                raise ParseError(f"{path.name}: {parser.name}: malformed ({err!r})") from None
+            except (ValueError, KeyError, TypeError, IndexError, AttributeError, OSError) as err:
+                raise ParseError(f"{path.name}: {parser.name}: malformed ({_said(err)})") from None
             if rows.height == 0:
                 raise ParseError(f"{path.name}: {parser.name}: no iterations in the file")
             return parser.name, rows
@@ -115,3 +115,12 @@ __all__ = [
     "parse_file",
     "read_open",
 ]
+
+
+def _said(err: BaseException) -> str:
+    """An error's words for a warning line: its message, else its kind (a KeyError's
+    message is the key alone: named as such)."""
+    if isinstance(err, KeyError):
+        return f"no {err.args[0]!r}" if err.args else "a key is missing"
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__
