@@ -215,6 +215,7 @@ def test_artifact_columns_are_one_line():
         ('{"results": [{"times": ["fast"]}]}', "could not convert string to float: 'fast'"),
         ('{"results": [{"times": [1.0]}], "x": 1}'.replace("[{", "[[{").replace("}]", "}]]"),
          "'list' object has no attribute 'get'"),
+        ('{"results": [{"times": [Infinity]}]}', "cannot convert float infinity to integer"),
     ],
 )  # fmt: skip
 def test_a_malformed_file_is_said_in_words_not_a_python_repr(

@@ -95,7 +95,8 @@ def parse_file(
                 rows = parser.parse(path, data, anchor or Anchor())
             except ParseError as err:
                 raise ParseError(f"{path.name}: {parser.name}: {err}") from None
-            except (ValueError, KeyError, TypeError, IndexError, AttributeError, OSError) as err:
+            except (ValueError, KeyError, TypeError, IndexError, AttributeError, ArithmeticError,
+                    OSError) as err:  # fmt: skip
                 raise ParseError(f"{path.name}: {parser.name}: malformed ({_said(err)})") from None
             if rows.height == 0:
                 raise ParseError(f"{path.name}: {parser.name}: no iterations in the file")
