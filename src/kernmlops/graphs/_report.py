@@ -138,6 +138,14 @@ def _recovered(m: dict[str, Any]) -> str | None:
     return what
 
 
+def _not_seen(hook: Any) -> int:
+    """A hook's events the kernel counted that it never saw (block_io: completions by
+    /proc/diskstats, hooks.block_io.counters.completions_not_seen); 0 where unknown."""
+    counters = hook.get("counters") if isinstance(hook, dict) else None
+    value = counters.get("completions_not_seen") if isinstance(counters, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 def _overview(col: _Column) -> str:
     m = col.manifest
     bench = m.get("benchmark") if isinstance(m.get("benchmark"), dict) else {}
@@ -151,6 +159,7 @@ def _overview(col: _Column) -> str:
     filt_text = _e(filt.get("mode")) + (f" (tgid {_e(filt['tgid'])})" if filt.get("tgid") else "")
     drops = sum(int(h.get("drops") or 0) for h in (m.get("hooks") or {}).values())
     missed = sum(int(h.get("missed") or 0) for h in (m.get("hooks") or {}).values())
+    unseen = sum(_not_seen(h) for h in (m.get("hooks") or {}).values())
     rows: list[tuple[str, Any]] = [
         ("benchmark", _e(bench.get("description") or bench.get("name"))),
         ("started", _e(m.get("started_at"))),
@@ -163,8 +172,10 @@ def _overview(col: _Column) -> str:
         (
             "events lost",
             '<span class="ok">none</span>'
-            if not drops and not missed
-            else f'<span class="bad">{drops:,} dropped, {missed:,} missed</span>',
+            if not drops and not missed and not unseen
+            else f'<span class="bad">{drops:,} dropped, {missed:,} missed'
+            + (f", {unseen:,} never seen" if unseen else "")
+            + "</span>",
         ),
         ("error", f'<span class="bad">{_e(m.get("error"))}</span>' if m.get("error") else None),
         (
