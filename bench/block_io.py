@@ -25,7 +25,9 @@ Per state, medians over rounds with 95% intervals (``harness.summarize``):
   requests at the window's edges may fall either way); with the hook's counted
   losses (``missed_completions``, ``unknown_completions``), and what the hook
   itself found never seen against /proc/diskstats over its collection
-  (``completions_not_seen``, the manifest's ``hooks.block_io.reconciliation``);
+  (``completions_not_seen``, the manifest's ``hooks.block_io.reconciliation``),
+  and the rows its programs wrote that the collection lacks
+  (``rows_not_in_collection``);
 * bytes a row: the collection's block_io Parquet files over their rows.
 
 ``--bpf-stats`` has the kernel time the programs (two clock reads more a run:
@@ -277,6 +279,9 @@ class Run:
     #: collection (the manifest's reconciliation.disks["major:minor"]): the kernel's
     #: count, rows, counted losses, completions_not_seen and surplus
     reconciled: dict = field(default_factory=dict)
+    #: block_io's events and rows by its manifest (the rows its table holds)
+    events: int = 0
+    manifest_rows: int = 0
 
 
 def manifest_drops(manifest: dict) -> int:
@@ -336,6 +341,8 @@ def one_run(
         run.counters = hook.get("counters", {})
         disks = (hook.get("reconciliation") or {}).get("disks") or {}
         run.reconciled = disks.get(f"{win.disk.major}:{win.disk.minor}", {})
+        run.events = hook.get("events", 0)
+        run.manifest_rows = (hook.get("rows") or {}).get(TABLE, 0)
     run.others_cpu_s = run.machine_busy_s - run.fio_cpu_s - run.collector_cpu_s
     return run
 
@@ -382,6 +389,8 @@ def summarize_state(runs: list[Run], offs: list[Run]) -> dict:
         out["completions_not_seen"] = [
             r.reconciled.get("completions_not_seen") if r.reconciled else None for r in counted
         ]
+        # rows the programs wrote that the collection lacks, no drop counting them
+        out["rows_not_in_collection"] = [r.counters.get("rows_not_in_collection") for r in counted]
         out["bytes_per_row"] = summ([r.rows["bytes"] / r.rows["rows"] for r in counted])
     timed = [r for r in runs if r.bpf]
     if timed:
@@ -427,6 +436,7 @@ def print_summary(summary: dict) -> None:
                 f"missed: {s['missed_completions']}; rows + counted - diskstats: "
                 f"{s['rows_and_counted_minus_diskstats']}; "
                 f"never seen: {s['completions_not_seen']}; "
+                f"rows not in the collection: {s['rows_not_in_collection']}; "
                 f"{s['bytes_per_row']['median']:.2f} bytes a row"
             )
         if "bpf_ns_per_io" in s:

@@ -55,6 +55,12 @@ def test_unseen_lines_name_each_disk_whose_completions_were_never_seen() -> None
     disks["254:0"]["completions_not_seen"] = disks["259:0"]["completions_not_seen"] = 0
     filtered = HookStatus("block_io", attached=True, reconciliation={"status": "not done"})
     assert unseen_lines({"block_io": block_io, "x": filtered}) == []
+    # rows its programs wrote that the collection lacks, with no drop counting them
+    block_io.counters["rows_not_in_collection"] = 9_216
+    assert unseen_lines({"block_io": block_io}) == [
+        "block_io: 9,216 rows its programs wrote never reached the collection, and no drop "
+        "counts them (manifest: hooks.block_io.reconciliation.rows_written)"
+    ]
 
 
 def test_drop_advice_names_the_cpus_that_lost_and_the_copiers_trouble() -> None:

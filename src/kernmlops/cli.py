@@ -292,6 +292,12 @@ def unseen_lines(hooks: Mapping[str, HookStatus]) -> list[str]:
         lines.append(f"{name}: {total:,} completions never seen, no row and no count "
                      f"({each}, by /proc/diskstats{counted}): the kernel skipped its "
                      f"programs (manifest: hooks.{name}.reconciliation)")  # fmt: skip
+    for name, st in hooks.items():
+        lost = st.counters.get("rows_not_in_collection", 0)
+        if lost > 0:
+            lines.append(f"{name}: {lost:,} rows its programs wrote never reached the "
+                         "collection, and no drop counts them (manifest: "
+                         f"hooks.{name}.reconciliation.rows_written)")  # fmt: skip
     return lines
 
 

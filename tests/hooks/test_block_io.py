@@ -527,8 +527,14 @@ def test_collect_reports_completions_not_seen_in_its_manifest(tmp_path: Path) ->
     assert hook["counters"]["completions_not_seen"] == sum(
         d["completions_not_seen"] or 0 for d in rec["disks"].values()
     )
+    # every row the programs wrote is in the table, or a drop, or counted as lost
+    lost = hook["counters"]["rows_not_in_collection"]
+    assert rec["rows_written"] == rec["rows_in_collection"] + hook["drops"] + lost
+    assert rec["rows_in_collection"] == manifest["tables"]["block_io"]["rows"]
     said = "completions never seen" in proc.stdout + proc.stderr
     assert said == (hook["counters"]["completions_not_seen"] > 0), proc.stdout[-2000:]
+    said = "never reached the collection" in proc.stdout + proc.stderr
+    assert said == (lost > 0), proc.stdout[-2000:]
 
 
 @pytest.mark.bpf
@@ -656,8 +662,22 @@ def test_counters_and_manifest_hold_what_was_never_seen() -> None:
     }}  # fmt: skip
     counters = hook.counters()
     assert counters["completions_not_seen"] == 9_003 and counters["missed_completions"] == 7
+    # the rows the programs wrote against the table's: the ring's drops are counted,
+    # what went missing past the ring is rows_not_in_collection
+    hook.status.reconciliation["disks"] = {"254:0": {"rows": 1_000}, "7:1": {"rows": 24}}
+    hook.status.rows = {"block_io": 1_000}
+    hook._ring_drops = 4
+    hook.status.counters = {}
+    hook.rows_settled(waiting=True)  # records left for `recover`: rows still to come
+    assert hook.status.counters == {}
+    hook.rows_settled(waiting=False)
+    assert hook.status.counters == {"rows_not_in_collection": 20}
+    rec = hook.status.reconciliation
+    assert (rec["rows_written"], rec["rows_in_collection"]) == (1_024, 1_000)
     hook.status.reconciliation = {"status": FILTERED}
     assert "completions_not_seen" not in hook.counters()
+    hook.rows_settled(waiting=False)
+    assert hook.status.counters == {"rows_not_in_collection": 20}  # left as it was
     hook.status.attached = True
     assert hook.reconciliation() == {"status": FILTERED}  # never started system-wide
     hook.obj = None

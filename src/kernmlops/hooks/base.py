@@ -213,6 +213,11 @@ class Hook(ABC, Generic[OptionsT]):
         """Bytes of records waiting in this hook's spool for rows to be made."""
         return 0
 
+    def rows_settled(self, waiting: bool) -> None:
+        """The collection is over and ``status.rows`` holds the rows its tables got
+        (``waiting``: records are left in the spool for ``kernmlops recover``, so more
+        may come): a hook that knows how many rows it made checks them here."""
+
     def checkpoint_spool(self, finished: dict[str, int]) -> None:
         """At a flush: make spooled records durable (see kernmlops.spool);
         ``finished``: rows per table in finished parts."""

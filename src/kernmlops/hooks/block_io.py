@@ -208,6 +208,7 @@ class BlockIoHook(BpfHook[BpfHookOptions]):
         self._after: dict[Device, DiskLine] | None = None
         self._disks: set[Device] = set()
         self._unread: str | None = None  # why /proc/diskstats could not be read
+        self._ring_drops = 0  # rows the ring refused, at the close
 
     def start(self, ctx: HookContext) -> None:
         self._system_wide = ctx.process_filter is None
@@ -308,11 +309,29 @@ class BlockIoHook(BpfHook[BpfHookOptions]):
             )
         return out
 
+    def rows_settled(self, waiting: bool) -> None:
+        """The rows the programs wrote into the ring (every disk's ``rows``, counted in
+        the kernel) against the rows the table got: what the ring refused is a drop,
+        and what went missing past it (the copier, the spool, the rows' making) is
+        ``rows_not_in_collection``, which the disks' counts alone cannot show."""
+        rec = self.status.reconciliation
+        disks = rec.get("disks")
+        if disks is None or waiting:
+            return  # not set against diskstats, or rows still to come (recover)
+        written = sum(d["rows"] for d in disks.values())
+        got = self.status.rows.get("block_io", 0)
+        rec["rows_written"] = written
+        rec["rows_in_collection"] = got
+        # ring drops (not map_full: a request the map had no room for writes no row)
+        lost = written - self._ring_drops - got
+        self.status.counters["rows_not_in_collection"] = max(0, lost)
+
     def close(self) -> None:
         if self.obj is not None and self.obj.loaded:
             if self._system_wide and self._before is not None and self._after is None:
                 self._after = self._read_diskstats()  # closed without a detach
             self.status.reconciliation = self.reconciliation()
+            self._ring_drops = super().drops()
         super().close()
 
     def drops(self) -> int:
