@@ -22,7 +22,12 @@ Per state, medians over rounds with 95% intervals (``harness.summarize``):
   ``total_ios``; and the rows of the file's disk that completed while fio ran
   against the disk's completed requests in /proc/diskstats over the same
   window (reads, writes, discards, flushes: every process's I/O, a few
-  requests at the window's edges may fall either way);
+  requests at the window's edges may fall either way); with the hook's counted
+  losses (``missed_completions``, ``unknown_completions``), and what the hook
+  itself found never seen against /proc/diskstats over its collection
+  (``completions_not_seen``, the manifest's ``hooks.block_io.reconciliation``),
+  and the rows its programs wrote that the collection lacks
+  (``rows_not_in_collection``);
 * bytes a row: the collection's block_io Parquet files over their rows.
 
 ``--bpf-stats`` has the kernel time the programs (two clock reads more a run:
@@ -270,6 +275,13 @@ class Run:
     others_cpu_s: float = 0.0
     #: block_io's own counts of requests without a row (the manifest's counters)
     counters: dict = field(default_factory=dict)
+    #: block_io's own setting of the disk against /proc/diskstats over the whole
+    #: collection (the manifest's reconciliation.disks["major:minor"]): the kernel's
+    #: count, rows, counted losses, completions_not_seen and surplus
+    reconciled: dict = field(default_factory=dict)
+    #: block_io's events and rows by its manifest (the rows its table holds)
+    events: int = 0
+    manifest_rows: int = 0
 
 
 def manifest_drops(manifest: dict) -> int:
@@ -325,7 +337,12 @@ def one_run(
         run.drops = manifest_drops(coll.manifest)
         run.rows = coll.rows
         run.bpf = prog_delta(progs0, progs1)
-        run.counters = coll.manifest.get("hooks", {}).get(TABLE, {}).get("counters", {})
+        hook = coll.manifest.get("hooks", {}).get(TABLE, {})
+        run.counters = hook.get("counters", {})
+        disks = (hook.get("reconciliation") or {}).get("disks") or {}
+        run.reconciled = disks.get(f"{win.disk.major}:{win.disk.minor}", {})
+        run.events = hook.get("events", 0)
+        run.manifest_rows = (hook.get("rows") or {}).get(TABLE, 0)
     run.others_cpu_s = run.machine_busy_s - run.fio_cpu_s - run.collector_cpu_s
     return run
 
@@ -367,6 +384,13 @@ def summarize_state(runs: list[Run], offs: list[Run]) -> dict:
             for r in counted
         ]
         out["missed_completions"] = [r.counters.get("missed_completions", 0) for r in counted]
+        # what no row nor count holds, by the hook's own reading of /proc/diskstats
+        # over its collection (None: not reported, a tree before the reconciliation)
+        out["completions_not_seen"] = [
+            r.reconciled.get("completions_not_seen") if r.reconciled else None for r in counted
+        ]
+        # rows the programs wrote that the collection lacks, no drop counting them
+        out["rows_not_in_collection"] = [r.counters.get("rows_not_in_collection") for r in counted]
         out["bytes_per_row"] = summ([r.rows["bytes"] / r.rows["rows"] for r in counted])
     timed = [r for r in runs if r.bpf]
     if timed:
@@ -411,6 +435,8 @@ def print_summary(summary: dict) -> None:
                 f"rows of the disk - diskstats: {s['rows_in_window_minus_diskstats']}; "
                 f"missed: {s['missed_completions']}; rows + counted - diskstats: "
                 f"{s['rows_and_counted_minus_diskstats']}; "
+                f"never seen: {s['completions_not_seen']}; "
+                f"rows not in the collection: {s['rows_not_in_collection']}; "
                 f"{s['bytes_per_row']['median']:.2f} bytes a row"
             )
         if "bpf_ns_per_io" in s:

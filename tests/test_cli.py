@@ -14,7 +14,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from kernmlops.cli import cli, drop_advice
+from kernmlops.cli import cli, drop_advice, unseen_lines
 from kernmlops.config import load_config
 from kernmlops.hooks.base import HookStatus
 
@@ -33,6 +33,35 @@ def test_drop_advice_names_each_hook_and_its_own_remedy() -> None:
         "lower hooks.memory_usage.poll_hz, or set collector.nice: -10",
     ]
     assert drop_advice({"process_trace": hooks["process_trace"]}, cfg.hook_options) == []
+
+
+def test_unseen_lines_name_each_disk_whose_completions_were_never_seen() -> None:
+    """block_io's completions that /proc/diskstats counted and no row nor count holds
+    are a loss the summary says, disk by disk; none, or not set against it: silent."""
+    disks = {
+        "254:0": {"name": "vda", "kernel_completed": 210_000, "completions_not_seen": 8_205},
+        "7:0": {"name": "loop0", "kernel_completed": 12, "completions_not_seen": 0},
+        "8:16": {"name": "sdb", "kernel_completed": None, "completions_not_seen": None},
+        "259:0": {"name": "nvme0n1", "kernel_completed": 5_000, "completions_not_seen": 3},
+    }
+    block_io = HookStatus(
+        "block_io", attached=True, counters={"missed_completions": 1_636},
+        reconciliation={"status": "done", "disks": disks},
+    )  # fmt: skip
+    assert unseen_lines({"block_io": block_io}) == [
+        "block_io: 8,208 completions never seen, no row and no count (vda 8,205 of 210,000, "
+        "nvme0n1 3 of 5,000, by /proc/diskstats; 1,636 more counted as missed_completions): "
+        "the kernel skipped its programs (manifest: hooks.block_io.reconciliation)"
+    ]
+    disks["254:0"]["completions_not_seen"] = disks["259:0"]["completions_not_seen"] = 0
+    filtered = HookStatus("block_io", attached=True, reconciliation={"status": "not done"})
+    assert unseen_lines({"block_io": block_io, "x": filtered}) == []
+    # rows its programs wrote that the collection lacks, with no drop counting them
+    block_io.counters["rows_not_in_collection"] = 9_216
+    assert unseen_lines({"block_io": block_io}) == [
+        "block_io: 9,216 rows its programs wrote never reached the collection, and no drop "
+        "counts them (manifest: hooks.block_io.reconciliation.rows_written)"
+    ]
 
 
 def test_drop_advice_names_the_cpus_that_lost_and_the_copiers_trouble() -> None:

@@ -293,6 +293,33 @@ def drop_advice(hooks: Mapping[str, HookStatus], options: Callable[[str], Any]) 
     return lines
 
 
+def unseen_lines(hooks: Mapping[str, HookStatus]) -> list[str]:
+    """One line per hook whose reconciliation with the kernel's own count found what
+    it never saw (block_io: a disk's completions by /proc/diskstats that no row and no
+    count holds), each disk named."""
+    lines = []
+    for name, st in hooks.items():
+        disks = (st.reconciliation or {}).get("disks") or {}
+        short = {dev: d for dev, d in disks.items() if (d.get("completions_not_seen") or 0) > 0}
+        if not short:
+            continue
+        total = sum(d["completions_not_seen"] for d in short.values())
+        each = ", ".join(f"{d.get('name') or dev} {d['completions_not_seen']:,} of "
+                         f"{d['kernel_completed']:,}" for dev, d in short.items())  # fmt: skip
+        missed = st.counters.get("missed_completions", 0)
+        counted = f"; {missed:,} more counted as missed_completions" if missed else ""
+        lines.append(f"{name}: {total:,} completions never seen, no row and no count "
+                     f"({each}, by /proc/diskstats{counted}): the kernel skipped its "
+                     f"programs (manifest: hooks.{name}.reconciliation)")  # fmt: skip
+    for name, st in hooks.items():
+        lost = st.counters.get("rows_not_in_collection", 0)
+        if lost > 0:
+            lines.append(f"{name}: {lost:,} rows its programs wrote never reached the "
+                         "collection, and no drop counts them (manifest: "
+                         f"hooks.{name}.reconciliation.rows_written)")  # fmt: skip
+    return lines
+
+
 def _summary(result) -> Table:
     from rich.table import Table
 
@@ -653,6 +680,8 @@ def collect(
         _line(f"[yellow]{escape(line)}[/]")
     _line(result.end_line(escape(str(result.path))))
     for line in drop_advice(result.hooks, config.hook_options):
+        _line(f"[red]{escape(line)}[/]")
+    for line in unseen_lines(result.hooks):
         _line(f"[red]{escape(line)}[/]")
     total_missed = sum(s.missed for s in result.hooks.values())
     if total_missed:

@@ -346,3 +346,17 @@ def test_report_command_only_refuses_an_unknown_graph(first: Collection, tmp_pat
     assert "Traceback" not in result.output
     assert not out.exists()
     assert "--only NAMES" in CliRunner().invoke(report_command, ["--help"]).output
+
+
+def test_report_counts_what_a_hook_never_saw_as_lost(tmp_path: Path) -> None:
+    """block_io's completions that /proc/diskstats counted and it never saw are lost
+    events on the report's overview, beside drops and missed runs."""
+    hook = {"attached": True, "events": 5, "drops": 0, "missed": 0,
+            "counters": {"missed_completions": 2, "completions_not_seen": 1_234}}  # fmt: skip
+    folder = write_collection(
+        tmp_path, {"system_info": synthetic_tables()["system_info"]},
+        extra={"hooks": {"block_io": hook}},
+    )  # fmt: skip
+    page = report([folder], tmp_path / "r.html").read_text()
+    text = " ".join(html.unescape(re.sub(r"<[^>]+>", " ", page)).split())
+    assert "events lost 0 dropped, 0 missed, 1,234 never seen" in text

@@ -48,7 +48,10 @@ KMO_BATCHED_RING(block_io_rb, block_io_event);
 /* Slots of block_io_stats. */
 enum block_io_stat {
 	STAT_MAP_FULL = 0, /* a request could not be tracked: counted as a drop */
-	STAT_UNKNOWN = 1, /* completions of requests issued before the hook started */
+	/* completions of requests whose start was not seen (issued before the hook
+	 * started, or while the kernel skipped the programs); a request completed in
+	 * parts counts once, at its last */
+	STAT_UNKNOWN = 1,
 	STAT_REQUEUED = 2,
 	/* Requests whose completion the complete program never saw: found still
 	 * tracked when their address starts a new request. On kernel 6.18 every BPF
@@ -97,8 +100,11 @@ struct {
 	__type(value, struct rq_info);
 } rq_start SEC(".maps");
 
-/* What a device has issued and not yet completed. Requests issued before the
- * hook started are not counted. */
+/* What a device has issued and not yet completed, and its completions as the
+ * programs met them: user space sets them beside /proc/diskstats' count at the
+ * stop (a disk's completions that neither a row nor a count holds were never
+ * seen: the kernel skipped every program for them). Requests issued before the
+ * hook started are not in the queue. */
 struct dev_queue {
 	s64 requests; /* first: a reader of the map may take it alone */
 	/* segments << 32 | 4 KiB units: one atomic add moves both, so a reading is a
@@ -106,6 +112,12 @@ struct dev_queue {
 	 * between them). Neither goes below 0 (every take matches an add of the same
 	 * request), so no borrow crosses the halves. */
 	u64 size;
+	/* Completions by their fate, counted in the entry the completion looks up
+	 * anyway (no lookup more on the hot path): */
+	u64 rows; /* a row (or a drop, where the ring was full) */
+	u64 unwanted; /* no row: the filter did not want it, or the collector's own */
+	u64 missed; /* STAT_MISSED, by disk */
+	u64 unknown; /* STAT_UNKNOWN, by disk */
 };
 
 /* (major << 20 | minor) -> its queue. */
@@ -135,23 +147,30 @@ static __always_inline u32 ios_4k(u32 bytes)
 	return (u32)(((u64)bytes + 4095) >> 12);
 }
 
+/* A device's entry in dev_inflight, made on its first use; NULL when the map
+ * has no room. */
+static __always_inline struct dev_queue *dev_queue_of(u32 major, u32 minor)
+{
+	u32 key = dev_key(major, minor);
+	struct dev_queue zero = {}, *q = bpf_map_lookup_elem(&dev_inflight, &key);
+
+	if (q)
+		return q;
+	bpf_map_update_elem(&dev_inflight, &key, &zero, BPF_NOEXIST);
+	return bpf_map_lookup_elem(&dev_inflight, &key);
+}
+
 /* Add the request (sign 1, at its issue) to its device's queue or take it out
  * (sign -1); at issue, store the queue after it in info. The request count and
  * the size pair are two adds: another CPU's issue or completion can land
  * between them. */
-static __always_inline void inflight_add(struct rq_info *info, s64 sign)
+static __always_inline void inflight_add(struct dev_queue *q, struct rq_info *info, s64 sign)
 {
-	u32 key = dev_key(info->major, info->minor);
-	struct dev_queue zero = {}, *q = bpf_map_lookup_elem(&dev_inflight, &key);
 	u64 size = (u64)info->segments << 32 | (u64)ios_4k(info->bytes), after;
 	s64 n;
 
-	if (!q) {
-		bpf_map_update_elem(&dev_inflight, &key, &zero, BPF_NOEXIST);
-		q = bpf_map_lookup_elem(&dev_inflight, &key);
-		if (!q)
-			return;
-	}
+	if (!q)
+		return;
 	n = __sync_fetch_and_add(&q->requests, sign) + sign;
 	if (sign < 0)
 		size = -size;
@@ -192,17 +211,34 @@ static __always_inline void set_owner(struct rq_info *info)
 static __always_inline void forget_issue(struct rq_info *info)
 {
 	if (info->t.issued) {
-		inflight_add(info, -1);
+		inflight_add(dev_queue_of(info->major, info->minor), info, -1);
 		info->t.issued = false;
 	}
 }
 
 /* A tracked request's address starts a new request (insert), or is issued
- * again without a requeue: the old one completed unseen. */
-static __always_inline void missed(struct rq_info *info)
+ * again without a requeue: the old one completed unseen. It is counted on its
+ * disk, known once it was issued; else on the new request's (the same
+ * preallocated request of the same tag set: the same disk but where disks share
+ * one, as NVMe namespaces do). */
+static __always_inline void missed(struct request *rq, struct rq_info *info)
 {
-	if (!info->t.requeued)
+	struct gendisk *disk;
+	struct dev_queue *q;
+
+	if (!info->t.requeued) {
 		count(STAT_MISSED);
+		if (info->major || info->minor) {
+			q = dev_queue_of(info->major, info->minor);
+		} else {
+			disk = kmo_rq_disk(rq);
+			q = disk ? dev_queue_of(BPF_CORE_READ(disk, major),
+						BPF_CORE_READ(disk, first_minor))
+				 : NULL;
+		}
+		if (q)
+			__sync_fetch_and_add(&q->missed, 1);
+	}
 	forget_issue(info);
 }
 
@@ -218,7 +254,7 @@ static __always_inline int on_insert(struct request *rq)
 		return 0;
 	}
 	if (info)
-		missed(info); /* stale: this address is a new request */
+		missed(rq, info); /* stale: this address is a new request */
 	kmo_rq_inserted(&fresh.t, bpf_ktime_get_ns());
 	set_owner(&fresh);
 	if (bpf_map_update_elem(&rq_start, &key, &fresh, BPF_ANY))
@@ -244,14 +280,14 @@ static __always_inline int on_issue(struct request *rq)
 		if (!info)
 			return 0;
 	} else if (info->t.issued) {
-		missed(info); /* issued twice with no requeue between */
+		missed(rq, info); /* issued twice with no requeue between */
 	}
 	snapshot(rq, info);
 	kmo_rq_issued(&info->t, bpf_ktime_get_ns());
 	info->done_bytes = 0;
 	info->issue_cpu = bpf_get_smp_processor_id();
 	/* Every request counts toward its device's queue, wanted or not. */
-	inflight_add(info, 1);
+	inflight_add(dev_queue_of(info->major, info->minor), info, 1);
 	return 0;
 }
 
@@ -287,15 +323,24 @@ static __always_inline int on_complete(struct request *rq, u8 error, u32 nr_byte
 	struct rq_info *info = bpf_map_lookup_elem(&rq_start, &key);
 	struct block_io_event_batch *batch;
 	struct block_io_event *e;
+	struct gendisk *disk;
+	struct dev_queue *q;
 	u32 left;
 
-	if (!info) {
-		count(STAT_UNKNOWN);
-		return 0;
-	}
 	/* The tracepoint fires before the request is advanced: a partial
 	 * completion leaves bytes behind and the request lives on. */
 	left = BPF_CORE_READ(rq, __data_len);
+	if (!info) {
+		if (nr_bytes < left)
+			return 0; /* counted once, at its last part */
+		count(STAT_UNKNOWN);
+		disk = kmo_rq_disk(rq);
+		q = disk ? dev_queue_of(BPF_CORE_READ(disk, major), BPF_CORE_READ(disk, first_minor))
+			 : NULL;
+		if (q)
+			__sync_fetch_and_add(&q->unknown, 1);
+		return 0;
+	}
 	if (nr_bytes < left) {
 		info->done_bytes += nr_bytes;
 		return 0;
@@ -336,8 +381,11 @@ static __always_inline int on_complete(struct request *rq, u8 error, u32 nr_byte
 			KMO_BATCH_PUSH(block_io_rb, batch, now, 0);
 		}
 	}
+	q = dev_queue_of(info->major, info->minor);
 	if (info->t.issued)
-		inflight_add(info, -1);
+		inflight_add(q, info, -1);
+	if (q)
+		__sync_fetch_and_add(info->wanted ? &q->rows : &q->unwanted, 1);
 	bpf_map_delete_elem(&rq_start, &key);
 	return 0;
 }

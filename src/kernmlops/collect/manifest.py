@@ -123,6 +123,9 @@ class HookRecord(_Record):
     counters: dict[str, int] = {}
     #: records lost per CPU (index = CPU), where any were lost
     drops_by_cpu: list[int] = []
+    #: what the hook saw against the kernel's own count (block_io: per disk, its
+    #: completions by /proc/diskstats, rows, counted losses, completions_not_seen)
+    reconciliation: dict[str, Any] = {}
     #: how the rings reached the spool ({"native": bool, "priority": n, "error": ...})
     copier: dict[str, Any] = {}
     #: a BPF hook's rings per table that ran: its ring_groups as this machine's CPUs

@@ -389,6 +389,7 @@ class Session:
         stopped_at = datetime.now(UTC)
         for hook in hooks:
             hook.status.rows = {t: rows.get(t, 0) for t in hook.written_tables()}
+            hook.rows_settled(hook.name in waiting)
         error = next((e for e in errors if not isinstance(e, KeyboardInterrupt)), None)
         failure = parquet.failure if parquet is not None else None
         if self.space.disk_full or failure is not None:

@@ -138,6 +138,13 @@ def _recovered(m: dict[str, Any]) -> str | None:
     return what
 
 
+def _counter(hook: Any, key: str) -> int:
+    """One of a hook's counters (hooks.<hook>.counters.<key>); 0 where unknown."""
+    counters = hook.get("counters") if isinstance(hook, dict) else None
+    value = counters.get(key) if isinstance(counters, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 def _overview(col: _Column) -> str:
     m = col.manifest
     bench = m.get("benchmark") if isinstance(m.get("benchmark"), dict) else {}
@@ -151,6 +158,11 @@ def _overview(col: _Column) -> str:
     filt_text = _e(filt.get("mode")) + (f" (tgid {_e(filt['tgid'])})" if filt.get("tgid") else "")
     drops = sum(int(h.get("drops") or 0) for h in (m.get("hooks") or {}).values())
     missed = sum(int(h.get("missed") or 0) for h in (m.get("hooks") or {}).values())
+    # what a hook's reconciliation found lost besides drops (block_io: completions by
+    # /proc/diskstats never seen, rows its programs wrote that the table lacks)
+    hooks = (m.get("hooks") or {}).values()
+    unseen = sum(_counter(h, "completions_not_seen") for h in hooks)
+    unseen += sum(_counter(h, "rows_not_in_collection") for h in hooks)
     rows: list[tuple[str, Any]] = [
         ("benchmark", _e(bench.get("description") or bench.get("name"))),
         ("started", _e(m.get("started_at"))),
@@ -163,8 +175,10 @@ def _overview(col: _Column) -> str:
         (
             "events lost",
             '<span class="ok">none</span>'
-            if not drops and not missed
-            else f'<span class="bad">{drops:,} dropped, {missed:,} missed</span>',
+            if not drops and not missed and not unseen
+            else f'<span class="bad">{drops:,} dropped, {missed:,} missed'
+            + (f", {unseen:,} never seen" if unseen else "")
+            + "</span>",
         ),
         ("error", f'<span class="bad">{_e(m.get("error"))}</span>' if m.get("error") else None),
         (

@@ -86,6 +86,9 @@ class HookStatus:
     counters: dict[str, int] = field(default_factory=dict)
     #: records lost per CPU (index = CPU), where any were lost
     drops_by_cpu: list[int] = field(default_factory=list)
+    #: what the hook saw set against the kernel's own count of it, where it has one
+    #: (block_io: each disk's completions against /proc/diskstats), or why not
+    reconciliation: dict[str, Any] = field(default_factory=dict)
     #: how the rings reached the spool: native (the C copier) or python, and the
     #: copier thread's real-time priority or why it has none
     copier: dict[str, Any] = field(default_factory=dict)
@@ -114,6 +117,7 @@ class HookStatus:
             "drops_by_cpu": self.drops_by_cpu,
             "copier": self.copier,
             **({"sampler": self.sampler} if self.sampler else {}),
+            **({"reconciliation": self.reconciliation} if self.reconciliation else {}),
             **({"rings": self.rings} if self.rings is not None else {}),
             **({"failed": True} if self.failed else {}),
         }
@@ -208,6 +212,11 @@ class Hook(ABC, Generic[OptionsT]):
     def spooled_bytes(self) -> int:
         """Bytes of records waiting in this hook's spool for rows to be made."""
         return 0
+
+    def rows_settled(self, waiting: bool) -> None:
+        """The collection is over and ``status.rows`` holds the rows its tables got
+        (``waiting``: records are left in the spool for ``kernmlops recover``, so more
+        may come): a hook that knows how many rows it made checks them here."""
 
     def checkpoint_spool(self, finished: dict[str, int]) -> None:
         """At a flush: make spooled records durable (see kernmlops.spool);
