@@ -48,10 +48,13 @@ def test_fio_through_collect(tmp_path: Path) -> None:
     assert (after[1] - before[1]) * 512 >= size
     # The block layer's requests from fio's processes (block_io, tree filter),
     # fio's 4 KiB blocks only: with a cold page cache, fio's exec also reads its
-    # binary and libraries (larger read-ahead requests).
+    # binary and libraries (larger read-ahead requests), and under memory pressure
+    # (a CI lane beside it) it pages them in again a page at a time: 1.2 MiB of
+    # such 4 KiB reads once, so the reads' slack is fio's binary and libraries'
+    # few MiB. A row twice would be +16 MiB; a loss shows below.
     bio = col["block_io"].filter((pl.col("comm") == "fio") & (pl.col("bytes") == 4096))
     by_op = dict(bio.group_by("op").agg(pl.col("bytes").cast(pl.UInt64).sum()).iter_rows())
-    assert 0.97 * 2 * size <= by_op["READ"] <= 2 * size + MiB
+    assert 0.97 * 2 * size <= by_op["READ"] <= 2 * size + 4 * MiB
     assert 0.97 * size <= by_op["WRITE"] <= size + MiB
     report = json.loads((col.path / "benchmark_output" / "stdout.txt").read_text())
     assert [j["jobname"] for j in report["jobs"]] == ["seqwrite", "seqread", "randread"]

@@ -866,16 +866,23 @@ def test_ctrl_c_once_the_folder_is_made_stops_it_before_the_command_runs(
         os.kill(os.getpid(), signal.SIGINT)  # handled before kill returns (this thread)
 
     session = Session(cfg, on_folder=ctrl_c)
+    # Python's own handler, as at a terminal: a process started in the background by a
+    # shell without job control (a CI runner's) inherits SIGINT ignored instead
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        result = session.run()
-    except KeyboardInterrupt:
-        pytest.fail("the Ctrl+C escaped the collection")
+        try:
+            result = session.run()
+        except KeyboardInterrupt:
+            pytest.fail("the Ctrl+C escaped the collection")
+        given_back = signal.getsignal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, outer)
     assert (result.ended_by, result.exit_code) == ("interrupted", 128 + signal.SIGINT)
     manifest = read_manifest(session.path)
     assert manifest.state == "interrupted"
     assert manifest.tables["system_info"].rows == 1
     assert not ran.exists()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # given back
+    assert given_back is signal.default_int_handler
 
 
 def test_the_benchmarks_setup_is_not_counted_as_the_probes_attach(
