@@ -551,3 +551,28 @@ def test_graph_only_of_a_table_the_collection_lacks_is_refused_before_a_folder(
         "its tables: syscalls, system_info"
     ) in " ".join(result.output.split())
     assert not out.exists()  # nothing drawn, no folder made
+
+
+@pytest.mark.parametrize(
+    ("page", "said"),
+    [
+        (Path("/proc/kmo-report.html"),
+         "/proc/kmo-report.html: no file can be made in /proc"),
+        (Path("/proc/sys/kmo-report.html"),
+         "kmo-report.html into /proc/sys: not writable (choose another path with -o)"),
+    ],
+)  # fmt: skip
+def test_a_page_that_cannot_be_written_is_refused_before_anything_is_read(
+    synthetic: Collection, page: Path, said: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`report -o /proc/x.html` read and drew every collection, then said "No such file
+    or directory": now one line first, and no collection is read."""
+    import kernmlops.data
+
+    def unread(*_args: Any, **_kwargs: Any) -> None:
+        raise AssertionError("a collection was read")
+
+    monkeypatch.setattr(kernmlops.data, "read_collection", unread)
+    done = CliRunner().invoke(report_command, [str(synthetic.path), "-o", str(page)])
+    assert done.exit_code == 2, done.output
+    assert done.output == f"error: cannot write the report {said}\n"

@@ -243,6 +243,7 @@ def report_command(
     try:
         if names is not None:
             unknown_graphs(names)
+        _can_write_in(output)  # before the collections are read and drawn
         # scanned before a file is made, never read whole (as for `graph`)
         with warnings_as_lines():  # a damaged table is said, the rest reported
             read = [read_collection(c, lazy=True, damaged="skip", pages=True) for c in collections]
@@ -274,6 +275,26 @@ def report_command(
     _report_failures(failures)
     click.echo(str(path))
     sys.exit(1 if failures or lacking or any(c.damaged for c in read) else 0)
+
+
+def _can_write_in(output: Path) -> None:
+    """Refuse now, in one line, a page whose folder takes no file (not a folder, not
+    writable, /proc, where even root makes none): found otherwise once every figure
+    was drawn. The folder is checked as the report holds it (made if missing), and a
+    file without a name is made in it and gone at once."""
+    import tempfile
+
+    from kernmlops.errors import why_not_written
+    from kernmlops.graphs._render import GraphOutputError, held_output
+
+    path = output.absolute()
+    with held_output(path.parent, f"the report {path.name}", "choose another path with -o") as at:
+        try:
+            with tempfile.TemporaryFile(dir=at):
+                pass
+        except OSError as err:
+            why = why_not_written(err, path)
+            raise GraphOutputError(f"cannot write the report {output}: {why}") from None
 
 
 # --- KernMLOps' `collect dump` and `collect graph` --------------------------------------
