@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -451,6 +452,24 @@ def test_spans_the_collector_never_gets_are_counted_as_failed(
     assert f"{made} failed to export" in err, err
 
 
+def _started_with_spans(
+    receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Exporter, Any]:
+    """span-trace.yaml's exporter started, its spans sent to ``receiver``; the caller
+    closes it."""
+    _only_otel(
+        monkeypatch, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_BSP_SCHEDULE_DELAY="100"
+    )
+    exporter = Exporter(resolve_sets([str(CONFIG)]))
+    try:
+        (status,) = exporter.start()
+        assert status.error is None, status.error
+    except BaseException:
+        exporter.close()
+        raise
+    return exporter, status
+
+
 def test_the_start_up_trace_is_sent_with_spans_configured(
     receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -459,13 +478,8 @@ def test_the_start_up_trace_is_sent_with_spans_configured(
     pipeline is made)."""
     from kernmlops.exporter import tracing
 
-    _only_otel(
-        monkeypatch, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_BSP_SCHEDULE_DELAY="100"
-    )
-    exporter = Exporter(resolve_sets([str(CONFIG)]))
+    exporter, _status = _started_with_spans(receiver, monkeypatch)
     try:
-        (status,) = exporter.start()
-        assert status.error is None, status.error
         spans = receiver.wait_for(lambda s: len(s) >= len(STARTUP_NAMES))
         _check_startup(spans, "span-trace")
     finally:
@@ -489,13 +503,8 @@ def test_the_detach_trace_is_sent_at_exit(
     does at exit: ``detach`` > ``close_module`` {config}, a ``prog_detach``
     {SEC} event per attached program, then ``close``; flushed before close
     returns, though the span rings that held the pipeline closed first."""
-    _only_otel(
-        monkeypatch, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_BSP_SCHEDULE_DELAY="100"
-    )
-    exporter = Exporter(resolve_sets([str(CONFIG)]))
+    exporter, status = _started_with_spans(receiver, monkeypatch)
     try:
-        (status,) = exporter.start()
-        assert status.error is None, status.error
         attached = sorted(p.section for p in status.programs if p.attached)
         receiver.wait_for(lambda s: len(s) >= len(STARTUP_NAMES))
     finally:
