@@ -94,6 +94,14 @@ def test_drop_advice_names_the_cpus_that_lost_and_the_copiers_trouble() -> None:
         "filesystem that can allocate ahead, such as ext4 or xfs (the spool's could not: "
         "Operation not supported), or raise hooks.quanta_runtime.ring_kib"
     ]
+    # the disk writer waited until its queue was full: the copier left records in the ring
+    queued = HookStatus("quanta_runtime", attached=True, drops=11, drops_by_cpu=[11],
+                        copier={"native": True, "priority": 1, "queue_full": 1_204})  # fmt: skip
+    assert drop_advice({"quanta_runtime": queued}, cfg.hook_options) == [
+        "quanta_runtime: 11 events dropped (its ring was full, on CPU 0 (11)): collect to a "
+        "faster disk or raise collector.spool_memory_mib (the spool's disk writes waited: its "
+        "queue was full 1,204 times), or raise hooks.quanta_runtime.ring_kib"
+    ]
     # a copier thread that was busy nearly a whole second: its ring's one thread was
     # the limit, whatever the ring's size
     busy = HookStatus("quanta_runtime", attached=True, drops=3, drops_by_cpu=[3],

@@ -274,6 +274,11 @@ def drop_advice(hooks: Mapping[str, HookStatus], options: Callable[[str], Any]) 
                 # one thread moving the ring was the limit: split the ring's CPUs
                 remedy = (f"raise hooks.{name}.ring_groups (a copier thread was busy "
                           f"{copier['busy_peak']:.0%} of a second), or raise ")  # fmt: skip
+            elif copier.get("queue_full"):
+                # the disk writer waited so long that its queue filled (diskqueue.c)
+                remedy = (f"collect to a faster disk or raise collector.spool_memory_mib "
+                          f"(the spool's disk writes waited: its queue was full "
+                          f"{copier['queue_full']:,} times), or raise ")  # fmt: skip
             elif (copier.get("runway") or {}).get("error"):
                 # the spool's disk writes waited for the filesystem (native/runway.c)
                 remedy = ("collect to a filesystem that can allocate ahead, such as ext4 or "

@@ -295,16 +295,20 @@ def test_a_storm_of_more_runnable_tasks_than_cpus_loses_no_event(tmp_path: Path)
     quanta = col.manifest["hooks"]["quanta_runtime"]
     copier = quanta["copier"]
     assert (copier["native"], copier["priority"], copier["compressed"]) == (True, 1, True)
-    # what a failure needs to be read (a CI run once saw 148,544 drops here, not seen
-    # since): the hook's status whole (the copier's busiest second, the runway's longest
-    # allocation, the drops by CPU), the collection's spool and its stderr
+    # what a failure needs to be read (CI runs saw 148,544 and 3,574,656 drops here:
+    # the second a write(2) that waited, which the disk writer now takes off the
+    # copier): the hook's status whole (the copier's longest write and pass gap, the
+    # disk queue's peak, the runway's longest allocation, the drops by CPU) and the
+    # collection's stderr, as one string (pytest cuts a tuple's repr short)
     why = json.dumps({k: quanta[k] for k in ("events", "drops", "drops_by_cpu", "copier")})
-    assert quanta["drops"] == 0 and quanta["drops_by_cpu"] == [], (why, proc.stderr[-3000:])
+    assert quanta["drops"] == 0 and quanta["drops_by_cpu"] == [], f"{why}\n{proc.stderr[-3000:]}"
+    assert copier["queue_full"] == 0 and copier["standby_waits"] == 0, why
     runway = copier["runway"]
     assert runway["allocations"] >= 1 and "error" not in runway, runway
-    # MiB of the spool's frames on disk (zstd), all of them but a little in the runway
+    # MiB of the spool's frames on disk (zstd) allocated ahead; frames past a segment's
+    # runway before Python hands over the next (a storm delays it) go to the disk
+    # writer as the others do: the copier does not wait for them
     assert runway["allocated_bytes"] >= 4 << 20, runway
-    assert runway["outside_bytes"] <= 1 << 20, runway
     # the copier thread worked (it moved a storm's records and compressed them), and
     # never more than a core: its busiest second is no less than its average
     assert len(copier["cpu_s"]) == 1 and copier["cpu_s"][0] > 0.05, copier

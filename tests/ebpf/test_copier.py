@@ -351,6 +351,88 @@ def test_a_standby_taken_back_just_after_the_copier_took_it_up_stays(tmp_path: P
         assert spool._standby is not None and spool._standby.native.state == native.STANDBY
 
 
+def test_a_rotation_hands_the_copier_its_next_standby_in_the_same_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Between a rotation and the next standby the copier of a spent budget has
+    # nowhere to go and waits for Python, whose next step a storm delays by seconds:
+    # the rotation gives both at once, and keeps the order of the segments' names.
+    ring = _mapped(1 << 14)
+    seen: list[bool] = []
+    real = Copier.rotate
+
+    def rotate(self: Copier, cr: native.CopiedRing, seg: native.Segment, *a: object) -> bool:
+        done = real(self, cr, seg, *a)  # type: ignore[arg-type]
+        seen.append(bool(cr.ring.standby))  # what the copier holds as it returns
+        return done
+
+    monkeypatch.setattr(Copier, "rotate", rotate)
+    with spool_on(ring, tmp_path, budget_records=10_000) as (spool, copier):
+        _fill_and_copy(ring, copier, events(100))
+        assert len(_read_all(spool)) == 100
+        spool.count("events", 100)
+        old = spool._standby
+        assert old is not None
+        spool.checkpoint({"events": 0})  # read to its end: rotated
+        assert seen == [True, True]  # (attach, then the rotation)
+        new = spool._standby
+        assert new is not None and new is not old and not old.path.exists()
+        assert new.path.name > spool._tail.path.name  # the standby comes after the tail
+        assert copier.rings[0].standby_waits == (0, 0.0)
+        _fill_and_copy(ring, copier, events(50, first=100))
+        assert np.array_equal(_read_all(spool), events(50, first=100))
+
+
+def test_a_rotation_is_refused_where_the_copier_wrote_on_since_python_looked(
+    tmp_path: Path,
+) -> None:
+    ring = _mapped(1 << 14)
+    with spool_on(ring, tmp_path, budget_records=10_000) as (spool, copier):
+        _fill_and_copy(ring, copier, events(100))
+        assert len(_read_all(spool)) == 100
+        spool.count("events", 100)
+        tail, standby = spool._tail, spool._standby
+        assert standby is not None
+        # the copier writes 20 more after Python's last look, before the rotation
+        ring.cons = ring.consumer()
+        ring.write_records(events(20, first=100))
+        ring.sync()
+        real_sync = spool._sync
+        spool._sync = lambda check=True: None  # type: ignore[method-assign]
+        with spool._cond:
+            copier.copy_now()
+            spool._rotate()  # Python believes the tail read to its end
+        spool._sync = real_sync  # type: ignore[method-assign]
+        # nothing changed: the tail is still the copier's, with its standby
+        assert spool._tail is tail and spool._standby is standby
+        assert tail.native.state == native.ACTIVE and copier.rings[0].ring.standby
+        assert np.array_equal(_read_all(spool), events(20, first=100))
+
+
+def test_the_copier_counts_its_waits_for_a_standby(tmp_path: Path) -> None:
+    ring = _mapped(4096)
+    copier = _copier(budget=10 * record_stride(EVENT.itemsize))
+    mem = os.open(tmp_path / "m", os.O_RDWR | os.O_CREAT, 0o600)
+    disk = os.open(tmp_path / "d", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        cr = copier.add("events", ring.fd, 4096, wakes=False)
+        copier.rotate(cr, copier.segment(mem, zstd=False, memory=True))
+        # 40 records: the budget holds 10, and there is no standby to go on in
+        assert _fill_and_copy(ring, copier, events(40)) == 0
+        assert cr.ring.waiting and cr.standby_waits[0] == 1
+        assert _fill_and_copy(ring, copier, events(0)) == 0  # still the same wait
+        time.sleep(0.02)
+        copier.set_standby(cr, copier.segment(disk, zstd=False, memory=False))
+        waits, seconds = cr.standby_waits
+        assert waits == 1 and seconds >= 0.02 and not cr.ring.waiting
+        assert copier.copy_now() == 40 * record_stride(EVENT.itemsize)
+    finally:
+        copier.close()
+        os.close(mem)
+        os.close(disk)
+        os.close(ring.fd)
+
+
 def test_the_segment_after_a_deleted_one_knows_its_rows(tmp_path: Path) -> None:
     # The copier went on in the standby after the reading had finished the memory
     # segment: at the checkpoint that deletes the memory segment, the standby must
@@ -525,7 +607,14 @@ def test_where_real_time_is_refused_the_copier_asks_for_the_highest_nice(
     mine = os.getpriority(os.PRIO_PROCESS, 0)
     try:
         copier.start(priority=1)  # returns once the thread has its priority
+        tasks = Path("/proc/self/task")
+        deadline = time.monotonic() + 10  # and its disk writer, started by the thread
+        while not any((t / "comm").read_text().strip() == "kmo-writer" for t in tasks.iterdir()):
+            assert time.monotonic() < deadline, "no disk writer thread"
+            time.sleep(0.01)
         nices = {int(t.name): _thread_nice(int(t.name)) for t in Path("/proc/self/task").iterdir()}
+        names = {int(t.name): (t / "comm").read_text().strip()
+                 for t in Path("/proc/self/task").iterdir()}  # fmt: skip
     finally:
         copier.close()
     assert copier.priority == 0
@@ -535,8 +624,11 @@ def test_where_real_time_is_refused_the_copier_asks_for_the_highest_nice(
         "real-time budget (cpu.rt_runtime_us)"
     )
     assert copier.nice == native.FALLBACK_NICE
-    # the kernel's view: one thread (the copier's) at -20, this one as it was
-    assert [n for n in nices.values() if n == native.FALLBACK_NICE] == [native.FALLBACK_NICE]
+    # the kernel's view: the copier's threads at -20 (it and its disk writer, which
+    # inherits it), this one as it was
+    assert sorted(names[t] for t, n in nices.items() if n == native.FALLBACK_NICE) == [
+        "kmo-copier", "kmo-writer"
+    ]
     assert nices[threading.get_native_id()] == mine != native.FALLBACK_NICE
 
 

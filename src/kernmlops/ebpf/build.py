@@ -59,7 +59,8 @@ __all__ = [
 #: (kernmlops.ebpf.sampler), one library built and shipped beside the objects
 NATIVE_LIBRARY = "libkmo_ringcopy.so"
 NATIVE_SOURCES = tuple(
-    SOURCE_DIR.parent / "native" / name for name in ("ringcopy.c", "runway.c", "sampler.c")
+    SOURCE_DIR.parent / "native" / name
+    for name in ("ringcopy.c", "runway.c", "diskqueue.c", "sampler.c")
 )
 NATIVE_HEADERS = tuple(sorted((SOURCE_DIR.parent / "native").glob("*.h")))
 #: beside the shipped objects: the SHA-256 of each of them and of the sources they

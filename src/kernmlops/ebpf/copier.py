@@ -35,13 +35,17 @@ from kernmlops.ebpf.build import NATIVE_LIBRARY, default_build_dir
 from kernmlops.host.capabilities import CAP_SYS_NICE, holds
 
 LIBRARY = NATIVE_LIBRARY
-ABI = 8
+ABI = 9
 #: zstd level of the disk segments (pyarrow's Codec("zstd", 1) writes the same frames)
 ZSTD_LEVEL = 1
 #: the runway (native/runway.c): disk allocated ahead of a spool's writes, at least this
 #: much (a quiet table's standby) and at most this much (a 16-core storm writes ~30 MB/s)
 RUNWAY_MIN = 1 << 20
 RUNWAY_MAX = 2 << 30
+#: the disk queue (native/diskqueue.c): the most bytes of disk frames a copier holds
+#: while its writer waits for the filesystem (~40 s of a 2-vCPU storm's frames, ~8 s
+#: of a 16-core one's); pages are taken only as a stall fills them
+QUEUE_CAP = 256 << 20
 
 
 class Segment(ctypes.Structure):
@@ -58,6 +62,8 @@ class Segment(ctypes.Structure):
         ("alloc_off", ctypes.c_int32),
         ("alloc_asked", ctypes.c_int32),
         ("alloc_pad", ctypes.c_int32),
+        ("queued", ctypes.c_uint64),
+        ("queued_file", ctypes.c_uint64),
     ]
 
 
@@ -91,6 +97,11 @@ class Ring(ctypes.Structure):
         ("spooled", ctypes.c_uint64),
         ("disk_raw", ctypes.c_uint64),
         ("disk_file", ctypes.c_uint64),
+        ("standby_waits", ctypes.c_uint64),
+        ("standby_wait_ns", ctypes.c_uint64),
+        ("wait_since", ctypes.c_uint64),
+        ("wlock", ctypes.c_int32),
+        ("wpad", ctypes.c_int32),
     ]
 
 
@@ -134,6 +145,13 @@ class _Copier(ctypes.Structure):
         ("runway_wake", ctypes.c_int32),
         ("runway_pad", ctypes.c_int32),
         ("runway", ctypes.c_void_p),
+        ("write_ns_max", ctypes.c_uint64),
+        ("slow_writes", ctypes.c_uint64),
+        ("pass_gap_ns_max", ctypes.c_uint64),
+        ("queue_cap", ctypes.c_uint64),
+        ("queue", ctypes.c_void_p),
+        ("queue_peak", ctypes.c_uint64),
+        ("queue_full", ctypes.c_uint64),
     ]
 
 
@@ -181,8 +199,10 @@ def load() -> ctypes.CDLL | None:
     lib.kmo_copier_run.argtypes = [ctypes.POINTER(_Copier)]
     lib.kmo_copier_pass.argtypes = [ctypes.POINTER(_Copier)]
     lib.kmo_copier_pass.restype = ctypes.c_uint64
-    lib.kmo_ring_rotate.argtypes = [ctypes.POINTER(Ring), ctypes.POINTER(Segment)]
-    lib.kmo_ring_rotate.restype = ctypes.c_uint64
+    seg_p = ctypes.POINTER(Segment)
+    lib.kmo_ring_rotate.argtypes = [ctypes.POINTER(Ring), seg_p, seg_p, ctypes.c_int,
+                                    seg_p, ctypes.c_uint64]  # fmt: skip
+    lib.kmo_ring_rotate.restype = ctypes.c_int
     lib.kmo_ring_set_standby.argtypes = [ctypes.POINTER(Ring), ctypes.POINTER(Segment)]
     lib.kmo_ring_share.argtypes = [ctypes.POINTER(Ring), ctypes.POINTER(Ring)]
     counter = ctypes.POINTER(ctypes.c_uint64)
@@ -420,6 +440,10 @@ class Budget:
         self._lib.kmo_budget_release(ctypes.byref(self.cell), size)
 
 
+def _ref(seg: Segment | None) -> Any:
+    return ctypes.byref(seg) if seg is not None else None
+
+
 @dataclass(eq=False)
 class CopiedRing:
     """One ring the copier moves; ``ring`` is the struct the C side reads."""
@@ -434,6 +458,17 @@ class CopiedRing:
     @property
     def error(self) -> int:
         return int(self.ring.error)
+
+    @property
+    def standby_waits(self) -> tuple[int, float]:
+        """(times, seconds): how often, and how long in all, the copier found the
+        budget spent and no standby, and copied nothing until it had one (its ring
+        fills meanwhile): 0 where Python keeps one ready (spool/native.py)."""
+        r = self.ring
+        ns = int(r.standby_wait_ns)
+        if r.waiting:  # a wait under way (the C side's clock is CLOCK_MONOTONIC too)
+            ns += max(0, time.monotonic_ns() - int(r.wait_since))
+        return int(r.standby_waits), ns / 1e9
 
 
 class Copier:
@@ -450,6 +485,7 @@ class Copier:
         workers: int = 0,
         runway_s: float = 0.0,
         keep_free: int = 0,
+        queue_cap: int = QUEUE_CAP,
     ) -> None:
         lib = load()
         if lib is None:
@@ -463,7 +499,7 @@ class Copier:
                           sync_bytes=sync_bytes, level=ZSTD_LEVEL,
                           runway_ms=int(runway_s * 1000), runway_min=RUNWAY_MIN,
                           runway_max=RUNWAY_MAX if runway_s > 0 else 0,
-                          keep_free=keep_free)  # fmt: skip
+                          keep_free=keep_free, queue_cap=queue_cap)  # fmt: skip
         z = zstd()
         self.compresses = z is not None
         if z is not None:
@@ -523,11 +559,24 @@ class Copier:
         self._segments.append(seg)
         return seg
 
-    def rotate(self, ring: CopiedRing, seg: Segment) -> int:
-        """Make ``seg`` the ring's active segment; the old one's final raw bytes."""
-        written = int(self._lib.kmo_ring_rotate(ctypes.byref(ring.ring), ctypes.byref(seg)))
-        self._wake_runway()
-        return written
+    def rotate(
+        self,
+        ring: CopiedRing,
+        seg: Segment,
+        standby: Segment | None = None,
+        expect: tuple[Segment | None, int] | None = None,
+    ) -> bool:
+        """Make ``seg`` the ring's active segment and ``standby`` its standby in one
+        step (the copier is never left without one: native/ringcopy.c says why).
+        ``expect``: (the standby, the active segment's raw bytes) as last seen; where
+        the copier has changed either since, nothing changes and it returns False."""
+        done = self._lib.kmo_ring_rotate(
+            ctypes.byref(ring.ring), ctypes.byref(seg), _ref(standby), int(expect is not None),
+            _ref(expect[0]) if expect else None, expect[1] if expect else 0,
+        )  # fmt: skip
+        if done:
+            self._wake_runway()
+        return bool(done)
 
     def _wake_runway(self) -> None:
         with contextlib.suppress(OSError):  # EAGAIN: it is awake already
@@ -535,9 +584,7 @@ class Copier:
 
     def set_standby(self, ring: CopiedRing, seg: Segment | None) -> None:
         """Where the ring goes on once the budget is spent (None: take it back)."""
-        self._lib.kmo_ring_set_standby(
-            ctypes.byref(ring.ring), ctypes.byref(seg) if seg is not None else None
-        )
+        self._lib.kmo_ring_set_standby(ctypes.byref(ring.ring), _ref(seg))
         if seg is not None:
             self._wake_runway()
 
@@ -563,7 +610,7 @@ class Copier:
         blocks to the segment's deletion."""
         if self.running and seg.state != DONE:
             raise RuntimeError("only a segment the copier left is trimmed while it runs")
-        if seg.alloc_busy:
+        if seg.alloc_busy or seg.queued:  # (the disk writer still appends to it)
             return False
         seg.alloc_off = 1
         if seg.alloc_end:
@@ -593,6 +640,22 @@ class Copier:
         if c.runway_errno:
             out["error"] = os.strerror(int(c.runway_errno))
         return out
+
+    @property
+    def stalls(self) -> dict[str, Any]:
+        """Where a stall shows (for the manifest): the longest write of a frame (by
+        the disk writer, or the copier into memory), the writes of 10 ms or more,
+        the longest time from one pass over the rings to the next (the interval, or
+        a pass that waited), the disk queue's peak, and the frames it had no room
+        for (their records waited in the ring)."""
+        c = self._c
+        return {
+            "longest_write_ms": round(int(c.write_ns_max) / 1e6, 1),
+            "slow_writes": int(c.slow_writes),
+            "longest_pass_gap_ms": round(int(c.pass_gap_ns_max) / 1e6, 1),
+            "queue_peak_bytes": int(c.queue_peak),
+            "queue_full": int(c.queue_full),
+        }
 
     @property
     def cpu_s(self) -> float:

@@ -533,6 +533,14 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
                                            else round(max(self._copier_peak, busy), 3))  # fmt: skip
         if copiers[0].runway_s:
             self.status.copier["runway"] = _runway_status(copiers)
+        # the copier found the budget spent and no standby: it copied nothing meanwhile
+        waits = [spool.standby_waits for spool in self._spools.values()]
+        self.status.copier["standby_waits"] = sum(n for n, _ in waits)
+        self.status.copier["standby_wait_s"] = round(sum(s for _, s in waits), 3)
+        stalls = [c.stalls for c in copiers]
+        summed = ("slow_writes", "queue_full")
+        self.status.copier.update({k: sum(s[k] for s in stalls) if k in summed
+                                   else max(s[k] for s in stalls) for k in stalls[0]})  # fmt: skip
         if len(copiers) > 1:
             # what each group's copier moved (bytes): every group's ring was drained
             self.status.copier["copied_bytes"] = [sum(r.copied for r in c.rings)

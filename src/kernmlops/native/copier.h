@@ -4,7 +4,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KMO_ABI 8
+#define KMO_ABI 9
 
 typedef size_t (*zstd_compress_fn)(void *dst, size_t cap, const void *src, size_t len, int level);
 typedef size_t (*zstd_bound_fn)(size_t len);
@@ -31,6 +31,10 @@ struct kmo_segment {
 	int32_t alloc_off;  /* 1: never again (its filesystem cannot, or it is done) */
 	int32_t alloc_asked; /* 1: the copier wrote past alloc_end and woke the thread */
 	int32_t alloc_pad;
+	/* frames in the disk queue for it, not written yet (diskqueue.c): record bytes
+	 * and file bytes; `written` and `file_bytes` count them once they are written */
+	uint64_t queued;
+	uint64_t queued_file;
 };
 
 struct kmo_ring {
@@ -64,6 +68,16 @@ struct kmo_ring {
 	uint64_t spooled;
 	uint64_t disk_raw;
 	uint64_t disk_file;
+	/* an owner's: the times the copier found the budget spent and no standby
+	 * (it copies nothing until Python hands it one: its rings fill), and the
+	 * nanoseconds it waited so, the wait under way since wait_since */
+	uint64_t standby_waits;
+	uint64_t standby_wait_ns;
+	uint64_t wait_since;
+	/* an owner's: held by a disk writer across its write of a frame into one of
+	 * the owner's segments (the rings of a spool may have writers of their own) */
+	int32_t wlock;
+	int32_t wpad;
 };
 
 static inline struct kmo_ring *owner_of(struct kmo_ring *r)
@@ -118,4 +132,23 @@ struct kmo_copier {
 	int32_t runway_wake;    /* an eventfd Python writes when it hands over a segment */
 	int32_t runway_pad;
 	void *runway;           /* the runway thread's own state */
+	/* set by the copier, where a stall shows: its longest write of one frame into
+	 * a segment, the writes that took SLOW_WRITE_NS or more, and the longest time
+	 * from the end of one pass over the rings to the end of the next */
+	uint64_t write_ns_max;
+	uint64_t slow_writes;
+	uint64_t pass_gap_ns_max;
+	/* the disk queue (diskqueue.c): bytes it may hold (0: the copier writes to disk
+	 * itself), its state, the most it held, and the frames it had no room for */
+	uint64_t queue_cap;
+	void *queue;
+	uint64_t queue_peak;
+	uint64_t queue_full;
 };
+
+/* A disk frame is in its segment's file: the runway's figures and the writeback
+ * (ringcopy.c), under the owner's lock. */
+void kmo_disk_wrote(struct kmo_copier *c, struct kmo_ring *o, struct kmo_segment *s,
+		    uint64_t raw, uint64_t file);
+
+#define SLOW_WRITE_NS 10000000ULL

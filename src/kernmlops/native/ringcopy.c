@@ -5,8 +5,10 @@
  * moves each ring's committed records, as they lie (headers included), into
  * the ring's active spool segment: raw into a tmpfs segment while the
  * collection's memory budget lasts, then zstd frames into a disk segment (the
- * standby that user space keeps ready). The consumer position moves only once
- * the bytes are in the file, so a kill loses nothing the kernel still holds.
+ * standby that user space keeps ready), through the disk queue: a thread of its
+ * own writes those (diskqueue.c says why). The consumer position moves once the
+ * bytes are in the file, or in the queue (which a kill loses, as it loses the
+ * ring: both are the collector's memory).
  *
  * Why: under a storm with more runnable tasks than CPUs, every Python thread of
  * the collector waits for the GIL behind whichever of them the storm keeps off
@@ -51,6 +53,7 @@
 
 #include "ceiling.h"
 #include "copier.h"
+#include "diskqueue.h"
 #include "runway.h"
 #include "spin.h"
 
@@ -409,6 +412,22 @@ static const uint8_t *join_wrapped(struct kmo_ring *r, uint64_t cons, uint64_t l
 	return r->line;
 }
 
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+/* (Under the ring's lock) the copier waited for a segment and has one now. */
+static void end_wait(struct kmo_ring *r)
+{
+	if (r->waiting)
+		r->standby_wait_ns += now_ns() - r->wait_since;
+	r->waiting = 0;
+}
+
 static struct kmo_segment *switch_to_standby(struct kmo_ring *r)
 {
 	struct kmo_segment *next = r->standby;
@@ -560,11 +579,31 @@ static int put_zstd(struct kmo_ring *r, struct kmo_segment *s, size_t size)
 	return 0;
 }
 
+/* Whether a frame of `bytes` goes past the blocks the runway allocated in disk
+ * segment `s` (where it can allocate ahead at all). */
+static int runway_used(struct kmo_copier *c, struct kmo_segment *s, uint64_t bytes)
+{
+	return c->runway_started && !s->memory && !s->alloc_off &&
+	       s->file_bytes + s->queued_file + bytes > s->alloc_end;
+}
+
+/* (Under the owner's lock) whether the standby can take a frame of `bytes` made for
+ * `s` in blocks the runway allocated, and the runway thread is not allocating in it:
+ * the copier then goes on there rather than write past its segment's runway. The
+ * runway thread allocates only in the standby (runway.c says why). */
+static int standby_ready(struct kmo_ring *o, struct kmo_segment *s, uint64_t bytes)
+{
+	struct kmo_segment *n = o->standby;
+
+	return n && n->zstd == s->zstd && !n->memory && !n->alloc_off &&
+	       !__atomic_load_n(&n->alloc_busy, __ATOMIC_ACQUIRE) && n->alloc_end >= bytes;
+}
+
 /* A disk write's share in the runway's figures (runway.c), under the owner's lock:
  * the spool's ratio of file to raw bytes, and what went past the allocated blocks
  * (where the filesystem can allocate ahead at all). */
-static void runway_wrote(struct kmo_copier *c, struct kmo_ring *o, struct kmo_segment *s,
-			 uint64_t raw, uint64_t file)
+void kmo_disk_wrote(struct kmo_copier *c, struct kmo_ring *o, struct kmo_segment *s,
+		    uint64_t raw, uint64_t file)
 {
 	__atomic_store_n(&o->disk_raw, o->disk_raw + raw, __ATOMIC_RELAXED);
 	__atomic_store_n(&o->disk_file, o->disk_file + file, __ATOMIC_RELAXED);
@@ -578,6 +617,13 @@ static void runway_wrote(struct kmo_copier *c, struct kmo_ring *o, struct kmo_se
 			s->alloc_asked = 1;
 			(void)!write(c->runway_wake, &one, sizeof(one));
 		}
+	}
+	/* (with a runway thread, that thread starts the writeback: runway.c) */
+	if (!c->runway_started && s->file_bytes - s->synced >= c->sync_bytes) {
+		/* Start writeback without waiting for it: dirty pages of a storm's
+		 * spool would otherwise make every fsync wait (the manifest's). */
+		sync_file_range(s->fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+		s->synced = s->file_bytes;
 	}
 }
 
@@ -596,7 +642,7 @@ static uint64_t copy_ring(struct kmo_copier *c, struct kmo_ring *r)
 		struct kmo_segment *s;
 		uint32_t head[4];
 		size_t packed = 0;
-		uint64_t max, run;
+		uint64_t max, run, t0, took;
 		const uint8_t *src;
 		int wraps, err;
 
@@ -625,9 +671,34 @@ static uint64_t copy_ring(struct kmo_copier *c, struct kmo_ring *r)
 			spin_unlock(&o->lock);
 			continue;
 		}
+		if (runway_used(c, s, s->zstd ? packed : RAW_HEAD + run) &&
+		    standby_ready(o, s, s->zstd ? packed : RAW_HEAD + run))
+			s = switch_to_standby(o); /* of the same format: the frame fits it */
+		if (!s->memory && diskq_on(c)) {
+			/* the writer puts it in the file (diskqueue.c says why); the ring's
+			 * consumer moves on once it is in the queue */
+			int queued = s->zstd ? diskq_put(c, r, s, r->packed, packed, NULL, packed, run)
+					     : diskq_put(c, r, s, head, RAW_HEAD, src, RAW_HEAD + run,
+							 run);
+
+			if (queued)
+				__atomic_store_n(&o->spooled, o->spooled + run, __ATOMIC_RELAXED);
+			spin_unlock(&o->lock);
+			if (!queued)
+				break; /* full: the ring keeps them for the next pass */
+			cons += run;
+			__atomic_store_n(r->cons, cons, __ATOMIC_RELEASE);
+			total += run;
+			prod = __atomic_load_n(r->prod, __ATOMIC_ACQUIRE);
+			continue;
+		}
 		if (s->memory) { /* memory segments are raw: the budget counts their headers */
 			if (!kmo_budget_reserve(c->memory_used, c->memory_limit, run + RAW_HEAD)) {
 				s = switch_to_standby(o);
+				if (!s && !o->waiting) {
+					o->standby_waits++;
+					o->wait_since = now_ns();
+				}
 				o->waiting = s == NULL;
 				spin_unlock(&o->lock);
 				if (!s)
@@ -635,7 +706,12 @@ static uint64_t copy_ring(struct kmo_copier *c, struct kmo_ring *r)
 				continue;
 			}
 		}
+		t0 = now_ns();
 		err = s->zstd ? put_zstd(r, s, packed) : put_raw(s, head, src, run);
+		took = now_ns() - t0;
+		if (took > c->write_ns_max)
+			c->write_ns_max = took;
+		c->slow_writes += took >= SLOW_WRITE_NS;
 		if (err) {
 			spin_unlock(&o->lock);
 			if (s->memory)
@@ -646,14 +722,7 @@ static uint64_t copy_ring(struct kmo_copier *c, struct kmo_ring *r)
 		__atomic_store_n(&s->written, s->written + run, __ATOMIC_RELEASE);
 		__atomic_store_n(&o->spooled, o->spooled + run, __ATOMIC_RELAXED);
 		if (!s->memory)
-			runway_wrote(c, o, s, run, s->zstd ? packed : RAW_HEAD + run);
-		/* (with a runway thread, that thread starts the writeback: runway.c) */
-		if (!s->memory && !c->runway_started && s->file_bytes - s->synced >= c->sync_bytes) {
-			/* Start writeback without waiting for it: dirty pages of a storm's
-			 * spool would otherwise make every fsync wait (the manifest's). */
-			sync_file_range(s->fd, 0, 0, SYNC_FILE_RANGE_WRITE);
-			s->synced = s->file_bytes;
-		}
+			kmo_disk_wrote(c, o, s, run, s->zstd ? packed : RAW_HEAD + run);
 		spin_unlock(&o->lock);
 		/* the consumer moves only once the bytes are in the file */
 		cons += run;
@@ -691,6 +760,7 @@ static uint64_t thread_cpu_ns(void)
 int kmo_copier_run(struct kmo_copier *c)
 {
 	struct epoll_event ev[16];
+	uint64_t last;
 
 	if (c->abi != KMO_ABI)
 		return -EINVAL;
@@ -709,21 +779,30 @@ int kmo_copier_run(struct kmo_copier *c)
 			c->workers_ok = 1; /* else a libzstd without threads: alone */
 	}
 	runway_start(c);
+	diskq_start(c); /* (else the copier writes to disk itself) */
+	last = now_ns();
 	while (!__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE)) {
 		int n = epoll_wait(c->epfd, ev, 16, (int)c->interval_ms);
+		uint64_t now;
 
 		if (n < 0 && errno != EINTR) {
 			int err = errno;
 
 			runway_join(c);
+			diskq_join(c);
 			return -err;
 		}
 		c->wakeups++;
 		kmo_copier_pass(c);
 		c->cpu_ns = thread_cpu_ns();
+		now = now_ns();
+		if (now - last > c->pass_gap_ns_max)
+			c->pass_gap_ns_max = now - last;
+		last = now;
 	}
 	runway_join(c); /* before the last copy: nothing allocates after it */
 	kmo_copier_pass(c);
+	diskq_join(c); /* its frames written: Python copies on (directly) from here */
 	c->cpu_ns = thread_cpu_ns();
 	if (c->cctx) {
 		c->free_cctx(c->cctx);
@@ -732,23 +811,34 @@ int kmo_copier_run(struct kmo_copier *c)
 	return 0;
 }
 
-/* Make `seg` the ring's active segment now (the old one is done); returns the
- * old one's raw bytes, final. */
-uint64_t kmo_ring_rotate(struct kmo_ring *r, struct kmo_segment *seg)
+/* Make `seg` the ring's active segment (the old one is done) and `standby` its
+ * standby, in one step: between a rotation and the next standby the copier of a
+ * spent budget would have nowhere to go and would wait for Python, whose next look
+ * a storm delays by seconds (its rings overflow meanwhile). With `check`, only if
+ * the active segment still holds `written` raw bytes and the standby is still
+ * `was` (the copier neither wrote on nor went on in the standby since Python
+ * looked): else nothing changes and it returns 0; 1 once done. */
+int kmo_ring_rotate(struct kmo_ring *r, struct kmo_segment *seg, struct kmo_segment *standby,
+		    int check, struct kmo_segment *was, uint64_t written)
 {
 	struct kmo_ceiling ceiling;
-	uint64_t written;
+	int done = 0;
 
 	kmo_ceiling_raise(&ceiling); /* the copier waits for this lock: ceiling.h */
 	spin_lock(&r->lock);
-	written = r->active ? r->active->written : 0;
-	if (r->active)
-		__atomic_store_n(&r->active->state, 2, __ATOMIC_RELEASE);
-	__atomic_store_n(&seg->state, 1, __ATOMIC_RELEASE);
-	r->active = seg;
+	if (!check || (r->standby == was && (r->active ? r->active->written : 0) == written &&
+		       !(r->active && r->active->queued))) {
+		if (r->active)
+			__atomic_store_n(&r->active->state, 2, __ATOMIC_RELEASE);
+		__atomic_store_n(&seg->state, 1, __ATOMIC_RELEASE);
+		r->active = seg;
+		r->standby = standby;
+		end_wait(r);
+		done = 1;
+	}
 	spin_unlock(&r->lock);
 	kmo_ceiling_drop(&ceiling);
-	return written;
+	return done;
 }
 
 /* Have ring `r` write into `owner`'s segments (a spool fed by several rings), or
@@ -766,7 +856,8 @@ void kmo_ring_set_standby(struct kmo_ring *r, struct kmo_segment *seg)
 	kmo_ceiling_raise(&ceiling);
 	spin_lock(&r->lock);
 	r->standby = seg;
-	r->waiting = 0;
+	if (seg)
+		end_wait(r);
 	spin_unlock(&r->lock);
 	kmo_ceiling_drop(&ceiling);
 }

@@ -1,4 +1,4 @@
-/* runway: the spool's disk segments allocated ahead of the copier's writes.
+/* runway: the spool's disk segments allocated ahead of their writes.
  *
  * Why: once the memory budget is spent, the copier writes zstd frames into a
  * disk segment, and on ext4 each write into a hole allocates (delayed
@@ -9,32 +9,35 @@
  * storm's records were lost so. Writes into blocks already allocated (unwritten
  * extents, fallocate's KEEP_SIZE) wait for none of that.
  *
- * So a thread of its own (at the copier's priority: it inherits it) keeps, for
- * every spool the copier owns, the active disk segment allocated for `runway_ms`
- * of the spool's recent write rate ahead of what was written (between runway_min
- * and runway_max bytes), in the bytes its frames really take (the ratio seen so
- * far, else today's frames' guess), and extends a segment once less than half of
- * that is left. The standby is taken up only at the end of the memory budget:
- * runway_min while the copier writes on disk or while the budget, at the rate it
- * fills, lasts longer than LEAD_MS; then LEAD_MS of the spool's disk writes, so
- * that the switch finds blocks ready, and the thread extends the new active
- * segment to its full runway at its next look. So at most about runway_max a
- * spool is allocated and not written, plus the lead just before the switch (a
- * spool that stays in memory reserves 1 MiB of disk, not a minute of writes).
- * It looks every 100 ms, at once when Python hands the copier a segment, and
- * when the copier writes past the runway (a burst from cold outruns a rate not
- * yet measured). If fallocate waits, it waits here, but
- * not alone: on ext4 it holds the inode's lock, which the copier's write(2) to
- * the same segment takes too (seen once: a 1.28-s fallocate and 448k records
- * lost in a 3-min 2-vCPU storm, while the 10-Hz sampler missed 5.5 s: a wider
- * stall, its cause not found). So it allocates in pieces of RUNWAY_PIECE, each
- * the copier's as soon as it is made; allocating only in segments the copier is
- * not writing would take the copier out of it entirely. The file's size stays
- * what was written (KEEP_SIZE), so readers and `recover` see only records;
- * Python gives back what a finished segment did not use (ftruncate to its size).
+ * So a thread of its own (at the copier's priority: it inherits it) allocates,
+ * for every spool the copier owns, its standby: the segment the disk frames go on
+ * in next. While they go to disk, the standby gets `runway_ms` of the spool's
+ * recent write rate (between runway_min and runway_max bytes), in the bytes its
+ * frames really take (the ratio seen so far, else today's frames' guess); once
+ * the active segment's blocks are used, the frames go on in the standby (ringcopy.c,
+ * standby_ready) and Python hands over the next. While the spool is in memory the
+ * standby gets runway_min, or LEAD_MS of the spool's disk writes once the budget,
+ * at the rate it fills, would end within LEAD_MS, so that the switch finds blocks
+ * ready. So at most about runway_max a spool is allocated and not written, plus
+ * the lead just before the switch (a spool that stays in memory reserves 1 MiB of
+ * disk, not a minute of writes). It looks every 100 ms, at once when Python hands
+ * the copier a segment, and when a frame goes past the runway (a burst from cold
+ * outruns a rate not yet measured).
  *
- * The same thread starts the writeback of what the copier wrote (every
- * sync_bytes, sync_file_range), which the copier did itself before.
+ * Never in the segment being written: on ext4 fallocate holds the inode's lock,
+ * which a write(2) to the same file takes too, and it may wait seconds in the
+ * block allocator for a bitmap page (seen: 1.28 s and 448k records lost in a
+ * 3-min 2-vCPU storm; 0.45 and 9.8 s in 10-s storms, 0.5M and 16.7M lost). The
+ * disk writer (diskqueue.c) now takes such waits off the copier, but a writer
+ * that waits fills the queue. So it allocates in pieces of RUNWAY_PIECE, each
+ * only while the segment is still the standby; the copier takes a standby the
+ * thread is allocating in only when it has nowhere else to go (the memory budget
+ * is spent). The file's size stays what was written (KEEP_SIZE), so readers and
+ * `recover` see only records; Python gives back what a finished segment did not
+ * use (ftruncate to its size).
+ *
+ * The same thread starts the writeback of what was written (every sync_bytes,
+ * sync_file_range), which the copier did itself before.
  *
  * Best effort: a filesystem that cannot allocate ahead (EOPNOTSUPP) ends the
  * runway and the copier writes as before; the thread never allocates below
@@ -151,9 +154,15 @@ static int budget_ends_soon(struct kmo_copier *c, struct runway *w, uint64_t now
 	       (double)(c->memory_limit - used) <= (double)bps * LEAD_MS / 1000.0;
 }
 
-/* Allocate ahead in the owner's active (or standby) disk segment, up to `want`
- * bytes past what was written, once less than half of that is left. */
-static void extend(struct kmo_copier *c, struct kmo_ring *o, int standby, uint64_t want)
+/* Allocate ahead in the owner's standby, up to `want` bytes, once less than half of
+ * that is allocated. Never in the segment the copier writes: on ext4 fallocate holds
+ * the inode's lock, which the copier's write(2) to that file takes too, and it may
+ * wait seconds in the block allocator (for a bitmap page that a normal-priority
+ * writeback holds, under a storm: seen 0.45 and 9.8 s, 0.5 and 16.7M records lost).
+ * So a piece at a time, each only while the segment is still the standby, with
+ * alloc_busy set meanwhile: the copier takes a busy standby only when it has no
+ * other place to go (the memory budget is spent). */
+static void extend(struct kmo_copier *c, struct kmo_ring *o, uint64_t want)
 {
 	struct kmo_segment *s;
 	struct statvfs fs;
@@ -161,8 +170,8 @@ static void extend(struct kmo_copier *c, struct kmo_ring *o, int standby, uint64
 	int fd, err = 0;
 
 	spin_lock(&o->lock);
-	s = standby ? o->standby : o->active;
-	if (!s || s->memory || s->alloc_off || s->alloc_busy || s->state == 2 ||
+	s = o->standby;
+	if (!s || s->memory || s->alloc_off || s->alloc_busy || s->state != 0 ||
 	    s->alloc_end >= s->file_bytes + want / 2) {
 		spin_unlock(&o->lock);
 		return;
@@ -187,26 +196,37 @@ static void extend(struct kmo_copier *c, struct kmo_ring *o, int standby, uint64
 		}
 	}
 	len &= ~(MIB - 1);
-	/* in pieces: each call holds the inode's lock, which the copier's writes to
-	 * the segment wait for (a 2-GiB call at 16 cores would hold it throughout);
-	 * each piece is the copier's as soon as it is made */
+	/* in pieces, the copier free to take the standby between two */
 	while (done < len && !err) {
 		uint64_t piece = len - done < RUNWAY_PIECE ? len - done : RUNWAY_PIECE;
-		uint64_t t0 = now_ns();
+		uint64_t t0;
 
+		if (done) {
+			spin_lock(&o->lock);
+			if (o->standby != s) { /* taken up: the copier writes in it now */
+				spin_unlock(&o->lock);
+				break;
+			}
+			__atomic_store_n(&s->alloc_busy, 1, __ATOMIC_RELEASE);
+			spin_unlock(&o->lock);
+		}
+		t0 = now_ns();
 		if (fallocate(fd, FALLOC_FL_KEEP_SIZE, (off_t)(from + done), (off_t)piece)) {
 			err = errno;
 		} else {
 			done += piece;
-			spin_lock(&o->lock);
+		}
+		took = now_ns() - t0;
+		spin_lock(&o->lock);
+		if (!err) {
 			s->alloc_end = from + done;
 			c->runway_calls++;
 			c->runway_bytes += piece;
-			spin_unlock(&o->lock);
 		}
-		took = now_ns() - t0;
 		if (took > c->runway_ns_max)
 			c->runway_ns_max = took;
+		__atomic_store_n(&s->alloc_busy, 0, __ATOMIC_RELEASE);
+		spin_unlock(&o->lock);
 	}
 	close(fd);
 
@@ -220,7 +240,6 @@ static void extend(struct kmo_copier *c, struct kmo_ring *o, int standby, uint64
 		if (!c->runway_errno)
 			c->runway_errno = err;
 	}
-	__atomic_store_n(&s->alloc_busy, 0, __ATOMIC_RELEASE);
 	spin_unlock(&o->lock);
 }
 
@@ -288,14 +307,14 @@ static void *runway_main(void *arg)
 			bps = disk_rate(r, &w->rates[i], now);
 			want = clamp_mib(c, bps * (double)c->runway_ms / 1000.0, c->runway_max);
 			if (can) {
-				extend(c, r, 0, want);
-				/* the standby is taken up only when a memory segment meets the
-				 * end of the budget: a token while the copier writes on disk or
-				 * the budget lasts, a lead once it is about to end */
-				lead = soon && !writes_on_disk(r)
-					       ? clamp_mib(c, bps * LEAD_MS / 1000.0, want)
-					       : c->runway_min;
-				extend(c, r, 1, lead);
+				/* while the copier writes on disk, the standby is its next
+				 * segment: the whole runway, taken up once the active one's
+				 * is used; else a token while the budget lasts, a lead once
+				 * it is about to end */
+				lead = writes_on_disk(r) ? want
+				       : soon		 ? clamp_mib(c, bps * LEAD_MS / 1000.0, want)
+							 : c->runway_min;
+				extend(c, r, lead);
 			}
 			write_back(c, r);
 		}
