@@ -627,7 +627,8 @@ def test_where_real_time_is_refused_the_copier_asks_for_the_highest_nice(
     # the kernel's view: the copier's threads at -20 (it and its disk writer, which
     # inherits it), this one as it was
     assert sorted(names[t] for t, n in nices.items() if n == native.FALLBACK_NICE) == [
-        "kmo-copier", "kmo-writer"
+        "kmo-copier",
+        "kmo-writer",
     ]
     assert nices[threading.get_native_id()] == mine != native.FALLBACK_NICE
 
