@@ -369,8 +369,19 @@ d: {A: {run: "grep Cpus_allowed_list /proc/self/status > cpus.txt"}}
 
 # One process per side that lives through the whole trial and reads its own allowed
 # CPUs every 2 ms: the kernel's view, not the runner's record, says where it ran.
+# With a meeting folder, each side starts reading once the other side has started
+# too: a loaded machine may start one side's Python more than `secs` after the
+# other's (a CI run saw no moment when both read).
 WATCH = (
     "import os, time\n"
+    "meet, run = {meet!r}, os.environ.get('KERNMLOPS_DUET_RUNID', '')\n"
+    "pair = os.environ.get('KERNMLOPS_DUET_PAIR', '')\n"
+    "if meet:\n"
+    "    open(os.path.join(meet, run + pair), 'w').close()\n"
+    "    other = os.path.join(meet, run + ('B' if pair == 'A' else 'A'))\n"
+    "    until = time.monotonic() + 60\n"
+    "    while not os.path.exists(other) and time.monotonic() < until:\n"
+    "        time.sleep(0.002)\n"
     "end = time.monotonic() + {secs}\n"
     "with open('cpus.txt', 'w') as out:\n"
     "    while time.monotonic() < end:\n"
@@ -385,7 +396,8 @@ WATCH = (
 
 def _watch_config(tmp_path: Path, extra: str, secs: float = 0.6) -> Path:
     script = tmp_path / "watch.py"
-    script.write_text(WATCH.format(secs=secs))
+    (tmp_path / "meet").mkdir()  # the two sides of a trial read at the same time
+    script.write_text(WATCH.format(secs=secs, meet=str(tmp_path / "meet")))
     return write_config(tmp_path / "duet.yml", f"""
 duetbench: {{suite: swap, duet_repetitions: 2, cpus: ["0", "1"], duets: [d],
             results: [cpus.txt], {extra}}}
@@ -464,7 +476,7 @@ def test_without_a_cpuset_the_sides_keep_their_cpus_and_the_trial_says_so(
 
 def _auto_config(tmp_path: Path, secs: float) -> Path:
     script = tmp_path / "watch.py"
-    script.write_text(WATCH.format(secs=secs))
+    script.write_text(WATCH.format(secs=secs, meet=""))
     return write_config(tmp_path / "duet.yml", f"""
 duetbench: {{suite: auto, duet_repetitions: 2, sequential_repetitions: 1, duets: [d],
             results: [cpus.txt]}}
