@@ -849,3 +849,35 @@ def test_the_copier_threads_cpu_time_is_read_when_asked_not_as_of_its_last_pass(
     assert samples[-1][1] <= final  # the count it kept after its last copy: final
     # the pass was long enough to be seen while it ran (its CPU between two samples)
     assert final - samples[0][1] > 0.02, (samples[0], final)
+
+
+def test_the_copier_holds_its_buffers_and_its_zstd_context_from_its_start(
+    tmp_path: Path,
+) -> None:
+    # An allocation after the start would take the process's mmap lock, which a
+    # collector thread a storm keeps off the CPU may hold: every buffer a frame needs
+    # is made (and its pages touched) before the first copy, and zstd compresses in
+    # memory the copier holds (ZSTD_initStaticCCtx) where libzstd exports it.
+    z = native.zstd()
+    assert z is not None
+    ring = _mapped(1 << 16)
+    want = events(5000)
+    with spool_on(ring, tmp_path, budget_records=0, shuffle=24, start=True) as (spool, copier):
+        r = copier.rings[0].ring
+        z.ZSTD_compressBound.restype = ctypes.c_size_t
+        assert r.packed_cap >= z.ZSTD_compressBound(FRAME_RAW) + 8
+        assert r.shuffled_cap >= FRAME_RAW and r.line_cap >= 64 << 10
+        assert copier.static_zstd == hasattr(z, "ZSTD_initStaticCCtx")
+        packed = r.packed
+        for i in range(0, len(want), 1000):
+            ring.cons = ring.consumer()
+            ring.write_records(want[i : i + 1000])
+            ring.sync()
+            deadline = time.monotonic() + 30
+            while ring.consumer() != ring.prod:
+                assert time.monotonic() < deadline, "the copier"
+                time.sleep(0.005)
+        assert r.packed == packed  # never made again
+        copier.stop()
+        spool.detach()
+        assert np.array_equal(_read_all(spool), want)  # the static context's frames read back

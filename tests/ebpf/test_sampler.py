@@ -231,3 +231,26 @@ def test_the_first_sample_is_in_when_start_returns(tmp_path: Path) -> None:
         s.stop()
         s.close()
         os.close(fd)
+
+
+def test_the_buffer_is_all_there_from_the_start_and_never_grows(tmp_path: Path) -> None:
+    # Growing it later would take the process's mmap lock, which a collector thread a
+    # storm keeps off the CPU may hold: the sampler stops for as long (sampler.c)
+    f = tmp_path / "f"
+    f.write_bytes(b"y" * 3000)
+    fd = _open(f)
+    s = sampler.NativeSampler([fd], 1_000_000, 8 << 20, "test")
+    try:
+        s.start(priority=0)
+        buf = s._c.buf
+        assert s._c.mapped == 1 and s._c.cap == 8 << 20 and buf
+        # samples pile up (nothing taken) well past the 64 KiB a grown buffer began at
+        _until_taken = time.monotonic() + 10
+        while s._c.used < 256 << 10 and time.monotonic() < _until_taken:
+            time.sleep(0.01)
+        assert s._c.used >= 256 << 10 and s._c.buf == buf and s._c.cap == 8 << 20
+        got = s.take()
+        assert got and all(data == [b"y" * 3000] for _, data in got)
+    finally:
+        s.close()
+        os.close(fd)

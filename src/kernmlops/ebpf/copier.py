@@ -46,6 +46,8 @@ RUNWAY_MAX = 2 << 30
 #: while its writer waits for the filesystem (~40 s of a 2-vCPU storm's frames, ~8 s
 #: of a 16-core one's); pages are taken only as a stall fills them
 QUEUE_CAP = 256 << 20
+#: how long start() waits for the thread to make its buffers (a few ms)
+PREPARE_S = 5.0
 
 
 class Segment(ctypes.Structure):
@@ -152,6 +154,11 @@ class _Copier(ctypes.Structure):
         ("queue", ctypes.c_void_p),
         ("queue_peak", ctypes.c_uint64),
         ("queue_full", ctypes.c_uint64),
+        ("estimate", ctypes.c_void_p),
+        ("init_static", ctypes.c_void_p),
+        ("wksp", ctypes.c_void_p),
+        ("prepared", ctypes.c_int32),
+        ("prepared_pad", ctypes.c_int32),
     ]
 
 
@@ -508,6 +515,13 @@ class Copier:
                                ("ZSTD_freeCCtx", "free_cctx"), ("ZSTD_CCtx_setParameter", "set"),
                                ("ZSTD_compress2", "compress2")):  # fmt: skip
                 setattr(self._c, attr, ctypes.cast(getattr(z, name), ctypes.c_void_p))
+            # a context in memory of the copier's own, where libzstd exports them (its
+            # "static" API): no frame allocates (ringcopy.c, prepare)
+            for name, attr in (("ZSTD_estimateCCtxSize", "estimate"),
+                               ("ZSTD_initStaticCCtx", "init_static")):  # fmt: skip
+                fn = getattr(z, name, None)
+                if fn is not None:
+                    setattr(self._c, attr, ctypes.cast(fn, ctypes.c_void_p))
             self._c.workers = workers
         self._epoll = select.epoll()
         self._stop_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
@@ -669,6 +683,12 @@ class Copier:
         return int(self._c.cpu_ns) / 1e9
 
     @property
+    def static_zstd(self) -> bool:
+        """Whether zstd compresses in memory the copier held from its start (known
+        once the thread has started)."""
+        return int(self._c.prepared) == 2
+
+    @property
     def workers(self) -> int:
         """zstd's worker threads compressing the disk frames (0: the copier alone);
         known once the thread has started."""
@@ -709,6 +729,11 @@ class Copier:
         self._started, self._ended = time.monotonic(), None
         self._thread.start()
         ready.wait()
+        # and its buffers made (ringcopy.c, prepare) before the benchmark starts: the
+        # copier never allocates while a storm runs
+        deadline = time.monotonic() + PREPARE_S
+        while not self._c.prepared and self._thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.001)
 
     def _install(self) -> None:
         """Hand the C side the rings added so far."""

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 from kernmlops.ebpf.copier import _name_thread, load, realtime
 
-ABI = 2
+ABI = 3
 #: a sample's head in the buffer: time (ns), file index, bytes; the bytes padded to 8
 HEAD = struct.Struct("<QII")
 
@@ -47,6 +47,8 @@ class _Sampler(ctypes.Structure):
         ("cpu_ns", ctypes.c_uint64),
         ("scratch", ctypes.c_void_p),
         ("scratch_cap", ctypes.c_uint64),
+        ("mapped", ctypes.c_int32),
+        ("pad", ctypes.c_int32),
     ]
 
 

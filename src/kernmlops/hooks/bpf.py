@@ -520,6 +520,8 @@ class BpfHook(BpfObjectHook[BpfOptionsT]):
         for copier in copiers:  # every thread stopped before a spool goes on in Python
             copier.stop()
         self.status.copier["zstd_workers"] = sum(c.workers for c in copiers)
+        # zstd in memory each copier held from its start (no frame allocates)
+        self.status.copier["zstd_static"] = all(c.static_zstd for c in copiers)
         # each copier thread's own CPU (zstd's workers are threads of their own): one
         # busy most of the time is its ring's limit, whatever its size (more groups)
         self.status.copier["cpu_s"] = [round(c.cpu_s, 3) for c in copiers]

@@ -13,6 +13,8 @@ typedef void *(*zstd_create_fn)(void);
 typedef size_t (*zstd_free_fn)(void *cctx);
 typedef size_t (*zstd_set_fn)(void *cctx, int param, int value);
 typedef size_t (*zstd_compress2_fn)(void *cctx, void *dst, size_t cap, const void *src, size_t len);
+typedef size_t (*zstd_estimate_fn)(int level);
+typedef void *(*zstd_init_static_fn)(void *workspace, size_t size);
 
 /* One spool segment file. Python opens it (and writes its json); the copier
  * appends to it while it is the ring's active segment. */
@@ -144,6 +146,15 @@ struct kmo_copier {
 	void *queue;
 	uint64_t queue_peak;
 	uint64_t queue_full;
+	/* where libzstd has them: a compression context in memory the copier holds
+	 * from its start (ZSTD_initStaticCCtx), so no frame allocates (ringcopy.c,
+	 * prepare); `wksp` is that memory; `prepared`: 1 once the buffers were
+	 * made, 2 with such a context */
+	zstd_estimate_fn estimate;
+	zstd_init_static_fn init_static;
+	void *wksp;
+	int32_t prepared;
+	int32_t prepared_pad;
 };
 
 /* A disk frame is in its segment's file: the runway's figures and the writeback

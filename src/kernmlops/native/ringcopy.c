@@ -756,6 +756,72 @@ static uint64_t thread_cpu_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
 }
 
+/* zstd's context away: a static one is only its memory. */
+static void free_cctx(struct kmo_copier *c)
+{
+	if (c->wksp) {
+		free(c->wksp);
+		c->wksp = NULL;
+	} else if (c->cctx) {
+		c->free_cctx(c->cctx);
+	}
+	c->cctx = NULL;
+}
+
+/* Grow `*buf` to `cap` bytes and touch every page of it. */
+static int reserve(uint8_t **buf, uint64_t *have, uint64_t cap)
+{
+	uint8_t *p;
+
+	if (*have >= cap)
+		return 0;
+	p = realloc(*buf, cap);
+	if (!p)
+		return ENOMEM;
+	memset(p, 0, cap);
+	*buf = p;
+	*have = cap;
+	return 0;
+}
+
+/* Before the first copy (the benchmark has not started): every buffer a frame
+ * needs at its largest, its pages touched, and zstd's context in memory of its
+ * own where libzstd allows (a static context never allocates). Why: an
+ * allocation past glibc's mmap threshold, or one that grows a thread's arena,
+ * takes the process's mmap lock for writing, and a Python thread of the
+ * collector that holds it (an import, a thread's stack) while a storm keeps it
+ * off the CPU would stop the copier for as long (a 10-s stall at a storm's start
+ * with no slow write, the sampler's ticks lost with it, was seen before this). */
+static void prepare(struct kmo_copier *c)
+{
+	uint64_t packed = c->bound ? c->bound(c->frame_raw) + 8 : 0;
+
+	for (int i = 0; i < c->nrings; i++) {
+		struct kmo_ring *r = c->rings[i];
+
+		if (packed)
+			reserve(&r->packed, &r->packed_cap, packed);
+		if (r->shuffle)
+			reserve(&r->shuffled, &r->shuffled_cap, c->frame_raw);
+		reserve(&r->line, &r->line_cap, 64 * 1024);
+	}
+	if (c->estimate && c->init_static && c->workers <= 0 && c->create && c->set &&
+	    c->compress2 && c->free_cctx) {
+		size_t size = c->estimate(c->level);
+		void *ws = size ? malloc(size) : NULL;
+
+		if (ws) {
+			memset(ws, 0, size);
+			c->cctx = c->init_static(ws, size);
+			if (c->cctx)
+				c->wksp = ws;
+			else
+				free(ws);
+		}
+	}
+	c->prepared = c->wksp ? 2 : 1;
+}
+
 /* The copier's loop: returns once `stop` is set, after a last copy. */
 int kmo_copier_run(struct kmo_copier *c)
 {
@@ -764,14 +830,15 @@ int kmo_copier_run(struct kmo_copier *c)
 
 	if (c->abi != KMO_ABI)
 		return -EINVAL;
+	prepare(c);
 	if (c->create && c->set && c->compress2 && c->free_cctx) {
 		/* Every frame carries zstd's checksum of its content: recover tells a
 		 * damaged frame from a good one, and reads on at the next. */
-		c->cctx = c->create();
+		if (!c->cctx)
+			c->cctx = c->create();
 		if (c->cctx && (c->is_error(c->set(c->cctx, ZSTD_C_LEVEL, c->level)) ||
 				c->is_error(c->set(c->cctx, ZSTD_C_CHECKSUM, 1)))) {
-			c->free_cctx(c->cctx);
-			c->cctx = NULL;
+			free_cctx(c);
 		}
 		if (c->cctx && c->workers > 0 &&
 		    !c->is_error(c->set(c->cctx, ZSTD_C_WORKERS, c->workers)) &&
@@ -804,10 +871,7 @@ int kmo_copier_run(struct kmo_copier *c)
 	kmo_copier_pass(c);
 	diskq_join(c); /* its frames written: Python copies on (directly) from here */
 	c->cpu_ns = thread_cpu_ns();
-	if (c->cctx) {
-		c->free_cctx(c->cctx);
-		c->cctx = NULL;
-	}
+	free_cctx(c);
 	return 0;
 }
 

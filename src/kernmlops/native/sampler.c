@@ -25,13 +25,14 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "ceiling.h"
 #include "spin.h"
 
-#define KMO_SAMPLER_ABI 2
+#define KMO_SAMPLER_ABI 3
 #define SAMPLE_HEAD 16
 /* a file read whole is at most this large (meminfo is ~1.5 KiB) */
 #define READ_MAX (1U << 20)
@@ -54,6 +55,8 @@ struct kmo_sampler {
 	uint64_t cpu_ns;    /* the thread's CPU time (at each tick) */
 	uint8_t *scratch;   /* one file's bytes as read */
 	uint64_t scratch_cap;
+	int32_t mapped;     /* 1: buf is max_cap of address space from the start */
+	int32_t pad;
 };
 
 int kmo_sampler_abi(void)
@@ -219,6 +222,20 @@ int kmo_sampler_run(struct kmo_sampler *s)
 
 	if (s->abi != KMO_SAMPLER_ABI || s->period_ns <= 0)
 		return EINVAL;
+	if (!s->buf && s->max_cap) {
+		/* The buffer's most as address space now (pages only as samples fill
+		 * it): it never grows later, when a storm holds Python back. Growing
+		 * takes the process's mmap lock for writing, which a collector thread
+		 * the storm keeps off the CPU may hold meanwhile (ringcopy.c, prepare). */
+		void *p = mmap(NULL, s->max_cap, PROT_READ | PROT_WRITE,
+			       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+
+		if (p != MAP_FAILED) {
+			s->buf = p;
+			s->cap = s->max_cap;
+			s->mapped = 1;
+		}
+	}
 	due = mono_ns();
 	for (first = 1; first || !__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE); first = 0) {
 		uint64_t now = mono_ns(), late;
@@ -249,7 +266,11 @@ int kmo_sampler_run(struct kmo_sampler *s)
 
 void kmo_sampler_free(struct kmo_sampler *s)
 {
-	free(s->buf);
+	if (s->mapped)
+		munmap(s->buf, s->cap);
+	else
+		free(s->buf);
+	s->mapped = 0;
 	s->buf = NULL;
 	s->cap = s->used = 0;
 	free(s->scratch);
