@@ -388,6 +388,17 @@ def test_overrides_file_empty_means_defaults(tmp_path):
     path = _write(tmp_path, "# nothing to change\n")
     assert read_overrides(path) == {}
     assert load_config(path) == Config()
+    # ... and the caller hears of it (collect says so): a file meant to change the
+    # defaults that holds nothing, or a FIFO nothing was written to
+    said: list[str] = []
+    assert load_config(path, on_empty=said.append) == Config()
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert load_config(fifo, on_empty=said.append) == Config()
+    assert said == [str(path), str(fifo)]
+    set_one = _write(tmp_path, "collector:\n  flush_interval_s: 2\n")
+    assert load_config(set_one, on_empty=said.append).collector.flush_interval_s == 2
+    assert len(said) == 2
 
 
 def test_error_in_a_file_names_the_file(tmp_path):

@@ -589,7 +589,9 @@ def collect(
     publish_to = None
     folder_made = False
     try:
-        config = load_config(config_file, flags)
+        config = load_config(config_file, flags, on_empty=lambda name: _say(
+            f"note: {name} holds no setting (empty, or comments only): the defaults are used"
+        ))  # fmt: skip
         if no_hooks and config.collector.export:
             # the exporter traces the benchmark's processes: the run would not be untraced
             raise ConfigError(

@@ -15,7 +15,7 @@ import difflib
 import functools
 import os
 import reprlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -655,14 +655,19 @@ def _set_path(data: dict[str, Any], dotted: str, value: Any, source: str | None 
     node[last] = value
 
 
-def read_overrides(path: str | Path) -> dict[str, Any]:
+def read_overrides(
+    path: str | Path, on_empty: Callable[[str], None] | None = None
+) -> dict[str, Any]:
     """The overrides file's mapping; a hostile file (huge, binary, an alias bomb)
-    is refused before it costs anything (kernmlops.yamlfile)."""
+    is refused before it costs anything (kernmlops.yamlfile). ``on_empty``: called
+    with its name where it holds no YAML at all (see load_config)."""
     from kernmlops.yamlfile import safe_yaml  # PyYAML only when there is a file
 
     path = Path(path)
     data = safe_yaml(path, what="config", dash_is_stdin=True)
     if data is None:
+        if on_empty is not None:
+            on_empty(_shown_path(path))
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{_shown_path(path)}: the top level must be a mapping of sections")
@@ -682,9 +687,12 @@ def _shown_path(path: str | Path) -> str:
 def load_config(
     overrides: str | Path | dict[str, Any] | None = None,
     flags: Flags | Mapping[str, Any] | None = None,
+    on_empty: Callable[[str], None] | None = None,
 ) -> Config:
     """Defaults, then the overrides file (or dict), then flags (:class:`Flags`, or
-    ``{"a.b": value}``).
+    ``{"a.b": value}``). ``on_empty``: called with the file's name where it holds no
+    YAML (empty, comments only, a FIFO nothing was written to): the defaults stand,
+    which a user who meant to change them should hear (``{}`` says so on purpose).
 
     The file may be in KernMLOps' form (``benchmark_config`` / ``collector_config``):
     it is mapped onto ours first (kernmlops.config_kernmlops), and its errors name
@@ -694,7 +702,7 @@ def load_config(
     source = None
     if isinstance(overrides, (str, Path)):
         source = _shown_path(overrides)
-        data = read_overrides(overrides)
+        data = read_overrides(overrides, on_empty)
     else:
         data = copy.deepcopy(overrides or {})  # flags must not change the caller's dict
     renames: dict[str, str] = {}

@@ -363,3 +363,10 @@ def test_one_missing_command_is_one_error():
         "  - d.A.run: no command (set run, or run_base)",
         "  - d.B.run: no command (set run, or run_base)",
     ]
+
+
+def test_an_empty_duet_configuration_says_it_is_empty(tmp_path: Path) -> None:
+    path = tmp_path / "duet.yml"
+    path.write_text("# to be written\n")
+    with pytest.raises(ConfigError, match=r"duet configuration in .*duet\.yml: it is empty"):
+        load_duet_config(path)

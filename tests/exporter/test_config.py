@@ -211,6 +211,7 @@ def test_duplicates_and_empty_sets(tmp_path: Path) -> None:
 def test_not_yaml_and_not_a_mapping(tmp_path: Path) -> None:
     assert "is not valid YAML" in error_of(tmp_path, "metrics: [unclosed")
     assert "the top level must be a mapping" in error_of(tmp_path, "- a\n- b\n")
+    assert "it is empty (no program, no metric)" in error_of(tmp_path, "# nothing\n")
     with pytest.raises(MetricSetError, match="cannot read metric set"):
         load_metric_set(tmp_path / "missing.yaml")
 

@@ -351,6 +351,8 @@ def _side(pair: str, sec: SideSection, duet: DuetSection, bench: DuetBenchSectio
 def validate_duet_config(data: Any, source: str | None = None) -> DuetSuite:
     """Validate a parsed ``duet.yml``; raise ConfigError naming every bad key."""
     where = f" in {source}" if source else ""
+    if data is None:  # an empty file, comments only, or a FIFO nothing was written to
+        raise ConfigError(f"invalid duet configuration{where}: it is empty (no suite, no duet)")
     if not isinstance(data, dict):
         raise ConfigError(f"invalid duet configuration{where}: the top level must be a mapping")
     errors: list[str] = []

@@ -88,6 +88,8 @@ __all__ = [
 def parse_metric_set(data: Any, path: Path, *, builtin: bool = False) -> MetricSet:
     """Validate the parsed YAML of ``path``: our format, or ebpf_exporter's
     (told apart by :func:`kernmlops.exporter.compat.is_ebpf_exporter_config`)."""
+    if data is None:  # an empty file, comments only, or a FIFO nothing was written to
+        raise MetricSetError(f"invalid metric set {path}: it is empty (no program, no metric)")
     if not isinstance(data, dict):
         raise MetricSetError(f"invalid metric set {path}: the top level must be a mapping")
     if not_a_config(data):  # e.g. -c /etc/shadow: its lines are not echoed as keys
