@@ -186,12 +186,45 @@ def program_ns(pid: int) -> dict[str, list[int]]:
     return out
 
 
+class Neighbour:
+    """Another process writing to the collection's filesystem while a run goes on:
+    `dd` of NEIGHBOUR_MB with fsync, back to back (as CI's idle lane writes beside
+    the storm test). Its journal commits and writeback are what a storm keeps off
+    the CPU while the spool's disk writes wait for them."""
+
+    def __init__(self, folder: Path) -> None:
+        self.path = folder / "neighbour.dat"
+        self.writes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            subprocess.run(["dd", "if=/dev/zero", f"of={self.path}", "bs=1M",
+                            f"count={NEIGHBOUR_MB}", "conv=fsync", "status=none"],
+                           check=False)  # fmt: skip
+            self.writes += 1
+
+    def stop(self) -> int:
+        """Stop after the write under way; the writes made."""
+        self._stop.set()
+        self._thread.join()
+        self.path.unlink(missing_ok=True)
+        return self.writes
+
+
+#: what the neighbour writes at a time
+NEIGHBOUR_MB = 300
+
+
 def one(
     storm: str | None, pairs: int, seconds: float, extra: list[str],
     env: dict[str, str] | None = None, stats: bool = False, read: str = "full",
-    keep: Path | None = None,
+    keep: Path | None = None, neighbour: bool = False,
 ) -> dict:  # fmt: skip
     out = Path(tempfile.mkdtemp(prefix="kmo-tree-", dir=keep))
+    beside = Neighbour(out.parent) if neighbour else None
     argv = [
         sys.executable,
         "-m",
@@ -236,6 +269,7 @@ def one(
     t_exit = time.monotonic() - t0
     disk.stop()
     th.join(5)
+    neighbour_writes = beside.stop() if beside is not None else None
     by_comm: dict[str, float] = {}
     for comm, cpu in threads.values():
         by_comm[comm] = by_comm.get(comm, 0.0) + cpu
@@ -254,6 +288,8 @@ def one(
         "shm_peak_mb": peak_shm / 2**20,
         "bpf_ns_per_run": {n: ns / cnt for n, (ns, cnt) in progs.items() if cnt},
         "bpf_runs": {n: cnt for n, (_, cnt) in progs.items()},
+        # the disk neighbour's writes of NEIGHBOUR_MB (None: none ran)
+        "neighbour_writes": neighbour_writes,
     }
     # the storm prints one JSON line at its end: that time is the benchmark's end
     storm_end = next((t for t, ln in lines if _ended(ln)), None)
@@ -371,6 +407,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", type=Path, metavar="DIR",
                     help="keep each run's collection in a new folder under DIR (to look "
                     "at where its drops or missed samples fall), not delete it")  # fmt: skip
+    ap.add_argument("--neighbour", action="store_true",
+                    help=f"another process writes to the collection's filesystem meanwhile "
+                    f"(dd of {NEIGHBOUR_MB} MB with fsync, back to back): what the spool's "
+                    "disk writes then wait for")  # fmt: skip
     ap.add_argument("--out", type=Path, default=harness.result_path("storm-tree"))
     a = ap.parse_args(argv)
     if a.keep:
@@ -400,7 +440,8 @@ def main(argv: list[str] | None = None) -> int:
             body.setdefault("skipped", []).append(s)
             print(f"[storm-tree] {s:g} s: skipped (deadline)", flush=True)
             continue
-        rec = one(a.storm, pairs, s, extra + configs[w], trees[t], a.bpf_stats, a.read, a.keep)
+        rec = one(a.storm, pairs, s, extra + configs[w], trees[t], a.bpf_stats, a.read, a.keep,
+                  a.neighbour)  # fmt: skip
         rec["seconds"] = s
         rec["row_workers"] = w
         rec["tree"] = t if t == "this" else str(a.baseline)
@@ -425,6 +466,10 @@ def main(argv: list[str] | None = None) -> int:
               f"reader rss {rec.get('read_max_rss_mb')} MB, "
               f"events {sum((h.get('events') or 0) for h in hooks.values())}, drops {drops}, "
               f"rows {rec.get('read_rows')}", flush=True)  # fmt: skip
+        copier = {n: {k: h["copier"][k] for k in ("longest_write_ms", "longest_pass_gap_ms",
+                                                  "queue_peak_bytes") if k in h["copier"]}
+                  for n, h in hooks.items() if h.get("copier")}  # fmt: skip
+        print(f"    copiers {copier}, neighbour writes {rec['neighbour_writes']}", flush=True)
         print(f"    threads' CPU s at the storm's end {rec['cpu_s_at_storm_end']}, at exit "
               f"{rec['cpu_s_by_thread_name']}", flush=True)  # fmt: skip
     if stats_fd >= 0:
